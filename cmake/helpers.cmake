@@ -1,0 +1,36 @@
+# Small wrappers so every plugin and test is declared the same way.
+
+# keel_add_plugin(NAME SOURCES ... MANIFEST file.toml.in [LIBS ...] [OUTPUT_DIR dir])
+# Builds lib<NAME>.so against the SDK only and writes its manifest beside it (configure_file, so @VARS@ work).
+function(keel_add_plugin name)
+  cmake_parse_arguments(P "" "MANIFEST;OUTPUT_DIR" "SOURCES;LIBS" ${ARGN})
+  if(NOT P_OUTPUT_DIR)
+    set(P_OUTPUT_DIR ${KEEL_PLUGIN_OUTPUT_DIR})
+  endif()
+  add_library(${name} MODULE ${P_SOURCES})
+  target_link_libraries(${name} PRIVATE keel::sdk ${P_LIBS})
+  set_target_properties(${name} PROPERTIES
+    LIBRARY_OUTPUT_DIRECTORY ${P_OUTPUT_DIR}
+    CXX_VISIBILITY_PRESET hidden
+    C_VISIBILITY_PRESET hidden
+    VISIBILITY_INLINES_HIDDEN ON)
+  if(P_MANIFEST)
+    get_filename_component(manifest_name ${P_MANIFEST} NAME)
+    string(REGEX REPLACE "\\.in$" "" manifest_name ${manifest_name})
+    set(KEEL_PLUGIN_LIBRARY "lib${name}.so")
+    configure_file(${P_MANIFEST} ${P_OUTPUT_DIR}/${manifest_name} @ONLY)
+  endif()
+endfunction()
+
+# keel_add_test(NAME SOURCES ... [LIBS ...]) — a GoogleTest executable registered with CTest.
+function(keel_add_test name)
+  if(NOT KEEL_BUILD_TESTS)
+    return()
+  endif()
+  cmake_parse_arguments(T "" "" "SOURCES;LIBS" ${ARGN})
+  add_executable(${name} ${T_SOURCES})
+  target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main)
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60
+    PROPERTIES ENVIRONMENT "KEEL_TEST_PLUGIN_DIR=${KEEL_TEST_PLUGIN_OUTPUT_DIR};KEEL_BUILD_DIR=${CMAKE_BINARY_DIR}")
+endfunction()
+include(GoogleTest)

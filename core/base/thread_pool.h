@@ -1,0 +1,39 @@
+// keel/core/base/thread_pool.h — a fixed pool of worker threads for kernels' parallel_for.
+//
+// parallel_for splits [0, n) into at most thread_count() chunks of at least min_chunk, runs one on the calling
+// thread and the rest on workers, and returns when all are done. Nested calls (from inside a chunk) run inline.
+// Thread-safe: several threads may call parallel_for at once; their chunks share the workers.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace keel {
+
+class ThreadPool {
+ public:
+  // threads = total parallelism including the caller; 0 = std::thread::hardware_concurrency().
+  explicit ThreadPool(int threads = 0);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int thread_count() const { return threads_; }
+  void parallel_for(int64_t n, int64_t min_chunk, const std::function<void(int64_t, int64_t)>& fn);
+
+ private:
+  void worker();
+  int threads_;
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+  bool stop_ = false;
+};
+
+}  // namespace keel

@@ -1,0 +1,488 @@
+// The host side of the plugin ABI: the kernel API, the graph API and the per-plugin host table.
+#include "core/runtime/host_api.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cstring>
+#include <exception>
+#include <set>
+#include <unordered_set>
+
+#include "core/runtime/environment.h"
+#include "core/runtime/kernel_context.h"
+#include "core/runtime/onnx_io.h"
+#include "core/runtime/session.h"
+
+namespace keel {
+namespace {
+
+using Ctx = keel_kernel_context_t;
+
+// ---------------------------------------------------------------------------------------------- kernel API
+
+int32_t k_input_count(const Ctx* c) { return static_cast<int32_t>(c->inputs.size()); }
+const keel_tensor_t* k_input(const Ctx* c, int32_t i) {
+  return i >= 0 && i < static_cast<int32_t>(c->inputs.size()) ? c->inputs[i] : nullptr;
+}
+int32_t k_output_count(const Ctx* c) { return static_cast<int32_t>(c->output_dtypes.size()); }
+int32_t k_output_dtype(const Ctx* c, int32_t i) {
+  return i >= 0 && i < static_cast<int32_t>(c->output_dtypes.size()) ? static_cast<int32_t>(c->output_dtypes[i])
+                                                                      : KEEL_DTYPE_UNDEFINED;
+}
+
+keel_status_t k_output(Ctx* c, int32_t i, int32_t ndim, const int64_t* dims, keel_tensor_t** out) {
+  if (c->phase != Ctx::Phase::kCompute) return make_c_status(KEEL_STATUS_FAILED_PRECONDITION, "output() outside compute");
+  if (i < 0 || i >= static_cast<int32_t>(c->output_dtypes.size())) {
+    return make_c_status(KEEL_STATUS_OUT_OF_RANGE, ("output index " + std::to_string(i) + " out of range").c_str());
+  }
+  if (ndim < 0 || (ndim > 0 && dims == nullptr)) return make_c_status(KEEL_STATUS_INVALID_ARGUMENT, "output(): bad rank");
+  Shape shape(dims, dims + ndim);
+  for (int64_t d : shape)
+    if (d < 0) {
+      return make_c_status(KEEL_STATUS_INVALID_ARGUMENT,
+                           ("output(): negative dimension in " + shape_to_string(shape)).c_str());
+    }
+  auto t = c->allocate_output(i, c->output_dtypes[i], shape);
+  if (!t.is_ok()) return t.status().to_c();
+  c->outputs[i] = std::move(t).value();
+  c->output_views[i] = c->outputs[i].c_view();
+  *out = &c->output_views[i];
+  return nullptr;
+}
+
+const Attribute* find_attr(const Ctx* c, const char* name, AttrKind kind) {
+  if (c->node == nullptr || name == nullptr) return nullptr;
+  const Attribute* a = c->node->attr(name);
+  return a && a->kind == kind ? a : nullptr;
+}
+int k_attr_int(const Ctx* c, const char* n, int64_t* v) {
+  if (auto* a = find_attr(c, n, AttrKind::kInt)) { *v = a->i; return 1; }
+  return 0;
+}
+int k_attr_float(const Ctx* c, const char* n, float* v) {
+  if (auto* a = find_attr(c, n, AttrKind::kFloat)) { *v = a->f; return 1; }
+  return 0;
+}
+int k_attr_string(const Ctx* c, const char* n, const char** v) {
+  if (auto* a = find_attr(c, n, AttrKind::kString)) { *v = a->s.c_str(); return 1; }
+  return 0;
+}
+int k_attr_ints(const Ctx* c, const char* n, const int64_t** v, size_t* count) {
+  if (auto* a = find_attr(c, n, AttrKind::kInts)) { *v = a->ints.data(); *count = a->ints.size(); return 1; }
+  return 0;
+}
+int k_attr_floats(const Ctx* c, const char* n, const float** v, size_t* count) {
+  if (auto* a = find_attr(c, n, AttrKind::kFloats)) { *v = a->floats.data(); *count = a->floats.size(); return 1; }
+  return 0;
+}
+int k_attr_tensor(const Ctx* c, const char* n, const keel_tensor_t** v) {
+  auto* a = find_attr(c, n, AttrKind::kTensor);
+  if (!a) return 0;
+  auto* mc = const_cast<Ctx*>(c);
+  auto [it, inserted] = mc->attr_tensor_views.emplace(n, a->t.c_view());
+  *v = &it->second;
+  return 1;
+}
+int k_attr_strings(const Ctx* c, const char* n, const char* const** v, size_t* count) {
+  auto* a = find_attr(c, n, AttrKind::kStrings);
+  if (!a) return 0;
+  auto* mc = const_cast<Ctx*>(c);
+  auto& list = mc->attr_string_lists[n];
+  list.clear();
+  for (const auto& s : a->strings) list.push_back(s.c_str());
+  *v = list.data();
+  *count = list.size();
+  return 1;
+}
+const char* k_node_name(const Ctx* c) { return c->node ? c->node->name.c_str() : ""; }
+int32_t k_opset(const Ctx* c) { return c->opset; }
+int32_t k_device_index(const Ctx* c) { return c->device_index; }
+keel_stream_t k_stream(const Ctx* c) { return c->stream; }
+keel_status_t k_workspace(Ctx* c, uint64_t bytes, void** out) {
+  if (!c->allocate_workspace) return make_c_status(KEEL_STATUS_FAILED_PRECONDITION, "workspace() outside compute");
+  auto p = c->allocate_workspace(bytes);
+  if (!p.is_ok()) return p.status().to_c();
+  *out = p.value();
+  return nullptr;
+}
+void k_parallel_for(const Ctx* c, int64_t n, int64_t min_chunk, void (*fn)(void*, int64_t, int64_t), void* arg) {
+  if (c->pool == nullptr) {
+    fn(arg, 0, n);
+    return;
+  }
+  c->pool->parallel_for(n, min_chunk, [&](int64_t b, int64_t e) { fn(arg, b, e); });
+}
+int32_t k_thread_count(const Ctx* c) { return c->pool ? c->pool->thread_count() : 1; }
+
+// ---------------------------------------------------------------------------------------------- graph API
+
+using G = keel_graph_t;
+
+const std::vector<NodeId>& order(const G* g) {
+  auto* mg = const_cast<G*>(g);
+  if (mg->order_cache.empty() && g->graph->node_count() > 0) {
+    auto o = g->graph->topological_order();
+    mg->order_cache = o.is_ok() ? o.value() : g->graph->node_ids();
+  }
+  return mg->order_cache;
+}
+const Node* N(const G* g, keel_node_id_t id) { return g->graph->node(id); }
+
+size_t g_nodes(const G* g, keel_node_id_t* out, size_t cap) {
+  const auto& o = order(g);
+  for (size_t i = 0; i < o.size() && i < cap; ++i) out[i] = o[i];
+  return o.size();
+}
+int g_node_exists(const G* g, keel_node_id_t id) { return N(g, id) != nullptr; }
+const char* g_op_type(const G* g, keel_node_id_t id) { auto* n = N(g, id); return n ? n->op_type.c_str() : ""; }
+const char* g_domain(const G* g, keel_node_id_t id) { auto* n = N(g, id); return n ? n->domain.c_str() : ""; }
+const char* g_name(const G* g, keel_node_id_t id) { auto* n = N(g, id); return n ? n->name.c_str() : ""; }
+size_t g_in_count(const G* g, keel_node_id_t id) { auto* n = N(g, id); return n ? n->inputs.size() : 0; }
+const char* g_in(const G* g, keel_node_id_t id, size_t i) {
+  auto* n = N(g, id);
+  return n && i < n->inputs.size() ? n->inputs[i].c_str() : "";
+}
+size_t g_out_count(const G* g, keel_node_id_t id) { auto* n = N(g, id); return n ? n->outputs.size() : 0; }
+const char* g_out(const G* g, keel_node_id_t id, size_t i) {
+  auto* n = N(g, id);
+  return n && i < n->outputs.size() ? n->outputs[i].c_str() : "";
+}
+const Attribute* g_attr(const G* g, keel_node_id_t id, const char* name, AttrKind kind) {
+  auto* n = N(g, id);
+  if (!n || !name) return nullptr;
+  auto* a = n->attr(name);
+  return a && (kind == AttrKind::kUndefined || a->kind == kind) ? a : nullptr;
+}
+int32_t g_attr_kind(const G* g, keel_node_id_t id, const char* name) {
+  auto* a = g_attr(g, id, name, AttrKind::kUndefined);
+  return a ? static_cast<int32_t>(a->kind) : KEEL_ATTR_UNDEFINED;
+}
+int g_attr_int(const G* g, keel_node_id_t id, const char* name, int64_t* v) {
+  if (auto* a = g_attr(g, id, name, AttrKind::kInt)) { *v = a->i; return 1; }
+  return 0;
+}
+int g_attr_float(const G* g, keel_node_id_t id, const char* name, float* v) {
+  if (auto* a = g_attr(g, id, name, AttrKind::kFloat)) { *v = a->f; return 1; }
+  return 0;
+}
+int g_attr_string(const G* g, keel_node_id_t id, const char* name, const char** v) {
+  if (auto* a = g_attr(g, id, name, AttrKind::kString)) { *v = a->s.c_str(); return 1; }
+  return 0;
+}
+int g_attr_ints(const G* g, keel_node_id_t id, const char* name, const int64_t** v, size_t* n) {
+  if (auto* a = g_attr(g, id, name, AttrKind::kInts)) { *v = a->ints.data(); *n = a->ints.size(); return 1; }
+  return 0;
+}
+int g_attr_floats(const G* g, keel_node_id_t id, const char* name, const float** v, size_t* n) {
+  if (auto* a = g_attr(g, id, name, AttrKind::kFloats)) { *v = a->floats.data(); *n = a->floats.size(); return 1; }
+  return 0;
+}
+size_t g_attr_count(const G* g, keel_node_id_t id) { auto* n = N(g, id); return n ? n->attrs.size() : 0; }
+const char* g_attr_name(const G* g, keel_node_id_t id, size_t i) {
+  auto* n = N(g, id);
+  if (!n || i >= n->attrs.size()) return "";
+  auto it = n->attrs.begin();
+  std::advance(it, i);
+  return it->first.c_str();
+}
+const char* g_device(const G* g, keel_node_id_t id) { auto* n = N(g, id); return n ? n->device_type.c_str() : ""; }
+
+int g_value_info(const G* g, const char* value, int32_t* dtype, int32_t* ndim, int64_t* dims, size_t cap) {
+  if (!value) return 0;
+  const Graph& gr = *g->graph;
+  const ValueInfo* vi = gr.info(value);
+  auto init = gr.initializers.find(value);
+  if (init != gr.initializers.end()) {
+    *dtype = static_cast<int32_t>(init->second.dtype());
+    *ndim = static_cast<int32_t>(init->second.rank());
+    for (size_t i = 0; i < init->second.shape().size() && i < cap; ++i) dims[i] = init->second.shape()[i];
+    return 1;
+  }
+  bool exists = vi != nullptr || gr.producer(value).has_value() || gr.is_graph_input(value);
+  if (!exists) return 0;
+  *dtype = vi ? static_cast<int32_t>(vi->dtype) : KEEL_DTYPE_UNDEFINED;
+  if (vi && vi->shape) {
+    *ndim = static_cast<int32_t>(vi->shape->size());
+    for (size_t i = 0; i < vi->shape->size() && i < cap; ++i) dims[i] = (*vi->shape)[i];
+  } else {
+    *ndim = -1;
+  }
+  return 1;
+}
+int g_producer(const G* g, const char* value, keel_node_id_t* out) {
+  auto p = g->graph->producer(value ? value : "");
+  if (!p) return 0;
+  *out = *p;
+  return 1;
+}
+size_t g_consumers(const G* g, const char* value, keel_node_id_t* out, size_t cap) {
+  auto c = g->graph->consumers(value ? value : "");
+  for (size_t i = 0; i < c.size() && i < cap; ++i) out[i] = c[i];
+  return c.size();
+}
+int g_is_output(const G* g, const char* value) { return value && g->graph->is_graph_output(value); }
+int g_initializer(const G* g, const char* value, const keel_tensor_t** out) {
+  if (!value) return 0;
+  auto it = g->graph->initializers.find(value);
+  if (it == g->graph->initializers.end()) return 0;
+  auto* mg = const_cast<G*>(g);
+  mg->initializer_views[value] = it->second.c_view();
+  *out = &mg->initializer_views[value];
+  return 1;
+}
+size_t g_in_n(const G* g) { return g->graph->inputs.size(); }
+const char* g_in_i(const G* g, size_t i) { return i < g->graph->inputs.size() ? g->graph->inputs[i].c_str() : ""; }
+size_t g_out_n(const G* g) { return g->graph->outputs.size(); }
+const char* g_out_i(const G* g, size_t i) { return i < g->graph->outputs.size() ? g->graph->outputs[i].c_str() : ""; }
+int32_t g_opset(const G* g, const char* domain) {
+  auto it = g->graph->opsets.find(normalize_domain(domain ? domain : ""));
+  return it == g->graph->opsets.end() ? 0 : it->second;
+}
+
+keel_status_t guard(const std::function<Status()>& fn) {
+  try {
+    return fn().to_c();
+  } catch (const std::exception& e) {
+    return make_c_status(KEEL_STATUS_INTERNAL, e.what());
+  }
+}
+Node* M(G* g, keel_node_id_t id) { return g->graph->node(id); }
+keel_status_t missing_node(keel_node_id_t id) {
+  return make_c_status(KEEL_STATUS_NOT_FOUND, ("no node with id " + std::to_string(id)).c_str());
+}
+
+keel_status_t g_add_node(G* g, const char* domain, const char* op, const char* name, const char* const* ins,
+                         size_t nin, const char* const* outs, size_t nout, keel_node_id_t* out) {
+  return guard([&] {
+    if (!op || !*op) return invalid_argument("add_node: op_type is empty");
+    Node n;
+    n.domain = normalize_domain(domain ? domain : "");
+    n.op_type = op;
+    n.name = name && *name ? std::string(name) : g->graph->unique_name(n.op_type);
+    for (size_t i = 0; i < nin; ++i) n.inputs.emplace_back(ins[i] ? ins[i] : "");
+    for (size_t i = 0; i < nout; ++i) n.outputs.emplace_back(outs[i] ? outs[i] : "");
+    for (const auto& o : n.outputs)
+      if (!o.empty() && (g->graph->producer(o) || g->graph->is_initializer(o) || g->graph->is_graph_input(o)))
+        return invalid_argument("add_node: value '" + o + "' is already defined");
+    NodeId id = g->graph->add_node(std::move(n));
+    if (out) *out = id;
+    g->touched();
+    return Status::ok();
+  });
+}
+keel_status_t g_remove_node(G* g, keel_node_id_t id) {
+  return guard([&] {
+    g->touched();
+    return g->graph->remove_node(id);
+  });
+}
+keel_status_t g_set_input(G* g, keel_node_id_t id, size_t i, const char* value) {
+  Node* n = M(g, id);
+  if (!n) return missing_node(id);
+  if (i >= n->inputs.size()) n->inputs.resize(i + 1);
+  n->inputs[i] = value ? value : "";
+  g->touched();
+  return nullptr;
+}
+keel_status_t g_replace_uses(G* g, const char* from, const char* to) {
+  if (!from || !to) return make_c_status(KEEL_STATUS_INVALID_ARGUMENT, "replace_uses: NULL name");
+  g->graph->replace_uses(from, to);
+  g->touched();
+  return nullptr;
+}
+template <typename F>
+keel_status_t set_attr(G* g, keel_node_id_t id, const char* name, F make) {
+  Node* n = M(g, id);
+  if (!n) return missing_node(id);
+  if (!name || !*name) return make_c_status(KEEL_STATUS_INVALID_ARGUMENT, "attribute name is empty");
+  n->attrs[name] = make();
+  return nullptr;
+}
+keel_status_t g_set_int(G* g, keel_node_id_t id, const char* name, int64_t v) {
+  return set_attr(g, id, name, [&] { return Attribute::of_int(v); });
+}
+keel_status_t g_set_float(G* g, keel_node_id_t id, const char* name, float v) {
+  return set_attr(g, id, name, [&] { return Attribute::of_float(v); });
+}
+keel_status_t g_set_string(G* g, keel_node_id_t id, const char* name, const char* v) {
+  return set_attr(g, id, name, [&] { return Attribute::of_string(v ? v : ""); });
+}
+keel_status_t g_set_ints(G* g, keel_node_id_t id, const char* name, const int64_t* v, size_t n) {
+  return set_attr(g, id, name, [&] { return Attribute::of_ints(std::vector<int64_t>(v, v + n)); });
+}
+keel_status_t g_set_floats(G* g, keel_node_id_t id, const char* name, const float* v, size_t n) {
+  return set_attr(g, id, name, [&] { return Attribute::of_floats(std::vector<float>(v, v + n)); });
+}
+keel_status_t g_remove_attr(G* g, keel_node_id_t id, const char* name) {
+  Node* n = M(g, id);
+  if (!n) return missing_node(id);
+  n->attrs.erase(name ? name : "");
+  return nullptr;
+}
+
+StatusOr<Tensor> tensor_from_view(const keel_tensor_t* t) {
+  if (t == nullptr) return invalid_argument("tensor is NULL");
+  if (!dtype_is_valid(t->dtype)) return invalid_argument("tensor has an invalid dtype " + std::to_string(t->dtype));
+  if (t->ndim < 0 || (t->ndim > 0 && t->dims == nullptr)) return invalid_argument("tensor has a bad rank");
+  if (t->memory_kind == KEEL_MEMORY_DEVICE) return invalid_argument("tensor must be in host memory");
+  Shape shape(t->dims, t->dims + t->ndim);
+  KEEL_ASSIGN_OR_RETURN(Tensor out, Tensor::host(static_cast<DType>(t->dtype), shape), "");
+  if (out.byte_size() > 0) {
+    if (t->data == nullptr || t->byte_size < out.byte_size())
+      return invalid_argument("tensor data is smaller than its shape " + shape_to_string(shape) + " needs");
+    std::memcpy(out.raw_data(), t->data, out.byte_size());
+  }
+  return out;
+}
+
+keel_status_t g_set_initializer(G* g, const char* value, const keel_tensor_t* t) {
+  return guard([&]() -> Status {
+    if (!value || !*value) return invalid_argument("set_initializer: empty name");
+    KEEL_ASSIGN_OR_RETURN(Tensor copy, tensor_from_view(t), std::string("set_initializer '") + value + "'");
+    g->graph->value_info[value] = ValueInfo{copy.dtype(), copy.shape()};
+    g->graph->initializers[value] = std::move(copy);
+    g->touched();
+    return Status::ok();
+  });
+}
+keel_status_t g_remove_initializer(G* g, const char* value) {
+  if (!value || g->graph->initializers.erase(value) == 0) {
+    return make_c_status(KEEL_STATUS_NOT_FOUND, (std::string("no initializer '") + (value ? value : "") + "'").c_str());
+  }
+  g->touched();
+  return nullptr;
+}
+keel_status_t g_unique_name(G* g, const char* prefix, char* buf, size_t size) {
+  std::string n = g->graph->unique_name(prefix ? prefix : "v");
+  if (buf == nullptr || n.size() + 1 > size) return make_c_status(KEEL_STATUS_OUT_OF_RANGE, "unique_name: buffer too small");
+  std::memcpy(buf, n.c_str(), n.size() + 1);
+  return nullptr;
+}
+
+keel_status_t g_evaluate(const G* g, const char* const* in_names, const keel_tensor_t* const* ins, size_t nin,
+                         const char* const* out_names, size_t nout, keel_tensor_t** outs) {
+  return guard([&]() -> Status {
+    if (g->env == nullptr) return failed_precondition("evaluate: this graph has no environment");
+    std::vector<std::string> wanted;
+    for (size_t i = 0; i < nout; ++i) wanted.emplace_back(out_names[i] ? out_names[i] : "");
+    std::vector<std::pair<std::string, Tensor>> feeds;
+    for (size_t i = 0; i < nin; ++i) {
+      KEEL_ASSIGN_OR_RETURN(Tensor t, tensor_from_view(ins[i]), "evaluate input");
+      feeds.emplace_back(in_names[i] ? in_names[i] : "", std::move(t));
+    }
+    KEEL_ASSIGN_OR_RETURN(Graph sub, extract_subgraph(*g->graph, feeds, wanted), "evaluate");
+    SessionOptions opts;
+    opts.devices = {"cpu"};
+    KEEL_ASSIGN_OR_RETURN(auto session, Session::create(*g->env, std::move(sub), opts), "evaluate");
+    KEEL_ASSIGN_OR_RETURN(auto results, session->run(feeds), "evaluate");
+    for (size_t i = 0; i < nout; ++i) {
+      auto* t = new keel_tensor_t(results[i].c_view());
+      // The C view owns a heap copy of the shape and the bytes, released by g_release_tensor.
+      auto* dims = new int64_t[std::max<size_t>(1, results[i].shape().size())];
+      std::copy(results[i].shape().begin(), results[i].shape().end(), dims);
+      t->dims = dims;
+      void* data = std::malloc(std::max<uint64_t>(1, results[i].byte_size()));
+      if (!data) return out_of_memory("evaluate: result copy");
+      std::memcpy(data, results[i].raw_data(), results[i].byte_size());
+      t->data = data;
+      outs[i] = t;
+    }
+    return Status::ok();
+  });
+}
+void g_release_tensor(keel_tensor_t* t) {
+  if (!t) return;
+  delete[] t->dims;
+  std::free(t->data);
+  delete t;
+}
+
+// ---------------------------------------------------------------------------------------------- host table
+
+keel_status_t h_status_create(int32_t code, const char* message) { return make_c_status(code, message); }
+
+void h_log(keel_plugin_handle_t* p, int32_t level, const char* message) {
+  const char* name = p ? p->name.c_str() : "plugin";
+  auto lvl = static_cast<spdlog::level::level_enum>(std::clamp(level, 0, 4));
+  spdlog::log(lvl, "[{}] {}", name, message ? message : "");
+}
+keel_status_t h_register_device(keel_plugin_handle_t* p, const keel_device_table_t* t) {
+  return p->registry->add_device(p->id, p->priority, t).to_c();
+}
+keel_status_t h_register_kernel(keel_plugin_handle_t* p, const keel_kernel_def_t* k) {
+  return p->registry->add_kernel(p->id, p->priority, k).to_c();
+}
+keel_status_t h_register_pass(keel_plugin_handle_t* p, const keel_pass_def_t* d) {
+  return p->registry->add_pass(p->id, d).to_c();
+}
+keel_status_t h_register_collective(keel_plugin_handle_t* p, const keel_collective_table_t* t) {
+  return p->registry->add_collective(p->id, t).to_c();
+}
+
+int h_kernel_exists(keel_plugin_handle_t* p, const char* domain, const char* op, int32_t opset, const char* device,
+                    const int32_t* dtypes, size_t count) {
+  if (p == nullptr || op == nullptr || device == nullptr) return 0;
+  for (const KernelEntry* k : p->registry->kernels_for(domain ? domain : "", op, opset, device)) {
+    if (count == 0 || k->constraints.empty()) return 1;
+    // Without the op's schema we cannot map dtypes to type parameters; accept when every dtype is allowed by some
+    // constraint of the kernel.
+    bool all = true;
+    for (size_t i = 0; i < count && all; ++i) {
+      bool found = false;
+      for (const auto& c : k->constraints)
+        for (DType d : c.dtypes) found = found || static_cast<int32_t>(d) == dtypes[i];
+      all = found;
+    }
+    if (all) return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+const keel_kernel_api_t* kernel_api() {
+  static const keel_kernel_api_t api = {
+      sizeof(keel_kernel_api_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR,
+      k_input_count, k_input, k_output_count, k_output, k_output_dtype,
+      k_attr_int, k_attr_float, k_attr_string, k_attr_ints, k_attr_floats, k_attr_tensor, k_attr_strings,
+      k_node_name, k_opset, k_device_index, k_stream, k_workspace, k_parallel_for, k_thread_count,
+  };
+  return &api;
+}
+
+const keel_graph_api_t* graph_api() {
+  static const keel_graph_api_t api = {
+      sizeof(keel_graph_api_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR,
+      g_nodes, g_node_exists, g_op_type, g_domain, g_name, g_in_count, g_in, g_out_count, g_out,
+      g_attr_kind, g_attr_int, g_attr_float, g_attr_string, g_attr_ints, g_attr_floats, g_attr_count, g_attr_name,
+      g_device, g_value_info, g_producer, g_consumers, g_is_output, g_initializer, g_in_n, g_in_i, g_out_n, g_out_i,
+      g_opset,
+      g_add_node, g_remove_node, g_set_input, g_replace_uses, g_set_int, g_set_float, g_set_string, g_set_ints,
+      g_set_floats, g_remove_attr, g_set_initializer, g_remove_initializer, g_unique_name,
+      [](G* g) -> keel_status_t {
+        g->touched();
+        return infer_shapes(*g->graph).to_c();
+      },
+      g_evaluate, g_release_tensor,
+  };
+  return &api;
+}
+
+std::unique_ptr<keel_plugin_handle_s> make_plugin_handle(Registry& registry, PluginId id, int32_t priority,
+                                                         std::string name, std::string dir, Options options) {
+  auto h = std::make_unique<keel_plugin_handle_s>();
+  h->registry = &registry;
+  h->id = id;
+  h->priority = priority;
+  h->name = std::move(name);
+  h->dir = std::move(dir);
+  h->options = std::move(options);
+  h->api = keel_host_api_t{
+      sizeof(keel_host_api_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR,
+      h_status_create, h_log, h_register_device, h_register_kernel, h_register_pass, h_register_collective,
+      h_kernel_exists, kernel_api(), graph_api(), options_api(), &h->options, h->dir.c_str(),
+  };
+  return h;
+}
+
+}  // namespace keel

@@ -1,0 +1,59 @@
+// keel/core/runtime/kernel_context.h — (internal) what a keel_kernel_context_t and a keel_graph_t are on the host
+// side. Only host_api.cc and session.cc look inside.
+#pragma once
+
+#include <keel/plugin.h>
+
+#include <deque>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/base/graph.h"
+#include "core/base/tensor.h"
+#include "core/base/thread_pool.h"
+
+namespace keel {
+class Environment;
+}
+
+struct keel_kernel_context_s {
+  enum class Phase { kCreate, kCompute };
+  Phase phase = Phase::kCreate;
+  const keel::Node* node = nullptr;
+  int32_t opset = 0;
+  int32_t device_index = 0;
+  keel_stream_t stream = nullptr;
+  keel::ThreadPool* pool = nullptr;
+
+  // Inputs: views of the bound tensors (create phase: shapes from value info, data only for constants).
+  std::vector<const keel_tensor_t*> inputs;  // nullptr = absent
+  std::vector<keel_tensor_t> input_views;
+  std::vector<keel::Shape> input_shapes;     // backing store for create-phase dims
+
+  // Outputs: expected dtypes, and what the kernel allocated.
+  std::vector<keel::DType> output_dtypes;
+  std::vector<keel::Tensor> outputs;
+  std::vector<keel_tensor_t> output_views;
+  // Allocates memory for output i (set by the executor: arena or pool).
+  std::function<keel::StatusOr<keel::Tensor>(int32_t, keel::DType, const keel::Shape&)> allocate_output;
+  // Allocates workspace bytes valid until compute returns.
+  std::function<keel::StatusOr<void*>(uint64_t)> allocate_workspace;
+
+  // Caches for attribute views handed out as C pointers.
+  std::map<std::string, keel_tensor_t> attr_tensor_views;
+  std::map<std::string, std::vector<const char*>> attr_string_lists;
+};
+
+struct keel_graph_s {
+  keel::Graph* graph = nullptr;              // edited in place by passes
+  keel::Environment* env = nullptr;          // for evaluate
+  std::vector<keel::NodeId> order_cache;     // topological order; cleared on edit
+  std::deque<std::string> strings;           // backing store for returned strings
+  std::map<std::string, keel_tensor_t> initializer_views;
+  void touched() {
+    order_cache.clear();
+    initializer_views.clear();
+  }
+};

@@ -1,0 +1,84 @@
+// keel/core/runtime/plugin_manager.h — finds plugin manifests, loads plugin libraries, calls their init.
+//
+// (Interface fixed by the lead; implementation in plugin_manager.cc.)
+//
+// Discovery: every `*.keel-plugin.toml` in each search directory (not recursive), directories in the order given
+// (the Environment passes: API paths, then KEEL_PLUGIN_PATH entries, then ~/.local/lib/keel/plugins, then the
+// install directory <exe>/../lib/keel/plugins), files within a directory in lexical order.
+// Loading: Boost.DLL; the entry symbol KEEL_PLUGIN_ENTRY_SYMBOL; the descriptor's ABI major must equal ours and its
+// name must equal the manifest's; then init(host, handle). Every failure is recorded on the plugin's record with a
+// reason and the plugin is skipped (its registrations undone); nothing throws or aborts.
+//
+// Thread-safety: load_* are called once, at environment start-up, from one thread; plugins() may then be read
+// concurrently. Destruction calls each loaded plugin's shutdown (reverse load order), then unloads the libraries.
+#pragma once
+
+#include <keel/plugin.h>
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/base/registry.h"
+#include "core/base/status.h"
+
+namespace keel {
+
+enum class PluginState {
+  kLoaded,   // init succeeded; what it registered is in use
+  kSkipped,  // not used, for a reason that is not an error of the plugin (duplicate name, no device present)
+  kFailed,   // the plugin or its manifest is broken (reason says how)
+};
+const char* plugin_state_name(PluginState s);  // "loaded", "skipped", "failed"
+
+struct PluginRecord {
+  PluginId id = -1;
+  std::string name;              // from the manifest (or the file stem when the manifest cannot be read)
+  std::string kind;              // "device" | "collective" | "pass" ("" when unknown)
+  std::string version;
+  std::string vendor;
+  std::string description;
+  int32_t priority = 0;
+  std::filesystem::path manifest;  // absolute; empty for built-ins
+  std::filesystem::path library;   // absolute; "(built-in)" for built-ins
+  PluginState state = PluginState::kFailed;
+  std::string reason;            // empty when loaded
+  std::string abi;               // the manifest's "MAJOR.MINOR" ("" for built-ins)
+  std::map<std::string, std::string> requirements;  // the manifest's [requires] (shown, not enforced yet)
+};
+
+class PluginManager {
+ public:
+  explicit PluginManager(Registry& registry);
+  ~PluginManager();
+  PluginManager(const PluginManager&) = delete;
+  PluginManager& operator=(const PluginManager&) = delete;
+
+  // Registers a plugin linked into the core (the reference CPU device), through the same ABI checks and init.
+  void load_builtin(const keel_plugin_t* descriptor, int32_t priority, const std::string& description);
+  // Discovers and loads the manifests in `dirs` (missing directories are ignored).
+  void load_from(const std::vector<std::filesystem::path>& dirs);
+  // Loads one manifest file (keel plugin-test uses this).
+  void load_manifest(const std::filesystem::path& manifest);
+
+  const std::vector<PluginRecord>& plugins() const { return records_; }
+
+  // The default search directories after `api_paths`: KEEL_PLUGIN_PATH (':'-separated), ~/.local/lib/keel/plugins,
+  // and <directory of the running executable>/../lib/keel/plugins.
+  static std::vector<std::filesystem::path> search_path(const std::vector<std::filesystem::path>& api_paths);
+
+ private:
+  struct Loaded;
+  // Calls init for a plugin whose descriptor passed the checks; keeps `loaded` on success, else undoes its
+  // registrations (and unloads its library when `loaded` goes). Returns the record's state and reason.
+  std::pair<PluginState, std::string> init_plugin(const PluginRecord& rec, std::unique_ptr<Loaded> loaded);
+
+  Registry& registry_;
+  std::vector<PluginRecord> records_;
+  std::vector<std::unique_ptr<Loaded>> loaded_;  // libraries and handles of loaded plugins, in load order
+};
+
+}  // namespace keel

@@ -1,0 +1,762 @@
+// Session: placement, kernel instances, copies at device boundaries, liveness-planned memory, run().
+#include "core/runtime/session.h"
+
+#include <onnx/defs/schema.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "core/base/pass_manager.h"
+#include "core/base/thread_pool.h"
+#include "core/runtime/host_api.h"
+#include "core/runtime/kernel_context.h"
+#include "core/runtime/onnx_io.h"
+
+namespace keel {
+
+StatusOr<Graph> extract_subgraph(const Graph& graph, const std::vector<std::pair<std::string, Tensor>>& feeds,
+                                 const std::vector<std::string>& outputs) {
+  Graph sub;
+  sub.name = graph.name + "_sub";
+  sub.opsets = graph.opsets;
+  std::unordered_set<std::string> fed;
+  for (const auto& [name, t] : feeds) {
+    fed.insert(name);
+    sub.inputs.push_back(name);
+    sub.value_info[name] = ValueInfo{t.dtype(), t.shape()};
+  }
+  KEEL_ASSIGN_OR_RETURN(auto order, graph.topological_order(), "extract_subgraph");
+  std::unordered_set<std::string> needed(outputs.begin(), outputs.end());
+  std::vector<NodeId> keep;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    const Node* n = graph.node(*it);
+    bool wanted = false;
+    for (const auto& o : n->outputs) wanted = wanted || (needed.count(o) && !fed.count(o));
+    if (!wanted) continue;
+    keep.push_back(*it);
+    for (const auto& in : n->inputs)
+      if (!in.empty() && !fed.count(in)) needed.insert(in);
+  }
+  for (const auto& v : needed) {
+    if (fed.count(v)) continue;
+    auto init = graph.initializers.find(v);
+    if (init != graph.initializers.end()) sub.initializers[v] = init->second;
+    else if (graph.is_graph_input(v) && !graph.producer(v)) return invalid_argument("evaluate needs a value for graph input '" + v + "'");
+  }
+  for (auto it = keep.rbegin(); it != keep.rend(); ++it) sub.add_node(*graph.node(*it));
+  for (const auto& [k, vi] : graph.value_info)
+    if (needed.count(k) && !fed.count(k)) sub.value_info[k] = vi;
+  sub.outputs = outputs;
+  KEEL_RETURN_IF_ERROR(sub.validate(), "extract_subgraph");
+  return sub;
+}
+
+namespace {
+
+bool is_host_memory(const DeviceEntry* d) {
+  if (d == nullptr) return true;
+  if (d->device_type == "cpu") return true;
+  if (!d->table.get_properties) return false;
+  keel_device_properties_t props{};
+  props.struct_size = sizeof props;
+  Status st = Status::from_c(d->table.get_properties(d->table.user_data, 0, &props));
+  return st.is_ok() && (props.capabilities & KEEL_DEVICE_CAP_UNIFIED_HOST_MEMORY);
+}
+
+// Does the kernel accept the node's input/output dtypes? Uses the ONNX schema to map type parameters to positions.
+bool constraints_match(const KernelEntry& k, const Node& node, int32_t opset, const Graph& g, std::string* why) {
+  if (k.constraints.empty()) return true;
+  const onnx::OpSchema* schema =
+      onnx::OpSchemaRegistry::Schema(node.op_type, opset, node.domain.empty() ? onnx::ONNX_DOMAIN : node.domain);
+  if (schema == nullptr) return true;  // custom ops: the kernel's create decides
+  auto dtype_of = [&](const std::string& v) -> DType {
+    if (v.empty()) return DType::kUndefined;
+    if (auto it = g.initializers.find(v); it != g.initializers.end()) return it->second.dtype();
+    const ValueInfo* vi = g.info(v);
+    return vi ? vi->dtype : DType::kUndefined;
+  };
+  auto check = [&](const std::vector<onnx::OpSchema::FormalParameter>& formals, const std::vector<std::string>& actual) {
+    for (size_t i = 0; i < actual.size(); ++i) {
+      if (formals.empty()) return true;
+      const auto& f = formals[std::min(i, formals.size() - 1)];
+      DType d = dtype_of(actual[i]);
+      if (d == DType::kUndefined) continue;
+      const auto* allowed = k.allowed(f.GetTypeStr());
+      if (allowed && std::find(allowed->begin(), allowed->end(), d) == allowed->end()) {
+        *why = "kernel " + k.name + " does not take " + dtype_name(d) + " for " + f.GetTypeStr();
+        return false;
+      }
+    }
+    return true;
+  };
+  return check(schema->inputs(), node.inputs) && check(schema->outputs(), node.outputs);
+}
+
+struct Step {
+  enum class Kind { kKernel, kSubgraph, kCopy } kind = Kind::kKernel;
+  std::string name, op_type, kernel_name;
+  const Node* node = nullptr;  // kKernel: the node (owned by Impl::graph); kSubgraph: nullptr
+  int32_t opset = 0;
+  const DeviceEntry* device = nullptr;  // nullptr = host
+  std::string device_type = "cpu";
+  // Kernel or subgraph
+  keel_status_t (*compute)(void*, keel_kernel_context_t*) = nullptr;
+  void (*release)(void*) = nullptr;
+  void* state = nullptr;
+  // Copy: from -> to device
+  const DeviceEntry* copy_from = nullptr;
+  std::vector<int> inputs;   // value indices, -1 = absent
+  std::vector<int> outputs;  // value indices, -1 = unused
+  std::vector<DType> output_dtypes;
+  std::vector<int> free_after;  // values whose last use is this step
+  double total_ms = 0;
+  int64_t calls = 0;
+};
+
+struct Value {
+  std::string name;
+  DType dtype = DType::kUndefined;
+  Location location;
+  const DeviceEntry* device = nullptr;
+  bool is_const = false, is_input = false, is_output = false;
+  Tensor constant;  // for initializers (on their device)
+};
+
+}  // namespace
+
+struct Session::Impl {
+  Environment* env = nullptr;
+  Graph graph;
+  SessionOptions options;
+  std::vector<Value> values;
+  std::unordered_map<std::string, int> value_index;
+  std::vector<Step> steps;
+  std::vector<FallbackReport> fallbacks;
+  std::vector<int> input_values, output_values;
+  std::vector<std::string> input_names, output_names;
+  std::mutex run_mu;
+  // Liveness-planned arena: one per device pool, planned from the sizes seen on the first run of a shape signature.
+  struct Plan {
+    std::string signature;
+    std::map<std::string, uint64_t> arena_bytes;          // per "type:index"
+    std::unordered_map<int, std::pair<std::string, uint64_t>> offsets;  // value -> (arena key, offset)
+    std::unordered_map<int, uint64_t> sizes;
+    std::map<std::string, void*> arenas;
+  } plan;
+  std::unordered_map<int, uint64_t> observed_sizes;
+
+  ~Impl() {
+    for (auto& s : steps)
+      if (s.release && s.state) s.release(s.state);
+    free_arenas();
+  }
+  void free_arenas() {
+    for (auto& [key, ptr] : plan.arenas) {
+      auto sep = key.find(':');
+      auto alloc = env->allocator(key.substr(0, sep), std::stoi(key.substr(sep + 1)));
+      if (alloc.is_ok()) alloc.value()->free(ptr);
+    }
+    plan.arenas.clear();
+  }
+
+  int add_value(const std::string& name) {
+    auto it = value_index.find(name);
+    if (it != value_index.end()) return it->second;
+    Value v;
+    v.name = name;
+    if (auto* vi = graph.info(name)) v.dtype = vi->dtype;
+    values.push_back(std::move(v));
+    value_index[name] = static_cast<int>(values.size()) - 1;
+    return static_cast<int>(values.size()) - 1;
+  }
+
+  Status build(std::vector<std::string> device_order);
+  Status place_node(const Node& node, const std::vector<std::string>& device_order, Step& step);
+  Status make_copy_steps();
+  Status run_locked(const std::vector<std::pair<std::string, Tensor>>& inputs, std::vector<Tensor>& outputs);
+  void make_plan(const std::string& signature);
+};
+
+namespace {
+
+// Fills a create-phase context for `node`: dtypes/shapes from value info, data for constants.
+void fill_create_context(keel_kernel_context_t& ctx, const Node& node, const Graph& g, int32_t opset) {
+  ctx.phase = keel_kernel_context_t::Phase::kCreate;
+  ctx.node = &node;
+  ctx.opset = opset;
+  ctx.input_shapes.resize(node.inputs.size());
+  ctx.input_views.resize(node.inputs.size());
+  ctx.inputs.assign(node.inputs.size(), nullptr);
+  for (size_t i = 0; i < node.inputs.size(); ++i) {
+    const std::string& v = node.inputs[i];
+    if (v.empty()) continue;
+    keel_tensor_t view{};
+    view.struct_size = sizeof view;
+    if (auto it = g.initializers.find(v); it != g.initializers.end()) {
+      view = it->second.c_view();
+    } else if (const ValueInfo* vi = g.info(v)) {
+      view.dtype = static_cast<int32_t>(vi->dtype);
+      if (vi->shape) {
+        ctx.input_shapes[i] = *vi->shape;
+        view.ndim = static_cast<int32_t>(vi->shape->size());
+        view.dims = ctx.input_shapes[i].data();
+      } else {
+        view.ndim = -1;
+      }
+    }
+    ctx.input_views[i] = view;
+    ctx.inputs[i] = &ctx.input_views[i];
+  }
+  ctx.output_dtypes.clear();
+  for (const auto& o : node.outputs) {
+    const ValueInfo* vi = o.empty() ? nullptr : g.info(o);
+    ctx.output_dtypes.push_back(vi ? vi->dtype : DType::kUndefined);
+  }
+}
+
+}  // namespace
+
+Status Session::Impl::place_node(const Node& node, const std::vector<std::string>& device_order, Step& step) {
+  const Registry& reg = env->registry();
+  int32_t opset = 0;
+  if (auto it = graph.opsets.find(node.domain); it != graph.opsets.end()) opset = it->second;
+  step.opset = opset;
+  std::string reasons;
+  for (size_t d = 0; d < device_order.size(); ++d) {
+    const std::string& dev = device_order[d];
+    auto kernels = reg.kernels_for(node.domain, node.op_type, opset, dev);
+    std::string dev_reason;
+    for (const KernelEntry* k : kernels) {
+      std::string why;
+      if (!constraints_match(*k, node, opset, graph, &why)) {
+        dev_reason = why;
+        continue;
+      }
+      void* state = k->def.user_data;
+      if (k->def.create) {
+        keel_kernel_context_t ctx;
+        fill_create_context(ctx, node, graph, opset);
+        Status st = Status::from_c(k->def.create(k->def.user_data, &ctx, &state));
+        if (!st.is_ok()) {
+          if (st.code() != StatusCode::kUnimplemented) {
+            return st.with_context("node '" + node.name + "' (" + node.op_type + ") kernel " + k->name);
+          }
+          spdlog::debug("kernel {} rejected node '{}': {}", k->name, node.name, st.message());
+          dev_reason = k->name + ": " + st.message();
+          continue;
+        }
+      }
+      step.kind = Step::Kind::kKernel;
+      step.kernel_name = k->name;
+      step.compute = k->def.compute;
+      step.release = k->def.create ? k->def.release : nullptr;
+      step.state = state;
+      step.device_type = dev;
+      step.device = reg.device(dev);
+      if (d > 0) {
+        FallbackReport fr{node.name, node.op_type, device_order[0], dev, reasons};
+        fallbacks.push_back(fr);
+        spdlog::info("node '{}' ({}) falls back from {} to {}: {}", node.name, node.op_type, device_order[0], dev,
+                     reasons);
+      }
+      return Status::ok();
+    }
+    if (dev_reason.empty()) {
+      dev_reason = "no kernel for " + (node.domain.empty() ? std::string() : node.domain + ".") + node.op_type +
+                   " (opset " + std::to_string(opset) + ") on " + dev;
+    }
+    reasons += (reasons.empty() ? "" : "; ") + dev_reason;
+  }
+  if (options.fallback == Fallback::kError && !device_order.empty()) {
+    fallbacks.push_back(FallbackReport{node.name, node.op_type, device_order[0], "", reasons});
+  }
+  return unimplemented("node '" + node.name + "' (" + node.op_type + "): " + reasons);
+}
+
+Status Session::Impl::build(std::vector<std::string> device_order) {
+  const Registry& reg = env->registry();
+  KEEL_ASSIGN_OR_RETURN(auto order, graph.topological_order(), "session");
+  // Values: inputs, initializers, then node outputs.
+  for (const auto& in : graph.inputs) {
+    int v = add_value(in);
+    values[v].is_input = true;
+    input_values.push_back(v);
+    input_names.push_back(in);
+  }
+  for (auto& [name, t] : graph.initializers) {
+    int v = add_value(name);
+    values[v].is_const = true;
+    values[v].constant = t;
+    values[v].dtype = t.dtype();
+  }
+  // Claims: devices that can take whole subgraphs get first pick.
+  std::unordered_map<NodeId, size_t> claimed;  // node -> claim index
+  struct Claim { keel_subgraph_def_t def; std::string name; std::vector<NodeId> nodes; const DeviceEntry* dev; };
+  std::vector<Claim> claims;
+  if (options.fallback == Fallback::kCpu || !device_order.empty()) {
+    for (const auto& dev_type : device_order) {
+      const DeviceEntry* dev = reg.device(dev_type);
+      if (!dev || !dev->table.claim_subgraphs) continue;
+      keel_graph_s view;
+      view.graph = &graph;
+      view.env = env;
+      struct Sink { keel_subgraph_sink_t c; std::vector<Claim>* claims; const DeviceEntry* dev; } sink;
+      sink.c.struct_size = sizeof(keel_subgraph_sink_t);
+      sink.claims = &claims;
+      sink.dev = dev;
+      sink.c.claim = [](keel_subgraph_sink_t* self, const keel_subgraph_def_t* def) -> keel_status_t {
+        auto* s = reinterpret_cast<Sink*>(self);
+        if (!def || !def->compute || def->node_count == 0)
+          return make_c_status(KEEL_STATUS_INVALID_ARGUMENT, "claim: empty subgraph or no compute");
+        Claim c{*def, def->name ? def->name : "subgraph", {def->node_ids, def->node_ids + def->node_count}, s->dev};
+        c.def.name = nullptr;
+        s->claims->push_back(std::move(c));
+        return nullptr;
+      };
+      Status st = Status::from_c(dev->table.claim_subgraphs(dev->table.user_data, &view, graph_api(), &sink.c));
+      if (!st.is_ok()) {
+        auto level = st.code() == StatusCode::kUnimplemented ? spdlog::level::debug : spdlog::level::warn;
+        spdlog::log(level, "device {} claimed no subgraphs: {}", dev_type, st.message());
+      }
+    }
+    for (size_t ci = 0; ci < claims.size(); ++ci) {
+      bool ok = true;
+      for (NodeId id : claims[ci].nodes) ok = ok && graph.node(id) && !claimed.count(id);
+      if (!ok) {
+        spdlog::warn("claim '{}' rejected: unknown or already claimed node", claims[ci].name);
+        continue;
+      }
+      for (NodeId id : claims[ci].nodes) claimed[id] = ci;
+    }
+  }
+  // Steps in topological order; a claim runs where its last node would (claims must be convex: checked below).
+  std::unordered_map<size_t, size_t> claim_last;  // claim -> position of its last node in `order`
+  for (size_t pos = 0; pos < order.size(); ++pos)
+    if (auto it = claimed.find(order[pos]); it != claimed.end()) claim_last[it->second] = pos;
+  std::unordered_set<size_t> convex_fail;
+  for (size_t pos = 0; pos < order.size(); ++pos) {
+    auto it = claimed.find(order[pos]);
+    if (it != claimed.end()) continue;
+    // An unclaimed node between a claim's first and last node that reads a claim's value breaks the order.
+    const Node* n = graph.node(order[pos]);
+    for (const auto& in : n->inputs) {
+      auto p = graph.producer(in);
+      if (!p) continue;
+      auto c = claimed.find(*p);
+      if (c != claimed.end() && claim_last[c->second] > pos) convex_fail.insert(c->second);
+    }
+  }
+  for (size_t ci : convex_fail) {
+    spdlog::warn("claim '{}' rejected: not convex (an outside node sits between its nodes)", claims[ci].name);
+    for (NodeId id : claims[ci].nodes) claimed.erase(id);
+  }
+  std::unordered_set<std::string> graph_outputs(graph.outputs.begin(), graph.outputs.end());
+  for (size_t pos = 0; pos < order.size(); ++pos) {
+    const Node* node = graph.node(order[pos]);
+    auto cit = claimed.find(node->id);
+    if (cit != claimed.end()) {
+      size_t ci = cit->second;
+      if (claim_last[ci] != pos) continue;
+      const Claim& c = claims[ci];
+      std::unordered_set<NodeId> members(c.nodes.begin(), c.nodes.end());
+      std::unordered_set<std::string> produced;
+      for (NodeId id : c.nodes)
+        for (const auto& o : graph.node(id)->outputs) produced.insert(o);
+      Step step;
+      step.kind = Step::Kind::kSubgraph;
+      step.name = c.name;
+      step.op_type = "Subgraph";
+      step.kernel_name = c.name;
+      step.device = c.dev;
+      step.device_type = c.dev->device_type;
+      std::vector<std::string> ins, outs;
+      for (NodeId id : order) {
+        if (!members.count(id)) continue;
+        const Node* m = graph.node(id);
+        for (const auto& in : m->inputs)
+          if (!in.empty() && !produced.count(in) && std::find(ins.begin(), ins.end(), in) == ins.end()) ins.push_back(in);
+        for (const auto& o : m->outputs) {
+          if (o.empty()) continue;
+          bool outside = graph_outputs.count(o) > 0;
+          for (NodeId u : graph.consumers(o)) outside = outside || !members.count(u);
+          if (outside) outs.push_back(o);
+        }
+      }
+      for (const auto& in : ins) step.inputs.push_back(add_value(in));
+      for (const auto& o : outs) {
+        int v = add_value(o);
+        step.outputs.push_back(v);
+        step.output_dtypes.push_back(values[v].dtype);
+      }
+      step.compute = c.def.compute;
+      step.release = c.def.release;
+      step.state = c.def.user_data;
+      if (c.def.create) {
+        keel_kernel_context_t ctx;
+        Node pseudo;
+        pseudo.name = c.name;
+        pseudo.inputs = ins;
+        pseudo.outputs = outs;
+        fill_create_context(ctx, pseudo, graph, 0);
+        ctx.node = nullptr;
+        KEEL_RETURN_IF_ERROR(Status::from_c(c.def.create(c.def.user_data, &ctx, &step.state)),
+                             "subgraph '" + c.name + "' create");
+      }
+      steps.push_back(std::move(step));
+      continue;
+    }
+    Step step;
+    step.node = node;
+    step.name = node->name;
+    step.op_type = node->op_type;
+    KEEL_RETURN_IF_ERROR(place_node(*node, device_order, step), "placement");
+    for (const auto& in : node->inputs) step.inputs.push_back(in.empty() ? -1 : add_value(in));
+    for (const auto& o : node->outputs) {
+      int v = o.empty() ? -1 : add_value(o);
+      step.outputs.push_back(v);
+      DType dt = v >= 0 ? values[v].dtype : DType::kUndefined;
+      step.output_dtypes.push_back(dt);
+    }
+    steps.push_back(std::move(step));
+  }
+  for (auto& s : steps) {
+    if (s.node) const_cast<Node*>(s.node)->device_type = s.device_type;
+  }
+  for (const auto& o : graph.outputs) {
+    auto it = value_index.find(o);
+    if (it == value_index.end()) return invalid_argument("graph output '" + o + "' is not produced");
+    values[it->second].is_output = true;
+    output_values.push_back(it->second);
+    output_names.push_back(o);
+  }
+  KEEL_RETURN_IF_ERROR(make_copy_steps(), "session");
+  // Liveness: the last step that reads each value.
+  std::vector<int> last_use(values.size(), -1);
+  for (size_t i = 0; i < steps.size(); ++i)
+    for (int v : steps[i].inputs)
+      if (v >= 0) last_use[v] = static_cast<int>(i);
+  for (size_t v = 0; v < values.size(); ++v) {
+    if (values[v].is_output || values[v].is_const || values[v].is_input) continue;
+    if (last_use[v] >= 0) steps[last_use[v]].free_after.push_back(static_cast<int>(v));
+  }
+  // Producers of unused outputs free them right away.
+  for (size_t i = 0; i < steps.size(); ++i)
+    for (int v : steps[i].outputs)
+      if (v >= 0 && last_use[v] < 0 && !values[v].is_output) steps[i].free_after.push_back(v);
+  return Status::ok();
+}
+
+Status Session::Impl::make_copy_steps() {
+  // Where each value lives: the device of its producer (host for inputs and constants).
+  std::vector<const DeviceEntry*> home(values.size(), nullptr);
+  for (const auto& s : steps)
+    for (int v : s.outputs)
+      if (v >= 0) home[v] = is_host_memory(s.device) ? nullptr : s.device;
+  std::vector<Step> with_copies;
+  std::map<std::pair<int, const DeviceEntry*>, int> copied;  // (value, device) -> copy value
+  for (auto& s : steps) {
+    const DeviceEntry* want = is_host_memory(s.device) ? nullptr : s.device;
+    for (int& v : s.inputs) {
+      if (v < 0 || home[v] == want) continue;
+      auto key = std::make_pair(v, want);
+      auto it = copied.find(key);
+      if (it == copied.end()) {
+        Step c;
+        c.kind = Step::Kind::kCopy;
+        c.name = values[v].name + "@" + (want ? want->device_type : std::string("cpu"));
+        c.op_type = "Copy";
+        c.kernel_name = "copy";
+        c.copy_from = home[v];
+        c.device = want;
+        c.device_type = want ? want->device_type : "cpu";
+        c.inputs = {v};
+        int nv = add_value(c.name);
+        values[nv].dtype = values[v].dtype;
+        home.push_back(want);
+        c.outputs = {nv};
+        c.output_dtypes = {values[v].dtype};
+        with_copies.push_back(std::move(c));
+        it = copied.emplace(key, nv).first;
+      }
+      v = it->second;
+    }
+    with_copies.push_back(std::move(s));
+  }
+  // Graph outputs produced off the host are copied back by run().
+  steps = std::move(with_copies);
+  return Status::ok();
+}
+
+void Session::Impl::make_plan(const std::string& signature) {
+  free_arenas();
+  plan = Plan{};
+  plan.signature = signature;
+  // Lifetimes [first step, last step] of planned values (intermediates, not graph outputs).
+  struct Interval { int v; int begin, end; uint64_t size; std::string key; };
+  std::vector<Interval> iv;
+  std::vector<int> first(values.size(), -1), last(values.size(), -1);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    for (int v : steps[i].outputs) if (v >= 0 && first[v] < 0) first[v] = static_cast<int>(i);
+    for (int v : steps[i].inputs) if (v >= 0) last[v] = static_cast<int>(i);
+    for (int v : steps[i].outputs) if (v >= 0) last[v] = std::max(last[v], static_cast<int>(i));
+  }
+  for (size_t i = 0; i < steps.size(); ++i)
+    for (int v : steps[i].outputs) {
+      if (v < 0 || values[v].is_output || first[v] != static_cast<int>(i)) continue;
+      auto sz = observed_sizes.find(v);
+      if (sz == observed_sizes.end()) continue;
+      std::string key = (steps[i].device && !is_host_memory(steps[i].device) ? steps[i].device_type : "cpu") + ":0";
+      iv.push_back({v, first[v], last[v], (sz->second + 255) / 256 * 256, key});
+    }
+  // Greedy: biggest first, lowest offset that does not overlap a live neighbour.
+  std::sort(iv.begin(), iv.end(), [](const Interval& a, const Interval& b) { return a.size > b.size; });
+  std::vector<std::tuple<int, int, uint64_t, uint64_t, std::string>> placed;  // begin, end, off, size, key
+  for (const auto& x : iv) {
+    std::vector<std::pair<uint64_t, uint64_t>> busy;
+    for (const auto& [b, e, off, size, key] : placed)
+      if (key == x.key && !(e < x.begin || x.end < b)) busy.emplace_back(off, size);
+    std::sort(busy.begin(), busy.end());
+    uint64_t off = 0;
+    for (const auto& [bo, bs] : busy) {
+      if (off + x.size <= bo) break;
+      off = std::max(off, bo + bs);
+    }
+    placed.emplace_back(x.begin, x.end, off, x.size, x.key);
+    plan.offsets[x.v] = {x.key, off};
+    plan.sizes[x.v] = x.size;
+    plan.arena_bytes[x.key] = std::max(plan.arena_bytes[x.key], off + x.size);
+  }
+  for (const auto& [key, bytes] : plan.arena_bytes) {
+    auto sep = key.find(':');
+    auto alloc = env->allocator(key.substr(0, sep), 0);
+    if (!alloc.is_ok()) continue;
+    auto p = alloc.value()->allocate(bytes);
+    if (p.is_ok()) plan.arenas[key] = p.value();
+  }
+  // Values whose arena could not be had fall back to the pool.
+  for (auto it = plan.offsets.begin(); it != plan.offsets.end();) {
+    if (!plan.arenas.count(it->second.first)) it = plan.offsets.erase(it);
+    else ++it;
+  }
+}
+
+Status Session::Impl::run_locked(const std::vector<std::pair<std::string, Tensor>>& inputs,
+                                 std::vector<Tensor>& outputs) {
+  std::vector<Tensor> live(values.size());
+  std::string signature;
+  for (auto& [name, t] : inputs) {
+    auto it = value_index.find(name);
+    if (it == value_index.end() || !values[it->second].is_input) {
+      std::string known;
+      for (auto& n : input_names) known += (known.empty() ? "" : ", ") + n;
+      return invalid_argument("unknown input '" + name + "' (inputs: " + known + ")");
+    }
+    const Value& v = values[it->second];
+    if (v.dtype != DType::kUndefined && t.dtype() != v.dtype) {
+      return invalid_argument("input '" + name + "' has dtype " + dtype_name(t.dtype()) + ", the model expects " +
+                              dtype_name(v.dtype));
+    }
+    if (const ValueInfo* vi = graph.info(name); vi && vi->shape) {
+      const Shape& want = *vi->shape;
+      bool ok = want.size() == t.shape().size();
+      for (size_t i = 0; ok && i < want.size(); ++i) ok = want[i] < 0 || want[i] == t.shape()[i];
+      if (!ok) {
+        return invalid_argument("input '" + name + "' has shape " + shape_to_string(t.shape()) +
+                                ", the model expects " + shape_to_string(want));
+      }
+    }
+    if (!t.location().is_host()) return invalid_argument("input '" + name + "' must be a host tensor");
+    live[it->second] = t;
+    signature += name + shape_to_string(t.shape()) + ";";
+  }
+  for (int v : input_values)
+    if (!live[v].defined()) return invalid_argument("missing input '" + values[v].name + "'");
+  for (size_t v = 0; v < values.size(); ++v)
+    if (values[v].is_const) live[v] = values[v].constant;
+
+  bool planned = plan.signature == signature && !plan.signature.empty();
+  bool record = !planned;
+  if (record) observed_sizes.clear();
+
+  keel_kernel_context_t ctx;
+  ctx.pool = &env->thread_pool();
+  std::vector<std::pair<CachingAllocator*, void*>> workspace;
+  for (size_t si = 0; si < steps.size(); ++si) {
+    Step& s = steps[si];
+    auto t0 = options.profile ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+    std::string dev_type = s.device && !is_host_memory(s.device) ? s.device_type : "cpu";
+    KEEL_ASSIGN_OR_RETURN(CachingAllocator * alloc, env->allocator(dev_type, 0), "step '" + s.name + "'");
+    if (s.kind == Step::Kind::kCopy) {
+      const Tensor& src = live[s.inputs[0]];
+      KEEL_ASSIGN_OR_RETURN(void* dst, alloc->allocate(src.byte_size()), "copy " + s.name);
+      Location loc{dev_type, 0};
+      auto storage = std::make_shared<Storage>(dst, src.byte_size(), loc, [alloc](void* p) { alloc->free(p); });
+      const DeviceEntry* worker = s.device ? s.device : s.copy_from;
+      int32_t kind = s.device ? (s.copy_from ? KEEL_COPY_DEVICE_TO_DEVICE : KEEL_COPY_HOST_TO_DEVICE)
+                              : KEEL_COPY_DEVICE_TO_HOST;
+      KEEL_RETURN_IF_ERROR(Status::from_c(worker->table.copy(worker->table.user_data, kind, 0, dst, 0, src.raw_data(),
+                                                             src.byte_size(), nullptr)),
+                           "copy " + s.name);
+      live[s.outputs[0]] = Tensor(src.dtype(), src.shape(), storage);
+    } else {
+      // Bind inputs.
+      ctx.phase = keel_kernel_context_t::Phase::kCompute;
+      ctx.node = s.node;
+      ctx.opset = s.opset;
+      ctx.input_views.assign(s.inputs.size(), keel_tensor_t{});
+      ctx.inputs.assign(s.inputs.size(), nullptr);
+      for (size_t i = 0; i < s.inputs.size(); ++i) {
+        int v = s.inputs[i];
+        if (v < 0) continue;
+        if (!live[v].defined()) {
+          return internal_error("step '" + s.name + "' reads '" + values[v].name + "', which was never produced");
+        }
+        ctx.input_views[i] = live[v].c_view();
+        ctx.inputs[i] = &ctx.input_views[i];
+      }
+      ctx.output_dtypes = s.output_dtypes;
+      ctx.outputs.assign(s.outputs.size(), Tensor());
+      ctx.output_views.assign(s.outputs.size(), keel_tensor_t{});
+      ctx.attr_tensor_views.clear();
+      ctx.attr_string_lists.clear();
+      ctx.allocate_output = [&](int32_t i, DType dtype, const Shape& shape) -> StatusOr<Tensor> {
+        if (dtype == DType::kUndefined) {
+          return invalid_argument("output " + std::to_string(i) + " of '" + s.name + "' has no known dtype");
+        }
+        KEEL_ASSIGN_OR_RETURN(uint64_t bytes, checked_byte_size(dtype, shape), "output of '" + s.name + "'");
+        int v = s.outputs[i];
+        Location loc{dev_type, 0};
+        if (v >= 0 && record) observed_sizes[v] = bytes;
+        if (v >= 0 && planned) {
+          auto it = plan.offsets.find(v);
+          if (it != plan.offsets.end() && plan.sizes[v] >= bytes) {
+            char* base = static_cast<char*>(plan.arenas[it->second.first]) + it->second.second;
+            return Tensor(dtype, shape, Storage::borrow(base, bytes, loc));
+          }
+        }
+        KEEL_ASSIGN_OR_RETURN(void* p, alloc->allocate(bytes), "output of '" + s.name + "'");
+        return Tensor(dtype, shape, std::make_shared<Storage>(p, bytes, loc, [alloc](void* q) { alloc->free(q); }));
+      };
+      ctx.allocate_workspace = [&](uint64_t bytes) -> StatusOr<void*> {
+        KEEL_ASSIGN_OR_RETURN(void* p, alloc->allocate(bytes), "workspace of '" + s.name + "'");
+        workspace.emplace_back(alloc, p);
+        return p;
+      };
+      Status st = Status::from_c(s.compute(s.state, &ctx));
+      for (auto& [a, p] : workspace) a->free(p);
+      workspace.clear();
+      if (!st.is_ok()) {
+        return st.with_context("node '" + s.name + "' (" + s.op_type + ", kernel " + s.kernel_name + ")");
+      }
+      for (size_t i = 0; i < s.outputs.size(); ++i) {
+        int v = s.outputs[i];
+        if (v < 0) continue;
+        if (!ctx.outputs[i].defined()) {
+          // Optional outputs nobody reads may be left unwritten.
+          bool read = values[v].is_output;
+          for (size_t sj = si + 1; sj < steps.size() && !read; ++sj)
+            for (int x : steps[sj].inputs) read = read || x == v;
+          if (read) return internal_error("kernel " + s.kernel_name + " did not write output " + std::to_string(i) + " of '" + s.name + "'");
+          continue;
+        }
+        live[v] = std::move(ctx.outputs[i]);
+      }
+    }
+    for (int v : s.free_after) live[v] = Tensor();
+    if (options.profile) {
+      s.total_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      ++s.calls;
+    }
+  }
+  outputs.clear();
+  for (int v : output_values) {
+    Tensor& t = live[v];
+    if (!t.location().is_host()) {
+      const DeviceEntry* dev = env->registry().device(t.location().device_type);
+      KEEL_ASSIGN_OR_RETURN(Tensor host, Tensor::host(t.dtype(), t.shape()), "output '" + values[v].name + "'");
+      KEEL_RETURN_IF_ERROR(Status::from_c(dev->table.copy(dev->table.user_data, KEEL_COPY_DEVICE_TO_HOST, 0,
+                                                          host.raw_data(), t.location().device_index, t.raw_data(),
+                                                          t.byte_size(), nullptr)),
+                           "copy output '" + values[v].name + "' to host");
+      outputs.push_back(std::move(host));
+    } else {
+      outputs.push_back(t);
+    }
+  }
+  live.clear();
+  if (record) make_plan(signature);
+  return Status::ok();
+}
+
+Session::Session(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Session::~Session() = default;
+
+StatusOr<std::unique_ptr<Session>> Session::create(Environment& env, Graph graph, SessionOptions options) {
+  auto impl = std::make_unique<Impl>();
+  impl->env = &env;
+  impl->options = options;
+  KEEL_RETURN_IF_ERROR(graph.validate(), "invalid graph '" + graph.name + "'");
+  impl->graph = std::move(graph);
+  KEEL_RETURN_IF_ERROR(infer_shapes(impl->graph), "shape inference");
+  // Device order: the requested ones, then (fallback = cpu) the CPU.
+  std::vector<std::string> order = options.devices.empty() ? env.registry().device_types() : options.devices;
+  for (const auto& d : order)
+    if (!env.registry().device(d)) {
+      std::string known;
+      for (const auto& t : env.registry().device_types()) known += (known.empty() ? "" : ", ") + t;
+      return not_found("device '" + d + "' is not available (devices: " + known + "; see `keel plugins`)");
+    }
+  if (options.fallback == Fallback::kCpu && std::find(order.begin(), order.end(), "cpu") == order.end()) {
+    order.push_back("cpu");
+  }
+  if (!options.passes.empty()) {
+    KEEL_ASSIGN_OR_RETURN(auto pipeline, parse_pipeline_list([&] {
+                            std::string s;
+                            for (const auto& p : options.passes) s += (s.empty() ? "" : ",") + p;
+                            return s;
+                          }()),
+                          "passes");
+    keel_graph_s view;
+    view.graph = &impl->graph;
+    view.env = &env;
+    PassManager pm(env.registry(), graph_api());
+    KEEL_ASSIGN_OR_RETURN(auto reports, pm.run(impl->graph, &view, pipeline, order.front()), "passes");
+    for (const auto& r : reports) spdlog::info("pass {}: {} -> {} nodes", r.pass, r.nodes_before, r.nodes_after);
+    KEEL_RETURN_IF_ERROR(infer_shapes(impl->graph), "shape inference after passes");
+  }
+  KEEL_RETURN_IF_ERROR(impl->build(order), "");
+  return std::unique_ptr<Session>(new Session(std::move(impl)));
+}
+
+StatusOr<std::vector<Tensor>> Session::run(const std::vector<std::pair<std::string, Tensor>>& inputs) {
+  std::lock_guard<std::mutex> lock(impl_->run_mu);
+  std::vector<Tensor> outputs;
+  KEEL_RETURN_IF_ERROR(impl_->run_locked(inputs, outputs), "run");
+  return outputs;
+}
+
+const Graph& Session::graph() const { return impl_->graph; }
+const std::vector<std::string>& Session::input_names() const { return impl_->input_names; }
+const std::vector<std::string>& Session::output_names() const { return impl_->output_names; }
+const std::vector<FallbackReport>& Session::fallbacks() const { return impl_->fallbacks; }
+
+std::vector<std::tuple<std::string, std::string, std::string, std::string>> Session::placement() const {
+  std::vector<std::tuple<std::string, std::string, std::string, std::string>> out;
+  for (const auto& s : impl_->steps) out.emplace_back(s.name, s.op_type, s.device_type, s.kernel_name);
+  return out;
+}
+
+std::vector<NodeProfile> Session::profile() const {
+  std::vector<NodeProfile> out;
+  for (const auto& s : impl_->steps) out.push_back({s.name, s.op_type, s.device_type, s.kernel_name, s.total_ms, s.calls});
+  return out;
+}
+
+std::map<std::string, uint64_t> Session::planned_arena_bytes() const { return impl_->plan.arena_bytes; }
+
+}  // namespace keel

@@ -1,0 +1,80 @@
+// keel/core/runtime/session.h — a prepared graph that runs: placement, kernel instances, memory plan, run().
+//
+// Session::create takes ownership of a Graph, runs shape inference and the session's pass pipeline, places every
+// node (preferred devices in order; nodes the preferred device cannot run fall back to the CPU or fail, per
+// `fallback`; every fallback is reported once with its reason), inserts copies at device boundaries, creates one
+// kernel instance per node, and plans activation memory from value liveness.
+//
+// run() is thread-safe: concurrent calls on one session are serialised (kernel states are not shared between
+// threads at once, as the plugin ABI promises); use one session per thread for parallel runs.
+// The Session must not outlive its Environment.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/base/graph.h"
+#include "core/base/status.h"
+#include "core/base/tensor.h"
+#include "core/runtime/environment.h"
+
+namespace keel {
+
+enum class Fallback { kCpu, kError };
+
+struct SessionOptions {
+  // Device types to place on, most preferred first. Empty = every available device type by priority.
+  std::vector<std::string> devices;
+  Fallback fallback = Fallback::kCpu;
+  // Graph passes to run before placement, by name, in order (see PassManager). Empty = none.
+  std::vector<std::string> passes;
+  bool profile = false;  // collect per-node timings (Session::profile())
+};
+
+struct FallbackReport {
+  std::string node;      // node name
+  std::string op_type;
+  std::string from;      // the preferred device type
+  std::string to;        // where it went ("" when fallback = error)
+  std::string reason;
+};
+
+struct NodeProfile {
+  std::string node, op_type, device_type, kernel;
+  double total_ms = 0;
+  int64_t calls = 0;
+};
+
+// The part of `graph` that computes `outputs` when the values named in `feeds` are given (they become graph
+// inputs, cutting off whatever produced them). Used by constant folding and calibration.
+StatusOr<Graph> extract_subgraph(const Graph& graph, const std::vector<std::pair<std::string, Tensor>>& feeds,
+                                 const std::vector<std::string>& outputs);
+
+class Session {
+ public:
+  static StatusOr<std::unique_ptr<Session>> create(Environment& env, Graph graph, SessionOptions options = {});
+  ~Session();
+
+  // Runs with inputs bound by name (host or device tensors; copied to where they are needed). Returns the graph
+  // outputs in graph-output order, as host tensors. INVALID_ARGUMENT names a missing, unknown or mis-typed input.
+  StatusOr<std::vector<Tensor>> run(const std::vector<std::pair<std::string, Tensor>>& inputs);
+
+  const Graph& graph() const;
+  const std::vector<std::string>& input_names() const;
+  const std::vector<std::string>& output_names() const;
+  const std::vector<FallbackReport>& fallbacks() const;
+  // Where each node went: (node name, op type, device type, kernel name), in execution order.
+  std::vector<std::tuple<std::string, std::string, std::string, std::string>> placement() const;
+  std::vector<NodeProfile> profile() const;
+  // Bytes of the planned activation arena per device ("cpu:0" -> bytes).
+  std::map<std::string, uint64_t> planned_arena_bytes() const;
+
+ private:
+  struct Impl;
+  explicit Session(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace keel

@@ -1,0 +1,278 @@
+// Session: placement by priority with CPU fallback, copies at device boundaries, claims, memory planning, errors.
+#include "core/runtime/session.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <thread>
+#include <cstring>
+
+namespace keel {
+namespace {
+
+// ---- A fake accelerator: "device memory" is malloc'd but not host-addressable as far as the core knows, so the
+// core must insert copies. It runs Relu (and claims Sigmoid->Sigmoid chains as one subgraph); nothing else.
+const keel_host_api_t* g_host = nullptr;
+int g_copies = 0;
+int g_relu_runs = 0;
+int g_claim_runs = 0;
+
+keel_status_t fake_count(void*, int32_t* n) { *n = 1; return nullptr; }
+keel_status_t fake_props(void*, int32_t, keel_device_properties_t* p) {
+  std::snprintf(p->name, sizeof p->name, "fake accelerator");
+  return nullptr;
+}
+keel_status_t fake_alloc(void*, int32_t, uint64_t bytes, uint64_t, void** out) {
+  *out = std::malloc(bytes ? bytes : 1);
+  return nullptr;
+}
+void fake_free(void*, int32_t, void* p) { std::free(p); }
+keel_status_t fake_copy(void*, int32_t, int32_t, void* dst, int32_t, const void* src, uint64_t n, keel_stream_t) {
+  ++g_copies;
+  std::memcpy(dst, src, n);
+  return nullptr;
+}
+keel_status_t fake_relu(void*, keel_kernel_context_t* ctx) {
+  const keel_kernel_api_t* k = g_host->kernel;
+  const keel_tensor_t* x = k->input(ctx, 0);
+  keel_tensor_t* y = nullptr;
+  if (keel_status_t st = k->output(ctx, 0, x->ndim, x->dims, &y)) return st;
+  const float* in = static_cast<const float*>(x->data);
+  float* out = static_cast<float*>(y->data);
+  for (uint64_t i = 0; i < x->byte_size / 4; ++i) out[i] = in[i] > 0 ? in[i] : 0;
+  ++g_relu_runs;
+  return nullptr;
+}
+keel_status_t fake_sigmoid_chain(void*, keel_kernel_context_t* ctx) {
+  const keel_kernel_api_t* k = g_host->kernel;
+  const keel_tensor_t* x = k->input(ctx, 0);
+  keel_tensor_t* y = nullptr;
+  if (keel_status_t st = k->output(ctx, 0, x->ndim, x->dims, &y)) return st;
+  const float* in = static_cast<const float*>(x->data);
+  float* out = static_cast<float*>(y->data);
+  for (uint64_t i = 0; i < x->byte_size / 4; ++i) {
+    float s = 1.f / (1.f + std::exp(-in[i]));
+    out[i] = 1.f / (1.f + std::exp(-s));
+  }
+  ++g_claim_runs;
+  return nullptr;
+}
+keel_status_t fake_claim(void*, const keel_graph_t* g, const keel_graph_api_t* api, keel_subgraph_sink_t* sink) {
+  keel_node_id_t ids[64];
+  size_t n = api->nodes(g, ids, 64);
+  for (size_t i = 0; i < n; ++i) {
+    if (std::strcmp(api->node_op_type(g, ids[i]), "Sigmoid") != 0) continue;
+    keel_node_id_t users[4];
+    if (api->value_consumers(g, api->node_output(g, ids[i], 0), users, 4) != 1) continue;
+    if (std::strcmp(api->node_op_type(g, users[0]), "Sigmoid") != 0) continue;
+    static keel_node_id_t pair[2];
+    pair[0] = ids[i];
+    pair[1] = users[0];
+    keel_subgraph_def_t def{};
+    def.struct_size = sizeof def;
+    def.name = "fake_sigmoid_chain";
+    def.node_ids = pair;
+    def.node_count = 2;
+    def.compute = fake_sigmoid_chain;
+    return sink->claim(sink, &def);
+  }
+  return nullptr;
+}
+keel_status_t fake_init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+  g_host = host;
+  keel_device_table_t t{};
+  t.struct_size = sizeof t;
+  t.abi_major = KEEL_PLUGIN_ABI_MAJOR;
+  t.device_type = "fake";
+  t.device_count = fake_count;
+  t.get_properties = fake_props;
+  t.allocate = fake_alloc;
+  t.free = fake_free;
+  t.copy = fake_copy;
+  t.claim_subgraphs = fake_claim;
+  if (keel_status_t st = host->register_device(plugin, &t)) return st;
+  keel_kernel_def_t k{};
+  k.struct_size = sizeof k;
+  k.abi_major = KEEL_PLUGIN_ABI_MAJOR;
+  k.name = "fake_relu";
+  k.op_type = "Relu";
+  k.since_version = 1;
+  k.device_type = "fake";
+  k.compute = fake_relu;
+  return host->register_kernel(plugin, &k);
+}
+const keel_plugin_t kFakePlugin = {sizeof(keel_plugin_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR, "fake",
+                                   "1.0", KEEL_PLUGIN_KIND_DEVICE, fake_init, nullptr};
+
+std::unique_ptr<Environment> make_env() {
+  EnvironmentOptions o;
+  o.discover_plugins = false;
+  o.threads = 2;
+  o.builtin_plugins.push_back({&kFakePlugin, 10, "test accelerator"});
+  auto env = Environment::create(o);
+  EXPECT_TRUE(env.is_ok()) << env.status().to_string();
+  return std::move(env).value();
+}
+
+// x -> Relu -> Neg -> Relu -> y
+Graph relu_neg_relu() {
+  GraphBuilder b("rnr");
+  auto x = b.input("x", DType::kF32, {2, 3});
+  auto r1 = b.op1("Relu", {x});
+  auto n = b.op1("Neg", {r1});
+  auto r2 = b.op1("Relu", {n});
+  b.output(r2);
+  return b.take();
+}
+
+TEST(Session, RunsOnTheReferenceCpu) {
+  auto env = make_env();
+  SessionOptions opts;
+  opts.devices = {"cpu"};
+  auto s = Session::create(*env, relu_neg_relu(), opts);
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  auto out = s.value()->run({{"x", Tensor::f32({2, 3}, {-1, 2, -3, 4, -5, 6})}});
+  ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(out.value()[0].data<float>()[i], 0.f);
+  EXPECT_TRUE(s.value()->fallbacks().empty());
+}
+
+TEST(Session, PrefersTheDeviceAndFallsBackToCpuWithAReason) {
+  auto env = make_env();
+  g_copies = g_relu_runs = 0;
+  SessionOptions opts;
+  opts.devices = {"fake"};
+  auto s = Session::create(*env, relu_neg_relu(), opts);
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  auto& fb = s.value()->fallbacks();
+  ASSERT_EQ(fb.size(), 1u);
+  EXPECT_EQ(fb[0].op_type, "Neg");
+  EXPECT_EQ(fb[0].from, "fake");
+  EXPECT_EQ(fb[0].to, "cpu");
+  EXPECT_NE(fb[0].reason.find("no kernel"), std::string::npos) << fb[0].reason;
+  auto out = s.value()->run({{"x", Tensor::f32({2, 3}, {-1, 2, -3, 4, -5, 6})}});
+  ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+  EXPECT_EQ(g_relu_runs, 2);
+  // host->fake, fake->host (for Neg), host->fake (for the second Relu), and the output back to the host.
+  EXPECT_EQ(g_copies, 4);
+  EXPECT_TRUE(out.value()[0].location().is_host());
+  int copy_steps = 0;
+  for (auto& [name, op, dev, kernel] : s.value()->placement()) copy_steps += op == "Copy";
+  EXPECT_EQ(copy_steps, 3);
+}
+
+TEST(Session, FallbackErrorRefusesWithTheNodeAndReason) {
+  auto env = make_env();
+  SessionOptions opts;
+  opts.devices = {"fake"};
+  opts.fallback = Fallback::kError;
+  auto s = Session::create(*env, relu_neg_relu(), opts);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(s.status().message().find("Neg"), std::string::npos) << s.status().message();
+  EXPECT_NE(s.status().message().find("fake"), std::string::npos) << s.status().message();
+}
+
+TEST(Session, DefaultPlacementUsesTheHighestPriorityDevice) {
+  auto env = make_env();
+  ASSERT_EQ(env->registry().device_types().front(), "fake");
+  auto s = Session::create(*env, relu_neg_relu());
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  EXPECT_EQ(s.value()->fallbacks().size(), 1u);
+}
+
+TEST(Session, UnknownDeviceIsAClearError) {
+  auto env = make_env();
+  SessionOptions opts;
+  opts.devices = {"tpu"};
+  auto s = Session::create(*env, relu_neg_relu(), opts);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(s.status().message().find("tpu"), std::string::npos);
+}
+
+TEST(Session, DeviceClaimsAConnectedSubgraph) {
+  auto env = make_env();
+  g_claim_runs = 0;
+  GraphBuilder b("chain");
+  auto x = b.input("x", DType::kF32, {4});
+  auto s1 = b.op1("Sigmoid", {x});
+  auto s2 = b.op1("Sigmoid", {s1});
+  auto r = b.op1("Relu", {s2});
+  b.output(r);
+  SessionOptions opts;
+  opts.devices = {"fake"};
+  auto s = Session::create(*env, b.take(), opts);
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  bool saw_claim = false;
+  for (auto& [name, op, dev, kernel] : s.value()->placement()) saw_claim = saw_claim || (op == "Subgraph" && dev == "fake");
+  EXPECT_TRUE(saw_claim);
+  auto out = s.value()->run({{"x", Tensor::f32({4}, {-2, 0, 1, 3})}});
+  ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+  EXPECT_EQ(g_claim_runs, 1);
+  float x0 = 1.f / (1.f + std::exp(2.f));
+  EXPECT_NEAR(out.value()[0].data<float>()[0], 1.f / (1.f + std::exp(-x0)), 1e-6);
+}
+
+TEST(Session, BadInputsAreRefusedWithNames) {
+  auto env = make_env();
+  SessionOptions opts;
+  opts.devices = {"cpu"};
+  auto s = Session::create(*env, relu_neg_relu(), opts).value();
+  auto r = s->run({});
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("missing input 'x'"), std::string::npos) << r.status().message();
+  r = s->run({{"y", Tensor::f32({2, 3}, std::vector<float>(6))}});
+  EXPECT_NE(r.status().message().find("unknown input 'y'"), std::string::npos) << r.status().message();
+  r = s->run({{"x", Tensor::f32({3, 2}, std::vector<float>(6))}});
+  EXPECT_NE(r.status().message().find("shape"), std::string::npos) << r.status().message();
+  r = s->run({{"x", Tensor::from_vector<int64_t>(DType::kI64, {2, 3}, std::vector<int64_t>(6))}});
+  EXPECT_NE(r.status().message().find("dtype"), std::string::npos) << r.status().message();
+}
+
+TEST(Session, SteadyStateRunsDoNotAllocateRawMemory) {
+  auto env = make_env();
+  GraphBuilder b("mlp");
+  auto x = b.input("x", DType::kF32, {8, 64});
+  std::string h = x;
+  for (int i = 0; i < 4; ++i) {
+    auto w = b.constant("w" + std::to_string(i), Tensor::f32({64, 64}, std::vector<float>(64 * 64, 0.01f)));
+    h = b.op1("Relu", {b.op1("MatMul", {h, w})});
+  }
+  b.output(h);
+  SessionOptions opts;
+  opts.devices = {"cpu"};
+  auto s = Session::create(*env, b.take(), opts).value();
+  Tensor in = Tensor::f32({8, 64}, std::vector<float>(8 * 64, 1.f));
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(s->run({{"x", in}}).is_ok());
+  auto before = env->memory_stats().at("cpu:0");
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(s->run({{"x", in}}).is_ok());
+  auto after = env->memory_stats().at("cpu:0");
+  EXPECT_EQ(after.raw_allocations, before.raw_allocations);
+  EXPECT_GT(s->planned_arena_bytes().at("cpu:0"), 0u);
+  // Arena: 7 intermediates of 2 KiB never live more than two at a time.
+  EXPECT_LE(s->planned_arena_bytes().at("cpu:0"), 3u * 8 * 64 * 4);
+}
+
+TEST(Session, ConcurrentRunsAreSafe) {
+  auto env = make_env();
+  SessionOptions opts;
+  opts.devices = {"cpu"};
+  auto s = Session::create(*env, relu_neg_relu(), opts).value();
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&] {
+      for (int i = 0; i < 50; ++i) {
+        auto r = s->run({{"x", Tensor::f32({2, 3}, {1, 2, 3, 4, 5, 6})}});
+        if (r.is_ok() && r.value()[0].data<float>()[5] == 0.f) ++ok;
+      }
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), 200);
+}
+
+}  // namespace
+}  // namespace keel

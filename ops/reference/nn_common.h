@@ -1,0 +1,111 @@
+// keel/ops/reference/nn_common.h — shared geometry (kernel, strides, dilations, pads, auto_pad, ceil_mode) for the
+// convolution and pooling reference kernels, and a small row-range GEMM used by MatMul, Gemm and Conv.
+#pragma once
+
+#include "ops/reference/kernel_util.h"
+
+namespace keel::ops::ref {
+
+// Spatial geometry of a Conv/Pool node over `r` spatial dimensions.
+struct SpatialGeom {
+  int r = 0;
+  Shape in, kernel, strides, dilations, pads /* 2r: begins then ends */, out;
+  int64_t kernel_size() const { return numel_of(kernel); }
+  int64_t out_size() const { return numel_of(out); }
+  int64_t in_size() const { return numel_of(in); }
+};
+
+// Reads strides/dilations/pads/auto_pad (and ceil_mode when allow_ceil) the way ONNX shape inference does
+// (onnx/defs/nn/defs.cc convPoolShapeInference) and computes the output spatial shape.
+inline SpatialGeom spatial_geom(const Kctx& k, const Shape& in_spatial, const Shape& kernel, bool use_dilation,
+                                bool allow_ceil) {
+  SpatialGeom g;
+  g.r = static_cast<int>(in_spatial.size());
+  g.in = in_spatial;
+  g.kernel = kernel;
+  if (static_cast<int>(kernel.size()) != g.r)
+    k.invalid(cat("kernel_shape has ", kernel.size(), " entries for ", g.r, " spatial dimensions"));
+  for (int64_t v : kernel)
+    if (v <= 0) k.invalid(cat("kernel_shape ", shape_str(kernel), " has a non-positive entry"));
+  g.strides = k.attr_ints_or("strides", Shape(g.r, 1));
+  if (static_cast<int>(g.strides.size()) != g.r) k.invalid(cat("strides has ", g.strides.size(), " entries, expected ", g.r));
+  for (int64_t v : g.strides)
+    if (v <= 0) k.invalid("strides must be positive");
+  g.dilations = use_dilation ? k.attr_ints_or("dilations", Shape(g.r, 1)) : Shape(g.r, 1);
+  if (static_cast<int>(g.dilations.size()) != g.r)
+    k.invalid(cat("dilations has ", g.dilations.size(), " entries, expected ", g.r));
+  for (int64_t v : g.dilations)
+    if (v <= 0) k.invalid("dilations must be positive");
+  std::string auto_pad = k.attr_s("auto_pad", "NOTSET");
+  Shape eff(g.r);
+  for (int i = 0; i < g.r; ++i) eff[i] = (kernel[i] - 1) * g.dilations[i] + 1;
+  if (auto_pad == "NOTSET" || auto_pad.empty()) {
+    g.pads = k.attr_ints_or("pads", Shape(2 * g.r, 0));
+    if (static_cast<int>(g.pads.size()) != 2 * g.r)
+      k.invalid(cat("pads has ", g.pads.size(), " entries, expected ", 2 * g.r));
+    for (int64_t v : g.pads)
+      if (v < 0) k.invalid("pads must be non-negative");
+  } else if (auto_pad == "VALID") {
+    g.pads.assign(2 * g.r, 0);
+  } else if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+    g.pads.assign(2 * g.r, 0);
+    for (int i = 0; i < g.r; ++i) {
+      int64_t s = g.strides[i];
+      int64_t residual = s > 1 ? in_spatial[i] % s : 0;
+      int64_t total = residual == 0 ? eff[i] - s : eff[i] - residual;
+      if (total < 0) total = 0;
+      int64_t small = total >> 1, big = total - small;
+      g.pads[i] = auto_pad == "SAME_UPPER" ? small : big;
+      g.pads[i + g.r] = auto_pad == "SAME_UPPER" ? big : small;
+    }
+  } else {
+    k.invalid(cat("unknown auto_pad '", auto_pad, "'"));
+  }
+  bool ceil_mode = allow_ceil && k.attr_i("ceil_mode", 0) != 0;
+  g.out.resize(g.r);
+  for (int i = 0; i < g.r; ++i) {
+    int64_t span = in_spatial[i] + g.pads[i] + g.pads[i + g.r] - eff[i];
+    if (span < 0)
+      k.invalid(cat("kernel ", shape_str(kernel), " (dilated) is larger than the padded input in spatial dimension ",
+                    i, " (input ", in_spatial[i], ")"));
+    int64_t pos = ceil_mode ? (span + g.strides[i] - 1) / g.strides[i] : span / g.strides[i];
+    g.out[i] = 1 + pos;
+  }
+  return g;
+}
+
+// Y rows [i0, i1) of Y[M×N] (row stride ldy) = A[M×K] x B[K×N]; A element (i, k) at A[i*lda + k*ak]; B rows
+// contiguous with row stride ldb. When accumulate is false Y is overwritten.
+template <class C>
+void gemm_rows(int64_t i0, int64_t i1, int64_t N, int64_t K, const C* A, int64_t lda, int64_t ak, const C* B,
+               int64_t ldb, C* Y, int64_t ldy, bool accumulate) {
+  constexpr int64_t kBlockN = 1024;
+  for (int64_t i = i0; i < i1; ++i) {
+    C* y = Y + i * ldy;
+    const C* a = A + i * lda;
+    for (int64_t j0 = 0; j0 < N; j0 += kBlockN) {
+      int64_t j1 = std::min(N, j0 + kBlockN);
+      if (!accumulate)
+        for (int64_t j = j0; j < j1; ++j) y[j] = C(0);
+      for (int64_t kk = 0; kk < K; ++kk) {
+        C av = a[kk * ak];
+        const C* b = B + kk * ldb;
+        for (int64_t j = j0; j < j1; ++j) y[j] += av * b[j];
+      }
+    }
+  }
+}
+
+// Dense copy of a tensor's elements converted to C (f16/bf16 -> float, ...).
+template <class C>
+std::vector<C> to_calc(const TView& t, const Kctx& k, const char* what) {
+  std::vector<C> r(static_cast<size_t>(t.numel));
+  dispatch(NumTs{}, t.dtype, k, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* p = t.p<T>();
+    for (int64_t i = 0; i < t.numel; ++i) r[i] = static_cast<C>(ld(p[i]));
+  }, what);
+  return r;
+}
+
+}  // namespace keel::ops::ref

@@ -1,0 +1,579 @@
+/*
+ * keel/plugin.h — the C ABI between the Keel core and its plugins.
+ *
+ * A plugin is one shared library plus one manifest (NAME.keel-plugin.toml). The library exports exactly one
+ * symbol, KEEL_PLUGIN_ENTRY_SYMBOL, returning a static descriptor. The core checks the descriptor's ABI major
+ * (must equal KEEL_PLUGIN_ABI_MAJOR) before calling anything else, then calls `init` with the host's tables;
+ * inside `init` the plugin registers its devices, kernels, passes and collectives.
+ *
+ * Rules that hold for every struct and function here:
+ *  - Self-contained: this header needs only <stdint.h> and <stddef.h>.
+ *  - Every struct that crosses the boundary starts with `struct_size` (sizeof as the producer compiled it) and,
+ *    where it is a table or definition, the ABI version it was compiled against. Tables are append-only within a
+ *    major: a consumer reads a member only when `struct_size` covers it (KEEL_HAS_MEMBER).
+ *  - Members marked (optional) may be NULL.
+ *  - Errors are keel_status_t objects: NULL means OK; otherwise the object carries a code and a message and is
+ *    released exactly once by whoever receives it (keel_status_release). No exception, C++ type or RTTI crosses.
+ *  - Memory handed across is owned by its producer unless a comment says otherwise. Strings are NUL-terminated
+ *    UTF-8 and live at least as long as the call they are passed to, unless stated otherwise.
+ *  - Device memory is addressed by explicit device indices; there is no hidden "current device".
+ */
+#ifndef KEEL_PLUGIN_H_
+#define KEEL_PLUGIN_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KEEL_PLUGIN_ABI_MAJOR 1
+#define KEEL_PLUGIN_ABI_MINOR 0
+#define KEEL_PLUGIN_ENTRY_SYMBOL "keel_plugin_entry"
+
+#if defined(_WIN32)
+#define KEEL_PLUGIN_EXPORT __declspec(dllexport)
+#else
+#define KEEL_PLUGIN_EXPORT __attribute__((visibility("default")))
+#endif
+
+/* True when a struct produced by the other side is large enough to hold MEMBER. */
+#define KEEL_HAS_MEMBER(ptr, type, member) \
+  ((ptr) != NULL && (size_t)(ptr)->struct_size >= offsetof(type, member) + sizeof(((type*)0)->member))
+
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Status                                                                                                        */
+/* ------------------------------------------------------------------------------------------------------------ */
+
+typedef enum keel_status_code_e {
+  KEEL_STATUS_OK = 0,
+  KEEL_STATUS_INVALID_ARGUMENT = 1,  /* the caller passed something wrong (shape, dtype, attribute, file) */
+  KEEL_STATUS_NOT_FOUND = 2,         /* a named thing does not exist (file, symbol, plugin, value) */
+  KEEL_STATUS_UNIMPLEMENTED = 3,     /* this entry or this case is not implemented */
+  KEEL_STATUS_OUT_OF_MEMORY = 4,     /* an allocation failed */
+  KEEL_STATUS_FAILED_PRECONDITION = 5,
+  KEEL_STATUS_UNAVAILABLE = 6,       /* e.g. no device present, driver missing */
+  KEEL_STATUS_DEADLINE_EXCEEDED = 7, /* a timeout, e.g. a peer that never arrived */
+  KEEL_STATUS_ABI_MISMATCH = 8,
+  KEEL_STATUS_INTERNAL = 9,          /* a bug: an invariant did not hold */
+  KEEL_STATUS_ALREADY_EXISTS = 10,
+  KEEL_STATUS_OUT_OF_RANGE = 11,
+} keel_status_code_t;
+
+/* A status object. Whoever creates one sets `release`; whoever receives one releases it exactly once. */
+typedef struct keel_status_s {
+  uint32_t struct_size;
+  int32_t code;                               /* keel_status_code_t */
+  const char* message;                        /* owned by the object */
+  void (*release)(struct keel_status_s* self); /* frees the object and its message */
+} keel_status_s;
+typedef keel_status_s* keel_status_t; /* NULL = OK */
+
+static inline void keel_status_release(keel_status_t status) {
+  if (status != NULL && status->release != NULL) status->release(status);
+}
+
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Data types and tensors                                                                                        */
+/* ------------------------------------------------------------------------------------------------------------ */
+
+/* Values equal ONNX TensorProto.DataType, so models map without a table. */
+typedef enum keel_dtype_e {
+  KEEL_DTYPE_UNDEFINED = 0,
+  KEEL_DTYPE_F32 = 1,
+  KEEL_DTYPE_U8 = 2,
+  KEEL_DTYPE_I8 = 3,
+  KEEL_DTYPE_U16 = 4,
+  KEEL_DTYPE_I16 = 5,
+  KEEL_DTYPE_I32 = 6,
+  KEEL_DTYPE_I64 = 7,
+  KEEL_DTYPE_STRING = 8, /* recognised in models; no kernels operate on it */
+  KEEL_DTYPE_BOOL = 9,   /* one byte per element, 0 or 1 */
+  KEEL_DTYPE_F16 = 10,
+  KEEL_DTYPE_F64 = 11,
+  KEEL_DTYPE_U32 = 12,
+  KEEL_DTYPE_U64 = 13,
+  KEEL_DTYPE_BF16 = 16,
+} keel_dtype_t;
+
+typedef enum keel_memory_kind_e {
+  KEEL_MEMORY_HOST = 0,        /* ordinary host memory */
+  KEEL_MEMORY_HOST_PINNED = 1, /* page-locked host memory from a device plugin */
+  KEEL_MEMORY_DEVICE = 2,      /* memory of a device, addressed with device_index */
+} keel_memory_kind_t;
+
+/* A dense, row-major tensor view. The view does not own `data`. */
+typedef struct keel_tensor_s {
+  uint32_t struct_size;
+  int32_t dtype;         /* keel_dtype_t */
+  int32_t ndim;          /* 0 for a scalar */
+  const int64_t* dims;   /* ndim entries; a dim of -1 means unknown (only at kernel-create time) */
+  void* data;            /* NULL when the tensor has no data yet (kernel-create time, non-constant inputs) */
+  uint64_t byte_size;    /* bytes at `data` */
+  int32_t memory_kind;   /* keel_memory_kind_t */
+  int32_t device_index;  /* which device of the owning device type holds `data` */
+} keel_tensor_t;
+
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Streams, events and devices                                                                                   */
+/* ------------------------------------------------------------------------------------------------------------ */
+
+typedef struct keel_stream_s* keel_stream_t; /* opaque, created by a device table; NULL = the device's default */
+typedef struct keel_event_s* keel_event_t;   /* opaque, created by a device table */
+
+typedef enum keel_copy_kind_e {
+  KEEL_COPY_HOST_TO_DEVICE = 0,
+  KEEL_COPY_DEVICE_TO_HOST = 1,
+  KEEL_COPY_DEVICE_TO_DEVICE = 2, /* src and dst device indices may differ (peer copy) */
+  KEEL_COPY_HOST_TO_HOST = 3,
+} keel_copy_kind_t;
+
+/* Capability bits of a device. */
+#define KEEL_DEVICE_CAP_F16 (1ull << 0)
+#define KEEL_DEVICE_CAP_BF16 (1ull << 1)
+#define KEEL_DEVICE_CAP_INT8 (1ull << 2)
+#define KEEL_DEVICE_CAP_F64 (1ull << 3)
+#define KEEL_DEVICE_CAP_UNIFIED_HOST_MEMORY (1ull << 4) /* device memory is host memory (CPU-like devices) */
+#define KEEL_DEVICE_CAP_ASYNC_COPY (1ull << 5)
+#define KEEL_DEVICE_CAP_PEER_COPY (1ull << 6)
+
+typedef struct keel_device_properties_s {
+  uint32_t struct_size;
+  char name[128];          /* e.g. "NVIDIA H200" */
+  uint64_t total_memory;   /* bytes; 0 when unknown */
+  uint64_t free_memory;    /* bytes; 0 when unknown */
+  uint64_t capabilities;   /* KEEL_DEVICE_CAP_* bits */
+  int32_t compute_major;   /* vendor-defined, e.g. CUDA compute capability */
+  int32_t compute_minor;
+  int32_t multiprocessors; /* cores or SMs; 0 when unknown */
+} keel_device_properties_t;
+
+struct keel_graph_s;
+struct keel_graph_api_s;
+struct keel_kernel_context_s;
+struct keel_subgraph_sink_s;
+
+/*
+ * A device table: one per device type a plugin provides ("cpu", "cuda", ...). All entries take the table's
+ * `user_data` first. Unless marked otherwise, entries may be called from any thread; the plugin synchronises.
+ */
+typedef struct keel_device_table_s {
+  uint32_t struct_size;
+  uint16_t abi_major;
+  uint16_t abi_minor;
+  const char* device_type; /* "cpu", "cuda", ...; lowercase; static storage */
+  void* user_data;
+
+  /* Number of devices present. A plugin with 0 devices is recorded as "no device present" and not used. */
+  keel_status_t (*device_count)(void* user_data, int32_t* out_count);
+  keel_status_t (*get_properties)(void* user_data, int32_t device, keel_device_properties_t* out_props);
+
+  /* Raw device memory. The core pools on top of these; they may be slow. `alignment` is a power of two. */
+  keel_status_t (*allocate)(void* user_data, int32_t device, uint64_t bytes, uint64_t alignment, void** out_ptr);
+  void (*free)(void* user_data, int32_t device, void* ptr);
+  /* (optional) Page-locked host memory for fast transfers. */
+  keel_status_t (*allocate_pinned_host)(void* user_data, uint64_t bytes, void** out_ptr);
+  void (*free_pinned_host)(void* user_data, void* ptr); /* (optional, required with allocate_pinned_host) */
+
+  /* Copies `bytes` bytes. Ordered on `stream` (NULL = the default stream of the device doing the work).
+   * Host pointers of a *_TO_DEVICE / *_TO_HOST copy may be pageable; the call then may block. */
+  keel_status_t (*copy)(void* user_data, int32_t kind /* keel_copy_kind_t */, int32_t dst_device, void* dst,
+                        int32_t src_device, const void* src, uint64_t bytes, keel_stream_t stream);
+
+  /* Streams and events (optional: a synchronous device leaves them NULL and runs everything in order). */
+  keel_status_t (*stream_create)(void* user_data, int32_t device, keel_stream_t* out_stream);
+  void (*stream_release)(void* user_data, keel_stream_t stream);
+  keel_status_t (*stream_synchronize)(void* user_data, keel_stream_t stream);
+  keel_status_t (*event_create)(void* user_data, int32_t device, keel_event_t* out_event);
+  void (*event_release)(void* user_data, keel_event_t event);
+  keel_status_t (*event_record)(void* user_data, keel_event_t event, keel_stream_t stream);
+  keel_status_t (*stream_wait_event)(void* user_data, keel_stream_t stream, keel_event_t event);
+  keel_status_t (*event_synchronize)(void* user_data, keel_event_t event);
+  keel_status_t (*device_synchronize)(void* user_data, int32_t device);
+
+  /* (optional) Capability: inspect a graph (read-only through `api`) and claim connected subgraphs to run as one,
+   * by calling sink->claim for each. The core checks every claim (connected, no cycle through unclaimed nodes),
+   * inserts copies at its boundaries and calls the claimed subgraph's compute with the boundary values. */
+  keel_status_t (*claim_subgraphs)(void* user_data, const struct keel_graph_s* graph,
+                                   const struct keel_graph_api_s* api, struct keel_subgraph_sink_s* sink);
+} keel_device_table_t;
+
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Kernels                                                                                                       */
+/* ------------------------------------------------------------------------------------------------------------ */
+
+typedef struct keel_kernel_context_s keel_kernel_context_t; /* opaque, owned by the core */
+
+/* The dtypes a named type parameter of the op's schema ("T", "T1", ...) may take for this kernel. */
+typedef struct keel_type_constraint_s {
+  const char* name;
+  const int32_t* dtypes; /* keel_dtype_t values */
+  size_t dtype_count;
+} keel_type_constraint_t;
+
+/*
+ * One kernel: an implementation of (domain, op_type, opset range) for a device type and some dtypes.
+ * The core calls `create` once per graph node that it places on this kernel (at session creation), `compute`
+ * for every run, and `release` when the session goes. Within one session the core never calls `compute` on the
+ * same state from two threads at once; separate sessions have separate states.
+ */
+typedef struct keel_kernel_def_s {
+  uint32_t struct_size;
+  uint16_t abi_major;
+  uint16_t abi_minor;
+  const char* name;        /* for logs and profiles, e.g. "ref_f32_conv2d" */
+  const char* domain;      /* "" or "ai.onnx" for ONNX, "keel" for Keel's own ops */
+  const char* op_type;     /* "Conv" */
+  int32_t since_version;   /* first opset this kernel implements */
+  int32_t end_version;     /* last opset (inclusive); 0 = open-ended */
+  const char* device_type; /* must match a registered device table's type */
+  const keel_type_constraint_t* constraints; /* (optional) no entries = any dtype */
+  size_t constraint_count;
+  void* user_data;
+
+  /* (optional) Decide whether this kernel can run this node (attributes, ranks, constant inputs), and prepare
+   * per-node state (e.g. prepacked weights). `ctx` gives attributes and input shapes/dtypes; inputs that are
+   * constants have `data`. Return UNIMPLEMENTED with a reason to reject the node: the core tries the next kernel
+   * and logs the reason at debug level. *out_state defaults to user_data. */
+  keel_status_t (*create)(void* user_data, keel_kernel_context_t* ctx, void** out_state);
+  /* Runs the node: read inputs, attributes; allocate and write outputs through `ctx`. */
+  keel_status_t (*compute)(void* state, keel_kernel_context_t* ctx);
+  /* (optional) Frees what create made. */
+  void (*release)(void* state);
+} keel_kernel_def_t;
+
+/*
+ * A subgraph claimed by a device (see keel_device_table_t.claim_subgraphs). The node ids are those of the graph
+ * given to claim_subgraphs. Inputs of the subgraph are the values its nodes read that are produced outside it (in
+ * first-use order); outputs are values produced inside and used outside or by the graph's outputs (in node order).
+ * `create`/`compute`/`release` behave as for kernels; ctx inputs/outputs are those boundary values.
+ */
+typedef struct keel_subgraph_def_s {
+  uint32_t struct_size;
+  const char* name;          /* for logs and profiles */
+  const uint64_t* node_ids;
+  size_t node_count;
+  void* user_data;
+  keel_status_t (*create)(void* user_data, keel_kernel_context_t* ctx, void** out_state); /* (optional) */
+  keel_status_t (*compute)(void* state, keel_kernel_context_t* ctx);
+  void (*release)(void* state); /* (optional) */
+} keel_subgraph_def_t;
+
+typedef struct keel_subgraph_sink_s {
+  uint32_t struct_size;
+  void* core_data;
+  /* Records a claim; the definition is copied. A rejected claim returns a status naming why. */
+  keel_status_t (*claim)(struct keel_subgraph_sink_s* self, const keel_subgraph_def_t* def);
+} keel_subgraph_sink_t;
+
+/* What a kernel reads and writes through. Obtain it from keel_host_api_t.kernel. */
+typedef struct keel_kernel_api_s {
+  uint32_t struct_size;
+  uint16_t abi_major;
+  uint16_t abi_minor;
+
+  int32_t (*input_count)(const keel_kernel_context_t* ctx);
+  /* NULL when input i is absent (an omitted optional input) or out of range. */
+  const keel_tensor_t* (*input)(const keel_kernel_context_t* ctx, int32_t i);
+  int32_t (*output_count)(const keel_kernel_context_t* ctx);
+  /* Allocates (or binds planned memory to) output i with this shape and the dtype the graph expects, and returns
+   * a view valid until compute returns. Only during compute. */
+  keel_status_t (*output)(keel_kernel_context_t* ctx, int32_t i, int32_t ndim, const int64_t* dims,
+                          keel_tensor_t** out_tensor);
+  /* The dtype the graph expects for output i (known before compute). */
+  int32_t (*output_dtype)(const keel_kernel_context_t* ctx, int32_t i);
+
+  /* Attributes. Each returns 1 and sets the out values when the attribute is present with that type, else 0. */
+  int (*attr_int)(const keel_kernel_context_t* ctx, const char* name, int64_t* out_value);
+  int (*attr_float)(const keel_kernel_context_t* ctx, const char* name, float* out_value);
+  int (*attr_string)(const keel_kernel_context_t* ctx, const char* name, const char** out_value);
+  int (*attr_ints)(const keel_kernel_context_t* ctx, const char* name, const int64_t** out_values, size_t* out_count);
+  int (*attr_floats)(const keel_kernel_context_t* ctx, const char* name, const float** out_values, size_t* out_count);
+  int (*attr_tensor)(const keel_kernel_context_t* ctx, const char* name, const keel_tensor_t** out_tensor);
+  int (*attr_strings)(const keel_kernel_context_t* ctx, const char* name, const char* const** out_values,
+                      size_t* out_count);
+
+  const char* (*node_name)(const keel_kernel_context_t* ctx);
+  int32_t (*opset)(const keel_kernel_context_t* ctx); /* the opset version the node was imported at */
+  int32_t (*device_index)(const keel_kernel_context_t* ctx);
+  keel_stream_t (*stream)(const keel_kernel_context_t* ctx);
+  /* Scratch memory on the kernel's device, valid until compute returns. */
+  keel_status_t (*workspace)(keel_kernel_context_t* ctx, uint64_t bytes, void** out_ptr);
+  /* Runs fn(arg, begin, end) over [0, n) in chunks on the core's thread pool; returns when all are done. */
+  void (*parallel_for)(const keel_kernel_context_t* ctx, int64_t n, int64_t min_chunk,
+                       void (*fn)(void* arg, int64_t begin, int64_t end), void* arg);
+  int32_t (*thread_count)(const keel_kernel_context_t* ctx);
+} keel_kernel_api_t;
+
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Graph view and edit API (passes, device capability)                                                           */
+/* ------------------------------------------------------------------------------------------------------------ */
+
+typedef struct keel_graph_s keel_graph_t; /* opaque, owned by the core */
+typedef uint64_t keel_node_id_t;          /* stable while the node exists; never reused within one graph */
+
+/* Attribute kinds (values equal ONNX AttributeProto.AttributeType). */
+typedef enum keel_attr_kind_e {
+  KEEL_ATTR_UNDEFINED = 0,
+  KEEL_ATTR_FLOAT = 1,
+  KEEL_ATTR_INT = 2,
+  KEEL_ATTR_STRING = 3,
+  KEEL_ATTR_TENSOR = 4,
+  KEEL_ATTR_GRAPH = 5,
+  KEEL_ATTR_FLOATS = 6,
+  KEEL_ATTR_INTS = 7,
+  KEEL_ATTR_STRINGS = 8,
+} keel_attr_kind_t;
+
+/*
+ * Values are named by strings (as in ONNX). "" names an absent optional input. Strings returned by the API live
+ * until the graph is next modified. Node lists are in topological order. Edit functions are for passes only; the
+ * graph given to claim_subgraphs is read-only. A graph is not thread-safe: one pass at a time.
+ */
+typedef struct keel_graph_api_s {
+  uint32_t struct_size;
+  uint16_t abi_major;
+  uint16_t abi_minor;
+
+  /* --- reading --- */
+  /* Writes up to `capacity` node ids in topological order into out_ids and returns the number of nodes. */
+  size_t (*nodes)(const keel_graph_t* g, keel_node_id_t* out_ids, size_t capacity);
+  int (*node_exists)(const keel_graph_t* g, keel_node_id_t node);
+  const char* (*node_op_type)(const keel_graph_t* g, keel_node_id_t node);
+  const char* (*node_domain)(const keel_graph_t* g, keel_node_id_t node);
+  const char* (*node_name)(const keel_graph_t* g, keel_node_id_t node);
+  size_t (*node_input_count)(const keel_graph_t* g, keel_node_id_t node);
+  const char* (*node_input)(const keel_graph_t* g, keel_node_id_t node, size_t i);
+  size_t (*node_output_count)(const keel_graph_t* g, keel_node_id_t node);
+  const char* (*node_output)(const keel_graph_t* g, keel_node_id_t node, size_t i);
+  /* Attribute kind, or KEEL_ATTR_UNDEFINED when absent. */
+  int32_t (*node_attr_kind)(const keel_graph_t* g, keel_node_id_t node, const char* name);
+  int (*node_attr_int)(const keel_graph_t* g, keel_node_id_t node, const char* name, int64_t* out_value);
+  int (*node_attr_float)(const keel_graph_t* g, keel_node_id_t node, const char* name, float* out_value);
+  int (*node_attr_string)(const keel_graph_t* g, keel_node_id_t node, const char* name, const char** out_value);
+  int (*node_attr_ints)(const keel_graph_t* g, keel_node_id_t node, const char* name, const int64_t** out_values,
+                        size_t* out_count);
+  int (*node_attr_floats)(const keel_graph_t* g, keel_node_id_t node, const char* name, const float** out_values,
+                          size_t* out_count);
+  /* Number of attributes, and the name of the i-th. */
+  size_t (*node_attr_count)(const keel_graph_t* g, keel_node_id_t node);
+  const char* (*node_attr_name)(const keel_graph_t* g, keel_node_id_t node, size_t i);
+  /* The device type the node is placed on ("" before placement). */
+  const char* (*node_device_type)(const keel_graph_t* g, keel_node_id_t node);
+
+  /* Value information: dtype and shape as inferred (ndim -1 when the rank is unknown, dims -1 when unknown).
+   * Writes up to `capacity` dims. Returns 0 when the value does not exist. */
+  int (*value_info)(const keel_graph_t* g, const char* value, int32_t* out_dtype, int32_t* out_ndim,
+                    int64_t* out_dims, size_t capacity);
+  /* Producer node of a value; returns 0 when it is a graph input or an initializer. */
+  int (*value_producer)(const keel_graph_t* g, const char* value, keel_node_id_t* out_node);
+  /* Consumers of a value (nodes reading it, each once); returns the count. */
+  size_t (*value_consumers)(const keel_graph_t* g, const char* value, keel_node_id_t* out_ids, size_t capacity);
+  int (*value_is_graph_output)(const keel_graph_t* g, const char* value);
+  /* A constant (initializer). The view is host memory, valid until the graph is modified. */
+  int (*initializer)(const keel_graph_t* g, const char* value, const keel_tensor_t** out_tensor);
+  size_t (*graph_input_count)(const keel_graph_t* g);
+  const char* (*graph_input)(const keel_graph_t* g, size_t i);
+  size_t (*graph_output_count)(const keel_graph_t* g);
+  const char* (*graph_output)(const keel_graph_t* g, size_t i);
+  /* The opset imported for a domain ("" = ai.onnx); 0 when not imported. */
+  int32_t (*opset)(const keel_graph_t* g, const char* domain);
+
+  /* --- editing (passes only) --- */
+  keel_status_t (*add_node)(keel_graph_t* g, const char* domain, const char* op_type, const char* name,
+                            const char* const* inputs, size_t input_count, const char* const* outputs,
+                            size_t output_count, keel_node_id_t* out_node);
+  keel_status_t (*remove_node)(keel_graph_t* g, keel_node_id_t node);
+  keel_status_t (*set_node_input)(keel_graph_t* g, keel_node_id_t node, size_t i, const char* value);
+  /* Makes every reader of `from` (and the graph outputs) read `to` instead. */
+  keel_status_t (*replace_uses)(keel_graph_t* g, const char* from, const char* to);
+  keel_status_t (*set_attr_int)(keel_graph_t* g, keel_node_id_t node, const char* name, int64_t value);
+  keel_status_t (*set_attr_float)(keel_graph_t* g, keel_node_id_t node, const char* name, float value);
+  keel_status_t (*set_attr_string)(keel_graph_t* g, keel_node_id_t node, const char* name, const char* value);
+  keel_status_t (*set_attr_ints)(keel_graph_t* g, keel_node_id_t node, const char* name, const int64_t* values,
+                                 size_t count);
+  keel_status_t (*set_attr_floats)(keel_graph_t* g, keel_node_id_t node, const char* name, const float* values,
+                                   size_t count);
+  keel_status_t (*remove_attr)(keel_graph_t* g, keel_node_id_t node, const char* name);
+  /* Adds or replaces a constant; the data (host memory) is copied. */
+  keel_status_t (*set_initializer)(keel_graph_t* g, const char* value, const keel_tensor_t* tensor);
+  keel_status_t (*remove_initializer)(keel_graph_t* g, const char* value);
+  /* Writes a value name not used in the graph, starting with `prefix`, into buf (NUL-terminated). */
+  keel_status_t (*unique_name)(keel_graph_t* g, const char* prefix, char* buf, size_t buf_size);
+  /* Re-runs shape and dtype inference after edits. */
+  keel_status_t (*infer_shapes)(keel_graph_t* g);
+
+  /* --- evaluation (constant folding, calibration) --- */
+  /* Runs the part of the graph needed for `outputs` on the reference CPU device, with `inputs` bound to named
+   * values (host memory). On success *out_tensors[i] are new host tensors owned by the caller: free each with
+   * release_tensor. */
+  keel_status_t (*evaluate)(const keel_graph_t* g, const char* const* input_names, const keel_tensor_t* const* inputs,
+                            size_t input_count, const char* const* output_names, size_t output_count,
+                            keel_tensor_t** out_tensors);
+  void (*release_tensor)(keel_tensor_t* tensor);
+} keel_graph_api_t;
+
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Passes                                                                                                        */
+/* ------------------------------------------------------------------------------------------------------------ */
+
+/* A pass reports what it did through this sink (shown by `keel optimize`, logged otherwise). */
+typedef struct keel_pass_report_s {
+  uint32_t struct_size;
+  void* core_data;
+  /* Adds a counter, e.g. ("nodes_fused", 12) or ("bytes_saved", 4096). Counters with one key add up. */
+  void (*count)(struct keel_pass_report_s* self, const char* key, int64_t value);
+  /* Adds a free-text note, e.g. why a pattern was skipped. */
+  void (*note)(struct keel_pass_report_s* self, const char* text);
+} keel_pass_report_t;
+
+typedef struct keel_pass_options_s keel_pass_options_t; /* opaque: the pass's options from a pipeline config */
+
+typedef struct keel_pass_def_s {
+  uint32_t struct_size;
+  uint16_t abi_major;
+  uint16_t abi_minor;
+  const char* name;        /* unique, e.g. "fold_constants" */
+  const char* description; /* one line */
+  void* user_data;
+  /* Rewrites `graph` in place. `target_device` names the device type the session prefers ("cpu", "cuda"). */
+  keel_status_t (*run)(void* user_data, keel_graph_t* graph, const keel_graph_api_t* api,
+                       const keel_pass_options_t* options, const char* target_device, keel_pass_report_t* report);
+} keel_pass_def_t;
+
+/* Reading pass options (values from a TOML pipeline or CLI flags). Each returns 1 when present with that type. */
+typedef struct keel_options_api_s {
+  uint32_t struct_size;
+  int (*get_int)(const keel_pass_options_t* o, const char* key, int64_t* out_value);
+  int (*get_float)(const keel_pass_options_t* o, const char* key, double* out_value);
+  int (*get_bool)(const keel_pass_options_t* o, const char* key, int* out_value);
+  int (*get_string)(const keel_pass_options_t* o, const char* key, const char** out_value);
+  /* The i-th string of a string-list option. */
+  int (*get_string_at)(const keel_pass_options_t* o, const char* key, size_t i, const char** out_value);
+} keel_options_api_t;
+
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Collectives (implemented by collective plugins: NCCL, Gloo, ...)                                              */
+/* ------------------------------------------------------------------------------------------------------------ */
+
+typedef struct keel_communicator_s* keel_communicator_t; /* opaque, created by a collective table */
+
+typedef enum keel_reduce_op_e { KEEL_REDUCE_SUM = 0, KEEL_REDUCE_PROD = 1, KEEL_REDUCE_MIN = 2, KEEL_REDUCE_MAX = 3, KEEL_REDUCE_AVG = 4 } keel_reduce_op_t;
+
+/* A small key-value store through which ranks rendezvous (the core provides one: file, TCP or in-process). */
+typedef struct keel_kv_store_s {
+  uint32_t struct_size;
+  void* core_data;
+  keel_status_t (*set)(struct keel_kv_store_s* self, const char* key, const void* value, size_t size);
+  /* Waits up to timeout_ms for the key; DEADLINE_EXCEEDED when it never appears. *out_value is owned by the
+   * store and valid until the store is released. */
+  keel_status_t (*get)(struct keel_kv_store_s* self, const char* key, int64_t timeout_ms, const void** out_value,
+                       size_t* out_size);
+} keel_kv_store_t;
+
+/* All data entries are stream-ordered on `stream` of the device that owns the buffers. */
+typedef struct keel_collective_table_s {
+  uint32_t struct_size;
+  uint16_t abi_major;
+  uint16_t abi_minor;
+  const char* backend;     /* "nccl", "gloo" */
+  const char* device_type; /* the device type whose memory it works on */
+  void* user_data;
+
+  keel_status_t (*communicator_create)(void* user_data, keel_kv_store_t* store, int32_t rank, int32_t size,
+                                       int32_t device, int64_t timeout_ms, keel_communicator_t* out_comm);
+  void (*communicator_release)(void* user_data, keel_communicator_t comm);
+  int32_t (*rank)(void* user_data, keel_communicator_t comm);
+  int32_t (*size)(void* user_data, keel_communicator_t comm);
+  keel_status_t (*all_reduce)(void* user_data, keel_communicator_t comm, const void* send, void* recv, uint64_t count,
+                              int32_t dtype, int32_t op, keel_stream_t stream);
+  keel_status_t (*broadcast)(void* user_data, keel_communicator_t comm, const void* send, void* recv, uint64_t count,
+                             int32_t dtype, int32_t root, keel_stream_t stream);
+  keel_status_t (*all_gather)(void* user_data, keel_communicator_t comm, const void* send, void* recv,
+                              uint64_t send_count, int32_t dtype, keel_stream_t stream);
+  keel_status_t (*reduce_scatter)(void* user_data, keel_communicator_t comm, const void* send, void* recv,
+                                  uint64_t recv_count, int32_t dtype, int32_t op, keel_stream_t stream);
+  keel_status_t (*send)(void* user_data, keel_communicator_t comm, const void* buf, uint64_t count, int32_t dtype,
+                        int32_t peer, keel_stream_t stream);
+  keel_status_t (*recv)(void* user_data, keel_communicator_t comm, void* buf, uint64_t count, int32_t dtype,
+                        int32_t peer, keel_stream_t stream);
+  keel_status_t (*barrier)(void* user_data, keel_communicator_t comm, keel_stream_t stream);
+} keel_collective_table_t;
+
+/* ------------------------------------------------------------------------------------------------------------ */
+/* The host API and the plugin descriptor                                                                        */
+/* ------------------------------------------------------------------------------------------------------------ */
+
+typedef enum keel_log_level_e {
+  KEEL_LOG_TRACE = 0, KEEL_LOG_DEBUG = 1, KEEL_LOG_INFO = 2, KEEL_LOG_WARN = 3, KEEL_LOG_ERROR = 4
+} keel_log_level_t;
+
+typedef struct keel_plugin_handle_s keel_plugin_handle_t; /* opaque: identifies the plugin to the host */
+
+/*
+ * What the core gives a plugin at init. The pointer stays valid until the plugin's shutdown returns. register_*
+ * may only be called during init; the definitions they receive are copied (strings too), except user_data and
+ * function pointers, which must stay valid until shutdown.
+ */
+typedef struct keel_host_api_s {
+  uint32_t struct_size;
+  uint16_t abi_major;
+  uint16_t abi_minor;
+
+  /* A new status object (message copied); release it with keel_status_release unless you return it. */
+  keel_status_t (*status_create)(int32_t code, const char* message);
+  void (*log)(keel_plugin_handle_t* plugin, int32_t level, const char* message);
+
+  keel_status_t (*register_device)(keel_plugin_handle_t* plugin, const keel_device_table_t* table);
+  keel_status_t (*register_kernel)(keel_plugin_handle_t* plugin, const keel_kernel_def_t* kernel);
+  keel_status_t (*register_pass)(keel_plugin_handle_t* plugin, const keel_pass_def_t* pass);
+  keel_status_t (*register_collective)(keel_plugin_handle_t* plugin, const keel_collective_table_t* table);
+
+  /* 1 when some registered kernel implements (domain, op_type) at `opset` on `device_type` for input dtypes
+   * `dtypes` (one per input; pass count 0 to ignore dtypes). Passes use it to produce fused ops only where a
+   * device can run them. */
+  int (*kernel_exists)(keel_plugin_handle_t* plugin, const char* domain, const char* op_type, int32_t opset, const char* device_type,
+                       const int32_t* dtypes, size_t count);
+
+  const keel_kernel_api_t* kernel;
+  const keel_graph_api_t* graph;
+  const keel_options_api_t* options;
+
+  /* The manifest's [options] table, read like pass options (may be empty). */
+  const keel_pass_options_t* plugin_options;
+  /* The directory holding the plugin's manifest (to find data files beside it). */
+  const char* plugin_dir;
+} keel_host_api_t;
+
+typedef enum keel_plugin_kind_e {
+  KEEL_PLUGIN_KIND_DEVICE = 1,
+  KEEL_PLUGIN_KIND_COLLECTIVE = 2,
+  KEEL_PLUGIN_KIND_PASS = 3,
+} keel_plugin_kind_t;
+
+/* The static descriptor the entry symbol returns. */
+typedef struct keel_plugin_s {
+  uint32_t struct_size;
+  uint16_t abi_major; /* KEEL_PLUGIN_ABI_MAJOR as the plugin was compiled */
+  uint16_t abi_minor; /* KEEL_PLUGIN_ABI_MINOR as the plugin was compiled */
+  const char* name;   /* must equal the manifest's name */
+  const char* version;
+  int32_t kind;       /* keel_plugin_kind_t */
+  /* Registers what the plugin provides. An error status makes the core skip the plugin (and undo what it
+   * registered); the reason is recorded. */
+  keel_status_t (*init)(const keel_host_api_t* host, keel_plugin_handle_t* plugin);
+  /* (optional) Called once before the library is unloaded, after every session using it is gone. */
+  void (*shutdown)(void);
+} keel_plugin_t;
+
+typedef const keel_plugin_t* (*keel_plugin_entry_fn)(void);
+
+/* Each plugin library defines exactly this function:
+ *   KEEL_PLUGIN_EXPORT const keel_plugin_t* keel_plugin_entry(void) { return &my_plugin; } */
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* KEEL_PLUGIN_H_ */

@@ -1,0 +1,260 @@
+// `keel run MODEL.onnx` — loads a model, binds inputs from files (TensorProto .pb or .npy) or random data, runs it,
+// prints every output (name, dtype, shape, first values) and the run time, and optionally writes output_K.pb files.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <random>
+#include <sstream>
+
+#include "core/runtime/onnx_io.h"
+#include "core/runtime/session.h"
+#include "tools/keel/commands.h"
+
+namespace keel::cli {
+namespace {
+
+struct RunArgs {
+  std::string model;
+  std::vector<std::string> inputs;  // NAME=FILE
+  std::string output_dir;
+  std::string device;
+  int iterations = 1;
+  int warmup = 0;
+  int print_values = 8;
+  uint32_t seed = 0;
+};
+
+// Random data for a graph input: normal floats, small non-negative integers, random bools.
+StatusOr<Tensor> random_input(DType dtype, const Shape& shape, std::mt19937& rng) {
+  KEEL_ASSIGN_OR_RETURN(Tensor t, Tensor::host(dtype, shape), "random input");
+  const int64_t n = t.numel();
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::uniform_int_distribution<int> small(0, 4);
+  for (int64_t i = 0; i < n; ++i) {
+    switch (dtype) {
+      case DType::kF32: t.data<float>()[i] = normal(rng); break;
+      case DType::kF64: t.data<double>()[i] = normal(rng); break;
+      case DType::kF16: t.data<uint16_t>()[i] = f32_to_f16(normal(rng)); break;
+      case DType::kBF16: t.data<uint16_t>()[i] = f32_to_bf16(normal(rng)); break;
+      case DType::kI8: t.data<int8_t>()[i] = static_cast<int8_t>(small(rng)); break;
+      case DType::kU8: t.data<uint8_t>()[i] = static_cast<uint8_t>(small(rng)); break;
+      case DType::kI16: t.data<int16_t>()[i] = static_cast<int16_t>(small(rng)); break;
+      case DType::kU16: t.data<uint16_t>()[i] = static_cast<uint16_t>(small(rng)); break;
+      case DType::kI32: t.data<int32_t>()[i] = small(rng); break;
+      case DType::kU32: t.data<uint32_t>()[i] = static_cast<uint32_t>(small(rng)); break;
+      case DType::kI64: t.data<int64_t>()[i] = small(rng); break;
+      case DType::kU64: t.data<uint64_t>()[i] = static_cast<uint64_t>(small(rng)); break;
+      case DType::kBool: t.data<uint8_t>()[i] = static_cast<uint8_t>(small(rng) & 1); break;
+      default: return unimplemented(std::string("cannot make random data of dtype ") + dtype_name(dtype));
+    }
+  }
+  return t;
+}
+
+double element_as_double(const Tensor& t, int64_t i) {
+  switch (t.dtype()) {
+    case DType::kF32: return t.data<float>()[i];
+    case DType::kF64: return t.data<double>()[i];
+    case DType::kF16: return f16_to_f32(t.data<uint16_t>()[i]);
+    case DType::kBF16: return bf16_to_f32(t.data<uint16_t>()[i]);
+    case DType::kI8: return t.data<int8_t>()[i];
+    case DType::kU8: return t.data<uint8_t>()[i];
+    case DType::kI16: return t.data<int16_t>()[i];
+    case DType::kU16: return t.data<uint16_t>()[i];
+    case DType::kI32: return t.data<int32_t>()[i];
+    case DType::kU32: return t.data<uint32_t>()[i];
+    case DType::kI64: return static_cast<double>(t.data<int64_t>()[i]);
+    case DType::kU64: return static_cast<double>(t.data<uint64_t>()[i]);
+    case DType::kBool: return t.data<uint8_t>()[i] ? 1 : 0;
+    default: return 0;
+  }
+}
+
+std::string first_values(const Tensor& t, int count) {
+  std::ostringstream os;
+  os << "[";
+  const int64_t n = std::min<int64_t>(t.numel(), count);
+  for (int64_t i = 0; i < n; ++i) {
+    if (i) os << ", ";
+    double v = element_as_double(t, i);
+    if (dtype_is_float(t.dtype())) {
+      os << std::setprecision(6) << v;
+    } else if (t.dtype() == DType::kBool) {
+      os << (v != 0 ? "true" : "false");
+    } else if (t.dtype() == DType::kU64) {
+      os << t.data<uint64_t>()[i];
+    } else if (t.dtype() == DType::kI64) {
+      os << t.data<int64_t>()[i];
+    } else {
+      os << static_cast<int64_t>(v);
+    }
+  }
+  if (t.numel() > n) os << ", ...";
+  os << "]";
+  return os.str();
+}
+
+int run_model(const RunArgs& a, Globals& g) {
+  namespace fs = std::filesystem;
+  auto loaded = load_onnx(a.model);
+  if (!loaded.is_ok()) {
+    std::cerr << "keel run: " << loaded.status().to_string() << "\n";
+    return 1;
+  }
+  Graph graph = std::move(loaded).value();
+
+  // Bind the inputs given on the command line.
+  std::map<std::string, Tensor> bound;
+  for (const auto& spec : a.inputs) {
+    auto eq = spec.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      std::cerr << "keel run: --input wants NAME=FILE, got '" << spec << "'\n";
+      return 2;
+    }
+    std::string name = spec.substr(0, eq), file = spec.substr(eq + 1);
+    if (std::find(graph.inputs.begin(), graph.inputs.end(), name) == graph.inputs.end()) {
+      std::cerr << "keel run: the model has no input '" << name << "' (inputs:";
+      for (const auto& n : graph.inputs) std::cerr << " " << n;
+      std::cerr << ")\n";
+      return 1;
+    }
+    auto t = read_tensor_file(file);
+    if (!t.is_ok()) {
+      std::cerr << "keel run: input '" << name << "': " << t.status().to_string() << "\n";
+      return 1;
+    }
+    Tensor value = std::move(t).value();
+    const ValueInfo* vi = graph.info(name);
+    if (vi && vi->dtype == DType::kBF16 && value.dtype() == DType::kU16) {
+      // NumPy and the ONNX test data store bfloat16 as uint16: same bits.
+      value = Tensor(DType::kBF16, value.shape(), value.storage());
+    }
+    bound[name] = std::move(value);
+  }
+  // Random data for the rest.
+  std::mt19937 rng(a.seed);
+  std::vector<std::pair<std::string, Tensor>> inputs;
+  for (const auto& name : graph.inputs) {
+    auto it = bound.find(name);
+    if (it != bound.end()) {
+      std::cout << "input  " << name << ": " << it->second.describe() << " (from file)\n";
+      inputs.emplace_back(name, it->second);
+      continue;
+    }
+    const ValueInfo* vi = graph.info(name);
+    if (!vi || vi->dtype == DType::kUndefined) {
+      std::cerr << "keel run: input '" << name << "' has no known tensor type; give it with --input " << name << "=FILE\n";
+      return 1;
+    }
+    Shape shape = vi->shape.value_or(Shape{});
+    bool guessed = false;
+    for (auto& d : shape)
+      if (d < 0) { d = 1; guessed = true; }
+    if (!vi->shape) guessed = true;
+    if (guessed) {
+      std::cerr << "keel run: warning: input '" << name << "' has unknown dimensions " << (vi->shape ? shape_to_string(*vi->shape) : "(unknown rank)")
+                << "; using " << shape_to_string(shape) << " (give it with --input " << name << "=FILE)\n";
+    }
+    auto t = random_input(vi->dtype, shape, rng);
+    if (!t.is_ok()) {
+      std::cerr << "keel run: input '" << name << "': " << t.status().to_string() << "\n";
+      return 1;
+    }
+    std::cout << "input  " << name << ": " << t->describe() << " (random)\n";
+    inputs.emplace_back(name, std::move(t).value());
+  }
+
+  auto env = make_environment(g);
+  if (!env) return 1;
+  SessionOptions so;
+  if (!a.device.empty()) so.devices = {a.device};
+  auto t_create = std::chrono::steady_clock::now();
+  auto session = Session::create(*env, std::move(graph), so);
+  double create_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_create).count();
+  if (!session.is_ok()) {
+    std::cerr << "keel run: " << session.status().to_string() << "\n";
+    return 1;
+  }
+  for (const auto& f : (*session)->fallbacks()) {
+    std::cerr << "keel run: note: node '" << f.node << "' (" << f.op_type << ") runs on " << (f.to.empty() ? "?" : f.to)
+              << " instead of " << f.from << ": " << f.reason << "\n";
+  }
+  for (int i = 0; i < a.warmup; ++i) {
+    auto r = (*session)->run(inputs);
+    if (!r.is_ok()) {
+      std::cerr << "keel run: " << r.status().to_string() << "\n";
+      return 1;
+    }
+  }
+  std::vector<double> times;
+  StatusOr<std::vector<Tensor>> outputs = internal_error("not run");
+  for (int i = 0; i < a.iterations; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    outputs = (*session)->run(inputs);
+    times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    if (!outputs.is_ok()) {
+      std::cerr << "keel run: " << outputs.status().to_string() << "\n";
+      return 1;
+    }
+  }
+  const auto& names = (*session)->output_names();
+  for (size_t k = 0; k < outputs->size(); ++k) {
+    const Tensor& t = (*outputs)[k];
+    std::cout << "output " << (k < names.size() ? names[k] : "#" + std::to_string(k)) << ": " << dtype_name(t.dtype()) << " "
+              << shape_to_string(t.shape()) << " " << first_values(t, a.print_values) << "\n";
+  }
+  std::sort(times.begin(), times.end());
+  double sum = 0;
+  for (double t : times) sum += t;
+  std::cout << std::fixed << std::setprecision(3) << "session created in " << create_ms << " ms; run: ";
+  if (times.size() == 1) {
+    std::cout << times[0] << " ms\n";
+  } else {
+    std::cout << "mean " << sum / times.size() << " ms, min " << times.front() << " ms, median " << times[times.size() / 2]
+              << " ms over " << times.size() << " iterations\n";
+  }
+  if (!a.output_dir.empty()) {
+    std::error_code ec;
+    fs::create_directories(a.output_dir, ec);
+    if (ec) {
+      std::cerr << "keel run: cannot create '" << a.output_dir << "': " << ec.message() << "\n";
+      return 1;
+    }
+    for (size_t k = 0; k < outputs->size(); ++k) {
+      fs::path file = fs::path(a.output_dir) / ("output_" + std::to_string(k) + ".pb");
+      Status s = write_tensor_pb((*outputs)[k], file, k < names.size() ? names[k] : "");
+      if (!s.is_ok()) {
+        std::cerr << "keel run: " << s.to_string() << "\n";
+        return 1;
+      }
+    }
+    std::cout << "wrote " << outputs->size() << " output file(s) to " << a.output_dir << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_run_command(CLI::App& app, Globals& g) {
+  auto a = std::make_shared<RunArgs>();
+  auto* cmd = app.add_subcommand("run", "Run an ONNX model on given or random inputs and print its outputs");
+  cmd->add_option("model", a->model, "The model (.onnx)")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--input,-i", a->inputs, "NAME=FILE: an input from a TensorProto .pb or NumPy .npy file (repeatable)");
+  cmd->add_option("--output-dir,-o", a->output_dir, "Write output_K.pb (K in graph-output order) into this directory");
+  cmd->add_option("--device,-d", a->device, "Preferred device type (cpu, cuda, ...); default: every device by priority");
+  cmd->add_option("--threads", g.threads, "Worker threads for kernels (0 = all cores)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--iterations,-n", a->iterations, "Timed runs")->check(CLI::PositiveNumber);
+  cmd->add_option("--warmup", a->warmup, "Untimed runs before the timed ones")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--print", a->print_values, "How many values of each output to print")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--seed", a->seed, "Seed of the random inputs");
+  cmd->callback([a, &g] {
+    int rc = run_model(*a, g);
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace keel::cli

@@ -1,0 +1,35 @@
+// keel/tools/keel/commands.h — the `keel` command line: each subcommand registers itself on the CLI11 app.
+//
+// Every command returns its exit status through the callback by throwing CLI::RuntimeError(code) only for
+// non-zero exits; errors are printed to stderr with the reason. Exit codes: 0 ok, 1 runtime error (bad model,
+// failed run), 2 usage error (CLI11), 3 conformance/regression failure.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "core/runtime/environment.h"
+
+namespace keel::cli {
+
+// Flags every command shares (set on the top-level app).
+struct Globals {
+  std::vector<std::string> plugin_paths;  // --plugin-path (repeatable)
+  std::string log_level = "warn";         // --log-level trace|debug|info|warn|error|off (or KEEL_LOG_LEVEL)
+  int threads = 0;                        // --threads (0 = all cores)
+};
+
+// Creates the environment from the global flags; prints the error and returns nullptr on failure.
+std::unique_ptr<Environment> make_environment(const Globals& g);
+
+void add_plugins_command(CLI::App& app, Globals& g);
+void add_demo_command(CLI::App& app, Globals& g);
+// ONNX commands (cmd_run.cc, cmd_info.cc, cmd_conformance.cc).
+void add_run_command(CLI::App& app, Globals& g);
+void add_info_command(CLI::App& app, Globals& g);
+void add_conformance_command(CLI::App& app, Globals& g);
+
+}  // namespace keel::cli
