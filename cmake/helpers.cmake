@@ -2,10 +2,16 @@
 
 # keel_add_plugin(NAME SOURCES ... MANIFEST file.toml.in [LIBS ...] [OUTPUT_DIR dir])
 # Builds lib<NAME>.so against the SDK only and writes its manifest beside it (configure_file, so @VARS@ work).
+# Plugins built into the default directory (no OUTPUT_DIR: the real plugins, not test fixtures) are installed with
+# their manifest into <prefix>/${KEEL_INSTALL_PLUGIN_DIR}; the manifest's `library` is relative, so a moved
+# install tree keeps working.
+set(KEEL_INSTALL_PLUGIN_DIR lib/keel/plugins)
 function(keel_add_plugin name)
   cmake_parse_arguments(P "" "MANIFEST;OUTPUT_DIR" "SOURCES;LIBS" ${ARGN})
+  set(install_it OFF)
   if(NOT P_OUTPUT_DIR)
     set(P_OUTPUT_DIR ${KEEL_PLUGIN_OUTPUT_DIR})
+    set(install_it ON)
   endif()
   add_library(${name} MODULE ${P_SOURCES})
   target_link_libraries(${name} PRIVATE keel::sdk ${P_LIBS})
@@ -19,6 +25,14 @@ function(keel_add_plugin name)
     string(REGEX REPLACE "\\.in$" "" manifest_name ${manifest_name})
     set(KEEL_PLUGIN_LIBRARY "lib${name}.so")
     configure_file(${P_MANIFEST} ${P_OUTPUT_DIR}/${manifest_name} @ONLY)
+  endif()
+  if(install_it)
+    # $ORIGIN: a plugin may ship its own dependencies beside it.
+    set_target_properties(${name} PROPERTIES INSTALL_RPATH "$ORIGIN")
+    install(TARGETS ${name} LIBRARY DESTINATION ${KEEL_INSTALL_PLUGIN_DIR} COMPONENT plugins)
+    if(P_MANIFEST)
+      install(FILES ${P_OUTPUT_DIR}/${manifest_name} DESTINATION ${KEEL_INSTALL_PLUGIN_DIR} COMPONENT plugins)
+    endif()
   endif()
 endfunction()
 

@@ -4,29 +4,10 @@
 
 #include "core/base/thread_pool.h"
 #include "core/runtime/reference_device.h"
+#include "hal/device.h"
 
 namespace keel {
 
-namespace {
-// A RawAllocator over one device of a plugin's device table.
-class DeviceRawAllocator : public RawAllocator {
- public:
-  DeviceRawAllocator(const DeviceEntry* dev, int32_t index) : dev_(dev), index_(index) {}
-  StatusOr<void*> allocate(uint64_t bytes, uint64_t alignment) override {
-    void* p = nullptr;
-    Status st = Status::from_c(dev_->table.allocate(dev_->table.user_data, index_, bytes, alignment, &p));
-    if (!st.is_ok()) return st;
-    if (p == nullptr && bytes > 0) return out_of_memory(name() + ": allocate returned NULL");
-    return p;
-  }
-  void free(void* ptr) override { dev_->table.free(dev_->table.user_data, index_, ptr); }
-  std::string name() const override { return dev_->device_type + ":" + std::to_string(index_); }
-
- private:
-  const DeviceEntry* dev_;
-  int32_t index_;
-};
-}  // namespace
 
 StatusOr<std::unique_ptr<Environment>> Environment::create(EnvironmentOptions options) {
   std::unique_ptr<Environment> env(new Environment());
@@ -35,6 +16,7 @@ StatusOr<std::unique_ptr<Environment>> Environment::create(EnvironmentOptions op
   env->plugins_ = std::make_unique<PluginManager>(env->registry_);
   env->plugins_->load_builtin(reference_plugin(), 0, "portable reference kernels on the host CPU");
   for (const auto& b : options.builtin_plugins) env->plugins_->load_builtin(b.descriptor, b.priority, b.description);
+  for (const auto& m : options.manifests) env->plugins_->load_manifest(m);
   if (options.discover_plugins) env->plugins_->load_from(PluginManager::search_path(options.plugin_paths));
   if (!env->registry_.device("cpu")) {
     return internal_error("the built-in reference CPU device failed to load: " +
@@ -62,7 +44,7 @@ StatusOr<CachingAllocator*> Environment::allocator(const std::string& device_typ
   if (device_index < 0 || device_index >= dev->device_count) {
     return Status(StatusCode::kOutOfRange, key + " does not exist (" + std::to_string(dev->device_count) + " present)");
   }
-  auto a = std::make_unique<CachingAllocator>(std::make_unique<DeviceRawAllocator>(dev, device_index));
+  auto a = std::make_unique<CachingAllocator>(std::make_unique<hal::DeviceRawAllocator>(hal::Device(dev, device_index)));
   CachingAllocator* raw = a.get();
   allocators_.emplace(key, std::move(a));
   return raw;

@@ -19,7 +19,10 @@ namespace keel {
 
 struct EnvironmentOptions {
   std::vector<std::filesystem::path> plugin_paths;  // searched before KEEL_PLUGIN_PATH and the defaults
-  bool discover_plugins = true;                     // false: only the built-in reference device
+  bool discover_plugins = true;                     // false: only the built-in reference device (and `manifests`)
+  // Manifest files loaded one by one (PluginManager::load_manifest), after the built-ins and before discovery
+  // (`keel plugin-test` loads exactly one plugin this way).
+  std::vector<std::filesystem::path> manifests;
   int32_t threads = 0;                              // 0 = all cores
   // Plugins linked into the host (static descriptors), loaded after the reference device and before discovery.
   struct Builtin {

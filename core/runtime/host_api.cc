@@ -264,6 +264,9 @@ keel_status_t g_add_node(G* g, const char* domain, const char* op, const char* n
     for (const auto& o : n.outputs)
       if (!o.empty() && (g->graph->producer(o) || g->graph->is_initializer(o) || g->graph->is_graph_input(o)))
         return invalid_argument("add_node: value '" + o + "' is already defined");
+    // A pass that introduces a domain (the fusion passes' "keel" ops) imports it at version 1, so that placement
+    // looks kernels up at that opset (export writes the same import).
+    if (!n.domain.empty() && !g->graph->opsets.count(n.domain)) g->graph->opsets[n.domain] = 1;
     NodeId id = g->graph->add_node(std::move(n));
     if (out) *out = id;
     g->touched();

@@ -498,6 +498,56 @@ Status check_values_defined(const onnx::GraphProto& gp, std::vector<const std::u
   return Status::ok();
 }
 
+// ONNX 1.12's shape-inference functions index input dims without checking ranks in places (the fuzzer found
+// ConvTranspose reading W's dims by X's rank), which crashes on malformed models. These checks run first.
+Status precheck_for_shape_inference(const onnx::GraphProto& gp, std::unordered_map<std::string, int>& ranks, int depth) {
+  if (depth > 64) return invalid_argument("subgraphs nested too deeply");
+  auto note = [&](const onnx::ValueInfoProto& v) {
+    if (v.type().has_tensor_type() && v.type().tensor_type().has_shape())
+      ranks[v.name()] = v.type().tensor_type().shape().dim_size();
+  };
+  for (const auto& v : gp.input()) note(v);
+  for (const auto& v : gp.value_info()) note(v);
+  for (const auto& v : gp.output()) note(v);
+  for (const auto& t : gp.initializer()) ranks[t.name()] = t.dims_size();
+  auto rank_of = [&](const onnx::NodeProto& n, int i) {
+    if (i >= n.input_size()) return -1;
+    auto it = ranks.find(n.input(i));
+    return it == ranks.end() ? -1 : it->second;
+  };
+  static const std::unordered_map<std::string, std::pair<int, int>> kConvs = {
+      {"Conv", {0, 1}}, {"ConvTranspose", {0, 1}}, {"ConvInteger", {0, 1}}, {"QLinearConv", {0, 3}}};
+  for (const auto& n : gp.node()) {
+    const bool onnx_domain = n.domain().empty() || n.domain() == "ai.onnx";
+    auto conv = kConvs.find(n.op_type());
+    if (onnx_domain && conv != kConvs.end()) {
+      const int xr = rank_of(n, conv->second.first), wr = rank_of(n, conv->second.second);
+      const std::string who = "node '" + n.name() + "' (" + n.op_type() + ")";
+      if ((xr >= 0 && xr < 3) || (wr >= 0 && wr < 3)) return invalid_argument(who + ": input and weight need rank 3 or more");
+      if (xr >= 0 && wr >= 0 && xr != wr) {
+        return invalid_argument(who + ": input has rank " + std::to_string(xr) + " but weight has rank " + std::to_string(wr));
+      }
+      const int spatial = (xr >= 0 ? xr : wr) - 2;
+      if (spatial > 0) {
+        for (const auto& a : n.attribute()) {
+          const int want = a.name() == "pads" ? 2 * spatial : spatial;
+          const bool sized = a.name() == "kernel_shape" || a.name() == "strides" || a.name() == "dilations" ||
+                             a.name() == "pads" || a.name() == "output_padding" || a.name() == "output_shape";
+          if (sized && a.ints_size() != want && !(a.name() == "output_shape" && a.ints_size() == spatial + 2)) {
+            return invalid_argument(who + ": attribute '" + a.name() + "' has " + std::to_string(a.ints_size()) +
+                                    " values, expected " + std::to_string(want));
+          }
+        }
+      }
+    }
+    for (const auto& a : n.attribute()) {
+      if (a.has_g()) KEEL_RETURN_IF_ERROR(precheck_for_shape_inference(a.g(), ranks, depth + 1), "node '" + n.name() + "'");
+      for (const auto& g : a.graphs()) KEEL_RETURN_IF_ERROR(precheck_for_shape_inference(g, ranks, depth + 1), "node '" + n.name() + "'");
+    }
+  }
+  return Status::ok();
+}
+
 Status run_shape_inference(onnx::ModelProto& m, bool strict, const std::string& name, const OnnxLoadOptions& options) {
   auto attempt = [&](int error_mode) -> std::optional<std::string> {
     try {
@@ -575,6 +625,8 @@ StatusOr<Graph> graph_from_model_proto(onnx::ModelProto& m, const fs::path& base
     {
       std::vector<const std::unordered_set<std::string>*> scopes;
       KEEL_RETURN_IF_ERROR(check_values_defined(m.graph(), scopes, 0), name);
+      std::unordered_map<std::string, int> ranks;
+      KEEL_RETURN_IF_ERROR(precheck_for_shape_inference(m.graph(), ranks, 0), name);
     }
 
     if (opset != 0 && opset < kMinOnnxOpset) {
@@ -661,11 +713,15 @@ StatusOr<Graph> load_onnx_from_memory(const void* data, size_t size, const fs::p
 }
 
 StatusOr<Graph> load_onnx(const fs::path& file, const OnnxLoadOptions& options) {
-  KEEL_ASSIGN_OR_RETURN(std::string bytes, read_file_bytes(file, uint64_t{1} << 40, "model file"), "load_onnx");
-  if (bytes.size() > static_cast<size_t>(INT_MAX)) {
-    return invalid_argument(file.string() + ": the model file is " + std::to_string(bytes.size()) +
-                            " bytes; ONNX files over 2 GiB must keep their weights in external data files");
+  std::error_code ec;
+  if (fs::is_regular_file(file, ec)) {
+    const uint64_t size = fs::file_size(file, ec);
+    if (!ec && size > static_cast<uint64_t>(INT_MAX)) {
+      return invalid_argument(file.string() + ": the model file is " + std::to_string(size) +
+                              " bytes; ONNX files over 2 GiB must keep their weights in external data files");
+    }
   }
+  KEEL_ASSIGN_OR_RETURN(std::string bytes, read_file_bytes(file, static_cast<uint64_t>(INT_MAX), "model file"), "load_onnx");
   fs::path dir = file.parent_path();
   if (dir.empty()) dir = ".";
   return load_onnx_from_memory(bytes.data(), bytes.size(), dir, options, file.string());

@@ -515,6 +515,41 @@ TEST(OnnxIo, ShapeInferenceComplaintsNameTheNode) {
   EXPECT_TRUE(load_onnx_from_memory(bytes.data(), bytes.size(), {}, lax).is_ok());
 }
 
+// Two crashes the fuzzer found in ONNX 1.12 itself, now refused before ONNX sees them.
+TEST(OnnxIo, FuzzerFindingsAreRefused) {
+  // A graph output nothing produces crashed the version converter's IR import (opset < 7 models).
+  auto m = base_model(6);
+  m.set_ir_version(3);
+  auto* g = m.mutable_graph();
+  set_tensor_type(g->add_input(), "x", onnx::TensorProto::FLOAT, {2});
+  set_tensor_type(g->add_output(), "nowhere", onnx::TensorProto::FLOAT, {2});
+  auto* relu = g->add_node();
+  relu->set_op_type("Relu");
+  relu->add_input("x");
+  relu->add_output("y");
+  auto bytes = bytes_of(m);
+  auto r = load_onnx_from_memory(bytes.data(), bytes.size(), {}, quiet());
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("nowhere"), std::string::npos) << r.status().to_string();
+
+  // ConvTranspose whose weight has a lower rank than its input crashed ONNX shape inference.
+  auto c = base_model(11);
+  g = c.mutable_graph();
+  set_tensor_type(g->add_input(), "X", onnx::TensorProto::FLOAT, {1, 1, 3});
+  set_tensor_type(g->add_input(), "W", onnx::TensorProto::FLOAT, {1, 2});
+  set_tensor_type(g->add_output(), "Y", onnx::TensorProto::FLOAT, {1, 2, 5});
+  auto* ct = g->add_node();
+  ct->set_name("ct");
+  ct->set_op_type("ConvTranspose");
+  ct->add_input("X");
+  ct->add_input("W");
+  ct->add_output("Y");
+  bytes = bytes_of(c);
+  r = load_onnx_from_memory(bytes.data(), bytes.size(), {}, quiet());
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("ct"), std::string::npos) << r.status().to_string();
+}
+
 TEST(OnnxIo, NewerOpsetsAreRefused) {
   auto m = add_relu_model();
   m.mutable_opset_import(0)->set_version(kMaxOnnxOpset + 1);

@@ -584,6 +584,18 @@ std::vector<fs::path> PluginManager::search_path(const std::vector<fs::path>& ap
   std::error_code ec;
   fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (!ec && !exe.empty()) out.push_back((exe.parent_path() / ".." / "lib" / "keel" / "plugins").lexically_normal());
+  // The install directory seen from libkeel itself (<libdir>/keel/plugins): a host application embedding Keel
+  // through the C API lives anywhere, but finds the plugins installed beside the library it links. In a build tree
+  // and for the installed `keel` this is the directory above; it is listed once.
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<const void*>(&PluginManager::search_path), &info) != 0 && info.dli_fname != nullptr) {
+    fs::path lib_dir = (fs::absolute(fs::path(info.dli_fname), ec).parent_path() / "keel" / "plugins").lexically_normal();
+    auto same = [&](const fs::path& p) {
+      std::error_code e1, e2;
+      return fs::weakly_canonical(p, e1) == fs::weakly_canonical(lib_dir, e2) && !e1 && !e2;
+    };
+    if (!ec && std::none_of(out.begin(), out.end(), same)) out.push_back(lib_dir);
+  }
   return out;
 }
 

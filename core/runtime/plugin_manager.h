@@ -67,7 +67,8 @@ class PluginManager {
   const std::vector<PluginRecord>& plugins() const { return records_; }
 
   // The default search directories after `api_paths`: KEEL_PLUGIN_PATH (':'-separated), ~/.local/lib/keel/plugins,
-  // and <directory of the running executable>/../lib/keel/plugins.
+  // <directory of the running executable>/../lib/keel/plugins, and <directory of libkeel.so>/keel/plugins (the
+  // install directory as a host application linking libkeel sees it; omitted when it is the previous one).
   static std::vector<std::filesystem::path> search_path(const std::vector<std::filesystem::path>& api_paths);
 
  private:

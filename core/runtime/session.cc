@@ -16,6 +16,7 @@
 #include "core/runtime/host_api.h"
 #include "core/runtime/kernel_context.h"
 #include "core/runtime/onnx_io.h"
+#include "hal/device.h"
 
 namespace keel {
 
@@ -58,15 +59,6 @@ StatusOr<Graph> extract_subgraph(const Graph& graph, const std::vector<std::pair
 
 namespace {
 
-bool is_host_memory(const DeviceEntry* d) {
-  if (d == nullptr) return true;
-  if (d->device_type == "cpu") return true;
-  if (!d->table.get_properties) return false;
-  keel_device_properties_t props{};
-  props.struct_size = sizeof props;
-  Status st = Status::from_c(d->table.get_properties(d->table.user_data, 0, &props));
-  return st.is_ok() && (props.capabilities & KEEL_DEVICE_CAP_UNIFIED_HOST_MEMORY);
-}
 
 // Does the kernel accept the node's input/output dtypes? Uses the ONNX schema to map type parameters to positions.
 bool constraints_match(const KernelEntry& k, const Node& node, int32_t opset, const Graph& g, std::string* why) {
@@ -114,6 +106,11 @@ struct Step {
   std::vector<int> outputs;  // value indices, -1 = unused
   std::vector<DType> output_dtypes;
   std::vector<int> free_after;  // values whose last use is this step
+  // Lower-ranked kernels of the same device for this node, tried in order when the chosen one rejects a case at
+  // run time (UNIMPLEMENTED from compute, e.g. a broadcast it cannot do): rejection is not an error.
+  std::vector<const KernelEntry*> alternatives;
+  std::string memory_type = "cpu";      // where its outputs live: "cpu" for host-memory devices
+  CachingAllocator* allocator = nullptr;  // that memory's pool (resolved once at build)
   double total_ms = 0;
   int64_t calls = 0;
 };
@@ -164,6 +161,15 @@ struct Session::Impl {
     plan.arenas.clear();
   }
 
+  // Whether a device's memory is host memory (asked once per device: it is a plugin call).
+  std::unordered_map<const DeviceEntry*, bool> host_memory_cache;
+  bool is_host_memory(const DeviceEntry* d) {
+    if (d == nullptr) return true;
+    auto it = host_memory_cache.find(d);
+    if (it == host_memory_cache.end()) it = host_memory_cache.emplace(d, hal::Device(d, 0).host_memory()).first;
+    return it->second;
+  }
+
   int add_value(const std::string& name) {
     auto it = value_index.find(name);
     if (it != value_index.end()) return it->second;
@@ -178,6 +184,8 @@ struct Session::Impl {
   Status build(std::vector<std::string> device_order);
   Status place_node(const Node& node, const std::vector<std::string>& device_order, Step& step);
   Status make_copy_steps();
+  // Replaces a step's kernel by its next alternative that accepts the node (after `why` rejected it).
+  Status switch_to_alternative(Step& s, const Status& why);
   Status run_locked(const std::vector<std::pair<std::string, Tensor>>& inputs, std::vector<Tensor>& outputs);
   void make_plan(const std::string& signature);
 };
@@ -231,7 +239,8 @@ Status Session::Impl::place_node(const Node& node, const std::vector<std::string
     const std::string& dev = device_order[d];
     auto kernels = reg.kernels_for(node.domain, node.op_type, opset, dev);
     std::string dev_reason;
-    for (const KernelEntry* k : kernels) {
+    for (size_t ki = 0; ki < kernels.size(); ++ki) {
+      const KernelEntry* k = kernels[ki];
       std::string why;
       if (!constraints_match(*k, node, opset, graph, &why)) {
         dev_reason = why;
@@ -258,6 +267,7 @@ Status Session::Impl::place_node(const Node& node, const std::vector<std::string
       step.state = state;
       step.device_type = dev;
       step.device = reg.device(dev);
+      step.alternatives.assign(kernels.begin() + ki + 1, kernels.end());
       if (d > 0) {
         FallbackReport fr{node.name, node.op_type, device_order[0], dev, reasons};
         fallbacks.push_back(fr);
@@ -435,6 +445,10 @@ Status Session::Impl::build(std::vector<std::string> device_order) {
     output_names.push_back(o);
   }
   KEEL_RETURN_IF_ERROR(make_copy_steps(), "session");
+  for (auto& s : steps) {
+    s.memory_type = s.device && !is_host_memory(s.device) ? s.device_type : "cpu";
+    KEEL_ASSIGN_OR_RETURN(s.allocator, env->allocator(s.memory_type, 0), "step '" + s.name + "'");
+  }
   // Liveness: the last step that reads each value.
   std::vector<int> last_use(values.size(), -1);
   for (size_t i = 0; i < steps.size(); ++i)
@@ -449,6 +463,30 @@ Status Session::Impl::build(std::vector<std::string> device_order) {
     for (int v : steps[i].outputs)
       if (v >= 0 && last_use[v] < 0 && !values[v].is_output) steps[i].free_after.push_back(v);
   return Status::ok();
+}
+
+Status Session::Impl::switch_to_alternative(Step& s, const Status& why) {
+  spdlog::info("kernel {} rejected node '{}' at run time ({}); trying the next kernel", s.kernel_name, s.name,
+               why.message());
+  while (!s.alternatives.empty()) {
+    const KernelEntry* k = s.alternatives.front();
+    s.alternatives.erase(s.alternatives.begin());
+    void* state = k->def.user_data;
+    if (k->def.create) {
+      keel_kernel_context_t cctx;
+      fill_create_context(cctx, *s.node, graph, s.opset);
+      Status st = Status::from_c(k->def.create(k->def.user_data, &cctx, &state));
+      if (st.code() == StatusCode::kUnimplemented) continue;
+      if (!st.is_ok()) return st.with_context("kernel " + k->name);
+    }
+    if (s.release && s.state) s.release(s.state);
+    s.kernel_name = k->name;
+    s.compute = k->def.compute;
+    s.release = k->def.create ? k->def.release : nullptr;
+    s.state = state;
+    return Status::ok();
+  }
+  return why;
 }
 
 Status Session::Impl::make_copy_steps() {
@@ -589,18 +627,18 @@ Status Session::Impl::run_locked(const std::vector<std::pair<std::string, Tensor
   for (size_t si = 0; si < steps.size(); ++si) {
     Step& s = steps[si];
     auto t0 = options.profile ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
-    std::string dev_type = s.device && !is_host_memory(s.device) ? s.device_type : "cpu";
-    KEEL_ASSIGN_OR_RETURN(CachingAllocator * alloc, env->allocator(dev_type, 0), "step '" + s.name + "'");
+    const std::string& dev_type = s.memory_type;
+    CachingAllocator* alloc = s.allocator;
     if (s.kind == Step::Kind::kCopy) {
       const Tensor& src = live[s.inputs[0]];
       KEEL_ASSIGN_OR_RETURN(void* dst, alloc->allocate(src.byte_size()), "copy " + s.name);
       Location loc{dev_type, 0};
       auto storage = std::make_shared<Storage>(dst, src.byte_size(), loc, [alloc](void* p) { alloc->free(p); });
-      const DeviceEntry* worker = s.device ? s.device : s.copy_from;
-      int32_t kind = s.device ? (s.copy_from ? KEEL_COPY_DEVICE_TO_DEVICE : KEEL_COPY_HOST_TO_DEVICE)
-                              : KEEL_COPY_DEVICE_TO_HOST;
-      KEEL_RETURN_IF_ERROR(Status::from_c(worker->table.copy(worker->table.user_data, kind, 0, dst, 0, src.raw_data(),
-                                                             src.byte_size(), nullptr)),
+      // The device side does the work; a copy between two device types would go through the host (not yet).
+      hal::Device worker(s.device ? s.device : s.copy_from, 0);
+      keel_copy_kind_t kind = s.device ? (s.copy_from ? KEEL_COPY_DEVICE_TO_DEVICE : KEEL_COPY_HOST_TO_DEVICE)
+                                       : KEEL_COPY_DEVICE_TO_HOST;
+      KEEL_RETURN_IF_ERROR(worker.copy(kind, dst, 0, src.raw_data(), src.location().device_index, src.byte_size()),
                            "copy " + s.name);
       live[s.outputs[0]] = Tensor(src.dtype(), src.shape(), storage);
     } else {
@@ -648,6 +686,17 @@ Status Session::Impl::run_locked(const std::vector<std::pair<std::string, Tensor
         return p;
       };
       Status st = Status::from_c(s.compute(s.state, &ctx));
+      while (st.code() == StatusCode::kUnimplemented && s.node && !s.alternatives.empty()) {
+        for (auto& [a, p] : workspace) a->free(p);
+        workspace.clear();
+        st = switch_to_alternative(s, st);
+        if (!st.is_ok()) break;
+        ctx.node = s.node;
+        ctx.phase = keel_kernel_context_t::Phase::kCompute;
+        ctx.outputs.assign(s.outputs.size(), Tensor());
+        ctx.output_views.assign(s.outputs.size(), keel_tensor_t{});
+        st = Status::from_c(s.compute(s.state, &ctx));
+      }
       for (auto& [a, p] : workspace) a->free(p);
       workspace.clear();
       if (!st.is_ok()) {
@@ -677,11 +726,9 @@ Status Session::Impl::run_locked(const std::vector<std::pair<std::string, Tensor
   for (int v : output_values) {
     Tensor& t = live[v];
     if (!t.location().is_host()) {
-      const DeviceEntry* dev = env->registry().device(t.location().device_type);
+      hal::Device dev(env->registry().device(t.location().device_type), t.location().device_index);
       KEEL_ASSIGN_OR_RETURN(Tensor host, Tensor::host(t.dtype(), t.shape()), "output '" + values[v].name + "'");
-      KEEL_RETURN_IF_ERROR(Status::from_c(dev->table.copy(dev->table.user_data, KEEL_COPY_DEVICE_TO_HOST, 0,
-                                                          host.raw_data(), t.location().device_index, t.raw_data(),
-                                                          t.byte_size(), nullptr)),
+      KEEL_RETURN_IF_ERROR(dev.copy(KEEL_COPY_DEVICE_TO_HOST, host.raw_data(), 0, t.raw_data(), dev.index(), t.byte_size()),
                            "copy output '" + values[v].name + "' to host");
       outputs.push_back(std::move(host));
     } else {

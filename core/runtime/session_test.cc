@@ -101,6 +101,14 @@ keel_status_t fake_init(const keel_host_api_t* host, keel_plugin_handle_t* plugi
   k.since_version = 1;
   k.device_type = "fake";
   k.compute = fake_relu;
+  if (keel_status_t st = host->register_kernel(plugin, &k)) return st;
+  // A CPU kernel that outranks the reference one but rejects every case at run time.
+  k.name = "picky_neg";
+  k.op_type = "Neg";
+  k.device_type = "cpu";
+  k.compute = [](void*, keel_kernel_context_t*) -> keel_status_t {
+    return g_host->status_create(KEEL_STATUS_UNIMPLEMENTED, "picky: cannot do this case");
+  };
   return host->register_kernel(plugin, &k);
 }
 const keel_plugin_t kFakePlugin = {sizeof(keel_plugin_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR, "fake",
@@ -137,6 +145,10 @@ TEST(Session, RunsOnTheReferenceCpu) {
   ASSERT_TRUE(out.is_ok()) << out.status().to_string();
   for (int i = 0; i < 6; ++i) EXPECT_EQ(out.value()[0].data<float>()[i], 0.f);
   EXPECT_TRUE(s.value()->fallbacks().empty());
+  // The picky Neg kernel (priority 10) rejected the case at run time; the reference kernel took over.
+  bool ref_neg = false;
+  for (auto& [name, op, dev, kernel] : s.value()->placement()) ref_neg = ref_neg || (op == "Neg" && kernel == "ref_neg");
+  EXPECT_TRUE(ref_neg);
 }
 
 TEST(Session, PrefersTheDeviceAndFallsBackToCpuWithAReason) {

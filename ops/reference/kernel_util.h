@@ -125,7 +125,13 @@ inline T st(C v) {
   if constexpr (std::is_same_v<T, Half>) return Half{f32_to_f16(static_cast<float>(v))};
   else if constexpr (std::is_same_v<T, BFloat16>) return BFloat16{f32_to_bf16(static_cast<float>(v))};
   else if constexpr (std::is_same_v<T, bool>) return v != C(0);
-  else return static_cast<T>(v);
+  else if constexpr (std::is_integral_v<T> && std::is_floating_point_v<C>) {
+    // Saturating, NaN -> 0: an out-of-range float-to-integer cast is undefined behaviour in C++.
+    if (!(v == v)) return T(0);
+    if (v <= static_cast<C>(std::numeric_limits<T>::lowest())) return std::numeric_limits<T>::lowest();
+    if (v >= static_cast<C>(std::numeric_limits<T>::max())) return std::numeric_limits<T>::max();
+    return static_cast<T>(v);
+  } else return static_cast<T>(v);
 }
 
 inline const char* dtype_str(int32_t dt) { return dtype_name(static_cast<DType>(dt)); }

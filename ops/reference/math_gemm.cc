@@ -66,6 +66,7 @@ void matmul_run(const Kctx& k, const MatMulPlan& p, const C* A, const C* B, C* Y
 template <class T>
 T requant(double acc, double scale, int32_t zp) {
   double v = std::nearbyint(acc * scale) + zp;
+  if (!(v == v)) return T(0);
   v = std::min<double>(std::max<double>(v, std::numeric_limits<T>::lowest()), std::numeric_limits<T>::max());
   return static_cast<T>(v);
 }

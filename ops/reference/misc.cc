@@ -29,6 +29,7 @@ void op_compress(Kctx& k) {
     for (int d = 0; d < axis; ++d) outer *= x.shape[d];
     for (int d = axis + 1; d < r; ++d) inner *= x.shape[d];
     size_t chunk = static_cast<size_t>(inner) * es;
+    if (chunk == 0) return;
     for (int64_t o = 0; o < outer; ++o)
       for (size_t j = 0; j < keep.size(); ++j)
         std::memcpy(y.bytes() + (o * static_cast<int64_t>(keep.size()) + static_cast<int64_t>(j)) * chunk,
@@ -58,6 +59,7 @@ void op_reverse_sequence(Kctx& k) {
   int64_t inner = 1;
   for (int d = 2; d < r; ++d) inner *= x.shape[d];
   size_t chunk = static_cast<size_t>(inner) * x.elem_size();
+  if (chunk == 0) return;
   for (int64_t t = 0; t < T; ++t)
     for (int64_t b = 0; b < B; ++b) {
       int64_t src_t = t < lens[b] ? lens[b] - 1 - t : t;
@@ -120,8 +122,9 @@ void op_unique(Kctx& k) {
     if (axis < 0) {
       std::memcpy(y.bytes() + j * es, x.bytes() + src * es, es);
     } else {
-      for (int64_t o = 0; o < outer; ++o)
-        std::memcpy(y.bytes() + (o * u + j) * inner * es, x.bytes() + (o * n + src) * inner * es, inner * es);
+      if (inner > 0)
+        for (int64_t o = 0; o < outer; ++o)
+          std::memcpy(y.bytes() + (o * u + j) * inner * es, x.bytes() + (o * n + src) * inner * es, inner * es);
     }
   }
   if (k.has_output(1)) {
@@ -222,6 +225,7 @@ void op_max_unpool(Kctx& k) {
     if (os[0] != ds[0] || os[1] != ds[1]) k.invalid("output_shape must keep N and C");
   }
   TView y = k.out(0, os);
+  if (y.numel == 0) return;
   std::memset(y.data, 0, static_cast<size_t>(y.numel) * y.elem_size());
   auto idx = read_ints(ind, k, "indices");
   size_t es = x.elem_size();

@@ -81,15 +81,25 @@ void gemm_rows(int64_t i0, int64_t i1, int64_t N, int64_t K, const C* A, int64_t
                int64_t ldb, C* Y, int64_t ldy, bool accumulate) {
   constexpr int64_t kBlockN = 1024;
   for (int64_t i = i0; i < i1; ++i) {
-    C* y = Y + i * ldy;
+    C* __restrict y = Y + i * ldy;
     const C* a = A + i * lda;
     for (int64_t j0 = 0; j0 < N; j0 += kBlockN) {
-      int64_t j1 = std::min(N, j0 + kBlockN);
+      const int64_t j1 = std::min(N, j0 + kBlockN);
       if (!accumulate)
         for (int64_t j = j0; j < j1; ++j) y[j] = C(0);
-      for (int64_t kk = 0; kk < K; ++kk) {
-        C av = a[kk * ak];
-        const C* b = B + kk * ldb;
+      int64_t kk = 0;
+      // Four rows of B per pass: a quarter of the loads and stores of y (and vectorisable: restrict pointers).
+      for (; kk + 4 <= K; kk += 4) {
+        const C a0 = a[kk * ak], a1 = a[(kk + 1) * ak], a2 = a[(kk + 2) * ak], a3 = a[(kk + 3) * ak];
+        const C* __restrict b0 = B + kk * ldb;
+        const C* __restrict b1 = b0 + ldb;
+        const C* __restrict b2 = b1 + ldb;
+        const C* __restrict b3 = b2 + ldb;
+        for (int64_t j = j0; j < j1; ++j) y[j] += a0 * b0[j] + a1 * b1[j] + a2 * b2[j] + a3 * b3[j];
+      }
+      for (; kk < K; ++kk) {
+        const C av = a[kk * ak];
+        const C* __restrict b = B + kk * ldb;
         for (int64_t j = j0; j < j1; ++j) y[j] += av * b[j];
       }
     }

@@ -236,6 +236,7 @@ void op_qlinear_conv(Kctx& k) {
       int64_t m = (i / O) % M;
       float w_scale = static_cast<float>(get_f64(ws, ws.numel == 1 ? 0 : m, k));
       float v = std::nearbyint(static_cast<float>(acc[i]) * (x_scale * w_scale / y_scale)) + static_cast<float>(y_zero);
+      if (!(v == v)) v = 0;
       v = std::min<float>(std::max<float>(v, std::numeric_limits<T>::lowest()), std::numeric_limits<T>::max());
       py[i] = static_cast<T>(v);
     }

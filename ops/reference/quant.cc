@@ -31,6 +31,7 @@ AxisIndexer axis_indexer(const Kctx& k, const TView& x, const TView& scale, cons
 
 template <class Q>
 Q saturate_round(double v) {
+  if (!(v == v)) return Q(0);
   v = std::nearbyint(v);
   v = std::min<double>(std::max<double>(v, static_cast<double>(std::numeric_limits<Q>::lowest())),
                        static_cast<double>(std::numeric_limits<Q>::max()));

@@ -195,7 +195,11 @@ keel_status_t compute_thunk(void* state, keel_kernel_context_t* ctx) {
   } catch (const ref::KernelError& err) {
     return make_c_status(err.code(), err.what());
   } catch (const std::bad_alloc&) {
-    return make_c_status(KEEL_STATUS_OUT_OF_MEMORY, e->op_type);
+    try {
+      return make_c_status(KEEL_STATUS_OUT_OF_MEMORY, (std::string(e->op_type) + ": out of memory").c_str());
+    } catch (...) {
+      return make_c_status(KEEL_STATUS_OUT_OF_MEMORY, e->op_type);
+    }
   } catch (const std::exception& ex) {
     try {
       return make_c_status(KEEL_STATUS_INTERNAL, (std::string(e->op_type) + ": " + ex.what()).c_str());

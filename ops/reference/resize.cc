@@ -61,6 +61,9 @@ DimTaps dim_taps(const Kctx& k, const ResizeParams& p, int64_t in_len, int64_t o
       continue;
     }
     auto& t = d.taps[o];
+    // Keep the coordinate in a range where integer casts are defined; taps are clamped to the edges anyway.
+    x = std::clamp(x, -8.0, static_cast<double>(in_len) + 8.0);
+    if (!(x == x)) x = 0;
     if (p.mode == Mode::kNearest) {
       double f = std::floor(x);
       int64_t i;
@@ -186,8 +189,9 @@ void legacy_upsample(Kctx& k, const TView& x, const std::vector<float>& sc) {
   std::vector<double> scales(sc.begin(), sc.end());
   Shape os(x.ndim());
   for (int d = 0; d < x.ndim(); ++d) {
-    if (sc[d] <= 0) k.invalid("scales must be positive");
-    os[d] = static_cast<int64_t>(std::floor(static_cast<double>(x.shape[d]) * sc[d]));
+    double len = std::floor(static_cast<double>(x.shape[d]) * sc[d]);
+    if (!(sc[d] > 0) || !(len < 9.0e15)) k.invalid("scales must be positive and finite");
+    os[d] = static_cast<int64_t>(len);
   }
   resize_run(k, x, p, scales, os, {});
 }
@@ -240,10 +244,11 @@ void op_resize(Kctx& k) {
     auto sc = read_floats(*scales_t, k, "scales");
     if (static_cast<int>(sc.size()) != r) k.invalid(cat("scales has ", sc.size(), " entries for rank ", r));
     for (int d = 0; d < r; ++d) {
-      if (sc[d] <= 0) k.invalid("scales must be positive");
       scales[d] = sc[d];
-      double len = static_cast<double>(x.shape[d]) * (roi.empty() ? 1.0 : roi[d + r] - roi[d]);
-      os[d] = static_cast<int64_t>(std::floor(len * static_cast<double>(sc[d])));
+      double len = std::floor(static_cast<double>(x.shape[d]) * (roi.empty() ? 1.0 : roi[d + r] - roi[d]) *
+                              static_cast<double>(sc[d]));
+      if (!(sc[d] > 0) || !(len < 9.0e15)) k.invalid("scales must be positive and finite");
+      os[d] = static_cast<int64_t>(std::max(len, 0.0));
     }
   } else {
     auto sz = read_ints(*sizes_t, k, "sizes");

@@ -651,7 +651,7 @@ void op_constant_of_shape(Kctx& k) {
     if (v.dtype != y.dtype) k.fail(KEEL_STATUS_INTERNAL, "output dtype differs from the value attribute's");
     size_t es = y.elem_size();
     for (int64_t i = 0; i < y.numel; ++i) std::memcpy(y.bytes() + i * es, v.data, es);
-  } else {
+  } else if (y.numel > 0) {
     std::memset(y.data, 0, static_cast<size_t>(y.numel) * y.elem_size());
   }
 }
@@ -664,13 +664,9 @@ void op_range(Kctx& k) {
     using C = calc_t<T>;
     C start = ld(s.p<T>()[0]), limit = ld(l.p<T>()[0]), delta = ld(d.p<T>()[0]);
     if (delta == C(0)) k.invalid("delta must not be 0");
-    int64_t n;
-    if constexpr (std::is_integral_v<C>) {
-      double q = std::ceil((static_cast<double>(limit) - static_cast<double>(start)) / static_cast<double>(delta));
-      n = static_cast<int64_t>(std::max(q, 0.0));
-    } else {
-      n = static_cast<int64_t>(std::max<double>(std::ceil((static_cast<double>(limit) - start) / delta), 0.0));
-    }
+    double q = std::ceil((static_cast<double>(limit) - static_cast<double>(start)) / static_cast<double>(delta));
+    if (!(q < 9.0e15)) k.invalid("the range has too many elements (or a NaN bound)");
+    int64_t n = static_cast<int64_t>(std::max(q, 0.0));
     TView y = k.out(0, {n});
     for (int64_t i = 0; i < n; ++i) y.p<T>()[i] = st<T>(static_cast<C>(start + static_cast<C>(i) * delta));
   });
@@ -702,8 +698,9 @@ void op_onehot(Kctx& k) {
   TView ind = k.in(0), dep = k.in(1), vals = k.in(2);
   if (dep.numel != 1) k.invalid("depth must be a scalar");
   if (vals.numel != 2) k.invalid("values must have two elements [off, on]");
-  int64_t depth = static_cast<int64_t>(get_f64(dep, 0, k));
-  if (depth <= 0) k.invalid("depth must be positive");
+  double depth_f = get_f64(dep, 0, k);
+  if (!(depth_f >= 1 && depth_f < 9.0e15)) k.invalid("depth must be positive");
+  int64_t depth = static_cast<int64_t>(depth_f);
   int r = ind.ndim();
   int axis = k.axis(k.attr_i("axis", -1), r + 1);
   Shape os = ind.shape;
@@ -720,7 +717,9 @@ void op_onehot(Kctx& k) {
     for (int64_t i = 0; i < y.numel; ++i) y.p<U>()[i] = off;
     for (int64_t o = 0; o < outer; ++o)
       for (int64_t in = 0; in < inner; ++in) {
-        auto v = static_cast<int64_t>(idx[o * inner + in]);
+        double dv = idx[o * inner + in];
+        if (!(dv >= -static_cast<double>(depth) && dv < static_cast<double>(depth))) continue;  // also NaN
+        auto v = static_cast<int64_t>(dv);
         if (v < 0) v += depth;
         if (v >= 0 && v < depth) y.p<U>()[(o * depth + v) * inner + in] = on;
       }

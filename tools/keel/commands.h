@@ -31,5 +31,11 @@ void add_demo_command(CLI::App& app, Globals& g);
 void add_run_command(CLI::App& app, Globals& g);
 void add_info_command(CLI::App& app, Globals& g);
 void add_conformance_command(CLI::App& app, Globals& g);
+// `keel bench` (cmd_bench.cc): latency, throughput, memory and a per-op-type profile of a model.
+void add_bench_command(CLI::App& app, Globals& g);
+void add_optimize_command(CLI::App& app, Globals& g);  // cmd_optimize.cc: graph pass pipelines
+
+// `keel plugin-test MANIFEST` (cmd_plugin_test.cc): the plugin conformance kit (device CTS + models, per-op report).
+void add_plugin_test_command(CLI::App& app, Globals& g);
 
 }  // namespace keel::cli

@@ -50,6 +50,9 @@ int main(int argc, char** argv) {
   add_run_command(app, g);
   add_info_command(app, g);
   add_conformance_command(app, g);
+  add_plugin_test_command(app, g);
+  add_bench_command(app, g);
+  add_optimize_command(app, g);
 
   try {
     app.parse(argc, argv);

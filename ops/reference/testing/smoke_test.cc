@@ -587,6 +587,7 @@ int main(int argc, char** argv) {
       if (a == "-v") verbose = true;
       else if (a == "--strict") strict = true;
       else if (a == "--fuzz" && i + 1 < argc) g_fuzz = std::atoi(argv[++i]);
+      else if (a == "--seed" && i + 1 < argc) g_rng ^= std::strtoull(argv[++i], nullptr, 10) * 0x2545F4914F6CDD1Dull;
       else if (a == "--as-f64") g_as = KEEL_DTYPE_F64;
       else if (a == "--as-f16") g_as = KEEL_DTYPE_F16;
       else if (a == "--as-bf16") g_as = KEEL_DTYPE_BF16;

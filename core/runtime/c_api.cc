@@ -1,0 +1,925 @@
+// keel/core/runtime/c_api.cc — the host C API (sdk/include/keel/keel.h) over Environment, Session and Tensor.
+//
+// Every entry catches every exception and turns it into a status (bad_alloc → OUT_OF_MEMORY, anything else →
+// INTERNAL): nothing C++ leaves the library. Handles are plain structs that own the C++ objects and the strings the
+// API hands out, so every `const char*` we return lives as long as the handle it came from.
+#include <keel/keel.h>
+
+#include <spdlog/sinks/base_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/base/thread_pool.h"
+#include "core/runtime/environment.h"
+#include "core/runtime/onnx_io.h"
+#include "core/runtime/session.h"
+
+using keel::DType;
+using keel::Status;
+using keel::StatusCode;
+
+// ---------------------------------------------------------------------------------------------------------------
+// Handles
+// ---------------------------------------------------------------------------------------------------------------
+
+struct keel_environment_options_s {
+  keel::EnvironmentOptions options;
+  keel_log_callback_t log_callback = nullptr;
+  void* log_user_data = nullptr;
+  int32_t log_min_level = KEEL_LOG_INFO;
+};
+
+struct keel_environment_s {
+  std::unique_ptr<keel::Environment> env;
+  int64_t log_token = 0;  // 0 = no log callback registered
+  struct PluginRow {
+    std::string name, kind, version, vendor, reason, manifest, library;
+    int32_t state = 0, priority = 0;
+  };
+  struct DeviceRow {
+    std::string device_type, plugin, name;
+    int32_t index = 0;
+    uint64_t total_memory = 0, capabilities = 0;
+  };
+  std::vector<PluginRow> plugins;
+  std::vector<DeviceRow> devices;
+};
+
+struct keel_model_s {
+  keel::Graph graph;
+};
+
+struct keel_host_tensor_s {
+  keel::Tensor tensor;
+};
+
+struct keel_session_options_s {
+  keel::SessionOptions options;
+  int32_t threads = 0;
+};
+
+struct keel_session_s {
+  std::unique_ptr<keel::Session> session;
+  struct ValueRow {
+    std::string name;
+    int32_t dtype = 0, ndim = -1;
+    std::vector<int64_t> dims;
+  };
+  struct PlacementRow {
+    std::string node, op_type, device_type, kernel;
+  };
+  struct FallbackRow {
+    std::string node, op_type, from, to, reason;
+  };
+  std::vector<ValueRow> inputs, outputs;
+  std::map<std::string, size_t> output_index;
+  std::vector<PlacementRow> placement;
+  std::vector<FallbackRow> fallbacks;
+};
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------------------------
+// The exception edge
+// ---------------------------------------------------------------------------------------------------------------
+
+// Handed out when even a status object cannot be allocated. release = NULL, so keel_status_release leaves it be.
+keel_status_s g_oom_status = {sizeof(keel_status_s), KEEL_STATUS_OUT_OF_MEMORY,
+                              "out of memory (while reporting an error)", nullptr};
+
+keel_status_t to_c(const Status& st) {
+  if (st.is_ok()) return nullptr;
+  keel_status_t s = st.to_c();
+  return s != nullptr ? s : &g_oom_status;
+}
+
+keel_status_t make_status(StatusCode code, const std::string& message) { return to_c(Status(code, message)); }
+
+// Runs `body` (returning Status) with every exception turned into a status naming the entry point.
+template <typename F>
+keel_status_t guarded(const char* fn, F&& body) noexcept {
+  try {
+    return to_c(body());
+  } catch (const std::bad_alloc&) {
+    keel_status_t s = keel::make_c_status(KEEL_STATUS_OUT_OF_MEMORY, (std::string(fn) + ": out of memory").c_str());
+    return s != nullptr ? s : &g_oom_status;
+  } catch (const std::exception& e) {
+    try {
+      return make_status(StatusCode::kInternal, std::string(fn) + ": unexpected exception: " + e.what());
+    } catch (...) {
+      return &g_oom_status;
+    }
+  } catch (...) {
+    keel_status_t s = keel::make_c_status(KEEL_STATUS_INTERNAL, "unexpected exception of unknown type");
+    return s != nullptr ? s : &g_oom_status;
+  }
+}
+
+Status null_arg(const char* fn, const char* what) {
+  return keel::invalid_argument(std::string(fn) + ": " + what + " is NULL");
+}
+
+Status check_index(const char* fn, size_t index, size_t count, const char* what) {
+  if (index < count) return Status::ok();
+  return Status(StatusCode::kOutOfRange, std::string(fn) + ": " + what + " index " + std::to_string(index) +
+                                             " out of range (" + std::to_string(count) + " present)");
+}
+
+// Writes `value` into out->member when the caller's struct_size covers it.
+#define KEEL_C_SET(out, type, member, value) \
+  do {                                       \
+    if (KEEL_HAS_MEMBER(out, type, member)) (out)->member = (value); \
+  } while (0)
+
+Status check_out_struct(const char* fn, const void* out, uint32_t struct_size) {
+  if (out == nullptr) return null_arg(fn, "the out struct");
+  if (struct_size < sizeof(uint32_t)) {
+    return keel::invalid_argument(std::string(fn) + ": set struct_size of the out struct (got " +
+                                  std::to_string(struct_size) + ")");
+  }
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Logging: one process-wide sink on spdlog's default logger that forwards to every registered callback.
+// ---------------------------------------------------------------------------------------------------------------
+
+class LogDispatch {
+ public:
+  static LogDispatch& instance() {
+    static LogDispatch* d = new LogDispatch();  // never destroyed: a sink may log during static destruction
+    return *d;
+  }
+
+  int64_t add(keel_log_callback_t fn, void* user_data, int32_t min_level) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto logger = spdlog::default_logger();
+    if (!installed_) {
+      sink_ = std::make_shared<Sink>(this);
+      logger->sinks().push_back(sink_);
+      installed_ = true;
+    }
+    if (callbacks_.empty()) {
+      // The first callback replaces Keel's console output; remember what to restore.
+      saved_logger_level_ = logger->level();
+      saved_sink_levels_.clear();
+      for (auto& s : logger->sinks()) {
+        if (s == sink_) continue;
+        saved_sink_levels_.emplace_back(s, s->level());
+        s->set_level(spdlog::level::off);
+      }
+    }
+    int64_t token = ++next_token_;
+    callbacks_[token] = {fn, user_data, std::clamp(min_level, 0, 4)};
+    update_level_locked(logger);
+    return token;
+  }
+
+  void remove(int64_t token) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (callbacks_.erase(token) == 0) return;
+    auto logger = spdlog::default_logger();
+    if (callbacks_.empty()) {
+      for (auto& [s, lvl] : saved_sink_levels_) s->set_level(lvl);
+      saved_sink_levels_.clear();
+      logger->set_level(saved_logger_level_);
+    } else {
+      update_level_locked(logger);
+    }
+  }
+
+ private:
+  struct Callback {
+    keel_log_callback_t fn;
+    void* user_data;
+    int32_t min_level;
+  };
+
+  class Sink : public spdlog::sinks::base_sink<std::mutex> {
+   public:
+    explicit Sink(LogDispatch* d) : d_(d) {}
+
+   protected:
+    void sink_it_(const spdlog::details::log_msg& msg) override {
+      std::string text(msg.payload.data(), msg.payload.size());
+      int32_t level = std::min<int32_t>(static_cast<int32_t>(msg.level), KEEL_LOG_ERROR);
+      // Holding mu_ while calling means remove() returns only once no call of that callback is in flight.
+      std::lock_guard<std::mutex> lock(d_->mu_);
+      for (const auto& [token, cb] : d_->callbacks_) {
+        if (level >= cb.min_level) cb.fn(cb.user_data, level, text.c_str());
+      }
+    }
+    void flush_() override {}
+
+   private:
+    LogDispatch* d_;
+  };
+
+  void update_level_locked(const std::shared_ptr<spdlog::logger>& logger) {
+    int32_t lowest = static_cast<int32_t>(saved_logger_level_);
+    for (const auto& [t, cb] : callbacks_) lowest = std::min(lowest, cb.min_level);
+    logger->set_level(static_cast<spdlog::level::level_enum>(lowest));
+  }
+
+  std::mutex mu_;
+  bool installed_ = false;
+  std::shared_ptr<Sink> sink_;
+  std::map<int64_t, Callback> callbacks_;
+  int64_t next_token_ = 0;
+  spdlog::level::level_enum saved_logger_level_ = spdlog::level::info;
+  std::vector<std::pair<spdlog::sink_ptr, spdlog::level::level_enum>> saved_sink_levels_;
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------------------------------
+
+Status make_shape(const char* fn, const int64_t* dims, int32_t ndim, keel::Shape& shape) {
+  if (ndim < 0) return keel::invalid_argument(std::string(fn) + ": ndim is negative (" + std::to_string(ndim) + ")");
+  if (ndim > 0 && dims == nullptr) return null_arg(fn, "dims");
+  shape.assign(dims, dims + ndim);
+  for (int32_t i = 0; i < ndim; ++i) {
+    if (shape[i] < 0) {
+      return keel::invalid_argument(std::string(fn) + ": dim " + std::to_string(i) + " is negative (" +
+                                    std::to_string(shape[i]) + ")");
+    }
+  }
+  return Status::ok();
+}
+
+Status check_dtype(const char* fn, int32_t dtype) {
+  if (!keel::dtype_is_valid(dtype) || keel::dtype_size(static_cast<DType>(dtype)) == 0) {
+    return keel::invalid_argument(std::string(fn) + ": dtype " + std::to_string(dtype) +
+                                  " is not a numeric keel_dtype_t");
+  }
+  return Status::ok();
+}
+
+keel_session_s::ValueRow value_row(const keel::Graph& g, const std::string& name) {
+  keel_session_s::ValueRow row;
+  row.name = name;
+  if (const keel::ValueInfo* vi = g.info(name)) {
+    row.dtype = static_cast<int32_t>(vi->dtype);
+    if (vi->shape) {
+      row.dims = *vi->shape;
+      row.ndim = static_cast<int32_t>(row.dims.size());
+    }
+  }
+  return row;
+}
+
+void fill_value_info(const keel_session_s::ValueRow& row, keel_value_info_t* out) {
+  KEEL_C_SET(out, keel_value_info_t, name, row.name.c_str());
+  KEEL_C_SET(out, keel_value_info_t, dtype, row.dtype);
+  KEEL_C_SET(out, keel_value_info_t, ndim, row.ndim);
+  KEEL_C_SET(out, keel_value_info_t, dims, row.dims.empty() ? nullptr : row.dims.data());
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------------------
+// Versions and status helpers
+// ---------------------------------------------------------------------------------------------------------------
+
+extern "C" {
+
+KEEL_API const char* keel_version_string(void) { return KEEL_VERSION; }
+
+KEEL_API void keel_version_get(int32_t* out_major, int32_t* out_minor, int32_t* out_patch) {
+  // KEEL_VERSION is the project's version (CMake); parse it once so header and library cannot disagree silently.
+  static const std::array<int32_t, 3> v = [] {
+    std::array<int32_t, 3> r{0, 0, 0};
+    const char* p = KEEL_VERSION;
+    for (int i = 0; i < 3 && *p; ++i) {
+      r[i] = static_cast<int32_t>(std::strtol(p, const_cast<char**>(&p), 10));
+      if (*p == '.') ++p;
+    }
+    return r;
+  }();
+  if (out_major) *out_major = v[0];
+  if (out_minor) *out_minor = v[1];
+  if (out_patch) *out_patch = v[2];
+}
+
+KEEL_API void keel_plugin_abi_version_get(int32_t* out_major, int32_t* out_minor) {
+  if (out_major) *out_major = KEEL_PLUGIN_ABI_MAJOR;
+  if (out_minor) *out_minor = KEEL_PLUGIN_ABI_MINOR;
+}
+
+KEEL_API const char* keel_status_code_name(int32_t code) {
+  if (code < KEEL_STATUS_OK || code > KEEL_STATUS_OUT_OF_RANGE) return "UNKNOWN";
+  return keel::status_code_name(static_cast<StatusCode>(code));
+}
+
+KEEL_API const char* keel_dtype_name(int32_t dtype) {
+  if (!keel::dtype_is_valid(dtype)) return "undefined";
+  return keel::dtype_name(static_cast<DType>(dtype));
+}
+
+KEEL_API size_t keel_dtype_size(int32_t dtype) {
+  if (!keel::dtype_is_valid(dtype)) return 0;
+  return keel::dtype_size(static_cast<DType>(dtype));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Environment
+// ---------------------------------------------------------------------------------------------------------------
+
+KEEL_API keel_status_t keel_environment_options_create(keel_environment_options_t* out_options) {
+  return guarded(__func__, [&]() -> Status {
+    if (out_options == nullptr) return null_arg(__func__, "out_options");
+    *out_options = nullptr;
+    *out_options = new keel_environment_options_s();
+    return Status::ok();
+  });
+}
+
+KEEL_API void keel_environment_options_release(keel_environment_options_t options) { delete options; }
+
+KEEL_API keel_status_t keel_environment_options_add_plugin_path(keel_environment_options_t options, const char* path) {
+  return guarded(__func__, [&]() -> Status {
+    if (options == nullptr) return null_arg(__func__, "options");
+    if (path == nullptr) return null_arg(__func__, "path");
+    options->options.plugin_paths.emplace_back(path);
+    return Status::ok();
+  });
+}
+
+KEEL_API keel_status_t keel_environment_options_set_discover_plugins(keel_environment_options_t options,
+                                                                     int32_t discover) {
+  return guarded(__func__, [&]() -> Status {
+    if (options == nullptr) return null_arg(__func__, "options");
+    options->options.discover_plugins = discover != 0;
+    return Status::ok();
+  });
+}
+
+KEEL_API keel_status_t keel_environment_options_set_threads(keel_environment_options_t options, int32_t threads) {
+  return guarded(__func__, [&]() -> Status {
+    if (options == nullptr) return null_arg(__func__, "options");
+    if (threads < 0) return keel::invalid_argument(std::string(__func__) + ": threads is negative");
+    options->options.threads = threads;
+    return Status::ok();
+  });
+}
+
+KEEL_API keel_status_t keel_environment_options_set_log_callback(keel_environment_options_t options,
+                                                                 keel_log_callback_t callback, void* user_data,
+                                                                 int32_t min_level) {
+  return guarded(__func__, [&]() -> Status {
+    if (options == nullptr) return null_arg(__func__, "options");
+    if (min_level < KEEL_LOG_TRACE || min_level > KEEL_LOG_ERROR) {
+      return keel::invalid_argument(std::string(__func__) + ": min_level " + std::to_string(min_level) +
+                                    " is not a keel_log_level_t");
+    }
+    options->log_callback = callback;
+    options->log_user_data = user_data;
+    options->log_min_level = min_level;
+    return Status::ok();
+  });
+}
+
+KEEL_API keel_status_t keel_environment_create(keel_environment_options_t options, keel_environment_t* out_env) {
+  return guarded(__func__, [&]() -> Status {
+    if (out_env == nullptr) return null_arg(__func__, "out_env");
+    *out_env = nullptr;
+    keel_environment_options_s defaults;
+    const keel_environment_options_s& o = options ? *options : defaults;
+    auto handle = std::make_unique<keel_environment_s>();
+    // Register the callback first, so it hears about plugin discovery.
+    if (o.log_callback) handle->log_token = LogDispatch::instance().add(o.log_callback, o.log_user_data, o.log_min_level);
+    struct Unregister {
+      keel_environment_s* h;
+      ~Unregister() {
+        if (h && h->log_token) LogDispatch::instance().remove(h->log_token);
+      }
+    } unregister{handle.get()};
+
+    auto env = keel::Environment::create(o.options);
+    if (!env.is_ok()) return env.status().with_context("keel_environment_create");
+    handle->env = std::move(env).value();
+
+    for (const auto& p : handle->env->plugins()) {
+      keel_environment_s::PluginRow row;
+      row.name = p.name;
+      row.kind = p.kind;
+      row.version = p.version;
+      row.vendor = p.vendor;
+      row.reason = p.reason;
+      row.manifest = p.manifest.string();
+      row.library = p.library.string();
+      row.priority = p.priority;
+      row.state = p.state == keel::PluginState::kLoaded    ? KEEL_PLUGIN_STATE_LOADED
+                  : p.state == keel::PluginState::kSkipped ? KEEL_PLUGIN_STATE_SKIPPED
+                                                            : KEEL_PLUGIN_STATE_FAILED;
+      handle->plugins.push_back(std::move(row));
+    }
+    const keel::Registry& reg = handle->env->registry();
+    for (const auto& type : reg.device_types()) {
+      const keel::DeviceEntry* dev = reg.device(type);
+      if (dev == nullptr) continue;
+      for (int32_t i = 0; i < dev->device_count; ++i) {
+        keel_environment_s::DeviceRow row;
+        row.device_type = type;
+        row.index = i;
+        const auto& recs = handle->env->plugins();
+        for (const auto& r : recs)
+          if (r.id == dev->plugin) row.plugin = r.name;
+        if (dev->table.get_properties) {
+          keel_device_properties_t props;
+          std::memset(&props, 0, sizeof props);
+          props.struct_size = sizeof props;
+          Status st = Status::from_c(dev->table.get_properties(dev->table.user_data, i, &props));
+          if (st.is_ok()) {
+            props.name[sizeof(props.name) - 1] = '\0';
+            row.name = props.name;
+            row.total_memory = props.total_memory;
+            row.capabilities = props.capabilities;
+          }
+        }
+        handle->devices.push_back(std::move(row));
+      }
+    }
+    unregister.h = nullptr;
+    *out_env = handle.release();
+    return Status::ok();
+  });
+}
+
+KEEL_API void keel_environment_release(keel_environment_t env) {
+  if (env == nullptr) return;
+  try {
+    env->env.reset();
+    if (env->log_token) LogDispatch::instance().remove(env->log_token);
+  } catch (...) {
+    // Nothing may leave; the environment is gone either way.
+  }
+  delete env;
+}
+
+KEEL_API keel_status_t keel_environment_plugin_count(keel_environment_t env, size_t* out_count) {
+  return guarded(__func__, [&]() -> Status {
+    if (env == nullptr) return null_arg(__func__, "env");
+    if (out_count == nullptr) return null_arg(__func__, "out_count");
+    *out_count = env->plugins.size();
+    return Status::ok();
+  });
+}
+
+KEEL_API keel_status_t keel_environment_plugin_info(keel_environment_t env, size_t index, keel_plugin_info_t* out) {
+  return guarded(__func__, [&]() -> Status {
+    if (env == nullptr) return null_arg(__func__, "env");
+    KEEL_RETURN_IF_ERROR(check_out_struct(__func__, out, out ? out->struct_size : 0), "");
+    KEEL_RETURN_IF_ERROR(check_index(__func__, index, env->plugins.size(), "plugin"), "");
+    const auto& r = env->plugins[index];
+    KEEL_C_SET(out, keel_plugin_info_t, name, r.name.c_str());
+    KEEL_C_SET(out, keel_plugin_info_t, kind, r.kind.c_str());
+    KEEL_C_SET(out, keel_plugin_info_t, version, r.version.c_str());
+    KEEL_C_SET(out, keel_plugin_info_t, vendor, r.vendor.c_str());
+    KEEL_C_SET(out, keel_plugin_info_t, state, r.state);
+    KEEL_C_SET(out, keel_plugin_info_t, reason, r.reason.c_str());
+    KEEL_C_SET(out, keel_plugin_info_t, manifest, r.manifest.c_str());
+    KEEL_C_SET(out, keel_plugin_info_t, library, r.library.c_str());
+    KEEL_C_SET(out, keel_plugin_info_t, priority, r.priority);
+    return Status::ok();
+  });
+}
+
+KEEL_API keel_status_t keel_environment_device_count(keel_environment_t env, size_t* out_count) {
+  return guarded(__func__, [&]() -> Status {
+    if (env == nullptr) return null_arg(__func__, "env");
+    if (out_count == nullptr) return null_arg(__func__, "out_count");
+    *out_count = env->devices.size();
+    return Status::ok();
+  });
+}
+
+KEEL_API keel_status_t keel_environment_device_info(keel_environment_t env, size_t index, keel_device_info_t* out) {
+  return guarded(__func__, [&]() -> Status {
+    if (env == nullptr) return null_arg(__func__, "env");
+    KEEL_RETURN_IF_ERROR(check_out_struct(__func__, out, out ? out->struct_size : 0), "");
+    KEEL_RETURN_IF_ERROR(check_index(__func__, index, env->devices.size(), "device"), "");
+    const auto& d = env->devices[index];
+    KEEL_C_SET(out, keel_device_info_t, device_type, d.device_type.c_str());
+    KEEL_C_SET(out, keel_device_info_t, device_index, d.index);
+    KEEL_C_SET(out, keel_device_info_t, plugin, d.plugin.c_str());
+    KEEL_C_SET(out, keel_device_info_t, name, d.name.c_str());
+    KEEL_C_SET(out, keel_device_info_t, total_memory, d.total_memory);
+    KEEL_C_SET(out, keel_device_info_t, capabilities, d.capabilities);
+    return Status::ok();
+  });
+}
+
+KEEL_API keel_status_t keel_environment_memory_stats(keel_environment_t env, const char* device_type,
+                                                     int32_t device_index, keel_memory_stats_t* out) {
+  return guarded(__func__, [&]() -> Status {
+    if (env == nullptr) return null_arg(__func__, "env");
+    if (device_type == nullptr) return null_arg(__func__, "device_type");
+    KEEL_RETURN_IF_ERROR(check_out_struct(__func__, out, out ? out->struct_size : 0), "");
+    const keel::DeviceEntry* dev = env->env->registry().device(device_type);
+    if (dev == nullptr) return keel::not_found(std::string(__func__) + ": no device type '" + device_type + "'");
+    if (device_index < 0 || device_index >= dev->device_count) {
+      return Status(StatusCode::kOutOfRange, std::string(__func__) + ": " + device_type + ":" +
+                                                 std::to_string(device_index) + " does not exist (" +
+                                                 std::to_string(dev->device_count) + " present)");
+    }
+    keel::AllocatorStats s;
+    auto all = env->env->memory_stats();
+    if (auto it = all.find(std::string(device_type) + ":" + std::to_string(device_index)); it != all.end()) {
+      s = it->second;
+    }
+    KEEL_C_SET(out, keel_memory_stats_t, in_use_bytes, s.in_use_bytes);
+    KEEL_C_SET(out, keel_memory_stats_t, reserved_bytes, s.reserved_bytes);
+    KEEL_C_SET(out, keel_memory_stats_t, peak_in_use_bytes, s.peak_in_use_bytes);
+    KEEL_C_SET(out, keel_memory_stats_t, peak_reserved_bytes, s.peak_reserved_bytes);
+    KEEL_C_SET(out, keel_memory_stats_t, allocations, s.allocations);
+    KEEL_C_SET(out, keel_memory_stats_t, cache_hits, s.cache_hits);
+    return Status::ok();
+  });
+}
+
+KEEL_API keel_status_t keel_environment_memory_trim(keel_environment_t env, uint64_t* out_released_bytes) {
+  return guarded(__func__, [&]() -> Status {
+    if (env == nullptr) return null_arg(__func__, "env");
+    uint64_t n = env->env->trim_memory();
+    if (out_released_bytes) *out_released_bytes = n;
+    return Status::ok();
+  });
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Tensors
+// ---------------------------------------------------------------------------------------------------------------
+
+KEEL_API keel_status_t keel_host_tensor_create(int32_t dtype, const int64_t* dims, int32_t ndim, const void* data,
+                                               size_t byte_size, keel_host_tensor_t* out_tensor) {
+  return guarded(__func__, [&]() -> Status {
+    if (out_tensor == nullptr) return null_arg(__func__, "out_tensor");
+    *out_tensor = nullptr;
+    KEEL_RETURN_IF_ERROR(check_dtype(__func__, dtype), "");
+    keel::Shape shape;
+    KEEL_RETURN_IF_ERROR(make_shape(__func__, dims, ndim, shape), "");
+    KEEL_ASSIGN_OR_RETURN(uint64_t bytes, keel::checked_byte_size(static_cast<DType>(dtype), shape), __func__);
+    if (data != nullptr && byte_size != bytes) {
+      return keel::invalid_argument(std::string(__func__) + ": byte_size is " + std::to_string(byte_size) + ", a " +
+                                    keel::dtype_name(static_cast<DType>(dtype)) + keel::shape_to_string(shape) +
+                                    " tensor has " + std::to_string(bytes));
+    }
+    KEEL_ASSIGN_OR_RETURN(keel::Tensor t, keel::Tensor::host(static_cast<DType>(dtype), shape), __func__);
+    if (data != nullptr && bytes > 0) std::memcpy(t.raw_data(), data, bytes);
+    *out_tensor = new keel_host_tensor_s{std::move(t)};
+    return Status::ok();
+  });
+}
+
+KEEL_API keel_status_t keel_host_tensor_wrap(int32_t dtype, const int64_t* dims, int32_t ndim, void* data,
+                                             size_t byte_size, keel_host_tensor_t* out_tensor) {
+  return guarded(__func__, [&]() -> Status {
+    if (out_tensor == nullptr) return null_arg(__func__, "out_tensor");
+    *out_tensor = nullptr;
+    KEEL_RETURN_IF_ERROR(check_dtype(__func__, dtype), "");
+    keel::Shape shape;
+    KEEL_RETURN_IF_ERROR(make_shape(__func__, dims, ndim, shape), "");
+    DType dt = static_cast<DType>(dtype);
+    KEEL_ASSIGN_OR_RETURN(uint64_t bytes, keel::checked_byte_size(dt, shape), __func__);
+    if (byte_size != bytes) {
+      return keel::invalid_argument(std::string(__func__) + ": byte_size is " + std::to_string(byte_size) + ", a " +
+                                    keel::dtype_name(dt) + keel::shape_to_string(shape) + " tensor has " +
+                                    std::to_string(bytes));
+    }
+    if (data == nullptr && bytes > 0) return null_arg(__func__, "data");
+    if (reinterpret_cast<uintptr_t>(data) % keel::dtype_size(dt) != 0) {
+      return keel::invalid_argument(std::string(__func__) + ": data is not aligned to " +
+                                    std::to_string(keel::dtype_size(dt)) + " bytes");
+    }
+    keel::Tensor t(dt, shape, keel::Storage::borrow(data, bytes, keel::Location{}));
+    *out_tensor = new keel_host_tensor_s{std::move(t)};
+    return Status::ok();
+  });
+}
+
+KEEL_API void keel_host_tensor_release(keel_host_tensor_t tensor) { delete tensor; }
+
+KEEL_API int32_t keel_host_tensor_dtype(keel_host_tensor_t t) {
+  return t ? static_cast<int32_t>(t->tensor.dtype()) : KEEL_DTYPE_UNDEFINED;
+}
+KEEL_API int32_t keel_host_tensor_ndim(keel_host_tensor_t t) { return t ? static_cast<int32_t>(t->tensor.rank()) : 0; }
+KEEL_API const int64_t* keel_host_tensor_dims(keel_host_tensor_t t) {
+  return t && t->tensor.rank() > 0 ? t->tensor.shape().data() : nullptr;
+}
+KEEL_API int64_t keel_host_tensor_element_count(keel_host_tensor_t t) { return t ? t->tensor.numel() : 0; }
+KEEL_API void* keel_host_tensor_data(keel_host_tensor_t t) { return t ? t->tensor.raw_data() : nullptr; }
+KEEL_API uint64_t keel_host_tensor_byte_size(keel_host_tensor_t t) { return t ? t->tensor.byte_size() : 0; }
+
+// ---------------------------------------------------------------------------------------------------------------
+// Models
+// ---------------------------------------------------------------------------------------------------------------
+
+KEEL_API keel_status_t keel_model_load_from_file(const char* path, keel_model_t* out_model) {
+  return guarded(__func__, [&]() -> Status {
+    if (out_model == nullptr) return null_arg(__func__, "out_model");
+    *out_model = nullptr;
+    if (path == nullptr) return null_arg(__func__, "path");
+    KEEL_ASSIGN_OR_RETURN(keel::Graph g, keel::load_onnx(path), __func__);
+    *out_model = new keel_model_s{std::move(g)};
+    return Status::ok();
+  });
+}
+
+KEEL_API keel_status_t keel_model_load_from_memory(const void* data, size_t size, keel_model_t* out_model) {
+  return guarded(__func__, [&]() -> Status {
+    if (out_model == nullptr) return null_arg(__func__, "out_model");
+    *out_model = nullptr;
+    if (data == nullptr && size > 0) return null_arg(__func__, "data");
+    KEEL_ASSIGN_OR_RETURN(keel::Graph g, keel::load_onnx_from_memory(data, size, {}), __func__);
+    *out_model = new keel_model_s{std::move(g)};
+    return Status::ok();
+  });
+}
+
+KEEL_API void keel_model_release(keel_model_t model) { delete model; }
+
+// ---------------------------------------------------------------------------------------------------------------
+// Sessions
+// ---------------------------------------------------------------------------------------------------------------
+
+KEEL_API keel_status_t keel_session_options_create(keel_session_options_t* out_options) {
+  return guarded(__func__, [&]() -> Status {
+    if (out_options == nullptr) return null_arg(__func__, "out_options");
+    *out_options = nullptr;
+    *out_options = new keel_session_options_s();
+    return Status::ok();
+  });
+}
+
+KEEL_API void keel_session_options_release(keel_session_options_t options) { delete options; }
+
+KEEL_API keel_status_t keel_session_options_add_device(keel_session_options_t options, const char* device_type) {
+  return guarded(__func__, [&]() -> Status {
+    if (options == nullptr) return null_arg(__func__, "options");
+    if (device_type == nullptr || *device_type == '\0') return null_arg(__func__, "device_type");
+    options->options.devices.emplace_back(device_type);
+    return Status::ok();
+  });
+}
+
+KEEL_API keel_status_t keel_session_options_set_fallback(keel_session_options_t options, int32_t fallback) {
+  return guarded(__func__, [&]() -> Status {
+    if (options == nullptr) return null_arg(__func__, "options");
+    if (fallback != KEEL_FALLBACK_CPU && fallback != KEEL_FALLBACK_ERROR) {
+      return keel::invalid_argument(std::string(__func__) + ": fallback " + std::to_string(fallback) +
+                                    " is neither KEEL_FALLBACK_CPU nor KEEL_FALLBACK_ERROR");
+    }
+    options->options.fallback = fallback == KEEL_FALLBACK_CPU ? keel::Fallback::kCpu : keel::Fallback::kError;
+    return Status::ok();
+  });
+}
+
+KEEL_API keel_status_t keel_session_options_add_pass(keel_session_options_t options, const char* pass_name) {
+  return guarded(__func__, [&]() -> Status {
+    if (options == nullptr) return null_arg(__func__, "options");
+    if (pass_name == nullptr || *pass_name == '\0') return null_arg(__func__, "pass_name");
+    options->options.passes.emplace_back(pass_name);
+    return Status::ok();
+  });
+}
+
+KEEL_API keel_status_t keel_session_options_set_threads(keel_session_options_t options, int32_t threads) {
+  return guarded(__func__, [&]() -> Status {
+    if (options == nullptr) return null_arg(__func__, "options");
+    if (threads < 0) return keel::invalid_argument(std::string(__func__) + ": threads is negative");
+    options->threads = threads;
+    return Status::ok();
+  });
+}
+
+KEEL_API keel_status_t keel_session_options_set_profile(keel_session_options_t options, int32_t profile) {
+  return guarded(__func__, [&]() -> Status {
+    if (options == nullptr) return null_arg(__func__, "options");
+    options->options.profile = profile != 0;
+    return Status::ok();
+  });
+}
+
+KEEL_API keel_status_t keel_session_create(keel_environment_t env, keel_model_t model, keel_session_options_t options,
+                                           keel_session_t* out_session) {
+  return guarded(__func__, [&]() -> Status {
+    if (out_session == nullptr) return null_arg(__func__, "out_session");
+    *out_session = nullptr;
+    if (env == nullptr) return null_arg(__func__, "env");
+    if (model == nullptr) return null_arg(__func__, "model");
+    keel_session_options_s defaults;
+    const keel_session_options_s& o = options ? *options : defaults;
+    int env_threads = env->env->thread_pool().thread_count();
+    if (o.threads != 0 && o.threads != env_threads) {
+      return keel::unimplemented(std::string(__func__) + ": per-session threads (" + std::to_string(o.threads) +
+                                 ") differ from the environment's (" + std::to_string(env_threads) +
+                                 "); kernels share the environment's pool: set threads on the environment");
+    }
+    KEEL_ASSIGN_OR_RETURN(auto session, keel::Session::create(*env->env, model->graph, o.options), __func__);
+    auto handle = std::make_unique<keel_session_s>();
+    const keel::Graph& g = session->graph();
+    for (const auto& n : session->input_names()) handle->inputs.push_back(value_row(g, n));
+    for (const auto& n : session->output_names()) {
+      handle->output_index.emplace(n, handle->outputs.size());
+      handle->outputs.push_back(value_row(g, n));
+    }
+    for (const auto& [node, op, dev, kernel] : session->placement()) handle->placement.push_back({node, op, dev, kernel});
+    for (const auto& f : session->fallbacks()) handle->fallbacks.push_back({f.node, f.op_type, f.from, f.to, f.reason});
+    handle->session = std::move(session);
+    *out_session = handle.release();
+    return Status::ok();
+  });
+}
+
+KEEL_API void keel_session_release(keel_session_t session) { delete session; }
+
+KEEL_API keel_status_t keel_session_input_count(keel_session_t session, size_t* out_count) {
+  return guarded(__func__, [&]() -> Status {
+    if (session == nullptr) return null_arg(__func__, "session");
+    if (out_count == nullptr) return null_arg(__func__, "out_count");
+    *out_count = session->inputs.size();
+    return Status::ok();
+  });
+}
+
+KEEL_API keel_status_t keel_session_input_info(keel_session_t session, size_t index, keel_value_info_t* out) {
+  return guarded(__func__, [&]() -> Status {
+    if (session == nullptr) return null_arg(__func__, "session");
+    KEEL_RETURN_IF_ERROR(check_out_struct(__func__, out, out ? out->struct_size : 0), "");
+    KEEL_RETURN_IF_ERROR(check_index(__func__, index, session->inputs.size(), "input"), "");
+    fill_value_info(session->inputs[index], out);
+    return Status::ok();
+  });
+}
+
+KEEL_API keel_status_t keel_session_output_count(keel_session_t session, size_t* out_count) {
+  return guarded(__func__, [&]() -> Status {
+    if (session == nullptr) return null_arg(__func__, "session");
+    if (out_count == nullptr) return null_arg(__func__, "out_count");
+    *out_count = session->outputs.size();
+    return Status::ok();
+  });
+}
+
+KEEL_API keel_status_t keel_session_output_info(keel_session_t session, size_t index, keel_value_info_t* out) {
+  return guarded(__func__, [&]() -> Status {
+    if (session == nullptr) return null_arg(__func__, "session");
+    KEEL_RETURN_IF_ERROR(check_out_struct(__func__, out, out ? out->struct_size : 0), "");
+    KEEL_RETURN_IF_ERROR(check_index(__func__, index, session->outputs.size(), "output"), "");
+    fill_value_info(session->outputs[index], out);
+    return Status::ok();
+  });
+}
+
+KEEL_API keel_status_t keel_session_run(keel_session_t session, const char* const* input_names,
+                                        const keel_host_tensor_t* inputs, size_t input_count,
+                                        const char* const* output_names, keel_host_tensor_t* out_outputs,
+                                        size_t output_count) {
+  // The outputs are handed over only when everything succeeded.
+  std::vector<std::unique_ptr<keel_host_tensor_s>> results;
+  keel_status_t status = guarded(__func__, [&]() -> Status {
+    if (out_outputs != nullptr)
+      for (size_t i = 0; i < output_count; ++i) out_outputs[i] = nullptr;
+    if (session == nullptr) return null_arg(__func__, "session");
+    if (input_count > 0 && input_names == nullptr) return null_arg(__func__, "input_names");
+    if (input_count > 0 && inputs == nullptr) return null_arg(__func__, "inputs");
+    if (output_count > 0 && out_outputs == nullptr) return null_arg(__func__, "out_outputs");
+
+    std::vector<std::pair<std::string, keel::Tensor>> feeds;
+    std::set<std::string> seen;
+    std::set<const keel::Storage*> input_storage;
+    for (size_t i = 0; i < input_count; ++i) {
+      if (input_names[i] == nullptr) return null_arg(__func__, ("input_names[" + std::to_string(i) + "]").c_str());
+      if (inputs[i] == nullptr) {
+        return keel::invalid_argument(std::string(__func__) + ": the tensor of input '" + input_names[i] +
+                                      "' is NULL");
+      }
+      if (!seen.insert(input_names[i]).second) {
+        return keel::invalid_argument(std::string(__func__) + ": input '" + input_names[i] + "' is given twice");
+      }
+      feeds.emplace_back(input_names[i], inputs[i]->tensor);
+      input_storage.insert(inputs[i]->tensor.storage().get());
+    }
+
+    // Which graph outputs the caller wants, resolved before running.
+    std::vector<size_t> pick;
+    if (output_names == nullptr) {
+      if (output_count != session->outputs.size()) {
+        return keel::invalid_argument(std::string(__func__) + ": output_names is NULL, so output_count must be " +
+                                      std::to_string(session->outputs.size()) + " (every output), not " +
+                                      std::to_string(output_count));
+      }
+      for (size_t i = 0; i < output_count; ++i) pick.push_back(i);
+    } else {
+      for (size_t i = 0; i < output_count; ++i) {
+        if (output_names[i] == nullptr) {
+          return null_arg(__func__, ("output_names[" + std::to_string(i) + "]").c_str());
+        }
+        auto it = session->output_index.find(output_names[i]);
+        if (it == session->output_index.end()) {
+          std::string known;
+          for (const auto& o : session->outputs) known += (known.empty() ? "" : ", ") + o.name;
+          return keel::invalid_argument(std::string(__func__) + ": unknown output '" + output_names[i] +
+                                        "' (outputs: " + known + ")");
+        }
+        pick.push_back(it->second);
+      }
+    }
+
+    KEEL_ASSIGN_OR_RETURN(std::vector<keel::Tensor> outs, session->session->run(feeds), __func__);
+    if (outs.size() != session->outputs.size()) {
+      return keel::internal_error(std::string(__func__) + ": the session returned " + std::to_string(outs.size()) +
+                                  " outputs, expected " + std::to_string(session->outputs.size()));
+    }
+    for (size_t idx : pick) {
+      keel::Tensor t = outs[idx];
+      // An output that shares bytes with an input (the graph passes an input through) must not keep the caller's
+      // wrapped memory, nor let a write to the output change the input: copy it.
+      if (t.storage() && input_storage.count(t.storage().get())) {
+        KEEL_ASSIGN_OR_RETURN(t, t.clone(), __func__);
+      }
+      results.push_back(std::make_unique<keel_host_tensor_s>(keel_host_tensor_s{std::move(t)}));
+    }
+    return Status::ok();
+  });
+  if (status == nullptr) {
+    for (size_t i = 0; i < results.size(); ++i) out_outputs[i] = results[i].release();
+  }
+  return status;
+}
+
+KEEL_API keel_status_t keel_session_placement_count(keel_session_t session, size_t* out_count) {
+  return guarded(__func__, [&]() -> Status {
+    if (session == nullptr) return null_arg(__func__, "session");
+    if (out_count == nullptr) return null_arg(__func__, "out_count");
+    *out_count = session->placement.size();
+    return Status::ok();
+  });
+}
+
+KEEL_API keel_status_t keel_session_placement_info(keel_session_t session, size_t index, keel_node_placement_t* out) {
+  return guarded(__func__, [&]() -> Status {
+    if (session == nullptr) return null_arg(__func__, "session");
+    KEEL_RETURN_IF_ERROR(check_out_struct(__func__, out, out ? out->struct_size : 0), "");
+    KEEL_RETURN_IF_ERROR(check_index(__func__, index, session->placement.size(), "placement"), "");
+    const auto& p = session->placement[index];
+    KEEL_C_SET(out, keel_node_placement_t, node, p.node.c_str());
+    KEEL_C_SET(out, keel_node_placement_t, op_type, p.op_type.c_str());
+    KEEL_C_SET(out, keel_node_placement_t, device_type, p.device_type.c_str());
+    KEEL_C_SET(out, keel_node_placement_t, kernel, p.kernel.c_str());
+    return Status::ok();
+  });
+}
+
+KEEL_API keel_status_t keel_session_fallback_count(keel_session_t session, size_t* out_count) {
+  return guarded(__func__, [&]() -> Status {
+    if (session == nullptr) return null_arg(__func__, "session");
+    if (out_count == nullptr) return null_arg(__func__, "out_count");
+    *out_count = session->fallbacks.size();
+    return Status::ok();
+  });
+}
+
+KEEL_API keel_status_t keel_session_fallback_info(keel_session_t session, size_t index, keel_fallback_info_t* out) {
+  return guarded(__func__, [&]() -> Status {
+    if (session == nullptr) return null_arg(__func__, "session");
+    KEEL_RETURN_IF_ERROR(check_out_struct(__func__, out, out ? out->struct_size : 0), "");
+    KEEL_RETURN_IF_ERROR(check_index(__func__, index, session->fallbacks.size(), "fallback"), "");
+    const auto& f = session->fallbacks[index];
+    KEEL_C_SET(out, keel_fallback_info_t, node, f.node.c_str());
+    KEEL_C_SET(out, keel_fallback_info_t, op_type, f.op_type.c_str());
+    KEEL_C_SET(out, keel_fallback_info_t, from_device, f.from.c_str());
+    KEEL_C_SET(out, keel_fallback_info_t, to_device, f.to.c_str());
+    KEEL_C_SET(out, keel_fallback_info_t, reason, f.reason.c_str());
+    return Status::ok();
+  });
+}
+
+KEEL_API keel_status_t keel_session_profile_info(keel_session_t session, size_t index, keel_node_profile_t* out) {
+  return guarded(__func__, [&]() -> Status {
+    if (session == nullptr) return null_arg(__func__, "session");
+    KEEL_RETURN_IF_ERROR(check_out_struct(__func__, out, out ? out->struct_size : 0), "");
+    auto prof = session->session->profile();
+    KEEL_RETURN_IF_ERROR(check_index(__func__, index, std::min(prof.size(), session->placement.size()), "profile"),
+                         "");
+    KEEL_C_SET(out, keel_node_profile_t, node, session->placement[index].node.c_str());
+    KEEL_C_SET(out, keel_node_profile_t, total_ms, prof[index].total_ms);
+    KEEL_C_SET(out, keel_node_profile_t, calls, prof[index].calls);
+    return Status::ok();
+  });
+}
+
+}  // extern "C"

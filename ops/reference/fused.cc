@@ -1,0 +1,429 @@
+// Reference kernels of the "keel" domain's fused ops (f32), produced by the fusion passes (passes/fusion):
+//
+//   FusedConv(X, W, [B], [Z])       Y = act(conv(X, W) + B + Z)                  Conv's attributes
+//   FusedMatMul(A, B, [bias], [Z])  Y = act(matmul(A, B) + bias + Z)             bias: 1-D over the last axis
+//   FusedGemm(A, B, [C], [Z])       Y = act(alpha * A' B' + beta * C + Z)        Gemm's attributes
+//   Gelu(X)                         Y = 0.5 x (1 + erf(x / sqrt 2))              (the ai.onnx Gelu-20 kernel)
+//   LayerNormalization(X, Scale, [B])                                          (the ai.onnx LayerNormalization-17 kernel)
+//   Attention(Q, Kt, V, [mask])     Y = softmax(Q @ Kt * scale + mask) @ V       attribute scale (default 1)
+//
+// act is the `activation` attribute: "" (none), Relu, Sigmoid, Tanh, HardSwish, LeakyRelu (activation_params =
+// {alpha}), Clip ({min, max}), Gelu. Z has the output's shape. Batch dimensions of FusedMatMul and Attention
+// broadcast as MatMul's do. They favour clarity over speed, but use the thread pool for the heavy loops.
+#include <new>
+#include <string>
+
+#include "core/base/status.h"
+#include "ops/reference/fused_kernels.h"
+#include "ops/reference/kernels.h"
+#include "ops/reference/nn_common.h"
+
+namespace keel::ops::ref {
+namespace {
+
+// ------------------------------------------------------------------------------------------------ activation
+
+struct Act {
+  enum Kind { kNone, kRelu, kSigmoid, kTanh, kHardSwish, kLeakyRelu, kClip, kGelu } kind = kNone;
+  float a = 0, b = 0;
+
+  static Act from(const Kctx& k) {
+    Act act;
+    std::string s = k.attr_s("activation", "");
+    std::vector<float> p = k.attr_floats("activation_params").value_or(std::vector<float>{});
+    if (s.empty()) act.kind = kNone;
+    else if (s == "Relu") act.kind = kRelu;
+    else if (s == "Sigmoid") act.kind = kSigmoid;
+    else if (s == "Tanh") act.kind = kTanh;
+    else if (s == "HardSwish") act.kind = kHardSwish;
+    else if (s == "Gelu") act.kind = kGelu;
+    else if (s == "LeakyRelu") {
+      act.kind = kLeakyRelu;
+      act.a = p.empty() ? 0.01f : p[0];
+    } else if (s == "Clip") {
+      act.kind = kClip;
+      if (p.size() != 2) k.invalid("activation Clip needs activation_params {min, max}");
+      act.a = p[0];
+      act.b = p[1];
+    } else {
+      k.unimpl(cat("unknown activation '", s, "'"));
+    }
+    return act;
+  }
+  float operator()(float x) const {
+    switch (kind) {
+      case kNone: return x;
+      case kRelu: return x > 0 ? x : 0.f;
+      case kSigmoid: return 1.f / (1.f + std::exp(-x));
+      case kTanh: return std::tanh(x);
+      case kHardSwish: return x * std::max(0.f, std::min(1.f, x / 6.f + 0.5f));
+      case kLeakyRelu: return x >= 0 ? x : a * x;
+      case kClip: return std::min(std::max(x, a), b);
+      case kGelu: return 0.5f * x * (1.f + std::erf(x * 0.70710678118654752f));
+    }
+    return x;
+  }
+};
+
+void require_f32(const Kctx& k, const TView& t, const char* what) {
+  if (t.dtype != KEEL_DTYPE_F32) k.bad_dtype(t.dtype, what);
+}
+
+// Z, when given, must have the output's shape.
+const float* residual(const Kctx& k, const std::optional<TView>& z, const Shape& out) {
+  if (!z) return nullptr;
+  require_f32(k, *z, "Z");
+  if (z->shape != out) k.invalid(cat("Z ", shape_str(z->shape), " must have the output's shape ", shape_str(out)));
+  return z->p<float>();
+}
+
+// ------------------------------------------------------------------------------------------------ FusedConv
+
+// col[(c*Ks + kidx), out_pos] = x[c, in_pos] (0 in the padding), for rows [r0, r1). Any number of spatial dims.
+void im2col(const float* x, const SpatialGeom& g, float* col, int64_t r0, int64_t r1) {
+  const int r = g.r;
+  const int64_t Ks = g.kernel_size(), O = g.out_size(), I = g.in_size();
+  std::vector<int64_t> kk(r), o(r);
+  for (int64_t row = r0; row < r1; ++row) {
+    const int64_t c = row / Ks;
+    int64_t kidx = row % Ks;
+    for (int d = r - 1; d >= 0; --d) {
+      kk[d] = kidx % g.kernel[d];
+      kidx /= g.kernel[d];
+    }
+    const float* xc = x + c * I;
+    float* dst = col + row * O;
+    std::fill(o.begin(), o.end(), 0);
+    for (int64_t p = 0; p < O; ++p) {
+      int64_t off = 0;
+      bool valid = true;
+      for (int d = 0; d < r; ++d) {
+        int64_t id = o[d] * g.strides[d] - g.pads[d] + kk[d] * g.dilations[d];
+        valid = valid && id >= 0 && id < g.in[d];
+        off = off * g.in[d] + id;
+      }
+      dst[p] = valid ? xc[off] : 0.f;
+      for (int d = r - 1; d >= 0; --d) {
+        if (++o[d] < g.out[d]) break;
+        o[d] = 0;
+      }
+    }
+  }
+}
+
+void op_fused_conv(Kctx& k) {
+  TView x = k.in(0), w = k.in(1);
+  auto b = k.opt_in(2), z = k.opt_in(3);
+  require_f32(k, x, "X");
+  require_f32(k, w, "W");
+  if (x.ndim() < 3 || w.ndim() != x.ndim())
+    k.invalid(cat("X ", shape_str(x.shape), " and W ", shape_str(w.shape), " must have one rank >= 3"));
+  const int64_t group = k.attr_i("group", 1);
+  if (group <= 0) k.invalid("group must be positive");
+  const int64_t N = x.shape[0], Cin = x.shape[1], M = w.shape[0];
+  if (Cin != w.shape[1] * group || M % group != 0)
+    k.invalid(cat("channels do not match: X ", shape_str(x.shape), ", W ", shape_str(w.shape), ", group ", group));
+  Shape in(x.shape.begin() + 2, x.shape.end()), kernel(w.shape.begin() + 2, w.shape.end());
+  SpatialGeom g = spatial_geom(k, in, kernel, true, false);
+  if (b) {
+    require_f32(k, *b, "B");
+    if (b->numel != M) k.invalid(cat("B has ", b->numel, " entries; expected ", M));
+  }
+  Shape os = {N, M};
+  os.insert(os.end(), g.out.begin(), g.out.end());
+  const float* pz = residual(k, z, os);
+  const Act act = Act::from(k);
+  TView y = k.out(0, os);
+  if (y.numel == 0) return;
+  const int64_t Ks = g.kernel_size(), Cg = Cin / group, Mg = M / group, K = Cg * Ks, O = g.out_size(), I = g.in_size();
+  bool direct = Ks == 1;
+  for (int i = 0; i < g.r; ++i)
+    if (g.strides[i] != 1 || g.pads[i] != 0 || g.pads[i + g.r] != 0) direct = false;
+  const float* X = x.p<float>();
+  const float* W = w.p<float>();
+  const float* B = b ? b->p<float>() : nullptr;
+  float* Y = y.p<float>();
+  auto epilogue = [&](int64_t n, int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      float bias = B ? B[m] : 0.f;
+      float* yr = Y + (n * M + m) * O;
+      const float* zr = pz ? pz + (n * M + m) * O : nullptr;
+      for (int64_t j = 0; j < O; ++j) yr[j] = act(yr[j] + bias + (zr ? zr[j] : 0.f));
+    }
+  };
+  std::vector<float> col(direct ? 0 : static_cast<size_t>(K * O));
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t gi = 0; gi < group; ++gi) {
+      const float* xg = X + (n * Cin + gi * Cg) * I;
+      const float* cp = xg;
+      if (!direct) {
+        k.parallel(K, std::max<int64_t>(1, 65536 / std::max<int64_t>(O, 1)),
+                   [&](int64_t r0, int64_t r1) { im2col(xg, g, col.data(), r0, r1); });
+        cp = col.data();
+      }
+      float* yg = Y + (n * M + gi * Mg) * O;
+      const float* wg = W + gi * Mg * K;
+      k.parallel(Mg, std::max<int64_t>(1, 65536 / std::max<int64_t>(O * K, 1)), [&](int64_t m0, int64_t m1) {
+        gemm_rows(m0, m1, O, K, wg, K, 1, cp, O, yg, O, false);
+      });
+    }
+    k.parallel(M, std::max<int64_t>(1, 16384 / std::max<int64_t>(O, 1)),
+               [&](int64_t m0, int64_t m1) { epilogue(n, m0, m1); });
+  }
+}
+
+// ------------------------------------------------------------------------------------------------ batched matmul
+
+// Y[batch..., M, N] = A[batch_a..., M, K] @ B[batch_b..., K, N] with broadcast batch dims (1-D A/B as MatMul).
+struct BatchedMatMul {
+  Shape out;      // output shape
+  Shape batch;    // broadcast batch shape
+  int64_t M = 0, K = 0, N = 0, batches = 1;
+  std::vector<int64_t> a_off, b_off;  // element offset of each batch's matrix in A and B
+
+  BatchedMatMul(const Kctx& k, Shape as, Shape bs) {
+    if (as.empty() || bs.empty()) k.invalid("MatMul operands must have rank >= 1");
+    bool a1 = as.size() == 1, b1 = bs.size() == 1;
+    if (a1) as.insert(as.begin(), 1);
+    if (b1) bs.push_back(1);
+    M = as[as.size() - 2];
+    K = as.back();
+    N = bs.back();
+    if (bs[bs.size() - 2] != K)
+      k.invalid(cat("inner dimensions do not match: ", shape_str(as), " x ", shape_str(bs)));
+    Shape ab(as.begin(), as.end() - 2), bb(bs.begin(), bs.end() - 2);
+    batch = broadcast_shapes({ab, bb}, k);
+    batches = numel_of(batch);
+    Shape sa = broadcast_strides(ab, batch), sb = broadcast_strides(bb, batch), os = strides_of(batch);
+    a_off.resize(static_cast<size_t>(batches));
+    b_off.resize(static_cast<size_t>(batches));
+    for (int64_t i = 0; i < batches; ++i) {
+      int64_t rem = i, oa = 0, ob = 0;
+      for (size_t d = 0; d < batch.size(); ++d) {
+        int64_t idx = rem / os[d];
+        rem %= os[d];
+        oa += idx * sa[d];
+        ob += idx * sb[d];
+      }
+      a_off[i] = oa * M * K;
+      b_off[i] = ob * K * N;
+    }
+    out = batch;
+    if (!a1) out.push_back(M);
+    if (!b1) out.push_back(N);
+  }
+  // Y = A @ B for all batches, rows in parallel.
+  void run(const Kctx& k, const float* A, const float* B, float* Y) const {
+    const int64_t rows = batches * M;
+    k.parallel(rows, std::max<int64_t>(1, 65536 / std::max<int64_t>(K * N, 1)), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1;) {
+        int64_t bi = r / M, m0 = r % M, m1 = std::min(M, m0 + (r1 - r));
+        gemm_rows(m0, m1, N, K, A + a_off[bi], K, 1, B + b_off[bi], N, Y + bi * M * N, N, false);
+        r += m1 - m0;
+      }
+    });
+  }
+};
+
+void op_fused_matmul(Kctx& k) {
+  TView a = k.in(0), b = k.in(1);
+  auto bias = k.opt_in(2), z = k.opt_in(3);
+  require_f32(k, a, "A");
+  require_f32(k, b, "B");
+  BatchedMatMul p(k, a.shape, b.shape);
+  if (bias) {
+    require_f32(k, *bias, "bias");
+    if (bias->numel != p.N) k.invalid(cat("bias has ", bias->numel, " entries; expected ", p.N));
+  }
+  const float* pz = residual(k, z, p.out);
+  const Act act = Act::from(k);
+  TView y = k.out(0, p.out);
+  if (y.numel == 0) return;
+  float* Y = y.p<float>();
+  if (p.K == 0) std::fill(Y, Y + y.numel, 0.f);
+  else p.run(k, a.p<float>(), b.p<float>(), Y);
+  const float* pb = bias ? bias->p<float>() : nullptr;
+  const int64_t N = p.N, rows = y.numel / std::max<int64_t>(N, 1);
+  k.parallel(rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(N, 1)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t j = 0; j < N; ++j) {
+        int64_t i = r * N + j;
+        Y[i] = act(Y[i] + (pb ? pb[j] : 0.f) + (pz ? pz[i] : 0.f));
+      }
+  });
+}
+
+// ------------------------------------------------------------------------------------------------ FusedGemm
+
+void op_fused_gemm(Kctx& k) {
+  TView a = k.in(0), b = k.in(1);
+  auto c = k.opt_in(2), z = k.opt_in(3);
+  require_f32(k, a, "A");
+  require_f32(k, b, "B");
+  if (a.ndim() != 2 || b.ndim() != 2) k.invalid("A and B must be 2-D");
+  const bool ta = k.attr_i("transA", 0) != 0, tb = k.attr_i("transB", 0) != 0;
+  const float alpha = k.attr_f("alpha", 1.f), beta = k.attr_f("beta", 1.f);
+  const int64_t M = ta ? a.shape[1] : a.shape[0], K = ta ? a.shape[0] : a.shape[1];
+  const int64_t K2 = tb ? b.shape[1] : b.shape[0], N = tb ? b.shape[0] : b.shape[1];
+  if (K != K2) k.invalid(cat("inner dimensions do not match: ", shape_str(a.shape), " x ", shape_str(b.shape)));
+  Shape os = {M, N};
+  std::vector<float> cb;
+  if (c) {
+    require_f32(k, *c, "C");
+    if (broadcast_shapes({c->shape, os}, k) != os) k.invalid("C does not broadcast to the output");
+    cb = broadcast_to(c->p<float>(), c->shape, os);
+  }
+  const float* pz = residual(k, z, os);
+  const Act act = Act::from(k);
+  TView y = k.out(0, os);
+  if (y.numel == 0) return;
+  // Dense row-major A[M,K] and B[K,N].
+  std::vector<float> at, bt;
+  const float* A = a.p<float>();
+  const float* B = b.p<float>();
+  if (ta) {
+    at.resize(static_cast<size_t>(M * K));
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < K; ++j) at[i * K + j] = A[j * M + i];
+    A = at.data();
+  }
+  if (tb) {
+    bt.resize(static_cast<size_t>(K * N));
+    for (int64_t i = 0; i < K; ++i)
+      for (int64_t j = 0; j < N; ++j) bt[i * N + j] = B[j * K + i];
+    B = bt.data();
+  }
+  float* Y = y.p<float>();
+  k.parallel(M, std::max<int64_t>(1, 65536 / std::max<int64_t>(K * N, 1)), [&](int64_t r0, int64_t r1) {
+    gemm_rows(r0, r1, N, K, A, K, 1, B, N, Y, N, false);
+    for (int64_t i = r0; i < r1; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        int64_t o = i * N + j;
+        Y[o] = act(alpha * Y[o] + (c ? beta * cb[o] : 0.f) + (pz ? pz[o] : 0.f));
+      }
+  });
+}
+
+// ------------------------------------------------------------------------------------------------ Attention
+
+void op_attention(Kctx& k) {
+  TView q = k.in(0), kt = k.in(1), v = k.in(2);
+  auto mask = k.opt_in(3);
+  require_f32(k, q, "Q");
+  require_f32(k, kt, "Kt");
+  require_f32(k, v, "V");
+  if (q.ndim() < 2 || kt.ndim() < 2 || v.ndim() < 2) k.invalid("Q, Kt and V must have rank >= 2");
+  const float scale = k.attr_f("scale", 1.f);
+  BatchedMatMul s(k, q.shape, kt.shape);  // scores [batch..., S, T]
+  BatchedMatMul o(k, s.out, v.shape);     // output [batch..., S, Dv]
+  if (o.batch != s.batch)
+    k.unimpl(cat("V ", shape_str(v.shape), " has batch dimensions that the scores ", shape_str(s.out), " do not"));
+  std::vector<float> mk;
+  if (mask) {
+    if (mask->dtype != KEEL_DTYPE_F32) k.bad_dtype(mask->dtype, "mask");
+    if (broadcast_shapes({mask->shape, s.out}, k) != s.out) k.invalid("mask does not broadcast to the scores");
+    mk = broadcast_to(mask->p<float>(), mask->shape, s.out);
+  }
+  TView y = k.out(0, o.out);
+  if (y.numel == 0) return;
+  const int64_t S = s.M, T = s.N, D = s.K, Dv = o.N;
+  const float* Q = q.p<float>();
+  const float* Kt = kt.p<float>();
+  const float* V = v.p<float>();
+  float* Y = y.p<float>();
+  // One (batch, query row) per task: scores row, softmax, times V.
+  k.parallel(s.batches * S, std::max<int64_t>(1, 4096 / std::max<int64_t>(T * (D + Dv), 1)), [&](int64_t r0, int64_t r1) {
+    std::vector<float> p(static_cast<size_t>(T));
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t bi = r / S, i = r % S;
+      gemm_rows(0, 1, T, D, Q + s.a_off[bi] + i * D, D, 1, Kt + s.b_off[bi], T, p.data(), T, false);
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t t = 0; t < T; ++t) {
+        p[t] = p[t] * scale + (mask ? mk[(bi * S + i) * T + t] : 0.f);
+        mx = std::max(mx, p[t]);
+      }
+      double sum = 0;
+      for (int64_t t = 0; t < T; ++t) {
+        p[t] = mx == -std::numeric_limits<float>::infinity() ? 0.f : std::exp(p[t] - mx);
+        sum += p[t];
+      }
+      const float inv = sum > 0 ? static_cast<float>(1.0 / sum) : 0.f;
+      for (int64_t t = 0; t < T; ++t) p[t] *= inv;
+      float* yr = Y + bi * S * Dv + i * Dv;
+      gemm_rows(0, 1, Dv, T, p.data(), T, 1, V + o.b_off[bi], Dv, yr, Dv, false);
+    }
+  });
+}
+
+// ------------------------------------------------------------------------------------------------ registration
+
+struct Entry {
+  const char* op_type;
+  KernelFn fn;
+};
+
+const Entry kFused[] = {
+    {"FusedConv", op_fused_conv},
+    {"FusedMatMul", op_fused_matmul},
+    {"FusedGemm", op_fused_gemm},
+    {"Attention", op_attention},
+    {"Gelu", op_gelu},
+    {"LayerNormalization", op_layer_normalization},
+};
+
+keel_status_t fused_thunk(void* state, keel_kernel_context_t* ctx) {
+  const Entry* e = static_cast<const Entry*>(state);
+  try {
+    Kctx k(ctx, e->op_type);
+    e->fn(k);
+    return nullptr;
+  } catch (const KernelError& err) {
+    return make_c_status(err.code(), err.what());
+  } catch (const std::bad_alloc&) {
+    return make_c_status(KEEL_STATUS_OUT_OF_MEMORY, e->op_type);
+  } catch (const std::exception& ex) {
+    try {
+      return make_c_status(KEEL_STATUS_INTERNAL, (std::string(e->op_type) + ": " + ex.what()).c_str());
+    } catch (...) {
+      return make_c_status(KEEL_STATUS_INTERNAL, e->op_type);
+    }
+  } catch (...) {
+    return make_c_status(KEEL_STATUS_INTERNAL, e->op_type);
+  }
+}
+
+}  // namespace
+}  // namespace keel::ops::ref
+
+namespace keel::ops {
+
+size_t fused_reference_kernel_count() { return sizeof(ref::kFused) / sizeof(ref::kFused[0]); }
+
+keel_status_t register_fused_reference_kernels(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+  if (host == nullptr || host->register_kernel == nullptr || host->kernel == nullptr)
+    return make_c_status(KEEL_STATUS_INVALID_ARGUMENT, "register_fused_reference_kernels: host API without kernel tables");
+  if (ref::g_kernel_api == nullptr) ref::g_kernel_api = host->kernel;
+  try {
+    for (const ref::Entry& e : ref::kFused) {
+      std::string name = std::string("ref_keel_") + e.op_type;
+      keel_kernel_def_t def{};
+      def.struct_size = sizeof(def);
+      def.abi_major = KEEL_PLUGIN_ABI_MAJOR;
+      def.abi_minor = KEEL_PLUGIN_ABI_MINOR;
+      def.name = name.c_str();
+      def.domain = "keel";
+      def.op_type = e.op_type;
+      def.since_version = 1;
+      def.end_version = 0;
+      def.device_type = "cpu";
+      def.user_data = const_cast<ref::Entry*>(&e);
+      def.compute = ref::fused_thunk;
+      if (keel_status_t s = host->register_kernel(plugin, &def)) return s;
+    }
+  } catch (const std::bad_alloc&) {
+    return make_c_status(KEEL_STATUS_OUT_OF_MEMORY, "register_fused_reference_kernels");
+  }
+  return nullptr;
+}
+
+}  // namespace keel::ops

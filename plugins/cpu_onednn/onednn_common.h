@@ -1,0 +1,147 @@
+// plugins/cpu_onednn/onednn_common.h — (internal) what every oneDNN kernel of the cpu_onednn plugin shares.
+//
+// Built against the SDK only (<keel/plugin.h>) and oneDNN's C++ API. Nothing here crosses the plugin boundary:
+// the C entries in onednn_plugin.cc catch every exception and turn it into a keel_status_t.
+//
+// A kernel is a class derived from `Kernel`. The core calls create once per node: `setup` reads attributes and
+// constant inputs and throws `Reject` for any case the kernel does not handle (the core then falls back to the next
+// kernel, normally the reference one). When every input shape is known at create time, setup also builds the
+// primitive for that shape, so that oneDNN itself can reject at create time. `run` is called per inference; plans
+// (primitive + memory objects + prepacked weights) are cached per input-shape signature (`PlanCache`).
+#pragma once
+
+#include <keel/plugin.h>
+
+#include <cstdint>
+#include <memory>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace keel::onednn {
+
+using Dims = std::vector<int64_t>;
+
+extern const keel_host_api_t* g_host;
+
+// Thrown by setup for a case the kernel does not handle: becomes UNIMPLEMENTED (a rejection, not an error).
+struct Reject {
+  std::string why;
+};
+// Thrown for a real failure during compute: becomes an error status with this code.
+struct Failure {
+  int32_t code;
+  std::string message;
+};
+
+std::string dims_str(const Dims& d);
+int64_t numel(const Dims& d);
+
+// The kernel context seen through the host's kernel API.
+class Ctx {
+ public:
+  explicit Ctx(keel_kernel_context_t* c) : c_(c), api_(g_host->kernel) {}
+  keel_kernel_context_t* raw() const { return c_; }
+
+  int input_count() const { return api_->input_count(c_); }
+  const keel_tensor_t* input(int i) const { return api_->input(c_, i); }
+  bool has_input(int i) const { return input(i) != nullptr; }
+  // Shape of input i; empty optional-like result (rank -1 dims) when the rank is unknown.
+  bool rank_known(int i) const;
+  Dims dims(int i) const;
+  bool dims_known(int i) const;  // rank and every dim known
+  bool is_constant(int i) const { const keel_tensor_t* t = input(i); return t && t->data; }
+  int32_t dtype(int i) const { const keel_tensor_t* t = input(i); return t ? t->dtype : KEEL_DTYPE_UNDEFINED; }
+  template <class T> const T* data(int i) const { return static_cast<const T*>(input(i)->data); }
+
+  int output_count() const { return api_->output_count(c_); }
+  int32_t output_dtype(int i) const { return api_->output_dtype(c_, i); }
+  keel_tensor_t* output(int i, const Dims& d);
+  void* workspace(uint64_t bytes);
+  int32_t thread_count() const { return api_->thread_count(c_); }
+  int32_t opset() const { return api_->opset(c_); }
+
+  bool has_attr(const char* name) const;
+  int64_t attr_i(const char* name, int64_t dflt) const;
+  float attr_f(const char* name, float dflt) const;
+  std::string attr_s(const char* name, const std::string& dflt) const;
+  Dims attr_ints(const char* name, const Dims& dflt) const;
+  bool has_attr_ints(const char* name) const;
+
+ private:
+  keel_kernel_context_t* c_;
+  const keel_kernel_api_t* api_;
+};
+
+// The CPU engine (one per process) and this thread's stream.
+dnnl::engine& engine();
+dnnl::stream& stream();
+// Sets oneDNN's (OpenMP) thread count on this thread when it differs from the last value set on it.
+void set_threads(int32_t n);
+// Tiny primitives run on one thread: forking an OpenMP team costs more than it saves, and on a loaded machine a
+// descheduled team member stalls the op for a whole time slice. `work` ~ multiply-adds or elements touched.
+inline void limit_threads_for(double work) {
+  if (work < 65536.0) set_threads(1);
+}
+
+// A plain row-major memory descriptor of these dims (f32 unless given).
+dnnl::memory::desc plain_md(const Dims& d, dnnl::memory::data_type dt = dnnl::memory::data_type::f32);
+dnnl::memory::dims to_dnnl(const Dims& d);
+
+// Input shapes of a call, flattened into one key: (ndim, dims...) per input, -2 for absent inputs.
+Dims shape_key(const Ctx& c);
+
+// Plans cached per shape key, with a fast path for the last one used.
+template <class P>
+class PlanCache {
+ public:
+  template <class Build>
+  P& get(const Dims& key, Build&& build) {
+    if (last_ && key == last_key_) return *last_;
+    auto it = plans_.find(key_str(key));
+    if (it == plans_.end()) it = plans_.emplace(key_str(key), build()).first;
+    last_ = it->second.get();
+    last_key_ = key;
+    return *last_;
+  }
+
+ private:
+  static std::string key_str(const Dims& k) { return std::string(reinterpret_cast<const char*>(k.data()), k.size() * 8); }
+  std::unordered_map<std::string, std::unique_ptr<P>> plans_;
+  P* last_ = nullptr;
+  Dims last_key_;
+};
+
+class Kernel {
+ public:
+  virtual ~Kernel() = default;
+  // At create: read attributes and constants; throw Reject for unhandled cases.
+  virtual void setup(Ctx& c) = 0;
+  // At compute: run the node.
+  virtual void run(Ctx& c) = 0;
+};
+
+// A memory object bound to a (possibly changing) user pointer.
+inline void bind(dnnl::memory& m, const void* p) { m.set_data_handle(const_cast<void*>(p)); }
+
+// Registration tables of each source file: op type, first opset, factory.
+struct KernelInfo {
+  const char* op_type;
+  int32_t since_version;
+  int32_t end_version;
+  const char* name;  // "onednn_f32_conv"
+  Kernel* (*make)();
+};
+std::vector<KernelInfo> conv_kernels();
+std::vector<KernelInfo> matmul_kernels();
+std::vector<KernelInfo> misc_kernels();
+
+// Plugin options (manifest [options] or environment), read once at init.
+struct Options {
+  bool winograd = true;  // KEEL_ONEDNN_WINOGRAD=0 or [options] winograd = false turns it off
+};
+extern Options g_options;
+
+}  // namespace keel::onednn

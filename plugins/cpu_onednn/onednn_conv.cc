@@ -1,0 +1,316 @@
+// plugins/cpu_onednn/onednn_conv.cc — Conv and ConvTranspose (f32, 1-D/2-D/3-D, groups, depthwise, dilations,
+// pads, auto_pad, bias) on oneDNN convolution/deconvolution primitives.
+//
+// The primitive chooses its own layouts (format_tag::any): activations usually go to nChw16c / nChw8c and weights
+// to a blocked layout. Constant weights are reordered into that layout once per plan (per input shape); the
+// activations are reordered from and to the graph's plain nchw around the primitive, in workspace memory.
+// 3x3 stride-1 convolutions try Winograd first (g_options.winograd), falling back to direct when oneDNN refuses.
+#include <algorithm>
+#include <cmath>
+
+#include "onednn_common.h"
+
+namespace keel::onednn {
+namespace {
+
+using dt = dnnl::memory::data_type;
+using tag = dnnl::memory::format_tag;
+
+struct Geometry {
+  Dims strides, dilations, pads_l, pads_r, out;
+};
+
+// Spatial geometry of a convolution (ONNX convPoolShapeInference semantics, as the reference kernels).
+Geometry conv_geometry(const Ctx& c, const Dims& in, const Dims& kernel) {
+  const size_t r = in.size();
+  Geometry g;
+  g.strides = c.attr_ints("strides", Dims(r, 1));
+  g.dilations = c.attr_ints("dilations", Dims(r, 1));
+  if (g.strides.size() != r || g.dilations.size() != r) throw Reject{"strides/dilations rank mismatch"};
+  for (size_t i = 0; i < r; ++i)
+    if (g.strides[i] <= 0 || g.dilations[i] <= 0) throw Reject{"non-positive stride or dilation"};
+  std::string auto_pad = c.attr_s("auto_pad", "NOTSET");
+  g.pads_l.assign(r, 0);
+  g.pads_r.assign(r, 0);
+  if (auto_pad == "NOTSET" || auto_pad.empty()) {
+    Dims p = c.attr_ints("pads", Dims(2 * r, 0));
+    if (p.size() != 2 * r) throw Reject{"pads rank mismatch"};
+    for (size_t i = 0; i < r; ++i) {
+      g.pads_l[i] = p[i];
+      g.pads_r[i] = p[i + r];
+      if (p[i] < 0 || p[i + r] < 0) throw Reject{"negative pads"};
+    }
+  } else if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+    for (size_t i = 0; i < r; ++i) {
+      int64_t eff = (kernel[i] - 1) * g.dilations[i] + 1, s = g.strides[i];
+      int64_t residual = s > 1 ? in[i] % s : 0;
+      int64_t total = residual == 0 ? eff - s : eff - residual;
+      if (total < 0) total = 0;
+      int64_t small = total >> 1, big = total - small;
+      g.pads_l[i] = auto_pad == "SAME_UPPER" ? small : big;
+      g.pads_r[i] = auto_pad == "SAME_UPPER" ? big : small;
+    }
+  } else if (auto_pad != "VALID") {
+    throw Reject{"auto_pad " + auto_pad};
+  }
+  g.out.resize(r);
+  for (size_t i = 0; i < r; ++i) {
+    int64_t eff = (kernel[i] - 1) * g.dilations[i] + 1;
+    int64_t span = in[i] + g.pads_l[i] + g.pads_r[i] - eff;
+    if (span < 0) throw Reject{"kernel larger than the padded input"};
+    g.out[i] = span / g.strides[i] + 1;  // oneDNN computes the same with integer division
+  }
+  return g;
+}
+
+tag plain_tag(size_t rank) {
+  switch (rank) {
+    case 3: return tag::ncw;
+    case 4: return tag::nchw;
+    case 5: return tag::ncdhw;
+  }
+  return tag::undef;
+}
+
+dnnl::memory::dims minus_one(const Dims& d) {
+  dnnl::memory::dims r(d.size());
+  for (size_t i = 0; i < d.size(); ++i) r[i] = d[i] - 1;
+  return r;
+}
+
+// One primitive with its reorders, for one input shape.
+struct ConvPlan {
+  Dims out_dims;
+  dnnl::primitive prim;
+  dnnl::memory src_user, src_prim, dst_user, dst_prim, wei_user, wei_prim, bias;
+  bool reorder_src = false, reorder_dst = false, reorder_wei = false;
+  dnnl::reorder src_reorder, dst_reorder, wei_reorder;
+  std::string impl;
+};
+
+// Conv (is_transpose = false) and ConvTranspose (true).
+class ConvKernel : public Kernel {
+ public:
+  explicit ConvKernel(bool transpose) : transpose_(transpose) {}
+
+  void setup(Ctx& c) override {
+    if (c.dtype(0) != KEEL_DTYPE_F32 || c.dtype(1) != KEEL_DTYPE_F32) throw Reject{"f32 only"};
+    if (c.has_input(2) && c.dtype(2) != KEEL_DTYPE_F32) throw Reject{"f32 bias only"};
+    if (!c.rank_known(0)) throw Reject{"input rank unknown"};
+    if (!c.dims_known(1)) throw Reject{"weight shape unknown"};
+    rank_ = static_cast<int>(c.dims(0).size());
+    if (rank_ < 3 || rank_ > 5) throw Reject{"rank " + std::to_string(rank_)};
+    w_dims_ = c.dims(1);
+    if (static_cast<int>(w_dims_.size()) != rank_) throw Reject{"weight rank differs from input rank"};
+    group_ = c.attr_i("group", 1);
+    if (group_ <= 0) throw Reject{"group <= 0"};
+    Dims ks(w_dims_.begin() + 2, w_dims_.end());
+    Dims kattr = c.attr_ints("kernel_shape", ks);
+    if (kattr != ks) throw Reject{"kernel_shape differs from the weights"};
+    if (transpose_) {
+      if (c.has_attr_ints("output_shape")) throw Reject{"output_shape"};
+      std::string ap = c.attr_s("auto_pad", "NOTSET");
+      if (ap != "NOTSET" && ap != "VALID" && !ap.empty()) throw Reject{"auto_pad " + ap};
+    }
+    if (c.is_constant(1)) {
+      const float* w = c.data<float>(1);
+      w_const_.assign(w, w + numel(w_dims_));
+    }
+    if (c.has_input(2)) {
+      if (c.dims(2).size() != 1) throw Reject{"bias rank"};
+      has_bias_ = true;
+      if (c.is_constant(2)) {
+        const float* b = c.data<float>(2);
+        b_const_.assign(b, b + numel(c.dims(2)));
+      }
+    }
+    if (c.output_count() > 1) throw Reject{"extra outputs"};
+    if (c.dims_known(0)) {
+      Dims x = c.dims(0);
+      if (numel(x) == 0) throw Reject{"empty input"};
+      plans_.get(shape_key(c), [&] { return build(c, x); });
+    }
+  }
+
+  void run(Ctx& c) override {
+    const Dims x = c.dims(0);
+    ConvPlan& p = plans_.get(shape_key(c), [&] { return build(c, x); });
+    keel_tensor_t* y = c.output(0, p.out_dims);
+    limit_threads_for(static_cast<double>(numel(p.out_dims)) * numel(w_dims_) / std::max<int64_t>(w_dims_[0], 1));
+    auto& s = stream();
+    bind(p.src_user, c.input(0)->data);
+    bind(p.dst_user, y->data);
+    if (p.reorder_src) {
+      bind(p.src_prim, c.workspace(p.src_prim.get_desc().get_size()));
+      p.src_reorder.execute(s, p.src_user, p.src_prim);
+    }
+    if (p.reorder_dst) bind(p.dst_prim, c.workspace(p.dst_prim.get_desc().get_size()));
+    if (w_const_.empty()) {
+      bind(p.wei_user, c.input(1)->data);
+      if (p.reorder_wei) {
+        bind(p.wei_prim, c.workspace(p.wei_prim.get_desc().get_size()));
+        p.wei_reorder.execute(s, p.wei_user, p.wei_prim);
+      }
+    }
+    if (has_bias_ && b_const_.empty()) bind(p.bias, c.input(2)->data);
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, p.src_prim}, {DNNL_ARG_WEIGHTS, p.wei_prim},
+                                               {DNNL_ARG_DST, p.dst_prim}};
+    if (has_bias_) args[DNNL_ARG_BIAS] = p.bias;
+    p.prim.execute(s, args);
+    if (p.reorder_dst) p.dst_reorder.execute(s, p.dst_prim, p.dst_user);
+    s.wait();
+  }
+
+ private:
+  std::unique_ptr<ConvPlan> build(const Ctx& c, const Dims& x) {
+    if (static_cast<int>(x.size()) != rank_) throw Reject{"input rank changed"};
+    const int64_t N = x[0], C = x[1];
+    const size_t r = rank_ - 2;
+    Dims in(x.begin() + 2, x.end()), ks(w_dims_.begin() + 2, w_dims_.end());
+    auto p = std::make_unique<ConvPlan>();
+    int64_t M;
+    Dims wei;  // oneDNN weights dims: [g,] O, I, k...
+    Geometry g;
+    if (!transpose_) {
+      M = w_dims_[0];
+      if (C != w_dims_[1] * group_ || M % group_ != 0) throw Reject{"channels do not match the weights and group"};
+      g = conv_geometry(c, in, ks);
+      wei = group_ > 1 ? Dims{group_, M / group_, C / group_} : Dims{M, C};
+    } else {
+      if (C != w_dims_[0] || C % group_ != 0) throw Reject{"channels do not match the weights and group"};
+      M = w_dims_[1] * group_;
+      g.strides = c.attr_ints("strides", Dims(r, 1));
+      g.dilations = c.attr_ints("dilations", Dims(r, 1));
+      Dims pads = c.attr_ints("pads", Dims(2 * r, 0));
+      if (c.attr_s("auto_pad", "NOTSET") == "VALID") pads.assign(2 * r, 0);
+      Dims opad = c.attr_ints("output_padding", Dims(r, 0));
+      if (g.strides.size() != r || g.dilations.size() != r || pads.size() != 2 * r || opad.size() != r)
+        throw Reject{"attribute rank mismatch"};
+      g.pads_l.assign(pads.begin(), pads.begin() + r);
+      g.pads_r.resize(r);
+      g.out.resize(r);
+      for (size_t i = 0; i < r; ++i) {
+        int64_t eff = (ks[i] - 1) * g.dilations[i] + 1;
+        g.out[i] = g.strides[i] * (in[i] - 1) + opad[i] + eff - pads[i] - pads[i + r];
+        g.pads_r[i] = pads[i + r] - opad[i];
+        if (g.out[i] <= 0) throw Reject{"empty output"};
+        if (g.pads_r[i] < 0) throw Reject{"output_padding larger than the end pad"};
+      }
+      wei = group_ > 1 ? Dims{group_, M / group_, C / group_} : Dims{M, C};
+    }
+    for (int64_t k : ks) wei.push_back(k);
+    Dims y{N, M};
+    for (int64_t o : g.out) y.push_back(o);
+    p->out_dims = y;
+    if (numel(y) == 0) throw Reject{"empty output"};
+
+    dnnl::memory::desc src_any(to_dnnl(x), dt::f32, tag::any), dst_any(to_dnnl(y), dt::f32, tag::any),
+        wei_any(to_dnnl(wei), dt::f32, tag::any), bias_md({M}, dt::f32, tag::a), none;
+    auto& eng = engine();
+    dnnl::primitive_desc_base pd_base;
+    dnnl::memory::desc src_md, dst_md, wei_md;
+    if (!transpose_) {
+      std::unique_ptr<dnnl::convolution_forward::primitive_desc> pd;
+      bool wino = g_options.winograd && r == 2 && ks[0] == 3 && ks[1] == 3 && group_ == 1 && g.strides[0] == 1 &&
+                  g.strides[1] == 1 && g.dilations[0] == 1 && g.dilations[1] == 1 && C >= 16 && M >= 16;
+      if (wino) {
+        try {
+          dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_winograd,
+                                            src_any, wei_any, has_bias_ ? bias_md : none, dst_any, to_dnnl(g.strides),
+                                            minus_one(g.dilations), to_dnnl(g.pads_l), to_dnnl(g.pads_r));
+          pd = std::make_unique<dnnl::convolution_forward::primitive_desc>(d, eng);
+        } catch (const dnnl::error&) {
+          pd.reset();
+        }
+      }
+      if (!pd) {
+        dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+                                          src_any, wei_any, has_bias_ ? bias_md : none, dst_any, to_dnnl(g.strides),
+                                          minus_one(g.dilations), to_dnnl(g.pads_l), to_dnnl(g.pads_r));
+        pd = std::make_unique<dnnl::convolution_forward::primitive_desc>(d, eng);
+      }
+      src_md = pd->src_desc();
+      dst_md = pd->dst_desc();
+      wei_md = pd->weights_desc();
+      p->impl = pd->impl_info_str();
+      p->prim = dnnl::convolution_forward(*pd);
+    } else {
+      dnnl::deconvolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::deconvolution_direct,
+                                          src_any, wei_any, has_bias_ ? bias_md : none, dst_any, to_dnnl(g.strides),
+                                          minus_one(g.dilations), to_dnnl(g.pads_l), to_dnnl(g.pads_r));
+      dnnl::deconvolution_forward::primitive_desc pd(d, eng);
+      src_md = pd.src_desc();
+      dst_md = pd.dst_desc();
+      wei_md = pd.weights_desc();
+      p->impl = pd.impl_info_str();
+      p->prim = dnnl::deconvolution_forward(pd);
+    }
+    dnnl::memory::desc src_plain(to_dnnl(x), dt::f32, plain_tag(x.size()));
+    dnnl::memory::desc dst_plain(to_dnnl(y), dt::f32, plain_tag(y.size()));
+    // User weights: Conv W is [M, C/g, k...] = [g, M/g, C/g, k...] (goihw); ConvTranspose W is [C, M/g, k...] =
+    // [g, C/g, M/g, k...], i.e. giohw with oneDNN's (O = M/g, I = C/g) order.
+    tag wtag;
+    if (!transpose_) {
+      static const tag t[2][3] = {{tag::oiw, tag::oihw, tag::oidhw}, {tag::goiw, tag::goihw, tag::goidhw}};
+      wtag = t[group_ > 1][r - 1];
+    } else {
+      static const tag t[2][3] = {{tag::bac, tag::iohw, tag::iodhw}, {tag::acbd, tag::giohw, tag::giodhw}};
+      wtag = t[group_ > 1][r - 1];
+    }
+    dnnl::memory::desc wei_plain(to_dnnl(wei), dt::f32, wtag);
+
+    p->src_user = dnnl::memory(src_plain, eng, nullptr);
+    p->dst_user = dnnl::memory(dst_plain, eng, nullptr);
+    p->reorder_src = src_md != src_plain;
+    p->reorder_dst = dst_md != dst_plain;
+    p->src_prim = p->reorder_src ? dnnl::memory(src_md, eng, nullptr) : p->src_user;
+    p->dst_prim = p->reorder_dst ? dnnl::memory(dst_md, eng, nullptr) : p->dst_user;
+    if (p->reorder_src) p->src_reorder = dnnl::reorder(p->src_user, p->src_prim);
+    if (p->reorder_dst) p->dst_reorder = dnnl::reorder(p->dst_prim, p->dst_user);
+    p->reorder_wei = wei_md != wei_plain;
+    if (!w_const_.empty()) {
+      // Weights reordered once, into memory the plan owns.
+      dnnl::memory user(wei_plain, eng, w_const_.data());
+      p->wei_prim = dnnl::memory(wei_md, eng);
+      if (p->reorder_wei) {
+        dnnl::reorder(user, p->wei_prim).execute(stream(), user, p->wei_prim);
+        stream().wait();
+      } else {
+        std::copy(w_const_.begin(), w_const_.end(), static_cast<float*>(p->wei_prim.get_data_handle()));
+      }
+    } else {
+      p->wei_user = dnnl::memory(wei_plain, eng, nullptr);
+      p->wei_prim = p->reorder_wei ? dnnl::memory(wei_md, eng, nullptr) : p->wei_user;
+      if (p->reorder_wei) p->wei_reorder = dnnl::reorder(p->wei_user, p->wei_prim);
+    }
+    if (has_bias_) {
+      if (!b_const_.empty()) {
+        if (static_cast<int64_t>(b_const_.size()) != M) throw Reject{"bias size differs from output channels"};
+        p->bias = dnnl::memory(bias_md, eng);
+        std::copy(b_const_.begin(), b_const_.end(), static_cast<float*>(p->bias.get_data_handle()));
+      } else {
+        p->bias = dnnl::memory(bias_md, eng, nullptr);
+      }
+    }
+    return p;
+  }
+
+  bool transpose_;
+  int rank_ = 0;
+  int64_t group_ = 1;
+  Dims w_dims_;
+  std::vector<float> w_const_, b_const_;
+  bool has_bias_ = false;
+  PlanCache<ConvPlan> plans_;
+};
+
+}  // namespace
+
+std::vector<KernelInfo> conv_kernels() {
+  return {
+      {"Conv", 1, 0, "onednn_f32_conv", [] { return static_cast<Kernel*>(new ConvKernel(false)); }},
+      {"ConvTranspose", 1, 0, "onednn_f32_convtranspose", [] { return static_cast<Kernel*>(new ConvKernel(true)); }},
+  };
+}
+
+}  // namespace keel::onednn

@@ -1,0 +1,572 @@
+// plugins/cpu_onednn/onednn_misc.cc — pooling (Max/Average/GlobalAverage/GlobalMax), BatchNormalization
+// (inference), LayerNormalization (last axis), Softmax/LogSoftmax, element-wise unary ops, binary ops with
+// broadcasting, Concat, Transpose (a reorder), ReduceMean/Sum/Max/Min and Pow (constant exponent), all f32 on
+// the graph's plain row-major layout.
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+
+#include "onednn_common.h"
+
+namespace keel::onednn {
+namespace {
+
+using dt = dnnl::memory::data_type;
+using tag = dnnl::memory::format_tag;
+using alg = dnnl::algorithm;
+
+void require_f32(const Ctx& c, int count = -1) {
+  for (int i = 0; i < c.input_count() && (count < 0 || i < count); ++i)
+    if (c.has_input(i) && c.dtype(i) != KEEL_DTYPE_F32) throw Reject{"f32 only"};
+}
+
+// The common shape of most kernels here: one primitive with plain memory objects bound per run.
+struct SimplePlan {
+  Dims out_dims;
+  dnnl::primitive prim;
+  std::vector<std::pair<int, int>> in_args;  // (DNNL_ARG_*, input index)
+  std::vector<dnnl::memory> in_mems;
+  dnnl::memory dst;
+  int dst_arg = DNNL_ARG_DST;
+  std::unordered_map<int, dnnl::memory> args;
+  bool empty = false;  // zero-size output: nothing to run
+};
+
+class SimpleKernel : public Kernel {
+ public:
+  void setup(Ctx& c) override {
+    require_f32(c, f32_inputs());
+    check(c);
+    bool known = true;
+    for (int i = 0; i < c.input_count(); ++i)
+      if (c.has_input(i) && !c.dims_known(i)) known = false;
+    if (known) plans_.get(shape_key(c), [&] { return build_plan(c); });
+  }
+  void run(Ctx& c) override {
+    SimplePlan& p = plans_.get(shape_key(c), [&] { return build_plan(c); });
+    keel_tensor_t* y = c.output(0, p.out_dims);
+    if (p.empty) return;
+    limit_threads_for(static_cast<double>(numel(p.out_dims)) + numel(c.dims(0)));
+    for (size_t i = 0; i < p.in_args.size(); ++i) bind(p.in_mems[i], c.input(p.in_args[i].second)->data);
+    bind(p.dst, y->data);
+    auto& s = stream();
+    p.prim.execute(s, p.args);
+    s.wait();
+  }
+
+ protected:
+  // How many leading inputs must be f32 (-1 = all).
+  virtual int f32_inputs() const { return -1; }
+  // Attribute checks at create (throw Reject).
+  virtual void check(const Ctx& c) = 0;
+  // Builds the primitive for the current input shapes: sets out_dims, prim, and calls add_input for each input.
+  virtual void build(const Ctx& c, SimplePlan& p) = 0;
+
+  static void add_input(SimplePlan& p, int arg, int input, const dnnl::memory::desc& md) {
+    p.in_args.emplace_back(arg, input);
+    p.in_mems.emplace_back(md, engine(), nullptr);
+  }
+
+ private:
+  std::unique_ptr<SimplePlan> build_plan(const Ctx& c) {
+    auto p = std::make_unique<SimplePlan>();
+    build(c, *p);
+    if (numel(p->out_dims) == 0) {
+      p->empty = true;
+      return p;
+    }
+    for (size_t i = 0; i < p->in_args.size(); ++i) p->args[p->in_args[i].first] = p->in_mems[i];
+    p->args[p->dst_arg] = p->dst;
+    return p;
+  }
+  PlanCache<SimplePlan> plans_;
+};
+
+// ---------------------------------------------------------------------------------------------------- pooling
+
+class PoolKernel : public SimpleKernel {
+ public:
+  PoolKernel(bool max, bool global) : max_(max), global_(global) {}
+
+ protected:
+  void check(const Ctx& c) override {
+    if (!c.rank_known(0)) throw Reject{"input rank unknown"};
+    size_t rank = c.dims(0).size();
+    if (rank < 3 || rank > 5) throw Reject{"rank " + std::to_string(rank)};
+    if (c.output_count() > 1 && c.output_dtype(1) != KEEL_DTYPE_UNDEFINED) throw Reject{"Indices output"};
+    if (!global_) {
+      if (!c.has_attr_ints("kernel_shape")) throw Reject{"no kernel_shape"};
+      if (!max_ && c.attr_i("ceil_mode", 0) && c.attr_i("count_include_pad", 0))
+        throw Reject{"ceil_mode with count_include_pad"};
+      if (max_ && c.attr_i("storage_order", 0) != 0) throw Reject{"storage_order"};
+    }
+  }
+  void build(const Ctx& c, SimplePlan& p) override {
+    Dims x = c.dims(0);
+    const size_t r = x.size() - 2;
+    Dims in(x.begin() + 2, x.end());
+    Dims k, s(r, 1), d(r, 1), pl(r, 0), pr(r, 0), out(r);
+    if (global_) {
+      k = in;
+      out.assign(r, 1);
+    } else {
+      k = c.attr_ints("kernel_shape", {});
+      s = c.attr_ints("strides", Dims(r, 1));
+      d = max_ ? c.attr_ints("dilations", Dims(r, 1)) : Dims(r, 1);
+      if (k.size() != r || s.size() != r || d.size() != r) throw Reject{"attribute rank mismatch"};
+      std::string auto_pad = c.attr_s("auto_pad", "NOTSET");
+      if (auto_pad == "NOTSET" || auto_pad.empty()) {
+        Dims pads = c.attr_ints("pads", Dims(2 * r, 0));
+        if (pads.size() != 2 * r) throw Reject{"pads rank"};
+        for (size_t i = 0; i < r; ++i) pl[i] = pads[i], pr[i] = pads[i + r];
+      } else if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+        for (size_t i = 0; i < r; ++i) {
+          int64_t eff = (k[i] - 1) * d[i] + 1;
+          int64_t residual = s[i] > 1 ? in[i] % s[i] : 0;
+          int64_t total = std::max<int64_t>(0, residual == 0 ? eff - s[i] : eff - residual);
+          int64_t small = total >> 1, big = total - small;
+          pl[i] = auto_pad == "SAME_UPPER" ? small : big;
+          pr[i] = auto_pad == "SAME_UPPER" ? big : small;
+        }
+      } else if (auto_pad != "VALID") {
+        throw Reject{"auto_pad " + auto_pad};
+      }
+      bool ceil = c.attr_i("ceil_mode", 0) != 0;
+      for (size_t i = 0; i < r; ++i) {
+        int64_t eff = (k[i] - 1) * d[i] + 1;
+        int64_t span = in[i] + pl[i] + pr[i] - eff;
+        if (span < 0) throw Reject{"kernel larger than the padded input"};
+        out[i] = 1 + (ceil ? (span + s[i] - 1) / s[i] : span / s[i]);
+        // oneDNN checks out = (in + pl + pr - eff) / s + 1 with integer division; ceil_mode needs more padding.
+        if (ceil) pr[i] = std::max(pr[i], (out[i] - 1) * s[i] + eff - in[i] - pl[i]);
+      }
+    }
+    Dims y{x[0], x[1]};
+    for (int64_t o : out) y.push_back(o);
+    p.out_dims = y;
+    if (numel(y) == 0 || numel(x) == 0) return;
+    alg a = max_ ? alg::pooling_max
+                 : (global_ || c.attr_i("count_include_pad", 0) ? alg::pooling_avg_include_padding
+                                                                 : alg::pooling_avg_exclude_padding);
+    dnnl::memory::dims dil(r);
+    for (size_t i = 0; i < r; ++i) dil[i] = d[i] - 1;
+    dnnl::memory::desc src = plain_md(x), dst = plain_md(y);
+    dnnl::pooling_v2_forward::desc desc(dnnl::prop_kind::forward_inference, a, src, dst, to_dnnl(s), to_dnnl(k), dil,
+                                        to_dnnl(pl), to_dnnl(pr));
+    dnnl::pooling_v2_forward::primitive_desc pd(desc, engine());
+    p.prim = dnnl::pooling_v2_forward(pd);
+    add_input(p, DNNL_ARG_SRC, 0, src);
+    p.dst = dnnl::memory(dst, engine(), nullptr);
+  }
+
+ private:
+  bool max_, global_;
+};
+
+// ----------------------------------------------------------------------------------------------- normalisation
+
+class BatchNormKernel : public SimpleKernel {
+ protected:
+  void check(const Ctx& c) override {
+    if (c.attr_i("training_mode", 0) != 0) throw Reject{"training_mode"};
+    if (c.input_count() != 5) throw Reject{"needs 5 inputs"};
+    for (int i = 1; i < c.output_count(); ++i)
+      if (c.output_dtype(i) != KEEL_DTYPE_UNDEFINED) throw Reject{"training outputs"};
+    if (!c.rank_known(0) || c.dims(0).size() < 2 || c.dims(0).size() > 5) throw Reject{"input rank"};
+    if (c.opset() < 9 && c.has_attr("spatial") && c.attr_i("spatial", 1) != 1) throw Reject{"spatial = 0"};
+  }
+  void build(const Ctx& c, SimplePlan& p) override {
+    Dims x = c.dims(0);
+    p.out_dims = x;
+    if (numel(x) == 0) return;
+    for (int i = 1; i < 5; ++i)
+      if (c.dims(i) != Dims{x[1]}) throw Reject{"scale/bias/mean/var must be [C]"};
+    float eps = c.attr_f("epsilon", 1e-5f);
+    dnnl::memory::desc src = plain_md(x), vec({x[1]}, dt::f32, tag::a);
+    dnnl::batch_normalization_forward::desc d(
+        dnnl::prop_kind::forward_inference, src, eps,
+        dnnl::normalization_flags::use_global_stats | dnnl::normalization_flags::use_scale |
+            dnnl::normalization_flags::use_shift);
+    dnnl::batch_normalization_forward::primitive_desc pd(d, engine());
+    p.prim = dnnl::batch_normalization_forward(pd);
+    add_input(p, DNNL_ARG_SRC, 0, src);
+    add_input(p, DNNL_ARG_SCALE, 1, vec);
+    add_input(p, DNNL_ARG_SHIFT, 2, vec);
+    add_input(p, DNNL_ARG_MEAN, 3, vec);
+    add_input(p, DNNL_ARG_VARIANCE, 4, vec);
+    p.dst = dnnl::memory(src, engine(), nullptr);
+  }
+};
+
+class LayerNormKernel : public SimpleKernel {
+ protected:
+  void check(const Ctx& c) override {
+    if (!c.rank_known(0) || c.dims(0).empty()) throw Reject{"input rank"};
+    int64_t rank = static_cast<int64_t>(c.dims(0).size());
+    int64_t axis = c.attr_i("axis", -1);
+    if (axis < 0) axis += rank;
+    if (axis != rank - 1) throw Reject{"axis other than the last"};
+    if (rank > 5) throw Reject{"rank > 5"};
+    for (int i = 1; i < c.output_count(); ++i)
+      if (c.output_dtype(i) != KEEL_DTYPE_UNDEFINED) throw Reject{"Mean/InvStdDev outputs"};
+    if (c.attr_i("stash_type", 1) != 1) throw Reject{"stash_type"};
+  }
+  void build(const Ctx& c, SimplePlan& p) override {
+    Dims x = c.dims(0);
+    p.out_dims = x;
+    if (numel(x) == 0) return;
+    const int64_t D = x.back();
+    auto vec_ok = [&](int i) { return numel(c.dims(i)) == D && c.dims(i).back() == D; };
+    if (!vec_ok(1)) throw Reject{"Scale must have the normalised size"};
+    bool shift = c.has_input(2);
+    if (shift && !vec_ok(2)) throw Reject{"B must have the normalised size"};
+    float eps = c.attr_f("epsilon", 1e-5f);
+    dnnl::memory::desc src = plain_md(x), vec({D}, dt::f32, tag::a);
+    auto flags = dnnl::normalization_flags::use_scale;
+    if (shift) flags |= dnnl::normalization_flags::use_shift;
+    dnnl::layer_normalization_forward::desc d(dnnl::prop_kind::forward_inference, src, eps, flags);
+    dnnl::layer_normalization_forward::primitive_desc pd(d, engine());
+    p.prim = dnnl::layer_normalization_forward(pd);
+    add_input(p, DNNL_ARG_SRC, 0, src);
+    add_input(p, DNNL_ARG_SCALE, 1, vec);
+    if (shift) add_input(p, DNNL_ARG_SHIFT, 2, vec);
+    p.dst = dnnl::memory(src, engine(), nullptr);
+  }
+};
+
+class SoftmaxKernel : public SimpleKernel {
+ public:
+  explicit SoftmaxKernel(bool log) : log_(log) {}
+
+ protected:
+  void check(const Ctx& c) override {
+    if (!c.rank_known(0) || c.dims(0).empty()) throw Reject{"input rank"};
+  }
+  void build(const Ctx& c, SimplePlan& p) override {
+    Dims x = c.dims(0);
+    p.out_dims = x;
+    if (numel(x) == 0) return;
+    int64_t rank = static_cast<int64_t>(x.size());
+    bool legacy = c.opset() < 13;
+    int64_t axis = c.attr_i("axis", legacy ? 1 : -1);
+    if (axis < 0) axis += rank;
+    if (axis < 0 || axis >= rank) throw Reject{"axis out of range"};
+    Dims shape = x;
+    int dnnl_axis = static_cast<int>(axis);
+    if (legacy) {  // opset < 13: softmax over the flattened [outer, inner] view
+      int64_t outer = 1, inner = 1;
+      for (int64_t i = 0; i < axis; ++i) outer *= x[i];
+      for (int64_t i = axis; i < rank; ++i) inner *= x[i];
+      shape = {outer, inner};
+      dnnl_axis = 1;
+    }
+    if (shape.size() > 6) throw Reject{"rank > 6"};
+    dnnl::memory::desc md = plain_md(shape);
+    dnnl::softmax_v2_forward::desc d(dnnl::prop_kind::forward_inference,
+                                     log_ ? alg::softmax_log : alg::softmax_accurate, md, md, dnnl_axis);
+    dnnl::softmax_v2_forward::primitive_desc pd(d, engine());
+    p.prim = dnnl::softmax_v2_forward(pd);
+    add_input(p, DNNL_ARG_SRC, 0, md);
+    p.dst = dnnl::memory(md, engine(), nullptr);
+  }
+
+ private:
+  bool log_;
+};
+
+// ----------------------------------------------------------------------------------------------------- unary
+
+enum class Unary { kRelu, kLeakyRelu, kElu, kSigmoid, kTanh, kExp, kLog, kSqrt, kAbs, kHardSwish, kClip, kNeg, kSoftplus };
+
+class UnaryKernel : public SimpleKernel {
+ public:
+  explicit UnaryKernel(Unary u) : u_(u) {}
+
+ protected:
+  void check(const Ctx& c) override {
+    switch (u_) {
+      case Unary::kRelu: a_ = alg::eltwise_relu; break;
+      case Unary::kLeakyRelu: a_ = alg::eltwise_relu; alpha_ = c.attr_f("alpha", 0.01f); break;
+      case Unary::kElu: a_ = alg::eltwise_elu; alpha_ = c.attr_f("alpha", 1.f); break;
+      case Unary::kSigmoid: a_ = alg::eltwise_logistic; break;
+      case Unary::kTanh: a_ = alg::eltwise_tanh; break;
+      case Unary::kExp: a_ = alg::eltwise_exp; break;
+      case Unary::kLog: a_ = alg::eltwise_log; break;
+      case Unary::kSqrt: a_ = alg::eltwise_sqrt; break;
+      case Unary::kAbs: a_ = alg::eltwise_abs; break;
+      case Unary::kHardSwish: a_ = alg::eltwise_hardswish; break;
+      case Unary::kNeg: a_ = alg::eltwise_linear; alpha_ = -1.f; break;
+      case Unary::kSoftplus: a_ = alg::eltwise_soft_relu; break;
+      case Unary::kClip: {
+        a_ = alg::eltwise_clip_v2;
+        alpha_ = -FLT_MAX;
+        beta_ = FLT_MAX;
+        if (c.opset() < 11) {
+          alpha_ = c.attr_f("min", -FLT_MAX);
+          beta_ = c.attr_f("max", FLT_MAX);
+        } else {
+          for (int i = 1; i < 3 && i < c.input_count(); ++i) {
+            if (!c.has_input(i)) continue;
+            if (!c.is_constant(i) || numel(c.dims(i)) != 1) throw Reject{"Clip min/max not constant scalars"};
+            (i == 1 ? alpha_ : beta_) = *c.data<float>(i);
+          }
+        }
+        if (std::isnan(alpha_) || std::isnan(beta_)) throw Reject{"NaN bounds"};
+        break;
+      }
+    }
+    if (!c.rank_known(0)) throw Reject{"input rank unknown"};
+  }
+  void build(const Ctx& c, SimplePlan& p) override {
+    Dims x = c.dims(0);
+    p.out_dims = x;
+    if (numel(x) == 0) return;
+    dnnl::memory::desc md({numel(x)}, dt::f32, tag::a);
+    dnnl::eltwise_forward::desc d(dnnl::prop_kind::forward_inference, a_, md, alpha_, beta_);
+    dnnl::eltwise_forward::primitive_desc pd(d, engine());
+    p.prim = dnnl::eltwise_forward(pd);
+    add_input(p, DNNL_ARG_SRC, 0, md);
+    p.dst = dnnl::memory(md, engine(), nullptr);
+  }
+
+ private:
+  Unary u_;
+  alg a_ = alg::eltwise_relu;
+  float alpha_ = 0.f, beta_ = 0.f;
+};
+
+// ----------------------------------------------------------------------------------------------------- binary
+
+class BinaryKernel : public SimpleKernel {
+ public:
+  BinaryKernel(alg a, bool commutative) : a_(a), commutative_(commutative) {}
+
+ protected:
+  void check(const Ctx& c) override {
+    if (c.input_count() != 2) throw Reject{"needs exactly 2 inputs"};
+    if (!c.rank_known(0) || !c.rank_known(1)) throw Reject{"operand rank unknown"};
+    if (c.opset() < 7 && c.attr_i("broadcast", 0) != 0) throw Reject{"legacy broadcast attribute"};
+  }
+  void build(const Ctx& c, SimplePlan& p) override {
+    Dims a = c.dims(0), b = c.dims(1);
+    size_t r = std::max<size_t>({a.size(), b.size(), 1});
+    while (a.size() < r) a.insert(a.begin(), 1);
+    while (b.size() < r) b.insert(b.begin(), 1);
+    if (r > 6) throw Reject{"rank > 6"};
+    Dims out(r);
+    for (size_t i = 0; i < r; ++i) {
+      if (a[i] != b[i] && a[i] != 1 && b[i] != 1) throw Reject{"shapes do not broadcast"};
+      out[i] = (a[i] == 1) ? b[i] : a[i];
+    }
+    Dims out_graph(out.end() - static_cast<int64_t>(std::max(c.dims(0).size(), c.dims(1).size())), out.end());
+    p.out_dims = out_graph;
+    if (numel(out) == 0) return;
+    int i0 = 0, i1 = 1;
+    if (a != out) {
+      if (!commutative_ || b != out) throw Reject{"the first operand broadcasts"};
+      std::swap(a, b);
+      std::swap(i0, i1);
+    }
+    dnnl::memory::desc m0 = plain_md(a), m1 = plain_md(b), md = plain_md(out);
+    dnnl::binary::desc d(a_, m0, m1, md);
+    dnnl::binary::primitive_desc pd(d, engine());
+    p.prim = dnnl::binary(pd);
+    add_input(p, DNNL_ARG_SRC_0, i0, m0);
+    add_input(p, DNNL_ARG_SRC_1, i1, m1);
+    p.dst = dnnl::memory(md, engine(), nullptr);
+  }
+
+ private:
+  alg a_;
+  bool commutative_;
+};
+
+// ----------------------------------------------------------------------------------------------------- concat
+
+class ConcatKernel : public SimpleKernel {
+ protected:
+  void check(const Ctx& c) override {
+    if (c.input_count() < 1 || c.input_count() > 64) throw Reject{"input count"};
+    for (int i = 0; i < c.input_count(); ++i)
+      if (!c.has_input(i) || !c.rank_known(i)) throw Reject{"input rank unknown"};
+    if (!c.has_attr("axis")) throw Reject{"no axis"};
+  }
+  void build(const Ctx& c, SimplePlan& p) override {
+    Dims first = c.dims(0);
+    int64_t rank = static_cast<int64_t>(first.size());
+    if (rank == 0 || rank > 6) throw Reject{"rank"};
+    int64_t axis = c.attr_i("axis", 0);
+    if (axis < 0) axis += rank;
+    if (axis < 0 || axis >= rank) throw Reject{"axis out of range"};
+    Dims out = first;
+    out[axis] = 0;
+    std::vector<dnnl::memory::desc> mds;
+    for (int i = 0; i < c.input_count(); ++i) {
+      Dims d = c.dims(i);
+      if (static_cast<int64_t>(d.size()) != rank) throw Reject{"ranks differ"};
+      for (int64_t j = 0; j < rank; ++j)
+        if (j != axis && d[j] != first[j]) throw Reject{"shapes differ off the axis"};
+      if (numel(d) == 0) throw Reject{"empty input"};
+      out[axis] += d[axis];
+      mds.push_back(plain_md(d));
+    }
+    p.out_dims = out;
+    dnnl::memory::desc md = plain_md(out);
+    dnnl::concat::primitive_desc pd(md, static_cast<int>(axis), mds, engine());
+    p.prim = dnnl::concat(pd);
+    for (int i = 0; i < c.input_count(); ++i) add_input(p, DNNL_ARG_MULTIPLE_SRC + i, i, mds[i]);
+    p.dst = dnnl::memory(md, engine(), nullptr);
+  }
+};
+
+
+// ------------------------------------------------------------------------------------- transpose, reduce, pow
+
+// Transpose as a oneDNN reorder from a permuted-strides view of the input to the plain output.
+class TransposeKernel : public SimpleKernel {
+ protected:
+  void check(const Ctx& c) override {
+    if (!c.rank_known(0) || c.dims(0).empty() || c.dims(0).size() > 6) throw Reject{"rank"};
+  }
+  void build(const Ctx& c, SimplePlan& p) override {
+    Dims x = c.dims(0);
+    const size_t r = x.size();
+    Dims perm(r);
+    for (size_t i = 0; i < r; ++i) perm[i] = static_cast<int64_t>(r - 1 - i);
+    perm = c.attr_ints("perm", perm);
+    if (perm.size() != r) throw Reject{"perm size"};
+    Dims xs(r), out(r);
+    int64_t st = 1;
+    for (size_t i = r; i-- > 0;) xs[i] = st, st *= std::max<int64_t>(x[i], 1);
+    dnnl::memory::dims view_strides(r);
+    for (size_t i = 0; i < r; ++i) {
+      if (perm[i] < 0 || perm[i] >= static_cast<int64_t>(r)) throw Reject{"perm out of range"};
+      out[i] = x[perm[i]];
+      view_strides[i] = xs[perm[i]];
+    }
+    p.out_dims = out;
+    if (numel(out) == 0) return;
+    dnnl::memory::desc src(to_dnnl(out), dt::f32, view_strides), dst = plain_md(out);
+    dnnl::reorder::primitive_desc pd(engine(), src, engine(), dst);
+    p.prim = dnnl::reorder(pd);
+    add_input(p, DNNL_ARG_FROM, 0, src);
+    p.dst = dnnl::memory(dst, engine(), nullptr);
+    p.dst_arg = DNNL_ARG_TO;
+  }
+};
+
+class ReduceKernel : public SimpleKernel {
+ public:
+  explicit ReduceKernel(alg a) : a_(a) {}
+
+ protected:
+  int f32_inputs() const override { return 1; }
+  void check(const Ctx& c) override {
+    if (!c.rank_known(0) || c.dims(0).empty() || c.dims(0).size() > 6) throw Reject{"rank"};
+    if (c.attr_i("noop_with_empty_axes", 0) != 0) throw Reject{"noop_with_empty_axes"};
+    if (c.input_count() > 1 && c.has_input(1)) {
+      if (!c.is_constant(1) || c.dtype(1) != KEEL_DTYPE_I64) throw Reject{"axes input not constant"};
+      const int64_t* a = c.data<int64_t>(1);
+      axes_.assign(a, a + numel(c.dims(1)));
+    } else {
+      axes_ = c.attr_ints("axes", {});
+    }
+  }
+  void build(const Ctx& c, SimplePlan& p) override {
+    Dims x = c.dims(0);
+    const int64_t r = static_cast<int64_t>(x.size());
+    std::vector<bool> reduce(r, axes_.empty());
+    for (int64_t a : axes_) {
+      if (a < 0) a += r;
+      if (a < 0 || a >= r) throw Reject{"axis out of range"};
+      reduce[a] = true;
+    }
+    Dims kept = x, out;
+    for (int64_t i = 0; i < r; ++i) {
+      if (reduce[i]) kept[i] = 1;
+      if (!reduce[i] || c.attr_i("keepdims", 1)) out.push_back(kept[i]);
+    }
+    p.out_dims = out;
+    if (numel(x) == 0) throw Reject{"empty input"};
+    if (kept == x) throw Reject{"nothing to reduce"};
+    dnnl::memory::desc src = plain_md(x), dst = plain_md(kept);
+    dnnl::reduction::desc d(a_, src, dst, 0.f, 0.f);
+    dnnl::reduction::primitive_desc pd(d, engine());
+    p.prim = dnnl::reduction(pd);
+    add_input(p, DNNL_ARG_SRC, 0, src);
+    p.dst = dnnl::memory(dst, engine(), nullptr);
+  }
+
+ private:
+  alg a_;
+  Dims axes_;
+};
+
+// Pow with a constant scalar exponent: eltwise_pow (x^b).
+class PowKernel : public SimpleKernel {
+ protected:
+  void check(const Ctx& c) override {
+    if (!c.rank_known(0)) throw Reject{"rank"};
+    if (!c.is_constant(1) || numel(c.dims(1)) != 1) throw Reject{"exponent not a constant scalar"};
+    if (c.dims(1).size() > c.dims(0).size()) throw Reject{"exponent rank broadcasts the output"};
+    beta_ = *c.data<float>(1);
+  }
+  void build(const Ctx& c, SimplePlan& p) override {
+    Dims x = c.dims(0);
+    p.out_dims = x;
+    if (numel(x) == 0) return;
+    dnnl::memory::desc md({numel(x)}, dt::f32, tag::a);
+    dnnl::eltwise_forward::desc d(dnnl::prop_kind::forward_inference, alg::eltwise_pow, md, 1.f, beta_);
+    dnnl::eltwise_forward::primitive_desc pd(d, engine());
+    p.prim = dnnl::eltwise_forward(pd);
+    add_input(p, DNNL_ARG_SRC, 0, md);
+    p.dst = dnnl::memory(md, engine(), nullptr);
+  }
+
+ private:
+  float beta_ = 1.f;
+};
+
+}  // namespace
+
+std::vector<KernelInfo> misc_kernels() {
+  using K = Kernel*;
+  return {
+      {"MaxPool", 1, 0, "onednn_f32_maxpool", []() -> K { return new PoolKernel(true, false); }},
+      {"AveragePool", 1, 0, "onednn_f32_averagepool", []() -> K { return new PoolKernel(false, false); }},
+      {"GlobalMaxPool", 1, 0, "onednn_f32_globalmaxpool", []() -> K { return new PoolKernel(true, true); }},
+      {"GlobalAveragePool", 1, 0, "onednn_f32_globalaveragepool", []() -> K { return new PoolKernel(false, true); }},
+      {"BatchNormalization", 7, 0, "onednn_f32_batchnormalization", []() -> K { return new BatchNormKernel(); }},
+      {"LayerNormalization", 17, 0, "onednn_f32_layernormalization", []() -> K { return new LayerNormKernel(); }},
+      {"Softmax", 1, 0, "onednn_f32_softmax", []() -> K { return new SoftmaxKernel(false); }},
+      {"LogSoftmax", 1, 0, "onednn_f32_logsoftmax", []() -> K { return new SoftmaxKernel(true); }},
+      {"Relu", 6, 0, "onednn_f32_relu", []() -> K { return new UnaryKernel(Unary::kRelu); }},
+      {"LeakyRelu", 6, 0, "onednn_f32_leakyrelu", []() -> K { return new UnaryKernel(Unary::kLeakyRelu); }},
+      {"Elu", 6, 0, "onednn_f32_elu", []() -> K { return new UnaryKernel(Unary::kElu); }},
+      {"Sigmoid", 6, 0, "onednn_f32_sigmoid", []() -> K { return new UnaryKernel(Unary::kSigmoid); }},
+      {"Tanh", 6, 0, "onednn_f32_tanh", []() -> K { return new UnaryKernel(Unary::kTanh); }},
+      {"Exp", 6, 0, "onednn_f32_exp", []() -> K { return new UnaryKernel(Unary::kExp); }},
+      {"Log", 6, 0, "onednn_f32_log", []() -> K { return new UnaryKernel(Unary::kLog); }},
+      {"Sqrt", 6, 0, "onednn_f32_sqrt", []() -> K { return new UnaryKernel(Unary::kSqrt); }},
+      {"Abs", 6, 0, "onednn_f32_abs", []() -> K { return new UnaryKernel(Unary::kAbs); }},
+      {"Neg", 6, 0, "onednn_f32_neg", []() -> K { return new UnaryKernel(Unary::kNeg); }},
+      {"HardSwish", 14, 0, "onednn_f32_hardswish", []() -> K { return new UnaryKernel(Unary::kHardSwish); }},
+      {"Clip", 6, 0, "onednn_f32_clip", []() -> K { return new UnaryKernel(Unary::kClip); }},
+      {"Add", 7, 0, "onednn_f32_add", []() -> K { return new BinaryKernel(alg::binary_add, true); }},
+      {"Sub", 7, 0, "onednn_f32_sub", []() -> K { return new BinaryKernel(alg::binary_sub, false); }},
+      {"Mul", 7, 0, "onednn_f32_mul", []() -> K { return new BinaryKernel(alg::binary_mul, true); }},
+      {"Div", 7, 0, "onednn_f32_div", []() -> K { return new BinaryKernel(alg::binary_div, false); }},
+      {"Max", 8, 0, "onednn_f32_max", []() -> K { return new BinaryKernel(alg::binary_max, true); }},
+      {"Min", 8, 0, "onednn_f32_min", []() -> K { return new BinaryKernel(alg::binary_min, true); }},
+      {"Concat", 4, 0, "onednn_f32_concat", []() -> K { return new ConcatKernel(); }},
+      {"Transpose", 1, 0, "onednn_f32_transpose", []() -> K { return new TransposeKernel(); }},
+      {"ReduceMean", 1, 17, "onednn_f32_reducemean", []() -> K { return new ReduceKernel(alg::reduction_mean); }},
+      {"ReduceSum", 1, 0, "onednn_f32_reducesum", []() -> K { return new ReduceKernel(alg::reduction_sum); }},
+      {"ReduceMax", 1, 17, "onednn_f32_reducemax", []() -> K { return new ReduceKernel(alg::reduction_max); }},
+      {"ReduceMin", 1, 17, "onednn_f32_reducemin", []() -> K { return new ReduceKernel(alg::reduction_min); }},
+      {"Pow", 7, 0, "onednn_f32_pow", []() -> K { return new PowKernel(); }},
+  };
+}
+
+}  // namespace keel::onednn

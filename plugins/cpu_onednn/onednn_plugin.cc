@@ -1,0 +1,266 @@
+// plugins/cpu_onednn/onednn_plugin.cc — the cpu_onednn plugin: oneDNN kernels for the reference "cpu" device.
+//
+// It registers no device table: the built-in reference plugin provides the "cpu" device type (host memory), and
+// these kernels serve it beside the reference kernels with the manifest's higher priority (50), so a node goes
+// to oneDNN when a kernel here accepts it and to the reference kernel otherwise (a rejection at create time).
+//
+// Threads: Debian's oneDNN runs on GNU OpenMP. Before running a primitive a kernel sets OpenMP's thread count on
+// the calling thread to the environment's thread count (host kernel API thread_count: `--threads`,
+// EnvironmentOptions.threads, default all cores); omp_set_num_threads is called only when the value changes.
+// OMP_NUM_THREADS is thereby overridden; OMP_WAIT_POLICY etc. still apply.
+#include <omp.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <sstream>
+
+#include "onednn_common.h"
+
+namespace keel::onednn {
+
+const keel_host_api_t* g_host = nullptr;
+Options g_options;
+
+std::string dims_str(const Dims& d) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < d.size(); ++i) os << (i ? "," : "") << d[i];
+  os << "]";
+  return os.str();
+}
+
+int64_t numel(const Dims& d) {
+  int64_t n = 1;
+  for (int64_t v : d) n *= v;
+  return n;
+}
+
+bool Ctx::rank_known(int i) const {
+  const keel_tensor_t* t = input(i);
+  return t && t->ndim >= 0;
+}
+Dims Ctx::dims(int i) const {
+  const keel_tensor_t* t = input(i);
+  if (!t || t->ndim < 0) return {};
+  return Dims(t->dims, t->dims + t->ndim);
+}
+bool Ctx::dims_known(int i) const {
+  if (!rank_known(i)) return false;
+  for (int64_t v : dims(i))
+    if (v < 0) return false;
+  return true;
+}
+keel_tensor_t* Ctx::output(int i, const Dims& d) {
+  keel_tensor_t* t = nullptr;
+  keel_status_t st = api_->output(c_, i, static_cast<int32_t>(d.size()), d.data(), &t);
+  if (st) {
+    Failure f{st->code, st->message ? st->message : "output allocation failed"};
+    keel_status_release(st);
+    throw f;
+  }
+  return t;
+}
+void* Ctx::workspace(uint64_t bytes) {
+  void* p = nullptr;
+  keel_status_t st = api_->workspace(c_, bytes, &p);
+  if (st) {
+    Failure f{st->code, st->message ? st->message : "workspace allocation failed"};
+    keel_status_release(st);
+    throw f;
+  }
+  return p;
+}
+bool Ctx::has_attr(const char* name) const {
+  int64_t i;
+  float f;
+  const char* s;
+  const int64_t* is;
+  const float* fs;
+  size_t n;
+  return api_->attr_int(c_, name, &i) || api_->attr_float(c_, name, &f) || api_->attr_string(c_, name, &s) ||
+         api_->attr_ints(c_, name, &is, &n) || api_->attr_floats(c_, name, &fs, &n);
+}
+int64_t Ctx::attr_i(const char* name, int64_t dflt) const {
+  int64_t v;
+  return api_->attr_int(c_, name, &v) ? v : dflt;
+}
+float Ctx::attr_f(const char* name, float dflt) const {
+  float v;
+  return api_->attr_float(c_, name, &v) ? v : dflt;
+}
+std::string Ctx::attr_s(const char* name, const std::string& dflt) const {
+  const char* v;
+  return api_->attr_string(c_, name, &v) ? std::string(v) : dflt;
+}
+Dims Ctx::attr_ints(const char* name, const Dims& dflt) const {
+  const int64_t* v;
+  size_t n;
+  return api_->attr_ints(c_, name, &v, &n) ? Dims(v, v + n) : dflt;
+}
+bool Ctx::has_attr_ints(const char* name) const {
+  const int64_t* v;
+  size_t n;
+  return api_->attr_ints(c_, name, &v, &n) != 0;
+}
+
+dnnl::engine& engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+dnnl::stream& stream() {
+  thread_local dnnl::stream s(engine());
+  return s;
+}
+void set_threads(int32_t n) {
+  thread_local int32_t current = -1;
+  if (n > 0 && n != current) {
+    omp_set_num_threads(n);
+    current = n;
+  }
+}
+
+dnnl::memory::dims to_dnnl(const Dims& d) { return dnnl::memory::dims(d.begin(), d.end()); }
+
+dnnl::memory::desc plain_md(const Dims& d, dnnl::memory::data_type dt) {
+  if (d.empty()) return dnnl::memory::desc({1}, dt, dnnl::memory::format_tag::a);
+  dnnl::memory::dims strides(d.size());
+  int64_t s = 1;
+  for (size_t i = d.size(); i-- > 0;) {
+    strides[i] = s;
+    s *= std::max<int64_t>(d[i], 1);
+  }
+  return dnnl::memory::desc(to_dnnl(d), dt, strides);
+}
+
+Dims shape_key(const Ctx& c) {
+  Dims k;
+  const int n = c.input_count();
+  for (int i = 0; i < n; ++i) {
+    const keel_tensor_t* t = c.input(i);
+    if (!t) {
+      k.push_back(-2);
+      continue;
+    }
+    k.push_back(t->ndim);
+    for (int j = 0; j < t->ndim; ++j) k.push_back(t->dims[j]);
+  }
+  return k;
+}
+
+namespace {
+
+std::vector<KernelInfo>& all_kernels() {
+  static std::vector<KernelInfo> v;
+  return v;
+}
+
+keel_status_t make_status(int32_t code, const std::string& msg) { return g_host->status_create(code, msg.c_str()); }
+
+keel_status_t kernel_create(void* user_data, keel_kernel_context_t* ctx, void** out_state) {
+  const auto* info = static_cast<const KernelInfo*>(user_data);
+  std::unique_ptr<Kernel> k;
+  try {
+    k.reset(info->make());
+    Ctx c(ctx);
+    k->setup(c);
+    *out_state = k.release();
+    return nullptr;
+  } catch (const Reject& r) {
+    return make_status(KEEL_STATUS_UNIMPLEMENTED, r.why);
+  } catch (const dnnl::error& e) {
+    // oneDNN has no implementation for this case (or refuses its descriptors): let the next kernel take it.
+    return make_status(KEEL_STATUS_UNIMPLEMENTED, std::string("oneDNN: ") + e.what());
+  } catch (const Failure& f) {
+    return make_status(KEEL_STATUS_UNIMPLEMENTED, f.message);
+  } catch (const std::exception& e) {
+    return make_status(KEEL_STATUS_UNIMPLEMENTED, std::string("create failed: ") + e.what());
+  } catch (...) {
+    return make_status(KEEL_STATUS_UNIMPLEMENTED, "create failed: unknown exception");
+  }
+}
+
+keel_status_t kernel_compute(void* state, keel_kernel_context_t* ctx) {
+  try {
+    Ctx c(ctx);
+    set_threads(c.thread_count());
+    static_cast<Kernel*>(state)->run(c);
+    return nullptr;
+  } catch (const Failure& f) {
+    return make_status(f.code, f.message);
+  } catch (const Reject& r) {
+    return make_status(KEEL_STATUS_UNIMPLEMENTED, r.why);
+  } catch (const dnnl::error& e) {
+    return make_status(KEEL_STATUS_INTERNAL, std::string("oneDNN: ") + e.what());
+  } catch (const std::exception& e) {
+    return make_status(KEEL_STATUS_INTERNAL, e.what());
+  } catch (...) {
+    return make_status(KEEL_STATUS_INTERNAL, "unknown exception");
+  }
+}
+
+void kernel_release(void* state) { delete static_cast<Kernel*>(state); }
+
+const int32_t kF32[] = {KEEL_DTYPE_F32};
+
+keel_status_t onednn_init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+  if (!KEEL_HAS_MEMBER(host, keel_host_api_t, register_kernel) || host->kernel == nullptr ||
+      !KEEL_HAS_MEMBER(host->kernel, keel_kernel_api_t, thread_count))
+    return nullptr;  // a core too old to serve us: register nothing
+  g_host = host;
+  try {
+    // Options: manifest [options] first, then the environment.
+    int flag = 1;
+    if (host->options && host->plugin_options && host->options->get_bool(host->plugin_options, "winograd", &flag))
+      g_options.winograd = flag != 0;
+    if (const char* e = std::getenv("KEEL_ONEDNN_WINOGRAD")) g_options.winograd = std::strcmp(e, "0") != 0;
+    (void)engine();  // fails early when oneDNN cannot make a CPU engine
+  } catch (const std::exception& e) {
+    return make_status(KEEL_STATUS_UNAVAILABLE, std::string("oneDNN CPU engine unavailable: ") + e.what());
+  }
+  auto& kernels = all_kernels();
+  kernels.clear();
+  for (auto* list : {&conv_kernels, &matmul_kernels, &misc_kernels})
+    for (const auto& k : list()) kernels.push_back(k);
+  // Which input/output type parameters are f32-only, per op (schema type-parameter names).
+  for (auto& info : kernels) {
+    keel_kernel_def_t def;
+    std::memset(&def, 0, sizeof def);
+    def.struct_size = sizeof def;
+    def.abi_major = KEEL_PLUGIN_ABI_MAJOR;
+    def.abi_minor = KEEL_PLUGIN_ABI_MINOR;
+    def.name = info.name;
+    def.domain = "";
+    def.op_type = info.op_type;
+    def.since_version = info.since_version;
+    def.end_version = info.end_version;
+    def.device_type = "cpu";
+    keel_type_constraint_t tc{"T", kF32, 1};
+    def.constraints = &tc;
+    def.constraint_count = 1;
+    def.user_data = &info;
+    def.create = kernel_create;
+    def.compute = kernel_compute;
+    def.release = kernel_release;
+    keel_status_t st = host->register_kernel(plugin, &def);
+    if (st) return st;
+  }
+  std::string msg = "cpu_onednn: oneDNN " + std::to_string(dnnl_version()->major) + "." +
+                    std::to_string(dnnl_version()->minor) + "." + std::to_string(dnnl_version()->patch) + ", " +
+                    std::to_string(kernels.size()) + " kernels for cpu, winograd " +
+                    (g_options.winograd ? "on" : "off");
+  host->log(plugin, KEEL_LOG_DEBUG, msg.c_str());
+  return nullptr;
+}
+
+void onednn_shutdown() { g_host = nullptr; }
+
+const keel_plugin_t kPlugin = {
+    sizeof(keel_plugin_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR, "cpu_onednn", "0.1.0",
+    KEEL_PLUGIN_KIND_DEVICE, onednn_init, onednn_shutdown,
+};
+
+}  // namespace
+}  // namespace keel::onednn
+
+extern "C" KEEL_PLUGIN_EXPORT const keel_plugin_t* keel_plugin_entry(void) { return &keel::onednn::kPlugin; }

@@ -1,0 +1,326 @@
+/*
+ * keel/keel.h — the C API for host applications that embed Keel.
+ *
+ * A host application creates one environment (plugin discovery, logging, threads), loads models (ONNX, from a file
+ * or from memory), creates sessions from them (preferred devices, fallback, passes) and runs those with named host
+ * tensors. Nothing here is C++: the header needs only <stdint.h> and <stddef.h> (through <keel/plugin.h>, whose
+ * status, dtype and log-level definitions it shares, so that one status type exists on both sides of Keel).
+ *
+ * Rules that hold for every function here:
+ *  - Handles are opaque pointers. Each `*_create` / `*_load_*` / `*_wrap` has a matching `*_release`; releasing NULL
+ *    is a no-op. A handle must not be used after its release.
+ *  - Functions that can fail return a keel_status_t: NULL means OK; otherwise the caller owns the status object and
+ *    releases it exactly once with keel_status_release (it carries `code`, a keel_status_code_t, and `message`).
+ *    On failure every `out_` parameter is left NULL / 0, and nothing else changed. No exception, abort or longjmp
+ *    leaves the library on bad input.
+ *  - Strings passed in are NUL-terminated UTF-8 and are copied when they must outlive the call. Strings handed out
+ *    (`const char*` results and struct members) are owned by the object they came from and stay valid until that
+ *    object is released, unless stated otherwise.
+ *  - Structs filled by the library (`keel_*_info_t`, `keel_memory_stats_t`) start with `struct_size`: the caller
+ *    sets it to sizeof as it compiled the struct, and the library writes only the members that size covers, so an
+ *    older application keeps working with a newer library.
+ *  - Thread-safety is stated per function. In short: an environment, a model and a session may be shared between
+ *    threads (keel_session_run may be called concurrently on one session); option objects and tensors are
+ *    thread-compatible (concurrent reads are fine, a write needs exclusive access).
+ *  - Lifetimes: sessions must be released before the environment they were created in; models and tensors are
+ *    independent of both.
+ */
+#ifndef KEEL_KEEL_H_
+#define KEEL_KEEL_H_
+
+#include <keel/plugin.h>
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The version of this header. keel_version_get gives the library's (they may differ: a newer library of the same
+ * major runs applications built against an older header). */
+#define KEEL_VERSION_MAJOR 0
+#define KEEL_VERSION_MINOR 1
+#define KEEL_VERSION_PATCH 0
+#define KEEL_VERSION_STRING "0.1.0"
+
+/* Every function of this API is exported from libkeel (also when the library is built with hidden visibility). */
+#if defined(_WIN32)
+#if defined(KEEL_BUILDING_LIBRARY)
+#define KEEL_API __declspec(dllexport)
+#else
+#define KEEL_API __declspec(dllimport)
+#endif
+#elif defined(__GNUC__)
+#define KEEL_API __attribute__((visibility("default")))
+#else
+#define KEEL_API
+#endif
+
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Versions and status helpers                                                                                   */
+/* ------------------------------------------------------------------------------------------------------------ */
+
+/* The library's version, "MAJOR.MINOR.PATCH". Static storage; thread-safe. */
+KEEL_API const char* keel_version_string(void);
+/* The library's version numbers; any out pointer may be NULL. Thread-safe. */
+KEEL_API void keel_version_get(int32_t* out_major, int32_t* out_minor, int32_t* out_patch);
+/* The plugin ABI (KEEL_PLUGIN_ABI_MAJOR/MINOR) the library was built with; any out pointer may be NULL. */
+KEEL_API void keel_plugin_abi_version_get(int32_t* out_major, int32_t* out_minor);
+/* "OK", "INVALID_ARGUMENT", ... for a keel_status_code_t; "UNKNOWN" otherwise. Static storage; thread-safe. */
+KEEL_API const char* keel_status_code_name(int32_t code);
+/* "f32", "i64", ... for a keel_dtype_t; "undefined" for unknown values. Static storage; thread-safe. */
+KEEL_API const char* keel_dtype_name(int32_t dtype);
+/* Bytes per element of a keel_dtype_t; 0 for undefined, string and unknown values. Thread-safe. */
+KEEL_API size_t keel_dtype_size(int32_t dtype);
+
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Environment                                                                                                   */
+/* ------------------------------------------------------------------------------------------------------------ */
+
+typedef struct keel_environment_s* keel_environment_t;
+typedef struct keel_environment_options_s* keel_environment_options_t;
+
+/*
+ * Receives Keel's log messages (plugin discovery, fallbacks, warnings), at `min_level` and above. `level` is a
+ * keel_log_level_t; `message` is valid during the call only. Called from whichever thread logs, one call at a time;
+ * it must not call back into Keel. Keel's log is process-wide: while an environment with a callback lives, its
+ * callback receives every message of the process, and Keel's own console output is turned off.
+ */
+typedef void (*keel_log_callback_t)(void* user_data, int32_t level, const char* message);
+
+/* New environment options with the defaults: discover plugins, no extra plugin paths, all cores, no callback.
+ * The caller owns *out_options (keel_environment_options_release). Thread-compatible. */
+KEEL_API keel_status_t keel_environment_options_create(keel_environment_options_t* out_options);
+KEEL_API void keel_environment_options_release(keel_environment_options_t options);
+/* Adds a directory searched for *.keel-plugin.toml before $KEEL_PLUGIN_PATH, ~/.local/lib/keel/plugins and
+ * <prefix>/lib/keel/plugins (the path is copied; directories are searched in the order added). */
+KEEL_API keel_status_t keel_environment_options_add_plugin_path(keel_environment_options_t options, const char* path);
+/* 0: load no plugin at all, only the built-in reference CPU device. Default 1. */
+KEEL_API keel_status_t keel_environment_options_set_discover_plugins(keel_environment_options_t options, int32_t discover);
+/* Kernel worker threads, the caller included; 0 (default) = every core. Negative: INVALID_ARGUMENT. */
+KEEL_API keel_status_t keel_environment_options_set_threads(keel_environment_options_t options, int32_t threads);
+/* Sets (or, with callback NULL, clears) the log callback and the lowest level it receives (keel_log_level_t).
+ * `user_data` is passed back unchanged and must stay valid until the environment is released. */
+KEEL_API keel_status_t keel_environment_options_set_log_callback(keel_environment_options_t options,
+                                                                 keel_log_callback_t callback, void* user_data,
+                                                                 int32_t min_level);
+
+/* Creates an environment: the reference CPU device, then every plugin found (a plugin that cannot be used is
+ * recorded with its reason, never fatal). `options` may be NULL (defaults) and may be released right after.
+ * The caller owns *out_env (keel_environment_release). Thread-safe. */
+KEEL_API keel_status_t keel_environment_create(keel_environment_options_t options, keel_environment_t* out_env);
+/* Releases the environment: its memory pools, then its plugins. Every session created in it must have been
+ * released. Not concurrently with any other use of `env`. */
+KEEL_API void keel_environment_release(keel_environment_t env);
+
+typedef enum keel_plugin_state_e {
+  KEEL_PLUGIN_STATE_LOADED = 0,  /* in use */
+  KEEL_PLUGIN_STATE_SKIPPED = 1, /* not used, for a reason that is not a bug of the plugin (no device, duplicate) */
+  KEEL_PLUGIN_STATE_FAILED = 2,  /* the plugin or its manifest is broken; `reason` says how */
+} keel_plugin_state_t;
+
+typedef struct keel_plugin_info_s {
+  uint32_t struct_size;  /* set by the caller: sizeof(keel_plugin_info_t) */
+  const char* name;
+  const char* kind;      /* "device", "collective", "pass" ("" when unknown) */
+  const char* version;
+  const char* vendor;
+  int32_t state;         /* keel_plugin_state_t */
+  const char* reason;    /* "" when loaded */
+  const char* manifest;  /* absolute path; "" for built-ins */
+  const char* library;   /* absolute path; "(built-in)" for built-ins */
+  int32_t priority;
+} keel_plugin_info_t;
+
+typedef struct keel_device_info_s {
+  uint32_t struct_size;     /* set by the caller: sizeof(keel_device_info_t) */
+  const char* device_type;  /* "cpu", "cuda", ... */
+  int32_t device_index;
+  const char* plugin;       /* the plugin that provides the device type */
+  const char* name;         /* from the device's properties, e.g. "NVIDIA H200" ("" when unknown) */
+  uint64_t total_memory;    /* bytes; 0 when unknown */
+  uint64_t capabilities;    /* KEEL_DEVICE_CAP_* bits */
+} keel_device_info_t;
+
+/* Plugins found by the environment, in search order (the reference CPU device first). Strings live as long as
+ * `env`. Thread-safe. INVALID_ARGUMENT for a bad handle, OUT_OF_RANGE for index >= count. */
+KEEL_API keel_status_t keel_environment_plugin_count(keel_environment_t env, size_t* out_count);
+KEEL_API keel_status_t keel_environment_plugin_info(keel_environment_t env, size_t index, keel_plugin_info_t* out_info);
+/* Devices (one entry per device type and index), best device type first. Same rules as the plugin list. */
+KEEL_API keel_status_t keel_environment_device_count(keel_environment_t env, size_t* out_count);
+KEEL_API keel_status_t keel_environment_device_info(keel_environment_t env, size_t index, keel_device_info_t* out_info);
+
+/* Memory of one device's pool, in bytes. */
+typedef struct keel_memory_stats_s {
+  uint32_t struct_size;          /* set by the caller: sizeof(keel_memory_stats_t) */
+  uint64_t in_use_bytes;         /* handed out and not yet freed */
+  uint64_t reserved_bytes;       /* held from the device (in use + cached) */
+  uint64_t peak_in_use_bytes;
+  uint64_t peak_reserved_bytes;
+  uint64_t allocations;          /* successful allocations */
+  uint64_t cache_hits;           /* of those, served from the cache */
+} keel_memory_stats_t;
+
+/* Statistics of the pool of (device_type, device_index); all zero when nothing was allocated there yet.
+ * NOT_FOUND for an unknown device type, OUT_OF_RANGE for an index past the devices present. Thread-safe. */
+KEEL_API keel_status_t keel_environment_memory_stats(keel_environment_t env, const char* device_type,
+                                                     int32_t device_index, keel_memory_stats_t* out_stats);
+/* Gives cached, unused memory of every pool back to its device; *out_released_bytes (may be NULL) gets how much.
+ * Thread-safe. */
+KEEL_API keel_status_t keel_environment_memory_trim(keel_environment_t env, uint64_t* out_released_bytes);
+
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Tensors (dense, row-major, in host memory)                                                                    */
+/* ------------------------------------------------------------------------------------------------------------ */
+
+typedef struct keel_host_tensor_s* keel_host_tensor_t;
+
+/* A new tensor owning a copy of `data` (`byte_size` must equal the element count times the dtype's size; `data`
+ * NULL: zero-filled, byte_size ignored). `dims` holds `ndim` non-negative entries (ndim 0: a scalar; dims may then
+ * be NULL). The caller owns *out_tensor. Thread-safe. */
+KEEL_API keel_status_t keel_host_tensor_create(int32_t dtype, const int64_t* dims, int32_t ndim, const void* data,
+                                               size_t byte_size, keel_host_tensor_t* out_tensor);
+/* A tensor over caller memory, without a copy. The caller keeps `data` alive and unchanged until the tensor is
+ * released and every keel_session_run that received it has returned (runs never keep it: outputs that would alias
+ * it are copied). `data` must be aligned to the dtype's size. The caller owns *out_tensor. Thread-safe. */
+KEEL_API keel_status_t keel_host_tensor_wrap(int32_t dtype, const int64_t* dims, int32_t ndim, void* data,
+                                             size_t byte_size, keel_host_tensor_t* out_tensor);
+/* Releases the handle (and the bytes of a created tensor; a wrapped tensor's memory stays the caller's).
+ * Not concurrently with other uses of `tensor`. */
+KEEL_API void keel_host_tensor_release(keel_host_tensor_t tensor);
+
+/* Inspection (0 / NULL for a NULL handle). `dims` and `data` stay valid until the tensor is released. Concurrent
+ * calls are safe. */
+KEEL_API int32_t keel_host_tensor_dtype(keel_host_tensor_t tensor);       /* keel_dtype_t */
+KEEL_API int32_t keel_host_tensor_ndim(keel_host_tensor_t tensor);
+KEEL_API const int64_t* keel_host_tensor_dims(keel_host_tensor_t tensor); /* ndim entries (NULL for a scalar) */
+KEEL_API int64_t keel_host_tensor_element_count(keel_host_tensor_t tensor);
+KEEL_API void* keel_host_tensor_data(keel_host_tensor_t tensor);
+KEEL_API uint64_t keel_host_tensor_byte_size(keel_host_tensor_t tensor);
+
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Models                                                                                                        */
+/* ------------------------------------------------------------------------------------------------------------ */
+
+typedef struct keel_model_s* keel_model_t;
+
+/* Loads an ONNX model (validated, older opsets upgraded, shapes inferred). External data resolves against the
+ * file's directory. NOT_FOUND for a missing file, INVALID_ARGUMENT (naming the file and node) for a malformed
+ * model, UNIMPLEMENTED for content Keel cannot hold. The caller owns *out_model. Thread-safe. */
+KEEL_API keel_status_t keel_model_load_from_file(const char* path, keel_model_t* out_model);
+/* The same from `size` bytes at `data` (copied as needed; the caller may free them after the call). External data
+ * is refused. Thread-safe. */
+KEEL_API keel_status_t keel_model_load_from_memory(const void* data, size_t size, keel_model_t* out_model);
+/* Releases the model. Sessions created from it do not need it (they hold their own copy). */
+KEEL_API void keel_model_release(keel_model_t model);
+
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Sessions                                                                                                      */
+/* ------------------------------------------------------------------------------------------------------------ */
+
+typedef struct keel_session_s* keel_session_t;
+typedef struct keel_session_options_s* keel_session_options_t;
+
+typedef enum keel_fallback_e {
+  KEEL_FALLBACK_CPU = 0,   /* nodes the preferred devices cannot run go to the CPU (each reported once) */
+  KEEL_FALLBACK_ERROR = 1, /* such a node fails session creation, naming the node and the reason */
+} keel_fallback_t;
+
+/* New session options with the defaults: every device by priority, fallback to the CPU, no passes, no profile.
+ * The caller owns *out_options. Thread-compatible. */
+KEEL_API keel_status_t keel_session_options_create(keel_session_options_t* out_options);
+KEEL_API void keel_session_options_release(keel_session_options_t options);
+/* Appends a preferred device type ("cuda", "cpu", ...); the first added is the most preferred. */
+KEEL_API keel_status_t keel_session_options_add_device(keel_session_options_t options, const char* device_type);
+/* KEEL_FALLBACK_CPU (default) or KEEL_FALLBACK_ERROR; anything else: INVALID_ARGUMENT. */
+KEEL_API keel_status_t keel_session_options_set_fallback(keel_session_options_t options, int32_t fallback);
+/* Appends a graph pass to run before placement, by name ("fold_constants", ...), in order. */
+KEEL_API keel_status_t keel_session_options_add_pass(keel_session_options_t options, const char* pass_name);
+/* Threads for this session's kernels. Kernels share the environment's pool, so the only values accepted are 0
+ * (default: the environment's) and the environment's own thread count; others fail keel_session_create with
+ * UNIMPLEMENTED (set threads on the environment instead). */
+KEEL_API keel_status_t keel_session_options_set_threads(keel_session_options_t options, int32_t threads);
+/* 1: collect per-node timings (keel_session_profile_info). Default 0. */
+KEEL_API keel_status_t keel_session_options_set_profile(keel_session_options_t options, int32_t profile);
+
+/* Creates a session: passes, placement, kernel instances, memory plan. `model` is copied (it may be released right
+ * after), `options` may be NULL (defaults) and may be released right after. NOT_FOUND for an unavailable device
+ * type; with KEEL_FALLBACK_ERROR, UNIMPLEMENTED naming the first node the devices cannot run. The caller owns
+ * *out_session; release it before `env`. Thread-safe. */
+KEEL_API keel_status_t keel_session_create(keel_environment_t env, keel_model_t model, keel_session_options_t options,
+                                           keel_session_t* out_session);
+/* Not concurrently with any other use of `session` (in particular no run may be in progress). */
+KEEL_API void keel_session_release(keel_session_t session);
+
+/* A graph input or output as the model declares it. */
+typedef struct keel_value_info_s {
+  uint32_t struct_size;  /* set by the caller: sizeof(keel_value_info_t) */
+  const char* name;
+  int32_t dtype;         /* keel_dtype_t; KEEL_DTYPE_UNDEFINED when unknown */
+  int32_t ndim;          /* -1 when the rank is unknown */
+  const int64_t* dims;   /* ndim entries, -1 for a dynamic dim (NULL when ndim <= 0) */
+} keel_value_info_t;
+
+/* The session's inputs and outputs, in the model's order. Strings and dims live as long as the session.
+ * Thread-safe. OUT_OF_RANGE for index >= count. */
+KEEL_API keel_status_t keel_session_input_count(keel_session_t session, size_t* out_count);
+KEEL_API keel_status_t keel_session_input_info(keel_session_t session, size_t index, keel_value_info_t* out_info);
+KEEL_API keel_status_t keel_session_output_count(keel_session_t session, size_t* out_count);
+KEEL_API keel_status_t keel_session_output_info(keel_session_t session, size_t index, keel_value_info_t* out_info);
+
+/*
+ * Runs the session. Inputs are bound by name (`input_count` pairs; every model input must be given; the tensors are
+ * only read). Outputs: `output_names` lists the outputs wanted, in the order wanted (NULL: every output, in model
+ * order, and then `output_count` must equal keel_session_output_count). On success out_outputs[i] are new tensors
+ * owned by the caller (release each); on failure they are all NULL. INVALID_ARGUMENT names a missing, unknown or
+ * mis-typed input, or an unknown output.
+ * Thread-safe: concurrent calls on one session are allowed (they are serialised inside; use one session per thread
+ * to run in parallel). The input tensors must not be written while a run reads them.
+ */
+KEEL_API keel_status_t keel_session_run(keel_session_t session, const char* const* input_names,
+                                        const keel_host_tensor_t* inputs, size_t input_count,
+                                        const char* const* output_names, keel_host_tensor_t* out_outputs,
+                                        size_t output_count);
+
+/* Where one node runs, in execution order (copies the core inserted between devices appear as op "Copy"). */
+typedef struct keel_node_placement_s {
+  uint32_t struct_size;     /* set by the caller: sizeof(keel_node_placement_t) */
+  const char* node;
+  const char* op_type;
+  const char* device_type;  /* "cpu", "cuda", ... */
+  const char* kernel;       /* the kernel's name */
+} keel_node_placement_t;
+
+/* A node that could not run on the preferred device, and why (reported once per node). */
+typedef struct keel_fallback_info_s {
+  uint32_t struct_size;     /* set by the caller: sizeof(keel_fallback_info_t) */
+  const char* node;
+  const char* op_type;
+  const char* from_device;  /* the preferred device type */
+  const char* to_device;    /* where it went */
+  const char* reason;
+} keel_fallback_info_t;
+
+/* Placement and fallbacks as decided at creation. Strings live as long as the session. Thread-safe. */
+KEEL_API keel_status_t keel_session_placement_count(keel_session_t session, size_t* out_count);
+KEEL_API keel_status_t keel_session_placement_info(keel_session_t session, size_t index,
+                                                   keel_node_placement_t* out_info);
+KEEL_API keel_status_t keel_session_fallback_count(keel_session_t session, size_t* out_count);
+KEEL_API keel_status_t keel_session_fallback_info(keel_session_t session, size_t index, keel_fallback_info_t* out_info);
+
+/* Per-node timings collected so far (only with keel_session_options_set_profile). Indices are those of the
+ * placement list; the node strings are the placement's. Not concurrently with keel_session_run on the session. */
+typedef struct keel_node_profile_s {
+  uint32_t struct_size;  /* set by the caller: sizeof(keel_node_profile_t) */
+  const char* node;
+  double total_ms;
+  int64_t calls;
+} keel_node_profile_t;
+KEEL_API keel_status_t keel_session_profile_info(keel_session_t session, size_t index, keel_node_profile_t* out_info);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* KEEL_KEEL_H_ */

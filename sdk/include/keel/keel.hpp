@@ -1,0 +1,326 @@
+// keel/keel.hpp — a header-only C++17 wrapper over the C API (keel.h), for host applications.
+//
+// Each class owns one C handle (move-only, released in the destructor) and turns an error status into a
+// keel::api::Error exception. Exceptions exist only here, on the caller's side: the library below is plain C and
+// never throws. The classes live in keel::api, not keel::, because the runtime's own C++ classes (keel::Session,
+// keel::Environment, ...) live in keel:: inside libkeel, and two different classes of one name in one program would
+// break the one-definition rule.
+//
+// Thread-safety is that of the C API: Environment and Session may be shared between threads (Session::run may be
+// called concurrently); options and tensors are thread-compatible.
+#pragma once
+
+#include <keel/keel.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace keel::api {
+
+// An error from the C API: its keel_status_code_t and message.
+class Error : public std::runtime_error {
+ public:
+  Error(int32_t code, const std::string& message)
+      : std::runtime_error(std::string(keel_status_code_name(code)) + ": " + message), code_(code) {}
+  int32_t code() const noexcept { return code_; }
+
+ private:
+  int32_t code_;
+};
+
+// Throws Error for a failed status (releasing it); nothing for OK.
+inline void check(keel_status_t status) {
+  if (status == nullptr) return;
+  int32_t code = status->code;
+  std::string message = status->message ? status->message : "";
+  keel_status_release(status);
+  throw Error(code, message);
+}
+
+namespace detail {
+// A move-only owner of one C handle.
+template <typename H, void (*Release)(H)>
+class Handle {
+ public:
+  Handle() = default;
+  explicit Handle(H h) : h_(h) {}
+  ~Handle() { reset(); }
+  Handle(Handle&& o) noexcept : h_(std::exchange(o.h_, nullptr)) {}
+  Handle& operator=(Handle&& o) noexcept {
+    if (this != &o) {
+      reset();
+      h_ = std::exchange(o.h_, nullptr);
+    }
+    return *this;
+  }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  H get() const noexcept { return h_; }
+  H release() noexcept { return std::exchange(h_, nullptr); }
+  void reset() noexcept {
+    if (h_) Release(h_);
+    h_ = nullptr;
+  }
+  explicit operator bool() const noexcept { return h_ != nullptr; }
+
+ private:
+  H h_ = nullptr;
+};
+}  // namespace detail
+
+inline std::string version() { return keel_version_string(); }
+
+// A dense host tensor (owned bytes, or caller memory with Tensor::wrap).
+class Tensor {
+ public:
+  Tensor() = default;
+  explicit Tensor(keel_host_tensor_t h) : h_(h) {}
+
+  // A copy of `values` with shape `dims`.
+  template <typename T>
+  static Tensor from_data(int32_t dtype, const std::vector<int64_t>& dims, const std::vector<T>& values) {
+    keel_host_tensor_t t = nullptr;
+    check(keel_host_tensor_create(dtype, dims.data(), static_cast<int32_t>(dims.size()), values.data(),
+                                  values.size() * sizeof(T), &t));
+    return Tensor(t);
+  }
+  static Tensor f32(const std::vector<int64_t>& dims, const std::vector<float>& values) {
+    return from_data(KEEL_DTYPE_F32, dims, values);
+  }
+  // Zero-filled.
+  static Tensor zeros(int32_t dtype, const std::vector<int64_t>& dims) {
+    keel_host_tensor_t t = nullptr;
+    check(keel_host_tensor_create(dtype, dims.data(), static_cast<int32_t>(dims.size()), nullptr, 0, &t));
+    return Tensor(t);
+  }
+  // Over caller memory, no copy: `data` must outlive the Tensor and every run that reads it.
+  static Tensor wrap(int32_t dtype, const std::vector<int64_t>& dims, void* data, size_t byte_size) {
+    keel_host_tensor_t t = nullptr;
+    check(keel_host_tensor_wrap(dtype, dims.data(), static_cast<int32_t>(dims.size()), data, byte_size, &t));
+    return Tensor(t);
+  }
+
+  int32_t dtype() const { return keel_host_tensor_dtype(h_.get()); }
+  std::vector<int64_t> shape() const {
+    const int64_t* d = keel_host_tensor_dims(h_.get());
+    return d ? std::vector<int64_t>(d, d + keel_host_tensor_ndim(h_.get())) : std::vector<int64_t>{};
+  }
+  int64_t element_count() const { return keel_host_tensor_element_count(h_.get()); }
+  uint64_t byte_size() const { return keel_host_tensor_byte_size(h_.get()); }
+  void* data() const { return keel_host_tensor_data(h_.get()); }
+  template <typename T>
+  T* data_as() const { return static_cast<T*>(data()); }
+  template <typename T>
+  std::vector<T> to_vector() const {
+    const T* p = data_as<T>();
+    return p ? std::vector<T>(p, p + byte_size() / sizeof(T)) : std::vector<T>{};
+  }
+  keel_host_tensor_t get() const { return h_.get(); }
+
+ private:
+  detail::Handle<keel_host_tensor_t, keel_host_tensor_release> h_;
+};
+
+class Model {
+ public:
+  static Model from_file(const std::string& path) {
+    keel_model_t m = nullptr;
+    check(keel_model_load_from_file(path.c_str(), &m));
+    return Model(m);
+  }
+  static Model from_memory(const void* data, size_t size) {
+    keel_model_t m = nullptr;
+    check(keel_model_load_from_memory(data, size, &m));
+    return Model(m);
+  }
+  keel_model_t get() const { return h_.get(); }
+
+ private:
+  explicit Model(keel_model_t m) : h_(m) {}
+  detail::Handle<keel_model_t, keel_model_release> h_;
+};
+
+struct EnvironmentOptions {
+  std::vector<std::string> plugin_paths;
+  bool discover_plugins = true;
+  int32_t threads = 0;
+  keel_log_callback_t log_callback = nullptr;  // see keel_environment_options_set_log_callback
+  void* log_user_data = nullptr;
+  int32_t log_level = KEEL_LOG_INFO;
+};
+
+struct PluginInfo {
+  std::string name, kind, version, vendor, reason, manifest, library;
+  keel_plugin_state_t state = KEEL_PLUGIN_STATE_FAILED;
+  int32_t priority = 0;
+};
+
+struct DeviceInfo {
+  std::string device_type, plugin, name;
+  int32_t index = 0;
+  uint64_t total_memory = 0;
+};
+
+class Environment {
+ public:
+  Environment() : Environment(EnvironmentOptions{}) {}
+  explicit Environment(const EnvironmentOptions& o) {
+    keel_environment_options_t opts = nullptr;
+    check(keel_environment_options_create(&opts));
+    detail::Handle<keel_environment_options_t, keel_environment_options_release> owner(opts);
+    for (const auto& p : o.plugin_paths) check(keel_environment_options_add_plugin_path(opts, p.c_str()));
+    check(keel_environment_options_set_discover_plugins(opts, o.discover_plugins ? 1 : 0));
+    check(keel_environment_options_set_threads(opts, o.threads));
+    if (o.log_callback) {
+      check(keel_environment_options_set_log_callback(opts, o.log_callback, o.log_user_data, o.log_level));
+    }
+    keel_environment_t env = nullptr;
+    check(keel_environment_create(opts, &env));
+    h_ = decltype(h_)(env);
+  }
+
+  std::vector<PluginInfo> plugins() const {
+    size_t n = 0;
+    check(keel_environment_plugin_count(h_.get(), &n));
+    std::vector<PluginInfo> out;
+    for (size_t i = 0; i < n; ++i) {
+      keel_plugin_info_t p{};
+      p.struct_size = sizeof p;
+      check(keel_environment_plugin_info(h_.get(), i, &p));
+      out.push_back({p.name, p.kind, p.version, p.vendor, p.reason, p.manifest, p.library,
+                     static_cast<keel_plugin_state_t>(p.state), p.priority});
+    }
+    return out;
+  }
+  std::vector<DeviceInfo> devices() const {
+    size_t n = 0;
+    check(keel_environment_device_count(h_.get(), &n));
+    std::vector<DeviceInfo> out;
+    for (size_t i = 0; i < n; ++i) {
+      keel_device_info_t d{};
+      d.struct_size = sizeof d;
+      check(keel_environment_device_info(h_.get(), i, &d));
+      out.push_back({d.device_type, d.plugin, d.name, d.device_index, d.total_memory});
+    }
+    return out;
+  }
+  keel_memory_stats_t memory_stats(const std::string& device_type, int32_t index = 0) const {
+    keel_memory_stats_t s{};
+    s.struct_size = sizeof s;
+    check(keel_environment_memory_stats(h_.get(), device_type.c_str(), index, &s));
+    return s;
+  }
+  uint64_t trim_memory() {
+    uint64_t n = 0;
+    check(keel_environment_memory_trim(h_.get(), &n));
+    return n;
+  }
+  keel_environment_t get() const { return h_.get(); }
+
+ private:
+  detail::Handle<keel_environment_t, keel_environment_release> h_;
+};
+
+struct SessionOptions {
+  std::vector<std::string> devices;  // most preferred first; empty = every device by priority
+  keel_fallback_t fallback = KEEL_FALLBACK_CPU;
+  std::vector<std::string> passes;
+  bool profile = false;
+};
+
+struct ValueInfo {
+  std::string name;
+  int32_t dtype = 0;
+  std::vector<int64_t> dims;  // -1 = dynamic
+  bool rank_known = false;
+};
+
+class Session {
+ public:
+  // The session must be destroyed before `env`.
+  Session(const Environment& env, const Model& model, const SessionOptions& o = {}) {
+    keel_session_options_t opts = nullptr;
+    check(keel_session_options_create(&opts));
+    detail::Handle<keel_session_options_t, keel_session_options_release> owner(opts);
+    for (const auto& d : o.devices) check(keel_session_options_add_device(opts, d.c_str()));
+    check(keel_session_options_set_fallback(opts, o.fallback));
+    for (const auto& p : o.passes) check(keel_session_options_add_pass(opts, p.c_str()));
+    check(keel_session_options_set_profile(opts, o.profile ? 1 : 0));
+    keel_session_t s = nullptr;
+    check(keel_session_create(env.get(), model.get(), opts, &s));
+    h_ = decltype(h_)(s);
+  }
+
+  std::vector<ValueInfo> inputs() const { return infos(true); }
+  std::vector<ValueInfo> outputs() const { return infos(false); }
+
+  // Runs with named inputs; returns the outputs named in `output_names` (empty: every output, in model order).
+  std::vector<Tensor> run(const std::vector<std::pair<std::string, const Tensor*>>& inputs,
+                          const std::vector<std::string>& output_names = {}) const {
+    std::vector<const char*> names;
+    std::vector<keel_host_tensor_t> handles;
+    for (const auto& [n, t] : inputs) {
+      names.push_back(n.c_str());
+      handles.push_back(t ? t->get() : nullptr);
+    }
+    std::vector<const char*> onames;
+    for (const auto& n : output_names) onames.push_back(n.c_str());
+    size_t count = output_names.size();
+    if (count == 0) check(keel_session_output_count(h_.get(), &count));
+    std::vector<keel_host_tensor_t> outs(count, nullptr);
+    check(keel_session_run(h_.get(), names.data(), handles.data(), handles.size(),
+                           output_names.empty() ? nullptr : onames.data(), outs.data(), count));
+    std::vector<Tensor> result;
+    result.reserve(count);
+    for (auto h : outs) result.emplace_back(h);
+    return result;
+  }
+
+  // (node, op_type, device_type, kernel) in execution order.
+  std::vector<keel_node_placement_t> placement() const {
+    size_t n = 0;
+    check(keel_session_placement_count(h_.get(), &n));
+    std::vector<keel_node_placement_t> out(n);
+    for (size_t i = 0; i < n; ++i) {
+      out[i].struct_size = sizeof out[i];
+      check(keel_session_placement_info(h_.get(), i, &out[i]));
+    }
+    return out;
+  }
+  std::vector<keel_fallback_info_t> fallbacks() const {
+    size_t n = 0;
+    check(keel_session_fallback_count(h_.get(), &n));
+    std::vector<keel_fallback_info_t> out(n);
+    for (size_t i = 0; i < n; ++i) {
+      out[i].struct_size = sizeof out[i];
+      check(keel_session_fallback_info(h_.get(), i, &out[i]));
+    }
+    return out;
+  }
+  keel_session_t get() const { return h_.get(); }
+
+ private:
+  std::vector<ValueInfo> infos(bool in) const {
+    size_t n = 0;
+    check(in ? keel_session_input_count(h_.get(), &n) : keel_session_output_count(h_.get(), &n));
+    std::vector<ValueInfo> out;
+    for (size_t i = 0; i < n; ++i) {
+      keel_value_info_t v{};
+      v.struct_size = sizeof v;
+      check(in ? keel_session_input_info(h_.get(), i, &v) : keel_session_output_info(h_.get(), i, &v));
+      ValueInfo info;
+      info.name = v.name;
+      info.dtype = v.dtype;
+      info.rank_known = v.ndim >= 0;
+      if (v.ndim > 0) info.dims.assign(v.dims, v.dims + v.ndim);
+      out.push_back(std::move(info));
+    }
+    return out;
+  }
+  detail::Handle<keel_session_t, keel_session_release> h_;
+};
+
+}  // namespace keel::api

@@ -1,0 +1,102 @@
+// device_conformance_test — the device conformance suite (device_cts.h) on every device type present.
+//
+// "cpu" is served by the reference kernels and, when the cpu_onednn plugin is loaded, by oneDNN kernels of higher
+// priority: the test then checks (through Session::placement()) that the oneDNN kernels are the ones it tested.
+// Other device types (cuda, ...) run when present and skip with a message when absent.
+#include <gtest/gtest.h>
+
+#include <iostream>
+#include <set>
+
+#include "core/runtime/environment.h"
+#include "tests/device_conformance/device_cts.h"
+
+namespace keel::cts {
+namespace {
+
+struct Envs {
+  std::unique_ptr<Environment> dut, oracle;
+};
+
+Envs& envs() {
+  static Envs e = [] {
+    Envs r;
+    auto dut = Environment::create();
+    EnvironmentOptions o;
+    o.discover_plugins = false;
+    auto oracle = Environment::create(o);
+    if (dut.is_ok()) r.dut = std::move(dut).value();
+    if (oracle.is_ok()) r.oracle = std::move(oracle).value();
+    return r;
+  }();
+  return e;
+}
+
+bool plugin_loaded(const Environment& env, const std::string& name) {
+  for (const auto& p : env.plugins())
+    if (p.name == name && p.state == PluginState::kLoaded) return true;
+  return false;
+}
+
+// oneDNN's binary primitive broadcasts only its second operand: the plugin swaps the operands of commutative ops
+// and leaves to the reference kernels the cases where that does not help.
+bool binary_falls_back(const OpCase& c) {
+  static const std::set<std::string> kBinary = {"Add", "Sub", "Mul", "Div", "Max", "Min"};
+  if (!kBinary.count(c.op) || c.inputs.size() != 2) return false;
+  Shape a = c.inputs[0].shape, b = c.inputs[1].shape;
+  size_t r = std::max(a.size(), b.size());
+  while (a.size() < r) a.insert(a.begin(), 1);
+  while (b.size() < r) b.insert(b.begin(), 1);
+  Shape out(r);
+  for (size_t i = 0; i < r; ++i) out[i] = std::max(a[i], b[i]);
+  if (a == out) return false;
+  return c.op == "Sub" || c.op == "Div" || b != out;
+}
+
+TEST(DeviceConformance, Cpu) {
+  Envs& e = envs();
+  ASSERT_TRUE(e.dut && e.oracle);
+  Options o;
+  o.device = "cpu";
+  o.out = &std::cout;
+  const bool onednn = plugin_loaded(*e.dut, "cpu_onednn");
+  if (onednn) o.kernel_prefix = "onednn_";
+  else std::cout << "cpu_onednn is not loaded: testing the reference kernels against themselves\n";
+  Report r = run(*e.dut, *e.oracle, o);
+  EXPECT_EQ(r.failed, 0);
+  EXPECT_EQ(r.errors, 0);
+  EXPECT_EQ(r.invalid, 0) << "cases the reference cannot run: fix the case table";
+  if (onednn) {
+    std::cout << "cases served by oneDNN, per op:";
+    for (const auto& [op, n] : r.native_by_op) std::cout << " " << op << " " << n.first << "/" << n.second;
+    std::cout << "\n";
+    for (const auto& [op, n] : r.native_by_op) EXPECT_GT(n.first, 0) << "no " << op << " case ran on oneDNN";
+    // Every case of the table is one that the oneDNN plugin is meant to take, except a few listed here.
+    for (const auto& res : r.results) {
+      if (res.kernel.rfind("onednn_", 0) == 0) continue;
+      if (binary_falls_back(*res.c)) continue;
+      ADD_FAILURE() << res.c->op << " '" << res.c->label << "' ran on " << res.kernel
+                                             << ", not on oneDNN";
+    }
+  }
+}
+
+TEST(DeviceConformance, OtherDevices) {
+  Envs& e = envs();
+  ASSERT_TRUE(e.dut && e.oracle);
+  int tested = 0;
+  for (const std::string& dev : e.dut->registry().device_types()) {
+    if (dev == "cpu" || dev == "null") continue;  // cpu: above; null: the skeleton, which runs nothing
+    Options o;
+    o.device = dev;
+    o.out = &std::cout;
+    Report r = run(*e.dut, *e.oracle, o);
+    EXPECT_EQ(r.failed, 0) << dev;
+    EXPECT_EQ(r.errors, 0) << dev;
+    ++tested;
+  }
+  if (tested == 0) GTEST_SKIP() << "no device type besides cpu present (no GPU plugin loaded)";
+}
+
+}  // namespace
+}  // namespace keel::cts

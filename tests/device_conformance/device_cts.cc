@@ -1,0 +1,564 @@
+// The device conformance suite: the case table and the runner (device_cts.h).
+#include "tests/device_conformance/device_cts.h"
+
+#include <algorithm>
+#include <cmath>
+#include <iomanip>
+#include <random>
+#include <sstream>
+
+#include "core/runtime/session.h"
+
+namespace keel::cts {
+namespace {
+
+Attribute I(int64_t v) { return Attribute::of_int(v); }
+Attribute F(float v) { return Attribute::of_float(v); }
+Attribute S(const std::string& v) { return Attribute::of_string(v); }
+Attribute Is(std::vector<int64_t> v) { return Attribute::of_ints(std::move(v)); }
+
+InputSpec in(const std::string& name, Shape shape, bool constant = false, float lo = -1.f, float hi = 1.f) {
+  InputSpec s;
+  s.name = name;
+  s.shape = std::move(shape);
+  s.constant = constant;
+  s.lo = lo;
+  s.hi = hi;
+  return s;
+}
+InputSpec absent() { return InputSpec{}; }
+
+std::string fmt_float(float f) {
+  std::ostringstream os;
+  os << f;
+  return os.str();
+}
+
+std::string shape_label(const Shape& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? "," : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+void add_conv_cases(std::vector<OpCase>& v) {
+  // 2-D: N C H W K k s p g d, around the 8/16-channel blocks of AVX2/AVX-512 and odd spatial sizes.
+  struct P { int64_t N, C, H, W, K, k, s, p, g, d; };
+  const P ps[] = {
+      {1, 3, 7, 9, 5, 3, 2, 1, 1, 1},   {1, 1, 5, 5, 1, 1, 1, 0, 1, 1},    {1, 3, 32, 32, 16, 3, 1, 1, 1, 1},
+      {2, 16, 14, 14, 16, 3, 1, 1, 1, 1}, {1, 17, 9, 11, 33, 3, 1, 1, 1, 1}, {1, 32, 8, 8, 64, 1, 1, 0, 1, 1},
+      {1, 64, 14, 14, 64, 3, 1, 1, 1, 1}, {1, 64, 15, 15, 128, 3, 2, 1, 1, 1}, {1, 64, 16, 16, 128, 1, 2, 0, 1, 1},
+      {1, 3, 33, 31, 24, 7, 2, 3, 1, 1},  {1, 8, 10, 10, 8, 5, 1, 2, 1, 1},   {1, 16, 12, 12, 16, 3, 1, 2, 1, 2},
+      {1, 32, 9, 9, 32, 3, 1, 1, 32, 1},  {2, 24, 10, 10, 24, 3, 2, 1, 24, 1}, {1, 16, 8, 8, 32, 3, 1, 1, 4, 1},
+      {1, 6, 7, 7, 9, 3, 1, 0, 3, 1},     {3, 5, 6, 4, 7, 2, 1, 0, 1, 1},     {1, 48, 7, 7, 48, 3, 1, 1, 1, 1},
+      {1, 96, 7, 7, 576, 1, 1, 0, 1, 1},  {1, 144, 14, 14, 144, 3, 1, 1, 144, 1}, {1, 16, 1, 1, 16, 1, 1, 0, 1, 1},
+      {1, 4, 6, 6, 8, 3, 3, 0, 1, 1},
+  };
+  for (const P& p : ps) {
+    for (int bias = 1; bias >= 0; --bias) {
+      OpCase c;
+      c.op = "Conv";
+      std::ostringstream l;
+      l << "N=" << p.N << " C=" << p.C << " H=" << p.H << " W=" << p.W << " K=" << p.K << " k=" << p.k << " s=" << p.s
+        << " p=" << p.p << " g=" << p.g << " d=" << p.d << (bias ? "" : " nobias");
+      c.label = l.str();
+      c.inputs = {in("X", {p.N, p.C, p.H, p.W}), in("W", {p.K, p.C / p.g, p.k, p.k}, true)};
+      if (bias) c.inputs.push_back(in("B", {p.K}, true));
+      c.attrs = {{"kernel_shape", Is({p.k, p.k})}, {"strides", Is({p.s, p.s})}, {"pads", Is({p.p, p.p, p.p, p.p})},
+                 {"group", I(p.g)}, {"dilations", Is({p.d, p.d})}};
+      v.push_back(c);
+    }
+  }
+  // Asymmetric pads, auto_pad, non-constant weights, 1-D and 3-D.
+  auto add = [&](std::string label, std::vector<InputSpec> ins, std::map<std::string, Attribute> attrs) {
+    OpCase c;
+    c.op = "Conv";
+    c.label = std::move(label);
+    c.inputs = std::move(ins);
+    c.attrs = std::move(attrs);
+    v.push_back(c);
+  };
+  add("N=1 C=8 H=9 W=10 K=8 k=3 pads=0,1,2,1", {in("X", {1, 8, 9, 10}), in("W", {8, 8, 3, 3}, true)},
+      {{"pads", Is({0, 1, 2, 1})}});
+  for (const char* ap : {"SAME_UPPER", "SAME_LOWER", "VALID"})
+    for (int64_t s : {1, 2})
+      add(std::string("N=1 C=16 H=11 W=12 K=16 k=4 s=") + std::to_string(s) + " auto_pad=" + ap,
+          {in("X", {1, 16, 11, 12}), in("W", {16, 16, 4, 4}, true), in("B", {16}, true)},
+          {{"auto_pad", S(ap)}, {"strides", Is({s, s})}});
+  add("N=2 C=8 H=6 W=6 K=16 k=3 W-input B-input", {in("X", {2, 8, 6, 6}), in("W", {16, 8, 3, 3}), in("B", {16})},
+      {{"pads", Is({1, 1, 1, 1})}});
+  add("1d N=2 C=16 L=50 K=32 k=5 s=2 p=2", {in("X", {2, 16, 50}), in("W", {32, 16, 5}, true), in("B", {32}, true)},
+      {{"strides", Is({2})}, {"pads", Is({2, 2})}});
+  add("1d N=1 C=3 L=17 K=5 k=3 d=2 g=1", {in("X", {1, 3, 17}), in("W", {5, 3, 3}, true)}, {{"dilations", Is({2})}});
+  add("3d N=1 C=4 D=5 H=6 W=7 K=8 k=3 p=1", {in("X", {1, 4, 5, 6, 7}), in("W", {8, 4, 3, 3, 3}, true), in("B", {8}, true)},
+      {{"pads", Is({1, 1, 1, 1, 1, 1})}});
+  add("3d N=1 C=16 D=4 H=8 W=8 K=16 k=3 s=2 g=4", {in("X", {1, 16, 4, 8, 8}), in("W", {16, 4, 3, 3, 3}, true)},
+      {{"strides", Is({2, 2, 2})}, {"group", I(4)}, {"pads", Is({1, 1, 1, 1, 1, 1})}});
+}
+
+void add_conv_transpose_cases(std::vector<OpCase>& v) {
+  struct P { int64_t N, C, H, W, M, k, s, p, op, g; };
+  const P ps[] = {{1, 4, 5, 5, 3, 3, 1, 0, 0, 1}, {1, 16, 7, 7, 8, 3, 2, 1, 1, 1}, {2, 8, 4, 6, 16, 4, 2, 1, 0, 1},
+                  {1, 16, 6, 6, 16, 3, 2, 1, 1, 4}, {1, 32, 8, 8, 32, 2, 2, 0, 0, 1}, {1, 3, 9, 9, 5, 5, 3, 2, 0, 1}};
+  for (const P& p : ps) {
+    OpCase c;
+    c.op = "ConvTranspose";
+    std::ostringstream l;
+    l << "N=" << p.N << " C=" << p.C << " H=" << p.H << " W=" << p.W << " M=" << p.M << " k=" << p.k << " s=" << p.s
+      << " p=" << p.p << " op=" << p.op << " g=" << p.g;
+    c.label = l.str();
+    c.inputs = {in("X", {p.N, p.C, p.H, p.W}), in("W", {p.C, p.M / p.g, p.k, p.k}, true), in("B", {p.M}, true)};
+    c.attrs = {{"strides", Is({p.s, p.s})}, {"pads", Is({p.p, p.p, p.p, p.p})}, {"group", I(p.g)},
+               {"output_padding", Is({p.op, p.op})}};
+    v.push_back(c);
+  }
+  OpCase c;
+  c.op = "ConvTranspose";
+  c.label = "1d N=1 C=8 L=9 M=4 k=3 s=2";
+  c.inputs = {in("X", {1, 8, 9}), in("W", {8, 4, 3}, true)};
+  c.attrs = {{"strides", Is({2})}};
+  v.push_back(c);
+}
+
+void add_matmul_cases(std::vector<OpCase>& v) {
+  struct P { Shape a, b; bool b_const; };
+  const P ps[] = {
+      {{1, 1}, {1, 1}, false},       {{7, 13}, {13, 5}, false},       {{16, 16}, {16, 16}, true},
+      {{17, 33}, {33, 65}, true},    {{64, 256}, {256, 64}, true},     {{1, 512}, {512, 1000}, true},
+      {{2, 3, 5, 7}, {2, 3, 7, 4}, false}, {{4, 8, 16}, {16, 9}, true}, {{4, 1, 5, 6}, {3, 6, 2}, false},
+      {{1, 5, 6}, {4, 6, 3}, false}, {{9}, {9, 4}, false},            {{3, 9}, {9}, false},
+      {{9}, {9}, false},             {{2, 128, 64}, {2, 64, 128}, false}, {{128, 256}, {256, 256}, true},
+  };
+  for (const P& p : ps) {
+    OpCase c;
+    c.op = "MatMul";
+    c.label = "A=" + shape_label(p.a) + " B=" + shape_label(p.b) + (p.b_const ? " B-const" : "");
+    c.inputs = {in("A", p.a), in("B", p.b, p.b_const)};
+    v.push_back(c);
+  }
+  struct G { int64_t M, K, N; int ta, tb; float alpha, beta; Shape cshape; bool c_const; };
+  const G gs[] = {
+      {1, 1, 1, 0, 0, 1.f, 1.f, {1}, true},         {5, 7, 3, 0, 0, 1.f, 1.f, {3}, true},
+      {5, 7, 3, 1, 0, 1.f, 1.f, {5, 3}, true},      {5, 7, 3, 0, 1, 1.f, 1.f, {1, 3}, true},
+      {5, 7, 3, 1, 1, 0.5f, 2.f, {5, 3}, true},     {1, 512, 1000, 0, 1, 1.f, 1.f, {1000}, true},
+      {32, 256, 10, 0, 1, 1.f, 1.f, {10}, true},    {16, 17, 33, 0, 0, 2.f, 0.f, {33}, true},
+      {8, 16, 4, 0, 0, 1.f, 1.f, {}, false},        {6, 9, 4, 0, 1, 1.f, 1.f, {6, 4}, false},
+      {6, 9, 4, 0, 0, 1.f, 1.f, {6, 1}, true},      {6, 9, 4, 0, 0, 1.5f, 1.5f, {4}, false},
+  };
+  for (const G& g : gs) {
+    OpCase c;
+    c.op = "Gemm";
+    std::ostringstream l;
+    l << "M=" << g.M << " K=" << g.K << " N=" << g.N << " transA=" << g.ta << " transB=" << g.tb << " alpha=" << g.alpha
+      << " beta=" << g.beta << " C=" << (g.cshape.empty() ? "none" : shape_label(g.cshape)) << (g.c_const ? "" : " C-input");
+    c.label = l.str();
+    c.inputs = {in("A", g.ta ? Shape{g.K, g.M} : Shape{g.M, g.K}), in("B", g.tb ? Shape{g.N, g.K} : Shape{g.K, g.N}, true)};
+    if (!g.cshape.empty()) c.inputs.push_back(in("C", g.cshape, g.c_const));
+    c.attrs = {{"transA", I(g.ta)}, {"transB", I(g.tb)}, {"alpha", F(g.alpha)}, {"beta", F(g.beta)}};
+    v.push_back(c);
+  }
+}
+
+void add_pool_cases(std::vector<OpCase>& v) {
+  struct P { Shape x; int64_t k, s, p; int ceil, include_pad; };
+  const P ps[] = {{{1, 3, 7, 7}, 2, 2, 0, 0, 0},     {{1, 16, 14, 14}, 3, 2, 1, 0, 0}, {{2, 64, 112, 112}, 3, 2, 1, 0, 0},
+                  {{1, 8, 9, 11}, 3, 1, 1, 0, 1},    {{1, 17, 10, 10}, 3, 2, 0, 1, 0}, {{1, 4, 5, 5}, 5, 1, 2, 0, 0},
+                  {{3, 5, 8, 6}, 2, 1, 0, 0, 0},     {{1, 32, 13, 13}, 3, 2, 0, 1, 0}};
+  for (const char* op : {"MaxPool", "AveragePool"}) {
+    for (const P& p : ps) {
+      OpCase c;
+      c.op = op;
+      std::ostringstream l;
+      l << "X=" << shape_label(p.x) << " k=" << p.k << " s=" << p.s << " p=" << p.p << " ceil=" << p.ceil;
+      if (c.op == "AveragePool") l << " count_include_pad=" << p.include_pad;
+      c.label = l.str();
+      c.inputs = {in("X", p.x)};
+      c.attrs = {{"kernel_shape", Is({p.k, p.k})}, {"strides", Is({p.s, p.s})}, {"pads", Is({p.p, p.p, p.p, p.p})},
+                 {"ceil_mode", I(p.ceil)}};
+      if (c.op == "AveragePool") c.attrs["count_include_pad"] = I(p.include_pad);
+      v.push_back(c);
+    }
+  }
+  {
+    OpCase c;
+    c.op = "MaxPool";
+    c.label = "X=[1,8,12,12] k=3 s=1 d=2";
+    c.inputs = {in("X", {1, 8, 12, 12})};
+    c.attrs = {{"kernel_shape", Is({3, 3})}, {"dilations", Is({2, 2})}};
+    v.push_back(c);
+    c.label = "X=[1,8,11,12] k=3 s=2 auto_pad=SAME_UPPER";
+    c.attrs = {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"auto_pad", S("SAME_UPPER")}};
+    v.push_back(c);
+    c.label = "1d X=[2,4,15] k=3 s=2";
+    c.inputs = {in("X", {2, 4, 15})};
+    c.attrs = {{"kernel_shape", Is({3})}, {"strides", Is({2})}};
+    v.push_back(c);
+    c.op = "AveragePool";
+    c.label = "3d X=[1,4,6,7,8] k=2 s=2";
+    c.inputs = {in("X", {1, 4, 6, 7, 8})};
+    c.attrs = {{"kernel_shape", Is({2, 2, 2})}, {"strides", Is({2, 2, 2})}};
+    v.push_back(c);
+  }
+  for (const char* op : {"GlobalAveragePool", "GlobalMaxPool"}) {
+    for (Shape x : {Shape{1, 512, 7, 7}, Shape{2, 17, 5, 3}, Shape{1, 3, 1, 1}, Shape{2, 16, 9}, Shape{1, 8, 3, 4, 5}}) {
+      OpCase c;
+      c.op = op;
+      c.label = "X=" + shape_label(x);
+      c.inputs = {in("X", x)};
+      v.push_back(c);
+    }
+  }
+}
+
+void add_norm_cases(std::vector<OpCase>& v) {
+  for (Shape x : {Shape{1, 16, 7, 7}, Shape{2, 3, 5, 9}, Shape{4, 17}, Shape{2, 32, 8}, Shape{1, 8, 3, 4, 5}}) {
+    for (bool cst : {true, false}) {
+      OpCase c;
+      c.op = "BatchNormalization";
+      c.opset = 15;
+      c.label = "X=" + shape_label(x) + (cst ? "" : " params-input");
+      const int64_t C = x[1];
+      c.inputs = {in("X", x), in("scale", {C}, cst), in("B", {C}, cst), in("mean", {C}, cst),
+                  in("var", {C}, cst, 0.1f, 2.f)};
+      c.attrs = {{"epsilon", F(1e-3f)}};
+      v.push_back(c);
+    }
+  }
+  for (Shape x : {Shape{2, 5, 16}, Shape{1, 128, 256}, Shape{3, 7}, Shape{2, 3, 4, 33}}) {
+    for (bool bias : {true, false}) {
+      OpCase c;
+      c.op = "LayerNormalization";
+      c.label = "X=" + shape_label(x) + " axis=-1" + (bias ? "" : " nobias");
+      c.inputs = {in("X", x, false, -3.f, 3.f), in("Scale", {x.back()}, true)};
+      if (bias) c.inputs.push_back(in("B", {x.back()}, true));
+      c.attrs = {{"axis", I(-1)}, {"epsilon", F(1e-5f)}};
+      v.push_back(c);
+    }
+  }
+  for (const char* op : {"Softmax", "LogSoftmax"}) {
+    struct P { Shape x; int64_t axis; int opset; };
+    const P ps[] = {{{2, 10}, -1, 13}, {{4, 8, 128}, -1, 13}, {{2, 3, 4, 5}, 1, 13}, {{3, 17, 6}, 0, 13},
+                    {{2, 3, 4}, 1, 11},  {{1, 1000}, 1, 11},   {{5, 33}, -1, 13}};
+    for (const P& p : ps) {
+      OpCase c;
+      c.op = op;
+      c.opset = p.opset;
+      c.label = "X=" + shape_label(p.x) + " axis=" + std::to_string(p.axis) + " opset=" + std::to_string(p.opset);
+      c.inputs = {in("X", p.x, false, -5.f, 5.f)};
+      c.attrs = {{"axis", I(p.axis)}};
+      v.push_back(c);
+    }
+  }
+}
+
+void add_elementwise_cases(std::vector<OpCase>& v) {
+  struct U { const char* op; float lo, hi; std::map<std::string, Attribute> attrs; };
+  const U us[] = {{"Relu", -2, 2, {}},       {"LeakyRelu", -2, 2, {{"alpha", F(0.1f)}}}, {"Elu", -2, 2, {{"alpha", F(0.7f)}}},
+                  {"Sigmoid", -6, 6, {}},    {"Tanh", -4, 4, {}},  {"Exp", -3, 3, {}},   {"Log", 0.01f, 10, {}},
+                  {"Sqrt", 0, 10, {}},       {"Abs", -3, 3, {}},   {"Neg", -3, 3, {}},   {"HardSwish", -5, 5, {}}};
+  for (const U& u : us) {
+    for (Shape x : {Shape{1}, Shape{17}, Shape{2, 3, 5, 7}, Shape{1, 64, 56, 56}}) {
+      OpCase c;
+      c.op = u.op;
+      c.label = "X=" + shape_label(x);
+      c.inputs = {in("X", x, false, u.lo, u.hi)};
+      c.attrs = u.attrs;
+      v.push_back(c);
+    }
+  }
+  for (int mode = 0; mode < 4; ++mode) {
+    OpCase c;
+    c.op = "Clip";
+    c.opset = 13;
+    InputSpec lo = in("min", {}, true), hi = in("max", {}, true);
+    lo.values = {-0.5f};
+    hi.values = {0.7f};
+    c.inputs = {in("X", {2, 16, 9, 9}, false, -2, 2)};
+    if (mode == 0) c.label = "X=[2,16,9,9] min=-0.5 max=0.7", c.inputs.push_back(lo), c.inputs.push_back(hi);
+    if (mode == 1) c.label = "X=[2,16,9,9] min=-0.5", c.inputs.push_back(lo);
+    if (mode == 2) c.label = "X=[2,16,9,9] max=0.7", c.inputs.push_back(absent()), c.inputs.push_back(hi);
+    if (mode == 3) c.label = "X=[2,16,9,9] relu6", lo.values = {0.f}, hi.values = {6.f}, c.inputs.push_back(lo),
+                   c.inputs.push_back(hi), c.inputs[0].lo = -8, c.inputs[0].hi = 8;
+    v.push_back(c);
+  }
+  struct B { Shape a, b; };
+  const B bs[] = {{{1}, {1}},           {{17}, {17}},              {{2, 3, 4}, {2, 3, 4}}, {{2, 3, 4}, {4}},
+                  {{2, 3, 4}, {3, 1}},  {{1, 64, 56, 56}, {1, 64, 56, 56}}, {{2, 16, 5, 5}, {1, 16, 1, 1}},
+                  {{4, 5}, {}},         {{3, 1, 5}, {1, 4, 5}},   {{5}, {2, 3, 5}},        {{1, 8, 128, 128}, {1, 1, 1, 128}}};
+  for (const char* op : {"Add", "Sub", "Mul", "Div", "Max", "Min"}) {
+    for (const B& b : bs) {
+      OpCase c;
+      c.op = op;
+      c.label = "A=" + shape_label(b.a) + " B=" + shape_label(b.b);
+      bool div = c.op == "Div";
+      c.inputs = {in("A", b.a), in("B", b.b, false, div ? 0.5f : -1.f, div ? 2.f : 1.f)};
+      v.push_back(c);
+    }
+  }
+  struct C { std::vector<Shape> xs; int64_t axis; };
+  const C cs[] = {{{{2, 3}, {2, 5}}, 1},
+                  {{{1, 16, 7, 7}, {1, 32, 7, 7}, {1, 3, 7, 7}}, 1},
+                  {{{2, 4, 5}, {3, 4, 5}}, 0},
+                  {{{2, 4, 5}, {2, 4, 1}, {2, 4, 7}}, -1},
+                  {{{1, 64, 13, 13}, {1, 64, 13, 13}}, 1},
+                  {{{7}}, 0}};
+  for (const C& cc : cs) {
+    OpCase c;
+    c.op = "Concat";
+    c.label = "axis=" + std::to_string(cc.axis);
+    for (size_t i = 0; i < cc.xs.size(); ++i) {
+      c.label += " " + shape_label(cc.xs[i]);
+      c.inputs.push_back(in("X" + std::to_string(i), cc.xs[i]));
+    }
+    c.attrs = {{"axis", I(cc.axis)}};
+    v.push_back(c);
+  }
+}
+
+void add_layout_cases(std::vector<OpCase>& v) {
+  struct T { Shape x; std::vector<int64_t> perm; };
+  const T ts[] = {{{2, 3}, {1, 0}},          {{2, 3, 4}, {}},              {{1, 128, 4, 64}, {0, 2, 1, 3}},
+                  {{2, 4, 16, 8}, {0, 1, 3, 2}}, {{3, 5, 7, 2}, {3, 0, 2, 1}}, {{17, 33}, {1, 0}}};
+  for (const T& t : ts) {
+    OpCase c;
+    c.op = "Transpose";
+    c.label = "X=" + shape_label(t.x) + " perm=" + (t.perm.empty() ? std::string("default") : shape_label(t.perm));
+    c.inputs = {in("X", t.x)};
+    if (!t.perm.empty()) c.attrs = {{"perm", Is(t.perm)}};
+    v.push_back(c);
+  }
+  struct R { Shape x; std::vector<int64_t> axes; int keep; };
+  const R rs[] = {{{2, 128, 256}, {-1}, 1}, {{2, 3, 4, 5}, {1}, 0}, {{4, 17}, {}, 1},
+                  {{2, 16, 7, 7}, {2, 3}, 1}, {{3, 5, 6}, {0, 2}, 0}};
+  for (const char* op : {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"}) {
+    for (const R& r : rs) {
+      OpCase c;
+      c.op = op;
+      c.opset = 13;
+      c.label = "X=" + shape_label(r.x) + " axes=" + shape_label(r.axes) + " keepdims=" + std::to_string(r.keep);
+      c.inputs = {in("X", r.x)};
+      c.attrs = {{"keepdims", I(r.keep)}};
+      if (c.op == "ReduceSum") {
+        if (!r.axes.empty()) {
+          Tensor axes = Tensor::host(DType::kI64, {static_cast<int64_t>(r.axes.size())}).value();
+          std::copy(r.axes.begin(), r.axes.end(), axes.data<int64_t>());
+          c.int64_constants.emplace_back(1, axes);
+          c.inputs.push_back(in("axes", {static_cast<int64_t>(r.axes.size())}, true));
+        }
+      } else if (!r.axes.empty()) {
+        c.attrs["axes"] = Is(r.axes);
+      }
+      v.push_back(c);
+    }
+  }
+  for (float e : {2.f, 0.5f, 3.f}) {
+    OpCase c;
+    c.op = "Pow";
+    c.label = "X=[2,64,128] y=" + fmt_float(e);
+    InputSpec y = in("Y", {}, true);
+    y.values = {e};
+    c.inputs = {in("X", {2, 64, 128}, false, 0.1f, 3.f), y};
+    v.push_back(c);
+  }
+}
+
+std::vector<OpCase> make_cases() {
+  std::vector<OpCase> v;
+  add_conv_cases(v);
+  add_conv_transpose_cases(v);
+  add_matmul_cases(v);
+  add_pool_cases(v);
+  add_norm_cases(v);
+  add_elementwise_cases(v);
+  add_layout_cases(v);
+  return v;
+}
+
+Tensor make_input(const InputSpec& s, uint32_t seed) {
+  Tensor t = Tensor::host(DType::kF32, s.shape).value();
+  float* p = t.data<float>();
+  if (!s.values.empty()) {
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] = s.values[static_cast<size_t>(i) % s.values.size()];
+    return t;
+  }
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(s.lo, s.hi);
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = u(rng);
+  return t;
+}
+
+uint32_t seed_of(const OpCase& c, size_t input) {
+  return static_cast<uint32_t>(std::hash<std::string>{}(c.op + "|" + c.label) + 7919 * input);
+}
+
+struct Built {
+  Graph graph;
+  std::vector<std::pair<std::string, Tensor>> feeds;
+};
+
+Built build(const OpCase& c) {
+  Built b;
+  GraphBuilder gb("cts_" + c.op, c.opset);
+  std::vector<std::string> names;
+  for (size_t i = 0; i < c.inputs.size(); ++i) {
+    const InputSpec& s = c.inputs[i];
+    if (s.name.empty()) {
+      names.push_back("");
+      continue;
+    }
+    Tensor t = make_input(s, seed_of(c, i));
+    for (const auto& [index, value] : c.int64_constants)
+      if (index == i) t = value;
+    if (s.constant) {
+      names.push_back(gb.constant(s.name, t));
+    } else {
+      names.push_back(gb.input(s.name, DType::kF32, s.shape));
+      b.feeds.emplace_back(s.name, t);
+    }
+  }
+  auto outs = gb.op(c.op, names, c.attrs, c.num_outputs);
+  gb.output(outs[0]);
+  b.graph = gb.take();
+  return b;
+}
+
+struct RunOut {
+  Status status = Status::ok();
+  Tensor output;
+  std::string kernel;
+};
+
+RunOut run_one(Environment& env, const OpCase& c, const std::string& device) {
+  RunOut r;
+  Built b = build(c);
+  SessionOptions so;
+  so.devices = {device};
+  so.fallback = Fallback::kError;
+  auto s = Session::create(env, std::move(b.graph), so);
+  if (!s.is_ok()) {
+    r.status = s.status();
+    return r;
+  }
+  for (const auto& [node, op, dev, kernel] : (*s)->placement())
+    if (op == c.op) r.kernel = kernel;
+  auto out = (*s)->run(b.feeds);
+  if (!out.is_ok()) {
+    r.status = out.status();
+    return r;
+  }
+  r.output = (*out)[0];
+  return r;
+}
+
+std::string fmt(double v) {
+  std::ostringstream os;
+  os << std::setprecision(3) << v;
+  return os.str();
+}
+
+}  // namespace
+
+const std::vector<OpCase>& all_cases() {
+  static const std::vector<OpCase> cases = make_cases();
+  return cases;
+}
+
+const char* outcome_name(Outcome o) {
+  switch (o) {
+    case Outcome::kPass: return "pass";
+    case Outcome::kFail: return "FAIL";
+    case Outcome::kError: return "ERROR";
+    case Outcome::kInvalid: return "invalid";
+    case Outcome::kUnsupported: return "unsupported";
+  }
+  return "?";
+}
+
+std::string repro(const std::string& device, const OpCase& c) {
+  return "keel-cts --device " + device + " --op " + c.op + " --case '" + c.label + "'";
+}
+
+Report run(Environment& dut, Environment& oracle, const Options& o) {
+  Report rep;
+  for (const OpCase& c : all_cases()) {
+    if (!o.op.empty() && c.op != o.op) continue;
+    if (!o.label.empty() && c.label != o.label) continue;
+    CaseResult r;
+    r.c = &c;
+    r.repro = repro(o.device, c);
+    RunOut ref = run_one(oracle, c, "cpu");
+    if (!ref.status.is_ok()) {
+      // The reference cannot run it: the case itself is wrong (a bug in the table), not the device.
+      r.outcome = Outcome::kInvalid;
+      r.message = "reference: " + ref.status.to_string();
+    } else {
+      RunOut got = run_one(dut, c, o.device);
+      r.kernel = got.kernel;
+      if (!got.status.is_ok()) {
+        r.outcome = got.status.code() == StatusCode::kUnimplemented ? Outcome::kUnsupported : Outcome::kError;
+        r.message = got.status.to_string();
+      } else if (got.output.shape() != ref.output.shape() || got.output.dtype() != ref.output.dtype()) {
+        r.outcome = Outcome::kFail;
+        r.message = "output " + std::string(dtype_name(got.output.dtype())) + " " + shape_label(got.output.shape()) +
+                    ", reference " + dtype_name(ref.output.dtype()) + " " + shape_label(ref.output.shape());
+      } else {
+        const float* a = got.output.data<float>();
+        const float* e = ref.output.data<float>();
+        const int64_t n = ref.output.numel();
+        double max_ref = 0;
+        for (int64_t i = 0; i < n; ++i) max_ref = std::max(max_ref, std::fabs(static_cast<double>(e[i])));
+        const double atol = c.atol * std::max(1.0, max_ref);
+        int64_t worst = -1, bad = 0;
+        double worst_excess = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          double d = std::fabs(static_cast<double>(a[i]) - e[i]);
+          bool nan_mismatch = std::isnan(a[i]) != std::isnan(e[i]);
+          r.max_abs_err = std::max(r.max_abs_err, d);
+          if (e[i] != 0) r.max_rel_err = std::max(r.max_rel_err, d / std::fabs(static_cast<double>(e[i])));
+          double lim = atol + c.rtol * std::fabs(static_cast<double>(e[i]));
+          if (nan_mismatch || d > lim) {
+            ++bad;
+            double excess = nan_mismatch ? 1e30 : d / lim;
+            if (excess > worst_excess) worst_excess = excess, worst = i;
+          }
+        }
+        if (bad) {
+          r.outcome = Outcome::kFail;
+          r.message = std::to_string(bad) + "/" + std::to_string(n) + " elements off; worst at " + std::to_string(worst) +
+                      ": " + fmt(a[worst]) + " vs " + fmt(e[worst]) + " (max abs err " + fmt(r.max_abs_err) + ")";
+        }
+      }
+    }
+    bool native = o.kernel_prefix.empty() || r.kernel.rfind(o.kernel_prefix, 0) == 0;
+    auto& nb = rep.native_by_op[c.op];
+    nb.second++;
+    if (native && (r.outcome == Outcome::kPass || r.outcome == Outcome::kFail)) {
+      rep.native++;
+      nb.first++;
+    }
+    switch (r.outcome) {
+      case Outcome::kPass: rep.passed++; break;
+      case Outcome::kFail: rep.failed++; break;
+      case Outcome::kError: rep.errors++; break;
+      case Outcome::kInvalid: rep.invalid++; break;
+      case Outcome::kUnsupported: rep.unsupported++; break;
+    }
+    if (o.out && (o.verbose || (r.outcome != Outcome::kPass && r.outcome != Outcome::kUnsupported))) {
+      *o.out << outcome_name(r.outcome) << "  " << c.op << " '" << c.label << "' kernel=" << (r.kernel.empty() ? "-" : r.kernel)
+             << " max_abs_err=" << fmt(r.max_abs_err);
+      if (!r.message.empty()) *o.out << "  " << r.message;
+      if (r.outcome != Outcome::kPass) *o.out << "\n    repro: " << r.repro;
+      *o.out << "\n";
+    }
+    rep.results.push_back(std::move(r));
+  }
+  if (o.out) {
+    *o.out << "device " << o.device << ": " << rep.passed << " passed, " << rep.failed << " failed, " << rep.errors
+           << " errors, " << rep.unsupported << " unsupported, " << rep.invalid << " invalid cases, of "
+           << rep.results.size();
+    if (!o.kernel_prefix.empty()) *o.out << "; " << rep.native << " ran on " << o.kernel_prefix << "* kernels";
+    *o.out << "\n";
+  }
+  return rep;
+}
+
+}  // namespace keel::cts

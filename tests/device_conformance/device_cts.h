@@ -1,0 +1,91 @@
+// keel/tests/device_conformance/device_cts.h — the device conformance suite (CTS): every kernel of a device
+// against the reference kernels.
+//
+// For each case of an ordered table of op cases (sweeps of shapes around tile edges, odd sizes, broadcasting,
+// padding, strides, groups), the suite builds a one-node graph with GraphBuilder, runs it in a Session placed on
+// the device under test (SessionOptions.devices = {device}, fallback = error) and in a Session of an oracle
+// environment that holds only the built-in reference device, and compares the outputs within tolerance. It
+// records which kernel served the node (Session::placement()), so that a device type served by several plugins
+// (oneDNN and the reference kernels both serve "cpu") can check that the kernels it means to test are the ones
+// that ran. Each failure comes with a one-line repro:
+//   keel-cts --device cpu --op Conv --case 'N=1 C=3 H=7 W=9 K=5 k=3 s=2 p=1 g=1'
+//
+// The same library serves the gtest (device_conformance_test), the `keel-cts` CLI and, later, `keel plugin-test`.
+// Not thread-safe: run one suite at a time per pair of environments.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "core/base/graph.h"
+#include "core/runtime/environment.h"
+
+namespace keel::cts {
+
+// One input of a case. An empty name is an absent optional input.
+struct InputSpec {
+  std::string name;
+  Shape shape;
+  bool constant = false;            // an initializer (kernels see its data at create time)
+  float lo = -1.f, hi = 1.f;        // uniform random range
+  std::vector<float> values;        // explicit values (override the random ones)
+};
+
+struct OpCase {
+  std::string op;     // ONNX op type
+  std::string label;  // the case's parameters, e.g. "N=1 C=3 H=7 W=9 K=5 k=3 s=2 p=1 g=1"; unique within the op
+  int32_t opset = 17;
+  std::vector<InputSpec> inputs;
+  std::map<std::string, Attribute> attrs;
+  std::vector<std::pair<size_t, Tensor>> int64_constants;  // inputs (by index) given as these exact tensors
+  size_t num_outputs = 1;  // outputs the node declares; only the first is compared
+  double rtol = 1e-3, atol = 1e-4;  // |out - ref| <= atol * max(1, max|ref|) + rtol * |ref|
+};
+
+// The table of cases, in a fixed order (ops alphabetically grouped as listed in device_cts.cc).
+const std::vector<OpCase>& all_cases();
+
+// kUnsupported: the device under test has no kernel that accepts the case (session creation says UNIMPLEMENTED).
+enum class Outcome { kPass, kFail, kError, kInvalid, kUnsupported };
+const char* outcome_name(Outcome o);
+
+struct CaseResult {
+  const OpCase* c = nullptr;
+  Outcome outcome = Outcome::kPass;
+  std::string kernel;    // the kernel that ran the node on the device under test ("" when the session failed)
+  double max_abs_err = 0, max_rel_err = 0;
+  std::string message;   // what went wrong
+  std::string repro;     // the one-line command
+};
+
+struct Options {
+  std::string device = "cpu";
+  std::string op;              // only this op ("" = every op)
+  std::string label;           // only this case label ("" = every case)
+  std::string kernel_prefix;   // when set, cases served by a kernel without this prefix are "not native"
+  bool verbose = false;        // print every case, not only failures
+  std::ostream* out = nullptr; // where to print (nullptr = silent)
+};
+
+struct Report {
+  std::vector<CaseResult> results;
+  int passed = 0, failed = 0, errors = 0, invalid = 0, unsupported = 0;
+  int native = 0;  // cases served by a kernel with Options.kernel_prefix (all cases when no prefix is set)
+  bool ok() const { return failed == 0 && errors == 0; }
+  // "ops: Conv 40/40 native, ..." — the per-op count of cases served by a kernel with the prefix.
+  std::map<std::string, std::pair<int, int>> native_by_op;
+};
+
+// Runs the suite: `dut` is the environment holding the device under test, `oracle` one with only the reference
+// device (EnvironmentOptions.discover_plugins = false).
+Report run(Environment& dut, Environment& oracle, const Options& options);
+
+// The repro command of a case.
+std::string repro(const std::string& device, const OpCase& c);
+
+}  // namespace keel::cts

@@ -1,0 +1,428 @@
+// The pass plugins (passes/canonicalize, passes/fusion) loaded as plugins from the build tree, each pass on small
+// GraphBuilder graphs: the structure after the pass, and the outputs before/after equal when both graphs run in
+// sessions on the CPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <random>
+
+#include "core/base/pass_manager.h"
+#include "core/runtime/environment.h"
+#include "core/runtime/host_api.h"
+#include "core/runtime/kernel_context.h"
+#include "core/runtime/onnx_io.h"
+#include "core/runtime/session.h"
+
+namespace keel {
+namespace {
+
+// One environment for the whole binary, released in the global tear-down (before static destruction, which must not
+// race the thread pool or unload plugins late).
+std::unique_ptr<Environment>& env_slot() {
+  static std::unique_ptr<Environment> e;
+  return e;
+}
+class EnvironmentHolder : public ::testing::Environment {
+ public:
+  void TearDown() override { env_slot().reset(); }
+};
+[[maybe_unused]] ::testing::Environment* const kHolder = ::testing::AddGlobalTestEnvironment(new EnvironmentHolder);
+
+Environment& env() {
+  auto& e = env_slot();
+  if (!e) {
+    EnvironmentOptions o;
+    const char* dir = std::getenv("KEEL_PASSES_PLUGIN_DIR");
+    o.plugin_paths.emplace_back(dir ? dir : KEEL_PASSES_PLUGIN_DIR_DEFAULT);
+    auto r = Environment::create(o);
+    EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+    e = std::move(r).value();
+  }
+  return *e;
+}
+
+Tensor randn(Shape shape, uint32_t seed, float lo = -1.f, float hi = 1.f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(static_cast<size_t>(shape_numel(shape)));
+  for (auto& x : v) x = d(rng);
+  return Tensor::f32(std::move(shape), v);
+}
+Tensor i64(Shape shape, std::vector<int64_t> v) { return Tensor::from_vector(DType::kI64, std::move(shape), v); }
+
+using Feeds = std::vector<std::pair<std::string, Tensor>>;
+
+std::vector<Tensor> run(Graph g, const Feeds& feeds) {
+  SessionOptions o;
+  o.devices = {"cpu"};
+  auto s = Session::create(env(), std::move(g), o);
+  EXPECT_TRUE(s.is_ok()) << s.status().to_string();
+  if (!s.is_ok()) return {};
+  auto out = s.value()->run(feeds);
+  EXPECT_TRUE(out.is_ok()) << out.status().to_string();
+  return out.is_ok() ? std::move(out).value() : std::vector<Tensor>{};
+}
+
+// Runs a pipeline the way a session does (shapes inferred first). Returns the reports.
+std::vector<PassReport> run_passes(Graph& g, const std::vector<PassSpec>& pipeline, const std::string& device = "cpu") {
+  EXPECT_TRUE(infer_shapes(g).is_ok());
+  keel_graph_s view;
+  view.graph = &g;
+  view.env = &env();
+  auto r = PassManager(env().registry(), graph_api()).run(g, &view, pipeline, device);
+  EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_TRUE(g.validate().is_ok());
+  return r.is_ok() ? std::move(r).value() : std::vector<PassReport>{};
+}
+std::vector<PassReport> run_passes(Graph& g, const std::string& list, const std::string& device = "cpu") {
+  return run_passes(g, parse_pipeline_list(list).value(), device);
+}
+
+size_t count_op(const Graph& g, const std::string& op, const std::string& domain = "") {
+  size_t n = 0;
+  for (NodeId id : g.node_ids()) n += g.node(id)->op_type == op && g.node(id)->domain == domain;
+  return n;
+}
+
+void expect_near(const std::vector<Tensor>& a, const std::vector<Tensor>& b, float tol) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t k = 0; k < a.size(); ++k) {
+    ASSERT_EQ(a[k].shape(), b[k].shape()) << "output " << k;
+    ASSERT_EQ(a[k].dtype(), b[k].dtype());
+    if (a[k].dtype() != DType::kF32) {
+      EXPECT_EQ(0, std::memcmp(a[k].raw_data(), b[k].raw_data(), a[k].byte_size()));
+      continue;
+    }
+    float worst = 0;
+    for (int64_t i = 0; i < a[k].numel(); ++i) {
+      float x = a[k].data<float>()[i], y = b[k].data<float>()[i];
+      worst = std::max(worst, std::fabs(x - y) / std::max(1.f, std::fabs(y)));
+    }
+    EXPECT_LE(worst, tol) << "output " << k;
+  }
+}
+
+// Runs `g` before and after `pipeline` on `feeds` and checks the outputs agree.
+Graph check_pipeline(Graph g, const std::string& pipeline, const Feeds& feeds, float tol = 1e-5f,
+                     std::vector<PassReport>* reports = nullptr) {
+  auto before = run(g, feeds);
+  auto r = run_passes(g, pipeline);
+  if (reports) *reports = r;
+  auto after = run(g, feeds);
+  expect_near(after, before, tol);
+  return g;
+}
+
+// ------------------------------------------------------------------------------------------------ canonicalize
+
+TEST(FoldConstants, StaticShapeChainLeavesOneReshapeWithAConstantShape) {
+  GraphBuilder b("shape_chain", 13);
+  auto x = b.input("x", DType::kF32, {2, 3, 4});
+  auto s = b.op1("Shape", {x});
+  auto g0 = b.op1("Gather", {s, b.constant("zero", i64({}, {0}))}, {{"axis", Attribute::of_int(0)}});
+  auto u0 = b.op1("Unsqueeze", {g0, b.constant("axes", i64({1}, {0}))});
+  auto cat = b.op1("Concat", {u0, b.constant("minus1", i64({1}, {-1}))}, {{"axis", Attribute::of_int(0)}});
+  auto y = b.op1("Reshape", {x, cat});
+  b.output(b.op1("Relu", {y}));
+  std::vector<PassReport> reports;
+  Graph g = check_pipeline(b.take(), "fold_constants", {{"x", randn({2, 3, 4}, 1)}}, 0, &reports);
+  EXPECT_EQ(g.node_count(), 2u);
+  ASSERT_EQ(count_op(g, "Reshape"), 1u);
+  for (NodeId id : g.node_ids()) {
+    const Node* n = g.node(id);
+    if (n->op_type != "Reshape") continue;
+    ASSERT_TRUE(g.is_initializer(n->inputs[1]));
+    const Tensor& t = g.initializers.at(n->inputs[1]);
+    ASSERT_EQ(t.numel(), 2);
+    EXPECT_EQ(t.data<int64_t>()[0], 2);
+    EXPECT_EQ(t.data<int64_t>()[1], -1);
+  }
+  EXPECT_GE(reports[0].counters.at("shapes_folded"), 1);
+  EXPECT_EQ(g.initializers.count("zero"), 0u) << "constants only the folded nodes read are dropped";
+}
+
+TEST(FoldConstants, MaxBytesFromATomlPipelineKeepsBigResults) {
+  auto make = [] {
+    GraphBuilder b("expand");
+    auto x = b.input("x", DType::kF32, {64, 64});
+    auto big = b.op1("Expand", {b.constant("one", Tensor::f32({1}, {1.f})), b.constant("shape", i64({2}, {64, 64}))});
+    b.output(b.op1("Add", {x, big}));
+    return b.take();
+  };
+  Feeds feeds = {{"x", randn({64, 64}, 2)}};
+  Graph folded = check_pipeline(make(), "fold_constants", feeds);
+  EXPECT_EQ(folded.node_count(), 1u);
+  auto pipeline = parse_pipeline_toml(R"([[pass]]
+name = "fold_constants"
+[pass.options]
+max_bytes = 1024
+[[pass]]
+name = "eliminate_dead_code"
+)", "test.toml");
+  ASSERT_TRUE(pipeline.is_ok()) << pipeline.status().to_string();
+  Graph kept = make();
+  auto before = run(kept, feeds);
+  auto reports = run_passes(kept, pipeline.value());
+  ASSERT_EQ(reports.size(), 2u);
+  EXPECT_EQ(kept.node_count(), 2u) << "a 16 KiB result stays computed under max_bytes = 1024";
+  expect_near(run(kept, feeds), before, 0);
+}
+
+TEST(FoldConstants, RandomOpsStay) {
+  GraphBuilder b("random");
+  auto x = b.input("x", DType::kF32, {2, 2});
+  auto r = b.op1("RandomUniform", {}, {{"shape", Attribute::of_ints({2, 2})}, {"dtype", Attribute::of_int(1)}});
+  b.output(b.op1("Add", {x, r}));
+  Graph g = b.take();
+  run_passes(g, "fold_constants");
+  EXPECT_EQ(count_op(g, "RandomUniform"), 1u);
+}
+
+TEST(EliminateDeadCode, RemovesUnreachableNodesAndTheirConstants) {
+  GraphBuilder b("dead");
+  auto x = b.input("x", DType::kF32, {4});
+  auto w = b.constant("w", Tensor::f32({4}, {1, 2, 3, 4}));
+  auto dead = b.op1("Mul", {x, w});
+  b.op1("Sigmoid", {dead});
+  b.output(b.op1("Relu", {x}));
+  std::vector<PassReport> reports;
+  Graph g = check_pipeline(b.take(), "eliminate_dead_code", {{"x", randn({4}, 3)}}, 0, &reports);
+  EXPECT_EQ(g.node_count(), 1u);
+  EXPECT_EQ(g.initializers.count("w"), 0u);
+  EXPECT_EQ(reports[0].counters.at("nodes_removed"), 2);
+  EXPECT_EQ(reports[0].counters.at("bytes_saved"), 16);
+}
+
+TEST(RemoveIdentity, RemovesNoOpsAndKeepsGraphOutputNames) {
+  GraphBuilder b("ids");
+  auto x = b.input("x", DType::kF32, {2, 3});
+  auto a = b.op1("Identity", {x});
+  auto d = b.op("Dropout", {a}, {}, 2)[0];  // mask unused
+  auto c = b.op1("Cast", {d}, {{"to", Attribute::of_int(1)}});
+  auto r = b.op1("Reshape", {c, b.constant("shape", i64({2}, {2, 3}))});
+  auto t = b.op1("Transpose", {r}, {{"perm", Attribute::of_ints({0, 1})}});
+  auto e = b.op1("Exp", {t});
+  auto out = b.op1("Identity", {e});
+  b.output(out);
+  Graph g = check_pipeline(b.take(), "remove_identity", {{"x", randn({2, 3}, 4)}}, 0);
+  EXPECT_EQ(g.node_count(), 1u) << "only Exp stays";
+  ASSERT_EQ(g.outputs.size(), 1u);
+  EXPECT_EQ(g.outputs[0], out) << "the graph output keeps its name";
+  EXPECT_EQ(g.initializers.count("shape"), 0u);
+}
+
+TEST(RemoveIdentity, KeepsAnIdentityFromAGraphInputToAGraphOutput) {
+  GraphBuilder b("passthrough");
+  auto x = b.input("x", DType::kF32, {2});
+  b.output(b.op1("Identity", {x}));
+  Graph g = b.take();
+  auto reports = run_passes(g, "remove_identity");
+  EXPECT_EQ(g.node_count(), 1u);
+  EXPECT_FALSE(reports[0].notes.empty());
+}
+
+TEST(EliminateCommonSubexpressions, MergesEqualNodesAndConstants) {
+  GraphBuilder b("cse");
+  auto x = b.input("x", DType::kF32, {3});
+  auto c1 = b.constant("c1", Tensor::f32({1}, {2.f}));
+  auto c2 = b.constant("c2", Tensor::f32({1}, {2.f}));
+  auto m1 = b.op1("Mul", {x, c1});
+  auto m2 = b.op1("Mul", {x, c2});
+  auto s1 = b.op1("Sigmoid", {m1});
+  auto s2 = b.op1("Sigmoid", {m2});
+  auto lr1 = b.op1("LeakyRelu", {x}, {{"alpha", Attribute::of_float(0.1f)}});
+  auto lr2 = b.op1("LeakyRelu", {x}, {{"alpha", Attribute::of_float(0.2f)}});
+  b.output(b.op1("Sum", {s1, s2, lr1, lr2}));
+  std::vector<PassReport> reports;
+  Graph g = check_pipeline(b.take(), "eliminate_common_subexpressions", {{"x", randn({3}, 5)}}, 0, &reports);
+  EXPECT_EQ(count_op(g, "Mul"), 1u);
+  EXPECT_EQ(count_op(g, "Sigmoid"), 1u);
+  EXPECT_EQ(count_op(g, "LeakyRelu"), 2u) << "different attributes are different expressions";
+  EXPECT_EQ(reports[0].counters.at("nodes_merged"), 2);
+  EXPECT_EQ(reports[0].counters.at("initializers_merged"), 1);
+}
+
+// ------------------------------------------------------------------------------------------------ fusion
+
+TEST(FuseConvBn, FoldsBatchNormIntoTheConvWithin1e5) {
+  GraphBuilder b("conv_bn");
+  auto x = b.input("x", DType::kF32, {2, 3, 8, 8});
+  auto c = b.op1("Conv", {x, b.constant("w", randn({4, 3, 3, 3}, 6)), b.constant("b", randn({4}, 7))},
+                 {{"pads", Attribute::of_ints({1, 1, 1, 1})}});
+  auto y = b.op("BatchNormalization",
+                {c, b.constant("scale", randn({4}, 8, 0.5f, 1.5f)), b.constant("shift", randn({4}, 9)),
+                 b.constant("mean", randn({4}, 10)), b.constant("var", randn({4}, 11, 0.2f, 2.f))},
+                {{"epsilon", Attribute::of_float(1e-3f)}})[0];
+  b.output(y);
+  std::vector<PassReport> reports;
+  Graph g = check_pipeline(b.take(), "fuse_conv_bn", {{"x", randn({2, 3, 8, 8}, 12)}}, 1e-5f, &reports);
+  EXPECT_EQ(g.node_count(), 1u);
+  EXPECT_EQ(count_op(g, "Conv"), 1u);
+  EXPECT_EQ(g.outputs[0], y);
+  EXPECT_EQ(reports[0].counters.at("ops_fused"), 1);
+  EXPECT_EQ(g.initializers.count("w"), 0u);
+  EXPECT_EQ(g.initializers.count("var"), 0u);
+}
+
+Graph conv_residual_relu() {
+  GraphBuilder b("conv_res");
+  auto x = b.input("x", DType::kF32, {1, 4, 6, 6});
+  auto c = b.op1("Conv", {x, b.constant("w", randn({4, 4, 3, 3}, 13))}, {{"pads", Attribute::of_ints({1, 1, 1, 1})}});
+  auto bias = b.op1("Add", {c, b.constant("bias", randn({1, 4, 1, 1}, 14))});
+  auto res = b.op1("Add", {bias, x});
+  b.output(b.op1("Relu", {res}));
+  return b.take();
+}
+
+TEST(FuseConvActivation, ConvBiasResidualReluBecomesOneFusedConv) {
+  std::vector<PassReport> reports;
+  Graph g = check_pipeline(conv_residual_relu(), "fuse_conv_activation", {{"x", randn({1, 4, 6, 6}, 15)}}, 1e-5f,
+                           &reports);
+  EXPECT_EQ(g.node_count(), 1u);
+  ASSERT_EQ(count_op(g, "FusedConv", "keel"), 1u);
+  EXPECT_EQ(reports[0].counters.at("ops_fused"), 1);
+  for (NodeId id : g.node_ids()) {
+    const Node* n = g.node(id);
+    EXPECT_EQ(n->inputs.size(), 4u);
+    EXPECT_EQ(n->inputs[3], "x");
+    EXPECT_EQ(n->attr("activation")->s, "Relu");
+  }
+}
+
+TEST(FuseConvActivation, SkippedWhenTheTargetDeviceHasNoKernel) {
+  Graph g = conv_residual_relu();
+  auto reports = run_passes(g, "fuse_conv_activation", "fake_accelerator");
+  EXPECT_EQ(g.node_count(), 4u) << "the nodes stay as they were";
+  EXPECT_EQ(count_op(g, "FusedConv", "keel"), 0u);
+  ASSERT_EQ(reports[0].notes.size(), 1u);
+  EXPECT_NE(reports[0].notes[0].find("no kernel"), std::string::npos) << reports[0].notes[0];
+}
+
+TEST(FuseMatMulActivation, MatMulBiasReluAndGemmClip) {
+  GraphBuilder b("mm");
+  auto x = b.input("x", DType::kF32, {2, 5, 8});
+  auto m = b.op1("MatMul", {x, b.constant("w", randn({8, 6}, 16))});
+  auto a = b.op1("Add", {m, b.constant("bias", randn({6}, 17))});
+  auto r = b.op1("Relu", {a});
+  auto flat = b.op1("Reshape", {r, b.constant("shape", i64({2}, {10, 6}))});
+  auto gm = b.op1("Gemm", {flat, b.constant("w2", randn({3, 6}, 18)), b.constant("c2", randn({3}, 19))},
+                  {{"transB", Attribute::of_int(1)}, {"alpha", Attribute::of_float(0.5f)}});
+  b.output(b.op1("Clip", {gm, b.constant("lo", Tensor::f32({}, {-0.2f})), b.constant("hi", Tensor::f32({}, {0.3f}))}));
+  Graph g = check_pipeline(b.take(), "fuse_matmul_activation", {{"x", randn({2, 5, 8}, 20)}}, 1e-5f);
+  EXPECT_EQ(count_op(g, "FusedMatMul", "keel"), 1u);
+  EXPECT_EQ(count_op(g, "FusedGemm", "keel"), 1u);
+  EXPECT_EQ(g.node_count(), 3u);
+}
+
+TEST(FuseGelu, ErfPatternBecomesKeelGelu) {
+  GraphBuilder b("gelu");
+  auto x = b.input("x", DType::kF32, {3, 7});
+  auto d = b.op1("Div", {x, b.constant("sqrt2", Tensor::f32({}, {1.4142135f}))});
+  auto e = b.op1("Erf", {d});
+  auto a = b.op1("Add", {e, b.constant("one", Tensor::f32({}, {1.f}))});
+  auto m = b.op1("Mul", {x, a});
+  b.output(b.op1("Mul", {m, b.constant("half", Tensor::f32({}, {0.5f}))}));
+  Graph g = check_pipeline(b.take(), "fuse_gelu", {{"x", randn({3, 7}, 21, -3, 3)}}, 1e-5f);
+  EXPECT_EQ(g.node_count(), 1u);
+  EXPECT_EQ(count_op(g, "Gelu", "keel"), 1u);
+}
+
+Graph decomposed_layer_norm(int32_t opset) {
+  GraphBuilder b("ln", opset);
+  auto x = b.input("x", DType::kF32, {2, 5, 16});
+  auto axes = Attribute::of_ints({-1});
+  auto mean = b.op1("ReduceMean", {x}, {{"axes", axes}});
+  auto d = b.op1("Sub", {x, mean});
+  auto p = b.op1("Pow", {d, b.constant("two", Tensor::f32({}, {2.f}))});
+  auto var = b.op1("ReduceMean", {p}, {{"axes", axes}});
+  auto ve = b.op1("Add", {var, b.constant("eps", Tensor::f32({}, {1e-5f}))});
+  auto sd = b.op1("Sqrt", {ve});
+  auto n = b.op1("Div", {d, sd});
+  auto s = b.op1("Mul", {n, b.constant("gamma", randn({16}, 22))});
+  b.output(b.op1("Add", {s, b.constant("beta", randn({16}, 23))}));
+  return b.take();
+}
+
+TEST(FuseLayerNorm, DecomposedPatternBecomesOnnxLayerNormalizationAtOpset17) {
+  Graph g = check_pipeline(decomposed_layer_norm(17), "fuse_layer_norm", {{"x", randn({2, 5, 16}, 24)}}, 1e-5f);
+  EXPECT_EQ(g.node_count(), 1u);
+  EXPECT_EQ(count_op(g, "LayerNormalization"), 1u);
+}
+
+TEST(FuseLayerNorm, OlderOpsetsGetTheKeelOp) {
+  Graph g = check_pipeline(decomposed_layer_norm(13), "fuse_layer_norm", {{"x", randn({2, 5, 16}, 25)}}, 1e-5f);
+  EXPECT_EQ(g.node_count(), 1u);
+  EXPECT_EQ(count_op(g, "LayerNormalization", "keel"), 1u);
+}
+
+TEST(FuseAttention, ScaledDotProductBecomesKeelAttention) {
+  GraphBuilder b("attn");
+  auto q = b.input("q", DType::kF32, {2, 4, 6, 8});
+  auto k = b.input("k", DType::kF32, {2, 4, 6, 8});
+  auto v = b.input("v", DType::kF32, {2, 4, 6, 8});
+  auto kt = b.op1("Transpose", {k}, {{"perm", Attribute::of_ints({0, 1, 3, 2})}});
+  auto s = b.op1("MatMul", {q, kt});
+  auto sc = b.op1("Div", {s, b.constant("scale", Tensor::f32({}, {std::sqrt(8.f)}))});
+  auto masked = b.op1("Add", {sc, b.constant("mask", randn({1, 1, 6, 6}, 26, -2, 0))});
+  auto p = b.op1("Softmax", {masked}, {{"axis", Attribute::of_int(-1)}});
+  b.output(b.op1("MatMul", {p, v}));
+  Feeds feeds = {{"q", randn({2, 4, 6, 8}, 27)}, {"k", randn({2, 4, 6, 8}, 28)}, {"v", randn({2, 4, 6, 8}, 29)}};
+  Graph g = check_pipeline(b.take(), "fuse_attention", feeds, 1e-5f);
+  EXPECT_EQ(count_op(g, "Attention", "keel"), 1u);
+  EXPECT_EQ(g.node_count(), 2u) << "Transpose + Attention";
+}
+
+// ------------------------------------------------------------------------------------------------ pipelines
+
+TEST(Pipeline, DefaultPipelineInASessionGivesTheSameOutputs) {
+  auto make = [] {
+    GraphBuilder b("net", 13);
+    auto x = b.input("x", DType::kF32, {1, 3, 8, 8});
+    auto id = b.op1("Identity", {x});
+    auto c = b.op1("Conv", {id, b.constant("w", randn({4, 3, 3, 3}, 30))}, {{"pads", Attribute::of_ints({1, 1, 1, 1})}});
+    auto bn = b.op("BatchNormalization",
+                   {c, b.constant("s", randn({4}, 31, 0.5f, 1.5f)), b.constant("t", randn({4}, 32)),
+                    b.constant("m", randn({4}, 33)), b.constant("v", randn({4}, 34, 0.5f, 1.5f))})[0];
+    auto r = b.op1("Relu", {bn});
+    auto shape = b.op1("Shape", {r});
+    auto n0 = b.op1("Gather", {shape, b.constant("i0", i64({1}, {0}))}, {{"axis", Attribute::of_int(0)}});
+    auto cat = b.op1("Concat", {n0, b.constant("m1", i64({1}, {-1}))}, {{"axis", Attribute::of_int(0)}});
+    auto flat = b.op1("Reshape", {r, cat});
+    auto m = b.op1("MatMul", {flat, b.constant("fc", randn({256, 10}, 35))});
+    b.output(b.op1("Add", {m, b.constant("fcb", randn({10}, 36))}));
+    return b.take();
+  };
+  Feeds feeds = {{"x", randn({1, 3, 8, 8}, 37)}};
+  auto before = run(make(), feeds);
+  SessionOptions o;
+  o.devices = {"cpu"};
+  o.passes = {"fold_constants", "remove_identity", "eliminate_common_subexpressions", "eliminate_dead_code",
+              "fuse_conv_bn", "fuse_gelu", "fuse_layer_norm", "fuse_attention", "fuse_conv_activation",
+              "fuse_matmul_activation", "eliminate_dead_code"};
+  auto s = Session::create(env(), make(), o);
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  const Graph& g = s.value()->graph();
+  EXPECT_EQ(count_op(g, "FusedConv", "keel"), 1u);
+  EXPECT_EQ(count_op(g, "FusedMatMul", "keel"), 1u);
+  EXPECT_EQ(count_op(g, "Reshape"), 1u);
+  EXPECT_EQ(g.node_count(), 3u);
+  auto after = s.value()->run(feeds);
+  ASSERT_TRUE(after.is_ok()) << after.status().to_string();
+  expect_near(after.value(), before, 1e-5f);
+}
+
+TEST(Pipeline, OptimizedGraphSavesAndReloadsAsOnnx) {
+  Graph g = conv_residual_relu();
+  run_passes(g, "fuse_conv_activation");
+  auto bytes = serialize_onnx(g);
+  ASSERT_TRUE(bytes.is_ok()) << bytes.status().to_string();
+  auto back = load_onnx_from_memory(bytes->data(), bytes->size(), {});
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_EQ(count_op(back.value(), "FusedConv", "keel"), 1u);
+  Feeds feeds = {{"x", randn({1, 4, 6, 6}, 38)}};
+  expect_near(run(std::move(back).value(), feeds), run(conv_residual_relu(), feeds), 1e-5f);
+}
+
+}  // namespace
+}  // namespace keel
