@@ -24,6 +24,10 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
+# ccache: key on paths relative to the checkout, so a fresh clone in another folder (CI) reuses earlier builds.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
+export CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
+
 build_dir="${KEEL_BUILD_DIR:-build}"
 jobs="${KEEL_JOBS:-$(nproc)}"
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@"
