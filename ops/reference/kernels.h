@@ -179,4 +179,21 @@ void op_rnn(Kctx&);
 void op_gru(Kctx&);
 void op_lstm(Kctx&);
 
+// sampling.cc
+void op_grid_sample(Kctx&);
+void op_roi_align(Kctx&);
+
+// text.cc
+void op_tfidf_vectorizer(Kctx&);
+
+// signal.cc
+void op_dft(Kctx&);
+void op_stft(Kctx&);
+void op_mel_weight_matrix(Kctx&);
+
+// training.cc (domain ai.onnx.preview.training)
+void op_adagrad(Kctx&);
+void op_adam(Kctx&);
+void op_momentum(Kctx&);
+
 }  // namespace keel::ops::ref

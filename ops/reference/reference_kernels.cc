@@ -19,6 +19,7 @@ struct Entry {
   int32_t since_version;  // first opset implemented
   int32_t end_version;    // last opset (inclusive); 0 = open-ended
   KernelFn fn;
+  const char* domain = "";  // "" is ai.onnx
 };
 
 // ONNX (domain "") kernels, by family. Opset ranges start where the semantics the kernel implements begin
@@ -184,6 +185,17 @@ const Entry kEntries[] = {
     {"RNN", 7, 0, ref::op_rnn},
     {"GRU", 7, 0, ref::op_gru},
     {"LSTM", 7, 0, ref::op_lstm},
+    // --- sampling, text, signal ---
+    {"GridSample", 16, 0, ref::op_grid_sample},
+    {"RoiAlign", 10, 0, ref::op_roi_align},
+    {"TfIdfVectorizer", 9, 0, ref::op_tfidf_vectorizer},
+    {"DFT", 17, 0, ref::op_dft},
+    {"STFT", 17, 0, ref::op_stft},
+    {"MelWeightMatrix", 17, 0, ref::op_mel_weight_matrix},
+    // --- training optimizers (domain ai.onnx.preview.training, opset 1) ---
+    {"Adagrad", 1, 0, ref::op_adagrad, "ai.onnx.preview.training"},
+    {"Adam", 1, 0, ref::op_adam, "ai.onnx.preview.training"},
+    {"Momentum", 1, 0, ref::op_momentum, "ai.onnx.preview.training"},
 };
 
 keel_status_t compute_thunk(void* state, keel_kernel_context_t* ctx) {
@@ -231,7 +243,7 @@ keel_status_t register_reference_kernels(const keel_host_api_t* host, keel_plugi
       def.abi_major = KEEL_PLUGIN_ABI_MAJOR;
       def.abi_minor = KEEL_PLUGIN_ABI_MINOR;
       def.name = name.c_str();
-      def.domain = "";
+      def.domain = e.domain;
       def.op_type = e.op_type;
       def.since_version = e.since_version;
       def.end_version = e.end_version;

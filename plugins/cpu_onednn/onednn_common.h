@@ -80,17 +80,16 @@ dnnl::engine& engine();
 dnnl::stream& stream();
 // Sets oneDNN's (OpenMP) thread count on this thread when it differs from the last value set on it.
 void set_threads(int32_t n);
-// Tiny primitives run on one thread: forking an OpenMP team costs more than it saves, and on a loaded machine a
-// descheduled team member stalls the op for a whole time slice. `work` ~ multiply-adds or elements touched.
-inline void limit_threads_for(double work) {
-  if (work < 65536.0) set_threads(1);
-}
+// (Not used: switching the OpenMP team size between primitives, or running a primitive with another thread
+// count than it was created with, makes oneDNN 2.6 10-50x slower. Plans are keyed by the thread count instead.)
+inline void limit_threads_for(double) {}
 
 // A plain row-major memory descriptor of these dims (f32 unless given).
 dnnl::memory::desc plain_md(const Dims& d, dnnl::memory::data_type dt = dnnl::memory::data_type::f32);
 dnnl::memory::dims to_dnnl(const Dims& d);
 
-// Input shapes of a call, flattened into one key: (ndim, dims...) per input, -2 for absent inputs.
+// Input shapes of a call, flattened into one key: (ndim, dims...) per input, -2 for absent inputs, then the
+// OpenMP thread count (oneDNN primitives must run with the thread count they were created with).
 Dims shape_key(const Ctx& c);
 
 // Plans cached per shape key, with a fast path for the last one used.

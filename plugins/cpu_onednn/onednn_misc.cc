@@ -41,7 +41,17 @@ class SimpleKernel : public Kernel {
     bool known = true;
     for (int i = 0; i < c.input_count(); ++i)
       if (c.has_input(i) && !c.dims_known(i)) known = false;
-    if (known) plans_.get(shape_key(c), [&] { return build_plan(c); });
+    if (known) {
+      SimplePlan& p = plans_.get(shape_key(c), [&] { return build_plan(c); });
+      // oneDNN's reference implementations (ref:any, simple:any reorders) are slower than Keel's reference
+      // kernels: leave those cases to them. (Only decidable at create time when the shapes are known.)
+      if (!p.empty) {
+        const char* impl = nullptr;
+        dnnl_primitive_desc_query(p.prim.get_primitive_desc(), dnnl_query_impl_info_str, 0, &impl);
+        std::string name = impl ? impl : "";
+        if (slow_impl(name)) throw Reject{"oneDNN would use its reference implementation (" + name + ")"};
+      }
+    }
   }
   void run(Ctx& c) override {
     SimplePlan& p = plans_.get(shape_key(c), [&] { return build_plan(c); });
@@ -56,6 +66,8 @@ class SimpleKernel : public Kernel {
   }
 
  protected:
+  // Implementations slower than Keel's reference kernels (oneDNN's own reference ones).
+  virtual bool slow_impl(const std::string& impl) const { return impl.rfind("ref", 0) == 0; }
   // How many leading inputs must be f32 (-1 = all).
   virtual int f32_inputs() const { return -1; }
   // Attribute checks at create (throw Reject).
@@ -426,6 +438,10 @@ class ConcatKernel : public SimpleKernel {
 // Transpose as a oneDNN reorder from a permuted-strides view of the input to the plain output.
 class TransposeKernel : public SimpleKernel {
  protected:
+  // "simple:any" is the element-by-element reorder: far slower than the reference Transpose.
+  bool slow_impl(const std::string& impl) const override {
+    return impl.rfind("ref", 0) == 0 || impl.rfind("simple:any", 0) == 0;
+  }
   void check(const Ctx& c) override {
     if (!c.rank_known(0) || c.dims(0).empty() || c.dims(0).size() > 6) throw Reject{"rank"};
   }

@@ -145,6 +145,7 @@ Dims shape_key(const Ctx& c) {
     k.push_back(t->ndim);
     for (int j = 0; j < t->ndim; ++j) k.push_back(t->dims[j]);
   }
+  k.push_back(omp_get_max_threads());
   return k;
 }
 

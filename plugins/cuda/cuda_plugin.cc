@@ -1,0 +1,388 @@
+// plugins/cuda/cuda_plugin.cc — the CUDA device plugin: the "cuda" device table over the CUDA runtime, and the
+// registration of the plugin's kernels (cuda_ops.cc: own CUDA kernels; cuda_blas.cc: MatMul/Gemm via cuBLAS).
+//
+// Built against <keel/plugin.h> only (never core/ headers, never libkeel_core) plus the CUDA runtime and cuBLAS,
+// linked dynamically. keel_stream_t / keel_event_t are cudaStream_t / cudaEvent_t; a NULL stream is the legacy
+// default stream of the device. Device memory comes from cudaMalloc on an explicit device (never managed memory);
+// the core pools on top of it.
+//
+// Without a driver or a GPU, init returns UNAVAILABLE ("no CUDA device: cudaGetDeviceCount returned ..."): the
+// plugin manager records the plugin as skipped with that reason and the process goes on with the CPU.
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <sstream>
+
+#include "cuda_common.h"
+
+namespace keel::cuda {
+
+const keel_host_api_t* g_host = nullptr;
+
+keel_status_t make_status(int32_t code, const std::string& msg) { return g_host->status_create(code, msg.c_str()); }
+
+void check_cuda(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return;
+  (void)cudaGetLastError();  // clear a non-sticky error so the next call starts clean
+  const int32_t code = e == cudaErrorMemoryAllocation ? KEEL_STATUS_OUT_OF_MEMORY : KEEL_STATUS_INTERNAL;
+  throw Failure{code, std::string("cuda: ") + what + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e)};
+}
+
+int64_t numel(const Dims& d) {
+  int64_t n = 1;
+  for (int64_t v : d) n *= v;
+  return n;
+}
+std::string dims_str(const Dims& d) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < d.size(); ++i) os << (i ? "," : "") << d[i];
+  os << "]";
+  return os.str();
+}
+int32_t dtype_size(int32_t t) {
+  switch (t) {
+    case KEEL_DTYPE_U8: case KEEL_DTYPE_I8: case KEEL_DTYPE_BOOL: return 1;
+    case KEEL_DTYPE_U16: case KEEL_DTYPE_I16: case KEEL_DTYPE_F16: case KEEL_DTYPE_BF16: return 2;
+    case KEEL_DTYPE_F32: case KEEL_DTYPE_I32: case KEEL_DTYPE_U32: return 4;
+    case KEEL_DTYPE_F64: case KEEL_DTYPE_I64: case KEEL_DTYPE_U64: return 8;
+  }
+  return 0;
+}
+
+Dims Ctx::dims(int i) const {
+  const keel_tensor_t* t = input(i);
+  if (!t || t->ndim < 0) return {};
+  return Dims(t->dims, t->dims + t->ndim);
+}
+keel_tensor_t* Ctx::output(int i, const Dims& d) {
+  keel_tensor_t* t = nullptr;
+  keel_status_t st = api_->output(c_, i, static_cast<int32_t>(d.size()), d.data(), &t);
+  if (st) {
+    Failure f{st->code, st->message ? st->message : "output allocation failed"};
+    keel_status_release(st);
+    throw f;
+  }
+  return t;
+}
+int64_t Ctx::attr_i(const char* name, int64_t dflt) const {
+  int64_t v;
+  return api_->attr_int(c_, name, &v) ? v : dflt;
+}
+float Ctx::attr_f(const char* name, float dflt) const {
+  float v;
+  return api_->attr_float(c_, name, &v) ? v : dflt;
+}
+bool Ctx::has_attr_ints(const char* name) const {
+  const int64_t* v;
+  size_t n;
+  return api_->attr_ints(c_, name, &v, &n) != 0;
+}
+Dims Ctx::attr_ints(const char* name, const Dims& dflt) const {
+  const int64_t* v;
+  size_t n;
+  return api_->attr_ints(c_, name, &v, &n) ? Dims(v, v + n) : dflt;
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------------------------
+// The device table
+// ---------------------------------------------------------------------------------------------------------------
+
+keel_status_t cuda_error(cudaError_t e, const std::string& what) {
+  if (e == cudaSuccess) return nullptr;
+  (void)cudaGetLastError();
+  const int32_t code = e == cudaErrorMemoryAllocation ? KEEL_STATUS_OUT_OF_MEMORY : KEEL_STATUS_INTERNAL;
+  return make_status(code, "cuda: " + what + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+}
+
+// Why there is no usable device, or "" when there is one.
+std::string no_device_reason(int32_t* out_count) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return std::string("no CUDA device: cudaGetDeviceCount returned ") + cudaGetErrorName(e) + " (" +
+           cudaGetErrorString(e) + ")";
+  }
+  if (n <= 0) return "no CUDA device: cudaGetDeviceCount found 0 devices";
+  if (out_count) *out_count = n;
+  return "";
+}
+
+keel_status_t d_device_count(void*, int32_t* out_count) {
+  *out_count = 0;
+  std::string why = no_device_reason(out_count);
+  if (!why.empty()) return make_status(KEEL_STATUS_UNAVAILABLE, why);
+  return nullptr;
+}
+
+keel_status_t d_get_properties(void*, int32_t device, keel_device_properties_t* p) {
+  cudaDeviceProp prop;
+  if (keel_status_t s = cuda_error(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties")) return s;
+  if (KEEL_HAS_MEMBER(p, keel_device_properties_t, name)) {
+    std::strncpy(p->name, prop.name, sizeof(p->name) - 1);
+    p->name[sizeof(p->name) - 1] = '\0';
+  }
+  if (KEEL_HAS_MEMBER(p, keel_device_properties_t, total_memory)) p->total_memory = prop.totalGlobalMem;
+  if (KEEL_HAS_MEMBER(p, keel_device_properties_t, free_memory)) {
+    size_t free_b = 0, total_b = 0;
+    int prev = 0;
+    cudaGetDevice(&prev);
+    if (cudaSetDevice(device) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
+      p->free_memory = free_b;
+    (void)cudaGetLastError();
+    cudaSetDevice(prev);
+  }
+  if (KEEL_HAS_MEMBER(p, keel_device_properties_t, capabilities)) {
+    uint64_t caps = KEEL_DEVICE_CAP_F16 | KEEL_DEVICE_CAP_INT8 | KEEL_DEVICE_CAP_F64 | KEEL_DEVICE_CAP_ASYNC_COPY |
+                    KEEL_DEVICE_CAP_PEER_COPY;
+    if (prop.major >= 8) caps |= KEEL_DEVICE_CAP_BF16;
+    p->capabilities = caps;
+  }
+  if (KEEL_HAS_MEMBER(p, keel_device_properties_t, compute_major)) p->compute_major = prop.major;
+  if (KEEL_HAS_MEMBER(p, keel_device_properties_t, compute_minor)) p->compute_minor = prop.minor;
+  if (KEEL_HAS_MEMBER(p, keel_device_properties_t, multiprocessors)) p->multiprocessors = prop.multiProcessorCount;
+  return nullptr;
+}
+
+keel_status_t d_allocate(void*, int32_t device, uint64_t bytes, uint64_t alignment, void** out) {
+  *out = nullptr;
+  if (alignment > 256)
+    return make_status(KEEL_STATUS_INVALID_ARGUMENT,
+                       "cuda: allocate: alignment " + std::to_string(alignment) + " > 256 (cudaMalloc's) unsupported");
+  if (keel_status_t s = cuda_error(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")")) return s;
+  cudaError_t e = cudaMalloc(out, bytes ? bytes : 1);
+  if (e != cudaSuccess) {
+    *out = nullptr;
+    return cuda_error(e, "cudaMalloc(" + std::to_string(bytes) + " bytes on device " + std::to_string(device) + ")");
+  }
+  return nullptr;
+}
+
+void d_free(void*, int32_t device, void* ptr) {
+  if (!ptr) return;
+  cudaSetDevice(device);
+  cudaFree(ptr);
+  (void)cudaGetLastError();
+}
+
+keel_status_t d_allocate_pinned(void*, uint64_t bytes, void** out) {
+  *out = nullptr;
+  cudaError_t e = cudaMallocHost(out, bytes ? bytes : 1);
+  if (e != cudaSuccess) *out = nullptr;
+  return cuda_error(e, "cudaMallocHost(" + std::to_string(bytes) + " bytes)");
+}
+void d_free_pinned(void*, void* ptr) {
+  if (ptr) cudaFreeHost(ptr);
+  (void)cudaGetLastError();
+}
+
+keel_status_t d_copy(void*, int32_t kind, int32_t dst_device, void* dst, int32_t src_device, const void* src,
+                     uint64_t bytes, keel_stream_t stream) {
+  if (bytes == 0) return nullptr;
+  cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+  int32_t work_device = -1;
+  cudaMemcpyKind k;
+  switch (kind) {
+    case KEEL_COPY_HOST_TO_DEVICE: k = cudaMemcpyHostToDevice; work_device = dst_device; break;
+    case KEEL_COPY_DEVICE_TO_HOST: k = cudaMemcpyDeviceToHost; work_device = src_device; break;
+    case KEEL_COPY_DEVICE_TO_DEVICE: k = cudaMemcpyDeviceToDevice; work_device = src_device; break;
+    case KEEL_COPY_HOST_TO_HOST: k = cudaMemcpyHostToHost; break;
+    default: return make_status(KEEL_STATUS_INVALID_ARGUMENT, "cuda: copy: unknown copy kind " + std::to_string(kind));
+  }
+  if (work_device >= 0)
+    if (keel_status_t st = cuda_error(cudaSetDevice(work_device), "cudaSetDevice")) return st;
+  cudaError_t e;
+  if (kind == KEEL_COPY_DEVICE_TO_DEVICE && dst_device != src_device)
+    e = cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, s);
+  else
+    e = cudaMemcpyAsync(dst, src, bytes, k, s);
+  if (e == cudaSuccess && s == nullptr) e = cudaStreamSynchronize(nullptr);
+  return cuda_error(e, "copy of " + std::to_string(bytes) + " bytes");
+}
+
+keel_status_t d_stream_create(void*, int32_t device, keel_stream_t* out) {
+  *out = nullptr;
+  if (keel_status_t st = cuda_error(cudaSetDevice(device), "cudaSetDevice")) return st;
+  cudaStream_t s = nullptr;
+  if (keel_status_t st = cuda_error(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate"))
+    return st;
+  *out = reinterpret_cast<keel_stream_t>(s);
+  return nullptr;
+}
+void d_stream_release(void*, keel_stream_t stream) {
+  if (stream) cudaStreamDestroy(reinterpret_cast<cudaStream_t>(stream));
+  (void)cudaGetLastError();
+}
+keel_status_t d_stream_synchronize(void*, keel_stream_t stream) {
+  return cuda_error(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
+}
+keel_status_t d_event_create(void*, int32_t device, keel_event_t* out) {
+  *out = nullptr;
+  if (keel_status_t st = cuda_error(cudaSetDevice(device), "cudaSetDevice")) return st;
+  cudaEvent_t ev = nullptr;
+  if (keel_status_t st = cuda_error(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate"))
+    return st;
+  *out = reinterpret_cast<keel_event_t>(ev);
+  return nullptr;
+}
+void d_event_release(void*, keel_event_t ev) {
+  if (ev) cudaEventDestroy(reinterpret_cast<cudaEvent_t>(ev));
+  (void)cudaGetLastError();
+}
+keel_status_t d_event_record(void*, keel_event_t ev, keel_stream_t stream) {
+  return cuda_error(cudaEventRecord(reinterpret_cast<cudaEvent_t>(ev), reinterpret_cast<cudaStream_t>(stream)),
+                    "cudaEventRecord");
+}
+keel_status_t d_stream_wait_event(void*, keel_stream_t stream, keel_event_t ev) {
+  return cuda_error(
+      cudaStreamWaitEvent(reinterpret_cast<cudaStream_t>(stream), reinterpret_cast<cudaEvent_t>(ev), 0),
+      "cudaStreamWaitEvent");
+}
+keel_status_t d_event_synchronize(void*, keel_event_t ev) {
+  return cuda_error(cudaEventSynchronize(reinterpret_cast<cudaEvent_t>(ev)), "cudaEventSynchronize");
+}
+keel_status_t d_device_synchronize(void*, int32_t device) {
+  if (keel_status_t st = cuda_error(cudaSetDevice(device), "cudaSetDevice")) return st;
+  return cuda_error(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Kernels: the C edge
+// ---------------------------------------------------------------------------------------------------------------
+
+std::vector<KernelInfo>& all_kernels() {
+  static std::vector<KernelInfo> v;
+  return v;
+}
+
+keel_status_t kernel_create(void* user_data, keel_kernel_context_t* ctx, void** out_state) {
+  const auto* info = static_cast<const KernelInfo*>(user_data);
+  try {
+    std::unique_ptr<Kernel> k(info->make());
+    Ctx c(ctx);
+    k->setup(c);
+    *out_state = k.release();
+    return nullptr;
+  } catch (const Reject& r) {
+    return make_status(KEEL_STATUS_UNIMPLEMENTED, std::string(info->name) + ": " + r.why);
+  } catch (const Failure& f) {
+    return make_status(KEEL_STATUS_UNIMPLEMENTED, std::string(info->name) + ": " + f.message);
+  } catch (const std::exception& e) {
+    return make_status(KEEL_STATUS_UNIMPLEMENTED, std::string(info->name) + ": create failed: " + e.what());
+  } catch (...) {
+    return make_status(KEEL_STATUS_UNIMPLEMENTED, std::string(info->name) + ": create failed");
+  }
+}
+
+keel_status_t kernel_compute(void* state, keel_kernel_context_t* ctx) {
+  try {
+    Ctx c(ctx);
+    check_cuda(cudaSetDevice(c.device()), "cudaSetDevice");
+    static_cast<Kernel*>(state)->run(c);
+    return nullptr;
+  } catch (const Failure& f) {
+    return make_status(f.code, f.message);
+  } catch (const Reject& r) {
+    return make_status(KEEL_STATUS_UNIMPLEMENTED, r.why);
+  } catch (const std::bad_alloc&) {
+    return make_status(KEEL_STATUS_OUT_OF_MEMORY, "cuda: host allocation failed");
+  } catch (const std::exception& e) {
+    return make_status(KEEL_STATUS_INTERNAL, e.what());
+  } catch (...) {
+    return make_status(KEEL_STATUS_INTERNAL, "cuda: unknown exception");
+  }
+}
+
+void kernel_release(void* state) { delete static_cast<Kernel*>(state); }
+
+keel_status_t cuda_init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+  if (!KEEL_HAS_MEMBER(host, keel_host_api_t, register_kernel) || host->kernel == nullptr ||
+      !KEEL_HAS_MEMBER(host->kernel, keel_kernel_api_t, stream))
+    return nullptr;  // a core too old to serve us: register nothing (recorded as "no device present")
+  g_host = host;
+  try {
+    // Ask the runtime before registering anything: no driver / no GPU is a skip with the runtime's reason.
+    int32_t count = 0;
+    std::string why = no_device_reason(&count);
+    if (!why.empty()) return make_status(KEEL_STATUS_UNAVAILABLE, why);
+
+    keel_device_table_t t;
+    std::memset(&t, 0, sizeof t);
+    t.struct_size = sizeof t;
+    t.abi_major = KEEL_PLUGIN_ABI_MAJOR;
+    t.abi_minor = KEEL_PLUGIN_ABI_MINOR;
+    t.device_type = "cuda";
+    t.user_data = nullptr;
+    t.device_count = d_device_count;
+    t.get_properties = d_get_properties;
+    t.allocate = d_allocate;
+    t.free = d_free;
+    t.allocate_pinned_host = d_allocate_pinned;
+    t.free_pinned_host = d_free_pinned;
+    t.copy = d_copy;
+    t.stream_create = d_stream_create;
+    t.stream_release = d_stream_release;
+    t.stream_synchronize = d_stream_synchronize;
+    t.event_create = d_event_create;
+    t.event_release = d_event_release;
+    t.event_record = d_event_record;
+    t.stream_wait_event = d_stream_wait_event;
+    t.event_synchronize = d_event_synchronize;
+    t.device_synchronize = d_device_synchronize;
+    t.claim_subgraphs = nullptr;
+    if (keel_status_t st = host->register_device(plugin, &t)) return st;
+
+    auto& kernels = all_kernels();
+    kernels.clear();
+    for (auto* list : {&elementwise_kernels, &blas_kernels})
+      for (const auto& k : list()) kernels.push_back(k);
+    for (auto& info : kernels) {
+      keel_kernel_def_t def;
+      std::memset(&def, 0, sizeof def);
+      def.struct_size = sizeof def;
+      def.abi_major = KEEL_PLUGIN_ABI_MAJOR;
+      def.abi_minor = KEEL_PLUGIN_ABI_MINOR;
+      def.name = info.name;
+      def.domain = "";
+      def.op_type = info.op_type;
+      def.since_version = info.since_version;
+      def.end_version = info.end_version;
+      def.device_type = "cuda";
+      def.constraints = nullptr;  // dtypes are checked in create (a rejection falls back to the CPU)
+      def.constraint_count = 0;
+      def.user_data = &info;
+      def.create = kernel_create;
+      def.compute = kernel_compute;
+      def.release = kernel_release;
+      if (keel_status_t st = host->register_kernel(plugin, &def)) return st;
+    }
+    int rt = 0, drv = 0;
+    cudaRuntimeGetVersion(&rt);
+    cudaDriverGetVersion(&drv);
+    std::string msg = "cuda: " + std::to_string(count) + " device(s), runtime " + std::to_string(rt) + ", driver " +
+                      std::to_string(drv) + ", " + std::to_string(kernels.size()) + " kernels";
+    host->log(plugin, KEEL_LOG_INFO, msg.c_str());
+    return nullptr;
+  } catch (const std::exception& e) {
+    return make_status(KEEL_STATUS_INTERNAL, std::string("cuda: init failed: ") + e.what());
+  }
+}
+
+void cuda_shutdown() {
+  blas_shutdown();
+  g_host = nullptr;
+}
+
+const keel_plugin_t kCudaPlugin = {
+    sizeof(keel_plugin_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR, "cuda", "0.1.0",
+    KEEL_PLUGIN_KIND_DEVICE, cuda_init, cuda_shutdown,
+};
+
+}  // namespace
+}  // namespace keel::cuda
+
+extern "C" KEEL_PLUGIN_EXPORT const keel_plugin_t* keel_plugin_entry(void) { return &keel::cuda::kCudaPlugin; }

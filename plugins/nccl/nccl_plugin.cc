@@ -1,0 +1,299 @@
+// plugins/nccl/nccl_plugin.cc — the NCCL collective plugin: communicators for the "cuda" device type.
+//
+// Built against <keel/plugin.h> only, the CUDA runtime and NCCL. Rendezvous goes through the core's key-value
+// store: every rank first announces itself ("<prefix>/arrived/<rank>") and waits, within the timeout, for every
+// other rank, so a peer that never comes is named (DEADLINE_EXCEEDED "rank 3 of 4 never arrived"); rank 0 then
+// publishes its ncclUniqueId ("<prefix>/id"), which the others read. ncclCommInitRankConfig runs non-blocking and is
+// polled against the same deadline (aborted, not hung on, when it runs out). Every data entry is stream-ordered on
+// the given cudaStream_t (NULL = the legacy default stream). The barrier is an all-reduce of one float.
+// Without a driver or a GPU, init returns UNAVAILABLE: `keel plugins` shows the plugin as skipped with the reason.
+#include <cuda_runtime.h>
+#include <keel/plugin.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+
+namespace {
+
+const keel_host_api_t* g_host = nullptr;
+
+keel_status_t make_status(int32_t code, const std::string& m) { return g_host->status_create(code, m.c_str()); }
+
+struct Comm {
+  ncclComm_t comm = nullptr;
+  int32_t rank = 0, size = 0, device = 0;
+  float* scratch = nullptr;  // one float for the barrier
+};
+
+keel_status_t nccl_error(ncclResult_t r, ncclComm_t comm, const char* what) {
+  if (r == ncclSuccess) return nullptr;
+  std::string msg = std::string("nccl: ") + what + ": " + ncclGetErrorString(r);
+  if (comm) {
+    if (const char* last = ncclGetLastError(comm); last && *last) msg += std::string(" (") + last + ")";
+  }
+  const int32_t code = r == ncclInvalidArgument || r == ncclInvalidUsage ? KEEL_STATUS_INVALID_ARGUMENT
+                       : r == ncclRemoteError || r == ncclSystemError   ? KEEL_STATUS_UNAVAILABLE
+                                                                          : KEEL_STATUS_INTERNAL;
+  return make_status(code, msg);
+}
+
+// The communicator is non-blocking: an entry may return ncclInProgress; wait for the real result.
+ncclResult_t settle(ncclComm_t comm, ncclResult_t r) {
+  while (r == ncclInProgress) {
+    std::this_thread::yield();
+    if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) break;
+  }
+  return r;
+}
+
+bool to_nccl_type(int32_t dtype, ncclDataType_t* out) {
+  switch (dtype) {
+    case KEEL_DTYPE_F32: *out = ncclFloat32; return true;
+    case KEEL_DTYPE_F16: *out = ncclFloat16; return true;
+    case KEEL_DTYPE_BF16: *out = ncclBfloat16; return true;
+    case KEEL_DTYPE_F64: *out = ncclFloat64; return true;
+    case KEEL_DTYPE_I8: *out = ncclInt8; return true;
+    case KEEL_DTYPE_U8: case KEEL_DTYPE_BOOL: *out = ncclUint8; return true;
+    case KEEL_DTYPE_I32: *out = ncclInt32; return true;
+    case KEEL_DTYPE_U32: *out = ncclUint32; return true;
+    case KEEL_DTYPE_I64: *out = ncclInt64; return true;
+    case KEEL_DTYPE_U64: *out = ncclUint64; return true;
+  }
+  return false;
+}
+bool to_nccl_op(int32_t op, ncclRedOp_t* out) {
+  switch (op) {
+    case KEEL_REDUCE_SUM: *out = ncclSum; return true;
+    case KEEL_REDUCE_PROD: *out = ncclProd; return true;
+    case KEEL_REDUCE_MIN: *out = ncclMin; return true;
+    case KEEL_REDUCE_MAX: *out = ncclMax; return true;
+    case KEEL_REDUCE_AVG: *out = ncclAvg; return true;
+  }
+  return false;
+}
+
+std::string no_device_reason() {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return std::string("no CUDA device: cudaGetDeviceCount returned ") + cudaGetErrorName(e) + " (" +
+           cudaGetErrorString(e) + ")";
+  }
+  if (n <= 0) return "no CUDA device: cudaGetDeviceCount found 0 devices";
+  return "";
+}
+
+std::atomic<int64_t> g_generation{0};  // communicators are created in the same order on every rank
+
+keel_status_t c_create(void*, keel_kv_store_t* store, int32_t rank, int32_t size, int32_t device, int64_t timeout_ms,
+                       keel_communicator_t* out) {
+  *out = nullptr;
+  if (size < 1 || rank < 0 || rank >= size)
+    return make_status(KEEL_STATUS_INVALID_ARGUMENT,
+                       "nccl: rank " + std::to_string(rank) + " / size " + std::to_string(size) + " out of range");
+  if (size > 1 && (store == nullptr || store->set == nullptr || store->get == nullptr))
+    return make_status(KEEL_STATUS_INVALID_ARGUMENT, "nccl: a key-value store is required for more than one rank");
+  if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return make_status(KEEL_STATUS_INVALID_ARGUMENT, "nccl: cudaSetDevice(" + std::to_string(device) +
+                                                         "): " + cudaGetErrorString(e));
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms > 0 ? timeout_ms : 0);
+  auto left_ms = [&] {
+    auto d = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    return d.count() > 0 ? static_cast<int64_t>(d.count()) : int64_t{0};
+  };
+  const std::string prefix = "keel/nccl/" + std::to_string(g_generation.fetch_add(1));
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof id);
+  if (size > 1) {
+    const char one = 1;
+    if (keel_status_t s = store->set(store, (prefix + "/arrived/" + std::to_string(rank)).c_str(), &one, 1)) return s;
+    for (int32_t peer = 0; peer < size; ++peer) {
+      if (peer == rank) continue;
+      const void* v = nullptr;
+      size_t n = 0;
+      keel_status_t s = store->get(store, (prefix + "/arrived/" + std::to_string(peer)).c_str(), left_ms(), &v, &n);
+      if (s) {
+        const int32_t code = s->code;
+        std::string m = s->message ? s->message : "";
+        keel_status_release(s);
+        if (code == KEEL_STATUS_DEADLINE_EXCEEDED)
+          return make_status(KEEL_STATUS_DEADLINE_EXCEEDED,
+                             "nccl: rank " + std::to_string(peer) + " of " + std::to_string(size) +
+                                 " never arrived within " + std::to_string(timeout_ms) + " ms (rank " +
+                                 std::to_string(rank) + " waited on key " + prefix + "/arrived/" +
+                                 std::to_string(peer) + ")");
+        return make_status(code, "nccl: rendezvous with rank " + std::to_string(peer) + ": " + m);
+      }
+    }
+    if (rank == 0) {
+      if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) return nccl_error(r, nullptr, "ncclGetUniqueId");
+      if (keel_status_t s = store->set(store, (prefix + "/id").c_str(), &id, sizeof id)) return s;
+    } else {
+      const void* v = nullptr;
+      size_t n = 0;
+      keel_status_t s = store->get(store, (prefix + "/id").c_str(), left_ms(), &v, &n);
+      if (s) {
+        const int32_t code = s->code;
+        keel_status_release(s);
+        return make_status(code, "nccl: rank " + std::to_string(rank) + " did not get rank 0's unique id (key " +
+                                     prefix + "/id) within " + std::to_string(timeout_ms) + " ms: rank 0 is missing");
+      }
+      if (n != sizeof id) return make_status(KEEL_STATUS_INTERNAL, "nccl: unique id of the wrong size in the store");
+      std::memcpy(&id, v, sizeof id);
+    }
+  } else if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) {
+    return nccl_error(r, nullptr, "ncclGetUniqueId");
+  }
+
+  auto* c = new Comm;
+  c->rank = rank;
+  c->size = size;
+  c->device = device;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclResult_t r = ncclCommInitRankConfig(&c->comm, size, id, rank, &config);
+  while (r == ncclInProgress || (r == ncclSuccess && c->comm == nullptr)) {
+    if (c->comm == nullptr) break;
+    if (ncclCommGetAsyncError(c->comm, &r) != ncclSuccess) break;
+    if (r != ncclInProgress) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      ncclCommAbort(c->comm);
+      delete c;
+      return make_status(KEEL_STATUS_DEADLINE_EXCEEDED,
+                         "nccl: ncclCommInitRank of rank " + std::to_string(rank) + " of " + std::to_string(size) +
+                             " did not finish within " + std::to_string(timeout_ms) + " ms (a peer stopped joining)");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (r != ncclSuccess) {
+    keel_status_t s = nccl_error(r, c->comm, "ncclCommInitRankConfig");
+    if (c->comm) ncclCommAbort(c->comm);
+    delete c;
+    return s;
+  }
+  if (cudaError_t e = cudaMalloc(&c->scratch, sizeof(float)); e != cudaSuccess) {
+    (void)cudaGetLastError();
+    ncclCommAbort(c->comm);
+    delete c;
+    return make_status(KEEL_STATUS_OUT_OF_MEMORY, std::string("nccl: cudaMalloc: ") + cudaGetErrorString(e));
+  }
+  cudaMemset(c->scratch, 0, sizeof(float));
+  *out = reinterpret_cast<keel_communicator_t>(c);
+  return nullptr;
+}
+
+void c_release(void*, keel_communicator_t comm) {
+  auto* c = reinterpret_cast<Comm*>(comm);
+  if (!c) return;
+  cudaSetDevice(c->device);
+  if (c->comm) {
+    settle(c->comm, ncclCommFinalize(c->comm));
+    ncclCommDestroy(c->comm);
+  }
+  if (c->scratch) cudaFree(c->scratch);
+  (void)cudaGetLastError();
+  delete c;
+}
+int32_t c_rank(void*, keel_communicator_t comm) { return reinterpret_cast<Comm*>(comm)->rank; }
+int32_t c_size(void*, keel_communicator_t comm) { return reinterpret_cast<Comm*>(comm)->size; }
+
+#define KEEL_NCCL_PROLOGUE(dtype_var)                                                                           \
+  auto* c = reinterpret_cast<Comm*>(comm);                                                                      \
+  if (!c) return make_status(KEEL_STATUS_INVALID_ARGUMENT, "nccl: NULL communicator");                         \
+  ncclDataType_t t;                                                                                             \
+  if (!to_nccl_type(dtype_var, &t))                                                                             \
+    return make_status(KEEL_STATUS_UNIMPLEMENTED, "nccl: dtype " + std::to_string(dtype_var) + " unsupported"); \
+  cudaSetDevice(c->device);                                                                                     \
+  cudaStream_t s = reinterpret_cast<cudaStream_t>(stream)
+
+keel_status_t c_all_reduce(void*, keel_communicator_t comm, const void* send, void* recv, uint64_t count,
+                           int32_t dtype, int32_t op, keel_stream_t stream) {
+  KEEL_NCCL_PROLOGUE(dtype);
+  ncclRedOp_t o;
+  if (!to_nccl_op(op, &o)) return make_status(KEEL_STATUS_INVALID_ARGUMENT, "nccl: unknown reduce op");
+  return nccl_error(settle(c->comm, ncclAllReduce(send, recv, count, t, o, c->comm, s)), c->comm, "ncclAllReduce");
+}
+keel_status_t c_broadcast(void*, keel_communicator_t comm, const void* send, void* recv, uint64_t count,
+                          int32_t dtype, int32_t root, keel_stream_t stream) {
+  KEEL_NCCL_PROLOGUE(dtype);
+  return nccl_error(settle(c->comm, ncclBroadcast(send, recv, count, t, root, c->comm, s)), c->comm, "ncclBroadcast");
+}
+keel_status_t c_all_gather(void*, keel_communicator_t comm, const void* send, void* recv, uint64_t send_count,
+                           int32_t dtype, keel_stream_t stream) {
+  KEEL_NCCL_PROLOGUE(dtype);
+  return nccl_error(settle(c->comm, ncclAllGather(send, recv, send_count, t, c->comm, s)), c->comm, "ncclAllGather");
+}
+keel_status_t c_reduce_scatter(void*, keel_communicator_t comm, const void* send, void* recv, uint64_t recv_count,
+                               int32_t dtype, int32_t op, keel_stream_t stream) {
+  KEEL_NCCL_PROLOGUE(dtype);
+  ncclRedOp_t o;
+  if (!to_nccl_op(op, &o)) return make_status(KEEL_STATUS_INVALID_ARGUMENT, "nccl: unknown reduce op");
+  return nccl_error(settle(c->comm, ncclReduceScatter(send, recv, recv_count, t, o, c->comm, s)), c->comm,
+                    "ncclReduceScatter");
+}
+keel_status_t c_send(void*, keel_communicator_t comm, const void* buf, uint64_t count, int32_t dtype, int32_t peer,
+                     keel_stream_t stream) {
+  KEEL_NCCL_PROLOGUE(dtype);
+  return nccl_error(settle(c->comm, ncclSend(buf, count, t, peer, c->comm, s)), c->comm, "ncclSend");
+}
+keel_status_t c_recv(void*, keel_communicator_t comm, void* buf, uint64_t count, int32_t dtype, int32_t peer,
+                     keel_stream_t stream) {
+  KEEL_NCCL_PROLOGUE(dtype);
+  return nccl_error(settle(c->comm, ncclRecv(buf, count, t, peer, c->comm, s)), c->comm, "ncclRecv");
+}
+keel_status_t c_barrier(void*, keel_communicator_t comm, keel_stream_t stream) {
+  KEEL_NCCL_PROLOGUE(KEEL_DTYPE_F32);
+  return nccl_error(settle(c->comm, ncclAllReduce(c->scratch, c->scratch, 1, t, ncclSum, c->comm, s)), c->comm,
+                    "barrier (ncclAllReduce)");
+}
+
+keel_status_t nccl_init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+  if (!KEEL_HAS_MEMBER(host, keel_host_api_t, register_collective)) return nullptr;
+  g_host = host;
+  std::string why = no_device_reason();
+  if (!why.empty()) return make_status(KEEL_STATUS_UNAVAILABLE, why);
+  int version = 0;
+  if (ncclResult_t r = ncclGetVersion(&version); r != ncclSuccess) {
+    return make_status(KEEL_STATUS_UNAVAILABLE, std::string("nccl: ncclGetVersion: ") + ncclGetErrorString(r));
+  }
+  keel_collective_table_t t;
+  std::memset(&t, 0, sizeof t);
+  t.struct_size = sizeof t;
+  t.abi_major = KEEL_PLUGIN_ABI_MAJOR;
+  t.abi_minor = KEEL_PLUGIN_ABI_MINOR;
+  t.backend = "nccl";
+  t.device_type = "cuda";
+  t.communicator_create = c_create;
+  t.communicator_release = c_release;
+  t.rank = c_rank;
+  t.size = c_size;
+  t.all_reduce = c_all_reduce;
+  t.broadcast = c_broadcast;
+  t.all_gather = c_all_gather;
+  t.reduce_scatter = c_reduce_scatter;
+  t.send = c_send;
+  t.recv = c_recv;
+  t.barrier = c_barrier;
+  if (keel_status_t s = host->register_collective(plugin, &t)) return s;
+  const std::string msg = "nccl: NCCL " + std::to_string(version) + " for the cuda device";
+  host->log(plugin, KEEL_LOG_INFO, msg.c_str());
+  return nullptr;
+}
+
+void nccl_shutdown() { g_host = nullptr; }
+
+const keel_plugin_t kNcclPlugin = {
+    sizeof(keel_plugin_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR, "nccl", "0.1.0",
+    KEEL_PLUGIN_KIND_COLLECTIVE, nccl_init, nccl_shutdown,
+};
+
+}  // namespace
+
+extern "C" KEEL_PLUGIN_EXPORT const keel_plugin_t* keel_plugin_entry(void) { return &kNcclPlugin; }
