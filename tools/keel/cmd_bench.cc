@@ -34,27 +34,6 @@ struct BenchArgs {
   bool profile = false;
 };
 
-StatusOr<Tensor> random_tensor(DType dtype, const Shape& shape, std::mt19937& rng) {
-  KEEL_ASSIGN_OR_RETURN(Tensor t, Tensor::host(dtype, shape), "random input");
-  const int64_t n = t.numel();
-  std::normal_distribution<float> normal(0.f, 1.f);
-  std::uniform_int_distribution<int> small(0, 4);
-  for (int64_t i = 0; i < n; ++i) {
-    switch (dtype) {
-      case DType::kF32: t.data<float>()[i] = normal(rng); break;
-      case DType::kF64: t.data<double>()[i] = normal(rng); break;
-      case DType::kF16: t.data<uint16_t>()[i] = f32_to_f16(normal(rng)); break;
-      case DType::kBF16: t.data<uint16_t>()[i] = f32_to_bf16(normal(rng)); break;
-      case DType::kI8: t.data<int8_t>()[i] = static_cast<int8_t>(small(rng)); break;
-      case DType::kU8: t.data<uint8_t>()[i] = static_cast<uint8_t>(small(rng)); break;
-      case DType::kI32: t.data<int32_t>()[i] = small(rng); break;
-      case DType::kI64: t.data<int64_t>()[i] = small(rng); break;
-      case DType::kBool: t.data<uint8_t>()[i] = static_cast<uint8_t>(small(rng) & 1); break;
-      default: return unimplemented(std::string("cannot make random data of dtype ") + dtype_name(dtype));
-    }
-  }
-  return t;
-}
 
 double peak_rss_mib() {
   struct rusage ru {};
@@ -112,7 +91,7 @@ int bench(const BenchArgs& a, Globals& g) {
     for (auto& d : shape)
       if (d < 0) d = 1;
     if (batch == 0 && !shape.empty()) batch = shape[0];
-    auto t = random_tensor(vi->dtype, shape, rng);
+    auto t = random_input(vi->dtype, shape, rng);
     if (!t.is_ok()) {
       std::cerr << "keel bench: input '" << name << "': " << t.status().to_string() << "\n";
       return 1;

@@ -15,20 +15,7 @@
 #include "tools/keel/commands.h"
 
 namespace keel::cli {
-namespace {
-
-struct RunArgs {
-  std::string model;
-  std::vector<std::string> inputs;  // NAME=FILE
-  std::string output_dir;
-  std::string device;
-  int iterations = 1;
-  int warmup = 0;
-  int print_values = 8;
-  uint32_t seed = 0;
-};
-
-// Random data for a graph input: normal floats, small non-negative integers, random bools.
+// Declared in commands.h: random data for a graph input (shared by run, bench, quantize).
 StatusOr<Tensor> random_input(DType dtype, const Shape& shape, std::mt19937& rng) {
   KEEL_ASSIGN_OR_RETURN(Tensor t, Tensor::host(dtype, shape), "random input");
   const int64_t n = t.numel();
@@ -54,6 +41,20 @@ StatusOr<Tensor> random_input(DType dtype, const Shape& shape, std::mt19937& rng
   }
   return t;
 }
+
+namespace {
+
+struct RunArgs {
+  std::string model;
+  std::vector<std::string> inputs;  // NAME=FILE
+  std::string output_dir;
+  std::string device;
+  int iterations = 1;
+  int warmup = 0;
+  int print_values = 8;
+  uint32_t seed = 0;
+};
+
 
 double element_as_double(const Tensor& t, int64_t i) {
   switch (t.dtype()) {

@@ -8,9 +8,11 @@
 #include <CLI/CLI.hpp>
 
 #include <filesystem>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "core/base/tensor.h"
 #include "core/runtime/environment.h"
 
 namespace keel::cli {
@@ -21,6 +23,9 @@ struct Globals {
   std::string log_level = "warn";         // --log-level trace|debug|info|warn|error|off (or KEEL_LOG_LEVEL)
   int threads = 0;                        // --threads (0 = all cores)
 };
+
+// Random data for a graph input: normal floats, small non-negative integers, random bools (cmd_run.cc).
+StatusOr<Tensor> random_input(DType dtype, const Shape& shape, std::mt19937& rng);
 
 // Creates the environment from the global flags; prints the error and returns nullptr on failure.
 std::unique_ptr<Environment> make_environment(const Globals& g);
@@ -34,6 +39,8 @@ void add_conformance_command(CLI::App& app, Globals& g);
 // `keel bench` (cmd_bench.cc): latency, throughput, memory and a per-op-type profile of a model.
 void add_bench_command(CLI::App& app, Globals& g);
 void add_optimize_command(CLI::App& app, Globals& g);  // cmd_optimize.cc: graph pass pipelines
+void add_prune_command(CLI::App& app, Globals& g);     // cmd_prune.cc: `keel prune`
+void add_quantize_command(CLI::App& app, Globals& g);  // cmd_quantize.cc: `keel quantize` (INT8 QDQ)
 
 // `keel plugin-test MANIFEST` (cmd_plugin_test.cc): the plugin conformance kit (device CTS + models, per-op report).
 void add_plugin_test_command(CLI::App& app, Globals& g);
