@@ -5,11 +5,13 @@
 #include "core/base/thread_pool.h"
 #include "core/runtime/reference_device.h"
 #include "hal/device.h"
+#include "ops/schemas.h"
 
 namespace keel {
 
 
 StatusOr<std::unique_ptr<Environment>> Environment::create(EnvironmentOptions options) {
+  ops::register_keel_schemas();  // before any model is loaded or shape-inferred
   std::unique_ptr<Environment> env(new Environment());
   env->options_ = options;
   env->pool_ = std::make_unique<ThreadPool>(options.threads);

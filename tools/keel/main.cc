@@ -53,6 +53,7 @@ int main(int argc, char** argv) {
   add_plugin_test_command(app, g);
   add_bench_command(app, g);
   add_optimize_command(app, g);
+  add_prune_command(app, g);
 
   try {
     app.parse(argc, argv);

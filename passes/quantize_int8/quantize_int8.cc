@@ -1,0 +1,170 @@
+// The INT8 quantization pass plugin. Built against the SDK alone.
+//
+//   quantize_int8  inserts standard QDQ (QuantizeLinear -> DequantizeLinear) pairs in front of Conv, MatMul and Gemm,
+//                  the form ONNX Runtime and int8 devices recognise:
+//                  - weights (f32 initializers at input 1): symmetric s8, per output channel (Conv: axis 0; Gemm:
+//                    axis 0 with transB=1, else 1; 2-D MatMul: axis 1) when the model's ai.onnx opset is >= 13,
+//                    else per tensor; zero points 0. The weight is stored as an s8 initializer + DequantizeLinear.
+//                  - activations (input 0): u8 asymmetric from a calibration range given as an option
+//                    `range.<value name>` = "min,max" (the range is widened to contain 0). One Q/DQ pair per value,
+//                    shared by all its readers. An activation without a range leaves its node in fp32 (a note).
+//                  - biases stay f32.
+//                  Options: exclude (node names kept fp32), calibration (the method the ranges came from: only
+//                  reported), range.<value> as above.
+// Counters: nodes_quantized, nodes_excluded, activations_quantized, weights_quantized, bytes_saved.
+#include <keel/plugin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/graph_view.h"
+
+namespace keel::passes {
+namespace {
+
+const keel_host_api_t* g_host = nullptr;
+
+struct ActQ {
+  float scale;
+  uint8_t zp;
+};
+
+ActQ act_params(double lo, double hi) {
+  lo = std::min(lo, 0.0);
+  hi = std::max(hi, 0.0);
+  double scale = (hi - lo) / 255.0;
+  if (!(scale > 0) || !std::isfinite(scale)) scale = 1.0;
+  double zp = std::round(-lo / scale);
+  zp = std::clamp(zp, 0.0, 255.0);
+  return {static_cast<float>(scale), static_cast<uint8_t>(zp)};
+}
+
+keel_status_t quantize(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t* o, const char*,
+                       keel_pass_report_t* r) {
+  return run_pass(g_host, [&] {
+    GraphView gv(g, api);
+    Report report(r);
+    PassOptions opts(g_host->options, o);
+    std::vector<std::string> excl = opts.get_strings("exclude");
+    std::set<std::string> exclude(excl.begin(), excl.end());
+    const std::string method = opts.get_string("calibration", "minmax");
+    const bool per_axis_ok = gv.opset("") >= 13 || gv.opset("ai.onnx") >= 13;
+    if (!per_axis_ok) report.note("ai.onnx opset < 13: weights quantized per tensor");
+    std::map<std::string, std::string> act_dq;  // activation -> its DequantizeLinear output
+    std::map<std::string, std::string> w_dq;    // weight initializer -> its DequantizeLinear output
+    int64_t nodes_q = 0, nodes_x = 0, acts = 0, weights = 0, saved = 0;
+    for (keel_node_id_t n : gv.nodes()) {
+      bool conv = gv.is(n, "Conv"), mm = gv.is(n, "MatMul"), gemm = gv.is(n, "Gemm");
+      if (!conv && !mm && !gemm) continue;
+      const std::string nname = gv.name(n);
+      if (exclude.count(nname)) {
+        ++nodes_x;
+        report.note("kept fp32 (excluded): " + nname);
+        continue;
+      }
+      std::string x = gv.input(n, 0), w = gv.input(n, 1);
+      auto xt = gv.value_type(x);
+      if (gv.is_initializer(x) || (xt && xt->dtype != KEEL_DTYPE_F32)) continue;
+      std::optional<std::pair<double, double>> range;
+      std::string rs = opts.get_string(("range." + x).c_str(), "");
+      if (!rs.empty()) {
+        char* end = nullptr;
+        double lo = std::strtod(rs.c_str(), &end);
+        if (end && *end == ',') range = std::make_pair(lo, std::strtod(end + 1, nullptr));
+      }
+      if (!range) {
+        report.note("kept fp32 (no calibration range for '" + x + "'): " + nname);
+        continue;
+      }
+      const keel_tensor_t* wt = gv.initializer(w);
+      if (!wt || wt->dtype != KEEL_DTYPE_F32 || wt->ndim < 1) {
+        report.note("kept fp32 (weight is not an f32 constant): " + nname);
+        continue;
+      }
+      // Activation.
+      auto it = act_dq.find(x);
+      if (it == act_dq.end()) {
+        ActQ q = act_params(range->first, range->second);
+        std::string s = gv.unique_name(x + "_scale"), z = gv.unique_name(x + "_zero_point");
+        gv.set_initializer(s, HostTensor::of<float>(KEEL_DTYPE_F32, {}, std::vector<float>{q.scale}));
+        gv.set_initializer(z, HostTensor::of<uint8_t>(KEEL_DTYPE_U8, {}, std::vector<uint8_t>{q.zp}));
+        std::string xq = gv.unique_name(x + "_quantized"), xd = gv.unique_name(x + "_dequantized");
+        gv.add_node("", "QuantizeLinear", gv.unique_name(x + "_QuantizeLinear"), {x, s, z}, {xq});
+        gv.add_node("", "DequantizeLinear", gv.unique_name(x + "_DequantizeLinear"), {xq, s, z}, {xd});
+        it = act_dq.emplace(x, xd).first;
+        ++acts;
+      }
+      gv.set_input(n, 0, it->second);
+      // Weight.
+      auto wit = w_dq.find(w);
+      if (wit == w_dq.end()) {
+        std::vector<int64_t> dims = GraphView::dims_of(wt);
+        int axis = -1;
+        if (per_axis_ok) {
+          if (conv) axis = 0;
+          else if (gemm) axis = gv.attr_int(n, "transB").value_or(0) ? 0 : 1;
+          else if (dims.size() == 2) axis = 1;
+          if (axis >= static_cast<int>(dims.size())) axis = -1;
+        }
+        std::vector<float> v = *gv.f32_values(w);
+        int64_t len = axis < 0 ? 1 : dims[axis], inner = 1;
+        if (axis >= 0)
+          for (size_t d = axis + 1; d < dims.size(); ++d) inner *= dims[d];
+        auto ch = [&](size_t i) { return axis < 0 ? int64_t{0} : (static_cast<int64_t>(i) / inner) % len; };
+        std::vector<float> amax(static_cast<size_t>(len), 0.f);
+        for (size_t i = 0; i < v.size(); ++i) amax[ch(i)] = std::max(amax[ch(i)], std::fabs(v[i]));
+        std::vector<float> scale(amax.size());
+        for (size_t c = 0; c < amax.size(); ++c) scale[c] = amax[c] > 0 ? amax[c] / 127.f : 1.f;
+        std::vector<int8_t> q(v.size());
+        for (size_t i = 0; i < v.size(); ++i)
+          q[i] = static_cast<int8_t>(std::clamp(std::nearbyint(v[i] / scale[ch(i)]), -127.f, 127.f));
+        std::vector<int64_t> sdims = axis < 0 ? std::vector<int64_t>{} : std::vector<int64_t>{len};
+        std::string wq = gv.unique_name(w + "_quantized"), s = gv.unique_name(w + "_scale"),
+                    z = gv.unique_name(w + "_zero_point"), wd = gv.unique_name(w + "_dequantized");
+        gv.set_initializer(wq, HostTensor::of<int8_t>(KEEL_DTYPE_I8, dims, q));
+        gv.set_initializer(s, HostTensor::of<float>(KEEL_DTYPE_F32, sdims, scale));
+        gv.set_initializer(z, HostTensor::of<int8_t>(KEEL_DTYPE_I8, sdims, std::vector<int8_t>(scale.size(), 0)));
+        Attrs a;
+        if (axis >= 0) a["axis"] = AttrValue::of_int(axis);
+        gv.add_node("", "DequantizeLinear", gv.unique_name(w + "_DequantizeLinear"), {wq, s, z}, {wd}, a);
+        wit = w_dq.emplace(w, wd).first;
+        ++weights;
+        saved += static_cast<int64_t>(v.size() * 3 - scale.size() * 5);
+      }
+      gv.set_input(n, 1, wit->second);
+      if (gv.use_count(w) == 0) gv.remove_initializer(w);
+      ++nodes_q;
+    }
+    gv.infer_shapes();
+    report.count("nodes_quantized", nodes_q);
+    report.count("nodes_excluded", nodes_x);
+    report.count("activations_quantized", acts);
+    report.count("weights_quantized", weights);
+    if (saved > 0) report.count("bytes_saved", saved);
+    if (nodes_q) report.note("activation ranges from " + method + " calibration");
+  });
+}
+
+keel_status_t init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+  if (host == nullptr || host->abi_major != KEEL_PLUGIN_ABI_MAJOR || !KEEL_HAS_MEMBER(host, keel_host_api_t, options))
+    return nullptr == host ? nullptr : host->status_create(KEEL_STATUS_ABI_MISMATCH, "host API too old");
+  g_host = host;
+  if (host->graph == nullptr) return host->status_create(KEEL_STATUS_ABI_MISMATCH, "no graph API");
+  return register_pass(host, plugin, "quantize_int8",
+                       "INT8 QDQ quantization of Conv/MatMul/Gemm (per-channel s8 weights, u8 activations from "
+                       "range.<value> options)",
+                       quantize);
+}
+
+const keel_plugin_t kPlugin = {sizeof(keel_plugin_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR, "quantize_int8",
+                               "0.1.0", KEEL_PLUGIN_KIND_PASS, init, nullptr};
+
+}  // namespace
+}  // namespace keel::passes
+
+extern "C" KEEL_PLUGIN_EXPORT const keel_plugin_t* keel_plugin_entry(void) { return &keel::passes::kPlugin; }

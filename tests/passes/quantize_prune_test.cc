@@ -1,0 +1,225 @@
+// The prune and quantize_int8 pass plugins (passes/prune, passes/quantize_int8), loaded from the build tree: magnitude
+// pruning reaches its ratio, channel pruning shrinks Conv weights (and keeps the outputs when the pruned channels
+// were all zero), and the QDQ model stays close (cosine >= 0.99) to fp32 on a small random conv net.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <random>
+
+#include "core/base/pass_manager.h"
+#include "core/runtime/environment.h"
+#include "core/runtime/host_api.h"
+#include "core/runtime/kernel_context.h"
+#include "core/runtime/onnx_io.h"
+#include "core/runtime/session.h"
+
+namespace keel {
+namespace {
+
+std::unique_ptr<Environment>& env_slot() {
+  static std::unique_ptr<Environment> e;
+  return e;
+}
+class EnvironmentHolder : public ::testing::Environment {
+ public:
+  void TearDown() override { env_slot().reset(); }
+};
+[[maybe_unused]] ::testing::Environment* const kHolder = ::testing::AddGlobalTestEnvironment(new EnvironmentHolder);
+
+Environment& env() {
+  auto& e = env_slot();
+  if (!e) {
+    EnvironmentOptions o;
+    const char* dir = std::getenv("KEEL_PASSES_PLUGIN_DIR");
+    o.plugin_paths.emplace_back(dir ? dir : KEEL_PASSES_PLUGIN_DIR_DEFAULT);
+    auto r = Environment::create(o);
+    EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+    e = std::move(r).value();
+  }
+  return *e;
+}
+
+std::vector<float> randv(size_t n, uint32_t seed, float scale = 1.f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+using Feeds = std::vector<std::pair<std::string, Tensor>>;
+
+std::vector<Tensor> run(Graph g, const Feeds& feeds) {
+  SessionOptions o;
+  o.devices = {"cpu"};
+  auto s = Session::create(env(), std::move(g), o);
+  EXPECT_TRUE(s.is_ok()) << s.status().to_string();
+  if (!s.is_ok()) return {};
+  auto out = s.value()->run(feeds);
+  EXPECT_TRUE(out.is_ok()) << out.status().to_string();
+  return out.is_ok() ? std::move(out).value() : std::vector<Tensor>{};
+}
+
+std::vector<PassReport> run_pass(Graph& g, const std::string& name, Options opts) {
+  EXPECT_TRUE(infer_shapes(g).is_ok());
+  keel_graph_s view;
+  view.graph = &g;
+  view.env = &env();
+  auto r = PassManager(env().registry(), graph_api()).run(g, &view, {PassSpec{name, std::move(opts)}}, "cpu");
+  EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_TRUE(g.validate().is_ok());
+  return r.is_ok() ? std::move(r).value() : std::vector<PassReport>{};
+}
+
+size_t count_op(const Graph& g, const std::string& op) {
+  size_t n = 0;
+  for (NodeId id : g.node_ids()) n += g.node(id)->op_type == op;
+  return n;
+}
+
+// x[1,3,8,8] -> Conv(c1 channels, 3x3, pad 1) -> Relu -> Conv(4, 3x3, pad 1) -> y. Channels listed in `zero` of the
+// first Conv have all-zero weights and bias.
+Graph conv_relu_conv(int64_t c1, const std::vector<int64_t>& zero = {}) {
+  GraphBuilder b("crc", 13);
+  auto x = b.input("x", DType::kF32, {1, 3, 8, 8});
+  auto w1 = randv(static_cast<size_t>(c1 * 27), 1, 0.3f);
+  auto b1 = randv(static_cast<size_t>(c1), 2, 0.1f);
+  for (int64_t c : zero) {
+    for (int64_t i = 0; i < 27; ++i) w1[static_cast<size_t>(c * 27 + i)] = 0.f;
+    b1[static_cast<size_t>(c)] = 0.f;
+  }
+  std::map<std::string, Attribute> pads = {{"pads", Attribute::of_ints({1, 1, 1, 1})}};
+  auto h = b.op1("Conv", {x, b.constant("w1", Tensor::f32({c1, 3, 3, 3}, w1)), b.constant("b1", Tensor::f32({c1}, b1))},
+                 pads);
+  h = b.op1("Relu", {h});
+  auto y = b.op1("Conv", {h, b.constant("w2", Tensor::f32({4, c1, 3, 3}, randv(static_cast<size_t>(4 * c1 * 9), 3, 0.3f))),
+                          b.constant("b2", Tensor::f32({4}, randv(4, 4, 0.1f)))},
+                 pads);
+  b.output(y);
+  return b.take();
+}
+
+int64_t param_count(const Graph& g) {
+  int64_t n = 0;
+  for (const auto& [k, t] : g.initializers) n += t.numel();
+  return n;
+}
+
+double cosine(const Tensor& a, const Tensor& b) {
+  double ab = 0, aa = 0, bb = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    double x = a.data<float>()[i], y = b.data<float>()[i];
+    ab += x * y, aa += x * x, bb += y * y;
+  }
+  return ab / std::sqrt(aa * bb + 1e-30);
+}
+
+TEST(Prune, MagnitudeHitsTheRatio) {
+  Graph g = conv_relu_conv(8);
+  Options o;
+  o.values["ratio"] = 0.5;
+  o.values["mode"] = std::string("magnitude");
+  auto r = run_pass(g, "prune", o);
+  for (const char* w : {"w1", "w2"}) {
+    const Tensor& t = g.initializers.at(w);
+    int64_t zeros = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) zeros += t.data<float>()[i] == 0.f;
+    EXPECT_EQ(zeros, t.numel() / 2) << w;
+  }
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].counters["weights_zeroed"], (8 * 27 + 4 * 8 * 9) / 2);
+}
+
+TEST(Prune, ChannelPruningShrinksWeightsAndKeepsOutputsWhenPrunedChannelsWereZero) {
+  Graph g = conv_relu_conv(8, {1, 4, 6, 7});
+  Feeds feeds = {{"x", Tensor::f32({1, 3, 8, 8}, randv(192, 9))}};
+  auto before = run(g, feeds);
+  const int64_t p0 = param_count(g);
+  Options o;
+  o.values["ratio"] = 0.5;
+  o.values["mode"] = std::string("channel");
+  auto r = run_pass(g, "prune", o);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].counters["channels_removed"], 4);
+  EXPECT_LT(param_count(g), p0);
+  for (NodeId id : g.node_ids()) {
+    const Node* n = g.node(id);
+    if (n->op_type != "Conv") continue;
+    const Tensor& w = g.initializers.at(n->inputs[1]);
+    if (w.shape()[1] == 3) EXPECT_EQ(w.shape()[0], 4);    // first Conv: 4 output channels left
+    else EXPECT_EQ(w.shape()[1], 4);                      // second Conv: 4 input channels left
+  }
+  auto after = run(g, feeds);
+  ASSERT_EQ(after.size(), 1u);
+  ASSERT_EQ(after[0].shape(), before[0].shape());
+  for (int64_t i = 0; i < after[0].numel(); ++i)
+    EXPECT_NEAR(after[0].data<float>()[i], before[0].data<float>()[i], 1e-4f);
+}
+
+TEST(Prune, ResidualCoupledChannelsAreSkipped) {
+  GraphBuilder b("res", 13);
+  auto x = b.input("x", DType::kF32, {1, 4, 8, 8});
+  std::map<std::string, Attribute> pads = {{"pads", Attribute::of_ints({1, 1, 1, 1})}};
+  auto h = b.op1("Conv", {x, b.constant("w1", Tensor::f32({4, 4, 3, 3}, randv(144, 1)))}, pads);
+  auto s = b.op1("Add", {h, x});
+  b.output(b.op1("Conv", {s, b.constant("w2", Tensor::f32({4, 4, 3, 3}, randv(144, 2)))}, pads));
+  Graph g = b.take();
+  Options o;
+  o.values["ratio"] = 0.5;
+  o.values["mode"] = std::string("channel");
+  auto r = run_pass(g, "prune", o);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].counters["channels_removed"], 0);
+  bool noted = false;
+  for (const auto& n : r[0].notes) noted = noted || n.find("skipped: residual-coupled") != std::string::npos;
+  EXPECT_TRUE(noted);
+}
+
+TEST(QuantizeInt8, QdqModelIsCloseToFp32) {
+  Graph g = conv_relu_conv(8);
+  ASSERT_TRUE(infer_shapes(g).is_ok());
+  // Calibration: the Conv inputs as extra graph outputs.
+  std::vector<std::string> acts;
+  for (NodeId id : g.node_ids())
+    if (g.node(id)->op_type == "Conv") acts.push_back(g.node(id)->inputs[0]);
+  Graph calib = g;
+  for (const auto& a : acts)
+    if (std::find(calib.outputs.begin(), calib.outputs.end(), a) == calib.outputs.end()) calib.outputs.push_back(a);
+  Options o;
+  std::vector<float> lo(acts.size(), 1e30f), hi(acts.size(), -1e30f);
+  for (uint32_t k = 0; k < 8; ++k) {
+    auto out = run(calib, {{"x", Tensor::f32({1, 3, 8, 8}, randv(192, 100 + k))}});
+    ASSERT_EQ(out.size(), 1 + acts.size());
+    for (size_t a = 0; a < acts.size(); ++a) {
+      const Tensor& t = out[1 + a];
+      for (int64_t i = 0; i < t.numel(); ++i)
+        lo[a] = std::min(lo[a], t.data<float>()[i]), hi[a] = std::max(hi[a], t.data<float>()[i]);
+    }
+  }
+  for (size_t a = 0; a < acts.size(); ++a)
+    o.values["range." + acts[a]] = std::to_string(lo[a]) + "," + std::to_string(hi[a]);
+  Graph q = g;
+  auto r = run_pass(q, "quantize_int8", o);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].counters["nodes_quantized"], 2);
+  EXPECT_EQ(count_op(q, "QuantizeLinear"), 2u);
+  EXPECT_EQ(count_op(q, "DequantizeLinear"), 4u);
+  for (uint32_t k = 0; k < 4; ++k) {
+    Feeds f = {{"x", Tensor::f32({1, 3, 8, 8}, randv(192, 500 + k))}};  // held out from calibration
+    auto a = run(g, f), b = run(q, f);
+    ASSERT_EQ(a.size(), 1u);
+    ASSERT_EQ(b.size(), 1u);
+    EXPECT_GE(cosine(a[0], b[0]), 0.99);
+  }
+  // Excluding a node keeps it fp32.
+  Graph q2 = g;
+  o.values["exclude"] = std::vector<std::string>{g.node(g.node_ids().front())->name};
+  auto r2 = run_pass(q2, "quantize_int8", o);
+  ASSERT_EQ(r2.size(), 1u);
+  EXPECT_EQ(r2[0].counters["nodes_quantized"], 1);
+  EXPECT_EQ(r2[0].counters["nodes_excluded"], 1);
+}
+
+}  // namespace
+}  // namespace keel
