@@ -67,7 +67,6 @@ struct keel_host_tensor_s {
 
 struct keel_session_options_s {
   keel::SessionOptions options;
-  int32_t threads = 0;
 };
 
 struct keel_session_s {
@@ -700,7 +699,7 @@ KEEL_API keel_status_t keel_session_options_set_threads(keel_session_options_t o
   return guarded(__func__, [&]() -> Status {
     if (options == nullptr) return null_arg(__func__, "options");
     if (threads < 0) return keel::invalid_argument(std::string(__func__) + ": threads is negative");
-    options->threads = threads;
+    options->options.threads = threads;
     return Status::ok();
   });
 }
@@ -722,12 +721,6 @@ KEEL_API keel_status_t keel_session_create(keel_environment_t env, keel_model_t 
     if (model == nullptr) return null_arg(__func__, "model");
     keel_session_options_s defaults;
     const keel_session_options_s& o = options ? *options : defaults;
-    int env_threads = env->env->thread_pool().thread_count();
-    if (o.threads != 0 && o.threads != env_threads) {
-      return keel::unimplemented(std::string(__func__) + ": per-session threads (" + std::to_string(o.threads) +
-                                 ") differ from the environment's (" + std::to_string(env_threads) +
-                                 "); kernels share the environment's pool: set threads on the environment");
-    }
     KEEL_ASSIGN_OR_RETURN(auto session, keel::Session::create(*env->env, model->graph, o.options), __func__);
     auto handle = std::make_unique<keel_session_s>();
     const keel::Graph& g = session->graph();

@@ -137,6 +137,8 @@ struct Session::Impl {
   std::vector<int> input_values, output_values;
   std::vector<std::string> input_names, output_names;
   std::mutex run_mu;
+  std::unique_ptr<ThreadPool> own_pool;  // when options.threads asks for other than the environment's count
+  ThreadPool* pool = nullptr;
   // Liveness-planned arena: one per device pool, planned from the sizes seen on the first run of a shape signature.
   struct Plan {
     std::string signature;
@@ -622,7 +624,7 @@ Status Session::Impl::run_locked(const std::vector<std::pair<std::string, Tensor
   if (record) observed_sizes.clear();
 
   keel_kernel_context_t ctx;
-  ctx.pool = &env->thread_pool();
+  ctx.pool = pool;
   std::vector<std::pair<CachingAllocator*, void*>> workspace;
   for (size_t si = 0; si < steps.size(); ++si) {
     Step& s = steps[si];
@@ -747,6 +749,13 @@ StatusOr<std::unique_ptr<Session>> Session::create(Environment& env, Graph graph
   auto impl = std::make_unique<Impl>();
   impl->env = &env;
   impl->options = options;
+  if (options.threads < 0) return invalid_argument("session threads must be >= 0");
+  if (options.threads > 0 && options.threads != env.thread_pool().thread_count()) {
+    impl->own_pool = std::make_unique<ThreadPool>(options.threads);
+    impl->pool = impl->own_pool.get();
+  } else {
+    impl->pool = &env.thread_pool();
+  }
   KEEL_RETURN_IF_ERROR(graph.validate(), "invalid graph '" + graph.name + "'");
   impl->graph = std::move(graph);
   KEEL_RETURN_IF_ERROR(infer_shapes(impl->graph), "shape inference");

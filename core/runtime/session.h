@@ -31,6 +31,8 @@ struct SessionOptions {
   // Graph passes to run before placement, by name, in order (see PassManager). Empty = none.
   std::vector<std::string> passes;
   bool profile = false;  // collect per-node timings (Session::profile())
+  // Kernel threads for this session: 0 = the environment's pool; otherwise the session owns a pool of its own.
+  int32_t threads = 0;
 };
 
 struct FallbackReport {

@@ -288,3 +288,20 @@ TEST(Session, ConcurrentRunsAreSafe) {
 
 }  // namespace
 }  // namespace keel
+
+namespace keel {
+namespace {
+TEST(Session, PerSessionThreadPool) {
+  auto env = make_env();
+  SessionOptions opts;
+  opts.devices = {"cpu"};
+  opts.threads = 3;  // the environment has 2: this session owns a pool of 3
+  auto s = Session::create(*env, relu_neg_relu(), opts);
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  auto out = s.value()->run({{"x", Tensor::f32({2, 3}, {-1, 2, -3, 4, -5, 6})}});
+  ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+  opts.threads = -1;
+  EXPECT_FALSE(Session::create(*env, relu_neg_relu(), opts).is_ok());
+}
+}  // namespace
+}  // namespace keel

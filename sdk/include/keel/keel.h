@@ -237,9 +237,8 @@ KEEL_API keel_status_t keel_session_options_add_device(keel_session_options_t op
 KEEL_API keel_status_t keel_session_options_set_fallback(keel_session_options_t options, int32_t fallback);
 /* Appends a graph pass to run before placement, by name ("fold_constants", ...), in order. */
 KEEL_API keel_status_t keel_session_options_add_pass(keel_session_options_t options, const char* pass_name);
-/* Threads for this session's kernels. Kernels share the environment's pool, so the only values accepted are 0
- * (default: the environment's) and the environment's own thread count; others fail keel_session_create with
- * UNIMPLEMENTED (set threads on the environment instead). */
+/* Threads for this session's kernels: 0 (default) shares the environment's pool; another count gives the session
+ * a pool of its own, created with the session and joined when it is released. Negative: INVALID_ARGUMENT. */
 KEEL_API keel_status_t keel_session_options_set_threads(keel_session_options_t options, int32_t threads);
 /* 1: collect per-node timings (keel_session_profile_info). Default 0. */
 KEEL_API keel_status_t keel_session_options_set_profile(keel_session_options_t options, int32_t profile);
