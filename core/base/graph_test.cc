@@ -5,6 +5,15 @@
 namespace keel {
 namespace {
 
+Node make_node(std::string name, std::string op, std::vector<std::string> inputs, std::vector<std::string> outputs) {
+  Node n;
+  n.name = std::move(name);
+  n.op_type = std::move(op);
+  n.inputs = std::move(inputs);
+  n.outputs = std::move(outputs);
+  return n;
+}
+
 TEST(Graph, BuilderMakesAValidTopologicallyOrderedGraph) {
   GraphBuilder b("g");
   auto x = b.input("x", DType::kF32, {1, 4});
@@ -26,8 +35,8 @@ TEST(Graph, BuilderMakesAValidTopologicallyOrderedGraph) {
 TEST(Graph, TopologicalOrderFollowsDataNotInsertion) {
   Graph g;
   g.inputs = {"x"};
-  Node late{0, "late", "", "Relu", {"y"}, {"z"}};
-  Node early{0, "early", "", "Relu", {"x"}, {"y"}};
+  Node late = make_node("late", "Relu", {"y"}, {"z"});
+  Node early = make_node("early", "Relu", {"x"}, {"y"});
   g.add_node(late);
   g.add_node(early);
   g.outputs = {"z"};
@@ -38,7 +47,7 @@ TEST(Graph, TopologicalOrderFollowsDataNotInsertion) {
 TEST(Graph, ValidateNamesTheProblem) {
   Graph g;
   g.inputs = {"x"};
-  g.add_node(Node{0, "n1", "", "Relu", {"missing"}, {"y"}});
+  g.add_node(make_node("n1", "Relu", {"missing"}, {"y"}));
   g.outputs = {"y"};
   Status st = g.validate();
   ASSERT_FALSE(st.is_ok());
@@ -46,8 +55,8 @@ TEST(Graph, ValidateNamesTheProblem) {
   EXPECT_NE(st.message().find("n1"), std::string::npos);
 
   Graph cyc;
-  cyc.add_node(Node{0, "a", "", "Relu", {"v2"}, {"v1"}});
-  cyc.add_node(Node{0, "b", "", "Relu", {"v1"}, {"v2"}});
+  cyc.add_node(make_node("a", "Relu", {"v2"}, {"v1"}));
+  cyc.add_node(make_node("b", "Relu", {"v1"}, {"v2"}));
   cyc.outputs = {"v1"};
   st = cyc.validate();
   ASSERT_FALSE(st.is_ok());
@@ -55,8 +64,8 @@ TEST(Graph, ValidateNamesTheProblem) {
 
   Graph twice;
   twice.inputs = {"x"};
-  twice.add_node(Node{0, "a", "", "Relu", {"x"}, {"y"}});
-  twice.add_node(Node{0, "b", "", "Relu", {"x"}, {"y"}});
+  twice.add_node(make_node("a", "Relu", {"x"}, {"y"}));
+  twice.add_node(make_node("b", "Relu", {"x"}, {"y"}));
   twice.outputs = {"y"};
   EXPECT_FALSE(twice.validate().is_ok());
 }

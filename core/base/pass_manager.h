@@ -48,8 +48,7 @@ StatusOr<std::vector<PassSpec>> parse_pipeline_toml(const std::string& text, con
 
 class PassManager {
  public:
-  // `graph_view` wraps a Graph for the C graph API (the runtime supplies it, with evaluation support).
-  using GraphViewFactory = keel_graph_t* (*)(Graph* graph, void* user);
+  // `api` is the C graph API the passes see (the runtime's, with evaluation support).
   PassManager(const Registry& registry, const keel_graph_api_t* api) : registry_(registry), api_(api) {}
 
   // Runs the pipeline on `graph` through `view` (a keel_graph_t wrapping `graph`). Unknown pass names fail before

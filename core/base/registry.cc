@@ -64,9 +64,7 @@ Status Registry::add_device(PluginId plugin, int32_t priority, const keel_device
   if (!st.is_ok()) return st.with_context("device_count(" + e->device_type + ")");
   if (count <= 0) return unavailable("no " + e->device_type + " device present (device_count returned 0)");
   e->device_count = count;
-  e->table.device_type = e->device_type.c_str();
-  devices_.push_back(std::move(e));
-  devices_.back()->table.device_type = devices_.back()->device_type.c_str();
+  devices_.push_back(std::move(e));  // the entry's address (and so its device_type string) is stable from here
   return Status::ok();
 }
 

@@ -52,7 +52,9 @@ TEST(CudaPlugin, SkipsWithAReasonOrLoads) {
     if (p.name != "cuda") continue;
     // Never "failed": without a GPU the plugin must be skipped with a reason that says so.
     EXPECT_NE(p.state, PluginState::kFailed) << p.reason;
-    if (p.state == PluginState::kSkipped) EXPECT_NE(p.reason.find("no CUDA device"), std::string::npos) << p.reason;
+    if (p.state == PluginState::kSkipped) {
+      EXPECT_NE(p.reason.find("no CUDA device"), std::string::npos) << p.reason;
+    }
   }
   SKIP_WITHOUT_CUDA();
 }
