@@ -505,6 +505,11 @@ void PluginManager::load_manifest(const fs::path& manifest_arg) {
   l->handle = make_plugin_handle(registry_, rec.id, rec.priority, rec.name, manifest.parent_path().string(),
                                  std::move(m.options));
   std::tie(o.state, o.reason) = init_plugin(rec, std::move(l));
+  if (o.state == PluginState::kLoaded) {
+    // Pin a plugin that ran: its code (and libraries it pulled in, such as an OpenMP runtime whose worker threads
+    // outlive the plugin) must stay mapped until the process ends, even after the manager unloads it.
+    if (void* pin = dlopen(rec.library.c_str(), RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE)) dlclose(pin);
+  }
   finish(o);
 }
 

@@ -10,7 +10,9 @@
 // reason and the plugin is skipped (its registrations undone); nothing throws or aborts.
 //
 // Thread-safety: load_* are called once, at environment start-up, from one thread; plugins() may then be read
-// concurrently. Destruction calls each loaded plugin's shutdown (reverse load order), then unloads the libraries.
+// concurrently. Destruction calls each loaded plugin's shutdown (reverse load order) and releases the libraries;
+// the code of a plugin whose init succeeded stays mapped until the process ends (RTLD_NODELETE), since threads it
+// started (an OpenMP pool, a driver's) may outlive it.
 #pragma once
 
 #include <keel/plugin.h>

@@ -111,14 +111,15 @@ TEST_F(PluginManagerTest, GoodPluginLoadsAndRegistersItsDevice) {
   EXPECT_TRUE(is_loaded(r.library));
 }
 
-TEST_F(PluginManagerTest, DestructionUndoesRegistrationsAndUnloads) {
+TEST_F(PluginManagerTest, DestructionUndoesRegistrationsAndKeepsRunCodeMapped) {
   load("good");
   fs::path lib = only().library;
   ASSERT_TRUE(is_loaded(lib));
   manager_.reset();
   EXPECT_TRUE(registry_.devices().empty());
   EXPECT_TRUE(registry_.kernels().empty());
-  EXPECT_FALSE(is_loaded(lib));
+  // A plugin that ran is pinned (RTLD_NODELETE): threads it started may outlive the manager.
+  EXPECT_TRUE(is_loaded(lib));
 }
 
 TEST_F(PluginManagerTest, BrokenTomlGivesTheParseErrorWithPosition) {
