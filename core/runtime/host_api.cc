@@ -226,8 +226,9 @@ int g_initializer(const G* g, const char* value, const keel_tensor_t** out) {
   auto it = g->graph->initializers.find(value);
   if (it == g->graph->initializers.end()) return 0;
   auto* mg = const_cast<G*>(g);
-  mg->initializer_views[value] = it->second.c_view();
-  *out = &mg->initializer_views[value];
+  auto& entry = mg->initializer_views.emplace_back(it->second, keel_tensor_t{});
+  entry.second = entry.first.c_view();  // dims point into the kept copy's shape
+  *out = &entry.second;
   return 1;
 }
 size_t g_in_n(const G* g) { return g->graph->inputs.size(); }

@@ -51,9 +51,8 @@ struct keel_graph_s {
   keel::Environment* env = nullptr;          // for evaluate
   std::vector<keel::NodeId> order_cache;     // topological order; cleared on edit
   std::deque<std::string> strings;           // backing store for returned strings
-  std::map<std::string, keel_tensor_t> initializer_views;
-  void touched() {
-    order_cache.clear();
-    initializer_views.clear();
-  }
+  // Initializer views handed out, each with the tensor it shows (kept alive with it): views stay valid for the
+  // life of this graph view, even after edits replace the initializer (passes often read, then edit).
+  std::deque<std::pair<keel::Tensor, keel_tensor_t>> initializer_views;
+  void touched() { order_cache.clear(); }
 };

@@ -371,7 +371,8 @@ typedef struct keel_graph_api_s {
   /* Consumers of a value (nodes reading it, each once); returns the count. */
   size_t (*value_consumers)(const keel_graph_t* g, const char* value, keel_node_id_t* out_ids, size_t capacity);
   int (*value_is_graph_output)(const keel_graph_t* g, const char* value);
-  /* A constant (initializer). The view is host memory, valid until the graph is modified. */
+  /* A constant (initializer). The view is host memory, valid for as long as this graph handle is (edits do not
+   * invalidate it: it keeps showing the tensor it showed). */
   int (*initializer)(const keel_graph_t* g, const char* value, const keel_tensor_t** out_tensor);
   size_t (*graph_input_count)(const keel_graph_t* g);
   const char* (*graph_input)(const keel_graph_t* g, size_t i);
