@@ -13,32 +13,11 @@
 #include "core/runtime/kernel_context.h"
 #include "core/runtime/onnx_io.h"
 #include "core/runtime/session.h"
+#include "tests/passes/pass_test_env.h"
 
 namespace keel {
 namespace {
 
-std::unique_ptr<Environment>& env_slot() {
-  static std::unique_ptr<Environment> e;
-  return e;
-}
-class EnvironmentHolder : public ::testing::Environment {
- public:
-  void TearDown() override { env_slot().reset(); }
-};
-[[maybe_unused]] ::testing::Environment* const kHolder = ::testing::AddGlobalTestEnvironment(new EnvironmentHolder);
-
-Environment& env() {
-  auto& e = env_slot();
-  if (!e) {
-    EnvironmentOptions o;
-    const char* dir = std::getenv("KEEL_PASSES_PLUGIN_DIR");
-    o.plugin_paths.emplace_back(dir ? dir : KEEL_PASSES_PLUGIN_DIR_DEFAULT);
-    auto r = Environment::create(o);
-    EXPECT_TRUE(r.is_ok()) << r.status().to_string();
-    e = std::move(r).value();
-  }
-  return *e;
-}
 
 std::vector<float> randv(size_t n, uint32_t seed, float scale = 1.f) {
   std::mt19937 rng(seed);
