@@ -5,12 +5,14 @@
 //                  - weights (f32 initializers at input 1): symmetric s8, per output channel (Conv: axis 0; Gemm:
 //                    axis 0 with transB=1, else 1; 2-D MatMul: axis 1) when the model's ai.onnx opset is >= 13,
 //                    else per tensor; zero points 0. The weight is stored as an s8 initializer + DequantizeLinear.
-//                  - activations (input 0): u8 asymmetric from a calibration range given as an option
-//                    `range.<value name>` = "min,max" (the range is widened to contain 0). One Q/DQ pair per value,
-//                    shared by all its readers. An activation without a range leaves its node in fp32 (a note).
+//                  - activations (input 0): u8 asymmetric (or, with activation_type = "s8", s8 symmetric) from a
+//                    calibration range given as an option `range.<value name>` = "min,max" (the range is widened
+//                    to contain 0). One Q/DQ pair per value, shared by all its readers. An activation without a
+//                    range leaves its node in fp32 (a note).
 //                  - biases stay f32.
 //                  Options: exclude (node names kept fp32), calibration (the method the ranges came from: only
-//                  reported), range.<value> as above.
+//                  reported), range.<value> as above, activation_type (u8 | s8, default u8), per_channel (default
+//                  true; false quantizes weights per tensor).
 // Counters: nodes_quantized, nodes_excluded, activations_quantized, weights_quantized, bytes_saved.
 #include <keel/plugin.h>
 
@@ -31,17 +33,22 @@ const keel_host_api_t* g_host = nullptr;
 
 struct ActQ {
   float scale;
-  uint8_t zp;
+  int32_t zp;
 };
 
-ActQ act_params(double lo, double hi) {
+ActQ act_params(double lo, double hi, bool s8) {
   lo = std::min(lo, 0.0);
   hi = std::max(hi, 0.0);
+  if (s8) {
+    double scale = std::max(-lo, hi) / 127.0;
+    if (!(scale > 0) || !std::isfinite(scale)) scale = 1.0;
+    return {static_cast<float>(scale), 0};
+  }
   double scale = (hi - lo) / 255.0;
   if (!(scale > 0) || !std::isfinite(scale)) scale = 1.0;
   double zp = std::round(-lo / scale);
   zp = std::clamp(zp, 0.0, 255.0);
-  return {static_cast<float>(scale), static_cast<uint8_t>(zp)};
+  return {static_cast<float>(scale), static_cast<int32_t>(zp)};
 }
 
 keel_status_t quantize(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t* o, const char*,
@@ -53,8 +60,12 @@ keel_status_t quantize(void*, keel_graph_t* g, const keel_graph_api_t* api, cons
     std::vector<std::string> excl = opts.get_strings("exclude");
     std::set<std::string> exclude(excl.begin(), excl.end());
     const std::string method = opts.get_string("calibration", "minmax");
-    const bool per_axis_ok = gv.opset("") >= 13 || gv.opset("ai.onnx") >= 13;
-    if (!per_axis_ok) report.note("ai.onnx opset < 13: weights quantized per tensor");
+    const std::string act_type = opts.get_string("activation_type", "u8");
+    if (act_type != "u8" && act_type != "s8") throw PassError(KEEL_STATUS_INVALID_ARGUMENT, "activation_type must be u8 or s8, got '" + act_type + "'");
+    const bool s8 = act_type == "s8";
+    const bool per_channel = opts.get_bool("per_channel", true);
+    const bool per_axis_ok = per_channel && (gv.opset("") >= 13 || gv.opset("ai.onnx") >= 13);
+    if (per_channel && !per_axis_ok) report.note("ai.onnx opset < 13: weights quantized per tensor");
     std::map<std::string, std::string> act_dq;  // activation -> its DequantizeLinear output
     std::map<std::string, std::string> w_dq;    // weight initializer -> its DequantizeLinear output
     int64_t nodes_q = 0, nodes_x = 0, acts = 0, weights = 0, saved = 0;
@@ -89,10 +100,11 @@ keel_status_t quantize(void*, keel_graph_t* g, const keel_graph_api_t* api, cons
       // Activation.
       auto it = act_dq.find(x);
       if (it == act_dq.end()) {
-        ActQ q = act_params(range->first, range->second);
+        ActQ q = act_params(range->first, range->second, s8);
         std::string s = gv.unique_name(x + "_scale"), z = gv.unique_name(x + "_zero_point");
         gv.set_initializer(s, HostTensor::of<float>(KEEL_DTYPE_F32, {}, std::vector<float>{q.scale}));
-        gv.set_initializer(z, HostTensor::of<uint8_t>(KEEL_DTYPE_U8, {}, std::vector<uint8_t>{q.zp}));
+        if (s8) gv.set_initializer(z, HostTensor::of<int8_t>(KEEL_DTYPE_I8, {}, std::vector<int8_t>{0}));
+        else gv.set_initializer(z, HostTensor::of<uint8_t>(KEEL_DTYPE_U8, {}, std::vector<uint8_t>{static_cast<uint8_t>(q.zp)}));
         std::string xq = gv.unique_name(x + "_quantized"), xd = gv.unique_name(x + "_dequantized");
         gv.add_node("", "QuantizeLinear", gv.unique_name(x + "_QuantizeLinear"), {x, s, z}, {xq});
         gv.add_node("", "DequantizeLinear", gv.unique_name(x + "_DequantizeLinear"), {xq, s, z}, {xd});

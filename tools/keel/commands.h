@@ -40,6 +40,7 @@ void add_conformance_command(CLI::App& app, Globals& g);
 void add_bench_command(CLI::App& app, Globals& g);
 void add_optimize_command(CLI::App& app, Globals& g);  // cmd_optimize.cc: graph pass pipelines
 void add_prune_command(CLI::App& app, Globals& g);     // cmd_prune.cc: `keel prune`
+void add_quantize_command(CLI::App& app, Globals& g);  // cmd_quantize.cc: `keel quantize` (INT8 PTQ)
 
 // `keel plugin-test MANIFEST` (cmd_plugin_test.cc): the plugin conformance kit (device CTS + models, per-op report).
 void add_plugin_test_command(CLI::App& app, Globals& g);

@@ -54,6 +54,7 @@ int main(int argc, char** argv) {
   add_bench_command(app, g);
   add_optimize_command(app, g);
   add_prune_command(app, g);
+  add_quantize_command(app, g);
 
   try {
     app.parse(argc, argv);

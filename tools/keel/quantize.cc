@@ -1,0 +1,477 @@
+// INT8 post-training quantization (see quantize.h): calibration through Keel's own sessions, the quantize_int8 pass
+// for the QDQ rewrite, per-layer and output error on held-out batches, tolerance-driven fp32 fallback.
+#include "tools/keel/quantize.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "core/base/pass_manager.h"
+#include "core/runtime/host_api.h"
+#include "core/runtime/kernel_context.h"
+#include "core/runtime/onnx_io.h"
+#include "core/runtime/session.h"
+#include "tools/keel/progress.h"
+
+namespace keel::cli {
+
+// ------------------------------------------------------------------------------------------------ calibration math
+
+void Histogram::init(double lo_, double hi_, size_t n) {
+  lo = lo_;
+  hi = hi_ > lo_ ? hi_ : lo_ + 1e-12;
+  bins.assign(std::max<size_t>(n, 1), 0.0);
+}
+
+void Histogram::add(const float* v, size_t n, bool absolute) {
+  const double width = (hi - lo) / static_cast<double>(bins.size());
+  const double inv = 1.0 / width;
+  const int64_t last = static_cast<int64_t>(bins.size()) - 1;
+  for (size_t i = 0; i < n; ++i) {
+    double x = absolute ? std::fabs(static_cast<double>(v[i])) : static_cast<double>(v[i]);
+    if (!std::isfinite(x)) continue;
+    int64_t b = static_cast<int64_t>((x - lo) * inv);
+    bins[static_cast<size_t>(std::clamp<int64_t>(b, 0, last))] += 1.0;
+  }
+}
+
+std::pair<double, double> percentile_range(const Histogram& h, double percentile) {
+  double total = 0;
+  for (double c : h.bins) total += c;
+  if (total <= 0) return {h.lo, h.hi};
+  const double tail = total * (100.0 - std::clamp(percentile, 50.0, 100.0)) / 100.0;
+  const double width = (h.hi - h.lo) / static_cast<double>(h.bins.size());
+  const size_t n = h.bins.size();
+  // Lower bound: the left edge of the first bin where the cumulative count passes the tail.
+  double acc = 0, lo = h.lo, hi = h.hi;
+  for (size_t i = 0; i < n; ++i) {
+    if (acc + h.bins[i] > tail) {
+      lo = h.lo + static_cast<double>(i) * width;
+      break;
+    }
+    acc += h.bins[i];
+  }
+  acc = 0;
+  for (size_t i = n; i-- > 0;) {
+    if (acc + h.bins[i] > tail) {
+      hi = h.lo + static_cast<double>(i + 1) * width;
+      break;
+    }
+    acc += h.bins[i];
+  }
+  return {lo, hi};
+}
+
+double entropy_threshold(const Histogram& h, int levels) {
+  const size_t n = h.bins.size();
+  const double width = (h.hi - h.lo) / static_cast<double>(n);
+  const size_t q = static_cast<size_t>(std::max(levels, 2));
+  if (n <= q) return h.hi;
+  double best_kl = std::numeric_limits<double>::infinity();
+  size_t best = n;
+  std::vector<double> p, qv;
+  for (size_t i = q; i <= n; ++i) {
+    // P: the first i bins, with the outliers folded into the last one.
+    p.assign(h.bins.begin(), h.bins.begin() + static_cast<std::ptrdiff_t>(i));
+    double outliers = 0;
+    for (size_t j = i; j < n; ++j) outliers += h.bins[j];
+    p[i - 1] += outliers;
+    double psum = 0;
+    for (double v : p) psum += v;
+    if (psum <= 0) continue;
+    // Q: the first i bins (without outliers) merged into q levels, each level's mass spread evenly over the bins
+    // of that level that were non-zero.
+    qv.assign(i, 0.0);
+    for (size_t l = 0; l < q; ++l) {
+      const size_t b0 = l * i / q, b1 = (l + 1) * i / q;
+      double mass = 0;
+      size_t nonzero = 0;
+      for (size_t j = b0; j < b1; ++j) {
+        mass += h.bins[j];
+        nonzero += h.bins[j] != 0;
+      }
+      if (nonzero == 0) continue;
+      for (size_t j = b0; j < b1; ++j)
+        if (h.bins[j] != 0) qv[j] = mass / static_cast<double>(nonzero);
+    }
+    double qsum = 0;
+    for (double v : qv) qsum += v;
+    if (qsum <= 0) continue;
+    double kl = 0;
+    for (size_t j = 0; j < i; ++j) {
+      if (p[j] == 0) continue;
+      // Q is zero only where the outliers landed in an empty last bin: a small floor keeps KL finite there.
+      const double qj = qv[j] > 0 ? qv[j] / qsum : 1e-10;
+      kl += (p[j] / psum) * std::log((p[j] / psum) / qj);
+    }
+    if (kl < best_kl) {
+      best_kl = kl;
+      best = i;
+    }
+  }
+  return std::min(h.hi, h.lo + static_cast<double>(best) * width);  // the right edge of the kept bins
+}
+
+// ------------------------------------------------------------------------------------------------ calibration data
+
+StatusOr<std::vector<Feeds>> read_calibration_dir(const std::string& dir, const std::vector<std::string>& inputs) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return invalid_argument("calibration folder '" + dir + "' does not exist");
+  auto is_tensor_file = [](const fs::path& p) { return p.extension() == ".npy" || p.extension() == ".pb"; };
+  std::vector<fs::path> subdirs, files;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.is_directory()) subdirs.push_back(e.path());
+    else if (e.is_regular_file() && is_tensor_file(e.path())) files.push_back(e.path());
+  }
+  if (ec) return invalid_argument("cannot list calibration folder '" + dir + "': " + ec.message());
+  std::sort(subdirs.begin(), subdirs.end());
+  std::sort(files.begin(), files.end());
+  std::vector<Feeds> batches;
+  if (!subdirs.empty()) {
+    for (const fs::path& sd : subdirs) {
+      std::vector<fs::path> fl;
+      for (const auto& e : fs::directory_iterator(sd, ec))
+        if (e.is_regular_file() && is_tensor_file(e.path())) fl.push_back(e.path());
+      std::sort(fl.begin(), fl.end());
+      std::map<std::string, Tensor> found;
+      for (const fs::path& f : fl) {
+        std::string pb_name;
+        auto t = read_tensor_file(f, &pb_name);
+        if (!t.is_ok()) return t.status().with_context("calibration file " + f.string());
+        std::string stem = f.stem().string(), name;
+        if (std::find(inputs.begin(), inputs.end(), stem) != inputs.end()) name = stem;
+        else if (!pb_name.empty() && std::find(inputs.begin(), inputs.end(), pb_name) != inputs.end()) name = pb_name;
+        else if (stem.rfind("input_", 0) == 0) {
+          char* end = nullptr;
+          long k = std::strtol(stem.c_str() + 6, &end, 10);
+          if (end && *end == 0 && k >= 0 && static_cast<size_t>(k) < inputs.size()) name = inputs[static_cast<size_t>(k)];
+        }
+        if (name.empty())
+          return invalid_argument("calibration file " + f.string() + " names no graph input (expected NAME.npy, NAME.pb "
+                                  "or input_K.pb for one of the model's inputs)");
+        found[name] = std::move(t).value();
+      }
+      if (found.empty()) continue;
+      Feeds feeds;
+      for (const std::string& in : inputs) {
+        auto it = found.find(in);
+        if (it == found.end()) return invalid_argument("calibration batch " + sd.string() + " has no file for input '" + in + "'");
+        feeds.emplace_back(in, it->second);
+      }
+      batches.push_back(std::move(feeds));
+    }
+  } else {
+    if (inputs.size() != 1 && !files.empty())
+      return invalid_argument("calibration folder '" + dir + "' holds files, but the model has " +
+                              std::to_string(inputs.size()) + " inputs: use one subfolder per batch with one file per input");
+    for (const fs::path& f : files) {
+      auto t = read_tensor_file(f);
+      if (!t.is_ok()) return t.status().with_context("calibration file " + f.string());
+      batches.push_back(Feeds{{inputs[0], std::move(t).value()}});
+    }
+  }
+  if (batches.empty()) return invalid_argument("calibration folder '" + dir + "' holds no .npy/.pb batches");
+  return batches;
+}
+
+// ------------------------------------------------------------------------------------------------ quantize_graph
+
+namespace {
+
+struct Layer {
+  std::string node, op_type, input, output;
+  bool user_excluded = false;
+};
+
+Status run_pipeline(Environment& env, Graph& g, const std::vector<PassSpec>& specs, const std::string& device,
+                    std::vector<PassReport>* reports = nullptr) {
+  keel_graph_s view;
+  view.graph = &g;
+  view.env = &env;
+  auto r = PassManager(env.registry(), graph_api()).run(g, &view, specs, device);
+  if (!r.is_ok()) return r.status();
+  if (reports) *reports = std::move(r).value();
+  return Status::ok();
+}
+
+// Sums that give cosine and relative L2 error over several tensors.
+struct ErrorAcc {
+  double dot = 0, ff = 0, qq = 0, dd = 0;
+  void add(const Tensor& f, const Tensor& q) {
+    if (f.dtype() != DType::kF32 || q.dtype() != DType::kF32 || f.numel() != q.numel()) return;
+    const float* a = f.data<float>();
+    const float* b = q.data<float>();
+    for (int64_t i = 0; i < f.numel(); ++i) {
+      double x = a[i], y = b[i];
+      dot += x * y, ff += x * x, qq += y * y, dd += (x - y) * (x - y);
+    }
+  }
+  double cosine() const { return ff == 0 && qq == 0 ? 1.0 : dot / std::sqrt(ff * qq + 1e-300); }
+  double rel_error() const { return ff == 0 ? (dd == 0 ? 0.0 : 1.0) : std::sqrt(dd / ff); }
+};
+
+StatusOr<std::unique_ptr<Session>> make_session(Environment& env, Graph g, const std::string& device) {
+  SessionOptions o;
+  o.devices = {device};
+  return Session::create(env, std::move(g), o);
+}
+
+bool is_float_output(const Graph& g, const std::string& v) {
+  const ValueInfo* vi = g.info(v);
+  return vi == nullptr || vi->dtype == DType::kF32 || vi->dtype == DType::kUndefined;
+}
+
+}  // namespace
+
+StatusOr<QuantizeResult> quantize_graph(Environment& env, const Graph& fp32, const std::vector<Feeds>& calibration,
+                                        const QuantizeOptions& options) {
+  if (options.method != "minmax" && options.method != "percentile" && options.method != "entropy")
+    return invalid_argument("unknown calibration method '" + options.method + "' (minmax, percentile, entropy)");
+  if (options.method == "percentile" && !(options.percentile > 50 && options.percentile <= 100))
+    return invalid_argument("percentile must be in (50, 100], got " + std::to_string(options.percentile));
+  if (options.activation_type != "u8" && options.activation_type != "s8")
+    return invalid_argument("activation type must be u8 or s8, got '" + options.activation_type + "'");
+  if (!(options.tolerance >= 0)) return invalid_argument("tolerance must be >= 0");
+  if (calibration.empty()) return invalid_argument("no calibration batches");
+  const Registry& reg = env.registry();
+  if (!reg.pass("quantize_int8"))
+    return failed_precondition("the quantize_int8 pass plugin is not installed (see `keel plugins`)");
+
+  QuantizeResult result;
+  // 1. Prepare.
+  Graph prepared = fp32;
+  KEEL_RETURN_IF_ERROR(infer_shapes(prepared), "shape inference");
+  {
+    std::vector<PassSpec> specs;
+    for (const char* p : {"fold_constants", "remove_identity", "eliminate_dead_code", "fuse_conv_bn", "eliminate_dead_code"})
+      if (reg.pass(p)) specs.push_back(PassSpec{p, {}});
+      else result.notes.push_back(std::string("pass ") + p + " not installed: skipped");
+    KEEL_RETURN_IF_ERROR(run_pipeline(env, prepared, specs, options.device), "preparing the fp32 graph");
+    KEEL_RETURN_IF_ERROR(infer_shapes(prepared), "shape inference after preparation");
+  }
+  // Quantizable layers: Conv/MatMul/Gemm reading an f32 activation at input 0 and an f32 constant at input 1.
+  std::set<std::string> exclude(options.exclude.begin(), options.exclude.end());
+  std::set<std::string> node_names;
+  for (NodeId id : prepared.node_ids()) node_names.insert(prepared.node(id)->name);
+  std::vector<Layer> layers;
+  KEEL_ASSIGN_OR_RETURN(auto order, prepared.topological_order(), "quantize");
+  for (NodeId id : order) {
+    Node* n = prepared.node(id);
+    if (!n->domain.empty() || (n->op_type != "Conv" && n->op_type != "MatMul" && n->op_type != "Gemm")) continue;
+    if (n->inputs.size() < 2 || n->outputs.empty()) continue;
+    const std::string& x = n->inputs[0];
+    auto w = prepared.initializers.find(n->inputs[1]);
+    if (prepared.is_initializer(x) || w == prepared.initializers.end() || w->second.dtype() != DType::kF32) continue;
+    const ValueInfo* xi = prepared.info(x);
+    if (xi && xi->dtype != DType::kF32) continue;
+    if (n->name.empty()) {
+      std::string name = n->op_type + "_" + std::to_string(id);
+      while (node_names.count(name)) name += "_";
+      n->name = name;
+      node_names.insert(name);
+    }
+    Layer l{n->name, n->op_type, x, n->outputs[0], exclude.count(n->name) != 0};
+    exclude.erase(n->name);
+    layers.push_back(l);
+  }
+  for (const auto& e : exclude) result.notes.push_back("--exclude names no quantizable node: " + e);
+  if (layers.empty()) return invalid_argument("the model has no quantizable Conv/MatMul/Gemm (f32 constant weight)");
+
+  // Batches: the last fifth held out for evaluation (at least one); with one batch, it serves both.
+  const size_t nb = calibration.size();
+  const size_t held = nb >= 2 ? std::max<size_t>(1, nb / 5) : 1;
+  const size_t ncal = nb >= 2 ? nb - held : 1;
+  std::vector<const Feeds*> cal, eval;
+  for (size_t i = 0; i < ncal; ++i) cal.push_back(&calibration[i]);
+  for (size_t i = nb - held; i < nb; ++i) eval.push_back(&calibration[i]);
+  if (nb < 2) result.notes.push_back("one calibration batch: the error report uses the calibration batch itself");
+  result.heldout_batches = eval.size();
+
+  // 2. Calibrate.
+  std::vector<std::string> acts;
+  for (const Layer& l : layers)
+    if (!l.user_excluded && std::find(acts.begin(), acts.end(), l.input) == acts.end()) acts.push_back(l.input);
+  std::map<std::string, std::string> ranges;
+  if (!acts.empty()) {
+    Graph cg = prepared;
+    const size_t base = cg.outputs.size();
+    for (const auto& a : acts) cg.outputs.push_back(a);
+    KEEL_ASSIGN_OR_RETURN(auto session, make_session(env, std::move(cg), options.device), "calibration session");
+    const bool hist = options.method != "minmax";
+    ProgressBar bar("calibrating (" + options.method + ")", static_cast<int64_t>(cal.size() * (hist ? 2 : 1)), "batch",
+                    options.progress);
+    std::vector<double> mn(acts.size(), std::numeric_limits<double>::infinity()),
+        mx(acts.size(), -std::numeric_limits<double>::infinity());
+    auto run_batch = [&](const Feeds& f) -> StatusOr<std::vector<Tensor>> {
+      KEEL_ASSIGN_OR_RETURN(auto out, session->run(f), "calibration run");
+      for (size_t a = 0; a < acts.size(); ++a)
+        if (out[base + a].dtype() != DType::kF32)
+          return invalid_argument("activation '" + acts[a] + "' is not f32 at run time");
+      return out;
+    };
+    for (const Feeds* f : cal) {
+      KEEL_ASSIGN_OR_RETURN(auto out, run_batch(*f), "calibration");
+      for (size_t a = 0; a < acts.size(); ++a) {
+        const Tensor& t = out[base + a];
+        const float* p = t.data<float>();
+        for (int64_t i = 0; i < t.numel(); ++i) {
+          if (!std::isfinite(p[i])) continue;
+          mn[a] = std::min<double>(mn[a], p[i]);
+          mx[a] = std::max<double>(mx[a], p[i]);
+        }
+      }
+      bar.tick(1);
+    }
+    for (size_t a = 0; a < acts.size(); ++a)
+      if (!(mn[a] <= mx[a])) mn[a] = mx[a] = 0;  // no finite value seen
+    std::vector<double> lo = mn, hi = mx;
+    if (hist) {
+      const bool entropy = options.method == "entropy";
+      std::vector<Histogram> h(acts.size());
+      for (size_t a = 0; a < acts.size(); ++a) {
+        if (entropy) h[a].init(0, std::max(std::fabs(mn[a]), std::fabs(mx[a])), 2048);
+        else h[a].init(mn[a], mx[a], 2048);
+      }
+      for (const Feeds* f : cal) {
+        KEEL_ASSIGN_OR_RETURN(auto out, run_batch(*f), "calibration (histograms)");
+        for (size_t a = 0; a < acts.size(); ++a) {
+          const Tensor& t = out[base + a];
+          h[a].add(t.data<float>(), static_cast<size_t>(t.numel()), entropy);
+        }
+        bar.tick(1);
+      }
+      for (size_t a = 0; a < acts.size(); ++a) {
+        if (entropy) {
+          const bool nonneg = mn[a] >= 0;
+          const int levels = options.activation_type == "u8" && nonneg ? 255 : 128;
+          double t = entropy_threshold(h[a], levels);
+          lo[a] = nonneg ? 0.0 : std::max(mn[a], -t);
+          hi[a] = std::min(mx[a], t);
+        } else {
+          auto r = percentile_range(h[a], options.percentile);
+          lo[a] = r.first;
+          hi[a] = r.second;
+        }
+      }
+    }
+    for (size_t a = 0; a < acts.size(); ++a) {
+      std::ostringstream os;
+      os.precision(9);
+      os << lo[a] << "," << hi[a];
+      ranges[acts[a]] = os.str();
+    }
+    bar.finish(std::to_string(acts.size()) + " activations");
+  }
+
+  auto quantize_with = [&](const std::set<std::string>& keep) -> StatusOr<Graph> {
+    Graph g = prepared;
+    PassSpec spec{"quantize_int8", {}};
+    for (const auto& [v, r] : ranges) spec.options.values["range." + v] = r;
+    spec.options.values["exclude"] = std::vector<std::string>(keep.begin(), keep.end());
+    spec.options.values["calibration"] = options.method;
+    spec.options.values["activation_type"] = options.activation_type;
+    spec.options.values["per_channel"] = options.per_channel;
+    KEEL_RETURN_IF_ERROR(run_pipeline(env, g, {spec}, options.device), "quantize_int8");
+    return g;
+  };
+
+  // 4. Evaluate: fp32 reference values for the held-out batches.
+  std::vector<std::string> outs;
+  for (const auto& o : prepared.outputs)
+    if (is_float_output(prepared, o)) outs.push_back(o);
+  std::vector<std::unordered_map<std::string, Tensor>> ref(eval.size());
+  {
+    Graph eg = prepared;
+    std::vector<std::string> extra;
+    for (const Layer& l : layers)
+      for (const std::string& v : {l.input, l.output})
+        if (std::find(eg.outputs.begin(), eg.outputs.end(), v) == eg.outputs.end() &&
+            std::find(extra.begin(), extra.end(), v) == extra.end())
+          extra.push_back(v);
+    for (const auto& v : extra) eg.outputs.push_back(v);
+    std::vector<std::string> names = eg.outputs;
+    KEEL_ASSIGN_OR_RETURN(auto session, make_session(env, std::move(eg), options.device), "fp32 evaluation session");
+    for (size_t b = 0; b < eval.size(); ++b) {
+      KEEL_ASSIGN_OR_RETURN(auto out, session->run(*eval[b]), "fp32 evaluation");
+      for (size_t i = 0; i < names.size(); ++i) ref[b][names[i]] = out[i];
+    }
+  }
+  std::set<std::string> keep;
+  for (const Layer& l : layers)
+    if (l.user_excluded) keep.insert(l.node);
+  KEEL_ASSIGN_OR_RETURN(Graph qdq, quantize_with(keep), "quantize");
+  // Each layer's own error: its QDQ form fed with the fp32 activation.
+  result.layers.resize(layers.size());
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const Layer& l = layers[i];
+    LayerReport& r = result.layers[i];
+    r.node = l.node;
+    r.op_type = l.op_type;
+    r.kept_fp32 = l.user_excluded;
+    if (l.user_excluded) continue;
+    ErrorAcc acc;
+    std::unique_ptr<Session> s;
+    for (size_t b = 0; b < eval.size(); ++b) {
+      Feeds f = {{l.input, ref[b].at(l.input)}};
+      if (!s) {
+        KEEL_ASSIGN_OR_RETURN(Graph sub, extract_subgraph(qdq, f, {l.output}), "layer " + l.node);
+        KEEL_ASSIGN_OR_RETURN(s, make_session(env, std::move(sub), options.device), "layer " + l.node);
+      }
+      KEEL_ASSIGN_OR_RETURN(auto out, s->run(f), "layer " + l.node);
+      acc.add(ref[b].at(l.output), out[0]);
+    }
+    r.cosine = acc.cosine();
+    r.rel_error = acc.rel_error();
+  }
+  auto output_error = [&](const Graph& g, double* cosine, double* rel) -> Status {
+    KEEL_ASSIGN_OR_RETURN(auto s, make_session(env, g, options.device), "quantized evaluation session");
+    std::vector<ErrorAcc> acc(g.outputs.size());
+    for (size_t b = 0; b < eval.size(); ++b) {
+      KEEL_ASSIGN_OR_RETURN(auto out, s->run(*eval[b]), "quantized evaluation");
+      for (size_t i = 0; i < g.outputs.size(); ++i)
+        if (std::find(outs.begin(), outs.end(), g.outputs[i]) != outs.end()) acc[i].add(ref[b].at(g.outputs[i]), out[i]);
+    }
+    *cosine = 1;
+    *rel = 0;
+    for (size_t i = 0; i < g.outputs.size(); ++i) {
+      if (std::find(outs.begin(), outs.end(), g.outputs[i]) == outs.end()) continue;
+      *cosine = std::min(*cosine, acc[i].cosine());
+      *rel = std::max(*rel, acc[i].rel_error());
+    }
+    return Status::ok();
+  };
+  KEEL_RETURN_IF_ERROR(output_error(qdq, &result.output_cosine, &result.output_rel_error), "output error");
+  // 5. Tolerance: keep the worst layers in fp32 until the output error is within it.
+  if (options.tolerance > 0 && result.output_rel_error > options.tolerance) {
+    std::vector<size_t> by_error;
+    for (size_t i = 0; i < layers.size(); ++i)
+      if (!layers[i].user_excluded) by_error.push_back(i);
+    std::stable_sort(by_error.begin(), by_error.end(),
+                     [&](size_t a, size_t b) { return result.layers[a].rel_error > result.layers[b].rel_error; });
+    ProgressBar bar("tolerance search", static_cast<int64_t>(by_error.size()), "layer", options.progress);
+    for (size_t i : by_error) {
+      keep.insert(layers[i].node);
+      result.layers[i].kept_fp32 = true;
+      KEEL_ASSIGN_OR_RETURN(qdq, quantize_with(keep), "quantize");
+      KEEL_RETURN_IF_ERROR(output_error(qdq, &result.output_cosine, &result.output_rel_error), "output error");
+      std::ostringstream msg;
+      msg << "error " << result.output_rel_error;
+      bar.tick(1, msg.str());
+      if (result.output_rel_error <= options.tolerance) break;
+    }
+    bar.finish();
+    if (result.output_rel_error > options.tolerance)
+      result.notes.push_back("tolerance not reached even with every layer in fp32");
+  }
+  result.graph = std::move(qdq);
+  return result;
+}
+
+}  // namespace keel::cli

@@ -1,0 +1,88 @@
+// keel/tools/keel/quantize.h — INT8 post-training quantization: calibration, QDQ rewrite, per-layer error report.
+//
+// quantize_graph() is what `keel quantize` (cmd_quantize.cc) and `keel train` (to quantize the model it trained) call:
+//
+//   1. prepares the fp32 graph: fold_constants, remove_identity, eliminate_dead_code, fuse_conv_bn (the pass plugins
+//      that are installed; fusing BN first makes one quantized Conv per Conv+BN);
+//   2. calibrates: runs Keel sessions on the fp32 graph with every quantizable activation (input 0 of each Conv,
+//      MatMul, Gemm with an f32 constant weight) exposed as an extra output, over the calibration batches, and picks a
+//      range per activation — minmax (observed min/max), percentile (the `percentile`-th percentile of each tail),
+//      entropy (TensorRT's KL-divergence threshold search over a 2048-bin histogram of |x|);
+//   3. rewrites with the `quantize_int8` pass plugin: standard QDQ ONNX, per-channel symmetric s8 weights, u8
+//      (asymmetric) or s8 (symmetric) activations;
+//   4. measures on held-out batches (the last fifth of `calibration`, at least one; with a single batch it is also
+//      the calibration batch): each quantized layer's own error (cosine and relative L2 error of its output, with its
+//      quantized inputs computed from the fp32 activations, against fp32) and the error of the graph outputs;
+//   5. with a tolerance, keeps the layers with the largest own error in fp32, one at a time, until the relative L2
+//      error of every float graph output on the held-out batches is at most `tolerance` (or nothing is left).
+//
+// The calibration batches must bind every graph input (by name). Sessions run on `options.device` (fallback cpu).
+// Thread-safety: quantize_graph uses only its arguments; concurrent calls on one Environment are fine.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/base/graph.h"
+#include "core/base/status.h"
+#include "core/base/tensor.h"
+#include "core/runtime/environment.h"
+
+namespace keel::cli {
+
+struct QuantizeOptions {
+  std::string method = "minmax";  // minmax | percentile | entropy
+  double percentile = 99.99;      // percentile method: kept fraction of each tail, in percent (50, 100]
+  std::vector<std::string> exclude;  // node names kept in fp32
+  double tolerance = 0;              /* 0 = off */
+  bool per_channel = true;           // weights per output channel (else per tensor)
+  std::string device = "cpu";        // where the calibration and evaluation sessions run
+  bool progress = true;              // progress bar over calibration batches (stderr)
+  std::string activation_type = "u8";  // u8 (asymmetric) | s8 (symmetric)
+};
+
+struct LayerReport {
+  std::string node, op_type;
+  double cosine = 1, rel_error = 0;  // the layer's own error (see above); 1 / 0 for a layer kept in fp32
+  bool kept_fp32 = false;
+};
+
+struct QuantizeResult {
+  Graph graph;                      // the QDQ graph
+  std::vector<LayerReport> layers;  // every quantizable layer, in graph order
+  // Error of the graph's float outputs on the held-out batches (the worst output): cosine and relative L2 error.
+  double output_cosine = 1, output_rel_error = 0;
+  size_t heldout_batches = 0;
+  std::vector<std::string> notes;  // what was skipped and why
+};
+
+using Feeds = std::vector<std::pair<std::string, Tensor>>;
+
+StatusOr<QuantizeResult> quantize_graph(Environment& env, const Graph& fp32, const std::vector<Feeds>& calibration,
+                                        const QuantizeOptions& options);
+
+// ---- The calibration math (exposed for tests) ----
+
+// A histogram of values over [lo, hi] with equal bins; values outside go to the end bins.
+struct Histogram {
+  double lo = 0, hi = 0;
+  std::vector<double> bins;
+  void init(double lo_, double hi_, size_t n);
+  void add(const float* v, size_t n, bool absolute);
+};
+
+// The range the percentile method keeps: the (100 - p) and p percentiles of a histogram of the signed values.
+std::pair<double, double> percentile_range(const Histogram& h, double percentile);
+// TensorRT's entropy calibration: the threshold t in (0, hi] minimising KL(P || Q) where P is the histogram of |x|
+// over [0, t] (outliers folded into the last bin) and Q is P quantized to `levels` levels. `h` is a histogram of |x|
+// over [0, max|x|].
+double entropy_threshold(const Histogram& h, int levels);
+
+// Reads calibration batches from `dir` for a graph with these inputs. Layouts (documented in README.md):
+//   - one subfolder per batch (sorted by name), holding one file per graph input: NAME.npy / NAME.pb, or ONNX test
+//     data input_K.pb (K = the input's position), or a .pb whose TensorProto name is the input's name;
+//   - for a single-input graph, also a flat folder of .npy / .pb files, one batch per file (sorted by name).
+StatusOr<std::vector<Feeds>> read_calibration_dir(const std::string& dir, const std::vector<std::string>& inputs);
+
+}  // namespace keel::cli

@@ -1,0 +1,328 @@
+// INT8 post-training quantization (tools/keel/quantize.h): the calibration math on synthetic data (min-max,
+// percentile, entropy thresholds), quantize_graph on a small conv net (ranges, error report, exclusion, tolerance),
+// the calibration folder layouts, and `keel quantize` end to end on a tiny model.
+#include "tools/keel/quantize.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "core/runtime/onnx_io.h"
+#include "core/runtime/session.h"
+#include "tests/passes/pass_test_env.h"
+
+namespace keel {
+namespace {
+
+namespace fs = std::filesystem;
+using cli::Feeds;
+
+std::vector<float> randv(size_t n, uint32_t seed, float scale = 1.f, float mean = 0.f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(mean, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+fs::path temp_dir(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / ("keel_quantize_test_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+void write_npy(const fs::path& file, const Tensor& t) {
+  std::string shape = "(";
+  for (int64_t d : t.shape()) shape += std::to_string(d) + ",";
+  shape += ")";
+  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': " + shape + ", }";
+  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
+  header += '\n';
+  std::ofstream f(file, std::ios::binary);
+  f.write("\x93NUMPY\x01\x00", 8);
+  uint16_t len = static_cast<uint16_t>(header.size());
+  f.write(reinterpret_cast<const char*>(&len), 2);
+  f.write(header.data(), static_cast<std::streamsize>(header.size()));
+  f.write(static_cast<const char*>(t.raw_data()), static_cast<std::streamsize>(t.byte_size()));
+}
+
+// ------------------------------------------------------------------------------------------------ calibration math
+
+TEST(Calibration, PercentileRangeCutsBothTails) {
+  std::vector<float> v(10000);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i);  // uniform on [0, 9999]
+  cli::Histogram h;
+  h.init(0, 9999, 2048);
+  h.add(v.data(), v.size(), false);
+  auto r = cli::percentile_range(h, 99.0);  // 1% = 100 values cut from each end
+  const double w = 9999.0 / 2048;
+  EXPECT_NEAR(r.first, 100, 2 * w);
+  EXPECT_NEAR(r.second, 9899, 2 * w);
+  auto all = cli::percentile_range(h, 100.0);
+  EXPECT_DOUBLE_EQ(all.first, 0);
+  EXPECT_DOUBLE_EQ(all.second, 9999);
+}
+
+TEST(Calibration, PercentileIgnoresRareOutliers) {
+  std::vector<float> v = randv(100000, 7);
+  v[10] = 1000.f;  // one outlier: min-max would spend the whole u8 range on it
+  v[20] = -800.f;
+  cli::Histogram h;
+  h.init(-800, 1000, 2048);
+  h.add(v.data(), v.size(), false);
+  auto r = cli::percentile_range(h, 99.9);
+  EXPECT_GT(r.first, -10);
+  EXPECT_LT(r.first, -1);
+  EXPECT_LT(r.second, 10);
+  EXPECT_GT(r.second, 1);
+}
+
+TEST(Calibration, EntropyThresholdClipsTheOutliersOfAGaussian) {
+  std::vector<float> v = randv(200000, 3);
+  for (int i = 0; i < 20; ++i) v[static_cast<size_t>(i) * 1000] = 60.f + static_cast<float>(i);
+  float amax = 0;
+  for (float x : v) amax = std::max(amax, std::fabs(x));
+  cli::Histogram h;
+  h.init(0, amax, 2048);
+  h.add(v.data(), v.size(), true);
+  double t = cli::entropy_threshold(h, 128);
+  // The KL optimum for a unit Gaussian at 128 levels lies a few sigma out, far below the outliers.
+  EXPECT_GT(t, 2.0);
+  EXPECT_LT(t, 10.0);
+}
+
+TEST(Calibration, EntropyThresholdKeepsAUniformRange) {
+  std::vector<float> v(100000);
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> d(0.f, 1.f);
+  for (auto& x : v) x = d(rng);
+  cli::Histogram h;
+  h.init(0, 1, 2048);
+  h.add(v.data(), v.size(), true);
+  // Clipping a uniform distribution costs more than it gains: the threshold stays near the maximum.
+  EXPECT_GT(cli::entropy_threshold(h, 255), 0.9);
+}
+
+// ------------------------------------------------------------------------------------------------ quantize_graph
+
+// x[N,3,8,8] -> Conv(8) -> Relu -> Conv(8) -> Relu -> GlobalAveragePool -> Flatten -> Gemm(5) -> y
+Graph small_net(int64_t n = 2) {
+  GraphBuilder b("qnet", 13);
+  auto x = b.input("x", DType::kF32, {n, 3, 8, 8});
+  std::map<std::string, Attribute> pads = {{"pads", Attribute::of_ints({1, 1, 1, 1})}};
+  auto h = b.op("Conv", {x, b.constant("w1", Tensor::f32({8, 3, 3, 3}, randv(216, 1, 0.3f))),
+                         b.constant("b1", Tensor::f32({8}, randv(8, 2, 0.1f)))},
+                pads, 1)[0];
+  b.graph().node(*b.graph().producer(h))->name = "conv1";
+  h = b.op1("Relu", {h});
+  auto h2 = b.op1("Conv", {h, b.constant("w2", Tensor::f32({8, 8, 3, 3}, randv(576, 3, 0.2f))),
+                           b.constant("b2", Tensor::f32({8}, randv(8, 4, 0.1f)))},
+                  pads);
+  b.graph().node(*b.graph().producer(h2))->name = "conv2";
+  h = b.op1("Relu", {h2});
+  h = b.op1("GlobalAveragePool", {h});
+  h = b.op1("Flatten", {h});
+  auto y = b.op1("Gemm", {h, b.constant("wf", Tensor::f32({5, 8}, randv(40, 5, 0.5f))),
+                          b.constant("bf", Tensor::f32({5}, randv(5, 6, 0.1f)))},
+                 {{"transB", Attribute::of_int(1)}});
+  b.graph().node(*b.graph().producer(y))->name = "fc";
+  b.output(y);
+  return b.take();
+}
+
+std::vector<Feeds> batches(size_t n, int64_t batch = 2, uint32_t seed = 100) {
+  std::vector<Feeds> v;
+  for (size_t i = 0; i < n; ++i)
+    v.push_back({{"x", Tensor::f32({batch, 3, 8, 8}, randv(static_cast<size_t>(batch * 192), seed + static_cast<uint32_t>(i)))}});
+  return v;
+}
+
+cli::QuantizeOptions quiet() {
+  cli::QuantizeOptions o;
+  o.progress = false;
+  return o;
+}
+
+const Node* node_named(const Graph& g, const std::string& name) {
+  for (NodeId id : g.node_ids())
+    if (g.node(id)->name == name) return g.node(id);
+  return nullptr;
+}
+
+// True when input `i` of the node comes from a DequantizeLinear.
+bool reads_dq(const Graph& g, const Node* n, size_t i) {
+  auto p = g.producer(n->inputs[i]);
+  return p && g.node(*p)->op_type == "DequantizeLinear";
+}
+
+TEST(QuantizeGraph, MinMaxRangeOfTheInputComesFromTheCalibrationBatches) {
+  auto cal = batches(5);  // 4 calibrate, 1 held out
+  auto r = cli::quantize_graph(env(), small_net(), cal, quiet());
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  double lo = 0, hi = 0;
+  for (size_t b = 0; b < 4; ++b) {
+    const Tensor& t = cal[b][0].second;
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      lo = std::min<double>(lo, t.data<float>()[i]);
+      hi = std::max<double>(hi, t.data<float>()[i]);
+    }
+  }
+  const Graph& g = r->graph;
+  const Node* conv1 = node_named(g, "conv1");
+  ASSERT_NE(conv1, nullptr);
+  ASSERT_TRUE(reads_dq(g, conv1, 0));
+  const Node* dq = g.node(*g.producer(conv1->inputs[0]));
+  const Tensor& scale = g.initializers.at(dq->inputs[1]);
+  const Tensor& zp = g.initializers.at(dq->inputs[2]);
+  EXPECT_NEAR(scale.data<float>()[0], (hi - lo) / 255.0, 1e-6);
+  EXPECT_EQ(zp.dtype(), DType::kU8);
+  EXPECT_NEAR(zp.data<uint8_t>()[0], std::round(-lo / ((hi - lo) / 255.0)), 0.5);
+  // Weights: per-channel s8.
+  ASSERT_TRUE(reads_dq(g, conv1, 1));
+  const Node* wdq = g.node(*g.producer(conv1->inputs[1]));
+  EXPECT_EQ(g.initializers.at(wdq->inputs[0]).dtype(), DType::kI8);
+  EXPECT_EQ(g.initializers.at(wdq->inputs[1]).numel(), 8);
+  // Report: three layers, close to fp32.
+  ASSERT_EQ(r->layers.size(), 3u);
+  EXPECT_EQ(r->layers[0].node, "conv1");
+  for (const auto& l : r->layers) {
+    EXPECT_FALSE(l.kept_fp32);
+    EXPECT_GT(l.cosine, 0.995) << l.node;
+    EXPECT_GT(l.rel_error, 0.0) << l.node;  // quantization does change something
+    EXPECT_LT(l.rel_error, 0.1) << l.node;
+  }
+  EXPECT_GT(r->output_cosine, 0.99);
+  EXPECT_EQ(r->heldout_batches, 1u);
+  // The QDQ graph runs and agrees with fp32 on a held-out batch.
+  SessionOptions so;
+  so.devices = {"cpu"};
+  auto s = Session::create(env(), r->graph, so);
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  auto out = s.value()->run(cal[4]);
+  ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+  EXPECT_EQ(out.value()[0].shape(), (Shape{2, 5}));
+}
+
+TEST(QuantizeGraph, MethodsExclusionAndS8Activations) {
+  auto cal = batches(4);
+  for (const char* m : {"percentile", "entropy"}) {
+    auto o = quiet();
+    o.method = m;
+    o.exclude = {"fc"};
+    o.activation_type = "s8";
+    auto r = cli::quantize_graph(env(), small_net(), cal, o);
+    ASSERT_TRUE(r.is_ok()) << m << ": " << r.status().to_string();
+    EXPECT_GT(r->output_cosine, 0.98) << m;
+    const Node* fc = node_named(r->graph, "fc");
+    ASSERT_NE(fc, nullptr);
+    EXPECT_FALSE(reads_dq(r->graph, fc, 0)) << m;
+    EXPECT_TRUE(r->layers[2].kept_fp32);
+    const Node* conv2 = node_named(r->graph, "conv2");
+    ASSERT_TRUE(reads_dq(r->graph, conv2, 0));
+    const Node* dq = r->graph.node(*r->graph.producer(conv2->inputs[0]));
+    EXPECT_EQ(r->graph.initializers.at(dq->inputs[2]).dtype(), DType::kI8) << m;
+  }
+  auto o = quiet();
+  o.method = "kl";
+  EXPECT_FALSE(cli::quantize_graph(env(), small_net(), cal, o).is_ok());
+  o = quiet();
+  o.method = "percentile";
+  o.percentile = 20;
+  EXPECT_FALSE(cli::quantize_graph(env(), small_net(), cal, o).is_ok());
+  EXPECT_FALSE(cli::quantize_graph(env(), small_net(), {}, quiet()).is_ok());
+}
+
+TEST(QuantizeGraph, ToleranceKeepsTheWorstLayersInFp32) {
+  auto cal = batches(3);
+  auto full = cli::quantize_graph(env(), small_net(), cal, quiet());
+  ASSERT_TRUE(full.is_ok()) << full.status().to_string();
+  ASSERT_GT(full->output_rel_error, 0);
+  auto o = quiet();
+  o.tolerance = full->output_rel_error / 2;
+  auto r = cli::quantize_graph(env(), small_net(), cal, o);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_LE(r->output_rel_error, o.tolerance);
+  size_t kept = 0, worst = 0;
+  for (size_t i = 0; i < r->layers.size(); ++i) {
+    kept += r->layers[i].kept_fp32;
+    if (full->layers[i].rel_error > full->layers[worst].rel_error) worst = i;
+  }
+  EXPECT_GE(kept, 1u);
+  EXPECT_TRUE(r->layers[worst].kept_fp32) << "the worst layer goes first";
+  o.tolerance = 1e-12;
+  r = cli::quantize_graph(env(), small_net(), cal, o);
+  ASSERT_TRUE(r.is_ok());
+  for (const auto& l : r->layers) EXPECT_TRUE(l.kept_fp32);
+  EXPECT_LE(r->output_rel_error, 1e-12);
+}
+
+// ------------------------------------------------------------------------------------------------ data + CLI
+
+TEST(CalibrationDir, SubfoldersPerBatchAndFlatFiles) {
+  fs::path d = temp_dir("layout");
+  auto cal = batches(3);
+  for (size_t b = 0; b < 3; ++b) {
+    fs::path sd = d / ("batch_" + std::to_string(b));
+    fs::create_directories(sd);
+    if (b == 1) ASSERT_TRUE(write_tensor_pb(cal[b][0].second, sd / "input_0.pb").is_ok());
+    else write_npy(sd / "x.npy", cal[b][0].second);
+  }
+  auto r = cli::read_calibration_dir(d.string(), {"x"});
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  ASSERT_EQ(r->size(), 3u);
+  EXPECT_EQ((*r)[1][0].first, "x");
+  EXPECT_EQ((*r)[2][0].second.data<float>()[7], cal[2][0].second.data<float>()[7]);
+  // A two-input model needs both files per batch.
+  auto bad = cli::read_calibration_dir(d.string(), {"x", "y"});
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("'y'"), std::string::npos) << bad.status().to_string();
+  // Flat folder: one file per batch.
+  fs::path flat = temp_dir("flat");
+  for (size_t b = 0; b < 2; ++b) write_npy(flat / ("b" + std::to_string(b) + ".npy"), cal[b][0].second);
+  r = cli::read_calibration_dir(flat.string(), {"x"});
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->size(), 2u);
+  EXPECT_FALSE(cli::read_calibration_dir((d / "missing").string(), {"x"}).is_ok());
+  EXPECT_FALSE(cli::read_calibration_dir(flat.string(), {"x", "y"}).is_ok());
+  fs::remove_all(d);
+  fs::remove_all(flat);
+}
+
+TEST(QuantizeCli, WritesAQdqModelThatRuns) {
+  fs::path d = temp_dir("cli");
+  Graph g = small_net(1);
+  ASSERT_TRUE(save_onnx(g, d / "model.onnx").is_ok());
+  auto cal = batches(5, 1);
+  fs::create_directories(d / "calib");
+  for (size_t b = 0; b < cal.size(); ++b) write_npy(d / "calib" / ("b" + std::to_string(b) + ".npy"), cal[b][0].second);
+  std::string cmd = std::string(KEEL_CLI_BINARY) + " --plugin-path " + KEEL_PASSES_PLUGIN_DIR_DEFAULT + " quantize " +
+                    (d / "model.onnx").string() + " --calib " + (d / "calib").string() + " -o " +
+                    (d / "q.onnx").string() + " --method entropy --exclude conv2 -q > " + (d / "log.txt").string() + " 2>&1";
+  int rc = std::system(cmd.c_str());
+  std::ifstream logf(d / "log.txt");
+  std::string log((std::istreambuf_iterator<char>(logf)), std::istreambuf_iterator<char>());
+  ASSERT_EQ(rc, 0) << log;
+  EXPECT_NE(log.find("conv1"), std::string::npos) << log;
+  EXPECT_NE(log.find("2 of 3 layers quantized"), std::string::npos) << log;
+  auto q = load_onnx(d / "q.onnx");
+  ASSERT_TRUE(q.is_ok()) << q.status().to_string();
+  size_t ql = 0;
+  for (NodeId id : q->node_ids()) ql += q->node(id)->op_type == "QuantizeLinear";
+  EXPECT_EQ(ql, 2u);  // conv1's and fc's inputs
+  // A missing calibration folder is a clear error (exit 1), not a crash.
+  cmd = std::string(KEEL_CLI_BINARY) + " --plugin-path " + KEEL_PASSES_PLUGIN_DIR_DEFAULT + " quantize " +
+        (d / "model.onnx").string() + " --calib " + (d / "nope").string() + " -o " + (d / "q2.onnx").string() +
+        " > /dev/null 2>&1";
+  rc = std::system(cmd.c_str());
+  EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 1) << rc;
+  fs::remove_all(d);
+}
+
+}  // namespace
+}  // namespace keel
