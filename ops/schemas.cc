@@ -81,6 +81,51 @@ void register_keel_schemas() {
           *out->add_dim() = v.dim(v.dim_size() - 1);
         });
     register_one(attn);
+
+    // INT8 ops (passes/quantize_int8 `fuse_qdq`): semantics in ops/reference/fused.cc. The output is f32, or, with
+    // y_scale and y_zero_point, quantized to y_zero_point's type.
+    auto q_output_type = [](onnx::InferenceContext& ctx) {
+      int32_t et = onnx::TensorProto::FLOAT;
+      if (ctx.getNumInputs() > 7 && ctx.getInputType(7) != nullptr && ctx.getInputType(7)->has_tensor_type())
+        et = ctx.getInputType(7)->tensor_type().elem_type();
+      ctx.getOutputType(0)->mutable_tensor_type()->set_elem_type(et);
+    };
+    auto quantized = [](const char* name, const char* doc, const char* x, const char* w, const char* b) {
+      OpSchema s;
+      s.SetName(name).SetDomain("keel").SinceVersion(1).SetDoc(doc).AllowUncheckedAttributes();
+      s.TypeConstraint("T1", {"tensor(uint8)", "tensor(int8)"}, "quantized activations");
+      s.TypeConstraint("T2", {"tensor(int8)"}, "quantized weights");
+      s.TypeConstraint("T3", {"tensor(uint8)", "tensor(int8)"}, "quantized output");
+      s.TypeConstraint("T4", {"tensor(uint8)", "tensor(int8)", "tensor(float)"}, "output");
+      s.Input(0, x, "", "T1").Input(1, w, "", "T2").Input(2, b, "f32 bias", "tensor(float)", OpSchema::Optional)
+          .Input(3, "x_scale", "", "tensor(float)").Input(4, "x_zero_point", "", "T1", OpSchema::Optional)
+          .Input(5, "w_scale", "", "tensor(float)").Input(6, "y_scale", "", "tensor(float)", OpSchema::Optional)
+          .Input(7, "y_zero_point", "", "T3", OpSchema::Optional);
+      s.Output(0, "Y", "", "T4");
+      return s;
+    };
+    OpSchema qconv = quantized("QConv", "act(conv(dequant(X), dequant(W)) + B), quantized when y_scale is given", "X",
+                               "W", "B");
+    qconv.TypeAndShapeInferenceFunction([conv = borrowed_inference("Conv", 11), q_output_type](onnx::InferenceContext& ctx) {
+      conv(ctx);
+      q_output_type(ctx);
+    });
+    register_one(qconv);
+    OpSchema qgemm = quantized("QGemm", "act(dequant(A) x dequant(B) + C), quantized when y_scale is given; B [K, N] "
+                               "(or [N, K] with transB)", "A", "B", "C");
+    qgemm.TypeAndShapeInferenceFunction([q_output_type](onnx::InferenceContext& ctx) {
+      q_output_type(ctx);
+      if (!onnx::hasInputShape(ctx, 0) || !onnx::hasInputShape(ctx, 1)) return;
+      const auto& a = ctx.getInputType(0)->tensor_type().shape();
+      const auto& b = ctx.getInputType(1)->tensor_type().shape();
+      if (a.dim_size() < 2 || b.dim_size() != 2) return;
+      const auto* tb = ctx.getAttribute("transB");
+      const bool trans = tb != nullptr && tb->i() != 0;
+      auto* out = ctx.getOutputType(0)->mutable_tensor_type()->mutable_shape();
+      for (int i = 0; i < a.dim_size() - 1; ++i) *out->add_dim() = a.dim(i);
+      *out->add_dim() = b.dim(trans ? 0 : 1);
+    });
+    register_one(qgemm);
   });
 }
 

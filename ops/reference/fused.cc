@@ -6,6 +6,13 @@
 //   Gelu(X)                         Y = 0.5 x (1 + erf(x / sqrt 2))              (the ai.onnx Gelu-20 kernel)
 //   LayerNormalization(X, Scale, [B])                                          (the ai.onnx LayerNormalization-17 kernel)
 //   Attention(Q, Kt, V, [mask])     Y = softmax(Q @ Kt * scale + mask) @ V       attribute scale (default 1)
+//   QConv(X, W, [B], x_scale, [x_zero_point], w_scale, [y_scale, y_zero_point])    (INT8, from passes/quantize_int8)
+//                                   Y = act(conv((X - x_zp) x_scale, W w_scale) + B), then, with y_scale, quantized:
+//                                   saturate(round(Y / y_scale) + y_zp) in y_zero_point's type (u8/s8); else f32.
+//                                   X u8/s8, W s8 (zero point 0), w_scale scalar or per output channel, B f32.
+//   QGemm(A, B, [C], a_scale, [a_zero_point], b_scale, [y_scale, y_zero_point])
+//                                   the same for A[..., K] x B (s8 [K, N], or [N, K] with transB = 1) + C[N]; the
+//                                   int8 form of MatMul with a 2-D constant weight and of Gemm (alpha = beta = 1).
 //
 // act is the `activation` attribute: "" (none), Relu, Sigmoid, Tanh, HardSwish, LeakyRelu (activation_params =
 // {alpha}), Clip ({min, max}), Gelu. Z has the output's shape. Batch dimensions of FusedMatMul and Attention
@@ -80,7 +87,8 @@ const float* residual(const Kctx& k, const std::optional<TView>& z, const Shape&
 // ------------------------------------------------------------------------------------------------ FusedConv
 
 // col[(c*Ks + kidx), out_pos] = x[c, in_pos] (0 in the padding), for rows [r0, r1). Any number of spatial dims.
-void im2col(const float* x, const SpatialGeom& g, float* col, int64_t r0, int64_t r1) {
+template <class T>
+void im2col(const T* x, const SpatialGeom& g, T* col, int64_t r0, int64_t r1) {
   const int r = g.r;
   const int64_t Ks = g.kernel_size(), O = g.out_size(), I = g.in_size();
   std::vector<int64_t> kk(r), o(r);
@@ -91,8 +99,8 @@ void im2col(const float* x, const SpatialGeom& g, float* col, int64_t r0, int64_
       kk[d] = kidx % g.kernel[d];
       kidx /= g.kernel[d];
     }
-    const float* xc = x + c * I;
-    float* dst = col + row * O;
+    const T* xc = x + c * I;
+    T* dst = col + row * O;
     std::fill(o.begin(), o.end(), 0);
     for (int64_t p = 0; p < O; ++p) {
       int64_t off = 0;
@@ -102,7 +110,7 @@ void im2col(const float* x, const SpatialGeom& g, float* col, int64_t r0, int64_
         valid = valid && id >= 0 && id < g.in[d];
         off = off * g.in[d] + id;
       }
-      dst[p] = valid ? xc[off] : 0.f;
+      dst[p] = valid ? xc[off] : T(0);
       for (int d = r - 1; d >= 0; --d) {
         if (++o[d] < g.out[d]) break;
         o[d] = 0;
@@ -355,6 +363,153 @@ void op_attention(Kctx& k) {
   });
 }
 
+// ------------------------------------------------------------------------------------------------ QConv, QGemm
+
+// The quantization parameters of a QConv/QGemm node: inputs 3..7.
+struct QParams {
+  float x_scale = 1;
+  int32_t x_zero = 0;
+  std::vector<float> w_scale;  // 1 or M entries
+  bool quantized_out = false;
+  float y_scale = 1;
+  int32_t y_zero = 0;
+};
+
+QParams read_qparams(const Kctx& k, const TView& x, const TView& w, int64_t M) {
+  QParams q;
+  if (x.dtype != KEEL_DTYPE_U8 && x.dtype != KEEL_DTYPE_I8) k.bad_dtype(x.dtype, "X (u8 or s8)");
+  if (w.dtype != KEEL_DTYPE_I8) k.bad_dtype(w.dtype, "W (s8)");
+  TView xs = k.in(3), ws = k.in(5);
+  auto xzp = k.opt_in(4), ys = k.opt_in(6), yzp = k.opt_in(7);
+  if (xs.numel != 1) k.invalid("x_scale must be a scalar");
+  q.x_scale = static_cast<float>(get_f64(xs, 0, k));
+  if (xzp) {
+    if (xzp->numel != 1 || xzp->dtype != x.dtype) k.invalid("x_zero_point must be a scalar of X's type");
+    q.x_zero = static_cast<int32_t>(get_i64(*xzp, 0, k));
+  }
+  if (ws.numel != 1 && ws.numel != M) k.invalid(cat("w_scale must be a scalar or have ", M, " entries"));
+  q.w_scale = read_floats(ws, k, "w_scale");
+  if (ys.has_value() != yzp.has_value()) k.invalid("y_scale and y_zero_point come together");
+  if (ys) {
+    if (ys->numel != 1 || yzp->numel != 1) k.invalid("y_scale and y_zero_point must be scalars");
+    if (yzp->dtype != KEEL_DTYPE_U8 && yzp->dtype != KEEL_DTYPE_I8) k.bad_dtype(yzp->dtype, "y_zero_point (u8 or s8)");
+    if (k.out_dtype(0) != yzp->dtype) k.invalid("the output's type differs from y_zero_point's");
+    q.quantized_out = true;
+    q.y_scale = static_cast<float>(get_f64(*ys, 0, k));
+    q.y_zero = static_cast<int32_t>(get_i64(*yzp, 0, k));
+    if (!(q.y_scale > 0)) k.invalid("y_scale must be positive");
+  } else if (k.out_dtype(0) != KEEL_DTYPE_F32) {
+    k.bad_dtype(k.out_dtype(0), "output (f32 without y_scale)");
+  }
+  return q;
+}
+
+std::vector<int32_t> widen(const TView& t, int32_t zero, const Kctx& k) {
+  std::vector<int32_t> r(static_cast<size_t>(t.numel));
+  dispatch(TL<uint8_t, int8_t>{}, t.dtype, k, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* p = t.p<T>();
+    for (int64_t i = 0; i < t.numel; ++i) r[static_cast<size_t>(i)] = static_cast<int32_t>(p[i]) - zero;
+  }, "quantized input");
+  return r;
+}
+
+// Y[i] for accumulator `acc` of output channel m: act(acc * x_scale * w_scale[m] + bias[m]), then quantized or not.
+struct QEpilogue {
+  const QParams& q;
+  const float* bias;
+  Act act;
+  void store(const TView& y, int64_t i, int64_t m, int32_t acc) const {
+    float v = static_cast<float>(acc) * (q.x_scale * q.w_scale[q.w_scale.size() == 1 ? 0 : static_cast<size_t>(m)]);
+    if (bias) v += bias[m];
+    v = act(v);
+    if (!q.quantized_out) {
+      y.p<float>()[i] = v;
+      return;
+    }
+    float r = std::nearbyint(v / q.y_scale) + static_cast<float>(q.y_zero);
+    if (!(r == r)) r = 0;
+    if (y.dtype == KEEL_DTYPE_U8) y.p<uint8_t>()[i] = static_cast<uint8_t>(std::clamp(r, 0.f, 255.f));
+    else y.p<int8_t>()[i] = static_cast<int8_t>(std::clamp(r, -128.f, 127.f));
+  }
+};
+
+void op_qconv(Kctx& k) {
+  TView x = k.in(0), w = k.in(1);
+  auto b = k.opt_in(2);
+  if (x.ndim() < 3 || w.ndim() != x.ndim())
+    k.invalid(cat("X ", shape_str(x.shape), " and W ", shape_str(w.shape), " must have one rank >= 3"));
+  const int64_t group = k.attr_i("group", 1);
+  if (group <= 0) k.invalid("group must be positive");
+  const int64_t N = x.shape[0], Cin = x.shape[1], M = w.shape[0];
+  if (Cin != w.shape[1] * group || M % group != 0)
+    k.invalid(cat("channels do not match: X ", shape_str(x.shape), ", W ", shape_str(w.shape), ", group ", group));
+  Shape in(x.shape.begin() + 2, x.shape.end()), kernel(w.shape.begin() + 2, w.shape.end());
+  SpatialGeom g = spatial_geom(k, in, kernel, true, false);
+  if (b) {
+    require_f32(k, *b, "B");
+    if (b->numel != M) k.invalid(cat("B has ", b->numel, " entries; expected ", M));
+  }
+  QParams q = read_qparams(k, x, w, M);
+  QEpilogue ep{q, b ? b->p<float>() : nullptr, Act::from(k)};
+  Shape os = {N, M};
+  os.insert(os.end(), g.out.begin(), g.out.end());
+  TView y = k.out(0, os);
+  if (y.numel == 0) return;
+  std::vector<int32_t> X = widen(x, q.x_zero, k), W = widen(w, 0, k);
+  const int64_t Ks = g.kernel_size(), Cg = Cin / group, Mg = M / group, K = Cg * Ks, O = g.out_size(), I = g.in_size();
+  std::vector<int32_t> col(static_cast<size_t>(K * O)), acc(static_cast<size_t>(Mg * O));
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t gi = 0; gi < group; ++gi) {
+      const int32_t* xg = X.data() + (n * Cin + gi * Cg) * I;
+      k.parallel(K, std::max<int64_t>(1, 65536 / std::max<int64_t>(O, 1)),
+                 [&](int64_t r0, int64_t r1) { im2col(xg, g, col.data(), r0, r1); });
+      const int32_t* wg = W.data() + gi * Mg * K;
+      k.parallel(Mg, std::max<int64_t>(1, 65536 / std::max<int64_t>(O * K, 1)), [&](int64_t m0, int64_t m1) {
+        gemm_rows(m0, m1, O, K, wg, K, 1, col.data(), O, acc.data(), O, false);
+        for (int64_t m = m0; m < m1; ++m) {
+          const int64_t mm = gi * Mg + m;
+          for (int64_t j = 0; j < O; ++j) ep.store(y, (n * M + mm) * O + j, mm, acc[static_cast<size_t>(m * O + j)]);
+        }
+      });
+    }
+  }
+}
+
+void op_qgemm(Kctx& k) {
+  TView a = k.in(0), bw = k.in(1);
+  auto c = k.opt_in(2);
+  if (a.ndim() < 2 || bw.ndim() != 2) k.invalid(cat("A ", shape_str(a.shape), " must have rank >= 2 and B rank 2"));
+  const bool tb = k.attr_i("transB", 0) != 0;
+  const int64_t K = a.shape.back(), N = tb ? bw.shape[0] : bw.shape[1];
+  if ((tb ? bw.shape[1] : bw.shape[0]) != K)
+    k.invalid(cat("A ", shape_str(a.shape), " and B ", shape_str(bw.shape), " do not multiply (transB ", tb, ")"));
+  const int64_t M = K > 0 ? a.numel / K : 0;
+  if (c) {
+    require_f32(k, *c, "C");
+    if (c->numel != N) k.invalid(cat("C has ", c->numel, " entries; expected ", N));
+  }
+  QParams q = read_qparams(k, a, bw, N);
+  QEpilogue ep{q, c ? c->p<float>() : nullptr, Act::from(k)};
+  Shape os(a.shape.begin(), a.shape.end() - 1);
+  os.push_back(N);
+  TView y = k.out(0, os);
+  if (y.numel == 0) return;
+  std::vector<int32_t> A = widen(a, q.x_zero, k), B = widen(bw, 0, k);
+  if (tb) {
+    std::vector<int32_t> t(B.size());
+    for (int64_t i = 0; i < K; ++i)
+      for (int64_t j = 0; j < N; ++j) t[static_cast<size_t>(i * N + j)] = B[static_cast<size_t>(j * K + i)];
+    B.swap(t);
+  }
+  k.parallel(M, std::max<int64_t>(1, 65536 / std::max<int64_t>(K * N, 1)), [&](int64_t r0, int64_t r1) {
+    std::vector<int32_t> acc(static_cast<size_t>((r1 - r0) * N));
+    gemm_rows(0, r1 - r0, N, K, A.data() + r0 * K, K, 1, B.data(), N, acc.data(), N, false);
+    for (int64_t i = r0; i < r1; ++i)
+      for (int64_t j = 0; j < N; ++j) ep.store(y, i * N + j, j, acc[static_cast<size_t>((i - r0) * N + j)]);
+  });
+}
+
 // ------------------------------------------------------------------------------------------------ registration
 
 struct Entry {
@@ -369,6 +524,8 @@ const Entry kFused[] = {
     {"Attention", op_attention},
     {"Gelu", op_gelu},
     {"LayerNormalization", op_layer_normalization},
+    {"QConv", op_qconv},
+    {"QGemm", op_qgemm},
 };
 
 keel_status_t fused_thunk(void* state, keel_kernel_context_t* ctx) {

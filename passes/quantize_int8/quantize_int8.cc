@@ -13,7 +13,16 @@
 //                  Options: exclude (node names kept fp32), calibration (the method the ranges came from: only
 //                  reported), range.<value> as above, activation_type (u8 | s8, default u8), per_channel (default
 //                  true; false quantizes weights per tensor).
-// Counters: nodes_quantized, nodes_excluded, activations_quantized, weights_quantized, bytes_saved.
+//                  Counters: nodes_quantized, nodes_excluded, activations_quantized, weights_quantized, bytes_saved.
+//
+//   fuse_qdq       the int8 execution form of a QDQ graph: DequantizeLinear(x) -> Conv|MatMul|Gemm(DequantizeLinear(w),
+//                  f32 bias) [-> Relu|Clip] [-> QuantizeLinear] becomes one keel-domain QConv / QGemm (semantics in
+//                  ops/reference/fused.cc) that reads the u8/s8 activation and the s8 weight directly, with the bias,
+//                  the activation and the requantisation fused (without a QuantizeLinear after it, it writes f32).
+//                  Only when host->kernel_exists finds the keel op on the target device; MatMul only with a 2-D
+//                  weight; Gemm only with alpha = beta = 1, transA = 0 and a 1-D bias. Weights must be symmetric
+//                  (zero points 0), quantized per tensor or along the output-channel axis.
+//                  Counters: conv_fused, gemm_fused, activations_fused, outputs_requantized.
 #include <keel/plugin.h>
 
 #include <algorithm>
@@ -30,6 +39,7 @@ namespace keel::passes {
 namespace {
 
 const keel_host_api_t* g_host = nullptr;
+keel_plugin_handle_t* g_plugin = nullptr;
 
 struct ActQ {
   float scale;
@@ -162,15 +172,178 @@ keel_status_t quantize(void*, keel_graph_t* g, const keel_graph_api_t* api, cons
   });
 }
 
+
+// ------------------------------------------------------------------------------------------------ fuse_qdq
+
+bool has_kernel(const char* domain, const char* op, int32_t opset, const char* device) {
+  return g_host->kernel_exists && g_host->kernel_exists(g_plugin, domain, op, opset, device ? device : "cpu", nullptr, 0);
+}
+
+// A scalar initializer's dtype (KEEL_DTYPE_UNDEFINED when `v` is not a one-element initializer).
+int32_t scalar_dtype(const GraphView& gv, const std::string& v) {
+  const keel_tensor_t* t = gv.initializer(v);
+  return t && GraphView::numel_of(t) == 1 ? t->dtype : KEEL_DTYPE_UNDEFINED;
+}
+
+keel_status_t fuse_qdq(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t*,
+                       const char* device, keel_pass_report_t* r) {
+  return run_pass(g_host, [&] {
+    GraphView gv(g, api);
+    Report report(r);
+    const bool conv_ok = has_kernel("keel", "QConv", 1, device), gemm_ok = has_kernel("keel", "QGemm", 1, device);
+    int64_t convs = 0, gemms = 0, acts = 0, requant = 0, no_kernel = 0;
+    for (keel_node_id_t n : gv.nodes()) {
+      if (!gv.exists(n) || !gv.domain(n).empty()) continue;
+      const bool conv = gv.is(n, "Conv"), mm = gv.is(n, "MatMul"), gemm = gv.is(n, "Gemm");
+      if (!conv && !mm && !gemm) continue;
+      std::vector<std::string> ins = gv.inputs(n);
+      if (ins.size() < 2) continue;
+      // Activation: DequantizeLinear(xq, x_scale f32 scalar, [x_zero_point u8/s8 scalar]).
+      auto px = gv.producer(ins[0]);
+      if (!px || !gv.is(*px, "DequantizeLinear")) continue;
+      std::vector<std::string> xin = gv.inputs(*px);
+      auto xt = gv.value_type(xin[0]);
+      if (!xt || (xt->dtype != KEEL_DTYPE_U8 && xt->dtype != KEEL_DTYPE_I8)) continue;
+      if (xin.size() < 2 || scalar_dtype(gv, xin[1]) != KEEL_DTYPE_F32) continue;
+      std::string xzp = xin.size() > 2 ? xin[2] : "";
+      if (!xzp.empty() && scalar_dtype(gv, xzp) != xt->dtype) continue;
+      // Weight: DequantizeLinear(wq s8 constant, w_scale, [zero points all 0]).
+      auto pw = gv.producer(ins[1]);
+      if (!pw || !gv.is(*pw, "DequantizeLinear")) continue;
+      std::vector<std::string> win = gv.inputs(*pw);
+      const keel_tensor_t* wq = gv.initializer(win[0]);
+      const keel_tensor_t* ws = win.size() > 1 ? gv.initializer(win[1]) : nullptr;
+      if (!wq || wq->dtype != KEEL_DTYPE_I8 || !ws || ws->dtype != KEEL_DTYPE_F32) continue;
+      if (win.size() > 2 && !win[2].empty()) {
+        auto z = gv.constant_values(win[2]);
+        if (!z || std::any_of(z->begin(), z->end(), [](double v) { return v != 0; })) continue;
+      }
+      std::vector<int64_t> wd = GraphView::dims_of(wq);
+      const int64_t ws_n = GraphView::numel_of(ws);
+      const int64_t wdq_axis = gv.attr_int(*pw, "axis").value_or(1);
+      const bool trans_b = gemm && gv.attr_int(n, "transB").value_or(0) != 0;
+      int64_t out_axis, out_ch;
+      if (conv) {
+        if (wd.size() < 3) continue;
+        out_axis = 0;
+      } else {
+        if (wd.size() != 2) continue;
+        out_axis = trans_b ? 0 : 1;
+      }
+      out_ch = wd[static_cast<size_t>(out_axis)];
+      if (ws_n != 1 && !(ws_n == out_ch && (wdq_axis == out_axis || wdq_axis == out_axis - static_cast<int64_t>(wd.size()))))
+        continue;
+      // Bias: an f32 constant with one entry per output channel.
+      std::string bias;
+      if (conv && ins.size() > 2) bias = ins[2];
+      if (gemm) {
+        if (gv.attr_int(n, "transA").value_or(0) != 0 || gv.attr_float(n, "alpha").value_or(1.f) != 1.f) continue;
+        if (ins.size() > 2 && !ins[2].empty()) {
+          if (gv.attr_float(n, "beta").value_or(1.f) != 1.f) continue;
+          bias = ins[2];
+        }
+      }
+      if (!bias.empty()) {
+        const keel_tensor_t* bt = gv.initializer(bias);
+        if (!bt || bt->dtype != KEEL_DTYPE_F32 || GraphView::numel_of(bt) != out_ch) continue;
+      }
+      if (mm) {
+        auto at = gv.value_type(ins[0]);
+        if (!at || at->dims.size() < 2) continue;
+      }
+      if (gemm) {
+        auto at = gv.value_type(ins[0]);
+        if (!at || at->dims.size() != 2) continue;
+      }
+      if ((conv && !conv_ok) || (!conv && !gemm_ok)) {
+        ++no_kernel;
+        continue;
+      }
+      // The chain after it: [Relu | Clip(constant min, max)] [QuantizeLinear(scalar scale, u8/s8 zero point)].
+      std::vector<keel_node_id_t> chain = {n};
+      std::string out = gv.output(n, 0);
+      Attrs attrs;
+      if (conv) {
+        for (const char* a : {"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"})
+          if (gv.has_attr(n, a)) attrs[a] = gv.attrs(n)[a];
+      } else {
+        attrs["transB"] = AttrValue::of_int(trans_b ? 1 : 0);
+      }
+      if (gv.single_use(out)) {
+        keel_node_id_t c = gv.consumers(out)[0];
+        std::optional<std::pair<float, float>> clip;
+        if (gv.is(c, "Clip")) {
+          std::vector<std::string> ci = gv.inputs(c);
+          float lo = gv.attr_float(c, "min").value_or(-3.4028235e38f), hi = gv.attr_float(c, "max").value_or(3.4028235e38f);
+          bool ok = true;
+          if (ci.size() > 1 && !ci[1].empty()) {
+            auto v = gv.scalar(ci[1]);
+            ok = ok && v.has_value();
+            if (v) lo = static_cast<float>(*v);
+          }
+          if (ci.size() > 2 && !ci[2].empty()) {
+            auto v = gv.scalar(ci[2]);
+            ok = ok && v.has_value();
+            if (v) hi = static_cast<float>(*v);
+          }
+          if (ok) clip = std::make_pair(lo, hi);
+        }
+        if (gv.is(c, "Relu") || clip) {
+          attrs["activation"] = AttrValue::of_string(clip ? "Clip" : "Relu");
+          if (clip) attrs["activation_params"] = AttrValue::of_floats({clip->first, clip->second});
+          chain.push_back(c);
+          out = gv.output(c, 0);
+          ++acts;
+        }
+      }
+      std::string ys, yzp;
+      if (gv.single_use(out)) {
+        keel_node_id_t c = gv.consumers(out)[0];
+        std::vector<std::string> qi = gv.inputs(c);
+        if (gv.is(c, "QuantizeLinear") && qi.size() == 3 && scalar_dtype(gv, qi[1]) == KEEL_DTYPE_F32 &&
+            (scalar_dtype(gv, qi[2]) == KEEL_DTYPE_U8 || scalar_dtype(gv, qi[2]) == KEEL_DTYPE_I8)) {
+          ys = qi[1];
+          yzp = qi[2];
+          chain.push_back(c);
+          out = gv.output(c, 0);
+          ++requant;
+        }
+      }
+      const std::string name = gv.name(n);
+      std::vector<std::string> new_in = {xin[0], win[0], bias, xin[1], xzp, win[1], ys, yzp};
+      while (!new_in.empty() && new_in.back().empty()) new_in.pop_back();
+      for (keel_node_id_t c : chain) gv.remove_node(c);
+      gv.add_node("keel", conv ? "QConv" : "QGemm", name, new_in, {out}, attrs);
+      for (keel_node_id_t dq : {*px, *pw})
+        if (gv.exists(dq) && gv.use_count(gv.output(dq, 0)) == 0) gv.remove_node(dq);
+      (conv ? convs : gemms)++;
+    }
+    if (no_kernel)
+      report.note("no QConv/QGemm kernel on device '" + std::string(device ? device : "") + "': left " +
+                  std::to_string(no_kernel) + " pattern(s) in QDQ form");
+    gv.infer_shapes();
+    report.count("conv_fused", convs);
+    report.count("gemm_fused", gemms);
+    report.count("activations_fused", acts);
+    report.count("outputs_requantized", requant);
+  });
+}
+
 keel_status_t init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
   if (host == nullptr || host->abi_major != KEEL_PLUGIN_ABI_MAJOR || !KEEL_HAS_MEMBER(host, keel_host_api_t, options))
     return nullptr == host ? nullptr : host->status_create(KEEL_STATUS_ABI_MISMATCH, "host API too old");
   g_host = host;
+  g_plugin = plugin;
   if (host->graph == nullptr) return host->status_create(KEEL_STATUS_ABI_MISMATCH, "no graph API");
-  return register_pass(host, plugin, "quantize_int8",
-                       "INT8 QDQ quantization of Conv/MatMul/Gemm (per-channel s8 weights, u8 activations from "
-                       "range.<value> options)",
-                       quantize);
+  if (keel_status_t st = register_pass(host, plugin, "quantize_int8",
+                                       "INT8 QDQ quantization of Conv/MatMul/Gemm (per-channel s8 weights, u8/s8 "
+                                       "activations from range.<value> options)",
+                                       quantize))
+    return st;
+  return register_pass(host, plugin, "fuse_qdq",
+                       "QDQ Conv/MatMul/Gemm (+ Relu/Clip + QuantizeLinear) to int8 keel.QConv / keel.QGemm where the "
+                       "device has them",
+                       fuse_qdq);
 }
 
 const keel_plugin_t kPlugin = {sizeof(keel_plugin_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR, "quantize_int8",

@@ -200,5 +200,77 @@ TEST(QuantizeInt8, QdqModelIsCloseToFp32) {
   EXPECT_EQ(r2[0].counters["nodes_excluded"], 1);
 }
 
+
+// x -> Conv -> Relu -> Conv -> GlobalAveragePool -> Flatten -> Gemm(transB) -> y, quantized to QDQ with the given
+// activation ranges (inputs of the three layers).
+Graph qdq_net(Graph* fp32_out) {
+  GraphBuilder b("qnet", 13);
+  auto x = b.input("x", DType::kF32, {2, 3, 8, 8});
+  std::map<std::string, Attribute> pads = {{"pads", Attribute::of_ints({1, 1, 1, 1})}};
+  auto h = b.op1("Conv", {x, b.constant("w1", Tensor::f32({8, 3, 3, 3}, randv(216, 1, 0.3f))),
+                          b.constant("b1", Tensor::f32({8}, randv(8, 2, 0.1f)))}, pads);
+  auto h1 = b.op1("Relu", {h});
+  h = b.op1("Conv", {h1, b.constant("w2", Tensor::f32({8, 8, 3, 3}, randv(576, 3, 0.2f)))}, pads);
+  h = b.op1("GlobalAveragePool", {h});
+  auto f = b.op1("Flatten", {h});
+  b.output(b.op1("Gemm", {f, b.constant("wf", Tensor::f32({5, 8}, randv(40, 5, 0.5f))),
+                          b.constant("bf", Tensor::f32({5}, randv(5, 6, 0.1f)))},
+                 {{"transB", Attribute::of_int(1)}}));
+  Graph g = b.take();
+  *fp32_out = g;
+  Options o;
+  o.values["range." + x] = std::string("-4,4");
+  o.values["range." + h1] = std::string("0,3");
+  o.values["range." + f] = std::string("-1,1");
+  run_pass(g, "quantize_int8", o);
+  return g;
+}
+
+TEST(FuseQdq, Int8OpsReplaceTheQdqPatternsAndMatchTheQdqGraph) {
+  Graph fp32;
+  Graph q = qdq_net(&fp32);
+  Graph fused = q;
+  auto r = run_pass(fused, "fuse_qdq", {});
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].counters["conv_fused"], 2);
+  EXPECT_EQ(r[0].counters["gemm_fused"], 1);
+  EXPECT_EQ(r[0].counters["activations_fused"], 1);   // the Relu after the first Conv
+  EXPECT_EQ(r[0].counters["outputs_requantized"], 1);  // ... and the QuantizeLinear after it
+  EXPECT_EQ(count_op(fused, "QConv"), 2u);
+  EXPECT_EQ(count_op(fused, "QGemm"), 1u);
+  EXPECT_EQ(count_op(fused, "Conv") + count_op(fused, "Gemm") + count_op(fused, "Relu"), 0u);
+  EXPECT_EQ(count_op(fused, "DequantizeLinear"), 0u);  // weights and activations are read as int8
+  for (uint32_t k = 0; k < 3; ++k) {
+    Feeds f = {{"x", Tensor::f32({2, 3, 8, 8}, randv(384, 700 + k))}};
+    auto a = run(q, f), b = run(fused, f), c = run(fp32, f);
+    ASSERT_EQ(a.size(), 1u);
+    ASSERT_EQ(b.size(), 1u);
+    EXPECT_GE(cosine(a[0], b[0]), 0.999);  // the same arithmetic up to rounding
+    EXPECT_GE(cosine(c[0], b[0]), 0.95);  // hand-picked ranges: near fp32, not calibrated
+  }
+}
+
+TEST(FuseQdq, LeavesWhatItCannotFuse) {
+  Graph fp32;
+  Graph q = qdq_net(&fp32);
+  // A weight with a non-zero zero point is not symmetric: that Conv stays in QDQ form.
+  for (NodeId id : q.node_ids()) {
+    Node* n = q.node(id);
+    if (n->op_type != "DequantizeLinear" || !q.is_initializer(n->inputs[0])) continue;
+    if (q.initializers.at(n->inputs[0]).shape().size() != 4 || q.initializers.at(n->inputs[0]).shape()[1] != 3) continue;
+    Tensor z = q.initializers.at(n->inputs[2]).clone().value();
+    z.data<int8_t>()[0] = 1;
+    q.initializers[n->inputs[2]] = z;
+  }
+  auto r = run_pass(q, "fuse_qdq", {});
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].counters["conv_fused"], 1);
+  EXPECT_EQ(count_op(q, "Conv"), 1u);
+  // An fp32 graph has nothing to fuse.
+  auto r2 = run_pass(fp32, "fuse_qdq", {});
+  ASSERT_EQ(r2.size(), 1u);
+  EXPECT_EQ(r2[0].counters["conv_fused"], 0);
+}
+
 }  // namespace
 }  // namespace keel
