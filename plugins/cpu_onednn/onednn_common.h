@@ -136,6 +136,8 @@ struct KernelInfo {
 std::vector<KernelInfo> conv_kernels();
 std::vector<KernelInfo> matmul_kernels();
 std::vector<KernelInfo> misc_kernels();
+// The INT8 kernels (onednn_int8.cc: keel-domain QConv, QGemm), registered with their own definitions.
+keel_status_t register_int8_kernels(const keel_host_api_t* host, keel_plugin_handle_t* plugin);
 
 // Plugin options (manifest [options] or environment), read once at init.
 struct Options {

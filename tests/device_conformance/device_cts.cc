@@ -361,6 +361,98 @@ void add_layout_cases(std::vector<OpCase>& v) {
   }
 }
 
+// INT8: keel.QConv and keel.QGemm (made by the fuse_qdq pass from QDQ models): u8/s8 activations with and without a
+// zero point, s8 weights with per-channel (and per-tensor) scales, f32 bias, Relu/Clip, u8/s8/f32 outputs.
+InputSpec qin(const std::string& name, Shape shape, DType dtype, bool constant, float lo, float hi) {
+  InputSpec s = in(name, std::move(shape), constant, lo, hi);
+  s.dtype = dtype;
+  return s;
+}
+InputSpec qconst(const std::string& name, Shape shape, DType dtype, std::vector<float> values) {
+  InputSpec s = in(name, std::move(shape), true);
+  s.dtype = dtype;
+  s.values = std::move(values);
+  return s;
+}
+
+// Per-channel weight scales around `base`, varied so that a wrong channel mapping shows.
+std::vector<float> channel_scales(int64_t n, float base) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = base * (0.5f + static_cast<float>(i % 7) / 6.f);
+  return v;
+}
+
+// The quantization inputs 3..7 of a QConv/QGemm case.
+void add_qparams(OpCase& c, int64_t channels, DType xt, float xzp, bool per_channel, DType yt, float yzp, float ys) {
+  c.inputs.push_back(qconst("x_scale", {}, DType::kF32, {0.02f}));
+  c.inputs.push_back(qconst("x_zero_point", {}, xt, {xzp}));
+  c.inputs.push_back(per_channel ? qconst("w_scale", {channels}, DType::kF32, channel_scales(channels, 0.004f))
+                                 : qconst("w_scale", {}, DType::kF32, {0.004f}));
+  if (yt != DType::kF32) {
+    c.inputs.push_back(qconst("y_scale", {}, DType::kF32, {ys}));
+    c.inputs.push_back(qconst("y_zero_point", {}, yt, {yzp}));
+  }
+}
+
+void add_int8_cases(std::vector<OpCase>& v) {
+  struct P { int64_t N, C, H, W, K, k, s, p, g; };
+  const P ps[] = {{1, 16, 14, 14, 32, 3, 1, 1, 1}, {2, 8, 9, 11, 16, 1, 1, 0, 1}, {1, 32, 10, 10, 32, 3, 2, 1, 32},
+                  {1, 3, 17, 17, 8, 7, 2, 3, 1},   {1, 24, 8, 8, 48, 3, 1, 1, 4},  {1, 64, 7, 7, 64, 3, 1, 1, 1}};
+  struct Q { DType xt; float xzp; DType yt; float yzp; const char* act; bool per_channel; };
+  const Q qs[] = {{DType::kU8, 128, DType::kU8, 128, "", true},   {DType::kU8, 0, DType::kU8, 0, "Relu", true},
+                  {DType::kU8, 7, DType::kF32, 0, "", true},      {DType::kI8, 0, DType::kI8, -3, "Clip", false},
+                  {DType::kU8, 128, DType::kF32, 0, "Relu", true}};
+  for (const P& p : ps) {
+    for (const Q& q : qs) {
+      for (int bias = 1; bias >= 0; --bias) {
+        if (!bias && q.yt != DType::kU8) continue;
+        OpCase c;
+        c.op = "QConv";
+        c.domain = "keel";
+        std::ostringstream l;
+        l << "N=" << p.N << " C=" << p.C << " H=" << p.H << " W=" << p.W << " K=" << p.K << " k=" << p.k
+          << " s=" << p.s << " p=" << p.p << " g=" << p.g << " x=" << dtype_name(q.xt) << "/" << q.xzp
+          << " y=" << dtype_name(q.yt) << "/" << q.yzp << (q.act[0] ? " act=" : "") << q.act
+          << (q.per_channel ? "" : " per-tensor") << (bias ? "" : " nobias");
+        c.label = l.str();
+        const bool s8x = q.xt == DType::kI8;
+        c.inputs = {qin("X", {p.N, p.C, p.H, p.W}, q.xt, false, s8x ? -128.f : 0.f, s8x ? 127.f : 255.f),
+                    qin("W", {p.K, p.C / p.g, p.k, p.k}, DType::kI8, true, -127.f, 127.f),
+                    bias ? in("B", {p.K}, true, -2.f, 2.f) : absent()};
+        add_qparams(c, p.K, q.xt, q.xzp, q.per_channel, q.yt, q.yzp, 0.05f * static_cast<float>(p.k));
+        c.attrs = {{"kernel_shape", Is({p.k, p.k})}, {"strides", Is({p.s, p.s})},
+                   {"pads", Is({p.p, p.p, p.p, p.p})}, {"group", I(p.g)}};
+        if (q.act[0]) c.attrs["activation"] = S(q.act);
+        if (std::string(q.act) == "Clip") c.attrs["activation_params"] = Attribute::of_floats({-1.5f, 2.5f});
+        v.push_back(c);
+      }
+    }
+  }
+  struct G { Shape a; int64_t N; int tb; DType xt; float xzp; DType yt; float yzp; const char* act; };
+  const G gs[] = {{{4, 64}, 32, 1, DType::kU8, 3, DType::kU8, 128, ""},
+                  {{2, 5, 64}, 48, 0, DType::kU8, 128, DType::kF32, 0, ""},
+                  {{1, 512}, 1000, 1, DType::kU8, 0, DType::kF32, 0, ""},
+                  {{16, 96}, 40, 0, DType::kI8, 0, DType::kU8, 0, "Relu"},
+                  {{7, 33}, 17, 1, DType::kU8, 90, DType::kI8, 0, "Clip"}};
+  for (const G& g : gs) {
+    OpCase c;
+    c.op = "QGemm";
+    c.domain = "keel";
+    const int64_t K = g.a.back();
+    c.label = "A=" + shape_label(g.a) + " N=" + std::to_string(g.N) + " transB=" + std::to_string(g.tb) + " x=" +
+              dtype_name(g.xt) + " y=" + dtype_name(g.yt) + (g.act[0] ? std::string(" act=") + g.act : "");
+    const bool s8x = g.xt == DType::kI8;
+    c.inputs = {qin("A", g.a, g.xt, false, s8x ? -128.f : 0.f, s8x ? 127.f : 255.f),
+                qin("B", g.tb ? Shape{g.N, K} : Shape{K, g.N}, DType::kI8, true, -127.f, 127.f),
+                in("C", {g.N}, true, -2.f, 2.f)};
+    add_qparams(c, g.N, g.xt, g.xzp, true, g.yt, g.yzp, 0.1f);
+    c.attrs = {{"transB", I(g.tb)}};
+    if (g.act[0]) c.attrs["activation"] = S(g.act);
+    if (std::string(g.act) == "Clip") c.attrs["activation_params"] = Attribute::of_floats({-1.f, 3.f});
+    v.push_back(c);
+  }
+}
+
 std::vector<OpCase> make_cases() {
   std::vector<OpCase> v;
   add_conv_cases(v);
@@ -370,10 +462,27 @@ std::vector<OpCase> make_cases() {
   add_norm_cases(v);
   add_elementwise_cases(v);
   add_layout_cases(v);
+  add_int8_cases(v);
   return v;
 }
 
 Tensor make_input(const InputSpec& s, uint32_t seed) {
+  if (s.dtype != DType::kF32) {
+    // Integers: the values, or uniform integers in [lo, hi].
+    Tensor t = Tensor::host(s.dtype, s.shape).value();
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int> u(static_cast<int>(s.lo), static_cast<int>(s.hi));
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      const int v = s.values.empty() ? u(rng) : static_cast<int>(s.values[static_cast<size_t>(i) % s.values.size()]);
+      switch (s.dtype) {
+        case DType::kU8: t.data<uint8_t>()[i] = static_cast<uint8_t>(v); break;
+        case DType::kI8: t.data<int8_t>()[i] = static_cast<int8_t>(v); break;
+        case DType::kI32: t.data<int32_t>()[i] = v; break;
+        default: t.data<int64_t>()[i] = v; break;
+      }
+    }
+    return t;
+  }
   Tensor t = Tensor::host(DType::kF32, s.shape).value();
   float* p = t.data<float>();
   if (!s.values.empty()) {
@@ -411,11 +520,12 @@ Built build(const OpCase& c) {
     if (s.constant) {
       names.push_back(gb.constant(s.name, t));
     } else {
-      names.push_back(gb.input(s.name, DType::kF32, s.shape));
+      names.push_back(gb.input(s.name, s.dtype, s.shape));
       b.feeds.emplace_back(s.name, t);
     }
   }
-  auto outs = gb.op(c.op, names, c.attrs, c.num_outputs);
+  if (!c.domain.empty()) gb.graph().opsets[c.domain] = 1;
+  auto outs = gb.op(c.op, names, c.attrs, c.num_outputs, c.domain);
   gb.output(outs[0]);
   b.graph = gb.take();
   return b;
@@ -501,12 +611,28 @@ Report run(Environment& dut, Environment& oracle, const Options& o) {
         r.message = "output " + std::string(dtype_name(got.output.dtype())) + " " + shape_label(got.output.shape()) +
                     ", reference " + dtype_name(ref.output.dtype()) + " " + shape_label(ref.output.shape());
       } else {
-        const float* a = got.output.data<float>();
-        const float* e = ref.output.data<float>();
+        // Compared as doubles: f32 outputs, or integer outputs (int8 kernels) within c.int_tol.
+        auto as_double = [](const Tensor& t) {
+          std::vector<double> d(static_cast<size_t>(t.numel()));
+          for (int64_t i = 0; i < t.numel(); ++i) {
+            switch (t.dtype()) {
+              case DType::kU8: d[static_cast<size_t>(i)] = t.data<uint8_t>()[i]; break;
+              case DType::kI8: d[static_cast<size_t>(i)] = t.data<int8_t>()[i]; break;
+              case DType::kI32: d[static_cast<size_t>(i)] = t.data<int32_t>()[i]; break;
+              case DType::kI64: d[static_cast<size_t>(i)] = static_cast<double>(t.data<int64_t>()[i]); break;
+              default: d[static_cast<size_t>(i)] = t.data<float>()[i]; break;
+            }
+          }
+          return d;
+        };
+        const bool integer = ref.output.dtype() != DType::kF32;
+        const std::vector<double> av = as_double(got.output), ev = as_double(ref.output);
+        const double* a = av.data();
+        const double* e = ev.data();
         const int64_t n = ref.output.numel();
         double max_ref = 0;
         for (int64_t i = 0; i < n; ++i) max_ref = std::max(max_ref, std::fabs(static_cast<double>(e[i])));
-        const double atol = c.atol * std::max(1.0, max_ref);
+        const double atol = integer ? c.int_tol : c.atol * std::max(1.0, max_ref);
         int64_t worst = -1, bad = 0;
         double worst_excess = 0;
         for (int64_t i = 0; i < n; ++i) {
@@ -514,7 +640,7 @@ Report run(Environment& dut, Environment& oracle, const Options& o) {
           bool nan_mismatch = std::isnan(a[i]) != std::isnan(e[i]);
           r.max_abs_err = std::max(r.max_abs_err, d);
           if (e[i] != 0) r.max_rel_err = std::max(r.max_rel_err, d / std::fabs(static_cast<double>(e[i])));
-          double lim = atol + c.rtol * std::fabs(static_cast<double>(e[i]));
+          double lim = atol + (integer ? 0.0 : c.rtol * std::fabs(static_cast<double>(e[i])));
           if (nan_mismatch || d > lim) {
             ++bad;
             double excess = nan_mismatch ? 1e30 : d / lim;

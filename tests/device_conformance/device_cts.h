@@ -34,6 +34,7 @@ struct InputSpec {
   bool constant = false;            // an initializer (kernels see its data at create time)
   float lo = -1.f, hi = 1.f;        // uniform random range
   std::vector<float> values;        // explicit values (override the random ones)
+  DType dtype = DType::kF32;        // f32, or an integer type (random integers in [lo, hi], or the values)
 };
 
 struct OpCase {
@@ -45,6 +46,8 @@ struct OpCase {
   std::vector<std::pair<size_t, Tensor>> int64_constants;  // inputs (by index) given as these exact tensors
   size_t num_outputs = 1;  // outputs the node declares; only the first is compared
   double rtol = 1e-3, atol = 1e-4;  // |out - ref| <= atol * max(1, max|ref|) + rtol * |ref|
+  std::string domain;               // "" = ai.onnx; "keel" for Keel's own ops (opset 1)
+  double int_tol = 1;               // integer outputs: |out - ref| <= int_tol (1: requantisation may round apart)
 };
 
 // The table of cases, in a fixed order (ops alphabetically grouped as listed in device_cts.cc).

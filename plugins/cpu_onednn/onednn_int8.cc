@@ -1,0 +1,404 @@
+// plugins/cpu_onednn/onednn_int8.cc — INT8 kernels: keel.QConv and keel.QGemm (the ops the `fuse_qdq` pass of
+// passes/quantize_int8 makes from QDQ models; semantics in ops/reference/fused.cc) on oneDNN's int8 convolution and
+// matmul primitives: u8/s8 activations x s8 weights -> s32 accumulation (VNNI where the CPU has it), per-channel
+// output scales, the activation zero point as a runtime src zero point, the f32 bias, Relu/Clip as an eltwise
+// post-op, and the requantisation (output scale + dst zero point, saturation) inside the primitive; the output is
+// u8/s8, or f32 when the node has no y_scale.
+//
+// Every quantization parameter, the weights and the bias must be constants (they are, after fuse_qdq): the weights
+// are reordered into the primitive's layout once per plan. oneDNN v2 adds the bias to the s32 accumulator before
+// the output scale, so the f32 bias is stored divided by x_scale * w_scale[m]. Activations are reordered from and to
+// the graph's plain layout around the primitive (oneDNN picks nhwc for int8), in workspace memory.
+//
+// Registered by register_int8_kernels (called from onednn_plugin.cc's init) for device "cpu", domain "keel".
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <exception>
+
+#include "onednn_common.h"
+
+namespace keel::onednn {
+namespace {
+
+using dt = dnnl::memory::data_type;
+using tag = dnnl::memory::format_tag;
+
+dt dnnl_type(int32_t keel_dtype) {
+  switch (keel_dtype) {
+    case KEEL_DTYPE_U8: return dt::u8;
+    case KEEL_DTYPE_I8: return dt::s8;
+    case KEEL_DTYPE_F32: return dt::f32;
+  }
+  throw Reject{"unsupported dtype " + std::to_string(keel_dtype)};
+}
+
+float scalar_f32(const Ctx& c, int i, const char* what) {
+  if (!c.is_constant(i) || numel(c.dims(i)) != 1 || c.dtype(i) != KEEL_DTYPE_F32)
+    throw Reject{std::string(what) + " must be a constant f32 scalar"};
+  return c.data<float>(i)[0];
+}
+
+int32_t scalar_zp(const Ctx& c, int i, const char* what) {
+  if (!c.has_input(i)) return 0;
+  if (!c.is_constant(i) || numel(c.dims(i)) != 1) throw Reject{std::string(what) + " must be a constant scalar"};
+  if (c.dtype(i) == KEEL_DTYPE_U8) return c.data<uint8_t>(i)[0];
+  if (c.dtype(i) == KEEL_DTYPE_I8) return c.data<int8_t>(i)[0];
+  throw Reject{std::string(what) + " must be u8 or s8"};
+}
+
+// What QConv and QGemm share: the quantization parameters (inputs 3..7), the fused activation and the primitive
+// attributes built from them.
+struct QuantSetup {
+  int32_t x_type = KEEL_DTYPE_U8, y_type = KEEL_DTYPE_F32;
+  float x_scale = 1, y_scale = 1;
+  int32_t x_zero = 0, y_zero = 0;
+  std::vector<float> w_scale;
+  std::vector<float> bias;  // f32, already divided by x_scale * w_scale[m]; empty = none
+  std::string act;
+  float act_lo = 0, act_hi = 0;
+
+  void read(const Ctx& c, int64_t channels) {
+    x_type = c.dtype(0);
+    if (x_type != KEEL_DTYPE_U8 && x_type != KEEL_DTYPE_I8) throw Reject{"X must be u8 or s8"};
+    if (c.dtype(1) != KEEL_DTYPE_I8 || !c.is_constant(1) || !c.dims_known(1)) throw Reject{"W must be a constant s8"};
+    x_scale = scalar_f32(c, 3, "x_scale");
+    x_zero = scalar_zp(c, 4, "x_zero_point");
+    if (!c.is_constant(5) || c.dtype(5) != KEEL_DTYPE_F32) throw Reject{"w_scale must be a constant f32"};
+    const int64_t nws = numel(c.dims(5));
+    if (nws != 1 && nws != channels) throw Reject{"w_scale must be a scalar or per output channel"};
+    w_scale.assign(c.data<float>(5), c.data<float>(5) + nws);
+    if (c.has_input(6) != c.has_input(7)) throw Reject{"y_scale without y_zero_point"};
+    if (c.has_input(6)) {
+      y_scale = scalar_f32(c, 6, "y_scale");
+      y_zero = scalar_zp(c, 7, "y_zero_point");
+      y_type = c.dtype(7);
+      if (!(y_scale > 0)) throw Reject{"y_scale must be positive"};
+    }
+    if (c.output_dtype(0) != y_type) throw Reject{"output dtype differs from y_zero_point's"};
+    if (c.has_input(2)) {
+      if (!c.is_constant(2) || c.dtype(2) != KEEL_DTYPE_F32 || numel(c.dims(2)) != channels)
+        throw Reject{"bias must be a constant f32 with one entry per output channel"};
+      const float* b = c.data<float>(2);
+      bias.resize(static_cast<size_t>(channels));
+      for (int64_t m = 0; m < channels; ++m) {
+        const float s = x_scale * w_scale[nws == 1 ? 0 : m];
+        bias[static_cast<size_t>(m)] = s != 0 ? b[m] / s : 0.f;
+      }
+    }
+    act = c.attr_s("activation", "");
+    if (act == "Clip") {
+      // Floats attribute read through the kernel API.
+      const float* v = nullptr;
+      size_t n = 0;
+      if (!g_host->kernel->attr_floats(c.raw(), "activation_params", &v, &n) || n != 2)
+        throw Reject{"Clip needs activation_params {min, max}"};
+      act_lo = v[0];
+      act_hi = v[1];
+    } else if (!act.empty() && act != "Relu") {
+      throw Reject{"activation " + act};
+    }
+  }
+
+  // Output scales (per channel when w_scale is), zero points (runtime), the activation as a post-op.
+  dnnl::primitive_attr attr(int channel_dim) const {
+    dnnl::primitive_attr a;
+    const float out_div = y_type == KEEL_DTYPE_F32 ? 1.f : y_scale;
+    std::vector<float> scales(w_scale.size());
+    for (size_t m = 0; m < w_scale.size(); ++m) scales[m] = x_scale * w_scale[m] / out_div;
+    a.set_output_scales(w_scale.size() == 1 ? 0 : (1 << channel_dim), scales);
+    if (x_zero != 0) a.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
+    if (y_zero != 0) a.set_zero_points(DNNL_ARG_DST, 0, {DNNL_RUNTIME_S32_VAL});
+    dnnl::post_ops po;
+    // Post-ops see the scaled value: y (f32 output) or y / y_scale (quantized output).
+    if (act == "Relu") po.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+    if (act == "Clip") po.append_eltwise(1.f, dnnl::algorithm::eltwise_clip, act_lo / out_div, act_hi / out_div);
+    a.set_post_ops(po);
+    return a;
+  }
+};
+
+// Runtime zero-point memories (s32 scalars) a plan binds at execution.
+struct ZeroPoints {
+  int32_t src = 0, dst = 0;
+  dnnl::memory src_mem, dst_mem;
+  void make(const QuantSetup& q) {
+    src = q.x_zero;
+    dst = q.y_zero;
+    dnnl::memory::desc md({1}, dt::s32, tag::a);
+    if (src != 0) src_mem = dnnl::memory(md, engine(), &src);
+    if (dst != 0) dst_mem = dnnl::memory(md, engine(), &dst);
+  }
+  void add_to(std::unordered_map<int, dnnl::memory>& args) const {
+    if (src != 0) args[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC] = src_mem;
+    if (dst != 0) args[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST] = dst_mem;
+  }
+};
+
+struct QPlan {
+  Dims out_dims;
+  dnnl::primitive prim;
+  dnnl::memory src_user, src_prim, dst_user, dst_prim, wei, bias;
+  bool reorder_src = false, reorder_dst = false;
+  dnnl::reorder src_reorder, dst_reorder;
+  std::unique_ptr<ZeroPoints> zp = std::make_unique<ZeroPoints>();  // stable addresses for the memories
+};
+
+void execute(Ctx& c, QPlan& p, bool has_bias) {
+  keel_tensor_t* y = c.output(0, p.out_dims);
+  auto& s = stream();
+  bind(p.src_user, c.input(0)->data);
+  bind(p.dst_user, y->data);
+  if (p.reorder_src) {
+    bind(p.src_prim, c.workspace(p.src_prim.get_desc().get_size()));
+    p.src_reorder.execute(s, p.src_user, p.src_prim);
+  }
+  if (p.reorder_dst) bind(p.dst_prim, c.workspace(p.dst_prim.get_desc().get_size()));
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, p.src_prim}, {DNNL_ARG_WEIGHTS, p.wei},
+                                             {DNNL_ARG_DST, p.dst_prim}};
+  if (has_bias) args[DNNL_ARG_BIAS] = p.bias;
+  p.zp->add_to(args);
+  p.prim.execute(s, args);
+  if (p.reorder_dst) p.dst_reorder.execute(s, p.dst_prim, p.dst_user);
+  s.wait();
+}
+
+// Plain memory + primitive memory (+ a reorder between them when the layouts differ).
+void wire(QPlan& p, const dnnl::memory::desc& src_plain, const dnnl::memory::desc& src_md,
+          const dnnl::memory::desc& dst_plain, const dnnl::memory::desc& dst_md) {
+  auto& eng = engine();
+  p.src_user = dnnl::memory(src_plain, eng, nullptr);
+  p.dst_user = dnnl::memory(dst_plain, eng, nullptr);
+  p.reorder_src = src_md != src_plain;
+  p.reorder_dst = dst_md != dst_plain;
+  p.src_prim = p.reorder_src ? dnnl::memory(src_md, eng, nullptr) : p.src_user;
+  p.dst_prim = p.reorder_dst ? dnnl::memory(dst_md, eng, nullptr) : p.dst_user;
+  if (p.reorder_src) p.src_reorder = dnnl::reorder(p.src_user, p.src_prim);
+  if (p.reorder_dst) p.dst_reorder = dnnl::reorder(p.dst_prim, p.dst_user);
+}
+
+// Constant weights into the primitive's layout, into memory the plan owns.
+dnnl::memory prepack(const dnnl::memory::desc& plain, const dnnl::memory::desc& want, const int8_t* w) {
+  auto& eng = engine();
+  dnnl::memory user(plain, eng, const_cast<int8_t*>(w));
+  dnnl::memory packed(want, eng);
+  dnnl::reorder(user, packed).execute(stream(), user, packed);
+  stream().wait();
+  return packed;
+}
+
+dnnl::memory bias_memory(const std::vector<float>& b, const dnnl::memory::desc& md) {
+  dnnl::memory m(md, engine());
+  std::copy(b.begin(), b.end(), static_cast<float*>(m.get_data_handle()));
+  return m;
+}
+
+// ------------------------------------------------------------------------------------------------ QConv
+
+class QConvKernel : public Kernel {
+ public:
+  void setup(Ctx& c) override {
+    if (!c.rank_known(0) || !c.dims_known(1)) throw Reject{"shapes unknown"};
+    w_dims_ = c.dims(1);
+    rank_ = w_dims_.size();
+    if (rank_ < 3 || rank_ > 5 || c.dims(0).size() != rank_) throw Reject{"rank"};
+    group_ = c.attr_i("group", 1);
+    if (group_ <= 0) throw Reject{"group <= 0"};
+    q_.read(c, w_dims_[0]);
+    const std::string ap = c.attr_s("auto_pad", "NOTSET");
+    if (ap != "NOTSET" && ap != "VALID" && !ap.empty()) throw Reject{"auto_pad " + ap};
+    const size_t r = rank_ - 2;
+    strides_ = c.attr_ints("strides", Dims(r, 1));
+    dilations_ = c.attr_ints("dilations", Dims(r, 1));
+    pads_ = ap == "VALID" ? Dims(2 * r, 0) : c.attr_ints("pads", Dims(2 * r, 0));
+    if (strides_.size() != r || dilations_.size() != r || pads_.size() != 2 * r) throw Reject{"attribute rank"};
+    const int8_t* w = c.data<int8_t>(1);
+    w_.assign(w, w + numel(w_dims_));
+    if (c.output_count() > 1) throw Reject{"extra outputs"};
+    if (c.dims_known(0)) plans_.get(shape_key(c), [&] { return build(c.dims(0)); });
+  }
+
+  void run(Ctx& c) override {
+    const Dims x = c.dims(0);
+    execute(c, plans_.get(shape_key(c), [&] { return build(x); }), !q_.bias.empty());
+  }
+
+ private:
+  std::unique_ptr<QPlan> build(const Dims& x) {
+    if (x.size() != rank_) throw Reject{"input rank changed"};
+    const size_t r = rank_ - 2;
+    const int64_t N = x[0], C = x[1], M = w_dims_[0];
+    if (C != w_dims_[1] * group_ || M % group_ != 0) throw Reject{"channels do not match the weights and group"};
+    Dims y{N, M}, pl(pads_.begin(), pads_.begin() + r), pr(pads_.begin() + r, pads_.end()), dil(r);
+    for (size_t i = 0; i < r; ++i) {
+      const int64_t eff = (w_dims_[2 + i] - 1) * dilations_[i] + 1;
+      const int64_t span = x[2 + i] + pads_[i] + pads_[i + r] - eff;
+      if (span < 0 || strides_[i] <= 0 || dilations_[i] <= 0) throw Reject{"geometry"};
+      y.push_back(span / strides_[i] + 1);
+      dil[i] = dilations_[i] - 1;
+    }
+    auto p = std::make_unique<QPlan>();
+    p->out_dims = y;
+    if (numel(y) == 0) throw Reject{"empty output"};
+    Dims wei = group_ > 1 ? Dims{group_, M / group_, C / group_} : Dims{M, C};
+    for (size_t i = 2; i < rank_; ++i) wei.push_back(w_dims_[i]);
+    const dt xt = dnnl_type(q_.x_type), yt = dnnl_type(q_.y_type);
+    dnnl::memory::desc src_any(to_dnnl(x), xt, tag::any), dst_any(to_dnnl(y), yt, tag::any),
+        wei_any(to_dnnl(wei), dt::s8, tag::any), bias_md({M}, dt::f32, tag::a), none;
+    dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src_any,
+                                      wei_any, q_.bias.empty() ? none : bias_md, dst_any, to_dnnl(strides_),
+                                      to_dnnl(dil), to_dnnl(pl), to_dnnl(pr));
+    dnnl::convolution_forward::primitive_desc pd(d, q_.attr(1), engine());
+    p->prim = dnnl::convolution_forward(pd);
+    static const tag plain[3] = {tag::ncw, tag::nchw, tag::ncdhw};
+    static const tag wtag[2][3] = {{tag::oiw, tag::oihw, tag::oidhw}, {tag::goiw, tag::goihw, tag::goidhw}};
+    wire(*p, dnnl::memory::desc(to_dnnl(x), xt, plain[r - 1]), pd.src_desc(),
+         dnnl::memory::desc(to_dnnl(y), yt, plain[r - 1]), pd.dst_desc());
+    p->wei = prepack(dnnl::memory::desc(to_dnnl(wei), dt::s8, wtag[group_ > 1][r - 1]), pd.weights_desc(), w_.data());
+    if (!q_.bias.empty()) p->bias = bias_memory(q_.bias, bias_md);
+    p->zp->make(q_);
+    return p;
+  }
+
+  size_t rank_ = 0;
+  int64_t group_ = 1;
+  Dims w_dims_, strides_, dilations_, pads_;
+  std::vector<int8_t> w_;
+  QuantSetup q_;
+  PlanCache<QPlan> plans_;
+};
+
+// ------------------------------------------------------------------------------------------------ QGemm
+
+class QGemmKernel : public Kernel {
+ public:
+  void setup(Ctx& c) override {
+    if (!c.rank_known(0) || !c.dims_known(1)) throw Reject{"shapes unknown"};
+    w_dims_ = c.dims(1);
+    if (w_dims_.size() != 2 || c.dims(0).size() < 2) throw Reject{"A rank >= 2 and a 2-D B"};
+    trans_b_ = c.attr_i("transB", 0) != 0;
+    K_ = trans_b_ ? w_dims_[1] : w_dims_[0];
+    N_ = trans_b_ ? w_dims_[0] : w_dims_[1];
+    q_.read(c, N_);
+    const int8_t* w = c.data<int8_t>(1);
+    w_.assign(w, w + numel(w_dims_));
+    if (c.output_count() > 1) throw Reject{"extra outputs"};
+    if (c.dims_known(0)) plans_.get(shape_key(c), [&] { return build(c.dims(0)); });
+  }
+
+  void run(Ctx& c) override {
+    const Dims x = c.dims(0);
+    execute(c, plans_.get(shape_key(c), [&] { return build(x); }), !q_.bias.empty());
+  }
+
+ private:
+  std::unique_ptr<QPlan> build(const Dims& a) {
+    if (a.size() < 2 || a.back() != K_) throw Reject{"A's last dimension differs from B's K"};
+    const int64_t M = numel(a) / K_;
+    auto p = std::make_unique<QPlan>();
+    p->out_dims = Dims(a.begin(), a.end() - 1);
+    p->out_dims.push_back(N_);
+    if (M == 0) throw Reject{"empty input"};
+    const dt xt = dnnl_type(q_.x_type), yt = dnnl_type(q_.y_type);
+    dnnl::memory::desc src_md({M, K_}, xt, tag::ab), dst_md({M, N_}, yt, tag::ab),
+        wei_any({K_, N_}, dt::s8, tag::any), bias_md({1, N_}, dt::f32, tag::ab), none;
+    dnnl::matmul::desc d(src_md, wei_any, q_.bias.empty() ? none : bias_md, dst_md);
+    dnnl::matmul::primitive_desc pd(d, q_.attr(1), engine());
+    p->prim = dnnl::matmul(pd);
+    wire(*p, src_md, pd.src_desc(), dst_md, pd.dst_desc());
+    p->wei = prepack(dnnl::memory::desc({K_, N_}, dt::s8, trans_b_ ? tag::ba : tag::ab), pd.weights_desc(), w_.data());
+    if (!q_.bias.empty()) p->bias = bias_memory(q_.bias, bias_md);
+    p->zp->make(q_);
+    return p;
+  }
+
+  Dims w_dims_;
+  bool trans_b_ = false;
+  int64_t K_ = 0, N_ = 0;
+  std::vector<int8_t> w_;
+  QuantSetup q_;
+  PlanCache<QPlan> plans_;
+};
+
+// ------------------------------------------------------------------------------------------------ registration
+
+struct Int8Kernel {
+  const char* op_type;
+  const char* name;
+  Kernel* (*make)();
+};
+
+const Int8Kernel kInt8[] = {
+    {"QConv", "onednn_int8_qconv", [] { return static_cast<Kernel*>(new QConvKernel); }},
+    {"QGemm", "onednn_int8_qgemm", [] { return static_cast<Kernel*>(new QGemmKernel); }},
+};
+
+keel_status_t status(int32_t code, const std::string& msg) { return g_host->status_create(code, msg.c_str()); }
+
+keel_status_t int8_create(void* user_data, keel_kernel_context_t* ctx, void** out_state) {
+  const auto* info = static_cast<const Int8Kernel*>(user_data);
+  try {
+    std::unique_ptr<Kernel> k(info->make());
+    Ctx c(ctx);
+    k->setup(c);
+    *out_state = k.release();
+    return nullptr;
+  } catch (const Reject& r) {
+    return status(KEEL_STATUS_UNIMPLEMENTED, r.why);
+  } catch (const dnnl::error& e) {
+    return status(KEEL_STATUS_UNIMPLEMENTED, std::string("oneDNN: ") + e.what());
+  } catch (const Failure& f) {
+    return status(KEEL_STATUS_UNIMPLEMENTED, f.message);
+  } catch (const std::exception& e) {
+    return status(KEEL_STATUS_UNIMPLEMENTED, std::string("create failed: ") + e.what());
+  } catch (...) {
+    return status(KEEL_STATUS_UNIMPLEMENTED, "create failed: unknown exception");
+  }
+}
+
+keel_status_t int8_compute(void* state, keel_kernel_context_t* ctx) {
+  try {
+    Ctx c(ctx);
+    set_threads(c.thread_count());
+    static_cast<Kernel*>(state)->run(c);
+    return nullptr;
+  } catch (const Failure& f) {
+    return status(f.code, f.message);
+  } catch (const Reject& r) {
+    return status(KEEL_STATUS_UNIMPLEMENTED, r.why);
+  } catch (const dnnl::error& e) {
+    return status(KEEL_STATUS_INTERNAL, std::string("oneDNN: ") + e.what());
+  } catch (const std::exception& e) {
+    return status(KEEL_STATUS_INTERNAL, e.what());
+  } catch (...) {
+    return status(KEEL_STATUS_INTERNAL, "unknown exception");
+  }
+}
+
+void int8_release(void* state) { delete static_cast<Kernel*>(state); }
+
+}  // namespace
+
+keel_status_t register_int8_kernels(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+  for (const Int8Kernel& k : kInt8) {
+    keel_kernel_def_t def;
+    std::memset(&def, 0, sizeof def);
+    def.struct_size = sizeof def;
+    def.abi_major = KEEL_PLUGIN_ABI_MAJOR;
+    def.abi_minor = KEEL_PLUGIN_ABI_MINOR;
+    def.name = k.name;
+    def.domain = "keel";
+    def.op_type = k.op_type;
+    def.since_version = 1;
+    def.end_version = 0;
+    def.device_type = "cpu";
+    def.user_data = const_cast<Int8Kernel*>(&k);
+    def.create = int8_create;
+    def.compute = int8_compute;
+    def.release = int8_release;
+    if (keel_status_t st = host->register_kernel(plugin, &def)) return st;
+  }
+  return nullptr;
+}
+
+}  // namespace keel::onednn
