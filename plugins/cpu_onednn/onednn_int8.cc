@@ -10,7 +10,10 @@
 // the output scale, so the f32 bias is stored divided by x_scale * w_scale[m]. Activations are reordered from and to
 // the graph's plain layout around the primitive (oneDNN picks nhwc for int8), in workspace memory.
 //
-// Registered by register_int8_kernels (called from onednn_plugin.cc's init) for device "cpu", domain "keel".
+// QuantizeLinear / DequantizeLinear with a per-tensor constant scale and zero point run as one oneDNN reorder (the
+// activations that stay f32 around a residual Add are quantized there).
+//
+// Registered by register_int8_kernels (called from onednn_plugin.cc's init) for device "cpu".
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -320,17 +323,98 @@ class QGemmKernel : public Kernel {
   PlanCache<QPlan> plans_;
 };
 
+// ------------------------------------------------------------------------------------------------ Q / DQ
+
+// QuantizeLinear (f32 -> u8/s8) and DequantizeLinear (u8/s8 -> f32) with a per-tensor constant scale and zero
+// point, as one oneDNN reorder: y = saturate(round(x * (1 / scale)) + zp), or y = (x - zp) * scale.
+class QdqKernel : public Kernel {
+ public:
+  explicit QdqKernel(bool quantize) : quantize_(quantize) {}
+
+  void setup(Ctx& c) override {
+    if (!c.rank_known(0)) throw Reject{"rank unknown"};
+    scale_ = scalar_f32(c, 1, quantize_ ? "y_scale" : "x_scale");
+    if (!(scale_ > 0) || !std::isfinite(scale_)) throw Reject{"scale must be positive"};
+    zero_ = scalar_zp(c, 2, "zero point");
+    q_type_ = quantize_ ? (c.has_input(2) ? c.dtype(2) : KEEL_DTYPE_U8) : c.dtype(0);
+    if (q_type_ != KEEL_DTYPE_U8 && q_type_ != KEEL_DTYPE_I8) throw Reject{"u8/s8 only"};
+    if (quantize_ ? (c.dtype(0) != KEEL_DTYPE_F32 || c.output_dtype(0) != q_type_)
+                  : c.output_dtype(0) != KEEL_DTYPE_F32)
+      throw Reject{"f32 <-> u8/s8 only"};
+    if (c.has_input(2) && c.dtype(2) != q_type_) throw Reject{"zero point type"};
+    if (c.output_count() > 1) throw Reject{"extra outputs"};
+    if (c.dims_known(0)) plans_.get(shape_key(c), [&] { return build(c.dims(0)); });
+  }
+
+  void run(Ctx& c) override {
+    const Dims x = c.dims(0);
+    Plan& p = plans_.get(shape_key(c), [&] { return build(x); });
+    keel_tensor_t* y = c.output(0, x);
+    if (p.empty) return;
+    bind(p.src, c.input(0)->data);
+    bind(p.dst, y->data);
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_FROM, p.src}, {DNNL_ARG_TO, p.dst}};
+    p.zp->add_to(args);
+    p.prim.execute(stream(), args);
+    stream().wait();
+  }
+
+ private:
+  struct Plan {
+    dnnl::reorder prim;
+    dnnl::memory src, dst;
+    bool empty = false;
+    std::unique_ptr<ZeroPoints> zp = std::make_unique<ZeroPoints>();
+  };
+
+  std::unique_ptr<Plan> build(const Dims& x) {
+    auto p = std::make_unique<Plan>();
+    const int64_t n = numel(x);
+    if (n == 0) {
+      p->empty = true;
+      return p;
+    }
+    const dt qt = dnnl_type(q_type_);
+    // One flat dimension: the op is element-wise.
+    dnnl::memory::desc f32_md({n}, dt::f32, tag::a), q_md({n}, qt, tag::a);
+    dnnl::primitive_attr attr;
+    attr.set_output_scales(0, {quantize_ ? 1.f / scale_ : scale_});
+    QuantSetup q;  // only its zero points
+    if (quantize_) q.y_zero = zero_;
+    else q.x_zero = zero_;
+    if (zero_ != 0) attr.set_zero_points(quantize_ ? DNNL_ARG_DST : DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
+    const auto& src_md = quantize_ ? f32_md : q_md;
+    const auto& dst_md = quantize_ ? q_md : f32_md;
+    p->src = dnnl::memory(src_md, engine(), nullptr);
+    p->dst = dnnl::memory(dst_md, engine(), nullptr);
+    dnnl::reorder::primitive_desc pd(engine(), src_md, engine(), dst_md, attr);
+    p->prim = dnnl::reorder(pd);
+    p->zp->make(q);
+    return p;
+  }
+
+  bool quantize_;
+  float scale_ = 1;
+  int32_t zero_ = 0, q_type_ = KEEL_DTYPE_U8;
+  PlanCache<Plan> plans_;
+};
+
 // ------------------------------------------------------------------------------------------------ registration
 
 struct Int8Kernel {
+  const char* domain;
   const char* op_type;
+  int32_t since_version;
   const char* name;
   Kernel* (*make)();
 };
 
 const Int8Kernel kInt8[] = {
-    {"QConv", "onednn_int8_qconv", [] { return static_cast<Kernel*>(new QConvKernel); }},
-    {"QGemm", "onednn_int8_qgemm", [] { return static_cast<Kernel*>(new QGemmKernel); }},
+    {"keel", "QConv", 1, "onednn_int8_qconv", [] { return static_cast<Kernel*>(new QConvKernel); }},
+    {"keel", "QGemm", 1, "onednn_int8_qgemm", [] { return static_cast<Kernel*>(new QGemmKernel); }},
+    {"", "QuantizeLinear", 10, "onednn_int8_quantizelinear", [] { return static_cast<Kernel*>(new QdqKernel(true)); }},
+    {"", "DequantizeLinear", 10, "onednn_int8_dequantizelinear",
+     [] { return static_cast<Kernel*>(new QdqKernel(false)); }},
 };
 
 keel_status_t status(int32_t code, const std::string& msg) { return g_host->status_create(code, msg.c_str()); }
@@ -387,9 +471,9 @@ keel_status_t register_int8_kernels(const keel_host_api_t* host, keel_plugin_han
     def.abi_major = KEEL_PLUGIN_ABI_MAJOR;
     def.abi_minor = KEEL_PLUGIN_ABI_MINOR;
     def.name = k.name;
-    def.domain = "keel";
+    def.domain = k.domain;
     def.op_type = k.op_type;
-    def.since_version = 1;
+    def.since_version = k.since_version;
     def.end_version = 0;
     def.device_type = "cpu";
     def.user_data = const_cast<Int8Kernel*>(&k);

@@ -453,6 +453,25 @@ void add_int8_cases(std::vector<OpCase>& v) {
   }
 }
 
+// QuantizeLinear / DequantizeLinear with a per-tensor scale and zero point (what QDQ models leave between int8 ops).
+void add_qdq_cases(std::vector<OpCase>& v) {
+  struct P { Shape s; DType t; float zp; float scale; };
+  const P ps[] = {{{1, 64, 56, 56}, DType::kU8, 128, 0.03f}, {{2, 3, 7, 5}, DType::kU8, 0, 0.01f},
+                  {{1000}, DType::kI8, 0, 0.02f},           {{4, 17}, DType::kI8, -5, 0.1f}};
+  for (const P& p : ps) {
+    for (int quant = 1; quant >= 0; --quant) {
+      OpCase c;
+      c.op = quant ? "QuantizeLinear" : "DequantizeLinear";
+      c.opset = 13;
+      c.label = "X=" + shape_label(p.s) + " " + dtype_name(p.t) + " zp=" + fmt_float(p.zp) + " scale=" + fmt_float(p.scale);
+      const bool s8 = p.t == DType::kI8;
+      c.inputs = {quant ? in("X", p.s, false, -5.f, 5.f) : qin("X", p.s, p.t, false, s8 ? -128.f : 0.f, s8 ? 127.f : 255.f),
+                  qconst("scale", {}, DType::kF32, {p.scale}), qconst("zero_point", {}, p.t, {p.zp})};
+      v.push_back(c);
+    }
+  }
+}
+
 std::vector<OpCase> make_cases() {
   std::vector<OpCase> v;
   add_conv_cases(v);
@@ -463,6 +482,7 @@ std::vector<OpCase> make_cases() {
   add_elementwise_cases(v);
   add_layout_cases(v);
   add_int8_cases(v);
+  add_qdq_cases(v);
   return v;
 }
 

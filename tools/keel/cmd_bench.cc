@@ -32,6 +32,7 @@ struct BenchArgs {
   double max_seconds = 0;  // stop the timed runs after this long (0 = no limit)
   bool json = false;
   bool profile = false;
+  std::string passes = "auto";
 };
 
 
@@ -104,6 +105,7 @@ int bench(const BenchArgs& a, Globals& g) {
   if (!env) return 1;
   SessionOptions so;
   if (!a.device.empty()) so.devices = {a.device};
+  so.passes = session_passes(a.passes, graph, *env);
   so.profile = a.profile;
   auto t_create = std::chrono::steady_clock::now();
   auto session = Session::create(*env, std::move(graph), so);
@@ -222,6 +224,8 @@ void add_bench_command(CLI::App& app, Globals& g) {
   auto a = std::make_shared<BenchArgs>();
   auto* cmd = app.add_subcommand("bench", "Measure a model's latency, throughput and memory on random inputs");
   cmd->add_option("model", a->model, "The model (.onnx)")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--passes", a->passes,
+                  "Session passes: auto (fuse_qdq for QDQ models: int8 kernels), none, or a comma list");
   cmd->add_option("--device,-d", a->device, "Preferred device type (cpu, cuda, ...); default: every device by priority");
   cmd->add_option("--threads", g.threads, "Worker threads for kernels (0 = all cores)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--batch,-b", a->batch, "Batch size, where an input's first dimension is dynamic or 1")

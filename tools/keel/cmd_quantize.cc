@@ -79,6 +79,22 @@ int quantize(QuantizeArgs& a, Globals& g) {
 
 }  // namespace
 
+std::vector<std::string> session_passes(const std::string& spec, const Graph& graph, const Environment& env) {
+  std::vector<std::string> out;
+  if (spec == "none" || spec.empty()) return out;
+  if (spec == "auto") {
+    bool qdq = false;
+    for (NodeId id : graph.node_ids()) qdq = qdq || graph.node(id)->op_type == "DequantizeLinear";
+    if (qdq && env.registry().pass("fuse_qdq")) out.push_back("fuse_qdq");
+    return out;
+  }
+  std::stringstream ss(spec);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
 void add_quantize_command(CLI::App& app, Globals& g) {
   auto a = std::make_shared<QuantizeArgs>();
   auto* cmd = app.add_subcommand("quantize", "INT8 post-training quantization to QDQ ONNX: calibration, per-layer "

@@ -46,6 +46,7 @@ namespace {
 
 struct RunArgs {
   std::string model;
+  std::string passes = "auto";
   std::vector<std::string> inputs;  // NAME=FILE
   std::string output_dir;
   std::string device;
@@ -173,6 +174,7 @@ int run_model(const RunArgs& a, Globals& g) {
   if (!env) return 1;
   SessionOptions so;
   if (!a.device.empty()) so.devices = {a.device};
+  so.passes = session_passes(a.passes, graph, *env);
   auto t_create = std::chrono::steady_clock::now();
   auto session = Session::create(*env, std::move(graph), so);
   double create_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_create).count();
@@ -246,6 +248,8 @@ void add_run_command(CLI::App& app, Globals& g) {
   cmd->add_option("model", a->model, "The model (.onnx)")->required()->check(CLI::ExistingFile);
   cmd->add_option("--input,-i", a->inputs, "NAME=FILE: an input from a TensorProto .pb or NumPy .npy file (repeatable)");
   cmd->add_option("--output-dir,-o", a->output_dir, "Write output_K.pb (K in graph-output order) into this directory");
+  cmd->add_option("--passes", a->passes,
+                  "Session passes: auto (fuse_qdq for QDQ models: int8 kernels), none, or a comma list");
   cmd->add_option("--device,-d", a->device, "Preferred device type (cpu, cuda, ...); default: every device by priority");
   cmd->add_option("--threads", g.threads, "Worker threads for kernels (0 = all cores)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--iterations,-n", a->iterations, "Timed runs")->check(CLI::PositiveNumber);

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/base/graph.h"
 #include "core/base/tensor.h"
 #include "core/runtime/environment.h"
 
@@ -41,6 +42,9 @@ void add_bench_command(CLI::App& app, Globals& g);
 void add_optimize_command(CLI::App& app, Globals& g);  // cmd_optimize.cc: graph pass pipelines
 void add_prune_command(CLI::App& app, Globals& g);     // cmd_prune.cc: `keel prune`
 void add_quantize_command(CLI::App& app, Globals& g);  // cmd_quantize.cc: `keel quantize` (INT8 PTQ)
+// The session passes of `keel run` / `keel bench` --passes (cmd_quantize.cc): "auto" = fuse_qdq when the graph has
+// DequantizeLinear nodes and the pass is installed (QDQ models run on int8 kernels), "none" = none, else a comma list.
+std::vector<std::string> session_passes(const std::string& spec, const Graph& graph, const Environment& env);
 
 // `keel plugin-test MANIFEST` (cmd_plugin_test.cc): the plugin conformance kit (device CTS + models, per-op report).
 void add_plugin_test_command(CLI::App& app, Globals& g);

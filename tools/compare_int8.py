@@ -1,0 +1,150 @@
+#!/usr/bin/python3
+"""INT8 side by side: Keel int8 vs Keel fp32 vs ONNX Runtime on the same QDQ file, in one run.
+
+For each model of the peers' folder (default resnet18, mobilenet_v2; ONNX test layout, made by
+peers/make_models.py), it:
+  1. writes random-normal calibration batches (seed 1) and runs `keel quantize --calib` on them -> model_int8.onnx;
+  2. checks accuracy on held-out random-normal inputs (seed 2): cosine of Keel's int8 logits (fuse_qdq -> oneDNN int8
+     kernels) and of Keel's QDQ-reference logits (--passes none) against Keel's fp32 logits;
+  3. benchmarks, interleaved in fresh processes per round: keel fp32, keel int8, ORT fp32 and ORT on the QDQ file
+     (peers/ort_bench.js, which also proves ONNX Runtime loads and runs the QDQ file), and prints median latencies
+     and ratios.
+
+usage: tools/compare_int8.py --keel build/bin/keel [--models resnet18,mobilenet_v2] [--threads 1] [--rounds 3]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+from onnx import numpy_helper
+
+
+def run(cmd, **kw):
+    r = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    return r.stdout
+
+
+def last_json(out):
+    """The last JSON object of a command's output (one line, or pretty-printed from a line starting with '{')."""
+    lines = out.strip().splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("{"):
+            try:
+                return json.loads("\n".join(lines[i:]))
+            except json.JSONDecodeError:
+                continue
+    raise RuntimeError("no JSON in output:\n" + out[-2000:])
+
+
+def write_pb(path, arr, name):
+    with open(path, "wb") as f:
+        f.write(numpy_helper.from_array(arr, name).SerializeToString())
+
+
+def read_pb(path):
+    from onnx import TensorProto
+    t = TensorProto()
+    with open(path, "rb") as f:
+        t.ParseFromString(f.read())
+    return numpy_helper.to_array(t)
+
+
+def cosine(a, b):
+    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-300))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--keel", default="build/bin/keel")
+    ap.add_argument("--models-dir", default=os.path.join(os.environ.get("KEEL_PEERS_ROOT", "/tmp/keel-peers"), "models"))
+    ap.add_argument("--peers-dir", default="/work/shared/peers")
+    ap.add_argument("--models", default="resnet18,mobilenet_v2")
+    ap.add_argument("--threads", default="1")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--calib", type=int, default=20, help="calibration batches (the last fifth is held out)")
+    ap.add_argument("--heldout", type=int, default=4, help="held-out inputs for the cosine check")
+    ap.add_argument("--method", default="minmax")
+    ap.add_argument("--work", default=None)
+    a = ap.parse_args()
+    work = a.work or tempfile.mkdtemp(prefix="keel-int8-")
+    keel = os.path.abspath(a.keel)
+    summary = []
+    for model in a.models.split(","):
+        src = os.path.join(a.models_dir, model)
+        meta = json.load(open(os.path.join(src, "meta.json")))
+        shape, in_name = meta["input_shape"], meta["input_name"]
+        d = os.path.join(work, model)
+        calib = os.path.join(d, "calib")
+        os.makedirs(calib, exist_ok=True)
+        rng = np.random.default_rng(1)
+        for i in range(a.calib):
+            np.save(os.path.join(calib, f"b{i:03d}.npy"), rng.standard_normal(shape).astype(np.float32))
+        qdir = os.path.join(d, "int8")
+        os.makedirs(qdir, exist_ok=True)
+        for f in ("meta.json", "test_data_set_0"):
+            if not os.path.exists(os.path.join(qdir, f)):
+                os.symlink(os.path.join(src, f), os.path.join(qdir, f))
+        qmodel = os.path.join(qdir, "model.onnx")
+        out = run([keel, "--threads", a.threads, "quantize", os.path.join(src, "model.onnx"), "--calib", calib, "-o", qmodel,
+                   "--method", a.method, "-q"])
+        print(f"== {model}: keel quantize --method {a.method}\n" + "\n".join(out.strip().splitlines()[-4:]), flush=True)
+        # Accuracy on held-out inputs.
+        rng = np.random.default_rng(2)
+        cos_int8, cos_qdq = [], []
+        for i in range(a.heldout):
+            x = rng.standard_normal(shape).astype(np.float32)
+            xin = os.path.join(d, f"held_{i}.pb")
+            write_pb(xin, x, in_name)
+            outs = {}
+            for tag, m, passes in (("fp32", os.path.join(src, "model.onnx"), "none"), ("int8", qmodel, "auto"),
+                                   ("qdq", qmodel, "none")):
+                od = os.path.join(d, f"out_{tag}_{i}")
+                run([keel, "--threads", a.threads, "run", m, "--input", f"{in_name}={xin}", "--passes", passes,
+                     "--output-dir", od])
+                outs[tag] = read_pb(os.path.join(od, "output_0.pb"))
+            cos_int8.append(cosine(outs["fp32"], outs["int8"]))
+            cos_qdq.append(cosine(outs["fp32"], outs["qdq"]))
+        print(f"   held-out cosine vs fp32 (min of {a.heldout}): keel int8 {min(cos_int8):.5f}, "
+              f"QDQ reference {min(cos_qdq):.5f}", flush=True)
+        # Latency, interleaved.
+        engines = {
+            "keel_fp32": lambda t: [keel, "--threads", t, "bench", os.path.join(src, "model.onnx"), "--passes", "none"],
+            "keel_int8": lambda t: [keel, "--threads", t, "bench", qmodel],
+            "ort_fp32": lambda t: ["node", os.path.join(a.peers_dir, "ort_bench.js"), src, "--threads", t],
+            "ort_int8": lambda t: ["node", os.path.join(a.peers_dir, "ort_bench.js"), qdir, "--threads", t],
+        }
+        for t in a.threads.split(","):
+            med = {e: [] for e in engines}
+            ort_q = None
+            for r in range(a.rounds):
+                order = list(engines)[r % 4:] + list(engines)[:r % 4]
+                for e in order:
+                    cmd = engines[e](t) + ["--iters", str(a.iters), "--warmup", "3", "--max-seconds", "20", "--json"]
+                    j = last_json(run(cmd))
+                    med[e].append(float(j["median_ms"]))
+                    if e == "ort_int8":
+                        ort_q = j
+            m = {e: statistics.median(v) for e, v in med.items()}
+            print(f"   threads {t}: median ms  " + "  ".join(f"{e} {m[e]:.2f}" for e in engines), flush=True)
+            print(f"   keel int8 speed-up vs keel fp32: {m['keel_fp32'] / m['keel_int8']:.2f}x; "
+                  f"vs ORT on the QDQ file: {m['ort_int8'] / m['keel_int8']:.2f}x; "
+                  f"ORT int8 vs ORT fp32: {m['ort_fp32'] / m['ort_int8']:.2f}x", flush=True)
+            if ort_q:
+                print(f"   ORT ran the QDQ file: max_abs_diff vs PyTorch fp32 {ort_q.get('max_abs_diff')}, "
+                      f"rel {ort_q.get('rel_diff')}", flush=True)
+            summary.append({"model": model, "threads": t, "median_ms": m, "cos_int8": min(cos_int8),
+                            "cos_qdq": min(cos_qdq)})
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
