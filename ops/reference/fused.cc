@@ -10,6 +10,8 @@
 //                                   Y = act(conv((X - x_zp) x_scale, W w_scale) + B), then, with y_scale, quantized:
 //                                   saturate(round(Y / y_scale) + y_zp) in y_zero_point's type (u8/s8); else f32.
 //                                   X u8/s8, W s8 (zero point 0), w_scale scalar or per output channel, B f32.
+//                                   input_layout / output_layout = "NHWC": X / Y hold channels-last bytes under their
+//                                   NCHW shape (fuse_qdq sets them on a u8/s8 value passed from one QConv to the next).
 //   QGemm(A, B, [C], a_scale, [a_zero_point], b_scale, [y_scale, y_zero_point])
 //                                   the same for A[..., K] x B (s8 [K, N], or [N, K] with transB = 1) + C[N]; the
 //                                   int8 form of MatMul with a 2-D constant weight and of Gemm (alpha = beta = 1).
@@ -458,6 +460,17 @@ void op_qconv(Kctx& k) {
   if (y.numel == 0) return;
   std::vector<int32_t> X = widen(x, q.x_zero, k), W = widen(w, 0, k);
   const int64_t Ks = g.kernel_size(), Cg = Cin / group, Mg = M / group, K = Cg * Ks, O = g.out_size(), I = g.in_size();
+  // Channels-last data (input_layout / output_layout = "NHWC", set by fuse_qdq between two QConvs): the shapes stay
+  // NCHW, the bytes are [N, spatial..., C].
+  if (k.attr_s("input_layout", "NCHW") == "NHWC") {
+    std::vector<int32_t> t(X.size());
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t ci = 0; ci < Cin; ++ci)
+        for (int64_t i = 0; i < I; ++i) t[static_cast<size_t>((n * Cin + ci) * I + i)] = X[static_cast<size_t>((n * I + i) * Cin + ci)];
+    X.swap(t);
+  }
+  const bool nhwc_out = k.attr_s("output_layout", "NCHW") == "NHWC";
+  auto out_index = [&](int64_t n, int64_t m, int64_t j) { return nhwc_out ? (n * O + j) * M + m : (n * M + m) * O + j; };
   std::vector<int32_t> col(static_cast<size_t>(K * O)), acc(static_cast<size_t>(Mg * O));
   for (int64_t n = 0; n < N; ++n) {
     for (int64_t gi = 0; gi < group; ++gi) {
@@ -469,7 +482,7 @@ void op_qconv(Kctx& k) {
         gemm_rows(m0, m1, O, K, wg, K, 1, col.data(), O, acc.data(), O, false);
         for (int64_t m = m0; m < m1; ++m) {
           const int64_t mm = gi * Mg + m;
-          for (int64_t j = 0; j < O; ++j) ep.store(y, (n * M + mm) * O + j, mm, acc[static_cast<size_t>(m * O + j)]);
+          for (int64_t j = 0; j < O; ++j) ep.store(y, out_index(n, mm, j), mm, acc[static_cast<size_t>(m * O + j)]);
         }
       });
     }

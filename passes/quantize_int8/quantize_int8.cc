@@ -22,7 +22,9 @@
 //                  Only when host->kernel_exists finds the keel op on the target device; MatMul only with a 2-D
 //                  weight; Gemm only with alpha = beta = 1, transA = 0 and a 1-D bias. Weights must be symmetric
 //                  (zero points 0), quantized per tensor or along the output-channel axis.
-//                  Counters: conv_fused, gemm_fused, activations_fused, outputs_requantized.
+//                  A u8/s8 value passed from one QConv to another (its only reader) is kept channels-last: the
+//                  QConvs get output_layout / input_layout = "NHWC" (option channels_last = true).
+//                  Counters: conv_fused, gemm_fused, activations_fused, outputs_requantized, channels_last_edges.
 #include <keel/plugin.h>
 
 #include <algorithm>
@@ -185,11 +187,13 @@ int32_t scalar_dtype(const GraphView& gv, const std::string& v) {
   return t && GraphView::numel_of(t) == 1 ? t->dtype : KEEL_DTYPE_UNDEFINED;
 }
 
-keel_status_t fuse_qdq(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t*,
+keel_status_t fuse_qdq(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t* o,
                        const char* device, keel_pass_report_t* r) {
   return run_pass(g_host, [&] {
     GraphView gv(g, api);
     Report report(r);
+    PassOptions opts(g_host->options, o);
+    const bool opts_channels_last = opts.get_bool("channels_last", true);
     const bool conv_ok = has_kernel("keel", "QConv", 1, device), gemm_ok = has_kernel("keel", "QGemm", 1, device);
     int64_t convs = 0, gemms = 0, acts = 0, requant = 0, no_kernel = 0;
     for (keel_node_id_t n : gv.nodes()) {
@@ -318,6 +322,23 @@ keel_status_t fuse_qdq(void*, keel_graph_t* g, const keel_graph_api_t* api, cons
         if (gv.exists(dq) && gv.use_count(gv.output(dq, 0)) == 0) gv.remove_node(dq);
       (conv ? convs : gemms)++;
     }
+    // A quantized value passed from one QConv straight to another stays channels-last (the layout int8 convolutions
+    // compute in): two layout conversions saved per such edge. Only values with that single reader qualify.
+    int64_t nhwc = 0;
+    if (opts_channels_last)
+      for (keel_node_id_t a : gv.nodes()) {
+        if (!gv.exists(a) || gv.domain(a) != "keel" || gv.op(a) != "QConv" || gv.inputs(a).size() < 8) continue;
+        const std::string v = gv.output(a, 0);
+        if (!gv.single_use(v)) continue;
+        keel_node_id_t b = gv.consumers(v)[0];
+        if (gv.domain(b) != "keel" || gv.op(b) != "QConv") continue;
+        std::vector<std::string> bi = gv.inputs(b);
+        if (bi[0] != v || std::count(bi.begin(), bi.end(), v) != 1) continue;
+        gv.set_attr(a, "output_layout", AttrValue::of_string("NHWC"));
+        gv.set_attr(b, "input_layout", AttrValue::of_string("NHWC"));
+        ++nhwc;
+      }
+    report.count("channels_last_edges", nhwc);
     if (no_kernel)
       report.note("no QConv/QGemm kernel on device '" + std::string(device ? device : "") + "': left " +
                   std::to_string(no_kernel) + " pattern(s) in QDQ form");

@@ -217,6 +217,8 @@ class QConvKernel : public Kernel {
     if (strides_.size() != r || dilations_.size() != r || pads_.size() != 2 * r) throw Reject{"attribute rank"};
     const int8_t* w = c.data<int8_t>(1);
     w_.assign(w, w + numel(w_dims_));
+    nhwc_in_ = c.attr_s("input_layout", "NCHW") == "NHWC";
+    nhwc_out_ = c.attr_s("output_layout", "NCHW") == "NHWC";
     if (c.output_count() > 1) throw Reject{"extra outputs"};
     if (c.dims_known(0)) plans_.get(shape_key(c), [&] { return build(c.dims(0)); });
   }
@@ -253,10 +255,10 @@ class QConvKernel : public Kernel {
                                       to_dnnl(dil), to_dnnl(pl), to_dnnl(pr));
     dnnl::convolution_forward::primitive_desc pd(d, q_.attr(1), engine());
     p->prim = dnnl::convolution_forward(pd);
-    static const tag plain[3] = {tag::ncw, tag::nchw, tag::ncdhw};
+    static const tag plain[3] = {tag::ncw, tag::nchw, tag::ncdhw}, last[3] = {tag::nwc, tag::nhwc, tag::ndhwc};
     static const tag wtag[2][3] = {{tag::oiw, tag::oihw, tag::oidhw}, {tag::goiw, tag::goihw, tag::goidhw}};
-    wire(*p, dnnl::memory::desc(to_dnnl(x), xt, plain[r - 1]), pd.src_desc(),
-         dnnl::memory::desc(to_dnnl(y), yt, plain[r - 1]), pd.dst_desc());
+    wire(*p, dnnl::memory::desc(to_dnnl(x), xt, nhwc_in_ ? last[r - 1] : plain[r - 1]), pd.src_desc(),
+         dnnl::memory::desc(to_dnnl(y), yt, nhwc_out_ ? last[r - 1] : plain[r - 1]), pd.dst_desc());
     p->wei = prepack(dnnl::memory::desc(to_dnnl(wei), dt::s8, wtag[group_ > 1][r - 1]), pd.weights_desc(), w_.data());
     if (!q_.bias.empty()) p->bias = bias_memory(q_.bias, bias_md);
     p->zp->make(q_);
@@ -264,6 +266,7 @@ class QConvKernel : public Kernel {
   }
 
   size_t rank_ = 0;
+  bool nhwc_in_ = false, nhwc_out_ = false;  // channels-last bytes under the NCHW shape (fuse_qdq)
   int64_t group_ = 1;
   Dims w_dims_, strides_, dilations_, pads_;
   std::vector<int8_t> w_;

@@ -428,6 +428,20 @@ void add_int8_cases(std::vector<OpCase>& v) {
       }
     }
   }
+  // Channels-last bytes in and out (fuse_qdq's layout between two QConvs).
+  for (const char* layouts : {"in", "out", "in+out"}) {
+    OpCase c;
+    c.op = "QConv";
+    c.domain = "keel";
+    c.label = std::string("N=2 C=16 H=9 W=7 K=24 k=3 s=1 p=1 g=1 x=u8/0 y=u8/3 NHWC ") + layouts;
+    c.inputs = {qin("X", {2, 16, 9, 7}, DType::kU8, false, 0.f, 255.f),
+                qin("W", {24, 16, 3, 3}, DType::kI8, true, -127.f, 127.f), in("B", {24}, true, -2.f, 2.f)};
+    add_qparams(c, 24, DType::kU8, 0, true, DType::kU8, 3, 0.15f);
+    c.attrs = {{"pads", Is({1, 1, 1, 1})}, {"activation", S("Relu")}};
+    if (std::string(layouts) != "out") c.attrs["input_layout"] = S("NHWC");
+    if (std::string(layouts) != "in") c.attrs["output_layout"] = S("NHWC");
+    v.push_back(c);
+  }
   struct G { Shape a; int64_t N; int tb; DType xt; float xzp; DType yt; float yzp; const char* act; };
   const G gs[] = {{{4, 64}, 32, 1, DType::kU8, 3, DType::kU8, 128, ""},
                   {{2, 5, 64}, 48, 0, DType::kU8, 128, DType::kF32, 0, ""},

@@ -236,6 +236,7 @@ TEST(FuseQdq, Int8OpsReplaceTheQdqPatternsAndMatchTheQdqGraph) {
   EXPECT_EQ(r[0].counters["gemm_fused"], 1);
   EXPECT_EQ(r[0].counters["activations_fused"], 1);   // the Relu after the first Conv
   EXPECT_EQ(r[0].counters["outputs_requantized"], 1);  // ... and the QuantizeLinear after it
+  EXPECT_EQ(r[0].counters["channels_last_edges"], 1);  // the u8 value from the first QConv to the second
   EXPECT_EQ(count_op(fused, "QConv"), 2u);
   EXPECT_EQ(count_op(fused, "QGemm"), 1u);
   EXPECT_EQ(count_op(fused, "Conv") + count_op(fused, "Gemm") + count_op(fused, "Relu"), 0u);
