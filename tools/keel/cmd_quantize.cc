@@ -56,13 +56,16 @@ int quantize(QuantizeArgs& a, Globals& g) {
   std::cout << "per-layer error (each layer alone, on " << res.heldout_batches << " held-out batch"
             << (res.heldout_batches == 1 ? "" : "es") << "):\n";
   std::cout << "  " << std::left << std::setw(static_cast<int>(width)) << "node" << "  " << std::setw(7) << "op"
-            << std::right << std::setw(10) << "cosine" << std::setw(11) << "rel.err" << "  status\n";
+            << std::right << std::setw(10) << "cosine" << std::setw(11) << "rel.err"
+            << (a.opts.tolerance > 0 ? "  sensitivity" : "") << "  status\n";
   size_t quantized = 0;
   for (const auto& l : res.layers) {
     quantized += !l.kept_fp32;
     std::cout << "  " << std::left << std::setw(static_cast<int>(width)) << l.node << "  " << std::setw(7) << l.op_type
               << std::right << std::fixed << std::setprecision(5) << std::setw(10) << l.cosine << std::setw(11)
-              << l.rel_error << "  " << (l.kept_fp32 ? "fp32" : "int8") << "\n";
+              << l.rel_error;
+    if (a.opts.tolerance > 0) std::cout << std::setw(13) << l.sensitivity;
+    std::cout << "  " << (l.kept_fp32 ? "fp32" : "int8") << "\n";
   }
   std::cout << "outputs vs fp32 (held-out): cosine " << std::setprecision(5) << res.output_cosine << ", relative error "
             << res.output_rel_error << "\n";

@@ -451,10 +451,25 @@ StatusOr<QuantizeResult> quantize_graph(Environment& env, const Graph& fp32, con
   // 5. Tolerance: keep the worst layers in fp32 until the output error is within it.
   if (options.tolerance > 0 && result.output_rel_error > options.tolerance) {
     std::vector<size_t> by_error;
+    std::set<std::string> all = keep;
     for (size_t i = 0; i < layers.size(); ++i)
-      if (!layers[i].user_excluded) by_error.push_back(i);
+      if (!layers[i].user_excluded) {
+        by_error.push_back(i);
+        all.insert(layers[i].node);
+      }
+    {
+      ProgressBar sb("layer sensitivity", static_cast<int64_t>(by_error.size()), "layer", options.progress);
+      for (size_t i : by_error) {
+        std::set<std::string> others = all;
+        others.erase(layers[i].node);
+        KEEL_ASSIGN_OR_RETURN(Graph one, quantize_with(others), "quantize");
+        double cos_i = 1;
+        KEEL_RETURN_IF_ERROR(output_error(one, &cos_i, &result.layers[i].sensitivity), "sensitivity");
+        sb.tick(1);
+      }
+    }
     std::stable_sort(by_error.begin(), by_error.end(),
-                     [&](size_t a, size_t b) { return result.layers[a].rel_error > result.layers[b].rel_error; });
+                     [&](size_t a, size_t b) { return result.layers[a].sensitivity > result.layers[b].sensitivity; });
     ProgressBar bar("tolerance search", static_cast<int64_t>(by_error.size()), "layer", options.progress);
     for (size_t i : by_error) {
       keep.insert(layers[i].node);

@@ -13,8 +13,10 @@
 //   4. measures on held-out batches (the last fifth of `calibration`, at least one; with a single batch it is also
 //      the calibration batch): each quantized layer's own error (cosine and relative L2 error of its output, with its
 //      quantized inputs computed from the fp32 activations, against fp32) and the error of the graph outputs;
-//   5. with a tolerance, keeps the layers with the largest own error in fp32, one at a time, until the relative L2
-//      error of every float graph output on the held-out batches is at most `tolerance` (or nothing is left).
+//   5. with a tolerance (and an output error above it), measures each layer's sensitivity — the outputs' relative L2
+//      error with only that layer quantized — and keeps the most sensitive layers in fp32, one at a time, until the
+//      relative L2 error of every float graph output on the held-out batches is at most `tolerance` (or nothing is
+//      left). Small own errors can still add up through a deep network; sensitivity sees where they do.
 //
 // The calibration batches must bind every graph input (by name). Sessions run on `options.device` (fallback cpu).
 // Thread-safety: quantize_graph uses only its arguments; concurrent calls on one Environment are fine.
@@ -44,8 +46,11 @@ struct QuantizeOptions {
 
 struct LayerReport {
   std::string node, op_type;
-  double cosine = 1, rel_error = 0;  // the layer's own error (see above); 1 / 0 for a layer kept in fp32
+  double cosine = 1, rel_error = 0;  // the layer's own error (see above); 1 / 0 for a layer excluded by the user
   bool kept_fp32 = false;
+  // The outputs' relative L2 error when only this layer is quantized (its sensitivity), measured when the tolerance
+  // search runs (a tolerance below the all-int8 error); else 0.
+  double sensitivity = 0;
 };
 
 struct QuantizeResult {
