@@ -7,6 +7,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <ctime>
+#include <cstdio>
+#include <cstdlib>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -74,6 +77,9 @@ struct Runtime {
   std::unordered_map<std::string, std::unique_ptr<CachedKernel>> cache;
   std::atomic<uint64_t> ops{0}, hits{0}, misses{0};
   std::unordered_set<std::string> warned;
+  std::atomic<bool> profiling{std::getenv("KEEL_EAGER_PROFILE") != nullptr};
+  std::mutex prof_mu;
+  std::map<std::string, std::pair<double, uint64_t>> prof;  // "op kernel" -> (ms, calls)
 };
 
 Runtime& rt() {
@@ -141,6 +147,24 @@ DispatchStats dispatch_stats() {
   Runtime& r = rt();
   return DispatchStats{r.ops.load(), r.hits.load(), r.misses.load()};
 }
+void set_profiling(bool on) { rt().profiling = on; }
+
+std::string profile_report() {
+  Runtime& r = rt();
+  std::lock_guard<std::mutex> lock(r.prof_mu);
+  std::vector<std::pair<std::string, std::pair<double, uint64_t>>> v(r.prof.begin(), r.prof.end());
+  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+  std::string out;
+  for (const auto& [k, t] : v) {
+    char line[256];
+    std::snprintf(line, sizeof line, "%-60s %8llu calls %10.3f ms %9.4f ms/call\n", k.c_str(),
+                  static_cast<unsigned long long>(t.second), t.first, t.first / static_cast<double>(t.second));
+    out += line;
+  }
+  r.prof.clear();
+  return out;
+}
+
 void clear_kernel_cache() {
   std::lock_guard<std::mutex> c(rt().cache_mu);
   rt().cache.clear();
@@ -548,6 +572,14 @@ std::vector<keel::Tensor> run_kernel(const std::string& domain, const std::strin
     workspace.push_back(p);
     return p;
   };
+  const bool prof = r.profiling.load(std::memory_order_relaxed);
+  // Process CPU time: wall time is meaningless on a loaded machine; every kernel thread's work counts.
+  auto cpu_ms = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) * 1e-6;
+  };
+  const double t0 = prof ? cpu_ms() : 0.0;
   Status st = Status::from_c(ck->compute(ck->state, &ctx));
   while (st.code() == StatusCode::kUnimplemented && switch_alternative(*ck, inputs)) {
     for (void* p : workspace) alloc->free(p);
@@ -559,6 +591,16 @@ std::vector<keel::Tensor> run_kernel(const std::string& domain, const std::strin
     st = Status::from_c(ck->compute(ck->state, &ctx));
   }
   for (void* p : workspace) alloc->free(p);
+  if (prof) {
+    double ms = cpu_ms() - t0;
+    std::string pk = what + " " + ck->kernel_name;
+    for (const auto& t : inputs)
+      if (t.defined()) pk += " " + std::string(dtype_name(t.dtype())) + shape_to_string(t.shape());
+    std::lock_guard<std::mutex> lock(r.prof_mu);
+    auto& e = r.prof[pk];
+    e.first += ms;
+    e.second += 1;
+  }
   if (!st.is_ok()) fail(st.with_context(what + " (kernel " + ck->kernel_name + ")"));
   for (size_t i = 0; i < num_outputs; ++i)
     if ((wanted.empty() || wanted[i]) && !ctx.outputs[i].defined())
