@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <memory>
 
 #include "core/runtime/onnx_io.h"
 #include "core/runtime/session.h"
@@ -14,14 +15,19 @@
 namespace keel::eager {
 namespace {
 
-class EagerTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
+std::shared_ptr<Environment>& reference_env() {
+  static std::shared_ptr<Environment> e = [] {
     EnvironmentOptions o;
     o.discover_plugins = false;  // the reference device: the oracle, with f64 kernels
     o.threads = 2;
-    init(std::shared_ptr<Environment>(Environment::create(o).value()));
-  }
+    return std::shared_ptr<Environment>(Environment::create(o).value());
+  }();
+  return e;
+}
+
+class EagerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { init(reference_env()); }
 };
 
 Tensor rnd(const Shape& s, double lo = -1, double hi = 1, bool grad = true) {
@@ -314,6 +320,53 @@ TEST_F(EagerTest, TraceSimpleCnnRunsInSession) {
     auto a = Tensor((*out)[0]).to_vector<float>(), b = eager_out.to_vector<float>();
     ASSERT_EQ(a.size(), b.size());
     for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-4);
+  }
+}
+
+// The SimpleCNN training step on the discovered plugins (oneDNN's training kernels when built) gives the
+// reference device's gradients, in f32 and under bf16 autocast.
+TEST_F(EagerTest, TrainingStepOnPluginsMatchesReference) {
+  setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
+  auto plugins = Environment::create();
+  ASSERT_TRUE(plugins.is_ok()) << plugins.status().to_string();
+  std::shared_ptr<Environment> penv(std::move(plugins).value());
+  auto grads = [](DType amp) {
+    manual_seed(5);
+    Tensor w1 = randn({8, 1, 3, 3}, 0.3f).requires_grad_(), b1 = randn({8}, 0.1f).requires_grad_();
+    Tensor w2 = randn({10, 8 * 13 * 13}, 0.02f).requires_grad_(), b2 = zeros({10}).requires_grad_();
+    Tensor x = randn({16, 1, 28, 28});
+    std::vector<int64_t> lab(16);
+    for (size_t i = 0; i < lab.size(); ++i) lab[i] = static_cast<int64_t>(i % 10);
+    Tensor t = from_vector(lab, {16});
+    Tensor loss;
+    {
+      std::unique_ptr<AutocastGuard> ac;
+      if (amp != DType::kUndefined) ac = std::make_unique<AutocastGuard>(amp);
+      loss = cross_entropy(linear(flatten(max_pool2d(relu(conv2d(x, w1, b1)), {2, 2})), w2, b2), t);
+    }
+    loss.backward();
+    std::vector<std::vector<float>> g;
+    for (Tensor* p : {&w1, &b1, &w2, &b2}) g.push_back(p->grad().to_vector<float>());
+    g.push_back({loss.item()});
+    return g;
+  };
+  for (DType amp : {DType::kUndefined, DType::kBF16}) {
+    init(reference_env());
+    auto want = grads(amp);
+    init(penv, 2);
+    auto got = grads(amp);
+    init(reference_env());
+    const double tol = amp == DType::kUndefined ? 1e-4 : 3e-2;
+    for (size_t k = 0; k < want.size(); ++k) {
+      ASSERT_EQ(got[k].size(), want[k].size());
+      double err = 0, ref = 0;
+      for (size_t i = 0; i < want[k].size(); ++i) {
+        err += (got[k][i] - want[k][i]) * (got[k][i] - want[k][i]);
+        ref += want[k][i] * want[k][i];
+      }
+      EXPECT_LE(std::sqrt(err), tol * std::max(std::sqrt(ref), 1e-3))
+          << (amp == DType::kUndefined ? "f32" : "bf16") << " tensor " << k;
+    }
   }
 }
 
