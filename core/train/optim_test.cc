@@ -79,7 +79,7 @@ TEST(Adam, MatchesPyTorchsUpdateRule) {
     for (size_t i = 0; i < grads.size(); ++i) {
       set_grad(p, {static_cast<float>(grads[i][0])});
       opt.step();
-      EXPECT_NEAR(p.item(), ref[i], 2e-6) << (decoupled ? "AdamW" : "Adam") << " step " << i + 1;
+      EXPECT_NEAR(p.item(), ref[i], 1e-5) << (decoupled ? "AdamW" : "Adam") << " step " << i + 1;
     }
   }
   // Without weight decay, a constant gradient moves the parameter by lr per step: 1 → 0.9 → 0.8.
@@ -89,10 +89,10 @@ TEST(Adam, MatchesPyTorchsUpdateRule) {
   Adam opt({q}, o);
   set_grad(q, {0.5f});
   opt.step();
-  EXPECT_NEAR(q.item(), 0.9f, 1e-6);
+  EXPECT_NEAR(q.item(), 0.9f, 1e-5);
   set_grad(q, {0.5f});
   opt.step();
-  EXPECT_NEAR(q.item(), 0.8f, 1e-6);
+  EXPECT_NEAR(q.item(), 0.8f, 1e-5);
   EXPECT_EQ(AdamW::defaults().weight_decay, 0.01);
 }
 

@@ -183,25 +183,31 @@ StatusOr<GraphEval> evaluate_graph(Environment& env, const Graph& graph, const F
   return r;
 }
 
-// Traces the model (eval mode, fp32) on one batch, then makes the batch dimension dynamic.
-StatusOr<Graph> trace_model(nn::Module& model, const FashionMnist& test) {
+StatusOr<Graph> trace_at(nn::Module& model, const FashionMnist& test, int64_t batch) {
+  std::vector<int64_t> idx(static_cast<size_t>(batch));
+  std::iota(idx.begin(), idx.end(), 0);
+  KEEL_ASSIGN_OR_RETURN(Batch b, test.get_batch(idx), "trace input");
+  eager::Tensor x(b.data);
+  eager::Tracer tracer("simple_cnn_fashion_mnist");
+  tracer.input(x, "image");
+  for (const auto& [n, p] : model.named_parameters()) tracer.name_parameter(p, n);
+  for (const auto& [n, p] : model.named_buffers()) tracer.name_parameter(p, n);
+  tracer.output(model(x), "logits");
+  return tracer.graph();
+}
+
+// Traces the model (eval mode, fp32) and makes the batch dimension dynamic when the traced graph allows it (checked
+// by running it at another batch); otherwise returns a graph traced at batch 1.
+StatusOr<Graph> trace_model(Environment& env, nn::Module& model, const FashionMnist& test) {
   model.eval();
   eager::NoGradGuard ng;
-  KEEL_ASSIGN_OR_RETURN(Batch b, test.get_batch({0, 1}), "trace input");
-  eager::Tensor x(b.data);
-  Graph g;
-  {
-    eager::Tracer tracer("simple_cnn_fashion_mnist");
-    tracer.input(x, "image");
-    for (const auto& [n, p] : model.named_parameters()) tracer.name_parameter(p, n);
-    for (const auto& [n, p] : model.named_buffers()) tracer.name_parameter(p, n);
-    tracer.output(model(x), "logits");
-    KEEL_ASSIGN_OR_RETURN(g, tracer.graph(), "trace");
+  StatusOr<Graph> traced = trace_at(model, test, 2);
+  if (!traced.is_ok()) {
+    model.train();
+    return traced;
   }
-  model.train();
-  // A dynamic batch: every op of this model (Conv, Relu, MaxPool, Flatten, Gemm/MatMul) is batch-agnostic; if shape
-  // inference disagrees (an op that baked the batch in), keep the traced shapes.
-  Graph dynamic = g;
+  Graph dynamic = *traced;
+  bool ok = false;
   if (auto it = dynamic.value_info.find("image"); it != dynamic.value_info.end() && it->second.shape) {
     (*it->second.shape)[0] = -1;
     for (auto v = dynamic.value_info.begin(); v != dynamic.value_info.end();) {
@@ -211,9 +217,29 @@ StatusOr<Graph> trace_model(nn::Module& model, const FashionMnist& test) {
     for (const auto& o : dynamic.outputs)
       if (auto oi = dynamic.value_info.find(o); oi != dynamic.value_info.end() && oi->second.shape && !oi->second.shape->empty())
         (*oi->second.shape)[0] = -1;
-    if (infer_shapes(dynamic).is_ok() && dynamic.validate().is_ok()) return dynamic;
+    // A Reshape traced with a constant target shape that starts with the traced batch keeps the batch instead
+    // (ONNX: 0 copies the input's dim), as torch.onnx's dynamic axes do.
+    for (NodeId id : dynamic.node_ids()) {
+      const Node* n = dynamic.node(id);
+      if (n->op_type != "Reshape" || n->inputs.size() < 2 || !dynamic.is_initializer(n->inputs[1])) continue;
+      const keel::Tensor& shape = dynamic.initializers.at(n->inputs[1]);
+      if (shape.dtype() != DType::kI64 || shape.numel() < 1 || shape.data<int64_t>()[0] != 2) continue;
+      auto copy = shape.clone();
+      if (!copy.is_ok()) continue;
+      copy->data<int64_t>()[0] = 0;
+      dynamic.initializers[n->inputs[1]] = *copy;
+    }
+    if (infer_shapes(dynamic).is_ok() && dynamic.validate().is_ok()) {
+      SessionOptions so;
+      so.devices = {"cpu"};
+      auto session = Session::create(env, dynamic, so);
+      auto probe = test.get_batch({0, 1, 2});
+      ok = session.is_ok() && probe.is_ok() && (*session)->run({{"image", probe->data}}).is_ok();
+    }
   }
-  return g;
+  StatusOr<Graph> result = ok ? StatusOr<Graph>(std::move(dynamic)) : trace_at(model, test, 1);
+  model.train();
+  return result;
 }
 
 Status run_pass(Environment& env, Graph& g, const PassSpec& spec, std::vector<PassReport>* reports) {
@@ -419,7 +445,7 @@ int run_train(Globals& g, const TrainArgs& a) {
             << std::fixed << std::setprecision(2) << load_s << " s)\n"
             << "  " << opt->name() << " lr " << a.lr << (a.optimizer == "sgd" ? " momentum " + std::to_string(a.momentum).substr(0, 4) : "")
             << ", batch " << a.batch << (a.accumulate > 1 ? " x " + std::to_string(a.accumulate) + " micro-batches" : "")
-            << ", amp " << a.amp << ", " << threads << " thread(s), device " << a.device << ", seed " << a.seed << "\n";
+            << ", amp " << a.amp << ", " << threads << " thread(s), device " << a.device << ", seed " << a.seed << std::endl;
 
   nn::CrossEntropyLoss ce;
   double final_acc = -1;
@@ -500,7 +526,7 @@ int run_train(Globals& g, const TrainArgs& a) {
                 << std::setprecision(0) << static_cast<double>(seen) / dt << " img/s, " << std::setprecision(4)
                 << "train loss " << (batches ? loss_sum / static_cast<double>(batches) : 0) << ", train accuracy "
                 << (seen ? static_cast<double>(correct) / static_cast<double>(seen) : 0) << ", test accuracy " << final_acc
-                << " (eval " << std::setprecision(2) << eval_s << " s" << (loader->wait_seconds() > 0.05 * dt ? ", waited for data " + std::to_string(loader->wait_seconds()) + " s" : "") << ")\n";
+                << " (eval " << std::setprecision(2) << eval_s << " s" << (loader->wait_seconds() > 0.05 * dt ? ", waited for data " + std::to_string(loader->wait_seconds()) + " s" : "") << ")" << std::endl;
       log_write("epoch", {{"epoch", epoch + 1}, {"step", progress.global_step}, {"epoch_seconds", dt},
                           {"train_loss", batches ? loss_sum / static_cast<double>(batches) : 0},
                           {"train_accuracy", seen ? static_cast<double>(correct) / static_cast<double>(seen) : 0},
@@ -522,7 +548,7 @@ int run_train(Globals& g, const TrainArgs& a) {
   // Trace → ONNX → Session (the deployed form).
   StatusOr<Graph> traced = Status(StatusCode::kInternal, "not traced");
   try {
-    traced = trace_model(model, *test);
+    traced = trace_model(*env, model, *test);
   } catch (const eager::Error& e) {
     traced = e.status();
   }
@@ -541,7 +567,7 @@ int run_train(Globals& g, const TrainArgs& a) {
     return 1;
   }
   std::cout << "saved " << a.output << " (" << reloaded->node_count() << " nodes)\n";
-  auto fp32 = evaluate_graph(*env, *reloaded, *test, g.threads, "cpu");
+  auto fp32 = evaluate_graph(*env, *reloaded, *test, 0, "cpu");
   if (!fp32.is_ok()) {
     std::cerr << "keel train: running the saved model: " << fp32.status().to_string() << "\n";
     return 1;
@@ -562,7 +588,7 @@ int run_train(Globals& g, const TrainArgs& a) {
     if (!b.is_ok()) break;
     calibration.push_back({{reloaded->inputs.at(0), b->data}});
   }
-  auto i8 = quantize_and_evaluate(*env, *reloaded, calibration, *test, g.threads, a.output);
+  auto i8 = quantize_and_evaluate(*env, *reloaded, calibration, *test, 0, a.output);
   if (!i8.is_ok()) {
     std::cout << "int8: not done: " << i8.status().to_string() << "\n";
     return 0;

@@ -40,6 +40,9 @@ void add_conformance_command(CLI::App& app, Globals& g);
 void add_bench_command(CLI::App& app, Globals& g);
 void add_optimize_command(CLI::App& app, Globals& g);  // cmd_optimize.cc: graph pass pipelines
 void add_prune_command(CLI::App& app, Globals& g);     // cmd_prune.cc: `keel prune`
+// cmd_train.cc: `keel train` (SimpleCNN on Fashion-MNIST → trace → ONNX → INT8) and `keel plot` (scalar-log curves).
+void add_train_command(CLI::App& app, Globals& g);
+void add_plot_command(CLI::App& app, Globals& g);
 
 // `keel plugin-test MANIFEST` (cmd_plugin_test.cc): the plugin conformance kit (device CTS + models, per-op report).
 void add_plugin_test_command(CLI::App& app, Globals& g);

@@ -54,6 +54,8 @@ int main(int argc, char** argv) {
   add_bench_command(app, g);
   add_optimize_command(app, g);
   add_prune_command(app, g);
+  add_train_command(app, g);
+  add_plot_command(app, g);
 
   try {
     app.parse(argc, argv);
