@@ -292,10 +292,23 @@ void append_attr(std::string& key, const std::string& name, const Attribute& a) 
   key += ';';
 }
 
-// Small host integer inputs (shapes, axes) are part of the key and given to gradient rules.
 bool is_small_int(const keel::Tensor& t) {
   return t.defined() && (t.dtype() == DType::kI64 || t.dtype() == DType::kI32) && t.numel() <= 16 &&
          t.location().is_host();
+}
+
+// Shape-like integer inputs (a Reshape's shape, a ReduceSum's axes, Split sizes, ...): their values are part of the
+// kernel-cache key, kernels see them as constants at create time (as a graph's initializers), and gradient rules
+// read them. Data inputs (Gather indices, labels) are never treated so, whatever their size.
+bool is_shape_input(const std::string& domain, const std::string& op_type, size_t i, const keel::Tensor& t) {
+  if (!domain.empty() || !is_small_int(t)) return false;
+  static const std::unordered_map<std::string, std::vector<size_t>> kShapeInputs = {
+      {"Reshape", {1}},   {"ReduceSum", {1}}, {"ReduceMean", {1}}, {"ReduceMax", {1}}, {"ReduceMin", {1}},
+      {"ReduceProd", {1}}, {"ReduceL2", {1}}, {"ReduceL1", {1}},   {"ReduceLogSumExp", {1}},
+      {"ReduceSumSquare", {1}}, {"Split", {1}}, {"Expand", {1}}, {"Tile", {1}}, {"Pad", {1, 3}},
+      {"Slice", {1, 2, 3, 4}}, {"Squeeze", {1}}, {"Unsqueeze", {1}}, {"ConstantOfShape", {0}}, {"TopK", {1}}};
+  auto it = kShapeInputs.find(op_type);
+  return it != kShapeInputs.end() && std::find(it->second.begin(), it->second.end(), i) != it->second.end();
 }
 
 bool kernel_accepts(const KernelEntry& k, const Node& node, int32_t opset, const std::vector<DType>& in,
@@ -348,7 +361,7 @@ std::unique_ptr<CachedKernel> make_kernel(const std::string& domain, const std::
     }
     std::string v = "i" + std::to_string(i);
     n.inputs.push_back(v);
-    if (is_small_int(inputs[i])) {
+    if (is_shape_input(domain, op_type, i, inputs[i])) {
       g.initializers[v] = inputs[i];
     } else {
       g.inputs.push_back(v);
@@ -403,7 +416,7 @@ std::unique_ptr<CachedKernel> make_kernel(const std::string& domain, const std::
       for (size_t i = 0; i < inputs.size(); ++i) {
         if (!inputs[i].defined()) continue;
         keel_tensor_t view{};
-        if (is_small_int(inputs[i])) {
+        if (is_shape_input(domain, op_type, i, inputs[i])) {
           view = inputs[i].c_view();  // shape/axes values: constants, as a graph would have them
         } else {
           view.struct_size = sizeof view;
@@ -456,11 +469,15 @@ bool switch_alternative(CachedKernel& ck, const std::vector<keel::Tensor>& input
       for (size_t i = 0; i < inputs.size(); ++i) {
         if (!inputs[i].defined()) continue;
         keel_tensor_t view{};
-        view.struct_size = sizeof view;
-        view.dtype = static_cast<int32_t>(inputs[i].dtype());
-        ctx.input_shapes[i] = inputs[i].shape();
-        view.ndim = static_cast<int32_t>(inputs[i].shape().size());
-        view.dims = ctx.input_shapes[i].data();
+        if (is_shape_input(ck.node.domain, ck.node.op_type, i, inputs[i])) {
+          view = inputs[i].c_view();
+        } else {
+          view.struct_size = sizeof view;
+          view.dtype = static_cast<int32_t>(inputs[i].dtype());
+          ctx.input_shapes[i] = inputs[i].shape();
+          view.ndim = static_cast<int32_t>(inputs[i].shape().size());
+          view.dims = ctx.input_shapes[i].data();
+        }
         ctx.input_views[i] = view;
         ctx.inputs[i] = &ctx.input_views[i];
       }
@@ -478,10 +495,12 @@ bool switch_alternative(CachedKernel& ck, const std::vector<keel::Tensor>& input
   return false;
 }
 
-std::string device_of(const std::vector<keel::Tensor>& inputs, const std::string& what) {
+std::string device_of(const std::string& domain, const std::string& op_type, const std::vector<keel::Tensor>& inputs,
+                      const std::string& what) {
   std::string dev;
-  for (const auto& t : inputs) {
-    if (!t.defined() || is_small_int(t)) continue;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const keel::Tensor& t = inputs[i];
+    if (!t.defined() || is_shape_input(domain, op_type, i, t)) continue;
     const std::string& d = t.location().device_type;
     if (dev.empty()) dev = d;
     else if (d != dev) fail(invalid_argument(what + ": inputs on different devices (" + dev + " and " + d + "); move them with .to()"));
@@ -499,7 +518,7 @@ std::vector<keel::Tensor> run_kernel(const std::string& domain, const std::strin
                                      const std::vector<bool>& wanted, CachedKernel** out_kernel = nullptr) {
   Runtime& r = rt();
   const std::string what = op_label(domain, op_type);
-  std::string device = device_of(inputs, what);
+  std::string device = device_of(domain, op_type, inputs, what);
   // The cache key: device, op, attributes, input dtypes/shapes (values of small integer inputs), wanted outputs.
   std::string key;
   key.reserve(128);
@@ -511,7 +530,8 @@ std::vector<keel::Tensor> run_kernel(const std::string& domain, const std::strin
   key += '|';
   for (const auto& [name, a] : attrs) append_attr(key, name, a);
   key += '|';
-  for (const auto& t : inputs) {
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const keel::Tensor& t = inputs[i];
     if (!t.defined()) {
       key += "-;";
       continue;
@@ -521,7 +541,7 @@ std::vector<keel::Tensor> run_kernel(const std::string& domain, const std::strin
       key += ',';
       key += std::to_string(d);
     }
-    if (is_small_int(t)) {
+    if (is_shape_input(domain, op_type, i, t)) {
       key += '=';
       key.append(static_cast<const char*>(t.raw_data()), t.byte_size());
     }
@@ -1017,7 +1037,8 @@ std::vector<Tensor> apply(const std::string& domain, const std::string& op_type,
       } else {
         ops::GradBuilder b(ck->node, ck->opset, in_types, out_types, needs);
         std::vector<keel::Tensor> values;
-        for (const auto& d : datas) values.push_back(is_small_int(d) ? d : keel::Tensor());
+        for (size_t i = 0; i < datas.size(); ++i)
+          values.push_back(is_shape_input(domain, op_type, i, datas[i]) ? datas[i] : keel::Tensor());
         b.set_values(values);
         Status st = rule(b);
         if (st.is_ok()) prog = std::make_shared<const ops::GradProgram>(b.take());

@@ -252,6 +252,18 @@ TEST_F(EagerTest, KernelInstancesAreCached) {
   EXPECT_EQ(s1.cache_hits - s0.cache_hits, 10u);
   relu(rnd({4, 3}, -1, 1, false));  // a new shape is a new instance
   EXPECT_EQ(dispatch_stats().cache_misses, s1.cache_misses + 1);
+  // Index values (data) are not part of the key; shape-like values (a Reshape's shape, ReduceSum's axes) are.
+  Tensor table = rnd({5, 2}, -1, 1, false);
+  embedding(table, from_vector(std::vector<int64_t>{0, 1}, {2}));
+  DispatchStats s2 = dispatch_stats();
+  auto got = embedding(table, from_vector(std::vector<int64_t>{4, 3}, {2})).to_vector<double>();
+  EXPECT_EQ(dispatch_stats().cache_misses, s2.cache_misses);
+  auto t = table.to_vector<double>();
+  EXPECT_EQ(got, (std::vector<double>{t[8], t[9], t[6], t[7]}));
+  sum(table, {0});
+  DispatchStats s3 = dispatch_stats();
+  sum(table, {1});
+  EXPECT_EQ(dispatch_stats().cache_misses, s3.cache_misses + 1);
 }
 
 TEST_F(EagerTest, AutocastPolicy) {
