@@ -21,6 +21,12 @@ StatusOr<std::string> gunzip(std::string_view compressed, const std::string& ori
   // 32 + MAX_WBITS: accept a gzip or a zlib header.
   if (inflateInit2(&zs, 32 + MAX_WBITS) != Z_OK) return internal_error(origin + ": zlib inflateInit2 failed");
   std::string out;
+  // The gzip trailer holds the inflated size (mod 2^32): reserve it once instead of growing the buffer.
+  if (compressed.size() >= 18 && static_cast<unsigned char>(compressed[0]) == 0x1f) {
+    const auto* t = reinterpret_cast<const unsigned char*>(compressed.data() + compressed.size() - 4);
+    const uint64_t isize = uint64_t{t[0]} | (uint64_t{t[1]} << 8) | (uint64_t{t[2]} << 16) | (uint64_t{t[3]} << 24);
+    if (isize <= max_bytes) out.reserve(isize);
+  }
   zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(compressed.data()));
   zs.avail_in = static_cast<uInt>(compressed.size());
   if (compressed.size() > UINT32_MAX) {

@@ -4,7 +4,8 @@
 // BatchNorm's running statistics) and child modules. Names are dotted paths ("features.0.weight") in registration
 // order, the order PyTorch gives, so state dicts line up with a PyTorch model of the same structure.
 // Parameters live in slots with stable addresses: a layer keeps pointers to its own slots, so moving a module to
-// another device (to()) or loading a state dict updates what forward() uses.
+// another device (to()) or loading a state dict updates what forward() uses. to() replaces the parameter tensors
+// (as PyTorch's does for a device change): move a module before building its optimizer.
 //
 // Initialisation follows PyTorch's defaults and draws from the global generator (eager::manual_seed):
 // Linear/Conv2D/ConvTranspose2D weights kaiming_uniform(a = sqrt(5)) = U(-1/sqrt(fan_in), 1/sqrt(fan_in)), biases

@@ -329,6 +329,10 @@ StatusOr<GraphEval> quantize_and_evaluate(Environment& env, const Graph& fp32, c
 namespace {
 
 int run_train(Globals& g, const TrainArgs& a) {
+  // Eager training runs many short parallel regions: OpenMP threads (oneDNN's) that spin between them starve the
+  // training thread on a busy machine. Sleep instead unless the user chose a policy; libgomp reads this when the
+  // oneDNN plugin loads it, so before the environment discovers plugins (as eager's default environment does).
+  setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
   auto env_u = make_environment(g);
   if (!env_u) return 1;
   std::shared_ptr<Environment> env(std::move(env_u));
