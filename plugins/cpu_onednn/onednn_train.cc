@@ -184,22 +184,26 @@ class ConvGradKernel : public Kernel {
     dnnl::convolution_forward::primitive_desc fpd(fd, eng);
     if (want_dw_ || want_db_) {
       if (!want_dw_) throw Reject{"dB without dW"};
+      // The primitive's layout for dY first (measured on the SimpleCNN's first layer: the blocked implementation plus
+      // the reorder of dY costs 25% less CPU time than gemm:jit on the plain layout, and bf16 has no fast plain
+      // one); the plain layout when oneDNN refuses, then without the bias.
       std::unique_ptr<dnnl::convolution_backward_weights::primitive_desc> wpd;
-      if (want_db_) {
-        try {
-          dnnl::convolution_backward_weights::desc wd(dnnl::algorithm::convolution_direct, src_any, wei_any, bias_md,
-                                                      dst_any, st, dl, pl, prr);
-          wpd = std::make_unique<dnnl::convolution_backward_weights::primitive_desc>(wd, eng, fpd);
-          p->bias_in_prim = true;
-        } catch (const dnnl::error&) {
-          wpd.reset();
+      for (const dnnl::memory::desc* ddst : {&dst_any, &dst_plain}) {
+        for (bool with_bias : {want_db_, false}) {
+          if (wpd) break;
+          try {
+            auto wd = with_bias ? dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src_any,
+                                                                           wei_any, bias_md, *ddst, st, dl, pl, prr)
+                                : dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src_any,
+                                                                           wei_any, *ddst, st, dl, pl, prr);
+            wpd = std::make_unique<dnnl::convolution_backward_weights::primitive_desc>(wd, eng, fpd);
+            p->bias_in_prim = with_bias;
+          } catch (const dnnl::error&) {
+            wpd.reset();
+          }
         }
       }
-      if (!wpd) {
-        dnnl::convolution_backward_weights::desc wd(dnnl::algorithm::convolution_direct, src_any, wei_any, dst_any, st,
-                                                    dl, pl, prr);
-        wpd = std::make_unique<dnnl::convolution_backward_weights::primitive_desc>(wd, eng, fpd);
-      }
+      if (!wpd) throw Reject{"oneDNN has no backward-weights convolution for this case"};
       p->w_src.make(src_plain, wpd->src_desc(), true);
       p->w_ddst.make(dst_plain, wpd->diff_dst_desc(), true);
       p->w_dwei.make(wei_plain, wpd->diff_weights_desc(), false);
