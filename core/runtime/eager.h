@@ -14,8 +14,9 @@
 // Errors: every op throws eager::Error (a Status inside) on bad input — shape or dtype mismatch, no kernel for the op
 // on the device, ... — with a message naming the op and the problem. Nothing aborts.
 //
-// Threading: the environment, the kernel cache and the generator are process-wide and internally synchronised
-// (two threads may run eager ops at once; one kernel instance is never computed from two threads at once).
+// Threading: the environment and the kernel cache are process-wide and internally synchronised (two threads may run
+// eager ops at once; one kernel instance is never computed from two threads at once); the global generator is not
+// (randn, rand_uniform and dropout draw from it: call them from one thread at a time).
 // NoGradGuard, AutocastGuard and Tracer are thread-local: they affect the ops of the thread that made them.
 // A Tensor is a handle: copies share data and autograd state; reading one Tensor from several threads is safe,
 // mutating it (requires_grad_, set_grad, copy_, backward) needs external synchronisation.
