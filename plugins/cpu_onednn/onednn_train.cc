@@ -7,6 +7,7 @@
 // never compete with the plugin's f32 inference kernels. Each kernel rejects (UNIMPLEMENTED) what it does not
 // handle and the core falls back to the reference kernels, which are the oracle tests/device_conformance checks
 // these against.
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -68,6 +69,92 @@ struct Bound {
     if (reorder) to_user.execute(stream(), prim, user);
   }
 };
+
+// ---------------------------------------------------------------------------------------------- AVX-512 rows
+
+// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own _mm512_undefined_* placeholders (GCC bug 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+// One row of 2x2/stride-2 max-pool backward: windows [ow, ow+16k) of rows r0/r1 (2*OW wide), dY g, dX rows d0/d1.
+// Each window's dY goes to its first maximum (a, b, c, d order; comparisons false on NaN, as the scalar code).
+// Does the whole row (the last < 16 windows with masked loads and stores); returns OW.
+__attribute__((target("avx512f,avx512bw,bmi2"))) int64_t pool2x2_grad_row_f32(const float* r0, const float* r1,
+                                                                              const float* g, float* d0, float* d1,
+                                                                              int64_t OW) {
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+  for (int64_t ow = 0; ow < OW; ow += 16) {
+    // 16 windows, or the n < 16 left (masked: lanes past the row are neither read nor written).
+    const int64_t n = std::min<int64_t>(16, OW - ow);
+    const __mmask16 kg = static_cast<__mmask16>((1u << n) - 1);
+    const __mmask16 k0 = static_cast<__mmask16>(n >= 8 ? 0xffffu : (1u << (2 * n)) - 1);
+    const __mmask16 k1 = static_cast<__mmask16>(n <= 8 ? 0u : (1u << (2 * n - 16)) - 1);
+    const __m512 x0 = _mm512_maskz_loadu_ps(k0, r0 + 2 * ow), x1 = _mm512_maskz_loadu_ps(k1, r0 + 2 * ow + 16);
+    const __m512 y0 = _mm512_maskz_loadu_ps(k0, r1 + 2 * ow), y1 = _mm512_maskz_loadu_ps(k1, r1 + 2 * ow + 16);
+    const __m512 a = _mm512_permutex2var_ps(x0, even, x1), b = _mm512_permutex2var_ps(x0, odd, x1);
+    const __m512 c = _mm512_permutex2var_ps(y0, even, y1), d = _mm512_permutex2var_ps(y0, odd, y1);
+    const __mmask16 sb = _mm512_cmp_ps_mask(b, a, _CMP_GT_OQ);
+    const __m512 m1 = _mm512_mask_mov_ps(a, sb, b);
+    const __mmask16 sc = _mm512_cmp_ps_mask(c, m1, _CMP_GT_OQ);
+    const __m512 m2 = _mm512_mask_mov_ps(m1, sc, c);
+    const __mmask16 sd = _mm512_cmp_ps_mask(d, m2, _CMP_GT_OQ);
+    const __mmask16 wd = sd, wc = static_cast<__mmask16>(sc & ~sd), wb = static_cast<__mmask16>(sb & ~sc & ~sd);
+    const __mmask16 wa = static_cast<__mmask16>(~(wb | wc | wd));
+    const __m512 gv = _mm512_maskz_loadu_ps(kg, g + ow);
+    const __m512 oa = _mm512_maskz_mov_ps(wa, gv), ob = _mm512_maskz_mov_ps(wb, gv);
+    const __m512 oc = _mm512_maskz_mov_ps(wc, gv), od = _mm512_maskz_mov_ps(wd, gv);
+    _mm512_mask_storeu_ps(d0 + 2 * ow, k0, _mm512_permutex2var_ps(oa, lo, ob));
+    _mm512_mask_storeu_ps(d0 + 2 * ow + 16, k1, _mm512_permutex2var_ps(oa, hi, ob));
+    _mm512_mask_storeu_ps(d1 + 2 * ow, k0, _mm512_permutex2var_ps(oc, lo, od));
+    _mm512_mask_storeu_ps(d1 + 2 * ow + 16, k1, _mm512_permutex2var_ps(oc, hi, od));
+  }
+  return OW;
+}
+
+__attribute__((target("avx512f,avx512bw,bmi2"))) inline __m512 bf16x16_to_f32(__m256i v) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+}
+
+__attribute__((target("avx512f,avx512bw,bmi2"))) int64_t pool2x2_grad_row_bf16(const uint16_t* r0, const uint16_t* r1,
+                                                                               const uint16_t* g, uint16_t* d0,
+                                                                               uint16_t* d1, int64_t OW) {
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  // Each of 16 dY values twice: lanes 2j and 2j+1 take g[j].
+  const __m512i dup = _mm512_set_epi16(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8, 7, 7, 6, 6, 5, 5,
+                                       4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+  for (int64_t ow = 0; ow < OW; ow += 16) {
+    const int64_t n = std::min<int64_t>(16, OW - ow);
+    const __mmask32 kg = static_cast<__mmask32>((1u << n) - 1);
+    const __mmask32 kin = static_cast<__mmask32>(n == 16 ? 0xffffffffu : (1u << (2 * n)) - 1);
+    const __m512i xr = _mm512_maskz_loadu_epi16(kin, r0 + 2 * ow), yr = _mm512_maskz_loadu_epi16(kin, r1 + 2 * ow);
+    const __m512 x0 = bf16x16_to_f32(_mm512_castsi512_si256(xr)), x1 = bf16x16_to_f32(_mm512_extracti64x4_epi64(xr, 1));
+    const __m512 y0 = bf16x16_to_f32(_mm512_castsi512_si256(yr)), y1 = bf16x16_to_f32(_mm512_extracti64x4_epi64(yr, 1));
+    const __m512 a = _mm512_permutex2var_ps(x0, even, x1), b = _mm512_permutex2var_ps(x0, odd, x1);
+    const __m512 c = _mm512_permutex2var_ps(y0, even, y1), d = _mm512_permutex2var_ps(y0, odd, y1);
+    const __mmask16 sb = _mm512_cmp_ps_mask(b, a, _CMP_GT_OQ);
+    const __m512 m1 = _mm512_mask_mov_ps(a, sb, b);
+    const __mmask16 sc = _mm512_cmp_ps_mask(c, m1, _CMP_GT_OQ);
+    const __m512 m2 = _mm512_mask_mov_ps(m1, sc, c);
+    const __mmask16 sd = _mm512_cmp_ps_mask(d, m2, _CMP_GT_OQ);
+    const uint32_t wd = sd, wc = sc & ~sd & 0xffffu, wb = sb & ~sc & ~sd & 0xffffu;
+    const uint32_t wa = ~(wb | wc | wd) & 0xffffu;
+    const __m512i gg = _mm512_permutexvar_epi16(dup, _mm512_maskz_loadu_epi16(kg, g + ow));
+    const __mmask32 k0 = (_pdep_u32(wa, 0x55555555u) | _pdep_u32(wb, 0xaaaaaaaau)) & kin;
+    const __mmask32 k1 = (_pdep_u32(wc, 0x55555555u) | _pdep_u32(wd, 0xaaaaaaaau)) & kin;
+    _mm512_mask_storeu_epi16(d0 + 2 * ow, kin, _mm512_maskz_mov_epi16(k0, gg));
+    _mm512_mask_storeu_epi16(d1 + 2 * ow, kin, _mm512_maskz_mov_epi16(k1, gg));
+  }
+  return OW;
+}
+
+#pragma GCC diagnostic pop
+
+const bool kHaveAvx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("bmi2");
 
 // ---------------------------------------------------------------------------------------------- ConvGrad
 
@@ -491,7 +578,12 @@ class MaxPoolGradKernel : public Kernel {
         const U* gb = reinterpret_cast<const U*>(g);
         U* e0 = reinterpret_cast<U*>(d0);
         U* e1 = reinterpret_cast<U*>(d1);
-        for (int64_t ow = 0; ow < OW; ++ow) {
+        int64_t ow0 = 0;
+        if (kHaveAvx512) {
+          if constexpr (std::is_same_v<T, float>) ow0 = pool2x2_grad_row_f32(r0, r1, g, d0, d1, OW);
+          else ow0 = pool2x2_grad_row_bf16(r0, r1, g, d0, d1, OW);
+        }
+        for (int64_t ow = ow0; ow < OW; ++ow) {
           const float a = val(r0[2 * ow]), b = val(r0[2 * ow + 1]), c = val(r1[2 * ow]), d = val(r1[2 * ow + 1]);
           // The first maximum in window order (a, b, c, d), as the forward and the reference pick it.
           const U sb = static_cast<U>(0u - static_cast<U>(b > a));
