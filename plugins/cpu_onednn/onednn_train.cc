@@ -703,6 +703,45 @@ class EltPoolBf16Kernel : public Kernel {
   PlanCache<Plan> plans_;
 };
 
+// Cast between f32 and bf16 (autocast casts weights and activations every step) on a oneDNN reorder; every other
+// pair of dtypes is left to the next kernel.
+class CastBf16Kernel : public Kernel {
+ public:
+  void setup(Ctx& c) override {
+    const int32_t in = c.dtype(0), out = c.output_dtype(0);
+    if (!((in == KEEL_DTYPE_F32 && out == KEEL_DTYPE_BF16) || (in == KEEL_DTYPE_BF16 && out == KEEL_DTYPE_F32)))
+      throw Reject{"f32 <-> bf16 only"};
+    in_ = dnnl_dtype(in);
+    out_ = dnnl_dtype(out);
+  }
+  struct Plan {
+    std::unique_ptr<dnnl::reorder> prim;
+    dnnl::memory src, dst;
+  };
+  void run(Ctx& c) override {
+    Dims d = c.dims(0);
+    keel_tensor_t* o = c.output(0, d);
+    if (numel(d) == 0) return;
+    Dims flat = {numel(d)};
+    Plan& p = plans_.get(shape_key(c), [&] {
+      auto pl = std::make_unique<Plan>();
+      auto& eng = engine();
+      pl->src = dnnl::memory(plain_md(flat, in_), eng, nullptr);
+      pl->dst = dnnl::memory(plain_md(flat, out_), eng, nullptr);
+      pl->prim = std::make_unique<dnnl::reorder>(pl->src, pl->dst);
+      return pl;
+    });
+    bind(p.src, c.input(0)->data);
+    bind(p.dst, o->data);
+    p.prim->execute(stream(), p.src, p.dst);
+    stream().wait();
+  }
+
+ private:
+  dt in_ = dt::f32, out_ = dt::bf16;
+  PlanCache<Plan> plans_;
+};
+
 // ---------------------------------------------------------------------------------------------- cross-entropy
 
 // SoftmaxCrossEntropyLoss (scores [N, C] f32, int64 labels, no weights) fused: one pass per row computes the
@@ -824,6 +863,8 @@ const std::vector<TrainKernel>& train_kernels() {
       {"", "MatMul", 1, "onednn_bf16_matmul", {KEEL_DTYPE_BF16}, [] { return static_cast<Kernel*>(new MatMulBf16Kernel(false)); }},
       {"", "Relu", 1, "onednn_bf16_relu", {KEEL_DTYPE_BF16}, [] { return static_cast<Kernel*>(new EltPoolBf16Kernel(false)); }},
       {"", "MaxPool", 1, "onednn_bf16_maxpool", {KEEL_DTYPE_BF16}, [] { return static_cast<Kernel*>(new EltPoolBf16Kernel(true)); }},
+      // Cast's type parameters are T1/T2 (no "T"): the kernel itself rejects other dtype pairs at create.
+      {"", "Cast", 13, "onednn_bf16_cast", {KEEL_DTYPE_F32, KEEL_DTYPE_BF16}, [] { return static_cast<Kernel*>(new CastBf16Kernel); }},
   };
   return k;
 }

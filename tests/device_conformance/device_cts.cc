@@ -415,6 +415,19 @@ void add_training_cases(std::vector<OpCase>& v) {
       v.push_back(o);
     }
   }
+  for (DType from : {DType::kF32, DType::kBF16}) {  // autocast's casts
+    for (Shape s : {Shape{10, 5408}, Shape{3, 5}}) {
+      OpCase o;
+      o.op = "Cast";
+      o.dtype = from;
+      DType to = from == DType::kF32 ? DType::kBF16 : DType::kF32;
+      o.label = std::string(dtype_name(from)) + "->" + dtype_name(to) + " " + shape_label(s);
+      o.inputs = {in("X", s, false, -100.f, 100.f)};
+      o.attrs = {{"to", I(static_cast<int64_t>(to))}};
+      o.atol = 0, o.rtol = 0;  // round to nearest even, both sides
+      v.push_back(o);
+    }
+  }
   for (const char* red : {"mean", "sum", "none"}) {
     for (Shape s : {Shape{64, 10}, Shape{5, 3}}) {
       std::vector<int64_t> labels(static_cast<size_t>(s[0]));
