@@ -33,6 +33,46 @@ OpSchema fused(const char* name, const char* doc) {
   return s;
 }
 
+// A backward (training) op: inputs and outputs of type T (float) unless named in `int_inputs` (type Tind, int32/64).
+// Output i takes its element type from input 0 and its shape from `shape_from[i]`: an input index, -1 (unknown),
+// kDim0Of2 ([dim 0 of input 2]: a conv bias) or kDim1Of0 ([dim 1 of input 0]: per-channel statistics).
+constexpr int kDim0Of2 = -2;
+constexpr int kDim1Of0 = -3;
+struct GradIO {
+  const char* name;
+  bool optional = false;
+  bool integer = false;
+};
+void register_grad_op(const char* name, const char* doc, std::vector<GradIO> ins, std::vector<GradIO> outs,
+                      std::vector<int> shape_from) {
+  OpSchema s;
+  s.SetName(name).SetDomain("keel").SinceVersion(1).SetDoc(doc).AllowUncheckedAttributes();
+  s.TypeConstraint("T", float_types(), "float tensors");
+  s.TypeConstraint("Tind", {"tensor(int32)", "tensor(int64)"}, "indices / labels");
+  for (size_t i = 0; i < ins.size(); ++i)
+    s.Input(static_cast<int>(i), ins[i].name, "", ins[i].integer ? "Tind" : "T",
+            ins[i].optional ? OpSchema::Optional : OpSchema::Single);
+  for (size_t i = 0; i < outs.size(); ++i)
+    s.Output(static_cast<int>(i), outs[i].name, "", "T", outs[i].optional ? OpSchema::Optional : OpSchema::Single);
+  s.TypeAndShapeInferenceFunction([shape_from](onnx::InferenceContext& ctx) {
+    for (size_t i = 0; i < ctx.getNumOutputs() && i < shape_from.size(); ++i) {
+      onnx::propagateElemTypeFromInputToOutput(ctx, 0, i);
+      int from = shape_from[i];
+      if (from >= 0 && static_cast<size_t>(from) < ctx.getNumInputs() && onnx::hasInputShape(ctx, from)) {
+        onnx::propagateShapeFromInputToOutput(ctx, from, i);
+      } else if ((from == kDim0Of2 && ctx.getNumInputs() > 2 && onnx::hasInputShape(ctx, 2)) ||
+                 (from == kDim1Of0 && onnx::hasInputShape(ctx, 0))) {
+        const auto& in = ctx.getInputType(from == kDim0Of2 ? 2 : 0)->tensor_type().shape();
+        int d = from == kDim0Of2 ? 0 : 1;
+        if (in.dim_size() <= d) continue;
+        auto* out = ctx.getOutputType(i)->mutable_tensor_type()->mutable_shape();
+        *out->add_dim() = in.dim(d);
+      }
+    }
+  });
+  register_one(s);
+}
+
 }  // namespace
 
 void register_keel_schemas() {
@@ -126,6 +166,36 @@ void register_keel_schemas() {
       *out->add_dim() = b.dim(trans ? 0 : 1);
     });
     register_one(qgemm);
+    // --- backward (training) ops: the gradient rules of ops/gradients.cc emit them; reference kernels in
+    // ops/reference/grad.cc, oneDNN ones in plugins/cpu_onednn/onednn_train.cc ---
+    register_grad_op("ConvGrad", "gradients of Conv(X, W, B) from dY, Conv's attributes; the output spatial size is "
+                     "dY's. Outputs: dX, dW, dB (each optional)",
+                     {{"dY"}, {"X"}, {"W"}}, {{"dX", true}, {"dW", true}, {"dB", true}}, {1, 2, kDim0Of2});
+    register_grad_op("MaxPoolGrad", "dX of MaxPool(X) (MaxPool's attributes): dY goes to the first maximum of each window",
+                     {{"dY"}, {"X"}}, {{"dX"}}, {1});
+    register_grad_op("AveragePoolGrad", "dX of AveragePool (its attributes plus input_shape)", {{"dY"}}, {{"dX"}}, {-1});
+    register_grad_op("ReluGrad", "dY * (Y > 0)", {{"dY"}, {"Y"}}, {{"dX"}}, {0});
+    register_grad_op("SigmoidGrad", "dY * Y * (1 - Y)", {{"dY"}, {"Y"}}, {{"dX"}}, {0});
+    register_grad_op("TanhGrad", "dY * (1 - Y^2)", {{"dY"}, {"Y"}}, {{"dX"}}, {0});
+    register_grad_op("GeluGrad", "dY * d/dX gelu(X) (erf form)", {{"dY"}, {"X"}}, {{"dX"}}, {0});
+    register_grad_op("LeakyReluGrad", "dY * (X > 0 ? 1 : alpha)", {{"dY"}, {"X"}}, {{"dX"}}, {0});
+    register_grad_op("SoftmaxCrossEntropyLossGrad",
+                     "dScores of SoftmaxCrossEntropyLoss from dLoss, log_prob and labels (reduction, ignore_index)",
+                     {{"dLoss"}, {"log_prob"}, {"labels", false, true}, {"weights", true}}, {{"dScores"}}, {1});
+    register_grad_op("BatchNormTraining",
+                     "batch normalisation with batch statistics over all axes but 1 (epsilon): Y, mean, invstd and "
+                     "the unbiased variance (for running estimates)",
+                     {{"X"}, {"scale"}, {"B"}}, {{"Y"}, {"mean", true}, {"invstd", true}, {"var", true}},
+                     {0, kDim1Of0, kDim1Of0, kDim1Of0});
+    register_grad_op("BatchNormGrad", "dX, dScale, dB of BatchNormTraining from dY, X, scale, mean, invstd",
+                     {{"dY"}, {"X"}, {"scale"}, {"mean"}, {"invstd"}}, {{"dX", true}, {"dScale", true}, {"dB", true}},
+                     {1, 2, 2});
+    register_grad_op("LayerNormGrad",
+                     "dX, dScale, dB of LayerNormalization(axis) from dY, X, scale, Mean, InvStdDev",
+                     {{"dY"}, {"X"}, {"scale"}, {"mean"}, {"invstd"}}, {{"dX", true}, {"dScale", true}, {"dB", true}},
+                     {1, 2, 2});
+    register_grad_op("GatherGrad", "dData of Gather(data, indices, axis): dY scattered (added) into data_shape",
+                     {{"dY"}, {"indices", false, true}}, {{"dData"}}, {-1});
   });
 }
 

@@ -11,6 +11,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libonnx-dev libprotobuf-dev protobuf-compiler libonnx-testdata python3-onnx python3-numpy
   libcli11-dev libspdlog-dev nlohmann-json3-dev
+  zlib1g-dev dataset-fashion-mnist
 )
 missing=()
 for p in "${packages[@]}"; do

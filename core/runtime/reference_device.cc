@@ -6,6 +6,7 @@
 
 #include "core/base/status.h"
 #include "ops/reference/fused_kernels.h"
+#include "ops/reference/grad_kernels.h"
 #include "ops/reference/reference_kernels.h"
 
 namespace keel {
@@ -56,7 +57,8 @@ keel_status_t reference_init(const keel_host_api_t* host, keel_plugin_handle_t* 
   t.device_synchronize = cpu_sync;
   if (keel_status_t st = host->register_device(plugin, &t)) return st;
   if (keel_status_t st = ops::register_reference_kernels(host, plugin)) return st;
-  return ops::register_fused_reference_kernels(host, plugin);
+  if (keel_status_t st = ops::register_fused_reference_kernels(host, plugin)) return st;
+  return ops::register_grad_reference_kernels(host, plugin);
 }
 
 const keel_plugin_t kReferencePlugin = {

@@ -145,4 +145,7 @@ struct Options {
 };
 extern Options g_options;
 
+// The training kernels of onednn_train.cc (keel-domain backward ops, bf16 forward ops), registered from init.
+keel_status_t register_train_kernels(const keel_host_api_t* host, keel_plugin_handle_t* plugin);
+
 }  // namespace keel::onednn

@@ -486,6 +486,102 @@ void add_qdq_cases(std::vector<OpCase>& v) {
   }
 }
 
+// The keel-domain backward ops of training (ops/gradients.cc emits them) and the fused cross-entropy, in f32 and
+// bf16 (autocast): every output of each is compared, one case per output.
+void add_training_cases(std::vector<OpCase>& v) {
+  struct Cv { int64_t N, C, H, W, M, k, s, p, g; };
+  const Cv cs[] = {{4, 1, 28, 28, 32, 3, 1, 0, 1}, {2, 3, 9, 11, 8, 3, 2, 1, 1}, {1, 4, 8, 8, 6, 3, 1, 1, 2},
+                   {2, 16, 7, 7, 16, 1, 1, 0, 1}, {1, 8, 10, 9, 5, 5, 1, 2, 1}};
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (const Cv& c : cs) {
+      const int64_t oh = (c.H + 2 * c.p - c.k) / c.s + 1, ow = (c.W + 2 * c.p - c.k) / c.s + 1;
+      for (size_t out = 0; out < 3; ++out) {
+        OpCase o;
+        o.op = "ConvGrad";
+        o.domain = "keel";
+        o.dtype = dt;
+        o.output = out;
+        o.num_outputs = 3;
+        std::ostringstream l;
+        l << dtype_name(dt) << " N=" << c.N << " C=" << c.C << " H=" << c.H << " W=" << c.W << " M=" << c.M
+          << " k=" << c.k << " s=" << c.s << " p=" << c.p << " g=" << c.g << " output=" << out;
+        o.label = l.str();
+        o.inputs = {in("dY", {c.N, c.M, oh, ow}), in("X", {c.N, c.C, c.H, c.W}), in("W", {c.M, c.C / c.g, c.k, c.k})};
+        o.attrs = {{"kernel_shape", Is({c.k, c.k})}, {"strides", Is({c.s, c.s})}, {"pads", Is({c.p, c.p, c.p, c.p})},
+                   {"group", I(c.g)}};
+        if (dt == DType::kBF16) o.rtol = 2e-2, o.atol = 2e-2;
+        else o.rtol = 1e-3, o.atol = 1e-4;
+        v.push_back(o);
+      }
+    }
+    struct Pl { Shape x; int64_t k, s, p; };
+    for (const Pl& p : {Pl{{4, 32, 26, 26}, 2, 2, 0}, Pl{{2, 3, 7, 9}, 2, 2, 0}, Pl{{2, 3, 35, 69}, 2, 2, 0}, Pl{{1, 4, 9, 9}, 3, 2, 1}, Pl{{2, 2, 6, 6}, 3, 1, 0}}) {
+      OpCase o;
+      o.op = "MaxPoolGrad";
+      o.domain = "keel";
+      o.dtype = dt;
+      Shape y = {p.x[0], p.x[1], (p.x[2] + 2 * p.p - p.k) / p.s + 1, (p.x[3] + 2 * p.p - p.k) / p.s + 1};
+      o.label = std::string(dtype_name(dt)) + " X=" + shape_label(p.x) + " k=" + std::to_string(p.k) + " s=" +
+                std::to_string(p.s) + " p=" + std::to_string(p.p);
+      o.inputs = {in("dY", y), in("X", p.x)};
+      o.attrs = {{"kernel_shape", Is({p.k, p.k})}, {"strides", Is({p.s, p.s})}, {"pads", Is({p.p, p.p, p.p, p.p})}};
+      o.atol = 0, o.rtol = 0;  // dY is routed, not computed: exact (up to bf16 sums where windows overlap)
+      if (dt == DType::kBF16 && p.k > p.s) o.rtol = 1e-2, o.atol = 1e-2;
+      v.push_back(o);
+    }
+    for (Shape s : {Shape{4, 32, 26, 26}, Shape{3, 7}, Shape{1000}}) {
+      OpCase o;
+      o.op = "ReluGrad";
+      o.domain = "keel";
+      o.dtype = dt;
+      o.label = std::string(dtype_name(dt)) + " " + shape_label(s);
+      o.inputs = {in("dY", s), in("Y", s, false, -1.f, 1.f)};
+      o.atol = 0, o.rtol = 0;
+      v.push_back(o);
+    }
+  }
+  for (DType from : {DType::kF32, DType::kBF16}) {  // autocast's casts
+    for (Shape s : {Shape{10, 5408}, Shape{3, 5}}) {
+      OpCase o;
+      o.op = "Cast";
+      o.dtype = from;
+      DType to = from == DType::kF32 ? DType::kBF16 : DType::kF32;
+      o.label = std::string(dtype_name(from)) + "->" + dtype_name(to) + " " + shape_label(s);
+      o.inputs = {in("X", s, false, -100.f, 100.f)};
+      o.attrs = {{"to", I(static_cast<int64_t>(to))}};
+      o.atol = 0, o.rtol = 0;  // round to nearest even, both sides
+      v.push_back(o);
+    }
+  }
+  for (const char* red : {"mean", "sum", "none"}) {
+    for (Shape s : {Shape{64, 10}, Shape{5, 3}}) {
+      std::vector<int64_t> labels(static_cast<size_t>(s[0]));
+      for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int64_t>((i * 7 + 3) % static_cast<size_t>(s[1]));
+      Tensor lt = Tensor::from_vector(DType::kI64, {s[0]}, labels);
+      for (size_t out = 0; out < 2; ++out) {
+        OpCase o;
+        o.op = "SoftmaxCrossEntropyLoss";
+        o.label = std::string("reduction=") + red + " scores=" + shape_label(s) + " output=" + std::to_string(out);
+        o.inputs = {in("scores", s, false, -4.f, 4.f), in("labels", {s[0]}, true)};
+        o.int64_constants = {{1, lt}};
+        o.attrs = {{"reduction", S(red)}};
+        o.num_outputs = 2;
+        o.output = out;
+        v.push_back(o);
+      }
+      OpCase o;
+      o.op = "SoftmaxCrossEntropyLossGrad";
+      o.domain = "keel";
+      o.label = std::string("reduction=") + red + " log_prob=" + shape_label(s);
+      o.inputs = {in("dLoss", std::string(red) == "none" ? Shape{s[0]} : Shape{}), in("log_prob", s, false, -5.f, -0.01f),
+                  in("labels", {s[0]}, true)};
+      o.int64_constants = {{2, lt}};
+      o.attrs = {{"reduction", S(red)}};
+      v.push_back(o);
+    }
+  }
+}
+
 std::vector<OpCase> make_cases() {
   std::vector<OpCase> v;
   add_conv_cases(v);
@@ -497,6 +593,7 @@ std::vector<OpCase> make_cases() {
   add_layout_cases(v);
   add_int8_cases(v);
   add_qdq_cases(v);
+  add_training_cases(v);
   return v;
 }
 
@@ -551,16 +648,21 @@ Built build(const OpCase& c) {
     Tensor t = make_input(s, seed_of(c, i));
     for (const auto& [index, value] : c.int64_constants)
       if (index == i) t = value;
+    if (t.dtype() == DType::kF32 && c.dtype == DType::kBF16) {
+      Tensor h = Tensor::host(DType::kBF16, t.shape()).value();
+      for (int64_t j = 0; j < t.numel(); ++j) h.data<uint16_t>()[j] = f32_to_bf16(t.data<float>()[j]);
+      t = h;
+    }
     if (s.constant) {
       names.push_back(gb.constant(s.name, t));
     } else {
-      names.push_back(gb.input(s.name, s.dtype, s.shape));
+      names.push_back(gb.input(s.name, t.dtype(), s.shape));
       b.feeds.emplace_back(s.name, t);
     }
   }
   if (!c.domain.empty()) gb.graph().opsets[c.domain] = 1;
   auto outs = gb.op(c.op, names, c.attrs, c.num_outputs, c.domain);
-  gb.output(outs[0]);
+  gb.output(outs[c.output]);
   b.graph = gb.take();
   return b;
 }
@@ -645,7 +747,7 @@ Report run(Environment& dut, Environment& oracle, const Options& o) {
         r.message = "output " + std::string(dtype_name(got.output.dtype())) + " " + shape_label(got.output.shape()) +
                     ", reference " + dtype_name(ref.output.dtype()) + " " + shape_label(ref.output.shape());
       } else {
-        // Compared as doubles: f32 outputs, or integer outputs (int8 kernels) within c.int_tol.
+        // Compared as doubles: f32/bf16 outputs, or integer outputs (int8 kernels) within c.int_tol.
         auto as_double = [](const Tensor& t) {
           std::vector<double> d(static_cast<size_t>(t.numel()));
           for (int64_t i = 0; i < t.numel(); ++i) {
@@ -654,12 +756,13 @@ Report run(Environment& dut, Environment& oracle, const Options& o) {
               case DType::kI8: d[static_cast<size_t>(i)] = t.data<int8_t>()[i]; break;
               case DType::kI32: d[static_cast<size_t>(i)] = t.data<int32_t>()[i]; break;
               case DType::kI64: d[static_cast<size_t>(i)] = static_cast<double>(t.data<int64_t>()[i]); break;
+              case DType::kBF16: d[static_cast<size_t>(i)] = bf16_to_f32(t.data<uint16_t>()[i]); break;
               default: d[static_cast<size_t>(i)] = t.data<float>()[i]; break;
             }
           }
           return d;
         };
-        const bool integer = ref.output.dtype() != DType::kF32;
+        const bool integer = ref.output.dtype() != DType::kF32 && ref.output.dtype() != DType::kBF16;
         const std::vector<double> av = as_double(got.output), ev = as_double(ref.output);
         const double* a = av.data();
         const double* e = ev.data();

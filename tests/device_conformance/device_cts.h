@@ -46,8 +46,10 @@ struct OpCase {
   std::vector<std::pair<size_t, Tensor>> int64_constants;  // inputs (by index) given as these exact tensors
   size_t num_outputs = 1;  // outputs the node declares; only the first is compared
   double rtol = 1e-3, atol = 1e-4;  // |out - ref| <= atol * max(1, max|ref|) + rtol * |ref|
-  std::string domain;               // "" = ai.onnx; "keel" for Keel's own ops (opset 1)
-  double int_tol = 1;               // integer outputs: |out - ref| <= int_tol (1: requantisation may round apart)
+  std::string domain;          // "" = ai.onnx; "keel" for Keel's own ops (opset 1)
+  double int_tol = 1;          // integer outputs: |out - ref| <= int_tol (1: requantisation may round apart)
+  DType dtype = DType::kF32;   // of the float inputs (f32 or bf16; int64 inputs come from int64_constants)
+  size_t output = 0;           // which output is compared (the others are computed but not compared)
 };
 
 // The table of cases, in a fixed order (ops alphabetically grouped as listed in device_cts.cc).

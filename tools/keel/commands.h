@@ -45,6 +45,9 @@ void add_quantize_command(CLI::App& app, Globals& g);  // cmd_quantize.cc: `keel
 // The session passes of `keel run` / `keel bench` --passes (cmd_quantize.cc): "auto" = fuse_qdq when the graph has
 // DequantizeLinear nodes and the pass is installed (QDQ models run on int8 kernels), "none" = none, else a comma list.
 std::vector<std::string> session_passes(const std::string& spec, const Graph& graph, const Environment& env);
+// cmd_train.cc: `keel train` (SimpleCNN on Fashion-MNIST → trace → ONNX → INT8) and `keel plot` (scalar-log curves).
+void add_train_command(CLI::App& app, Globals& g);
+void add_plot_command(CLI::App& app, Globals& g);
 
 // `keel plugin-test MANIFEST` (cmd_plugin_test.cc): the plugin conformance kit (device CTS + models, per-op report).
 void add_plugin_test_command(CLI::App& app, Globals& g);

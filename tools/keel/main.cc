@@ -55,6 +55,8 @@ int main(int argc, char** argv) {
   add_optimize_command(app, g);
   add_prune_command(app, g);
   add_quantize_command(app, g);
+  add_train_command(app, g);
+  add_plot_command(app, g);
 
   try {
     app.parse(argc, argv);

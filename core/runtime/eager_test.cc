@@ -1,0 +1,402 @@
+// Eager tensors: dispatch, autograd (finite-difference gradient checks in f64 for every differentiable op of the
+// training API), no_grad, accumulation, errors, autocast, tracing to a graph that a Session runs.
+#include "core/runtime/eager.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <memory>
+
+#include "core/runtime/onnx_io.h"
+#include "core/runtime/session.h"
+
+namespace keel::eager {
+namespace {
+
+std::shared_ptr<Environment>& reference_env() {
+  static std::shared_ptr<Environment> e = [] {
+    EnvironmentOptions o;
+    o.discover_plugins = false;  // the reference device: the oracle, with f64 kernels
+    o.threads = 2;
+    return std::shared_ptr<Environment>(Environment::create(o).value());
+  }();
+  return e;
+}
+
+class EagerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { init(reference_env()); }
+};
+
+Tensor rnd(const Shape& s, double lo = -1, double hi = 1, bool grad = true) {
+  Tensor t = rand_uniform(s, static_cast<float>(lo), static_cast<float>(hi), DType::kF64);
+  if (grad) t.requires_grad_();
+  return t;
+}
+
+double to_double(const Tensor& t) { return t.to(DType::kF64).to_vector<double>()[0]; }
+
+// Checks d(sum(f(inputs) * W))/d(inputs) against central differences (W fixed random weights, so every output
+// element matters). Inputs are f64 leaves; `h` the step.
+void gradcheck(const std::string& what, const std::function<Tensor(const std::vector<Tensor>&)>& f,
+               std::vector<Tensor> inputs, double tol = 1e-6, double h = 1e-6) {
+  manual_seed(99);
+  Tensor y0 = f(inputs);
+  Tensor w = rand_uniform(y0.shape(), 0.5f, 1.5f, DType::kF64);
+  auto loss_of = [&](const std::vector<Tensor>& in) {
+    manual_seed(7);  // ops that draw from the generator (dropout) see the same draws every time
+    return sum(f(in) * w);
+  };
+  for (auto& t : inputs)
+    if (t.requires_grad()) t.zero_grad();
+  loss_of(inputs).backward();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].requires_grad()) continue;
+    ASSERT_TRUE(inputs[i].grad().defined()) << what << ": no gradient for input " << i;
+    auto analytic = inputs[i].grad().to_vector<double>();
+    auto base = inputs[i].to_vector<double>();
+    ASSERT_EQ(analytic.size(), base.size());
+    for (size_t j = 0; j < base.size(); ++j) {
+      auto probe = [&](double delta) {
+        auto v = base;
+        v[j] += delta;
+        std::vector<Tensor> in = inputs;
+        keel::Tensor d = keel::Tensor::from_vector(DType::kF64, inputs[i].shape(), v);
+        in[i] = Tensor(d, false);
+        NoGradGuard ng;
+        return to_double(loss_of(in));
+      };
+      double numeric = (probe(h) - probe(-h)) / (2 * h);
+      double scale = std::max({1.0, std::abs(numeric), std::abs(analytic[j])});
+      ASSERT_NEAR(analytic[j], numeric, tol * scale * 10 + 1e-7)
+          << what << ": input " << i << " element " << j << " of " << shape_to_string(inputs[i].shape());
+    }
+  }
+}
+
+using V = std::vector<Tensor>;
+
+TEST_F(EagerTest, ArithmeticWithBroadcasting) {
+  gradcheck("add", [](const V& v) { return v[0] + v[1]; }, {rnd({2, 3}), rnd({3})});
+  gradcheck("sub", [](const V& v) { return v[0] - v[1]; }, {rnd({2, 1, 3}), rnd({4, 1})});
+  gradcheck("mul", [](const V& v) { return v[0] * v[1]; }, {rnd({2, 3}), rnd({2, 1})});
+  gradcheck("div", [](const V& v) { return v[0] / v[1]; }, {rnd({2, 3}), rnd({3}, 1, 2)});
+  gradcheck("scalars", [](const V& v) { return (2.f - v[0] * 3.f) / 4.f + 1.f; }, {rnd({5})});
+  gradcheck("neg", [](const V& v) { return -v[0]; }, {rnd({4})});
+}
+
+TEST_F(EagerTest, UnaryOps) {
+  gradcheck("relu", [](const V& v) { return relu(v[0]); }, {rnd({3, 4})});
+  gradcheck("sigmoid", [](const V& v) { return sigmoid(v[0]); }, {rnd({3, 4})});
+  gradcheck("tanh", [](const V& v) { return tanh(v[0]); }, {rnd({3, 4})});
+  gradcheck("gelu", [](const V& v) { return gelu(v[0]); }, {rnd({3, 4}, -3, 3)});
+  gradcheck("leaky_relu", [](const V& v) { return leaky_relu(v[0], 0.2f); }, {rnd({3, 4})});
+  gradcheck("exp", [](const V& v) { return exp(v[0]); }, {rnd({6})});
+  gradcheck("log", [](const V& v) { return log(v[0]); }, {rnd({6}, 0.5, 2)});
+  gradcheck("sqrt", [](const V& v) { return sqrt(v[0]); }, {rnd({6}, 0.5, 2)});
+  gradcheck("abs", [](const V& v) { return abs(v[0]); }, {rnd({6})});
+  gradcheck("pow", [](const V& v) { return pow(v[0], 3.f); }, {rnd({6})});
+  gradcheck("clamp", [](const V& v) { return clamp(v[0], -0.5f, 0.5f); }, {rnd({8})});
+  gradcheck("softmax", [](const V& v) { return softmax(v[0], 1); }, {rnd({2, 5})});
+  gradcheck("log_softmax", [](const V& v) { return log_softmax(v[0], -1); }, {rnd({2, 5})});
+}
+
+TEST_F(EagerTest, LinearAlgebra) {
+  gradcheck("matmul", [](const V& v) { return matmul(v[0], v[1]); }, {rnd({3, 4}), rnd({4, 2})});
+  gradcheck("batched matmul", [](const V& v) { return matmul(v[0], v[1]); }, {rnd({2, 3, 4}), rnd({4, 2})});
+  gradcheck("linear", [](const V& v) { return linear(v[0], v[1], v[2]); }, {rnd({3, 4}), rnd({5, 4}), rnd({5})});
+  gradcheck("linear 3-D", [](const V& v) { return linear(v[0], v[1], v[2]); }, {rnd({2, 3, 4}), rnd({5, 4}), rnd({5})});
+  gradcheck("linear no bias", [](const V& v) { return linear(v[0], v[1], Tensor()); }, {rnd({3, 4}), rnd({5, 4})});
+}
+
+TEST_F(EagerTest, Convolution) {
+  gradcheck("conv2d", [](const V& v) { return conv2d(v[0], v[1], v[2]); }, {rnd({2, 2, 5, 5}), rnd({3, 2, 3, 3}), rnd({3})});
+  gradcheck("conv2d stride pad dilation",
+            [](const V& v) { return conv2d(v[0], v[1], v[2], {2, 1}, {1, 2}, {1, 2}); },
+            {rnd({1, 2, 6, 7}), rnd({2, 2, 3, 2}), rnd({2})});
+  gradcheck("conv2d groups", [](const V& v) { return conv2d(v[0], v[1], Tensor(), {1, 1}, {1, 1}, {1, 1}, 2); },
+            {rnd({1, 4, 4, 4}), rnd({6, 2, 3, 3})});
+  gradcheck("conv_transpose2d",
+            [](const V& v) { return conv_transpose2d(v[0], v[1], v[2], {2, 2}, {1, 0}, {1, 0}); },
+            {rnd({1, 2, 3, 4}), rnd({2, 3, 3, 2}), rnd({3})});
+  gradcheck("conv_transpose2d groups", [](const V& v) { return conv_transpose2d(v[0], v[1], Tensor(), {1, 1}, {0, 0}, {0, 0}, 2); },
+            {rnd({1, 4, 3, 3}), rnd({4, 1, 2, 2})});
+}
+
+TEST_F(EagerTest, Pooling) {
+  gradcheck("max_pool2d", [](const V& v) { return max_pool2d(v[0], {2, 2}); }, {rnd({2, 2, 4, 6})});
+  gradcheck("max_pool2d stride pad", [](const V& v) { return max_pool2d(v[0], {3, 3}, {2, 2}, {1, 1}); }, {rnd({1, 2, 5, 5})});
+  gradcheck("avg_pool2d", [](const V& v) { return avg_pool2d(v[0], {2, 2}); }, {rnd({2, 2, 4, 4})});
+  gradcheck("avg_pool2d pad", [](const V& v) { return avg_pool2d(v[0], {3, 3}, {2, 2}, {1, 1}); }, {rnd({1, 2, 5, 5})});
+  gradcheck("global_avg_pool2d", [](const V& v) { return global_avg_pool2d(v[0]); }, {rnd({2, 3, 3, 2})});
+}
+
+TEST_F(EagerTest, Normalisation) {
+  Tensor rm = zeros({3}, DType::kF64), rv = ones({3}, DType::kF64);
+  gradcheck("batch_norm train",
+            [&](const V& v) { return batch_norm(v[0], v[1], v[2], rm, rv, true); },
+            {rnd({4, 3, 2, 2}), rnd({3}, 0.5, 1.5), rnd({3})}, 1e-5);
+  gradcheck("batch_norm train NC", [&](const V& v) { return batch_norm(v[0], v[1], v[2], rm, rv, true); },
+            {rnd({5, 3}), rnd({3}, 0.5, 1.5), rnd({3})}, 1e-5);
+  Tensor em = rnd({3}, -0.2, 0.2, false), ev = rnd({3}, 0.5, 1.5, false);
+  gradcheck("batch_norm eval", [&](const V& v) { return batch_norm(v[0], v[1], v[2], em, ev, false); },
+            {rnd({2, 3, 2, 2}), rnd({3}), rnd({3})}, 1e-4, 1e-2);  // the reference kernel computes in f32
+  gradcheck("layer_norm", [](const V& v) { return layer_norm(v[0], 1, v[1], v[2]); }, {rnd({3, 5}), rnd({5}), rnd({5})}, 1e-4, 1e-3);  // scale read as f32
+  gradcheck("layer_norm 2 dims", [](const V& v) { return layer_norm(v[0], 2, v[1], v[2]); },
+            {rnd({2, 3, 4}), rnd({3, 4}), rnd({3, 4})}, 1e-4, 1e-3);
+}
+
+TEST_F(EagerTest, BatchNormRunningStatistics) {
+  Tensor x = from_vector(std::vector<float>{1, 2, 3, 4, 10, 20, 30, 40}, {4, 2});  // channel 0: 1,3,10,30; channel 1: 2,4,20,40
+  Tensor rm = zeros({2}), rv = ones({2});
+  batch_norm(x, Tensor(), Tensor(), rm, rv, true, 0.1f);
+  auto m = rm.to_vector<float>(), v = rv.to_vector<float>();
+  EXPECT_NEAR(m[0], 0.1 * 11.0, 1e-5);
+  EXPECT_NEAR(m[1], 0.1 * 16.5, 1e-5);
+  // unbiased variance of {1,3,10,30}: mean 11, squares 100+64+1+361 = 526, / 3
+  EXPECT_NEAR(v[0], 0.9 + 0.1 * 526.0 / 3.0, 1e-3);
+}
+
+TEST_F(EagerTest, ShapesAndReductions) {
+  gradcheck("reshape", [](const V& v) { return reshape(v[0], {3, -1}) * v[1]; }, {rnd({2, 3, 2}), rnd({3, 4})});
+  gradcheck("flatten", [](const V& v) { return flatten(v[0]); }, {rnd({2, 3, 2})});
+  gradcheck("transpose", [](const V& v) { return transpose(v[0], {2, 0, 1}); }, {rnd({2, 3, 4})});
+  gradcheck("concat", [](const V& v) { return concat({v[0], v[1]}, 1); }, {rnd({2, 3}), rnd({2, 2})});
+  gradcheck("sum all", [](const V& v) { return sum(v[0] * v[0]); }, {rnd({2, 3})});
+  gradcheck("sum axes", [](const V& v) { return sum(v[0], {0, 2}); }, {rnd({2, 3, 4})});
+  gradcheck("sum keepdims", [](const V& v) { return sum(v[0], {1}, true); }, {rnd({2, 3, 4})});
+  gradcheck("mean", [](const V& v) { return mean(v[0], {-1}); }, {rnd({2, 3, 4})});
+  gradcheck("mean all", [](const V& v) { return mean(v[0]); }, {rnd({2, 3})});
+  Tensor idx = from_vector(std::vector<int64_t>{0, 2, 2, 1}, {2, 2});
+  gradcheck("embedding", [&](const V& v) { return embedding(v[0], idx); }, {rnd({3, 4})});
+  gradcheck("dropout", [](const V& v) { return dropout(v[0], 0.3f, true); }, {rnd({20})});
+  gradcheck("cast round trip", [](const V& v) { return v[0].to(DType::kF32).to(DType::kF64); }, {rnd({4})}, 1e-2, 1e-3);
+}
+
+TEST_F(EagerTest, Losses) {
+  Tensor t = from_vector(std::vector<int64_t>{2, 0, 1}, {3});
+  for (const char* red : {"mean", "sum", "none"}) {
+    gradcheck(std::string("cross_entropy ") + red, [&](const V& v) { return cross_entropy(v[0], t, red); }, {rnd({3, 4})});
+    gradcheck(std::string("mse ") + red, [&](const V& v) { return mse_loss(v[0], v[1], red); }, {rnd({3, 2}), rnd({3, 2})});
+    gradcheck(std::string("bce ") + red, [&](const V& v) { return binary_cross_entropy_with_logits(v[0], v[1], red); },
+              {rnd({3, 2}, -3, 3), rnd({3, 2}, 0, 1)});
+  }
+}
+
+TEST_F(EagerTest, CrossEntropyValue) {
+  Tensor logits = from_vector(std::vector<float>{1, 2, 3, 1, 1, 1}, {2, 3});
+  Tensor t = from_vector(std::vector<int64_t>{2, 0}, {2});
+  double l0 = -(3 - std::log(std::exp(1.) + std::exp(2.) + std::exp(3.)));
+  double l1 = std::log(3.0);
+  EXPECT_NEAR(cross_entropy(logits, t).item(), (l0 + l1) / 2, 1e-5);
+  EXPECT_NEAR(cross_entropy(logits, t, "sum").item(), l0 + l1, 1e-5);
+}
+
+TEST_F(EagerTest, AccumulationNoGradAndGraphRelease) {
+  Tensor w = from_vector(std::vector<float>{1, 2, 3}, {3}).requires_grad_();
+  Tensor y = sum(w * w);
+  y.backward();
+  EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{2, 4, 6}));
+  sum(w * 2.f).backward();  // accumulates
+  EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{4, 6, 8}));
+  EXPECT_THROW(y.backward(), Error);  // the graph was freed
+  w.zero_grad();
+  EXPECT_FALSE(w.grad().defined());
+  {
+    NoGradGuard ng;
+    Tensor z = w * w;
+    EXPECT_FALSE(z.requires_grad());
+    EXPECT_TRUE(z.is_leaf());
+  }
+  EXPECT_TRUE(grad_enabled());
+  // Two leaves fed by one Add get separate gradient buffers.
+  Tensor a = ones({2}).requires_grad_(), b = ones({2}).requires_grad_();
+  sum(a + b).backward();
+  EXPECT_NE(a.grad().data().raw_data(), b.grad().data().raw_data());
+  // A gradient that flows along two paths is summed.
+  Tensor x = from_vector(std::vector<float>{3}, {1}).requires_grad_();
+  (x * x + x).backward();
+  EXPECT_FLOAT_EQ(x.grad().item(), 7.f);
+  Tensor d = (x * x).detach();
+  EXPECT_FALSE(d.requires_grad());
+}
+
+TEST_F(EagerTest, ErrorsNameTheProblem) {
+  Tensor a = zeros({2, 3}), b = zeros({4, 5});
+  try {
+    matmul(a, b);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("MatMul"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(conv2d(zeros({1, 3, 5, 5}), zeros({4, 2, 3, 3}), Tensor()), Error);
+  EXPECT_THROW(reshape(a, {4, -1}), Error);
+  EXPECT_THROW(cross_entropy(a, zeros({2}), "mean"), Error);  // float target
+  EXPECT_THROW(cross_entropy(a, from_vector(std::vector<int64_t>{0, 1}, {2}), "avg"), Error);
+  EXPECT_THROW(Tensor().shape(), Error);
+  EXPECT_THROW(zeros({2}).backward(), Error);
+  EXPECT_THROW(from_vector(std::vector<int64_t>{1}, {1}).requires_grad_(), Error);
+  EXPECT_THROW(set_device("no_such_device"), Error);
+  EXPECT_THROW(AutocastGuard(DType::kF32), Error);
+}
+
+TEST_F(EagerTest, KernelInstancesAreCached) {
+  Tensor x = rnd({2, 3}, -1, 1, false);
+  relu(x);
+  DispatchStats s0 = dispatch_stats();
+  for (int i = 0; i < 10; ++i) relu(x);
+  DispatchStats s1 = dispatch_stats();
+  EXPECT_EQ(s1.cache_misses, s0.cache_misses);
+  EXPECT_EQ(s1.cache_hits - s0.cache_hits, 10u);
+  relu(rnd({4, 3}, -1, 1, false));  // a new shape is a new instance
+  EXPECT_EQ(dispatch_stats().cache_misses, s1.cache_misses + 1);
+  // Index values (data) are not part of the key; shape-like values (a Reshape's shape, ReduceSum's axes) are.
+  Tensor table = rnd({5, 2}, -1, 1, false);
+  embedding(table, from_vector(std::vector<int64_t>{0, 1}, {2}));
+  DispatchStats s2 = dispatch_stats();
+  auto got = embedding(table, from_vector(std::vector<int64_t>{4, 3}, {2})).to_vector<double>();
+  EXPECT_EQ(dispatch_stats().cache_misses, s2.cache_misses);
+  auto t = table.to_vector<double>();
+  EXPECT_EQ(got, (std::vector<double>{t[8], t[9], t[6], t[7]}));
+  sum(table, {0});
+  DispatchStats s3 = dispatch_stats();
+  sum(table, {1});
+  EXPECT_EQ(dispatch_stats().cache_misses, s3.cache_misses + 1);
+}
+
+TEST_F(EagerTest, AutocastPolicy) {
+  Tensor x = rand_uniform({2, 1, 6, 6}, -1, 1), w = rand_uniform({4, 1, 3, 3}, -1, 1).requires_grad_();
+  Tensor fw = rand_uniform({3, 16}, -1, 1).requires_grad_();
+  Tensor t = from_vector(std::vector<int64_t>{0, 2}, {2});
+  Tensor y, loss;
+  {
+    AutocastGuard ac(DType::kBF16);
+    EXPECT_EQ(autocast_dtype(), DType::kBF16);
+    y = relu(conv2d(x, w, Tensor()));
+    EXPECT_EQ(y.dtype(), DType::kBF16);  // conv in low precision, relu follows its input
+    Tensor logits = linear(flatten(max_pool2d(y, {2, 2}, {2, 2}, {0, 0})) , fw, Tensor());
+    EXPECT_EQ(logits.dtype(), DType::kBF16);
+    loss = cross_entropy(logits, t);
+    EXPECT_EQ(loss.dtype(), DType::kF32);  // losses in f32
+  }
+  EXPECT_EQ(autocast_dtype(), DType::kUndefined);
+  loss.backward();
+  EXPECT_EQ(w.grad().dtype(), DType::kF32);  // master weights keep f32 gradients
+  EXPECT_EQ(fw.grad().dtype(), DType::kF32);
+  // The bf16 gradient is close to the f32 one.
+  Tensor w32 = w.detach().requires_grad_(), fw32 = fw.detach().requires_grad_();
+  cross_entropy(linear(flatten(max_pool2d(relu(conv2d(x, w32, Tensor())), {2, 2})), fw32, Tensor()), t).backward();
+  auto a = fw.grad().to_vector<float>(), b = fw32.grad().to_vector<float>();
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    err += (a[i] - b[i]) * (a[i] - b[i]);
+    ref += b[i] * b[i];
+  }
+  EXPECT_LT(std::sqrt(err / std::max(ref, 1e-12)), 0.05);
+}
+
+// The SimpleCNN of the issue: traced, run in a Session, same outputs as eager; exported to ONNX and loaded back.
+TEST_F(EagerTest, TraceSimpleCnnRunsInSession) {
+  manual_seed(1);
+  Tensor w1 = randn({32, 1, 3, 3}, 0.3f), b1 = randn({32}, 0.1f), w2 = randn({10, 32 * 13 * 13}, 0.01f), b2 = zeros({10});
+  Tensor x = randn({2, 1, 28, 28});
+  auto model = [&](const Tensor& in) { return linear(flatten(max_pool2d(relu(conv2d(in, w1, b1)), {2, 2})), w2, b2); };
+  Tensor eager_out = model(x);
+  Tracer tr("simple_cnn");
+  tr.input(x, "image");
+  tr.name_parameter(w1, "conv.weight");
+  tr.name_parameter(b1, "conv.bias");
+  tr.name_parameter(w2, "fc.weight");
+  Tensor traced_out = model(x);
+  tr.output(traced_out, "logits");
+  auto g = tr.graph();
+  ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+  EXPECT_TRUE(g->initializers.count("conv.weight"));
+  EXPECT_TRUE(g->initializers.count("fc.weight"));
+  ASSERT_EQ(g->outputs, std::vector<std::string>{"logits"});
+  const ValueInfo* vi = g->info("logits");
+  ASSERT_NE(vi, nullptr);
+  EXPECT_EQ(vi->shape, (Shape{2, 10}));
+  auto path = std::filesystem::temp_directory_path() / "keel_eager_trace_test.onnx";
+  ASSERT_TRUE(save_onnx(*g, path).is_ok());
+  auto loaded = load_onnx(path);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+  std::filesystem::remove(path);
+  for (Graph* graph : {&g.value(), &loaded.value()}) {
+    auto sess = Session::create(environment(), *graph);
+    ASSERT_TRUE(sess.is_ok()) << sess.status().to_string();
+    auto out = (*sess)->run({{"image", x.data()}});
+    ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+    auto a = Tensor((*out)[0]).to_vector<float>(), b = eager_out.to_vector<float>();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-4);
+  }
+}
+
+// The SimpleCNN training step on the discovered plugins (oneDNN's training kernels when built) gives the
+// reference device's gradients, in f32 and under bf16 autocast.
+TEST_F(EagerTest, TrainingStepOnPluginsMatchesReference) {
+  setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
+  auto plugins = Environment::create();
+  ASSERT_TRUE(plugins.is_ok()) << plugins.status().to_string();
+  std::shared_ptr<Environment> penv(std::move(plugins).value());
+  auto grads = [](DType amp) {
+    manual_seed(5);
+    Tensor w1 = randn({8, 1, 3, 3}, 0.3f).requires_grad_(), b1 = randn({8}, 0.1f).requires_grad_();
+    Tensor w2 = randn({10, 8 * 13 * 13}, 0.02f).requires_grad_(), b2 = zeros({10}).requires_grad_();
+    Tensor x = randn({16, 1, 28, 28});
+    std::vector<int64_t> lab(16);
+    for (size_t i = 0; i < lab.size(); ++i) lab[i] = static_cast<int64_t>(i % 10);
+    Tensor t = from_vector(lab, {16});
+    Tensor loss;
+    {
+      std::unique_ptr<AutocastGuard> ac;
+      if (amp != DType::kUndefined) ac = std::make_unique<AutocastGuard>(amp);
+      loss = cross_entropy(linear(flatten(max_pool2d(relu(conv2d(x, w1, b1)), {2, 2})), w2, b2), t);
+    }
+    loss.backward();
+    std::vector<std::vector<float>> g;
+    for (Tensor* p : {&w1, &b1, &w2, &b2}) g.push_back(p->grad().to_vector<float>());
+    g.push_back({loss.item()});
+    return g;
+  };
+  for (DType amp : {DType::kUndefined, DType::kBF16}) {
+    init(reference_env());
+    auto want = grads(amp);
+    init(penv, 2);
+    auto got = grads(amp);
+    init(reference_env());
+    const double tol = amp == DType::kUndefined ? 1e-4 : 3e-2;
+    for (size_t k = 0; k < want.size(); ++k) {
+      ASSERT_EQ(got[k].size(), want[k].size());
+      double err = 0, ref = 0;
+      for (size_t i = 0; i < want[k].size(); ++i) {
+        err += (got[k][i] - want[k][i]) * (got[k][i] - want[k][i]);
+        ref += want[k][i] * want[k][i];
+      }
+      EXPECT_LE(std::sqrt(err), tol * std::max(std::sqrt(ref), 1e-3))
+          << (amp == DType::kUndefined ? "f32" : "bf16") << " tensor " << k;
+    }
+  }
+}
+
+TEST_F(EagerTest, TracerRejectsMisuse) {
+  Tracer tr;
+  EXPECT_THROW(Tracer(), Error);  // one per thread
+  EXPECT_FALSE(tr.graph().is_ok());  // no outputs
+}
+
+TEST_F(EagerTest, CallOpAndDeviceCopies) {
+  Tensor x = from_vector(std::vector<float>{1, -2, 3, -4}, {2, 2}).requires_grad_();
+  auto outs = call_op("", "Mul", {x, x});
+  sum(outs[0]).backward();
+  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{2, -4, 6, -8}));
+  Tensor same = x.to("cpu");
+  EXPECT_EQ(same.impl(), x.impl());
+  EXPECT_EQ(argmax(from_vector(std::vector<float>{1, 5, 2, 7, 0, 1}, {2, 3}), 1).to_vector<int64_t>(), std::vector<int64_t>({1, 0}));
+}
+
+}  // namespace
+}  // namespace keel::eager

@@ -1,0 +1,373 @@
+#include "core/train/optim.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace keel::train {
+namespace {
+
+[[noreturn]] void fail(const std::string& msg) { throw eager::Error(invalid_argument(msg)); }
+
+std::vector<ParamGroup> one_group(std::vector<Tensor> params, double lr, double wd) {
+  ParamGroup g;
+  g.params = std::move(params);
+  g.lr = g.initial_lr = lr;
+  g.weight_decay = wd;
+  return {std::move(g)};
+}
+
+std::vector<ParamGroup> with_defaults(std::vector<ParamGroup> groups, double lr, double wd) {
+  // Groups built with the defaults of ParamGroup take the optimizer's; initial_lr follows lr.
+  for (auto& g : groups) {
+    if (g.lr < 0) g.lr = lr;
+    if (g.weight_decay < 0) g.weight_decay = wd;
+    g.initial_lr = g.lr;
+  }
+  return groups;
+}
+
+}  // namespace
+
+Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)) {
+  size_t n = 0;
+  for (const auto& g : groups_) {
+    if (!(g.lr >= 0)) fail("optimizer: learning rate must be >= 0, got " + std::to_string(g.lr));
+    if (!(g.weight_decay >= 0)) fail("optimizer: weight_decay must be >= 0");
+    for (const auto& p : g.params) {
+      if (!p.defined()) fail("optimizer: parameter " + std::to_string(n) + " is undefined");
+      if (!p.is_leaf() || !p.requires_grad()) fail("optimizer: parameter " + std::to_string(n) + " is not a leaf that requires grad");
+      ++n;
+    }
+  }
+  if (n == 0) fail("optimizer got an empty parameter list");
+  state_.resize(n);
+  steps_.assign(n, 0);
+}
+
+std::vector<Tensor*> Optimizer::flat_params() {
+  std::vector<Tensor*> out;
+  for (auto& g : groups_)
+    for (auto& p : g.params) out.push_back(&p);
+  return out;
+}
+
+void Optimizer::zero_grad() {
+  for (auto& g : groups_)
+    for (auto& p : g.params) p.zero_grad();
+}
+
+void Optimizer::set_lr(double lr) {
+  for (auto& g : groups_) g.lr = lr;
+}
+
+State Optimizer::state_dict() const {
+  State s;
+  s.values["type"] = name();
+  auto& groups = s.values["groups"] = nlohmann::json::array();
+  size_t n = 0;
+  for (const auto& g : groups_) {
+    groups.push_back({{"lr", g.lr}, {"initial_lr", g.initial_lr}, {"weight_decay", g.weight_decay}, {"params", g.params.size()}});
+    n += g.params.size();
+  }
+  s.values["steps"] = steps_;
+  for (size_t i = 0; i < state_.size(); ++i)
+    for (const auto& [k, t] : state_[i]) s.tensors.emplace_back(std::to_string(i) + "." + k, t);
+  return s;
+}
+
+Status Optimizer::load_state_dict(const State& s) {
+  try {
+    if (s.values.value("type", std::string()) != name())
+      return invalid_argument("optimizer state is for '" + s.values.value("type", std::string("?")) + "', this is " + name());
+    const auto& groups = s.values.at("groups");
+    if (groups.size() != groups_.size())
+      return invalid_argument("optimizer state has " + std::to_string(groups.size()) + " parameter groups, this optimizer " +
+                              std::to_string(groups_.size()));
+    for (size_t i = 0; i < groups_.size(); ++i)
+      if (groups[i].at("params").get<size_t>() != groups_[i].params.size())
+        return invalid_argument("optimizer state: group " + std::to_string(i) + " has " + groups[i].at("params").dump() +
+                                " parameters, this optimizer " + std::to_string(groups_[i].params.size()));
+    auto steps = s.values.at("steps").get<std::vector<int64_t>>();
+    if (steps.size() != state_.size()) return invalid_argument("optimizer state: per-parameter steps do not match the parameters");
+    auto params = flat_params();
+    std::vector<std::map<std::string, Tensor>> state(state_.size());
+    for (const auto& [name, t] : s.tensors) {
+      auto dot = name.find('.');
+      size_t idx = 0;
+      try {
+        idx = std::stoul(name.substr(0, dot));
+      } catch (...) {
+        return invalid_argument("optimizer state: tensor '" + name + "' is not named <param index>.<buffer>");
+      }
+      if (dot == std::string::npos || idx >= params.size())
+        return invalid_argument("optimizer state: tensor '" + name + "' does not belong to a parameter");
+      if (t.shape() != params[idx]->shape())
+        return invalid_argument("optimizer state: " + name + " has shape " + shape_to_string(t.shape()) + ", parameter " +
+                                std::to_string(idx) + " has " + shape_to_string(params[idx]->shape()));
+      // Onto the parameter's device, detached, a private copy (the optimizer updates its buffers).
+      Tensor copy = eager::zeros(t.shape(), params[idx]->dtype(), params[idx]->device());
+      copy.copy_(t);
+      state[idx][name.substr(dot + 1)] = copy;
+    }
+    for (size_t i = 0; i < groups_.size(); ++i) {
+      groups_[i].lr = groups[i].at("lr").get<double>();
+      groups_[i].initial_lr = groups[i].at("initial_lr").get<double>();
+      groups_[i].weight_decay = groups[i].at("weight_decay").get<double>();
+    }
+    state_ = std::move(state);
+    steps_ = std::move(steps);
+  } catch (const eager::Error& e) {
+    return e.status().with_context("optimizer load_state_dict");
+  } catch (const std::exception& e) {
+    return invalid_argument(std::string("optimizer state is malformed: ") + e.what());
+  }
+  return Status::ok();
+}
+
+// --- SGD ---
+
+SGD::SGD(std::vector<Tensor> params, SGDOptions o) : SGD(one_group(std::move(params), o.lr, o.weight_decay), o) {}
+
+SGD::SGD(std::vector<ParamGroup> groups, SGDOptions o) : Optimizer(with_defaults(std::move(groups), o.lr, o.weight_decay)), o_(o) {
+  if (o.momentum < 0) fail("SGD: momentum must be >= 0");
+  if (o.nesterov && (o.momentum <= 0 || o.dampening != 0)) fail("SGD: Nesterov momentum requires a momentum and zero dampening");
+}
+
+void SGD::step() {
+  eager::NoGradGuard ng;
+  size_t i = 0;
+  for (auto& group : param_groups()) {
+    const auto lr = static_cast<float>(group.lr), wd = static_cast<float>(group.weight_decay);
+    for (auto& p : group.params) {
+      const size_t idx = i++;
+      Tensor g = p.grad();
+      if (!g.defined()) continue;
+      if (wd != 0) g = g + p * wd;
+      if (o_.momentum != 0) {
+        auto it = state_[idx].find("momentum_buffer");
+        Tensor buf;
+        if (it == state_[idx].end()) {
+          buf = g * 1.f;  // a copy: the buffer must not alias the gradient
+        } else {
+          buf = it->second * static_cast<float>(o_.momentum);
+          buf = o_.dampening == 0 ? buf + g : buf + g * static_cast<float>(1 - o_.dampening);
+        }
+        state_[idx]["momentum_buffer"] = buf;
+        g = o_.nesterov ? g + buf * static_cast<float>(o_.momentum) : buf;
+      }
+      p.copy_(p - g * lr);
+      ++steps_[idx];
+    }
+  }
+}
+
+// --- Adam / AdamW ---
+
+Adam::Adam(std::vector<Tensor> params, AdamOptions o, bool decoupled)
+    : Adam(one_group(std::move(params), o.lr, o.weight_decay), o, decoupled) {}
+
+Adam::Adam(std::vector<ParamGroup> groups, AdamOptions o, bool decoupled)
+    : Optimizer(with_defaults(std::move(groups), o.lr, o.weight_decay)), o_(o), decoupled_(decoupled) {
+  if (!(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1)) fail("Adam: betas must be in [0, 1)");
+  if (!(o.eps >= 0)) fail("Adam: eps must be >= 0");
+}
+
+void Adam::step() {
+  eager::NoGradGuard ng;
+  size_t i = 0;
+  const auto b1 = static_cast<float>(o_.beta1), b2 = static_cast<float>(o_.beta2);
+  for (auto& group : param_groups()) {
+    for (auto& p : group.params) {
+      const size_t idx = i++;
+      Tensor g = p.grad();
+      if (!g.defined()) continue;
+      const int64_t t = ++steps_[idx];
+      if (group.weight_decay != 0) {
+        if (decoupled_) p.copy_(p * static_cast<float>(1 - group.lr * group.weight_decay));
+        else g = g + p * static_cast<float>(group.weight_decay);
+      }
+      auto& st = state_[idx];
+      Tensor m = st.count("exp_avg") ? st["exp_avg"] : eager::zeros(p.shape(), p.dtype(), p.device());
+      Tensor v = st.count("exp_avg_sq") ? st["exp_avg_sq"] : eager::zeros(p.shape(), p.dtype(), p.device());
+      m = m * b1 + g * (1 - b1);
+      v = v * b2 + (g * g) * (1 - b2);
+      st["exp_avg"] = m;
+      st["exp_avg_sq"] = v;
+      const double bc1 = 1 - std::pow(o_.beta1, static_cast<double>(t));
+      const double bc2 = 1 - std::pow(o_.beta2, static_cast<double>(t));
+      const double step_size = group.lr / bc1;
+      Tensor denom = eager::sqrt(v) / static_cast<float>(std::sqrt(bc2)) + static_cast<float>(o_.eps);
+      p.copy_(p - (m / denom) * static_cast<float>(step_size));
+    }
+  }
+}
+
+// --- clipping ---
+
+double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, bool error_if_nonfinite) {
+  eager::NoGradGuard ng;
+  double total = 0;
+  std::vector<Tensor> grads;
+  for (const auto& p : params) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    grads.push_back(g);
+    Tensor g32 = g.dtype() == DType::kF32 ? g : g.to(DType::kF32);
+    total += static_cast<double>(eager::sum(g32 * g32).item());
+  }
+  const double norm = std::sqrt(total);
+  if (!std::isfinite(norm) && error_if_nonfinite)
+    fail("clip_grad_norm_: the total norm of the gradients is non-finite (" + std::to_string(norm) + ")");
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1) {
+    for (auto& g : grads) g.copy_(g * static_cast<float>(coef));
+  }
+  return norm;
+}
+
+// --- schedulers ---
+
+void LRScheduler::apply() {
+  const double f = factor(step_);
+  for (auto& g : opt_.param_groups()) g.lr = g.initial_lr * f;
+}
+
+void LRScheduler::step() {
+  ++step_;
+  apply();
+}
+
+State LRScheduler::state_dict() const {
+  State s;
+  s.values["step"] = step_;
+  s.values["lr"] = opt_.lr();
+  return s;
+}
+
+Status LRScheduler::load_state_dict(const State& s) {
+  if (!s.values.contains("step") || !s.values["step"].is_number_integer())
+    return invalid_argument("scheduler state has no integer 'step'");
+  step_ = s.values["step"].get<int64_t>();
+  apply();
+  return Status::ok();
+}
+
+StepLR::StepLR(Optimizer& opt, int64_t step_size, double gamma) : LRScheduler(opt), size_(step_size), gamma_(gamma) {
+  if (step_size < 1) fail("StepLR: step_size must be >= 1");
+  apply();
+}
+double StepLR::factor(int64_t t) const { return std::pow(gamma_, static_cast<double>(t / size_)); }
+
+MultiStepLR::MultiStepLR(Optimizer& opt, std::vector<int64_t> milestones, double gamma)
+    : LRScheduler(opt), milestones_(std::move(milestones)), gamma_(gamma) {
+  std::sort(milestones_.begin(), milestones_.end());
+  apply();
+}
+double MultiStepLR::factor(int64_t t) const {
+  auto passed = std::upper_bound(milestones_.begin(), milestones_.end(), t) - milestones_.begin();
+  return std::pow(gamma_, static_cast<double>(passed));
+}
+
+CosineAnnealingLR::CosineAnnealingLR(Optimizer& opt, int64_t t_max, double eta_min)
+    : LRScheduler(opt), t_max_(t_max), eta_min_(eta_min) {
+  if (t_max < 1) fail("CosineAnnealingLR: T_max must be >= 1");
+  apply();
+}
+double CosineAnnealingLR::factor(int64_t t) const {
+  // As a factor of each group's initial lr: eta_min is absolute, so divide it out per group (groups share the base
+  // in practice; with several bases eta_min is applied relative to the first group's).
+  const double base = opt_.param_groups().empty() ? 1 : opt_.param_groups()[0].initial_lr;
+  const double lr = eta_min_ + (base - eta_min_) * (1 + std::cos(M_PI * static_cast<double>(t) / static_cast<double>(t_max_))) / 2;
+  return base > 0 ? lr / base : 0;
+}
+
+LinearWarmupLR::LinearWarmupLR(Optimizer& opt, int64_t total, double start, double end, std::shared_ptr<LRScheduler> after)
+    : LRScheduler(opt), total_(total), start_(start), end_(end), after_(std::move(after)) {
+  if (total < 1) fail("LinearWarmupLR: total_steps must be >= 1");
+  if (!(start > 0 && start <= 1) || !(end >= 0 && end <= 1)) fail("LinearWarmupLR: factors must be in (0, 1] and [0, 1]");
+  apply();
+}
+double LinearWarmupLR::factor(int64_t t) const {
+  if (after_ && t >= total_) return after_->factor(t - total_);
+  const double k = static_cast<double>(std::min(t, total_)) / static_cast<double>(total_);
+  return start_ + (end_ - start_) * k;
+}
+
+// --- GradScaler ---
+
+GradScaler::GradScaler(GradScalerOptions o) : o_(o), scale_(o.init_scale) {
+  if (!(o.init_scale > 0) || !(o.growth_factor > 1) || !(o.backoff_factor > 0 && o.backoff_factor < 1) || o.growth_interval < 1)
+    fail("GradScaler: init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1 and growth_interval >= 1 required");
+}
+
+Tensor GradScaler::scale(const Tensor& loss) const {
+  if (!o_.enabled) return loss;
+  Tensor l = loss.dtype() == DType::kF32 ? loss : loss.to(DType::kF32);
+  return l * static_cast<float>(scale_);
+}
+
+void GradScaler::unscale_(Optimizer& opt) {
+  if (!o_.enabled) return;
+  if (unscaled_) fail("GradScaler: unscale_() was already called since the last update()");
+  eager::NoGradGuard ng;
+  const auto inv = static_cast<float>(1.0 / scale_);
+  found_inf_ = false;
+  for (auto& group : opt.param_groups())
+    for (auto& p : group.params) {
+      Tensor g = p.grad();
+      if (!g.defined()) continue;
+      g.copy_(g * inv);
+      if (!found_inf_ && !std::isfinite(eager::sum(g).item())) found_inf_ = true;
+    }
+  unscaled_ = true;
+}
+
+bool GradScaler::step(Optimizer& opt) {
+  if (!o_.enabled) {
+    opt.step();
+    return true;
+  }
+  if (!unscaled_) unscale_(opt);
+  stepped_ = true;
+  if (found_inf_) {
+    ++skipped_;
+    return false;
+  }
+  opt.step();
+  return true;
+}
+
+void GradScaler::update() {
+  if (!o_.enabled) return;
+  if (!stepped_ && !unscaled_) return;  // nothing happened since the last update
+  if (found_inf_) {
+    scale_ *= o_.backoff_factor;
+    growth_tracker_ = 0;
+  } else if (++growth_tracker_ >= o_.growth_interval) {
+    scale_ *= o_.growth_factor;
+    growth_tracker_ = 0;
+  }
+  unscaled_ = stepped_ = found_inf_ = false;
+}
+
+State GradScaler::state_dict() const {
+  State s;
+  s.values = {{"scale", scale_}, {"growth_tracker", growth_tracker_}, {"skipped", skipped_}, {"enabled", o_.enabled},
+              {"growth_factor", o_.growth_factor}, {"backoff_factor", o_.backoff_factor}, {"growth_interval", o_.growth_interval}};
+  return s;
+}
+
+Status GradScaler::load_state_dict(const State& s) {
+  try {
+    scale_ = s.values.at("scale").get<double>();
+    growth_tracker_ = s.values.at("growth_tracker").get<int64_t>();
+    skipped_ = s.values.value("skipped", int64_t{0});
+  } catch (const std::exception& e) {
+    return invalid_argument(std::string("grad scaler state is malformed: ") + e.what());
+  }
+  if (!(scale_ > 0)) return invalid_argument("grad scaler state: scale must be > 0");
+  unscaled_ = stepped_ = found_inf_ = false;
+  return Status::ok();
+}
+
+}  // namespace keel::train

@@ -1,0 +1,208 @@
+#include "core/train/optim.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+namespace keel::train {
+namespace {
+
+Tensor param(std::vector<float> v) {
+  Tensor p = eager::from_vector(v, {static_cast<int64_t>(v.size())});
+  p.requires_grad_(true);
+  return p;
+}
+void set_grad(Tensor& p, std::vector<float> g) { p.set_grad(eager::from_vector(g, {static_cast<int64_t>(g.size())})); }
+
+TEST(SGD, MomentumWeightDecayMatchesHandComputedSteps) {
+  Tensor p = param({1.f});
+  SGD opt({p}, SGDOptions{0.1, 0.9, 0, 0.01, false});
+  set_grad(p, {0.5f});
+  opt.step();
+  EXPECT_NEAR(p.item(), 0.949f, 1e-6);  // g = 0.5 + 0.01·1; b = g; p = 1 − 0.1·0.51
+  set_grad(p, {0.5f});
+  opt.step();
+  EXPECT_NEAR(p.item(), 0.852151f, 1e-6);  // g = 0.50949; b = 0.9·0.51 + 0.50949 = 0.96849
+}
+
+TEST(SGD, NesterovAndDampening) {
+  Tensor p = param({1.f});
+  SGD nes({p}, SGDOptions{0.1, 0.9, 0, 0.01, true});
+  set_grad(p, {0.5f});
+  nes.step();
+  EXPECT_NEAR(p.item(), 0.9031f, 1e-6);  // g + 0.9·b = 0.51 + 0.459
+  Tensor q = param({1.f});
+  SGD damp({q}, SGDOptions{0.1, 0.9, 0.5, 0, false});
+  set_grad(q, {0.5f});
+  damp.step();
+  EXPECT_NEAR(q.item(), 0.95f, 1e-6);  // the first buffer is the gradient itself, undampened
+  set_grad(q, {0.5f});
+  damp.step();
+  EXPECT_NEAR(q.item(), 0.88f, 1e-6);  // b = 0.9·0.5 + 0.5·0.5 = 0.7
+  EXPECT_THROW(SGD({param({1})}, SGDOptions{0.1, 0, 0, 0, true}), eager::Error);
+  // Parameters without a gradient are left alone.
+  Tensor r = param({2.f});
+  SGD plain({r}, SGDOptions{0.1});
+  plain.step();
+  EXPECT_EQ(r.item(), 2.f);
+}
+
+// PyTorch's Adam/AdamW in double precision, the oracle for the eager implementation.
+std::vector<double> adam_reference(bool decoupled, double lr, double wd, const std::vector<std::vector<double>>& grads,
+                                   double p0) {
+  double p = p0, m = 0, v = 0;
+  std::vector<double> out;
+  for (size_t t = 1; t <= grads.size(); ++t) {
+    double g = grads[t - 1][0];
+    if (decoupled) p *= 1 - lr * wd;
+    else g += wd * p;
+    m = 0.9 * m + 0.1 * g;
+    v = 0.999 * v + 0.001 * g * g;
+    const double bc1 = 1 - std::pow(0.9, static_cast<double>(t)), bc2 = 1 - std::pow(0.999, static_cast<double>(t));
+    p -= lr / bc1 * m / (std::sqrt(v) / std::sqrt(bc2) + 1e-8);
+    out.push_back(p);
+  }
+  return out;
+}
+
+TEST(Adam, MatchesPyTorchsUpdateRule) {
+  const std::vector<std::vector<double>> grads = {{0.5}, {-0.2}, {0.05}, {1.5}, {0.3}};
+  for (bool decoupled : {false, true}) {
+    Tensor p = param({1.f});
+    AdamOptions o;
+    o.lr = 0.1;
+    o.weight_decay = 0.1;
+    Adam opt({p}, o, decoupled);
+    EXPECT_EQ(opt.name(), decoupled ? "AdamW" : "Adam");
+    auto ref = adam_reference(decoupled, 0.1, 0.1, grads, 1.0);
+    for (size_t i = 0; i < grads.size(); ++i) {
+      set_grad(p, {static_cast<float>(grads[i][0])});
+      opt.step();
+      EXPECT_NEAR(p.item(), ref[i], 1e-5) << (decoupled ? "AdamW" : "Adam") << " step " << i + 1;
+    }
+  }
+  // Without weight decay, a constant gradient moves the parameter by lr per step: 1 → 0.9 → 0.8.
+  Tensor q = param({1.f});
+  AdamOptions o;
+  o.lr = 0.1;
+  Adam opt({q}, o);
+  set_grad(q, {0.5f});
+  opt.step();
+  EXPECT_NEAR(q.item(), 0.9f, 1e-5);
+  set_grad(q, {0.5f});
+  opt.step();
+  EXPECT_NEAR(q.item(), 0.8f, 1e-5);
+  EXPECT_EQ(AdamW::defaults().weight_decay, 0.01);
+}
+
+TEST(Optimizer, StateDictRoundTripContinuesIdentically) {
+  Tensor a = param({1.f, 2.f}), b = param({1.f, 2.f});
+  SGD oa({a}, SGDOptions{0.1, 0.9});
+  set_grad(a, {0.3f, -0.1f});
+  oa.step();
+  State s = oa.state_dict();
+  EXPECT_EQ(s.values["type"], "SGD");
+  ASSERT_NE(s.tensor("0.momentum_buffer"), nullptr);
+  b.copy_(a);
+  SGD ob({b}, SGDOptions{0.5, 0.9});
+  ASSERT_TRUE(ob.load_state_dict(s).is_ok());
+  EXPECT_EQ(ob.lr(), 0.1);
+  set_grad(a, {0.2f, 0.2f});
+  set_grad(b, {0.2f, 0.2f});
+  oa.step();
+  ob.step();
+  EXPECT_EQ(a.to_vector<float>(), b.to_vector<float>());
+  Adam adam({param({1.f, 2.f})}, AdamOptions{});
+  auto st = adam.load_state_dict(s);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("'SGD', this is Adam"), std::string::npos);
+  SGD wrong({param({1.f, 2.f, 3.f})}, SGDOptions{0.1, 0.9});
+  EXPECT_FALSE(wrong.load_state_dict(s).is_ok());
+}
+
+TEST(Schedulers, FollowPyTorchsClosedForms) {
+  Tensor p = param({0.f});
+  SGD opt({p}, SGDOptions{1.0});
+  auto lrs = [&](LRScheduler& s, int n) {
+    std::vector<double> out = {opt.lr()};
+    for (int i = 0; i < n; ++i) s.step(), out.push_back(opt.lr());
+    return out;
+  };
+  auto near = [](const std::vector<double>& a, const std::vector<double>& b) {
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-9) << i;
+  };
+  StepLR step(opt, 2, 0.1);
+  near(lrs(step, 4), {1, 1, 0.1, 0.1, 0.01});
+  MultiStepLR multi(opt, {3, 1}, 0.5);
+  near(lrs(multi, 4), {1, 0.5, 0.5, 0.25, 0.25});
+  CosineAnnealingLR cos(opt, 4, 0.0);
+  near(lrs(cos, 4), {1, 0.8535533905932737, 0.5, 0.14644660940672627, 0});
+  LinearWarmupLR warm(opt, 4, 0.25);
+  near(lrs(warm, 5), {0.25, 0.4375, 0.625, 0.8125, 1, 1});
+  auto after = std::make_shared<StepLR>(opt, 1, 0.5);
+  LinearWarmupLR chained(opt, 2, 0.5, 1.0, after);
+  near(lrs(chained, 4), {0.5, 0.75, 1, 0.5, 0.25});
+  // Restoring the step restores the rate.
+  State s = chained.state_dict();
+  step.step();
+  ASSERT_TRUE(chained.load_state_dict(s).is_ok());
+  EXPECT_NEAR(opt.lr(), 0.25, 1e-12);
+}
+
+TEST(ClipGradNorm, ScalesToTheMaxNormAndReportsTheTotal) {
+  Tensor a = param({3.f}), b = param({4.f, 0.f});
+  set_grad(a, {3.f});
+  set_grad(b, {4.f, 0.f});
+  EXPECT_NEAR(clip_grad_norm_({a, b}, 1.0), 5.0, 1e-6);
+  EXPECT_NEAR(a.grad().item(), 0.6f, 1e-6);
+  EXPECT_NEAR(b.grad().to_vector<float>()[0], 0.8f, 1e-6);
+  EXPECT_NEAR(clip_grad_norm_({a, b}, 10.0), 1.0, 1e-5);  // under the max: unchanged
+  EXPECT_NEAR(a.grad().item(), 0.6f, 1e-6);
+  set_grad(a, {std::numeric_limits<float>::infinity()});
+  EXPECT_THROW(clip_grad_norm_({a, b}, 1.0, true), eager::Error);
+}
+
+TEST(GradScaler, SkipsNonFiniteStepsAndAdaptsTheScale) {
+  Tensor p = param({1.f});
+  SGD opt({p}, SGDOptions{0.1});
+  GradScalerOptions o;
+  o.init_scale = 4;
+  o.growth_interval = 2;
+  GradScaler scaler(o);
+  EXPECT_EQ(scaler.scale(eager::full({}, 1.5f)).item(), 6.f);
+  set_grad(p, {4.f});  // as if backward of a scaled loss: true gradient 1
+  EXPECT_TRUE(scaler.step(opt));
+  EXPECT_NEAR(p.item(), 0.9f, 1e-6);
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 4);
+  set_grad(p, {4.f});
+  scaler.step(opt);
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 8);  // two good steps in a row
+  set_grad(p, {std::numeric_limits<float>::infinity()});
+  EXPECT_FALSE(scaler.step(opt));
+  EXPECT_NEAR(p.item(), 0.8f, 1e-6);  // skipped
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 4);
+  EXPECT_EQ(scaler.skipped_steps(), 1);
+  set_grad(p, {std::nanf("")});
+  scaler.unscale_(opt);
+  EXPECT_TRUE(scaler.found_inf());
+  EXPECT_THROW(scaler.unscale_(opt), eager::Error);
+  EXPECT_FALSE(scaler.step(opt));
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 2);
+  GradScaler restored;
+  ASSERT_TRUE(restored.load_state_dict(scaler.state_dict()).is_ok());
+  EXPECT_EQ(restored.get_scale(), 2);
+  GradScalerOptions off;
+  off.enabled = false;
+  GradScaler disabled(off);
+  auto l = eager::full({}, 1.5f);
+  EXPECT_EQ(disabled.scale(l).item(), 1.5f);
+}
+
+}  // namespace
+}  // namespace keel::train

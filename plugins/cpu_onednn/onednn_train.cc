@@ -1,0 +1,944 @@
+// plugins/cpu_onednn/onednn_train.cc — the training hot path on oneDNN: the keel-domain backward ops that the eager
+// autograd emits (keel.ConvGrad on convolution backward data/weights primitives, keel.MaxPoolGrad, keel.ReluGrad) in
+// f32 and bf16, and the bf16 forward ops that autocast produces (Conv, Gemm, MatMul on oneDNN's bf16 primitives,
+// Relu, MaxPool), plus a fused SoftmaxCrossEntropyLoss forward (log-softmax + NLL, one pass) and its gradient.
+//
+// Registered by register_train_kernels (called from the plugin's init) with their own type constraints, so they
+// never compete with the plugin's f32 inference kernels. Each kernel rejects (UNIMPLEMENTED) what it does not
+// handle and the core falls back to the reference kernels, which are the oracle tests/device_conformance checks
+// these against.
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+
+#include "onednn_common.h"
+
+namespace keel::onednn {
+namespace {
+
+using dt = dnnl::memory::data_type;
+using tag = dnnl::memory::format_tag;
+
+dt dnnl_dtype(int32_t d) {
+  if (d == KEEL_DTYPE_F32) return dt::f32;
+  if (d == KEEL_DTYPE_BF16) return dt::bf16;
+  throw Reject{"f32 or bf16 only"};
+}
+
+inline float bf2f(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint16_t f2bf(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// A user (plain) memory and the primitive's memory, with the reorder between them when they differ.
+struct Bound {
+  dnnl::memory user, prim;
+  dnnl::reorder to_prim, to_user;
+  bool reorder = false;
+  void make(const dnnl::memory::desc& plain, const dnnl::memory::desc& want, bool input) {
+    auto& eng = engine();
+    user = dnnl::memory(plain, eng, nullptr);
+    reorder = plain != want;
+    prim = reorder ? dnnl::memory(want, eng) : user;
+    if (reorder) {
+      if (input) to_prim = dnnl::reorder(user, prim);
+      else to_user = dnnl::reorder(prim, user);
+    }
+  }
+  void in(const void* p) {
+    bind(user, p);
+    if (reorder) to_prim.execute(stream(), user, prim);
+  }
+  void out(void* p) {
+    bind(user, p);
+  }
+  void finish() {
+    if (reorder) to_user.execute(stream(), prim, user);
+  }
+};
+
+// ---------------------------------------------------------------------------------------------- AVX-512 rows
+
+// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own _mm512_undefined_* placeholders (GCC bug 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+// One row of 2x2/stride-2 max-pool backward: windows [ow, ow+16k) of rows r0/r1 (2*OW wide), dY g, dX rows d0/d1.
+// Each window's dY goes to its first maximum (a, b, c, d order; comparisons false on NaN, as the scalar code).
+// Does the whole row (the last < 16 windows with masked loads and stores); returns OW.
+__attribute__((target("avx512f,avx512bw,bmi2"))) int64_t pool2x2_grad_row_f32(const float* r0, const float* r1,
+                                                                              const float* g, float* d0, float* d1,
+                                                                              int64_t OW) {
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+  for (int64_t ow = 0; ow < OW; ow += 16) {
+    // 16 windows, or the n < 16 left (masked: lanes past the row are neither read nor written).
+    const int64_t n = std::min<int64_t>(16, OW - ow);
+    const __mmask16 kg = static_cast<__mmask16>((1u << n) - 1);
+    const __mmask16 k0 = static_cast<__mmask16>(n >= 8 ? 0xffffu : (1u << (2 * n)) - 1);
+    const __mmask16 k1 = static_cast<__mmask16>(n <= 8 ? 0u : (1u << (2 * n - 16)) - 1);
+    const __m512 x0 = _mm512_maskz_loadu_ps(k0, r0 + 2 * ow), x1 = _mm512_maskz_loadu_ps(k1, r0 + 2 * ow + 16);
+    const __m512 y0 = _mm512_maskz_loadu_ps(k0, r1 + 2 * ow), y1 = _mm512_maskz_loadu_ps(k1, r1 + 2 * ow + 16);
+    const __m512 a = _mm512_permutex2var_ps(x0, even, x1), b = _mm512_permutex2var_ps(x0, odd, x1);
+    const __m512 c = _mm512_permutex2var_ps(y0, even, y1), d = _mm512_permutex2var_ps(y0, odd, y1);
+    const __mmask16 sb = _mm512_cmp_ps_mask(b, a, _CMP_GT_OQ);
+    const __m512 m1 = _mm512_mask_mov_ps(a, sb, b);
+    const __mmask16 sc = _mm512_cmp_ps_mask(c, m1, _CMP_GT_OQ);
+    const __m512 m2 = _mm512_mask_mov_ps(m1, sc, c);
+    const __mmask16 sd = _mm512_cmp_ps_mask(d, m2, _CMP_GT_OQ);
+    const __mmask16 wd = sd, wc = static_cast<__mmask16>(sc & ~sd), wb = static_cast<__mmask16>(sb & ~sc & ~sd);
+    const __mmask16 wa = static_cast<__mmask16>(~(wb | wc | wd));
+    const __m512 gv = _mm512_maskz_loadu_ps(kg, g + ow);
+    const __m512 oa = _mm512_maskz_mov_ps(wa, gv), ob = _mm512_maskz_mov_ps(wb, gv);
+    const __m512 oc = _mm512_maskz_mov_ps(wc, gv), od = _mm512_maskz_mov_ps(wd, gv);
+    _mm512_mask_storeu_ps(d0 + 2 * ow, k0, _mm512_permutex2var_ps(oa, lo, ob));
+    _mm512_mask_storeu_ps(d0 + 2 * ow + 16, k1, _mm512_permutex2var_ps(oa, hi, ob));
+    _mm512_mask_storeu_ps(d1 + 2 * ow, k0, _mm512_permutex2var_ps(oc, lo, od));
+    _mm512_mask_storeu_ps(d1 + 2 * ow + 16, k1, _mm512_permutex2var_ps(oc, hi, od));
+  }
+  return OW;
+}
+
+__attribute__((target("avx512f,avx512bw,bmi2"))) inline __m512 bf16x16_to_f32(__m256i v) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+}
+
+__attribute__((target("avx512f,avx512bw,bmi2"))) int64_t pool2x2_grad_row_bf16(const uint16_t* r0, const uint16_t* r1,
+                                                                               const uint16_t* g, uint16_t* d0,
+                                                                               uint16_t* d1, int64_t OW) {
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  // Each of 16 dY values twice: lanes 2j and 2j+1 take g[j].
+  const __m512i dup = _mm512_set_epi16(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8, 7, 7, 6, 6, 5, 5,
+                                       4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+  for (int64_t ow = 0; ow < OW; ow += 16) {
+    const int64_t n = std::min<int64_t>(16, OW - ow);
+    const __mmask32 kg = static_cast<__mmask32>((1u << n) - 1);
+    const __mmask32 kin = static_cast<__mmask32>(n == 16 ? 0xffffffffu : (1u << (2 * n)) - 1);
+    const __m512i xr = _mm512_maskz_loadu_epi16(kin, r0 + 2 * ow), yr = _mm512_maskz_loadu_epi16(kin, r1 + 2 * ow);
+    const __m512 x0 = bf16x16_to_f32(_mm512_castsi512_si256(xr)), x1 = bf16x16_to_f32(_mm512_extracti64x4_epi64(xr, 1));
+    const __m512 y0 = bf16x16_to_f32(_mm512_castsi512_si256(yr)), y1 = bf16x16_to_f32(_mm512_extracti64x4_epi64(yr, 1));
+    const __m512 a = _mm512_permutex2var_ps(x0, even, x1), b = _mm512_permutex2var_ps(x0, odd, x1);
+    const __m512 c = _mm512_permutex2var_ps(y0, even, y1), d = _mm512_permutex2var_ps(y0, odd, y1);
+    const __mmask16 sb = _mm512_cmp_ps_mask(b, a, _CMP_GT_OQ);
+    const __m512 m1 = _mm512_mask_mov_ps(a, sb, b);
+    const __mmask16 sc = _mm512_cmp_ps_mask(c, m1, _CMP_GT_OQ);
+    const __m512 m2 = _mm512_mask_mov_ps(m1, sc, c);
+    const __mmask16 sd = _mm512_cmp_ps_mask(d, m2, _CMP_GT_OQ);
+    const uint32_t wd = sd, wc = sc & ~sd & 0xffffu, wb = sb & ~sc & ~sd & 0xffffu;
+    const uint32_t wa = ~(wb | wc | wd) & 0xffffu;
+    const __m512i gg = _mm512_permutexvar_epi16(dup, _mm512_maskz_loadu_epi16(kg, g + ow));
+    const __mmask32 k0 = (_pdep_u32(wa, 0x55555555u) | _pdep_u32(wb, 0xaaaaaaaau)) & kin;
+    const __mmask32 k1 = (_pdep_u32(wc, 0x55555555u) | _pdep_u32(wd, 0xaaaaaaaau)) & kin;
+    _mm512_mask_storeu_epi16(d0 + 2 * ow, kin, _mm512_maskz_mov_epi16(k0, gg));
+    _mm512_mask_storeu_epi16(d1 + 2 * ow, kin, _mm512_maskz_mov_epi16(k1, gg));
+  }
+  return OW;
+}
+
+#pragma GCC diagnostic pop
+
+const bool kHaveAvx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("bmi2");
+
+// ---------------------------------------------------------------------------------------------- ConvGrad
+
+struct ConvGeom {
+  Dims strides, dil, pl, pr;
+};
+
+class ConvGradKernel : public Kernel {
+ public:
+  void setup(Ctx& c) override {
+    if (c.input_count() != 3) throw Reject{"ConvGrad needs dY, X, W"};
+    dtype_ = c.dtype(0);
+    (void)dnnl_dtype(dtype_);
+    for (int i = 1; i < 3; ++i)
+      if (c.dtype(i) != dtype_) throw Reject{"mixed dtypes"};
+    for (int i = 0; i < 3; ++i)
+      if (!c.rank_known(i) || c.dims(i).size() != 4) throw Reject{"2-D convolutions only"};
+    if (c.attr_s("auto_pad", "NOTSET") != "NOTSET") throw Reject{"auto_pad"};
+    group_ = c.attr_i("group", 1);
+    if (group_ <= 0) throw Reject{"group <= 0"};
+    want_dx_ = c.output_count() > 0 && c.output_dtype(0) != KEEL_DTYPE_UNDEFINED;
+    want_dw_ = c.output_count() > 1 && c.output_dtype(1) != KEEL_DTYPE_UNDEFINED;
+    want_db_ = c.output_count() > 2 && c.output_dtype(2) != KEEL_DTYPE_UNDEFINED;
+    strides_ = c.attr_ints("strides", {1, 1});
+    dil_ = c.attr_ints("dilations", {1, 1});
+    pads_ = c.attr_ints("pads", {0, 0, 0, 0});
+    if (strides_.size() != 2 || dil_.size() != 2 || pads_.size() != 4) throw Reject{"attribute ranks"};
+  }
+
+  struct Plan {
+    std::unique_ptr<dnnl::convolution_backward_weights> bwd_w;
+    std::unique_ptr<dnnl::convolution_backward_data> bwd_d;
+    Bound w_src, w_ddst, w_dwei, d_ddst, d_wei, d_dsrc;
+    dnnl::memory dbias;
+    bool bias_in_prim = false;
+    Dims x, w, dy;
+  };
+
+  void run(Ctx& c) override {
+    Dims dy = c.dims(0), x = c.dims(1), w = c.dims(2);
+    Plan& p = plans_.get(shape_key(c), [&] { return build(dy, x, w); });
+    auto& s = stream();
+    keel_tensor_t* out_dx = want_dx_ ? c.output(0, x) : nullptr;
+    keel_tensor_t* out_dw = want_dw_ ? c.output(1, w) : nullptr;
+    keel_tensor_t* out_db = want_db_ ? c.output(2, {w[0]}) : nullptr;
+    if (p.bwd_w) {
+      p.w_src.in(c.input(1)->data);
+      p.w_ddst.in(c.input(0)->data);
+      p.w_dwei.out(out_dw->data);
+      std::unordered_map<int, dnnl::memory> args = {
+          {DNNL_ARG_SRC, p.w_src.prim}, {DNNL_ARG_DIFF_DST, p.w_ddst.prim}, {DNNL_ARG_DIFF_WEIGHTS, p.w_dwei.prim}};
+      if (p.bias_in_prim) {
+        bind(p.dbias, out_db->data);
+        args[DNNL_ARG_DIFF_BIAS] = p.dbias;
+      }
+      p.bwd_w->execute(s, args);
+      p.w_dwei.finish();
+    }
+    if (p.bwd_d) {
+      p.d_ddst.in(c.input(0)->data);
+      p.d_wei.in(c.input(2)->data);
+      p.d_dsrc.out(out_dx->data);
+      p.bwd_d->execute(s, {{DNNL_ARG_DIFF_DST, p.d_ddst.prim}, {DNNL_ARG_WEIGHTS, p.d_wei.prim},
+                           {DNNL_ARG_DIFF_SRC, p.d_dsrc.prim}});
+      p.d_dsrc.finish();
+    }
+    s.wait();
+    if (want_db_ && !p.bias_in_prim) bias_sum(c.input(0), out_db, dy);
+  }
+
+ private:
+  void bias_sum(const keel_tensor_t* dy, keel_tensor_t* db, const Dims& d) const {
+    const int64_t N = d[0], M = d[1], S = d[2] * d[3];
+    std::vector<float> acc(static_cast<size_t>(M), 0.f);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t m = 0; m < M; ++m) {
+        float sacc = 0;
+        if (dtype_ == KEEL_DTYPE_F32) {
+          const float* p = static_cast<const float*>(dy->data) + (n * M + m) * S;
+          for (int64_t i = 0; i < S; ++i) sacc += p[i];
+        } else {
+          const uint16_t* p = static_cast<const uint16_t*>(dy->data) + (n * M + m) * S;
+          for (int64_t i = 0; i < S; ++i) sacc += bf2f(p[i]);
+        }
+        acc[m] += sacc;
+      }
+    for (int64_t m = 0; m < M; ++m) {
+      if (dtype_ == KEEL_DTYPE_F32) static_cast<float*>(db->data)[m] = acc[m];
+      else static_cast<uint16_t*>(db->data)[m] = f2bf(acc[m]);
+    }
+  }
+
+  std::unique_ptr<Plan> build(const Dims& dy, const Dims& x, const Dims& w) {
+    auto p = std::make_unique<Plan>();
+    const int64_t N = x[0], C = x[1], M = w[0];
+    if (dy[0] != N || dy[1] != M || C != w[1] * group_ || M % group_ != 0) throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "ConvGrad: dY, X and W do not match"};
+    Dims wei = group_ > 1 ? Dims{group_, M / group_, w[1], w[2], w[3]} : w;
+    // The output size is dY's: the end padding follows from it (ConvTranspose reuses ConvGrad with roles swapped).
+    Dims pr(2);
+    for (int i = 0; i < 2; ++i) {
+      int64_t eff = (w[2 + i] - 1) * dil_[i] + 1;
+      pr[i] = (dy[2 + i] - 1) * strides_[i] + eff - x[2 + i] - pads_[i];
+      if (pr[i] < 0) throw Reject{"dY smaller than the convolution output"};
+    }
+    const dt d = dnnl_dtype(dtype_);
+    auto& eng = engine();
+    dnnl::memory::dims st = to_dnnl(strides_), dl = {dil_[0] - 1, dil_[1] - 1}, pl = {pads_[0], pads_[1]}, prr = to_dnnl(pr);
+    dnnl::memory::desc src_any(to_dnnl(x), d, tag::any), dst_any(to_dnnl(dy), d, tag::any),
+        wei_any(to_dnnl(wei), d, tag::any), bias_md({M}, d, tag::a), none;
+    dnnl::memory::desc src_plain(to_dnnl(x), d, tag::nchw), dst_plain(to_dnnl(dy), d, tag::nchw),
+        wei_plain(to_dnnl(wei), d, group_ > 1 ? tag::goihw : tag::oihw);
+    dnnl::convolution_forward::desc fd(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, src_any,
+                                       wei_any, want_db_ ? bias_md : none, dst_any, st, dl, pl, prr);
+    dnnl::convolution_forward::primitive_desc fpd(fd, eng);
+    if (want_dw_ || want_db_) {
+      if (!want_dw_) throw Reject{"dB without dW"};
+      // The primitive's layout for dY first (measured on the SimpleCNN's first layer: the blocked implementation plus
+      // the reorder of dY costs 25% less CPU time than gemm:jit on the plain layout, and bf16 has no fast plain
+      // one); the plain layout when oneDNN refuses, then without the bias.
+      std::unique_ptr<dnnl::convolution_backward_weights::primitive_desc> wpd;
+      for (const dnnl::memory::desc* ddst : {&dst_any, &dst_plain}) {
+        for (bool with_bias : {want_db_, false}) {
+          if (wpd) break;
+          try {
+            auto wd = with_bias ? dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src_any,
+                                                                           wei_any, bias_md, *ddst, st, dl, pl, prr)
+                                : dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src_any,
+                                                                           wei_any, *ddst, st, dl, pl, prr);
+            wpd = std::make_unique<dnnl::convolution_backward_weights::primitive_desc>(wd, eng, fpd);
+            p->bias_in_prim = with_bias;
+          } catch (const dnnl::error&) {
+            wpd.reset();
+          }
+        }
+      }
+      if (!wpd) throw Reject{"oneDNN has no backward-weights convolution for this case"};
+      p->w_src.make(src_plain, wpd->src_desc(), true);
+      p->w_ddst.make(dst_plain, wpd->diff_dst_desc(), true);
+      p->w_dwei.make(wei_plain, wpd->diff_weights_desc(), false);
+      if (p->bias_in_prim) p->dbias = dnnl::memory(bias_md, eng, nullptr);
+      p->bwd_w = std::make_unique<dnnl::convolution_backward_weights>(*wpd);
+    }
+    if (want_dx_) {
+      dnnl::convolution_backward_data::desc dd(dnnl::algorithm::convolution_direct, src_any, wei_any, dst_any, st, dl,
+                                               pl, prr);
+      dnnl::convolution_backward_data::primitive_desc dpd(dd, eng, fpd);
+      p->d_ddst.make(dst_plain, dpd.diff_dst_desc(), true);
+      p->d_wei.make(wei_plain, dpd.weights_desc(), true);
+      p->d_dsrc.make(src_plain, dpd.diff_src_desc(), false);
+      p->bwd_d = std::make_unique<dnnl::convolution_backward_data>(dpd);
+    }
+    return p;
+  }
+
+  int32_t dtype_ = KEEL_DTYPE_F32;
+  int64_t group_ = 1;
+  bool want_dx_ = false, want_dw_ = false, want_db_ = false;
+  Dims strides_, dil_, pads_;
+  PlanCache<Plan> plans_;
+};
+
+// ---------------------------------------------------------------------------------------------- bf16 Conv forward
+
+class ConvBf16Kernel : public Kernel {
+ public:
+  void setup(Ctx& c) override {
+    for (int i = 0; i < c.input_count(); ++i)
+      if (c.has_input(i) && c.dtype(i) != KEEL_DTYPE_BF16) throw Reject{"bf16 only"};
+    if (!c.rank_known(0) || c.dims(0).size() != 4 || !c.dims_known(1) || c.dims(1).size() != 4) throw Reject{"2-D only"};
+    if (c.attr_s("auto_pad", "NOTSET") != "NOTSET") throw Reject{"auto_pad"};
+    group_ = c.attr_i("group", 1);
+    strides_ = c.attr_ints("strides", {1, 1});
+    dil_ = c.attr_ints("dilations", {1, 1});
+    pads_ = c.attr_ints("pads", {0, 0, 0, 0});
+    if (group_ <= 0 || strides_.size() != 2 || dil_.size() != 2 || pads_.size() != 4) throw Reject{"attributes"};
+    has_bias_ = c.has_input(2);
+  }
+  struct Plan {
+    std::unique_ptr<dnnl::convolution_forward> prim;
+    Bound src, wei, dst;
+    dnnl::memory bias;
+  };
+  void run(Ctx& c) override {
+    Dims x = c.dims(0), w = c.dims(1);
+    const int64_t M = w[0];
+    Dims y = {x[0], M, 0, 0};
+    for (int i = 0; i < 2; ++i) {
+      int64_t eff = (w[2 + i] - 1) * dil_[i] + 1, span = x[2 + i] + pads_[i] + pads_[i + 2] - eff;
+      if (span < 0) throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "Conv: kernel larger than the padded input"};
+      y[2 + i] = span / strides_[i] + 1;
+    }
+    if (x[1] != w[1] * group_ || M % group_ != 0) throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "Conv: channels do not match"};
+    Plan& p = plans_.get(shape_key(c), [&] {
+      auto pl = std::make_unique<Plan>();
+      Dims wei = group_ > 1 ? Dims{group_, M / group_, w[1], w[2], w[3]} : w;
+      auto& eng = engine();
+      dnnl::memory::desc src_any(to_dnnl(x), dt::bf16, tag::any), dst_any(to_dnnl(y), dt::bf16, tag::any),
+          wei_any(to_dnnl(wei), dt::bf16, tag::any), bias_md({M}, dt::bf16, tag::a), none;
+      dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, src_any,
+                                        wei_any, has_bias_ ? bias_md : none, dst_any, to_dnnl(strides_),
+                                        {dil_[0] - 1, dil_[1] - 1}, {pads_[0], pads_[1]}, {pads_[2], pads_[3]});
+      dnnl::convolution_forward::primitive_desc pd(d, eng);
+      pl->src.make(dnnl::memory::desc(to_dnnl(x), dt::bf16, tag::nchw), pd.src_desc(), true);
+      pl->wei.make(dnnl::memory::desc(to_dnnl(wei), dt::bf16, group_ > 1 ? tag::goihw : tag::oihw), pd.weights_desc(), true);
+      pl->dst.make(dnnl::memory::desc(to_dnnl(y), dt::bf16, tag::nchw), pd.dst_desc(), false);
+      if (has_bias_) pl->bias = dnnl::memory(bias_md, eng, nullptr);
+      pl->prim = std::make_unique<dnnl::convolution_forward>(pd);
+      return pl;
+    });
+    keel_tensor_t* out = c.output(0, y);
+    p.src.in(c.input(0)->data);
+    p.wei.in(c.input(1)->data);
+    p.dst.out(out->data);
+    std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, p.src.prim}, {DNNL_ARG_WEIGHTS, p.wei.prim},
+                                                  {DNNL_ARG_DST, p.dst.prim}};
+    if (has_bias_) {
+      bind(p.bias, c.input(2)->data);
+      args[DNNL_ARG_BIAS] = p.bias;
+    }
+    p.prim->execute(stream(), args);
+    p.dst.finish();
+    stream().wait();
+  }
+
+ private:
+  int64_t group_ = 1;
+  Dims strides_, dil_, pads_;
+  bool has_bias_ = false;
+  PlanCache<Plan> plans_;
+};
+
+// ---------------------------------------------------------------------------------------------- bf16 Gemm / MatMul
+
+// Y = op(A) op(B) (+ C) on dnnl::matmul; operands as strided memory descriptors (transposes cost nothing).
+class MatMulBf16Kernel : public Kernel {
+ public:
+  explicit MatMulBf16Kernel(bool gemm) : gemm_(gemm) {}
+  void setup(Ctx& c) override {
+    for (int i = 0; i < c.input_count(); ++i)
+      if (c.has_input(i) && c.dtype(i) != KEEL_DTYPE_BF16) throw Reject{"bf16 only"};
+    if (!c.rank_known(0) || !c.rank_known(1)) throw Reject{"ranks unknown"};
+    if (gemm_) {
+      ta_ = c.attr_i("transA", 0) != 0;
+      tb_ = c.attr_i("transB", 0) != 0;
+      if (c.attr_f("alpha", 1.f) != 1.f) throw Reject{"alpha != 1"};
+      has_c_ = c.has_input(2);
+      if (has_c_ && c.attr_f("beta", 1.f) != 1.f) throw Reject{"beta != 1"};
+      if (c.dims(0).size() != 2 || c.dims(1).size() != 2) throw Reject{"Gemm operands must be 2-D"};
+    } else {
+      if (c.dims(0).size() < 2 || c.dims(1).size() < 2) throw Reject{"1-D operand"};
+      if (c.dims(1).size() != 2 && c.dims(1).size() != c.dims(0).size()) throw Reject{"batch broadcast"};
+    }
+  }
+  struct Plan {
+    std::unique_ptr<dnnl::matmul> prim;
+    dnnl::memory a, b, bias, y;
+    Dims out;
+  };
+  void run(Ctx& c) override {
+    Dims ad = c.dims(0), bd = c.dims(1);
+    Plan& p = plans_.get(shape_key(c), [&] { return build(c, ad, bd); });
+    keel_tensor_t* out = c.output(0, p.out);
+    bind(p.a, c.input(0)->data);
+    bind(p.b, c.input(1)->data);
+    bind(p.y, out->data);
+    std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, p.a}, {DNNL_ARG_WEIGHTS, p.b}, {DNNL_ARG_DST, p.y}};
+    if (has_c_) {
+      bind(p.bias, c.input(2)->data);
+      args[DNNL_ARG_BIAS] = p.bias;
+    }
+    p.prim->execute(stream(), args);
+    stream().wait();
+  }
+
+ private:
+  std::unique_ptr<Plan> build(Ctx& c, const Dims& ad, const Dims& bd) {
+    auto p = std::make_unique<Plan>();
+    auto& eng = engine();
+    dnnl::memory::desc a_md, b_md, y_md, bias_md;
+    if (gemm_) {
+      int64_t M = ta_ ? ad[1] : ad[0], K = ta_ ? ad[0] : ad[1], K2 = tb_ ? bd[1] : bd[0], N = tb_ ? bd[0] : bd[1];
+      if (K != K2) throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "Gemm: inner dimensions differ"};
+      a_md = dnnl::memory::desc({M, K}, dt::bf16, ta_ ? dnnl::memory::dims{1, M} : dnnl::memory::dims{K, 1});
+      b_md = dnnl::memory::desc({K, N}, dt::bf16, tb_ ? dnnl::memory::dims{1, K} : dnnl::memory::dims{N, 1});
+      y_md = dnnl::memory::desc({M, N}, dt::bf16, tag::ab);
+      p->out = {M, N};
+      if (has_c_) {
+        Dims cd = c.dims(2);
+        if (cd.size() == 1 && cd[0] == N) bias_md = dnnl::memory::desc({1, N}, dt::bf16, tag::ab);
+        else if (cd.size() == 2 && (cd[0] == 1 || cd[0] == M) && cd[1] == N)
+          bias_md = dnnl::memory::desc({cd[0], N}, dt::bf16, tag::ab);
+        else throw Reject{"C shape"};
+      }
+    } else {
+      // [B..., M, K] x [K, N] or [B..., K, N] (same batch): collapse the batch.
+      int64_t M = ad[ad.size() - 2], K = ad.back(), N = bd.back();
+      if (bd[bd.size() - 2] != K) throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "MatMul: inner dimensions differ"};
+      int64_t B = 1;
+      for (size_t i = 0; i + 2 < ad.size(); ++i) B *= ad[i];
+      int64_t Bb = 1;
+      for (size_t i = 0; i + 2 < bd.size(); ++i) Bb *= bd[i];
+      if (bd.size() > 2 && !std::equal(ad.begin(), ad.end() - 2, bd.begin())) throw Reject{"batch broadcast"};
+      a_md = dnnl::memory::desc({B, M, K}, dt::bf16, tag::abc);
+      b_md = dnnl::memory::desc({Bb, K, N}, dt::bf16, tag::abc);
+      y_md = dnnl::memory::desc({B, M, N}, dt::bf16, tag::abc);
+      p->out = Dims(ad.begin(), ad.end() - 1);
+      p->out.push_back(N);
+    }
+    dnnl::matmul::desc d = has_c_ ? dnnl::matmul::desc(a_md, b_md, bias_md, y_md) : dnnl::matmul::desc(a_md, b_md, y_md);
+    dnnl::matmul::primitive_desc pd(d, eng);
+    p->a = dnnl::memory(a_md, eng, nullptr);
+    p->b = dnnl::memory(b_md, eng, nullptr);
+    p->y = dnnl::memory(y_md, eng, nullptr);
+    if (has_c_) p->bias = dnnl::memory(bias_md, eng, nullptr);
+    p->prim = std::make_unique<dnnl::matmul>(pd);
+    return p;
+  }
+  bool gemm_, ta_ = false, tb_ = false, has_c_ = false;
+  PlanCache<Plan> plans_;
+};
+
+// ---------------------------------------------------------------------------------------------- elementwise
+
+template <class T>
+T* out_ptr(keel_tensor_t* t) { return static_cast<T*>(t->data); }
+
+// ReluGrad(dY, Y) = dY * (Y > 0), f32 / bf16.
+class ReluGradKernel : public Kernel {
+ public:
+  void setup(Ctx& c) override {
+    dtype_ = c.dtype(0);
+    (void)dnnl_dtype(dtype_);
+    if (c.dtype(1) != dtype_) throw Reject{"mixed dtypes"};
+  }
+  void run(Ctx& c) override {
+    Dims d = c.dims(0);
+    if (d != c.dims(1)) throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "ReluGrad: dY and Y differ in shape"};
+    const int64_t n = numel(d);
+    keel_tensor_t* o = c.output(0, d);
+    if (dtype_ == KEEL_DTYPE_F32) {
+      // On the bits, branch-free (the sign of y is data-dependent: a branch mispredicts half the time):
+      // y > 0 <=> as int32 in (0, +inf]; NaN (above +inf) and negatives give 0.
+      const uint32_t* dy = c.data<uint32_t>(0);
+      const int32_t* y = c.data<int32_t>(1);
+      uint32_t* dx = out_ptr<uint32_t>(o);
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+      for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] & (0u - static_cast<uint32_t>((y[i] > 0) & (y[i] <= 0x7f800000)));
+    } else {
+      const uint16_t* dy = c.data<uint16_t>(0);
+      const uint16_t* y = c.data<uint16_t>(1);
+      uint16_t* dx = out_ptr<uint16_t>(o);
+      // bf16 y > 0: sign bit clear and not +0.
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+      for (int64_t i = 0; i < n; ++i) dx[i] = static_cast<uint16_t>(dy[i] & -static_cast<uint16_t>(static_cast<int16_t>(y[i]) > 0));
+    }
+  }
+
+ private:
+  int32_t dtype_ = KEEL_DTYPE_F32;
+};
+
+// Pooling geometry shared by MaxPool (bf16 forward) and MaxPoolGrad: 2-D, no dilation, explicit pads.
+struct Pool2d {
+  int64_t kh, kw, sh, sw, pt, pl, pb, pr;
+  void read(Ctx& c) {
+    if (c.attr_s("auto_pad", "NOTSET") != "NOTSET") throw Reject{"auto_pad"};
+    if (c.attr_i("ceil_mode", 0) != 0) throw Reject{"ceil_mode"};
+    if (c.attr_i("storage_order", 0) != 0) throw Reject{"storage_order"};
+    Dims k = c.attr_ints("kernel_shape", {}), s = c.attr_ints("strides", {1, 1}), p = c.attr_ints("pads", {0, 0, 0, 0});
+    Dims d = c.attr_ints("dilations", {1, 1});
+    if (k.size() != 2 || s.size() != 2 || p.size() != 4 || d != Dims{1, 1}) throw Reject{"2-D pooling without dilation"};
+    kh = k[0], kw = k[1], sh = s[0], sw = s[1], pt = p[0], pl = p[1], pb = p[2], pr = p[3];
+  }
+  Dims out(const Dims& x) const {
+    int64_t oh = (x[2] + pt + pb - kh) / sh + 1, ow = (x[3] + pl + pr - kw) / sw + 1;
+    if (x[2] + pt + pb < kh || x[3] + pl + pr < kw) throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "pooling kernel larger than the padded input"};
+    return {x[0], x[1], oh, ow};
+  }
+};
+
+// MaxPoolGrad(dY, X): dY goes to the first maximum of each window (the forward's choice), f32 / bf16.
+class MaxPoolGradKernel : public Kernel {
+ public:
+  void setup(Ctx& c) override {
+    dtype_ = c.dtype(0);
+    (void)dnnl_dtype(dtype_);
+    if (c.dtype(1) != dtype_) throw Reject{"mixed dtypes"};
+    if (!c.rank_known(1) || c.dims(1).size() != 4) throw Reject{"2-D pooling only"};
+    g_.read(c);
+  }
+  void run(Ctx& c) override {
+    Dims dyd = c.dims(0), x = c.dims(1);
+    if (g_.out(x) != dyd) throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "MaxPoolGrad: dY does not match the pooled X"};
+    keel_tensor_t* o = c.output(0, x);
+    if (dtype_ == KEEL_DTYPE_F32) go<float>(c.data<float>(0), c.data<float>(1), out_ptr<float>(o), x, dyd);
+    else go<uint16_t>(c.data<uint16_t>(0), c.data<uint16_t>(1), out_ptr<uint16_t>(o), x, dyd);
+  }
+
+ private:
+  template <class T>
+  static float val(T v) {
+    if constexpr (std::is_same_v<T, float>) return v;
+    else return bf2f(v);
+  }
+  // 2x2 windows, stride 2, no padding (the SimpleCNN's pool): branch-free, every dX cell written once.
+  template <class T>
+  void go2x2(const T* dy, const T* x, T* dx, const Dims& xd, const Dims& yd) const {
+    const int64_t NC = xd[0] * xd[1], H = xd[2], W = xd[3], OH = yd[2], OW = yd[3];
+#pragma omp parallel for schedule(static)
+    for (int64_t nc = 0; nc < NC; ++nc) {
+      const T* xp = x + nc * H * W;
+      const T* gp = dy + nc * OH * OW;
+      T* dp = dx + nc * H * W;
+      for (int64_t oh = 0; oh < OH; ++oh) {
+        const T* r0 = xp + 2 * oh * W;
+        const T* r1 = r0 + W;
+        T* d0 = dp + 2 * oh * W;
+        T* d1 = d0 + W;
+        const T* g = gp + oh * OW;
+        using U = std::conditional_t<sizeof(T) == 4, uint32_t, uint16_t>;  // stores as bit masks: branch-free
+        const U* gb = reinterpret_cast<const U*>(g);
+        U* e0 = reinterpret_cast<U*>(d0);
+        U* e1 = reinterpret_cast<U*>(d1);
+        int64_t ow0 = 0;
+        if (kHaveAvx512) {
+          if constexpr (std::is_same_v<T, float>) ow0 = pool2x2_grad_row_f32(r0, r1, g, d0, d1, OW);
+          else ow0 = pool2x2_grad_row_bf16(r0, r1, g, d0, d1, OW);
+        }
+        for (int64_t ow = ow0; ow < OW; ++ow) {
+          const float a = val(r0[2 * ow]), b = val(r0[2 * ow + 1]), c = val(r1[2 * ow]), d = val(r1[2 * ow + 1]);
+          // The first maximum in window order (a, b, c, d), as the forward and the reference pick it.
+          const U sb = static_cast<U>(0u - static_cast<U>(b > a));
+          const float m1 = b > a ? b : a;
+          const U sc = static_cast<U>(0u - static_cast<U>(c > m1));
+          const float m2 = c > m1 ? c : m1;
+          const U sd = static_cast<U>(0u - static_cast<U>(d > m2));
+          const U gv = gb[ow];
+          // Winner masks: d wins if sd; else c if sc; else b if sb; else a.
+          const U wd = sd, wc = static_cast<U>(sc & ~sd), wb = static_cast<U>(sb & ~sc & ~sd);
+          const U wa = static_cast<U>(~(wb | wc | wd));
+          e0[2 * ow] = gv & wa;
+          e0[2 * ow + 1] = gv & wb;
+          e1[2 * ow] = gv & wc;
+          e1[2 * ow + 1] = gv & wd;
+        }
+        if (W > 2 * OW) {  // a last column no window covers
+          d0[W - 1] = T(0);
+          d1[W - 1] = T(0);
+        }
+      }
+      if (H > 2 * OH) std::memset(dp + (H - 1) * W, 0, sizeof(T) * W);
+    }
+  }
+
+  template <class T>
+  void go(const T* dy, const T* x, T* dx, const Dims& xd, const Dims& yd) const {
+    if (g_.kh == 2 && g_.kw == 2 && g_.sh == 2 && g_.sw == 2 && g_.pt == 0 && g_.pl == 0 && g_.pb == 0 && g_.pr == 0)
+      return go2x2(dy, x, dx, xd, yd);
+    const int64_t NC = xd[0] * xd[1], H = xd[2], W = xd[3], OH = yd[2], OW = yd[3];
+    const bool tiled = g_.kh == g_.sh && g_.kw == g_.sw;  // windows do not overlap: every dX cell written once
+#pragma omp parallel for schedule(static)
+    for (int64_t nc = 0; nc < NC; ++nc) {
+      const T* xp = x + nc * H * W;
+      const T* gp = dy + nc * OH * OW;
+      T* dp = dx + nc * H * W;
+      std::memset(dp, 0, sizeof(T) * H * W);
+      for (int64_t oh = 0; oh < OH; ++oh) {
+        const int64_t h0 = std::max<int64_t>(oh * g_.sh - g_.pt, 0), h1 = std::min<int64_t>(oh * g_.sh - g_.pt + g_.kh, H);
+        for (int64_t ow = 0; ow < OW; ++ow) {
+          const int64_t w0 = std::max<int64_t>(ow * g_.sw - g_.pl, 0), w1 = std::min<int64_t>(ow * g_.sw - g_.pl + g_.kw, W);
+          int64_t best = -1;
+          float bv = 0;
+          for (int64_t h = h0; h < h1; ++h)
+            for (int64_t w = w0; w < w1; ++w) {
+              float v = val(xp[h * W + w]);
+              if (best < 0 || v > bv) {
+                best = h * W + w;
+                bv = v;
+              }
+            }
+          if (best < 0) continue;
+          if (tiled) {
+            dp[best] = gp[oh * OW + ow];
+          } else if constexpr (std::is_same_v<T, float>) {
+            dp[best] += gp[oh * OW + ow];
+          } else {
+            dp[best] = f2bf(bf2f(dp[best]) + bf2f(gp[oh * OW + ow]));
+          }
+        }
+      }
+    }
+  }
+  int32_t dtype_ = KEEL_DTYPE_F32;
+  Pool2d g_{};
+};
+
+// bf16 Relu and MaxPool forward on oneDNN eltwise / pooling (the f32 ones are the plugin's inference kernels).
+class EltPoolBf16Kernel : public Kernel {
+ public:
+  explicit EltPoolBf16Kernel(bool pool) : pool_(pool) {}
+  void setup(Ctx& c) override {
+    if (c.dtype(0) != KEEL_DTYPE_BF16) throw Reject{"bf16 only"};
+    if (pool_) {
+      if (!c.rank_known(0) || c.dims(0).size() != 4) throw Reject{"2-D pooling only"};
+      if (c.output_count() > 1 && c.output_dtype(1) != KEEL_DTYPE_UNDEFINED) throw Reject{"Indices output"};
+      g_.read(c);
+    }
+  }
+  struct Plan {
+    std::unique_ptr<dnnl::primitive> prim;
+    dnnl::memory src, dst;
+    Dims out;
+  };
+  void run(Ctx& c) override {
+    Dims x = c.dims(0);
+    Plan& p = plans_.get(shape_key(c), [&] {
+      auto pl = std::make_unique<Plan>();
+      auto& eng = engine();
+      dnnl::memory::desc src = plain_md(x, dt::bf16);
+      if (pool_) {
+        pl->out = g_.out(x);
+        dnnl::memory::desc dst = plain_md(pl->out, dt::bf16);
+        dnnl::pooling_v2_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::pooling_max, src, dst,
+                                         {g_.sh, g_.sw}, {g_.kh, g_.kw}, {0, 0}, {g_.pt, g_.pl}, {g_.pb, g_.pr});
+        pl->prim = std::make_unique<dnnl::pooling_v2_forward>(dnnl::pooling_v2_forward::primitive_desc(d, eng));
+        pl->dst = dnnl::memory(dst, eng, nullptr);
+      } else {
+        pl->out = x;
+        dnnl::eltwise_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::eltwise_relu, src, 0.f);
+        pl->prim = std::make_unique<dnnl::eltwise_forward>(dnnl::eltwise_forward::primitive_desc(d, eng));
+        pl->dst = dnnl::memory(src, eng, nullptr);
+      }
+      pl->src = dnnl::memory(src, eng, nullptr);
+      return pl;
+    });
+    keel_tensor_t* o = c.output(0, p.out);
+    bind(p.src, c.input(0)->data);
+    bind(p.dst, o->data);
+    p.prim->execute(stream(), {{DNNL_ARG_SRC, p.src}, {DNNL_ARG_DST, p.dst}});
+    stream().wait();
+  }
+
+ private:
+  bool pool_;
+  Pool2d g_{};
+  PlanCache<Plan> plans_;
+};
+
+// Cast between f32 and bf16 (autocast casts weights and activations every step) on a oneDNN reorder; every other
+// pair of dtypes is left to the next kernel.
+class CastBf16Kernel : public Kernel {
+ public:
+  void setup(Ctx& c) override {
+    const int32_t in = c.dtype(0), out = c.output_dtype(0);
+    if (!((in == KEEL_DTYPE_F32 && out == KEEL_DTYPE_BF16) || (in == KEEL_DTYPE_BF16 && out == KEEL_DTYPE_F32)))
+      throw Reject{"f32 <-> bf16 only"};
+    in_ = dnnl_dtype(in);
+    out_ = dnnl_dtype(out);
+  }
+  struct Plan {
+    std::unique_ptr<dnnl::reorder> prim;
+    dnnl::memory src, dst;
+  };
+  void run(Ctx& c) override {
+    Dims d = c.dims(0);
+    keel_tensor_t* o = c.output(0, d);
+    if (numel(d) == 0) return;
+    Dims flat = {numel(d)};
+    Plan& p = plans_.get(shape_key(c), [&] {
+      auto pl = std::make_unique<Plan>();
+      auto& eng = engine();
+      pl->src = dnnl::memory(plain_md(flat, in_), eng, nullptr);
+      pl->dst = dnnl::memory(plain_md(flat, out_), eng, nullptr);
+      pl->prim = std::make_unique<dnnl::reorder>(pl->src, pl->dst);
+      return pl;
+    });
+    bind(p.src, c.input(0)->data);
+    bind(p.dst, o->data);
+    p.prim->execute(stream(), p.src, p.dst);
+    stream().wait();
+  }
+
+ private:
+  dt in_ = dt::f32, out_ = dt::bf16;
+  PlanCache<Plan> plans_;
+};
+
+// ---------------------------------------------------------------------------------------------- cross-entropy
+
+// SoftmaxCrossEntropyLoss (scores [N, C] f32, int64 labels, no weights) fused: one pass per row computes the
+// log-softmax (written as log_prob when wanted) and the NLL term.
+class SoftmaxCrossEntropyKernel : public Kernel {
+ public:
+  void setup(Ctx& c) override {
+    if (c.dtype(0) != KEEL_DTYPE_F32 || c.dtype(1) != KEEL_DTYPE_I64) throw Reject{"f32 scores, int64 labels"};
+    if (c.has_input(2)) throw Reject{"class weights"};
+    if (!c.rank_known(0) || c.dims(0).size() != 2) throw Reject{"[N, C] scores only"};
+    red_ = c.attr_s("reduction", "mean");
+    if (red_ != "mean" && red_ != "sum" && red_ != "none") throw Reject{"reduction " + red_};
+    has_ignore_ = c.has_attr("ignore_index");
+    ignore_ = c.attr_i("ignore_index", -1);
+  }
+  void run(Ctx& c) override {
+    Dims s = c.dims(0);
+    const int64_t N = s[0], C = s[1];
+    if (c.dims(1) != Dims{N}) throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "SoftmaxCrossEntropyLoss: labels must be [N]"};
+    const float* x = c.data<float>(0);
+    const int64_t* t = c.data<int64_t>(1);
+    const bool want_lp = c.output_count() > 1 && c.output_dtype(1) != KEEL_DTYPE_UNDEFINED;
+    keel_tensor_t* lo = c.output(0, red_ == "none" ? Dims{N} : Dims{});
+    float* lp = want_lp ? out_ptr<float>(c.output(1, s)) : nullptr;
+    std::vector<float> row(static_cast<size_t>(C));
+    double sum = 0;
+    int64_t count = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      const float* xr = x + n * C;
+      float mx = xr[0];
+      for (int64_t j = 1; j < C; ++j) mx = std::max(mx, xr[j]);
+      float se = 0;
+      for (int64_t j = 0; j < C; ++j) se += std::exp(xr[j] - mx);
+      const float lse = mx + std::log(se);
+      if (lp)
+        for (int64_t j = 0; j < C; ++j) lp[n * C + j] = xr[j] - lse;
+      const int64_t k = t[n];
+      float l = 0;
+      if (!(has_ignore_ && k == ignore_)) {
+        if (k < 0 || k >= C)
+          throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "SoftmaxCrossEntropyLoss: label " + std::to_string(k) + " out of range"};
+        l = lse - xr[k];
+        ++count;
+      }
+      sum += l;
+      if (red_ == "none") out_ptr<float>(lo)[n] = l;
+    }
+    if (red_ == "sum") *out_ptr<float>(lo) = static_cast<float>(sum);
+    if (red_ == "mean") *out_ptr<float>(lo) = count ? static_cast<float>(sum / static_cast<double>(count)) : 0.f;
+  }
+
+ private:
+  std::string red_;
+  bool has_ignore_ = false;
+  int64_t ignore_ = -1;
+};
+
+// keel.SoftmaxCrossEntropyLossGrad(dLoss, log_prob [N, C], labels [N]) -> dScores = s * (softmax - onehot).
+class SoftmaxCrossEntropyGradKernel : public Kernel {
+ public:
+  void setup(Ctx& c) override {
+    if (c.dtype(0) != KEEL_DTYPE_F32 || c.dtype(1) != KEEL_DTYPE_F32 || c.dtype(2) != KEEL_DTYPE_I64)
+      throw Reject{"f32 / int64 only"};
+    if (c.input_count() > 3 && c.has_input(3)) throw Reject{"class weights"};
+    if (!c.rank_known(1) || c.dims(1).size() != 2) throw Reject{"[N, C] only"};
+    red_ = c.attr_s("reduction", "mean");
+    if (red_ != "mean" && red_ != "sum" && red_ != "none") throw Reject{"reduction " + red_};
+    has_ignore_ = c.has_attr("ignore_index");
+    ignore_ = c.attr_i("ignore_index", -1);
+  }
+  void run(Ctx& c) override {
+    Dims s = c.dims(1);
+    const int64_t N = s[0], C = s[1];
+    if (c.dims(2) != Dims{N}) throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "labels must be [N]"};
+    if (numel(c.dims(0)) != (red_ == "none" ? N : 1)) throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "dLoss shape"};
+    const float* dl = c.data<float>(0);
+    const float* lp = c.data<float>(1);
+    const int64_t* t = c.data<int64_t>(2);
+    float* dx = out_ptr<float>(c.output(0, s));
+    int64_t count = 0;
+    for (int64_t n = 0; n < N; ++n) count += !(has_ignore_ && t[n] == ignore_);
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t k = t[n];
+      float sc = red_ == "none" ? dl[n] : red_ == "sum" ? dl[0] : (count ? dl[0] / static_cast<float>(count) : 0.f);
+      if (has_ignore_ && k == ignore_) sc = 0;
+      else if (k < 0 || k >= C) throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "label out of range"};
+      for (int64_t j = 0; j < C; ++j) dx[n * C + j] = sc * (std::exp(lp[n * C + j]) - (j == k ? 1.f : 0.f));
+    }
+  }
+
+ private:
+  std::string red_;
+  bool has_ignore_ = false;
+  int64_t ignore_ = -1;
+};
+
+// ---------------------------------------------------------------------------------------------- registration
+
+struct TrainKernel {
+  const char* domain;
+  const char* op_type;
+  int32_t since_version;
+  const char* name;
+  std::vector<int32_t> dtypes;  // allowed for type parameter "T"
+  Kernel* (*make)();
+};
+
+const std::vector<TrainKernel>& train_kernels() {
+  static const std::vector<TrainKernel> k = {
+      {"keel", "ConvGrad", 1, "onednn_keel_convgrad", {KEEL_DTYPE_F32, KEEL_DTYPE_BF16}, [] { return static_cast<Kernel*>(new ConvGradKernel); }},
+      {"keel", "ReluGrad", 1, "onednn_keel_relugrad", {KEEL_DTYPE_F32, KEEL_DTYPE_BF16}, [] { return static_cast<Kernel*>(new ReluGradKernel); }},
+      {"keel", "MaxPoolGrad", 1, "onednn_keel_maxpoolgrad", {KEEL_DTYPE_F32, KEEL_DTYPE_BF16}, [] { return static_cast<Kernel*>(new MaxPoolGradKernel); }},
+      {"keel", "SoftmaxCrossEntropyLossGrad", 1, "onednn_keel_softmaxcrossentropylossgrad", {KEEL_DTYPE_F32},
+       [] { return static_cast<Kernel*>(new SoftmaxCrossEntropyGradKernel); }},
+      {"", "SoftmaxCrossEntropyLoss", 13, "onednn_f32_softmaxcrossentropyloss", {KEEL_DTYPE_F32},
+       [] { return static_cast<Kernel*>(new SoftmaxCrossEntropyKernel); }},
+      {"", "Conv", 1, "onednn_bf16_conv", {KEEL_DTYPE_BF16}, [] { return static_cast<Kernel*>(new ConvBf16Kernel); }},
+      {"", "Gemm", 7, "onednn_bf16_gemm", {KEEL_DTYPE_BF16}, [] { return static_cast<Kernel*>(new MatMulBf16Kernel(true)); }},
+      {"", "MatMul", 1, "onednn_bf16_matmul", {KEEL_DTYPE_BF16}, [] { return static_cast<Kernel*>(new MatMulBf16Kernel(false)); }},
+      {"", "Relu", 1, "onednn_bf16_relu", {KEEL_DTYPE_BF16}, [] { return static_cast<Kernel*>(new EltPoolBf16Kernel(false)); }},
+      {"", "MaxPool", 1, "onednn_bf16_maxpool", {KEEL_DTYPE_BF16}, [] { return static_cast<Kernel*>(new EltPoolBf16Kernel(true)); }},
+      // Cast's type parameters are T1/T2 (no "T"): the kernel itself rejects other dtype pairs at create.
+      {"", "Cast", 13, "onednn_bf16_cast", {KEEL_DTYPE_F32, KEEL_DTYPE_BF16}, [] { return static_cast<Kernel*>(new CastBf16Kernel); }},
+  };
+  return k;
+}
+
+keel_status_t status(int32_t code, const std::string& msg) { return g_host->status_create(code, msg.c_str()); }
+
+keel_status_t train_create(void* user_data, keel_kernel_context_t* ctx, void** out_state) {
+  const auto* info = static_cast<const TrainKernel*>(user_data);
+  try {
+    std::unique_ptr<Kernel> k(info->make());
+    Ctx c(ctx);
+    k->setup(c);
+    *out_state = k.release();
+    return nullptr;
+  } catch (const Reject& r) {
+    return status(KEEL_STATUS_UNIMPLEMENTED, r.why);
+  } catch (const dnnl::error& e) {
+    return status(KEEL_STATUS_UNIMPLEMENTED, std::string("oneDNN: ") + e.what());
+  } catch (const Failure& f) {
+    return status(KEEL_STATUS_UNIMPLEMENTED, f.message);
+  } catch (const std::exception& e) {
+    return status(KEEL_STATUS_UNIMPLEMENTED, std::string("create failed: ") + e.what());
+  } catch (...) {
+    return status(KEEL_STATUS_UNIMPLEMENTED, "create failed");
+  }
+}
+
+keel_status_t train_compute(void* state, keel_kernel_context_t* ctx) {
+  try {
+    Ctx c(ctx);
+    set_threads(c.thread_count());
+    static_cast<Kernel*>(state)->run(c);
+    return nullptr;
+  } catch (const Failure& f) {
+    return status(f.code, f.message);
+  } catch (const Reject& r) {
+    return status(KEEL_STATUS_UNIMPLEMENTED, r.why);
+  } catch (const dnnl::error& e) {
+    // No oneDNN implementation for this shape: let the next kernel (the reference) run it.
+    return status(KEEL_STATUS_UNIMPLEMENTED, std::string("oneDNN: ") + e.what());
+  } catch (const std::exception& e) {
+    return status(KEEL_STATUS_INTERNAL, e.what());
+  } catch (...) {
+    return status(KEEL_STATUS_INTERNAL, "unknown exception");
+  }
+}
+
+void train_release(void* state) { delete static_cast<Kernel*>(state); }
+
+}  // namespace
+
+keel_status_t register_train_kernels(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+  for (const auto& info : train_kernels()) {
+    keel_kernel_def_t def;
+    std::memset(&def, 0, sizeof def);
+    def.struct_size = sizeof def;
+    def.abi_major = KEEL_PLUGIN_ABI_MAJOR;
+    def.abi_minor = KEEL_PLUGIN_ABI_MINOR;
+    def.name = info.name;
+    def.domain = info.domain;
+    def.op_type = info.op_type;
+    def.since_version = info.since_version;
+    def.end_version = 0;
+    def.device_type = "cpu";
+    keel_type_constraint_t tc{"T", info.dtypes.data(), info.dtypes.size()};
+    def.constraints = &tc;
+    def.constraint_count = 1;
+    def.user_data = const_cast<TrainKernel*>(&info);
+    def.create = train_create;
+    def.compute = train_compute;
+    def.release = train_release;
+    if (keel_status_t st = host->register_kernel(plugin, &def)) return st;
+  }
+  return nullptr;
+}
+
+}  // namespace keel::onednn

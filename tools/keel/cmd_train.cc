@@ -1,0 +1,681 @@
+// `keel train` — the full loop of the README's first command: train PaddlePaddle's introductory SimpleCNN (one input
+// channel: Conv2D(1,32,3) → ReLU → MaxPool2D(2) → Flatten → Linear(32·13·13,10)) on Fashion-MNIST with eager tensors
+// and autograd, trace it to graph IR, save it as ONNX, run the saved model through a Session (fp32 test accuracy and
+// latency), then quantize it to INT8 and report the same.
+//
+// The training step is PyTorch's: SGD(lr, momentum) by default, batch 64, cross-entropy, shuffled every epoch
+// (seeded), optional autocast (bf16 | fp16 with a dynamic loss scaler), gradient accumulation, clipping, an LR
+// schedule. --checkpoint writes a safetensors checkpoint after every epoch (and --checkpoint-every N steps);
+// --resume continues a run exactly where it stopped. --log writes JSON Lines scalars that `keel plot` draws.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <numeric>
+#include <optional>
+#include <sstream>
+
+#include "core/base/pass_manager.h"
+#include "core/runtime/eager.h"
+#include "core/base/thread_pool.h"
+#include "core/runtime/host_api.h"
+#include "core/runtime/kernel_context.h"
+#include "core/runtime/onnx_io.h"
+#include "core/runtime/session.h"
+#include "core/train/data.h"
+#include "core/train/nn.h"
+#include "core/train/optim.h"
+#include "core/train/scalar_log.h"
+#include "core/train/trainer.h"
+#include "tools/keel/commands.h"
+#include "tools/keel/progress.h"
+
+namespace keel::cli {
+namespace {
+
+using namespace keel::train;
+using Clock = std::chrono::steady_clock;
+using Feeds = std::vector<std::pair<std::string, keel::Tensor>>;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// PaddlePaddle's introductory SimpleCNN for one input channel (28×28 → 10 classes).
+class SimpleCNN : public nn::Module {
+ public:
+  SimpleCNN() : nn::Module("SimpleCNN") {
+    conv = register_module("conv", std::make_shared<nn::Conv2D>(1, 32, 3));
+    pool = register_module("pool", std::make_shared<nn::MaxPool2D>(2));
+    fc = register_module("fc", std::make_shared<nn::Linear>(32 * 13 * 13, 10));
+  }
+  eager::Tensor forward(const eager::Tensor& x) override {
+    return fc->forward(eager::flatten(pool->forward(eager::relu(conv->forward(x))), 1));
+  }
+  std::shared_ptr<nn::Conv2D> conv;
+  std::shared_ptr<nn::MaxPool2D> pool;
+  std::shared_ptr<nn::Linear> fc;
+};
+
+struct TrainArgs {
+  int epochs = 2;
+  int64_t batch = 64;
+  std::string amp = "none";
+  double lr = 0.01, momentum = 0.9, weight_decay = 0;
+  std::string optimizer = "sgd";
+  std::string scheduler = "none";
+  int64_t warmup = 0;
+  int accumulate = 1;
+  double clip = 0;
+  uint64_t seed = 0;
+  std::string data = FashionMnist::kDefaultDir;
+  int64_t limit = 0;
+  int workers = 1;
+  std::string device = "cpu";
+  std::string log, checkpoint, resume;
+  int64_t checkpoint_every = 0;
+  int64_t log_every = 50;
+  std::string output = "simple_cnn_fmnist.onnx";
+  bool quantize = true;
+  int64_t calibration_batches = 8;
+  bool quiet = false;
+};
+
+StatusOr<std::shared_ptr<FashionMnist>> first_n(const std::shared_ptr<FashionMnist>& ds, int64_t n) {
+  if (n <= 0 || n >= ds->size()) return ds;
+  const auto& im = ds->images();
+  Shape s = im.shape();
+  s[0] = n;
+  KEEL_ASSIGN_OR_RETURN(keel::Tensor images, keel::Tensor::host(DType::kU8, s), "limit");
+  KEEL_ASSIGN_OR_RETURN(keel::Tensor labels, keel::Tensor::host(DType::kU8, {n}), "limit");
+  std::memcpy(images.raw_data(), im.raw_data(), images.byte_size());
+  std::memcpy(labels.raw_data(), ds->labels().raw_data(), static_cast<size_t>(n));
+  return FashionMnist::from_tensors(images, labels, "limit");
+}
+
+int64_t count_correct(const eager::Tensor& logits, const keel::Tensor& target) {
+  auto pred = eager::argmax(logits, 1).to_vector<int64_t>();
+  const int64_t* y = target.data<int64_t>();
+  int64_t c = 0;
+  for (size_t i = 0; i < pred.size(); ++i) c += pred[i] == y[i];
+  return c;
+}
+
+// Test-set accuracy of the eager model (eval mode, no grad, the training autocast).
+double evaluate_eager(nn::Module& model, const FashionMnist& test, const TrainArgs& a, double* seconds) {
+  auto t0 = Clock::now();
+  model.eval();
+  eager::NoGradGuard ng;
+  std::optional<eager::AutocastGuard> ac;
+  if (a.amp == "bf16") ac.emplace(DType::kBF16);
+  if (a.amp == "fp16") ac.emplace(DType::kF16);
+  int64_t correct = 0;
+  const int64_t bs = 1000;
+  for (int64_t i = 0; i < test.size(); i += bs) {
+    std::vector<int64_t> idx(static_cast<size_t>(std::min(bs, test.size() - i)));
+    std::iota(idx.begin(), idx.end(), i);
+    auto b = test.get_batch(idx);
+    if (!b.is_ok()) throw eager::Error(b.status());
+    eager::Tensor x(b->data);
+    if (a.device != "cpu") x = x.to(a.device);
+    correct += count_correct(model(x), b->target);
+  }
+  model.train();
+  if (seconds) *seconds = seconds_since(t0);
+  return static_cast<double>(correct) / static_cast<double>(test.size());
+}
+
+// Accuracy of a graph run through a Session on the whole test set, plus latency at batch 1 (median of runs).
+struct GraphEval {
+  double accuracy = 0, latency_ms = 0, batch_ms = 0;
+  int64_t eval_batch = 0;
+};
+
+StatusOr<GraphEval> evaluate_graph(Environment& env, const Graph& graph, const FashionMnist& test, int threads,
+                                   const std::string& device) {
+  SessionOptions so;
+  so.devices = {device};
+  so.threads = threads;
+  KEEL_ASSIGN_OR_RETURN(auto session, Session::create(env, graph, so), "session");
+  const std::string input = session->input_names().at(0);
+  const auto* info = graph.info(input);
+  int64_t fixed_batch = 0;  // 0: dynamic batch
+  if (info && info->shape && !info->shape->empty() && (*info->shape)[0] > 0) fixed_batch = (*info->shape)[0];
+  const int64_t bs = fixed_batch ? fixed_batch : 1000;
+  GraphEval r;
+  r.eval_batch = bs;
+  int64_t correct = 0, seen = 0;
+  double total_ms = 0;
+  int runs = 0;
+  for (int64_t i = 0; i + bs <= test.size(); i += bs) {
+    std::vector<int64_t> idx(static_cast<size_t>(bs));
+    std::iota(idx.begin(), idx.end(), i);
+    KEEL_ASSIGN_OR_RETURN(Batch b, test.get_batch(idx), "test data");
+    auto t0 = Clock::now();
+    KEEL_ASSIGN_OR_RETURN(auto out, session->run({{input, b.data}}), "run");
+    total_ms += seconds_since(t0) * 1e3;
+    ++runs;
+    const keel::Tensor& logits = out.at(0);
+    const int64_t classes = logits.shape().back();
+    const float* l = logits.data<float>();
+    for (int64_t k = 0; k < bs; ++k) {
+      const float* row = l + k * classes;
+      correct += (std::max_element(row, row + classes) - row) == b.target.data<int64_t>()[k];
+    }
+    seen += bs;
+  }
+  r.accuracy = seen ? static_cast<double>(correct) / static_cast<double>(seen) : 0;
+  r.batch_ms = runs ? total_ms / runs : 0;
+  // Latency: one image at a time (when the batch is dynamic or traced at 1).
+  if (!fixed_batch || fixed_batch == 1) {
+    KEEL_ASSIGN_OR_RETURN(Batch one, test.get_batch({0}), "test data");
+    std::vector<double> ms;
+    for (int i = 0; i < 200; ++i) {
+      auto t0 = Clock::now();
+      KEEL_ASSIGN_OR_RETURN(auto out, session->run({{input, one.data}}), "run");
+      if (i >= 20) ms.push_back(seconds_since(t0) * 1e3);
+    }
+    std::nth_element(ms.begin(), ms.begin() + static_cast<std::ptrdiff_t>(ms.size() / 2), ms.end());
+    r.latency_ms = ms[ms.size() / 2];
+  }
+  return r;
+}
+
+StatusOr<Graph> trace_at(nn::Module& model, const FashionMnist& test, int64_t batch) {
+  std::vector<int64_t> idx(static_cast<size_t>(batch));
+  std::iota(idx.begin(), idx.end(), 0);
+  KEEL_ASSIGN_OR_RETURN(Batch b, test.get_batch(idx), "trace input");
+  eager::Tensor x(b.data);
+  eager::Tracer tracer("simple_cnn_fashion_mnist");
+  tracer.input(x, "image");
+  for (const auto& [n, p] : model.named_parameters()) tracer.name_parameter(p, n);
+  for (const auto& [n, p] : model.named_buffers()) tracer.name_parameter(p, n);
+  tracer.output(model(x), "logits");
+  return tracer.graph();
+}
+
+// Traces the model (eval mode, fp32) and makes the batch dimension dynamic when the traced graph allows it (checked
+// by running it at another batch); otherwise returns a graph traced at batch 1.
+StatusOr<Graph> trace_model(Environment& env, nn::Module& model, const FashionMnist& test) {
+  model.eval();
+  eager::NoGradGuard ng;
+  StatusOr<Graph> traced = trace_at(model, test, 2);
+  if (!traced.is_ok()) {
+    model.train();
+    return traced;
+  }
+  Graph dynamic = *traced;
+  bool ok = false;
+  if (auto it = dynamic.value_info.find("image"); it != dynamic.value_info.end() && it->second.shape) {
+    (*it->second.shape)[0] = -1;
+    for (auto v = dynamic.value_info.begin(); v != dynamic.value_info.end();) {
+      if (v->first != "image" && !dynamic.is_graph_output(v->first)) v = dynamic.value_info.erase(v);
+      else ++v;
+    }
+    for (const auto& o : dynamic.outputs)
+      if (auto oi = dynamic.value_info.find(o); oi != dynamic.value_info.end() && oi->second.shape && !oi->second.shape->empty())
+        (*oi->second.shape)[0] = -1;
+    // A Reshape traced with a constant target shape that starts with the traced batch keeps the batch instead
+    // (ONNX: 0 copies the input's dim), as torch.onnx's dynamic axes do.
+    for (NodeId id : dynamic.node_ids()) {
+      const Node* n = dynamic.node(id);
+      if (n->op_type != "Reshape" || n->inputs.size() < 2 || !dynamic.is_initializer(n->inputs[1])) continue;
+      const keel::Tensor& shape = dynamic.initializers.at(n->inputs[1]);
+      if (shape.dtype() != DType::kI64 || shape.numel() < 1 || shape.data<int64_t>()[0] != 2) continue;
+      auto copy = shape.clone();
+      if (!copy.is_ok()) continue;
+      copy->data<int64_t>()[0] = 0;
+      dynamic.initializers[n->inputs[1]] = *copy;
+    }
+    if (infer_shapes(dynamic).is_ok() && dynamic.validate().is_ok()) {
+      SessionOptions so;
+      so.devices = {"cpu"};
+      auto session = Session::create(env, dynamic, so);
+      auto probe = test.get_batch({0, 1, 2});
+      ok = session.is_ok() && probe.is_ok() && (*session)->run({{"image", probe->data}}).is_ok();
+    }
+  }
+  StatusOr<Graph> result = ok ? StatusOr<Graph>(std::move(dynamic)) : trace_at(model, test, 1);
+  model.train();
+  return result;
+}
+
+Status run_pass(Environment& env, Graph& g, const PassSpec& spec, std::vector<PassReport>* reports) {
+  keel_graph_s view;
+  view.graph = &g;
+  view.env = &env;
+  KEEL_ASSIGN_OR_RETURN(auto r, PassManager(env.registry(), graph_api()).run(g, &view, {spec}, "cpu"), spec.name);
+  if (reports) *reports = std::move(r);
+  return Status::ok();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------------------
+// INT8: quantize_and_evaluate.
+// INTEGRATION POINT: after the merge with the quantize branch, replace the body's calibration + pass run with
+//   keel::cli::quantize_graph(env, fp32, calibration, QuantizeOptions{...})   (tools/keel/quantize.h)
+// and keep the evaluation below. Until then it calibrates min/max ranges of every Conv/Gemm/MatMul activation input
+// by running the fp32 graph on `calibration` with those values as extra outputs, and runs the quantize_int8 pass
+// plugin with them (QDQ: s8 per-channel weights, u8 activations).
+// ---------------------------------------------------------------------------------------------------------------
+StatusOr<Graph> quantize_graph_minmax(Environment& env, const Graph& fp32, const std::vector<Feeds>& calibration,
+                                      std::vector<PassReport>* reports) {
+  if (!env.registry().pass("quantize_int8"))
+    return unavailable("the quantize_int8 pass plugin is not installed (see `keel plugins`)");
+  if (calibration.empty()) return invalid_argument("quantize: no calibration batches");
+  std::vector<std::string> acts;
+  for (NodeId id : fp32.node_ids()) {
+    const Node* n = fp32.node(id);
+    if ((n->op_type == "Conv" || n->op_type == "Gemm" || n->op_type == "MatMul") && !n->inputs.empty() &&
+        !fp32.is_initializer(n->inputs[0]) && std::find(acts.begin(), acts.end(), n->inputs[0]) == acts.end())
+      acts.push_back(n->inputs[0]);
+  }
+  Graph calib = fp32;
+  std::vector<size_t> out_index;
+  for (const auto& a : acts) {
+    auto it = std::find(calib.outputs.begin(), calib.outputs.end(), a);
+    if (it == calib.outputs.end()) {
+      out_index.push_back(calib.outputs.size());
+      calib.outputs.push_back(a);
+    } else {
+      out_index.push_back(static_cast<size_t>(it - calib.outputs.begin()));
+    }
+  }
+  SessionOptions so;
+  so.devices = {"cpu"};
+  KEEL_ASSIGN_OR_RETURN(auto session, Session::create(env, calib, so), "calibration session");
+  std::vector<float> lo(acts.size(), INFINITY), hi(acts.size(), -INFINITY);
+  for (const auto& feeds : calibration) {
+    KEEL_ASSIGN_OR_RETURN(auto out, session->run(feeds), "calibration run");
+    for (size_t a = 0; a < acts.size(); ++a) {
+      const keel::Tensor& t = out.at(out_index[a]);
+      if (t.dtype() != DType::kF32) continue;
+      const float* v = t.data<float>();
+      for (int64_t i = 0; i < t.numel(); ++i) lo[a] = std::min(lo[a], v[i]), hi[a] = std::max(hi[a], v[i]);
+    }
+  }
+  PassSpec spec{"quantize_int8", {}};
+  spec.options.values["calibration"] = std::string("minmax");
+  for (size_t a = 0; a < acts.size(); ++a)
+    if (std::isfinite(lo[a]) && std::isfinite(hi[a]))
+      spec.options.values["range." + acts[a]] = std::to_string(lo[a]) + "," + std::to_string(hi[a]);
+  Graph q = fp32;
+  KEEL_RETURN_IF_ERROR(infer_shapes(q), "quantize");
+  KEEL_RETURN_IF_ERROR(run_pass(env, q, spec, reports), "quantize");
+  KEEL_RETURN_IF_ERROR(infer_shapes(q), "quantized graph");
+  return q;
+}
+
+// Quantizes `fp32` (calibrated on `calibration`), saves it beside `fp32_path` as *.int8.onnx and evaluates it on the
+// test set through a Session. The integrator swaps quantize_graph_minmax for keel::cli::quantize_graph here.
+StatusOr<GraphEval> quantize_and_evaluate(Environment& env, const Graph& fp32, const std::vector<Feeds>& calibration,
+                                          const FashionMnist& test, int threads, const std::filesystem::path& fp32_path) {
+  std::vector<PassReport> reports;
+  KEEL_ASSIGN_OR_RETURN(Graph q, quantize_graph_minmax(env, fp32, calibration, &reports), "int8");
+  std::filesystem::path qpath = fp32_path;
+  qpath.replace_extension(".int8.onnx");
+  KEEL_RETURN_IF_ERROR(save_onnx(q, qpath), "int8");
+  for (const auto& r : reports) {
+    auto it = r.counters.find("nodes_quantized");
+    std::cout << "quantized " << (it == r.counters.end() ? 0 : it->second) << " node(s) to INT8 (min/max calibration on "
+              << calibration.size() << " batches), saved " << qpath.string() << "\n";
+  }
+  return evaluate_graph(env, q, test, threads, "cpu");
+}
+
+namespace {
+
+int run_train(Globals& g, const TrainArgs& a) {
+  // Eager training runs many short parallel regions: OpenMP threads (oneDNN's) that spin between them starve the
+  // training thread on a busy machine. Sleep instead unless the user chose a policy; libgomp reads this when the
+  // oneDNN plugin loads it, so before the environment discovers plugins (as eager's default environment does).
+  setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
+  auto env_u = make_environment(g);
+  if (!env_u) return 1;
+  std::shared_ptr<Environment> env(std::move(env_u));
+  eager::init(env, 0);
+  try {
+    eager::set_device(a.device);
+  } catch (const eager::Error& e) {
+    std::cerr << "keel train: " << e.what() << "\n";
+    return 1;
+  }
+  if (a.batch < 1 || a.epochs < 0 || a.accumulate < 1) {
+    std::cerr << "keel train: --batch and --accumulate must be >= 1, --epochs >= 0\n";
+    return 2;
+  }
+
+  // Data: decoded once into memory (u8); batches are gathered and normalised by the loader's worker threads.
+  auto t_load = Clock::now();
+  auto train_ds = FashionMnist::load(a.data, FashionMnist::Split::kTrain);
+  auto test_ds = train_ds.is_ok() ? FashionMnist::load(a.data, FashionMnist::Split::kTest) : train_ds;
+  if (!train_ds.is_ok() || !test_ds.is_ok()) {
+    std::cerr << "keel train: " << (train_ds.is_ok() ? test_ds : train_ds).status().to_string() << "\n";
+    return 1;
+  }
+  auto train_set = first_n(*train_ds, a.limit);
+  if (!train_set.is_ok()) {
+    std::cerr << "keel train: " << train_set.status().to_string() << "\n";
+    return 1;
+  }
+  const auto& train = *train_set;
+  const auto& test = *test_ds;
+  const double load_s = seconds_since(t_load);
+
+  eager::manual_seed(a.seed);
+  SimpleCNN model;
+  if (a.device != "cpu") model.to(a.device);
+  std::unique_ptr<Optimizer> opt;
+  try {
+    if (a.optimizer == "sgd") {
+      opt = std::make_unique<SGD>(model.parameters(), SGDOptions{a.lr, a.momentum, 0, a.weight_decay, false});
+    } else {
+      AdamOptions o;
+      o.lr = a.lr;
+      o.weight_decay = a.weight_decay;
+      opt = std::make_unique<Adam>(model.parameters(), o, a.optimizer == "adamw");
+    }
+  } catch (const eager::Error& e) {
+    std::cerr << "keel train: " << e.what() << "\n";
+    return 2;
+  }
+  DataLoaderOptions lo;
+  lo.batch_size = a.batch;
+  lo.seed = a.seed;
+  lo.workers = a.workers;
+  lo.prefetch = 4;
+  auto loader_or = DataLoader::create(train, lo);
+  if (!loader_or.is_ok()) {
+    std::cerr << "keel train: " << loader_or.status().to_string() << "\n";
+    return 2;
+  }
+  auto loader = std::move(loader_or).value();
+  const int64_t steps_per_epoch = (loader->batches_per_epoch() + a.accumulate - 1) / a.accumulate;
+  std::shared_ptr<LRScheduler> sched;
+  std::shared_ptr<LRScheduler> main_sched;
+  const int64_t total_steps = std::max<int64_t>(1, steps_per_epoch * a.epochs - a.warmup);
+  if (a.scheduler == "cosine") main_sched = std::make_shared<CosineAnnealingLR>(*opt, total_steps);
+  else if (a.scheduler == "step") main_sched = std::make_shared<StepLR>(*opt, std::max<int64_t>(1, steps_per_epoch), 0.1);
+  if (a.warmup > 0) sched = std::make_shared<LinearWarmupLR>(*opt, a.warmup, 0.1, 1.0, main_sched);
+  else sched = main_sched;
+  GradScalerOptions so;
+  so.enabled = a.amp == "fp16";
+  GradScaler scaler(so);
+
+  Progress progress;
+  progress.data_seed = a.seed;
+  if (!a.resume.empty()) {
+    auto ckpt = Checkpoint::load(a.resume);
+    Status st = ckpt.is_ok() ? restore_checkpoint(*ckpt, model, *opt, sched.get(), &scaler, progress) : ckpt.status();
+    if (!st.is_ok()) {
+      std::cerr << "keel train: cannot resume from " << a.resume << ": " << st.to_string() << "\n";
+      return 1;
+    }
+    if (progress.data_seed != a.seed) {
+      lo.seed = progress.data_seed;
+      loader = DataLoader::create(train, lo).value();
+    }
+    std::cout << "resumed from " << a.resume << " at epoch " << progress.epoch + 1 << ", batch " << progress.batch
+              << " (step " << progress.global_step << ")\n";
+  }
+  std::unique_ptr<ScalarLogger> log;
+  if (!a.log.empty()) {
+    auto l = ScalarLogger::open(a.log, /*append=*/!a.resume.empty());
+    if (!l.is_ok()) {
+      std::cerr << "keel train: " << l.status().to_string() << "\n";
+      return 1;
+    }
+    log = std::move(l).value();
+  }
+  auto log_write = [&](const std::string& kind, nlohmann::json rec) {
+    if (!log) return;
+    Status st = log->write(kind, std::move(rec));
+    if (!st.is_ok()) std::cerr << "keel train: warning: " << st.to_string() << "\n";
+  };
+  auto save_checkpoint = [&]() -> bool {
+    if (a.checkpoint.empty()) return true;
+    Status st = capture_checkpoint(model, *opt, sched.get(), &scaler, progress).save(a.checkpoint);
+    if (!st.is_ok()) std::cerr << "keel train: checkpoint: " << st.to_string() << "\n";
+    return st.is_ok();
+  };
+
+  const int threads = env->thread_pool().thread_count();
+  std::cout << "keel train: SimpleCNN (Conv2D(1,32,3) -> ReLU -> MaxPool2D(2) -> Flatten -> Linear(5408,10)), "
+            << model.num_parameters() << " parameters\n"
+            << "  data " << a.data << ": " << train->size() << " train / " << test->size() << " test images (decoded in "
+            << std::fixed << std::setprecision(2) << load_s << " s)\n"
+            << "  " << opt->name() << " lr " << a.lr << (a.optimizer == "sgd" ? " momentum " + std::to_string(a.momentum).substr(0, 4) : "")
+            << ", batch " << a.batch << (a.accumulate > 1 ? " x " + std::to_string(a.accumulate) + " micro-batches" : "")
+            << ", amp " << a.amp << ", " << threads << " thread(s), device " << a.device << ", seed " << a.seed << std::endl;
+
+  nn::CrossEntropyLoss ce;
+  double final_acc = -1;
+  std::vector<double> epoch_seconds;
+  try {
+    for (int64_t epoch = progress.epoch; epoch < a.epochs; ++epoch) {
+      Status st = loader->start_epoch(epoch, progress.batch);
+      if (!st.is_ok()) throw eager::Error(st);
+      const int64_t remaining = train->size() - std::min(train->size(), progress.batch * a.batch);
+      ProgressBar bar("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(a.epochs), remaining, "img", !a.quiet);
+      auto t0 = Clock::now();
+      double loss_sum = 0, win_loss = 0;
+      int64_t seen = 0, correct = 0, batches = 0, win_seen = 0, win_correct = 0, win_batches = 0, micro = 0;
+      auto win_t0 = Clock::now();
+      for (;;) {
+        auto next = loader->next();
+        if (!next.is_ok()) throw eager::Error(next.status());
+        if (!next->has_value()) break;
+        Batch& b = **next;
+        eager::Tensor x(b.data), y(b.target);
+        if (a.device != "cpu") x = x.to(a.device), y = y.to(a.device);
+        eager::Tensor logits, loss;
+        {
+          std::optional<eager::AutocastGuard> ac;
+          if (a.amp == "bf16") ac.emplace(DType::kBF16);
+          if (a.amp == "fp16") ac.emplace(DType::kF16);
+          logits = model(x);
+          loss = ce(logits, y);
+        }
+        eager::Tensor to_back = a.accumulate > 1 ? loss / static_cast<float>(a.accumulate) : loss;
+        scaler.scale(to_back).backward();
+        ++micro;
+        const bool last_batch = b.index + 1 == loader->batches_per_epoch();
+        if (micro == a.accumulate || last_batch) {
+          if (a.clip > 0) {
+            scaler.unscale_(*opt);
+            clip_grad_norm_(model.parameters(), a.clip);
+          }
+          scaler.step(*opt);
+          scaler.update();
+          opt->zero_grad();
+          if (sched) sched->step();
+          ++progress.global_step;
+          micro = 0;
+        }
+        progress.batch = b.index + 1;
+        const float l = loss.item();
+        const int64_t c = count_correct(logits.detach(), b.target);
+        loss_sum += l, win_loss += l;
+        correct += c, win_correct += c;
+        seen += b.size(), win_seen += b.size();
+        ++batches, ++win_batches;
+        std::ostringstream msg;
+        msg << std::fixed << std::setprecision(4) << "loss " << loss_sum / static_cast<double>(batches) << "  acc "
+            << static_cast<double>(correct) / static_cast<double>(seen);
+        bar.tick(b.size(), msg.str());
+        if (a.log_every > 0 && win_batches == a.log_every) {
+          const double dt = seconds_since(win_t0);
+          log_write("step", {{"step", progress.global_step}, {"epoch", epoch + 1}, {"loss", win_loss / static_cast<double>(win_batches)},
+                             {"accuracy", static_cast<double>(win_correct) / static_cast<double>(win_seen)}, {"lr", opt->lr()},
+                             {"img_per_s", static_cast<double>(win_seen) / dt}, {"loss_scale", scaler.get_scale()}});
+          win_loss = 0, win_seen = win_correct = win_batches = 0;
+          win_t0 = Clock::now();
+        }
+        if (a.checkpoint_every > 0 && micro == 0 && progress.global_step % a.checkpoint_every == 0) save_checkpoint();
+      }
+      const double dt = seconds_since(t0);
+      epoch_seconds.push_back(dt);
+      std::ostringstream msg;
+      msg << std::fixed << std::setprecision(4) << "loss " << (batches ? loss_sum / static_cast<double>(batches) : 0) << "  acc "
+          << (seen ? static_cast<double>(correct) / static_cast<double>(seen) : 0);
+      bar.finish(msg.str());
+      progress.epoch = epoch + 1;
+      progress.batch = 0;
+      double eval_s = 0;
+      final_acc = evaluate_eager(model, *test, a, &eval_s);
+      std::cout << "epoch " << epoch + 1 << "/" << a.epochs << ": " << std::fixed << std::setprecision(2) << dt << " s, "
+                << std::setprecision(0) << static_cast<double>(seen) / dt << " img/s, " << std::setprecision(4)
+                << "train loss " << (batches ? loss_sum / static_cast<double>(batches) : 0) << ", train accuracy "
+                << (seen ? static_cast<double>(correct) / static_cast<double>(seen) : 0) << ", test accuracy " << final_acc
+                << " (eval " << std::setprecision(2) << eval_s << " s" << (loader->wait_seconds() > 0.05 * dt ? ", waited for data " + std::to_string(loader->wait_seconds()) + " s" : "") << ")" << std::endl;
+      log_write("epoch", {{"epoch", epoch + 1}, {"step", progress.global_step}, {"epoch_seconds", dt},
+                          {"train_loss", batches ? loss_sum / static_cast<double>(batches) : 0},
+                          {"train_accuracy", seen ? static_cast<double>(correct) / static_cast<double>(seen) : 0},
+                          {"test_accuracy", final_acc}, {"img_per_s", static_cast<double>(seen) / dt}, {"lr", opt->lr()}});
+      if (!save_checkpoint()) return 1;
+    }
+    if (final_acc < 0) final_acc = evaluate_eager(model, *test, a, nullptr);
+  } catch (const eager::Error& e) {
+    std::cerr << "\nkeel train: " << e.what() << "\n";
+    return 1;
+  }
+  std::cout << "test accuracy: " << std::fixed << std::setprecision(4) << final_acc << "\n";
+  if (!epoch_seconds.empty()) {
+    double mean = std::accumulate(epoch_seconds.begin(), epoch_seconds.end(), 0.0) / static_cast<double>(epoch_seconds.size());
+    std::cout << "mean epoch time: " << std::setprecision(2) << mean << " s\n";
+  }
+  if (a.output.empty()) return 0;
+
+  // Trace → ONNX → Session (the deployed form).
+  StatusOr<Graph> traced = Status(StatusCode::kInternal, "not traced");
+  try {
+    traced = trace_model(*env, model, *test);
+  } catch (const eager::Error& e) {
+    traced = e.status();
+  }
+  if (!traced.is_ok()) {
+    std::cerr << "keel train: tracing failed: " << traced.status().to_string() << "\n";
+    return 1;
+  }
+  Status st = save_onnx(*traced, a.output);
+  if (!st.is_ok()) {
+    std::cerr << "keel train: " << st.to_string() << "\n";
+    return 1;
+  }
+  auto reloaded = load_onnx(a.output);
+  if (!reloaded.is_ok()) {
+    std::cerr << "keel train: the saved model does not load: " << reloaded.status().to_string() << "\n";
+    return 1;
+  }
+  std::cout << "saved " << a.output << " (" << reloaded->node_count() << " nodes)\n";
+  auto fp32 = evaluate_graph(*env, *reloaded, *test, 0, "cpu");
+  if (!fp32.is_ok()) {
+    std::cerr << "keel train: running the saved model: " << fp32.status().to_string() << "\n";
+    return 1;
+  }
+  auto report = [](const char* what, const GraphEval& e) {
+    std::cout << what << " test accuracy " << std::fixed << std::setprecision(4) << e.accuracy;
+    if (e.latency_ms > 0) std::cout << ", latency " << std::setprecision(3) << e.latency_ms << " ms (batch 1)";
+    std::cout << ", " << std::setprecision(2) << e.batch_ms << " ms per batch of " << e.eval_batch << "\n";
+  };
+  report("fp32 model (Session):", *fp32);
+  if (!a.quantize) return 0;
+
+  std::vector<Feeds> calibration;
+  for (int64_t k = 0; k < a.calibration_batches; ++k) {  // calibration from the training set, never the test set
+    std::vector<int64_t> idx(static_cast<size_t>(std::min<int64_t>(64, train->size())));
+    std::iota(idx.begin(), idx.end(), (k * 64) % std::max<int64_t>(1, train->size() - 64));
+    auto b = train->get_batch(idx);
+    if (!b.is_ok()) break;
+    calibration.push_back({{reloaded->inputs.at(0), b->data}});
+  }
+  auto i8 = quantize_and_evaluate(*env, *reloaded, calibration, *test, 0, a.output);
+  if (!i8.is_ok()) {
+    std::cout << "int8: not done: " << i8.status().to_string() << "\n";
+    return 0;
+  }
+  report("int8 model (Session):", *i8);
+  std::cout << "int8 - fp32 accuracy: " << std::showpos << std::setprecision(4) << (i8->accuracy - fp32->accuracy)
+            << std::noshowpos << "\n";
+  return 0;
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& app, Globals& g) {
+  auto* cmd = app.add_subcommand("train", "Train the SimpleCNN on Fashion-MNIST, trace it, save ONNX, quantize to INT8");
+  auto a = std::make_shared<TrainArgs>();
+  cmd->add_option("--epochs", a->epochs, "Epochs")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--batch", a->batch, "Batch size")->check(CLI::PositiveNumber);
+  cmd->add_option("--threads", g.threads, "Worker threads for kernels (0 = all cores)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--amp", a->amp, "Autocast: none, bf16, fp16 (fp16 uses a dynamic loss scaler)")
+      ->check(CLI::IsMember({"none", "bf16", "fp16"}));
+  cmd->add_option("--lr", a->lr, "Learning rate")->check(CLI::PositiveNumber);
+  cmd->add_option("--momentum", a->momentum, "SGD momentum")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--weight-decay", a->weight_decay, "Weight decay (AdamW: decoupled)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--optimizer", a->optimizer, "sgd, adam, adamw")->check(CLI::IsMember({"sgd", "adam", "adamw"}));
+  cmd->add_option("--scheduler", a->scheduler, "LR schedule per step: none, step (x0.1 per epoch), cosine")
+      ->check(CLI::IsMember({"none", "step", "cosine"}));
+  cmd->add_option("--warmup", a->warmup, "Linear warmup steps")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--accumulate", a->accumulate, "Micro-batches per optimizer step (gradient accumulation)")->check(CLI::PositiveNumber);
+  cmd->add_option("--clip", a->clip, "Clip the gradient norm to this value (0 = off)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--seed", a->seed, "Seed (initial weights, data order)");
+  cmd->add_option("--data", a->data, "Directory with the Fashion-MNIST IDX files");
+  cmd->add_option("--limit", a->limit, "Train on the first N images only (0 = all)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--workers", a->workers, "Data loader threads (0 = load on the training thread)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--device", a->device, "Device type to train on");
+  cmd->add_option("--log", a->log, "Scalar log (JSON Lines) for `keel plot`");
+  cmd->add_option("--log-every", a->log_every, "Batches per step record in the log")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--checkpoint", a->checkpoint, "Checkpoint file (safetensors), written after every epoch");
+  cmd->add_option("--checkpoint-every", a->checkpoint_every, "Also write the checkpoint every N steps")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--resume", a->resume, "Resume from a checkpoint");
+  cmd->add_option("-o,--output", a->output, "Where to save the traced ONNX model ('' = do not trace)");
+  cmd->add_flag("--quantize,!--no-quantize", a->quantize, "Quantize the saved model to INT8 and evaluate it (default on)");
+  cmd->add_option("--calibration-batches", a->calibration_batches, "Batches of 64 training images for INT8 calibration")
+      ->check(CLI::PositiveNumber);
+  cmd->add_flag("-q,--quiet", a->quiet, "No progress bar");
+  cmd->callback([&g, a] {
+    int rc = run_train(g, *a);
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+void add_plot_command(CLI::App& app, Globals&) {
+  auto* cmd = app.add_subcommand("plot", "Draw the curves of a scalar log (JSON Lines from `keel train --log`)");
+  auto log = std::make_shared<std::string>();
+  auto out = std::make_shared<std::string>("curves.svg");
+  auto title = std::make_shared<std::string>();
+  auto columns = std::make_shared<int>(2);
+  cmd->add_option("log", *log, "Scalar log (.jsonl)")->required();
+  cmd->add_option("-o,--output", *out, "Output: .svg or .html");
+  cmd->add_option("--title", *title, "Title (default: the log's file name)");
+  cmd->add_option("--columns", *columns, "Panels per row")->check(CLI::PositiveNumber);
+  cmd->callback([log, out, title, columns] {
+    auto parsed = read_scalar_log(*log);
+    if (!parsed.is_ok()) {
+      std::cerr << "keel plot: " << parsed.status().to_string() << "\n";
+      throw CLI::RuntimeError(1);
+    }
+    const std::string t = title->empty() ? std::filesystem::path(*log).filename().string() : *title;
+    const std::string ext = std::filesystem::path(*out).extension().string();
+    if (ext != ".svg" && ext != ".html" && ext != ".htm") {
+      std::cerr << "keel plot: the output must end in .svg or .html, got '" << *out << "'\n";
+      throw CLI::RuntimeError(2);
+    }
+    const std::string doc = ext == ".svg" ? render_curves_svg(*parsed, t, *columns) : render_curves_html(*parsed, t, *columns);
+    std::ofstream f(*out, std::ios::binary);
+    f << doc;
+    if (!f) {
+      std::cerr << "keel plot: cannot write " << *out << "\n";
+      throw CLI::RuntimeError(1);
+    }
+    std::cout << "keel plot: " << parsed->series.size() << " curve(s) from " << parsed->records << " record(s)"
+              << (parsed->skipped_lines ? " (" + std::to_string(parsed->skipped_lines) + " unreadable lines skipped)" : "")
+              << " -> " << *out << "\n";
+  });
+}
+
+}  // namespace keel::cli
