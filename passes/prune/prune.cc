@@ -8,7 +8,8 @@
 //                f32 constant weight and bias) outputs, channel-wise ops (Relu, LeakyRelu, Sigmoid, HardSigmoid,
 //                HardSwish, Clip, Tanh, Elu, Selu, Softplus, Identity, Dropout, MaxPool, AveragePool,
 //                GlobalAveragePool, GlobalMaxPool, BatchNormalization with private constant parameters), Flatten
-//                (axis 1) of a 1x1 map, and all inputs and the output of every Add/Sum they meet (residual
+//                (axis 1) of a 1x1 map, depthwise Convs (group = channels: weight rows and `group` shrink with the
+//                group), and all inputs and the output of every Add/Sum they meet (residual
 //                coupling: a ResNet stage's stem/downsample Convs, its blocks' last Convs and the residual chain are
 //                one group). The `ratio` fraction of the group's channels with the lowest summed L1 norm (over the
 //                group's producer Convs) is removed from every producer (weight rows, bias), every
@@ -214,6 +215,7 @@ struct ChannelGroup {
   std::set<keel_node_id_t> passed;              // channel-wise / Add / Flatten nodes inside the group
   std::vector<keel_node_id_t> producers;        // Convs writing a group value: weight axis 0 and bias shrink
   std::vector<keel_node_id_t> norms;            // BatchNormalization on a group value: parameters 1..4 shrink
+  std::vector<keel_node_id_t> depthwise;        // depthwise Convs inside the group: weight axis 0, bias, `group`
   std::vector<std::pair<keel_node_id_t, int>> readers;  // (node, weight axis) for input input channels / features
   int64_t channels = -1;
   bool residual = false;
@@ -223,6 +225,16 @@ struct ChannelGroup {
 bool private_f32(GraphView& gv, const std::string& v) {
   const keel_tensor_t* t = gv.initializer(v);
   return t && t->dtype == KEEL_DTYPE_F32 && gv.use_count(v) == 1;
+}
+
+// A depthwise Conv (group = input channels = output channels, weight [C, 1, ...], private constants) maps channel c
+// to channel c: it passes the group through, its weight rows and `group` shrink with it.
+bool depthwise_conv(GraphView& gv, keel_node_id_t n) {
+  if (!gv.is(n, "Conv") || !gv.domain(n).empty()) return false;
+  const keel_tensor_t* w = gv.initializer(gv.input(n, 1));
+  if (!w || w->ndim < 3 || w->dims[1] != 1 || group_of(gv, n) != w->dims[0] || w->dims[0] < 2) return false;
+  std::string b = gv.input(n, 2);
+  return private_f32(gv, gv.input(n, 1)) && (b.empty() || private_f32(gv, b));
 }
 
 class GroupBuilder {
@@ -294,7 +306,9 @@ class GroupBuilder {
       return;
     }
     if (!extra_outputs_unused(n)) return fail(op + " " + gv_.name(n) + " has a second output in use");
-    if (op == "Flatten") {
+    if (depthwise_conv(gv_, n)) {
+      g_.depthwise.push_back(n);
+    } else if (op == "Flatten") {
       if (gv_.attr_int(n, "axis").value_or(1) != 1 || !spatial_is_one(gv_.input(n, 0)))
         return fail("Flatten " + gv_.name(n) + " mixes channels with spatial positions");
     } else if (!channelwise(op)) {
@@ -306,10 +320,8 @@ class GroupBuilder {
           return fail("BatchNormalization " + gv_.name(n) + " parameters are not private constants");
       g_.norms.push_back(n);
     }
-    if (op == "Clip" || op == "Dropout")
-      for (size_t i = 1; i < gv_.inputs(n).size(); ++i)
-        if (!gv_.input(n, i).empty() && !gv_.is_initializer(gv_.input(n, i)))
-          return fail(op + " with a computed operand");
+    // Clip's min/max and Dropout's ratio/training_mode are scalars by the spec: computed or not, they act on every
+    // channel alike.
     add_value(gv_.input(n, 0));
     add_value(gv_.output(n, 0));
   }
@@ -320,7 +332,7 @@ class GroupBuilder {
     if (auto t = gv_.value_type(v); t && t->ndim >= 2) check_channels(v, t->dims[1]);
     auto p = gv_.producer(v);
     if (!p) return fail("no producer for " + v);
-    if (gv_.is(*p, "Conv") && gv_.domain(*p).empty()) {
+    if (gv_.is(*p, "Conv") && gv_.domain(*p).empty() && !depthwise_conv(gv_, *p)) {
       if (!add_producer(*p)) return;
     } else {
       if (!(gv_.is(*p, "Add") || gv_.is(*p, "Sum")) && gv_.output(*p, 0) != v)
@@ -337,7 +349,9 @@ class GroupBuilder {
       auto ins = gv_.inputs(c);
       for (size_t i = 1; i < ins.size(); ++i)
         if (ins[i] == v) return fail(v + " is operand " + std::to_string(i) + " of " + op + " " + gv_.name(c));
-      if (op == "Conv") {
+      if (op == "Conv" && depthwise_conv(gv_, c)) {
+        pass_through(c);
+      } else if (op == "Conv") {
         std::string w = gv_.input(c, 1);
         if (group_of(gv_, c) != 1 || !private_f32(gv_, w) || gv_.initializer(w)->ndim < 3)
           return fail("reader Conv " + gv_.name(c) + " is grouped or has no private f32 weight");
@@ -372,6 +386,7 @@ void prune_coupled(GraphView& gv, double ratio, Report& report) {
   std::set<keel_node_id_t> assigned;
   for (keel_node_id_t c1 : gv.nodes()) {
     if (!gv.exists(c1) || !gv.is(c1, "Conv") || !gv.domain(c1).empty() || assigned.count(c1)) continue;
+    if (depthwise_conv(gv, c1)) continue;  // a member of its input's group, not a producer
     ChannelGroup g;
     GroupBuilder(gv, g).build(c1);
     for (keel_node_id_t p : g.producers) assigned.insert(p);
@@ -407,6 +422,11 @@ void prune_coupled(GraphView& gv, double ratio, Report& report) {
     }
     for (keel_node_id_t n : g.norms)
       for (size_t i = 1; i < 5; ++i) params += shrink_input(gv, n, i, 0, keep);
+    for (keel_node_id_t n : g.depthwise) {
+      params += shrink_input(gv, n, 1, 0, keep);
+      if (!gv.input(n, 2).empty()) params += shrink_input(gv, n, 2, 0, keep);
+      gv.set_attr(n, "group", AttrValue::of_int(static_cast<int64_t>(keep.size())));
+    }
     for (auto [n, axis] : g.readers) params += shrink_input(gv, n, 1, axis, keep);
     removed_channels += k;
     convs += static_cast<int64_t>(g.producers.size());

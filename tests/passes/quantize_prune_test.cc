@@ -284,6 +284,48 @@ TEST(Prune, CoupledGroupReachingAGraphOutputIsSkipped) {
   EXPECT_TRUE(noted);
 }
 
+TEST(Prune, DepthwiseConvPassesTheGroupThrough) {
+  // x -> Conv(8, 1x1) -> Relu -> depthwise Conv(8, group 8, 3x3) -> Relu -> Conv(4, 1x1) -> y: one group of 8
+  // channels; the depthwise Conv keeps its kept channels' filters and its `group` follows. Channels 0, 3, 5, 6 are
+  // zero in the first Conv (and the depthwise bias), so the output does not change.
+  GraphBuilder b("dw", 13);
+  auto x = b.input("x", DType::kF32, {1, 3, 8, 8});
+  auto w1 = randv(8 * 3, 31, 0.3f), b1 = randv(8, 32, 0.1f), bd = randv(8, 34, 0.1f);
+  for (int64_t c : {0, 3, 5, 6}) {
+    for (int64_t i = 0; i < 3; ++i) w1[static_cast<size_t>(c * 3 + i)] = 0.f;
+    b1[static_cast<size_t>(c)] = bd[static_cast<size_t>(c)] = 0.f;
+  }
+  auto h = b.op1("Relu", {b.op1("Conv", {x, b.constant("w1", Tensor::f32({8, 3, 1, 1}, w1)),
+                                         b.constant("b1", Tensor::f32({8}, b1))})});
+  h = b.op1("Relu", {b.op1("Conv", {h, b.constant("wd", Tensor::f32({8, 1, 3, 3}, randv(72, 33, 0.3f))),
+                                    b.constant("bd", Tensor::f32({8}, bd))},
+                           {{"group", Attribute::of_int(8)}, {"pads", Attribute::of_ints({1, 1, 1, 1})}})});
+  b.output(b.op1("Conv", {h, b.constant("w2", Tensor::f32({4, 8, 1, 1}, randv(32, 35, 0.3f)))}));
+  Graph g = b.take();
+  Feeds feeds = {{"x", Tensor::f32({1, 3, 8, 8}, randv(192, 36))}};
+  auto before = run(g, feeds);
+  Options o;
+  o.values["ratio"] = 0.5;
+  o.values["mode"] = std::string("channel");
+  auto r = run_pass(g, "prune", o);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].counters["channels_removed"], 4);
+  EXPECT_EQ(weight_of(g, "Conv", 1, 0).shape(), (Shape{4, 3, 1, 1}));
+  EXPECT_EQ(weight_of(g, "Conv", 1, 1).shape(), (Shape{4, 1, 3, 3}));
+  EXPECT_EQ(weight_of(g, "Conv", 2, 1).shape(), (Shape{4}));
+  EXPECT_EQ(weight_of(g, "Conv", 1, 2).shape(), (Shape{4, 4, 1, 1}));
+  for (NodeId id : g.node_ids()) {
+    if (g.node(id)->inputs.size() > 1 && g.node(id)->inputs[1].rfind("wd", 0) == 0) {
+      EXPECT_EQ(g.node(id)->attr_int("group", 0), 4);
+    }
+  }
+  auto after = run(g, feeds);
+  ASSERT_EQ(after.size(), 1u);
+  ASSERT_EQ(after[0].shape(), before[0].shape());
+  for (int64_t i = 0; i < after[0].numel(); ++i)
+    EXPECT_NEAR(after[0].data<float>()[i], before[0].data<float>()[i], 1e-4f) << i;
+}
+
 TEST(QuantizeInt8, QdqModelIsCloseToFp32) {
   Graph g = conv_relu_conv(8);
   ASSERT_TRUE(infer_shapes(g).is_ok());
