@@ -3,16 +3,24 @@
 //   prune   options: ratio (0..1, default 0.5), mode ("magnitude" | "channel", default "magnitude").
 //     magnitude  zeroes the smallest-|w| `ratio` fraction of every f32 weight initializer read by Conv (input 1),
 //                Gemm (input 1) or MatMul (input 1). The graph keeps its shapes (unstructured sparsity).
-//     channel    structured pruning: for a Conv (group 1) with an f32 weight initializer whose output reaches exactly
-//                one following Conv (group 1, input 0) through single-use channel-wise ops only (Relu, LeakyRelu,
-//                Sigmoid, HardSigmoid, HardSwish, Clip, MaxPool, AveragePool, GlobalAveragePool,
-//                GlobalMaxPool, BatchNormalization with constant parameters), removes the `ratio` fraction of its
-//                output channels with the lowest L1 norm: the weight and bias rows, the BatchNormalization
-//                parameters and the matching input channels of the next Conv's weight. Chains that reach a
-//                residual Add/Sum/Concat (channels coupled with another branch) are left alone with a
-//                "skipped: residual-coupled" note; other readers (graph outputs, several readers, unknown ops) are
-//                skipped with their reason.
-// Counters: weights_zeroed, channels_removed, convs_pruned, params_removed.
+//     channel    structured pruning (option coupled, default true): Conv output channels are grouped into channel
+//                groups — every value sharing one channel index space, found transitively: Conv (group 1, private
+//                f32 constant weight and bias) outputs, channel-wise ops (Relu, LeakyRelu, Sigmoid, HardSigmoid,
+//                HardSwish, Clip, Tanh, Elu, Selu, Softplus, Identity, Dropout, MaxPool, AveragePool,
+//                GlobalAveragePool, GlobalMaxPool, BatchNormalization with private constant parameters), Flatten
+//                (axis 1) of a 1x1 map, depthwise Convs (group = channels: weight rows and `group` shrink with the
+//                group), and all inputs and the output of every Add/Sum they meet (residual
+//                coupling: a ResNet stage's stem/downsample Convs, its blocks' last Convs and the residual chain are
+//                one group). The `ratio` fraction of the group's channels with the lowest summed L1 norm (over the
+//                group's producer Convs) is removed from every producer (weight rows, bias), every
+//                BatchNormalization, and every reader (Conv input channels, Gemm/MatMul input features after
+//                Flatten). A group is skipped with a "skipped: <reason>" note when it reaches a graph input or output,
+//                a constant, a broadcasting Add, Concat/Mul/Sub/unknown ops, or a weight shared elsewhere.
+//                coupled = false: the older per-chain mode — a Conv whose output reaches exactly one following Conv
+//                through single-use channel-wise ops is pruned alone; chains that reach a residual
+//                Add/Sum/Concat are left alone with a "skipped: residual-coupled" note.
+// Counters: weights_zeroed, channels_removed, convs_pruned, params_removed (+ groups_pruned,
+// residual_groups_pruned when coupled).
 #include <keel/plugin.h>
 
 #include <algorithm>
@@ -195,6 +203,247 @@ void prune_channels(GraphView& gv, double ratio, Report& report) {
   report.count("params_removed", params);
 }
 
+// ---- residual-coupled channel groups (coupled = true) ----
+//
+// A group is the set of values that share one channel index space (axis 1): the outputs of the Convs that produce
+// them, everything that passes channels through unchanged (channel-wise ops, Flatten of a 1x1 map) and every value an
+// Add/Sum meets (all its inputs and its output, so a ResNet stage — stem/downsample Convs, every block's last Conv and
+// the residual chain between them — is one group). Readers are the ops that consume the channels: Conv input channels,
+// Gemm/MatMul input features after Flatten. Removing channel c removes it from every producer, BN and reader at once.
+struct ChannelGroup {
+  std::set<std::string> values;
+  std::set<keel_node_id_t> passed;              // channel-wise / Add / Flatten nodes inside the group
+  std::vector<keel_node_id_t> producers;        // Convs writing a group value: weight axis 0 and bias shrink
+  std::vector<keel_node_id_t> norms;            // BatchNormalization on a group value: parameters 1..4 shrink
+  std::vector<keel_node_id_t> depthwise;        // depthwise Convs inside the group: weight axis 0, bias, `group`
+  std::vector<std::pair<keel_node_id_t, int>> readers;  // (node, weight axis) for input input channels / features
+  int64_t channels = -1;
+  bool residual = false;
+  std::string why;  // non-empty: the group cannot be pruned
+};
+
+bool private_f32(GraphView& gv, const std::string& v) {
+  const keel_tensor_t* t = gv.initializer(v);
+  return t && t->dtype == KEEL_DTYPE_F32 && gv.use_count(v) == 1;
+}
+
+// A depthwise Conv (group = input channels = output channels, weight [C, 1, ...], private constants) maps channel c
+// to channel c: it passes the group through, its weight rows and `group` shrink with it.
+bool depthwise_conv(GraphView& gv, keel_node_id_t n) {
+  if (!gv.is(n, "Conv") || !gv.domain(n).empty()) return false;
+  const keel_tensor_t* w = gv.initializer(gv.input(n, 1));
+  if (!w || w->ndim < 3 || w->dims[1] != 1 || group_of(gv, n) != w->dims[0] || w->dims[0] < 2) return false;
+  std::string b = gv.input(n, 2);
+  return private_f32(gv, gv.input(n, 1)) && (b.empty() || private_f32(gv, b));
+}
+
+class GroupBuilder {
+ public:
+  GroupBuilder(GraphView& gv, ChannelGroup& g) : gv_(gv), g_(g) {}
+
+  void build(keel_node_id_t conv) {
+    if (!add_producer(conv)) return;
+    add_value(gv_.output(conv, 0));
+    while (!work_.empty() && g_.why.empty()) {
+      std::string v = work_.back();
+      work_.pop_back();
+      visit(v);
+    }
+  }
+
+ private:
+  void fail(const std::string& why) {
+    if (g_.why.empty()) g_.why = why;
+  }
+  void add_value(const std::string& v) {
+    if (g_.values.insert(v).second) work_.push_back(v);
+  }
+  // Channel count of value v (axis 1) if known.
+  void check_channels(const std::string& v, int64_t c) {
+    if (c < 0) return;
+    if (g_.channels < 0) g_.channels = c;
+    else if (g_.channels != c) fail("channel counts disagree at " + v);
+  }
+  bool add_producer(keel_node_id_t n) {
+    std::string w = gv_.input(n, 1), b = gv_.input(n, 2);
+    if (group_of(gv_, n) != 1) return fail("grouped Conv " + gv_.name(n)), false;
+    if (!private_f32(gv_, w) || gv_.initializer(w)->ndim < 3)
+      return fail("Conv " + gv_.name(n) + " has no private f32 constant weight"), false;
+    if (!b.empty() && !private_f32(gv_, b)) return fail("Conv " + gv_.name(n) + " bias is not a private constant"), false;
+    check_channels(gv_.output(n, 0), gv_.initializer(w)->dims[0]);
+    if (std::find(g_.producers.begin(), g_.producers.end(), n) == g_.producers.end()) g_.producers.push_back(n);
+    return true;
+  }
+  // Only output 0 of a pass-through node may be read.
+  bool extra_outputs_unused(keel_node_id_t n) {
+    auto outs = gv_.outputs(n);
+    for (size_t i = 1; i < outs.size(); ++i)
+      if (!outs[i].empty() && gv_.use_count(outs[i]) != 0) return false;
+    return true;
+  }
+  bool spatial_is_one(const std::string& v) {
+    auto t = gv_.value_type(v);
+    if (!t || t->ndim < 2) return false;
+    for (int32_t d = 2; d < t->ndim; ++d)
+      if (t->dims[static_cast<size_t>(d)] != 1) return false;
+    return true;
+  }
+  // Node n passes the group's channels from input 0 (which must be `from`, when given) to output 0.
+  void pass_through(keel_node_id_t n) {
+    if (!g_.passed.insert(n).second) return;
+    const std::string op = gv_.op(n);
+    if (!gv_.domain(n).empty()) return fail("reaches " + op + " (custom domain)");
+    if (op == "Add" || op == "Sum") {
+      auto out_t = gv_.value_type(gv_.output(n, 0));
+      for (const std::string& in : gv_.inputs(n)) {
+        auto t = gv_.value_type(in);
+        if (!t || !out_t || t->ndim != out_t->ndim || t->ndim < 2 || t->dims[1] != out_t->dims[1])
+          return fail(op + " " + gv_.name(n) + " broadcasts or has unknown shapes");
+        add_value(in);
+      }
+      g_.residual = true;
+      add_value(gv_.output(n, 0));
+      return;
+    }
+    if (!extra_outputs_unused(n)) return fail(op + " " + gv_.name(n) + " has a second output in use");
+    if (depthwise_conv(gv_, n)) {
+      g_.depthwise.push_back(n);
+    } else if (op == "Flatten") {
+      if (gv_.attr_int(n, "axis").value_or(1) != 1 || !spatial_is_one(gv_.input(n, 0)))
+        return fail("Flatten " + gv_.name(n) + " mixes channels with spatial positions");
+    } else if (!channelwise(op)) {
+      return fail("reaches " + op);
+    }
+    if (op == "BatchNormalization") {
+      for (size_t i = 1; i < 5; ++i)
+        if (!private_f32(gv_, gv_.input(n, i)))
+          return fail("BatchNormalization " + gv_.name(n) + " parameters are not private constants");
+      g_.norms.push_back(n);
+    }
+    // Clip's min/max and Dropout's ratio/training_mode are scalars by the spec: computed or not, they act on every
+    // channel alike.
+    add_value(gv_.input(n, 0));
+    add_value(gv_.output(n, 0));
+  }
+  void visit(const std::string& v) {
+    if (gv_.is_graph_output(v)) return fail(v + " is a graph output");
+    if (gv_.is_graph_input(v)) return fail("reaches graph input " + v);
+    if (gv_.is_initializer(v)) return fail("meets constant " + v);
+    if (auto t = gv_.value_type(v); t && t->ndim >= 2) check_channels(v, t->dims[1]);
+    auto p = gv_.producer(v);
+    if (!p) return fail("no producer for " + v);
+    if (gv_.is(*p, "Conv") && gv_.domain(*p).empty() && !depthwise_conv(gv_, *p)) {
+      if (!add_producer(*p)) return;
+    } else {
+      if (!(gv_.is(*p, "Add") || gv_.is(*p, "Sum")) && gv_.output(*p, 0) != v)
+        return fail(gv_.op(*p) + " " + gv_.name(*p) + " writes it as a secondary output");
+      pass_through(*p);
+    }
+    for (keel_node_id_t c : gv_.consumers(v)) {
+      const std::string op = gv_.op(c);
+      if (!gv_.domain(c).empty()) return fail("reaches " + op + " (custom domain)");
+      if (op == "Add" || op == "Sum") {
+        pass_through(c);
+        continue;
+      }
+      auto ins = gv_.inputs(c);
+      for (size_t i = 1; i < ins.size(); ++i)
+        if (ins[i] == v) return fail(v + " is operand " + std::to_string(i) + " of " + op + " " + gv_.name(c));
+      if (op == "Conv" && depthwise_conv(gv_, c)) {
+        pass_through(c);
+      } else if (op == "Conv") {
+        std::string w = gv_.input(c, 1);
+        if (group_of(gv_, c) != 1 || !private_f32(gv_, w) || gv_.initializer(w)->ndim < 3)
+          return fail("reader Conv " + gv_.name(c) + " is grouped or has no private f32 weight");
+        if (g_.channels >= 0 && gv_.initializer(w)->dims[1] != g_.channels)
+          return fail("reader Conv " + gv_.name(c) + " weight does not match the channels");
+        g_.readers.emplace_back(c, 1);
+      } else if (op == "Gemm" || op == "MatMul") {
+        std::string w = gv_.input(c, 1);
+        if (!private_f32(gv_, w) || gv_.initializer(w)->ndim != 2 || (op == "Gemm" && gv_.attr_int(c, "transA").value_or(0)))
+          return fail(op + " " + gv_.name(c) + " has no private 2-D f32 weight");
+        auto t = gv_.value_type(v);
+        if (!t || t->ndim != 2) return fail(op + " " + gv_.name(c) + " reads a value that is not [N, C]");
+        int axis = op == "Gemm" && gv_.attr_int(c, "transB").value_or(0) ? 1 : 0;
+        if (g_.channels >= 0 && gv_.initializer(w)->dims[axis] != g_.channels)
+          return fail(op + " " + gv_.name(c) + " weight does not match the channels");
+        g_.readers.emplace_back(c, axis);
+      } else {
+        pass_through(c);
+      }
+      if (!g_.why.empty()) return;
+    }
+  }
+
+  GraphView& gv_;
+  ChannelGroup& g_;
+  std::vector<std::string> work_;
+};
+
+void prune_coupled(GraphView& gv, double ratio, Report& report) {
+  gv.infer_shapes();
+  int64_t removed_channels = 0, convs = 0, params = 0, groups = 0, residual_groups = 0;
+  std::set<keel_node_id_t> assigned;
+  for (keel_node_id_t c1 : gv.nodes()) {
+    if (!gv.exists(c1) || !gv.is(c1, "Conv") || !gv.domain(c1).empty() || assigned.count(c1)) continue;
+    if (depthwise_conv(gv, c1)) continue;  // a member of its input's group, not a producer
+    ChannelGroup g;
+    GroupBuilder(gv, g).build(c1);
+    for (keel_node_id_t p : g.producers) assigned.insert(p);
+    assigned.insert(c1);
+    std::string names;
+    for (keel_node_id_t p : g.producers) names += (names.empty() ? "" : ", ") + gv.name(p);
+    if (names.empty()) names = gv.name(c1);
+    if (g.why.empty() && g.readers.empty()) g.why = "nothing reads the channels";
+    if (g.why.empty() && g.channels < 1) g.why = "channel count unknown";
+    if (!g.why.empty()) {
+      report.note("skipped: " + g.why + " (" + names + ")");
+      continue;
+    }
+    const int64_t C = g.channels;
+    int64_t k = std::min<int64_t>(static_cast<int64_t>(std::floor(ratio * static_cast<double>(C))), C - 1);
+    if (k <= 0) continue;
+    // Joint score: the sum over the group's producers of each output channel's L1 norm.
+    std::vector<double> l1(static_cast<size_t>(C), 0.0);
+    for (keel_node_id_t p : g.producers) {
+      std::vector<float> wv = *gv.f32_values(gv.input(p, 1));
+      const int64_t per = static_cast<int64_t>(wv.size()) / C;
+      for (int64_t o = 0; o < C; ++o)
+        for (int64_t i = 0; i < per; ++i) l1[static_cast<size_t>(o)] += std::fabs(wv[static_cast<size_t>(o * per + i)]);
+    }
+    std::vector<int64_t> order(static_cast<size_t>(C));
+    std::iota(order.begin(), order.end(), int64_t{0});
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return l1[a] < l1[b]; });
+    std::vector<int64_t> keep(order.begin() + k, order.end());
+    std::sort(keep.begin(), keep.end());
+    for (keel_node_id_t p : g.producers) {
+      params += shrink_input(gv, p, 1, 0, keep);
+      if (!gv.input(p, 2).empty()) params += shrink_input(gv, p, 2, 0, keep);
+    }
+    for (keel_node_id_t n : g.norms)
+      for (size_t i = 1; i < 5; ++i) params += shrink_input(gv, n, i, 0, keep);
+    for (keel_node_id_t n : g.depthwise) {
+      params += shrink_input(gv, n, 1, 0, keep);
+      if (!gv.input(n, 2).empty()) params += shrink_input(gv, n, 2, 0, keep);
+      gv.set_attr(n, "group", AttrValue::of_int(static_cast<int64_t>(keep.size())));
+    }
+    for (auto [n, axis] : g.readers) params += shrink_input(gv, n, 1, axis, keep);
+    removed_channels += k;
+    convs += static_cast<int64_t>(g.producers.size());
+    ++groups;
+    residual_groups += g.residual;
+    report.note("pruned " + std::to_string(k) + " of " + std::to_string(C) + " channels of " +
+                (g.residual ? "residual-coupled group {" : "{") + names + "} (" + std::to_string(g.readers.size()) +
+                (g.readers.size() == 1 ? " reader)" : " readers)"));
+  }
+  if (groups) gv.infer_shapes();
+  report.count("channels_removed", removed_channels);
+  report.count("convs_pruned", convs);
+  report.count("groups_pruned", groups);
+  report.count("residual_groups_pruned", residual_groups);
+  report.count("params_removed", params);
+}
+
 keel_status_t prune(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t* o, const char*,
                     keel_pass_report_t* r) {
   return run_pass(g_host, [&] {
@@ -203,8 +452,10 @@ keel_status_t prune(void*, keel_graph_t* g, const keel_graph_api_t* api, const k
     PassOptions opts(g_host->options, o);
     double ratio = opts.get_float("ratio", 0.5);
     std::string mode = opts.get_string("mode", "magnitude");
+    bool coupled = opts.get_bool("coupled", true);
     if (!(ratio >= 0.0 && ratio <= 1.0)) throw PassError(KEEL_STATUS_INVALID_ARGUMENT, "prune: ratio must be in 0..1");
     if (mode == "magnitude") prune_magnitude(gv, ratio, report);
+    else if (mode == "channel" && coupled) prune_coupled(gv, ratio, report);
     else if (mode == "channel") prune_channels(gv, ratio, report);
     else throw PassError(KEEL_STATUS_INVALID_ARGUMENT, "prune: mode must be 'magnitude' or 'channel', not '" + mode + "'");
   });

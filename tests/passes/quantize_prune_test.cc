@@ -144,15 +144,186 @@ TEST(Prune, ResidualCoupledChannelsAreSkipped) {
   auto s = b.op1("Add", {h, x});
   b.output(b.op1("Conv", {s, b.constant("w2", Tensor::f32({4, 4, 3, 3}, randv(144, 2)))}, pads));
   Graph g = b.take();
+  for (bool coupled : {false, true}) {
+    Graph gc = g;
+    Options o;
+    o.values["ratio"] = 0.5;
+    o.values["mode"] = std::string("channel");
+    o.values["coupled"] = coupled;
+    auto r = run_pass(gc, "prune", o);
+    ASSERT_EQ(r.size(), 1u);
+    EXPECT_EQ(r[0].counters["channels_removed"], 0);
+    // The per-chain mode leaves coupled channels alone; the group mode cannot prune a group that reaches a graph
+    // input (the Add reads x itself).
+    const std::string want = coupled ? "skipped: reaches graph input x" : "skipped: residual-coupled";
+    bool noted = false;
+    for (const auto& n : r[0].notes) noted = noted || n.find(want) != std::string::npos;
+    EXPECT_TRUE(noted) << want;
+  }
+}
+
+// x[1,3,8,8] -> ConvA(8) -> BN -> Relu = r0 -> ConvB1(6) -> Relu -> ConvB2(8) -> Add(., r0) -> Relu -> GlobalAveragePool
+// -> Flatten -> Gemm(5, transB) -> y. {ConvA, ConvB2} (with the BN, the Add and the Gemm's input features) is one
+// residual-coupled group of 8 channels; {ConvB1} a plain group of 6. Channels in `zero_a` are zero in both ConvA and
+// ConvB2 (weights, bias, and BN beta/mean), channels in `zero_b` are zero in ConvB1.
+Graph residual_block(const std::vector<int64_t>& zero_a = {}, const std::vector<int64_t>& zero_b = {}) {
+  GraphBuilder b("resblock", 13);
+  auto x = b.input("x", DType::kF32, {1, 3, 8, 8});
+  std::map<std::string, Attribute> pads = {{"pads", Attribute::of_ints({1, 1, 1, 1})}};
+  auto wa = randv(8 * 27, 11, 0.3f), ba = randv(8, 12, 0.1f);
+  auto wb1 = randv(6 * 8 * 9, 13, 0.3f), bb1 = randv(6, 14, 0.1f);
+  auto wb2 = randv(8 * 6 * 9, 15, 0.3f), bb2 = randv(8, 16, 0.1f);
+  auto scale = randv(8, 17, 0.2f), beta = randv(8, 18, 0.1f), mean = randv(8, 19, 0.1f), var = randv(8, 20, 0.2f);
+  for (auto& v : scale) v += 1.f;
+  for (auto& v : var) v = 1.f + std::fabs(v);
+  for (int64_t c : zero_a) {
+    for (int64_t i = 0; i < 27; ++i) wa[static_cast<size_t>(c * 27 + i)] = 0.f;
+    for (int64_t i = 0; i < 54; ++i) wb2[static_cast<size_t>(c * 54 + i)] = 0.f;
+    ba[static_cast<size_t>(c)] = bb2[static_cast<size_t>(c)] = 0.f;
+    beta[static_cast<size_t>(c)] = mean[static_cast<size_t>(c)] = 0.f;
+  }
+  for (int64_t c : zero_b) {
+    for (int64_t i = 0; i < 72; ++i) wb1[static_cast<size_t>(c * 72 + i)] = 0.f;
+    bb1[static_cast<size_t>(c)] = 0.f;
+  }
+  auto h = b.op1("Conv", {x, b.constant("wa", Tensor::f32({8, 3, 3, 3}, wa)), b.constant("ba", Tensor::f32({8}, ba))},
+                 pads);
+  h = b.op1("BatchNormalization", {h, b.constant("bn_scale", Tensor::f32({8}, scale)),
+                                   b.constant("bn_beta", Tensor::f32({8}, beta)),
+                                   b.constant("bn_mean", Tensor::f32({8}, mean)),
+                                   b.constant("bn_var", Tensor::f32({8}, var))});
+  auto r0 = b.op1("Relu", {h});
+  h = b.op1("Conv", {r0, b.constant("wb1", Tensor::f32({6, 8, 3, 3}, wb1)), b.constant("bb1", Tensor::f32({6}, bb1))},
+            pads);
+  h = b.op1("Relu", {h});
+  h = b.op1("Conv", {h, b.constant("wb2", Tensor::f32({8, 6, 3, 3}, wb2)), b.constant("bb2", Tensor::f32({8}, bb2))},
+            pads);
+  h = b.op1("Relu", {b.op1("Add", {h, r0})});
+  h = b.op1("Flatten", {b.op1("GlobalAveragePool", {h})});
+  auto y = b.op1("Gemm", {h, b.constant("wfc", Tensor::f32({5, 8}, randv(40, 21, 0.3f))),
+                          b.constant("bfc", Tensor::f32({5}, randv(5, 22, 0.1f)))},
+                 {{"transB", Attribute::of_int(1)}});
+  b.output(y);
+  return b.take();
+}
+
+const Tensor& weight_of(const Graph& g, const std::string& op, size_t input, int nth = 0) {
+  for (NodeId id : g.node_ids()) {
+    const Node* n = g.node(id);
+    if (n->op_type == op && nth-- == 0) return g.initializers.at(n->inputs[input]);
+  }
+  static const Tensor none;
+  ADD_FAILURE() << "no " << op;
+  return none;
+}
+
+TEST(Prune, ResidualCoupledGroupIsPrunedConsistently) {
+  Graph g = residual_block({1, 4, 6, 7}, {0, 2, 5});
+  Feeds feeds = {{"x", Tensor::f32({1, 3, 8, 8}, randv(192, 23))}};
+  auto before = run(g, feeds);
+  const int64_t p0 = param_count(g);
   Options o;
   o.values["ratio"] = 0.5;
   o.values["mode"] = std::string("channel");
   auto r = run_pass(g, "prune", o);
   ASSERT_EQ(r.size(), 1u);
-  EXPECT_EQ(r[0].counters["channels_removed"], 0);
+  EXPECT_EQ(r[0].counters["channels_removed"], 4 + 3);
+  EXPECT_EQ(r[0].counters["groups_pruned"], 2);
+  EXPECT_EQ(r[0].counters["residual_groups_pruned"], 1);
+  EXPECT_EQ(r[0].counters["convs_pruned"], 3);
+  EXPECT_EQ(r[0].counters["params_removed"], p0 - param_count(g));
+  // The coupled group: ConvA and ConvB2 outputs, the BN, ConvB1's input channels and the Gemm's features.
+  EXPECT_EQ(weight_of(g, "Conv", 1, 0).shape(), (Shape{4, 3, 3, 3}));
+  EXPECT_EQ(weight_of(g, "Conv", 2, 0).shape(), (Shape{4}));
+  for (size_t i = 1; i < 5; ++i) EXPECT_EQ(weight_of(g, "BatchNormalization", i).shape(), (Shape{4})) << i;
+  EXPECT_EQ(weight_of(g, "Conv", 1, 1).shape(), (Shape{3, 4, 3, 3}));
+  EXPECT_EQ(weight_of(g, "Conv", 1, 2).shape(), (Shape{4, 3, 3, 3}));
+  EXPECT_EQ(weight_of(g, "Conv", 2, 2).shape(), (Shape{4}));
+  EXPECT_EQ(weight_of(g, "Gemm", 1).shape(), (Shape{5, 4}));
+  // The kept channels are the non-zero ones (0, 2, 3, 5 of ConvA): ConvA's first kept row is its old row 0.
+  Graph ref = residual_block({1, 4, 6, 7}, {0, 2, 5});
+  EXPECT_EQ(weight_of(g, "Conv", 1, 0).data<float>()[27], weight_of(ref, "Conv", 1, 0).data<float>()[2 * 27]);
+  EXPECT_EQ(weight_of(g, "Gemm", 1).data<float>()[1], weight_of(ref, "Gemm", 1).data<float>()[2]);
+  auto after = run(g, feeds);
+  ASSERT_EQ(after.size(), 1u);
+  ASSERT_EQ(after[0].shape(), before[0].shape());
+  for (int64_t i = 0; i < after[0].numel(); ++i)
+    EXPECT_NEAR(after[0].data<float>()[i], before[0].data<float>()[i], 1e-4f) << i;
+}
+
+TEST(Prune, CoupledFalseKeepsThePerChainBehaviour) {
+  Graph g = residual_block();
+  Options o;
+  o.values["ratio"] = 0.5;
+  o.values["mode"] = std::string("channel");
+  o.values["coupled"] = false;
+  auto r = run_pass(g, "prune", o);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].counters["channels_removed"], 3);  // only ConvB1
+  EXPECT_EQ(weight_of(g, "Conv", 1, 0).shape(), (Shape{8, 3, 3, 3}));
+  EXPECT_EQ(weight_of(g, "Gemm", 1).shape(), (Shape{5, 8}));
+  EXPECT_EQ(weight_of(g, "Conv", 1, 1).shape(), (Shape{3, 8, 3, 3}));
+  Feeds feeds = {{"x", Tensor::f32({1, 3, 8, 8}, randv(192, 23))}};
+  EXPECT_EQ(run(g, feeds).size(), 1u);
+}
+
+TEST(Prune, CoupledGroupReachingAGraphOutputIsSkipped) {
+  // The residual sum is also a graph output: its channels cannot change, so the coupled group stays whole.
+  Graph g = residual_block();
+  for (NodeId id : g.node_ids())
+    if (g.node(id)->op_type == "Add") g.outputs.push_back(g.node(id)->outputs[0]);
+  Options o;
+  o.values["ratio"] = 0.5;
+  o.values["mode"] = std::string("channel");
+  auto r = run_pass(g, "prune", o);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].counters["channels_removed"], 3);
+  EXPECT_EQ(weight_of(g, "Conv", 1, 0).shape(), (Shape{8, 3, 3, 3}));
   bool noted = false;
-  for (const auto& n : r[0].notes) noted = noted || n.find("skipped: residual-coupled") != std::string::npos;
+  for (const auto& n : r[0].notes) noted = noted || n.find("is a graph output") != std::string::npos;
   EXPECT_TRUE(noted);
+}
+
+TEST(Prune, DepthwiseConvPassesTheGroupThrough) {
+  // x -> Conv(8, 1x1) -> Relu -> depthwise Conv(8, group 8, 3x3) -> Relu -> Conv(4, 1x1) -> y: one group of 8
+  // channels; the depthwise Conv keeps its kept channels' filters and its `group` follows. Channels 0, 3, 5, 6 are
+  // zero in the first Conv (and the depthwise bias), so the output does not change.
+  GraphBuilder b("dw", 13);
+  auto x = b.input("x", DType::kF32, {1, 3, 8, 8});
+  auto w1 = randv(8 * 3, 31, 0.3f), b1 = randv(8, 32, 0.1f), bd = randv(8, 34, 0.1f);
+  for (int64_t c : {0, 3, 5, 6}) {
+    for (int64_t i = 0; i < 3; ++i) w1[static_cast<size_t>(c * 3 + i)] = 0.f;
+    b1[static_cast<size_t>(c)] = bd[static_cast<size_t>(c)] = 0.f;
+  }
+  auto h = b.op1("Relu", {b.op1("Conv", {x, b.constant("w1", Tensor::f32({8, 3, 1, 1}, w1)),
+                                         b.constant("b1", Tensor::f32({8}, b1))})});
+  h = b.op1("Relu", {b.op1("Conv", {h, b.constant("wd", Tensor::f32({8, 1, 3, 3}, randv(72, 33, 0.3f))),
+                                    b.constant("bd", Tensor::f32({8}, bd))},
+                           {{"group", Attribute::of_int(8)}, {"pads", Attribute::of_ints({1, 1, 1, 1})}})});
+  b.output(b.op1("Conv", {h, b.constant("w2", Tensor::f32({4, 8, 1, 1}, randv(32, 35, 0.3f)))}));
+  Graph g = b.take();
+  Feeds feeds = {{"x", Tensor::f32({1, 3, 8, 8}, randv(192, 36))}};
+  auto before = run(g, feeds);
+  Options o;
+  o.values["ratio"] = 0.5;
+  o.values["mode"] = std::string("channel");
+  auto r = run_pass(g, "prune", o);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].counters["channels_removed"], 4);
+  EXPECT_EQ(weight_of(g, "Conv", 1, 0).shape(), (Shape{4, 3, 1, 1}));
+  EXPECT_EQ(weight_of(g, "Conv", 1, 1).shape(), (Shape{4, 1, 3, 3}));
+  EXPECT_EQ(weight_of(g, "Conv", 2, 1).shape(), (Shape{4}));
+  EXPECT_EQ(weight_of(g, "Conv", 1, 2).shape(), (Shape{4, 4, 1, 1}));
+  for (NodeId id : g.node_ids()) {
+    if (g.node(id)->inputs.size() > 1 && g.node(id)->inputs[1].rfind("wd", 0) == 0) {
+      EXPECT_EQ(g.node(id)->attr_int("group", 0), 4);
+    }
+  }
+  auto after = run(g, feeds);
+  ASSERT_EQ(after.size(), 1u);
+  ASSERT_EQ(after[0].shape(), before[0].shape());
+  for (int64_t i = 0; i < after[0].numel(); ++i)
+    EXPECT_NEAR(after[0].data<float>()[i], before[0].data<float>()[i], 1e-4f) << i;
 }
 
 TEST(QuantizeInt8, QdqModelIsCloseToFp32) {

@@ -19,6 +19,7 @@ namespace {
 struct PruneArgs {
   std::string model, output, mode = "channel";
   double ratio = 0.5;
+  bool coupled = true;
   std::string device = "cpu";
 };
 
@@ -94,6 +95,7 @@ int prune(const PruneArgs& a, Globals& g) {
   PassSpec spec{"prune", {}};
   spec.options.values["ratio"] = a.ratio;
   spec.options.values["mode"] = a.mode;
+  spec.options.values["coupled"] = a.coupled;
   keel_graph_s view;
   view.graph = &graph;
   view.env = env.get();
@@ -136,6 +138,9 @@ void add_prune_command(CLI::App& app, Globals& g) {
   cmd->add_option("--output,-o", a->output, "Where to write the pruned model (.onnx)")->required();
   cmd->add_option("--ratio,-r", a->ratio, "Fraction of weights (magnitude) or output channels (channel) to remove");
   cmd->add_option("--mode,-m", a->mode, "channel (structured) or magnitude (unstructured)");
+  cmd->add_option("--coupled", a->coupled,
+                  "channel mode: prune residual-coupled channel groups jointly (true, default) or only the "
+                  "Convs outside them (false)");
   cmd->callback([a, &g] {
     int rc = prune(*a, g);
     if (rc != 0) throw CLI::RuntimeError(rc);
