@@ -36,8 +36,16 @@ struct InputSpec {
   std::vector<float> values;        // explicit values (override the random ones)
 };
 
+// One node of a chain case: `inputs` name case inputs (InputSpec.name) or earlier nodes' outputs ("$0", "$1", ...;
+// "" = an absent optional input).
+struct ChainNode {
+  std::string op;
+  std::vector<std::string> inputs;
+  std::map<std::string, Attribute> attrs;
+};
+
 struct OpCase {
-  std::string op;     // ONNX op type
+  std::string op;     // ONNX op type; "Chain" for a chain case (a device may claim it as one subgraph)
   std::string label;  // the case's parameters, e.g. "N=1 C=3 H=7 W=9 K=5 k=3 s=2 p=1 g=1"; unique within the op
   int32_t opset = 17;
   std::vector<InputSpec> inputs;
@@ -45,6 +53,9 @@ struct OpCase {
   std::vector<std::pair<size_t, Tensor>> int64_constants;  // inputs (by index) given as these exact tensors
   size_t num_outputs = 1;  // outputs the node declares; only the first is compared
   double rtol = 1e-3, atol = 1e-4;  // |out - ref| <= atol * max(1, max|ref|) + rtol * |ref|
+  // A chain case (op "Chain"): these nodes in order instead of one node of `op`; the last one's output is
+  // compared. The kernel recorded is the claimed subgraph's ("Subgraph" in the placement), "" when none ran.
+  std::vector<ChainNode> chain;
 };
 
 // The table of cases, in a fixed order (ops alphabetically grouped as listed in device_cts.cc).
