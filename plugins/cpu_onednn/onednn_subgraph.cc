@@ -241,6 +241,16 @@ class Builder {
     Val v;
     v.md = md;
     v.buf = buf == -2 ? new_buf(md.get_size()) : buf;
+    // A part of a channel concatenation (batch 1, nChw16c, 16-aligned channels): written in place in the
+    // concatenation's buffer, so the Concat costs nothing.
+    auto part = concat_parts_.find(name);
+    if (buf == -2 && part != concat_parts_.end() && md.data.ndims == 4 &&
+        md == md_t(md.dims(), dt::f32, tag::nChw16c)) {
+      p_->bufs.pop_back();
+      v.buf = part->second.first;
+      v.off = part->second.second;
+      placed_parts_.insert(name);
+    }
     p_->bufs[v.buf].values++;
     vals_[name] = v;
     return vals_[name];
@@ -360,8 +370,13 @@ class Builder {
   void outputs();
   void plan_workspace();
 
+  void plan_concats();
+
   const Recipe& r_;
   std::unique_ptr<Plan> p_;
+  std::map<std::string, std::pair<int, uint64_t>> concat_parts_;  // concat input -> (buffer, byte offset)
+  std::map<std::string, int> concat_bufs_;                         // concat output -> its buffer
+  std::set<std::string> placed_parts_;
   std::map<std::string, Val> vals_;
   std::map<std::string, std::vector<size_t>> users_;
   std::set<std::string> outputs_;
@@ -380,6 +395,7 @@ std::unique_ptr<Plan> Builder::build() {
         if (std::find(u.begin(), u.end(), i) == u.end()) u.push_back(i);
       }
   outputs_.insert(r_.outputs.begin(), r_.outputs.end());
+  plan_concats();
   for (size_t k = 0; k < r_.inputs.size(); ++k) {
     const std::string& name = r_.inputs[k];
     if (is_const(name)) continue;
@@ -442,6 +458,38 @@ std::unique_ptr<Plan> Builder::build() {
   plan_workspace();
   p_->last_base.assign(p_->bufs.size(), reinterpret_cast<void*>(-1));
   return std::move(p_);
+}
+
+// Channel concatenations of batch 1 whose inputs are 16-aligned, computed here and read by the Concat only:
+// reserve the output buffer; each input written as nChw16c lands in its slice of it (see define).
+void Builder::plan_concats() {
+  for (const NodeDesc& n : r_.nodes) {
+    if (n.op != "Concat" || n.out.size() != 1) continue;
+    auto yd = r_.dims.find(n.out[0]);
+    if (yd == r_.dims.end() || yd->second.size() != 4 || yd->second[0] != 1) continue;
+    int64_t axis = n.ai("axis", 0);
+    if (axis < 0) axis += 4;
+    if (axis != 1) continue;
+    bool ok = true;
+    for (const auto& in : n.in) {
+      auto d = r_.dims.find(in);
+      ok = ok && !in.empty() && d != r_.dims.end() && d->second.size() == 4 && d->second[1] % 16 == 0 &&
+           !escapes(in) && users(in).size() == 1 && !is_const(in) && !concat_parts_.count(in) &&
+           std::find(r_.inputs.begin(), r_.inputs.end(), in) == r_.inputs.end();
+      int reads = 0;
+      for (const auto& x : n.in) reads += x == in;
+      ok = ok && reads == 1;
+    }
+    if (!ok) continue;
+    md_t full(to_dnnl(yd->second), dt::f32, tag::nChw16c);
+    int b = new_buf(full.get_size());
+    uint64_t off = 0;
+    for (const auto& in : n.in) {
+      concat_parts_[in] = {b, off};
+      off += static_cast<uint64_t>(numel(r_.dims.at(in))) * sizeof(float);
+    }
+    concat_bufs_[n.out[0]] = b;
+  }
 }
 
 // Boundary outputs: the value's memory in plain layout, written into the output tensor.
@@ -1065,6 +1113,19 @@ void Builder::binary(size_t i) {
 void Builder::concat(size_t i) {
   const NodeDesc& n = r_.nodes[i];
   Dims y = dims_of(n.out[0]);
+  if (auto cb = concat_bufs_.find(n.out[0]); cb != concat_bufs_.end()) {
+    bool all = true;
+    for (const auto& in : n.in) all = all && placed_parts_.count(in) && vals_.count(in) && vals_[in].scale == 1.f;
+    if (all) {
+      // Every input already sits in its slice: the output is that buffer.
+      Val v;
+      v.md = md_t(to_dnnl(y), dt::f32, tag::nChw16c);
+      v.buf = cb->second;
+      p_->bufs[v.buf].values++;
+      vals_[n.out[0]] = v;
+      return;
+    }
+  }
   int64_t axis = n.ai("axis", 0);
   if (axis < 0) axis += static_cast<int64_t>(y.size());
   std::vector<md_t> mds;
