@@ -144,6 +144,7 @@ struct Bind {
 struct Exec {
   dnnl::primitive prim;
   std::unordered_map<int, dnnl::memory> args;
+  bool single = false;  // runs on one OpenMP thread (a small memory-bound step: see Builder::exec)
 };
 
 struct Plan {
@@ -255,9 +256,17 @@ class Builder {
     vals_[name] = v;
     return vals_[name];
   }
+  // Memory-bound steps (reorders, element-wise, normalisation, softmax, pooling, ...) touching under 1 MiB run on
+  // one thread: the work takes microseconds, a team's barrier can take a scheduler slice on a busy machine.
+  // (They pick their split at run time; convolutions and matmuls keep the team they were created for.)
   void exec(dnnl::primitive prim, std::unordered_map<int, dnnl::memory> args) {
     p_->impls.push_back(impl_of(prim));
-    p_->execs.push_back({std::move(prim), std::move(args)});
+    auto kind = prim.get_kind();
+    uint64_t bytes = 0;
+    for (auto& [arg, m] : args) bytes += m.get_desc().get_size();
+    bool single = kind != dnnl::primitive::kind::convolution && kind != dnnl::primitive::kind::matmul &&
+                  bytes < (1u << 20);
+    p_->execs.push_back({std::move(prim), std::move(args), single});
   }
   // The value as it is now (a constant gets an owned plain memory the first time it is read as data).
   const Val& val(const std::string& name) {
@@ -1509,8 +1518,26 @@ void run_chain(Chain& ch, Ctx& c) {
     p.last_base = base;
   }
   auto& s = stream();
+  const int team_n = omp_get_max_threads();
+  int cur = team_n;
+  auto threads_for = [&](const Exec& e) {
+    int want = e.single ? 1 : team_n;
+    if (want != cur) {
+      s.wait();
+      omp_set_num_threads(want);
+      cur = want;
+    }
+  };
+  struct Back {
+    int& cur;
+    int team_n;
+    ~Back() {
+      if (cur != team_n) omp_set_num_threads(team_n);
+    }
+  } back{cur, team_n};
   if (g_options.profile) {
     for (size_t k = 0; k < p.execs.size(); ++k) {
+      threads_for(p.execs[k]);
       auto t0 = std::chrono::steady_clock::now();
       p.execs[k].prim.execute(s, p.execs[k].args);
       s.wait();
@@ -1522,7 +1549,10 @@ void run_chain(Chain& ch, Ctx& c) {
     ch.runs++;
     return;
   }
-  for (auto& e : p.execs) e.prim.execute(s, e.args);
+  for (auto& e : p.execs) {
+    threads_for(e);
+    e.prim.execute(s, e.args);
+  }
   s.wait();
 }
 
