@@ -462,6 +462,32 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // Shape arithmetic on a claimed value (as torch exports q/k/v splits): the device folds Shape -> Gather ->
+    // Add -> Div -> Mul into constants at session creation and slices by them.
+    OpCase c;
+    c.op = "Chain";
+    c.label = "slices sized by shape arithmetic (Shape, Gather, Add, Div, Mul) on a matmul's output";
+    c.inputs = {in("X", {1, 16, 32}),     in("W", {32, 96}, true, -0.3f, 0.3f), in("B", {96}, true),
+                in("IDX", {1}, true),     in("TWO", {1}, true),                 in("THREE", {1}, true),
+                in("ZERO", {1}, true),    in("AX", {1}, true)};
+    c.int64_constants = {{3, i64({-1})}, {4, i64({2})}, {5, i64({3})}, {6, i64({0})}, {7, i64({-1})}};
+    c.chain = {
+        {"MatMul", {"X", "W"}, {}},                    // $0 [1,16,96]
+        {"Add", {"$0", "B"}, {}},                      // $1
+        {"Shape", {"$1"}, {}},                         // $2 [1,16,96]
+        {"Gather", {"$2", "IDX"}, {{"axis", I(0)}}},   // $3 [96]
+        {"Add", {"$3", "TWO"}, {}},                    // $4 98
+        {"Div", {"$4", "THREE"}, {}},                  // $5 32
+        {"Slice", {"$1", "ZERO", "$5", "AX"}, {}},     // $6 [1,16,32]
+        {"Mul", {"$5", "TWO"}, {}},                    // $7 64
+        {"Slice", {"$1", "$5", "$7", "AX"}, {}},       // $8 [1,16,32]
+        {"Transpose", {"$8"}, {{"perm", Is({0, 2, 1})}}},  // $9 [1,32,16]
+        {"MatMul", {"$6", "$9"}, {}},                  // $10 [1,16,16]
+        {"Softmax", {"$10"}, {{"axis", I(-1)}}},       // $11
+    };
+    v.push_back(c);
+  }
+  {
     // One post-norm encoder layer as torch.onnx exports nn.TransformerEncoderLayer (seq 16, 1 sequence, d 32,
     // 4 heads): in-projection, slices, head reshapes/transposes, scaled attention, out-projection, residual, the
     // decomposed LayerNorm, feed-forward with Relu, residual, LayerNorm.
