@@ -137,6 +137,24 @@ Status Registry::add_collective(PluginId plugin, const keel_collective_table_t* 
   return Status::ok();
 }
 
+Status Registry::add_claimer(PluginId plugin, int32_t priority, const keel_claimer_def_t* def) {
+  KEEL_RETURN_IF_ERROR(check_header(def, "claimer definition"), "register_claimer");
+  auto e = std::make_unique<ClaimerEntry>();
+  e->plugin = plugin;
+  e->priority = priority;
+  e->def = copy_sized(def);
+  e->name = str(def->name);
+  e->device_type = str(def->device_type);
+  if (e->device_type.empty() || !e->def.claim_subgraphs) {
+    return invalid_argument("register_claimer '" + e->name + "': device_type and claim_subgraphs are required");
+  }
+  if (e->name.empty()) e->name = e->device_type + "_claimer";
+  e->def.name = e->name.c_str();
+  e->def.device_type = e->device_type.c_str();
+  claimers_.push_back(std::move(e));
+  return Status::ok();
+}
+
 void Registry::remove_plugin(PluginId plugin) {
   auto drop = [plugin](auto& v) {
     v.erase(std::remove_if(v.begin(), v.end(), [plugin](const auto& e) { return e->plugin == plugin; }), v.end());
@@ -145,6 +163,16 @@ void Registry::remove_plugin(PluginId plugin) {
   drop(kernels_);
   drop(passes_);
   drop(collectives_);
+  drop(claimers_);
+}
+
+std::vector<const ClaimerEntry*> Registry::claimers_for(const std::string& device_type) const {
+  std::vector<const ClaimerEntry*> out;
+  for (const auto& c : claimers_)
+    if (c->device_type == device_type) out.push_back(c.get());
+  std::stable_sort(out.begin(), out.end(),
+                   [](const ClaimerEntry* a, const ClaimerEntry* b) { return a->priority > b->priority; });
+  return out;
 }
 
 std::vector<const KernelEntry*> Registry::kernels_for(const std::string& domain, const std::string& op_type,

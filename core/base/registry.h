@@ -1,4 +1,4 @@
-// keel/core/base/registry.h — what plugins registered: device tables, kernels, passes, collectives.
+// keel/core/base/registry.h — what plugins registered: device tables, kernels, passes, collectives, claim hooks.
 //
 // Plugins register through the host API (core/runtime/host_api.cc) while their init runs; the registry copies each
 // definition (strings and constraint arrays) so a plugin's stack or static data may go away. Every entry remembers
@@ -56,6 +56,14 @@ struct PassEntry {
   keel_pass_def_t def{};
 };
 
+// A claim hook of a plugin without a device table of its own (keel_claimer_def_t, ABI 1.1).
+struct ClaimerEntry {
+  PluginId plugin = -1;
+  int32_t priority = 0;
+  std::string name, device_type;
+  keel_claimer_def_t def{};  // copy; string members point into the strings above
+};
+
 struct CollectiveEntry {
   PluginId plugin = -1;
   std::string backend, device_type;
@@ -71,6 +79,7 @@ class Registry {
   Status add_kernel(PluginId plugin, int32_t priority, const keel_kernel_def_t* def);
   Status add_pass(PluginId plugin, const keel_pass_def_t* def);
   Status add_collective(PluginId plugin, const keel_collective_table_t* table);
+  Status add_claimer(PluginId plugin, int32_t priority, const keel_claimer_def_t* def);
   // Forgets everything `plugin` registered.
   void remove_plugin(PluginId plugin);
 
@@ -81,6 +90,8 @@ class Registry {
   const DeviceEntry* device(const std::string& device_type) const;
   std::vector<std::string> device_types() const;
   const PassEntry* pass(const std::string& name) const;
+  // Claim hooks for a device type, best first (priority, then registration order).
+  std::vector<const ClaimerEntry*> claimers_for(const std::string& device_type) const;
 
   const std::vector<std::unique_ptr<DeviceEntry>>& devices() const { return devices_; }
   const std::vector<std::unique_ptr<KernelEntry>>& kernels() const { return kernels_; }
@@ -92,6 +103,7 @@ class Registry {
   std::vector<std::unique_ptr<KernelEntry>> kernels_;
   std::vector<std::unique_ptr<PassEntry>> passes_;
   std::vector<std::unique_ptr<CollectiveEntry>> collectives_;
+  std::vector<std::unique_ptr<ClaimerEntry>> claimers_;
 };
 
 }  // namespace keel

@@ -377,6 +377,7 @@ keel_status_t g_evaluate(const G* g, const char* const* in_names, const keel_ten
     KEEL_ASSIGN_OR_RETURN(Graph sub, extract_subgraph(*g->graph, feeds, wanted), "evaluate");
     SessionOptions opts;
     opts.devices = {"cpu"};
+    opts.claims = false;  // (a claim hook may itself evaluate constants: no recursion)
     KEEL_ASSIGN_OR_RETURN(auto session, Session::create(*g->env, std::move(sub), opts), "evaluate");
     KEEL_ASSIGN_OR_RETURN(auto results, session->run(feeds), "evaluate");
     for (size_t i = 0; i < nout; ++i) {
@@ -421,6 +422,10 @@ keel_status_t h_register_pass(keel_plugin_handle_t* p, const keel_pass_def_t* d)
 }
 keel_status_t h_register_collective(keel_plugin_handle_t* p, const keel_collective_table_t* t) {
   return p->registry->add_collective(p->id, t).to_c();
+}
+
+keel_status_t h_register_claimer(keel_plugin_handle_t* p, const keel_claimer_def_t* d) {
+  return p->registry->add_claimer(p->id, p->priority, d).to_c();
 }
 
 int h_kernel_exists(keel_plugin_handle_t* p, const char* domain, const char* op, int32_t opset, const char* device,
@@ -484,7 +489,7 @@ std::unique_ptr<keel_plugin_handle_s> make_plugin_handle(Registry& registry, Plu
   h->api = keel_host_api_t{
       sizeof(keel_host_api_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR,
       h_status_create, h_log, h_register_device, h_register_kernel, h_register_pass, h_register_collective,
-      h_kernel_exists, kernel_api(), graph_api(), options_api(), &h->options, h->dir.c_str(),
+      h_kernel_exists, kernel_api(), graph_api(), options_api(), &h->options, h->dir.c_str(), h_register_claimer,
   };
   return h;
 }

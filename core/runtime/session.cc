@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <mutex>
 #include <set>
 #include <unordered_map>
@@ -306,41 +307,77 @@ Status Session::Impl::build(std::vector<std::string> device_order) {
     values[v].constant = t;
     values[v].dtype = t.dtype();
   }
-  // Claims: devices that can take whole subgraphs get first pick.
+  // Claims: devices that can take whole subgraphs get first pick (their tables' claim_subgraphs, in device
+  // order), then the claim hooks that kernel plugins registered for the preferred device type (by priority).
   std::unordered_map<NodeId, size_t> claimed;  // node -> claim index
-  struct Claim { keel_subgraph_def_t def; std::string name; std::vector<NodeId> nodes; const DeviceEntry* dev; };
+  struct Claim {
+    keel_subgraph_def_t def;
+    std::string name;
+    std::vector<NodeId> nodes;
+    const DeviceEntry* dev;
+    bool user_data_done = false;  // release_user_data called (or not owed)
+  };
   std::vector<Claim> claims;
-  if (options.fallback == Fallback::kCpu || !device_order.empty()) {
+  // Every claim's user_data is released once: after its create, or here when it never got that far.
+  struct ClaimGuard {
+    std::vector<Claim>* claims;
+    ~ClaimGuard() {
+      for (auto& c : *claims)
+        if (!c.user_data_done && c.def.release_user_data) c.def.release_user_data(c.def.user_data);
+    }
+  } claim_guard{&claims};
+  struct Sink { keel_subgraph_sink_t c; std::vector<Claim>* claims; const DeviceEntry* dev; };
+  auto sink_claim = [](keel_subgraph_sink_t* self, const keel_subgraph_def_t* def) -> keel_status_t {
+    auto* s = reinterpret_cast<Sink*>(self);
+    if (!def || def->struct_size < offsetof(keel_subgraph_def_t, release) + sizeof(def->release))
+      return make_c_status(KEEL_STATUS_INVALID_ARGUMENT, "claim: NULL or too small subgraph definition");
+    keel_subgraph_def_t copy{};
+    std::memcpy(&copy, def, std::min<size_t>(def->struct_size, sizeof copy));
+    copy.struct_size = sizeof copy;
+    if (!copy.compute || copy.node_count == 0 || !copy.node_ids) {
+      if (copy.release_user_data) copy.release_user_data(copy.user_data);
+      return make_c_status(KEEL_STATUS_INVALID_ARGUMENT, "claim: empty subgraph or no compute");
+    }
+    Claim c{copy, def->name ? def->name : "subgraph", {def->node_ids, def->node_ids + def->node_count}, s->dev};
+    c.def.name = nullptr;
+    c.def.node_ids = nullptr;
+    s->claims->push_back(std::move(c));
+    return nullptr;
+  };
+  auto ask = [&](const DeviceEntry* dev, const std::string& who, auto&& claim_fn, void* user_data) {
+    keel_graph_s view;
+    view.graph = &graph;
+    view.env = env;
+    Sink sink;
+    sink.c.struct_size = sizeof(keel_subgraph_sink_t);
+    sink.c.core_data = nullptr;
+    sink.c.claim = sink_claim;
+    sink.claims = &claims;
+    sink.dev = dev;
+    Status st = Status::from_c(claim_fn(user_data, &view, graph_api(), &sink.c));
+    if (!st.is_ok()) {
+      auto level = st.code() == StatusCode::kUnimplemented ? spdlog::level::debug : spdlog::level::warn;
+      spdlog::log(level, "{} claimed no subgraphs: {}", who, st.message());
+    }
+  };
+  if (options.claims && (options.fallback == Fallback::kCpu || !device_order.empty())) {
     for (const auto& dev_type : device_order) {
       const DeviceEntry* dev = reg.device(dev_type);
       if (!dev || !dev->table.claim_subgraphs) continue;
-      keel_graph_s view;
-      view.graph = &graph;
-      view.env = env;
-      struct Sink { keel_subgraph_sink_t c; std::vector<Claim>* claims; const DeviceEntry* dev; } sink;
-      sink.c.struct_size = sizeof(keel_subgraph_sink_t);
-      sink.claims = &claims;
-      sink.dev = dev;
-      sink.c.claim = [](keel_subgraph_sink_t* self, const keel_subgraph_def_t* def) -> keel_status_t {
-        auto* s = reinterpret_cast<Sink*>(self);
-        if (!def || !def->compute || def->node_count == 0)
-          return make_c_status(KEEL_STATUS_INVALID_ARGUMENT, "claim: empty subgraph or no compute");
-        Claim c{*def, def->name ? def->name : "subgraph", {def->node_ids, def->node_ids + def->node_count}, s->dev};
-        c.def.name = nullptr;
-        s->claims->push_back(std::move(c));
-        return nullptr;
-      };
-      Status st = Status::from_c(dev->table.claim_subgraphs(dev->table.user_data, &view, graph_api(), &sink.c));
-      if (!st.is_ok()) {
-        auto level = st.code() == StatusCode::kUnimplemented ? spdlog::level::debug : spdlog::level::warn;
-        spdlog::log(level, "device {} claimed no subgraphs: {}", dev_type, st.message());
+      ask(dev, "device " + dev_type, dev->table.claim_subgraphs, dev->table.user_data);
+    }
+    if (!device_order.empty()) {
+      if (const DeviceEntry* dev = reg.device(device_order[0])) {
+        for (const ClaimerEntry* ce : reg.claimers_for(device_order[0]))
+          ask(dev, "claimer " + ce->name, ce->def.claim_subgraphs, ce->def.user_data);
       }
     }
     for (size_t ci = 0; ci < claims.size(); ++ci) {
       bool ok = true;
-      for (NodeId id : claims[ci].nodes) ok = ok && graph.node(id) && !claimed.count(id);
+      std::unordered_set<NodeId> seen;
+      for (NodeId id : claims[ci].nodes) ok = ok && graph.node(id) && !claimed.count(id) && seen.insert(id).second;
       if (!ok) {
-        spdlog::warn("claim '{}' rejected: unknown or already claimed node", claims[ci].name);
+        spdlog::warn("claim '{}' rejected: unknown, repeated or already claimed node", claims[ci].name);
         continue;
       }
       for (NodeId id : claims[ci].nodes) claimed[id] = ci;
@@ -348,24 +385,34 @@ Status Session::Impl::build(std::vector<std::string> device_order) {
   }
   // Steps in topological order; a claim runs where its last node would (claims must be convex: checked below).
   std::unordered_map<size_t, size_t> claim_last;  // claim -> position of its last node in `order`
-  for (size_t pos = 0; pos < order.size(); ++pos)
-    if (auto it = claimed.find(order[pos]); it != claimed.end()) claim_last[it->second] = pos;
-  std::unordered_set<size_t> convex_fail;
-  for (size_t pos = 0; pos < order.size(); ++pos) {
-    auto it = claimed.find(order[pos]);
-    if (it != claimed.end()) continue;
-    // An unclaimed node between a claim's first and last node that reads a claim's value breaks the order.
-    const Node* n = graph.node(order[pos]);
-    for (const auto& in : n->inputs) {
-      auto p = graph.producer(in);
-      if (!p) continue;
-      auto c = claimed.find(*p);
-      if (c != claimed.end() && claim_last[c->second] > pos) convex_fail.insert(c->second);
+  for (bool changed = true; changed;) {
+    changed = false;
+    claim_last.clear();
+    for (size_t pos = 0; pos < order.size(); ++pos)
+      if (auto it = claimed.find(order[pos]); it != claimed.end()) claim_last[it->second] = pos;
+    std::set<size_t> convex_fail;
+    for (size_t pos = 0; pos < order.size(); ++pos) {
+      auto it = claimed.find(order[pos]);
+      const Node* n = graph.node(order[pos]);
+      for (const auto& in : n->inputs) {
+        auto p = graph.producer(in);
+        if (!p) continue;
+        auto c = claimed.find(*p);
+        if (c == claimed.end()) continue;
+        if (it == claimed.end()) {
+          // An unclaimed node between a claim's first and last node that reads a claim's value breaks the order.
+          if (claim_last[c->second] > pos) convex_fail.insert(c->second);
+        } else if (c->second != it->second && claim_last[c->second] > claim_last[it->second]) {
+          // A claim that reads another claim's value must run after it.
+          convex_fail.insert(it->second);
+        }
+      }
     }
-  }
-  for (size_t ci : convex_fail) {
-    spdlog::warn("claim '{}' rejected: not convex (an outside node sits between its nodes)", claims[ci].name);
-    for (NodeId id : claims[ci].nodes) claimed.erase(id);
+    for (size_t ci : convex_fail) {
+      spdlog::warn("claim '{}' rejected: not convex (an outside node sits between its nodes)", claims[ci].name);
+      for (NodeId id : claims[ci].nodes) claimed.erase(id);
+      changed = true;
+    }
   }
   std::unordered_set<std::string> graph_outputs(graph.outputs.begin(), graph.outputs.end());
   for (size_t pos = 0; pos < order.size(); ++pos) {
@@ -416,8 +463,12 @@ Status Session::Impl::build(std::vector<std::string> device_order) {
         pseudo.outputs = outs;
         fill_create_context(ctx, pseudo, graph, 0);
         ctx.node = nullptr;
-        KEEL_RETURN_IF_ERROR(Status::from_c(c.def.create(c.def.user_data, &ctx, &step.state)),
-                             "subgraph '" + c.name + "' create");
+        Status st = Status::from_c(c.def.create(c.def.user_data, &ctx, &step.state));
+        claims[ci].user_data_done = true;
+        if (c.def.release_user_data) c.def.release_user_data(c.def.user_data);
+        KEEL_RETURN_IF_ERROR(st, "subgraph '" + c.name + "' create");
+      } else {
+        claims[ci].user_data_done = true;  // user_data is the state: release frees it
       }
       steps.push_back(std::move(step));
       continue;

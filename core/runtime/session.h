@@ -33,6 +33,9 @@ struct SessionOptions {
   bool profile = false;  // collect per-node timings (Session::profile())
   // Kernel threads for this session: 0 = the environment's pool; otherwise the session owns a pool of its own.
   int32_t threads = 0;
+  // Let devices (claim_subgraphs) and kernel plugins' claim hooks (register_claimer) take subgraphs. Off: every
+  // node runs on its own kernel (graph evaluation for constant folding turns it off).
+  bool claims = true;
 };
 
 struct FallbackReport {

@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <thread>
 #include <cstring>
+#include <string>
+#include <vector>
 
 namespace keel {
 namespace {
@@ -226,6 +228,160 @@ TEST(Session, DeviceClaimsAConnectedSubgraph) {
   EXPECT_EQ(g_claim_runs, 1);
   float x0 = 1.f / (1.f + std::exp(2.f));
   EXPECT_NEAR(out.value()[0].data<float>()[0], 1.f / (1.f + std::exp(-x0)), 1e-6);
+}
+
+// ---- A kernel-only plugin with a claim hook for "cpu" (keel_claimer_def_t, ABI 1.1): it claims the nodes named
+// "claim_*" as one subgraph that computes tanh(tanh(x)), twice (the second claim overlaps and must be rejected),
+// and, when a node "loop_a" exists, the non-convex pair {loop_a, loop_c} around an outside node.
+int g_user_data_released = 0;
+int g_tanh_chain_runs = 0;
+void release_counter(void* p) {
+  delete static_cast<int*>(p);
+  ++g_user_data_released;
+}
+keel_status_t tanh_chain_create(void* user_data, keel_kernel_context_t*, void** out_state) {
+  *out_state = new int(*static_cast<int*>(user_data));
+  return nullptr;
+}
+keel_status_t tanh_chain(void*, keel_kernel_context_t* ctx) {
+  const keel_kernel_api_t* k = g_host->kernel;
+  const keel_tensor_t* x = k->input(ctx, 0);
+  keel_tensor_t* y = nullptr;
+  if (keel_status_t st = k->output(ctx, 0, x->ndim, x->dims, &y)) return st;
+  for (uint64_t i = 0; i < x->byte_size / 4; ++i)
+    static_cast<float*>(y->data)[i] = std::tanh(std::tanh(static_cast<const float*>(x->data)[i]));
+  ++g_tanh_chain_runs;
+  return nullptr;
+}
+keel_status_t claim_by_names(void*, const keel_graph_t* g, const keel_graph_api_t* api, keel_subgraph_sink_t* sink) {
+  keel_node_id_t ids[64];
+  size_t n = api->nodes(g, ids, 64);
+  std::vector<keel_node_id_t> chain, loop;
+  for (size_t i = 0; i < n; ++i) {
+    std::string name = api->node_name(g, ids[i]);
+    if (name.rfind("claim_", 0) == 0) chain.push_back(ids[i]);
+    if (name == "loop_a" || name == "loop_c") loop.push_back(ids[i]);
+  }
+  keel_subgraph_def_t def{};
+  def.struct_size = sizeof def;
+  def.name = "tanh_chain";
+  def.create = tanh_chain_create;
+  def.compute = tanh_chain;
+  def.release = [](void* s) { delete static_cast<int*>(s); };
+  def.release_user_data = release_counter;
+  for (const auto* ids_v : {&chain, &chain, &loop}) {
+    if (ids_v->empty()) continue;
+    def.node_ids = ids_v->data();
+    def.node_count = ids_v->size();
+    def.user_data = new int(1);
+    if (keel_status_t st = sink->claim(sink, &def)) return st;
+  }
+  return nullptr;
+}
+keel_status_t claimer_init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+  if (!KEEL_HAS_MEMBER(host, keel_host_api_t, register_claimer)) return nullptr;
+  g_host = host;
+  keel_claimer_def_t c{};
+  c.struct_size = sizeof c;
+  c.abi_major = KEEL_PLUGIN_ABI_MAJOR;
+  c.abi_minor = KEEL_PLUGIN_ABI_MINOR;
+  c.name = "by_names";
+  c.device_type = "cpu";
+  c.claim_subgraphs = claim_by_names;
+  if (keel_status_t st = host->register_claimer(plugin, &c)) return st;
+  // A device plugin without a device table must serve some device type with a kernel (an op no test uses).
+  keel_kernel_def_t k{};
+  k.struct_size = sizeof k;
+  k.abi_major = KEEL_PLUGIN_ABI_MAJOR;
+  k.name = "claimer_noop";
+  k.domain = "test.claimer";
+  k.op_type = "Noop";
+  k.since_version = 1;
+  k.device_type = "cpu";
+  k.compute = [](void*, keel_kernel_context_t*) -> keel_status_t { return nullptr; };
+  return host->register_kernel(plugin, &k);
+}
+const keel_plugin_t kClaimerPlugin = {sizeof(keel_plugin_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR,
+                                      "claimer", "1.0", KEEL_PLUGIN_KIND_DEVICE, claimer_init, nullptr};
+
+std::unique_ptr<Environment> make_claimer_env() {
+  EnvironmentOptions o;
+  o.discover_plugins = false;
+  o.threads = 2;
+  o.builtin_plugins.push_back({&kClaimerPlugin, 20, "test claimer"});
+  auto env = Environment::create(o);
+  EXPECT_TRUE(env.is_ok()) << env.status().to_string();
+  return std::move(env).value();
+}
+
+TEST(Session, KernelPluginClaimerTakesAChainOnCpuAndEveryUserDataIsReleased) {
+  auto env = make_claimer_env();
+  g_user_data_released = 0;
+  g_tanh_chain_runs = 0;
+  Graph graph;
+  {
+    GraphBuilder b("claimer");
+    auto x = b.input("x", DType::kF32, {3});
+    auto t1 = b.op1("Tanh", {x});
+    auto t2 = b.op1("Tanh", {t1});
+    auto r = b.op1("Neg", {t2});
+    b.output(r);
+    graph = b.take();
+  }
+  int k = 0;
+  const std::vector<NodeId> order = graph.topological_order().value();
+  for (NodeId id : order) {
+    Node* n = graph.node(id);
+    if (n->op_type == "Tanh") n->name = "claim_" + std::to_string(k++);
+  }
+  SessionOptions opts;
+  opts.devices = {"cpu"};
+  {
+    auto s = Session::create(*env, std::move(graph), opts);
+    ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+    // Both claims' user_data released: the accepted one after its create, the overlapping one when rejected.
+    EXPECT_EQ(g_user_data_released, 2);
+    bool saw = false;
+    for (auto& [name, op, dev, kernel] : s.value()->placement()) saw = saw || (op == "Subgraph" && dev == "cpu");
+    EXPECT_TRUE(saw);
+    auto out = s.value()->run({{"x", Tensor::f32({3}, {-1, 0, 2})}});
+    ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+    EXPECT_EQ(g_tanh_chain_runs, 1);
+    EXPECT_NEAR(out.value()[0].data<float>()[0], -std::tanh(std::tanh(-1.f)), 1e-6);
+  }
+}
+
+TEST(Session, ANonConvexClaimIsRejectedAndItsNodesRunOnKernels) {
+  auto env = make_claimer_env();
+  g_user_data_released = 0;
+  g_tanh_chain_runs = 0;
+  Graph graph;
+  {
+    // a = Tanh(x); b = Neg(a); c = Add(a, b): {a, c} leaves through b and comes back.
+    GraphBuilder b("loop");
+    auto x = b.input("x", DType::kF32, {2});
+    auto a = b.op1("Tanh", {x});
+    auto n = b.op1("Neg", {a});
+    auto c = b.op1("Add", {a, n});
+    b.output(c);
+    graph = b.take();
+  }
+  const std::vector<NodeId> order = graph.topological_order().value();
+  for (NodeId id : order) {
+    Node* n = graph.node(id);
+    if (n->op_type == "Tanh") n->name = "loop_a";
+    if (n->op_type == "Add") n->name = "loop_c";
+  }
+  SessionOptions opts;
+  opts.devices = {"cpu"};
+  auto s = Session::create(*env, std::move(graph), opts);
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  EXPECT_EQ(g_user_data_released, 1);
+  for (auto& [name, op, dev, kernel] : s.value()->placement()) EXPECT_NE(op, "Subgraph");
+  auto out = s.value()->run({{"x", Tensor::f32({2}, {0.5f, -1})}});
+  ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+  EXPECT_EQ(g_tanh_chain_runs, 0);
+  EXPECT_NEAR(out.value()[0].data<float>()[0], 0.f, 1e-6);
 }
 
 TEST(Session, BadInputsAreRefusedWithNames) {

@@ -142,10 +142,14 @@ keel_status_t register_int8_kernels(const keel_host_api_t* host, keel_plugin_han
 // Plugin options (manifest [options] or environment), read once at init.
 struct Options {
   bool winograd = true;  // KEEL_ONEDNN_WINOGRAD=0 or [options] winograd = false turns it off
+  bool claims = true;    // KEEL_ONEDNN_CLAIMS=0 or [options] claims = false: no claimed subgraphs (kernels only)
+  bool profile = false;  // KEEL_ONEDNN_PROFILE=1: claimed subgraphs time their primitives (logged at info)
 };
 extern Options g_options;
 
 // The training kernels of onednn_train.cc (keel-domain backward ops, bf16 forward ops), registered from init.
 keel_status_t register_train_kernels(const keel_host_api_t* host, keel_plugin_handle_t* plugin);
+// Registers the claim hook for "cpu" (onednn_subgraph.cc) when the core offers register_claimer (ABI 1.1).
+keel_status_t register_claimer(const keel_host_api_t* host, keel_plugin_handle_t* plugin);
 
 }  // namespace keel::onednn

@@ -215,6 +215,11 @@ keel_status_t onednn_init(const keel_host_api_t* host, keel_plugin_handle_t* plu
     if (host->options && host->plugin_options && host->options->get_bool(host->plugin_options, "winograd", &flag))
       g_options.winograd = flag != 0;
     if (const char* e = std::getenv("KEEL_ONEDNN_WINOGRAD")) g_options.winograd = std::strcmp(e, "0") != 0;
+    flag = 1;
+    if (host->options && host->plugin_options && host->options->get_bool(host->plugin_options, "claims", &flag))
+      g_options.claims = flag != 0;
+    if (const char* e = std::getenv("KEEL_ONEDNN_CLAIMS")) g_options.claims = std::strcmp(e, "0") != 0;
+    if (const char* e = std::getenv("KEEL_ONEDNN_PROFILE")) g_options.profile = std::strcmp(e, "0") != 0;
     (void)engine();  // fails early when oneDNN cannot make a CPU engine
   } catch (const std::exception& e) {
     return make_status(KEEL_STATUS_UNAVAILABLE, std::string("oneDNN CPU engine unavailable: ") + e.what());
@@ -248,10 +253,11 @@ keel_status_t onednn_init(const keel_host_api_t* host, keel_plugin_handle_t* plu
   }
   if (keel_status_t st = register_int8_kernels(host, plugin)) return st;  // onednn_int8.cc: keel.QConv, keel.QGemm
   if (keel_status_t st = register_train_kernels(host, plugin)) return st;
+  if (keel_status_t st = register_claimer(host, plugin)) return st;
   std::string msg = "cpu_onednn: oneDNN " + std::to_string(dnnl_version()->major) + "." +
                     std::to_string(dnnl_version()->minor) + "." + std::to_string(dnnl_version()->patch) + ", " +
                     std::to_string(kernels.size()) + " kernels for cpu, winograd " +
-                    (g_options.winograd ? "on" : "off");
+                    (g_options.winograd ? "on" : "off") + ", claims " + (g_options.claims ? "on" : "off");
   host->log(plugin, KEEL_LOG_DEBUG, msg.c_str());
   return nullptr;
 }

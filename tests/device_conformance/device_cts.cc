@@ -582,6 +582,206 @@ void add_training_cases(std::vector<OpCase>& v) {
   }
 }
 
+// Chains of ops a device may claim as one subgraph (oneDNN: layouts kept between ops, post-ops): ResNet, MobileNet
+// and SqueezeNet blocks, odd channel counts, and a transformer encoder layer with its decomposed LayerNorm.
+void add_chain_cases(std::vector<OpCase>& v) {
+  auto i64 = [](std::vector<int64_t> vals) {
+    Tensor t = Tensor::host(DType::kI64, {static_cast<int64_t>(vals.size())}).value();
+    std::copy(vals.begin(), vals.end(), t.data<int64_t>());
+    return t;
+  };
+  auto scalar = [](const std::string& name, float value) {
+    InputSpec s = in(name, {}, true);
+    s.values = {value};
+    return s;
+  };
+  auto conv = [](std::vector<std::string> ins, int64_t k, int64_t s, int64_t p, int64_t g = 1) {
+    return ChainNode{"Conv", std::move(ins),
+                     {{"kernel_shape", Is({k, k})}, {"strides", Is({s, s})}, {"pads", Is({p, p, p, p})},
+                      {"group", I(g)}}};
+  };
+  {
+    OpCase c;
+    c.op = "Chain";
+    c.label = "resnet basic block C=16 14x14";
+    c.inputs = {in("X", {1, 16, 14, 14}), in("W1", {16, 16, 3, 3}, true, -0.3f, 0.3f), in("B1", {16}, true),
+                in("W2", {16, 16, 3, 3}, true, -0.3f, 0.3f), in("B2", {16}, true)};
+    c.chain = {conv({"X", "W1", "B1"}, 3, 1, 1), {"Relu", {"$0"}, {}}, conv({"$1", "W2", "B2"}, 3, 1, 1),
+               {"Add", {"$2", "X"}, {}}, {"Relu", {"$3"}, {}}};
+    v.push_back(c);
+  }
+  {
+    OpCase c;
+    c.op = "Chain";
+    c.label = "resnet downsample block with BatchNormalization C=16->32 stride 2, batch 2";
+    c.inputs = {in("X", {2, 16, 15, 15}), in("W1", {32, 16, 3, 3}, true, -0.3f, 0.3f),
+                in("S1", {32}, true, 0.5f, 1.5f), in("T1", {32}, true), in("M1", {32}, true),
+                in("V1", {32}, true, 0.5f, 2.f), in("W2", {32, 32, 3, 3}, true, -0.2f, 0.2f),
+                in("S2", {32}, true, 0.5f, 1.5f), in("T2", {32}, true), in("M2", {32}, true),
+                in("V2", {32}, true, 0.5f, 2.f), in("WD", {32, 16, 1, 1}, true, -0.5f, 0.5f)};
+    c.chain = {conv({"X", "W1"}, 3, 2, 1),
+               {"BatchNormalization", {"$0", "S1", "T1", "M1", "V1"}, {}},
+               {"Relu", {"$1"}, {}},
+               conv({"$2", "W2"}, 3, 1, 1),
+               {"BatchNormalization", {"$3", "S2", "T2", "M2", "V2"}, {}},
+               conv({"X", "WD"}, 1, 2, 0),
+               {"Add", {"$4", "$5"}, {}},
+               {"Relu", {"$6"}, {}}};
+    v.push_back(c);
+  }
+  {
+    OpCase c;
+    c.op = "Chain";
+    c.label = "stem: conv 7x7 s2, relu, maxpool, global average pool, flatten, gemm";
+    c.inputs = {in("X", {1, 3, 33, 31}), in("W", {16, 3, 7, 7}, true, -0.2f, 0.2f), in("B", {16}, true),
+                in("G", {10, 16}, true), in("C", {10}, true)};
+    c.chain = {conv({"X", "W", "B"}, 7, 2, 3),
+               {"Relu", {"$0"}, {}},
+               {"MaxPool", {"$1"}, {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"pads", Is({1, 1, 1, 1})}}},
+               {"GlobalAveragePool", {"$2"}, {}},
+               {"Flatten", {"$3"}, {}},
+               {"Gemm", {"$4", "G", "C"}, {{"transB", I(1)}}}};
+    v.push_back(c);
+  }
+  {
+    OpCase c;
+    c.op = "Chain";
+    c.opset = 13;
+    c.label = "mobilenet inverted residual C=16 expand 6, Clip(0,6) from constant inputs";
+    c.inputs = {in("X", {1, 16, 10, 10}), in("WE", {96, 16, 1, 1}, true, -0.4f, 0.4f), in("BE", {96}, true),
+                in("WD", {96, 1, 3, 3}, true, -0.5f, 0.5f), in("BD", {96}, true),
+                in("WP", {16, 96, 1, 1}, true, -0.2f, 0.2f), in("BP", {16}, true), scalar("LO", 0.f),
+                scalar("HI", 6.f)};
+    c.chain = {conv({"X", "WE", "BE"}, 1, 1, 0),    {"Clip", {"$0", "LO", "HI"}, {}},
+               conv({"$1", "WD", "BD"}, 3, 1, 1, 96), {"Clip", {"$2", "LO", "HI"}, {}},
+               conv({"$3", "WP", "BP"}, 1, 1, 0),    {"Add", {"X", "$4"}, {}}};
+    v.push_back(c);
+  }
+  {
+    OpCase c;
+    c.op = "Chain";
+    c.label = "squeezenet fire: squeeze, two expands, concat, maxpool ceil_mode";
+    c.inputs = {in("X", {1, 32, 13, 13}), in("WS", {16, 32, 1, 1}, true, -0.4f, 0.4f), in("BS", {16}, true),
+                in("W1", {32, 16, 1, 1}, true, -0.4f, 0.4f), in("B1", {32}, true),
+                in("W3", {32, 16, 3, 3}, true, -0.2f, 0.2f), in("B3", {32}, true)};
+    c.chain = {conv({"X", "WS", "BS"}, 1, 1, 0), {"Relu", {"$0"}, {}},
+               conv({"$1", "W1", "B1"}, 1, 1, 0), {"Relu", {"$2"}, {}},
+               conv({"$1", "W3", "B3"}, 3, 1, 1), {"Relu", {"$4"}, {}},
+               {"Concat", {"$3", "$5"}, {{"axis", I(1)}}},
+               {"MaxPool", {"$6"}, {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"ceil_mode", I(1)}}}};
+    v.push_back(c);
+  }
+  {
+    OpCase c;
+    c.op = "Chain";
+    c.label = "odd channels C=5->7->24, average pool, sigmoid, batch 2";
+    c.inputs = {in("X", {2, 5, 9, 7}), in("W1", {7, 5, 3, 3}, true, -0.3f, 0.3f),
+                in("W2", {24, 7, 3, 3}, true, -0.3f, 0.3f), in("B2", {24}, true)};
+    c.chain = {conv({"X", "W1"}, 3, 1, 1), {"Relu", {"$0"}, {}},
+               {"AveragePool", {"$1"}, {{"kernel_shape", Is({2, 2})}, {"strides", Is({2, 2})}}},
+               conv({"$2", "W2", "B2"}, 3, 1, 1), {"Sigmoid", {"$3"}, {}}};
+    v.push_back(c);
+  }
+  {
+    // Shape arithmetic on a claimed value (as torch exports q/k/v splits): the device folds Shape -> Gather ->
+    // Add -> Div -> Mul into constants at session creation and slices by them.
+    OpCase c;
+    c.op = "Chain";
+    c.label = "slices sized by shape arithmetic (Shape, Gather, Add, Div, Mul) on a matmul's output";
+    c.inputs = {in("X", {1, 16, 32}),     in("W", {32, 96}, true, -0.3f, 0.3f), in("B", {96}, true),
+                in("IDX", {1}, true),     in("TWO", {1}, true),                 in("THREE", {1}, true),
+                in("ZERO", {1}, true),    in("AX", {1}, true)};
+    c.int64_constants = {{3, i64({-1})}, {4, i64({2})}, {5, i64({3})}, {6, i64({0})}, {7, i64({-1})}};
+    c.chain = {
+        {"MatMul", {"X", "W"}, {}},                    // $0 [1,16,96]
+        {"Add", {"$0", "B"}, {}},                      // $1
+        {"Shape", {"$1"}, {}},                         // $2 [1,16,96]
+        {"Gather", {"$2", "IDX"}, {{"axis", I(0)}}},   // $3 [96]
+        {"Add", {"$3", "TWO"}, {}},                    // $4 98
+        {"Div", {"$4", "THREE"}, {}},                  // $5 32
+        {"Slice", {"$1", "ZERO", "$5", "AX"}, {}},     // $6 [1,16,32]
+        {"Mul", {"$5", "TWO"}, {}},                    // $7 64
+        {"Slice", {"$1", "$5", "$7", "AX"}, {}},       // $8 [1,16,32]
+        {"Transpose", {"$8"}, {{"perm", Is({0, 2, 1})}}},  // $9 [1,32,16]
+        {"MatMul", {"$6", "$9"}, {}},                  // $10 [1,16,16]
+        {"Softmax", {"$10"}, {{"axis", I(-1)}}},       // $11
+    };
+    v.push_back(c);
+  }
+  {
+    // One post-norm encoder layer as torch.onnx exports nn.TransformerEncoderLayer (seq 16, 1 sequence, d 32,
+    // 4 heads): in-projection, slices, head reshapes/transposes, scaled attention, out-projection, residual, the
+    // decomposed LayerNorm, feed-forward with Relu, residual, LayerNorm.
+    OpCase c;
+    c.op = "Chain";
+    c.opset = 13;
+    c.label = "transformer encoder layer L=16 d=32 heads=4 ff=64";
+    c.inputs = {in("X", {1, 16, 32}),
+                in("WQKV", {32, 96}, true, -0.3f, 0.3f), in("BQKV", {96}, true),
+                in("s0", {1}, true), in("s1", {1}, true), in("s2", {1}, true), in("s3", {1}, true),
+                in("ax", {1}, true), in("shp", {3}, true), scalar("SCALE", 2.828427f),
+                in("shp2", {2}, true), in("WO", {32, 32}, true, -0.3f, 0.3f), in("BO", {32}, true),
+                in("shp3", {3}, true), scalar("TWO", 2.f), scalar("EPS", 1e-5f),
+                in("G1", {32}, true, 0.5f, 1.5f), in("N1", {32}, true),
+                in("W1", {32, 64}, true, -0.3f, 0.3f), in("B1", {64}, true),
+                in("W2", {64, 32}, true, -0.2f, 0.2f), in("B2", {32}, true),
+                in("G2", {32}, true, 0.5f, 1.5f), in("N2", {32}, true)};
+    c.int64_constants = {{3, i64({0})}, {4, i64({32})}, {5, i64({64})}, {6, i64({96})}, {7, i64({-1})},
+                         {8, i64({16, 4, 8})}, {10, i64({16, 32})}, {13, i64({16, 1, 32})}};
+    auto perm = [](std::vector<int64_t> p) { return std::map<std::string, Attribute>{{"perm", Is(std::move(p))}}; };
+    auto mean = std::map<std::string, Attribute>{{"axes", Is({-1})}};
+    c.chain = {
+        {"Transpose", {"X"}, perm({1, 0, 2})},                // $0 [16,1,32]
+        {"MatMul", {"$0", "WQKV"}, {}},                       // $1 [16,1,96]
+        {"Add", {"BQKV", "$1"}, {}},                          // $2
+        {"Slice", {"$2", "s0", "s1", "ax"}, {}},              // $3 q
+        {"Slice", {"$2", "s1", "s2", "ax"}, {}},              // $4 k
+        {"Slice", {"$2", "s2", "s3", "ax"}, {}},              // $5 v
+        {"Reshape", {"$3", "shp"}, {}},                       // $6 [16,4,8]
+        {"Transpose", {"$6"}, perm({1, 0, 2})},               // $7 [4,16,8]
+        {"Reshape", {"$4", "shp"}, {}},                       // $8
+        {"Reshape", {"$5", "shp"}, {}},                       // $9
+        {"Transpose", {"$9"}, perm({1, 0, 2})},               // $10 v [4,16,8]
+        {"Div", {"$7", "SCALE"}, {}},                         // $11
+        {"Transpose", {"$8"}, perm({1, 2, 0})},               // $12 kT [4,8,16]
+        {"MatMul", {"$11", "$12"}, {}},                       // $13 [4,16,16]
+        {"Softmax", {"$13"}, {{"axis", I(-1)}}},              // $14
+        {"MatMul", {"$14", "$10"}, {}},                       // $15 [4,16,8]
+        {"Transpose", {"$15"}, perm({1, 0, 2})},              // $16 [16,4,8]
+        {"Reshape", {"$16", "shp2"}, {}},                     // $17 [16,32]
+        {"Gemm", {"$17", "WO", "BO"}, {{"transB", I(1)}}},    // $18
+        {"Reshape", {"$18", "shp3"}, {}},                     // $19 [16,1,32]
+        {"Transpose", {"$19"}, perm({1, 0, 2})},              // $20 [1,16,32]
+        {"Add", {"X", "$20"}, {}},                            // $21
+        {"ReduceMean", {"$21"}, mean},                        // $22
+        {"Sub", {"$21", "$22"}, {}},                          // $23
+        {"Pow", {"$23", "TWO"}, {}},                          // $24
+        {"ReduceMean", {"$24"}, mean},                        // $25
+        {"Add", {"$25", "EPS"}, {}},                          // $26
+        {"Sqrt", {"$26"}, {}},                                // $27
+        {"Div", {"$23", "$27"}, {}},                          // $28
+        {"Mul", {"$28", "G1"}, {}},                           // $29
+        {"Add", {"$29", "N1"}, {}},                           // $30
+        {"MatMul", {"$30", "W1"}, {}},                        // $31
+        {"Add", {"B1", "$31"}, {}},                           // $32
+        {"Relu", {"$32"}, {}},                                // $33
+        {"MatMul", {"$33", "W2"}, {}},                        // $34
+        {"Add", {"B2", "$34"}, {}},                           // $35
+        {"Add", {"$30", "$35"}, {}},                          // $36
+        {"ReduceMean", {"$36"}, mean},                        // $37
+        {"Sub", {"$36", "$37"}, {}},                          // $38
+        {"Pow", {"$38", "TWO"}, {}},                          // $39
+        {"ReduceMean", {"$39"}, mean},                        // $40
+        {"Add", {"$40", "EPS"}, {}},                          // $41
+        {"Sqrt", {"$41"}, {}},                                // $42
+        {"Div", {"$38", "$42"}, {}},                          // $43
+        {"Mul", {"$43", "G2"}, {}},                           // $44
+        {"Add", {"$44", "N2"}, {}},                           // $45
+    };
+    v.push_back(c);
+  }
+}
+
 std::vector<OpCase> make_cases() {
   std::vector<OpCase> v;
   add_conv_cases(v);
@@ -594,6 +794,7 @@ std::vector<OpCase> make_cases() {
   add_int8_cases(v);
   add_qdq_cases(v);
   add_training_cases(v);
+  add_chain_cases(v);
   return v;
 }
 
@@ -660,6 +861,24 @@ Built build(const OpCase& c) {
       b.feeds.emplace_back(s.name, t);
     }
   }
+  if (!c.chain.empty()) {
+    std::map<std::string, std::string> by_name;
+    for (size_t i = 0; i < c.inputs.size(); ++i)
+      if (!c.inputs[i].name.empty()) by_name[c.inputs[i].name] = names[i];
+    std::vector<std::string> produced;
+    for (const ChainNode& n : c.chain) {
+      std::vector<std::string> ins;
+      for (const auto& r : n.inputs) {
+        if (r.empty()) ins.push_back("");
+        else if (r[0] == '$') ins.push_back(produced.at(std::stoul(r.substr(1))));
+        else ins.push_back(by_name.at(r));
+      }
+      produced.push_back(gb.op(n.op, ins, n.attrs, 1)[0]);
+    }
+    gb.output(produced.back());
+    b.graph = gb.take();
+    return b;
+  }
   if (!c.domain.empty()) gb.graph().opsets[c.domain] = 1;
   auto outs = gb.op(c.op, names, c.attrs, c.num_outputs, c.domain);
   gb.output(outs[c.output]);
@@ -685,7 +904,7 @@ RunOut run_one(Environment& env, const OpCase& c, const std::string& device) {
     return r;
   }
   for (const auto& [node, op, dev, kernel] : (*s)->placement())
-    if (op == c.op) r.kernel = kernel;
+    if (op == (c.chain.empty() ? c.op : std::string("Subgraph")) && r.kernel.empty()) r.kernel = kernel;
   auto out = (*s)->run(b.feeds);
   if (!out.is_ok()) {
     r.status = out.status();

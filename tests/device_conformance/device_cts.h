@@ -37,8 +37,16 @@ struct InputSpec {
   DType dtype = DType::kF32;        // f32, or an integer type (random integers in [lo, hi], or the values)
 };
 
+// One node of a chain case: `inputs` name case inputs (InputSpec.name) or earlier nodes' outputs ("$0", "$1", ...;
+// "" = an absent optional input).
+struct ChainNode {
+  std::string op;
+  std::vector<std::string> inputs;
+  std::map<std::string, Attribute> attrs;
+};
+
 struct OpCase {
-  std::string op;     // ONNX op type
+  std::string op;     // ONNX op type; "Chain" for a chain case (a device may claim it as one subgraph)
   std::string label;  // the case's parameters, e.g. "N=1 C=3 H=7 W=9 K=5 k=3 s=2 p=1 g=1"; unique within the op
   int32_t opset = 17;
   std::vector<InputSpec> inputs;
@@ -50,6 +58,9 @@ struct OpCase {
   double int_tol = 1;          // integer outputs: |out - ref| <= int_tol (1: requantisation may round apart)
   DType dtype = DType::kF32;   // of the float inputs (f32 or bf16; int64 inputs come from int64_constants)
   size_t output = 0;           // which output is compared (the others are computed but not compared)
+  // A chain case (op "Chain"): these nodes in order instead of one node of `op`; the last one's output is
+  // compared. The kernel recorded is the claimed subgraph's ("Subgraph" in the placement), "" when none ran.
+  std::vector<ChainNode> chain;
 };
 
 // The table of cases, in a fixed order (ops alphabetically grouped as listed in device_cts.cc).

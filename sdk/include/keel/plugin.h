@@ -29,7 +29,7 @@ extern "C" {
 #endif
 
 #define KEEL_PLUGIN_ABI_MAJOR 1
-#define KEEL_PLUGIN_ABI_MINOR 0
+#define KEEL_PLUGIN_ABI_MINOR 1
 #define KEEL_PLUGIN_ENTRY_SYMBOL "keel_plugin_entry"
 
 #if defined(_WIN32)
@@ -258,7 +258,33 @@ typedef struct keel_subgraph_def_s {
   keel_status_t (*create)(void* user_data, keel_kernel_context_t* ctx, void** out_state); /* (optional) */
   keel_status_t (*compute)(void* state, keel_kernel_context_t* ctx);
   void (*release)(void* state); /* (optional) */
+  /* (optional; ABI 1.1) Frees user_data. The core calls it exactly once per claim it recorded: right after
+   * `create` returned (whatever it returned), or when it rejects the claim or never gets to create it (another
+   * claim took a node, the claim is not convex, session creation failed). Not called for an accepted claim
+   * without `create`: there user_data is the state, which `release` frees. */
+  void (*release_user_data)(void* user_data);
 } keel_subgraph_def_t;
+
+/*
+ * (ABI 1.1) A claim hook for a plugin that serves a device type with kernels but has no device table of its own
+ * (e.g. oneDNN kernels for the reference "cpu" device): like keel_device_table_t.claim_subgraphs, it may claim
+ * connected subgraphs of nodes it can run as one (to keep its own memory layouts between ops, or fuse ops) by
+ * calling sink->claim. The core calls it when a session places a graph whose preferred device type (the first
+ * of the session's device order) is `device_type`, after that device's own claim_subgraphs and before the
+ * claimers of lower-priority plugins; a node claimed first stays with that claim. The core checks every claim
+ * as it does a device's (connected, convex) and runs the claimed subgraph on `device_type` (its memory). The graph
+ * and its strings are valid only during the call: copy what the subgraph's create/compute need into user_data.
+ */
+typedef struct keel_claimer_def_s {
+  uint32_t struct_size;
+  uint16_t abi_major;
+  uint16_t abi_minor;
+  const char* name;        /* for logs, e.g. "onednn_chains" */
+  const char* device_type; /* the device type whose graphs it inspects */
+  void* user_data;
+  keel_status_t (*claim_subgraphs)(void* user_data, const struct keel_graph_s* graph,
+                                   const struct keel_graph_api_s* api, struct keel_subgraph_sink_s* sink);
+} keel_claimer_def_t;
 
 typedef struct keel_subgraph_sink_s {
   uint32_t struct_size;
@@ -545,6 +571,10 @@ typedef struct keel_host_api_s {
   const keel_pass_options_t* plugin_options;
   /* The directory holding the plugin's manifest (to find data files beside it). */
   const char* plugin_dir;
+
+  /* (ABI 1.1) Registers a claim hook for a device type (see keel_claimer_def_t); ranked by the plugin's priority.
+   * Check KEEL_HAS_MEMBER(host, keel_host_api_t, register_claimer) first: an older core does not have it. */
+  keel_status_t (*register_claimer)(keel_plugin_handle_t* plugin, const keel_claimer_def_t* def);
 } keel_host_api_t;
 
 typedef enum keel_plugin_kind_e {

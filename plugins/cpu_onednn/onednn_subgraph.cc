@@ -1,0 +1,1991 @@
+// plugins/cpu_onednn/onednn_subgraph.cc — claimed subgraphs ("chains"): connected runs of nodes that oneDNN runs
+// as one, with its own memory layouts kept between ops and fused post-ops.
+//
+// The plugin registers a claim hook for "cpu" (keel_host_api_t.register_claimer, ABI 1.1). At session creation the
+// hook (claim_chains) looks at the graph:
+//   1. constants: initializers, Constant nodes, Shape of a statically shaped value, and every node all of whose
+//      inputs are constants (shape arithmetic) are computed once, here (host->graph->evaluate), and run nothing;
+//   2. candidates: f32 nodes with static shapes of the ops below; a LayerNormalization decomposed into
+//      ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div/Mul/Add is matched as one;
+//   3. connected groups of candidates (with the constant nodes only they read) with at least two compute nodes are
+//      claimed, when convex (no path leaves the group and comes back). The plan is built right there, so whatever
+//      oneDNN refuses drops the node from the group (it runs on its kernel instead) before the claim is made.
+//
+// A plan (built once per OpenMP thread count; steady-state runs allocate nothing but the core's workspace):
+//   - activations stay in the layout their producer chose (convolutions: nChw16c; Winograd for 3x3 stride 1);
+//     a consumer that wants another layout gets one reorder, shared by all its readers;
+//   - weights are reordered once into the primitive's layout (BatchNormalization after a Conv folded into them);
+//   - post-ops: bias, Relu/Clip/LeakyRelu/Sigmoid/Tanh, scalar Mul/Div, and the residual Add as a sum post-op
+//     (in place when the residual is not read afterwards, else after one copy);
+//   - Reshape/Flatten/Squeeze/Unsqueeze/Identity are views of their input's memory (after a reorder to the plain
+//     layout when needed); Transpose and Slice are strided views that MatMul reads directly (a reorder otherwise);
+//     a scalar Mul/Div in front of a MatMul becomes the MatMul's output scale;
+//   - the workspace holds every internal value, offsets planned from liveness.
+//
+// Ops: Conv (2-D), BatchNormalization, Relu, Clip, LeakyRelu, Sigmoid, Tanh, Add/Sub/Mul/Div (same shape or a
+// broadcast constant), MaxPool/AveragePool (2-D), GlobalAveragePool/GlobalMaxPool, Concat, MatMul, Gemm, Softmax
+// (last axis), LayerNormalization (last axis, or the decomposed pattern), Transpose, Slice (step 1), Reshape,
+// Flatten, Squeeze, Unsqueeze, Identity.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "onednn_common.h"
+
+namespace keel::onednn {
+namespace {
+
+using dt = dnnl::memory::data_type;
+using tag = dnnl::memory::format_tag;
+using alg = dnnl::algorithm;
+using md_t = dnnl::memory::desc;
+
+keel_plugin_handle_t* g_plugin_handle = nullptr;
+void debug_log(const std::string& msg) {
+  if (g_host && g_host->log) g_host->log(g_plugin_handle, KEEL_LOG_DEBUG, msg.c_str());
+}
+
+// ------------------------------------------------------------------------------------------ claim-time snapshot
+
+struct Attr {
+  int32_t kind = KEEL_ATTR_UNDEFINED;
+  int64_t i = 0;
+  float f = 0;
+  std::string s;
+  Dims ints;
+  std::vector<float> floats;
+};
+
+struct NodeDesc {
+  keel_node_id_t id = 0;
+  std::string op, name;
+  std::vector<std::string> in, out;
+  std::map<std::string, Attr> attrs;
+  int64_t ai(const char* n, int64_t d) const {
+    auto it = attrs.find(n);
+    return it != attrs.end() && it->second.kind == KEEL_ATTR_INT ? it->second.i : d;
+  }
+  float af(const char* n, float d) const {
+    auto it = attrs.find(n);
+    return it != attrs.end() && it->second.kind == KEEL_ATTR_FLOAT ? it->second.f : d;
+  }
+  std::string as(const char* n, const std::string& d) const {
+    auto it = attrs.find(n);
+    return it != attrs.end() && it->second.kind == KEEL_ATTR_STRING ? it->second.s : d;
+  }
+  Dims ais(const char* n, const Dims& d) const {
+    auto it = attrs.find(n);
+    return it != attrs.end() && it->second.kind == KEEL_ATTR_INTS ? it->second.ints : d;
+  }
+  bool has(const char* n) const { return attrs.count(n) > 0; }
+  std::string in_at(size_t i) const { return i < in.size() ? in[i] : std::string(); }
+};
+
+// A constant value (host copy).
+struct ConstT {
+  int32_t dtype = KEEL_DTYPE_UNDEFINED;
+  Dims dims;
+  std::vector<char> bytes;
+  int64_t count() const { return numel(dims); }
+  // Element i as float / int64 (f32, f64, i32, i64 are read; others throw Reject).
+  double at(int64_t i) const {
+    switch (dtype) {
+      case KEEL_DTYPE_F32: return reinterpret_cast<const float*>(bytes.data())[i];
+      case KEEL_DTYPE_F64: return reinterpret_cast<const double*>(bytes.data())[i];
+      case KEEL_DTYPE_I32: return reinterpret_cast<const int32_t*>(bytes.data())[i];
+      case KEEL_DTYPE_I64: return static_cast<double>(reinterpret_cast<const int64_t*>(bytes.data())[i]);
+    }
+    throw Reject{"constant of an unsupported dtype"};
+  }
+  int64_t iat(int64_t i) const {
+    if (dtype == KEEL_DTYPE_I64) return reinterpret_cast<const int64_t*>(bytes.data())[i];
+    return static_cast<int64_t>(at(i));
+  }
+  const float* f32() const { return reinterpret_cast<const float*>(bytes.data()); }
+};
+
+// Everything a plan is built from; owned by the claim (it outlives the graph).
+struct Recipe {
+  std::string name;
+  std::vector<NodeDesc> nodes;             // claimed nodes, topological order (constant nodes included)
+  std::map<std::string, Dims> dims;        // static dims of the values the nodes read and write (when known)
+  std::map<std::string, int32_t> dtypes;
+  std::map<std::string, ConstT> consts;    // constant values
+  std::vector<std::string> inputs, outputs;  // the boundary, in the core's order
+};
+
+// ------------------------------------------------------------------------------------------------------ the plan
+
+// Where a memory object's data lives.
+enum class BufKind { kWorkspace, kInput, kOutput, kOwned };
+struct Buf {
+  BufKind kind = BufKind::kWorkspace;
+  int index = -1;        // input/output index
+  uint64_t bytes = 0;
+  int first = 1 << 30, last = -1;  // exec steps that touch it
+  uint64_t offset = 0;   // in the workspace
+  int values = 0;        // values living in it (views included)
+};
+
+struct Bind {
+  dnnl::memory mem;
+  int buf;
+  uint64_t offset;  // bytes from the buffer's start
+};
+
+struct Exec {
+  dnnl::primitive prim;
+  std::unordered_map<int, dnnl::memory> args;
+  bool single = false;  // runs on one OpenMP thread (a small memory-bound step: see Builder::exec)
+};
+
+struct Plan {
+  int threads = 0;
+  double flops = 0;  // of the convolutions and matmuls
+  std::vector<Buf> bufs;
+  std::vector<Bind> binds;
+  std::vector<Exec> execs;
+  std::vector<dnnl::memory> owned;  // weights and constants in the primitives' layouts
+  uint64_t ws_bytes = 0;
+  std::vector<Dims> out_dims;
+  std::vector<const ConstT*> out_consts;  // outputs that are constants (copied each run)
+  std::vector<void*> last_base;           // per buffer, the pointer its binds were last set to
+  std::vector<std::string> impls;         // for logs
+};
+
+struct Val {
+  md_t md;
+  int buf = -1;
+  uint64_t off = 0;
+  float scale = 1.f;       // a pending scalar factor (a Mul/Div folded into the consumer MatMul)
+  std::string scale_of;    // the value it scales
+};
+
+bool is_plain_dense(const md_t& md) {
+  if (md.data.format_kind != dnnl_blocked) return false;
+  if (md.data.format_desc.blocking.inner_nblks != 0) return false;
+  const int n = md.data.ndims;
+  int64_t s = 1;
+  for (int i = n - 1; i >= 0; --i) {
+    if (md.data.dims[i] != 1 && md.data.format_desc.blocking.strides[i] != s) return false;
+    s *= md.data.dims[i];
+  }
+  return md.data.offset0 == 0;
+}
+bool is_strided(const md_t& md) {
+  return md.data.format_kind == dnnl_blocked && md.data.format_desc.blocking.inner_nblks == 0;
+}
+Dims md_dims(const md_t& md) { return Dims(md.data.dims, md.data.dims + md.data.ndims); }
+Dims md_strides(const md_t& md) {
+  return Dims(md.data.format_desc.blocking.strides, md.data.format_desc.blocking.strides + md.data.ndims);
+}
+md_t strided_md(const Dims& d, const Dims& strides) {
+  if (d.empty()) return md_t({1}, dt::f32, tag::a);
+  return md_t(to_dnnl(d), dt::f32, to_dnnl(strides));
+}
+std::string impl_of(const dnnl::primitive& p) {
+  const char* impl = nullptr;
+  dnnl_primitive_desc_query(p.get_primitive_desc(), dnnl_query_impl_info_str, 0, &impl);
+  return impl ? impl : "?";
+}
+
+// Thrown when a node of the claim cannot be built: the claim is retried without it.
+struct NodeReject {
+  size_t node;
+  std::string why;
+};
+
+class Builder {
+ public:
+  explicit Builder(const Recipe& r) : r_(r) {}
+
+  std::unique_ptr<Plan> build();
+
+ private:
+  // --- values and buffers
+  int new_buf(uint64_t bytes) {
+    Buf b;
+    b.bytes = (bytes + 63) / 64 * 64;
+    p_->bufs.push_back(b);
+    return static_cast<int>(p_->bufs.size()) - 1;
+  }
+  void touch(int buf) {
+    if (buf < 0) return;
+    Buf& b = p_->bufs[buf];
+    int step = static_cast<int>(p_->execs.size());
+    b.first = std::min(b.first, step);
+    b.last = std::max(b.last, step);
+  }
+  // A memory object over a value's data (bound at run time), touching its buffer at the current step.
+  dnnl::memory mem_of(const Val& v) { return mem_at(v.md, v.buf, v.off); }
+  dnnl::memory mem_at(const md_t& md, int buf, uint64_t off) {
+    if (buf >= 0 && p_->bufs[buf].kind == BufKind::kOwned)  // constants: their own memory, never rebound
+      return dnnl::memory(md, engine(), static_cast<char*>(owned_of_buf_[buf].get_data_handle()) + off);
+    dnnl::memory m(md, engine(), DNNL_MEMORY_NONE);
+    p_->binds.push_back({m, buf, off});
+    touch(buf);
+    return m;
+  }
+  Val& define(const std::string& name, const md_t& md, int buf = -2) {
+    auto known = r_.dims.find(name);
+    if (known != r_.dims.end() && known->second != md_dims(md))
+      throw Reject{"'" + name + "': computed shape " + dims_str(md_dims(md)) + " differs from the inferred " +
+                   dims_str(known->second)};
+    Val v;
+    v.md = md;
+    v.buf = buf == -2 ? new_buf(md.get_size()) : buf;
+    // A part of a channel concatenation (batch 1, nChw16c, 16-aligned channels): written in place in the
+    // concatenation's buffer, so the Concat costs nothing.
+    auto part = concat_parts_.find(name);
+    if (buf == -2 && part != concat_parts_.end() && md.data.ndims == 4 &&
+        md == md_t(md.dims(), dt::f32, tag::nChw16c)) {
+      p_->bufs.pop_back();
+      v.buf = part->second.first;
+      v.off = part->second.second;
+      placed_parts_.insert(name);
+    }
+    p_->bufs[v.buf].values++;
+    vals_[name] = v;
+    return vals_[name];
+  }
+  // Memory-bound steps (reorders, element-wise, normalisation, softmax, pooling, ...) touching under 1 MiB run on
+  // one thread: the work takes microseconds, a team's barrier can take a scheduler slice on a busy machine.
+  // (They pick their split at run time; convolutions and matmuls keep the team they were created for.)
+  void exec(dnnl::primitive prim, std::unordered_map<int, dnnl::memory> args) {
+    p_->impls.push_back(impl_of(prim));
+    auto kind = prim.get_kind();
+    uint64_t bytes = 0;
+    for (auto& [arg, m] : args) bytes += m.get_desc().get_size();
+    bool single = kind != dnnl::primitive::kind::convolution && kind != dnnl::primitive::kind::matmul &&
+                  bytes < (1u << 20);
+    p_->execs.push_back({std::move(prim), std::move(args), single});
+  }
+  // The value as it is now (a constant gets an owned plain memory the first time it is read as data).
+  const Val& val(const std::string& name) {
+    auto it = vals_.find(name);
+    if (it != vals_.end()) return it->second;
+    auto c = r_.consts.find(name);
+    if (c == r_.consts.end() || c->second.dtype != KEEL_DTYPE_F32)
+      throw Reject{"value '" + name + "' is not available"};
+    Val v;
+    v.md = plain_md(c->second.dims);
+    p_->owned.emplace_back(v.md, engine());
+    std::memcpy(p_->owned.back().get_data_handle(), c->second.bytes.data(), c->second.bytes.size());
+    Buf b;
+    b.kind = BufKind::kOwned;
+    p_->bufs.push_back(b);
+    v.buf = static_cast<int>(p_->bufs.size()) - 1;
+    owned_of_buf_[v.buf] = p_->owned.back();
+    vals_[name] = v;
+    return vals_[name];
+  }
+  // The value in layout `want` (a reorder into a new buffer the first time; shared by later readers).
+  Val as_md(const std::string& name, const md_t& want) {
+    const Val& v = val(name);
+    if (v.scale != 1.f) throw Reject{"a scaled view read by an op that cannot scale"};
+    if (v.md == want) return v;
+    std::string key = name + "#" + std::to_string(std::hash<std::string>()(
+                                             std::string(reinterpret_cast<const char*>(&want.data), sizeof want.data)));
+    auto it = vals_.find(key);
+    if (it != vals_.end()) return it->second;
+    Val src = v;
+    Val& dst = define(key, want);
+    dnnl::memory s = mem_of(src), d = mem_of(dst);
+    exec(dnnl::reorder(s, d), {{DNNL_ARG_FROM, s}, {DNNL_ARG_TO, d}});
+    return dst;
+  }
+  Val as_plain(const std::string& name) { return as_md(name, plain_md(dims_of(name))); }
+  Dims dims_of(const std::string& name) {
+    auto it = vals_.find(name);
+    if (it != vals_.end()) return md_dims(it->second.md);
+    auto c = r_.consts.find(name);
+    if (c != r_.consts.end()) return c->second.dims;
+    auto d = r_.dims.find(name);
+    if (d != r_.dims.end()) return d->second;
+    throw Reject{"shape of '" + name + "' unknown"};
+  }
+  const ConstT* cst(const std::string& name) const {
+    auto it = r_.consts.find(name);
+    return it == r_.consts.end() ? nullptr : &it->second;
+  }
+  bool is_const(const std::string& name) const { return !name.empty() && r_.consts.count(name) > 0; }
+  // Consumers of a value among the claim's nodes (node indices), and whether it leaves the claim.
+  const std::vector<size_t>& users(const std::string& v) {
+    static const std::vector<size_t> none;
+    auto it = users_.find(v);
+    return it == users_.end() ? none : it->second;
+  }
+  bool escapes(const std::string& v) const { return outputs_.count(v) > 0; }
+  // True when `v`'s memory may be overwritten by node `at`: a workspace value that nobody reads after `at`.
+  bool dead_after(const std::string& v, size_t at) {
+    if (escapes(v) || !vals_.count(v)) return false;
+    const Val& x = vals_[v];
+    if (x.buf < 0 || p_->bufs[x.buf].kind != BufKind::kWorkspace || p_->bufs[x.buf].values != 1) return false;
+    for (size_t u : users(v))
+      if (u != at && !done_[u]) return false;
+    return true;
+  }
+  // The single consumer of `v` that may be fused into its producer, or npos.
+  size_t sole_user(const std::string& v) {
+    if (escapes(v)) return npos;
+    const auto& u = users(v);
+    if (u.size() != 1 || done_[u[0]]) return npos;
+    // The value must be read by that node once, as its data input (not as two operands).
+    const NodeDesc& n = r_.nodes[u[0]];
+    int reads = 0;
+    for (const auto& i : n.in) reads += i == v;
+    return reads == 1 ? u[0] : npos;
+  }
+  static constexpr size_t npos = static_cast<size_t>(-1);
+
+  // --- post-op fusion
+  struct Fusion {
+    dnnl::post_ops po;
+    std::string out;         // the value the fused op finally writes
+    std::string sum_with;    // residual added by a sum post-op
+    std::vector<float> conv_bias_add;  // per-channel constant added (conv)
+    std::vector<float> bn_scale, bn_shift;  // conv: folded BatchNormalization
+    std::vector<float> mm_bias;        // matmul: constant bias over the last axis
+    float out_scale = 1.f;             // matmul: scalar applied before the bias
+    std::vector<size_t> nodes;         // fused nodes
+    int count = 0;
+  };
+  bool eltwise_of(const NodeDesc& n, alg* a, float* alpha, float* beta);
+  Fusion fuse_after(const std::string& out, size_t at, bool conv, int64_t channels);
+
+  // --- ops
+  void conv(size_t i);
+  void matmul(size_t i);
+  void pool(size_t i);
+  void eltwise(size_t i);
+  void binary(size_t i);
+  void concat(size_t i);
+  void batchnorm(size_t i);
+  void softmax(size_t i);
+  void layernorm(size_t i, const std::string& x, const std::string& out, const ConstT* scale, const ConstT* shift,
+                 float eps);
+  bool layernorm_pattern(size_t i);
+  void reshape_like(size_t i);
+  void transpose(size_t i);
+  void slice(size_t i);
+  void outputs();
+  void plan_workspace();
+
+  void plan_concats();
+
+  const Recipe& r_;
+  std::unique_ptr<Plan> p_;
+  std::map<std::string, std::pair<int, uint64_t>> concat_parts_;  // concat input -> (buffer, byte offset)
+  std::map<std::string, int> concat_bufs_;                         // concat output -> its buffer
+  std::set<std::string> placed_parts_;
+  std::map<std::string, Val> vals_;
+  std::map<std::string, std::vector<size_t>> users_;
+  std::set<std::string> outputs_;
+  std::vector<bool> done_;
+  std::map<int, dnnl::memory> owned_of_buf_;
+};
+
+std::unique_ptr<Plan> Builder::build() {
+  p_ = std::make_unique<Plan>();
+  p_->threads = omp_get_max_threads();
+  done_.assign(r_.nodes.size(), false);
+  for (size_t i = 0; i < r_.nodes.size(); ++i)
+    for (const auto& in : r_.nodes[i].in)
+      if (!in.empty()) {
+        auto& u = users_[in];
+        if (std::find(u.begin(), u.end(), i) == u.end()) u.push_back(i);
+      }
+  outputs_.insert(r_.outputs.begin(), r_.outputs.end());
+  plan_concats();
+  for (size_t k = 0; k < r_.inputs.size(); ++k) {
+    const std::string& name = r_.inputs[k];
+    if (is_const(name)) continue;
+    auto d = r_.dims.find(name);
+    auto t = r_.dtypes.find(name);
+    if (d == r_.dims.end() || t == r_.dtypes.end() || t->second != KEEL_DTYPE_F32) continue;  // not read as data
+    Buf b;
+    b.kind = BufKind::kInput;
+    b.index = static_cast<int>(k);
+    p_->bufs.push_back(b);
+    Val v;
+    v.md = plain_md(d->second);
+    v.buf = static_cast<int>(p_->bufs.size()) - 1;
+    p_->bufs[v.buf].values = 2;  // never written in place
+    vals_[name] = v;
+  }
+  for (size_t i = 0; i < r_.nodes.size(); ++i) {
+    if (done_[i]) continue;
+    const NodeDesc& n = r_.nodes[i];
+    bool folded = true;
+    for (const auto& o : n.out) folded = folded && (o.empty() || is_const(o));
+    if (folded) {
+      done_[i] = true;
+      continue;
+    }
+    try {
+      const std::string& op = n.op;
+      if (op == "Conv") conv(i);
+      else if (op == "MatMul" || op == "Gemm") matmul(i);
+      else if (op == "MaxPool" || op == "AveragePool" || op == "GlobalAveragePool" || op == "GlobalMaxPool") pool(i);
+      else if (op == "Relu" || op == "Clip" || op == "LeakyRelu" || op == "Sigmoid" || op == "Tanh") eltwise(i);
+      else if (op == "ReduceMean" && layernorm_pattern(i)) {}
+      else if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div") binary(i);
+      else if (op == "Concat") concat(i);
+      else if (op == "BatchNormalization") batchnorm(i);
+      else if (op == "Softmax") softmax(i);
+      else if (op == "LayerNormalization") {
+        const ConstT* s = cst(n.in_at(1));
+        const ConstT* b = n.in_at(2).empty() ? nullptr : cst(n.in_at(2));
+        if (!s || (!n.in_at(2).empty() && !b)) throw Reject{"non-constant scale or bias"};
+        int64_t axis = n.ai("axis", -1), rank = static_cast<int64_t>(dims_of(n.in[0]).size());
+        if (axis < 0) axis += rank;
+        if (axis != rank - 1) throw Reject{"axis other than the last"};
+        if (n.out.size() > 1) throw Reject{"Mean/InvStdDev outputs"};
+        layernorm(i, n.in[0], n.out[0], s, b, n.af("epsilon", 1e-5f));
+      } else if (op == "Reshape" || op == "Flatten" || op == "Squeeze" || op == "Unsqueeze" || op == "Identity" ||
+                 op == "Dropout")
+        reshape_like(i);
+      else if (op == "Transpose") transpose(i);
+      else if (op == "Slice") slice(i);
+      else throw Reject{"op " + op};
+    } catch (const Reject& e) {
+      throw NodeReject{i, e.why};
+    } catch (const dnnl::error& e) {
+      throw NodeReject{i, std::string("oneDNN: ") + e.what()};
+    }
+    done_[i] = true;
+  }
+  outputs();
+  plan_workspace();
+  p_->last_base.assign(p_->bufs.size(), reinterpret_cast<void*>(-1));
+  return std::move(p_);
+}
+
+// Channel concatenations of batch 1 whose inputs are 16-aligned, computed here and read by the Concat only:
+// reserve the output buffer; each input written as nChw16c lands in its slice of it (see define).
+void Builder::plan_concats() {
+  for (const NodeDesc& n : r_.nodes) {
+    if (n.op != "Concat" || n.out.size() != 1) continue;
+    auto yd = r_.dims.find(n.out[0]);
+    if (yd == r_.dims.end() || yd->second.size() != 4 || yd->second[0] != 1) continue;
+    int64_t axis = n.ai("axis", 0);
+    if (axis < 0) axis += 4;
+    if (axis != 1) continue;
+    bool ok = true;
+    for (const auto& in : n.in) {
+      auto d = r_.dims.find(in);
+      ok = ok && !in.empty() && d != r_.dims.end() && d->second.size() == 4 && d->second[1] % 16 == 0 &&
+           !escapes(in) && users(in).size() == 1 && !is_const(in) && !concat_parts_.count(in) &&
+           std::find(r_.inputs.begin(), r_.inputs.end(), in) == r_.inputs.end();
+      int reads = 0;
+      for (const auto& x : n.in) reads += x == in;
+      ok = ok && reads == 1;
+    }
+    if (!ok) continue;
+    md_t full(to_dnnl(yd->second), dt::f32, tag::nChw16c);
+    int b = new_buf(full.get_size());
+    uint64_t off = 0;
+    for (const auto& in : n.in) {
+      concat_parts_[in] = {b, off};
+      off += static_cast<uint64_t>(numel(r_.dims.at(in))) * sizeof(float);
+    }
+    concat_bufs_[n.out[0]] = b;
+  }
+}
+
+// Boundary outputs: the value's memory in plain layout, written into the output tensor.
+void Builder::outputs() {
+  p_->out_dims.resize(r_.outputs.size());
+  p_->out_consts.assign(r_.outputs.size(), nullptr);
+  for (size_t k = 0; k < r_.outputs.size(); ++k) {
+    const std::string& name = r_.outputs[k];
+    if (const ConstT* c = cst(name)) {
+      p_->out_consts[k] = c;
+      p_->out_dims[k] = c->dims;
+      continue;
+    }
+    auto it = vals_.find(name);
+    if (it == vals_.end()) throw NodeReject{r_.nodes.size(), "output '" + name + "' not produced"};
+    Val v = it->second;
+    Dims d = md_dims(v.md);
+    p_->out_dims[k] = d;
+    Buf b;
+    b.kind = BufKind::kOutput;
+    b.index = static_cast<int>(k);
+    p_->bufs.push_back(b);
+    int ob = static_cast<int>(p_->bufs.size()) - 1;
+    // Retarget the producer's writes when the value is already plain and lives alone in a workspace buffer.
+    if (v.scale == 1.f && is_plain_dense(v.md) && v.buf >= 0 && p_->bufs[v.buf].kind == BufKind::kWorkspace &&
+        p_->bufs[v.buf].values == 1 && v.off == 0) {
+      for (auto& bd : p_->binds)
+        if (bd.buf == v.buf) bd.buf = ob;
+      p_->bufs[ob].first = p_->bufs[v.buf].first;
+      p_->bufs[ob].last = p_->bufs[v.buf].last;
+      p_->bufs[v.buf].first = 1 << 30;
+      p_->bufs[v.buf].last = -1;
+      // Other values sharing this buffer (none: values == 1) would follow.
+      continue;
+    }
+    if (v.scale != 1.f) throw NodeReject{r_.nodes.size(), "a scaled view leaves the claim"};
+    dnnl::memory s = mem_of(v), d2 = mem_at(plain_md(d), ob, 0);
+    exec(dnnl::reorder(s, d2), {{DNNL_ARG_FROM, s}, {DNNL_ARG_TO, d2}});
+  }
+}
+
+// Greedy offsets: biggest buffer first, lowest offset that overlaps no buffer live at the same time.
+void Builder::plan_workspace() {
+  std::vector<int> order;
+  for (size_t b = 0; b < p_->bufs.size(); ++b)
+    if (p_->bufs[b].kind == BufKind::kWorkspace && p_->bufs[b].last >= 0) order.push_back(static_cast<int>(b));
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return p_->bufs[a].bytes > p_->bufs[b].bytes; });
+  std::vector<int> placed;
+  uint64_t total = 0;
+  for (int b : order) {
+    Buf& x = p_->bufs[b];
+    std::vector<std::pair<uint64_t, uint64_t>> busy;
+    for (int o : placed) {
+      const Buf& y = p_->bufs[o];
+      if (y.first <= x.last && x.first <= y.last) busy.emplace_back(y.offset, y.offset + y.bytes);
+    }
+    std::sort(busy.begin(), busy.end());
+    uint64_t off = 0;
+    for (auto& [s, e] : busy) {
+      if (off + x.bytes <= s) break;
+      off = std::max(off, e);
+    }
+    x.offset = off;
+    total = std::max(total, off + x.bytes);
+    placed.push_back(b);
+  }
+  p_->ws_bytes = total;
+}
+
+bool Builder::eltwise_of(const NodeDesc& n, alg* a, float* alpha, float* beta) {
+  *alpha = 0;
+  *beta = 0;
+  if (n.op == "Relu") *a = alg::eltwise_relu;
+  else if (n.op == "LeakyRelu") *a = alg::eltwise_relu, *alpha = n.af("alpha", 0.01f);
+  else if (n.op == "Sigmoid") *a = alg::eltwise_logistic;
+  else if (n.op == "Tanh") *a = alg::eltwise_tanh;
+  else if (n.op == "Clip") {
+    float lo = -INFINITY, hi = INFINITY;
+    if (n.has("min") || n.has("max")) {
+      lo = n.af("min", -INFINITY);
+      hi = n.af("max", INFINITY);
+    }
+    for (int k = 1; k <= 2; ++k) {
+      std::string v = n.in_at(k);
+      if (v.empty()) continue;
+      const ConstT* c = cst(v);
+      if (!c || c->count() != 1) return false;
+      (k == 1 ? lo : hi) = static_cast<float>(c->at(0));
+    }
+    *a = alg::eltwise_clip_v2;
+    *alpha = std::max(lo, -FLT_MAX);
+    *beta = std::min(hi, FLT_MAX);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// Looks at what reads `out` and folds what it can into the op that writes it.
+Builder::Fusion Builder::fuse_after(const std::string& out, size_t at, bool conv, int64_t channels) {
+  Fusion f;
+  f.out = out;
+  bool has_eltwise = false;
+  for (;;) {
+    size_t u = sole_user(f.out);
+    if (u == npos) break;
+    const NodeDesc& n = r_.nodes[u];
+    alg a;
+    float alpha, beta;
+    if (n.out.size() != 1 && !(n.op == "BatchNormalization")) break;
+    if (eltwise_of(n, &a, &alpha, &beta)) {
+      if (n.op == "Clip" && n.in[0] != f.out) break;
+      f.po.append_eltwise(1.f, a, alpha, beta);
+      has_eltwise = true;
+    } else if (conv && n.op == "BatchNormalization" && f.count == 0 && n.in.size() == 5 && n.in[0] == f.out &&
+               n.ai("training_mode", 0) == 0) {
+      bool extra = false;
+      for (size_t k = 1; k < n.out.size(); ++k) extra = extra || !n.out[k].empty();
+      const ConstT *s = cst(n.in[1]), *b = cst(n.in[2]), *m = cst(n.in[3]), *v = cst(n.in[4]);
+      if (extra || !s || !b || !m || !v || s->count() != channels || b->count() != channels ||
+          m->count() != channels || v->count() != channels)
+        break;
+      float eps = n.af("epsilon", 1e-5f);
+      f.bn_scale.resize(channels);
+      f.bn_shift.resize(channels);
+      for (int64_t c = 0; c < channels; ++c) {
+        double k = s->at(c) / std::sqrt(v->at(c) + eps);
+        f.bn_scale[c] = static_cast<float>(k);
+        f.bn_shift[c] = static_cast<float>(b->at(c) - m->at(c) * k);
+      }
+    } else if (n.op == "Add" || ((n.op == "Mul" || n.op == "Div" || n.op == "Sub") && !conv)) {
+      if (n.in.size() != 2) break;
+      std::string other = n.in[0] == f.out ? n.in[1] : n.in[0];
+      const ConstT* c = cst(other);
+      Dims od = dims_of(f.out);
+      if (c && (n.op == "Mul" || n.op == "Div")) {
+        if (c->count() != 1 || n.in[0] != f.out || has_eltwise) break;
+        float k = static_cast<float>(c->at(0));
+        if (n.op == "Div") k = 1.f / k;
+        // Before any bias: scale the product; after: a linear post-op.
+        if (f.count == 0) f.out_scale *= k;
+        else f.po.append_eltwise(1.f, alg::eltwise_linear, k, 0.f);
+      } else if (c && n.op == "Add") {
+        if (has_eltwise || !f.sum_with.empty()) break;
+        if (conv) {
+          // Per-channel [C,1,1] / [1,C,1,1] or a scalar.
+          Dims cd = c->dims;
+          while (!cd.empty() && cd.front() == 1 && cd.size() > 3) cd.erase(cd.begin());
+          bool per_channel = c->count() == channels && cd.size() == 3 && cd[0] == channels;
+          if (!per_channel && c->count() != 1) break;
+          if (f.conv_bias_add.empty()) f.conv_bias_add.assign(channels, 0.f);
+          for (int64_t k = 0; k < channels; ++k) f.conv_bias_add[k] += static_cast<float>(c->at(per_channel ? k : 0));
+        } else {
+          const int64_t N = od.back();
+          bool last_axis = c->count() == N && !c->dims.empty() && c->dims.back() == N;
+          if (!last_axis || f.out_scale != 1.f || !f.mm_bias.empty() || f.po.len() > 0) break;
+          f.mm_bias.resize(N);
+          for (int64_t k = 0; k < N; ++k) f.mm_bias[k] = static_cast<float>(c->at(k));
+        }
+      } else if (!c && n.op == "Add") {
+        // A residual: same shape, already computed, and no post-op before it (sum must come first here).
+        if (!f.sum_with.empty() || f.po.len() > 0 || !vals_.count(other) || dims_of(other) != od) break;
+        if (vals_[other].scale != 1.f) break;
+        f.sum_with = other;
+        f.po.append_sum(1.f);
+      } else {
+        break;
+      }
+    } else {
+      break;
+    }
+    f.nodes.push_back(u);
+    f.count++;
+    f.out = n.out[0];
+  }
+  (void)at;
+  return f;
+}
+
+// Conv, 2-D, constant weights (and bias).
+void Builder::conv(size_t i) {
+  const NodeDesc& n = r_.nodes[i];
+  Dims x = dims_of(n.in[0]);
+  const ConstT* W = cst(n.in_at(1));
+  const ConstT* B = n.in_at(2).empty() ? nullptr : cst(n.in_at(2));
+  if (!W || W->dtype != KEEL_DTYPE_F32 || (!n.in_at(2).empty() && !B)) throw Reject{"non-constant weights"};
+  if (x.size() != 4 || W->dims.size() != 4) throw Reject{"2-D convolutions only"};
+  const int64_t N = x[0], C = x[1], M = W->dims[0], g = n.ai("group", 1);
+  if (g <= 0 || C != W->dims[1] * g || M % g != 0) throw Reject{"channels do not match weights and group"};
+  Dims ks{W->dims[2], W->dims[3]};
+  if (n.ais("kernel_shape", ks) != ks) throw Reject{"kernel_shape differs from the weights"};
+  Dims s = n.ais("strides", {1, 1}), d = n.ais("dilations", {1, 1}), pads = n.ais("pads", {0, 0, 0, 0});
+  if (s.size() != 2 || d.size() != 2 || pads.size() != 4) throw Reject{"attribute ranks"};
+  std::string ap = n.as("auto_pad", "NOTSET");
+  Dims pl{pads[0], pads[1]}, pr{pads[2], pads[3]};
+  if (ap == "SAME_UPPER" || ap == "SAME_LOWER") {
+    for (int k = 0; k < 2; ++k) {
+      int64_t eff = (ks[k] - 1) * d[k] + 1, in = x[2 + k];
+      int64_t residual = s[k] > 1 ? in % s[k] : 0;
+      int64_t total = std::max<int64_t>(0, residual == 0 ? eff - s[k] : eff - residual);
+      int64_t small = total >> 1, big = total - small;
+      pl[k] = ap == "SAME_UPPER" ? small : big;
+      pr[k] = ap == "SAME_UPPER" ? big : small;
+    }
+  } else if (ap == "VALID") {
+    pl = pr = {0, 0};
+  } else if (ap != "NOTSET" && !ap.empty()) {
+    throw Reject{"auto_pad " + ap};
+  }
+  Dims y{N, M, 0, 0};
+  for (int k = 0; k < 2; ++k) {
+    if (s[k] <= 0 || d[k] <= 0 || pl[k] < 0 || pr[k] < 0) throw Reject{"bad geometry"};
+    int64_t span = x[2 + k] + pl[k] + pr[k] - ((ks[k] - 1) * d[k] + 1);
+    if (span < 0) throw Reject{"kernel larger than the padded input"};
+    y[2 + k] = span / s[k] + 1;
+  }
+  Fusion f = fuse_after(n.out[0], i, true, M);
+  // Weights and bias with folds applied.
+  std::vector<float> w(W->f32(), W->f32() + W->count());
+  std::vector<float> bias(M, 0.f);
+  bool has_bias = B != nullptr || !f.conv_bias_add.empty() || !f.bn_shift.empty();
+  if (B) {
+    if (B->count() != M) throw Reject{"bias size"};
+    for (int64_t k = 0; k < M; ++k) bias[k] = static_cast<float>(B->at(k));
+  }
+  if (!f.bn_scale.empty()) {
+    const int64_t per = W->count() / M;
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t k = 0; k < per; ++k) w[m * per + k] *= f.bn_scale[m];
+      bias[m] = bias[m] * f.bn_scale[m] + f.bn_shift[m];
+    }
+  }
+  for (size_t k = 0; k < f.conv_bias_add.size(); ++k) bias[k] += f.conv_bias_add[k];
+
+  Dims wd = g > 1 ? Dims{g, M / g, C / g, ks[0], ks[1]} : Dims{M, C, ks[0], ks[1]};
+  md_t wany(to_dnnl(wd), dt::f32, tag::any), bmd({M}, dt::f32, tag::a), none;
+  const Val& xv = val(n.in[0]);
+  // Source: the producer's layout when blocked; the plain layout only for few channels (the first layer).
+  bool keep_src = !is_plain_dense(xv.md) || C < 8;
+  md_t src = keep_src ? xv.md : md_t(to_dnnl(x), dt::f32, tag::any);
+  md_t dst = M % 16 == 0 ? md_t(to_dnnl(y), dt::f32, tag::nChw16c) : md_t(to_dnnl(y), dt::f32, tag::any);
+  dnnl::primitive_attr attr;
+  attr.set_post_ops(f.po);
+  bool wino = g_options.winograd && ks[0] == 3 && ks[1] == 3 && g == 1 && s[0] == 1 && s[1] == 1 && d[0] == 1 &&
+              d[1] == 1 && C >= 16 && M >= 16;
+  std::unique_ptr<dnnl::convolution_forward::primitive_desc> pd;
+  auto make = [&](alg a, const md_t& sm, const md_t& dm) {
+    try {
+      dnnl::convolution_forward::desc cd(dnnl::prop_kind::forward_inference, a, sm, wany, has_bias ? bmd : none, dm,
+                                         to_dnnl(s), dnnl::memory::dims{d[0] - 1, d[1] - 1}, to_dnnl(pl),
+                                         to_dnnl(pr));
+      pd = std::make_unique<dnnl::convolution_forward::primitive_desc>(cd, attr, engine());
+    } catch (const dnnl::error&) {
+      pd.reset();
+    }
+  };
+  md_t src_any(to_dnnl(x), dt::f32, tag::any), dst_any(to_dnnl(y), dt::f32, tag::any);
+  if (wino) make(alg::convolution_winograd, src, dst);
+  if (!pd) make(alg::convolution_direct, src, dst);
+  if (!pd) make(alg::convolution_direct, src_any, dst_any);
+  if (!pd) throw Reject{"oneDNN has no convolution for this case"};
+  Val sv = as_md(n.in[0], pd->src_desc());
+  // Weights once, in the primitive's layout.
+  md_t wplain(to_dnnl(wd), dt::f32, g > 1 ? tag::goihw : tag::oihw);
+  dnnl::memory wuser(wplain, engine(), w.data());
+  p_->owned.emplace_back(pd->weights_desc(), engine());
+  dnnl::memory wmem = p_->owned.back();
+  dnnl::reorder(wuser, wmem).execute(stream(), wuser, wmem);
+  stream().wait();
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_WEIGHTS, wmem}};
+  if (has_bias) {
+    p_->owned.emplace_back(bmd, engine());
+    std::memcpy(p_->owned.back().get_data_handle(), bias.data(), bias.size() * sizeof(float));
+    args[DNNL_ARG_BIAS] = p_->owned.back();
+  }
+  md_t dmd = pd->dst_desc();
+  int dbuf = -2;
+  if (!f.sum_with.empty()) {
+    // The residual must sit in the destination first: take its buffer when nobody reads it afterwards.
+    size_t add_node = f.nodes.empty() ? i : f.nodes.back();
+    for (size_t k : f.nodes)
+      if (r_.nodes[k].op == "Add") add_node = k;
+    const Val rv = vals_[f.sum_with];
+    if (rv.md == dmd && dead_after(f.sum_with, add_node)) {
+      dbuf = rv.buf;
+      p_->bufs[dbuf].values--;  // the residual dies here; the output takes its place
+    } else {
+      Val tmp = as_md(f.sum_with, dmd);
+      dbuf = new_buf(dmd.get_size());
+      dnnl::memory a = mem_of(tmp), b = mem_at(dmd, dbuf, 0);
+      exec(dnnl::reorder(a, b), {{DNNL_ARG_FROM, a}, {DNNL_ARG_TO, b}});
+    }
+  }
+  Val& out = define(f.out, dmd, dbuf);
+  args[DNNL_ARG_SRC] = mem_of(sv);
+  args[DNNL_ARG_DST] = mem_of(out);
+  p_->flops += 2.0 * numel(y) * (C / g) * ks[0] * ks[1];
+  exec(dnnl::convolution_forward(*pd), std::move(args));
+  for (size_t k : f.nodes) done_[k] = true;
+}
+
+// MatMul (batched, broadcast; B constant or a value) and Gemm (constant B, C a constant bias).
+void Builder::matmul(size_t i) {
+  const NodeDesc& n = r_.nodes[i];
+  const bool gemm = n.op == "Gemm";
+  std::string an = n.in[0], bn = n.in_at(1);
+  Dims a = dims_of(an), b = dims_of(bn);
+  float scale = 1.f;
+  // A scaled view (a folded scalar Mul/Div) in front: the scale moves to the output.
+  for (std::string* v : {&an, &bn}) {
+    auto it = vals_.find(*v);
+    if (it != vals_.end() && it->second.scale != 1.f) {
+      scale *= it->second.scale;
+      *v = it->second.scale_of;
+    }
+  }
+  Dims y;
+  std::vector<float> gemm_bias;
+  bool transB = false;
+  if (gemm) {
+    if (a.size() != 2 || b.size() != 2) throw Reject{"Gemm needs 2-D operands"};
+    if (n.ai("transA", 0)) throw Reject{"transA"};
+    transB = n.ai("transB", 0) != 0;
+    float alpha = n.af("alpha", 1.f), beta = n.af("beta", 1.f);
+    scale *= alpha;
+    if (!is_const(bn)) throw Reject{"Gemm with a non-constant B"};
+    int64_t M = a[0], K = a[1], N = transB ? b[0] : b[1];
+    if ((transB ? b[1] : b[0]) != K) throw Reject{"Gemm shapes"};
+    y = {M, N};
+    if (!n.in_at(2).empty()) {
+      const ConstT* c = cst(n.in_at(2));
+      if (!c || !(c->count() == N || c->count() == 1) || (c->dims.size() == 2 && c->dims[0] != 1))
+        throw Reject{"Gemm C other than a constant [N]"};
+      gemm_bias.resize(N);
+      for (int64_t k = 0; k < N; ++k) gemm_bias[k] = beta * static_cast<float>(c->at(c->count() == 1 ? 0 : k));
+    }
+  } else {
+    if (a.size() < 2 || b.size() < 2) throw Reject{"1-D MatMul operands"};
+    if (a.back() != b[b.size() - 2]) throw Reject{"MatMul inner dims"};
+    size_t r = std::max(a.size(), b.size());
+    Dims ab(r - a.size(), 1), bb(r - b.size(), 1);
+    ab.insert(ab.end(), a.begin(), a.end());
+    bb.insert(bb.end(), b.begin(), b.end());
+    y.resize(r);
+    for (size_t k = 0; k + 2 < r; ++k) {
+      if (ab[k] != bb[k] && ab[k] != 1 && bb[k] != 1) throw Reject{"batch dims do not broadcast"};
+      y[k] = std::max(ab[k], bb[k]);
+    }
+    y[r - 2] = ab[r - 2];
+    y[r - 1] = bb[r - 1];
+    a = ab;
+    b = bb;
+  }
+  // A batch of rows times one matrix (B without batch dims): one [rows, K] x [K, N] product over A's plain memory.
+  const Dims y_final = y;
+  bool collapse = false;
+  if (!gemm && y.size() > 2) {
+    collapse = true;
+    for (size_t k = 0; k + 2 < b.size(); ++k) collapse = collapse && b[k] == 1;
+    if (collapse) {
+      int64_t rows = numel(y) / y.back();
+      a = {rows, a.back()};
+      b = {b[b.size() - 2], b.back()};
+      y = {rows, y.back()};
+    }
+  }
+  const size_t r = y.size();
+  if (r > 6) throw Reject{"rank > 6"};
+  Fusion f = fuse_after(n.out[0], i, false, 0);
+  scale *= f.out_scale;
+  if (!gemm_bias.empty()) {
+    if (!f.mm_bias.empty())
+      for (size_t k = 0; k < gemm_bias.size(); ++k) gemm_bias[k] += f.mm_bias[k];
+    f.mm_bias = gemm_bias;
+  }
+  // A: the value's memory when oneDNN reads it (strided views included), else plain.
+  auto rank_to = [&](const md_t& md, size_t rr) {
+    Dims d = md_dims(md), st = md_strides(md);
+    while (d.size() < rr) d.insert(d.begin(), 1), st.insert(st.begin(), st.empty() ? 1 : st.front() * d[1]);
+    return strided_md(d, st);
+  };
+  md_t bias_md;
+  if (!f.mm_bias.empty()) {
+    Dims bd(r, 1);
+    bd.back() = y.back();
+    bias_md = plain_md(bd);
+  }
+  // A scalar factor: into constant weights; else an output scale (applied to the product, so not with a bias).
+  const ConstT* bconst = cst(bn);
+  float weight_scale = 1.f;
+  if (scale != 1.f && bconst) weight_scale = scale, scale = 1.f;
+  if (scale != 1.f && !f.mm_bias.empty()) throw Reject{"a scale and a bias on non-constant weights"};
+  dnnl::primitive_attr attr;
+  if (scale != 1.f) attr.set_output_scales(0, {scale});
+  attr.set_post_ops(f.po);
+  md_t ymd = plain_md(y);
+  // Weights: a constant is prepacked in the primitive's layout; a value is read where it is.
+  const ConstT* bc = cst(bn);
+  md_t bmd;
+  Dims bdims = b;
+  if (bc) {
+    if (bc->dtype != KEEL_DTYPE_F32) throw Reject{"f32 only"};
+    bmd = md_t(to_dnnl(bdims), dt::f32, tag::any);
+    if (gemm) bdims = {a[1], y[1]}, bmd = md_t(to_dnnl(bdims), dt::f32, tag::any);
+  }
+  auto try_pd = [&](const md_t& amd, const md_t& wmd) -> std::unique_ptr<dnnl::matmul::primitive_desc> {
+    try {
+      dnnl::matmul::desc d(amd, wmd, bias_md, ymd);
+      auto pd = std::make_unique<dnnl::matmul::primitive_desc>(d, attr, engine());
+      std::string impl = pd->impl_info_str();
+      if (impl.rfind("ref", 0) == 0) return nullptr;
+      return pd;
+    } catch (const dnnl::error&) {
+      return nullptr;
+    }
+  };
+  std::unique_ptr<dnnl::matmul::primitive_desc> pd;
+  Val av = collapse ? as_plain(an) : val(an);
+  if (collapse) av.md = plain_md(a);
+  md_t amd_view = is_strided(av.md) ? rank_to(av.md, r) : md_t();
+  md_t bmd_view;
+  Val bv;
+  if (!bc) {
+    bv = val(bn);
+    bmd_view = is_strided(bv.md) ? rank_to(bv.md, r) : md_t();
+  }
+  bool a_direct = false, b_direct = false;
+  if (!amd_view.is_zero()) {
+    pd = try_pd(amd_view, bc ? bmd : (!bmd_view.is_zero() ? bmd_view : plain_md(b)));
+    if (pd) a_direct = true, b_direct = !bc && !bmd_view.is_zero();
+  }
+  if (!pd) pd = try_pd(plain_md(a), bc ? bmd : plain_md(b));
+  if (!pd) throw Reject{"oneDNN has no matmul for this case"};
+  std::unordered_map<int, dnnl::memory> args;
+  if (a_direct) {
+    args[DNNL_ARG_SRC] = mem_at(pd->src_desc(), av.buf, av.off);
+  } else {
+    Val pa = as_plain(an);
+    args[DNNL_ARG_SRC] = mem_at(pd->src_desc(), pa.buf, pa.off);
+  }
+  if (bc) {
+    Dims kn = bdims;
+    md_t user;
+    if (gemm && transB) user = md_t(to_dnnl(kn), dt::f32, tag::ba);
+    else user = plain_md(kn);
+    std::vector<float> scaled;
+    const void* wsrc = bc->bytes.data();
+    if (weight_scale != 1.f) {
+      scaled.assign(bc->f32(), bc->f32() + bc->count());
+      for (float& v : scaled) v *= weight_scale;
+      wsrc = scaled.data();
+    }
+    dnnl::memory um(user, engine(), const_cast<void*>(wsrc));
+    p_->owned.emplace_back(pd->weights_desc(), engine());
+    dnnl::reorder(um, p_->owned.back()).execute(stream(), um, p_->owned.back());
+    stream().wait();
+    args[DNNL_ARG_WEIGHTS] = p_->owned.back();
+  } else if (b_direct) {
+    args[DNNL_ARG_WEIGHTS] = mem_at(pd->weights_desc(), bv.buf, bv.off);
+  } else {
+    Val pb = as_plain(bn);
+    args[DNNL_ARG_WEIGHTS] = mem_at(pd->weights_desc(), pb.buf, pb.off);
+  }
+  if (!f.mm_bias.empty()) {
+    p_->owned.emplace_back(bias_md, engine());
+    std::memcpy(p_->owned.back().get_data_handle(), f.mm_bias.data(), f.mm_bias.size() * sizeof(float));
+    args[DNNL_ARG_BIAS] = p_->owned.back();
+  }
+  int dbuf = -2;
+  if (!f.sum_with.empty()) {
+    size_t add_node = i;
+    for (size_t k : f.nodes)
+      if (r_.nodes[k].op == "Add") add_node = k;
+    const Val rv = vals_[f.sum_with];
+    if (is_plain_dense(rv.md) && rv.off == 0 && dead_after(f.sum_with, add_node)) {
+      dbuf = rv.buf;
+      p_->bufs[dbuf].values--;
+    } else {
+      Val tmp = as_plain(f.sum_with);
+      dbuf = new_buf(ymd.get_size());
+      dnnl::memory s1 = mem_of(tmp), d1 = mem_at(tmp.md, dbuf, 0);
+      exec(dnnl::reorder(s1, d1), {{DNNL_ARG_FROM, s1}, {DNNL_ARG_TO, d1}});
+    }
+  }
+  Val& out = define(f.out, plain_md(y_final), dbuf);
+  // (Written as [rows, N] when collapsed: the same plain memory.)
+  args[DNNL_ARG_DST] = mem_at(ymd, out.buf, out.off);
+  p_->flops += 2.0 * numel(y) * a.back();
+  exec(dnnl::matmul(*pd), std::move(args));
+  for (size_t k : f.nodes) done_[k] = true;
+}
+
+void Builder::pool(size_t i) {
+  const NodeDesc& n = r_.nodes[i];
+  Dims x = dims_of(n.in[0]);
+  if (x.size() != 4) throw Reject{"2-D pooling only"};
+  if (n.out.size() > 1 && !n.out[1].empty()) throw Reject{"Indices output"};
+  const bool global = n.op.rfind("Global", 0) == 0, mx = n.op.find("Max") != std::string::npos;
+  Dims k{x[2], x[3]}, s{1, 1}, dl{1, 1}, pl{0, 0}, pr{0, 0}, out{1, 1};
+  if (!global) {
+    k = n.ais("kernel_shape", {});
+    s = n.ais("strides", {1, 1});
+    dl = mx ? n.ais("dilations", {1, 1}) : Dims{1, 1};
+    Dims pads = n.ais("pads", {0, 0, 0, 0});
+    if (k.size() != 2 || s.size() != 2 || dl.size() != 2 || pads.size() != 4) throw Reject{"attribute ranks"};
+    if (mx && n.ai("storage_order", 0) != 0) throw Reject{"storage_order"};
+    std::string ap = n.as("auto_pad", "NOTSET");
+    if (ap != "NOTSET" && !ap.empty() && ap != "VALID") throw Reject{"auto_pad " + ap};
+    if (ap != "VALID") pl = {pads[0], pads[1]}, pr = {pads[2], pads[3]};
+    bool ceil = n.ai("ceil_mode", 0) != 0;
+    if (!mx && ceil && n.ai("count_include_pad", 0)) throw Reject{"ceil_mode with count_include_pad"};
+    for (int j = 0; j < 2; ++j) {
+      int64_t eff = (k[j] - 1) * dl[j] + 1;
+      int64_t span = x[2 + j] + pl[j] + pr[j] - eff;
+      if (span < 0 || s[j] <= 0) throw Reject{"bad geometry"};
+      out[j] = 1 + (ceil ? (span + s[j] - 1) / s[j] : span / s[j]);
+      if (ceil) pr[j] = std::max(pr[j], (out[j] - 1) * s[j] + eff - x[2 + j] - pl[j]);
+    }
+  }
+  Dims y{x[0], x[1], out[0], out[1]};
+  alg a = mx ? alg::pooling_max
+             : (global || n.ai("count_include_pad", 0) ? alg::pooling_avg_include_padding
+                                                       : alg::pooling_avg_exclude_padding);
+  const Val xv = val(n.in[0]);
+  Fusion f;  // (no post-ops on pooling: what follows a pool is rarely an activation)
+  f.out = n.out[0];
+  dnnl::primitive_attr attr;
+  dnnl::pooling_v2_forward::desc d(dnnl::prop_kind::forward_inference, a, xv.md, md_t(to_dnnl(y), dt::f32, tag::any),
+                                   to_dnnl(s), to_dnnl(k), dnnl::memory::dims{dl[0] - 1, dl[1] - 1}, to_dnnl(pl),
+                                   to_dnnl(pr));
+  dnnl::pooling_v2_forward::primitive_desc pd(d, attr, engine());
+  Val sv = as_md(n.in[0], pd.src_desc());
+  Val& o = define(f.out, pd.dst_desc());
+  dnnl::memory sm = mem_of(sv), dm = mem_of(o);
+  exec(dnnl::pooling_v2_forward(pd), {{DNNL_ARG_SRC, sm}, {DNNL_ARG_DST, dm}});
+  for (size_t k2 : f.nodes) done_[k2] = true;
+}
+
+void Builder::eltwise(size_t i) {
+  const NodeDesc& n = r_.nodes[i];
+  alg a;
+  float alpha, beta;
+  if (!eltwise_of(n, &a, &alpha, &beta)) throw Reject{"non-constant Clip bounds"};
+  const Val xv = val(n.in[0]);
+  if (xv.scale != 1.f) throw Reject{"scaled input"};
+  md_t md = xv.md;
+  if (!is_plain_dense(md) && is_strided(md)) md = plain_md(md_dims(md));
+  Val sv = as_md(n.in[0], md);
+  dnnl::eltwise_forward::desc d(dnnl::prop_kind::forward_inference, a, md, alpha, beta);
+  dnnl::eltwise_forward::primitive_desc pd(d, engine());
+  int buf = dead_after(n.in[0], i) && sv.off == 0 && vals_[n.in[0]].buf == sv.buf ? sv.buf : -2;
+  if (buf >= 0) p_->bufs[buf].values--;
+  dnnl::memory sm = mem_of(sv);
+  Val& o = define(n.out[0], md, buf);
+  dnnl::memory dm = mem_of(o);
+  exec(dnnl::eltwise_forward(pd), {{DNNL_ARG_SRC, sm}, {DNNL_ARG_DST, dm}});
+}
+
+// Add/Sub/Mul/Div: two values of one shape, or a value and a broadcast constant. A scalar Mul/Div read only by a
+// MatMul becomes a scaled view.
+void Builder::binary(size_t i) {
+  const NodeDesc& n = r_.nodes[i];
+  if (n.in.size() != 2) throw Reject{"two inputs"};
+  const ConstT* c0 = cst(n.in[0]);
+  const ConstT* c1 = cst(n.in[1]);
+  if ((n.op == "Mul" || n.op == "Div") && c1 && c1->count() == 1 && !c0) {
+    float k = static_cast<float>(c1->at(0));
+    if (n.op == "Div") k = 1.f / k;
+    size_t u = sole_user(n.out[0]);
+    if (u != npos && r_.nodes[u].op == "MatMul" && vals_.count(n.in[0]) && vals_[n.in[0]].scale == 1.f) {
+      Val v = vals_[n.in[0]];
+      v.scale = k;
+      v.scale_of = n.in[0];
+      vals_[n.out[0]] = v;
+      return;
+    }
+  }
+  alg a = n.op == "Add" ? alg::binary_add : n.op == "Sub" ? alg::binary_sub : n.op == "Mul" ? alg::binary_mul
+                                                                                             : alg::binary_div;
+  Dims y = dims_of(n.out[0]);
+  std::string x0 = n.in[0], x1 = n.in[1];
+  Dims d0 = dims_of(x0), d1 = dims_of(x1);
+  if (d0 != y || c0) {
+    if (a == alg::binary_sub || a == alg::binary_div) throw Reject{"the first operand broadcasts"};
+    std::swap(x0, x1);
+    std::swap(d0, d1);
+  }
+  if (d0 != y || is_const(x0)) throw Reject{"neither operand has the output's shape"};
+  const Val v0 = val(x0);
+  if (v0.scale != 1.f) throw Reject{"scaled input"};
+  md_t m0 = is_strided(v0.md) && !is_plain_dense(v0.md) ? plain_md(y) : v0.md;
+  md_t m1;
+  if (d1 == y) {
+    m1 = m0;
+  } else {
+    if (d1.size() > y.size()) throw Reject{"rank"};
+    Dims e(y.size() - d1.size(), 1);
+    e.insert(e.end(), d1.begin(), d1.end());
+    for (size_t k = 0; k < y.size(); ++k)
+      if (e[k] != y[k] && e[k] != 1) throw Reject{"broadcast"};
+    if (!is_plain_dense(m0)) {
+      // Per-channel over a blocked layout: oneDNN takes a plain [1,C,1,1] second source.
+      bool per_channel = y.size() == 4 && e[0] == 1 && e[2] == 1 && e[3] == 1;
+      if (!per_channel) m0 = plain_md(y);
+    }
+    m1 = plain_md(e);
+  }
+  Val s0 = as_md(x0, m0);
+  // The second source in the first one's layout, or (broadcast) plain, read with the rank-extended dims.
+  Val s1 = d1 == y ? as_md(x1, m0) : as_plain(x1);
+  dnnl::binary::desc d(a, m0, m1, m0);
+  dnnl::binary::primitive_desc pd(d, engine());
+  int buf = dead_after(x0, i) && s0.buf == vals_[x0].buf && s0.off == 0 ? s0.buf : -2;
+  if (buf >= 0) p_->bufs[buf].values--;
+  dnnl::memory a0 = mem_of(s0), a1 = mem_at(m1, s1.buf, s1.off);
+  Val& o = define(n.out[0], m0, buf);
+  dnnl::memory dm = mem_of(o);
+  exec(dnnl::binary(pd), {{DNNL_ARG_SRC_0, a0}, {DNNL_ARG_SRC_1, a1}, {DNNL_ARG_DST, dm}});
+}
+
+void Builder::concat(size_t i) {
+  const NodeDesc& n = r_.nodes[i];
+  Dims y = dims_of(n.out[0]);
+  if (auto cb = concat_bufs_.find(n.out[0]); cb != concat_bufs_.end()) {
+    bool all = true;
+    for (const auto& in : n.in) all = all && placed_parts_.count(in) && vals_.count(in) && vals_[in].scale == 1.f;
+    if (all) {
+      // Every input already sits in its slice: the output is that buffer.
+      Val v;
+      v.md = md_t(to_dnnl(y), dt::f32, tag::nChw16c);
+      v.buf = cb->second;
+      p_->bufs[v.buf].values++;
+      vals_[n.out[0]] = v;
+      return;
+    }
+  }
+  int64_t axis = n.ai("axis", 0);
+  if (axis < 0) axis += static_cast<int64_t>(y.size());
+  std::vector<md_t> mds;
+  std::vector<Val> srcs;
+  bool blocked = true;
+  for (const auto& in : n.in) {
+    if (in.empty() || numel(dims_of(in)) == 0) throw Reject{"empty input"};
+    const Val& v = val(in);
+    if (v.scale != 1.f) throw Reject{"scaled input"};
+    blocked = blocked && !is_strided(v.md);
+  }
+  md_t first = val(n.in[0]).md;
+  for (const auto& in : n.in) {
+    // One layout for every source: the first one's when all are blocked alike, else plain.
+    const Val& v = val(in);
+    md_t want;
+    if (blocked && axis == 1 && v.md.data.format_desc.blocking.inner_nblks == first.data.format_desc.blocking.inner_nblks &&
+        v.md.data.dims[1] % 16 == 0) {
+      want = v.md;
+    } else {
+      want = plain_md(dims_of(in));
+    }
+    srcs.push_back(as_md(in, want));
+    mds.push_back(want);
+  }
+  dnnl::concat::primitive_desc pd(static_cast<int>(axis), mds, engine());
+  Val& o = define(n.out[0], pd.dst_desc());
+  std::unordered_map<int, dnnl::memory> args;
+  for (size_t k = 0; k < srcs.size(); ++k) args[DNNL_ARG_MULTIPLE_SRC + static_cast<int>(k)] = mem_of(srcs[k]);
+  args[DNNL_ARG_DST] = mem_of(o);
+  exec(dnnl::concat(pd), std::move(args));
+}
+
+void Builder::batchnorm(size_t i) {
+  const NodeDesc& n = r_.nodes[i];
+  if (n.in.size() != 5 || n.ai("training_mode", 0) != 0) throw Reject{"training BatchNormalization"};
+  for (size_t k = 1; k < n.out.size(); ++k)
+    if (!n.out[k].empty()) throw Reject{"training outputs"};
+  Dims x = dims_of(n.in[0]);
+  if (x.size() < 2) throw Reject{"rank"};
+  const int64_t C = x[1];
+  std::vector<float> ss[4];
+  for (int k = 0; k < 4; ++k) {
+    const ConstT* c = cst(n.in[1 + k]);
+    if (!c || c->count() != C) throw Reject{"non-constant or mis-sized scale/bias/mean/var"};
+    for (int64_t j = 0; j < C; ++j) ss[k].push_back(static_cast<float>(c->at(j)));
+  }
+  const Val xv = val(n.in[0]);
+  md_t md = is_strided(xv.md) && !is_plain_dense(xv.md) ? plain_md(x) : xv.md;
+  Val sv = as_md(n.in[0], md);
+  dnnl::batch_normalization_forward::desc d(dnnl::prop_kind::forward_inference, md, n.af("epsilon", 1e-5f),
+                                            dnnl::normalization_flags::use_global_stats |
+                                                dnnl::normalization_flags::use_scale |
+                                                dnnl::normalization_flags::use_shift);
+  dnnl::batch_normalization_forward::primitive_desc pd(d, engine());
+  std::unordered_map<int, dnnl::memory> args;
+  const int arg[4] = {DNNL_ARG_SCALE, DNNL_ARG_SHIFT, DNNL_ARG_MEAN, DNNL_ARG_VARIANCE};
+  for (int k = 0; k < 4; ++k) {
+    p_->owned.emplace_back(md_t({C}, dt::f32, tag::a), engine());
+    std::memcpy(p_->owned.back().get_data_handle(), ss[k].data(), C * sizeof(float));
+    args[arg[k]] = p_->owned.back();
+  }
+  args[DNNL_ARG_SRC] = mem_of(sv);
+  Val& o = define(n.out[0], md);
+  args[DNNL_ARG_DST] = mem_of(o);
+  exec(dnnl::batch_normalization_forward(pd), std::move(args));
+}
+
+void Builder::softmax(size_t i) {
+  const NodeDesc& n = r_.nodes[i];
+  Dims x = dims_of(n.in[0]);
+  int64_t rank = static_cast<int64_t>(x.size());
+  int64_t axis = n.ai("axis", -1);
+  if (axis < 0) axis += rank;
+  if (axis != rank - 1) throw Reject{"Softmax over an axis other than the last"};  // equal for every opset
+  Val sv = as_plain(n.in[0]);
+  md_t md = plain_md(x);
+  dnnl::softmax_forward::desc d(dnnl::prop_kind::forward_inference, md, static_cast<int>(axis));
+  dnnl::softmax_forward::primitive_desc pd(d, engine());
+  int buf = dead_after(n.in[0], i) && vals_[n.in[0]].buf == sv.buf ? sv.buf : -2;
+  if (buf >= 0) p_->bufs[buf].values--;
+  dnnl::memory sm = mem_of(sv);
+  Val& o = define(n.out[0], md, buf);
+  dnnl::memory dm = mem_of(o);
+  exec(dnnl::softmax_forward(pd), {{DNNL_ARG_SRC, sm}, {DNNL_ARG_DST, dm}});
+}
+
+void Builder::layernorm(size_t i, const std::string& x, const std::string& out, const ConstT* scale,
+                        const ConstT* shift, float eps) {
+  (void)i;
+  Dims xd = dims_of(x);
+  const int64_t D = xd.back();
+  if (!scale || scale->count() != D || (shift && shift->count() != D)) throw Reject{"scale/bias size"};
+  Val sv = as_plain(x);
+  md_t md = plain_md(xd);
+  auto flags = dnnl::normalization_flags::use_scale;
+  if (shift) flags |= dnnl::normalization_flags::use_shift;
+  dnnl::layer_normalization_forward::desc d(dnnl::prop_kind::forward_inference, md, eps, flags);
+  dnnl::layer_normalization_forward::primitive_desc pd(d, engine());
+  std::unordered_map<int, dnnl::memory> args;
+  auto vec = [&](const ConstT* c) {
+    p_->owned.emplace_back(md_t({D}, dt::f32, tag::a), engine());
+    float* p = static_cast<float*>(p_->owned.back().get_data_handle());
+    for (int64_t k = 0; k < D; ++k) p[k] = static_cast<float>(c->at(k));
+    return p_->owned.back();
+  };
+  args[DNNL_ARG_SCALE] = vec(scale);
+  if (shift) args[DNNL_ARG_SHIFT] = vec(shift);
+  args[DNNL_ARG_SRC] = mem_of(sv);
+  Val& o = define(out, md);
+  args[DNNL_ARG_DST] = mem_of(o);
+  exec(dnnl::layer_normalization_forward(pd), std::move(args));
+}
+
+// ReduceMean(x) -> Sub(x, mean) -> Pow(d, 2) -> ReduceMean -> Add(eps) -> Sqrt -> Div(d, sqrt) [-> Mul(gamma)]
+// [-> Add(beta)], all over the last axis: one layer normalization. Returns false when the pattern does not match.
+bool Builder::layernorm_pattern(size_t i) {
+  const NodeDesc& r1 = r_.nodes[i];
+  auto last_axis_mean = [&](const NodeDesc& n) {
+    if (n.op != "ReduceMean" || n.in.size() != 1 || n.ai("keepdims", 1) != 1) return false;
+    Dims ax = n.ais("axes", {});
+    int64_t rank = static_cast<int64_t>(dims_of(n.in[0]).size());
+    return ax.size() == 1 && (ax[0] == -1 || ax[0] == rank - 1);
+  };
+  auto only = [&](const std::string& v, const char* op) -> const NodeDesc* {
+    size_t u = sole_user(v);
+    return u != npos && r_.nodes[u].op == op ? &r_.nodes[u] : nullptr;
+  };
+  if (!last_axis_mean(r1)) return false;
+  const std::string x = r1.in[0];
+  const NodeDesc* sub = only(r1.out[0], "Sub");
+  if (!sub || sub->in[0] != x || sub->in[1] != r1.out[0]) return false;
+  const auto& du = users(sub->out[0]);
+  if (du.size() != 2 || escapes(sub->out[0])) return false;
+  const NodeDesc *pw = nullptr, *dv = nullptr;
+  for (size_t u : du) {
+    if (r_.nodes[u].op == "Pow") pw = &r_.nodes[u];
+    if (r_.nodes[u].op == "Div") dv = &r_.nodes[u];
+  }
+  if (!pw || !dv || pw->in[0] != sub->out[0] || dv->in[0] != sub->out[0]) return false;
+  const ConstT* two = cst(pw->in_at(1));
+  if (!two || two->count() != 1 || two->at(0) != 2.0) return false;
+  const NodeDesc* r2 = only(pw->out[0], "ReduceMean");
+  if (!r2 || !last_axis_mean(*r2)) return false;
+  const NodeDesc* ad = only(r2->out[0], "Add");
+  if (!ad) return false;
+  const ConstT* eps = cst(ad->in[0] == r2->out[0] ? ad->in_at(1) : ad->in[0]);
+  if (!eps || eps->count() != 1) return false;
+  const NodeDesc* sq = only(ad->out[0], "Sqrt");
+  if (!sq) return false;
+  if (sole_user(sq->out[0]) == npos || &r_.nodes[sole_user(sq->out[0])] != dv || dv->in[1] != sq->out[0]) return false;
+  std::vector<const NodeDesc*> nodes{&r1, sub, pw, r2, ad, sq, dv};
+  std::string out = dv->out[0];
+  const Dims xd = dims_of(x);
+  const int64_t D = xd.back();
+  std::vector<float> ones(D, 1.f);
+  ConstT gamma{KEEL_DTYPE_F32, {D}, std::vector<char>(reinterpret_cast<char*>(ones.data()),
+                                                      reinterpret_cast<char*>(ones.data() + D))};
+  const ConstT* g = &gamma;
+  const ConstT* b = nullptr;
+  if (const NodeDesc* mul = only(out, "Mul")) {
+    const ConstT* c = cst(mul->in[0] == out ? mul->in_at(1) : mul->in[0]);
+    if (c && c->count() == D && c->dims.back() == D) {
+      g = c;
+      nodes.push_back(mul);
+      out = mul->out[0];
+      if (const NodeDesc* add = only(out, "Add")) {
+        const ConstT* c2 = cst(add->in[0] == out ? add->in_at(1) : add->in[0]);
+        if (c2 && c2->count() == D && c2->dims.back() == D) {
+          b = c2;
+          nodes.push_back(add);
+          out = add->out[0];
+        }
+      }
+    }
+  }
+  // Intermediate values must not leave the claim.
+  for (size_t k = 0; k + 1 < nodes.size(); ++k)
+    if (escapes(nodes[k]->out[0])) return false;
+  layernorm(i, x, out, g, b, static_cast<float>(eps->at(0)));
+  for (const NodeDesc* nd : nodes) done_[nd - r_.nodes.data()] = true;
+  return true;
+}
+
+// Reshape, Flatten, Squeeze, Unsqueeze, Identity, Dropout (inference): a view of the input's plain memory.
+void Builder::reshape_like(size_t i) {
+  const NodeDesc& n = r_.nodes[i];
+  if (n.op == "Dropout") {
+    for (size_t k = 1; k < n.out.size(); ++k)
+      if (!n.out[k].empty()) throw Reject{"Dropout mask output"};
+  }
+  Dims x = dims_of(n.in[0]);
+  Dims y;
+  auto dit = r_.dims.find(n.out[0]);
+  if (n.op == "Reshape") {
+    const ConstT* s = cst(n.in_at(1));
+    if (!s) throw Reject{"non-constant shape"};
+    if (n.ai("allowzero", 0)) throw Reject{"allowzero"};
+    int64_t known = 1, neg = -1;
+    for (int64_t k = 0; k < s->count(); ++k) {
+      int64_t v = s->iat(k);
+      if (v == 0) v = k < static_cast<int64_t>(x.size()) ? x[k] : throw Reject{"0 past the input rank"};
+      if (v == -1) neg = k;
+      else known *= v;
+      y.push_back(v);
+    }
+    if (neg >= 0) y[neg] = known ? numel(x) / known : 0;
+  } else if (n.op == "Flatten") {
+    int64_t axis = n.ai("axis", 1);
+    if (axis < 0) axis += static_cast<int64_t>(x.size());
+    int64_t a = 1, b = 1;
+    for (int64_t k = 0; k < static_cast<int64_t>(x.size()); ++k) (k < axis ? a : b) *= x[k];
+    y = {a, b};
+  } else if (dit != r_.dims.end()) {
+    y = dit->second;
+  } else if (n.op == "Identity" || n.op == "Dropout") {
+    y = x;
+  } else {
+    throw Reject{"output shape unknown"};
+  }
+  if (numel(y) != numel(x)) throw Reject{"element count changes"};
+  if (dit != r_.dims.end() && dit->second != y) throw Reject{"shape differs from the inferred one"};
+  const Val& v = val(n.in[0]);
+  if (v.scale != 1.f) throw Reject{"scaled input"};
+  Val pv = as_plain(n.in[0]);
+  Val o = pv;
+  o.md = plain_md(y);
+  p_->bufs[o.buf].values++;
+  vals_[n.out[0]] = o;
+}
+
+// Transpose: a strided view when the input is plain-strided (normalised to plain when it is dense), else a
+// reorder into the plain layout.
+void Builder::transpose(size_t i) {
+  const NodeDesc& n = r_.nodes[i];
+  Dims x = dims_of(n.in[0]);
+  Dims perm = n.ais("perm", {});
+  if (perm.empty())
+    for (size_t k = x.size(); k-- > 0;) perm.push_back(static_cast<int64_t>(k));
+  if (perm.size() != x.size()) throw Reject{"perm rank"};
+  const Val v = val(n.in[0]);
+  if (v.scale != 1.f) throw Reject{"scaled input"};
+  Val src = is_strided(v.md) ? v : as_plain(n.in[0]);
+  Dims st = md_strides(src.md), yd(x.size()), ys(x.size());
+  for (size_t k = 0; k < perm.size(); ++k) {
+    if (perm[k] < 0 || perm[k] >= static_cast<int64_t>(x.size())) throw Reject{"perm out of range"};
+    yd[k] = x[perm[k]];
+    ys[k] = st[perm[k]];
+  }
+  Val o = src;
+  o.md = strided_md(yd, ys);
+  if (is_plain_dense(o.md)) o.md = plain_md(yd);
+  p_->bufs[o.buf].values++;
+  vals_[n.out[0]] = o;
+}
+
+// Slice with constant starts/ends/axes and step 1: a strided view.
+void Builder::slice(size_t i) {
+  const NodeDesc& n = r_.nodes[i];
+  Dims x = dims_of(n.in[0]);
+  const int64_t rank = static_cast<int64_t>(x.size());
+  const ConstT *st = cst(n.in_at(1)), *en = cst(n.in_at(2));
+  const ConstT* ax = n.in_at(3).empty() ? nullptr : cst(n.in_at(3));
+  const ConstT* sp = n.in_at(4).empty() ? nullptr : cst(n.in_at(4));
+  if (!st || !en || (!n.in_at(3).empty() && !ax) || (!n.in_at(4).empty() && !sp)) throw Reject{"non-constant Slice"};
+  Dims y = x, off(rank, 0);
+  for (int64_t k = 0; k < st->count(); ++k) {
+    int64_t a = ax ? ax->iat(k) : k;
+    if (a < 0) a += rank;
+    if (a < 0 || a >= rank) throw Reject{"axis"};
+    if (sp && sp->iat(k) != 1) throw Reject{"step other than 1"};
+    int64_t b = st->iat(k), e = en->iat(k), d = x[a];
+    if (b < 0) b += d;
+    if (e < 0) e += d;
+    b = std::clamp<int64_t>(b, 0, d);
+    e = std::clamp<int64_t>(e, 0, d);
+    if (e <= b) throw Reject{"empty slice"};
+    y[a] = e - b;
+    off[a] = b;
+  }
+  const Val v = val(n.in[0]);
+  if (v.scale != 1.f) throw Reject{"scaled input"};
+  Val src = is_strided(v.md) ? v : as_plain(n.in[0]);
+  Dims sst = md_strides(src.md);
+  int64_t offset = 0;
+  for (int64_t k = 0; k < rank; ++k) offset += off[k] * sst[k];
+  Val o = src;
+  o.md = strided_md(y, sst);
+  o.off = src.off + static_cast<uint64_t>(offset) * sizeof(float);
+  if (is_plain_dense(o.md)) o.md = plain_md(y);
+  p_->bufs[o.buf].values++;
+  vals_[n.out[0]] = o;
+}
+
+// ------------------------------------------------------------------------------------------- the claim's state
+
+struct Chain {
+  Recipe recipe;
+  std::unique_ptr<Plan> plan;
+  // KEEL_ONEDNN_PROFILE=1: time per primitive kind and implementation, logged (info) when the session goes.
+  std::map<std::string, std::pair<double, int64_t>> profile;
+  int64_t runs = 0;
+  ~Chain() {
+    if (profile.empty() || runs == 0) return;
+    std::vector<std::pair<double, std::string>> rows;
+    double total = 0;
+    for (auto& [k, v] : profile) rows.emplace_back(v.first, k), total += v.first;
+    std::sort(rows.rbegin(), rows.rend());
+    std::ostringstream os;
+    os.setf(std::ios::fixed);
+    os.precision(3);
+    os << recipe.name << ": " << total / runs << " ms per run in primitives (" << runs << " runs)";
+    for (auto& [ms, k] : rows)
+      os << "\n  " << ms / runs << " ms  " << 100.0 * ms / total << "%  x" << profile[k].second / runs << "  " << k;
+    if (g_host && g_host->log) g_host->log(g_plugin_handle, KEEL_LOG_INFO, os.str().c_str());
+  }
+};
+
+const char* kind_name(dnnl::primitive::kind k) {
+  switch (k) {
+    case dnnl::primitive::kind::reorder: return "reorder";
+    case dnnl::primitive::kind::concat: return "concat";
+    case dnnl::primitive::kind::convolution: return "convolution";
+    case dnnl::primitive::kind::eltwise: return "eltwise";
+    case dnnl::primitive::kind::softmax:
+    case dnnl::primitive::kind::softmax_v2: return "softmax";
+    case dnnl::primitive::kind::pooling:
+    case dnnl::primitive::kind::pooling_v2: return "pooling";
+    case dnnl::primitive::kind::batch_normalization: return "batch_normalization";
+    case dnnl::primitive::kind::layer_normalization: return "layer_normalization";
+    case dnnl::primitive::kind::matmul: return "matmul";
+    case dnnl::primitive::kind::binary: return "binary";
+    default: return "other";
+  }
+}
+
+// A chain this small runs on one thread: a team of two waits for its second thread longer than the work takes
+// whenever the machine is busy (measured: 0.05 ms runs turning into 30 ms ones on a loaded 2-core machine).
+constexpr double kOneThreadFlops = 8e6;
+
+void run_chain(Chain& ch, Ctx& c) {
+  const int team = omp_get_max_threads();
+  const bool one = ch.plan && ch.plan->flops < kOneThreadFlops && team > 1;
+  if (one) omp_set_num_threads(1);
+  struct Restore {
+    bool on;
+    int n;
+    ~Restore() {
+      if (on) omp_set_num_threads(n);
+    }
+  } restore{one, team};
+  if (!ch.plan || ch.plan->threads != omp_get_max_threads()) ch.plan = Builder(ch.recipe).build();
+  Plan& p = *ch.plan;
+  std::vector<void*> base(p.bufs.size(), nullptr);
+  void* ws = p.ws_bytes ? c.workspace(p.ws_bytes) : nullptr;
+  for (size_t b = 0; b < p.bufs.size(); ++b) {
+    const Buf& x = p.bufs[b];
+    switch (x.kind) {
+      case BufKind::kWorkspace: base[b] = static_cast<char*>(ws) + x.offset; break;
+      case BufKind::kInput: {
+        const keel_tensor_t* t = c.input(x.index);
+        if (!t || !t->data) throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "claimed subgraph: input missing"};
+        base[b] = t->data;
+        break;
+      }
+      case BufKind::kOutput: base[b] = c.output(x.index, p.out_dims[x.index])->data; break;
+      case BufKind::kOwned: base[b] = nullptr; break;
+    }
+  }
+  for (size_t k = 0; k < p.out_consts.size(); ++k)
+    if (const ConstT* cst = p.out_consts[k]) {
+      keel_tensor_t* t = c.output(static_cast<int>(k), cst->dims);
+      std::memcpy(t->data, cst->bytes.data(), std::min<uint64_t>(t->byte_size, cst->bytes.size()));
+    }
+  bool changed = false;
+  for (size_t b = 0; b < base.size(); ++b) changed = changed || base[b] != p.last_base[b];
+  if (changed) {
+    for (auto& bd : p.binds)
+      if (bd.buf >= 0 && p.bufs[bd.buf].kind != BufKind::kOwned)
+        bd.mem.set_data_handle(static_cast<char*>(base[bd.buf]) + bd.offset);
+    p.last_base = base;
+  }
+  auto& s = stream();
+  const int team_n = omp_get_max_threads();
+  int cur = team_n;
+  auto threads_for = [&](const Exec& e) {
+    int want = e.single ? 1 : team_n;
+    if (want != cur) {
+      s.wait();
+      omp_set_num_threads(want);
+      cur = want;
+    }
+  };
+  struct Back {
+    int& cur;
+    int team_n;
+    ~Back() {
+      if (cur != team_n) omp_set_num_threads(team_n);
+    }
+  } back{cur, team_n};
+  if (g_options.profile) {
+    for (size_t k = 0; k < p.execs.size(); ++k) {
+      threads_for(p.execs[k]);
+      auto t0 = std::chrono::steady_clock::now();
+      p.execs[k].prim.execute(s, p.execs[k].args);
+      s.wait();
+      double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      auto& row = ch.profile[std::string(kind_name(p.execs[k].prim.get_kind())) + " " + p.impls[k]];
+      row.first += ms;
+      row.second++;
+    }
+    ch.runs++;
+    return;
+  }
+  for (auto& e : p.execs) {
+    threads_for(e);
+    e.prim.execute(s, e.args);
+  }
+  s.wait();
+}
+
+keel_status_t status_of(int32_t code, const std::string& msg) { return g_host->status_create(code, msg.c_str()); }
+
+keel_status_t chain_compute(void* state, keel_kernel_context_t* ctx) {
+  try {
+    Ctx c(ctx);
+    set_threads(c.thread_count());
+    run_chain(*static_cast<Chain*>(state), c);
+    return nullptr;
+  } catch (const Failure& f) {
+    return status_of(f.code, f.message);
+  } catch (const Reject& r) {
+    return status_of(KEEL_STATUS_INTERNAL, "claimed subgraph: " + r.why);
+  } catch (const NodeReject& r) {
+    return status_of(KEEL_STATUS_INTERNAL, "claimed subgraph: " + r.why);
+  } catch (const dnnl::error& e) {
+    return status_of(KEEL_STATUS_INTERNAL, std::string("oneDNN: ") + e.what());
+  } catch (const std::exception& e) {
+    return status_of(KEEL_STATUS_INTERNAL, e.what());
+  }
+}
+void chain_release(void* state) { delete static_cast<Chain*>(state); }
+
+// ------------------------------------------------------------------------------------------------ claim time
+
+using G = keel_graph_t;
+
+struct GraphScan {
+  const G* g;
+  const keel_graph_api_t* api;
+  std::vector<keel_node_id_t> order;
+  std::map<keel_node_id_t, size_t> pos;
+
+  std::string op(keel_node_id_t n) const { return api->node_op_type(g, n); }
+  std::vector<std::string> ins(keel_node_id_t n) const {
+    std::vector<std::string> v;
+    for (size_t i = 0; i < api->node_input_count(g, n); ++i) v.emplace_back(api->node_input(g, n, i));
+    return v;
+  }
+  std::vector<std::string> outs(keel_node_id_t n) const {
+    std::vector<std::string> v;
+    for (size_t i = 0; i < api->node_output_count(g, n); ++i) v.emplace_back(api->node_output(g, n, i));
+    return v;
+  }
+  bool info(const std::string& v, int32_t* dtype, Dims* d) const {
+    int64_t buf[16];
+    int32_t nd = -1;
+    if (!api->value_info(g, v.c_str(), dtype, &nd, buf, 16)) return false;
+    if (nd < 0 || nd > 16) return false;
+    d->assign(buf, buf + nd);
+    for (int64_t x : *d)
+      if (x < 0) return false;
+    return true;
+  }
+  std::vector<keel_node_id_t> consumers(const std::string& v) const {
+    std::vector<keel_node_id_t> ids(64);
+    size_t n = api->value_consumers(g, v.c_str(), ids.data(), ids.size());
+    if (n > ids.size()) {
+      ids.resize(n);
+      api->value_consumers(g, v.c_str(), ids.data(), ids.size());
+    }
+    ids.resize(n);
+    return ids;
+  }
+  bool dtype(const std::string& v, int32_t* t) const {
+    int64_t buf[16];
+    int32_t nd = -1;
+    return api->value_info(g, v.c_str(), t, &nd, buf, 16) != 0;
+  }
+  bool producer(const std::string& v, keel_node_id_t* p) const { return !v.empty() && api->value_producer(g, v.c_str(), p); }
+  NodeDesc desc(keel_node_id_t n) const {
+    NodeDesc d;
+    d.id = n;
+    d.op = op(n);
+    d.name = api->node_name(g, n);
+    d.in = ins(n);
+    d.out = outs(n);
+    for (size_t i = 0; i < api->node_attr_count(g, n); ++i) {
+      std::string name = api->node_attr_name(g, n, i);
+      Attr a;
+      a.kind = api->node_attr_kind(g, n, name.c_str());
+      const int64_t* is;
+      const float* fs;
+      const char* s;
+      size_t cnt;
+      switch (a.kind) {
+        case KEEL_ATTR_INT: api->node_attr_int(g, n, name.c_str(), &a.i); break;
+        case KEEL_ATTR_FLOAT: api->node_attr_float(g, n, name.c_str(), &a.f); break;
+        case KEEL_ATTR_STRING: if (api->node_attr_string(g, n, name.c_str(), &s)) a.s = s; break;
+        case KEEL_ATTR_INTS: if (api->node_attr_ints(g, n, name.c_str(), &is, &cnt)) a.ints.assign(is, is + cnt); break;
+        case KEEL_ATTR_FLOATS: if (api->node_attr_floats(g, n, name.c_str(), &fs, &cnt)) a.floats.assign(fs, fs + cnt); break;
+        default: break;
+      }
+      d.attrs[name] = a;
+    }
+    return d;
+  }
+};
+
+const std::set<std::string>& compute_ops() {
+  static const std::set<std::string> s{
+      "Conv", "BatchNormalization", "Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "Add", "Sub", "Mul", "Div",
+      "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Concat", "MatMul", "Gemm", "Softmax",
+      "LayerNormalization", "Transpose", "Slice", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity",
+      "Dropout", "ReduceMean", "Pow", "Sqrt"};
+  return s;
+}
+// Ops that only move or view data: a claim needs real work besides them.
+bool is_view_op(const std::string& op) {
+  return op == "Transpose" || op == "Slice" || op == "Reshape" || op == "Flatten" || op == "Squeeze" ||
+         op == "Unsqueeze" || op == "Identity" || op == "Dropout";
+}
+
+ConstT const_of(const keel_tensor_t* t) {
+  ConstT c;
+  c.dtype = t->dtype;
+  c.dims.assign(t->dims, t->dims + t->ndim);
+  const char* p = static_cast<const char*>(t->data);
+  c.bytes.assign(p, p + t->byte_size);
+  return c;
+}
+
+keel_status_t claim_chains(void*, const G* g, const keel_graph_api_t* api, keel_subgraph_sink_t* sink) {
+  try {
+    GraphScan sc{g, api, {}, {}};
+    size_t nn = api->nodes(g, nullptr, 0);
+    sc.order.resize(nn);
+    api->nodes(g, sc.order.data(), nn);
+    for (size_t k = 0; k < nn; ++k) sc.pos[sc.order[k]] = k;
+
+    // 1. Constants.
+    std::map<std::string, ConstT> consts;
+    std::set<std::string> const_vals;  // known constant (values computed below)
+    std::set<keel_node_id_t> const_nodes;
+    std::vector<std::string> feed_names;
+    std::vector<ConstT> feeds;
+    auto is_init = [&](const std::string& v) {
+      const keel_tensor_t* t = nullptr;
+      return !v.empty() && api->initializer(g, v.c_str(), &t) && t;
+    };
+    for (keel_node_id_t n : sc.order) {
+      std::string op = sc.op(n);
+      if (std::strlen(api->node_domain(g, n)) != 0) continue;
+      auto ins = sc.ins(n), outs = sc.outs(n);
+      if (outs.size() != 1 || outs[0].empty()) continue;
+      bool c = false;
+      if (op == "Constant") {
+        c = true;
+      } else if (op == "Shape") {
+        int32_t t;
+        Dims d;
+        if (!ins.empty() && sc.info(ins[0], &t, &d) && api->node_attr_count(g, n) == 0) {
+          ConstT s;
+          s.dtype = KEEL_DTYPE_I64;
+          s.dims = {static_cast<int64_t>(d.size())};
+          s.bytes.assign(reinterpret_cast<const char*>(d.data()), reinterpret_cast<const char*>(d.data() + d.size()));
+          consts[outs[0]] = s;
+          feed_names.push_back(outs[0]);
+          feeds.push_back(s);
+          const_vals.insert(outs[0]);
+          const_nodes.insert(n);
+          continue;
+        }
+      } else if (!ins.empty() && op != "RandomNormal" && op != "RandomUniform" && op != "RandomNormalLike" &&
+                 op != "RandomUniformLike" && op != "Loop" && op != "If" && op != "Scan") {
+        c = true;
+        for (const auto& in : ins) c = c && (in.empty() || is_init(in) || const_vals.count(in));
+        int32_t t;
+        Dims d;
+        c = c && sc.info(outs[0], &t, &d) && numel(d) <= 4096;  // shape arithmetic, not weight transforms
+      }
+      if (c) {
+        const_vals.insert(outs[0]);
+        const_nodes.insert(n);
+      }
+    }
+    {
+      std::vector<std::string> want;
+      for (const auto& v : const_vals)
+        if (!consts.count(v)) want.push_back(v);
+      if (!want.empty()) {
+        std::vector<keel_tensor_t> views(feeds.size());
+        std::vector<const keel_tensor_t*> ptrs;
+        std::vector<const char*> fnames, wnames;
+        for (size_t k = 0; k < feeds.size(); ++k) {
+          keel_tensor_t& t = views[k];
+          std::memset(&t, 0, sizeof t);
+          t.struct_size = sizeof t;
+          t.dtype = feeds[k].dtype;
+          t.ndim = static_cast<int32_t>(feeds[k].dims.size());
+          t.dims = feeds[k].dims.data();
+          t.data = feeds[k].bytes.data();
+          t.byte_size = feeds[k].bytes.size();
+          ptrs.push_back(&t);
+          fnames.push_back(feed_names[k].c_str());
+        }
+        for (const auto& w : want) wnames.push_back(w.c_str());
+        std::vector<keel_tensor_t*> outs(want.size(), nullptr);
+        keel_status_t st = api->evaluate(g, fnames.data(), ptrs.data(), ptrs.size(), wnames.data(), wnames.size(),
+                                         outs.data());
+        if (st) {
+          // Could not fold: treat none of them as constants.
+          keel_status_release(st);
+          for (const auto& w : want) const_vals.erase(w);
+          for (auto it = const_nodes.begin(); it != const_nodes.end();) {
+            auto o = sc.outs(*it);
+            it = const_vals.count(o[0]) ? std::next(it) : const_nodes.erase(it);
+          }
+        } else {
+          for (size_t k = 0; k < want.size(); ++k) {
+            if (outs[k]) consts[want[k]] = const_of(outs[k]);
+            api->release_tensor(outs[k]);
+          }
+        }
+      }
+    }
+
+    // 2. Candidates: f32 data, static shapes.
+    std::set<keel_node_id_t> cand;
+    for (keel_node_id_t n : sc.order) {
+      if (const_nodes.count(n)) continue;
+      if (std::strlen(api->node_domain(g, n)) != 0) continue;
+      std::string op = sc.op(n);
+      if (!compute_ops().count(op)) continue;
+      bool ok = true;
+      auto outs = sc.outs(n);
+      for (size_t k = 0; k < outs.size() && ok; ++k) {
+        if (outs[k].empty()) continue;
+        int32_t t;
+        Dims d;
+        // Slice outputs may have unknown shapes (dynamic starts folded here): computed by the builder.
+        if (!sc.info(outs[k], &t, &d)) ok = k == 0 && (op == "Slice" || op == "Reshape") && sc.dtype(outs[k], &t) && t == KEEL_DTYPE_F32;
+        else ok = t == KEEL_DTYPE_F32 && numel(d) > 0;
+      }
+      auto ins = sc.ins(n);
+      if (ok && !ins.empty() && !ins[0].empty() && !const_vals.count(ins[0]) && !is_init(ins[0])) {
+        int32_t t = 0;
+        Dims d;
+        if (!sc.dtype(ins[0], &t) || t != KEEL_DTYPE_F32) ok = false;
+      }
+      if (ok) cand.insert(n);
+    }
+
+    // 3. Groups: union of candidates through values; constant nodes join when only the group reads them.
+    std::map<keel_node_id_t, keel_node_id_t> parent;
+    std::function<keel_node_id_t(keel_node_id_t)> find = [&](keel_node_id_t x) {
+      while (parent[x] != x) x = parent[x] = parent[parent[x]];
+      return x;
+    };
+    for (auto n : cand) parent[n] = n;
+    for (auto n : cand)
+      for (const auto& in : sc.ins(n)) {
+        keel_node_id_t p;
+        if (sc.producer(in, &p) && cand.count(p)) parent[find(n)] = find(p);
+      }
+    std::set<keel_node_id_t> excluded;
+    for (int round = 0; round < 8; ++round) {
+      std::map<keel_node_id_t, std::vector<keel_node_id_t>> groups;
+      for (auto n : sc.order)
+        if (cand.count(n) && !excluded.count(n)) groups[find(n)].push_back(n);
+      bool retry = false;
+      std::vector<std::pair<std::vector<keel_node_id_t>, std::unique_ptr<Chain>>> ready;
+      for (auto& [root, members] : groups) {
+        int work = 0;
+        for (auto n : members) work += !is_view_op(sc.op(n));
+        if (work < 2) continue;
+        std::set<keel_node_id_t> mset(members.begin(), members.end());
+        // Constant nodes read only by the group (transitively) join it.
+        for (size_t k = sc.order.size(); k-- > 0;) {
+          keel_node_id_t n = sc.order[k];
+          if (!const_nodes.count(n)) continue;
+          auto outs = sc.outs(n);
+          bool all = !sc.api->value_is_graph_output(g, outs[0].c_str());
+          auto cons = sc.consumers(outs[0]);
+          all = all && !cons.empty();
+          for (auto u : cons) all = all && mset.count(u);
+          if (all) mset.insert(n);
+        }
+        // Convexity: nothing outside reachable from the group may lead back into it.
+        std::set<keel_node_id_t> reach;
+        std::vector<keel_node_id_t> stack;
+        for (auto n : mset)
+          for (const auto& o : sc.outs(n))
+            for (auto u : sc.consumers(o))
+              if (!mset.count(u) && reach.insert(u).second) stack.push_back(u);
+        bool convex = true;
+        while (!stack.empty() && convex) {
+          auto x = stack.back();
+          stack.pop_back();
+          for (const auto& o : sc.outs(x))
+            for (auto u : sc.consumers(o)) {
+              if (mset.count(u)) convex = false;
+              else if (reach.insert(u).second) stack.push_back(u);
+            }
+        }
+        if (!convex) {
+          // Drop the members an outside path comes back to (and retry the rest).
+          for (auto x : reach)
+            for (const auto& o : sc.outs(x))
+              for (auto u : sc.consumers(o))
+                if (cand.count(u) && mset.count(u)) excluded.insert(u);
+          retry = true;
+          continue;
+        }
+        auto chain = std::make_unique<Chain>();
+        Recipe& r = chain->recipe;
+        std::vector<keel_node_id_t> ordered(mset.begin(), mset.end());
+        std::sort(ordered.begin(), ordered.end(), [&](auto a, auto b) { return sc.pos[a] < sc.pos[b]; });
+        std::set<std::string> produced;
+        for (auto n : ordered)
+          for (const auto& o : sc.outs(n)) produced.insert(o);
+        std::map<std::string, int> counts;
+        for (auto n : ordered) {
+          NodeDesc d = sc.desc(n);
+          if (!const_nodes.count(n)) counts[d.op]++;
+          for (const auto& v : d.in) {
+            if (v.empty()) continue;
+            if (!produced.count(v) && std::find(r.inputs.begin(), r.inputs.end(), v) == r.inputs.end())
+              r.inputs.push_back(v);
+          }
+          for (const auto& v : d.out) {
+            if (v.empty()) continue;
+            bool outside = sc.api->value_is_graph_output(g, v.c_str()) != 0;
+            for (auto u : sc.consumers(v)) outside = outside || !mset.count(u);
+            if (outside) r.outputs.push_back(v);
+          }
+          for (const auto& v : d.in) {
+            if (v.empty()) continue;
+            int32_t t;
+            Dims dd;
+            const keel_tensor_t* it = nullptr;
+            if (api->initializer(g, v.c_str(), &it) && it) {
+              if (!r.consts.count(v)) r.consts[v] = const_of(it);
+            } else if (consts.count(v)) {
+              r.consts[v] = consts[v];
+            } else if (sc.info(v, &t, &dd)) {
+              r.dims[v] = dd;
+              r.dtypes[v] = t;
+            } else if (sc.dtype(v, &t)) {
+              r.dtypes[v] = t;
+            }
+          }
+          for (const auto& v : d.out) {
+            int32_t t;
+            Dims dd;
+            if (consts.count(v)) r.consts[v] = consts[v];
+            else if (!v.empty() && sc.info(v, &t, &dd)) r.dims[v] = dd, r.dtypes[v] = t;
+          }
+          r.nodes.push_back(std::move(d));
+        }
+        std::ostringstream nm;
+        nm << "onednn_chain(";
+        bool first = true;
+        for (auto& [op, cnt] : counts) {
+          nm << (first ? "" : ",") << op << "x" << cnt;
+          first = false;
+        }
+        nm << ")";
+        r.name = nm.str();
+        try {
+          chain->plan = Builder(r).build();
+        } catch (const NodeReject& e) {
+          if (e.node < r.nodes.size()) {
+            std::string msg = "claim: node '" + r.nodes[e.node].name + "' (" + r.nodes[e.node].op +
+                              ") stays on its kernel: " + e.why;
+            debug_log(msg);
+            excluded.insert(r.nodes[e.node].id);
+            retry = true;
+          }
+          continue;
+        }
+        ready.emplace_back(ordered, std::move(chain));
+      }
+      if (retry && round + 1 < 8) {
+        // Rebuild the groups without the excluded nodes.
+        parent.clear();
+        for (auto n : cand)
+          if (!excluded.count(n)) parent[n] = n;
+        for (auto n : cand) {
+          if (excluded.count(n)) continue;
+          for (const auto& in : sc.ins(n)) {
+            keel_node_id_t p;
+            if (sc.producer(in, &p) && cand.count(p) && !excluded.count(p)) parent[find(n)] = find(p);
+          }
+        }
+        continue;
+      }
+      for (auto& [ids, chain] : ready) {
+        keel_subgraph_def_t def;
+        std::memset(&def, 0, sizeof def);
+        def.struct_size = sizeof def;
+        std::string name = chain->recipe.name;
+        def.name = name.c_str();
+        def.node_ids = ids.data();
+        def.node_count = ids.size();
+        def.user_data = chain.release();
+        def.compute = chain_compute;
+        def.release = chain_release;
+        def.release_user_data = chain_release;
+        keel_status_t st = sink->claim(sink, &def);
+        if (st) {
+          std::string msg = std::string("claim refused: ") + (st->message ? st->message : "");
+          debug_log(msg);
+          keel_status_release(st);
+        }
+      }
+      break;
+    }
+    return nullptr;
+  } catch (const std::exception& e) {
+    return status_of(KEEL_STATUS_UNIMPLEMENTED, std::string("claim_chains: ") + e.what());
+  } catch (const Reject& r) {
+    return status_of(KEEL_STATUS_UNIMPLEMENTED, "claim_chains: " + r.why);
+  }
+}
+
+}  // namespace
+
+keel_status_t register_claimer(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+  if (!KEEL_HAS_MEMBER(host, keel_host_api_t, register_claimer) || !host->register_claimer) return nullptr;
+  if (!g_options.claims) return nullptr;
+  g_plugin_handle = plugin;
+  keel_claimer_def_t def;
+  std::memset(&def, 0, sizeof def);
+  def.struct_size = sizeof def;
+  def.abi_major = KEEL_PLUGIN_ABI_MAJOR;
+  def.abi_minor = KEEL_PLUGIN_ABI_MINOR;
+  def.name = "onednn_chains";
+  def.device_type = "cpu";
+  def.claim_subgraphs = claim_chains;
+  return host->register_claimer(plugin, &def);
+}
+
+}  // namespace keel::onednn
