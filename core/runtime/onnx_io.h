@@ -22,6 +22,7 @@
 #include "core/base/graph.h"
 #include "core/base/status.h"
 #include "core/base/tensor.h"
+#include "core/base/value.h"
 
 namespace onnx {
 class TensorProto;
@@ -99,6 +100,15 @@ StatusOr<Tensor> read_npy(const void* data, size_t size);
 StatusOr<Tensor> read_tensor_pb(const void* data, size_t size, std::string* name = nullptr);
 // Writes `tensor` (on the host) as a TensorProto with `name`.
 Status write_tensor_pb(const Tensor& tensor, const std::filesystem::path& file, const std::string& name = "");
+
+// Values of any kind (the ONNX test data's input_K.pb / output_K.pb): a TensorProto, a SequenceProto (of tensors)
+// or an OptionalProto (of a tensor or a sequence), as `declared` says (nullptr or a tensor type: a TensorProto).
+// `name`, when given, receives the proto's name. .npy files hold tensors only.
+StatusOr<RunValue> read_value_file(const std::filesystem::path& file, const ValueInfo* declared, std::string* name = nullptr);
+StatusOr<RunValue> read_value_pb(const void* data, size_t size, const ValueInfo* declared, std::string* name = nullptr);
+// Writes `value` (host tensors) as the proto `declared` calls for (a TensorProto for tensors when it is nullptr).
+Status write_value_pb(const RunValue& value, const ValueInfo* declared, const std::filesystem::path& file,
+                      const std::string& name = "");
 
 // TensorProto <-> Tensor. `base_dir` resolves external data (empty: refused). Raw data, and every typed field
 // (float_data, int32_data — also for f16/bf16/bool/i8/u8/i16/u16 —, int64_data, double_data, uint64_data), are read.
