@@ -995,8 +995,68 @@ StatusOr<std::string> serialize_onnx(const Graph& graph) {
   return out;
 }
 
-Status save_onnx(const Graph& graph, const fs::path& file) {
-  KEEL_ASSIGN_OR_RETURN(std::string bytes, serialize_onnx(graph), "save_onnx '" + file.string() + "'");
+namespace {
+
+// Moves raw_data of initializers >= threshold (in `gp` and its subgraphs) to `out` at 64-byte aligned offsets.
+Status externalize(onnx::GraphProto& gp, const std::string& location, uint64_t threshold, std::ofstream& out,
+                   uint64_t& offset, int depth) {
+  if (depth > 64) return invalid_argument("subgraphs nested too deeply");
+  for (auto& t : *gp.mutable_initializer()) {
+    if (!t.has_raw_data() || t.raw_data().size() < threshold) continue;
+    const uint64_t aligned = (offset + 63) / 64 * 64;
+    static const char kZeros[64] = {};
+    out.write(kZeros, static_cast<std::streamsize>(aligned - offset));
+    out.write(t.raw_data().data(), static_cast<std::streamsize>(t.raw_data().size()));
+    if (!out) return internal_error("writing external data '" + location + "' failed");
+    const uint64_t length = t.raw_data().size();
+    t.clear_raw_data();
+    t.set_data_location(onnx::TensorProto::EXTERNAL);
+    auto add = [&](const char* k, const std::string& v) {
+      auto* e = t.add_external_data();
+      e->set_key(k);
+      e->set_value(v);
+    };
+    add("location", location);
+    add("offset", std::to_string(aligned));
+    add("length", std::to_string(length));
+    offset = aligned + length;
+  }
+  for (auto& n : *gp.mutable_node())
+    for (auto& a : *n.mutable_attribute())
+      if (a.has_g()) KEEL_RETURN_IF_ERROR(externalize(*a.mutable_g(), location, threshold, out, offset, depth + 1), "");
+  return Status::ok();
+}
+
+}  // namespace
+
+Status save_onnx(const Graph& graph, const fs::path& file, const OnnxSaveOptions& options) {
+  const std::string where = "save_onnx '" + file.string() + "'";
+  onnx::ModelProto m;
+  KEEL_RETURN_IF_ERROR(graph_to_model_proto(graph, m), where);
+  const bool too_big = m.ByteSizeLong() > static_cast<size_t>(INT_MAX);
+  using ED = OnnxSaveOptions::ExternalData;
+  if (options.external_data == ED::kAlways || (too_big && options.external_data == ED::kAuto)) {
+    std::string location = options.external_file.empty() ? file.filename().string() + ".data" : options.external_file;
+    if (fs::path(location).has_parent_path() || location.empty()) {
+      return invalid_argument(where + ": the external data file '" + location + "' must be a plain file name");
+    }
+    std::ofstream data(file.parent_path().empty() ? fs::path(location) : file.parent_path() / location,
+                       std::ios::binary | std::ios::trunc);
+    if (!data) return not_found(where + ": cannot open the external data file '" + location + "' for writing");
+    uint64_t offset = 0;
+    KEEL_RETURN_IF_ERROR(externalize(*m.mutable_graph(), location, std::max<uint64_t>(options.external_threshold, 1),
+                                     data, offset, 0),
+                         where);
+    data.close();
+    if (!data) return internal_error(where + ": writing the external data file '" + location + "' failed");
+  }
+  if (m.ByteSizeLong() > static_cast<size_t>(INT_MAX)) {
+    return invalid_argument(where + ": the model is over protobuf's 2 GiB limit" +
+                            (options.external_data == ED::kNever ? std::string(" and external data is off")
+                                                                 : std::string(" even with its weights in external data")));
+  }
+  std::string bytes;
+  if (!m.SerializeToString(&bytes)) return internal_error(where + ": protobuf serialisation failed");
   std::ofstream out(file, std::ios::binary | std::ios::trunc);
   if (!out) return not_found("save_onnx: cannot open '" + file.string() + "' for writing");
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
