@@ -8,7 +8,58 @@
 namespace keel {
 
 std::string ValueInfo::to_string() const {
-  return std::string(dtype_name(dtype)) + (shape ? shape_to_string(*shape) : std::string("[?...]"));
+  std::string t = std::string(dtype_name(dtype)) + (shape ? shape_to_string(*shape) : std::string("[?...]"));
+  for (auto it = containers.rbegin(); it != containers.rend(); ++it)
+    t = (*it == ValueKind::kSequence ? "seq(" : "optional(") + t + ")";
+  return t;
+}
+
+namespace {
+
+void collect_outer_reads(const Graph& g, std::vector<std::string>& out, std::unordered_set<std::string>& seen) {
+  std::unordered_set<std::string> defined(g.inputs.begin(), g.inputs.end());
+  for (const auto& [k, v] : g.initializers) defined.insert(k);
+  for (NodeId id : g.node_ids())
+    for (const auto& o : g.node(id)->outputs) defined.insert(o);
+  auto note = [&](const std::string& v) {
+    if (!v.empty() && !defined.count(v) && seen.insert(v).second) out.push_back(v);
+  };
+  for (NodeId id : g.node_ids()) {
+    const Node* n = g.node(id);
+    for (const auto& in : n->inputs) note(in);
+    for (const auto& v : implicit_inputs(*n)) note(v);
+  }
+  for (const auto& o : g.outputs) note(o);
+}
+
+// Renames reads of `from` inside `g` (and deeper), unless `g` defines a value of that name itself.
+void rename_outer_reads(Graph& g, const std::string& from, const std::string& to) {
+  if (g.is_graph_input(from) || g.is_initializer(from) || g.producer(from)) return;
+  g.replace_uses(from, to);
+}
+
+}  // namespace
+
+std::vector<std::string> outer_scope_reads(const Graph& sub) {
+  std::vector<std::string> out;
+  std::unordered_set<std::string> seen;
+  collect_outer_reads(sub, out, seen);
+  return out;
+}
+
+bool has_subgraphs(const Node& node) {
+  for (const auto& [k, a] : node.attrs)
+    if (a.kind == AttrKind::kGraph && a.g) return true;
+  return false;
+}
+
+std::vector<std::string> implicit_inputs(const Node& node) {
+  std::vector<std::string> out;
+  if (!has_subgraphs(node)) return out;
+  std::unordered_set<std::string> seen;
+  for (const auto& [k, a] : node.attrs)
+    if (a.kind == AttrKind::kGraph && a.g) collect_outer_reads(*a.g, out, seen);
+  return out;
 }
 
 Graph::Graph(const Graph& o) { *this = o; }
@@ -68,11 +119,13 @@ StatusOr<std::vector<NodeId>> Graph::topological_order() const {
   std::unordered_map<NodeId, std::vector<NodeId>> users;
   for (const auto& [id, n] : nodes_) {
     std::set<NodeId> deps;
-    for (const auto& in : n.inputs) {
-      if (in.empty()) continue;
+    auto depend = [&](const std::string& in) {
+      if (in.empty()) return;
       auto it = producer_of.find(in);
       if (it != producer_of.end() && it->second != id) deps.insert(it->second);
-    }
+    };
+    for (const auto& in : n.inputs) depend(in);
+    for (const auto& in : implicit_inputs(n)) depend(in);
     pending[id] = static_cast<int>(deps.size());
     for (NodeId d : deps) users[d].push_back(id);
   }
@@ -109,15 +162,24 @@ std::optional<NodeId> Graph::producer(const std::string& value) const {
 std::vector<NodeId> Graph::consumers(const std::string& value) const {
   std::vector<NodeId> out;
   if (value.empty()) return out;
-  for (const auto& [id, n] : nodes_)
-    if (std::find(n.inputs.begin(), n.inputs.end(), value) != n.inputs.end()) out.push_back(id);
+  for (const auto& [id, n] : nodes_) {
+    if (std::find(n.inputs.begin(), n.inputs.end(), value) != n.inputs.end()) {
+      out.push_back(id);
+    } else if (has_subgraphs(n)) {
+      auto implicit = implicit_inputs(n);
+      if (std::find(implicit.begin(), implicit.end(), value) != implicit.end()) out.push_back(id);
+    }
+  }
   return out;
 }
 
 void Graph::replace_uses(const std::string& from, const std::string& to) {
-  for (auto& [id, n] : nodes_)
+  for (auto& [id, n] : nodes_) {
     for (auto& in : n.inputs)
       if (in == from) in = to;
+    for (auto& [k, a] : n.attrs)
+      if (a.kind == AttrKind::kGraph && a.g) rename_outer_reads(*a.g, from, to);
+  }
   for (auto& o : outputs)
     if (o == from) o = to;
 }
@@ -166,12 +228,18 @@ Status Graph::validate() const {
       produced_by[o] = n.name;
     }
   }
-  for (const auto& [id, n] : nodes_)
+  for (const auto& [id, n] : nodes_) {
     for (const auto& in : n.inputs)
       if (!in.empty() && !defined.count(in)) {
         return invalid_argument("node '" + n.name + "' (" + n.op_type + ") reads '" + in +
                                 "', which no node, input or initializer defines");
       }
+    for (const auto& in : implicit_inputs(n))
+      if (!defined.count(in)) {
+        return invalid_argument("a subgraph of node '" + n.name + "' (" + n.op_type + ") reads '" + in +
+                                "', which no node, input or initializer of the enclosing graph defines");
+      }
+  }
   for (const auto& o : outputs)
     if (!defined.count(o)) return invalid_argument("graph output '" + o + "' is never defined");
   auto order = topological_order();

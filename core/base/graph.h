@@ -25,6 +25,26 @@ class Graph;
 
 enum class AttrKind : int32_t {
   kUndefined = 0, kFloat = 1, kInt = 2, kString = 3, kTensor = 4, kGraph = 5, kFloats = 6, kInts = 7, kStrings = 8,
+  kType = 13,  // an ONNX TypeProto (the `type` of Optional)
+};
+
+// What kind of value a name holds: a tensor, or a container of tensors (ONNX sequence and optional types).
+enum class ValueKind : int32_t { kTensor = 0, kSequence = 1, kOptional = 2 };
+
+// Type information of a value. `shape` is nullopt when the rank is unknown; dims of -1 are unknown.
+// Containers: `containers` lists them outermost first ({kOptional, kSequence} = optional(sequence(tensor))), and
+// dtype/shape describe the innermost tensor; empty = a tensor.
+struct ValueInfo {
+  ValueInfo() = default;
+  ValueInfo(DType d, std::optional<Shape> s = std::nullopt, std::vector<ValueKind> c = {})
+      : dtype(d), shape(std::move(s)), containers(std::move(c)) {}
+  DType dtype = DType::kUndefined;
+  std::optional<Shape> shape;
+  std::vector<ValueKind> containers;
+  bool is_tensor() const { return containers.empty(); }
+  // The tensor type, or kUndefined for containers (what kernels and passes may rely on).
+  DType tensor_dtype() const { return is_tensor() ? dtype : DType::kUndefined; }
+  std::string to_string() const;
 };
 
 struct Attribute {
@@ -37,6 +57,7 @@ struct Attribute {
   std::vector<float> floats;
   std::vector<int64_t> ints;
   std::vector<std::string> strings;
+  ValueInfo type;  // kType
 
   static Attribute of_int(int64_t v) { Attribute a; a.kind = AttrKind::kInt; a.i = v; return a; }
   static Attribute of_float(float v) { Attribute a; a.kind = AttrKind::kFloat; a.f = v; return a; }
@@ -72,13 +93,6 @@ struct Node {
   }
 };
 
-// Type information of a value. `shape` is nullopt when the rank is unknown; dims of -1 are unknown.
-struct ValueInfo {
-  DType dtype = DType::kUndefined;
-  std::optional<Shape> shape;
-  std::string to_string() const;
-};
-
 class Graph {
  public:
   Graph() = default;
@@ -100,9 +114,10 @@ class Graph {
   std::vector<NodeId> node_ids() const;
   // The node producing `value`, or nullopt (graph input, initializer, or unknown).
   std::optional<NodeId> producer(const std::string& value) const;
-  // Nodes reading `value` (each once, insertion order).
+  // Nodes reading `value` (each once, insertion order), including nodes whose subgraphs read it.
   std::vector<NodeId> consumers(const std::string& value) const;
-  // Rewires every reader of `from`, and the graph outputs, to `to`.
+  // Rewires every reader of `from` (also inside subgraphs that read it from this graph), and the graph outputs, to
+  // `to`.
   void replace_uses(const std::string& from, const std::string& to);
 
   // --- values ---
@@ -119,7 +134,8 @@ class Graph {
   std::string unique_name(const std::string& prefix);
 
   // Checks structure: every read value is defined once (input, initializer or one producer), outputs are defined,
-  // no cycle. The message names the first offending node and value.
+  // no cycle; values that subgraphs read from this graph count as reads of their node. The message names the first
+  // offending node and value.
   Status validate() const;
 
  private:
@@ -127,6 +143,17 @@ class Graph {
   NodeId next_id_ = 1;
   uint64_t name_counter_ = 0;
 };
+
+// Subgraphs (graph-valued attributes: If's branches, Loop's and Scan's bodies, SequenceMap's body) may read values
+// of the graphs that enclose them, by name. These are a node's implicit inputs: every scheduling and liveness
+// question (topological order, consumers, validate, dead code) treats them like its inputs.
+//
+// The values `sub` reads but does not define (nor do the subgraphs nested in it): what it needs from outside, in
+// first-read order, each once.
+std::vector<std::string> outer_scope_reads(const Graph& sub);
+// The values `node`'s subgraph attributes read from the enclosing graph (empty for nodes without subgraphs).
+std::vector<std::string> implicit_inputs(const Node& node);
+bool has_subgraphs(const Node& node);
 
 // Builds graphs in code: the tests' and the main job's way to make models without ONNX files.
 class GraphBuilder {

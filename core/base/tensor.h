@@ -54,6 +54,8 @@ class Storage {
   void* data() const { return data_; }
   uint64_t bytes() const { return bytes_; }
   const Location& location() const { return location_; }
+  // False for borrowed memory (Storage::borrow, or a deleter-less storage): someone else decides its lifetime.
+  bool owns_memory() const { return static_cast<bool>(deleter_); }
 
  private:
   void* data_;

@@ -137,10 +137,20 @@ int g_node_exists(const G* g, keel_node_id_t id) { return N(g, id) != nullptr; }
 const char* g_op_type(const G* g, keel_node_id_t id) { auto* n = N(g, id); return n ? n->op_type.c_str() : ""; }
 const char* g_domain(const G* g, keel_node_id_t id) { auto* n = N(g, id); return n ? n->domain.c_str() : ""; }
 const char* g_name(const G* g, keel_node_id_t id) { auto* n = N(g, id); return n ? n->name.c_str() : ""; }
-size_t g_in_count(const G* g, keel_node_id_t id) { auto* n = N(g, id); return n ? n->inputs.size() : 0; }
+// A node with subgraphs lists, after its own inputs, the values its subgraphs read from this graph (read-only), so
+// that passes see every read (dead code, consumers) without knowing about subgraphs.
+size_t g_in_count(const G* g, keel_node_id_t id) {
+  auto* n = N(g, id);
+  if (!n) return 0;
+  return n->inputs.size() + (has_subgraphs(*n) ? const_cast<G*>(g)->implicit(*n).size() : 0);
+}
 const char* g_in(const G* g, keel_node_id_t id, size_t i) {
   auto* n = N(g, id);
-  return n && i < n->inputs.size() ? n->inputs[i].c_str() : "";
+  if (!n) return "";
+  if (i < n->inputs.size()) return n->inputs[i].c_str();
+  if (!has_subgraphs(*n)) return "";
+  const auto& implicit = const_cast<G*>(g)->implicit(*n);
+  return i - n->inputs.size() < implicit.size() ? implicit[i - n->inputs.size()].c_str() : "";
 }
 size_t g_out_count(const G* g, keel_node_id_t id) { auto* n = N(g, id); return n ? n->outputs.size() : 0; }
 const char* g_out(const G* g, keel_node_id_t id, size_t i) {
@@ -200,8 +210,9 @@ int g_value_info(const G* g, const char* value, int32_t* dtype, int32_t* ndim, i
   }
   bool exists = vi != nullptr || gr.producer(value).has_value() || gr.is_graph_input(value);
   if (!exists) return 0;
-  *dtype = vi ? static_cast<int32_t>(vi->dtype) : KEEL_DTYPE_UNDEFINED;
-  if (vi && vi->shape) {
+  // Sequences and optionals: no tensor type (passes leave them alone).
+  *dtype = vi ? static_cast<int32_t>(vi->tensor_dtype()) : KEEL_DTYPE_UNDEFINED;
+  if (vi && vi->shape && vi->is_tensor()) {
     *ndim = static_cast<int32_t>(vi->shape->size());
     for (size_t i = 0; i < vi->shape->size() && i < cap; ++i) dims[i] = (*vi->shape)[i];
   } else {
@@ -283,6 +294,11 @@ keel_status_t g_remove_node(G* g, keel_node_id_t id) {
 keel_status_t g_set_input(G* g, keel_node_id_t id, size_t i, const char* value) {
   Node* n = M(g, id);
   if (!n) return missing_node(id);
+  if (has_subgraphs(*n) && i >= n->inputs.size()) {
+    return make_c_status(KEEL_STATUS_INVALID_ARGUMENT,
+                         ("set_node_input: node '" + n->name + "' has subgraphs; its inputs past " +
+                          std::to_string(n->inputs.size()) + " are what they read (use replace_uses)").c_str());
+  }
   if (i >= n->inputs.size()) n->inputs.resize(i + 1);
   n->inputs[i] = value ? value : "";
   g->touched();

@@ -54,5 +54,15 @@ struct keel_graph_s {
   // Initializer views handed out, each with the tensor it shows (kept alive with it): views stay valid for the
   // life of this graph view, even after edits replace the initializer (passes often read, then edit).
   std::deque<std::pair<keel::Tensor, keel_tensor_t>> initializer_views;
-  void touched() { order_cache.clear(); }
+  // Per node with subgraphs: what they read from this graph (listed as inputs after the node's own); cleared on edit.
+  std::map<keel::NodeId, std::vector<std::string>> implicit_cache;
+  const std::vector<std::string>& implicit(const keel::Node& n) {
+    auto it = implicit_cache.find(n.id);
+    if (it == implicit_cache.end()) it = implicit_cache.emplace(n.id, keel::implicit_inputs(n)).first;
+    return it->second;
+  }
+  void touched() {
+    order_cache.clear();
+    implicit_cache.clear();
+  }
 };

@@ -2,6 +2,7 @@
 #include "core/runtime/onnx_io.h"
 
 #include <onnx/checker.h>
+#include <onnx/onnx-data.pb.h>
 #include <onnx/onnx_pb.h>
 #include <onnx/shape_inference/implementation.h>
 #include <onnx/version_converter/convert.h>
@@ -229,8 +230,20 @@ Status tensor_to_proto(const Tensor& t, const std::string& name, onnx::TensorPro
 
 namespace {
 
-ValueInfo value_info_from_type(const onnx::TypeProto& type) {
+ValueInfo value_info_from_type(const onnx::TypeProto& type, int depth = 0) {
   ValueInfo vi;
+  if (depth > 16) return vi;
+  if (type.value_case() == onnx::TypeProto::kSequenceType || type.value_case() == onnx::TypeProto::kOptionalType) {
+    const bool seq = type.value_case() == onnx::TypeProto::kSequenceType;
+    const onnx::TypeProto& elem = seq ? type.sequence_type().elem_type() : type.optional_type().elem_type();
+    if ((seq && !type.sequence_type().has_elem_type()) || (!seq && !type.optional_type().has_elem_type())) return vi;
+    vi = value_info_from_type(elem, depth + 1);
+    if (vi.dtype == DType::kUndefined && vi.containers.empty() && elem.value_case() != onnx::TypeProto::kTensorType) {
+      return ValueInfo{};  // maps and the like: not representable
+    }
+    vi.containers.insert(vi.containers.begin(), seq ? ValueKind::kSequence : ValueKind::kOptional);
+    return vi;
+  }
   if (type.value_case() != onnx::TypeProto::kTensorType) return vi;
   const auto& tt = type.tensor_type();
   if (dtype_is_valid(tt.elem_type())) vi.dtype = static_cast<DType>(tt.elem_type());
@@ -246,6 +259,10 @@ ValueInfo value_info_from_type(const onnx::TypeProto& type) {
 
 // Merges what `b` knows into `a` (b wins where it is more specific).
 void merge_value_info(ValueInfo& a, const ValueInfo& b) {
+  if (b.dtype != DType::kUndefined || !b.containers.empty()) {
+    if (a.containers != b.containers) a.shape.reset();
+    a.containers = b.containers;
+  }
   if (b.dtype != DType::kUndefined) a.dtype = b.dtype;
   if (b.shape) {
     if (!a.shape || a.shape->size() != b.shape->size()) {
@@ -320,6 +337,14 @@ StatusOr<Attribute> import_attribute(const onnx::AttributeProto& ap, ImportConte
     case onnx::AttributeProto::SPARSE_TENSOR: {
       a.kind = AttrKind::kTensor;
       KEEL_ASSIGN_OR_RETURN(a.t, tensor_from_sparse(ap.sparse_tensor(), ctx), "attribute '" + ap.name() + "'");
+      break;
+    }
+    case onnx::AttributeProto::TYPE_PROTO: {
+      a.kind = AttrKind::kType;
+      a.type = value_info_from_type(ap.tp());
+      if (a.type.dtype == DType::kUndefined) {
+        return unimplemented("attribute '" + ap.name() + "' names a type Keel does not represent (tensors, sequences and optionals of them only)");
+      }
       break;
     }
     case onnx::AttributeProto::GRAPH: {
@@ -740,9 +765,14 @@ struct ExportOptions {
   bool value_info_only_for_custom_domains = false;
 };
 
-void set_type(onnx::ValueInfoProto& vp, const ValueInfo& vi) {
-  if (vi.dtype == DType::kUndefined) return;
-  auto* tt = vp.mutable_type()->mutable_tensor_type();
+void set_type_proto(onnx::TypeProto& tp, const ValueInfo& vi, size_t level = 0) {
+  if (level < vi.containers.size()) {
+    onnx::TypeProto* elem = vi.containers[level] == ValueKind::kSequence ? tp.mutable_sequence_type()->mutable_elem_type()
+                                                                         : tp.mutable_optional_type()->mutable_elem_type();
+    set_type_proto(*elem, vi, level + 1);
+    return;
+  }
+  auto* tt = tp.mutable_tensor_type();
   tt->set_elem_type(static_cast<int32_t>(vi.dtype));
   if (vi.shape) {
     auto* sh = tt->mutable_shape();
@@ -751,6 +781,11 @@ void set_type(onnx::ValueInfoProto& vp, const ValueInfo& vi) {
       if (d >= 0) dim->set_dim_value(d);
     }
   }
+}
+
+void set_type(onnx::ValueInfoProto& vp, const ValueInfo& vi) {
+  if (vi.dtype == DType::kUndefined) return;
+  set_type_proto(*vp.mutable_type(), vi);
 }
 
 Status export_graph(const Graph& g, onnx::GraphProto& gp, const ExportOptions& eo, bool main);
@@ -781,6 +816,11 @@ Status export_attribute(const std::string& name, const Attribute& a, onnx::Attri
       if (!a.g) return invalid_argument("graph attribute '" + name + "' is empty");
       ap.set_type(onnx::AttributeProto::GRAPH);
       KEEL_RETURN_IF_ERROR(export_graph(*a.g, *ap.mutable_g(), eo, false), "attribute '" + name + "'");
+      break;
+    case AttrKind::kType:
+      if (a.type.dtype == DType::kUndefined) return invalid_argument("type attribute '" + name + "' has no element type");
+      ap.set_type(onnx::AttributeProto::TYPE_PROTO);
+      set_type_proto(*ap.mutable_tp(), a.type);
       break;
     default: return invalid_argument("attribute '" + name + "' has no kind");
   }
@@ -955,8 +995,68 @@ StatusOr<std::string> serialize_onnx(const Graph& graph) {
   return out;
 }
 
-Status save_onnx(const Graph& graph, const fs::path& file) {
-  KEEL_ASSIGN_OR_RETURN(std::string bytes, serialize_onnx(graph), "save_onnx '" + file.string() + "'");
+namespace {
+
+// Moves raw_data of initializers >= threshold (in `gp` and its subgraphs) to `out` at 64-byte aligned offsets.
+Status externalize(onnx::GraphProto& gp, const std::string& location, uint64_t threshold, std::ofstream& out,
+                   uint64_t& offset, int depth) {
+  if (depth > 64) return invalid_argument("subgraphs nested too deeply");
+  for (auto& t : *gp.mutable_initializer()) {
+    if (!t.has_raw_data() || t.raw_data().size() < threshold) continue;
+    const uint64_t aligned = (offset + 63) / 64 * 64;
+    static const char kZeros[64] = {};
+    out.write(kZeros, static_cast<std::streamsize>(aligned - offset));
+    out.write(t.raw_data().data(), static_cast<std::streamsize>(t.raw_data().size()));
+    if (!out) return internal_error("writing external data '" + location + "' failed");
+    const uint64_t length = t.raw_data().size();
+    t.clear_raw_data();
+    t.set_data_location(onnx::TensorProto::EXTERNAL);
+    auto add = [&](const char* k, const std::string& v) {
+      auto* e = t.add_external_data();
+      e->set_key(k);
+      e->set_value(v);
+    };
+    add("location", location);
+    add("offset", std::to_string(aligned));
+    add("length", std::to_string(length));
+    offset = aligned + length;
+  }
+  for (auto& n : *gp.mutable_node())
+    for (auto& a : *n.mutable_attribute())
+      if (a.has_g()) KEEL_RETURN_IF_ERROR(externalize(*a.mutable_g(), location, threshold, out, offset, depth + 1), "");
+  return Status::ok();
+}
+
+}  // namespace
+
+Status save_onnx(const Graph& graph, const fs::path& file, const OnnxSaveOptions& options) {
+  const std::string where = "save_onnx '" + file.string() + "'";
+  onnx::ModelProto m;
+  KEEL_RETURN_IF_ERROR(graph_to_model_proto(graph, m), where);
+  const bool too_big = m.ByteSizeLong() > static_cast<size_t>(INT_MAX);
+  using ED = OnnxSaveOptions::ExternalData;
+  if (options.external_data == ED::kAlways || (too_big && options.external_data == ED::kAuto)) {
+    std::string location = options.external_file.empty() ? file.filename().string() + ".data" : options.external_file;
+    if (fs::path(location).has_parent_path() || location.empty()) {
+      return invalid_argument(where + ": the external data file '" + location + "' must be a plain file name");
+    }
+    std::ofstream data(file.parent_path().empty() ? fs::path(location) : file.parent_path() / location,
+                       std::ios::binary | std::ios::trunc);
+    if (!data) return not_found(where + ": cannot open the external data file '" + location + "' for writing");
+    uint64_t offset = 0;
+    KEEL_RETURN_IF_ERROR(externalize(*m.mutable_graph(), location, std::max<uint64_t>(options.external_threshold, 1),
+                                     data, offset, 0),
+                         where);
+    data.close();
+    if (!data) return internal_error(where + ": writing the external data file '" + location + "' failed");
+  }
+  if (m.ByteSizeLong() > static_cast<size_t>(INT_MAX)) {
+    return invalid_argument(where + ": the model is over protobuf's 2 GiB limit" +
+                            (options.external_data == ED::kNever ? std::string(" and external data is off")
+                                                                 : std::string(" even with its weights in external data")));
+  }
+  std::string bytes;
+  if (!m.SerializeToString(&bytes)) return internal_error(where + ": protobuf serialisation failed");
   std::ofstream out(file, std::ios::binary | std::ios::trunc);
   if (!out) return not_found("save_onnx: cannot open '" + file.string() + "' for writing");
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
@@ -1108,6 +1208,117 @@ StatusOr<Tensor> read_tensor_file(const fs::path& file, std::string* name) {
                            : read_tensor_pb(bytes.data(), bytes.size(), name);
   if (!t.is_ok()) return t.status().with_context(file.string());
   return t;
+}
+
+namespace {
+
+constexpr uint64_t kMaxTensorFileBytes = uint64_t{1} << 36;
+
+StatusOr<RunValue> sequence_from_proto(const onnx::SequenceProto& p) {
+  if (p.elem_type() != onnx::SequenceProto::TENSOR && p.elem_type() != onnx::SequenceProto::UNDEFINED) {
+    return unimplemented("sequence '" + p.name() + "': only sequences of tensors are supported");
+  }
+  std::vector<Tensor> items;
+  DType dtype = DType::kUndefined;
+  for (const auto& tp : p.tensor_values()) {
+    KEEL_ASSIGN_OR_RETURN(Tensor t, tensor_from_proto(tp, {}, kMaxTensorFileBytes), "sequence '" + p.name() + "'");
+    dtype = t.dtype();
+    items.push_back(std::move(t));
+  }
+  return RunValue::of_sequence(std::move(items), dtype);
+}
+
+Status sequence_to_proto(const RunValue& v, const std::string& name, onnx::SequenceProto& p) {
+  p.set_name(name);
+  p.set_elem_type(onnx::SequenceProto::TENSOR);
+  for (const auto& t : v.sequence) KEEL_RETURN_IF_ERROR(tensor_to_proto(t, "", *p.add_tensor_values()), "sequence '" + name + "'");
+  return Status::ok();
+}
+
+template <typename Proto>
+Status parse_proto(Proto& p, const void* data, size_t size, const char* what) {
+  if (size > static_cast<size_t>(INT_MAX)) return invalid_argument(std::string(what) + " file over 2 GiB");
+  try {
+    if (!p.ParseFromArray(data, static_cast<int>(size))) return invalid_argument(std::string("not a valid ONNX ") + what);
+  } catch (const std::exception& e) {
+    return invalid_argument(std::string("not a valid ONNX ") + what + ": " + e.what());
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+StatusOr<RunValue> read_value_pb(const void* data, size_t size, const ValueInfo* declared, std::string* name) {
+  if (!declared || declared->is_tensor()) {
+    KEEL_ASSIGN_OR_RETURN(Tensor t, read_tensor_pb(data, size, name), "");
+    return RunValue(std::move(t));
+  }
+  if (declared->containers[0] == ValueKind::kSequence) {
+    onnx::SequenceProto p;
+    KEEL_RETURN_IF_ERROR(parse_proto(p, data, size, "SequenceProto"), "");
+    if (name) *name = p.name();
+    return sequence_from_proto(p);
+  }
+  onnx::OptionalProto p;
+  KEEL_RETURN_IF_ERROR(parse_proto(p, data, size, "OptionalProto"), "");
+  if (name) *name = p.name();
+  switch (p.elem_type()) {
+    case onnx::OptionalProto::UNDEFINED: return RunValue::none();
+    case onnx::OptionalProto::TENSOR: {
+      if (!p.has_tensor_value()) return RunValue::none();
+      KEEL_ASSIGN_OR_RETURN(Tensor t, tensor_from_proto(p.tensor_value(), {}, kMaxTensorFileBytes), "optional '" + p.name() + "'");
+      return RunValue(std::move(t));
+    }
+    case onnx::OptionalProto::SEQUENCE:
+      if (!p.has_sequence_value()) return RunValue::none();
+      return sequence_from_proto(p.sequence_value());
+    default: return unimplemented("optional '" + p.name() + "': only optional tensors and sequences are supported");
+  }
+}
+
+StatusOr<RunValue> read_value_file(const fs::path& file, const ValueInfo* declared, std::string* name) {
+  if (name) name->clear();
+  if (!declared || declared->is_tensor()) {
+    KEEL_ASSIGN_OR_RETURN(Tensor t, read_tensor_file(file, name), "");
+    return RunValue(std::move(t));
+  }
+  KEEL_ASSIGN_OR_RETURN(std::string bytes, read_file_bytes(file, kMaxTensorFileBytes, "value file"), "read_value_file");
+  auto v = read_value_pb(bytes.data(), bytes.size(), declared, name);
+  if (!v.is_ok()) return v.status().with_context(file.string());
+  return v;
+}
+
+Status write_value_pb(const RunValue& value, const ValueInfo* declared, const fs::path& file, const std::string& name) {
+  std::string bytes;
+  const bool optional = declared && !declared->containers.empty() && declared->containers[0] == ValueKind::kOptional;
+  if (optional) {
+    onnx::OptionalProto p;
+    p.set_name(name);
+    if (value.is_tensor()) {
+      p.set_elem_type(onnx::OptionalProto::TENSOR);
+      KEEL_RETURN_IF_ERROR(tensor_to_proto(value.tensor, "", *p.mutable_tensor_value()), "write_value_pb");
+    } else if (value.is_sequence()) {
+      p.set_elem_type(onnx::OptionalProto::SEQUENCE);
+      KEEL_RETURN_IF_ERROR(sequence_to_proto(value, "", *p.mutable_sequence_value()), "write_value_pb");
+    } else {
+      const bool seq = declared->containers.size() > 1 && declared->containers[1] == ValueKind::kSequence;
+      p.set_elem_type(seq ? onnx::OptionalProto::SEQUENCE : onnx::OptionalProto::TENSOR);
+    }
+    if (!p.SerializeToString(&bytes)) return internal_error("write_value_pb: serialisation failed (over 2 GiB?)");
+  } else if (value.is_sequence()) {
+    onnx::SequenceProto p;
+    KEEL_RETURN_IF_ERROR(sequence_to_proto(value, name, p), "write_value_pb");
+    if (!p.SerializeToString(&bytes)) return internal_error("write_value_pb: serialisation failed (over 2 GiB?)");
+  } else if (value.is_tensor()) {
+    return write_tensor_pb(value.tensor, file, name);
+  } else {
+    return invalid_argument("write_value_pb: '" + name + "' holds " + value.describe() + " but is not optional");
+  }
+  std::ofstream out(file, std::ios::binary | std::ios::trunc);
+  if (!out) return not_found("write_value_pb: cannot open '" + file.string() + "' for writing");
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!out) return internal_error("write_value_pb: writing '" + file.string() + "' failed");
+  return Status::ok();
 }
 
 Status write_tensor_pb(const Tensor& tensor, const fs::path& file, const std::string& name) {

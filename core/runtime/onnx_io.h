@@ -6,7 +6,8 @@
 // IR. Opsets above kMaxOnnxOpset are refused (the reference kernels and ONNX 1.12 know nothing newer).
 //
 // Export: writes any Graph back as a ModelProto (ir_version 8, initializers as raw_data, a "keel" domain import
-// when a node uses it).
+// when a node uses it, subgraphs and sequence/optional types included); save_onnx moves weights to an external data
+// file when the model would pass protobuf's 2 GiB limit.
 //
 // Every function here is reentrant: no global state besides ONNX's own (immutable) schema registry. Malformed input
 // of any kind gives an error status, never a crash (the loader has a fuzz target, tests/fuzz/).
@@ -22,6 +23,7 @@
 #include "core/base/graph.h"
 #include "core/base/status.h"
 #include "core/base/tensor.h"
+#include "core/base/value.h"
 
 namespace onnx {
 class TensorProto;
@@ -84,8 +86,22 @@ StatusOr<Graph> graph_from_model_proto(onnx::ModelProto& model, const std::files
 // uses that domain), initializers as raw_data, value_info for every value with a known dtype.
 StatusOr<std::string> serialize_onnx(const Graph& graph);
 Status graph_to_model_proto(const Graph& graph, onnx::ModelProto& out);
-// serialize_onnx + write. Over 2 GiB of serialised model: UNIMPLEMENTED (external-data export is not written yet).
-Status save_onnx(const Graph& graph, const std::filesystem::path& file);
+struct OnnxSaveOptions {
+  enum class ExternalData {
+    kAuto,    // only when the model would be over protobuf's 2 GiB limit
+    kAlways,  // every initializer of at least `external_threshold` bytes
+    kNever,   // over 2 GiB is an error
+  };
+  ExternalData external_data = ExternalData::kAuto;
+  // Initializers of at least this many bytes go to the external data file (when external data is written).
+  uint64_t external_threshold = 1024;
+  // The external data file's name, in the model's directory; empty: the model's file name + ".data".
+  std::string external_file;
+};
+// Exports and writes `graph`. Weights that would take the model past protobuf's 2 GiB limit (or, per `options`,
+// any large initializer) are written to one external data file beside the model (64-byte aligned, ONNX's
+// location/offset/length keys), which load_onnx reads back.
+Status save_onnx(const Graph& graph, const std::filesystem::path& file, const OnnxSaveOptions& options = {});
 
 // Runs ONNX shape inference on `graph` (exported, inferred, copied back): every value the inference types gets its
 // dtype and shape in graph.value_info; values it cannot type keep what they had. Nodes ONNX does not know (the
@@ -99,6 +115,15 @@ StatusOr<Tensor> read_npy(const void* data, size_t size);
 StatusOr<Tensor> read_tensor_pb(const void* data, size_t size, std::string* name = nullptr);
 // Writes `tensor` (on the host) as a TensorProto with `name`.
 Status write_tensor_pb(const Tensor& tensor, const std::filesystem::path& file, const std::string& name = "");
+
+// Values of any kind (the ONNX test data's input_K.pb / output_K.pb): a TensorProto, a SequenceProto (of tensors)
+// or an OptionalProto (of a tensor or a sequence), as `declared` says (nullptr or a tensor type: a TensorProto).
+// `name`, when given, receives the proto's name. .npy files hold tensors only.
+StatusOr<RunValue> read_value_file(const std::filesystem::path& file, const ValueInfo* declared, std::string* name = nullptr);
+StatusOr<RunValue> read_value_pb(const void* data, size_t size, const ValueInfo* declared, std::string* name = nullptr);
+// Writes `value` (host tensors) as the proto `declared` calls for (a TensorProto for tensors when it is nullptr).
+Status write_value_pb(const RunValue& value, const ValueInfo* declared, const std::filesystem::path& file,
+                      const std::string& name = "");
 
 // TensorProto <-> Tensor. `base_dir` resolves external data (empty: refused). Raw data, and every typed field
 // (float_data, int32_data — also for f16/bf16/bool/i8/u8/i16/u16 —, int64_data, double_data, uint64_data), are read.

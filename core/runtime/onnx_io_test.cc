@@ -310,6 +310,44 @@ TEST(OnnxIo, SaveAndLoadFile) {
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
 }
 
+// Models over 2 GiB keep their weights in an external data file; a zero threshold-free option forces it here.
+TEST(OnnxIo, SaveWritesLargeWeightsAsExternalData) {
+  TempDir dir;
+  GraphBuilder b("ext", 17);
+  auto x = b.input("x", DType::kF32, {1024});
+  std::vector<float> big(1024), small = {1, 2, 3, 4};
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i) * 0.5f;
+  auto w = b.constant("w_big", Tensor::f32({1024}, big));
+  auto s = b.constant("w_small", Tensor::f32({4}, small));
+  auto y = b.op1("Add", {x, w});
+  b.output(y);
+  b.output(b.op1("Neg", {s}));
+  Graph g = b.take();
+  OnnxSaveOptions so;
+  so.external_data = OnnxSaveOptions::ExternalData::kAlways;
+  so.external_threshold = 1024;
+  ASSERT_TRUE(save_onnx(g, dir.path() / "m.onnx", so).is_ok());
+  ASSERT_TRUE(fs::exists(dir.path() / "m.onnx.data"));
+  EXPECT_EQ(fs::file_size(dir.path() / "m.onnx.data"), 4096u) << "only the 4 KiB weight goes out";
+  EXPECT_LT(fs::file_size(dir.path() / "m.onnx"), 4096u);
+  OnnxModelMeta meta;
+  OnnxLoadOptions lo = quiet();
+  lo.meta = &meta;
+  auto back = load_onnx(dir.path() / "m.onnx", lo);
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_EQ(meta.external_bytes, 4096u);
+  const Tensor& wb = back->initializers.at("w_big");
+  ASSERT_EQ(wb.numel(), 1024);
+  EXPECT_EQ(std::memcmp(wb.raw_data(), big.data(), 4096), 0);
+  EXPECT_EQ(std::memcmp(back->initializers.at("w_small").raw_data(), small.data(), 16), 0);
+  // Default (auto): a small model stays in one file.
+  ASSERT_TRUE(save_onnx(g, dir.path() / "one.onnx").is_ok());
+  EXPECT_FALSE(fs::exists(dir.path() / "one.onnx.data"));
+  // The data file must sit beside the model.
+  so.external_file = "../escape.data";
+  EXPECT_EQ(save_onnx(g, dir.path() / "bad.onnx", so).code(), StatusCode::kInvalidArgument);
+}
+
 TEST(OnnxIo, KeelDomainIsExportedAndInferShapesToleratesIt) {
   GraphBuilder b("fused", 17);
   auto x = b.input("x", DType::kF32, {2, 3});

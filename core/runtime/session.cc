@@ -14,6 +14,7 @@
 
 #include "core/base/pass_manager.h"
 #include "core/base/thread_pool.h"
+#include "core/runtime/control_flow.h"
 #include "core/runtime/host_api.h"
 #include "core/runtime/kernel_context.h"
 #include "core/runtime/onnx_io.h"
@@ -91,7 +92,7 @@ bool constraints_match(const KernelEntry& k, const Node& node, int32_t opset, co
 }
 
 struct Step {
-  enum class Kind { kKernel, kSubgraph, kCopy } kind = Kind::kKernel;
+  enum class Kind { kKernel, kSubgraph, kCopy, kNative } kind = Kind::kKernel;
   std::string name, op_type, kernel_name;
   const Node* node = nullptr;  // kKernel: the node (owned by Impl::graph); kSubgraph: nullptr
   int32_t opset = 0;
@@ -110,6 +111,7 @@ struct Step {
   // Lower-ranked kernels of the same device for this node, tried in order when the chosen one rejects a case at
   // run time (UNIMPLEMENTED from compute, e.g. a broadcast it cannot do): rejection is not an error.
   std::vector<const KernelEntry*> alternatives;
+  std::shared_ptr<NativeOp> native;  // kNative: an op the executor runs itself (control_flow.h), on the host
   std::string memory_type = "cpu";      // where its outputs live: "cpu" for host-memory devices
   CachingAllocator* allocator = nullptr;  // that memory's pool (resolved once at build)
   double total_ms = 0;
@@ -178,7 +180,7 @@ struct Session::Impl {
     if (it != value_index.end()) return it->second;
     Value v;
     v.name = name;
-    if (auto* vi = graph.info(name)) v.dtype = vi->dtype;
+    if (auto* vi = graph.info(name)) v.dtype = vi->tensor_dtype();
     values.push_back(std::move(v));
     value_index[name] = static_cast<int>(values.size()) - 1;
     return static_cast<int>(values.size()) - 1;
@@ -189,7 +191,7 @@ struct Session::Impl {
   Status make_copy_steps();
   // Replaces a step's kernel by its next alternative that accepts the node (after `why` rejected it).
   Status switch_to_alternative(Step& s, const Status& why);
-  Status run_locked(const std::vector<std::pair<std::string, Tensor>>& inputs, std::vector<Tensor>& outputs);
+  Status run_locked(const std::vector<std::pair<std::string, RunValue>>& inputs, std::vector<RunValue>& outputs);
   void make_plan(const std::string& signature);
 };
 
@@ -477,8 +479,20 @@ Status Session::Impl::build(std::vector<std::string> device_order) {
     step.node = node;
     step.name = node->name;
     step.op_type = node->op_type;
-    KEEL_RETURN_IF_ERROR(place_node(*node, device_order, step), "placement");
+    if (is_native_op(*node, graph)) {
+      // Control flow, sequences, optionals: the executor runs them; nested graphs get the same device order.
+      SessionOptions nested = options;
+      nested.devices = device_order;
+      nested.passes.clear();
+      KEEL_ASSIGN_OR_RETURN(step.native, make_native_op(*node, graph, *env, nested), "node '" + node->name + "'");
+      step.kind = Step::Kind::kNative;
+      step.kernel_name = "executor";
+    } else {
+      KEEL_RETURN_IF_ERROR(place_node(*node, device_order, step), "placement");
+    }
     for (const auto& in : node->inputs) step.inputs.push_back(in.empty() ? -1 : add_value(in));
+    if (step.native)  // what its subgraphs read from this graph: inputs too (liveness, copies to the host)
+      for (const auto& in : implicit_inputs(*node)) step.inputs.push_back(add_value(in));
     for (const auto& o : node->outputs) {
       int v = o.empty() ? -1 : add_value(o);
       step.outputs.push_back(v);
@@ -636,17 +650,24 @@ void Session::Impl::make_plan(const std::string& signature) {
   }
 }
 
-Status Session::Impl::run_locked(const std::vector<std::pair<std::string, Tensor>>& inputs,
-                                 std::vector<Tensor>& outputs) {
-  std::vector<Tensor> live(values.size());
+Status Session::Impl::run_locked(const std::vector<std::pair<std::string, RunValue>>& inputs,
+                                 std::vector<RunValue>& outputs) {
+  std::vector<RunValue> live(values.size());
   std::string signature;
-  for (auto& [name, t] : inputs) {
+  for (auto& [name, value] : inputs) {
     auto it = value_index.find(name);
     if (it == value_index.end() || !values[it->second].is_input) {
       std::string known;
       for (auto& n : input_names) known += (known.empty() ? "" : ", ") + n;
       return invalid_argument("unknown input '" + name + "' (inputs: " + known + ")");
     }
+    if (const ValueInfo* vi = graph.info(name); !value.is_tensor() || (vi && !vi->is_tensor())) {
+      KEEL_RETURN_IF_ERROR(check_input_kind(name, value, vi), "");
+      live[it->second] = value;
+      signature += name + value.describe() + ";";
+      continue;
+    }
+    const Tensor& t = value.tensor;
     const Value& v = values[it->second];
     if (v.dtype != DType::kUndefined && t.dtype() != v.dtype) {
       return invalid_argument("input '" + name + "' has dtype " + dtype_name(t.dtype()) + ", the model expects " +
@@ -662,7 +683,7 @@ Status Session::Impl::run_locked(const std::vector<std::pair<std::string, Tensor
       }
     }
     if (!t.location().is_host()) return invalid_argument("input '" + name + "' must be a host tensor");
-    live[it->second] = t;
+    live[it->second] = value;
     signature += name + shape_to_string(t.shape()) + ";";
   }
   for (int v : input_values)
@@ -683,7 +704,7 @@ Status Session::Impl::run_locked(const std::vector<std::pair<std::string, Tensor
     const std::string& dev_type = s.memory_type;
     CachingAllocator* alloc = s.allocator;
     if (s.kind == Step::Kind::kCopy) {
-      const Tensor& src = live[s.inputs[0]];
+      const Tensor& src = live[s.inputs[0]].tensor;
       KEEL_ASSIGN_OR_RETURN(void* dst, alloc->allocate(src.byte_size()), "copy " + s.name);
       Location loc{dev_type, 0};
       auto storage = std::make_shared<Storage>(dst, src.byte_size(), loc, [alloc](void* p) { alloc->free(p); });
@@ -694,6 +715,9 @@ Status Session::Impl::run_locked(const std::vector<std::pair<std::string, Tensor
       KEEL_RETURN_IF_ERROR(worker.copy(kind, dst, 0, src.raw_data(), src.location().device_index, src.byte_size()),
                            "copy " + s.name);
       live[s.outputs[0]] = Tensor(src.dtype(), src.shape(), storage);
+    } else if (s.kind == Step::Kind::kNative) {
+      KEEL_RETURN_IF_ERROR(run_native_step(*s.native, s.inputs, s.outputs, live),
+                           "node '" + s.name + "' (" + s.op_type + ")");
     } else {
       // Bind inputs.
       ctx.phase = keel_kernel_context_t::Phase::kCompute;
@@ -707,7 +731,11 @@ Status Session::Impl::run_locked(const std::vector<std::pair<std::string, Tensor
         if (!live[v].defined()) {
           return internal_error("step '" + s.name + "' reads '" + values[v].name + "', which was never produced");
         }
-        ctx.input_views[i] = live[v].c_view();
+        if (!live[v].is_tensor()) {
+          return invalid_argument("node '" + s.name + "' (" + s.op_type + ") reads '" + values[v].name + "', which is " +
+                                  live[v].describe() + ", not a tensor");
+        }
+        ctx.input_views[i] = live[v].tensor.c_view();
         ctx.inputs[i] = &ctx.input_views[i];
       }
       ctx.output_dtypes = s.output_dtypes;
@@ -769,7 +797,7 @@ Status Session::Impl::run_locked(const std::vector<std::pair<std::string, Tensor
         live[v] = std::move(ctx.outputs[i]);
       }
     }
-    for (int v : s.free_after) live[v] = Tensor();
+    for (int v : s.free_after) live[v] = RunValue();
     if (options.profile) {
       s.total_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       ++s.calls;
@@ -777,7 +805,11 @@ Status Session::Impl::run_locked(const std::vector<std::pair<std::string, Tensor
   }
   outputs.clear();
   for (int v : output_values) {
-    Tensor& t = live[v];
+    if (!live[v].is_tensor()) {
+      outputs.push_back(live[v]);
+      continue;
+    }
+    Tensor& t = live[v].tensor;
     if (!t.location().is_host()) {
       hal::Device dev(env->registry().device(t.location().device_type), t.location().device_index);
       KEEL_ASSIGN_OR_RETURN(Tensor host, Tensor::host(t.dtype(), t.shape()), "output '" + values[v].name + "'");
@@ -841,8 +873,23 @@ StatusOr<std::unique_ptr<Session>> Session::create(Environment& env, Graph graph
 }
 
 StatusOr<std::vector<Tensor>> Session::run(const std::vector<std::pair<std::string, Tensor>>& inputs) {
+  std::vector<std::pair<std::string, RunValue>> values(inputs.begin(), inputs.end());
+  KEEL_ASSIGN_OR_RETURN(std::vector<RunValue> outputs, run_values(values), "");
+  std::vector<Tensor> tensors;
+  tensors.reserve(outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (!outputs[i].is_tensor() && outputs[i].defined()) {
+      return invalid_argument("run: output '" + impl_->output_names[i] + "' is " + outputs[i].describe() +
+                              ", not a tensor (use run_values)");
+    }
+    tensors.push_back(std::move(outputs[i].tensor));
+  }
+  return tensors;
+}
+
+StatusOr<std::vector<RunValue>> Session::run_values(const std::vector<std::pair<std::string, RunValue>>& inputs) {
   std::lock_guard<std::mutex> lock(impl_->run_mu);
-  std::vector<Tensor> outputs;
+  std::vector<RunValue> outputs;
   KEEL_RETURN_IF_ERROR(impl_->run_locked(inputs, outputs), "run");
   return outputs;
 }

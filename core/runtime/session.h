@@ -18,6 +18,7 @@
 #include "core/base/graph.h"
 #include "core/base/status.h"
 #include "core/base/tensor.h"
+#include "core/base/value.h"
 #include "core/runtime/environment.h"
 
 namespace keel {
@@ -65,6 +66,9 @@ class Session {
   // Runs with inputs bound by name (host or device tensors; copied to where they are needed). Returns the graph
   // outputs in graph-output order, as host tensors. INVALID_ARGUMENT names a missing, unknown or mis-typed input.
   StatusOr<std::vector<Tensor>> run(const std::vector<std::pair<std::string, Tensor>>& inputs);
+  // The same for graphs with sequence or optional inputs or outputs (run() refuses a non-tensor output). Tensors
+  // inside the returned values are host tensors that the caller owns (no view of session memory).
+  StatusOr<std::vector<RunValue>> run_values(const std::vector<std::pair<std::string, RunValue>>& inputs);
 
   const Graph& graph() const;
   const std::vector<std::string>& input_names() const;

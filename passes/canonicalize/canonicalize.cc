@@ -39,7 +39,15 @@ bool is_random(const std::string& op) {
   return k.count(op) != 0;
 }
 // Ops with subgraphs or effects that folding does not look inside.
-bool is_control_flow(const std::string& op) { return op == "If" || op == "Loop" || op == "Scan"; }
+// Control flow, and the ops that make or take apart sequences and optionals: their values are not tensors (the
+// executor runs them), so neither folding nor CSE touches them.
+bool is_control_flow(const std::string& op) {
+  static const std::set<std::string> kOps = {
+      "If", "Loop", "Scan", "SequenceMap", "SequenceConstruct", "SequenceEmpty", "SequenceInsert", "SequenceAt",
+      "SequenceErase", "SequenceLength", "SplitToSequence", "ConcatFromSequence", "Optional", "OptionalHasElement",
+      "OptionalGetElement"};
+  return kOps.count(op) != 0;
+}
 
 // Removes a node and then every initializer it read that nobody reads any more; returns the bytes released.
 int64_t remove_node_and_orphans(GraphView& gv, keel_node_id_t n) {

@@ -189,6 +189,62 @@ TEST(RemoveIdentity, RemovesNoOpsAndKeepsGraphOutputNames) {
   EXPECT_EQ(g.initializers.count("shape"), 0u);
 }
 
+// Values that only a subgraph reads (an If branch) are live: dead-code elimination keeps their producers, identity
+// removal renames the read inside the branch, and folding and CSE leave the If alone.
+TEST(Canonicalize, ValuesReadOnlyInsideSubgraphsStay) {
+  auto make = [] {
+    GraphBuilder b("if_outer", 17);
+    auto x = b.input("x", DType::kF32, {4});
+    b.input("cond", DType::kBool, {});
+    auto w = b.constant("w", Tensor::f32({4}, {1, 2, 3, 4}));
+    Node mul;
+    mul.name = "mul";
+    mul.op_type = "Mul";
+    mul.inputs = {x, w};
+    mul.outputs = {"xw"};
+    b.graph().add_node(mul);
+    Node id = mul;
+    id.name = "id";
+    id.op_type = "Identity";
+    id.inputs = {"xw"};
+    id.outputs = {"xw_id"};
+    b.graph().add_node(id);
+    auto branch = [](const std::string& name, const std::string& op, const std::string& in) {
+      auto g = std::make_shared<Graph>();
+      g->name = name;
+      Node n;
+      n.name = name + "_node";
+      n.op_type = op;
+      n.inputs = {in};
+      n.outputs = {name + "_y"};
+      g->add_node(n);
+      g->outputs = {name + "_y"};
+      Attribute a;
+      a.kind = AttrKind::kGraph;
+      a.g = g;
+      return a;
+    };
+    Node iff;
+    iff.name = "if";
+    iff.op_type = "If";
+    iff.inputs = {"cond"};
+    iff.outputs = {"y"};
+    iff.attrs = {{"then_branch", branch("then", "Relu", "xw_id")}, {"else_branch", branch("else", "Neg", "x")}};
+    b.graph().add_node(iff);
+    b.output("y");
+    return b.take();
+  };
+  for (bool cond : {true, false}) {
+    Feeds feeds = {{"x", randn({4}, 11)}, {"cond", Tensor::from_vector<uint8_t>(DType::kBool, {}, {cond})}};
+    Graph g = check_pipeline(make(), "fold_constants,remove_identity,eliminate_common_subexpressions,eliminate_dead_code",
+                             feeds, 0);
+    EXPECT_EQ(count_op(g, "Mul"), 1u) << "the Mul feeds only the then branch";
+    EXPECT_EQ(count_op(g, "Identity"), 0u);
+    EXPECT_EQ(count_op(g, "If"), 1u);
+    EXPECT_EQ(g.initializers.count("w"), 1u);
+  }
+}
+
 TEST(RemoveIdentity, KeepsAnIdentityFromAGraphInputToAGraphOutput) {
   GraphBuilder b("passthrough");
   auto x = b.input("x", DType::kF32, {2});

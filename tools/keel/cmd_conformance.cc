@@ -173,6 +173,28 @@ std::string compare(const Tensor& got, const Tensor& want) {
   return os.str();
 }
 
+Tensor as_bf16_if_stored_as_u16(Tensor t, DType wanted) {
+  if (wanted == DType::kBF16 && t.dtype() == DType::kU16) return Tensor(DType::kBF16, t.shape(), t.storage());
+  return t;
+}
+
+// Tensors as compare() does; sequences item by item; an optional without element only equals another.
+std::string compare_values(const RunValue& got, const RunValue& want) {
+  if (got.kind != want.kind) return "got " + got.describe() + ", expected " + want.describe();
+  if (got.is_tensor()) return compare(got.tensor, as_bf16_if_stored_as_u16(want.tensor, got.tensor.dtype()));
+  if (got.is_sequence()) {
+    if (got.sequence.size() != want.sequence.size()) {
+      return "a sequence of " + std::to_string(got.sequence.size()) + " items, expected " +
+             std::to_string(want.sequence.size());
+    }
+    for (size_t i = 0; i < got.sequence.size(); ++i) {
+      std::string d = compare(got.sequence[i], as_bf16_if_stored_as_u16(want.sequence[i], got.sequence[i].dtype()));
+      if (!d.empty()) return "item " + std::to_string(i) + ": " + d;
+    }
+  }
+  return "";
+}
+
 // ----------------------------------------------------------------------------------------------------------------
 // One test
 
@@ -191,11 +213,6 @@ std::string random_op(const Graph& g) {
       }
   }
   return "";
-}
-
-Tensor as_bf16_if_stored_as_u16(Tensor t, DType wanted) {
-  if (wanted == DType::kBF16 && t.dtype() == DType::kU16) return Tensor(DType::kBF16, t.shape(), t.storage());
-  return t;
 }
 
 Outcome outcome_for(const Status& s) {
@@ -242,17 +259,19 @@ Result run_test(Environment& env, const TestCase& tc, bool roundtrip) {
   }
   const std::string random = random_op(graph);
   const std::vector<std::string> graph_inputs = graph.inputs;
-  std::map<std::string, DType> input_dtypes;
+  std::map<std::string, ValueInfo> input_types;
   for (const auto& name : graph_inputs) {
     const ValueInfo* vi = graph.info(name);
     if (!vi || vi->dtype == DType::kUndefined) {
-      // Sequence and optional values: the IR holds tensors only.
+      // Maps, sparse tensors, untyped inputs: the IR holds tensors, sequences and optionals.
       r.outcome = Outcome::kUnsupported;
-      r.message = "input '" + name + "' is not a tensor (sequence and optional inputs are not supported)";
+      r.message = "input '" + name + "' has a type Keel does not represent";
       return r;
     }
-    input_dtypes[name] = vi->dtype;
+    input_types[name] = *vi;
   }
+  std::vector<ValueInfo> output_types;
+  for (const auto& name : graph.outputs) output_types.push_back(graph.info(name) ? *graph.info(name) : ValueInfo{});
 
   auto session = Session::create(env, std::move(graph), SessionOptions{});
   if (!session.is_ok()) {
@@ -273,11 +292,13 @@ Result run_test(Environment& env, const TestCase& tc, bool roundtrip) {
   }
   for (const auto& set : sets) {
     const std::string set_name = set.filename().string();
-    std::vector<std::pair<std::string, Tensor>> inputs;
+    std::vector<std::pair<std::string, RunValue>> inputs;
     auto in_files = numbered_files(set, "input_");
     for (size_t k = 0; k < in_files.size(); ++k) {
       std::string name;
-      auto t = read_tensor_file(in_files[k], &name);
+      // The file's kind (tensor, sequence, optional) is what the model declares for that position.
+      const ValueInfo* declared = k < graph_inputs.size() ? &input_types[graph_inputs[k]] : nullptr;
+      auto t = read_value_file(in_files[k], declared, &name);
       if (!t.is_ok()) {
         r.outcome = outcome_for(t.status());
         r.message = set_name + ": " + t.status().to_string();
@@ -293,9 +314,11 @@ Result run_test(Environment& env, const TestCase& tc, bool roundtrip) {
         name = graph_inputs[k];
       }
       // The ONNX test data stores bfloat16 as uint16 (NumPy has no bfloat16): same bits, reinterpret.
-      inputs.emplace_back(name, as_bf16_if_stored_as_u16(std::move(t).value(), input_dtypes[name]));
+      RunValue v = std::move(t).value();
+      if (v.is_tensor()) v.tensor = as_bf16_if_stored_as_u16(std::move(v.tensor), input_types[name].dtype);
+      inputs.emplace_back(name, std::move(v));
     }
-    auto outputs = (*session)->run(inputs);
+    auto outputs = (*session)->run_values(inputs);
     if (!outputs.is_ok()) {
       r.outcome = outcome_for(outputs.status());
       r.message = set_name + ": run: " + outputs.status().to_string();
@@ -308,13 +331,13 @@ Result run_test(Environment& env, const TestCase& tc, bool roundtrip) {
       return r;
     }
     for (size_t k = 0; k < out_files.size(); ++k) {
-      auto want = read_tensor_file(out_files[k]);
+      auto want = read_value_file(out_files[k], k < output_types.size() ? &output_types[k] : nullptr);
       if (!want.is_ok()) {
         r.outcome = outcome_for(want.status());
         r.message = set_name + ": " + want.status().to_string();
         return r;
       }
-      std::string diff = compare((*outputs)[k], as_bf16_if_stored_as_u16(*want, (*outputs)[k].dtype()));
+      std::string diff = compare_values((*outputs)[k], *want);
       if (!diff.empty()) {
         const auto& names = (*session)->output_names();
         r.outcome = random.empty() ? Outcome::kFail : Outcome::kUnsupported;

@@ -110,7 +110,7 @@ int run_model(const RunArgs& a, Globals& g) {
   Graph graph = std::move(loaded).value();
 
   // Bind the inputs given on the command line.
-  std::map<std::string, Tensor> bound;
+  std::map<std::string, RunValue> bound;
   for (const auto& spec : a.inputs) {
     auto eq = spec.find('=');
     if (eq == std::string::npos || eq == 0) {
@@ -124,22 +124,23 @@ int run_model(const RunArgs& a, Globals& g) {
       std::cerr << ")\n";
       return 1;
     }
-    auto t = read_tensor_file(file);
+    const ValueInfo* vi = graph.info(name);
+    // Sequence and optional inputs come as SequenceProto / OptionalProto files.
+    auto t = read_value_file(file, vi);
     if (!t.is_ok()) {
       std::cerr << "keel run: input '" << name << "': " << t.status().to_string() << "\n";
       return 1;
     }
-    Tensor value = std::move(t).value();
-    const ValueInfo* vi = graph.info(name);
-    if (vi && vi->dtype == DType::kBF16 && value.dtype() == DType::kU16) {
+    RunValue value = std::move(t).value();
+    if (vi && vi->dtype == DType::kBF16 && value.is_tensor() && value.tensor.dtype() == DType::kU16) {
       // NumPy and the ONNX test data store bfloat16 as uint16: same bits.
-      value = Tensor(DType::kBF16, value.shape(), value.storage());
+      value = Tensor(DType::kBF16, value.tensor.shape(), value.tensor.storage());
     }
     bound[name] = std::move(value);
   }
   // Random data for the rest.
   std::mt19937 rng(a.seed);
-  std::vector<std::pair<std::string, Tensor>> inputs;
+  std::vector<std::pair<std::string, RunValue>> inputs;
   for (const auto& name : graph.inputs) {
     auto it = bound.find(name);
     if (it != bound.end()) {
@@ -148,8 +149,9 @@ int run_model(const RunArgs& a, Globals& g) {
       continue;
     }
     const ValueInfo* vi = graph.info(name);
-    if (!vi || vi->dtype == DType::kUndefined) {
-      std::cerr << "keel run: input '" << name << "' has no known tensor type; give it with --input " << name << "=FILE\n";
+    if (!vi || vi->dtype == DType::kUndefined || !vi->is_tensor()) {
+      std::cerr << "keel run: input '" << name << "' has no known tensor type" << (vi && !vi->is_tensor() ? " (it is " + vi->to_string() + ")" : "")
+                << "; give it with --input " << name << "=FILE\n";
       return 1;
     }
     Shape shape = vi->shape.value_or(Shape{});
@@ -176,6 +178,8 @@ int run_model(const RunArgs& a, Globals& g) {
   if (!a.device.empty()) so.devices = {a.device};
   so.passes = session_passes(a.passes, graph, *env);
   auto t_create = std::chrono::steady_clock::now();
+  std::vector<ValueInfo> output_types;
+  for (const auto& o : graph.outputs) output_types.push_back(graph.info(o) ? *graph.info(o) : ValueInfo{});
   auto session = Session::create(*env, std::move(graph), so);
   double create_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_create).count();
   if (!session.is_ok()) {
@@ -187,17 +191,17 @@ int run_model(const RunArgs& a, Globals& g) {
               << " instead of " << f.from << ": " << f.reason << "\n";
   }
   for (int i = 0; i < a.warmup; ++i) {
-    auto r = (*session)->run(inputs);
+    auto r = (*session)->run_values(inputs);
     if (!r.is_ok()) {
       std::cerr << "keel run: " << r.status().to_string() << "\n";
       return 1;
     }
   }
   std::vector<double> times;
-  StatusOr<std::vector<Tensor>> outputs = internal_error("not run");
+  StatusOr<std::vector<RunValue>> outputs = internal_error("not run");
   for (int i = 0; i < a.iterations; ++i) {
     auto t0 = std::chrono::steady_clock::now();
-    outputs = (*session)->run(inputs);
+    outputs = (*session)->run_values(inputs);
     times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     if (!outputs.is_ok()) {
       std::cerr << "keel run: " << outputs.status().to_string() << "\n";
@@ -206,9 +210,18 @@ int run_model(const RunArgs& a, Globals& g) {
   }
   const auto& names = (*session)->output_names();
   for (size_t k = 0; k < outputs->size(); ++k) {
-    const Tensor& t = (*outputs)[k];
-    std::cout << "output " << (k < names.size() ? names[k] : "#" + std::to_string(k)) << ": " << dtype_name(t.dtype()) << " "
-              << shape_to_string(t.shape()) << " " << first_values(t, a.print_values) << "\n";
+    const RunValue& v = (*outputs)[k];
+    std::cout << "output " << (k < names.size() ? names[k] : "#" + std::to_string(k)) << ": ";
+    if (v.is_tensor()) {
+      std::cout << dtype_name(v.tensor.dtype()) << " " << shape_to_string(v.tensor.shape()) << " "
+                << first_values(v.tensor, a.print_values) << "\n";
+    } else {
+      std::cout << v.describe() << "\n";
+      for (size_t i = 0; i < v.sequence.size(); ++i) {
+        std::cout << "  [" << i << "] " << dtype_name(v.sequence[i].dtype()) << " " << shape_to_string(v.sequence[i].shape())
+                  << " " << first_values(v.sequence[i], a.print_values) << "\n";
+      }
+    }
   }
   std::sort(times.begin(), times.end());
   double sum = 0;
@@ -229,7 +242,8 @@ int run_model(const RunArgs& a, Globals& g) {
     }
     for (size_t k = 0; k < outputs->size(); ++k) {
       fs::path file = fs::path(a.output_dir) / ("output_" + std::to_string(k) + ".pb");
-      Status s = write_tensor_pb((*outputs)[k], file, k < names.size() ? names[k] : "");
+      Status s = write_value_pb((*outputs)[k], k < output_types.size() ? &output_types[k] : nullptr, file,
+                                k < names.size() ? names[k] : "");
       if (!s.is_ok()) {
         std::cerr << "keel run: " << s.to_string() << "\n";
         return 1;

@@ -354,7 +354,10 @@ typedef enum keel_attr_kind_e {
 
 /*
  * Values are named by strings (as in ONNX). "" names an absent optional input. Strings returned by the API live
- * until the graph is next modified. Node lists are in topological order. Edit functions are for passes only; the
+ * until the graph is next modified. A node with subgraph attributes (If, Loop, Scan, SequenceMap) lists, after its
+ * own inputs, the values its subgraphs read from the enclosing graph; set_node_input refuses those positions
+ * (replace_uses renames inside the subgraphs too). Sequence and optional values have no tensor type
+ * (value_info: KEEL_DTYPE_UNDEFINED, ndim -1). Node lists are in topological order. Edit functions are for passes only; the
  * graph given to claim_subgraphs is read-only. A graph is not thread-safe: one pass at a time.
  */
 typedef struct keel_graph_api_s {
