@@ -19,11 +19,8 @@
 #include <optional>
 #include <sstream>
 
-#include "core/base/pass_manager.h"
 #include "core/runtime/eager.h"
 #include "core/base/thread_pool.h"
-#include "core/runtime/host_api.h"
-#include "core/runtime/kernel_context.h"
 #include "core/runtime/onnx_io.h"
 #include "core/runtime/session.h"
 #include "core/train/data.h"
@@ -32,6 +29,7 @@
 #include "core/train/scalar_log.h"
 #include "core/train/trainer.h"
 #include "tools/keel/commands.h"
+#include "tools/keel/quantize.h"
 #include "tools/keel/progress.h"
 
 namespace keel::cli {
@@ -134,10 +132,11 @@ struct GraphEval {
 };
 
 StatusOr<GraphEval> evaluate_graph(Environment& env, const Graph& graph, const FashionMnist& test, int threads,
-                                   const std::string& device) {
+                                   const std::string& device, std::vector<std::string> passes = {}) {
   SessionOptions so;
   so.devices = {device};
   so.threads = threads;
+  so.passes = std::move(passes);
   KEEL_ASSIGN_OR_RETURN(auto session, Session::create(env, graph, so), "session");
   const std::string input = session->input_names().at(0);
   const auto* info = graph.info(input);
@@ -242,88 +241,26 @@ StatusOr<Graph> trace_model(Environment& env, nn::Module& model, const FashionMn
   return result;
 }
 
-Status run_pass(Environment& env, Graph& g, const PassSpec& spec, std::vector<PassReport>* reports) {
-  keel_graph_s view;
-  view.graph = &g;
-  view.env = &env;
-  KEEL_ASSIGN_OR_RETURN(auto r, PassManager(env.registry(), graph_api()).run(g, &view, {spec}, "cpu"), spec.name);
-  if (reports) *reports = std::move(r);
-  return Status::ok();
-}
-
 }  // namespace
 
-// ---------------------------------------------------------------------------------------------------------------
-// INT8: quantize_and_evaluate.
-// INTEGRATION POINT: after the merge with the quantize branch, replace the body's calibration + pass run with
-//   keel::cli::quantize_graph(env, fp32, calibration, QuantizeOptions{...})   (tools/keel/quantize.h)
-// and keep the evaluation below. Until then it calibrates min/max ranges of every Conv/Gemm/MatMul activation input
-// by running the fp32 graph on `calibration` with those values as extra outputs, and runs the quantize_int8 pass
-// plugin with them (QDQ: s8 per-channel weights, u8 activations).
-// ---------------------------------------------------------------------------------------------------------------
-StatusOr<Graph> quantize_graph_minmax(Environment& env, const Graph& fp32, const std::vector<Feeds>& calibration,
-                                      std::vector<PassReport>* reports) {
-  if (!env.registry().pass("quantize_int8"))
-    return unavailable("the quantize_int8 pass plugin is not installed (see `keel plugins`)");
-  if (calibration.empty()) return invalid_argument("quantize: no calibration batches");
-  std::vector<std::string> acts;
-  for (NodeId id : fp32.node_ids()) {
-    const Node* n = fp32.node(id);
-    if ((n->op_type == "Conv" || n->op_type == "Gemm" || n->op_type == "MatMul") && !n->inputs.empty() &&
-        !fp32.is_initializer(n->inputs[0]) && std::find(acts.begin(), acts.end(), n->inputs[0]) == acts.end())
-      acts.push_back(n->inputs[0]);
-  }
-  Graph calib = fp32;
-  std::vector<size_t> out_index;
-  for (const auto& a : acts) {
-    auto it = std::find(calib.outputs.begin(), calib.outputs.end(), a);
-    if (it == calib.outputs.end()) {
-      out_index.push_back(calib.outputs.size());
-      calib.outputs.push_back(a);
-    } else {
-      out_index.push_back(static_cast<size_t>(it - calib.outputs.begin()));
-    }
-  }
-  SessionOptions so;
-  so.devices = {"cpu"};
-  KEEL_ASSIGN_OR_RETURN(auto session, Session::create(env, calib, so), "calibration session");
-  std::vector<float> lo(acts.size(), INFINITY), hi(acts.size(), -INFINITY);
-  for (const auto& feeds : calibration) {
-    KEEL_ASSIGN_OR_RETURN(auto out, session->run(feeds), "calibration run");
-    for (size_t a = 0; a < acts.size(); ++a) {
-      const keel::Tensor& t = out.at(out_index[a]);
-      if (t.dtype() != DType::kF32) continue;
-      const float* v = t.data<float>();
-      for (int64_t i = 0; i < t.numel(); ++i) lo[a] = std::min(lo[a], v[i]), hi[a] = std::max(hi[a], v[i]);
-    }
-  }
-  PassSpec spec{"quantize_int8", {}};
-  spec.options.values["calibration"] = std::string("minmax");
-  for (size_t a = 0; a < acts.size(); ++a)
-    if (std::isfinite(lo[a]) && std::isfinite(hi[a]))
-      spec.options.values["range." + acts[a]] = std::to_string(lo[a]) + "," + std::to_string(hi[a]);
-  Graph q = fp32;
-  KEEL_RETURN_IF_ERROR(infer_shapes(q), "quantize");
-  KEEL_RETURN_IF_ERROR(run_pass(env, q, spec, reports), "quantize");
-  KEEL_RETURN_IF_ERROR(infer_shapes(q), "quantized graph");
-  return q;
-}
-
-// Quantizes `fp32` (calibrated on `calibration`), saves it beside `fp32_path` as *.int8.onnx and evaluates it on the
-// test set through a Session. The integrator swaps quantize_graph_minmax for keel::cli::quantize_graph here.
+// Quantizes `fp32` with `keel quantize`'s calibration (tools/keel/quantize.h: min/max ranges over `calibration`,
+// per-channel s8 weights, u8 activations; the last fifth of the batches held out for the error report), saves the QDQ
+// model beside `fp32_path` as *.int8.onnx, and evaluates it on the test set through a Session that runs the
+// `fuse_qdq` pass, so the oneDNN int8 kernels execute it.
 StatusOr<GraphEval> quantize_and_evaluate(Environment& env, const Graph& fp32, const std::vector<Feeds>& calibration,
                                           const FashionMnist& test, int threads, const std::filesystem::path& fp32_path) {
-  std::vector<PassReport> reports;
-  KEEL_ASSIGN_OR_RETURN(Graph q, quantize_graph_minmax(env, fp32, calibration, &reports), "int8");
+  QuantizeOptions qo;
+  qo.progress = false;
+  KEEL_ASSIGN_OR_RETURN(QuantizeResult q, quantize_graph(env, fp32, calibration, qo), "int8");
   std::filesystem::path qpath = fp32_path;
   qpath.replace_extension(".int8.onnx");
-  KEEL_RETURN_IF_ERROR(save_onnx(q, qpath), "int8");
-  for (const auto& r : reports) {
-    auto it = r.counters.find("nodes_quantized");
-    std::cout << "quantized " << (it == r.counters.end() ? 0 : it->second) << " node(s) to INT8 (min/max calibration on "
-              << calibration.size() << " batches), saved " << qpath.string() << "\n";
-  }
-  return evaluate_graph(env, q, test, threads, "cpu");
+  KEEL_RETURN_IF_ERROR(save_onnx(q.graph, qpath), "int8");
+  size_t quantized = 0;
+  for (const auto& l : q.layers) quantized += l.kept_fp32 ? 0 : 1;
+  std::cout << "quantized " << quantized << "/" << q.layers.size() << " layer(s) to INT8 (min/max calibration on "
+            << calibration.size() - q.heldout_batches << " batches; logits cosine " << std::setprecision(5)
+            << q.output_cosine << " on " << q.heldout_batches << " held-out), saved " << qpath.string() << "\n";
+  return evaluate_graph(env, q.graph, test, threads, "cpu", session_passes("auto", q.graph, env));
 }
 
 namespace {
