@@ -1471,6 +1471,12 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   return apply1("Gather", {weight, indices}, {{"axis", ai(0)}});
 }
 
+namespace {
+// A view of `x` with shape `s` (same element count, checked by the callers), differentiable. The tracer records it
+// as `traced` (Reshape to the constant shape, or Flatten with its axis so a traced batch dimension stays free).
+Tensor reshaped_view(const Tensor& x, const Shape& s, const char* traced, int64_t flatten_axis);
+}  // namespace
+
 Tensor reshape(const Tensor& x, const std::vector<int64_t>& shape) {
   need_defined(x, "reshape", "input");
   Shape s = shape;
@@ -1492,8 +1498,16 @@ Tensor reshape(const Tensor& x, const std::vector<int64_t>& shape) {
   }
   if (shape_numel(s) != x.numel())
     fail(invalid_argument("reshape: cannot reshape " + x.data().describe() + " to " + shape_to_string(shape)));
+  return reshaped_view(x, s, "Reshape", 0);
+}
+
+namespace {
+Tensor reshaped_view(const Tensor& x, const Shape& s, const char* traced, int64_t flatten_axis) {
   Tensor out(check(x.data().reshaped(s), "reshape"), false);
-  trace_record("", "Reshape", {}, {x, ints_const(s)}, {out});
+  if (std::string(traced) == "Flatten")
+    trace_record("", "Flatten", {{"axis", Attribute::of_int(flatten_axis)}}, {x}, {out});
+  else
+    trace_record("", "Reshape", {}, {x, ints_const(s)}, {out});
   if (t_grad_enabled && x.requires_grad()) {
     Shape from = x.shape();
     auto n = std::make_shared<FnBackward>();
@@ -1506,6 +1520,7 @@ Tensor reshape(const Tensor& x, const std::vector<int64_t>& shape) {
   }
   return out;
 }
+}  // namespace
 
 Tensor flatten(const Tensor& x, int64_t axis) {
   need_defined(x, "flatten", "input");
@@ -1514,7 +1529,7 @@ Tensor flatten(const Tensor& x, int64_t axis) {
   if (axis < 0 || axis > r) fail(invalid_argument("flatten: axis out of range for " + x.data().describe()));
   int64_t a = 1, b = 1;
   for (int64_t i = 0; i < r; ++i) (i < axis ? a : b) *= x.shape()[static_cast<size_t>(i)];
-  return reshape(x, {a, b});
+  return reshaped_view(x, {a, b}, "Flatten", axis);
 }
 
 Tensor transpose(const Tensor& x, const std::vector<int64_t>& perm) {
