@@ -543,23 +543,7 @@ const Entry kFused[] = {
 
 keel_status_t fused_thunk(void* state, keel_kernel_context_t* ctx) {
   const Entry* e = static_cast<const Entry*>(state);
-  try {
-    Kctx k(ctx, e->op_type);
-    e->fn(k);
-    return nullptr;
-  } catch (const KernelError& err) {
-    return make_c_status(err.code(), err.what());
-  } catch (const std::bad_alloc&) {
-    return make_c_status(KEEL_STATUS_OUT_OF_MEMORY, e->op_type);
-  } catch (const std::exception& ex) {
-    try {
-      return make_c_status(KEEL_STATUS_INTERNAL, (std::string(e->op_type) + ": " + ex.what()).c_str());
-    } catch (...) {
-      return make_c_status(KEEL_STATUS_INTERNAL, e->op_type);
-    }
-  } catch (...) {
-    return make_c_status(KEEL_STATUS_INTERNAL, e->op_type);
-  }
+  return run_kernel(e->op_type, e->fn, ctx);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <new>
 
 #include "core/base/status.h"
+#include "ops/reference/kernels.h"
 #include "ops/reference/nn_common.h"
 
 namespace keel::ops::ref {
@@ -478,23 +479,7 @@ const GEntry kGrad[] = {
 
 keel_status_t grad_thunk(void* state, keel_kernel_context_t* ctx) {
   const GEntry* e = static_cast<const GEntry*>(state);
-  try {
-    Kctx k(ctx, e->op_type);
-    e->fn(k);
-    return nullptr;
-  } catch (const KernelError& err) {
-    return make_c_status(err.code(), err.what());
-  } catch (const std::bad_alloc&) {
-    return make_c_status(KEEL_STATUS_OUT_OF_MEMORY, e->op_type);
-  } catch (const std::exception& ex) {
-    try {
-      return make_c_status(KEEL_STATUS_INTERNAL, (std::string(e->op_type) + ": " + ex.what()).c_str());
-    } catch (...) {
-      return make_c_status(KEEL_STATUS_INTERNAL, e->op_type);
-    }
-  } catch (...) {
-    return make_c_status(KEEL_STATUS_INTERNAL, e->op_type);
-  }
+  return run_kernel(e->op_type, e->fn, ctx);
 }
 
 }  // namespace

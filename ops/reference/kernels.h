@@ -10,6 +10,11 @@ namespace keel::ops::ref {
 
 using KernelFn = void (*)(Kctx&);
 
+// Runs `fn` as the kernel of `op_type` on `ctx` and turns what it throws into a status: KernelError keeps its code,
+// bad_alloc becomes OUT_OF_MEMORY, anything else INTERNAL, each naming the op. Every table of reference kernels
+// (reference_kernels.cc, fused.cc, grad.cc) computes through it; defined in reference_kernels.cc.
+keel_status_t run_kernel(const char* op_type, KernelFn fn, keel_kernel_context_t* ctx) noexcept;
+
 // elementwise.cc
 void op_relu(Kctx&);
 void op_sigmoid(Kctx&);

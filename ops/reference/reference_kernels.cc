@@ -200,27 +200,7 @@ const Entry kEntries[] = {
 
 keel_status_t compute_thunk(void* state, keel_kernel_context_t* ctx) {
   const Entry* e = static_cast<const Entry*>(state);
-  try {
-    ref::Kctx k(ctx, e->op_type);
-    e->fn(k);
-    return nullptr;
-  } catch (const ref::KernelError& err) {
-    return make_c_status(err.code(), err.what());
-  } catch (const std::bad_alloc&) {
-    try {
-      return make_c_status(KEEL_STATUS_OUT_OF_MEMORY, (std::string(e->op_type) + ": out of memory").c_str());
-    } catch (...) {
-      return make_c_status(KEEL_STATUS_OUT_OF_MEMORY, e->op_type);
-    }
-  } catch (const std::exception& ex) {
-    try {
-      return make_c_status(KEEL_STATUS_INTERNAL, (std::string(e->op_type) + ": " + ex.what()).c_str());
-    } catch (...) {
-      return make_c_status(KEEL_STATUS_INTERNAL, e->op_type);
-    }
-  } catch (...) {
-    return make_c_status(KEEL_STATUS_INTERNAL, e->op_type);
-  }
+  return ref::run_kernel(e->op_type, e->fn, ctx);
 }
 
 }  // namespace
@@ -263,3 +243,31 @@ keel_status_t register_reference_kernels(const keel_host_api_t* host, keel_plugi
 }
 
 }  // namespace keel::ops
+
+namespace keel::ops::ref {
+
+keel_status_t run_kernel(const char* op_type, KernelFn fn, keel_kernel_context_t* ctx) noexcept {
+  try {
+    Kctx k(ctx, op_type);
+    fn(k);
+    return nullptr;
+  } catch (const KernelError& err) {
+    return make_c_status(err.code(), err.what());
+  } catch (const std::bad_alloc&) {
+    try {
+      return make_c_status(KEEL_STATUS_OUT_OF_MEMORY, (std::string(op_type) + ": out of memory").c_str());
+    } catch (...) {
+      return make_c_status(KEEL_STATUS_OUT_OF_MEMORY, op_type);
+    }
+  } catch (const std::exception& ex) {
+    try {
+      return make_c_status(KEEL_STATUS_INTERNAL, (std::string(op_type) + ": " + ex.what()).c_str());
+    } catch (...) {
+      return make_c_status(KEEL_STATUS_INTERNAL, op_type);
+    }
+  } catch (...) {
+    return make_c_status(KEEL_STATUS_INTERNAL, op_type);
+  }
+}
+
+}  // namespace keel::ops::ref

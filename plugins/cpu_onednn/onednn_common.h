@@ -133,6 +133,13 @@ struct KernelInfo {
   const char* name;  // "onednn_f32_conv"
   Kernel* (*make)();
 };
+// The C entries of every oneDNN kernel (onednn_plugin.cc). create_kernel makes the kernel with `make` and runs its
+// setup; anything it throws becomes UNIMPLEMENTED, so the next kernel takes the node. compute_kernel runs it; a
+// Failure keeps its code, a Reject is UNIMPLEMENTED, a oneDNN error is UNIMPLEMENTED when `dnnl_error_falls_back`
+// (the next kernel runs this case) and INTERNAL otherwise. release_kernel deletes it.
+keel_status_t create_kernel(Kernel* (*make)(), keel_kernel_context_t* ctx, void** out_state);
+keel_status_t compute_kernel(void* state, keel_kernel_context_t* ctx, bool dnnl_error_falls_back);
+void release_kernel(void* state);
 std::vector<KernelInfo> conv_kernels();
 std::vector<KernelInfo> matmul_kernels();
 std::vector<KernelInfo> misc_kernels();

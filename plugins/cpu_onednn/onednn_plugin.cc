@@ -159,10 +159,17 @@ std::vector<KernelInfo>& all_kernels() {
 keel_status_t make_status(int32_t code, const std::string& msg) { return g_host->status_create(code, msg.c_str()); }
 
 keel_status_t kernel_create(void* user_data, keel_kernel_context_t* ctx, void** out_state) {
-  const auto* info = static_cast<const KernelInfo*>(user_data);
+  return create_kernel(static_cast<const KernelInfo*>(user_data)->make, ctx, out_state);
+}
+
+keel_status_t kernel_compute(void* state, keel_kernel_context_t* ctx) { return compute_kernel(state, ctx, false); }
+
+}  // namespace
+
+keel_status_t create_kernel(Kernel* (*make)(), keel_kernel_context_t* ctx, void** out_state) {
   std::unique_ptr<Kernel> k;
   try {
-    k.reset(info->make());
+    k.reset(make());
     Ctx c(ctx);
     k->setup(c);
     *out_state = k.release();
@@ -181,7 +188,7 @@ keel_status_t kernel_create(void* user_data, keel_kernel_context_t* ctx, void** 
   }
 }
 
-keel_status_t kernel_compute(void* state, keel_kernel_context_t* ctx) {
+keel_status_t compute_kernel(void* state, keel_kernel_context_t* ctx, bool dnnl_error_falls_back) {
   try {
     Ctx c(ctx);
     set_threads(c.thread_count());
@@ -192,7 +199,8 @@ keel_status_t kernel_compute(void* state, keel_kernel_context_t* ctx) {
   } catch (const Reject& r) {
     return make_status(KEEL_STATUS_UNIMPLEMENTED, r.why);
   } catch (const dnnl::error& e) {
-    return make_status(KEEL_STATUS_INTERNAL, std::string("oneDNN: ") + e.what());
+    return make_status(dnnl_error_falls_back ? KEEL_STATUS_UNIMPLEMENTED : KEEL_STATUS_INTERNAL,
+                       std::string("oneDNN: ") + e.what());
   } catch (const std::exception& e) {
     return make_status(KEEL_STATUS_INTERNAL, e.what());
   } catch (...) {
@@ -200,7 +208,9 @@ keel_status_t kernel_compute(void* state, keel_kernel_context_t* ctx) {
   }
 }
 
-void kernel_release(void* state) { delete static_cast<Kernel*>(state); }
+void release_kernel(void* state) { delete static_cast<Kernel*>(state); }
+
+namespace {
 
 const int32_t kF32[] = {KEEL_DTYPE_F32};
 
@@ -247,7 +257,7 @@ keel_status_t onednn_init(const keel_host_api_t* host, keel_plugin_handle_t* plu
     def.user_data = &info;
     def.create = kernel_create;
     def.compute = kernel_compute;
-    def.release = kernel_release;
+    def.release = release_kernel;
     keel_status_t st = host->register_kernel(plugin, &def);
     if (st) return st;
   }

@@ -869,50 +869,12 @@ const std::vector<TrainKernel>& train_kernels() {
   return k;
 }
 
-keel_status_t status(int32_t code, const std::string& msg) { return g_host->status_create(code, msg.c_str()); }
 
 keel_status_t train_create(void* user_data, keel_kernel_context_t* ctx, void** out_state) {
-  const auto* info = static_cast<const TrainKernel*>(user_data);
-  try {
-    std::unique_ptr<Kernel> k(info->make());
-    Ctx c(ctx);
-    k->setup(c);
-    *out_state = k.release();
-    return nullptr;
-  } catch (const Reject& r) {
-    return status(KEEL_STATUS_UNIMPLEMENTED, r.why);
-  } catch (const dnnl::error& e) {
-    return status(KEEL_STATUS_UNIMPLEMENTED, std::string("oneDNN: ") + e.what());
-  } catch (const Failure& f) {
-    return status(KEEL_STATUS_UNIMPLEMENTED, f.message);
-  } catch (const std::exception& e) {
-    return status(KEEL_STATUS_UNIMPLEMENTED, std::string("create failed: ") + e.what());
-  } catch (...) {
-    return status(KEEL_STATUS_UNIMPLEMENTED, "create failed");
-  }
+  return create_kernel(static_cast<const TrainKernel*>(user_data)->make, ctx, out_state);
 }
 
-keel_status_t train_compute(void* state, keel_kernel_context_t* ctx) {
-  try {
-    Ctx c(ctx);
-    set_threads(c.thread_count());
-    static_cast<Kernel*>(state)->run(c);
-    return nullptr;
-  } catch (const Failure& f) {
-    return status(f.code, f.message);
-  } catch (const Reject& r) {
-    return status(KEEL_STATUS_UNIMPLEMENTED, r.why);
-  } catch (const dnnl::error& e) {
-    // No oneDNN implementation for this shape: let the next kernel (the reference) run it.
-    return status(KEEL_STATUS_UNIMPLEMENTED, std::string("oneDNN: ") + e.what());
-  } catch (const std::exception& e) {
-    return status(KEEL_STATUS_INTERNAL, e.what());
-  } catch (...) {
-    return status(KEEL_STATUS_INTERNAL, "unknown exception");
-  }
-}
-
-void train_release(void* state) { delete static_cast<Kernel*>(state); }
+keel_status_t train_compute(void* state, keel_kernel_context_t* ctx) { return compute_kernel(state, ctx, true); }
 
 }  // namespace
 
@@ -935,7 +897,7 @@ keel_status_t register_train_kernels(const keel_host_api_t* host, keel_plugin_ha
     def.user_data = const_cast<TrainKernel*>(&info);
     def.create = train_create;
     def.compute = train_compute;
-    def.release = train_release;
+    def.release = release_kernel;
     if (keel_status_t st = host->register_kernel(plugin, &def)) return st;
   }
   return nullptr;
