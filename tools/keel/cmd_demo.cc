@@ -1,4 +1,4 @@
-// `keel demo` — the README's main job until training lands: list the plugins, build PaddlePaddle's introductory
+// `keel demo` — the main job before `keel train` took over: list the plugins, build PaddlePaddle's introductory
 // SimpleCNN in code (Conv2D(3,32,3) → ReLU → MaxPool2D(2) → flatten → Linear(32·15·15,10)), run it on every device
 // type that can, and check each against the reference CPU device.
 #include <chrono>
