@@ -525,12 +525,7 @@ void op_qgemm(Kctx& k) {
 
 // ------------------------------------------------------------------------------------------------ registration
 
-struct Entry {
-  const char* op_type;
-  KernelFn fn;
-};
-
-const Entry kFused[] = {
+const KeelKernel kFused[] = {
     {"FusedConv", op_fused_conv},
     {"FusedMatMul", op_fused_matmul},
     {"FusedGemm", op_fused_gemm},
@@ -541,11 +536,6 @@ const Entry kFused[] = {
     {"QGemm", op_qgemm},
 };
 
-keel_status_t fused_thunk(void* state, keel_kernel_context_t* ctx) {
-  const Entry* e = static_cast<const Entry*>(state);
-  return run_kernel(e->op_type, e->fn, ctx);
-}
-
 }  // namespace
 }  // namespace keel::ops::ref
 
@@ -554,30 +544,8 @@ namespace keel::ops {
 size_t fused_reference_kernel_count() { return sizeof(ref::kFused) / sizeof(ref::kFused[0]); }
 
 keel_status_t register_fused_reference_kernels(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
-  if (host == nullptr || host->register_kernel == nullptr || host->kernel == nullptr)
-    return make_c_status(KEEL_STATUS_INVALID_ARGUMENT, "register_fused_reference_kernels: host API without kernel tables");
-  if (ref::g_kernel_api == nullptr) ref::g_kernel_api = host->kernel;
-  try {
-    for (const ref::Entry& e : ref::kFused) {
-      std::string name = std::string("ref_keel_") + e.op_type;
-      keel_kernel_def_t def{};
-      def.struct_size = sizeof(def);
-      def.abi_major = KEEL_PLUGIN_ABI_MAJOR;
-      def.abi_minor = KEEL_PLUGIN_ABI_MINOR;
-      def.name = name.c_str();
-      def.domain = "keel";
-      def.op_type = e.op_type;
-      def.since_version = 1;
-      def.end_version = 0;
-      def.device_type = "cpu";
-      def.user_data = const_cast<ref::Entry*>(&e);
-      def.compute = ref::fused_thunk;
-      if (keel_status_t s = host->register_kernel(plugin, &def)) return s;
-    }
-  } catch (const std::bad_alloc&) {
-    return make_c_status(KEEL_STATUS_OUT_OF_MEMORY, "register_fused_reference_kernels");
-  }
-  return nullptr;
+  return ref::register_keel_kernels(host, plugin, ref::kFused, fused_reference_kernel_count(),
+                                    "register_fused_reference_kernels");
 }
 
 }  // namespace keel::ops

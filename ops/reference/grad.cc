@@ -457,11 +457,7 @@ void op_gather_grad(Kctx& k) {
   });
 }
 
-struct GEntry {
-  const char* op_type;
-  void (*fn)(Kctx&);
-};
-const GEntry kGrad[] = {
+const KeelKernel kGrad[] = {
     {"ConvGrad", op_conv_grad},
     {"MaxPoolGrad", op_max_pool_grad},
     {"AveragePoolGrad", op_average_pool_grad},
@@ -477,11 +473,6 @@ const GEntry kGrad[] = {
     {"GatherGrad", op_gather_grad},
 };
 
-keel_status_t grad_thunk(void* state, keel_kernel_context_t* ctx) {
-  const GEntry* e = static_cast<const GEntry*>(state);
-  return run_kernel(e->op_type, e->fn, ctx);
-}
-
 }  // namespace
 }  // namespace keel::ops::ref
 
@@ -490,30 +481,8 @@ namespace keel::ops {
 size_t grad_reference_kernel_count() { return sizeof(ref::kGrad) / sizeof(ref::kGrad[0]); }
 
 keel_status_t register_grad_reference_kernels(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
-  if (host == nullptr || host->register_kernel == nullptr || host->kernel == nullptr)
-    return make_c_status(KEEL_STATUS_INVALID_ARGUMENT, "register_grad_reference_kernels: host API without kernel tables");
-  if (ref::g_kernel_api == nullptr) ref::g_kernel_api = host->kernel;
-  try {
-    for (const ref::GEntry& e : ref::kGrad) {
-      std::string name = std::string("ref_keel_") + e.op_type;
-      keel_kernel_def_t def{};
-      def.struct_size = sizeof(def);
-      def.abi_major = KEEL_PLUGIN_ABI_MAJOR;
-      def.abi_minor = KEEL_PLUGIN_ABI_MINOR;
-      def.name = name.c_str();
-      def.domain = "keel";
-      def.op_type = e.op_type;
-      def.since_version = 1;
-      def.end_version = 0;
-      def.device_type = "cpu";
-      def.user_data = const_cast<ref::GEntry*>(&e);
-      def.compute = ref::grad_thunk;
-      if (keel_status_t s = host->register_kernel(plugin, &def)) return s;
-    }
-  } catch (const std::bad_alloc&) {
-    return make_c_status(KEEL_STATUS_OUT_OF_MEMORY, "register_grad_reference_kernels");
-  }
-  return nullptr;
+  return ref::register_keel_kernels(host, plugin, ref::kGrad, grad_reference_kernel_count(),
+                                    "register_grad_reference_kernels");
 }
 
 }  // namespace keel::ops

@@ -15,6 +15,16 @@ using KernelFn = void (*)(Kctx&);
 // (reference_kernels.cc, fused.cc, grad.cc) computes through it; defined in reference_kernels.cc.
 keel_status_t run_kernel(const char* op_type, KernelFn fn, keel_kernel_context_t* ctx) noexcept;
 
+// A keel-domain reference kernel (opset 1 onwards, "cpu"), as the fused and backward tables list them.
+struct KeelKernel {
+  const char* op_type;
+  KernelFn fn;
+};
+// Registers `table[0..count)` as "ref_keel_<op>" kernels; `who` names the caller in errors. The table must outlive
+// the registration (it is static data). Defined in reference_kernels.cc.
+keel_status_t register_keel_kernels(const keel_host_api_t* host, keel_plugin_handle_t* plugin, const KeelKernel* table,
+                                    size_t count, const char* who);
+
 // elementwise.cc
 void op_relu(Kctx&);
 void op_sigmoid(Kctx&);

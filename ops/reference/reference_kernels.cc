@@ -270,4 +270,37 @@ keel_status_t run_kernel(const char* op_type, KernelFn fn, keel_kernel_context_t
   }
 }
 
+keel_status_t register_keel_kernels(const keel_host_api_t* host, keel_plugin_handle_t* plugin, const KeelKernel* table,
+                                    size_t count, const char* who) {
+  if (host == nullptr || host->register_kernel == nullptr || host->kernel == nullptr)
+    return make_c_status(KEEL_STATUS_INVALID_ARGUMENT, (std::string(who) + ": host API without kernel tables").c_str());
+  if (g_kernel_api == nullptr) g_kernel_api = host->kernel;
+  auto thunk = [](void* state, keel_kernel_context_t* ctx) {
+    const KeelKernel* e = static_cast<const KeelKernel*>(state);
+    return run_kernel(e->op_type, e->fn, ctx);
+  };
+  try {
+    for (size_t i = 0; i < count; ++i) {
+      const KeelKernel& e = table[i];
+      std::string name = std::string("ref_keel_") + e.op_type;
+      keel_kernel_def_t def{};
+      def.struct_size = sizeof(def);
+      def.abi_major = KEEL_PLUGIN_ABI_MAJOR;
+      def.abi_minor = KEEL_PLUGIN_ABI_MINOR;
+      def.name = name.c_str();
+      def.domain = "keel";
+      def.op_type = e.op_type;
+      def.since_version = 1;
+      def.end_version = 0;
+      def.device_type = "cpu";
+      def.user_data = const_cast<KeelKernel*>(&e);
+      def.compute = thunk;
+      if (keel_status_t s = host->register_kernel(plugin, &def)) return s;
+    }
+  } catch (const std::bad_alloc&) {
+    return make_c_status(KEEL_STATUS_OUT_OF_MEMORY, who);
+  }
+  return nullptr;
+}
+
 }  // namespace keel::ops::ref
