@@ -50,10 +50,15 @@ class Ctx {
   int32_t opset() const { return api_->opset(c_); }
   int32_t device() const { return api_->device_index(c_); }
   cudaStream_t stream() const { return reinterpret_cast<cudaStream_t>(api_->stream(c_)); }
+  // Scratch memory on the kernel's device for this compute call (the core frees it, stream-ordered, when compute
+  // returns); throws Failure when it cannot be had. 0 bytes gives nullptr.
+  void* workspace(uint64_t bytes);
   int64_t attr_i(const char* name, int64_t dflt) const;
   float attr_f(const char* name, float dflt) const;
   bool has_attr_ints(const char* name) const;
   Dims attr_ints(const char* name, const Dims& dflt) const;
+  std::string attr_s(const char* name, const std::string& dflt) const;
+  std::vector<float> attr_floats(const char* name) const;  // empty when absent
 
  private:
   keel_kernel_context_t* c_;
@@ -73,9 +78,25 @@ struct KernelInfo {
   int32_t end_version;
   const char* name;  // "cuda_relu"
   Kernel* (*make)();
+  const char* domain = "";  // "" (ai.onnx) or "keel" (the fused ops)
 };
 std::vector<KernelInfo> elementwise_kernels();  // cuda_ops.cc
 std::vector<KernelInfo> blas_kernels();         // cuda_blas.cc
-void blas_shutdown();                           // destroys the pooled cuBLAS handles
+void blas_shutdown();                           // destroys the pooled cuBLASLt handles
+
+// --- cuDNN kernels and the TF32 opt-in (cuda_dnn.cc, cuda_blas.cc) ---
+std::vector<KernelInfo> dnn_kernels();  // cuda_dnn.cc: Conv, ConvTranspose, pools, BatchNormalization, keel.FusedConv
+void dnn_shutdown();                    // destroys the pooled cuDNN handles
+// f32 convolutions and GEMMs may use TF32 tensor cores only when the environment sets KEEL_CUDA_TF32=1 (read once);
+// otherwise they compute in true f32 (cuDNN FMA math, CUBLAS_COMPUTE_32F).
+bool tf32_allowed();
+// The `activation` / `activation_params` attributes of the keel fused ops (ops/reference/fused.cc): kind is a
+// FusedAct value (cuda_dnn_kernels.h), a / b LeakyRelu's alpha or Clip's min / max. Throws Reject for an unknown
+// activation (cuda_dnn.cc).
+struct FusedActivation {
+  int32_t kind = 0;  // FusedAct::kNone
+  float a = 0.f, b = 0.f;
+};
+FusedActivation read_fused_activation(const Ctx& c);
 
 }  // namespace keel::cuda

@@ -1,7 +1,8 @@
 // plugins/cuda/cuda_plugin.cc — the CUDA device plugin: the "cuda" device table over the CUDA runtime, and the
-// registration of the plugin's kernels (cuda_ops.cc: own CUDA kernels; cuda_blas.cc: MatMul/Gemm via cuBLAS).
+// registration of the plugin's kernels (cuda_ops.cc: own CUDA kernels; cuda_blas.cc: MatMul/Gemm via cuBLASLt;
+// cuda_dnn.cc: convolution, pooling, BatchNormalization via cuDNN).
 //
-// Built against <keel/plugin.h> only (never core/ headers, never libkeel_core) plus the CUDA runtime and cuBLAS,
+// Built against <keel/plugin.h> only (never core/ headers, never libkeel_core) plus the CUDA runtime, cuBLASLt, cuDNN,
 // linked dynamically. keel_stream_t / keel_event_t are cudaStream_t / cudaEvent_t; a NULL stream is the legacy
 // default stream of the device. Device memory comes from cudaMalloc on an explicit device (never managed memory);
 // the core pools on top of it.
@@ -66,6 +67,17 @@ keel_tensor_t* Ctx::output(int i, const Dims& d) {
   }
   return t;
 }
+void* Ctx::workspace(uint64_t bytes) {
+  if (bytes == 0) return nullptr;
+  void* p = nullptr;
+  if (keel_status_t st = api_->workspace(c_, bytes, &p)) {
+    Failure f{st->code, std::string("cuda: workspace of ") + std::to_string(bytes) + " bytes: " +
+                            (st->message ? st->message : "allocation failed")};
+    keel_status_release(st);
+    throw f;
+  }
+  return p;
+}
 int64_t Ctx::attr_i(const char* name, int64_t dflt) const {
   int64_t v;
   return api_->attr_int(c_, name, &v) ? v : dflt;
@@ -83,6 +95,16 @@ Dims Ctx::attr_ints(const char* name, const Dims& dflt) const {
   const int64_t* v;
   size_t n;
   return api_->attr_ints(c_, name, &v, &n) ? Dims(v, v + n) : dflt;
+}
+
+std::string Ctx::attr_s(const char* name, const std::string& dflt) const {
+  const char* v = nullptr;
+  return api_->attr_string(c_, name, &v) && v ? std::string(v) : dflt;
+}
+std::vector<float> Ctx::attr_floats(const char* name) const {
+  const float* v;
+  size_t n;
+  return api_->attr_floats(c_, name, &v, &n) ? std::vector<float>(v, v + n) : std::vector<float>{};
 }
 
 namespace {
@@ -338,7 +360,7 @@ keel_status_t cuda_init(const keel_host_api_t* host, keel_plugin_handle_t* plugi
 
     auto& kernels = all_kernels();
     kernels.clear();
-    for (auto* list : {&elementwise_kernels, &blas_kernels})
+    for (auto* list : {&elementwise_kernels, &blas_kernels, &dnn_kernels})
       for (const auto& k : list()) kernels.push_back(k);
     for (auto& info : kernels) {
       keel_kernel_def_t def;
@@ -347,7 +369,7 @@ keel_status_t cuda_init(const keel_host_api_t* host, keel_plugin_handle_t* plugi
       def.abi_major = KEEL_PLUGIN_ABI_MAJOR;
       def.abi_minor = KEEL_PLUGIN_ABI_MINOR;
       def.name = info.name;
-      def.domain = "";
+      def.domain = info.domain ? info.domain : "";
       def.op_type = info.op_type;
       def.since_version = info.since_version;
       def.end_version = info.end_version;
@@ -374,6 +396,7 @@ keel_status_t cuda_init(const keel_host_api_t* host, keel_plugin_handle_t* plugi
 
 void cuda_shutdown() {
   blas_shutdown();
+  dnn_shutdown();
   g_host = nullptr;
 }
 

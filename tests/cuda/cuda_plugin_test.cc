@@ -7,7 +7,12 @@
 #include <memory>
 #include <string>
 
+#include <cmath>
+#include <random>
+
 #include "core/runtime/environment.h"
+#include "core/runtime/onnx_io.h"
+#include "core/runtime/session.h"
 #include "tests/device_conformance/device_cts.h"
 
 namespace keel {
@@ -78,6 +83,104 @@ TEST_P(CudaOps, MatchReference) {
 INSTANTIATE_TEST_SUITE_P(Ops, CudaOps,
                          ::testing::Values("Relu", "Sigmoid", "Tanh", "Add", "Mul", "Div", "Softmax", "MatMul", "Gemm",
                                            "Transpose", "Concat", "Cast", "Where"));
+
+// The cuDNN / cuBLASLt kernels (cuda_dnn.cc, cuda_blas.cc), each op's cases including the f16 / bf16 ones.
+INSTANTIATE_TEST_SUITE_P(DnnOps, CudaOps,
+                         ::testing::Values("Conv", "FusedConv", "ConvTranspose", "MaxPool", "AveragePool",
+                                           "GlobalAveragePool", "GlobalMaxPool", "BatchNormalization", "FusedMatMul",
+                                           "FusedGemm"));
+
+Tensor random_tensor(Shape shape, uint32_t seed, float lo, float hi) {
+  Tensor t = Tensor::host(DType::kF32, std::move(shape)).value();
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(lo, hi);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = u(rng);
+  return t;
+}
+
+// A small CNN as an ONNX model: Conv -> BatchNormalization -> Relu -> MaxPool -> Conv -> Relu -> GlobalAveragePool
+// -> Flatten -> Gemm, serialized and loaded back through the ONNX importer.
+StatusOr<Graph> small_cnn() {
+  GraphBuilder b("small_cnn", 15);
+  auto ints = [](std::vector<int64_t> v) { return Attribute::of_ints(std::move(v)); };
+  std::string x = b.input("X", DType::kF32, {2, 3, 32, 32});
+  std::string w1 = b.constant("W1", random_tensor({16, 3, 3, 3}, 1, -0.4f, 0.4f));
+  std::string b1 = b.constant("B1", random_tensor({16}, 2, -0.1f, 0.1f));
+  std::string c1 = b.op1("Conv", {x, w1, b1}, {{"kernel_shape", ints({3, 3})}, {"pads", ints({1, 1, 1, 1})}});
+  std::string bn = b.op1("BatchNormalization",
+                         {c1, b.constant("S", random_tensor({16}, 3, 0.5f, 1.5f)),
+                          b.constant("T", random_tensor({16}, 4, -0.2f, 0.2f)),
+                          b.constant("M", random_tensor({16}, 5, -0.2f, 0.2f)),
+                          b.constant("V", random_tensor({16}, 6, 0.5f, 2.f))},
+                         {{"epsilon", Attribute::of_float(1e-5f)}});
+  std::string r1 = b.op1("Relu", {bn});
+  std::string p1 = b.op1("MaxPool", {r1}, {{"kernel_shape", ints({2, 2})}, {"strides", ints({2, 2})}});
+  std::string w2 = b.constant("W2", random_tensor({32, 16, 3, 3}, 7, -0.2f, 0.2f));
+  std::string b2 = b.constant("B2", random_tensor({32}, 8, -0.1f, 0.1f));
+  std::string c2 = b.op1("Conv", {p1, w2, b2},
+                         {{"kernel_shape", ints({3, 3})}, {"strides", ints({2, 2})}, {"pads", ints({1, 1, 1, 1})}});
+  std::string r2 = b.op1("Relu", {c2});
+  std::string gap = b.op1("GlobalAveragePool", {r2});
+  std::string flat = b.op1("Flatten", {gap}, {{"axis", Attribute::of_int(1)}});
+  std::string wf = b.constant("WF", random_tensor({10, 32}, 9, -0.3f, 0.3f));
+  std::string bf = b.constant("BF", random_tensor({10}, 10, -0.1f, 0.1f));
+  b.output(b.op1("Gemm", {flat, wf, bf}, {{"transB", Attribute::of_int(1)}}));
+  KEEL_ASSIGN_OR_RETURN(std::string bytes, serialize_onnx(b.take()), "serialize small_cnn");
+  return load_onnx_from_memory(bytes.data(), bytes.size(), {});
+}
+
+// Runs small_cnn on `device` (the CPU takes what it cannot) with `passes`, and on the reference CPU; the outputs
+// must agree within rtol 1e-3 (f32, no TF32). Returns the kernels that ran, "op:kernel" each.
+void run_small_cnn(const std::vector<std::string>& passes, std::vector<std::string>* kernels) {
+  auto g = small_cnn();
+  ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+  auto g2 = small_cnn();
+  ASSERT_TRUE(g2.is_ok()) << g2.status().to_string();
+  const Tensor x = random_tensor({2, 3, 32, 32}, 11, -1.f, 1.f);
+  SessionOptions so;
+  so.devices = {"cuda"};
+  so.passes = passes;
+  auto s = Session::create(*envs().dut, std::move(g).value(), so);
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  auto ref = Session::create(*envs().oracle, std::move(g2).value(), SessionOptions{});
+  ASSERT_TRUE(ref.is_ok()) << ref.status().to_string();
+  for (const auto& [node, op, dev, kernel] : (*s)->placement()) kernels->push_back(op + ":" + kernel);
+  auto got = (*s)->run({{"X", x}});
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  auto want = (*ref)->run({{"X", x}});
+  ASSERT_TRUE(want.is_ok()) << want.status().to_string();
+  ASSERT_EQ((*got)[0].shape(), (Shape{2, 10}));
+  ASSERT_EQ((*want)[0].shape(), (Shape{2, 10}));
+  const float* a = (*got)[0].data<float>();
+  const float* e = (*want)[0].data<float>();
+  for (int64_t i = 0; i < 20; ++i) EXPECT_NEAR(a[i], e[i], 1e-4 + 1e-3 * std::fabs(e[i])) << "output " << i;
+}
+
+bool ran_on(const std::vector<std::string>& kernels, const std::string& op, const std::string& kernel) {
+  for (const auto& k : kernels)
+    if (k == op + ":" + kernel) return true;
+  return false;
+}
+
+TEST(CudaPlugin, SmallCnnMatchesCpu) {
+  SKIP_WITHOUT_CUDA();
+  std::vector<std::string> kernels;
+  run_small_cnn({}, &kernels);
+  EXPECT_TRUE(ran_on(kernels, "Conv", "cuda_cudnn_conv"));
+  EXPECT_TRUE(ran_on(kernels, "BatchNormalization", "cuda_batch_norm"));
+  EXPECT_TRUE(ran_on(kernels, "MaxPool", "cuda_cudnn_max_pool"));
+  EXPECT_TRUE(ran_on(kernels, "GlobalAveragePool", "cuda_cudnn_global_average_pool"));
+  EXPECT_TRUE(ran_on(kernels, "Gemm", "cuda_cublaslt_gemm"));
+}
+
+// The same model after the fusion passes: BatchNormalization folded into the Conv, Conv + Relu as keel.FusedConv
+// (cudnnConvolutionBiasActivationForward).
+TEST(CudaPlugin, SmallCnnFusedMatchesCpu) {
+  SKIP_WITHOUT_CUDA();
+  std::vector<std::string> kernels;
+  run_small_cnn({"fuse_conv_bn", "fuse_conv_activation", "fuse_matmul_activation"}, &kernels);
+  EXPECT_TRUE(ran_on(kernels, "FusedConv", "cuda_cudnn_fused_conv"));
+}
 
 }  // namespace
 }  // namespace keel

@@ -782,6 +782,214 @@ void add_chain_cases(std::vector<OpCase>& v) {
   }
 }
 
+// What the GPU plugins serve beyond the f32 tables above: the keel-domain fused ops the fusion passes produce
+// (FusedConv, FusedMatMul, FusedGemm: every activation, bias, residual Z; f32, as their reference kernels), f16 and
+// bf16 cases of the convolution / pooling / normalisation / GEMM ops (an f16 or bf16 output rounds: tolerances of a
+// few ulps), and the pads, ConvTranspose and pooling forms cuDNN handles specially (asymmetric pads, output_shape).
+void add_fused_and_half_cases(std::vector<OpCase>& v) {
+  auto act_attrs = [](const std::string& act, std::vector<float> params = {}) {
+    std::map<std::string, Attribute> a;
+    if (!act.empty()) a["activation"] = S(act);
+    if (!params.empty()) a["activation_params"] = Attribute::of_floats(std::move(params));
+    return a;
+  };
+  auto fused = [&](const std::string& op, std::string label, std::vector<InputSpec> ins,
+                   std::map<std::string, Attribute> attrs) {
+    OpCase c;
+    c.op = op;
+    c.domain = "keel";
+    c.opset = 1;
+    c.label = std::move(label);
+    c.inputs = std::move(ins);
+    c.attrs = std::move(attrs);
+    v.push_back(c);
+  };
+  {  // FusedConv: act(conv(X, W) + B + Z)
+    struct P { std::string act; std::vector<float> params; Shape x; int64_t K, k, s, p, g; bool bias, z; };
+    const P ps[] = {
+        {"Relu", {}, {2, 16, 14, 14}, 32, 3, 1, 1, 1, true, false},
+        {"Relu", {}, {1, 16, 14, 14}, 16, 3, 1, 1, 1, true, true},
+        {"Relu", {}, {1, 8, 9, 9}, 8, 3, 1, 1, 1, false, true},
+        {"", {}, {1, 16, 8, 8}, 32, 1, 1, 0, 1, true, true},
+        {"Sigmoid", {}, {1, 8, 10, 10}, 12, 3, 2, 1, 1, false, false},
+        {"LeakyRelu", {0.2f}, {1, 8, 11, 11}, 16, 3, 2, 0, 1, true, false},
+        {"Clip", {0.f, 6.f}, {1, 32, 9, 9}, 32, 3, 1, 1, 32, true, false},
+        {"Gelu", {}, {1, 16, 7, 7}, 24, 3, 1, 1, 1, true, true},
+        {"HardSwish", {}, {2, 12, 6, 6}, 12, 3, 1, 1, 4, true, false},
+        {"Tanh", {}, {1, 4, 5, 5}, 6, 3, 1, 0, 1, true, true},
+    };
+    for (const P& p : ps) {
+      const int64_t oh = (p.x[2] + 2 * p.p - p.k) / p.s + 1, ow = (p.x[3] + 2 * p.p - p.k) / p.s + 1;
+      std::ostringstream l;
+      l << "act=" << (p.act.empty() ? "none" : p.act) << " X=" << shape_label(p.x) << " K=" << p.K << " k=" << p.k
+        << " s=" << p.s << " p=" << p.p << " g=" << p.g << (p.bias ? " bias" : "") << (p.z ? " Z" : "");
+      std::vector<InputSpec> ins = {in("X", p.x), in("W", {p.K, p.x[1] / p.g, p.k, p.k}, true, -0.5f, 0.5f)};
+      ins.push_back(p.bias ? in("B", {p.K}, true) : absent());
+      if (p.z) ins.push_back(in("Z", {p.x[0], p.K, oh, ow}));
+      auto attrs = act_attrs(p.act, p.params);
+      attrs["kernel_shape"] = Is({p.k, p.k});
+      attrs["strides"] = Is({p.s, p.s});
+      attrs["pads"] = Is({p.p, p.p, p.p, p.p});
+      attrs["group"] = I(p.g);
+      fused("FusedConv", l.str(), ins, attrs);
+    }
+    auto a = act_attrs("Relu");
+    a["pads"] = Is({0, 1, 2, 1});
+    fused("FusedConv", "act=Relu X=[1,8,9,10] K=8 k=3 pads=0,1,2,1 bias",
+          {in("X", {1, 8, 9, 10}), in("W", {8, 8, 3, 3}, true), in("B", {8}, true)}, a);
+    a = act_attrs("Relu");
+    a["strides"] = Is({2});
+    a["pads"] = Is({1, 1});
+    fused("FusedConv", "act=Relu 1d X=[2,8,20] K=16 k=3 s=2 p=1 bias Z",
+          {in("X", {2, 8, 20}), in("W", {16, 8, 3}, true), in("B", {16}, true), in("Z", {2, 16, 10})}, a);
+    a = act_attrs("Relu");
+    a["pads"] = Is({1, 1, 1, 1, 1, 1});
+    fused("FusedConv", "act=Relu 3d X=[1,4,5,6,7] K=8 k=3 p=1 bias",
+          {in("X", {1, 4, 5, 6, 7}), in("W", {8, 4, 3, 3, 3}, true), in("B", {8}, true)}, a);
+  }
+  {  // FusedMatMul: act(matmul(A, B) + bias + Z)
+    struct P { std::string act; Shape a, b, out; bool bias, z; };
+    const P ps[] = {
+        {"Relu", {4, 8, 16}, {16, 9}, {4, 8, 9}, true, false},
+        {"Relu", {64, 32}, {32, 48}, {64, 48}, true, true},
+        {"Gelu", {2, 3, 5, 7}, {2, 3, 7, 4}, {2, 3, 5, 4}, true, true},
+        {"Sigmoid", {1, 5, 6}, {4, 6, 3}, {4, 5, 3}, false, true},
+        {"LeakyRelu", {4, 1, 5, 6}, {3, 6, 2}, {4, 3, 5, 2}, true, false},
+        {"Relu", {9}, {9, 4}, {4}, true, false},
+        {"", {3, 16, 32}, {32, 8}, {3, 16, 8}, true, true},
+    };
+    for (const P& p : ps) {
+      std::string l = "act=" + (p.act.empty() ? std::string("none") : p.act) + " A=" + shape_label(p.a) + " B=" +
+                      shape_label(p.b) + (p.bias ? " bias" : "") + (p.z ? " Z" : "");
+      std::vector<InputSpec> ins = {in("A", p.a), in("B", p.b, true)};
+      ins.push_back(p.bias ? in("bias", {p.b.back()}, true) : absent());
+      if (p.z) ins.push_back(in("Z", p.out));
+      fused("FusedMatMul", l, ins, act_attrs(p.act, p.act == "LeakyRelu" ? std::vector<float>{0.1f} : std::vector<float>{}));
+    }
+  }
+  {  // FusedGemm: act(alpha A' B' + beta C + Z)
+    struct P { std::string act; std::vector<float> params; int64_t M, K, N; int ta, tb; float alpha, beta; Shape c; bool z; };
+    const P ps[] = {
+        {"Relu", {}, 32, 64, 16, 0, 1, 1.f, 1.f, {16}, false},
+        {"Tanh", {}, 5, 7, 3, 1, 0, 0.5f, 2.f, {5, 3}, true},
+        {"Relu", {}, 6, 9, 4, 0, 0, 1.f, 1.f, {6, 1}, true},
+        {"HardSwish", {}, 8, 16, 4, 0, 0, 1.f, 1.f, {}, true},
+        {"Relu", {}, 16, 17, 33, 0, 0, 1.f, 1.f, {1, 33}, true},
+        {"Clip", {-0.5f, 0.5f}, 10, 12, 7, 1, 1, 1.5f, 0.5f, {7}, false},
+        {"", {}, 4, 8, 5, 0, 1, 1.f, 1.f, {5}, true},
+    };
+    for (const P& p : ps) {
+      std::ostringstream l;
+      l << "act=" << (p.act.empty() ? "none" : p.act) << " M=" << p.M << " K=" << p.K << " N=" << p.N << " transA=" << p.ta
+        << " transB=" << p.tb << " alpha=" << p.alpha << " beta=" << p.beta
+        << " C=" << (p.c.empty() ? "none" : shape_label(p.c)) << (p.z ? " Z" : "");
+      std::vector<InputSpec> ins = {in("A", p.ta ? Shape{p.K, p.M} : Shape{p.M, p.K}),
+                                    in("B", p.tb ? Shape{p.N, p.K} : Shape{p.K, p.N}, true)};
+      ins.push_back(p.c.empty() ? absent() : in("C", p.c, true));
+      if (p.z) ins.push_back(in("Z", {p.M, p.N}));
+      auto attrs = act_attrs(p.act, p.params);
+      attrs["transA"] = I(p.ta);
+      attrs["transB"] = I(p.tb);
+      attrs["alpha"] = F(p.alpha);
+      attrs["beta"] = F(p.beta);
+      fused("FusedGemm", l.str(), ins, attrs);
+    }
+  }
+  // f16 and bf16 forms of the convolution / GEMM / pooling / normalisation ops.
+  for (DType dt : {DType::kF16, DType::kBF16}) {
+    const std::string tn = dtype_name(dt);
+    const double tol = dt == DType::kF16 ? 1e-2 : 2e-2;
+    auto add = [&](const std::string& op, std::string label, std::vector<InputSpec> ins,
+                   std::map<std::string, Attribute> attrs, int32_t opset = 17) {
+      OpCase c;
+      c.op = op;
+      c.opset = opset;
+      c.dtype = dt;
+      c.label = tn + " " + label;
+      c.inputs = std::move(ins);
+      c.attrs = std::move(attrs);
+      c.rtol = tol;
+      c.atol = tol;
+      v.push_back(c);
+    };
+    add("Conv", "N=2 C=16 H=14 W=14 K=32 k=3 s=1 p=1",
+        {in("X", {2, 16, 14, 14}), in("W", {32, 16, 3, 3}, true, -0.3f, 0.3f), in("B", {32}, true)},
+        {{"kernel_shape", Is({3, 3})}, {"pads", Is({1, 1, 1, 1})}});
+    add("Conv", "N=1 C=64 H=8 W=8 K=128 k=1 nobias", {in("X", {1, 64, 8, 8}), in("W", {128, 64, 1, 1}, true, -0.2f, 0.2f)},
+        {{"kernel_shape", Is({1, 1})}});
+    add("Conv", "N=1 C=32 H=15 W=15 K=32 k=3 s=2 p=1 g=32",
+        {in("X", {1, 32, 15, 15}), in("W", {32, 1, 3, 3}, true), in("B", {32}, true)},
+        {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"pads", Is({1, 1, 1, 1})}, {"group", I(32)}});
+    add("Conv", "N=1 C=8 H=9 W=10 K=8 k=3 pads=0,1,2,1", {in("X", {1, 8, 9, 10}), in("W", {8, 8, 3, 3}, true, -0.3f, 0.3f)},
+        {{"pads", Is({0, 1, 2, 1})}});
+    add("Conv", "1d N=2 C=16 L=50 K=32 k=5 s=2 p=2",
+        {in("X", {2, 16, 50}), in("W", {32, 16, 5}, true, -0.3f, 0.3f), in("B", {32}, true)},
+        {{"strides", Is({2})}, {"pads", Is({2, 2})}});
+    add("Conv", "3d N=1 C=4 D=5 H=6 W=7 K=8 k=3 p=1",
+        {in("X", {1, 4, 5, 6, 7}), in("W", {8, 4, 3, 3, 3}, true, -0.3f, 0.3f), in("B", {8}, true)},
+        {{"pads", Is({1, 1, 1, 1, 1, 1})}});
+    add("ConvTranspose", "N=1 C=16 H=7 W=7 M=8 k=3 s=2 p=1 op=1",
+        {in("X", {1, 16, 7, 7}), in("W", {16, 8, 3, 3}, true, -0.3f, 0.3f), in("B", {8}, true)},
+        {{"strides", Is({2, 2})}, {"pads", Is({1, 1, 1, 1})}, {"output_padding", Is({1, 1})}});
+    add("MatMul", "A=[64,256] B=[256,64] B-const", {in("A", {64, 256}), in("B", {256, 64}, true, -0.2f, 0.2f)}, {});
+    add("MatMul", "A=[2,128,64] B=[2,64,128]", {in("A", {2, 128, 64}), in("B", {2, 64, 128}, false, -0.3f, 0.3f)}, {});
+    add("MatMul", "A=[4,8,16] B=[16,9] B-const", {in("A", {4, 8, 16}), in("B", {16, 9}, true)}, {});
+    add("MatMul", "A=[4,1,5,6] B=[3,6,2]", {in("A", {4, 1, 5, 6}), in("B", {3, 6, 2})}, {});
+    add("MatMul", "A=[9] B=[9,4]", {in("A", {9}), in("B", {9, 4})}, {});
+    add("Gemm", "M=32 K=256 N=10 transB=1 C=[10]",
+        {in("A", {32, 256}), in("B", {10, 256}, true, -0.2f, 0.2f), in("C", {10}, true)}, {{"transB", I(1)}});
+    add("Gemm", "M=5 K=7 N=3 transA=1 transB=1 alpha=0.5 beta=2 C=[5,3]",
+        {in("A", {7, 5}), in("B", {3, 7}, true), in("C", {5, 3}, true)},
+        {{"transA", I(1)}, {"transB", I(1)}, {"alpha", F(0.5f)}, {"beta", F(2.f)}});
+    add("MaxPool", "X=[1,16,14,14] k=3 s=2 p=1", {in("X", {1, 16, 14, 14})},
+        {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"pads", Is({1, 1, 1, 1})}});
+    add("AveragePool", "X=[1,17,10,10] k=3 s=2 p=1 count_include_pad=1", {in("X", {1, 17, 10, 10})},
+        {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"pads", Is({1, 1, 1, 1})}, {"count_include_pad", I(1)}});
+    add("AveragePool", "X=[1,17,10,10] k=3 s=2 p=1 count_include_pad=0", {in("X", {1, 17, 10, 10})},
+        {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"pads", Is({1, 1, 1, 1})}});
+    add("GlobalAveragePool", "X=[2,64,7,7]", {in("X", {2, 64, 7, 7})}, {});
+    add("GlobalMaxPool", "X=[2,64,7,7]", {in("X", {2, 64, 7, 7})}, {});
+    add("BatchNormalization", "X=[2,16,7,7]",
+        {in("X", {2, 16, 7, 7}), in("scale", {16}, true), in("B", {16}, true), in("mean", {16}, true),
+         in("var", {16}, true, 0.1f, 2.f)},
+        {{"epsilon", F(1e-3f)}}, 15);
+  }
+  // f32 forms cuDNN handles specially.
+  auto add32 = [&](const std::string& op, std::string label, std::vector<InputSpec> ins,
+                   std::map<std::string, Attribute> attrs) {
+    OpCase c;
+    c.op = op;
+    c.label = std::move(label);
+    c.inputs = std::move(ins);
+    c.attrs = std::move(attrs);
+    v.push_back(c);
+  };
+  add32("MaxPool", "X=[1,8,9,10] k=3 s=2 pads=0,1,1,0", {in("X", {1, 8, 9, 10})},
+        {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"pads", Is({0, 1, 1, 0})}});
+  add32("AveragePool", "X=[1,8,9,10] k=3 s=2 pads=0,1,1,0 count_include_pad=1", {in("X", {1, 8, 9, 10})},
+        {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"pads", Is({0, 1, 1, 0})}, {"count_include_pad", I(1)}});
+  add32("AveragePool", "X=[1,8,9,10] k=3 s=2 pads=0,1,1,0 count_include_pad=0", {in("X", {1, 8, 9, 10})},
+        {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"pads", Is({0, 1, 1, 0})}});
+  add32("MaxPool", "3d X=[1,4,6,7,8] k=2 s=2", {in("X", {1, 4, 6, 7, 8})},
+        {{"kernel_shape", Is({2, 2, 2})}, {"strides", Is({2, 2, 2})}});
+  add32("AveragePool", "1d X=[2,4,15] k=3 s=1 p=1 count_include_pad=1", {in("X", {2, 4, 15})},
+        {{"kernel_shape", Is({3})}, {"pads", Is({1, 1})}, {"count_include_pad", I(1)}});
+  add32("ConvTranspose", "N=1 C=8 H=5 W=5 M=4 k=3 s=2 output_shape=10,10",
+        {in("X", {1, 8, 5, 5}), in("W", {8, 4, 3, 3}, true), in("B", {4}, true)},
+        {{"strides", Is({2, 2})}, {"output_shape", Is({10, 10})}});
+  add32("ConvTranspose", "N=1 C=8 H=5 W=6 M=4 k=4 s=2 auto_pad=SAME_UPPER",
+        {in("X", {1, 8, 5, 6}), in("W", {8, 4, 4, 4}, true)}, {{"strides", Is({2, 2})}, {"auto_pad", S("SAME_UPPER")}});
+  add32("ConvTranspose", "3d N=1 C=4 D=3 H=4 W=5 M=6 k=3 s=2 p=1",
+        {in("X", {1, 4, 3, 4, 5}), in("W", {4, 6, 3, 3, 3}, true), in("B", {6}, true)},
+        {{"strides", Is({2, 2, 2})}, {"pads", Is({1, 1, 1, 1, 1, 1})}});
+  add32("ConvTranspose", "N=2 C=6 H=5 W=5 M=6 k=3 s=1 p=2 d=2 g=3",
+        {in("X", {2, 6, 5, 5}), in("W", {6, 2, 3, 3}, true), in("B", {6}, true)},
+        {{"pads", Is({2, 2, 2, 2})}, {"dilations", Is({2, 2})}, {"group", I(3)}});
+  add32("Conv", "3d N=2 C=8 D=4 H=6 W=6 K=8 k=3 p=1 g=8",
+        {in("X", {2, 8, 4, 6, 6}), in("W", {8, 1, 3, 3, 3}, true), in("B", {8}, true)},
+        {{"pads", Is({1, 1, 1, 1, 1, 1})}, {"group", I(8)}});
+}
+
 std::vector<OpCase> make_cases() {
   std::vector<OpCase> v;
   add_conv_cases(v);
@@ -795,6 +1003,7 @@ std::vector<OpCase> make_cases() {
   add_qdq_cases(v);
   add_training_cases(v);
   add_chain_cases(v);
+  add_fused_and_half_cases(v);
   return v;
 }
 
@@ -849,9 +1058,10 @@ Built build(const OpCase& c) {
     Tensor t = make_input(s, seed_of(c, i));
     for (const auto& [index, value] : c.int64_constants)
       if (index == i) t = value;
-    if (t.dtype() == DType::kF32 && c.dtype == DType::kBF16) {
-      Tensor h = Tensor::host(DType::kBF16, t.shape()).value();
-      for (int64_t j = 0; j < t.numel(); ++j) h.data<uint16_t>()[j] = f32_to_bf16(t.data<float>()[j]);
+    if (t.dtype() == DType::kF32 && (c.dtype == DType::kBF16 || c.dtype == DType::kF16)) {
+      Tensor h = Tensor::host(c.dtype, t.shape()).value();
+      for (int64_t j = 0; j < t.numel(); ++j)
+        h.data<uint16_t>()[j] = c.dtype == DType::kBF16 ? f32_to_bf16(t.data<float>()[j]) : f32_to_f16(t.data<float>()[j]);
       t = h;
     }
     if (s.constant) {
@@ -966,7 +1176,7 @@ Report run(Environment& dut, Environment& oracle, const Options& o) {
         r.message = "output " + std::string(dtype_name(got.output.dtype())) + " " + shape_label(got.output.shape()) +
                     ", reference " + dtype_name(ref.output.dtype()) + " " + shape_label(ref.output.shape());
       } else {
-        // Compared as doubles: f32/bf16 outputs, or integer outputs (int8 kernels) within c.int_tol.
+        // Compared as doubles: f32/f16/bf16 outputs, or integer outputs (int8 kernels) within c.int_tol.
         auto as_double = [](const Tensor& t) {
           std::vector<double> d(static_cast<size_t>(t.numel()));
           for (int64_t i = 0; i < t.numel(); ++i) {
@@ -976,12 +1186,14 @@ Report run(Environment& dut, Environment& oracle, const Options& o) {
               case DType::kI32: d[static_cast<size_t>(i)] = t.data<int32_t>()[i]; break;
               case DType::kI64: d[static_cast<size_t>(i)] = static_cast<double>(t.data<int64_t>()[i]); break;
               case DType::kBF16: d[static_cast<size_t>(i)] = bf16_to_f32(t.data<uint16_t>()[i]); break;
+              case DType::kF16: d[static_cast<size_t>(i)] = f16_to_f32(t.data<uint16_t>()[i]); break;
               default: d[static_cast<size_t>(i)] = t.data<float>()[i]; break;
             }
           }
           return d;
         };
-        const bool integer = ref.output.dtype() != DType::kF32 && ref.output.dtype() != DType::kBF16;
+        const bool integer = ref.output.dtype() != DType::kF32 && ref.output.dtype() != DType::kBF16 &&
+                             ref.output.dtype() != DType::kF16;
         const std::vector<double> av = as_double(got.output), ev = as_double(ref.output);
         const double* a = av.data();
         const double* e = ev.data();

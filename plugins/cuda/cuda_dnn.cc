@@ -1,0 +1,927 @@
+// plugins/cuda/cuda_dnn.cc — convolution, pooling and normalisation kernels of the CUDA plugin, through cuDNN 9's
+// descriptor API (cudnn_cnn / cudnn_ops):
+//
+//   Conv                 1-D / 2-D / 3-D (1-D runs as 2-D with H = 1), groups (depthwise included), dilations,
+//                        strides, pads, auto_pad SAME_UPPER / SAME_LOWER / VALID; bias by the epilogue kernel.
+//                        Asymmetric pads: the input is padded explicitly by the difference (cuda_dnn_kernels.cu) and
+//                        cuDNN pads the symmetric rest.
+//   keel.FusedConv       act(conv(X, W) + B + Z): cudnnConvolutionBiasActivationForward for Relu with a bias (Z as its
+//                        z operand); every other activation (or no bias) runs the convolution and then one epilogue
+//                        kernel (bias + Z + activation). Should cuDNN refuse the fused call (BAD_PARAM / NOT_SUPPORTED
+//                        for a configuration), the kernel switches to the unfused path for good.
+//   ConvTranspose        cudnnConvolutionBackwardData + bias; output_padding, output_shape, auto_pad. Pads must be
+//                        symmetric per dimension (else UNIMPLEMENTED, the core falls back).
+//   MaxPool, AveragePool (count_include_pad), GlobalAveragePool, GlobalMaxPool: cudnnPoolingForward. Rejected:
+//                        dilations != 1, the Indices output, ceil_mode where it changes the output size, asymmetric
+//                        pads of AveragePool without count_include_pad (MaxPool pads with -inf, AveragePool with
+//                        count_include_pad with 0, explicitly).
+//   BatchNormalization   inference (training_mode = 0), an own kernel (the parameters may be f32 under f16 / bf16
+//                        data, which cuDNN's BN does not take); built even without cuDNN.
+//
+// Dtypes: f32, f16, bf16 (inputs and outputs of one dtype; BN's parameters may differ). f32 computes in true f32
+// (CUDNN_FMA_MATH) unless KEEL_CUDA_TF32=1; f16 / bf16 use tensor-op math with f32 accumulation.
+// Algorithms are chosen once per input shape, when a kernel first runs it (cudnnGetConvolution*Algorithm_v7, the
+// workspace bounded by kMaxWorkspace), and cached in the kernel with the descriptors. cuDNN handles are pooled per
+// device (a handle is bound to the computing stream for each call), created lazily, destroyed at plugin shutdown.
+// Every cuDNN status is checked: NOT_SUPPORTED becomes UNIMPLEMENTED (at create or compute the core then runs the
+// node on another kernel), allocation failures OUT_OF_MEMORY, the rest INTERNAL; messages name the call and shapes.
+//
+// Without cuDNN (KEEL_CUDA_HAVE_CUDNN 0, see CMakeLists.txt) only BatchNormalization is registered from here.
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "cuda_common.h"
+#include "cuda_dnn_kernels.h"
+
+#if KEEL_CUDA_HAVE_CUDNN
+#include <cudnn.h>
+#endif
+
+namespace keel::cuda {
+namespace {
+
+bool is_float(int32_t t) { return t == KEEL_DTYPE_F32 || t == KEEL_DTYPE_F16 || t == KEEL_DTYPE_BF16; }
+
+Failure invalid(const std::string& msg) { return Failure{KEEL_STATUS_INVALID_ARGUMENT, "cuda: " + msg}; }
+
+// ---------------------------------------------------------------------------------------------------------------
+// BatchNormalization (inference)
+// ---------------------------------------------------------------------------------------------------------------
+
+class BatchNormK : public Kernel {
+ public:
+  void setup(Ctx& c) override {
+    if (!is_float(c.dtype(0))) throw Reject{"X dtype " + std::to_string(c.dtype(0)) + " (only f32, f16, bf16)"};
+    if (c.input_count() < 5) throw Reject{"needs X, scale, B, mean, var"};
+    for (int i = 1; i < 5; ++i)
+      if (!c.has_input(i)) throw Reject{"input " + std::to_string(i) + " is absent"};
+    pdt_ = c.dtype(1);
+    if (!is_float(pdt_)) throw Reject{"scale dtype " + std::to_string(pdt_) + " (only f32, f16, bf16)"};
+    for (int i = 2; i < 5; ++i)
+      if (c.dtype(i) != pdt_) throw Reject{"scale, B, mean and var of different dtypes"};
+    if (c.attr_i("training_mode", 0) != 0) throw Reject{"training_mode = 1 (only inference)"};
+    if (c.opset() < 9 && c.attr_i("spatial", 1) == 0) throw Reject{"spatial = 0"};
+    for (int i = 1; i < c.output_count(); ++i)
+      if (c.output_dtype(i) != KEEL_DTYPE_UNDEFINED) throw Reject{"running statistics outputs (training)"};
+    eps_ = c.attr_f("epsilon", 1e-5f);
+  }
+  void run(Ctx& c) override {
+    const Dims d = c.dims(0);
+    if (d.size() < 2) throw invalid("BatchNormalization X " + dims_str(d) + " needs rank >= 2");
+    const int64_t C = d[1];
+    for (int i = 1; i < 5; ++i)
+      if (numel(c.dims(i)) != C)
+        throw invalid("BatchNormalization input " + std::to_string(i) + " " + dims_str(c.dims(i)) + " has not " +
+                      std::to_string(C) + " entries (X " + dims_str(d) + ")");
+    int64_t inner = 1;
+    for (size_t i = 2; i < d.size(); ++i) inner *= d[i];
+    keel_tensor_t* y = c.output(0, d);
+    const int64_t n = numel(d);
+    if (n == 0) return;
+    check_cuda(launch_batch_norm(c.dtype(0), pdt_, c.data(0), c.data(1), c.data(2), c.data(3), c.data(4), eps_,
+                                 y->data, n, inner, C, c.stream()),
+               ("BatchNormalization kernel, X " + dims_str(d)).c_str());
+  }
+
+ private:
+  int32_t pdt_ = KEEL_DTYPE_F32;
+  float eps_ = 1e-5f;
+};
+
+#if KEEL_CUDA_HAVE_CUDNN
+
+// ---------------------------------------------------------------------------------------------------------------
+// cuDNN plumbing: status, handles, descriptors
+// ---------------------------------------------------------------------------------------------------------------
+
+constexpr size_t kMaxWorkspace = size_t(256) << 20;  // the largest algorithm workspace a kernel asks for
+
+Failure unimplemented(const std::string& msg) { return Failure{KEEL_STATUS_UNIMPLEMENTED, "cuda: " + msg}; }
+
+bool not_supported(cudnnStatus_t s) { return CUDNN_STATUS_CATEGORY(s) == CUDNN_STATUS_NOT_SUPPORTED; }
+bool bad_param(cudnnStatus_t s) { return CUDNN_STATUS_CATEGORY(s) == CUDNN_STATUS_BAD_PARAM; }
+
+// Throws Failure naming `what` and `shapes` when s is not CUDNN_STATUS_SUCCESS.
+void check_dnn(cudnnStatus_t s, const char* what, const std::string& shapes) {
+  if (s == CUDNN_STATUS_SUCCESS) return;
+  char detail[512];
+  detail[0] = '\0';
+  cudnnGetLastErrorString(detail, sizeof detail);
+  int32_t code = KEEL_STATUS_INTERNAL;
+  if (not_supported(s)) code = KEEL_STATUS_UNIMPLEMENTED;  // the core falls back to another kernel
+  else if (s == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED ||
+           s == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED)
+    code = KEEL_STATUS_OUT_OF_MEMORY;
+  std::string msg = std::string("cuda: ") + what + " (" + shapes + "): " + cudnnGetErrorString(s) + " (" +
+                    std::to_string(static_cast<int>(s)) + ")";
+  if (detail[0]) msg += ": " + std::string(detail);
+  throw Failure{code, msg};
+}
+
+std::mutex g_dnn_mu;
+std::vector<std::pair<int, cudnnHandle_t>> g_free_dnn;  // idle handles, by device
+
+// A pooled cuDNN handle of `device` bound to `stream` for the lifetime of this object.
+class DnnHandle {
+ public:
+  DnnHandle(int device, cudaStream_t stream) : device_(device) {
+    {
+      std::lock_guard<std::mutex> lock(g_dnn_mu);
+      for (size_t i = 0; i < g_free_dnn.size(); ++i)
+        if (g_free_dnn[i].first == device) {
+          h_ = g_free_dnn[i].second;
+          g_free_dnn.erase(g_free_dnn.begin() + static_cast<std::ptrdiff_t>(i));
+          break;
+        }
+    }
+    if (!h_) check_dnn(cudnnCreate(&h_), "cudnnCreate", "device " + std::to_string(device));  // current device
+    cudnnStatus_t s = cudnnSetStream(h_, stream);
+    if (s != CUDNN_STATUS_SUCCESS) {
+      release();
+      check_dnn(s, "cudnnSetStream", "device " + std::to_string(device));
+    }
+  }
+  ~DnnHandle() { release(); }
+  DnnHandle(const DnnHandle&) = delete;
+  DnnHandle& operator=(const DnnHandle&) = delete;
+  cudnnHandle_t get() const { return h_; }
+
+ private:
+  void release() {
+    if (!h_) return;
+    std::lock_guard<std::mutex> lock(g_dnn_mu);
+    g_free_dnn.emplace_back(device_, h_);
+    h_ = nullptr;
+  }
+  int device_;
+  cudnnHandle_t h_ = nullptr;
+};
+
+cudnnDataType_t dnn_type(int32_t t) {
+  switch (t) {
+    case KEEL_DTYPE_F16: return CUDNN_DATA_HALF;
+    case KEEL_DTYPE_BF16: return CUDNN_DATA_BFLOAT16;
+    default: return CUDNN_DATA_FLOAT;
+  }
+}
+
+std::vector<int> to_int(const Dims& d, const char* what) {
+  std::vector<int> r(d.size());
+  for (size_t i = 0; i < d.size(); ++i) {
+    if (d[i] < 0 || d[i] > INT_MAX) throw unimplemented(std::string(what) + " " + dims_str(d) + " beyond int32");
+    r[i] = static_cast<int>(d[i]);
+  }
+  return r;
+}
+
+class TensorDesc {
+ public:
+  TensorDesc() { check_dnn(cudnnCreateTensorDescriptor(&d_), "cudnnCreateTensorDescriptor", ""); }
+  ~TensorDesc() { if (d_) cudnnDestroyTensorDescriptor(d_); }
+  TensorDesc(const TensorDesc&) = delete;
+  TensorDesc& operator=(const TensorDesc&) = delete;
+  // A packed row-major (NCHW / NCDHW) tensor of rank 4 or 5.
+  void set(int32_t dtype, const Dims& dims, const char* what) {
+    const std::vector<int> d = to_int(dims, what);
+    std::vector<int> strides(d.size(), 1);
+    for (size_t i = d.size() - 1; i-- > 0;) {
+      const int64_t s = static_cast<int64_t>(strides[i + 1]) * std::max(d[i + 1], 1);
+      if (s > INT_MAX) throw unimplemented(std::string(what) + " " + dims_str(dims) + ": strides beyond int32");
+      strides[i] = static_cast<int>(s);
+    }
+    check_dnn(cudnnSetTensorNdDescriptor(d_, dnn_type(dtype), static_cast<int>(d.size()), d.data(), strides.data()),
+              "cudnnSetTensorNdDescriptor", std::string(what) + " " + dims_str(dims));
+  }
+  cudnnTensorDescriptor_t get() const { return d_; }
+
+ private:
+  cudnnTensorDescriptor_t d_ = nullptr;
+};
+
+class FilterDesc {
+ public:
+  FilterDesc() { check_dnn(cudnnCreateFilterDescriptor(&d_), "cudnnCreateFilterDescriptor", ""); }
+  ~FilterDesc() { if (d_) cudnnDestroyFilterDescriptor(d_); }
+  FilterDesc(const FilterDesc&) = delete;
+  FilterDesc& operator=(const FilterDesc&) = delete;
+  void set(int32_t dtype, const Dims& dims) {
+    const std::vector<int> d = to_int(dims, "W");
+    check_dnn(cudnnSetFilterNdDescriptor(d_, dnn_type(dtype), CUDNN_TENSOR_NCHW, static_cast<int>(d.size()), d.data()),
+              "cudnnSetFilterNdDescriptor", "W " + dims_str(dims));
+  }
+  cudnnFilterDescriptor_t get() const { return d_; }
+
+ private:
+  cudnnFilterDescriptor_t d_ = nullptr;
+};
+
+class ConvDesc {
+ public:
+  ConvDesc() { check_dnn(cudnnCreateConvolutionDescriptor(&d_), "cudnnCreateConvolutionDescriptor", ""); }
+  ~ConvDesc() { if (d_) cudnnDestroyConvolutionDescriptor(d_); }
+  ConvDesc(const ConvDesc&) = delete;
+  ConvDesc& operator=(const ConvDesc&) = delete;
+  // Cross-correlation (ONNX Conv) with f32 accumulation for every data type; pads symmetric per spatial dim.
+  void set(const Dims& pads, const Dims& strides, const Dims& dilations, int64_t group, const std::string& shapes) {
+    const std::vector<int> p = to_int(pads, "pads"), s = to_int(strides, "strides"), d = to_int(dilations, "dilations");
+    check_dnn(cudnnSetConvolutionNdDescriptor(d_, static_cast<int>(p.size()), p.data(), s.data(), d.data(),
+                                              CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+              "cudnnSetConvolutionNdDescriptor", shapes);
+    check_dnn(cudnnSetConvolutionGroupCount(d_, static_cast<int>(group)), "cudnnSetConvolutionGroupCount", shapes);
+  }
+  void math(cudnnMathType_t m, const std::string& shapes) {
+    check_dnn(cudnnSetConvolutionMathType(d_, m), "cudnnSetConvolutionMathType", shapes);
+  }
+  cudnnConvolutionDescriptor_t get() const { return d_; }
+
+ private:
+  cudnnConvolutionDescriptor_t d_ = nullptr;
+};
+
+class PoolDesc {
+ public:
+  PoolDesc() { check_dnn(cudnnCreatePoolingDescriptor(&d_), "cudnnCreatePoolingDescriptor", ""); }
+  ~PoolDesc() { if (d_) cudnnDestroyPoolingDescriptor(d_); }
+  PoolDesc(const PoolDesc&) = delete;
+  PoolDesc& operator=(const PoolDesc&) = delete;
+  cudnnPoolingDescriptor_t get() const { return d_; }
+
+ private:
+  cudnnPoolingDescriptor_t d_ = nullptr;
+};
+
+class ActDesc {
+ public:
+  ActDesc() { check_dnn(cudnnCreateActivationDescriptor(&d_), "cudnnCreateActivationDescriptor", ""); }
+  ~ActDesc() { if (d_) cudnnDestroyActivationDescriptor(d_); }
+  ActDesc(const ActDesc&) = delete;
+  ActDesc& operator=(const ActDesc&) = delete;
+  cudnnActivationDescriptor_t get() const { return d_; }
+
+ private:
+  cudnnActivationDescriptor_t d_ = nullptr;
+};
+
+// The math type a convolution of `dtype` is set up with before the algorithm query: true f32 (FMA) unless TF32 is
+// opted in (DEFAULT math permits TF32 on sm_80+), tensor ops for f16 / bf16.
+cudnnMathType_t math_for(int32_t dtype) {
+  if (dtype == KEEL_DTYPE_F32) return tf32_allowed() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+  return CUDNN_TENSOR_OP_MATH;
+}
+// Whether an algorithm reported with math type m may run for `dtype` (strict f32 takes FMA kernels only).
+bool math_ok(int32_t dtype, cudnnMathType_t m) {
+  return dtype != KEEL_DTYPE_F32 || tf32_allowed() || m == CUDNN_FMA_MATH;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Spatial geometry (as ops/reference/nn_common.h spatial_geom)
+// ---------------------------------------------------------------------------------------------------------------
+
+struct SpatialAttrs {
+  Dims kernel_shape;  // empty: from the weights
+  Dims strides, dilations, pads;
+  std::string auto_pad = "NOTSET";
+  bool ceil_mode = false;
+
+  void read(const Ctx& c, bool dilations_attr) {
+    kernel_shape = c.attr_ints("kernel_shape", {});
+    strides = c.attr_ints("strides", {});
+    dilations = dilations_attr ? c.attr_ints("dilations", {}) : Dims{};
+    pads = c.attr_ints("pads", {});
+    auto_pad = c.attr_s("auto_pad", "NOTSET");
+    if (auto_pad.empty()) auto_pad = "NOTSET";
+    if (auto_pad != "NOTSET" && auto_pad != "VALID" && auto_pad != "SAME_UPPER" && auto_pad != "SAME_LOWER")
+      throw Reject{"unknown auto_pad '" + auto_pad + "'"};
+    ceil_mode = c.attr_i("ceil_mode", 0) != 0;
+  }
+};
+
+struct Geom {
+  int r = 0;
+  Dims in, kernel, strides, dilations, pads, out;  // pads: r begins, then r ends
+  bool ceil_changes = false;                       // ceil_mode made an output dimension larger than floor would
+};
+
+Geom make_geom(const SpatialAttrs& a, const Dims& in, const Dims& kernel, const std::string& op) {
+  Geom g;
+  g.r = static_cast<int>(in.size());
+  g.in = in;
+  g.kernel = kernel;
+  const size_t r = in.size();
+  if (kernel.size() != r)
+    throw invalid(op + ": kernel " + dims_str(kernel) + " for " + std::to_string(r) + " spatial dimensions");
+  for (int64_t v : kernel)
+    if (v <= 0) throw invalid(op + ": kernel " + dims_str(kernel) + " has a non-positive entry");
+  g.strides = a.strides.empty() ? Dims(r, 1) : a.strides;
+  g.dilations = a.dilations.empty() ? Dims(r, 1) : a.dilations;
+  if (g.strides.size() != r || g.dilations.size() != r)
+    throw invalid(op + ": strides / dilations need " + std::to_string(r) + " entries");
+  for (size_t i = 0; i < r; ++i)
+    if (g.strides[i] <= 0 || g.dilations[i] <= 0) throw invalid(op + ": strides and dilations must be positive");
+  Dims eff(r);
+  for (size_t i = 0; i < r; ++i) eff[i] = (kernel[i] - 1) * g.dilations[i] + 1;
+  if (a.auto_pad == "NOTSET") {
+    g.pads = a.pads.empty() ? Dims(2 * r, 0) : a.pads;
+    if (g.pads.size() != 2 * r) throw invalid(op + ": pads " + dims_str(g.pads) + " needs " + std::to_string(2 * r) + " entries");
+    for (int64_t v : g.pads)
+      if (v < 0) throw invalid(op + ": negative pads " + dims_str(g.pads));
+  } else if (a.auto_pad == "VALID") {
+    g.pads.assign(2 * r, 0);
+  } else {
+    g.pads.assign(2 * r, 0);
+    for (size_t i = 0; i < r; ++i) {
+      const int64_t s = g.strides[i];
+      const int64_t residual = s > 1 ? in[i] % s : 0;
+      int64_t total = residual == 0 ? eff[i] - s : eff[i] - residual;
+      if (total < 0) total = 0;
+      const int64_t small = total >> 1, big = total - small;
+      g.pads[i] = a.auto_pad == "SAME_UPPER" ? small : big;
+      g.pads[i + r] = a.auto_pad == "SAME_UPPER" ? big : small;
+    }
+  }
+  g.out.resize(r);
+  for (size_t i = 0; i < r; ++i) {
+    const int64_t span = in[i] + g.pads[i] + g.pads[i + r] - eff[i];
+    if (span < 0)
+      throw invalid(op + ": kernel " + dims_str(kernel) + " (dilated) larger than the padded input " + dims_str(in));
+    const int64_t floor_pos = span / g.strides[i];
+    const int64_t pos = a.ceil_mode ? (span + g.strides[i] - 1) / g.strides[i] : floor_pos;
+    if (pos != floor_pos) g.ceil_changes = true;
+    g.out[i] = 1 + pos;
+  }
+  return g;
+}
+
+// 1-D problems run as 2-D with a leading spatial dimension of 1; rank 4 / 5 (2-D / 3-D) as they are.
+Dims lift(const Dims& d, int64_t fill) {
+  if (d.size() != 3) return d;
+  return {d[0], d[1], fill, d[2]};
+}
+Dims lift_spatial(const Dims& v, int64_t fill) {
+  if (v.size() != 1) return v;
+  return {fill, v[0]};
+}
+
+std::string shapes3(const Dims& x, const Dims& w, const Dims& y) {
+  return "X " + dims_str(x) + ", W " + dims_str(w) + ", Y " + dims_str(y);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Conv and keel.FusedConv
+// ---------------------------------------------------------------------------------------------------------------
+
+class ConvK : public Kernel {
+ public:
+  explicit ConvK(bool fused) : fused_(fused) {}
+
+  void setup(Ctx& c) override {
+    dt_ = c.dtype(0);
+    if (!is_float(dt_)) throw Reject{"X dtype " + std::to_string(dt_) + " (only f32, f16, bf16)"};
+    const int last = fused_ ? 4 : 3;
+    for (int i = 1; i < last && i < c.input_count(); ++i)
+      if (c.has_input(i) && c.dtype(i) != dt_) throw Reject{"inputs of different dtypes"};
+    for (int i : {0, 1})
+      if (c.rank_known(i) && (c.dims(i).size() < 3 || c.dims(i).size() > 5))
+        throw Reject{"rank " + std::to_string(c.dims(i).size()) + " (only 1-D, 2-D and 3-D convolutions)"};
+    attrs_.read(c, true);
+    attrs_.ceil_mode = false;
+    group_ = c.attr_i("group", 1);
+    if (group_ <= 0 || group_ > INT_MAX) throw Reject{"group " + std::to_string(group_)};
+    if (fused_) act_ = read_fused_activation(c);
+  }
+
+  void run(Ctx& c) override {
+    const Dims x = c.dims(0), w = c.dims(1);
+    if (x.size() < 3 || x.size() > 5 || w.size() != x.size())
+      throw invalid("Conv X " + dims_str(x) + " and W " + dims_str(w) + " need one rank in 3..5");
+    const int64_t C = x[1], M = w[0];
+    if (C != w[1] * group_ || M % group_ != 0)
+      throw invalid("Conv channels do not match: X " + dims_str(x) + ", W " + dims_str(w) + ", group " +
+                    std::to_string(group_));
+    if (!plan_ || plan_->x != x || plan_->w != w) build(c, x, w);
+    Plan& p = *plan_;
+    const bool has_b = c.input_count() > 2 && c.has_input(2);
+    const bool has_z = fused_ && c.input_count() > 3 && c.has_input(3);
+    if (has_b && numel(c.dims(2)) != M)
+      throw invalid("Conv B " + dims_str(c.dims(2)) + " needs " + std::to_string(M) + " entries");
+    if (has_z && c.dims(3) != p.y)
+      throw invalid("FusedConv Z " + dims_str(c.dims(3)) + " must have the output's shape " + dims_str(p.y));
+    keel_tensor_t* y = c.output(0, p.y);
+    if (numel(p.y) == 0) return;
+    const std::string shapes = shapes3(x, w, p.y);
+    if (p.empty) throw unimplemented("Conv over 0 input channels (" + shapes + ")");
+    DnnHandle h(c.device(), c.stream());
+    const void* xin = c.data(0);
+    if (p.explicit_pad) {
+      void* padded = c.workspace(static_cast<uint64_t>(numel(p.x_padded) * dtype_size(dt_)));
+      check_cuda(launch_pad(dt_, xin, p.x_lifted.data(), padded, p.x_padded.data(), p.pad_before.data(),
+                            static_cast<int>(p.x_padded.size()), 0.f, c.stream()),
+                 ("Conv input padding, " + shapes).c_str());
+      xin = padded;
+    }
+    void* ws = c.workspace(p.ws);
+    const float one = 1.f, zero = 0.f;
+    const bool try_fused = fused_ && fused_ok_ && static_cast<FusedAct>(act_.kind) == FusedAct::kRelu && has_b;
+    if (try_fused) {
+      const float alpha2 = has_z ? 1.f : 0.f;
+      cudnnStatus_t s = cudnnConvolutionBiasActivationForward(
+          h.get(), &one, p.xd.get(), xin, p.wd.get(), c.data(1), p.cd.get(), p.algo, ws, p.ws, &alpha2, p.yd.get(),
+          has_z ? c.data(3) : y->data, p.bd.get(), c.data(2), p.ad.get(), p.yd.get(), y->data);
+      if (s == CUDNN_STATUS_SUCCESS) return;
+      if (!not_supported(s) && !bad_param(s)) check_dnn(s, "cudnnConvolutionBiasActivationForward", shapes);
+      // cuDNN refuses this configuration of the fused call (nothing ran): convolution + epilogue from now on.
+      fused_ok_ = false;
+    }
+    check_dnn(cudnnConvolutionForward(h.get(), &one, p.xd.get(), xin, p.wd.get(), c.data(1), p.cd.get(), p.algo, ws,
+                                      p.ws, &zero, p.yd.get(), y->data),
+              "cudnnConvolutionForward", shapes);
+    const FusedAct act = fused_ ? static_cast<FusedAct>(act_.kind) : FusedAct::kNone;
+    if (has_b || has_z || act != FusedAct::kNone) {
+      int64_t inner = 1;
+      for (size_t i = 2; i < p.y.size(); ++i) inner *= p.y[i];
+      check_cuda(launch_bias_act(dt_, y->data, has_b ? c.data(2) : nullptr, has_z ? c.data(3) : nullptr,
+                                 numel(p.y), inner, M, act, act_.a, act_.b, c.stream()),
+                 ("Conv epilogue, " + shapes).c_str());
+    }
+  }
+
+ private:
+  struct Plan {
+    Dims x, w, y;                           // the shapes this plan is for (as the node sees them)
+    Dims x_lifted, x_padded, pad_before;    // 1-D lifted to 2-D; explicitly padded input (when pads are asymmetric)
+    bool explicit_pad = false;
+    bool empty = false;                     // a zero-sized operand: no descriptors (cuDNN takes no empty tensors)
+    TensorDesc xd, yd, bd;
+    FilterDesc wd;
+    ConvDesc cd;
+    ActDesc ad;
+    cudnnConvolutionFwdAlgo_t algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+    size_t ws = 0;
+  };
+
+  void build(Ctx& c, const Dims& x, const Dims& w) {
+    auto p = std::make_unique<Plan>();
+    p->x = x;
+    p->w = w;
+    const Dims in(x.begin() + 2, x.end()), kernel(w.begin() + 2, w.end());
+    if (!attrs_.kernel_shape.empty() && attrs_.kernel_shape != kernel)
+      throw invalid("Conv kernel_shape " + dims_str(attrs_.kernel_shape) + " differs from W " + dims_str(w));
+    const Geom g = make_geom(attrs_, in, kernel, "Conv");
+    const size_t r = in.size();
+    p->y = {x[0], w[0]};
+    p->y.insert(p->y.end(), g.out.begin(), g.out.end());
+    if (numel(x) == 0 || numel(w) == 0 || numel(p->y) == 0) {
+      p->empty = true;
+      plan_ = std::move(p);
+      return;
+    }
+    // Symmetric pads for cuDNN; the difference, if any, padded explicitly at the front / back of the input.
+    Dims sym(r), before(r), after(r);
+    for (size_t i = 0; i < r; ++i) {
+      sym[i] = std::min(g.pads[i], g.pads[i + r]);
+      before[i] = g.pads[i] - sym[i];
+      after[i] = g.pads[i + r] - sym[i];
+      if (before[i] || after[i]) p->explicit_pad = true;
+    }
+    p->x_lifted = lift(x, 1);
+    const Dims y4 = lift(p->y, 1), w4 = lift(w, 1);
+    const Dims sym4 = lift_spatial(sym, 0), strides4 = lift_spatial(g.strides, 1),
+               dil4 = lift_spatial(g.dilations, 1), before4 = lift_spatial(before, 0), after4 = lift_spatial(after, 0);
+    p->x_padded = p->x_lifted;
+    p->pad_before.assign(p->x_lifted.size(), 0);
+    for (size_t i = 0; i < before4.size(); ++i) {
+      p->x_padded[i + 2] += before4[i] + after4[i];
+      p->pad_before[i + 2] = before4[i];
+    }
+    const std::string shapes = shapes3(x, w, p->y) + ", pads " + dims_str(g.pads);
+    p->xd.set(dt_, p->x_padded, "X");
+    p->yd.set(dt_, y4, "Y");
+    p->wd.set(dt_, w4);
+    p->cd.set(sym4, strides4, dil4, group_, shapes);
+    // cuDNN's own output shape must be ours.
+    std::vector<int> od(y4.size());
+    check_dnn(cudnnGetConvolutionNdForwardOutputDim(p->cd.get(), p->xd.get(), p->wd.get(), static_cast<int>(od.size()),
+                                                    od.data()),
+              "cudnnGetConvolutionNdForwardOutputDim", shapes);
+    for (size_t i = 0; i < od.size(); ++i)
+      if (od[i] != y4[i]) throw Failure{KEEL_STATUS_INTERNAL, "cuda: cuDNN's Conv output shape differs (" + shapes + ")"};
+    if (fused_) {
+      Dims bshape(y4.size(), 1);
+      bshape[1] = w[0];
+      p->bd.set(dt_, bshape, "B");
+      check_dnn(cudnnSetActivationDescriptor(p->ad.get(), CUDNN_ACTIVATION_RELU, CUDNN_PROPAGATE_NAN, 0.0),
+                "cudnnSetActivationDescriptor", shapes);
+    }
+    DnnHandle h(c.device(), c.stream());
+    p->cd.math(math_for(dt_), shapes);
+    int max = 0;
+    check_dnn(cudnnGetConvolutionForwardAlgorithmMaxCount(h.get(), &max), "cudnnGetConvolutionForwardAlgorithmMaxCount",
+              shapes);
+    std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(static_cast<size_t>(std::max(max, 1)));
+    int got = 0;
+    check_dnn(cudnnGetConvolutionForwardAlgorithm_v7(h.get(), p->xd.get(), p->wd.get(), p->cd.get(), p->yd.get(),
+                                                     static_cast<int>(perf.size()), &got, perf.data()),
+              "cudnnGetConvolutionForwardAlgorithm_v7", shapes);
+    bool found = false;
+    for (int i = 0; i < got && !found; ++i) {
+      const cudnnConvolutionFwdAlgoPerf_t& r = perf[static_cast<size_t>(i)];
+      if (r.status != CUDNN_STATUS_SUCCESS || r.memory > kMaxWorkspace || !math_ok(dt_, r.mathType)) continue;
+      p->algo = r.algo;
+      p->cd.math(r.mathType, shapes);  // the algorithm and its math type go together
+      found = true;
+    }
+    if (!found) p->algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;  // no workspace, every configuration
+    check_dnn(cudnnGetConvolutionForwardWorkspaceSize(h.get(), p->xd.get(), p->wd.get(), p->cd.get(), p->yd.get(),
+                                                      p->algo, &p->ws),
+              "cudnnGetConvolutionForwardWorkspaceSize", shapes);
+    plan_ = std::move(p);
+  }
+
+  bool fused_;
+  bool fused_ok_ = true;
+  int32_t dt_ = KEEL_DTYPE_F32;
+  SpatialAttrs attrs_;
+  int64_t group_ = 1;
+  FusedActivation act_;
+  std::unique_ptr<Plan> plan_;
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+// ConvTranspose: the data gradient of the convolution from Y's shape to X's
+// ---------------------------------------------------------------------------------------------------------------
+
+class ConvTransposeK : public Kernel {
+ public:
+  void setup(Ctx& c) override {
+    dt_ = c.dtype(0);
+    if (!is_float(dt_)) throw Reject{"X dtype " + std::to_string(dt_) + " (only f32, f16, bf16)"};
+    for (int i = 1; i < 3 && i < c.input_count(); ++i)
+      if (c.has_input(i) && c.dtype(i) != dt_) throw Reject{"inputs of different dtypes"};
+    for (int i : {0, 1})
+      if (c.rank_known(i) && (c.dims(i).size() < 3 || c.dims(i).size() > 5))
+        throw Reject{"rank " + std::to_string(c.dims(i).size()) + " (only 1-D, 2-D and 3-D)"};
+    group_ = c.attr_i("group", 1);
+    if (group_ <= 0 || group_ > INT_MAX) throw Reject{"group " + std::to_string(group_)};
+    kernel_shape_ = c.attr_ints("kernel_shape", {});
+    strides_ = c.attr_ints("strides", {});
+    dilations_ = c.attr_ints("dilations", {});
+    out_pad_ = c.attr_ints("output_padding", {});
+    pads_ = c.attr_ints("pads", {});
+    has_out_shape_ = c.has_attr_ints("output_shape");
+    out_shape_ = c.attr_ints("output_shape", {});
+    auto_pad_ = c.attr_s("auto_pad", "NOTSET");
+    if (auto_pad_.empty()) auto_pad_ = "NOTSET";
+    if (auto_pad_ != "NOTSET" && auto_pad_ != "VALID" && auto_pad_ != "SAME_UPPER" && auto_pad_ != "SAME_LOWER")
+      throw Reject{"unknown auto_pad '" + auto_pad_ + "'"};
+  }
+
+  void run(Ctx& c) override {
+    const Dims x = c.dims(0), w = c.dims(1);
+    if (x.size() < 3 || x.size() > 5 || w.size() != x.size())
+      throw invalid("ConvTranspose X " + dims_str(x) + " and W " + dims_str(w) + " need one rank in 3..5");
+    if (w[0] != x[1] || x[1] % group_ != 0)
+      throw invalid("ConvTranspose channels do not match: X " + dims_str(x) + ", W " + dims_str(w) + ", group " +
+                    std::to_string(group_));
+    if (!plan_ || plan_->x != x || plan_->w != w) build(c, x, w);
+    Plan& p = *plan_;
+    const int64_t M = p.y[1];
+    const bool has_b = c.input_count() > 2 && c.has_input(2);
+    if (has_b && numel(c.dims(2)) != M)
+      throw invalid("ConvTranspose B " + dims_str(c.dims(2)) + " needs " + std::to_string(M) + " entries");
+    keel_tensor_t* y = c.output(0, p.y);
+    const int64_t n = numel(p.y);
+    if (n == 0) return;
+    const std::string shapes = shapes3(x, w, p.y);
+    if (p.empty) {  // no input contributions: Y = bias
+      check_cuda(cudaMemsetAsync(y->data, 0, static_cast<size_t>(n * dtype_size(dt_)), c.stream()), "memset");
+    } else {
+      DnnHandle h(c.device(), c.stream());
+      void* ws = c.workspace(p.ws);
+      const float one = 1.f, zero = 0.f;
+      check_dnn(cudnnConvolutionBackwardData(h.get(), &one, p.wd.get(), c.data(1), p.xd.get(), c.data(0), p.cd.get(),
+                                             p.algo, ws, p.ws, &zero, p.yd.get(), y->data),
+                "cudnnConvolutionBackwardData", shapes);
+    }
+    if (has_b) {
+      int64_t inner = 1;
+      for (size_t i = 2; i < p.y.size(); ++i) inner *= p.y[i];
+      check_cuda(launch_bias_act(dt_, y->data, c.data(2), nullptr, n, inner, M, FusedAct::kNone, 0.f, 0.f,
+                                 c.stream()),
+                 ("ConvTranspose bias, " + shapes).c_str());
+    }
+  }
+
+ private:
+  struct Plan {
+    Dims x, w, y;
+    bool empty = false;  // a zero-sized operand: no descriptors
+    TensorDesc xd, yd;
+    FilterDesc wd;
+    ConvDesc cd;
+    cudnnConvolutionBwdDataAlgo_t algo = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+    size_t ws = 0;
+  };
+
+  void build(Ctx& c, const Dims& x, const Dims& w) {
+    auto p = std::make_unique<Plan>();
+    p->x = x;
+    p->w = w;
+    const size_t r = x.size() - 2;
+    const Dims in(x.begin() + 2, x.end()), kernel(w.begin() + 2, w.end());
+    if (!kernel_shape_.empty() && kernel_shape_ != kernel)
+      throw invalid("ConvTranspose kernel_shape " + dims_str(kernel_shape_) + " differs from W " + dims_str(w));
+    const Dims strides = strides_.empty() ? Dims(r, 1) : strides_;
+    const Dims dil = dilations_.empty() ? Dims(r, 1) : dilations_;
+    const Dims opad = out_pad_.empty() ? Dims(r, 0) : out_pad_;
+    if (strides.size() != r || dil.size() != r || opad.size() != r)
+      throw invalid("ConvTranspose strides, dilations and output_padding need " + std::to_string(r) + " entries");
+    for (size_t i = 0; i < r; ++i)
+      if (strides[i] <= 0 || dil[i] <= 0) throw invalid("ConvTranspose strides and dilations must be positive");
+    Dims pads(2 * r, 0), out(r);
+    auto floor_div2 = [](int64_t v) { return v >= 0 ? v / 2 : -((-v + 1) / 2); };
+    if (has_out_shape_ || auto_pad_ == "SAME_UPPER" || auto_pad_ == "SAME_LOWER") {
+      Dims target(r);
+      if (has_out_shape_) {
+        Dims os = out_shape_;
+        if (os.size() == r + 2) os.erase(os.begin(), os.begin() + 2);
+        if (os.size() != r) throw invalid("ConvTranspose output_shape " + dims_str(out_shape_) + " does not fit");
+        target = os;
+      } else {
+        for (size_t i = 0; i < r; ++i) target[i] = in[i] * strides[i];
+      }
+      for (size_t i = 0; i < r; ++i) {
+        const int64_t total = strides[i] * (in[i] - 1) + opad[i] + (kernel[i] - 1) * dil[i] + 1 - target[i];
+        if (auto_pad_ == "SAME_UPPER") {
+          pads[i] = floor_div2(total);
+          pads[i + r] = total - pads[i];
+        } else {
+          pads[i + r] = floor_div2(total);
+          pads[i] = total - pads[i + r];
+        }
+        out[i] = target[i];
+      }
+    } else {
+      if (auto_pad_ != "VALID" && !pads_.empty()) pads = pads_;
+      if (pads.size() != 2 * r) throw invalid("ConvTranspose pads " + dims_str(pads) + " need " + std::to_string(2 * r) + " entries");
+      for (size_t i = 0; i < r; ++i) {
+        out[i] = strides[i] * (in[i] - 1) + opad[i] + (kernel[i] - 1) * dil[i] + 1 - pads[i] - pads[i + r];
+        if (out[i] <= 0) throw invalid("ConvTranspose output size " + std::to_string(out[i]) + " is not positive");
+      }
+    }
+    p->y = {x[0], w[1] * group_};
+    p->y.insert(p->y.end(), out.begin(), out.end());
+    const std::string shapes = shapes3(x, w, p->y) + ", pads " + dims_str(pads);
+    if (numel(x) == 0 || numel(w) == 0 || numel(p->y) == 0) {
+      p->empty = true;
+      plan_ = std::move(p);
+      return;
+    }
+    Dims sym(r);
+    for (size_t i = 0; i < r; ++i) {
+      if (pads[i] != pads[i + r] || pads[i] < 0)
+        throw unimplemented("ConvTranspose with asymmetric or negative pads (" + shapes + ")");
+      sym[i] = pads[i];
+    }
+    const Dims x4 = lift(x, 1), y4 = lift(p->y, 1), w4 = lift(w, 1);
+    p->xd.set(dt_, x4, "X");
+    p->yd.set(dt_, y4, "Y");
+    p->wd.set(dt_, w4);
+    p->cd.set(lift_spatial(sym, 0), lift_spatial(strides, 1), lift_spatial(dil, 1), group_, shapes);
+    // The forward convolution of Y must give X's shape (it does not when output_padding >= stride).
+    std::vector<int> od(x4.size());
+    check_dnn(cudnnGetConvolutionNdForwardOutputDim(p->cd.get(), p->yd.get(), p->wd.get(), static_cast<int>(od.size()),
+                                                    od.data()),
+              "cudnnGetConvolutionNdForwardOutputDim", shapes);
+    for (size_t i = 0; i < od.size(); ++i)
+      if (od[i] != x4[i]) throw unimplemented("ConvTranspose output padding beyond the stride (" + shapes + ")");
+    DnnHandle h(c.device(), c.stream());
+    p->cd.math(math_for(dt_), shapes);
+    int max = 0;
+    check_dnn(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h.get(), &max),
+              "cudnnGetConvolutionBackwardDataAlgorithmMaxCount", shapes);
+    std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(static_cast<size_t>(std::max(max, 1)));
+    int got = 0;
+    check_dnn(cudnnGetConvolutionBackwardDataAlgorithm_v7(h.get(), p->wd.get(), p->xd.get(), p->cd.get(), p->yd.get(),
+                                                          static_cast<int>(perf.size()), &got, perf.data()),
+              "cudnnGetConvolutionBackwardDataAlgorithm_v7", shapes);
+    bool found = false;
+    for (int i = 0; i < got && !found; ++i) {
+      const cudnnConvolutionBwdDataAlgoPerf_t& res = perf[static_cast<size_t>(i)];
+      if (res.status != CUDNN_STATUS_SUCCESS || res.memory > kMaxWorkspace || !math_ok(dt_, res.mathType)) continue;
+      p->algo = res.algo;
+      p->cd.math(res.mathType, shapes);
+      found = true;
+    }
+    if (!found) p->algo = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+    check_dnn(cudnnGetConvolutionBackwardDataWorkspaceSize(h.get(), p->wd.get(), p->xd.get(), p->cd.get(), p->yd.get(),
+                                                           p->algo, &p->ws),
+              "cudnnGetConvolutionBackwardDataWorkspaceSize", shapes);
+    plan_ = std::move(p);
+  }
+
+  int32_t dt_ = KEEL_DTYPE_F32;
+  int64_t group_ = 1;
+  Dims kernel_shape_, strides_, dilations_, out_pad_, pads_, out_shape_;
+  bool has_out_shape_ = false;
+  std::string auto_pad_;
+  std::unique_ptr<Plan> plan_;
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+// Pooling
+// ---------------------------------------------------------------------------------------------------------------
+
+enum class PoolOp { kMax, kAverage, kGlobalAverage, kGlobalMax };
+
+class PoolK : public Kernel {
+ public:
+  explicit PoolK(PoolOp op) : op_(op) {}
+
+  void setup(Ctx& c) override {
+    dt_ = c.dtype(0);
+    if (!is_float(dt_)) throw Reject{"X dtype " + std::to_string(dt_) + " (only f32, f16, bf16)"};
+    if (c.rank_known(0) && (c.dims(0).size() < 3 || c.dims(0).size() > 5))
+      throw Reject{"rank " + std::to_string(c.dims(0).size()) + " (only 1-D, 2-D and 3-D pooling)"};
+    for (int i = 1; i < c.output_count(); ++i)
+      if (c.output_dtype(i) != KEEL_DTYPE_UNDEFINED) throw Reject{"the Indices output"};
+    if (op_ == PoolOp::kMax || op_ == PoolOp::kAverage) {
+      attrs_.read(c, true);
+      if (attrs_.kernel_shape.empty()) throw Reject{"no kernel_shape"};
+      for (int64_t d : attrs_.dilations)
+        if (d != 1) throw Reject{"dilations " + dims_str(attrs_.dilations) + " (cuDNN pools without dilation)"};
+      include_pad_ = op_ == PoolOp::kAverage && c.attr_i("count_include_pad", 0) != 0;
+      if (c.attr_i("storage_order", 0) != 0 && c.output_count() > 1) throw Reject{"storage_order"};
+    }
+  }
+
+  void run(Ctx& c) override {
+    const Dims x = c.dims(0);
+    if (x.size() < 3 || x.size() > 5) throw invalid("pooling X " + dims_str(x) + " needs rank 3..5");
+    if (!plan_ || plan_->x != x) build(x);
+    Plan& p = *plan_;
+    keel_tensor_t* y = c.output(0, p.y);
+    if (numel(p.y) == 0) return;
+    const std::string shapes = "X " + dims_str(x) + ", Y " + dims_str(p.y);
+    const void* xin = c.data(0);
+    if (p.explicit_pad) {
+      void* padded = c.workspace(static_cast<uint64_t>(numel(p.x_padded) * dtype_size(dt_)));
+      const float fill = op_ == PoolOp::kMax ? -INFINITY : 0.f;
+      check_cuda(launch_pad(dt_, xin, p.x_lifted.data(), padded, p.x_padded.data(), p.pad_before.data(),
+                            static_cast<int>(p.x_padded.size()), fill, c.stream()),
+                 ("pooling input padding, " + shapes).c_str());
+      xin = padded;
+    }
+    DnnHandle h(c.device(), c.stream());
+    const float one = 1.f, zero = 0.f;
+    check_dnn(cudnnPoolingForward(h.get(), p.pd.get(), &one, p.xd.get(), xin, &zero, p.yd.get(), y->data),
+              "cudnnPoolingForward", shapes);
+  }
+
+ private:
+  struct Plan {
+    Dims x, y, x_lifted, x_padded, pad_before;
+    bool explicit_pad = false;
+    TensorDesc xd, yd;
+    PoolDesc pd;
+  };
+
+  void build(const Dims& x) {
+    auto p = std::make_unique<Plan>();
+    p->x = x;
+    const size_t r = x.size() - 2;
+    const Dims in(x.begin() + 2, x.end());
+    for (int64_t v : in)
+      if (v <= 0) throw invalid("pooling over an empty spatial dimension: X " + dims_str(x));
+    Geom g;
+    const bool global = op_ == PoolOp::kGlobalAverage || op_ == PoolOp::kGlobalMax;
+    if (global) {
+      g.r = static_cast<int>(r);
+      g.kernel = in;
+      g.strides.assign(r, 1);
+      g.pads.assign(2 * r, 0);
+      g.out.assign(r, 1);
+    } else {
+      g = make_geom(attrs_, in, attrs_.kernel_shape, "pooling");
+    }
+    p->y = {x[0], x[1]};
+    p->y.insert(p->y.end(), g.out.begin(), g.out.end());
+    const std::string shapes = "X " + dims_str(x) + ", Y " + dims_str(p->y) + ", pads " + dims_str(g.pads);
+    if (g.ceil_changes) throw unimplemented("pooling with a ceil_mode that changes the output (" + shapes + ")");
+    if (numel(p->y) == 0) {  // N or C is 0: nothing to compute, no descriptors
+      plan_ = std::move(p);
+      return;
+    }
+    Dims sym(r), before(r), after(r);
+    for (size_t i = 0; i < r; ++i) {
+      sym[i] = std::min(g.pads[i], g.pads[i + r]);
+      before[i] = g.pads[i] - sym[i];
+      after[i] = g.pads[i + r] - sym[i];
+      if (before[i] || after[i]) p->explicit_pad = true;
+      if (g.pads[i] >= g.kernel[i] || g.pads[i + r] >= g.kernel[i])
+        throw unimplemented("pooling with pads as large as the window (" + shapes + ")");
+    }
+    const bool avg = op_ == PoolOp::kAverage || op_ == PoolOp::kGlobalAverage;
+    if (p->explicit_pad && avg && !include_pad_)
+      throw unimplemented("AveragePool with asymmetric pads and count_include_pad = 0 (" + shapes + ")");
+    p->x_lifted = lift(x, 1);
+    const Dims before4 = lift_spatial(before, 0), after4 = lift_spatial(after, 0);
+    p->x_padded = p->x_lifted;
+    p->pad_before.assign(p->x_lifted.size(), 0);
+    for (size_t i = 0; i < before4.size(); ++i) {
+      p->x_padded[i + 2] += before4[i] + after4[i];
+      p->pad_before[i + 2] = before4[i];
+    }
+    const Dims y4 = lift(p->y, 1);
+    p->xd.set(dt_, p->x_padded, "X");
+    p->yd.set(dt_, y4, "Y");
+    const std::vector<int> win = to_int(lift_spatial(g.kernel, 1), "kernel_shape"),
+                           pad = to_int(lift_spatial(sym, 0), "pads"),
+                           str = to_int(lift_spatial(g.strides, 1), "strides");
+    cudnnPoolingMode_t mode = CUDNN_POOLING_MAX;
+    if (avg) mode = include_pad_ ? CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING : CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING;
+    check_dnn(cudnnSetPoolingNdDescriptor(p->pd.get(), mode, CUDNN_PROPAGATE_NAN, static_cast<int>(win.size()),
+                                          win.data(), pad.data(), str.data()),
+              "cudnnSetPoolingNdDescriptor", shapes);
+    std::vector<int> od(y4.size());
+    check_dnn(cudnnGetPoolingNdForwardOutputDim(p->pd.get(), p->xd.get(), static_cast<int>(od.size()), od.data()),
+              "cudnnGetPoolingNdForwardOutputDim", shapes);
+    for (size_t i = 0; i < od.size(); ++i)
+      if (od[i] != y4[i]) throw unimplemented("cuDNN's pooling output shape differs (" + shapes + ")");
+    plan_ = std::move(p);
+  }
+
+  PoolOp op_;
+  int32_t dt_ = KEEL_DTYPE_F32;
+  SpatialAttrs attrs_;
+  bool include_pad_ = false;
+  std::unique_ptr<Plan> plan_;
+};
+
+#endif  // KEEL_CUDA_HAVE_CUDNN
+
+}  // namespace
+
+FusedActivation read_fused_activation(const Ctx& c) {
+  const std::string s = c.attr_s("activation", "");
+  const std::vector<float> p = c.attr_floats("activation_params");
+  FusedAct kind = FusedAct::kNone;
+  FusedActivation act;
+  if (s.empty()) kind = FusedAct::kNone;
+  else if (s == "Relu") kind = FusedAct::kRelu;
+  else if (s == "Sigmoid") kind = FusedAct::kSigmoid;
+  else if (s == "Tanh") kind = FusedAct::kTanh;
+  else if (s == "HardSwish") kind = FusedAct::kHardSwish;
+  else if (s == "Gelu") kind = FusedAct::kGelu;
+  else if (s == "LeakyRelu") {
+    kind = FusedAct::kLeakyRelu;
+    act.a = p.empty() ? 0.01f : p[0];
+  } else if (s == "Clip") {
+    if (p.size() != 2) throw Reject{"activation Clip needs activation_params {min, max}"};
+    kind = FusedAct::kClip;
+    act.a = p[0];
+    act.b = p[1];
+  } else {
+    throw Reject{"unknown activation '" + s + "'"};
+  }
+  act.kind = static_cast<int32_t>(kind);
+  return act;
+}
+
+std::vector<KernelInfo> dnn_kernels() {
+  std::vector<KernelInfo> v = {
+      {"BatchNormalization", 7, 0, "cuda_batch_norm", []() -> Kernel* { return new BatchNormK; }},
+  };
+#if KEEL_CUDA_HAVE_CUDNN
+  const std::vector<KernelInfo> dnn = {
+      {"Conv", 1, 0, "cuda_cudnn_conv", []() -> Kernel* { return new ConvK(false); }},
+      {"FusedConv", 1, 0, "cuda_cudnn_fused_conv", []() -> Kernel* { return new ConvK(true); }, "keel"},
+      {"ConvTranspose", 1, 0, "cuda_cudnn_conv_transpose", []() -> Kernel* { return new ConvTransposeK; }},
+      {"MaxPool", 1, 0, "cuda_cudnn_max_pool", []() -> Kernel* { return new PoolK(PoolOp::kMax); }},
+      {"AveragePool", 1, 0, "cuda_cudnn_average_pool", []() -> Kernel* { return new PoolK(PoolOp::kAverage); }},
+      {"GlobalAveragePool", 1, 0, "cuda_cudnn_global_average_pool",
+       []() -> Kernel* { return new PoolK(PoolOp::kGlobalAverage); }},
+      {"GlobalMaxPool", 1, 0, "cuda_cudnn_global_max_pool", []() -> Kernel* { return new PoolK(PoolOp::kGlobalMax); }},
+  };
+  v.insert(v.end(), dnn.begin(), dnn.end());
+#endif
+  return v;
+}
+
+void dnn_shutdown() {
+#if KEEL_CUDA_HAVE_CUDNN
+  std::lock_guard<std::mutex> lock(g_dnn_mu);
+  for (auto& [dev, h] : g_free_dnn) {
+    cudaSetDevice(dev);
+    cudnnDestroy(h);
+  }
+  g_free_dnn.clear();
+  (void)cudaGetLastError();
+#endif
+}
+
+}  // namespace keel::cuda
