@@ -117,8 +117,8 @@ void check_dnn(cudnnStatus_t s, const char* what, const std::string& shapes) {
   else if (s == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED ||
            s == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED)
     code = KEEL_STATUS_OUT_OF_MEMORY;
-  std::string msg = std::string("cuda: ") + what + " (" + shapes + "): " + cudnnGetErrorString(s) + " (" +
-                    std::to_string(static_cast<int>(s)) + ")";
+  std::string msg = std::string("cuda: ") + what + (shapes.empty() ? "" : " (" + shapes + ")") + ": " +
+                    cudnnGetErrorString(s) + " (" + std::to_string(static_cast<int>(s)) + ")";
   if (detail[0]) msg += ": " + std::string(detail);
   throw Failure{code, msg};
 }
@@ -367,6 +367,25 @@ Dims lift_spatial(const Dims& v, int64_t fill) {
   return {fill, v[0]};
 }
 
+// Whether input i has a known shape at kernel creation (no unknown rank or dimension).
+bool shape_known(const Ctx& c, int i) {
+  if (!c.rank_known(i)) return false;
+  for (int64_t d : c.dims(i))
+    if (d < 0) return false;
+  return true;
+}
+
+// Runs `check` (which throws Failure) at kernel creation: UNIMPLEMENTED becomes a Reject (the core places the node
+// elsewhere); anything else (a malformed shape) is left for compute to report.
+template <class F>
+void reject_unsupported(F&& check) {
+  try {
+    check();
+  } catch (const Failure& f) {
+    if (f.code == KEEL_STATUS_UNIMPLEMENTED) throw Reject{f.message};
+  }
+}
+
 std::string shapes3(const Dims& x, const Dims& w, const Dims& y) {
   return "X " + dims_str(x) + ", W " + dims_str(w) + ", Y " + dims_str(y);
 }
@@ -578,6 +597,11 @@ class ConvTransposeK : public Kernel {
     if (auto_pad_.empty()) auto_pad_ = "NOTSET";
     if (auto_pad_ != "NOTSET" && auto_pad_ != "VALID" && auto_pad_ != "SAME_UPPER" && auto_pad_ != "SAME_LOWER")
       throw Reject{"unknown auto_pad '" + auto_pad_ + "'"};
+    if (shape_known(c, 0) && shape_known(c, 1)) {
+      const Dims x = c.dims(0), w = c.dims(1);
+      if (x.size() == w.size() && x.size() >= 3 && x.size() <= 5 && numel(x) > 0 && numel(w) > 0)
+        reject_unsupported([&] { check_supported(geometry(x, w), x, w); });
+    }
   }
 
   void run(Ctx& c) override {
@@ -627,16 +651,21 @@ class ConvTransposeK : public Kernel {
     size_t ws = 0;
   };
 
-  void build(Ctx& c, const Dims& x, const Dims& w) {
-    auto p = std::make_unique<Plan>();
-    p->x = x;
-    p->w = w;
+  struct TGeom {
+    Dims y, pads, strides, dilations;
+  };
+
+  // Output shape and pads as ONNX defines them (output_shape, auto_pad, pads, output_padding); throws Failure.
+  TGeom geometry(const Dims& x, const Dims& w) const {
     const size_t r = x.size() - 2;
     const Dims in(x.begin() + 2, x.end()), kernel(w.begin() + 2, w.end());
     if (!kernel_shape_.empty() && kernel_shape_ != kernel)
       throw invalid("ConvTranspose kernel_shape " + dims_str(kernel_shape_) + " differs from W " + dims_str(w));
-    const Dims strides = strides_.empty() ? Dims(r, 1) : strides_;
-    const Dims dil = dilations_.empty() ? Dims(r, 1) : dilations_;
+    TGeom t;
+    t.strides = strides_.empty() ? Dims(r, 1) : strides_;
+    t.dilations = dilations_.empty() ? Dims(r, 1) : dilations_;
+    const Dims& strides = t.strides;
+    const Dims& dil = t.dilations;
     const Dims opad = out_pad_.empty() ? Dims(r, 0) : out_pad_;
     if (strides.size() != r || dil.size() != r || opad.size() != r)
       throw invalid("ConvTranspose strides, dilations and output_padding need " + std::to_string(r) + " entries");
@@ -667,26 +696,50 @@ class ConvTransposeK : public Kernel {
       }
     } else {
       if (auto_pad_ != "VALID" && !pads_.empty()) pads = pads_;
-      if (pads.size() != 2 * r) throw invalid("ConvTranspose pads " + dims_str(pads) + " need " + std::to_string(2 * r) + " entries");
+      if (pads.size() != 2 * r)
+        throw invalid("ConvTranspose pads " + dims_str(pads) + " need " + std::to_string(2 * r) + " entries");
       for (size_t i = 0; i < r; ++i) {
         out[i] = strides[i] * (in[i] - 1) + opad[i] + (kernel[i] - 1) * dil[i] + 1 - pads[i] - pads[i + r];
         if (out[i] <= 0) throw invalid("ConvTranspose output size " + std::to_string(out[i]) + " is not positive");
       }
     }
-    p->y = {x[0], w[1] * group_};
-    p->y.insert(p->y.end(), out.begin(), out.end());
-    const std::string shapes = shapes3(x, w, p->y) + ", pads " + dims_str(pads);
+    t.y = {x[0], w[1] * group_};
+    t.y.insert(t.y.end(), out.begin(), out.end());
+    t.pads = pads;
+    return t;
+  }
+
+  // What cuDNN's data gradient cannot express: asymmetric or negative pads, and an output whose forward convolution
+  // does not give X's shape back (output_padding >= stride). Throws Failure UNIMPLEMENTED.
+  static void check_supported(const TGeom& t, const Dims& x, const Dims& w) {
+    const size_t r = x.size() - 2;
+    const std::string shapes = shapes3(x, w, t.y) + ", pads " + dims_str(t.pads);
+    for (size_t i = 0; i < r; ++i) {
+      if (t.pads[i] != t.pads[i + r] || t.pads[i] < 0)
+        throw unimplemented("ConvTranspose with asymmetric or negative pads (" + shapes + ")");
+      const int64_t eff = (w[i + 2] - 1) * t.dilations[i] + 1, span = t.y[i + 2] + 2 * t.pads[i] - eff;
+      if (span < 0 || span / t.strides[i] + 1 != x[i + 2])
+        throw unimplemented("ConvTranspose output padding beyond the stride (" + shapes + ")");
+    }
+  }
+
+  void build(Ctx& c, const Dims& x, const Dims& w) {
+    auto p = std::make_unique<Plan>();
+    p->x = x;
+    p->w = w;
+    const TGeom t = geometry(x, w);
+    p->y = t.y;
+    const std::string shapes = shapes3(x, w, p->y) + ", pads " + dims_str(t.pads);
     if (numel(x) == 0 || numel(w) == 0 || numel(p->y) == 0) {
       p->empty = true;
       plan_ = std::move(p);
       return;
     }
-    Dims sym(r);
-    for (size_t i = 0; i < r; ++i) {
-      if (pads[i] != pads[i + r] || pads[i] < 0)
-        throw unimplemented("ConvTranspose with asymmetric or negative pads (" + shapes + ")");
-      sym[i] = pads[i];
-    }
+    check_supported(t, x, w);
+    const size_t r = x.size() - 2;
+    const Dims sym(t.pads.begin(), t.pads.begin() + static_cast<std::ptrdiff_t>(r));
+    const Dims& strides = t.strides;
+    const Dims& dil = t.dilations;
     const Dims x4 = lift(x, 1), y4 = lift(p->y, 1), w4 = lift(w, 1);
     p->xd.set(dt_, x4, "X");
     p->yd.set(dt_, y4, "Y");
@@ -755,7 +808,14 @@ class PoolK : public Kernel {
       for (int64_t d : attrs_.dilations)
         if (d != 1) throw Reject{"dilations " + dims_str(attrs_.dilations) + " (cuDNN pools without dilation)"};
       include_pad_ = op_ == PoolOp::kAverage && c.attr_i("count_include_pad", 0) != 0;
-      if (c.attr_i("storage_order", 0) != 0 && c.output_count() > 1) throw Reject{"storage_order"};
+    }
+    if (shape_known(c, 0)) {
+      const Dims x = c.dims(0);
+      if (x.size() >= 3 && x.size() <= 5)
+        reject_unsupported([&] {
+          const Geom g = pool_geom(x);
+          check_supported(g, pool_shapes(x, g));
+        });
     }
   }
 
@@ -790,28 +850,56 @@ class PoolK : public Kernel {
     PoolDesc pd;
   };
 
-  void build(const Dims& x) {
-    auto p = std::make_unique<Plan>();
-    p->x = x;
+  // The pooling geometry of X (ONNX's pads, auto_pad, ceil_mode); throws Failure on a malformed shape.
+  Geom pool_geom(const Dims& x) const {
     const size_t r = x.size() - 2;
     const Dims in(x.begin() + 2, x.end());
     for (int64_t v : in)
       if (v <= 0) throw invalid("pooling over an empty spatial dimension: X " + dims_str(x));
-    Geom g;
-    const bool global = op_ == PoolOp::kGlobalAverage || op_ == PoolOp::kGlobalMax;
-    if (global) {
+    if (op_ == PoolOp::kGlobalAverage || op_ == PoolOp::kGlobalMax) {
+      Geom g;
       g.r = static_cast<int>(r);
+      g.in = in;
       g.kernel = in;
       g.strides.assign(r, 1);
+      g.dilations.assign(r, 1);
       g.pads.assign(2 * r, 0);
       g.out.assign(r, 1);
-    } else {
-      g = make_geom(attrs_, in, attrs_.kernel_shape, "pooling");
+      return g;
     }
+    return make_geom(attrs_, in, attrs_.kernel_shape, "pooling");
+  }
+
+  // What cuDNN's pooling cannot express (throws Failure UNIMPLEMENTED): a ceil_mode that changes the output, pads as
+  // large as the window, asymmetric pads of an AveragePool that excludes the padding.
+  void check_supported(const Geom& g, const std::string& shapes) const {
+    if (g.ceil_changes) throw unimplemented("pooling with a ceil_mode that changes the output (" + shapes + ")");
+    const size_t r = g.kernel.size();
+    bool asymmetric = false;
+    for (size_t i = 0; i < r; ++i) {
+      if (g.pads[i] >= g.kernel[i] || g.pads[i + r] >= g.kernel[i])
+        throw unimplemented("pooling with pads as large as the window (" + shapes + ")");
+      if (g.pads[i] != g.pads[i + r]) asymmetric = true;
+    }
+    if (asymmetric && op_ == PoolOp::kAverage && !include_pad_)
+      throw unimplemented("AveragePool with asymmetric pads and count_include_pad = 0 (" + shapes + ")");
+  }
+
+  static std::string pool_shapes(const Dims& x, const Geom& g) {
+    Dims y = {x[0], x[1]};
+    y.insert(y.end(), g.out.begin(), g.out.end());
+    return "X " + dims_str(x) + ", Y " + dims_str(y) + ", pads " + dims_str(g.pads);
+  }
+
+  void build(const Dims& x) {
+    auto p = std::make_unique<Plan>();
+    p->x = x;
+    const size_t r = x.size() - 2;
+    const Geom g = pool_geom(x);
     p->y = {x[0], x[1]};
     p->y.insert(p->y.end(), g.out.begin(), g.out.end());
-    const std::string shapes = "X " + dims_str(x) + ", Y " + dims_str(p->y) + ", pads " + dims_str(g.pads);
-    if (g.ceil_changes) throw unimplemented("pooling with a ceil_mode that changes the output (" + shapes + ")");
+    const std::string shapes = pool_shapes(x, g);
+    check_supported(g, shapes);
     if (numel(p->y) == 0) {  // N or C is 0: nothing to compute, no descriptors
       plan_ = std::move(p);
       return;
@@ -822,12 +910,8 @@ class PoolK : public Kernel {
       before[i] = g.pads[i] - sym[i];
       after[i] = g.pads[i + r] - sym[i];
       if (before[i] || after[i]) p->explicit_pad = true;
-      if (g.pads[i] >= g.kernel[i] || g.pads[i + r] >= g.kernel[i])
-        throw unimplemented("pooling with pads as large as the window (" + shapes + ")");
     }
     const bool avg = op_ == PoolOp::kAverage || op_ == PoolOp::kGlobalAverage;
-    if (p->explicit_pad && avg && !include_pad_)
-      throw unimplemented("AveragePool with asymmetric pads and count_include_pad = 0 (" + shapes + ")");
     p->x_lifted = lift(x, 1);
     const Dims before4 = lift_spatial(before, 0), after4 = lift_spatial(after, 0);
     p->x_padded = p->x_lifted;
