@@ -16,8 +16,8 @@
 // tolerance. The heuristic (cublasLtMatmulAlgoGetHeuristic, workspace up to kMaxWorkspace, the operands' actual
 // alignments) is queried once per problem and cached in the kernel with its descriptors; the workspace comes from
 // the kernel's scratch memory. cuBLASLt handles are pooled per device and destroyed at plugin shutdown. Every status
-// is checked: NOT_SUPPORTED becomes UNIMPLEMENTED (the core falls back), ALLOC_FAILED OUT_OF_MEMORY, the rest
-// INTERNAL, each message naming the call and the shapes.
+// is checked: NOT_SUPPORTED becomes UNIMPLEMENTED, ALLOC_FAILED OUT_OF_MEMORY, the rest INTERNAL, each message
+// naming the call and the shapes.
 #include <cublasLt.h>
 
 #include <algorithm>

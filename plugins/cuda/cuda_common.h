@@ -1,9 +1,11 @@
 // plugins/cuda/cuda_common.h — (internal) what the host-side sources of the CUDA plugin share.
 //
-// Built against the SDK only (<keel/plugin.h>) and the CUDA toolkit (runtime, cuBLAS). Nothing here crosses the
-// plugin boundary: the C entries in cuda_plugin.cc catch every exception and turn it into a keel_status_t.
+// Built against the SDK only (<keel/plugin.h>) and the CUDA toolkit (runtime, cuBLASLt, cuDNN). Nothing here crosses
+// the plugin boundary: the C entries in cuda_plugin.cc catch every exception and turn it into a keel_status_t.
 // A kernel is a class derived from `Kernel`: `setup` (at create) throws Reject for anything it does not handle, so
-// the core falls back to the next kernel (normally the CPU); `run` (per inference) throws Failure on errors.
+// the core falls back to the next kernel (normally the CPU); `run` (per inference) throws Failure on errors (a
+// Failure with KEEL_STATUS_UNIMPLEMENTED at run time makes the core try the next kernel of the same device, if any;
+// the CPU only takes nodes rejected at create).
 #pragma once
 
 #include <cuda_runtime.h>

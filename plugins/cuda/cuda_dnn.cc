@@ -9,12 +9,12 @@
 //                        z operand); every other activation (or no bias) runs the convolution and then one epilogue
 //                        kernel (bias + Z + activation). Should cuDNN refuse the fused call (BAD_PARAM / NOT_SUPPORTED
 //                        for a configuration), the kernel switches to the unfused path for good.
-//   ConvTranspose        cudnnConvolutionBackwardData + bias; output_padding, output_shape, auto_pad. Pads must be
-//                        symmetric per dimension (else UNIMPLEMENTED, the core falls back).
-//   MaxPool, AveragePool (count_include_pad), GlobalAveragePool, GlobalMaxPool: cudnnPoolingForward. Rejected:
-//                        dilations != 1, the Indices output, ceil_mode where it changes the output size, asymmetric
-//                        pads of AveragePool without count_include_pad (MaxPool pads with -inf, AveragePool with
-//                        count_include_pad with 0, explicitly).
+//   ConvTranspose        cudnnConvolutionBackwardData + bias; output_padding (< stride), output_shape, auto_pad.
+//                        Asymmetric pads: cuDNN computes with the smaller pad of each dimension, Y is cropped out.
+//   MaxPool, AveragePool (count_include_pad), GlobalAveragePool, GlobalMaxPool: cudnnPoolingForward. Asymmetric pads
+//                        and MaxPool's ceil_mode pad explicitly (-inf for MaxPool, 0 for AveragePool with
+//                        count_include_pad). Rejected: dilations != 1, the Indices output, AveragePool's ceil_mode
+//                        where it changes the output size, asymmetric pads of AveragePool without count_include_pad.
 //   BatchNormalization   inference (training_mode = 0), an own kernel (the parameters may be f32 under f16 / bf16
 //                        data, which cuDNN's BN does not take); built even without cuDNN.
 //
@@ -23,8 +23,10 @@
 // Algorithms are chosen once per input shape, when a kernel first runs it (cudnnGetConvolution*Algorithm_v7, the
 // workspace bounded by kMaxWorkspace), and cached in the kernel with the descriptors. cuDNN handles are pooled per
 // device (a handle is bound to the computing stream for each call), created lazily, destroyed at plugin shutdown.
-// Every cuDNN status is checked: NOT_SUPPORTED becomes UNIMPLEMENTED (at create or compute the core then runs the
-// node on another kernel), allocation failures OUT_OF_MEMORY, the rest INTERNAL; messages name the call and shapes.
+// Every cuDNN status is checked: NOT_SUPPORTED becomes UNIMPLEMENTED, allocation failures OUT_OF_MEMORY, the rest
+// INTERNAL; messages name the call and the shapes. What cuDNN cannot express is rejected at kernel creation when the
+// input shapes are known there (the core then places the node on the CPU); with shapes known only at run time it
+// is an UNIMPLEMENTED error of that run (the core switches at run time only between kernels of the same device).
 //
 // Without cuDNN (KEEL_CUDA_HAVE_CUDNN 0, see CMakeLists.txt) only BatchNormalization is registered from here.
 #include <algorithm>
@@ -113,7 +115,7 @@ void check_dnn(cudnnStatus_t s, const char* what, const std::string& shapes) {
   detail[0] = '\0';
   cudnnGetLastErrorString(detail, sizeof detail);
   int32_t code = KEEL_STATUS_INTERNAL;
-  if (not_supported(s)) code = KEEL_STATUS_UNIMPLEMENTED;  // the core falls back to another kernel
+  if (not_supported(s)) code = KEEL_STATUS_UNIMPLEMENTED;
   else if (s == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED ||
            s == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED)
     code = KEEL_STATUS_OUT_OF_MEMORY;
@@ -625,11 +627,17 @@ class ConvTransposeK : public Kernel {
       check_cuda(cudaMemsetAsync(y->data, 0, static_cast<size_t>(n * dtype_size(dt_)), c.stream()), "memset");
     } else {
       DnnHandle h(c.device(), c.stream());
+      // Asymmetric pads: cuDNN computes the larger Y of the smaller pads, the crop copies Y out of it.
+      void* full = p.crop ? c.workspace(static_cast<uint64_t>(numel(p.y_full) * dtype_size(dt_))) : y->data;
       void* ws = c.workspace(p.ws);
       const float one = 1.f, zero = 0.f;
       check_dnn(cudnnConvolutionBackwardData(h.get(), &one, p.wd.get(), c.data(1), p.xd.get(), c.data(0), p.cd.get(),
-                                             p.algo, ws, p.ws, &zero, p.yd.get(), y->data),
+                                             p.algo, ws, p.ws, &zero, p.yd.get(), full),
                 "cudnnConvolutionBackwardData", shapes);
+      if (p.crop)
+        check_cuda(launch_pad(dt_, full, p.y_full.data(), y->data, p.y.data(), p.crop_before.data(),
+                              static_cast<int>(p.y.size()), 0.f, c.stream()),
+                   ("ConvTranspose crop, " + shapes).c_str());
     }
     if (has_b) {
       int64_t inner = 1;
@@ -644,6 +652,8 @@ class ConvTransposeK : public Kernel {
   struct Plan {
     Dims x, w, y;
     bool empty = false;  // a zero-sized operand: no descriptors
+    bool crop = false;   // asymmetric pads: cuDNN writes y_full (pads min(begin, end)), Y is cropped out of it
+    Dims y_full, crop_before;  // crop_before: minus the offset of Y in y_full (launch_pad's convention)
     TensorDesc xd, yd;
     FilterDesc wd;
     ConvDesc cd;
@@ -709,15 +719,24 @@ class ConvTransposeK : public Kernel {
     return t;
   }
 
-  // What cuDNN's data gradient cannot express: asymmetric or negative pads, and an output whose forward convolution
-  // does not give X's shape back (output_padding >= stride). Throws Failure UNIMPLEMENTED.
+  // The output cuDNN computes: Y grown by the difference of asymmetric pads (symmetric pads min(begin, end)).
+  static Dims full_output(const TGeom& t) {
+    const size_t r = t.y.size() - 2;
+    Dims full = t.y;
+    for (size_t i = 0; i < r; ++i) full[i + 2] += std::max(t.pads[i], t.pads[i + r]) - std::min(t.pads[i], t.pads[i + r]);
+    return full;
+  }
+
+  // What cuDNN's data gradient cannot express: negative pads, and an output whose forward convolution does not give
+  // X's shape back (output_padding >= stride). Throws Failure UNIMPLEMENTED.
   static void check_supported(const TGeom& t, const Dims& x, const Dims& w) {
     const size_t r = x.size() - 2;
     const std::string shapes = shapes3(x, w, t.y) + ", pads " + dims_str(t.pads);
+    const Dims full = full_output(t);
     for (size_t i = 0; i < r; ++i) {
-      if (t.pads[i] != t.pads[i + r] || t.pads[i] < 0)
-        throw unimplemented("ConvTranspose with asymmetric or negative pads (" + shapes + ")");
-      const int64_t eff = (w[i + 2] - 1) * t.dilations[i] + 1, span = t.y[i + 2] + 2 * t.pads[i] - eff;
+      if (t.pads[i] < 0 || t.pads[i + r] < 0) throw unimplemented("ConvTranspose with negative pads (" + shapes + ")");
+      const int64_t sym = std::min(t.pads[i], t.pads[i + r]);
+      const int64_t eff = (w[i + 2] - 1) * t.dilations[i] + 1, span = full[i + 2] + 2 * sym - eff;
       if (span < 0 || span / t.strides[i] + 1 != x[i + 2])
         throw unimplemented("ConvTranspose output padding beyond the stride (" + shapes + ")");
     }
@@ -737,10 +756,17 @@ class ConvTransposeK : public Kernel {
     }
     check_supported(t, x, w);
     const size_t r = x.size() - 2;
-    const Dims sym(t.pads.begin(), t.pads.begin() + static_cast<std::ptrdiff_t>(r));
+    Dims sym(r);
+    p->y_full = full_output(t);
+    p->crop_before.assign(p->y.size(), 0);
+    for (size_t i = 0; i < r; ++i) {
+      sym[i] = std::min(t.pads[i], t.pads[i + r]);
+      p->crop_before[i + 2] = -(t.pads[i] - sym[i]);  // Y[o] = y_full[o + (pad_begin - sym)]
+    }
+    p->crop = p->y_full != p->y;
     const Dims& strides = t.strides;
     const Dims& dil = t.dilations;
-    const Dims x4 = lift(x, 1), y4 = lift(p->y, 1), w4 = lift(w, 1);
+    const Dims x4 = lift(x, 1), y4 = lift(p->y_full, 1), w4 = lift(w, 1);
     p->xd.set(dt_, x4, "X");
     p->yd.set(dt_, y4, "Y");
     p->wd.set(dt_, w4);
@@ -873,8 +899,16 @@ class PoolK : public Kernel {
   // What cuDNN's pooling cannot express (throws Failure UNIMPLEMENTED): a ceil_mode that changes the output, pads as
   // large as the window, asymmetric pads of an AveragePool that excludes the padding.
   void check_supported(const Geom& g, const std::string& shapes) const {
-    if (g.ceil_changes) throw unimplemented("pooling with a ceil_mode that changes the output (" + shapes + ")");
     const size_t r = g.kernel.size();
+    if (g.ceil_changes) {
+      // MaxPool: the extra windows of ceil_mode read -inf padding past the end; each must still see an input
+      // element (a window entirely past the input is 0 in the reference, -inf here). AveragePool: the divisor of
+      // those windows differs from cuDNN's.
+      if (op_ != PoolOp::kMax) throw unimplemented("AveragePool with a ceil_mode that changes the output (" + shapes + ")");
+      for (size_t i = 0; i < r; ++i)
+        if ((g.out[i] - 1) * g.strides[i] - g.pads[i] >= g.in[i])
+          throw unimplemented("MaxPool with ceil_mode windows past the input (" + shapes + ")");
+    }
     bool asymmetric = false;
     for (size_t i = 0; i < r; ++i) {
       if (g.pads[i] >= g.kernel[i] || g.pads[i + r] >= g.kernel[i])
@@ -909,6 +943,9 @@ class PoolK : public Kernel {
       sym[i] = std::min(g.pads[i], g.pads[i + r]);
       before[i] = g.pads[i] - sym[i];
       after[i] = g.pads[i + r] - sym[i];
+      // ceil_mode (MaxPool only, see check_supported): enough -inf at the end for the last window to fit.
+      const int64_t need = (g.out[i] - 1) * g.strides[i] + g.kernel[i] - (g.in[i] + g.pads[i] + g.pads[i + r]);
+      if (need > 0) after[i] += need;
       if (before[i] || after[i]) p->explicit_pad = true;
     }
     const bool avg = op_ == PoolOp::kAverage || op_ == PoolOp::kGlobalAverage;
