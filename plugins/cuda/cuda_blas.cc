@@ -275,10 +275,23 @@ class LtPlan {
 
 constexpr int64_t kIntMax = 2147483647;
 
+// Workspace of one compute call, reused by its GEMMs (they run in order on the one stream).
+struct Scratch {
+  void* p = nullptr;
+  size_t size = 0;
+  void* get(Ctx& c, size_t bytes) {
+    if (bytes > size) {
+      p = c.workspace(bytes);
+      size = bytes;
+    }
+    return bytes ? p : nullptr;
+  }
+};
+
 // The plans of one kernel, most recent first (a node sees few shapes; the broadcast loop a few alignments).
 class LtCache {
  public:
-  void gemm(Ctx& c, const Gemm& g, const std::string& shapes) {
+  void gemm(Ctx& c, Scratch& scratch, const Gemm& g, const std::string& shapes) {
     if (g.batch > kIntMax) throw Failure{KEEL_STATUS_UNIMPLEMENTED, "cuda: batch beyond int32 (" + shapes + ")"};
     LtHandle h(c.device());
     const LtPlan::Key key = LtPlan::key_of(g);
@@ -298,7 +311,7 @@ class LtCache {
       if (plans_.size() > kMaxPlans) plans_.pop_back();
       plan = plans_.front().get();
     }
-    void* ws = c.workspace(plan->workspace_size());
+    void* ws = scratch.get(c, plan->workspace_size());
     plan->run(h.get(), g, ws, c.stream(), shapes);
   }
 
@@ -382,6 +395,7 @@ class MatMulK : public Kernel {
                    ("MatMul epilogue, " + shapes).c_str());
       return;
     }
+    Scratch scratch;
     Gemm g;
     g.dtype = dt_;
     g.k = k;
@@ -398,7 +412,7 @@ class MatMulK : public Kernel {
       g.b = c.data(1);
       g.c = z;
       g.d = y->data;
-      cache_.gemm(c, g, shapes);
+      cache_.gemm(c, scratch, g, shapes);
     } else if (na == 1 || pa == pb) {  // strided batched, A shared (stride 0) or not
       g.m = m;
       g.batch = batch;
@@ -409,7 +423,7 @@ class MatMulK : public Kernel {
       g.c = z;
       g.d = y->data;
       g.stride_d = m * n;
-      cache_.gemm(c, g, shapes);
+      cache_.gemm(c, scratch, g, shapes);
     } else {  // general broadcast of the batch dims: one GEMM per output matrix
       Dims sa(r, 0), sb(r, 0);
       int64_t s1 = m * k, s2 = k * n;
@@ -432,7 +446,7 @@ class MatMulK : public Kernel {
         g.b = static_cast<const char*>(c.data(1)) + ob * es;
         g.c = z ? static_cast<const char*>(z) + bi * m * n * es : nullptr;
         g.d = static_cast<char*>(y->data) + bi * m * n * es;
-        cache_.gemm(c, g, shapes);
+        cache_.gemm(c, scratch, g, shapes);
       }
     }
     if (post_act) post_epilogue(c, dt_, y->data, nullptr, total, n, act_, shapes);
@@ -537,6 +551,7 @@ class GemmK : public Kernel {
                    ("Gemm epilogue, " + shapes).c_str());
       return;
     }
+    Scratch scratch;
     Gemm g;
     g.dtype = dt_;
     g.ta = ta_;
@@ -555,7 +570,7 @@ class GemmK : public Kernel {
     g.beta = gemm_beta;
     g.bias = bias;
     g.relu = relu_in_lt;
-    cache_.gemm(c, g, shapes);
+    cache_.gemm(c, scratch, g, shapes);
     if (need_post) post_epilogue(c, dt_, y->data, z_done ? nullptr : z, m * n, n, post, shapes);
   }
 
