@@ -54,6 +54,10 @@ class Ctx {
   float attr_f(const char* name, float dflt) const;
   bool has_attr_ints(const char* name) const;
   Dims attr_ints(const char* name, const Dims& dflt) const;
+  std::string attr_s(const char* name, const std::string& dflt) const {
+    const char* v = nullptr;
+    return api_->attr_string(c_, name, &v) && v ? std::string(v) : dflt;
+  }
 
  private:
   keel_kernel_context_t* c_;
