@@ -56,7 +56,7 @@ struct OpCase {
   double rtol = 1e-3, atol = 1e-4;  // |out - ref| <= atol * max(1, max|ref|) + rtol * |ref|
   std::string domain;          // "" = ai.onnx; "keel" for Keel's own ops (opset 1)
   double int_tol = 1;          // integer outputs: |out - ref| <= int_tol (1: requantisation may round apart)
-  DType dtype = DType::kF32;   // of the float inputs (f32 or bf16; int64 inputs come from int64_constants)
+  DType dtype = DType::kF32;   // of the float inputs (f32, f16 or bf16; int64 inputs come from int64_constants)
   size_t output = 0;           // which output is compared (the others are computed but not compared)
   // A chain case (op "Chain"): these nodes in order instead of one node of `op`; the last one's output is
   // compared. The kernel recorded is the claimed subgraph's ("Subgraph" in the placement), "" when none ran.
