@@ -670,11 +670,11 @@ class SliceK : public Kernel {
       if (s > 0) {
         st = std::clamp<int64_t>(st, 0, dim);
         en = std::clamp<int64_t>(en, 0, dim);
-        out[a] = en > st ? (en - st + s - 1) / s : 0;
+        out[a] = en > st ? 1 + (en - st - 1) / s : 0;  // no overflow for huge steps
       } else {
         st = std::clamp<int64_t>(st, 0, dim - 1);
         en = std::clamp<int64_t>(en, -1, dim - 1);
-        out[a] = st > en ? (st - en + (-s) - 1) / (-s) : 0;
+        out[a] = st > en ? 1 + (st - en - 1) / (s == INT64_MIN ? INT64_MAX : -s) : 0;
       }
       b[a] = st;
       step[a] = s;
