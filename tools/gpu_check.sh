@@ -2,17 +2,22 @@
 # tools/gpu_check.sh — check Keel's CUDA plugin on an air-gapped GPU host (issue 8).
 #
 #   tools/gpu_check.sh bundle [--build DIR] [--out DIR] [--dry-run]
-#       On the build machine: pack build/bin/keel (+ keel-cts when built), build/lib/libkeel.so*, the plugins
-#       (build/lib/keel/plugins/*) and the Debian shared libraries they need (resolved with ldd; libc, libstdc++,
-#       libm, libpthread, ld-linux and CUDA's own libraries excluded: the GPU host has those) plus the peers' model
-#       generator (shared/peers/make_models.py) into gpu-bundle/ (git-ignored; no models). Prints its size; fails
-#       above 60 MB.
-#   tools/gpu_check.sh run [--bundle DIR] [--models a,b] [--work DIR] [--dry-run]
+#       On the build machine: pack build/bin/keel (+ keel-cts and the cuda/nccl test binaries when built),
+#       build/lib/libkeel.so*, the plugins (build/lib/keel/plugins/*) and the Debian shared libraries they need
+#       (resolved with ldd; libc, libstdc++, libm, libpthread, ld-linux and CUDA's own libraries excluded: the GPU
+#       host has those) plus the peers' model generator (shared/peers/make_models.py) and tools/gpu_torch_bench.py
+#       into gpu-bundle/ (git-ignored; no models). Prints its size; fails above 60 MB.
+#   tools/gpu_check.sh run [--bundle DIR] [--models a,b] [--work DIR] [--budget S] [--dry-run]
 #       On the GPU host, from inside the bundle (or --bundle DIR): points the loader at the bundle's libraries and at
-#       the nvidia-* wheels' libraries of the host python3, generates the models with make_models.py, runs
-#       `keel plugins`, the device conformance suite on cuda (keel-cts), then `keel run --device cuda` on every
-#       model against the PyTorch reference output (rtol 1e-3), and times cuda against cpu. Each step runs under
-#       `timeout`; the whole run stays under 8 minutes. --dry-run prints the plan and the library path only.
+#       the nvidia-* wheels' libraries of the host python3, generates the models with make_models.py (TorchScript
+#       exporter), runs `keel plugins`, the device conformance suite on cuda (keel-cts), the NCCL and cuda plugin
+#       tests, `keel run --device cuda` on every model against the PyTorch reference output (fp32: rtol 1e-3;
+#       --precision fp16: rtol 1e-2), then benchmarks ResNet-18 and the transformer encoder at batch 1 and 64, fp32
+#       and fp16, Keel (`keel bench --device cuda --json`) against PyTorch eager on the same GPU
+#       (gpu_torch_bench.py) and prints a table of latencies, throughputs and ratios with the issue's targets
+#       (batch 64 fp16: Keel >= 1.1x PyTorch's throughput; batch 1: Keel's latency no worse). Every step has a
+#       timeout inside an overall budget (default 470 s, under 8 minutes) and prints the elapsed time. Exit status:
+#       0 when every check passed (targets missed are reported, not failures). --dry-run prints the plan only.
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -20,7 +25,7 @@ repo="$(cd "$here/.." && pwd)"
 mode="${1:-}"
 [[ $# -gt 0 ]] && shift
 die() { echo "gpu_check: $*" >&2; exit 2; }
-usage() { sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 case "$mode" in
   bundle)
@@ -40,14 +45,19 @@ case "$mode" in
     [[ -f "$gen" ]] || gen="/work/shared/peers/make_models.py"
     [[ -f "$gen" ]] || die "make_models.py not found (../shared/peers/)"
     bins=("$build/bin/keel")
-    [[ -x "$build/bin/keel-cts" ]] && bins+=("$build/bin/keel-cts")
-    if [[ $dry -eq 1 ]]; then echo "would pack: ${bins[*]} $build/lib/libkeel.so* $build/lib/keel/plugins/* $gen -> $out"; exit 0; fi
+    for b in keel-cts nccl_plugin_test cuda_plugin_test; do
+      [[ -x "$build/bin/$b" ]] && bins+=("$build/bin/$b")
+    done
+    torch_bench="$repo/tools/gpu_torch_bench.py"
+    [[ -f "$torch_bench" ]] || die "no $torch_bench"
+    if [[ $dry -eq 1 ]]; then echo "would pack: ${bins[*]} $build/lib/libkeel.so* $build/lib/keel/plugins/* $gen $torch_bench -> $out"; exit 0; fi
     rm -rf "$out"
     mkdir -p "$out/bin" "$out/lib/keel/plugins" "$out/deps" "$out/peers"
     cp -a "${bins[@]}" "$out/bin/"
     cp -a "$build"/lib/libkeel.so* "$out/lib/"
     cp -a "$build"/lib/keel/plugins/. "$out/lib/keel/plugins/"
     cp "$gen" "$out/peers/"
+    cp "$torch_bench" "$out/peers/"
     cp "${BASH_SOURCE[0]}" "$out/gpu_check.sh"
     # The Debian libraries the binaries and plugins need, minus the base system and CUDA's own libraries.
     skip='^(linux-vdso|libc\.so|libstdc\+\+|libm\.so|libpthread|ld-linux|libdl\.so|librt\.so|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libcudnn|libnccl|libnvrtc|libnvJitLink|libkeel)'
@@ -70,20 +80,26 @@ case "$mode" in
 
   run)
     bundle="$here"; models="simple_cnn,simple_cnn_b32,resnet18,mobilenet_v2,squeezenet1_1,transformer_enc"
-    work="${TMPDIR:-/tmp}/keel-gpu-check"; dry=0
+    work="${TMPDIR:-/tmp}/keel-gpu-check"; dry=0; budget=470
     while [[ $# -gt 0 ]]; do
       case "$1" in
         --bundle) bundle="${2:?--bundle DIR}"; shift 2 ;;
         --models) models="${2:?--models a,b}"; shift 2 ;;
         --work) work="${2:?--work DIR}"; shift 2 ;;
+        --budget) budget="${2:?--budget SECONDS}"; shift 2 ;;
         --dry-run) dry=1; shift ;;
         -h|--help) usage; exit 0 ;;
         *) die "run: unknown argument '$1'" ;;
       esac
     done
+    [[ -x "$bundle/bin/keel" || ! -x "$repo/gpu-bundle/bin/keel" ]] || bundle="$repo/gpu-bundle"  # run from a checkout
     bundle="$(cd "$bundle" 2>/dev/null && pwd)" || die "no bundle folder"
     [[ -x "$bundle/bin/keel" ]] || die "no $bundle/bin/keel: pass --bundle DIR (a folder made by 'gpu_check.sh bundle')"
     py="${PYTHON:-python3}"
+    peers="$bundle/peers"
+    [[ -f "$peers/make_models.py" ]] || peers="$repo/../shared/peers"
+    torch_bench="$bundle/peers/gpu_torch_bench.py"
+    [[ -f "$torch_bench" ]] || torch_bench="$here/gpu_torch_bench.py"
     # The nvidia-* wheels' libraries (cudart, cublas, cudnn, nccl) of the host's python.
     wheel_libs="$("$py" - <<'PY' 2>/dev/null
 import glob, os
@@ -101,50 +117,169 @@ PY
 )"
     export LD_LIBRARY_PATH="$bundle/lib:$bundle/deps${wheel_libs:+:$wheel_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     keel="$bundle/bin/keel"
-    echo "gpu_check: bundle $bundle, models $models, work $work"
+    bench_models="resnet18 transformer_enc"
+    echo "gpu_check: bundle $bundle, models $models, work $work, budget $budget s"
     echo "gpu_check: LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
     if [[ $dry -eq 1 ]]; then
-      echo "plan: make_models.py --out $work/models ${models//,/ }; keel plugins; keel-cts --device cuda;"
-      echo "      per model: keel run --device cuda vs test_data_set_0/output_0.pb; keel run -n 20 on cuda and cpu"
+      cat <<PLAN
+plan (each step: min(its own timeout, what is left of $budget s)):
+  150 s  make_models.py --out $work/models ${models//,/ }   (from $peers, torch.onnx.export with dynamo=False),
+         and ${bench_models} again at batch 64 into $work/models/b64/
+   20 s  keel plugins
+  100 s  keel-cts --device cuda --kernel-prefix cuda_
+   60 s  nccl_plugin_test (one rank: init, all-reduce, ..., teardown, a peer that never joins)
+   90 s  cuda_plugin_test
+   25 s  per model: keel run --device cuda [--precision fp16] vs test_data_set_0/output_0.pb (rtol 1e-3 / 1e-2)
+  100 s  $torch_bench --models ${bench_models// /,} --batches 1,64 --precisions fp32,fp16 --json
+   30 s  per (model, batch, precision): keel bench MODEL --device cuda [--precision fp16] --json (batch 64: the
+         models/b64/ export of the same weights)
+         then the table: Keel vs PyTorch eager latency, throughput, ratio, targets
+PLAN
       exit 0
     fi
     start=$(date +%s)
     fails=0
     mkdir -p "$work"
-    step() { echo; echo "=== $1 ($(( $(date +%s) - start )) s)"; }
+    elapsed() { echo $(( $(date +%s) - start )); }
+    step() { echo; echo "=== $1 ($(elapsed) s elapsed)"; }
+    # run_timed SECONDS CMD...: runs CMD under min(SECONDS, what is left of the budget); 124 when skipped/killed.
+    run_timed() {
+      local want="$1"; shift
+      local left=$(( budget - $(elapsed) ))
+      if [[ $left -lt 5 ]]; then echo "  skipped: the ${budget} s budget is spent"; return 124; fi
+      [[ $want -gt $left ]] && want=$left
+      timeout --kill-after=5 "$want" "$@"
+      local rc=$?
+      [[ $rc -eq 124 || $rc -eq 137 ]] && echo "  timed out after ${want} s"
+      return $rc
+    }
+
     step "generate models"
-    timeout 180 "$py" "$bundle/peers/make_models.py" --out "$work/models" ${models//,/ } || { echo "make_models failed"; fails=$((fails+1)); }
+    needed="$models"
+    for m in $bench_models; do [[ ",$needed," == *",$m,"* ]] || needed="$needed,$m"; done
+    # The benchmarked models again at batch 64 under models/b64/ (the same seeded weights): the exports bake the
+    # batch into some shapes (the transformer's reshapes), so `keel bench --batch 64` cannot resize them.
+    run_timed 150 "$py" - "$peers" "$work/models" "${bench_models// /,}" ${needed//,/ } <<'PY' || { echo "make_models failed"; fails=$((fails+1)); }
+import functools, inspect, os, sys
+peers, out, bench, names = sys.argv[1], sys.argv[2], sys.argv[3].split(","), sys.argv[4:]
+sys.path.insert(0, peers)
+import torch
+ex = torch.onnx.export
+if "dynamo" in inspect.signature(ex).parameters:  # torch >= 2.5: keep the TorchScript exporter the peers used
+    @functools.wraps(ex)
+    def legacy(*a, **k):
+        k.setdefault("dynamo", False)
+        return ex(*a, **k)
+    torch.onnx.export = legacy
+import make_models
+sys.argv = ["make_models.py", "--out", out] + names
+make_models.main()
+torch.set_num_threads(os.cpu_count() or 2)
+for name in bench:
+    seed, builder, shape = make_models.MODELS[name]
+    make_models.MODELS[name] = (seed, builder, (64,) + tuple(shape[1:]))
+    make_models.export(name, os.path.join(out, "b64"))
+    make_models.MODELS[name] = (seed, builder, shape)
+PY
     step "keel plugins"
-    timeout 60 "$keel" plugins || fails=$((fails+1))
+    run_timed 20 "$keel" plugins || fails=$((fails+1))
     if [[ -x "$bundle/bin/keel-cts" ]]; then
       step "device conformance suite on cuda"
-      timeout 120 "$bundle/bin/keel-cts" --device cuda --kernel-prefix cuda_ || fails=$((fails+1))
+      run_timed 100 "$bundle/bin/keel-cts" --device cuda --kernel-prefix cuda_ | tail -60 || fails=$((fails+1))
     fi
-    for m in ${models//,/ }; do
-      d="$work/models/$m"
-      [[ -f "$d/model.onnx" ]] || { echo "$m: no model"; fails=$((fails+1)); continue; }
-      step "$m: cuda vs the PyTorch reference"
-      rm -rf "$work/out_$m"; mkdir -p "$work/out_$m"
-      if ! timeout 60 "$keel" run --device cuda -i "input=$d/test_data_set_0/input_0.pb" -o "$work/out_$m" --print 0 "$d/model.onnx"; then
-        fails=$((fails+1)); continue
-      fi
-      "$py" - "$d/test_data_set_0/output_0.pb" "$work/out_$m/output_0.pb" <<'PY' || fails=$((fails+1))
+    for t in nccl_plugin_test cuda_plugin_test; do
+      [[ -x "$bundle/bin/$t" ]] || continue
+      step "$t"
+      to=60; [[ $t == cuda_plugin_test ]] && to=90
+      run_timed $to "$bundle/bin/$t" --gtest_brief=1 || fails=$((fails+1))
+    done
+    compare() {  # compare REF OUT RTOL
+      "$py" - "$1" "$2" "$3" <<'PY'
 import sys, numpy as np, onnx
 from onnx import numpy_helper
 def load(p):
     t = onnx.TensorProto(); t.ParseFromString(open(p, "rb").read()); return numpy_helper.to_array(t).astype(np.float64)
-ref, out = load(sys.argv[1]), load(sys.argv[2])
-err = np.abs(out - ref); tol = 1e-4 * max(1.0, np.abs(ref).max()) + 1e-3 * np.abs(ref)
-ok = out.shape == ref.shape and bool((err <= tol).all())
-print(f"  max abs err {err.max():.3e}, max |ref| {np.abs(ref).max():.3e}: {'OK' if ok else 'MISMATCH'} (rtol 1e-3)")
+ref, out, rtol = load(sys.argv[1]), load(sys.argv[2]), float(sys.argv[3])
+ok = out.shape == ref.shape
+err = np.abs(out - ref) if ok else np.array([np.inf])
+tol = 0.1 * rtol * max(1.0, np.abs(ref).max()) + rtol * np.abs(ref)
+ok = ok and bool((err <= tol).all())
+print(f"  max abs err {err.max():.3e}, max |ref| {np.abs(ref).max():.3e}: {'OK' if ok else 'MISMATCH'} (rtol {rtol:g})")
 sys.exit(0 if ok else 1)
 PY
-      for dev in cuda cpu; do
-        step "$m: timing on $dev"
-        timeout 60 "$keel" run --device "$dev" -n 20 --warmup 3 --print 0 "$d/model.onnx" | tail -3 || true
+    }
+    for m in ${models//,/ }; do
+      d="$work/models/$m"
+      [[ -f "$d/model.onnx" ]] || { echo "$m: no model"; fails=$((fails+1)); continue; }
+      for prec in fp32 fp16; do
+        step "$m: cuda $prec vs the PyTorch reference"
+        o="$work/out_${m}_$prec"; rm -rf "$o"; mkdir -p "$o"
+        pflag=(); rtol=1e-3
+        [[ $prec == fp16 ]] && pflag=(--precision fp16) && rtol=1e-2
+        if ! run_timed 25 "$keel" run --device cuda "${pflag[@]}" -i "input=$d/test_data_set_0/input_0.pb" -o "$o" --print 0 "$d/model.onnx"; then
+          fails=$((fails+1)); continue
+        fi
+        compare "$d/test_data_set_0/output_0.pb" "$o/output_0.pb" "$rtol" || fails=$((fails+1))
       done
     done
-    echo; echo "gpu_check: done in $(( $(date +%s) - start )) s, $fails failure(s)"
+
+    step "benchmark: PyTorch eager on the GPU"
+    rm -f "$work/torch.jsonl" "$work/keel.jsonl"
+    run_timed 100 "$py" "$torch_bench" --peers "$peers" --models "${bench_models// /,}" --batches 1,64 \
+      --precisions fp32,fp16 --warmup 10 --iters 50 --max-seconds 4 --json > "$work/torch.jsonl" || fails=$((fails+1))
+    cat "$work/torch.jsonl"
+    for m in $bench_models; do
+      for b in 1 64; do
+        for prec in fp32 fp16; do
+          step "benchmark: keel $m batch $b $prec"
+          pflag=(); [[ $prec == fp16 ]] && pflag=(--precision fp16)
+          mp="$work/models/$m/model.onnx"; [[ $b -eq 64 ]] && mp="$work/models/b64/$m/model.onnx"
+          if run_timed 30 "$keel" bench "$mp" --device cuda "${pflag[@]}" \
+               --warmup 5 --iters 50 --max-seconds 4 --json > "$work/keel_one.json"; then
+            "$py" -c 'import json,sys; j=json.load(open(sys.argv[1])); print(json.dumps({"model":sys.argv[2],"batch":int(sys.argv[3]),"precision":sys.argv[4],"median_ms":j["median_ms"],"throughput_per_s":j["throughput_per_s"],"fallbacks":j.get("fallbacks",0),"memory":j.get("memory",{})}))' \
+              "$work/keel_one.json" "$m" "$b" "$prec" | tee -a "$work/keel.jsonl"
+          else
+            fails=$((fails+1))
+          fi
+        done
+      done
+    done
+    step "Keel vs PyTorch eager on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
+    "$py" - "$work/keel.jsonl" "$work/torch.jsonl" <<'PY'
+import json, sys
+def load(p):
+    try:
+        return {(r["model"], r["batch"], r["precision"]): r for r in map(json.loads, filter(str.strip, open(p)))}
+    except OSError:
+        return {}
+k, t = load(sys.argv[1]), load(sys.argv[2])
+print(f"{'model':16s} {'batch':>5s} {'prec':4s} {'keel ms':>9s} {'torch ms':>9s} {'keel/s':>10s} {'torch/s':>10s} {'ratio':>6s}  target")
+met = total = 0
+for key in sorted(set(k) | set(t), key=lambda x: (x[0], x[1], x[2] != "fp32")):
+    kr, tr = k.get(key), t.get(key)
+    km = f"{kr['median_ms']:9.3f}" if kr else f"{'-':>9s}"
+    tm = f"{tr['median_ms']:9.3f}" if tr else f"{'-':>9s}"
+    kt = f"{kr['throughput_per_s']:10.1f}" if kr else f"{'-':>10s}"
+    tt = f"{tr['throughput_per_s']:10.1f}" if tr else f"{'-':>10s}"
+    ratio = kr["throughput_per_s"] / tr["throughput_per_s"] if kr and tr and tr["throughput_per_s"] > 0 else None
+    target = ""
+    if key[1] == 64 and key[2] == "fp16":
+        target = ">= 1.10x"
+        need = 1.10
+    elif key[1] == 1:
+        target = "latency <= torch"
+        need = 1.0
+    else:
+        need = None
+    if need is not None:
+        total += 1
+        ok = ratio is not None and ratio >= need
+        met += ok
+        target += "  met" if ok else "  MISSED"
+    print(f"{key[0]:16s} {key[1]:5d} {key[2]:4s} {km} {tm} {kt} {tt} {(f'{ratio:6.2f}' if ratio else '     -')}  {target}")
+print(f"targets met: {met}/{total} (ratio = Keel throughput / PyTorch eager throughput)")
+PY
+    echo; echo "gpu_check: done in $(elapsed) s, $fails failure(s)"
     [[ $fails -eq 0 ]]
     ;;
   -h|--help|help) usage ;;

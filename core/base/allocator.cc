@@ -146,7 +146,12 @@ uint64_t CachingAllocator::trim() {
 
 AllocatorStats CachingAllocator::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  AllocatorStats s = stats_;
+  s.cache_misses = s.allocations - s.cache_hits;
+  s.segments = segments_.size();
+  s.blocks_in_use = allocated_.size();
+  s.free_blocks = free_blocks_.size();
+  return s;
 }
 
 void CachingAllocator::reset_peak() {

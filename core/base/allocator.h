@@ -42,6 +42,11 @@ struct AllocatorStats {
   uint64_t raw_allocations = 0;      // segments taken from the raw allocator
   uint64_t raw_frees = 0;            // segments given back
   uint64_t failed_allocations = 0;
+  // Filled by stats() (not running counters):
+  uint64_t cache_misses = 0;         // allocations - cache_hits: each took a new segment
+  uint64_t segments = 0;             // segments held now
+  uint64_t blocks_in_use = 0;        // blocks handed out and not yet freed
+  uint64_t free_blocks = 0;          // cached blocks, all streams
 };
 
 class CachingAllocator {

@@ -85,6 +85,32 @@ TEST(CachingAllocator, StatisticsTrackInUseReservedAndPeak) {
   f.pool.free(b);
 }
 
+TEST(CachingAllocator, StatisticsCountHitsMissesSegmentsAndBlocks) {
+  Fixture f;
+  void* a = f.pool.allocate(4096).value();        // miss: a small segment
+  void* b = f.pool.allocate(4096).value();        // hit: split from that segment
+  void* c = f.pool.allocate(3 << 20).value();     // miss: a large segment
+  auto s = f.pool.stats();
+  EXPECT_EQ(s.allocations, 3u);
+  EXPECT_EQ(s.cache_hits, 1u);
+  EXPECT_EQ(s.cache_misses, 2u);
+  EXPECT_EQ(s.segments, 2u);
+  EXPECT_EQ(s.blocks_in_use, 3u);
+  EXPECT_EQ(s.free_blocks, 2u);  // the rest of the small segment, the last 1 MiB of the large one
+  f.pool.free(a);
+  f.pool.free(b);
+  f.pool.free(c);
+  s = f.pool.stats();
+  EXPECT_EQ(s.blocks_in_use, 0u);
+  EXPECT_EQ(s.free_blocks, 2u);  // merged: one per segment
+  EXPECT_EQ(f.pool.trim(), (2u << 20) + (4u << 20));
+  s = f.pool.stats();
+  EXPECT_EQ(s.segments, 0u);
+  EXPECT_EQ(s.free_blocks, 0u);
+  EXPECT_EQ(s.raw_frees, 2u);
+  EXPECT_EQ(s.reserved_bytes, 0u);
+}
+
 TEST(CachingAllocator, TrimReleasesOnlyWhollyFreeSegments) {
   Fixture f;
   auto a = f.pool.allocate(3 << 20).value();

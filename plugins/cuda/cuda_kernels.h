@@ -23,6 +23,7 @@ struct Strided {
 enum class Unary : int32_t {
   kRelu, kSigmoid, kTanh, kExp, kLog, kNeg, kAbs, kSqrt, kReciprocal, kErf, kLeakyRelu, kElu, kHardSigmoid,
   kSoftplus, kSoftsign, kSin, kCos, kFloor, kCeil, kHardSwish, kSelu, kGeluErf, kGeluTanh,
+  kClip,  // min(max(x, alpha), beta)
 };
 enum class Binary : int32_t { kAdd, kSub, kMul, kDiv, kPow, kMax, kMin };
 
@@ -45,5 +46,49 @@ cudaError_t launch_strided_copy(int32_t elem_size, const void* in, void* out, in
 // for a pair it does not handle (checked beforehand with cast_supported).
 bool cast_supported(int32_t dtype);
 cudaError_t launch_cast(int32_t src_dtype, const void* x, int32_t dst_dtype, void* y, int64_t n, cudaStream_t s);
+
+// Reductions (ReduceSum ... ReduceLogSumExp). Output element o (row-major over `out.dims`) reduces the n_red
+// elements of the `red` view (row-major over red.dims; operand 0 strides) starting at x + offset_of(out, o).
+// Accumulates in float; dtype F32, F16 or BF16; n_red may be 0 (the identity, as ONNX says).
+enum class Reduce : int32_t { kSum, kMean, kMax, kMin, kProd, kSumSquare, kL1, kL2, kLogSum, kLogSumExp };
+cudaError_t launch_reduce(Reduce op, int32_t dtype, const void* x, void* y, int64_t n_out, const Strided& out,
+                          int64_t n_red, const Strided& red, cudaStream_t s);
+// ArgMax / ArgMin over one axis: y (int64) element o compares x[offset_of(out, o) + k * red_stride], k < n_red
+// (n_red >= 1). Ties: the first index, or the last with `select_last`.
+cudaError_t launch_arg_reduce(bool is_max, bool select_last, int32_t dtype, const void* x, int64_t* y, int64_t n_out,
+                              const Strided& out, int64_t n_red, int64_t red_stride, cudaStream_t s);
+// LayerNormalization over the last `cols` of [rows, cols]: y = (x - mean) * rsqrt(var + eps) * scale + bias
+// (bias may be null; scale/bias have `cols` elements of the same dtype). mean/inv_std (may be null) get one value
+// per row in `stat_dtype` (F32, F16 or BF16).
+cudaError_t launch_layer_norm(int32_t dtype, const void* x, const void* scale, const void* bias, void* y,
+                              int64_t rows, int64_t cols, float epsilon, int32_t stat_dtype, void* mean,
+                              void* inv_std, cudaStream_t s);
+// Gather along one axis of data viewed as [outer, axis_len, inner] (elements of elem_size bytes) with n_idx
+// indices (I32 or I64; negative ones count from the end). An index out of [-axis_len, axis_len) sets *bad = 1
+// (device memory, may be null) and writes zeros.
+cudaError_t launch_gather(int32_t elem_size, const void* data, int32_t index_dtype, const void* indices, void* out,
+                          int64_t outer, int64_t axis_len, int64_t inner, int64_t n_idx, int32_t* bad,
+                          cudaStream_t s);
+// Pad: out dims = in dims + begin + end (either may be negative: crops). mode 0 constant (`value`, converted to the
+// dtype), 1 reflect, 2 edge.
+struct PadDesc {
+  int32_t ndim = 0;
+  int64_t out_dims[kMaxRank] = {};
+  int64_t in_dims[kMaxRank] = {};
+  int64_t begin[kMaxRank] = {};
+};
+cudaError_t launch_pad(int32_t dtype, int32_t elem_size, const void* in, void* out, int64_t n, const PadDesc& p,
+                       int32_t mode, double value, cudaStream_t s);
+// Resize of x viewed as [outer, in_h, in_w] to [outer, out_h, out_w] (1-D: in_h = out_h = 1). Coordinates in
+// double exactly as the reference kernels compute them. coord: 0 half_pixel, 1 pytorch_half_pixel,
+// 2 align_corners, 3 asymmetric; nearest: 0 round_prefer_floor, 1 round_prefer_ceil, 2 floor, 3 ceil, 4 simple
+// (opset 10: ceil when downscaling, else floor).
+struct ResizeDesc {
+  int64_t outer = 1, in_h = 1, in_w = 1, out_h = 1, out_w = 1;
+  double scale_h = 1, scale_w = 1;
+  int32_t coord = 0, nearest = 0;
+  bool linear = false;
+};
+cudaError_t launch_resize(int32_t dtype, const void* x, void* y, const ResizeDesc& d, cudaStream_t s);
 
 }  // namespace keel::cuda

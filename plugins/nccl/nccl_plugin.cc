@@ -6,6 +6,11 @@
 // publishes its ncclUniqueId ("<prefix>/id"), which the others read. ncclCommInitRankConfig runs non-blocking and is
 // polled against the same deadline (aborted, not hung on, when it runs out). Every data entry is stream-ordered on
 // the given cudaStream_t (NULL = the legacy default stream). The barrier is an all-reduce of one float.
+// Every entry that NCCL answers with ncclInProgress (the communicator is non-blocking) is polled against the
+// communicator's timeout: past it the communicator is aborted and the entry returns DEADLINE_EXCEEDED; later
+// entries on it return FAILED_PRECONDITION. timeout_ms <= 0 means the default, 5 minutes.
+// send/recv are separate NCCL calls (the ABI has no group): a pair of ranks must order them (one sends first,
+// the other receives first), as with blocking point-to-point messages; small messages complete eagerly anyway.
 // Without a driver or a GPU, init returns UNAVAILABLE: `keel plugins` shows the plugin as skipped with the reason.
 #include <cuda_runtime.h>
 #include <keel/plugin.h>
@@ -23,9 +28,13 @@ const keel_host_api_t* g_host = nullptr;
 
 keel_status_t make_status(int32_t code, const std::string& m) { return g_host->status_create(code, m.c_str()); }
 
+constexpr int64_t kDefaultTimeoutMs = 5 * 60 * 1000;
+
 struct Comm {
   ncclComm_t comm = nullptr;
   int32_t rank = 0, size = 0, device = 0;
+  int64_t timeout_ms = kDefaultTimeoutMs;
+  bool aborted = false;      // a timed-out entry aborted the communicator
   float* scratch = nullptr;  // one float for the barrier
 };
 
@@ -41,13 +50,37 @@ keel_status_t nccl_error(ncclResult_t r, ncclComm_t comm, const char* what) {
   return make_status(code, msg);
 }
 
-// The communicator is non-blocking: an entry may return ncclInProgress; wait for the real result.
-ncclResult_t settle(ncclComm_t comm, ncclResult_t r) {
-  while (r == ncclInProgress) {
-    std::this_thread::yield();
+// The communicator is non-blocking: an entry may return ncclInProgress; wait for the real result, up to
+// timeout_ms (then *timed_out is set and ncclInProgress returned).
+ncclResult_t settle(ncclComm_t comm, ncclResult_t r, int64_t timeout_ms, bool* timed_out = nullptr) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  if (timed_out) *timed_out = false;
+  for (int spins = 0; r == ncclInProgress; ++spins) {
+    if (spins < 1000) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(200));
     if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) break;
+    if (r == ncclInProgress && std::chrono::steady_clock::now() >= deadline) {
+      if (timed_out) *timed_out = true;
+      break;
+    }
   }
   return r;
+}
+
+// The result of an entry on `c`: settled within the communicator's timeout; a timeout aborts the communicator.
+keel_status_t finish(struct Comm* c, ncclResult_t r, const char* what) {
+  bool timed_out = false;
+  r = settle(c->comm, r, c->timeout_ms, &timed_out);
+  if (timed_out) {
+    ncclCommAbort(c->comm);
+    c->comm = nullptr;
+    c->aborted = true;
+    return make_status(KEEL_STATUS_DEADLINE_EXCEEDED, std::string("nccl: ") + what + " of rank " +
+                                                          std::to_string(c->rank) + " did not complete within " +
+                                                          std::to_string(c->timeout_ms) +
+                                                          " ms (a peer is gone?): the communicator was aborted");
+  }
+  return nccl_error(r, c->comm, what);
 }
 
 bool to_nccl_type(int32_t dtype, ncclDataType_t* out) {
@@ -103,7 +136,8 @@ keel_status_t c_create(void*, keel_kv_store_t* store, int32_t rank, int32_t size
     return make_status(KEEL_STATUS_INVALID_ARGUMENT, "nccl: cudaSetDevice(" + std::to_string(device) +
                                                          "): " + cudaGetErrorString(e));
   }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms > 0 ? timeout_ms : 0);
+  if (timeout_ms <= 0) timeout_ms = kDefaultTimeoutMs;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   auto left_ms = [&] {
     auto d = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     return d.count() > 0 ? static_cast<int64_t>(d.count()) : int64_t{0};
@@ -156,6 +190,7 @@ keel_status_t c_create(void*, keel_kv_store_t* store, int32_t rank, int32_t size
   c->rank = rank;
   c->size = size;
   c->device = device;
+  c->timeout_ms = timeout_ms;
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   ncclResult_t r = ncclCommInitRankConfig(&c->comm, size, id, rank, &config);
@@ -184,7 +219,13 @@ keel_status_t c_create(void*, keel_kv_store_t* store, int32_t rank, int32_t size
     delete c;
     return make_status(KEEL_STATUS_OUT_OF_MEMORY, std::string("nccl: cudaMalloc: ") + cudaGetErrorString(e));
   }
-  cudaMemset(c->scratch, 0, sizeof(float));
+  if (cudaError_t e = cudaMemset(c->scratch, 0, sizeof(float)); e != cudaSuccess) {
+    (void)cudaGetLastError();
+    cudaFree(c->scratch);
+    ncclCommAbort(c->comm);
+    delete c;
+    return make_status(KEEL_STATUS_INTERNAL, std::string("nccl: cudaMemset: ") + cudaGetErrorString(e));
+  }
   *out = reinterpret_cast<keel_communicator_t>(c);
   return nullptr;
 }
@@ -194,8 +235,10 @@ void c_release(void*, keel_communicator_t comm) {
   if (!c) return;
   cudaSetDevice(c->device);
   if (c->comm) {
-    settle(c->comm, ncclCommFinalize(c->comm));
-    ncclCommDestroy(c->comm);
+    bool timed_out = false;
+    const ncclResult_t r = settle(c->comm, ncclCommFinalize(c->comm), c->timeout_ms, &timed_out);
+    if (r == ncclSuccess) ncclCommDestroy(c->comm);
+    else ncclCommAbort(c->comm);  // a peer never finalised, or an error: do not hang in destroy
   }
   if (c->scratch) cudaFree(c->scratch);
   (void)cudaGetLastError();
@@ -207,10 +250,15 @@ int32_t c_size(void*, keel_communicator_t comm) { return reinterpret_cast<Comm*>
 #define KEEL_NCCL_PROLOGUE(dtype_var)                                                                           \
   auto* c = reinterpret_cast<Comm*>(comm);                                                                      \
   if (!c) return make_status(KEEL_STATUS_INVALID_ARGUMENT, "nccl: NULL communicator");                         \
+  if (c->aborted)                                                                                               \
+    return make_status(KEEL_STATUS_FAILED_PRECONDITION, "nccl: the communicator was aborted after a timeout");  \
   ncclDataType_t t;                                                                                             \
   if (!to_nccl_type(dtype_var, &t))                                                                             \
     return make_status(KEEL_STATUS_UNIMPLEMENTED, "nccl: dtype " + std::to_string(dtype_var) + " unsupported"); \
-  cudaSetDevice(c->device);                                                                                     \
+  if (cudaError_t e = cudaSetDevice(c->device); e != cudaSuccess) {                                            \
+    (void)cudaGetLastError();                                                                                   \
+    return make_status(KEEL_STATUS_INTERNAL, std::string("nccl: cudaSetDevice: ") + cudaGetErrorString(e));    \
+  }                                                                                                             \
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream)
 
 keel_status_t c_all_reduce(void*, keel_communicator_t comm, const void* send, void* recv, uint64_t count,
@@ -218,40 +266,38 @@ keel_status_t c_all_reduce(void*, keel_communicator_t comm, const void* send, vo
   KEEL_NCCL_PROLOGUE(dtype);
   ncclRedOp_t o;
   if (!to_nccl_op(op, &o)) return make_status(KEEL_STATUS_INVALID_ARGUMENT, "nccl: unknown reduce op");
-  return nccl_error(settle(c->comm, ncclAllReduce(send, recv, count, t, o, c->comm, s)), c->comm, "ncclAllReduce");
+  return finish(c, ncclAllReduce(send, recv, count, t, o, c->comm, s), "ncclAllReduce");
 }
 keel_status_t c_broadcast(void*, keel_communicator_t comm, const void* send, void* recv, uint64_t count,
                           int32_t dtype, int32_t root, keel_stream_t stream) {
   KEEL_NCCL_PROLOGUE(dtype);
-  return nccl_error(settle(c->comm, ncclBroadcast(send, recv, count, t, root, c->comm, s)), c->comm, "ncclBroadcast");
+  return finish(c, ncclBroadcast(send, recv, count, t, root, c->comm, s), "ncclBroadcast");
 }
 keel_status_t c_all_gather(void*, keel_communicator_t comm, const void* send, void* recv, uint64_t send_count,
                            int32_t dtype, keel_stream_t stream) {
   KEEL_NCCL_PROLOGUE(dtype);
-  return nccl_error(settle(c->comm, ncclAllGather(send, recv, send_count, t, c->comm, s)), c->comm, "ncclAllGather");
+  return finish(c, ncclAllGather(send, recv, send_count, t, c->comm, s), "ncclAllGather");
 }
 keel_status_t c_reduce_scatter(void*, keel_communicator_t comm, const void* send, void* recv, uint64_t recv_count,
                                int32_t dtype, int32_t op, keel_stream_t stream) {
   KEEL_NCCL_PROLOGUE(dtype);
   ncclRedOp_t o;
   if (!to_nccl_op(op, &o)) return make_status(KEEL_STATUS_INVALID_ARGUMENT, "nccl: unknown reduce op");
-  return nccl_error(settle(c->comm, ncclReduceScatter(send, recv, recv_count, t, o, c->comm, s)), c->comm,
-                    "ncclReduceScatter");
+  return finish(c, ncclReduceScatter(send, recv, recv_count, t, o, c->comm, s), "ncclReduceScatter");
 }
 keel_status_t c_send(void*, keel_communicator_t comm, const void* buf, uint64_t count, int32_t dtype, int32_t peer,
                      keel_stream_t stream) {
   KEEL_NCCL_PROLOGUE(dtype);
-  return nccl_error(settle(c->comm, ncclSend(buf, count, t, peer, c->comm, s)), c->comm, "ncclSend");
+  return finish(c, ncclSend(buf, count, t, peer, c->comm, s), "ncclSend");
 }
 keel_status_t c_recv(void*, keel_communicator_t comm, void* buf, uint64_t count, int32_t dtype, int32_t peer,
                      keel_stream_t stream) {
   KEEL_NCCL_PROLOGUE(dtype);
-  return nccl_error(settle(c->comm, ncclRecv(buf, count, t, peer, c->comm, s)), c->comm, "ncclRecv");
+  return finish(c, ncclRecv(buf, count, t, peer, c->comm, s), "ncclRecv");
 }
 keel_status_t c_barrier(void*, keel_communicator_t comm, keel_stream_t stream) {
   KEEL_NCCL_PROLOGUE(KEEL_DTYPE_F32);
-  return nccl_error(settle(c->comm, ncclAllReduce(c->scratch, c->scratch, 1, t, ncclSum, c->comm, s)), c->comm,
-                    "barrier (ncclAllReduce)");
+  return finish(c, ncclAllReduce(c->scratch, c->scratch, 1, t, ncclSum, c->comm, s), "barrier (ncclAllReduce)");
 }
 
 keel_status_t nccl_init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {

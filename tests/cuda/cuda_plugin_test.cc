@@ -10,6 +10,7 @@
 #include <cmath>
 #include <random>
 
+#include "core/base/graph.h"
 #include "core/runtime/environment.h"
 #include "core/runtime/onnx_io.h"
 #include "core/runtime/session.h"
@@ -82,7 +83,82 @@ TEST_P(CudaOps, MatchReference) {
 
 INSTANTIATE_TEST_SUITE_P(Ops, CudaOps,
                          ::testing::Values("Relu", "Sigmoid", "Tanh", "Add", "Mul", "Div", "Softmax", "MatMul", "Gemm",
-                                           "Transpose", "Concat", "Cast", "Where"));
+                                           "Transpose", "Concat", "Cast", "Where", "Clip", "ReduceSum", "ReduceMean",
+                                           "ReduceMax", "ReduceMin", "ReduceProd", "ReduceSumSquare", "ReduceL1",
+                                           "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ArgMax", "ArgMin",
+                                           "LayerNormalization", "Gather", "Slice", "Expand", "Pad", "Split", "Resize",
+                                           "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"));
+
+// Run-time errors of the plugin's kernels are statuses, not crashes: Gather indices out of range, as a constant
+// (checked on the host) and as an input (checked on the device, read back after the kernel).
+TEST(CudaPlugin, GatherIndexOutOfRangeIsAnError) {
+  SKIP_WITHOUT_CUDA();
+  for (bool constant : {true, false}) {
+    GraphBuilder gb("gather_oob", 13);
+    std::string x = gb.input("x", DType::kF32, {4, 3});
+    Tensor idx = Tensor::host(DType::kI64, {2}).value();
+    idx.data<int64_t>()[0] = 1;
+    idx.data<int64_t>()[1] = 4;  // out of range for a dimension of 4
+    std::string i = constant ? gb.constant("i", idx) : gb.input("i", DType::kI64, {2});
+    gb.output(gb.op1("Gather", {x, i}, {{"axis", Attribute::of_int(0)}}));
+    SessionOptions so;
+    so.devices = {"cuda"};
+    so.fallback = Fallback::kError;
+    auto s = Session::create(*envs().dut, gb.take(), so);
+    ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+    Tensor xv = Tensor::host(DType::kF32, {4, 3}).value();
+    for (int k = 0; k < 12; ++k) xv.data<float>()[k] = static_cast<float>(k);
+    std::vector<std::pair<std::string, Tensor>> feeds = {{"x", xv}};
+    if (!constant) feeds.emplace_back("i", idx);
+    auto out = (*s)->run(feeds);
+    ASSERT_FALSE(out.is_ok()) << (constant ? "constant" : "input") << " indices";
+    EXPECT_EQ(out.status().code(), StatusCode::kInvalidArgument) << out.status().to_string();
+    EXPECT_NE(out.status().message().find("out of range"), std::string::npos) << out.status().to_string();
+    // The device is still usable afterwards: in-range indices run.
+    idx.data<int64_t>()[1] = -4;
+    if (!constant) {
+      feeds.back().second = idx;
+      auto ok = (*s)->run(feeds);
+      ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
+      EXPECT_EQ((*ok)[0].data<float>()[3], 0.f);  // row -4 = row 0
+    }
+  }
+}
+
+// Device memory of a cuda session comes from the core's caching allocator: visible in memory_stats as "cuda:0",
+// reused across runs (cache hits), and given back by trim once the session is gone.
+TEST(CudaPlugin, DeviceMemoryIsPooled) {
+  SKIP_WITHOUT_CUDA();
+  {
+    GraphBuilder gb("pool", 13);
+    std::string x = gb.input("x", DType::kF32, {64, 1024});
+    gb.output(gb.op1("Relu", {gb.op1("Add", {x, x})}));
+    SessionOptions so;
+    so.devices = {"cuda"};
+    auto s = Session::create(*envs().dut, gb.take(), so);
+    ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+    Tensor xv = Tensor::host(DType::kF32, {64, 1024}).value();
+    for (int64_t k = 0; k < xv.numel(); ++k) xv.data<float>()[k] = static_cast<float>(k % 7) - 3.f;
+    for (int run = 0; run < 3; ++run) {
+      auto out = (*s)->run({{"x", xv}});
+      ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+      EXPECT_EQ((*out)[0].data<float>()[0], 0.f);  // relu(2 * -3)
+      EXPECT_EQ((*out)[0].data<float>()[4], 2.f);  // relu(2 * 1)
+    }
+    auto stats = envs().dut->memory_stats();
+    ASSERT_TRUE(stats.count("cuda:0"));
+    const AllocatorStats& c = stats["cuda:0"];
+    EXPECT_GT(c.allocations, 0u);
+    EXPECT_GT(c.cache_hits, 0u) << "later runs reuse pooled device blocks";
+    EXPECT_GT(c.reserved_bytes, 0u);
+    EXPECT_GE(c.reserved_bytes, c.in_use_bytes);
+  }
+  envs().dut->trim_memory();
+  auto after = envs().dut->memory_stats()["cuda:0"];
+  EXPECT_EQ(after.in_use_bytes, 0u) << "the session is gone";
+  EXPECT_EQ(after.reserved_bytes, 0u) << "trim gave every free segment back";
+  EXPECT_EQ(after.segments, 0u);
+}
 
 // The cuDNN / cuBLASLt kernels (cuda_dnn.cc, cuda_blas.cc), each op's cases including the f16 / bf16 ones.
 INSTANTIATE_TEST_SUITE_P(DnnOps, CudaOps,

@@ -361,6 +361,297 @@ void add_layout_cases(std::vector<OpCase>& v) {
   }
 }
 
+// The CUDA plugin's own kernels beyond the element-wise ones: every reduction, ArgMax/ArgMin (with ties),
+// (ONNX Gelu, opset 20, is not here: the ONNX library this builds with predates it, so its output has no type.)
+// LayerNormalization's extra outputs, Gather (negative and runtime indices), Slice, Expand, Pad, Split, Resize,
+// Clip, the reshaping ops, and f16/bf16 variants of the common ones (tolerances for 8/11-bit mantissas).
+InputSpec ints(const std::string& name, std::vector<float> values, DType dt = DType::kI64) {
+  InputSpec s = in(name, {static_cast<int64_t>(values.size())}, true);
+  s.dtype = dt;
+  s.values = std::move(values);
+  return s;
+}
+InputSpec scalar(const std::string& name, float v) {
+  InputSpec s = in(name, {}, true);
+  s.values = {v};
+  return s;
+}
+
+void add_tensor_op_cases(std::vector<OpCase>& v) {
+  struct R { Shape x; std::vector<float> axes; int keep; };
+  const R rs[] = {{{2, 3, 4, 5}, {1}, 0}, {{4, 17}, {}, 1}, {{2, 96, 200}, {-1}, 1}, {{3, 5, 6}, {0, 2}, 0},
+                  {{64, 40}, {0}, 1}};
+  struct Op { const char* op; float lo, hi; };
+  const Op ops[] = {{"ReduceSum", -1, 1},       {"ReduceMean", -1, 1}, {"ReduceMax", -1, 1},  {"ReduceMin", -1, 1},
+                    {"ReduceProd", 0.97f, 1.03f}, {"ReduceSumSquare", -1, 1}, {"ReduceL1", -1, 1},
+                    {"ReduceL2", -1, 1},        {"ReduceLogSum", 0.1f, 2}, {"ReduceLogSumExp", -3, 3}};
+  for (const Op& o : ops) {
+    for (const R& r : rs) {
+      for (int opset : {13, 18}) {
+        if (opset == 13 && std::string(o.op) != "ReduceSum" && r.x.size() != 4 && r.x.size() != 2) continue;
+        OpCase c;
+        c.op = o.op;
+        c.opset = opset;
+        c.label = "X=" + shape_label(r.x) + " axes=" + shape_label(Shape(r.axes.begin(), r.axes.end())) +
+                  " keepdims=" + std::to_string(r.keep) + " opset=" + std::to_string(opset);
+        c.inputs = {in("X", r.x, false, o.lo, o.hi)};
+        c.attrs = {{"keepdims", I(r.keep)}};
+        const bool axes_input = opset >= 18 || c.op == "ReduceSum";
+        if (!r.axes.empty()) {
+          if (axes_input) c.inputs.push_back(ints("axes", r.axes));
+          else c.attrs["axes"] = Is(std::vector<int64_t>(r.axes.begin(), r.axes.end()));
+        }
+        v.push_back(c);
+      }
+    }
+  }
+  {
+    OpCase c;
+    c.op = "ReduceSum";
+    c.opset = 18;
+    c.label = "X=[3,4] no axes noop_with_empty_axes=1";
+    c.inputs = {in("X", {3, 4})};
+    c.attrs = {{"noop_with_empty_axes", I(1)}};
+    v.push_back(c);
+  }
+  for (const char* op : {"ArgMax", "ArgMin"}) {
+    struct A { Shape x; int64_t axis; int keep, last; bool ties; };
+    const A as[] = {{{3, 17}, 1, 1, 0, false}, {{2, 5, 7}, 0, 0, 0, false}, {{4, 1000}, -1, 1, 0, false},
+                    {{6, 9}, 1, 1, 0, true},   {{6, 9}, 1, 0, 1, true},     {{5, 3, 40}, 2, 1, 1, true}};
+    for (const A& a : as) {
+      OpCase c;
+      c.op = op;
+      c.opset = 13;
+      c.label = "X=" + shape_label(a.x) + " axis=" + std::to_string(a.axis) + " keepdims=" + std::to_string(a.keep) +
+                " select_last_index=" + std::to_string(a.last) + (a.ties ? " ties" : "");
+      InputSpec x = in("X", a.x, false, -2, 2);
+      if (a.ties) x.values = {0, 1, 2, 1, 2, 0, 2, 1, 0, 2, 1};  // repeating: every row has ties
+      c.inputs = {x};
+      c.attrs = {{"axis", I(a.axis)}, {"keepdims", I(a.keep)}, {"select_last_index", I(a.last)}};
+      c.int_tol = 0;
+      v.push_back(c);
+    }
+  }
+  for (size_t out : {1, 2}) {
+    OpCase c;
+    c.op = "LayerNormalization";
+    c.label = std::string("X=[3,5,24] axis=1 output=") + (out == 1 ? "Mean" : "InvStdDev");
+    c.inputs = {in("X", {3, 5, 24}, false, -2, 3), in("Scale", {5, 24}, true), in("B", {5, 24}, true)};
+    c.attrs = {{"axis", I(1)}, {"epsilon", F(1e-4f)}};
+    c.num_outputs = 3;
+    c.output = out;
+    v.push_back(c);
+  }
+  {
+    struct G { Shape x; Shape idx; int64_t axis; DType it; bool constant; float lo, hi; };
+    const G gs[] = {{{5, 4, 3}, {2, 2}, 0, DType::kI64, true, -5, 4},   {{5, 4, 3}, {3}, 1, DType::kI32, false, -4, 3},
+                    {{2, 3, 7}, {4}, -1, DType::kI64, false, -7, 6},    {{1000, 64}, {2, 16}, 0, DType::kI64, false, 0, 999},
+                    {{6, 8}, {}, 0, DType::kI64, true, -6, 5}};
+    for (const G& g : gs) {
+      OpCase c;
+      c.op = "Gather";
+      c.opset = 13;
+      c.label = "data=" + shape_label(g.x) + " indices=" + shape_label(g.idx) + " axis=" + std::to_string(g.axis) +
+                (g.it == DType::kI32 ? " int32" : " int64") + (g.constant ? " constant" : " input");
+      InputSpec idx = in("I", g.idx, g.constant, g.lo, g.hi);
+      idx.dtype = g.it;
+      c.inputs = {in("X", g.x), idx};
+      c.attrs = {{"axis", I(g.axis)}};
+      v.push_back(c);
+    }
+  }
+  {
+    struct S { Shape x; std::vector<float> starts, ends, axes, steps; };
+    const float big = 9.2e18f;  // beyond any dimension: clamped
+    const S ss[] = {{{4, 10, 6}, {1, 2}, {3, 9}, {0, 1}, {1, 3}},
+                    {{4, 10, 6}, {-1}, {-big}, {1}, {-2}},
+                    {{2, 128, 768}, {0, 256}, {big, 512}, {0, -1}, {}},
+                    {{5, 7}, {3, 0}, {1, 7}, {}, {-1, 2}},
+                    {{3, 4}, {5}, {10}, {0}, {}}};
+    for (const S& s : ss) {
+      OpCase c;
+      c.op = "Slice";
+      c.opset = 13;
+      auto lbl = [](const std::vector<float>& f) { return shape_label(Shape(f.begin(), f.end())); };
+      c.label = "X=" + shape_label(s.x) + " starts=" + lbl(s.starts) + " ends=" + lbl(s.ends) + " axes=" + lbl(s.axes) +
+                " steps=" + lbl(s.steps);
+      c.inputs = {in("X", s.x), ints("starts", s.starts), ints("ends", s.ends)};
+      if (!s.axes.empty() || !s.steps.empty()) c.inputs.push_back(s.axes.empty() ? absent() : ints("axes", s.axes));
+      if (!s.steps.empty()) c.inputs.push_back(ints("steps", s.steps));
+      v.push_back(c);
+    }
+  }
+  for (auto [x, shape] : std::vector<std::pair<Shape, std::vector<float>>>{
+           {{3, 1}, {2, 3, 4}}, {{1, 4}, {3, 1}}, {{2, 1, 5}, {2, 6, 5}}, {{7}, {1}}}) {
+    OpCase c;
+    c.op = "Expand";
+    c.opset = 13;
+    c.label = "X=" + shape_label(x) + " shape=" + shape_label(Shape(shape.begin(), shape.end()));
+    c.inputs = {in("X", x), ints("shape", shape)};
+    v.push_back(c);
+  }
+  {
+    struct P { const char* mode; Shape x; std::vector<float> pads; };
+    const P ps[] = {{"constant", {1, 3, 5, 6}, {0, 0, 1, 2, 0, 0, 2, 1}}, {"reflect", {1, 3, 5, 6}, {0, 0, 2, 3, 0, 0, 4, 1}},
+                    {"edge", {1, 3, 5, 6}, {0, 1, 2, 2, 0, 0, 3, 1}},     {"constant", {4, 9}, {-1, 2, 1, -3}},
+                    {"reflect", {2, 7}, {0, 6, 0, 6}}};
+    for (const P& p : ps) {
+      OpCase c;
+      c.op = "Pad";
+      c.opset = 13;
+      c.label = std::string(p.mode) + " X=" + shape_label(p.x) + " pads=" + shape_label(Shape(p.pads.begin(), p.pads.end()));
+      c.inputs = {in("X", p.x), ints("pads", p.pads)};
+      if (std::string(p.mode) == "constant") c.inputs.push_back(scalar("value", 0.75f));
+      c.attrs = {{"mode", S(p.mode)}};
+      v.push_back(c);
+    }
+  }
+  for (size_t out : {0, 1, 2}) {
+    OpCase c;
+    c.op = "Split";
+    c.opset = 13;
+    c.label = "X=[2,9,4] axis=1 split=[2,4,3] output=" + std::to_string(out);
+    c.inputs = {in("X", {2, 9, 4}), ints("split", {2, 4, 3})};
+    c.attrs = {{"axis", I(1)}};
+    c.num_outputs = 3;
+    c.output = out;
+    v.push_back(c);
+  }
+  {
+    struct Z { const char* mode; const char* coord; const char* nearest; Shape x; std::vector<float> scales, sizes; };
+    const Z zs[] = {
+        {"nearest", "asymmetric", "floor", {1, 2, 5, 7}, {1, 1, 2, 2}, {}},
+        {"nearest", "half_pixel", "round_prefer_floor", {1, 2, 5, 7}, {1, 1, 2.5f, 1.5f}, {}},
+        {"nearest", "half_pixel", "round_prefer_ceil", {2, 3, 8, 8}, {1, 1, 0.5f, 0.75f}, {}},
+        {"nearest", "align_corners", "ceil", {1, 1, 6, 4}, {}, {1, 1, 11, 9}},
+        {"nearest", "pytorch_half_pixel", "round_prefer_floor", {1, 3, 4}, {1, 1, 3}, {}},
+        {"linear", "half_pixel", "", {1, 2, 5, 7}, {1, 1, 2, 2}, {}},
+        {"linear", "pytorch_half_pixel", "", {2, 3, 9, 6}, {}, {2, 3, 4, 1}},
+        {"linear", "align_corners", "", {1, 4, 7, 7}, {}, {1, 4, 14, 5}},
+        {"linear", "asymmetric", "", {1, 2, 6}, {1, 1, 1.7f}, {}},
+        {"linear", "half_pixel", "", {1, 8, 16, 16}, {1, 1, 0.5f, 0.5f}, {}}};
+    for (const Z& z : zs) {
+      OpCase c;
+      c.op = "Resize";
+      c.opset = 13;
+      auto lbl = [](const std::vector<float>& f) {
+        std::string r = "[";
+        for (size_t i = 0; i < f.size(); ++i) r += (i ? "," : "") + fmt_float(f[i]);
+        return r + "]";
+      };
+      c.label = std::string(z.mode) + " " + z.coord + (*z.nearest ? std::string(" ") + z.nearest : "") + " X=" +
+                shape_label(z.x) + (z.sizes.empty() ? " scales=" + lbl(z.scales) : " sizes=" + lbl(z.sizes));
+      InputSpec scales = in("scales", {static_cast<int64_t>(z.scales.size())}, true);
+      scales.values = z.scales;
+      c.inputs = {in("X", z.x), absent()};
+      if (z.sizes.empty()) c.inputs.push_back(scales);
+      else c.inputs.push_back(absent()), c.inputs.push_back(ints("sizes", z.sizes));
+      c.attrs = {{"mode", S(z.mode)}, {"coordinate_transformation_mode", S(z.coord)}};
+      if (*z.nearest) c.attrs["nearest_mode"] = S(z.nearest);
+      v.push_back(c);
+    }
+    OpCase c;
+    c.op = "Resize";
+    c.opset = 10;
+    c.label = "opset 10 nearest X=[1,2,3,5] scales=[1,1,2,3]";
+    InputSpec scales = in("scales", {4}, true);
+    scales.values = {1, 1, 2, 3};
+    c.inputs = {in("X", {1, 2, 3, 5}), scales};
+    c.attrs = {{"mode", S("nearest")}};
+    v.push_back(c);
+  }
+  {
+    OpCase c;
+    c.op = "Clip";
+    c.opset = 6;
+    c.label = "opset 6 X=[3,50] min=-0.25 max=0.5";
+    c.inputs = {in("X", {3, 50})};
+    c.attrs = {{"min", F(-0.25f)}, {"max", F(0.5f)}};
+    v.push_back(c);
+  }
+  {
+    struct M { const char* op; int opset; Shape x; std::vector<float> second; std::map<std::string, Attribute> attrs; };
+    const M ms[] = {{"Reshape", 14, {2, 3, 4}, {4, 0, -1}, {}},       {"Reshape", 14, {2, 12}, {-1}, {}},
+                    {"Reshape", 14, {2, 0, 4}, {0, 8}, {{"allowzero", I(1)}}},
+                    {"Flatten", 13, {2, 3, 4, 5}, {}, {{"axis", I(2)}}}, {"Flatten", 13, {2, 3, 4}, {}, {{"axis", I(0)}}},
+                    {"Squeeze", 13, {1, 3, 1, 5}, {0, -2}, {}},     {"Squeeze", 13, {1, 3, 1, 5}, {}, {}},
+                    {"Unsqueeze", 13, {3, 5}, {0, -1}, {}},         {"Identity", 13, {2, 7, 3}, {}, {}},
+                    {"Squeeze", 11, {1, 4, 1}, {}, {{"axes", Is({2})}}}, {"Unsqueeze", 11, {4}, {}, {{"axes", Is({1})}}}};
+    for (const M& m : ms) {
+      OpCase c;
+      c.op = m.op;
+      c.opset = m.opset;
+      c.label = "X=" + shape_label(m.x) + (m.second.empty() ? "" : " " + shape_label(Shape(m.second.begin(), m.second.end()))) +
+                " opset=" + std::to_string(m.opset) + (m.attrs.empty() ? "" : " attrs");
+      c.inputs = {in("X", m.x)};
+      if (!m.second.empty()) c.inputs.push_back(ints(m.op == std::string("Reshape") ? "shape" : "axes", m.second));
+      c.attrs = m.attrs;
+      v.push_back(c);
+    }
+  }
+  // f16 / bf16 variants: inputs rounded to the dtype; both sides compute in float and round the result.
+  for (DType dt : {DType::kF16, DType::kBF16}) {
+    const bool h = dt == DType::kF16;
+    const std::string tag = h ? " f16" : " bf16";
+    const double tol = h ? 4e-3 : 3e-2;
+    auto add = [&](OpCase c) {
+      c.label += tag;
+      c.dtype = dt;
+      c.rtol = tol;
+      c.atol = tol;
+      v.push_back(std::move(c));
+    };
+    OpCase c;
+    c.op = "Add", c.label = "A=[2,16,5,5] B=[1,16,1,1]", c.inputs = {in("A", {2, 16, 5, 5}), in("B", {1, 16, 1, 1})};
+    add(c);
+    c = OpCase{};
+    c.op = "Mul", c.label = "A=[3,1,5] B=[1,4,5]", c.inputs = {in("A", {3, 1, 5}), in("B", {1, 4, 5})};
+    add(c);
+    c = OpCase{};
+    c.op = "Relu", c.label = "X=[2,3,5,7]", c.inputs = {in("X", {2, 3, 5, 7}, false, -2, 2)};
+    add(c);
+    c = OpCase{};
+    c.op = "Sigmoid", c.label = "X=[1,64,9]", c.inputs = {in("X", {1, 64, 9}, false, -6, 6)};
+    add(c);
+    c = OpCase{};
+    c.op = "Softmax", c.opset = 13, c.label = "X=[4,8,128] axis=-1", c.inputs = {in("X", {4, 8, 128}, false, -5, 5)};
+    c.attrs = {{"axis", I(-1)}};
+    add(c);
+    c = OpCase{};
+    c.op = "LayerNormalization", c.label = "X=[2,5,256] axis=-1";
+    c.inputs = {in("X", {2, 5, 256}, false, -3, 3), in("Scale", {256}, true), in("B", {256}, true)};
+    c.attrs = {{"axis", I(-1)}, {"epsilon", F(1e-5f)}};
+    add(c);
+    c = OpCase{};
+    c.op = "ReduceMean", c.opset = 18, c.label = "X=[2,96,200] axes=[-1]";
+    c.inputs = {in("X", {2, 96, 200}), ints("axes", {-1})};
+    add(c);
+    c = OpCase{};
+    c.op = "ReduceMax", c.opset = 18, c.label = "X=[2,3,4,5] axes=[1,3]";
+    c.inputs = {in("X", {2, 3, 4, 5}), ints("axes", {1, 3})};
+    add(c);
+    c = OpCase{};
+    c.op = "Transpose", c.label = "X=[1,128,4,64] perm=[0,2,1,3]", c.inputs = {in("X", {1, 128, 4, 64})};
+    c.attrs = {{"perm", Is({0, 2, 1, 3})}};
+    add(c);
+    c = OpCase{};
+    c.op = "Resize", c.opset = 13, c.label = "linear half_pixel X=[1,2,5,7] sizes=[1,2,10,14]";
+    c.inputs = {in("X", {1, 2, 5, 7}), absent(), absent(), ints("sizes", {1, 2, 10, 14})};
+    c.attrs = {{"mode", S("linear")}};
+    add(c);
+    c = OpCase{};
+    c.op = "Clip", c.opset = 13, c.label = "X=[2,16,9,9] min=-0.5 max=0.7";
+    c.inputs = {in("X", {2, 16, 9, 9}, false, -2, 2), scalar("min", -0.5f), scalar("max", 0.7f)};
+    add(c);
+    c = OpCase{};
+    c.op = "Gather", c.opset = 13, c.label = "data=[50,32] indices=[3,4] axis=0";
+    InputSpec idx = in("I", {3, 4}, false, -50, 49);
+    idx.dtype = DType::kI64;
+    c.inputs = {in("X", {50, 32}), idx};
+    add(c);
+  }
+}
+
 // INT8: keel.QConv and keel.QGemm (made by the fuse_qdq pass from QDQ models): u8/s8 activations with and without a
 // zero point, s8 weights with per-channel (and per-tensor) scales, f32 bias, Relu/Clip, u8/s8/f32 outputs.
 InputSpec qin(const std::string& name, Shape shape, DType dtype, bool constant, float lo, float hi) {
@@ -999,6 +1290,7 @@ std::vector<OpCase> make_cases() {
   add_norm_cases(v);
   add_elementwise_cases(v);
   add_layout_cases(v);
+  add_tensor_op_cases(v);
   add_int8_cases(v);
   add_qdq_cases(v);
   add_training_cases(v);
@@ -1062,6 +1354,10 @@ Built build(const OpCase& c) {
       Tensor h = Tensor::host(c.dtype, t.shape()).value();
       for (int64_t j = 0; j < t.numel(); ++j)
         h.data<uint16_t>()[j] = c.dtype == DType::kBF16 ? f32_to_bf16(t.data<float>()[j]) : f32_to_f16(t.data<float>()[j]);
+      t = h;
+    } else if (t.dtype() == DType::kF32 && c.dtype == DType::kF16) {
+      Tensor h = Tensor::host(DType::kF16, t.shape()).value();
+      for (int64_t j = 0; j < t.numel(); ++j) h.data<uint16_t>()[j] = f32_to_f16(t.data<float>()[j]);
       t = h;
     }
     if (s.constant) {

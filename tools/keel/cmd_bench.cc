@@ -1,5 +1,6 @@
 // `keel bench MODEL.onnx` — latency of a model: median, p90, mean, min, throughput, peak resident memory, planned
-// activation arena, and (--profile) a per-op-type time breakdown from Session::profile().
+// activation arena, the per-device memory pools (CachingAllocator statistics; --trim gives their cached segments
+// back and reports the release), and (--profile) a per-op-type time breakdown from Session::profile().
 //
 // Inputs are random (normal floats, small non-negative integers), made once before the timed runs. `--batch N`
 // sets the first dimension of every input whose first dimension is dynamic or 1, and re-infers the shapes.
@@ -19,6 +20,7 @@
 #include "core/runtime/onnx_io.h"
 #include "core/runtime/session.h"
 #include "tools/keel/commands.h"
+#include "tools/keel/memory_report.h"
 
 namespace keel::cli {
 namespace {
@@ -32,6 +34,7 @@ struct BenchArgs {
   double max_seconds = 0;  // stop the timed runs after this long (0 = no limit)
   bool json = false;
   bool profile = false;
+  bool trim = false;  // after the runs, give the pools' cached segments back and report what that released
   std::string passes = "auto";
 };
 
@@ -159,6 +162,8 @@ int bench(const BenchArgs& a, Globals& g) {
       profiled_total += per_run;
     }
   }
+  const nlohmann::json memory = memory_stats_json(*env);  // the device pools after the runs
+  const int64_t trimmed = a.trim ? static_cast<int64_t>(env->trim_memory()) : -1;
   std::vector<std::pair<std::string, OpTime>> ops(by_op.begin(), by_op.end());
   std::sort(ops.begin(), ops.end(), [](const auto& x, const auto& y) { return x.second.ms > y.second.ms; });
 
@@ -183,6 +188,11 @@ int bench(const BenchArgs& a, Globals& g) {
     for (const auto& [op, m] : kernels)
       for (const auto& [k, n] : m) jk[op][k] = n;
     j["kernels"] = jk;
+    j["memory"] = memory;
+    if (trimmed >= 0) {
+      j["trim_released_bytes"] = trimmed;
+      j["memory_after_trim"] = memory_stats_json(*env);
+    }
     if (a.profile) {
       nlohmann::json jp = nlohmann::json::array();
       for (const auto& [op, t] : ops) jp.push_back({{"op_type", op}, {"ms", t.ms}, {"nodes", t.nodes}});
@@ -202,7 +212,14 @@ int bench(const BenchArgs& a, Globals& g) {
   std::cout << "memory     peak resident " << peak_rss_mib() << " MiB; planned activation arena "
             << std::setprecision(3) << arena / (1024.0 * 1024.0) << " MiB";
   for (const auto& [k, v] : arenas) std::cout << " (" << k << " " << v << " B)";
-  std::cout << "\nkernels   ";
+  std::cout << "\npools (per device, after the runs):\n";
+  print_memory_stats(std::cout, memory, "  ");
+  if (trimmed >= 0) {
+    std::cout << "trim       released " << std::setprecision(1) << trimmed / 1048576.0 << " MiB; now:\n"
+              << std::setprecision(3);
+    print_memory_stats(std::cout, memory_stats_json(*env), "  ");
+  }
+  std::cout << "kernels   ";
   for (const auto& [op, m] : kernels)
     for (const auto& [k, n] : m) std::cout << " " << op << "=" << k << "x" << n;
   std::cout << "\n";
@@ -236,6 +253,7 @@ void add_bench_command(CLI::App& app, Globals& g) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--json", a->json, "Print the results as JSON");
   cmd->add_flag("--profile", a->profile, "Per-op-type time breakdown (Session profile)");
+  cmd->add_flag("--trim", a->trim, "After the runs, trim the device memory pools and report what was released");
   cmd->callback([a, &g] {
     int rc = bench(*a, g);
     if (rc != 0) throw CLI::RuntimeError(rc);
