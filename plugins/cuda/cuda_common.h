@@ -77,6 +77,7 @@ struct KernelInfo {
   int32_t end_version;
   const char* name;  // "cuda_relu"
   Kernel* (*make)();
+  const char* domain = "";  // "" (ONNX) or "keel" (the fusion passes' ops)
 };
 std::vector<KernelInfo> elementwise_kernels();  // cuda_ops.cc
 std::vector<KernelInfo> blas_kernels();         // cuda_blas.cc
