@@ -6,6 +6,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstring>
+
 #include "cuda_kernels.h"
 
 namespace keel::cuda {
@@ -755,11 +757,15 @@ cudaError_t launch_pad(int32_t dtype, int32_t elem_size, const void* in, void* o
     case F64: return pad_as<double>(in, out, n, p, mode, value, s);
     case F16: {
       const __half h = __double2half(value);
-      return pad_as<uint16_t>(in, out, n, p, mode, *reinterpret_cast<const uint16_t*>(&h), s);
+      uint16_t bits;
+      std::memcpy(&bits, &h, sizeof bits);
+      return pad_as<uint16_t>(in, out, n, p, mode, bits, s);
     }
     case BF16: {
       const __nv_bfloat16 h = __double2bfloat16(value);
-      return pad_as<uint16_t>(in, out, n, p, mode, *reinterpret_cast<const uint16_t*>(&h), s);
+      uint16_t bits;
+      std::memcpy(&bits, &h, sizeof bits);
+      return pad_as<uint16_t>(in, out, n, p, mode, bits, s);
     }
     case I64: return pad_as<int64_t>(in, out, n, p, mode, static_cast<int64_t>(value), s);
     case I32: return pad_as<int32_t>(in, out, n, p, mode, static_cast<int32_t>(value), s);

@@ -1146,6 +1146,9 @@ std::vector<KernelInfo> elementwise_kernels() {
       {"ArgMax", 1, 0, "cuda_arg_max", [] () -> Kernel* { return new ArgReduceK(true); }},
       {"ArgMin", 1, 0, "cuda_arg_min", [] () -> Kernel* { return new ArgReduceK(false); }},
       {"LayerNormalization", 17, 0, "cuda_layer_norm", [] () -> Kernel* { return new LayerNormK; }},
+      // The fusion passes' ops (keel domain, opset 1) for graphs below ONNX opset 17 / 20: same semantics.
+      {"LayerNormalization", 1, 0, "cuda_keel_layer_norm", [] () -> Kernel* { return new LayerNormK; }, "keel"},
+      {"Gelu", 1, 0, "cuda_keel_gelu", [] () -> Kernel* { return new GeluK; }, "keel"},
       {"Gather", 1, 0, "cuda_gather", [] () -> Kernel* { return new GatherK; }},
       {"Slice", 1, 0, "cuda_slice", [] () -> Kernel* { return new SliceK; }},
       {"Expand", 8, 0, "cuda_expand", [] () -> Kernel* { return new ExpandK; }},

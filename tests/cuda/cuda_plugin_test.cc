@@ -87,7 +87,7 @@ INSTANTIATE_TEST_SUITE_P(Ops, CudaOps,
                                            "ReduceMax", "ReduceMin", "ReduceProd", "ReduceSumSquare", "ReduceL1",
                                            "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ArgMax", "ArgMin",
                                            "LayerNormalization", "Gather", "Slice", "Expand", "Pad", "Split", "Resize",
-                                           "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"));
+                                           "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Gelu"));
 
 // Run-time errors of the plugin's kernels are statuses, not crashes: Gather indices out of range, as a constant
 // (checked on the host) and as an input (checked on the device, read back after the kernel).

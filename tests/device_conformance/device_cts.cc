@@ -589,6 +589,24 @@ void add_tensor_op_cases(std::vector<OpCase>& v) {
       v.push_back(c);
     }
   }
+  // The fusion passes' keel.Gelu and keel.LayerNormalization (what fuse_gelu / fuse_layer_norm make for graphs
+  // below ONNX opset 20 / 17), f32 and f16.
+  for (DType dt : {DType::kF32, DType::kF16}) {
+    const std::string tag = dt == DType::kF16 ? " f16" : "";
+    const double tol = dt == DType::kF16 ? 4e-3 : 1e-3;
+    OpCase g;
+    g.op = "Gelu", g.domain = "keel", g.opset = 13, g.label = "keel X=[4,333]" + tag, g.dtype = dt;
+    g.inputs = {in("X", {4, 333}, false, -5, 5)};
+    g.rtol = g.atol = tol;
+    v.push_back(g);
+    OpCase l;
+    l.op = "LayerNormalization", l.domain = "keel", l.opset = 13, l.label = "keel X=[2,128,256] axis=-1" + tag;
+    l.dtype = dt;
+    l.inputs = {in("X", {2, 128, 256}, false, -3, 3), in("Scale", {256}, true), in("B", {256}, true)};
+    l.attrs = {{"axis", I(-1)}, {"epsilon", F(1e-5f)}};
+    l.rtol = l.atol = tol;
+    v.push_back(l);
+  }
   // f16 / bf16 variants: inputs rounded to the dtype; both sides compute in float and round the result.
   for (DType dt : {DType::kF16, DType::kBF16}) {
     const bool h = dt == DType::kF16;
