@@ -1,11 +1,18 @@
 // The precision pass plugin (passes/precision: convert_precision, convert_fp16, convert_bf16) on small graphs made
 // here: the structure after the pass (fp32 boundaries, keep-list, no redundant Cast pairs, clamping counted) and
 // the outputs against the fp32 graph within a bf16/fp16 tolerance, run in sessions on the CPU (the oneDNN plugin's
-// bf16 kernels where the build has them, the reference kernels otherwise).
+// bf16 kernels where the build has them, the reference kernels otherwise); and `keel run/bench --precision`,
+// `keel optimize --config` with the pass's options (the CLI).
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <random>
 
 #include "core/base/pass_manager.h"
@@ -361,6 +368,71 @@ TEST(ConvertPrecision, SessionPassNamesConvertFp16AndBf16) {
     ASSERT_EQ(got.size(), 1u);
     expect_close(got[0], ref[0], 0.999, 3e-2);
   }
+}
+
+// ------------------------------------------------------------------------------------------------ the CLI
+
+std::string slurp(const std::filesystem::path& p) {
+  std::ifstream f(p);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+int keel_cli(const std::string& args, const std::filesystem::path& log) {
+  std::string cmd = std::string(KEEL_CLI_BINARY) + " --plugin-path " + KEEL_PASSES_PLUGIN_DIR_DEFAULT + " " + args +
+                    " > " + log.string() + " 2>&1";
+  int rc = std::system(cmd.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+TEST(ConvertPrecisionCli, RunBenchAndOptimizeWithPrecision) {
+  namespace fs = std::filesystem;
+  fs::path d = fs::temp_directory_path() / ("keel_precision_cli_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  Graph g = conv_net();
+  ASSERT_TRUE(save_onnx(g, d / "model.onnx").is_ok());
+  ASSERT_TRUE(write_tensor_pb(conv_feeds()[0].second, d / "x.pb", "x").is_ok());
+  // keel run --precision: fp32 (unchanged), bf16, fp16; outputs written and compared.
+  std::map<std::string, Tensor> outs;
+  for (const char* p : {"fp32", "bf16", "fp16"}) {
+    fs::path od = d / p;
+    int rc = keel_cli("run " + (d / "model.onnx").string() + " -i x=" + (d / "x.pb").string() + " --precision " + p +
+                          " -o " + od.string(),
+                      d / "log.txt");
+    ASSERT_EQ(rc, 0) << p << ": " << slurp(d / "log.txt");
+    auto t = read_tensor_file(od / "output_0.pb");
+    ASSERT_TRUE(t.is_ok()) << t.status().to_string();
+    outs[p] = std::move(t).value();
+  }
+  expect_close(outs["bf16"], outs["fp32"], 0.999, 3e-2);
+  expect_close(outs["fp16"], outs["fp32"], 0.9999, 5e-3);
+  bool differs = false;
+  for (int64_t i = 0; i < outs["fp32"].numel(); ++i)
+    differs = differs || outs["bf16"].data<float>()[i] != outs["fp32"].data<float>()[i];
+  EXPECT_TRUE(differs) << "--precision bf16 must change the computation";
+  // keel bench --precision fp16 --json reports it.
+  ASSERT_EQ(keel_cli("bench " + (d / "model.onnx").string() + " --precision fp16 --json --warmup 0 --iters 2",
+                     d / "log.txt"), 0) << slurp(d / "log.txt");
+  EXPECT_NE(slurp(d / "log.txt").find("\"precision\": \"fp16\""), std::string::npos) << slurp(d / "log.txt");
+  // A precision that does not exist is a usage error (CLI11's validation exit code), naming the choices.
+  const int bad = keel_cli("run " + (d / "model.onnx").string() + " --precision int4", d / "log.txt");
+  EXPECT_TRUE(bad != 0 && bad != 1 && bad < 128) << bad;
+  EXPECT_NE(slurp(d / "log.txt").find("fp16"), std::string::npos) << slurp(d / "log.txt");
+  // keel optimize --config: convert_precision with its options from TOML.
+  {
+    std::ofstream f(d / "pipeline.toml");
+    f << "[[pass]]\nname = \"convert_precision\"\n[pass.options]\ndtype = \"bf16\"\nkeep_fp32 = [\"Gemm\"]\n";
+  }
+  ASSERT_EQ(keel_cli("optimize " + (d / "model.onnx").string() + " -o " + (d / "bf16.onnx").string() + " --config " +
+                         (d / "pipeline.toml").string(),
+                     d / "log.txt"), 0) << slurp(d / "log.txt");
+  const std::string log = slurp(d / "log.txt");
+  EXPECT_NE(log.find("nodes_converted"), std::string::npos) << log;
+  EXPECT_NE(log.find("keep_fp32 option"), std::string::npos) << log;
+  auto saved = load_onnx(d / "bf16.onnx");
+  ASSERT_TRUE(saved.is_ok()) << saved.status().to_string();
+  for (const Node* c : nodes_of(*saved, "Conv")) EXPECT_EQ(dtype_of(*saved, c->inputs[1]), DType::kBF16);
+  for (const Node* c : nodes_of(*saved, "Gemm")) EXPECT_EQ(dtype_of(*saved, c->inputs[1]), DType::kF32);
+  fs::remove_all(d);
 }
 
 }  // namespace
