@@ -4,7 +4,7 @@
 // kernels: binary ops with broadcasting (Add, Sub, Mul, Div, Max, Min), pooling (Average, GlobalAverage,
 // GlobalMax), BatchNormalization (inference), LayerNormalization (last axis), Softmax/LogSoftmax, unary eltwise ops
 // (Clip, LeakyRelu, Sigmoid, Tanh, HardSwish, keel.Gelu (erf or tanh), Abs, Neg, Elu), Concat and Transpose; and Conv
-// with constant weights prepacked once (inference).
+// and keel.FusedConv with constant weights prepacked once (inference; bias, residual and activation as post-ops).
 //
 // Tensors are bf16 on the graph's plain row-major layout; oneDNN computes in f32 inside each primitive (softmax and
 // normalisation statistics included). Normalisation parameters (BatchNormalization scale/bias/mean/var,
@@ -498,9 +498,14 @@ class TransposeKernel : public Bf16Kernel {
 // Conv (2-D) for inference with constant weights: forward_inference, weights reordered into the primitive's blocked
 // layout once per plan instead of on every call (onednn_train.cc's bf16 Conv, which training needs with weights that
 // change every step, reorders them each call). Registered before it, so it takes the constant-weight case first.
+// Also keel.FusedConv (fusion/fusion.cc: Y = act(conv(X, W) + B + Z)): the residual Z as a sum post-op, the
+// activation as an eltwise post-op, so a bf16 graph fused by fuse_conv_activation runs one primitive per conv.
 class ConvKernel : public Kernel {
  public:
+  explicit ConvKernel(bool fused = false) : fused_(fused) {}
   void setup(Ctx& c) override {
+    if (fused_) read_activation(c);
+    has_z_ = fused_ && c.input_count() > 3 && c.has_input(3);
     for (int i = 0; i < c.input_count(); ++i)
       if (c.has_input(i) && c.dtype(i) != KEEL_DTYPE_BF16) throw Reject{"bf16 only"};
     if (!c.is_constant(1) || !c.dims_known(1) || c.dims(1).size() != 4) throw Reject{"weights not constant 4-D"};
@@ -513,10 +518,12 @@ class ConvKernel : public Kernel {
     dil_ = c.attr_ints("dilations", {1, 1});
     pads_ = ap == "VALID" ? Dims{0, 0, 0, 0} : c.attr_ints("pads", {0, 0, 0, 0});
     if (group_ <= 0 || strides_.size() != 2 || dil_.size() != 2 || pads_.size() != 4) throw Reject{"attributes"};
-    has_bias_ = c.has_input(2);
+    has_bias_ = c.input_count() > 2 && c.has_input(2);
   }
   struct Plan {
     std::unique_ptr<dnnl::convolution_forward> prim;
+    dnnl::memory z_user;
+    std::unique_ptr<dnnl::reorder> z_reorder;
     dnnl::memory src_user, src, wei, dst_user, dst, bias;
     std::unique_ptr<dnnl::reorder> src_reorder, dst_reorder;
     Dims out;
@@ -541,7 +548,12 @@ class ConvKernel : public Kernel {
       dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, alg::convolution_direct, src_any, wei_any,
                                         has_bias_ ? bias_md : none, dst_any, to_dnnl(strides_),
                                         {dil_[0] - 1, dil_[1] - 1}, {pads_[0], pads_[1]}, {pads_[2], pads_[3]});
-      dnnl::convolution_forward::primitive_desc pd(d, eng);
+      dnnl::post_ops po;
+      if (has_z_) po.append_sum(1.f);
+      if (act_set_) po.append_eltwise(1.f, act_, act_alpha_, act_beta_);
+      dnnl::primitive_attr attr;
+      attr.set_post_ops(po);
+      dnnl::convolution_forward::primitive_desc pd(d, attr, eng);
       pl->prim = std::make_unique<dnnl::convolution_forward>(pd);
       dnnl::memory::desc src_plain(to_dnnl(x), dt::bf16, tag::nchw), dst_plain(to_dnnl(y), dt::bf16, tag::nchw);
       pl->src_user = dnnl::memory(src_plain, eng, nullptr);
@@ -550,6 +562,11 @@ class ConvKernel : public Kernel {
       pl->dst_user = dnnl::memory(dst_plain, eng, nullptr);
       pl->dst = pd.dst_desc() == dst_plain ? pl->dst_user : dnnl::memory(pd.dst_desc(), eng);
       if (pd.dst_desc() != dst_plain) pl->dst_reorder = std::make_unique<dnnl::reorder>(pl->dst, pl->dst_user);
+      if (has_z_) {
+        if (c.dims(3) != y) throw Reject{"Z must have the output's shape"};
+        pl->z_user = dnnl::memory(dst_plain, eng, nullptr);
+        if (pd.dst_desc() != dst_plain) pl->z_reorder = std::make_unique<dnnl::reorder>(pl->z_user, pl->dst);
+      }
       // The weights, once, in the primitive's layout.
       dnnl::memory w_user(dnnl::memory::desc(to_dnnl(wei), dt::bf16, group_ > 1 ? tag::goihw : tag::oihw), eng,
                           const_cast<void*>(c.input(1)->data));
@@ -564,6 +581,11 @@ class ConvKernel : public Kernel {
     bind(p.dst_user, out->data);
     auto& s = stream();
     if (p.src_reorder) p.src_reorder->execute(s, p.src_user, p.src);
+    if (has_z_) {  // the sum post-op adds what dst holds: Z, in the primitive's layout
+      bind(p.z_user, c.input(3)->data);
+      if (p.z_reorder) p.z_reorder->execute(s, p.z_user, p.dst);
+      else std::memmove(out->data, c.input(3)->data, static_cast<size_t>(numel(p.out)) * 2);
+    }
     std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, p.src}, {DNNL_ARG_WEIGHTS, p.wei}, {DNNL_ARG_DST, p.dst}};
     if (has_bias_) args[DNNL_ARG_BIAS] = p.bias;
     p.prim->execute(s, args);
@@ -571,10 +593,36 @@ class ConvKernel : public Kernel {
     s.wait();
   }
 
+  void read_activation(const Ctx& c) {
+    const std::string a = c.attr_s("activation", "");
+    const keel_kernel_api_t* api = g_host->kernel;
+    const float* pv = nullptr;
+    size_t pn = 0;
+    std::vector<float> params;
+    if (api->attr_floats(c.raw(), "activation_params", &pv, &pn)) params.assign(pv, pv + pn);
+    act_set_ = !a.empty();
+    if (a.empty()) return;
+    if (a == "Relu") act_ = alg::eltwise_relu;
+    else if (a == "Sigmoid") act_ = alg::eltwise_logistic;
+    else if (a == "Tanh") act_ = alg::eltwise_tanh;
+    else if (a == "HardSwish") act_ = alg::eltwise_hardswish;
+    else if (a == "Gelu") act_ = alg::eltwise_gelu_erf;
+    else if (a == "LeakyRelu") act_ = alg::eltwise_relu, act_alpha_ = params.empty() ? 0.01f : params[0];
+    else if (a == "Clip") {
+      if (params.size() != 2) throw Reject{"Clip activation without {min, max}"};
+      act_ = alg::eltwise_clip_v2, act_alpha_ = params[0], act_beta_ = params[1];
+    } else {
+      throw Reject{"activation " + a};
+    }
+  }
+
  private:
+  bool fused_;
   int64_t group_ = 1;
   Dims strides_, dil_, pads_;
-  bool has_bias_ = false;
+  bool has_bias_ = false, has_z_ = false, act_set_ = false;
+  alg act_ = alg::eltwise_relu;
+  float act_alpha_ = 0.f, act_beta_ = 0.f;
   PlanCache<Plan> plans_;
 };
 
@@ -592,6 +640,7 @@ const std::vector<Bf16Info>& bf16_kernels() {
   using K = Kernel*;
   static const std::vector<Bf16Info> k = {
       {"", "Conv", 1, "onednn_bf16_conv_inference", []() -> K { return new ConvKernel(); }},
+      {"keel", "FusedConv", 1, "onednn_bf16_keel_fusedconv", []() -> K { return new ConvKernel(true); }},
       {"", "Add", 7, "onednn_bf16_add", []() -> K { return new BinaryKernel(alg::binary_add, true); }},
       {"", "Sub", 7, "onednn_bf16_sub", []() -> K { return new BinaryKernel(alg::binary_sub, false); }},
       {"", "Mul", 7, "onednn_bf16_mul", []() -> K { return new BinaryKernel(alg::binary_mul, true); }},

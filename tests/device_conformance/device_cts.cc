@@ -806,6 +806,8 @@ void add_bf16_inference_cases(std::vector<OpCase>& v) {  // also Conv/MatMul/Gem
     c.atol = dot_ops.count(f.op) ? 2e-2 : 1e-2;
     v.push_back(std::move(c));
   }
+  // (keel.FusedConv in bf16 has no case here: the reference keel-domain fused kernels are f32-only. The oneDNN
+  // bf16 FusedConv is checked end to end against the fp32 graph in tests/passes/precision_test.cc.)
   for (Shape x : {Shape{17}, Shape{2, 8, 64}, Shape{1, 64, 56, 56}}) {  // keel.Gelu (the fusion pass makes it)
     OpCase c;
     c.op = "Gelu";

@@ -370,6 +370,45 @@ TEST(ConvertPrecision, SessionPassNamesConvertFp16AndBf16) {
   }
 }
 
+TEST(ConvertPrecision, FusedConvGraphInBf16MatchesFp32) {
+  // What `--precision bf16` runs for ResNets: BN folded, Conv+bias+residual+Relu fused, then converted.
+  Graph g = conv_net();
+  auto ref = run(g, conv_feeds());
+  ASSERT_TRUE(infer_shapes(g).is_ok());
+  {
+    keel_graph_s view;
+    view.graph = &g;
+    view.env = &env();
+    auto r = PassManager(env().registry(), graph_api())
+                 .run(g, &view, parse_pipeline_list("fuse_conv_bn,fuse_conv_activation").value(), "cpu");
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  }
+  size_t fused = 0;
+  for (NodeId id : g.node_ids()) fused += g.node(id)->op_type == "FusedConv";
+  ASSERT_GE(fused, 2u);
+  bool onednn_bf16 = false;
+  for (const KernelEntry* k : env().registry().kernels_for("keel", "FusedConv", 1, "cpu"))
+    onednn_bf16 = onednn_bf16 || k->name == "onednn_bf16_keel_fusedconv";
+  if (!onednn_bf16) GTEST_SKIP() << "no bf16 keel.FusedConv kernel (the oneDNN plugin is not built)";
+  EXPECT_GT(counter(convert(g, "bf16"), "nodes_converted"), 0);
+  expect_clean_boundaries(g);
+  for (NodeId id : g.node_ids()) {
+    if (g.node(id)->op_type == "FusedConv") {
+      EXPECT_EQ(dtype_of(g, g.node(id)->inputs[0]), DType::kBF16);
+    }
+  }
+  SessionOptions o;
+  o.devices = {"cpu"};
+  auto s = Session::create(env(), g, o);
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  size_t on_onednn = 0;
+  for (const auto& [node, op, dev, kernel] : s.value()->placement()) on_onednn += kernel == "onednn_bf16_keel_fusedconv";
+  EXPECT_EQ(on_onednn, fused);
+  auto got = s.value()->run(conv_feeds());
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  expect_close(got.value()[0], ref[0], 0.999, 3e-2);
+}
+
 // ------------------------------------------------------------------------------------------------ the CLI
 
 std::string slurp(const std::filesystem::path& p) {

@@ -107,7 +107,7 @@ int bench(const BenchArgs& a, Globals& g) {
   SessionOptions so;
   if (!a.device.empty()) so.devices = {a.device};
   so.passes = session_passes(a.passes, graph, *env);
-  if (Status st = append_precision_pass(a.precision, *env, so.passes); !st.is_ok()) {
+  if (Status st = append_precision_pass(a.precision, a.passes == "auto", *env, so.passes); !st.is_ok()) {
     std::cerr << "keel bench: " << st.to_string() << "\n";
     return 1;
   }

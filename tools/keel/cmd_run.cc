@@ -23,7 +23,8 @@ void add_precision_option(CLI::App* cmd, std::string& precision) {
       ->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
 }
 
-Status append_precision_pass(const std::string& precision, const Environment& env, std::vector<std::string>& passes) {
+Status append_precision_pass(const std::string& precision, bool auto_passes, const Environment& env,
+                             std::vector<std::string>& passes) {
   if (precision.empty() || precision == "fp32") return Status::ok();
   if (precision != "fp16" && precision != "bf16")
     return invalid_argument("--precision '" + precision + "': expected fp32, fp16 or bf16");
@@ -31,6 +32,16 @@ Status append_precision_pass(const std::string& precision, const Environment& en
   if (!env.registry().pass(pass))
     return not_found("--precision " + precision + " needs the '" + pass +
                      "' pass (the precision pass plugin); it is not installed (see `keel plugins`)");
+  // Fusion only where a cpu kernel takes keel.FusedConv in bf16 explicitly (the oneDNN plugin; the reference fused
+  // kernels are f32-only).
+  bool bf16_fused_conv = false;
+  for (const KernelEntry* k : env.registry().kernels_for("keel", "FusedConv", 1, "cpu")) {
+    const std::vector<DType>* t = k->allowed("T");
+    bf16_fused_conv = bf16_fused_conv || (t && std::find(t->begin(), t->end(), DType::kBF16) != t->end());
+  }
+  if (auto_passes && precision == "bf16" && bf16_fused_conv)
+    for (const char* f : {"fuse_conv_bn", "fuse_conv_activation"})
+      if (env.registry().pass(f) && std::find(passes.begin(), passes.end(), f) == passes.end()) passes.push_back(f);
   passes.push_back(pass);
   return Status::ok();
 }
@@ -198,7 +209,7 @@ int run_model(const RunArgs& a, Globals& g) {
   SessionOptions so;
   if (!a.device.empty()) so.devices = {a.device};
   so.passes = session_passes(a.passes, graph, *env);
-  if (Status st = append_precision_pass(a.precision, *env, so.passes); !st.is_ok()) {
+  if (Status st = append_precision_pass(a.precision, a.passes == "auto", *env, so.passes); !st.is_ok()) {
     std::cerr << "keel run: " << st.to_string() << "\n";
     return 1;
   }
