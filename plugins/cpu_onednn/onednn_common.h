@@ -156,6 +156,8 @@ extern Options g_options;
 
 // The training kernels of onednn_train.cc (keel-domain backward ops, bf16 forward ops), registered from init.
 keel_status_t register_train_kernels(const keel_host_api_t* host, keel_plugin_handle_t* plugin);
+// The bf16 inference kernels of onednn_bf16.cc (binary, pooling, normalisation, softmax, eltwise, concat, transpose).
+keel_status_t register_bf16_kernels(const keel_host_api_t* host, keel_plugin_handle_t* plugin);
 // Registers the claim hook for "cpu" (onednn_subgraph.cc) when the core offers register_claimer (ABI 1.1).
 keel_status_t register_claimer(const keel_host_api_t* host, keel_plugin_handle_t* plugin);
 

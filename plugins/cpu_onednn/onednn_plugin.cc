@@ -262,6 +262,7 @@ keel_status_t onednn_init(const keel_host_api_t* host, keel_plugin_handle_t* plu
     if (st) return st;
   }
   if (keel_status_t st = register_int8_kernels(host, plugin)) return st;  // onednn_int8.cc: keel.QConv, keel.QGemm
+  if (keel_status_t st = register_bf16_kernels(host, plugin)) return st;  // onednn_bf16.cc (before train's)
   if (keel_status_t st = register_train_kernels(host, plugin)) return st;
   if (keel_status_t st = register_claimer(host, plugin)) return st;
   std::string msg = "cpu_onednn: oneDNN " + std::to_string(dnnl_version()->major) + "." +

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <iomanip>
 #include <random>
+#include <set>
 #include <sstream>
 
 #include "core/runtime/session.h"
@@ -1299,6 +1300,45 @@ void add_fused_and_half_cases(std::vector<OpCase>& v) {
         {{"pads", Is({1, 1, 1, 1, 1, 1})}, {"group", I(8)}});
 }
 
+// The bf16 inference ops of a mixed-precision graph (convert_precision; plugins/cpu_onednn/onednn_bf16.cc): the
+// f32 cases of those ops again with bf16 inputs. Tolerance: both sides compute in f32 and round the output to
+// bf16 (8 significant bits), so they may differ by a rounding step or two.
+void add_bf16_inference_cases(std::vector<OpCase>& v) {  // also Conv/MatMul/Gemm/Relu/MaxPool in bf16
+  static const std::set<std::string> ops = {
+      "Add", "Sub", "Mul", "Div", "Max", "Min", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
+      "BatchNormalization", "LayerNormalization", "Softmax", "LogSoftmax", "Clip", "LeakyRelu", "Sigmoid", "Tanh",
+      "HardSwish", "Abs", "Neg", "Elu", "Concat", "Transpose",
+      // onednn_train.cc's bf16 forward ops (autocast) and onednn_bf16.cc's inference Conv (constant weights)
+      "Conv", "MatMul", "Gemm", "Relu", "MaxPool"};
+  static const std::set<std::string> dot_ops = {"Conv", "MatMul", "Gemm"};
+  const size_t n = v.size();
+  for (size_t i = 0; i < n; ++i) {
+    const OpCase& f = v[i];
+    if (f.dtype != DType::kF32 || !f.domain.empty() || !f.chain.empty() || !ops.count(f.op)) continue;
+    OpCase c = f;
+    c.dtype = DType::kBF16;
+    c.label = "bf16 " + f.label;
+    // Long dot products: the two sides sum in different orders before rounding to bf16.
+    c.rtol = dot_ops.count(f.op) ? 2e-2 : 1e-2;
+    c.atol = dot_ops.count(f.op) ? 2e-2 : 1e-2;
+    v.push_back(std::move(c));
+  }
+  // (keel.FusedConv in bf16 has no case here: the reference keel-domain fused kernels are f32-only. The oneDNN
+  // bf16 FusedConv is checked end to end against the fp32 graph in tests/passes/precision_test.cc.)
+  for (Shape x : {Shape{17}, Shape{2, 8, 64}, Shape{1, 64, 56, 56}}) {  // keel.Gelu (the fusion pass makes it)
+    OpCase c;
+    c.op = "Gelu";
+    c.domain = "keel";
+    c.opset = 1;
+    c.dtype = DType::kBF16;
+    c.label = "bf16 X=" + shape_label(x);
+    c.inputs = {in("X", x, false, -4.f, 4.f)};
+    c.rtol = 1e-2;
+    c.atol = 1e-2;
+    v.push_back(c);
+  }
+}
+
 std::vector<OpCase> make_cases() {
   std::vector<OpCase> v;
   add_conv_cases(v);
@@ -1313,6 +1353,7 @@ std::vector<OpCase> make_cases() {
   add_qdq_cases(v);
   add_training_cases(v);
   add_chain_cases(v);
+  add_bf16_inference_cases(v);  // before the GPU cases: bf16 copies of the f32 tables above only
   add_fused_and_half_cases(v);
   return v;
 }

@@ -27,6 +27,7 @@ namespace {
 
 struct BenchArgs {
   std::string model;
+  std::string precision = "fp32";
   std::string device;
   int batch = 0;
   int warmup = 5;
@@ -109,6 +110,10 @@ int bench(const BenchArgs& a, Globals& g) {
   SessionOptions so;
   if (!a.device.empty()) so.devices = {a.device};
   so.passes = session_passes(a.passes, graph, *env);
+  if (Status st = append_precision_pass(a.precision, a.passes == "auto", *env, so.passes); !st.is_ok()) {
+    std::cerr << "keel bench: " << st.to_string() << "\n";
+    return 1;
+  }
   so.profile = a.profile;
   auto t_create = std::chrono::steady_clock::now();
   auto session = Session::create(*env, std::move(graph), so);
@@ -171,6 +176,7 @@ int bench(const BenchArgs& a, Globals& g) {
     nlohmann::json j;
     j["model"] = a.model;
     j["device"] = a.device.empty() ? "auto" : a.device;
+    j["precision"] = a.precision;
     j["threads"] = threads;
     j["batch"] = batch;
     j["warmup"] = a.warmup;
@@ -243,6 +249,7 @@ void add_bench_command(CLI::App& app, Globals& g) {
   cmd->add_option("model", a->model, "The model (.onnx)")->required()->check(CLI::ExistingFile);
   cmd->add_option("--passes", a->passes,
                   "Session passes: auto (fuse_qdq for QDQ models: int8 kernels), none, or a comma list");
+  add_precision_option(cmd, a->precision);
   cmd->add_option("--device,-d", a->device, "Preferred device type (cpu, cuda, ...); default: every device by priority");
   cmd->add_option("--threads", g.threads, "Worker threads for kernels (0 = all cores)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--batch,-b", a->batch, "Batch size, where an input's first dimension is dynamic or 1")

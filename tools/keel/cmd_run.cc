@@ -15,6 +15,37 @@
 #include "tools/keel/commands.h"
 
 namespace keel::cli {
+
+void add_precision_option(CLI::App* cmd, std::string& precision) {
+  cmd->add_option("--precision", precision,
+                  "Compute precision: fp32 (as the model is), fp16 or bf16 (appends the convert_precision pass: "
+                  "mixed precision with fp32 inputs/outputs and an fp32 keep-list)")
+      ->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
+}
+
+Status append_precision_pass(const std::string& precision, bool auto_passes, const Environment& env,
+                             std::vector<std::string>& passes) {
+  if (precision.empty() || precision == "fp32") return Status::ok();
+  if (precision != "fp16" && precision != "bf16")
+    return invalid_argument("--precision '" + precision + "': expected fp32, fp16 or bf16");
+  const std::string pass = "convert_" + precision;
+  if (!env.registry().pass(pass))
+    return not_found("--precision " + precision + " needs the '" + pass +
+                     "' pass (the precision pass plugin); it is not installed (see `keel plugins`)");
+  // Fusion only where a cpu kernel takes keel.FusedConv in bf16 explicitly (the oneDNN plugin; the reference fused
+  // kernels are f32-only).
+  bool bf16_fused_conv = false;
+  for (const KernelEntry* k : env.registry().kernels_for("keel", "FusedConv", 1, "cpu")) {
+    const std::vector<DType>* t = k->allowed("T");
+    bf16_fused_conv = bf16_fused_conv || (t && std::find(t->begin(), t->end(), DType::kBF16) != t->end());
+  }
+  if (auto_passes && precision == "bf16" && bf16_fused_conv)
+    for (const char* f : {"fuse_conv_bn", "fuse_conv_activation"})
+      if (env.registry().pass(f) && std::find(passes.begin(), passes.end(), f) == passes.end()) passes.push_back(f);
+  passes.push_back(pass);
+  return Status::ok();
+}
+
 // Declared in commands.h: random data for a graph input (shared by run, bench, quantize).
 StatusOr<Tensor> random_input(DType dtype, const Shape& shape, std::mt19937& rng) {
   KEEL_ASSIGN_OR_RETURN(Tensor t, Tensor::host(dtype, shape), "random input");
@@ -47,6 +78,7 @@ namespace {
 struct RunArgs {
   std::string model;
   std::string passes = "auto";
+  std::string precision = "fp32";
   std::vector<std::string> inputs;  // NAME=FILE
   std::string output_dir;
   std::string device;
@@ -177,6 +209,10 @@ int run_model(const RunArgs& a, Globals& g) {
   SessionOptions so;
   if (!a.device.empty()) so.devices = {a.device};
   so.passes = session_passes(a.passes, graph, *env);
+  if (Status st = append_precision_pass(a.precision, a.passes == "auto", *env, so.passes); !st.is_ok()) {
+    std::cerr << "keel run: " << st.to_string() << "\n";
+    return 1;
+  }
   auto t_create = std::chrono::steady_clock::now();
   std::vector<ValueInfo> output_types;
   for (const auto& o : graph.outputs) output_types.push_back(graph.info(o) ? *graph.info(o) : ValueInfo{});
@@ -264,6 +300,7 @@ void add_run_command(CLI::App& app, Globals& g) {
   cmd->add_option("--output-dir,-o", a->output_dir, "Write output_K.pb (K in graph-output order) into this directory");
   cmd->add_option("--passes", a->passes,
                   "Session passes: auto (fuse_qdq for QDQ models: int8 kernels), none, or a comma list");
+  add_precision_option(cmd, a->precision);
   cmd->add_option("--device,-d", a->device, "Preferred device type (cpu, cuda, ...); default: every device by priority");
   cmd->add_option("--threads", g.threads, "Worker threads for kernels (0 = all cores)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--iterations,-n", a->iterations, "Timed runs")->check(CLI::PositiveNumber);

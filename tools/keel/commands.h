@@ -45,6 +45,14 @@ void add_quantize_command(CLI::App& app, Globals& g);  // cmd_quantize.cc: `keel
 // The session passes of `keel run` / `keel bench` --passes (cmd_quantize.cc): "auto" = fuse_qdq when the graph has
 // DequantizeLinear nodes and the pass is installed (QDQ models run on int8 kernels), "none" = none, else a comma list.
 std::vector<std::string> session_passes(const std::string& spec, const Graph& graph, const Environment& env);
+// `--precision fp32|fp16|bf16` of `keel run` / `keel bench` (cmd_run.cc): the option, and the session passes with
+// convert_fp16 / convert_bf16 (the precision pass plugin) appended; fp32 leaves them unchanged. With `--passes auto`
+// (`auto_passes`), bf16 first folds BatchNormalization and fuses Conv+bias+residual+activation (fuse_conv_bn,
+// fuse_conv_activation, where installed): bf16 nodes run one by one, and keel.FusedConv runs as one oneDNN primitive
+// with post-ops. Fails when the precision pass is not installed.
+void add_precision_option(CLI::App* cmd, std::string& precision);
+Status append_precision_pass(const std::string& precision, bool auto_passes, const Environment& env,
+                             std::vector<std::string>& passes);
 // cmd_train.cc: `keel train` (SimpleCNN on Fashion-MNIST → trace → ONNX → INT8) and `keel plot` (scalar-log curves).
 void add_train_command(CLI::App& app, Globals& g);
 void add_plot_command(CLI::App& app, Globals& g);
