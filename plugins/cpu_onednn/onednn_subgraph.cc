@@ -34,6 +34,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <iomanip>
 #include <map>
 #include <set>
 #include <sstream>
@@ -159,6 +160,7 @@ struct Plan {
   std::vector<const ConstT*> out_consts;  // outputs that are constants (copied each run)
   std::vector<void*> last_base;           // per buffer, the pointer its binds were last set to
   std::vector<std::string> impls;         // for logs
+  std::vector<std::string> what;          // per exec: the node it runs and its shapes (for the profile)
 };
 
 struct Val {
@@ -261,6 +263,16 @@ class Builder {
   // (They pick their split at run time; convolutions and matmuls keep the team they were created for.)
   void exec(dnnl::primitive prim, std::unordered_map<int, dnnl::memory> args) {
     p_->impls.push_back(impl_of(prim));
+    {
+      std::string w = cur_node_ < r_.nodes.size() ? r_.nodes[cur_node_].name : std::string("(outputs)");
+      auto s = args.find(DNNL_ARG_SRC);
+      if (s == args.end()) s = args.find(DNNL_ARG_FROM);
+      auto d = args.find(DNNL_ARG_DST);
+      if (d == args.end()) d = args.find(DNNL_ARG_TO);
+      if (s != args.end()) w += " " + dims_str(md_dims(s->second.get_desc()));
+      if (d != args.end()) w += " -> " + dims_str(md_dims(d->second.get_desc()));
+      p_->what.push_back(std::move(w));
+    }
     auto kind = prim.get_kind();
     uint64_t bytes = 0;
     for (auto& [arg, m] : args) bytes += m.get_desc().get_size();
@@ -345,6 +357,23 @@ class Builder {
     return reads == 1 ? u[0] : npos;
   }
   static constexpr size_t npos = static_cast<size_t>(-1);
+  // When `v` is read only by Sigmoid(v) and by Mul(v, that sigmoid) (the sigmoid read by nothing else): the Mul.
+  size_t silu_after(const std::string& v) {
+    if (escapes(v)) return npos;
+    const auto& u = users(v);
+    if (u.size() != 2 || done_[u[0]] || done_[u[1]]) return npos;
+    for (int k = 0; k < 2; ++k) {
+      const NodeDesc& sg = r_.nodes[u[k]];
+      const NodeDesc& m = r_.nodes[u[1 - k]];
+      if (sg.op != "Sigmoid" || m.op != "Mul" || sg.in.size() != 1 || sg.out.size() != 1 || m.in.size() != 2 ||
+          m.out.size() != 1)
+        continue;
+      const std::string& s = sg.out[0];
+      if (escapes(s) || users(s).size() != 1 || users(s)[0] != u[1 - k]) continue;
+      if ((m.in[0] == v && m.in[1] == s) || (m.in[0] == s && m.in[1] == v)) return u[1 - k];
+    }
+    return npos;
+  }
 
   // --- post-op fusion
   struct Fusion {
@@ -391,6 +420,7 @@ class Builder {
   std::set<std::string> outputs_;
   std::vector<bool> done_;
   std::map<int, dnnl::memory> owned_of_buf_;
+  size_t cur_node_ = static_cast<size_t>(-1);  // the node being built (for the profile's step names)
 };
 
 std::unique_ptr<Plan> Builder::build() {
@@ -430,6 +460,7 @@ std::unique_ptr<Plan> Builder::build() {
       done_[i] = true;
       continue;
     }
+    cur_node_ = i;
     try {
       const std::string& op = n.op;
       if (op == "Conv") conv(i);
@@ -463,6 +494,7 @@ std::unique_ptr<Plan> Builder::build() {
     }
     done_[i] = true;
   }
+  cur_node_ = npos;
   outputs();
   plan_workspace();
   p_->last_base.assign(p_->bufs.size(), reinterpret_cast<void*>(-1));
@@ -603,6 +635,16 @@ Builder::Fusion Builder::fuse_after(const std::string& out, size_t at, bool conv
   f.out = out;
   bool has_eltwise = false;
   for (;;) {
+    // SiLU written as x * Sigmoid(x) (how torch exports it): one swish post-op.
+    if (size_t m = silu_after(f.out); m != npos) {
+      f.po.append_eltwise(1.f, alg::eltwise_swish, 1.f, 0.f);
+      has_eltwise = true;
+      f.nodes.push_back(users(f.out)[0] == m ? users(f.out)[1] : users(f.out)[0]);
+      f.nodes.push_back(m);
+      f.count++;
+      f.out = r_.nodes[m].out[0];
+      continue;
+    }
     size_t u = sole_user(f.out);
     if (u == npos) break;
     const NodeDesc& n = r_.nodes[u];
@@ -1091,24 +1133,37 @@ void Builder::binary(size_t i) {
   if (v0.scale != 1.f) throw Reject{"scaled input"};
   md_t m0 = is_strided(v0.md) && !is_plain_dense(v0.md) ? plain_md(y) : v0.md;
   md_t m1;
+  Dims e;
   if (d1 == y) {
     m1 = m0;
   } else {
     if (d1.size() > y.size()) throw Reject{"rank"};
-    Dims e(y.size() - d1.size(), 1);
+    e.assign(y.size() - d1.size(), 1);
     e.insert(e.end(), d1.begin(), d1.end());
     for (size_t k = 0; k < y.size(); ++k)
       if (e[k] != y[k] && e[k] != 1) throw Reject{"broadcast"};
-    if (!is_plain_dense(m0)) {
-      // Per-channel over a blocked layout: oneDNN takes a plain [1,C,1,1] second source.
-      bool per_channel = y.size() == 4 && e[0] == 1 && e[2] == 1 && e[3] == 1;
-      if (!per_channel) m0 = plain_md(y);
-    }
     m1 = plain_md(e);
+    if (!is_plain_dense(m0)) {
+      // Per-channel over nChw16c: oneDNN's jit kernel wants the [N,C,1,1] second source blocked the same way (for
+      // C % 16 == 0 the same bytes as the plain one); any other broadcast runs over plain memory.
+      bool per_channel = y.size() == 4 && e[2] == 1 && e[3] == 1 && (e[0] == 1 || e[0] == y[0]) &&
+                         e[1] == y[1] && y[1] % 16 == 0 && m0 == md_t(to_dnnl(y), dt::f32, tag::nChw16c);
+      if (per_channel) m1 = md_t(to_dnnl(e), dt::f32, tag::nChw16c);
+      else m0 = plain_md(y);
+    }
   }
   Val s0 = as_md(x0, m0);
-  // The second source in the first one's layout, or (broadcast) plain, read with the rank-extended dims.
-  Val s1 = d1 == y ? as_md(x1, m0) : as_plain(x1);
+  // The second source in the first one's layout, or (broadcast) plain, read with the rank-extended dims; a
+  // [N,C,1,1] value already blocked as nChw16c (C % 16 == 0) is read where it is.
+  Val s1;
+  if (d1 == y) {
+    s1 = as_md(x1, m0);
+  } else {
+    s1 = val(x1);
+    bool same_bytes = s1.scale == 1.f && m1 != plain_md(e) && numel(d1) == numel(e) &&
+                      (is_plain_dense(s1.md) || s1.md == md_t(to_dnnl(md_dims(s1.md)), dt::f32, tag::nChw16c));
+    if (!same_bytes) s1 = as_plain(x1);
+  }
   dnnl::binary::desc d(a, m0, m1, m0);
   dnnl::binary::primitive_desc pd(d, engine());
   int buf = dead_after(x0, i) && s0.buf == vals_[x0].buf && s0.off == 0 ? s0.buf : -2;
@@ -1431,11 +1486,15 @@ void Builder::slice(size_t i) {
 
 // ------------------------------------------------------------------------------------------- the claim's state
 
+const char* kind_name(dnnl::primitive::kind k);
+
 struct Chain {
   Recipe recipe;
   std::unique_ptr<Plan> plan;
-  // KEEL_ONEDNN_PROFILE=1: time per primitive kind and implementation, logged (info) when the session goes.
+  // KEEL_ONEDNN_PROFILE=1: time per primitive kind and implementation, and each step's fastest run (robust on a
+  // busy machine), logged (info) when the session goes.
   std::map<std::string, std::pair<double, int64_t>> profile;
+  std::vector<double> step_min;
   int64_t runs = 0;
   ~Chain() {
     if (profile.empty() || runs == 0) return;
@@ -1449,6 +1508,15 @@ struct Chain {
     os << recipe.name << ": " << total / runs << " ms per run in primitives (" << runs << " runs)";
     for (auto& [ms, k] : rows)
       os << "\n  " << ms / runs << " ms  " << 100.0 * ms / total << "%  x" << profile[k].second / runs << "  " << k;
+    if (plan && step_min.size() == plan->execs.size()) {
+      double sum = 0;
+      for (double m : step_min) sum += m;
+      os << "\n  steps, fastest run of each (sum " << sum << " ms):";
+      for (size_t k = 0; k < step_min.size(); ++k)
+        os << "\n  " << std::setw(3) << k << " " << std::setw(8) << step_min[k] << " ms  "
+           << (plan->execs[k].single ? "1t " : "   ") << kind_name(plan->execs[k].prim.get_kind()) << " "
+           << plan->impls[k] << "  " << plan->what[k];
+    }
     if (g_host && g_host->log) g_host->log(g_plugin_handle, KEEL_LOG_INFO, os.str().c_str());
   }
 };
@@ -1545,6 +1613,8 @@ void run_chain(Chain& ch, Ctx& c) {
       auto& row = ch.profile[std::string(kind_name(p.execs[k].prim.get_kind())) + " " + p.impls[k]];
       row.first += ms;
       row.second++;
+      if (ch.step_min.size() != p.execs.size()) ch.step_min.assign(p.execs.size(), 1e30);
+      ch.step_min[k] = std::min(ch.step_min[k], ms);
     }
     ch.runs++;
     return;

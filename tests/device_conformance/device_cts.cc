@@ -671,6 +671,26 @@ void add_chain_cases(std::vector<OpCase>& v) {
                {"MaxPool", {"$6"}, {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"ceil_mode", I(1)}}}};
     v.push_back(c);
   }
+  // EfficientNet's MBConv as torch exports it: SiLU as x * Sigmoid(x), a 5x5 depthwise convolution, squeeze-excite
+  // (GlobalAveragePool, 1x1 conv, SiLU, 1x1 conv, Sigmoid, Mul broadcast over [N,C,1,1]), projection, residual.
+  // E = 32 keeps nChw16c through the broadcast Mul; E = 24 takes the plain path.
+  for (int64_t e : {32, 24}) {
+    OpCase c;
+    c.op = "Chain";
+    c.label = "efficientnet mbconv C=16 expand " + std::to_string(e) + ", SiLU, depthwise 5x5, squeeze-excite";
+    c.inputs = {in("X", {1, 16, 9, 9}),         in("WE", {e, 16, 1, 1}, true, -0.4f, 0.4f), in("BE", {e}, true),
+                in("WD", {e, 1, 5, 5}, true, -0.3f, 0.3f), in("BD", {e}, true),
+                in("WS", {4, e, 1, 1}, true, -0.4f, 0.4f), in("BS", {4}, true),
+                in("WX", {e, 4, 1, 1}, true, -0.4f, 0.4f), in("BX", {e}, true),
+                in("WP", {16, e, 1, 1}, true, -0.2f, 0.2f), in("BP", {16}, true)};
+    c.chain = {conv({"X", "WE", "BE"}, 1, 1, 0),       {"Sigmoid", {"$0"}, {}},  {"Mul", {"$0", "$1"}, {}},
+               conv({"$2", "WD", "BD"}, 5, 1, 2, e),   {"Sigmoid", {"$3"}, {}},  {"Mul", {"$4", "$3"}, {}},
+               {"GlobalAveragePool", {"$5"}, {}},                                                        // $6
+               conv({"$6", "WS", "BS"}, 1, 1, 0),      {"Sigmoid", {"$7"}, {}},  {"Mul", {"$7", "$8"}, {}},
+               conv({"$9", "WX", "BX"}, 1, 1, 0),      {"Sigmoid", {"$10"}, {}}, {"Mul", {"$5", "$11"}, {}},
+               conv({"$12", "WP", "BP"}, 1, 1, 0),     {"Add", {"$13", "X"}, {}}};
+    v.push_back(c);
+  }
   {
     OpCase c;
     c.op = "Chain";
