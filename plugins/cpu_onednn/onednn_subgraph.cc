@@ -15,8 +15,9 @@
 //   - activations stay in the layout their producer chose (convolutions: nChw16c; Winograd for 3x3 stride 1);
 //     a consumer that wants another layout gets one reorder, shared by all its readers;
 //   - weights are reordered once into the primitive's layout (BatchNormalization after a Conv folded into them);
-//   - post-ops: bias, Relu/Clip/LeakyRelu/Sigmoid/Tanh, scalar Mul/Div, and the residual Add as a sum post-op
-//     (in place when the residual is not read afterwards, else after one copy);
+//   - post-ops: bias, Relu/Clip/LeakyRelu/Sigmoid/Tanh/SiLU (x * Sigmoid(x)), scalar Mul/Div, and the residual Add
+//     as a sum post-op (in place when the residual is not read afterwards, else after one copy); pooling takes the
+//     activations after it as post-ops too;
 //   - Reshape/Flatten/Squeeze/Unsqueeze/Identity are views of their input's memory (after a reorder to the plain
 //     layout when needed); Transpose and Slice are strided views that MatMul reads directly (a reorder otherwise);
 //     a scalar Mul/Div in front of a MatMul becomes the MatMul's output scale;
@@ -1065,13 +1066,40 @@ void Builder::pool(size_t i) {
              : (global || n.ai("count_include_pad", 0) ? alg::pooling_avg_include_padding
                                                        : alg::pooling_avg_exclude_padding);
   const Val xv = val(n.in[0]);
-  Fusion f;  // (no post-ops on pooling: what follows a pool is rarely an activation)
+  // Activations after the pool (Relu, Clip, LeakyRelu, Sigmoid, Tanh, SiLU) run as its eltwise post-ops.
+  Fusion f;
   f.out = n.out[0];
+  for (;;) {
+    alg ea;
+    float alpha, beta;
+    if (size_t m = silu_after(f.out); m != npos) {
+      f.po.append_eltwise(1.f, alg::eltwise_swish, 1.f, 0.f);
+      f.nodes.push_back(users(f.out)[0] == m ? users(f.out)[1] : users(f.out)[0]);
+      f.nodes.push_back(m);
+      f.out = r_.nodes[m].out[0];
+      continue;
+    }
+    size_t u = sole_user(f.out);
+    if (u == npos || r_.nodes[u].out.size() != 1 || !eltwise_of(r_.nodes[u], &ea, &alpha, &beta) ||
+        r_.nodes[u].in[0] != f.out)
+      break;
+    f.po.append_eltwise(1.f, ea, alpha, beta);
+    f.nodes.push_back(u);
+    f.out = r_.nodes[u].out[0];
+  }
   dnnl::primitive_attr attr;
+  attr.set_post_ops(f.po);
   dnnl::pooling_v2_forward::desc d(dnnl::prop_kind::forward_inference, a, xv.md, md_t(to_dnnl(y), dt::f32, tag::any),
                                    to_dnnl(s), to_dnnl(k), dnnl::memory::dims{dl[0] - 1, dl[1] - 1}, to_dnnl(pl),
                                    to_dnnl(pr));
-  dnnl::pooling_v2_forward::primitive_desc pd(d, attr, engine());
+  dnnl::pooling_v2_forward::primitive_desc pd;
+  try {
+    pd = dnnl::pooling_v2_forward::primitive_desc(d, attr, engine());
+  } catch (const dnnl::error&) {  // no pooling with these post-ops: the activations run as their own steps
+    f.nodes.clear();
+    f.out = n.out[0];
+    pd = dnnl::pooling_v2_forward::primitive_desc(d, engine());
+  }
   Val sv = as_md(n.in[0], pd.src_desc());
   Val& o = define(f.out, pd.dst_desc());
   dnnl::memory sm = mem_of(sv), dm = mem_of(o);

@@ -671,6 +671,19 @@ void add_chain_cases(std::vector<OpCase>& v) {
                {"MaxPool", {"$6"}, {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"ceil_mode", I(1)}}}};
     v.push_back(c);
   }
+  {
+    OpCase c;
+    c.op = "Chain";
+    c.label = "pooling with activations after it: conv, maxpool, relu, average pool, SiLU";
+    c.inputs = {in("X", {1, 8, 12, 12}), in("W", {16, 8, 3, 3}, true, -0.3f, 0.3f), in("B", {16}, true)};
+    c.chain = {conv({"X", "W", "B"}, 3, 1, 1),
+               {"MaxPool", {"$0"}, {{"kernel_shape", Is({2, 2})}, {"strides", Is({2, 2})}}},
+               {"Relu", {"$1"}, {}},
+               {"AveragePool", {"$2"}, {{"kernel_shape", Is({3, 3})}, {"strides", Is({1, 1})}, {"pads", Is({1, 1, 1, 1})}}},
+               {"Sigmoid", {"$3"}, {}},
+               {"Mul", {"$3", "$4"}, {}}};
+    v.push_back(c);
+  }
   // EfficientNet's MBConv as torch exports it: SiLU as x * Sigmoid(x), a 5x5 depthwise convolution, squeeze-excite
   // (GlobalAveragePool, 1x1 conv, SiLU, 1x1 conv, Sigmoid, Mul broadcast over [N,C,1,1]), projection, residual.
   // E = 32 keeps nChw16c through the broadcast Mul; E = 24 takes the plain path.
@@ -851,10 +864,7 @@ uint32_t seed_of(const OpCase& c, size_t input) {
   return static_cast<uint32_t>(std::hash<std::string>{}(c.op + "|" + c.label) + 7919 * input);
 }
 
-struct Built {
-  Graph graph;
-  std::vector<std::pair<std::string, Tensor>> feeds;
-};
+}  // namespace
 
 Built build(const OpCase& c) {
   Built b;
@@ -905,6 +915,8 @@ Built build(const OpCase& c) {
   b.graph = gb.take();
   return b;
 }
+
+namespace {
 
 struct RunOut {
   Status status = Status::ok();
