@@ -23,8 +23,8 @@
 //     a scalar Mul/Div in front of a MatMul becomes the MatMul's output scale;
 //   - the workspace holds every internal value, offsets planned from liveness.
 //
-// Ops: Conv (2-D), BatchNormalization, Relu, Clip, LeakyRelu, Sigmoid, Tanh, Add/Sub/Mul/Div (same shape or a
-// broadcast constant), MaxPool/AveragePool (2-D), GlobalAveragePool/GlobalMaxPool, Concat, MatMul, Gemm, Softmax
+// Ops: Conv and ConvTranspose (2-D), BatchNormalization, Relu, Clip, LeakyRelu, Sigmoid, Tanh, Add/Sub/Mul/Div (same
+// shape or a broadcast constant), MaxPool/AveragePool (2-D), GlobalAveragePool/GlobalMaxPool, Concat, MatMul, Gemm, Softmax
 // (last axis), LayerNormalization (last axis, or the decomposed pattern), Transpose, Slice (step 1), Reshape,
 // Flatten, Squeeze, Unsqueeze, Identity.
 #include <omp.h>
@@ -393,6 +393,10 @@ class Builder {
 
   // --- ops
   void conv(size_t i);
+  void deconv(size_t i);
+  void conv_like_tail(size_t i, const Fusion& f, dnnl::primitive prim, const md_t& src_md, const md_t& wei_md,
+                      const md_t& dmd, const md_t& wplain, std::vector<float>& w, bool has_bias,
+                      const std::vector<float>& bias, double flops);
   void matmul(size_t i);
   void pool(size_t i);
   void eltwise(size_t i);
@@ -465,6 +469,7 @@ std::unique_ptr<Plan> Builder::build() {
     try {
       const std::string& op = n.op;
       if (op == "Conv") conv(i);
+      else if (op == "ConvTranspose") deconv(i);
       else if (op == "MatMul" || op == "Gemm") matmul(i);
       else if (op == "MaxPool" || op == "AveragePool" || op == "GlobalAveragePool" || op == "GlobalMaxPool") pool(i);
       else if (op == "Relu" || op == "Clip" || op == "LeakyRelu" || op == "Sigmoid" || op == "Tanh") eltwise(i);
@@ -803,21 +808,29 @@ void Builder::conv(size_t i) {
   if (!pd) make(alg::convolution_direct, src, dst);
   if (!pd) make(alg::convolution_direct, src_any, dst_any);
   if (!pd) throw Reject{"oneDNN has no convolution for this case"};
-  Val sv = as_md(n.in[0], pd->src_desc());
-  // Weights once, in the primitive's layout.
   md_t wplain(to_dnnl(wd), dt::f32, g > 1 ? tag::goihw : tag::oihw);
+  conv_like_tail(i, f, dnnl::convolution_forward(*pd), pd->src_desc(), pd->weights_desc(), pd->dst_desc(), wplain,
+                 w, has_bias, bias, 2.0 * numel(y) * (C / g) * ks[0] * ks[1]);
+}
+
+// The rest of a convolution or deconvolution once its primitive is chosen: the weights reordered once (from `w` in
+// layout `wplain`), the bias, the residual placed in the destination for a sum post-op, the step.
+void Builder::conv_like_tail(size_t i, const Fusion& f, dnnl::primitive prim, const md_t& src_md, const md_t& wei_md,
+                             const md_t& dmd, const md_t& wplain, std::vector<float>& w, bool has_bias,
+                             const std::vector<float>& bias, double flops) {
+  const NodeDesc& n = r_.nodes[i];
+  Val sv = as_md(n.in[0], src_md);
   dnnl::memory wuser(wplain, engine(), w.data());
-  p_->owned.emplace_back(pd->weights_desc(), engine());
+  p_->owned.emplace_back(wei_md, engine());
   dnnl::memory wmem = p_->owned.back();
   dnnl::reorder(wuser, wmem).execute(stream(), wuser, wmem);
   stream().wait();
   std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_WEIGHTS, wmem}};
   if (has_bias) {
-    p_->owned.emplace_back(bmd, engine());
+    p_->owned.emplace_back(md_t({static_cast<int64_t>(bias.size())}, dt::f32, tag::a), engine());
     std::memcpy(p_->owned.back().get_data_handle(), bias.data(), bias.size() * sizeof(float));
     args[DNNL_ARG_BIAS] = p_->owned.back();
   }
-  md_t dmd = pd->dst_desc();
   int dbuf = -2;
   if (!f.sum_with.empty()) {
     // The residual must sit in the destination first: take its buffer when nobody reads it afterwards.
@@ -838,9 +851,83 @@ void Builder::conv(size_t i) {
   Val& out = define(f.out, dmd, dbuf);
   args[DNNL_ARG_SRC] = mem_of(sv);
   args[DNNL_ARG_DST] = mem_of(out);
-  p_->flops += 2.0 * numel(y) * (C / g) * ks[0] * ks[1];
-  exec(dnnl::convolution_forward(*pd), std::move(args));
+  p_->flops += flops;
+  exec(std::move(prim), std::move(args));
   for (size_t k : f.nodes) done_[k] = true;
+}
+
+// ConvTranspose, 2-D, constant weights (and bias); output_padding within the end pads; post-ops as for Conv.
+void Builder::deconv(size_t i) {
+  const NodeDesc& n = r_.nodes[i];
+  Dims x = dims_of(n.in[0]);
+  const ConstT* W = cst(n.in_at(1));
+  const ConstT* B = n.in_at(2).empty() ? nullptr : cst(n.in_at(2));
+  if (!W || W->dtype != KEEL_DTYPE_F32 || (!n.in_at(2).empty() && !B)) throw Reject{"non-constant weights"};
+  if (x.size() != 4 || W->dims.size() != 4) throw Reject{"2-D transposed convolutions only"};
+  if (n.has("output_shape")) throw Reject{"output_shape"};
+  const int64_t N = x[0], C = x[1], g = n.ai("group", 1);
+  if (g <= 0 || C != W->dims[0] || C % g != 0) throw Reject{"channels do not match weights and group"};
+  const int64_t M = W->dims[1] * g;
+  Dims ks{W->dims[2], W->dims[3]};
+  if (n.ais("kernel_shape", ks) != ks) throw Reject{"kernel_shape differs from the weights"};
+  Dims s = n.ais("strides", {1, 1}), d = n.ais("dilations", {1, 1}), pads = n.ais("pads", {0, 0, 0, 0}),
+       opad = n.ais("output_padding", {0, 0});
+  if (s.size() != 2 || d.size() != 2 || pads.size() != 4 || opad.size() != 2) throw Reject{"attribute ranks"};
+  std::string ap = n.as("auto_pad", "NOTSET");
+  if (ap == "VALID") pads = {0, 0, 0, 0};
+  else if (ap != "NOTSET" && !ap.empty()) throw Reject{"auto_pad " + ap};
+  Dims pl{pads[0], pads[1]}, pr(2), y{N, M, 0, 0};
+  for (int k = 0; k < 2; ++k) {
+    if (s[k] <= 0 || d[k] <= 0 || pads[k] < 0 || pads[k + 2] < 0 || opad[k] < 0) throw Reject{"bad geometry"};
+    y[2 + k] = s[k] * (x[2 + k] - 1) + opad[k] + (ks[k] - 1) * d[k] + 1 - pads[k] - pads[k + 2];
+    pr[k] = pads[k + 2] - opad[k];
+    if (y[2 + k] <= 0) throw Reject{"empty output"};
+    if (pr[k] < 0) throw Reject{"output_padding larger than the end pad"};
+  }
+  Fusion f = fuse_after(n.out[0], i, true, M);
+  // ONNX weights [C, M/g, kh, kw] = [g, C/g, M/g, kh, kw]; output channel m = (c / (C/g)) * (M/g) + o.
+  std::vector<float> w(W->f32(), W->f32() + W->count());
+  std::vector<float> bias(M, 0.f);
+  bool has_bias = B != nullptr || !f.conv_bias_add.empty() || !f.bn_shift.empty();
+  if (B) {
+    if (B->count() != M) throw Reject{"bias size"};
+    for (int64_t k = 0; k < M; ++k) bias[k] = static_cast<float>(B->at(k));
+  }
+  if (!f.bn_scale.empty()) {
+    const int64_t per = ks[0] * ks[1], mg = M / g, cg = C / g;
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t o = 0; o < mg; ++o) {
+        const int64_t m = (c / cg) * mg + o;
+        for (int64_t k = 0; k < per; ++k) w[(c * mg + o) * per + k] *= f.bn_scale[m];
+      }
+    for (int64_t m = 0; m < M; ++m) bias[m] = bias[m] * f.bn_scale[m] + f.bn_shift[m];
+  }
+  for (size_t k = 0; k < f.conv_bias_add.size(); ++k) bias[k] += f.conv_bias_add[k];
+  Dims wd = g > 1 ? Dims{g, M / g, C / g, ks[0], ks[1]} : Dims{M, C, ks[0], ks[1]};
+  md_t wany(to_dnnl(wd), dt::f32, tag::any), bmd({M}, dt::f32, tag::a), none;
+  const Val& xv = val(n.in[0]);
+  bool keep_src = !is_plain_dense(xv.md) || C < 8;
+  md_t src = keep_src ? xv.md : md_t(to_dnnl(x), dt::f32, tag::any);
+  md_t dst = M % 16 == 0 ? md_t(to_dnnl(y), dt::f32, tag::nChw16c) : md_t(to_dnnl(y), dt::f32, tag::any);
+  dnnl::primitive_attr attr;
+  attr.set_post_ops(f.po);
+  std::unique_ptr<dnnl::deconvolution_forward::primitive_desc> pd;
+  for (int attempt = 0; attempt < 2 && !pd; ++attempt) {
+    md_t sm = attempt == 0 ? src : md_t(to_dnnl(x), dt::f32, tag::any);
+    md_t dm = attempt == 0 ? dst : md_t(to_dnnl(y), dt::f32, tag::any);
+    try {
+      dnnl::deconvolution_forward::desc dd(dnnl::prop_kind::forward_inference, alg::deconvolution_direct, sm, wany,
+                                           has_bias ? bmd : none, dm, to_dnnl(s),
+                                           dnnl::memory::dims{d[0] - 1, d[1] - 1}, to_dnnl(pl), to_dnnl(pr));
+      pd = std::make_unique<dnnl::deconvolution_forward::primitive_desc>(dd, attr, engine());
+    } catch (const dnnl::error&) {
+      pd.reset();
+    }
+  }
+  if (!pd) throw Reject{"oneDNN has no deconvolution for this case"};
+  md_t wplain(to_dnnl(wd), dt::f32, g > 1 ? tag::giohw : tag::iohw);
+  conv_like_tail(i, f, dnnl::deconvolution_forward(*pd), pd->src_desc(), pd->weights_desc(), pd->dst_desc(), wplain,
+                 w, has_bias, bias, 2.0 * numel(x) * (M / g) * ks[0] * ks[1]);
 }
 
 // MatMul (batched, broadcast; B constant or a value) and Gemm (constant B, C a constant bias).
@@ -1754,8 +1841,8 @@ struct GraphScan {
 
 const std::set<std::string>& compute_ops() {
   static const std::set<std::string> s{
-      "Conv", "BatchNormalization", "Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "Add", "Sub", "Mul", "Div",
-      "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Concat", "MatMul", "Gemm", "Softmax",
+      "Conv", "ConvTranspose", "BatchNormalization", "Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "Add", "Sub",
+      "Mul", "Div", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Concat", "MatMul", "Gemm", "Softmax",
       "LayerNormalization", "Transpose", "Slice", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity",
       "Dropout", "ReduceMean", "Pow", "Sqrt"};
   return s;

@@ -684,6 +684,37 @@ void add_chain_cases(std::vector<OpCase>& v) {
                {"Mul", {"$3", "$4"}, {}}};
     v.push_back(c);
   }
+  {
+    OpCase c;
+    c.op = "Chain";
+    c.label = "decoder: conv s2, relu, ConvTranspose s2 with BatchNormalization, relu, skip add";
+    c.inputs = {in("X", {1, 16, 11, 11}), in("W", {32, 16, 3, 3}, true, -0.3f, 0.3f), in("B", {32}, true),
+                in("WT", {32, 16, 3, 3}, true, -0.3f, 0.3f), in("BT", {16}, true),
+                in("S", {16}, true, 0.5f, 1.5f), in("T", {16}, true), in("M", {16}, true),
+                in("V", {16}, true, 0.5f, 2.f)};
+    c.chain = {conv({"X", "W", "B"}, 3, 2, 1),  // [1,32,6,6]
+               {"Relu", {"$0"}, {}},
+               {"ConvTranspose", {"$1", "WT", "BT"},
+                {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"pads", Is({1, 1, 1, 1})},
+                 {"output_padding", Is({0, 0})}}},  // [1,16,11,11]
+               {"BatchNormalization", {"$2", "S", "T", "M", "V"}, {}},
+               {"Add", {"$3", "X"}, {}},
+               {"Relu", {"$4"}, {}}};
+    v.push_back(c);
+  }
+  {
+    OpCase c;
+    c.op = "Chain";
+    c.label = "grouped ConvTranspose g=2 s2 output_padding 1, sigmoid, after a conv";
+    c.inputs = {in("X", {1, 8, 7, 7}), in("W", {16, 8, 1, 1}, true, -0.4f, 0.4f),
+                in("WT", {16, 4, 3, 3}, true, -0.3f, 0.3f)};
+    c.chain = {conv({"X", "W"}, 1, 1, 0),
+               {"ConvTranspose", {"$0", "WT"},
+                {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"pads", Is({1, 1, 1, 1})},
+                 {"output_padding", Is({1, 1})}, {"group", I(2)}}},  // [1,8,14,14]
+               {"Sigmoid", {"$1"}, {}}};
+    v.push_back(c);
+  }
   // EfficientNet's MBConv as torch exports it: SiLU as x * Sigmoid(x), a 5x5 depthwise convolution, squeeze-excite
   // (GlobalAveragePool, 1x1 conv, SiLU, 1x1 conv, Sigmoid, Mul broadcast over [N,C,1,1]), projection, residual.
   // E = 32 keeps nChw16c through the broadcast Mul; E = 24 takes the plain path.
