@@ -5,6 +5,7 @@
 // Other device types (cuda, ...) run when present and skip with a message when absent.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <iostream>
 #include <set>
 
@@ -97,6 +98,7 @@ TEST(DeviceConformance, ChainsAllocateNothingInSteadyState) {
   Envs& e = envs();
   ASSERT_TRUE(e.dut);
   int chains = 0;
+  uint64_t workspace = 0;
   for (const OpCase& c : all_cases()) {
     if (c.chain.empty()) continue;
     Built b = build(c);
@@ -119,9 +121,12 @@ TEST(DeviceConformance, ChainsAllocateNothingInSteadyState) {
     for (const auto& [node, op, dev, kernel] : (*s)->placement()) {
       if (op == "Subgraph") ++chains;
     }
+    for (const auto& [pool, bytes] : (*s)->workspace_bytes()) workspace = std::max(workspace, bytes);
   }
   if (plugin_loaded(*e.dut, "cpu_onednn")) {
     EXPECT_GT(chains, 0) << "no chain case ran as a claimed subgraph";
+    // Chains keep their internal values in the kernel workspace, which the session reports beside its arena.
+    EXPECT_GT(workspace, 0u) << "Session::workspace_bytes saw no chain workspace";
   }
 }
 
