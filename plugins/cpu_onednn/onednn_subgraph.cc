@@ -24,9 +24,9 @@
 //   - the workspace holds every internal value, offsets planned from liveness.
 //
 // Ops: Conv and ConvTranspose (2-D), BatchNormalization, Relu, Clip, LeakyRelu, Sigmoid, Tanh, Add/Sub/Mul/Div (same
-// shape or a broadcast constant), MaxPool/AveragePool (2-D), GlobalAveragePool/GlobalMaxPool, Concat, MatMul, Gemm, Softmax
-// (last axis), LayerNormalization (last axis, or the decomposed pattern), Transpose, Slice (step 1), Reshape,
-// Flatten, Squeeze, Unsqueeze, Identity.
+// shape, a broadcast constant, or a [N,C,1,1] value), MaxPool/AveragePool (2-D), GlobalAveragePool/GlobalMaxPool,
+// Concat, MatMul, Gemm, Softmax (last axis), LayerNormalization (last axis, or the decomposed pattern), Transpose,
+// Slice (step 1), Reshape, Flatten, Squeeze, Unsqueeze, Identity.
 #include <omp.h>
 
 #include <algorithm>
