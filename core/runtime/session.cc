@@ -151,6 +151,8 @@ struct Session::Impl {
     std::map<std::string, void*> arenas;
   } plan;
   std::unordered_map<int, uint64_t> observed_sizes;
+  // Largest kernel workspace one step took (claimed subgraphs keep their internal values there), per "type:index".
+  std::map<std::string, uint64_t> workspace_peak;
 
   ~Impl() {
     for (auto& s : steps)
@@ -761,9 +763,11 @@ Status Session::Impl::run_locked(const std::vector<std::pair<std::string, RunVal
         KEEL_ASSIGN_OR_RETURN(void* p, alloc->allocate(bytes), "output of '" + s.name + "'");
         return Tensor(dtype, shape, std::make_shared<Storage>(p, bytes, loc, [alloc](void* q) { alloc->free(q); }));
       };
+      uint64_t step_workspace = 0;
       ctx.allocate_workspace = [&](uint64_t bytes) -> StatusOr<void*> {
         KEEL_ASSIGN_OR_RETURN(void* p, alloc->allocate(bytes), "workspace of '" + s.name + "'");
         workspace.emplace_back(alloc, p);
+        step_workspace += bytes;
         return p;
       };
       Status st = Status::from_c(s.compute(s.state, &ctx));
@@ -780,6 +784,10 @@ Status Session::Impl::run_locked(const std::vector<std::pair<std::string, RunVal
       }
       for (auto& [a, p] : workspace) a->free(p);
       workspace.clear();
+      if (step_workspace > 0) {
+        std::string key = (s.device && !is_host_memory(s.device) ? s.device_type : "cpu") + ":0";
+        workspace_peak[key] = std::max(workspace_peak[key], step_workspace);
+      }
       if (!st.is_ok()) {
         return st.with_context("node '" + s.name + "' (" + s.op_type + ", kernel " + s.kernel_name + ")");
       }
@@ -912,5 +920,6 @@ std::vector<NodeProfile> Session::profile() const {
 }
 
 std::map<std::string, uint64_t> Session::planned_arena_bytes() const { return impl_->plan.arena_bytes; }
+std::map<std::string, uint64_t> Session::workspace_bytes() const { return impl_->workspace_peak; }
 
 }  // namespace keel

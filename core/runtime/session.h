@@ -79,6 +79,9 @@ class Session {
   std::vector<NodeProfile> profile() const;
   // Bytes of the planned activation arena per device ("cpu:0" -> bytes).
   std::map<std::string, uint64_t> planned_arena_bytes() const;
+  // Largest kernel workspace a single step has taken so far ("cpu:0" -> bytes): claimed subgraphs keep their internal
+  // values there, outside the planned arena (taken from the same pool each run). Not synchronised with run().
+  std::map<std::string, uint64_t> workspace_bytes() const;
 
  private:
   struct Impl;

@@ -15,17 +15,18 @@
 //   - activations stay in the layout their producer chose (convolutions: nChw16c; Winograd for 3x3 stride 1);
 //     a consumer that wants another layout gets one reorder, shared by all its readers;
 //   - weights are reordered once into the primitive's layout (BatchNormalization after a Conv folded into them);
-//   - post-ops: bias, Relu/Clip/LeakyRelu/Sigmoid/Tanh, scalar Mul/Div, and the residual Add as a sum post-op
-//     (in place when the residual is not read afterwards, else after one copy);
+//   - post-ops: bias, Relu/Clip/LeakyRelu/Sigmoid/Tanh/SiLU (x * Sigmoid(x)), scalar Mul/Div, and the residual Add
+//     as a sum post-op (in place when the residual is not read afterwards, else after one copy); pooling takes the
+//     activations after it as post-ops too;
 //   - Reshape/Flatten/Squeeze/Unsqueeze/Identity are views of their input's memory (after a reorder to the plain
 //     layout when needed); Transpose and Slice are strided views that MatMul reads directly (a reorder otherwise);
 //     a scalar Mul/Div in front of a MatMul becomes the MatMul's output scale;
 //   - the workspace holds every internal value, offsets planned from liveness.
 //
-// Ops: Conv (2-D), BatchNormalization, Relu, Clip, LeakyRelu, Sigmoid, Tanh, Add/Sub/Mul/Div (same shape or a
-// broadcast constant), MaxPool/AveragePool (2-D), GlobalAveragePool/GlobalMaxPool, Concat, MatMul, Gemm, Softmax
-// (last axis), LayerNormalization (last axis, or the decomposed pattern), Transpose, Slice (step 1), Reshape,
-// Flatten, Squeeze, Unsqueeze, Identity.
+// Ops: Conv and ConvTranspose (2-D), BatchNormalization, Relu, Clip, LeakyRelu, Sigmoid, Tanh, Add/Sub/Mul/Div (same
+// shape, a broadcast constant, or a [N,C,1,1] value), MaxPool/AveragePool (2-D), GlobalAveragePool/GlobalMaxPool,
+// Concat, MatMul, Gemm, Softmax (last axis), LayerNormalization (last axis, or the decomposed pattern), Transpose,
+// Slice (step 1), Reshape, Flatten, Squeeze, Unsqueeze, Identity.
 #include <omp.h>
 
 #include <algorithm>
@@ -34,6 +35,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <iomanip>
 #include <map>
 #include <set>
 #include <sstream>
@@ -159,6 +161,7 @@ struct Plan {
   std::vector<const ConstT*> out_consts;  // outputs that are constants (copied each run)
   std::vector<void*> last_base;           // per buffer, the pointer its binds were last set to
   std::vector<std::string> impls;         // for logs
+  std::vector<std::string> what;          // per exec: the node it runs and its shapes (for the profile)
 };
 
 struct Val {
@@ -261,6 +264,16 @@ class Builder {
   // (They pick their split at run time; convolutions and matmuls keep the team they were created for.)
   void exec(dnnl::primitive prim, std::unordered_map<int, dnnl::memory> args) {
     p_->impls.push_back(impl_of(prim));
+    {
+      std::string w = cur_node_ < r_.nodes.size() ? r_.nodes[cur_node_].name : std::string("(outputs)");
+      auto s = args.find(DNNL_ARG_SRC);
+      if (s == args.end()) s = args.find(DNNL_ARG_FROM);
+      auto d = args.find(DNNL_ARG_DST);
+      if (d == args.end()) d = args.find(DNNL_ARG_TO);
+      if (s != args.end()) w += " " + dims_str(md_dims(s->second.get_desc()));
+      if (d != args.end()) w += " -> " + dims_str(md_dims(d->second.get_desc()));
+      p_->what.push_back(std::move(w));
+    }
     auto kind = prim.get_kind();
     uint64_t bytes = 0;
     for (auto& [arg, m] : args) bytes += m.get_desc().get_size();
@@ -345,6 +358,23 @@ class Builder {
     return reads == 1 ? u[0] : npos;
   }
   static constexpr size_t npos = static_cast<size_t>(-1);
+  // When `v` is read only by Sigmoid(v) and by Mul(v, that sigmoid) (the sigmoid read by nothing else): the Mul.
+  size_t silu_after(const std::string& v) {
+    if (escapes(v)) return npos;
+    const auto& u = users(v);
+    if (u.size() != 2 || done_[u[0]] || done_[u[1]]) return npos;
+    for (int k = 0; k < 2; ++k) {
+      const NodeDesc& sg = r_.nodes[u[k]];
+      const NodeDesc& m = r_.nodes[u[1 - k]];
+      if (sg.op != "Sigmoid" || m.op != "Mul" || sg.in.size() != 1 || sg.out.size() != 1 || m.in.size() != 2 ||
+          m.out.size() != 1)
+        continue;
+      const std::string& s = sg.out[0];
+      if (escapes(s) || users(s).size() != 1 || users(s)[0] != u[1 - k]) continue;
+      if ((m.in[0] == v && m.in[1] == s) || (m.in[0] == s && m.in[1] == v)) return u[1 - k];
+    }
+    return npos;
+  }
 
   // --- post-op fusion
   struct Fusion {
@@ -363,6 +393,10 @@ class Builder {
 
   // --- ops
   void conv(size_t i);
+  void deconv(size_t i);
+  void conv_like_tail(size_t i, const Fusion& f, dnnl::primitive prim, const md_t& src_md, const md_t& wei_md,
+                      const md_t& dmd, const md_t& wplain, std::vector<float>& w, bool has_bias,
+                      const std::vector<float>& bias, double flops);
   void matmul(size_t i);
   void pool(size_t i);
   void eltwise(size_t i);
@@ -391,6 +425,7 @@ class Builder {
   std::set<std::string> outputs_;
   std::vector<bool> done_;
   std::map<int, dnnl::memory> owned_of_buf_;
+  size_t cur_node_ = static_cast<size_t>(-1);  // the node being built (for the profile's step names)
 };
 
 std::unique_ptr<Plan> Builder::build() {
@@ -430,9 +465,11 @@ std::unique_ptr<Plan> Builder::build() {
       done_[i] = true;
       continue;
     }
+    cur_node_ = i;
     try {
       const std::string& op = n.op;
       if (op == "Conv") conv(i);
+      else if (op == "ConvTranspose") deconv(i);
       else if (op == "MatMul" || op == "Gemm") matmul(i);
       else if (op == "MaxPool" || op == "AveragePool" || op == "GlobalAveragePool" || op == "GlobalMaxPool") pool(i);
       else if (op == "Relu" || op == "Clip" || op == "LeakyRelu" || op == "Sigmoid" || op == "Tanh") eltwise(i);
@@ -463,6 +500,7 @@ std::unique_ptr<Plan> Builder::build() {
     }
     done_[i] = true;
   }
+  cur_node_ = npos;
   outputs();
   plan_workspace();
   p_->last_base.assign(p_->bufs.size(), reinterpret_cast<void*>(-1));
@@ -603,6 +641,16 @@ Builder::Fusion Builder::fuse_after(const std::string& out, size_t at, bool conv
   f.out = out;
   bool has_eltwise = false;
   for (;;) {
+    // SiLU written as x * Sigmoid(x) (how torch exports it): one swish post-op.
+    if (size_t m = silu_after(f.out); m != npos) {
+      f.po.append_eltwise(1.f, alg::eltwise_swish, 1.f, 0.f);
+      has_eltwise = true;
+      f.nodes.push_back(users(f.out)[0] == m ? users(f.out)[1] : users(f.out)[0]);
+      f.nodes.push_back(m);
+      f.count++;
+      f.out = r_.nodes[m].out[0];
+      continue;
+    }
     size_t u = sole_user(f.out);
     if (u == npos) break;
     const NodeDesc& n = r_.nodes[u];
@@ -760,21 +808,29 @@ void Builder::conv(size_t i) {
   if (!pd) make(alg::convolution_direct, src, dst);
   if (!pd) make(alg::convolution_direct, src_any, dst_any);
   if (!pd) throw Reject{"oneDNN has no convolution for this case"};
-  Val sv = as_md(n.in[0], pd->src_desc());
-  // Weights once, in the primitive's layout.
   md_t wplain(to_dnnl(wd), dt::f32, g > 1 ? tag::goihw : tag::oihw);
+  conv_like_tail(i, f, dnnl::convolution_forward(*pd), pd->src_desc(), pd->weights_desc(), pd->dst_desc(), wplain,
+                 w, has_bias, bias, 2.0 * numel(y) * (C / g) * ks[0] * ks[1]);
+}
+
+// The rest of a convolution or deconvolution once its primitive is chosen: the weights reordered once (from `w` in
+// layout `wplain`), the bias, the residual placed in the destination for a sum post-op, the step.
+void Builder::conv_like_tail(size_t i, const Fusion& f, dnnl::primitive prim, const md_t& src_md, const md_t& wei_md,
+                             const md_t& dmd, const md_t& wplain, std::vector<float>& w, bool has_bias,
+                             const std::vector<float>& bias, double flops) {
+  const NodeDesc& n = r_.nodes[i];
+  Val sv = as_md(n.in[0], src_md);
   dnnl::memory wuser(wplain, engine(), w.data());
-  p_->owned.emplace_back(pd->weights_desc(), engine());
+  p_->owned.emplace_back(wei_md, engine());
   dnnl::memory wmem = p_->owned.back();
   dnnl::reorder(wuser, wmem).execute(stream(), wuser, wmem);
   stream().wait();
   std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_WEIGHTS, wmem}};
   if (has_bias) {
-    p_->owned.emplace_back(bmd, engine());
+    p_->owned.emplace_back(md_t({static_cast<int64_t>(bias.size())}, dt::f32, tag::a), engine());
     std::memcpy(p_->owned.back().get_data_handle(), bias.data(), bias.size() * sizeof(float));
     args[DNNL_ARG_BIAS] = p_->owned.back();
   }
-  md_t dmd = pd->dst_desc();
   int dbuf = -2;
   if (!f.sum_with.empty()) {
     // The residual must sit in the destination first: take its buffer when nobody reads it afterwards.
@@ -795,9 +851,83 @@ void Builder::conv(size_t i) {
   Val& out = define(f.out, dmd, dbuf);
   args[DNNL_ARG_SRC] = mem_of(sv);
   args[DNNL_ARG_DST] = mem_of(out);
-  p_->flops += 2.0 * numel(y) * (C / g) * ks[0] * ks[1];
-  exec(dnnl::convolution_forward(*pd), std::move(args));
+  p_->flops += flops;
+  exec(std::move(prim), std::move(args));
   for (size_t k : f.nodes) done_[k] = true;
+}
+
+// ConvTranspose, 2-D, constant weights (and bias); output_padding within the end pads; post-ops as for Conv.
+void Builder::deconv(size_t i) {
+  const NodeDesc& n = r_.nodes[i];
+  Dims x = dims_of(n.in[0]);
+  const ConstT* W = cst(n.in_at(1));
+  const ConstT* B = n.in_at(2).empty() ? nullptr : cst(n.in_at(2));
+  if (!W || W->dtype != KEEL_DTYPE_F32 || (!n.in_at(2).empty() && !B)) throw Reject{"non-constant weights"};
+  if (x.size() != 4 || W->dims.size() != 4) throw Reject{"2-D transposed convolutions only"};
+  if (n.has("output_shape")) throw Reject{"output_shape"};
+  const int64_t N = x[0], C = x[1], g = n.ai("group", 1);
+  if (g <= 0 || C != W->dims[0] || C % g != 0) throw Reject{"channels do not match weights and group"};
+  const int64_t M = W->dims[1] * g;
+  Dims ks{W->dims[2], W->dims[3]};
+  if (n.ais("kernel_shape", ks) != ks) throw Reject{"kernel_shape differs from the weights"};
+  Dims s = n.ais("strides", {1, 1}), d = n.ais("dilations", {1, 1}), pads = n.ais("pads", {0, 0, 0, 0}),
+       opad = n.ais("output_padding", {0, 0});
+  if (s.size() != 2 || d.size() != 2 || pads.size() != 4 || opad.size() != 2) throw Reject{"attribute ranks"};
+  std::string ap = n.as("auto_pad", "NOTSET");
+  if (ap == "VALID") pads = {0, 0, 0, 0};
+  else if (ap != "NOTSET" && !ap.empty()) throw Reject{"auto_pad " + ap};
+  Dims pl{pads[0], pads[1]}, pr(2), y{N, M, 0, 0};
+  for (int k = 0; k < 2; ++k) {
+    if (s[k] <= 0 || d[k] <= 0 || pads[k] < 0 || pads[k + 2] < 0 || opad[k] < 0) throw Reject{"bad geometry"};
+    y[2 + k] = s[k] * (x[2 + k] - 1) + opad[k] + (ks[k] - 1) * d[k] + 1 - pads[k] - pads[k + 2];
+    pr[k] = pads[k + 2] - opad[k];
+    if (y[2 + k] <= 0) throw Reject{"empty output"};
+    if (pr[k] < 0) throw Reject{"output_padding larger than the end pad"};
+  }
+  Fusion f = fuse_after(n.out[0], i, true, M);
+  // ONNX weights [C, M/g, kh, kw] = [g, C/g, M/g, kh, kw]; output channel m = (c / (C/g)) * (M/g) + o.
+  std::vector<float> w(W->f32(), W->f32() + W->count());
+  std::vector<float> bias(M, 0.f);
+  bool has_bias = B != nullptr || !f.conv_bias_add.empty() || !f.bn_shift.empty();
+  if (B) {
+    if (B->count() != M) throw Reject{"bias size"};
+    for (int64_t k = 0; k < M; ++k) bias[k] = static_cast<float>(B->at(k));
+  }
+  if (!f.bn_scale.empty()) {
+    const int64_t per = ks[0] * ks[1], mg = M / g, cg = C / g;
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t o = 0; o < mg; ++o) {
+        const int64_t m = (c / cg) * mg + o;
+        for (int64_t k = 0; k < per; ++k) w[(c * mg + o) * per + k] *= f.bn_scale[m];
+      }
+    for (int64_t m = 0; m < M; ++m) bias[m] = bias[m] * f.bn_scale[m] + f.bn_shift[m];
+  }
+  for (size_t k = 0; k < f.conv_bias_add.size(); ++k) bias[k] += f.conv_bias_add[k];
+  Dims wd = g > 1 ? Dims{g, M / g, C / g, ks[0], ks[1]} : Dims{M, C, ks[0], ks[1]};
+  md_t wany(to_dnnl(wd), dt::f32, tag::any), bmd({M}, dt::f32, tag::a), none;
+  const Val& xv = val(n.in[0]);
+  bool keep_src = !is_plain_dense(xv.md) || C < 8;
+  md_t src = keep_src ? xv.md : md_t(to_dnnl(x), dt::f32, tag::any);
+  md_t dst = M % 16 == 0 ? md_t(to_dnnl(y), dt::f32, tag::nChw16c) : md_t(to_dnnl(y), dt::f32, tag::any);
+  dnnl::primitive_attr attr;
+  attr.set_post_ops(f.po);
+  std::unique_ptr<dnnl::deconvolution_forward::primitive_desc> pd;
+  for (int attempt = 0; attempt < 2 && !pd; ++attempt) {
+    md_t sm = attempt == 0 ? src : md_t(to_dnnl(x), dt::f32, tag::any);
+    md_t dm = attempt == 0 ? dst : md_t(to_dnnl(y), dt::f32, tag::any);
+    try {
+      dnnl::deconvolution_forward::desc dd(dnnl::prop_kind::forward_inference, alg::deconvolution_direct, sm, wany,
+                                           has_bias ? bmd : none, dm, to_dnnl(s),
+                                           dnnl::memory::dims{d[0] - 1, d[1] - 1}, to_dnnl(pl), to_dnnl(pr));
+      pd = std::make_unique<dnnl::deconvolution_forward::primitive_desc>(dd, attr, engine());
+    } catch (const dnnl::error&) {
+      pd.reset();
+    }
+  }
+  if (!pd) throw Reject{"oneDNN has no deconvolution for this case"};
+  md_t wplain(to_dnnl(wd), dt::f32, g > 1 ? tag::giohw : tag::iohw);
+  conv_like_tail(i, f, dnnl::deconvolution_forward(*pd), pd->src_desc(), pd->weights_desc(), pd->dst_desc(), wplain,
+                 w, has_bias, bias, 2.0 * numel(x) * (M / g) * ks[0] * ks[1]);
 }
 
 // MatMul (batched, broadcast; B constant or a value) and Gemm (constant B, C a constant bias).
@@ -1023,13 +1153,40 @@ void Builder::pool(size_t i) {
              : (global || n.ai("count_include_pad", 0) ? alg::pooling_avg_include_padding
                                                        : alg::pooling_avg_exclude_padding);
   const Val xv = val(n.in[0]);
-  Fusion f;  // (no post-ops on pooling: what follows a pool is rarely an activation)
+  // Activations after the pool (Relu, Clip, LeakyRelu, Sigmoid, Tanh, SiLU) run as its eltwise post-ops.
+  Fusion f;
   f.out = n.out[0];
+  for (;;) {
+    alg ea;
+    float alpha, beta;
+    if (size_t m = silu_after(f.out); m != npos) {
+      f.po.append_eltwise(1.f, alg::eltwise_swish, 1.f, 0.f);
+      f.nodes.push_back(users(f.out)[0] == m ? users(f.out)[1] : users(f.out)[0]);
+      f.nodes.push_back(m);
+      f.out = r_.nodes[m].out[0];
+      continue;
+    }
+    size_t u = sole_user(f.out);
+    if (u == npos || r_.nodes[u].out.size() != 1 || !eltwise_of(r_.nodes[u], &ea, &alpha, &beta) ||
+        r_.nodes[u].in[0] != f.out)
+      break;
+    f.po.append_eltwise(1.f, ea, alpha, beta);
+    f.nodes.push_back(u);
+    f.out = r_.nodes[u].out[0];
+  }
   dnnl::primitive_attr attr;
+  attr.set_post_ops(f.po);
   dnnl::pooling_v2_forward::desc d(dnnl::prop_kind::forward_inference, a, xv.md, md_t(to_dnnl(y), dt::f32, tag::any),
                                    to_dnnl(s), to_dnnl(k), dnnl::memory::dims{dl[0] - 1, dl[1] - 1}, to_dnnl(pl),
                                    to_dnnl(pr));
-  dnnl::pooling_v2_forward::primitive_desc pd(d, attr, engine());
+  dnnl::pooling_v2_forward::primitive_desc pd;
+  try {
+    pd = dnnl::pooling_v2_forward::primitive_desc(d, attr, engine());
+  } catch (const dnnl::error&) {  // no pooling with these post-ops: the activations run as their own steps
+    f.nodes.clear();
+    f.out = n.out[0];
+    pd = dnnl::pooling_v2_forward::primitive_desc(d, engine());
+  }
   Val sv = as_md(n.in[0], pd.src_desc());
   Val& o = define(f.out, pd.dst_desc());
   dnnl::memory sm = mem_of(sv), dm = mem_of(o);
@@ -1091,24 +1248,37 @@ void Builder::binary(size_t i) {
   if (v0.scale != 1.f) throw Reject{"scaled input"};
   md_t m0 = is_strided(v0.md) && !is_plain_dense(v0.md) ? plain_md(y) : v0.md;
   md_t m1;
+  Dims e;
   if (d1 == y) {
     m1 = m0;
   } else {
     if (d1.size() > y.size()) throw Reject{"rank"};
-    Dims e(y.size() - d1.size(), 1);
+    e.assign(y.size() - d1.size(), 1);
     e.insert(e.end(), d1.begin(), d1.end());
     for (size_t k = 0; k < y.size(); ++k)
       if (e[k] != y[k] && e[k] != 1) throw Reject{"broadcast"};
-    if (!is_plain_dense(m0)) {
-      // Per-channel over a blocked layout: oneDNN takes a plain [1,C,1,1] second source.
-      bool per_channel = y.size() == 4 && e[0] == 1 && e[2] == 1 && e[3] == 1;
-      if (!per_channel) m0 = plain_md(y);
-    }
     m1 = plain_md(e);
+    if (!is_plain_dense(m0)) {
+      // Per-channel over nChw16c: oneDNN's jit kernel wants the [N,C,1,1] second source blocked the same way (for
+      // C % 16 == 0 the same bytes as the plain one); any other broadcast runs over plain memory.
+      bool per_channel = y.size() == 4 && e[2] == 1 && e[3] == 1 && (e[0] == 1 || e[0] == y[0]) &&
+                         e[1] == y[1] && y[1] % 16 == 0 && m0 == md_t(to_dnnl(y), dt::f32, tag::nChw16c);
+      if (per_channel) m1 = md_t(to_dnnl(e), dt::f32, tag::nChw16c);
+      else m0 = plain_md(y);
+    }
   }
   Val s0 = as_md(x0, m0);
-  // The second source in the first one's layout, or (broadcast) plain, read with the rank-extended dims.
-  Val s1 = d1 == y ? as_md(x1, m0) : as_plain(x1);
+  // The second source in the first one's layout, or (broadcast) plain, read with the rank-extended dims; a
+  // [N,C,1,1] value already blocked as nChw16c (C % 16 == 0) is read where it is.
+  Val s1;
+  if (d1 == y) {
+    s1 = as_md(x1, m0);
+  } else {
+    s1 = val(x1);
+    bool same_bytes = s1.scale == 1.f && m1 != plain_md(e) && numel(d1) == numel(e) &&
+                      (is_plain_dense(s1.md) || s1.md == md_t(to_dnnl(md_dims(s1.md)), dt::f32, tag::nChw16c));
+    if (!same_bytes) s1 = as_plain(x1);
+  }
   dnnl::binary::desc d(a, m0, m1, m0);
   dnnl::binary::primitive_desc pd(d, engine());
   int buf = dead_after(x0, i) && s0.buf == vals_[x0].buf && s0.off == 0 ? s0.buf : -2;
@@ -1431,11 +1601,15 @@ void Builder::slice(size_t i) {
 
 // ------------------------------------------------------------------------------------------- the claim's state
 
+const char* kind_name(dnnl::primitive::kind k);
+
 struct Chain {
   Recipe recipe;
   std::unique_ptr<Plan> plan;
-  // KEEL_ONEDNN_PROFILE=1: time per primitive kind and implementation, logged (info) when the session goes.
+  // KEEL_ONEDNN_PROFILE=1: time per primitive kind and implementation, and each step's fastest run (robust on a
+  // busy machine), logged (info) when the session goes.
   std::map<std::string, std::pair<double, int64_t>> profile;
+  std::vector<double> step_min;
   int64_t runs = 0;
   ~Chain() {
     if (profile.empty() || runs == 0) return;
@@ -1449,6 +1623,15 @@ struct Chain {
     os << recipe.name << ": " << total / runs << " ms per run in primitives (" << runs << " runs)";
     for (auto& [ms, k] : rows)
       os << "\n  " << ms / runs << " ms  " << 100.0 * ms / total << "%  x" << profile[k].second / runs << "  " << k;
+    if (plan && step_min.size() == plan->execs.size()) {
+      double sum = 0;
+      for (double m : step_min) sum += m;
+      os << "\n  steps, fastest run of each (sum " << sum << " ms):";
+      for (size_t k = 0; k < step_min.size(); ++k)
+        os << "\n  " << std::setw(3) << k << " " << std::setw(8) << step_min[k] << " ms  "
+           << (plan->execs[k].single ? "1t " : "   ") << kind_name(plan->execs[k].prim.get_kind()) << " "
+           << plan->impls[k] << "  " << plan->what[k];
+    }
     if (g_host && g_host->log) g_host->log(g_plugin_handle, KEEL_LOG_INFO, os.str().c_str());
   }
 };
@@ -1545,6 +1728,8 @@ void run_chain(Chain& ch, Ctx& c) {
       auto& row = ch.profile[std::string(kind_name(p.execs[k].prim.get_kind())) + " " + p.impls[k]];
       row.first += ms;
       row.second++;
+      if (ch.step_min.size() != p.execs.size()) ch.step_min.assign(p.execs.size(), 1e30);
+      ch.step_min[k] = std::min(ch.step_min[k], ms);
     }
     ch.runs++;
     return;
@@ -1656,8 +1841,8 @@ struct GraphScan {
 
 const std::set<std::string>& compute_ops() {
   static const std::set<std::string> s{
-      "Conv", "BatchNormalization", "Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "Add", "Sub", "Mul", "Div",
-      "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Concat", "MatMul", "Gemm", "Softmax",
+      "Conv", "ConvTranspose", "BatchNormalization", "Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "Add", "Sub",
+      "Mul", "Div", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Concat", "MatMul", "Gemm", "Softmax",
       "LayerNormalization", "Transpose", "Slice", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity",
       "Dropout", "ReduceMean", "Pow", "Sqrt"};
   return s;

@@ -5,11 +5,13 @@
 // Other device types (cuda, ...) run when present and skip with a message when absent.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <iostream>
 #include <map>
 #include <set>
 
 #include "core/runtime/environment.h"
+#include "core/runtime/session.h"
 #include "tests/device_conformance/device_cts.h"
 
 namespace keel::cts {
@@ -118,6 +120,45 @@ TEST(DeviceConformance, Cpu) {
       if (!onednn_serves(*res.c) || res.c->dtype != DType::kF32) continue;
       ADD_FAILURE() << res.c->op << " '" << res.c->label << "' ran on " << res.kernel << ", not on oneDNN";
     }
+  }
+}
+
+// Steady state: once a shape has run twice (the first run records sizes, the second plans the arena), further runs
+// of every chain case take no new memory from the system (raw allocations of every pool stay put) and give back
+// all they take but their outputs.
+TEST(DeviceConformance, ChainsAllocateNothingInSteadyState) {
+  Envs& e = envs();
+  ASSERT_TRUE(e.dut);
+  int chains = 0;
+  uint64_t workspace = 0;
+  for (const OpCase& c : all_cases()) {
+    if (c.chain.empty()) continue;
+    Built b = build(c);
+    SessionOptions so;
+    so.devices = {"cpu"};
+    auto s = Session::create(*e.dut, std::move(b.graph), so);
+    ASSERT_TRUE(s.is_ok()) << c.label << ": " << s.status().to_string();
+    for (int k = 0; k < 2; ++k) ASSERT_TRUE((*s)->run(b.feeds).is_ok()) << c.label;
+    auto before = e.dut->memory_stats();
+    for (int k = 0; k < 5; ++k) {
+      auto out = (*s)->run(b.feeds);
+      ASSERT_TRUE(out.is_ok()) << c.label;
+    }
+    auto after = e.dut->memory_stats();
+    for (const auto& [pool, st] : after) {
+      const AllocatorStats& was = before[pool];
+      EXPECT_EQ(st.raw_allocations, was.raw_allocations) << c.label << ": " << pool << " grew in steady state";
+      EXPECT_EQ(st.in_use_bytes, was.in_use_bytes) << c.label << ": " << pool << " keeps memory after runs";
+    }
+    for (const auto& [node, op, dev, kernel] : (*s)->placement()) {
+      if (op == "Subgraph") ++chains;
+    }
+    for (const auto& [pool, bytes] : (*s)->workspace_bytes()) workspace = std::max(workspace, bytes);
+  }
+  if (plugin_loaded(*e.dut, "cpu_onednn")) {
+    EXPECT_GT(chains, 0) << "no chain case ran as a claimed subgraph";
+    // Chains keep their internal values in the kernel workspace, which the session reports beside its arena.
+    EXPECT_GT(workspace, 0u) << "Session::workspace_bytes saw no chain workspace";
   }
 }
 

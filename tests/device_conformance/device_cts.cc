@@ -984,6 +984,70 @@ void add_chain_cases(std::vector<OpCase>& v) {
   {
     OpCase c;
     c.op = "Chain";
+    c.label = "pooling with activations after it: conv, maxpool, relu, average pool, SiLU";
+    c.inputs = {in("X", {1, 8, 12, 12}), in("W", {16, 8, 3, 3}, true, -0.3f, 0.3f), in("B", {16}, true)};
+    c.chain = {conv({"X", "W", "B"}, 3, 1, 1),
+               {"MaxPool", {"$0"}, {{"kernel_shape", Is({2, 2})}, {"strides", Is({2, 2})}}},
+               {"Relu", {"$1"}, {}},
+               {"AveragePool", {"$2"}, {{"kernel_shape", Is({3, 3})}, {"strides", Is({1, 1})}, {"pads", Is({1, 1, 1, 1})}}},
+               {"Sigmoid", {"$3"}, {}},
+               {"Mul", {"$3", "$4"}, {}}};
+    v.push_back(c);
+  }
+  {
+    OpCase c;
+    c.op = "Chain";
+    c.label = "decoder: conv s2, relu, ConvTranspose s2 with BatchNormalization, relu, skip add";
+    c.inputs = {in("X", {1, 16, 11, 11}), in("W", {32, 16, 3, 3}, true, -0.3f, 0.3f), in("B", {32}, true),
+                in("WT", {32, 16, 3, 3}, true, -0.3f, 0.3f), in("BT", {16}, true),
+                in("S", {16}, true, 0.5f, 1.5f), in("T", {16}, true), in("M", {16}, true),
+                in("V", {16}, true, 0.5f, 2.f)};
+    c.chain = {conv({"X", "W", "B"}, 3, 2, 1),  // [1,32,6,6]
+               {"Relu", {"$0"}, {}},
+               {"ConvTranspose", {"$1", "WT", "BT"},
+                {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"pads", Is({1, 1, 1, 1})},
+                 {"output_padding", Is({0, 0})}}},  // [1,16,11,11]
+               {"BatchNormalization", {"$2", "S", "T", "M", "V"}, {}},
+               {"Add", {"$3", "X"}, {}},
+               {"Relu", {"$4"}, {}}};
+    v.push_back(c);
+  }
+  {
+    OpCase c;
+    c.op = "Chain";
+    c.label = "grouped ConvTranspose g=2 s2 output_padding 1, sigmoid, after a conv";
+    c.inputs = {in("X", {1, 8, 7, 7}), in("W", {16, 8, 1, 1}, true, -0.4f, 0.4f),
+                in("WT", {16, 4, 3, 3}, true, -0.3f, 0.3f)};
+    c.chain = {conv({"X", "W"}, 1, 1, 0),
+               {"ConvTranspose", {"$0", "WT"},
+                {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"pads", Is({1, 1, 1, 1})},
+                 {"output_padding", Is({1, 1})}, {"group", I(2)}}},  // [1,8,14,14]
+               {"Sigmoid", {"$1"}, {}}};
+    v.push_back(c);
+  }
+  // EfficientNet's MBConv as torch exports it: SiLU as x * Sigmoid(x), a 5x5 depthwise convolution, squeeze-excite
+  // (GlobalAveragePool, 1x1 conv, SiLU, 1x1 conv, Sigmoid, Mul broadcast over [N,C,1,1]), projection, residual.
+  // E = 32 keeps nChw16c through the broadcast Mul; E = 24 takes the plain path.
+  for (int64_t e : {32, 24}) {
+    OpCase c;
+    c.op = "Chain";
+    c.label = "efficientnet mbconv C=16 expand " + std::to_string(e) + ", SiLU, depthwise 5x5, squeeze-excite";
+    c.inputs = {in("X", {1, 16, 9, 9}),         in("WE", {e, 16, 1, 1}, true, -0.4f, 0.4f), in("BE", {e}, true),
+                in("WD", {e, 1, 5, 5}, true, -0.3f, 0.3f), in("BD", {e}, true),
+                in("WS", {4, e, 1, 1}, true, -0.4f, 0.4f), in("BS", {4}, true),
+                in("WX", {e, 4, 1, 1}, true, -0.4f, 0.4f), in("BX", {e}, true),
+                in("WP", {16, e, 1, 1}, true, -0.2f, 0.2f), in("BP", {16}, true)};
+    c.chain = {conv({"X", "WE", "BE"}, 1, 1, 0),       {"Sigmoid", {"$0"}, {}},  {"Mul", {"$0", "$1"}, {}},
+               conv({"$2", "WD", "BD"}, 5, 1, 2, e),   {"Sigmoid", {"$3"}, {}},  {"Mul", {"$4", "$3"}, {}},
+               {"GlobalAveragePool", {"$5"}, {}},                                                        // $6
+               conv({"$6", "WS", "BS"}, 1, 1, 0),      {"Sigmoid", {"$7"}, {}},  {"Mul", {"$7", "$8"}, {}},
+               conv({"$9", "WX", "BX"}, 1, 1, 0),      {"Sigmoid", {"$10"}, {}}, {"Mul", {"$5", "$11"}, {}},
+               conv({"$12", "WP", "BP"}, 1, 1, 0),     {"Add", {"$13", "X"}, {}}};
+    v.push_back(c);
+  }
+  {
+    OpCase c;
+    c.op = "Chain";
     c.label = "odd channels C=5->7->24, average pool, sigmoid, batch 2";
     c.inputs = {in("X", {2, 5, 9, 7}), in("W1", {7, 5, 3, 3}, true, -0.3f, 0.3f),
                 in("W2", {24, 7, 3, 3}, true, -0.3f, 0.3f), in("B2", {24}, true)};
@@ -1391,10 +1455,7 @@ uint32_t seed_of(const OpCase& c, size_t input) {
   return static_cast<uint32_t>(std::hash<std::string>{}(c.op + "|" + c.label) + 7919 * input);
 }
 
-struct Built {
-  Graph graph;
-  std::vector<std::pair<std::string, Tensor>> feeds;
-};
+}  // namespace
 
 Built build(const OpCase& c) {
   Built b;
@@ -1450,6 +1511,8 @@ Built build(const OpCase& c) {
   b.graph = gb.take();
   return b;
 }
+
+namespace {
 
 struct RunOut {
   Status status = Status::ok();

@@ -63,6 +63,13 @@ struct OpCase {
   std::vector<ChainNode> chain;
 };
 
+// A case as a graph, and the values of its non-constant inputs (what the suite runs).
+struct Built {
+  Graph graph;
+  std::vector<std::pair<std::string, Tensor>> feeds;
+};
+Built build(const OpCase& c);
+
 // The table of cases, in a fixed order (ops alphabetically grouped as listed in device_cts.cc).
 const std::vector<OpCase>& all_cases();
 

@@ -150,6 +150,9 @@ int bench(const BenchArgs& a, Globals& g) {
   uint64_t arena = 0;
   auto arenas = s.planned_arena_bytes();
   for (const auto& [k, v] : arenas) arena += v;
+  uint64_t workspace = 0;
+  auto workspaces = s.workspace_bytes();
+  for (const auto& [k, v] : workspaces) workspace += v;
   int threads = env->thread_pool().thread_count();
 
   // Kernels per op type (where oneDNN ran and where the reference did) and the profile.
@@ -189,6 +192,7 @@ int bench(const BenchArgs& a, Globals& g) {
     j["throughput_per_s"] = throughput;
     j["peak_rss_mib"] = peak_rss_mib();
     j["planned_arena_bytes"] = arena;
+    j["kernel_workspace_bytes"] = workspace;
     j["fallbacks"] = s.fallbacks().size();
     nlohmann::json jk;
     for (const auto& [op, m] : kernels)
@@ -218,6 +222,8 @@ int bench(const BenchArgs& a, Globals& g) {
   std::cout << "memory     peak resident " << peak_rss_mib() << " MiB; planned activation arena "
             << std::setprecision(3) << arena / (1024.0 * 1024.0) << " MiB";
   for (const auto& [k, v] : arenas) std::cout << " (" << k << " " << v << " B)";
+  std::cout << " + kernel workspace " << workspace / (1024.0 * 1024.0) << " MiB";
+  for (const auto& [k, v] : workspaces) std::cout << " (" << k << " " << v << " B)";
   std::cout << "\npools (per device, after the runs):\n";
   print_memory_stats(std::cout, memory, "  ");
   if (trimmed >= 0) {
