@@ -55,16 +55,22 @@ bool has_kernel(const char* domain, const char* op, int32_t opset, const char* d
 // `anchors` (at the graph's `onnx_opset`): the device must have a kernel for it, ranked at least as high as the
 // kernels the anchors run on now (ABI 1.2 kernel_priority). A fused op served only by a lower-ranked provider (the
 // reference keel.FusedConv where oneDNN runs Conv, and claims Conv + Add + Relu chains itself) would move the work
-// onto slower kernels. `why` gets the reason when not.
+// onto slower kernels. `why` gets the reason when not. Pass option any_kernel = true skips the ranking (any kernel
+// will do: to get the keel ops for a device this process has not loaded, or to test the rewrites).
+bool any_kernel_option(const keel_pass_options_t* o) {
+  return PassOptions(g_host->options, o).get_bool("any_kernel", false);
+}
+
 bool fusion_pays(const char* domain, const char* op, int32_t opset, std::initializer_list<const char*> anchors,
-                 int32_t onnx_opset, const char* device, std::string* why) {
+                 int32_t onnx_opset, const char* device, bool any_kernel, std::string* why) {
   const std::string dev = device ? device : "cpu";
   const std::string name = (domain && *domain ? std::string(domain) + "." : std::string()) + op;
   if (!has_kernel(domain, op, opset, device)) {
     *why = "no kernel for " + name + " on device '" + dev + "'";
     return false;
   }
-  if (!KEEL_HAS_MEMBER(g_host, keel_host_api_t, kernel_priority) || g_host->kernel_priority == nullptr) return true;
+  if (any_kernel || !KEEL_HAS_MEMBER(g_host, keel_host_api_t, kernel_priority) || g_host->kernel_priority == nullptr)
+    return true;
   const int32_t fused = g_host->kernel_priority(g_plugin, domain, op, opset, dev.c_str(), nullptr, 0);
   for (const char* a : anchors) {
     const int32_t base = g_host->kernel_priority(g_plugin, "", a, onnx_opset, dev.c_str(), nullptr, 0);
@@ -259,13 +265,14 @@ std::optional<GeluMatch> match_gelu(const GraphView& gv, keel_node_id_t erf) {
   return m;
 }
 
-keel_status_t fuse_gelu(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t*,
+keel_status_t fuse_gelu(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t* o,
                         const char* device, keel_pass_report_t* r) {
   return run_pass(g_host, [&] {
     GraphView gv(g, api);
     Report report(r);
+    const bool any = any_kernel_option(o);
     std::string why;
-    const bool ok = fusion_pays("keel", "Gelu", kKeelOpset, {"Erf"}, gv.opset(""), device, &why);
+    const bool ok = fusion_pays("keel", "Gelu", kKeelOpset, {"Erf"}, gv.opset(""), device, any, &why);
     int64_t fused = 0, found = 0, bytes = 0;
     for (keel_node_id_t n : gv.nodes()) {
       if (!gv.exists(n) || !gv.is(n, "Erf")) continue;
@@ -380,17 +387,19 @@ std::optional<LnMatch> match_layer_norm(const GraphView& gv, keel_node_id_t rm1)
   return m;
 }
 
-keel_status_t fuse_layer_norm(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t*,
+keel_status_t fuse_layer_norm(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t* o,
                               const char* device, keel_pass_report_t* r) {
   return run_pass(g_host, [&] {
     GraphView gv(g, api);
     Report report(r);
+    const bool any = any_kernel_option(o);
     const int32_t onnx_opset = gv.opset("");
     std::string dom, op = "LayerNormalization";
     std::string why;
-    if (onnx_opset >= 17 && fusion_pays("", "LayerNormalization", onnx_opset, {"ReduceMean"}, onnx_opset, device, &why))
+    if (onnx_opset >= 17 &&
+        fusion_pays("", "LayerNormalization", onnx_opset, {"ReduceMean"}, onnx_opset, device, any, &why))
       dom = "";
-    else if (fusion_pays("keel", "LayerNormalization", kKeelOpset, {"ReduceMean"}, onnx_opset, device, &why))
+    else if (fusion_pays("keel", "LayerNormalization", kKeelOpset, {"ReduceMean"}, onnx_opset, device, any, &why))
       dom = "keel";
     else dom = "-";
     int64_t fused = 0, found = 0, bytes = 0;
@@ -494,13 +503,14 @@ std::optional<AttnMatch> match_attention(const GraphView& gv, keel_node_id_t sof
   return m;
 }
 
-keel_status_t fuse_attention(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t*,
+keel_status_t fuse_attention(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t* o,
                              const char* device, keel_pass_report_t* r) {
   return run_pass(g_host, [&] {
     GraphView gv(g, api);
     Report report(r);
+    const bool any = any_kernel_option(o);
     std::string why;
-    const bool ok = fusion_pays("keel", "Attention", kKeelOpset, {"MatMul", "Softmax"}, gv.opset(""), device, &why);
+    const bool ok = fusion_pays("keel", "Attention", kKeelOpset, {"MatMul", "Softmax"}, gv.opset(""), device, any, &why);
     const int32_t opset = gv.opset("");
     int64_t fused = 0, found = 0;
     for (keel_node_id_t n : gv.nodes()) {
@@ -616,14 +626,15 @@ void add_activation_attrs(Attrs& attrs, const Epilogue& e) {
 
 // ------------------------------------------------------------------------------------------------ fuse_conv_activation
 
-keel_status_t fuse_conv_activation(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t*,
+keel_status_t fuse_conv_activation(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t* o,
                                    const char* device, keel_pass_report_t* r) {
   return run_pass(g_host, [&] {
     GraphView gv(g, api);
     Report report(r);
+    const bool any = any_kernel_option(o);
     const int32_t opset = gv.opset("");
     std::string why;
-    const bool ok = fusion_pays("keel", "FusedConv", kKeelOpset, {"Conv"}, opset, device, &why);
+    const bool ok = fusion_pays("keel", "FusedConv", kKeelOpset, {"Conv"}, opset, device, any, &why);
     int64_t fused = 0, found = 0, merged = 0, bytes = 0;
     for (keel_node_id_t conv : gv.nodes()) {
       if (!gv.exists(conv) || !gv.is(conv, "Conv")) continue;
@@ -677,15 +688,16 @@ keel_status_t fuse_conv_activation(void*, keel_graph_t* g, const keel_graph_api_
 
 // ------------------------------------------------------------------------------------------------ fuse_matmul_activation
 
-keel_status_t fuse_matmul_activation(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t*,
+keel_status_t fuse_matmul_activation(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t* o,
                                      const char* device, keel_pass_report_t* r) {
   return run_pass(g_host, [&] {
     GraphView gv(g, api);
     Report report(r);
+    const bool any = any_kernel_option(o);
     const int32_t opset = gv.opset("");
     std::string mm_why, gemm_why;
-    const bool mm_ok = fusion_pays("keel", "FusedMatMul", kKeelOpset, {"MatMul"}, opset, device, &mm_why);
-    const bool gemm_ok = fusion_pays("keel", "FusedGemm", kKeelOpset, {"Gemm"}, opset, device, &gemm_why);
+    const bool mm_ok = fusion_pays("keel", "FusedMatMul", kKeelOpset, {"MatMul"}, opset, device, any, &mm_why);
+    const bool gemm_ok = fusion_pays("keel", "FusedGemm", kKeelOpset, {"Gemm"}, opset, device, any, &gemm_why);
     int64_t fused = 0, mm_found = 0, gemm_found = 0, merged = 0, bytes = 0;
     for (keel_node_id_t n : gv.nodes()) {
       if (!gv.exists(n)) continue;
