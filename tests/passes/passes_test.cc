@@ -454,7 +454,9 @@ TEST(Pipeline, DefaultPipelineInASessionGivesTheSameOutputs) {
   EXPECT_EQ(count_op(g, "FusedConv", "keel"), conv_fuses ? 1u : 0u);
   EXPECT_EQ(count_op(g, "FusedMatMul", "keel"), mm_fuses ? 1u : 0u);
   EXPECT_EQ(count_op(g, "Reshape"), 1u);
-  if (conv_fuses && mm_fuses) EXPECT_EQ(g.node_count(), 3u);
+  if (conv_fuses && mm_fuses) {
+    EXPECT_EQ(g.node_count(), 3u);
+  }
   auto after = s.value()->run(feeds);
   ASSERT_TRUE(after.is_ok()) << after.status().to_string();
   expect_near(after.value(), before, 1e-5f);
