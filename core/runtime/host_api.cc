@@ -3,6 +3,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cstdint>
 #include <cstring>
 #include <exception>
 #include <set>
@@ -444,11 +445,12 @@ keel_status_t h_register_claimer(keel_plugin_handle_t* p, const keel_claimer_def
   return p->registry->add_claimer(p->id, p->priority, d).to_c();
 }
 
-int h_kernel_exists(keel_plugin_handle_t* p, const char* domain, const char* op, int32_t opset, const char* device,
-                    const int32_t* dtypes, size_t count) {
-  if (p == nullptr || op == nullptr || device == nullptr) return 0;
+// The highest-ranked kernel for (domain, op) at `opset` on `device` accepting `dtypes` (count 0: any), or nullptr.
+const KernelEntry* best_kernel(keel_plugin_handle_t* p, const char* domain, const char* op, int32_t opset,
+                               const char* device, const int32_t* dtypes, size_t count) {
+  if (p == nullptr || op == nullptr || device == nullptr) return nullptr;
   for (const KernelEntry* k : p->registry->kernels_for(domain ? domain : "", op, opset, device)) {
-    if (count == 0 || k->constraints.empty()) return 1;
+    if (count == 0 || k->constraints.empty()) return k;
     // Without the op's schema we cannot map dtypes to type parameters; accept when every dtype is allowed by some
     // constraint of the kernel.
     bool all = true;
@@ -458,9 +460,20 @@ int h_kernel_exists(keel_plugin_handle_t* p, const char* domain, const char* op,
         for (DType d : c.dtypes) found = found || static_cast<int32_t>(d) == dtypes[i];
       all = found;
     }
-    if (all) return 1;
+    if (all) return k;
   }
-  return 0;
+  return nullptr;
+}
+
+int h_kernel_exists(keel_plugin_handle_t* p, const char* domain, const char* op, int32_t opset, const char* device,
+                    const int32_t* dtypes, size_t count) {
+  return best_kernel(p, domain, op, opset, device, dtypes, count) != nullptr ? 1 : 0;
+}
+
+int32_t h_kernel_priority(keel_plugin_handle_t* p, const char* domain, const char* op, int32_t opset,
+                          const char* device, const int32_t* dtypes, size_t count) {
+  const KernelEntry* k = best_kernel(p, domain, op, opset, device, dtypes, count);
+  return k != nullptr ? k->priority : INT32_MIN;
 }
 
 }  // namespace
@@ -506,6 +519,7 @@ std::unique_ptr<keel_plugin_handle_s> make_plugin_handle(Registry& registry, Plu
       sizeof(keel_host_api_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR,
       h_status_create, h_log, h_register_device, h_register_kernel, h_register_pass, h_register_collective,
       h_kernel_exists, kernel_api(), graph_api(), options_api(), &h->options, h->dir.c_str(), h_register_claimer,
+      h_kernel_priority,
   };
   return h;
 }

@@ -11,8 +11,10 @@
 //   fuse_matmul_activation  MatMul [+ constant bias Add] [+ residual Add] [+ activation] -> keel.FusedMatMul;
 //                           Gemm [+ residual Add] [+ activation] -> keel.FusedGemm
 //
-// The rule every keel-domain rewrite follows: the fused op is produced only when host->kernel_exists says a kernel
-// for it exists on the target device; otherwise the nodes stay as they were and the report says why. A fused node
+// The rule every keel-domain rewrite follows: the fused op is produced only when the target device has a kernel for
+// it (host->kernel_exists) ranked at least as high as the kernel the pattern's main op runs on now
+// (host->kernel_priority, ABI 1.2): where oneDNN runs Conv/MatMul and claims their chains itself, the reference
+// keel.FusedConv would be a step down. Otherwise the nodes stay as they were and the report says why. A fused node
 // writes the value the last node of its pattern wrote (same name), so the value info the graph has stays valid.
 //
 // Semantics of the keel ops (also implemented by ops/reference/fused.cc):
@@ -49,9 +51,40 @@ bool has_kernel(const char* domain, const char* op, int32_t opset, const char* d
   return g_host->kernel_exists && g_host->kernel_exists(g_plugin, domain, op, opset, device ? device : "cpu", nullptr, 0);
 }
 
-std::string no_kernel_note(const std::string& op, const char* device, int64_t patterns) {
-  return "no kernel for " + op + " on device '" + std::string(device ? device : "") + "': left " +
-         std::to_string(patterns) + " pattern(s) unfused";
+// Whether to produce `domain.op` (at `opset`) on `device` in place of patterns built around the ai.onnx ops
+// `anchors` (at the graph's `onnx_opset`): the device must have a kernel for it, ranked at least as high as the
+// kernels the anchors run on now (ABI 1.2 kernel_priority). A fused op served only by a lower-ranked provider (the
+// reference keel.FusedConv where oneDNN runs Conv, and claims Conv + Add + Relu chains itself) would move the work
+// onto slower kernels. `why` gets the reason when not. Pass option any_kernel = true skips the ranking (any kernel
+// will do: to get the keel ops for a device this process has not loaded, or to test the rewrites).
+bool any_kernel_option(const keel_pass_options_t* o) {
+  return PassOptions(g_host->options, o).get_bool("any_kernel", false);
+}
+
+bool fusion_pays(const char* domain, const char* op, int32_t opset, std::initializer_list<const char*> anchors,
+                 int32_t onnx_opset, const char* device, bool any_kernel, std::string* why) {
+  const std::string dev = device ? device : "cpu";
+  const std::string name = (domain && *domain ? std::string(domain) + "." : std::string()) + op;
+  if (!has_kernel(domain, op, opset, device)) {
+    *why = "no kernel for " + name + " on device '" + dev + "'";
+    return false;
+  }
+  if (any_kernel || !KEEL_HAS_MEMBER(g_host, keel_host_api_t, kernel_priority) || g_host->kernel_priority == nullptr)
+    return true;
+  const int32_t fused = g_host->kernel_priority(g_plugin, domain, op, opset, dev.c_str(), nullptr, 0);
+  for (const char* a : anchors) {
+    const int32_t base = g_host->kernel_priority(g_plugin, "", a, onnx_opset, dev.c_str(), nullptr, 0);
+    if (base > fused) {
+      *why = name + "'s kernel on device '" + dev + "' ranks below " + a + "'s (priority " + std::to_string(fused) +
+             " < " + std::to_string(base) + ")";
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string unfused_note(const std::string& why, int64_t patterns) {
+  return why + ": left " + std::to_string(patterns) + " pattern(s) unfused";
 }
 
 // Removes `nodes`, adds the replacement, then drops initializers the removed nodes read that nobody reads any more.
@@ -232,12 +265,14 @@ std::optional<GeluMatch> match_gelu(const GraphView& gv, keel_node_id_t erf) {
   return m;
 }
 
-keel_status_t fuse_gelu(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t*,
+keel_status_t fuse_gelu(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t* o,
                         const char* device, keel_pass_report_t* r) {
   return run_pass(g_host, [&] {
     GraphView gv(g, api);
     Report report(r);
-    const bool ok = has_kernel("keel", "Gelu", kKeelOpset, device);
+    const bool any = any_kernel_option(o);
+    std::string why;
+    const bool ok = fusion_pays("keel", "Gelu", kKeelOpset, {"Erf"}, gv.opset(""), device, any, &why);
     int64_t fused = 0, found = 0, bytes = 0;
     for (keel_node_id_t n : gv.nodes()) {
       if (!gv.exists(n) || !gv.is(n, "Erf")) continue;
@@ -250,7 +285,7 @@ keel_status_t fuse_gelu(void*, keel_graph_t* g, const keel_graph_api_t* api, con
     }
     report.count("ops_fused", fused);
     if (bytes) report.count("bytes_saved", bytes);
-    if (found && !ok) report.note(no_kernel_note("keel.Gelu", device, found));
+    if (found && !ok) report.note(unfused_note(why, found));
   });
 }
 
@@ -352,15 +387,20 @@ std::optional<LnMatch> match_layer_norm(const GraphView& gv, keel_node_id_t rm1)
   return m;
 }
 
-keel_status_t fuse_layer_norm(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t*,
+keel_status_t fuse_layer_norm(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t* o,
                               const char* device, keel_pass_report_t* r) {
   return run_pass(g_host, [&] {
     GraphView gv(g, api);
     Report report(r);
+    const bool any = any_kernel_option(o);
     const int32_t onnx_opset = gv.opset("");
     std::string dom, op = "LayerNormalization";
-    if (onnx_opset >= 17 && has_kernel("", "LayerNormalization", onnx_opset, device)) dom = "";
-    else if (has_kernel("keel", "LayerNormalization", kKeelOpset, device)) dom = "keel";
+    std::string why;
+    if (onnx_opset >= 17 &&
+        fusion_pays("", "LayerNormalization", onnx_opset, {"ReduceMean"}, onnx_opset, device, any, &why))
+      dom = "";
+    else if (fusion_pays("keel", "LayerNormalization", kKeelOpset, {"ReduceMean"}, onnx_opset, device, any, &why))
+      dom = "keel";
     else dom = "-";
     int64_t fused = 0, found = 0, bytes = 0;
     for (keel_node_id_t n : gv.nodes()) {
@@ -388,7 +428,7 @@ keel_status_t fuse_layer_norm(void*, keel_graph_t* g, const keel_graph_api_t* ap
     }
     report.count("ops_fused", fused);
     if (bytes) report.count("bytes_saved", bytes);
-    if (found && dom == "-") report.note(no_kernel_note("LayerNormalization", device, found));
+    if (found && dom == "-") report.note(unfused_note(why, found));
     if (fused && dom == "keel")
       report.note("the graph imports ai.onnx opset " + std::to_string(onnx_opset) +
                   " (< 17): produced keel.LayerNormalization");
@@ -463,12 +503,14 @@ std::optional<AttnMatch> match_attention(const GraphView& gv, keel_node_id_t sof
   return m;
 }
 
-keel_status_t fuse_attention(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t*,
+keel_status_t fuse_attention(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t* o,
                              const char* device, keel_pass_report_t* r) {
   return run_pass(g_host, [&] {
     GraphView gv(g, api);
     Report report(r);
-    const bool ok = has_kernel("keel", "Attention", kKeelOpset, device);
+    const bool any = any_kernel_option(o);
+    std::string why;
+    const bool ok = fusion_pays("keel", "Attention", kKeelOpset, {"MatMul", "Softmax"}, gv.opset(""), device, any, &why);
     const int32_t opset = gv.opset("");
     int64_t fused = 0, found = 0;
     for (keel_node_id_t n : gv.nodes()) {
@@ -484,7 +526,7 @@ keel_status_t fuse_attention(void*, keel_graph_t* g, const keel_graph_api_t* api
       ++fused;
     }
     report.count("ops_fused", fused);
-    if (found && !ok) report.note(no_kernel_note("keel.Attention", device, found));
+    if (found && !ok) report.note(unfused_note(why, found));
   });
 }
 
@@ -584,13 +626,15 @@ void add_activation_attrs(Attrs& attrs, const Epilogue& e) {
 
 // ------------------------------------------------------------------------------------------------ fuse_conv_activation
 
-keel_status_t fuse_conv_activation(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t*,
+keel_status_t fuse_conv_activation(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t* o,
                                    const char* device, keel_pass_report_t* r) {
   return run_pass(g_host, [&] {
     GraphView gv(g, api);
     Report report(r);
-    const bool ok = has_kernel("keel", "FusedConv", kKeelOpset, device);
+    const bool any = any_kernel_option(o);
     const int32_t opset = gv.opset("");
+    std::string why;
+    const bool ok = fusion_pays("keel", "FusedConv", kKeelOpset, {"Conv"}, opset, device, any, &why);
     int64_t fused = 0, found = 0, merged = 0, bytes = 0;
     for (keel_node_id_t conv : gv.nodes()) {
       if (!gv.exists(conv) || !gv.is(conv, "Conv")) continue;
@@ -638,20 +682,22 @@ keel_status_t fuse_conv_activation(void*, keel_graph_t* g, const keel_graph_api_
     report.count("ops_fused", fused);
     report.count("nodes_merged", merged);
     if (bytes) report.count("bytes_saved", bytes);
-    if (found && !ok) report.note(no_kernel_note("keel.FusedConv", device, found));
+    if (found && !ok) report.note(unfused_note(why, found));
   });
 }
 
 // ------------------------------------------------------------------------------------------------ fuse_matmul_activation
 
-keel_status_t fuse_matmul_activation(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t*,
+keel_status_t fuse_matmul_activation(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t* o,
                                      const char* device, keel_pass_report_t* r) {
   return run_pass(g_host, [&] {
     GraphView gv(g, api);
     Report report(r);
-    const bool mm_ok = has_kernel("keel", "FusedMatMul", kKeelOpset, device);
-    const bool gemm_ok = has_kernel("keel", "FusedGemm", kKeelOpset, device);
+    const bool any = any_kernel_option(o);
     const int32_t opset = gv.opset("");
+    std::string mm_why, gemm_why;
+    const bool mm_ok = fusion_pays("keel", "FusedMatMul", kKeelOpset, {"MatMul"}, opset, device, any, &mm_why);
+    const bool gemm_ok = fusion_pays("keel", "FusedGemm", kKeelOpset, {"Gemm"}, opset, device, any, &gemm_why);
     int64_t fused = 0, mm_found = 0, gemm_found = 0, merged = 0, bytes = 0;
     for (keel_node_id_t n : gv.nodes()) {
       if (!gv.exists(n)) continue;
@@ -706,8 +752,8 @@ keel_status_t fuse_matmul_activation(void*, keel_graph_t* g, const keel_graph_ap
     report.count("ops_fused", fused);
     report.count("nodes_merged", merged);
     if (bytes) report.count("bytes_saved", bytes);
-    if (mm_found && !mm_ok) report.note(no_kernel_note("keel.FusedMatMul", device, mm_found));
-    if (gemm_found && !gemm_ok) report.note(no_kernel_note("keel.FusedGemm", device, gemm_found));
+    if (mm_found && !mm_ok) report.note(unfused_note(mm_why, mm_found));
+    if (gemm_found && !gemm_ok) report.note(unfused_note(gemm_why, gemm_found));
   });
 }
 

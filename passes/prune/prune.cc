@@ -15,7 +15,12 @@
 //                group's producer Convs) is removed from every producer (weight rows, bias), every
 //                BatchNormalization, and every reader (Conv input channels, Gemm/MatMul input features after
 //                Flatten). A group is skipped with a "skipped: <reason>" note when it reaches a graph input or output,
-//                a constant, a broadcasting Add, Concat/Mul/Sub/unknown ops, or a weight shared elsewhere.
+//                a constant, a broadcasting Add, Mul/Sub of two computed values, unknown ops, or a weight shared
+//                elsewhere. Mul/Add/Sub/Div with a constant that is a scalar or one value per channel pass the
+//                group through (the constant shrinks with it). A group value that is an input of a Concat (axis 1)
+//                keeps its place there: the readers behind the Concat (Conv/Gemm/MatMul, through channel-wise ops,
+//                Flatten of a 1x1 map and BatchNormalization, which shrink at the same offset) lose the removed
+//                channels at the group's offset in the Concat (SqueezeNet's fire modules, DenseNet-style joins).
 //                coupled = false: the older per-chain mode — a Conv whose output reaches exactly one following Conv
 //                through single-use channel-wise ops is pruned alone; chains that reach a residual
 //                Add/Sum/Concat are left alone with a "skipped: residual-coupled" note.
@@ -217,6 +222,17 @@ struct ChannelGroup {
   std::vector<keel_node_id_t> norms;            // BatchNormalization on a group value: parameters 1..4 shrink
   std::vector<keel_node_id_t> depthwise;        // depthwise Convs inside the group: weight axis 0, bias, `group`
   std::vector<std::pair<keel_node_id_t, int>> readers;  // (node, weight axis) for input input channels / features
+  // Per-channel constant operands of Mul/Add/Sub/Div on a group value ([C,1,..] or [1,C,1,..]): (node, input).
+  std::vector<std::pair<keel_node_id_t, size_t>> constants;
+  // Readers behind a Concat (axis 1) the group's values feed: the group's channels sit at an offset of the Concat's
+  // output (input `input` of `concat`), found when pruning from the current shapes of the Concat's inputs.
+  struct OffsetReader {
+    keel_node_id_t node;
+    int axis;  // weight axis (Conv: 1; Gemm/MatMul: 0 or 1), or -1 for a BatchNormalization (parameters 1..4)
+    keel_node_id_t concat;
+    size_t input;
+  };
+  std::vector<OffsetReader> offset_readers;
   int64_t channels = -1;
   bool residual = false;
   std::string why;  // non-empty: the group cannot be pruned
@@ -288,11 +304,107 @@ class GroupBuilder {
       if (t->dims[static_cast<size_t>(d)] != 1) return false;
     return true;
   }
+  // Mul/Add/Sub/Div of a group value and a constant that is a scalar or one value per channel ([C,1,..] over the
+  // spatial axes, or [1,C,1,..]): the index of the constant operand, or -1.
+  int constant_operand(keel_node_id_t n) {
+    const std::string op = gv_.op(n);
+    if (op != "Mul" && op != "Add" && op != "Sub" && op != "Div") return -1;
+    auto ins = gv_.inputs(n);
+    if (ins.size() != 2) return -1;
+    const bool c0 = gv_.is_initializer(ins[0]), c1 = gv_.is_initializer(ins[1]);
+    if (c0 == c1) return -1;
+    return c0 ? 0 : 1;
+  }
+  bool per_channel_constant(keel_node_id_t n, int k, const std::string& x) {
+    const std::string c = gv_.input(n, static_cast<size_t>(k));
+    const keel_tensor_t* t = gv_.initializer(c);
+    auto xt = gv_.value_type(x);
+    if (!t || t->dtype != KEEL_DTYPE_F32 || !xt || xt->ndim < 2) return false;
+    std::vector<int64_t> d = GraphView::dims_of(t);
+    if (GraphView::numel_of(t) == 1) return static_cast<int32_t>(d.size()) <= xt->ndim;
+    // Right-aligned against x: the channel axis (1) must hold C and every other axis 1.
+    if (static_cast<int32_t>(d.size()) > xt->ndim || static_cast<int32_t>(d.size()) < xt->ndim - 1) return false;
+    const size_t ch = d.size() - static_cast<size_t>(xt->ndim - 1);  // index of x's axis 1 in d
+    for (size_t i = 0; i < d.size(); ++i)
+      if (i != ch && d[i] != 1) return false;
+    if (g_.channels >= 0 && d[ch] != g_.channels) return false;
+    if (gv_.use_count(c) != 1) return false;  // shrunk in place: must be private
+    g_.constants.emplace_back(n, static_cast<size_t>(k));
+    return true;
+  }
+  // The Concat (axis 1) output a group value feeds at input `j`: its readers take the group's channels at an offset.
+  // Followed through channel-wise ops (and Flatten of a 1x1 map) to Conv (group 1) / Gemm / MatMul readers and
+  // BatchNormalizations; anything else (Add, another Concat, a graph output, depthwise Convs) stops the group.
+  void behind_concat(keel_node_id_t concat, size_t j) {
+    auto out_t = gv_.value_type(gv_.output(concat, 0));
+    if (!out_t || out_t->ndim < 2) return fail("Concat " + gv_.name(concat) + " has an unknown shape");
+    int64_t axis = gv_.attr_int(concat, "axis").value_or(0);
+    if (axis < 0) axis += out_t->ndim;
+    if (axis != 1) return fail("Concat " + gv_.name(concat) + " joins along axis " + std::to_string(axis) + ", not channels");
+    auto ins = gv_.inputs(concat);
+    if (std::count(ins.begin(), ins.end(), ins[j]) != 1) return fail("Concat " + gv_.name(concat) + " reads a value twice");
+    if (!concats_.insert(concat).second) return fail("the group feeds Concat " + gv_.name(concat) + " at two inputs");
+    for (const std::string& in : ins) {
+      auto t = gv_.value_type(in);
+      if (!t || t->ndim != out_t->ndim || t->dims[1] < 0) return fail("Concat " + gv_.name(concat) + " input shapes unknown");
+    }
+    std::vector<std::string> work = {gv_.output(concat, 0)};
+    std::set<std::string> seen;
+    while (!work.empty() && g_.why.empty()) {
+      std::string u = work.back();
+      work.pop_back();
+      if (!seen.insert(u).second) continue;
+      if (gv_.is_graph_output(u)) return fail("Concat " + gv_.name(concat) + " reaches graph output " + u);
+      for (keel_node_id_t c : gv_.consumers(u)) {
+        const std::string op = gv_.op(c);
+        if (!gv_.domain(c).empty()) return fail("reaches " + op + " (custom domain) behind a Concat");
+        auto cin = gv_.inputs(c);
+        if (cin.empty() || cin[0] != u || std::count(cin.begin(), cin.end(), u) != 1)
+          return fail(op + " " + gv_.name(c) + " reads the Concat's channels at another input");
+        if (op == "Conv") {
+          std::string w = gv_.input(c, 1);
+          if (group_of(gv_, c) != 1 || !private_f32(gv_, w) || gv_.initializer(w)->ndim < 3)
+            return fail("Conv " + gv_.name(c) + " behind a Concat is grouped or has no private f32 weight");
+          g_.offset_readers.push_back({c, 1, concat, j});
+        } else if (op == "Gemm" || op == "MatMul") {
+          std::string w = gv_.input(c, 1);
+          auto t = gv_.value_type(u);
+          if (!private_f32(gv_, w) || gv_.initializer(w)->ndim != 2 || !t || t->ndim != 2 ||
+              (op == "Gemm" && gv_.attr_int(c, "transA").value_or(0)))
+            return fail(op + " " + gv_.name(c) + " behind a Concat has no private 2-D f32 weight on [N, C]");
+          g_.offset_readers.push_back({c, op == "Gemm" && gv_.attr_int(c, "transB").value_or(0) ? 1 : 0, concat, j});
+        } else if (op == "Flatten") {
+          if (gv_.attr_int(c, "axis").value_or(1) != 1 || !spatial_is_one(u))
+            return fail("Flatten " + gv_.name(c) + " mixes channels with spatial positions");
+          work.push_back(gv_.output(c, 0));
+        } else if (channelwise(op) && !depthwise_conv(gv_, c)) {
+          if (!extra_outputs_unused(c)) return fail(op + " " + gv_.name(c) + " has a second output in use");
+          if (op == "BatchNormalization") {
+            for (size_t i = 1; i < 5; ++i)
+              if (!private_f32(gv_, gv_.input(c, i)))
+                return fail("BatchNormalization " + gv_.name(c) + " parameters are not private constants");
+            g_.offset_readers.push_back({c, -1, concat, j});
+          }
+          work.push_back(gv_.output(c, 0));
+        } else {
+          return fail("Concat " + gv_.name(concat) + " output reaches " + op);
+        }
+      }
+    }
+  }
   // Node n passes the group's channels from input 0 (which must be `from`, when given) to output 0.
   void pass_through(keel_node_id_t n) {
     if (!g_.passed.insert(n).second) return;
     const std::string op = gv_.op(n);
     if (!gv_.domain(n).empty()) return fail("reaches " + op + " (custom domain)");
+    if (int k = constant_operand(n); k >= 0) {
+      const std::string x = gv_.input(n, static_cast<size_t>(1 - k));
+      if (!per_channel_constant(n, k, x))
+        return fail(op + " " + gv_.name(n) + " has a constant that is neither a scalar nor one value per channel");
+      add_value(x);
+      add_value(gv_.output(n, 0));
+      return;
+    }
     if (op == "Add" || op == "Sum") {
       auto out_t = gv_.value_type(gv_.output(n, 0));
       for (const std::string& in : gv_.inputs(n)) {
@@ -342,11 +454,18 @@ class GroupBuilder {
     for (keel_node_id_t c : gv_.consumers(v)) {
       const std::string op = gv_.op(c);
       if (!gv_.domain(c).empty()) return fail("reaches " + op + " (custom domain)");
-      if (op == "Add" || op == "Sum") {
+      if (op == "Add" || op == "Sum" || constant_operand(c) >= 0) {
         pass_through(c);
+        if (!g_.why.empty()) return;
         continue;
       }
       auto ins = gv_.inputs(c);
+      if (op == "Concat") {
+        for (size_t j = 0; j < ins.size(); ++j)
+          if (ins[j] == v) behind_concat(c, j);
+        if (!g_.why.empty()) return;
+        continue;
+      }
       for (size_t i = 1; i < ins.size(); ++i)
         if (ins[i] == v) return fail(v + " is operand " + std::to_string(i) + " of " + op + " " + gv_.name(c));
       if (op == "Conv" && depthwise_conv(gv_, c)) {
@@ -378,6 +497,7 @@ class GroupBuilder {
   GraphView& gv_;
   ChannelGroup& g_;
   std::vector<std::string> work_;
+  std::set<keel_node_id_t> concats_;
 };
 
 void prune_coupled(GraphView& gv, double ratio, Report& report) {
@@ -394,7 +514,7 @@ void prune_coupled(GraphView& gv, double ratio, Report& report) {
     std::string names;
     for (keel_node_id_t p : g.producers) names += (names.empty() ? "" : ", ") + gv.name(p);
     if (names.empty()) names = gv.name(c1);
-    if (g.why.empty() && g.readers.empty()) g.why = "nothing reads the channels";
+    if (g.why.empty() && g.readers.empty() && g.offset_readers.empty()) g.why = "nothing reads the channels";
     if (g.why.empty() && g.channels < 1) g.why = "channel count unknown";
     if (!g.why.empty()) {
       report.note("skipped: " + g.why + " (" + names + ")");
@@ -428,13 +548,46 @@ void prune_coupled(GraphView& gv, double ratio, Report& report) {
       gv.set_attr(n, "group", AttrValue::of_int(static_cast<int64_t>(keep.size())));
     }
     for (auto [n, axis] : g.readers) params += shrink_input(gv, n, 1, axis, keep);
+    for (auto [n, i] : g.constants) {
+      const keel_tensor_t* t = gv.initializer(gv.input(n, i));
+      if (GraphView::numel_of(t) == 1) continue;
+      const std::vector<int64_t> d = GraphView::dims_of(t);
+      int axis = 0;
+      while (d[static_cast<size_t>(axis)] == 1) ++axis;
+      params += shrink_input(gv, n, i, axis, keep);
+    }
+    if (!g.offset_readers.empty()) {
+      // The group's channels inside each Concat: its inputs' current channel counts give the offset.
+      std::set<keel_node_id_t> done;
+      for (const auto& r : g.offset_readers) {
+        int64_t off = 0, total = 0;
+        auto ins = gv.inputs(r.concat);
+        for (size_t i = 0; i < ins.size(); ++i) {
+          const int64_t c = gv.value_type(ins[i])->dims[1];
+          if (i < r.input) off += c;
+          total += c;
+        }
+        std::vector<int64_t> kept;
+        for (int64_t i = 0; i < off; ++i) kept.push_back(i);
+        for (int64_t c : keep) kept.push_back(off + c);
+        for (int64_t i = off + C; i < total; ++i) kept.push_back(i);
+        if (r.axis >= 0) {
+          params += shrink_input(gv, r.node, 1, r.axis, kept);
+        } else if (done.insert(r.node).second) {
+          for (size_t i = 1; i < 5; ++i) params += shrink_input(gv, r.node, i, 0, kept);
+        }
+      }
+    }
+    // Later groups feeding the same Concat compute their offsets from the shapes as they are now.
+    if (!g.offset_readers.empty()) gv.infer_shapes();
     removed_channels += k;
     convs += static_cast<int64_t>(g.producers.size());
     ++groups;
     residual_groups += g.residual;
+    const size_t nreaders = g.readers.size() + g.offset_readers.size();
     report.note("pruned " + std::to_string(k) + " of " + std::to_string(C) + " channels of " +
-                (g.residual ? "residual-coupled group {" : "{") + names + "} (" + std::to_string(g.readers.size()) +
-                (g.readers.size() == 1 ? " reader)" : " readers)"));
+                (g.residual ? "residual-coupled group {" : "{") + names + "} (" + std::to_string(nreaders) +
+                (nreaders == 1 ? " reader" : " readers") + (g.offset_readers.empty() ? ")" : ", behind a Concat)"));
   }
   if (groups) gv.infer_shapes();
   report.count("channels_removed", removed_channels);

@@ -326,6 +326,95 @@ TEST(Prune, DepthwiseConvPassesTheGroupThrough) {
     EXPECT_NEAR(after[0].data<float>()[i], before[0].data<float>()[i], 1e-4f) << i;
 }
 
+TEST(Prune, ConcatReadersLoseTheGroupsChannelsAtTheirOffset) {
+  // A SqueezeNet fire module: x -> Conv s(6, 1x1) -> Relu -> {Conv e1(4, 1x1), Conv e3(6, 3x3)} -> Relu each ->
+  // Concat(axis 1, 10 channels) -> MaxPool -> Conv y(3, 1x1). Three groups: s (read by e1 and e3), e1 and e3 (each
+  // read by y at its offset in the Concat: 0 and 4). Zero channels everywhere pruning removes: the output stays.
+  GraphBuilder b("fire", 13);
+  auto x = b.input("x", DType::kF32, {1, 3, 8, 8});
+  auto zero_rows = [](std::vector<float> w, std::vector<float>& bias, int64_t per, std::vector<int64_t> rows) {
+    for (int64_t c : rows) {
+      for (int64_t i = 0; i < per; ++i) w[static_cast<size_t>(c * per + i)] = 0.f;
+      bias[static_cast<size_t>(c)] = 0.f;
+    }
+    return w;
+  };
+  auto bs = randv(6, 41, 0.1f), b1 = randv(4, 42, 0.1f), b3 = randv(6, 43, 0.1f);
+  auto ws = zero_rows(randv(18, 44, 0.3f), bs, 3, {1, 2, 4});
+  auto w1 = zero_rows(randv(24, 45, 0.3f), b1, 6, {0, 3});
+  auto w3 = zero_rows(randv(6 * 6 * 9, 46, 0.3f), b3, 54, {1, 2, 5});
+  auto s = b.op1("Relu", {b.op1("Conv", {x, b.constant("ws", Tensor::f32({6, 3, 1, 1}, ws)), b.constant("bs", Tensor::f32({6}, bs))})});
+  auto e1 = b.op1("Relu", {b.op1("Conv", {s, b.constant("w1", Tensor::f32({4, 6, 1, 1}, w1)), b.constant("b1", Tensor::f32({4}, b1))})});
+  auto e3 = b.op1("Relu", {b.op1("Conv", {s, b.constant("w3", Tensor::f32({6, 6, 3, 3}, w3)), b.constant("b3", Tensor::f32({6}, b3))},
+                                 {{"pads", Attribute::of_ints({1, 1, 1, 1})}})});
+  auto cat = b.op1("Concat", {e1, e3}, {{"axis", Attribute::of_int(1)}});
+  auto p = b.op1("MaxPool", {cat}, {{"kernel_shape", Attribute::of_ints({2, 2})}, {"strides", Attribute::of_ints({2, 2})}});
+  auto wy = randv(30, 47, 0.3f);
+  b.output(b.op1("Conv", {p, b.constant("wy", Tensor::f32({3, 10, 1, 1}, wy))}));
+  Graph g = b.take();
+  Feeds feeds = {{"x", Tensor::f32({1, 3, 8, 8}, randv(192, 48))}};
+  auto before = run(g, feeds);
+  const int64_t p0 = param_count(g);
+  Options o;
+  o.values["ratio"] = 0.5;
+  o.values["mode"] = std::string("channel");
+  auto r = run_pass(g, "prune", o);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].counters["groups_pruned"], 3);
+  EXPECT_EQ(r[0].counters["channels_removed"], 3 + 2 + 3);
+  EXPECT_EQ(r[0].counters["params_removed"], p0 - param_count(g));
+  EXPECT_EQ(weight_of(g, "Conv", 1, 0).shape(), (Shape{3, 3, 1, 1}));
+  EXPECT_EQ(weight_of(g, "Conv", 1, 1).shape(), (Shape{2, 3, 1, 1}));
+  EXPECT_EQ(weight_of(g, "Conv", 1, 2).shape(), (Shape{3, 3, 3, 3}));
+  EXPECT_EQ(weight_of(g, "Conv", 1, 3).shape(), (Shape{3, 5, 1, 1}));
+  // y's kept input channels: e1's 1, 2 (offset 0) and e3's 0, 3, 4 (offset 4): old columns 1, 2, 4, 7, 8.
+  const float* ny = weight_of(g, "Conv", 1, 3).data<float>();
+  const int64_t cols[] = {1, 2, 4, 7, 8};
+  for (int64_t o2 = 0; o2 < 3; ++o2)
+    for (int64_t i = 0; i < 5; ++i) EXPECT_EQ(ny[o2 * 5 + i], wy[static_cast<size_t>(o2 * 10 + cols[i])]) << o2 << "," << i;
+  auto after = run(g, feeds);
+  ASSERT_EQ(after.size(), 1u);
+  ASSERT_EQ(after[0].shape(), before[0].shape());
+  for (int64_t i = 0; i < after[0].numel(); ++i)
+    EXPECT_NEAR(after[0].data<float>()[i], before[0].data<float>()[i], 1e-4f) << i;
+}
+
+TEST(Prune, PerChannelConstantsShrinkWithTheGroup) {
+  // x -> Conv(8) -> Mul(k [8,1,1]) -> Sub(m [1,8,1,1]) -> Add(scalar) -> Relu -> Conv(4) -> y: the constants pass the
+  // group through and lose the pruned channels. A Mul of two computed values stops a group (the second Conv's).
+  GraphBuilder b("affine", 13);
+  auto x = b.input("x", DType::kF32, {1, 3, 8, 8});
+  auto w1 = randv(24, 51, 0.3f), b1 = randv(8, 52, 0.1f), k = randv(8, 53, 1.f), m = randv(8, 54, 0.1f);
+  for (int64_t c : {1, 2, 6, 7}) {
+    for (int64_t i = 0; i < 3; ++i) w1[static_cast<size_t>(c * 3 + i)] = 0.f;
+    b1[static_cast<size_t>(c)] = m[static_cast<size_t>(c)] = 0.f;
+  }
+  auto h = b.op1("Conv", {x, b.constant("w1", Tensor::f32({8, 3, 1, 1}, w1)), b.constant("b1", Tensor::f32({8}, b1))});
+  h = b.op1("Mul", {h, b.constant("k", Tensor::f32({8, 1, 1}, k))});
+  h = b.op1("Sub", {h, b.constant("m", Tensor::f32({1, 8, 1, 1}, m))});
+  h = b.op1("Relu", {b.op1("Add", {b.constant("c", Tensor::f32({}, {0.f})), h})});
+  auto y = b.op1("Conv", {h, b.constant("w2", Tensor::f32({4, 8, 1, 1}, randv(32, 55, 0.3f)))});
+  b.output(b.op1("Mul", {y, y}));
+  Graph g = b.take();
+  Feeds feeds = {{"x", Tensor::f32({1, 3, 8, 8}, randv(192, 56))}};
+  auto before = run(g, feeds);
+  Options o;
+  o.values["ratio"] = 0.5;
+  o.values["mode"] = std::string("channel");
+  auto r = run_pass(g, "prune", o);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].counters["groups_pruned"], 1);
+  EXPECT_EQ(r[0].counters["channels_removed"], 4);
+  EXPECT_EQ(weight_of(g, "Mul", 1).shape(), (Shape{4, 1, 1}));
+  EXPECT_EQ(weight_of(g, "Sub", 1).shape(), (Shape{1, 4, 1, 1}));
+  EXPECT_EQ(weight_of(g, "Conv", 1, 1).shape(), (Shape{4, 4, 1, 1}));
+  EXPECT_EQ(weight_of(g, "Mul", 1).data<float>()[1], k[3]);  // kept channels 0, 3, 4, 5
+  auto after = run(g, feeds);
+  ASSERT_EQ(after.size(), 1u);
+  for (int64_t i = 0; i < after[0].numel(); ++i)
+    EXPECT_NEAR(after[0].data<float>()[i], before[0].data<float>()[i], 1e-4f) << i;
+}
+
 TEST(QuantizeInt8, QdqModelIsCloseToFp32) {
   Graph g = conv_relu_conv(8);
   ASSERT_TRUE(infer_shapes(g).is_ok());

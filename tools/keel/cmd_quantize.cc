@@ -18,7 +18,7 @@ struct QuantizeArgs {
   std::string model, output, calib;
   QuantizeOptions opts;
   std::vector<std::string> exclude;
-  bool per_tensor = false, quiet = false;
+  bool per_tensor = false, quiet = false, no_bias_correction = false;
 };
 
 int quantize(QuantizeArgs& a, Globals& g) {
@@ -29,6 +29,7 @@ int quantize(QuantizeArgs& a, Globals& g) {
       if (!item.empty()) a.opts.exclude.push_back(item);
   }
   a.opts.per_channel = !a.per_tensor;
+  a.opts.bias_correction = !a.no_bias_correction;
   a.opts.progress = !a.quiet;
   auto env = make_environment(g);
   if (!env) return 1;
@@ -118,6 +119,8 @@ void add_quantize_command(CLI::App& app, Globals& g) {
   cmd->add_option("--activations", a->opts.activation_type, "Activation type: u8 (asymmetric) or s8 (symmetric)")
       ->check(CLI::IsMember({"u8", "s8"}));
   cmd->add_flag("--per-tensor", a->per_tensor, "Weights per tensor instead of per output channel");
+  cmd->add_flag("--no-bias-correction", a->no_bias_correction,
+                "Keep the biases as they are (default: subtract each layer's weight-rounding shift dW.E[x])");
   cmd->add_option("--device", a->opts.device, "Device for the calibration and evaluation sessions (cpu)");
   cmd->add_flag("--quiet,-q", a->quiet, "No progress bar");
   cmd->callback([a, &g] {

@@ -188,7 +188,207 @@ namespace {
 struct Layer {
   std::string node, op_type, input, output;
   bool user_excluded = false;
+  bool trans_a = false;  // Gemm's transA
 };
+
+// The axis of an activation that a layer's weight contracts over channel by channel: Conv's input channels (axis 1),
+// the last axis of MatMul's A, axis 1 of Gemm's A (transA = 0). -1 when the layer reads it otherwise (Gemm transA).
+int64_t channel_axis(const std::string& op_type, bool trans_a, int64_t rank) {
+  if (rank < 2) return -1;
+  if (op_type == "Conv") return 1;
+  if (op_type == "MatMul") return rank - 1;
+  if (op_type == "Gemm") return !trans_a && rank == 2 ? 1 : -1;
+  return -1;
+}
+
+// Per-channel means of activations along one axis, accumulated over calibration batches.
+struct ChannelMean {
+  int64_t axis = -1;
+  std::vector<double> sum;
+  double count = 0;  // elements per channel seen
+  bool ok = true;
+  void add(const Tensor& t) {
+    if (!ok || axis < 0 || axis >= t.rank()) {
+      ok = false;
+      return;
+    }
+    const int64_t c = t.shape()[static_cast<size_t>(axis)];
+    int64_t inner = 1;
+    for (int64_t d = axis + 1; d < t.rank(); ++d) inner *= t.shape()[static_cast<size_t>(d)];
+    const int64_t outer = c * inner == 0 ? 0 : t.numel() / (c * inner);
+    if (sum.empty()) sum.assign(static_cast<size_t>(c), 0.0);
+    if (static_cast<int64_t>(sum.size()) != c) {
+      ok = false;
+      return;
+    }
+    const float* p = t.data<float>();
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t ch = 0; ch < c; ++ch) {
+        const float* q = p + (o * c + ch) * inner;
+        double acc = 0;
+        for (int64_t i = 0; i < inner; ++i)
+          if (std::isfinite(q[i])) acc += q[i];
+        sum[static_cast<size_t>(ch)] += acc;
+      }
+    count += static_cast<double>(outer * inner);
+  }
+  std::vector<double> mean() const {
+    std::vector<double> m(sum.size(), 0.0);
+    if (count > 0)
+      for (size_t i = 0; i < m.size(); ++i) m[i] = sum[i] / count;
+    return m;
+  }
+};
+
+// Dequantized values of a DequantizeLinear(q s8, scale, [zero points]) on a constant, per tensor or along `axis`.
+std::optional<std::vector<float>> dequantized_weight(const Graph& g, const Node& dq) {
+  if (dq.inputs.size() < 2) return std::nullopt;
+  auto q = g.initializers.find(dq.inputs[0]);
+  auto sc = g.initializers.find(dq.inputs[1]);
+  if (q == g.initializers.end() || sc == g.initializers.end() || q->second.dtype() != DType::kI8 ||
+      sc->second.dtype() != DType::kF32)
+    return std::nullopt;
+  const Tensor& qt = q->second;
+  const Tensor& st = sc->second;
+  std::vector<int64_t> zp(static_cast<size_t>(st.numel()), 0);
+  if (dq.inputs.size() > 2 && !dq.inputs[2].empty()) {
+    auto z = g.initializers.find(dq.inputs[2]);
+    if (z == g.initializers.end() || z->second.dtype() != DType::kI8 || z->second.numel() != st.numel())
+      return std::nullopt;
+    for (size_t i = 0; i < zp.size(); ++i) zp[i] = z->second.data<int8_t>()[i];
+  }
+  int64_t axis = dq.attr_int("axis", 1), len = 1, inner = 1;
+  if (st.numel() != 1) {
+    if (axis < 0) axis += qt.rank();
+    if (axis < 0 || axis >= qt.rank() || qt.shape()[static_cast<size_t>(axis)] != st.numel()) return std::nullopt;
+    len = st.numel();
+    for (int64_t d = axis + 1; d < qt.rank(); ++d) inner *= qt.shape()[static_cast<size_t>(d)];
+  }
+  std::vector<float> w(static_cast<size_t>(qt.numel()));
+  const int8_t* qp = qt.data<int8_t>();
+  const float* sp = st.data<float>();
+  for (size_t i = 0; i < w.size(); ++i) {
+    const size_t c = static_cast<size_t>((static_cast<int64_t>(i) / inner) % len);
+    w[i] = static_cast<float>((static_cast<int64_t>(qp[i]) - zp[c]) * static_cast<double>(sp[c]));
+  }
+  return w;
+}
+
+// Bias correction (Nagel et al., "Data-Free Quantization", section 4.2, with the input means measured on the
+// calibration batches): rounding the weights shifts each output channel's mean by dW . E[x], the same at every
+// position, and such shifts add up through a deep network. For each quantized Conv/Gemm/MatMul it subtracts
+// dW . E[x] from the layer's f32 bias: Conv's input 2 (added when absent), Gemm's C (1-D over the outputs, beta 1),
+// or the 1-D constant of the Add right after a MatMul. Returns the number of layers corrected; `notes` gets the ones
+// it could not correct and why.
+size_t correct_biases(Graph& q, const Graph& fp32, const std::vector<Layer>& layers, const std::set<std::string>& keep,
+                      const std::map<std::string, ChannelMean>& means, std::vector<std::string>* notes) {
+  std::map<std::string, NodeId> by_name;
+  for (NodeId id : q.node_ids()) by_name[q.node(id)->name] = id;
+  std::map<std::string, NodeId> fp_by_name;
+  for (NodeId id : fp32.node_ids()) fp_by_name[fp32.node(id)->name] = id;
+  size_t corrected = 0;
+  for (const Layer& l : layers) {
+    if (keep.count(l.node)) continue;
+    auto skip = [&](const std::string& why) { notes->push_back("bias correction skipped for " + l.node + ": " + why); };
+    auto m = means.find(l.input);
+    auto qi = by_name.find(l.node);
+    auto fi = fp_by_name.find(l.node);
+    if (m == means.end() || !m->second.ok || m->second.count <= 0 || qi == by_name.end() || fi == fp_by_name.end())
+      continue;  // not quantized (no range) or no statistics: nothing to correct
+    Node* n = q.node(qi->second);
+    const Node* fn = fp32.node(fi->second);
+    if (n->inputs.size() < 2 || fn->inputs.size() < 2) continue;
+    auto dq = q.producer(n->inputs[1]);
+    auto w = fp32.initializers.find(fn->inputs[1]);
+    if (!dq || q.node(*dq)->op_type != "DequantizeLinear" || w == fp32.initializers.end()) continue;
+    auto wq = dequantized_weight(q, *q.node(*dq));
+    const Tensor& wt = w->second;
+    if (!wq || static_cast<int64_t>(wq->size()) != wt.numel()) continue;
+    const std::vector<double> mu = m->second.mean();
+    const float* wf = wt.data<float>();
+    const Shape& wd = wt.shape();
+    std::vector<double> shift;
+    if (n->op_type == "Conv") {
+      if (wd.size() < 3) continue;
+      const int64_t out = wd[0], cin_g = wd[1], groups = n->attr_int("group", 1);
+      int64_t k = 1;
+      for (size_t d = 2; d < wd.size(); ++d) k *= wd[d];
+      if (groups <= 0 || out % groups != 0 || static_cast<int64_t>(mu.size()) != cin_g * groups) {
+        skip("channel counts do not match");
+        continue;
+      }
+      shift.assign(static_cast<size_t>(out), 0.0);
+      for (int64_t o = 0; o < out; ++o) {
+        const int64_t g0 = (o / (out / groups)) * cin_g;
+        double acc = 0;
+        for (int64_t i = 0; i < cin_g; ++i)
+          for (int64_t j = 0; j < k; ++j) {
+            const size_t at = static_cast<size_t>((o * cin_g + i) * k + j);
+            acc += (static_cast<double>((*wq)[at]) - wf[at]) * mu[static_cast<size_t>(g0 + i)];
+          }
+        shift[static_cast<size_t>(o)] = acc;
+      }
+    } else {
+      if (wd.size() != 2) continue;
+      const bool trans_b = n->op_type == "Gemm" && n->attr_int("transB", 0) != 0;
+      const int64_t kdim = trans_b ? wd[1] : wd[0], out = trans_b ? wd[0] : wd[1];
+      if (static_cast<int64_t>(mu.size()) != kdim) {
+        skip("feature counts do not match");
+        continue;
+      }
+      shift.assign(static_cast<size_t>(out), 0.0);
+      for (int64_t kk = 0; kk < kdim; ++kk)
+        for (int64_t o = 0; o < out; ++o) {
+          const size_t at = static_cast<size_t>(trans_b ? o * kdim + kk : kk * out + o);
+          shift[static_cast<size_t>(o)] += (static_cast<double>((*wq)[at]) - wf[at]) * mu[static_cast<size_t>(kk)];
+        }
+    }
+    // Where the bias lives.
+    Node* holder = n;
+    size_t slot = 2;
+    if (n->op_type == "Gemm") {
+      if (n->attr_float("alpha", 1.f) != 1.f || n->attr_float("beta", 1.f) != 1.f) {
+        skip("Gemm with alpha/beta != 1");
+        continue;
+      }
+    } else if (n->op_type == "MatMul") {
+      auto cs = q.consumers(n->outputs[0]);
+      if (cs.size() != 1 || q.is_graph_output(n->outputs[0]) || q.node(cs[0])->op_type != "Add" ||
+          q.node(cs[0])->inputs.size() != 2) {
+        skip("no constant bias Add after the MatMul");
+        continue;
+      }
+      holder = q.node(cs[0]);
+      slot = holder->inputs[0] == n->outputs[0] ? 1 : 0;
+    }
+    std::vector<float> bias(shift.size(), 0.f);
+    if (holder->inputs.size() > slot && !holder->inputs[slot].empty()) {
+      auto b = q.initializers.find(holder->inputs[slot]);
+      if (b == q.initializers.end() || b->second.dtype() != DType::kF32 ||
+          b->second.numel() != static_cast<int64_t>(shift.size()) ||
+          (n->op_type == "MatMul" && b->second.rank() != 1)) {
+        skip("the bias is not a 1-D f32 constant over the outputs");
+        continue;
+      }
+      std::copy(b->second.data<float>(), b->second.data<float>() + bias.size(), bias.begin());
+    } else if (n->op_type == "MatMul") {
+      continue;
+    }
+    for (size_t o = 0; o < bias.size(); ++o) bias[o] = static_cast<float>(bias[o] - shift[o]);
+    const std::string name = q.unique_name(l.node + "_bias_corrected");
+    q.initializers[name] = Tensor::f32({static_cast<int64_t>(bias.size())}, bias);
+    q.value_info[name] = ValueInfo(DType::kF32, Shape{static_cast<int64_t>(bias.size())});
+    const std::string old = holder->inputs.size() > slot ? holder->inputs[slot] : "";
+    if (holder->inputs.size() <= slot) holder->inputs.resize(slot + 1);
+    holder->inputs[slot] = name;
+    if (!old.empty() && q.consumers(old).empty() && !q.is_graph_output(old)) {
+      q.initializers.erase(old);
+      q.value_info.erase(old);
+    }
+    ++corrected;
+  }
+  return corrected;
+}
 
 Status run_pipeline(Environment& env, Graph& g, const std::vector<PassSpec>& specs, const std::string& device,
                     std::vector<PassReport>* reports = nullptr) {
@@ -277,7 +477,7 @@ StatusOr<QuantizeResult> quantize_graph(Environment& env, const Graph& fp32, con
       n->name = name;
       node_names.insert(name);
     }
-    Layer l{n->name, n->op_type, x, n->outputs[0], exclude.count(n->name) != 0};
+    Layer l{n->name, n->op_type, x, n->outputs[0], exclude.count(n->name) != 0, n->attr_int("transA", 0) != 0};
     exclude.erase(n->name);
     layers.push_back(l);
   }
@@ -299,6 +499,7 @@ StatusOr<QuantizeResult> quantize_graph(Environment& env, const Graph& fp32, con
   for (const Layer& l : layers)
     if (!l.user_excluded && std::find(acts.begin(), acts.end(), l.input) == acts.end()) acts.push_back(l.input);
   std::map<std::string, std::string> ranges;
+  std::map<std::string, ChannelMean> means;  // per-channel input means, for bias correction
   if (!acts.empty()) {
     Graph cg = prepared;
     const size_t base = cg.outputs.size();
@@ -320,6 +521,19 @@ StatusOr<QuantizeResult> quantize_graph(Environment& env, const Graph& fp32, con
       KEEL_ASSIGN_OR_RETURN(auto out, run_batch(*f), "calibration");
       for (size_t a = 0; a < acts.size(); ++a) {
         const Tensor& t = out[base + a];
+        if (options.bias_correction) {
+          ChannelMean& cm = means[acts[a]];
+          if (cm.sum.empty() && cm.ok) {
+            // The axis the readers contract over; readers that disagree leave the activation uncorrected.
+            for (const Layer& l : layers) {
+              if (l.input != acts[a] || l.user_excluded) continue;
+              const int64_t ax = channel_axis(l.op_type, l.trans_a, t.rank());
+              if (cm.axis == -1) cm.axis = ax;
+              if (ax != cm.axis || ax < 0) cm.ok = false;
+            }
+          }
+          cm.add(t);
+        }
         const float* p = t.data<float>();
         for (int64_t i = 0; i < t.numel(); ++i) {
           if (!std::isfinite(p[i])) continue;
@@ -370,6 +584,7 @@ StatusOr<QuantizeResult> quantize_graph(Environment& env, const Graph& fp32, con
     bar.finish(std::to_string(acts.size()) + " activations");
   }
 
+  bool bias_notes_done = false;
   auto quantize_with = [&](const std::set<std::string>& keep) -> StatusOr<Graph> {
     Graph g = prepared;
     PassSpec spec{"quantize_int8", {}};
@@ -379,6 +594,12 @@ StatusOr<QuantizeResult> quantize_graph(Environment& env, const Graph& fp32, con
     spec.options.values["activation_type"] = options.activation_type;
     spec.options.values["per_channel"] = options.per_channel;
     KEEL_RETURN_IF_ERROR(run_pipeline(env, g, {spec}, options.device), "quantize_int8");
+    if (options.bias_correction) {
+      std::vector<std::string> notes;
+      correct_biases(g, prepared, layers, keep, means, &notes);
+      if (!bias_notes_done) result.notes.insert(result.notes.end(), notes.begin(), notes.end());
+      bias_notes_done = true;
+    }
     return g;
   };
 

@@ -9,7 +9,9 @@
 //      range per activation — minmax (observed min/max), percentile (the `percentile`-th percentile of each tail),
 //      entropy (TensorRT's KL-divergence threshold search over a 2048-bin histogram of |x|);
 //   3. rewrites with the `quantize_int8` pass plugin: standard QDQ ONNX, per-channel symmetric s8 weights, u8
-//      (asymmetric) or s8 (symmetric) activations;
+//      (asymmetric) or s8 (symmetric) activations; then (bias_correction) subtracts from each quantized layer's f32
+//      bias the mean shift its rounded weights cause, dW . E[x], with E[x] per input channel from the calibration
+//      batches (Nagel et al. 2019, "Data-Free Quantization", empirical form);
 //   4. measures on held-out batches (the last fifth of `calibration`, at least one; with a single batch it is also
 //      the calibration batch): each quantized layer's own error (cosine and relative L2 error of its output, with its
 //      quantized inputs computed from the fp32 activations, against fp32) and the error of the graph outputs;
@@ -42,6 +44,9 @@ struct QuantizeOptions {
   std::string device = "cpu";        // where the calibration and evaluation sessions run
   bool progress = true;              // progress bar over calibration batches (stderr)
   std::string activation_type = "u8";  // u8 (asymmetric) | s8 (symmetric)
+  // Subtract each quantized layer's weight-rounding shift dW . E[x] (input means from the calibration batches) from
+  // its f32 bias (see quantize.cc, correct_biases).
+  bool bias_correction = true;
 };
 
 struct LayerReport {

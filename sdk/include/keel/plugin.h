@@ -29,7 +29,7 @@ extern "C" {
 #endif
 
 #define KEEL_PLUGIN_ABI_MAJOR 1
-#define KEEL_PLUGIN_ABI_MINOR 1
+#define KEEL_PLUGIN_ABI_MINOR 2
 #define KEEL_PLUGIN_ENTRY_SYMBOL "keel_plugin_entry"
 
 #if defined(_WIN32)
@@ -578,6 +578,14 @@ typedef struct keel_host_api_s {
   /* (ABI 1.1) Registers a claim hook for a device type (see keel_claimer_def_t); ranked by the plugin's priority.
    * Check KEEL_HAS_MEMBER(host, keel_host_api_t, register_claimer) first: an older core does not have it. */
   keel_status_t (*register_claimer)(keel_plugin_handle_t* plugin, const keel_claimer_def_t* def);
+
+  /* (ABI 1.2) The priority of the kernel a session would pick for (domain, op_type) at `opset` on `device_type`
+   * (the highest-ranked registered kernel accepting `dtypes`, as kernel_exists), or INT32_MIN when there is none.
+   * Fusion passes compare it with the priority of the ops a fused op would replace, so that a rewrite never moves
+   * work from a device's own kernels onto a lower-ranked one (e.g. the reference keel.FusedConv in place of
+   * oneDNN's Conv). Check KEEL_HAS_MEMBER(host, keel_host_api_t, kernel_priority) first. */
+  int32_t (*kernel_priority)(keel_plugin_handle_t* plugin, const char* domain, const char* op_type, int32_t opset,
+                             const char* device_type, const int32_t* dtypes, size_t count);
 } keel_host_api_t;
 
 typedef enum keel_plugin_kind_e {
