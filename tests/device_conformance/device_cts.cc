@@ -982,6 +982,28 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // A fire module as the channel pruner leaves it, behind a 32-channel convolution (so its input is nChw16c, as
+    // behind SqueezeNet's Concats): an 8-channel squeeze (kept nChw16c, padded), expands of 24 (not a multiple of
+    // 16, so the Concat's second part starts at channel 24), a 3x3 expand reading 8 channels (oneDNN's jit kernels
+    // take that only from plain memory; read as padded nChw16c it ran on ref:any, ~500x slower).
+    OpCase c;
+    c.op = "Chain";
+    c.label = "pruned squeezenet fire: squeeze to 8, expands of 24 from 8, concat at channel 24, maxpool";
+    c.inputs = {in("X", {1, 16, 15, 15}), in("W0", {32, 16, 1, 1}, true, -0.4f, 0.4f), in("B0", {32}, true),
+                in("WS", {8, 32, 1, 1}, true, -0.4f, 0.4f), in("BS", {8}, true),
+                in("W1", {24, 8, 1, 1}, true, -0.4f, 0.4f), in("B1", {24}, true),
+                in("W3", {24, 8, 3, 3}, true, -0.3f, 0.3f), in("B3", {24}, true),
+                in("WN", {16, 48, 1, 1}, true, -0.3f, 0.3f), in("BN", {16}, true)};
+    c.chain = {conv({"X", "W0", "B0"}, 1, 1, 0), {"Relu", {"$0"}, {}},
+               conv({"$1", "WS", "BS"}, 1, 1, 0), {"Relu", {"$2"}, {}},
+               conv({"$3", "W1", "B1"}, 1, 1, 0), {"Relu", {"$4"}, {}},
+               conv({"$3", "W3", "B3"}, 3, 1, 1), {"Relu", {"$6"}, {}},
+               {"Concat", {"$5", "$7"}, {{"axis", I(1)}}},
+               {"MaxPool", {"$8"}, {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"ceil_mode", I(1)}}},
+               conv({"$9", "WN", "BN"}, 1, 1, 0), {"Relu", {"$10"}, {}}};
+    v.push_back(c);
+  }
+  {
     OpCase c;
     c.op = "Chain";
     c.label = "pooling with activations after it: conv, maxpool, relu, average pool, SiLU";
