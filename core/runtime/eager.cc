@@ -89,6 +89,10 @@ Runtime& rt() {
 
 Environment& env_locked(Runtime& r) {
   if (!r.env) {
+    // OpenMP (oneDNN's threads) spinning between the many short parallel regions of eager training starves the
+    // other threads and, on a shared machine, everyone else: sleep instead, unless the user chose otherwise. Read
+    // by libgomp when the plugin loads it, so it must be set before the environment discovers plugins.
+    setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
     EnvironmentOptions o;
     auto e = Environment::create(o);
     if (!e.is_ok()) fail(e.status().with_context("eager: cannot create the default environment"));

@@ -55,9 +55,10 @@ class Error : public std::runtime_error {
 // eager runtime owns); 0 uses the environment's pool. Clears the kernel cache. Call before any op runs on another
 // thread. If init() is never called, the first op creates a default environment that discovers plugins like the
 // `keel` CLI does (the built-in reference device plus the plugin search path: KEEL_PLUGIN_PATH, the user's
-// directory, the install directory / the build tree's plugin folder next to the running binary). (Every
-// Environment::create sets OMP_WAIT_POLICY=PASSIVE, unless set, before loading plugins: OpenMP threads that spin
-// between eager ops' short parallel regions cost more than they save.)
+// directory, the install directory / the build tree's plugin folder next to the running binary); the default
+// environment sets OMP_WAIT_POLICY=PASSIVE (unless set) before loading plugins: OpenMP threads that spin between
+// eager ops' short parallel regions cost more than they save (hosts that create their own environment for eager
+// training should do the same before Environment::create).
 void init(std::shared_ptr<Environment> env, int threads = 0);
 // The bound environment (creating the default one on first use; throws Error when that fails).
 Environment& environment();

@@ -78,6 +78,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--batch")) batch = std::atoi(argv[i + 1]);
   }
   try {
+    setenv("OMP_WAIT_POLICY", "PASSIVE", 0);  // as eager's default environment does (eager.h)
     EnvironmentOptions o;
     o.threads = threads;
     auto env = Environment::create(o);

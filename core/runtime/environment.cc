@@ -2,8 +2,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include <cstdlib>
-
 #include "core/base/thread_pool.h"
 #include "core/runtime/reference_device.h"
 #include "hal/device.h"
@@ -14,11 +12,6 @@ namespace keel {
 
 StatusOr<std::unique_ptr<Environment>> Environment::create(EnvironmentOptions options) {
   ops::register_keel_schemas();  // before any model is loaded or shape-inferred
-  // OpenMP threads (oneDNN's, GNU libgomp) that spin between parallel regions hold their core: on a shared machine
-  // a spinning worker and a descheduled one make every region wait a scheduler slice (squeezenet at 2 threads, loaded
-  // 2-core machine: 160 ms median spinning, 6 ms sleeping). Sleep instead, unless the user chose otherwise; libgomp
-  // reads this when a plugin loads it, so it is set before plugins are discovered.
-  setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
   std::unique_ptr<Environment> env(new Environment());
   env->options_ = options;
   env->pool_ = std::make_unique<ThreadPool>(options.threads);
