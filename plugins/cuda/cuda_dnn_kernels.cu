@@ -15,20 +15,7 @@ namespace {
 // keel_dtype_t values (keel/plugin.h), repeated so this file needs only the CUDA headers.
 enum : int32_t { F32 = 1, F16 = 10, BF16 = 16 };
 
-constexpr int kThreads = 256;
-
-inline int blocks_for(int64_t n) {
-  int64_t b = (n + kThreads - 1) / kThreads;
-  if (b > 132 * 32) b = 132 * 32;  // grid-stride beyond a few waves of an H200's 132 SMs
-  return static_cast<int>(b < 1 ? 1 : b);
-}
-
-__device__ __forceinline__ float ld(const float* p, int64_t i) { return p[i]; }
-__device__ __forceinline__ float ld(const __half* p, int64_t i) { return __half2float(p[i]); }
-__device__ __forceinline__ float ld(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
-__device__ __forceinline__ void st(float* p, int64_t i, float v) { p[i] = v; }
-__device__ __forceinline__ void st(__half* p, int64_t i, float v) { p[i] = __float2half_rn(v); }
-__device__ __forceinline__ void st(__nv_bfloat16* p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+#include "cuda_device_util.cuh"  // kThreads, blocks_for, ld/st
 
 __device__ __forceinline__ float activate(FusedAct act, float x, float a, float b) {
   switch (act) {
