@@ -181,12 +181,23 @@ std::vector<int> to_int(const Dims& d, const char* what) {
   return r;
 }
 
-class TensorDesc {
+// One cuDNN descriptor, created with the object and destroyed with it (not copyable); the classes below add setters.
+template <typename T, cudnnStatus_t (*Create)(T*), cudnnStatus_t (*Destroy)(T)>
+class DnnDesc {
  public:
-  TensorDesc() { check_dnn(cudnnCreateTensorDescriptor(&d_), "cudnnCreateTensorDescriptor", ""); }
-  ~TensorDesc() { if (d_) cudnnDestroyTensorDescriptor(d_); }
-  TensorDesc(const TensorDesc&) = delete;
-  TensorDesc& operator=(const TensorDesc&) = delete;
+  explicit DnnDesc(const char* create_call) { check_dnn(Create(&d_), create_call, ""); }
+  ~DnnDesc() { if (d_) Destroy(d_); }
+  DnnDesc(const DnnDesc&) = delete;
+  DnnDesc& operator=(const DnnDesc&) = delete;
+  T get() const { return d_; }
+
+ private:
+  T d_ = nullptr;
+};
+
+class TensorDesc : public DnnDesc<cudnnTensorDescriptor_t, cudnnCreateTensorDescriptor, cudnnDestroyTensorDescriptor> {
+ public:
+  TensorDesc() : DnnDesc("cudnnCreateTensorDescriptor") {}
   // A packed row-major (NCHW / NCDHW) tensor of rank 4 or 5.
   void set(int32_t dtype, const Dims& dims, const char* what) {
     const std::vector<int> d = to_int(dims, what);
@@ -196,77 +207,49 @@ class TensorDesc {
       if (s > INT_MAX) throw unimplemented(std::string(what) + " " + dims_str(dims) + ": strides beyond int32");
       strides[i] = static_cast<int>(s);
     }
-    check_dnn(cudnnSetTensorNdDescriptor(d_, dnn_type(dtype), static_cast<int>(d.size()), d.data(), strides.data()),
+    check_dnn(cudnnSetTensorNdDescriptor(get(), dnn_type(dtype), static_cast<int>(d.size()), d.data(), strides.data()),
               "cudnnSetTensorNdDescriptor", std::string(what) + " " + dims_str(dims));
   }
-  cudnnTensorDescriptor_t get() const { return d_; }
-
- private:
-  cudnnTensorDescriptor_t d_ = nullptr;
 };
 
-class FilterDesc {
+class FilterDesc : public DnnDesc<cudnnFilterDescriptor_t, cudnnCreateFilterDescriptor, cudnnDestroyFilterDescriptor> {
  public:
-  FilterDesc() { check_dnn(cudnnCreateFilterDescriptor(&d_), "cudnnCreateFilterDescriptor", ""); }
-  ~FilterDesc() { if (d_) cudnnDestroyFilterDescriptor(d_); }
-  FilterDesc(const FilterDesc&) = delete;
-  FilterDesc& operator=(const FilterDesc&) = delete;
+  FilterDesc() : DnnDesc("cudnnCreateFilterDescriptor") {}
   void set(int32_t dtype, const Dims& dims) {
     const std::vector<int> d = to_int(dims, "W");
-    check_dnn(cudnnSetFilterNdDescriptor(d_, dnn_type(dtype), CUDNN_TENSOR_NCHW, static_cast<int>(d.size()), d.data()),
-              "cudnnSetFilterNdDescriptor", "W " + dims_str(dims));
+    check_dnn(
+        cudnnSetFilterNdDescriptor(get(), dnn_type(dtype), CUDNN_TENSOR_NCHW, static_cast<int>(d.size()), d.data()),
+        "cudnnSetFilterNdDescriptor", "W " + dims_str(dims));
   }
-  cudnnFilterDescriptor_t get() const { return d_; }
-
- private:
-  cudnnFilterDescriptor_t d_ = nullptr;
 };
 
-class ConvDesc {
+class ConvDesc
+    : public DnnDesc<cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor,
+                     cudnnDestroyConvolutionDescriptor> {
  public:
-  ConvDesc() { check_dnn(cudnnCreateConvolutionDescriptor(&d_), "cudnnCreateConvolutionDescriptor", ""); }
-  ~ConvDesc() { if (d_) cudnnDestroyConvolutionDescriptor(d_); }
-  ConvDesc(const ConvDesc&) = delete;
-  ConvDesc& operator=(const ConvDesc&) = delete;
+  ConvDesc() : DnnDesc("cudnnCreateConvolutionDescriptor") {}
   // Cross-correlation (ONNX Conv) with f32 accumulation for every data type; pads symmetric per spatial dim.
   void set(const Dims& pads, const Dims& strides, const Dims& dilations, int64_t group, const std::string& shapes) {
     const std::vector<int> p = to_int(pads, "pads"), s = to_int(strides, "strides"), d = to_int(dilations, "dilations");
-    check_dnn(cudnnSetConvolutionNdDescriptor(d_, static_cast<int>(p.size()), p.data(), s.data(), d.data(),
+    check_dnn(cudnnSetConvolutionNdDescriptor(get(), static_cast<int>(p.size()), p.data(), s.data(), d.data(),
                                               CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
               "cudnnSetConvolutionNdDescriptor", shapes);
-    check_dnn(cudnnSetConvolutionGroupCount(d_, static_cast<int>(group)), "cudnnSetConvolutionGroupCount", shapes);
+    check_dnn(cudnnSetConvolutionGroupCount(get(), static_cast<int>(group)), "cudnnSetConvolutionGroupCount", shapes);
   }
   void math(cudnnMathType_t m, const std::string& shapes) {
-    check_dnn(cudnnSetConvolutionMathType(d_, m), "cudnnSetConvolutionMathType", shapes);
+    check_dnn(cudnnSetConvolutionMathType(get(), m), "cudnnSetConvolutionMathType", shapes);
   }
-  cudnnConvolutionDescriptor_t get() const { return d_; }
-
- private:
-  cudnnConvolutionDescriptor_t d_ = nullptr;
 };
 
-class PoolDesc {
+class PoolDesc : public DnnDesc<cudnnPoolingDescriptor_t, cudnnCreatePoolingDescriptor, cudnnDestroyPoolingDescriptor> {
  public:
-  PoolDesc() { check_dnn(cudnnCreatePoolingDescriptor(&d_), "cudnnCreatePoolingDescriptor", ""); }
-  ~PoolDesc() { if (d_) cudnnDestroyPoolingDescriptor(d_); }
-  PoolDesc(const PoolDesc&) = delete;
-  PoolDesc& operator=(const PoolDesc&) = delete;
-  cudnnPoolingDescriptor_t get() const { return d_; }
-
- private:
-  cudnnPoolingDescriptor_t d_ = nullptr;
+  PoolDesc() : DnnDesc("cudnnCreatePoolingDescriptor") {}
 };
 
-class ActDesc {
+class ActDesc
+    : public DnnDesc<cudnnActivationDescriptor_t, cudnnCreateActivationDescriptor, cudnnDestroyActivationDescriptor> {
  public:
-  ActDesc() { check_dnn(cudnnCreateActivationDescriptor(&d_), "cudnnCreateActivationDescriptor", ""); }
-  ~ActDesc() { if (d_) cudnnDestroyActivationDescriptor(d_); }
-  ActDesc(const ActDesc&) = delete;
-  ActDesc& operator=(const ActDesc&) = delete;
-  cudnnActivationDescriptor_t get() const { return d_; }
-
- private:
-  cudnnActivationDescriptor_t d_ = nullptr;
+  ActDesc() : DnnDesc("cudnnCreateActivationDescriptor") {}
 };
 
 // The math type a convolution of `dtype` is set up with before the algorithm query: true f32 (FMA) unless TF32 is
