@@ -14,13 +14,18 @@
 //                one group). The `ratio` fraction of the group's channels with the lowest summed L1 norm (over the
 //                group's producer Convs) is removed from every producer (weight rows, bias), every
 //                BatchNormalization, and every reader (Conv input channels, Gemm/MatMul input features after
-//                Flatten). A group is skipped with a "skipped: <reason>" note when it reaches a graph input or output,
-//                a constant, a broadcasting Add, Mul/Sub of two computed values, unknown ops, or a weight shared
-//                elsewhere. Mul/Add/Sub/Div with a constant that is a scalar or one value per channel pass the
+//                Flatten). Grouped Convs (group G > 1, not depthwise; ResNeXt/ShuffleNet style) producing or
+//                reading a group split its channels into G contiguous blocks: every block loses the same number of
+//                channels (the blocks of the least common multiple of all G do), so each grouped Conv keeps its
+//                `group` with fewer channels per group; a reader Conv's weight keeps, per output row, the columns
+//                of its own block's kept channels. A group is skipped with a "skipped: <reason>" note when it
+//                reaches a graph input or output, a constant, a broadcasting Add, Mul/Sub of two computed values,
+//                unknown ops, a weight shared elsewhere, a Concat's channels coupled into an Add/Sum, or when the
+//                ratio removes no channel (e.g. one input channel per group of a depthwise-multiplier Conv). Mul/Add/Sub/Div with a constant that is a scalar or one value per channel pass the
 //                group through (the constant shrinks with it). A group value that is an input of a Concat (axis 1)
 //                keeps its place there: the readers behind the Concat (Conv/Gemm/MatMul, through channel-wise ops,
-//                Flatten of a 1x1 map and BatchNormalization, which shrink at the same offset) lose the removed
-//                channels at the group's offset in the Concat (SqueezeNet's fire modules, DenseNet-style joins).
+//                Flatten of a 1x1 map, BatchNormalization and further Concats, whose offsets add up) lose the removed
+//                channels at the group's offset (SqueezeNet's fire modules, DenseNet-style joins, nested Concats).
 //                coupled = false: the older per-chain mode — a Conv whose output reaches exactly one following Conv
 //                through single-use channel-wise ops is pruned alone; chains that reach a residual
 //                Add/Sum/Concat are left alone with a "skipped: residual-coupled" note.
@@ -30,6 +35,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 #include <set>
 #include <string>
@@ -84,6 +90,12 @@ bool coupling(const std::string& op) { return op == "Add" || op == "Sum" || op =
 
 int64_t group_of(GraphView& gv, keel_node_id_t n) { return gv.attr_int(n, "group").value_or(1); }
 
+std::string ratio_text(double r) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", r);
+  return buf;
+}
+
 // Keeps the listed indices along `axis` of an f32 tensor of dims `d`.
 std::vector<float> select_axis(const std::vector<float>& v, const std::vector<int64_t>& d, int axis,
                                const std::vector<int64_t>& keep) {
@@ -98,19 +110,52 @@ std::vector<float> select_axis(const std::vector<float>& v, const std::vector<in
   return r;
 }
 
+// Input `i` of node `n` (an f32 initializer of `old_numel` elements) becomes a new initializer `r` of dims `d`; the
+// old one is dropped when unread. Returns the number of elements removed.
+int64_t replace_input(GraphView& gv, keel_node_id_t n, size_t i, const std::vector<int64_t>& d,
+                      const std::vector<float>& r, size_t old_numel) {
+  std::string name = gv.input(n, i);
+  std::string fresh = gv.add_f32(name + "_pruned", d, r);
+  gv.set_input(n, i, fresh);
+  if (gv.use_count(name) == 0) gv.remove_initializer(name);
+  return static_cast<int64_t>(old_numel - r.size());
+}
+
 // Replaces input `i` of node `n` (an f32 initializer) by a new initializer of kept indices along `axis`; drops the
 // old one when unread. Returns the number of elements removed.
 int64_t shrink_input(GraphView& gv, keel_node_id_t n, size_t i, int axis, const std::vector<int64_t>& keep) {
   std::string name = gv.input(n, i);
-  const keel_tensor_t* t = gv.initializer(name);
-  std::vector<int64_t> d = GraphView::dims_of(t);
+  std::vector<int64_t> d = GraphView::dims_of(gv.initializer(name));
   std::vector<float> v = *gv.f32_values(name);
   std::vector<float> r = select_axis(v, d, axis, keep);
-  d[axis] = static_cast<int64_t>(keep.size());
-  std::string fresh = gv.add_f32(name + "_pruned", d, r);
-  gv.set_input(n, i, fresh);
-  if (gv.use_count(name) == 0) gv.remove_initializer(name);
-  return static_cast<int64_t>(v.size() - r.size());
+  d[static_cast<size_t>(axis)] = static_cast<int64_t>(keep.size());
+  return replace_input(gv, n, i, d, r, v.size());
+}
+
+// Removes input channels of Conv `n` (weight [O, C/G, ...], `group` G): `keep` lists the kept channels among the C
+// input channels, the same number in each of the G blocks of C/G. Output row o (block o / (O/G)) keeps the columns
+// of its own block's kept channels. G = 1 is a plain column selection.
+int64_t shrink_conv_inputs(GraphView& gv, keel_node_id_t n, const std::vector<int64_t>& keep) {
+  const int64_t G = group_of(gv, n);
+  if (G == 1) return shrink_input(gv, n, 1, 1, keep);
+  std::string name = gv.input(n, 1);
+  std::vector<int64_t> d = GraphView::dims_of(gv.initializer(name));
+  std::vector<float> v = *gv.f32_values(name);
+  const int64_t O = d[0], per = d[1];
+  int64_t inner = 1;
+  for (size_t i = 2; i < d.size(); ++i) inner *= d[i];
+  std::vector<std::vector<int64_t>> cols(static_cast<size_t>(G));
+  for (int64_t c : keep) cols[static_cast<size_t>(c / per)].push_back(c % per);
+  for (const auto& b : cols)
+    if (b.size() != cols[0].size() || b.empty())
+      throw PassError(KEEL_STATUS_INTERNAL, "prune: uneven channel removal across the groups of Conv " + gv.name(n));
+  std::vector<float> r;
+  r.reserve(static_cast<size_t>(O * static_cast<int64_t>(cols[0].size()) * inner));
+  for (int64_t o = 0; o < O; ++o)
+    for (int64_t j : cols[static_cast<size_t>(o / (O / G))])
+      for (int64_t i = 0; i < inner; ++i) r.push_back(v[static_cast<size_t>((o * per + j) * inner + i)]);
+  d[1] = static_cast<int64_t>(cols[0].size());
+  return replace_input(gv, n, 1, d, r, v.size());
 }
 
 void prune_channels(GraphView& gv, double ratio, Report& report) {
@@ -121,7 +166,14 @@ void prune_channels(GraphView& gv, double ratio, Report& report) {
     const std::string cname = gv.name(c1);
     std::string wname = gv.input(c1, 1);
     const keel_tensor_t* w = gv.initializer(wname);
-    if (!w || w->dtype != KEEL_DTYPE_F32 || w->ndim < 3 || group_of(gv, c1) != 1) continue;
+    if (!w || w->dtype != KEEL_DTYPE_F32 || w->ndim < 3) {
+      report.note("skipped: no f32 constant weight (" + cname + ")");
+      continue;
+    }
+    if (group_of(gv, c1) != 1) {
+      report.note("skipped: grouped Conv, which the per-chain mode leaves alone (" + cname + ")");
+      continue;
+    }
     if (gv.use_count(wname) != 1) { report.note("skipped: weight shared (" + cname + ")"); continue; }
     std::string bname = gv.input(c1, 2);
     if (!bname.empty() && (!gv.initializer(bname) || gv.use_count(bname) != 1)) {
@@ -179,7 +231,11 @@ void prune_channels(GraphView& gv, double ratio, Report& report) {
     const int64_t O = w->dims[0];
     int64_t k = static_cast<int64_t>(std::floor(ratio * static_cast<double>(O)));
     k = std::min<int64_t>(k, O - 1);
-    if (k <= 0) continue;
+    if (k <= 0) {
+      if (ratio > 0) report.note("skipped: ratio " + ratio_text(ratio) + " removes no channel of " + std::to_string(O) +
+                                 " (" + cname + ")");
+      continue;
+    }
     std::vector<float> wv = *gv.f32_values(wname);
     const int64_t per = static_cast<int64_t>(wv.size()) / O;
     std::vector<double> l1(static_cast<size_t>(O), 0.0);
@@ -226,13 +282,16 @@ struct ChannelGroup {
   std::vector<std::pair<keel_node_id_t, size_t>> constants;
   // Readers behind a Concat (axis 1) the group's values feed: the group's channels sit at an offset of the Concat's
   // output (input `input` of `concat`), found when pruning from the current shapes of the Concat's inputs.
+  // Through nested Concats the offset is the sum over the chain of (Concat, input) links, outermost last.
   struct OffsetReader {
     keel_node_id_t node;
     int axis;  // weight axis (Conv: 1; Gemm/MatMul: 0 or 1), or -1 for a BatchNormalization (parameters 1..4)
-    keel_node_id_t concat;
-    size_t input;
+    std::vector<std::pair<keel_node_id_t, size_t>> chain;
   };
   std::vector<OffsetReader> offset_readers;
+  // Grouped (not depthwise) Convs producing or reading the group split its channels into `group` contiguous blocks
+  // each; every block must lose the same number of channels (the blocks of their least common multiple do).
+  std::vector<int64_t> blocks;
   int64_t channels = -1;
   bool residual = false;
   std::string why;  // non-empty: the group cannot be pruned
@@ -282,11 +341,14 @@ class GroupBuilder {
   }
   bool add_producer(keel_node_id_t n) {
     std::string w = gv_.input(n, 1), b = gv_.input(n, 2);
-    if (group_of(gv_, n) != 1) return fail("grouped Conv " + gv_.name(n)), false;
     if (!private_f32(gv_, w) || gv_.initializer(w)->ndim < 3)
       return fail("Conv " + gv_.name(n) + " has no private f32 constant weight"), false;
     if (!b.empty() && !private_f32(gv_, b)) return fail("Conv " + gv_.name(n) + " bias is not a private constant"), false;
-    check_channels(gv_.output(n, 0), gv_.initializer(w)->dims[0]);
+    const int64_t G = group_of(gv_, n), O = gv_.initializer(w)->dims[0];
+    if (G < 1 || O % G != 0) return fail("Conv " + gv_.name(n) + " has " + std::to_string(O) + " outputs in " +
+                                         std::to_string(G) + " groups"), false;
+    if (G > 1) g_.blocks.push_back(G);  // its output rows: G blocks of O/G
+    check_channels(gv_.output(n, 0), O);
     if (std::find(g_.producers.begin(), g_.producers.end(), n) == g_.producers.end()) g_.producers.push_back(n);
     return true;
   }
@@ -332,62 +394,89 @@ class GroupBuilder {
     g_.constants.emplace_back(n, static_cast<size_t>(k));
     return true;
   }
-  // The Concat (axis 1) output a group value feeds at input `j`: its readers take the group's channels at an offset.
-  // Followed through channel-wise ops (and Flatten of a 1x1 map) to Conv (group 1) / Gemm / MatMul readers and
-  // BatchNormalizations; anything else (Add, another Concat, a graph output, depthwise Convs) stops the group.
-  void behind_concat(keel_node_id_t concat, size_t j) {
+  // Concat `concat` (axis 1) reads the group's channels at input `j`: its inputs' shapes must be known, the input
+  // read once, and the group may reach each Concat only once (one offset per Concat).
+  bool concat_link(keel_node_id_t concat, size_t j) {
     auto out_t = gv_.value_type(gv_.output(concat, 0));
-    if (!out_t || out_t->ndim < 2) return fail("Concat " + gv_.name(concat) + " has an unknown shape");
+    if (!out_t || out_t->ndim < 2) return fail("Concat " + gv_.name(concat) + " has an unknown shape"), false;
     int64_t axis = gv_.attr_int(concat, "axis").value_or(0);
     if (axis < 0) axis += out_t->ndim;
-    if (axis != 1) return fail("Concat " + gv_.name(concat) + " joins along axis " + std::to_string(axis) + ", not channels");
+    if (axis != 1)
+      return fail("Concat " + gv_.name(concat) + " joins along axis " + std::to_string(axis) + ", not channels"), false;
     auto ins = gv_.inputs(concat);
-    if (std::count(ins.begin(), ins.end(), ins[j]) != 1) return fail("Concat " + gv_.name(concat) + " reads a value twice");
-    if (!concats_.insert(concat).second) return fail("the group feeds Concat " + gv_.name(concat) + " at two inputs");
+    if (std::count(ins.begin(), ins.end(), ins[j]) != 1)
+      return fail("Concat " + gv_.name(concat) + " reads a value twice"), false;
+    if (!concats_.insert(concat).second)
+      return fail("the group reaches Concat " + gv_.name(concat) + " along two paths"), false;
     for (const std::string& in : ins) {
       auto t = gv_.value_type(in);
-      if (!t || t->ndim != out_t->ndim || t->dims[1] < 0) return fail("Concat " + gv_.name(concat) + " input shapes unknown");
+      if (!t || t->ndim != out_t->ndim || t->dims[1] < 0)
+        return fail("Concat " + gv_.name(concat) + " input shapes unknown"), false;
     }
-    std::vector<std::string> work = {gv_.output(concat, 0)};
+    return true;
+  }
+  // The Concat (axis 1) output a group value feeds at input `j`: its readers take the group's channels at an offset.
+  // Followed through channel-wise ops (and Flatten of a 1x1 map) and further Concats (axis 1; the offsets add up) to
+  // Conv (group 1) / Gemm / MatMul readers and BatchNormalizations. Anything else stops the group with a reason: an
+  // Add/Sum (the Concat's channels would be coupled to another value's), a graph output, grouped or depthwise Convs.
+  void behind_concat(keel_node_id_t concat, size_t j) {
+    using Chain = std::vector<std::pair<keel_node_id_t, size_t>>;
+    if (!concat_link(concat, j)) return;
+    std::vector<std::pair<std::string, Chain>> work = {{gv_.output(concat, 0), Chain{{concat, j}}}};
     std::set<std::string> seen;
     while (!work.empty() && g_.why.empty()) {
-      std::string u = work.back();
+      auto [u, chain] = work.back();
       work.pop_back();
       if (!seen.insert(u).second) continue;
-      if (gv_.is_graph_output(u)) return fail("Concat " + gv_.name(concat) + " reaches graph output " + u);
+      const std::string cat = gv_.name(chain.back().first);
+      if (gv_.is_graph_output(u)) return fail("Concat " + cat + " reaches graph output " + u);
       for (keel_node_id_t c : gv_.consumers(u)) {
         const std::string op = gv_.op(c);
         if (!gv_.domain(c).empty()) return fail("reaches " + op + " (custom domain) behind a Concat");
         auto cin = gv_.inputs(c);
+        if (op == "Concat") {
+          const size_t k = static_cast<size_t>(std::find(cin.begin(), cin.end(), u) - cin.begin());
+          if (!concat_link(c, k)) return;
+          Chain next = chain;
+          next.emplace_back(c, k);
+          work.emplace_back(gv_.output(c, 0), std::move(next));
+          continue;
+        }
         if (cin.empty() || cin[0] != u || std::count(cin.begin(), cin.end(), u) != 1)
           return fail(op + " " + gv_.name(c) + " reads the Concat's channels at another input");
         if (op == "Conv") {
           std::string w = gv_.input(c, 1);
-          if (group_of(gv_, c) != 1 || !private_f32(gv_, w) || gv_.initializer(w)->ndim < 3)
-            return fail("Conv " + gv_.name(c) + " behind a Concat is grouped or has no private f32 weight");
-          g_.offset_readers.push_back({c, 1, concat, j});
+          if (group_of(gv_, c) != 1)
+            return fail("Conv " + gv_.name(c) + " behind Concat " + cat + " is grouped (its groups would straddle the "
+                        "Concat's inputs)");
+          if (!private_f32(gv_, w) || gv_.initializer(w)->ndim < 3)
+            return fail("Conv " + gv_.name(c) + " behind a Concat has no private f32 weight");
+          g_.offset_readers.push_back({c, 1, chain});
         } else if (op == "Gemm" || op == "MatMul") {
           std::string w = gv_.input(c, 1);
           auto t = gv_.value_type(u);
           if (!private_f32(gv_, w) || gv_.initializer(w)->ndim != 2 || !t || t->ndim != 2 ||
               (op == "Gemm" && gv_.attr_int(c, "transA").value_or(0)))
             return fail(op + " " + gv_.name(c) + " behind a Concat has no private 2-D f32 weight on [N, C]");
-          g_.offset_readers.push_back({c, op == "Gemm" && gv_.attr_int(c, "transB").value_or(0) ? 1 : 0, concat, j});
+          g_.offset_readers.push_back({c, op == "Gemm" && gv_.attr_int(c, "transB").value_or(0) ? 1 : 0, chain});
         } else if (op == "Flatten") {
           if (gv_.attr_int(c, "axis").value_or(1) != 1 || !spatial_is_one(u))
             return fail("Flatten " + gv_.name(c) + " mixes channels with spatial positions");
-          work.push_back(gv_.output(c, 0));
+          work.emplace_back(gv_.output(c, 0), chain);
         } else if (channelwise(op) && !depthwise_conv(gv_, c)) {
           if (!extra_outputs_unused(c)) return fail(op + " " + gv_.name(c) + " has a second output in use");
           if (op == "BatchNormalization") {
             for (size_t i = 1; i < 5; ++i)
               if (!private_f32(gv_, gv_.input(c, i)))
                 return fail("BatchNormalization " + gv_.name(c) + " parameters are not private constants");
-            g_.offset_readers.push_back({c, -1, concat, j});
+            g_.offset_readers.push_back({c, -1, chain});
           }
-          work.push_back(gv_.output(c, 0));
+          work.emplace_back(gv_.output(c, 0), chain);
+        } else if (op == "Add" || op == "Sum") {
+          return fail("Concat " + cat + " output meets " + op + " " + gv_.name(c) +
+                      " (channels coupled through a Concat into a residual are not pruned)");
         } else {
-          return fail("Concat " + gv_.name(concat) + " output reaches " + op);
+          return fail("Concat " + cat + " output reaches " + op + " " + gv_.name(c));
         }
       }
     }
@@ -447,7 +536,10 @@ class GroupBuilder {
     if (gv_.is(*p, "Conv") && gv_.domain(*p).empty() && !depthwise_conv(gv_, *p)) {
       if (!add_producer(*p)) return;
     } else {
-      if (!(gv_.is(*p, "Add") || gv_.is(*p, "Sum")) && gv_.output(*p, 0) != v)
+      if (gv_.is(*p, "Concat"))
+      return fail(v + " is the output of Concat " + gv_.name(*p) +
+                  " (channels coupled to a Concat's inputs through a residual are not pruned)");
+    if (!(gv_.is(*p, "Add") || gv_.is(*p, "Sum")) && gv_.output(*p, 0) != v)
         return fail(gv_.op(*p) + " " + gv_.name(*p) + " writes it as a secondary output");
       pass_through(*p);
     }
@@ -472,10 +564,13 @@ class GroupBuilder {
         pass_through(c);
       } else if (op == "Conv") {
         std::string w = gv_.input(c, 1);
-        if (group_of(gv_, c) != 1 || !private_f32(gv_, w) || gv_.initializer(w)->ndim < 3)
-          return fail("reader Conv " + gv_.name(c) + " is grouped or has no private f32 weight");
-        if (g_.channels >= 0 && gv_.initializer(w)->dims[1] != g_.channels)
+        const int64_t G = group_of(gv_, c);
+        if (!private_f32(gv_, w) || gv_.initializer(w)->ndim < 3)
+          return fail("reader Conv " + gv_.name(c) + " has no private f32 weight");
+        const keel_tensor_t* wt = gv_.initializer(w);
+        if (G < 1 || wt->dims[0] % G != 0 || (g_.channels >= 0 && wt->dims[1] * G != g_.channels))
           return fail("reader Conv " + gv_.name(c) + " weight does not match the channels");
+        if (G > 1) g_.blocks.push_back(G);  // its input channels: G blocks of C/G, each read by its own outputs
         g_.readers.emplace_back(c, 1);
       } else if (op == "Gemm" || op == "MatMul") {
         std::string w = gv_.input(c, 1);
@@ -521,8 +616,27 @@ void prune_coupled(GraphView& gv, double ratio, Report& report) {
       continue;
     }
     const int64_t C = g.channels;
-    int64_t k = std::min<int64_t>(static_cast<int64_t>(std::floor(ratio * static_cast<double>(C))), C - 1);
-    if (k <= 0) continue;
+    // Grouped Convs: the channels fall into L blocks of M (L the least common multiple of their group counts); each
+    // block loses the same number kb, so every grouped Conv keeps the same count in each of its groups.
+    int64_t L = 1;
+    for (int64_t b : g.blocks) L = std::lcm(L, b);
+    if (C % L != 0) {
+      report.note("skipped: grouped Convs split the " + std::to_string(C) + " channels into " + std::to_string(L) +
+                  " uneven blocks (" + names + ")");
+      continue;
+    }
+    const int64_t M = C / L;
+    const int64_t kb = std::min<int64_t>(static_cast<int64_t>(std::floor(ratio * static_cast<double>(M))), M - 1);
+    if (kb <= 0) {
+      if (ratio > 0)
+        report.note("skipped: ratio " + ratio_text(ratio) + " removes no channel of " +
+                    (L > 1 ? std::to_string(L) + " blocks of " + std::to_string(M) + " (grouped Convs need the same "
+                                                                                      "count per group)"
+                           : std::to_string(C)) +
+                    " (" + names + ")");
+      continue;
+    }
+    const int64_t k = kb * L;
     // Joint score: the sum over the group's producers of each output channel's L1 norm.
     std::vector<double> l1(static_cast<size_t>(C), 0.0);
     for (keel_node_id_t p : g.producers) {
@@ -531,10 +645,13 @@ void prune_coupled(GraphView& gv, double ratio, Report& report) {
       for (int64_t o = 0; o < C; ++o)
         for (int64_t i = 0; i < per; ++i) l1[static_cast<size_t>(o)] += std::fabs(wv[static_cast<size_t>(o * per + i)]);
     }
-    std::vector<int64_t> order(static_cast<size_t>(C));
-    std::iota(order.begin(), order.end(), int64_t{0});
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return l1[a] < l1[b]; });
-    std::vector<int64_t> keep(order.begin() + k, order.end());
+    std::vector<int64_t> keep;
+    for (int64_t blk = 0; blk < L; ++blk) {
+      std::vector<int64_t> order(static_cast<size_t>(M));
+      std::iota(order.begin(), order.end(), blk * M);
+      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return l1[a] < l1[b]; });
+      keep.insert(keep.end(), order.begin() + kb, order.end());
+    }
     std::sort(keep.begin(), keep.end());
     for (keel_node_id_t p : g.producers) {
       params += shrink_input(gv, p, 1, 0, keep);
@@ -547,7 +664,8 @@ void prune_coupled(GraphView& gv, double ratio, Report& report) {
       if (!gv.input(n, 2).empty()) params += shrink_input(gv, n, 2, 0, keep);
       gv.set_attr(n, "group", AttrValue::of_int(static_cast<int64_t>(keep.size())));
     }
-    for (auto [n, axis] : g.readers) params += shrink_input(gv, n, 1, axis, keep);
+    for (auto [n, axis] : g.readers)
+      params += gv.is(n, "Conv") ? shrink_conv_inputs(gv, n, keep) : shrink_input(gv, n, 1, axis, keep);
     for (auto [n, i] : g.constants) {
       const keel_tensor_t* t = gv.initializer(gv.input(n, i));
       if (GraphView::numel_of(t) == 1) continue;
@@ -561,11 +679,14 @@ void prune_coupled(GraphView& gv, double ratio, Report& report) {
       std::set<keel_node_id_t> done;
       for (const auto& r : g.offset_readers) {
         int64_t off = 0, total = 0;
-        auto ins = gv.inputs(r.concat);
-        for (size_t i = 0; i < ins.size(); ++i) {
-          const int64_t c = gv.value_type(ins[i])->dims[1];
-          if (i < r.input) off += c;
-          total += c;
+        for (auto [concat, input] : r.chain) {
+          auto ins = gv.inputs(concat);
+          total = 0;
+          for (size_t i = 0; i < ins.size(); ++i) {
+            const int64_t c = gv.value_type(ins[i])->dims[1];
+            if (i < input) off += c;
+            total += c;
+          }
         }
         std::vector<int64_t> kept;
         for (int64_t i = 0; i < off; ++i) kept.push_back(i);
@@ -587,7 +708,9 @@ void prune_coupled(GraphView& gv, double ratio, Report& report) {
     const size_t nreaders = g.readers.size() + g.offset_readers.size();
     report.note("pruned " + std::to_string(k) + " of " + std::to_string(C) + " channels of " +
                 (g.residual ? "residual-coupled group {" : "{") + names + "} (" + std::to_string(nreaders) +
-                (nreaders == 1 ? " reader" : " readers") + (g.offset_readers.empty() ? ")" : ", behind a Concat)"));
+                (nreaders == 1 ? " reader" : " readers") + (g.offset_readers.empty() ? "" : ", behind a Concat") +
+                (L > 1 ? "; " + std::to_string(kb) + " from each of " + std::to_string(L) + " blocks for grouped Convs)"
+                       : ")"));
   }
   if (groups) gv.infer_shapes();
   report.count("channels_removed", removed_channels);

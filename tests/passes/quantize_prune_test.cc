@@ -415,6 +415,213 @@ TEST(Prune, PerChannelConstantsShrinkWithTheGroup) {
     EXPECT_NEAR(after[0].data<float>()[i], before[0].data<float>()[i], 1e-4f) << i;
 }
 
+Options channel_options(double ratio) {
+  Options o;
+  o.values["ratio"] = ratio;
+  o.values["mode"] = std::string("channel");
+  return o;
+}
+
+bool has_note(const PassReport& r, const std::string& text) {
+  for (const auto& n : r.notes)
+    if (n.find(text) != std::string::npos) return true;
+  return false;
+}
+
+std::string notes_of(const PassReport& r) {
+  std::string s;
+  for (const auto& n : r.notes) s += n + "\n";
+  return s;
+}
+
+void expect_same_outputs(const std::vector<Tensor>& before, const std::vector<Tensor>& after, float tol = 1e-4f) {
+  ASSERT_EQ(after.size(), before.size());
+  for (size_t k = 0; k < before.size(); ++k) {
+    ASSERT_EQ(after[k].shape(), before[k].shape()) << k;
+    for (int64_t i = 0; i < after[k].numel(); ++i)
+      ASSERT_NEAR(after[k].data<float>()[i], before[k].data<float>()[i], tol) << "output " << k << " at " << i;
+  }
+}
+
+// Zeroes rows `rows` (of `per` elements each) of w and the same entries of bias.
+std::vector<float> zero_rows(std::vector<float> w, std::vector<float>* bias, int64_t per,
+                             const std::vector<int64_t>& rows) {
+  for (int64_t c : rows) {
+    for (int64_t i = 0; i < per; ++i) w[static_cast<size_t>(c * per + i)] = 0.f;
+    if (bias) (*bias)[static_cast<size_t>(c)] = 0.f;
+  }
+  return w;
+}
+
+// A ResNeXt-style bottleneck: x[1,4,8,8] -> Conv a(8, 1x1) -> Relu -> Conv g(8, 3x3, group 4: weight [8,2,3,3]) ->
+// Relu -> Conv y(4, 1x1) -> y. Two groups: {a} read by the grouped g (4 blocks of 2 input channels) and {g} (4 blocks
+// of 2 output rows) read by y. a's channels 1, 2, 5, 6 and g's rows 0, 3, 4, 7 are zero: one per block each.
+Graph resnext_block() {
+  GraphBuilder b("resnext", 13);
+  auto x = b.input("x", DType::kF32, {1, 4, 8, 8});
+  auto ba = randv(8, 61, 0.1f), bg = randv(8, 62, 0.1f);
+  auto wa = zero_rows(randv(32, 63, 0.3f), &ba, 4, {1, 2, 5, 6});
+  auto wg = zero_rows(randv(8 * 2 * 9, 64, 0.3f), &bg, 18, {0, 3, 4, 7});
+  auto h = b.op1("Relu", {b.op1("Conv", {x, b.constant("wa", Tensor::f32({8, 4, 1, 1}, wa)),
+                                         b.constant("ba", Tensor::f32({8}, ba))})});
+  h = b.op1("Relu", {b.op1("Conv", {h, b.constant("wg", Tensor::f32({8, 2, 3, 3}, wg)),
+                                    b.constant("bg", Tensor::f32({8}, bg))},
+                           {{"group", Attribute::of_int(4)}, {"pads", Attribute::of_ints({1, 1, 1, 1})}})});
+  b.output(b.op1("Conv", {h, b.constant("wy", Tensor::f32({4, 8, 1, 1}, randv(32, 65, 0.3f)))}));
+  return b.take();
+}
+
+TEST(Prune, GroupedConvsLoseTheSameCountInEachGroup) {
+  Graph g = resnext_block();
+  const Graph ref = resnext_block();
+  Feeds feeds = {{"x", Tensor::f32({1, 4, 8, 8}, randv(256, 66))}};
+  auto before = run(g, feeds);
+  const int64_t p0 = param_count(g);
+  auto r = run_pass(g, "prune", channel_options(0.5));
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].counters["groups_pruned"], 2) << notes_of(r[0]);
+  EXPECT_EQ(r[0].counters["channels_removed"], 4 + 4);
+  // a: 4 rows of 4 + 4 biases; g: [8,2,3,3] -> [4,1,3,3] + 4 biases; y: 4 of its 8 input columns.
+  const int64_t expect_removed = (16 + 4) + (144 - 36 + 4) + 16;
+  EXPECT_EQ(r[0].counters["params_removed"], expect_removed);
+  EXPECT_EQ(p0 - param_count(g), expect_removed);
+  EXPECT_EQ(weight_of(g, "Conv", 1, 0).shape(), (Shape{4, 4, 1, 1}));
+  EXPECT_EQ(weight_of(g, "Conv", 1, 1).shape(), (Shape{4, 1, 3, 3}));
+  EXPECT_EQ(weight_of(g, "Conv", 2, 1).shape(), (Shape{4}));
+  EXPECT_EQ(weight_of(g, "Conv", 1, 2).shape(), (Shape{4, 4, 1, 1}));
+  for (NodeId id : g.node_ids()) {
+    if (g.node(id)->op_type == "Conv" && g.node(id)->inputs[1].rfind("wg", 0) == 0) {
+      EXPECT_EQ(g.node(id)->attr_int("group", 0), 4);
+    }
+  }
+  // g kept rows 1, 2, 5, 6 (one per block); its input blocks kept a's channels 0, 3, 4, 7, i.e. column 0 in blocks
+  // 0 and 2, column 1 in blocks 1 and 3. New row 1 (old row 2, block 1) is old row 2's column 1.
+  const float* ng = weight_of(g, "Conv", 1, 1).data<float>();
+  const float* og = weight_of(ref, "Conv", 1, 1).data<float>();
+  const int64_t rows[] = {1, 2, 5, 6}, cols[] = {0, 1, 0, 1};
+  for (int64_t o = 0; o < 4; ++o)
+    for (int64_t i = 0; i < 9; ++i) EXPECT_EQ(ng[o * 9 + i], og[(rows[o] * 2 + cols[o]) * 9 + i]) << o << "," << i;
+  expect_same_outputs(before, run(g, feeds));
+}
+
+TEST(Prune, RatioZeroChangesNothing) {
+  const std::pair<Graph, Shape> cases[] = {{resnext_block(), Shape{1, 4, 8, 8}},
+                                           {residual_block({1, 4}, {0}), Shape{1, 3, 8, 8}}};
+  for (const auto& [model, shape] : cases) {
+    Graph g = model;
+    Feeds feeds = {{"x", Tensor::f32(shape, randv(static_cast<size_t>(shape_numel(shape)), 67))}};
+    auto before = run(g, feeds);
+    const int64_t p0 = param_count(g);
+    auto r = run_pass(g, "prune", channel_options(0.0));
+    ASSERT_EQ(r.size(), 1u);
+    EXPECT_EQ(r[0].counters["channels_removed"], 0);
+    EXPECT_EQ(r[0].counters["params_removed"], 0);
+    EXPECT_EQ(param_count(g), p0);
+    auto after = run(g, feeds);
+    ASSERT_EQ(after.size(), before.size());
+    for (size_t k = 0; k < after.size(); ++k)
+      for (int64_t i = 0; i < after[k].numel(); ++i) ASSERT_EQ(after[k].data<float>()[i], before[k].data<float>()[i]);
+  }
+}
+
+TEST(Prune, DepthwiseMultiplierConvPrunesItsRowsPerGroupAndReportsItsInput) {
+  // x -> Conv a(4, 1x1) -> Relu -> Conv m(8, 3x3, group 4: two outputs per input channel) -> Relu -> Conv y(2, 1x1).
+  // a's group: m reads one channel per group, so no channel can go (a note says why); m's group: 4 blocks of 2 rows,
+  // one row each removed (rows 1, 2, 4, 7 are zero).
+  GraphBuilder b("dwmul", 13);
+  auto x = b.input("x", DType::kF32, {1, 3, 8, 8});
+  auto bm = randv(8, 71, 0.1f);
+  auto wm = zero_rows(randv(72, 72, 0.3f), &bm, 9, {1, 2, 4, 7});
+  auto h = b.op1("Relu", {b.op1("Conv", {x, b.constant("wa", Tensor::f32({4, 3, 1, 1}, randv(12, 73, 0.3f)))})});
+  h = b.op1("Relu", {b.op1("Conv", {h, b.constant("wm", Tensor::f32({8, 1, 3, 3}, wm)), b.constant("bm", Tensor::f32({8}, bm))},
+                           {{"group", Attribute::of_int(4)}, {"pads", Attribute::of_ints({1, 1, 1, 1})}})});
+  b.output(b.op1("Conv", {h, b.constant("wy", Tensor::f32({2, 8, 1, 1}, randv(16, 74, 0.3f)))}));
+  Graph g = b.take();
+  Feeds feeds = {{"x", Tensor::f32({1, 3, 8, 8}, randv(192, 75))}};
+  auto before = run(g, feeds);
+  const int64_t p0 = param_count(g);
+  auto r = run_pass(g, "prune", channel_options(0.5));
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].counters["groups_pruned"], 1) << notes_of(r[0]);
+  EXPECT_TRUE(has_note(r[0], "removes no channel of 4 blocks of 1")) << notes_of(r[0]);
+  EXPECT_EQ(weight_of(g, "Conv", 1, 0).shape(), (Shape{4, 3, 1, 1}));
+  EXPECT_EQ(weight_of(g, "Conv", 1, 1).shape(), (Shape{4, 1, 3, 3}));
+  EXPECT_EQ(weight_of(g, "Conv", 1, 2).shape(), (Shape{2, 4, 1, 1}));
+  EXPECT_EQ(p0 - param_count(g), 36 + 4 + 8);
+  expect_same_outputs(before, run(g, feeds));
+}
+
+TEST(Prune, NestedConcatReadersGetTheSummedOffset) {
+  // Convs a(4), b(4), c(6) on x, each -> Relu; cat1 = Concat(a, b) -> Conv z(2) -> z; cat2 = Concat(c, cat1) -> Relu
+  // -> Conv y(3) -> y. a's channels sit at 0 in cat1 and at 6 in cat2, b's at 4 and 10, c's at 0 in cat2.
+  GraphBuilder b("nested", 13);
+  auto x = b.input("x", DType::kF32, {1, 3, 8, 8});
+  auto ba = randv(4, 81, 0.1f), bb = randv(4, 82, 0.1f), bc = randv(6, 83, 0.1f);
+  auto wa = zero_rows(randv(12, 84, 0.3f), &ba, 3, {0, 3});
+  auto wb = zero_rows(randv(12, 85, 0.3f), &bb, 3, {1, 2});
+  auto wc = zero_rows(randv(18, 86, 0.3f), &bc, 3, {0, 2, 4});
+  auto conv = [&](const std::string& n, const std::vector<float>& w, const std::vector<float>& bias, int64_t o) {
+    return b.op1("Relu", {b.op1("Conv", {x, b.constant("w" + n, Tensor::f32({o, 3, 1, 1}, w)),
+                                         b.constant("b" + n, Tensor::f32({o}, bias))})});
+  };
+  auto a = conv("a", wa, ba, 4), bv = conv("b", wb, bb, 4), c = conv("c", wc, bc, 6);
+  auto cat1 = b.op1("Concat", {a, bv}, {{"axis", Attribute::of_int(1)}});
+  auto wz = randv(16, 87, 0.3f), wy = randv(42, 88, 0.3f);
+  b.output(b.op1("Conv", {cat1, b.constant("wz", Tensor::f32({2, 8, 1, 1}, wz))}));
+  auto cat2 = b.op1("Concat", {c, cat1}, {{"axis", Attribute::of_int(1)}});
+  b.output(b.op1("Conv", {b.op1("Relu", {cat2}), b.constant("wy", Tensor::f32({3, 14, 1, 1}, wy))}));
+  Graph g = b.take();
+  Feeds feeds = {{"x", Tensor::f32({1, 3, 8, 8}, randv(192, 89))}};
+  auto before = run(g, feeds);
+  const int64_t p0 = param_count(g);
+  auto r = run_pass(g, "prune", channel_options(0.5));
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].counters["groups_pruned"], 3) << notes_of(r[0]);
+  EXPECT_EQ(r[0].counters["channels_removed"], 2 + 2 + 3);
+  EXPECT_EQ(r[0].counters["params_removed"], p0 - param_count(g));
+  EXPECT_EQ(p0 - param_count(g), 7 * 4 + 2 * 4 + 3 * 7);  // producer rows + biases, z's and y's columns
+  const Tensor& nz = weight_of(g, "Conv", 1, 3);
+  const Tensor& ny = weight_of(g, "Conv", 1, 4);
+  ASSERT_EQ(nz.shape(), (Shape{2, 4, 1, 1}));
+  ASSERT_EQ(ny.shape(), (Shape{3, 7, 1, 1}));
+  const int64_t zcols[] = {1, 2, 4, 7}, ycols[] = {1, 3, 5, 7, 8, 10, 13};
+  for (int64_t o = 0; o < 2; ++o)
+    for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(nz.data<float>()[o * 4 + i], wz[static_cast<size_t>(o * 8 + zcols[i])]);
+  for (int64_t o = 0; o < 3; ++o)
+    for (int64_t i = 0; i < 7; ++i) EXPECT_EQ(ny.data<float>()[o * 7 + i], wy[static_cast<size_t>(o * 14 + ycols[i])]);
+  expect_same_outputs(before, run(g, feeds));
+}
+
+TEST(Prune, ConcatCoupledIntoAResidualIsSkippedWithAReason) {
+  // x -> Conv s(5) -> Relu = h; Convs a(4), b(4) and r(8) read h; Add(Concat(a, b), r) -> Relu -> Conv y(3) -> y.
+  // a's and b's channels are coupled to r's through the Add: those groups are skipped with a reason, s's group
+  // (read by a, b and r) is pruned (its channels 0 and 3 are zero).
+  GraphBuilder b("catadd", 13);
+  auto x = b.input("x", DType::kF32, {1, 3, 8, 8});
+  auto bs = randv(5, 91, 0.1f);
+  auto ws = zero_rows(randv(15, 92, 0.3f), &bs, 3, {0, 3});
+  auto h = b.op1("Relu", {b.op1("Conv", {x, b.constant("ws", Tensor::f32({5, 3, 1, 1}, ws)), b.constant("bs", Tensor::f32({5}, bs))})});
+  auto conv = [&](const std::string& n, int64_t o, uint32_t seed) {
+    return b.op1("Conv", {h, b.constant("w" + n, Tensor::f32({o, 5, 1, 1}, randv(static_cast<size_t>(o * 5), seed, 0.3f)))});
+  };
+  auto cat = b.op1("Concat", {conv("a", 4, 93), conv("b", 4, 94)}, {{"axis", Attribute::of_int(1)}});
+  auto s = b.op1("Relu", {b.op1("Add", {cat, conv("r", 8, 95)})});
+  b.output(b.op1("Conv", {s, b.constant("wy", Tensor::f32({3, 8, 1, 1}, randv(24, 96, 0.3f)))}));
+  Graph g = b.take();
+  Feeds feeds = {{"x", Tensor::f32({1, 3, 8, 8}, randv(192, 97))}};
+  auto before = run(g, feeds);
+  auto r = run_pass(g, "prune", channel_options(0.5));
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].counters["groups_pruned"], 1) << notes_of(r[0]);
+  EXPECT_EQ(r[0].counters["channels_removed"], 2);
+  EXPECT_TRUE(has_note(r[0], "channels coupled through a Concat into a residual are not pruned")) << notes_of(r[0]);
+  EXPECT_TRUE(has_note(r[0], "is the output of Concat")) << notes_of(r[0]);
+  EXPECT_EQ(weight_of(g, "Conv", 1, 0).shape(), (Shape{3, 3, 1, 1}));
+  for (int n = 1; n <= 3; ++n) EXPECT_EQ(weight_of(g, "Conv", 1, n).shape()[1], 3) << n;
+  EXPECT_EQ(weight_of(g, "Conv", 1, 4).shape(), (Shape{3, 8, 1, 1}));
+  expect_same_outputs(before, run(g, feeds));
+}
+
 TEST(QuantizeInt8, QdqModelIsCloseToFp32) {
   Graph g = conv_relu_conv(8);
   ASSERT_TRUE(infer_shapes(g).is_ok());
