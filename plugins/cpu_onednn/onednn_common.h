@@ -154,6 +154,19 @@ struct Options {
 };
 extern Options g_options;
 
+// An entry of a file's own registration table (onednn_train.cc, onednn_bf16.cc): the allowed dtypes of type
+// parameter "T". register_kernel_table (onednn_train.cc) registers a table (which must outlive the plugin) for "cpu",
+// its kernels computing with compute_kernel(..., dnnl_error_falls_back).
+struct TypedKernelInfo {
+  const char* domain;
+  const char* op_type;
+  int32_t since_version;
+  const char* name;
+  std::vector<int32_t> dtypes;
+  Kernel* (*make)();
+};
+keel_status_t register_kernel_table(const keel_host_api_t* host, keel_plugin_handle_t* plugin,
+                                    const std::vector<TypedKernelInfo>& table, bool dnnl_error_falls_back);
 // The training kernels of onednn_train.cc (keel-domain backward ops, bf16 forward ops), registered from init.
 keel_status_t register_train_kernels(const keel_host_api_t* host, keel_plugin_handle_t* plugin);
 // The bf16 inference kernels of onednn_bf16.cc (binary, pooling, normalisation, softmax, eltwise, concat, transpose).

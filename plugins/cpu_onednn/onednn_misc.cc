@@ -1,13 +1,13 @@
 // plugins/cpu_onednn/onednn_misc.cc — pooling (Max/Average/GlobalAverage/GlobalMax), BatchNormalization
 // (inference), LayerNormalization (last axis), Softmax/LogSoftmax, element-wise unary ops, binary ops with
-// broadcasting, Concat, Transpose (a reorder), ReduceMean/Sum/Max/Min and Pow (constant exponent), all f32 on
-// the graph's plain row-major layout.
+// broadcasting, Concat, Transpose (a reorder), ReduceMean/Sum/Max/Min and Pow (constant exponent), all on the graph's
+// plain row-major layout: f32 here; the same kernels serve bf16 for onednn_bf16.cc (onednn_plain.h).
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
 
-#include "onednn_common.h"
+#include "onednn_plain.h"
 
 namespace keel::onednn {
 namespace {
@@ -16,33 +16,46 @@ using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
 using alg = dnnl::algorithm;
 
-void require_f32(const Ctx& c, int count = -1) {
-  for (int i = 0; i < c.input_count() && (count < 0 || i < count); ++i)
-    if (c.has_input(i) && c.dtype(i) != KEEL_DTYPE_F32) throw Reject{"f32 only"};
+inline float bf16_bits_to_f32(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
 }
 
-// The common shape of most kernels here: one primitive with plain memory objects bound per run.
-struct SimplePlan {
+// The common shape of the kernels here: one primitive with plain memory objects bound per run, and (bf16 kernels)
+// f32 copies of small parameter inputs.
+struct PlainPlan {
   Dims out_dims;
   dnnl::primitive prim;
-  std::vector<std::pair<int, int>> in_args;  // (DNNL_ARG_*, input index)
+  std::vector<std::pair<int, int>> in_args;  // (DNNL_ARG_*, input index), bound directly
   std::vector<dnnl::memory> in_mems;
+  std::vector<std::pair<int, int>> f32_args;  // (DNNL_ARG_*, input index), widened to f32 first
+  std::vector<std::vector<float>> f32_bufs;
+  std::vector<dnnl::memory> f32_mems;
   dnnl::memory dst;
   int dst_arg = DNNL_ARG_DST;
   std::unordered_map<int, dnnl::memory> args;
   bool empty = false;  // zero-size output: nothing to run
 };
 
-class SimpleKernel : public Kernel {
+// A kernel on tensors of one data type `dt_` (f32 or bf16).
+class PlainKernel : public Kernel {
  public:
+  explicit PlainKernel(dt d) : dt_(d) {}
   void setup(Ctx& c) override {
-    require_f32(c, f32_inputs());
+    const bool bf16 = dt_ == dt::bf16;
+    const int32_t want = bf16 ? KEEL_DTYPE_BF16 : KEEL_DTYPE_F32;
+    const int count = typed_inputs();
+    for (int i = 0; i < c.input_count() && (count < 0 || i < count); ++i)
+      if (c.has_input(i) && c.dtype(i) != want) throw Reject{bf16 ? "bf16 only" : "f32 only"};
+    if (bf16 && c.output_dtype(0) != KEEL_DTYPE_BF16) throw Reject{"bf16 output only"};
     check(c);
     bool known = true;
     for (int i = 0; i < c.input_count(); ++i)
       if (c.has_input(i) && !c.dims_known(i)) known = false;
     if (known) {
-      SimplePlan& p = plans_.get(shape_key(c), [&] { return build_plan(c); });
+      PlainPlan& p = plans_.get(shape_key(c), [&] { return build_plan(c); });
       // oneDNN's reference implementations (ref:any, simple:any reorders) are slower than Keel's reference
       // kernels: leave those cases to them. (Only decidable at create time when the shapes are known.)
       if (!p.empty) {
@@ -54,11 +67,25 @@ class SimpleKernel : public Kernel {
     }
   }
   void run(Ctx& c) override {
-    SimplePlan& p = plans_.get(shape_key(c), [&] { return build_plan(c); });
+    PlainPlan& p = plans_.get(shape_key(c), [&] { return build_plan(c); });
     keel_tensor_t* y = c.output(0, p.out_dims);
     if (p.empty) return;
     limit_threads_for(static_cast<double>(numel(p.out_dims)) + numel(c.dims(0)));
     for (size_t i = 0; i < p.in_args.size(); ++i) bind(p.in_mems[i], c.input(p.in_args[i].second)->data);
+    for (size_t i = 0; i < p.f32_args.size(); ++i) {
+      const keel_tensor_t* t = c.input(p.f32_args[i].second);
+      std::vector<float>& buf = p.f32_bufs[i];
+      const int64_t n = numel(c.dims(p.f32_args[i].second));
+      if (static_cast<int64_t>(buf.size()) != n) throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "parameter size changed"};
+      if (t->dtype == KEEL_DTYPE_F32) {
+        std::memcpy(buf.data(), t->data, buf.size() * sizeof(float));
+      } else if (t->dtype == KEEL_DTYPE_BF16) {
+        const uint16_t* s = static_cast<const uint16_t*>(t->data);
+        for (size_t k = 0; k < buf.size(); ++k) buf[k] = bf16_bits_to_f32(s[k]);
+      } else {
+        throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "parameters must be bf16 or f32"};
+      }
+    }
     bind(p.dst, y->data);
     auto& s = stream();
     p.prim.execute(s, p.args);
@@ -68,38 +95,57 @@ class SimpleKernel : public Kernel {
  protected:
   // Implementations slower than Keel's reference kernels (oneDNN's own reference ones).
   virtual bool slow_impl(const std::string& impl) const { return impl.rfind("ref", 0) == 0; }
-  // How many leading inputs must be f32 (-1 = all).
-  virtual int f32_inputs() const { return -1; }
+  // How many leading inputs must have the kernel's data type (-1 = all).
+  virtual int typed_inputs() const { return -1; }
   // Attribute checks at create (throw Reject).
   virtual void check(const Ctx& c) = 0;
   // Builds the primitive for the current input shapes: sets out_dims, prim, and calls add_input for each input.
-  virtual void build(const Ctx& c, SimplePlan& p) = 0;
+  virtual void build(const Ctx& c, PlainPlan& p) = 0;
 
-  static void add_input(SimplePlan& p, int arg, int input, const dnnl::memory::desc& md) {
+  // A plain row-major memory descriptor of the kernel's data type.
+  dnnl::memory::desc typed_md(const Dims& d) const { return plain_md(d, dt_); }
+  static void add_input(PlainPlan& p, int arg, int input, const dnnl::memory::desc& md) {
     p.in_args.emplace_back(arg, input);
     p.in_mems.emplace_back(md, engine(), nullptr);
   }
+  // A parameter vector of n elements given to oneDNN as f32: bound as it is in an f32 kernel, widened from bf16 or
+  // f32 per run in a bf16 one.
+  void add_param(PlainPlan& p, int arg, int input, int64_t n) const {
+    const dnnl::memory::desc vec({n}, dt::f32, tag::a);
+    if (dt_ == dt::f32) return add_input(p, arg, input, vec);
+    p.f32_args.emplace_back(arg, input);
+    p.f32_bufs.emplace_back(static_cast<size_t>(n));
+    p.f32_mems.emplace_back(vec, engine(), p.f32_bufs.back().data());
+  }
+  // Inputs after the first may be parameters of another type in a bf16 kernel (typed_inputs() for such kernels).
+  int data_inputs_only() const { return dt_ == dt::f32 ? -1 : 1; }
+
+  const dt dt_;
 
  private:
-  std::unique_ptr<SimplePlan> build_plan(const Ctx& c) {
-    auto p = std::make_unique<SimplePlan>();
+  std::unique_ptr<PlainPlan> build_plan(const Ctx& c) {
+    auto p = std::make_unique<PlainPlan>();
     build(c, *p);
     if (numel(p->out_dims) == 0) {
       p->empty = true;
       return p;
     }
     for (size_t i = 0; i < p->in_args.size(); ++i) p->args[p->in_args[i].first] = p->in_mems[i];
+    for (size_t i = 0; i < p->f32_args.size(); ++i) {
+      p->f32_mems[i].set_data_handle(p->f32_bufs[i].data());
+      p->args[p->f32_args[i].first] = p->f32_mems[i];
+    }
     p->args[p->dst_arg] = p->dst;
     return p;
   }
-  PlanCache<SimplePlan> plans_;
+  PlanCache<PlainPlan> plans_;
 };
 
 // ---------------------------------------------------------------------------------------------------- pooling
 
-class PoolKernel : public SimpleKernel {
+class PoolKernel : public PlainKernel {
  public:
-  PoolKernel(bool max, bool global) : max_(max), global_(global) {}
+  PoolKernel(dt d, bool max, bool global) : PlainKernel(d), max_(max), global_(global) {}
 
  protected:
   void check(const Ctx& c) override {
@@ -107,14 +153,23 @@ class PoolKernel : public SimpleKernel {
     size_t rank = c.dims(0).size();
     if (rank < 3 || rank > 5) throw Reject{"rank " + std::to_string(rank)};
     if (c.output_count() > 1 && c.output_dtype(1) != KEEL_DTYPE_UNDEFINED) throw Reject{"Indices output"};
-    if (!global_) {
-      if (!c.has_attr_ints("kernel_shape")) throw Reject{"no kernel_shape"};
-      if (!max_ && c.attr_i("ceil_mode", 0) && c.attr_i("count_include_pad", 0))
-        throw Reject{"ceil_mode with count_include_pad"};
-      if (max_ && c.attr_i("storage_order", 0) != 0) throw Reject{"storage_order"};
+    if (global_) return;
+    if (!c.has_attr_ints("kernel_shape")) throw Reject{"no kernel_shape"};
+    if (dt_ == dt::bf16) {
+      if (c.attr_i("ceil_mode", 0)) throw Reject{"ceil_mode"};
+      std::string ap = c.attr_s("auto_pad", "NOTSET");
+      if (ap != "NOTSET" && !ap.empty() && ap != "VALID") throw Reject{"auto_pad " + ap};
+      if (c.has_attr_ints("dilations")) {
+        for (int64_t d : c.attr_ints("dilations", {}))
+          if (d != 1) throw Reject{"dilations"};
+      }
+      return;
     }
+    if (!max_ && c.attr_i("ceil_mode", 0) && c.attr_i("count_include_pad", 0))
+      throw Reject{"ceil_mode with count_include_pad"};
+    if (max_ && c.attr_i("storage_order", 0) != 0) throw Reject{"storage_order"};
   }
-  void build(const Ctx& c, SimplePlan& p) override {
+  void build(const Ctx& c, PlainPlan& p) override {
     Dims x = c.dims(0);
     const size_t r = x.size() - 2;
     Dims in(x.begin() + 2, x.end());
@@ -163,7 +218,7 @@ class PoolKernel : public SimpleKernel {
                                                                  : alg::pooling_avg_exclude_padding);
     dnnl::memory::dims dil(r);
     for (size_t i = 0; i < r; ++i) dil[i] = d[i] - 1;
-    dnnl::memory::desc src = plain_md(x), dst = plain_md(y);
+    dnnl::memory::desc src = typed_md(x), dst = typed_md(y);
     dnnl::pooling_v2_forward::desc desc(dnnl::prop_kind::forward_inference, a, src, dst, to_dnnl(s), to_dnnl(k), dil,
                                         to_dnnl(pl), to_dnnl(pr));
     dnnl::pooling_v2_forward::primitive_desc pd(desc, engine());
@@ -176,10 +231,16 @@ class PoolKernel : public SimpleKernel {
   bool max_, global_;
 };
 
+
 // ----------------------------------------------------------------------------------------------- normalisation
 
-class BatchNormKernel : public SimpleKernel {
+// BatchNormalization (inference). bf16: X/Y bf16, statistics and affine parameters bf16 or f32.
+class BatchNormKernel : public PlainKernel {
+ public:
+  using PlainKernel::PlainKernel;
+
  protected:
+  int typed_inputs() const override { return data_inputs_only(); }
   void check(const Ctx& c) override {
     if (c.attr_i("training_mode", 0) != 0) throw Reject{"training_mode"};
     if (c.input_count() != 5) throw Reject{"needs 5 inputs"};
@@ -188,14 +249,14 @@ class BatchNormKernel : public SimpleKernel {
     if (!c.rank_known(0) || c.dims(0).size() < 2 || c.dims(0).size() > 5) throw Reject{"input rank"};
     if (c.opset() < 9 && c.has_attr("spatial") && c.attr_i("spatial", 1) != 1) throw Reject{"spatial = 0"};
   }
-  void build(const Ctx& c, SimplePlan& p) override {
+  void build(const Ctx& c, PlainPlan& p) override {
     Dims x = c.dims(0);
     p.out_dims = x;
     if (numel(x) == 0) return;
     for (int i = 1; i < 5; ++i)
       if (c.dims(i) != Dims{x[1]}) throw Reject{"scale/bias/mean/var must be [C]"};
     float eps = c.attr_f("epsilon", 1e-5f);
-    dnnl::memory::desc src = plain_md(x), vec({x[1]}, dt::f32, tag::a);
+    dnnl::memory::desc src = typed_md(x);
     dnnl::batch_normalization_forward::desc d(
         dnnl::prop_kind::forward_inference, src, eps,
         dnnl::normalization_flags::use_global_stats | dnnl::normalization_flags::use_scale |
@@ -203,16 +264,21 @@ class BatchNormKernel : public SimpleKernel {
     dnnl::batch_normalization_forward::primitive_desc pd(d, engine());
     p.prim = dnnl::batch_normalization_forward(pd);
     add_input(p, DNNL_ARG_SRC, 0, src);
-    add_input(p, DNNL_ARG_SCALE, 1, vec);
-    add_input(p, DNNL_ARG_SHIFT, 2, vec);
-    add_input(p, DNNL_ARG_MEAN, 3, vec);
-    add_input(p, DNNL_ARG_VARIANCE, 4, vec);
+    add_param(p, DNNL_ARG_SCALE, 1, x[1]);
+    add_param(p, DNNL_ARG_SHIFT, 2, x[1]);
+    add_param(p, DNNL_ARG_MEAN, 3, x[1]);
+    add_param(p, DNNL_ARG_VARIANCE, 4, x[1]);
     p.dst = dnnl::memory(src, engine(), nullptr);
   }
 };
 
-class LayerNormKernel : public SimpleKernel {
+// LayerNormalization over the last axis (ai.onnx 17 and, bf16, keel.LayerNormalization); f32 statistics.
+class LayerNormKernel : public PlainKernel {
+ public:
+  using PlainKernel::PlainKernel;
+
  protected:
+  int typed_inputs() const override { return data_inputs_only(); }
   void check(const Ctx& c) override {
     if (!c.rank_known(0) || c.dims(0).empty()) throw Reject{"input rank"};
     int64_t rank = static_cast<int64_t>(c.dims(0).size());
@@ -224,38 +290,38 @@ class LayerNormKernel : public SimpleKernel {
       if (c.output_dtype(i) != KEEL_DTYPE_UNDEFINED) throw Reject{"Mean/InvStdDev outputs"};
     if (c.attr_i("stash_type", 1) != 1) throw Reject{"stash_type"};
   }
-  void build(const Ctx& c, SimplePlan& p) override {
+  void build(const Ctx& c, PlainPlan& p) override {
     Dims x = c.dims(0);
     p.out_dims = x;
     if (numel(x) == 0) return;
     const int64_t D = x.back();
     auto vec_ok = [&](int i) { return numel(c.dims(i)) == D && c.dims(i).back() == D; };
     if (!vec_ok(1)) throw Reject{"Scale must have the normalised size"};
-    bool shift = c.has_input(2);
+    const bool shift = c.has_input(2);
     if (shift && !vec_ok(2)) throw Reject{"B must have the normalised size"};
     float eps = c.attr_f("epsilon", 1e-5f);
-    dnnl::memory::desc src = plain_md(x), vec({D}, dt::f32, tag::a);
+    dnnl::memory::desc src = typed_md(x);
     auto flags = dnnl::normalization_flags::use_scale;
     if (shift) flags |= dnnl::normalization_flags::use_shift;
     dnnl::layer_normalization_forward::desc d(dnnl::prop_kind::forward_inference, src, eps, flags);
     dnnl::layer_normalization_forward::primitive_desc pd(d, engine());
     p.prim = dnnl::layer_normalization_forward(pd);
     add_input(p, DNNL_ARG_SRC, 0, src);
-    add_input(p, DNNL_ARG_SCALE, 1, vec);
-    if (shift) add_input(p, DNNL_ARG_SHIFT, 2, vec);
+    add_param(p, DNNL_ARG_SCALE, 1, D);
+    if (shift) add_param(p, DNNL_ARG_SHIFT, 2, D);
     p.dst = dnnl::memory(src, engine(), nullptr);
   }
 };
 
-class SoftmaxKernel : public SimpleKernel {
+class SoftmaxKernel : public PlainKernel {
  public:
-  explicit SoftmaxKernel(bool log) : log_(log) {}
+  SoftmaxKernel(dt d, bool log) : PlainKernel(d), log_(log) {}
 
  protected:
   void check(const Ctx& c) override {
     if (!c.rank_known(0) || c.dims(0).empty()) throw Reject{"input rank"};
   }
-  void build(const Ctx& c, SimplePlan& p) override {
+  void build(const Ctx& c, PlainPlan& p) override {
     Dims x = c.dims(0);
     p.out_dims = x;
     if (numel(x) == 0) return;
@@ -274,7 +340,7 @@ class SoftmaxKernel : public SimpleKernel {
       dnnl_axis = 1;
     }
     if (shape.size() > 6) throw Reject{"rank > 6"};
-    dnnl::memory::desc md = plain_md(shape);
+    dnnl::memory::desc md = typed_md(shape);
     dnnl::softmax_v2_forward::desc d(dnnl::prop_kind::forward_inference,
                                      log_ ? alg::softmax_log : alg::softmax_accurate, md, md, dnnl_axis);
     dnnl::softmax_v2_forward::primitive_desc pd(d, engine());
@@ -289,13 +355,12 @@ class SoftmaxKernel : public SimpleKernel {
 
 // ----------------------------------------------------------------------------------------------------- unary
 
-enum class Unary { kRelu, kLeakyRelu, kElu, kSigmoid, kTanh, kExp, kLog, kSqrt, kAbs, kHardSwish, kClip, kNeg, kSoftplus };
-
-class UnaryKernel : public SimpleKernel {
+class UnaryKernel : public PlainKernel {
  public:
-  explicit UnaryKernel(Unary u) : u_(u) {}
+  UnaryKernel(dt d, Unary u) : PlainKernel(d), u_(u) {}
 
  protected:
+  int typed_inputs() const override { return data_inputs_only(); }  // bf16 Clip: bounds bf16 or f32
   void check(const Ctx& c) override {
     switch (u_) {
       case Unary::kRelu: a_ = alg::eltwise_relu; break;
@@ -310,6 +375,13 @@ class UnaryKernel : public SimpleKernel {
       case Unary::kHardSwish: a_ = alg::eltwise_hardswish; break;
       case Unary::kNeg: a_ = alg::eltwise_linear; alpha_ = -1.f; break;
       case Unary::kSoftplus: a_ = alg::eltwise_soft_relu; break;
+      case Unary::kGelu: {
+        const std::string approx = c.attr_s("approximate", "none");
+        if (approx == "none") a_ = alg::eltwise_gelu_erf;
+        else if (approx == "tanh") a_ = alg::eltwise_gelu_tanh;
+        else throw Reject{"approximate = " + approx};
+        break;
+      }
       case Unary::kClip: {
         a_ = alg::eltwise_clip_v2;
         alpha_ = -FLT_MAX;
@@ -321,7 +393,11 @@ class UnaryKernel : public SimpleKernel {
           for (int i = 1; i < 3 && i < c.input_count(); ++i) {
             if (!c.has_input(i)) continue;
             if (!c.is_constant(i) || numel(c.dims(i)) != 1) throw Reject{"Clip min/max not constant scalars"};
-            (i == 1 ? alpha_ : beta_) = *c.data<float>(i);
+            float v;
+            if (c.dtype(i) == KEEL_DTYPE_BF16) v = bf16_bits_to_f32(*c.data<uint16_t>(i));
+            else if (c.dtype(i) == KEEL_DTYPE_F32) v = *c.data<float>(i);
+            else throw Reject{"Clip bounds dtype"};
+            (i == 1 ? alpha_ : beta_) = v;
           }
         }
         if (std::isnan(alpha_) || std::isnan(beta_)) throw Reject{"NaN bounds"};
@@ -330,16 +406,16 @@ class UnaryKernel : public SimpleKernel {
     }
     if (!c.rank_known(0)) throw Reject{"input rank unknown"};
   }
-  void build(const Ctx& c, SimplePlan& p) override {
+  void build(const Ctx& c, PlainPlan& p) override {
     Dims x = c.dims(0);
     p.out_dims = x;
     if (numel(x) == 0) return;
-    dnnl::memory::desc md({numel(x)}, dt::f32, tag::a);
-    dnnl::eltwise_forward::desc d(dnnl::prop_kind::forward_inference, a_, md, alpha_, beta_);
+    dnnl::memory::desc m({numel(x)}, dt_, tag::a);
+    dnnl::eltwise_forward::desc d(dnnl::prop_kind::forward_inference, a_, m, alpha_, beta_);
     dnnl::eltwise_forward::primitive_desc pd(d, engine());
     p.prim = dnnl::eltwise_forward(pd);
-    add_input(p, DNNL_ARG_SRC, 0, md);
-    p.dst = dnnl::memory(md, engine(), nullptr);
+    add_input(p, DNNL_ARG_SRC, 0, m);
+    p.dst = dnnl::memory(m, engine(), nullptr);
   }
 
  private:
@@ -350,9 +426,9 @@ class UnaryKernel : public SimpleKernel {
 
 // ----------------------------------------------------------------------------------------------------- binary
 
-class BinaryKernel : public SimpleKernel {
+class BinaryKernel : public PlainKernel {
  public:
-  BinaryKernel(alg a, bool commutative) : a_(a), commutative_(commutative) {}
+  BinaryKernel(dt d, alg a, bool commutative) : PlainKernel(d), a_(a), commutative_(commutative) {}
 
  protected:
   void check(const Ctx& c) override {
@@ -360,7 +436,7 @@ class BinaryKernel : public SimpleKernel {
     if (!c.rank_known(0) || !c.rank_known(1)) throw Reject{"operand rank unknown"};
     if (c.opset() < 7 && c.attr_i("broadcast", 0) != 0) throw Reject{"legacy broadcast attribute"};
   }
-  void build(const Ctx& c, SimplePlan& p) override {
+  void build(const Ctx& c, PlainPlan& p) override {
     Dims a = c.dims(0), b = c.dims(1);
     size_t r = std::max<size_t>({a.size(), b.size(), 1});
     while (a.size() < r) a.insert(a.begin(), 1);
@@ -380,7 +456,7 @@ class BinaryKernel : public SimpleKernel {
       std::swap(a, b);
       std::swap(i0, i1);
     }
-    dnnl::memory::desc m0 = plain_md(a), m1 = plain_md(b), md = plain_md(out);
+    dnnl::memory::desc m0 = typed_md(a), m1 = typed_md(b), md = typed_md(out);
     dnnl::binary::desc d(a_, m0, m1, md);
     dnnl::binary::primitive_desc pd(d, engine());
     p.prim = dnnl::binary(pd);
@@ -394,9 +470,13 @@ class BinaryKernel : public SimpleKernel {
   bool commutative_;
 };
 
+
 // ----------------------------------------------------------------------------------------------------- concat
 
-class ConcatKernel : public SimpleKernel {
+class ConcatKernel : public PlainKernel {
+ public:
+  using PlainKernel::PlainKernel;
+
  protected:
   void check(const Ctx& c) override {
     if (c.input_count() < 1 || c.input_count() > 64) throw Reject{"input count"};
@@ -404,7 +484,7 @@ class ConcatKernel : public SimpleKernel {
       if (!c.has_input(i) || !c.rank_known(i)) throw Reject{"input rank unknown"};
     if (!c.has_attr("axis")) throw Reject{"no axis"};
   }
-  void build(const Ctx& c, SimplePlan& p) override {
+  void build(const Ctx& c, PlainPlan& p) override {
     Dims first = c.dims(0);
     int64_t rank = static_cast<int64_t>(first.size());
     if (rank == 0 || rank > 6) throw Reject{"rank"};
@@ -421,10 +501,10 @@ class ConcatKernel : public SimpleKernel {
         if (j != axis && d[j] != first[j]) throw Reject{"shapes differ off the axis"};
       if (numel(d) == 0) throw Reject{"empty input"};
       out[axis] += d[axis];
-      mds.push_back(plain_md(d));
+      mds.push_back(typed_md(d));
     }
     p.out_dims = out;
-    dnnl::memory::desc md = plain_md(out);
+    dnnl::memory::desc md = typed_md(out);
     dnnl::concat::primitive_desc pd(md, static_cast<int>(axis), mds, engine());
     p.prim = dnnl::concat(pd);
     for (int i = 0; i < c.input_count(); ++i) add_input(p, DNNL_ARG_MULTIPLE_SRC + i, i, mds[i]);
@@ -433,10 +513,14 @@ class ConcatKernel : public SimpleKernel {
 };
 
 
+
 // ------------------------------------------------------------------------------------- transpose, reduce, pow
 
 // Transpose as a oneDNN reorder from a permuted-strides view of the input to the plain output.
-class TransposeKernel : public SimpleKernel {
+class TransposeKernel : public PlainKernel {
+ public:
+  using PlainKernel::PlainKernel;
+
  protected:
   // "simple:any" is the element-by-element reorder: far slower than the reference Transpose.
   bool slow_impl(const std::string& impl) const override {
@@ -445,7 +529,7 @@ class TransposeKernel : public SimpleKernel {
   void check(const Ctx& c) override {
     if (!c.rank_known(0) || c.dims(0).empty() || c.dims(0).size() > 6) throw Reject{"rank"};
   }
-  void build(const Ctx& c, SimplePlan& p) override {
+  void build(const Ctx& c, PlainPlan& p) override {
     Dims x = c.dims(0);
     const size_t r = x.size();
     Dims perm(r);
@@ -463,7 +547,7 @@ class TransposeKernel : public SimpleKernel {
     }
     p.out_dims = out;
     if (numel(out) == 0) return;
-    dnnl::memory::desc src(to_dnnl(out), dt::f32, view_strides), dst = plain_md(out);
+    dnnl::memory::desc src(to_dnnl(out), dt_, view_strides), dst = typed_md(out);
     dnnl::reorder::primitive_desc pd(engine(), src, engine(), dst);
     p.prim = dnnl::reorder(pd);
     add_input(p, DNNL_ARG_FROM, 0, src);
@@ -472,12 +556,12 @@ class TransposeKernel : public SimpleKernel {
   }
 };
 
-class ReduceKernel : public SimpleKernel {
+class ReduceKernel : public PlainKernel {
  public:
-  explicit ReduceKernel(alg a) : a_(a) {}
+  explicit ReduceKernel(alg a) : PlainKernel(dt::f32), a_(a) {}
 
  protected:
-  int f32_inputs() const override { return 1; }
+  int typed_inputs() const override { return 1; }
   void check(const Ctx& c) override {
     if (!c.rank_known(0) || c.dims(0).empty() || c.dims(0).size() > 6) throw Reject{"rank"};
     if (c.attr_i("noop_with_empty_axes", 0) != 0) throw Reject{"noop_with_empty_axes"};
@@ -489,7 +573,7 @@ class ReduceKernel : public SimpleKernel {
       axes_ = c.attr_ints("axes", {});
     }
   }
-  void build(const Ctx& c, SimplePlan& p) override {
+  void build(const Ctx& c, PlainPlan& p) override {
     Dims x = c.dims(0);
     const int64_t r = static_cast<int64_t>(x.size());
     std::vector<bool> reduce(r, axes_.empty());
@@ -520,7 +604,10 @@ class ReduceKernel : public SimpleKernel {
 };
 
 // Pow with a constant scalar exponent: eltwise_pow (x^b).
-class PowKernel : public SimpleKernel {
+class PowKernel : public PlainKernel {
+ public:
+  PowKernel() : PlainKernel(dt::f32) {}
+
  protected:
   void check(const Ctx& c) override {
     if (!c.rank_known(0)) throw Reject{"rank"};
@@ -528,7 +615,7 @@ class PowKernel : public SimpleKernel {
     if (c.dims(1).size() > c.dims(0).size()) throw Reject{"exponent rank broadcasts the output"};
     beta_ = *c.data<float>(1);
   }
-  void build(const Ctx& c, SimplePlan& p) override {
+  void build(const Ctx& c, PlainPlan& p) override {
     Dims x = c.dims(0);
     p.out_dims = x;
     if (numel(x) == 0) return;
@@ -546,37 +633,46 @@ class PowKernel : public SimpleKernel {
 
 }  // namespace
 
+Kernel* make_pool_kernel(dt d, bool max, bool global) { return new PoolKernel(d, max, global); }
+Kernel* make_batch_norm_kernel(dt d) { return new BatchNormKernel(d); }
+Kernel* make_layer_norm_kernel(dt d) { return new LayerNormKernel(d); }
+Kernel* make_softmax_kernel(dt d, bool log) { return new SoftmaxKernel(d, log); }
+Kernel* make_unary_kernel(dt d, Unary u) { return new UnaryKernel(d, u); }
+Kernel* make_binary_kernel(dt d, alg a, bool commutative) { return new BinaryKernel(d, a, commutative); }
+Kernel* make_concat_kernel(dt d) { return new ConcatKernel(d); }
+Kernel* make_transpose_kernel(dt d) { return new TransposeKernel(d); }
+
 std::vector<KernelInfo> misc_kernels() {
   using K = Kernel*;
   return {
-      {"MaxPool", 1, 0, "onednn_f32_maxpool", []() -> K { return new PoolKernel(true, false); }},
-      {"AveragePool", 1, 0, "onednn_f32_averagepool", []() -> K { return new PoolKernel(false, false); }},
-      {"GlobalMaxPool", 1, 0, "onednn_f32_globalmaxpool", []() -> K { return new PoolKernel(true, true); }},
-      {"GlobalAveragePool", 1, 0, "onednn_f32_globalaveragepool", []() -> K { return new PoolKernel(false, true); }},
-      {"BatchNormalization", 7, 0, "onednn_f32_batchnormalization", []() -> K { return new BatchNormKernel(); }},
-      {"LayerNormalization", 17, 0, "onednn_f32_layernormalization", []() -> K { return new LayerNormKernel(); }},
-      {"Softmax", 1, 0, "onednn_f32_softmax", []() -> K { return new SoftmaxKernel(false); }},
-      {"LogSoftmax", 1, 0, "onednn_f32_logsoftmax", []() -> K { return new SoftmaxKernel(true); }},
-      {"Relu", 6, 0, "onednn_f32_relu", []() -> K { return new UnaryKernel(Unary::kRelu); }},
-      {"LeakyRelu", 6, 0, "onednn_f32_leakyrelu", []() -> K { return new UnaryKernel(Unary::kLeakyRelu); }},
-      {"Elu", 6, 0, "onednn_f32_elu", []() -> K { return new UnaryKernel(Unary::kElu); }},
-      {"Sigmoid", 6, 0, "onednn_f32_sigmoid", []() -> K { return new UnaryKernel(Unary::kSigmoid); }},
-      {"Tanh", 6, 0, "onednn_f32_tanh", []() -> K { return new UnaryKernel(Unary::kTanh); }},
-      {"Exp", 6, 0, "onednn_f32_exp", []() -> K { return new UnaryKernel(Unary::kExp); }},
-      {"Log", 6, 0, "onednn_f32_log", []() -> K { return new UnaryKernel(Unary::kLog); }},
-      {"Sqrt", 6, 0, "onednn_f32_sqrt", []() -> K { return new UnaryKernel(Unary::kSqrt); }},
-      {"Abs", 6, 0, "onednn_f32_abs", []() -> K { return new UnaryKernel(Unary::kAbs); }},
-      {"Neg", 6, 0, "onednn_f32_neg", []() -> K { return new UnaryKernel(Unary::kNeg); }},
-      {"HardSwish", 14, 0, "onednn_f32_hardswish", []() -> K { return new UnaryKernel(Unary::kHardSwish); }},
-      {"Clip", 6, 0, "onednn_f32_clip", []() -> K { return new UnaryKernel(Unary::kClip); }},
-      {"Add", 7, 0, "onednn_f32_add", []() -> K { return new BinaryKernel(alg::binary_add, true); }},
-      {"Sub", 7, 0, "onednn_f32_sub", []() -> K { return new BinaryKernel(alg::binary_sub, false); }},
-      {"Mul", 7, 0, "onednn_f32_mul", []() -> K { return new BinaryKernel(alg::binary_mul, true); }},
-      {"Div", 7, 0, "onednn_f32_div", []() -> K { return new BinaryKernel(alg::binary_div, false); }},
-      {"Max", 8, 0, "onednn_f32_max", []() -> K { return new BinaryKernel(alg::binary_max, true); }},
-      {"Min", 8, 0, "onednn_f32_min", []() -> K { return new BinaryKernel(alg::binary_min, true); }},
-      {"Concat", 4, 0, "onednn_f32_concat", []() -> K { return new ConcatKernel(); }},
-      {"Transpose", 1, 0, "onednn_f32_transpose", []() -> K { return new TransposeKernel(); }},
+      {"MaxPool", 1, 0, "onednn_f32_maxpool", []() -> K { return new PoolKernel(dt::f32, true, false); }},
+      {"AveragePool", 1, 0, "onednn_f32_averagepool", []() -> K { return new PoolKernel(dt::f32, false, false); }},
+      {"GlobalMaxPool", 1, 0, "onednn_f32_globalmaxpool", []() -> K { return new PoolKernel(dt::f32, true, true); }},
+      {"GlobalAveragePool", 1, 0, "onednn_f32_globalaveragepool", []() -> K { return new PoolKernel(dt::f32, false, true); }},
+      {"BatchNormalization", 7, 0, "onednn_f32_batchnormalization", []() -> K { return new BatchNormKernel(dt::f32); }},
+      {"LayerNormalization", 17, 0, "onednn_f32_layernormalization", []() -> K { return new LayerNormKernel(dt::f32); }},
+      {"Softmax", 1, 0, "onednn_f32_softmax", []() -> K { return new SoftmaxKernel(dt::f32, false); }},
+      {"LogSoftmax", 1, 0, "onednn_f32_logsoftmax", []() -> K { return new SoftmaxKernel(dt::f32, true); }},
+      {"Relu", 6, 0, "onednn_f32_relu", []() -> K { return new UnaryKernel(dt::f32, Unary::kRelu); }},
+      {"LeakyRelu", 6, 0, "onednn_f32_leakyrelu", []() -> K { return new UnaryKernel(dt::f32, Unary::kLeakyRelu); }},
+      {"Elu", 6, 0, "onednn_f32_elu", []() -> K { return new UnaryKernel(dt::f32, Unary::kElu); }},
+      {"Sigmoid", 6, 0, "onednn_f32_sigmoid", []() -> K { return new UnaryKernel(dt::f32, Unary::kSigmoid); }},
+      {"Tanh", 6, 0, "onednn_f32_tanh", []() -> K { return new UnaryKernel(dt::f32, Unary::kTanh); }},
+      {"Exp", 6, 0, "onednn_f32_exp", []() -> K { return new UnaryKernel(dt::f32, Unary::kExp); }},
+      {"Log", 6, 0, "onednn_f32_log", []() -> K { return new UnaryKernel(dt::f32, Unary::kLog); }},
+      {"Sqrt", 6, 0, "onednn_f32_sqrt", []() -> K { return new UnaryKernel(dt::f32, Unary::kSqrt); }},
+      {"Abs", 6, 0, "onednn_f32_abs", []() -> K { return new UnaryKernel(dt::f32, Unary::kAbs); }},
+      {"Neg", 6, 0, "onednn_f32_neg", []() -> K { return new UnaryKernel(dt::f32, Unary::kNeg); }},
+      {"HardSwish", 14, 0, "onednn_f32_hardswish", []() -> K { return new UnaryKernel(dt::f32, Unary::kHardSwish); }},
+      {"Clip", 6, 0, "onednn_f32_clip", []() -> K { return new UnaryKernel(dt::f32, Unary::kClip); }},
+      {"Add", 7, 0, "onednn_f32_add", []() -> K { return new BinaryKernel(dt::f32, alg::binary_add, true); }},
+      {"Sub", 7, 0, "onednn_f32_sub", []() -> K { return new BinaryKernel(dt::f32, alg::binary_sub, false); }},
+      {"Mul", 7, 0, "onednn_f32_mul", []() -> K { return new BinaryKernel(dt::f32, alg::binary_mul, true); }},
+      {"Div", 7, 0, "onednn_f32_div", []() -> K { return new BinaryKernel(dt::f32, alg::binary_div, false); }},
+      {"Max", 8, 0, "onednn_f32_max", []() -> K { return new BinaryKernel(dt::f32, alg::binary_max, true); }},
+      {"Min", 8, 0, "onednn_f32_min", []() -> K { return new BinaryKernel(dt::f32, alg::binary_min, true); }},
+      {"Concat", 4, 0, "onednn_f32_concat", []() -> K { return new ConcatKernel(dt::f32); }},
+      {"Transpose", 1, 0, "onednn_f32_transpose", []() -> K { return new TransposeKernel(dt::f32); }},
       {"ReduceMean", 1, 17, "onednn_f32_reducemean", []() -> K { return new ReduceKernel(alg::reduction_mean); }},
       {"ReduceSum", 1, 0, "onednn_f32_reducesum", []() -> K { return new ReduceKernel(alg::reduction_sum); }},
       {"ReduceMax", 1, 17, "onednn_f32_reducemax", []() -> K { return new ReduceKernel(alg::reduction_max); }},

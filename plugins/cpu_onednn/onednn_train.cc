@@ -840,17 +840,8 @@ class SoftmaxCrossEntropyGradKernel : public Kernel {
 
 // ---------------------------------------------------------------------------------------------- registration
 
-struct TrainKernel {
-  const char* domain;
-  const char* op_type;
-  int32_t since_version;
-  const char* name;
-  std::vector<int32_t> dtypes;  // allowed for type parameter "T"
-  Kernel* (*make)();
-};
-
-const std::vector<TrainKernel>& train_kernels() {
-  static const std::vector<TrainKernel> k = {
+const std::vector<TypedKernelInfo>& train_kernels() {
+  static const std::vector<TypedKernelInfo> k = {
       {"keel", "ConvGrad", 1, "onednn_keel_convgrad", {KEEL_DTYPE_F32, KEEL_DTYPE_BF16}, [] { return static_cast<Kernel*>(new ConvGradKernel); }},
       {"keel", "ReluGrad", 1, "onednn_keel_relugrad", {KEEL_DTYPE_F32, KEEL_DTYPE_BF16}, [] { return static_cast<Kernel*>(new ReluGradKernel); }},
       {"keel", "MaxPoolGrad", 1, "onednn_keel_maxpoolgrad", {KEEL_DTYPE_F32, KEEL_DTYPE_BF16}, [] { return static_cast<Kernel*>(new MaxPoolGradKernel); }},
@@ -870,16 +861,17 @@ const std::vector<TrainKernel>& train_kernels() {
 }
 
 
-keel_status_t train_create(void* user_data, keel_kernel_context_t* ctx, void** out_state) {
-  return create_kernel(static_cast<const TrainKernel*>(user_data)->make, ctx, out_state);
+keel_status_t table_create(void* user_data, keel_kernel_context_t* ctx, void** out_state) {
+  return create_kernel(static_cast<const TypedKernelInfo*>(user_data)->make, ctx, out_state);
 }
-
-keel_status_t train_compute(void* state, keel_kernel_context_t* ctx) { return compute_kernel(state, ctx, true); }
+keel_status_t compute_falling_back(void* state, keel_kernel_context_t* ctx) { return compute_kernel(state, ctx, true); }
+keel_status_t compute_failing(void* state, keel_kernel_context_t* ctx) { return compute_kernel(state, ctx, false); }
 
 }  // namespace
 
-keel_status_t register_train_kernels(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
-  for (const auto& info : train_kernels()) {
+keel_status_t register_kernel_table(const keel_host_api_t* host, keel_plugin_handle_t* plugin,
+                                    const std::vector<TypedKernelInfo>& table, bool dnnl_error_falls_back) {
+  for (const auto& info : table) {
     keel_kernel_def_t def;
     std::memset(&def, 0, sizeof def);
     def.struct_size = sizeof def;
@@ -894,13 +886,17 @@ keel_status_t register_train_kernels(const keel_host_api_t* host, keel_plugin_ha
     keel_type_constraint_t tc{"T", info.dtypes.data(), info.dtypes.size()};
     def.constraints = &tc;
     def.constraint_count = 1;
-    def.user_data = const_cast<TrainKernel*>(&info);
-    def.create = train_create;
-    def.compute = train_compute;
+    def.user_data = const_cast<TypedKernelInfo*>(&info);
+    def.create = table_create;
+    def.compute = dnnl_error_falls_back ? compute_falling_back : compute_failing;
     def.release = release_kernel;
     if (keel_status_t st = host->register_kernel(plugin, &def)) return st;
   }
   return nullptr;
+}
+
+keel_status_t register_train_kernels(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+  return register_kernel_table(host, plugin, train_kernels(), true);
 }
 
 }  // namespace keel::onednn

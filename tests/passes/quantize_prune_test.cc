@@ -443,6 +443,25 @@ void expect_same_outputs(const std::vector<Tensor>& before, const std::vector<Te
   }
 }
 
+// Runs g on a random input x of `shape`, then prunes it (channel mode at `ratio`): the report, the outputs and the
+// parameter count before pruning, and the feeds to run the pruned graph on.
+struct Pruned {
+  PassReport report;
+  Feeds feeds;
+  std::vector<Tensor> before;
+  int64_t params_before = 0;
+};
+Pruned prune_channels(Graph& g, const Shape& shape, uint32_t seed, double ratio = 0.5) {
+  Pruned p;
+  p.feeds = {{"x", Tensor::f32(shape, randv(static_cast<size_t>(shape_numel(shape)), seed))}};
+  p.before = run(g, p.feeds);
+  p.params_before = param_count(g);
+  auto r = run_pass(g, "prune", channel_options(ratio));
+  EXPECT_EQ(r.size(), 1u);
+  if (!r.empty()) p.report = std::move(r[0]);
+  return p;
+}
+
 // Zeroes rows `rows` (of `per` elements each) of w and the same entries of bias.
 std::vector<float> zero_rows(std::vector<float> w, std::vector<float>* bias, int64_t per,
                              const std::vector<int64_t>& rows) {
@@ -474,17 +493,14 @@ Graph resnext_block() {
 TEST(Prune, GroupedConvsLoseTheSameCountInEachGroup) {
   Graph g = resnext_block();
   const Graph ref = resnext_block();
-  Feeds feeds = {{"x", Tensor::f32({1, 4, 8, 8}, randv(256, 66))}};
-  auto before = run(g, feeds);
-  const int64_t p0 = param_count(g);
-  auto r = run_pass(g, "prune", channel_options(0.5));
-  ASSERT_EQ(r.size(), 1u);
-  EXPECT_EQ(r[0].counters["groups_pruned"], 2) << notes_of(r[0]);
-  EXPECT_EQ(r[0].counters["channels_removed"], 4 + 4);
+  Pruned p = prune_channels(g, Shape{1, 4, 8, 8}, 66);
+  PassReport& r = p.report;
+  EXPECT_EQ(r.counters["groups_pruned"], 2) << notes_of(r);
+  EXPECT_EQ(r.counters["channels_removed"], 4 + 4);
   // a: 4 rows of 4 + 4 biases; g: [8,2,3,3] -> [4,1,3,3] + 4 biases; y: 4 of its 8 input columns.
   const int64_t expect_removed = (16 + 4) + (144 - 36 + 4) + 16;
-  EXPECT_EQ(r[0].counters["params_removed"], expect_removed);
-  EXPECT_EQ(p0 - param_count(g), expect_removed);
+  EXPECT_EQ(r.counters["params_removed"], expect_removed);
+  EXPECT_EQ(p.params_before - param_count(g), expect_removed);
   EXPECT_EQ(weight_of(g, "Conv", 1, 0).shape(), (Shape{4, 4, 1, 1}));
   EXPECT_EQ(weight_of(g, "Conv", 1, 1).shape(), (Shape{4, 1, 3, 3}));
   EXPECT_EQ(weight_of(g, "Conv", 2, 1).shape(), (Shape{4}));
@@ -501,7 +517,7 @@ TEST(Prune, GroupedConvsLoseTheSameCountInEachGroup) {
   const int64_t rows[] = {1, 2, 5, 6}, cols[] = {0, 1, 0, 1};
   for (int64_t o = 0; o < 4; ++o)
     for (int64_t i = 0; i < 9; ++i) EXPECT_EQ(ng[o * 9 + i], og[(rows[o] * 2 + cols[o]) * 9 + i]) << o << "," << i;
-  expect_same_outputs(before, run(g, feeds));
+  expect_same_outputs(p.before, run(g, p.feeds));
 }
 
 TEST(Prune, RatioZeroChangesNothing) {
@@ -509,18 +525,11 @@ TEST(Prune, RatioZeroChangesNothing) {
                                            {residual_block({1, 4}, {0}), Shape{1, 3, 8, 8}}};
   for (const auto& [model, shape] : cases) {
     Graph g = model;
-    Feeds feeds = {{"x", Tensor::f32(shape, randv(static_cast<size_t>(shape_numel(shape)), 67))}};
-    auto before = run(g, feeds);
-    const int64_t p0 = param_count(g);
-    auto r = run_pass(g, "prune", channel_options(0.0));
-    ASSERT_EQ(r.size(), 1u);
-    EXPECT_EQ(r[0].counters["channels_removed"], 0);
-    EXPECT_EQ(r[0].counters["params_removed"], 0);
-    EXPECT_EQ(param_count(g), p0);
-    auto after = run(g, feeds);
-    ASSERT_EQ(after.size(), before.size());
-    for (size_t k = 0; k < after.size(); ++k)
-      for (int64_t i = 0; i < after[k].numel(); ++i) ASSERT_EQ(after[k].data<float>()[i], before[k].data<float>()[i]);
+    Pruned p = prune_channels(g, shape, 67, 0.0);
+    EXPECT_EQ(p.report.counters["channels_removed"], 0);
+    EXPECT_EQ(p.report.counters["params_removed"], 0);
+    EXPECT_EQ(param_count(g), p.params_before);
+    expect_same_outputs(p.before, run(g, p.feeds), 0.f);
   }
 }
 
@@ -537,18 +546,15 @@ TEST(Prune, DepthwiseMultiplierConvPrunesItsRowsPerGroupAndReportsItsInput) {
                            {{"group", Attribute::of_int(4)}, {"pads", Attribute::of_ints({1, 1, 1, 1})}})});
   b.output(b.op1("Conv", {h, b.constant("wy", Tensor::f32({2, 8, 1, 1}, randv(16, 74, 0.3f)))}));
   Graph g = b.take();
-  Feeds feeds = {{"x", Tensor::f32({1, 3, 8, 8}, randv(192, 75))}};
-  auto before = run(g, feeds);
-  const int64_t p0 = param_count(g);
-  auto r = run_pass(g, "prune", channel_options(0.5));
-  ASSERT_EQ(r.size(), 1u);
-  EXPECT_EQ(r[0].counters["groups_pruned"], 1) << notes_of(r[0]);
-  EXPECT_TRUE(has_note(r[0], "removes no channel of 4 blocks of 1")) << notes_of(r[0]);
+  Pruned p = prune_channels(g, Shape{1, 3, 8, 8}, 75);
+  PassReport& r = p.report;
+  EXPECT_EQ(r.counters["groups_pruned"], 1) << notes_of(r);
+  EXPECT_TRUE(has_note(r, "removes no channel of 4 blocks of 1")) << notes_of(r);
   EXPECT_EQ(weight_of(g, "Conv", 1, 0).shape(), (Shape{4, 3, 1, 1}));
   EXPECT_EQ(weight_of(g, "Conv", 1, 1).shape(), (Shape{4, 1, 3, 3}));
   EXPECT_EQ(weight_of(g, "Conv", 1, 2).shape(), (Shape{2, 4, 1, 1}));
-  EXPECT_EQ(p0 - param_count(g), 36 + 4 + 8);
-  expect_same_outputs(before, run(g, feeds));
+  EXPECT_EQ(p.params_before - param_count(g), 36 + 4 + 8);
+  expect_same_outputs(p.before, run(g, p.feeds));
 }
 
 TEST(Prune, NestedConcatReadersGetTheSummedOffset) {
@@ -571,15 +577,12 @@ TEST(Prune, NestedConcatReadersGetTheSummedOffset) {
   auto cat2 = b.op1("Concat", {c, cat1}, {{"axis", Attribute::of_int(1)}});
   b.output(b.op1("Conv", {b.op1("Relu", {cat2}), b.constant("wy", Tensor::f32({3, 14, 1, 1}, wy))}));
   Graph g = b.take();
-  Feeds feeds = {{"x", Tensor::f32({1, 3, 8, 8}, randv(192, 89))}};
-  auto before = run(g, feeds);
-  const int64_t p0 = param_count(g);
-  auto r = run_pass(g, "prune", channel_options(0.5));
-  ASSERT_EQ(r.size(), 1u);
-  EXPECT_EQ(r[0].counters["groups_pruned"], 3) << notes_of(r[0]);
-  EXPECT_EQ(r[0].counters["channels_removed"], 2 + 2 + 3);
-  EXPECT_EQ(r[0].counters["params_removed"], p0 - param_count(g));
-  EXPECT_EQ(p0 - param_count(g), 7 * 4 + 2 * 4 + 3 * 7);  // producer rows + biases, z's and y's columns
+  Pruned p = prune_channels(g, Shape{1, 3, 8, 8}, 89);
+  PassReport& r = p.report;
+  EXPECT_EQ(r.counters["groups_pruned"], 3) << notes_of(r);
+  EXPECT_EQ(r.counters["channels_removed"], 2 + 2 + 3);
+  EXPECT_EQ(r.counters["params_removed"], p.params_before - param_count(g));
+  EXPECT_EQ(p.params_before - param_count(g), 7 * 4 + 2 * 4 + 3 * 7);  // producer rows + biases, z's and y's columns
   const Tensor& nz = weight_of(g, "Conv", 1, 3);
   const Tensor& ny = weight_of(g, "Conv", 1, 4);
   ASSERT_EQ(nz.shape(), (Shape{2, 4, 1, 1}));
@@ -589,7 +592,7 @@ TEST(Prune, NestedConcatReadersGetTheSummedOffset) {
     for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(nz.data<float>()[o * 4 + i], wz[static_cast<size_t>(o * 8 + zcols[i])]);
   for (int64_t o = 0; o < 3; ++o)
     for (int64_t i = 0; i < 7; ++i) EXPECT_EQ(ny.data<float>()[o * 7 + i], wy[static_cast<size_t>(o * 14 + ycols[i])]);
-  expect_same_outputs(before, run(g, feeds));
+  expect_same_outputs(p.before, run(g, p.feeds));
 }
 
 TEST(Prune, ConcatCoupledIntoAResidualIsSkippedWithAReason) {
@@ -608,18 +611,16 @@ TEST(Prune, ConcatCoupledIntoAResidualIsSkippedWithAReason) {
   auto s = b.op1("Relu", {b.op1("Add", {cat, conv("r", 8, 95)})});
   b.output(b.op1("Conv", {s, b.constant("wy", Tensor::f32({3, 8, 1, 1}, randv(24, 96, 0.3f)))}));
   Graph g = b.take();
-  Feeds feeds = {{"x", Tensor::f32({1, 3, 8, 8}, randv(192, 97))}};
-  auto before = run(g, feeds);
-  auto r = run_pass(g, "prune", channel_options(0.5));
-  ASSERT_EQ(r.size(), 1u);
-  EXPECT_EQ(r[0].counters["groups_pruned"], 1) << notes_of(r[0]);
-  EXPECT_EQ(r[0].counters["channels_removed"], 2);
-  EXPECT_TRUE(has_note(r[0], "channels coupled through a Concat into a residual are not pruned")) << notes_of(r[0]);
-  EXPECT_TRUE(has_note(r[0], "is the output of Concat")) << notes_of(r[0]);
+  Pruned p = prune_channels(g, Shape{1, 3, 8, 8}, 97);
+  PassReport& r = p.report;
+  EXPECT_EQ(r.counters["groups_pruned"], 1) << notes_of(r);
+  EXPECT_EQ(r.counters["channels_removed"], 2);
+  EXPECT_TRUE(has_note(r, "channels coupled through a Concat into a residual are not pruned")) << notes_of(r);
+  EXPECT_TRUE(has_note(r, "is the output of Concat")) << notes_of(r);
   EXPECT_EQ(weight_of(g, "Conv", 1, 0).shape(), (Shape{3, 3, 1, 1}));
   for (int n = 1; n <= 3; ++n) EXPECT_EQ(weight_of(g, "Conv", 1, n).shape()[1], 3) << n;
   EXPECT_EQ(weight_of(g, "Conv", 1, 4).shape(), (Shape{3, 8, 1, 1}));
-  expect_same_outputs(before, run(g, feeds));
+  expect_same_outputs(p.before, run(g, p.feeds));
 }
 
 TEST(QuantizeInt8, QdqModelIsCloseToFp32) {
