@@ -11,7 +11,7 @@ rows and biases after a Relu), so the pruned model must give the original's outp
      pruned file, its output equal to the reference (ort_bench.js compares output 0).
 Models: a ResNeXt-style block (grouped 3x3 Conv, 4 groups), a depthwise-multiplier Conv (one input channel per group:
 its input group is reported as unprunable), nested Concats (offsets add up), a Concat coupled into a residual Add
-(skipped with a reason, the model left valid), each also at ratio 0 (nothing changes).
+(its Convs on both sides of the Add lose the same channels), each also at ratio 0 (nothing changes).
 
 usage: /usr/bin/python3 tools/check_prune.py [--keel build/bin/keel] [--peers-dir ../shared/peers] [--keep DIR]
 Exit status 0 when every check passes; ORT is skipped (with a line saying so) where node or the binding is missing.
@@ -104,16 +104,19 @@ def nested_concat():
 
 
 def concat_add():
-    # Conv s(5) -> Relu -> Convs a(4), b(4), r(8); Add(Concat(a, b), r) -> Relu -> Conv y(3): only s's group is pruned.
+    # Conv s(5) -> Relu -> Convs a(4), b(4), r(8); Add(Concat(a, b), Relu(r)) -> Relu -> Conv y(3): a's and b's groups
+    # take r's rows at their offsets (0 and 4) along; r's own group is left to them (a note says so).
     m = Model("concat_add", [1, 3, 8, 8])
     h = m.relu(m.conv("x", "s", 5, 3, zero=(0, 3)))
-    cat = m.op("Concat", [m.conv(h, "a", 4, 5, bias=False), m.conv(h, "b", 4, 5, bias=False)], "cat", axis=1)
-    s = m.relu(m.op("Add", [cat, m.conv(h, "r", 8, 5, bias=False)], "sum"))
+    cat = m.op("Concat", [m.conv(h, "a", 4, 5, zero=(1, 2), bias=False), m.conv(h, "b", 4, 5, zero=(0, 3), bias=False)],
+               "cat", axis=1)
+    r = m.relu(m.conv(h, "r", 8, 5, zero=(1, 2, 4, 7), bias=False))
+    s = m.relu(m.op("Add", [cat, r], "sum"))
     m.outputs = [m.conv(s, "y", 3, 8, bias=False)]
-    return m, 2 * 3 + 2 + 2 * (4 + 4 + 8), [
-        r"skipped: Concat cat output meets Add sum \(channels coupled through a Concat into a residual are not pruned\) \(a\)",
-        r"skipped: Concat cat output meets Add sum .* \(b\)",
-        r"skipped: cat is the output of Concat cat .* \(r\)"]
+    return m, (6 + 2) + 2 * (8 + 6) + (16 + 12) + 12, [
+        r"pruned 2 of 4 channels of residual-coupled group \{a\} .*with 1 Conv\(s\) adding to the Concat's channels",
+        r"pruned 2 of 4 channels of residual-coupled group \{b\}",
+        r"skipped: cat is the output of Concat cat \(these channels belong to the groups of the Concat's inputs .*\(r\)"]
 
 
 def run(cmd, **kw):

@@ -20,12 +20,16 @@
 //                `group` with fewer channels per group; a reader Conv's weight keeps, per output row, the columns
 //                of its own block's kept channels. A group is skipped with a "skipped: <reason>" note when it
 //                reaches a graph input or output, a constant, a broadcasting Add, Mul/Sub of two computed values,
-//                unknown ops, a weight shared elsewhere, a Concat's channels coupled into an Add/Sum, or when the
-//                ratio removes no channel (e.g. one input channel per group of a depthwise-multiplier Conv). Mul/Add/Sub/Div with a constant that is a scalar or one value per channel pass the
+//                unknown ops, a weight shared elsewhere, or when the ratio removes no channel (e.g. one input
+//                channel per group of a depthwise-multiplier Conv). Mul/Add/Sub/Div with a constant that is a scalar or one value per channel pass the
 //                group through (the constant shrinks with it). A group value that is an input of a Concat (axis 1)
 //                keeps its place there: the readers behind the Concat (Conv/Gemm/MatMul, through channel-wise ops,
 //                Flatten of a 1x1 map, BatchNormalization and further Concats, whose offsets add up) lose the removed
 //                channels at the group's offset (SqueezeNet's fire modules, DenseNet-style joins, nested Concats).
+//                A Concat's output that meets an Add/Sum couples its channels to the other operands: Convs (group
+//                1) writing those (directly or through channel-wise ops and BatchNormalization) lose the group's
+//                rows at its offset and count in its score, so the same channels go on both sides; the Add's own
+//                group (started from such a Conv) is left to the Concat inputs' groups, with a note.
 //                coupled = false: the older per-chain mode — a Conv whose output reaches exactly one following Conv
 //                through single-use channel-wise ops is pruned alone; chains that reach a residual
 //                Add/Sum/Concat are left alone with a "skipped: residual-coupled" note.
@@ -285,7 +289,9 @@ struct ChannelGroup {
   // Through nested Concats the offset is the sum over the chain of (Concat, input) links, outermost last.
   struct OffsetReader {
     keel_node_id_t node;
-    int axis;  // weight axis (Conv: 1; Gemm/MatMul: 0 or 1), or -1 for a BatchNormalization (parameters 1..4)
+    // weight axis (Conv: 1; Gemm/MatMul: 0 or 1); -1: a BatchNormalization (parameters 1..4); -2: a Conv writing
+    // the Concat's channel space (an operand of an Add/Sum there): weight rows and bias, also scored with the group.
+    int axis;
     std::vector<std::pair<keel_node_id_t, size_t>> chain;
   };
   std::vector<OffsetReader> offset_readers;
@@ -419,10 +425,68 @@ class GroupBuilder {
   // Followed through channel-wise ops (and Flatten of a 1x1 map) and further Concats (axis 1; the offsets add up) to
   // Conv (group 1) / Gemm / MatMul readers and BatchNormalizations. Anything else stops the group with a reason: an
   // Add/Sum (the Concat's channels would be coupled to another value's), a graph output, grouped or depthwise Convs.
+  using Chain = std::vector<std::pair<keel_node_id_t, size_t>>;
+  using SpaceWork = std::vector<std::pair<std::string, Chain>>;
+  // An Add/Sum in a Concat's channel space: all its operands and its output share the space (same offsets).
+  bool space_join(keel_node_id_t n, const Chain& chain, SpaceWork& work) {
+    auto out_t = gv_.value_type(gv_.output(n, 0));
+    for (const std::string& in : gv_.inputs(n)) {
+      auto t = gv_.value_type(in);
+      if (!t || !out_t || t->ndim != out_t->ndim || t->ndim < 2 || t->dims[1] != out_t->dims[1])
+        return fail(gv_.op(n) + " " + gv_.name(n) + " behind a Concat broadcasts channels or has unknown shapes"), false;
+      work.emplace_back(in, chain);
+    }
+    if (!extra_outputs_unused(n)) return fail(gv_.op(n) + " " + gv_.name(n) + " has a second output in use"), false;
+    work.emplace_back(gv_.output(n, 0), chain);
+    g_.residual = true;
+    return true;
+  }
+  // A value u of a Concat's channel space that the Concat itself did not write (an operand of an Add/Sum there, and
+  // what leads to it): its producer works on the same channels at the same offset. Conv (group 1) producers lose the
+  // group's rows at the offset; channel-wise ops, BatchNormalization and Flatten lead further up; Add/Sum join more
+  // operands; anything else (a graph input, another Concat, a depthwise Conv, ...) stops the group.
+  void space_producer(const std::string& u, const Chain& chain, SpaceWork& work) {
+    const std::string cat = gv_.name(chain.back().first);
+    if (g_.values.count(u)) return fail("Concat " + cat + " leads the group's own channels back to " + u);
+    if (gv_.is_graph_input(u)) return fail("Concat " + cat + "'s channels meet graph input " + u + " in an Add");
+    if (gv_.is_initializer(u)) return fail("Concat " + cat + "'s channels meet constant " + u + " in an Add");
+    auto p = gv_.producer(u);
+    if (!p) return fail("no producer for " + u);
+    const std::string op = gv_.op(*p);
+    if (!gv_.domain(*p).empty()) return fail("reaches " + op + " (custom domain) behind a Concat");
+    if (op == "Add" || op == "Sum") {
+      space_join(*p, chain, work);
+      return;
+    }
+    if (gv_.output(*p, 0) != u || !extra_outputs_unused(*p))
+      return fail(op + " " + gv_.name(*p) + " writes " + u + " as a secondary output or has one in use");
+    if (op == "Conv" && !depthwise_conv(gv_, *p)) {
+      const std::string w = gv_.input(*p, 1), b = gv_.input(*p, 2);
+      if (group_of(gv_, *p) != 1 || !private_f32(gv_, w) || gv_.initializer(w)->ndim < 3 ||
+          (!b.empty() && !private_f32(gv_, b)))
+        return fail("Conv " + gv_.name(*p) + " adding to Concat " + cat +
+                    "'s channels is grouped or has no private f32 weight and bias");
+      if (std::find(g_.producers.begin(), g_.producers.end(), *p) != g_.producers.end())
+        return fail("Conv " + gv_.name(*p) + " writes the group's channels twice");
+      g_.offset_readers.push_back({*p, -2, chain});
+      return;
+    }
+    if (op == "Flatten") {
+      if (gv_.attr_int(*p, "axis").value_or(1) != 1 || !spatial_is_one(gv_.input(*p, 0)))
+        return fail("Flatten " + gv_.name(*p) + " mixes channels with spatial positions");
+    } else if (!channelwise(op) || op == "Conv") {
+      return fail("Concat " + cat + "'s channels meet " + op + " " + gv_.name(*p) + " through an Add");
+    } else if (op == "BatchNormalization") {
+      for (size_t i = 1; i < 5; ++i)
+        if (!private_f32(gv_, gv_.input(*p, i)))
+          return fail("BatchNormalization " + gv_.name(*p) + " parameters are not private constants");
+      g_.offset_readers.push_back({*p, -1, chain});
+    }
+    work.emplace_back(gv_.input(*p, 0), chain);
+  }
   void behind_concat(keel_node_id_t concat, size_t j) {
-    using Chain = std::vector<std::pair<keel_node_id_t, size_t>>;
     if (!concat_link(concat, j)) return;
-    std::vector<std::pair<std::string, Chain>> work = {{gv_.output(concat, 0), Chain{{concat, j}}}};
+    SpaceWork work = {{gv_.output(concat, 0), Chain{{concat, j}}}};
     std::set<std::string> seen;
     while (!work.empty() && g_.why.empty()) {
       auto [u, chain] = work.back();
@@ -430,10 +494,18 @@ class GroupBuilder {
       if (!seen.insert(u).second) continue;
       const std::string cat = gv_.name(chain.back().first);
       if (gv_.is_graph_output(u)) return fail("Concat " + cat + " reaches graph output " + u);
+      if (auto p = gv_.producer(u); !p || *p != chain.back().first) {
+        space_producer(u, chain, work);
+        if (!g_.why.empty()) return;
+      }
       for (keel_node_id_t c : gv_.consumers(u)) {
         const std::string op = gv_.op(c);
         if (!gv_.domain(c).empty()) return fail("reaches " + op + " (custom domain) behind a Concat");
         auto cin = gv_.inputs(c);
+        if (op == "Add" || op == "Sum") {
+          if (!space_join(c, chain, work)) return;
+          continue;
+        }
         if (op == "Concat") {
           const size_t k = static_cast<size_t>(std::find(cin.begin(), cin.end(), u) - cin.begin());
           if (!concat_link(c, k)) return;
@@ -472,9 +544,6 @@ class GroupBuilder {
             g_.offset_readers.push_back({c, -1, chain});
           }
           work.emplace_back(gv_.output(c, 0), chain);
-        } else if (op == "Add" || op == "Sum") {
-          return fail("Concat " + cat + " output meets " + op + " " + gv_.name(c) +
-                      " (channels coupled through a Concat into a residual are not pruned)");
         } else {
           return fail("Concat " + cat + " output reaches " + op + " " + gv_.name(c));
         }
@@ -537,8 +606,8 @@ class GroupBuilder {
       if (!add_producer(*p)) return;
     } else {
       if (gv_.is(*p, "Concat"))
-      return fail(v + " is the output of Concat " + gv_.name(*p) +
-                  " (channels coupled to a Concat's inputs through a residual are not pruned)");
+      return fail(v + " is the output of Concat " + gv_.name(*p) + " (these channels belong to the groups of the "
+                  "Concat's inputs and are pruned with them)");
     if (!(gv_.is(*p, "Add") || gv_.is(*p, "Sum")) && gv_.output(*p, 0) != v)
         return fail(gv_.op(*p) + " " + gv_.name(*p) + " writes it as a secondary output");
       pass_through(*p);
@@ -637,14 +706,34 @@ void prune_coupled(GraphView& gv, double ratio, Report& report) {
       continue;
     }
     const int64_t k = kb * L;
-    // Joint score: the sum over the group's producers of each output channel's L1 norm.
+    // The group's channels inside a Concat's channel space: their offset and the space's width, from the current
+    // channel counts of the Concats' inputs (other groups may have shrunk them).
+    auto concat_offset = [&](const ChannelGroup::OffsetReader& r) {
+      int64_t off = 0, total = 0;
+      for (auto [concat, input] : r.chain) {
+        auto ins = gv.inputs(concat);
+        total = 0;
+        for (size_t i = 0; i < ins.size(); ++i) {
+          const int64_t c = gv.value_type(ins[i])->dims[1];
+          if (i < input) off += c;
+          total += c;
+        }
+      }
+      return std::make_pair(off, total);
+    };
+    // Joint score: the sum over the group's producers (and Convs writing its channels in a Concat's space, at the
+    // offset) of each output channel's L1 norm.
     std::vector<double> l1(static_cast<size_t>(C), 0.0);
-    for (keel_node_id_t p : g.producers) {
+    auto score = [&](keel_node_id_t p, int64_t off) {
       std::vector<float> wv = *gv.f32_values(gv.input(p, 1));
-      const int64_t per = static_cast<int64_t>(wv.size()) / C;
+      const int64_t per = static_cast<int64_t>(wv.size()) / gv.initializer(gv.input(p, 1))->dims[0];
       for (int64_t o = 0; o < C; ++o)
-        for (int64_t i = 0; i < per; ++i) l1[static_cast<size_t>(o)] += std::fabs(wv[static_cast<size_t>(o * per + i)]);
-    }
+        for (int64_t i = 0; i < per; ++i)
+          l1[static_cast<size_t>(o)] += std::fabs(wv[static_cast<size_t>((off + o) * per + i)]);
+    };
+    for (keel_node_id_t p : g.producers) score(p, 0);
+    for (const auto& r : g.offset_readers)
+      if (r.axis == -2) score(r.node, concat_offset(r).first);
     std::vector<int64_t> keep;
     for (int64_t blk = 0; blk < L; ++blk) {
       std::vector<int64_t> order(static_cast<size_t>(M));
@@ -678,22 +767,16 @@ void prune_coupled(GraphView& gv, double ratio, Report& report) {
       // The group's channels inside each Concat: its inputs' current channel counts give the offset.
       std::set<keel_node_id_t> done;
       for (const auto& r : g.offset_readers) {
-        int64_t off = 0, total = 0;
-        for (auto [concat, input] : r.chain) {
-          auto ins = gv.inputs(concat);
-          total = 0;
-          for (size_t i = 0; i < ins.size(); ++i) {
-            const int64_t c = gv.value_type(ins[i])->dims[1];
-            if (i < input) off += c;
-            total += c;
-          }
-        }
+        const auto [off, total] = concat_offset(r);
         std::vector<int64_t> kept;
         for (int64_t i = 0; i < off; ++i) kept.push_back(i);
         for (int64_t c : keep) kept.push_back(off + c);
         for (int64_t i = off + C; i < total; ++i) kept.push_back(i);
         if (r.axis >= 0) {
           params += shrink_input(gv, r.node, 1, r.axis, kept);
+        } else if (r.axis == -2) {
+          params += shrink_input(gv, r.node, 1, 0, kept);
+          if (!gv.input(r.node, 2).empty()) params += shrink_input(gv, r.node, 2, 0, kept);
         } else if (done.insert(r.node).second) {
           for (size_t i = 1; i < 5; ++i) params += shrink_input(gv, r.node, i, 0, kept);
         }
@@ -705,10 +788,13 @@ void prune_coupled(GraphView& gv, double ratio, Report& report) {
     convs += static_cast<int64_t>(g.producers.size());
     ++groups;
     residual_groups += g.residual;
-    const size_t nreaders = g.readers.size() + g.offset_readers.size();
+    size_t adders = 0;
+    for (const auto& r : g.offset_readers) adders += r.axis == -2;
+    const size_t nreaders = g.readers.size() + g.offset_readers.size() - adders;
     report.note("pruned " + std::to_string(k) + " of " + std::to_string(C) + " channels of " +
                 (g.residual ? "residual-coupled group {" : "{") + names + "} (" + std::to_string(nreaders) +
                 (nreaders == 1 ? " reader" : " readers") + (g.offset_readers.empty() ? "" : ", behind a Concat") +
+                (adders ? ", with " + std::to_string(adders) + " Conv(s) adding to the Concat's channels" : "") +
                 (L > 1 ? "; " + std::to_string(kb) + " from each of " + std::to_string(L) + " blocks for grouped Convs)"
                        : ")"));
   }

@@ -595,32 +595,69 @@ TEST(Prune, NestedConcatReadersGetTheSummedOffset) {
   expect_same_outputs(p.before, run(g, p.feeds));
 }
 
-TEST(Prune, ConcatCoupledIntoAResidualIsSkippedWithAReason) {
-  // x -> Conv s(5) -> Relu = h; Convs a(4), b(4) and r(8) read h; Add(Concat(a, b), r) -> Relu -> Conv y(3) -> y.
-  // a's and b's channels are coupled to r's through the Add: those groups are skipped with a reason, s's group
-  // (read by a, b and r) is pruned (its channels 0 and 3 are zero).
+// x -> Conv s(5) -> Relu = h; Convs a(4), b(4) and r(8) read h; Add(Concat(a, b), r) -> Relu -> Conv y(3) -> y.
+// a's channels are r's 0..3, b's are r's 4..7: the groups of a and b take r's rows at their offsets along. Zero:
+// s's channels 0, 3; a's rows 1, 2 and r's rows 1, 2; b's rows 0, 3 and r's rows 4, 7. `extra` feeds r's output to
+// a second reader too (an Add operand's other readers are readers of the space).
+Graph concat_add(bool extra = false) {
   GraphBuilder b("catadd", 13);
   auto x = b.input("x", DType::kF32, {1, 3, 8, 8});
   auto bs = randv(5, 91, 0.1f);
   auto ws = zero_rows(randv(15, 92, 0.3f), &bs, 3, {0, 3});
   auto h = b.op1("Relu", {b.op1("Conv", {x, b.constant("ws", Tensor::f32({5, 3, 1, 1}, ws)), b.constant("bs", Tensor::f32({5}, bs))})});
-  auto conv = [&](const std::string& n, int64_t o, uint32_t seed) {
-    return b.op1("Conv", {h, b.constant("w" + n, Tensor::f32({o, 5, 1, 1}, randv(static_cast<size_t>(o * 5), seed, 0.3f)))});
+  auto conv = [&](const std::string& n, int64_t o, uint32_t seed, const std::vector<int64_t>& zero) {
+    auto w = zero_rows(randv(static_cast<size_t>(o * 5), seed, 0.3f), nullptr, 5, zero);
+    return b.op1("Conv", {h, b.constant("w" + n, Tensor::f32({o, 5, 1, 1}, w))});
   };
-  auto cat = b.op1("Concat", {conv("a", 4, 93), conv("b", 4, 94)}, {{"axis", Attribute::of_int(1)}});
-  auto s = b.op1("Relu", {b.op1("Add", {cat, conv("r", 8, 95)})});
+  auto cat = b.op1("Concat", {conv("a", 4, 93, {1, 2}), conv("b", 4, 94, {0, 3})}, {{"axis", Attribute::of_int(1)}});
+  auto r = b.op1("Relu", {conv("r", 8, 95, {1, 2, 4, 7})});
+  auto s = b.op1("Relu", {b.op1("Add", {cat, r})});
   b.output(b.op1("Conv", {s, b.constant("wy", Tensor::f32({3, 8, 1, 1}, randv(24, 96, 0.3f)))}));
+  if (extra) b.output(b.op1("Conv", {r, b.constant("wz", Tensor::f32({2, 8, 1, 1}, randv(16, 98, 0.3f)))}));
+  return b.take();
+}
+
+TEST(Prune, ConcatCoupledIntoAResidualLosesTheSameChannelsOnBothSides) {
+  for (bool extra : {false, true}) {
+    Graph g = concat_add(extra);
+    Pruned p = prune_channels(g, Shape{1, 3, 8, 8}, 97);
+    PassReport& r = p.report;
+    EXPECT_EQ(r.counters["groups_pruned"], 3) << notes_of(r);
+    EXPECT_EQ(r.counters["channels_removed"], 2 + 2 + 2);
+    EXPECT_TRUE(has_note(r, "is the output of Concat")) << notes_of(r);  // r's own group: left to a's and b's
+    EXPECT_TRUE(has_note(r, "with 1 Conv(s) adding to the Concat's channels")) << notes_of(r);
+    // s: 2 rows + 2 biases; a, b: 2 columns and 2 rows each; r: 2 columns of 8 rows, then 4 rows of 3; y: 4 columns
+    // of 3 rows; z (extra): 4 columns of 2 rows.
+    const int64_t expect = (6 + 2) + 2 * (8 + 6) + (16 + 12) + 12 + (extra ? 8 : 0);
+    EXPECT_EQ(p.params_before - param_count(g), expect);
+    EXPECT_EQ(r.counters["params_removed"], expect);
+    EXPECT_EQ(weight_of(g, "Conv", 1, 0).shape(), (Shape{3, 3, 1, 1}));
+    EXPECT_EQ(weight_of(g, "Conv", 1, 1).shape(), (Shape{2, 3, 1, 1}));
+    EXPECT_EQ(weight_of(g, "Conv", 1, 2).shape(), (Shape{2, 3, 1, 1}));
+    EXPECT_EQ(weight_of(g, "Conv", 1, 3).shape(), (Shape{4, 3, 1, 1}));
+    EXPECT_EQ(weight_of(g, "Conv", 1, 4).shape(), (Shape{3, 4, 1, 1}));
+    if (extra) {
+      EXPECT_EQ(weight_of(g, "Conv", 1, 5).shape(), (Shape{2, 4, 1, 1}));
+    }
+    expect_same_outputs(p.before, run(g, p.feeds));
+  }
+}
+
+TEST(Prune, ConcatIntoAnAddWithAGraphInputIsSkippedWithAReason) {
+  // Add(Concat(a, b), x): the Concat's channels meet a graph input, so a's and b's groups stay whole.
+  GraphBuilder b("catx", 13);
+  auto x = b.input("x", DType::kF32, {1, 8, 4, 4});
+  auto conv = [&](const std::string& n, uint32_t seed) {
+    return b.op1("Conv", {x, b.constant("w" + n, Tensor::f32({4, 8, 1, 1}, randv(32, seed, 0.3f)))});
+  };
+  auto cat = b.op1("Concat", {conv("a", 101), conv("b", 102)}, {{"axis", Attribute::of_int(1)}});
+  b.output(b.op1("Conv", {b.op1("Add", {cat, x}), b.constant("wy", Tensor::f32({3, 8, 1, 1}, randv(24, 103, 0.3f)))}));
   Graph g = b.take();
-  Pruned p = prune_channels(g, Shape{1, 3, 8, 8}, 97);
-  PassReport& r = p.report;
-  EXPECT_EQ(r.counters["groups_pruned"], 1) << notes_of(r);
-  EXPECT_EQ(r.counters["channels_removed"], 2);
-  EXPECT_TRUE(has_note(r, "channels coupled through a Concat into a residual are not pruned")) << notes_of(r);
-  EXPECT_TRUE(has_note(r, "is the output of Concat")) << notes_of(r);
-  EXPECT_EQ(weight_of(g, "Conv", 1, 0).shape(), (Shape{3, 3, 1, 1}));
-  for (int n = 1; n <= 3; ++n) EXPECT_EQ(weight_of(g, "Conv", 1, n).shape()[1], 3) << n;
-  EXPECT_EQ(weight_of(g, "Conv", 1, 4).shape(), (Shape{3, 8, 1, 1}));
-  expect_same_outputs(p.before, run(g, p.feeds));
+  Pruned p = prune_channels(g, Shape{1, 8, 4, 4}, 104);
+  EXPECT_EQ(p.report.counters["groups_pruned"], 0) << notes_of(p.report);
+  EXPECT_TRUE(has_note(p.report, "channels meet graph input x in an Add")) << notes_of(p.report);
+  EXPECT_EQ(param_count(g), p.params_before);
+  expect_same_outputs(p.before, run(g, p.feeds), 0.f);
 }
 
 TEST(QuantizeInt8, QdqModelIsCloseToFp32) {
