@@ -643,6 +643,33 @@ TEST(Prune, ConcatCoupledIntoAResidualLosesTheSameChannelsOnBothSides) {
   }
 }
 
+TEST(Prune, ConvsAddingToAConcatCountInTheGroupsScore) {
+  // Add(Concat(a, b), r) -> Conv y, a, b, r reading x. a's rows 0 and 3 are small but r's rows 0 and 3 (the same
+  // channels) are large: ranked jointly, a's group keeps channels 0 and 3 and drops 1 and 2 (by a alone it would be
+  // the other way round).
+  GraphBuilder b("catscore", 13);
+  auto x = b.input("x", DType::kF32, {1, 3, 4, 4});
+  auto wa = randv(12, 111, 0.3f), wr = randv(24, 112, 0.3f);
+  for (int64_t c : {0, 3})
+    for (int64_t i = 0; i < 3; ++i) wa[static_cast<size_t>(c * 3 + i)] *= 0.01f, wr[static_cast<size_t>(c * 3 + i)] *= 10.f;
+  auto cat = b.op1("Concat", {b.op1("Conv", {x, b.constant("wa", Tensor::f32({4, 3, 1, 1}, wa))}),
+                              b.op1("Conv", {x, b.constant("wb", Tensor::f32({4, 3, 1, 1}, randv(12, 113, 0.3f)))})},
+                   {{"axis", Attribute::of_int(1)}});
+  auto s = b.op1("Add", {cat, b.op1("Conv", {x, b.constant("wr", Tensor::f32({8, 3, 1, 1}, wr))})});
+  b.output(b.op1("Conv", {s, b.constant("wy", Tensor::f32({2, 8, 1, 1}, randv(16, 114, 0.3f)))}));
+  Graph g = b.take();
+  Pruned p = prune_channels(g, Shape{1, 3, 4, 4}, 115);
+  EXPECT_EQ(p.report.counters["groups_pruned"], 2) << notes_of(p.report);
+  const Tensor& na = weight_of(g, "Conv", 1, 0);
+  ASSERT_EQ(na.shape(), (Shape{2, 3, 1, 1}));
+  for (int64_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(na.data<float>()[i], wa[static_cast<size_t>(i)]);          // kept row 0
+    EXPECT_EQ(na.data<float>()[3 + i], wa[static_cast<size_t>(9 + i)]);  // kept row 3
+  }
+  EXPECT_EQ(weight_of(g, "Conv", 1, 2).shape(), (Shape{4, 3, 1, 1}));
+  EXPECT_EQ(run(g, p.feeds).size(), 1u);
+}
+
 TEST(Prune, ConcatIntoAnAddWithAGraphInputIsSkippedWithAReason) {
   // Add(Concat(a, b), x): the Concat's channels meet a graph input, so a's and b's groups stay whole.
   GraphBuilder b("catx", 13);
