@@ -289,7 +289,7 @@ class SoftmaxKernel : public SimpleKernel {
 
 // ----------------------------------------------------------------------------------------------------- unary
 
-enum class Unary { kRelu, kLeakyRelu, kElu, kSigmoid, kTanh, kExp, kLog, kSqrt, kAbs, kHardSwish, kClip, kNeg, kSoftplus };
+enum class Unary { kRelu, kLeakyRelu, kElu, kSigmoid, kTanh, kExp, kLog, kSqrt, kAbs, kHardSwish, kClip, kNeg, kSoftplus, kGelu };
 
 class UnaryKernel : public SimpleKernel {
  public:
@@ -310,6 +310,13 @@ class UnaryKernel : public SimpleKernel {
       case Unary::kHardSwish: a_ = alg::eltwise_hardswish; break;
       case Unary::kNeg: a_ = alg::eltwise_linear; alpha_ = -1.f; break;
       case Unary::kSoftplus: a_ = alg::eltwise_soft_relu; break;
+      case Unary::kGelu: {
+        const std::string approx = c.attr_s("approximate", "none");
+        if (approx == "none") a_ = alg::eltwise_gelu_erf;
+        else if (approx == "tanh") a_ = alg::eltwise_gelu_tanh;
+        else throw Reject{"approximate = " + approx};
+        break;
+      }
       case Unary::kClip: {
         a_ = alg::eltwise_clip_v2;
         alpha_ = -FLT_MAX;
@@ -555,6 +562,8 @@ std::vector<KernelInfo> misc_kernels() {
       {"GlobalAveragePool", 1, 0, "onednn_f32_globalaveragepool", []() -> K { return new PoolKernel(false, true); }},
       {"BatchNormalization", 7, 0, "onednn_f32_batchnormalization", []() -> K { return new BatchNormKernel(); }},
       {"LayerNormalization", 17, 0, "onednn_f32_layernormalization", []() -> K { return new LayerNormKernel(); }},
+      {"LayerNormalization", 1, 0, "onednn_f32_keel_layernormalization", []() -> K { return new LayerNormKernel(); },
+       "keel"},
       {"Softmax", 1, 0, "onednn_f32_softmax", []() -> K { return new SoftmaxKernel(false); }},
       {"LogSoftmax", 1, 0, "onednn_f32_logsoftmax", []() -> K { return new SoftmaxKernel(true); }},
       {"Relu", 6, 0, "onednn_f32_relu", []() -> K { return new UnaryKernel(Unary::kRelu); }},
@@ -568,6 +577,8 @@ std::vector<KernelInfo> misc_kernels() {
       {"Abs", 6, 0, "onednn_f32_abs", []() -> K { return new UnaryKernel(Unary::kAbs); }},
       {"Neg", 6, 0, "onednn_f32_neg", []() -> K { return new UnaryKernel(Unary::kNeg); }},
       {"HardSwish", 14, 0, "onednn_f32_hardswish", []() -> K { return new UnaryKernel(Unary::kHardSwish); }},
+      {"Gelu", 20, 0, "onednn_f32_gelu", []() -> K { return new UnaryKernel(Unary::kGelu); }},
+      {"Gelu", 1, 0, "onednn_f32_keel_gelu", []() -> K { return new UnaryKernel(Unary::kGelu); }, "keel"},
       {"Clip", 6, 0, "onednn_f32_clip", []() -> K { return new UnaryKernel(Unary::kClip); }},
       {"Add", 7, 0, "onednn_f32_add", []() -> K { return new BinaryKernel(alg::binary_add, true); }},
       {"Sub", 7, 0, "onednn_f32_sub", []() -> K { return new BinaryKernel(alg::binary_sub, false); }},
