@@ -11,6 +11,8 @@ pipeline), then per round runs, in rotating order:
   unf+opt    the unfolded export after the pipeline
 and prints the median latency of each and the median of the per-round ratios against `none`.
 
+Models without an unfolded export (e.g. transformer_gelu from tools/make_extra_models.py) run `none` and `optimized`.
+
 usage: tools/compare_passes.py [--keel build/bin/keel] [--models transformer_enc,resnet18] [--threads 1]
                                [--rounds 7] [--iters 20]
 """
@@ -61,9 +63,14 @@ def main():
     for m in a.models.split(","):
         folded = os.path.join(a.models_dir, m, "model.onnx")
         unfolded = os.path.join(a.unfolded_dir, m, "model.onnx")
-        files = {"none": folded, "optimized": os.path.join(work, m + ".opt.onnx"), "unfolded": unfolded,
-                 "unf+opt": os.path.join(work, m + ".unfolded.opt.onnx")}
-        for src, dst in ((folded, files["optimized"]), (unfolded, files["unf+opt"])):
+        files = {"none": folded, "optimized": os.path.join(work, m + ".opt.onnx")}
+        jobs = [(folded, files["optimized"])]
+        if os.path.isfile(unfolded):
+            files.update({"unfolded": unfolded, "unf+opt": os.path.join(work, m + ".unfolded.opt.onnx")})
+            jobs.append((unfolded, files["unf+opt"]))
+        else:
+            print(f"== {m}: no unfolded export at {unfolded} (tools/export_unfolded.py makes it): folded only", flush=True)
+        for src, dst in jobs:
             rep = run([keel, "optimize", src, "-o", dst])
             print(f"== keel optimize {src}\n   " + "\n   ".join(rep.strip().splitlines()[-3:-1]), flush=True)
         times = {k: [] for k in files}

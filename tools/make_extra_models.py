@@ -1,10 +1,13 @@
 #!/usr/bin/python3
-"""Further architectures for tools/compare_peers.py: torchvision 0.14 ResNet-50 and EfficientNet-B0.
+"""Further architectures for tools/compare_peers.py and tools/compare_passes.py: torchvision 0.14 ResNet-50 and
+EfficientNet-B0, and transformer_gelu (the peers' 4-layer encoder, 256 wide, 4 heads, 128 tokens, with GELU in its
+feed-forward layers as BERT has, exported at opset 14 as Hugging Face exports BERT: Gelu and LayerNormalization
+arrive decomposed into Erf / ReduceMean chains).
 
 Built and exported exactly as ../shared/peers/make_models.py builds its models (random weights seeded per model,
 biases perturbed, BatchNorm running statistics calibrated on random batches, eval mode; its `export` writes
-model.onnx, test_data_set_0 with the input and PyTorch's output, meta.json and torch_state.pt), except that the
-ONNX opset is 17. Nothing is downloaded.
+model.onnx, test_data_set_0 with the input and PyTorch's output, meta.json and torch_state.pt), except for the
+ONNX opset (17 for the CNNs). Nothing is downloaded.
 
 Run with the Debian python (torch 1.13 / torchvision 0.14 / onnx 1.12):
     /usr/bin/python3 tools/make_extra_models.py [--out /tmp/keel-peers/models] [NAME ...]
@@ -17,13 +20,20 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PEERS = os.path.join(os.path.dirname(os.path.dirname(HERE)), "shared", "peers")
-OPSET = 17
 
-# name -> (seed, builder, input shape), as in make_models.MODELS.
+# name -> (seed, builder: a torchvision model name or a function, input shape, ONNX opset).
 EXTRA = {
-    "resnet50":        (6, "resnet50", (1, 3, 224, 224)),
-    "efficientnet_b0": (7, "efficientnet_b0", (1, 3, 224, 224)),
+    "resnet50":         (6, "resnet50", (1, 3, 224, 224), 17),
+    "efficientnet_b0":  (7, "efficientnet_b0", (1, 3, 224, 224), 17),
+    "transformer_gelu": (8, "gelu_transformer", (1, 128, 256), 14),
 }
+
+
+def gelu_transformer():
+    import torch.nn as nn
+    layer = nn.TransformerEncoderLayer(256, 4, dim_feedforward=1024, dropout=0.0, activation="gelu",
+                                       batch_first=True)
+    return nn.TransformerEncoder(layer, 4, enable_nested_tensor=False)
 
 
 def main():
@@ -45,10 +55,11 @@ def main():
     import torch  # noqa: E402
 
     torch.set_num_threads(2)
-    mm.OPSET = OPSET  # export() and meta.json read the module's OPSET
     for name in names:
-        seed, fn, shape = EXTRA[name]
-        mm.MODELS[name] = (seed, (lambda fn=fn: mm._tv(fn)), shape)
+        seed, fn, shape, opset = EXTRA[name]
+        mm.OPSET = opset  # export() and meta.json read the module's OPSET
+        build = gelu_transformer if fn == "gelu_transformer" else (lambda fn=fn: mm._tv(fn))
+        mm.MODELS[name] = (seed, build, shape)
         mm.export(name, a.out)
 
 

@@ -1,6 +1,8 @@
 #include "core/base/pass_manager.h"
 
 #include <chrono>
+#include <cerrno>
+#include <cstdlib>
 #include <sstream>
 #include <toml++/toml.h>
 
@@ -10,10 +12,32 @@ StatusOr<std::vector<PassSpec>> parse_pipeline_list(const std::string& list) {
   std::vector<PassSpec> out;
   std::stringstream ss(list);
   std::string item;
+  auto trim = [](const std::string& t) {
+    auto b = t.find_first_not_of(" \t"), e = t.find_last_not_of(" \t");
+    return b == std::string::npos ? std::string() : t.substr(b, e - b + 1);
+  };
   while (std::getline(ss, item, ',')) {
-    auto b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
-    if (b == std::string::npos) return invalid_argument("pass list '" + list + "' has an empty entry");
-    out.push_back(PassSpec{item.substr(b, e - b + 1), {}});
+    // name[:key=value]...: the value is a bool (true/false), an integer, a number, or else a string.
+    std::stringstream parts(item);
+    std::string part;
+    std::getline(parts, part, ':');
+    PassSpec spec{trim(part), {}};
+    if (spec.name.empty()) return invalid_argument("pass list '" + list + "' has an empty entry");
+    while (std::getline(parts, part, ':')) {
+      const auto eq = part.find('=');
+      const std::string key = trim(part.substr(0, eq)), text = eq == std::string::npos ? "" : trim(part.substr(eq + 1));
+      if (eq == std::string::npos || key.empty() || text.empty())
+        return invalid_argument("pass list '" + list + "': option '" + part + "' of pass '" + spec.name +
+                                "' is not key=value");
+      char* end = nullptr;
+      errno = 0;
+      const long long i = std::strtoll(text.c_str(), &end, 10);
+      if (text == "true" || text == "false") spec.options.values[key] = text == "true";
+      else if (errno == 0 && end && *end == 0) spec.options.values[key] = static_cast<int64_t>(i);
+      else if (const double d = std::strtod(text.c_str(), &end); end && *end == 0) spec.options.values[key] = d;
+      else spec.options.values[key] = text;
+    }
+    out.push_back(std::move(spec));
   }
   return out;
 }

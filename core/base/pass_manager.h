@@ -1,6 +1,6 @@
 // keel/core/base/pass_manager.h — ordered pipelines of graph passes.
 //
-// A pipeline is a list of (pass name, options). It comes from code, from CLI flags ("a,b,c") or from TOML:
+// A pipeline is a list of (pass name, options). It comes from code, from CLI flags ("a,b:key=value,c") or from TOML:
 //
 //   [[pass]]
 //   name = "fold_constants"
@@ -41,7 +41,8 @@ struct PassReport {
   double milliseconds = 0;
 };
 
-// "a,b,c" -> three specs without options. Empty names are an error.
+// "a,b,c" -> three specs; "a:key=value:key2=value2,b" gives `a` options (true/false, integers and numbers are typed,
+// anything else is a string). Empty names and options that are not key=value are errors.
 StatusOr<std::vector<PassSpec>> parse_pipeline_list(const std::string& list);
 // Parses the TOML form above (from text; `origin` names it in errors).
 StatusOr<std::vector<PassSpec>> parse_pipeline_toml(const std::string& text, const std::string& origin);

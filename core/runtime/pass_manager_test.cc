@@ -84,6 +84,18 @@ TEST(PassPipeline, ParsesListsAndToml) {
   ASSERT_EQ(list.size(), 3u);
   EXPECT_EQ(list[1].name, "b");
   EXPECT_FALSE(parse_pipeline_list("a,,b").is_ok());
+  // Options after the name: typed bool / integer / number / string.
+  auto opts = parse_pipeline_list("fuse:dtype=bf16:any_kernel=true:limit=3:tol=0.5, b").value();
+  ASSERT_EQ(opts.size(), 2u);
+  EXPECT_EQ(opts[0].name, "fuse");
+  EXPECT_EQ(std::get<std::string>(opts[0].options.values.at("dtype")), "bf16");
+  EXPECT_EQ(std::get<bool>(opts[0].options.values.at("any_kernel")), true);
+  EXPECT_EQ(std::get<int64_t>(opts[0].options.values.at("limit")), 3);
+  EXPECT_DOUBLE_EQ(std::get<double>(opts[0].options.values.at("tol")), 0.5);
+  EXPECT_TRUE(opts[1].options.values.empty());
+  EXPECT_FALSE(parse_pipeline_list("a:dtype").is_ok());
+  EXPECT_FALSE(parse_pipeline_list("a:=x").is_ok());
+  EXPECT_FALSE(parse_pipeline_list(":k=v").is_ok());
 
   auto toml = parse_pipeline_toml(R"([[pass]]
 name = "drop_identity"

@@ -29,7 +29,8 @@ struct SessionOptions {
   // Device types to place on, most preferred first. Empty = every available device type by priority.
   std::vector<std::string> devices;
   Fallback fallback = Fallback::kCpu;
-  // Graph passes to run before placement, by name, in order (see PassManager). Empty = none.
+  // Graph passes to run before placement, by name, in order, each optionally with options ("name:key=value", see
+  // parse_pipeline_list). Empty = none.
   std::vector<std::string> passes;
   bool profile = false;  // collect per-node timings (Session::profile())
   // Kernel threads for this session: 0 = the environment's pool; otherwise the session owns a pool of its own.

@@ -47,33 +47,48 @@ keel_plugin_handle_t* g_plugin = nullptr;
 
 constexpr int32_t kKeelOpset = 1;
 
-bool has_kernel(const char* domain, const char* op, int32_t opset, const char* device) {
-  return g_host->kernel_exists && g_host->kernel_exists(g_plugin, domain, op, opset, device ? device : "cpu", nullptr, 0);
+// What the fused ops will compute in, and whether any kernel will do. Pass options:
+//   dtype      = "f32" (default: the graph as matched; every matcher takes f32 patterns only), or "bf16"/"f16" when
+//                convert_precision runs after the fusion passes (`keel run --precision bf16` sets it): kernels are
+//                looked up for that type, so that a kernel for another type only (oneDNN's bf16 keel.FusedConv for
+//                an f32 graph) does not count;
+//   any_kernel = true skips the ranking below (any kernel will do: to get the keel ops for a device this process has
+//                not loaded, or to test the rewrites).
+struct Gate {
+  bool any_kernel = false;
+  int32_t dtype = KEEL_DTYPE_F32;
+};
+
+Gate gate_of(const keel_pass_options_t* o) {
+  PassOptions po(g_host->options, o);
+  Gate g;
+  g.any_kernel = po.get_bool("any_kernel", false);
+  const std::string d = po.get_string("dtype", "f32");
+  if (d == "bf16") g.dtype = KEEL_DTYPE_BF16;
+  else if (d == "f16") g.dtype = KEEL_DTYPE_F16;
+  else if (d != "f32") throw PassError(KEEL_STATUS_INVALID_ARGUMENT, "option dtype = '" + d + "': expected f32, bf16 or f16");
+  return g;
 }
 
 // Whether to produce `domain.op` (at `opset`) on `device` in place of patterns built around the ai.onnx ops
-// `anchors` (at the graph's `onnx_opset`): the device must have a kernel for it, ranked at least as high as the
-// kernels the anchors run on now (ABI 1.2 kernel_priority). A fused op served only by a lower-ranked provider (the
-// reference keel.FusedConv where oneDNN runs Conv, and claims Conv + Add + Relu chains itself) would move the work
-// onto slower kernels. `why` gets the reason when not. Pass option any_kernel = true skips the ranking (any kernel
-// will do: to get the keel ops for a device this process has not loaded, or to test the rewrites).
-bool any_kernel_option(const keel_pass_options_t* o) {
-  return PassOptions(g_host->options, o).get_bool("any_kernel", false);
-}
-
+// `anchors` (at the graph's `onnx_opset`): the device must have a kernel for it in the gate's dtype, ranked at least
+// as high as the kernels the anchors run on now (ABI 1.2 kernel_priority). A fused op served only by a lower-ranked
+// provider (the reference keel.FusedConv where oneDNN runs Conv, and claims Conv + Add + Relu chains itself) would
+// move the work onto slower kernels. `why` gets the reason when not.
 bool fusion_pays(const char* domain, const char* op, int32_t opset, std::initializer_list<const char*> anchors,
-                 int32_t onnx_opset, const char* device, bool any_kernel, std::string* why) {
+                 int32_t onnx_opset, const char* device, const Gate& gate, std::string* why) {
   const std::string dev = device ? device : "cpu";
   const std::string name = (domain && *domain ? std::string(domain) + "." : std::string()) + op;
-  if (!has_kernel(domain, op, opset, device)) {
-    *why = "no kernel for " + name + " on device '" + dev + "'";
+  const int32_t dt[] = {gate.dtype};
+  if (!g_host->kernel_exists || !g_host->kernel_exists(g_plugin, domain, op, opset, dev.c_str(), dt, 1)) {
+    *why = "no kernel for " + name + " on device '" + dev + "'" + (gate.dtype == KEEL_DTYPE_F32 ? "" : " in that dtype");
     return false;
   }
-  if (any_kernel || !KEEL_HAS_MEMBER(g_host, keel_host_api_t, kernel_priority) || g_host->kernel_priority == nullptr)
+  if (gate.any_kernel || !KEEL_HAS_MEMBER(g_host, keel_host_api_t, kernel_priority) || g_host->kernel_priority == nullptr)
     return true;
-  const int32_t fused = g_host->kernel_priority(g_plugin, domain, op, opset, dev.c_str(), nullptr, 0);
+  const int32_t fused = g_host->kernel_priority(g_plugin, domain, op, opset, dev.c_str(), dt, 1);
   for (const char* a : anchors) {
-    const int32_t base = g_host->kernel_priority(g_plugin, "", a, onnx_opset, dev.c_str(), nullptr, 0);
+    const int32_t base = g_host->kernel_priority(g_plugin, "", a, onnx_opset, dev.c_str(), dt, 1);
     if (base > fused) {
       *why = name + "'s kernel on device '" + dev + "' ranks below " + a + "'s (priority " + std::to_string(fused) +
              " < " + std::to_string(base) + ")";
@@ -204,6 +219,8 @@ struct GeluMatch {
 std::optional<GeluMatch> match_gelu(const GraphView& gv, keel_node_id_t erf) {
   GeluMatch m;
   std::string e_in = gv.input(erf, 0);
+  auto et = gv.value_type(e_in);
+  if (et && et->dtype != KEEL_DTYPE_F32 && et->dtype != KEEL_DTYPE_UNDEFINED) return std::nullopt;
   auto pre = gv.producer(e_in);
   if (!pre || !gv.single_use(e_in)) return std::nullopt;
   std::string x;
@@ -270,9 +287,9 @@ keel_status_t fuse_gelu(void*, keel_graph_t* g, const keel_graph_api_t* api, con
   return run_pass(g_host, [&] {
     GraphView gv(g, api);
     Report report(r);
-    const bool any = any_kernel_option(o);
+    const Gate gate = gate_of(o);
     std::string why;
-    const bool ok = fusion_pays("keel", "Gelu", kKeelOpset, {"Erf"}, gv.opset(""), device, any, &why);
+    const bool ok = fusion_pays("keel", "Gelu", kKeelOpset, {"Erf"}, gv.opset(""), device, gate, &why);
     int64_t fused = 0, found = 0, bytes = 0;
     for (keel_node_id_t n : gv.nodes()) {
       if (!gv.exists(n) || !gv.is(n, "Erf")) continue;
@@ -392,14 +409,14 @@ keel_status_t fuse_layer_norm(void*, keel_graph_t* g, const keel_graph_api_t* ap
   return run_pass(g_host, [&] {
     GraphView gv(g, api);
     Report report(r);
-    const bool any = any_kernel_option(o);
+    const Gate gate = gate_of(o);
     const int32_t onnx_opset = gv.opset("");
     std::string dom, op = "LayerNormalization";
     std::string why;
     if (onnx_opset >= 17 &&
-        fusion_pays("", "LayerNormalization", onnx_opset, {"ReduceMean"}, onnx_opset, device, any, &why))
+        fusion_pays("", "LayerNormalization", onnx_opset, {"ReduceMean"}, onnx_opset, device, gate, &why))
       dom = "";
-    else if (fusion_pays("keel", "LayerNormalization", kKeelOpset, {"ReduceMean"}, onnx_opset, device, any, &why))
+    else if (fusion_pays("keel", "LayerNormalization", kKeelOpset, {"ReduceMean"}, onnx_opset, device, gate, &why))
       dom = "keel";
     else dom = "-";
     int64_t fused = 0, found = 0, bytes = 0;
@@ -508,9 +525,9 @@ keel_status_t fuse_attention(void*, keel_graph_t* g, const keel_graph_api_t* api
   return run_pass(g_host, [&] {
     GraphView gv(g, api);
     Report report(r);
-    const bool any = any_kernel_option(o);
+    const Gate gate = gate_of(o);
     std::string why;
-    const bool ok = fusion_pays("keel", "Attention", kKeelOpset, {"MatMul", "Softmax"}, gv.opset(""), device, any, &why);
+    const bool ok = fusion_pays("keel", "Attention", kKeelOpset, {"MatMul", "Softmax"}, gv.opset(""), device, gate, &why);
     const int32_t opset = gv.opset("");
     int64_t fused = 0, found = 0;
     for (keel_node_id_t n : gv.nodes()) {
@@ -631,10 +648,10 @@ keel_status_t fuse_conv_activation(void*, keel_graph_t* g, const keel_graph_api_
   return run_pass(g_host, [&] {
     GraphView gv(g, api);
     Report report(r);
-    const bool any = any_kernel_option(o);
+    const Gate gate = gate_of(o);
     const int32_t opset = gv.opset("");
     std::string why;
-    const bool ok = fusion_pays("keel", "FusedConv", kKeelOpset, {"Conv"}, opset, device, any, &why);
+    const bool ok = fusion_pays("keel", "FusedConv", kKeelOpset, {"Conv"}, opset, device, gate, &why);
     int64_t fused = 0, found = 0, merged = 0, bytes = 0;
     for (keel_node_id_t conv : gv.nodes()) {
       if (!gv.exists(conv) || !gv.is(conv, "Conv")) continue;
@@ -693,11 +710,11 @@ keel_status_t fuse_matmul_activation(void*, keel_graph_t* g, const keel_graph_ap
   return run_pass(g_host, [&] {
     GraphView gv(g, api);
     Report report(r);
-    const bool any = any_kernel_option(o);
+    const Gate gate = gate_of(o);
     const int32_t opset = gv.opset("");
     std::string mm_why, gemm_why;
-    const bool mm_ok = fusion_pays("keel", "FusedMatMul", kKeelOpset, {"MatMul"}, opset, device, any, &mm_why);
-    const bool gemm_ok = fusion_pays("keel", "FusedGemm", kKeelOpset, {"Gemm"}, opset, device, any, &gemm_why);
+    const bool mm_ok = fusion_pays("keel", "FusedMatMul", kKeelOpset, {"MatMul"}, opset, device, gate, &mm_why);
+    const bool gemm_ok = fusion_pays("keel", "FusedGemm", kKeelOpset, {"Gemm"}, opset, device, gate, &gemm_why);
     int64_t fused = 0, mm_found = 0, gemm_found = 0, merged = 0, bytes = 0;
     for (keel_node_id_t n : gv.nodes()) {
       if (!gv.exists(n)) continue;

@@ -132,6 +132,7 @@ struct KernelInfo {
   int32_t end_version;
   const char* name;  // "onednn_f32_conv"
   Kernel* (*make)();
+  const char* domain = "";  // "" (ai.onnx) or "keel" (the fused ops of ops/schemas.cc)
 };
 // The C entries of every oneDNN kernel (onednn_plugin.cc). create_kernel makes the kernel with `make` and runs its
 // setup; anything it throws becomes UNIMPLEMENTED, so the next kernel takes the node. compute_kernel runs it; a

@@ -246,7 +246,7 @@ keel_status_t onednn_init(const keel_host_api_t* host, keel_plugin_handle_t* plu
     def.abi_major = KEEL_PLUGIN_ABI_MAJOR;
     def.abi_minor = KEEL_PLUGIN_ABI_MINOR;
     def.name = info.name;
-    def.domain = "";
+    def.domain = info.domain;
     def.op_type = info.op_type;
     def.since_version = info.since_version;
     def.end_version = info.end_version;

@@ -23,10 +23,11 @@
 //     a scalar Mul/Div in front of a MatMul becomes the MatMul's output scale;
 //   - the workspace holds every internal value, offsets planned from liveness.
 //
-// Ops: Conv and ConvTranspose (2-D), BatchNormalization, Relu, Clip, LeakyRelu, Sigmoid, Tanh, Add/Sub/Mul/Div (same
-// shape, a broadcast constant, or a [N,C,1,1] value), MaxPool/AveragePool (2-D), GlobalAveragePool/GlobalMaxPool,
-// Concat, MatMul, Gemm, Softmax (last axis), LayerNormalization (last axis, or the decomposed pattern), Transpose,
-// Slice (step 1), Reshape, Flatten, Squeeze, Unsqueeze, Identity.
+// Ops: Conv and ConvTranspose (2-D), BatchNormalization, Relu, Clip, LeakyRelu, Sigmoid, Tanh, Gelu (ai.onnx 20 or
+// keel.Gelu), Add/Sub/Mul/Div (same shape, a broadcast constant, or a [N,C,1,1] value), MaxPool/AveragePool (2-D),
+// GlobalAveragePool/GlobalMaxPool, Concat, MatMul, Gemm, Softmax (last axis), LayerNormalization (last axis; ai.onnx
+// 17, keel.LayerNormalization, or the decomposed pattern), Transpose, Slice (step 1), Reshape, Flatten, Squeeze,
+// Unsqueeze, Identity.
 #include <omp.h>
 
 #include <algorithm>
@@ -472,7 +473,8 @@ std::unique_ptr<Plan> Builder::build() {
       else if (op == "ConvTranspose") deconv(i);
       else if (op == "MatMul" || op == "Gemm") matmul(i);
       else if (op == "MaxPool" || op == "AveragePool" || op == "GlobalAveragePool" || op == "GlobalMaxPool") pool(i);
-      else if (op == "Relu" || op == "Clip" || op == "LeakyRelu" || op == "Sigmoid" || op == "Tanh") eltwise(i);
+      else if (op == "Relu" || op == "Clip" || op == "LeakyRelu" || op == "Sigmoid" || op == "Tanh" || op == "Gelu")
+        eltwise(i);
       else if (op == "ReduceMean" && layernorm_pattern(i)) {}
       else if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div") binary(i);
       else if (op == "Concat") concat(i);
@@ -613,7 +615,12 @@ bool Builder::eltwise_of(const NodeDesc& n, alg* a, float* alpha, float* beta) {
   else if (n.op == "LeakyRelu") *a = alg::eltwise_relu, *alpha = n.af("alpha", 0.01f);
   else if (n.op == "Sigmoid") *a = alg::eltwise_logistic;
   else if (n.op == "Tanh") *a = alg::eltwise_tanh;
-  else if (n.op == "Clip") {
+  else if (n.op == "Gelu") {
+    const std::string approx = n.as("approximate", "none");
+    if (approx == "none") *a = alg::eltwise_gelu_erf;
+    else if (approx == "tanh") *a = alg::eltwise_gelu_tanh;
+    else return false;
+  } else if (n.op == "Clip") {
     float lo = -INFINITY, hi = INFINITY;
     if (n.has("min") || n.has("max")) {
       lo = n.af("min", -INFINITY);
@@ -1211,7 +1218,7 @@ void Builder::eltwise(size_t i) {
   const NodeDesc& n = r_.nodes[i];
   alg a;
   float alpha, beta;
-  if (!eltwise_of(n, &a, &alpha, &beta)) throw Reject{"non-constant Clip bounds"};
+  if (!eltwise_of(n, &a, &alpha, &beta)) throw Reject{"non-constant Clip bounds or unknown Gelu approximation"};
   const Val xv = val(n.in[0]);
   if (xv.scale != 1.f) throw Reject{"scaled input"};
   md_t md = xv.md;
@@ -1857,8 +1864,14 @@ const std::set<std::string>& compute_ops() {
       "Conv", "ConvTranspose", "BatchNormalization", "Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "Add", "Sub",
       "Mul", "Div", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Concat", "MatMul", "Gemm", "Softmax",
       "LayerNormalization", "Transpose", "Slice", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity",
-      "Dropout", "ReduceMean", "Pow", "Sqrt"};
+      "Dropout", "ReduceMean", "Pow", "Sqrt", "Gelu"};
   return s;
+}
+// ai.onnx nodes, and the keel ops (ops/schemas.cc) that mean what their ai.onnx namesakes mean: keel.Gelu is Gelu-20,
+// keel.LayerNormalization is LayerNormalization-17 for older opsets (what fuse_gelu / fuse_layer_norm produce).
+bool claimable_domain(const char* domain, const std::string& op) {
+  if (domain == nullptr || *domain == 0) return true;
+  return std::strcmp(domain, "keel") == 0 && (op == "Gelu" || op == "LayerNormalization");
 }
 // Ops that only move or view data: a claim needs real work besides them.
 bool is_view_op(const std::string& op) {
@@ -1895,7 +1908,7 @@ keel_status_t claim_chains(void*, const G* g, const keel_graph_api_t* api, keel_
     };
     for (keel_node_id_t n : sc.order) {
       std::string op = sc.op(n);
-      if (std::strlen(api->node_domain(g, n)) != 0) continue;
+      if (!claimable_domain(api->node_domain(g, n), op)) continue;
       auto ins = sc.ins(n), outs = sc.outs(n);
       if (outs.size() != 1 || outs[0].empty()) continue;
       bool c = false;
@@ -1974,7 +1987,7 @@ keel_status_t claim_chains(void*, const G* g, const keel_graph_api_t* api, keel_
     std::set<keel_node_id_t> cand;
     for (keel_node_id_t n : sc.order) {
       if (const_nodes.count(n)) continue;
-      if (std::strlen(api->node_domain(g, n)) != 0) continue;
+      if (!claimable_domain(api->node_domain(g, n), sc.op(n))) continue;
       std::string op = sc.op(n);
       if (!compute_ops().count(op)) continue;
       bool ok = true;

@@ -1176,6 +1176,27 @@ void add_chain_cases(std::vector<OpCase>& v) {
     };
     v.push_back(c);
   }
+  {
+    // A BERT-style feed-forward block after the fusion passes (opset 13: keel.Gelu, keel.LayerNormalization):
+    // MatMul + bias + Gelu, MatMul + bias, residual, LayerNorm; claimed whole, Gelu a post-op of its MatMul.
+    OpCase c;
+    c.op = "Chain";
+    c.opset = 13;
+    c.label = "keel.Gelu feed-forward + keel.LayerNormalization L=24 d=48 ff=96";
+    c.inputs = {in("X", {1, 24, 48}), in("W1", {48, 96}, true, -0.3f, 0.3f), in("B1", {96}, true),
+                in("W2", {96, 48}, true, -0.2f, 0.2f), in("B2", {48}, true), in("G", {48}, true, 0.5f, 1.5f),
+                in("N", {48}, true)};
+    c.chain = {
+        {"MatMul", {"X", "W1"}, {}},                                        // $0
+        {"Add", {"$0", "B1"}, {}},                                          // $1
+        {"keel.Gelu", {"$1"}, {}},                                          // $2
+        {"MatMul", {"$2", "W2"}, {}},                                       // $3
+        {"Add", {"$3", "B2"}, {}},                                          // $4
+        {"Add", {"X", "$4"}, {}},                                           // $5
+        {"keel.LayerNormalization", {"$5", "G", "N"}, {{"axis", I(-1)}}},   // $6
+    };
+    v.push_back(c);
+  }
 }
 
 // What the GPU plugins serve beyond the f32 tables above: the keel-domain fused ops the fusion passes produce
@@ -1521,7 +1542,10 @@ Built build(const OpCase& c) {
         else if (r[0] == '$') ins.push_back(produced.at(std::stoul(r.substr(1))));
         else ins.push_back(by_name.at(r));
       }
-      produced.push_back(gb.op(n.op, ins, n.attrs, 1)[0]);
+      const size_t dot = n.op.find('.');
+      const std::string domain = dot == std::string::npos ? "" : n.op.substr(0, dot);
+      if (!domain.empty()) gb.graph().opsets[domain] = 1;
+      produced.push_back(gb.op(n.op.substr(dot == std::string::npos ? 0 : dot + 1), ins, n.attrs, 1, domain)[0]);
     }
     gb.output(produced.back());
     b.graph = gb.take();

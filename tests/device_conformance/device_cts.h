@@ -40,7 +40,7 @@ struct InputSpec {
 // One node of a chain case: `inputs` name case inputs (InputSpec.name) or earlier nodes' outputs ("$0", "$1", ...;
 // "" = an absent optional input).
 struct ChainNode {
-  std::string op;
+  std::string op;  // an ai.onnx op type, or "domain.Op" (e.g. "keel.Gelu", the fusion passes' ops)
   std::vector<std::string> inputs;
   std::map<std::string, Attribute> attrs;
 };

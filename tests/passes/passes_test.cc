@@ -63,9 +63,15 @@ std::vector<PassReport> run_passes(Graph& g, const std::string& list, const std:
 }
 
 // The priority of the kernel a session would pick for an op on the cpu (INT32_MIN when none).
+// The priority of the best cpu kernel for f32 data (the fusion passes' question: a bf16-only kernel does not count).
 int32_t best_priority(const std::string& domain, const std::string& op, int32_t opset) {
-  auto ks = env().registry().kernels_for(domain, op, opset, "cpu");
-  return ks.empty() ? INT32_MIN : ks.front()->priority;
+  for (const KernelEntry* k : env().registry().kernels_for(domain, op, opset, "cpu")) {
+    bool f32 = k->constraints.empty();
+    for (const auto& c : k->constraints)
+      for (DType d : c.dtypes) f32 = f32 || d == DType::kF32;
+    if (f32) return k->priority;
+  }
+  return INT32_MIN;
 }
 
 size_t count_op(const Graph& g, const std::string& op, const std::string& domain = "") {

@@ -380,7 +380,7 @@ TEST(ConvertPrecision, FusedConvGraphInBf16MatchesFp32) {
     view.graph = &g;
     view.env = &env();
     auto r = PassManager(env().registry(), graph_api())
-                 .run(g, &view, parse_pipeline_list("fuse_conv_bn,fuse_conv_activation").value(), "cpu");
+                 .run(g, &view, parse_pipeline_list("fuse_conv_bn,fuse_conv_activation:dtype=bf16").value(), "cpu");
     ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   }
   size_t fused = 0;

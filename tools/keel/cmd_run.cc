@@ -32,16 +32,16 @@ Status append_precision_pass(const std::string& precision, bool auto_passes, con
   if (!env.registry().pass(pass))
     return not_found("--precision " + precision + " needs the '" + pass +
                      "' pass (the precision pass plugin); it is not installed (see `keel plugins`)");
-  // Fusion only where a cpu kernel takes keel.FusedConv in bf16 explicitly (the oneDNN plugin; the reference fused
-  // kernels are f32-only).
-  bool bf16_fused_conv = false;
-  for (const KernelEntry* k : env.registry().kernels_for("keel", "FusedConv", 1, "cpu")) {
-    const std::vector<DType>* t = k->allowed("T");
-    bf16_fused_conv = bf16_fused_conv || (t && std::find(t->begin(), t->end(), DType::kBF16) != t->end());
-  }
-  if (auto_passes && precision == "bf16" && bf16_fused_conv)
-    for (const char* f : {"fuse_conv_bn", "fuse_conv_activation"})
-      if (env.registry().pass(f) && std::find(passes.begin(), passes.end(), f) == passes.end()) passes.push_back(f);
+  // Conv + BN + bias + residual + activation fused before the conversion, for the dtype they will run in: the fusion
+  // pass produces keel.FusedConv only where a kernel takes it in bf16 at the rank of Conv's (the oneDNN plugin; the
+  // reference fused kernels are f32-only).
+  if (auto_passes && precision == "bf16")
+    for (const char* f : {"fuse_conv_bn", "fuse_conv_activation:dtype=bf16"}) {
+      const std::string name = std::string(f).substr(0, std::string(f).find(':'));
+      bool listed = false;
+      for (const auto& p : passes) listed = listed || p.substr(0, p.find(':')) == name;
+      if (env.registry().pass(name) && !listed) passes.push_back(f);
+    }
   passes.push_back(pass);
   return Status::ok();
 }
