@@ -845,8 +845,8 @@ void Builder::conv(size_t i) {
   if (wino) make(alg::convolution_winograd, src, dst);
   // Other spatial convolutions (strided 3x3s, dilated ones, 3x3s Winograd leaves): oneDNN's brgemm kernel over nhwc
   // beats its nChw16c jit one here, the reorders in and out included. Measured in ResNet-50 at 1 thread (fastest
-  // runs, KEEL_ONEDNN_PROFILE): the 3x3 stride-2 convolutions at 56/28/14 px went from 1.32/1.27/1.79 ms to
-  // 1.07/1.12/1.45 ms (+0.01-0.04 ms of reorders), the whole model 37.2 -> 35.8 ms; at 2 threads brgemm is level or
+  // run of each step over 4 interleaved rounds, KEEL_ONEDNN_PROFILE): the 3x3 stride-2 convolutions at 56/28/14 px
+  // went from 1.27/1.41/1.77 ms to 1.15/1.19/1.60 ms with their reorders; on its own at 2 threads brgemm is level or
   // ahead. Only when oneDNN picks brgemm for it (nhwc with a jit kernel is no better than nChw16c).
   if (!pd && g == 1 && ks[0] * ks[1] > 1 && C >= 32 && M >= 32 && C % 16 == 0 && M % 16 == 0) {
     make(alg::convolution_direct, md_t(to_dnnl(x), dt::f32, tag::nhwc), md_t(to_dnnl(y), dt::f32, tag::nhwc));
