@@ -940,6 +940,44 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // ResNet-50's strided bottleneck: the 3x3 stride-2 convolution over >= 32 channels runs on oneDNN's brgemm kernel
+    // in nhwc between nChw16c neighbours (reorders in and out); its output also read by an Add and a pool.
+    OpCase c;
+    c.op = "Chain";
+    c.label = "bottleneck with a 3x3 stride-2 conv over 32 channels (nhwc brgemm), batch 2";
+    c.inputs = {in("X", {2, 32, 15, 15}), in("W0", {32, 32, 1, 1}, true, -0.4f, 0.4f), in("B0", {32}, true),
+                in("W1", {48, 32, 3, 3}, true, -0.2f, 0.2f), in("S1", {48}, true, 0.5f, 1.5f), in("T1", {48}, true),
+                in("M1", {48}, true), in("V1", {48}, true, 0.5f, 2.f), in("W2", {64, 48, 1, 1}, true, -0.3f, 0.3f),
+                in("WD", {64, 32, 1, 1}, true, -0.3f, 0.3f), in("WX", {48, 64, 1, 1}, true, -0.3f, 0.3f)};
+    c.chain = {conv({"X", "W0", "B0"}, 1, 1, 0),
+               {"Relu", {"$0"}, {}},
+               conv({"$1", "W1"}, 3, 2, 1),  // [2,48,8,8]
+               {"BatchNormalization", {"$2", "S1", "T1", "M1", "V1"}, {}},
+               {"Relu", {"$3"}, {}},
+               conv({"$4", "W2"}, 1, 1, 0),
+               conv({"$1", "WD"}, 1, 2, 0),
+               {"Add", {"$5", "$6"}, {}},
+               {"Relu", {"$7"}, {}},
+               conv({"$8", "WX"}, 1, 1, 0),
+               {"Add", {"$9", "$4"}, {}},
+               {"MaxPool", {"$10"}, {{"kernel_shape", Is({2, 2})}, {"strides", Is({2, 2})}}}};
+    v.push_back(c);
+  }
+  {
+    // A dilated 3x3 (no Winograd) over 32 channels: brgemm in nhwc, read by an Add with its own input and a global
+    // average pool.
+    OpCase c;
+    c.op = "Chain";
+    c.label = "dilated 3x3 conv over 32 channels (nhwc brgemm), residual add, global average pool";
+    c.inputs = {in("X", {1, 16, 13, 11}), in("W0", {32, 16, 1, 1}, true, -0.4f, 0.4f),
+                in("W1", {32, 32, 3, 3}, true, -0.2f, 0.2f), in("B1", {32}, true)};
+    ChainNode dil = conv({"$1", "W1", "B1"}, 3, 1, 2);
+    dil.attrs["dilations"] = Is({2, 2});
+    c.chain = {conv({"X", "W0"}, 1, 1, 0), {"Relu", {"$0"}, {}}, dil, {"Add", {"$2", "$1"}, {}},
+               {"GlobalAveragePool", {"$3"}, {}}};
+    v.push_back(c);
+  }
+  {
     OpCase c;
     c.op = "Chain";
     c.label = "stem: conv 7x7 s2, relu, maxpool, global average pool, flatten, gemm";
