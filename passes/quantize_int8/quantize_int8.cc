@@ -22,9 +22,11 @@
 //                  Only when host->kernel_exists finds the keel op on the target device; MatMul only with a 2-D
 //                  weight; Gemm only with alpha = beta = 1, transA = 0 and a 1-D bias. Weights must be symmetric
 //                  (zero points 0), quantized per tensor or along the output-channel axis.
-//                  A u8/s8 value passed from one QConv to another (its only reader) is kept channels-last: the
-//                  QConvs get output_layout / input_layout = "NHWC" (option channels_last = true).
-//                  Counters: conv_fused, gemm_fused, activations_fused, outputs_requantized, channels_last_edges.
+//                  Values inside int8 regions are kept channels-last (option channels_last = true): a value written
+//                  by a QConv, or by an element-wise Add / QuantizeLinear whose inputs are channels-last, and read
+//                  only by QConvs (input 0) and such element-wise nodes; the QConvs get output_layout /
+//                  input_layout = "NHWC", the element-wise nodes compute on the bytes as they are.
+//                  Counters: conv_fused, gemm_fused, activations_fused, outputs_requantized, channels_last_edges (values).
 #include <keel/plugin.h>
 
 #include <algorithm>
@@ -322,22 +324,73 @@ keel_status_t fuse_qdq(void*, keel_graph_t* g, const keel_graph_api_t* api, cons
         if (gv.exists(dq) && gv.use_count(gv.output(dq, 0)) == 0) gv.remove_node(dq);
       (conv ? convs : gemms)++;
     }
-    // A quantized value passed from one QConv straight to another stays channels-last (the layout int8 convolutions
-    // compute in): two layout conversions saved per such edge. Only values with that single reader qualify.
-    int64_t nhwc = 0;
-    if (opts_channels_last)
-      for (keel_node_id_t a : gv.nodes()) {
-        if (!gv.exists(a) || gv.domain(a) != "keel" || gv.op(a) != "QConv" || gv.inputs(a).size() < 8) continue;
-        const std::string v = gv.output(a, 0);
-        if (!gv.single_use(v)) continue;
-        keel_node_id_t b = gv.consumers(v)[0];
-        if (gv.domain(b) != "keel" || gv.op(b) != "QConv") continue;
-        std::vector<std::string> bi = gv.inputs(b);
-        if (bi[0] != v || std::count(bi.begin(), bi.end(), v) != 1) continue;
-        gv.set_attr(a, "output_layout", AttrValue::of_string("NHWC"));
-        gv.set_attr(b, "input_layout", AttrValue::of_string("NHWC"));
-        ++nhwc;
+    // Channels-last regions (the layout int8 convolutions compute in): a value stays NHWC when it is written by a
+    // QConv or by an element-wise Add / per-tensor QuantizeLinear whose activation inputs are NHWC themselves, and
+    // every reader is a QConv (at its input 0) or such an element-wise node — so the residual path of an int8
+    // network (QConv -> Add -> QuantizeLinear -> QConv) runs without converting layouts. Element-wise ops compute
+    // the same on any layout as long as all their inputs and their output share it; graph outputs and any other
+    // reader keep the plain layout. Found as a fixpoint: start from every candidate, drop what breaks a rule.
+    auto is_qconv = [&](keel_node_id_t n) { return gv.domain(n) == "keel" && gv.op(n) == "QConv"; };
+    auto is_elementwise = [&](keel_node_id_t n) {
+      if (!gv.domain(n).empty() || gv.outputs(n).size() != 1) return false;
+      std::vector<std::string> in = gv.inputs(n);
+      if (gv.is(n, "Add")) {
+        if (in.size() != 2) return false;
+        auto a = gv.value_type(in[0]), b = gv.value_type(in[1]);
+        return a && b && a->fully_known() && a->ndim >= 3 && a->dims == b->dims;
       }
+      if (gv.is(n, "QuantizeLinear"))
+        return in.size() >= 2 && scalar_dtype(gv, in[1]) == KEEL_DTYPE_F32 &&
+               (in.size() < 3 || in[2].empty() || scalar_dtype(gv, in[2]) != KEEL_DTYPE_UNDEFINED);
+      return false;
+    };
+    // The inputs of an element-wise node that carry its activation (Add: both; QuantizeLinear: the first).
+    auto act_inputs = [&](keel_node_id_t n) {
+      std::vector<std::string> in = gv.inputs(n);
+      if (!gv.is(n, "Add")) in.resize(1);
+      return in;
+    };
+    std::set<std::string> cl;
+    if (opts_channels_last)
+      for (keel_node_id_t n : gv.nodes())
+        if (gv.exists(n) && (is_qconv(n) || is_elementwise(n))) cl.insert(gv.output(n, 0));
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (auto it = cl.begin(); it != cl.end();) {
+        const std::string v = *it;
+        bool ok = !gv.is_graph_output(v);
+        auto p = gv.producer(v);
+        ok = ok && p.has_value();
+        if (ok && is_elementwise(*p))
+          for (const std::string& i : act_inputs(*p)) ok = ok && cl.count(i);
+        for (keel_node_id_t c : ok ? gv.consumers(v) : std::vector<keel_node_id_t>{}) {
+          std::vector<std::string> ci = gv.inputs(c);
+          if (is_qconv(c)) {
+            ok = ok && ci[0] == v && std::count(ci.begin(), ci.end(), v) == 1;
+          } else if (is_elementwise(c)) {
+            std::vector<std::string> ai = act_inputs(c);
+            ok = ok && cl.count(gv.output(c, 0)) &&
+                 std::count(ci.begin(), ci.end(), v) == std::count(ai.begin(), ai.end(), v);
+            for (const std::string& i : ai) ok = ok && cl.count(i);
+          } else {
+            ok = false;
+          }
+        }
+        if (ok) {
+          ++it;
+        } else {
+          it = cl.erase(it);
+          changed = true;
+        }
+      }
+    }
+    int64_t nhwc = 0;
+    for (const std::string& v : cl) {
+      if (auto p = gv.producer(v); p && is_qconv(*p)) gv.set_attr(*p, "output_layout", AttrValue::of_string("NHWC"));
+      for (keel_node_id_t c : gv.consumers(v))
+        if (is_qconv(c)) gv.set_attr(c, "input_layout", AttrValue::of_string("NHWC"));
+      ++nhwc;
+    }
     report.count("channels_last_edges", nhwc);
     if (no_kernel)
       report.note("no QConv/QGemm kernel on device '" + std::string(device ? device : "") + "': left " +

@@ -783,6 +783,55 @@ TEST(FuseQdq, Int8OpsReplaceTheQdqPatternsAndMatchTheQdqGraph) {
   }
 }
 
+// A residual block in QDQ form: x -> Conv1 -> y1; y1 -> Conv2 -> y2; Add(y1, y2) -> s -> Conv3 -> GlobalAveragePool.
+// After fuse_qdq the whole int8 region (y1, y2, s and the QuantizeLinear outputs in front of Conv2 and Conv3) stays
+// channels-last; Conv3's output, read by GlobalAveragePool, and the graph input stay plain.
+TEST(FuseQdq, ResidualRegionsStayChannelsLast) {
+  GraphBuilder b("qres", 13);
+  auto x = b.input("x", DType::kF32, {1, 3, 6, 5});
+  std::map<std::string, Attribute> pads = {{"pads", Attribute::of_ints({1, 1, 1, 1})}};
+  auto y1 = b.op1("Conv", {x, b.constant("w1", Tensor::f32({8, 3, 3, 3}, randv(216, 11, 0.3f)))}, pads);
+  auto y2 = b.op1("Conv", {y1, b.constant("w2", Tensor::f32({8, 8, 3, 3}, randv(576, 12, 0.2f)))}, pads);
+  auto sum = b.op1("Add", {y1, y2});
+  auto y3 = b.op1("Conv", {sum, b.constant("w3", Tensor::f32({4, 8, 1, 1}, randv(32, 13, 0.3f)))});
+  b.output(b.op1("GlobalAveragePool", {y3}));
+  Graph fp32 = b.take();
+  Graph q = fp32;
+  Options o;
+  o.values["range." + x] = std::string("-4,4");
+  o.values["range." + y1] = std::string("-3,3");
+  o.values["range." + sum] = std::string("-5,5");
+  run_pass(q, "quantize_int8", o);
+  Graph fused = q;
+  auto r = run_pass(fused, "fuse_qdq", {});
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].counters["conv_fused"], 3);
+  EXPECT_EQ(r[0].counters["channels_last_edges"], 5);
+  std::map<std::string, std::pair<std::string, std::string>> layouts;  // QConv name -> (input, output) layout
+  for (NodeId id : fused.node_ids()) {
+    const Node* n = fused.node(id);
+    auto layout = [&](const char* a) { return n->attr(a) ? n->attr(a)->s : std::string("NCHW"); };
+    if (n->op_type == "QConv") layouts[n->outputs[0]] = {layout("input_layout"), layout("output_layout")};
+  }
+  ASSERT_EQ(layouts.size(), 3u);
+  EXPECT_EQ(layouts[y1], std::make_pair(std::string("NCHW"), std::string("NHWC")));
+  EXPECT_EQ(layouts[y2], std::make_pair(std::string("NHWC"), std::string("NHWC")));
+  EXPECT_EQ(layouts[y3], std::make_pair(std::string("NHWC"), std::string("NCHW")));
+  for (uint32_t k = 0; k < 3; ++k) {
+    Feeds f = {{"x", Tensor::f32({1, 3, 6, 5}, randv(90, 800 + k))}};
+    auto a = run(q, f), c = run(fused, f);
+    ASSERT_EQ(a.size(), 1u);
+    ASSERT_EQ(c.size(), 1u);
+    EXPECT_GE(cosine(a[0], c[0]), 0.999);
+  }
+  // Without the option nothing is channels-last.
+  Graph plain = q;
+  Options off;
+  off.values["channels_last"] = false;
+  auto r2 = run_pass(plain, "fuse_qdq", off);
+  EXPECT_EQ(r2[0].counters["channels_last_edges"], 0);
+}
+
 TEST(FuseQdq, LeavesWhatItCannotFuse) {
   Graph fp32;
   Graph q = qdq_net(&fp32);

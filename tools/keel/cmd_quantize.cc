@@ -1,7 +1,8 @@
 // `keel quantize MODEL.onnx --calib DIR -o OUT.onnx [--method minmax|percentile|entropy] [--exclude NODES]
-// [--tolerance T]` — INT8 post-training quantization (tools/keel/quantize.h): calibrates on the batches in DIR (layout
-// in quantize.h and the README), writes standard QDQ ONNX, and prints each quantized layer's error (cosine and
-// relative L2 error of its output vs fp32 on held-out batches) and the error of the model's outputs.
+// [--tolerance T [--fallback sensitivity|prefix]]` — INT8 post-training quantization (tools/keel/quantize.h):
+// calibrates on the batches in DIR (layout in quantize.h and the README), writes standard QDQ ONNX, and prints each
+// quantized layer's error (cosine and relative L2 error of its output vs fp32 on held-out batches) and the error of
+// the model's outputs.
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
@@ -58,14 +59,14 @@ int quantize(QuantizeArgs& a, Globals& g) {
             << (res.heldout_batches == 1 ? "" : "es") << "):\n";
   std::cout << "  " << std::left << std::setw(static_cast<int>(width)) << "node" << "  " << std::setw(7) << "op"
             << std::right << std::setw(10) << "cosine" << std::setw(11) << "rel.err"
-            << (a.opts.tolerance > 0 ? "  sensitivity" : "") << "  status\n";
+            << (a.opts.tolerance > 0 && a.opts.fallback == "sensitivity" ? "  sensitivity" : "") << "  status\n";
   size_t quantized = 0;
   for (const auto& l : res.layers) {
     quantized += !l.kept_fp32;
     std::cout << "  " << std::left << std::setw(static_cast<int>(width)) << l.node << "  " << std::setw(7) << l.op_type
               << std::right << std::fixed << std::setprecision(5) << std::setw(10) << l.cosine << std::setw(11)
               << l.rel_error;
-    if (a.opts.tolerance > 0) std::cout << std::setw(13) << l.sensitivity;
+    if (a.opts.tolerance > 0 && a.opts.fallback == "sensitivity") std::cout << std::setw(13) << l.sensitivity;
     std::cout << "  " << (l.kept_fp32 ? "fp32" : "int8") << "\n";
   }
   std::cout << "outputs vs fp32 (held-out): cosine " << std::setprecision(5) << res.output_cosine << ", relative error "
@@ -116,6 +117,10 @@ void add_quantize_command(CLI::App& app, Globals& g) {
   cmd->add_option("--tolerance,-t", a->opts.tolerance,
                   "Keep the worst layers in fp32 until the outputs' relative L2 error is at most T (0 = off)")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--fallback", a->opts.fallback,
+                  "How --tolerance picks the fp32 layers: sensitivity (the most sensitive first) or prefix (the fewest "
+                  "leading layers, one cheap fp32 -> int8 boundary)")
+      ->check(CLI::IsMember({"sensitivity", "prefix"}));
   cmd->add_option("--activations", a->opts.activation_type, "Activation type: u8 (asymmetric) or s8 (symmetric)")
       ->check(CLI::IsMember({"u8", "s8"}));
   cmd->add_flag("--per-tensor", a->per_tensor, "Weights per tensor instead of per output channel");

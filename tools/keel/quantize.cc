@@ -3,6 +3,7 @@
 #include "tools/keel/quantize.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -439,6 +440,8 @@ StatusOr<QuantizeResult> quantize_graph(Environment& env, const Graph& fp32, con
   if (options.activation_type != "u8" && options.activation_type != "s8")
     return invalid_argument("activation type must be u8 or s8, got '" + options.activation_type + "'");
   if (!(options.tolerance >= 0)) return invalid_argument("tolerance must be >= 0");
+  if (options.fallback != "sensitivity" && options.fallback != "prefix")
+    return invalid_argument("unknown fallback '" + options.fallback + "' (sensitivity, prefix)");
   if (calibration.empty()) return invalid_argument("no calibration batches");
   const Registry& reg = env.registry();
   if (!reg.pass("quantize_int8"))
@@ -670,7 +673,62 @@ StatusOr<QuantizeResult> quantize_graph(Environment& env, const Graph& fp32, con
   };
   KEEL_RETURN_IF_ERROR(output_error(qdq, &result.output_cosine, &result.output_rel_error), "output error");
   // 5. Tolerance: keep the worst layers in fp32 until the output error is within it.
-  if (options.tolerance > 0 && result.output_rel_error > options.tolerance) {
+  if (options.tolerance > 0 && result.output_rel_error > options.tolerance && options.fallback == "prefix") {
+    // The fewest leading layers in fp32: bisection over the prefix length k (error(n) is all-fp32).
+    std::vector<size_t> cand;
+    for (size_t i = 0; i < layers.size(); ++i)
+      if (!layers[i].user_excluded) cand.push_back(i);
+    ProgressBar bar("prefix search", static_cast<int64_t>(std::bit_width(cand.size()) + 3), "try", options.progress);
+    std::map<size_t, std::pair<double, double>> tried;  // k -> (cosine, rel. error)
+    auto error_at = [&](size_t k) -> StatusOr<std::pair<double, double>> {
+      auto it = tried.find(k);
+      if (it != tried.end()) return it->second;
+      std::set<std::string> kk = keep;
+      for (size_t j = 0; j < k; ++j) kk.insert(layers[cand[j]].node);
+      KEEL_ASSIGN_OR_RETURN(Graph g, quantize_with(kk), "quantize");
+      std::pair<double, double> e{1, 0};
+      KEEL_RETURN_IF_ERROR(output_error(g, &e.first, &e.second), "output error");
+      std::ostringstream msg;
+      msg << k << " fp32: error " << e.second;
+      bar.tick(1, msg.str());
+      return tried[k] = e;
+    };
+    size_t lo = 0, hi = cand.size();  // error(lo) > tolerance (measured above); error(hi) is taken as within it
+    while (hi - lo > 1) {
+      const size_t mid = lo + (hi - lo) / 2;
+      KEEL_ASSIGN_OR_RETURN(auto e, error_at(mid), "prefix search");
+      (e.second <= options.tolerance ? hi : lo) = mid;
+    }
+    // The boundary: layer k's input is the value quantized where the fp32 prefix ends. Up to two layers further, a
+    // smaller one (a bottleneck between blocks rather than an expanded activation) makes the boundary cheaper.
+    auto boundary = [&](size_t k) -> int64_t {
+      if (k >= cand.size()) return 0;
+      const ValueInfo* vi = prepared.info(layers[cand[k]].input);
+      if (!vi || !vi->shape) return std::numeric_limits<int64_t>::max();
+      int64_t n = 1;
+      for (int64_t d : *vi->shape) {
+        if (d < 0) return std::numeric_limits<int64_t>::max();
+        n *= d;
+      }
+      return n;
+    };
+    size_t best = hi;
+    for (size_t k = hi + 1; k <= std::min(cand.size(), hi + 2); ++k)
+      if (boundary(k) < boundary(best)) best = k;
+    if (best != hi) {
+      KEEL_ASSIGN_OR_RETURN(auto e, error_at(best), "prefix search");
+      if (e.second > options.tolerance) best = hi;
+    }
+    for (size_t j = 0; j < best; ++j) {
+      keep.insert(layers[cand[j]].node);
+      result.layers[cand[j]].kept_fp32 = true;
+    }
+    KEEL_ASSIGN_OR_RETURN(qdq, quantize_with(keep), "quantize");
+    KEEL_RETURN_IF_ERROR(output_error(qdq, &result.output_cosine, &result.output_rel_error), "output error");
+    bar.finish(std::to_string(best) + " leading layer(s) in fp32");
+    if (result.output_rel_error > options.tolerance)
+      result.notes.push_back("tolerance not reached even with every layer in fp32");
+  } else if (options.tolerance > 0 && result.output_rel_error > options.tolerance) {
     std::vector<size_t> by_error;
     std::set<std::string> all = keep;
     for (size_t i = 0; i < layers.size(); ++i)

@@ -15,10 +15,12 @@
 //   4. measures on held-out batches (the last fifth of `calibration`, at least one; with a single batch it is also
 //      the calibration batch): each quantized layer's own error (cosine and relative L2 error of its output, with its
 //      quantized inputs computed from the fp32 activations, against fp32) and the error of the graph outputs;
-//   5. with a tolerance (and an output error above it), measures each layer's sensitivity — the outputs' relative L2
-//      error with only that layer quantized — and keeps the most sensitive layers in fp32, one at a time, until the
-//      relative L2 error of every float graph output on the held-out batches is at most `tolerance` (or nothing is
-//      left). Small own errors can still add up through a deep network; sensitivity sees where they do.
+//   5. with a tolerance (and an output error above it), fallback = sensitivity measures each layer's sensitivity —
+//      the outputs' relative L2 error with only that layer quantized — and keeps the most sensitive layers in fp32,
+//      one at a time, until the relative L2 error of every float graph output on the held-out batches is at most
+//      `tolerance` (or nothing is left). Small own errors can still add up through a deep network; sensitivity sees
+//      where they do.
+//      fallback = prefix keeps the fewest leading layers in fp32 instead (see QuantizeOptions::fallback).
 //
 // The calibration batches must bind every graph input (by name). Sessions run on `options.device` (fallback cpu).
 // Thread-safety: quantize_graph uses only its arguments; concurrent calls on one Environment are fine.
@@ -44,6 +46,13 @@ struct QuantizeOptions {
   std::string device = "cpu";        // where the calibration and evaluation sessions run
   bool progress = true;              // progress bar over calibration batches (stderr)
   std::string activation_type = "u8";  // u8 (asymmetric) | s8 (symmetric)
+  // How the tolerance picks the layers kept in fp32:
+  //   sensitivity  each layer's sensitivity is measured (one session per layer), the most sensitive go first;
+  //   prefix       the fewest leading layers (topological order) that reach the tolerance, found by bisection
+  //                (assumes the error falls as the prefix grows), then moved up to two layers further where the
+  //                activation that crosses into int8 there is smaller: one fp32 -> int8 boundary, placed where its
+  //                QuantizeLinear is cheapest. For networks whose early layers amplify noise the most (MobileNetV2).
+  std::string fallback = "sensitivity";
   // Subtract each quantized layer's weight-rounding shift dW . E[x] (input means from the calibration batches) from
   // its f32 bias (see quantize.cc, correct_biases).
   bool bias_correction = true;

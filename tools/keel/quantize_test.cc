@@ -306,6 +306,47 @@ TEST(QuantizeGraph, ToleranceKeepsTheWorstLayersInFp32) {
   EXPECT_LE(r->output_rel_error, 1e-12);
 }
 
+TEST(QuantizeGraph, PrefixFallbackKeepsTheFewestLeadingLayersInFp32) {
+  auto cal = batches(3);
+  auto full = cli::quantize_graph(env(), small_net(), cal, quiet());
+  ASSERT_TRUE(full.is_ok()) << full.status().to_string();
+  ASSERT_GT(full->output_rel_error, 0);
+  auto o = quiet();
+  o.fallback = "prefix";
+  o.tolerance = full->output_rel_error / 2;
+  auto r = cli::quantize_graph(env(), small_net(), cal, o);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_LE(r->output_rel_error, o.tolerance);
+  size_t kept = 0;
+  for (size_t i = 0; i < r->layers.size(); ++i) {
+    kept += r->layers[i].kept_fp32;
+    if (i > 0 && r->layers[i].kept_fp32) EXPECT_TRUE(r->layers[i - 1].kept_fp32) << "fp32 layers form a prefix";
+    // Kept layers read fp32 activations; the rest read a DequantizeLinear.
+    const Node* n = node_named(r->graph, r->layers[i].node);
+    ASSERT_NE(n, nullptr);
+    EXPECT_EQ(reads_dq(r->graph, n, 0), !r->layers[i].kept_fp32) << r->layers[i].node;
+  }
+  EXPECT_GE(kept, 1u);
+  // The fewest leading layers that reach the tolerance, by brute force: the search keeps that many, or at most two
+  // more (where the boundary activation is smaller).
+  size_t fewest = r->layers.size();
+  for (size_t k = 0; k < r->layers.size() && fewest == r->layers.size(); ++k) {
+    auto p = quiet();
+    for (size_t i = 0; i < k; ++i) p.exclude.push_back(r->layers[i].node);
+    auto f = cli::quantize_graph(env(), small_net(), cal, p);
+    ASSERT_TRUE(f.is_ok());
+    if (f->output_rel_error <= o.tolerance) fewest = k;
+  }
+  EXPECT_GE(kept, fewest);
+  EXPECT_LE(kept, fewest + 2);
+  o.tolerance = 1e-12;
+  r = cli::quantize_graph(env(), small_net(), cal, o);
+  ASSERT_TRUE(r.is_ok());
+  for (const auto& l : r->layers) EXPECT_TRUE(l.kept_fp32);
+  o.fallback = "random";
+  EXPECT_FALSE(cli::quantize_graph(env(), small_net(), cal, o).is_ok());
+}
+
 // ------------------------------------------------------------------------------------------------ data + CLI
 
 TEST(CalibrationDir, SubfoldersPerBatchAndFlatFiles) {
