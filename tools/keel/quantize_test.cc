@@ -320,7 +320,9 @@ TEST(QuantizeGraph, PrefixFallbackKeepsTheFewestLeadingLayersInFp32) {
   size_t kept = 0;
   for (size_t i = 0; i < r->layers.size(); ++i) {
     kept += r->layers[i].kept_fp32;
-    if (i > 0 && r->layers[i].kept_fp32) EXPECT_TRUE(r->layers[i - 1].kept_fp32) << "fp32 layers form a prefix";
+    if (i > 0 && r->layers[i].kept_fp32) {
+      EXPECT_TRUE(r->layers[i - 1].kept_fp32) << "fp32 layers form a prefix";
+    }
     // Kept layers read fp32 activations; the rest read a DequantizeLinear.
     const Node* n = node_named(r->graph, r->layers[i].node);
     ASSERT_NE(n, nullptr);
