@@ -162,6 +162,11 @@ struct Plan {
   std::vector<void*> last_base;           // per buffer, the pointer its binds were last set to
   std::vector<std::string> impls;         // for logs
   std::vector<std::string> what;          // per exec: the node it runs and its shapes (for the profile)
+  // Per exec, for the session profile (plugin ABI 1.3 profile_step): the ONNX op type it computes ("" for a layout
+  // reorder of the chain's own) and the graph nodes it covers (that node first, the nodes fused into it after).
+  // The strings belong to the Recipe the plan was built from.
+  std::vector<const char*> step_op;
+  std::vector<std::vector<const char*>> step_nodes;
 };
 
 struct Val {
@@ -264,6 +269,7 @@ class Builder {
   // (They pick their split at run time; convolutions and matmuls keep the team they were created for.)
   void exec(dnnl::primitive prim, std::unordered_map<int, dnnl::memory> args) {
     p_->impls.push_back(impl_of(prim));
+    exec_layout_.push_back(layout_reorder_);
     {
       std::string w = cur_node_ < r_.nodes.size() ? r_.nodes[cur_node_].name : std::string("(outputs)");
       auto s = args.find(DNNL_ARG_SRC);
@@ -312,7 +318,9 @@ class Builder {
     Val src = v;
     Val& dst = define(key, want);
     dnnl::memory s = mem_of(src), d = mem_of(dst);
+    layout_reorder_ = true;
     exec(dnnl::reorder(s, d), {{DNNL_ARG_FROM, s}, {DNNL_ARG_TO, d}});
+    layout_reorder_ = false;
     return dst;
   }
   Val as_plain(const std::string& name) { return as_md(name, plain_md(dims_of(name))); }
@@ -426,7 +434,23 @@ class Builder {
   std::vector<bool> done_;
   std::map<int, dnnl::memory> owned_of_buf_;
   size_t cur_node_ = static_cast<size_t>(-1);  // the node being built (for the profile's step names)
+  bool layout_reorder_ = false;                // the exec being added is a layout change (as_md)
+  std::vector<bool> exec_layout_;              // per exec: a layout change
+  void label_steps(size_t node, size_t first_exec, const std::vector<bool>& done_before);
 };
+
+// Labels the execs node `node` added (from `first_exec`) for the session profile: its op type and name, with the
+// nodes it fused (those marked done while it was built); layout reorders get no op type.
+void Builder::label_steps(size_t node, size_t first_exec, const std::vector<bool>& done_before) {
+  std::vector<const char*> covered{r_.nodes[node].name.c_str()};
+  for (size_t k = 0; k < done_.size(); ++k)
+    if (k != node && done_[k] && !done_before[k]) covered.push_back(r_.nodes[k].name.c_str());
+  for (size_t e = first_exec; e < p_->execs.size(); ++e) {
+    const bool layout = exec_layout_[e];
+    p_->step_op[e] = layout ? "" : r_.nodes[node].op.c_str();
+    p_->step_nodes[e] = layout ? std::vector<const char*>{covered[0]} : covered;
+  }
+}
 
 std::unique_ptr<Plan> Builder::build() {
   p_ = std::make_unique<Plan>();
@@ -466,6 +490,8 @@ std::unique_ptr<Plan> Builder::build() {
       continue;
     }
     cur_node_ = i;
+    const size_t first_exec = p_->execs.size();
+    const std::vector<bool> done_before = done_;
     try {
       const std::string& op = n.op;
       if (op == "Conv") conv(i);
@@ -499,9 +525,14 @@ std::unique_ptr<Plan> Builder::build() {
       throw NodeReject{i, std::string("oneDNN: ") + e.what()};
     }
     done_[i] = true;
+    p_->step_op.resize(p_->execs.size(), "");
+    p_->step_nodes.resize(p_->execs.size());
+    label_steps(i, first_exec, done_before);
   }
   cur_node_ = npos;
   outputs();
+  p_->step_op.resize(p_->execs.size(), "");  // the boundary outputs' reorders: the chain's own
+  p_->step_nodes.resize(p_->execs.size());
   plan_workspace();
   p_->last_base.assign(p_->bufs.size(), reinterpret_cast<void*>(-1));
   return std::move(p_);
@@ -1731,20 +1762,39 @@ void run_chain(Chain& ch, Ctx& c) {
       if (cur != team_n) omp_set_num_threads(team_n);
     }
   } back{cur, team_n};
-  if (g_options.profile) {
+  // The session profiles this run (ABI 1.3): time each primitive and report it with the nodes it computes.
+  const keel_kernel_api_t* kapi = g_host->kernel;
+  const bool report = KEEL_HAS_MEMBER(kapi, keel_kernel_api_t, profile_step) && kapi->profiling &&
+                      kapi->profile_step && kapi->profiling(c.raw()) != 0;
+  if (g_options.profile || report) {
     for (size_t k = 0; k < p.execs.size(); ++k) {
       threads_for(p.execs[k]);
       auto t0 = std::chrono::steady_clock::now();
       p.execs[k].prim.execute(s, p.execs[k].args);
       s.wait();
       double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (report) {
+        keel_profile_step_t st;
+        std::memset(&st, 0, sizeof st);
+        st.struct_size = sizeof st;
+        st.kind = kind_name(p.execs[k].prim.get_kind());
+        st.implementation = p.impls[k].c_str();
+        st.op_type = k < p.step_op.size() ? p.step_op[k] : "";
+        if (k < p.step_nodes.size()) {
+          st.node_names = p.step_nodes[k].data();
+          st.node_count = p.step_nodes[k].size();
+        }
+        st.time_ms = ms;
+        keel_status_release(kapi->profile_step(c.raw(), &st));
+      }
+      if (!g_options.profile) continue;
       auto& row = ch.profile[std::string(kind_name(p.execs[k].prim.get_kind())) + " " + p.impls[k]];
       row.first += ms;
       row.second++;
       if (ch.step_min.size() != p.execs.size()) ch.step_min.assign(p.execs.size(), 1e30);
       ch.step_min[k] = std::min(ch.step_min[k], ms);
     }
-    ch.runs++;
+    if (g_options.profile) ch.runs++;
     return;
   }
   for (auto& e : p.execs) {
