@@ -57,7 +57,9 @@ std::vector<ProfileStep> run_relu_on(Environment& env, const std::string& device
     const float* y = out->at(0).data<float>();
     EXPECT_EQ(std::vector<float>(y, y + 4), (std::vector<float>{0, 2, 0, 4}));
     for (const auto& p : (*s)->profile()) {
-      if (profile) EXPECT_EQ(p.calls, 1);
+      if (profile) {
+        EXPECT_EQ(p.calls, 1);
+      }
       steps.insert(steps.end(), p.steps.begin(), p.steps.end());
     }
   }();
