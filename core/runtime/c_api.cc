@@ -86,6 +86,10 @@ struct keel_session_s {
   std::map<std::string, size_t> output_index;
   std::vector<PlacementRow> placement;
   std::vector<FallbackRow> fallbacks;
+  // The profile as the last keel_session_profile_info saw it (keel_session_profile_step_info reads it), with the
+  // node-name arrays its steps hand out.
+  std::vector<keel::NodeProfile> profile;
+  std::vector<std::vector<std::vector<const char*>>> profile_step_nodes;
 };
 
 namespace {
@@ -911,6 +915,37 @@ KEEL_API keel_status_t keel_session_profile_info(keel_session_t session, size_t 
     KEEL_C_SET(out, keel_node_profile_t, node, session->placement[index].node.c_str());
     KEEL_C_SET(out, keel_node_profile_t, total_ms, prof[index].total_ms);
     KEEL_C_SET(out, keel_node_profile_t, calls, prof[index].calls);
+    KEEL_C_SET(out, keel_node_profile_t, step_count, prof[index].steps.size());
+    session->profile = std::move(prof);
+    session->profile_step_nodes.clear();
+    for (const auto& p : session->profile) {
+      auto& per_node = session->profile_step_nodes.emplace_back();
+      for (const auto& st : p.steps) {
+        auto& names = per_node.emplace_back();
+        for (const auto& n : st.nodes) names.push_back(n.c_str());
+      }
+    }
+    return Status::ok();
+  });
+}
+
+KEEL_API keel_status_t keel_session_profile_step_info(keel_session_t session, size_t index, size_t step,
+                                                      keel_profile_step_info_t* out) {
+  return guarded(__func__, [&]() -> Status {
+    if (session == nullptr) return null_arg(__func__, "session");
+    KEEL_RETURN_IF_ERROR(check_out_struct(__func__, out, out ? out->struct_size : 0), "");
+    KEEL_RETURN_IF_ERROR(check_index(__func__, index, session->profile.size(), "profile (call keel_session_profile_info first)"), "");
+    const auto& steps = session->profile[index].steps;
+    KEEL_RETURN_IF_ERROR(check_index(__func__, step, steps.size(), "profile step"), "");
+    const auto& st = steps[step];
+    const auto& names = session->profile_step_nodes[index][step];
+    KEEL_C_SET(out, keel_profile_step_info_t, kind, st.kind.c_str());
+    KEEL_C_SET(out, keel_profile_step_info_t, implementation, st.implementation.c_str());
+    KEEL_C_SET(out, keel_profile_step_info_t, op_type, st.op_type.c_str());
+    KEEL_C_SET(out, keel_profile_step_info_t, node_names, names.empty() ? nullptr : names.data());
+    KEEL_C_SET(out, keel_profile_step_info_t, node_count, names.size());
+    KEEL_C_SET(out, keel_profile_step_info_t, total_ms, st.total_ms);
+    KEEL_C_SET(out, keel_profile_step_info_t, calls, st.calls);
     return Status::ok();
   });
 }

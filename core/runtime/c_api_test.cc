@@ -452,6 +452,17 @@ TEST_F(CApi, SessionOptions) {
     ASSERT_KEEL_OK(keel_session_profile_info(s, i, &prof));
     EXPECT_STREQ(prof.node, p.node);
     EXPECT_EQ(prof.calls, 3);
+    // Steps a kernel reported inside its node (ABI 1.3): each one readable, and none past step_count.
+    for (size_t k = 0; k < prof.step_count; ++k) {
+      keel_profile_step_info_t st{};
+      st.struct_size = sizeof st;
+      ASSERT_KEEL_OK(keel_session_profile_step_info(s, i, k, &st));
+      EXPECT_NE(std::string(st.kind), "");
+      EXPECT_GE(st.total_ms, 0);
+    }
+    keel_profile_step_info_t past{};
+    past.struct_size = sizeof past;
+    EXPECT_NE(take(keel_session_profile_step_info(s, i, prof.step_count, &past)), "");
   }
   ASSERT_KEEL_OK(keel_session_fallback_count(s, &n));
   EXPECT_EQ(n, 0u);

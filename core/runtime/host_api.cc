@@ -3,6 +3,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -114,6 +115,19 @@ void k_parallel_for(const Ctx* c, int64_t n, int64_t min_chunk, void (*fn)(void*
   c->pool->parallel_for(n, min_chunk, [&](int64_t b, int64_t e) { fn(arg, b, e); });
 }
 int32_t k_thread_count(const Ctx* c) { return c->pool ? c->pool->thread_count() : 1; }
+int32_t k_profiling(const Ctx* c) { return c != nullptr && c->profiling && c->phase == Ctx::Phase::kCompute ? 1 : 0; }
+keel_status_t k_profile_step(Ctx* c, const keel_profile_step_t* step) {
+  if (step == nullptr || step->struct_size < offsetof(keel_profile_step_t, kind) + sizeof(step->kind)) {
+    return make_c_status(KEEL_STATUS_INVALID_ARGUMENT, "profile_step: NULL record or struct_size too small");
+  }
+  if (c == nullptr || !c->profiling || c->phase != Ctx::Phase::kCompute || !c->report_step) return nullptr;
+  try {
+    c->report_step(*step);
+  } catch (const std::exception& e) {
+    return make_c_status(KEEL_STATUS_INTERNAL, (std::string("profile_step: ") + e.what()).c_str());
+  }
+  return nullptr;
+}
 
 // ---------------------------------------------------------------------------------------------- graph API
 
@@ -484,6 +498,7 @@ const keel_kernel_api_t* kernel_api() {
       k_input_count, k_input, k_output_count, k_output, k_output_dtype,
       k_attr_int, k_attr_float, k_attr_string, k_attr_ints, k_attr_floats, k_attr_tensor, k_attr_strings,
       k_node_name, k_opset, k_device_index, k_stream, k_workspace, k_parallel_for, k_thread_count,
+      k_profiling, k_profile_step,
   };
   return &api;
 }

@@ -41,6 +41,11 @@ struct keel_kernel_context_s {
   // Allocates workspace bytes valid until compute returns.
   std::function<keel::StatusOr<void*>(uint64_t)> allocate_workspace;
 
+  // Profiling (ABI 1.3 profiling/profile_step): set by the executor for a compute of a profiling session; the steps
+  // a kernel reports go to `report_step` (the record is only valid during the call).
+  bool profiling = false;
+  std::function<void(const keel_profile_step_t&)> report_step;
+
   // Caches for attribute views handed out as C pointers.
   std::map<std::string, keel_tensor_t> attr_tensor_views;
   std::map<std::string, std::vector<const char*>> attr_string_lists;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <set>
 #include <unordered_map>
@@ -116,7 +117,31 @@ struct Step {
   CachingAllocator* allocator = nullptr;  // that memory's pool (resolved once at build)
   double total_ms = 0;
   int64_t calls = 0;
+  // Profiling: a claimed subgraph's nodes (name, op type), and the steps its kernel reported (ABI 1.3), found by key.
+  std::vector<std::pair<std::string, std::string>> members;
+  std::vector<ProfileStep> reported;
+  std::unordered_map<std::string, size_t> reported_index;
 };
+
+// Adds a step the kernel of `s` reported (ABI 1.3 profile_step) to its accumulated profile. Reads only the members
+// the record's struct_size covers.
+void record_reported_step(Step& s, const keel_profile_step_t* r) {
+  auto str = [](const char* p) { return p != nullptr ? std::string(p) : std::string(); };
+  ProfileStep step;
+  step.kind = str(r->kind);
+  if (KEEL_HAS_MEMBER(r, keel_profile_step_t, implementation)) step.implementation = str(r->implementation);
+  if (KEEL_HAS_MEMBER(r, keel_profile_step_t, op_type)) step.op_type = str(r->op_type);
+  if (KEEL_HAS_MEMBER(r, keel_profile_step_t, node_count) && r->node_names != nullptr)
+    for (size_t k = 0; k < r->node_count; ++k) step.nodes.push_back(str(r->node_names[k]));
+  const double ms = KEEL_HAS_MEMBER(r, keel_profile_step_t, time_ms) && r->time_ms > 0 ? r->time_ms : 0;
+  std::string key = step.kind + '\x1f' + step.implementation + '\x1f' + step.op_type;
+  for (const auto& n : step.nodes) key += '\x1f' + n;
+  auto [it, fresh] = s.reported_index.emplace(std::move(key), s.reported.size());
+  if (fresh) s.reported.push_back(std::move(step));
+  ProfileStep& acc = s.reported[it->second];
+  acc.total_ms += ms;
+  acc.calls++;
+}
 
 struct Value {
   std::string name;
@@ -441,6 +466,7 @@ Status Session::Impl::build(std::vector<std::string> device_order) {
       for (NodeId id : order) {
         if (!members.count(id)) continue;
         const Node* m = graph.node(id);
+        step.members.emplace_back(m->name, m->op_type);
         for (const auto& in : m->inputs)
           if (!in.empty() && !produced.count(in) && std::find(ins.begin(), ins.end(), in) == ins.end()) ins.push_back(in);
         for (const auto& o : m->outputs) {
@@ -699,9 +725,17 @@ Status Session::Impl::run_locked(const std::vector<std::pair<std::string, RunVal
 
   keel_kernel_context_t ctx;
   ctx.pool = pool;
+  Step* profiled = nullptr;  // the step whose kernel is computing (its reported steps land there)
+  if (options.profile) {
+    ctx.profiling = true;
+    ctx.report_step = [&profiled](const keel_profile_step_t& r) {
+      if (profiled != nullptr) record_reported_step(*profiled, &r);
+    };
+  }
   std::vector<std::pair<CachingAllocator*, void*>> workspace;
   for (size_t si = 0; si < steps.size(); ++si) {
     Step& s = steps[si];
+    profiled = &s;
     auto t0 = options.profile ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     const std::string& dev_type = s.memory_type;
     CachingAllocator* alloc = s.allocator;
@@ -915,7 +949,82 @@ std::vector<std::tuple<std::string, std::string, std::string, std::string>> Sess
 
 std::vector<NodeProfile> Session::profile() const {
   std::vector<NodeProfile> out;
-  for (const auto& s : impl_->steps) out.push_back({s.name, s.op_type, s.device_type, s.kernel_name, s.total_ms, s.calls});
+  for (const auto& s : impl_->steps)
+    out.push_back({s.name, s.op_type, s.device_type, s.kernel_name, s.total_ms, s.calls, s.members, s.reported});
+  return out;
+}
+
+void Session::reset_profile() {
+  std::lock_guard<std::mutex> lock(impl_->run_mu);
+  for (auto& s : impl_->steps) {
+    s.total_ms = 0;
+    s.calls = 0;
+    s.reported.clear();
+    s.reported_index.clear();
+  }
+}
+
+std::vector<OpTypeProfile> profile_by_op_type(const std::vector<NodeProfile>& profile) {
+  std::map<std::string, OpTypeProfile> rows;
+  std::map<std::string, std::set<std::string>> where;
+  auto row = [&](const std::string& op) -> OpTypeProfile& {
+    OpTypeProfile& r = rows[op];
+    r.op_type = op;
+    return r;
+  };
+  for (const auto& p : profile) {
+    if (p.calls == 0) continue;
+    const std::string at = p.device_type + ":" + p.kernel;
+    const double per_run = p.total_ms / static_cast<double>(p.calls);
+    if (p.steps.empty()) {
+      OpTypeProfile& r = row(p.op_type);
+      r.ms += per_run;
+      r.nodes++;
+      where[p.op_type].insert(at);
+      continue;
+    }
+    // Op types of the nodes it covers (a kernel may name nodes outside `members`: a plain kernel names its own).
+    std::map<std::string, std::string> op_of(p.members.begin(), p.members.end());
+    if (p.members.empty()) op_of[p.node] = p.op_type;
+    std::set<std::string> anchored, fused;
+    double covered = 0;
+    for (const auto& st : p.steps) {
+      const double ms = st.total_ms / static_cast<double>(p.calls);
+      covered += ms;
+      const std::string op = st.op_type.empty() ? "(" + (st.kind.empty() ? std::string("kernel") : st.kind) + ")"
+                                                : st.op_type;
+      OpTypeProfile& r = row(op);
+      r.ms += ms;
+      where[op].insert(at);
+      if (st.op_type.empty() || st.nodes.empty()) continue;
+      anchored.insert(st.nodes[0]);
+      for (size_t k = 1; k < st.nodes.size(); ++k)
+        if (fused.insert(st.nodes[k]).second) {
+          auto it = op_of.find(st.nodes[k]);
+          r.fused_in[it != op_of.end() ? it->second : std::string("?")]++;
+        }
+    }
+    if (per_run > covered) {
+      const std::string op = "(" + (p.op_type == "Subgraph" ? std::string("subgraph") : p.op_type) + " overhead)";
+      row(op).ms += per_run - covered;
+      where[op].insert(at);
+    }
+    // Node counts: every node the step ran, under its own op type.
+    for (const auto& [name, op] : op_of) {
+      OpTypeProfile& r = row(op);
+      r.nodes++;
+      where[op].insert(at);
+      if (anchored.count(name)) continue;
+      if (fused.count(name)) r.fused++;
+      else r.no_step++;
+    }
+  }
+  std::vector<OpTypeProfile> out;
+  for (auto& [op, r] : rows) {
+    r.where.assign(where[op].begin(), where[op].end());
+    out.push_back(std::move(r));
+  }
+  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.ms > b.ms; });
   return out;
 }
 

@@ -10,6 +10,7 @@
 // The Session must not outlive its Environment.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -48,11 +49,41 @@ struct FallbackReport {
   std::string reason;
 };
 
+// One step a kernel reported inside its compute (plugin ABI 1.3, keel_kernel_api_t.profile_step), e.g. one oneDNN
+// primitive of a claimed subgraph; summed over the runs like its NodeProfile.
+struct ProfileStep {
+  std::string kind, implementation;  // what ran ("convolution", "brg:avx512_core")
+  std::string op_type;               // the ONNX op type it computes; "" = the kernel's own work (a layout reorder)
+  std::vector<std::string> nodes;    // graph nodes it computes: the op_type node first, nodes fused into it after
+  double total_ms = 0;
+  int64_t calls = 0;
+};
+
 struct NodeProfile {
   std::string node, op_type, device_type, kernel;
   double total_ms = 0;
   int64_t calls = 0;
+  // A claimed subgraph (op_type "Subgraph"): its graph nodes as (name, op type), in execution order; else empty.
+  std::vector<std::pair<std::string, std::string>> members;
+  // What the kernel reported inside the step, in first-report order (empty: it reports nothing).
+  std::vector<ProfileStep> steps;
 };
+
+// The session profile per ONNX op type (what `keel bench --profile` prints). A step whose kernel reported steps
+// (a claimed subgraph) is split into them: each step's time goes to its op type (a layout reorder of the kernel's
+// own to "(reorder)", named by its kind), the step time no reported step covers to "(subgraph overhead)", and
+// every graph node of the subgraph is counted under its op type. A step that reports nothing counts as one node
+// of its op type ("Subgraph" for a claimed subgraph), as before ABI 1.3. Sorted by time, largest first.
+struct OpTypeProfile {
+  std::string op_type;
+  double ms = 0;     // per run (each step's total over its calls)
+  int nodes = 0;     // graph nodes of this op type (own steps, or inside claimed subgraphs)
+  int fused = 0;     // of those, fused into a step of another node (a post-op): their time is in that node's row
+  int no_step = 0;   // of those, inside a claimed subgraph without a step of their own or a fusion (views, constants)
+  std::map<std::string, int> fused_in;  // nodes of other op types fused into this op type's steps: op type -> count
+  std::vector<std::string> where;       // "device:kernel" of what ran them, sorted, unique
+};
+std::vector<OpTypeProfile> profile_by_op_type(const std::vector<NodeProfile>& profile);
 
 // The part of `graph` that computes `outputs` when the values named in `feeds` are given (they become graph
 // inputs, cutting off whatever produced them). Used by constant folding and calibration.
@@ -78,6 +109,8 @@ class Session {
   // Where each node went: (node name, op type, device type, kernel name), in execution order.
   std::vector<std::tuple<std::string, std::string, std::string, std::string>> placement() const;
   std::vector<NodeProfile> profile() const;
+  // Forgets the timings collected so far (e.g. after warm-up runs, whose first run may build plans). Thread-safe.
+  void reset_profile();
   // Bytes of the planned activation arena per device ("cpu:0" -> bytes).
   std::map<std::string, uint64_t> planned_arena_bytes() const;
   // Largest kernel workspace a single step has taken so far ("cpu:0" -> bytes): claimed subgraphs keep their internal

@@ -4,10 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <cstdlib>
 #include <thread>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -243,14 +246,58 @@ keel_status_t tanh_chain_create(void* user_data, keel_kernel_context_t*, void** 
   *out_state = new int(*static_cast<int*>(user_data));
   return nullptr;
 }
+// Profiling (ABI 1.3): whether the last compute saw profiling on, and what profile_step said to a NULL record.
+int g_tanh_profiling = -1;
+std::string g_null_step_error;
 keel_status_t tanh_chain(void*, keel_kernel_context_t* ctx) {
   const keel_kernel_api_t* k = g_host->kernel;
   const keel_tensor_t* x = k->input(ctx, 0);
   keel_tensor_t* y = nullptr;
   if (keel_status_t st = k->output(ctx, 0, x->ndim, x->dims, &y)) return st;
-  for (uint64_t i = 0; i < x->byte_size / 4; ++i)
+  const bool prof = KEEL_HAS_MEMBER(k, keel_kernel_api_t, profile_step) && k->profiling(ctx) != 0;
+  g_tanh_profiling = prof ? 1 : 0;
+  // Two timed halves (profiled as two steps).
+  const uint64_t n = x->byte_size / 4;
+  auto t0 = std::chrono::steady_clock::now();
+  for (uint64_t i = 0; i < n / 2; ++i)
     static_cast<float*>(y->data)[i] = std::tanh(std::tanh(static_cast<const float*>(x->data)[i]));
+  auto t1 = std::chrono::steady_clock::now();
+  for (uint64_t i = n / 2; i < n; ++i)
+    static_cast<float*>(y->data)[i] = std::tanh(std::tanh(static_cast<const float*>(x->data)[i]));
+  auto t2 = std::chrono::steady_clock::now();
   ++g_tanh_chain_runs;
+  if (prof) {
+    // One step for both Tanh nodes (the second fused into the first), one layout step of the kernel's own, and one
+    // record from an older layout (struct_size ends after `implementation`; the rest is poison the core must not read).
+    const double ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+    const double ms2 = std::chrono::duration<double, std::milli>(t2 - t1).count();
+    const char* both[] = {"claim_0", "claim_1"};
+    const char* first[] = {"claim_0"};
+    keel_profile_step_t st{};
+    st.struct_size = sizeof st;
+    st.kind = "eltwise";
+    st.implementation = "test:scalar";
+    st.op_type = "Tanh";
+    st.node_names = both;
+    st.node_count = 2;
+    st.time_ms = ms;
+    if (keel_status_t e = k->profile_step(ctx, &st)) return e;
+    st.kind = "reorder";
+    st.op_type = nullptr;
+    st.node_names = first;
+    st.node_count = 1;
+    st.time_ms = ms2;
+    if (keel_status_t e = k->profile_step(ctx, &st)) return e;
+    keel_profile_step_t old;
+    std::memset(&old, 0xA5, sizeof old);
+    old.struct_size = offsetof(keel_profile_step_t, op_type);
+    old.kind = "old_layout";
+    old.implementation = "";
+    if (keel_status_t e = k->profile_step(ctx, &old)) return e;
+    keel_status_t e = k->profile_step(ctx, nullptr);
+    g_null_step_error = e && e->message ? e->message : "";
+    keel_status_release(e);
+  }
   return nullptr;
 }
 keel_status_t claim_by_names(void*, const keel_graph_t* g, const keel_graph_api_t* api, keel_subgraph_sink_t* sink) {
@@ -349,6 +396,86 @@ TEST(Session, KernelPluginClaimerTakesAChainOnCpuAndEveryUserDataIsReleased) {
     EXPECT_EQ(g_tanh_chain_runs, 1);
     EXPECT_NEAR(out.value()[0].data<float>()[0], -std::tanh(std::tanh(-1.f)), 1e-6);
   }
+}
+
+TEST(Session, ProfileSplitsAClaimedSubgraphIntoTheStepsItsKernelReports) {
+  auto env = make_claimer_env();
+  auto make = [] {
+    GraphBuilder b("claimer");
+    auto x = b.input("x", DType::kF32, {4096});
+    b.output(b.op1("Neg", {b.op1("Tanh", {b.op1("Tanh", {x})})}));
+    Graph graph = b.take();
+    int k = 0;
+    const std::vector<NodeId> order = graph.topological_order().value();
+    for (NodeId id : order) {
+      Node* n = graph.node(id);
+      if (n->op_type == "Tanh") n->name = "claim_" + std::to_string(k++);
+    }
+    return graph;
+  };
+  Tensor x = Tensor::f32({4096}, std::vector<float>(4096, 0.5f));
+  SessionOptions opts;
+  opts.devices = {"cpu"};
+  {
+    // Off: the kernel is told so, and the profile has no steps.
+    auto s = Session::create(*env, make(), opts).value();
+    ASSERT_TRUE(s->run({{"x", x}}).is_ok());
+    EXPECT_EQ(g_tanh_profiling, 0);
+    for (const auto& p : s->profile()) EXPECT_TRUE(p.steps.empty());
+  }
+  opts.profile = true;
+  auto s = Session::create(*env, make(), opts).value();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(s->run({{"x", x}}).is_ok());
+  EXPECT_EQ(g_tanh_profiling, 1);
+  EXPECT_NE(g_null_step_error.find("profile_step"), std::string::npos) << g_null_step_error;
+  const std::vector<NodeProfile> prof = s->profile();
+  const NodeProfile* chain = nullptr;
+  double total = 0;
+  for (const auto& p : prof) {
+    total += p.total_ms / p.calls;
+    if (p.op_type == "Subgraph") chain = &p;
+  }
+  ASSERT_NE(chain, nullptr);
+  ASSERT_EQ(chain->members.size(), 2u);
+  EXPECT_EQ(chain->members[0], std::make_pair(std::string("claim_0"), std::string("Tanh")));
+  ASSERT_EQ(chain->steps.size(), 3u);
+  EXPECT_EQ(chain->steps[0].kind, "eltwise");
+  EXPECT_EQ(chain->steps[0].implementation, "test:scalar");
+  EXPECT_EQ(chain->steps[0].op_type, "Tanh");
+  EXPECT_EQ(chain->steps[0].nodes, (std::vector<std::string>{"claim_0", "claim_1"}));
+  EXPECT_EQ(chain->steps[0].calls, 3);
+  EXPECT_GT(chain->steps[0].total_ms, 0);
+  EXPECT_EQ(chain->steps[1].op_type, "");
+  // The older record: only what its struct_size covers.
+  EXPECT_EQ(chain->steps[2].kind, "old_layout");
+  EXPECT_EQ(chain->steps[2].op_type, "");
+  EXPECT_TRUE(chain->steps[2].nodes.empty());
+  EXPECT_EQ(chain->steps[2].total_ms, 0);
+
+  // By op type: the chain's time goes to Tanh (both nodes, one fused), the kernel's own reorder, and the rest of the
+  // step; the rows add up to the steps' total.
+  const std::vector<OpTypeProfile> rows = profile_by_op_type(prof);
+  std::map<std::string, OpTypeProfile> by;
+  double sum = 0;
+  for (const auto& r : rows) by[r.op_type] = r, sum += r.ms;
+  EXPECT_NEAR(sum, total, 1e-9 + 1e-6 * total);
+  ASSERT_TRUE(by.count("Tanh") && by.count("(reorder)") && by.count("Neg") && by.count("(old_layout)"));
+  EXPECT_EQ(by["Tanh"].nodes, 2);
+  EXPECT_EQ(by["Tanh"].fused, 1);
+  EXPECT_EQ(by["Tanh"].fused_in, (std::map<std::string, int>{{"Tanh", 1}}));
+  EXPECT_NEAR(by["Tanh"].ms, chain->steps[0].total_ms / 3, 1e-12);
+  EXPECT_NEAR(by["(reorder)"].ms, chain->steps[1].total_ms / 3, 1e-12);
+  EXPECT_EQ(by["(reorder)"].nodes, 0);
+  EXPECT_EQ(by["Neg"].nodes, 1);
+  EXPECT_EQ(by["Tanh"].where, (std::vector<std::string>{"cpu:tanh_chain"}));
+  EXPECT_FALSE(by.count("Subgraph")) << "a chain that reports its steps is split into them";
+  s->reset_profile();
+  for (const auto& p : s->profile()) {
+    EXPECT_EQ(p.calls, 0);
+    EXPECT_TRUE(p.steps.empty());
+  }
+  ASSERT_TRUE(s->run({{"x", x}}).is_ok());
+  for (const auto& p : s->profile()) EXPECT_EQ(p.calls, 1);
 }
 
 TEST(Session, ANonConvexClaimIsRejectedAndItsNodesRunOnKernels) {

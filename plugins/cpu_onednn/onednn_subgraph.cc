@@ -5,7 +5,8 @@
 // hook (claim_chains) looks at the graph:
 //   1. constants: initializers, Constant nodes, Shape of a statically shaped value, and every node all of whose
 //      inputs are constants (shape arithmetic) are computed once, here (host->graph->evaluate), and run nothing;
-//   2. candidates: f32 nodes with static shapes of the ops below; a LayerNormalization decomposed into
+//   2. candidates: f32 and bf16 nodes with static shapes of the ops below (bf16 ones compute in bf16, with f32
+//      weights converted once into bf16 layouts, f32 bias and scale/shift; a Cast between f32 and bf16 is a reorder); a LayerNormalization decomposed into
 //      ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div/Mul/Add is matched as one;
 //   3. connected groups of candidates (with the constant nodes only they read) with at least two compute nodes are
 //      claimed, when convex (no path leaves the group and comes back). The plan is built right there, so whatever
@@ -27,7 +28,7 @@
 // keel.Gelu), Add/Sub/Mul/Div (same shape, a broadcast constant, or a [N,C,1,1] value), MaxPool/AveragePool (2-D),
 // GlobalAveragePool/GlobalMaxPool, Concat, MatMul, Gemm, Softmax (last axis), LayerNormalization (last axis; ai.onnx
 // 17, keel.LayerNormalization, or the decomposed pattern), Transpose, Slice (step 1), Reshape, Flatten, Squeeze,
-// Unsqueeze, Identity.
+// Unsqueeze, Identity, Cast (f32 <-> bf16).
 #include <omp.h>
 #include <sys/mman.h>
 
@@ -199,6 +200,11 @@ struct Plan {
   std::vector<void*> last_base;           // per buffer, the pointer its binds were last set to
   std::vector<std::string> impls;         // for logs
   std::vector<std::string> what;          // per exec: the node it runs and its shapes (for the profile)
+  // Per exec, for the session profile (plugin ABI 1.3 profile_step): the ONNX op type it computes ("" for a layout
+  // reorder of the chain's own) and the graph nodes it covers (that node first, the nodes fused into it after).
+  // The strings belong to the Recipe the plan was built from.
+  std::vector<const char*> step_op;
+  std::vector<std::vector<const char*>> step_nodes;
 };
 
 struct Val {
@@ -227,10 +233,17 @@ Dims md_dims(const md_t& md) { return Dims(md.data.dims, md.data.dims + md.data.
 Dims md_strides(const md_t& md) {
   return Dims(md.data.format_desc.blocking.strides, md.data.format_desc.blocking.strides + md.data.ndims);
 }
-md_t strided_md(const Dims& d, const Dims& strides) {
-  if (d.empty()) return md_t({1}, dt::f32, tag::a);
-  return md_t(to_dnnl(d), dt::f32, to_dnnl(strides));
+md_t strided_md(const Dims& d, const Dims& strides, dt t = dt::f32) {
+  if (d.empty()) return md_t({1}, t, tag::a);
+  return md_t(to_dnnl(d), t, to_dnnl(strides));
 }
+// The same layout with another data type (a Cast between f32 and bf16 keeps its input's layout).
+md_t with_dtype(const md_t& md, dt t) {
+  dnnl_memory_desc_t d = md.data;
+  d.data_type = static_cast<dnnl_data_type_t>(t);
+  return md_t(d);
+}
+size_t elem_size(const md_t& md) { return dnnl_data_type_size(md.data.data_type); }
 std::string impl_of(const dnnl::primitive& p) {
   const char* impl = nullptr;
   dnnl_primitive_desc_query(p.get_primitive_desc(), dnnl_query_impl_info_str, 0, &impl);
@@ -301,6 +314,7 @@ class Builder {
   // (They pick their split at run time; convolutions and matmuls keep the team they were created for.)
   void exec(dnnl::primitive prim, std::unordered_map<int, dnnl::memory> args) {
     p_->impls.push_back(impl_of(prim));
+    exec_layout_.push_back(layout_reorder_);
     {
       std::string w = cur_node_ < r_.nodes.size() ? r_.nodes[cur_node_].name : std::string("(outputs)");
       auto s = args.find(DNNL_ARG_SRC);
@@ -326,9 +340,16 @@ class Builder {
     if (c == r_.consts.end() || c->second.dtype != KEEL_DTYPE_F32)
       throw Reject{"value '" + name + "' is not available"};
     Val v;
-    v.md = plain_md(c->second.dims);
+    v.md = plain_md(c->second.dims, dt::f32);
     p_->owned.emplace_back(v.md, engine());
     std::memcpy(p_->owned.back().get_data_handle(), c->second.bytes.data(), c->second.bytes.size());
+    if (act_ != dt::f32) {  // read by a bf16 node: converted once
+      dnnl::memory f = p_->owned.back();
+      v.md = plain_md(c->second.dims);
+      p_->owned.emplace_back(v.md, engine());
+      dnnl::reorder(f, p_->owned.back()).execute(stream(), f, p_->owned.back());
+      stream().wait();
+    }
     Buf b;
     b.kind = BufKind::kOwned;
     p_->bufs.push_back(b);
@@ -349,7 +370,9 @@ class Builder {
     Val src = v;
     Val& dst = define(key, want);
     dnnl::memory s = mem_of(src), d = mem_of(dst);
+    layout_reorder_ = true;
     exec(dnnl::reorder(s, d), {{DNNL_ARG_FROM, s}, {DNNL_ARG_TO, d}});
+    layout_reorder_ = false;
     return dst;
   }
   Val as_plain(const std::string& name) { return as_md(name, plain_md(dims_of(name))); }
@@ -452,6 +475,13 @@ class Builder {
 
   void plan_concats();
 
+  // The data type the node being built computes in (its output's: f32 or bf16). Unqualified plain_md() in the
+  // Builder makes memory of that type; constants (f32 here) are converted to it when read as data.
+  dt act_ = dt::f32;
+  md_t plain_md(const Dims& d, dt t) const { return ::keel::onednn::plain_md(d, t); }
+  md_t plain_md(const Dims& d) const { return plain_md(d, act_); }
+  void cast(size_t i);
+
   const Recipe& r_;
   std::unique_ptr<Plan> p_;
   std::map<std::string, std::pair<int, uint64_t>> concat_parts_;  // concat input -> (buffer, byte offset)
@@ -463,7 +493,23 @@ class Builder {
   std::vector<bool> done_;
   std::map<int, dnnl::memory> owned_of_buf_;
   size_t cur_node_ = static_cast<size_t>(-1);  // the node being built (for the profile's step names)
+  bool layout_reorder_ = false;                // the exec being added is a layout change (as_md)
+  std::vector<bool> exec_layout_;              // per exec: a layout change
+  void label_steps(size_t node, size_t first_exec, const std::vector<bool>& done_before);
 };
+
+// Labels the execs node `node` added (from `first_exec`) for the session profile: its op type and name, with the
+// nodes it fused (those marked done while it was built); layout reorders get no op type.
+void Builder::label_steps(size_t node, size_t first_exec, const std::vector<bool>& done_before) {
+  std::vector<const char*> covered{r_.nodes[node].name.c_str()};
+  for (size_t k = 0; k < done_.size(); ++k)
+    if (k != node && done_[k] && !done_before[k]) covered.push_back(r_.nodes[k].name.c_str());
+  for (size_t e = first_exec; e < p_->execs.size(); ++e) {
+    const bool layout = exec_layout_[e];
+    p_->step_op[e] = layout ? "" : r_.nodes[node].op.c_str();
+    p_->step_nodes[e] = layout ? std::vector<const char*>{covered[0]} : covered;
+  }
+}
 
 std::unique_ptr<Plan> Builder::build() {
   p_ = std::make_unique<Plan>();
@@ -482,13 +528,14 @@ std::unique_ptr<Plan> Builder::build() {
     if (is_const(name)) continue;
     auto d = r_.dims.find(name);
     auto t = r_.dtypes.find(name);
-    if (d == r_.dims.end() || t == r_.dtypes.end() || t->second != KEEL_DTYPE_F32) continue;  // not read as data
+    if (d == r_.dims.end() || t == r_.dtypes.end() || (t->second != KEEL_DTYPE_F32 && t->second != KEEL_DTYPE_BF16))
+      continue;  // not read as data
     Buf b;
     b.kind = BufKind::kInput;
     b.index = static_cast<int>(k);
     p_->bufs.push_back(b);
     Val v;
-    v.md = plain_md(d->second);
+    v.md = plain_md(d->second, t->second == KEEL_DTYPE_BF16 ? dt::bf16 : dt::f32);
     v.buf = static_cast<int>(p_->bufs.size()) - 1;
     p_->bufs[v.buf].values = 2;  // never written in place
     vals_[name] = v;
@@ -503,6 +550,12 @@ std::unique_ptr<Plan> Builder::build() {
       continue;
     }
     cur_node_ = i;
+    {
+      auto t = n.out.empty() ? r_.dtypes.end() : r_.dtypes.find(n.out[0]);
+      act_ = t != r_.dtypes.end() && t->second == KEEL_DTYPE_BF16 ? dt::bf16 : dt::f32;
+    }
+    const size_t first_exec = p_->execs.size();
+    const std::vector<bool> done_before = done_;
     try {
       const std::string& op = n.op;
       if (op == "Conv") conv(i);
@@ -530,6 +583,7 @@ std::unique_ptr<Plan> Builder::build() {
         reshape_like(i);
       else if (op == "Transpose") transpose(i);
       else if (op == "Slice") slice(i);
+      else if (op == "Cast") cast(i);
       else throw Reject{"op " + op};
     } catch (const Reject& e) {
       throw NodeReject{i, e.why};
@@ -537,9 +591,15 @@ std::unique_ptr<Plan> Builder::build() {
       throw NodeReject{i, std::string("oneDNN: ") + e.what()};
     }
     done_[i] = true;
+    p_->step_op.resize(p_->execs.size(), "");
+    p_->step_nodes.resize(p_->execs.size());
+    label_steps(i, first_exec, done_before);
   }
   cur_node_ = npos;
+  act_ = dt::f32;
   outputs();
+  p_->step_op.resize(p_->execs.size(), "");  // the boundary outputs' reorders: the chain's own
+  p_->step_nodes.resize(p_->execs.size());
   plan_workspace();
   p_->last_base.assign(p_->bufs.size(), reinterpret_cast<void*>(-1));
   return std::move(p_);
@@ -550,6 +610,7 @@ std::unique_ptr<Plan> Builder::build() {
 void Builder::plan_concats() {
   for (const NodeDesc& n : r_.nodes) {
     if (n.op != "Concat" || n.out.size() != 1) continue;
+    if (auto t = r_.dtypes.find(n.out[0]); t == r_.dtypes.end() || t->second != KEEL_DTYPE_F32) continue;
     auto yd = r_.dims.find(n.out[0]);
     if (yd == r_.dims.end() || yd->second.size() != 4 || yd->second[0] != 1) continue;
     int64_t axis = n.ai("axis", 0);
@@ -611,7 +672,7 @@ void Builder::outputs() {
       continue;
     }
     if (v.scale != 1.f) throw NodeReject{r_.nodes.size(), "a scaled view leaves the claim"};
-    dnnl::memory s = mem_of(v), d2 = mem_at(plain_md(d), ob, 0);
+    dnnl::memory s = mem_of(v), d2 = mem_at(plain_md(d, v.md.data_type()), ob, 0);
     exec(dnnl::reorder(s, d2), {{DNNL_ARG_FROM, s}, {DNNL_ARG_TO, d2}});
   }
 }
@@ -825,13 +886,14 @@ void Builder::conv(size_t i) {
   for (size_t k = 0; k < f.conv_bias_add.size(); ++k) bias[k] += f.conv_bias_add[k];
 
   Dims wd = g > 1 ? Dims{g, M / g, C / g, ks[0], ks[1]} : Dims{M, C, ks[0], ks[1]};
-  md_t wany(to_dnnl(wd), dt::f32, tag::any), bmd({M}, dt::f32, tag::a), none;
+  md_t wany(to_dnnl(wd), act_, tag::any), bmd({M}, dt::f32, tag::a), none;
   const Val& xv = val(n.in[0]);
-  // Source: the producer's layout when blocked; the plain layout only for few channels (the first layer). An nhwc
-  // source (from a brgemm convolution, below) is not kept: this convolution takes its own choice.
-  bool keep_src = (!is_plain_dense(xv.md) && xv.md != md_t(to_dnnl(x), dt::f32, tag::nhwc)) || C < 8;
-  md_t src = keep_src ? xv.md : md_t(to_dnnl(x), dt::f32, tag::any);
-  md_t dst = M % 16 == 0 ? md_t(to_dnnl(y), dt::f32, tag::nChw16c) : md_t(to_dnnl(y), dt::f32, tag::any);
+  // Source: the producer's layout when blocked and of this node's type; the plain layout only for few channels (the
+  // first layer). An nhwc source (from a brgemm convolution, below) is not kept: this convolution takes its own choice.
+  bool keep_src = ((!is_plain_dense(xv.md) && xv.md != md_t(to_dnnl(x), act_, tag::nhwc)) || C < 8) &&
+                  xv.md.data_type() == act_;
+  md_t src = keep_src ? xv.md : md_t(to_dnnl(x), act_, tag::any);
+  md_t dst = M % 16 == 0 ? md_t(to_dnnl(y), act_, tag::nChw16c) : md_t(to_dnnl(y), act_, tag::any);
   dnnl::primitive_attr attr;
   attr.set_post_ops(f.po);
   bool wino = g_options.winograd && ks[0] == 3 && ks[1] == 3 && g == 1 && s[0] == 1 && s[1] == 1 && d[0] == 1 &&
@@ -847,7 +909,7 @@ void Builder::conv(size_t i) {
       pd.reset();
     }
   };
-  md_t src_any(to_dnnl(x), dt::f32, tag::any), dst_any(to_dnnl(y), dt::f32, tag::any);
+  md_t src_any(to_dnnl(x), act_, tag::any), dst_any(to_dnnl(y), act_, tag::any);
   auto is_ref = [&] { return pd && std::string(pd->impl_info_str()).rfind("ref", 0) == 0; };
   if (wino) make(alg::convolution_winograd, src, dst);
   // Other spatial convolutions (strided 3x3s, dilated ones, 3x3s Winograd leaves): oneDNN's brgemm kernel over nhwc
@@ -856,7 +918,7 @@ void Builder::conv(size_t i) {
   // went from 1.27/1.41/1.77 ms to 1.15/1.19/1.60 ms with their reorders; on its own at 2 threads brgemm is level or
   // ahead. Only when oneDNN picks brgemm for it (nhwc with a jit kernel is no better than nChw16c).
   if (!pd && g == 1 && ks[0] * ks[1] > 1 && C >= 32 && M >= 32 && C % 16 == 0 && M % 16 == 0) {
-    make(alg::convolution_direct, md_t(to_dnnl(x), dt::f32, tag::nhwc), md_t(to_dnnl(y), dt::f32, tag::nhwc));
+    make(alg::convolution_direct, md_t(to_dnnl(x), act_, tag::nhwc), md_t(to_dnnl(y), act_, tag::nhwc));
     if (pd && std::string(pd->impl_info_str()).rfind("brg", 0) != 0) pd.reset();
   }
   if (!pd) make(alg::convolution_direct, src, dst);
@@ -867,7 +929,7 @@ void Builder::conv(size_t i) {
   // choice of layouts, before settling for the reference.
   if (is_ref()) {
     auto ref_pd = std::move(pd);
-    md_t src_plain(to_dnnl(x), dt::f32, tag::nchw);
+    md_t src_plain(to_dnnl(x), act_, tag::nchw);
     make(alg::convolution_direct, src_plain, dst);
     if (is_ref() || !pd) make(alg::convolution_direct, src_plain, dst_any);
     if (is_ref() || !pd) make(alg::convolution_direct, src_any, dst_any);
@@ -970,17 +1032,18 @@ void Builder::deconv(size_t i) {
   }
   for (size_t k = 0; k < f.conv_bias_add.size(); ++k) bias[k] += f.conv_bias_add[k];
   Dims wd = g > 1 ? Dims{g, M / g, C / g, ks[0], ks[1]} : Dims{M, C, ks[0], ks[1]};
-  md_t wany(to_dnnl(wd), dt::f32, tag::any), bmd({M}, dt::f32, tag::a), none;
+  md_t wany(to_dnnl(wd), act_, tag::any), bmd({M}, dt::f32, tag::a), none;
   const Val& xv = val(n.in[0]);
-  bool keep_src = (!is_plain_dense(xv.md) && xv.md != md_t(to_dnnl(x), dt::f32, tag::nhwc)) || C < 8;
-  md_t src = keep_src ? xv.md : md_t(to_dnnl(x), dt::f32, tag::any);
-  md_t dst = M % 16 == 0 ? md_t(to_dnnl(y), dt::f32, tag::nChw16c) : md_t(to_dnnl(y), dt::f32, tag::any);
+  bool keep_src = ((!is_plain_dense(xv.md) && xv.md != md_t(to_dnnl(x), act_, tag::nhwc)) || C < 8) &&
+                  xv.md.data_type() == act_;
+  md_t src = keep_src ? xv.md : md_t(to_dnnl(x), act_, tag::any);
+  md_t dst = M % 16 == 0 ? md_t(to_dnnl(y), act_, tag::nChw16c) : md_t(to_dnnl(y), act_, tag::any);
   dnnl::primitive_attr attr;
   attr.set_post_ops(f.po);
   std::unique_ptr<dnnl::deconvolution_forward::primitive_desc> pd;
   for (int attempt = 0; attempt < 2 && !pd; ++attempt) {
-    md_t sm = attempt == 0 ? src : md_t(to_dnnl(x), dt::f32, tag::any);
-    md_t dm = attempt == 0 ? dst : md_t(to_dnnl(y), dt::f32, tag::any);
+    md_t sm = attempt == 0 ? src : md_t(to_dnnl(x), act_, tag::any);
+    md_t dm = attempt == 0 ? dst : md_t(to_dnnl(y), act_, tag::any);
     try {
       dnnl::deconvolution_forward::desc dd(dnnl::prop_kind::forward_inference, alg::deconvolution_direct, sm, wany,
                                            has_bias ? bmd : none, dm, to_dnnl(s),
@@ -1074,13 +1137,13 @@ void Builder::matmul(size_t i) {
   auto rank_to = [&](const md_t& md, size_t rr) {
     Dims d = md_dims(md), st = md_strides(md);
     while (d.size() < rr) d.insert(d.begin(), 1), st.insert(st.begin(), st.empty() ? 1 : st.front() * d[1]);
-    return strided_md(d, st);
+    return strided_md(d, st, md.data_type());
   };
   md_t bias_md;
   if (!f.mm_bias.empty()) {
     Dims bd(r, 1);
     bd.back() = y.back();
-    bias_md = plain_md(bd);
+    bias_md = plain_md(bd, dt::f32);
   }
   // A scalar factor: into constant weights; else an output scale (applied to the product, so not with a bias).
   const ConstT* bconst = cst(bn);
@@ -1097,8 +1160,8 @@ void Builder::matmul(size_t i) {
   Dims bdims = b;
   if (bc) {
     if (bc->dtype != KEEL_DTYPE_F32) throw Reject{"f32 only"};
-    bmd = md_t(to_dnnl(bdims), dt::f32, tag::any);
-    if (gemm) bdims = {a[1], y[1]}, bmd = md_t(to_dnnl(bdims), dt::f32, tag::any);
+    bmd = md_t(to_dnnl(bdims), act_, tag::any);
+    if (gemm) bdims = {a[1], y[1]}, bmd = md_t(to_dnnl(bdims), act_, tag::any);
   }
   auto try_pd = [&](const md_t& amd, const md_t& wmd) -> std::unique_ptr<dnnl::matmul::primitive_desc> {
     try {
@@ -1139,7 +1202,7 @@ void Builder::matmul(size_t i) {
     Dims kn = bdims;
     md_t user;
     if (gemm && transB) user = md_t(to_dnnl(kn), dt::f32, tag::ba);
-    else user = plain_md(kn);
+    else user = plain_md(kn, dt::f32);
     std::vector<float> scaled;
     const void* wsrc = bc->bytes.data();
     if (weight_scale != 1.f) {
@@ -1242,7 +1305,7 @@ void Builder::pool(size_t i) {
   }
   dnnl::primitive_attr attr;
   attr.set_post_ops(f.po);
-  dnnl::pooling_v2_forward::desc d(dnnl::prop_kind::forward_inference, a, xv.md, md_t(to_dnnl(y), dt::f32, tag::any),
+  dnnl::pooling_v2_forward::desc d(dnnl::prop_kind::forward_inference, a, xv.md, md_t(to_dnnl(y), act_, tag::any),
                                    to_dnnl(s), to_dnnl(k), dnnl::memory::dims{dl[0] - 1, dl[1] - 1}, to_dnnl(pl),
                                    to_dnnl(pr));
   dnnl::pooling_v2_forward::primitive_desc pd;
@@ -1328,8 +1391,8 @@ void Builder::binary(size_t i) {
       // Per-channel over nChw16c: oneDNN's jit kernel wants the [N,C,1,1] second source blocked the same way (for
       // C % 16 == 0 the same bytes as the plain one); any other broadcast runs over plain memory.
       bool per_channel = y.size() == 4 && e[2] == 1 && e[3] == 1 && (e[0] == 1 || e[0] == y[0]) &&
-                         e[1] == y[1] && y[1] % 16 == 0 && m0 == md_t(to_dnnl(y), dt::f32, tag::nChw16c);
-      if (per_channel) m1 = md_t(to_dnnl(e), dt::f32, tag::nChw16c);
+                         e[1] == y[1] && y[1] % 16 == 0 && m0 == md_t(to_dnnl(y), act_, tag::nChw16c);
+      if (per_channel) m1 = md_t(to_dnnl(e), act_, tag::nChw16c);
       else m0 = plain_md(y);
     }
   }
@@ -1342,9 +1405,10 @@ void Builder::binary(size_t i) {
   } else {
     s1 = val(x1);
     bool same_bytes = s1.scale == 1.f && m1 != plain_md(e) && numel(d1) == numel(e) &&
-                      (is_plain_dense(s1.md) || s1.md == md_t(to_dnnl(md_dims(s1.md)), dt::f32, tag::nChw16c));
+                      (is_plain_dense(s1.md) || s1.md == md_t(to_dnnl(md_dims(s1.md)), act_, tag::nChw16c));
     if (!same_bytes) s1 = as_plain(x1);
   }
+  if (s1.md.data_type() != m1.data_type() || m0.data_type() != act_) throw Reject{"operands of different dtypes"};
   dnnl::binary::desc d(a, m0, m1, m0);
   dnnl::binary::primitive_desc pd(d, engine());
   int buf = dead_after(x0, i) && s0.buf == vals_[x0].buf && s0.off == 0 ? s0.buf : -2;
@@ -1621,10 +1685,28 @@ void Builder::transpose(size_t i) {
     ys[k] = st[perm[k]];
   }
   Val o = src;
-  o.md = strided_md(yd, ys);
+  o.md = strided_md(yd, ys, src.md.data_type());
   if (is_plain_dense(o.md)) o.md = plain_md(yd);
   p_->bufs[o.buf].values++;
   vals_[n.out[0]] = o;
+}
+
+// Cast between f32 and bf16: the value converted in its own layout (a strided view: into plain memory).
+void Builder::cast(size_t i) {
+  const NodeDesc& n = r_.nodes[i];
+  const Val v = val(n.in[0]);
+  if (v.scale != 1.f) throw Reject{"scaled input"};
+  const dt from = v.md.data_type();
+  if ((from != dt::f32 && from != dt::bf16) || n.out.size() != 1) throw Reject{"Cast other than f32 <-> bf16"};
+  if (from == act_) {  // a no-op Cast: a view
+    p_->bufs[v.buf].values++;
+    vals_[n.out[0]] = v;
+    return;
+  }
+  md_t out = is_strided(v.md) ? plain_md(md_dims(v.md)) : with_dtype(v.md, act_);
+  Val& o = define(n.out[0], out);
+  dnnl::memory a = mem_of(v), b = mem_of(o);
+  exec(dnnl::reorder(a, b), {{DNNL_ARG_FROM, a}, {DNNL_ARG_TO, b}});
 }
 
 // Slice with constant starts/ends/axes and step 1: a strided view.
@@ -1658,8 +1740,8 @@ void Builder::slice(size_t i) {
   int64_t offset = 0;
   for (int64_t k = 0; k < rank; ++k) offset += off[k] * sst[k];
   Val o = src;
-  o.md = strided_md(y, sst);
-  o.off = src.off + static_cast<uint64_t>(offset) * sizeof(float);
+  o.md = strided_md(y, sst, src.md.data_type());
+  o.off = src.off + static_cast<uint64_t>(offset) * elem_size(src.md);
   if (is_plain_dense(o.md)) o.md = plain_md(y);
   p_->bufs[o.buf].values++;
   vals_[n.out[0]] = o;
@@ -1784,20 +1866,39 @@ void run_chain(Chain& ch, Ctx& c) {
       if (cur != team_n) omp_set_num_threads(team_n);
     }
   } back{cur, team_n};
-  if (g_options.profile) {
+  // The session profiles this run (ABI 1.3): time each primitive and report it with the nodes it computes.
+  const keel_kernel_api_t* kapi = g_host->kernel;
+  const bool report = KEEL_HAS_MEMBER(kapi, keel_kernel_api_t, profile_step) && kapi->profiling &&
+                      kapi->profile_step && kapi->profiling(c.raw()) != 0;
+  if (g_options.profile || report) {
     for (size_t k = 0; k < p.execs.size(); ++k) {
       threads_for(p.execs[k]);
       auto t0 = std::chrono::steady_clock::now();
       p.execs[k].prim.execute(s, p.execs[k].args);
       s.wait();
       double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (report) {
+        keel_profile_step_t st;
+        std::memset(&st, 0, sizeof st);
+        st.struct_size = sizeof st;
+        st.kind = kind_name(p.execs[k].prim.get_kind());
+        st.implementation = p.impls[k].c_str();
+        st.op_type = k < p.step_op.size() ? p.step_op[k] : "";
+        if (k < p.step_nodes.size()) {
+          st.node_names = p.step_nodes[k].data();
+          st.node_count = p.step_nodes[k].size();
+        }
+        st.time_ms = ms;
+        keel_status_release(kapi->profile_step(c.raw(), &st));
+      }
+      if (!g_options.profile) continue;
       auto& row = ch.profile[std::string(kind_name(p.execs[k].prim.get_kind())) + " " + p.impls[k]];
       row.first += ms;
       row.second++;
       if (ch.step_min.size() != p.execs.size()) ch.step_min.assign(p.execs.size(), 1e30);
       ch.step_min[k] = std::min(ch.step_min[k], ms);
     }
-    ch.runs++;
+    if (g_options.profile) ch.runs++;
     return;
   }
   for (auto& e : p.execs) {
@@ -1910,7 +2011,7 @@ const std::set<std::string>& compute_ops() {
       "Conv", "ConvTranspose", "BatchNormalization", "Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "Add", "Sub",
       "Mul", "Div", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Concat", "MatMul", "Gemm", "Softmax",
       "LayerNormalization", "Transpose", "Slice", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity",
-      "Dropout", "ReduceMean", "Pow", "Sqrt", "Gelu"};
+      "Dropout", "ReduceMean", "Pow", "Sqrt", "Gelu", "Cast"};
   return s;
 }
 // ai.onnx nodes, and the keel ops (ops/schemas.cc) that mean what their ai.onnx namesakes mean: keel.Gelu is Gelu-20,
@@ -1925,11 +2026,23 @@ bool is_view_op(const std::string& op) {
          op == "Unsqueeze" || op == "Identity" || op == "Dropout";
 }
 
+// A constant's host copy; bf16 values are widened to f32 (exactly), which the builder converts back where a bf16
+// primitive reads them (weights reordered into its layout, constants read as data).
 ConstT const_of(const keel_tensor_t* t) {
   ConstT c;
   c.dtype = t->dtype;
   c.dims.assign(t->dims, t->dims + t->ndim);
   const char* p = static_cast<const char*>(t->data);
+  if (t->dtype == KEEL_DTYPE_BF16) {
+    c.dtype = KEEL_DTYPE_F32;
+    const size_t n = t->byte_size / 2;
+    c.bytes.resize(n * sizeof(float));
+    for (size_t k = 0; k < n; ++k) {
+      uint32_t bits = static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(p)[k]) << 16;
+      std::memcpy(c.bytes.data() + k * sizeof(float), &bits, sizeof bits);
+    }
+    return c;
+  }
   c.bytes.assign(p, p + t->byte_size);
   return c;
 }
@@ -2043,14 +2156,16 @@ keel_status_t claim_chains(void*, const G* g, const keel_graph_api_t* api, keel_
         int32_t t;
         Dims d;
         // Slice outputs may have unknown shapes (dynamic starts folded here): computed by the builder.
-        if (!sc.info(outs[k], &t, &d)) ok = k == 0 && (op == "Slice" || op == "Reshape") && sc.dtype(outs[k], &t) && t == KEEL_DTYPE_F32;
-        else ok = t == KEEL_DTYPE_F32 && numel(d) > 0;
+        if (!sc.info(outs[k], &t, &d))
+          ok = k == 0 && (op == "Slice" || op == "Reshape") && sc.dtype(outs[k], &t) &&
+               (t == KEEL_DTYPE_F32 || t == KEEL_DTYPE_BF16);
+        else ok = (t == KEEL_DTYPE_F32 || t == KEEL_DTYPE_BF16) && numel(d) > 0;
       }
       auto ins = sc.ins(n);
       if (ok && !ins.empty() && !ins[0].empty() && !const_vals.count(ins[0]) && !is_init(ins[0])) {
         int32_t t = 0;
         Dims d;
-        if (!sc.dtype(ins[0], &t) || t != KEEL_DTYPE_F32) ok = false;
+        if (!sc.dtype(ins[0], &t) || (t != KEEL_DTYPE_F32 && t != KEEL_DTYPE_BF16)) ok = false;
       }
       if (ok) cand.insert(n);
     }

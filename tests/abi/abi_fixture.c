@@ -56,6 +56,22 @@ static keel_status_t relu(void* state, keel_kernel_context_t* ctx) {
     float v = ((const float*)x->data)[i];
     ((float*)y->data)[i] = v > 0 ? v : 0;
   }
+#if defined(ABI_NEW_MINOR)
+  /* A newer plugin reports a profile step (ABI 1.3) in a larger record than the core knows. */
+  if (KEEL_HAS_MEMBER(k, keel_kernel_api_t, profile_step) && k->profiling(ctx)) {
+    struct { keel_profile_step_t base; void* future_entry; } step;
+    const char* node = k->node_name(ctx);
+    memset(&step, 0, sizeof step);
+    step.base.struct_size = (uint32_t)sizeof step;
+    step.base.kind = "relu_loop";
+    step.base.op_type = "Relu";
+    step.base.node_names = &node;
+    step.base.node_count = 1;
+    step.base.time_ms = 0.001;
+    step.future_entry = (void*)poison_fn;
+    if ((st = k->profile_step(ctx, &step.base)) != NULL) return st;
+  }
+#endif
   return NULL;
 }
 

@@ -35,23 +35,35 @@ const PluginRecord* find(const Environment& env, const std::string& name) {
   return nullptr;
 }
 
-// Runs Relu on `device` and checks the values; fallback = error, so the node must run there.
-void run_relu_on(Environment& env, const std::string& device) {
+// Runs Relu on `device` and checks the values; fallback = error, so the node must run there. With `profile`, returns
+// the profile's steps that the kernel reported (ABI 1.3).
+std::vector<ProfileStep> run_relu_on(Environment& env, const std::string& device, bool profile = false) {
   GraphBuilder b("relu", 17);
   auto x = b.input("x", DType::kF32, {4});
   b.output(b.op1("Relu", {x}));
   SessionOptions so;
   so.devices = {device};
   so.fallback = Fallback::kError;
-  auto s = Session::create(env, b.take(), so);
-  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
-  bool on_device = false;
-  for (const auto& [node, op, dev, kernel] : (*s)->placement()) on_device |= op == "Relu" && dev == device;
-  EXPECT_TRUE(on_device);
-  auto out = (*s)->run({{"x", Tensor::f32({4}, {-1, 2, -3, 4})}});
-  ASSERT_TRUE(out.is_ok()) << out.status().to_string();
-  const float* y = out->at(0).data<float>();
-  EXPECT_EQ(std::vector<float>(y, y + 4), (std::vector<float>{0, 2, 0, 4}));
+  so.profile = profile;
+  std::vector<ProfileStep> steps;
+  [&] {
+    auto s = Session::create(env, b.take(), so);
+    ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+    bool on_device = false;
+    for (const auto& [node, op, dev, kernel] : (*s)->placement()) on_device |= op == "Relu" && dev == device;
+    EXPECT_TRUE(on_device);
+    auto out = (*s)->run({{"x", Tensor::f32({4}, {-1, 2, -3, 4})}});
+    ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+    const float* y = out->at(0).data<float>();
+    EXPECT_EQ(std::vector<float>(y, y + 4), (std::vector<float>{0, 2, 0, 4}));
+    for (const auto& p : (*s)->profile()) {
+      if (profile) {
+        EXPECT_EQ(p.calls, 1);
+      }
+      steps.insert(steps.end(), p.steps.begin(), p.steps.end());
+    }
+  }();
+  return steps;
 }
 
 TEST(AbiCompat, OlderMinorWithTruncatedStructsLoadsAndRuns) {
@@ -62,6 +74,8 @@ TEST(AbiCompat, OlderMinorWithTruncatedStructsLoadsAndRuns) {
   EXPECT_EQ(p->state, PluginState::kLoaded) << p->reason;
   EXPECT_EQ(p->abi, std::to_string(KEEL_PLUGIN_ABI_MAJOR) + ".0");
   run_relu_on(*env, "olddev");
+  // A profiling session: the older kernel reports no steps (it knows no profile_step) and shows as one step.
+  EXPECT_TRUE(run_relu_on(*env, "olddev", /*profile=*/true).empty());
   // Releasing the session (kernel `release` is past struct_size) and the environment (descriptor `shutdown` is past
   // struct_size) must not call the poison.
   env.reset();
@@ -74,6 +88,13 @@ TEST(AbiCompat, NewerMinorWithLargerStructsLoadsAndRuns) {
   ASSERT_NE(p, nullptr);
   EXPECT_EQ(p->state, PluginState::kLoaded) << p->reason;
   run_relu_on(*env, "newdev");
+  // Its profile step comes in a record larger than ours: the core reads what it knows.
+  auto steps = run_relu_on(*env, "newdev", /*profile=*/true);
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0].kind, "relu_loop");
+  EXPECT_EQ(steps[0].op_type, "Relu");
+  ASSERT_EQ(steps[0].nodes.size(), 1u);
+  EXPECT_DOUBLE_EQ(steps[0].total_ms, 0.001);
 }
 
 // Fixtures of tests/plugins, seen through a whole environment.

@@ -1237,6 +1237,23 @@ void add_chain_cases(std::vector<OpCase>& v) {
   }
 }
 
+// The chain cases in bf16 (every float input and weight bf16, as convert_precision leaves a model): a device may
+// claim them as bf16 chains (oneDNN: bf16 primitives, f32 accumulation, layouts kept between ops). Both sides round
+// every op's output to bf16 (8 significant bits), in different places: a few rounding steps apart after a chain.
+void add_bf16_chain_cases(std::vector<OpCase>& v) {
+  std::vector<OpCase> extra;
+  for (const OpCase& f : v) {
+    if (f.chain.empty() || f.dtype != DType::kF32) continue;
+    OpCase c = f;
+    c.dtype = DType::kBF16;
+    c.label = "bf16 " + f.label;
+    c.rtol = 4e-2;
+    c.atol = 4e-2;
+    extra.push_back(std::move(c));
+  }
+  v.insert(v.end(), extra.begin(), extra.end());
+}
+
 // What the GPU plugins serve beyond the f32 tables above: the keel-domain fused ops the fusion passes produce
 // (FusedConv, FusedMatMul, FusedGemm: every activation, bias, residual Z; f32, as their reference kernels), f16 and
 // bf16 cases of the convolution / pooling / normalisation / GEMM ops (an f16 or bf16 output rounds: tolerances of a
@@ -1498,6 +1515,7 @@ std::vector<OpCase> make_cases() {
   add_qdq_cases(v);
   add_training_cases(v);
   add_chain_cases(v);
+  add_bf16_chain_cases(v);
   add_bf16_inference_cases(v);  // before the GPU cases: bf16 copies of the f32 tables above only
   add_fused_and_half_cases(v);
   return v;

@@ -1,6 +1,8 @@
 // `keel bench MODEL.onnx` — latency of a model: median, p90, mean, min, throughput, peak resident memory, planned
 // activation arena, the per-device memory pools (CachingAllocator statistics; --trim gives their cached segments
-// back and reports the release), and (--profile) a per-op-type time breakdown from Session::profile().
+// back and reports the release), and (--profile) a per-op-type time breakdown from Session::profile(): steps that a
+// claimed subgraph reported (plugin ABI 1.3, e.g. the oneDNN chains' primitives) count under the ONNX op types they
+// compute (profile_by_op_type); --profile-nodes N adds the N slowest nodes / reported steps.
 //
 // Inputs are random (normal floats, small non-negative integers), made once before the timed runs. `--batch N`
 // sets the first dimension of every input whose first dimension is dynamic or 1, and re-infers the shapes.
@@ -35,6 +37,7 @@ struct BenchArgs {
   double max_seconds = 0;  // stop the timed runs after this long (0 = no limit)
   bool json = false;
   bool profile = false;
+  int profile_nodes = 0;  // with the profile: the N slowest nodes / reported steps
   bool trim = false;  // after the runs, give the pools' cached segments back and report what that released
   std::string passes = "auto";
 };
@@ -114,7 +117,7 @@ int bench(const BenchArgs& a, Globals& g) {
     std::cerr << "keel bench: " << st.to_string() << "\n";
     return 1;
   }
-  so.profile = a.profile;
+  so.profile = a.profile || a.profile_nodes > 0;
   auto t_create = std::chrono::steady_clock::now();
   auto session = Session::create(*env, std::move(graph), so);
   double create_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_create).count();
@@ -133,6 +136,7 @@ int bench(const BenchArgs& a, Globals& g) {
   };
   for (int i = 0; i < a.warmup; ++i)
     if (!run_once()) return 1;
+  s.reset_profile();  // the profile covers the timed runs only (a first run may build plans)
   std::vector<double> times;
   auto t_start = std::chrono::steady_clock::now();
   for (int i = 0; i < a.iters; ++i) {
@@ -158,22 +162,51 @@ int bench(const BenchArgs& a, Globals& g) {
   // Kernels per op type (where oneDNN ran and where the reference did) and the profile.
   std::map<std::string, std::map<std::string, int>> kernels;  // op -> kernel -> nodes
   for (const auto& [node, op, dev, kernel] : s.placement()) kernels[op][dev + ":" + kernel]++;
-  struct OpTime { double ms = 0; int nodes = 0; };
-  std::map<std::string, OpTime> by_op;
+  const bool profiling = so.profile;
+  const std::vector<NodeProfile> prof = profiling ? s.profile() : std::vector<NodeProfile>{};
+  const std::vector<OpTypeProfile> ops = profile_by_op_type(prof);
   double profiled_total = 0;
-  if (a.profile) {
-    for (const auto& p : s.profile()) {
-      if (p.calls == 0) continue;
-      double per_run = p.total_ms / p.calls;
-      by_op[p.op_type].ms += per_run;
-      by_op[p.op_type].nodes++;
-      profiled_total += per_run;
+  for (const auto& p : prof)
+    if (p.calls > 0) profiled_total += p.total_ms / p.calls;
+  // Claimed subgraphs by name ("chain K" in the table; a legend lists them), and the slowest nodes / steps.
+  std::map<std::string, int> chain_no;
+  struct Chain { std::string where; double ms = 0, steps_ms = 0; int count = 0, members = 0, steps = 0; };
+  std::vector<Chain> chains;
+  struct NodeRow { std::string node, op_type, where, detail; double ms; };
+  std::vector<NodeRow> node_rows;
+  for (const auto& p : prof) {
+    if (p.calls == 0) continue;
+    const std::string at = p.device_type + ":" + p.kernel;
+    const double per_run = p.total_ms / p.calls;
+    if (p.op_type == "Subgraph") {
+      auto [it, fresh] = chain_no.emplace(at, static_cast<int>(chains.size()) + 1);
+      if (fresh) chains.push_back({at});
+      Chain& c = chains[it->second - 1];
+      c.ms += per_run;
+      c.count++;
+      c.members += static_cast<int>(p.members.size());
+      c.steps += static_cast<int>(p.steps.size());
+      for (const auto& st : p.steps) c.steps_ms += st.total_ms / p.calls;
+    }
+    if (p.steps.empty()) {
+      node_rows.push_back({p.node, p.op_type, at, "", per_run});
+      continue;
+    }
+    for (const auto& st : p.steps) {
+      std::string node = st.nodes.empty() ? std::string("(") + p.node + ")" : st.nodes[0];
+      if (st.nodes.size() > 1) node += " +" + std::to_string(st.nodes.size() - 1) + " fused";
+      node_rows.push_back({node, st.op_type.empty() ? "(" + st.kind + ")" : st.op_type, at,
+                           st.kind + (st.implementation.empty() ? "" : " " + st.implementation), st.total_ms / p.calls});
     }
   }
+  std::stable_sort(node_rows.begin(), node_rows.end(), [](const auto& x, const auto& y) { return x.ms > y.ms; });
+  if (static_cast<int>(node_rows.size()) > a.profile_nodes) node_rows.resize(std::max(a.profile_nodes, 0));
+  auto where_label = [&](const std::string& w) {
+    auto it = chain_no.find(w);
+    return it == chain_no.end() ? w : "chain " + std::to_string(it->second);
+  };
   const nlohmann::json memory = memory_stats_json(*env);  // the device pools after the runs
   const int64_t trimmed = a.trim ? static_cast<int64_t>(env->trim_memory()) : -1;
-  std::vector<std::pair<std::string, OpTime>> ops(by_op.begin(), by_op.end());
-  std::sort(ops.begin(), ops.end(), [](const auto& x, const auto& y) { return x.second.ms > y.second.ms; });
 
   if (a.json) {
     nlohmann::json j;
@@ -203,10 +236,36 @@ int bench(const BenchArgs& a, Globals& g) {
       j["trim_released_bytes"] = trimmed;
       j["memory_after_trim"] = memory_stats_json(*env);
     }
-    if (a.profile) {
+    if (profiling) {
       nlohmann::json jp = nlohmann::json::array();
-      for (const auto& [op, t] : ops) jp.push_back({{"op_type", op}, {"ms", t.ms}, {"nodes", t.nodes}});
+      for (const auto& t : ops) {
+        nlohmann::json r = {{"op_type", t.op_type}, {"ms", t.ms}, {"nodes", t.nodes}, {"fused", t.fused},
+                            {"no_step", t.no_step}, {"where", t.where}};
+        r["fused_in"] = nlohmann::json::object();
+        for (const auto& [op, n] : t.fused_in) r["fused_in"][op] = n;
+        jp.push_back(std::move(r));
+      }
       j["profile"] = jp;
+      j["profile_total_ms"] = profiled_total;
+      nlohmann::json jc = nlohmann::json::array();
+      for (const auto& p : prof) {
+        if (p.op_type != "Subgraph" || p.calls == 0) continue;
+        nlohmann::json c = {{"name", p.node}, {"device", p.device_type}, {"kernel", p.kernel},
+                            {"ms", p.total_ms / p.calls}, {"nodes", p.members.size()}};
+        nlohmann::json steps = nlohmann::json::array();
+        for (const auto& st : p.steps)
+          steps.push_back({{"kind", st.kind}, {"implementation", st.implementation}, {"op_type", st.op_type},
+                           {"nodes", st.nodes}, {"ms", st.total_ms / p.calls}});
+        c["steps"] = steps;
+        jc.push_back(std::move(c));
+      }
+      j["profile_subgraphs"] = jc;
+      if (a.profile_nodes > 0) {
+        nlohmann::json jn = nlohmann::json::array();
+        for (const auto& r : node_rows)
+          jn.push_back({{"node", r.node}, {"op_type", r.op_type}, {"where", r.where}, {"detail", r.detail}, {"ms", r.ms}});
+        j["profile_nodes"] = jn;
+      }
     }
     std::cout << j.dump(2) << "\n";
     return 0;
@@ -235,14 +294,42 @@ int bench(const BenchArgs& a, Globals& g) {
   for (const auto& [op, m] : kernels)
     for (const auto& [k, n] : m) std::cout << " " << op << "=" << k << "x" << n;
   std::cout << "\n";
-  if (a.profile) {
-    std::cout << "profile (per run, by op type; timings include the profiler's overhead):\n";
-    for (const auto& [op, t] : ops)
-      std::cout << "  " << std::left << std::setw(24) << op << std::right << std::setw(10) << t.ms << " ms "
+  if (profiling) {
+    std::cout << "profile (per timed run, by op type; timings include the profiler's overhead, which waits for every step):\n";
+    for (const auto& t : ops) {
+      std::cout << "  " << std::left << std::setw(24) << t.op_type << std::right << std::setw(10) << t.ms << " ms "
                 << std::setw(6) << std::setprecision(1) << (profiled_total > 0 ? 100 * t.ms / profiled_total : 0)
-                << "%  " << t.nodes << " node(s)\n"
-                << std::setprecision(3);
+                << "% " << std::setw(5) << t.nodes << " node(s)  " << std::setprecision(3);
+      std::string where;
+      for (const auto& w : t.where) where += (where.empty() ? "" : ", ") + where_label(w);
+      std::cout << where;
+      std::string notes;
+      if (!t.fused_in.empty()) {
+        notes += "with";
+        for (const auto& [op, n] : t.fused_in) notes += " " + op + " x" + std::to_string(n);
+        notes += " fused";
+      }
+      if (t.fused > 0) notes += (notes.empty() ? "" : "; ") + std::to_string(t.fused) + " fused into other ops";
+      if (t.no_step > 0) notes += (notes.empty() ? "" : "; ") + std::to_string(t.no_step) + " without a step (views, constants)";
+      if (!notes.empty()) std::cout << "  (" << notes << ")";
+      std::cout << "\n";
+    }
     std::cout << "  " << std::left << std::setw(24) << "total" << std::right << std::setw(10) << profiled_total << " ms\n";
+    for (size_t k = 0; k < chains.size(); ++k) {
+      const Chain& c = chains[k];
+      std::cout << "  chain " << k + 1 << " = " << c.where << (c.count > 1 ? " x" + std::to_string(c.count) : "")
+                << ": " << c.ms << " ms, " << c.members << " node(s), ";
+      if (c.steps > 0) std::cout << c.steps << " reported step(s) " << c.steps_ms << " ms\n";
+      else std::cout << "no steps reported (its time is its op type's)\n";
+    }
+    if (a.profile_nodes > 0) {
+      std::cout << "slowest nodes / steps (per run):\n";
+      for (const auto& r : node_rows)
+        std::cout << "  " << std::right << std::setw(10) << r.ms << " ms  " << std::left << std::setw(20) << r.op_type
+                  << " " << r.node << "  [" << where_label(r.where) << (r.detail.empty() ? "" : "; " + r.detail)
+                  << "]\n"
+                  << std::right;
+    }
   }
   return 0;
 }
@@ -265,7 +352,10 @@ void add_bench_command(CLI::App& app, Globals& g) {
   cmd->add_option("--max-seconds", a->max_seconds, "Stop the timed runs after this many seconds (0 = no limit)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--json", a->json, "Print the results as JSON");
-  cmd->add_flag("--profile", a->profile, "Per-op-type time breakdown (Session profile)");
+  cmd->add_flag("--profile", a->profile,
+                "Per-op-type time breakdown (Session profile; claimed subgraphs split into the op types they run)");
+  cmd->add_option("--profile-nodes", a->profile_nodes, "With the profile: also list the N slowest nodes / steps")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--trim", a->trim, "After the runs, trim the device memory pools and report what was released");
   cmd->callback([a, &g] {
     int rc = bench(*a, g);

@@ -315,8 +315,28 @@ typedef struct keel_node_profile_s {
   const char* node;
   double total_ms;
   int64_t calls;
+  /* (plugin ABI 1.3) Steps the node's kernel reported inside it (a claimed subgraph: one per oneDNN primitive),
+   * read with keel_session_profile_step_info; 0 when it reports none. */
+  size_t step_count;
 } keel_node_profile_t;
 KEEL_API keel_status_t keel_session_profile_info(keel_session_t session, size_t index, keel_node_profile_t* out_info);
+
+/* (plugin ABI 1.3) One step reported inside placement entry `index` (step < its step_count), summed over the runs
+ * like the node's total. Reads the profile as the last keel_session_profile_info call on this session saw it; the
+ * strings live until the next keel_session_profile_info call or the session's release. Not concurrently with
+ * keel_session_run on the session. */
+typedef struct keel_profile_step_info_s {
+  uint32_t struct_size;          /* set by the caller: sizeof(keel_profile_step_info_t) */
+  const char* kind;              /* what ran, e.g. "convolution", "reorder" */
+  const char* implementation;    /* e.g. "brg:avx512_core"; "" when not reported */
+  const char* op_type;           /* the ONNX op type it computes; "" for the kernel's own work (a layout reorder) */
+  const char* const* node_names; /* the graph nodes it computes: the op_type node first, nodes fused into it after */
+  size_t node_count;
+  double total_ms;
+  int64_t calls;
+} keel_profile_step_info_t;
+KEEL_API keel_status_t keel_session_profile_step_info(keel_session_t session, size_t index, size_t step,
+                                                      keel_profile_step_info_t* out_info);
 
 #ifdef __cplusplus
 } /* extern "C" */

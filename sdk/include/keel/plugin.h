@@ -29,7 +29,7 @@ extern "C" {
 #endif
 
 #define KEEL_PLUGIN_ABI_MAJOR 1
-#define KEEL_PLUGIN_ABI_MINOR 2
+#define KEEL_PLUGIN_ABI_MINOR 3
 #define KEEL_PLUGIN_ENTRY_SYMBOL "keel_plugin_entry"
 
 #if defined(_WIN32)
@@ -293,6 +293,24 @@ typedef struct keel_subgraph_sink_s {
   keel_status_t (*claim)(struct keel_subgraph_sink_s* self, const keel_subgraph_def_t* def);
 } keel_subgraph_sink_t;
 
+/*
+ * (ABI 1.3) One step inside a kernel's or a claimed subgraph's compute, reported to the session profiler through
+ * keel_kernel_api_t.profile_step while the session profiles (e.g. one oneDNN primitive of a claimed chain). The core
+ * attributes the step's time to `op_type` (or, when that is empty, to the kernel's own work named by `kind`) and
+ * shows the nodes it covers. A consumer reads a member only when struct_size covers it (KEEL_HAS_MEMBER).
+ */
+typedef struct keel_profile_step_s {
+  uint32_t struct_size;          /* sizeof(keel_profile_step_t) as the plugin compiled it */
+  const char* kind;              /* what ran, e.g. "convolution", "reorder" (a oneDNN primitive kind) */
+  const char* implementation;    /* (optional) e.g. "brg:avx512_core", "jit:uni" */
+  const char* op_type;           /* (optional) the ONNX op type of the node the step computes ("Conv"); NULL or ""
+                                  * for work of the kernel's own that no node asked for (a layout reorder) */
+  const char* const* node_names; /* (optional) graph nodes the step computes: the op_type node first, then the
+                                  * nodes fused into it (post-ops); for a kernel's own work, the node it serves */
+  size_t node_count;
+  double time_ms;                /* wall time of the step, finished (the kernel waits for it before timing) */
+} keel_profile_step_t;
+
 /* What a kernel reads and writes through. Obtain it from keel_host_api_t.kernel. */
 typedef struct keel_kernel_api_s {
   uint32_t struct_size;
@@ -330,6 +348,15 @@ typedef struct keel_kernel_api_s {
   void (*parallel_for)(const keel_kernel_context_t* ctx, int64_t n, int64_t min_chunk,
                        void (*fn)(void* arg, int64_t begin, int64_t end), void* arg);
   int32_t (*thread_count)(const keel_kernel_context_t* ctx);
+
+  /* (ABI 1.3) 1 when the session profiles this compute (SessionOptions::profile, keel_session_options_set_profile),
+   * else 0. Only then should a kernel that runs several steps time them and report each with profile_step: when it
+   * returns 0, time nothing (profiling costs nothing when off). A kernel that reports nothing shows as one step.
+   * Check KEEL_HAS_MEMBER(host->kernel, keel_kernel_api_t, profiling) first: an older core does not have it. */
+  int32_t (*profiling)(const keel_kernel_context_t* ctx);
+  /* (ABI 1.3) Reports one step of the current compute (only during compute; the record and its strings are copied).
+   * Ignored (OK) when the session does not profile; INVALID_ARGUMENT for a NULL or too small record. */
+  keel_status_t (*profile_step)(keel_kernel_context_t* ctx, const keel_profile_step_t* step);
 } keel_kernel_api_t;
 
 /* ------------------------------------------------------------------------------------------------------------ */
