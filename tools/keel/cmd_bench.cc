@@ -341,7 +341,8 @@ void add_bench_command(CLI::App& app, Globals& g) {
   auto* cmd = app.add_subcommand("bench", "Measure a model's latency, throughput and memory on random inputs");
   cmd->add_option("model", a->model, "The model (.onnx)")->required()->check(CLI::ExistingFile);
   cmd->add_option("--passes", a->passes,
-                  "Session passes: auto (fuse_qdq for QDQ models: int8 kernels), none, or a comma list");
+                  "Session passes: auto (the default pipeline of `keel optimize`; fuse_qdq for QDQ models: int8 "
+                  "kernels), none, or a comma list (name:key=value gives a pass options)");
   add_precision_option(cmd, a->precision);
   cmd->add_option("--device,-d", a->device, "Preferred device type (cpu, cuda, ...); default: every device by priority");
   cmd->add_option("--threads", g.threads, "Worker threads for kernels (0 = all cores)")->check(CLI::NonNegativeNumber);

@@ -105,10 +105,7 @@ int optimize(const OptimizeArgs& a, Globals& g) {
   } else {
     // The default pipeline runs what is installed: a missing pass plugin narrows it, with a note.
     std::vector<std::string> missing;
-    for (const char* name : kDefaultPipeline) {
-      if (reg.pass(name)) pipeline.push_back(PassSpec{name, {}});
-      else missing.push_back(name);
-    }
+    for (const std::string& name : default_pipeline(*env, &missing)) pipeline.push_back(PassSpec{name, {}});
     if (!missing.empty()) {
       std::string m;
       for (const auto& s : missing) m += (m.empty() ? "" : ", ") + s;
@@ -179,6 +176,15 @@ int optimize(const OptimizeArgs& a, Globals& g) {
 }
 
 }  // namespace
+
+std::vector<std::string> default_pipeline(const Environment& env, std::vector<std::string>* missing) {
+  std::vector<std::string> out;
+  for (const char* name : kDefaultPipeline) {
+    if (env.registry().pass(name)) out.push_back(name);
+    else if (missing) missing->push_back(name);
+  }
+  return out;
+}
 
 void add_optimize_command(CLI::App& app, Globals& g) {
   auto a = std::make_shared<OptimizeArgs>();

@@ -90,8 +90,11 @@ std::vector<std::string> session_passes(const std::string& spec, const Graph& gr
   if (spec == "auto") {
     bool qdq = false;
     for (NodeId id : graph.node_ids()) qdq = qdq || graph.node(id)->op_type == "DequantizeLinear";
-    if (qdq && env.registry().pass("fuse_qdq")) out.push_back("fuse_qdq");
-    return out;
+    if (qdq) {
+      if (env.registry().pass("fuse_qdq")) out.push_back("fuse_qdq");
+      return out;
+    }
+    return default_pipeline(env);
   }
   std::stringstream ss(spec);
   std::string item;

@@ -302,7 +302,8 @@ void add_run_command(CLI::App& app, Globals& g) {
   cmd->add_option("--input,-i", a->inputs, "NAME=FILE: an input from a TensorProto .pb or NumPy .npy file (repeatable)");
   cmd->add_option("--output-dir,-o", a->output_dir, "Write output_K.pb (K in graph-output order) into this directory");
   cmd->add_option("--passes", a->passes,
-                  "Session passes: auto (fuse_qdq for QDQ models: int8 kernels), none, or a comma list");
+                  "Session passes: auto (the default pipeline of `keel optimize`; fuse_qdq for QDQ models: int8 "
+                  "kernels), none, or a comma list (name:key=value gives a pass options)");
   add_precision_option(cmd, a->precision);
   cmd->add_option("--device,-d", a->device, "Preferred device type (cpu, cuda, ...); default: every device by priority");
   cmd->add_option("--threads", g.threads, "Worker threads for kernels (0 = all cores)")->check(CLI::NonNegativeNumber);

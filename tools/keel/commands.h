@@ -40,10 +40,16 @@ void add_conformance_command(CLI::App& app, Globals& g);
 // `keel bench` (cmd_bench.cc): latency, throughput, memory and a per-op-type profile of a model.
 void add_bench_command(CLI::App& app, Globals& g);
 void add_optimize_command(CLI::App& app, Globals& g);  // cmd_optimize.cc: graph pass pipelines
+// The default pipeline (cmd_optimize.cc; what `keel optimize` runs without --passes/--config and what `--passes auto`
+// runs on an fp32 model): canonicalise, fold BatchNormalization, fuse, clean up; only the passes installed here, the
+// others named in `missing` when given.
+std::vector<std::string> default_pipeline(const Environment& env, std::vector<std::string>* missing = nullptr);
 void add_prune_command(CLI::App& app, Globals& g);     // cmd_prune.cc: `keel prune`
 void add_quantize_command(CLI::App& app, Globals& g);  // cmd_quantize.cc: `keel quantize` (INT8 PTQ)
 // The session passes of `keel run` / `keel bench` --passes (cmd_quantize.cc): "auto" = fuse_qdq when the graph has
-// DequantizeLinear nodes and the pass is installed (QDQ models run on int8 kernels), "none" = none, else a comma list.
+// DequantizeLinear nodes and the pass is installed (QDQ models run on int8 kernels), else the default pipeline (as
+// ONNX Runtime optimises a session by default); "none" = none, else a comma list (entries may carry options,
+// "name:key=value").
 std::vector<std::string> session_passes(const std::string& spec, const Graph& graph, const Environment& env);
 // `--precision fp32|fp16|bf16` of `keel run` / `keel bench` (cmd_run.cc): the option, and the session passes with
 // convert_fp16 / convert_bf16 (the precision pass plugin) appended; fp32 leaves them unchanged. With `--passes auto`
