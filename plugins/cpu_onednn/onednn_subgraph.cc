@@ -456,7 +456,10 @@ class Builder {
   void deconv(size_t i);
   void conv_like_tail(size_t i, const Fusion& f, dnnl::primitive prim, const md_t& src_md, const md_t& wei_md,
                       const md_t& dmd, const md_t& wplain, std::vector<float>& w, bool has_bias,
-                      const std::vector<float>& bias, double flops);
+                      const std::vector<float>& bias, double flops,
+                      std::unordered_map<int, dnnl::memory> extra = {});
+  bool conv_dw_fused(size_t i, const Fusion& f, const md_t& src, const md_t& wany, const md_t& bmd,
+                     const std::vector<float>& w, const std::vector<float>& bias, double flops);
   void matmul(size_t i);
   void pool(size_t i);
   void eltwise(size_t i);
@@ -911,6 +914,11 @@ void Builder::conv(size_t i) {
   };
   md_t src_any(to_dnnl(x), act_, tag::any), dst_any(to_dnnl(y), act_, tag::any);
   auto is_ref = [&] { return pd && std::string(pd->impl_info_str()).rfind("ref", 0) == 0; };
+  const double conv_flops = 2.0 * numel(y) * (C / g) * ks[0] * ks[1];
+  if (g == 1 && ks[0] == 1 && ks[1] == 1 && s[0] == 1 && s[1] == 1 && pl == Dims{0, 0} && pr == Dims{0, 0} &&
+      M % 16 == 0 && f.sum_with.empty() && act_ == dt::f32 &&
+      conv_dw_fused(i, f, src, wany, bmd, w, bias, conv_flops))
+    return;
   if (wino) make(alg::convolution_winograd, src, dst);
   // Other spatial convolutions (strided 3x3s, dilated ones, 3x3s Winograd leaves): oneDNN's brgemm kernel over nhwc
   // beats its nChw16c jit one here, the reorders in and out included. Measured in ResNet-50 at 1 thread (fastest
@@ -938,14 +946,107 @@ void Builder::conv(size_t i) {
   if (!pd) throw Reject{"oneDNN has no convolution for this case"};
   md_t wplain(to_dnnl(wd), dt::f32, g > 1 ? tag::goihw : tag::oihw);
   conv_like_tail(i, f, dnnl::convolution_forward(*pd), pd->src_desc(), pd->weights_desc(), pd->dst_desc(), wplain,
-                 w, has_bias, bias, 2.0 * numel(y) * (C / g) * ks[0] * ks[1]);
+                 w, has_bias, bias, conv_flops);
+}
+
+// A 1x1 convolution (stride 1, its post-ops in `f`) whose sole consumer is a 3x3 depthwise convolution (stride 1
+// or 2, pad 1): one oneDNN primitive with the depthwise one as a post-op, so the expanded tensor (MobileNet's and
+// EfficientNet's widest) never goes out to memory. False, changing nothing, when the pattern or oneDNN says no;
+// also when oneDNN offers only ref_fused_convolution (the two kernels one after the other, nothing saved): oneDNN
+// 2.6 fuses for real only where the 1x1's blocking suits it (MobileNet-V2: the 112x112 stride-2 block at 2 threads,
+// the 112x112 and two 56x56 ones at 1). KEEL_ONEDNN_DW_FUSION=0 turns it off (for A/B measurements).
+bool Builder::conv_dw_fused(size_t i, const Fusion& f, const md_t& src, const md_t& wany, const md_t& bmd,
+                            const std::vector<float>& w, const std::vector<float>& bias, double flops) {
+  if (const char* e = std::getenv("KEEL_ONEDNN_DW_FUSION"); e && std::strcmp(e, "0") == 0) return false;
+  const size_t u = sole_user(f.out);
+  if (u == npos) return false;
+  const NodeDesc& dn = r_.nodes[u];
+  if (dn.op != "Conv" || dn.in[0] != f.out || dn.out.size() != 1) return false;
+  Dims y1 = dims_of(f.out);
+  if (y1.size() != 4) return false;
+  const int64_t M = y1[1];
+  const ConstT* W = cst(dn.in_at(1));
+  const ConstT* B = dn.in_at(2).empty() ? nullptr : cst(dn.in_at(2));
+  if (!W || W->dtype != KEEL_DTYPE_F32 || (!dn.in_at(2).empty() && (!B || B->count() != M))) return false;
+  if (dn.ai("group", 1) != M || W->dims != Dims{M, 1, 3, 3}) return false;
+  if (dn.ais("kernel_shape", {3, 3}) != Dims{3, 3} || dn.ais("dilations", {1, 1}) != Dims{1, 1} ||
+      dn.ais("pads", {0, 0, 0, 0}) != Dims{1, 1, 1, 1})
+    return false;
+  std::string ap = dn.as("auto_pad", "NOTSET");
+  if (ap != "NOTSET" && !ap.empty()) return false;
+  Dims ds = dn.ais("strides", {1, 1});
+  if (ds != Dims{1, 1} && ds != Dims{2, 2}) return false;
+  Fusion g = fuse_after(dn.out[0], u, true, M);
+  if (!g.sum_with.empty()) return false;
+  dnnl::post_ops po = f.po;
+  if (ds[0] == 1) po.append_dw_k3s1p1(dt::f32, dt::f32, dt::f32, 0, {});
+  else po.append_dw_k3s2p1(dt::f32, dt::f32, dt::f32, 0, {});
+  for (int k = 0; k < g.po.len(); ++k) {
+    if (g.po.kind(k) != dnnl::primitive::kind::eltwise) return false;
+    float sc, al, be;
+    alg a;
+    g.po.get_params_eltwise(k, sc, a, al, be);
+    po.append_eltwise(sc, a, al, be);
+  }
+  // Depthwise weights and bias with the folds of its own fusion applied.
+  std::vector<float> dw(W->f32(), W->f32() + W->count()), db(M, 0.f);
+  if (B)
+    for (int64_t k = 0; k < M; ++k) db[k] = static_cast<float>(B->at(k));
+  if (!g.bn_scale.empty())
+    for (int64_t m = 0; m < M; ++m) {
+      for (int k = 0; k < 9; ++k) dw[m * 9 + k] *= g.bn_scale[m];
+      db[m] = db[m] * g.bn_scale[m] + g.bn_shift[m];
+    }
+  for (size_t k = 0; k < g.conv_bias_add.size(); ++k) db[k] += g.conv_bias_add[k];
+  dnnl::primitive_attr attr;
+  attr.set_post_ops(po);
+  Dims x = dims_of(r_.nodes[i].in[0]);
+  std::unique_ptr<dnnl::convolution_forward::primitive_desc> pd;
+  try {
+    dnnl::convolution_forward::desc cd(dnnl::prop_kind::forward_inference, alg::convolution_direct, src, wany, bmd,
+                                       md_t(to_dnnl(y1), dt::f32, tag::nChw16c), {1, 1}, {0, 0}, {0, 0}, {0, 0});
+    pd = std::make_unique<dnnl::convolution_forward::primitive_desc>(cd, attr, engine());
+  } catch (const dnnl::error&) {
+    return false;
+  }
+  if (std::string(pd->impl_info_str()).rfind("jit_1x1", 0) != 0) return false;
+  Dims y2 = dims_of(g.out);
+  if (md_dims(pd->dst_desc()) != y2) return false;
+  const int dw_w = DNNL_ARG_ATTR_POST_OP_DW | DNNL_ARG_WEIGHTS, dw_b = DNNL_ARG_ATTR_POST_OP_DW | DNNL_ARG_BIAS;
+  md_t dwmd = pd->query_md(dnnl::query::exec_arg_md, dw_w), dbmd = pd->query_md(dnnl::query::exec_arg_md, dw_b);
+  if (dwmd.is_zero()) return false;
+  std::unordered_map<int, dnnl::memory> extra;
+  {
+    dnnl::memory wuser(md_t({M, 1, 1, 3, 3}, dt::f32, tag::goihw), engine(), dw.data());
+    p_->owned.emplace_back(dwmd, engine(), p_->weights.alloc(dwmd.get_size()));
+    dnnl::reorder(wuser, p_->owned.back()).execute(stream(), wuser, p_->owned.back());
+    stream().wait();
+    extra[dw_w] = p_->owned.back();
+  }
+  {
+    md_t bm = dbmd.is_zero() ? md_t({M}, dt::f32, tag::a) : dbmd;
+    p_->owned.emplace_back(bm, engine());
+    std::memcpy(p_->owned.back().get_data_handle(), db.data(), std::min<size_t>(bm.get_size(), db.size() * 4));
+    extra[dw_b] = p_->owned.back();
+  }
+  Fusion all = f;
+  all.out = g.out;
+  all.nodes.push_back(u);
+  all.nodes.insert(all.nodes.end(), g.nodes.begin(), g.nodes.end());
+  done_[u] = true;
+  md_t wplain(to_dnnl(Dims{M, x[1], 1, 1}), dt::f32, tag::oihw);
+  std::vector<float> wc = w;
+  conv_like_tail(i, all, dnnl::convolution_forward(*pd), pd->src_desc(), pd->weights_desc(), pd->dst_desc(), wplain,
+                 wc, true, bias, flops + 2.0 * numel(y2) * 9, std::move(extra));
+  return true;
 }
 
 // The rest of a convolution or deconvolution once its primitive is chosen: the weights reordered once (from `w` in
 // layout `wplain`), the bias, the residual placed in the destination for a sum post-op, the step.
 void Builder::conv_like_tail(size_t i, const Fusion& f, dnnl::primitive prim, const md_t& src_md, const md_t& wei_md,
                              const md_t& dmd, const md_t& wplain, std::vector<float>& w, bool has_bias,
-                             const std::vector<float>& bias, double flops) {
+                             const std::vector<float>& bias, double flops,
+                             std::unordered_map<int, dnnl::memory> extra) {
   const NodeDesc& n = r_.nodes[i];
   Val sv = as_md(n.in[0], src_md);
   dnnl::memory wuser(wplain, engine(), w.data());
@@ -953,7 +1054,8 @@ void Builder::conv_like_tail(size_t i, const Fusion& f, dnnl::primitive prim, co
   dnnl::memory wmem = p_->owned.back();
   dnnl::reorder(wuser, wmem).execute(stream(), wuser, wmem);
   stream().wait();
-  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_WEIGHTS, wmem}};
+  std::unordered_map<int, dnnl::memory> args = std::move(extra);
+  args[DNNL_ARG_WEIGHTS] = wmem;
   if (has_bias) {
     p_->owned.emplace_back(md_t({static_cast<int64_t>(bias.size())}, dt::f32, tag::a), engine());
     std::memcpy(p_->owned.back().get_data_handle(), bias.data(), bias.size() * sizeof(float));

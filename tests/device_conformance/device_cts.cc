@@ -1085,6 +1085,29 @@ void add_chain_cases(std::vector<OpCase>& v) {
                {"Sigmoid", {"$1"}, {}}};
     v.push_back(c);
   }
+  // A stride-2 inverted-residual head at MobileNet-V2's/EfficientNet's first expansion size (16 -> 96 at 112x112):
+  // oneDNN may run the 3x3 depthwise convolution as a post-op of the 1x1 (the expanded tensor stays in cache). Clip
+  // on both (MobileNet), then SiLU on both (EfficientNet), with BatchNormalization after the depthwise one.
+  for (bool silu : {false, true}) {
+    OpCase c;
+    c.op = "Chain";
+    c.opset = 13;
+    c.label = std::string("inverted residual s2 16->96 at 112x112, depthwise 3x3 fused into the 1x1, ") +
+              (silu ? "SiLU, BatchNormalization" : "Clip(0,6)");
+    c.inputs = {in("X", {1, 16, 112, 112}),     in("WE", {96, 16, 1, 1}, true, -0.4f, 0.4f), in("BE", {96}, true),
+                in("WD", {96, 1, 3, 3}, true, -0.5f, 0.5f), in("BD", {96}, true),
+                in("S", {96}, true, 0.5f, 1.5f), in("SH", {96}, true), in("MU", {96}, true),
+                in("VAR", {96}, true, 0.5f, 2.f), scalar("LO", 0.f), scalar("HI", 6.f)};
+    if (silu)
+      c.chain = {conv({"X", "WE", "BE"}, 1, 1, 0),         {"Sigmoid", {"$0"}, {}}, {"Mul", {"$0", "$1"}, {}},
+                 conv({"$2", "WD", "BD"}, 3, 2, 1, 96),
+                 {"BatchNormalization", {"$3", "S", "SH", "MU", "VAR"}, {}},
+                 {"Sigmoid", {"$4"}, {}},                  {"Mul", {"$4", "$5"}, {}}};
+    else
+      c.chain = {conv({"X", "WE", "BE"}, 1, 1, 0), {"Clip", {"$0", "LO", "HI"}, {}},
+                 conv({"$1", "WD", "BD"}, 3, 2, 1, 96), {"Clip", {"$2", "LO", "HI"}, {}}};
+    v.push_back(c);
+  }
   // EfficientNet's MBConv as torch exports it: SiLU as x * Sigmoid(x), a 5x5 depthwise convolution, squeeze-excite
   // (GlobalAveragePool, 1x1 conv, SiLU, 1x1 conv, Sigmoid, Mul broadcast over [N,C,1,1]), projection, residual.
   // E = 32 keeps nChw16c through the broadcast Mul; E = 24 takes the plain path.
