@@ -13,6 +13,7 @@
 #include <keel/plugin.h>
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <string>
@@ -147,10 +148,20 @@ std::vector<KernelInfo> misc_kernels();
 // The INT8 kernels (onednn_int8.cc: keel-domain QConv, QGemm), registered with their own definitions.
 keel_status_t register_int8_kernels(const keel_host_api_t* host, keel_plugin_handle_t* plugin);
 
+// A bf16 value's bits widened to f32 (exact).
+inline float bf16_to_f32(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
 // Plugin options (manifest [options] or environment), read once at init.
 struct Options {
   bool winograd = true;  // KEEL_ONEDNN_WINOGRAD=0 or [options] winograd = false turns it off
   bool claims = true;    // KEEL_ONEDNN_CLAIMS=0 or [options] claims = false: no claimed subgraphs (kernels only)
+  bool dw_fusion = true; // KEEL_ONEDNN_DW_FUSION=0 or [options] dw_fusion = false: a 1x1 conv's depthwise consumer
+                         // stays a step of its own (Builder::conv_dw_fused)
   bool profile = false;  // KEEL_ONEDNN_PROFILE=1: claimed subgraphs time their primitives (logged at info)
 };
 extern Options g_options;

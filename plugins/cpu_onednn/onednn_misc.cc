@@ -16,13 +16,6 @@ using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
 using alg = dnnl::algorithm;
 
-inline float bf16_bits_to_f32(uint16_t b) {
-  uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 // The common shape of the kernels here: one primitive with plain memory objects bound per run, and (bf16 kernels)
 // f32 copies of small parameter inputs.
 struct PlainPlan {
@@ -81,7 +74,7 @@ class PlainKernel : public Kernel {
         std::memcpy(buf.data(), t->data, buf.size() * sizeof(float));
       } else if (t->dtype == KEEL_DTYPE_BF16) {
         const uint16_t* s = static_cast<const uint16_t*>(t->data);
-        for (size_t k = 0; k < buf.size(); ++k) buf[k] = bf16_bits_to_f32(s[k]);
+        for (size_t k = 0; k < buf.size(); ++k) buf[k] = bf16_to_f32(s[k]);
       } else {
         throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "parameters must be bf16 or f32"};
       }
@@ -394,7 +387,7 @@ class UnaryKernel : public PlainKernel {
             if (!c.has_input(i)) continue;
             if (!c.is_constant(i) || numel(c.dims(i)) != 1) throw Reject{"Clip min/max not constant scalars"};
             float v;
-            if (c.dtype(i) == KEEL_DTYPE_BF16) v = bf16_bits_to_f32(*c.data<uint16_t>(i));
+            if (c.dtype(i) == KEEL_DTYPE_BF16) v = bf16_to_f32(*c.data<uint16_t>(i));
             else if (c.dtype(i) == KEEL_DTYPE_F32) v = *c.data<float>(i);
             else throw Reject{"Clip bounds dtype"};
             (i == 1 ? alpha_ : beta_) = v;

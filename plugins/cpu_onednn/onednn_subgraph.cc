@@ -954,10 +954,10 @@ void Builder::conv(size_t i) {
 // EfficientNet's widest) never goes out to memory. False, changing nothing, when the pattern or oneDNN says no;
 // also when oneDNN offers only ref_fused_convolution (the two kernels one after the other, nothing saved): oneDNN
 // 2.6 fuses for real only where the 1x1's blocking suits it (MobileNet-V2: the 112x112 stride-2 block at 2 threads,
-// the 112x112 and two 56x56 ones at 1). KEEL_ONEDNN_DW_FUSION=0 turns it off (for A/B measurements).
+// the 112x112 and two 56x56 ones at 1). Option dw_fusion (KEEL_ONEDNN_DW_FUSION=0) turns it off (for A/B runs).
 bool Builder::conv_dw_fused(size_t i, const Fusion& f, const md_t& src, const md_t& wany, const md_t& bmd,
                             const std::vector<float>& w, const std::vector<float>& bias, double flops) {
-  if (const char* e = std::getenv("KEEL_ONEDNN_DW_FUSION"); e && std::strcmp(e, "0") == 0) return false;
+  if (!g_options.dw_fusion) return false;
   const size_t u = sole_user(f.out);
   if (u == npos) return false;
   const NodeDesc& dn = r_.nodes[u];
@@ -2140,8 +2140,8 @@ ConstT const_of(const keel_tensor_t* t) {
     const size_t n = t->byte_size / 2;
     c.bytes.resize(n * sizeof(float));
     for (size_t k = 0; k < n; ++k) {
-      uint32_t bits = static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(p)[k]) << 16;
-      std::memcpy(c.bytes.data() + k * sizeof(float), &bits, sizeof bits);
+      const float v = bf16_to_f32(reinterpret_cast<const uint16_t*>(p)[k]);
+      std::memcpy(c.bytes.data() + k * sizeof(float), &v, sizeof v);
     }
     return c;
   }

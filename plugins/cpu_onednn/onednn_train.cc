@@ -29,12 +29,6 @@ dt dnnl_dtype(int32_t d) {
   throw Reject{"f32 or bf16 only"};
 }
 
-inline float bf2f(uint16_t b) {
-  uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 inline uint16_t f2bf(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
@@ -237,7 +231,7 @@ class ConvGradKernel : public Kernel {
           for (int64_t i = 0; i < S; ++i) sacc += p[i];
         } else {
           const uint16_t* p = static_cast<const uint16_t*>(dy->data) + (n * M + m) * S;
-          for (int64_t i = 0; i < S; ++i) sacc += bf2f(p[i]);
+          for (int64_t i = 0; i < S; ++i) sacc += bf16_to_f32(p[i]);
         }
         acc[m] += sacc;
       }
@@ -557,7 +551,7 @@ class MaxPoolGradKernel : public Kernel {
   template <class T>
   static float val(T v) {
     if constexpr (std::is_same_v<T, float>) return v;
-    else return bf2f(v);
+    else return bf16_to_f32(v);
   }
   // 2x2 windows, stride 2, no padding (the SimpleCNN's pool): branch-free, every dX cell written once.
   template <class T>
@@ -641,7 +635,7 @@ class MaxPoolGradKernel : public Kernel {
           } else if constexpr (std::is_same_v<T, float>) {
             dp[best] += gp[oh * OW + ow];
           } else {
-            dp[best] = f2bf(bf2f(dp[best]) + bf2f(gp[oh * OW + ow]));
+            dp[best] = f2bf(bf16_to_f32(dp[best]) + bf16_to_f32(gp[oh * OW + ow]));
           }
         }
       }
