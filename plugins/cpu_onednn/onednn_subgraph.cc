@@ -251,6 +251,26 @@ std::string impl_of(const dnnl::primitive& p) {
 }
 
 // Thrown when a node of the claim cannot be built: the claim is retried without it.
+// Format tags by tensor rank (3: 1-D spatial, 4: 2-D, 5: 3-D): channel-blocked by 16, channels-last, plain weights.
+tag blocked16_tag(size_t rank) { return rank == 5 ? tag::nCdhw16c : rank == 3 ? tag::nCw16c : tag::nChw16c; }
+tag channels_last_tag(size_t rank) { return rank == 5 ? tag::ndhwc : rank == 3 ? tag::nwc : tag::nhwc; }
+tag plain_tag(size_t rank) { return rank == 5 ? tag::ncdhw : rank == 3 ? tag::ncw : tag::nchw; }
+tag weights_tag(size_t spatial, bool grouped, bool transposed) {
+  if (spatial == 3) return grouped ? (transposed ? tag::giodhw : tag::goidhw) : (transposed ? tag::iodhw : tag::oidhw);
+  return grouped ? (transposed ? tag::giohw : tag::goihw) : (transposed ? tag::iohw : tag::oihw);
+}
+// ONNX dilations (1 = dense) as oneDNN's (0 = dense).
+dnnl::memory::dims dnnl_dilations(const Dims& d) {
+  dnnl::memory::dims r;
+  for (int64_t v : d) r.push_back(v - 1);
+  return r;
+}
+int64_t prod(const Dims& d) {
+  int64_t p = 1;
+  for (int64_t v : d) p *= v;
+  return p;
+}
+
 struct NodeReject {
   size_t node;
   std::string why;
@@ -473,6 +493,7 @@ class Builder {
   void reshape_like(size_t i);
   void transpose(size_t i);
   void slice(size_t i);
+  void pad(size_t i);
   void outputs();
   void plan_workspace();
 
@@ -586,6 +607,7 @@ std::unique_ptr<Plan> Builder::build() {
         reshape_like(i);
       else if (op == "Transpose") transpose(i);
       else if (op == "Slice") slice(i);
+      else if (op == "Pad") pad(i);
       else if (op == "Cast") cast(i);
       else throw Reject{"op " + op};
     } catch (const Reject& e) {
@@ -840,17 +862,19 @@ void Builder::conv(size_t i) {
   const ConstT* W = cst(n.in_at(1));
   const ConstT* B = n.in_at(2).empty() ? nullptr : cst(n.in_at(2));
   if (!W || W->dtype != KEEL_DTYPE_F32 || (!n.in_at(2).empty() && !B)) throw Reject{"non-constant weights"};
-  if (x.size() != 4 || W->dims.size() != 4) throw Reject{"2-D convolutions only"};
+  // 2-D and 3-D (1-D ones arrive lifted to 2-D: lift_1d).
+  if ((x.size() != 4 && x.size() != 5) || W->dims.size() != x.size()) throw Reject{"2-D and 3-D convolutions only"};
+  const size_t sp = x.size() - 2;
   const int64_t N = x[0], C = x[1], M = W->dims[0], g = n.ai("group", 1);
   if (g <= 0 || C != W->dims[1] * g || M % g != 0) throw Reject{"channels do not match weights and group"};
-  Dims ks{W->dims[2], W->dims[3]};
+  Dims ks(W->dims.begin() + 2, W->dims.end());
   if (n.ais("kernel_shape", ks) != ks) throw Reject{"kernel_shape differs from the weights"};
-  Dims s = n.ais("strides", {1, 1}), d = n.ais("dilations", {1, 1}), pads = n.ais("pads", {0, 0, 0, 0});
-  if (s.size() != 2 || d.size() != 2 || pads.size() != 4) throw Reject{"attribute ranks"};
+  Dims s = n.ais("strides", Dims(sp, 1)), d = n.ais("dilations", Dims(sp, 1)), pads = n.ais("pads", Dims(2 * sp, 0));
+  if (s.size() != sp || d.size() != sp || pads.size() != 2 * sp) throw Reject{"attribute ranks"};
   std::string ap = n.as("auto_pad", "NOTSET");
-  Dims pl{pads[0], pads[1]}, pr{pads[2], pads[3]};
+  Dims pl(pads.begin(), pads.begin() + sp), pr(pads.begin() + sp, pads.end());
   if (ap == "SAME_UPPER" || ap == "SAME_LOWER") {
-    for (int k = 0; k < 2; ++k) {
+    for (size_t k = 0; k < sp; ++k) {
       int64_t eff = (ks[k] - 1) * d[k] + 1, in = x[2 + k];
       int64_t residual = s[k] > 1 ? in % s[k] : 0;
       int64_t total = std::max<int64_t>(0, residual == 0 ? eff - s[k] : eff - residual);
@@ -859,12 +883,13 @@ void Builder::conv(size_t i) {
       pr[k] = ap == "SAME_UPPER" ? big : small;
     }
   } else if (ap == "VALID") {
-    pl = pr = {0, 0};
+    pl = pr = Dims(sp, 0);
   } else if (ap != "NOTSET" && !ap.empty()) {
     throw Reject{"auto_pad " + ap};
   }
-  Dims y{N, M, 0, 0};
-  for (int k = 0; k < 2; ++k) {
+  Dims y{N, M};
+  y.resize(x.size(), 0);
+  for (size_t k = 0; k < sp; ++k) {
     if (s[k] <= 0 || d[k] <= 0 || pl[k] < 0 || pr[k] < 0) throw Reject{"bad geometry"};
     int64_t span = x[2 + k] + pl[k] + pr[k] - ((ks[k] - 1) * d[k] + 1);
     if (span < 0) throw Reject{"kernel larger than the padded input"};
@@ -888,25 +913,25 @@ void Builder::conv(size_t i) {
   }
   for (size_t k = 0; k < f.conv_bias_add.size(); ++k) bias[k] += f.conv_bias_add[k];
 
-  Dims wd = g > 1 ? Dims{g, M / g, C / g, ks[0], ks[1]} : Dims{M, C, ks[0], ks[1]};
+  Dims wd = g > 1 ? Dims{g, M / g, C / g} : Dims{M, C};
+  wd.insert(wd.end(), ks.begin(), ks.end());
   md_t wany(to_dnnl(wd), act_, tag::any), bmd({M}, dt::f32, tag::a), none;
   const Val& xv = val(n.in[0]);
   // Source: the producer's layout when blocked and of this node's type; the plain layout only for few channels (the
   // first layer). An nhwc source (from a brgemm convolution, below) is not kept: this convolution takes its own choice.
-  bool keep_src = ((!is_plain_dense(xv.md) && xv.md != md_t(to_dnnl(x), act_, tag::nhwc)) || C < 8) &&
+  bool keep_src = ((!is_plain_dense(xv.md) && xv.md != md_t(to_dnnl(x), act_, channels_last_tag(x.size()))) || C < 8) &&
                   xv.md.data_type() == act_;
   md_t src = keep_src ? xv.md : md_t(to_dnnl(x), act_, tag::any);
-  md_t dst = M % 16 == 0 ? md_t(to_dnnl(y), act_, tag::nChw16c) : md_t(to_dnnl(y), act_, tag::any);
+  md_t dst = M % 16 == 0 ? md_t(to_dnnl(y), act_, blocked16_tag(y.size())) : md_t(to_dnnl(y), act_, tag::any);
   dnnl::primitive_attr attr;
   attr.set_post_ops(f.po);
-  bool wino = g_options.winograd && ks[0] == 3 && ks[1] == 3 && g == 1 && s[0] == 1 && s[1] == 1 && d[0] == 1 &&
-              d[1] == 1 && C >= 16 && M >= 16;
+  bool wino = g_options.winograd && sp == 2 && ks[0] == 3 && ks[1] == 3 && g == 1 && s[0] == 1 && s[1] == 1 &&
+              d[0] == 1 && d[1] == 1 && C >= 16 && M >= 16;
   std::unique_ptr<dnnl::convolution_forward::primitive_desc> pd;
   auto make = [&](alg a, const md_t& sm, const md_t& dm) {
     try {
       dnnl::convolution_forward::desc cd(dnnl::prop_kind::forward_inference, a, sm, wany, has_bias ? bmd : none, dm,
-                                         to_dnnl(s), dnnl::memory::dims{d[0] - 1, d[1] - 1}, to_dnnl(pl),
-                                         to_dnnl(pr));
+                                         to_dnnl(s), dnnl_dilations(d), to_dnnl(pl), to_dnnl(pr));
       pd = std::make_unique<dnnl::convolution_forward::primitive_desc>(cd, attr, engine());
     } catch (const dnnl::error&) {
       pd.reset();
@@ -914,8 +939,8 @@ void Builder::conv(size_t i) {
   };
   md_t src_any(to_dnnl(x), act_, tag::any), dst_any(to_dnnl(y), act_, tag::any);
   auto is_ref = [&] { return pd && std::string(pd->impl_info_str()).rfind("ref", 0) == 0; };
-  const double conv_flops = 2.0 * numel(y) * (C / g) * ks[0] * ks[1];
-  if (g == 1 && ks[0] == 1 && ks[1] == 1 && s[0] == 1 && s[1] == 1 && pl == Dims{0, 0} && pr == Dims{0, 0} &&
+  const double conv_flops = 2.0 * numel(y) * (C / g) * prod(ks);
+  if (sp == 2 && g == 1 && ks[0] == 1 && ks[1] == 1 && s[0] == 1 && s[1] == 1 && pl == Dims{0, 0} && pr == Dims{0, 0} &&
       M % 16 == 0 && f.sum_with.empty() && act_ == dt::f32 &&
       conv_dw_fused(i, f, src, wany, bmd, w, bias, conv_flops))
     return;
@@ -925,8 +950,9 @@ void Builder::conv(size_t i) {
   // run of each step over 4 interleaved rounds, KEEL_ONEDNN_PROFILE): the 3x3 stride-2 convolutions at 56/28/14 px
   // went from 1.27/1.41/1.77 ms to 1.15/1.19/1.60 ms with their reorders; on its own at 2 threads brgemm is level or
   // ahead. Only when oneDNN picks brgemm for it (nhwc with a jit kernel is no better than nChw16c).
-  if (!pd && g == 1 && ks[0] * ks[1] > 1 && C >= 32 && M >= 32 && C % 16 == 0 && M % 16 == 0) {
-    make(alg::convolution_direct, md_t(to_dnnl(x), act_, tag::nhwc), md_t(to_dnnl(y), act_, tag::nhwc));
+  if (!pd && g == 1 && prod(ks) > 1 && C >= 32 && M >= 32 && C % 16 == 0 && M % 16 == 0) {
+    make(alg::convolution_direct, md_t(to_dnnl(x), act_, channels_last_tag(x.size())),
+         md_t(to_dnnl(y), act_, channels_last_tag(y.size())));
     if (pd && std::string(pd->impl_info_str()).rfind("brg", 0) != 0) pd.reset();
   }
   if (!pd) make(alg::convolution_direct, src, dst);
@@ -937,14 +963,14 @@ void Builder::conv(size_t i) {
   // choice of layouts, before settling for the reference.
   if (is_ref()) {
     auto ref_pd = std::move(pd);
-    md_t src_plain(to_dnnl(x), act_, tag::nchw);
+    md_t src_plain(to_dnnl(x), act_, plain_tag(x.size()));
     make(alg::convolution_direct, src_plain, dst);
     if (is_ref() || !pd) make(alg::convolution_direct, src_plain, dst_any);
     if (is_ref() || !pd) make(alg::convolution_direct, src_any, dst_any);
     if (is_ref() || !pd) pd = std::move(ref_pd);
   }
   if (!pd) throw Reject{"oneDNN has no convolution for this case"};
-  md_t wplain(to_dnnl(wd), dt::f32, g > 1 ? tag::goihw : tag::oihw);
+  md_t wplain(to_dnnl(wd), dt::f32, weights_tag(sp, g > 1, false));
   conv_like_tail(i, f, dnnl::convolution_forward(*pd), pd->src_desc(), pd->weights_desc(), pd->dst_desc(), wplain,
                  w, has_bias, bias, conv_flops);
 }
@@ -1093,24 +1119,28 @@ void Builder::deconv(size_t i) {
   const ConstT* W = cst(n.in_at(1));
   const ConstT* B = n.in_at(2).empty() ? nullptr : cst(n.in_at(2));
   if (!W || W->dtype != KEEL_DTYPE_F32 || (!n.in_at(2).empty() && !B)) throw Reject{"non-constant weights"};
-  if (x.size() != 4 || W->dims.size() != 4) throw Reject{"2-D transposed convolutions only"};
+  // 2-D and 3-D (1-D ones arrive lifted to 2-D: lift_1d).
+  if ((x.size() != 4 && x.size() != 5) || W->dims.size() != x.size())
+    throw Reject{"2-D and 3-D transposed convolutions only"};
   if (n.has("output_shape")) throw Reject{"output_shape"};
+  const size_t sp = x.size() - 2;
   const int64_t N = x[0], C = x[1], g = n.ai("group", 1);
   if (g <= 0 || C != W->dims[0] || C % g != 0) throw Reject{"channels do not match weights and group"};
   const int64_t M = W->dims[1] * g;
-  Dims ks{W->dims[2], W->dims[3]};
+  Dims ks(W->dims.begin() + 2, W->dims.end());
   if (n.ais("kernel_shape", ks) != ks) throw Reject{"kernel_shape differs from the weights"};
-  Dims s = n.ais("strides", {1, 1}), d = n.ais("dilations", {1, 1}), pads = n.ais("pads", {0, 0, 0, 0}),
-       opad = n.ais("output_padding", {0, 0});
-  if (s.size() != 2 || d.size() != 2 || pads.size() != 4 || opad.size() != 2) throw Reject{"attribute ranks"};
+  Dims s = n.ais("strides", Dims(sp, 1)), d = n.ais("dilations", Dims(sp, 1)), pads = n.ais("pads", Dims(2 * sp, 0)),
+       opad = n.ais("output_padding", Dims(sp, 0));
+  if (s.size() != sp || d.size() != sp || pads.size() != 2 * sp || opad.size() != sp) throw Reject{"attribute ranks"};
   std::string ap = n.as("auto_pad", "NOTSET");
-  if (ap == "VALID") pads = {0, 0, 0, 0};
+  if (ap == "VALID") pads = Dims(2 * sp, 0);
   else if (ap != "NOTSET" && !ap.empty()) throw Reject{"auto_pad " + ap};
-  Dims pl{pads[0], pads[1]}, pr(2), y{N, M, 0, 0};
-  for (int k = 0; k < 2; ++k) {
-    if (s[k] <= 0 || d[k] <= 0 || pads[k] < 0 || pads[k + 2] < 0 || opad[k] < 0) throw Reject{"bad geometry"};
-    y[2 + k] = s[k] * (x[2 + k] - 1) + opad[k] + (ks[k] - 1) * d[k] + 1 - pads[k] - pads[k + 2];
-    pr[k] = pads[k + 2] - opad[k];
+  Dims pl(pads.begin(), pads.begin() + sp), pr(sp), y{N, M};
+  y.resize(x.size(), 0);
+  for (size_t k = 0; k < sp; ++k) {
+    if (s[k] <= 0 || d[k] <= 0 || pads[k] < 0 || pads[k + sp] < 0 || opad[k] < 0) throw Reject{"bad geometry"};
+    y[2 + k] = s[k] * (x[2 + k] - 1) + opad[k] + (ks[k] - 1) * d[k] + 1 - pads[k] - pads[k + sp];
+    pr[k] = pads[k + sp] - opad[k];
     if (y[2 + k] <= 0) throw Reject{"empty output"};
     if (pr[k] < 0) throw Reject{"output_padding larger than the end pad"};
   }
@@ -1124,7 +1154,7 @@ void Builder::deconv(size_t i) {
     for (int64_t k = 0; k < M; ++k) bias[k] = static_cast<float>(B->at(k));
   }
   if (!f.bn_scale.empty()) {
-    const int64_t per = ks[0] * ks[1], mg = M / g, cg = C / g;
+    const int64_t per = prod(ks), mg = M / g, cg = C / g;
     for (int64_t c = 0; c < C; ++c)
       for (int64_t o = 0; o < mg; ++o) {
         const int64_t m = (c / cg) * mg + o;
@@ -1133,13 +1163,14 @@ void Builder::deconv(size_t i) {
     for (int64_t m = 0; m < M; ++m) bias[m] = bias[m] * f.bn_scale[m] + f.bn_shift[m];
   }
   for (size_t k = 0; k < f.conv_bias_add.size(); ++k) bias[k] += f.conv_bias_add[k];
-  Dims wd = g > 1 ? Dims{g, M / g, C / g, ks[0], ks[1]} : Dims{M, C, ks[0], ks[1]};
+  Dims wd = g > 1 ? Dims{g, M / g, C / g} : Dims{M, C};
+  wd.insert(wd.end(), ks.begin(), ks.end());
   md_t wany(to_dnnl(wd), act_, tag::any), bmd({M}, dt::f32, tag::a), none;
   const Val& xv = val(n.in[0]);
-  bool keep_src = ((!is_plain_dense(xv.md) && xv.md != md_t(to_dnnl(x), act_, tag::nhwc)) || C < 8) &&
+  bool keep_src = ((!is_plain_dense(xv.md) && xv.md != md_t(to_dnnl(x), act_, channels_last_tag(x.size()))) || C < 8) &&
                   xv.md.data_type() == act_;
   md_t src = keep_src ? xv.md : md_t(to_dnnl(x), act_, tag::any);
-  md_t dst = M % 16 == 0 ? md_t(to_dnnl(y), act_, tag::nChw16c) : md_t(to_dnnl(y), act_, tag::any);
+  md_t dst = M % 16 == 0 ? md_t(to_dnnl(y), act_, blocked16_tag(y.size())) : md_t(to_dnnl(y), act_, tag::any);
   dnnl::primitive_attr attr;
   attr.set_post_ops(f.po);
   std::unique_ptr<dnnl::deconvolution_forward::primitive_desc> pd;
@@ -1148,17 +1179,17 @@ void Builder::deconv(size_t i) {
     md_t dm = attempt == 0 ? dst : md_t(to_dnnl(y), act_, tag::any);
     try {
       dnnl::deconvolution_forward::desc dd(dnnl::prop_kind::forward_inference, alg::deconvolution_direct, sm, wany,
-                                           has_bias ? bmd : none, dm, to_dnnl(s),
-                                           dnnl::memory::dims{d[0] - 1, d[1] - 1}, to_dnnl(pl), to_dnnl(pr));
+                                           has_bias ? bmd : none, dm, to_dnnl(s), dnnl_dilations(d),
+                                           to_dnnl(pl), to_dnnl(pr));
       pd = std::make_unique<dnnl::deconvolution_forward::primitive_desc>(dd, attr, engine());
     } catch (const dnnl::error&) {
       pd.reset();
     }
   }
   if (!pd) throw Reject{"oneDNN has no deconvolution for this case"};
-  md_t wplain(to_dnnl(wd), dt::f32, g > 1 ? tag::giohw : tag::iohw);
+  md_t wplain(to_dnnl(wd), dt::f32, weights_tag(sp, g > 1, true));
   conv_like_tail(i, f, dnnl::deconvolution_forward(*pd), pd->src_desc(), pd->weights_desc(), pd->dst_desc(), wplain,
-                 w, has_bias, bias, 2.0 * numel(x) * (M / g) * ks[0] * ks[1]);
+                 w, has_bias, bias, 2.0 * numel(x) * (M / g) * prod(ks));
 }
 
 // MatMul (batched, broadcast; B constant or a value) and Gemm (constant B, C a constant bias).
@@ -1256,6 +1287,33 @@ void Builder::matmul(size_t i) {
   if (scale != 1.f) attr.set_output_scales(0, {scale});
   attr.set_post_ops(f.po);
   md_t ymd = plain_md(y);
+  // A product read only by a Transpose (attention's heads, [B,H,S,Dh] -> [B,S,H,Dh], before the Reshape that joins
+  // them): written straight into the transposed layout (oneDNN's brgemm matmul takes a strided destination), so the
+  // Transpose is a plain value and costs nothing.
+  size_t tr = collapse || !f.sum_with.empty() ? npos : sole_user(f.out);
+  Dims yt;
+  if (tr != npos) {
+    const NodeDesc& t = r_.nodes[tr];
+    Dims perm = t.ais("perm", {});
+    if (perm.empty())
+      for (size_t k = y.size(); k-- > 0;) perm.push_back(static_cast<int64_t>(k));
+    bool ok = t.op == "Transpose" && t.out.size() == 1 && t.in[0] == f.out && perm.size() == y.size();
+    std::vector<bool> seen(y.size(), false);
+    for (size_t k = 0; ok && k < perm.size(); ++k) {
+      ok = perm[k] >= 0 && perm[k] < static_cast<int64_t>(y.size()) && !seen[perm[k]];
+      if (ok) seen[perm[k]] = true;
+    }
+    if (ok) {
+      yt.resize(y.size());
+      for (size_t k = 0; k < y.size(); ++k) yt[k] = y[perm[k]];
+      Dims st(y.size(), 1), ys(y.size());
+      for (size_t k = y.size() - 1; k-- > 0;) st[k] = st[k + 1] * yt[k + 1];
+      for (size_t k = 0; k < y.size(); ++k) ys[perm[k]] = st[k];
+      ymd = strided_md(y, ys, act_);
+    } else {
+      tr = npos;
+    }
+  }
   // Weights: a constant is prepacked in the primitive's layout; a value is read where it is.
   const ConstT* bc = cst(bn);
   md_t bmd;
@@ -1292,6 +1350,16 @@ void Builder::matmul(size_t i) {
     if (pd) a_direct = true, b_direct = !bc && !bmd_view.is_zero();
   }
   if (!pd) pd = try_pd(plain_md(a), bc ? bmd : plain_md(b));
+  if (!pd && tr != npos) {  // no jit matmul writes that transposed layout: a plain product, the Transpose after it
+    tr = npos;
+    ymd = plain_md(y);
+    a_direct = b_direct = false;
+    if (!amd_view.is_zero()) {
+      pd = try_pd(amd_view, bc ? bmd : (!bmd_view.is_zero() ? bmd_view : plain_md(b)));
+      if (pd) a_direct = true, b_direct = !bc && !bmd_view.is_zero();
+    }
+    if (!pd) pd = try_pd(plain_md(a), bc ? bmd : plain_md(b));
+  }
   if (!pd) throw Reject{"oneDNN has no matmul for this case"};
   std::unordered_map<int, dnnl::memory> args;
   if (a_direct) {
@@ -1344,9 +1412,10 @@ void Builder::matmul(size_t i) {
       exec(dnnl::reorder(s1, d1), {{DNNL_ARG_FROM, s1}, {DNNL_ARG_TO, d1}});
     }
   }
-  Val& out = define(f.out, plain_md(y_final), dbuf);
-  // (Written as [rows, N] when collapsed: the same plain memory.)
+  Val& out = tr != npos ? define(r_.nodes[tr].out[0], plain_md(yt), dbuf) : define(f.out, plain_md(y_final), dbuf);
+  // (Written as [rows, N] when collapsed: the same plain memory; through the Transpose's strides when it follows.)
   args[DNNL_ARG_DST] = mem_at(ymd, out.buf, out.off);
+  if (tr != npos) done_[tr] = true;
   p_->flops += 2.0 * numel(y) * a.back();
   exec(dnnl::matmul(*pd), std::move(args));
   for (size_t k : f.nodes) done_[k] = true;
@@ -1355,23 +1424,25 @@ void Builder::matmul(size_t i) {
 void Builder::pool(size_t i) {
   const NodeDesc& n = r_.nodes[i];
   Dims x = dims_of(n.in[0]);
-  if (x.size() != 4) throw Reject{"2-D pooling only"};
+  // 2-D and 3-D (1-D ones arrive lifted to 2-D: lift_1d).
+  if (x.size() != 4 && x.size() != 5) throw Reject{"2-D and 3-D pooling only"};
   if (n.out.size() > 1 && !n.out[1].empty()) throw Reject{"Indices output"};
+  const size_t sp = x.size() - 2;
   const bool global = n.op.rfind("Global", 0) == 0, mx = n.op.find("Max") != std::string::npos;
-  Dims k{x[2], x[3]}, s{1, 1}, dl{1, 1}, pl{0, 0}, pr{0, 0}, out{1, 1};
+  Dims k(x.begin() + 2, x.end()), s(sp, 1), dl(sp, 1), pl(sp, 0), pr(sp, 0), out(sp, 1);
   if (!global) {
     k = n.ais("kernel_shape", {});
-    s = n.ais("strides", {1, 1});
-    dl = mx ? n.ais("dilations", {1, 1}) : Dims{1, 1};
-    Dims pads = n.ais("pads", {0, 0, 0, 0});
-    if (k.size() != 2 || s.size() != 2 || dl.size() != 2 || pads.size() != 4) throw Reject{"attribute ranks"};
+    s = n.ais("strides", Dims(sp, 1));
+    dl = mx ? n.ais("dilations", Dims(sp, 1)) : Dims(sp, 1);
+    Dims pads = n.ais("pads", Dims(2 * sp, 0));
+    if (k.size() != sp || s.size() != sp || dl.size() != sp || pads.size() != 2 * sp) throw Reject{"attribute ranks"};
     if (mx && n.ai("storage_order", 0) != 0) throw Reject{"storage_order"};
     std::string ap = n.as("auto_pad", "NOTSET");
     if (ap != "NOTSET" && !ap.empty() && ap != "VALID") throw Reject{"auto_pad " + ap};
-    if (ap != "VALID") pl = {pads[0], pads[1]}, pr = {pads[2], pads[3]};
+    if (ap != "VALID") pl.assign(pads.begin(), pads.begin() + sp), pr.assign(pads.begin() + sp, pads.end());
     bool ceil = n.ai("ceil_mode", 0) != 0;
     if (!mx && ceil && n.ai("count_include_pad", 0)) throw Reject{"ceil_mode with count_include_pad"};
-    for (int j = 0; j < 2; ++j) {
+    for (size_t j = 0; j < sp; ++j) {
       int64_t eff = (k[j] - 1) * dl[j] + 1;
       int64_t span = x[2 + j] + pl[j] + pr[j] - eff;
       if (span < 0 || s[j] <= 0) throw Reject{"bad geometry"};
@@ -1379,7 +1450,8 @@ void Builder::pool(size_t i) {
       if (ceil) pr[j] = std::max(pr[j], (out[j] - 1) * s[j] + eff - x[2 + j] - pl[j]);
     }
   }
-  Dims y{x[0], x[1], out[0], out[1]};
+  Dims y{x[0], x[1]};
+  y.insert(y.end(), out.begin(), out.end());
   alg a = mx ? alg::pooling_max
              : (global || n.ai("count_include_pad", 0) ? alg::pooling_avg_include_padding
                                                        : alg::pooling_avg_exclude_padding);
@@ -1408,8 +1480,7 @@ void Builder::pool(size_t i) {
   dnnl::primitive_attr attr;
   attr.set_post_ops(f.po);
   dnnl::pooling_v2_forward::desc d(dnnl::prop_kind::forward_inference, a, xv.md, md_t(to_dnnl(y), act_, tag::any),
-                                   to_dnnl(s), to_dnnl(k), dnnl::memory::dims{dl[0] - 1, dl[1] - 1}, to_dnnl(pl),
-                                   to_dnnl(pr));
+                                   to_dnnl(s), to_dnnl(k), dnnl_dilations(dl), to_dnnl(pl), to_dnnl(pr));
   dnnl::pooling_v2_forward::primitive_desc pd;
   try {
     pd = dnnl::pooling_v2_forward::primitive_desc(d, attr, engine());
@@ -1492,9 +1563,11 @@ void Builder::binary(size_t i) {
     if (!is_plain_dense(m0)) {
       // Per-channel over nChw16c: oneDNN's jit kernel wants the [N,C,1,1] second source blocked the same way (for
       // C % 16 == 0 the same bytes as the plain one); any other broadcast runs over plain memory.
-      bool per_channel = y.size() == 4 && e[2] == 1 && e[3] == 1 && (e[0] == 1 || e[0] == y[0]) &&
-                         e[1] == y[1] && y[1] % 16 == 0 && m0 == md_t(to_dnnl(y), act_, tag::nChw16c);
-      if (per_channel) m1 = md_t(to_dnnl(e), act_, tag::nChw16c);
+      // (3-D: [N,C,1,1,1] over nCdhw16c alike.)
+      bool per_channel = (y.size() == 4 || y.size() == 5) && (e[0] == 1 || e[0] == y[0]) && e[1] == y[1] &&
+                         y[1] % 16 == 0 && m0 == md_t(to_dnnl(y), act_, blocked16_tag(y.size()));
+      for (size_t k = 2; k < e.size() && per_channel; ++k) per_channel = e[k] == 1;
+      if (per_channel) m1 = md_t(to_dnnl(e), act_, blocked16_tag(e.size()));
       else m0 = plain_md(y);
     }
   }
@@ -1507,7 +1580,8 @@ void Builder::binary(size_t i) {
   } else {
     s1 = val(x1);
     bool same_bytes = s1.scale == 1.f && m1 != plain_md(e) && numel(d1) == numel(e) &&
-                      (is_plain_dense(s1.md) || s1.md == md_t(to_dnnl(md_dims(s1.md)), act_, tag::nChw16c));
+                      (is_plain_dense(s1.md) ||
+                       (md_dims(s1.md).size() == e.size() && s1.md == md_t(to_dnnl(e), act_, blocked16_tag(e.size()))));
     if (!same_bytes) s1 = as_plain(x1);
   }
   if (s1.md.data_type() != m1.data_type() || m0.data_type() != act_) throw Reject{"operands of different dtypes"};
@@ -1766,6 +1840,22 @@ void Builder::reshape_like(size_t i) {
   o.md = plain_md(y);
   p_->bufs[o.buf].values++;
   vals_[n.out[0]] = o;
+}
+
+// Pad with constant all-zero pads (torch exports AvgPool3d/AvgPool1d with one): a view of its input.
+void Builder::pad(size_t i) {
+  const NodeDesc& n = r_.nodes[i];
+  if (n.as("mode", "constant") != "constant") throw Reject{"Pad mode other than constant"};
+  const ConstT* p = cst(n.in_at(1));
+  if (!p) throw Reject{"non-constant pads"};
+  if (n.has("pads") || n.in.size() > 3) throw Reject{"Pad form"};
+  for (int64_t k = 0; k < p->count(); ++k)
+    if (p->iat(k) != 0) throw Reject{"Pad with non-zero pads"};
+  if (dims_of(n.in[0]) != dims_of(n.out[0])) throw Reject{"shape changes"};
+  const Val v = val(n.in[0]);
+  if (v.scale != 1.f) throw Reject{"scaled input"};
+  vals_[n.out[0]] = v;
+  p_->bufs[v.buf].values++;
 }
 
 // Transpose: a strided view when the input is plain-strided (normalised to plain when it is dense), else a
@@ -2113,7 +2203,7 @@ const std::set<std::string>& compute_ops() {
       "Conv", "ConvTranspose", "BatchNormalization", "Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "Add", "Sub",
       "Mul", "Div", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Concat", "MatMul", "Gemm", "Softmax",
       "LayerNormalization", "Transpose", "Slice", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity",
-      "Dropout", "ReduceMean", "Pow", "Sqrt", "Gelu", "Cast"};
+      "Dropout", "ReduceMean", "Pow", "Sqrt", "Gelu", "Cast", "Pad"};
   return s;
 }
 // ai.onnx nodes, and the keel ops (ops/schemas.cc) that mean what their ai.onnx namesakes mean: keel.Gelu is Gelu-20,
@@ -2125,7 +2215,7 @@ bool claimable_domain(const char* domain, const std::string& op) {
 // Ops that only move or view data: a claim needs real work besides them.
 bool is_view_op(const std::string& op) {
   return op == "Transpose" || op == "Slice" || op == "Reshape" || op == "Flatten" || op == "Squeeze" ||
-         op == "Unsqueeze" || op == "Identity" || op == "Dropout";
+         op == "Unsqueeze" || op == "Identity" || op == "Dropout" || op == "Pad";
 }
 
 // A constant's host copy; bf16 values are widened to f32 (exactly), which the builder converts back where a bf16
@@ -2147,6 +2237,167 @@ ConstT const_of(const keel_tensor_t* t) {
   }
   c.bytes.assign(p, p + t->byte_size);
   return c;
+}
+
+// 1-D convolutions, transposed convolutions and poolings run as 2-D ones: [N,C,L] is [N,C,1,L] (the same bytes, plain
+// or blocked), kernel 1xk, stride 1xs, pads (0,b)/(0,e). The lift rewrites the recipe before the plan is built, so
+// the 2-D code (algorithms, layouts, post-ops, the residual sum) serves 1-D networks unchanged:
+//   - the rank-3 values connected to a 1-D Conv/ConvTranspose/pool through ops that do not care about the rank
+//     (BatchNormalization, activations, Add/Sub/Mul/Div, Concat, Identity, Dropout) get rank-4 twins "v@2d";
+//   - those nodes read and write the twins; their attributes (kernel_shape, strides, dilations, pads,
+//     output_padding, Concat's axis) and constant operands (weights [M,C/g,k] -> [M,C/g,1,k], broadcast constants
+//     [C,1] -> [C,1,1]) are lifted with them;
+//   - where the rank-3 value itself is needed (a boundary input or output, a reader such as MatMul, Transpose,
+//     Softmax), an Identity view joins the two (a reorder to the plain layout when the value is blocked).
+void lift_1d(Recipe& r) {
+  auto rank3 = [&](const std::string& v) {
+    auto d = r.dims.find(v);
+    return !v.empty() && !r.consts.count(v) && d != r.dims.end() && d->second.size() == 3;
+  };
+  auto seed = [&](const NodeDesc& n) {
+    static const std::set<std::string> ops{"Conv", "ConvTranspose", "MaxPool", "AveragePool", "GlobalAveragePool",
+                                           "GlobalMaxPool"};
+    if (!ops.count(n.op) || n.in.empty() || n.out.empty() || !rank3(n.in[0]) || !rank3(n.out[0])) return false;
+    if (n.op == "Conv" || n.op == "ConvTranspose") {
+      auto w = r.consts.find(n.in_at(1));
+      if (w == r.consts.end() || w->second.dims.size() != 3) return false;
+    }
+    return true;
+  };
+  // The data values (not constants) a liftable node reads and writes; empty when the node is not liftable.
+  auto data_of = [&](const NodeDesc& n) -> std::vector<std::string> {
+    static const std::set<std::string> unary{"BatchNormalization", "Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh",
+                                             "Gelu", "Identity", "Dropout", "Pad"};
+    if (seed(n) || unary.count(n.op)) {
+      if (n.in.empty() || n.out.empty() || !rank3(n.in[0]) || !rank3(n.out[0])) return {};
+      for (size_t k = 1; k < n.in.size(); ++k)
+        if (!n.in[k].empty() && !r.consts.count(n.in[k])) return {};
+      for (size_t k = 1; k < n.out.size(); ++k)
+        if (!n.out[k].empty()) return {};
+      return {n.in[0], n.out[0]};
+    }
+    if (n.op == "Add" || n.op == "Sub" || n.op == "Mul" || n.op == "Div" || n.op == "Concat") {
+      std::vector<std::string> d;
+      if (n.out.size() != 1 || !rank3(n.out[0])) return {};
+      for (const auto& v : n.in) {
+        if (v.empty()) return {};
+        if (auto c = r.consts.find(v); c != r.consts.end()) {
+          if (n.op == "Concat" || c->second.dims.size() > 3) return {};
+          continue;
+        }
+        if (!rank3(v)) return {};
+        d.push_back(v);
+      }
+      d.push_back(n.out[0]);
+      return d;
+    }
+    return {};
+  };
+  std::set<std::string> lifted;
+  for (const NodeDesc& n : r.nodes)
+    if (seed(n)) lifted.insert({n.in[0], n.out[0]});
+  if (lifted.empty()) return;
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (const NodeDesc& n : r.nodes) {
+      auto d = data_of(n);
+      bool any = false;
+      for (const auto& v : d) any = any || lifted.count(v);
+      if (any)
+        for (const auto& v : d) grew = lifted.insert(v).second || grew;
+    }
+  }
+  auto twin = [](const std::string& v) { return v + "@2d"; };
+  auto up = [](Dims d) {  // [N,C,L] -> [N,C,1,L]
+    d.insert(d.begin() + 2, 1);
+    return d;
+  };
+  for (const auto& v : lifted) {
+    r.dims[twin(v)] = up(r.dims.at(v));
+    if (auto t = r.dtypes.find(v); t != r.dtypes.end()) r.dtypes[twin(v)] = t->second;
+  }
+  auto lift_const = [&](const std::string& c, bool weights) {
+    const ConstT& k = r.consts.at(c);
+    Dims d = k.dims;
+    if (weights) {
+      d.insert(d.begin() + 2, 1);
+    } else {  // a broadcast operand of a rank-3 value
+      if (d.size() < 2) return c;
+      while (d.size() < 3) d.insert(d.begin(), 1);
+      d = up(d);
+    }
+    std::string name = c + (weights ? "@2dw" : "@2d");
+    if (!r.consts.count(name)) {
+      ConstT t = k;
+      t.dims = d;
+      r.consts[name] = std::move(t);
+    }
+    return name;
+  };
+  auto lift_ints = [](NodeDesc& n, const char* name, int64_t fill, bool pads) {
+    auto it = n.attrs.find(name);
+    if (it == n.attrs.end() || it->second.kind != KEEL_ATTR_INTS) return;
+    Dims& a = it->second.ints;
+    if (pads && a.size() == 2) a = {fill, a[0], fill, a[1]};
+    else if (!pads && a.size() == 1) a.insert(a.begin(), fill);
+  };
+  std::set<std::string> produced_by_lifted, needs_rank3;
+  std::vector<bool> rewrite(r.nodes.size(), false);
+  for (size_t i = 0; i < r.nodes.size(); ++i) {
+    auto d = data_of(r.nodes[i]);
+    rewrite[i] = !d.empty() && lifted.count(d.front());
+    if (rewrite[i])
+      for (const auto& o : r.nodes[i].out) produced_by_lifted.insert(o);
+    else
+      for (const auto& v : r.nodes[i].in)
+        if (lifted.count(v)) needs_rank3.insert(v);
+  }
+  for (const auto& o : r.outputs)
+    if (lifted.count(o)) needs_rank3.insert(o);
+  std::vector<NodeDesc> out;
+  auto view = [&](const NodeDesc& near, const std::string& from, const std::string& to) {
+    NodeDesc v;
+    v.id = near.id;
+    v.op = "Identity";
+    v.name = near.name + "/rank";
+    v.in = {from};
+    v.out = {to};
+    out.push_back(std::move(v));
+  };
+  // Lifted values nobody in the claim produces (boundary inputs): a view at the start.
+  for (const auto& v : lifted)
+    if (!produced_by_lifted.count(v) && std::find(r.inputs.begin(), r.inputs.end(), v) != r.inputs.end())
+      view(r.nodes.front(), v, twin(v));
+  for (size_t i = 0; i < r.nodes.size(); ++i) {
+    NodeDesc n = r.nodes[i];
+    if (rewrite[i]) {
+      const bool w = n.op == "Conv" || n.op == "ConvTranspose";
+      for (size_t k = 0; k < n.in.size(); ++k) {
+        if (lifted.count(n.in[k])) n.in[k] = twin(n.in[k]);
+        else if (!n.in[k].empty() && r.consts.count(n.in[k]) && ((w && k == 1) || n.op == "Add" || n.op == "Sub" ||
+                                                                 n.op == "Mul" || n.op == "Div"))
+          n.in[k] = lift_const(n.in[k], w);
+      }
+      for (auto& o : n.out)
+        if (lifted.count(o)) o = twin(o);
+      for (const char* a : {"kernel_shape", "strides", "dilations"}) lift_ints(n, a, 1, false);
+      lift_ints(n, "output_padding", 0, false);
+      lift_ints(n, "pads", 0, true);
+      if (n.op == "Concat") {
+        int64_t axis = n.ai("axis", 0);
+        if (axis < 0) axis += 3;
+        n.attrs["axis"].kind = KEEL_ATTR_INT;
+        n.attrs["axis"].i = axis == 2 ? 3 : axis;
+      }
+    }
+    out.push_back(n);
+    for (const auto& o : r.nodes[i].out) {
+      if (!lifted.count(o)) continue;
+      if (rewrite[i] && needs_rank3.count(o)) view(r.nodes[i], twin(o), o);
+      else if (!rewrite[i]) view(r.nodes[i], o, twin(o));
+    }
+  }
+  r.nodes = std::move(out);
 }
 
 keel_status_t claim_chains(void*, const G* g, const keel_graph_api_t* api, keel_subgraph_sink_t* sink) {
@@ -2388,6 +2639,7 @@ keel_status_t claim_chains(void*, const G* g, const keel_graph_api_t* api, keel_
         }
         nm << ")";
         r.name = nm.str();
+        lift_1d(r);
         try {
           chain->plan = Builder(r).build();
         } catch (const NodeReject& e) {

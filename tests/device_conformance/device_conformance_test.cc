@@ -171,6 +171,31 @@ TEST(DeviceConformance, ChainsAllocateNothingInSteadyState) {
   }
 }
 
+// Chain cases marked claim_whole (1-D and 3-D convolution blocks, ...) run as one claimed oneDNN subgraph: no node
+// of theirs on a kernel of its own.
+TEST(DeviceConformance, ChainsClaimedWhole) {
+  Envs& e = envs();
+  ASSERT_TRUE(e.dut);
+  if (!plugin_loaded(*e.dut, "cpu_onednn")) GTEST_SKIP() << "cpu_onednn is not loaded";
+  int cases = 0;
+  for (const OpCase& c : all_cases()) {
+    if (c.chain.empty() || !c.claim_whole) continue;
+    ++cases;
+    Built b = build(c);
+    SessionOptions so;
+    so.devices = {"cpu"};
+    auto s = Session::create(*e.dut, std::move(b.graph), so);
+    ASSERT_TRUE(s.is_ok()) << c.label << ": " << s.status().to_string();
+    int subgraphs = 0;
+    for (const auto& [node, op, dev, kernel] : (*s)->placement()) {
+      if (op == "Subgraph" && kernel.rfind("onednn_chain(", 0) == 0) ++subgraphs;
+      else ADD_FAILURE() << c.label << ": node " << node << " (" << op << ") ran on " << kernel << ", not in the chain";
+    }
+    EXPECT_EQ(subgraphs, 1) << c.label;
+  }
+  EXPECT_GT(cases, 0);
+}
+
 TEST(DeviceConformance, OtherDevices) {
   Envs& e = envs();
   ASSERT_TRUE(e.dut && e.oracle);

@@ -978,6 +978,77 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // A 1-D (temporal) convolution block as audio and TCN models have it: dilated convs with BatchNormalization, a
+    // 1x1 skip, residual add, pooling, global average pool and a classifier.
+    OpCase c;
+    c.op = "Chain";
+    c.claim_whole = true;
+    c.label = "1-D conv block: conv k3, BN, relu, dilated conv, BN, 1x1 skip, add, relu, maxpool, GAP, gemm, batch 2";
+    c.inputs = {in("X", {2, 16, 37}), in("W1", {32, 16, 3}, true, -0.3f, 0.3f), in("S1", {32}, true, 0.5f, 1.5f),
+                in("T1", {32}, true), in("M1", {32}, true), in("V1", {32}, true, 0.5f, 2.f),
+                in("W2", {32, 32, 3}, true, -0.2f, 0.2f), in("S2", {32}, true, 0.5f, 1.5f), in("T2", {32}, true),
+                in("M2", {32}, true), in("V2", {32}, true, 0.5f, 2.f), in("WD", {32, 16, 1}, true, -0.4f, 0.4f),
+                in("G", {10, 32}, true), in("C", {10}, true)};
+    c.chain = {{"Conv", {"X", "W1"}, {{"kernel_shape", Is({3})}, {"pads", Is({1, 1})}}},
+               {"BatchNormalization", {"$0", "S1", "T1", "M1", "V1"}, {}},
+               {"Relu", {"$1"}, {}},
+               {"Conv", {"$2", "W2"}, {{"kernel_shape", Is({3})}, {"pads", Is({2, 2})}, {"dilations", Is({2})}}},
+               {"BatchNormalization", {"$3", "S2", "T2", "M2", "V2"}, {}},
+               {"Conv", {"X", "WD"}, {}},
+               {"Add", {"$4", "$5"}, {}},
+               {"Relu", {"$6"}, {}},
+               {"MaxPool", {"$7"}, {{"kernel_shape", Is({3})}, {"strides", Is({2})}, {"pads", Is({1, 1})}}},
+               {"GlobalAveragePool", {"$8"}, {}},
+               {"Flatten", {"$9"}, {}},
+               {"Gemm", {"$10", "G", "C"}, {{"transB", I(1)}}}};
+    v.push_back(c);
+  }
+  {
+    // 1-D text/audio front end: strided conv, a per-channel constant scale ([C,1]), ConvTranspose upsampling,
+    // average pool, concatenation along the length, then the sequence read by a Transpose and a MatMul (the
+    // rank-3 value itself).
+    OpCase c;
+    c.op = "Chain";
+    c.claim_whole = true;
+    c.label = "1-D conv s2, channel scale, ConvTranspose s2, avgpool, concat on length, transpose, matmul";
+    c.inputs = {in("X", {1, 8, 42}), in("W1", {16, 8, 5}, true, -0.3f, 0.3f), in("B1", {16}, true),
+                in("K", {16, 1}, true, 0.5f, 1.5f), in("WT", {16, 16, 4}, true, -0.2f, 0.2f), in("BT", {16}, true),
+                in("P", {16, 12}, true, -0.3f, 0.3f)};
+    c.chain = {{"Conv", {"X", "W1", "B1"}, {{"kernel_shape", Is({5})}, {"strides", Is({2})}, {"pads", Is({2, 2})}}},
+               {"Mul", {"$0", "K"}, {}},
+               {"Relu", {"$1"}, {}},
+               {"ConvTranspose", {"$2", "WT", "BT"}, {{"strides", Is({2})}, {"pads", Is({1, 1})}}},
+               {"AveragePool", {"$3"}, {{"kernel_shape", Is({3})}, {"pads", Is({1, 1})}}},
+               {"Concat", {"$2", "$4"}, {{"axis", I(-1)}}},
+               {"Transpose", {"$5"}, {{"perm", Is({0, 2, 1})}}},
+               {"MatMul", {"$6", "P"}, {}}};
+    v.push_back(c);
+  }
+  {
+    // A 3-D (video) convolution block: conv3d with BatchNormalization, maxpool3d, a 1x1x1 conv with a residual add,
+    // average pool, global average pool; batch 2.
+    OpCase c;
+    c.op = "Chain";
+    c.claim_whole = true;
+    c.label = "3-D conv block: conv 3x3x3, BN, relu, maxpool 1x2x2, 1x1x1 conv, add, relu, avgpool, GAP, batch 2";
+    c.inputs = {in("X", {2, 3, 6, 12, 12}), in("W1", {16, 3, 3, 3, 3}, true, -0.3f, 0.3f),
+                in("S1", {16}, true, 0.5f, 1.5f), in("T1", {16}, true), in("M1", {16}, true),
+                in("V1", {16}, true, 0.5f, 2.f), in("W2", {16, 16, 1, 1, 1}, true, -0.3f, 0.3f), in("B2", {16}, true),
+                in("W3", {32, 16, 3, 3, 3}, true, -0.1f, 0.1f), in("B3", {32}, true)};
+    c.chain = {{"Conv", {"X", "W1"}, {{"kernel_shape", Is({3, 3, 3})}, {"pads", Is({1, 1, 1, 1, 1, 1})}}},
+               {"BatchNormalization", {"$0", "S1", "T1", "M1", "V1"}, {}},
+               {"Relu", {"$1"}, {}},
+               {"MaxPool", {"$2"}, {{"kernel_shape", Is({1, 2, 2})}, {"strides", Is({1, 2, 2})}}},
+               {"Conv", {"$3", "W2", "B2"}, {}},
+               {"Add", {"$4", "$3"}, {}},
+               {"Relu", {"$5"}, {}},
+               {"Conv", {"$6", "W3", "B3"},
+                {{"kernel_shape", Is({3, 3, 3})}, {"strides", Is({2, 2, 2})}, {"pads", Is({1, 1, 1, 1, 1, 1})}}},
+               {"AveragePool", {"$7"}, {{"kernel_shape", Is({2, 2, 2})}, {"strides", Is({1, 1, 1})}}},
+               {"GlobalAveragePool", {"$8"}, {}}};
+    v.push_back(c);
+  }
+  {
     OpCase c;
     c.op = "Chain";
     c.label = "stem: conv 7x7 s2, relu, maxpool, global average pool, flatten, gemm";
@@ -1163,6 +1234,26 @@ void add_chain_cases(std::vector<OpCase>& v) {
         {"MatMul", {"$6", "$9"}, {}},                  // $10 [1,16,16]
         {"Softmax", {"$10"}, {{"axis", I(-1)}}},       // $11
     };
+    v.push_back(c);
+  }
+  {
+    // Attention's heads joined again: the probabilities times V ([B,H,S,Dh]) read only by Transpose(0,2,1,3) and a
+    // Reshape to [B,S,H*Dh] (oneDNN: the MatMul writes the transposed layout directly), then the out-projection.
+    OpCase c;
+    c.op = "Chain";
+    c.claim_whole = true;
+    c.label = "attention output: matmul into Transpose(0,2,1,3) and Reshape, out-projection, batch 2";
+    c.inputs = {in("Q", {2, 4, 8, 16}), in("K", {2, 4, 16, 8}), in("V", {2, 4, 8, 16}), in("shp", {3}, true),
+                in("WO", {64, 24}, true, -0.3f, 0.3f), scalar("SCALE", 4.f)};
+    c.int64_constants = {{3, i64({2, 8, 64})}};
+    c.chain = {{"MatMul", {"Q", "K"}, {}},                                   // $0 [2,4,8,8]
+               {"Div", {"$0", "SCALE"}, {}},                                 // $1
+               {"Softmax", {"$1"}, {{"axis", I(-1)}}},                       // $2
+               {"MatMul", {"$2", "V"}, {}},                                  // $3 [2,4,8,16]
+               {"Transpose", {"$3"}, {{"perm", Is({0, 2, 1, 3})}}},          // $4 [2,8,4,16]
+               {"Reshape", {"$4", "shp"}, {}},                               // $5 [2,8,64]
+               {"MatMul", {"$5", "WO"}, {}},                                 // $6 [2,8,24]
+               {"Relu", {"$6"}, {}}};
     v.push_back(c);
   }
   {

@@ -61,6 +61,9 @@ struct OpCase {
   // A chain case (op "Chain"): these nodes in order instead of one node of `op`; the last one's output is
   // compared. The kernel recorded is the claimed subgraph's ("Subgraph" in the placement), "" when none ran.
   std::vector<ChainNode> chain;
+  // A chain case that a device claiming chains should take whole, as one subgraph (the oneDNN plugin's test checks
+  // that no node of it runs on a kernel of its own).
+  bool claim_whole = false;
 };
 
 // A case as a graph, and the values of its non-constant inputs (what the suite runs).
