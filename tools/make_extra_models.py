@@ -2,7 +2,10 @@
 """Further architectures for tools/compare_peers.py and tools/compare_passes.py: torchvision 0.14 ResNet-50 and
 EfficientNet-B0, and transformer_gelu (the peers' 4-layer encoder, 256 wide, 4 heads, 128 tokens, with GELU in its
 feed-forward layers as BERT has, exported at opset 14 as Hugging Face exports BERT: Gelu and LayerNormalization
-arrive decomposed into Erf / ReduceMean chains).
+arrive decomposed into Erf / ReduceMean chains); 1-D and 3-D convolution nets: tcn1d (a temporal conv net on audio
+features [1,40,800]: Conv1d + BatchNorm1d + Relu, dilated residual blocks, MaxPool1d, a strided Conv1d,
+AdaptiveAvgPool1d, Linear; 0.55 GFLOP), tcn1d_b8 (the same at batch 8) and c3d (a 3-D ResNet-style video net on
+[1,3,8,64,64]: Conv3d 3x7x7 s(1,2,2), BatchNorm3d, MaxPool3d, residual Conv3d blocks, AvgPool3d, Linear; 0.6 GFLOP).
 
 Built and exported exactly as ../shared/peers/make_models.py builds its models (random weights seeded per model,
 biases perturbed, BatchNorm running statistics calibrated on random batches, eval mode; its `export` writes
@@ -26,6 +29,9 @@ EXTRA = {
     "resnet50":         (6, "resnet50", (1, 3, 224, 224), 17),
     "efficientnet_b0":  (7, "efficientnet_b0", (1, 3, 224, 224), 17),
     "transformer_gelu": (8, "gelu_transformer", (1, 128, 256), 14),
+    "tcn1d":            (41, "tcn1d", (1, 40, 800), 17),
+    "tcn1d_b8":         (41, "tcn1d", (8, 40, 800), 17),
+    "c3d":              (42, "c3d", (1, 3, 8, 64, 64), 17),
 }
 
 
@@ -34,6 +40,50 @@ def gelu_transformer():
     layer = nn.TransformerEncoderLayer(256, 4, dim_feedforward=1024, dropout=0.0, activation="gelu",
                                        batch_first=True)
     return nn.TransformerEncoder(layer, 4, enable_nested_tensor=False)
+
+
+def tcn1d():
+    import torch.nn as nn
+
+    class Res1d(nn.Module):
+        def __init__(self, c, d):
+            super().__init__()
+            self.c1 = nn.Conv1d(c, c, 3, padding=d, dilation=d, bias=False)
+            self.b1 = nn.BatchNorm1d(c)
+            self.c2 = nn.Conv1d(c, c, 3, padding=d, dilation=d, bias=False)
+            self.b2 = nn.BatchNorm1d(c)
+
+        def forward(self, x):
+            return (self.b2(self.c2(self.b1(self.c1(x)).relu())) + x).relu()
+
+    return nn.Sequential(nn.Conv1d(40, 128, 5, padding=2), nn.BatchNorm1d(128), nn.ReLU(),
+                         Res1d(128, 1), Res1d(128, 2), nn.MaxPool1d(2), Res1d(128, 4), Res1d(128, 8),
+                         nn.Conv1d(128, 256, 3, stride=2, padding=1), nn.BatchNorm1d(256), nn.ReLU(),
+                         nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(256, 10))
+
+
+def c3d():
+    import torch.nn as nn
+
+    class Res3d(nn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.c1 = nn.Conv3d(c, c, 3, padding=1, bias=False)
+            self.b1 = nn.BatchNorm3d(c)
+            self.c2 = nn.Conv3d(c, c, 3, padding=1, bias=False)
+            self.b2 = nn.BatchNorm3d(c)
+
+        def forward(self, x):
+            return (self.b2(self.c2(self.b1(self.c1(x)).relu())) + x).relu()
+
+    return nn.Sequential(nn.Conv3d(3, 32, (3, 7, 7), stride=(1, 2, 2), padding=(1, 3, 3), bias=False),
+                         nn.BatchNorm3d(32), nn.ReLU(), nn.MaxPool3d((1, 3, 3), (1, 2, 2), (0, 1, 1)),
+                         Res3d(32), nn.Conv3d(32, 64, 3, stride=2, padding=1, bias=False), nn.BatchNorm3d(64),
+                         nn.ReLU(), Res3d(64), nn.AvgPool3d(2), nn.AdaptiveAvgPool3d(1), nn.Flatten(),
+                         nn.Linear(64, 10))
+
+
+LOCAL = {"gelu_transformer": gelu_transformer, "tcn1d": tcn1d, "c3d": c3d}
 
 
 def main():
@@ -58,7 +108,7 @@ def main():
     for name in names:
         seed, fn, shape, opset = EXTRA[name]
         mm.OPSET = opset  # export() and meta.json read the module's OPSET
-        build = gelu_transformer if fn == "gelu_transformer" else (lambda fn=fn: mm._tv(fn))
+        build = LOCAL[fn] if fn in LOCAL else (lambda fn=fn: mm._tv(fn))
         mm.MODELS[name] = (seed, build, shape)
         mm.export(name, a.out)
 

@@ -1025,6 +1025,29 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // A text CNN (Kim 2014) as torch exports it: embeddings [N,L,E] transposed to [N,E,L], parallel Conv1d of
+    // widths 3/4/5 with Relu, global max pooling over time, the features concatenated, a classifier; batch 1.
+    OpCase c;
+    c.op = "Chain";
+    c.claim_whole = true;
+    c.label = "text CNN: transpose, parallel 1-D convs k3/k4/k5, relu, global max pool, concat, flatten, gemm";
+    c.inputs = {in("X", {1, 19, 24}), in("W3", {16, 24, 3}, true, -0.3f, 0.3f), in("B3", {16}, true),
+                in("W4", {16, 24, 4}, true, -0.3f, 0.3f), in("B4", {16}, true),
+                in("W5", {32, 24, 5}, true, -0.3f, 0.3f), in("B5", {32}, true), in("G", {5, 64}, true),
+                in("C", {5}, true)};
+    c.chain = {{"Transpose", {"X"}, {{"perm", Is({0, 2, 1})}}},            // $0 [1,24,19]
+               {"Conv", {"$0", "W3", "B3"}, {}}, {"Relu", {"$1"}, {}},     // $2 [1,16,17]
+               {"Conv", {"$0", "W4", "B4"}, {}}, {"Relu", {"$3"}, {}},     // $4 [1,16,16]
+               {"Conv", {"$0", "W5", "B5"}, {}}, {"Relu", {"$5"}, {}},     // $6 [1,32,15]
+               {"GlobalMaxPool", {"$2"}, {}},                              // $7 [1,16,1]
+               {"GlobalMaxPool", {"$4"}, {}},                              // $8
+               {"GlobalMaxPool", {"$6"}, {}},                              // $9 [1,32,1]
+               {"Concat", {"$7", "$8", "$9"}, {{"axis", I(1)}}},           // $10 [1,64,1]
+               {"Flatten", {"$10"}, {}},                                   // $11 [1,64]
+               {"Gemm", {"$11", "G", "C"}, {{"transB", I(1)}}}};
+    v.push_back(c);
+  }
+  {
     // A 3-D (video) convolution block: conv3d with BatchNormalization, maxpool3d, a 1x1x1 conv with a residual add,
     // average pool, global average pool; batch 2.
     OpCase c;
