@@ -24,11 +24,13 @@
 //     a scalar Mul/Div in front of a MatMul becomes the MatMul's output scale;
 //   - the workspace holds every internal value, offsets planned from liveness.
 //
-// Ops: Conv and ConvTranspose (2-D), BatchNormalization, Relu, Clip, LeakyRelu, Sigmoid, Tanh, Gelu (ai.onnx 20 or
-// keel.Gelu), Add/Sub/Mul/Div (same shape, a broadcast constant, or a [N,C,1,1] value), MaxPool/AveragePool (2-D),
-// GlobalAveragePool/GlobalMaxPool, Concat, MatMul, Gemm, Softmax (last axis), LayerNormalization (last axis; ai.onnx
-// 17, keel.LayerNormalization, or the decomposed pattern), Transpose, Slice (step 1), Reshape, Flatten, Squeeze,
-// Unsqueeze, Identity, Cast (f32 <-> bf16).
+// Ops: Conv and ConvTranspose (1-D, 2-D, 3-D), BatchNormalization, Relu, Clip, LeakyRelu, Sigmoid, Tanh, Gelu
+// (ai.onnx 20 or keel.Gelu), Add/Sub/Mul/Div (same shape, a broadcast constant, or a [N,C,1,1] value),
+// MaxPool/AveragePool (1-D, 2-D, 3-D), GlobalAveragePool/GlobalMaxPool, Concat, MatMul, Gemm, Softmax (last axis),
+// LayerNormalization (last axis; ai.onnx 17, keel.LayerNormalization, or the decomposed pattern), Transpose, Slice
+// (step 1), Reshape, Flatten, Squeeze, Unsqueeze, Identity, Cast (f32 <-> bf16), Pad (all-zero pads: a view).
+// 1-D convolutions and poolings run as 2-D ones over [N,C,1,L] (lift_1d rewrites the recipe at claim time); a
+// MatMul read only by a Transpose writes the transposed layout directly.
 #include <omp.h>
 #include <sys/mman.h>
 
@@ -2295,7 +2297,7 @@ void lift_1d(Recipe& r) {
   };
   std::set<std::string> lifted;
   for (const NodeDesc& n : r.nodes)
-    if (seed(n)) lifted.insert({n.in[0], n.out[0]});
+    if (seed(n) && !data_of(n).empty()) lifted.insert({n.in[0], n.out[0]});
   if (lifted.empty()) return;
   for (bool grew = true; grew;) {
     grew = false;
@@ -2502,6 +2504,21 @@ keel_status_t claim_chains(void*, const G* g, const keel_graph_api_t* api, keel_
       if (!claimable_domain(api->node_domain(g, n), sc.op(n))) continue;
       std::string op = sc.op(n);
       if (!compute_ops().count(op)) continue;
+      if (op == "Pad") {  // only the no-op Pad (constant mode, all-zero constant pads) is a view in a chain
+        auto ins = sc.ins(n);
+        const ConstT* pads = nullptr;
+        ConstT init;
+        const keel_tensor_t* t = nullptr;
+        if (ins.size() >= 2 && consts.count(ins[1])) pads = &consts[ins[1]];
+        else if (ins.size() >= 2 && api->initializer(g, ins[1].c_str(), &t) && t) init = const_of(t), pads = &init;
+        bool zero = pads && (pads->dtype == KEEL_DTYPE_I64 || pads->dtype == KEEL_DTYPE_I32) &&
+                    api->node_attr_count(g, n) <= 1;
+        for (int64_t k = 0; zero && k < pads->count(); ++k) zero = pads->iat(k) == 0;
+        const char* mode = nullptr;
+        if (zero && api->node_attr_string(g, n, "mode", &mode) && mode && std::strcmp(mode, "constant") != 0)
+          zero = false;
+        if (!zero) continue;
+      }
       bool ok = true;
       auto outs = sc.outs(n);
       for (size_t k = 0; k < outs.size() && ok; ++k) {

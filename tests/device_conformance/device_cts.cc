@@ -1053,11 +1053,12 @@ void add_chain_cases(std::vector<OpCase>& v) {
     OpCase c;
     c.op = "Chain";
     c.claim_whole = true;
-    c.label = "3-D conv block: conv 3x3x3, BN, relu, maxpool 1x2x2, 1x1x1 conv, add, relu, avgpool, GAP, batch 2";
+    c.label = "3-D conv block: conv 3x3x3, BN, relu, maxpool 1x2x2, 1x1x1 conv, add, relu, pad 0, avgpool, GAP, N=2";
     c.inputs = {in("X", {2, 3, 6, 12, 12}), in("W1", {16, 3, 3, 3, 3}, true, -0.3f, 0.3f),
                 in("S1", {16}, true, 0.5f, 1.5f), in("T1", {16}, true), in("M1", {16}, true),
                 in("V1", {16}, true, 0.5f, 2.f), in("W2", {16, 16, 1, 1, 1}, true, -0.3f, 0.3f), in("B2", {16}, true),
-                in("W3", {32, 16, 3, 3, 3}, true, -0.1f, 0.1f), in("B3", {32}, true)};
+                in("W3", {32, 16, 3, 3, 3}, true, -0.1f, 0.1f), in("B3", {32}, true), in("PADS", {10}, true)};
+    c.int64_constants = {{10, i64({0, 0, 0, 0, 0, 0, 0, 0, 0, 0})}};  // torch exports AvgPool3d behind a zero Pad
     c.chain = {{"Conv", {"X", "W1"}, {{"kernel_shape", Is({3, 3, 3})}, {"pads", Is({1, 1, 1, 1, 1, 1})}}},
                {"BatchNormalization", {"$0", "S1", "T1", "M1", "V1"}, {}},
                {"Relu", {"$1"}, {}},
@@ -1067,8 +1068,9 @@ void add_chain_cases(std::vector<OpCase>& v) {
                {"Relu", {"$5"}, {}},
                {"Conv", {"$6", "W3", "B3"},
                 {{"kernel_shape", Is({3, 3, 3})}, {"strides", Is({2, 2, 2})}, {"pads", Is({1, 1, 1, 1, 1, 1})}}},
-               {"AveragePool", {"$7"}, {{"kernel_shape", Is({2, 2, 2})}, {"strides", Is({1, 1, 1})}}},
-               {"GlobalAveragePool", {"$8"}, {}}};
+               {"Pad", {"$7", "PADS"}, {}},
+               {"AveragePool", {"$8"}, {{"kernel_shape", Is({2, 2, 2})}, {"strides", Is({1, 1, 1})}}},
+               {"GlobalAveragePool", {"$9"}, {}}};
     v.push_back(c);
   }
   {
