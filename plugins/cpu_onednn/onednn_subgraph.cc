@@ -252,7 +252,6 @@ std::string impl_of(const dnnl::primitive& p) {
   return impl ? impl : "?";
 }
 
-// Thrown when a node of the claim cannot be built: the claim is retried without it.
 // Format tags by tensor rank (3: 1-D spatial, 4: 2-D, 5: 3-D): channel-blocked by 16, channels-last, plain weights.
 tag blocked16_tag(size_t rank) { return rank == 5 ? tag::nCdhw16c : rank == 3 ? tag::nCw16c : tag::nChw16c; }
 tag channels_last_tag(size_t rank) { return rank == 5 ? tag::ndhwc : rank == 3 ? tag::nwc : tag::nhwc; }
@@ -273,6 +272,7 @@ int64_t prod(const Dims& d) {
   return p;
 }
 
+// Thrown when a node of the claim cannot be built: the claim is retried without it.
 struct NodeReject {
   size_t node;
   std::string why;
