@@ -40,6 +40,7 @@ struct BenchArgs {
   int profile_nodes = 0;  // with the profile: the N slowest nodes / reported steps
   bool trim = false;  // after the runs, give the pools' cached segments back and report what that released
   std::string passes = "auto";
+  int shape_variants = SessionOptions{}.shape_variants;
 };
 
 
@@ -118,6 +119,7 @@ int bench(const BenchArgs& a, Globals& g) {
     return 1;
   }
   so.profile = a.profile || a.profile_nodes > 0;
+  so.shape_variants = a.shape_variants;
   auto t_create = std::chrono::steady_clock::now();
   auto session = Session::create(*env, std::move(graph), so);
   double create_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_create).count();
@@ -161,7 +163,8 @@ int bench(const BenchArgs& a, Globals& g) {
 
   // Kernels per op type (where oneDNN ran and where the reference did) and the profile.
   std::map<std::string, std::map<std::string, int>> kernels;  // op -> kernel -> nodes
-  for (const auto& [node, op, dev, kernel] : s.placement()) kernels[op][dev + ":" + kernel]++;
+  std::string variant;  // the shape variant the runs used ("" = the graph as created)
+  for (const auto& [node, op, dev, kernel] : s.placement(&variant)) kernels[op][dev + ":" + kernel]++;
   const bool profiling = so.profile;
   const std::vector<NodeProfile> prof = profiling ? s.profile() : std::vector<NodeProfile>{};
   const std::vector<OpTypeProfile> ops = profile_by_op_type(prof);
@@ -227,6 +230,7 @@ int bench(const BenchArgs& a, Globals& g) {
     j["planned_arena_bytes"] = arena;
     j["kernel_workspace_bytes"] = workspace;
     j["fallbacks"] = s.fallbacks().size();
+    j["shape_variant"] = variant;
     nlohmann::json jk;
     for (const auto& [op, m] : kernels)
       for (const auto& [k, n] : m) jk[op][k] = n;
@@ -274,7 +278,9 @@ int bench(const BenchArgs& a, Globals& g) {
   std::cout << "model      " << a.model << "\n";
   std::cout << "device     " << (a.device.empty() ? "auto" : a.device) << ", " << threads << " thread(s), batch " << batch
             << "\n";
-  std::cout << "session    created in " << create_ms << " ms; " << s.fallbacks().size() << " fallback(s)\n";
+  std::cout << "session    created in " << create_ms << " ms; " << s.fallbacks().size() << " fallback(s)";
+  if (!variant.empty()) std::cout << "; runs specialised to " << variant << " (shape variant)";
+  std::cout << "\n";
   std::cout << "latency    median " << median << " ms, p90 " << p90 << " ms, mean " << mean << " ms, min " << minimum
             << " ms (" << times.size() << " runs after " << a.warmup << " warm-up)\n";
   std::cout << "throughput " << std::setprecision(1) << throughput << " samples/s\n";
@@ -356,6 +362,10 @@ void add_bench_command(CLI::App& app, Globals& g) {
   cmd->add_flag("--profile", a->profile,
                 "Per-op-type time breakdown (Session profile; claimed subgraphs split into the op types they run)");
   cmd->add_option("--profile-nodes", a->profile_nodes, "With the profile: also list the N slowest nodes / steps")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--shape-variants", a->shape_variants,
+                  "Shape variants a session builds for a model whose inputs have dynamic dims: each run shape gets "
+                  "the graph specialised to it, up to N of them (0 = off)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--trim", a->trim, "After the runs, trim the device memory pools and report what was released");
   cmd->callback([a, &g] {
