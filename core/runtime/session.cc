@@ -989,7 +989,7 @@ StatusOr<Built*> Session::Impl::pick(const std::vector<std::pair<std::string, Ru
   if (variants.size() >= static_cast<size_t>(options.shape_variants)) {
     if (!cap_logged) {
       cap_logged = true;
-      spdlog::info("session '{}': {} shape variants built (SessionOptions::shape_variants); further input shapes "
+      spdlog::info("session '{}': {} shape variant(s) built, the cap (SessionOptions::shape_variants); further input shapes "
                    "(first: {}) run on the generic build",
                    base.name, variants.size(), key);
     }
