@@ -566,6 +566,9 @@ Status Built::build(const std::vector<std::string>& device_order) {
       SessionOptions nested = options;
       nested.devices = device_order;
       nested.passes.clear();
+      // No shape variants inside: loop bodies see new shapes on many iterations (a build each would cost more than
+      // it saves); a variant of this graph builds its control-flow nodes again, with the shapes it fixed.
+      nested.shape_variants = 0;
       KEEL_ASSIGN_OR_RETURN(step.native, make_native_op(*node, graph, *env, nested), "node '" + node->name + "'");
       step.kind = Step::Kind::kNative;
       step.kernel_name = "executor";
@@ -989,8 +992,8 @@ StatusOr<Built*> Session::Impl::pick(const std::vector<std::pair<std::string, Ru
   if (variants.size() >= static_cast<size_t>(options.shape_variants)) {
     if (!cap_logged) {
       cap_logged = true;
-      spdlog::info("session '{}': {} shape variant(s) built, the cap (SessionOptions::shape_variants); further input shapes "
-                   "(first: {}) run on the generic build",
+      spdlog::info("session '{}': {} shape variant(s) built, the cap (SessionOptions::shape_variants); further "
+                   "input shapes (first: {}) run on the generic build",
                    base.name, variants.size(), key);
     }
     return generic.get();

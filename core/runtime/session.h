@@ -52,7 +52,8 @@ struct SessionOptions {
   // not evicted: under an LRU, a workload cycling through more shapes than the cap would rebuild (claims, kernels,
   // weight reorders: milliseconds to seconds) on most runs; this way a run costs at most one build per new shape
   // until the cap, and never afterwards. Each variant holds its own kernels and arena (oneDNN chains keep
-  // reordered weights per variant), so the cap bounds the memory.
+  // reordered weights per variant), so the cap bounds the memory. Sessions of control-flow bodies (If, Loop, Scan)
+  // build none (their shapes often change from iteration to iteration).
   int32_t shape_variants = 8;
 };
 
