@@ -923,7 +923,8 @@ TEST(ShapeVariants, DynamicBatchCnnMatchesTheReferenceAndRunsAsAOneDnnChainPerBa
   }
   // `keel bench --profile` reads this: the profile of the last run's build has the chain and its steps.
   bool chain_steps = false;
-  for (const auto& p : s.profile()) chain_steps = chain_steps || (p.op_type == "Subgraph" && p.calls > 0 && !p.steps.empty());
+  for (const auto& p : s.profile())
+    chain_steps = chain_steps || (p.op_type == "Subgraph" && p.calls > 0 && !p.steps.empty());
   EXPECT_TRUE(chain_steps);
 }
 
