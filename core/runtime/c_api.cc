@@ -84,8 +84,24 @@ struct keel_session_s {
   };
   std::vector<ValueRow> inputs, outputs;
   std::map<std::string, size_t> output_index;
-  std::vector<PlacementRow> placement;
   std::vector<FallbackRow> fallbacks;
+  // The placement of each build the session ran ("" = the generic build; else its shape variant), taken when first
+  // asked for and kept, so that the strings handed out live as long as the session. Guarded by placement_mu.
+  std::mutex placement_mu;
+  std::map<std::string, std::vector<PlacementRow>> placements;
+  // The placement of the build the most recent run used (Session::placement()).
+  const std::vector<PlacementRow>& placement() {
+    std::string variant;
+    auto rows = session->placement(&variant);
+    std::lock_guard<std::mutex> lock(placement_mu);
+    auto it = placements.find(variant);
+    if (it == placements.end()) {
+      std::vector<PlacementRow> out;
+      for (const auto& [node, op, dev, kernel] : rows) out.push_back({node, op, dev, kernel});
+      it = placements.emplace(variant, std::move(out)).first;
+    }
+    return it->second;
+  }
   // The profile as the last keel_session_profile_info saw it (keel_session_profile_step_info reads it), with the
   // node-name arrays its steps hand out.
   std::vector<keel::NodeProfile> profile;
@@ -716,6 +732,15 @@ KEEL_API keel_status_t keel_session_options_set_profile(keel_session_options_t o
   });
 }
 
+KEEL_API keel_status_t keel_session_options_set_shape_variants(keel_session_options_t options, int32_t count) {
+  return guarded(__func__, [&]() -> Status {
+    if (options == nullptr) return null_arg(__func__, "options");
+    if (count < 0) return keel::invalid_argument(std::string(__func__) + ": count is negative");
+    options->options.shape_variants = count;
+    return Status::ok();
+  });
+}
+
 KEEL_API keel_status_t keel_session_create(keel_environment_t env, keel_model_t model, keel_session_options_t options,
                                            keel_session_t* out_session) {
   return guarded(__func__, [&]() -> Status {
@@ -733,9 +758,9 @@ KEEL_API keel_status_t keel_session_create(keel_environment_t env, keel_model_t 
       handle->output_index.emplace(n, handle->outputs.size());
       handle->outputs.push_back(value_row(g, n));
     }
-    for (const auto& [node, op, dev, kernel] : session->placement()) handle->placement.push_back({node, op, dev, kernel});
     for (const auto& f : session->fallbacks()) handle->fallbacks.push_back({f.node, f.op_type, f.from, f.to, f.reason});
     handle->session = std::move(session);
+    handle->placement();  // the generic build's, as created
     *out_session = handle.release();
     return Status::ok();
   });
@@ -862,7 +887,7 @@ KEEL_API keel_status_t keel_session_placement_count(keel_session_t session, size
   return guarded(__func__, [&]() -> Status {
     if (session == nullptr) return null_arg(__func__, "session");
     if (out_count == nullptr) return null_arg(__func__, "out_count");
-    *out_count = session->placement.size();
+    *out_count = session->placement().size();
     return Status::ok();
   });
 }
@@ -871,8 +896,9 @@ KEEL_API keel_status_t keel_session_placement_info(keel_session_t session, size_
   return guarded(__func__, [&]() -> Status {
     if (session == nullptr) return null_arg(__func__, "session");
     KEEL_RETURN_IF_ERROR(check_out_struct(__func__, out, out ? out->struct_size : 0), "");
-    KEEL_RETURN_IF_ERROR(check_index(__func__, index, session->placement.size(), "placement"), "");
-    const auto& p = session->placement[index];
+    const auto& rows = session->placement();
+    KEEL_RETURN_IF_ERROR(check_index(__func__, index, rows.size(), "placement"), "");
+    const auto& p = rows[index];
     KEEL_C_SET(out, keel_node_placement_t, node, p.node.c_str());
     KEEL_C_SET(out, keel_node_placement_t, op_type, p.op_type.c_str());
     KEEL_C_SET(out, keel_node_placement_t, device_type, p.device_type.c_str());
@@ -910,9 +936,9 @@ KEEL_API keel_status_t keel_session_profile_info(keel_session_t session, size_t 
     if (session == nullptr) return null_arg(__func__, "session");
     KEEL_RETURN_IF_ERROR(check_out_struct(__func__, out, out ? out->struct_size : 0), "");
     auto prof = session->session->profile();
-    KEEL_RETURN_IF_ERROR(check_index(__func__, index, std::min(prof.size(), session->placement.size()), "profile"),
-                         "");
-    KEEL_C_SET(out, keel_node_profile_t, node, session->placement[index].node.c_str());
+    const auto& rows = session->placement();
+    KEEL_RETURN_IF_ERROR(check_index(__func__, index, std::min(prof.size(), rows.size()), "profile"), "");
+    KEEL_C_SET(out, keel_node_profile_t, node, rows[index].node.c_str());
     KEEL_C_SET(out, keel_node_profile_t, total_ms, prof[index].total_ms);
     KEEL_C_SET(out, keel_node_profile_t, calls, prof[index].calls);
     KEEL_C_SET(out, keel_node_profile_t, step_count, prof[index].steps.size());

@@ -51,6 +51,9 @@ TEST(CApiHpp, RunsAModelAndThrowsOnErrors) {
   keel::api::SessionOptions so;
   so.devices = {"nodev"};
   EXPECT_THROW(keel::api::Session(env, model, so), keel::api::Error);
+  so.devices.clear();
+  so.shape_variants = -1;
+  EXPECT_THROW(keel::api::Session(env, model, so), keel::api::Error);
 
   // Moves transfer ownership; the moved-from handle is empty.
   keel::api::Tensor moved = std::move(x);

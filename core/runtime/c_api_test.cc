@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -467,6 +468,69 @@ TEST_F(CApi, SessionOptions) {
   ASSERT_KEEL_OK(keel_session_fallback_count(s, &n));
   EXPECT_EQ(n, 0u);
   keel_host_tensor_release(x);
+  keel_session_release(s);
+}
+
+// Shape variants (keel_session_options_set_shape_variants): relu_add_model's batch is dynamic, so each batch gets
+// a build of its own up to the cap; the placement and the profile are those of the most recent run's build (the
+// per-build call counts show which one ran), and outputs are right on every build.
+TEST_F(CApi, ShapeVariantsOption) {
+  keel_session_options_t o = nullptr;
+  ASSERT_KEEL_OK(keel_session_options_create(&o));
+  EXPECT_NE(take(keel_session_options_set_shape_variants(o, -1)), "");
+  EXPECT_NE(take(keel_session_options_set_shape_variants(nullptr, 2)), "");
+  ASSERT_KEEL_OK(keel_session_options_set_shape_variants(o, 1));
+  ASSERT_KEEL_OK(keel_session_options_set_profile(o, 1));
+  keel_session_t s = nullptr;
+  ASSERT_KEEL_OK(keel_session_create(env_, model_, o, &s));
+  keel_session_options_release(o);
+  const char* name = "x";
+  // Runs batch `n` (x = 1..3n), checks y = relu(x) + b, and returns the profile's call count of the first step.
+  auto run = [&](int64_t n) -> int64_t {
+    std::vector<float> v(static_cast<size_t>(n * 3));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i) - 2.f;
+    keel_host_tensor_t x = f32({n, 3}, v);
+    keel_host_tensor_t outs[2] = {};
+    EXPECT_KEEL_OK(keel_session_run(s, &name, &x, 1, nullptr, outs, 2));
+    if (outs[0] != nullptr) {
+      std::vector<float> y = values(outs[0]);
+      EXPECT_EQ(y.size(), v.size());
+      for (size_t i = 0; i < y.size() && i < v.size(); ++i)
+        EXPECT_FLOAT_EQ(y[i], std::max(v[i], 0.f) + static_cast<float>(i % 3 + 1)) << "batch " << n << " " << i;
+    }
+    for (auto*& t : outs) keel_host_tensor_release(t);
+    keel_host_tensor_release(x);
+    size_t count = 0;
+    EXPECT_KEEL_OK(keel_session_placement_count(s, &count));
+    EXPECT_EQ(count, 3u);
+    keel_node_placement_t p{};
+    p.struct_size = sizeof p;
+    keel_node_profile_t prof{};
+    prof.struct_size = sizeof prof;
+    for (size_t i = 0; i < count; ++i) {
+      EXPECT_KEEL_OK(keel_session_placement_info(s, i, &p));
+      EXPECT_KEEL_OK(keel_session_profile_info(s, i, &prof));
+      EXPECT_STREQ(prof.node, p.node);
+    }
+    EXPECT_KEEL_OK(keel_session_profile_info(s, 0, &prof));
+    return prof.calls;
+  };
+  EXPECT_EQ(run(1), 1);  // batch 1: the one variant the cap allows
+  EXPECT_EQ(run(1), 2);
+  EXPECT_EQ(run(2), 1);  // past the cap: the generic build, which had not run yet
+  EXPECT_EQ(run(3), 2);
+  EXPECT_EQ(run(1), 3);  // back on the variant
+  keel_session_release(s);
+
+  // 0: every run on the generic build.
+  ASSERT_KEEL_OK(keel_session_options_create(&o));
+  ASSERT_KEEL_OK(keel_session_options_set_shape_variants(o, 0));
+  ASSERT_KEEL_OK(keel_session_options_set_profile(o, 1));
+  ASSERT_KEEL_OK(keel_session_create(env_, model_, o, &s));
+  keel_session_options_release(o);
+  EXPECT_EQ(run(1), 1);
+  EXPECT_EQ(run(2), 2);
+  EXPECT_EQ(run(1), 3);
   keel_session_release(s);
 }
 

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -152,21 +153,23 @@ struct Value {
   Tensor constant;  // for initializers (on their device)
 };
 
-}  // namespace
-
-struct Session::Impl {
+// The built state of one graph: its values, placement, kernel instances, copy steps, liveness, memory plan and
+// profile counters. A session holds the generic build (the graph as created, shapes possibly symbolic) and, for
+// graphs with dynamic inputs, shape variants (the same graph with the inputs' dims fixed), each one a Built.
+// Steps point into `graph`: a Built is never moved once built (held by unique_ptr).
+struct Built {
   Environment* env = nullptr;
-  Graph graph;
   SessionOptions options;
+  ThreadPool* pool = nullptr;
+  // "" for the generic build; a shape variant's key (the input shapes it is specialised to).
+  std::string variant;
+  Graph graph;
   std::vector<Value> values;
   std::unordered_map<std::string, int> value_index;
   std::vector<Step> steps;
   std::vector<FallbackReport> fallbacks;
   std::vector<int> input_values, output_values;
   std::vector<std::string> input_names, output_names;
-  std::mutex run_mu;
-  std::unique_ptr<ThreadPool> own_pool;  // when options.threads asks for other than the environment's count
-  ThreadPool* pool = nullptr;
   // Liveness-planned arena: one per device pool, planned from the sizes seen on the first run of a shape signature.
   struct Plan {
     std::string signature;
@@ -179,7 +182,7 @@ struct Session::Impl {
   // Largest kernel workspace one step took (claimed subgraphs keep their internal values there), per "type:index".
   std::map<std::string, uint64_t> workspace_peak;
 
-  ~Impl() {
+  ~Built() {
     for (auto& s : steps)
       if (s.release && s.state) s.release(s.state);
     free_arenas();
@@ -213,13 +216,62 @@ struct Session::Impl {
     return static_cast<int>(values.size()) - 1;
   }
 
-  Status build(std::vector<std::string> device_order);
+  Status build(const std::vector<std::string>& device_order);
   Status place_node(const Node& node, const std::vector<std::string>& device_order, Step& step);
   Status make_copy_steps();
   // Replaces a step's kernel by its next alternative that accepts the node (after `why` rejected it).
   Status switch_to_alternative(Step& s, const Status& why);
+  // Checks the inputs against the graph's declared types and binds them into `live` (sized to the values);
+  // `signature` receives every input's name and shape (what the memory plan is keyed by).
+  Status bind_inputs(const std::vector<std::pair<std::string, RunValue>>& inputs, std::vector<RunValue>& live,
+                     std::string& signature);
   Status run_locked(const std::vector<std::pair<std::string, RunValue>>& inputs, std::vector<RunValue>& outputs);
   void make_plan(const std::string& signature);
+  void reset_profile() {
+    for (auto& s : steps) {
+      s.total_ms = 0;
+      s.calls = 0;
+      s.reported.clear();
+      s.reported_index.clear();
+    }
+  }
+};
+
+}  // namespace
+
+struct Session::Impl {
+  Environment* env = nullptr;
+  SessionOptions options;
+  std::vector<std::string> device_order;
+  std::mutex run_mu;
+  std::unique_ptr<ThreadPool> own_pool;  // when options.threads asks for other than the environment's count
+  ThreadPool* pool = nullptr;
+  std::unique_ptr<Built> generic;
+  // Shape specialisation (only for graphs with dynamic tensor inputs and options.shape_variants > 0): the graph as
+  // it was before placement (after the passes), which each variant copies; the dynamic inputs; the variants by
+  // key. Variants are never evicted (see SessionOptions::shape_variants).
+  Graph base;
+  std::vector<std::string> dynamic_inputs;
+  std::unordered_map<std::string, std::unique_ptr<Built>> variants;
+  bool cap_logged = false;
+  // The build the most recent run used (placement(), profile(), ... report it); nullptr before the first run.
+  std::atomic<Built*> current{nullptr};
+
+  Built* last() const {
+    Built* b = current.load(std::memory_order_acquire);
+    return b != nullptr ? b : generic.get();
+  }
+  std::unique_ptr<Built> make_built() const {
+    auto b = std::make_unique<Built>();
+    b->env = env;
+    b->options = options;
+    b->pool = pool;
+    return b;
+  }
+  // The build to run `inputs` on: a shape variant (found or built now), or the generic build.
+  StatusOr<Built*> pick(const std::vector<std::pair<std::string, RunValue>>& inputs);
+  StatusOr<std::unique_ptr<Built>> build_variant(const std::string& key,
+                                                 const std::map<std::string, const Tensor*>& dynamic);
 };
 
 namespace {
@@ -261,7 +313,7 @@ void fill_create_context(keel_kernel_context_t& ctx, const Node& node, const Gra
 
 }  // namespace
 
-Status Session::Impl::place_node(const Node& node, const std::vector<std::string>& device_order, Step& step) {
+Status Built::place_node(const Node& node, const std::vector<std::string>& device_order, Step& step) {
   const Registry& reg = env->registry();
   int32_t opset = 0;
   if (auto it = graph.opsets.find(node.domain); it != graph.opsets.end()) opset = it->second;
@@ -303,8 +355,10 @@ Status Session::Impl::place_node(const Node& node, const std::vector<std::string
       if (d > 0) {
         FallbackReport fr{node.name, node.op_type, device_order[0], dev, reasons};
         fallbacks.push_back(fr);
-        spdlog::info("node '{}' ({}) falls back from {} to {}: {}", node.name, node.op_type, device_order[0], dev,
-                     reasons);
+        // A shape variant repeats what the generic build reported at create time: not again at info level.
+        spdlog::log(variant.empty() ? spdlog::level::info : spdlog::level::debug,
+                    "node '{}' ({}) falls back from {} to {}: {}", node.name, node.op_type, device_order[0], dev,
+                    reasons);
       }
       return Status::ok();
     }
@@ -320,7 +374,7 @@ Status Session::Impl::place_node(const Node& node, const std::vector<std::string
   return unimplemented("node '" + node.name + "' (" + node.op_type + "): " + reasons);
 }
 
-Status Session::Impl::build(std::vector<std::string> device_order) {
+Status Built::build(const std::vector<std::string>& device_order) {
   const Registry& reg = env->registry();
   KEEL_ASSIGN_OR_RETURN(auto order, graph.topological_order(), "session");
   // Values: inputs, initializers, then node outputs.
@@ -512,6 +566,9 @@ Status Session::Impl::build(std::vector<std::string> device_order) {
       SessionOptions nested = options;
       nested.devices = device_order;
       nested.passes.clear();
+      // No shape variants inside: loop bodies see new shapes on many iterations (a build each would cost more than
+      // it saves); a variant of this graph builds its control-flow nodes again, with the shapes it fixed.
+      nested.shape_variants = 0;
       KEEL_ASSIGN_OR_RETURN(step.native, make_native_op(*node, graph, *env, nested), "node '" + node->name + "'");
       step.kind = Step::Kind::kNative;
       step.kernel_name = "executor";
@@ -560,7 +617,7 @@ Status Session::Impl::build(std::vector<std::string> device_order) {
   return Status::ok();
 }
 
-Status Session::Impl::switch_to_alternative(Step& s, const Status& why) {
+Status Built::switch_to_alternative(Step& s, const Status& why) {
   spdlog::info("kernel {} rejected node '{}' at run time ({}); trying the next kernel", s.kernel_name, s.name,
                why.message());
   while (!s.alternatives.empty()) {
@@ -584,7 +641,7 @@ Status Session::Impl::switch_to_alternative(Step& s, const Status& why) {
   return why;
 }
 
-Status Session::Impl::make_copy_steps() {
+Status Built::make_copy_steps() {
   // Where each value lives: the device of its producer (host for inputs and constants).
   std::vector<const DeviceEntry*> home(values.size(), nullptr);
   for (const auto& s : steps)
@@ -625,7 +682,7 @@ Status Session::Impl::make_copy_steps() {
   return Status::ok();
 }
 
-void Session::Impl::make_plan(const std::string& signature) {
+void Built::make_plan(const std::string& signature) {
   free_arenas();
   plan = Plan{};
   plan.signature = signature;
@@ -678,10 +735,10 @@ void Session::Impl::make_plan(const std::string& signature) {
   }
 }
 
-Status Session::Impl::run_locked(const std::vector<std::pair<std::string, RunValue>>& inputs,
-                                 std::vector<RunValue>& outputs) {
-  std::vector<RunValue> live(values.size());
-  std::string signature;
+Status Built::bind_inputs(const std::vector<std::pair<std::string, RunValue>>& inputs, std::vector<RunValue>& live,
+                          std::string& signature) {
+  live.assign(values.size(), RunValue());
+  signature.clear();
   for (auto& [name, value] : inputs) {
     auto it = value_index.find(name);
     if (it == value_index.end() || !values[it->second].is_input) {
@@ -716,6 +773,14 @@ Status Session::Impl::run_locked(const std::vector<std::pair<std::string, RunVal
   }
   for (int v : input_values)
     if (!live[v].defined()) return invalid_argument("missing input '" + values[v].name + "'");
+  return Status::ok();
+}
+
+Status Built::run_locked(const std::vector<std::pair<std::string, RunValue>>& inputs,
+                         std::vector<RunValue>& outputs) {
+  std::vector<RunValue> live;
+  std::string signature;
+  KEEL_RETURN_IF_ERROR(bind_inputs(inputs, live, signature), "");
   for (size_t v = 0; v < values.size(); ++v)
     if (values[v].is_const) live[v] = values[v].constant;
 
@@ -867,6 +932,80 @@ Status Session::Impl::run_locked(const std::vector<std::pair<std::string, RunVal
   return Status::ok();
 }
 
+namespace {
+
+// Whether a graph input's declared type leaves its shape open (unknown rank, or some dim not fixed): what a shape
+// variant fixes. Non-tensor inputs (sequences, optionals) are never specialised.
+bool is_dynamic_input(const Graph& g, const std::string& name) {
+  const ValueInfo* vi = g.info(name);
+  if (vi == nullptr) return true;
+  if (!vi->is_tensor()) return false;
+  if (!vi->shape) return true;
+  for (int64_t d : *vi->shape)
+    if (d < 0) return true;
+  return false;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Built>> Session::Impl::build_variant(const std::string& key,
+                                                              const std::map<std::string, const Tensor*>& dynamic) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto b = make_built();
+  b->variant = key;
+  b->graph = base;
+  for (const auto& [name, t] : dynamic) {
+    ValueInfo& vi = b->graph.value_info[name];
+    vi.dtype = t->dtype();
+    vi.shape = t->shape();
+  }
+  // Every dim that follows from the inputs' is fixed now (data propagation included: Shape -> Reshape targets).
+  KEEL_RETURN_IF_ERROR(infer_shapes(b->graph), "shape inference");
+  KEEL_RETURN_IF_ERROR(b->build(device_order), "");
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  spdlog::debug("session '{}': built shape variant {} of {} for {} in {:.1f} ms ({} steps)", base.name,
+                variants.size() + 1, options.shape_variants, key, ms, b->steps.size());
+  return b;
+}
+
+StatusOr<Built*> Session::Impl::pick(const std::vector<std::pair<std::string, RunValue>>& inputs) {
+  if (dynamic_inputs.empty() || options.shape_variants <= 0) return generic.get();
+  // The key: the shapes of the dynamic inputs (later bindings of one name win, as in bind_inputs).
+  std::map<std::string, const Tensor*> given;
+  for (const auto& [name, value] : inputs)
+    if (value.is_tensor()) given[name] = &value.tensor;
+  std::map<std::string, const Tensor*> dynamic;
+  std::string key;
+  for (const auto& name : dynamic_inputs) {
+    auto it = given.find(name);
+    if (it == given.end()) return generic.get();  // missing, or not a tensor: the generic build names the problem
+    dynamic.emplace(name, it->second);
+    key += (key.empty() ? "" : ", ") + name + shape_to_string(it->second->shape());
+  }
+  if (auto it = variants.find(key); it != variants.end()) return it->second.get();
+  // Nothing is built for inputs the generic graph refuses (unknown names, dtypes, ranks, fixed dims).
+  {
+    std::vector<RunValue> live;
+    std::string signature;
+    KEEL_RETURN_IF_ERROR(generic->bind_inputs(inputs, live, signature), "");
+  }
+  if (variants.size() >= static_cast<size_t>(options.shape_variants)) {
+    if (!cap_logged) {
+      cap_logged = true;
+      spdlog::info("session '{}': {} shape variant(s) built, the cap (SessionOptions::shape_variants); further "
+                   "input shapes (first: {}) run on the generic build",
+                   base.name, variants.size(), key);
+    }
+    return generic.get();
+  }
+  auto built = build_variant(key, dynamic);
+  // A failed build leaves nothing behind: the next run with these shapes tries again.
+  if (!built.is_ok()) return built.status().with_context("building the shape variant for input shapes " + key);
+  Built* b = built.value().get();
+  variants.emplace(key, std::move(built).value());
+  return b;
+}
+
 Session::Session(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Session::~Session() = default;
 
@@ -875,6 +1014,7 @@ StatusOr<std::unique_ptr<Session>> Session::create(Environment& env, Graph graph
   impl->env = &env;
   impl->options = options;
   if (options.threads < 0) return invalid_argument("session threads must be >= 0");
+  if (options.shape_variants < 0) return invalid_argument("session shape_variants must be >= 0");
   if (options.threads > 0 && options.threads != env.thread_pool().thread_count()) {
     impl->own_pool = std::make_unique<ThreadPool>(options.threads);
     impl->pool = impl->own_pool.get();
@@ -882,8 +1022,7 @@ StatusOr<std::unique_ptr<Session>> Session::create(Environment& env, Graph graph
     impl->pool = &env.thread_pool();
   }
   KEEL_RETURN_IF_ERROR(graph.validate(), "invalid graph '" + graph.name + "'");
-  impl->graph = std::move(graph);
-  KEEL_RETURN_IF_ERROR(infer_shapes(impl->graph), "shape inference");
+  KEEL_RETURN_IF_ERROR(infer_shapes(graph), "shape inference");
   // Device order: the requested ones, then (fallback = cpu) the CPU.
   std::vector<std::string> order = options.devices.empty() ? env.registry().device_types() : options.devices;
   for (const auto& d : order)
@@ -903,14 +1042,20 @@ StatusOr<std::unique_ptr<Session>> Session::create(Environment& env, Graph graph
                           }()),
                           "passes");
     keel_graph_s view;
-    view.graph = &impl->graph;
+    view.graph = &graph;
     view.env = &env;
     PassManager pm(env.registry(), graph_api());
-    KEEL_ASSIGN_OR_RETURN(auto reports, pm.run(impl->graph, &view, pipeline, order.front()), "passes");
+    KEEL_ASSIGN_OR_RETURN(auto reports, pm.run(graph, &view, pipeline, order.front()), "passes");
     for (const auto& r : reports) spdlog::info("pass {}: {} -> {} nodes", r.pass, r.nodes_before, r.nodes_after);
-    KEEL_RETURN_IF_ERROR(infer_shapes(impl->graph), "shape inference after passes");
+    KEEL_RETURN_IF_ERROR(infer_shapes(graph), "shape inference after passes");
   }
-  KEEL_RETURN_IF_ERROR(impl->build(order), "");
+  impl->device_order = order;
+  for (const auto& in : graph.inputs)
+    if (is_dynamic_input(graph, in)) impl->dynamic_inputs.push_back(in);
+  if (!impl->dynamic_inputs.empty() && options.shape_variants > 0) impl->base = graph;
+  impl->generic = impl->make_built();
+  impl->generic->graph = std::move(graph);
+  KEEL_RETURN_IF_ERROR(impl->generic->build(order), "");
   return std::unique_ptr<Session>(new Session(std::move(impl)));
 }
 
@@ -921,7 +1066,7 @@ StatusOr<std::vector<Tensor>> Session::run(const std::vector<std::pair<std::stri
   tensors.reserve(outputs.size());
   for (size_t i = 0; i < outputs.size(); ++i) {
     if (!outputs[i].is_tensor() && outputs[i].defined()) {
-      return invalid_argument("run: output '" + impl_->output_names[i] + "' is " + outputs[i].describe() +
+      return invalid_argument("run: output '" + impl_->generic->output_names[i] + "' is " + outputs[i].describe() +
                               ", not a tensor (use run_values)");
     }
     tensors.push_back(std::move(outputs[i].tensor));
@@ -932,36 +1077,44 @@ StatusOr<std::vector<Tensor>> Session::run(const std::vector<std::pair<std::stri
 StatusOr<std::vector<RunValue>> Session::run_values(const std::vector<std::pair<std::string, RunValue>>& inputs) {
   std::lock_guard<std::mutex> lock(impl_->run_mu);
   std::vector<RunValue> outputs;
-  KEEL_RETURN_IF_ERROR(impl_->run_locked(inputs, outputs), "run");
+  KEEL_ASSIGN_OR_RETURN(Built * b, impl_->pick(inputs), "run");
+  impl_->current.store(b, std::memory_order_release);
+  KEEL_RETURN_IF_ERROR(b->run_locked(inputs, outputs), "run");
   return outputs;
 }
 
-const Graph& Session::graph() const { return impl_->graph; }
-const std::vector<std::string>& Session::input_names() const { return impl_->input_names; }
-const std::vector<std::string>& Session::output_names() const { return impl_->output_names; }
-const std::vector<FallbackReport>& Session::fallbacks() const { return impl_->fallbacks; }
+const Graph& Session::graph() const { return impl_->generic->graph; }
+const std::vector<std::string>& Session::input_names() const { return impl_->generic->input_names; }
+const std::vector<std::string>& Session::output_names() const { return impl_->generic->output_names; }
+const std::vector<FallbackReport>& Session::fallbacks() const { return impl_->generic->fallbacks; }
 
-std::vector<std::tuple<std::string, std::string, std::string, std::string>> Session::placement() const {
+std::vector<std::tuple<std::string, std::string, std::string, std::string>> Session::placement(
+    std::string* shape_variant) const {
+  const Built* b = impl_->last();
+  if (shape_variant != nullptr) *shape_variant = b->variant;
   std::vector<std::tuple<std::string, std::string, std::string, std::string>> out;
-  for (const auto& s : impl_->steps) out.emplace_back(s.name, s.op_type, s.device_type, s.kernel_name);
+  for (const auto& s : b->steps) out.emplace_back(s.name, s.op_type, s.device_type, s.kernel_name);
   return out;
+}
+
+std::string Session::shape_variant() const { return impl_->last()->variant; }
+
+size_t Session::shape_variant_count() const {
+  std::lock_guard<std::mutex> lock(impl_->run_mu);
+  return impl_->variants.size();
 }
 
 std::vector<NodeProfile> Session::profile() const {
   std::vector<NodeProfile> out;
-  for (const auto& s : impl_->steps)
+  for (const auto& s : impl_->last()->steps)
     out.push_back({s.name, s.op_type, s.device_type, s.kernel_name, s.total_ms, s.calls, s.members, s.reported});
   return out;
 }
 
 void Session::reset_profile() {
   std::lock_guard<std::mutex> lock(impl_->run_mu);
-  for (auto& s : impl_->steps) {
-    s.total_ms = 0;
-    s.calls = 0;
-    s.reported.clear();
-    s.reported_index.clear();
-  }
+  impl_->generic->reset_profile();
+  for (auto& [key, b] : impl_->variants) b->reset_profile();
 }
 
 std::vector<OpTypeProfile> profile_by_op_type(const std::vector<NodeProfile>& profile) {
@@ -1028,7 +1181,7 @@ std::vector<OpTypeProfile> profile_by_op_type(const std::vector<NodeProfile>& pr
   return out;
 }
 
-std::map<std::string, uint64_t> Session::planned_arena_bytes() const { return impl_->plan.arena_bytes; }
-std::map<std::string, uint64_t> Session::workspace_bytes() const { return impl_->workspace_peak; }
+std::map<std::string, uint64_t> Session::planned_arena_bytes() const { return impl_->last()->plan.arena_bytes; }
+std::map<std::string, uint64_t> Session::workspace_bytes() const { return impl_->last()->workspace_peak; }
 
 }  // namespace keel

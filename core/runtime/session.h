@@ -5,9 +5,17 @@
 // `fallback`; every fallback is reported once with its reason), inserts copies at device boundaries, creates one
 // kernel instance per node, and plans activation memory from value liveness.
 //
+// Shape specialisation. When inputs of the graph (after the passes) have dims that are not fixed (a symbolic batch
+// "N" or sequence length, as torch exports with dynamic_axes), create() still builds the graph as it is — the
+// generic build, which validates everything and runs any shape — and a run whose dynamic inputs have shapes not
+// seen before builds a shape variant: a copy of the graph with those dims fixed, shapes inferred again, then the
+// same placement, claims, kernel creation and memory planning. Devices and claimers that only take static shapes
+// (the oneDNN chains) see static shapes there. Variants are kept by the dynamic inputs' shapes, up to
+// SessionOptions::shape_variants; a graph whose inputs are all static has none (nothing changes for it).
+//
 // run() is thread-safe: concurrent calls on one session are serialised (kernel states are not shared between
-// threads at once, as the plugin ABI promises); use one session per thread for parallel runs.
-// The Session must not outlive its Environment.
+// threads at once, as the plugin ABI promises; a variant is built inside the run that needs it); use one session
+// per thread for parallel runs. The Session must not outlive its Environment.
 #pragma once
 
 #include <map>
@@ -39,6 +47,14 @@ struct SessionOptions {
   // Let devices (claim_subgraphs) and kernel plugins' claim hooks (register_claimer) take subgraphs. Off: every
   // node runs on its own kernel (graph evaluation for constant folding turns it off).
   bool claims = true;
+  // Shape variants (see the top of this file) kept at most: 0 = off (every run uses the generic build). Once this
+  // many are built, runs with further input shapes use the generic build (logged once at info level). Variants are
+  // not evicted: under an LRU, a workload cycling through more shapes than the cap would rebuild (claims, kernels,
+  // weight reorders: milliseconds to seconds) on most runs; this way a run costs at most one build per new shape
+  // until the cap, and never afterwards. Each variant holds its own kernels and arena (oneDNN chains keep
+  // reordered weights per variant), so the cap bounds the memory. Sessions of control-flow bodies (If, Loop, Scan)
+  // build none (their shapes often change from iteration to iteration).
+  int32_t shape_variants = 8;
 };
 
 struct FallbackReport {
@@ -102,20 +118,35 @@ class Session {
   // inside the returned values are host tensors that the caller owns (no view of session memory).
   StatusOr<std::vector<RunValue>> run_values(const std::vector<std::pair<std::string, RunValue>>& inputs);
 
+  // The graph as created (after the passes and placement), shapes as declared: the generic build's.
   const Graph& graph() const;
   const std::vector<std::string>& input_names() const;
   const std::vector<std::string>& output_names() const;
+  // The generic build's fallbacks, as decided at creation (a shape variant logs its own at debug level only).
   const std::vector<FallbackReport>& fallbacks() const;
-  // Where each node went: (node name, op type, device type, kernel name), in execution order.
-  std::vector<std::tuple<std::string, std::string, std::string, std::string>> placement() const;
+
+  // placement(), profile(), planned_arena_bytes() and workspace_bytes() describe the build the most recent run used:
+  // its shape variant, or the generic build (before the first run, for static graphs, past the cap, or with
+  // shape_variants = 0). Each is read at once, not in step with a run in progress on another thread.
+  //
+  // Where each node went: (node name, op type, device type, kernel name), in execution order. `shape_variant`, when
+  // given, receives shape_variant() of the same build.
+  std::vector<std::tuple<std::string, std::string, std::string, std::string>> placement(
+      std::string* shape_variant = nullptr) const;
   std::vector<NodeProfile> profile() const;
-  // Forgets the timings collected so far (e.g. after warm-up runs, whose first run may build plans). Thread-safe.
+  // Forgets the timings collected so far, of every build (e.g. after warm-up runs, whose first run may build plans
+  // or a shape variant). Thread-safe.
   void reset_profile();
   // Bytes of the planned activation arena per device ("cpu:0" -> bytes).
   std::map<std::string, uint64_t> planned_arena_bytes() const;
   // Largest kernel workspace a single step has taken so far ("cpu:0" -> bytes): claimed subgraphs keep their internal
   // values there, outside the planned arena (taken from the same pool each run). Not synchronised with run().
   std::map<std::string, uint64_t> workspace_bytes() const;
+  // The input shapes the most recent run's build is specialised to ("x[3,3,224,224]", dynamic inputs only, ", "
+  // between them), or "" for the generic build.
+  std::string shape_variant() const;
+  // Shape variants built so far (at most SessionOptions::shape_variants). Thread-safe.
+  size_t shape_variant_count() const;
 
  private:
   struct Impl;

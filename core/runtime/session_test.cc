@@ -11,6 +11,7 @@
 #include <thread>
 #include <cstring>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -586,5 +587,346 @@ TEST(Session, PerSessionThreadPool) {
   opts.threads = -1;
   EXPECT_FALSE(Session::create(*env, relu_neg_relu(), opts).is_ok());
 }
+
+// ---- Shape specialisation. A claimer like the oneDNN device's: it claims a Tanh -> Tanh pair only over static
+// shapes (nodes named "static_*"), and its create refuses a batch over 4 (a shape a device cannot take).
+int g_static_creates = 0;
+int g_static_runs = 0;
+keel_status_t static_chain_create(void*, keel_kernel_context_t* ctx, void** out_state) {
+  ++g_static_creates;
+  const keel_tensor_t* x = g_host->kernel->input(ctx, 0);
+  if (x->ndim >= 1 && x->dims[0] > 4)
+    return g_host->status_create(KEEL_STATUS_INVALID_ARGUMENT, "static chain: batch over 4");
+  *out_state = nullptr;
+  return nullptr;
+}
+keel_status_t static_chain(void*, keel_kernel_context_t* ctx) {
+  const keel_kernel_api_t* k = g_host->kernel;
+  const keel_tensor_t* x = k->input(ctx, 0);
+  keel_tensor_t* y = nullptr;
+  if (keel_status_t st = k->output(ctx, 0, x->ndim, x->dims, &y)) return st;
+  for (uint64_t i = 0; i < x->byte_size / 4; ++i)
+    static_cast<float*>(y->data)[i] = std::tanh(std::tanh(static_cast<const float*>(x->data)[i]));
+  ++g_static_runs;
+  return nullptr;
+}
+keel_status_t claim_static(void*, const keel_graph_t* g, const keel_graph_api_t* api, keel_subgraph_sink_t* sink) {
+  keel_node_id_t ids[64];
+  size_t n = api->nodes(g, ids, 64);
+  std::vector<keel_node_id_t> chain;
+  for (size_t i = 0; i < n; ++i)
+    if (std::string(api->node_name(g, ids[i])).rfind("static_", 0) == 0) chain.push_back(ids[i]);
+  if (chain.empty()) return nullptr;
+  int32_t dtype = 0, ndim = 0;
+  int64_t dims[8];
+  if (!api->value_info(g, api->node_input(g, chain[0], 0), &dtype, &ndim, dims, 8) || ndim < 0) return nullptr;
+  for (int32_t d = 0; d < ndim; ++d)
+    if (dims[d] < 0) return nullptr;  // symbolic: left to the single-node kernels
+  keel_subgraph_def_t def{};
+  def.struct_size = sizeof def;
+  def.name = "static_chain";
+  def.node_ids = chain.data();
+  def.node_count = chain.size();
+  def.create = static_chain_create;
+  def.compute = static_chain;
+  return sink->claim(sink, &def);
+}
+keel_status_t static_claimer_init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+  g_host = host;
+  keel_claimer_def_t c{};
+  c.struct_size = sizeof c;
+  c.abi_major = KEEL_PLUGIN_ABI_MAJOR;
+  c.abi_minor = KEEL_PLUGIN_ABI_MINOR;
+  c.name = "static_only";
+  c.device_type = "cpu";
+  c.claim_subgraphs = claim_static;
+  if (keel_status_t st = host->register_claimer(plugin, &c)) return st;
+  keel_kernel_def_t k{};
+  k.struct_size = sizeof k;
+  k.abi_major = KEEL_PLUGIN_ABI_MAJOR;
+  k.name = "static_noop";
+  k.domain = "test.static";
+  k.op_type = "Noop";
+  k.since_version = 1;
+  k.device_type = "cpu";
+  k.compute = [](void*, keel_kernel_context_t*) -> keel_status_t { return nullptr; };
+  return host->register_kernel(plugin, &k);
+}
+const keel_plugin_t kStaticClaimerPlugin = {sizeof(keel_plugin_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR,
+                                            "static_claimer", "1.0", KEEL_PLUGIN_KIND_DEVICE, static_claimer_init,
+                                            nullptr};
+
+std::unique_ptr<Environment> make_static_claimer_env() {
+  EnvironmentOptions o;
+  o.discover_plugins = false;
+  o.threads = 2;
+  o.builtin_plugins.push_back({&kStaticClaimerPlugin, 20, "static-shape claimer"});
+  auto env = Environment::create(o);
+  EXPECT_TRUE(env.is_ok()) << env.status().to_string();
+  return std::move(env).value();
+}
+
+// x[N,3] -> Tanh (static_0) -> Tanh (static_1) -> Neg -> y; `batch` < 0: N is symbolic.
+Graph tanh_tanh_neg(int64_t batch = -1) {
+  GraphBuilder b("ttn");
+  auto x = b.input("x", DType::kF32, {batch, 3});
+  b.output(b.op1("Neg", {b.op1("Tanh", {b.op1("Tanh", {x})})}));
+  Graph graph = b.take();
+  int k = 0;
+  const std::vector<NodeId> order = graph.topological_order().value();
+  for (NodeId id : order) {
+    Node* n = graph.node(id);
+    if (n->op_type == "Tanh") n->name = "static_" + std::to_string(k++);
+  }
+  return graph;
+}
+
+Tensor batch_input(int64_t batch, float offset = 0) {
+  std::vector<float> v(static_cast<size_t>(batch * 3));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = offset + 0.25f * static_cast<float>(i) - 1.f;
+  return Tensor::f32({batch, 3}, v);
+}
+
+// -tanh(tanh(x)) of batch_input, element by element.
+void expect_ttn(const Tensor& in, const StatusOr<std::vector<Tensor>>& out) {
+  ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+  ASSERT_EQ(out.value()[0].shape(), in.shape());
+  for (int64_t i = 0; i < in.numel(); ++i)
+    EXPECT_NEAR(out.value()[0].data<float>()[i], -std::tanh(std::tanh(in.data<float>()[i])), 1e-6) << i;
+}
+
+bool has_subgraph(const Session& s, const std::string& kernel_prefix) {
+  for (const auto& [name, op, dev, kernel] : s.placement())
+    if (op == "Subgraph" && kernel.rfind(kernel_prefix, 0) == 0) return true;
+  return false;
+}
+
+TEST(ShapeVariants, AStaticShapeClaimerTakesADynamicBatchGraphPerBatch) {
+  auto env = make_static_claimer_env();
+  g_static_creates = g_static_runs = 0;
+  SessionOptions opts;
+  opts.devices = {"cpu"};
+  auto created = Session::create(*env, tanh_tanh_neg(), opts);
+  ASSERT_TRUE(created.is_ok()) << created.status().to_string();
+  Session& s = *created.value();
+  // The generic build: N is symbolic, so the claimer took nothing.
+  EXPECT_FALSE(has_subgraph(s, "static_chain"));
+  EXPECT_EQ(s.shape_variant(), "");
+  EXPECT_EQ(g_static_creates, 0);
+  for (int round = 0; round < 3; ++round)
+    for (int64_t batch : {1, 3}) {
+      Tensor in = batch_input(batch, static_cast<float>(round));
+      expect_ttn(in, s.run({{"x", in}}));
+      EXPECT_EQ(s.shape_variant(), "x" + shape_to_string({batch, 3}));
+      EXPECT_TRUE(has_subgraph(s, "static_chain")) << "batch " << batch;
+    }
+  EXPECT_EQ(s.shape_variant_count(), 2u);
+  EXPECT_EQ(g_static_creates, 2);  // one build per shape, reused afterwards
+  EXPECT_EQ(g_static_runs, 6);
+  // The profile follows the build of the last run.
+  for (const auto& p : s.profile()) EXPECT_EQ(p.calls, 0) << p.node;  // profiling is off
+  EXPECT_FALSE(s.planned_arena_bytes().empty());
+}
+
+TEST(ShapeVariants, AVariantThatFailsToBuildIsARunErrorNamingTheShapesAndIsNotCached) {
+  auto env = make_static_claimer_env();
+  g_static_creates = 0;
+  SessionOptions opts;
+  opts.devices = {"cpu"};
+  auto s = Session::create(*env, tanh_tanh_neg(), opts).value();
+  Tensor good = batch_input(2);
+  expect_ttn(good, s->run({{"x", good}}));
+  // Batch 5: the claimer's create refuses it while the variant is built.
+  auto r = s->run({{"x", batch_input(5)}});
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("x[5, 3]"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("batch over 4"), std::string::npos) << r.status().message();
+  EXPECT_EQ(s->shape_variant_count(), 1u);
+  // The next good run works, on its variant.
+  expect_ttn(good, s->run({{"x", good}}));
+  EXPECT_EQ(s->shape_variant(), "x[2, 3]");
+  // The failure was not cached: the same shapes are tried (and refused) again.
+  const int creates = g_static_creates;
+  EXPECT_FALSE(s->run({{"x", batch_input(5)}}).is_ok());
+  EXPECT_EQ(g_static_creates, creates + 1);
+  // Shapes the graph itself refuses build nothing: the generic build names the problem.
+  r = s->run({{"x", Tensor::f32({2, 4}, std::vector<float>(8))}});
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("the model expects [?, 3]"), std::string::npos) << r.status().message();
+  r = s->run({{"x", Tensor::f32({6}, std::vector<float>(6))}});
+  EXPECT_FALSE(r.is_ok());
+  EXPECT_EQ(s->shape_variant_count(), 1u);
+  expect_ttn(batch_input(3), s->run({{"x", batch_input(3)}}));
+  EXPECT_EQ(s->shape_variant_count(), 2u);
+}
+
+TEST(ShapeVariants, PastTheCapRunsUseTheGenericBuild) {
+  auto env = make_static_claimer_env();
+  SessionOptions opts;
+  opts.devices = {"cpu"};
+  opts.shape_variants = 2;
+  auto s = Session::create(*env, tanh_tanh_neg(), opts).value();
+  for (int64_t batch : {1, 2}) {
+    Tensor in = batch_input(batch);
+    expect_ttn(in, s->run({{"x", in}}));
+    EXPECT_TRUE(has_subgraph(*s, "static_chain"));
+  }
+  for (int64_t batch : {3, 4, 3}) {
+    Tensor in = batch_input(batch, 0.5f);
+    expect_ttn(in, s->run({{"x", in}}));
+    EXPECT_EQ(s->shape_variant(), "");
+    EXPECT_FALSE(has_subgraph(*s, "static_chain"));
+  }
+  EXPECT_EQ(s->shape_variant_count(), 2u);
+  // The variants built before the cap stay.
+  Tensor in = batch_input(1, 2.f);
+  expect_ttn(in, s->run({{"x", in}}));
+  EXPECT_EQ(s->shape_variant(), "x[1, 3]");
+}
+
+TEST(ShapeVariants, ZeroTurnsThemOffAndStaticGraphsHaveNone) {
+  auto env = make_static_claimer_env();
+  SessionOptions opts;
+  opts.devices = {"cpu"};
+  opts.shape_variants = 0;
+  auto off = Session::create(*env, tanh_tanh_neg(), opts).value();
+  for (int64_t batch : {1, 3}) {
+    Tensor in = batch_input(batch);
+    expect_ttn(in, off->run({{"x", in}}));
+    EXPECT_EQ(off->shape_variant(), "");
+    EXPECT_FALSE(has_subgraph(*off, "static_chain"));
+  }
+  EXPECT_EQ(off->shape_variant_count(), 0u);
+  // Static inputs: claimed at create, as before; no variant.
+  opts.shape_variants = 8;
+  auto fixed = Session::create(*env, tanh_tanh_neg(3), opts).value();
+  EXPECT_TRUE(has_subgraph(*fixed, "static_chain"));
+  Tensor in = batch_input(3);
+  expect_ttn(in, fixed->run({{"x", in}}));
+  EXPECT_EQ(fixed->shape_variant(), "");
+  EXPECT_EQ(fixed->shape_variant_count(), 0u);
+  opts.shape_variants = -1;
+  EXPECT_FALSE(Session::create(*env, tanh_tanh_neg(), opts).is_ok());
+}
+
+TEST(ShapeVariants, ConcurrentRunsWithDifferentShapesAreSafe) {
+  auto env = make_static_claimer_env();
+  SessionOptions opts;
+  opts.devices = {"cpu"};
+  opts.profile = true;
+  auto s = Session::create(*env, tanh_tanh_neg(), opts).value();
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      Tensor in = batch_input(t + 1);
+      for (int i = 0; i < 25; ++i) {
+        auto r = s->run({{"x", in}});
+        bool good = r.is_ok() && r.value()[0].shape() == in.shape();
+        for (int64_t j = 0; good && j < in.numel(); ++j)
+          good = std::fabs(r.value()[0].data<float>()[j] + std::tanh(std::tanh(in.data<float>()[j]))) < 1e-6f;
+        if (good) ++ok;
+        (void)s->placement();
+      }
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), 100);
+  EXPECT_EQ(s->shape_variant_count(), 4u);
+  s->reset_profile();
+  for (const auto& p : s->profile()) EXPECT_EQ(p.calls, 0) << p.node;
+}
+
+// ---- The same with the oneDNN device (when it is built): a dynamic-batch CNN runs as one oneDNN chain per batch.
+// x[N,4,8,8] -> Conv+bias -> Relu -> Conv+bias -> Add(residual) -> Relu -> GlobalAveragePool -> Flatten -> Gemm.
+Graph dynamic_batch_cnn() {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.f, 0.2f);
+  auto random = [&](const Shape& shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& x : v) x = dist(rng);
+    return Tensor::f32(shape, v);
+  };
+  GraphBuilder b("dyn_cnn", 17);
+  auto x = b.input("x", DType::kF32, {-1, 4, 8, 8});
+  auto conv = [&](const std::string& in, const std::string& name) {
+    return b.op1("Conv", {in, b.constant(name + "_w", random({4, 4, 3, 3})), b.constant(name + "_b", random({4}))},
+                 {{"kernel_shape", Attribute::of_ints({3, 3})}, {"pads", Attribute::of_ints({1, 1, 1, 1})}});
+  };
+  auto r1 = b.op1("Relu", {conv(x, "c1")});
+  auto r2 = b.op1("Relu", {b.op1("Add", {conv(r1, "c2"), r1})});
+  auto f = b.op1("Flatten", {b.op1("GlobalAveragePool", {r2})});
+  b.output(b.op1("Gemm", {f, b.constant("fc_w", random({4, 5})), b.constant("fc_b", random({5}))}));
+  return b.take();
+}
+
+TEST(ShapeVariants, DynamicBatchCnnMatchesTheReferenceAndRunsAsAOneDnnChainPerBatch) {
+  EnvironmentOptions ro;
+  ro.discover_plugins = false;  // the reference kernels only
+  ro.threads = 1;
+  auto ref_env = Environment::create(ro);
+  ASSERT_TRUE(ref_env.is_ok()) << ref_env.status().to_string();
+  auto ref = Session::create(*ref_env.value(), dynamic_batch_cnn(), SessionOptions{});
+  ASSERT_TRUE(ref.is_ok()) << ref.status().to_string();
+
+  EnvironmentOptions o;
+#ifdef KEEL_PLUGIN_DIR_DEFAULT
+  o.plugin_paths.push_back(KEEL_PLUGIN_DIR_DEFAULT);
+#endif
+  o.threads = 1;
+  auto env = Environment::create(o);
+  ASSERT_TRUE(env.is_ok()) << env.status().to_string();
+  SessionOptions opts;
+  opts.devices = {"cpu"};
+  opts.profile = true;
+  auto created = Session::create(*env.value(), dynamic_batch_cnn(), opts);
+  ASSERT_TRUE(created.is_ok()) << created.status().to_string();
+  Session& s = *created.value();
+  bool onednn = false;  // the plugin's single-node kernels take the generic build
+  for (const auto& [name, op, dev, kernel] : s.placement()) onednn = onednn || kernel.rfind("onednn", 0) == 0;
+
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  std::map<int64_t, std::string> chain_of;  // batch -> the chain's kernel name
+  for (int round = 0; round < 2; ++round)
+    for (int64_t batch : {1, 3}) {
+      std::vector<float> v(static_cast<size_t>(batch * 4 * 8 * 8));
+      for (auto& x : v) x = dist(rng);
+      Tensor in = Tensor::f32({batch, 4, 8, 8}, v);
+      auto want = ref.value()->run({{"x", in}});
+      ASSERT_TRUE(want.is_ok()) << want.status().to_string();
+      auto got = s.run({{"x", in}});
+      ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+      ASSERT_EQ(got.value()[0].shape(), (Shape{batch, 5}));
+      for (int64_t i = 0; i < batch * 5; ++i) {
+        const float w = want.value()[0].data<float>()[i];
+        EXPECT_NEAR(got.value()[0].data<float>()[i], w, 1e-4f + 1e-3f * std::fabs(w)) << "batch " << batch << " " << i;
+      }
+      EXPECT_EQ(s.shape_variant(), "x" + shape_to_string({batch, 4, 8, 8}));
+      for (const auto& [name, op, dev, kernel] : s.placement())
+        if (op == "Subgraph") chain_of[batch] = kernel;
+    }
+  EXPECT_EQ(s.shape_variant_count(), 2u);
+  // A shape the model refuses is a clear error; the next good run works.
+  auto bad = s.run({{"x", Tensor::f32({2, 5, 8, 8}, std::vector<float>(2 * 5 * 64))}});
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("[2, 5, 8, 8]"), std::string::npos) << bad.status().message();
+  EXPECT_TRUE(s.run({{"x", Tensor::f32({2, 4, 8, 8}, std::vector<float>(2 * 4 * 64, 0.5f))}}).is_ok());
+  EXPECT_EQ(s.shape_variant_count(), 3u);
+
+  if (!onednn) GTEST_SKIP() << "the oneDNN plugin is not loaded (not built?): claimed chains not checked";
+  for (int64_t batch : {1, 3}) {
+    ASSERT_TRUE(chain_of.count(batch)) << "no claimed subgraph at batch " << batch;
+    EXPECT_EQ(chain_of[batch].rfind("onednn_chain", 0), 0u) << chain_of[batch];
+  }
+  // `keel bench --profile` reads this: the profile of the last run's build has the chain and its steps.
+  bool chain_steps = false;
+  for (const auto& p : s.profile())
+    chain_steps = chain_steps || (p.op_type == "Subgraph" && p.calls > 0 && !p.steps.empty());
+  EXPECT_TRUE(chain_steps);
+}
+
 }  // namespace
 }  // namespace keel

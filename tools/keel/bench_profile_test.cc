@@ -31,10 +31,11 @@ Tensor random_f32(const Shape& shape, std::mt19937& rng) {
 
 // x[1,16,24,24] -> Conv+bias -> Relu -> Conv+bias -> Add(residual) -> Relu -> MaxPool -> GlobalAveragePool ->
 // Flatten -> Gemm -> Softmax.
-Graph small_cnn() {
+// `batch` < 0: a dynamic batch.
+Graph small_cnn(int64_t batch = 1) {
   std::mt19937 rng(1);
   GraphBuilder b("cnn", 17);
-  auto x = b.input("x", DType::kF32, {1, 16, 24, 24});
+  auto x = b.input("x", DType::kF32, {batch, 16, 24, 24});
   auto conv = [&](const std::string& in, const std::string& name) {
     auto w = b.constant(name + "_w", random_f32({16, 16, 3, 3}, rng));
     auto bias = b.constant(name + "_b", random_f32({16}, rng));
@@ -149,6 +150,38 @@ TEST_F(BenchProfile, WithoutProfileTheChainIsNotTimedStepByStep) {
   ASSERT_FALSE(j.is_discarded()) << r.out;
   EXPECT_FALSE(j.contains("profile"));
   EXPECT_FALSE(j.contains("profile_subgraphs"));
+}
+
+// A dynamic-batch model: the runs use the shape variant for the --shape given, and the profile shows its chain.
+TEST_F(BenchProfile, ADynamicBatchModelProfilesTheChainOfItsShapeVariant) {
+  ASSERT_TRUE(save_onnx(small_cnn(-1), dir_ / "dyn.onnx").is_ok());
+  const std::string model = (dir_ / "dyn.onnx").string();
+  CliRun r = keel_cli("--threads 1 bench " + model + " --device cpu --warmup 1 --iters 2 --json --profile " +
+                          "--shape x=2,16,24,24",
+                      dir_);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["shape_variant"], "x[2, 16, 24, 24]");
+  EXPECT_EQ(j["batch"], 2);
+  // --shape-variants 0: the generic build, which still runs.
+  r = keel_cli("--threads 1 bench " + model + " --device cpu --warmup 0 --iters 1 --json --shape-variants 0", dir_);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  nlohmann::json off = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(off.is_discarded()) << r.out;
+  EXPECT_EQ(off["shape_variant"], "");
+  // A shape the model does not take, or no such input: a clear usage error.
+  r = keel_cli("bench " + model + " --shape x=2,3,24,24", dir_);
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("not a shape the model takes for 'x' ([?, 16, 24, 24])"), std::string::npos) << r.err;
+  r = keel_cli("bench " + model + " --shape y=2", dir_);
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("naming a model input"), std::string::npos) << r.err;
+
+  if (j["profile_subgraphs"].empty()) GTEST_SKIP() << "no claimed subgraph (oneDNN plugin not built?)";
+  ASSERT_EQ(j["profile_subgraphs"].size(), 1u) << j["profile_subgraphs"].dump(2);
+  EXPECT_EQ(j["profile_subgraphs"][0]["nodes"].get<int>(), 10);
+  EXPECT_FALSE(j["profile_subgraphs"][0]["steps"].empty());
 }
 
 }  // namespace

@@ -5,7 +5,8 @@
 // compute (profile_by_op_type); --profile-nodes N adds the N slowest nodes / reported steps.
 //
 // Inputs are random (normal floats, small non-negative integers), made once before the timed runs. `--batch N`
-// sets the first dimension of every input whose first dimension is dynamic or 1, and re-infers the shapes.
+// sets the first dimension of every input whose first dimension is dynamic or 1, and re-infers the shapes;
+// `--shape NAME=D0,D1,...` picks the run shape of an input with dynamic dims and leaves the model dynamic.
 // `--threads` is the global flag (the environment's thread count; the oneDNN plugin follows it).
 #include <sys/resource.h>
 
@@ -17,6 +18,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 
 #include "core/base/thread_pool.h"
 #include "core/runtime/onnx_io.h"
@@ -40,6 +42,8 @@ struct BenchArgs {
   int profile_nodes = 0;  // with the profile: the N slowest nodes / reported steps
   bool trim = false;  // after the runs, give the pools' cached segments back and report what that released
   std::string passes = "auto";
+  int shape_variants = SessionOptions{}.shape_variants;
+  std::vector<std::string> shapes;  // NAME=D0,D1,...: the shape of an input's random tensor (dynamic dims)
 };
 
 
@@ -87,6 +91,40 @@ int bench(const BenchArgs& a, Globals& g) {
       if (!keep.count(n)) vi.shape.reset();
     batch = a.batch;
   }
+  // --shape: run shapes for inputs with dynamic dims (the model stays dynamic: the session specialises to them).
+  std::map<std::string, Shape> run_shapes;
+  for (const auto& spec : a.shapes) {
+    const auto eq = spec.find('=');
+    const std::string name = spec.substr(0, eq);
+    const ValueInfo* vi = graph.info(name);
+    if (eq == std::string::npos || !graph.is_graph_input(name) || vi == nullptr) {
+      std::cerr << "keel bench: --shape " << spec << ": expected NAME=D0,D1,... naming a model input\n";
+      return 1;
+    }
+    Shape shape;
+    std::stringstream ss(spec.substr(eq + 1));
+    std::string item;
+    bool ok = true;
+    while (std::getline(ss, item, ',')) {
+      try {
+        size_t used = 0;
+        shape.push_back(std::stoll(item, &used));
+        ok = ok && used == item.size() && shape.back() >= 0;
+      } catch (const std::exception&) {
+        ok = false;
+      }
+    }
+    if (ok && vi->shape) {
+      ok = vi->shape->size() == shape.size();
+      for (size_t i = 0; ok && i < shape.size(); ++i) ok = (*vi->shape)[i] < 0 || (*vi->shape)[i] == shape[i];
+    }
+    if (!ok) {
+      std::cerr << "keel bench: --shape " << spec << ": not a shape the model takes for '" << name << "' ("
+                << (vi->shape ? shape_to_string(*vi->shape) : std::string("any rank")) << ")\n";
+      return 1;
+    }
+    run_shapes[name] = shape;
+  }
   std::mt19937 rng(0);
   std::vector<std::pair<std::string, Tensor>> inputs;
   for (const auto& name : graph.inputs) {
@@ -96,6 +134,7 @@ int bench(const BenchArgs& a, Globals& g) {
       return 1;
     }
     Shape shape = vi->shape.value_or(Shape{});
+    if (auto it = run_shapes.find(name); it != run_shapes.end()) shape = it->second;
     for (auto& d : shape)
       if (d < 0) d = 1;
     if (batch == 0 && !shape.empty()) batch = shape[0];
@@ -118,6 +157,7 @@ int bench(const BenchArgs& a, Globals& g) {
     return 1;
   }
   so.profile = a.profile || a.profile_nodes > 0;
+  so.shape_variants = a.shape_variants;
   auto t_create = std::chrono::steady_clock::now();
   auto session = Session::create(*env, std::move(graph), so);
   double create_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_create).count();
@@ -161,7 +201,8 @@ int bench(const BenchArgs& a, Globals& g) {
 
   // Kernels per op type (where oneDNN ran and where the reference did) and the profile.
   std::map<std::string, std::map<std::string, int>> kernels;  // op -> kernel -> nodes
-  for (const auto& [node, op, dev, kernel] : s.placement()) kernels[op][dev + ":" + kernel]++;
+  std::string variant;  // the shape variant the runs used ("" = the graph as created)
+  for (const auto& [node, op, dev, kernel] : s.placement(&variant)) kernels[op][dev + ":" + kernel]++;
   const bool profiling = so.profile;
   const std::vector<NodeProfile> prof = profiling ? s.profile() : std::vector<NodeProfile>{};
   const std::vector<OpTypeProfile> ops = profile_by_op_type(prof);
@@ -227,6 +268,7 @@ int bench(const BenchArgs& a, Globals& g) {
     j["planned_arena_bytes"] = arena;
     j["kernel_workspace_bytes"] = workspace;
     j["fallbacks"] = s.fallbacks().size();
+    j["shape_variant"] = variant;
     nlohmann::json jk;
     for (const auto& [op, m] : kernels)
       for (const auto& [k, n] : m) jk[op][k] = n;
@@ -274,7 +316,9 @@ int bench(const BenchArgs& a, Globals& g) {
   std::cout << "model      " << a.model << "\n";
   std::cout << "device     " << (a.device.empty() ? "auto" : a.device) << ", " << threads << " thread(s), batch " << batch
             << "\n";
-  std::cout << "session    created in " << create_ms << " ms; " << s.fallbacks().size() << " fallback(s)\n";
+  std::cout << "session    created in " << create_ms << " ms; " << s.fallbacks().size() << " fallback(s)";
+  if (!variant.empty()) std::cout << "; runs specialised to " << variant << " (shape variant)";
+  std::cout << "\n";
   std::cout << "latency    median " << median << " ms, p90 " << p90 << " ms, mean " << mean << " ms, min " << minimum
             << " ms (" << times.size() << " runs after " << a.warmup << " warm-up)\n";
   std::cout << "throughput " << std::setprecision(1) << throughput << " samples/s\n";
@@ -356,6 +400,13 @@ void add_bench_command(CLI::App& app, Globals& g) {
   cmd->add_flag("--profile", a->profile,
                 "Per-op-type time breakdown (Session profile; claimed subgraphs split into the op types they run)");
   cmd->add_option("--profile-nodes", a->profile_nodes, "With the profile: also list the N slowest nodes / steps")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--shape", a->shapes,
+                  "NAME=D0,D1,...: the shape of an input's random tensor where the model leaves dims dynamic "
+                  "(default 1; repeatable); the model stays dynamic (see --shape-variants)");
+  cmd->add_option("--shape-variants", a->shape_variants,
+                  "Shape variants a session builds for a model whose inputs have dynamic dims: each run shape gets "
+                  "the graph specialised to it, up to N of them (0 = off)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--trim", a->trim, "After the runs, trim the device memory pools and report what was released");
   cmd->callback([a, &g] {

@@ -89,6 +89,7 @@ struct RunArgs {
   int warmup = 0;
   int print_values = 8;
   uint32_t seed = 0;
+  int shape_variants = SessionOptions{}.shape_variants;
 };
 
 
@@ -211,6 +212,7 @@ int run_model(const RunArgs& a, Globals& g) {
   if (!env) return 1;
   SessionOptions so;
   if (!a.device.empty()) so.devices = {a.device};
+  so.shape_variants = a.shape_variants;
   so.passes = session_passes(a.passes, graph, *env);
   if (Status st = append_precision_pass(a.precision, a.passes == "auto", *env, so.passes); !st.is_ok()) {
     std::cerr << "keel run: " << st.to_string() << "\n";
@@ -311,6 +313,10 @@ void add_run_command(CLI::App& app, Globals& g) {
   cmd->add_option("--warmup", a->warmup, "Untimed runs before the timed ones")->check(CLI::NonNegativeNumber);
   cmd->add_option("--print", a->print_values, "How many values of each output to print")->check(CLI::NonNegativeNumber);
   cmd->add_option("--seed", a->seed, "Seed of the random inputs");
+  cmd->add_option("--shape-variants", a->shape_variants,
+                  "Shape variants a session builds for a model whose inputs have dynamic dims: each run shape gets "
+                  "the graph specialised to it, up to N of them (0 = off)")
+      ->check(CLI::NonNegativeNumber);
   cmd->callback([a, &g] {
     int rc = run_model(*a, g);
     if (rc != 0) throw CLI::RuntimeError(rc);

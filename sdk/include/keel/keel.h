@@ -227,7 +227,8 @@ typedef enum keel_fallback_e {
   KEEL_FALLBACK_ERROR = 1, /* such a node fails session creation, naming the node and the reason */
 } keel_fallback_t;
 
-/* New session options with the defaults: every device by priority, fallback to the CPU, no passes, no profile.
+/* New session options with the defaults: every device by priority, fallback to the CPU, no passes, no profile, up
+ * to 8 shape variants.
  * The caller owns *out_options. Thread-compatible. */
 KEEL_API keel_status_t keel_session_options_create(keel_session_options_t* out_options);
 KEEL_API void keel_session_options_release(keel_session_options_t options);
@@ -242,6 +243,13 @@ KEEL_API keel_status_t keel_session_options_add_pass(keel_session_options_t opti
 KEEL_API keel_status_t keel_session_options_set_threads(keel_session_options_t options, int32_t threads);
 /* 1: collect per-node timings (keel_session_profile_info). Default 0. */
 KEEL_API keel_status_t keel_session_options_set_profile(keel_session_options_t options, int32_t profile);
+/* Shape specialisation for models whose inputs have dynamic dims (a symbolic batch or sequence length): a run whose
+ * dynamic inputs have shapes not seen before builds the graph again with those dims fixed (placement, claims,
+ * kernels, memory plan), so that devices which only fuse static shapes (the oneDNN chains) take it; later runs with
+ * those shapes reuse it. At most `count` such variants are kept (default 8; each holds its own kernels and arena);
+ * runs with further shapes use the graph as created. 0 turns it off. Models with static inputs are not affected.
+ * Negative: INVALID_ARGUMENT. */
+KEEL_API keel_status_t keel_session_options_set_shape_variants(keel_session_options_t options, int32_t count);
 
 /* Creates a session: passes, placement, kernel instances, memory plan. `model` is copied (it may be released right
  * after), `options` may be NULL (defaults) and may be released right after. NOT_FOUND for an unavailable device
@@ -301,7 +309,9 @@ typedef struct keel_fallback_info_s {
   const char* reason;
 } keel_fallback_info_t;
 
-/* Placement and fallbacks as decided at creation. Strings live as long as the session. Thread-safe. */
+/* Placement: that of the most recent run (for a model with dynamic input dims, the shape variant it ran; before
+ * the first run, and for static models, as decided at creation). Fallbacks: as decided at creation. Strings live as
+ * long as the session. Thread-safe (a run on another thread may change which placement the next call sees). */
 KEEL_API keel_status_t keel_session_placement_count(keel_session_t session, size_t* out_count);
 KEEL_API keel_status_t keel_session_placement_info(keel_session_t session, size_t index,
                                                    keel_node_placement_t* out_info);
@@ -309,7 +319,7 @@ KEEL_API keel_status_t keel_session_fallback_count(keel_session_t session, size_
 KEEL_API keel_status_t keel_session_fallback_info(keel_session_t session, size_t index, keel_fallback_info_t* out_info);
 
 /* Per-node timings collected so far (only with keel_session_options_set_profile). Indices are those of the
- * placement list; the node strings are the placement's. Not concurrently with keel_session_run on the session. */
+ * placement list (the most recent run's); the node strings are the placement's. Not concurrently with keel_session_run on the session. */
 typedef struct keel_node_profile_s {
   uint32_t struct_size;  /* set by the caller: sizeof(keel_node_profile_t) */
   const char* node;

@@ -229,6 +229,7 @@ struct SessionOptions {
   keel_fallback_t fallback = KEEL_FALLBACK_CPU;
   std::vector<std::string> passes;
   bool profile = false;
+  int32_t shape_variants = 8;  // keel_session_options_set_shape_variants; 0 = off
 };
 
 struct ValueInfo {
@@ -249,6 +250,7 @@ class Session {
     check(keel_session_options_set_fallback(opts, o.fallback));
     for (const auto& p : o.passes) check(keel_session_options_add_pass(opts, p.c_str()));
     check(keel_session_options_set_profile(opts, o.profile ? 1 : 0));
+    check(keel_session_options_set_shape_variants(opts, o.shape_variants));
     keel_session_t s = nullptr;
     check(keel_session_create(env.get(), model.get(), opts, &s));
     h_ = decltype(h_)(s);
