@@ -46,6 +46,7 @@
 #include <sstream>
 
 #include "onednn_common.h"
+#include "onednn_silu.h"
 
 namespace keel::onednn {
 namespace {
@@ -152,7 +153,34 @@ struct Exec {
   dnnl::primitive prim;
   std::unordered_map<int, dnnl::memory> args;
   bool single = false;  // runs on one OpenMP thread (a small memory-bound step: see Builder::exec)
+  // A step of the plugin's own instead of a primitive (prim is then empty), run with the exec itself.
+  void (*own)(const Exec&) = nullptr;
 };
+
+// Exec::own of a SiLU step: x * sigmoid(x) in place over its DNNL_ARG_DST memory (onednn_silu.h), split over the
+// OpenMP team (contiguous 16-float-aligned parts) unless the step is a single-thread one.
+void run_silu(const Exec& e) {
+  const dnnl::memory& m = e.args.at(DNNL_ARG_DST);
+  float* p = static_cast<float*>(m.get_data_handle());
+  const size_t n = m.get_desc().get_size() / sizeof(float);
+  const int team = e.single ? 1 : omp_get_max_threads();
+  if (team <= 1) {
+    silu_inplace(p, n);
+    return;
+  }
+#pragma omp parallel num_threads(team)
+  {
+    const size_t k = static_cast<size_t>(omp_get_num_threads()), t = static_cast<size_t>(omp_get_thread_num());
+    const size_t per = (n / 16 + k - 1) / k * 16;
+    const size_t b = std::min(n, t * per), end = t + 1 == k ? n : std::min(n, b + per);
+    silu_inplace(p + b, end - b);
+  }
+}
+
+void run_step(const Exec& e, dnnl::stream& s) {
+  if (e.own) e.own(e);
+  else e.prim.execute(s, e.args);
+}
 
 // Weights in the primitives' layouts, packed into 2 MiB-aligned chunks that the kernel may back with huge pages
 // (madvise): a batch-1 network streams its weights from memory on every run (ResNet-50: 100 MB), and with 4 KiB
@@ -445,11 +473,14 @@ class Builder {
     std::vector<float> bn_scale, bn_shift;  // conv: folded BatchNormalization
     std::vector<float> mm_bias;        // matmul: constant bias over the last axis
     float out_scale = 1.f;             // matmul: scalar applied before the bias
+    bool silu_pass = false;            // conv: a trailing SiLU runs as the chain's own step (take_silu)
     std::vector<size_t> nodes;         // fused nodes
     int count = 0;
   };
   bool eltwise_of(const NodeDesc& n, alg* a, float* alpha, float* beta);
   Fusion fuse_after(const std::string& out, size_t at, bool conv, int64_t channels);
+  bool take_silu(Fusion& f);
+  void exec_silu(const Val& v);
 
   // --- ops
   void conv(size_t i);
@@ -833,6 +864,50 @@ Builder::Fusion Builder::fuse_after(const std::string& out, size_t at, bool conv
   return f;
 }
 
+// A SiLU (swish post-op) at the end of a convolution's fusion runs as the chain's own step after the primitive
+// (exec_silu) instead: oneDNN 2.6's swish costs more than a 1x1 convolution's arithmetic on EfficientNet's shapes
+// (onednn_silu.h, PERFORMANCE.md). Strips it from f.po and returns true; false, changing nothing, when the option is
+// off, the CPU lacks AVX-512 (the pass would be scalar), the node computes in bf16, or the chain holds post-op kinds
+// other than eltwise and sum before it.
+bool Builder::take_silu(Fusion& f) {
+  if (!g_options.silu_pass || !silu_fast() || act_ != dt::f32) return false;
+  const int last = f.po.len() - 1;
+  if (last < 0 || f.po.kind(last) != dnnl::primitive::kind::eltwise) return false;
+  float scale, alpha, beta;
+  alg a;
+  f.po.get_params_eltwise(last, scale, a, alpha, beta);
+  if (a != alg::eltwise_swish || scale != 1.f || alpha != 1.f) return false;
+  dnnl::post_ops po;
+  for (int k = 0; k < last; ++k) {
+    if (f.po.kind(k) == dnnl::primitive::kind::eltwise) {
+      f.po.get_params_eltwise(k, scale, a, alpha, beta);
+      po.append_eltwise(scale, a, alpha, beta);
+    } else if (f.po.kind(k) == dnnl::primitive::kind::sum) {
+      f.po.get_params_sum(k, scale);
+      po.append_sum(scale);
+    } else {
+      return false;
+    }
+  }
+  f.po = po;
+  return true;
+}
+
+// The chain's own SiLU step, in place over value `v` (f32, any dense layout: blocked padding is 0 and stays 0).
+// Touching under 1 MiB it runs on one thread, as the other memory-bound steps (exec).
+void Builder::exec_silu(const Val& v) {
+  dnnl::memory m = mem_of(v);
+  p_->impls.push_back("keel:silu_avx512");
+  exec_layout_.push_back(false);
+  p_->what.push_back((cur_node_ < r_.nodes.size() ? r_.nodes[cur_node_].name : std::string("(outputs)")) + " SiLU " +
+                     dims_str(md_dims(v.md)));
+  Exec e;
+  e.args = {{DNNL_ARG_DST, m}};
+  e.single = v.md.get_size() < (1u << 20);
+  e.own = run_silu;
+  p_->execs.push_back(std::move(e));
+}
+
 // Conv, 2-D, constant weights (and bias).
 void Builder::conv(size_t i) {
   const NodeDesc& n = r_.nodes[i];
@@ -871,6 +946,7 @@ void Builder::conv(size_t i) {
     y[2 + k] = span / s[k] + 1;
   }
   Fusion f = fuse_after(n.out[0], i, true, M);
+  f.silu_pass = take_silu(f);
   // Weights and bias with folds applied.
   std::vector<float> w(W->f32(), W->f32() + W->count());
   std::vector<float> bias(M, 0.f);
@@ -957,7 +1033,10 @@ void Builder::conv(size_t i) {
 // the 112x112 and two 56x56 ones at 1). Option dw_fusion (KEEL_ONEDNN_DW_FUSION=0) turns it off (for A/B runs).
 bool Builder::conv_dw_fused(size_t i, const Fusion& f, const md_t& src, const md_t& wany, const md_t& bmd,
                             const std::vector<float>& w, const std::vector<float>& bias, double flops) {
-  if (!g_options.dw_fusion) return false;
+  // With the 1x1's SiLU as the chain's own pass the depthwise one cannot read its output inside the kernel; and
+  // unfused is faster then anyway (EfficientNet-B0's 24->144 block at 56x56: 541 us fused with oneDNN's swish, 405 us
+  // as two convolutions each followed by the SiLU pass).
+  if (!g_options.dw_fusion || f.silu_pass) return false;
   const size_t u = sole_user(f.out);
   if (u == npos) return false;
   const NodeDesc& dn = r_.nodes[u];
@@ -1083,6 +1162,7 @@ void Builder::conv_like_tail(size_t i, const Fusion& f, dnnl::primitive prim, co
   args[DNNL_ARG_DST] = mem_of(out);
   p_->flops += flops;
   exec(std::move(prim), std::move(args));
+  if (f.silu_pass) exec_silu(out);
   for (size_t k : f.nodes) done_[k] = true;
 }
 
@@ -1852,6 +1932,8 @@ void Builder::slice(size_t i) {
 // ------------------------------------------------------------------------------------------- the claim's state
 
 const char* kind_name(dnnl::primitive::kind k);
+// The kind of a step for logs and the profile: the primitive's, "eltwise" for the plugin's own steps.
+const char* step_kind(const Exec& e) { return e.own ? "eltwise" : kind_name(e.prim.get_kind()); }
 
 struct Chain {
   Recipe recipe;
@@ -1879,7 +1961,7 @@ struct Chain {
       os << "\n  steps, fastest run of each (sum " << sum << " ms):";
       for (size_t k = 0; k < step_min.size(); ++k)
         os << "\n  " << std::setw(3) << k << " " << std::setw(8) << step_min[k] << " ms  "
-           << (plan->execs[k].single ? "1t " : "   ") << kind_name(plan->execs[k].prim.get_kind()) << " "
+           << (plan->execs[k].single ? "1t " : "   ") << step_kind(plan->execs[k]) << " "
            << plan->impls[k] << "  " << plan->what[k];
     }
     if (g_host && g_host->log) g_host->log(g_plugin_handle, KEEL_LOG_INFO, os.str().c_str());
@@ -1976,14 +2058,14 @@ void run_chain(Chain& ch, Ctx& c) {
     for (size_t k = 0; k < p.execs.size(); ++k) {
       threads_for(p.execs[k]);
       auto t0 = std::chrono::steady_clock::now();
-      p.execs[k].prim.execute(s, p.execs[k].args);
+      run_step(p.execs[k], s);
       s.wait();
       double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (report) {
         keel_profile_step_t st;
         std::memset(&st, 0, sizeof st);
         st.struct_size = sizeof st;
-        st.kind = kind_name(p.execs[k].prim.get_kind());
+        st.kind = step_kind(p.execs[k]);
         st.implementation = p.impls[k].c_str();
         st.op_type = k < p.step_op.size() ? p.step_op[k] : "";
         if (k < p.step_nodes.size()) {
@@ -1994,7 +2076,7 @@ void run_chain(Chain& ch, Ctx& c) {
         keel_status_release(kapi->profile_step(c.raw(), &st));
       }
       if (!g_options.profile) continue;
-      auto& row = ch.profile[std::string(kind_name(p.execs[k].prim.get_kind())) + " " + p.impls[k]];
+      auto& row = ch.profile[std::string(step_kind(p.execs[k])) + " " + p.impls[k]];
       row.first += ms;
       row.second++;
       if (ch.step_min.size() != p.execs.size()) ch.step_min.assign(p.execs.size(), 1e30);
@@ -2005,7 +2087,7 @@ void run_chain(Chain& ch, Ctx& c) {
   }
   for (auto& e : p.execs) {
     threads_for(e);
-    e.prim.execute(s, e.args);
+    run_step(e, s);
   }
   s.wait();
 }

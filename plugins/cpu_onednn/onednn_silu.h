@@ -1,0 +1,26 @@
+// plugins/cpu_onednn/onednn_silu.h — (internal) SiLU, x * sigmoid(x), in place over f32 memory: the chains'
+// replacement for oneDNN 2.6's swish post-op.
+//
+// oneDNN's swish (post-op or eltwise primitive: the same jit code) computes exp with a range reduction, a
+// polynomial and a division per vector; measured here (AMD EPYC, AVX-512, 1 thread) it costs more than the 1x1
+// convolution it follows: EfficientNet-B0's 24->144 expansion at 56x56 took 148 us plain and 255 us with the swish
+// post-op, 203 us plain plus this pass over its output (see PERFORMANCE.md).
+#pragma once
+
+#include <cstddef>
+
+namespace keel::onednn {
+
+// True when silu_inplace runs its AVX-512 code on this CPU (otherwise a scalar loop: callers should prefer oneDNN's
+// swish then).
+bool silu_fast();
+
+// p[i] = p[i] / (1 + exp(-p[i])) for i < n, in place. Relative error below 1e-6 against the exact function where
+// |result| > 1e-30 (below x = -87 the result is 0, the exact one under 1e-35); NaN stays NaN, +inf gives +inf,
+// -inf gives 0. Thread-safe (touches only p); runs on the calling thread. p needs no alignment.
+void silu_inplace(float* p, size_t n);
+
+// The same by the straightforward scalar formula (the reference the fast path is tested against, and the fallback).
+void silu_inplace_scalar(float* p, size_t n);
+
+}  // namespace keel::onednn
