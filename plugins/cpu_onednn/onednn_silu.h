@@ -20,7 +20,13 @@ bool silu_fast();
 // -inf gives 0. Thread-safe (touches only p); runs on the calling thread. p needs no alignment.
 void silu_inplace(float* p, size_t n);
 
-// The same by the straightforward scalar formula (the reference the fast path is tested against, and the fallback).
+// SiLU in place over one 16-channel block of nChw16c memory (hw pixels of 16 floats each, at p) and the mean of
+// each of its 16 channels over those pixels, after SiLU, into mean[0..15]: a SiLU followed by the global average
+// pooling of squeeze-excite in one pass. Thread-safe as silu_inplace; p needs no alignment.
+void silu_inplace_mean16(float* p, size_t hw, float* mean);
+
+// silu_inplace by the straightforward scalar formula (the reference the fast path is tested against, and the
+// fallback).
 void silu_inplace_scalar(float* p, size_t n);
 
 }  // namespace keel::onednn

@@ -73,5 +73,27 @@ TEST(OnednnSilu, UnalignedPointer) {
   EXPECT_EQ(buf[100], want[100]);
 }
 
+// The fused SiLU + per-channel mean over one nChw16c block: the same SiLU, and each channel's mean of it.
+TEST(OnednnSilu, MeanOverABlock) {
+  for (size_t hw : {0ul, 1ul, 2ul, 3ul, 49ul, 196ul, 3136ul}) {
+    std::vector<float> x(hw * 16 + 5, 3.f), mean(17, -1.f);
+    for (size_t i = 0; i < hw * 16; ++i) x[i] = std::sin(static_cast<float>(i) * 0.37f) * 8.f;
+    std::vector<float> y = x;
+    silu_inplace_mean16(y.data(), hw, mean.data());
+    for (int c = 0; c < 16; ++c) {
+      double sum = 0;
+      for (size_t i = 0; i < hw; ++i) {
+        double want = exact(x[16 * i + c]);
+        ASSERT_LE(std::fabs(y[16 * i + c] - want), 1e-6 * std::max(1.0, std::fabs(want))) << "hw " << hw;
+        sum += want;
+      }
+      const double m = hw ? sum / static_cast<double>(hw) : 0.0;
+      EXPECT_NEAR(mean[c], m, 1e-5 * std::max(1.0, std::fabs(m))) << "hw " << hw << ", channel " << c;
+    }
+    EXPECT_EQ(mean[16], -1.f) << "wrote past the 16 means";
+    for (size_t i = hw * 16; i < x.size(); ++i) ASSERT_EQ(y[i], 3.f) << "wrote past the block";
+  }
+}
+
 }  // namespace
 }  // namespace keel::onednn

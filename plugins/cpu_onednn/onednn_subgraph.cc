@@ -177,6 +177,23 @@ void run_silu(const Exec& e) {
   }
 }
 
+// The pooled output of a SiLU step that also computes squeeze-excite's GlobalAveragePool (run_silu_mean).
+constexpr int kArgPooled = DNNL_ARG_DST_1;
+
+// Exec::own of a SiLU step fused with the GlobalAveragePool reading its output: DNNL_ARG_DST is nChw16c
+// [N,C,H,W] (SiLU in place), kArgPooled nChw16c [N,C,1,1] (each channel's mean); the (batch, 16-channel block)
+// pairs are split over the OpenMP team unless the step is a single-thread one.
+void run_silu_mean(const Exec& e) {
+  const dnnl::memory& m = e.args.at(DNNL_ARG_DST);
+  const dnnl::memory::dims d = m.get_desc().dims();
+  float* p = static_cast<float*>(m.get_data_handle());
+  float* mean = static_cast<float*>(e.args.at(kArgPooled).get_data_handle());
+  const int64_t blocks = d[0] * ((d[1] + 15) / 16), hw = d[2] * d[3];
+  const int team = e.single ? 1 : omp_get_max_threads();
+#pragma omp parallel for num_threads(team) schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) silu_inplace_mean16(p + b * hw * 16, static_cast<size_t>(hw), mean + b * 16);
+}
+
 void run_step(const Exec& e, dnnl::stream& s) {
   if (e.own) e.own(e);
   else e.prim.execute(s, e.args);
@@ -480,7 +497,7 @@ class Builder {
   bool eltwise_of(const NodeDesc& n, alg* a, float* alpha, float* beta);
   Fusion fuse_after(const std::string& out, size_t at, bool conv, int64_t channels);
   bool take_silu(Fusion& f);
-  void exec_silu(const Val& v);
+  void exec_silu(const Val& v, const std::string& name);
 
   // --- ops
   void conv(size_t i);
@@ -893,18 +910,36 @@ bool Builder::take_silu(Fusion& f) {
   return true;
 }
 
-// The chain's own SiLU step, in place over value `v` (f32, any dense layout: blocked padding is 0 and stays 0).
-// Touching under 1 MiB it runs on one thread, as the other memory-bound steps (exec).
-void Builder::exec_silu(const Val& v) {
-  dnnl::memory m = mem_of(v);
-  p_->impls.push_back("keel:silu_avx512");
+// The chain's own SiLU step, in place over value `v` named `name` (f32, any dense layout: blocked padding is 0 and
+// stays 0). Under 128 KiB it runs on one thread: it is compute-bound (about 1.75 ns per 16 floats on one core), so
+// unlike the memory-bound steps (exec) a second thread pays off from a few microseconds of work.
+// When `v` is nChw16c and read by a GlobalAveragePool (squeeze-excite after EfficientNet's depthwise convolutions),
+// the same pass computes the pooling too (each channel's mean, as nChw16c [N,C,1,1]) and that node is done: its
+// step and a second read of the tensor saved.
+void Builder::exec_silu(const Val& v, const std::string& name) {
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_DST, mem_of(v)}};
+  const Dims d = md_dims(v.md);
+  std::string what = " SiLU ";
+  if (d.size() == 4 && v.md == md_t(v.md.dims(), dt::f32, tag::nChw16c)) {
+    for (size_t u : users(name)) {
+      const NodeDesc& pn = r_.nodes[u];
+      if (done_[u] || pn.op != "GlobalAveragePool" || pn.in.size() != 1 || pn.in[0] != name || pn.out.size() != 1)
+        continue;
+      Val& pv = define(pn.out[0], md_t({d[0], d[1], 1, 1}, dt::f32, tag::nChw16c));
+      args[kArgPooled] = mem_of(pv);
+      done_[u] = true;
+      what = " SiLU + GlobalAveragePool ";
+      break;
+    }
+  }
+  p_->impls.push_back(args.count(kArgPooled) ? "keel:silu_mean_avx512" : "keel:silu_avx512");
   exec_layout_.push_back(false);
-  p_->what.push_back((cur_node_ < r_.nodes.size() ? r_.nodes[cur_node_].name : std::string("(outputs)")) + " SiLU " +
-                     dims_str(md_dims(v.md)));
+  p_->what.push_back((cur_node_ < r_.nodes.size() ? r_.nodes[cur_node_].name : std::string("(outputs)")) + what +
+                     dims_str(d));
   Exec e;
-  e.args = {{DNNL_ARG_DST, m}};
-  e.single = v.md.get_size() < (1u << 20);
-  e.own = run_silu;
+  e.single = v.md.get_size() < (128u << 10);
+  e.own = args.count(kArgPooled) ? run_silu_mean : run_silu;
+  e.args = std::move(args);
   p_->execs.push_back(std::move(e));
 }
 
@@ -1162,7 +1197,7 @@ void Builder::conv_like_tail(size_t i, const Fusion& f, dnnl::primitive prim, co
   args[DNNL_ARG_DST] = mem_of(out);
   p_->flops += flops;
   exec(std::move(prim), std::move(args));
-  if (f.silu_pass) exec_silu(out);
+  if (f.silu_pass) exec_silu(out, f.out);
   for (size_t k : f.nodes) done_[k] = true;
 }
 

@@ -1128,6 +1128,26 @@ void add_chain_cases(std::vector<OpCase>& v) {
                conv({"$12", "WP", "BP"}, 1, 1, 0),     {"Add", {"$13", "X"}, {}}};
     v.push_back(c);
   }
+  // SiLU as the chain's own pass after a convolution whose residual Add is a sum post-op, over 40 channels (nChw16c
+  // padded to 48) at batch 2; the squeeze-excite GlobalAveragePool computed by that same pass (all batches and
+  // channel blocks), then the excitation and the projection.
+  {
+    OpCase c;
+    c.op = "Chain";
+    c.label = "SiLU pass after conv + residual, fused squeeze-excite pooling, C=40 batch 2";
+    c.inputs = {in("X", {2, 16, 10, 10}),        in("W1", {40, 16, 3, 3}, true, -0.3f, 0.3f), in("B1", {40}, true),
+                in("R", {2, 40, 10, 10}),
+                in("WS", {10, 40, 1, 1}, true, -0.4f, 0.4f), in("BS", {10}, true),
+                in("WX", {40, 10, 1, 1}, true, -0.4f, 0.4f), in("BX", {40}, true),
+                in("WP", {16, 40, 1, 1}, true, -0.2f, 0.2f)};
+    c.chain = {conv({"X", "W1", "B1"}, 3, 1, 1),   {"Add", {"$0", "R"}, {}},
+               {"Sigmoid", {"$1"}, {}},           {"Mul", {"$1", "$2"}, {}},                              // $3
+               {"GlobalAveragePool", {"$3"}, {}},                                                        // $4
+               conv({"$4", "WS", "BS"}, 1, 1, 0), {"Sigmoid", {"$5"}, {}}, {"Mul", {"$5", "$6"}, {}},
+               conv({"$7", "WX", "BX"}, 1, 1, 0), {"Sigmoid", {"$8"}, {}}, {"Mul", {"$3", "$9"}, {}},
+               conv({"$10", "WP"}, 1, 1, 0)};
+    v.push_back(c);
+  }
   {
     OpCase c;
     c.op = "Chain";
