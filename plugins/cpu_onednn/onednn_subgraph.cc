@@ -29,6 +29,7 @@
 // GlobalAveragePool/GlobalMaxPool, Concat, MatMul, Gemm, Softmax (last axis), LayerNormalization (last axis; ai.onnx
 // 17, keel.LayerNormalization, or the decomposed pattern), Transpose, Slice (step 1), Reshape, Flatten, Squeeze,
 // Unsqueeze, Identity, Cast (f32 <-> bf16).
+#include <immintrin.h>
 #include <omp.h>
 #include <sys/mman.h>
 
@@ -44,6 +45,7 @@
 #include <new>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "onednn_common.h"
 #include "onednn_silu.h"
@@ -192,6 +194,55 @@ void run_silu_mean(const Exec& e) {
   const int team = e.single ? 1 : omp_get_max_threads();
 #pragma omp parallel for num_threads(team) schedule(static)
   for (int64_t b = 0; b < blocks; ++b) silu_inplace_mean16(p + b * hw * 16, static_cast<size_t>(hw), mean + b * 16);
+}
+
+// Exec::own of a squeeze-excite scale folded into a 1x1 convolution's weights (Builder::fold_channel_scale):
+// DST (the primitive's weights) = SRC (the same weights unscaled) * scale[map[j]] element by element, where map
+// holds each element's input channel (0 on padding, which is 0 in SRC) and kArgScale is the [1,C,1,1] scale.
+// run_scale_weights16: the same where each 16 consecutive floats share one input channel (oneDNN's OIhw16i16o
+// layouts of the 1x1 kernels), map holding one channel per 16 floats.
+constexpr int kArgScale = DNNL_ARG_SRC_1, kArgMap = DNNL_ARG_SRC_2;
+__attribute__((target("avx512f"))) void scale_gather_avx512(float* dst, const float* src, const float* scale,
+                                                           const int32_t* map, size_t n) {
+  size_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m512 g =  // the masked form: GCC 12 warns about the plain one's undefined source
+        _mm512_mask_i32gather_ps(_mm512_setzero_ps(), 0xffff, _mm512_loadu_si512(map + j), scale, 4);
+    _mm512_storeu_ps(dst + j, _mm512_mul_ps(_mm512_loadu_ps(src + j), g));
+  }
+  for (; j < n; ++j) dst[j] = src[j] * scale[map[j]];
+}
+void run_scale_weights(const Exec& e) {
+  const dnnl::memory& d = e.args.at(DNNL_ARG_DST);
+  float* dst = static_cast<float*>(d.get_data_handle());
+  const float* src = static_cast<const float*>(e.args.at(DNNL_ARG_SRC).get_data_handle());
+  const float* scale = static_cast<const float*>(e.args.at(kArgScale).get_data_handle());
+  const int32_t* map = static_cast<const int32_t*>(e.args.at(kArgMap).get_data_handle());
+  const size_t n = d.get_desc().get_size() / sizeof(float);
+  if (silu_fast()) {
+    scale_gather_avx512(dst, src, scale, map, n);
+    return;
+  }
+  for (size_t j = 0; j < n; ++j) dst[j] = src[j] * scale[map[j]];
+}
+
+__attribute__((target("avx512f"))) void scale_rows_avx512(float* dst, const float* src, const float* scale,
+                                                         const int32_t* map, size_t rows) {
+  for (size_t r = 0; r < rows; ++r)
+    _mm512_storeu_ps(dst + 16 * r, _mm512_mul_ps(_mm512_loadu_ps(src + 16 * r), _mm512_set1_ps(scale[map[r]])));
+}
+void run_scale_weights16(const Exec& e) {
+  const dnnl::memory& d = e.args.at(DNNL_ARG_DST);
+  float* dst = static_cast<float*>(d.get_data_handle());
+  const float* src = static_cast<const float*>(e.args.at(DNNL_ARG_SRC).get_data_handle());
+  const float* scale = static_cast<const float*>(e.args.at(kArgScale).get_data_handle());
+  const int32_t* map = static_cast<const int32_t*>(e.args.at(kArgMap).get_data_handle());
+  const size_t rows = d.get_desc().get_size() / sizeof(float) / 16;
+  if (silu_fast()) {
+    scale_rows_avx512(dst, src, scale, map, rows);
+    return;
+  }
+  for (size_t j = 0; j < rows * 16; ++j) dst[j] = src[j] * scale[map[j / 16]];
 }
 
 void run_step(const Exec& e, dnnl::stream& s) {
@@ -505,7 +556,12 @@ class Builder {
   void conv_like_tail(size_t i, const Fusion& f, dnnl::primitive prim, const md_t& src_md, const md_t& wei_md,
                       const md_t& dmd, const md_t& wplain, std::vector<float>& w, bool has_bias,
                       const std::vector<float>& bias, double flops,
-                      std::unordered_map<int, dnnl::memory> extra = {});
+                      std::unordered_map<int, dnnl::memory> extra = {}, const std::string& src = {},
+                      const std::string& chan_scale = {});
+  bool fold_channel_scale(size_t i);
+  void exec_scale_weights(const dnnl::memory& wmem, const md_t& wplain, const std::string& chan_scale);
+  // Mul outputs folded into their 1x1 convolution (fold_channel_scale): output -> (the data, the [1,C,1,1] scale).
+  std::map<std::string, std::pair<std::string, std::string>> se_folds_;
   bool conv_dw_fused(size_t i, const Fusion& f, const md_t& src, const md_t& wany, const md_t& bmd,
                      const std::vector<float>& w, const std::vector<float>& bias, double flops);
   void matmul(size_t i);
@@ -943,6 +999,92 @@ void Builder::exec_silu(const Val& v, const std::string& name) {
   p_->execs.push_back(std::move(e));
 }
 
+// Squeeze-excite's Mul(x, s), s a [1,C,1,1] value computed here and x [1,C,H,W], whose only reader is a 1x1
+// convolution (stride 1, no pads, group 1, constant f32 weights [M,C,1,1]) with M <= H*W/4: instead of a binary
+// step over x (C*H*W products and a pass over memory) that convolution reads x and its weights are scaled by s each
+// run (exec_scale_weights: M*C products). EfficientNet-B0's first five projections (M = 16..40 at 112..28 px). True
+// when folded (the Mul then runs nothing; conv() finds it in se_folds_); false, changing nothing, otherwise.
+bool Builder::fold_channel_scale(size_t i) {
+  const NodeDesc& n = r_.nodes[i];
+  if (act_ != dt::f32 || n.out.size() != 1 || is_const(n.in[0]) || is_const(n.in[1])) return false;
+  if (!vals_.count(n.in[0]) || !vals_.count(n.in[1])) return false;
+  std::string x = n.in[0], s = n.in[1];
+  if (dims_of(x).size() != 4 || numel(dims_of(x)) < numel(dims_of(s))) std::swap(x, s);
+  const Dims xd = dims_of(x), sd = dims_of(s);
+  if (xd.size() != 4 || xd[0] != 1 || dims_of(n.out[0]) != xd) return false;
+  if (sd != Dims{1, xd[1], 1, 1} && sd != Dims{xd[1], 1, 1}) return false;
+  const Val &xv = vals_[x], &sv = vals_[s];
+  if (xv.scale != 1.f || sv.scale != 1.f || xv.md.data_type() != dt::f32 || sv.md.data_type() != dt::f32) return false;
+  // s's element c must sit at offset c: plain, or nChw16c of [1,C,1,1].
+  if (!is_plain_dense(sv.md) && sv.md != md_t({1, xd[1], 1, 1}, dt::f32, tag::nChw16c)) return false;
+  const size_t u = sole_user(n.out[0]);
+  if (u == npos) return false;
+  const NodeDesc& cn = r_.nodes[u];
+  if (cn.op != "Conv" || cn.in[0] != n.out[0] || cn.out.size() != 1) return false;
+  const ConstT* W = cst(cn.in_at(1));
+  if (!W || W->dtype != KEEL_DTYPE_F32 || W->dims.size() != 4 || W->dims[1] != xd[1] || W->dims[2] != 1 ||
+      W->dims[3] != 1 || cn.ai("group", 1) != 1)
+    return false;
+  if (cn.ais("strides", {1, 1}) != Dims{1, 1} || cn.ais("pads", {0, 0, 0, 0}) != Dims{0, 0, 0, 0} ||
+      cn.ais("dilations", {1, 1}) != Dims{1, 1})
+    return false;
+  const std::string ap = cn.as("auto_pad", "NOTSET");
+  if (ap != "NOTSET" && ap != "VALID" && !ap.empty()) return false;
+  if (W->dims[0] * 4 > xd[2] * xd[3]) return false;
+  se_folds_[n.out[0]] = {x, s};
+  return true;
+}
+
+// The per-run step of a folded squeeze-excite scale: the convolution's weights `wmem` (in its layout, reordered
+// once from `wplain` [M,C,1,1]) are kept unscaled in a copy, and each run writes copy * scale[c] into `wmem`, c
+// being each element's input channel, found once by reordering a plain image of channel numbers into the layout.
+void Builder::exec_scale_weights(const dnnl::memory& wmem, const md_t& wplain, const std::string& chan_scale) {
+  const md_t wmd = wmem.get_desc();
+  const Dims wd = md_dims(wplain);
+  const int64_t M = wd[0], C = wd[1];
+  dnnl::memory orig(wmd, engine(), p_->weights.alloc(wmd.get_size()));
+  std::memcpy(orig.get_data_handle(), wmem.get_data_handle(), wmd.get_size());
+  std::vector<float> image(static_cast<size_t>(M * C));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t c = 0; c < C; ++c) image[m * C + c] = static_cast<float>(c + 1);  // exact: C < 2^24
+  dnnl::memory img(wplain, engine(), image.data()), blocked(wmd, engine());
+  dnnl::reorder(img, blocked).execute(stream(), img, blocked);
+  stream().wait();
+  const size_t n = wmd.get_size() / sizeof(float);
+  const float* b = static_cast<const float*>(blocked.get_data_handle());
+  std::vector<int32_t> chan(n);
+  for (size_t j = 0; j < n; ++j) chan[j] = b[j] > 0.f ? static_cast<int32_t>(b[j]) - 1 : -1;  // -1: padding
+  // One channel per 16 floats (padding aside)? Then one map entry per 16 floats, else one per float.
+  bool rows = n % 16 == 0;
+  std::vector<int32_t> row_chan(rows ? n / 16 : 0, 0);
+  for (size_t r = 0; rows && r < n / 16; ++r) {
+    int32_t c = -1;
+    for (size_t k = 16 * r; k < 16 * r + 16; ++k) {
+      if (chan[k] < 0) continue;
+      if (c >= 0 && c != chan[k]) rows = false;
+      c = chan[k];
+    }
+    row_chan[r] = std::max(c, 0);  // an all-padding row: 0 * s[0]
+  }
+  const size_t len = rows ? n / 16 : n;
+  dnnl::memory map(md_t({static_cast<int64_t>(len)}, dt::s32, tag::a), engine());
+  int32_t* mp = static_cast<int32_t*>(map.get_data_handle());
+  for (size_t j = 0; j < len; ++j) mp[j] = rows ? row_chan[j] : std::max(chan[j], 0);  // padding: 0 * s[0]
+  p_->owned.push_back(orig);
+  p_->owned.push_back(map);
+  const Val& sv = val(chan_scale);
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_DST, wmem}, {DNNL_ARG_SRC, orig}, {kArgMap, map},
+                                             {kArgScale, mem_of(sv)}};
+  p_->impls.push_back(rows ? "keel:scale_weights16" : "keel:scale_weights");
+  exec_layout_.push_back(false);
+  p_->what.push_back(r_.nodes[cur_node_].name + " weights x " + chan_scale + " " + dims_str(wd));
+  Exec e;
+  e.single = true;
+  e.own = rows ? run_scale_weights16 : run_scale_weights;
+  e.args = std::move(args);
+  p_->execs.push_back(std::move(e));
+}
+
 // Conv, 2-D, constant weights (and bias).
 void Builder::conv(size_t i) {
   const NodeDesc& n = r_.nodes[i];
@@ -1001,7 +1143,10 @@ void Builder::conv(size_t i) {
 
   Dims wd = g > 1 ? Dims{g, M / g, C / g, ks[0], ks[1]} : Dims{M, C, ks[0], ks[1]};
   md_t wany(to_dnnl(wd), act_, tag::any), bmd({M}, dt::f32, tag::a), none;
-  const Val& xv = val(n.in[0]);
+  // A squeeze-excite Mul folded into this convolution (fold_channel_scale): read its data operand, scale weights.
+  std::string src_name = n.in[0], chan_scale;
+  if (auto fd = se_folds_.find(n.in[0]); fd != se_folds_.end()) std::tie(src_name, chan_scale) = fd->second;
+  const Val& xv = val(src_name);
   // Source: the producer's layout when blocked and of this node's type; the plain layout only for few channels (the
   // first layer). An nhwc source (from a brgemm convolution, below) is not kept: this convolution takes its own choice.
   bool keep_src = ((!is_plain_dense(xv.md) && xv.md != md_t(to_dnnl(x), act_, tag::nhwc)) || C < 8) &&
@@ -1027,7 +1172,7 @@ void Builder::conv(size_t i) {
   auto is_ref = [&] { return pd && std::string(pd->impl_info_str()).rfind("ref", 0) == 0; };
   const double conv_flops = 2.0 * numel(y) * (C / g) * ks[0] * ks[1];
   if (g == 1 && ks[0] == 1 && ks[1] == 1 && s[0] == 1 && s[1] == 1 && pl == Dims{0, 0} && pr == Dims{0, 0} &&
-      M % 16 == 0 && f.sum_with.empty() && act_ == dt::f32 &&
+      M % 16 == 0 && f.sum_with.empty() && act_ == dt::f32 && chan_scale.empty() &&
       conv_dw_fused(i, f, src, wany, bmd, w, bias, conv_flops))
     return;
   if (wino) make(alg::convolution_winograd, src, dst);
@@ -1057,7 +1202,7 @@ void Builder::conv(size_t i) {
   if (!pd) throw Reject{"oneDNN has no convolution for this case"};
   md_t wplain(to_dnnl(wd), dt::f32, g > 1 ? tag::goihw : tag::oihw);
   conv_like_tail(i, f, dnnl::convolution_forward(*pd), pd->src_desc(), pd->weights_desc(), pd->dst_desc(), wplain,
-                 w, has_bias, bias, conv_flops);
+                 w, has_bias, bias, conv_flops, {}, src_name, chan_scale);
 }
 
 // A 1x1 convolution (stride 1, its post-ops in `f`) whose sole consumer is a 3x3 depthwise convolution (stride 1
@@ -1160,9 +1305,10 @@ bool Builder::conv_dw_fused(size_t i, const Fusion& f, const md_t& src, const md
 void Builder::conv_like_tail(size_t i, const Fusion& f, dnnl::primitive prim, const md_t& src_md, const md_t& wei_md,
                              const md_t& dmd, const md_t& wplain, std::vector<float>& w, bool has_bias,
                              const std::vector<float>& bias, double flops,
-                             std::unordered_map<int, dnnl::memory> extra) {
+                             std::unordered_map<int, dnnl::memory> extra, const std::string& src,
+                             const std::string& chan_scale) {
   const NodeDesc& n = r_.nodes[i];
-  Val sv = as_md(n.in[0], src_md);
+  Val sv = as_md(src.empty() ? n.in[0] : src, src_md);
   dnnl::memory wuser(wplain, engine(), w.data());
   p_->owned.emplace_back(wei_md, engine(), p_->weights.alloc(wei_md.get_size()));
   dnnl::memory wmem = p_->owned.back();
@@ -1192,6 +1338,7 @@ void Builder::conv_like_tail(size_t i, const Fusion& f, dnnl::primitive prim, co
       exec(dnnl::reorder(a, b), {{DNNL_ARG_FROM, a}, {DNNL_ARG_TO, b}});
     }
   }
+  if (!chan_scale.empty()) exec_scale_weights(wmem, wplain, chan_scale);
   Val& out = define(f.out, dmd, dbuf);
   args[DNNL_ARG_SRC] = mem_of(sv);
   args[DNNL_ARG_DST] = mem_of(out);
@@ -1565,6 +1712,7 @@ void Builder::eltwise(size_t i) {
 void Builder::binary(size_t i) {
   const NodeDesc& n = r_.nodes[i];
   if (n.in.size() != 2) throw Reject{"two inputs"};
+  if (n.op == "Mul" && fold_channel_scale(i)) return;
   const ConstT* c0 = cst(n.in[0]);
   const ConstT* c1 = cst(n.in[1]);
   if ((n.op == "Mul" || n.op == "Div") && c1 && c1->count() == 1 && !c0) {
