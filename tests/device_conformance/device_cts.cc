@@ -1148,6 +1148,23 @@ void add_chain_cases(std::vector<OpCase>& v) {
                conv({"$10", "WP"}, 1, 1, 0)};
     v.push_back(c);
   }
+  // Squeeze-excite with a wide excitation (32 -> 512: run as a vector-matrix product, reading the squeeze's nChw16c
+  // output in place and writing plain [1,512,1,1], which the broadcast Mul reads).
+  {
+    OpCase c;
+    c.op = "Chain";
+    c.label = "squeeze-excite 512 -> 32 -> 512 (excitation as a matmul), Mul, projection";
+    c.inputs = {in("X", {1, 64, 5, 5}),          in("W0", {512, 64, 1, 1}, true, -0.2f, 0.2f), in("B0", {512}, true),
+                in("WS", {32, 512, 1, 1}, true, -0.1f, 0.1f), in("BS", {32}, true),
+                in("WX", {512, 32, 1, 1}, true, -0.3f, 0.3f), in("BX", {512}, true),
+                in("WP", {16, 512, 1, 1}, true, -0.1f, 0.1f)};
+    c.chain = {conv({"X", "W0", "B0"}, 1, 1, 0),   {"Relu", {"$0"}, {}},                                // $1
+               {"GlobalAveragePool", {"$1"}, {}},                                                        // $2
+               conv({"$2", "WS", "BS"}, 1, 1, 0), {"Sigmoid", {"$3"}, {}}, {"Mul", {"$3", "$4"}, {}},  // $5
+               conv({"$5", "WX", "BX"}, 1, 1, 0), {"Sigmoid", {"$6"}, {}}, {"Mul", {"$1", "$7"}, {}},
+               conv({"$8", "WP"}, 1, 1, 0)};
+    v.push_back(c);
+  }
   {
     OpCase c;
     c.op = "Chain";
