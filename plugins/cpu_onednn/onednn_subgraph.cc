@@ -19,6 +19,9 @@
 //   - post-ops: bias, Relu/Clip/LeakyRelu/Sigmoid/Tanh/SiLU (x * Sigmoid(x)), scalar Mul/Div, and the residual Add
 //     as a sum post-op (in place when the residual is not read afterwards, else after one copy); pooling takes the
 //     activations after it as post-ops too;
+//   - a convolution's trailing SiLU runs as the plugin's own pass (onednn_silu.h), with a GlobalAveragePool of its
+//     output computed in the same pass; squeeze-excite's Mul in front of a small 1x1 convolution scales that
+//     convolution's weights per run instead (fold_channel_scale);
 //   - Reshape/Flatten/Squeeze/Unsqueeze/Identity are views of their input's memory (after a reorder to the plain
 //     layout when needed); Transpose and Slice are strided views that MatMul reads directly (a reorder otherwise);
 //     a scalar Mul/Div in front of a MatMul becomes the MatMul's output scale;
