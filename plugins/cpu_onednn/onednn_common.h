@@ -162,6 +162,8 @@ struct Options {
   bool claims = true;    // KEEL_ONEDNN_CLAIMS=0 or [options] claims = false: no claimed subgraphs (kernels only)
   bool dw_fusion = true; // KEEL_ONEDNN_DW_FUSION=0 or [options] dw_fusion = false: a 1x1 conv's depthwise consumer
                          // stays a step of its own (Builder::conv_dw_fused)
+  bool silu_pass = true; // KEEL_ONEDNN_SILU_PASS=0 or [options] silu_pass = false: a convolution's trailing SiLU runs
+                         // as oneDNN's swish post-op instead of the chain's own pass (onednn_silu.h)
   bool profile = false;  // KEEL_ONEDNN_PROFILE=1: claimed subgraphs time their primitives (logged at info)
 };
 extern Options g_options;

@@ -19,6 +19,9 @@
 //   - post-ops: bias, Relu/Clip/LeakyRelu/Sigmoid/Tanh/SiLU (x * Sigmoid(x)), scalar Mul/Div, and the residual Add
 //     as a sum post-op (in place when the residual is not read afterwards, else after one copy); pooling takes the
 //     activations after it as post-ops too;
+//   - a convolution's trailing SiLU runs as the plugin's own pass (onednn_silu.h), with a GlobalAveragePool of its
+//     output computed in the same pass; squeeze-excite's Mul in front of a small 1x1 convolution scales that
+//     convolution's weights per run instead (fold_channel_scale);
 //   - Reshape/Flatten/Squeeze/Unsqueeze/Identity are views of their input's memory (after a reorder to the plain
 //     layout when needed); Transpose and Slice are strided views that MatMul reads directly (a reorder otherwise);
 //     a scalar Mul/Div in front of a MatMul becomes the MatMul's output scale;
@@ -31,6 +34,7 @@
 // (step 1), Reshape, Flatten, Squeeze, Unsqueeze, Identity, Cast (f32 <-> bf16), Pad (all-zero pads: a view).
 // 1-D convolutions and poolings run as 2-D ones over [N,C,1,L] (lift_1d rewrites the recipe at claim time); a
 // MatMul read only by a Transpose writes the transposed layout directly.
+#include <immintrin.h>
 #include <omp.h>
 #include <sys/mman.h>
 
@@ -46,8 +50,10 @@
 #include <new>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "onednn_common.h"
+#include "onednn_silu.h"
 
 namespace keel::onednn {
 namespace {
@@ -154,7 +160,100 @@ struct Exec {
   dnnl::primitive prim;
   std::unordered_map<int, dnnl::memory> args;
   bool single = false;  // runs on one OpenMP thread (a small memory-bound step: see Builder::exec)
+  // A step of the plugin's own instead of a primitive (prim is then empty), run with the exec itself.
+  void (*own)(const Exec&) = nullptr;
 };
+
+// Exec::own of a SiLU step: x * sigmoid(x) in place over its DNNL_ARG_DST memory (onednn_silu.h), split over the
+// OpenMP team (contiguous 16-float-aligned parts) unless the step is a single-thread one.
+void run_silu(const Exec& e) {
+  const dnnl::memory& m = e.args.at(DNNL_ARG_DST);
+  float* p = static_cast<float*>(m.get_data_handle());
+  const size_t n = m.get_desc().get_size() / sizeof(float);
+  const int team = e.single ? 1 : omp_get_max_threads();
+  if (team <= 1) {
+    silu_inplace(p, n);
+    return;
+  }
+#pragma omp parallel num_threads(team)
+  {
+    const size_t k = static_cast<size_t>(omp_get_num_threads()), t = static_cast<size_t>(omp_get_thread_num());
+    const size_t per = (n / 16 + k - 1) / k * 16;
+    const size_t b = std::min(n, t * per), end = t + 1 == k ? n : std::min(n, b + per);
+    silu_inplace(p + b, end - b);
+  }
+}
+
+// The pooled output of a SiLU step that also computes squeeze-excite's GlobalAveragePool (run_silu_mean).
+constexpr int kArgPooled = DNNL_ARG_DST_1;
+
+// Exec::own of a SiLU step fused with the GlobalAveragePool reading its output: DNNL_ARG_DST is nChw16c
+// [N,C,H,W] (SiLU in place), kArgPooled nChw16c [N,C,1,1] (each channel's mean); the (batch, 16-channel block)
+// pairs are split over the OpenMP team unless the step is a single-thread one.
+void run_silu_mean(const Exec& e) {
+  const dnnl::memory& m = e.args.at(DNNL_ARG_DST);
+  const dnnl::memory::dims d = m.get_desc().dims();
+  float* p = static_cast<float*>(m.get_data_handle());
+  float* mean = static_cast<float*>(e.args.at(kArgPooled).get_data_handle());
+  const int64_t blocks = d[0] * ((d[1] + 15) / 16), hw = d[2] * d[3];
+  const int team = e.single ? 1 : omp_get_max_threads();
+#pragma omp parallel for num_threads(team) schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) silu_inplace_mean16(p + b * hw * 16, static_cast<size_t>(hw), mean + b * 16);
+}
+
+// Exec::own of a squeeze-excite scale folded into a 1x1 convolution's weights (Builder::fold_channel_scale):
+// DST (the primitive's weights) = SRC (the same weights unscaled) * scale[map[j]] element by element, where map
+// holds each element's input channel (0 on padding, which is 0 in SRC) and kArgScale is the [1,C,1,1] scale.
+// run_scale_weights16: the same where each 16 consecutive floats share one input channel (oneDNN's OIhw16i16o
+// layouts of the 1x1 kernels), map holding one channel per 16 floats.
+constexpr int kArgScale = DNNL_ARG_SRC_1, kArgMap = DNNL_ARG_SRC_2;
+__attribute__((target("avx512f"))) void scale_gather_avx512(float* dst, const float* src, const float* scale,
+                                                           const int32_t* map, size_t n) {
+  size_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m512 g =  // the masked form: GCC 12 warns about the plain one's undefined source
+        _mm512_mask_i32gather_ps(_mm512_setzero_ps(), 0xffff, _mm512_loadu_si512(map + j), scale, 4);
+    _mm512_storeu_ps(dst + j, _mm512_mul_ps(_mm512_loadu_ps(src + j), g));
+  }
+  for (; j < n; ++j) dst[j] = src[j] * scale[map[j]];
+}
+void run_scale_weights(const Exec& e) {
+  const dnnl::memory& d = e.args.at(DNNL_ARG_DST);
+  float* dst = static_cast<float*>(d.get_data_handle());
+  const float* src = static_cast<const float*>(e.args.at(DNNL_ARG_SRC).get_data_handle());
+  const float* scale = static_cast<const float*>(e.args.at(kArgScale).get_data_handle());
+  const int32_t* map = static_cast<const int32_t*>(e.args.at(kArgMap).get_data_handle());
+  const size_t n = d.get_desc().get_size() / sizeof(float);
+  if (silu_fast()) {
+    scale_gather_avx512(dst, src, scale, map, n);
+    return;
+  }
+  for (size_t j = 0; j < n; ++j) dst[j] = src[j] * scale[map[j]];
+}
+
+__attribute__((target("avx512f"))) void scale_rows_avx512(float* dst, const float* src, const float* scale,
+                                                         const int32_t* map, size_t rows) {
+  for (size_t r = 0; r < rows; ++r)
+    _mm512_storeu_ps(dst + 16 * r, _mm512_mul_ps(_mm512_loadu_ps(src + 16 * r), _mm512_set1_ps(scale[map[r]])));
+}
+void run_scale_weights16(const Exec& e) {
+  const dnnl::memory& d = e.args.at(DNNL_ARG_DST);
+  float* dst = static_cast<float*>(d.get_data_handle());
+  const float* src = static_cast<const float*>(e.args.at(DNNL_ARG_SRC).get_data_handle());
+  const float* scale = static_cast<const float*>(e.args.at(kArgScale).get_data_handle());
+  const int32_t* map = static_cast<const int32_t*>(e.args.at(kArgMap).get_data_handle());
+  const size_t rows = d.get_desc().get_size() / sizeof(float) / 16;
+  if (silu_fast()) {
+    scale_rows_avx512(dst, src, scale, map, rows);
+    return;
+  }
+  for (size_t j = 0; j < rows * 16; ++j) dst[j] = src[j] * scale[map[j / 16]];
+}
+
+void run_step(const Exec& e, dnnl::stream& s) {
+  if (e.own) e.own(e);
+  else e.prim.execute(s, e.args);
+}
 
 // Weights in the primitives' layouts, packed into 2 MiB-aligned chunks that the kernel may back with huge pages
 // (madvise): a batch-1 network streams its weights from memory on every run (ResNet-50: 100 MB), and with 4 KiB
@@ -467,11 +566,14 @@ class Builder {
     std::vector<float> bn_scale, bn_shift;  // conv: folded BatchNormalization
     std::vector<float> mm_bias;        // matmul: constant bias over the last axis
     float out_scale = 1.f;             // matmul: scalar applied before the bias
+    bool silu_pass = false;            // conv: a trailing SiLU runs as the chain's own step (take_silu)
     std::vector<size_t> nodes;         // fused nodes
     int count = 0;
   };
   bool eltwise_of(const NodeDesc& n, alg* a, float* alpha, float* beta);
   Fusion fuse_after(const std::string& out, size_t at, bool conv, int64_t channels);
+  bool take_silu(Fusion& f);
+  void exec_silu(const Val& v, const std::string& name);
 
   // --- ops
   void conv(size_t i);
@@ -479,7 +581,14 @@ class Builder {
   void conv_like_tail(size_t i, const Fusion& f, dnnl::primitive prim, const md_t& src_md, const md_t& wei_md,
                       const md_t& dmd, const md_t& wplain, std::vector<float>& w, bool has_bias,
                       const std::vector<float>& bias, double flops,
-                      std::unordered_map<int, dnnl::memory> extra = {});
+                      std::unordered_map<int, dnnl::memory> extra = {}, const std::string& src = {},
+                      const std::string& chan_scale = {});
+  bool fold_channel_scale(size_t i);
+  bool conv_as_gemv(size_t i, const Fusion& f, const std::vector<float>& w, bool has_bias,
+                    const std::vector<float>& bias);
+  void exec_scale_weights(const dnnl::memory& wmem, const md_t& wplain, const std::string& chan_scale);
+  // Mul outputs folded into their 1x1 convolution (fold_channel_scale): output -> (the data, the [1,C,1,1] scale).
+  std::map<std::string, std::pair<std::string, std::string>> se_folds_;
   bool conv_dw_fused(size_t i, const Fusion& f, const md_t& src, const md_t& wany, const md_t& bmd,
                      const std::vector<float>& w, const std::vector<float>& bias, double flops);
   void matmul(size_t i);
@@ -857,6 +966,200 @@ Builder::Fusion Builder::fuse_after(const std::string& out, size_t at, bool conv
   return f;
 }
 
+// A SiLU (swish post-op) at the end of a convolution's fusion runs as the chain's own step after the primitive
+// (exec_silu) instead: oneDNN 2.6's swish costs more than a 1x1 convolution's arithmetic on EfficientNet's shapes
+// (onednn_silu.h, PERFORMANCE.md). Strips it from f.po and returns true; false, changing nothing, when the option is
+// off, the CPU lacks AVX-512 (the pass would be scalar), the node computes in bf16, or the chain holds post-op kinds
+// other than eltwise and sum before it.
+bool Builder::take_silu(Fusion& f) {
+  if (!g_options.silu_pass || !silu_fast() || act_ != dt::f32) return false;
+  const int last = f.po.len() - 1;
+  if (last < 0 || f.po.kind(last) != dnnl::primitive::kind::eltwise) return false;
+  float scale, alpha, beta;
+  alg a;
+  f.po.get_params_eltwise(last, scale, a, alpha, beta);
+  if (a != alg::eltwise_swish || scale != 1.f || alpha != 1.f) return false;
+  dnnl::post_ops po;
+  for (int k = 0; k < last; ++k) {
+    if (f.po.kind(k) == dnnl::primitive::kind::eltwise) {
+      f.po.get_params_eltwise(k, scale, a, alpha, beta);
+      po.append_eltwise(scale, a, alpha, beta);
+    } else if (f.po.kind(k) == dnnl::primitive::kind::sum) {
+      f.po.get_params_sum(k, scale);
+      po.append_sum(scale);
+    } else {
+      return false;
+    }
+  }
+  f.po = po;
+  return true;
+}
+
+// The chain's own SiLU step, in place over value `v` named `name` (f32, any dense layout: blocked padding is 0 and
+// stays 0). Under 128 KiB it runs on one thread: it is compute-bound (about 1.75 ns per 16 floats on one core), so
+// unlike the memory-bound steps (exec) a second thread pays off from a few microseconds of work.
+// When `v` is nChw16c and read by a GlobalAveragePool (squeeze-excite after EfficientNet's depthwise convolutions),
+// the same pass computes the pooling too (each channel's mean, as nChw16c [N,C,1,1]) and that node is done: its
+// step and a second read of the tensor saved.
+void Builder::exec_silu(const Val& v, const std::string& name) {
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_DST, mem_of(v)}};
+  const Dims d = md_dims(v.md);
+  std::string what = " SiLU ";
+  if (d.size() == 4 && v.md == md_t(v.md.dims(), dt::f32, tag::nChw16c)) {
+    for (size_t u : users(name)) {
+      const NodeDesc& pn = r_.nodes[u];
+      if (done_[u] || pn.op != "GlobalAveragePool" || pn.in.size() != 1 || pn.in[0] != name || pn.out.size() != 1)
+        continue;
+      Val& pv = define(pn.out[0], md_t({d[0], d[1], 1, 1}, dt::f32, tag::nChw16c));
+      args[kArgPooled] = mem_of(pv);
+      done_[u] = true;
+      what = " SiLU + GlobalAveragePool ";
+      break;
+    }
+  }
+  p_->impls.push_back(args.count(kArgPooled) ? "keel:silu_mean_avx512" : "keel:silu_avx512");
+  exec_layout_.push_back(false);
+  p_->what.push_back((cur_node_ < r_.nodes.size() ? r_.nodes[cur_node_].name : std::string("(outputs)")) + what +
+                     dims_str(d));
+  Exec e;
+  e.single = v.md.get_size() < (128u << 10);
+  e.own = args.count(kArgPooled) ? run_silu_mean : run_silu;
+  e.args = std::move(args);
+  p_->execs.push_back(std::move(e));
+}
+
+// Squeeze-excite's Mul(x, s), s a [1,C,1,1] value computed here and x [1,C,H,W], whose only reader is a 1x1
+// convolution (stride 1, no pads, group 1, constant f32 weights [M,C,1,1]) with M <= H*W/4: instead of a binary
+// step over x (C*H*W products and a pass over memory) that convolution reads x and its weights are scaled by s each
+// run (exec_scale_weights: M*C products). EfficientNet-B0's first five projections (M = 16..40 at 112..28 px). True
+// when folded (the Mul then runs nothing; conv() finds it in se_folds_); false, changing nothing, otherwise.
+bool Builder::fold_channel_scale(size_t i) {
+  const NodeDesc& n = r_.nodes[i];
+  if (act_ != dt::f32 || n.out.size() != 1 || is_const(n.in[0]) || is_const(n.in[1])) return false;
+  if (!vals_.count(n.in[0]) || !vals_.count(n.in[1])) return false;
+  std::string x = n.in[0], s = n.in[1];
+  if (dims_of(x).size() != 4 || numel(dims_of(x)) < numel(dims_of(s))) std::swap(x, s);
+  const Dims xd = dims_of(x), sd = dims_of(s);
+  if (xd.size() != 4 || xd[0] != 1 || dims_of(n.out[0]) != xd) return false;
+  if (sd != Dims{1, xd[1], 1, 1} && sd != Dims{xd[1], 1, 1}) return false;
+  const Val &xv = vals_[x], &sv = vals_[s];
+  if (xv.scale != 1.f || sv.scale != 1.f || xv.md.data_type() != dt::f32 || sv.md.data_type() != dt::f32) return false;
+  // s's element c must sit at offset c: plain, or nChw16c of [1,C,1,1].
+  if (!is_plain_dense(sv.md) && sv.md != md_t({1, xd[1], 1, 1}, dt::f32, tag::nChw16c)) return false;
+  const size_t u = sole_user(n.out[0]);
+  if (u == npos) return false;
+  const NodeDesc& cn = r_.nodes[u];
+  if (cn.op != "Conv" || cn.in[0] != n.out[0] || cn.out.size() != 1) return false;
+  const ConstT* W = cst(cn.in_at(1));
+  if (!W || W->dtype != KEEL_DTYPE_F32 || W->dims.size() != 4 || W->dims[1] != xd[1] || W->dims[2] != 1 ||
+      W->dims[3] != 1 || cn.ai("group", 1) != 1)
+    return false;
+  if (cn.ais("strides", {1, 1}) != Dims{1, 1} || cn.ais("pads", {0, 0, 0, 0}) != Dims{0, 0, 0, 0} ||
+      cn.ais("dilations", {1, 1}) != Dims{1, 1})
+    return false;
+  const std::string ap = cn.as("auto_pad", "NOTSET");
+  if (ap != "NOTSET" && ap != "VALID" && !ap.empty()) return false;
+  if (W->dims[0] * 4 > xd[2] * xd[3]) return false;
+  se_folds_[n.out[0]] = {x, s};
+  return true;
+}
+
+// The per-run step of a folded squeeze-excite scale: the convolution's weights `wmem` (in its layout, reordered
+// once from `wplain` [M,C,1,1]) are kept unscaled in a copy, and each run writes copy * scale[c] into `wmem`, c
+// being each element's input channel, found once by reordering a plain image of channel numbers into the layout.
+void Builder::exec_scale_weights(const dnnl::memory& wmem, const md_t& wplain, const std::string& chan_scale) {
+  const md_t wmd = wmem.get_desc();
+  const Dims wd = md_dims(wplain);
+  const int64_t M = wd[0], C = wd[1];
+  dnnl::memory orig(wmd, engine(), p_->weights.alloc(wmd.get_size()));
+  std::memcpy(orig.get_data_handle(), wmem.get_data_handle(), wmd.get_size());
+  std::vector<float> image(static_cast<size_t>(M * C));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t c = 0; c < C; ++c) image[m * C + c] = static_cast<float>(c + 1);  // exact: C < 2^24
+  dnnl::memory img(wplain, engine(), image.data()), blocked(wmd, engine());
+  dnnl::reorder(img, blocked).execute(stream(), img, blocked);
+  stream().wait();
+  const size_t n = wmd.get_size() / sizeof(float);
+  const float* b = static_cast<const float*>(blocked.get_data_handle());
+  std::vector<int32_t> chan(n);
+  for (size_t j = 0; j < n; ++j) chan[j] = b[j] > 0.f ? static_cast<int32_t>(b[j]) - 1 : -1;  // -1: padding
+  // One channel per 16 floats (padding aside)? Then one map entry per 16 floats, else one per float.
+  bool rows = n % 16 == 0;
+  std::vector<int32_t> row_chan(rows ? n / 16 : 0, 0);
+  for (size_t r = 0; rows && r < n / 16; ++r) {
+    int32_t c = -1;
+    for (size_t k = 16 * r; k < 16 * r + 16; ++k) {
+      if (chan[k] < 0) continue;
+      if (c >= 0 && c != chan[k]) rows = false;
+      c = chan[k];
+    }
+    row_chan[r] = std::max(c, 0);  // an all-padding row: 0 * s[0]
+  }
+  const size_t len = rows ? n / 16 : n;
+  dnnl::memory map(md_t({static_cast<int64_t>(len)}, dt::s32, tag::a), engine());
+  int32_t* mp = static_cast<int32_t*>(map.get_data_handle());
+  for (size_t j = 0; j < len; ++j) mp[j] = rows ? row_chan[j] : std::max(chan[j], 0);  // padding: 0 * s[0]
+  p_->owned.push_back(orig);
+  p_->owned.push_back(map);
+  const Val& sv = val(chan_scale);
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_DST, wmem}, {DNNL_ARG_SRC, orig}, {kArgMap, map},
+                                             {kArgScale, mem_of(sv)}};
+  p_->impls.push_back(rows ? "keel:scale_weights16" : "keel:scale_weights");
+  exec_layout_.push_back(false);
+  p_->what.push_back(r_.nodes[cur_node_].name + " weights x " + chan_scale + " " + dims_str(wd));
+  Exec e;
+  e.single = true;
+  e.own = rows ? run_scale_weights16 : run_scale_weights;
+  e.args = std::move(args);
+  p_->execs.push_back(std::move(e));
+}
+
+// A 1x1 convolution over a [1,C,1,1] value expanding to M >= 512 >= 4*C channels (squeeze-excite's excitation in
+// EfficientNet's later blocks) is a vector-matrix product that oneDNN's matmul (brgemm) runs faster than its 1x1
+// convolution kernel: 48 -> 1152 in 10 us instead of 15-17 (weights cold, in the network, 1 thread), 28 -> 672 in
+// 5-7 instead of 8. Not for the squeeze (1152 -> 48: 10 against 5 us) nor small ones (level or slower). The input
+// is read where it is (element c at offset c: plain, or nChw16c of [1,C,1,1]), the output is plain [1,M,1,1];
+// post-ops as the convolution's (and the SiLU pass). False, changing nothing, when the input sits otherwise or
+// oneDNN refuses.
+bool Builder::conv_as_gemv(size_t i, const Fusion& f, const std::vector<float>& w, bool has_bias,
+                           const std::vector<float>& bias) {
+  const NodeDesc& n = r_.nodes[i];
+  const Val& xv = val(n.in[0]);
+  const int64_t C = dims_of(n.in[0])[1], M = static_cast<int64_t>(bias.size());
+  if (M < 512 || M < 4 * C || xv.scale != 1.f || xv.md.data_type() != dt::f32) return false;
+  if (!is_plain_dense(xv.md) && xv.md != md_t({1, C, 1, 1}, dt::f32, tag::nChw16c)) return false;
+  const md_t a({1, C}, dt::f32, tag::ab), b({C, M}, dt::f32, tag::any), bm({1, M}, dt::f32, tag::ab),
+      d({1, M}, dt::f32, tag::ab);
+  dnnl::primitive_attr attr;
+  attr.set_post_ops(f.po);
+  std::unique_ptr<dnnl::matmul::primitive_desc> pd;
+  try {
+    pd = std::make_unique<dnnl::matmul::primitive_desc>(dnnl::matmul::desc(a, b, has_bias ? bm : md_t(), d), attr,
+                                                        engine());
+  } catch (const dnnl::error&) {
+    return false;
+  }
+  dnnl::memory wuser(md_t({C, M}, dt::f32, tag::ba), engine(), const_cast<float*>(w.data()));  // w is [M][C]
+  p_->owned.emplace_back(pd->weights_desc(), engine(), p_->weights.alloc(pd->weights_desc().get_size()));
+  dnnl::memory wmem = p_->owned.back();
+  dnnl::reorder(wuser, wmem).execute(stream(), wuser, wmem);
+  stream().wait();
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_WEIGHTS, wmem}};
+  if (has_bias) {
+    p_->owned.emplace_back(bm, engine());
+    std::memcpy(p_->owned.back().get_data_handle(), bias.data(), bias.size() * sizeof(float));
+    args[DNNL_ARG_BIAS] = p_->owned.back();
+  }
+  args[DNNL_ARG_SRC] = mem_at(a, xv.buf, xv.off);
+  Val& out = define(f.out, md_t({1, M, 1, 1}, dt::f32, tag::nchw));
+  args[DNNL_ARG_DST] = mem_at(d, out.buf, out.off);
+  p_->flops += 2.0 * static_cast<double>(C * M);
+  exec(dnnl::matmul(*pd), std::move(args));
+  if (f.silu_pass) exec_silu(out, f.out);
+  for (size_t k : f.nodes) done_[k] = true;
+  return true;
+}
+
 // Conv, 2-D, constant weights (and bias).
 void Builder::conv(size_t i) {
   const NodeDesc& n = r_.nodes[i];
@@ -898,6 +1201,7 @@ void Builder::conv(size_t i) {
     y[2 + k] = span / s[k] + 1;
   }
   Fusion f = fuse_after(n.out[0], i, true, M);
+  f.silu_pass = take_silu(f);
   // Weights and bias with folds applied.
   std::vector<float> w(W->f32(), W->f32() + W->count());
   std::vector<float> bias(M, 0.f);
@@ -918,7 +1222,10 @@ void Builder::conv(size_t i) {
   Dims wd = g > 1 ? Dims{g, M / g, C / g} : Dims{M, C};
   wd.insert(wd.end(), ks.begin(), ks.end());
   md_t wany(to_dnnl(wd), act_, tag::any), bmd({M}, dt::f32, tag::a), none;
-  const Val& xv = val(n.in[0]);
+  // A squeeze-excite Mul folded into this convolution (fold_channel_scale): read its data operand, scale weights.
+  std::string src_name = n.in[0], chan_scale;
+  if (auto fd = se_folds_.find(n.in[0]); fd != se_folds_.end()) std::tie(src_name, chan_scale) = fd->second;
+  const Val& xv = val(src_name);
   // Source: the producer's layout when blocked and of this node's type; the plain layout only for few channels (the
   // first layer). An nhwc source (from a brgemm convolution, below) is not kept: this convolution takes its own choice.
   bool keep_src = ((!is_plain_dense(xv.md) && xv.md != md_t(to_dnnl(x), act_, channels_last_tag(x.size()))) || C < 8) &&
@@ -942,8 +1249,11 @@ void Builder::conv(size_t i) {
   md_t src_any(to_dnnl(x), act_, tag::any), dst_any(to_dnnl(y), act_, tag::any);
   auto is_ref = [&] { return pd && std::string(pd->impl_info_str()).rfind("ref", 0) == 0; };
   const double conv_flops = 2.0 * numel(y) * (C / g) * prod(ks);
+  if (sp == 2 && g == 1 && N == 1 && ks == Dims{1, 1} && x[2] == 1 && x[3] == 1 && y[2] == 1 && y[3] == 1 &&
+      f.sum_with.empty() && chan_scale.empty() && act_ == dt::f32 && conv_as_gemv(i, f, w, has_bias, bias))
+    return;
   if (sp == 2 && g == 1 && ks[0] == 1 && ks[1] == 1 && s[0] == 1 && s[1] == 1 && pl == Dims{0, 0} && pr == Dims{0, 0} &&
-      M % 16 == 0 && f.sum_with.empty() && act_ == dt::f32 &&
+      M % 16 == 0 && f.sum_with.empty() && act_ == dt::f32 && chan_scale.empty() &&
       conv_dw_fused(i, f, src, wany, bmd, w, bias, conv_flops))
     return;
   if (wino) make(alg::convolution_winograd, src, dst);
@@ -974,7 +1284,7 @@ void Builder::conv(size_t i) {
   if (!pd) throw Reject{"oneDNN has no convolution for this case"};
   md_t wplain(to_dnnl(wd), dt::f32, weights_tag(sp, g > 1, false));
   conv_like_tail(i, f, dnnl::convolution_forward(*pd), pd->src_desc(), pd->weights_desc(), pd->dst_desc(), wplain,
-                 w, has_bias, bias, conv_flops);
+                 w, has_bias, bias, conv_flops, {}, src_name, chan_scale);
 }
 
 // A 1x1 convolution (stride 1, its post-ops in `f`) whose sole consumer is a 3x3 depthwise convolution (stride 1
@@ -985,7 +1295,10 @@ void Builder::conv(size_t i) {
 // the 112x112 and two 56x56 ones at 1). Option dw_fusion (KEEL_ONEDNN_DW_FUSION=0) turns it off (for A/B runs).
 bool Builder::conv_dw_fused(size_t i, const Fusion& f, const md_t& src, const md_t& wany, const md_t& bmd,
                             const std::vector<float>& w, const std::vector<float>& bias, double flops) {
-  if (!g_options.dw_fusion) return false;
+  // With the 1x1's SiLU as the chain's own pass the depthwise one cannot read its output inside the kernel; and
+  // unfused is faster then anyway (EfficientNet-B0's 24->144 block at 56x56: 541 us fused with oneDNN's swish, 405 us
+  // as two convolutions each followed by the SiLU pass).
+  if (!g_options.dw_fusion || f.silu_pass) return false;
   const size_t u = sole_user(f.out);
   if (u == npos) return false;
   const NodeDesc& dn = r_.nodes[u];
@@ -1074,9 +1387,10 @@ bool Builder::conv_dw_fused(size_t i, const Fusion& f, const md_t& src, const md
 void Builder::conv_like_tail(size_t i, const Fusion& f, dnnl::primitive prim, const md_t& src_md, const md_t& wei_md,
                              const md_t& dmd, const md_t& wplain, std::vector<float>& w, bool has_bias,
                              const std::vector<float>& bias, double flops,
-                             std::unordered_map<int, dnnl::memory> extra) {
+                             std::unordered_map<int, dnnl::memory> extra, const std::string& src,
+                             const std::string& chan_scale) {
   const NodeDesc& n = r_.nodes[i];
-  Val sv = as_md(n.in[0], src_md);
+  Val sv = as_md(src.empty() ? n.in[0] : src, src_md);
   dnnl::memory wuser(wplain, engine(), w.data());
   p_->owned.emplace_back(wei_md, engine(), p_->weights.alloc(wei_md.get_size()));
   dnnl::memory wmem = p_->owned.back();
@@ -1106,11 +1420,13 @@ void Builder::conv_like_tail(size_t i, const Fusion& f, dnnl::primitive prim, co
       exec(dnnl::reorder(a, b), {{DNNL_ARG_FROM, a}, {DNNL_ARG_TO, b}});
     }
   }
+  if (!chan_scale.empty()) exec_scale_weights(wmem, wplain, chan_scale);
   Val& out = define(f.out, dmd, dbuf);
   args[DNNL_ARG_SRC] = mem_of(sv);
   args[DNNL_ARG_DST] = mem_of(out);
   p_->flops += flops;
   exec(std::move(prim), std::move(args));
+  if (f.silu_pass) exec_silu(out, f.out);
   for (size_t k : f.nodes) done_[k] = true;
 }
 
@@ -1523,6 +1839,7 @@ void Builder::eltwise(size_t i) {
 void Builder::binary(size_t i) {
   const NodeDesc& n = r_.nodes[i];
   if (n.in.size() != 2) throw Reject{"two inputs"};
+  if (n.op == "Mul" && fold_channel_scale(i)) return;
   const ConstT* c0 = cst(n.in[0]);
   const ConstT* c1 = cst(n.in[1]);
   if ((n.op == "Mul" || n.op == "Div") && c1 && c1->count() == 1 && !c0) {
@@ -1944,6 +2261,8 @@ void Builder::slice(size_t i) {
 // ------------------------------------------------------------------------------------------- the claim's state
 
 const char* kind_name(dnnl::primitive::kind k);
+// The kind of a step for logs and the profile: the primitive's, "eltwise" for the plugin's own steps.
+const char* step_kind(const Exec& e) { return e.own ? "eltwise" : kind_name(e.prim.get_kind()); }
 
 struct Chain {
   Recipe recipe;
@@ -1971,7 +2290,7 @@ struct Chain {
       os << "\n  steps, fastest run of each (sum " << sum << " ms):";
       for (size_t k = 0; k < step_min.size(); ++k)
         os << "\n  " << std::setw(3) << k << " " << std::setw(8) << step_min[k] << " ms  "
-           << (plan->execs[k].single ? "1t " : "   ") << kind_name(plan->execs[k].prim.get_kind()) << " "
+           << (plan->execs[k].single ? "1t " : "   ") << step_kind(plan->execs[k]) << " "
            << plan->impls[k] << "  " << plan->what[k];
     }
     if (g_host && g_host->log) g_host->log(g_plugin_handle, KEEL_LOG_INFO, os.str().c_str());
@@ -2068,14 +2387,14 @@ void run_chain(Chain& ch, Ctx& c) {
     for (size_t k = 0; k < p.execs.size(); ++k) {
       threads_for(p.execs[k]);
       auto t0 = std::chrono::steady_clock::now();
-      p.execs[k].prim.execute(s, p.execs[k].args);
+      run_step(p.execs[k], s);
       s.wait();
       double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (report) {
         keel_profile_step_t st;
         std::memset(&st, 0, sizeof st);
         st.struct_size = sizeof st;
-        st.kind = kind_name(p.execs[k].prim.get_kind());
+        st.kind = step_kind(p.execs[k]);
         st.implementation = p.impls[k].c_str();
         st.op_type = k < p.step_op.size() ? p.step_op[k] : "";
         if (k < p.step_nodes.size()) {
@@ -2086,7 +2405,7 @@ void run_chain(Chain& ch, Ctx& c) {
         keel_status_release(kapi->profile_step(c.raw(), &st));
       }
       if (!g_options.profile) continue;
-      auto& row = ch.profile[std::string(kind_name(p.execs[k].prim.get_kind())) + " " + p.impls[k]];
+      auto& row = ch.profile[std::string(step_kind(p.execs[k])) + " " + p.impls[k]];
       row.first += ms;
       row.second++;
       if (ch.step_min.size() != p.execs.size()) ch.step_min.assign(p.execs.size(), 1e30);
@@ -2097,7 +2416,7 @@ void run_chain(Chain& ch, Ctx& c) {
   }
   for (auto& e : p.execs) {
     threads_for(e);
-    e.prim.execute(s, e.args);
+    run_step(e, s);
   }
   s.wait();
 }

@@ -1224,6 +1224,43 @@ void add_chain_cases(std::vector<OpCase>& v) {
                conv({"$12", "WP", "BP"}, 1, 1, 0),     {"Add", {"$13", "X"}, {}}};
     v.push_back(c);
   }
+  // SiLU as the chain's own pass after a convolution whose residual Add is a sum post-op, over 40 channels (nChw16c
+  // padded to 48) at batch 2; the squeeze-excite GlobalAveragePool computed by that same pass (all batches and
+  // channel blocks), then the excitation and the projection.
+  {
+    OpCase c;
+    c.op = "Chain";
+    c.label = "SiLU pass after conv + residual, fused squeeze-excite pooling, C=40 batch 2";
+    c.inputs = {in("X", {2, 16, 10, 10}),        in("W1", {40, 16, 3, 3}, true, -0.3f, 0.3f), in("B1", {40}, true),
+                in("R", {2, 40, 10, 10}),
+                in("WS", {10, 40, 1, 1}, true, -0.4f, 0.4f), in("BS", {10}, true),
+                in("WX", {40, 10, 1, 1}, true, -0.4f, 0.4f), in("BX", {40}, true),
+                in("WP", {16, 40, 1, 1}, true, -0.2f, 0.2f)};
+    c.chain = {conv({"X", "W1", "B1"}, 3, 1, 1),   {"Add", {"$0", "R"}, {}},
+               {"Sigmoid", {"$1"}, {}},           {"Mul", {"$1", "$2"}, {}},                              // $3
+               {"GlobalAveragePool", {"$3"}, {}},                                                        // $4
+               conv({"$4", "WS", "BS"}, 1, 1, 0), {"Sigmoid", {"$5"}, {}}, {"Mul", {"$5", "$6"}, {}},
+               conv({"$7", "WX", "BX"}, 1, 1, 0), {"Sigmoid", {"$8"}, {}}, {"Mul", {"$3", "$9"}, {}},
+               conv({"$10", "WP"}, 1, 1, 0)};
+    v.push_back(c);
+  }
+  // Squeeze-excite with a wide excitation (32 -> 512: run as a vector-matrix product, reading the squeeze's nChw16c
+  // output in place and writing plain [1,512,1,1], which the broadcast Mul reads).
+  {
+    OpCase c;
+    c.op = "Chain";
+    c.label = "squeeze-excite 512 -> 32 -> 512 (excitation as a matmul), Mul, projection";
+    c.inputs = {in("X", {1, 64, 5, 5}),          in("W0", {512, 64, 1, 1}, true, -0.2f, 0.2f), in("B0", {512}, true),
+                in("WS", {32, 512, 1, 1}, true, -0.1f, 0.1f), in("BS", {32}, true),
+                in("WX", {512, 32, 1, 1}, true, -0.3f, 0.3f), in("BX", {512}, true),
+                in("WP", {16, 512, 1, 1}, true, -0.1f, 0.1f)};
+    c.chain = {conv({"X", "W0", "B0"}, 1, 1, 0),   {"Relu", {"$0"}, {}},                                // $1
+               {"GlobalAveragePool", {"$1"}, {}},                                                        // $2
+               conv({"$2", "WS", "BS"}, 1, 1, 0), {"Sigmoid", {"$3"}, {}}, {"Mul", {"$3", "$4"}, {}},  // $5
+               conv({"$5", "WX", "BX"}, 1, 1, 0), {"Sigmoid", {"$6"}, {}}, {"Mul", {"$1", "$7"}, {}},
+               conv({"$8", "WP"}, 1, 1, 0)};
+    v.push_back(c);
+  }
   {
     OpCase c;
     c.op = "Chain";
