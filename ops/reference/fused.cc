@@ -6,12 +6,13 @@
 //   Gelu(X)                         Y = 0.5 x (1 + erf(x / sqrt 2))              (the ai.onnx Gelu-20 kernel)
 //   LayerNormalization(X, Scale, [B])                                          (the ai.onnx LayerNormalization-17 kernel)
 //   Attention(Q, Kt, V, [mask])     Y = softmax(Q @ Kt * scale + mask) @ V       attribute scale (default 1)
-//   QConv(X, W, [B], x_scale, [x_zero_point], w_scale, [y_scale, y_zero_point])    (INT8, from passes/quantize_int8)
-//                                   Y = act(conv((X - x_zp) x_scale, W w_scale) + B), then, with y_scale, quantized:
-//                                   saturate(round(Y / y_scale) + y_zp) in y_zero_point's type (u8/s8); else f32.
-//                                   X u8/s8, W s8 (zero point 0), w_scale scalar or per output channel, B f32.
-//                                   input_layout / output_layout = "NHWC": X / Y hold channels-last bytes under their
-//                                   NCHW shape (fuse_qdq sets them on a u8/s8 value passed from one QConv to the next).
+//   QConv(X, W, [B], x_scale, [x_zero_point], w_scale, [y_scale, y_zero_point], [Z])    (INT8, from passes/quantize_int8)
+//                                   Y = act(conv((X - x_zp) x_scale, W w_scale) + B) + Z, then, with y_scale,
+//                                   quantized: saturate(round(Y / y_scale) + y_zp) in y_zero_point's type (u8/s8);
+//                                   else f32. X u8/s8, W s8 (zero point 0), w_scale scalar or per output channel, B
+//                                   f32, Z f32 with the output's shape (a residual Add fuse_qdq folded in).
+//                                   input_layout / output_layout = "NHWC": X / Y (and Z) hold channels-last bytes
+//                                   under their NCHW shape (fuse_qdq sets them inside int8 regions).
 //   QGemm(A, B, [C], a_scale, [a_zero_point], b_scale, [y_scale, y_zero_point])
 //                                   the same for A[..., K] x B (s8 [K, N], or [N, K] with transB = 1) + C[N]; the
 //                                   int8 form of MatMul with a 2-D constant weight and of Gemm (alpha = beta = 1).
@@ -416,15 +417,18 @@ std::vector<int32_t> widen(const TView& t, int32_t zero, const Kctx& k) {
   return r;
 }
 
-// Y[i] for accumulator `acc` of output channel m: act(acc * x_scale * w_scale[m] + bias[m]), then quantized or not.
+// Y[i] for accumulator `acc` of output channel m: act(acc * x_scale * w_scale[m] + bias[m]) + z[i], then quantized
+// or not.
 struct QEpilogue {
   const QParams& q;
   const float* bias;
   Act act;
+  const float* z = nullptr;  // QConv's residual, indexed like Y's bytes
   void store(const TView& y, int64_t i, int64_t m, int32_t acc) const {
     float v = static_cast<float>(acc) * (q.x_scale * q.w_scale[q.w_scale.size() == 1 ? 0 : static_cast<size_t>(m)]);
     if (bias) v += bias[m];
     v = act(v);
+    if (z) v += z[i];
     if (!q.quantized_out) {
       y.p<float>()[i] = v;
       return;
@@ -456,6 +460,11 @@ void op_qconv(Kctx& k) {
   QEpilogue ep{q, b ? b->p<float>() : nullptr, Act::from(k)};
   Shape os = {N, M};
   os.insert(os.end(), g.out.begin(), g.out.end());
+  if (auto z = k.opt_in(8)) {
+    require_f32(k, *z, "Z");
+    if (z->shape != os) k.invalid(cat("Z ", shape_str(z->shape), " must have the output's shape ", shape_str(os)));
+    ep.z = z->p<float>();
+  }
   TView y = k.out(0, os);
   if (y.numel == 0) return;
   std::vector<int32_t> X = widen(x, q.x_zero, k), W = widen(w, 0, k);

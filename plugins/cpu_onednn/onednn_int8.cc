@@ -3,7 +3,9 @@
 // matmul primitives: u8/s8 activations x s8 weights -> s32 accumulation (VNNI where the CPU has it), per-channel
 // output scales, the activation zero point as a runtime src zero point, the f32 bias, Relu/Clip as an eltwise
 // post-op, and the requantisation (output scale + dst zero point, saturation) inside the primitive; the output is
-// u8/s8, or f32 when the node has no y_scale.
+// u8/s8, or f32 when the node has no y_scale. A QConv's residual input Z (a residual Add fuse_qdq folded in) is a
+// binary-add post-op after the activation; with a quantized output the output scale then stays x_scale * w_scale and
+// a linear post-op divides by y_scale after the addition.
 //
 // Every quantization parameter, the weights and the bias must be constants (they are, after fuse_qdq): the weights
 // are reordered into the primitive's layout once per plan. oneDNN v2 adds the bias to the s32 accumulator before
@@ -60,6 +62,7 @@ struct QuantSetup {
   std::vector<float> bias;  // f32, already divided by x_scale * w_scale[m]; empty = none
   std::string act;
   float act_lo = 0, act_hi = 0;
+  bool residual = false;  // QConv input 8 (Z, f32, the output's shape and layout)
 
   void read(const Ctx& c, int64_t channels) {
     x_type = c.dtype(0);
@@ -103,10 +106,13 @@ struct QuantSetup {
     }
   }
 
-  // Output scales (per channel when w_scale is), zero points (runtime), the activation as a post-op.
-  dnnl::primitive_attr attr(int channel_dim) const {
+  // Output scales (per channel when w_scale is), zero points (runtime), the activation as a post-op, then the
+  // residual (`residual_md`, when `residual`) as a binary add.
+  dnnl::primitive_attr attr(int channel_dim, const dnnl::memory::desc& residual_md = {}) const {
     dnnl::primitive_attr a;
-    const float out_div = y_type == KEEL_DTYPE_F32 ? 1.f : y_scale;
+    const bool quantized = y_type != KEEL_DTYPE_F32;
+    // Post-ops see y / out_div; with a residual the division by y_scale moves behind the addition.
+    const float out_div = quantized && !residual ? y_scale : 1.f;
     std::vector<float> scales(w_scale.size());
     for (size_t m = 0; m < w_scale.size(); ++m) scales[m] = x_scale * w_scale[m] / out_div;
     a.set_output_scales(w_scale.size() == 1 ? 0 : (1 << channel_dim), scales);
@@ -116,6 +122,10 @@ struct QuantSetup {
     // Post-ops see the scaled value: y (f32 output) or y / y_scale (quantized output).
     if (act == "Relu") po.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
     if (act == "Clip") po.append_eltwise(1.f, dnnl::algorithm::eltwise_clip, act_lo / out_div, act_hi / out_div);
+    if (residual) {
+      po.append_binary(dnnl::algorithm::binary_add, residual_md);
+      if (quantized) po.append_eltwise(1.f, dnnl::algorithm::eltwise_linear, 1.f / y_scale, 0.f);
+    }
     a.set_post_ops(po);
     return a;
   }
@@ -141,8 +151,9 @@ struct ZeroPoints {
 struct QPlan {
   Dims out_dims;
   dnnl::primitive prim;
-  dnnl::memory src_user, src_prim, dst_user, dst_prim, wei, bias;
+  dnnl::memory src_user, src_prim, dst_user, dst_prim, wei, bias, residual;
   bool reorder_src = false, reorder_dst = false;
+  size_t residual_post_op = 0;  // the binary add's index among the post-ops
   dnnl::reorder src_reorder, dst_reorder;
   std::unique_ptr<ZeroPoints> zp = std::make_unique<ZeroPoints>();  // stable addresses for the memories
 };
@@ -160,6 +171,10 @@ void execute(Ctx& c, QPlan& p, bool has_bias) {
   std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, p.src_prim}, {DNNL_ARG_WEIGHTS, p.wei},
                                              {DNNL_ARG_DST, p.dst_prim}};
   if (has_bias) args[DNNL_ARG_BIAS] = p.bias;
+  if (p.residual) {
+    bind(p.residual, c.input(8)->data);
+    args[DNNL_ARG_ATTR_MULTIPLE_POST_OP(static_cast<int>(p.residual_post_op)) | DNNL_ARG_SRC_1] = p.residual;
+  }
   p.zp->add_to(args);
   p.prim.execute(s, args);
   if (p.reorder_dst) p.dst_reorder.execute(s, p.dst_prim, p.dst_user);
@@ -208,6 +223,8 @@ class QConvKernel : public Kernel {
     group_ = c.attr_i("group", 1);
     if (group_ <= 0) throw Reject{"group <= 0"};
     q_.read(c, w_dims_[0]);
+    q_.residual = c.has_input(8);
+    if (q_.residual && c.dtype(8) != KEEL_DTYPE_F32) throw Reject{"Z must be f32"};
     const std::string ap = c.attr_s("auto_pad", "NOTSET");
     if (ap != "NOTSET" && ap != "VALID" && !ap.empty()) throw Reject{"auto_pad " + ap};
     const size_t r = rank_ - 2;
@@ -225,7 +242,11 @@ class QConvKernel : public Kernel {
 
   void run(Ctx& c) override {
     const Dims x = c.dims(0);
-    execute(c, plans_.get(shape_key(c), [&] { return build(x); }), !q_.bias.empty());
+    QPlan& p = plans_.get(shape_key(c), [&] { return build(x); });
+    if (q_.residual && c.dims(8) != p.out_dims)
+      throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "QConv: Z " + dims_str(c.dims(8)) + " must have the output's shape " +
+                                                      dims_str(p.out_dims)};
+    execute(c, p, !q_.bias.empty());
   }
 
  private:
@@ -248,17 +269,24 @@ class QConvKernel : public Kernel {
     Dims wei = group_ > 1 ? Dims{group_, M / group_, C / group_} : Dims{M, C};
     for (size_t i = 2; i < rank_; ++i) wei.push_back(w_dims_[i]);
     const dt xt = dnnl_type(q_.x_type), yt = dnnl_type(q_.y_type);
-    dnnl::memory::desc src_any(to_dnnl(x), xt, tag::any), dst_any(to_dnnl(y), yt, tag::any),
-        wei_any(to_dnnl(wei), dt::s8, tag::any), bias_md({M}, dt::f32, tag::a), none;
+    static const tag plain[3] = {tag::ncw, tag::nchw, tag::ncdhw}, last[3] = {tag::nwc, tag::nhwc, tag::ndhwc};
+    const tag y_tag = nhwc_out_ ? last[r - 1] : plain[r - 1];
+    // With a residual the primitive writes the graph's layout itself: Z is read in that layout.
+    dnnl::memory::desc src_any(to_dnnl(x), xt, tag::any), dst_any(to_dnnl(y), yt, q_.residual ? y_tag : tag::any),
+        wei_any(to_dnnl(wei), dt::s8, tag::any), bias_md({M}, dt::f32, tag::a), none,
+        z_md = q_.residual ? dnnl::memory::desc(to_dnnl(y), dt::f32, y_tag) : none;
     dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src_any,
                                       wei_any, q_.bias.empty() ? none : bias_md, dst_any, to_dnnl(strides_),
                                       to_dnnl(dil), to_dnnl(pl), to_dnnl(pr));
-    dnnl::convolution_forward::primitive_desc pd(d, q_.attr(1), engine());
+    dnnl::convolution_forward::primitive_desc pd(d, q_.attr(1, z_md), engine());
     p->prim = dnnl::convolution_forward(pd);
-    static const tag plain[3] = {tag::ncw, tag::nchw, tag::ncdhw}, last[3] = {tag::nwc, tag::nhwc, tag::ndhwc};
     static const tag wtag[2][3] = {{tag::oiw, tag::oihw, tag::oidhw}, {tag::goiw, tag::goihw, tag::goidhw}};
     wire(*p, dnnl::memory::desc(to_dnnl(x), xt, nhwc_in_ ? last[r - 1] : plain[r - 1]), pd.src_desc(),
-         dnnl::memory::desc(to_dnnl(y), yt, nhwc_out_ ? last[r - 1] : plain[r - 1]), pd.dst_desc());
+         dnnl::memory::desc(to_dnnl(y), yt, y_tag), pd.dst_desc());
+    if (q_.residual) {
+      p->residual = dnnl::memory(z_md, engine(), nullptr);
+      p->residual_post_op = q_.act.empty() ? 0 : 1;
+    }
     p->wei = prepack(dnnl::memory::desc(to_dnnl(wei), dt::s8, wtag[group_ > 1][r - 1]), pd.weights_desc(), w_.data());
     if (!q_.bias.empty()) p->bias = bias_memory(q_.bias, bias_md);
     p->zp->make(q_);
@@ -286,6 +314,7 @@ class QGemmKernel : public Kernel {
     K_ = trans_b_ ? w_dims_[1] : w_dims_[0];
     N_ = trans_b_ ? w_dims_[0] : w_dims_[1];
     q_.read(c, N_);
+    if (c.input_count() > 8) throw Reject{"QGemm has 8 inputs at most"};
     const int8_t* w = c.data<int8_t>(1);
     w_.assign(w, w + numel(w_dims_));
     if (c.output_count() > 1) throw Reject{"extra outputs"};

@@ -752,6 +752,37 @@ void add_int8_cases(std::vector<OpCase>& v) {
     if (std::string(layouts) != "in") c.attrs["output_layout"] = S("NHWC");
     v.push_back(c);
   }
+  // A residual input Z (fuse_qdq's folded Add): added after the activation, before the requantisation; in the
+  // output's layout. 1x1 projections as in MobileNetV2 (f32 out with a second reader, u8 out when the Add's only
+  // reader was a QuantizeLinear), a 3x3 with Relu, a depthwise with Clip and s8 out.
+  struct Z { int64_t C, H, W, K, k, g; DType yt; float yzp; const char* act; bool nhwc; };
+  const Z zs[] = {{32, 7, 9, 16, 1, 1, DType::kF32, 0, "", true},  {32, 7, 9, 16, 1, 1, DType::kU8, 120, "", true},
+                  {16, 6, 6, 24, 3, 1, DType::kU8, 0, "Relu", false}, {24, 8, 5, 24, 3, 24, DType::kI8, 2, "Clip", true},
+                  {48, 5, 5, 16, 1, 1, DType::kF32, 0, "", false}};
+  for (const Z& z : zs) {
+    OpCase c;
+    c.op = "QConv";
+    c.domain = "keel";
+    std::ostringstream l;
+    l << "N=1 C=" << z.C << " H=" << z.H << " W=" << z.W << " K=" << z.K << " k=" << z.k << " g=" << z.g
+      << " x=u8/9 y=" << dtype_name(z.yt) << "/" << z.yzp << (z.act[0] ? " act=" : "") << z.act << " +Z"
+      << (z.nhwc ? " NHWC" : "");
+    c.label = l.str();
+    c.inputs = {qin("X", {1, z.C, z.H, z.W}, DType::kU8, false, 0.f, 255.f),
+                qin("W", {z.K, z.C / z.g, z.k, z.k}, DType::kI8, true, -127.f, 127.f), in("B", {z.K}, true, -2.f, 2.f)};
+    add_qparams(c, z.K, DType::kU8, 9, true, z.yt, z.yzp, 0.2f);
+    if (z.yt == DType::kF32) {  // y_scale, y_zero_point absent: Z is input 8
+      c.inputs.push_back(absent());
+      c.inputs.push_back(absent());
+    }
+    c.inputs.push_back(in("Z", {1, z.K, z.H, z.W}, false, -6.f, 6.f));
+    const int64_t p = z.k / 2;
+    c.attrs = {{"kernel_shape", Is({z.k, z.k})}, {"pads", Is({p, p, p, p})}, {"group", I(z.g)}};
+    if (z.act[0]) c.attrs["activation"] = S(z.act);
+    if (std::string(z.act) == "Clip") c.attrs["activation_params"] = Attribute::of_floats({-1.5f, 2.5f});
+    if (z.nhwc) c.attrs["input_layout"] = S("NHWC"), c.attrs["output_layout"] = S("NHWC");
+    v.push_back(c);
+  }
   struct G { Shape a; int64_t N; int tb; DType xt; float xzp; DType yt; float yzp; const char* act; };
   const G gs[] = {{{4, 64}, 32, 1, DType::kU8, 3, DType::kU8, 128, ""},
                   {{2, 5, 64}, 48, 0, DType::kU8, 128, DType::kF32, 0, ""},
