@@ -10,7 +10,9 @@
 //                                   Y = act(conv((X - x_zp) x_scale, W w_scale) + B) + Z, then, with y_scale,
 //                                   quantized: saturate(round(Y / y_scale) + y_zp) in y_zero_point's type (u8/s8);
 //                                   else f32. X u8/s8, W s8 (zero point 0), w_scale scalar or per output channel, B
-//                                   f32, Z f32 with the output's shape (a residual Add fuse_qdq folded in).
+//                                   f32, Z f32 with the output's shape (a residual Add fuse_qdq folded in). An f32
+//                                   X is quantized first, as QuantizeLinear(X, x_scale, x_zero_point) does (into
+//                                   x_zero_point's type, u8 without one): a QuantizeLinear fuse_qdq folded in.
 //                                   input_layout / output_layout = "NHWC": X / Y (and Z) hold channels-last bytes
 //                                   under their NCHW shape (fuse_qdq sets them inside int8 regions).
 //   QGemm(A, B, [C], a_scale, [a_zero_point], b_scale, [y_scale, y_zero_point])
@@ -372,6 +374,7 @@ void op_attention(Kctx& k) {
 struct QParams {
   float x_scale = 1;
   int32_t x_zero = 0;
+  int32_t x_type = KEEL_DTYPE_U8;  // the quantized X's type (X itself may be f32)
   std::vector<float> w_scale;  // 1 or M entries
   bool quantized_out = false;
   float y_scale = 1;
@@ -380,16 +383,20 @@ struct QParams {
 
 QParams read_qparams(const Kctx& k, const TView& x, const TView& w, int64_t M) {
   QParams q;
-  if (x.dtype != KEEL_DTYPE_U8 && x.dtype != KEEL_DTYPE_I8) k.bad_dtype(x.dtype, "X (u8 or s8)");
+  if (x.dtype != KEEL_DTYPE_U8 && x.dtype != KEEL_DTYPE_I8 && x.dtype != KEEL_DTYPE_F32)
+    k.bad_dtype(x.dtype, "X (u8, s8 or f32)");
   if (w.dtype != KEEL_DTYPE_I8) k.bad_dtype(w.dtype, "W (s8)");
   TView xs = k.in(3), ws = k.in(5);
   auto xzp = k.opt_in(4), ys = k.opt_in(6), yzp = k.opt_in(7);
   if (xs.numel != 1) k.invalid("x_scale must be a scalar");
   q.x_scale = static_cast<float>(get_f64(xs, 0, k));
+  q.x_type = x.dtype == KEEL_DTYPE_F32 ? (xzp ? xzp->dtype : KEEL_DTYPE_U8) : x.dtype;
   if (xzp) {
-    if (xzp->numel != 1 || xzp->dtype != x.dtype) k.invalid("x_zero_point must be a scalar of X's type");
+    if (xzp->numel != 1 || xzp->dtype != q.x_type) k.invalid("x_zero_point must be a scalar of X's (quantized) type");
+    if (q.x_type != KEEL_DTYPE_U8 && q.x_type != KEEL_DTYPE_I8) k.bad_dtype(q.x_type, "x_zero_point (u8 or s8)");
     q.x_zero = static_cast<int32_t>(get_i64(*xzp, 0, k));
   }
+  if (x.dtype == KEEL_DTYPE_F32 && !(q.x_scale > 0)) k.invalid("x_scale must be positive to quantize an f32 X");
   if (ws.numel != 1 && ws.numel != M) k.invalid(cat("w_scale must be a scalar or have ", M, " entries"));
   q.w_scale = read_floats(ws, k, "w_scale");
   if (ys.has_value() != yzp.has_value()) k.invalid("y_scale and y_zero_point come together");
@@ -409,11 +416,27 @@ QParams read_qparams(const Kctx& k, const TView& x, const TView& w, int64_t M) {
 
 std::vector<int32_t> widen(const TView& t, int32_t zero, const Kctx& k) {
   std::vector<int32_t> r(static_cast<size_t>(t.numel));
+  if (t.dtype == KEEL_DTYPE_F32) k.bad_dtype(t.dtype, "quantized input");
   dispatch(TL<uint8_t, int8_t>{}, t.dtype, k, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* p = t.p<T>();
     for (int64_t i = 0; i < t.numel; ++i) r[static_cast<size_t>(i)] = static_cast<int32_t>(p[i]) - zero;
   }, "quantized input");
+  return r;
+}
+
+// X quantized and less its zero point: an f32 X first goes through QuantizeLinear's arithmetic (x / x_scale in
+// float, rounded half to even, plus the zero point, saturated to the quantized type).
+std::vector<int32_t> widen_x(const TView& x, const QParams& q, const Kctx& k) {
+  if (x.dtype != KEEL_DTYPE_F32) return widen(x, q.x_zero, k);
+  const float* p = x.p<float>();
+  const float lo = q.x_type == KEEL_DTYPE_U8 ? 0.f : -128.f, hi = q.x_type == KEEL_DTYPE_U8 ? 255.f : 127.f;
+  std::vector<int32_t> r(static_cast<size_t>(x.numel));
+  for (int64_t i = 0; i < x.numel; ++i) {
+    float v = std::nearbyint(p[i] / q.x_scale) + static_cast<float>(q.x_zero);
+    if (!(v == v)) v = static_cast<float>(q.x_zero);
+    r[static_cast<size_t>(i)] = static_cast<int32_t>(std::clamp(v, lo, hi)) - q.x_zero;
+  }
   return r;
 }
 
@@ -467,7 +490,7 @@ void op_qconv(Kctx& k) {
   }
   TView y = k.out(0, os);
   if (y.numel == 0) return;
-  std::vector<int32_t> X = widen(x, q.x_zero, k), W = widen(w, 0, k);
+  std::vector<int32_t> X = widen_x(x, q, k), W = widen(w, 0, k);
   const int64_t Ks = g.kernel_size(), Cg = Cin / group, Mg = M / group, K = Cg * Ks, O = g.out_size(), I = g.in_size();
   // Channels-last data (input_layout / output_layout = "NHWC", set by fuse_qdq between two QConvs): the shapes stay
   // NCHW, the bytes are [N, spatial..., C].
@@ -517,7 +540,7 @@ void op_qgemm(Kctx& k) {
   os.push_back(N);
   TView y = k.out(0, os);
   if (y.numel == 0) return;
-  std::vector<int32_t> A = widen(a, q.x_zero, k), B = widen(bw, 0, k);
+  std::vector<int32_t> A = widen_x(a, q, k), B = widen(bw, 0, k);
   if (tb) {
     std::vector<int32_t> t(B.size());
     for (int64_t i = 0; i < K; ++i)

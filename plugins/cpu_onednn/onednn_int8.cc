@@ -12,6 +12,9 @@
 // the output scale, so the f32 bias is stored divided by x_scale * w_scale[m]. Activations are reordered from and to
 // the graph's plain layout around the primitive (oneDNN picks nhwc for int8), in workspace memory.
 //
+// An f32 X (a QuantizeLinear fuse_qdq folded into its reader) is quantized by the reorder into the primitive's
+// layout: scale 1 / x_scale, x_zero_point as its dst zero point, into x_zero_point's type.
+//
 // QuantizeLinear / DequantizeLinear with a per-tensor constant scale and zero point run as one oneDNN reorder (the
 // activations that stay f32 around a residual Add are quantized there).
 //
@@ -55,7 +58,8 @@ int32_t scalar_zp(const Ctx& c, int i, const char* what) {
 // What QConv and QGemm share: the quantization parameters (inputs 3..7), the fused activation and the primitive
 // attributes built from them.
 struct QuantSetup {
-  int32_t x_type = KEEL_DTYPE_U8, y_type = KEEL_DTYPE_F32;
+  int32_t x_type = KEEL_DTYPE_U8, y_type = KEEL_DTYPE_F32;  // x_type: the quantized X's type
+  bool x_f32 = false;  // X arrives in f32 and is quantized first
   float x_scale = 1, y_scale = 1;
   int32_t x_zero = 0, y_zero = 0;
   std::vector<float> w_scale;
@@ -65,10 +69,13 @@ struct QuantSetup {
   bool residual = false;  // QConv input 8 (Z, f32, the output's shape and layout)
 
   void read(const Ctx& c, int64_t channels) {
-    x_type = c.dtype(0);
-    if (x_type != KEEL_DTYPE_U8 && x_type != KEEL_DTYPE_I8) throw Reject{"X must be u8 or s8"};
+    x_f32 = c.dtype(0) == KEEL_DTYPE_F32;
+    x_type = x_f32 ? (c.has_input(4) ? c.dtype(4) : KEEL_DTYPE_U8) : c.dtype(0);
+    if (x_type != KEEL_DTYPE_U8 && x_type != KEEL_DTYPE_I8) throw Reject{"X must be u8, s8 or f32"};
+    if (c.has_input(4) && c.dtype(4) != x_type) throw Reject{"x_zero_point's type differs from X's"};
     if (c.dtype(1) != KEEL_DTYPE_I8 || !c.is_constant(1) || !c.dims_known(1)) throw Reject{"W must be a constant s8"};
     x_scale = scalar_f32(c, 3, "x_scale");
+    if (x_f32 && !(x_scale > 0 && std::isfinite(x_scale))) throw Reject{"x_scale must be positive to quantize an f32 X"};
     x_zero = scalar_zp(c, 4, "x_zero_point");
     if (!c.is_constant(5) || c.dtype(5) != KEEL_DTYPE_F32) throw Reject{"w_scale must be a constant f32"};
     const int64_t nws = numel(c.dims(5));
@@ -153,6 +160,7 @@ struct QPlan {
   dnnl::primitive prim;
   dnnl::memory src_user, src_prim, dst_user, dst_prim, wei, bias, residual;
   bool reorder_src = false, reorder_dst = false;
+  bool quantize_src = false;  // src_reorder quantizes an f32 X (dst zero point: zp->src_mem)
   size_t residual_post_op = 0;  // the binary add's index among the post-ops
   dnnl::reorder src_reorder, dst_reorder;
   std::unique_ptr<ZeroPoints> zp = std::make_unique<ZeroPoints>();  // stable addresses for the memories
@@ -165,7 +173,11 @@ void execute(Ctx& c, QPlan& p, bool has_bias) {
   bind(p.dst_user, y->data);
   if (p.reorder_src) {
     bind(p.src_prim, c.workspace(p.src_prim.get_desc().get_size()));
-    p.src_reorder.execute(s, p.src_user, p.src_prim);
+    if (p.quantize_src && p.zp->src != 0)
+      p.src_reorder.execute(s, {{DNNL_ARG_FROM, p.src_user}, {DNNL_ARG_TO, p.src_prim},
+                                {DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST, p.zp->src_mem}});
+    else
+      p.src_reorder.execute(s, p.src_user, p.src_prim);
   }
   if (p.reorder_dst) bind(p.dst_prim, c.workspace(p.dst_prim.get_desc().get_size()));
   std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, p.src_prim}, {DNNL_ARG_WEIGHTS, p.wei},
@@ -181,8 +193,9 @@ void execute(Ctx& c, QPlan& p, bool has_bias) {
   s.wait();
 }
 
-// Plain memory + primitive memory (+ a reorder between them when the layouts differ).
-void wire(QPlan& p, const dnnl::memory::desc& src_plain, const dnnl::memory::desc& src_md,
+// Plain memory + primitive memory (+ a reorder between them when the layouts differ; for an f32 X, the reorder
+// quantizes).
+void wire(QPlan& p, const QuantSetup& q, const dnnl::memory::desc& src_plain, const dnnl::memory::desc& src_md,
           const dnnl::memory::desc& dst_plain, const dnnl::memory::desc& dst_md) {
   auto& eng = engine();
   p.src_user = dnnl::memory(src_plain, eng, nullptr);
@@ -191,7 +204,15 @@ void wire(QPlan& p, const dnnl::memory::desc& src_plain, const dnnl::memory::des
   p.reorder_dst = dst_md != dst_plain;
   p.src_prim = p.reorder_src ? dnnl::memory(src_md, eng, nullptr) : p.src_user;
   p.dst_prim = p.reorder_dst ? dnnl::memory(dst_md, eng, nullptr) : p.dst_user;
-  if (p.reorder_src) p.src_reorder = dnnl::reorder(p.src_user, p.src_prim);
+  p.quantize_src = q.x_f32;
+  if (p.quantize_src) {
+    dnnl::primitive_attr a;
+    a.set_output_scales(0, {1.f / q.x_scale});
+    if (q.x_zero != 0) a.set_zero_points(DNNL_ARG_DST, 0, {DNNL_RUNTIME_S32_VAL});
+    p.src_reorder = dnnl::reorder(dnnl::reorder::primitive_desc(eng, src_plain, eng, src_md, a));
+  } else if (p.reorder_src) {
+    p.src_reorder = dnnl::reorder(p.src_user, p.src_prim);
+  }
   if (p.reorder_dst) p.dst_reorder = dnnl::reorder(p.dst_prim, p.dst_user);
 }
 
@@ -281,7 +302,8 @@ class QConvKernel : public Kernel {
     dnnl::convolution_forward::primitive_desc pd(d, q_.attr(1, z_md), engine());
     p->prim = dnnl::convolution_forward(pd);
     static const tag wtag[2][3] = {{tag::oiw, tag::oihw, tag::oidhw}, {tag::goiw, tag::goihw, tag::goidhw}};
-    wire(*p, dnnl::memory::desc(to_dnnl(x), xt, nhwc_in_ ? last[r - 1] : plain[r - 1]), pd.src_desc(),
+    wire(*p, q_, dnnl::memory::desc(to_dnnl(x), q_.x_f32 ? dt::f32 : xt, nhwc_in_ ? last[r - 1] : plain[r - 1]),
+         pd.src_desc(),
          dnnl::memory::desc(to_dnnl(y), yt, y_tag), pd.dst_desc());
     if (q_.residual) {
       p->residual = dnnl::memory(z_md, engine(), nullptr);
@@ -340,7 +362,8 @@ class QGemmKernel : public Kernel {
     dnnl::matmul::desc d(src_md, wei_any, q_.bias.empty() ? none : bias_md, dst_md);
     dnnl::matmul::primitive_desc pd(d, q_.attr(1), engine());
     p->prim = dnnl::matmul(pd);
-    wire(*p, src_md, pd.src_desc(), dst_md, pd.dst_desc());
+    wire(*p, q_, q_.x_f32 ? dnnl::memory::desc({M, K_}, dt::f32, tag::ab) : src_md, pd.src_desc(), dst_md,
+         pd.dst_desc());
     p->wei = prepack(dnnl::memory::desc({K_, N_}, dt::s8, trans_b_ ? tag::ba : tag::ab), pd.weights_desc(), w_.data());
     if (!q_.bias.empty()) p->bias = bias_memory(q_.bias, bias_md);
     p->zp->make(q_);

@@ -834,8 +834,9 @@ void expect_same_outputs(const Graph& a, const Graph& b, uint32_t seed, double m
 }
 
 // After fuse_qdq the residual Add is Conv2's input Z and the QuantizeLinear after it Conv2's requantisation: Conv2
-// writes u8 straight for Conv3. The int8 region (y1, the QuantizeLinear output in front of Conv2, Conv2's output)
-// stays channels-last; Conv3's output, read by GlobalAveragePool, and the graph input stay plain.
+// writes u8 straight for Conv3. The QuantizeLinears in front of Conv1 (the graph input) and Conv2 (y1) are folded
+// into them: they read f32 and quantize. The int8 region (y1, Conv2's output) stays channels-last; Conv3's output,
+// read by GlobalAveragePool, and the graph input stay plain.
 TEST(FuseQdq, ResidualAddFoldsIntoTheConvAndRegionsStayChannelsLast) {
   Graph fp32;
   std::string y1, y2, y3;
@@ -846,11 +847,13 @@ TEST(FuseQdq, ResidualAddFoldsIntoTheConvAndRegionsStayChannelsLast) {
   EXPECT_EQ(r[0].counters["conv_fused"], 3);
   EXPECT_EQ(r[0].counters["adds_fused"], 1);
   EXPECT_EQ(r[0].counters["outputs_requantized"], 1);  // Conv2 (Conv1 has two readers and stays f32)
-  EXPECT_EQ(r[0].counters["channels_last_edges"], 3);
+  EXPECT_EQ(r[0].counters["quantize_folded"], 2);
+  EXPECT_EQ(r[0].counters["channels_last_edges"], 2);
   EXPECT_EQ(count_op(fused, "Add"), 0u);
-  EXPECT_EQ(count_op(fused, "QuantizeLinear"), 2u);  // the graph input and y1 (for Conv2)
+  EXPECT_EQ(count_op(fused, "QuantizeLinear"), 0u);
   const Node* c2 = qconv_with_z(fused, y1);
   ASSERT_NE(c2, nullptr);
+  EXPECT_EQ(c2->inputs[0], y1);  // y1 is both X (quantized by Conv2 itself) and Z
   ASSERT_NE(fused.info(c2->outputs[0]), nullptr);
   EXPECT_EQ(fused.info(c2->outputs[0])->dtype, DType::kU8);
   auto layouts = qconv_layouts(fused);
@@ -867,21 +870,30 @@ TEST(FuseQdq, ResidualAddFoldsIntoTheConvAndRegionsStayChannelsLast) {
   EXPECT_EQ(r2[0].counters["channels_last_edges"], 0);
   EXPECT_EQ(r2[0].counters["adds_fused"], 1);
   expect_same_outputs(q, plain, 810);
-  // fuse_add = false keeps the Add (and its QuantizeLinear) as nodes, still channels-last.
+  // fuse_add = false keeps the Add as a node, still channels-last (y1, y2, the sum).
   Graph kept = q;
   Options no_add;
   no_add.values["fuse_add"] = false;
   auto r3 = run_pass(kept, "fuse_qdq", no_add);
   EXPECT_EQ(r3[0].counters["adds_fused"], 0);
-  EXPECT_EQ(r3[0].counters["channels_last_edges"], 5);
+  EXPECT_EQ(r3[0].counters["quantize_folded"], 3);
+  EXPECT_EQ(r3[0].counters["channels_last_edges"], 3);
   EXPECT_EQ(count_op(kept, "Add"), 1u);
   auto kl = qconv_layouts(kept);
   EXPECT_EQ(kl[y2], std::make_pair(std::string("NHWC"), std::string("NHWC")));
   expect_same_outputs(q, kept, 820);
+  // ... and fold_quantize = false keeps the QuantizeLinears too (channels-last: also their outputs).
+  Graph qdq = q;
+  no_add.values["fold_quantize"] = false;
+  auto r4 = run_pass(qdq, "fuse_qdq", no_add);
+  EXPECT_EQ(r4[0].counters["quantize_folded"], 0);
+  EXPECT_EQ(r4[0].counters["channels_last_edges"], 5);
+  EXPECT_EQ(count_op(qdq, "QuantizeLinear"), 3u);
+  expect_same_outputs(q, qdq, 850);
 }
 
-// The Add's output has a second reader: the QConv writes it in f32 (with the residual added) and the QuantizeLinear
-// in front of Conv3 stays a node; the value read by the graph output's Relu stays plain, and so does Z.
+// The Add's output has a second reader: the QConv writes it in f32 (with the residual added) and Conv3 quantizes it
+// (its QuantizeLinear folded in); the value read by the graph output's Relu stays plain, and so does Z.
 TEST(FuseQdq, ResidualAddWithTwoReadersKeepsAnF32Output) {
   Graph fp32;
   std::string y1, y2, y3;
@@ -891,7 +903,8 @@ TEST(FuseQdq, ResidualAddWithTwoReadersKeepsAnF32Output) {
   ASSERT_EQ(r.size(), 1u);
   EXPECT_EQ(r[0].counters["adds_fused"], 1);
   EXPECT_EQ(count_op(fused, "Add"), 0u);
-  EXPECT_EQ(count_op(fused, "QuantizeLinear"), 3u);
+  EXPECT_EQ(r[0].counters["quantize_folded"], 3);
+  EXPECT_EQ(count_op(fused, "QuantizeLinear"), 0u);
   const Node* c2 = qconv_with_z(fused, y1);
   ASSERT_NE(c2, nullptr);
   ASSERT_NE(fused.info(c2->outputs[0]), nullptr);
