@@ -146,9 +146,9 @@ void register_keel_schemas() {
       s.Output(0, "Y", "", "T4");
       return s;
     };
-    OpSchema qconv = quantized("QConv", "act(conv(dequant(X), dequant(W)) + B) + Z, quantized when y_scale is given",
+    OpSchema qconv = quantized("QConv", "act(conv(dequant(X), dequant(W)) + B + Z), quantized when y_scale is given",
                                "X", "W", "B");
-    qconv.Input(8, "Z", "f32 residual added after the activation (the output's shape and layout)", "tensor(float)",
+    qconv.Input(8, "Z", "f32 residual added before the activation (the output's shape; layout: residual_layout)", "tensor(float)",
                 OpSchema::Optional);
     qconv.TypeAndShapeInferenceFunction([conv = borrowed_inference("Conv", 11), q_output_type](onnx::InferenceContext& ctx) {
       conv(ctx);

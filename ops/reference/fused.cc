@@ -7,14 +7,15 @@
 //   LayerNormalization(X, Scale, [B])                                          (the ai.onnx LayerNormalization-17 kernel)
 //   Attention(Q, Kt, V, [mask])     Y = softmax(Q @ Kt * scale + mask) @ V       attribute scale (default 1)
 //   QConv(X, W, [B], x_scale, [x_zero_point], w_scale, [y_scale, y_zero_point], [Z])    (INT8, from passes/quantize_int8)
-//                                   Y = act(conv((X - x_zp) x_scale, W w_scale) + B) + Z, then, with y_scale,
+//                                   Y = act(conv((X - x_zp) x_scale, W w_scale) + B + Z), then, with y_scale,
 //                                   quantized: saturate(round(Y / y_scale) + y_zp) in y_zero_point's type (u8/s8);
 //                                   else f32. X u8/s8, W s8 (zero point 0), w_scale scalar or per output channel, B
 //                                   f32, Z f32 with the output's shape (a residual Add fuse_qdq folded in). An f32
 //                                   X is quantized first, as QuantizeLinear(X, x_scale, x_zero_point) does (into
 //                                   x_zero_point's type, u8 without one): a QuantizeLinear fuse_qdq folded in.
-//                                   input_layout / output_layout = "NHWC": X / Y (and Z) hold channels-last bytes
-//                                   under their NCHW shape (fuse_qdq sets them inside int8 regions).
+//                                   input_layout / output_layout / residual_layout (default: output_layout) =
+//                                   "NHWC": X / Y / Z hold channels-last bytes under their NCHW shape (fuse_qdq sets
+//                                   them inside int8 regions).
 //   QGemm(A, B, [C], a_scale, [a_zero_point], b_scale, [y_scale, y_zero_point])
 //                                   the same for A[..., K] x B (s8 [K, N], or [N, K] with transB = 1) + C[N]; the
 //                                   int8 form of MatMul with a 2-D constant weight and of Gemm (alpha = beta = 1).
@@ -440,7 +441,7 @@ std::vector<int32_t> widen_x(const TView& x, const QParams& q, const Kctx& k) {
   return r;
 }
 
-// Y[i] for accumulator `acc` of output channel m: act(acc * x_scale * w_scale[m] + bias[m]) + z[i], then quantized
+// Y[i] for accumulator `acc` of output channel m: act(acc * x_scale * w_scale[m] + bias[m] + z[i]), then quantized
 // or not.
 struct QEpilogue {
   const QParams& q;
@@ -450,8 +451,8 @@ struct QEpilogue {
   void store(const TView& y, int64_t i, int64_t m, int32_t acc) const {
     float v = static_cast<float>(acc) * (q.x_scale * q.w_scale[q.w_scale.size() == 1 ? 0 : static_cast<size_t>(m)]);
     if (bias) v += bias[m];
-    v = act(v);
     if (z) v += z[i];
+    v = act(v);
     if (!q.quantized_out) {
       y.p<float>()[i] = v;
       return;
@@ -483,10 +484,24 @@ void op_qconv(Kctx& k) {
   QEpilogue ep{q, b ? b->p<float>() : nullptr, Act::from(k)};
   Shape os = {N, M};
   os.insert(os.end(), g.out.begin(), g.out.end());
+  const bool nhwc_out = k.attr_s("output_layout", "NCHW") == "NHWC";
+  std::vector<float> z_conv;  // Z in the output's layout, where its own differs
   if (auto z = k.opt_in(8)) {
     require_f32(k, *z, "Z");
     if (z->shape != os) k.invalid(cat("Z ", shape_str(z->shape), " must have the output's shape ", shape_str(os)));
     ep.z = z->p<float>();
+    const bool nhwc_z = k.attr_s("residual_layout", nhwc_out ? "NHWC" : "NCHW") == "NHWC";
+    if (nhwc_z != nhwc_out) {
+      const int64_t C = os[1], S = z->numel / std::max<int64_t>(os[0] * C, 1);
+      z_conv.resize(static_cast<size_t>(z->numel));
+      for (int64_t n = 0; n < os[0]; ++n)
+        for (int64_t c = 0; c < C; ++c)
+          for (int64_t i = 0; i < S; ++i) {
+            const int64_t plain = (n * C + c) * S + i, last = (n * S + i) * C + c;
+            z_conv[static_cast<size_t>(nhwc_out ? last : plain)] = ep.z[nhwc_z ? last : plain];
+          }
+      ep.z = z_conv.data();
+    }
   }
   TView y = k.out(0, os);
   if (y.numel == 0) return;
@@ -501,7 +516,6 @@ void op_qconv(Kctx& k) {
         for (int64_t i = 0; i < I; ++i) t[static_cast<size_t>((n * Cin + ci) * I + i)] = X[static_cast<size_t>((n * I + i) * Cin + ci)];
     X.swap(t);
   }
-  const bool nhwc_out = k.attr_s("output_layout", "NCHW") == "NHWC";
   auto out_index = [&](int64_t n, int64_t m, int64_t j) { return nhwc_out ? (n * O + j) * M + m : (n * M + m) * O + j; };
   std::vector<int32_t> col(static_cast<size_t>(K * O)), acc(static_cast<size_t>(Mg * O));
   for (int64_t n = 0; n < N; ++n) {

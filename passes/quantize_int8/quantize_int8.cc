@@ -16,7 +16,7 @@
 //                  Counters: nodes_quantized, nodes_excluded, activations_quantized, weights_quantized, bytes_saved.
 //
 //   fuse_qdq       the int8 execution form of a QDQ graph: DequantizeLinear(x) -> Conv|MatMul|Gemm(DequantizeLinear(w),
-//                  f32 bias) [-> Relu|Clip] [-> Add(f32 residual)] [-> QuantizeLinear] becomes one keel-domain QConv /
+//                  f32 bias) [-> Add(f32 residual)] [-> Relu|Clip] [-> QuantizeLinear] becomes one keel-domain QConv /
 //                  QGemm (semantics in ops/reference/fused.cc) that reads the u8/s8 activation and the s8 weight
 //                  directly, with the bias, the activation, the residual Add (Conv only: QConv's input Z, an f32
 //                  value of the output's shape) and the requantisation fused (without a QuantizeLinear after it, it
@@ -28,8 +28,8 @@
 //                  by a QConv, or by an element-wise Add / QuantizeLinear whose inputs are channels-last, and read
 //                  only by QConvs (input 0) and such element-wise nodes; the QConvs get output_layout /
 //                  input_layout = "NHWC", the element-wise nodes compute on the bytes as they are.
-//                  The residual Add is folded when the Conv's (or its activation's) output is read by that Add alone
-//                  (option fuse_add = true); Z then shares the output's layout.
+//                  The residual Add is folded when the Conv's output is read by that Add alone
+//                  (option fuse_add = true); Z's layout is its own (attribute residual_layout).
 //                  A QuantizeLinear whose output only a QConv/QGemm reads, with that node's x_scale and x_zero_point,
 //                  is folded into it (option fold_quantize = true): the node reads the f32 value and quantizes it
 //                  itself (on oneDNN inside the reorder into its layout: one pass over the data instead of two, and
@@ -286,6 +286,23 @@ keel_status_t fuse_qdq(void*, keel_graph_t* g, const keel_graph_api_t* api, cons
       } else {
         attrs["transB"] = AttrValue::of_int(trans_b ? 1 : 0);
       }
+      // A residual Add of an f32 value with the same shape (no broadcasting), folded in as QConv's input Z.
+      std::string residual;
+      if (conv && fuse_add && gv.single_use(out)) {
+        keel_node_id_t c = gv.consumers(out)[0];
+        std::vector<std::string> ai = gv.inputs(c);
+        if (gv.is(c, "Add") && ai.size() == 2 && ai[0] != ai[1] && gv.outputs(c).size() == 1) {
+          const std::string& other = ai[0] == out ? ai[1] : ai[0];
+          auto ot = gv.value_type(out), zt = gv.value_type(other);
+          if (ot && zt && ot->fully_known() && zt->fully_known() && ot->dims == zt->dims &&
+              zt->dtype == KEEL_DTYPE_F32) {
+            residual = other;
+            chain.push_back(c);
+            out = gv.output(c, 0);
+            ++adds;
+          }
+        }
+      }
       if (gv.single_use(out)) {
         keel_node_id_t c = gv.consumers(out)[0];
         std::optional<std::pair<float, float>> clip;
@@ -311,23 +328,6 @@ keel_status_t fuse_qdq(void*, keel_graph_t* g, const keel_graph_api_t* api, cons
           chain.push_back(c);
           out = gv.output(c, 0);
           ++acts;
-        }
-      }
-      // A residual Add of an f32 value with the same shape (no broadcasting), folded in as QConv's input Z.
-      std::string residual;
-      if (conv && fuse_add && gv.single_use(out)) {
-        keel_node_id_t c = gv.consumers(out)[0];
-        std::vector<std::string> ai = gv.inputs(c);
-        if (gv.is(c, "Add") && ai.size() == 2 && ai[0] != ai[1] && gv.outputs(c).size() == 1) {
-          const std::string& other = ai[0] == out ? ai[1] : ai[0];
-          auto ot = gv.value_type(out), zt = gv.value_type(other);
-          if (ot && zt && ot->fully_known() && zt->fully_known() && ot->dims == zt->dims &&
-              zt->dtype == KEEL_DTYPE_F32) {
-            residual = other;
-            chain.push_back(c);
-            out = gv.output(c, 0);
-            ++adds;
-          }
         }
       }
       std::string ys, yzp;
@@ -382,7 +382,7 @@ keel_status_t fuse_qdq(void*, keel_graph_t* g, const keel_graph_api_t* api, cons
     // the same on any layout as long as all their inputs and their output share it; graph outputs and any other
     // reader keep the plain layout. Found as a fixpoint: start from every candidate, drop what breaks a rule.
     auto is_qconv = [&](keel_node_id_t n) { return gv.domain(n) == "keel" && gv.op(n) == "QConv"; };
-    // A QConv's residual input Z (input 8) is read in the QConv's output layout.
+    // A QConv's residual input Z (input 8), read in whichever layout it has (residual_layout).
     auto qconv_z = [&](keel_node_id_t n) {
       std::vector<std::string> in = gv.inputs(n);
       return in.size() > 8 ? in[8] : std::string();
@@ -419,14 +419,11 @@ keel_status_t fuse_qdq(void*, keel_graph_t* g, const keel_graph_api_t* api, cons
         ok = ok && p.has_value();
         if (ok && is_elementwise(*p))
           for (const std::string& i : act_inputs(*p)) ok = ok && cl.count(i);
-        if (ok && is_qconv(*p) && !qconv_z(*p).empty()) ok = cl.count(qconv_z(*p)) > 0;
         for (keel_node_id_t c : ok ? gv.consumers(v) : std::vector<keel_node_id_t>{}) {
           std::vector<std::string> ci = gv.inputs(c);
           if (is_qconv(c)) {
-            // As X (input 0) and/or as Z when the QConv's output is channels-last too; no other input.
-            const bool as_z = qconv_z(c) == v;
-            ok = ok && std::count(ci.begin(), ci.end(), v) == (ci[0] == v) + as_z &&
-                 (!as_z || cl.count(gv.output(c, 0)));
+            // As X (input 0) and/or as Z; no other input.
+            ok = ok && std::count(ci.begin(), ci.end(), v) == (ci[0] == v) + (qconv_z(c) == v);
           } else if (is_elementwise(c)) {
             std::vector<std::string> ai = act_inputs(c);
             ok = ok && cl.count(gv.output(c, 0)) &&
@@ -451,6 +448,9 @@ keel_status_t fuse_qdq(void*, keel_graph_t* g, const keel_graph_api_t* api, cons
         if (is_qconv(c) && gv.inputs(c)[0] == v) gv.set_attr(c, "input_layout", AttrValue::of_string("NHWC"));
       ++nhwc;
     }
+    for (keel_node_id_t n : gv.nodes())
+      if (gv.exists(n) && is_qconv(n) && !qconv_z(n).empty())
+        gv.set_attr(n, "residual_layout", AttrValue::of_string(cl.count(qconv_z(n)) ? "NHWC" : "NCHW"));
     report.count("channels_last_edges", nhwc);
     if (no_kernel)
       report.note("no QConv/QGemm kernel on device '" + std::string(device ? device : "") + "': left " +

@@ -4,8 +4,10 @@
 // output scales, the activation zero point as a runtime src zero point, the f32 bias, Relu/Clip as an eltwise
 // post-op, and the requantisation (output scale + dst zero point, saturation) inside the primitive; the output is
 // u8/s8, or f32 when the node has no y_scale. A QConv's residual input Z (a residual Add fuse_qdq folded in) is a
-// binary-add post-op after the activation; with a quantized output the output scale then stays x_scale * w_scale and
-// a linear post-op divides by y_scale after the addition.
+// binary-add post-op before the activation; with a quantized output the output scale then stays x_scale * w_scale
+// and a linear post-op divides by y_scale last. With Z the primitive computes channels-last (oneDNN's jit
+// int8 kernels add a same-layout Z only): Z in another layout (attribute residual_layout, default output_layout) is
+// reordered first, and a plain output is reordered after.
 //
 // Every quantization parameter, the weights and the bias must be constants (they are, after fuse_qdq): the weights
 // are reordered into the primitive's layout once per plan. oneDNN v2 adds the bias to the s32 accumulator before
@@ -113,8 +115,8 @@ struct QuantSetup {
     }
   }
 
-  // Output scales (per channel when w_scale is), zero points (runtime), the activation as a post-op, then the
-  // residual (`residual_md`, when `residual`) as a binary add.
+  // Output scales (per channel when w_scale is), zero points (runtime), the residual (`residual_md`, when
+  // `residual`) as a binary add, the activation as a post-op.
   dnnl::primitive_attr attr(int channel_dim, const dnnl::memory::desc& residual_md = {}) const {
     dnnl::primitive_attr a;
     const bool quantized = y_type != KEEL_DTYPE_F32;
@@ -127,12 +129,10 @@ struct QuantSetup {
     if (y_zero != 0) a.set_zero_points(DNNL_ARG_DST, 0, {DNNL_RUNTIME_S32_VAL});
     dnnl::post_ops po;
     // Post-ops see the scaled value: y (f32 output) or y / y_scale (quantized output).
+    if (residual) po.append_binary(dnnl::algorithm::binary_add, residual_md);
     if (act == "Relu") po.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
     if (act == "Clip") po.append_eltwise(1.f, dnnl::algorithm::eltwise_clip, act_lo / out_div, act_hi / out_div);
-    if (residual) {
-      po.append_binary(dnnl::algorithm::binary_add, residual_md);
-      if (quantized) po.append_eltwise(1.f, dnnl::algorithm::eltwise_linear, 1.f / y_scale, 0.f);
-    }
+    if (residual && quantized) po.append_eltwise(1.f, dnnl::algorithm::eltwise_linear, 1.f / y_scale, 0.f);
     a.set_post_ops(po);
     return a;
   }
@@ -158,10 +158,14 @@ struct ZeroPoints {
 struct QPlan {
   Dims out_dims;
   dnnl::primitive prim;
-  dnnl::memory src_user, src_prim, dst_user, dst_prim, wei, bias, residual;
+  dnnl::memory src_user, src_prim, dst_user, dst_prim, wei, bias;
+  bool residual = false;  // a QConv's Z (input 8) as a binary-add post-op
   bool reorder_src = false, reorder_dst = false;
   bool quantize_src = false;  // src_reorder quantizes an f32 X (dst zero point: zp->src_mem)
   size_t residual_post_op = 0;  // the binary add's index among the post-ops
+  bool reorder_residual = false;  // Z is reordered into residual_prim (workspace) first
+  dnnl::memory residual_user, residual_prim;
+  dnnl::reorder residual_reorder;
   dnnl::reorder src_reorder, dst_reorder;
   std::unique_ptr<ZeroPoints> zp = std::make_unique<ZeroPoints>();  // stable addresses for the memories
 };
@@ -184,8 +188,14 @@ void execute(Ctx& c, QPlan& p, bool has_bias) {
                                              {DNNL_ARG_DST, p.dst_prim}};
   if (has_bias) args[DNNL_ARG_BIAS] = p.bias;
   if (p.residual) {
-    bind(p.residual, c.input(8)->data);
-    args[DNNL_ARG_ATTR_MULTIPLE_POST_OP(static_cast<int>(p.residual_post_op)) | DNNL_ARG_SRC_1] = p.residual;
+    if (p.reorder_residual) {
+      bind(p.residual_user, c.input(8)->data);
+      bind(p.residual_prim, c.workspace(p.residual_prim.get_desc().get_size()));
+      p.residual_reorder.execute(s, p.residual_user, p.residual_prim);
+    } else {
+      bind(p.residual_prim, c.input(8)->data);
+    }
+    args[DNNL_ARG_ATTR_MULTIPLE_POST_OP(static_cast<int>(p.residual_post_op)) | DNNL_ARG_SRC_1] = p.residual_prim;
   }
   p.zp->add_to(args);
   p.prim.execute(s, args);
@@ -257,6 +267,7 @@ class QConvKernel : public Kernel {
     w_.assign(w, w + numel(w_dims_));
     nhwc_in_ = c.attr_s("input_layout", "NCHW") == "NHWC";
     nhwc_out_ = c.attr_s("output_layout", "NCHW") == "NHWC";
+    nhwc_z_ = c.attr_s("residual_layout", nhwc_out_ ? "NHWC" : "NCHW") == "NHWC";
     if (c.output_count() > 1) throw Reject{"extra outputs"};
     if (c.dims_known(0)) plans_.get(shape_key(c), [&] { return build(c.dims(0)); });
   }
@@ -292,10 +303,10 @@ class QConvKernel : public Kernel {
     const dt xt = dnnl_type(q_.x_type), yt = dnnl_type(q_.y_type);
     static const tag plain[3] = {tag::ncw, tag::nchw, tag::ncdhw}, last[3] = {tag::nwc, tag::nhwc, tag::ndhwc};
     const tag y_tag = nhwc_out_ ? last[r - 1] : plain[r - 1];
-    // With a residual the primitive writes the graph's layout itself: Z is read in that layout.
-    dnnl::memory::desc src_any(to_dnnl(x), xt, tag::any), dst_any(to_dnnl(y), yt, q_.residual ? y_tag : tag::any),
+    // With a residual the primitive computes channels-last, Z read in that layout.
+    dnnl::memory::desc src_any(to_dnnl(x), xt, tag::any), dst_any(to_dnnl(y), yt, q_.residual ? last[r - 1] : tag::any),
         wei_any(to_dnnl(wei), dt::s8, tag::any), bias_md({M}, dt::f32, tag::a), none,
-        z_md = q_.residual ? dnnl::memory::desc(to_dnnl(y), dt::f32, y_tag) : none;
+        z_md = q_.residual ? dnnl::memory::desc(to_dnnl(y), dt::f32, last[r - 1]) : none;
     dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src_any,
                                       wei_any, q_.bias.empty() ? none : bias_md, dst_any, to_dnnl(strides_),
                                       to_dnnl(dil), to_dnnl(pl), to_dnnl(pr));
@@ -306,8 +317,14 @@ class QConvKernel : public Kernel {
          pd.src_desc(),
          dnnl::memory::desc(to_dnnl(y), yt, y_tag), pd.dst_desc());
     if (q_.residual) {
-      p->residual = dnnl::memory(z_md, engine(), nullptr);
-      p->residual_post_op = q_.act.empty() ? 0 : 1;
+      p->residual = true;
+      p->residual_post_op = 0;
+      p->residual_prim = dnnl::memory(z_md, engine(), nullptr);
+      p->reorder_residual = !nhwc_z_;
+      if (p->reorder_residual) {
+        p->residual_user = dnnl::memory(dnnl::memory::desc(to_dnnl(y), dt::f32, plain[r - 1]), engine(), nullptr);
+        p->residual_reorder = dnnl::reorder(p->residual_user, p->residual_prim);
+      }
     }
     p->wei = prepack(dnnl::memory::desc(to_dnnl(wei), dt::s8, wtag[group_ > 1][r - 1]), pd.weights_desc(), w_.data());
     if (!q_.bias.empty()) p->bias = bias_memory(q_.bias, bias_md);
@@ -316,7 +333,7 @@ class QConvKernel : public Kernel {
   }
 
   size_t rank_ = 0;
-  bool nhwc_in_ = false, nhwc_out_ = false;  // channels-last bytes under the NCHW shape (fuse_qdq)
+  bool nhwc_in_ = false, nhwc_out_ = false, nhwc_z_ = false;  // channels-last bytes under the NCHW shape (fuse_qdq)
   int64_t group_ = 1;
   Dims w_dims_, strides_, dilations_, pads_;
   std::vector<int8_t> w_;

@@ -755,10 +755,12 @@ void add_int8_cases(std::vector<OpCase>& v) {
   // A residual input Z (fuse_qdq's folded Add): added after the activation, before the requantisation; in the
   // output's layout. 1x1 projections as in MobileNetV2 (f32 out with a second reader, u8 out when the Add's only
   // reader was a QuantizeLinear), a 3x3 with Relu, a depthwise with Clip and s8 out.
-  struct Z { int64_t C, H, W, K, k, g; DType yt; float yzp; const char* act; bool nhwc; };
+  struct Z { int64_t C, H, W, K, k, g; DType yt; float yzp; const char* act; bool nhwc; const char* z_layout = nullptr; };
   const Z zs[] = {{32, 7, 9, 16, 1, 1, DType::kF32, 0, "", true},  {32, 7, 9, 16, 1, 1, DType::kU8, 120, "", true},
                   {16, 6, 6, 24, 3, 1, DType::kU8, 0, "Relu", false}, {24, 8, 5, 24, 3, 24, DType::kI8, 2, "Clip", true},
-                  {48, 5, 5, 16, 1, 1, DType::kF32, 0, "", false}};
+                  {48, 5, 5, 16, 1, 1, DType::kF32, 0, "", false},
+                  {32, 6, 7, 24, 3, 1, DType::kF32, 0, "", false, "NHWC"},  // Z channels-last, Y plain
+                  {32, 6, 7, 24, 1, 1, DType::kU8, 5, "Relu", true, "NCHW"}};  // Z plain, Y channels-last
   for (const Z& z : zs) {
     OpCase c;
     c.op = "QConv";
@@ -766,7 +768,7 @@ void add_int8_cases(std::vector<OpCase>& v) {
     std::ostringstream l;
     l << "N=1 C=" << z.C << " H=" << z.H << " W=" << z.W << " K=" << z.K << " k=" << z.k << " g=" << z.g
       << " x=u8/9 y=" << dtype_name(z.yt) << "/" << z.yzp << (z.act[0] ? " act=" : "") << z.act << " +Z"
-      << (z.nhwc ? " NHWC" : "");
+      << (z.nhwc ? " NHWC" : "") << (z.z_layout ? std::string(" Z:") + z.z_layout : std::string());
     c.label = l.str();
     c.inputs = {qin("X", {1, z.C, z.H, z.W}, DType::kU8, false, 0.f, 255.f),
                 qin("W", {z.K, z.C / z.g, z.k, z.k}, DType::kI8, true, -127.f, 127.f), in("B", {z.K}, true, -2.f, 2.f)};
@@ -781,6 +783,7 @@ void add_int8_cases(std::vector<OpCase>& v) {
     if (z.act[0]) c.attrs["activation"] = S(z.act);
     if (std::string(z.act) == "Clip") c.attrs["activation_params"] = Attribute::of_floats({-1.5f, 2.5f});
     if (z.nhwc) c.attrs["input_layout"] = S("NHWC"), c.attrs["output_layout"] = S("NHWC");
+    if (z.z_layout) c.attrs["residual_layout"] = S(z.z_layout);
     v.push_back(c);
   }
   // An f32 X quantized by the node itself (fuse_qdq's folded QuantizeLinear): x_scale 0.02 and X in [-3, 3], so

@@ -784,14 +784,17 @@ TEST(FuseQdq, Int8OpsReplaceTheQdqPatternsAndMatchTheQdqGraph) {
 }
 
 // A residual block in QDQ form: x -> Conv1 -> y1; y1 -> Conv2 -> y2; Add(y1, y2) -> s -> Conv3 -> GlobalAveragePool
-// (with `second_reader`, s is also read by a Relu that is a graph output).
-Graph residual_qdq(Graph* fp32_out, std::string* y1, std::string* y2, std::string* y3, bool second_reader = false) {
+// (with `second_reader`, s is also read by a Relu that is a graph output; with `relu`, s = Relu(Add(y1, y2)) as in
+// ResNet).
+Graph residual_qdq(Graph* fp32_out, std::string* y1, std::string* y2, std::string* y3, bool second_reader = false,
+                   bool relu = false) {
   GraphBuilder b("qres", 13);
   auto x = b.input("x", DType::kF32, {1, 3, 6, 5});
   std::map<std::string, Attribute> pads = {{"pads", Attribute::of_ints({1, 1, 1, 1})}};
   *y1 = b.op1("Conv", {x, b.constant("w1", Tensor::f32({8, 3, 3, 3}, randv(216, 11, 0.3f)))}, pads);
   *y2 = b.op1("Conv", {*y1, b.constant("w2", Tensor::f32({8, 8, 3, 3}, randv(576, 12, 0.2f)))}, pads);
   auto sum = b.op1("Add", {*y1, *y2});
+  if (relu) sum = b.op1("Relu", {sum});
   *y3 = b.op1("Conv", {sum, b.constant("w3", Tensor::f32({4, 8, 1, 1}, randv(32, 13, 0.3f)))});
   b.output(b.op1("GlobalAveragePool", {*y3}));
   if (second_reader) b.output(b.op1("Relu", {sum}));
@@ -893,7 +896,8 @@ TEST(FuseQdq, ResidualAddFoldsIntoTheConvAndRegionsStayChannelsLast) {
 }
 
 // The Add's output has a second reader: the QConv writes it in f32 (with the residual added) and Conv3 quantizes it
-// (its QuantizeLinear folded in); the value read by the graph output's Relu stays plain, and so does Z.
+// (its QuantizeLinear folded in); the value read by the graph output's Relu stays plain, Z (y1) channels-last: the
+// QConv reads it in its own layout (residual_layout).
 TEST(FuseQdq, ResidualAddWithTwoReadersKeepsAnF32Output) {
   Graph fp32;
   std::string y1, y2, y3;
@@ -911,8 +915,28 @@ TEST(FuseQdq, ResidualAddWithTwoReadersKeepsAnF32Output) {
   EXPECT_EQ(fused.info(c2->outputs[0])->dtype, DType::kF32);
   auto layouts = qconv_layouts(fused);
   EXPECT_EQ(layouts[c2->outputs[0]].second, "NCHW");  // read by Relu
-  EXPECT_EQ(layouts[y1].second, "NCHW");              // so Z, y1, is plain too
+  EXPECT_EQ(layouts[y1].second, "NHWC");
+  ASSERT_NE(c2->attr("residual_layout"), nullptr);
+  EXPECT_EQ(c2->attr("residual_layout")->s, "NHWC");
   expect_same_outputs(q, fused, 830);
+}
+
+// ResNet's Add -> Relu: the Relu folds too (QConv's activation applies after Z is added), then the requantisation.
+TEST(FuseQdq, ResidualAddThenReluFoldsBoth) {
+  Graph fp32;
+  std::string y1, y2, y3;
+  Graph q = residual_qdq(&fp32, &y1, &y2, &y3, false, true);
+  Graph fused = q;
+  auto r = run_pass(fused, "fuse_qdq", {});
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].counters["adds_fused"], 1);
+  EXPECT_EQ(r[0].counters["activations_fused"], 1);
+  EXPECT_EQ(count_op(fused, "Add") + count_op(fused, "Relu") + count_op(fused, "QuantizeLinear"), 0u);
+  const Node* c2 = qconv_with_z(fused, y1);
+  ASSERT_NE(c2, nullptr);
+  ASSERT_NE(c2->attr("activation"), nullptr);
+  EXPECT_EQ(c2->attr("activation")->s, "Relu");
+  expect_same_outputs(q, fused, 860);
 }
 
 // An Add that broadcasts is not a residual: it stays a node.
