@@ -17,8 +17,8 @@
 // An f32 X (a QuantizeLinear fuse_qdq folded into its reader) is quantized by the reorder into the primitive's
 // layout: scale 1 / x_scale, x_zero_point as its dst zero point, into x_zero_point's type.
 //
-// QuantizeLinear / DequantizeLinear with a per-tensor constant scale and zero point run as one oneDNN reorder (the
-// activations that stay f32 around a residual Add are quantized there).
+// QuantizeLinear / DequantizeLinear with a per-tensor constant scale and zero point run as one oneDNN reorder (what
+// fuse_qdq leaves of them: e.g. a QuantizeLinear whose value several int8 nodes read).
 //
 // Registered by register_int8_kernels (called from onednn_plugin.cc's init) for device "cpu".
 #include <algorithm>
@@ -68,7 +68,7 @@ struct QuantSetup {
   std::vector<float> bias;  // f32, already divided by x_scale * w_scale[m]; empty = none
   std::string act;
   float act_lo = 0, act_hi = 0;
-  bool residual = false;  // QConv input 8 (Z, f32, the output's shape and layout)
+  bool residual = false;  // QConv input 8 (Z, f32, the output's shape; its layout: residual_layout)
 
   void read(const Ctx& c, int64_t channels) {
     x_f32 = c.dtype(0) == KEEL_DTYPE_F32;
@@ -128,7 +128,7 @@ struct QuantSetup {
     if (x_zero != 0) a.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
     if (y_zero != 0) a.set_zero_points(DNNL_ARG_DST, 0, {DNNL_RUNTIME_S32_VAL});
     dnnl::post_ops po;
-    // Post-ops see the scaled value: y (f32 output) or y / y_scale (quantized output).
+    // Post-ops see the scaled value: y (f32 output, or any output with Z) or y / y_scale (quantized output).
     if (residual) po.append_binary(dnnl::algorithm::binary_add, residual_md);
     if (act == "Relu") po.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
     if (act == "Clip") po.append_eltwise(1.f, dnnl::algorithm::eltwise_clip, act_lo / out_div, act_hi / out_div);
