@@ -133,19 +133,23 @@ void register_keel_schemas() {
     auto quantized = [](const char* name, const char* doc, const char* x, const char* w, const char* b) {
       OpSchema s;
       s.SetName(name).SetDomain("keel").SinceVersion(1).SetDoc(doc).AllowUncheckedAttributes();
-      s.TypeConstraint("T1", {"tensor(uint8)", "tensor(int8)"}, "quantized activations");
+      s.TypeConstraint("T1", {"tensor(uint8)", "tensor(int8)", "tensor(float)"},
+                       "quantized activations (f32: quantized with x_scale / x_zero_point first)");
+      s.TypeConstraint("T0", {"tensor(uint8)", "tensor(int8)"}, "activation zero point");
       s.TypeConstraint("T2", {"tensor(int8)"}, "quantized weights");
       s.TypeConstraint("T3", {"tensor(uint8)", "tensor(int8)"}, "quantized output");
       s.TypeConstraint("T4", {"tensor(uint8)", "tensor(int8)", "tensor(float)"}, "output");
       s.Input(0, x, "", "T1").Input(1, w, "", "T2").Input(2, b, "f32 bias", "tensor(float)", OpSchema::Optional)
-          .Input(3, "x_scale", "", "tensor(float)").Input(4, "x_zero_point", "", "T1", OpSchema::Optional)
+          .Input(3, "x_scale", "", "tensor(float)").Input(4, "x_zero_point", "", "T0", OpSchema::Optional)
           .Input(5, "w_scale", "", "tensor(float)").Input(6, "y_scale", "", "tensor(float)", OpSchema::Optional)
           .Input(7, "y_zero_point", "", "T3", OpSchema::Optional);
       s.Output(0, "Y", "", "T4");
       return s;
     };
-    OpSchema qconv = quantized("QConv", "act(conv(dequant(X), dequant(W)) + B), quantized when y_scale is given", "X",
-                               "W", "B");
+    OpSchema qconv = quantized("QConv", "act(conv(dequant(X), dequant(W)) + B + Z), quantized when y_scale is given",
+                               "X", "W", "B");
+    qconv.Input(8, "Z", "f32 residual added before the activation (the output's shape; layout: residual_layout)", "tensor(float)",
+                OpSchema::Optional);
     qconv.TypeAndShapeInferenceFunction([conv = borrowed_inference("Conv", 11), q_output_type](onnx::InferenceContext& ctx) {
       conv(ctx);
       q_output_type(ctx);

@@ -10,7 +10,7 @@ peers/make_models.py), it:
      (peers/ort_bench.js, which also proves ONNX Runtime loads and runs the QDQ file), and prints median latencies
      and ratios.
 
-usage: tools/compare_int8.py --keel build/bin/keel [--models resnet18,mobilenet_v2] [--threads 1] [--rounds 3]
+usage: tools/compare_int8.py --keel build/bin/keel [--models resnet18,mobilenet_v2] [--threads 1[,2]] [--rounds 3]
                              [--method minmax] [--tolerance 0.12 [--fallback prefix]] [--exclude NODE,...]
 
 On a shared, loaded machine the medians swing by 2-3x between runs; the per-engine minimum over all rounds (also
@@ -84,6 +84,7 @@ def main():
     a = ap.parse_args()
     work = a.work or tempfile.mkdtemp(prefix="keel-int8-")
     keel = os.path.abspath(a.keel)
+    t0 = a.threads.split(",")[0]  # quantize and the accuracy runs use the first thread count
     summary = []
     for model in a.models.split(","):
         src = os.path.join(a.models_dir, model)
@@ -101,7 +102,7 @@ def main():
             if not os.path.exists(os.path.join(qdir, f)):
                 os.symlink(os.path.join(src, f), os.path.join(qdir, f))
         qmodel = os.path.join(qdir, "model.onnx")
-        out = run([keel, "--threads", a.threads, "quantize", os.path.join(src, "model.onnx"), "--calib", calib, "-o", qmodel,
+        out = run([keel, "--threads", t0, "quantize", os.path.join(src, "model.onnx"), "--calib", calib, "-o", qmodel,
                    "--method", a.method, "--tolerance", a.tolerance, "--fallback", a.fallback, "-q"] +
                   (["--exclude", a.exclude] if a.exclude else []))
         tail = [l for l in out.strip().splitlines() if not l.startswith("note:")]
@@ -118,7 +119,7 @@ def main():
             for tag, m, passes in (("fp32", os.path.join(src, "model.onnx"), "none"), ("int8", qmodel, "auto"),
                                    ("qdq", qmodel, "none")):
                 od = os.path.join(d, f"out_{tag}_{i}")
-                run([keel, "--threads", a.threads, "run", m, "--input", f"{in_name}={xin}", "--passes", passes,
+                run([keel, "--threads", t0, "run", m, "--input", f"{in_name}={xin}", "--passes", passes,
                      "--output-dir", od])
                 outs[tag] = read_pb(os.path.join(od, "output_0.pb"))
             cos_int8.append(cosine(outs["fp32"], outs["int8"]))

@@ -6,12 +6,16 @@
 //   Gelu(X)                         Y = 0.5 x (1 + erf(x / sqrt 2))              (the ai.onnx Gelu-20 kernel)
 //   LayerNormalization(X, Scale, [B])                                          (the ai.onnx LayerNormalization-17 kernel)
 //   Attention(Q, Kt, V, [mask])     Y = softmax(Q @ Kt * scale + mask) @ V       attribute scale (default 1)
-//   QConv(X, W, [B], x_scale, [x_zero_point], w_scale, [y_scale, y_zero_point])    (INT8, from passes/quantize_int8)
-//                                   Y = act(conv((X - x_zp) x_scale, W w_scale) + B), then, with y_scale, quantized:
-//                                   saturate(round(Y / y_scale) + y_zp) in y_zero_point's type (u8/s8); else f32.
-//                                   X u8/s8, W s8 (zero point 0), w_scale scalar or per output channel, B f32.
-//                                   input_layout / output_layout = "NHWC": X / Y hold channels-last bytes under their
-//                                   NCHW shape (fuse_qdq sets them on a u8/s8 value passed from one QConv to the next).
+//   QConv(X, W, [B], x_scale, [x_zero_point], w_scale, [y_scale, y_zero_point], [Z])    (INT8, from passes/quantize_int8)
+//                                   Y = act(conv((X - x_zp) x_scale, W w_scale) + B + Z), then, with y_scale,
+//                                   quantized: saturate(round(Y / y_scale) + y_zp) in y_zero_point's type (u8/s8);
+//                                   else f32. X u8/s8, W s8 (zero point 0), w_scale scalar or per output channel, B
+//                                   f32, Z f32 with the output's shape (a residual Add fuse_qdq folded in). An f32
+//                                   X is quantized first, as QuantizeLinear(X, x_scale, x_zero_point) does (into
+//                                   x_zero_point's type, u8 without one): a QuantizeLinear fuse_qdq folded in.
+//                                   input_layout / output_layout / residual_layout (default: output_layout) =
+//                                   "NHWC": X / Y / Z hold channels-last bytes under their NCHW shape (fuse_qdq sets
+//                                   them inside int8 regions).
 //   QGemm(A, B, [C], a_scale, [a_zero_point], b_scale, [y_scale, y_zero_point])
 //                                   the same for A[..., K] x B (s8 [K, N], or [N, K] with transB = 1) + C[N]; the
 //                                   int8 form of MatMul with a 2-D constant weight and of Gemm (alpha = beta = 1).
@@ -371,6 +375,7 @@ void op_attention(Kctx& k) {
 struct QParams {
   float x_scale = 1;
   int32_t x_zero = 0;
+  int32_t x_type = KEEL_DTYPE_U8;  // the quantized X's type (X itself may be f32)
   std::vector<float> w_scale;  // 1 or M entries
   bool quantized_out = false;
   float y_scale = 1;
@@ -379,16 +384,20 @@ struct QParams {
 
 QParams read_qparams(const Kctx& k, const TView& x, const TView& w, int64_t M) {
   QParams q;
-  if (x.dtype != KEEL_DTYPE_U8 && x.dtype != KEEL_DTYPE_I8) k.bad_dtype(x.dtype, "X (u8 or s8)");
+  if (x.dtype != KEEL_DTYPE_U8 && x.dtype != KEEL_DTYPE_I8 && x.dtype != KEEL_DTYPE_F32)
+    k.bad_dtype(x.dtype, "X (u8, s8 or f32)");
   if (w.dtype != KEEL_DTYPE_I8) k.bad_dtype(w.dtype, "W (s8)");
   TView xs = k.in(3), ws = k.in(5);
   auto xzp = k.opt_in(4), ys = k.opt_in(6), yzp = k.opt_in(7);
   if (xs.numel != 1) k.invalid("x_scale must be a scalar");
   q.x_scale = static_cast<float>(get_f64(xs, 0, k));
+  q.x_type = x.dtype == KEEL_DTYPE_F32 ? (xzp ? xzp->dtype : KEEL_DTYPE_U8) : x.dtype;
   if (xzp) {
-    if (xzp->numel != 1 || xzp->dtype != x.dtype) k.invalid("x_zero_point must be a scalar of X's type");
+    if (xzp->numel != 1 || xzp->dtype != q.x_type) k.invalid("x_zero_point must be a scalar of X's (quantized) type");
+    if (q.x_type != KEEL_DTYPE_U8 && q.x_type != KEEL_DTYPE_I8) k.bad_dtype(q.x_type, "x_zero_point (u8 or s8)");
     q.x_zero = static_cast<int32_t>(get_i64(*xzp, 0, k));
   }
+  if (x.dtype == KEEL_DTYPE_F32 && !(q.x_scale > 0)) k.invalid("x_scale must be positive to quantize an f32 X");
   if (ws.numel != 1 && ws.numel != M) k.invalid(cat("w_scale must be a scalar or have ", M, " entries"));
   q.w_scale = read_floats(ws, k, "w_scale");
   if (ys.has_value() != yzp.has_value()) k.invalid("y_scale and y_zero_point come together");
@@ -408,6 +417,7 @@ QParams read_qparams(const Kctx& k, const TView& x, const TView& w, int64_t M) {
 
 std::vector<int32_t> widen(const TView& t, int32_t zero, const Kctx& k) {
   std::vector<int32_t> r(static_cast<size_t>(t.numel));
+  if (t.dtype == KEEL_DTYPE_F32) k.bad_dtype(t.dtype, "quantized input");
   dispatch(TL<uint8_t, int8_t>{}, t.dtype, k, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* p = t.p<T>();
@@ -416,14 +426,32 @@ std::vector<int32_t> widen(const TView& t, int32_t zero, const Kctx& k) {
   return r;
 }
 
-// Y[i] for accumulator `acc` of output channel m: act(acc * x_scale * w_scale[m] + bias[m]), then quantized or not.
+// X quantized and less its zero point: an f32 X first goes through QuantizeLinear's arithmetic (x / x_scale in
+// float, rounded half to even, plus the zero point, saturated to the quantized type).
+std::vector<int32_t> widen_x(const TView& x, const QParams& q, const Kctx& k) {
+  if (x.dtype != KEEL_DTYPE_F32) return widen(x, q.x_zero, k);
+  const float* p = x.p<float>();
+  const float lo = q.x_type == KEEL_DTYPE_U8 ? 0.f : -128.f, hi = q.x_type == KEEL_DTYPE_U8 ? 255.f : 127.f;
+  std::vector<int32_t> r(static_cast<size_t>(x.numel));
+  for (int64_t i = 0; i < x.numel; ++i) {
+    float v = std::nearbyint(p[i] / q.x_scale) + static_cast<float>(q.x_zero);
+    if (!(v == v)) v = static_cast<float>(q.x_zero);
+    r[static_cast<size_t>(i)] = static_cast<int32_t>(std::clamp(v, lo, hi)) - q.x_zero;
+  }
+  return r;
+}
+
+// Y[i] for accumulator `acc` of output channel m: act(acc * x_scale * w_scale[m] + bias[m] + z[i]), then quantized
+// or not.
 struct QEpilogue {
   const QParams& q;
   const float* bias;
   Act act;
+  const float* z = nullptr;  // QConv's residual, indexed like Y's bytes
   void store(const TView& y, int64_t i, int64_t m, int32_t acc) const {
     float v = static_cast<float>(acc) * (q.x_scale * q.w_scale[q.w_scale.size() == 1 ? 0 : static_cast<size_t>(m)]);
     if (bias) v += bias[m];
+    if (z) v += z[i];
     v = act(v);
     if (!q.quantized_out) {
       y.p<float>()[i] = v;
@@ -456,9 +484,28 @@ void op_qconv(Kctx& k) {
   QEpilogue ep{q, b ? b->p<float>() : nullptr, Act::from(k)};
   Shape os = {N, M};
   os.insert(os.end(), g.out.begin(), g.out.end());
+  const bool nhwc_out = k.attr_s("output_layout", "NCHW") == "NHWC";
+  std::vector<float> z_conv;  // Z in the output's layout, where its own differs
+  if (auto z = k.opt_in(8)) {
+    require_f32(k, *z, "Z");
+    if (z->shape != os) k.invalid(cat("Z ", shape_str(z->shape), " must have the output's shape ", shape_str(os)));
+    ep.z = z->p<float>();
+    const bool nhwc_z = k.attr_s("residual_layout", nhwc_out ? "NHWC" : "NCHW") == "NHWC";
+    if (nhwc_z != nhwc_out) {
+      const int64_t C = os[1], S = z->numel / std::max<int64_t>(os[0] * C, 1);
+      z_conv.resize(static_cast<size_t>(z->numel));
+      for (int64_t n = 0; n < os[0]; ++n)
+        for (int64_t c = 0; c < C; ++c)
+          for (int64_t i = 0; i < S; ++i) {
+            const int64_t plain = (n * C + c) * S + i, last = (n * S + i) * C + c;
+            z_conv[static_cast<size_t>(nhwc_out ? last : plain)] = ep.z[nhwc_z ? last : plain];
+          }
+      ep.z = z_conv.data();
+    }
+  }
   TView y = k.out(0, os);
   if (y.numel == 0) return;
-  std::vector<int32_t> X = widen(x, q.x_zero, k), W = widen(w, 0, k);
+  std::vector<int32_t> X = widen_x(x, q, k), W = widen(w, 0, k);
   const int64_t Ks = g.kernel_size(), Cg = Cin / group, Mg = M / group, K = Cg * Ks, O = g.out_size(), I = g.in_size();
   // Channels-last data (input_layout / output_layout = "NHWC", set by fuse_qdq between two QConvs): the shapes stay
   // NCHW, the bytes are [N, spatial..., C].
@@ -469,7 +516,6 @@ void op_qconv(Kctx& k) {
         for (int64_t i = 0; i < I; ++i) t[static_cast<size_t>((n * Cin + ci) * I + i)] = X[static_cast<size_t>((n * I + i) * Cin + ci)];
     X.swap(t);
   }
-  const bool nhwc_out = k.attr_s("output_layout", "NCHW") == "NHWC";
   auto out_index = [&](int64_t n, int64_t m, int64_t j) { return nhwc_out ? (n * O + j) * M + m : (n * M + m) * O + j; };
   std::vector<int32_t> col(static_cast<size_t>(K * O)), acc(static_cast<size_t>(Mg * O));
   for (int64_t n = 0; n < N; ++n) {
@@ -508,7 +554,7 @@ void op_qgemm(Kctx& k) {
   os.push_back(N);
   TView y = k.out(0, os);
   if (y.numel == 0) return;
-  std::vector<int32_t> A = widen(a, q.x_zero, k), B = widen(bw, 0, k);
+  std::vector<int32_t> A = widen_x(a, q, k), B = widen(bw, 0, k);
   if (tb) {
     std::vector<int32_t> t(B.size());
     for (int64_t i = 0; i < K; ++i)

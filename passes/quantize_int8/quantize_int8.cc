@@ -16,9 +16,11 @@
 //                  Counters: nodes_quantized, nodes_excluded, activations_quantized, weights_quantized, bytes_saved.
 //
 //   fuse_qdq       the int8 execution form of a QDQ graph: DequantizeLinear(x) -> Conv|MatMul|Gemm(DequantizeLinear(w),
-//                  f32 bias) [-> Relu|Clip] [-> QuantizeLinear] becomes one keel-domain QConv / QGemm (semantics in
-//                  ops/reference/fused.cc) that reads the u8/s8 activation and the s8 weight directly, with the bias,
-//                  the activation and the requantisation fused (without a QuantizeLinear after it, it writes f32).
+//                  f32 bias) [-> Add(f32 residual)] [-> Relu|Clip] [-> QuantizeLinear] becomes one keel-domain QConv /
+//                  QGemm (semantics in ops/reference/fused.cc) that reads the u8/s8 activation and the s8 weight
+//                  directly, with the bias, the activation, the residual Add (Conv only: QConv's input Z, an f32
+//                  value of the output's shape) and the requantisation fused (without a QuantizeLinear after it, it
+//                  writes f32).
 //                  Only when host->kernel_exists finds the keel op on the target device; MatMul only with a 2-D
 //                  weight; Gemm only with alpha = beta = 1, transA = 0 and a 1-D bias. Weights must be symmetric
 //                  (zero points 0), quantized per tensor or along the output-channel axis.
@@ -26,7 +28,14 @@
 //                  by a QConv, or by an element-wise Add / QuantizeLinear whose inputs are channels-last, and read
 //                  only by QConvs (input 0) and such element-wise nodes; the QConvs get output_layout /
 //                  input_layout = "NHWC", the element-wise nodes compute on the bytes as they are.
-//                  Counters: conv_fused, gemm_fused, activations_fused, outputs_requantized, channels_last_edges (values).
+//                  The residual Add is folded when the Conv's output is read by that Add alone
+//                  (option fuse_add = true); Z's layout is its own (attribute residual_layout).
+//                  A QuantizeLinear whose output only a QConv/QGemm reads, with that node's x_scale and x_zero_point,
+//                  is folded into it (option fold_quantize = true): the node reads the f32 value and quantizes it
+//                  itself (on oneDNN inside the reorder into its layout: one pass over the data instead of two, and
+//                  one step less).
+//                  Counters: conv_fused, gemm_fused, activations_fused, adds_fused, outputs_requantized,
+//                  quantize_folded, channels_last_edges (values).
 #include <keel/plugin.h>
 
 #include <algorithm>
@@ -196,8 +205,10 @@ keel_status_t fuse_qdq(void*, keel_graph_t* g, const keel_graph_api_t* api, cons
     Report report(r);
     PassOptions opts(g_host->options, o);
     const bool opts_channels_last = opts.get_bool("channels_last", true);
+    const bool fuse_add = opts.get_bool("fuse_add", true);
+    const bool fold_quantize = opts.get_bool("fold_quantize", true);
     const bool conv_ok = has_kernel("keel", "QConv", 1, device), gemm_ok = has_kernel("keel", "QGemm", 1, device);
-    int64_t convs = 0, gemms = 0, acts = 0, requant = 0, no_kernel = 0;
+    int64_t convs = 0, gemms = 0, acts = 0, adds = 0, requant = 0, no_kernel = 0;
     for (keel_node_id_t n : gv.nodes()) {
       if (!gv.exists(n) || !gv.domain(n).empty()) continue;
       const bool conv = gv.is(n, "Conv"), mm = gv.is(n, "MatMul"), gemm = gv.is(n, "Gemm");
@@ -275,6 +286,23 @@ keel_status_t fuse_qdq(void*, keel_graph_t* g, const keel_graph_api_t* api, cons
       } else {
         attrs["transB"] = AttrValue::of_int(trans_b ? 1 : 0);
       }
+      // A residual Add of an f32 value with the same shape (no broadcasting), folded in as QConv's input Z.
+      std::string residual;
+      if (conv && fuse_add && gv.single_use(out)) {
+        keel_node_id_t c = gv.consumers(out)[0];
+        std::vector<std::string> ai = gv.inputs(c);
+        if (gv.is(c, "Add") && ai.size() == 2 && ai[0] != ai[1] && gv.outputs(c).size() == 1) {
+          const std::string& other = ai[0] == out ? ai[1] : ai[0];
+          auto ot = gv.value_type(out), zt = gv.value_type(other);
+          if (ot && zt && ot->fully_known() && zt->fully_known() && ot->dims == zt->dims &&
+              zt->dtype == KEEL_DTYPE_F32) {
+            residual = other;
+            chain.push_back(c);
+            out = gv.output(c, 0);
+            ++adds;
+          }
+        }
+      }
       if (gv.single_use(out)) {
         keel_node_id_t c = gv.consumers(out)[0];
         std::optional<std::pair<float, float>> clip;
@@ -316,7 +344,7 @@ keel_status_t fuse_qdq(void*, keel_graph_t* g, const keel_graph_api_t* api, cons
         }
       }
       const std::string name = gv.name(n);
-      std::vector<std::string> new_in = {xin[0], win[0], bias, xin[1], xzp, win[1], ys, yzp};
+      std::vector<std::string> new_in = {xin[0], win[0], bias, xin[1], xzp, win[1], ys, yzp, residual};
       while (!new_in.empty() && new_in.back().empty()) new_in.pop_back();
       for (keel_node_id_t c : chain) gv.remove_node(c);
       gv.add_node("keel", conv ? "QConv" : "QGemm", name, new_in, {out}, attrs);
@@ -324,6 +352,29 @@ keel_status_t fuse_qdq(void*, keel_graph_t* g, const keel_graph_api_t* api, cons
         if (gv.exists(dq) && gv.use_count(gv.output(dq, 0)) == 0) gv.remove_node(dq);
       (conv ? convs : gemms)++;
     }
+    // QuantizeLinear(f32 x, s, zp) -> QConv/QGemm(X, ..., x_scale = s, x_zero_point = zp): the int8 node reads x.
+    // After the loop above, so that a QuantizeLinear after a Conv has been taken as that Conv's requantisation.
+    int64_t q_folded = 0;
+    auto same_scalar = [&](const std::string& a, const std::string& b) {
+      if (a == b) return true;
+      auto va = gv.scalar(a), vb = gv.scalar(b);
+      return va && vb && *va == *vb && scalar_dtype(gv, a) == scalar_dtype(gv, b);
+    };
+    for (keel_node_id_t n : fold_quantize ? gv.nodes() : std::vector<keel_node_id_t>{}) {
+      if (!gv.exists(n) || gv.domain(n) != "keel" || (gv.op(n) != "QConv" && gv.op(n) != "QGemm")) continue;
+      std::vector<std::string> in = gv.inputs(n);
+      if (in.size() < 5 || in[4].empty() || !gv.single_use(in[0])) continue;
+      auto p = gv.producer(in[0]);
+      if (!p || !gv.is(*p, "QuantizeLinear")) continue;
+      std::vector<std::string> qi = gv.inputs(*p);
+      auto ft = gv.value_type(qi[0]);
+      if (qi.size() != 3 || !ft || ft->dtype != KEEL_DTYPE_F32 || !same_scalar(qi[1], in[3]) || !same_scalar(qi[2], in[4]))
+        continue;
+      gv.set_input(n, 0, qi[0]);
+      gv.remove_node(*p);
+      ++q_folded;
+    }
+    report.count("quantize_folded", q_folded);
     // Channels-last regions (the layout int8 convolutions compute in): a value stays NHWC when it is written by a
     // QConv or by an element-wise Add / per-tensor QuantizeLinear whose activation inputs are NHWC themselves, and
     // every reader is a QConv (at its input 0) or such an element-wise node — so the residual path of an int8
@@ -331,6 +382,11 @@ keel_status_t fuse_qdq(void*, keel_graph_t* g, const keel_graph_api_t* api, cons
     // the same on any layout as long as all their inputs and their output share it; graph outputs and any other
     // reader keep the plain layout. Found as a fixpoint: start from every candidate, drop what breaks a rule.
     auto is_qconv = [&](keel_node_id_t n) { return gv.domain(n) == "keel" && gv.op(n) == "QConv"; };
+    // A QConv's residual input Z (input 8), read in whichever layout it has (residual_layout).
+    auto qconv_z = [&](keel_node_id_t n) {
+      std::vector<std::string> in = gv.inputs(n);
+      return in.size() > 8 ? in[8] : std::string();
+    };
     auto is_elementwise = [&](keel_node_id_t n) {
       if (!gv.domain(n).empty() || gv.outputs(n).size() != 1) return false;
       std::vector<std::string> in = gv.inputs(n);
@@ -366,7 +422,8 @@ keel_status_t fuse_qdq(void*, keel_graph_t* g, const keel_graph_api_t* api, cons
         for (keel_node_id_t c : ok ? gv.consumers(v) : std::vector<keel_node_id_t>{}) {
           std::vector<std::string> ci = gv.inputs(c);
           if (is_qconv(c)) {
-            ok = ok && ci[0] == v && std::count(ci.begin(), ci.end(), v) == 1;
+            // As X (input 0) and/or as Z; no other input.
+            ok = ok && std::count(ci.begin(), ci.end(), v) == (ci[0] == v) + (qconv_z(c) == v);
           } else if (is_elementwise(c)) {
             std::vector<std::string> ai = act_inputs(c);
             ok = ok && cl.count(gv.output(c, 0)) &&
@@ -388,9 +445,12 @@ keel_status_t fuse_qdq(void*, keel_graph_t* g, const keel_graph_api_t* api, cons
     for (const std::string& v : cl) {
       if (auto p = gv.producer(v); p && is_qconv(*p)) gv.set_attr(*p, "output_layout", AttrValue::of_string("NHWC"));
       for (keel_node_id_t c : gv.consumers(v))
-        if (is_qconv(c)) gv.set_attr(c, "input_layout", AttrValue::of_string("NHWC"));
+        if (is_qconv(c) && gv.inputs(c)[0] == v) gv.set_attr(c, "input_layout", AttrValue::of_string("NHWC"));
       ++nhwc;
     }
+    for (keel_node_id_t n : gv.nodes())
+      if (gv.exists(n) && is_qconv(n) && !qconv_z(n).empty())
+        gv.set_attr(n, "residual_layout", AttrValue::of_string(cl.count(qconv_z(n)) ? "NHWC" : "NCHW"));
     report.count("channels_last_edges", nhwc);
     if (no_kernel)
       report.note("no QConv/QGemm kernel on device '" + std::string(device ? device : "") + "': left " +
@@ -399,6 +459,7 @@ keel_status_t fuse_qdq(void*, keel_graph_t* g, const keel_graph_api_t* api, cons
     report.count("conv_fused", convs);
     report.count("gemm_fused", gemms);
     report.count("activations_fused", acts);
+    report.count("adds_fused", adds);
     report.count("outputs_requantized", requant);
   });
 }

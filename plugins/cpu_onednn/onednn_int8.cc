@@ -3,15 +3,22 @@
 // matmul primitives: u8/s8 activations x s8 weights -> s32 accumulation (VNNI where the CPU has it), per-channel
 // output scales, the activation zero point as a runtime src zero point, the f32 bias, Relu/Clip as an eltwise
 // post-op, and the requantisation (output scale + dst zero point, saturation) inside the primitive; the output is
-// u8/s8, or f32 when the node has no y_scale.
+// u8/s8, or f32 when the node has no y_scale. A QConv's residual input Z (a residual Add fuse_qdq folded in) is a
+// binary-add post-op before the activation; with a quantized output the output scale then stays x_scale * w_scale
+// and a linear post-op divides by y_scale last. With Z the primitive computes channels-last (oneDNN's jit
+// int8 kernels add a same-layout Z only): Z in another layout (attribute residual_layout, default output_layout) is
+// reordered first, and a plain output is reordered after.
 //
 // Every quantization parameter, the weights and the bias must be constants (they are, after fuse_qdq): the weights
 // are reordered into the primitive's layout once per plan. oneDNN v2 adds the bias to the s32 accumulator before
 // the output scale, so the f32 bias is stored divided by x_scale * w_scale[m]. Activations are reordered from and to
 // the graph's plain layout around the primitive (oneDNN picks nhwc for int8), in workspace memory.
 //
-// QuantizeLinear / DequantizeLinear with a per-tensor constant scale and zero point run as one oneDNN reorder (the
-// activations that stay f32 around a residual Add are quantized there).
+// An f32 X (a QuantizeLinear fuse_qdq folded into its reader) is quantized by the reorder into the primitive's
+// layout: scale 1 / x_scale, x_zero_point as its dst zero point, into x_zero_point's type.
+//
+// QuantizeLinear / DequantizeLinear with a per-tensor constant scale and zero point run as one oneDNN reorder (what
+// fuse_qdq leaves of them: e.g. a QuantizeLinear whose value several int8 nodes read).
 //
 // Registered by register_int8_kernels (called from onednn_plugin.cc's init) for device "cpu".
 #include <algorithm>
@@ -53,19 +60,24 @@ int32_t scalar_zp(const Ctx& c, int i, const char* what) {
 // What QConv and QGemm share: the quantization parameters (inputs 3..7), the fused activation and the primitive
 // attributes built from them.
 struct QuantSetup {
-  int32_t x_type = KEEL_DTYPE_U8, y_type = KEEL_DTYPE_F32;
+  int32_t x_type = KEEL_DTYPE_U8, y_type = KEEL_DTYPE_F32;  // x_type: the quantized X's type
+  bool x_f32 = false;  // X arrives in f32 and is quantized first
   float x_scale = 1, y_scale = 1;
   int32_t x_zero = 0, y_zero = 0;
   std::vector<float> w_scale;
   std::vector<float> bias;  // f32, already divided by x_scale * w_scale[m]; empty = none
   std::string act;
   float act_lo = 0, act_hi = 0;
+  bool residual = false;  // QConv input 8 (Z, f32, the output's shape; its layout: residual_layout)
 
   void read(const Ctx& c, int64_t channels) {
-    x_type = c.dtype(0);
-    if (x_type != KEEL_DTYPE_U8 && x_type != KEEL_DTYPE_I8) throw Reject{"X must be u8 or s8"};
+    x_f32 = c.dtype(0) == KEEL_DTYPE_F32;
+    x_type = x_f32 ? (c.has_input(4) ? c.dtype(4) : KEEL_DTYPE_U8) : c.dtype(0);
+    if (x_type != KEEL_DTYPE_U8 && x_type != KEEL_DTYPE_I8) throw Reject{"X must be u8, s8 or f32"};
+    if (c.has_input(4) && c.dtype(4) != x_type) throw Reject{"x_zero_point's type differs from X's"};
     if (c.dtype(1) != KEEL_DTYPE_I8 || !c.is_constant(1) || !c.dims_known(1)) throw Reject{"W must be a constant s8"};
     x_scale = scalar_f32(c, 3, "x_scale");
+    if (x_f32 && !(x_scale > 0 && std::isfinite(x_scale))) throw Reject{"x_scale must be positive to quantize an f32 X"};
     x_zero = scalar_zp(c, 4, "x_zero_point");
     if (!c.is_constant(5) || c.dtype(5) != KEEL_DTYPE_F32) throw Reject{"w_scale must be a constant f32"};
     const int64_t nws = numel(c.dims(5));
@@ -103,19 +115,24 @@ struct QuantSetup {
     }
   }
 
-  // Output scales (per channel when w_scale is), zero points (runtime), the activation as a post-op.
-  dnnl::primitive_attr attr(int channel_dim) const {
+  // Output scales (per channel when w_scale is), zero points (runtime), the residual (`residual_md`, when
+  // `residual`) as a binary add, the activation as a post-op.
+  dnnl::primitive_attr attr(int channel_dim, const dnnl::memory::desc& residual_md = {}) const {
     dnnl::primitive_attr a;
-    const float out_div = y_type == KEEL_DTYPE_F32 ? 1.f : y_scale;
+    const bool quantized = y_type != KEEL_DTYPE_F32;
+    // Post-ops see y / out_div; with a residual the division by y_scale moves behind the addition.
+    const float out_div = quantized && !residual ? y_scale : 1.f;
     std::vector<float> scales(w_scale.size());
     for (size_t m = 0; m < w_scale.size(); ++m) scales[m] = x_scale * w_scale[m] / out_div;
     a.set_output_scales(w_scale.size() == 1 ? 0 : (1 << channel_dim), scales);
     if (x_zero != 0) a.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
     if (y_zero != 0) a.set_zero_points(DNNL_ARG_DST, 0, {DNNL_RUNTIME_S32_VAL});
     dnnl::post_ops po;
-    // Post-ops see the scaled value: y (f32 output) or y / y_scale (quantized output).
+    // Post-ops see the scaled value: y (f32 output, or any output with Z) or y / y_scale (quantized output).
+    if (residual) po.append_binary(dnnl::algorithm::binary_add, residual_md);
     if (act == "Relu") po.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
     if (act == "Clip") po.append_eltwise(1.f, dnnl::algorithm::eltwise_clip, act_lo / out_div, act_hi / out_div);
+    if (residual && quantized) po.append_eltwise(1.f, dnnl::algorithm::eltwise_linear, 1.f / y_scale, 0.f);
     a.set_post_ops(po);
     return a;
   }
@@ -142,7 +159,13 @@ struct QPlan {
   Dims out_dims;
   dnnl::primitive prim;
   dnnl::memory src_user, src_prim, dst_user, dst_prim, wei, bias;
+  bool residual = false;  // a QConv's Z (input 8) as a binary-add post-op
   bool reorder_src = false, reorder_dst = false;
+  bool quantize_src = false;  // src_reorder quantizes an f32 X (dst zero point: zp->src_mem)
+  size_t residual_post_op = 0;  // the binary add's index among the post-ops
+  bool reorder_residual = false;  // Z is reordered into residual_prim (workspace) first
+  dnnl::memory residual_user, residual_prim;
+  dnnl::reorder residual_reorder;
   dnnl::reorder src_reorder, dst_reorder;
   std::unique_ptr<ZeroPoints> zp = std::make_unique<ZeroPoints>();  // stable addresses for the memories
 };
@@ -154,20 +177,35 @@ void execute(Ctx& c, QPlan& p, bool has_bias) {
   bind(p.dst_user, y->data);
   if (p.reorder_src) {
     bind(p.src_prim, c.workspace(p.src_prim.get_desc().get_size()));
-    p.src_reorder.execute(s, p.src_user, p.src_prim);
+    if (p.quantize_src && p.zp->src != 0)
+      p.src_reorder.execute(s, {{DNNL_ARG_FROM, p.src_user}, {DNNL_ARG_TO, p.src_prim},
+                                {DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST, p.zp->src_mem}});
+    else
+      p.src_reorder.execute(s, p.src_user, p.src_prim);
   }
   if (p.reorder_dst) bind(p.dst_prim, c.workspace(p.dst_prim.get_desc().get_size()));
   std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, p.src_prim}, {DNNL_ARG_WEIGHTS, p.wei},
                                              {DNNL_ARG_DST, p.dst_prim}};
   if (has_bias) args[DNNL_ARG_BIAS] = p.bias;
+  if (p.residual) {
+    if (p.reorder_residual) {
+      bind(p.residual_user, c.input(8)->data);
+      bind(p.residual_prim, c.workspace(p.residual_prim.get_desc().get_size()));
+      p.residual_reorder.execute(s, p.residual_user, p.residual_prim);
+    } else {
+      bind(p.residual_prim, c.input(8)->data);
+    }
+    args[DNNL_ARG_ATTR_MULTIPLE_POST_OP(static_cast<int>(p.residual_post_op)) | DNNL_ARG_SRC_1] = p.residual_prim;
+  }
   p.zp->add_to(args);
   p.prim.execute(s, args);
   if (p.reorder_dst) p.dst_reorder.execute(s, p.dst_prim, p.dst_user);
   s.wait();
 }
 
-// Plain memory + primitive memory (+ a reorder between them when the layouts differ).
-void wire(QPlan& p, const dnnl::memory::desc& src_plain, const dnnl::memory::desc& src_md,
+// Plain memory + primitive memory (+ a reorder between them when the layouts differ; for an f32 X, the reorder
+// quantizes).
+void wire(QPlan& p, const QuantSetup& q, const dnnl::memory::desc& src_plain, const dnnl::memory::desc& src_md,
           const dnnl::memory::desc& dst_plain, const dnnl::memory::desc& dst_md) {
   auto& eng = engine();
   p.src_user = dnnl::memory(src_plain, eng, nullptr);
@@ -176,7 +214,15 @@ void wire(QPlan& p, const dnnl::memory::desc& src_plain, const dnnl::memory::des
   p.reorder_dst = dst_md != dst_plain;
   p.src_prim = p.reorder_src ? dnnl::memory(src_md, eng, nullptr) : p.src_user;
   p.dst_prim = p.reorder_dst ? dnnl::memory(dst_md, eng, nullptr) : p.dst_user;
-  if (p.reorder_src) p.src_reorder = dnnl::reorder(p.src_user, p.src_prim);
+  p.quantize_src = q.x_f32;
+  if (p.quantize_src) {
+    dnnl::primitive_attr a;
+    a.set_output_scales(0, {1.f / q.x_scale});
+    if (q.x_zero != 0) a.set_zero_points(DNNL_ARG_DST, 0, {DNNL_RUNTIME_S32_VAL});
+    p.src_reorder = dnnl::reorder(dnnl::reorder::primitive_desc(eng, src_plain, eng, src_md, a));
+  } else if (p.reorder_src) {
+    p.src_reorder = dnnl::reorder(p.src_user, p.src_prim);
+  }
   if (p.reorder_dst) p.dst_reorder = dnnl::reorder(p.dst_prim, p.dst_user);
 }
 
@@ -208,6 +254,8 @@ class QConvKernel : public Kernel {
     group_ = c.attr_i("group", 1);
     if (group_ <= 0) throw Reject{"group <= 0"};
     q_.read(c, w_dims_[0]);
+    q_.residual = c.has_input(8);
+    if (q_.residual && c.dtype(8) != KEEL_DTYPE_F32) throw Reject{"Z must be f32"};
     const std::string ap = c.attr_s("auto_pad", "NOTSET");
     if (ap != "NOTSET" && ap != "VALID" && !ap.empty()) throw Reject{"auto_pad " + ap};
     const size_t r = rank_ - 2;
@@ -219,13 +267,18 @@ class QConvKernel : public Kernel {
     w_.assign(w, w + numel(w_dims_));
     nhwc_in_ = c.attr_s("input_layout", "NCHW") == "NHWC";
     nhwc_out_ = c.attr_s("output_layout", "NCHW") == "NHWC";
+    nhwc_z_ = c.attr_s("residual_layout", nhwc_out_ ? "NHWC" : "NCHW") == "NHWC";
     if (c.output_count() > 1) throw Reject{"extra outputs"};
     if (c.dims_known(0)) plans_.get(shape_key(c), [&] { return build(c.dims(0)); });
   }
 
   void run(Ctx& c) override {
     const Dims x = c.dims(0);
-    execute(c, plans_.get(shape_key(c), [&] { return build(x); }), !q_.bias.empty());
+    QPlan& p = plans_.get(shape_key(c), [&] { return build(x); });
+    if (q_.residual && c.dims(8) != p.out_dims)
+      throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "QConv: Z " + dims_str(c.dims(8)) + " must have the output's shape " +
+                                                      dims_str(p.out_dims)};
+    execute(c, p, !q_.bias.empty());
   }
 
  private:
@@ -248,17 +301,31 @@ class QConvKernel : public Kernel {
     Dims wei = group_ > 1 ? Dims{group_, M / group_, C / group_} : Dims{M, C};
     for (size_t i = 2; i < rank_; ++i) wei.push_back(w_dims_[i]);
     const dt xt = dnnl_type(q_.x_type), yt = dnnl_type(q_.y_type);
-    dnnl::memory::desc src_any(to_dnnl(x), xt, tag::any), dst_any(to_dnnl(y), yt, tag::any),
-        wei_any(to_dnnl(wei), dt::s8, tag::any), bias_md({M}, dt::f32, tag::a), none;
+    static const tag plain[3] = {tag::ncw, tag::nchw, tag::ncdhw}, last[3] = {tag::nwc, tag::nhwc, tag::ndhwc};
+    const tag y_tag = nhwc_out_ ? last[r - 1] : plain[r - 1];
+    // With a residual the primitive computes channels-last, Z read in that layout.
+    dnnl::memory::desc src_any(to_dnnl(x), xt, tag::any), dst_any(to_dnnl(y), yt, q_.residual ? last[r - 1] : tag::any),
+        wei_any(to_dnnl(wei), dt::s8, tag::any), bias_md({M}, dt::f32, tag::a), none,
+        z_md = q_.residual ? dnnl::memory::desc(to_dnnl(y), dt::f32, last[r - 1]) : none;
     dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src_any,
                                       wei_any, q_.bias.empty() ? none : bias_md, dst_any, to_dnnl(strides_),
                                       to_dnnl(dil), to_dnnl(pl), to_dnnl(pr));
-    dnnl::convolution_forward::primitive_desc pd(d, q_.attr(1), engine());
+    dnnl::convolution_forward::primitive_desc pd(d, q_.attr(1, z_md), engine());
     p->prim = dnnl::convolution_forward(pd);
-    static const tag plain[3] = {tag::ncw, tag::nchw, tag::ncdhw}, last[3] = {tag::nwc, tag::nhwc, tag::ndhwc};
     static const tag wtag[2][3] = {{tag::oiw, tag::oihw, tag::oidhw}, {tag::goiw, tag::goihw, tag::goidhw}};
-    wire(*p, dnnl::memory::desc(to_dnnl(x), xt, nhwc_in_ ? last[r - 1] : plain[r - 1]), pd.src_desc(),
-         dnnl::memory::desc(to_dnnl(y), yt, nhwc_out_ ? last[r - 1] : plain[r - 1]), pd.dst_desc());
+    wire(*p, q_, dnnl::memory::desc(to_dnnl(x), q_.x_f32 ? dt::f32 : xt, nhwc_in_ ? last[r - 1] : plain[r - 1]),
+         pd.src_desc(),
+         dnnl::memory::desc(to_dnnl(y), yt, y_tag), pd.dst_desc());
+    if (q_.residual) {
+      p->residual = true;
+      p->residual_post_op = 0;
+      p->residual_prim = dnnl::memory(z_md, engine(), nullptr);
+      p->reorder_residual = !nhwc_z_;
+      if (p->reorder_residual) {
+        p->residual_user = dnnl::memory(dnnl::memory::desc(to_dnnl(y), dt::f32, plain[r - 1]), engine(), nullptr);
+        p->residual_reorder = dnnl::reorder(p->residual_user, p->residual_prim);
+      }
+    }
     p->wei = prepack(dnnl::memory::desc(to_dnnl(wei), dt::s8, wtag[group_ > 1][r - 1]), pd.weights_desc(), w_.data());
     if (!q_.bias.empty()) p->bias = bias_memory(q_.bias, bias_md);
     p->zp->make(q_);
@@ -266,7 +333,7 @@ class QConvKernel : public Kernel {
   }
 
   size_t rank_ = 0;
-  bool nhwc_in_ = false, nhwc_out_ = false;  // channels-last bytes under the NCHW shape (fuse_qdq)
+  bool nhwc_in_ = false, nhwc_out_ = false, nhwc_z_ = false;  // channels-last bytes under the NCHW shape (fuse_qdq)
   int64_t group_ = 1;
   Dims w_dims_, strides_, dilations_, pads_;
   std::vector<int8_t> w_;
@@ -286,6 +353,7 @@ class QGemmKernel : public Kernel {
     K_ = trans_b_ ? w_dims_[1] : w_dims_[0];
     N_ = trans_b_ ? w_dims_[0] : w_dims_[1];
     q_.read(c, N_);
+    if (c.input_count() > 8) throw Reject{"QGemm has 8 inputs at most"};
     const int8_t* w = c.data<int8_t>(1);
     w_.assign(w, w + numel(w_dims_));
     if (c.output_count() > 1) throw Reject{"extra outputs"};
@@ -311,7 +379,8 @@ class QGemmKernel : public Kernel {
     dnnl::matmul::desc d(src_md, wei_any, q_.bias.empty() ? none : bias_md, dst_md);
     dnnl::matmul::primitive_desc pd(d, q_.attr(1), engine());
     p->prim = dnnl::matmul(pd);
-    wire(*p, src_md, pd.src_desc(), dst_md, pd.dst_desc());
+    wire(*p, q_, q_.x_f32 ? dnnl::memory::desc({M, K_}, dt::f32, tag::ab) : src_md, pd.src_desc(), dst_md,
+         pd.dst_desc());
     p->wei = prepack(dnnl::memory::desc({K_, N_}, dt::s8, trans_b_ ? tag::ba : tag::ab), pd.weights_desc(), w_.data());
     if (!q_.bias.empty()) p->bias = bias_memory(q_.bias, bias_md);
     p->zp->make(q_);

@@ -752,21 +752,83 @@ void add_int8_cases(std::vector<OpCase>& v) {
     if (std::string(layouts) != "in") c.attrs["output_layout"] = S("NHWC");
     v.push_back(c);
   }
-  struct G { Shape a; int64_t N; int tb; DType xt; float xzp; DType yt; float yzp; const char* act; };
+  // A residual input Z (fuse_qdq's folded Add): added after the activation, before the requantisation; in the
+  // output's layout. 1x1 projections as in MobileNetV2 (f32 out with a second reader, u8 out when the Add's only
+  // reader was a QuantizeLinear), a 3x3 with Relu, a depthwise with Clip and s8 out.
+  struct Z { int64_t C, H, W, K, k, g; DType yt; float yzp; const char* act; bool nhwc; const char* z_layout = nullptr; };
+  const Z zs[] = {{32, 7, 9, 16, 1, 1, DType::kF32, 0, "", true},  {32, 7, 9, 16, 1, 1, DType::kU8, 120, "", true},
+                  {16, 6, 6, 24, 3, 1, DType::kU8, 0, "Relu", false}, {24, 8, 5, 24, 3, 24, DType::kI8, 2, "Clip", true},
+                  {48, 5, 5, 16, 1, 1, DType::kF32, 0, "", false},
+                  {32, 6, 7, 24, 3, 1, DType::kF32, 0, "", false, "NHWC"},  // Z channels-last, Y plain
+                  {32, 6, 7, 24, 1, 1, DType::kU8, 5, "Relu", true, "NCHW"}};  // Z plain, Y channels-last
+  for (const Z& z : zs) {
+    OpCase c;
+    c.op = "QConv";
+    c.domain = "keel";
+    std::ostringstream l;
+    l << "N=1 C=" << z.C << " H=" << z.H << " W=" << z.W << " K=" << z.K << " k=" << z.k << " g=" << z.g
+      << " x=u8/9 y=" << dtype_name(z.yt) << "/" << z.yzp << (z.act[0] ? " act=" : "") << z.act << " +Z"
+      << (z.nhwc ? " NHWC" : "") << (z.z_layout ? std::string(" Z:") + z.z_layout : std::string());
+    c.label = l.str();
+    c.inputs = {qin("X", {1, z.C, z.H, z.W}, DType::kU8, false, 0.f, 255.f),
+                qin("W", {z.K, z.C / z.g, z.k, z.k}, DType::kI8, true, -127.f, 127.f), in("B", {z.K}, true, -2.f, 2.f)};
+    add_qparams(c, z.K, DType::kU8, 9, true, z.yt, z.yzp, 0.2f);
+    if (z.yt == DType::kF32) {  // y_scale, y_zero_point absent: Z is input 8
+      c.inputs.push_back(absent());
+      c.inputs.push_back(absent());
+    }
+    c.inputs.push_back(in("Z", {1, z.K, z.H, z.W}, false, -6.f, 6.f));
+    const int64_t p = z.k / 2;
+    c.attrs = {{"kernel_shape", Is({z.k, z.k})}, {"pads", Is({p, p, p, p})}, {"group", I(z.g)}};
+    if (z.act[0]) c.attrs["activation"] = S(z.act);
+    if (std::string(z.act) == "Clip") c.attrs["activation_params"] = Attribute::of_floats({-1.5f, 2.5f});
+    if (z.nhwc) c.attrs["input_layout"] = S("NHWC"), c.attrs["output_layout"] = S("NHWC");
+    if (z.z_layout) c.attrs["residual_layout"] = S(z.z_layout);
+    v.push_back(c);
+  }
+  // An f32 X quantized by the node itself (fuse_qdq's folded QuantizeLinear): x_scale 0.02 and X in [-3, 3], so
+  // that some values saturate; with and without a residual, plain and channels-last, u8 and s8.
+  struct F { int64_t C, K, k, g; DType xt; float xzp; DType yt; bool z; bool nhwc; };
+  const F fs[] = {{24, 48, 1, 1, DType::kU8, 128, DType::kU8, false, false}, {24, 48, 1, 1, DType::kU8, 128, DType::kU8, false, true},
+                  {16, 16, 3, 16, DType::kI8, 0, DType::kF32, false, true},  {32, 16, 1, 1, DType::kU8, 100, DType::kU8, true, true},
+                  {8, 12, 3, 1, DType::kI8, -4, DType::kF32, true, false}};
+  for (const F& f : fs) {
+    OpCase c;
+    c.op = "QConv";
+    c.domain = "keel";
+    std::ostringstream l;
+    l << "N=1 C=" << f.C << " H=9 W=8 K=" << f.K << " k=" << f.k << " g=" << f.g << " x=f32->" << dtype_name(f.xt)
+      << "/" << f.xzp << " y=" << dtype_name(f.yt) << (f.z ? " +Z" : "") << (f.nhwc ? " NHWC" : "");
+    c.label = l.str();
+    c.inputs = {in("X", {1, f.C, 9, 8}, false, -3.f, 3.f),
+                qin("W", {f.K, f.C / f.g, f.k, f.k}, DType::kI8, true, -127.f, 127.f), in("B", {f.K}, true, -2.f, 2.f)};
+    add_qparams(c, f.K, f.xt, f.xzp, true, f.yt, 3, 0.3f);
+    if (f.z) {
+      if (f.yt == DType::kF32) c.inputs.push_back(absent()), c.inputs.push_back(absent());
+      c.inputs.push_back(in("Z", {1, f.K, 9, 8}, false, -6.f, 6.f));
+    }
+    const int64_t p = f.k / 2;
+    c.attrs = {{"kernel_shape", Is({f.k, f.k})}, {"pads", Is({p, p, p, p})}, {"group", I(f.g)}};
+    if (f.nhwc) c.attrs["input_layout"] = S("NHWC"), c.attrs["output_layout"] = S("NHWC");
+    v.push_back(c);
+  }
+  struct G { Shape a; int64_t N; int tb; DType xt; float xzp; DType yt; float yzp; const char* act; bool f32_a = false; };
   const G gs[] = {{{4, 64}, 32, 1, DType::kU8, 3, DType::kU8, 128, ""},
                   {{2, 5, 64}, 48, 0, DType::kU8, 128, DType::kF32, 0, ""},
                   {{1, 512}, 1000, 1, DType::kU8, 0, DType::kF32, 0, ""},
                   {{16, 96}, 40, 0, DType::kI8, 0, DType::kU8, 0, "Relu"},
-                  {{7, 33}, 17, 1, DType::kU8, 90, DType::kI8, 0, "Clip"}};
+                  {{7, 33}, 17, 1, DType::kU8, 90, DType::kI8, 0, "Clip"},
+                  {{1, 320}, 100, 1, DType::kU8, 128, DType::kF32, 0, "", true},  // f32 A quantized by the node
+                  {{6, 40}, 24, 0, DType::kI8, -2, DType::kU8, 7, "Relu", true}};
   for (const G& g : gs) {
     OpCase c;
     c.op = "QGemm";
     c.domain = "keel";
     const int64_t K = g.a.back();
     c.label = "A=" + shape_label(g.a) + " N=" + std::to_string(g.N) + " transB=" + std::to_string(g.tb) + " x=" +
-              dtype_name(g.xt) + " y=" + dtype_name(g.yt) + (g.act[0] ? std::string(" act=") + g.act : "");
+              (g.f32_a ? "f32->" : "") + dtype_name(g.xt) + " y=" + dtype_name(g.yt) + (g.act[0] ? std::string(" act=") + g.act : "");
     const bool s8x = g.xt == DType::kI8;
-    c.inputs = {qin("A", g.a, g.xt, false, s8x ? -128.f : 0.f, s8x ? 127.f : 255.f),
+    c.inputs = {g.f32_a ? in("A", g.a, false, -3.f, 3.f) : qin("A", g.a, g.xt, false, s8x ? -128.f : 0.f, s8x ? 127.f : 255.f),
                 qin("B", g.tb ? Shape{g.N, K} : Shape{K, g.N}, DType::kI8, true, -127.f, 127.f),
                 in("C", {g.N}, true, -2.f, 2.f)};
     add_qparams(c, g.N, g.xt, g.xzp, true, g.yt, g.yzp, 0.1f);

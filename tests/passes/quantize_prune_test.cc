@@ -783,53 +783,181 @@ TEST(FuseQdq, Int8OpsReplaceTheQdqPatternsAndMatchTheQdqGraph) {
   }
 }
 
-// A residual block in QDQ form: x -> Conv1 -> y1; y1 -> Conv2 -> y2; Add(y1, y2) -> s -> Conv3 -> GlobalAveragePool.
-// After fuse_qdq the whole int8 region (y1, y2, s and the QuantizeLinear outputs in front of Conv2 and Conv3) stays
-// channels-last; Conv3's output, read by GlobalAveragePool, and the graph input stay plain.
-TEST(FuseQdq, ResidualRegionsStayChannelsLast) {
+// A residual block in QDQ form: x -> Conv1 -> y1; y1 -> Conv2 -> y2; Add(y1, y2) -> s -> Conv3 -> GlobalAveragePool
+// (with `second_reader`, s is also read by a Relu that is a graph output; with `relu`, s = Relu(Add(y1, y2)) as in
+// ResNet).
+Graph residual_qdq(Graph* fp32_out, std::string* y1, std::string* y2, std::string* y3, bool second_reader = false,
+                   bool relu = false) {
   GraphBuilder b("qres", 13);
   auto x = b.input("x", DType::kF32, {1, 3, 6, 5});
   std::map<std::string, Attribute> pads = {{"pads", Attribute::of_ints({1, 1, 1, 1})}};
-  auto y1 = b.op1("Conv", {x, b.constant("w1", Tensor::f32({8, 3, 3, 3}, randv(216, 11, 0.3f)))}, pads);
-  auto y2 = b.op1("Conv", {y1, b.constant("w2", Tensor::f32({8, 8, 3, 3}, randv(576, 12, 0.2f)))}, pads);
-  auto sum = b.op1("Add", {y1, y2});
-  auto y3 = b.op1("Conv", {sum, b.constant("w3", Tensor::f32({4, 8, 1, 1}, randv(32, 13, 0.3f)))});
-  b.output(b.op1("GlobalAveragePool", {y3}));
-  Graph fp32 = b.take();
-  Graph q = fp32;
+  *y1 = b.op1("Conv", {x, b.constant("w1", Tensor::f32({8, 3, 3, 3}, randv(216, 11, 0.3f)))}, pads);
+  *y2 = b.op1("Conv", {*y1, b.constant("w2", Tensor::f32({8, 8, 3, 3}, randv(576, 12, 0.2f)))}, pads);
+  auto sum = b.op1("Add", {*y1, *y2});
+  if (relu) sum = b.op1("Relu", {sum});
+  *y3 = b.op1("Conv", {sum, b.constant("w3", Tensor::f32({4, 8, 1, 1}, randv(32, 13, 0.3f)))});
+  b.output(b.op1("GlobalAveragePool", {*y3}));
+  if (second_reader) b.output(b.op1("Relu", {sum}));
+  *fp32_out = b.take();
+  Graph q = *fp32_out;
   Options o;
   o.values["range." + x] = std::string("-4,4");
-  o.values["range." + y1] = std::string("-3,3");
+  o.values["range." + *y1] = std::string("-3,3");
   o.values["range." + sum] = std::string("-5,5");
   run_pass(q, "quantize_int8", o);
+  return q;
+}
+
+std::map<std::string, std::pair<std::string, std::string>> qconv_layouts(const Graph& g) {
+  std::map<std::string, std::pair<std::string, std::string>> layouts;  // QConv output -> (input, output) layout
+  for (NodeId id : g.node_ids()) {
+    const Node* n = g.node(id);
+    auto layout = [&](const char* a) { return n->attr(a) ? n->attr(a)->s : std::string("NCHW"); };
+    if (n->op_type == "QConv") layouts[n->outputs[0]] = {layout("input_layout"), layout("output_layout")};
+  }
+  return layouts;
+}
+
+// The QConv that reads `z` as its residual input (nullptr when none does).
+const Node* qconv_with_z(const Graph& g, const std::string& z) {
+  for (NodeId id : g.node_ids()) {
+    const Node* n = g.node(id);
+    if (n->op_type == "QConv" && n->inputs.size() > 8 && n->inputs[8] == z) return n;
+  }
+  return nullptr;
+}
+
+void expect_same_outputs(const Graph& a, const Graph& b, uint32_t seed, double min_cosine = 0.999) {
+  for (uint32_t k = 0; k < 3; ++k) {
+    Feeds f = {{"x", Tensor::f32({1, 3, 6, 5}, randv(90, seed + k))}};
+    auto ra = run(a, f), rb = run(b, f);
+    ASSERT_EQ(ra.size(), rb.size());
+    for (size_t i = 0; i < ra.size(); ++i) EXPECT_GE(cosine(ra[i], rb[i]), min_cosine) << "output " << i;
+  }
+}
+
+// After fuse_qdq the residual Add is Conv2's input Z and the QuantizeLinear after it Conv2's requantisation: Conv2
+// writes u8 straight for Conv3. The QuantizeLinears in front of Conv1 (the graph input) and Conv2 (y1) are folded
+// into them: they read f32 and quantize. The int8 region (y1, Conv2's output) stays channels-last; Conv3's output,
+// read by GlobalAveragePool, and the graph input stay plain.
+TEST(FuseQdq, ResidualAddFoldsIntoTheConvAndRegionsStayChannelsLast) {
+  Graph fp32;
+  std::string y1, y2, y3;
+  Graph q = residual_qdq(&fp32, &y1, &y2, &y3);
   Graph fused = q;
   auto r = run_pass(fused, "fuse_qdq", {});
   ASSERT_EQ(r.size(), 1u);
   EXPECT_EQ(r[0].counters["conv_fused"], 3);
-  EXPECT_EQ(r[0].counters["channels_last_edges"], 5);
-  std::map<std::string, std::pair<std::string, std::string>> layouts;  // QConv name -> (input, output) layout
-  for (NodeId id : fused.node_ids()) {
-    const Node* n = fused.node(id);
-    auto layout = [&](const char* a) { return n->attr(a) ? n->attr(a)->s : std::string("NCHW"); };
-    if (n->op_type == "QConv") layouts[n->outputs[0]] = {layout("input_layout"), layout("output_layout")};
-  }
+  EXPECT_EQ(r[0].counters["adds_fused"], 1);
+  EXPECT_EQ(r[0].counters["outputs_requantized"], 1);  // Conv2 (Conv1 has two readers and stays f32)
+  EXPECT_EQ(r[0].counters["quantize_folded"], 2);
+  EXPECT_EQ(r[0].counters["channels_last_edges"], 2);
+  EXPECT_EQ(count_op(fused, "Add"), 0u);
+  EXPECT_EQ(count_op(fused, "QuantizeLinear"), 0u);
+  const Node* c2 = qconv_with_z(fused, y1);
+  ASSERT_NE(c2, nullptr);
+  EXPECT_EQ(c2->inputs[0], y1);  // y1 is both X (quantized by Conv2 itself) and Z
+  ASSERT_NE(fused.info(c2->outputs[0]), nullptr);
+  EXPECT_EQ(fused.info(c2->outputs[0])->dtype, DType::kU8);
+  auto layouts = qconv_layouts(fused);
   ASSERT_EQ(layouts.size(), 3u);
   EXPECT_EQ(layouts[y1], std::make_pair(std::string("NCHW"), std::string("NHWC")));
-  EXPECT_EQ(layouts[y2], std::make_pair(std::string("NHWC"), std::string("NHWC")));
+  EXPECT_EQ(layouts[c2->outputs[0]], std::make_pair(std::string("NHWC"), std::string("NHWC")));
   EXPECT_EQ(layouts[y3], std::make_pair(std::string("NHWC"), std::string("NCHW")));
-  for (uint32_t k = 0; k < 3; ++k) {
-    Feeds f = {{"x", Tensor::f32({1, 3, 6, 5}, randv(90, 800 + k))}};
-    auto a = run(q, f), c = run(fused, f);
-    ASSERT_EQ(a.size(), 1u);
-    ASSERT_EQ(c.size(), 1u);
-    EXPECT_GE(cosine(a[0], c[0]), 0.999);
-  }
-  // Without the option nothing is channels-last.
+  expect_same_outputs(q, fused, 800);
+  // Without channels-last values Z is read plain, as the output is written.
   Graph plain = q;
   Options off;
   off.values["channels_last"] = false;
   auto r2 = run_pass(plain, "fuse_qdq", off);
   EXPECT_EQ(r2[0].counters["channels_last_edges"], 0);
+  EXPECT_EQ(r2[0].counters["adds_fused"], 1);
+  expect_same_outputs(q, plain, 810);
+  // fuse_add = false keeps the Add as a node, still channels-last (y1, y2, the sum).
+  Graph kept = q;
+  Options no_add;
+  no_add.values["fuse_add"] = false;
+  auto r3 = run_pass(kept, "fuse_qdq", no_add);
+  EXPECT_EQ(r3[0].counters["adds_fused"], 0);
+  EXPECT_EQ(r3[0].counters["quantize_folded"], 3);
+  EXPECT_EQ(r3[0].counters["channels_last_edges"], 3);
+  EXPECT_EQ(count_op(kept, "Add"), 1u);
+  auto kl = qconv_layouts(kept);
+  EXPECT_EQ(kl[y2], std::make_pair(std::string("NHWC"), std::string("NHWC")));
+  expect_same_outputs(q, kept, 820);
+  // ... and fold_quantize = false keeps the QuantizeLinears too (channels-last: also their outputs).
+  Graph qdq = q;
+  no_add.values["fold_quantize"] = false;
+  auto r4 = run_pass(qdq, "fuse_qdq", no_add);
+  EXPECT_EQ(r4[0].counters["quantize_folded"], 0);
+  EXPECT_EQ(r4[0].counters["channels_last_edges"], 5);
+  EXPECT_EQ(count_op(qdq, "QuantizeLinear"), 3u);
+  expect_same_outputs(q, qdq, 850);
+}
+
+// The Add's output has a second reader: the QConv writes it in f32 (with the residual added) and Conv3 quantizes it
+// (its QuantizeLinear folded in); the value read by the graph output's Relu stays plain, Z (y1) channels-last: the
+// QConv reads it in its own layout (residual_layout).
+TEST(FuseQdq, ResidualAddWithTwoReadersKeepsAnF32Output) {
+  Graph fp32;
+  std::string y1, y2, y3;
+  Graph q = residual_qdq(&fp32, &y1, &y2, &y3, true);
+  Graph fused = q;
+  auto r = run_pass(fused, "fuse_qdq", {});
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].counters["adds_fused"], 1);
+  EXPECT_EQ(count_op(fused, "Add"), 0u);
+  EXPECT_EQ(r[0].counters["quantize_folded"], 3);
+  EXPECT_EQ(count_op(fused, "QuantizeLinear"), 0u);
+  const Node* c2 = qconv_with_z(fused, y1);
+  ASSERT_NE(c2, nullptr);
+  ASSERT_NE(fused.info(c2->outputs[0]), nullptr);
+  EXPECT_EQ(fused.info(c2->outputs[0])->dtype, DType::kF32);
+  auto layouts = qconv_layouts(fused);
+  EXPECT_EQ(layouts[c2->outputs[0]].second, "NCHW");  // read by Relu
+  EXPECT_EQ(layouts[y1].second, "NHWC");
+  ASSERT_NE(c2->attr("residual_layout"), nullptr);
+  EXPECT_EQ(c2->attr("residual_layout")->s, "NHWC");
+  expect_same_outputs(q, fused, 830);
+}
+
+// ResNet's Add -> Relu: the Relu folds too (QConv's activation applies after Z is added), then the requantisation.
+TEST(FuseQdq, ResidualAddThenReluFoldsBoth) {
+  Graph fp32;
+  std::string y1, y2, y3;
+  Graph q = residual_qdq(&fp32, &y1, &y2, &y3, false, true);
+  Graph fused = q;
+  auto r = run_pass(fused, "fuse_qdq", {});
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].counters["adds_fused"], 1);
+  EXPECT_EQ(r[0].counters["activations_fused"], 1);
+  EXPECT_EQ(count_op(fused, "Add") + count_op(fused, "Relu") + count_op(fused, "QuantizeLinear"), 0u);
+  const Node* c2 = qconv_with_z(fused, y1);
+  ASSERT_NE(c2, nullptr);
+  ASSERT_NE(c2->attr("activation"), nullptr);
+  EXPECT_EQ(c2->attr("activation")->s, "Relu");
+  expect_same_outputs(q, fused, 860);
+}
+
+// An Add that broadcasts is not a residual: it stays a node.
+TEST(FuseQdq, BroadcastingAddIsNotFolded) {
+  GraphBuilder b("qbcast", 13);
+  auto x = b.input("x", DType::kF32, {1, 3, 6, 5});
+  auto y = b.op1("Conv", {x, b.constant("w", Tensor::f32({8, 3, 3, 3}, randv(216, 21, 0.3f)))},
+                 {{"pads", Attribute::of_ints({1, 1, 1, 1})}});
+  b.output(b.op1("Add", {y, b.constant("c", Tensor::f32({8, 1, 1}, randv(8, 22, 0.3f)))}));
+  Graph fp32 = b.take();
+  Graph q = fp32;
+  Options o;
+  o.values["range." + x] = std::string("-4,4");
+  run_pass(q, "quantize_int8", o);
+  Graph fused = q;
+  auto r = run_pass(fused, "fuse_qdq", {});
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].counters["conv_fused"], 1);
+  EXPECT_EQ(r[0].counters["adds_fused"], 0);
+  EXPECT_EQ(count_op(fused, "Add"), 1u);
+  expect_same_outputs(q, fused, 840);
 }
 
 TEST(FuseQdq, LeavesWhatItCannotFuse) {
