@@ -249,7 +249,8 @@ struct Session::Impl {
   std::unique_ptr<Built> generic;
   // Shape specialisation (only for graphs with dynamic tensor inputs and options.shape_variants > 0): the graph as
   // it was before placement (after the passes), which each variant copies; the dynamic inputs; the variants by
-  // key. Variants are never evicted (see SessionOptions::shape_variants).
+  // key (nullptr: shapes whose variant failed to build, which run on the generic build). Variants are never evicted
+  // (see SessionOptions::shape_variants).
   Graph base;
   std::vector<std::string> dynamic_inputs;
   std::unordered_map<std::string, std::unique_ptr<Built>> variants;
@@ -982,7 +983,7 @@ StatusOr<Built*> Session::Impl::pick(const std::vector<std::pair<std::string, Ru
     dynamic.emplace(name, it->second);
     key += (key.empty() ? "" : ", ") + name + shape_to_string(it->second->shape());
   }
-  if (auto it = variants.find(key); it != variants.end()) return it->second.get();
+  if (auto it = variants.find(key); it != variants.end()) return it->second ? it->second.get() : generic.get();
   // Nothing is built for inputs the generic graph refuses (unknown names, dtypes, ranks, fixed dims).
   {
     std::vector<RunValue> live;
@@ -999,8 +1000,16 @@ StatusOr<Built*> Session::Impl::pick(const std::vector<std::pair<std::string, Ru
     return generic.get();
   }
   auto built = build_variant(key, dynamic);
-  // A failed build leaves nothing behind: the next run with these shapes tries again.
-  if (!built.is_ok()) return built.status().with_context("building the shape variant for input shapes " + key);
+  // A variant is an optimisation: when it cannot be built (a device or claimer refuses these shapes), the run goes
+  // on with the generic build, which runs any shape the graph allows or names what is wrong. The failure takes a
+  // slot (nullptr), so these shapes are not tried again and failures count against the cap like variants.
+  if (!built.is_ok()) {
+    spdlog::warn("session '{}': the shape variant for input shapes {} could not be built ({}); runs with these "
+                 "shapes use the generic build",
+                 base.name, key, built.status().to_string());
+    variants.emplace(key, nullptr);
+    return generic.get();
+  }
   Built* b = built.value().get();
   variants.emplace(key, std::move(built).value());
   return b;
@@ -1101,7 +1110,9 @@ std::string Session::shape_variant() const { return impl_->last()->variant; }
 
 size_t Session::shape_variant_count() const {
   std::lock_guard<std::mutex> lock(impl_->run_mu);
-  return impl_->variants.size();
+  size_t n = 0;
+  for (const auto& [key, b] : impl_->variants) n += b != nullptr;
+  return n;
 }
 
 std::vector<NodeProfile> Session::profile() const {
@@ -1114,7 +1125,8 @@ std::vector<NodeProfile> Session::profile() const {
 void Session::reset_profile() {
   std::lock_guard<std::mutex> lock(impl_->run_mu);
   impl_->generic->reset_profile();
-  for (auto& [key, b] : impl_->variants) b->reset_profile();
+  for (auto& [key, b] : impl_->variants)
+    if (b) b->reset_profile();
 }
 
 std::vector<OpTypeProfile> profile_by_op_type(const std::vector<NodeProfile>& profile) {
