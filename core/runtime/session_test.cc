@@ -326,41 +326,49 @@ keel_status_t claim_by_names(void*, const keel_graph_t* g, const keel_graph_api_
   }
   return nullptr;
 }
-keel_status_t claimer_init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+// Registers the claimer `name` for "cpu" with the claim hook `claim` and, because a device plugin without a device
+// table must serve some device type with a kernel, a kernel `noop_name` for an op no test uses (in `noop_domain`).
+keel_status_t register_cpu_claimer(const keel_host_api_t* host, keel_plugin_handle_t* plugin, const char* name,
+                                   decltype(keel_claimer_def_t::claim_subgraphs) claim, const char* noop_name,
+                                   const char* noop_domain) {
   if (!KEEL_HAS_MEMBER(host, keel_host_api_t, register_claimer)) return nullptr;
   g_host = host;
   keel_claimer_def_t c{};
   c.struct_size = sizeof c;
   c.abi_major = KEEL_PLUGIN_ABI_MAJOR;
   c.abi_minor = KEEL_PLUGIN_ABI_MINOR;
-  c.name = "by_names";
+  c.name = name;
   c.device_type = "cpu";
-  c.claim_subgraphs = claim_by_names;
+  c.claim_subgraphs = claim;
   if (keel_status_t st = host->register_claimer(plugin, &c)) return st;
-  // A device plugin without a device table must serve some device type with a kernel (an op no test uses).
   keel_kernel_def_t k{};
   k.struct_size = sizeof k;
   k.abi_major = KEEL_PLUGIN_ABI_MAJOR;
-  k.name = "claimer_noop";
-  k.domain = "test.claimer";
+  k.name = noop_name;
+  k.domain = noop_domain;
   k.op_type = "Noop";
   k.since_version = 1;
   k.device_type = "cpu";
   k.compute = [](void*, keel_kernel_context_t*) -> keel_status_t { return nullptr; };
   return host->register_kernel(plugin, &k);
 }
+keel_status_t claimer_init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+  return register_cpu_claimer(host, plugin, "by_names", claim_by_names, "claimer_noop", "test.claimer");
+}
 const keel_plugin_t kClaimerPlugin = {sizeof(keel_plugin_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR,
                                       "claimer", "1.0", KEEL_PLUGIN_KIND_DEVICE, claimer_init, nullptr};
 
-std::unique_ptr<Environment> make_claimer_env() {
+// An environment with the reference CPU and `plugin` built in (priority 20), no discovery.
+std::unique_ptr<Environment> make_env_with(const keel_plugin_t* plugin, const char* what) {
   EnvironmentOptions o;
   o.discover_plugins = false;
   o.threads = 2;
-  o.builtin_plugins.push_back({&kClaimerPlugin, 20, "test claimer"});
+  o.builtin_plugins.push_back({plugin, 20, what});
   auto env = Environment::create(o);
   EXPECT_TRUE(env.is_ok()) << env.status().to_string();
   return std::move(env).value();
 }
+std::unique_ptr<Environment> make_claimer_env() { return make_env_with(&kClaimerPlugin, "test claimer"); }
 
 TEST(Session, KernelPluginClaimerTakesAChainOnCpuAndEveryUserDataIsReleased) {
   auto env = make_claimer_env();
@@ -632,38 +640,14 @@ keel_status_t claim_static(void*, const keel_graph_t* g, const keel_graph_api_t*
   return sink->claim(sink, &def);
 }
 keel_status_t static_claimer_init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
-  g_host = host;
-  keel_claimer_def_t c{};
-  c.struct_size = sizeof c;
-  c.abi_major = KEEL_PLUGIN_ABI_MAJOR;
-  c.abi_minor = KEEL_PLUGIN_ABI_MINOR;
-  c.name = "static_only";
-  c.device_type = "cpu";
-  c.claim_subgraphs = claim_static;
-  if (keel_status_t st = host->register_claimer(plugin, &c)) return st;
-  keel_kernel_def_t k{};
-  k.struct_size = sizeof k;
-  k.abi_major = KEEL_PLUGIN_ABI_MAJOR;
-  k.name = "static_noop";
-  k.domain = "test.static";
-  k.op_type = "Noop";
-  k.since_version = 1;
-  k.device_type = "cpu";
-  k.compute = [](void*, keel_kernel_context_t*) -> keel_status_t { return nullptr; };
-  return host->register_kernel(plugin, &k);
+  return register_cpu_claimer(host, plugin, "static_only", claim_static, "static_noop", "test.static");
 }
 const keel_plugin_t kStaticClaimerPlugin = {sizeof(keel_plugin_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR,
                                             "static_claimer", "1.0", KEEL_PLUGIN_KIND_DEVICE, static_claimer_init,
                                             nullptr};
 
 std::unique_ptr<Environment> make_static_claimer_env() {
-  EnvironmentOptions o;
-  o.discover_plugins = false;
-  o.threads = 2;
-  o.builtin_plugins.push_back({&kStaticClaimerPlugin, 20, "static-shape claimer"});
-  auto env = Environment::create(o);
-  EXPECT_TRUE(env.is_ok()) << env.status().to_string();
-  return std::move(env).value();
+  return make_env_with(&kStaticClaimerPlugin, "static-shape claimer");
 }
 
 // x[N,3] -> Tanh (static_0) -> Tanh (static_1) -> Neg -> y; `batch` < 0: N is symbolic.
