@@ -351,9 +351,6 @@ size_t elem_size(const md_t& md) { return dnnl_data_type_size(md.data.data_type)
 // few microseconds to win do not pay for the timing.
 constexpr double kTuneFlops = 20e6;
 constexpr int kTuneRuns = 4;
-// A candidate replaces the choice made without measuring only when it is this much faster (the timings of two
-// equal kernels differ by a few percent from build to build; a plan should not flip on noise).
-constexpr double kTuneMargin = 0.97;
 
 // A zero-filled scratch memory of `md` (zeros: no denormals or NaNs to slow a candidate down).
 dnnl::memory scratch_memory(const md_t& md) {
@@ -1323,25 +1320,17 @@ void Builder::conv(size_t i) {
   // count (the plan is built on the team it runs on) and the fastest (minimum of the runs) is kept. Option
   // conv_tuning (KEEL_ONEDNN_CONV_TUNING=0) turns it off: then Winograd, else brgemm over nhwc, else direct.
   const bool tune = g_options.conv_tuning && conv_flops >= kTuneFlops;
-  // Every implementation oneDNN offers (primitive_desc::next_impl) of both algorithms over the same layouts is a
-  // candidate, Winograd's first one the default; oneDNN's reference kernels are not.
   if (pd && tune) {
-    std::unique_ptr<dnnl::convolution_forward::primitive_desc> best;
-    double best_ms = DBL_MAX;
-    std::string tried;
-    for (alg a : {alg::convolution_winograd, alg::convolution_direct}) {
-      for (int k = 0; k < 4; ++k) {
-        make(a, src, dst);
-        for (int j = 0; j < k && pd; ++j)
-          if (!pd->next_impl()) pd.reset();
-        if (!pd || is_ref()) break;
-        const double t = time_conv(*pd, has_bias);
-        tried += std::string(tried.empty() ? "" : ", ") + pd->impl_info_str() + " " + std::to_string(t * 1e3) + " us";
-        if (!best || t < best_ms * kTuneMargin) best_ms = t, best = std::move(pd);
-      }
+    auto wino_pd = std::move(pd);
+    make(alg::convolution_direct, src, dst);
+    if (pd && !is_ref()) {
+      const double tw = time_conv(*wino_pd, has_bias), td = time_conv(*pd, has_bias);
+      debug_log("conv " + n.name + ": " + wino_pd->impl_info_str() + " " + std::to_string(tw * 1e3) + " us vs " +
+                pd->impl_info_str() + " " + std::to_string(td * 1e3) + " us");
+      if (tw <= td) pd = std::move(wino_pd);
+    } else {
+      pd = std::move(wino_pd);
     }
-    debug_log("conv " + n.name + ": " + tried + "; took " + best->impl_info_str());
-    pd = std::move(best);
   }
   // Other spatial convolutions (strided 3x3s, dilated ones, 3x3s Winograd leaves): oneDNN's brgemm kernel over nhwc
   // beats its nChw16c jit one here, the reorders in and out included. Measured in ResNet-50 at 1 thread (fastest
@@ -1363,7 +1352,7 @@ void Builder::conv(size_t i) {
         const double td = time_conv(*pd, has_bias) + time_reorder(xv.md, pd->src_desc());
         debug_log("conv " + n.name + ": " + brg_pd->impl_info_str() + " " + std::to_string(tb * 1e3) +
                   " us with reorders vs " + pd->impl_info_str() + " " + std::to_string(td * 1e3) + " us");
-        if (td >= tb * kTuneMargin) pd = std::move(brg_pd);
+        if (tb < td) pd = std::move(brg_pd);
       } else {
         pd = std::move(brg_pd);
       }
@@ -1424,7 +1413,7 @@ bool Builder::conv_1x1_subsampled(size_t i, const Fusion& f, const Val& xv, cons
     debug_log("conv " + n.name + ": " + strided->impl_info_str() + " " + std::to_string(ts * 1e3) +
               " us vs subsampled " + std::to_string(tr * 1e3) + " + " + unit->impl_info_str() + " " +
               std::to_string(tu * 1e3) + " us");
-    if (tr + tu >= ts * kTuneMargin) return false;
+    if (tr + tu >= ts) return false;
   } catch (const dnnl::error&) {
     return false;
   }
