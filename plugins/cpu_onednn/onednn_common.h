@@ -164,9 +164,6 @@ struct Options {
                          // stays a step of its own (Builder::conv_dw_fused)
   bool silu_pass = true; // KEEL_ONEDNN_SILU_PASS=0 or [options] silu_pass = false: a convolution's trailing SiLU runs
                          // as oneDNN's swish post-op instead of the chain's own pass (onednn_silu.h)
-  bool conv_tuning = true;  // KEEL_ONEDNN_CONV_TUNING=0 or [options] conv_tuning = false: a big convolution with
-                            // several oneDNN implementations takes the first one tried instead of the fastest one
-                            // timed at plan time (Builder::conv)
   bool profile = false;  // KEEL_ONEDNN_PROFILE=1: claimed subgraphs time their primitives (logged at info)
 };
 extern Options g_options;

@@ -237,10 +237,6 @@ keel_status_t onednn_init(const keel_host_api_t* host, keel_plugin_handle_t* plu
     if (host->options && host->plugin_options && host->options->get_bool(host->plugin_options, "silu_pass", &flag))
       g_options.silu_pass = flag != 0;
     if (const char* e = std::getenv("KEEL_ONEDNN_SILU_PASS")) g_options.silu_pass = std::strcmp(e, "0") != 0;
-    flag = 1;
-    if (host->options && host->plugin_options && host->options->get_bool(host->plugin_options, "conv_tuning", &flag))
-      g_options.conv_tuning = flag != 0;
-    if (const char* e = std::getenv("KEEL_ONEDNN_CONV_TUNING")) g_options.conv_tuning = std::strcmp(e, "0") != 0;
     if (const char* e = std::getenv("KEEL_ONEDNN_PROFILE")) g_options.profile = std::strcmp(e, "0") != 0;
     (void)engine();  // fails early when oneDNN cannot make a CPU engine
   } catch (const std::exception& e) {

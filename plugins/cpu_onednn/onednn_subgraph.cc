@@ -51,7 +51,6 @@
 #include <set>
 #include <sstream>
 #include <tuple>
-#include <unordered_map>
 
 #include "onednn_common.h"
 #include "onednn_silu.h"
@@ -346,53 +345,6 @@ md_t with_dtype(const md_t& md, dt t) {
   return md_t(d);
 }
 size_t elem_size(const md_t& md) { return dnnl_data_type_size(md.data.data_type); }
-
-// Plan-time measurement (Builder::conv): convolutions from this many FLOPs up time their candidates; below it the
-// few microseconds to win do not pay for the timing.
-constexpr double kTuneFlops = 20e6;
-constexpr int kTuneRuns = 4;
-
-// A zero-filled scratch memory of `md` (zeros: no denormals or NaNs to slow a candidate down).
-dnnl::memory scratch_memory(const md_t& md) {
-  dnnl::memory m(md, engine());
-  std::memset(m.get_data_handle(), 0, md.get_size());
-  return m;
-}
-// The fastest of kTuneRuns runs (after a first, warming one) of `run`, in milliseconds.
-double fastest_ms(const std::function<void()>& run) {
-  run();
-  stream().wait();
-  double best = DBL_MAX;
-  for (int k = 0; k < kTuneRuns; ++k) {
-    auto t0 = std::chrono::steady_clock::now();
-    run();
-    stream().wait();
-    best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
-}
-// One run of a convolution primitive described by `pd` on scratch memory (its post-ops are eltwise and sum only,
-// which need no further arguments), in milliseconds.
-double time_conv(const dnnl::convolution_forward::primitive_desc& pd, bool has_bias) {
-  dnnl::convolution_forward prim(pd);
-  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, scratch_memory(pd.src_desc())},
-                                             {DNNL_ARG_WEIGHTS, scratch_memory(pd.weights_desc())},
-                                             {DNNL_ARG_DST, scratch_memory(pd.dst_desc())}};
-  if (has_bias) args.emplace(DNNL_ARG_BIAS, scratch_memory(pd.bias_desc()));
-  return fastest_ms([&] { prim.execute(stream(), args); });
-}
-// One reorder from `from` to `to` on scratch memory, in milliseconds; 0 when the layouts are the same (or when
-// oneDNN has no reorder between them: the convolution's own choice then decides).
-double time_reorder(const md_t& from, const md_t& to) {
-  if (from == to) return 0;
-  try {
-    dnnl::memory a = scratch_memory(from), b = scratch_memory(to);
-    dnnl::reorder r(a, b);
-    return fastest_ms([&] { r.execute(stream(), a, b); });
-  } catch (const dnnl::error&) {
-    return 0;
-  }
-}
 std::string impl_of(const dnnl::primitive& p) {
   const char* impl = nullptr;
   dnnl_primitive_desc_query(p.get_primitive_desc(), dnnl_query_impl_info_str, 0, &impl);
@@ -625,10 +577,6 @@ class Builder {
 
   // --- ops
   void conv(size_t i);
-  bool conv_1x1_subsampled(size_t i, const Fusion& f, const Val& xv, const std::string& src_name, const Dims& x,
-                           const Dims& y, const Dims& s, const md_t& wany, const md_t& bmd, const md_t& dst,
-                           const dnnl::primitive_attr& attr, const Dims& wd, std::vector<float>& w, bool has_bias,
-                           const std::vector<float>& bias, double flops);
   void deconv(size_t i);
   void conv_like_tail(size_t i, const Fusion& f, dnnl::primitive prim, const md_t& src_md, const md_t& wei_md,
                       const md_t& dmd, const md_t& wplain, std::vector<float>& w, bool has_bias,
@@ -1308,30 +1256,7 @@ void Builder::conv(size_t i) {
       M % 16 == 0 && f.sum_with.empty() && act_ == dt::f32 && chan_scale.empty() &&
       conv_dw_fused(i, f, src, wany, bmd, w, bias, conv_flops))
     return;
-  if (sp == 2 && g == 1 && ks == Dims{1, 1} && (s[0] > 1 || s[1] > 1) && pl == Dims{0, 0} && pr == Dims{0, 0} &&
-      g_options.conv_tuning && conv_flops >= kTuneFlops && chan_scale.empty() && xv.scale == 1.f &&
-      xv.md == md_t(to_dnnl(x), act_, blocked16_tag(x.size())) &&
-      conv_1x1_subsampled(i, f, xv, src_name, x, y, s, wany, has_bias ? bmd : none, dst, attr, wd, w, has_bias, bias,
-                          conv_flops))
-    return;
   if (wino) make(alg::convolution_winograd, src, dst);
-  // Plan-time choice by measurement (as cuDNN's benchmark mode): where oneDNN offers more than one implementation
-  // of a convolution big enough to matter, each candidate runs a few times on scratch memory at this plan's thread
-  // count (the plan is built on the team it runs on) and the fastest (minimum of the runs) is kept. Option
-  // conv_tuning (KEEL_ONEDNN_CONV_TUNING=0) turns it off: then Winograd, else brgemm over nhwc, else direct.
-  const bool tune = g_options.conv_tuning && conv_flops >= kTuneFlops;
-  if (pd && tune) {
-    auto wino_pd = std::move(pd);
-    make(alg::convolution_direct, src, dst);
-    if (pd && !is_ref()) {
-      const double tw = time_conv(*wino_pd, has_bias), td = time_conv(*pd, has_bias);
-      debug_log("conv " + n.name + ": " + wino_pd->impl_info_str() + " " + std::to_string(tw * 1e3) + " us vs " +
-                pd->impl_info_str() + " " + std::to_string(td * 1e3) + " us");
-      if (tw <= td) pd = std::move(wino_pd);
-    } else {
-      pd = std::move(wino_pd);
-    }
-  }
   // Other spatial convolutions (strided 3x3s, dilated ones, 3x3s Winograd leaves): oneDNN's brgemm kernel over nhwc
   // beats its nChw16c jit one here, the reorders in and out included. Measured in ResNet-50 at 1 thread (fastest
   // run of each step over 4 interleaved rounds, KEEL_ONEDNN_PROFILE): the 3x3 stride-2 convolutions at 56/28/14 px
@@ -1341,22 +1266,6 @@ void Builder::conv(size_t i) {
     make(alg::convolution_direct, md_t(to_dnnl(x), act_, channels_last_tag(x.size())),
          md_t(to_dnnl(y), act_, channels_last_tag(y.size())));
     if (pd && std::string(pd->impl_info_str()).rfind("brg", 0) != 0) pd.reset();
-    // Measured against direct nChw16c, each with the reorders it brings: from the producer's layout into its
-    // source, and (brgemm) from nhwc back to nChw16c for a blocked consumer.
-    if (pd && tune) {
-      auto brg_pd = std::move(pd);
-      make(alg::convolution_direct, src, dst);
-      if (pd && !is_ref()) {
-        const double tb = time_conv(*brg_pd, has_bias) + time_reorder(xv.md, brg_pd->src_desc()) +
-                          time_reorder(brg_pd->dst_desc(), md_t(to_dnnl(y), act_, blocked16_tag(y.size())));
-        const double td = time_conv(*pd, has_bias) + time_reorder(xv.md, pd->src_desc());
-        debug_log("conv " + n.name + ": " + brg_pd->impl_info_str() + " " + std::to_string(tb * 1e3) +
-                  " us with reorders vs " + pd->impl_info_str() + " " + std::to_string(td * 1e3) + " us");
-        if (tb < td) pd = std::move(brg_pd);
-      } else {
-        pd = std::move(brg_pd);
-      }
-    }
   }
   if (!pd) make(alg::convolution_direct, src, dst);
   if (!pd) make(alg::convolution_direct, src_any, dst_any);
@@ -1376,58 +1285,6 @@ void Builder::conv(size_t i) {
   md_t wplain(to_dnnl(wd), dt::f32, weights_tag(sp, g > 1, false));
   conv_like_tail(i, f, dnnl::convolution_forward(*pd), pd->src_desc(), pd->weights_desc(), pd->dst_desc(), wplain,
                  w, has_bias, bias, conv_flops, {}, src_name, chan_scale);
-}
-
-// A strided 1x1 convolution without padding (ResNet's downsampling shortcut) over an nChw16c source, as a subsampling
-// reorder (every s-th row and column, read through a strided view of the source) followed by a stride-1 1x1
-// convolution, when that measures faster than oneDNN's strided kernel at this plan's thread count. oneDNN's
-// jit_1x1 gathers the strided source itself, per thread, and scales poorly: ResNet-50's layer2.0 downsample ran
-// 1.05 ms at 1 thread, 0.76 at 2. False, changing nothing, when oneDNN says no or the split is not faster.
-bool Builder::conv_1x1_subsampled(size_t i, const Fusion& f, const Val& xv, const std::string& src_name, const Dims& x,
-                                  const Dims& y, const Dims& s, const md_t& wany, const md_t& bmd, const md_t& dst,
-                                  const dnnl::primitive_attr& attr, const Dims& wd, std::vector<float>& w,
-                                  bool has_bias, const std::vector<float>& bias, double flops) {
-  const NodeDesc& n = r_.nodes[i];
-  const Dims xs{x[0], x[1], y[2], y[3]};
-  const md_t sub(to_dnnl(xs), act_, blocked16_tag(4));
-  // The strided view: the source's own blocking, H and W strides multiplied by the convolution's.
-  dnnl_memory_desc_t vd = xv.md.data;
-  vd.dims[2] = vd.padded_dims[2] = y[2];
-  vd.dims[3] = vd.padded_dims[3] = y[3];
-  vd.format_desc.blocking.strides[2] *= s[0];
-  vd.format_desc.blocking.strides[3] *= s[1];
-  const md_t view(vd);
-  std::unique_ptr<dnnl::convolution_forward::primitive_desc> strided, unit;
-  try {
-    dnnl::convolution_forward::desc cs(dnnl::prop_kind::forward_inference, alg::convolution_direct, xv.md, wany, bmd,
-                                       dst, to_dnnl(s), {0, 0}, {0, 0});
-    strided = std::make_unique<dnnl::convolution_forward::primitive_desc>(cs, attr, engine());
-    dnnl::convolution_forward::desc cu(dnnl::prop_kind::forward_inference, alg::convolution_direct, sub, wany, bmd,
-                                       dst, {1, 1}, {0, 0}, {0, 0});
-    unit = std::make_unique<dnnl::convolution_forward::primitive_desc>(cu, attr, engine());
-    if (unit->src_desc() != sub || unit->dst_desc() != strided->dst_desc()) return false;
-    const double ts = time_conv(*strided, has_bias);
-    const double tr = time_reorder(view, sub);
-    const double tu = time_conv(*unit, has_bias);
-    if (tr <= 0) return false;  // no reorder from the view
-    debug_log("conv " + n.name + ": " + strided->impl_info_str() + " " + std::to_string(ts * 1e3) +
-              " us vs subsampled " + std::to_string(tr * 1e3) + " + " + unit->impl_info_str() + " " +
-              std::to_string(tu * 1e3) + " us");
-    if (tr + tu >= ts) return false;
-  } catch (const dnnl::error&) {
-    return false;
-  }
-  const std::string key = src_name + "#subsampled" + std::to_string(s[0]) + "x" + std::to_string(s[1]);
-  if (vals_.find(key) == vals_.end()) {
-    const Val src = xv;  // define() below may move vals_' nodes' neighbours, never this copy
-    Val& out = define(key, sub);
-    dnnl::memory a = mem_at(view, src.buf, src.off), b = mem_of(out);
-    exec(dnnl::reorder(a, b), {{DNNL_ARG_FROM, a}, {DNNL_ARG_TO, b}});
-  }
-  md_t wplain(to_dnnl(wd), dt::f32, weights_tag(2, false, false));
-  conv_like_tail(i, f, dnnl::convolution_forward(*unit), unit->src_desc(), unit->weights_desc(), unit->dst_desc(),
-                 wplain, w, has_bias, bias, flops, {}, key, "");
-  return true;
 }
 
 // A 1x1 convolution (stride 1, its post-ops in `f`) whose sole consumer is a 3x3 depthwise convolution (stride 1
