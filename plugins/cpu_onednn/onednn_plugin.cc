@@ -220,23 +220,17 @@ keel_status_t onednn_init(const keel_host_api_t* host, keel_plugin_handle_t* plu
     return nullptr;  // a core too old to serve us: register nothing
   g_host = host;
   try {
-    // Options: manifest [options] first, then the environment.
-    int flag = 1;
-    if (host->options && host->plugin_options && host->options->get_bool(host->plugin_options, "winograd", &flag))
-      g_options.winograd = flag != 0;
-    if (const char* e = std::getenv("KEEL_ONEDNN_WINOGRAD")) g_options.winograd = std::strcmp(e, "0") != 0;
-    flag = 1;
-    if (host->options && host->plugin_options && host->options->get_bool(host->plugin_options, "claims", &flag))
-      g_options.claims = flag != 0;
-    if (const char* e = std::getenv("KEEL_ONEDNN_CLAIMS")) g_options.claims = std::strcmp(e, "0") != 0;
-    flag = 1;
-    if (host->options && host->plugin_options && host->options->get_bool(host->plugin_options, "dw_fusion", &flag))
-      g_options.dw_fusion = flag != 0;
-    if (const char* e = std::getenv("KEEL_ONEDNN_DW_FUSION")) g_options.dw_fusion = std::strcmp(e, "0") != 0;
-    flag = 1;
-    if (host->options && host->plugin_options && host->options->get_bool(host->plugin_options, "silu_pass", &flag))
-      g_options.silu_pass = flag != 0;
-    if (const char* e = std::getenv("KEEL_ONEDNN_SILU_PASS")) g_options.silu_pass = std::strcmp(e, "0") != 0;
+    // Options: manifest [options] first, then the environment ("0" off, anything else on).
+    auto read_flag = [&](const char* key, const char* env, bool& out) {
+      int flag = out ? 1 : 0;
+      if (host->options && host->plugin_options && host->options->get_bool(host->plugin_options, key, &flag))
+        out = flag != 0;
+      if (const char* e = std::getenv(env)) out = std::strcmp(e, "0") != 0;
+    };
+    read_flag("winograd", "KEEL_ONEDNN_WINOGRAD", g_options.winograd);
+    read_flag("claims", "KEEL_ONEDNN_CLAIMS", g_options.claims);
+    read_flag("dw_fusion", "KEEL_ONEDNN_DW_FUSION", g_options.dw_fusion);
+    read_flag("silu_pass", "KEEL_ONEDNN_SILU_PASS", g_options.silu_pass);
     if (const char* e = std::getenv("KEEL_ONEDNN_PROFILE")) g_options.profile = std::strcmp(e, "0") != 0;
     (void)engine();  // fails early when oneDNN cannot make a CPU engine
   } catch (const std::exception& e) {
