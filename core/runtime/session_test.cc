@@ -358,6 +358,22 @@ keel_status_t claimer_init(const keel_host_api_t* host, keel_plugin_handle_t* pl
 const keel_plugin_t kClaimerPlugin = {sizeof(keel_plugin_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR,
                                       "claimer", "1.0", KEEL_PLUGIN_KIND_DEVICE, claimer_init, nullptr};
 
+// x[shape] -> Tanh -> Tanh -> Neg -> y, the Tanh nodes named `prefix`0 and `prefix`1 (the test claimers take
+// nodes by name).
+Graph tanh_tanh_neg_named(const std::string& graph_name, const std::vector<int64_t>& shape, const std::string& prefix) {
+  GraphBuilder b(graph_name);
+  auto x = b.input("x", DType::kF32, shape);
+  b.output(b.op1("Neg", {b.op1("Tanh", {b.op1("Tanh", {x})})}));
+  Graph graph = b.take();
+  int k = 0;
+  const std::vector<NodeId> order = graph.topological_order().value();  // a named copy: value() of a temporary dangles
+  for (NodeId id : order) {
+    Node* n = graph.node(id);
+    if (n->op_type == "Tanh") n->name = prefix + std::to_string(k++);
+  }
+  return graph;
+}
+
 // An environment with the reference CPU and `plugin` built in (priority 20), no discovery.
 std::unique_ptr<Environment> make_env_with(const keel_plugin_t* plugin, const char* what) {
   EnvironmentOptions o;
@@ -374,22 +390,7 @@ TEST(Session, KernelPluginClaimerTakesAChainOnCpuAndEveryUserDataIsReleased) {
   auto env = make_claimer_env();
   g_user_data_released = 0;
   g_tanh_chain_runs = 0;
-  Graph graph;
-  {
-    GraphBuilder b("claimer");
-    auto x = b.input("x", DType::kF32, {3});
-    auto t1 = b.op1("Tanh", {x});
-    auto t2 = b.op1("Tanh", {t1});
-    auto r = b.op1("Neg", {t2});
-    b.output(r);
-    graph = b.take();
-  }
-  int k = 0;
-  const std::vector<NodeId> order = graph.topological_order().value();
-  for (NodeId id : order) {
-    Node* n = graph.node(id);
-    if (n->op_type == "Tanh") n->name = "claim_" + std::to_string(k++);
-  }
+  Graph graph = tanh_tanh_neg_named("claimer", {3}, "claim_");
   SessionOptions opts;
   opts.devices = {"cpu"};
   {
@@ -409,19 +410,7 @@ TEST(Session, KernelPluginClaimerTakesAChainOnCpuAndEveryUserDataIsReleased) {
 
 TEST(Session, ProfileSplitsAClaimedSubgraphIntoTheStepsItsKernelReports) {
   auto env = make_claimer_env();
-  auto make = [] {
-    GraphBuilder b("claimer");
-    auto x = b.input("x", DType::kF32, {4096});
-    b.output(b.op1("Neg", {b.op1("Tanh", {b.op1("Tanh", {x})})}));
-    Graph graph = b.take();
-    int k = 0;
-    const std::vector<NodeId> order = graph.topological_order().value();
-    for (NodeId id : order) {
-      Node* n = graph.node(id);
-      if (n->op_type == "Tanh") n->name = "claim_" + std::to_string(k++);
-    }
-    return graph;
-  };
+  auto make = [] { return tanh_tanh_neg_named("claimer", {4096}, "claim_"); };
   Tensor x = Tensor::f32({4096}, std::vector<float>(4096, 0.5f));
   SessionOptions opts;
   opts.devices = {"cpu"};
@@ -651,19 +640,7 @@ std::unique_ptr<Environment> make_static_claimer_env() {
 }
 
 // x[N,3] -> Tanh (static_0) -> Tanh (static_1) -> Neg -> y; `batch` < 0: N is symbolic.
-Graph tanh_tanh_neg(int64_t batch = -1) {
-  GraphBuilder b("ttn");
-  auto x = b.input("x", DType::kF32, {batch, 3});
-  b.output(b.op1("Neg", {b.op1("Tanh", {b.op1("Tanh", {x})})}));
-  Graph graph = b.take();
-  int k = 0;
-  const std::vector<NodeId> order = graph.topological_order().value();
-  for (NodeId id : order) {
-    Node* n = graph.node(id);
-    if (n->op_type == "Tanh") n->name = "static_" + std::to_string(k++);
-  }
-  return graph;
-}
+Graph tanh_tanh_neg(int64_t batch = -1) { return tanh_tanh_neg_named("ttn", {batch, 3}, "static_"); }
 
 Tensor batch_input(int64_t batch, float offset = 0) {
   std::vector<float> v(static_cast<size_t>(batch * 3));

@@ -80,13 +80,13 @@ __attribute__((target("avx512f"))) void silu_mean16_avx512(float* p, size_t hw, 
 
 }  // namespace
 
-bool silu_fast() {
+bool has_avx512f() {
   static const bool fast = __builtin_cpu_supports("avx512f");
   return fast;
 }
 
 void silu_inplace(float* p, size_t n) {
-  if (silu_fast()) silu_avx512(p, n);
+  if (has_avx512f()) silu_avx512(p, n);
   else silu_inplace_scalar(p, n);
 }
 
@@ -95,7 +95,7 @@ void silu_inplace_mean16(float* p, size_t hw, float* mean) {
     for (int c = 0; c < 16; ++c) mean[c] = 0.f;
     return;
   }
-  if (silu_fast()) {
+  if (has_avx512f()) {
     silu_mean16_avx512(p, hw, mean);
     return;
   }

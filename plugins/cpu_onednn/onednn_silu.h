@@ -11,9 +11,9 @@
 
 namespace keel::onednn {
 
-// True when silu_inplace runs its AVX-512 code on this CPU (otherwise a scalar loop: callers should prefer oneDNN's
-// swish then).
-bool silu_fast();
+// True when this CPU has AVX-512F: silu_inplace (and the chains' other own AVX-512 steps, e.g. the folded weight
+// scaling) run their vector code; otherwise a scalar loop, and callers should prefer oneDNN's swish.
+bool has_avx512f();
 
 // p[i] = p[i] / (1 + exp(-p[i])) for i < n, in place. Relative error below 1e-6 against the exact function where
 // |result| > 1e-30 (below x = -87 the result is 0, the exact one under 1e-35); NaN stays NaN, +inf gives +inf,

@@ -224,7 +224,7 @@ void run_scale_weights(const Exec& e) {
   const float* scale = static_cast<const float*>(e.args.at(kArgScale).get_data_handle());
   const int32_t* map = static_cast<const int32_t*>(e.args.at(kArgMap).get_data_handle());
   const size_t n = d.get_desc().get_size() / sizeof(float);
-  if (silu_fast()) {
+  if (has_avx512f()) {
     scale_gather_avx512(dst, src, scale, map, n);
     return;
   }
@@ -243,7 +243,7 @@ void run_scale_weights16(const Exec& e) {
   const float* scale = static_cast<const float*>(e.args.at(kArgScale).get_data_handle());
   const int32_t* map = static_cast<const int32_t*>(e.args.at(kArgMap).get_data_handle());
   const size_t rows = d.get_desc().get_size() / sizeof(float) / 16;
-  if (silu_fast()) {
+  if (has_avx512f()) {
     scale_rows_avx512(dst, src, scale, map, rows);
     return;
   }
@@ -972,7 +972,7 @@ Builder::Fusion Builder::fuse_after(const std::string& out, size_t at, bool conv
 // off, the CPU lacks AVX-512 (the pass would be scalar), the node computes in bf16, or the chain holds post-op kinds
 // other than eltwise and sum before it.
 bool Builder::take_silu(Fusion& f) {
-  if (!g_options.silu_pass || !silu_fast() || act_ != dt::f32) return false;
+  if (!g_options.silu_pass || !has_avx512f() || act_ != dt::f32) return false;
   const int last = f.po.len() - 1;
   if (last < 0 || f.po.kind(last) != dnnl::primitive::kind::eltwise) return false;
   float scale, alpha, beta;
