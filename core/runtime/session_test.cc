@@ -366,7 +366,8 @@ Graph tanh_tanh_neg_named(const std::string& graph_name, const std::vector<int64
   b.output(b.op1("Neg", {b.op1("Tanh", {b.op1("Tanh", {x})})}));
   Graph graph = b.take();
   int k = 0;
-  const std::vector<NodeId> order = graph.topological_order().value();  // a named copy: value() of a temporary dangles
+  // A named copy: iterating value() of the temporary would dangle.
+  const std::vector<NodeId> order = graph.topological_order().value();
   for (NodeId id : order) {
     Node* n = graph.node(id);
     if (n->op_type == "Tanh") n->name = prefix + std::to_string(k++);
