@@ -168,9 +168,9 @@ struct Options {
 };
 extern Options g_options;
 
-// An entry of a file's own registration table (onednn_train.cc, onednn_bf16.cc): the allowed dtypes of type
-// parameter "T". register_kernel_table (onednn_train.cc) registers a table (which must outlive the plugin) for "cpu",
-// its kernels computing with compute_kernel(..., dnnl_error_falls_back).
+// An entry of a registration table (onednn_train.cc, onednn_bf16.cc, and the f32 tables above as onednn_plugin.cc
+// converts them): the allowed dtypes of type parameter "T". register_kernel_table (onednn_train.cc) registers a table
+// (which must outlive the plugin) for "cpu", its kernels computing with compute_kernel(..., dnnl_error_falls_back).
 struct TypedKernelInfo {
   const char* domain;
   const char* op_type;
@@ -178,6 +178,7 @@ struct TypedKernelInfo {
   const char* name;
   std::vector<int32_t> dtypes;
   Kernel* (*make)();
+  int32_t end_version = 0;  // 0: every later opset version too
 };
 keel_status_t register_kernel_table(const keel_host_api_t* host, keel_plugin_handle_t* plugin,
                                     const std::vector<TypedKernelInfo>& table, bool dnnl_error_falls_back);

@@ -151,18 +151,13 @@ Dims shape_key(const Ctx& c) {
 
 namespace {
 
-std::vector<KernelInfo>& all_kernels() {
-  static std::vector<KernelInfo> v;
+// The f32 kernels of onednn_conv.cc, onednn_matmul.cc and onednn_misc.cc as one registration table (filled by init).
+std::vector<TypedKernelInfo>& f32_kernels() {
+  static std::vector<TypedKernelInfo> v;
   return v;
 }
 
 keel_status_t make_status(int32_t code, const std::string& msg) { return g_host->status_create(code, msg.c_str()); }
-
-keel_status_t kernel_create(void* user_data, keel_kernel_context_t* ctx, void** out_state) {
-  return create_kernel(static_cast<const KernelInfo*>(user_data)->make, ctx, out_state);
-}
-
-keel_status_t kernel_compute(void* state, keel_kernel_context_t* ctx) { return compute_kernel(state, ctx, false); }
 
 }  // namespace
 
@@ -212,8 +207,6 @@ void release_kernel(void* state) { delete static_cast<Kernel*>(state); }
 
 namespace {
 
-const int32_t kF32[] = {KEEL_DTYPE_F32};
-
 keel_status_t onednn_init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
   if (!KEEL_HAS_MEMBER(host, keel_host_api_t, register_kernel) || host->kernel == nullptr ||
       !KEEL_HAS_MEMBER(host->kernel, keel_kernel_api_t, thread_count))
@@ -236,33 +229,12 @@ keel_status_t onednn_init(const keel_host_api_t* host, keel_plugin_handle_t* plu
   } catch (const std::exception& e) {
     return make_status(KEEL_STATUS_UNAVAILABLE, std::string("oneDNN CPU engine unavailable: ") + e.what());
   }
-  auto& kernels = all_kernels();
+  auto& kernels = f32_kernels();
   kernels.clear();
   for (auto* list : {&conv_kernels, &matmul_kernels, &misc_kernels})
-    for (const auto& k : list()) kernels.push_back(k);
-  // Which input/output type parameters are f32-only, per op (schema type-parameter names).
-  for (auto& info : kernels) {
-    keel_kernel_def_t def;
-    std::memset(&def, 0, sizeof def);
-    def.struct_size = sizeof def;
-    def.abi_major = KEEL_PLUGIN_ABI_MAJOR;
-    def.abi_minor = KEEL_PLUGIN_ABI_MINOR;
-    def.name = info.name;
-    def.domain = info.domain;
-    def.op_type = info.op_type;
-    def.since_version = info.since_version;
-    def.end_version = info.end_version;
-    def.device_type = "cpu";
-    keel_type_constraint_t tc{"T", kF32, 1};
-    def.constraints = &tc;
-    def.constraint_count = 1;
-    def.user_data = &info;
-    def.create = kernel_create;
-    def.compute = kernel_compute;
-    def.release = release_kernel;
-    keel_status_t st = host->register_kernel(plugin, &def);
-    if (st) return st;
-  }
+    for (const auto& k : list())
+      kernels.push_back({k.domain, k.op_type, k.since_version, k.name, {KEEL_DTYPE_F32}, k.make, k.end_version});
+  if (keel_status_t st = register_kernel_table(host, plugin, kernels, false)) return st;
   if (keel_status_t st = register_int8_kernels(host, plugin)) return st;  // onednn_int8.cc: keel.QConv, keel.QGemm
   if (keel_status_t st = register_bf16_kernels(host, plugin)) return st;  // onednn_bf16.cc (before train's)
   if (keel_status_t st = register_train_kernels(host, plugin)) return st;

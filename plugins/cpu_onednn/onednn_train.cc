@@ -875,7 +875,7 @@ keel_status_t register_kernel_table(const keel_host_api_t* host, keel_plugin_han
     def.domain = info.domain;
     def.op_type = info.op_type;
     def.since_version = info.since_version;
-    def.end_version = 0;
+    def.end_version = info.end_version;
     def.device_type = "cpu";
     keel_type_constraint_t tc{"T", info.dtypes.data(), info.dtypes.size()};
     def.constraints = &tc;
