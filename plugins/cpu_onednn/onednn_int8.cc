@@ -26,6 +26,8 @@
 #include <cstring>
 #include <exception>
 
+#include <omp.h>
+
 #include "onednn_common.h"
 
 namespace keel::onednn {
@@ -138,6 +140,17 @@ struct QuantSetup {
   }
 };
 
+// A plan's cache key: the shape key and the OpenMP thread count the plan is built under. oneDNN 2.6 fixes a
+// primitive's thread count when it is created (a brgemm convolution made under 2 threads runs on 2 even after
+// omp_set_num_threads(1), one made under 1 never uses 2), and setup() builds its plan before the kernel's thread
+// count is known (the create context has none; compute_kernel sets it before run()): run() then uses a plan built
+// under the session's thread count, the one from setup() where the counts agree.
+Dims plan_key(const Ctx& c) {
+  Dims k = shape_key(c);
+  k.push_back(omp_get_max_threads());
+  return k;
+}
+
 // Runtime zero-point memories (s32 scalars) a plan binds at execution.
 struct ZeroPoints {
   int32_t src = 0, dst = 0;
@@ -167,26 +180,41 @@ struct QPlan {
   dnnl::memory residual_user, residual_prim;
   dnnl::reorder residual_reorder;
   dnnl::reorder src_reorder, dst_reorder;
+  // An f32 X whose layout differs from the primitive's is first reordered to f32 in the primitive's layout
+  // (src_mid, workspace), then quantized without a transpose: two jit reorders, about half the time of one
+  // quantizing transpose (oneDNN 2.6, e.g. 1x24x56x56: 65 -> 34 us at 1 thread).
+  bool transpose_src = false;
+  dnnl::memory src_mid;
+  dnnl::reorder transpose_reorder;
   std::unique_ptr<ZeroPoints> zp = std::make_unique<ZeroPoints>();  // stable addresses for the memories
+  // The primitive's arguments, built once per plan (finish()); execute() only rebinds the data handles, which the
+  // map's memory objects share.
+  std::unordered_map<int, dnnl::memory> args, src_reorder_args;
+
+  void finish(bool has_bias) {
+    args = {{DNNL_ARG_SRC, src_prim}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst_prim}};
+    if (has_bias) args[DNNL_ARG_BIAS] = bias;
+    if (residual) args[DNNL_ARG_ATTR_MULTIPLE_POST_OP(static_cast<int>(residual_post_op)) | DNNL_ARG_SRC_1] = residual_prim;
+    zp->add_to(args);
+    src_reorder_args = {{DNNL_ARG_FROM, transpose_src ? src_mid : src_user}, {DNNL_ARG_TO, src_prim}};
+    if (quantize_src && zp->src != 0) src_reorder_args[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST] = zp->src_mem;
+  }
 };
 
-void execute(Ctx& c, QPlan& p, bool has_bias) {
+void execute(Ctx& c, QPlan& p) {
   keel_tensor_t* y = c.output(0, p.out_dims);
   auto& s = stream();
   bind(p.src_user, c.input(0)->data);
   bind(p.dst_user, y->data);
   if (p.reorder_src) {
     bind(p.src_prim, c.workspace(p.src_prim.get_desc().get_size()));
-    if (p.quantize_src && p.zp->src != 0)
-      p.src_reorder.execute(s, {{DNNL_ARG_FROM, p.src_user}, {DNNL_ARG_TO, p.src_prim},
-                                {DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST, p.zp->src_mem}});
-    else
-      p.src_reorder.execute(s, p.src_user, p.src_prim);
+    if (p.transpose_src) {
+      bind(p.src_mid, c.workspace(p.src_mid.get_desc().get_size()));
+      p.transpose_reorder.execute(s, p.src_user, p.src_mid);
+    }
+    p.src_reorder.execute(s, p.src_reorder_args);
   }
   if (p.reorder_dst) bind(p.dst_prim, c.workspace(p.dst_prim.get_desc().get_size()));
-  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, p.src_prim}, {DNNL_ARG_WEIGHTS, p.wei},
-                                             {DNNL_ARG_DST, p.dst_prim}};
-  if (has_bias) args[DNNL_ARG_BIAS] = p.bias;
   if (p.residual) {
     if (p.reorder_residual) {
       bind(p.residual_user, c.input(8)->data);
@@ -195,18 +223,18 @@ void execute(Ctx& c, QPlan& p, bool has_bias) {
     } else {
       bind(p.residual_prim, c.input(8)->data);
     }
-    args[DNNL_ARG_ATTR_MULTIPLE_POST_OP(static_cast<int>(p.residual_post_op)) | DNNL_ARG_SRC_1] = p.residual_prim;
   }
-  p.zp->add_to(args);
-  p.prim.execute(s, args);
+  p.prim.execute(s, p.args);
   if (p.reorder_dst) p.dst_reorder.execute(s, p.dst_prim, p.dst_user);
   s.wait();
 }
 
 // Plain memory + primitive memory (+ a reorder between them when the layouts differ; for an f32 X, the reorder
-// quantizes).
+// quantizes). `src_mid`, when not empty: the f32 X in the primitive's layout, the transpose's target before the
+// quantizing reorder (QPlan::transpose_src).
 void wire(QPlan& p, const QuantSetup& q, const dnnl::memory::desc& src_plain, const dnnl::memory::desc& src_md,
-          const dnnl::memory::desc& dst_plain, const dnnl::memory::desc& dst_md) {
+          const dnnl::memory::desc& dst_plain, const dnnl::memory::desc& dst_md,
+          const dnnl::memory::desc& src_mid = {}) {
   auto& eng = engine();
   p.src_user = dnnl::memory(src_plain, eng, nullptr);
   p.dst_user = dnnl::memory(dst_plain, eng, nullptr);
@@ -219,7 +247,13 @@ void wire(QPlan& p, const QuantSetup& q, const dnnl::memory::desc& src_plain, co
     dnnl::primitive_attr a;
     a.set_output_scales(0, {1.f / q.x_scale});
     if (q.x_zero != 0) a.set_zero_points(DNNL_ARG_DST, 0, {DNNL_RUNTIME_S32_VAL});
-    p.src_reorder = dnnl::reorder(dnnl::reorder::primitive_desc(eng, src_plain, eng, src_md, a));
+    p.transpose_src = p.reorder_src && !src_mid.is_zero() && src_mid != src_plain;
+    if (p.transpose_src) {
+      p.src_mid = dnnl::memory(src_mid, eng, nullptr);
+      p.transpose_reorder = dnnl::reorder(p.src_user, p.src_mid);
+    }
+    p.src_reorder = dnnl::reorder(dnnl::reorder::primitive_desc(eng, p.transpose_src ? src_mid : src_plain, eng,
+                                                                src_md, a));
   } else if (p.reorder_src) {
     p.src_reorder = dnnl::reorder(p.src_user, p.src_prim);
   }
@@ -269,16 +303,16 @@ class QConvKernel : public Kernel {
     nhwc_out_ = c.attr_s("output_layout", "NCHW") == "NHWC";
     nhwc_z_ = c.attr_s("residual_layout", nhwc_out_ ? "NHWC" : "NCHW") == "NHWC";
     if (c.output_count() > 1) throw Reject{"extra outputs"};
-    if (c.dims_known(0)) plans_.get(shape_key(c), [&] { return build(c.dims(0)); });
+    if (c.dims_known(0)) plans_.get(plan_key(c), [&] { return build(c.dims(0)); });
   }
 
   void run(Ctx& c) override {
     const Dims x = c.dims(0);
-    QPlan& p = plans_.get(shape_key(c), [&] { return build(x); });
+    QPlan& p = plans_.get(plan_key(c), [&] { return build(x); });
     if (q_.residual && c.dims(8) != p.out_dims)
       throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "QConv: Z " + dims_str(c.dims(8)) + " must have the output's shape " +
                                                       dims_str(p.out_dims)};
-    execute(c, p, !q_.bias.empty());
+    execute(c, p);
   }
 
  private:
@@ -313,9 +347,12 @@ class QConvKernel : public Kernel {
     dnnl::convolution_forward::primitive_desc pd(d, q_.attr(1, z_md), engine());
     p->prim = dnnl::convolution_forward(pd);
     static const tag wtag[2][3] = {{tag::oiw, tag::oihw, tag::oidhw}, {tag::goiw, tag::goihw, tag::goidhw}};
+    // An f32 X in the plain layout for a channels-last primitive: transposed in f32, then quantized.
+    const dnnl::memory::desc src_last(to_dnnl(x), xt, last[r - 1]),
+        src_mid = q_.x_f32 && !nhwc_in_ && pd.src_desc() == src_last
+                      ? dnnl::memory::desc(to_dnnl(x), dt::f32, last[r - 1]) : none;
     wire(*p, q_, dnnl::memory::desc(to_dnnl(x), q_.x_f32 ? dt::f32 : xt, nhwc_in_ ? last[r - 1] : plain[r - 1]),
-         pd.src_desc(),
-         dnnl::memory::desc(to_dnnl(y), yt, y_tag), pd.dst_desc());
+         pd.src_desc(), dnnl::memory::desc(to_dnnl(y), yt, y_tag), pd.dst_desc(), src_mid);
     if (q_.residual) {
       p->residual = true;
       p->residual_post_op = 0;
@@ -329,6 +366,7 @@ class QConvKernel : public Kernel {
     p->wei = prepack(dnnl::memory::desc(to_dnnl(wei), dt::s8, wtag[group_ > 1][r - 1]), pd.weights_desc(), w_.data());
     if (!q_.bias.empty()) p->bias = bias_memory(q_.bias, bias_md);
     p->zp->make(q_);
+    p->finish(!q_.bias.empty());
     return p;
   }
 
@@ -357,12 +395,12 @@ class QGemmKernel : public Kernel {
     const int8_t* w = c.data<int8_t>(1);
     w_.assign(w, w + numel(w_dims_));
     if (c.output_count() > 1) throw Reject{"extra outputs"};
-    if (c.dims_known(0)) plans_.get(shape_key(c), [&] { return build(c.dims(0)); });
+    if (c.dims_known(0)) plans_.get(plan_key(c), [&] { return build(c.dims(0)); });
   }
 
   void run(Ctx& c) override {
     const Dims x = c.dims(0);
-    execute(c, plans_.get(shape_key(c), [&] { return build(x); }), !q_.bias.empty());
+    execute(c, plans_.get(plan_key(c), [&] { return build(x); }));
   }
 
  private:
@@ -384,6 +422,7 @@ class QGemmKernel : public Kernel {
     p->wei = prepack(dnnl::memory::desc({K_, N_}, dt::s8, trans_b_ ? tag::ba : tag::ab), pd.weights_desc(), w_.data());
     if (!q_.bias.empty()) p->bias = bias_memory(q_.bias, bias_md);
     p->zp->make(q_);
+    p->finish(!q_.bias.empty());
     return p;
   }
 
@@ -415,12 +454,12 @@ class QdqKernel : public Kernel {
       throw Reject{"f32 <-> u8/s8 only"};
     if (c.has_input(2) && c.dtype(2) != q_type_) throw Reject{"zero point type"};
     if (c.output_count() > 1) throw Reject{"extra outputs"};
-    if (c.dims_known(0)) plans_.get(shape_key(c), [&] { return build(c.dims(0)); });
+    if (c.dims_known(0)) plans_.get(plan_key(c), [&] { return build(c.dims(0)); });
   }
 
   void run(Ctx& c) override {
     const Dims x = c.dims(0);
-    Plan& p = plans_.get(shape_key(c), [&] { return build(x); });
+    Plan& p = plans_.get(plan_key(c), [&] { return build(x); });
     keel_tensor_t* y = c.output(0, x);
     if (p.empty) return;
     bind(p.src, c.input(0)->data);
