@@ -590,6 +590,7 @@ class Builder {
   void exec_scale_weights(const dnnl::memory& wmem, const md_t& wplain, const std::string& chan_scale);
   // Mul outputs folded into their 1x1 convolution (fold_channel_scale): output -> (the data, the [1,C,1,1] scale).
   std::map<std::string, std::pair<std::string, std::string>> se_folds_;
+  bool conv_residual_merged(size_t i);
   bool conv_dw_fused(size_t i, const Fusion& f, const md_t& src, const md_t& wany, const md_t& bmd,
                      const std::vector<float>& w, const std::vector<float>& bias, double flops);
   void matmul(size_t i);
@@ -1174,6 +1175,7 @@ bool Builder::conv_as_gemv(size_t i, const Fusion& f, const std::vector<float>& 
 // Conv, 2-D, constant weights (and bias).
 void Builder::conv(size_t i) {
   const NodeDesc& n = r_.nodes[i];
+  if (conv_residual_merged(i)) return;
   Dims x = dims_of(n.in[0]);
   const ConstT* W = cst(n.in_at(1));
   const ConstT* B = n.in_at(2).empty() ? nullptr : cst(n.in_at(2));
@@ -1302,6 +1304,118 @@ void Builder::conv(size_t i) {
   md_t wplain(to_dnnl(wd), dt::f32, weights_tag(sp, g > 1, false));
   conv_like_tail(i, f, dnnl::convolution_forward(*pd), pd->src_desc(), pd->weights_desc(), pd->dst_desc(), wplain,
                  w, has_bias, bias, conv_flops, {}, src_name, chan_scale);
+}
+
+// ResNet's bottleneck end, y = Conv1x1(h) + Conv1x1_s(x) (the last convolution of the block and the projection
+// shortcut, stride s = 1 or 2, both without padding, read only by that Add), as one 1x1 convolution over the
+// channels of h and of x (every s-th row and column) side by side, with the weights [W_h | W_x] and the biases
+// summed: the shortcut's output never goes to memory and back for a sum post-op, oneDNN's strided 1x1 (which
+// gathers the strided source per thread) is not used, and the reduction is longer. h is reordered (or copied) into
+// the first channels of an nChw16c buffer, x subsampled into the rest through a strided view of its nChw16c memory.
+// Post-ops: what follows the Add (Relu). Batch 1, f32, channels multiples of 16, node `i` being the first of the two
+// convolutions; false, changing nothing, otherwise or when oneDNN offers no jit kernel.
+bool Builder::conv_residual_merged(size_t i) {
+  if (act_ != dt::f32) return false;
+  auto unit_conv = [&](const NodeDesc& c, int64_t* stride) {
+    if (c.op != "Conv" || c.in.size() < 2 || c.out.size() != 1 || c.ai("group", 1) != 1) return false;
+    const ConstT* W = cst(c.in_at(1));
+    if (!W || W->dtype != KEEL_DTYPE_F32 || W->dims.size() != 4 || W->dims[2] != 1 || W->dims[3] != 1) return false;
+    if (!c.in_at(2).empty() && (!cst(c.in_at(2)) || cst(c.in_at(2))->count() != W->dims[0])) return false;
+    const std::string ap = c.as("auto_pad", "NOTSET");
+    if ((ap != "NOTSET" && !ap.empty() && ap != "VALID") || c.ais("pads", {0, 0, 0, 0}) != Dims{0, 0, 0, 0} ||
+        c.ais("dilations", {1, 1}) != Dims{1, 1})
+      return false;
+    Dims st = c.ais("strides", {1, 1});
+    if (st.size() != 2 || st[0] != st[1] || (st[0] != 1 && st[0] != 2)) return false;
+    *stride = st[0];
+    const std::string& in = c.in[0];
+    return vals_.count(in) > 0 && !pad_folds_.count(in) && !se_folds_.count(in) && vals_[in].scale == 1.f &&
+           vals_[in].md.data_type() == dt::f32;
+  };
+  const NodeDesc& n = r_.nodes[i];
+  int64_t si = 0, sj = 0;
+  if (!unit_conv(n, &si) || si != 1) return false;
+  const size_t a = sole_user(n.out[0]);
+  if (a == npos) return false;
+  const NodeDesc& an = r_.nodes[a];
+  if (an.op != "Add" || an.in.size() != 2 || an.out.size() != 1 || an.in[0] == an.in[1]) return false;
+  const std::string& other = an.in[0] == n.out[0] ? an.in[1] : an.in[0];
+  size_t j = npos;
+  for (size_t k = 0; k < r_.nodes.size(); ++k)
+    if (!r_.nodes[k].out.empty() && r_.nodes[k].out[0] == other) j = k;
+  if (j == npos || j == i || done_[j] || sole_user(other) != a) return false;
+  const NodeDesc& jn = r_.nodes[j];
+  if (!unit_conv(jn, &sj) || sj != 2) return false;
+  const Dims h = dims_of(n.in[0]), x = dims_of(jn.in[0]), y = dims_of(an.out[0]);
+  const ConstT *Wi = cst(n.in_at(1)), *Wj = cst(jn.in_at(1));
+  const int64_t M = Wi->dims[0], Ch = h[1], Cx = x[1];
+  if (h.size() != 4 || x.size() != 4 || h[0] != 1 || x[0] != 1 || Wj->dims[0] != M || Wi->dims[1] != Ch ||
+      Wj->dims[1] != Cx || Ch % 16 || Cx % 16 || M % 16)
+    return false;
+  if ((x[2] - 1) / sj + 1 != h[2] || (x[3] - 1) / sj + 1 != h[3] || y != Dims{1, M, h[2], h[3]}) return false;
+  const Val xv = vals_[jn.in[0]];
+  const md_t xblocked(to_dnnl(x), dt::f32, tag::nChw16c);
+  if (sj != 1 && xv.md != xblocked) return false;  // the strided view is of nChw16c memory
+  Fusion f = fuse_after(an.out[0], a, true, M);
+  if (f.silu_pass) return false;
+  // Weights [M, Ch + Cx] and the summed bias, with the folds after the Add applied.
+  const int64_t K = Ch + Cx;
+  std::vector<float> w(M * K), bias(M, 0.f);
+  for (int64_t m = 0; m < M; ++m) {
+    std::copy(Wi->f32() + m * Ch, Wi->f32() + (m + 1) * Ch, w.begin() + m * K);
+    std::copy(Wj->f32() + m * Cx, Wj->f32() + (m + 1) * Cx, w.begin() + m * K + Ch);
+  }
+  for (const NodeDesc* c : {&n, &jn})
+    if (const ConstT* B = c->in_at(2).empty() ? nullptr : cst(c->in_at(2)))
+      for (int64_t m = 0; m < M; ++m) bias[m] += static_cast<float>(B->at(m));
+  if (!f.bn_scale.empty())
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t k = 0; k < K; ++k) w[m * K + k] *= f.bn_scale[m];
+      bias[m] = bias[m] * f.bn_scale[m] + f.bn_shift[m];
+    }
+  for (size_t k = 0; k < f.conv_bias_add.size(); ++k) bias[k] += f.conv_bias_add[k];
+  const Dims cat{1, K, h[2], h[3]};
+  const md_t cmd(to_dnnl(cat), dt::f32, tag::nChw16c), hmd(to_dnnl(h), dt::f32, tag::nChw16c),
+      xsmd(to_dnnl(Dims{1, Cx, h[2], h[3]}), dt::f32, tag::nChw16c);
+  dnnl::primitive_attr attr;
+  attr.set_post_ops(f.po);
+  std::unique_ptr<dnnl::convolution_forward::primitive_desc> pd;
+  try {
+    dnnl::convolution_forward::desc cd(dnnl::prop_kind::forward_inference, alg::convolution_direct, cmd,
+                                       md_t({M, K, 1, 1}, dt::f32, tag::any), md_t({M}, dt::f32, tag::a),
+                                       md_t(to_dnnl(y), dt::f32, tag::nChw16c), {1, 1}, {0, 0}, {0, 0});
+    pd = std::make_unique<dnnl::convolution_forward::primitive_desc>(cd, attr, engine());
+  } catch (const dnnl::error&) {
+    return false;
+  }
+  if (std::string(pd->impl_info_str()).rfind("jit_1x1", 0) != 0 || pd->src_desc() != cmd) return false;
+  // The side-by-side source: h reordered into its first Ch channels, x (subsampled) into the next Cx.
+  const std::string key = n.out[0] + "#merged_source";
+  Val& cv = define(key, cmd);
+  const int cbuf = cv.buf;
+  const uint64_t coff = cv.off, xoff = coff + static_cast<uint64_t>(Ch) * h[2] * h[3] * sizeof(float);
+  {
+    const Val hv = vals_[n.in[0]];
+    dnnl::memory s1 = mem_of(hv), d1 = mem_at(hmd, cbuf, coff);
+    layout_reorder_ = true;
+    exec(dnnl::reorder(s1, d1), {{DNNL_ARG_FROM, s1}, {DNNL_ARG_TO, d1}});
+    dnnl_memory_desc_t vd = xblocked.data;
+    if (sj != 1) {
+      vd.dims[2] = vd.padded_dims[2] = h[2];
+      vd.dims[3] = vd.padded_dims[3] = h[3];
+      vd.format_desc.blocking.strides[2] *= sj;
+      vd.format_desc.blocking.strides[3] *= sj;
+    }
+    dnnl::memory s2 = mem_at(sj != 1 ? md_t(vd) : xv.md, xv.buf, xv.off), d2 = mem_at(xsmd, cbuf, xoff);
+    exec(dnnl::reorder(s2, d2), {{DNNL_ARG_FROM, s2}, {DNNL_ARG_TO, d2}});
+    layout_reorder_ = false;
+  }
+  f.nodes.push_back(j);
+  f.nodes.push_back(a);
+  md_t wplain(to_dnnl(Dims{M, K, 1, 1}), dt::f32, tag::oihw);
+  conv_like_tail(i, f, dnnl::convolution_forward(*pd), cmd, pd->weights_desc(), pd->dst_desc(), wplain, w, true,
+                 bias, 2.0 * M * K * h[2] * h[3], {}, key, "");
+  return true;
 }
 
 // A 1x1 convolution (stride 1, its post-ops in `f`) whose sole consumer is a 3x3 depthwise convolution (stride 1

@@ -1027,6 +1027,31 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // ResNet-50's strided bottleneck at batch 1: the block's last 1x1 convolution and the stride-2 projection
+    // shortcut added after it run as one 1x1 convolution over both sources side by side (the oneDNN device's
+    // conv_residual_merged), odd spatial size (every other row and column of 15), then Relu and a second block.
+    OpCase c;
+    c.op = "Chain";
+    c.claim_whole = true;
+    c.label = "bottleneck stride 2, batch 1: last 1x1 and the strided projection shortcut as one convolution";
+    c.inputs = {in("X", {1, 32, 15, 15}), in("W0", {32, 32, 1, 1}, true, -0.4f, 0.4f), in("B0", {32}, true),
+                in("W1", {48, 32, 3, 3}, true, -0.2f, 0.2f), in("B1", {48}, true),
+                in("W2", {64, 48, 1, 1}, true, -0.3f, 0.3f), in("B2", {64}, true),
+                in("WD", {64, 32, 1, 1}, true, -0.3f, 0.3f), in("BD", {64}, true),
+                in("WX", {64, 64, 1, 1}, true, -0.3f, 0.3f)};
+    c.chain = {conv({"X", "W0", "B0"}, 1, 1, 0),
+               {"Relu", {"$0"}, {}},
+               conv({"$1", "W1", "B1"}, 3, 2, 1),  // [1,48,8,8]
+               {"Relu", {"$2"}, {}},
+               conv({"$3", "W2", "B2"}, 1, 1, 0),
+               conv({"$1", "WD", "BD"}, 1, 2, 0),  // [1,64,8,8]
+               {"Add", {"$4", "$5"}, {}},
+               {"Relu", {"$6"}, {}},
+               conv({"$7", "WX"}, 1, 1, 0),
+               {"Add", {"$8", "$7"}, {}}};
+    v.push_back(c);
+  }
+  {
     // A dilated 3x3 (no Winograd) over 32 channels: brgemm in nhwc, read by an Add with its own input and a global
     // average pool.
     OpCase c;
