@@ -1306,14 +1306,15 @@ void Builder::conv(size_t i) {
                  w, has_bias, bias, conv_flops, {}, src_name, chan_scale);
 }
 
-// ResNet's bottleneck end, y = Conv1x1(h) + Conv1x1_s(x) (the last convolution of the block and the projection
-// shortcut, stride s = 1 or 2, both without padding, read only by that Add), as one 1x1 convolution over the
-// channels of h and of x (every s-th row and column) side by side, with the weights [W_h | W_x] and the biases
+// ResNet's strided bottleneck end, y = Conv1x1(h) + Conv1x1_s2(x) (the last convolution of the block and the
+// stride-2 projection shortcut, both without padding, read only by that Add), as one 1x1 convolution over the
+// channels of h and of x (every other row and column) side by side, with the weights [W_h | W_x] and the biases
 // summed: the shortcut's output never goes to memory and back for a sum post-op, oneDNN's strided 1x1 (which
-// gathers the strided source per thread) is not used, and the reduction is longer. h is reordered (or copied) into
-// the first channels of an nChw16c buffer, x subsampled into the rest through a strided view of its nChw16c memory.
-// Post-ops: what follows the Add (Relu). Batch 1, f32, channels multiples of 16, node `i` being the first of the two
-// convolutions; false, changing nothing, otherwise or when oneDNN offers no jit kernel.
+// gathers the strided source per thread) is not used, and the reduction is longer. h is reordered into the first
+// channels of an nChw16c buffer, x subsampled into the rest through a strided view of its nChw16c memory. Post-ops:
+// what follows the Add (Relu). Batch 1, f32, channels multiples of 16, node `i` being the first of the two
+// convolutions; false, changing nothing, otherwise or when oneDNN offers no jit kernel. (With a stride-1 shortcut,
+// ResNet-50's layer1.0, h and x copied into one buffer made it slower: PERFORMANCE.md.)
 bool Builder::conv_residual_merged(size_t i) {
   if (act_ != dt::f32) return false;
   auto unit_conv = [&](const NodeDesc& c, int64_t* stride) {
@@ -1347,15 +1348,14 @@ bool Builder::conv_residual_merged(size_t i) {
   const NodeDesc& jn = r_.nodes[j];
   if (!unit_conv(jn, &sj) || sj != 2) return false;
   const Dims h = dims_of(n.in[0]), x = dims_of(jn.in[0]), y = dims_of(an.out[0]);
+  if (h.size() != 4 || x.size() != 4 || h[0] != 1 || x[0] != 1) return false;
   const ConstT *Wi = cst(n.in_at(1)), *Wj = cst(jn.in_at(1));
   const int64_t M = Wi->dims[0], Ch = h[1], Cx = x[1];
-  if (h.size() != 4 || x.size() != 4 || h[0] != 1 || x[0] != 1 || Wj->dims[0] != M || Wi->dims[1] != Ch ||
-      Wj->dims[1] != Cx || Ch % 16 || Cx % 16 || M % 16)
-    return false;
+  if (Wj->dims[0] != M || Wi->dims[1] != Ch || Wj->dims[1] != Cx || Ch % 16 || Cx % 16 || M % 16) return false;
   if ((x[2] - 1) / sj + 1 != h[2] || (x[3] - 1) / sj + 1 != h[3] || y != Dims{1, M, h[2], h[3]}) return false;
   const Val xv = vals_[jn.in[0]];
   const md_t xblocked(to_dnnl(x), dt::f32, tag::nChw16c);
-  if (sj != 1 && xv.md != xblocked) return false;  // the strided view is of nChw16c memory
+  if (xv.md != xblocked) return false;  // the strided view is of nChw16c memory
   Fusion f = fuse_after(an.out[0], a, true, M);
   if (f.silu_pass) return false;
   // Weights [M, Ch + Cx] and the summed bias, with the folds after the Add applied.
@@ -1399,19 +1399,16 @@ bool Builder::conv_residual_merged(size_t i) {
     dnnl::memory s1 = mem_of(hv), d1 = mem_at(hmd, cbuf, coff);
     layout_reorder_ = true;
     exec(dnnl::reorder(s1, d1), {{DNNL_ARG_FROM, s1}, {DNNL_ARG_TO, d1}});
-    dnnl_memory_desc_t vd = xblocked.data;
-    if (sj != 1) {
-      vd.dims[2] = vd.padded_dims[2] = h[2];
-      vd.dims[3] = vd.padded_dims[3] = h[3];
-      vd.format_desc.blocking.strides[2] *= sj;
-      vd.format_desc.blocking.strides[3] *= sj;
-    }
-    dnnl::memory s2 = mem_at(sj != 1 ? md_t(vd) : xv.md, xv.buf, xv.off), d2 = mem_at(xsmd, cbuf, xoff);
+    dnnl_memory_desc_t vd = xblocked.data;  // every sj-th row and column: the strides times sj
+    vd.dims[2] = vd.padded_dims[2] = h[2];
+    vd.dims[3] = vd.padded_dims[3] = h[3];
+    vd.format_desc.blocking.strides[2] *= sj;
+    vd.format_desc.blocking.strides[3] *= sj;
+    dnnl::memory s2 = mem_at(md_t(vd), xv.buf, xv.off), d2 = mem_at(xsmd, cbuf, xoff);
     exec(dnnl::reorder(s2, d2), {{DNNL_ARG_FROM, s2}, {DNNL_ARG_TO, d2}});
     layout_reorder_ = false;
   }
-  f.nodes.push_back(j);
-  f.nodes.push_back(a);
+  f.nodes.insert(f.nodes.begin(), {j, a});  // before the fused nodes: an Add among those is a sum post-op's
   md_t wplain(to_dnnl(Dims{M, K, 1, 1}), dt::f32, tag::oihw);
   conv_like_tail(i, f, dnnl::convolution_forward(*pd), cmd, pd->weights_desc(), pd->dst_desc(), wplain, w, true,
                  bias, 2.0 * M * K * h[2] * h[3], {}, key, "");
