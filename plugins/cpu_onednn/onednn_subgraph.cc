@@ -31,7 +31,8 @@
 // (ai.onnx 20 or keel.Gelu), Add/Sub/Mul/Div (same shape, a broadcast constant, or a [N,C,1,1] value),
 // MaxPool/AveragePool (1-D, 2-D, 3-D), GlobalAveragePool/GlobalMaxPool, Concat, MatMul, Gemm, Softmax (last axis),
 // LayerNormalization (last axis; ai.onnx 17, keel.LayerNormalization, or the decomposed pattern), Transpose, Slice
-// (step 1), Reshape, Flatten, Squeeze, Unsqueeze, Identity, Cast (f32 <-> bf16), Pad (all-zero pads: a view).
+// (step 1), Reshape, Flatten, Squeeze, Unsqueeze, Identity, Cast (f32 <-> bf16), Pad (constant mode: all-zero pads
+// are a view; spatial pads are folded into the padding of the Conv/MaxPool/AveragePool reading them where exact).
 // 1-D convolutions and poolings run as 2-D ones over [N,C,1,L] (lift_1d rewrites the recipe at claim time); a
 // MatMul read only by a Transpose writes the transposed layout directly.
 #include <immintrin.h>
@@ -589,6 +590,7 @@ class Builder {
   void exec_scale_weights(const dnnl::memory& wmem, const md_t& wplain, const std::string& chan_scale);
   // Mul outputs folded into their 1x1 convolution (fold_channel_scale): output -> (the data, the [1,C,1,1] scale).
   std::map<std::string, std::pair<std::string, std::string>> se_folds_;
+  bool conv_residual_merged(size_t i);
   bool conv_dw_fused(size_t i, const Fusion& f, const md_t& src, const md_t& wany, const md_t& bmd,
                      const std::vector<float>& w, const std::vector<float>& bias, double flops);
   void matmul(size_t i);
@@ -605,6 +607,16 @@ class Builder {
   void transpose(size_t i);
   void slice(size_t i);
   void pad(size_t i);
+  // A Pad folded into the padding of every node reading it (pad): its output -> (its input, the spatial pads added
+  // at the start and at the end of each spatial axis). The Pad's output has no memory of its own.
+  struct PadFold {
+    std::string in;
+    Dims begin, end;
+  };
+  std::map<std::string, PadFold> pad_folds_;
+  bool pad_foldable_into(size_t u, const std::string& v, const std::string& src, const Dims& begin, const Dims& end,
+                         float value);
+  bool non_negative(const std::string& v) const;
   void outputs();
   void plan_workspace();
 
@@ -1163,6 +1175,7 @@ bool Builder::conv_as_gemv(size_t i, const Fusion& f, const std::vector<float>& 
 // Conv, 2-D, constant weights (and bias).
 void Builder::conv(size_t i) {
   const NodeDesc& n = r_.nodes[i];
+  if (conv_residual_merged(i)) return;
   Dims x = dims_of(n.in[0]);
   const ConstT* W = cst(n.in_at(1));
   const ConstT* B = n.in_at(2).empty() ? nullptr : cst(n.in_at(2));
@@ -1200,6 +1213,13 @@ void Builder::conv(size_t i) {
     if (span < 0) throw Reject{"kernel larger than the padded input"};
     y[2 + k] = span / s[k] + 1;
   }
+  // A Pad folded into this convolution (pad): read its input, with the Pad's pads added to the convolution's.
+  std::string src_name = n.in[0], chan_scale;
+  if (auto pf = pad_folds_.find(n.in[0]); pf != pad_folds_.end()) {
+    src_name = pf->second.in;
+    x = dims_of(src_name);
+    for (size_t k = 0; k < sp; ++k) pl[k] += pf->second.begin[k], pr[k] += pf->second.end[k];
+  }
   Fusion f = fuse_after(n.out[0], i, true, M);
   f.silu_pass = take_silu(f);
   // Weights and bias with folds applied.
@@ -1223,7 +1243,6 @@ void Builder::conv(size_t i) {
   wd.insert(wd.end(), ks.begin(), ks.end());
   md_t wany(to_dnnl(wd), act_, tag::any), bmd({M}, dt::f32, tag::a), none;
   // A squeeze-excite Mul folded into this convolution (fold_channel_scale): read its data operand, scale weights.
-  std::string src_name = n.in[0], chan_scale;
   if (auto fd = se_folds_.find(n.in[0]); fd != se_folds_.end()) std::tie(src_name, chan_scale) = fd->second;
   const Val& xv = val(src_name);
   // Source: the producer's layout when blocked and of this node's type; the plain layout only for few channels (the
@@ -1285,6 +1304,115 @@ void Builder::conv(size_t i) {
   md_t wplain(to_dnnl(wd), dt::f32, weights_tag(sp, g > 1, false));
   conv_like_tail(i, f, dnnl::convolution_forward(*pd), pd->src_desc(), pd->weights_desc(), pd->dst_desc(), wplain,
                  w, has_bias, bias, conv_flops, {}, src_name, chan_scale);
+}
+
+// ResNet's strided bottleneck end, y = Conv1x1(h) + Conv1x1_s2(x) (the last convolution of the block and the
+// stride-2 projection shortcut, both without padding, read only by that Add), as one 1x1 convolution over the
+// channels of h and of x (every other row and column) side by side, with the weights [W_h | W_x] and the biases
+// summed: the shortcut's output never goes to memory and back for a sum post-op, oneDNN's strided 1x1 (which
+// gathers the strided source per thread) is not used, and the reduction is longer. h is reordered into the first
+// channels of an nChw16c buffer, x subsampled into the rest through a strided view of its nChw16c memory. Post-ops:
+// what follows the Add (Relu). Batch 1, f32, channels multiples of 16, node `i` being the first of the two
+// convolutions; false, changing nothing, otherwise or when oneDNN offers no jit kernel. (With a stride-1 shortcut,
+// ResNet-50's layer1.0, h and x copied into one buffer made it slower: PERFORMANCE.md.)
+bool Builder::conv_residual_merged(size_t i) {
+  if (act_ != dt::f32) return false;
+  auto unit_conv = [&](const NodeDesc& c, int64_t* stride) {
+    if (c.op != "Conv" || c.in.size() < 2 || c.out.size() != 1 || c.ai("group", 1) != 1) return false;
+    const ConstT* W = cst(c.in_at(1));
+    if (!W || W->dtype != KEEL_DTYPE_F32 || W->dims.size() != 4 || W->dims[2] != 1 || W->dims[3] != 1) return false;
+    if (!c.in_at(2).empty() && (!cst(c.in_at(2)) || cst(c.in_at(2))->count() != W->dims[0])) return false;
+    const std::string ap = c.as("auto_pad", "NOTSET");
+    if ((ap != "NOTSET" && !ap.empty() && ap != "VALID") || c.ais("pads", {0, 0, 0, 0}) != Dims{0, 0, 0, 0} ||
+        c.ais("dilations", {1, 1}) != Dims{1, 1})
+      return false;
+    Dims st = c.ais("strides", {1, 1});
+    if (st.size() != 2 || st[0] != st[1] || (st[0] != 1 && st[0] != 2)) return false;
+    *stride = st[0];
+    const std::string& in = c.in[0];
+    return vals_.count(in) > 0 && !pad_folds_.count(in) && !se_folds_.count(in) && vals_[in].scale == 1.f &&
+           vals_[in].md.data_type() == dt::f32;
+  };
+  const NodeDesc& n = r_.nodes[i];
+  int64_t si = 0, sj = 0;
+  if (!unit_conv(n, &si) || si != 1) return false;
+  const size_t a = sole_user(n.out[0]);
+  if (a == npos) return false;
+  const NodeDesc& an = r_.nodes[a];
+  if (an.op != "Add" || an.in.size() != 2 || an.out.size() != 1 || an.in[0] == an.in[1]) return false;
+  const std::string& other = an.in[0] == n.out[0] ? an.in[1] : an.in[0];
+  size_t j = npos;
+  for (size_t k = 0; k < r_.nodes.size(); ++k)
+    if (!r_.nodes[k].out.empty() && r_.nodes[k].out[0] == other) j = k;
+  if (j == npos || j == i || done_[j] || sole_user(other) != a) return false;
+  const NodeDesc& jn = r_.nodes[j];
+  if (!unit_conv(jn, &sj) || sj != 2) return false;
+  const Dims h = dims_of(n.in[0]), x = dims_of(jn.in[0]), y = dims_of(an.out[0]);
+  if (h.size() != 4 || x.size() != 4 || h[0] != 1 || x[0] != 1) return false;
+  const ConstT *Wi = cst(n.in_at(1)), *Wj = cst(jn.in_at(1));
+  const int64_t M = Wi->dims[0], Ch = h[1], Cx = x[1];
+  if (Wj->dims[0] != M || Wi->dims[1] != Ch || Wj->dims[1] != Cx || Ch % 16 || Cx % 16 || M % 16) return false;
+  if ((x[2] - 1) / sj + 1 != h[2] || (x[3] - 1) / sj + 1 != h[3] || y != Dims{1, M, h[2], h[3]}) return false;
+  const Val xv = vals_[jn.in[0]];
+  const md_t xblocked(to_dnnl(x), dt::f32, tag::nChw16c);
+  if (xv.md != xblocked) return false;  // the strided view is of nChw16c memory
+  Fusion f = fuse_after(an.out[0], a, true, M);
+  if (f.silu_pass) return false;
+  // Weights [M, Ch + Cx] and the summed bias, with the folds after the Add applied.
+  const int64_t K = Ch + Cx;
+  std::vector<float> w(M * K), bias(M, 0.f);
+  for (int64_t m = 0; m < M; ++m) {
+    std::copy(Wi->f32() + m * Ch, Wi->f32() + (m + 1) * Ch, w.begin() + m * K);
+    std::copy(Wj->f32() + m * Cx, Wj->f32() + (m + 1) * Cx, w.begin() + m * K + Ch);
+  }
+  for (const NodeDesc* c : {&n, &jn})
+    if (const ConstT* B = c->in_at(2).empty() ? nullptr : cst(c->in_at(2)))
+      for (int64_t m = 0; m < M; ++m) bias[m] += static_cast<float>(B->at(m));
+  if (!f.bn_scale.empty())
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t k = 0; k < K; ++k) w[m * K + k] *= f.bn_scale[m];
+      bias[m] = bias[m] * f.bn_scale[m] + f.bn_shift[m];
+    }
+  for (size_t k = 0; k < f.conv_bias_add.size(); ++k) bias[k] += f.conv_bias_add[k];
+  const Dims cat{1, K, h[2], h[3]};
+  const md_t cmd(to_dnnl(cat), dt::f32, tag::nChw16c), hmd(to_dnnl(h), dt::f32, tag::nChw16c),
+      xsmd(to_dnnl(Dims{1, Cx, h[2], h[3]}), dt::f32, tag::nChw16c);
+  dnnl::primitive_attr attr;
+  attr.set_post_ops(f.po);
+  std::unique_ptr<dnnl::convolution_forward::primitive_desc> pd;
+  try {
+    dnnl::convolution_forward::desc cd(dnnl::prop_kind::forward_inference, alg::convolution_direct, cmd,
+                                       md_t({M, K, 1, 1}, dt::f32, tag::any), md_t({M}, dt::f32, tag::a),
+                                       md_t(to_dnnl(y), dt::f32, tag::nChw16c), {1, 1}, {0, 0}, {0, 0});
+    pd = std::make_unique<dnnl::convolution_forward::primitive_desc>(cd, attr, engine());
+  } catch (const dnnl::error&) {
+    return false;
+  }
+  if (std::string(pd->impl_info_str()).rfind("jit_1x1", 0) != 0 || pd->src_desc() != cmd) return false;
+  // The side-by-side source: h reordered into its first Ch channels, x (subsampled) into the next Cx.
+  const std::string key = n.out[0] + "#merged_source";
+  Val& cv = define(key, cmd);
+  const int cbuf = cv.buf;
+  const uint64_t coff = cv.off, xoff = coff + static_cast<uint64_t>(Ch) * h[2] * h[3] * sizeof(float);
+  {
+    const Val hv = vals_[n.in[0]];
+    dnnl::memory s1 = mem_of(hv), d1 = mem_at(hmd, cbuf, coff);
+    layout_reorder_ = true;
+    exec(dnnl::reorder(s1, d1), {{DNNL_ARG_FROM, s1}, {DNNL_ARG_TO, d1}});
+    dnnl_memory_desc_t vd = xblocked.data;  // every sj-th row and column: the strides times sj
+    vd.dims[2] = vd.padded_dims[2] = h[2];
+    vd.dims[3] = vd.padded_dims[3] = h[3];
+    vd.format_desc.blocking.strides[2] *= sj;
+    vd.format_desc.blocking.strides[3] *= sj;
+    dnnl::memory s2 = mem_at(md_t(vd), xv.buf, xv.off), d2 = mem_at(xsmd, cbuf, xoff);
+    exec(dnnl::reorder(s2, d2), {{DNNL_ARG_FROM, s2}, {DNNL_ARG_TO, d2}});
+    layout_reorder_ = false;
+  }
+  f.nodes.insert(f.nodes.begin(), {j, a});  // before the fused nodes: an Add among those is a sum post-op's
+  md_t wplain(to_dnnl(Dims{M, K, 1, 1}), dt::f32, tag::oihw);
+  conv_like_tail(i, f, dnnl::convolution_forward(*pd), cmd, pd->weights_desc(), pd->dst_desc(), wplain, w, true,
+                 bias, 2.0 * M * K * h[2] * h[3], {}, key, "");
+  return true;
 }
 
 // A 1x1 convolution (stride 1, its post-ops in `f`) whose sole consumer is a 3x3 depthwise convolution (stride 1
@@ -1770,10 +1898,18 @@ void Builder::pool(size_t i) {
   }
   Dims y{x[0], x[1]};
   y.insert(y.end(), out.begin(), out.end());
+  // A Pad folded into this pooling (pad): read its input, the Pad's pads added to the pooling's (counted by an
+  // average: pad_foldable_into admits only that case).
+  std::string src_name = n.in[0];
+  const auto pf = global ? pad_folds_.end() : pad_folds_.find(n.in[0]);
+  if (pf != pad_folds_.end()) {
+    src_name = pf->second.in;
+    for (size_t j = 0; j < sp; ++j) pl[j] += pf->second.begin[j], pr[j] += pf->second.end[j];
+  }
   alg a = mx ? alg::pooling_max
-             : (global || n.ai("count_include_pad", 0) ? alg::pooling_avg_include_padding
-                                                       : alg::pooling_avg_exclude_padding);
-  const Val xv = val(n.in[0]);
+             : (global || n.ai("count_include_pad", 0) || pf != pad_folds_.end() ? alg::pooling_avg_include_padding
+                                                                                  : alg::pooling_avg_exclude_padding);
+  const Val xv = val(src_name);
   // Activations after the pool (Relu, Clip, LeakyRelu, Sigmoid, Tanh, SiLU) run as its eltwise post-ops.
   Fusion f;
   f.out = n.out[0];
@@ -1807,7 +1943,7 @@ void Builder::pool(size_t i) {
     f.out = n.out[0];
     pd = dnnl::pooling_v2_forward::primitive_desc(d, engine());
   }
-  Val sv = as_md(n.in[0], pd.src_desc());
+  Val sv = as_md(src_name, pd.src_desc());
   Val& o = define(f.out, pd.dst_desc());
   dnnl::memory sm = mem_of(sv), dm = mem_of(o);
   exec(dnnl::pooling_v2_forward(pd), {{DNNL_ARG_SRC, sm}, {DNNL_ARG_DST, dm}});
@@ -2161,20 +2297,112 @@ void Builder::reshape_like(size_t i) {
   vals_[n.out[0]] = o;
 }
 
-// Pad with constant all-zero pads (torch exports AvgPool3d/AvgPool1d with one): a view of its input.
+// Pad, constant mode. All-zero pads (torch exports AvgPool3d/AvgPool1d with one): a view of its input. Otherwise
+// (TF/Keras exports: ZeroPadding2D before a convolution or pooling, SAME padding made explicit) the pads, all on the
+// spatial axes and not negative, are folded into the padding of every node that reads the output, when that is
+// exactly what the Pad computes (pad_foldable_into): the Pad costs nothing and its output never exists. Anything
+// else (reflect/edge modes, a non-zero value before a convolution, another reader) is rejected: the Pad runs on
+// its own kernel.
 void Builder::pad(size_t i) {
   const NodeDesc& n = r_.nodes[i];
   if (n.as("mode", "constant") != "constant") throw Reject{"Pad mode other than constant"};
   const ConstT* p = cst(n.in_at(1));
   if (!p) throw Reject{"non-constant pads"};
   if (n.has("pads") || n.in.size() > 3) throw Reject{"Pad form"};
-  for (int64_t k = 0; k < p->count(); ++k)
-    if (p->iat(k) != 0) throw Reject{"Pad with non-zero pads"};
-  if (dims_of(n.in[0]) != dims_of(n.out[0])) throw Reject{"shape changes"};
-  const Val v = val(n.in[0]);
-  if (v.scale != 1.f) throw Reject{"scaled input"};
-  vals_[n.out[0]] = v;
-  p_->bufs[v.buf].values++;
+  bool zero = true;
+  for (int64_t k = 0; k < p->count(); ++k) zero = zero && p->iat(k) == 0;
+  if (zero) {
+    if (dims_of(n.in[0]) != dims_of(n.out[0])) throw Reject{"shape changes"};
+    const Val v = val(n.in[0]);
+    if (v.scale != 1.f) throw Reject{"scaled input"};
+    vals_[n.out[0]] = v;
+    p_->bufs[v.buf].values++;
+    return;
+  }
+  const Dims x = dims_of(n.in[0]), y = dims_of(n.out[0]);
+  const int64_t rank = static_cast<int64_t>(x.size());
+  if (rank != 4 && rank != 5) throw Reject{"Pad of a rank other than 4 or 5"};
+  // A rank-3 Pad lifted to [N,C,1,L] (lift_1d) keeps its 6 pads: none on the inserted axis.
+  Dims pads(2 * rank, 0);
+  if (p->count() == 2 * rank) {
+    for (int64_t k = 0; k < 2 * rank; ++k) pads[k] = p->iat(k);
+  } else if (rank == 4 && p->count() == 6 && x[2] == 1) {
+    pads = {p->iat(0), p->iat(1), 0, p->iat(2), p->iat(3), p->iat(4), 0, p->iat(5)};
+  } else {
+    throw Reject{"Pad: " + std::to_string(p->count()) + " pads for rank " + std::to_string(rank)};
+  }
+  if (pads[0] || pads[1] || pads[rank] || pads[rank + 1]) throw Reject{"Pad on the batch or channel axis"};
+  Dims begin(pads.begin() + 2, pads.begin() + rank), end(pads.begin() + rank + 2, pads.end());
+  for (size_t k = 0; k < begin.size(); ++k) {
+    if (begin[k] < 0 || end[k] < 0) throw Reject{"negative pads (a crop)"};
+    if (y[2 + k] != x[2 + k] + begin[k] + end[k]) throw Reject{"Pad output shape"};
+  }
+  float value = 0.f;
+  if (!n.in_at(2).empty()) {
+    const ConstT* c = cst(n.in_at(2));
+    if (!c || c->count() != 1 || c->dtype != KEEL_DTYPE_F32) throw Reject{"Pad value not a constant f32 scalar"};
+    value = c->f32()[0];
+  }
+  const std::string& out = n.out[0];
+  if (escapes(out) || users(out).empty()) throw Reject{"Pad output read outside the claim"};
+  for (size_t u : users(out))
+    if (done_[u] || !pad_foldable_into(u, out, n.in[0], begin, end, value))
+      throw Reject{"Pad not foldable into " + r_.nodes[u].op + " '" + r_.nodes[u].name + "'"};
+  val(n.in[0]);  // the input must be available
+  pad_folds_[out] = {n.in[0], begin, end};
+}
+
+// Whether node `u`, reading the output `v` of a Pad of `src` (pads `begin`/`end` of value `value` on the spatial
+// axes), computes the same with the pads added to its own padding: a Conv when the value is 0 (its padding is
+// zeros); an AveragePool when the value is 0 and it counts the padding (count_include_pad, or no pads of its own),
+// without ceil_mode; a MaxPool when the value is -inf (or the lowest float), or 0 over a value known not to be
+// negative (a Relu's output: a window that holds at least one element of the input, as each does when every pad is
+// smaller than the window, then has the same maximum), without ceil_mode. The node's own auto_pad must be NOTSET
+// (or VALID for the poolings).
+bool Builder::pad_foldable_into(size_t u, const std::string& v, const std::string& src, const Dims& begin,
+                                const Dims& end, float value) {
+  const NodeDesc& n = r_.nodes[u];
+  if (n.in.empty() || n.in[0] != v) return false;
+  for (size_t k = 1; k < n.in.size(); ++k)
+    if (n.in[k] == v) return false;
+  const size_t sp = begin.size();
+  const std::string ap = n.as("auto_pad", "NOTSET");
+  if (n.op == "Conv") return value == 0.f && (ap == "NOTSET" || ap.empty() || ap == "VALID");
+  if (n.op != "MaxPool" && n.op != "AveragePool") return false;
+  if (ap != "NOTSET" && !ap.empty() && ap != "VALID") return false;
+  if (n.ai("ceil_mode", 0) != 0) return false;
+  Dims own = ap == "VALID" ? Dims(2 * sp, 0) : n.ais("pads", Dims(2 * sp, 0));
+  if (own.size() != 2 * sp) return false;
+  if (n.op == "AveragePool") {
+    if (value != 0.f) return false;
+    bool own_zero = std::all_of(own.begin(), own.end(), [](int64_t q) { return q == 0; });
+    return own_zero || n.ai("count_include_pad", 0) != 0;
+  }
+  const bool lowest = std::isinf(value) ? value < 0 : value <= -std::numeric_limits<float>::max();
+  if (!lowest && !(value == 0.f && non_negative(src))) return false;
+  Dims k = n.ais("kernel_shape", {}), d = n.ais("dilations", Dims(sp, 1));
+  if (k.size() != sp || d.size() != sp) return false;
+  for (size_t j = 0; j < sp; ++j) {
+    const int64_t eff = (k[j] - 1) * d[j] + 1;
+    if (own[j] + begin[j] >= eff || own[sp + j] + end[j] >= eff) return false;
+  }
+  return true;
+}
+
+// Whether value `v` is known not to be negative: the output of a Relu (or of a Clip with a constant min >= 0) in
+// this claim.
+bool Builder::non_negative(const std::string& v) const {
+  for (const NodeDesc& n : r_.nodes) {
+    if (n.out.empty() || n.out[0] != v) continue;
+    if (n.op == "Relu") return true;
+    if (n.op == "Clip") {
+      if (n.has("min")) return n.af("min", -1.f) >= 0.f;
+      const ConstT* lo = n.in_at(1).empty() ? nullptr : cst(n.in_at(1));
+      return lo && lo->count() == 1 && lo->at(0) >= 0.0;
+    }
+    return false;
+  }
+  return false;
 }
 
 // Transpose: a strided view when the input is plain-strided (normalised to plain when it is dense), else a
@@ -2823,20 +3051,25 @@ keel_status_t claim_chains(void*, const G* g, const keel_graph_api_t* api, keel_
       if (!claimable_domain(api->node_domain(g, n), sc.op(n))) continue;
       std::string op = sc.op(n);
       if (!compute_ops().count(op)) continue;
-      if (op == "Pad") {  // only the no-op Pad (constant mode, all-zero constant pads) is a view in a chain
+      if (op == "Pad") {  // constant mode, constant pads (and value): a view, or folded into its readers (pad)
         auto ins = sc.ins(n);
+        auto constant = [&](const std::string& v) {
+          const keel_tensor_t* t = nullptr;
+          return consts.count(v) > 0 || (api->initializer(g, v.c_str(), &t) && t);
+        };
         const ConstT* pads = nullptr;
         ConstT init;
         const keel_tensor_t* t = nullptr;
         if (ins.size() >= 2 && consts.count(ins[1])) pads = &consts[ins[1]];
         else if (ins.size() >= 2 && api->initializer(g, ins[1].c_str(), &t) && t) init = const_of(t), pads = &init;
-        bool zero = pads && (pads->dtype == KEEL_DTYPE_I64 || pads->dtype == KEEL_DTYPE_I32) &&
-                    api->node_attr_count(g, n) <= 1;
-        for (int64_t k = 0; zero && k < pads->count(); ++k) zero = pads->iat(k) == 0;
+        bool ok = pads && (pads->dtype == KEEL_DTYPE_I64 || pads->dtype == KEEL_DTYPE_I32) &&
+                  api->node_attr_count(g, n) <= 1 && ins.size() <= 3 && (ins.size() < 3 || ins[2].empty() ||
+                                                                        constant(ins[2]));
+        for (int64_t k = 0; ok && k < pads->count(); ++k) ok = pads->iat(k) >= 0;
         const char* mode = nullptr;
-        if (zero && api->node_attr_string(g, n, "mode", &mode) && mode && std::strcmp(mode, "constant") != 0)
-          zero = false;
-        if (!zero) continue;
+        if (ok && api->node_attr_string(g, n, "mode", &mode) && mode && std::strcmp(mode, "constant") != 0)
+          ok = false;
+        if (!ok) continue;
       }
       bool ok = true;
       auto outs = sc.outs(n);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iomanip>
+#include <limits>
 #include <random>
 #include <set>
 #include <sstream>
@@ -1026,6 +1027,31 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // ResNet-50's strided bottleneck at batch 1: the block's last 1x1 convolution and the stride-2 projection
+    // shortcut added after it run as one 1x1 convolution over both sources side by side (the oneDNN device's
+    // conv_residual_merged), odd spatial size (every other row and column of 15), then Relu and a second block.
+    OpCase c;
+    c.op = "Chain";
+    c.claim_whole = true;
+    c.label = "bottleneck stride 2, batch 1: last 1x1 and the strided projection shortcut as one convolution";
+    c.inputs = {in("X", {1, 32, 15, 15}), in("W0", {32, 32, 1, 1}, true, -0.4f, 0.4f), in("B0", {32}, true),
+                in("W1", {48, 32, 3, 3}, true, -0.2f, 0.2f), in("B1", {48}, true),
+                in("W2", {64, 48, 1, 1}, true, -0.3f, 0.3f), in("B2", {64}, true),
+                in("WD", {64, 32, 1, 1}, true, -0.3f, 0.3f), in("BD", {64}, true),
+                in("WX", {64, 64, 1, 1}, true, -0.3f, 0.3f)};
+    c.chain = {conv({"X", "W0", "B0"}, 1, 1, 0),
+               {"Relu", {"$0"}, {}},
+               conv({"$1", "W1", "B1"}, 3, 2, 1),  // [1,48,8,8]
+               {"Relu", {"$2"}, {}},
+               conv({"$3", "W2", "B2"}, 1, 1, 0),
+               conv({"$1", "WD", "BD"}, 1, 2, 0),  // [1,64,8,8]
+               {"Add", {"$4", "$5"}, {}},
+               {"Relu", {"$6"}, {}},
+               conv({"$7", "WX"}, 1, 1, 0),
+               {"Add", {"$8", "$7"}, {}}};
+    v.push_back(c);
+  }
+  {
     // A dilated 3x3 (no Winograd) over 32 channels: brgemm in nhwc, read by an Add with its own input and a global
     // average pool.
     OpCase c;
@@ -1133,6 +1159,69 @@ void add_chain_cases(std::vector<OpCase>& v) {
                {"Pad", {"$7", "PADS"}, {}},
                {"AveragePool", {"$8"}, {{"kernel_shape", Is({2, 2, 2})}, {"strides", Is({1, 1, 1})}}},
                {"GlobalAveragePool", {"$9"}, {}}};
+    v.push_back(c);
+  }
+  {
+    // TF/Keras exports: ZeroPadding2D (asymmetric, SAME made explicit) in front of a strided convolution, a max pool
+    // over Relu output, an average pool without pads of its own, and a convolution with pads of its own; the oneDNN
+    // device folds every Pad into its reader's padding (the chain is claimed whole: no Pad runs on its own).
+    OpCase c;
+    c.op = "Chain";
+    c.claim_whole = true;
+    c.label = "zero Pads folded: asymmetric pad + conv 3x3 s2, relu, pad + maxpool, pad + avgpool, pad + padded conv";
+    c.inputs = {in("X", {1, 8, 15, 17}), in("W1", {16, 8, 3, 3}, true, -0.3f, 0.3f), in("B1", {16}, true),
+                in("W2", {16, 16, 3, 3}, true, -0.2f, 0.2f), in("B2", {16}, true), in("PA", {8}, true),
+                in("PB", {8}, true), in("PC", {8}, true), in("PD", {8}, true)};
+    c.int64_constants = {{5, i64({0, 0, 0, 1, 0, 0, 1, 0})},
+                         {6, i64({0, 0, 1, 1, 0, 0, 1, 1})},
+                         {7, i64({0, 0, 1, 0, 0, 0, 0, 1})},
+                         {8, i64({0, 0, 0, 2, 0, 0, 1, 0})}};
+    c.chain = {{"Pad", {"X", "PA"}, {}},                                                      // $0 [1,8,16,18]
+               {"Conv", {"$0", "W1", "B1"}, {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}}},  // [1,16,7,8]
+               {"Relu", {"$1"}, {}},
+               {"Pad", {"$2", "PB"}, {}},                                                     // $3 [1,16,9,10]
+               {"MaxPool", {"$3"}, {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}}},  // $4 [1,16,4,4]
+               {"Pad", {"$4", "PC"}, {}},                                                     // $5 [1,16,5,5]
+               {"AveragePool", {"$5"}, {{"kernel_shape", Is({2, 2})}}},                       // $6 [1,16,4,4]
+               {"Pad", {"$6", "PD"}, {}},                                                     // $7 [1,16,5,6]
+               conv({"$7", "W2", "B2"}, 3, 1, 1)};                                            // $8 [1,16,5,6]
+    v.push_back(c);
+  }
+  {
+    // A -inf Pad in front of a max pool is its padding whatever the sign of the values; a 1-D Pad in front of a
+    // Conv1d (lifted to 2-D with the convolution); both folded (claimed whole).
+    OpCase c;
+    c.op = "Chain";
+    c.claim_whole = true;
+    c.label = "1-D zero Pad + conv1d, -inf Pad + maxpool1d over signed values";
+    c.inputs = {in("X", {1, 6, 24}), in("W1", {16, 6, 3}, true, -0.3f, 0.3f), in("B1", {16}, true, -2.f, 0.f),
+                in("PA", {6}, true), in("PB", {6}, true), scalar("NEG", -std::numeric_limits<float>::infinity())};
+    c.int64_constants = {{3, i64({0, 0, 2, 0, 0, 1})}, {4, i64({0, 0, 1, 0, 0, 1})}};
+    c.chain = {{"Pad", {"X", "PA"}, {}},                                                    // $0 [1,6,27]
+               {"Conv", {"$0", "W1", "B1"}, {{"kernel_shape", Is({3})}}},                   // $1 [1,16,25], mostly < 0
+               {"Pad", {"$1", "PB", "NEG"}, {}},                                            // $2 [1,16,27]
+               {"MaxPool", {"$2"}, {{"kernel_shape", Is({3})}, {"strides", Is({2})}}}};     // $3 [1,16,13]
+    v.push_back(c);
+  }
+  {
+    // Pads that are not their reader's padding stay Pads (a non-zero value before a convolution, reflect mode, a
+    // zero Pad before a max pool over values that may be negative, before an average pool that does not count
+    // its own pads): the results must still match.
+    OpCase c;
+    c.op = "Chain";
+    c.label = "Pads not folded: value 0.5 + conv, reflect + conv, zero pad + maxpool over negatives, + avgpool";
+    c.inputs = {in("X", {1, 8, 11, 12}), in("W1", {16, 8, 3, 3}, true, -0.3f, 0.3f), in("B1", {16}, true, -2.f, -1.f),
+                in("W2", {16, 16, 3, 3}, true, -0.2f, 0.2f), in("B2", {16}, true), in("PA", {8}, true),
+                scalar("HALF", 0.5f), in("PB", {8}, true)};
+    c.int64_constants = {{5, i64({0, 0, 1, 0, 0, 0, 1, 2})}, {7, i64({0, 0, 1, 1, 0, 0, 0, 1})}};
+    c.chain = {{"Pad", {"X", "PA", "HALF"}, {}},                                             // $0 [1,8,13,14]
+               conv({"$0", "W1", "B1"}, 3, 1, 0),                                            // $1 [1,16,11,12] < 0
+               {"Pad", {"$1", "PB"}, {}},                                                    // $2 [1,16,12,14]
+               {"MaxPool", {"$2"}, {{"kernel_shape", Is({2, 2})}, {"strides", Is({2, 2})}}}, // $3 [1,16,6,7]
+               {"Pad", {"$3", "PB"}, {{"mode", S("reflect")}}},                              // $4 [1,16,7,9]
+               conv({"$4", "W2", "B2"}, 3, 1, 0),                                            // $5 [1,16,5,7]
+               {"Pad", {"$5", "PB"}, {}},                                                    // $6 [1,16,6,9]
+               {"AveragePool", {"$6"}, {{"kernel_shape", Is({3, 3})}, {"pads", Is({1, 1, 1, 1})}}}};
     v.push_back(c);
   }
   {
