@@ -571,6 +571,7 @@ class Builder {
     int count = 0;
   };
   bool eltwise_of(const NodeDesc& n, alg* a, float* alpha, float* beta);
+  bool eltwise_po(const NodeDesc& n, dnnl::post_ops* po);
   Fusion fuse_after(const std::string& out, size_t at, bool conv, int64_t channels);
   bool take_silu(Fusion& f);
   void exec_silu(const Val& v, const std::string& name);
@@ -605,6 +606,7 @@ class Builder {
   void transpose(size_t i);
   void slice(size_t i);
   void pad(size_t i);
+  void resize(size_t i);
   void outputs();
   void plan_workspace();
 
@@ -697,7 +699,8 @@ std::unique_ptr<Plan> Builder::build() {
       else if (op == "ConvTranspose") deconv(i);
       else if (op == "MatMul" || op == "Gemm") matmul(i);
       else if (op == "MaxPool" || op == "AveragePool" || op == "GlobalAveragePool" || op == "GlobalMaxPool") pool(i);
-      else if (op == "Relu" || op == "Clip" || op == "LeakyRelu" || op == "Sigmoid" || op == "Tanh" || op == "Gelu")
+      else if (op == "Relu" || op == "Clip" || op == "LeakyRelu" || op == "Sigmoid" || op == "Tanh" || op == "Gelu" ||
+               op == "HardSwish" || op == "HardSigmoid")
         eltwise(i);
       else if (op == "ReduceMean" && layernorm_pattern(i)) {}
       else if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div") binary(i);
@@ -719,6 +722,7 @@ std::unique_ptr<Plan> Builder::build() {
       else if (op == "Transpose") transpose(i);
       else if (op == "Slice") slice(i);
       else if (op == "Pad") pad(i);
+      else if (op == "Resize") resize(i);
       else if (op == "Cast") cast(i);
       else throw Reject{"op " + op};
     } catch (const Reject& e) {
@@ -848,6 +852,7 @@ bool Builder::eltwise_of(const NodeDesc& n, alg* a, float* alpha, float* beta) {
   else if (n.op == "LeakyRelu") *a = alg::eltwise_relu, *alpha = n.af("alpha", 0.01f);
   else if (n.op == "Sigmoid") *a = alg::eltwise_logistic;
   else if (n.op == "Tanh") *a = alg::eltwise_tanh;
+  else if (n.op == "HardSwish") *a = alg::eltwise_hardswish;  // oneDNN 2.6: x * relu6(x + 3) / 6, no parameters
   else if (n.op == "Gelu") {
     const std::string approx = n.as("approximate", "none");
     if (approx == "none") *a = alg::eltwise_gelu_erf;
@@ -875,6 +880,22 @@ bool Builder::eltwise_of(const NodeDesc& n, alg* a, float* alpha, float* beta) {
   return true;
 }
 
+// The element-wise op node `n` computes, appended to `po` as eltwise post-ops: one for the ops of eltwise_of, two for
+// HardSigmoid (oneDNN 2.6 has none: max(0, min(1, alpha * x + beta)) is linear, then clip to [0, 1]). False, `po`
+// unchanged, when `n` is none of them.
+bool Builder::eltwise_po(const NodeDesc& n, dnnl::post_ops* po) {
+  if (n.op == "HardSigmoid") {
+    po->append_eltwise(1.f, alg::eltwise_linear, n.af("alpha", 0.2f), n.af("beta", 0.5f));
+    po->append_eltwise(1.f, alg::eltwise_clip_v2, 0.f, 1.f);
+    return true;
+  }
+  alg a;
+  float alpha, beta;
+  if (!eltwise_of(n, &a, &alpha, &beta)) return false;
+  po->append_eltwise(1.f, a, alpha, beta);
+  return true;
+}
+
 // Looks at what reads `out` and folds what it can into the op that writes it.
 Builder::Fusion Builder::fuse_after(const std::string& out, size_t at, bool conv, int64_t channels) {
   Fusion f;
@@ -894,12 +915,9 @@ Builder::Fusion Builder::fuse_after(const std::string& out, size_t at, bool conv
     size_t u = sole_user(f.out);
     if (u == npos) break;
     const NodeDesc& n = r_.nodes[u];
-    alg a;
-    float alpha, beta;
     if (n.out.size() != 1 && !(n.op == "BatchNormalization")) break;
-    if (eltwise_of(n, &a, &alpha, &beta)) {
-      if (n.op == "Clip" && n.in[0] != f.out) break;
-      f.po.append_eltwise(1.f, a, alpha, beta);
+    if (n.op == "Clip" && n.in[0] != f.out) break;
+    if (eltwise_po(n, &f.po)) {
       has_eltwise = true;
     } else if (conv && n.op == "BatchNormalization" && f.count == 0 && n.in.size() == 5 && n.in[0] == f.out &&
                n.ai("training_mode", 0) == 0) {
@@ -1276,7 +1294,11 @@ void Builder::conv(size_t i) {
   if (is_ref()) {
     auto ref_pd = std::move(pd);
     md_t src_plain(to_dnnl(x), act_, plain_tag(x.size()));
-    make(alg::convolution_direct, src_plain, dst);
+    // A blocked source with a partial last block (a depthwise convolution over 72 or 200 channels, MobileNet-V3):
+    // oneDNN's jit depthwise kernel takes it when the destination is blocked (padded) too; with `any` it offers only
+    // ref:any, and from plain memory only its gemm kernel (measured 72 channels at 56x56: 0.04 ms vs 0.7 ms).
+    if (keep_src && M % 16 != 0) make(alg::convolution_direct, src, md_t(to_dnnl(y), act_, blocked16_tag(y.size())));
+    if (is_ref() || !pd) make(alg::convolution_direct, src_plain, dst);
     if (is_ref() || !pd) make(alg::convolution_direct, src_plain, dst_any);
     if (is_ref() || !pd) make(alg::convolution_direct, src_any, dst_any);
     if (is_ref() || !pd) pd = std::move(ref_pd);
@@ -1778,8 +1800,6 @@ void Builder::pool(size_t i) {
   Fusion f;
   f.out = n.out[0];
   for (;;) {
-    alg ea;
-    float alpha, beta;
     if (size_t m = silu_after(f.out); m != npos) {
       f.po.append_eltwise(1.f, alg::eltwise_swish, 1.f, 0.f);
       f.nodes.push_back(users(f.out)[0] == m ? users(f.out)[1] : users(f.out)[0]);
@@ -1788,10 +1808,8 @@ void Builder::pool(size_t i) {
       continue;
     }
     size_t u = sole_user(f.out);
-    if (u == npos || r_.nodes[u].out.size() != 1 || !eltwise_of(r_.nodes[u], &ea, &alpha, &beta) ||
-        r_.nodes[u].in[0] != f.out)
+    if (u == npos || r_.nodes[u].out.size() != 1 || r_.nodes[u].in[0] != f.out || !eltwise_po(r_.nodes[u], &f.po))
       break;
-    f.po.append_eltwise(1.f, ea, alpha, beta);
     f.nodes.push_back(u);
     f.out = r_.nodes[u].out[0];
   }
@@ -1814,24 +1832,30 @@ void Builder::pool(size_t i) {
   for (size_t k2 : f.nodes) done_[k2] = true;
 }
 
+// An element-wise op on its own: one eltwise primitive per post-op eltwise_po gives (HardSigmoid: two, the second in
+// place over the first one's output; oneDNN's eltwise primitive with a post-op is its reference kernel).
 void Builder::eltwise(size_t i) {
   const NodeDesc& n = r_.nodes[i];
-  alg a;
-  float alpha, beta;
-  if (!eltwise_of(n, &a, &alpha, &beta)) throw Reject{"non-constant Clip bounds or unknown Gelu approximation"};
+  dnnl::post_ops ops;
+  if (!eltwise_po(n, &ops)) throw Reject{"non-constant Clip bounds or unknown Gelu approximation"};
   const Val xv = val(n.in[0]);
   if (xv.scale != 1.f) throw Reject{"scaled input"};
   md_t md = xv.md;
   if (!is_plain_dense(md) && is_strided(md)) md = plain_md(md_dims(md));
   Val sv = as_md(n.in[0], md);
-  dnnl::eltwise_forward::desc d(dnnl::prop_kind::forward_inference, a, md, alpha, beta);
-  dnnl::eltwise_forward::primitive_desc pd(d, engine());
   int buf = dead_after(n.in[0], i) && sv.off == 0 && vals_[n.in[0]].buf == sv.buf ? sv.buf : -2;
   if (buf >= 0) p_->bufs[buf].values--;
   dnnl::memory sm = mem_of(sv);
   Val& o = define(n.out[0], md, buf);
   dnnl::memory dm = mem_of(o);
-  exec(dnnl::eltwise_forward(pd), {{DNNL_ARG_SRC, sm}, {DNNL_ARG_DST, dm}});
+  for (int k = 0; k < ops.len(); ++k) {
+    float scale, alpha, beta;
+    alg a;
+    ops.get_params_eltwise(k, scale, a, alpha, beta);
+    dnnl::eltwise_forward::desc d(dnnl::prop_kind::forward_inference, a, md, alpha, beta);
+    dnnl::eltwise_forward::primitive_desc pd(d, engine());
+    exec(dnnl::eltwise_forward(pd), {{DNNL_ARG_SRC, k == 0 ? sm : dm}, {DNNL_ARG_DST, dm}});
+  }
 }
 
 // Add/Sub/Mul/Div: two values of one shape, or a value and a broadcast constant. A scalar Mul/Div read only by a
@@ -2177,6 +2201,85 @@ void Builder::pad(size_t i) {
   p_->bufs[v.buf].values++;
 }
 
+// Resize (opset 11+: X, roi, scales, sizes; constant scales or sizes) of the spatial axes of a 3-D to 5-D value, as
+// oneDNN's resampling (the layout kept: nChw16c in, nChw16c out):
+//   - linear with coordinate_transformation_mode half_pixel (pytorch_half_pixel where no output axis is 1): what
+//     torch exports for bilinear/trilinear interpolation with align_corners=False; oneDNN computes the same
+//     (x + 0.5) / scale - 0.5, clamped at the edges;
+//   - nearest with integer upscale factors and asymmetric + floor (torch's nearest) or half_pixel +
+//     round_prefer_floor/ceil: each output pixel then reads source pixel floor(x / scale), oneDNN's
+//     floor((x + 0.5) / scale) for an integer scale.
+// Anything else (cubic, align_corners, asymmetric linear, tf_crop_and_resize, antialias, axes, N or C resized)
+// stays with the Resize kernel.
+void Builder::resize(size_t i) {
+  const NodeDesc& n = r_.nodes[i];
+  if (n.in.size() < 3) throw Reject{"Resize-10 form (X, scales)"};
+  const Dims x = dims_of(n.in[0]), y = dims_of(n.out[0]);
+  const size_t rank = x.size();
+  if (rank < 3 || rank > 5 || y.size() != rank || x[0] != y[0] || x[1] != y[1]) throw Reject{"not a spatial resize"};
+  if (n.has("axes") || n.ai("antialias", 0) != 0 || n.as("keep_aspect_ratio_policy", "stretch") != "stretch")
+    throw Reject{"axes, antialias or keep_aspect_ratio_policy"};
+  const std::string mode = n.as("mode", "nearest"), ctm = n.as("coordinate_transformation_mode", "half_pixel"),
+                    nm = n.as("nearest_mode", "round_prefer_floor");
+  const ConstT* sc = n.in_at(2).empty() ? nullptr : cst(n.in_at(2));
+  const ConstT* sz = n.in_at(3).empty() ? nullptr : cst(n.in_at(3));
+  if ((!n.in_at(2).empty() && !sc) || (!n.in_at(3).empty() && !sz)) throw Reject{"non-constant scales or sizes"};
+  if (sc && sc->count() == 0) sc = nullptr;
+  if (sz && sz->count() == 0) sz = nullptr;
+  if (!sc && !sz) throw Reject{"neither scales nor sizes"};
+  std::vector<float> factors;
+  for (size_t k = 2; k < rank; ++k) {
+    if (sc) {
+      if (sc->count() != static_cast<int64_t>(rank) || sc->at(0) != 1 || sc->at(1) != 1) throw Reject{"scales"};
+      factors.push_back(static_cast<float>(sc->at(static_cast<int64_t>(k))));
+    } else {
+      if (sz->count() != static_cast<int64_t>(rank) || sz->iat(static_cast<int64_t>(k)) != y[k]) throw Reject{"sizes"};
+      factors.push_back(static_cast<float>(y[k]) / static_cast<float>(x[k]));
+    }
+    if (!(factors.back() > 0) || y[k] != static_cast<int64_t>(std::floor(x[k] * static_cast<double>(factors.back()))))
+      throw Reject{"output size does not follow from the scales"};
+  }
+  alg a;
+  if (mode == "linear") {
+    bool one = false;
+    for (size_t k = 2; k < rank; ++k) one = one || y[k] == 1;
+    if (ctm != "half_pixel" && !(ctm == "pytorch_half_pixel" && !one))
+      throw Reject{"linear Resize with coordinate_transformation_mode " + ctm};
+    a = alg::resampling_linear;
+  } else if (mode == "nearest") {
+    const bool floor_mode = ctm == "asymmetric" && nm == "floor";
+    const bool round_mode = (ctm == "half_pixel" || ctm == "pytorch_half_pixel") &&
+                            (nm == "round_prefer_floor" || nm == "round_prefer_ceil");
+    if (!floor_mode && !round_mode) throw Reject{"nearest Resize with " + ctm + " / " + nm};
+    for (size_t k = 2; k < rank; ++k) {
+      const float f = factors[k - 2];
+      if (f < 1 || f != std::floor(f) || y[k] != x[k] * static_cast<int64_t>(f)) throw Reject{"nearest Resize by a non-integer factor"};
+    }
+    a = alg::resampling_nearest;
+  } else {
+    throw Reject{"Resize mode " + mode};
+  }
+  const Val& v = val(n.in[0]);
+  if (v.scale != 1.f) throw Reject{"scaled input"};
+  // The producer's layout when it is plain or channel-blocked with whole blocks; else plain (a blocked value with a
+  // partial last block, e.g. a 21-class segmentation map, is read plain: the resized copy is the big one).
+  md_t src = plain_md(x), dst = plain_md(y);
+  if (v.md == md_t(to_dnnl(x), act_, blocked16_tag(rank)) && x[1] % 16 == 0) {
+    src = v.md;
+    dst = md_t(to_dnnl(y), act_, blocked16_tag(rank));
+  } else if (v.md == md_t(to_dnnl(x), act_, channels_last_tag(rank))) {
+    src = v.md;
+    dst = md_t(to_dnnl(y), act_, channels_last_tag(rank));
+  }
+  dnnl::resampling_forward::desc d(dnnl::prop_kind::forward_inference, a, factors, src, dst);
+  dnnl::resampling_forward::primitive_desc pd(d, engine());
+  Val sv = as_md(n.in[0], src);
+  dnnl::memory sm = mem_of(sv);
+  Val& o = define(n.out[0], dst);
+  dnnl::memory dm = mem_of(o);
+  exec(dnnl::resampling_forward(pd), {{DNNL_ARG_SRC, sm}, {DNNL_ARG_DST, dm}});
+}
+
 // Transpose: a strided view when the input is plain-strided (normalised to plain when it is dense), else a
 // reorder into the plain layout.
 void Builder::transpose(size_t i) {
@@ -2311,6 +2414,7 @@ const char* kind_name(dnnl::primitive::kind k) {
     case dnnl::primitive::kind::layer_normalization: return "layer_normalization";
     case dnnl::primitive::kind::matmul: return "matmul";
     case dnnl::primitive::kind::binary: return "binary";
+    case dnnl::primitive::kind::resampling: return "resampling";
     default: return "other";
   }
 }
@@ -2524,7 +2628,7 @@ const std::set<std::string>& compute_ops() {
       "Conv", "ConvTranspose", "BatchNormalization", "Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "Add", "Sub",
       "Mul", "Div", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Concat", "MatMul", "Gemm", "Softmax",
       "LayerNormalization", "Transpose", "Slice", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity",
-      "Dropout", "ReduceMean", "Pow", "Sqrt", "Gelu", "Cast", "Pad"};
+      "Dropout", "ReduceMean", "Pow", "Sqrt", "Gelu", "Cast", "Pad", "HardSwish", "HardSigmoid", "Resize"};
   return s;
 }
 // ai.onnx nodes, and the keel ops (ops/schemas.cc) that mean what their ai.onnx namesakes mean: keel.Gelu is Gelu-20,
@@ -2588,7 +2692,7 @@ void lift_1d(Recipe& r) {
   // The data values (not constants) a liftable node reads and writes; empty when the node is not liftable.
   auto data_of = [&](const NodeDesc& n) -> std::vector<std::string> {
     static const std::set<std::string> unary{"BatchNormalization", "Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh",
-                                             "Gelu", "Identity", "Dropout", "Pad"};
+                                             "Gelu", "HardSwish", "HardSigmoid", "Identity", "Dropout", "Pad"};
     if (seed(n) || unary.count(n.op)) {
       if (n.in.empty() || n.out.empty() || !rank3(n.in[0]) || !rank3(n.out[0])) return {};
       for (size_t k = 1; k < n.in.size(); ++k)

@@ -1473,6 +1473,93 @@ void add_chain_cases(std::vector<OpCase>& v) {
     };
     v.push_back(c);
   }
+  {
+    // MobileNet-V3's inverted residual with squeeze-excite: HardSwish after the 1x1 expansion and after a depthwise
+    // 3x3 over 72 channels (a partial last block of nChw16c: oneDNN's jit depthwise kernel only with a blocked
+    // destination), HardSigmoid closing the squeeze-excite (two eltwise post-ops: linear, clip), its Mul by the
+    // [1,72,1,1] scale, the projection and the residual; claimed whole.
+    OpCase c;
+    c.op = "Chain";
+    c.label = "mobilenet-v3 block: HardSwish, depthwise over 72 channels, squeeze-excite with HardSigmoid";
+    c.inputs = {in("X", {1, 24, 14, 14}), in("WE", {72, 24, 1, 1}, true, -0.4f, 0.4f), in("BE", {72}, true),
+                in("WD", {72, 1, 3, 3}, true, -0.5f, 0.5f), in("BD", {72}, true),
+                in("W1", {24, 72, 1, 1}, true, -0.4f, 0.4f), in("B1", {24}, true),
+                in("W2", {72, 24, 1, 1}, true, -0.4f, 0.4f), in("B2", {72}, true),
+                in("WP", {24, 72, 1, 1}, true, -0.2f, 0.2f), in("BP", {24}, true)};
+    c.chain = {conv({"X", "WE", "BE"}, 1, 1, 0),                                          // $0
+               {"HardSwish", {"$0"}, {}},                                               // $1
+               conv({"$1", "WD", "BD"}, 3, 1, 1, 72),                                    // $2
+               {"HardSwish", {"$2"}, {}},                                               // $3
+               {"GlobalAveragePool", {"$3"}, {}},                                       // $4
+               conv({"$4", "W1", "B1"}, 1, 1, 0),                                       // $5
+               {"Relu", {"$5"}, {}},                                                    // $6
+               conv({"$6", "W2", "B2"}, 1, 1, 0),                                       // $7
+               {"HardSigmoid", {"$7"}, {{"alpha", F(1.f / 6)}, {"beta", F(0.5f)}}},     // $8
+               {"Mul", {"$3", "$8"}, {}},                                               // $9
+               conv({"$9", "WP", "BP"}, 1, 1, 0),                                       // $10
+               {"Add", {"$10", "X"}, {}}};                                              // $11
+    c.claim_whole = true;
+    v.push_back(c);
+  }
+  {
+    // HardSigmoid and HardSwish with nothing to fuse into (after a Mul of two values): their own steps, HardSigmoid
+    // as two (linear, then clip in place), with ONNX's default alpha 0.2.
+    OpCase c;
+    c.op = "Chain";
+    c.label = "HardSigmoid (default alpha) and HardSwish as steps of their own, odd sizes";
+    c.inputs = {in("X", {1, 5, 7, 9}, false, -4.f, 4.f), in("W", {8, 5, 3, 3}, true, -0.4f, 0.4f), in("B", {8}, true),
+                in("W2", {3, 8, 1, 1}, true, -0.5f, 0.5f)};
+    c.chain = {conv({"X", "W", "B"}, 3, 1, 1), {"Mul", {"$0", "$0"}, {}}, {"HardSigmoid", {"$1"}, {}},
+               {"Mul", {"$2", "$0"}, {}},     {"HardSwish", {"$3"}, {}}, conv({"$4", "W2"}, 1, 1, 0)};
+    c.claim_whole = true;
+    v.push_back(c);
+  }
+  {
+    // A segmentation head (LR-ASPP / FCN): bilinear Resize (linear, half_pixel) by sizes of a 32-channel nChw16c map,
+    // added to a lateral convolution, a 21-class classifier (a partial block: resized from plain memory), then a
+    // pytorch_half_pixel Resize by 2 x 1.5 to the output (sizes only, so the bf16 variant runs too).
+    OpCase c;
+    c.op = "Chain";
+    c.label = "segmentation head: linear Resize by sizes (nChw16c), then by 2x1.5 (21 classes, plain)";
+    c.inputs = {in("X", {1, 16, 6, 5}), in("L", {1, 16, 12, 10}), in("W0", {32, 16, 1, 1}, true, -0.4f, 0.4f),
+                in("B0", {32}, true), in("WL", {32, 16, 1, 1}, true, -0.4f, 0.4f),
+                in("WC", {21, 32, 3, 3}, true, -0.2f, 0.2f), in("BC", {21}, true), in("SZ", {4}, true),
+                in("SZ2", {4}, true)};
+    c.int64_constants = {{7, i64({1, 32, 12, 10})}, {8, i64({1, 21, 24, 15})}};
+    c.chain = {conv({"X", "W0", "B0"}, 1, 1, 0),                                                       // $0
+               {"Relu", {"$0"}, {}},                                                                 // $1
+               {"Resize", {"$1", "", "", "SZ"}, {{"mode", S("linear")}}},                            // $2
+               conv({"L", "WL"}, 1, 1, 0),                                                          // $3
+               {"Add", {"$2", "$3"}, {}},                                                            // $4
+               conv({"$4", "WC", "BC"}, 3, 1, 1),                                                   // $5
+               {"Resize", {"$5", "", "", "SZ2"}, {{"mode", S("linear")},
+                                            {"coordinate_transformation_mode", S("pytorch_half_pixel")}}}};
+    c.claim_whole = true;
+    v.push_back(c);
+  }
+  {
+    // An FPN top-down step: nearest Resize x2 (asymmetric, floor: torch's nearest) of a blocked map added to the
+    // lateral 1x1; a nearest x3 (half_pixel, round_prefer_floor) and a linear downsampling by 0.5 after it.
+    OpCase c;
+    c.op = "Chain";
+    c.label = "FPN: nearest Resize x2 (asymmetric floor) + lateral, nearest x3 (half_pixel), linear x0.5";
+    c.inputs = {in("X", {1, 32, 5, 7}), in("L", {1, 16, 10, 14}), in("WL", {32, 16, 1, 1}, true, -0.4f, 0.4f),
+                in("W", {32, 32, 3, 3}, true, -0.2f, 0.2f), in("S2", {4}, true), in("S3", {4}, true),
+                in("SH", {4}, true)};
+    c.inputs[4].values = {1.f, 1.f, 2.f, 2.f};
+    c.inputs[5].values = {1.f, 1.f, 3.f, 3.f};
+    c.inputs[6].values = {1.f, 1.f, 0.5f, 0.5f};
+    c.chain = {{"Resize", {"X", "", "S2"}, {{"mode", S("nearest")}, {"coordinate_transformation_mode", S("asymmetric")},
+                                           {"nearest_mode", S("floor")}}},                  // $0 [1,32,10,14]
+               conv({"L", "WL"}, 1, 1, 0),                                                   // $1
+               {"Add", {"$0", "$1"}, {}},                                                    // $2
+               conv({"$2", "W"}, 3, 1, 1),                                                   // $3
+               {"Resize", {"$3", "", "S3"}, {{"mode", S("nearest")}}},                       // $4 [1,32,30,42]
+               {"Relu", {"$4"}, {}},                                                         // $5
+               {"Resize", {"$5", "", "SH"}, {{"mode", S("linear")}}}};                        // $6 [1,32,15,21]
+    c.claim_whole = true;
+    v.push_back(c);
+  }
 }
 
 // The chain cases in bf16 (every float input and weight bf16, as convert_precision leaves a model): a device may
@@ -1482,6 +1569,12 @@ void add_bf16_chain_cases(std::vector<OpCase>& v) {
   std::vector<OpCase> extra;
   for (const OpCase& f : v) {
     if (f.chain.empty() || f.dtype != DType::kF32) continue;
+    // A Resize's scales are float32 in ONNX whatever the data's type; converted with the other float inputs they
+    // would make the graph invalid.
+    bool resize_scales = false;
+    for (const ChainNode& n : f.chain)
+      resize_scales = resize_scales || (n.op == "Resize" && n.inputs.size() > 2 && !n.inputs[2].empty());
+    if (resize_scales) continue;
     OpCase c = f;
     c.dtype = DType::kBF16;
     c.label = "bf16 " + f.label;
