@@ -1474,6 +1474,27 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // ResNeXt's bottleneck: a 3x3 convolution in 8 groups of 4 channels (oneDNN's jit kernel only in a layout
+    // blocked by 4 or 8 of its own choice; nChw16c or plain get ref or gemm) between 1x1s in nChw16c, the second with
+    // the residual sum; then RegNet's 8 channels per group with stride 2.
+    OpCase c;
+    c.op = "Chain";
+    c.label = "resnext bottleneck: grouped 3x3 with 4 and 8 channels per group, residual, stride 2";
+    c.inputs = {in("X", {1, 32, 12, 12}), in("W0", {32, 32, 1, 1}, true, -0.4f, 0.4f), in("B0", {32}, true),
+                in("WG", {32, 4, 3, 3}, true, -0.4f, 0.4f), in("BG", {32}, true),
+                in("W2", {32, 32, 1, 1}, true, -0.3f, 0.3f), in("B2", {32}, true),
+                in("WS", {48, 8, 3, 3}, true, -0.4f, 0.4f), in("BS", {48}, true),
+                in("W3", {16, 48, 1, 1}, true, -0.3f, 0.3f)};
+    c.chain = {conv({"X", "W0", "B0"}, 1, 1, 0),      {"Relu", {"$0"}, {}},  // $1
+               conv({"$1", "WG", "BG"}, 3, 1, 1, 8),  {"Relu", {"$2"}, {}},  // $3: 8 groups of 4
+               conv({"$3", "W2", "B2"}, 1, 1, 0),     {"Add", {"$4", "X"}, {}},
+               {"Relu", {"$5"}, {}},                                          // $6
+               conv({"$6", "WS", "BS"}, 3, 2, 1, 4),  {"Relu", {"$7"}, {}},  // $8: 4 groups of 8 -> 12 each
+               conv({"$8", "W3"}, 1, 1, 0)};
+    c.claim_whole = true;
+    v.push_back(c);
+  }
+  {
     // MobileNet-V3's inverted residual with squeeze-excite: HardSwish after the 1x1 expansion and after a depthwise
     // 3x3 over 72 channels (a partial last block of nChw16c: oneDNN's jit depthwise kernel only with a blocked
     // destination), HardSigmoid closing the squeeze-excite (two eltwise post-ops: linear, clip), its Mul by the
