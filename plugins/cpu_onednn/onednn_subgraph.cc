@@ -1298,10 +1298,16 @@ void Builder::conv(size_t i) {
   if (is_ref()) {
     auto ref_pd = std::move(pd);
     md_t src_plain(to_dnnl(x), act_, plain_tag(x.size()));
-    // A blocked source with a partial last block (a depthwise convolution over 72 or 200 channels, MobileNet-V3):
-    // oneDNN's jit depthwise kernel takes it when the destination is blocked (padded) too; with `any` it offers only
-    // ref:any, and from plain memory only its gemm kernel (measured 72 channels at 56x56: 0.04 ms vs 0.7 ms).
-    if (keep_src && M % 16 != 0) make(alg::convolution_direct, src, md_t(to_dnnl(y), act_, blocked16_tag(y.size())));
+    // A depthwise convolution: oneDNN's jit kernels want source and destination alike, nChw16c (jit_dw, a partial
+    // last block padded: MobileNet-V3's 72 or 200 channels) or nhwc (brdgmm_dw: kept when the source is nhwc, as in
+    // ConvNeXt's blocks); a blocked source with an `any` destination, or any source with an nChw16c one, gets
+    // ref:any, and plain memory only the gemm kernel (measured at 56x56: 72 channels 0.04 ms vs 0.7 ms, ConvNeXt's
+    // 7x7 over 96 channels 0.17 ms vs 5.1 ms).
+    if (g == C && g == M) {
+      const bool nhwc = xv.md == md_t(to_dnnl(x), act_, channels_last_tag(x.size()));
+      const tag t = nhwc ? channels_last_tag(x.size()) : blocked16_tag(x.size());
+      make(alg::convolution_direct, md_t(to_dnnl(x), act_, t), md_t(to_dnnl(y), act_, t));
+    }
     // A grouped convolution whose groups are not whole 16-channel blocks (ResNeXt's 4 and 8 channels per group,
     // RegNet's 8): oneDNN's jit kernel takes it in a layout of its own choice (blocked by 4 or 8), behind a reorder,
     // where plain memory would get its gemm kernel (measured 128 channels in 32 groups at 56x56: 0.56 ms vs 1.39 ms).
@@ -1899,7 +1905,9 @@ void Builder::binary(size_t i) {
   if (d0 != y || is_const(x0)) throw Reject{"neither operand has the output's shape"};
   const Val v0 = val(x0);
   if (v0.scale != 1.f) throw Reject{"scaled input"};
-  md_t m0 = is_strided(v0.md) && !is_plain_dense(v0.md) ? plain_md(y) : v0.md;
+  // A channels-last operand (a transposed view, ConvNeXt's blocks after their permute back) is read as such.
+  const bool cl0 = (y.size() == 4 || y.size() == 5) && v0.md == md_t(to_dnnl(y), act_, channels_last_tag(y.size()));
+  md_t m0 = is_strided(v0.md) && !is_plain_dense(v0.md) && !cl0 ? plain_md(y) : v0.md;
   md_t m1;
   Dims e;
   if (d1 == y) {
@@ -1911,7 +1919,13 @@ void Builder::binary(size_t i) {
     for (size_t k = 0; k < y.size(); ++k)
       if (e[k] != y[k] && e[k] != 1) throw Reject{"broadcast"};
     m1 = plain_md(e);
-    if (!is_plain_dense(m0)) {
+    if (cl0) {
+      // Over nhwc a per-channel [1,C,1,1] operand (its plain bytes are nhwc's) runs on the jit kernel; other
+      // broadcasts over plain memory.
+      bool per_channel = e[1] == y[1] && (e[0] == 1 || e[0] == y[0]);
+      for (size_t k = 2; k < e.size() && per_channel; ++k) per_channel = e[k] == 1;
+      if (!per_channel) m0 = plain_md(y);
+    } else if (!is_plain_dense(m0)) {
       // Per-channel over nChw16c: oneDNN's jit kernel wants the [N,C,1,1] second source blocked the same way (for
       // C % 16 == 0 the same bytes as the plain one); any other broadcast runs over plain memory.
       // (3-D: [N,C,1,1,1] over nCdhw16c alike.)
@@ -2299,10 +2313,22 @@ void Builder::transpose(size_t i) {
   if (perm.size() != x.size()) throw Reject{"perm rank"};
   const Val v = val(n.in[0]);
   if (v.scale != 1.f) throw Reject{"scaled input"};
-  Val src = is_strided(v.md) ? v : as_plain(n.in[0]);
+  for (int64_t p : perm)
+    if (p < 0 || p >= static_cast<int64_t>(x.size())) throw Reject{"perm out of range"};
+  // A blocked value is reordered once, straight into the strided layout whose transposed view is dense (nChw16c
+  // read as [N,H,W,C], ConvNeXt's permute in front of its LayerNorm: into nhwc), not to plain and again after.
+  Val src = v;
+  if (!is_strided(v.md)) {
+    Dims xs(x.size());
+    int64_t stride = 1;
+    for (size_t k = perm.size(); k-- > 0;) {
+      xs[perm[k]] = stride;
+      stride *= x[perm[k]];
+    }
+    src = as_md(n.in[0], strided_md(x, xs, v.md.data_type()));
+  }
   Dims st = md_strides(src.md), yd(x.size()), ys(x.size());
   for (size_t k = 0; k < perm.size(); ++k) {
-    if (perm[k] < 0 || perm[k] >= static_cast<int64_t>(x.size())) throw Reject{"perm out of range"};
     yd[k] = x[perm[k]];
     ys[k] = st[perm[k]];
   }

@@ -1495,6 +1495,48 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // Two ConvNeXt blocks: a 7x7 depthwise convolution (oneDNN's jit kernels want source and destination alike:
+    // nChw16c from plain input, nhwc in the second block), permute to channels-last, LayerNorm over channels, two
+    // Linear layers with Gelu between, permute back (an nhwc view), the per-channel layer scale and the residual read
+    // in nhwc; claimed whole.
+    OpCase c;
+    c.op = "Chain";
+    c.opset = 13;
+    c.label = "convnext blocks: depthwise 7x7, permute, LayerNorm over channels, MLP, layer scale, residual C=32";
+    c.inputs = {in("X", {1, 32, 9, 11})};
+    const Attribute to_last = Is({0, 2, 3, 1}), to_first = Is({0, 3, 1, 2});
+    c.chain = {};
+    std::string x = "X";
+    for (int b = 0; b < 2; ++b) {
+      const std::string k = std::to_string(b);
+      c.inputs.push_back(in("WD" + k, {32, 1, 7, 7}, true, -0.3f, 0.3f));
+      c.inputs.push_back(in("BD" + k, {32}, true));
+      c.inputs.push_back(in("G" + k, {32}, true, 0.5f, 1.5f));
+      c.inputs.push_back(in("N" + k, {32}, true));
+      c.inputs.push_back(in("W1" + k, {32, 64}, true, -0.3f, 0.3f));
+      c.inputs.push_back(in("B1" + k, {64}, true));
+      c.inputs.push_back(in("W2" + k, {64, 32}, true, -0.2f, 0.2f));
+      c.inputs.push_back(in("B2" + k, {32}, true));
+      c.inputs.push_back(in("LS" + k, {32, 1, 1}, true, 0.1f, 0.5f));
+      const size_t at = c.chain.size();
+      auto ref = [&](size_t j) { return "$" + std::to_string(at + j); };
+      c.chain.push_back(conv({x, "WD" + k, "BD" + k}, 7, 1, 3, 32));                                        // 0
+      c.chain.push_back({"Transpose", {ref(0)}, {{"perm", to_last}}});                                      // 1
+      c.chain.push_back({"keel.LayerNormalization", {ref(1), "G" + k, "N" + k}, {{"axis", I(-1)}}});         // 2
+      c.chain.push_back({"MatMul", {ref(2), "W1" + k}, {}});                                                // 3
+      c.chain.push_back({"Add", {ref(3), "B1" + k}, {}});                                                   // 4
+      c.chain.push_back({"keel.Gelu", {ref(4)}, {}});                                                       // 5
+      c.chain.push_back({"MatMul", {ref(5), "W2" + k}, {}});                                                // 6
+      c.chain.push_back({"Add", {ref(6), "B2" + k}, {}});                                                   // 7
+      c.chain.push_back({"Transpose", {ref(7)}, {{"perm", to_first}}});                                     // 8
+      c.chain.push_back({"Mul", {ref(8), "LS" + k}, {}});                                                   // 9
+      c.chain.push_back({"Add", {x, ref(9)}, {}});                                                          // 10
+      x = ref(10);
+    }
+    c.claim_whole = true;
+    v.push_back(c);
+  }
+  {
     // MobileNet-V3's inverted residual with squeeze-excite: HardSwish after the 1x1 expansion and after a depthwise
     // 3x3 over 72 channels (a partial last block of nChw16c: oneDNN's jit depthwise kernel only with a blocked
     // destination), HardSigmoid closing the squeeze-excite (two eltwise post-ops: linear, clip), its Mul by the
