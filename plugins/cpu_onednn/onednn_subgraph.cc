@@ -611,6 +611,7 @@ class Builder {
   void plan_workspace();
 
   void plan_concats();
+  void plan_concat_prefixes();
 
   // The data type the node being built computes in (its output's: f32 or bf16). Unqualified plain_md() in the
   // Builder makes memory of that type; constants (f32 here) are converted to it when read as data.
@@ -748,8 +749,9 @@ std::unique_ptr<Plan> Builder::build() {
 // Channel concatenations of batch 1 whose inputs are 16-aligned, computed here and read by the Concat only:
 // reserve the output buffer; each input written as nChw16c lands in its slice of it (see define).
 void Builder::plan_concats() {
+  plan_concat_prefixes();
   for (const NodeDesc& n : r_.nodes) {
-    if (n.op != "Concat" || n.out.size() != 1) continue;
+    if (n.op != "Concat" || n.out.size() != 1 || concat_bufs_.count(n.out[0])) continue;
     if (auto t = r_.dtypes.find(n.out[0]); t == r_.dtypes.end() || t->second != KEEL_DTYPE_F32) continue;
     auto yd = r_.dims.find(n.out[0]);
     if (yd == r_.dims.end() || yd->second.size() != 4 || yd->second[0] != 1) continue;
@@ -775,6 +777,58 @@ void Builder::plan_concats() {
       off += static_cast<uint64_t>(numel(r_.dims.at(in))) * sizeof(float);
     }
     concat_bufs_[n.out[0]] = b;
+  }
+}
+
+// DenseNet's blocks: Concat(x0, f1), Concat(x0, f1, f2), ..., each concatenation's inputs a prefix of the last
+// one's (batch 1, 4-D f32, channel axis, 16-aligned channel counts). One buffer holds the last concatenation; each
+// feature is written once into its slice (see define) and every concatenation is a view of the buffer's first
+// channels (the first C channels of an nChw16c [1,C',H,W] are the bytes of an nChw16c [1,C,H,W]): no Concat copies
+// anything, where each would copy all the features before it. Other readers of a feature read it in its slice; the
+// buffer holds many values, so nothing writes into it in place.
+void Builder::plan_concat_prefixes() {
+  auto eligible = [&](const NodeDesc& n) {
+    if (n.op != "Concat" || n.out.size() != 1 || n.in.empty()) return false;
+    if (auto t = r_.dtypes.find(n.out[0]); t == r_.dtypes.end() || t->second != KEEL_DTYPE_F32) return false;
+    auto yd = r_.dims.find(n.out[0]);
+    if (yd == r_.dims.end() || yd->second.size() != 4 || yd->second[0] != 1) return false;
+    int64_t axis = n.ai("axis", 0);
+    if (axis < 0) axis += 4;
+    if (axis != 1) return false;
+    std::set<std::string> seen;
+    for (const auto& in : n.in) {
+      auto d = r_.dims.find(in);
+      if (in.empty() || d == r_.dims.end() || d->second.size() != 4 || d->second[1] % 16 != 0 || escapes(in) ||
+          is_const(in) || !seen.insert(in).second ||
+          std::find(r_.inputs.begin(), r_.inputs.end(), in) != r_.inputs.end())
+        return false;
+    }
+    return true;
+  };
+  std::map<std::string, std::vector<size_t>> families;  // first input -> the eligible Concats starting with it
+  for (size_t i = 0; i < r_.nodes.size(); ++i)
+    if (eligible(r_.nodes[i])) families[r_.nodes[i].in[0]].push_back(i);
+  for (const auto& [first, members] : families) {
+    if (members.size() < 2) continue;
+    size_t last = members[0];
+    for (size_t m : members)
+      if (r_.nodes[m].in.size() > r_.nodes[last].in.size()) last = m;
+    const std::vector<std::string>& all = r_.nodes[last].in;
+    bool ok = true;
+    for (size_t m : members) {
+      const auto& in = r_.nodes[m].in;
+      ok = ok && std::equal(in.begin(), in.end(), all.begin());
+    }
+    for (const auto& in : all) ok = ok && !concat_parts_.count(in);
+    if (!ok) continue;
+    md_t full(to_dnnl(r_.dims.at(r_.nodes[last].out[0])), dt::f32, tag::nChw16c);
+    int b = new_buf(full.get_size());
+    uint64_t off = 0;
+    for (const auto& in : all) {
+      concat_parts_[in] = {b, off};
+      off += static_cast<uint64_t>(numel(r_.dims.at(in))) * sizeof(float);
+    }
+    for (size_t m : members) concat_bufs_[r_.nodes[m].out[0]] = b;
   }
 }
 

@@ -1537,6 +1537,46 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // A DenseNet block: each layer (BatchNormalization, Relu, 1x1, BatchNormalization, Relu, 3x3 to 16 channels)
+    // reads the Concat of the block input and every feature before it (a 1-input Concat first); the Concats are
+    // views of one buffer each feature is written into once. A transition (1x1, average pool) after the block's last
+    // Concat.
+    OpCase c;
+    c.op = "Chain";
+    c.label = "densenet block: 3 layers of growth 16 over Concat prefixes, transition";
+    c.inputs = {in("X", {1, 8, 10, 10}), in("W0", {32, 8, 3, 3}, true, -0.3f, 0.3f)};
+    c.chain = {conv({"X", "W0"}, 3, 1, 1), {"Relu", {"$0"}, {}}};  // $1: the block input, 32 channels
+    std::vector<std::string> feats{"$1"};
+    for (int l = 0; l < 3; ++l) {
+      const std::string k = std::to_string(l);
+      const int64_t C = 32 + 16 * l;
+      for (const char* p : {"S", "T", "M", "V"})
+        c.inputs.push_back(in(p + k + "a", {C}, true, p[0] == 'V' || p[0] == 'S' ? 0.5f : -0.5f, 1.5f));
+      for (const char* p : {"S", "T", "M", "V"})
+        c.inputs.push_back(in(p + k + "b", {32}, true, p[0] == 'V' || p[0] == 'S' ? 0.5f : -0.5f, 1.5f));
+      c.inputs.push_back(in("WA" + k, {32, C, 1, 1}, true, -0.3f, 0.3f));
+      c.inputs.push_back(in("WB" + k, {16, 32, 3, 3}, true, -0.2f, 0.2f));
+      auto ref = [&](size_t j) { return "$" + std::to_string(j); };
+      c.chain.push_back({"Concat", feats, {{"axis", I(1)}}});  // the first: torch.cat of one tensor
+      const std::string x = ref(c.chain.size() - 1);
+      c.chain.push_back({"BatchNormalization", {x, "S" + k + "a", "T" + k + "a", "M" + k + "a", "V" + k + "a"}, {}});
+      c.chain.push_back({"Relu", {ref(c.chain.size() - 1)}, {}});
+      c.chain.push_back(conv({ref(c.chain.size() - 1), "WA" + k}, 1, 1, 0));
+      c.chain.push_back({"BatchNormalization",
+                         {ref(c.chain.size() - 1), "S" + k + "b", "T" + k + "b", "M" + k + "b", "V" + k + "b"}, {}});
+      c.chain.push_back({"Relu", {ref(c.chain.size() - 1)}, {}});
+      c.chain.push_back(conv({ref(c.chain.size() - 1), "WB" + k}, 3, 1, 1));
+      feats.push_back(ref(c.chain.size() - 1));
+    }
+    c.chain.push_back({"Concat", feats, {{"axis", I(1)}}});  // [1,80,10,10]
+    c.inputs.push_back(in("WT", {32, 80, 1, 1}, true, -0.2f, 0.2f));
+    c.chain.push_back(conv({"$" + std::to_string(c.chain.size() - 1), "WT"}, 1, 1, 0));
+    c.chain.push_back({"AveragePool", {"$" + std::to_string(c.chain.size() - 1)},
+                       {{"kernel_shape", Is({2, 2})}, {"strides", Is({2, 2})}}});
+    c.claim_whole = true;
+    v.push_back(c);
+  }
+  {
     // MobileNet-V3's inverted residual with squeeze-excite: HardSwish after the 1x1 expansion and after a depthwise
     // 3x3 over 72 channels (a partial last block of nChw16c: oneDNN's jit depthwise kernel only with a blocked
     // destination), HardSigmoid closing the squeeze-excite (two eltwise post-ops: linear, clip), its Mul by the
