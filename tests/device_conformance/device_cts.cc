@@ -1577,6 +1577,44 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // Two ShuffleNet-V2 units at batch 2 with 24-channel halves (partial nChw16c blocks): the channel split as
+    // Slices, the second half through 1x1 / depthwise 3x3 / 1x1, Concat of the untouched half (a strided view) and
+    // the branch (nChw16c), each reordered straight into its slice of the output; then the channel shuffle as
+    // Reshape [N,2,24,H,W], Transpose(0,2,1,3,4), Reshape back.
+    OpCase c;
+    c.op = "Chain";
+    c.label = "shufflenet units: split by Slice, branch, Concat of a view and nChw16c, channel shuffle, batch 2";
+    c.inputs = {in("X", {2, 8, 9, 9}), in("W0", {48, 8, 3, 3}, true, -0.3f, 0.3f), in("ST", {1}, true),
+                in("MID", {1}, true), in("END", {1}, true), in("AX", {1}, true), in("S5", {5}, true),
+                in("S4", {4}, true)};
+    c.int64_constants = {{2, i64({0})}, {3, i64({24})}, {4, i64({48})}, {5, i64({1})}, {6, i64({2, 2, 24, 9, 9})},
+                         {7, i64({2, 48, 9, 9})}};
+    c.chain = {conv({"X", "W0"}, 3, 1, 1), {"Relu", {"$0"}, {}}};  // $1 [2,48,9,9]
+    std::string x = "$1";
+    for (int u = 0; u < 2; ++u) {
+      const std::string k = std::to_string(u);
+      c.inputs.push_back(in("WA" + k, {24, 24, 1, 1}, true, -0.4f, 0.4f));
+      c.inputs.push_back(in("WD" + k, {24, 1, 3, 3}, true, -0.4f, 0.4f));
+      c.inputs.push_back(in("WB" + k, {24, 24, 1, 1}, true, -0.4f, 0.4f));
+      auto ref = [&](size_t j) { return "$" + std::to_string(j); };
+      const size_t a = c.chain.size();
+      c.chain.push_back({"Slice", {x, "ST", "MID", "AX"}, {}});                  // a+0: first half
+      c.chain.push_back({"Slice", {x, "MID", "END", "AX"}, {}});                 // a+1: second half
+      c.chain.push_back(conv({ref(a + 1), "WA" + k}, 1, 1, 0));                 // a+2
+      c.chain.push_back({"Relu", {ref(a + 2)}, {}});                             // a+3
+      c.chain.push_back(conv({ref(a + 3), "WD" + k}, 3, 1, 1, 24));             // a+4
+      c.chain.push_back(conv({ref(a + 4), "WB" + k}, 1, 1, 0));                 // a+5
+      c.chain.push_back({"Relu", {ref(a + 5)}, {}});                             // a+6
+      c.chain.push_back({"Concat", {ref(a + 0), ref(a + 6)}, {{"axis", I(1)}}});  // a+7
+      c.chain.push_back({"Reshape", {ref(a + 7), "S5"}, {}});                    // a+8
+      c.chain.push_back({"Transpose", {ref(a + 8)}, {{"perm", Is({0, 2, 1, 3, 4})}}});
+      c.chain.push_back({"Reshape", {ref(a + 9), "S4"}, {}});                    // a+10
+      x = ref(a + 10);
+    }
+    c.claim_whole = true;
+    v.push_back(c);
+  }
+  {
     // MobileNet-V3's inverted residual with squeeze-excite: HardSwish after the 1x1 expansion and after a depthwise
     // 3x3 over 72 channels (a partial last block of nChw16c: oneDNN's jit depthwise kernel only with a blocked
     // destination), HardSigmoid closing the squeeze-excite (two eltwise post-ops: linear, clip), its Mul by the
