@@ -27,8 +27,8 @@
 //     a scalar Mul/Div in front of a MatMul becomes the MatMul's output scale;
 //   - the workspace holds every internal value, offsets planned from liveness.
 //
-// Ops: Conv and ConvTranspose (1-D, 2-D, 3-D), BatchNormalization, Relu, Clip, LeakyRelu, Sigmoid, Tanh, Gelu
-// (ai.onnx 20 or keel.Gelu), Add/Sub/Mul/Div (same shape, a broadcast constant, or a [N,C,1,1] value),
+// Ops: Conv and ConvTranspose (1-D, 2-D, 3-D), BatchNormalization, Relu, Clip, LeakyRelu, Sigmoid, Tanh, HardSwish,
+// HardSigmoid, Gelu (ai.onnx 20 or keel.Gelu), Resize (linear half_pixel; nearest by integer factors), Add/Sub/Mul/Div (same shape, a broadcast constant, or a [N,C,1,1] value),
 // MaxPool/AveragePool (1-D, 2-D, 3-D), GlobalAveragePool/GlobalMaxPool, Concat, MatMul, Gemm, Softmax (last axis),
 // LayerNormalization (last axis; ai.onnx 17, keel.LayerNormalization, or the decomposed pattern), Transpose, Slice
 // (step 1), Reshape, Flatten, Squeeze, Unsqueeze, Identity, Cast (f32 <-> bf16), Pad (all-zero pads: a view).
@@ -2101,10 +2101,18 @@ void Builder::batchnorm(size_t i) {
   const Val xv = val(n.in[0]);
   md_t md = is_strided(xv.md) && !is_plain_dense(xv.md) ? plain_md(x) : xv.md;
   Val sv = as_md(n.in[0], md);
-  dnnl::batch_normalization_forward::desc d(dnnl::prop_kind::forward_inference, md, n.af("epsilon", 1e-5f),
-                                            dnnl::normalization_flags::use_global_stats |
-                                                dnnl::normalization_flags::use_scale |
-                                                dnnl::normalization_flags::use_shift);
+  // A Relu after it (DenseNet's pre-activation BatchNormalization-Relu in front of each convolution): oneDNN's
+  // fused flag, one pass instead of two.
+  auto flags = dnnl::normalization_flags::use_global_stats | dnnl::normalization_flags::use_scale |
+               dnnl::normalization_flags::use_shift;
+  std::string out = n.out[0];
+  const size_t relu = sole_user(out);
+  if (relu != npos && r_.nodes[relu].op == "Relu" && r_.nodes[relu].out.size() == 1) {
+    flags |= dnnl::normalization_flags::fuse_norm_relu;
+    out = r_.nodes[relu].out[0];
+    done_[relu] = true;
+  }
+  dnnl::batch_normalization_forward::desc d(dnnl::prop_kind::forward_inference, md, n.af("epsilon", 1e-5f), flags);
   dnnl::batch_normalization_forward::primitive_desc pd(d, engine());
   std::unordered_map<int, dnnl::memory> args;
   const int arg[4] = {DNNL_ARG_SCALE, DNNL_ARG_SHIFT, DNNL_ARG_MEAN, DNNL_ARG_VARIANCE};
@@ -2114,7 +2122,7 @@ void Builder::batchnorm(size_t i) {
     args[arg[k]] = p_->owned.back();
   }
   args[DNNL_ARG_SRC] = mem_of(sv);
-  Val& o = define(n.out[0], md);
+  Val& o = define(out, md);
   args[DNNL_ARG_DST] = mem_of(o);
   exec(dnnl::batch_normalization_forward(pd), std::move(args));
 }
