@@ -7,6 +7,16 @@ features [1,40,800]: Conv1d + BatchNorm1d + Relu, dilated residual blocks, MaxPo
 AdaptiveAvgPool1d, Linear; 0.55 GFLOP), tcn1d_b8 (the same at batch 8) and c3d (a 3-D ResNet-style video net on
 [1,3,8,64,64]: Conv3d 3x7x7 s(1,2,2), BatchNorm3d, MaxPool3d, residual Conv3d blocks, AvgPool3d, Linear; 0.6 GFLOP).
 
+Common architectures a reviewer tries beyond those (torchvision 0.14, batch 1, 224x224 unless noted):
+mobilenet_v3_large (HardSwish, squeeze-excite with HardSigmoid), shufflenet_v2_x1_0 (channel shuffle as
+Reshape-Transpose-Reshape, Split), densenet121 (Concat after every layer), resnext50_32x4d (grouped 3x3 convs),
+regnet_y_400mf (grouped convs + squeeze-excite), googlenet (inception Concat; aux_logits off), convnext_tiny (7x7
+depthwise, LayerNorm over channels via Permute, GELU, layer scale), lraspp (LR-ASPP MobileNetV3-Large segmentation at
+[1,3,320,320]: Resize bilinear upsampling, Sigmoid gating; the "out" map), fcn_resnet50 (FCN ResNet-50 segmentation,
+dilated convs, bilinear Resize, at [1,3,128,128]: 17 GFLOP) and vit_b_16 (ViT-B/16: patch conv, 12 encoder layers;
+35 GFLOP). ConvNeXt's layer scales (1e-6 in torchvision) are drawn around 0.1 and ViT's zeroed head is drawn, so that
+the output depends on every block. No pretrained backbone is loaded (weights_backbone=None).
+
 Built and exported exactly as ../shared/peers/make_models.py builds its models (random weights seeded per model,
 biases perturbed, BatchNorm running statistics calibrated on random batches, eval mode; its `export` writes
 model.onnx, test_data_set_0 with the input and PyTorch's output, meta.json and torch_state.pt), except for the
@@ -32,6 +42,16 @@ EXTRA = {
     "tcn1d":            (41, "tcn1d", (1, 40, 800), 17),
     "tcn1d_b8":         (41, "tcn1d", (8, 40, 800), 17),
     "c3d":              (42, "c3d", (1, 3, 8, 64, 64), 17),
+    "mobilenet_v3_large": (51, "mobilenet_v3_large", (1, 3, 224, 224), 17),
+    "shufflenet_v2_x1_0": (52, "shufflenet_v2_x1_0", (1, 3, 224, 224), 17),
+    "densenet121":      (53, "densenet121", (1, 3, 224, 224), 17),
+    "resnext50_32x4d":  (54, "resnext50_32x4d", (1, 3, 224, 224), 17),
+    "regnet_y_400mf":   (55, "regnet_y_400mf", (1, 3, 224, 224), 17),
+    "googlenet":        (56, "googlenet", (1, 3, 224, 224), 17),
+    "convnext_tiny":    (57, "convnext_tiny", (1, 3, 224, 224), 17),
+    "lraspp":           (58, "lraspp", (1, 3, 320, 320), 17),
+    "fcn_resnet50":     (59, "fcn_resnet50", (1, 3, 128, 128), 17),
+    "vit_b_16":         (60, "vit_b_16", (1, 3, 224, 224), 17),
 }
 
 
@@ -83,7 +103,64 @@ def c3d():
                          nn.Linear(64, 10))
 
 
-LOCAL = {"gelu_transformer": gelu_transformer, "tcn1d": tcn1d, "c3d": c3d}
+def googlenet():
+    import torchvision.models as tvm
+    return tvm.googlenet(weights=None, aux_logits=False, init_weights=True)
+
+
+class SegOut:
+    """torchvision's segmentation nets return {"out": ...}; the exported graph keeps that map only."""
+
+    @staticmethod
+    def wrap(net):
+        import torch.nn as nn
+
+        class Out(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.net = net
+
+            def forward(self, x):
+                return self.net(x)["out"]
+
+        return Out()
+
+
+def lraspp():
+    import torchvision.models.segmentation as seg
+    return SegOut.wrap(seg.lraspp_mobilenet_v3_large(weights=None, weights_backbone=None))
+
+
+def fcn_resnet50():
+    import torchvision.models.segmentation as seg
+    return SegOut.wrap(seg.fcn_resnet50(weights=None, weights_backbone=None, aux_loss=False))
+
+
+def convnext_tiny():
+    """torchvision initialises the blocks' layer scale to 1e-6, which leaves the residual branches (the 7x7
+    depthwise, LayerNorm, GELU) out of the output; random scales around 0.1 make them count in the check."""
+    import torch
+    import torchvision.models as tvm
+    m = tvm.convnext_tiny(weights=None)
+    with torch.no_grad():
+        for b in m.modules():
+            if hasattr(b, "layer_scale"):
+                b.layer_scale.copy_(0.1 * (1 + 0.5 * torch.randn_like(b.layer_scale)))
+    return m
+
+
+def vit_b_16():
+    """torchvision zeroes ViT's classification head, which would make the output the (perturbed) bias alone."""
+    import torch
+    import torchvision.models as tvm
+    m = tvm.vit_b_16(weights=None)
+    with torch.no_grad():
+        m.heads.head.weight.normal_(0.0, 0.02)
+    return m
+
+
+LOCAL = {"gelu_transformer": gelu_transformer, "tcn1d": tcn1d, "c3d": c3d, "googlenet": googlenet,
+         "lraspp": lraspp, "fcn_resnet50": fcn_resnet50, "convnext_tiny": convnext_tiny, "vit_b_16": vit_b_16}
 
 
 def main():

@@ -27,8 +27,8 @@
 //     a scalar Mul/Div in front of a MatMul becomes the MatMul's output scale;
 //   - the workspace holds every internal value, offsets planned from liveness.
 //
-// Ops: Conv and ConvTranspose (1-D, 2-D, 3-D), BatchNormalization, Relu, Clip, LeakyRelu, Sigmoid, Tanh, Gelu
-// (ai.onnx 20 or keel.Gelu), Add/Sub/Mul/Div (same shape, a broadcast constant, or a [N,C,1,1] value),
+// Ops: Conv and ConvTranspose (1-D, 2-D, 3-D), BatchNormalization, Relu, Clip, LeakyRelu, Sigmoid, Tanh, HardSwish,
+// HardSigmoid, Gelu (ai.onnx 20 or keel.Gelu), Resize (linear half_pixel; nearest by integer factors), Add/Sub/Mul/Div (same shape, a broadcast constant, or a [N,C,1,1] value),
 // MaxPool/AveragePool (1-D, 2-D, 3-D), GlobalAveragePool/GlobalMaxPool, Concat, MatMul, Gemm, Softmax (last axis),
 // LayerNormalization (last axis; ai.onnx 17, keel.LayerNormalization, or the decomposed pattern), Transpose, Slice
 // (step 1), Reshape, Flatten, Squeeze, Unsqueeze, Identity, Cast (f32 <-> bf16), Pad (constant mode: all-zero pads
@@ -572,6 +572,7 @@ class Builder {
     int count = 0;
   };
   bool eltwise_of(const NodeDesc& n, alg* a, float* alpha, float* beta);
+  bool eltwise_po(const NodeDesc& n, dnnl::post_ops* po);
   Fusion fuse_after(const std::string& out, size_t at, bool conv, int64_t channels);
   bool take_silu(Fusion& f);
   void exec_silu(const Val& v, const std::string& name);
@@ -617,10 +618,12 @@ class Builder {
   bool pad_foldable_into(size_t u, const std::string& v, const std::string& src, const Dims& begin, const Dims& end,
                          float value);
   bool non_negative(const std::string& v) const;
+  void resize(size_t i);
   void outputs();
   void plan_workspace();
 
   void plan_concats();
+  void plan_concat_prefixes();
 
   // The data type the node being built computes in (its output's: f32 or bf16). Unqualified plain_md() in the
   // Builder makes memory of that type; constants (f32 here) are converted to it when read as data.
@@ -709,7 +712,8 @@ std::unique_ptr<Plan> Builder::build() {
       else if (op == "ConvTranspose") deconv(i);
       else if (op == "MatMul" || op == "Gemm") matmul(i);
       else if (op == "MaxPool" || op == "AveragePool" || op == "GlobalAveragePool" || op == "GlobalMaxPool") pool(i);
-      else if (op == "Relu" || op == "Clip" || op == "LeakyRelu" || op == "Sigmoid" || op == "Tanh" || op == "Gelu")
+      else if (op == "Relu" || op == "Clip" || op == "LeakyRelu" || op == "Sigmoid" || op == "Tanh" || op == "Gelu" ||
+               op == "HardSwish" || op == "HardSigmoid")
         eltwise(i);
       else if (op == "ReduceMean" && layernorm_pattern(i)) {}
       else if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div") binary(i);
@@ -731,6 +735,7 @@ std::unique_ptr<Plan> Builder::build() {
       else if (op == "Transpose") transpose(i);
       else if (op == "Slice") slice(i);
       else if (op == "Pad") pad(i);
+      else if (op == "Resize") resize(i);
       else if (op == "Cast") cast(i);
       else throw Reject{"op " + op};
     } catch (const Reject& e) {
@@ -756,8 +761,9 @@ std::unique_ptr<Plan> Builder::build() {
 // Channel concatenations of batch 1 whose inputs are 16-aligned, computed here and read by the Concat only:
 // reserve the output buffer; each input written as nChw16c lands in its slice of it (see define).
 void Builder::plan_concats() {
+  plan_concat_prefixes();
   for (const NodeDesc& n : r_.nodes) {
-    if (n.op != "Concat" || n.out.size() != 1) continue;
+    if (n.op != "Concat" || n.out.size() != 1 || concat_bufs_.count(n.out[0])) continue;
     if (auto t = r_.dtypes.find(n.out[0]); t == r_.dtypes.end() || t->second != KEEL_DTYPE_F32) continue;
     auto yd = r_.dims.find(n.out[0]);
     if (yd == r_.dims.end() || yd->second.size() != 4 || yd->second[0] != 1) continue;
@@ -783,6 +789,58 @@ void Builder::plan_concats() {
       off += static_cast<uint64_t>(numel(r_.dims.at(in))) * sizeof(float);
     }
     concat_bufs_[n.out[0]] = b;
+  }
+}
+
+// DenseNet's blocks: Concat(x0, f1), Concat(x0, f1, f2), ..., each concatenation's inputs a prefix of the last
+// one's (batch 1, 4-D f32, channel axis, 16-aligned channel counts). One buffer holds the last concatenation; each
+// feature is written once into its slice (see define) and every concatenation is a view of the buffer's first
+// channels (the first C channels of an nChw16c [1,C',H,W] are the bytes of an nChw16c [1,C,H,W]): no Concat copies
+// anything, where each would copy all the features before it. Other readers of a feature read it in its slice; the
+// buffer holds many values, so nothing writes into it in place.
+void Builder::plan_concat_prefixes() {
+  auto eligible = [&](const NodeDesc& n) {
+    if (n.op != "Concat" || n.out.size() != 1 || n.in.empty()) return false;
+    if (auto t = r_.dtypes.find(n.out[0]); t == r_.dtypes.end() || t->second != KEEL_DTYPE_F32) return false;
+    auto yd = r_.dims.find(n.out[0]);
+    if (yd == r_.dims.end() || yd->second.size() != 4 || yd->second[0] != 1) return false;
+    int64_t axis = n.ai("axis", 0);
+    if (axis < 0) axis += 4;
+    if (axis != 1) return false;
+    std::set<std::string> seen;
+    for (const auto& in : n.in) {
+      auto d = r_.dims.find(in);
+      if (in.empty() || d == r_.dims.end() || d->second.size() != 4 || d->second[1] % 16 != 0 || escapes(in) ||
+          is_const(in) || !seen.insert(in).second ||
+          std::find(r_.inputs.begin(), r_.inputs.end(), in) != r_.inputs.end())
+        return false;
+    }
+    return true;
+  };
+  std::map<std::string, std::vector<size_t>> families;  // first input -> the eligible Concats starting with it
+  for (size_t i = 0; i < r_.nodes.size(); ++i)
+    if (eligible(r_.nodes[i])) families[r_.nodes[i].in[0]].push_back(i);
+  for (const auto& [first, members] : families) {
+    if (members.size() < 2) continue;
+    size_t last = members[0];
+    for (size_t m : members)
+      if (r_.nodes[m].in.size() > r_.nodes[last].in.size()) last = m;
+    const std::vector<std::string>& all = r_.nodes[last].in;
+    bool ok = true;
+    for (size_t m : members) {
+      const auto& in = r_.nodes[m].in;
+      ok = ok && std::equal(in.begin(), in.end(), all.begin());
+    }
+    for (const auto& in : all) ok = ok && !concat_parts_.count(in);
+    if (!ok) continue;
+    md_t full(to_dnnl(r_.dims.at(r_.nodes[last].out[0])), dt::f32, tag::nChw16c);
+    int b = new_buf(full.get_size());
+    uint64_t off = 0;
+    for (const auto& in : all) {
+      concat_parts_[in] = {b, off};
+      off += static_cast<uint64_t>(numel(r_.dims.at(in))) * sizeof(float);
+    }
+    for (size_t m : members) concat_bufs_[r_.nodes[m].out[0]] = b;
   }
 }
 
@@ -860,6 +918,7 @@ bool Builder::eltwise_of(const NodeDesc& n, alg* a, float* alpha, float* beta) {
   else if (n.op == "LeakyRelu") *a = alg::eltwise_relu, *alpha = n.af("alpha", 0.01f);
   else if (n.op == "Sigmoid") *a = alg::eltwise_logistic;
   else if (n.op == "Tanh") *a = alg::eltwise_tanh;
+  else if (n.op == "HardSwish") *a = alg::eltwise_hardswish;  // oneDNN 2.6: x * relu6(x + 3) / 6, no parameters
   else if (n.op == "Gelu") {
     const std::string approx = n.as("approximate", "none");
     if (approx == "none") *a = alg::eltwise_gelu_erf;
@@ -887,6 +946,22 @@ bool Builder::eltwise_of(const NodeDesc& n, alg* a, float* alpha, float* beta) {
   return true;
 }
 
+// The element-wise op node `n` computes, appended to `po` as eltwise post-ops: one for the ops of eltwise_of, two for
+// HardSigmoid (oneDNN 2.6 has none: max(0, min(1, alpha * x + beta)) is linear, then clip to [0, 1]). False, `po`
+// unchanged, when `n` is none of them.
+bool Builder::eltwise_po(const NodeDesc& n, dnnl::post_ops* po) {
+  if (n.op == "HardSigmoid") {
+    po->append_eltwise(1.f, alg::eltwise_linear, n.af("alpha", 0.2f), n.af("beta", 0.5f));
+    po->append_eltwise(1.f, alg::eltwise_clip_v2, 0.f, 1.f);
+    return true;
+  }
+  alg a;
+  float alpha, beta;
+  if (!eltwise_of(n, &a, &alpha, &beta)) return false;
+  po->append_eltwise(1.f, a, alpha, beta);
+  return true;
+}
+
 // Looks at what reads `out` and folds what it can into the op that writes it.
 Builder::Fusion Builder::fuse_after(const std::string& out, size_t at, bool conv, int64_t channels) {
   Fusion f;
@@ -906,12 +981,9 @@ Builder::Fusion Builder::fuse_after(const std::string& out, size_t at, bool conv
     size_t u = sole_user(f.out);
     if (u == npos) break;
     const NodeDesc& n = r_.nodes[u];
-    alg a;
-    float alpha, beta;
     if (n.out.size() != 1 && !(n.op == "BatchNormalization")) break;
-    if (eltwise_of(n, &a, &alpha, &beta)) {
-      if (n.op == "Clip" && n.in[0] != f.out) break;
-      f.po.append_eltwise(1.f, a, alpha, beta);
+    if (n.op == "Clip" && n.in[0] != f.out) break;
+    if (eltwise_po(n, &f.po)) {
       has_eltwise = true;
     } else if (conv && n.op == "BatchNormalization" && f.count == 0 && n.in.size() == 5 && n.in[0] == f.out &&
                n.ai("training_mode", 0) == 0) {
@@ -1247,8 +1319,12 @@ void Builder::conv(size_t i) {
   const Val& xv = val(src_name);
   // Source: the producer's layout when blocked and of this node's type; the plain layout only for few channels (the
   // first layer). An nhwc source (from a brgemm convolution, below) is not kept: this convolution takes its own choice.
+  // Nor is one blocked by other than 16 channels (a grouped convolution's own choice, below): kept, it sends a 1x1
+  // convolution to oneDNN's gemm kernel (ResNeXt's conv3 after nChw4c: 11 ms instead of 0.9 ms).
+  const auto& blk = xv.md.data.format_desc.blocking;
+  const bool odd_block = xv.md.data.format_kind == dnnl_blocked && blk.inner_nblks > 0 && blk.inner_blks[0] != 16;
   bool keep_src = ((!is_plain_dense(xv.md) && xv.md != md_t(to_dnnl(x), act_, channels_last_tag(x.size()))) || C < 8) &&
-                  xv.md.data_type() == act_;
+                  !odd_block && xv.md.data_type() == act_;
   md_t src = keep_src ? xv.md : md_t(to_dnnl(x), act_, tag::any);
   md_t dst = M % 16 == 0 ? md_t(to_dnnl(y), act_, blocked16_tag(y.size())) : md_t(to_dnnl(y), act_, tag::any);
   dnnl::primitive_attr attr;
@@ -1295,7 +1371,21 @@ void Builder::conv(size_t i) {
   if (is_ref()) {
     auto ref_pd = std::move(pd);
     md_t src_plain(to_dnnl(x), act_, plain_tag(x.size()));
-    make(alg::convolution_direct, src_plain, dst);
+    // A depthwise convolution: oneDNN's jit kernels want source and destination alike, nChw16c (jit_dw, a partial
+    // last block padded: MobileNet-V3's 72 or 200 channels) or nhwc (brdgmm_dw: kept when the source is nhwc, as in
+    // ConvNeXt's blocks); a blocked source with an `any` destination, or any source with an nChw16c one, gets
+    // ref:any, and plain memory only the gemm kernel (measured at 56x56: 72 channels 0.04 ms vs 0.7 ms, ConvNeXt's
+    // 7x7 over 96 channels 0.17 ms vs 5.1 ms).
+    if (g == C && g == M) {
+      const bool nhwc = xv.md == md_t(to_dnnl(x), act_, channels_last_tag(x.size()));
+      const tag t = nhwc ? channels_last_tag(x.size()) : blocked16_tag(x.size());
+      make(alg::convolution_direct, md_t(to_dnnl(x), act_, t), md_t(to_dnnl(y), act_, t));
+    }
+    // A grouped convolution whose groups are not whole 16-channel blocks (ResNeXt's 4 and 8 channels per group,
+    // RegNet's 8): oneDNN's jit kernel takes it in a layout of its own choice (blocked by 4 or 8), behind a reorder,
+    // where plain memory would get its gemm kernel (measured 128 channels in 32 groups at 56x56: 0.56 ms vs 1.39 ms).
+    if ((is_ref() || !pd) && g > 1 && g < C && (C / g) % 16 != 0) make(alg::convolution_direct, src_any, dst_any);
+    if (is_ref() || !pd) make(alg::convolution_direct, src_plain, dst);
     if (is_ref() || !pd) make(alg::convolution_direct, src_plain, dst_any);
     if (is_ref() || !pd) make(alg::convolution_direct, src_any, dst_any);
     if (is_ref() || !pd) pd = std::move(ref_pd);
@@ -1914,8 +2004,6 @@ void Builder::pool(size_t i) {
   Fusion f;
   f.out = n.out[0];
   for (;;) {
-    alg ea;
-    float alpha, beta;
     if (size_t m = silu_after(f.out); m != npos) {
       f.po.append_eltwise(1.f, alg::eltwise_swish, 1.f, 0.f);
       f.nodes.push_back(users(f.out)[0] == m ? users(f.out)[1] : users(f.out)[0]);
@@ -1924,10 +2012,8 @@ void Builder::pool(size_t i) {
       continue;
     }
     size_t u = sole_user(f.out);
-    if (u == npos || r_.nodes[u].out.size() != 1 || !eltwise_of(r_.nodes[u], &ea, &alpha, &beta) ||
-        r_.nodes[u].in[0] != f.out)
+    if (u == npos || r_.nodes[u].out.size() != 1 || r_.nodes[u].in[0] != f.out || !eltwise_po(r_.nodes[u], &f.po))
       break;
-    f.po.append_eltwise(1.f, ea, alpha, beta);
     f.nodes.push_back(u);
     f.out = r_.nodes[u].out[0];
   }
@@ -1950,24 +2036,30 @@ void Builder::pool(size_t i) {
   for (size_t k2 : f.nodes) done_[k2] = true;
 }
 
+// An element-wise op on its own: one eltwise primitive per post-op eltwise_po gives (HardSigmoid: two, the second in
+// place over the first one's output; oneDNN's eltwise primitive with a post-op is its reference kernel).
 void Builder::eltwise(size_t i) {
   const NodeDesc& n = r_.nodes[i];
-  alg a;
-  float alpha, beta;
-  if (!eltwise_of(n, &a, &alpha, &beta)) throw Reject{"non-constant Clip bounds or unknown Gelu approximation"};
+  dnnl::post_ops ops;
+  if (!eltwise_po(n, &ops)) throw Reject{"non-constant Clip bounds or unknown Gelu approximation"};
   const Val xv = val(n.in[0]);
   if (xv.scale != 1.f) throw Reject{"scaled input"};
   md_t md = xv.md;
   if (!is_plain_dense(md) && is_strided(md)) md = plain_md(md_dims(md));
   Val sv = as_md(n.in[0], md);
-  dnnl::eltwise_forward::desc d(dnnl::prop_kind::forward_inference, a, md, alpha, beta);
-  dnnl::eltwise_forward::primitive_desc pd(d, engine());
   int buf = dead_after(n.in[0], i) && sv.off == 0 && vals_[n.in[0]].buf == sv.buf ? sv.buf : -2;
   if (buf >= 0) p_->bufs[buf].values--;
   dnnl::memory sm = mem_of(sv);
   Val& o = define(n.out[0], md, buf);
   dnnl::memory dm = mem_of(o);
-  exec(dnnl::eltwise_forward(pd), {{DNNL_ARG_SRC, sm}, {DNNL_ARG_DST, dm}});
+  for (int k = 0; k < ops.len(); ++k) {
+    float scale, alpha, beta;
+    alg a;
+    ops.get_params_eltwise(k, scale, a, alpha, beta);
+    dnnl::eltwise_forward::desc d(dnnl::prop_kind::forward_inference, a, md, alpha, beta);
+    dnnl::eltwise_forward::primitive_desc pd(d, engine());
+    exec(dnnl::eltwise_forward(pd), {{DNNL_ARG_SRC, k == 0 ? sm : dm}, {DNNL_ARG_DST, dm}});
+  }
 }
 
 // Add/Sub/Mul/Div: two values of one shape, or a value and a broadcast constant. A scalar Mul/Div read only by a
@@ -2003,7 +2095,9 @@ void Builder::binary(size_t i) {
   if (d0 != y || is_const(x0)) throw Reject{"neither operand has the output's shape"};
   const Val v0 = val(x0);
   if (v0.scale != 1.f) throw Reject{"scaled input"};
-  md_t m0 = is_strided(v0.md) && !is_plain_dense(v0.md) ? plain_md(y) : v0.md;
+  // A channels-last operand (a transposed view, ConvNeXt's blocks after their permute back) is read as such.
+  const bool cl0 = (y.size() == 4 || y.size() == 5) && v0.md == md_t(to_dnnl(y), act_, channels_last_tag(y.size()));
+  md_t m0 = is_strided(v0.md) && !is_plain_dense(v0.md) && !cl0 ? plain_md(y) : v0.md;
   md_t m1;
   Dims e;
   if (d1 == y) {
@@ -2015,7 +2109,13 @@ void Builder::binary(size_t i) {
     for (size_t k = 0; k < y.size(); ++k)
       if (e[k] != y[k] && e[k] != 1) throw Reject{"broadcast"};
     m1 = plain_md(e);
-    if (!is_plain_dense(m0)) {
+    if (cl0) {
+      // Over nhwc a per-channel [1,C,1,1] operand (its plain bytes are nhwc's) runs on the jit kernel; other
+      // broadcasts over plain memory.
+      bool per_channel = e[1] == y[1] && (e[0] == 1 || e[0] == y[0]);
+      for (size_t k = 2; k < e.size() && per_channel; ++k) per_channel = e[k] == 1;
+      if (!per_channel) m0 = plain_md(y);
+    } else if (!is_plain_dense(m0)) {
       // Per-channel over nChw16c: oneDNN's jit kernel wants the [N,C,1,1] second source blocked the same way (for
       // C % 16 == 0 the same bytes as the plain one); any other broadcast runs over plain memory.
       // (3-D: [N,C,1,1,1] over nCdhw16c alike.)
@@ -2078,16 +2178,37 @@ void Builder::concat(size_t i) {
     blocked = blocked && !is_strided(v.md);
   }
   md_t first = val(n.in[0]).md;
+  bool all_blocked = true;
   for (const auto& in : n.in) {
-    // One layout for every source: the first one's when all are blocked alike, else plain.
     const Val& v = val(in);
-    md_t want;
-    if (blocked && axis == 1 && v.md.data.format_desc.blocking.inner_nblks == first.data.format_desc.blocking.inner_nblks &&
-        v.md.data.dims[1] % 16 == 0) {
-      want = v.md;
-    } else {
-      want = plain_md(dims_of(in));
+    all_blocked = all_blocked && blocked && axis == 1 &&
+                  v.md.data.format_desc.blocking.inner_nblks == first.data.format_desc.blocking.inner_nblks &&
+                  v.md.data.dims[1] % 16 == 0;
+  }
+  if (!all_blocked) {
+    // A plain output, each source reordered straight into its slice (any layout in, a strided view of the output
+    // out): oneDNN's concat over plain memory is its simple kernel, measured 10x slower than the reorders (ShuffleNet's
+    // [1,58,28,28] halves: 0.15 ms against 0.014 ms each), and it needed its sources plain first.
+    Val& o = define(n.out[0], plain_md(y));
+    const int obuf = o.buf;
+    const uint64_t ooff = o.off;
+    const Dims ys = md_strides(o.md);
+    const size_t esize = elem_size(o.md);
+    uint64_t at = 0;  // elements into the output
+    for (const auto& in : n.in) {
+      const Dims d = dims_of(in);
+      Val sv = val(in);
+      if (sv.md.data_type() != act_) throw Reject{"Concat of mixed dtypes"};
+      dnnl::memory sm = mem_of(sv), dm = mem_at(strided_md(d, ys, act_), obuf, ooff + at * esize);
+      exec(dnnl::reorder(sm, dm), {{DNNL_ARG_FROM, sm}, {DNNL_ARG_TO, dm}});
+      at += static_cast<uint64_t>(d[axis] * ys[axis]);
     }
+    return;
+  }
+  for (const auto& in : n.in) {
+    // One layout for every source: the first one's, all blocked alike.
+    const Val& v = val(in);
+    md_t want = v.md;
     srcs.push_back(as_md(in, want));
     mds.push_back(want);
   }
@@ -2116,10 +2237,18 @@ void Builder::batchnorm(size_t i) {
   const Val xv = val(n.in[0]);
   md_t md = is_strided(xv.md) && !is_plain_dense(xv.md) ? plain_md(x) : xv.md;
   Val sv = as_md(n.in[0], md);
-  dnnl::batch_normalization_forward::desc d(dnnl::prop_kind::forward_inference, md, n.af("epsilon", 1e-5f),
-                                            dnnl::normalization_flags::use_global_stats |
-                                                dnnl::normalization_flags::use_scale |
-                                                dnnl::normalization_flags::use_shift);
+  // A Relu after it (DenseNet's pre-activation BatchNormalization-Relu in front of each convolution): oneDNN's
+  // fused flag, one pass instead of two.
+  auto flags = dnnl::normalization_flags::use_global_stats | dnnl::normalization_flags::use_scale |
+               dnnl::normalization_flags::use_shift;
+  std::string out = n.out[0];
+  const size_t relu = sole_user(out);
+  if (relu != npos && r_.nodes[relu].op == "Relu" && r_.nodes[relu].out.size() == 1) {
+    flags |= dnnl::normalization_flags::fuse_norm_relu;
+    out = r_.nodes[relu].out[0];
+    done_[relu] = true;
+  }
+  dnnl::batch_normalization_forward::desc d(dnnl::prop_kind::forward_inference, md, n.af("epsilon", 1e-5f), flags);
   dnnl::batch_normalization_forward::primitive_desc pd(d, engine());
   std::unordered_map<int, dnnl::memory> args;
   const int arg[4] = {DNNL_ARG_SCALE, DNNL_ARG_SHIFT, DNNL_ARG_MEAN, DNNL_ARG_VARIANCE};
@@ -2129,7 +2258,7 @@ void Builder::batchnorm(size_t i) {
     args[arg[k]] = p_->owned.back();
   }
   args[DNNL_ARG_SRC] = mem_of(sv);
-  Val& o = define(n.out[0], md);
+  Val& o = define(out, md);
   args[DNNL_ARG_DST] = mem_of(o);
   exec(dnnl::batch_normalization_forward(pd), std::move(args));
 }
@@ -2405,6 +2534,85 @@ bool Builder::non_negative(const std::string& v) const {
   return false;
 }
 
+// Resize (opset 11+: X, roi, scales, sizes; constant scales or sizes) of the spatial axes of a 3-D to 5-D value, as
+// oneDNN's resampling (the layout kept: nChw16c in, nChw16c out):
+//   - linear with coordinate_transformation_mode half_pixel (pytorch_half_pixel where no output axis is 1): what
+//     torch exports for bilinear/trilinear interpolation with align_corners=False; oneDNN computes the same
+//     (x + 0.5) / scale - 0.5, clamped at the edges;
+//   - nearest with integer upscale factors and asymmetric + floor (torch's nearest) or half_pixel +
+//     round_prefer_floor/ceil: each output pixel then reads source pixel floor(x / scale), oneDNN's
+//     floor((x + 0.5) / scale) for an integer scale.
+// Anything else (cubic, align_corners, asymmetric linear, tf_crop_and_resize, antialias, axes, N or C resized)
+// stays with the Resize kernel.
+void Builder::resize(size_t i) {
+  const NodeDesc& n = r_.nodes[i];
+  if (n.in.size() < 3) throw Reject{"Resize-10 form (X, scales)"};
+  const Dims x = dims_of(n.in[0]), y = dims_of(n.out[0]);
+  const size_t rank = x.size();
+  if (rank < 3 || rank > 5 || y.size() != rank || x[0] != y[0] || x[1] != y[1]) throw Reject{"not a spatial resize"};
+  if (n.has("axes") || n.ai("antialias", 0) != 0 || n.as("keep_aspect_ratio_policy", "stretch") != "stretch")
+    throw Reject{"axes, antialias or keep_aspect_ratio_policy"};
+  const std::string mode = n.as("mode", "nearest"), ctm = n.as("coordinate_transformation_mode", "half_pixel"),
+                    nm = n.as("nearest_mode", "round_prefer_floor");
+  const ConstT* sc = n.in_at(2).empty() ? nullptr : cst(n.in_at(2));
+  const ConstT* sz = n.in_at(3).empty() ? nullptr : cst(n.in_at(3));
+  if ((!n.in_at(2).empty() && !sc) || (!n.in_at(3).empty() && !sz)) throw Reject{"non-constant scales or sizes"};
+  if (sc && sc->count() == 0) sc = nullptr;
+  if (sz && sz->count() == 0) sz = nullptr;
+  if (!sc && !sz) throw Reject{"neither scales nor sizes"};
+  std::vector<float> factors;
+  for (size_t k = 2; k < rank; ++k) {
+    if (sc) {
+      if (sc->count() != static_cast<int64_t>(rank) || sc->at(0) != 1 || sc->at(1) != 1) throw Reject{"scales"};
+      factors.push_back(static_cast<float>(sc->at(static_cast<int64_t>(k))));
+    } else {
+      if (sz->count() != static_cast<int64_t>(rank) || sz->iat(static_cast<int64_t>(k)) != y[k]) throw Reject{"sizes"};
+      factors.push_back(static_cast<float>(y[k]) / static_cast<float>(x[k]));
+    }
+    if (!(factors.back() > 0) || y[k] != static_cast<int64_t>(std::floor(x[k] * static_cast<double>(factors.back()))))
+      throw Reject{"output size does not follow from the scales"};
+  }
+  alg a;
+  if (mode == "linear") {
+    bool one = false;
+    for (size_t k = 2; k < rank; ++k) one = one || y[k] == 1;
+    if (ctm != "half_pixel" && !(ctm == "pytorch_half_pixel" && !one))
+      throw Reject{"linear Resize with coordinate_transformation_mode " + ctm};
+    a = alg::resampling_linear;
+  } else if (mode == "nearest") {
+    const bool floor_mode = ctm == "asymmetric" && nm == "floor";
+    const bool round_mode = (ctm == "half_pixel" || ctm == "pytorch_half_pixel") &&
+                            (nm == "round_prefer_floor" || nm == "round_prefer_ceil");
+    if (!floor_mode && !round_mode) throw Reject{"nearest Resize with " + ctm + " / " + nm};
+    for (size_t k = 2; k < rank; ++k) {
+      const float f = factors[k - 2];
+      if (f < 1 || f != std::floor(f) || y[k] != x[k] * static_cast<int64_t>(f)) throw Reject{"nearest Resize by a non-integer factor"};
+    }
+    a = alg::resampling_nearest;
+  } else {
+    throw Reject{"Resize mode " + mode};
+  }
+  const Val& v = val(n.in[0]);
+  if (v.scale != 1.f) throw Reject{"scaled input"};
+  // The producer's layout when it is plain or channel-blocked with whole blocks; else plain (a blocked value with a
+  // partial last block, e.g. a 21-class segmentation map, is read plain: the resized copy is the big one).
+  md_t src = plain_md(x), dst = plain_md(y);
+  if (v.md == md_t(to_dnnl(x), act_, blocked16_tag(rank)) && x[1] % 16 == 0) {
+    src = v.md;
+    dst = md_t(to_dnnl(y), act_, blocked16_tag(rank));
+  } else if (v.md == md_t(to_dnnl(x), act_, channels_last_tag(rank))) {
+    src = v.md;
+    dst = md_t(to_dnnl(y), act_, channels_last_tag(rank));
+  }
+  dnnl::resampling_forward::desc d(dnnl::prop_kind::forward_inference, a, factors, src, dst);
+  dnnl::resampling_forward::primitive_desc pd(d, engine());
+  Val sv = as_md(n.in[0], src);
+  dnnl::memory sm = mem_of(sv);
+  Val& o = define(n.out[0], dst);
+  dnnl::memory dm = mem_of(o);
+  exec(dnnl::resampling_forward(pd), {{DNNL_ARG_SRC, sm}, {DNNL_ARG_DST, dm}});
+}
+
 // Transpose: a strided view when the input is plain-strided (normalised to plain when it is dense), else a
 // reorder into the plain layout.
 void Builder::transpose(size_t i) {
@@ -2416,10 +2624,22 @@ void Builder::transpose(size_t i) {
   if (perm.size() != x.size()) throw Reject{"perm rank"};
   const Val v = val(n.in[0]);
   if (v.scale != 1.f) throw Reject{"scaled input"};
-  Val src = is_strided(v.md) ? v : as_plain(n.in[0]);
+  for (int64_t p : perm)
+    if (p < 0 || p >= static_cast<int64_t>(x.size())) throw Reject{"perm out of range"};
+  // A blocked value is reordered once, straight into the strided layout whose transposed view is dense (nChw16c
+  // read as [N,H,W,C], ConvNeXt's permute in front of its LayerNorm: into nhwc), not to plain and again after.
+  Val src = v;
+  if (!is_strided(v.md)) {
+    Dims xs(x.size());
+    int64_t stride = 1;
+    for (size_t k = perm.size(); k-- > 0;) {
+      xs[perm[k]] = stride;
+      stride *= x[perm[k]];
+    }
+    src = as_md(n.in[0], strided_md(x, xs, v.md.data_type()));
+  }
   Dims st = md_strides(src.md), yd(x.size()), ys(x.size());
   for (size_t k = 0; k < perm.size(); ++k) {
-    if (perm[k] < 0 || perm[k] >= static_cast<int64_t>(x.size())) throw Reject{"perm out of range"};
     yd[k] = x[perm[k]];
     ys[k] = st[perm[k]];
   }
@@ -2539,6 +2759,7 @@ const char* kind_name(dnnl::primitive::kind k) {
     case dnnl::primitive::kind::layer_normalization: return "layer_normalization";
     case dnnl::primitive::kind::matmul: return "matmul";
     case dnnl::primitive::kind::binary: return "binary";
+    case dnnl::primitive::kind::resampling: return "resampling";
     default: return "other";
   }
 }
@@ -2752,7 +2973,7 @@ const std::set<std::string>& compute_ops() {
       "Conv", "ConvTranspose", "BatchNormalization", "Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "Add", "Sub",
       "Mul", "Div", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Concat", "MatMul", "Gemm", "Softmax",
       "LayerNormalization", "Transpose", "Slice", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity",
-      "Dropout", "ReduceMean", "Pow", "Sqrt", "Gelu", "Cast", "Pad"};
+      "Dropout", "ReduceMean", "Pow", "Sqrt", "Gelu", "Cast", "Pad", "HardSwish", "HardSigmoid", "Resize"};
   return s;
 }
 // ai.onnx nodes, and the keel ops (ops/schemas.cc) that mean what their ai.onnx namesakes mean: keel.Gelu is Gelu-20,
@@ -2816,7 +3037,7 @@ void lift_1d(Recipe& r) {
   // The data values (not constants) a liftable node reads and writes; empty when the node is not liftable.
   auto data_of = [&](const NodeDesc& n) -> std::vector<std::string> {
     static const std::set<std::string> unary{"BatchNormalization", "Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh",
-                                             "Gelu", "Identity", "Dropout", "Pad"};
+                                             "Gelu", "HardSwish", "HardSigmoid", "Identity", "Dropout", "Pad"};
     if (seed(n) || unary.count(n.op)) {
       if (n.in.empty() || n.out.empty() || !rank3(n.in[0]) || !rank3(n.out[0])) return {};
       for (size_t k = 1; k < n.in.size(); ++k)
