@@ -591,6 +591,10 @@ class Builder {
   void exec_scale_weights(const dnnl::memory& wmem, const md_t& wplain, const std::string& chan_scale);
   // Mul outputs folded into their 1x1 convolution (fold_channel_scale): output -> (the data, the [1,C,1,1] scale).
   std::map<std::string, std::pair<std::string, std::string>> se_folds_;
+  // Flattens read as they lie (flatten_into_gemm): output -> the [N,C,H,W] input's dims and whether it is nhwc
+  // (else nChw16c); the Gemm reading it takes its constant B with rows in that memory order.
+  std::map<std::string, std::pair<Dims, bool>> flat_folds_;
+  bool flatten_into_gemm(size_t i, const Dims& x, const Dims& y);
   bool conv_residual_merged(size_t i);
   bool conv_dw_fused(size_t i, const Fusion& f, const md_t& src, const md_t& wany, const md_t& bmd,
                      const std::vector<float>& w, const std::vector<float>& bias, double flops);
@@ -1916,6 +1920,24 @@ void Builder::matmul(size_t i) {
       for (float& v : scaled) v *= weight_scale;
       wsrc = scaled.data();
     }
+    // A read as its producer's nChw16c or nhwc memory (flatten_into_gemm): B's rows (its K index) in that order.
+    if (auto ff = flat_folds_.find(an); gemm && ff != flat_folds_.end()) {
+      const Dims& x = ff->second.first;
+      const int64_t C = x[1], HW = x[2] * x[3], K = C * HW, N = y[1];
+      const float* src = static_cast<const float*>(wsrc);
+      std::vector<float> perm(static_cast<size_t>(K * N));
+      for (int64_t c = 0; c < C; ++c)
+        for (int64_t p = 0; p < HW; ++p) {
+          const int64_t from = c * HW + p;
+          const int64_t to = ff->second.second ? p * C + c : ((c / 16) * HW + p) * 16 + c % 16;
+          for (int64_t j = 0; j < N; ++j) {
+            if (transB) perm[j * K + to] = src[j * K + from];
+            else perm[to * N + j] = src[from * N + j];
+          }
+        }
+      scaled = std::move(perm);
+      wsrc = scaled.data();
+    }
     dnnl::memory um(user, engine(), const_cast<void*>(wsrc));
     p_->owned.emplace_back(pd->weights_desc(), engine(), p_->weights.alloc(pd->weights_desc().get_size()));
     dnnl::reorder(um, p_->owned.back()).execute(stream(), um, p_->owned.back());
@@ -2419,11 +2441,39 @@ void Builder::reshape_like(size_t i) {
   if (dit != r_.dims.end() && dit->second != y) throw Reject{"shape differs from the inferred one"};
   const Val& v = val(n.in[0]);
   if (v.scale != 1.f) throw Reject{"scaled input"};
+  if (flatten_into_gemm(i, x, y)) return;
   Val pv = as_plain(n.in[0]);
   Val o = pv;
   o.md = plain_md(y);
   p_->bufs[o.buf].values++;
   vals_[n.out[0]] = o;
+}
+
+// A Flatten (or Reshape) of [N,C,H,W] to [N,C*H*W] whose only reader is a Gemm with a constant B (a small CNN's
+// classifier after its last pooling), over a value in nChw16c (C a multiple of 16: no padded channels) or nhwc:
+// each sample's C*H*W floats lie contiguous in that layout, only in another order, so the Gemm reads them where
+// they are and takes B's rows in the same order (permuted once, when it is prepacked) instead of a reorder to the
+// plain layout on every run (simple_cnn at batch 32, [32,32,15,15]: 0.03 ms of 0.43 at 1 thread).
+bool Builder::flatten_into_gemm(size_t i, const Dims& x, const Dims& y) {
+  const NodeDesc& n = r_.nodes[i];
+  if (x.size() != 4 || y.size() != 2 || y[0] != x[0] || x[2] * x[3] == 1 || act_ != dt::f32) return false;
+  const size_t u = sole_user(n.out[0]);
+  if (u == npos) return false;
+  const NodeDesc& g = r_.nodes[u];
+  if (g.op != "Gemm" || g.in[0] != n.out[0] || g.ai("transA", 0) != 0 || g.in.size() < 2 || g.in[1] == n.out[0])
+    return false;
+  const ConstT* b = cst(g.in[1]);
+  if (!b || b->dtype != KEEL_DTYPE_F32 || b->dims.size() != 2) return false;
+  const Val& v = val(n.in[0]);
+  const bool nhwc = v.md == md_t(to_dnnl(x), act_, channels_last_tag(4));
+  const bool blocked = x[1] % 16 == 0 && v.md == md_t(to_dnnl(x), act_, blocked16_tag(4));
+  if (!nhwc && !blocked) return false;
+  Val o = v;
+  o.md = plain_md(y);
+  p_->bufs[o.buf].values++;
+  vals_[n.out[0]] = o;
+  flat_folds_[n.out[0]] = {x, nhwc};
+  return true;
 }
 
 // Pad, constant mode. All-zero pads (torch exports AvgPool3d/AvgPool1d with one): a view of its input. Otherwise
