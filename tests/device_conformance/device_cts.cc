@@ -1239,6 +1239,29 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // A Flatten of a spatial [N,C,H,W] value read only by a Gemm (a small CNN's classifier): oneDNN may keep the
+    // convolution's blocked layout and feed the Gemm with rows of B in that order.
+    OpCase c;
+    c.op = "Chain";
+    c.label = "small cnn head: conv 32 channels, relu, maxpool, flatten, gemm transB, batch 2";
+    c.inputs = {in("X", {2, 3, 12, 12}), in("W", {32, 3, 3, 3}, true, -0.3f, 0.3f), in("B", {32}, true),
+                in("G", {10, 800}, true, -0.1f, 0.1f), in("C", {10}, true)};
+    c.chain = {conv({"X", "W", "B"}, 3, 1, 0),
+               {"Relu", {"$0"}, {}},
+               {"MaxPool", {"$1"}, {{"kernel_shape", Is({2, 2})}, {"strides", Is({2, 2})}}},
+               {"Flatten", {"$2"}, {}},
+               {"Gemm", {"$3", "G", "C"}, {{"transB", I(1)}}}};
+    v.push_back(c);
+  }
+  {
+    OpCase c;
+    c.op = "Chain";
+    c.label = "strided conv 32->32 3x3 s2, flatten, gemm, batch 2";
+    c.inputs = {in("X", {2, 32, 9, 9}), in("W", {32, 32, 3, 3}, true, -0.2f, 0.2f), in("G", {800, 7}, true, -0.1f, 0.1f)};
+    c.chain = {conv({"X", "W"}, 3, 2, 1), {"Flatten", {"$0"}, {}}, {"Gemm", {"$1", "G"}, {}}};
+    v.push_back(c);
+  }
+  {
     OpCase c;
     c.op = "Chain";
     c.opset = 13;
