@@ -1727,6 +1727,27 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // A channel shuffle of three groups straight after their Concat (8 channels each: not all nChw16c, so each source
+    // is reordered into its interleaved channels of the shuffled output): the model's plain input, a 1x1
+    // convolution's output (nChw16c, a partial block) and a 3x3's; then a 1x1 over the shuffled channels.
+    OpCase c;
+    c.op = "Chain";
+    c.label = "channel shuffle of 3 groups folded into their Concat (input, nChw16c sources), then a 1x1";
+    c.inputs = {in("X", {1, 8, 7, 7}), in("W1", {8, 8, 1, 1}, true, -0.4f, 0.4f),
+                in("W2", {8, 8, 3, 3}, true, -0.3f, 0.3f), in("S5", {5}, true), in("S4", {4}, true),
+                in("W3", {16, 24, 1, 1}, true, -0.3f, 0.3f)};
+    c.int64_constants = {{3, i64({1, 3, 8, 7, 7})}, {4, i64({1, 24, 7, 7})}};
+    c.chain = {conv({"X", "W1"}, 1, 1, 0),                                          // $0
+               conv({"X", "W2"}, 3, 1, 1),                                          // $1
+               {"Concat", {"X", "$0", "$1"}, {{"axis", I(1)}}},                     // $2
+               {"Reshape", {"$2", "S5"}, {}},                                       // $3
+               {"Transpose", {"$3"}, {{"perm", Is({0, 2, 1, 3, 4})}}},              // $4
+               {"Reshape", {"$4", "S4"}, {}},                                       // $5
+               conv({"$5", "W3"}, 1, 1, 0)};                                        // $6
+    c.claim_whole = true;
+    v.push_back(c);
+  }
+  {
     // MobileNet-V3's inverted residual with squeeze-excite: HardSwish after the 1x1 expansion and after a depthwise
     // 3x3 over 72 channels (a partial last block of nChw16c: oneDNN's jit depthwise kernel only with a blocked
     // destination), HardSigmoid closing the squeeze-excite (two eltwise post-ops: linear, clip), its Mul by the
