@@ -1607,6 +1607,26 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // Grouped 3x3s of 8 and 4 channels per group run merged into 16-channel groups with block-diagonal weights
+    // (onednn_subgraph.cc conv()): 6 groups of 8 at stride 2 (merged into 3), 12 groups of 4 (merged into 3), and 3
+    // groups of 8 over 24 channels (not a whole number of merged groups: left as it is), in nChw16c between 1x1s.
+    OpCase c;
+    c.op = "Chain";
+    c.label = "grouped 3x3 merged into 16-channel groups: 8 and 4 channels per group, stride 2, odd group count";
+    c.inputs = {in("X", {1, 48, 11, 11}), in("W0", {48, 48, 1, 1}, true, -0.3f, 0.3f), in("B0", {48}, true),
+                in("WA", {48, 8, 3, 3}, true, -0.4f, 0.4f), in("BA", {48}, true),
+                in("WB", {48, 4, 3, 3}, true, -0.4f, 0.4f),
+                in("W2", {24, 48, 1, 1}, true, -0.3f, 0.3f), in("B2", {24}, true),
+                in("WC", {24, 8, 3, 3}, true, -0.4f, 0.4f), in("BC", {24}, true)};
+    c.chain = {conv({"X", "W0", "B0"}, 1, 1, 0),      {"Relu", {"$0"}, {}},  // $1
+               conv({"$1", "WA", "BA"}, 3, 2, 1, 6),  {"Relu", {"$2"}, {}},  // $3: 6 groups of 8, stride 2
+               conv({"$3", "WB"}, 3, 1, 1, 12),       {"Relu", {"$4"}, {}},  // $5: 12 groups of 4, no bias
+               conv({"$5", "W2", "B2"}, 1, 1, 0),     {"Relu", {"$6"}, {}},  // $7
+               conv({"$7", "WC", "BC"}, 3, 1, 1, 3)};                        // 3 groups of 8
+    c.claim_whole = true;
+    v.push_back(c);
+  }
+  {
     // Two ConvNeXt blocks: a 7x7 depthwise convolution (oneDNN's jit kernels want source and destination alike:
     // nChw16c from plain input, nhwc in the second block), permute to channels-last, LayerNorm over channels, two
     // Linear layers with Gelu between, permute back (an nhwc view), the per-channel layer scale and the residual read
