@@ -2230,10 +2230,15 @@ void Builder::concat(size_t i) {
     // Transpose(0,2,1,3,4) -> Reshape [N,C,H,W]. Each source is reordered straight into its interleaved channels of
     // the shuffled output (source k's channel j is channel j*g+k): one reorder per source, none for the shuffle.
     auto sole = [&](const std::string& v, const char* op) -> size_t {
-      if (escapes(v) || users(v).size() != 1) return npos;
-      const size_t u = users(v)[0];
-      const NodeDesc& m = r_.nodes[u];
-      return m.op == op && !done_[u] && m.out.size() == 1 && !m.in.empty() && m.in[0] == v ? u : npos;
+      const size_t u = sole_user(v);
+      return u != npos && r_.nodes[u].op == op && r_.nodes[u].out.size() == 1 && r_.nodes[u].in[0] == v ? u : npos;
+    };
+    // Reorders source `in` into buffer `obuf` at `byte_off`, through a view of the output with strides `strides`.
+    auto place = [&](const std::string& in, const Dims& strides, int obuf, uint64_t byte_off) {
+      Val sv = val(in);
+      if (sv.md.data_type() != act_) throw Reject{"Concat of mixed dtypes"};
+      dnnl::memory sm = mem_of(sv), dm = mem_at(strided_md(dims_of(in), strides, act_), obuf, byte_off);
+      exec(dnnl::reorder(sm, dm), {{DNNL_ARG_FROM, sm}, {DNNL_ARG_TO, dm}});
     };
     const int64_t g = static_cast<int64_t>(n.in.size());
     const size_t r1 = sole(n.out[0], "Reshape"), tr = r1 == npos ? npos : sole(r_.nodes[r1].out[0], "Transpose"),
@@ -2251,14 +2256,8 @@ void Builder::concat(size_t i) {
       const size_t esize = elem_size(o.md);
       const int64_t hw = y[2] * y[3];
       const Dims ds{y[1] * hw, g * hw, y[3], 1};
-      for (int64_t k = 0; k < g; ++k) {
-        const std::string& in = n.in[static_cast<size_t>(k)];
-        Val sv = val(in);
-        if (sv.md.data_type() != act_) throw Reject{"Concat of mixed dtypes"};
-        dnnl::memory sm = mem_of(sv),
-                     dm = mem_at(strided_md(dims_of(in), ds, act_), obuf, ooff + static_cast<uint64_t>(k * hw) * esize);
-        exec(dnnl::reorder(sm, dm), {{DNNL_ARG_FROM, sm}, {DNNL_ARG_TO, dm}});
-      }
+      for (int64_t k = 0; k < g; ++k)
+        place(n.in[static_cast<size_t>(k)], ds, obuf, ooff + static_cast<uint64_t>(k * hw) * esize);
       done_[r1] = done_[tr] = done_[r2] = true;
       return;
     }
@@ -2272,12 +2271,8 @@ void Builder::concat(size_t i) {
     const size_t esize = elem_size(o.md);
     uint64_t at = 0;  // elements into the output
     for (const auto& in : n.in) {
-      const Dims d = dims_of(in);
-      Val sv = val(in);
-      if (sv.md.data_type() != act_) throw Reject{"Concat of mixed dtypes"};
-      dnnl::memory sm = mem_of(sv), dm = mem_at(strided_md(d, ys, act_), obuf, ooff + at * esize);
-      exec(dnnl::reorder(sm, dm), {{DNNL_ARG_FROM, sm}, {DNNL_ARG_TO, dm}});
-      at += static_cast<uint64_t>(d[axis] * ys[axis]);
+      place(in, ys, obuf, ooff + at * esize);
+      at += static_cast<uint64_t>(dims_of(in)[axis] * ys[axis]);
     }
     return;
   }
