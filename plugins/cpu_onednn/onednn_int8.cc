@@ -26,8 +26,6 @@
 #include <cstring>
 #include <exception>
 
-#include <omp.h>
-
 #include "onednn_common.h"
 
 namespace keel::onednn {
@@ -139,17 +137,6 @@ struct QuantSetup {
     return a;
   }
 };
-
-// A plan's cache key: the shape key and the OpenMP thread count the plan is built under. oneDNN 2.6 fixes a
-// primitive's thread count when it is created (a brgemm convolution made under 2 threads runs on 2 even after
-// omp_set_num_threads(1), one made under 1 never uses 2), and setup() builds its plan before the kernel's thread
-// count is known (the create context has none; compute_kernel sets it before run()): run() then uses a plan built
-// under the session's thread count, the one from setup() where the counts agree.
-Dims plan_key(const Ctx& c) {
-  Dims k = shape_key(c);
-  k.push_back(omp_get_max_threads());
-  return k;
-}
 
 // Runtime zero-point memories (s32 scalars) a plan binds at execution.
 struct ZeroPoints {
@@ -303,12 +290,12 @@ class QConvKernel : public Kernel {
     nhwc_out_ = c.attr_s("output_layout", "NCHW") == "NHWC";
     nhwc_z_ = c.attr_s("residual_layout", nhwc_out_ ? "NHWC" : "NCHW") == "NHWC";
     if (c.output_count() > 1) throw Reject{"extra outputs"};
-    if (c.dims_known(0)) plans_.get(plan_key(c), [&] { return build(c.dims(0)); });
+    if (c.dims_known(0)) plans_.get(shape_key(c), [&] { return build(c.dims(0)); });
   }
 
   void run(Ctx& c) override {
     const Dims x = c.dims(0);
-    QPlan& p = plans_.get(plan_key(c), [&] { return build(x); });
+    QPlan& p = plans_.get(shape_key(c), [&] { return build(x); });
     if (q_.residual && c.dims(8) != p.out_dims)
       throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "QConv: Z " + dims_str(c.dims(8)) + " must have the output's shape " +
                                                       dims_str(p.out_dims)};
@@ -395,12 +382,12 @@ class QGemmKernel : public Kernel {
     const int8_t* w = c.data<int8_t>(1);
     w_.assign(w, w + numel(w_dims_));
     if (c.output_count() > 1) throw Reject{"extra outputs"};
-    if (c.dims_known(0)) plans_.get(plan_key(c), [&] { return build(c.dims(0)); });
+    if (c.dims_known(0)) plans_.get(shape_key(c), [&] { return build(c.dims(0)); });
   }
 
   void run(Ctx& c) override {
     const Dims x = c.dims(0);
-    execute(c, plans_.get(plan_key(c), [&] { return build(x); }));
+    execute(c, plans_.get(shape_key(c), [&] { return build(x); }));
   }
 
  private:
@@ -454,12 +441,12 @@ class QdqKernel : public Kernel {
       throw Reject{"f32 <-> u8/s8 only"};
     if (c.has_input(2) && c.dtype(2) != q_type_) throw Reject{"zero point type"};
     if (c.output_count() > 1) throw Reject{"extra outputs"};
-    if (c.dims_known(0)) plans_.get(plan_key(c), [&] { return build(c.dims(0)); });
+    if (c.dims_known(0)) plans_.get(shape_key(c), [&] { return build(c.dims(0)); });
   }
 
   void run(Ctx& c) override {
     const Dims x = c.dims(0);
-    Plan& p = plans_.get(plan_key(c), [&] { return build(x); });
+    Plan& p = plans_.get(shape_key(c), [&] { return build(x); });
     keel_tensor_t* y = c.output(0, x);
     if (p.empty) return;
     bind(p.src, c.input(0)->data);
