@@ -54,6 +54,7 @@
 #include <tuple>
 
 #include "onednn_common.h"
+#include "onednn_convpool.h"
 #include "onednn_silu.h"
 
 namespace keel::onednn {
@@ -163,6 +164,7 @@ struct Exec {
   bool single = false;  // runs on one OpenMP thread (a small memory-bound step: see Builder::exec)
   // A step of the plugin's own instead of a primitive (prim is then empty), run with the exec itself.
   void (*own)(const Exec&) = nullptr;
+  std::shared_ptr<const void> params;  // an own step's parameters (run_conv_pool: its ConvPoolShape)
 };
 
 // Exec::own of a SiLU step: x * sigmoid(x) in place over its DNNL_ARG_DST memory (onednn_silu.h), split over the
@@ -249,6 +251,18 @@ void run_scale_weights16(const Exec& e) {
     return;
   }
   for (size_t j = 0; j < rows * 16; ++j) dst[j] = src[j] * scale[map[j / 16]];
+}
+
+// Exec::own of a fused Conv (+ Relu) + MaxPool (Builder::conv_pool_fused, onednn_convpool.h): SRC plain, WEIGHTS
+// packed, BIAS, DST nChw16c, DNNL_ARG_SCRATCHPAD room for the team's rows; split over the OpenMP team.
+void run_conv_pool(const Exec& e) {
+  const auto& s = *static_cast<const ConvPoolShape*>(e.params.get());
+  auto ptr = [&](int arg) { return static_cast<float*>(e.args.at(arg).get_data_handle()); };
+  const dnnl::memory& scratch = e.args.at(DNNL_ARG_SCRATCHPAD);
+  const int room = static_cast<int>(scratch.get_desc().get_size() / sizeof(float) / conv_pool_scratch_floats(s));
+  const int team = std::max(1, std::min(e.single ? 1 : omp_get_max_threads(), room));
+  conv_pool_run(s, ptr(DNNL_ARG_SRC), ptr(DNNL_ARG_WEIGHTS), ptr(DNNL_ARG_BIAS), ptr(DNNL_ARG_DST),
+                static_cast<float*>(scratch.get_data_handle()), team);
 }
 
 void run_step(const Exec& e, dnnl::stream& s) {
@@ -452,7 +466,7 @@ class Builder {
     for (auto& [arg, m] : args) bytes += m.get_desc().get_size();
     bool single = kind != dnnl::primitive::kind::convolution && kind != dnnl::primitive::kind::matmul &&
                   bytes < (1u << 20);
-    p_->execs.push_back({std::move(prim), std::move(args), single});
+    p_->execs.push_back({std::move(prim), std::move(args), single, nullptr, nullptr});
   }
   // The value as it is now (a constant gets an owned plain memory the first time it is read as data).
   const Val& val(const std::string& name) {
@@ -596,6 +610,7 @@ class Builder {
   std::map<std::string, std::pair<Dims, bool>> flat_folds_;
   bool flatten_into_gemm(size_t i, const Dims& x, const Dims& y);
   bool conv_residual_merged(size_t i);
+  bool conv_pool_fused(size_t i);
   bool conv_dw_fused(size_t i, const Fusion& f, const md_t& src, const md_t& wany, const md_t& bmd,
                      const std::vector<float>& w, const std::vector<float>& bias, double flops);
   void matmul(size_t i);
@@ -1252,6 +1267,7 @@ bool Builder::conv_as_gemv(size_t i, const Fusion& f, const std::vector<float>& 
 void Builder::conv(size_t i) {
   const NodeDesc& n = r_.nodes[i];
   if (conv_residual_merged(i)) return;
+  if (conv_pool_fused(i)) return;
   Dims x = dims_of(n.in[0]);
   const ConstT* W = cst(n.in_at(1));
   const ConstT* B = n.in_at(2).empty() ? nullptr : cst(n.in_at(2));
@@ -1416,6 +1432,96 @@ void Builder::conv(size_t i) {
   md_t wplain(to_dnnl(wd), dt::f32, weights_tag(sp, g > 1, false));
   conv_like_tail(i, f, dnnl::convolution_forward(*pd), pd->src_desc(), pd->weights_desc(), pd->dst_desc(), wplain,
                  w, has_bias, bias, conv_flops, {}, src_name, chan_scale);
+}
+
+// A convolution over at most 4 channels read plain (a network's first layer, on the image), followed by a Relu
+// (or not) and a MaxPool that alone read it, as one step of the chain's own (onednn_convpool.h): each thread
+// computes the convolution rows its pooled rows need into a ring in its cache and pools them there, so the
+// convolution's output never goes to memory. SqueezeNet 1.1's stem (3->64, 3x3 s2 at 224x224, MaxPool 3x3 s2 ceil)
+// at 2 threads: 0.17 ms against oneDNN's 0.21-0.27 ms convolution plus 0.09-0.11 ms pooling (PERFORMANCE.md,
+// "(sqz)"). f32, group 1, no dilation, output channels a multiple of 16, 2-D pooling without dilation or indices;
+// false, changing nothing, otherwise (or without AVX-512).
+bool Builder::conv_pool_fused(size_t i) {
+  const NodeDesc& n = r_.nodes[i];
+  if (!has_avx512f() || act_ != dt::f32 || n.out.size() != 1 || n.in.size() < 2) return false;
+  if (pad_folds_.count(n.in[0]) || se_folds_.count(n.in[0])) return false;
+  const ConstT* W = cst(n.in_at(1));
+  const ConstT* B = n.in_at(2).empty() ? nullptr : cst(n.in_at(2));
+  if (!W || W->dtype != KEEL_DTYPE_F32 || W->dims.size() != 4 || (!n.in_at(2).empty() && !B)) return false;
+  auto xv = vals_.find(n.in[0]);
+  if (xv == vals_.end() || xv->second.scale != 1.f || xv->second.md.data_type() != dt::f32 ||
+      !is_plain_dense(xv->second.md) || xv->second.md.data.ndims != 4)
+    return false;
+  const Dims x = md_dims(xv->second.md);
+  ConvPoolShape s;
+  s.n = x[0], s.c = x[1], s.h = x[2], s.w = x[3], s.m = W->dims[0];
+  s.kh = W->dims[2], s.kw = W->dims[3];
+  if (s.c > 4 || W->dims[1] != s.c || s.m % 16 != 0 || n.ai("group", 1) != 1 || (B && B->count() != s.m)) return false;
+  if (n.ais("kernel_shape", {s.kh, s.kw}) != Dims{s.kh, s.kw} || n.ais("dilations", {1, 1}) != Dims{1, 1})
+    return false;
+  const Dims st = n.ais("strides", {1, 1}), pads = n.ais("pads", {0, 0, 0, 0});
+  const std::string ap = n.as("auto_pad", "NOTSET");
+  if (st.size() != 2 || pads.size() != 4 || (ap != "NOTSET" && !ap.empty())) return false;
+  s.sh = st[0], s.sw = st[1], s.pt = pads[0], s.pl = pads[1];
+  if (s.sh < 1 || s.sw < 1) return false;
+  s.oh = (s.h + pads[0] + pads[2] - s.kh) / s.sh + 1;
+  s.ow = (s.w + pads[1] + pads[3] - s.kw) / s.sw + 1;
+  if (s.h + pads[0] + pads[2] < s.kh || s.w + pads[1] + pads[3] < s.kw) return false;
+  // Relu, then the MaxPool.
+  std::vector<size_t> fused;
+  std::string cur = n.out[0];
+  size_t u = sole_user(cur);
+  if (u != npos && r_.nodes[u].op == "Relu" && r_.nodes[u].out.size() == 1) {
+    s.relu = true;
+    fused.push_back(u);
+    cur = r_.nodes[u].out[0];
+    u = sole_user(cur);
+  }
+  if (u == npos || r_.nodes[u].op != "MaxPool" || r_.nodes[u].in[0] != cur) return false;
+  const NodeDesc& pn = r_.nodes[u];
+  if (pn.out.empty() || (pn.out.size() > 1 && !pn.out[1].empty()) || pn.ai("storage_order", 0) != 0) return false;
+  const Dims pk = pn.ais("kernel_shape", {}), ps = pn.ais("strides", {1, 1}), pp = pn.ais("pads", {0, 0, 0, 0});
+  const std::string pap = pn.as("auto_pad", "NOTSET");
+  if (pk.size() != 2 || ps.size() != 2 || pp.size() != 4 || pn.ais("dilations", {1, 1}) != Dims{1, 1}) return false;
+  if (pap != "NOTSET" && !pap.empty() && pap != "VALID") return false;
+  const bool valid = pap == "VALID", ceil = pn.ai("ceil_mode", 0) != 0;
+  s.pkh = pk[0], s.pkw = pk[1], s.psh = ps[0], s.psw = ps[1];
+  s.ppt = valid ? 0 : pp[0], s.ppl = valid ? 0 : pp[1];
+  if (s.psh < 1 || s.psw < 1) return false;
+  auto pooled = [&](int64_t in, int64_t k, int64_t str, int64_t before, int64_t after) -> int64_t {
+    const int64_t span = in + before + after - k;  // as pool()
+    return span < 0 ? 0 : 1 + (ceil ? (span + str - 1) / str : span / str);
+  };
+  s.ph = pooled(s.oh, s.pkh, s.psh, s.ppt, valid ? 0 : pp[2]);
+  s.pw = pooled(s.ow, s.pkw, s.psw, s.ppl, valid ? 0 : pp[3]);
+  if (!conv_pool_check(s).empty()) return false;
+  const Dims y{s.n, s.m, s.ph, s.pw};
+  if (auto known = r_.dims.find(pn.out[0]); known != r_.dims.end() && known->second != y) return false;
+  fused.push_back(u);
+
+  Exec e;
+  p_->owned.emplace_back(md_t({static_cast<int64_t>(conv_pool_packed_floats(s))}, dt::f32, tag::a), engine(),
+                         p_->weights.alloc(conv_pool_packed_floats(s) * sizeof(float)));
+  conv_pool_pack_weights(s, W->f32(), static_cast<float*>(p_->owned.back().get_data_handle()));
+  e.args[DNNL_ARG_WEIGHTS] = p_->owned.back();
+  p_->owned.emplace_back(md_t({s.m}, dt::f32, tag::a), engine());
+  float* bias = static_cast<float*>(p_->owned.back().get_data_handle());
+  for (int64_t k = 0; k < s.m; ++k) bias[k] = B ? static_cast<float>(B->at(k)) : 0.f;
+  e.args[DNNL_ARG_BIAS] = p_->owned.back();
+  const int64_t scratch = static_cast<int64_t>(conv_pool_scratch_floats(s)) * std::max(1, p_->threads);
+  e.args[DNNL_ARG_SCRATCHPAD] = mem_at(md_t({scratch}, dt::f32, tag::a), new_buf(scratch * sizeof(float)), 0);
+  e.args[DNNL_ARG_SRC] = mem_of(xv->second);
+  Val& o = define(pn.out[0], md_t(to_dnnl(y), dt::f32, tag::nChw16c));
+  e.args[DNNL_ARG_DST] = mem_of(o);
+  e.own = run_conv_pool;
+  e.params = std::make_shared<const ConvPoolShape>(s);
+  p_->flops += 2.0 * static_cast<double>(s.n * s.m * s.oh * s.ow * s.c * s.kh * s.kw);
+  p_->impls.push_back(has_avx512f() ? "keel:conv_pool_avx512" : "keel:conv_pool");
+  exec_layout_.push_back(false);
+  p_->what.push_back(n.name + (s.relu ? " + Relu" : "") + " + MaxPool " + dims_str(x) + " -> " + dims_str(y));
+  p_->execs.push_back(std::move(e));
+  for (size_t k : fused) done_[k] = true;
+  return true;
 }
 
 // ResNet's strided bottleneck end, y = Conv1x1(h) + Conv1x1_s2(x) (the last convolution of the block and the
@@ -2809,7 +2915,9 @@ void Builder::slice(size_t i) {
 
 const char* kind_name(dnnl::primitive::kind k);
 // The kind of a step for logs and the profile: the primitive's, "eltwise" for the plugin's own steps.
-const char* step_kind(const Exec& e) { return e.own ? "eltwise" : kind_name(e.prim.get_kind()); }
+const char* step_kind(const Exec& e) {
+  return e.own ? (e.own == run_conv_pool ? "convolution" : "eltwise") : kind_name(e.prim.get_kind());
+}
 
 struct Chain {
   Recipe recipe;

@@ -1,0 +1,88 @@
+// plugins/cpu_onednn/onednn_convpool_test.cc — the fused Conv + Relu + MaxPool step (onednn_convpool.h) against
+// its straightforward reference, over the geometries its code paths split on.
+#include "onednn_convpool.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+namespace keel::onednn {
+namespace {
+
+struct Geo {
+  int64_t n, c, h, w, m, k, s, p;    // convolution (square kernel, symmetric pads)
+  int64_t pk, ps, pp;                // pooling
+  bool ceil, relu;
+};
+
+ConvPoolShape shape_of(const Geo& g) {
+  ConvPoolShape s;
+  s.n = g.n, s.c = g.c, s.h = g.h, s.w = g.w, s.m = g.m;
+  s.kh = s.kw = g.k, s.sh = s.sw = g.s, s.pt = s.pl = g.p;
+  s.oh = (g.h + 2 * g.p - g.k) / g.s + 1;
+  s.ow = (g.w + 2 * g.p - g.k) / g.s + 1;
+  s.relu = g.relu;
+  s.pkh = s.pkw = g.pk, s.psh = s.psw = g.ps, s.ppt = s.ppl = g.pp;
+  auto out = [&](int64_t x) {
+    const int64_t span = x + 2 * g.pp - g.pk;
+    int64_t o = 1 + (g.ceil ? (span + g.ps - 1) / g.ps : span / g.ps);
+    if (g.ceil && (o - 1) * g.ps >= x + g.pp) --o;  // the last window must start inside (ONNX / PyTorch)
+    return o;
+  };
+  s.ph = out(s.oh), s.pw = out(s.ow);
+  return s;
+}
+
+void check(const Geo& g, int team) {
+  const ConvPoolShape s = shape_of(g);
+  ASSERT_EQ(conv_pool_check(s), "");
+  std::mt19937 rng(static_cast<uint32_t>(g.h * 131 + g.w * 7 + g.m + g.k));
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<float> x(static_cast<size_t>(s.n * s.c * s.h * s.w)), w(static_cast<size_t>(s.m * s.c * s.kh * s.kw)),
+      b(static_cast<size_t>(s.m));
+  for (float& v : x) v = u(rng);
+  for (float& v : w) v = 0.3f * u(rng);
+  for (float& v : b) v = 0.2f * u(rng);
+  const size_t out = static_cast<size_t>(s.n * s.m * s.ph * s.pw);
+  std::vector<float> want(out), got(out, NAN), packed(conv_pool_packed_floats(s)),
+      scratch(conv_pool_scratch_floats(s) * static_cast<size_t>(team));
+  conv_pool_reference(s, x.data(), w.data(), b.data(), want.data());
+  conv_pool_pack_weights(s, w.data(), packed.data());
+  conv_pool_run(s, x.data(), packed.data(), b.data(), got.data(), scratch.data(), team);
+  for (size_t i = 0; i < out; ++i)
+    ASSERT_NEAR(got[i], want[i], 1e-4f * (1.f + std::fabs(want[i])))
+        << "at " << i << " of n=" << g.n << " c=" << g.c << " " << g.h << "x" << g.w << " m=" << g.m << " k=" << g.k
+        << " s=" << g.s << " p=" << g.p << " pool " << g.pk << "/" << g.ps << "/" << g.pp << " team " << team;
+}
+
+TEST(OnednnConvPool, MatchesTheReference) {
+  const Geo geos[] = {
+      {1, 3, 35, 33, 64, 3, 2, 0, 3, 2, 0, true, true},    // SqueezeNet 1.1's stem, smaller (ceil pooling)
+      {2, 3, 29, 30, 48, 7, 2, 3, 3, 2, 1, false, true},   // a 7x7 stem with padding, 3 blocks, batch 2
+      {1, 1, 17, 19, 16, 5, 1, 2, 2, 2, 0, false, false},  // one channel, one block, no Relu (negative maxima)
+      {3, 3, 12, 12, 32, 3, 1, 0, 2, 2, 0, false, true},   // simple_cnn's head: 2 blocks, batch 3
+      {1, 4, 9, 40, 80, 3, 1, 1, 3, 1, 1, false, true},    // 5 blocks (4 + 1), pooling stride 1
+      {1, 2, 8, 8, 16, 11, 4, 5, 3, 3, 0, true, false},    // a kernel wider than the interior
+  };
+  for (const Geo& g : geos)
+    for (int team : {1, 2, 3}) check(g, team);
+}
+
+TEST(OnednnConvPool, RejectsWhatItDoesNotCompute) {
+  ConvPoolShape s = shape_of({1, 3, 20, 20, 16, 3, 1, 0, 2, 2, 0, false, true});
+  EXPECT_EQ(conv_pool_check(s), "");
+  ConvPoolShape t = s;
+  t.m = 24;
+  EXPECT_NE(conv_pool_check(t), "");
+  t = s;
+  t.ppt = 2;  // a pad as large as the pooling kernel
+  EXPECT_NE(conv_pool_check(t), "");
+  t = s;
+  t.ph += 2;  // windows past the convolution output
+  EXPECT_NE(conv_pool_check(t), "");
+}
+
+}  // namespace
+}  // namespace keel::onednn
