@@ -1240,12 +1240,12 @@ void add_chain_cases(std::vector<OpCase>& v) {
   }
   {
     // SqueezeNet 1.1's stem, smaller: conv 3->48 3x3 s2 without padding, relu, MaxPool 3x3 s2 ceil_mode (the last
-    // window clipped), batch 2, as one fused step of the oneDNN device (onednn_convpool.h: 3 channel blocks), read
-    // by a 1x1 convolution in nChw16c.
+    // window clipped), batch 2, as one fused step of the oneDNN device (onednn_convpool.h: 3 channel blocks; taken
+    // for outputs over 1 MiB per image), read by a 1x1 convolution in nChw16c.
     OpCase c;
     c.op = "Chain";
     c.label = "fused stem: conv 3->48 3x3 s2, relu, maxpool 3x3 s2 ceil_mode, 1x1 conv, batch 2";
-    c.inputs = {in("X", {2, 3, 30, 27}), in("W", {48, 3, 3, 3}, true, -0.3f, 0.3f), in("B", {48}, true),
+    c.inputs = {in("X", {2, 3, 150, 159}), in("W", {48, 3, 3, 3}, true, -0.3f, 0.3f), in("B", {48}, true),
                 in("W2", {16, 48, 1, 1}, true, -0.3f, 0.3f)};
     c.chain = {conv({"X", "W", "B"}, 3, 2, 0),
                {"Relu", {"$0"}, {}},
@@ -1259,7 +1259,7 @@ void add_chain_cases(std::vector<OpCase>& v) {
     OpCase c;
     c.op = "Chain";
     c.label = "fused stem: 1 channel, conv 5x3 s2x1 asymmetric pads, maxpool 2x3 s2x1 padded, no relu";
-    c.inputs = {in("X", {1, 1, 19, 23}), in("W", {16, 1, 5, 3}, true, -0.5f, 0.5f), in("B", {16}, true)};
+    c.inputs = {in("X", {1, 1, 255, 129}), in("W", {64, 1, 5, 3}, true, -0.5f, 0.5f), in("B", {64}, true)};
     c.chain = {{"Conv", {"X", "W", "B"}, {{"kernel_shape", Is({5, 3})}, {"strides", Is({2, 1})}, {"pads", Is({1, 2, 2, 0})}}},
                {"MaxPool", {"$0"}, {{"kernel_shape", Is({2, 3})}, {"strides", Is({2, 1})}, {"pads", Is({0, 1, 1, 1})}}}};
     v.push_back(c);
