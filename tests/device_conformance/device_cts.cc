@@ -1302,6 +1302,22 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // GoogLeNet's inception4a branch at 14x14: 1x1 reduce, 3x3 96->208 (13 channel blocks) + relu, concatenated in
+    // place with a 1x1 branch. At 2+ threads the oneDNN device times Winograd against direct for this 3x3 when it
+    // builds the plan (direct wins by about 2x here) and keeps the faster; both must match the reference.
+    OpCase c;
+    c.op = "Chain";
+    c.label = "inception branch at 14x14: 3x3 96->208 (winograd or direct, timed), 1x1 branch, concat";
+    c.inputs = {in("X", {1, 64, 14, 14}), in("WR", {96, 64, 1, 1}, true, -0.3f, 0.3f), in("BR", {96}, true),
+                in("W3", {208, 96, 3, 3}, true, -0.1f, 0.1f), in("B3", {208}, true),
+                in("W1", {32, 64, 1, 1}, true, -0.3f, 0.3f), in("B1", {32}, true)};
+    c.chain = {conv({"X", "WR", "BR"}, 1, 1, 0), {"Relu", {"$0"}, {}},
+               conv({"$1", "W3", "B3"}, 3, 1, 1), {"Relu", {"$2"}, {}},
+               conv({"X", "W1", "B1"}, 1, 1, 0), {"Relu", {"$4"}, {}},
+               {"Concat", {"$3", "$5"}, {{"axis", I(1)}}}};
+    v.push_back(c);
+  }
+  {
     OpCase c;
     c.op = "Chain";
     c.label = "squeezenet fire: squeeze, two expands, concat, maxpool ceil_mode";
