@@ -65,6 +65,7 @@ __attribute__((target("avx512f"))) void tile_avx512(const ConvPoolShape& s, cons
           const __m512 x = _mm512_set1_ps(in[r * sw + kw]);
 #pragma GCC unroll 4
           for (int b = 0; b < NB; ++b) acc[b][r] = _mm512_fmadd_ps(wv[b], x, acc[b][r]);
+          asm volatile("" ::: "memory");  // keeps each broadcast next to its FMAs: hoisted, they spill registers
         }
       }
     }
