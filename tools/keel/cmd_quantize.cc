@@ -113,8 +113,10 @@ void add_quantize_command(CLI::App& app, Globals& g) {
                   "single-input model also a flat folder of .npy/.pb files. The last fifth is held out for the report")
       ->required();
   cmd->add_option("--output,-o", a->output, "Where to write the QDQ model (.onnx)")->required();
-  cmd->add_option("--method,-m", a->opts.method, "Calibration: minmax, percentile or entropy (KL, TensorRT-style)")
-      ->check(CLI::IsMember({"minmax", "percentile", "entropy"}));
+  cmd->add_option("--method,-m", a->opts.method,
+                  "Calibration: minmax, percentile, entropy (KL, TensorRT-style) or mse (each activation's range with "
+                  "the least expected squared error, rounding plus clipping)")
+      ->check(CLI::IsMember({"minmax", "percentile", "entropy", "mse"}));
   cmd->add_option("--percentile", a->opts.percentile, "Percentile kept on each tail by --method percentile (99.99)");
   cmd->add_option("--exclude,-x", a->exclude, "Node names to keep in fp32 (comma-separated, repeatable)");
   cmd->add_option("--tolerance,-t", a->opts.tolerance,

@@ -119,6 +119,40 @@ double entropy_threshold(const Histogram& h, int levels) {
   return std::min(h.hi, h.lo + static_cast<double>(best) * width);  // the right edge of the kept bins
 }
 
+std::pair<double, double> mse_range(const Histogram& h, double zeros, bool s8) {
+  const size_t n = h.bins.size();
+  double total = 0;
+  for (double c : h.bins) total += c;
+  const double lo0 = std::min(h.lo, 0.0), hi0 = std::max(h.hi, 0.0);
+  if (total <= 0 || n == 0 || !(hi0 > lo0)) return {lo0, hi0};
+  zeros = std::clamp(zeros, 0.0, total);
+  const double width = (h.hi - h.lo) / static_cast<double>(n);
+  const double amax = std::max(-lo0, hi0);
+  double best_err = std::numeric_limits<double>::infinity();
+  std::pair<double, double> best{lo0, hi0};
+  // The range shrunk by t (both ends, towards 0): rounding noise step^2 / 12 on every value inside except the exact
+  // zeros (0 is always on the grid), (x - bound)^2 on the values clipped. 400 candidates from 0.1 to 1.
+  for (int k = 0; k <= 400; ++k) {
+    const double t = 1.0 - 0.9 * static_cast<double>(k) / 400.0;
+    const double lo = s8 ? -t * amax : t * lo0, hi = s8 ? t * amax : t * hi0;
+    const double step = s8 ? t * amax / 127.0 : (hi - lo) / 255.0;
+    double inside = 0, clipped = 0;
+    for (size_t b = 0; b < n; ++b) {
+      if (h.bins[b] == 0) continue;
+      const double x = h.lo + (static_cast<double>(b) + 0.5) * width;
+      if (x > hi) clipped += h.bins[b] * (x - hi) * (x - hi);
+      else if (x < lo) clipped += h.bins[b] * (lo - x) * (lo - x);
+      else inside += h.bins[b];
+    }
+    const double err = std::max(inside - zeros, 0.0) * step * step / 12.0 + clipped;
+    if (err < best_err) {
+      best_err = err;
+      best = {lo, hi};
+    }
+  }
+  return best;
+}
+
 // ------------------------------------------------------------------------------------------------ calibration data
 
 StatusOr<std::vector<Feeds>> read_calibration_dir(const std::string& dir, const std::vector<std::string>& inputs) {
@@ -433,8 +467,9 @@ bool is_float_output(const Graph& g, const std::string& v) {
 
 StatusOr<QuantizeResult> quantize_graph(Environment& env, const Graph& fp32, const std::vector<Feeds>& calibration,
                                         const QuantizeOptions& options) {
-  if (options.method != "minmax" && options.method != "percentile" && options.method != "entropy")
-    return invalid_argument("unknown calibration method '" + options.method + "' (minmax, percentile, entropy)");
+  if (options.method != "minmax" && options.method != "percentile" && options.method != "entropy" &&
+      options.method != "mse")
+    return invalid_argument("unknown calibration method '" + options.method + "' (minmax, percentile, entropy, mse)");
   if (options.method == "percentile" && !(options.percentile > 50 && options.percentile <= 100))
     return invalid_argument("percentile must be in (50, 100], got " + std::to_string(options.percentile));
   if (options.activation_type != "u8" && options.activation_type != "s8")
@@ -513,6 +548,7 @@ StatusOr<QuantizeResult> quantize_graph(Environment& env, const Graph& fp32, con
                     options.progress);
     std::vector<double> mn(acts.size(), std::numeric_limits<double>::infinity()),
         mx(acts.size(), -std::numeric_limits<double>::infinity());
+    std::vector<double> zeros(acts.size(), 0.0);  // exact zeros seen (mse: they quantize without error)
     auto run_batch = [&](const Feeds& f) -> StatusOr<std::vector<Tensor>> {
       KEEL_ASSIGN_OR_RETURN(auto out, session->run(f), "calibration run");
       for (size_t a = 0; a < acts.size(); ++a)
@@ -540,6 +576,7 @@ StatusOr<QuantizeResult> quantize_graph(Environment& env, const Graph& fp32, con
         const float* p = t.data<float>();
         for (int64_t i = 0; i < t.numel(); ++i) {
           if (!std::isfinite(p[i])) continue;
+          zeros[a] += p[i] == 0.f;
           mn[a] = std::min<double>(mn[a], p[i]);
           mx[a] = std::max<double>(mx[a], p[i]);
         }
@@ -571,6 +608,10 @@ StatusOr<QuantizeResult> quantize_graph(Environment& env, const Graph& fp32, con
           double t = entropy_threshold(h[a], levels);
           lo[a] = nonneg ? 0.0 : std::max(mn[a], -t);
           hi[a] = std::min(mx[a], t);
+        } else if (options.method == "mse") {
+          auto r = mse_range(h[a], zeros[a], options.activation_type == "s8");
+          lo[a] = r.first;
+          hi[a] = r.second;
         } else {
           auto r = percentile_range(h[a], options.percentile);
           lo[a] = r.first;

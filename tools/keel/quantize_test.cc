@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -107,6 +108,71 @@ TEST(Calibration, EntropyThresholdKeepsAUniformRange) {
   h.add(v.data(), v.size(), true);
   // Clipping a uniform distribution costs more than it gains: the threshold stays near the maximum.
   EXPECT_GT(cli::entropy_threshold(h, 255), 0.9);
+}
+
+// The mean squared error of quantizing `v` to u8 over [lo, hi] (what QuantizeLinear -> DequantizeLinear does).
+double u8_mse(const std::vector<float>& v, double lo, double hi) {
+  lo = std::min(lo, 0.0);
+  hi = std::max(hi, 0.0);
+  const double s = (hi - lo) / 255.0, zp = std::round(-lo / s);
+  double e = 0;
+  for (float x : v) {
+    const double q = std::clamp(std::nearbyint(x / s) + zp, 0.0, 255.0);
+    e += ((q - zp) * s - x) * ((q - zp) * s - x);
+  }
+  return e / static_cast<double>(v.size());
+}
+
+TEST(Calibration, MseRangeClipsAGaussianWhereTheQuantizationErrorIsLeast) {
+  std::vector<float> v = randv(400000, 11);
+  float mn = 0, mx = 0;
+  for (float x : v) mn = std::min(mn, x), mx = std::max(mx, x);
+  cli::Histogram h;
+  h.init(mn, mx, 2048);
+  h.add(v.data(), v.size(), false);
+  auto r = cli::mse_range(h, 0, false);
+  // Below min-max (about +-4.5 sigma here) on both sides, but not so far that clipping dominates.
+  EXPECT_GT(r.first, mn + 0.2);
+  EXPECT_LT(r.second, mx - 0.2);
+  EXPECT_LT(r.first, -2.5);
+  EXPECT_GT(r.second, 2.5);
+  // The actual error of quantizing the samples with that range beats min-max and ranges clipped further or less.
+  const double e = u8_mse(v, r.first, r.second);
+  EXPECT_LT(e, 0.9 * u8_mse(v, mn, mx));
+  EXPECT_LT(e, u8_mse(v, 0.7 * r.first, 0.7 * r.second));
+  EXPECT_LT(e, u8_mse(v, 1.2 * r.first, 1.2 * r.second));
+  // s8: symmetric.
+  auto s = cli::mse_range(h, 0, true);
+  EXPECT_DOUBLE_EQ(s.first, -s.second);
+  EXPECT_LT(s.second, std::max(-mn, mx));
+}
+
+TEST(Calibration, MseRangeKeepsAUniformRangeAndCountsExactZerosAsFree) {
+  std::vector<float> u(100000);
+  std::mt19937 rng(2);
+  std::uniform_real_distribution<float> d(0.f, 1.f);
+  for (auto& x : u) x = d(rng);
+  cli::Histogram h;
+  h.init(0, 1, 2048);
+  h.add(u.data(), u.size(), false);
+  auto r = cli::mse_range(h, 0, false);
+  EXPECT_EQ(r.first, 0);
+  EXPECT_GT(r.second, 0.97);  // clipping a uniform distribution costs more than it saves
+  // ReLU output: 3/4 exact zeros, the rest |N(0, 1)|. The zeros quantize without error at any range, so counting
+  // them as rounding noise (zeros = 0) would clip the positive values harder than their own error warrants.
+  std::vector<float> v = randv(200000, 5);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = i % 4 == 0 ? std::fabs(v[i]) : 0.f;
+  float mx = 0;
+  double zeros = 0;
+  for (float x : v) mx = std::max(mx, x), zeros += x == 0.f;
+  cli::Histogram hr;
+  hr.init(0, mx, 2048);
+  hr.add(v.data(), v.size(), false);
+  auto with = cli::mse_range(hr, zeros, false), without = cli::mse_range(hr, 0, false);
+  EXPECT_EQ(with.first, 0);
+  EXPECT_GT(with.second, without.second * 1.05);
+  EXPECT_LT(with.second, mx);
+  EXPECT_LE(u8_mse(v, 0, with.second), u8_mse(v, 0, without.second));
 }
 
 // ------------------------------------------------------------------------------------------------ quantize_graph
@@ -253,7 +319,7 @@ TEST(QuantizeGraph, BiasCorrectionRemovesTheMeanShiftOfRoundedWeights) {
 
 TEST(QuantizeGraph, MethodsExclusionAndS8Activations) {
   auto cal = batches(4);
-  for (const char* m : {"percentile", "entropy"}) {
+  for (const char* m : {"percentile", "entropy", "mse"}) {
     auto o = quiet();
     o.method = m;
     o.exclude = {"fc"};
