@@ -11,7 +11,7 @@ peers/make_models.py), it:
      and ratios.
 
 usage: tools/compare_int8.py --keel build/bin/keel [--models resnet18,mobilenet_v2] [--threads 1[,2]] [--rounds 3]
-                             [--method minmax] [--tolerance 0.12 [--fallback prefix]] [--exclude NODE,...]
+                             [--method mse] [--tolerance 0.12 [--fallback prefix]] [--exclude NODE,...]
 
 On a shared, loaded machine the medians swing by 2-3x between runs; the per-engine minimum over all rounds (also
 printed) is the steadier comparison there.
@@ -76,7 +76,7 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--calib", type=int, default=20, help="calibration batches (the last fifth is held out)")
     ap.add_argument("--heldout", type=int, default=4, help="held-out inputs for the cosine check")
-    ap.add_argument("--method", default="minmax")
+    ap.add_argument("--method", default="mse", help="keel quantize --method (mse, minmax, percentile, entropy)")
     ap.add_argument("--tolerance", default="0", help="keel quantize --tolerance (relative L2 error of the outputs)")
     ap.add_argument("--fallback", default="sensitivity", help="keel quantize --fallback (sensitivity | prefix)")
     ap.add_argument("--exclude", default="", help="keel quantize --exclude (node names kept fp32, comma-separated)")

@@ -1,4 +1,4 @@
-// `keel quantize MODEL.onnx --calib DIR -o OUT.onnx [--method minmax|percentile|entropy] [--exclude NODES]
+// `keel quantize MODEL.onnx --calib DIR -o OUT.onnx [--method mse|minmax|percentile|entropy] [--exclude NODES]
 // [--tolerance T [--fallback sensitivity|prefix]]` — INT8 post-training quantization (tools/keel/quantize.h):
 // calibrates on the batches in DIR (layout in quantize.h and the README), writes standard QDQ ONNX, and prints each
 // quantized layer's error (cosine and relative L2 error of its output vs fp32 on held-out batches) and the error of
@@ -114,8 +114,8 @@ void add_quantize_command(CLI::App& app, Globals& g) {
       ->required();
   cmd->add_option("--output,-o", a->output, "Where to write the QDQ model (.onnx)")->required();
   cmd->add_option("--method,-m", a->opts.method,
-                  "Calibration: minmax, percentile, entropy (KL, TensorRT-style) or mse (each activation's range with "
-                  "the least expected squared error, rounding plus clipping)")
+                  "Calibration: mse (default: each activation's range with the least expected squared error, rounding "
+                  "plus clipping), minmax, percentile or entropy (KL, TensorRT-style)")
       ->check(CLI::IsMember({"minmax", "percentile", "entropy", "mse"}));
   cmd->add_option("--percentile", a->opts.percentile, "Percentile kept on each tail by --method percentile (99.99)");
   cmd->add_option("--exclude,-x", a->exclude, "Node names to keep in fp32 (comma-separated, repeatable)");

@@ -127,27 +127,56 @@ std::pair<double, double> mse_range(const Histogram& h, double zeros, bool s8) {
   if (total <= 0 || n == 0 || !(hi0 > lo0)) return {lo0, hi0};
   zeros = std::clamp(zeros, 0.0, total);
   const double width = (h.hi - h.lo) / static_cast<double>(n);
-  const double amax = std::max(-lo0, hi0);
+  auto center = [&](size_t b) { return h.lo + (static_cast<double>(b) + 0.5) * width; };
+  // Prefix sums of count, count * x and count * x^2 over the bins (x = the bin's centre): the squared clipping error
+  // of a bound is then O(1) — sum over the clipped bins of c (x - bound)^2 = S2 - 2 bound S1 + bound^2 S0.
+  std::vector<double> p0(n + 1, 0.0), p1(n + 1, 0.0), p2(n + 1, 0.0);
+  for (size_t b = 0; b < n; ++b) {
+    const double x = center(b), c = h.bins[b];
+    p0[b + 1] = p0[b] + c;
+    p1[b + 1] = p1[b] + c * x;
+    p2[b + 1] = p2[b] + c * x * x;
+  }
+  auto first_above = [&](double v) {  // the first bin whose centre lies above v
+    const double f = std::floor((v - h.lo) / width - 0.5) + 1;
+    return static_cast<size_t>(std::clamp(f, 0.0, static_cast<double>(n)));
+  };
+  auto first_at_or_above = [&](double v) {  // the first bin whose centre is >= v
+    const double f = std::ceil((v - h.lo) / width - 0.5);
+    return static_cast<size_t>(std::clamp(f, 0.0, static_cast<double>(n)));
+  };
+  // Error of the range [lo, hi] with `levels` steps: step^2 / 12 for each value inside except the exact zeros (0 is
+  // always on the grid), (x - bound)^2 for each value clipped.
+  auto error = [&](double lo, double hi, double levels) {
+    const size_t ja = first_above(hi), jb = first_at_or_above(lo);
+    const double a0 = p0[n] - p0[ja], a1 = p1[n] - p1[ja], a2 = p2[n] - p2[ja];
+    const double b0 = p0[jb], b1 = p1[jb], b2 = p2[jb];
+    const double step = (hi - lo) / levels;
+    const double inside = std::max(total - a0 - b0 - zeros, 0.0);
+    return inside * step * step / 12.0 + (a2 - 2 * hi * a1 + hi * hi * a0) + (b2 - 2 * lo * b1 + lo * lo * b0);
+  };
+  // Candidates: each bound shrunk towards 0 independently (an outlier on one side must not clip the other), 512
+  // steps from the min-max bound down to 1/512 of it; s8: one symmetric bound.
+  constexpr int kSteps = 512;
   double best_err = std::numeric_limits<double>::infinity();
   std::pair<double, double> best{lo0, hi0};
-  // The range shrunk by t (both ends, towards 0): rounding noise step^2 / 12 on every value inside except the exact
-  // zeros (0 is always on the grid), (x - bound)^2 on the values clipped. 400 candidates from 0.1 to 1.
-  for (int k = 0; k <= 400; ++k) {
-    const double t = 1.0 - 0.9 * static_cast<double>(k) / 400.0;
-    const double lo = s8 ? -t * amax : t * lo0, hi = s8 ? t * amax : t * hi0;
-    const double step = s8 ? t * amax / 127.0 : (hi - lo) / 255.0;
-    double inside = 0, clipped = 0;
-    for (size_t b = 0; b < n; ++b) {
-      if (h.bins[b] == 0) continue;
-      const double x = h.lo + (static_cast<double>(b) + 0.5) * width;
-      if (x > hi) clipped += h.bins[b] * (x - hi) * (x - hi);
-      else if (x < lo) clipped += h.bins[b] * (lo - x) * (lo - x);
-      else inside += h.bins[b];
+  if (s8) {
+    const double amax = std::max(-lo0, hi0);
+    for (int k = kSteps; k >= 1; --k) {
+      const double a = amax * k / kSteps;
+      const double e = error(-a, a, 254.0);
+      if (e < best_err) best_err = e, best = {-a, a};
     }
-    const double err = std::max(inside - zeros, 0.0) * step * step / 12.0 + clipped;
-    if (err < best_err) {
-      best_err = err;
-      best = {lo, hi};
+    return best;
+  }
+  const int lo_steps = lo0 < 0 ? kSteps : 1;
+  for (int i = lo_steps; i >= 1; --i) {
+    const double lo = lo0 < 0 ? lo0 * i / kSteps : 0.0;
+    for (int k = kSteps; k >= 1; --k) {
+      const double hi = hi0 * k / kSteps;
+      if (!(hi > lo)) continue;
+      const double e = error(lo, hi, 255.0);
+      if (e < best_err) best_err = e, best = {lo, hi};
     }
   }
   return best;

@@ -39,7 +39,7 @@
 namespace keel::cli {
 
 struct QuantizeOptions {
-  std::string method = "minmax";  // minmax | percentile | entropy | mse
+  std::string method = "mse";  // minmax | percentile | entropy | mse
   double percentile = 99.99;      // percentile method: kept fraction of each tail, in percent (50, 100]
   std::vector<std::string> exclude;  // node names kept in fp32
   double tolerance = 0;              /* 0 = off */
@@ -98,11 +98,11 @@ std::pair<double, double> percentile_range(const Histogram& h, double percentile
 // over [0, t] (outliers folded into the last bin) and Q is P quantized to `levels` levels. `h` is a histogram of |x|
 // over [0, max|x|].
 double entropy_threshold(const Histogram& h, int levels);
-// The MSE-optimal range (TensorRT's "mse" / ORT's "distribution" idea): of min-max shrunk towards 0 by a factor in
-// [0.1, 1], the one minimising the expected squared error of quantizing the histogram's values — step^2 / 12 for a
-// value inside the range (none for the `zeros` exact zeros, which are on the grid), (x - bound)^2 for one outside.
-// u8: asymmetric over [lo, hi] (255 steps); s8: symmetric over [-a, a] (127 steps a side). `h` is a histogram of the
-// signed values.
+// The MSE-optimal range (TensorRT's "mse" / ORT's "distribution" idea): of the min-max bounds each shrunk towards 0
+// independently (512 steps each), the range minimising the expected squared error of quantizing the histogram's
+// values — step^2 / 12 for a value inside (none for the `zeros` exact zeros, which are on the grid), (x - bound)^2
+// for one clipped. u8: asymmetric over [lo, hi] (255 steps); s8: symmetric over [-a, a] (127 steps a side). `h` is a
+// histogram of the signed values.
 std::pair<double, double> mse_range(const Histogram& h, double zeros, bool s8);
 
 // Reads calibration batches from `dir` for a graph with these inputs. Layouts (documented in README.md):

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 
 #include "core/runtime/onnx_io.h"
@@ -141,6 +142,18 @@ TEST(Calibration, MseRangeClipsAGaussianWhereTheQuantizationErrorIsLeast) {
   EXPECT_LT(e, 0.9 * u8_mse(v, mn, mx));
   EXPECT_LT(e, u8_mse(v, 0.7 * r.first, 0.7 * r.second));
   EXPECT_LT(e, u8_mse(v, 1.2 * r.first, 1.2 * r.second));
+  // Skewed (the positive side three times wider): each bound is chosen on its own, so the positive one is clipped
+  // relatively less than the negative one (a common shrink factor would keep the min-max ratio).
+  std::vector<float> sk = v;
+  for (float& x : sk) x = x > 0 ? 3 * x : x;
+  cli::Histogram hs;
+  hs.init(mn, 3 * mx, 2048);
+  hs.add(sk.data(), sk.size(), false);
+  auto rs = cli::mse_range(hs, 0, false);
+  EXPECT_GT(rs.second / -rs.first, 1.05 * (3 * mx) / -mn);
+  double joint = std::numeric_limits<double>::infinity();
+  for (int k = 40; k <= 100; k += 2) joint = std::min(joint, u8_mse(sk, mn * k / 100.0, 3 * mx * k / 100.0));
+  EXPECT_LT(u8_mse(sk, rs.first, rs.second), joint);
   // s8: symmetric.
   auto s = cli::mse_range(h, 0, true);
   EXPECT_DOUBLE_EQ(s.first, -s.second);
@@ -229,7 +242,9 @@ bool reads_dq(const Graph& g, const Node* n, size_t i) {
 
 TEST(QuantizeGraph, MinMaxRangeOfTheInputComesFromTheCalibrationBatches) {
   auto cal = batches(5);  // 4 calibrate, 1 held out
-  auto r = cli::quantize_graph(env(), small_net(), cal, quiet());
+  auto mm = quiet();
+  mm.method = "minmax";
+  auto r = cli::quantize_graph(env(), small_net(), cal, mm);
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   double lo = 0, hi = 0;
   for (size_t b = 0; b < 4; ++b) {
@@ -273,6 +288,20 @@ TEST(QuantizeGraph, MinMaxRangeOfTheInputComesFromTheCalibrationBatches) {
   auto out = s.value()->run(cal[4]);
   ASSERT_TRUE(out.is_ok()) << out.status().to_string();
   EXPECT_EQ(out.value()[0].shape(), (Shape{2, 5}));
+  // The default method (mse) picks mse_range() of the calibration values (a histogram over their min-max).
+  auto m = cli::quantize_graph(env(), small_net(), cal, quiet());
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  cli::Histogram h;
+  h.init(lo, hi, 2048);
+  for (size_t b = 0; b < 4; ++b) h.add(cal[b][0].second.data<float>(), static_cast<size_t>(cal[b][0].second.numel()), false);
+  const auto mr = cli::mse_range(h, 0, false);
+  const Node* mconv1 = node_named(m->graph, "conv1");
+  ASSERT_TRUE(mconv1 && reads_dq(m->graph, mconv1, 0));
+  const float mscale =
+      m->graph.initializers.at(m->graph.node(*m->graph.producer(mconv1->inputs[0]))->inputs[1]).data<float>()[0];
+  EXPECT_NEAR(mscale, (mr.second - mr.first) / 255.0, 1e-6);
+  EXPECT_LE(mscale, scale.data<float>()[0]);
+  EXPECT_GT(m->output_cosine, 0.99);
 }
 
 TEST(QuantizeGraph, BiasCorrectionRemovesTheMeanShiftOfRoundedWeights) {
