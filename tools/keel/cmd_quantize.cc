@@ -58,7 +58,8 @@ int quantize(QuantizeArgs& a, Globals& g) {
   std::cout << "per-layer error (each layer alone, on " << res.heldout_batches << " held-out batch"
             << (res.heldout_batches == 1 ? "" : "es") << "):\n";
   std::cout << "  " << std::left << std::setw(static_cast<int>(width)) << "node" << "  " << std::setw(7) << "op"
-            << std::right << std::setw(10) << "cosine" << std::setw(11) << "rel.err"
+            << std::right << std::setw(10) << "cosine" << std::setw(11) << "rel.err" << std::setw(24)
+            << "input range (of min-max)"
             << (a.opts.tolerance > 0 && a.opts.fallback == "sensitivity" ? "  sensitivity" : "") << "  status\n";
   size_t quantized = 0;
   for (const auto& l : res.layers) {
@@ -66,6 +67,16 @@ int quantize(QuantizeArgs& a, Globals& g) {
     std::cout << "  " << std::left << std::setw(static_cast<int>(width)) << l.node << "  " << std::setw(7) << l.op_type
               << std::right << std::fixed << std::setprecision(5) << std::setw(10) << l.cosine << std::setw(11)
               << l.rel_error;
+    {
+      // The input's calibrated range and how much of the observed min-max width it keeps (below 100%: clipped).
+      std::ostringstream rs;
+      const double seen = std::max(l.observed_hi, 0.0) - std::min(l.observed_lo, 0.0);
+      const double kept = std::max(l.range_hi, 0.0) - std::min(l.range_lo, 0.0);
+      rs << std::fixed << std::setprecision(2) << "[" << l.range_lo << ", " << l.range_hi << "] ";
+      if (seen > 0) rs << std::setprecision(0) << 100 * kept / seen << "%";
+      else rs << "-";
+      std::cout << std::setw(24) << (l.range_lo == 0 && l.range_hi == 0 && seen == 0 ? std::string("-") : rs.str());
+    }
     if (a.opts.tolerance > 0 && a.opts.fallback == "sensitivity") std::cout << std::setw(13) << l.sensitivity;
     std::cout << "  " << (l.kept_fp32 ? "fp32" : "int8") << "\n";
   }

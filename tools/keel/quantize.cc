@@ -3,6 +3,7 @@
 #include "tools/keel/quantize.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <filesystem>
@@ -566,6 +567,7 @@ StatusOr<QuantizeResult> quantize_graph(Environment& env, const Graph& fp32, con
   for (const Layer& l : layers)
     if (!l.user_excluded && std::find(acts.begin(), acts.end(), l.input) == acts.end()) acts.push_back(l.input);
   std::map<std::string, std::string> ranges;
+  std::map<std::string, std::array<double, 4>> range_info;  // activation -> chosen lo, hi; observed min, max
   std::map<std::string, ChannelMean> means;  // per-channel input means, for bias correction
   if (!acts.empty()) {
     Graph cg = prepared;
@@ -653,6 +655,7 @@ StatusOr<QuantizeResult> quantize_graph(Environment& env, const Graph& fp32, con
       os.precision(9);
       os << lo[a] << "," << hi[a];
       ranges[acts[a]] = os.str();
+      range_info[acts[a]] = {lo[a], hi[a], mn[a], mx[a]};
     }
     bar.finish(std::to_string(acts.size()) + " activations");
   }
@@ -708,6 +711,12 @@ StatusOr<QuantizeResult> quantize_graph(Environment& env, const Graph& fp32, con
     LayerReport& r = result.layers[i];
     r.node = l.node;
     r.op_type = l.op_type;
+    if (auto ri = range_info.find(l.input); ri != range_info.end()) {
+      r.range_lo = ri->second[0];
+      r.range_hi = ri->second[1];
+      r.observed_lo = ri->second[2];
+      r.observed_hi = ri->second[3];
+    }
     r.kept_fp32 = l.user_excluded;
     if (l.user_excluded) continue;
     ErrorAcc acc;

@@ -66,6 +66,9 @@ struct LayerReport {
   // The outputs' relative L2 error when only this layer is quantized (its sensitivity), measured when the tolerance
   // search runs (a tolerance below the all-int8 error); else 0.
   double sensitivity = 0;
+  // The calibrated range of the layer's input activation (what its QuantizeLinear uses) and the min/max observed on
+  // the calibration batches; all 0 for a layer excluded by the user.
+  double range_lo = 0, range_hi = 0, observed_lo = 0, observed_hi = 0;
 };
 
 struct QuantizeResult {

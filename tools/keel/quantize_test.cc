@@ -301,6 +301,18 @@ TEST(QuantizeGraph, MinMaxRangeOfTheInputComesFromTheCalibrationBatches) {
       m->graph.initializers.at(m->graph.node(*m->graph.producer(mconv1->inputs[0]))->inputs[1]).data<float>()[0];
   EXPECT_NEAR(mscale, (mr.second - mr.first) / 255.0, 1e-6);
   EXPECT_LE(mscale, scale.data<float>()[0]);
+  // The report carries each layer's input range: the chosen one and the observed min-max.
+  EXPECT_NEAR(r->layers[0].range_lo, lo, 1e-6);
+  EXPECT_NEAR(r->layers[0].range_hi, hi, 1e-6);
+  EXPECT_NEAR(m->layers[0].range_lo, mr.first, 1e-6);
+  EXPECT_NEAR(m->layers[0].range_hi, mr.second, 1e-6);
+  EXPECT_NEAR(m->layers[0].observed_lo, lo, 1e-6);
+  EXPECT_NEAR(m->layers[0].observed_hi, hi, 1e-6);
+  for (const auto& l : m->layers) {
+    EXPECT_GE(l.range_lo, std::min(l.observed_lo, 0.0)) << l.node;  // (ranges always hold 0)
+    EXPECT_LE(l.range_hi, std::max(l.observed_hi, 0.0)) << l.node;
+    EXPECT_LT(l.range_lo, l.range_hi) << l.node;
+  }
   EXPECT_GT(m->output_cosine, 0.99);
 }
 
@@ -492,6 +504,7 @@ TEST(QuantizeCli, WritesAQdqModelThatRuns) {
   ASSERT_EQ(rc, 0) << log;
   EXPECT_NE(log.find("conv1"), std::string::npos) << log;
   EXPECT_NE(log.find("2 of 3 layers quantized"), std::string::npos) << log;
+  EXPECT_NE(log.find("input range (of min-max)"), std::string::npos) << log;
   auto q = load_onnx(d / "q.onnx");
   ASSERT_TRUE(q.is_ok()) << q.status().to_string();
   size_t ql = 0;
