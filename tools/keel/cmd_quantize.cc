@@ -58,7 +58,7 @@ int quantize(QuantizeArgs& a, Globals& g) {
   std::cout << "per-layer error (each layer alone, on " << res.heldout_batches << " held-out batch"
             << (res.heldout_batches == 1 ? "" : "es") << "):\n";
   std::cout << "  " << std::left << std::setw(static_cast<int>(width)) << "node" << "  " << std::setw(7) << "op"
-            << std::right << std::setw(10) << "cosine" << std::setw(11) << "rel.err" << std::setw(24)
+            << std::right << std::setw(10) << "cosine" << std::setw(11) << "rel.err" << std::setw(26)
             << "input range (of min-max)"
             << (a.opts.tolerance > 0 && a.opts.fallback == "sensitivity" ? "  sensitivity" : "") << "  status\n";
   size_t quantized = 0;
@@ -75,7 +75,7 @@ int quantize(QuantizeArgs& a, Globals& g) {
       rs << std::fixed << std::setprecision(2) << "[" << l.range_lo << ", " << l.range_hi << "] ";
       if (seen > 0) rs << std::setprecision(0) << 100 * kept / seen << "%";
       else rs << "-";
-      std::cout << std::setw(24) << (l.range_lo == 0 && l.range_hi == 0 && seen == 0 ? std::string("-") : rs.str());
+      std::cout << std::setw(26) << (l.range_lo == 0 && l.range_hi == 0 && seen == 0 ? std::string("-") : rs.str());
     }
     if (a.opts.tolerance > 0 && a.opts.fallback == "sensitivity") std::cout << std::setw(13) << l.sensitivity;
     std::cout << "  " << (l.kept_fp32 ? "fp32" : "int8") << "\n";
