@@ -1,8 +1,8 @@
 // `keel quantize MODEL.onnx --calib DIR -o OUT.onnx [--method mse|minmax|percentile|entropy] [--exclude NODES]
 // [--tolerance T [--fallback sensitivity|prefix]]` — INT8 post-training quantization (tools/keel/quantize.h):
 // calibrates on the batches in DIR (layout in quantize.h and the README), writes standard QDQ ONNX, and prints each
-// quantized layer's error (cosine and relative L2 error of its output vs fp32 on held-out batches) and the error of
-// the model's outputs.
+// quantized layer's error (cosine and relative L2 error of its output vs fp32 on held-out batches, its input's
+// calibrated range) and the error of the model's outputs.
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
