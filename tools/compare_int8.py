@@ -11,7 +11,7 @@ peers/make_models.py), it:
      and ratios.
 
 usage: tools/compare_int8.py --keel build/bin/keel [--models resnet18,mobilenet_v2] [--threads 1[,2]] [--rounds 3]
-                             [--method minmax] [--tolerance 0.12 [--fallback prefix]] [--exclude NODE,...]
+                             [--method mse] [--tolerance 0.12 [--fallback prefix]] [--exclude NODE,...]
 
 On a shared, loaded machine the medians swing by 2-3x between runs; the per-engine minimum over all rounds (also
 printed) is the steadier comparison there.
@@ -72,14 +72,16 @@ def main():
     ap.add_argument("--peers-dir", default="/work/shared/peers")
     ap.add_argument("--models", default="resnet18,mobilenet_v2")
     ap.add_argument("--threads", default="1")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3, help="benchmark rounds (0: the accuracy check alone)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--calib", type=int, default=20, help="calibration batches (the last fifth is held out)")
     ap.add_argument("--heldout", type=int, default=4, help="held-out inputs for the cosine check")
-    ap.add_argument("--method", default="minmax")
+    ap.add_argument("--method", default="mse", help="keel quantize --method (mse, minmax, percentile, entropy)")
     ap.add_argument("--tolerance", default="0", help="keel quantize --tolerance (relative L2 error of the outputs)")
     ap.add_argument("--fallback", default="sensitivity", help="keel quantize --fallback (sensitivity | prefix)")
     ap.add_argument("--exclude", default="", help="keel quantize --exclude (node names kept fp32, comma-separated)")
+    ap.add_argument("--quantize-arg", action="append", default=[],
+                    help="a further argument for keel quantize (repeatable; e.g. --quantize-arg=--no-bias-correction)")
     ap.add_argument("--work", default=None)
     a = ap.parse_args()
     work = a.work or tempfile.mkdtemp(prefix="keel-int8-")
@@ -104,7 +106,7 @@ def main():
         qmodel = os.path.join(qdir, "model.onnx")
         out = run([keel, "--threads", t0, "quantize", os.path.join(src, "model.onnx"), "--calib", calib, "-o", qmodel,
                    "--method", a.method, "--tolerance", a.tolerance, "--fallback", a.fallback, "-q"] +
-                  (["--exclude", a.exclude] if a.exclude else []))
+                  (["--exclude", a.exclude] if a.exclude else []) + a.quantize_arg)
         tail = [l for l in out.strip().splitlines() if not l.startswith("note:")]
         print(f"== {model}: keel quantize --method {a.method} --tolerance {a.tolerance} --fallback {a.fallback}\n" +
               "\n".join(tail[-3:]), flush=True)
@@ -133,6 +135,9 @@ def main():
             "ort_fp32": lambda t: ["node", os.path.join(a.peers_dir, "ort_bench.js"), src, "--threads", t],
             "ort_int8": lambda t: ["node", os.path.join(a.peers_dir, "ort_bench.js"), qdir, "--threads", t],
         }
+        if a.rounds <= 0:  # accuracy only
+            summary.append({"model": model, "cos_int8": min(cos_int8), "cos_qdq": min(cos_qdq)})
+            continue
         for t in a.threads.split(","):
             med = {e: [] for e in engines}
             mins = {e: [] for e in engines}

@@ -1,8 +1,8 @@
-// `keel quantize MODEL.onnx --calib DIR -o OUT.onnx [--method minmax|percentile|entropy] [--exclude NODES]
+// `keel quantize MODEL.onnx --calib DIR -o OUT.onnx [--method mse|minmax|percentile|entropy] [--exclude NODES]
 // [--tolerance T [--fallback sensitivity|prefix]]` — INT8 post-training quantization (tools/keel/quantize.h):
 // calibrates on the batches in DIR (layout in quantize.h and the README), writes standard QDQ ONNX, and prints each
-// quantized layer's error (cosine and relative L2 error of its output vs fp32 on held-out batches) and the error of
-// the model's outputs.
+// quantized layer's error (cosine and relative L2 error of its output vs fp32 on held-out batches, its input's
+// calibrated range) and the error of the model's outputs.
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
@@ -58,7 +58,8 @@ int quantize(QuantizeArgs& a, Globals& g) {
   std::cout << "per-layer error (each layer alone, on " << res.heldout_batches << " held-out batch"
             << (res.heldout_batches == 1 ? "" : "es") << "):\n";
   std::cout << "  " << std::left << std::setw(static_cast<int>(width)) << "node" << "  " << std::setw(7) << "op"
-            << std::right << std::setw(10) << "cosine" << std::setw(11) << "rel.err"
+            << std::right << std::setw(10) << "cosine" << std::setw(11) << "rel.err" << std::setw(26)
+            << "input range (of min-max)"
             << (a.opts.tolerance > 0 && a.opts.fallback == "sensitivity" ? "  sensitivity" : "") << "  status\n";
   size_t quantized = 0;
   for (const auto& l : res.layers) {
@@ -66,6 +67,16 @@ int quantize(QuantizeArgs& a, Globals& g) {
     std::cout << "  " << std::left << std::setw(static_cast<int>(width)) << l.node << "  " << std::setw(7) << l.op_type
               << std::right << std::fixed << std::setprecision(5) << std::setw(10) << l.cosine << std::setw(11)
               << l.rel_error;
+    {
+      // The input's calibrated range and how much of the observed min-max width it keeps (below 100%: clipped).
+      std::ostringstream rs;
+      const double seen = std::max(l.observed_hi, 0.0) - std::min(l.observed_lo, 0.0);
+      const double kept = std::max(l.range_hi, 0.0) - std::min(l.range_lo, 0.0);
+      rs << std::fixed << std::setprecision(2) << "[" << l.range_lo << ", " << l.range_hi << "] ";
+      if (seen > 0) rs << std::setprecision(0) << 100 * kept / seen << "%";
+      else rs << "-";
+      std::cout << std::setw(26) << (l.range_lo == 0 && l.range_hi == 0 && seen == 0 ? std::string("-") : rs.str());
+    }
     if (a.opts.tolerance > 0 && a.opts.fallback == "sensitivity") std::cout << std::setw(13) << l.sensitivity;
     std::cout << "  " << (l.kept_fp32 ? "fp32" : "int8") << "\n";
   }
@@ -113,8 +124,10 @@ void add_quantize_command(CLI::App& app, Globals& g) {
                   "single-input model also a flat folder of .npy/.pb files. The last fifth is held out for the report")
       ->required();
   cmd->add_option("--output,-o", a->output, "Where to write the QDQ model (.onnx)")->required();
-  cmd->add_option("--method,-m", a->opts.method, "Calibration: minmax, percentile or entropy (KL, TensorRT-style)")
-      ->check(CLI::IsMember({"minmax", "percentile", "entropy"}));
+  cmd->add_option("--method,-m", a->opts.method,
+                  "Calibration: mse (default: each activation's range with the least expected squared error, rounding "
+                  "plus clipping), minmax, percentile or entropy (KL, TensorRT-style)")
+      ->check(CLI::IsMember({"minmax", "percentile", "entropy", "mse"}));
   cmd->add_option("--percentile", a->opts.percentile, "Percentile kept on each tail by --method percentile (99.99)");
   cmd->add_option("--exclude,-x", a->exclude, "Node names to keep in fp32 (comma-separated, repeatable)");
   cmd->add_option("--tolerance,-t", a->opts.tolerance,

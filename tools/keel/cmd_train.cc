@@ -243,7 +243,7 @@ StatusOr<Graph> trace_model(Environment& env, nn::Module& model, const FashionMn
 
 }  // namespace
 
-// Quantizes `fp32` with `keel quantize`'s calibration (tools/keel/quantize.h: min/max ranges over `calibration`,
+// Quantizes `fp32` with `keel quantize`'s calibration (tools/keel/quantize.h: its default ranges over `calibration`,
 // per-channel s8 weights, u8 activations; the last fifth of the batches held out for the error report), saves the QDQ
 // model beside `fp32_path` as *.int8.onnx, and evaluates it on the test set through a Session that runs the
 // `fuse_qdq` pass, so the oneDNN int8 kernels execute it.
@@ -257,7 +257,7 @@ StatusOr<GraphEval> quantize_and_evaluate(Environment& env, const Graph& fp32, c
   KEEL_RETURN_IF_ERROR(save_onnx(q.graph, qpath), "int8");
   size_t quantized = 0;
   for (const auto& l : q.layers) quantized += l.kept_fp32 ? 0 : 1;
-  std::cout << "quantized " << quantized << "/" << q.layers.size() << " layer(s) to INT8 (min/max calibration on "
+  std::cout << "quantized " << quantized << "/" << q.layers.size() << " layer(s) to INT8 (" << qo.method << " calibration on "
             << calibration.size() - q.heldout_batches << " batches; logits cosine " << std::setprecision(5)
             << q.output_cosine << " on " << q.heldout_batches << " held-out), saved " << qpath.string() << "\n";
   return evaluate_graph(env, q.graph, test, threads, "cpu", session_passes("auto", q.graph, env));

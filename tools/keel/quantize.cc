@@ -3,6 +3,7 @@
 #include "tools/keel/quantize.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <filesystem>
@@ -117,6 +118,69 @@ double entropy_threshold(const Histogram& h, int levels) {
     }
   }
   return std::min(h.hi, h.lo + static_cast<double>(best) * width);  // the right edge of the kept bins
+}
+
+std::pair<double, double> mse_range(const Histogram& h, double zeros, bool s8) {
+  const size_t n = h.bins.size();
+  double total = 0;
+  for (double c : h.bins) total += c;
+  const double lo0 = std::min(h.lo, 0.0), hi0 = std::max(h.hi, 0.0);
+  if (total <= 0 || n == 0 || !(hi0 > lo0)) return {lo0, hi0};
+  zeros = std::clamp(zeros, 0.0, total);
+  const double width = (h.hi - h.lo) / static_cast<double>(n);
+  auto center = [&](size_t b) { return h.lo + (static_cast<double>(b) + 0.5) * width; };
+  // Prefix sums of count, count * x and count * x^2 over the bins (x = the bin's centre): the squared clipping error
+  // of a bound is then O(1) — sum over the clipped bins of c (x - bound)^2 = S2 - 2 bound S1 + bound^2 S0.
+  std::vector<double> p0(n + 1, 0.0), p1(n + 1, 0.0), p2(n + 1, 0.0);
+  for (size_t b = 0; b < n; ++b) {
+    const double x = center(b), c = h.bins[b];
+    p0[b + 1] = p0[b] + c;
+    p1[b + 1] = p1[b] + c * x;
+    p2[b + 1] = p2[b] + c * x * x;
+  }
+  auto first_above = [&](double v) {  // the first bin whose centre lies above v
+    const double f = std::floor((v - h.lo) / width - 0.5) + 1;
+    return static_cast<size_t>(std::clamp(f, 0.0, static_cast<double>(n)));
+  };
+  auto first_at_or_above = [&](double v) {  // the first bin whose centre is >= v
+    const double f = std::ceil((v - h.lo) / width - 0.5);
+    return static_cast<size_t>(std::clamp(f, 0.0, static_cast<double>(n)));
+  };
+  // Error of the range [lo, hi] with `levels` steps: step^2 / 12 for each value inside except the exact zeros (0 is
+  // always on the grid), (x - bound)^2 for each value clipped.
+  auto error = [&](double lo, double hi, double levels) {
+    const size_t ja = first_above(hi), jb = first_at_or_above(lo);
+    const double a0 = p0[n] - p0[ja], a1 = p1[n] - p1[ja], a2 = p2[n] - p2[ja];
+    const double b0 = p0[jb], b1 = p1[jb], b2 = p2[jb];
+    const double step = (hi - lo) / levels;
+    const double inside = std::max(total - a0 - b0 - zeros, 0.0);
+    return inside * step * step / 12.0 + (a2 - 2 * hi * a1 + hi * hi * a0) + (b2 - 2 * lo * b1 + lo * lo * b0);
+  };
+  // Candidates: each bound shrunk towards 0 independently (an outlier on one side must not clip the other), 512
+  // steps from the min-max bound down to 1/512 of it; s8: one symmetric bound.
+  constexpr int kSteps = 512;
+  double best_err = std::numeric_limits<double>::infinity();
+  std::pair<double, double> best{lo0, hi0};
+  if (s8) {
+    const double amax = std::max(-lo0, hi0);
+    for (int k = kSteps; k >= 1; --k) {
+      const double a = amax * k / kSteps;
+      const double e = error(-a, a, 254.0);
+      if (e < best_err) best_err = e, best = {-a, a};
+    }
+    return best;
+  }
+  const int lo_steps = lo0 < 0 ? kSteps : 1;
+  for (int i = lo_steps; i >= 1; --i) {
+    const double lo = lo0 < 0 ? lo0 * i / kSteps : 0.0;
+    for (int k = kSteps; k >= 1; --k) {
+      const double hi = hi0 * k / kSteps;
+      if (!(hi > lo)) continue;
+      const double e = error(lo, hi, 255.0);
+      if (e < best_err) best_err = e, best = {lo, hi};
+    }
+  }
+  return best;
 }
 
 // ------------------------------------------------------------------------------------------------ calibration data
@@ -433,8 +497,9 @@ bool is_float_output(const Graph& g, const std::string& v) {
 
 StatusOr<QuantizeResult> quantize_graph(Environment& env, const Graph& fp32, const std::vector<Feeds>& calibration,
                                         const QuantizeOptions& options) {
-  if (options.method != "minmax" && options.method != "percentile" && options.method != "entropy")
-    return invalid_argument("unknown calibration method '" + options.method + "' (minmax, percentile, entropy)");
+  if (options.method != "minmax" && options.method != "percentile" && options.method != "entropy" &&
+      options.method != "mse")
+    return invalid_argument("unknown calibration method '" + options.method + "' (minmax, percentile, entropy, mse)");
   if (options.method == "percentile" && !(options.percentile > 50 && options.percentile <= 100))
     return invalid_argument("percentile must be in (50, 100], got " + std::to_string(options.percentile));
   if (options.activation_type != "u8" && options.activation_type != "s8")
@@ -502,6 +567,7 @@ StatusOr<QuantizeResult> quantize_graph(Environment& env, const Graph& fp32, con
   for (const Layer& l : layers)
     if (!l.user_excluded && std::find(acts.begin(), acts.end(), l.input) == acts.end()) acts.push_back(l.input);
   std::map<std::string, std::string> ranges;
+  std::map<std::string, std::array<double, 4>> range_info;  // activation -> chosen lo, hi; observed min, max
   std::map<std::string, ChannelMean> means;  // per-channel input means, for bias correction
   if (!acts.empty()) {
     Graph cg = prepared;
@@ -513,6 +579,7 @@ StatusOr<QuantizeResult> quantize_graph(Environment& env, const Graph& fp32, con
                     options.progress);
     std::vector<double> mn(acts.size(), std::numeric_limits<double>::infinity()),
         mx(acts.size(), -std::numeric_limits<double>::infinity());
+    std::vector<double> zeros(acts.size(), 0.0);  // exact zeros seen (mse: they quantize without error)
     auto run_batch = [&](const Feeds& f) -> StatusOr<std::vector<Tensor>> {
       KEEL_ASSIGN_OR_RETURN(auto out, session->run(f), "calibration run");
       for (size_t a = 0; a < acts.size(); ++a)
@@ -540,6 +607,7 @@ StatusOr<QuantizeResult> quantize_graph(Environment& env, const Graph& fp32, con
         const float* p = t.data<float>();
         for (int64_t i = 0; i < t.numel(); ++i) {
           if (!std::isfinite(p[i])) continue;
+          zeros[a] += p[i] == 0.f;
           mn[a] = std::min<double>(mn[a], p[i]);
           mx[a] = std::max<double>(mx[a], p[i]);
         }
@@ -571,6 +639,10 @@ StatusOr<QuantizeResult> quantize_graph(Environment& env, const Graph& fp32, con
           double t = entropy_threshold(h[a], levels);
           lo[a] = nonneg ? 0.0 : std::max(mn[a], -t);
           hi[a] = std::min(mx[a], t);
+        } else if (options.method == "mse") {
+          auto r = mse_range(h[a], zeros[a], options.activation_type == "s8");
+          lo[a] = r.first;
+          hi[a] = r.second;
         } else {
           auto r = percentile_range(h[a], options.percentile);
           lo[a] = r.first;
@@ -583,6 +655,7 @@ StatusOr<QuantizeResult> quantize_graph(Environment& env, const Graph& fp32, con
       os.precision(9);
       os << lo[a] << "," << hi[a];
       ranges[acts[a]] = os.str();
+      range_info[acts[a]] = {lo[a], hi[a], mn[a], mx[a]};
     }
     bar.finish(std::to_string(acts.size()) + " activations");
   }
@@ -638,6 +711,12 @@ StatusOr<QuantizeResult> quantize_graph(Environment& env, const Graph& fp32, con
     LayerReport& r = result.layers[i];
     r.node = l.node;
     r.op_type = l.op_type;
+    if (auto ri = range_info.find(l.input); ri != range_info.end()) {
+      r.range_lo = ri->second[0];
+      r.range_hi = ri->second[1];
+      r.observed_lo = ri->second[2];
+      r.observed_hi = ri->second[3];
+    }
     r.kept_fp32 = l.user_excluded;
     if (l.user_excluded) continue;
     ErrorAcc acc;

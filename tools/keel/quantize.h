@@ -7,7 +7,8 @@
 //   2. calibrates: runs Keel sessions on the fp32 graph with every quantizable activation (input 0 of each Conv,
 //      MatMul, Gemm with an f32 constant weight) exposed as an extra output, over the calibration batches, and picks a
 //      range per activation — minmax (observed min/max), percentile (the `percentile`-th percentile of each tail),
-//      entropy (TensorRT's KL-divergence threshold search over a 2048-bin histogram of |x|);
+//      entropy (TensorRT's KL-divergence threshold search over a 2048-bin histogram of |x|), mse (the range, shrunk
+//      from min-max towards 0, with the least expected squared quantization error: rounding plus clipping);
 //   3. rewrites with the `quantize_int8` pass plugin: standard QDQ ONNX, per-channel symmetric s8 weights, u8
 //      (asymmetric) or s8 (symmetric) activations; then (bias_correction) subtracts from each quantized layer's f32
 //      bias the mean shift its rounded weights cause, dW . E[x], with E[x] per input channel from the calibration
@@ -38,7 +39,7 @@
 namespace keel::cli {
 
 struct QuantizeOptions {
-  std::string method = "minmax";  // minmax | percentile | entropy
+  std::string method = "mse";  // minmax | percentile | entropy | mse
   double percentile = 99.99;      // percentile method: kept fraction of each tail, in percent (50, 100]
   std::vector<std::string> exclude;  // node names kept in fp32
   double tolerance = 0;              /* 0 = off */
@@ -65,6 +66,9 @@ struct LayerReport {
   // The outputs' relative L2 error when only this layer is quantized (its sensitivity), measured when the tolerance
   // search runs (a tolerance below the all-int8 error); else 0.
   double sensitivity = 0;
+  // The calibrated range of the layer's input activation (what its QuantizeLinear uses) and the min/max observed on
+  // the calibration batches; all 0 for a layer excluded by the user.
+  double range_lo = 0, range_hi = 0, observed_lo = 0, observed_hi = 0;
 };
 
 struct QuantizeResult {
@@ -97,6 +101,12 @@ std::pair<double, double> percentile_range(const Histogram& h, double percentile
 // over [0, t] (outliers folded into the last bin) and Q is P quantized to `levels` levels. `h` is a histogram of |x|
 // over [0, max|x|].
 double entropy_threshold(const Histogram& h, int levels);
+// The MSE-optimal range (TensorRT's "mse" / ORT's "distribution" idea): of the min-max bounds each shrunk towards 0
+// independently (512 steps each), the range minimising the expected squared error of quantizing the histogram's
+// values — step^2 / 12 for a value inside (none for the `zeros` exact zeros, which are on the grid), (x - bound)^2
+// for one clipped. u8: asymmetric over [lo, hi] (255 steps); s8: symmetric over [-a, a] (127 steps a side). `h` is a
+// histogram of the signed values.
+std::pair<double, double> mse_range(const Histogram& h, double zeros, bool s8);
 
 // Reads calibration batches from `dir` for a graph with these inputs. Layouts (documented in README.md):
 //   - one subfolder per batch (sorted by name), holding one file per graph input: NAME.npy / NAME.pb, or ONNX test

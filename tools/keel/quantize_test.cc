@@ -5,11 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 
 #include "core/runtime/onnx_io.h"
@@ -109,6 +111,83 @@ TEST(Calibration, EntropyThresholdKeepsAUniformRange) {
   EXPECT_GT(cli::entropy_threshold(h, 255), 0.9);
 }
 
+// The mean squared error of quantizing `v` to u8 over [lo, hi] (what QuantizeLinear -> DequantizeLinear does).
+double u8_mse(const std::vector<float>& v, double lo, double hi) {
+  lo = std::min(lo, 0.0);
+  hi = std::max(hi, 0.0);
+  const double s = (hi - lo) / 255.0, zp = std::round(-lo / s);
+  double e = 0;
+  for (float x : v) {
+    const double q = std::clamp(std::nearbyint(x / s) + zp, 0.0, 255.0);
+    e += ((q - zp) * s - x) * ((q - zp) * s - x);
+  }
+  return e / static_cast<double>(v.size());
+}
+
+TEST(Calibration, MseRangeClipsAGaussianWhereTheQuantizationErrorIsLeast) {
+  std::vector<float> v = randv(400000, 11);
+  float mn = 0, mx = 0;
+  for (float x : v) mn = std::min(mn, x), mx = std::max(mx, x);
+  cli::Histogram h;
+  h.init(mn, mx, 2048);
+  h.add(v.data(), v.size(), false);
+  auto r = cli::mse_range(h, 0, false);
+  // Below min-max (about +-4.5 sigma here) on both sides, but not so far that clipping dominates.
+  EXPECT_GT(r.first, mn + 0.2);
+  EXPECT_LT(r.second, mx - 0.2);
+  EXPECT_LT(r.first, -2.5);
+  EXPECT_GT(r.second, 2.5);
+  // The actual error of quantizing the samples with that range beats min-max and ranges clipped further or less.
+  const double e = u8_mse(v, r.first, r.second);
+  EXPECT_LT(e, 0.9 * u8_mse(v, mn, mx));
+  EXPECT_LT(e, u8_mse(v, 0.7 * r.first, 0.7 * r.second));
+  EXPECT_LT(e, u8_mse(v, 1.2 * r.first, 1.2 * r.second));
+  // Skewed (the positive side three times wider): each bound is chosen on its own, so the positive one is clipped
+  // relatively less than the negative one (a common shrink factor would keep the min-max ratio).
+  std::vector<float> sk = v;
+  for (float& x : sk) x = x > 0 ? 3 * x : x;
+  cli::Histogram hs;
+  hs.init(mn, 3 * mx, 2048);
+  hs.add(sk.data(), sk.size(), false);
+  auto rs = cli::mse_range(hs, 0, false);
+  EXPECT_GT(rs.second / -rs.first, 1.05 * (3 * mx) / -mn);
+  double joint = std::numeric_limits<double>::infinity();
+  for (int k = 40; k <= 100; k += 2) joint = std::min(joint, u8_mse(sk, mn * k / 100.0, 3 * mx * k / 100.0));
+  EXPECT_LT(u8_mse(sk, rs.first, rs.second), joint);
+  // s8: symmetric.
+  auto s = cli::mse_range(h, 0, true);
+  EXPECT_DOUBLE_EQ(s.first, -s.second);
+  EXPECT_LT(s.second, std::max(-mn, mx));
+}
+
+TEST(Calibration, MseRangeKeepsAUniformRangeAndCountsExactZerosAsFree) {
+  std::vector<float> u(100000);
+  std::mt19937 rng(2);
+  std::uniform_real_distribution<float> d(0.f, 1.f);
+  for (auto& x : u) x = d(rng);
+  cli::Histogram h;
+  h.init(0, 1, 2048);
+  h.add(u.data(), u.size(), false);
+  auto r = cli::mse_range(h, 0, false);
+  EXPECT_EQ(r.first, 0);
+  EXPECT_GT(r.second, 0.97);  // clipping a uniform distribution costs more than it saves
+  // ReLU output: 3/4 exact zeros, the rest |N(0, 1)|. The zeros quantize without error at any range, so counting
+  // them as rounding noise (zeros = 0) would clip the positive values harder than their own error warrants.
+  std::vector<float> v = randv(200000, 5);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = i % 4 == 0 ? std::fabs(v[i]) : 0.f;
+  float mx = 0;
+  double zeros = 0;
+  for (float x : v) mx = std::max(mx, x), zeros += x == 0.f;
+  cli::Histogram hr;
+  hr.init(0, mx, 2048);
+  hr.add(v.data(), v.size(), false);
+  auto with = cli::mse_range(hr, zeros, false), without = cli::mse_range(hr, 0, false);
+  EXPECT_EQ(with.first, 0);
+  EXPECT_GT(with.second, without.second * 1.05);
+  EXPECT_LT(with.second, mx);
+  EXPECT_LE(u8_mse(v, 0, with.second), u8_mse(v, 0, without.second));
+}
+
 // ------------------------------------------------------------------------------------------------ quantize_graph
 
 // x[N,3,8,8] -> Conv(8) -> Relu -> Conv(8) -> Relu -> GlobalAveragePool -> Flatten -> Gemm(5) -> y
@@ -163,7 +242,9 @@ bool reads_dq(const Graph& g, const Node* n, size_t i) {
 
 TEST(QuantizeGraph, MinMaxRangeOfTheInputComesFromTheCalibrationBatches) {
   auto cal = batches(5);  // 4 calibrate, 1 held out
-  auto r = cli::quantize_graph(env(), small_net(), cal, quiet());
+  auto mm = quiet();
+  mm.method = "minmax";
+  auto r = cli::quantize_graph(env(), small_net(), cal, mm);
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   double lo = 0, hi = 0;
   for (size_t b = 0; b < 4; ++b) {
@@ -207,6 +288,32 @@ TEST(QuantizeGraph, MinMaxRangeOfTheInputComesFromTheCalibrationBatches) {
   auto out = s.value()->run(cal[4]);
   ASSERT_TRUE(out.is_ok()) << out.status().to_string();
   EXPECT_EQ(out.value()[0].shape(), (Shape{2, 5}));
+  // The default method (mse) picks mse_range() of the calibration values (a histogram over their min-max).
+  auto m = cli::quantize_graph(env(), small_net(), cal, quiet());
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  cli::Histogram h;
+  h.init(lo, hi, 2048);
+  for (size_t b = 0; b < 4; ++b) h.add(cal[b][0].second.data<float>(), static_cast<size_t>(cal[b][0].second.numel()), false);
+  const auto mr = cli::mse_range(h, 0, false);
+  const Node* mconv1 = node_named(m->graph, "conv1");
+  ASSERT_TRUE(mconv1 && reads_dq(m->graph, mconv1, 0));
+  const float mscale =
+      m->graph.initializers.at(m->graph.node(*m->graph.producer(mconv1->inputs[0]))->inputs[1]).data<float>()[0];
+  EXPECT_NEAR(mscale, (mr.second - mr.first) / 255.0, 1e-6);
+  EXPECT_LE(mscale, scale.data<float>()[0]);
+  // The report carries each layer's input range: the chosen one and the observed min-max.
+  EXPECT_NEAR(r->layers[0].range_lo, lo, 1e-6);
+  EXPECT_NEAR(r->layers[0].range_hi, hi, 1e-6);
+  EXPECT_NEAR(m->layers[0].range_lo, mr.first, 1e-6);
+  EXPECT_NEAR(m->layers[0].range_hi, mr.second, 1e-6);
+  EXPECT_NEAR(m->layers[0].observed_lo, lo, 1e-6);
+  EXPECT_NEAR(m->layers[0].observed_hi, hi, 1e-6);
+  for (const auto& l : m->layers) {
+    EXPECT_GE(l.range_lo, std::min(l.observed_lo, 0.0)) << l.node;  // (ranges always hold 0)
+    EXPECT_LE(l.range_hi, std::max(l.observed_hi, 0.0)) << l.node;
+    EXPECT_LT(l.range_lo, l.range_hi) << l.node;
+  }
+  EXPECT_GT(m->output_cosine, 0.99);
 }
 
 TEST(QuantizeGraph, BiasCorrectionRemovesTheMeanShiftOfRoundedWeights) {
@@ -253,7 +360,7 @@ TEST(QuantizeGraph, BiasCorrectionRemovesTheMeanShiftOfRoundedWeights) {
 
 TEST(QuantizeGraph, MethodsExclusionAndS8Activations) {
   auto cal = batches(4);
-  for (const char* m : {"percentile", "entropy"}) {
+  for (const char* m : {"percentile", "entropy", "mse"}) {
     auto o = quiet();
     o.method = m;
     o.exclude = {"fc"};
@@ -397,6 +504,7 @@ TEST(QuantizeCli, WritesAQdqModelThatRuns) {
   ASSERT_EQ(rc, 0) << log;
   EXPECT_NE(log.find("conv1"), std::string::npos) << log;
   EXPECT_NE(log.find("2 of 3 layers quantized"), std::string::npos) << log;
+  EXPECT_NE(log.find("input range (of min-max)"), std::string::npos) << log;
   auto q = load_onnx(d / "q.onnx");
   ASSERT_TRUE(q.is_ok()) << q.status().to_string();
   size_t ql = 0;
