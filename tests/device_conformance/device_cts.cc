@@ -813,6 +813,28 @@ void add_int8_cases(std::vector<OpCase>& v) {
     if (f.nhwc) c.attrs["input_layout"] = S("NHWC"), c.attrs["output_layout"] = S("NHWC");
     v.push_back(c);
   }
+  // The same, in sizes the cpu_onednn plugin's own quantization loops (onednn_int8_quant.cc) split differently: a
+  // channel count that is not a multiple of 4 and pixel counts that are not of 16 (the plain -> channels-last
+  // transpose's tails), and tensors of 32768 elements or more (quantized on the whole thread team). f32 outputs, so
+  // that one quantization step off in X shows.
+  struct FB { int64_t C, H, W, K; DType xt; float xzp; bool nhwc; };
+  const FB fbs[] = {{13, 11, 11, 16, DType::kU8, 128, false}, {24, 40, 40, 16, DType::kI8, -3, false},
+                    {20, 45, 40, 24, DType::kU8, 7, true},    {6, 5, 3, 8, DType::kI8, 0, false}};
+  for (const FB& f : fbs) {
+    OpCase c;
+    c.op = "QConv";
+    c.domain = "keel";
+    std::ostringstream l;
+    l << "N=1 C=" << f.C << " H=" << f.H << " W=" << f.W << " K=" << f.K << " k=1 x=f32->" << dtype_name(f.xt) << "/"
+      << f.xzp << " y=f32" << (f.nhwc ? " NHWC" : "");
+    c.label = l.str();
+    c.inputs = {in("X", {1, f.C, f.H, f.W}, false, -3.f, 3.f), qin("W", {f.K, f.C, 1, 1}, DType::kI8, true, -127.f, 127.f),
+                in("B", {f.K}, true, -2.f, 2.f)};
+    add_qparams(c, f.K, f.xt, f.xzp, true, DType::kF32, 0, 1.f);
+    c.attrs = {{"kernel_shape", Is({1, 1})}};
+    if (f.nhwc) c.attrs["input_layout"] = S("NHWC"), c.attrs["output_layout"] = S("NHWC");
+    v.push_back(c);
+  }
   struct G { Shape a; int64_t N; int tb; DType xt; float xzp; DType yt; float yzp; const char* act; bool f32_a = false; };
   const G gs[] = {{{4, 64}, 32, 1, DType::kU8, 3, DType::kU8, 128, ""},
                   {{2, 5, 64}, 48, 0, DType::kU8, 128, DType::kF32, 0, ""},
@@ -820,7 +842,8 @@ void add_int8_cases(std::vector<OpCase>& v) {
                   {{16, 96}, 40, 0, DType::kI8, 0, DType::kU8, 0, "Relu"},
                   {{7, 33}, 17, 1, DType::kU8, 90, DType::kI8, 0, "Clip"},
                   {{1, 320}, 100, 1, DType::kU8, 128, DType::kF32, 0, "", true},  // f32 A quantized by the node
-                  {{6, 40}, 24, 0, DType::kI8, -2, DType::kU8, 7, "Relu", true}};
+                  {{6, 40}, 24, 0, DType::kI8, -2, DType::kU8, 7, "Relu", true},
+                  {{37, 1000}, 20, 1, DType::kI8, 5, DType::kF32, 0, "", true}};  // 37000 elements to quantize
   for (const G& g : gs) {
     OpCase c;
     c.op = "QGemm";
