@@ -7,11 +7,14 @@
 // either stored as f32 or quantized: saturate(round_half_even(v / y_scale) + y_zero) into u8/s8 — the arithmetic of
 // ops/reference/fused.cc's QConv (v * (1 / y_scale) instead of the division: the last bit of v may differ).
 //
-// How: per work item (an image, a band of output rows, 16 channels), the input rows the band reads are widened once to
-// f32 (less x_zero, padding as 0) into a per-thread buffer; each output vector is then 9 FMAs over that buffer, 8
-// output pixels at a time. The products and their sums of 9 stay below 2^24, so the f32 accumulator is exact, as an
-// s32 one would be. Items are split evenly over the OpenMP team (omp_get_max_threads at run), so both threads get work
-// even at 7x7. AVX-512 (F, BW, VL, DQ) only: `available()` checks the CPU; without it QConv keeps oneDNN's kernel.
+// How: per work item (an image, a band of output rows, 16 channels) the input rows the band reads are copied into a
+// per-thread buffer, 16 bytes per column, padding as the zero point (s8 X offset to u8 by 128, its zero point with
+// it). Per output pixel and kernel row, the 64 bytes of its 4 columns are permuted into [x0, x1, x2, x3] per channel
+// (vpermb) and one vpdpbusd adds x0 w0 + x1 w1 + x2 w2 (+ x3 * 0) into the s32 accumulator: 3 instructions per 16
+// outputs for the 9 taps. The zero point leaves as x_zero * sum(w) per channel; the epilogue runs in f32 with 1 /
+// y_scale folded into the channel's scale, bias and activation bounds. Items are split evenly over the OpenMP team
+// (omp_get_max_threads at run), so both threads get work even at 7x7. Needs AVX-512 F, BW, VL, DQ, VNNI and VBMI:
+// `available()` checks the CPU; without them QConv keeps oneDNN's kernel.
 //
 // Thread-safety: an object is immutable after construction; run() may be called from several threads at once.
 #pragma once
@@ -39,7 +42,7 @@ struct DwQuant {
 
 class Int8Depthwise3x3 {
  public:
-  // Whether this CPU runs the kernel (AVX-512 F, BW, VL, DQ; KEEL_ONEDNN_INT8_OWN=0 turns the own kernels off).
+  // Whether this CPU runs the kernel (AVX-512 F, BW, VL, DQ, VNNI, VBMI; KEEL_ONEDNN_INT8_OWN=0 turns it off).
   static bool available();
 
   // w: [C, 1, 3, 3] s8 (copied); scale[c] = x_scale * w_scale[c]; bias: [C] f32 or null (copied).
@@ -58,8 +61,9 @@ class Int8Depthwise3x3 {
   int64_t band_ = 1;      // output rows per item
   int64_t bands_ = 1;     // per image
   int64_t cols_ = 0;      // input columns a row of outputs reads, padding included
-  std::vector<float> w_;  // [cb][9][16]
-  std::vector<float> scale_, bias_;  // [cb * 16]
+  std::vector<int8_t> w_;                      // [cb][3][64]: per kernel row, [w0, w1, w2, 0] per channel
+  std::vector<int32_t> comp_;                  // [cb * 16]: (x_zero, as u8) * sum of the channel's weights
+  std::vector<float> scale_, bias_, lo_, hi_;  // [cb * 16]: epilogue, divided by y_scale for quantized outputs
 };
 
 }  // namespace keel::onednn
