@@ -9,7 +9,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -43,14 +42,6 @@ KEEL_AVX512 inline __m512i quantize16(__m512 v, const Consts& k) {
   return _mm512_mask_mov_epi32(i, nan, _mm512_max_epi32(_mm512_min_epi32(k.zero, k.hi), k.lo));
 }
 
-inline uint8_t quantize1(float v, const QuantizeSpec& q) {
-  const float lo = q.s8 ? -128.f : 0.f, hi = q.s8 ? 127.f : 255.f;
-  float r = std::nearbyint(v * q.inv_scale) + static_cast<float>(q.zero);
-  if (!(r == r)) r = static_cast<float>(q.zero);
-  const int32_t i = static_cast<int32_t>(std::clamp(r, lo, hi));
-  return static_cast<uint8_t>(q.s8 ? static_cast<uint8_t>(static_cast<int8_t>(i)) : static_cast<uint8_t>(i));
-}
-
 KEEL_AVX512 void quantize_range(const float* x, uint8_t* y, int64_t begin, int64_t end, const QuantizeSpec& q) {
   const Consts k = consts(q);
   int64_t i = begin;
@@ -62,7 +53,7 @@ KEEL_AVX512 void quantize_range(const float* x, uint8_t* y, int64_t begin, int64
 }
 
 // Pixel blocks [b0, b1) (16 pixels each, over all images: block b = image b / blocks, pixels 16 * (b % blocks)...)
-// of x [N, C, S] into y [N, S, C]: four channels at a time, their 16 quantized bytes interleaved into 4-byte groups
+// of x [N, C, S] into y [N, S, C] (C a multiple of 4): four channels at a time, their 16 quantized bytes interleaved into 4-byte groups
 // (one per pixel) and stored at the pixel's channels.
 KEEL_AVX512 void to_nhwc_range(const float* x, uint8_t* y, int64_t C, int64_t S, int64_t b0, int64_t b1,
                                const QuantizeSpec& q) {
@@ -73,8 +64,7 @@ KEEL_AVX512 void to_nhwc_range(const float* x, uint8_t* y, int64_t C, int64_t S,
     const __mmask16 m = static_cast<__mmask16>(np >= 16 ? 0xFFFF : (1u << np) - 1u);
     const float* xs = x + n * C * S + p0;
     uint8_t* yd = y + (n * S + p0) * C;
-    int64_t c = 0;
-    for (; c + 4 <= C; c += 4) {
+    for (int64_t c = 0; c < C; c += 4) {
       __m128i r[4];
       for (int j = 0; j < 4; ++j)
         r[j] = _mm512_cvtepi32_epi8(quantize16(_mm512_maskz_loadu_ps(m, xs + (c + j) * S), k));
@@ -87,8 +77,6 @@ KEEL_AVX512 void to_nhwc_range(const float* x, uint8_t* y, int64_t C, int64_t S,
       _mm_store_si128(reinterpret_cast<__m128i*>(px + 12), _mm_unpackhi_epi16(ab_hi, cd_hi));
       for (int64_t i = 0; i < np; ++i) std::memcpy(yd + i * C + c, &px[i], 4);
     }
-    for (; c < C; ++c)
-      for (int64_t i = 0; i < np; ++i) yd[i * C + c] = quantize1(xs[c * S + i], q);
   }
 }
 

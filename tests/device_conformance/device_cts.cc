@@ -813,13 +813,15 @@ void add_int8_cases(std::vector<OpCase>& v) {
     if (f.nhwc) c.attrs["input_layout"] = S("NHWC"), c.attrs["output_layout"] = S("NHWC");
     v.push_back(c);
   }
-  // The same, in sizes the cpu_onednn plugin's own quantization loops (onednn_int8_quant.cc) split differently: a
-  // channel count that is not a multiple of 4 and pixel counts that are not of 16 (the plain -> channels-last
-  // transpose's tails), and tensors of 32768 elements or more (quantized on the whole thread team). f32 outputs, so
-  // that one quantization step off in X shows.
+  // The same, in sizes the cpu_onednn plugin's own quantization loops (onednn_int8_quant.cc) split differently:
+  // channel counts that are multiples of 4 but not of 16 and pixel counts that are not multiples of 16 (the plain ->
+  // channels-last transpose's tails), channel counts that are not multiples of 4 (left to oneDNN), and tensors of
+  // 32768 elements or more (quantized on the whole thread team). f32 outputs, so that one quantization step off in X
+  // shows.
   struct FB { int64_t C, H, W, K; DType xt; float xzp; bool nhwc; };
   const FB fbs[] = {{13, 11, 11, 16, DType::kU8, 128, false}, {24, 40, 40, 16, DType::kI8, -3, false},
-                    {20, 45, 40, 24, DType::kU8, 7, true},    {6, 5, 3, 8, DType::kI8, 0, false}};
+                    {20, 45, 40, 24, DType::kU8, 7, true},    {6, 5, 3, 8, DType::kI8, 0, false},
+                    {12, 7, 5, 8, DType::kU8, 3, false}};
   for (const FB& f : fbs) {
     OpCase c;
     c.op = "QConv";
