@@ -20,6 +20,11 @@
 // QuantizeLinear / DequantizeLinear with a per-tensor constant scale and zero point run as one oneDNN reorder (what
 // fuse_qdq leaves of them: e.g. a QuantizeLinear whose value several int8 nodes read).
 //
+// On CPUs with AVX-512 (int8_own_kernels(); KEEL_ONEDNN_INT8_OWN=0 turns them off) two of the plugin's own loops
+// replace oneDNN where it is slow for MobileNet-sized tensors: the quantization of an f32 X (onednn_int8_quant.h, in
+// place of the quantizing reorders) and, with VNNI + VBMI, depthwise 3x3 QConvs over channels-last bytes
+// (onednn_int8_dw.h, in place of the whole plan). KEEL_ONEDNN_PROFILE=1 logs each step's fastest run.
+//
 // Registered by register_int8_kernels (called from onednn_plugin.cc's init) for device "cpu".
 #include <algorithm>
 #include <chrono>

@@ -214,9 +214,10 @@ Int8Depthwise3x3::Int8Depthwise3x3(const DwShape& s, const DwQuant& q, const int
     scale_[static_cast<size_t>(c)] = scale[c] * inv;
     bias_[static_cast<size_t>(c)] = (bias ? bias[c] : 0.f) * inv;
     float lo = q.lo * inv, hi = q.hi * inv;
-    if (!f32) {
-      lo = std::max(lo, qmin - static_cast<float>(q.y_zero));
-      hi = std::min(hi, qmax - static_cast<float>(q.y_zero));
+    if (!f32) {  // both bounds inside the representable range (also for an activation range outside it)
+      const float rlo = qmin - static_cast<float>(q.y_zero), rhi = qmax - static_cast<float>(q.y_zero);
+      lo = std::clamp(lo, rlo, rhi);
+      hi = std::clamp(hi, rlo, rhi);
     }
     lo_[static_cast<size_t>(c)] = lo;
     hi_[static_cast<size_t>(c)] = hi;

@@ -871,6 +871,12 @@ void add_int8_cases(std::vector<OpCase>& v) {
     if (d.act[0]) c.attrs["activation"] = S(d.act);
     if (std::string(d.act) == "Clip") c.attrs["activation_params"] = Attribute::of_floats({-1.5f, 2.5f});
     v.push_back(c);
+    if (&d == &ds[0]) {  // a Clip range below what u8 with zero point 3 represents: every output saturates to 0
+      c.label += " clip below the range, y zero point 3";
+      c.inputs[7] = qconst("y_zero_point", {}, DType::kU8, {3.f});
+      c.attrs["activation_params"] = Attribute::of_floats({-3.f, -1.f});
+      v.push_back(c);
+    }
   }
   struct G { Shape a; int64_t N; int tb; DType xt; float xzp; DType yt; float yzp; const char* act; bool f32_a = false; };
   const G gs[] = {{{4, 64}, 32, 1, DType::kU8, 3, DType::kU8, 128, ""},
