@@ -20,19 +20,61 @@
 // QuantizeLinear / DequantizeLinear with a per-tensor constant scale and zero point run as one oneDNN reorder (what
 // fuse_qdq leaves of them: e.g. a QuantizeLinear whose value several int8 nodes read).
 //
+// On CPUs with AVX-512 (int8_own_kernels(); KEEL_ONEDNN_INT8_OWN=0 turns them off) two of the plugin's own loops
+// replace oneDNN where it is slow for MobileNet-sized tensors: the quantization of an f32 X (onednn_int8_quant.h, in
+// place of the quantizing reorders) and, with VNNI + VBMI, depthwise 3x3 QConvs over channels-last bytes
+// (onednn_int8_dw.h, in place of the whole plan). KEEL_ONEDNN_PROFILE=1 logs each step's fastest run.
+//
 // Registered by register_int8_kernels (called from onednn_plugin.cc's init) for device "cpu".
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <omp.h>
+#include <sstream>
 
 #include "onednn_common.h"
+#include "onednn_int8_dw.h"
+#include "onednn_int8_quant.h"
 
 namespace keel::onednn {
 namespace {
 
 using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
+
+keel_plugin_handle_t* g_int8_plugin = nullptr;  // for the profile's log lines
+
+// KEEL_ONEDNN_PROFILE=1: each int8 kernel keeps the fastest run of its plan (reorders included) and logs it, with what
+// ran, when it is released (at info): per-step minima, comparable with the claimed chains' "fastest run of each".
+struct StepProfile {
+  std::string what;
+  double best_ms = 1e30;
+  double part_ms[3] = {1e30, 1e30, 1e30};  // execute(): the input reorders, the primitive, the output reorder
+  int64_t runs = 0;
+  static double now_ms() {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
+  void part(int i, double t0) { part_ms[i] = std::min(part_ms[i], now_ms() - t0); }
+  template <class F>
+  void time(F&& f) {
+    if (!g_options.profile) return f();
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    best_ms = std::min(best_ms, ms);
+    ++runs;
+  }
+  ~StepProfile() {
+    if (!runs || !g_host || !g_host->log) return;
+    std::ostringstream os;
+    os << "int8 step " << what << ": fastest " << best_ms << " ms of " << runs << " runs (input reorders "
+       << (part_ms[0] < 1e30 ? part_ms[0] : 0) << ", kernel " << part_ms[1] << ", output reorder "
+       << (part_ms[2] < 1e30 ? part_ms[2] : 0) << ")";
+    g_host->log(g_int8_plugin, KEEL_LOG_INFO, os.str().c_str());
+  }
+};
 
 dt dnnl_type(int32_t keel_dtype) {
   switch (keel_dtype) {
@@ -66,6 +108,7 @@ struct QuantSetup {
   int32_t x_zero = 0, y_zero = 0;
   std::vector<float> w_scale;
   std::vector<float> bias;  // f32, already divided by x_scale * w_scale[m]; empty = none
+  std::vector<float> bias_f32;  // the bias as given (the own depthwise kernel's epilogue); empty = none
   std::string act;
   float act_lo = 0, act_hi = 0;
   bool residual = false;  // QConv input 8 (Z, f32, the output's shape; its layout: residual_layout)
@@ -95,6 +138,7 @@ struct QuantSetup {
       if (!c.is_constant(2) || c.dtype(2) != KEEL_DTYPE_F32 || numel(c.dims(2)) != channels)
         throw Reject{"bias must be a constant f32 with one entry per output channel"};
       const float* b = c.data<float>(2);
+      bias_f32.assign(b, b + channels);
       bias.resize(static_cast<size_t>(channels));
       for (int64_t m = 0; m < channels; ++m) {
         const float s = x_scale * w_scale[nws == 1 ? 0 : m];
@@ -157,6 +201,8 @@ struct ZeroPoints {
 
 struct QPlan {
   Dims out_dims;
+  // The plugin's own depthwise 3x3 kernel (onednn_int8_dw.h) in place of everything below, where it applies.
+  std::unique_ptr<Int8Depthwise3x3> dw;
   dnnl::primitive prim;
   dnnl::memory src_user, src_prim, dst_user, dst_prim, wei, bias;
   bool residual = false;  // a QConv's Z (input 8) as a binary-add post-op
@@ -173,6 +219,11 @@ struct QPlan {
   bool transpose_src = false;
   dnnl::memory src_mid;
   dnnl::reorder transpose_reorder;
+  // The plugin's own quantization of an f32 X (onednn_int8_quant.h) in place of src_reorder / transpose_reorder:
+  // kSame when X has the primitive's layout, kToNhwc from plain [N, C, spatial] into the primitive's channels-last.
+  enum class OwnQuant { kNone, kSame, kToNhwc } own_quant = OwnQuant::kNone;
+  QuantizeSpec own_q;
+  int64_t own_n = 1, own_c = 1, own_s = 1;  // kSame: own_n elements; kToNhwc: [own_n, own_c, own_s]
   std::unique_ptr<ZeroPoints> zp = std::make_unique<ZeroPoints>();  // stable addresses for the memories
   // The primitive's arguments, built once per plan (finish()); execute() only rebinds the data handles, which the
   // map's memory objects share.
@@ -188,12 +239,25 @@ struct QPlan {
   }
 };
 
-void execute(Ctx& c, QPlan& p) {
+void execute(Ctx& c, QPlan& p, StepProfile& prof) {
   keel_tensor_t* y = c.output(0, p.out_dims);
+  const bool timed = g_options.profile;
+  double t0 = timed ? StepProfile::now_ms() : 0;
+  if (p.dw) {
+    p.dw->run(c.input(0)->data, y->data, omp_get_max_threads());
+    if (timed) prof.part(1, t0);
+    return;
+  }
   auto& s = stream();
   bind(p.src_user, c.input(0)->data);
   bind(p.dst_user, y->data);
-  if (p.reorder_src) {
+  if (p.reorder_src && p.own_quant != QPlan::OwnQuant::kNone) {
+    void* q = c.workspace(p.src_prim.get_desc().get_size());
+    bind(p.src_prim, q);
+    const float* xf = static_cast<const float*>(c.input(0)->data);
+    if (p.own_quant == QPlan::OwnQuant::kSame) quantize_f32(xf, q, p.own_n, p.own_q, omp_get_max_threads());
+    else quantize_f32_to_nhwc(xf, q, p.own_n, p.own_c, p.own_s, p.own_q, omp_get_max_threads());
+  } else if (p.reorder_src) {
     bind(p.src_prim, c.workspace(p.src_prim.get_desc().get_size()));
     if (p.transpose_src) {
       bind(p.src_mid, c.workspace(p.src_mid.get_desc().get_size()));
@@ -211,9 +275,20 @@ void execute(Ctx& c, QPlan& p) {
       bind(p.residual_prim, c.input(8)->data);
     }
   }
+  if (timed) {
+    s.wait();
+    if (p.reorder_src || p.reorder_residual) prof.part(0, t0);
+    t0 = StepProfile::now_ms();
+  }
   p.prim.execute(s, p.args);
+  if (timed) {
+    s.wait();
+    prof.part(1, t0);
+    t0 = StepProfile::now_ms();
+  }
   if (p.reorder_dst) p.dst_reorder.execute(s, p.dst_prim, p.dst_user);
   s.wait();
+  if (timed && p.reorder_dst) prof.part(2, t0);
 }
 
 // Plain memory + primitive memory (+ a reorder between them when the layouts differ; for an f32 X, the reorder
@@ -245,6 +320,16 @@ void wire(QPlan& p, const QuantSetup& q, const dnnl::memory::desc& src_plain, co
     p.src_reorder = dnnl::reorder(p.src_user, p.src_prim);
   }
   if (p.reorder_dst) p.dst_reorder = dnnl::reorder(p.dst_prim, p.dst_user);
+}
+
+// Lets the plan quantize its f32 X with the plugin's own loop (`kind`; shape as QPlan::own_n/c/s) where the CPU runs it.
+void own_quantize(QPlan& p, const QuantSetup& q, QPlan::OwnQuant kind, int64_t n, int64_t c = 1, int64_t s = 1) {
+  if (!q.x_f32 || !p.reorder_src || !int8_own_kernels()) return;
+  p.own_quant = kind;
+  p.own_q = QuantizeSpec{1.f / q.x_scale, q.x_zero, q.x_type == KEEL_DTYPE_I8};
+  p.own_n = n;
+  p.own_c = c;
+  p.own_s = s;
 }
 
 // Constant weights into the primitive's layout, into memory the plan owns.
@@ -299,7 +384,7 @@ class QConvKernel : public Kernel {
     if (q_.residual && c.dims(8) != p.out_dims)
       throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "QConv: Z " + dims_str(c.dims(8)) + " must have the output's shape " +
                                                       dims_str(p.out_dims)};
-    execute(c, p);
+    prof_.time([&] { execute(c, p, prof_); });
   }
 
  private:
@@ -319,6 +404,12 @@ class QConvKernel : public Kernel {
     auto p = std::make_unique<QPlan>();
     p->out_dims = y;
     if (numel(y) == 0) throw Reject{"empty output"};
+    if (auto dw = own_depthwise(x, y, pl)) {
+      p->dw = std::move(dw);
+      prof_.what = "QConv " + dims_str(x) + " -> " + dims_str(y) + " k3 s" + std::to_string(strides_[0]) + " g" +
+                   std::to_string(group_) + " own depthwise (avx512 vnni)";
+      return p;
+    }
     Dims wei = group_ > 1 ? Dims{group_, M / group_, C / group_} : Dims{M, C};
     for (size_t i = 2; i < rank_; ++i) wei.push_back(w_dims_[i]);
     const dt xt = dnnl_type(q_.x_type), yt = dnnl_type(q_.y_type);
@@ -333,6 +424,8 @@ class QConvKernel : public Kernel {
                                       to_dnnl(dil), to_dnnl(pl), to_dnnl(pr));
     dnnl::convolution_forward::primitive_desc pd(d, q_.attr(1, z_md), engine());
     p->prim = dnnl::convolution_forward(pd);
+    prof_.what = "QConv " + dims_str(x) + " -> " + dims_str(y) + " k" + std::to_string(w_dims_.back()) + " s" +
+                 std::to_string(strides_[0]) + " g" + std::to_string(group_) + " " + pd.impl_info_str();
     static const tag wtag[2][3] = {{tag::oiw, tag::oihw, tag::oidhw}, {tag::goiw, tag::goihw, tag::goidhw}};
     // An f32 X in the plain layout for a channels-last primitive: transposed in f32, then quantized.
     const dnnl::memory::desc src_last(to_dnnl(x), xt, last[r - 1]),
@@ -340,6 +433,14 @@ class QConvKernel : public Kernel {
                       ? dnnl::memory::desc(to_dnnl(x), dt::f32, last[r - 1]) : none;
     wire(*p, q_, dnnl::memory::desc(to_dnnl(x), q_.x_f32 ? dt::f32 : xt, nhwc_in_ ? last[r - 1] : plain[r - 1]),
          pd.src_desc(), dnnl::memory::desc(to_dnnl(y), yt, y_tag), pd.dst_desc(), src_mid);
+    if (pd.src_desc() == src_last) {
+      const int64_t S = numel(x) / std::max<int64_t>(N * C, 1);
+      if (nhwc_in_) own_quantize(*p, q_, QPlan::OwnQuant::kSame, numel(x));
+      // (Whole groups of 4 channels only: a 3-channel image quantized one channel at a time lost to oneDNN's
+      // reorders, ResNet-18's first convolution 0.84 -> 0.99 ms at 1 thread.)
+      else if (C % 4 == 0) own_quantize(*p, q_, QPlan::OwnQuant::kToNhwc, N, C, S);
+    }
+    if (p->own_quant != QPlan::OwnQuant::kNone) prof_.what += " +own quantize";
     if (q_.residual) {
       p->residual = true;
       p->residual_post_op = 0;
@@ -357,6 +458,37 @@ class QConvKernel : public Kernel {
     return p;
   }
 
+  // The own depthwise 3x3 kernel for this geometry, or null where it does not apply: a 2-D depthwise 3x3
+  // convolution (one input and output channel per group, dilation 1, width stride 1, or 2 over at most 16 columns)
+  // over a quantized channels-last X into a channels-last output, with no residual and Relu / Clip / no activation,
+  // on a CPU with AVX-512 VNNI + VBMI (KEEL_ONEDNN_INT8_OWN=0 turns it off).
+  std::unique_ptr<Int8Depthwise3x3> own_depthwise(const Dims& x, const Dims& y, const Dims& pads_begin) const {
+    if (rank_ != 4 || group_ != x[1] || w_dims_[0] != group_ || w_dims_[1] != 1 || w_dims_[2] != 3 ||
+        w_dims_[3] != 3 || q_.x_f32 || q_.residual || !nhwc_in_ || !nhwc_out_ || !Int8Depthwise3x3::available())
+      return nullptr;
+    if (dilations_[0] != 1 || dilations_[1] != 1 || (strides_[1] != 1 && strides_[1] != 2)) return nullptr;
+    // A stride-2 row copies twice the input columns per output; over wide inputs that costs more than oneDNN's
+    // direct kernel saves (MobileNetV2, 2 threads, per-step minima: 144 channels 56x56 -> 28x28 0.036 vs 0.022 ms,
+    // 192 at 28x28 -> 14x14 level, 576 at 14x14 -> 7x7 1.1-1.5x faster).
+    if (strides_[1] == 2 && x[3] > 16) return nullptr;
+    DwShape s;
+    s.N = x[0], s.C = x[1], s.H = x[2], s.W = x[3], s.OH = y[2], s.OW = y[3];
+    s.stride_h = strides_[0], s.stride_w = strides_[1], s.pad_t = pads_begin[0], s.pad_l = pads_begin[1];
+    DwQuant dq;
+    dq.x_signed = q_.x_type == KEEL_DTYPE_I8;
+    dq.x_zero = q_.x_zero;
+    dq.out = q_.y_type == KEEL_DTYPE_U8 ? DwQuant::Out::kU8 : q_.y_type == KEEL_DTYPE_I8 ? DwQuant::Out::kS8
+                                                                                         : DwQuant::Out::kF32;
+    dq.y_inv_scale = 1.f / q_.y_scale;
+    dq.y_zero = q_.y_zero;
+    if (q_.act == "Relu") dq.lo = 0;
+    if (q_.act == "Clip") dq.lo = q_.act_lo, dq.hi = q_.act_hi;
+    std::vector<float> scale(static_cast<size_t>(s.C));
+    for (size_t m = 0; m < scale.size(); ++m) scale[m] = q_.x_scale * q_.w_scale[q_.w_scale.size() == 1 ? 0 : m];
+    return std::make_unique<Int8Depthwise3x3>(s, dq, w_.data(), scale.data(),
+                                              q_.bias_f32.empty() ? nullptr : q_.bias_f32.data());
+  }
+
   size_t rank_ = 0;
   bool nhwc_in_ = false, nhwc_out_ = false, nhwc_z_ = false;  // channels-last bytes under the NCHW shape (fuse_qdq)
   int64_t group_ = 1;
@@ -364,6 +496,7 @@ class QConvKernel : public Kernel {
   std::vector<int8_t> w_;
   QuantSetup q_;
   PlanCache<QPlan> plans_;
+  StepProfile prof_;
 };
 
 // ------------------------------------------------------------------------------------------------ QGemm
@@ -387,7 +520,8 @@ class QGemmKernel : public Kernel {
 
   void run(Ctx& c) override {
     const Dims x = c.dims(0);
-    execute(c, plans_.get(shape_key(c), [&] { return build(x); }));
+    QPlan& p = plans_.get(shape_key(c), [&] { return build(x); });
+    prof_.time([&] { execute(c, p, prof_); });
   }
 
  private:
@@ -404,8 +538,11 @@ class QGemmKernel : public Kernel {
     dnnl::matmul::desc d(src_md, wei_any, q_.bias.empty() ? none : bias_md, dst_md);
     dnnl::matmul::primitive_desc pd(d, q_.attr(1), engine());
     p->prim = dnnl::matmul(pd);
+    prof_.what = "QGemm " + dims_str(a) + " N" + std::to_string(N_) + " " + pd.impl_info_str();
     wire(*p, q_, q_.x_f32 ? dnnl::memory::desc({M, K_}, dt::f32, tag::ab) : src_md, pd.src_desc(), dst_md,
          pd.dst_desc());
+    if (pd.src_desc() == src_md) own_quantize(*p, q_, QPlan::OwnQuant::kSame, M * K_);
+    if (p->own_quant != QPlan::OwnQuant::kNone) prof_.what += " +own quantize";
     p->wei = prepack(dnnl::memory::desc({K_, N_}, dt::s8, trans_b_ ? tag::ba : tag::ab), pd.weights_desc(), w_.data());
     if (!q_.bias.empty()) p->bias = bias_memory(q_.bias, bias_md);
     p->zp->make(q_);
@@ -419,6 +556,7 @@ class QGemmKernel : public Kernel {
   std::vector<int8_t> w_;
   QuantSetup q_;
   PlanCache<QPlan> plans_;
+  StepProfile prof_;
 };
 
 // ------------------------------------------------------------------------------------------------ Q / DQ
@@ -525,6 +663,7 @@ keel_status_t int8_compute(void* state, keel_kernel_context_t* ctx) { return com
 }  // namespace
 
 keel_status_t register_int8_kernels(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+  g_int8_plugin = plugin;
   for (const Int8Kernel& k : kInt8) {
     keel_kernel_def_t def;
     std::memset(&def, 0, sizeof def);

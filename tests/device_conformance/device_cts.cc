@@ -813,6 +813,71 @@ void add_int8_cases(std::vector<OpCase>& v) {
     if (f.nhwc) c.attrs["input_layout"] = S("NHWC"), c.attrs["output_layout"] = S("NHWC");
     v.push_back(c);
   }
+  // The same, in sizes the cpu_onednn plugin's own quantization loops (onednn_int8_quant.cc) split differently:
+  // channel counts that are multiples of 4 but not of 16 and pixel counts that are not multiples of 16 (the plain ->
+  // channels-last transpose's tails), channel counts that are not multiples of 4 (left to oneDNN), and tensors of
+  // 32768 elements or more (quantized on the whole thread team). f32 outputs, so that one quantization step off in X
+  // shows.
+  struct FB { int64_t C, H, W, K; DType xt; float xzp; bool nhwc; };
+  const FB fbs[] = {{13, 11, 11, 16, DType::kU8, 128, false}, {24, 40, 40, 16, DType::kI8, -3, false},
+                    {20, 45, 40, 24, DType::kU8, 7, true},    {6, 5, 3, 8, DType::kI8, 0, false},
+                    {12, 7, 5, 8, DType::kU8, 3, false}};
+  for (const FB& f : fbs) {
+    OpCase c;
+    c.op = "QConv";
+    c.domain = "keel";
+    std::ostringstream l;
+    l << "N=1 C=" << f.C << " H=" << f.H << " W=" << f.W << " K=" << f.K << " k=1 x=f32->" << dtype_name(f.xt) << "/"
+      << f.xzp << " y=f32" << (f.nhwc ? " NHWC" : "");
+    c.label = l.str();
+    c.inputs = {in("X", {1, f.C, f.H, f.W}, false, -3.f, 3.f), qin("W", {f.K, f.C, 1, 1}, DType::kI8, true, -127.f, 127.f),
+                in("B", {f.K}, true, -2.f, 2.f)};
+    add_qparams(c, f.K, f.xt, f.xzp, true, DType::kF32, 0, 1.f);
+    c.attrs = {{"kernel_shape", Is({1, 1})}};
+    if (f.nhwc) c.attrs["input_layout"] = S("NHWC"), c.attrs["output_layout"] = S("NHWC");
+    v.push_back(c);
+  }
+  // Depthwise 3x3 over channels-last bytes in and out (MobileNet's int8 blocks), which the cpu_onednn plugin runs on
+  // its own kernel (onednn_int8_dw.cc) where the CPU has AVX-512 VNNI: channel counts with a partial 16-channel block,
+  // widths with and without a block of 8 output pixels, strides 1/2/3 and asymmetric padding, u8/s8 X with zero
+  // points, u8/s8/f32 outputs, batch 2.
+  struct D { int64_t N, C, H, W, sh, sw, pt, pl, pb, pr; DType xt; float xzp; DType yt; float yzp; const char* act; bool bias; };
+  const D ds[] = {{1, 32, 14, 14, 1, 1, 1, 1, 1, 1, DType::kU8, 0, DType::kU8, 0, "Clip", true},
+                  {2, 40, 9, 11, 2, 2, 1, 1, 1, 1, DType::kU8, 128, DType::kI8, -5, "Relu", true},
+                  {1, 16, 7, 7, 1, 1, 1, 1, 1, 1, DType::kI8, -3, DType::kF32, 0, "", true},
+                  {1, 24, 10, 13, 2, 1, 0, 1, 1, 0, DType::kU8, 7, DType::kU8, 3, "Clip", false},
+                  {1, 64, 5, 20, 1, 1, 0, 0, 0, 0, DType::kI8, 0, DType::kU8, 128, "", true},
+                  {1, 96, 16, 15, 2, 2, 0, 0, 1, 1, DType::kU8, 0, DType::kU8, 0, "Clip", true},
+                  {1, 48, 28, 28, 2, 2, 1, 1, 1, 1, DType::kU8, 0, DType::kU8, 0, "Clip", true},  // oneDNN's
+                  {1, 48, 33, 17, 1, 1, 1, 1, 1, 1, DType::kU8, 0, DType::kF32, 0, "Relu", true},
+                  {1, 20, 12, 9, 3, 2, 1, 1, 1, 1, DType::kI8, 5, DType::kI8, 0, "", true}};
+  for (const D& d : ds) {
+    OpCase c;
+    c.op = "QConv";
+    c.domain = "keel";
+    std::ostringstream l;
+    l << "N=" << d.N << " C=" << d.C << " H=" << d.H << " W=" << d.W << " k=3 g=" << d.C << " s=" << d.sh << "," << d.sw
+      << " p=" << d.pt << "," << d.pl << "," << d.pb << "," << d.pr << " x=" << dtype_name(d.xt) << "/" << d.xzp
+      << " y=" << dtype_name(d.yt) << "/" << d.yzp << (d.act[0] ? " act=" : "") << d.act << (d.bias ? "" : " nobias")
+      << " NHWC depthwise";
+    c.label = l.str();
+    const bool s8x = d.xt == DType::kI8;
+    c.inputs = {qin("X", {d.N, d.C, d.H, d.W}, d.xt, false, s8x ? -128.f : 0.f, s8x ? 127.f : 255.f),
+                qin("W", {d.C, 1, 3, 3}, DType::kI8, true, -127.f, 127.f),
+                d.bias ? in("B", {d.C}, true, -2.f, 2.f) : absent()};
+    add_qparams(c, d.C, d.xt, d.xzp, true, d.yt, d.yzp, 0.05f);
+    c.attrs = {{"kernel_shape", Is({3, 3})}, {"strides", Is({d.sh, d.sw})}, {"pads", Is({d.pt, d.pl, d.pb, d.pr})},
+               {"group", I(d.C)}, {"input_layout", S("NHWC")}, {"output_layout", S("NHWC")}};
+    if (d.act[0]) c.attrs["activation"] = S(d.act);
+    if (std::string(d.act) == "Clip") c.attrs["activation_params"] = Attribute::of_floats({-1.5f, 2.5f});
+    v.push_back(c);
+    if (&d == &ds[0]) {  // a Clip range below what u8 with zero point 3 represents: every output saturates to 0
+      c.label += " clip below the range, y zero point 3";
+      c.inputs[7] = qconst("y_zero_point", {}, DType::kU8, {3.f});
+      c.attrs["activation_params"] = Attribute::of_floats({-3.f, -1.f});
+      v.push_back(c);
+    }
+  }
   struct G { Shape a; int64_t N; int tb; DType xt; float xzp; DType yt; float yzp; const char* act; bool f32_a = false; };
   const G gs[] = {{{4, 64}, 32, 1, DType::kU8, 3, DType::kU8, 128, ""},
                   {{2, 5, 64}, 48, 0, DType::kU8, 128, DType::kF32, 0, ""},
@@ -820,7 +885,8 @@ void add_int8_cases(std::vector<OpCase>& v) {
                   {{16, 96}, 40, 0, DType::kI8, 0, DType::kU8, 0, "Relu"},
                   {{7, 33}, 17, 1, DType::kU8, 90, DType::kI8, 0, "Clip"},
                   {{1, 320}, 100, 1, DType::kU8, 128, DType::kF32, 0, "", true},  // f32 A quantized by the node
-                  {{6, 40}, 24, 0, DType::kI8, -2, DType::kU8, 7, "Relu", true}};
+                  {{6, 40}, 24, 0, DType::kI8, -2, DType::kU8, 7, "Relu", true},
+                  {{37, 1000}, 20, 1, DType::kI8, 5, DType::kF32, 0, "", true}};  // 37000 elements to quantize
   for (const G& g : gs) {
     OpCase c;
     c.op = "QGemm";

@@ -1,0 +1,127 @@
+// plugins/cpu_onednn/onednn_int8_quant.cc — the own f32 -> u8/s8 quantization loops (onednn_int8_quant.h). AVX-512
+// code is compiled with target attributes and only called where int8_own_kernels() holds.
+#include "onednn_int8_quant.h"
+
+// GCC 12 reports its own AVX-512 intrinsics (their _mm512_undefined_* self-initialisation) as "may be used
+// uninitialized" once inlined here: a known false positive.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#define KEEL_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+
+namespace keel::onednn {
+namespace {
+
+constexpr int64_t kParallelMin = 32768;  // elements: below this one thread (a fork costs more than the loop)
+
+struct Consts {
+  __m512 inv;
+  __m512i zero, lo, hi;
+};
+
+KEEL_AVX512 inline Consts consts(const QuantizeSpec& q) {
+  return {_mm512_set1_ps(q.inv_scale), _mm512_set1_epi32(q.zero), _mm512_set1_epi32(q.s8 ? -128 : 0),
+          _mm512_set1_epi32(q.s8 ? 127 : 255)};
+}
+
+// 16 floats -> 16 saturated s32 values in the quantized range. NaN: vcvtps2dq gives INT_MIN, replaced by the zero
+// point.
+KEEL_AVX512 inline __m512i quantize16(__m512 v, const Consts& k) {
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  __m512i i = _mm512_cvtps_epi32(_mm512_mul_ps(v, k.inv));
+  i = _mm512_add_epi32(i, k.zero);
+  // cvtps2dq saturates out-of-range values to INT_MIN; adding the zero point must not wrap it: clamp in a wide way.
+  const __mmask16 big = _mm512_cmp_ps_mask(_mm512_mul_ps(v, k.inv), _mm512_set1_ps(2147483520.f), _CMP_GE_OQ);
+  i = _mm512_mask_mov_epi32(i, big, k.hi);
+  i = _mm512_min_epi32(_mm512_max_epi32(i, k.lo), k.hi);
+  return _mm512_mask_mov_epi32(i, nan, _mm512_max_epi32(_mm512_min_epi32(k.zero, k.hi), k.lo));
+}
+
+KEEL_AVX512 void quantize_range(const float* x, uint8_t* y, int64_t begin, int64_t end, const QuantizeSpec& q) {
+  const Consts k = consts(q);
+  int64_t i = begin;
+  for (; i + 16 <= end; i += 16) _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i), _mm512_cvtepi32_epi8(quantize16(_mm512_loadu_ps(x + i), k)));
+  if (i < end) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (end - i)) - 1u);
+    _mm_mask_storeu_epi8(y + i, m, _mm512_cvtepi32_epi8(quantize16(_mm512_maskz_loadu_ps(m, x + i), k)));
+  }
+}
+
+// Pixel blocks [b0, b1) (16 pixels each, over all images: block b = image b / blocks, pixels 16 * (b % blocks)...)
+// of x [N, C, S] into y [N, S, C] (C a multiple of 4): four channels at a time, their 16 quantized bytes interleaved into 4-byte groups
+// (one per pixel) and stored at the pixel's channels.
+KEEL_AVX512 void to_nhwc_range(const float* x, uint8_t* y, int64_t C, int64_t S, int64_t b0, int64_t b1,
+                               const QuantizeSpec& q) {
+  const Consts k = consts(q);
+  const int64_t blocks = (S + 15) / 16;
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t n = b / blocks, p0 = (b % blocks) * 16, np = std::min<int64_t>(16, S - p0);
+    const __mmask16 m = static_cast<__mmask16>(np >= 16 ? 0xFFFF : (1u << np) - 1u);
+    const float* xs = x + n * C * S + p0;
+    uint8_t* yd = y + (n * S + p0) * C;
+    for (int64_t c = 0; c < C; c += 4) {
+      __m128i r[4];
+      for (int j = 0; j < 4; ++j)
+        r[j] = _mm512_cvtepi32_epi8(quantize16(_mm512_maskz_loadu_ps(m, xs + (c + j) * S), k));
+      const __m128i ab_lo = _mm_unpacklo_epi8(r[0], r[1]), ab_hi = _mm_unpackhi_epi8(r[0], r[1]);
+      const __m128i cd_lo = _mm_unpacklo_epi8(r[2], r[3]), cd_hi = _mm_unpackhi_epi8(r[2], r[3]);
+      alignas(16) uint32_t px[16];  // pixel i: channels c..c+3
+      _mm_store_si128(reinterpret_cast<__m128i*>(px), _mm_unpacklo_epi16(ab_lo, cd_lo));
+      _mm_store_si128(reinterpret_cast<__m128i*>(px + 4), _mm_unpackhi_epi16(ab_lo, cd_lo));
+      _mm_store_si128(reinterpret_cast<__m128i*>(px + 8), _mm_unpacklo_epi16(ab_hi, cd_hi));
+      _mm_store_si128(reinterpret_cast<__m128i*>(px + 12), _mm_unpackhi_epi16(ab_hi, cd_hi));
+      for (int64_t i = 0; i < np; ++i) std::memcpy(yd + i * C + c, &px[i], 4);
+    }
+  }
+}
+
+bool cpu_has_avx512() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+
+// Splits [0, n) over `team` OpenMP threads (contiguous ranges).
+template <class F>
+void split(int64_t n, int team, F&& f) {
+  if (team <= 1) return f(0, n);
+#pragma omp parallel num_threads(team)
+  {
+    const int64_t t = omp_get_thread_num(), k = omp_get_num_threads();
+    f(n * t / k, n * (t + 1) / k);
+  }
+}
+
+}  // namespace
+
+bool int8_own_kernels() {
+  static const bool ok = [] {
+    const char* e = std::getenv("KEEL_ONEDNN_INT8_OWN");
+    if (e && std::strcmp(e, "0") == 0) return false;
+    return cpu_has_avx512();
+  }();
+  return ok;
+}
+
+void quantize_f32(const float* x, void* y, int64_t n, const QuantizeSpec& q, int threads) {
+  const int team = n >= kParallelMin ? std::max(1, threads) : 1;
+  // Ranges in whole vectors, so that only the last range has a partial one.
+  const int64_t vecs = (n + 15) / 16;
+  split(vecs, team, [&](int64_t v0, int64_t v1) {
+    quantize_range(x, static_cast<uint8_t*>(y), v0 * 16, std::min(n, v1 * 16), q);
+  });
+}
+
+void quantize_f32_to_nhwc(const float* x, void* y, int64_t N, int64_t C, int64_t S, const QuantizeSpec& q,
+                          int threads) {
+  const int64_t blocks = N * ((S + 15) / 16);
+  const int team = N * C * S >= kParallelMin ? static_cast<int>(std::min<int64_t>(std::max(1, threads), blocks)) : 1;
+  split(blocks, team, [&](int64_t b0, int64_t b1) { to_nhwc_range(x, static_cast<uint8_t*>(y), C, S, b0, b1, q); });
+}
+
+}  // namespace keel::onednn

@@ -1,0 +1,37 @@
+// plugins/cpu_onednn/onednn_int8_quant.h — (internal) the plugin's own f32 -> u8/s8 quantization for keel.QConv and
+// keel.QGemm (onednn_int8.cc) whose X arrives in f32 (a QuantizeLinear fuse_qdq folded into its reader: MobileNetV2's
+// expand convolutions after each residual Add, the first int8 layer after an fp32 prefix). oneDNN 2.6's quantizing
+// reorder costs 5-7 us for a [1,64,14,14] tensor at 2 threads (mostly its fixed cost; 27 us with the transpose of a
+// [1,24,56,56] plain tensor, as two reorders); these loops do the same arithmetic in one pass.
+//
+// y = saturate(round_half_even(x * inv_scale) + zero) into u8 or s8 (NaN -> zero: as oneDNN's reorder), the
+// arithmetic of the oneDNN reorder they replace (x * (1 / x_scale); ops/reference's QuantizeLinear divides, so the
+// last bit may round apart at a tie).
+//
+// AVX-512 (F, BW, VL, DQ) only: the callers check int8_own_kernels() first and keep oneDNN's reorders otherwise.
+// Thread-safety: the functions are reentrant; `threads` is the OpenMP team to use (1: the calling thread only).
+#pragma once
+
+#include <cstdint>
+
+namespace keel::onednn {
+
+// Whether the plugin's own int8 loops run here: the CPU has AVX-512 F, BW, VL and DQ, and KEEL_ONEDNN_INT8_OWN is
+// not "0" (read once).
+bool int8_own_kernels();
+
+struct QuantizeSpec {
+  float inv_scale = 1;
+  int32_t zero = 0;
+  bool s8 = false;  // else u8
+};
+
+// n elements in the same layout.
+void quantize_f32(const float* x, void* y, int64_t n, const QuantizeSpec& q, int threads);
+
+// x: [N, C, S] (plain NCHW with S = H * W); y: [N, S, C] bytes (channels-last). C must be a multiple of 4
+// (four channels are interleaved at a time; callers leave other counts to oneDNN, e.g. a 3-channel image).
+void quantize_f32_to_nhwc(const float* x, void* y, int64_t N, int64_t C, int64_t S, const QuantizeSpec& q,
+                          int threads);
+
+}  // namespace keel::onednn
