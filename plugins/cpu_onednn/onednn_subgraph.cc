@@ -1563,10 +1563,11 @@ bool Builder::conv_residual_merged(size_t i) {
 // offsets), whose outputs are the phases of its output: oneDNN has no Winograd kernel for the dilated one, and runs
 // the plain one over the phases as a batch of d*d images. So: the source (nChw16c) is split into its phases (an
 // own step), Winograd runs over them with the node's post-ops, and the phases of the result are put back in place
-// (a second own step). Measured alone at 1 thread (fastest runs, the machine loaded): FCN-ResNet50's layer3 at
-// 128x128 input (256 channels, 16x16, dilation 2) 0.51-0.62 ms against 1.20-1.25 ms for the dilated convolution on
-// brgemm; with 512 channels (layer4, dilation 2 and 4) no faster (4x the weights in Winograd's domain, 38 MB, stream
-// from memory), hence the caller's limit of C*M <= 256*256. False, changing nothing, when oneDNN offers no Winograd
+// (a second own step). FCN-ResNet50's layer3 at 128x128 input (256 channels, 16x16, dilation 2), 1 thread: alone
+// 0.51-0.62 ms against 1.20-1.25 ms for the dilated convolution on brgemm over nhwc; in the network, where the
+// weights (4x larger in Winograd's domain: 9.4 MB) come from memory, the five steps with their layout steps 6.4
+// against 6.6 ms. With 512 channels (layer4, dilation 2 and 4; 38 MB of Winograd weights) no faster, hence the
+// caller's limit of C*M <= 256*256 (PERFORMANCE.md, r50c). False, changing nothing, when oneDNN offers no Winograd
 // kernel for the phases in nChw16c.
 bool Builder::conv_dilated_phases(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y,
                                   int64_t dil, const md_t& wany, const md_t& bmd, const dnnl::primitive_attr& attr,
@@ -2894,7 +2895,8 @@ void Builder::slice(size_t i) {
 // ------------------------------------------------------------------------------------------- the claim's state
 
 const char* kind_name(dnnl::primitive::kind k);
-// The kind of a step for logs and the profile: the primitive's, "eltwise" for the plugin's own steps.
+// The kind of a step for logs and the profile: the primitive's; for the plugin's own steps their own_kind, else
+// "eltwise".
 const char* step_kind(const Exec& e) {
   return e.own ? (e.own_kind ? e.own_kind : "eltwise") : kind_name(e.prim.get_kind());
 }
