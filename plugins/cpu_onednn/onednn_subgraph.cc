@@ -55,6 +55,7 @@
 
 #include "onednn_common.h"
 #include "onednn_convpool.h"
+#include "onednn_dilated.h"
 #include "onednn_silu.h"
 
 namespace keel::onednn {
@@ -165,6 +166,7 @@ struct Exec {
   // A step of the plugin's own instead of a primitive (prim is then empty), run with the exec itself.
   void (*own)(const Exec&) = nullptr;
   std::shared_ptr<const void> params;  // an own step's parameters (run_conv_pool: its ConvPoolShape)
+  const char* own_kind = nullptr;  // an own step's kind in profiles ("eltwise" when null)
 };
 
 // Exec::own of a SiLU step: x * sigmoid(x) in place over its DNNL_ARG_DST memory (onednn_silu.h), split over the
@@ -263,6 +265,24 @@ void run_conv_pool(const Exec& e) {
   const int team = std::max(1, std::min(e.single ? 1 : omp_get_max_threads(), room));
   conv_pool_run(s, ptr(DNNL_ARG_SRC), ptr(DNNL_ARG_WEIGHTS), ptr(DNNL_ARG_BIAS), ptr(DNNL_ARG_DST),
                 static_cast<float*>(scratch.get_data_handle()), team);
+}
+
+// Exec::own of the phase steps of a dilated convolution (Builder::conv_dilated_phases): DNNL_ARG_SRC nChw16c
+// [N,C,H,W] into DNNL_ARG_DST nChw16c [N*d*d,C,H/d,W/d] (run_to_phases), or back (run_from_phases); d is read off
+// the two shapes. Split over the OpenMP team unless the step is a single-thread one.
+PhaseShape phase_shape(const dnnl::memory& image, const dnnl::memory& phases) {
+  const dnnl::memory::dims x = image.get_desc().dims(), p = phases.get_desc().dims();
+  return {x[0], (x[1] + 15) / 16, x[2], x[3], x[2] / p[2]};
+}
+void run_to_phases(const Exec& e) {
+  const dnnl::memory &x = e.args.at(DNNL_ARG_SRC), &p = e.args.at(DNNL_ARG_DST);
+  space_to_phases16(static_cast<const float*>(x.get_data_handle()), static_cast<float*>(p.get_data_handle()),
+                    phase_shape(x, p), e.single ? 1 : omp_get_max_threads());
+}
+void run_from_phases(const Exec& e) {
+  const dnnl::memory &p = e.args.at(DNNL_ARG_SRC), &x = e.args.at(DNNL_ARG_DST);
+  phases_to_space16(static_cast<const float*>(p.get_data_handle()), static_cast<float*>(x.get_data_handle()),
+                    phase_shape(x, p), e.single ? 1 : omp_get_max_threads());
 }
 
 void run_step(const Exec& e, dnnl::stream& s) {
@@ -466,7 +486,7 @@ class Builder {
     for (auto& [arg, m] : args) bytes += m.get_desc().get_size();
     bool single = kind != dnnl::primitive::kind::convolution && kind != dnnl::primitive::kind::matmul &&
                   bytes < (1u << 20);
-    p_->execs.push_back({std::move(prim), std::move(args), single, nullptr, nullptr});
+    p_->execs.push_back({std::move(prim), std::move(args), single, nullptr, nullptr, nullptr});
   }
   // The value as it is now (a constant gets an owned plain memory the first time it is read as data).
   const Val& val(const std::string& name) {
@@ -613,6 +633,10 @@ class Builder {
   bool conv_pool_fused(size_t i);
   bool direct_beats_winograd(const dnnl::convolution_forward::primitive_desc& wino,
                              const dnnl::convolution_forward::primitive_desc& direct);
+  bool conv_dilated_phases(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y,
+                           int64_t dil, const md_t& wany, const md_t& bmd, const dnnl::primitive_attr& attr,
+                           const md_t& wplain, std::vector<float>& w, bool has_bias, const std::vector<float>& bias,
+                           double flops);
   bool conv_dw_fused(size_t i, const Fusion& f, const md_t& src, const md_t& wany, const md_t& bmd,
                      const std::vector<float>& w, const std::vector<float>& bias, double flops);
   void matmul(size_t i);
@@ -1391,6 +1415,13 @@ void Builder::conv(size_t i) {
       M % 16 == 0 && f.sum_with.empty() && act_ == dt::f32 && chan_scale.empty() &&
       conv_dw_fused(i, f, src, wany, bmd, w, bias, conv_flops))
     return;
+  if (g_options.winograd && sp == 2 && g == 1 && ks == Dims{3, 3} && s == Dims{1, 1} && d[0] == d[1] && d[0] > 1 &&
+      pl == Dims{d[0], d[0]} && pr == pl && x[2] % d[0] == 0 && x[3] % d[0] == 0 && x[2] / d[0] >= 4 &&
+      x[3] / d[0] >= 4 && C % 16 == 0 && M % 16 == 0 && C * M <= 256 * 256 && act_ == dt::f32 &&
+      chan_scale.empty() && f.sum_with.empty() &&
+      conv_dilated_phases(i, f, src_name, x, y, d[0], wany, bmd, attr,
+                          md_t(to_dnnl(wd), dt::f32, weights_tag(sp, false, false)), w, has_bias, bias, conv_flops))
+    return;
   if (wino) make(alg::convolution_winograd, src, dst);
   if (wino && pd && !is_ref() && p_->threads > 1 && y[2] * y[3] <= 196 && keep_src && M % 16 == 0) {
     auto wpd = std::move(pd);
@@ -1528,6 +1559,7 @@ bool Builder::conv_pool_fused(size_t i) {
   Val& o = define(pn.out[0], md_t(to_dnnl(y), dt::f32, tag::nChw16c));
   e.args[DNNL_ARG_DST] = mem_of(o);
   e.own = run_conv_pool;
+  e.own_kind = "convolution";
   e.params = std::make_shared<const ConvPoolShape>(s);
   p_->flops += 2.0 * static_cast<double>(s.n * s.m * s.oh * s.ow * s.c * s.kh * s.kw);
   p_->impls.push_back(has_avx512f() ? "keel:conv_pool_avx512" : "keel:conv_pool");
@@ -1685,6 +1717,62 @@ bool Builder::conv_residual_merged(size_t i) {
   md_t wplain(to_dnnl(Dims{M, K, 1, 1}), dt::f32, tag::oihw);
   conv_like_tail(i, f, dnnl::convolution_forward(*pd), cmd, pd->weights_desc(), pd->dst_desc(), wplain, w, true,
                  bias, 2.0 * M * K * h[2] * h[3], {}, key, "");
+  return true;
+}
+
+// A 3x3 convolution with dilation d and padding d (stride 1, group 1; DeepLab's and FCN's atrous layers) is a plain
+// 3x3 convolution with padding 1 over the d*d phases of its input (every d-th row and column, from each of the d*d
+// offsets), whose outputs are the phases of its output: oneDNN has no Winograd kernel for the dilated one, and runs
+// the plain one over the phases as a batch of d*d images. So: the source (nChw16c) is split into its phases (an
+// own step), Winograd runs over them with the node's post-ops, and the phases of the result are put back in place
+// (a second own step). FCN-ResNet50's layer3 at 128x128 input (256 channels, 16x16, dilation 2), 1 thread: alone
+// 0.51-0.62 ms against 1.20-1.25 ms for the dilated convolution on brgemm over nhwc; in the network, where the
+// weights (4x larger in Winograd's domain: 9.4 MB) come from memory, the five steps with their layout steps 6.4
+// against 6.6 ms. With 512 channels (layer4, dilation 2 and 4; 38 MB of Winograd weights) no faster, hence the
+// caller's limit of C*M <= 256*256 (PERFORMANCE.md, r50c). False, changing nothing, when oneDNN offers no Winograd
+// kernel for the phases in nChw16c.
+bool Builder::conv_dilated_phases(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y,
+                                  int64_t dil, const md_t& wany, const md_t& bmd, const dnnl::primitive_attr& attr,
+                                  const md_t& wplain, std::vector<float>& w, bool has_bias,
+                                  const std::vector<float>& bias, double flops) {
+  const int64_t ph = x[2] / dil, pw = x[3] / dil, batch = x[0] * dil * dil;
+  const md_t image(to_dnnl(x), dt::f32, tag::nChw16c), out(to_dnnl(y), dt::f32, tag::nChw16c),
+      pin(to_dnnl(Dims{batch, x[1], ph, pw}), dt::f32, tag::nChw16c),
+      pout(to_dnnl(Dims{batch, y[1], ph, pw}), dt::f32, tag::nChw16c);
+  std::unique_ptr<dnnl::convolution_forward::primitive_desc> pd;
+  try {
+    dnnl::convolution_forward::desc cd(dnnl::prop_kind::forward_inference, alg::convolution_winograd, pin, wany,
+                                       has_bias ? bmd : md_t(), pout, {1, 1}, {0, 0}, {1, 1}, {1, 1});
+    pd = std::make_unique<dnnl::convolution_forward::primitive_desc>(cd, attr, engine());
+  } catch (const dnnl::error&) {
+    return false;
+  }
+  if (std::string(pd->impl_info_str()).find("wino") == std::string::npos || pd->src_desc() != pin ||
+      pd->dst_desc() != pout)
+    return false;
+  const std::string& name = r_.nodes[i].out[0];
+  auto own = [&](void (*fn)(const Exec&), const Val& from, const Val& to, const char* impl, const char* what) {
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, mem_of(from)}, {DNNL_ARG_DST, mem_of(to)}};
+    p_->impls.push_back(impl);
+    exec_layout_.push_back(true);
+    p_->what.push_back(r_.nodes[i].name + what + dims_str(md_dims(from.md)) + " -> " + dims_str(md_dims(to.md)));
+    Exec e;
+    e.single = from.md.get_size() + to.md.get_size() < (1u << 20);  // memory-bound, as Builder::exec's reorders
+    e.own = fn;
+    e.own_kind = "reorder";
+    e.args = std::move(args);
+    p_->execs.push_back(std::move(e));
+  };
+  const Val xv = as_md(src, image);
+  const Val& phases_in = define(name + "#phases", pin);
+  own(run_to_phases, xv, phases_in, "keel:space_to_phases", " phases ");
+  Fusion fp = f;
+  fp.out = name + "#phase_out";
+  conv_like_tail(i, fp, dnnl::convolution_forward(*pd), pin, pd->weights_desc(), pout, wplain, w, has_bias, bias,
+                 flops, {}, name + "#phases", "");
+  const Val phases_out = vals_[fp.out];
+  const Val& o = define(f.out, out);
+  own(run_from_phases, phases_out, o, "keel:phases_to_space", " from phases ");
   return true;
 }
 
@@ -2969,9 +3057,10 @@ void Builder::slice(size_t i) {
 // ------------------------------------------------------------------------------------------- the claim's state
 
 const char* kind_name(dnnl::primitive::kind k);
-// The kind of a step for logs and the profile: the primitive's, "eltwise" for the plugin's own steps.
+// The kind of a step for logs and the profile: the primitive's; for the plugin's own steps their own_kind, else
+// "eltwise".
 const char* step_kind(const Exec& e) {
-  return e.own ? (e.own == run_conv_pool ? "convolution" : "eltwise") : kind_name(e.prim.get_kind());
+  return e.own ? (e.own_kind ? e.own_kind : "eltwise") : kind_name(e.prim.get_kind());
 }
 
 struct Chain {

@@ -1132,6 +1132,37 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // Dilated 3x3s whose padding equals the dilation and whose spatial sizes divide by it run as Winograd over the
+    // input's phases (onednn_subgraph.cc conv_dilated_phases), batch 2: dilation 2 over 16x16 (phases 8x8) with
+    // BatchNormalization and Relu folded, dilation 3 (16 does not divide by 3: brgemm), dilation 4 (phases 4x4) with
+    // a Relu and a residual Add after it (not a sum post-op: the Relu comes first), and dilation 2 without bias.
+    OpCase c;
+    c.op = "Chain";
+    c.label = "dilated 3x3 convs as Winograd over the input's phases: dilation 2 and 4, BN + relu, batch 2, residual";
+    c.inputs = {in("X", {2, 16, 16, 16}), in("W0", {32, 16, 1, 1}, true, -0.4f, 0.4f),
+                in("W1", {32, 32, 3, 3}, true, -0.2f, 0.2f), in("S1", {32}, true, 0.5f, 1.5f), in("T1", {32}, true),
+                in("M1", {32}, true), in("V1", {32}, true, 0.5f, 2.f), in("W2", {32, 32, 3, 3}, true, -0.2f, 0.2f),
+                in("B2", {32}, true), in("W3", {32, 32, 3, 3}, true, -0.2f, 0.2f), in("B3", {32}, true),
+                in("W4", {32, 32, 3, 3}, true, -0.2f, 0.2f)};
+    auto dilated = [&](std::vector<std::string> ins, int64_t d) {
+      ChainNode n = conv(std::move(ins), 3, 1, d);
+      n.attrs["dilations"] = Is({d, d});
+      return n;
+    };
+    c.chain = {conv({"X", "W0"}, 1, 1, 0),
+               {"Relu", {"$0"}, {}},
+               dilated({"$1", "W1"}, 2),
+               {"BatchNormalization", {"$2", "S1", "T1", "M1", "V1"}, {}},
+               {"Relu", {"$3"}, {}},
+               dilated({"$4", "W2", "B2"}, 3),
+               {"Relu", {"$5"}, {}},
+               dilated({"$6", "W3", "B3"}, 4),
+               {"Relu", {"$7"}, {}},
+               {"Add", {"$8", "$6"}, {}},
+               dilated({"$9", "W4"}, 2)};
+    v.push_back(c);
+  }
+  {
     // A 1-D (temporal) convolution block as audio and TCN models have it: dilated convs with BatchNormalization, a
     // 1x1 skip, residual add, pooling, global average pool and a classifier.
     OpCase c;
