@@ -32,6 +32,18 @@ std::vector<float> randv(size_t n, uint32_t seed, float scale = 1.f, float mean 
   return v;
 }
 
+// A 2048-bin histogram over [0, 1] of 100000 uniform samples (`nonneg` as Histogram::add's).
+cli::Histogram uniform01_histogram(uint32_t seed, bool nonneg) {
+  std::vector<float> v(100000);
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(0.f, 1.f);
+  for (auto& x : v) x = d(rng);
+  cli::Histogram h;
+  h.init(0, 1, 2048);
+  h.add(v.data(), v.size(), nonneg);
+  return h;
+}
+
 fs::path temp_dir(const std::string& name) {
   fs::path p = fs::temp_directory_path() / ("keel_quantize_test_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(p);
@@ -100,13 +112,7 @@ TEST(Calibration, EntropyThresholdClipsTheOutliersOfAGaussian) {
 }
 
 TEST(Calibration, EntropyThresholdKeepsAUniformRange) {
-  std::vector<float> v(100000);
-  std::mt19937 rng(1);
-  std::uniform_real_distribution<float> d(0.f, 1.f);
-  for (auto& x : v) x = d(rng);
-  cli::Histogram h;
-  h.init(0, 1, 2048);
-  h.add(v.data(), v.size(), true);
+  cli::Histogram h = uniform01_histogram(1, true);
   // Clipping a uniform distribution costs more than it gains: the threshold stays near the maximum.
   EXPECT_GT(cli::entropy_threshold(h, 255), 0.9);
 }
@@ -161,13 +167,7 @@ TEST(Calibration, MseRangeClipsAGaussianWhereTheQuantizationErrorIsLeast) {
 }
 
 TEST(Calibration, MseRangeKeepsAUniformRangeAndCountsExactZerosAsFree) {
-  std::vector<float> u(100000);
-  std::mt19937 rng(2);
-  std::uniform_real_distribution<float> d(0.f, 1.f);
-  for (auto& x : u) x = d(rng);
-  cli::Histogram h;
-  h.init(0, 1, 2048);
-  h.add(u.data(), u.size(), false);
+  cli::Histogram h = uniform01_histogram(2, false);
   auto r = cli::mse_range(h, 0, false);
   EXPECT_EQ(r.first, 0);
   EXPECT_GT(r.second, 0.97);  // clipping a uniform distribution costs more than it saves
