@@ -10,12 +10,12 @@
 #include "onednn_convpool.h"
 
 #include <immintrin.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cstring>
 
 #include "onednn_silu.h"
+#include "onednn_team.h"
 
 namespace keel::onednn {
 namespace {
@@ -287,17 +287,10 @@ void conv_pool_rows(const ConvPoolShape& s, const float* src, const float* packe
 
 void conv_pool_run(const ConvPoolShape& s, const float* src, const float* packed, const float* bias, float* dst,
                    float* scratch, int team) {
-  const int64_t total = s.n * s.ph;
-  if (team <= 1) {
-    conv_pool_rows(s, src, packed, bias, dst, 0, total, scratch);
-    return;
-  }
   const size_t per = conv_pool_scratch_floats(s);
-#pragma omp parallel num_threads(team)
-  {
-    const int64_t k = omp_get_num_threads(), t = omp_get_thread_num();
-    conv_pool_rows(s, src, packed, bias, dst, total * t / k, total * (t + 1) / k, scratch + static_cast<size_t>(t) * per);
-  }
+  split_over_team(s.n * s.ph, team, [&](int64_t t, int64_t begin, int64_t end) {
+    conv_pool_rows(s, src, packed, bias, dst, begin, end, scratch + static_cast<size_t>(t) * per);
+  });
 }
 
 void conv_pool_reference(const ConvPoolShape& s, const float* src, const float* w, const float* bias, float* dst) {

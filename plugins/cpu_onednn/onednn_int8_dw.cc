@@ -4,12 +4,12 @@
 #include "onednn_int8_dw.h"
 
 #include "onednn_int8_quant.h"
+#include "onednn_team.h"
 
 // GCC 12 reports its own AVX-512 intrinsics (their _mm512_undefined_* self-initialisation) as "may be used
 // uninitialized" once inlined here: a known false positive.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cstring>
@@ -233,15 +233,7 @@ void Int8Depthwise3x3::work(const void* x, void* y, int64_t begin, int64_t end) 
 void Int8Depthwise3x3::run(const void* x, void* y, int threads) const {
   const int64_t items = s_.N * bands_ * cb_;
   const int team = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, items)));
-  if (team == 1) {
-    work(x, y, 0, items);
-    return;
-  }
-#pragma omp parallel num_threads(team)
-  {
-    const int64_t t = omp_get_thread_num(), k = omp_get_num_threads();
-    work(x, y, items * t / k, items * (t + 1) / k);
-  }
+  split_over_team(items, team, [&](int64_t, int64_t begin, int64_t end) { work(x, y, begin, end); });
 }
 
 }  // namespace keel::onednn

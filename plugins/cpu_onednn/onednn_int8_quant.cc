@@ -2,11 +2,12 @@
 // code is compiled with target attributes and only called where int8_own_kernels() holds.
 #include "onednn_int8_quant.h"
 
+#include "onednn_team.h"
+
 // GCC 12 reports its own AVX-512 intrinsics (their _mm512_undefined_* self-initialisation) as "may be used
 // uninitialized" once inlined here: a known false positive.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -86,17 +87,6 @@ bool cpu_has_avx512() {
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 }
 
-// Splits [0, n) over `team` OpenMP threads (contiguous ranges).
-template <class F>
-void split(int64_t n, int team, F&& f) {
-  if (team <= 1) return f(0, n);
-#pragma omp parallel num_threads(team)
-  {
-    const int64_t t = omp_get_thread_num(), k = omp_get_num_threads();
-    f(n * t / k, n * (t + 1) / k);
-  }
-}
-
 }  // namespace
 
 bool int8_own_kernels() {
@@ -112,7 +102,7 @@ void quantize_f32(const float* x, void* y, int64_t n, const QuantizeSpec& q, int
   const int team = n >= kParallelMin ? std::max(1, threads) : 1;
   // Ranges in whole vectors, so that only the last range has a partial one.
   const int64_t vecs = (n + 15) / 16;
-  split(vecs, team, [&](int64_t v0, int64_t v1) {
+  split_over_team(vecs, team, [&](int64_t, int64_t v0, int64_t v1) {
     quantize_range(x, static_cast<uint8_t*>(y), v0 * 16, std::min(n, v1 * 16), q);
   });
 }
@@ -121,7 +111,9 @@ void quantize_f32_to_nhwc(const float* x, void* y, int64_t N, int64_t C, int64_t
                           int threads) {
   const int64_t blocks = N * ((S + 15) / 16);
   const int team = N * C * S >= kParallelMin ? static_cast<int>(std::min<int64_t>(std::max(1, threads), blocks)) : 1;
-  split(blocks, team, [&](int64_t b0, int64_t b1) { to_nhwc_range(x, static_cast<uint8_t*>(y), C, S, b0, b1, q); });
+  split_over_team(blocks, team, [&](int64_t, int64_t b0, int64_t b1) {
+    to_nhwc_range(x, static_cast<uint8_t*>(y), C, S, b0, b1, q);
+  });
 }
 
 }  // namespace keel::onednn

@@ -488,6 +488,14 @@ class Builder {
                   bytes < (1u << 20);
     p_->execs.push_back({std::move(prim), std::move(args), single, nullptr, nullptr, nullptr});
   }
+  // A step of the plugin's own (Exec::own set, with its args), named `impl` in profiles and logs, `what` its line
+  // there; `layout`: whether it only moves data between layouts (as exec()'s layout reorders).
+  void exec_own(Exec e, const char* impl, bool layout, std::string what) {
+    p_->impls.push_back(impl);
+    exec_layout_.push_back(layout);
+    p_->what.push_back(std::move(what));
+    p_->execs.push_back(std::move(e));
+  }
   // The value as it is now (a constant gets an owned plain memory the first time it is read as data).
   const Val& val(const std::string& name) {
     auto it = vals_.find(name);
@@ -1146,15 +1154,13 @@ void Builder::exec_silu(const Val& v, const std::string& name) {
       break;
     }
   }
-  p_->impls.push_back(args.count(kArgPooled) ? "keel:silu_mean_avx512" : "keel:silu_avx512");
-  exec_layout_.push_back(false);
-  p_->what.push_back((cur_node_ < r_.nodes.size() ? r_.nodes[cur_node_].name : std::string("(outputs)")) + what +
-                     dims_str(d));
+  const bool pooled = args.count(kArgPooled) != 0;
   Exec e;
   e.single = v.md.get_size() < (128u << 10);
-  e.own = args.count(kArgPooled) ? run_silu_mean : run_silu;
+  e.own = pooled ? run_silu_mean : run_silu;
   e.args = std::move(args);
-  p_->execs.push_back(std::move(e));
+  exec_own(std::move(e), pooled ? "keel:silu_mean_avx512" : "keel:silu_avx512", false,
+           (cur_node_ < r_.nodes.size() ? r_.nodes[cur_node_].name : std::string("(outputs)")) + what + dims_str(d));
 }
 
 // Squeeze-excite's Mul(x, s), s a [1,C,1,1] value computed here and x [1,C,H,W], whose only reader is a 1x1
@@ -1233,14 +1239,12 @@ void Builder::exec_scale_weights(const dnnl::memory& wmem, const md_t& wplain, c
   const Val& sv = val(chan_scale);
   std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_DST, wmem}, {DNNL_ARG_SRC, orig}, {kArgMap, map},
                                              {kArgScale, mem_of(sv)}};
-  p_->impls.push_back(rows ? "keel:scale_weights16" : "keel:scale_weights");
-  exec_layout_.push_back(false);
-  p_->what.push_back(r_.nodes[cur_node_].name + " weights x " + chan_scale + " " + dims_str(wd));
   Exec e;
   e.single = true;
   e.own = rows ? run_scale_weights16 : run_scale_weights;
   e.args = std::move(args);
-  p_->execs.push_back(std::move(e));
+  exec_own(std::move(e), rows ? "keel:scale_weights16" : "keel:scale_weights", false,
+           r_.nodes[cur_node_].name + " weights x " + chan_scale + " " + dims_str(wd));
 }
 
 // A 1x1 convolution over a [1,C,1,1] value expanding to M >= 512 >= 4*C channels (squeeze-excite's excitation in
@@ -1562,10 +1566,8 @@ bool Builder::conv_pool_fused(size_t i) {
   e.own_kind = "convolution";
   e.params = std::make_shared<const ConvPoolShape>(s);
   p_->flops += 2.0 * static_cast<double>(s.n * s.m * s.oh * s.ow * s.c * s.kh * s.kw);
-  p_->impls.push_back(has_avx512f() ? "keel:conv_pool_avx512" : "keel:conv_pool");
-  exec_layout_.push_back(false);
-  p_->what.push_back(n.name + (s.relu ? " + Relu" : "") + " + MaxPool " + dims_str(x) + " -> " + dims_str(y));
-  p_->execs.push_back(std::move(e));
+  exec_own(std::move(e), "keel:conv_pool_avx512", false,
+           n.name + (s.relu ? " + Relu" : "") + " + MaxPool " + dims_str(x) + " -> " + dims_str(y));
   for (size_t k : fused) done_[k] = true;
   return true;
 }
@@ -1752,16 +1754,13 @@ bool Builder::conv_dilated_phases(size_t i, const Fusion& f, const std::string& 
     return false;
   const std::string& name = r_.nodes[i].out[0];
   auto own = [&](void (*fn)(const Exec&), const Val& from, const Val& to, const char* impl, const char* what) {
-    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, mem_of(from)}, {DNNL_ARG_DST, mem_of(to)}};
-    p_->impls.push_back(impl);
-    exec_layout_.push_back(true);
-    p_->what.push_back(r_.nodes[i].name + what + dims_str(md_dims(from.md)) + " -> " + dims_str(md_dims(to.md)));
     Exec e;
     e.single = from.md.get_size() + to.md.get_size() < (1u << 20);  // memory-bound, as Builder::exec's reorders
     e.own = fn;
     e.own_kind = "reorder";
-    e.args = std::move(args);
-    p_->execs.push_back(std::move(e));
+    e.args = {{DNNL_ARG_SRC, mem_of(from)}, {DNNL_ARG_DST, mem_of(to)}};
+    exec_own(std::move(e), impl, true,
+             r_.nodes[i].name + what + dims_str(md_dims(from.md)) + " -> " + dims_str(md_dims(to.md)));
   };
   const Val xv = as_md(src, image);
   const Val& phases_in = define(name + "#phases", pin);
