@@ -20,9 +20,10 @@
 // QuantizeLinear / DequantizeLinear with a per-tensor constant scale and zero point run as one oneDNN reorder (what
 // fuse_qdq leaves of them: e.g. a QuantizeLinear whose value several int8 nodes read).
 //
-// On CPUs with AVX-512 (int8_own_kernels(); KEEL_ONEDNN_INT8_OWN=0 turns them off) two of the plugin's own loops
-// replace oneDNN where it is slow for MobileNet-sized tensors: the quantization of an f32 X (onednn_int8_quant.h, in
-// place of the quantizing reorders) and, with VNNI + VBMI, depthwise 3x3 QConvs over channels-last bytes
+// On CPUs with AVX-512 (int8_own_kernels(); KEEL_ONEDNN_INT8_OWN=0 turns them off) the plugin's own loops replace
+// oneDNN where it is slow for MobileNet-sized tensors: the quantization of an f32 X (onednn_int8_quant.h, in place of
+// the quantizing reorders), the transpose of an f32 output from channels-last to plain (in place of the output
+// reorder) and, with VNNI + VBMI, depthwise 3x3 QConvs over channels-last bytes
 // (onednn_int8_dw.h, in place of the whole plan). KEEL_ONEDNN_PROFILE=1 logs each step's fastest run.
 //
 // Registered by register_int8_kernels (called from onednn_plugin.cc's init) for device "cpu".
@@ -224,6 +225,10 @@ struct QPlan {
   enum class OwnQuant { kNone, kSame, kToNhwc } own_quant = OwnQuant::kNone;
   QuantizeSpec own_q;
   int64_t own_n = 1, own_c = 1, own_s = 1;  // kSame: own_n elements; kToNhwc: [own_n, own_c, own_s]
+  // The plugin's own transpose of an f32 output from the primitive's channels-last layout to plain
+  // (nhwc_to_nchw_f32) in place of dst_reorder: [own_dst_n, own_dst_c, own_dst_s].
+  bool own_dst = false;
+  int64_t own_dst_n = 1, own_dst_c = 1, own_dst_s = 1;
   std::unique_ptr<ZeroPoints> zp = std::make_unique<ZeroPoints>();  // stable addresses for the memories
   // The primitive's arguments, built once per plan (finish()); execute() only rebinds the data handles, which the
   // map's memory objects share.
@@ -286,7 +291,13 @@ void execute(Ctx& c, QPlan& p, StepProfile& prof) {
     prof.part(1, t0);
     t0 = StepProfile::now_ms();
   }
-  if (p.reorder_dst) p.dst_reorder.execute(s, p.dst_prim, p.dst_user);
+  if (p.reorder_dst && p.own_dst) {
+    s.wait();
+    nhwc_to_nchw_f32(static_cast<const float*>(p.dst_prim.get_data_handle()), static_cast<float*>(y->data),
+                     p.own_dst_n, p.own_dst_c, p.own_dst_s, omp_get_max_threads());
+  } else if (p.reorder_dst) {
+    p.dst_reorder.execute(s, p.dst_prim, p.dst_user);
+  }
   s.wait();
   if (timed && p.reorder_dst) prof.part(2, t0);
 }
@@ -441,6 +452,14 @@ class QConvKernel : public Kernel {
       else if (C % 4 == 0) own_quantize(*p, q_, QPlan::OwnQuant::kToNhwc, N, C, S);
     }
     if (p->own_quant != QPlan::OwnQuant::kNone) prof_.what += " +own quantize";
+    if (q_.y_type == KEEL_DTYPE_F32 && !nhwc_out_ && p->reorder_dst && int8_own_kernels() &&
+        pd.dst_desc() == dnnl::memory::desc(to_dnnl(y), dt::f32, last[r - 1])) {
+      p->own_dst = true;
+      p->own_dst_n = N;
+      p->own_dst_c = M;
+      p->own_dst_s = numel(y) / std::max<int64_t>(N * M, 1);
+      prof_.what += " +own transpose";
+    }
     if (q_.residual) {
       p->residual = true;
       p->residual_post_op = 0;

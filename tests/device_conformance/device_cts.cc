@@ -837,6 +837,34 @@ void add_int8_cases(std::vector<OpCase>& v) {
     if (f.nhwc) c.attrs["input_layout"] = S("NHWC"), c.attrs["output_layout"] = S("NHWC");
     v.push_back(c);
   }
+  // An f32 output in the plain layout from a primitive that computes channels-last, which the cpu_onednn plugin
+  // transposes with its own loop (onednn_int8_quant.cc, nhwc_to_nchw_f32) where the CPU has AVX-512: output channel
+  // counts with a partial 16-channel block, pixel counts with a partial block of 16, batch 2, a residual Z, and
+  // MobileNetV2's last 1x1 ([1,1280,7,7]), and 2^20 values (split over the thread team).
+  struct T { int64_t N, C, H, W, K; bool z; const char* act; };
+  const T ts[] = {{1, 320, 7, 7, 1280, false, "Clip"}, {2, 16, 5, 7, 20, false, ""}, {1, 24, 9, 9, 33, true, "Relu"},
+                  {1, 8, 4, 4, 16, false, ""}, {2, 32, 20, 20, 48, false, "Relu"}, {1, 8, 128, 128, 64, false, ""}};
+  for (const T& t : ts) {
+    OpCase c;
+    c.op = "QConv";
+    c.domain = "keel";
+    std::ostringstream l;
+    l << "N=" << t.N << " C=" << t.C << " H=" << t.H << " W=" << t.W << " K=" << t.K << " k=1 x=u8/5 y=f32 plain"
+      << (t.z ? " +Z" : "") << (t.act[0] ? " act=" : "") << t.act << " (transposed from channels-last)";
+    c.label = l.str();
+    c.inputs = {qin("X", {t.N, t.C, t.H, t.W}, DType::kU8, false, 0.f, 255.f),
+                qin("W", {t.K, t.C, 1, 1}, DType::kI8, true, -127.f, 127.f), in("B", {t.K}, true, -2.f, 2.f)};
+    add_qparams(c, t.K, DType::kU8, 5, true, DType::kF32, 0, 1.f);
+    if (t.z) {
+      c.inputs.push_back(absent());
+      c.inputs.push_back(absent());
+      c.inputs.push_back(in("Z", {t.N, t.K, t.H, t.W}, false, -6.f, 6.f));
+    }
+    c.attrs = {{"kernel_shape", Is({1, 1})}, {"input_layout", S("NHWC")}};
+    if (t.act[0]) c.attrs["activation"] = S(t.act);
+    if (std::string(t.act) == "Clip") c.attrs["activation_params"] = Attribute::of_floats({0.f, 6.f});
+    v.push_back(c);
+  }
   // Depthwise 3x3 over channels-last bytes in and out (MobileNet's int8 blocks), which the cpu_onednn plugin runs on
   // its own kernel (onednn_int8_dw.cc) where the CPU has AVX-512 VNNI: channel counts with a partial 16-channel block,
   // widths with and without a block of 8 output pixels, strides 1/2/3 and asymmetric padding, u8/s8 X with zero
