@@ -18,8 +18,12 @@
 namespace keel::onednn {
 namespace {
 
-constexpr int64_t kParallelMin = 32768;  // elements: below this one thread (a fork costs more than the loop)
-constexpr int64_t kTransposeParallelMin = int64_t{1} << 20;  // the same for nhwc_to_nchw_f32
+// Elements below which the loops run on the calling thread alone. Their input was usually just written by the
+// previous step, much of it by the calling thread (an fp32 chain's last reorder runs on one thread), and a second
+// thread reading lines that sit modified in the other core's cache costs more than it saves: [1,24,56,56] plain ->
+// channels-last quantization (MobileNetV2's fp32 -> int8 boundary) 14 us on one thread, 55 us on two (hot in the
+// first core's cache; in the model 0.0135 vs 0.022 ms), [1,1280,7,7] transpose 0.015 vs 0.034 ms.
+constexpr int64_t kParallelMin = int64_t{1} << 20;
 
 struct Consts {
   __m512 inv;
@@ -173,10 +177,7 @@ void quantize_f32_to_nhwc(const float* x, void* y, int64_t N, int64_t C, int64_t
 
 void nhwc_to_nchw_f32(const float* x, float* y, int64_t N, int64_t C, int64_t S, int threads) {
   const int64_t units = N * ((C + 15) / 16);
-  // A team only for large tensors: the values were just written by the convolution's threads, and a second thread
-  // reading the first one's part from its cache gained nothing at MobileNetV2's [1,1280,7,7] (one thread 0.015 ms,
-  // two 0.034 ms, per-step minima in the model).
-  const int team = N * C * S >= kTransposeParallelMin ? static_cast<int>(std::min<int64_t>(std::max(1, threads), units)) : 1;
+  const int team = N * C * S >= kParallelMin ? static_cast<int>(std::min<int64_t>(std::max(1, threads), units)) : 1;
   split_over_team(units, team, [&](int64_t, int64_t u0, int64_t u1) { to_nchw_range(x, y, C, S, u0, u1); });
 }
 

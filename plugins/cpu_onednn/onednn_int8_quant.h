@@ -9,7 +9,8 @@
 // last bit may round apart at a tie).
 //
 // AVX-512 (F, BW, VL, DQ) only: the callers check int8_own_kernels() first and keep oneDNN's reorders otherwise.
-// Thread-safety: the functions are reentrant; `threads` is the OpenMP team to use (1: the calling thread only).
+// Thread-safety: the functions are reentrant; `threads` is the OpenMP team to use (1: the calling thread only); below
+// 2^20 elements they run on the calling thread alone (see kParallelMin in the .cc).
 #pragma once
 
 #include <cstdint>
@@ -35,8 +36,7 @@ void quantize_f32_to_nhwc(const float* x, void* y, int64_t N, int64_t C, int64_t
                           int threads);
 
 // The f32 output of an int8 convolution from the primitive's channels-last layout back to the graph's plain one:
-// x: [N, S, C] f32; y: [N, C, S] f32 (any C and S), in 16x16 tiles transposed in registers; one thread below 2^20
-// values. In place of oneDNN 2.6's reorder: MobileNetV2's last 1x1, [1,1280,7,7], 0.038 -> 0.015 ms at 2 threads.
+// x: [N, S, C] f32; y: [N, C, S] f32 (any C and S), in 16x16 tiles transposed in registers. In place of oneDNN 2.6's reorder: MobileNetV2's last 1x1, [1,1280,7,7], 0.038 -> 0.015 ms at 2 threads.
 void nhwc_to_nchw_f32(const float* x, float* y, int64_t N, int64_t C, int64_t S, int threads);
 
 }  // namespace keel::onednn
