@@ -1457,6 +1457,21 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // ResNet-50's layer1 3x3 (64->64 at 56x56) behind a 1x1, with a residual: oneDNN offers Winograd F(2,3) first
+    // and F(4,3) second for it; a one-thread plan times them and keeps F(4,3) when 10% faster (its own weight
+    // layout, reordered at plan time); both must match the reference.
+    OpCase c;
+    c.op = "Chain";
+    c.label = "resnet block at 56x56: 1x1, 3x3 64->64 (winograd F(2,3) or F(4,3), timed), 1x1, residual add";
+    c.inputs = {in("X", {1, 64, 56, 56}), in("WA", {64, 64, 1, 1}, true, -0.3f, 0.3f), in("BA", {64}, true),
+                in("W3", {64, 64, 3, 3}, true, -0.1f, 0.1f), in("B3", {64}, true),
+                in("WB", {64, 64, 1, 1}, true, -0.3f, 0.3f), in("BB", {64}, true)};
+    c.chain = {conv({"X", "WA", "BA"}, 1, 1, 0), {"Relu", {"$0"}, {}},
+               conv({"$1", "W3", "B3"}, 3, 1, 1), {"Relu", {"$2"}, {}},
+               conv({"$3", "WB", "BB"}, 1, 1, 0), {"Add", {"$4", "X"}, {}}, {"Relu", {"$5"}, {}}};
+    v.push_back(c);
+  }
+  {
     OpCase c;
     c.op = "Chain";
     c.label = "squeezenet fire: squeeze, two expands, concat, maxpool ceil_mode";
