@@ -54,6 +54,7 @@
 #include <tuple>
 
 #include "onednn_common.h"
+#include "onednn_conv_pick.h"
 #include "onednn_convpool.h"
 #include "onednn_dilated.h"
 #include "onednn_silu.h"
@@ -639,8 +640,6 @@ class Builder {
   bool flatten_into_gemm(size_t i, const Dims& x, const Dims& y);
   bool conv_residual_merged(size_t i);
   bool conv_pool_fused(size_t i);
-  bool direct_beats_winograd(const dnnl::convolution_forward::primitive_desc& wino,
-                             const dnnl::convolution_forward::primitive_desc& direct);
   bool conv_dilated_phases(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y,
                            int64_t dil, const md_t& wany, const md_t& bmd, const dnnl::primitive_attr& attr,
                            const md_t& wplain, std::vector<float>& w, bool has_bias, const std::vector<float>& bias,
@@ -1427,12 +1426,18 @@ void Builder::conv(size_t i) {
                           md_t(to_dnnl(wd), dt::f32, weights_tag(sp, false, false)), w, has_bias, bias, conv_flops))
     return;
   if (wino) make(alg::convolution_winograd, src, dst);
-  if (wino && pd && !is_ref() && p_->threads > 1 && y[2] * y[3] <= 196 && keep_src && M % 16 == 0) {
-    auto wpd = std::move(pd);
-    make(alg::convolution_direct, src, dst);
-    if (!pd || is_ref() || pd->src_desc() != wpd->src_desc() || pd->dst_desc() != wpd->dst_desc() ||
-        !direct_beats_winograd(*wpd, *pd))
+  // oneDNN's Winograd kernels (F(2,3), F(4,3)) and, at 2+ threads over at most 14x14 pixels, its direct one over the
+  // same layouts, timed here: the fastest runs (onednn_conv_pick.h).
+  if (wino && pd && !is_ref()) {
+    auto cands = conv_impls_like(*pd, engine());
+    if (p_->threads > 1 && y[2] * y[3] <= 196 && keep_src && M % 16 == 0) {
+      auto wpd = std::move(pd);
+      make(alg::convolution_direct, src, dst);
+      if (pd && !is_ref() && pd->src_desc() == wpd->src_desc() && pd->dst_desc() == wpd->dst_desc())
+        cands.push_back(*pd);
       pd = std::move(wpd);
+    }
+    pd = std::make_unique<dnnl::convolution_forward::primitive_desc>(cands[fastest_conv(cands, engine(), stream())]);
   }
   // Other spatial convolutions (strided 3x3s, dilated ones, 3x3s Winograd leaves): oneDNN's brgemm kernel over nhwc
   // beats its nChw16c jit one here, the reorders in and out included. Measured in ResNet-50 at 1 thread (fastest
@@ -1570,47 +1575,6 @@ bool Builder::conv_pool_fused(size_t i) {
            n.name + (s.relu ? " + Relu" : "") + " + MaxPool " + dims_str(x) + " -> " + dims_str(y));
   for (size_t k : fused) done_[k] = true;
   return true;
-}
-
-// Whether oneDNN's direct convolution runs faster than its Winograd one on the plan's team, both over the same
-// layouts (so the choice changes nothing around the convolution), timed here: fastest of 5 interleaved runs each,
-// after a warm one, on zeroed memory; direct must win by 5%. Asked for 3x3s over at most 14x14 pixels at 2+
-// threads, where oneDNN 2.6's Winograd F(2,3) hardly gains from the second thread and sometimes loses (GoogLeNet's
-// inception4a 96->208 at 14x14: 0.35-0.39 ms, direct 0.19-0.21 ms; inception4c 128->256: 0.27-0.30 ms, direct
-// 0.32-0.35 ms; measured in the chain and alone, PERFORMANCE.md "(sqz)"), and no rule by shape picks the winner.
-bool Builder::direct_beats_winograd(const dnnl::convolution_forward::primitive_desc& wino,
-                                    const dnnl::convolution_forward::primitive_desc& direct) {
-  struct Run {
-    dnnl::convolution_forward prim;
-    std::unordered_map<int, dnnl::memory> args;
-  };
-  auto setup = [&](const dnnl::convolution_forward::primitive_desc& pd) {
-    Run r{dnnl::convolution_forward(pd), {}};
-    const std::pair<int, md_t> mds[] = {{DNNL_ARG_SRC, pd.src_desc()},
-                                        {DNNL_ARG_WEIGHTS, pd.weights_desc()},
-                                        {DNNL_ARG_BIAS, pd.query_md(dnnl::query::weights_md, 1)},
-                                        {DNNL_ARG_DST, pd.dst_desc()},
-                                        {DNNL_ARG_SCRATCHPAD, pd.scratchpad_desc()}};
-    for (const auto& [arg, md] : mds) {
-      if (md.is_zero()) continue;
-      dnnl::memory m(md, engine());
-      std::memset(m.get_data_handle(), 0, md.get_size());
-      r.args[arg] = m;
-    }
-    return r;
-  };
-  Run w = setup(wino), d = setup(direct);
-  auto time = [&](Run& r) {
-    auto t0 = std::chrono::steady_clock::now();
-    r.prim.execute(stream(), r.args);
-    stream().wait();
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  };
-  time(w);
-  time(d);
-  double tw = 1e30, td = 1e30;
-  for (int k = 0; k < 5; ++k) tw = std::min(tw, time(w)), td = std::min(td, time(d));
-  return td < 0.95 * tw;
 }
 
 // ResNet's strided bottleneck end, y = Conv1x1(h) + Conv1x1_s2(x) (the last convolution of the block and the
