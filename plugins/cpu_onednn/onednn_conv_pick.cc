@@ -41,7 +41,7 @@ std::vector<dnnl::convolution_forward::primitive_desc> conv_impls_like(
 }
 
 size_t fastest_conv(const std::vector<dnnl::convolution_forward::primitive_desc>& cands, const dnnl::engine& eng,
-                    dnnl::stream& strm, int reps, double margin) {
+                    dnnl::stream& strm, int reps, const std::vector<double>& margins) {
   if (cands.size() < 2) return 0;
   struct Run {
     dnnl::convolution_forward prim;
@@ -101,7 +101,8 @@ size_t fastest_conv(const std::vector<dnnl::convolution_forward::primitive_desc>
     for (auto& r : runs) r.best = std::min(r.best, time(r));
   size_t best = 0;
   for (size_t k = 1; k < runs.size(); ++k)
-    if (runs[k].best < (1.0 - margin) * runs[0].best && runs[k].best < runs[best].best) best = k;
+    if (runs[k].best < (1.0 - (k < margins.size() ? margins[k] : 0.05)) * runs[0].best && runs[k].best < runs[best].best)
+      best = k;
   return best;
 }
 

@@ -96,7 +96,9 @@ TEST(OnednnConvPick, EveryListedImplementationComputesTheConvolution) {
     }
   }
   // With AVX-512 oneDNN 2.6 offers F(4,3) beside F(2,3) for these shapes: the further implementations were listed.
-  if (dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core) EXPECT_GT(listed, shapes);
+  if (dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core) {
+    EXPECT_GT(listed, shapes);
+  }
 }
 
 TEST(OnednnConvPick, FastestPicksTheJitKernelOverASlowOne) {
@@ -111,11 +113,15 @@ TEST(OnednnConvPick, FastestPicksTheJitKernelOverASlowOne) {
   auto slow = make(s, dnnl::algorithm::convolution_direct, tag::nhwc, eng, [](const std::string& impl) {
     return impl.find("sse41") != std::string::npos || impl.rfind("ref", 0) == 0;
   });
-  if (!slow) GTEST_SKIP() << "no SSE4.1 or reference kernel listed";
+  if (!slow) {
+    GTEST_SKIP() << "no SSE4.1 or reference kernel listed";
+  }
   ASSERT_NE(std::string(jit.impl_info_str()).rfind("ref", 0), 0u);
   EXPECT_EQ(fastest_conv({slow, jit}, eng, strm, 3), 1u);
   EXPECT_EQ(fastest_conv({jit, slow}, eng, strm, 3), 0u);
   EXPECT_EQ(fastest_conv({jit}, eng, strm, 3), 0u);
+  // A margin the faster one cannot beat keeps the first.
+  EXPECT_EQ(fastest_conv({slow, jit}, eng, strm, 3, {0.0, 0.999}), 0u);
 }
 
 }  // namespace

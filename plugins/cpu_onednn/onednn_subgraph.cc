@@ -1426,18 +1426,20 @@ void Builder::conv(size_t i) {
                           md_t(to_dnnl(wd), dt::f32, weights_tag(sp, false, false)), w, has_bias, bias, conv_flops))
     return;
   if (wino) make(alg::convolution_winograd, src, dst);
-  // oneDNN's Winograd kernels (F(2,3), F(4,3)) and, at 2+ threads over at most 14x14 pixels, its direct one over the
-  // same layouts, timed here: the fastest runs (onednn_conv_pick.h).
+  // oneDNN's Winograd kernels (F(2,3), F(4,3): another must win by a third) and, at 2+ threads over at most 14x14
+  // pixels, its direct one over the same layouts (by 5%), timed here: the fastest runs (onednn_conv_pick.h).
   if (wino && pd && !is_ref()) {
     auto cands = conv_impls_like(*pd, engine());
+    std::vector<double> margins(cands.size(), 1.0 / 3);
     if (p_->threads > 1 && y[2] * y[3] <= 196 && keep_src && M % 16 == 0) {
       auto wpd = std::move(pd);
       make(alg::convolution_direct, src, dst);
       if (pd && !is_ref() && pd->src_desc() == wpd->src_desc() && pd->dst_desc() == wpd->dst_desc())
-        cands.push_back(*pd);
+        cands.push_back(*pd), margins.push_back(0.05);
       pd = std::move(wpd);
     }
-    pd = std::make_unique<dnnl::convolution_forward::primitive_desc>(cands[fastest_conv(cands, engine(), stream())]);
+    pd = std::make_unique<dnnl::convolution_forward::primitive_desc>(
+        cands[fastest_conv(cands, engine(), stream(), 7, margins)]);
   }
   // Other spatial convolutions (strided 3x3s, dilated ones, 3x3s Winograd leaves): oneDNN's brgemm kernel over nhwc
   // beats its nChw16c jit one here, the reorders in and out included. Measured in ResNet-50 at 1 thread (fastest
