@@ -54,7 +54,7 @@
 #include <tuple>
 
 #include "onednn_common.h"
-#include "onednn_conv_select.h"
+#include "onednn_conv_pick.h"
 #include "onednn_convpool.h"
 #include "onednn_dilated.h"
 #include "onednn_silu.h"
@@ -1400,13 +1400,11 @@ void Builder::conv(size_t i) {
   bool wino = g_options.winograd && sp == 2 && ks[0] == 3 && ks[1] == 3 && g == 1 && s[0] == 1 && s[1] == 1 &&
               d[0] == 1 && d[1] == 1 && C >= 16 && M >= 16;
   std::unique_ptr<dnnl::convolution_forward::primitive_desc> pd;
-  std::vector<dnnl::convolution_forward::primitive_desc> alts;  // make's other Winograd kernels, when asked for
-  auto make = [&](alg a, const md_t& sm, const md_t& dm, bool want_alts = false) {
+  auto make = [&](alg a, const md_t& sm, const md_t& dm) {
     try {
       dnnl::convolution_forward::desc cd(dnnl::prop_kind::forward_inference, a, sm, wany, has_bias ? bmd : none, dm,
                                          to_dnnl(s), dnnl_dilations(d), to_dnnl(pl), to_dnnl(pr));
       pd = std::make_unique<dnnl::convolution_forward::primitive_desc>(cd, attr, engine());
-      if (want_alts) alts = conv_alternatives(*pd, "wino");  // while cd lives (oneDNN's iterator points at it)
     } catch (const dnnl::error&) {
       pd.reset();
     }
@@ -1427,20 +1425,12 @@ void Builder::conv(size_t i) {
       conv_dilated_phases(i, f, src_name, x, y, d[0], wany, bmd, attr,
                           md_t(to_dnnl(wd), dt::f32, weights_tag(sp, false, false)), w, has_bias, bias, conv_flops))
     return;
-  if (wino) make(alg::convolution_winograd, src, dst, p_->threads == 1);
+  if (wino) make(alg::convolution_winograd, src, dst);
+  // oneDNN's Winograd kernels (F(2,3), F(4,3): another must win by a third) and, at 2+ threads over at most 14x14
+  // pixels, its direct one over the same layouts (by 5%), timed here: the fastest runs (onednn_conv_pick.h).
   if (wino && pd && !is_ref()) {
-    // Timed on the plan's team against what else runs over the same layouts (onednn_conv_select.h): on one thread,
-    // oneDNN's other Winograd kernel (F(4,3), listed after F(2,3)) if 10% faster (ResNet-50's 64->64 at 56x56,
-    // alone: 0.50 against 0.60 ms, in the chain 0.48-0.52 against 0.56-0.60; not at 2 threads, where alone it wins
-    // by 5% but loses by 5% in the chain, its larger transforms meeting a source the other core wrote, and the
-    // timing picked it in one plan of two even with a 10% margin), and at 2+ threads for
-    // at most 14x14 pixels its direct kernel if 5% faster, where F(2,3) hardly gains from the second thread and
-    // sometimes loses, and no rule by shape picks the winner (GoogLeNet's inception4a 96->208 at 14x14: 0.35-0.39
-    // ms, direct 0.19-0.21 ms; inception4c 128->256: 0.27-0.30 ms, direct 0.32-0.35 ms; PERFORMANCE.md "(sqz)",
-    // "(r50d)").
-    std::vector<dnnl::convolution_forward::primitive_desc> cands{*pd};
-    std::vector<double> margins{0.0};
-    for (auto& a : alts) cands.push_back(std::move(a)), margins.push_back(0.10);
+    auto cands = conv_impls_like(*pd, engine());
+    std::vector<double> margins(cands.size(), 1.0 / 3);
     if (p_->threads > 1 && y[2] * y[3] <= 196 && keep_src && M % 16 == 0) {
       auto wpd = std::move(pd);
       make(alg::convolution_direct, src, dst);
@@ -1448,8 +1438,8 @@ void Builder::conv(size_t i) {
         cands.push_back(*pd), margins.push_back(0.05);
       pd = std::move(wpd);
     }
-    if (const size_t k = fastest_conv(cands, margins, engine(), stream()); k > 0)
-      pd = std::make_unique<dnnl::convolution_forward::primitive_desc>(cands[k]);
+    pd = std::make_unique<dnnl::convolution_forward::primitive_desc>(
+        cands[fastest_conv(cands, engine(), stream(), 7, margins)]);
   }
   // Other spatial convolutions (strided 3x3s, dilated ones, 3x3s Winograd leaves): oneDNN's brgemm kernel over nhwc
   // beats its nChw16c jit one here, the reorders in and out included. Measured in ResNet-50 at 1 thread (fastest

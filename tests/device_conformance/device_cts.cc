@@ -1458,8 +1458,8 @@ void add_chain_cases(std::vector<OpCase>& v) {
   }
   {
     // ResNet-50's layer1 3x3 (64->64 at 56x56) behind a 1x1, with a residual: oneDNN offers Winograd F(2,3) first
-    // and F(4,3) second for it; a one-thread plan times them and keeps F(4,3) when 10% faster (its own weight
-    // layout, reordered at plan time); both must match the reference.
+    // and F(4,3) second for it; the plan times them (onednn_conv_pick.h) and keeps the faster (F(4,3) with its own
+    // weight layout, reordered at plan time); either must match the reference.
     OpCase c;
     c.op = "Chain";
     c.label = "resnet block at 56x56: 1x1, 3x3 64->64 (winograd F(2,3) or F(4,3), timed), 1x1, residual add";

@@ -1,0 +1,35 @@
+// plugins/cpu_onednn/onednn_conv_pick.h — (internal) picking among oneDNN's implementations of one convolution by
+// timing them when the plan is built.
+//
+// oneDNN takes the first implementation in its list that accepts a convolution. For 3x3 Winograd that is F(2x2,3x3)
+// (`jit_fp32_wino_2x3`) wherever it applies, though its F(4x4,3x3) (`jit_wino_4x3`, the next one) is often much
+// faster at batch 1 and sometimes much slower; and at 2+ threads its direct kernel sometimes beats both over small
+// images. Measured alone here (fastest of 200 runs, 1 thread, nChw16c, with a Relu post-op): SqueezeNet's expands
+// 16->64 at 55x55 186 -> 140 us, 32->128 at 27x27 139 -> 119 us, 64->256 at 13x13 192 -> 143 us; GoogLeNet's
+// 96->208 at 14x14 504 -> 155 us (direct 337 us); but ResNet's 512->512 at 7x7 781 -> 1583 us. No rule by shape picks
+// the winner, so the chain times the candidates over the same memory layouts (the choice changes nothing around the
+// convolution). Timed alone, F(4,3) also looks better than it is in a chain: it writes its output past the cache
+// (streaming stores) and the layer after it then waits for memory (SqueezeNet at 1 thread: the 1x1 and the MaxPool
+// reading the 55x55 expands took 70 -> 80 and 29 -> 71 us, the gain of the expands themselves gone), so the chain
+// asks another Winograd implementation to win by a third. See PERFORMANCE.md, "(sqz)".
+#pragma once
+
+#include <dnnl.hpp>
+
+#include <vector>
+
+namespace keel::onednn {
+
+// `first` and oneDNN's further implementations of the same convolution (same operation descriptor and attributes)
+// that read and write the same memory layouts as `first`, skipping its reference ones; `first` comes first.
+std::vector<dnnl::convolution_forward::primitive_desc> conv_impls_like(
+    const dnnl::convolution_forward::primitive_desc& first, const dnnl::engine& eng);
+
+// The index of the candidate that runs fastest on the calling thread's OpenMP team: each run on zeroed memory of its
+// own (one warm run, then the fastest of `reps` runs, interleaved across the candidates); candidate 0 is kept unless
+// candidate k is faster than it by margins[k] (a fraction: 0.05 is 5%; a candidate without an entry: 0.05).
+// Candidates must be convolutions with the same arguments.
+size_t fastest_conv(const std::vector<dnnl::convolution_forward::primitive_desc>& cands, const dnnl::engine& eng,
+                    dnnl::stream& strm, int reps = 7, const std::vector<double>& margins = {});
+
+}  // namespace keel::onednn
