@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <mutex>
+#include <sstream>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -71,7 +73,10 @@ size_t fastest_conv(const std::vector<dnnl::convolution_forward::primitive_desc>
   const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
   const int team = omp_get_max_threads();
   const int64_t per = 2 * (l2 > 0 ? l2 : (1 << 20));
-  std::vector<char> evict(static_cast<size_t>(per * team));
+  // Kept per calling thread between calls: a fresh buffer each time took a page fault per 4 KiB.
+  thread_local std::vector<char> evict;
+  if (evict.size() < static_cast<size_t>(per * team)) evict.resize(static_cast<size_t>(per * team));
+  char* const evict_at = evict.data();  // the team's threads must not name `evict`: each would see its own, empty
   // After each run the team reads the destination back (a float per cache line), as the next step of a chain does, and
   // that read is timed with the run: F(4,3) writes its output with streaming stores, past the cache, and the layer
   // after it waited for memory (SqueezeNet at 1 thread: the squeeze 1x1 and the MaxPool reading 55x55 expands went
@@ -88,7 +93,7 @@ size_t fastest_conv(const std::vector<dnnl::convolution_forward::primitive_desc>
   };
   auto time = [&](Run& r) {
     split_over_team(team, team, [&](int64_t, int64_t b, int64_t e) {
-      if (e > b) std::memset(evict.data() + b * per, static_cast<int>(r.best) & 1, static_cast<size_t>((e - b) * per));
+      if (e > b) std::memset(evict_at + b * per, static_cast<int>(r.best) & 1, static_cast<size_t>((e - b) * per));
     });
     auto t0 = std::chrono::steady_clock::now();
     r.prim.execute(strm, r.args);
@@ -104,6 +109,61 @@ size_t fastest_conv(const std::vector<dnnl::convolution_forward::primitive_desc>
     if (runs[k].best < (1.0 - (k < margins.size() ? margins[k] : 0.05)) * runs[0].best && runs[k].best < runs[best].best)
       best = k;
   return best;
+}
+
+namespace {
+
+// A memory descriptor as text: data type, dims, and for blocked layouts the strides and inner blocks.
+void describe(std::ostringstream& k, const dnnl::memory::desc& md) {
+  const dnnl_memory_desc_t& d = md.data;
+  k << static_cast<int>(d.data_type) << ':' << static_cast<int>(d.format_kind) << ':';
+  for (int i = 0; i < d.ndims; ++i) k << d.dims[i] << ',';
+  if (d.format_kind == dnnl_blocked) {
+    const auto& b = d.format_desc.blocking;
+    k << 's';
+    for (int i = 0; i < d.ndims; ++i) k << b.strides[i] << ',';
+    k << 'b';
+    for (int i = 0; i < b.inner_nblks; ++i) k << b.inner_idxs[i] << 'x' << b.inner_blks[i] << ',';
+  }
+  k << ';';
+}
+
+struct Remembered {
+  std::mutex mu;
+  std::unordered_map<std::string, size_t> picks;
+};
+Remembered& remembered() {
+  static Remembered* r = new Remembered;  // never destroyed: plans may be built during static destruction
+  return *r;
+}
+
+}  // namespace
+
+size_t fastest_conv_remembered(const std::vector<dnnl::convolution_forward::primitive_desc>& cands,
+                               const dnnl::engine& eng, dnnl::stream& strm, const std::vector<double>& margins) {
+  if (cands.size() < 2) return 0;
+  std::ostringstream k;
+  k << omp_get_max_threads() << '|';
+  for (const auto& pd : cands) {
+    k << pd.impl_info_str() << '|';
+    describe(k, pd.src_desc());
+    describe(k, pd.weights_desc());
+    describe(k, pd.dst_desc());
+  }
+  for (double m : margins) k << m << ',';
+  const std::string key = k.str();
+  Remembered& r = remembered();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (auto it = r.picks.find(key); it != r.picks.end()) return it->second;
+  const size_t best = fastest_conv(cands, eng, strm, 7, margins);
+  r.picks.emplace(key, best);
+  return best;
+}
+
+size_t remembered_conv_picks() {
+  Remembered& r = remembered();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.picks.size();
 }
 
 }  // namespace keel::onednn

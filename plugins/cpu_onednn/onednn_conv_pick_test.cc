@@ -124,5 +124,32 @@ TEST(OnednnConvPick, FastestPicksTheJitKernelOverASlowOne) {
   EXPECT_EQ(fastest_conv({slow, jit}, eng, strm, 3, {0.0, 0.999}), 0u);
 }
 
+TEST(OnednnConvPick, RemembersEachAnswerPerCandidatesAndTeam) {
+  omp_set_num_threads(1);
+  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream strm(eng);
+  const Shape s{16, 32, 14};
+  auto jit = make(s, dnnl::algorithm::convolution_direct, tag::nChw16c, eng);
+  auto slow = make(s, dnnl::algorithm::convolution_direct, tag::nhwc, eng, [](const std::string& impl) {
+    return impl.find("sse41") != std::string::npos || impl.rfind("ref", 0) == 0;
+  });
+  if (!slow) {
+    GTEST_SKIP() << "no SSE4.1 or reference kernel listed";
+  }
+  const size_t before = remembered_conv_picks();
+  EXPECT_EQ(fastest_conv_remembered({slow, jit}, eng, strm, {0.0, 0.05}), 1u);
+  EXPECT_EQ(remembered_conv_picks(), before + 1);
+  EXPECT_EQ(fastest_conv_remembered({slow, jit}, eng, strm, {0.0, 0.05}), 1u);  // the same question: answered
+  EXPECT_EQ(remembered_conv_picks(), before + 1);
+  EXPECT_EQ(fastest_conv_remembered({jit, slow}, eng, strm, {0.0, 0.05}), 0u);  // another order: another question
+  EXPECT_EQ(remembered_conv_picks(), before + 2);
+  EXPECT_EQ(fastest_conv_remembered({slow, jit}, eng, strm, {0.0, 0.999}), 0u);  // another margin too
+  EXPECT_EQ(remembered_conv_picks(), before + 3);
+  omp_set_num_threads(2);  // another team
+  fastest_conv_remembered({slow, jit}, eng, strm, {0.0, 0.05});
+  EXPECT_EQ(remembered_conv_picks(), before + 4);
+  omp_set_num_threads(1);
+}
+
 }  // namespace
 }  // namespace keel::onednn

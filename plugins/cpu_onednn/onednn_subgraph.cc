@@ -1439,7 +1439,7 @@ void Builder::conv(size_t i) {
       pd = std::move(wpd);
     }
     pd = std::make_unique<dnnl::convolution_forward::primitive_desc>(
-        cands[fastest_conv(cands, engine(), stream(), 7, margins)]);
+        cands[fastest_conv_remembered(cands, engine(), stream(), margins)]);
   }
   // Other spatial convolutions (strided 3x3s, dilated ones, 3x3s Winograd leaves): oneDNN's brgemm kernel over nhwc
   // beats its nChw16c jit one here, the reorders in and out included. Measured in ResNet-50 at 1 thread (fastest
