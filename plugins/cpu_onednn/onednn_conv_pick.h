@@ -25,8 +25,9 @@ namespace keel::onednn {
 std::vector<dnnl::convolution_forward::primitive_desc> conv_impls_like(
     const dnnl::convolution_forward::primitive_desc& first, const dnnl::engine& eng);
 
-// The index of the candidate that runs fastest on the calling thread's OpenMP team: each run on zeroed memory of its
-// own (one warm run, then the fastest of `reps` runs, interleaved across the candidates); candidate 0 is kept unless
+// The index of the candidate that runs fastest on the calling thread's OpenMP team: all run over one zeroed buffer
+// per argument, one after another (one warm run, then the fastest of `reps` runs, interleaved across the candidates,
+// each after the team evicted its L2 and timed with reading its output back); candidate 0 is kept unless
 // candidate k is faster than it by margins[k] (a fraction: 0.05 is 5%; a candidate without an entry: 0.05).
 // Candidates must be convolutions with the same arguments.
 size_t fastest_conv(const std::vector<dnnl::convolution_forward::primitive_desc>& cands, const dnnl::engine& eng,
