@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace keel::onednn {
@@ -101,18 +102,24 @@ TEST(OnednnConvPick, EveryListedImplementationComputesTheConvolution) {
   }
 }
 
+// Two implementations of one direct convolution: oneDNN's jit one over nChw16c, and a slow one over the same shape,
+// its SSE4.1 or reference kernel for channels-last memory (its later entries; 6x slower or more than the AVX-512 jit
+// one here). `slow` is empty where oneDNN lists neither.
+std::pair<dnnl::convolution_forward::primitive_desc, dnnl::convolution_forward::primitive_desc> jit_and_slow(
+    const dnnl::engine& eng) {
+  const Shape s{16, 32, 14};
+  return {make(s, dnnl::algorithm::convolution_direct, tag::nChw16c, eng),
+          make(s, dnnl::algorithm::convolution_direct, tag::nhwc, eng, [](const std::string& impl) {
+            return impl.find("sse41") != std::string::npos || impl.rfind("ref", 0) == 0;
+          })};
+}
+
 TEST(OnednnConvPick, FastestPicksTheJitKernelOverASlowOne) {
   // One thread: a team of two on a busy machine waits for its second thread longer than these runs take.
   omp_set_num_threads(1);
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   dnnl::stream strm(eng);
-  const Shape s{16, 32, 14};
-  auto jit = make(s, dnnl::algorithm::convolution_direct, tag::nChw16c, eng);
-  // A slow kernel over the same shape: oneDNN's SSE4.1 or reference one for channels-last memory (its later entries;
-  // 6x slower or more than the AVX-512 jit one here).
-  auto slow = make(s, dnnl::algorithm::convolution_direct, tag::nhwc, eng, [](const std::string& impl) {
-    return impl.find("sse41") != std::string::npos || impl.rfind("ref", 0) == 0;
-  });
+  auto [jit, slow] = jit_and_slow(eng);
   if (!slow) {
     GTEST_SKIP() << "no SSE4.1 or reference kernel listed";
   }
@@ -128,11 +135,7 @@ TEST(OnednnConvPick, RemembersEachAnswerPerCandidatesAndTeam) {
   omp_set_num_threads(1);
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   dnnl::stream strm(eng);
-  const Shape s{16, 32, 14};
-  auto jit = make(s, dnnl::algorithm::convolution_direct, tag::nChw16c, eng);
-  auto slow = make(s, dnnl::algorithm::convolution_direct, tag::nhwc, eng, [](const std::string& impl) {
-    return impl.find("sse41") != std::string::npos || impl.rfind("ref", 0) == 0;
-  });
+  auto [jit, slow] = jit_and_slow(eng);
   if (!slow) {
     GTEST_SKIP() << "no SSE4.1 or reference kernel listed";
   }
