@@ -508,6 +508,27 @@ std::optional<AttnMatch> match_attention(const GraphView& gv, keel_node_id_t sof
   chain.push_back(*p);
   m.q = gv.input(*p, 0);
   m.kt = gv.input(*p, 1);
+  // A scalar Mul/Div of Q or of Kt in front of the MatMul (torch's scaled_dot_product_attention and
+  // nn.MultiheadAttention scale q before q @ k^T; some exports scale q and k by d^-1/4 each): into the scale.
+  for (std::string* operand : {&m.q, &m.kt}) {
+    auto pre = gv.producer(*operand);
+    if (!pre || m.q == m.kt || !gv.single_use(*operand) || !(gv.is(*pre, "Div") || gv.is(*pre, "Mul"))) continue;
+    const bool div = gv.is(*pre, "Div");
+    std::string x = gv.input(*pre, 0);
+    std::optional<double> c = gv.scalar(gv.input(*pre, 1));
+    if (!c && !div) {
+      c = gv.scalar(x);
+      x = gv.input(*pre, 1);
+    }
+    if (!c || *c == 0 || !std::isfinite(*c)) continue;
+    // x keeps the operand's shape: the constant must not broadcast it to a higher rank.
+    auto xt = gv.value_type(x), ot = gv.value_type(*operand);
+    if (!xt || !ot || xt->ndim < 0 || xt->ndim != ot->ndim) continue;
+    if (xt->dtype != KEEL_DTYPE_F32 && xt->dtype != KEEL_DTYPE_UNDEFINED) continue;
+    m.scale = static_cast<float>(m.scale * (div ? 1.0 / *c : *c));
+    chain.push_back(*pre);
+    *operand = x;
+  }
   std::string s_out = gv.output(softmax, 0);
   auto mm2 = sole_consumer(gv, s_out, "MatMul");
   if (!mm2 || gv.input(*mm2, 0) != s_out) return std::nullopt;

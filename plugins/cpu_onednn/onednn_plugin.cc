@@ -15,6 +15,7 @@
 #include <exception>
 #include <sstream>
 
+#include "onednn_attention.h"
 #include "onednn_common.h"
 
 namespace keel::onednn {
@@ -151,7 +152,8 @@ Dims shape_key(const Ctx& c) {
 
 namespace {
 
-// The f32 kernels of onednn_conv.cc, onednn_matmul.cc and onednn_misc.cc as one registration table (filled by init).
+// The f32 kernels of onednn_conv.cc, onednn_matmul.cc, onednn_misc.cc and onednn_attention_kernel.cc as one
+// registration table (filled by init).
 std::vector<TypedKernelInfo>& f32_kernels() {
   static std::vector<TypedKernelInfo> v;
   return v;
@@ -231,7 +233,7 @@ keel_status_t onednn_init(const keel_host_api_t* host, keel_plugin_handle_t* plu
   }
   auto& kernels = f32_kernels();
   kernels.clear();
-  for (auto* list : {&conv_kernels, &matmul_kernels, &misc_kernels})
+  for (auto* list : {&conv_kernels, &matmul_kernels, &misc_kernels, &attention_kernels})
     for (const auto& k : list())
       kernels.push_back({k.domain, k.op_type, k.since_version, k.name, {KEEL_DTYPE_F32}, k.make, k.end_version});
   if (keel_status_t st = register_kernel_table(host, plugin, kernels, false)) return st;

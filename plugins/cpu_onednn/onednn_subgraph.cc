@@ -53,6 +53,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "onednn_attention.h"
 #include "onednn_common.h"
 #include "onednn_conv_pick.h"
 #include "onednn_convpool.h"
@@ -284,6 +285,20 @@ void run_from_phases(const Exec& e) {
   const dnnl::memory &p = e.args.at(DNNL_ARG_SRC), &x = e.args.at(DNNL_ARG_DST);
   phases_to_space16(static_cast<const float*>(p.get_data_handle()), static_cast<float*>(x.get_data_handle()),
                     phase_shape(x, p), e.single ? 1 : omp_get_max_threads());
+}
+
+// Exec::own of keel.Attention (Builder::attention, onednn_attention.h): DNNL_ARG_SRC_0..2 Q, Kt, V and SRC_3 the
+// mask (when the shape has one), DST Y, each bound at its view's first element; SCRATCHPAD room for the team;
+// the AttentionShape in params.
+void run_attention(const Exec& e) {
+  const auto& s = *static_cast<const AttentionShape*>(e.params.get());
+  auto ptr = [&](int arg) { return static_cast<float*>(e.args.at(arg).get_data_handle()); };
+  const dnnl::memory& scratch = e.args.at(DNNL_ARG_SCRATCHPAD);
+  const int room = static_cast<int>(scratch.get_desc().get_size() / sizeof(float) / attention_scratch_floats(s));
+  const int team = std::max(1, std::min(e.single ? 1 : omp_get_max_threads(), room));
+  attention_run(s, ptr(DNNL_ARG_SRC_0), ptr(DNNL_ARG_SRC_1), ptr(DNNL_ARG_SRC_2),
+                s.has_mask ? ptr(DNNL_ARG_SRC_3) : nullptr, ptr(DNNL_ARG_DST),
+                static_cast<float*>(scratch.get_data_handle()), team);
 }
 
 void run_step(const Exec& e, dnnl::stream& s) {
@@ -653,6 +668,7 @@ class Builder {
   void concat(size_t i);
   void batchnorm(size_t i);
   void softmax(size_t i);
+  void attention(size_t i);
   void layernorm(size_t i, const std::string& x, const std::string& out, const ConstT* scale, const ConstT* shift,
                  float eps);
   bool layernorm_pattern(size_t i);
@@ -772,6 +788,7 @@ std::unique_ptr<Plan> Builder::build() {
       else if (op == "Concat") concat(i);
       else if (op == "BatchNormalization") batchnorm(i);
       else if (op == "Softmax") softmax(i);
+      else if (op == "Attention") attention(i);
       else if (op == "LayerNormalization") {
         const ConstT* s = cst(n.in_at(1));
         const ConstT* b = n.in_at(2).empty() ? nullptr : cst(n.in_at(2));
@@ -2567,6 +2584,76 @@ void Builder::softmax(size_t i) {
   exec(dnnl::softmax_forward(pd), {{DNNL_ARG_SRC, sm}, {DNNL_ARG_DST, dm}});
 }
 
+// keel.Attention(Q, Kt, V, [mask]) as the chain's own step (onednn_attention.h): Q, Kt, V and the mask read where
+// they lie (strided views: the heads' Slice / Reshape / Transpose of the in-projection move nothing), the output
+// written straight into the layout of a Transpose that alone reads it (the heads joined again, as matmul() does);
+// the scores stay in each thread's cache. f32.
+void Builder::attention(size_t i) {
+  const NodeDesc& n = r_.nodes[i];
+  if (act_ != dt::f32) throw Reject{"keel.Attention in f32 only"};
+  if (n.in.size() < 3 || n.out.size() != 1) throw Reject{"keel.Attention needs Q, Kt, V and one output"};
+  const bool has_mask = !n.in_at(3).empty();
+  float scale = n.af("scale", 1.f);
+  Val v[4];
+  StridedView views[4];
+  for (int k = 0; k < (has_mask ? 4 : 3); ++k) {
+    v[k] = val(n.in[k]);
+    if (v[k].scale != 1.f) throw Reject{"scaled input"};
+    if (v[k].md.data_type() != dt::f32) throw Reject{"f32 only"};
+    if (!is_strided(v[k].md)) v[k] = as_plain(n.in[k]);
+    views[k] = {md_dims(v[k].md), md_strides(v[k].md)};
+  }
+  Dims y;
+  std::string why;
+  if (!attention_out_dims(views[0].dims, views[1].dims, views[2].dims, has_mask ? &views[3].dims : nullptr, &y, &why))
+    throw Reject{why};
+  // The output: plain, or transposed for a Transpose that alone reads it.
+  StridedView out{y, dense_strides(y)};
+  std::string out_name = n.out[0];
+  size_t tr = sole_user(n.out[0]);
+  if (tr != npos) {
+    const NodeDesc& t = r_.nodes[tr];
+    Dims perm = t.ais("perm", {});
+    if (perm.empty())
+      for (size_t k = y.size(); k-- > 0;) perm.push_back(static_cast<int64_t>(k));
+    bool ok = t.op == "Transpose" && t.out.size() == 1 && perm.size() == y.size();
+    std::vector<bool> seen(y.size(), false);
+    for (size_t k = 0; ok && k < perm.size(); ++k) {
+      ok = perm[k] >= 0 && perm[k] < static_cast<int64_t>(y.size()) && !seen[perm[k]];
+      if (ok) seen[perm[k]] = true;
+    }
+    if (ok) {
+      Dims yt(y.size());
+      for (size_t k = 0; k < y.size(); ++k) yt[k] = y[perm[k]];
+      const Dims st = dense_strides(yt);
+      for (size_t k = 0; k < y.size(); ++k) out.strides[perm[k]] = st[k];
+      out_name = t.out[0];
+      y = yt;
+    } else {
+      tr = npos;
+    }
+  }
+  AttentionShape s = attention_plan(views[0], views[1], views[2], has_mask ? &views[3] : nullptr, out, scale,
+                                    std::max(1, p_->threads));
+  Exec e;
+  const int args[4] = {DNNL_ARG_SRC_0, DNNL_ARG_SRC_1, DNNL_ARG_SRC_2, DNNL_ARG_SRC_3};
+  for (int k = 0; k < (has_mask ? 4 : 3); ++k) e.args[args[k]] = mem_of(v[k]);
+  const int64_t scratch = static_cast<int64_t>(attention_scratch_floats(s)) * std::max(1, p_->threads);
+  e.args[DNNL_ARG_SCRATCHPAD] = mem_at(md_t({scratch}, dt::f32, tag::a), new_buf(scratch * sizeof(float)), 0);
+  Val& o = define(out_name, plain_md(y));
+  e.args[DNNL_ARG_DST] = mem_at(strided_md(out.dims, out.strides), o.buf, o.off);
+  e.own = run_attention;
+  e.own_kind = "attention";
+  const double flops = 2.0 * static_cast<double>(s.batches * s.S * s.T * (s.D + s.Dv));
+  e.params = std::make_shared<const AttentionShape>(std::move(s));
+  p_->flops += flops;
+  exec_own(std::move(e), has_avx512f() ? "keel:attention_avx512" : "keel:attention_scalar", false,
+           n.name + " Q " + dims_str(views[0].dims) + " Kt " + dims_str(views[1].dims) + " V " +
+               dims_str(views[2].dims) + (has_mask ? " mask " + dims_str(views[3].dims) : "") + " -> " +
+               dims_str(y) + (tr != npos ? " (transposed)" : ""));
+  if (tr != npos) done_[tr] = true;
+}
+
 void Builder::layernorm(size_t i, const std::string& x, const std::string& out, const ConstT* scale,
                         const ConstT* shift, float eps) {
   (void)i;
@@ -2705,6 +2792,17 @@ void Builder::reshape_like(size_t i) {
   const Val& v = val(n.in[0]);
   if (v.scale != 1.f) throw Reject{"scaled input"};
   if (flatten_into_gemm(i, x, y)) return;
+  // A strided view (a q/k/v slice of an in-projection) reshaped as a view where its strides allow (the heads' split
+  // for keel.Attention or a MatMul to read where the projection wrote them); else to plain memory first.
+  Dims ys;
+  if (is_strided(v.md) && !is_plain_dense(v.md) && reshape_strides(x, md_strides(v.md), y, &ys)) {
+    Val o = v;
+    o.md = strided_md(y, ys, v.md.data_type());
+    if (is_plain_dense(o.md)) o.md = plain_md(y, v.md.data_type());
+    p_->bufs[o.buf].values++;
+    vals_[n.out[0]] = o;
+    return;
+  }
   Val pv = as_plain(n.in[0]);
   Val o = pv;
   o.md = plain_md(y);
@@ -3289,14 +3387,16 @@ const std::set<std::string>& compute_ops() {
       "Conv", "ConvTranspose", "BatchNormalization", "Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "Add", "Sub",
       "Mul", "Div", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Concat", "MatMul", "Gemm", "Softmax",
       "LayerNormalization", "Transpose", "Slice", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity",
-      "Dropout", "ReduceMean", "Pow", "Sqrt", "Gelu", "Cast", "Pad", "HardSwish", "HardSigmoid", "Resize"};
+      "Dropout", "ReduceMean", "Pow", "Sqrt", "Gelu", "Cast", "Pad", "HardSwish", "HardSigmoid", "Resize",
+      "Attention"};
   return s;
 }
-// ai.onnx nodes, and the keel ops (ops/schemas.cc) that mean what their ai.onnx namesakes mean: keel.Gelu is Gelu-20,
-// keel.LayerNormalization is LayerNormalization-17 for older opsets (what fuse_gelu / fuse_layer_norm produce).
+// ai.onnx nodes (but "Attention", which only keel.Attention is here), and the keel ops (ops/schemas.cc) that mean
+// what their ai.onnx namesakes mean: keel.Gelu is Gelu-20, keel.LayerNormalization is LayerNormalization-17 for
+// older opsets (what fuse_gelu / fuse_layer_norm produce); and keel.Attention (fuse_attention's; Builder::attention).
 bool claimable_domain(const char* domain, const std::string& op) {
-  if (domain == nullptr || *domain == 0) return true;
-  return std::strcmp(domain, "keel") == 0 && (op == "Gelu" || op == "LayerNormalization");
+  if (domain == nullptr || *domain == 0) return op != "Attention";
+  return std::strcmp(domain, "keel") == 0 && (op == "Gelu" || op == "LayerNormalization" || op == "Attention");
 }
 // Ops that only move or view data: a claim needs real work besides them.
 bool is_view_op(const std::string& op) {

@@ -2322,6 +2322,117 @@ void add_bf16_inference_cases(std::vector<OpCase>& v) {  // also Conv/MatMul/Gem
   }
 }
 
+// keel.Attention (fuse_attention's op: softmax(Q @ Kt * scale + mask) @ V): heads 1..16, head dims 32/64/80, sequences
+// of 1, 7, 128 and 197 (ViT's), masks of every broadcast form (key padding with -inf, a causal mask, a row masked
+// entirely), batches > 1 and broadcast batch dimensions; then as a claimed chain reads it, Q/K/V strided views of one
+// in-projection (Slice, Reshape, Transpose) and its output written into the Transpose that joins the heads.
+void add_attention_cases(std::vector<OpCase>& v) {
+  const float inf = std::numeric_limits<float>::infinity();
+  auto attn = [&](std::string label, std::vector<InputSpec> ins, float scale) {
+    OpCase c;
+    c.op = "Attention";
+    c.domain = "keel";
+    c.opset = 1;
+    c.label = std::move(label);
+    c.inputs = std::move(ins);
+    c.attrs = {{"scale", F(scale)}};
+    v.push_back(c);
+  };
+  const int64_t heads[] = {1, 4, 16};
+  int k = 0;
+  for (int64_t D : {32, 64, 80})
+    for (int64_t S : {1, 7, 128, 197}) {
+      const int64_t H = heads[k++ % 3];
+      if (H * S * S * D > 16 * 128 * 128 * 64) continue;  // the reference kernel's time
+      attn("H=" + std::to_string(H) + " S=" + std::to_string(S) + " D=" + std::to_string(D),
+           {in("Q", {H, S, D}, false, -2, 2), in("Kt", {H, D, S}, false, -2, 2), in("V", {H, S, D})},
+           1.f / std::sqrt(static_cast<float>(D)));
+    }
+  attn("B=2 H=4 S=7 T=33 D=64 Dv=80 mask [S,T] constant", {in("Q", {2, 4, 7, 64}), in("Kt", {2, 4, 64, 33}),
+       in("V", {2, 4, 33, 80}), in("mask", {7, 33}, true, -4, 0)}, 0.125f);
+  {
+    // Key padding: batch entry 1's last 5 keys masked with -inf ([B,1,1,T]).
+    InputSpec m = in("mask", {2, 1, 1, 19}, false);
+    m.values.assign(38, 0.f);
+    for (int t = 14; t < 19; ++t) m.values[19 + t] = -inf;
+    attn("B=2 H=3 S=19 D=32 key-padding mask [B,1,1,T] -inf",
+         {in("Q", {2, 3, 19, 32}, false, -2, 2), in("Kt", {2, 3, 32, 19}, false, -2, 2), in("V", {2, 3, 19, 32}), m},
+         0.2f);
+  }
+  {
+    // Causal ([S,S], -inf above the diagonal) over 4 heads of 64, S = 37.
+    const int64_t S = 37;
+    InputSpec m = in("mask", {S, S}, true);
+    for (int64_t i = 0; i < S; ++i)
+      for (int64_t j = 0; j < S; ++j) m.values.push_back(j > i ? -inf : 0.f);
+    attn("H=4 S=37 D=64 causal mask", {in("Q", {4, S, 64}, false, -2, 2), in("Kt", {4, 64, S}, false, -2, 2),
+         in("V", {4, S, 64}), m}, 0.125f);
+  }
+  {
+    // A row masked entirely (gives 0) and a mask that varies per head ([B,H,S,T]).
+    InputSpec m = in("mask", {1, 2, 5, 9}, false, -3, 3);
+    m.values.resize(90);
+    for (int64_t i = 0; i < 90; ++i) m.values[i] = static_cast<float>((i * 7) % 11) * 0.5f - 2.f;
+    for (int t = 0; t < 9; ++t) m.values[9 * 3 + t] = -inf;
+    attn("B=1 H=2 S=5 T=9 D=16 mask [B,H,S,T] with a fully masked row",
+         {in("Q", {1, 2, 5, 16}), in("Kt", {1, 2, 16, 9}), in("V", {1, 2, 9, 24}), m}, 1.f);
+  }
+  attn("broadcast batch Q [2,1,7,32] Kt [1,3,32,9] V [3,9,16] mask [9]",
+       {in("Q", {2, 1, 7, 32}), in("Kt", {1, 3, 32, 9}), in("V", {3, 9, 16}), in("mask", {9}, false, -2, 0)}, 0.5f);
+  attn("2-D S=1 T=300 D=80 (one query)", {in("Q", {1, 80}), in("Kt", {80, 300}), in("V", {300, 80})}, 0.11f);
+
+  // As the fusion passes leave a torch encoder's self-attention (opset 13): in-projection, q/k/v slices, the heads'
+  // Reshape/Transpose (views in a chain), keel.Attention, the Transpose and Reshape joining the heads, out-projection.
+  auto i64 = [](std::vector<int64_t> vals) {
+    Tensor t = Tensor::host(DType::kI64, {static_cast<int64_t>(vals.size())}).value();
+    std::copy(vals.begin(), vals.end(), t.data<int64_t>());
+    return t;
+  };
+  struct L { int64_t S, H, Dh, B; bool mask; };
+  for (const L& l : {L{128, 4, 64, 1, false}, L{197, 12, 64, 1, false}, L{7, 16, 32, 1, true}, L{33, 2, 80, 2, true}}) {
+    const int64_t E = l.H * l.Dh;
+    OpCase c;
+    c.op = "Chain";
+    c.opset = 13;
+    c.claim_whole = true;
+    c.label = "self-attention via keel.Attention S=" + std::to_string(l.S) + " heads=" + std::to_string(l.H) +
+              " Dh=" + std::to_string(l.Dh) + " batch=" + std::to_string(l.B) + (l.mask ? " key-padding mask" : "");
+    c.inputs = {in("X", {l.S, l.B, E}),      in("W", {E, 3 * E}, true, -0.2f, 0.2f), in("Bi", {3 * E}, true),
+                in("s0", {1}, true),         in("s1", {1}, true), in("s2", {1}, true), in("s3", {1}, true),
+                in("ax", {1}, true),         in("shp", {3}, true), in("shp2", {3}, true),
+                in("WO", {E, E}, true, -0.2f, 0.2f)};
+    c.int64_constants = {{3, i64({0})}, {4, i64({E})}, {5, i64({2 * E})}, {6, i64({3 * E})}, {7, i64({-1})},
+                         {8, i64({l.S, l.B * l.H, l.Dh})}, {9, i64({l.S, l.B, E})}};
+    auto perm = [](std::vector<int64_t> p) { return std::map<std::string, Attribute>{{"perm", Is(std::move(p))}}; };
+    std::vector<std::string> ains = {"$7", "$8", "$10"};
+    if (l.mask) {
+      InputSpec m = in("M", {l.B * l.H, 1, l.S}, true);
+      for (int64_t b = 0; b < l.B * l.H; ++b)
+        for (int64_t t = 0; t < l.S; ++t) m.values.push_back(t >= l.S - 2 && b % 2 == 1 ? -inf : 0.f);
+      c.inputs.push_back(m);
+      ains.push_back("M");
+    }
+    c.chain = {
+        {"MatMul", {"X", "W"}, {}},                        // $0 [S,B,3E]
+        {"Add", {"Bi", "$0"}, {}},                         // $1
+        {"Slice", {"$1", "s0", "s1", "ax"}, {}},           // $2 q
+        {"Slice", {"$1", "s1", "s2", "ax"}, {}},           // $3 k
+        {"Slice", {"$1", "s2", "s3", "ax"}, {}},           // $4 v
+        {"Reshape", {"$2", "shp"}, {}},                    // $5 [S,B*H,Dh]
+        {"Reshape", {"$3", "shp"}, {}},                    // $6
+        {"Transpose", {"$5"}, perm({1, 0, 2})},            // $7 q [B*H,S,Dh]
+        {"Transpose", {"$6"}, perm({1, 2, 0})},            // $8 kT [B*H,Dh,S]
+        {"Reshape", {"$4", "shp"}, {}},                    // $9
+        {"Transpose", {"$9"}, perm({1, 0, 2})},            // $10 v [B*H,S,Dh]
+    };
+    c.chain.push_back({"keel.Attention", ains, {{"scale", F(1.f / std::sqrt(static_cast<float>(l.Dh)))}}});  // $11
+    c.chain.push_back({"Transpose", {"$11"}, perm({1, 0, 2})});  // $12 [S,B*H,Dh]
+    c.chain.push_back({"Reshape", {"$12", "shp2"}, {}});         // $13 [S,B,E]
+    c.chain.push_back({"MatMul", {"$13", "WO"}, {}});            // $14
+    v.push_back(c);
+  }
+}
+
 std::vector<OpCase> make_cases() {
   std::vector<OpCase> v;
   add_conv_cases(v);
@@ -2339,6 +2450,7 @@ std::vector<OpCase> make_cases() {
   add_bf16_chain_cases(v);
   add_bf16_inference_cases(v);  // before the GPU cases: bf16 copies of the f32 tables above only
   add_fused_and_half_cases(v);
+  add_attention_cases(v);
   return v;
 }
 
