@@ -424,6 +424,51 @@ TEST(FuseAttention, ScaledDotProductBecomesKeelAttention) {
   EXPECT_EQ(g.node_count(), 2u) << "Transpose + Attention";
 }
 
+// torch's export of nn.MultiheadAttention: q scaled (Div by sqrt(d)) before q @ k^T; another export scales k by a
+// Mul. Both factors go into the scale attribute and their nodes away.
+Graph prescaled_attention() {
+  GraphBuilder b("attn_prescaled", 13);
+  auto q = b.input("q", DType::kF32, {4, 7, 8});
+  auto k = b.input("k", DType::kF32, {4, 7, 8});
+  auto v = b.input("v", DType::kF32, {4, 7, 8});
+  auto qs = b.op1("Div", {q, b.constant("eight", Tensor::f32({}, {std::sqrt(8.f)}))});
+  auto kt = b.op1("Transpose", {k}, {{"perm", Attribute::of_ints({0, 2, 1})}});
+  auto ks = b.op1("Mul", {b.constant("half", Tensor::f32({}, {0.5f})), kt});
+  auto p = b.op1("Softmax", {b.op1("MatMul", {qs, ks})}, {{"axis", Attribute::of_int(-1)}});
+  b.output(b.op1("MatMul", {p, v}));
+  return b.take();
+}
+
+TEST(FuseAttention, ScalesOfQueryAndKeyFoldIntoTheAttention) {
+  Feeds feeds = {{"q", randn({4, 7, 8}, 40, -3, 3)}, {"k", randn({4, 7, 8}, 41, -3, 3)}, {"v", randn({4, 7, 8}, 42)}};
+  Graph g = check_pipeline(prescaled_attention(), "fuse_attention", feeds, 1e-5f);
+  EXPECT_EQ(count_op(g, "Attention", "keel"), 1u);
+  EXPECT_EQ(g.node_count(), 2u) << "Transpose + Attention";
+  for (NodeId id : g.node_ids()) {
+    const Node* n = g.node(id);
+    if (n->op_type != "Attention") continue;
+    auto it = n->attrs.find("scale");
+    ASSERT_NE(it, n->attrs.end());
+    EXPECT_NEAR(it->second.f, 0.5f / std::sqrt(8.f), 1e-6f);
+  }
+}
+
+// Without any_kernel the rule holds: keel.Attention where its best cpu kernel ranks at least as high as MatMul's
+// (the oneDNN plugin's, when it is loaded), else the nodes stay.
+TEST(FuseAttention, FiresWhereTheDeviceRanksItsKernelAsHighAsMatMul) {
+  const int32_t fused = best_priority("keel", "Attention", 1), mm = best_priority("", "MatMul", 13);
+  Graph g = prescaled_attention();
+  auto reports = run_passes(g, std::vector<PassSpec>{PassSpec{"fuse_attention", {}}});
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(count_op(g, "Attention", "keel"), fused >= mm ? 1u : 0u)
+      << "keel.Attention priority " << fused << ", MatMul " << mm;
+  if (fused < mm) {
+    bool noted = false;
+    for (const auto& n : reports[0].notes) noted = noted || n.find("ranks below") != std::string::npos;
+    EXPECT_TRUE(noted);
+  }
+}
+
 // ------------------------------------------------------------------------------------------------ pipelines
 
 TEST(Pipeline, DefaultPipelineInASessionGivesTheSameOutputs) {
