@@ -18,6 +18,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 
@@ -430,12 +431,19 @@ Scratch carve(const AttentionShape& s, float* base) {
   return c;
 }
 
+// Which batch entry's Kt and V a thread's scratch holds packed (by their offsets; -1: none), kept over the tasks
+// one thread runs in one call of attention_run.
+struct Packed {
+  int64_t k = -1, v = -1;
+};
+
 void tasks_avx512(const AttentionShape& s, const float* q, const float* kt, const float* v, const float* mask,
-                  float* y, int64_t begin, int64_t end, float* scratch) {
+                  float* y, int64_t begin, int64_t end, float* scratch, Packed& packed) {
   const int64_t Tp = round16(s.T), nblk = (s.S + s.rows - 1) / s.rows;
   const Scratch sc = carve(s, scratch);
   const bool packk = s.k_col != 1, packv = s.v_col != 1, copym = mask_copied(s);
-  int64_t k_packed = -1, v_packed = -1;
+  int64_t& k_packed = packed.k;
+  int64_t& v_packed = packed.v;
   for (int64_t task = begin; task < end; ++task) {
     const int64_t b = task / nblk, i0 = (task % nblk) * s.rows, R = std::min(s.rows, s.S - i0);
     const size_t bi = static_cast<size_t>(b);
@@ -625,7 +633,8 @@ size_t attention_scratch_floats(const AttentionShape& s) {
 
 void attention_tasks(const AttentionShape& s, const float* q, const float* kt, const float* v, const float* mask,
                      float* y, int64_t begin, int64_t end, float* scratch) {
-  if (has_avx512f()) tasks_avx512(s, q, kt, v, mask, y, begin, end, scratch);
+  Packed packed;
+  if (has_avx512f()) tasks_avx512(s, q, kt, v, mask, y, begin, end, scratch, packed);
   else tasks_scalar_impl(s, q, kt, v, mask, y, begin, end, scratch);
 }
 
@@ -639,9 +648,51 @@ void attention_run(const AttentionShape& s, const float* q, const float* kt, con
   const size_t per = attention_scratch_floats(s);
   const int64_t tasks = s.tasks();
   team = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(team, tasks)));
-  split_over_team(tasks, team, [&](int64_t t, int64_t b, int64_t e) {
-    if (b < e) attention_tasks(s, q, kt, v, mask, y, b, e, scratch + static_cast<size_t>(t) * per);
-  });
+  if (team <= 1 || !has_avx512f()) {
+    split_over_team(tasks, team, [&](int64_t t, int64_t b, int64_t e) {
+      if (b < e) attention_tasks(s, q, kt, v, mask, y, b, e, scratch + static_cast<size_t>(t) * per);
+    });
+    return;
+  }
+  // Each thread takes tasks from the front of its own contiguous range (batch entry major: it packs each Kt once),
+  // then from the back of the range with the most left: a thread slowed down (a busy core) holds no one up.
+  // A range is (next, end) in one atomic word.
+  struct alignas(64) Range {
+    std::atomic<uint64_t> v;
+  };
+  std::vector<Range> ranges(static_cast<size_t>(team));
+  for (int t = 0; t < team; ++t)
+    ranges[static_cast<size_t>(t)].v.store(static_cast<uint64_t>(tasks * t / team) << 32 |
+                                           static_cast<uint64_t>(tasks * (t + 1) / team));
+  auto take = [](Range& r, bool front) -> int64_t {
+    uint64_t cur = r.v.load(std::memory_order_relaxed);
+    for (;;) {
+      const uint64_t b = cur >> 32, e = cur & 0xffffffffu;
+      if (b >= e) return -1;
+      const uint64_t next = front ? (b + 1) << 32 | e : b << 32 | (e - 1);
+      if (r.v.compare_exchange_weak(cur, next, std::memory_order_relaxed)) return static_cast<int64_t>(front ? b : e - 1);
+    }
+  };
+#pragma omp parallel num_threads(team)
+  {
+    const int t = omp_get_thread_num();
+    float* mine = scratch + static_cast<size_t>(t) * per;
+    Packed packed;
+    for (int64_t task; (task = take(ranges[static_cast<size_t>(t)], true)) >= 0;)
+      tasks_avx512(s, q, kt, v, mask, y, task, task + 1, mine, packed);
+    for (;;) {  // (also the ranges of threads the runtime did not start)
+      size_t victim = 0;
+      uint64_t most = 0;
+      for (size_t r = 0; r < ranges.size(); ++r) {
+        const uint64_t cur = ranges[r].v.load(std::memory_order_relaxed);
+        const uint64_t b = cur >> 32, e = cur & 0xffffffffu;
+        if (e > b && e - b > most) most = e - b, victim = r;
+      }
+      if (most == 0) break;
+      const int64_t task = take(ranges[victim], false);
+      if (task >= 0) tasks_avx512(s, q, kt, v, mask, y, task, task + 1, mine, packed);
+    }
+  }
 }
 
 void attention_reference(const AttentionShape& s, const float* q, const float* kt, const float* v,
