@@ -307,6 +307,14 @@ PvFn pv_fn(int mr, int nv) {
 // Rows per register tile for NV vectors of columns: 24 accumulators at most (of 32 registers).
 int tile_rows(int nv) { return nv >= 3 ? 6 : 8; }
 
+// The height of the next register tile with `left` rows to go and tiles of `mr`: mr, except that a short last tile
+// (few rows: loads outnumber FMAs) is avoided by splitting the last mr + rest rows into two even tiles.
+int64_t tile_height(int64_t left, int mr) {
+  if (left <= mr) return left;
+  if (left < 2 * mr && left % mr != 0 && left % mr < mr / 2 + 1) return (left + 1) / 2;
+  return mr;
+}
+
 // One row of scaled, masked scores x (T of them, at s) with their maximum's 16 partial maxima at mx16: e = exp(x -
 // max) in place; returns 1 / sum e, or 0 (the row zeroed) when every x is -inf.
 __attribute__((target("avx512f"))) float softmax_row_avx512(float* s, int64_t T, const float* mx16) {
@@ -475,9 +483,9 @@ void tasks_avx512(const AttentionShape& s, const float* q, const float* kt, cons
       const int nv = static_cast<int>(std::min<int64_t>(4, (s.T - t0 + 15) / 16));
       const __mmask16 last = tail_mask(s.T - t0 - 16 * (nv - 1));
       const int mr = tile_rows(nv);
-      for (int64_t r0 = 0; r0 < R; r0 += mr) {
-        const int m = static_cast<int>(std::min<int64_t>(mr, R - r0));
-        qk_fn(m, nv)(qb + r0 * s.q_row, s.q_row, s.q_col, kb + t0, ldk, s.D, last, s.scale,
+      for (int64_t r0 = 0, m; r0 < R; r0 += m) {
+        m = tile_height(R - r0, mr);
+        qk_fn(static_cast<int>(m), nv)(qb + r0 * s.q_row, s.q_row, s.q_col, kb + t0, ldk, s.D, last, s.scale,
                      mb ? mb + r0 * m_row + (m_vec ? t0 : 0) : nullptr, m_row, m_vec, sc.sb + r0 * Tp + t0, Tp,
                      sc.rmax + 16 * r0);
       }
@@ -490,9 +498,9 @@ void tasks_avx512(const AttentionShape& s, const float* q, const float* kt, cons
       const int nv = static_cast<int>(std::min<int64_t>(4, (s.Dv - e0 + 15) / 16));
       const __mmask16 last = tail_mask(s.Dv - e0 - 16 * (nv - 1));
       const int mr = tile_rows(nv);
-      for (int64_t r0 = 0; r0 < R; r0 += mr) {
-        const int m = static_cast<int>(std::min<int64_t>(mr, R - r0));
-        pv_fn(m, nv)(sc.sb + r0 * Tp, Tp, vb + e0, ldv, s.T, last, sc.inv + r0, yb + r0 * s.o_row + e0 * s.o_col,
+      for (int64_t r0 = 0, m; r0 < R; r0 += m) {
+        m = tile_height(R - r0, mr);
+        pv_fn(static_cast<int>(m), nv)(sc.sb + r0 * Tp, Tp, vb + e0, ldv, s.T, last, sc.inv + r0, yb + r0 * s.o_row + e0 * s.o_col,
                      s.o_row, s.o_col);
       }
     }

@@ -598,6 +598,16 @@ class Builder {
     return reads == 1 ? u[0] : npos;
   }
   static constexpr size_t npos = static_cast<size_t>(-1);
+  // Whether every reader of `v` is a keel.Attention, directly or through Transposes (and `v` stays in the claim).
+  bool read_by_attention_only(const std::string& v) {
+    if (escapes(v) || users(v).empty()) return false;
+    for (size_t u : users(v)) {
+      const NodeDesc& n = r_.nodes[u];
+      if (n.op == "Attention") continue;
+      if (n.op != "Transpose" || n.out.size() != 1 || !read_by_attention_only(n.out[0])) return false;
+    }
+    return true;
+  }
   // When `v` is read only by Sigmoid(v) and by Mul(v, that sigmoid) (the sigmoid read by nothing else): the Mul.
   size_t silu_after(const std::string& v) {
     if (escapes(v)) return npos;
@@ -2792,10 +2802,12 @@ void Builder::reshape_like(size_t i) {
   const Val& v = val(n.in[0]);
   if (v.scale != 1.f) throw Reject{"scaled input"};
   if (flatten_into_gemm(i, x, y)) return;
-  // A strided view (a q/k/v slice of an in-projection) reshaped as a view where its strides allow (the heads' split
-  // for keel.Attention or a MatMul to read where the projection wrote them); else to plain memory first.
+  // A strided view (a q/k/v slice of an in-projection) read only by keel.Attention (through Transposes) is
+  // reshaped as a view where its strides allow: the heads' split moves nothing. (Not for MatMul readers: oneDNN's
+  // batched matmul over such views ran slower at 1 thread than the reorder plus the plain product.)
   Dims ys;
-  if (is_strided(v.md) && !is_plain_dense(v.md) && reshape_strides(x, md_strides(v.md), y, &ys)) {
+  if (is_strided(v.md) && !is_plain_dense(v.md) && read_by_attention_only(n.out[0]) &&
+      reshape_strides(x, md_strides(v.md), y, &ys)) {
     Val o = v;
     o.md = strided_md(y, ys, v.md.data_type());
     if (is_plain_dense(o.md)) o.md = plain_md(y, v.md.data_type());
