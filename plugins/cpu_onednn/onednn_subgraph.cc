@@ -33,6 +33,7 @@
 // LayerNormalization (last axis; ai.onnx 17, keel.LayerNormalization, or the decomposed pattern), Transpose, Slice
 // (step 1), Reshape, Flatten, Squeeze, Unsqueeze, Identity, Cast (f32 <-> bf16), Pad (constant mode: all-zero pads
 // are a view; spatial pads are folded into the padding of the Conv/MaxPool/AveragePool reading them where exact).
+// keel.Attention (fuse_attention's) runs as an own step (onednn_attention.h) over strided views of Q, Kt, V.
 // 1-D convolutions and poolings run as 2-D ones over [N,C,1,L] (lift_1d rewrites the recipe at claim time); a
 // MatMul read only by a Transpose writes the transposed layout directly.
 #include <immintrin.h>
