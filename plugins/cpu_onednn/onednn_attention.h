@@ -22,7 +22,7 @@
 namespace keel::onednn {
 
 using Dims = std::vector<int64_t>;  // as onednn_common.h's
-struct KernelInfo;                   // onednn_common.h
+struct TypedKernelInfo;              // onednn_common.h
 
 // An operand: its dims and element strides (same rank; a stride may be anything, including 0).
 struct StridedView {
@@ -89,8 +89,8 @@ void attention_tasks_scalar(const AttentionShape& s, const float* q, const float
 void attention_reference(const AttentionShape& s, const float* q, const float* kt, const float* v,
                          const float* mask, float* y);
 
-// The keel.Attention kernel outside a chain (dense inputs; onednn_attention_kernel.cc), registered by
-// onednn_plugin.cc.
-std::vector<KernelInfo> attention_kernels();
+// The keel.Attention kernel outside a chain (dense inputs, f32 or bf16 computed in f32; onednn_attention_kernel.cc),
+// registered by onednn_plugin.cc (the table lives as long as the process).
+const std::vector<TypedKernelInfo>& attention_kernels();
 
 }  // namespace keel::onednn

@@ -152,8 +152,7 @@ Dims shape_key(const Ctx& c) {
 
 namespace {
 
-// The f32 kernels of onednn_conv.cc, onednn_matmul.cc, onednn_misc.cc and onednn_attention_kernel.cc as one
-// registration table (filled by init).
+// The f32 kernels of onednn_conv.cc, onednn_matmul.cc and onednn_misc.cc as one registration table (filled by init).
 std::vector<TypedKernelInfo>& f32_kernels() {
   static std::vector<TypedKernelInfo> v;
   return v;
@@ -233,10 +232,12 @@ keel_status_t onednn_init(const keel_host_api_t* host, keel_plugin_handle_t* plu
   }
   auto& kernels = f32_kernels();
   kernels.clear();
-  for (auto* list : {&conv_kernels, &matmul_kernels, &misc_kernels, &attention_kernels})
+  for (auto* list : {&conv_kernels, &matmul_kernels, &misc_kernels})
     for (const auto& k : list())
       kernels.push_back({k.domain, k.op_type, k.since_version, k.name, {KEEL_DTYPE_F32}, k.make, k.end_version});
   if (keel_status_t st = register_kernel_table(host, plugin, kernels, false)) return st;
+  // keel.Attention, f32 and bf16 (onednn_attention_kernel.cc).
+  if (keel_status_t st = register_kernel_table(host, plugin, attention_kernels(), false)) return st;
   if (keel_status_t st = register_int8_kernels(host, plugin)) return st;  // onednn_int8.cc: keel.QConv, keel.QGemm
   if (keel_status_t st = register_bf16_kernels(host, plugin)) return st;  // onednn_bf16.cc (before train's)
   if (keel_status_t st = register_train_kernels(host, plugin)) return st;
