@@ -706,6 +706,7 @@ class Builder {
   // --- int8 steps (keel.QConv / keel.QGemm; defined in the int8 section below)
   void qconv(size_t i);
   void qgemm(size_t i);
+  void qdq(size_t i);
   QNodeView qnode_view(const NodeDesc& n) const;
   Val quantized(const std::string& name, const QuantSetup& q, const md_t& want);
   dnnl::memory zero_point_mem(int32_t v);
@@ -832,6 +833,7 @@ std::unique_ptr<Plan> Builder::build() {
       else if (op == "Cast") cast(i);
       else if (op == "QConv") qconv(i);  // keel.QConv / keel.QGemm: the claim admits no ai.onnx op of these names
       else if (op == "QGemm") qgemm(i);
+      else if (op == "QuantizeLinear" || op == "DequantizeLinear") qdq(i);
       else throw Reject{"op " + op};
     } catch (const Reject& e) {
       throw NodeReject{i, e.why};
@@ -3264,6 +3266,47 @@ void Builder::qgemm(size_t i) {
   exec(dnnl::matmul(pd), std::move(args));
 }
 
+// QuantizeLinear / DequantizeLinear with a constant scalar scale and zero point (what fuse_qdq leaves of a QDQ
+// model: a QuantizeLinear several int8 nodes read, a DequantizeLinear in front of an fp32 reader), element-wise in
+// the layout their input has: the arithmetic of the standalone kernel (onednn_int8.cc's QdqKernel, a oneDNN
+// reorder; a QuantizeLinear on the plugin's own loop where quantized() takes it, the same rounding).
+void Builder::qdq(size_t i) {
+  const NodeDesc& n = r_.nodes[i];
+  const bool quant = n.op == "QuantizeLinear";
+  const ConstT* s = cst(n.in_at(1));
+  const ConstT* z = n.in_at(2).empty() ? nullptr : cst(n.in_at(2));
+  if (n.out.size() != 1 || !s || s->dtype != KEEL_DTYPE_F32 || s->count() != 1 || (!n.in_at(2).empty() && !z) ||
+      (z && z->count() != 1))
+    throw Reject{"a per-tensor constant scale and zero point only"};
+  const float scale = s->f32()[0];
+  if (!(scale > 0) || !std::isfinite(scale)) throw Reject{"scale must be positive"};
+  int32_t zero = 0, qtype = z ? z->dtype : KEEL_DTYPE_U8;
+  if (qtype == KEEL_DTYPE_U8 && z) zero = static_cast<uint8_t>(z->bytes[0]);
+  else if (qtype == KEEL_DTYPE_I8 && z) zero = static_cast<int8_t>(z->bytes[0]);
+  else if (qtype != KEEL_DTYPE_U8 && qtype != KEEL_DTYPE_I8) throw Reject{"zero point of another type than u8/s8"};
+  const Val xv = val(n.in[0]);
+  auto ot = r_.dtypes.find(n.out[0]);
+  if (quant) {
+    if (ot == r_.dtypes.end() || ot->second != qtype) throw Reject{"output type differs from the zero point's"};
+    QuantSetup q;
+    q.x_scale = scale, q.x_zero = zero, q.x_type = qtype;
+    Val v = quantized(n.in[0], q, with_dtype(xv.md, int8_dnnl_type(qtype)));
+    p_->bufs[v.buf].values++;  // the node's output is that value
+    vals_[n.out[0]] = v;
+    return;
+  }
+  if (xv.md.data_type() != int8_dnnl_type(qtype) || ot == r_.dtypes.end() || ot->second != KEEL_DTYPE_F32)
+    throw Reject{"u8/s8 -> f32 only, the zero point's type"};
+  dnnl::primitive_attr a;
+  a.set_output_scales(0, {scale});
+  if (zero != 0) a.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
+  Val& out = define(n.out[0], with_dtype(xv.md, dt::f32));
+  dnnl::reorder::primitive_desc pd(engine(), xv.md, engine(), out.md, a);
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_FROM, mem_of(xv)}, {DNNL_ARG_TO, mem_of(out)}};
+  if (zero != 0) args[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC] = zero_point_mem(zero);
+  exec(dnnl::reorder(pd), std::move(args));
+}
+
 // ------------------------------------------------------------------------------------------- the claim's state
 
 const char* kind_name(dnnl::primitive::kind k);
@@ -3573,12 +3616,15 @@ ConstT const_of(const keel_tensor_t* t) {
 // --- int8 nodes at claim time (Builder::qconv / qgemm)
 
 bool int8_op(const char* domain, const std::string& op) {
+  if (domain && *domain == 0) return op == "QuantizeLinear" || op == "DequantizeLinear";
   return domain && std::strcmp(domain, "keel") == 0 && (op == "QConv" || op == "QGemm");
 }
 
-// An int8 node the chain may take: static shapes, X and Y u8/s8/f32, a 2-D QConv with an f32 Z if any (the builder
-// checks the rest; what it cannot build stays on the standalone kernel).
-bool int8_candidate(const GraphScan& sc, keel_node_id_t n) {
+// An int8 node the chain may take: static shapes, X and Y u8/s8/f32, a 2-D QConv with an f32 Z if any; a
+// QuantizeLinear / DequantizeLinear of an activation (not of a constant: weights stay constants for the
+// convolutions reading them) with a constant scalar scale and zero point. The builder checks the rest; what it cannot
+// build stays on the standalone kernel. `is_const`: whether a value is an initializer or a folded constant.
+bool int8_candidate(const GraphScan& sc, keel_node_id_t n, const std::function<bool(const std::string&)>& is_const) {
   auto ins = sc.ins(n), outs = sc.outs(n);
   if (outs.size() != 1 || outs[0].empty() || ins.empty() || ins[0].empty()) return false;
   auto ok = [](int32_t t) { return t == KEEL_DTYPE_U8 || t == KEEL_DTYPE_I8 || t == KEEL_DTYPE_F32; };
@@ -3586,6 +3632,20 @@ bool int8_candidate(const GraphScan& sc, keel_node_id_t n) {
   Dims d;
   if (!sc.info(outs[0], &t, &d) || !ok(t) || numel(d) == 0) return false;
   if (!sc.info(ins[0], &t, &d) || !ok(t)) return false;
+  if (sc.op(n) == "QuantizeLinear" || sc.op(n) == "DequantizeLinear") {
+    if (is_const(ins[0]) || ins.size() < 2 || ins.size() > 3 || !is_const(ins[1])) return false;
+    if (ins.size() == 3 && !ins[2].empty() && !is_const(ins[2])) return false;
+    // Only next to an int8 node (a QuantizeLinear a QConv / QGemm reads, a DequantizeLinear of one's output): a QDQ
+    // graph run as it is (fuse_qdq off) keeps its fp32 chains as they were.
+    auto int8_node = [&](keel_node_id_t m) { return sc.op(m) == "QConv" || sc.op(m) == "QGemm"; };
+    if (sc.op(n) == "QuantizeLinear") {
+      for (auto u : sc.consumers(outs[0]))
+        if (int8_node(u)) return true;
+      return false;
+    }
+    keel_node_id_t p = 0;
+    return sc.producer(ins[0], &p) && int8_node(p);
+  }
   if (sc.op(n) == "QConv" && d.size() != 4) return false;
   if (ins.size() > 8 && !ins[8].empty() && (!sc.info(ins[8], &t, &d) || t != KEEL_DTYPE_F32)) return false;
   return true;
@@ -3891,7 +3951,8 @@ keel_status_t claim_chains(void*, const G* g, const keel_graph_api_t* api, keel_
     for (keel_node_id_t n : sc.order) {
       if (const_nodes.count(n)) continue;
       if (int8_op(api->node_domain(g, n), sc.op(n))) {  // int8 steps (Builder::qconv / qgemm)
-        if (int8_candidate(sc, n)) cand.insert(n);
+        if (int8_candidate(sc, n, [&](const std::string& v) { return is_init(v) || consts.count(v) > 0; }))
+          cand.insert(n);
         if (channels_last.empty()) channels_last = channels_last_values(sc);
         continue;
       }

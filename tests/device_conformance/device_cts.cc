@@ -2416,6 +2416,27 @@ void add_int8_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // What fuse_qdq leaves of QuantizeLinear / DequantizeLinear: a QuantizeLinear two QConvs read (not folded into
+    // either), DequantizeLinears of the QConvs' u8 outputs read by an f32 Add.
+    OpCase c;
+    c.op = "Chain";
+    c.label = "int8 QuantizeLinear read by two QConvs -> DequantizeLinear of each -> Add";
+    c.inputs = {in("X", {1, 20, 9, 11}, false, -2.f, 2.f)};
+    act_q(c, "x", 0.015f, 120);
+    layer(c, "a", 32, 20, 3, 0.003f);
+    act_q(c, "a", 0.04f, 5);
+    layer(c, "b", 32, 20, 1, 0.004f);
+    act_q(c, "b", 0.03f, -2, DType::kI8);
+    c.chain = {{"QuantizeLinear", {"X", "Sx", "Zx"}, {}},
+               qc({"$0", "Wa", "Ba", "Sx", "Zx", "WSa", "Sa", "Za"}, 3, 1, 1, "Relu"),
+               qc({"$0", "Wb", "Bb", "Sx", "Zx", "WSb", "Sb", "Zb"}, 1, 1, 1, ""),
+               {"DequantizeLinear", {"$1", "Sa", "Za"}, {}},
+               {"DequantizeLinear", {"$2", "Sb", "Zb"}, {}},
+               {"Add", {"$3", "$4"}, {}}};
+    c.claim_whole = true;
+    v.push_back(c);
+  }
+  {
     // ResNet's int8 basic block, batch 2: channels-last u8 bytes as the chain's input (input_layout NHWC), s8
     // activations with a zero point, a 3x3 stride 2, the downsampling 1x1 as the second 3x3's Z, MaxPool of the f32
     // output.
