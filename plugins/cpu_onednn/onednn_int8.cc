@@ -39,7 +39,7 @@
 
 namespace keel::onednn {
 
-// ------------------------------------------------------------------------------------------------ shared (onednn_int8.h)
+// ------------------------------------------------------------------------------------ shared (onednn_int8.h)
 
 dnnl::memory::data_type int8_dnnl_type(int32_t keel_dtype) {
   using dt = dnnl::memory::data_type;

@@ -35,6 +35,9 @@
 // are a view; spatial pads are folded into the padding of the Conv/MaxPool/AveragePool reading them where exact).
 // 1-D convolutions and poolings run as 2-D ones over [N,C,1,L] (lift_1d rewrites the recipe at claim time); a
 // MatMul read only by a Transpose writes the transposed layout directly.
+// INT8 (the section "int8 steps"): keel.QConv (2-D) and keel.QGemm, with the standalone kernels' set-up
+// (onednn_int8.h), and the per-tensor QuantizeLinear / DequantizeLinear next to them; u8/s8 values stay
+// channels-last between int8 steps, f32 ones are quantized straight from their producer's layout.
 #include <immintrin.h>
 #include <omp.h>
 #include <sys/mman.h>
@@ -965,8 +968,8 @@ void Builder::outputs() {
     // Retarget the producer's writes when the value is already plain (or channels-last, where the graph holds it so)
     // and lives alone in a workspace buffer.
     const md_t want = boundary_md(name, d, v.md.data_type());
-    if (v.scale == 1.f && (r_.channels_last.count(name) ? v.md == want : is_plain_dense(v.md)) && v.buf >= 0 && p_->bufs[v.buf].kind == BufKind::kWorkspace &&
-        p_->bufs[v.buf].values == 1 && v.off == 0) {
+    if (v.scale == 1.f && (r_.channels_last.count(name) ? v.md == want : is_plain_dense(v.md)) && v.buf >= 0 &&
+        p_->bufs[v.buf].kind == BufKind::kWorkspace && p_->bufs[v.buf].values == 1 && v.off == 0) {
       for (auto& bd : p_->binds)
         if (bd.buf == v.buf) bd.buf = ob;
       p_->bufs[ob].first = p_->bufs[v.buf].first;
@@ -3108,7 +3111,8 @@ QNodeView Builder::qnode_view(const NodeDesc& n) const {
 
 // A boundary value's layout: channels-last where the graph holds it so (an int8 region's value), else plain.
 md_t Builder::boundary_md(const std::string& name, const Dims& d, dt t) const {
-  if (r_.channels_last.count(name) && d.size() >= 3 && d.size() <= 5) return md_t(to_dnnl(d), t, channels_last_tag(d.size()));
+  if (r_.channels_last.count(name) && d.size() >= 3 && d.size() <= 5)
+    return md_t(to_dnnl(d), t, channels_last_tag(d.size()));
   return plain_md(d, t);
 }
 
@@ -3215,8 +3219,10 @@ void Builder::qconv(size_t i) {
     p_->owned.push_back(int8_bias_memory(q.bias, md_t({M}, dt::f32, tag::a)));
     args[DNNL_ARG_BIAS] = p_->owned.back();
   }
-  if (q.residual)
-    args[DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1] = mem_of(as_md(n.in[8], md_t(to_dnnl(y), dt::f32, tag::nhwc)));
+  if (q.residual) {
+    const Val zv = as_md(n.in[8], md_t(to_dnnl(y), dt::f32, tag::nhwc));
+    args[DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1] = mem_of(zv);
+  }
   if (q.x_zero != 0) args[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC] = zero_point_mem(q.x_zero);
   if (q.y_zero != 0) args[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST] = zero_point_mem(q.y_zero);
   Val& out = define(n.out[0], pd.dst_desc());
