@@ -35,11 +35,232 @@
 #include <omp.h>
 #include <sstream>
 
-#include "onednn_common.h"
-#include "onednn_int8_dw.h"
-#include "onednn_int8_quant.h"
+#include "onednn_int8.h"
 
 namespace keel::onednn {
+
+// ------------------------------------------------------------------------------------ shared (onednn_int8.h)
+
+dnnl::memory::data_type int8_dnnl_type(int32_t keel_dtype) {
+  using dt = dnnl::memory::data_type;
+  switch (keel_dtype) {
+    case KEEL_DTYPE_U8: return dt::u8;
+    case KEEL_DTYPE_I8: return dt::s8;
+    case KEEL_DTYPE_F32: return dt::f32;
+  }
+  throw Reject{"unsupported dtype " + std::to_string(keel_dtype)};
+}
+
+namespace {
+
+float view_scalar_f32(const QNodeView& c, int i, const char* what) {
+  if (!c.is_constant(i) || numel(c.dims(i)) != 1 || c.dtype(i) != KEEL_DTYPE_F32)
+    throw Reject{std::string(what) + " must be a constant f32 scalar"};
+  return c.data<float>(i)[0];
+}
+
+int32_t view_scalar_zp(const QNodeView& c, int i, const char* what) {
+  if (!c.has_input(i)) return 0;
+  if (!c.is_constant(i) || numel(c.dims(i)) != 1) throw Reject{std::string(what) + " must be a constant scalar"};
+  if (c.dtype(i) == KEEL_DTYPE_U8) return c.data<uint8_t>(i)[0];
+  if (c.dtype(i) == KEEL_DTYPE_I8) return c.data<int8_t>(i)[0];
+  throw Reject{std::string(what) + " must be u8 or s8"};
+}
+
+}  // namespace
+
+void QuantSetup::read(const QNodeView& c, int64_t channels) {
+  x_f32 = c.dtype(0) == KEEL_DTYPE_F32;
+  x_type = x_f32 ? (c.has_input(4) ? c.dtype(4) : KEEL_DTYPE_U8) : c.dtype(0);
+  if (x_type != KEEL_DTYPE_U8 && x_type != KEEL_DTYPE_I8) throw Reject{"X must be u8, s8 or f32"};
+  if (c.has_input(4) && c.dtype(4) != x_type) throw Reject{"x_zero_point's type differs from X's"};
+  if (c.dtype(1) != KEEL_DTYPE_I8 || !c.is_constant(1) || !c.dims_known(1)) throw Reject{"W must be a constant s8"};
+  x_scale = view_scalar_f32(c, 3, "x_scale");
+  if (x_f32 && !(x_scale > 0 && std::isfinite(x_scale))) throw Reject{"x_scale must be positive to quantize an f32 X"};
+  x_zero = view_scalar_zp(c, 4, "x_zero_point");
+  if (!c.is_constant(5) || c.dtype(5) != KEEL_DTYPE_F32) throw Reject{"w_scale must be a constant f32"};
+  const int64_t nws = numel(c.dims(5));
+  if (nws != 1 && nws != channels) throw Reject{"w_scale must be a scalar or per output channel"};
+  w_scale.assign(c.data<float>(5), c.data<float>(5) + nws);
+  if (c.has_input(6) != c.has_input(7)) throw Reject{"y_scale without y_zero_point"};
+  if (c.has_input(6)) {
+    y_scale = view_scalar_f32(c, 6, "y_scale");
+    y_zero = view_scalar_zp(c, 7, "y_zero_point");
+    y_type = c.dtype(7);
+    if (!(y_scale > 0)) throw Reject{"y_scale must be positive"};
+  }
+  if (c.out_dtype != y_type) throw Reject{"output dtype differs from y_zero_point's"};
+  if (c.has_input(2)) {
+    if (!c.is_constant(2) || c.dtype(2) != KEEL_DTYPE_F32 || numel(c.dims(2)) != channels)
+      throw Reject{"bias must be a constant f32 with one entry per output channel"};
+    const float* b = c.data<float>(2);
+    bias_f32.assign(b, b + channels);
+    bias.resize(static_cast<size_t>(channels));
+    for (int64_t m = 0; m < channels; ++m) {
+      const float s = x_scale * w_scale[nws == 1 ? 0 : m];
+      bias[static_cast<size_t>(m)] = s != 0 ? b[m] / s : 0.f;
+    }
+  }
+  act = c.activation;
+  if (act == "Clip") {
+    if (!c.has_activation_params || c.activation_params.size() != 2)
+      throw Reject{"Clip needs activation_params {min, max}"};
+    act_lo = c.activation_params[0];
+    act_hi = c.activation_params[1];
+  } else if (!act.empty() && act != "Relu") {
+    throw Reject{"activation " + act};
+  }
+}
+
+dnnl::primitive_attr QuantSetup::attr(int channel_dim, const dnnl::memory::desc& residual_md) const {
+  dnnl::primitive_attr a;
+  const bool quantized = y_type != KEEL_DTYPE_F32;
+  // Post-ops see y / out_div; with a residual the division by y_scale moves behind the addition.
+  const float out_div = quantized && !residual ? y_scale : 1.f;
+  std::vector<float> scales(w_scale.size());
+  for (size_t m = 0; m < w_scale.size(); ++m) scales[m] = x_scale * w_scale[m] / out_div;
+  a.set_output_scales(w_scale.size() == 1 ? 0 : (1 << channel_dim), scales);
+  if (x_zero != 0) a.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
+  if (y_zero != 0) a.set_zero_points(DNNL_ARG_DST, 0, {DNNL_RUNTIME_S32_VAL});
+  dnnl::post_ops po;
+  // Post-ops see the scaled value: y (f32 output, or any output with Z) or y / y_scale (quantized output).
+  if (residual) po.append_binary(dnnl::algorithm::binary_add, residual_md);
+  if (act == "Relu") po.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+  if (act == "Clip") po.append_eltwise(1.f, dnnl::algorithm::eltwise_clip, act_lo / out_div, act_hi / out_div);
+  if (residual && quantized) po.append_eltwise(1.f, dnnl::algorithm::eltwise_linear, 1.f / y_scale, 0.f);
+  a.set_post_ops(po);
+  return a;
+}
+
+void ZeroPoints::make(const QuantSetup& q) {
+  src = q.x_zero;
+  dst = q.y_zero;
+  dnnl::memory::desc md({1}, dnnl::memory::data_type::s32, dnnl::memory::format_tag::a);
+  if (src != 0) src_mem = dnnl::memory(md, engine(), &src);
+  if (dst != 0) dst_mem = dnnl::memory(md, engine(), &dst);
+}
+
+void ZeroPoints::add_to(std::unordered_map<int, dnnl::memory>& args) const {
+  if (src != 0) args[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC] = src_mem;
+  if (dst != 0) args[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST] = dst_mem;
+}
+
+void QConvGeom::read(const Dims& w, int64_t grp, const std::string& auto_pad, const Dims& s, const Dims& d,
+                     const Dims& p) {
+  w_dims = w;
+  rank = w.size();
+  if (rank < 3 || rank > 5) throw Reject{"rank"};
+  group = grp;
+  if (group <= 0) throw Reject{"group <= 0"};
+  if (auto_pad != "NOTSET" && auto_pad != "VALID" && !auto_pad.empty()) throw Reject{"auto_pad " + auto_pad};
+  const size_t r = rank - 2;
+  strides = s;
+  dilations = d;
+  pads = auto_pad == "VALID" ? Dims(2 * r, 0) : p;
+  if (strides.size() != r || dilations.size() != r || pads.size() != 2 * r) throw Reject{"attribute rank"};
+}
+
+Dims QConvGeom::out_dims(const Dims& x) const {
+  if (x.size() != rank) throw Reject{"input rank changed"};
+  const size_t r = rank - 2;
+  const int64_t C = x[1], M = w_dims[0];
+  if (C != w_dims[1] * group || M % group != 0) throw Reject{"channels do not match the weights and group"};
+  Dims y{x[0], M};
+  for (size_t i = 0; i < r; ++i) {
+    const int64_t eff = (w_dims[2 + i] - 1) * dilations[i] + 1;
+    const int64_t span = x[2 + i] + pads[i] + pads[i + r] - eff;
+    if (span < 0 || strides[i] <= 0 || dilations[i] <= 0) throw Reject{"geometry"};
+    y.push_back(span / strides[i] + 1);
+  }
+  if (numel(y) == 0) throw Reject{"empty output"};
+  return y;
+}
+
+Dims QConvGeom::dnnl_weight_dims(int64_t C) const {
+  const int64_t M = w_dims[0];
+  Dims wei = group > 1 ? Dims{group, M / group, C / group} : Dims{M, C};
+  for (size_t i = 2; i < rank; ++i) wei.push_back(w_dims[i]);
+  return wei;
+}
+
+dnnl::memory::format_tag QConvGeom::plain_weight_tag() const {
+  using tag = dnnl::memory::format_tag;
+  static const tag wtag[2][3] = {{tag::oiw, tag::oihw, tag::oidhw}, {tag::goiw, tag::goihw, tag::goidhw}};
+  return wtag[group > 1][rank - 3];
+}
+
+dnnl::convolution_forward::primitive_desc qconv_primitive_desc(const QuantSetup& q, const QConvGeom& g, const Dims& x,
+                                                               const Dims& y, dnnl::memory::format_tag dst_tag) {
+  using dt = dnnl::memory::data_type;
+  using tag = dnnl::memory::format_tag;
+  const size_t r = g.rank - 2;
+  static const tag last[3] = {tag::nwc, tag::nhwc, tag::ndhwc};
+  Dims dil(r);
+  for (size_t i = 0; i < r; ++i) dil[i] = g.dilations[i] - 1;
+  const dt xt = int8_dnnl_type(q.x_type), yt = int8_dnnl_type(q.y_type);
+  dnnl::memory::desc src_any(to_dnnl(x), xt, tag::any), dst(to_dnnl(y), yt, dst_tag),
+      wei_any(to_dnnl(g.dnnl_weight_dims(x[1])), dt::s8, tag::any), bias_md({g.w_dims[0]}, dt::f32, tag::a), none,
+      z_md = q.residual ? dnnl::memory::desc(to_dnnl(y), dt::f32, last[r - 1]) : none;
+  dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src_any,
+                                    wei_any, q.bias.empty() ? none : bias_md, dst, to_dnnl(g.strides), to_dnnl(dil),
+                                    to_dnnl(g.pads_begin()), to_dnnl(g.pads_end()));
+  return dnnl::convolution_forward::primitive_desc(d, q.attr(1, z_md), engine());
+}
+
+dnnl::matmul::primitive_desc qgemm_primitive_desc(const QuantSetup& q, int64_t M, int64_t K, int64_t N) {
+  using dt = dnnl::memory::data_type;
+  using tag = dnnl::memory::format_tag;
+  dnnl::memory::desc src_md({M, K}, int8_dnnl_type(q.x_type), tag::ab),
+      dst_md({M, N}, int8_dnnl_type(q.y_type), tag::ab), wei_any({K, N}, dt::s8, tag::any),
+      bias_md({1, N}, dt::f32, tag::ab), none;
+  dnnl::matmul::desc d(src_md, wei_any, q.bias.empty() ? none : bias_md, dst_md);
+  return dnnl::matmul::primitive_desc(d, q.attr(1), engine());
+}
+
+std::unique_ptr<Int8Depthwise3x3> int8_own_depthwise(const QuantSetup& q, const QConvGeom& g, const int8_t* w,
+                                                     const Dims& x, const Dims& y, bool nhwc_in, bool nhwc_out) {
+  const Dims& wd = g.w_dims;
+  if (g.rank != 4 || g.group != x[1] || wd[0] != g.group || wd[1] != 1 || wd[2] != 3 || wd[3] != 3 || q.x_f32 ||
+      q.residual || !nhwc_in || !nhwc_out || !Int8Depthwise3x3::available())
+    return nullptr;
+  if (g.dilations[0] != 1 || g.dilations[1] != 1 || (g.strides[1] != 1 && g.strides[1] != 2)) return nullptr;
+  // A stride-2 row copies twice the input columns per output; over wide inputs that costs more than oneDNN's
+  // direct kernel saves (MobileNetV2, 2 threads, per-step minima: 144 channels 56x56 -> 28x28 0.036 vs 0.022 ms,
+  // 192 at 28x28 -> 14x14 level, 576 at 14x14 -> 7x7 1.1-1.5x faster).
+  if (g.strides[1] == 2 && x[3] > 16) return nullptr;
+  DwShape s;
+  s.N = x[0], s.C = x[1], s.H = x[2], s.W = x[3], s.OH = y[2], s.OW = y[3];
+  s.stride_h = g.strides[0], s.stride_w = g.strides[1], s.pad_t = g.pads[0], s.pad_l = g.pads[1];
+  DwQuant dq;
+  dq.x_signed = q.x_type == KEEL_DTYPE_I8;
+  dq.x_zero = q.x_zero;
+  dq.out = q.y_type == KEEL_DTYPE_U8 ? DwQuant::Out::kU8 : q.y_type == KEEL_DTYPE_I8 ? DwQuant::Out::kS8
+                                                                                     : DwQuant::Out::kF32;
+  dq.y_inv_scale = 1.f / q.y_scale;
+  dq.y_zero = q.y_zero;
+  if (q.act == "Relu") dq.lo = 0;
+  if (q.act == "Clip") dq.lo = q.act_lo, dq.hi = q.act_hi;
+  std::vector<float> scale(static_cast<size_t>(s.C));
+  for (size_t m = 0; m < scale.size(); ++m) scale[m] = q.x_scale * q.w_scale[q.w_scale.size() == 1 ? 0 : m];
+  return std::make_unique<Int8Depthwise3x3>(s, dq, w, scale.data(), q.bias_f32.empty() ? nullptr : q.bias_f32.data());
+}
+
+dnnl::memory int8_prepack(const dnnl::memory::desc& plain, const dnnl::memory::desc& want, const int8_t* w,
+                          void* where) {
+  auto& eng = engine();
+  dnnl::memory user(plain, eng, const_cast<int8_t*>(w));
+  dnnl::memory packed = where ? dnnl::memory(want, eng, where) : dnnl::memory(want, eng);
+  dnnl::reorder(user, packed).execute(stream(), user, packed);
+  stream().wait();
+  return packed;
+}
+
+dnnl::memory int8_bias_memory(const std::vector<float>& b, const dnnl::memory::desc& md) {
+  dnnl::memory m(md, engine());
+  std::copy(b.begin(), b.end(), static_cast<float*>(m.get_data_handle()));
+  return m;
+}
+
 namespace {
 
 using dt = dnnl::memory::data_type;
@@ -77,15 +298,6 @@ struct StepProfile {
   }
 };
 
-dt dnnl_type(int32_t keel_dtype) {
-  switch (keel_dtype) {
-    case KEEL_DTYPE_U8: return dt::u8;
-    case KEEL_DTYPE_I8: return dt::s8;
-    case KEEL_DTYPE_F32: return dt::f32;
-  }
-  throw Reject{"unsupported dtype " + std::to_string(keel_dtype)};
-}
-
 float scalar_f32(const Ctx& c, int i, const char* what) {
   if (!c.is_constant(i) || numel(c.dims(i)) != 1 || c.dtype(i) != KEEL_DTYPE_F32)
     throw Reject{std::string(what) + " must be a constant f32 scalar"};
@@ -100,105 +312,29 @@ int32_t scalar_zp(const Ctx& c, int i, const char* what) {
   throw Reject{std::string(what) + " must be u8 or s8"};
 }
 
-// What QConv and QGemm share: the quantization parameters (inputs 3..7), the fused activation and the primitive
-// attributes built from them.
-struct QuantSetup {
-  int32_t x_type = KEEL_DTYPE_U8, y_type = KEEL_DTYPE_F32;  // x_type: the quantized X's type
-  bool x_f32 = false;  // X arrives in f32 and is quantized first
-  float x_scale = 1, y_scale = 1;
-  int32_t x_zero = 0, y_zero = 0;
-  std::vector<float> w_scale;
-  std::vector<float> bias;  // f32, already divided by x_scale * w_scale[m]; empty = none
-  std::vector<float> bias_f32;  // the bias as given (the own depthwise kernel's epilogue); empty = none
-  std::string act;
-  float act_lo = 0, act_hi = 0;
-  bool residual = false;  // QConv input 8 (Z, f32, the output's shape; its layout: residual_layout)
-
-  void read(const Ctx& c, int64_t channels) {
-    x_f32 = c.dtype(0) == KEEL_DTYPE_F32;
-    x_type = x_f32 ? (c.has_input(4) ? c.dtype(4) : KEEL_DTYPE_U8) : c.dtype(0);
-    if (x_type != KEEL_DTYPE_U8 && x_type != KEEL_DTYPE_I8) throw Reject{"X must be u8, s8 or f32"};
-    if (c.has_input(4) && c.dtype(4) != x_type) throw Reject{"x_zero_point's type differs from X's"};
-    if (c.dtype(1) != KEEL_DTYPE_I8 || !c.is_constant(1) || !c.dims_known(1)) throw Reject{"W must be a constant s8"};
-    x_scale = scalar_f32(c, 3, "x_scale");
-    if (x_f32 && !(x_scale > 0 && std::isfinite(x_scale))) throw Reject{"x_scale must be positive to quantize an f32 X"};
-    x_zero = scalar_zp(c, 4, "x_zero_point");
-    if (!c.is_constant(5) || c.dtype(5) != KEEL_DTYPE_F32) throw Reject{"w_scale must be a constant f32"};
-    const int64_t nws = numel(c.dims(5));
-    if (nws != 1 && nws != channels) throw Reject{"w_scale must be a scalar or per output channel"};
-    w_scale.assign(c.data<float>(5), c.data<float>(5) + nws);
-    if (c.has_input(6) != c.has_input(7)) throw Reject{"y_scale without y_zero_point"};
-    if (c.has_input(6)) {
-      y_scale = scalar_f32(c, 6, "y_scale");
-      y_zero = scalar_zp(c, 7, "y_zero_point");
-      y_type = c.dtype(7);
-      if (!(y_scale > 0)) throw Reject{"y_scale must be positive"};
-    }
-    if (c.output_dtype(0) != y_type) throw Reject{"output dtype differs from y_zero_point's"};
-    if (c.has_input(2)) {
-      if (!c.is_constant(2) || c.dtype(2) != KEEL_DTYPE_F32 || numel(c.dims(2)) != channels)
-        throw Reject{"bias must be a constant f32 with one entry per output channel"};
-      const float* b = c.data<float>(2);
-      bias_f32.assign(b, b + channels);
-      bias.resize(static_cast<size_t>(channels));
-      for (int64_t m = 0; m < channels; ++m) {
-        const float s = x_scale * w_scale[nws == 1 ? 0 : m];
-        bias[static_cast<size_t>(m)] = s != 0 ? b[m] / s : 0.f;
-      }
-    }
-    act = c.attr_s("activation", "");
-    if (act == "Clip") {
-      // Floats attribute read through the kernel API.
-      const float* v = nullptr;
-      size_t n = 0;
-      if (!g_host->kernel->attr_floats(c.raw(), "activation_params", &v, &n) || n != 2)
-        throw Reject{"Clip needs activation_params {min, max}"};
-      act_lo = v[0];
-      act_hi = v[1];
-    } else if (!act.empty() && act != "Relu") {
-      throw Reject{"activation " + act};
-    }
+// The node's inputs and activation as the shared set-up (onednn_int8.h) reads them.
+QNodeView view_of(const Ctx& c) {
+  QNodeView v;
+  v.in.resize(static_cast<size_t>(c.input_count()));
+  for (int i = 0; i < c.input_count(); ++i) {
+    QInputView& x = v.in[static_cast<size_t>(i)];
+    x.present = c.has_input(i);
+    if (!x.present) continue;
+    x.dtype = c.dtype(i);
+    x.dims_known = c.dims_known(i);
+    if (c.rank_known(i)) x.dims = c.dims(i);
+    x.data = c.is_constant(i) ? c.input(i)->data : nullptr;
   }
-
-  // Output scales (per channel when w_scale is), zero points (runtime), the residual (`residual_md`, when
-  // `residual`) as a binary add, the activation as a post-op.
-  dnnl::primitive_attr attr(int channel_dim, const dnnl::memory::desc& residual_md = {}) const {
-    dnnl::primitive_attr a;
-    const bool quantized = y_type != KEEL_DTYPE_F32;
-    // Post-ops see y / out_div; with a residual the division by y_scale moves behind the addition.
-    const float out_div = quantized && !residual ? y_scale : 1.f;
-    std::vector<float> scales(w_scale.size());
-    for (size_t m = 0; m < w_scale.size(); ++m) scales[m] = x_scale * w_scale[m] / out_div;
-    a.set_output_scales(w_scale.size() == 1 ? 0 : (1 << channel_dim), scales);
-    if (x_zero != 0) a.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
-    if (y_zero != 0) a.set_zero_points(DNNL_ARG_DST, 0, {DNNL_RUNTIME_S32_VAL});
-    dnnl::post_ops po;
-    // Post-ops see the scaled value: y (f32 output, or any output with Z) or y / y_scale (quantized output).
-    if (residual) po.append_binary(dnnl::algorithm::binary_add, residual_md);
-    if (act == "Relu") po.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
-    if (act == "Clip") po.append_eltwise(1.f, dnnl::algorithm::eltwise_clip, act_lo / out_div, act_hi / out_div);
-    if (residual && quantized) po.append_eltwise(1.f, dnnl::algorithm::eltwise_linear, 1.f / y_scale, 0.f);
-    a.set_post_ops(po);
-    return a;
+  v.out_dtype = c.output_dtype(0);
+  v.activation = c.attr_s("activation", "");
+  const float* f = nullptr;
+  size_t n = 0;
+  if (g_host->kernel->attr_floats(c.raw(), "activation_params", &f, &n)) {
+    v.has_activation_params = true;
+    v.activation_params.assign(f, f + n);
   }
-};
-
-// Runtime zero-point memories (s32 scalars) a plan binds at execution.
-struct ZeroPoints {
-  int32_t src = 0, dst = 0;
-  dnnl::memory src_mem, dst_mem;
-  void make(const QuantSetup& q) {
-    src = q.x_zero;
-    dst = q.y_zero;
-    dnnl::memory::desc md({1}, dt::s32, tag::a);
-    if (src != 0) src_mem = dnnl::memory(md, engine(), &src);
-    if (dst != 0) dst_mem = dnnl::memory(md, engine(), &dst);
-  }
-  void add_to(std::unordered_map<int, dnnl::memory>& args) const {
-    if (src != 0) args[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC] = src_mem;
-    if (dst != 0) args[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST] = dst_mem;
-  }
-};
+  return v;
+}
 
 struct QPlan {
   Dims out_dims;
@@ -343,45 +479,22 @@ void own_quantize(QPlan& p, const QuantSetup& q, QPlan::OwnQuant kind, int64_t n
   p.own_s = s;
 }
 
-// Constant weights into the primitive's layout, into memory the plan owns.
-dnnl::memory prepack(const dnnl::memory::desc& plain, const dnnl::memory::desc& want, const int8_t* w) {
-  auto& eng = engine();
-  dnnl::memory user(plain, eng, const_cast<int8_t*>(w));
-  dnnl::memory packed(want, eng);
-  dnnl::reorder(user, packed).execute(stream(), user, packed);
-  stream().wait();
-  return packed;
-}
-
-dnnl::memory bias_memory(const std::vector<float>& b, const dnnl::memory::desc& md) {
-  dnnl::memory m(md, engine());
-  std::copy(b.begin(), b.end(), static_cast<float*>(m.get_data_handle()));
-  return m;
-}
-
 // ------------------------------------------------------------------------------------------------ QConv
 
 class QConvKernel : public Kernel {
  public:
   void setup(Ctx& c) override {
     if (!c.rank_known(0) || !c.dims_known(1)) throw Reject{"shapes unknown"};
-    w_dims_ = c.dims(1);
-    rank_ = w_dims_.size();
-    if (rank_ < 3 || rank_ > 5 || c.dims(0).size() != rank_) throw Reject{"rank"};
-    group_ = c.attr_i("group", 1);
-    if (group_ <= 0) throw Reject{"group <= 0"};
-    q_.read(c, w_dims_[0]);
+    const Dims w_dims = c.dims(1);
+    const size_t r = w_dims.size() >= 2 ? w_dims.size() - 2 : 0;
+    g_.read(w_dims, c.attr_i("group", 1), c.attr_s("auto_pad", "NOTSET"), c.attr_ints("strides", Dims(r, 1)),
+            c.attr_ints("dilations", Dims(r, 1)), c.attr_ints("pads", Dims(2 * r, 0)));
+    if (c.dims(0).size() != g_.rank) throw Reject{"rank"};
+    q_.read(view_of(c), w_dims[0]);
     q_.residual = c.has_input(8);
     if (q_.residual && c.dtype(8) != KEEL_DTYPE_F32) throw Reject{"Z must be f32"};
-    const std::string ap = c.attr_s("auto_pad", "NOTSET");
-    if (ap != "NOTSET" && ap != "VALID" && !ap.empty()) throw Reject{"auto_pad " + ap};
-    const size_t r = rank_ - 2;
-    strides_ = c.attr_ints("strides", Dims(r, 1));
-    dilations_ = c.attr_ints("dilations", Dims(r, 1));
-    pads_ = ap == "VALID" ? Dims(2 * r, 0) : c.attr_ints("pads", Dims(2 * r, 0));
-    if (strides_.size() != r || dilations_.size() != r || pads_.size() != 2 * r) throw Reject{"attribute rank"};
     const int8_t* w = c.data<int8_t>(1);
-    w_.assign(w, w + numel(w_dims_));
+    w_.assign(w, w + numel(w_dims));
     nhwc_in_ = c.attr_s("input_layout", "NCHW") == "NHWC";
     nhwc_out_ = c.attr_s("output_layout", "NCHW") == "NHWC";
     nhwc_z_ = c.attr_s("residual_layout", nhwc_out_ ? "NHWC" : "NCHW") == "NHWC";
@@ -400,44 +513,27 @@ class QConvKernel : public Kernel {
 
  private:
   std::unique_ptr<QPlan> build(const Dims& x) {
-    if (x.size() != rank_) throw Reject{"input rank changed"};
-    const size_t r = rank_ - 2;
-    const int64_t N = x[0], C = x[1], M = w_dims_[0];
-    if (C != w_dims_[1] * group_ || M % group_ != 0) throw Reject{"channels do not match the weights and group"};
-    Dims y{N, M}, pl(pads_.begin(), pads_.begin() + r), pr(pads_.begin() + r, pads_.end()), dil(r);
-    for (size_t i = 0; i < r; ++i) {
-      const int64_t eff = (w_dims_[2 + i] - 1) * dilations_[i] + 1;
-      const int64_t span = x[2 + i] + pads_[i] + pads_[i + r] - eff;
-      if (span < 0 || strides_[i] <= 0 || dilations_[i] <= 0) throw Reject{"geometry"};
-      y.push_back(span / strides_[i] + 1);
-      dil[i] = dilations_[i] - 1;
-    }
+    const Dims y = g_.out_dims(x);
+    const size_t r = g_.rank - 2;
+    const int64_t N = x[0], C = x[1], M = g_.w_dims[0];
     auto p = std::make_unique<QPlan>();
     p->out_dims = y;
-    if (numel(y) == 0) throw Reject{"empty output"};
-    if (auto dw = own_depthwise(x, y, pl)) {
+    if (auto dw = int8_own_depthwise(q_, g_, w_.data(), x, y, nhwc_in_, nhwc_out_)) {
       p->dw = std::move(dw);
-      prof_.what = "QConv " + dims_str(x) + " -> " + dims_str(y) + " k3 s" + std::to_string(strides_[0]) + " g" +
-                   std::to_string(group_) + " own depthwise (avx512 vnni)";
+      prof_.what = "QConv " + dims_str(x) + " -> " + dims_str(y) + " k3 s" + std::to_string(g_.strides[0]) + " g" +
+                   std::to_string(g_.group) + " own depthwise (avx512 vnni)";
       return p;
     }
-    Dims wei = group_ > 1 ? Dims{group_, M / group_, C / group_} : Dims{M, C};
-    for (size_t i = 2; i < rank_; ++i) wei.push_back(w_dims_[i]);
-    const dt xt = dnnl_type(q_.x_type), yt = dnnl_type(q_.y_type);
+    const dt xt = int8_dnnl_type(q_.x_type), yt = int8_dnnl_type(q_.y_type);
     static const tag plain[3] = {tag::ncw, tag::nchw, tag::ncdhw}, last[3] = {tag::nwc, tag::nhwc, tag::ndhwc};
     const tag y_tag = nhwc_out_ ? last[r - 1] : plain[r - 1];
     // With a residual the primitive computes channels-last, Z read in that layout.
-    dnnl::memory::desc src_any(to_dnnl(x), xt, tag::any), dst_any(to_dnnl(y), yt, q_.residual ? last[r - 1] : tag::any),
-        wei_any(to_dnnl(wei), dt::s8, tag::any), bias_md({M}, dt::f32, tag::a), none,
+    const dnnl::memory::desc none,
         z_md = q_.residual ? dnnl::memory::desc(to_dnnl(y), dt::f32, last[r - 1]) : none;
-    dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src_any,
-                                      wei_any, q_.bias.empty() ? none : bias_md, dst_any, to_dnnl(strides_),
-                                      to_dnnl(dil), to_dnnl(pl), to_dnnl(pr));
-    dnnl::convolution_forward::primitive_desc pd(d, q_.attr(1, z_md), engine());
+    auto pd = qconv_primitive_desc(q_, g_, x, y, q_.residual ? last[r - 1] : tag::any);
     p->prim = dnnl::convolution_forward(pd);
-    prof_.what = "QConv " + dims_str(x) + " -> " + dims_str(y) + " k" + std::to_string(w_dims_.back()) + " s" +
-                 std::to_string(strides_[0]) + " g" + std::to_string(group_) + " " + pd.impl_info_str();
-    static const tag wtag[2][3] = {{tag::oiw, tag::oihw, tag::oidhw}, {tag::goiw, tag::goihw, tag::goidhw}};
+    prof_.what = "QConv " + dims_str(x) + " -> " + dims_str(y) + " k" + std::to_string(g_.w_dims.back()) + " s" +
+                 std::to_string(g_.strides[0]) + " g" + std::to_string(g_.group) + " " + pd.impl_info_str();
     // An f32 X in the plain layout for a channels-last primitive: transposed in f32, then quantized.
     const dnnl::memory::desc src_last(to_dnnl(x), xt, last[r - 1]),
         src_mid = q_.x_f32 && !nhwc_in_ && pd.src_desc() == src_last
@@ -470,48 +566,16 @@ class QConvKernel : public Kernel {
         p->residual_reorder = dnnl::reorder(p->residual_user, p->residual_prim);
       }
     }
-    p->wei = prepack(dnnl::memory::desc(to_dnnl(wei), dt::s8, wtag[group_ > 1][r - 1]), pd.weights_desc(), w_.data());
-    if (!q_.bias.empty()) p->bias = bias_memory(q_.bias, bias_md);
+    p->wei = int8_prepack(dnnl::memory::desc(to_dnnl(g_.dnnl_weight_dims(C)), dt::s8, g_.plain_weight_tag()),
+                          pd.weights_desc(), w_.data());
+    if (!q_.bias.empty()) p->bias = int8_bias_memory(q_.bias, dnnl::memory::desc({M}, dt::f32, tag::a));
     p->zp->make(q_);
     p->finish(!q_.bias.empty());
     return p;
   }
 
-  // The own depthwise 3x3 kernel for this geometry, or null where it does not apply: a 2-D depthwise 3x3
-  // convolution (one input and output channel per group, dilation 1, width stride 1, or 2 over at most 16 columns)
-  // over a quantized channels-last X into a channels-last output, with no residual and Relu / Clip / no activation,
-  // on a CPU with AVX-512 VNNI + VBMI (KEEL_ONEDNN_INT8_OWN=0 turns it off).
-  std::unique_ptr<Int8Depthwise3x3> own_depthwise(const Dims& x, const Dims& y, const Dims& pads_begin) const {
-    if (rank_ != 4 || group_ != x[1] || w_dims_[0] != group_ || w_dims_[1] != 1 || w_dims_[2] != 3 ||
-        w_dims_[3] != 3 || q_.x_f32 || q_.residual || !nhwc_in_ || !nhwc_out_ || !Int8Depthwise3x3::available())
-      return nullptr;
-    if (dilations_[0] != 1 || dilations_[1] != 1 || (strides_[1] != 1 && strides_[1] != 2)) return nullptr;
-    // A stride-2 row copies twice the input columns per output; over wide inputs that costs more than oneDNN's
-    // direct kernel saves (MobileNetV2, 2 threads, per-step minima: 144 channels 56x56 -> 28x28 0.036 vs 0.022 ms,
-    // 192 at 28x28 -> 14x14 level, 576 at 14x14 -> 7x7 1.1-1.5x faster).
-    if (strides_[1] == 2 && x[3] > 16) return nullptr;
-    DwShape s;
-    s.N = x[0], s.C = x[1], s.H = x[2], s.W = x[3], s.OH = y[2], s.OW = y[3];
-    s.stride_h = strides_[0], s.stride_w = strides_[1], s.pad_t = pads_begin[0], s.pad_l = pads_begin[1];
-    DwQuant dq;
-    dq.x_signed = q_.x_type == KEEL_DTYPE_I8;
-    dq.x_zero = q_.x_zero;
-    dq.out = q_.y_type == KEEL_DTYPE_U8 ? DwQuant::Out::kU8 : q_.y_type == KEEL_DTYPE_I8 ? DwQuant::Out::kS8
-                                                                                         : DwQuant::Out::kF32;
-    dq.y_inv_scale = 1.f / q_.y_scale;
-    dq.y_zero = q_.y_zero;
-    if (q_.act == "Relu") dq.lo = 0;
-    if (q_.act == "Clip") dq.lo = q_.act_lo, dq.hi = q_.act_hi;
-    std::vector<float> scale(static_cast<size_t>(s.C));
-    for (size_t m = 0; m < scale.size(); ++m) scale[m] = q_.x_scale * q_.w_scale[q_.w_scale.size() == 1 ? 0 : m];
-    return std::make_unique<Int8Depthwise3x3>(s, dq, w_.data(), scale.data(),
-                                              q_.bias_f32.empty() ? nullptr : q_.bias_f32.data());
-  }
-
-  size_t rank_ = 0;
   bool nhwc_in_ = false, nhwc_out_ = false, nhwc_z_ = false;  // channels-last bytes under the NCHW shape (fuse_qdq)
-  int64_t group_ = 1;
-  Dims w_dims_, strides_, dilations_, pads_;
+  QConvGeom g_;
   std::vector<int8_t> w_;
   QuantSetup q_;
   PlanCache<QPlan> plans_;
@@ -529,7 +593,7 @@ class QGemmKernel : public Kernel {
     trans_b_ = c.attr_i("transB", 0) != 0;
     K_ = trans_b_ ? w_dims_[1] : w_dims_[0];
     N_ = trans_b_ ? w_dims_[0] : w_dims_[1];
-    q_.read(c, N_);
+    q_.read(view_of(c), N_);
     if (c.input_count() > 8) throw Reject{"QGemm has 8 inputs at most"};
     const int8_t* w = c.data<int8_t>(1);
     w_.assign(w, w + numel(w_dims_));
@@ -551,19 +615,18 @@ class QGemmKernel : public Kernel {
     p->out_dims = Dims(a.begin(), a.end() - 1);
     p->out_dims.push_back(N_);
     if (M == 0) throw Reject{"empty input"};
-    const dt xt = dnnl_type(q_.x_type), yt = dnnl_type(q_.y_type);
-    dnnl::memory::desc src_md({M, K_}, xt, tag::ab), dst_md({M, N_}, yt, tag::ab),
-        wei_any({K_, N_}, dt::s8, tag::any), bias_md({1, N_}, dt::f32, tag::ab), none;
-    dnnl::matmul::desc d(src_md, wei_any, q_.bias.empty() ? none : bias_md, dst_md);
-    dnnl::matmul::primitive_desc pd(d, q_.attr(1), engine());
+    const dt xt = int8_dnnl_type(q_.x_type), yt = int8_dnnl_type(q_.y_type);
+    const dnnl::memory::desc src_md({M, K_}, xt, tag::ab), dst_md({M, N_}, yt, tag::ab);
+    auto pd = qgemm_primitive_desc(q_, M, K_, N_);
     p->prim = dnnl::matmul(pd);
     prof_.what = "QGemm " + dims_str(a) + " N" + std::to_string(N_) + " " + pd.impl_info_str();
     wire(*p, q_, q_.x_f32 ? dnnl::memory::desc({M, K_}, dt::f32, tag::ab) : src_md, pd.src_desc(), dst_md,
          pd.dst_desc());
     if (pd.src_desc() == src_md) own_quantize(*p, q_, QPlan::OwnQuant::kSame, M * K_);
     if (p->own_quant != QPlan::OwnQuant::kNone) prof_.what += " +own quantize";
-    p->wei = prepack(dnnl::memory::desc({K_, N_}, dt::s8, trans_b_ ? tag::ba : tag::ab), pd.weights_desc(), w_.data());
-    if (!q_.bias.empty()) p->bias = bias_memory(q_.bias, bias_md);
+    p->wei = int8_prepack(dnnl::memory::desc({K_, N_}, dt::s8, trans_b_ ? tag::ba : tag::ab), pd.weights_desc(),
+                          w_.data());
+    if (!q_.bias.empty()) p->bias = int8_bias_memory(q_.bias, dnnl::memory::desc({1, N_}, dt::f32, tag::ab));
     p->zp->make(q_);
     p->finish(!q_.bias.empty());
     return p;
@@ -629,7 +692,7 @@ class QdqKernel : public Kernel {
       p->empty = true;
       return p;
     }
-    const dt qt = dnnl_type(q_type_);
+    const dt qt = int8_dnnl_type(q_type_);
     // One flat dimension: the op is element-wise.
     dnnl::memory::desc f32_md({n}, dt::f32, tag::a), q_md({n}, qt, tag::a);
     dnnl::primitive_attr attr;

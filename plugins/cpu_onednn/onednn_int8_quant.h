@@ -35,6 +35,12 @@ void quantize_f32(const float* x, void* y, int64_t n, const QuantizeSpec& q, int
 void quantize_f32_to_nhwc(const float* x, void* y, int64_t N, int64_t C, int64_t S, const QuantizeSpec& q,
                           int threads);
 
+// x: [N, ceil(C/16), S, 16] f32 (oneDNN's nChw16c, a partial last block padded); y: [N, S, C] bytes (channels-last),
+// any C. A claimed chain's fp32 -> int8 boundary (onednn_subgraph.cc, Builder::qconv): the f32 convolutions' layout
+// quantized straight into the int8 convolution's, in one pass.
+void quantize_f32_blocked16_to_nhwc(const float* x, void* y, int64_t N, int64_t C, int64_t S, const QuantizeSpec& q,
+                                    int threads);
+
 // The f32 output of an int8 convolution from the primitive's channels-last layout back to the graph's plain one:
 // x: [N, S, C] f32; y: [N, C, S] f32 (any C and S), in 16x16 tiles transposed in registers. In place of oneDNN
 // 2.6's reorder: MobileNetV2's last 1x1, [1,1280,7,7], 0.008 ms at 1 thread, 0.023-0.036 ms at 2 (half the values

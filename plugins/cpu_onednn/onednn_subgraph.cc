@@ -36,6 +36,9 @@
 // keel.Attention (fuse_attention's) runs as an own step (onednn_attention.h) over strided views of Q, Kt, V.
 // 1-D convolutions and poolings run as 2-D ones over [N,C,1,L] (lift_1d rewrites the recipe at claim time); a
 // MatMul read only by a Transpose writes the transposed layout directly.
+// INT8 (the section "int8 steps"): keel.QConv (2-D) and keel.QGemm, with the standalone kernels' set-up
+// (onednn_int8.h), and the per-tensor QuantizeLinear / DequantizeLinear next to them; u8/s8 values stay
+// channels-last between int8 steps, f32 ones are quantized straight from their producer's layout.
 #include <immintrin.h>
 #include <omp.h>
 #include <sys/mman.h>
@@ -59,6 +62,7 @@
 #include "onednn_conv_pick.h"
 #include "onednn_convpool.h"
 #include "onednn_dilated.h"
+#include "onednn_int8.h"
 #include "onednn_silu.h"
 
 namespace keel::onednn {
@@ -141,6 +145,9 @@ struct Recipe {
   std::map<std::string, int32_t> dtypes;
   std::map<std::string, ConstT> consts;    // constant values
   std::vector<std::string> inputs, outputs;  // the boundary, in the core's order
+  // int8 values the graph holds channels-last (fuse_qdq: NHWC bytes under the NCHW shape): read and written so at
+  // the boundary (Builder::boundary_md).
+  std::set<std::string> channels_last;
 };
 
 // ------------------------------------------------------------------------------------------------------ the plan
@@ -300,6 +307,34 @@ void run_attention(const Exec& e) {
   attention_run(s, ptr(DNNL_ARG_SRC_0), ptr(DNNL_ARG_SRC_1), ptr(DNNL_ARG_SRC_2),
                 s.has_mask ? ptr(DNNL_ARG_SRC_3) : nullptr, ptr(DNNL_ARG_DST),
                 static_cast<float*>(scratch.get_data_handle()), team);
+}
+
+// ----------------------------------------------------------------------- int8 steps' own parts (Builder::qconv)
+
+// Exec::own of an int8 depthwise 3x3 step (onednn_int8_dw.h): params the kernel, SRC / DST channels-last bytes.
+void run_int8_depthwise(const Exec& e) {
+  const auto& k = *static_cast<const Int8Depthwise3x3*>(e.params.get());
+  k.run(e.args.at(DNNL_ARG_SRC).get_data_handle(), e.args.at(DNNL_ARG_DST).get_data_handle(),
+        e.single ? 1 : omp_get_max_threads());
+}
+
+// Exec::own of the quantization of an f32 value into an int8 step's source (onednn_int8_quant.h): SRC f32 plain
+// ([N, C, S]: kToNhwc), nChw16c (kBlocked) or already in the destination's layout (kSame, n elements); DST bytes.
+struct Int8QuantizeStep {
+  enum class Kind { kSame, kToNhwc, kBlocked } kind = Kind::kSame;
+  QuantizeSpec q;
+  int64_t n = 0, N = 1, C = 1, S = 1;
+};
+void run_int8_quantize(const Exec& e) {
+  const auto& k = *static_cast<const Int8QuantizeStep*>(e.params.get());
+  const float* x = static_cast<const float*>(e.args.at(DNNL_ARG_SRC).get_data_handle());
+  void* y = e.args.at(DNNL_ARG_DST).get_data_handle();
+  const int team = e.single ? 1 : omp_get_max_threads();
+  switch (k.kind) {
+    case Int8QuantizeStep::Kind::kSame: quantize_f32(x, y, k.n, k.q, team); break;
+    case Int8QuantizeStep::Kind::kToNhwc: quantize_f32_to_nhwc(x, y, k.N, k.C, k.S, k.q, team); break;
+    case Int8QuantizeStep::Kind::kBlocked: quantize_f32_blocked16_to_nhwc(x, y, k.N, k.C, k.S, k.q, team); break;
+  }
 }
 
 void run_step(const Exec& e, dnnl::stream& s) {
@@ -698,6 +733,14 @@ class Builder {
                          float value);
   bool non_negative(const std::string& v) const;
   void resize(size_t i);
+  // --- int8 steps (keel.QConv / keel.QGemm; defined in the int8 section below)
+  void qconv(size_t i);
+  void qgemm(size_t i);
+  void qdq(size_t i);
+  QNodeView qnode_view(const NodeDesc& n) const;
+  Val quantized(const std::string& name, const QuantSetup& q, const md_t& want);
+  dnnl::memory zero_point_mem(int32_t v);
+  md_t boundary_md(const std::string& name, const Dims& d, dt t) const;
   void outputs();
   void plan_workspace();
 
@@ -757,14 +800,16 @@ std::unique_ptr<Plan> Builder::build() {
     if (is_const(name)) continue;
     auto d = r_.dims.find(name);
     auto t = r_.dtypes.find(name);
-    if (d == r_.dims.end() || t == r_.dtypes.end() || (t->second != KEEL_DTYPE_F32 && t->second != KEEL_DTYPE_BF16))
+    if (d == r_.dims.end() || t == r_.dtypes.end() || (t->second != KEEL_DTYPE_F32 && t->second != KEEL_DTYPE_BF16 &&
+                                                       t->second != KEEL_DTYPE_U8 && t->second != KEEL_DTYPE_I8))
       continue;  // not read as data
     Buf b;
     b.kind = BufKind::kInput;
     b.index = static_cast<int>(k);
     p_->bufs.push_back(b);
     Val v;
-    v.md = plain_md(d->second, t->second == KEEL_DTYPE_BF16 ? dt::bf16 : dt::f32);
+    v.md = boundary_md(name, d->second, t->second == KEEL_DTYPE_BF16 ? dt::bf16 : t->second == KEEL_DTYPE_U8 ? dt::u8
+                                        : t->second == KEEL_DTYPE_I8 ? dt::s8 : dt::f32);
     v.buf = static_cast<int>(p_->bufs.size()) - 1;
     p_->bufs[v.buf].values = 2;  // never written in place
     vals_[name] = v;
@@ -817,6 +862,9 @@ std::unique_ptr<Plan> Builder::build() {
       else if (op == "Pad") pad(i);
       else if (op == "Resize") resize(i);
       else if (op == "Cast") cast(i);
+      else if (op == "QConv") qconv(i);  // keel.QConv / keel.QGemm: the claim admits no ai.onnx op of these names
+      else if (op == "QGemm") qgemm(i);
+      else if (op == "QuantizeLinear" || op == "DequantizeLinear") qdq(i);
       else throw Reject{"op " + op};
     } catch (const Reject& e) {
       throw NodeReject{i, e.why};
@@ -945,9 +993,11 @@ void Builder::outputs() {
     b.index = static_cast<int>(k);
     p_->bufs.push_back(b);
     int ob = static_cast<int>(p_->bufs.size()) - 1;
-    // Retarget the producer's writes when the value is already plain and lives alone in a workspace buffer.
-    if (v.scale == 1.f && is_plain_dense(v.md) && v.buf >= 0 && p_->bufs[v.buf].kind == BufKind::kWorkspace &&
-        p_->bufs[v.buf].values == 1 && v.off == 0) {
+    // Retarget the producer's writes when the value is already plain (or channels-last, where the graph holds it so)
+    // and lives alone in a workspace buffer.
+    const md_t want = boundary_md(name, d, v.md.data_type());
+    if (v.scale == 1.f && (r_.channels_last.count(name) ? v.md == want : is_plain_dense(v.md)) && v.buf >= 0 &&
+        p_->bufs[v.buf].kind == BufKind::kWorkspace && p_->bufs[v.buf].values == 1 && v.off == 0) {
       for (auto& bd : p_->binds)
         if (bd.buf == v.buf) bd.buf = ob;
       p_->bufs[ob].first = p_->bufs[v.buf].first;
@@ -958,7 +1008,7 @@ void Builder::outputs() {
       continue;
     }
     if (v.scale != 1.f) throw NodeReject{r_.nodes.size(), "a scaled view leaves the claim"};
-    dnnl::memory s = mem_of(v), d2 = mem_at(plain_md(d, v.md.data_type()), ob, 0);
+    dnnl::memory s = mem_of(v), d2 = mem_at(want, ob, 0);
     exec(dnnl::reorder(s, d2), {{DNNL_ARG_FROM, s}, {DNNL_ARG_TO, d2}});
   }
 }
@@ -3142,6 +3192,250 @@ void Builder::slice(size_t i) {
   vals_[n.out[0]] = o;
 }
 
+// ------------------------------------------------------------------------------------------------- int8 steps
+//
+// keel.QConv and keel.QGemm (what fuse_qdq makes of QDQ models) as steps of the chain, built with the set-up of the
+// standalone kernels (onednn_int8.h: the same parameters, primitive descriptors, post-ops, own depthwise kernel and
+// quantization loops), so that consecutive int8 layers run without a dispatch per node:
+//   - u8/s8 activations stay in the primitives' channels-last layout from step to step;
+//   - an f32 X (a QuantizeLinear fuse_qdq folded into its reader: the fp32 -> int8 boundary, a residual stream) is
+//     quantized straight from its producer's layout (the plugin's own loops from plain, channels-last or nChw16c
+//     memory; else one oneDNN quantizing reorder), once for all readers with the same scale and zero point;
+//   - Z (a folded residual Add) is read channels-last, the layout the primitive adds it in; an f32 output stays in
+//     the primitive's layout for its readers in the chain (GlobalAveragePool, MaxPool read it there);
+//   - values the graph holds channels-last (Recipe::channels_last) cross the chain's boundary in that layout.
+
+QNodeView Builder::qnode_view(const NodeDesc& n) const {
+  QNodeView v;
+  v.in.resize(n.in.size());
+  for (size_t k = 0; k < n.in.size(); ++k) {
+    const std::string& name = n.in[k];
+    QInputView& x = v.in[k];
+    if (name.empty()) continue;
+    x.present = true;
+    if (const ConstT* c = cst(name)) {
+      x.dtype = c->dtype;
+      x.dims = c->dims;
+      x.dims_known = true;
+      x.data = c->bytes.empty() ? nullptr : c->bytes.data();
+      continue;
+    }
+    if (auto t = r_.dtypes.find(name); t != r_.dtypes.end()) x.dtype = t->second;
+    if (auto d = r_.dims.find(name); d != r_.dims.end()) x.dims = d->second, x.dims_known = true;
+  }
+  if (auto t = r_.dtypes.find(n.out.empty() ? std::string() : n.out[0]); t != r_.dtypes.end()) v.out_dtype = t->second;
+  v.activation = n.as("activation", "");
+  if (auto a = n.attrs.find("activation_params"); a != n.attrs.end() && a->second.kind == KEEL_ATTR_FLOATS) {
+    v.has_activation_params = true;
+    v.activation_params = a->second.floats;
+  }
+  return v;
+}
+
+// A boundary value's layout: channels-last where the graph holds it so (an int8 region's value), else plain.
+md_t Builder::boundary_md(const std::string& name, const Dims& d, dt t) const {
+  if (r_.channels_last.count(name) && d.size() >= 3 && d.size() <= 5)
+    return md_t(to_dnnl(d), t, channels_last_tag(d.size()));
+  return plain_md(d, t);
+}
+
+// An s32 scalar the plan owns (a primitive's runtime zero point).
+dnnl::memory Builder::zero_point_mem(int32_t v) {
+  p_->owned.emplace_back(md_t({1}, dt::s32, tag::a), engine());
+  *static_cast<int32_t*>(p_->owned.back().get_data_handle()) = v;
+  return p_->owned.back();
+}
+
+// The f32 value `name` quantized with q's x_scale and x_zero_point into `want` (u8/s8): one step the first time,
+// shared by later readers with the same parameters and layout. The arithmetic is the standalone kernels' (x * (1 /
+// x_scale), rounded half to even, plus the zero point, saturated), so the bytes are theirs.
+Val Builder::quantized(const std::string& name, const QuantSetup& q, const md_t& want) {
+  const Val v = val(name);
+  if (v.scale != 1.f) throw Reject{"a scaled view read by an int8 step"};
+  if (v.md.data_type() != dt::f32) throw Reject{"X is not f32"};
+  const QuantizeSpec spec = q.quantize_spec();
+  std::string key = name + "#q";
+  key.append(reinterpret_cast<const char*>(&spec), sizeof spec);
+  key.append(reinterpret_cast<const char*>(&want.data), sizeof want.data);
+  key = name + "#q" + std::to_string(std::hash<std::string>()(key));
+  if (auto it = vals_.find(key); it != vals_.end()) return it->second;
+  const Dims d = md_dims(want);
+  const int64_t n = numel(d), N = d.empty() ? 1 : d[0], C = d.size() > 1 ? d[1] : 1;
+  const int64_t S = N * C > 0 ? n / (N * C) : 0;
+  const bool to_last = d.size() >= 3 && want == md_t(want.dims(), want.data_type(), channels_last_tag(d.size()));
+  Int8QuantizeStep st;
+  st.q = spec;
+  st.n = n, st.N = N, st.C = C, st.S = S;
+  const char* how = nullptr;
+  if (int8_own_kernels()) {
+    if (with_dtype(v.md, want.data_type()) == want && v.md.get_size() == static_cast<size_t>(n) * sizeof(float)) {
+      st.kind = Int8QuantizeStep::Kind::kSame, how = "own_quantize:avx512";
+    } else if (to_last && is_plain_dense(v.md) && C % 4 == 0) {
+      // (Whole groups of 4 channels only: see onednn_int8.cc.)
+      st.kind = Int8QuantizeStep::Kind::kToNhwc, how = "own_quantize_to_nhwc:avx512";
+    } else if (to_last && d.size() == 4 && v.md == md_t(v.md.dims(), dt::f32, tag::nChw16c)) {
+      st.kind = Int8QuantizeStep::Kind::kBlocked, how = "own_quantize_nChw16c_to_nhwc:avx512";
+    }
+  }
+  Val& dst = define(key, want);
+  if (how) {
+    Exec e;
+    e.own = run_int8_quantize;
+    e.own_kind = "reorder";
+    e.params = std::make_shared<const Int8QuantizeStep>(st);
+    e.args = {{DNNL_ARG_SRC, mem_of(v)}, {DNNL_ARG_DST, mem_of(dst)}};
+    exec_own(std::move(e), how, false, r_.nodes[cur_node_].name + " quantize " + dims_str(d));
+    return dst;
+  }
+  dnnl::primitive_attr a;
+  a.set_output_scales(0, {spec.inv_scale});
+  if (spec.zero != 0) a.set_zero_points(DNNL_ARG_DST, 0, {DNNL_RUNTIME_S32_VAL});
+  dnnl::reorder::primitive_desc pd(engine(), v.md, engine(), want, a);
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_FROM, mem_of(v)}, {DNNL_ARG_TO, mem_of(dst)}};
+  if (spec.zero != 0) args[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST] = zero_point_mem(spec.zero);
+  exec(dnnl::reorder(pd), std::move(args));
+  return dst;
+}
+
+// keel.QConv (2-D): the own depthwise kernel where it applies (as the standalone kernel decides), else oneDNN's
+// int8 convolution with the standalone kernel's primitive descriptor.
+void Builder::qconv(size_t i) {
+  const NodeDesc& n = r_.nodes[i];
+  if (n.out.size() != 1 || n.in.size() < 6 || n.in.size() > 9 || n.in[0].empty() || is_const(n.in[0]))
+    throw Reject{"QConv's inputs"};
+  const ConstT* W = cst(n.in_at(1));
+  if (!W || W->dtype != KEEL_DTYPE_I8) throw Reject{"non-constant weights"};
+  const size_t sp = W->dims.size() >= 2 ? W->dims.size() - 2 : 0;
+  QConvGeom g;
+  g.read(W->dims, n.ai("group", 1), n.as("auto_pad", "NOTSET"), n.ais("strides", Dims(sp, 1)),
+         n.ais("dilations", Dims(sp, 1)), n.ais("pads", Dims(2 * sp, 0)));
+  if (g.rank != 4) throw Reject{"2-D int8 convolutions only"};
+  QuantSetup q;
+  q.read(qnode_view(n), W->dims[0]);
+  q.residual = !n.in_at(8).empty();
+  if (q.residual && (r_.dtypes.count(n.in[8]) == 0 || r_.dtypes.at(n.in[8]) != KEEL_DTYPE_F32))
+    throw Reject{"Z must be f32"};
+  const Dims x = dims_of(n.in[0]);
+  const Dims y = g.out_dims(x);
+  const int8_t* w = reinterpret_cast<const int8_t*>(W->bytes.data());
+  const dt xt = int8_dnnl_type(q.x_type), yt = int8_dnnl_type(q.y_type);
+  const int64_t M = W->dims[0];
+  p_->flops += 2.0 * numel(y) * (x[1] / g.group) * W->dims[2] * W->dims[3];
+  if (auto dw = int8_own_depthwise(q, g, w, x, y, true, true)) {
+    const Val sv = as_md(n.in[0], md_t(to_dnnl(x), xt, tag::nhwc));
+    Val& out = define(n.out[0], md_t(to_dnnl(y), yt, tag::nhwc));
+    Exec e;
+    e.own = run_int8_depthwise;
+    e.own_kind = "convolution";
+    e.params = std::shared_ptr<const Int8Depthwise3x3>(std::move(dw));
+    e.args = {{DNNL_ARG_SRC, mem_of(sv)}, {DNNL_ARG_DST, mem_of(out)}};
+    exec_own(std::move(e), "own_int8_dw:avx512_vnni", false, n.name + " " + dims_str(x) + " -> " + dims_str(y));
+    return;
+  }
+  auto pd = qconv_primitive_desc(q, g, x, y, q.residual ? tag::nhwc : tag::any);
+  const Val sv = q.x_f32 ? quantized(n.in[0], q, pd.src_desc()) : as_md(n.in[0], pd.src_desc());
+  std::unordered_map<int, dnnl::memory> args;
+  const md_t wplain(to_dnnl(g.dnnl_weight_dims(x[1])), dt::s8, g.plain_weight_tag());
+  p_->owned.push_back(int8_prepack(wplain, pd.weights_desc(), w, p_->weights.alloc(pd.weights_desc().get_size())));
+  args[DNNL_ARG_WEIGHTS] = p_->owned.back();
+  if (!q.bias.empty()) {
+    p_->owned.push_back(int8_bias_memory(q.bias, md_t({M}, dt::f32, tag::a)));
+    args[DNNL_ARG_BIAS] = p_->owned.back();
+  }
+  if (q.residual) {
+    const Val zv = as_md(n.in[8], md_t(to_dnnl(y), dt::f32, tag::nhwc));
+    args[DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1] = mem_of(zv);
+  }
+  if (q.x_zero != 0) args[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC] = zero_point_mem(q.x_zero);
+  if (q.y_zero != 0) args[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST] = zero_point_mem(q.y_zero);
+  Val& out = define(n.out[0], pd.dst_desc());
+  args[DNNL_ARG_SRC] = mem_of(sv);
+  args[DNNL_ARG_DST] = mem_of(out);
+  exec(dnnl::convolution_forward(pd), std::move(args));
+}
+
+// keel.QGemm: A [..., K] (plain; quantized first when f32) x constant B -> [..., N] (plain), the standalone kernel's
+// matmul.
+void Builder::qgemm(size_t i) {
+  const NodeDesc& n = r_.nodes[i];
+  if (n.out.size() != 1 || n.in.size() < 6 || n.in.size() > 8 || n.in[0].empty() || is_const(n.in[0]))
+    throw Reject{"QGemm's inputs"};
+  const ConstT* B = cst(n.in_at(1));
+  if (!B || B->dtype != KEEL_DTYPE_I8 || B->dims.size() != 2) throw Reject{"non-constant 2-D B"};
+  const bool tb = n.ai("transB", 0) != 0;
+  const int64_t K = tb ? B->dims[1] : B->dims[0], N = tb ? B->dims[0] : B->dims[1];
+  QuantSetup q;
+  q.read(qnode_view(n), N);
+  const Dims a = dims_of(n.in[0]);
+  if (a.size() < 2 || a.back() != K) throw Reject{"A's last dimension differs from B's K"};
+  const int64_t M = numel(a) / K;
+  Dims yd(a.begin(), a.end() - 1);
+  yd.push_back(N);
+  const dt xt = int8_dnnl_type(q.x_type), yt = int8_dnnl_type(q.y_type);
+  auto pd = qgemm_primitive_desc(q, M, K, N);
+  if (pd.src_desc() != md_t({M, K}, xt, tag::ab) || pd.dst_desc() != md_t({M, N}, yt, tag::ab))
+    throw Reject{"the int8 matmul wants other layouts"};
+  const md_t a_plain = plain_md(a, xt);
+  const Val sv = q.x_f32 ? quantized(n.in[0], q, a_plain) : as_md(n.in[0], a_plain);
+  std::unordered_map<int, dnnl::memory> args;
+  p_->owned.push_back(int8_prepack(md_t({K, N}, dt::s8, tb ? tag::ba : tag::ab), pd.weights_desc(),
+                                   reinterpret_cast<const int8_t*>(B->bytes.data()),
+                                   p_->weights.alloc(pd.weights_desc().get_size())));
+  args[DNNL_ARG_WEIGHTS] = p_->owned.back();
+  if (!q.bias.empty()) {
+    p_->owned.push_back(int8_bias_memory(q.bias, md_t({1, N}, dt::f32, tag::ab)));
+    args[DNNL_ARG_BIAS] = p_->owned.back();
+  }
+  if (q.x_zero != 0) args[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC] = zero_point_mem(q.x_zero);
+  if (q.y_zero != 0) args[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST] = zero_point_mem(q.y_zero);
+  Val& out = define(n.out[0], plain_md(yd, yt));
+  args[DNNL_ARG_SRC] = mem_at(pd.src_desc(), sv.buf, sv.off);
+  args[DNNL_ARG_DST] = mem_at(pd.dst_desc(), out.buf, out.off);
+  p_->flops += 2.0 * M * K * N;
+  exec(dnnl::matmul(pd), std::move(args));
+}
+
+// QuantizeLinear / DequantizeLinear with a constant scalar scale and zero point (what fuse_qdq leaves of a QDQ
+// model: a QuantizeLinear several int8 nodes read, a DequantizeLinear in front of an fp32 reader), element-wise in
+// the layout their input has: the arithmetic of the standalone kernel (onednn_int8.cc's QdqKernel, a oneDNN
+// reorder; a QuantizeLinear on the plugin's own loop where quantized() takes it, the same rounding).
+void Builder::qdq(size_t i) {
+  const NodeDesc& n = r_.nodes[i];
+  const bool quant = n.op == "QuantizeLinear";
+  const ConstT* s = cst(n.in_at(1));
+  const ConstT* z = n.in_at(2).empty() ? nullptr : cst(n.in_at(2));
+  if (n.out.size() != 1 || !s || s->dtype != KEEL_DTYPE_F32 || s->count() != 1 || (!n.in_at(2).empty() && !z) ||
+      (z && z->count() != 1))
+    throw Reject{"a per-tensor constant scale and zero point only"};
+  const float scale = s->f32()[0];
+  if (!(scale > 0) || !std::isfinite(scale)) throw Reject{"scale must be positive"};
+  int32_t zero = 0, qtype = z ? z->dtype : KEEL_DTYPE_U8;
+  if (qtype == KEEL_DTYPE_U8 && z) zero = static_cast<uint8_t>(z->bytes[0]);
+  else if (qtype == KEEL_DTYPE_I8 && z) zero = static_cast<int8_t>(z->bytes[0]);
+  else if (qtype != KEEL_DTYPE_U8 && qtype != KEEL_DTYPE_I8) throw Reject{"zero point of another type than u8/s8"};
+  const Val xv = val(n.in[0]);
+  auto ot = r_.dtypes.find(n.out[0]);
+  if (quant) {
+    if (ot == r_.dtypes.end() || ot->second != qtype) throw Reject{"output type differs from the zero point's"};
+    QuantSetup q;
+    q.x_scale = scale, q.x_zero = zero, q.x_type = qtype;
+    Val v = quantized(n.in[0], q, with_dtype(xv.md, int8_dnnl_type(qtype)));
+    p_->bufs[v.buf].values++;  // the node's output is that value
+    vals_[n.out[0]] = v;
+    return;
+  }
+  if (xv.md.data_type() != int8_dnnl_type(qtype) || ot == r_.dtypes.end() || ot->second != KEEL_DTYPE_F32)
+    throw Reject{"u8/s8 -> f32 only, the zero point's type"};
+  dnnl::primitive_attr a;
+  a.set_output_scales(0, {scale});
+  if (zero != 0) a.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
+  Val& out = define(n.out[0], with_dtype(xv.md, dt::f32));
+  dnnl::reorder::primitive_desc pd(engine(), xv.md, engine(), out.md, a);
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_FROM, mem_of(xv)}, {DNNL_ARG_TO, mem_of(out)}};
+  if (zero != 0) args[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC] = zero_point_mem(zero);
+  exec(dnnl::reorder(pd), std::move(args));
+}
+
 // ------------------------------------------------------------------------------------------- the claim's state
 
 const char* kind_name(dnnl::primitive::kind k);
@@ -3450,6 +3744,82 @@ ConstT const_of(const keel_tensor_t* t) {
   return c;
 }
 
+// --- int8 nodes at claim time (Builder::qconv / qgemm)
+
+bool int8_op(const char* domain, const std::string& op) {
+  if (domain && *domain == 0) return op == "QuantizeLinear" || op == "DequantizeLinear";
+  return domain && std::strcmp(domain, "keel") == 0 && (op == "QConv" || op == "QGemm");
+}
+
+// An int8 node the chain may take: static shapes, X and Y u8/s8/f32, a 2-D QConv with an f32 Z if any; a
+// QuantizeLinear / DequantizeLinear of an activation (not of a constant: weights stay constants for the
+// convolutions reading them) with a constant scalar scale and zero point. The builder checks the rest; what it cannot
+// build stays on the standalone kernel. `is_const`: whether a value is an initializer or a folded constant.
+bool int8_candidate(const GraphScan& sc, keel_node_id_t n, const std::function<bool(const std::string&)>& is_const) {
+  auto ins = sc.ins(n), outs = sc.outs(n);
+  if (outs.size() != 1 || outs[0].empty() || ins.empty() || ins[0].empty()) return false;
+  auto ok = [](int32_t t) { return t == KEEL_DTYPE_U8 || t == KEEL_DTYPE_I8 || t == KEEL_DTYPE_F32; };
+  int32_t t = 0;
+  Dims d;
+  if (!sc.info(outs[0], &t, &d) || !ok(t) || numel(d) == 0) return false;
+  if (!sc.info(ins[0], &t, &d) || !ok(t)) return false;
+  if (sc.op(n) == "QuantizeLinear" || sc.op(n) == "DequantizeLinear") {
+    if (is_const(ins[0]) || ins.size() < 2 || ins.size() > 3 || !is_const(ins[1])) return false;
+    if (ins.size() == 3 && !ins[2].empty() && !is_const(ins[2])) return false;
+    // Only next to an int8 node (a QuantizeLinear a QConv / QGemm reads, a DequantizeLinear of one's output): a QDQ
+    // graph run as it is (fuse_qdq off) keeps its fp32 chains as they were.
+    auto int8_node = [&](keel_node_id_t m) { return sc.op(m) == "QConv" || sc.op(m) == "QGemm"; };
+    if (sc.op(n) == "QuantizeLinear") {
+      for (auto u : sc.consumers(outs[0]))
+        if (int8_node(u)) return true;
+      return false;
+    }
+    keel_node_id_t p = 0;
+    return sc.producer(ins[0], &p) && int8_node(p);
+  }
+  if (sc.op(n) == "QConv" && d.size() != 4) return false;
+  if (ins.size() > 8 && !ins[8].empty() && (!sc.info(ins[8], &t, &d) || t != KEEL_DTYPE_F32)) return false;
+  return true;
+}
+
+// The values fuse_qdq holds channels-last (NHWC bytes under the NCHW shape): a QConv's output with output_layout
+// NHWC, its X with input_layout NHWC, its Z with residual_layout NHWC, and the values of the element-wise Add /
+// QuantizeLinear nodes such values pass through (fuse_qdq keeps all of those channels-last together).
+std::set<std::string> channels_last_values(const GraphScan& sc) {
+  std::set<std::string> cl;
+  auto attr = [&](keel_node_id_t n, const char* name) {
+    const char* v = nullptr;
+    return sc.api->node_attr_string(sc.g, n, name, &v) && v ? std::string(v) : std::string();
+  };
+  for (keel_node_id_t n : sc.order) {
+    const char* dom = sc.api->node_domain(sc.g, n);
+    if (!dom || std::strcmp(dom, "keel") != 0 || sc.op(n) != "QConv") continue;
+    auto ins = sc.ins(n), outs = sc.outs(n);
+    const std::string out_l = attr(n, "output_layout");
+    if (out_l == "NHWC" && !outs.empty()) cl.insert(outs[0]);
+    if (attr(n, "input_layout") == "NHWC" && !ins.empty()) cl.insert(ins[0]);
+    const std::string z_l = attr(n, "residual_layout");
+    if (ins.size() > 8 && !ins[8].empty() && (z_l == "NHWC" || (z_l.empty() && out_l == "NHWC"))) cl.insert(ins[8]);
+  }
+  if (cl.empty()) return cl;
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (keel_node_id_t n : sc.order) {
+      const char* dom = sc.api->node_domain(sc.g, n);
+      const std::string op = sc.op(n);
+      if ((dom && *dom) || (op != "Add" && op != "QuantizeLinear")) continue;
+      auto vals = sc.ins(n);
+      vals.resize(op == "Add" ? std::min<size_t>(vals.size(), 2) : std::min<size_t>(vals.size(), 1));
+      for (const auto& o : sc.outs(n)) vals.push_back(o);
+      bool any = false;
+      for (const auto& v : vals) any = any || cl.count(v);
+      if (!any) continue;
+      for (const auto& v : vals) grew = cl.insert(v).second || grew;
+    }
+  }
+  return cl;
+}
+
 // 1-D convolutions, transposed convolutions and poolings run as 2-D ones: [N,C,L] is [N,C,1,L] (the same bytes, plain
 // or blocked), kernel 1xk, stride 1xs, pads (0,b)/(0,e). The lift rewrites the recipe before the plan is built, so
 // the 2-D code (algorithms, layouts, post-ops, the residual sum) serves 1-D networks unchanged:
@@ -3708,8 +4078,15 @@ keel_status_t claim_chains(void*, const G* g, const keel_graph_api_t* api, keel_
 
     // 2. Candidates: f32 data, static shapes.
     std::set<keel_node_id_t> cand;
+    std::set<std::string> channels_last;  // int8 values the graph holds channels-last
     for (keel_node_id_t n : sc.order) {
       if (const_nodes.count(n)) continue;
+      if (int8_op(api->node_domain(g, n), sc.op(n))) {  // int8 steps (Builder::qconv / qgemm)
+        if (int8_candidate(sc, n, [&](const std::string& v) { return is_init(v) || consts.count(v) > 0; }))
+          cand.insert(n);
+        if (channels_last.empty()) channels_last = channels_last_values(sc);
+        continue;
+      }
       if (!claimable_domain(api->node_domain(g, n), sc.op(n))) continue;
       std::string op = sc.op(n);
       if (!compute_ops().count(op)) continue;
@@ -3870,6 +4247,7 @@ keel_status_t claim_chains(void*, const G* g, const keel_graph_api_t* api, keel_
         }
         nm << ")";
         r.name = nm.str();
+        r.channels_last = channels_last;
         lift_1d(r);
         try {
           chain->plan = Builder(r).build();

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <iostream>
 #include <map>
 #include <set>
@@ -192,6 +194,61 @@ TEST(DeviceConformance, ChainsClaimedWhole) {
       else ADD_FAILURE() << c.label << ": node " << node << " (" << op << ") ran on " << kernel << ", not in the chain";
     }
     EXPECT_EQ(subgraphs, 1) << c.label;
+  }
+  EXPECT_GT(cases, 0);
+}
+
+// INT8 chain cases (keel.QConv / keel.QGemm nodes) claimed as one oneDNN subgraph compute what the standalone int8
+// kernels compute node by node (SessionOptions::claims = false): the same primitives and loops, so integer outputs
+// are equal and f32 ones equal up to the f32 steps' summation order (pooling over another layout; the fp32 prefix's
+// convolutions, whose algorithm may differ outside a chain, can move a value across a rounding boundary of the
+// quantization after them: one step, x_scale 0.02, times a few weights).
+TEST(DeviceConformance, Int8ChainsMatchTheStandaloneKernels) {
+  Envs& e = envs();
+  ASSERT_TRUE(e.dut);
+  if (!plugin_loaded(*e.dut, "cpu_onednn")) GTEST_SKIP() << "cpu_onednn is not loaded";
+  int cases = 0;
+  for (const OpCase& c : all_cases()) {
+    bool int8 = false, f32_conv = false;
+    for (const ChainNode& n : c.chain) {
+      int8 = int8 || n.op == "keel.QConv" || n.op == "keel.QGemm";
+      f32_conv = f32_conv || n.op == "Conv";
+    }
+    if (!int8) continue;
+    ++cases;
+    std::vector<Tensor> outs[2];
+    for (int claims = 0; claims < 2; ++claims) {
+      Built b = build(c);
+      SessionOptions so;
+      so.devices = {"cpu"};
+      so.claims = claims != 0;
+      auto s = Session::create(*e.dut, std::move(b.graph), so);
+      ASSERT_TRUE(s.is_ok()) << c.label << ": " << s.status().to_string();
+      bool chain = false;
+      for (const auto& [node, op, dev, kernel] : (*s)->placement()) chain = chain || op == "Subgraph";
+      EXPECT_EQ(chain, claims != 0) << c.label;
+      auto r = (*s)->run(b.feeds);
+      ASSERT_TRUE(r.is_ok()) << c.label << ": " << r.status().to_string();
+      outs[claims] = std::move(r).value();
+    }
+    ASSERT_EQ(outs[0].size(), outs[1].size());
+    for (size_t k = 0; k < outs[0].size(); ++k) {
+      const Tensor &a = outs[0][k], &b = outs[1][k];
+      ASSERT_EQ(a.dtype(), b.dtype()) << c.label;
+      ASSERT_EQ(a.shape(), b.shape()) << c.label;
+      if (a.dtype() != DType::kF32) {
+        EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(), a.byte_size()), 0) << c.label << ": integer outputs differ";
+        continue;
+      }
+      const float* x = a.data<float>();
+      const float* y = b.data<float>();
+      double worst = 0, scale = 1;
+      for (int64_t i = 0; i < a.numel(); ++i) {
+        worst = std::max(worst, static_cast<double>(std::fabs(x[i] - y[i])));
+        scale = std::max(scale, static_cast<double>(std::fabs(x[i])));
+      }
+      EXPECT_LE(worst, (f32_conv ? 1e-2 : 1e-5) * scale) << c.label << ": chain and standalone kernels differ";
+    }
   }
   EXPECT_GT(cases, 0);
 }

@@ -2433,6 +2433,143 @@ void add_attention_cases(std::vector<OpCase>& v) {
   }
 }
 
+// INT8 chains: consecutive keel.QConv / keel.QGemm nodes as fuse_qdq leaves them (channels-last bytes between
+// QConvs, f32 residual streams quantized by their readers, a folded residual Add as Z), which a device may claim as
+// one subgraph (the cpu_onednn plugin does: onednn_subgraph.cc, Builder::qconv / qgemm). The default tolerances:
+// requantisation may round apart from the reference at a tie (x * (1 / scale) against a division), rare with these
+// random values, and then one step in one inner value.
+void add_int8_chain_cases(std::vector<OpCase>& v) {
+  auto qc = [](std::vector<std::string> ins, int64_t k, int64_t s, int64_t g, const char* act,
+               std::map<std::string, Attribute> extra = {}) {
+    const int64_t p = k / 2;
+    std::map<std::string, Attribute> a = {{"kernel_shape", Is({k, k})}, {"strides", Is({s, s})},
+                                          {"pads", Is({p, p, p, p})}, {"group", I(g)}};
+    if (act[0]) a["activation"] = S(act);
+    if (std::string(act) == "Clip") a["activation_params"] = Attribute::of_floats({0.f, 6.f});
+    for (auto& [key, val] : extra) a[key] = val;
+    return ChainNode{"keel.QConv", std::move(ins), std::move(a)};
+  };
+  // Weights, bias, per-channel weight scales of a layer `k` ([M, C/g, k, k]).
+  auto layer = [](OpCase& c, const std::string& k, int64_t M, int64_t Cg, int64_t ks, float wscale) {
+    c.inputs.push_back(qin("W" + k, {M, Cg, ks, ks}, DType::kI8, true, -127.f, 127.f));
+    c.inputs.push_back(in("B" + k, {M}, true, -0.5f, 0.5f));
+    c.inputs.push_back(qconst("WS" + k, {M}, DType::kF32, channel_scales(M, wscale)));
+  };
+  auto act_q = [](OpCase& c, const std::string& k, float scale, float zp, DType t = DType::kU8) {
+    c.inputs.push_back(qconst("S" + k, {}, DType::kF32, {scale}));
+    c.inputs.push_back(qconst("Z" + k, {}, t, {zp}));
+  };
+  const std::map<std::string, Attribute> nhwc_io = {{"input_layout", S("NHWC")}, {"output_layout", S("NHWC")}};
+  {
+    // MobileNetV2's inverted residual from an f32 input: X quantized by the expand 1x1 (u8, Clip), the depthwise
+    // 3x3 over channels-last bytes, the project 1x1 with X as Z (f32 out, channels-last), the next expand quantizing
+    // that residual again and writing u8 channels-last bytes as the graph's output.
+    OpCase c;
+    c.op = "Chain";
+    c.label = "int8 inverted residual: f32 X -> QConv 1x1 expand -> depthwise 3x3 -> project 1x1 +Z -> QConv u8 NHWC";
+    c.inputs = {in("X", {1, 24, 14, 14}, false, -3.f, 3.f)};
+    act_q(c, "x", 0.03f, 128);  // X's quantization: 6/256 per step
+    layer(c, "e", 96, 24, 1, 0.004f);
+    act_q(c, "e", 0.03f, 0);
+    layer(c, "d", 96, 1, 3, 0.004f);
+    act_q(c, "d", 0.03f, 0);
+    layer(c, "p", 24, 96, 1, 0.002f);
+    layer(c, "n", 32, 24, 1, 0.004f);
+    act_q(c, "n", 0.05f, 3);
+    c.chain = {qc({"X", "We", "Be", "Sx", "Zx", "WSe", "Se", "Ze"}, 1, 1, 1, "Clip", {{"output_layout", S("NHWC")}}),
+               qc({"$0", "Wd", "Bd", "Se", "Ze", "WSd", "Sd", "Zd"}, 3, 1, 96, "Clip", nhwc_io),
+               qc({"$1", "Wp", "Bp", "Sd", "Zd", "WSp", "", "", "X"}, 1, 1, 1, "",
+                  {{"input_layout", S("NHWC")}, {"output_layout", S("NHWC")}, {"residual_layout", S("NCHW")}}),
+               qc({"$2", "Wn", "Bn", "Sx", "Zx", "WSn", "Sn", "Zn"}, 1, 1, 1, "Relu", nhwc_io)};
+    c.claim_whole = true;
+    v.push_back(c);
+  }
+  {
+    // The fp32 -> int8 boundary inside one chain: an f32 Conv over 24 channels (oneDNN's nChw16c after a blocked
+    // producer, a partial last block) quantized straight into the expand's layout, a residual block with it as Z, a
+    // stride-2 block whose project writes f32, then GlobalAveragePool, Flatten and a QGemm quantizing its f32 A
+    // (MobileNetV2's tail).
+    OpCase c;
+    c.op = "Chain";
+    c.label = "int8 after an fp32 prefix: Conv+Relu, Conv -> int8 block +Z -> stride-2 depthwise -> GlobalAveragePool -> "
+              "QGemm";
+    c.inputs = {in("X", {1, 16, 14, 14}), in("W0", {32, 16, 3, 3}, true, -0.3f, 0.3f), in("B0", {32}, true),
+                in("W1", {24, 32, 1, 1}, true, -0.3f, 0.3f), in("B1", {24}, true)};
+    act_q(c, "x", 0.02f, 128);
+    layer(c, "e", 96, 24, 1, 0.004f);
+    act_q(c, "e", 0.03f, 0);
+    layer(c, "d", 96, 1, 3, 0.004f);
+    act_q(c, "d", 0.03f, 0);
+    layer(c, "p", 24, 96, 1, 0.002f);
+    layer(c, "e2", 64, 24, 1, 0.004f);
+    act_q(c, "e2", 0.03f, 0);
+    layer(c, "d2", 64, 1, 3, 0.004f);
+    act_q(c, "d2", 0.03f, 0);
+    layer(c, "p2", 40, 64, 1, 0.003f);
+    c.inputs.push_back(qin("G", {10, 40}, DType::kI8, true, -127.f, 127.f));
+    c.inputs.push_back(in("GB", {10}, true));
+    c.inputs.push_back(qconst("GS", {10}, DType::kF32, channel_scales(10, 0.003f)));
+    act_q(c, "g", 0.01f, 128);
+    c.chain = {{"Conv", {"X", "W0", "B0"}, {{"kernel_shape", Is({3, 3})}, {"pads", Is({1, 1, 1, 1})}}},
+               {"Relu", {"$0"}, {}},
+               {"Conv", {"$1", "W1", "B1"}, {{"kernel_shape", Is({1, 1})}}},
+               qc({"$2", "We", "Be", "Sx", "Zx", "WSe", "Se", "Ze"}, 1, 1, 1, "Clip", {{"output_layout", S("NHWC")}}),
+               qc({"$3", "Wd", "Bd", "Se", "Ze", "WSd", "Sd", "Zd"}, 3, 1, 96, "Clip", nhwc_io),
+               qc({"$4", "Wp", "Bp", "Sd", "Zd", "WSp", "", "", "$2"}, 1, 1, 1, "",
+                  {{"input_layout", S("NHWC")}, {"output_layout", S("NHWC")}, {"residual_layout", S("NCHW")}}),
+               qc({"$5", "We2", "Be2", "Sx", "Zx", "WSe2", "Se2", "Ze2"}, 1, 1, 1, "Clip", nhwc_io),
+               qc({"$6", "Wd2", "Bd2", "Se2", "Ze2", "WSd2", "Sd2", "Zd2"}, 3, 2, 64, "Clip", nhwc_io),
+               qc({"$7", "Wp2", "Bp2", "Sd2", "Zd2", "WSp2"}, 1, 1, 1, "", {{"input_layout", S("NHWC")}}),
+               {"GlobalAveragePool", {"$8"}, {}},
+               {"Flatten", {"$9"}, {}},
+               {"keel.QGemm", {"$10", "G", "GB", "Sg", "Zg", "GS"}, {{"transB", I(1)}}}};
+    c.claim_whole = true;
+    v.push_back(c);
+  }
+  {
+    // What fuse_qdq leaves of QuantizeLinear / DequantizeLinear: a QuantizeLinear two QConvs read (not folded into
+    // either), DequantizeLinears of the QConvs' u8 outputs read by an f32 Add.
+    OpCase c;
+    c.op = "Chain";
+    c.label = "int8 QuantizeLinear read by two QConvs -> DequantizeLinear of each -> Add";
+    c.inputs = {in("X", {1, 20, 9, 11}, false, -2.f, 2.f)};
+    act_q(c, "x", 0.015f, 120);
+    layer(c, "a", 32, 20, 3, 0.003f);
+    act_q(c, "a", 0.04f, 5);
+    layer(c, "b", 32, 20, 1, 0.004f);
+    act_q(c, "b", 0.03f, -2, DType::kI8);
+    c.chain = {{"QuantizeLinear", {"X", "Sx", "Zx"}, {}},
+               qc({"$0", "Wa", "Ba", "Sx", "Zx", "WSa", "Sa", "Za"}, 3, 1, 1, "Relu"),
+               qc({"$0", "Wb", "Bb", "Sx", "Zx", "WSb", "Sb", "Zb"}, 1, 1, 1, ""),
+               {"DequantizeLinear", {"$1", "Sa", "Za"}, {}},
+               {"DequantizeLinear", {"$2", "Sb", "Zb"}, {}},
+               {"Add", {"$3", "$4"}, {}}};
+    c.claim_whole = true;
+    v.push_back(c);
+  }
+  {
+    // ResNet's int8 basic block, batch 2: channels-last u8 bytes as the chain's input (input_layout NHWC), s8
+    // activations with a zero point, a 3x3 stride 2, the downsampling 1x1 as the second 3x3's Z, MaxPool of the f32
+    // output.
+    OpCase c;
+    c.op = "Chain";
+    c.label = "int8 downsampling basic block, batch 2: u8 NHWC in -> 3x3 s2 (s8) -> 3x3 +Z (1x1 s2) -> MaxPool";
+    c.inputs = {qin("X", {2, 32, 10, 10}, DType::kU8, false, 0.f, 255.f)};
+    act_q(c, "x", 0.02f, 7);
+    layer(c, "a", 48, 32, 3, 0.002f);
+    act_q(c, "a", 0.05f, -3, DType::kI8);
+    layer(c, "b", 48, 48, 3, 0.002f);
+    layer(c, "s", 48, 32, 1, 0.004f);
+    c.chain = {qc({"X", "Wa", "Ba", "Sx", "Zx", "WSa", "Sa", "Za"}, 3, 2, 1, "Relu", nhwc_io),
+               qc({"X", "Ws", "Bs", "Sx", "Zx", "WSs"}, 1, 2, 1, "", nhwc_io),
+               qc({"$0", "Wb", "Bb", "Sa", "Za", "WSb", "", "", "$1"}, 3, 1, 1, "Relu",
+                  {{"input_layout", S("NHWC")}, {"residual_layout", S("NHWC")}}),
+               {"MaxPool", {"$2"}, {{"kernel_shape", Is({2, 2})}, {"strides", Is({2, 2})}}}};
+    c.claim_whole = true;
+    v.push_back(c);
+  }
+}
+
 std::vector<OpCase> make_cases() {
   std::vector<OpCase> v;
   add_conv_cases(v);
@@ -2448,6 +2585,7 @@ std::vector<OpCase> make_cases() {
   add_training_cases(v);
   add_chain_cases(v);
   add_bf16_chain_cases(v);
+  add_int8_chain_cases(v);  // after the bf16 copies: int8 chains have none
   add_bf16_inference_cases(v);  // before the GPU cases: bf16 copies of the f32 tables above only
   add_fused_and_half_cases(v);
   add_attention_cases(v);
