@@ -286,6 +286,16 @@ void run_from_phases(const Exec& e) {
                     phase_shape(x, p), e.single ? 1 : omp_get_max_threads());
 }
 
+// Exec::own of the source of a merged bottleneck end (Builder::conv_residual_merged, onednn_dilated.h): DNNL_ARG_SRC
+// h and DNNL_ARG_SRC_1 x into DNNL_ARG_DST, params its MergedSourceShape; split over the OpenMP team by rows unless
+// the step is a single-thread one.
+void run_merged_source(const Exec& e) {
+  merged_source16(static_cast<const float*>(e.args.at(DNNL_ARG_SRC).get_data_handle()),
+                  static_cast<const float*>(e.args.at(DNNL_ARG_SRC_1).get_data_handle()),
+                  static_cast<float*>(e.args.at(DNNL_ARG_DST).get_data_handle()),
+                  *static_cast<const MergedSourceShape*>(e.params.get()), e.single ? 1 : omp_get_max_threads());
+}
+
 void run_step(const Exec& e, dnnl::stream& s) {
   if (e.own) e.own(e);
   else e.prim.execute(s, e.args);
@@ -1584,7 +1594,7 @@ bool Builder::conv_pool_fused(size_t i) {
 // channels of h and of x (every other row and column) side by side, with the weights [W_h | W_x] and the biases
 // summed: the shortcut's output never goes to memory and back for a sum post-op, oneDNN's strided 1x1 (which
 // gathers the strided source per thread) is not used, and the reduction is longer. h is reordered into the first
-// channels of an nChw16c buffer, x subsampled into the rest through a strided view of its nChw16c memory. Post-ops:
+// channels of an nChw16c buffer, x subsampled into the rest (one own step, onednn_dilated.h). Post-ops:
 // what follows the Add (Relu). Batch 1, f32, channels multiples of 16, node `i` being the first of the two
 // convolutions; false, changing nothing, otherwise or when oneDNN offers no jit kernel. (With a stride-1 shortcut,
 // ResNet-50's layer1.0, h and x copied into one buffer made it slower: PERFORMANCE.md.)
@@ -1667,8 +1677,22 @@ bool Builder::conv_residual_merged(size_t i) {
   Val& cv = define(key, cmd);
   const int cbuf = cv.buf;
   const uint64_t coff = cv.off, xoff = coff + static_cast<uint64_t>(Ch) * h[2] * h[3] * sizeof(float);
-  {
-    const Val hv = vals_[n.in[0]];
+  const Val hv = vals_[n.in[0]];
+  const md_t hnhwc(to_dnnl(h), dt::f32, tag::nhwc);
+  if (hv.md == hnhwc || hv.md == hmd) {
+    // One own step (onednn_dilated.h) for both: at 2 threads oneDNN's two reorders took 0.091 / 0.047 / 0.033 ms
+    // in ResNet-50's layer2.0 / 3.0 / 4.0, this 0.068 / 0.031 / 0.030 (level at 1 thread): PERFORMANCE.md, (r50e).
+    MergedSourceShape ms;
+    ms.ch = Ch, ms.cx = Cx, ms.h = h[2], ms.w = h[3], ms.xh = x[2], ms.xw = x[3], ms.stride = sj;
+    ms.h_nhwc = hv.md == hnhwc;
+    Exec e;
+    e.own = run_merged_source;
+    e.own_kind = "reorder";
+    e.args = {{DNNL_ARG_SRC, mem_of(hv)}, {DNNL_ARG_SRC_1, mem_of(xv)}, {DNNL_ARG_DST, mem_at(cmd, cbuf, coff)}};
+    e.params = std::make_shared<const MergedSourceShape>(ms);
+    exec_own(std::move(e), "keel:merged_source", true,
+             n.name + " " + dims_str(h) + " + " + dims_str(x) + " -> " + dims_str(cat));
+  } else {
     dnnl::memory s1 = mem_of(hv), d1 = mem_at(hmd, cbuf, coff);
     layout_reorder_ = true;
     exec(dnnl::reorder(s1, d1), {{DNNL_ARG_FROM, s1}, {DNNL_ARG_TO, d1}});
