@@ -333,8 +333,16 @@ class WeightArena {
   uint64_t used_ = 0;
 };
 
+// A convolution whose implementation a claim-time plan took untimed (Builder's time_convs off): the candidates and
+// margins fastest_conv_remembered would have timed; the plan took the first.
+struct DeferredPick {
+  std::vector<dnnl::convolution_forward::primitive_desc> cands;
+  std::vector<double> margins;
+};
+
 struct Plan {
   int threads = 0;
+  std::vector<DeferredPick> deferred;  // a claim-time plan's untimed picks (see run_chain)
   WeightArena weights;  // declared before `owned` and the steps: freed after them
   double flops = 0;  // of the convolutions and matmuls
   std::vector<Buf> bufs;
@@ -425,7 +433,9 @@ struct NodeReject {
 
 class Builder {
  public:
-  explicit Builder(const Recipe& r) : r_(r) {}
+  // time_convs off (the claim's plan, built before the session's team is known): convolutions take oneDNN's first
+  // implementation instead of timing the candidates, which the plan records in Plan::deferred.
+  explicit Builder(const Recipe& r, bool time_convs = true) : r_(r), time_convs_(time_convs) {}
 
   std::unique_ptr<Plan> build();
 
@@ -695,6 +705,7 @@ class Builder {
   void cast(size_t i);
 
   const Recipe& r_;
+  bool time_convs_ = true;
   std::unique_ptr<Plan> p_;
   std::map<std::string, std::pair<int, uint64_t>> concat_parts_;  // concat input -> (buffer, byte offset)
   std::map<std::string, int> concat_bufs_;                         // concat output -> its buffer
@@ -1448,8 +1459,10 @@ void Builder::conv(size_t i) {
         cands.push_back(*pd), margins.push_back(0.05);
       pd = std::move(wpd);
     }
-    pd = std::make_unique<dnnl::convolution_forward::primitive_desc>(
-        cands[fastest_conv_remembered(cands, engine(), stream(), margins)]);
+    size_t pick = 0;
+    if (time_convs_) pick = fastest_conv_remembered(cands, engine(), stream(), margins);
+    else if (cands.size() > 1) p_->deferred.push_back({cands, margins});
+    pd = std::make_unique<dnnl::convolution_forward::primitive_desc>(cands[pick]);
   }
   // Other spatial convolutions (strided 3x3s, dilated ones, 3x3s Winograd leaves): oneDNN's brgemm kernel over nhwc
   // beats its nChw16c jit one here, the reorders in and out included. Measured in ResNet-50 at 1 thread (fastest
@@ -3119,6 +3132,16 @@ void run_chain(Chain& ch, Ctx& c) {
       if (on) omp_set_num_threads(n);
     }
   } restore{one, team};
+  // The claim's plan took its convolutions untimed (the session's team was not known then): on the team it was built
+  // for, time them now and rebuild only when one of them picks another implementation; on another team, rebuild.
+  // (A 1-thread session used to time every such convolution twice, once for the claim's default team.)
+  if (ch.plan && ch.plan->threads == omp_get_max_threads() && !ch.plan->deferred.empty()) {
+    bool same = true;
+    for (const DeferredPick& d : ch.plan->deferred)
+      same = fastest_conv_remembered(d.cands, engine(), stream(), d.margins) == 0 && same;
+    if (same) ch.plan->deferred.clear();
+    else ch.plan.reset();
+  }
   if (!ch.plan || ch.plan->threads != omp_get_max_threads()) ch.plan = Builder(ch.recipe).build();
   Plan& p = *ch.plan;
   std::vector<void*> base(p.bufs.size(), nullptr);
@@ -3771,7 +3794,7 @@ keel_status_t claim_chains(void*, const G* g, const keel_graph_api_t* api, keel_
         r.name = nm.str();
         lift_1d(r);
         try {
-          chain->plan = Builder(r).build();
+          chain->plan = Builder(r, /*time_convs=*/false).build();
         } catch (const NodeReject& e) {
           if (e.node < r.nodes.size()) {
             std::string msg = "claim: node '" + r.nodes[e.node].name + "' (" + r.nodes[e.node].op +
