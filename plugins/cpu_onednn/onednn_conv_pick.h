@@ -34,10 +34,10 @@ size_t fastest_conv(const std::vector<dnnl::convolution_forward::primitive_desc>
                     dnnl::stream& strm, int reps = 7, const std::vector<double>& margins = {});
 
 // fastest_conv with the answer remembered for the rest of the process, per team size, candidate implementations (in
-// order), their source / weights / destination memory descriptors and margins: a session's claim builds its chains'
-// plans once to see what they accept and again on the first run (when the team differs, or after a node was left
-// out), a network repeats shapes, and another session over the same shapes asks the same questions (ResNet-50 at 1
-// thread: 26 timings became 20). Thread-safe (one mutex; the timing itself runs under it, so two plans never time at
+// order), their source / weights / destination memory descriptors and margins: a plan is rebuilt after a node was
+// left out of a claim or for another team, a network repeats shapes, and another session over the same shapes asks
+// the same questions (ResNet-50 at 1 thread: 26 timings became 20; the claim's own plan no longer times at all, see
+// onednn_subgraph.cc run_chain). Thread-safe (one mutex; the timing itself runs under it, so two plans never time at
 // once).
 size_t fastest_conv_remembered(const std::vector<dnnl::convolution_forward::primitive_desc>& cands,
                                const dnnl::engine& eng, dnnl::stream& strm, const std::vector<double>& margins);

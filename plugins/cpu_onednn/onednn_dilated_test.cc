@@ -1,5 +1,5 @@
-// plugins/cpu_onednn/onednn_dilated_test.cc — space-to-batch / batch-to-space of nChw16c memory (onednn_dilated.h)
-// against the index formula.
+// plugins/cpu_onednn/onednn_dilated_test.cc — the layout steps of onednn_dilated.h (space-to-batch / batch-to-space
+// of nChw16c memory, the merged bottleneck source) against the index formula.
 #include "onednn_dilated.h"
 
 #include <gtest/gtest.h>
@@ -37,6 +37,33 @@ TEST(OnednnDilated, PhasesHoldEveryDthRowAndColumn) {
   check({1, 2, 9, 6, 3}, 2);
   check({3, 1, 5, 5, 1}, 2);   // d = 1: a copy
   check({1, 2, 16, 16, 4}, 4);  // more threads than needed is fine
+}
+
+// merged_source16: channel c < ch of output pixel (y, x) is h's (nhwc or nChw16c), channel ch + c is x's at
+// (stride*y, stride*x); every output element is written.
+void check_merged(const MergedSourceShape& s, int team) {
+  std::vector<float> h(s.ch * s.h * s.w), x(s.cx * s.xh * s.xw), out((s.ch + s.cx) * s.h * s.w, -1.f);
+  for (size_t k = 0; k < h.size(); ++k) h[k] = static_cast<float>(k) + 0.25f;
+  for (size_t k = 0; k < x.size(); ++k) x[k] = -static_cast<float>(k) - 0.5f;
+  merged_source16(h.data(), x.data(), out.data(), s, team);
+  const PhaseShape o{1, (s.ch + s.cx) / 16, s.h, s.w, 1}, xs{1, s.cx / 16, s.xh, s.xw, 1};
+  for (int64_t c = 0; c < s.ch + s.cx; ++c)
+    for (int64_t y = 0; y < s.h; ++y)
+      for (int64_t j = 0; j < s.w; ++j) {
+        const float want = c < s.ch ? h[s.h_nhwc ? (y * s.w + j) * s.ch + c : at(o, s.h, s.w, 0, c, y, j)]
+                                    : x[at(xs, s.xh, s.xw, 0, c - s.ch, s.stride * y, s.stride * j)];
+        ASSERT_EQ(out[at(o, s.h, s.w, 0, c, y, j)], want)
+            << "c " << c << " y " << y << " x " << j << " nhwc " << s.h_nhwc << " stride " << s.stride;
+      }
+}
+
+TEST(OnednnDilated, MergedSourcePutsBothInputsSideBySide) {
+  // {ch, cx, h, w, xh, xw, stride, h_nhwc}
+  check_merged({48, 32, 8, 8, 15, 15, 2, true}, 1);   // odd input: the last row and column are the 15th
+  check_merged({48, 32, 8, 8, 16, 16, 2, true}, 2);
+  check_merged({16, 64, 7, 5, 14, 10, 2, false}, 2);  // h nChw16c, rows split unevenly
+  check_merged({32, 16, 3, 4, 9, 12, 3, true}, 4);    // more threads than rows
+  check_merged({16, 16, 5, 5, 5, 5, 1, false}, 1);
 }
 
 }  // namespace

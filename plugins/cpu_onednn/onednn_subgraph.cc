@@ -337,6 +337,16 @@ void run_int8_quantize(const Exec& e) {
   }
 }
 
+// Exec::own of the source of a merged bottleneck end (Builder::conv_residual_merged, onednn_dilated.h): DNNL_ARG_SRC
+// h and DNNL_ARG_SRC_1 x into DNNL_ARG_DST, params its MergedSourceShape; split over the OpenMP team by rows unless
+// the step is a single-thread one.
+void run_merged_source(const Exec& e) {
+  merged_source16(static_cast<const float*>(e.args.at(DNNL_ARG_SRC).get_data_handle()),
+                  static_cast<const float*>(e.args.at(DNNL_ARG_SRC_1).get_data_handle()),
+                  static_cast<float*>(e.args.at(DNNL_ARG_DST).get_data_handle()),
+                  *static_cast<const MergedSourceShape*>(e.params.get()), e.single ? 1 : omp_get_max_threads());
+}
+
 void run_step(const Exec& e, dnnl::stream& s) {
   if (e.own) e.own(e);
   else e.prim.execute(s, e.args);
@@ -374,8 +384,16 @@ class WeightArena {
   uint64_t used_ = 0;
 };
 
+// A convolution whose implementation a claim-time plan took untimed (Builder's time_convs off): the candidates and
+// margins fastest_conv_remembered would have timed; the plan took the first.
+struct DeferredPick {
+  std::vector<dnnl::convolution_forward::primitive_desc> cands;
+  std::vector<double> margins;
+};
+
 struct Plan {
   int threads = 0;
+  std::vector<DeferredPick> deferred;  // a claim-time plan's untimed picks (see run_chain)
   WeightArena weights;  // declared before `owned` and the steps: freed after them
   double flops = 0;  // of the convolutions and matmuls
   std::vector<Buf> bufs;
@@ -466,7 +484,9 @@ struct NodeReject {
 
 class Builder {
  public:
-  explicit Builder(const Recipe& r) : r_(r) {}
+  // time_convs off (the claim's plan, built before the session's team is known): convolutions take oneDNN's first
+  // implementation instead of timing the candidates, which the plan records in Plan::deferred.
+  explicit Builder(const Recipe& r, bool time_convs = true) : r_(r), time_convs_(time_convs) {}
 
   std::unique_ptr<Plan> build();
 
@@ -755,6 +775,7 @@ class Builder {
   void cast(size_t i);
 
   const Recipe& r_;
+  bool time_convs_ = true;
   std::unique_ptr<Plan> p_;
   std::map<std::string, std::pair<int, uint64_t>> concat_parts_;  // concat input -> (buffer, byte offset)
   std::map<std::string, int> concat_bufs_;                         // concat output -> its buffer
@@ -1516,8 +1537,10 @@ void Builder::conv(size_t i) {
         cands.push_back(*pd), margins.push_back(0.05);
       pd = std::move(wpd);
     }
-    pd = std::make_unique<dnnl::convolution_forward::primitive_desc>(
-        cands[fastest_conv_remembered(cands, engine(), stream(), margins)]);
+    size_t pick = 0;
+    if (time_convs_) pick = fastest_conv_remembered(cands, engine(), stream(), margins);
+    else if (cands.size() > 1) p_->deferred.push_back({cands, margins});
+    pd = std::make_unique<dnnl::convolution_forward::primitive_desc>(cands[pick]);
   }
   // Other spatial convolutions (strided 3x3s, dilated ones, 3x3s Winograd leaves): oneDNN's brgemm kernel over nhwc
   // beats its nChw16c jit one here, the reorders in and out included. Measured in ResNet-50 at 1 thread (fastest
@@ -1662,7 +1685,7 @@ bool Builder::conv_pool_fused(size_t i) {
 // channels of h and of x (every other row and column) side by side, with the weights [W_h | W_x] and the biases
 // summed: the shortcut's output never goes to memory and back for a sum post-op, oneDNN's strided 1x1 (which
 // gathers the strided source per thread) is not used, and the reduction is longer. h is reordered into the first
-// channels of an nChw16c buffer, x subsampled into the rest through a strided view of its nChw16c memory. Post-ops:
+// channels of an nChw16c buffer, x subsampled into the rest (one own step, onednn_dilated.h). Post-ops:
 // what follows the Add (Relu). Batch 1, f32, channels multiples of 16, node `i` being the first of the two
 // convolutions; false, changing nothing, otherwise or when oneDNN offers no jit kernel. (With a stride-1 shortcut,
 // ResNet-50's layer1.0, h and x copied into one buffer made it slower: PERFORMANCE.md.)
@@ -1745,8 +1768,22 @@ bool Builder::conv_residual_merged(size_t i) {
   Val& cv = define(key, cmd);
   const int cbuf = cv.buf;
   const uint64_t coff = cv.off, xoff = coff + static_cast<uint64_t>(Ch) * h[2] * h[3] * sizeof(float);
-  {
-    const Val hv = vals_[n.in[0]];
+  const Val hv = vals_[n.in[0]];
+  const md_t hnhwc(to_dnnl(h), dt::f32, tag::nhwc);
+  if (hv.md == hnhwc || hv.md == hmd) {
+    // One own step (onednn_dilated.h) for both: at 2 threads oneDNN's two reorders took 0.091 / 0.047 / 0.033 ms
+    // in ResNet-50's layer2.0 / 3.0 / 4.0, this 0.068 / 0.031 / 0.030 (level at 1 thread): PERFORMANCE.md, (r50e).
+    MergedSourceShape ms;
+    ms.ch = Ch, ms.cx = Cx, ms.h = h[2], ms.w = h[3], ms.xh = x[2], ms.xw = x[3], ms.stride = sj;
+    ms.h_nhwc = hv.md == hnhwc;
+    Exec e;
+    e.own = run_merged_source;
+    e.own_kind = "reorder";
+    e.args = {{DNNL_ARG_SRC, mem_of(hv)}, {DNNL_ARG_SRC_1, mem_of(xv)}, {DNNL_ARG_DST, mem_at(cmd, cbuf, coff)}};
+    e.params = std::make_shared<const MergedSourceShape>(ms);
+    exec_own(std::move(e), "keel:merged_source", true,
+             n.name + " " + dims_str(h) + " + " + dims_str(x) + " -> " + dims_str(cat));
+  } else {
     dnnl::memory s1 = mem_of(hv), d1 = mem_at(hmd, cbuf, coff);
     layout_reorder_ = true;
     exec(dnnl::reorder(s1, d1), {{DNNL_ARG_FROM, s1}, {DNNL_ARG_TO, d1}});
@@ -3512,6 +3549,16 @@ void run_chain(Chain& ch, Ctx& c) {
       if (on) omp_set_num_threads(n);
     }
   } restore{one, team};
+  // The claim's plan took its convolutions untimed (the session's team was not known then): on the team it was built
+  // for, time them now and rebuild only when one of them picks another implementation; on another team, rebuild.
+  // (A 1-thread session used to time every such convolution twice, once for the claim's default team.)
+  if (ch.plan && ch.plan->threads == omp_get_max_threads() && !ch.plan->deferred.empty()) {
+    bool same = true;
+    for (const DeferredPick& d : ch.plan->deferred)
+      same = fastest_conv_remembered(d.cands, engine(), stream(), d.margins) == 0 && same;
+    if (same) ch.plan->deferred.clear();
+    else ch.plan.reset();
+  }
   if (!ch.plan || ch.plan->threads != omp_get_max_threads()) ch.plan = Builder(ch.recipe).build();
   Plan& p = *ch.plan;
   std::vector<void*> base(p.bufs.size(), nullptr);
@@ -4250,7 +4297,7 @@ keel_status_t claim_chains(void*, const G* g, const keel_graph_api_t* api, keel_
         r.channels_last = channels_last;
         lift_1d(r);
         try {
-          chain->plan = Builder(r).build();
+          chain->plan = Builder(r, /*time_convs=*/false).build();
         } catch (const NodeReject& e) {
           if (e.node < r.nodes.size()) {
             std::string msg = "claim: node '" + r.nodes[e.node].name + "' (" + r.nodes[e.node].op +

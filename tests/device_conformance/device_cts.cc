@@ -1160,6 +1160,29 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // The same merged bottleneck end with the 3x3 over 16 channels (oneDNN's jit kernel, nChw16c, not brgemm's
+    // nhwc): the merged source's own step copies h from nChw16c; even spatial size, no bias on the shortcut.
+    OpCase c;
+    c.op = "Chain";
+    c.claim_whole = true;
+    c.label = "bottleneck stride 2, batch 1, 16-channel 3x3 (nChw16c): last 1x1 and the shortcut as one convolution";
+    c.inputs = {in("X", {1, 16, 14, 14}), in("WI", {32, 16, 1, 1}, true, -0.4f, 0.4f),
+                in("W0", {16, 32, 1, 1}, true, -0.4f, 0.4f), in("B0", {16}, true),
+                in("W1", {16, 16, 3, 3}, true, -0.3f, 0.3f), in("B1", {16}, true),
+                in("W2", {48, 16, 1, 1}, true, -0.3f, 0.3f), in("B2", {48}, true),
+                in("WD", {48, 32, 1, 1}, true, -0.3f, 0.3f)};
+    c.chain = {conv({"X", "WI"}, 1, 1, 0),  // the block's input x, [1,32,14,14] in nChw16c
+               conv({"$0", "W0", "B0"}, 1, 1, 0),
+               {"Relu", {"$1"}, {}},
+               conv({"$2", "W1", "B1"}, 3, 2, 1),  // [1,16,7,7]
+               {"Relu", {"$3"}, {}},
+               conv({"$4", "W2", "B2"}, 1, 1, 0),
+               conv({"$0", "WD"}, 1, 2, 0),  // [1,48,7,7]
+               {"Add", {"$5", "$6"}, {}},
+               {"Relu", {"$7"}, {}}};
+    v.push_back(c);
+  }
+  {
     // A dilated 3x3 (no Winograd) over 32 channels: brgemm in nhwc, read by an Add with its own input and a global
     // average pool.
     OpCase c;
