@@ -53,17 +53,21 @@ dnnl::memory::data_type int8_dnnl_type(int32_t keel_dtype) {
 
 namespace {
 
-float view_scalar_f32(const QNodeView& c, int i, const char* what) {
+// A constant scalar input of a node, read through a QNodeView (the shared set-up) or a kernel context (the
+// standalone QuantizeLinear / DequantizeLinear): both have the same accessors.
+template <class Node>
+float scalar_f32(const Node& c, int i, const char* what) {
   if (!c.is_constant(i) || numel(c.dims(i)) != 1 || c.dtype(i) != KEEL_DTYPE_F32)
     throw Reject{std::string(what) + " must be a constant f32 scalar"};
-  return c.data<float>(i)[0];
+  return c.template data<float>(i)[0];
 }
 
-int32_t view_scalar_zp(const QNodeView& c, int i, const char* what) {
+template <class Node>
+int32_t scalar_zp(const Node& c, int i, const char* what) {
   if (!c.has_input(i)) return 0;
   if (!c.is_constant(i) || numel(c.dims(i)) != 1) throw Reject{std::string(what) + " must be a constant scalar"};
-  if (c.dtype(i) == KEEL_DTYPE_U8) return c.data<uint8_t>(i)[0];
-  if (c.dtype(i) == KEEL_DTYPE_I8) return c.data<int8_t>(i)[0];
+  if (c.dtype(i) == KEEL_DTYPE_U8) return c.template data<uint8_t>(i)[0];
+  if (c.dtype(i) == KEEL_DTYPE_I8) return c.template data<int8_t>(i)[0];
   throw Reject{std::string(what) + " must be u8 or s8"};
 }
 
@@ -75,17 +79,17 @@ void QuantSetup::read(const QNodeView& c, int64_t channels) {
   if (x_type != KEEL_DTYPE_U8 && x_type != KEEL_DTYPE_I8) throw Reject{"X must be u8, s8 or f32"};
   if (c.has_input(4) && c.dtype(4) != x_type) throw Reject{"x_zero_point's type differs from X's"};
   if (c.dtype(1) != KEEL_DTYPE_I8 || !c.is_constant(1) || !c.dims_known(1)) throw Reject{"W must be a constant s8"};
-  x_scale = view_scalar_f32(c, 3, "x_scale");
+  x_scale = scalar_f32(c, 3, "x_scale");
   if (x_f32 && !(x_scale > 0 && std::isfinite(x_scale))) throw Reject{"x_scale must be positive to quantize an f32 X"};
-  x_zero = view_scalar_zp(c, 4, "x_zero_point");
+  x_zero = scalar_zp(c, 4, "x_zero_point");
   if (!c.is_constant(5) || c.dtype(5) != KEEL_DTYPE_F32) throw Reject{"w_scale must be a constant f32"};
   const int64_t nws = numel(c.dims(5));
   if (nws != 1 && nws != channels) throw Reject{"w_scale must be a scalar or per output channel"};
   w_scale.assign(c.data<float>(5), c.data<float>(5) + nws);
   if (c.has_input(6) != c.has_input(7)) throw Reject{"y_scale without y_zero_point"};
   if (c.has_input(6)) {
-    y_scale = view_scalar_f32(c, 6, "y_scale");
-    y_zero = view_scalar_zp(c, 7, "y_zero_point");
+    y_scale = scalar_f32(c, 6, "y_scale");
+    y_zero = scalar_zp(c, 7, "y_zero_point");
     y_type = c.dtype(7);
     if (!(y_scale > 0)) throw Reject{"y_scale must be positive"};
   }
@@ -297,20 +301,6 @@ struct StepProfile {
     g_host->log(g_int8_plugin, KEEL_LOG_INFO, os.str().c_str());
   }
 };
-
-float scalar_f32(const Ctx& c, int i, const char* what) {
-  if (!c.is_constant(i) || numel(c.dims(i)) != 1 || c.dtype(i) != KEEL_DTYPE_F32)
-    throw Reject{std::string(what) + " must be a constant f32 scalar"};
-  return c.data<float>(i)[0];
-}
-
-int32_t scalar_zp(const Ctx& c, int i, const char* what) {
-  if (!c.has_input(i)) return 0;
-  if (!c.is_constant(i) || numel(c.dims(i)) != 1) throw Reject{std::string(what) + " must be a constant scalar"};
-  if (c.dtype(i) == KEEL_DTYPE_U8) return c.data<uint8_t>(i)[0];
-  if (c.dtype(i) == KEEL_DTYPE_I8) return c.data<int8_t>(i)[0];
-  throw Reject{std::string(what) + " must be u8 or s8"};
-}
 
 // The node's inputs and activation as the shared set-up (onednn_int8.h) reads them.
 QNodeView view_of(const Ctx& c) {
