@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -114,15 +115,21 @@ std::pair<dnnl::convolution_forward::primitive_desc, dnnl::convolution_forward::
           })};
 }
 
-TEST(OnednnConvPick, FastestPicksTheJitKernelOverASlowOne) {
-  // One thread: a team of two on a busy machine waits for its second thread longer than these runs take.
-  omp_set_num_threads(1);
-  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-  dnnl::stream strm(eng);
-  auto [jit, slow] = jit_and_slow(eng);
-  if (!slow) {
-    GTEST_SKIP() << "no SSE4.1 or reference kernel listed";
+// The timing tests: one thread (a team of two on a busy machine waits for its second thread longer than these runs
+// take), the jit and slow candidates of jit_and_slow; skipped where oneDNN lists no slow one.
+class OnednnConvPickTiming : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    omp_set_num_threads(1);
+    std::tie(jit, slow) = jit_and_slow(eng);
+    if (!slow) GTEST_SKIP() << "no SSE4.1 or reference kernel listed";
   }
+  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+  dnnl::stream strm{eng};
+  dnnl::convolution_forward::primitive_desc jit, slow;
+};
+
+TEST_F(OnednnConvPickTiming, FastestPicksTheJitKernelOverASlowOne) {
   ASSERT_NE(std::string(jit.impl_info_str()).rfind("ref", 0), 0u);
   EXPECT_EQ(fastest_conv({slow, jit}, eng, strm, 3), 1u);
   EXPECT_EQ(fastest_conv({jit, slow}, eng, strm, 3), 0u);
@@ -131,14 +138,7 @@ TEST(OnednnConvPick, FastestPicksTheJitKernelOverASlowOne) {
   EXPECT_EQ(fastest_conv({slow, jit}, eng, strm, 3, {0.0, 0.999}), 0u);
 }
 
-TEST(OnednnConvPick, RemembersEachAnswerPerCandidatesAndTeam) {
-  omp_set_num_threads(1);
-  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-  dnnl::stream strm(eng);
-  auto [jit, slow] = jit_and_slow(eng);
-  if (!slow) {
-    GTEST_SKIP() << "no SSE4.1 or reference kernel listed";
-  }
+TEST_F(OnednnConvPickTiming, RemembersEachAnswerPerCandidatesAndTeam) {
   const size_t before = remembered_conv_picks();
   EXPECT_EQ(fastest_conv_remembered({slow, jit}, eng, strm, {0.0, 0.05}), 1u);
   EXPECT_EQ(remembered_conv_picks(), before + 1);

@@ -654,6 +654,29 @@ class Builder {
     return reads == 1 ? u[0] : npos;
   }
   static constexpr size_t npos = static_cast<size_t>(-1);
+  // A value of dims `y` read only by a Transpose (a valid perm, default reversed): its producer may write the
+  // transposed layout directly, so that the Transpose costs nothing (matmul(), attention()). Returns the Transpose
+  // (npos if none) with the transposed dims in *yt and, in *ys, the strides of `y` whose transposed view is dense.
+  size_t sole_transpose(const std::string& v, const Dims& y, Dims* yt, Dims* ys) {
+    const size_t tr = sole_user(v);
+    if (tr == npos) return npos;
+    const NodeDesc& t = r_.nodes[tr];
+    Dims perm = t.ais("perm", {});
+    if (perm.empty())
+      for (size_t k = y.size(); k-- > 0;) perm.push_back(static_cast<int64_t>(k));
+    if (t.op != "Transpose" || t.out.size() != 1 || t.in[0] != v || perm.size() != y.size()) return npos;
+    std::vector<bool> seen(y.size(), false);
+    for (int64_t k : perm) {
+      if (k < 0 || k >= static_cast<int64_t>(y.size()) || seen[k]) return npos;
+      seen[k] = true;
+    }
+    yt->resize(y.size());
+    for (size_t k = 0; k < y.size(); ++k) (*yt)[k] = y[perm[k]];
+    const Dims st = dense_strides(*yt);
+    ys->resize(y.size());
+    for (size_t k = 0; k < y.size(); ++k) (*ys)[perm[k]] = st[k];
+    return tr;
+  }
   // Whether every reader of `v` is a keel.Attention, directly or through Transposes (and `v` stays in the claim).
   bool read_by_attention_only(const std::string& v) {
     if (escapes(v) || users(v).empty()) return false;
@@ -2177,30 +2200,9 @@ void Builder::matmul(size_t i) {
   // A product read only by a Transpose (attention's heads, [B,H,S,Dh] -> [B,S,H,Dh], before the Reshape that joins
   // them): written straight into the transposed layout (oneDNN's brgemm matmul takes a strided destination), so the
   // Transpose is a plain value and costs nothing.
-  size_t tr = collapse || !f.sum_with.empty() ? npos : sole_user(f.out);
-  Dims yt;
-  if (tr != npos) {
-    const NodeDesc& t = r_.nodes[tr];
-    Dims perm = t.ais("perm", {});
-    if (perm.empty())
-      for (size_t k = y.size(); k-- > 0;) perm.push_back(static_cast<int64_t>(k));
-    bool ok = t.op == "Transpose" && t.out.size() == 1 && t.in[0] == f.out && perm.size() == y.size();
-    std::vector<bool> seen(y.size(), false);
-    for (size_t k = 0; ok && k < perm.size(); ++k) {
-      ok = perm[k] >= 0 && perm[k] < static_cast<int64_t>(y.size()) && !seen[perm[k]];
-      if (ok) seen[perm[k]] = true;
-    }
-    if (ok) {
-      yt.resize(y.size());
-      for (size_t k = 0; k < y.size(); ++k) yt[k] = y[perm[k]];
-      Dims st(y.size(), 1), ys(y.size());
-      for (size_t k = y.size() - 1; k-- > 0;) st[k] = st[k + 1] * yt[k + 1];
-      for (size_t k = 0; k < y.size(); ++k) ys[perm[k]] = st[k];
-      ymd = strided_md(y, ys, act_);
-    } else {
-      tr = npos;
-    }
-  }
+  Dims yt, ys;
+  size_t tr = collapse || !f.sum_with.empty() ? npos : sole_transpose(f.out, y, &yt, &ys);
+  if (tr != npos) ymd = strided_md(y, ys, act_);
   // Weights: a constant is prepacked in the primitive's layout; a value is read where it is.
   const ConstT* bc = cst(bn);
   md_t bmd;
@@ -2711,28 +2713,12 @@ void Builder::attention(size_t i) {
   // The output: plain, or transposed for a Transpose that alone reads it.
   StridedView out{y, dense_strides(y)};
   std::string out_name = n.out[0];
-  size_t tr = sole_user(n.out[0]);
+  Dims yt, ys;
+  const size_t tr = sole_transpose(n.out[0], y, &yt, &ys);
   if (tr != npos) {
-    const NodeDesc& t = r_.nodes[tr];
-    Dims perm = t.ais("perm", {});
-    if (perm.empty())
-      for (size_t k = y.size(); k-- > 0;) perm.push_back(static_cast<int64_t>(k));
-    bool ok = t.op == "Transpose" && t.out.size() == 1 && perm.size() == y.size();
-    std::vector<bool> seen(y.size(), false);
-    for (size_t k = 0; ok && k < perm.size(); ++k) {
-      ok = perm[k] >= 0 && perm[k] < static_cast<int64_t>(y.size()) && !seen[perm[k]];
-      if (ok) seen[perm[k]] = true;
-    }
-    if (ok) {
-      Dims yt(y.size());
-      for (size_t k = 0; k < y.size(); ++k) yt[k] = y[perm[k]];
-      const Dims st = dense_strides(yt);
-      for (size_t k = 0; k < y.size(); ++k) out.strides[perm[k]] = st[k];
-      out_name = t.out[0];
-      y = yt;
-    } else {
-      tr = npos;
-    }
+    out.strides = ys;
+    out_name = r_.nodes[tr].out[0];
+    y = yt;
   }
   AttentionShape s = attention_plan(views[0], views[1], views[2], has_mask ? &views[3] : nullptr, out, scale,
                                     std::max(1, p_->threads));
