@@ -7,6 +7,12 @@ round so that no engine always runs right after another. Reported: each engine's
 and Keel's paired speed ratio (peer latency / Keel latency within one round, median over rounds; > 1 means Keel is
 faster). With --verify, Keel's output on test_data_set_0 is compared with the PyTorch reference output first.
 
+A cell with fewer threads than the machine has CPUs runs every engine of a round on the same CPUs (round r on
+CPUs r*T.. mod the CPU count, so the rounds rotate over them; --no-pin turns this off): on a virtual machine one
+vCPU can be much slower than another (measured on the 2-vCPU development host: efficientnet_b0 at 1 thread, Keel
+6.4 vs 7.8 ms and ONNX Runtime 7.9 vs 10.0 ms on vCPU 0 vs vCPU 1), and unpinned, each fresh process lands on
+either, so a round's ratio measured the placement more than the engines.
+
 The models come from ../shared/peers/make_models.py (setup.sh puts them in /tmp/keel-peers/models).
 
   tools/compare_peers.py --models simple_cnn,resnet18,transformer_enc --threads 2 --rounds 3 --iters 20
@@ -23,8 +29,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-def run_json(cmd, env=None, timeout=600):
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+def run_json(cmd, env=None, timeout=600, cpus=None):
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, preexec_fn=pin)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr.strip()[-500:]}")
     out = p.stdout.strip()
@@ -66,6 +73,8 @@ def main():
     ap.add_argument("--peers", default="ort,torch", help="which peers: ort, torch (eager), ts (TorchScript)")
     ap.add_argument("--verify", action="store_true", help="check Keel's output against the reference first")
     ap.add_argument("--json", help="also write the raw results to this file")
+    ap.add_argument("--no-pin", action="store_true",
+                    help="let the scheduler place each engine (default: a round's engines share its CPUs)")
     a = ap.parse_args()
 
     openblas = os.path.join(os.path.dirname(a.models_dir), "openblas/usr/lib/x86_64-linux-gnu/openblas-openmp")
@@ -94,13 +103,18 @@ def main():
         for threads in a.threads.split(","):
             med = {e: [] for e in engines}
             paired = {e: [] for e in engines if e != "keel"}
+            allowed = sorted(os.sched_getaffinity(0))
+            t = int(threads)
             for r in range(a.rounds):
                 order = engines[r % len(engines):] + engines[:r % len(engines)]
+                cpus = None
+                if not a.no_pin and t < len(allowed):
+                    cpus = {allowed[(r * t + k) % len(allowed)] for k in range(t)}
                 got = {}
                 for e in order:
                     c, env = cmd(e, model_dir, threads)
                     try:
-                        j = run_json(c, env)
+                        j = run_json(c, env, cpus=cpus)
                     except Exception as ex:  # a peer that cannot run this model is reported, not fatal
                         print(f"  {model} t={threads} {e}: {ex}", file=sys.stderr)
                         continue
@@ -110,8 +124,9 @@ def main():
                 for e in paired:
                     if "keel" in got and e in got:
                         paired[e].append(got[e] / got["keel"])
-                print(f"  {model} t={threads} round {r}: " + ", ".join(f"{e} {got[e]:.3f} ms" for e in order if e in got),
-                      flush=True)
+                where = f" (cpu {','.join(map(str, sorted(cpus)))})" if cpus else ""
+                print(f"  {model} t={threads} round {r}{where}: " +
+                      ", ".join(f"{e} {got[e]:.3f} ms" for e in order if e in got), flush=True)
             row = {"model": model, "threads": threads}
             for e in engines:
                 row[e] = statistics.median(med[e]) if med[e] else None
