@@ -164,6 +164,8 @@ struct Options {
                          // stays a step of its own (Builder::conv_dw_fused)
   bool silu_pass = true; // KEEL_ONEDNN_SILU_PASS=0 or [options] silu_pass = false: a convolution's trailing SiLU runs
                          // as oneDNN's swish post-op instead of the chain's own pass (onednn_silu.h)
+  bool dw_silu = true;   // KEEL_ONEDNN_DW_SILU=0 or [options] dw_silu = false: a depthwise convolution followed by SiLU
+                         // stays oneDNN's primitive and SiLU passes instead of the chain's own step (onednn_dwsilu.h)
   bool profile = false;  // KEEL_ONEDNN_PROFILE=1: claimed subgraphs time their primitives (logged at info)
 };
 extern Options g_options;

@@ -9,6 +9,7 @@
 // Newton step (2.6 ns), and the integer 2^n cheaper than vrndscaleps/vscalefps (3.0 ns).
 // Below x = -87 the result is 0 (the exact value is under 1e-35); NaN stays NaN, +inf gives +inf, -inf gives 0.
 #include "onednn_silu.h"
+#include "onednn_silu16.h"
 
 #include <immintrin.h>
 
@@ -16,35 +17,6 @@
 
 namespace keel::onednn {
 namespace {
-
-// GCC 12 warns about its own _mm512_undefined_ps() inside max/min/div (a false positive).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-__attribute__((target("avx512f"), always_inline)) inline __m512 silu16(__m512 x) {
-  const __m512 lo = _mm512_set1_ps(-87.f), hi = _mm512_set1_ps(87.f), nl2e = _mm512_set1_ps(-1.44269504088896f);
-  const __m512 magic = _mm512_set1_ps(12582912.f);  // 1.5 * 2^23
-  const __m512 ln2 = _mm512_set1_ps(0.693147180559945f);
-  const __m512 one = _mm512_set1_ps(1.f);
-  // exp(-r) = 1 - p1 r + p2 r^2 - ...: oneDNN's minimax coefficients for exp, odd ones negated.
-  const __m512 p1 = _mm512_set1_ps(-0.999999701f), p2 = _mm512_set1_ps(0.499991506f),
-               p3 = _mm512_set1_ps(-0.166676521f), p4 = _mm512_set1_ps(0.0418978221f),
-               p5 = _mm512_set1_ps(-0.00828929059f);
-  const __m512 xc = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
-  const __m512 z = _mm512_fmadd_ps(xc, nl2e, magic);  // 1.5 * 2^23 + n, n = round(-x * log2(e))
-  const __m512 n = _mm512_sub_ps(z, magic);
-  const __m512 r = _mm512_fmadd_ps(n, ln2, xc);
-  __m512 q = _mm512_fmadd_ps(p5, r, p4);
-  q = _mm512_fmadd_ps(q, r, p3);
-  q = _mm512_fmadd_ps(q, r, p2);
-  q = _mm512_fmadd_ps(q, r, p1);
-  q = _mm512_fmadd_ps(q, r, one);
-  // 2^n: n + 127 shifted into the exponent field (the integer part of z's bits above them shifts out).
-  const __m512 pow2n =
-      _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_castps_si512(z), _mm512_set1_epi32(127)), 23));
-  // x / (1 + exp(-x)), 0 below -87 (NaN kept).
-  return _mm512_maskz_div_ps(_mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ), x, _mm512_fmadd_ps(q, pow2n, one));
-}
-#pragma GCC diagnostic pop
 
 __attribute__((target("avx512f"))) void silu_avx512(float* p, size_t n) {
   size_t i = 0;

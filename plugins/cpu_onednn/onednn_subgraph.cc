@@ -62,6 +62,7 @@
 #include "onednn_conv_pick.h"
 #include "onednn_convpool.h"
 #include "onednn_dilated.h"
+#include "onednn_dwsilu.h"
 #include "onednn_int8.h"
 #include "onednn_silu.h"
 
@@ -275,6 +276,20 @@ void run_conv_pool(const Exec& e) {
   const int team = std::max(1, std::min(e.single ? 1 : omp_get_max_threads(), room));
   conv_pool_run(s, ptr(DNNL_ARG_SRC), ptr(DNNL_ARG_WEIGHTS), ptr(DNNL_ARG_BIAS), ptr(DNNL_ARG_DST),
                 static_cast<float*>(scratch.get_data_handle()), team);
+}
+
+// Exec::own of a depthwise convolution + SiLU (Builder::conv_dw_silu, onednn_dwsilu.h): SRC and DST nChw16c,
+// WEIGHTS packed, BIAS, kArgPooled (when present) the output's channel means, DNNL_ARG_SCRATCHPAD room for the team;
+// split over the OpenMP team by 16-channel blocks.
+void run_dw_silu(const Exec& e) {
+  const auto& s = *static_cast<const DwSiluShape*>(e.params.get());
+  auto ptr = [&](int arg) { return static_cast<float*>(e.args.at(arg).get_data_handle()); };
+  const dnnl::memory& scratch = e.args.at(DNNL_ARG_SCRATCHPAD);
+  const int room = static_cast<int>(scratch.get_desc().get_size() / sizeof(float) / dw_silu_scratch_floats(s));
+  const int team = std::max(1, std::min(e.single ? 1 : omp_get_max_threads(), room));
+  dw_silu_run(s, ptr(DNNL_ARG_SRC), ptr(DNNL_ARG_WEIGHTS), ptr(DNNL_ARG_BIAS), ptr(DNNL_ARG_DST),
+              e.args.count(kArgPooled) ? ptr(kArgPooled) : nullptr, static_cast<float*>(scratch.get_data_handle()),
+              team);
 }
 
 // Exec::own of the phase steps of a dilated convolution (Builder::conv_dilated_phases): DNNL_ARG_SRC nChw16c
@@ -750,6 +765,12 @@ class Builder {
                            double flops);
   bool conv_dw_fused(size_t i, const Fusion& f, const md_t& src, const md_t& wany, const md_t& bmd,
                      const std::vector<float>& w, const std::vector<float>& bias, double flops);
+  // A depthwise convolution whose output goes through SiLU as one step of the chain's own (onednn_dwsilu.h), the
+  // SiLU of its source too when its producer left that to it (defer_silu: deferred_silu_ holds those values).
+  bool dw_silu_plan(size_t u, DwSiluShape* s, Fusion* f);
+  bool defer_silu(const std::string& v, const md_t& md);
+  bool conv_dw_silu(size_t i);
+  std::set<std::string> deferred_silu_;
   void matmul(size_t i);
   void pool(size_t i);
   void eltwise(size_t i);
@@ -1419,6 +1440,8 @@ void Builder::conv(size_t i) {
   const NodeDesc& n = r_.nodes[i];
   if (conv_residual_merged(i)) return;
   if (conv_pool_fused(i)) return;
+  if (conv_dw_silu(i)) return;
+  if (deferred_silu_.erase(n.in[0])) exec_silu(val(n.in[0]), n.in[0]);  // (not reached: defer_silu checked the plan)
   Dims x = dims_of(n.in[0]);
   const ConstT* W = cst(n.in_at(1));
   const ConstT* B = n.in_at(2).empty() ? nullptr : cst(n.in_at(2));
@@ -1607,6 +1630,114 @@ void Builder::conv(size_t i) {
   md_t wplain(to_dnnl(wd), dt::f32, weights_tag(sp, g > 1, false));
   conv_like_tail(i, f, dnnl::convolution_forward(*pd), pd->src_desc(), pd->weights_desc(), pd->dst_desc(), wplain,
                  w, has_bias, bias, conv_flops, {}, src_name, chan_scale);
+}
+
+// Node u as the chain's own depthwise convolution + SiLU step (onednn_dwsilu.h): a Conv with constant f32 weights
+// [C,1,k,k], group C, k 3 or 5, equal strides 1 or 2, the same padding on every side, no dilation, its output through
+// the SiLU pass (take_silu) and nothing else after the constant bias, BatchNormalization or Add folds; with AVX-512,
+// f32, and the silu_pass and dw_silu options on. True with its geometry and fusion; false otherwise. Changes
+// nothing.
+bool Builder::dw_silu_plan(size_t u, DwSiluShape* s, Fusion* f) {
+  if (!g_options.dw_silu || !g_options.silu_pass || !has_avx512f() || act_ != dt::f32) return false;
+  const NodeDesc& n = r_.nodes[u];
+  if (n.op != "Conv" || done_[u] || n.out.size() != 1 || n.in.size() < 2) return false;
+  if (pad_folds_.count(n.in[0]) || se_folds_.count(n.in[0])) return false;
+  const ConstT* W = cst(n.in_at(1));
+  const ConstT* B = n.in_at(2).empty() ? nullptr : cst(n.in_at(2));
+  if (!W || W->dtype != KEEL_DTYPE_F32 || W->dims.size() != 4 || (!n.in_at(2).empty() && !B)) return false;
+  const Dims x = dims_of(n.in[0]);
+  if (x.size() != 4) return false;
+  s->n = x[0], s->c = x[1], s->h = x[2], s->w = x[3], s->k = W->dims[2];
+  if (W->dims != Dims{s->c, 1, s->k, s->k} || n.ai("group", 1) != s->c || (B && B->count() != s->c)) return false;
+  if (n.ais("kernel_shape", {s->k, s->k}) != Dims{s->k, s->k} || n.ais("dilations", {1, 1}) != Dims{1, 1})
+    return false;
+  const Dims st = n.ais("strides", {1, 1}), pads = n.ais("pads", {0, 0, 0, 0});
+  const std::string ap = n.as("auto_pad", "NOTSET");
+  if (st.size() != 2 || st[0] != st[1] || st[0] < 1 || pads.size() != 4 || (ap != "NOTSET" && !ap.empty()))
+    return false;
+  if (pads[1] != pads[0] || pads[2] != pads[0] || pads[3] != pads[0]) return false;
+  s->s = st[0], s->p = pads[0];
+  if (s->h + 2 * s->p < s->k || s->w + 2 * s->p < s->k) return false;
+  s->oh = (s->h + 2 * s->p - s->k) / s->s + 1;
+  s->ow = (s->w + 2 * s->p - s->k) / s->s + 1;
+  if (!dw_silu_check(*s).empty()) return false;
+  if (auto known = r_.dims.find(n.out[0]); known != r_.dims.end() && known->second != Dims{s->n, s->c, s->oh, s->ow})
+    return false;
+  *f = fuse_after(n.out[0], u, true, s->c);
+  return take_silu(*f) && f->po.len() == 0 && f->sum_with.empty();
+}
+
+// Called where a convolution's trailing SiLU pass would run over value v (memory md): when v's only reader is a
+// depthwise convolution the chain's own step takes (dw_silu_plan) over nChw16c memory, that step applies the SiLU
+// to its source rows as it reads them instead (the pass's read and write of v saved: 4.8 MB at EfficientNet-B0's
+// 112-px expansion). True when deferred (v in deferred_silu_); false, changing nothing, otherwise.
+bool Builder::defer_silu(const std::string& v, const md_t& md) {
+  if (escapes(v) || users(v).size() != 1) return false;
+  const size_t u = users(v)[0];
+  DwSiluShape s;
+  Fusion f;
+  if (!dw_silu_plan(u, &s, &f) || r_.nodes[u].in[0] != v) return false;
+  if (md != md_t(to_dnnl(Dims{s.n, s.c, s.h, s.w}), dt::f32, tag::nChw16c)) return false;
+  deferred_silu_.insert(v);
+  return true;
+}
+
+// Builds node i as the depthwise convolution + SiLU step when dw_silu_plan takes it and its source is nChw16c:
+// the SiLU of the source too when deferred to it (defer_silu), and a GlobalAveragePool reading the output (squeeze-
+// excite) computed on the way. Measured in EfficientNet-B0 at 1 thread: PERFORMANCE.md, "(sq2)". True when built;
+// false, changing nothing, otherwise.
+bool Builder::conv_dw_silu(size_t i) {
+  DwSiluShape s;
+  Fusion f;
+  if (!dw_silu_plan(i, &s, &f)) return false;
+  const NodeDesc& n = r_.nodes[i];
+  const Dims x{s.n, s.c, s.h, s.w}, y{s.n, s.c, s.oh, s.ow};
+  auto xv = vals_.find(n.in[0]);
+  if (xv == vals_.end() || xv->second.scale != 1.f || xv->second.md != md_t(to_dnnl(x), dt::f32, tag::nChw16c))
+    return false;
+  s.in_silu = deferred_silu_.erase(n.in[0]) > 0;
+  const ConstT* W = cst(n.in_at(1));
+  const ConstT* B = n.in_at(2).empty() ? nullptr : cst(n.in_at(2));
+  const int64_t kk = s.k * s.k;
+  std::vector<float> w(W->f32(), W->f32() + W->count()), bias(static_cast<size_t>(s.c), 0.f);
+  for (int64_t c = 0; c < s.c; ++c) {
+    if (B) bias[c] = static_cast<float>(B->at(c));
+    if (!f.bn_scale.empty()) {
+      for (int64_t t = 0; t < kk; ++t) w[c * kk + t] *= f.bn_scale[c];
+      bias[c] = bias[c] * f.bn_scale[c] + f.bn_shift[c];
+    }
+    if (!f.conv_bias_add.empty()) bias[c] += f.conv_bias_add[c];
+  }
+  Exec e;
+  p_->owned.emplace_back(md_t({s.c * kk}, dt::f32, tag::a), engine(), p_->weights.alloc(w.size() * sizeof(float)));
+  dw_silu_pack_weights(s, w.data(), static_cast<float*>(p_->owned.back().get_data_handle()));
+  e.args[DNNL_ARG_WEIGHTS] = p_->owned.back();
+  p_->owned.emplace_back(md_t({s.c}, dt::f32, tag::a), engine());
+  std::memcpy(p_->owned.back().get_data_handle(), bias.data(), bias.size() * sizeof(float));
+  e.args[DNNL_ARG_BIAS] = p_->owned.back();
+  const int64_t scratch = static_cast<int64_t>(dw_silu_scratch_floats(s)) * std::max(1, p_->threads);
+  e.args[DNNL_ARG_SCRATCHPAD] = mem_at(md_t({scratch}, dt::f32, tag::a), new_buf(scratch * sizeof(float)), 0);
+  e.args[DNNL_ARG_SRC] = mem_of(xv->second);
+  Val& o = define(f.out, md_t(to_dnnl(y), dt::f32, tag::nChw16c));
+  e.args[DNNL_ARG_DST] = mem_of(o);
+  std::string what = " + SiLU ";
+  for (size_t u : users(f.out)) {
+    const NodeDesc& pn = r_.nodes[u];
+    if (done_[u] || pn.op != "GlobalAveragePool" || pn.in.size() != 1 || pn.in[0] != f.out || pn.out.size() != 1)
+      continue;
+    e.args[kArgPooled] = mem_of(define(pn.out[0], md_t({s.n, s.c, 1, 1}, dt::f32, tag::nChw16c)));
+    done_[u] = true;
+    what = " + SiLU + GlobalAveragePool ";
+    break;
+  }
+  e.own = run_dw_silu;
+  e.own_kind = "convolution";
+  e.params = std::make_shared<const DwSiluShape>(s);
+  p_->flops += 2.0 * static_cast<double>(numel(y) * kk);
+  exec_own(std::move(e), "keel:dw_silu_avx512", false,
+           (s.in_silu ? "SiLU + " : "") + n.name + what + dims_str(x) + " -> " + dims_str(y));
+  for (size_t k : f.nodes) done_[k] = true;
+  return true;
 }
 
 // A convolution over at most 4 channels read plain (a network's first layer, on the image), followed by a Relu
@@ -2018,7 +2149,7 @@ void Builder::conv_like_tail(size_t i, const Fusion& f, dnnl::primitive prim, co
   args[DNNL_ARG_DST] = mem_of(out);
   p_->flops += flops;
   exec(std::move(prim), std::move(args));
-  if (f.silu_pass) exec_silu(out, f.out);
+  if (f.silu_pass && !defer_silu(f.out, out.md)) exec_silu(out, f.out);
   for (size_t k : f.nodes) done_[k] = true;
 }
 
