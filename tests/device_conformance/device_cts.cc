@@ -1617,6 +1617,24 @@ void add_chain_cases(std::vector<OpCase>& v) {
                conv({"$12", "WP", "BP"}, 1, 1, 0),     {"Add", {"$13", "X"}, {}}};
     v.push_back(c);
   }
+  // The oneDNN device's own depthwise + SiLU step (onednn_dwsilu.h) at batch 2: a 5x5 stride-2 depthwise convolution
+  // over an even-sized image (its last tap column is padding) whose source is no convolution's (no SiLU deferred to
+  // it), SiLU, the squeeze-excite pooling of its output computed by the same step, then a 3x3 stride-1 one whose
+  // source SiLU is deferred from the 1x1 before it.
+  {
+    OpCase c;
+    c.op = "Chain";
+    c.label = "depthwise 5x5 s2 + SiLU + pooling at batch 2, then 1x1 + SiLU into depthwise 3x3 + SiLU";
+    c.inputs = {in("X", {2, 32, 12, 10}),        in("WD", {32, 1, 5, 5}, true, -0.3f, 0.3f), in("BD", {32}, true),
+                in("WE", {32, 32, 1, 1}, true, -0.3f, 0.3f), in("WD2", {32, 1, 3, 3}, true, -0.4f, 0.4f),
+                in("BD2", {32}, true)};
+    c.chain = {conv({"X", "WD", "BD"}, 5, 2, 2, 32),  {"Sigmoid", {"$0"}, {}},  {"Mul", {"$0", "$1"}, {}},
+               {"GlobalAveragePool", {"$2"}, {}},                                                        // $3
+               conv({"$2", "WE"}, 1, 1, 0),          {"Sigmoid", {"$4"}, {}},  {"Mul", {"$4", "$5"}, {}},
+               conv({"$6", "WD2", "BD2"}, 3, 1, 1, 32), {"Sigmoid", {"$7"}, {}}, {"Mul", {"$8", "$7"}, {}},
+               {"Add", {"$9", "$3"}, {}}};
+    v.push_back(c);
+  }
   // SiLU as the chain's own pass after a convolution whose residual Add is a sum post-op, over 40 channels (nChw16c
   // padded to 48) at batch 2; the squeeze-excite GlobalAveragePool computed by that same pass (all batches and
   // channel blocks), then the excitation and the projection.
