@@ -166,6 +166,8 @@ struct Options {
                          // as oneDNN's swish post-op instead of the chain's own pass (onednn_silu.h)
   bool dw_silu = true;   // KEEL_ONEDNN_DW_SILU=0 or [options] dw_silu = false: a depthwise convolution followed by SiLU
                          // stays oneDNN's primitive and SiLU passes instead of the chain's own step (onednn_dwsilu.h)
+  bool se_step = true;   // KEEL_ONEDNN_SE_STEP=0 or [options] se_step = false: squeeze-excite's excitation runs as
+                         // oneDNN steps instead of the chain's own one (onednn_se.h)
   bool profile = false;  // KEEL_ONEDNN_PROFILE=1: claimed subgraphs time their primitives (logged at info)
 };
 extern Options g_options;

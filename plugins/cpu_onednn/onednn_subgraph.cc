@@ -64,6 +64,7 @@
 #include "onednn_dilated.h"
 #include "onednn_dwsilu.h"
 #include "onednn_int8.h"
+#include "onednn_se.h"
 #include "onednn_silu.h"
 
 namespace keel::onednn {
@@ -290,6 +291,15 @@ void run_dw_silu(const Exec& e) {
   dw_silu_run(s, ptr(DNNL_ARG_SRC), ptr(DNNL_ARG_WEIGHTS), ptr(DNNL_ARG_BIAS), ptr(DNNL_ARG_DST),
               e.args.count(kArgPooled) ? ptr(kArgPooled) : nullptr, static_cast<float*>(scratch.get_data_handle()),
               team);
+}
+
+// Exec::own of squeeze-excite's excitation (Builder::se_excite_fused, onednn_se.h): SRC the pooled channels, WEIGHTS
+// packed, DST the scale; on the calling thread (a single-thread step).
+void run_se(const Exec& e) {
+  se_excite(*static_cast<const SeShape*>(e.params.get()),
+            static_cast<const float*>(e.args.at(DNNL_ARG_WEIGHTS).get_data_handle()),
+            static_cast<const float*>(e.args.at(DNNL_ARG_SRC).get_data_handle()),
+            static_cast<float*>(e.args.at(DNNL_ARG_DST).get_data_handle()));
 }
 
 // Exec::own of the phase steps of a dilated convolution (Builder::conv_dilated_phases): DNNL_ARG_SRC nChw16c
@@ -771,6 +781,7 @@ class Builder {
   bool defer_silu(const std::string& v, const md_t& md);
   bool conv_dw_silu(size_t i);
   std::set<std::string> deferred_silu_;
+  bool se_excite_fused(size_t i);
   void matmul(size_t i);
   void pool(size_t i);
   void eltwise(size_t i);
@@ -1441,6 +1452,7 @@ void Builder::conv(size_t i) {
   if (conv_residual_merged(i)) return;
   if (conv_pool_fused(i)) return;
   if (conv_dw_silu(i)) return;
+  if (se_excite_fused(i)) return;
   if (deferred_silu_.erase(n.in[0])) exec_silu(val(n.in[0]), n.in[0]);  // (not reached: defer_silu checked the plan)
   Dims x = dims_of(n.in[0]);
   const ConstT* W = cst(n.in_at(1));
@@ -1737,6 +1749,88 @@ bool Builder::conv_dw_silu(size_t i) {
   exec_own(std::move(e), "keel:dw_silu_avx512", false,
            (s.in_silu ? "SiLU + " : "") + n.name + what + dims_str(x) + " -> " + dims_str(y));
   for (size_t k : f.nodes) done_[k] = true;
+  return true;
+}
+
+// Squeeze-excite's excitation from node i on, s = Sigmoid(Conv1x1_2(act(Conv1x1_1(p)))) over a pooled [1,C,1,1]
+// value p (act SiLU or Relu, each convolution with constant f32 weights and an optional bias, group 1, no strides,
+// pads or dilations; nothing else fused), as one single-thread step of the chain's own (onednn_se.h) writing s as
+// plain [1,C2,1,1]. EfficientNet-B0's 16 excitations were 64 steps (fc1, SiLU pass, fc2 + logistic): PERFORMANCE.md,
+// "(sq2)". With AVX-512, f32, the se_step option on; true when built, false (changing nothing) otherwise.
+bool Builder::se_excite_fused(size_t i) {
+  if (!g_options.se_step || !has_avx512f() || act_ != dt::f32) return false;
+  auto unit_conv = [&](const NodeDesc& c, const ConstT** W, const ConstT** B) {
+    if (c.op != "Conv" || c.out.size() != 1 || c.in.size() < 2 || done_[&c - r_.nodes.data()]) return false;
+    *W = cst(c.in_at(1));
+    *B = c.in_at(2).empty() ? nullptr : cst(c.in_at(2));
+    if (!*W || (*W)->dtype != KEEL_DTYPE_F32 || (*W)->dims.size() != 4 || (*W)->dims[2] != 1 || (*W)->dims[3] != 1 ||
+        (!c.in_at(2).empty() && !*B))
+      return false;
+    const std::string ap = c.as("auto_pad", "NOTSET");
+    return c.ai("group", 1) == 1 && c.ais("strides", {1, 1}) == Dims{1, 1} && c.ais("pads", {0, 0, 0, 0}) == Dims{0, 0, 0, 0} &&
+           c.ais("dilations", {1, 1}) == Dims{1, 1} && (ap == "NOTSET" || ap.empty() || ap == "VALID");
+  };
+  auto sole_eltwise = [](const Fusion& f, alg* a, float* alpha) {
+    if (f.po.len() != 1 || f.po.kind(0) != dnnl::primitive::kind::eltwise || !f.sum_with.empty() ||
+        !f.bn_scale.empty() || !f.conv_bias_add.empty())
+      return false;
+    float scale, beta;
+    f.po.get_params_eltwise(0, scale, *a, *alpha, beta);
+    return scale == 1.f;
+  };
+  const NodeDesc& n = r_.nodes[i];
+  const ConstT *W1, *B1, *W2, *B2;
+  if (!unit_conv(n, &W1, &B1)) return false;
+  const Dims x = dims_of(n.in[0]);
+  if (x.size() != 4 || x[0] != 1 || x[2] != 1 || x[3] != 1) return false;
+  SeShape s;
+  s.c = x[1], s.cs = W1->dims[0];
+  if (W1->dims[1] != s.c || (B1 && B1->count() != s.cs)) return false;
+  const Fusion f1 = fuse_after(n.out[0], i, true, s.cs);
+  alg a;
+  float alpha;
+  if (!sole_eltwise(f1, &a, &alpha)) return false;
+  if (a == alg::eltwise_swish && alpha == 1.f) s.silu = true;
+  else if (a == alg::eltwise_relu && alpha == 0.f) s.silu = false;
+  else return false;
+  const size_t u = sole_user(f1.out);
+  if (u == npos || !unit_conv(r_.nodes[u], &W2, &B2) || r_.nodes[u].in[0] != f1.out) return false;
+  s.c2 = W2->dims[0];
+  if (W2->dims[1] != s.cs || (B2 && B2->count() != s.c2)) return false;
+  const Fusion f2 = fuse_after(r_.nodes[u].out[0], u, true, s.c2);
+  if (!sole_eltwise(f2, &a, &alpha) || a != alg::eltwise_logistic) return false;
+  // The source as C consecutive floats: plain, or nChw16c (one pixel: channel c at c, the padding after).
+  auto xv = vals_.find(n.in[0]);
+  if (xv == vals_.end() || xv->second.scale != 1.f || xv->second.md.data_type() != dt::f32 ||
+      (!is_plain_dense(xv->second.md) && xv->second.md != md_t({1, s.c, 1, 1}, dt::f32, tag::nChw16c)))
+    return false;
+  const Dims y{1, s.c2, 1, 1};
+  if (auto known = r_.dims.find(f2.out); known != r_.dims.end() && known->second != y) return false;
+  auto floats = [](const ConstT* c) {
+    std::vector<float> v;
+    if (c)
+      for (int64_t k = 0; k < c->count(); ++k) v.push_back(static_cast<float>(c->at(k)));
+    return v;
+  };
+  const std::vector<float> b1 = floats(B1), b2 = floats(B2);
+  Exec e;
+  p_->owned.emplace_back(md_t({static_cast<int64_t>(se_packed_floats(s))}, dt::f32, tag::a), engine(),
+                         p_->weights.alloc(se_packed_floats(s) * sizeof(float)));
+  se_pack(s, W1->f32(), B1 ? b1.data() : nullptr, W2->f32(), B2 ? b2.data() : nullptr,
+          static_cast<float*>(p_->owned.back().get_data_handle()));
+  e.args[DNNL_ARG_WEIGHTS] = p_->owned.back();
+  e.args[DNNL_ARG_SRC] = mem_of(xv->second);
+  e.args[DNNL_ARG_DST] = mem_of(define(f2.out, md_t(to_dnnl(y), dt::f32, tag::nchw)));
+  e.single = true;
+  e.own = run_se;
+  e.own_kind = "convolution";
+  e.params = std::make_shared<const SeShape>(s);
+  p_->flops += 2.0 * static_cast<double>(s.c * s.cs + s.cs * s.c2);
+  exec_own(std::move(e), "keel:se_excite_avx512", false,
+           n.name + " + " + r_.nodes[u].name + " (squeeze-excite) " + dims_str(x) + " -> " + dims_str(y));
+  for (size_t k : f1.nodes) done_[k] = true;
+  done_[u] = true;
+  for (size_t k : f2.nodes) done_[k] = true;
   return true;
 }
 

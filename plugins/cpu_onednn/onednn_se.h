@@ -1,0 +1,37 @@
+// plugins/cpu_onednn/onednn_se.h — (internal) squeeze-excite's excitation, s = Sigmoid(W2 act(W1 p + b1) + b2) over
+// one image's pooled channels p, as one step of the chains' own.
+//
+// EfficientNet-B0 ran each of its 16 excitations as four steps: a 1x1 convolution over [1,C,1,1] (oneDNN), a SiLU
+// pass over its few outputs, a second 1x1 convolution or a matmul with a logistic post-op (oneDNN): 0.15 ms of
+// fastest runs in all at 1 thread, each step a few microseconds of dispatch and a pass over weights of at most
+// 221 KB. Here both products run from weights packed at plan time (W1 as [C][Cs16], W2 as [Cs][C2p]: rows of 16
+// floats, the axpy form, so each input value is one broadcast) with the activations in registers. See
+// PERFORMANCE.md, "(sq2)".
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace keel::onednn {
+
+// c pooled channels -> cs squeezed (act: SiLU or Relu) -> c2 excitation outputs (Sigmoid).
+struct SeShape {
+  int64_t c = 0, cs = 0, c2 = 0;
+  bool silu = true;  // the squeeze's activation: SiLU (x * sigmoid(x)); else Relu
+};
+
+// Floats of the packed weights and biases: W1 [c][cs16], b1 [cs16], W2 [cs][c2p], b2 [c2p] (cs16, c2p: cs and c2
+// rounded up to 16).
+size_t se_packed_floats(const SeShape& s);
+// Packs w1 [cs][c], b1 [cs] (null: 0), w2 [c2][cs], b2 [c2] (null: 0) into packed (se_packed_floats(s) floats).
+void se_pack(const SeShape& s, const float* w1, const float* b1, const float* w2, const float* b2, float* packed);
+
+// out[0..c2) = Sigmoid(W2 act(W1 p + b1) + b2), p [c]. Runs on the calling thread; AVX-512 when the CPU has it
+// (onednn_silu.h's has_avx512f), else scalar code. Thread-safe (reads packed and p, writes out).
+void se_excite(const SeShape& s, const float* packed, const float* p, float* out);
+
+// The same by straightforward loops over the unpacked weights in double precision (the reference for tests).
+void se_excite_reference(const SeShape& s, const float* w1, const float* b1, const float* w2, const float* b2,
+                         const float* p, float* out);
+
+}  // namespace keel::onednn
