@@ -1670,11 +1670,11 @@ bool Builder::conv_pool_fused(size_t i) {
   s.ph = pooled(s.oh, s.pkh, s.psh, s.ppt, valid ? 0 : pp[2]);
   s.pw = pooled(s.ow, s.pkw, s.psw, s.ppl, valid ? 0 : pp[3]);
   if (!conv_pool_check(s).empty()) return false;
-  // Only where the convolution is bound by writing its output rather than by its arithmetic: few taps per output
-  // (SqueezeNet's 27) and an output per image past the L2 cache (SqueezeNet's 3.1 MB). A 7x7 stem (147 taps:
-  // GoogLeNet's, ResNet's) runs at the FMA peak either way (measured 1.46 vs 1.40 + 0.22 ms at 1 thread, 0.77 vs
-  // 0.71 + 0.08 ms at 2); simple_cnn_b32's 3x3 over 32x32 images (115 KB each, batch 32) was 10% slower fused.
-  if (s.c * s.kh * s.kw > 32 || s.m * s.oh * s.ow * static_cast<int64_t>(sizeof(float)) < (1 << 20)) return false;
+  // Only where the convolution's output per image is past the L2 cache (SqueezeNet's 3.1 MB, ResNet's and
+  // GoogLeNet's 7x7 stems' 3.2 MB): simple_cnn_b32's 3x3 over 32x32 images (115 KB each, batch 32) was 10% slower
+  // fused. The 7x7 stems gain since the step pads its source rows instead of taking a per-pixel path at the
+  // edges (ResNet-50, 1 thread: 1.19 against 1.31 + 0.15 ms; PERFORMANCE.md "(r50f)").
+  if (s.m * s.oh * s.ow * static_cast<int64_t>(sizeof(float)) < (1 << 20)) return false;
   const Dims y{s.n, s.m, s.ph, s.pw};
   if (auto known = r_.dims.find(pn.out[0]); known != r_.dims.end() && known->second != y) return false;
   fused.push_back(u);
