@@ -3475,6 +3475,7 @@ struct Chain {
   // busy machine), logged (info) when the session goes.
   std::map<std::string, std::pair<double, int64_t>> profile;
   std::vector<double> step_min;
+  std::vector<std::vector<double>> step_ms;  // every run's time per step (the medians)
   int64_t runs = 0;
   ~Chain() {
     if (profile.empty() || runs == 0) return;
@@ -3489,12 +3490,19 @@ struct Chain {
     for (auto& [ms, k] : rows)
       os << "\n  " << ms / runs << " ms  " << 100.0 * ms / total << "%  x" << profile[k].second / runs << "  " << k;
     if (plan && step_min.size() == plan->execs.size()) {
-      double sum = 0;
-      for (double m : step_min) sum += m;
-      os << "\n  steps, fastest run of each (sum " << sum << " ms):";
+      std::vector<double> med(step_min.size(), 0.0);
+      for (size_t k = 0; k < step_ms.size() && k < med.size(); ++k)
+        if (!step_ms[k].empty()) {
+          auto& v = step_ms[k];
+          std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+          med[k] = v[v.size() / 2];
+        }
+      double sum = 0, msum = 0;
+      for (size_t k = 0; k < step_min.size(); ++k) sum += step_min[k], msum += med[k];
+      os << "\n  steps, fastest / median run of each (sums " << sum << " / " << msum << " ms):";
       for (size_t k = 0; k < step_min.size(); ++k)
-        os << "\n  " << std::setw(3) << k << " " << std::setw(8) << step_min[k] << " ms  "
-           << (plan->execs[k].single ? "1t " : "   ") << step_kind(plan->execs[k]) << " "
+        os << "\n  " << std::setw(3) << k << " " << std::setw(8) << step_min[k] << " " << std::setw(8) << med[k]
+           << " ms  " << (plan->execs[k].single ? "1t " : "   ") << step_kind(plan->execs[k]) << " "
            << plan->impls[k] << "  " << plan->what[k];
     }
     if (g_host && g_host->log) g_host->log(g_plugin_handle, KEEL_LOG_INFO, os.str().c_str());
@@ -3623,8 +3631,10 @@ void run_chain(Chain& ch, Ctx& c) {
       auto& row = ch.profile[std::string(step_kind(p.execs[k])) + " " + p.impls[k]];
       row.first += ms;
       row.second++;
-      if (ch.step_min.size() != p.execs.size()) ch.step_min.assign(p.execs.size(), 1e30);
+      if (ch.step_min.size() != p.execs.size()) ch.step_min.assign(p.execs.size(), 1e30), ch.step_ms.clear();
       ch.step_min[k] = std::min(ch.step_min[k], ms);
+      ch.step_ms.resize(p.execs.size());
+      ch.step_ms[k].push_back(ms);
     }
     if (g_options.profile) ch.runs++;
     return;
