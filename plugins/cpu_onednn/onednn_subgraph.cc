@@ -62,6 +62,7 @@
 #include "onednn_conv_pick.h"
 #include "onednn_convpool.h"
 #include "onednn_dilated.h"
+#include "onednn_grouped.h"
 #include "onednn_int8.h"
 #include "onednn_silu.h"
 
@@ -275,6 +276,15 @@ void run_conv_pool(const Exec& e) {
   const int team = std::max(1, std::min(e.single ? 1 : omp_get_max_threads(), room));
   conv_pool_run(s, ptr(DNNL_ARG_SRC), ptr(DNNL_ARG_WEIGHTS), ptr(DNNL_ARG_BIAS), ptr(DNNL_ARG_DST),
                 static_cast<float*>(scratch.get_data_handle()), team);
+}
+
+// Exec::own of a 3x3 convolution in groups of 4 channels (Builder::conv_grouped4, onednn_grouped.h): SRC and DST
+// nChw16c, WEIGHTS packed, BIAS; split over the OpenMP team unless the step is a single-thread one.
+void run_grouped4(const Exec& e) {
+  const auto& s = *static_cast<const Grouped4Shape*>(e.params.get());
+  auto ptr = [&](int arg) { return static_cast<float*>(e.args.at(arg).get_data_handle()); };
+  grouped4_run(s, ptr(DNNL_ARG_SRC), ptr(DNNL_ARG_WEIGHTS), ptr(DNNL_ARG_BIAS), ptr(DNNL_ARG_DST),
+               e.single ? 1 : omp_get_max_threads());
 }
 
 // Exec::own of the phase steps of a dilated convolution (Builder::conv_dilated_phases): DNNL_ARG_SRC nChw16c
@@ -744,6 +754,8 @@ class Builder {
   bool flatten_into_gemm(size_t i, const Dims& x, const Dims& y);
   bool conv_residual_merged(size_t i);
   bool conv_pool_fused(size_t i);
+  bool conv_grouped4(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y,
+                     int64_t stride, const std::vector<float>& w, const std::vector<float>& bias, double flops);
   bool conv_dilated_phases(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y,
                            int64_t dil, const md_t& wany, const md_t& bmd, const dnnl::primitive_attr& attr,
                            const md_t& wplain, std::vector<float>& w, bool has_bias, const std::vector<float>& bias,
@@ -1486,12 +1498,18 @@ void Builder::conv(size_t i) {
   // A squeeze-excite Mul folded into this convolution (fold_channel_scale): read its data operand, scale weights.
   if (auto fd = se_folds_.find(n.in[0]); fd != se_folds_.end()) std::tie(src_name, chan_scale) = fd->second;
   const double conv_flops = 2.0 * numel(y) * (C / g) * prod(ks);
-  // Groups of 4 or 8 channels (ResNeXt's 32 groups, RegNet's 8-channel ones) run merged into groups of 16 in and 16
+  // Groups of 4 channels run as the chain's own step where it takes them (conv_grouped4: f32, 3x3, stride 1 or 2,
+  // pads 1, at most a Relu after). Otherwise groups of 4 or 8 channels (ResNeXt's 32 groups, RegNet's 8-channel
+  // ones) run merged into groups of 16 in and 16
   // out, the weights block-diagonal within each merged group (zeros across the original groups): 2-4x the
   // multiply-adds, but oneDNN's jit kernel over nChw16c, with no reorders to its blocked-by-4/8 layout and back.
   // Measured alone at 1 thread (fastest of 60, with those reorders): 128 channels in 32 groups at 56x56 0.57 ms
   // instead of 0.94 ms; 256 at 56x56 stride 2 0.30 ms instead of 0.41 ms; 256 at 28x28 0.29 ms instead of 0.32 ms.
   const int64_t cg = C / g;
+  if (g > 1 && cg == 4 && M == C && sp == 2 && ks == Dims{3, 3} && s[0] == s[1] && (s[0] == 1 || s[0] == 2) &&
+      d == Dims{1, 1} && pl == Dims{1, 1} && pr == Dims{1, 1} && f.sum_with.empty() && chan_scale.empty() &&
+      !f.silu_pass && act_ == dt::f32 && has_avx512f() && conv_grouped4(i, f, src_name, x, y, s[0], w, bias, conv_flops))
+    return;
   if (g > 1 && M == C && cg >= 4 && cg < 16 && 16 % cg == 0 && g % (16 / cg) == 0 && chan_scale.empty()) {
     const int64_t k = 16 / cg, g2 = g / k, kk = prod(ks);
     std::vector<float> w2(static_cast<size_t>(M * 16 * kk), 0.f);
@@ -1700,6 +1718,51 @@ bool Builder::conv_pool_fused(size_t i) {
   exec_own(std::move(e), "keel:conv_pool_avx512", false,
            n.name + (s.relu ? " + Relu" : "") + " + MaxPool " + dims_str(x) + " -> " + dims_str(y));
   for (size_t k : fused) done_[k] = true;
+  return true;
+}
+
+// A 3x3 convolution in groups of 4 channels (ResNeXt-50 32x4d's layer1) over an nChw16c source, with at most a Relu
+// after it, as the chain's own step (onednn_grouped.h): a quarter of the multiply-adds of the merged 16-channel
+// groups below. `w` [M][4][3][3] and `bias` with folds applied. False, changing nothing, for anything else.
+bool Builder::conv_grouped4(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y,
+                            int64_t stride, const std::vector<float>& w, const std::vector<float>& bias,
+                            double flops) {
+  bool relu = false;
+  if (f.po.len() > 1) return false;
+  if (f.po.len() == 1) {
+    float scale = 0.f, alpha = 0.f, beta = 0.f;
+    alg a = alg::undef;
+    if (f.po.kind(0) != dnnl::primitive::kind::eltwise) return false;
+    f.po.get_params_eltwise(0, scale, a, alpha, beta);
+    if (a != alg::eltwise_relu || alpha != 0.f || scale != 1.f) return false;
+    relu = true;
+  }
+  if (x.size() != 4 || x[1] % 16 != 0) return false;
+  const Val& xv = val(src);
+  if (xv.scale != 1.f || xv.md != md_t(to_dnnl(x), dt::f32, tag::nChw16c)) return false;
+  Grouped4Shape s;
+  s.n = x[0], s.blocks = x[1] / 16, s.h = x[2], s.w = x[3], s.stride = stride, s.relu = relu;
+  if (!grouped4_check(s).empty() || y != Dims{s.n, x[1], s.oh(), s.ow()}) return false;
+  if (w.size() != static_cast<size_t>(x[1] * 36) || bias.size() != static_cast<size_t>(x[1])) return false;
+  Exec e;
+  const size_t packed = grouped4_packed_floats(s);
+  p_->owned.emplace_back(md_t({static_cast<int64_t>(packed)}, dt::f32, tag::a), engine(),
+                         p_->weights.alloc(packed * sizeof(float)));
+  grouped4_pack_weights(s, w.data(), static_cast<float*>(p_->owned.back().get_data_handle()));
+  e.args[DNNL_ARG_WEIGHTS] = p_->owned.back();
+  p_->owned.emplace_back(md_t({x[1]}, dt::f32, tag::a), engine());
+  std::memcpy(p_->owned.back().get_data_handle(), bias.data(), bias.size() * sizeof(float));
+  e.args[DNNL_ARG_BIAS] = p_->owned.back();
+  e.args[DNNL_ARG_SRC] = mem_of(xv);
+  Val& o = define(f.out, md_t(to_dnnl(y), dt::f32, tag::nChw16c));
+  e.args[DNNL_ARG_DST] = mem_of(o);
+  e.own = run_grouped4;
+  e.own_kind = "convolution";
+  e.params = std::make_shared<const Grouped4Shape>(s);
+  p_->flops += flops;
+  exec_own(std::move(e), "keel:grouped4_avx512", false,
+           r_.nodes[i].name + (relu ? " + Relu " : " ") + dims_str(x) + " -> " + dims_str(y));
+  for (size_t k : f.nodes) done_[k] = true;
   return true;
 }
 

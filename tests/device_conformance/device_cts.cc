@@ -1842,9 +1842,26 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // Grouped 3x3s of 4 channels per group run as the oneDNN device's own step (onednn_grouped.h) over nChw16c:
+    // stride 2 with odd sizes, no Relu (negative outputs), batch 2, BatchNormalization folded, read by a 1x1.
+    OpCase c;
+    c.op = "Chain";
+    c.label = "grouped 3x3 in groups of 4 as an own step: stride 2, odd sizes, no relu, batch norm, batch 2";
+    c.inputs = {in("X", {2, 32, 13, 11}), in("W0", {32, 32, 1, 1}, true, -0.3f, 0.3f),
+                in("WG", {32, 4, 3, 3}, true, -0.4f, 0.4f), in("S", {32}, true, 0.5f, 1.5f), in("T", {32}, true),
+                in("MU", {32}, true), in("VAR", {32}, true, 0.5f, 2.f), in("W2", {16, 32, 1, 1}, true, -0.3f, 0.3f)};
+    c.chain = {conv({"X", "W0"}, 1, 1, 0),
+               conv({"$0", "WG"}, 3, 2, 1, 8),
+               {"BatchNormalization", {"$1", "S", "T", "MU", "VAR"}, {}},
+               conv({"$2", "W2"}, 1, 1, 0)};
+    c.claim_whole = true;
+    v.push_back(c);
+  }
+  {
     // Grouped 3x3s of 8 and 4 channels per group run merged into 16-channel groups with block-diagonal weights
-    // (onednn_subgraph.cc conv()): 6 groups of 8 at stride 2 (merged into 3), 12 groups of 4 (merged into 3), and 3
-    // groups of 8 over 24 channels (not a whole number of merged groups: left as it is), in nChw16c between 1x1s.
+    // (onednn_subgraph.cc conv()): 6 groups of 8 at stride 2 (merged into 3), 12 groups of 4 (on the f32 device the
+    // own step of onednn_grouped.h; merged into 3 in bf16), and 3 groups of 8 over 24 channels (not a whole number of
+    // merged groups: left as it is), in nChw16c between 1x1s.
     OpCase c;
     c.op = "Chain";
     c.label = "grouped 3x3 merged into 16-channel groups: 8 and 4 channels per group, stride 2, odd group count";
