@@ -34,8 +34,9 @@ std::string conv_pool_check(const ConvPoolShape& s);
 // Floats of scratch one thread needs (its ring of convolution rows and one row of partial maxima).
 size_t conv_pool_scratch_floats(const ConvPoolShape& s);
 
-// Packs weights [m][c][kh][kw] (OIHW) into the step's layout, [m/16][c][kh][kw][16]: conv_pool_packed_floats(s)
-// floats at `packed`.
+// Packs weights [m][c][kh][kw] (OIHW) into the step's layout: groups of four 16-channel blocks (the last one of
+// m/16 % 4 blocks, if any), each [c][kh][kw][blocks in the group][16], so that one tap's weights for the group are
+// contiguous: conv_pool_packed_floats(s) floats at `packed`.
 size_t conv_pool_packed_floats(const ConvPoolShape& s);
 void conv_pool_pack_weights(const ConvPoolShape& s, const float* w, float* packed);
 
@@ -50,6 +51,10 @@ void conv_pool_rows(const ConvPoolShape& s, const float* src, const float* packe
 // conv_pool_scratch_floats(s) floats.
 void conv_pool_run(const ConvPoolShape& s, const float* src, const float* packed, const float* bias, float* dst,
                    float* scratch, int team);
+
+// Test hook: true makes conv_pool_rows take its scalar code (the path of CPUs without AVX-512) from now on;
+// false (the default) restores the dispatch by CPU. Thread-safe; meant for tests, not for concurrent runs.
+void conv_pool_force_scalar(bool on);
 
 // The same by straightforward loops over unpacked weights [m][c][kh][kw] (the reference the step is tested
 // against).

@@ -65,9 +65,20 @@ TEST(OnednnConvPool, MatchesTheReference) {
       {3, 3, 12, 12, 32, 3, 1, 0, 2, 2, 0, false, true},   // simple_cnn's head: 2 blocks, batch 3
       {1, 4, 9, 40, 80, 3, 1, 1, 3, 1, 1, false, true},    // 5 blocks (4 + 1), pooling stride 1
       {1, 2, 8, 8, 16, 11, 4, 5, 3, 3, 0, true, false},    // a kernel wider than the interior
+      {1, 3, 37, 34, 80, 7, 2, 3, 3, 2, 1, false, true},   // ResNet's stem, smaller: a group of 4 blocks + 1
+      {1, 3, 23, 26, 128, 7, 2, 2, 3, 2, 1, true, true},   // asymmetric right padding, 2 groups of 4
   };
   for (const Geo& g : geos)
     for (int team : {1, 2, 3}) check(g, team);
+}
+
+TEST(OnednnConvPool, ScalarPathMatchesTheReference) {
+  conv_pool_force_scalar(true);
+  for (const Geo& g : {Geo{1, 3, 37, 34, 80, 7, 2, 3, 3, 2, 1, false, true},
+                       Geo{2, 3, 29, 30, 48, 7, 2, 3, 3, 2, 1, false, true},
+                       Geo{1, 3, 35, 33, 64, 3, 2, 0, 3, 2, 0, true, true}})
+    check(g, 2);
+  conv_pool_force_scalar(false);
 }
 
 TEST(OnednnConvPool, RejectsWhatItDoesNotCompute) {

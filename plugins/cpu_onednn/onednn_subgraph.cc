@@ -63,6 +63,7 @@
 #include "onednn_convpool.h"
 #include "onednn_dilated.h"
 #include "onednn_dwsilu.h"
+#include "onednn_grouped.h"
 #include "onednn_int8.h"
 #include "onednn_se.h"
 #include "onednn_silu.h"
@@ -300,6 +301,15 @@ void run_se(const Exec& e) {
             static_cast<const float*>(e.args.at(DNNL_ARG_WEIGHTS).get_data_handle()),
             static_cast<const float*>(e.args.at(DNNL_ARG_SRC).get_data_handle()),
             static_cast<float*>(e.args.at(DNNL_ARG_DST).get_data_handle()));
+}
+
+// Exec::own of a 3x3 convolution in groups of 4 channels (Builder::conv_grouped4, onednn_grouped.h): SRC and DST
+// nChw16c, WEIGHTS packed, BIAS; split over the OpenMP team unless the step is a single-thread one.
+void run_grouped4(const Exec& e) {
+  const auto& s = *static_cast<const Grouped4Shape*>(e.params.get());
+  auto ptr = [&](int arg) { return static_cast<float*>(e.args.at(arg).get_data_handle()); };
+  grouped4_run(s, ptr(DNNL_ARG_SRC), ptr(DNNL_ARG_WEIGHTS), ptr(DNNL_ARG_BIAS), ptr(DNNL_ARG_DST),
+               e.single ? 1 : omp_get_max_threads());
 }
 
 // Exec::own of the phase steps of a dilated convolution (Builder::conv_dilated_phases): DNNL_ARG_SRC nChw16c
@@ -769,6 +779,8 @@ class Builder {
   bool flatten_into_gemm(size_t i, const Dims& x, const Dims& y);
   bool conv_residual_merged(size_t i);
   bool conv_pool_fused(size_t i);
+  bool conv_grouped4(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y,
+                     int64_t stride, const std::vector<float>& w, const std::vector<float>& bias, double flops);
   bool conv_dilated_phases(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y,
                            int64_t dil, const md_t& wany, const md_t& bmd, const dnnl::primitive_attr& attr,
                            const md_t& wplain, std::vector<float>& w, bool has_bias, const std::vector<float>& bias,
@@ -1521,12 +1533,18 @@ void Builder::conv(size_t i) {
   // A squeeze-excite Mul folded into this convolution (fold_channel_scale): read its data operand, scale weights.
   if (auto fd = se_folds_.find(n.in[0]); fd != se_folds_.end()) std::tie(src_name, chan_scale) = fd->second;
   const double conv_flops = 2.0 * numel(y) * (C / g) * prod(ks);
-  // Groups of 4 or 8 channels (ResNeXt's 32 groups, RegNet's 8-channel ones) run merged into groups of 16 in and 16
+  // Groups of 4 channels run as the chain's own step where it takes them (conv_grouped4: f32, 3x3, stride 1 or 2,
+  // pads 1, at most a Relu after). Otherwise groups of 4 or 8 channels (ResNeXt's 32 groups, RegNet's 8-channel
+  // ones) run merged into groups of 16 in and 16
   // out, the weights block-diagonal within each merged group (zeros across the original groups): 2-4x the
   // multiply-adds, but oneDNN's jit kernel over nChw16c, with no reorders to its blocked-by-4/8 layout and back.
   // Measured alone at 1 thread (fastest of 60, with those reorders): 128 channels in 32 groups at 56x56 0.57 ms
   // instead of 0.94 ms; 256 at 56x56 stride 2 0.30 ms instead of 0.41 ms; 256 at 28x28 0.29 ms instead of 0.32 ms.
   const int64_t cg = C / g;
+  if (g > 1 && cg == 4 && M == C && sp == 2 && ks == Dims{3, 3} && s[0] == s[1] && (s[0] == 1 || s[0] == 2) &&
+      d == Dims{1, 1} && pl == Dims{1, 1} && pr == Dims{1, 1} && f.sum_with.empty() && chan_scale.empty() &&
+      !f.silu_pass && act_ == dt::f32 && has_avx512f() && conv_grouped4(i, f, src_name, x, y, s[0], w, bias, conv_flops))
+    return;
   if (g > 1 && M == C && cg >= 4 && cg < 16 && 16 % cg == 0 && g % (16 / cg) == 0 && chan_scale.empty()) {
     const int64_t k = 16 / cg, g2 = g / k, kk = prod(ks);
     std::vector<float> w2(static_cast<size_t>(M * 16 * kk), 0.f);
@@ -1895,11 +1913,11 @@ bool Builder::conv_pool_fused(size_t i) {
   s.ph = pooled(s.oh, s.pkh, s.psh, s.ppt, valid ? 0 : pp[2]);
   s.pw = pooled(s.ow, s.pkw, s.psw, s.ppl, valid ? 0 : pp[3]);
   if (!conv_pool_check(s).empty()) return false;
-  // Only where the convolution is bound by writing its output rather than by its arithmetic: few taps per output
-  // (SqueezeNet's 27) and an output per image past the L2 cache (SqueezeNet's 3.1 MB). A 7x7 stem (147 taps:
-  // GoogLeNet's, ResNet's) runs at the FMA peak either way (measured 1.46 vs 1.40 + 0.22 ms at 1 thread, 0.77 vs
-  // 0.71 + 0.08 ms at 2); simple_cnn_b32's 3x3 over 32x32 images (115 KB each, batch 32) was 10% slower fused.
-  if (s.c * s.kh * s.kw > 32 || s.m * s.oh * s.ow * static_cast<int64_t>(sizeof(float)) < (1 << 20)) return false;
+  // Only where the convolution's output per image is past the L2 cache (SqueezeNet's 3.1 MB, ResNet's and
+  // GoogLeNet's 7x7 stems' 3.2 MB): simple_cnn_b32's 3x3 over 32x32 images (115 KB each, batch 32) was 10% slower
+  // fused. The 7x7 stems gain since the step pads its source rows instead of taking a per-pixel path at the
+  // edges (ResNet-50, 1 thread: 1.19 against 1.31 + 0.15 ms; PERFORMANCE.md "(r50f)").
+  if (s.m * s.oh * s.ow * static_cast<int64_t>(sizeof(float)) < (1 << 20)) return false;
   const Dims y{s.n, s.m, s.ph, s.pw};
   if (auto known = r_.dims.find(pn.out[0]); known != r_.dims.end() && known->second != y) return false;
   fused.push_back(u);
@@ -1925,6 +1943,51 @@ bool Builder::conv_pool_fused(size_t i) {
   exec_own(std::move(e), "keel:conv_pool_avx512", false,
            n.name + (s.relu ? " + Relu" : "") + " + MaxPool " + dims_str(x) + " -> " + dims_str(y));
   for (size_t k : fused) done_[k] = true;
+  return true;
+}
+
+// A 3x3 convolution in groups of 4 channels (ResNeXt-50 32x4d's layer1) over an nChw16c source, with at most a Relu
+// after it, as the chain's own step (onednn_grouped.h): a quarter of the multiply-adds of the merged 16-channel
+// groups below. `w` [M][4][3][3] and `bias` with folds applied. False, changing nothing, for anything else.
+bool Builder::conv_grouped4(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y,
+                            int64_t stride, const std::vector<float>& w, const std::vector<float>& bias,
+                            double flops) {
+  bool relu = false;
+  if (f.po.len() > 1) return false;
+  if (f.po.len() == 1) {
+    float scale = 0.f, alpha = 0.f, beta = 0.f;
+    alg a = alg::undef;
+    if (f.po.kind(0) != dnnl::primitive::kind::eltwise) return false;
+    f.po.get_params_eltwise(0, scale, a, alpha, beta);
+    if (a != alg::eltwise_relu || alpha != 0.f || scale != 1.f) return false;
+    relu = true;
+  }
+  if (x.size() != 4 || x[1] % 16 != 0) return false;
+  const Val& xv = val(src);
+  if (xv.scale != 1.f || xv.md != md_t(to_dnnl(x), dt::f32, tag::nChw16c)) return false;
+  Grouped4Shape s;
+  s.n = x[0], s.blocks = x[1] / 16, s.h = x[2], s.w = x[3], s.stride = stride, s.relu = relu;
+  if (!grouped4_check(s).empty() || y != Dims{s.n, x[1], s.oh(), s.ow()}) return false;
+  if (w.size() != static_cast<size_t>(x[1] * 36) || bias.size() != static_cast<size_t>(x[1])) return false;
+  Exec e;
+  const size_t packed = grouped4_packed_floats(s);
+  p_->owned.emplace_back(md_t({static_cast<int64_t>(packed)}, dt::f32, tag::a), engine(),
+                         p_->weights.alloc(packed * sizeof(float)));
+  grouped4_pack_weights(s, w.data(), static_cast<float*>(p_->owned.back().get_data_handle()));
+  e.args[DNNL_ARG_WEIGHTS] = p_->owned.back();
+  p_->owned.emplace_back(md_t({x[1]}, dt::f32, tag::a), engine());
+  std::memcpy(p_->owned.back().get_data_handle(), bias.data(), bias.size() * sizeof(float));
+  e.args[DNNL_ARG_BIAS] = p_->owned.back();
+  e.args[DNNL_ARG_SRC] = mem_of(xv);
+  Val& o = define(f.out, md_t(to_dnnl(y), dt::f32, tag::nChw16c));
+  e.args[DNNL_ARG_DST] = mem_of(o);
+  e.own = run_grouped4;
+  e.own_kind = "convolution";
+  e.params = std::make_shared<const Grouped4Shape>(s);
+  p_->flops += flops;
+  exec_own(std::move(e), "keel:grouped4_avx512", false,
+           r_.nodes[i].name + (relu ? " + Relu " : " ") + dims_str(x) + " -> " + dims_str(y));
+  for (size_t k : f.nodes) done_[k] = true;
   return true;
 }
 
@@ -3700,6 +3763,7 @@ struct Chain {
   // busy machine), logged (info) when the session goes.
   std::map<std::string, std::pair<double, int64_t>> profile;
   std::vector<double> step_min;
+  std::vector<std::vector<double>> step_ms;  // every run's time per step (the medians)
   int64_t runs = 0;
   ~Chain() {
     if (profile.empty() || runs == 0) return;
@@ -3714,12 +3778,19 @@ struct Chain {
     for (auto& [ms, k] : rows)
       os << "\n  " << ms / runs << " ms  " << 100.0 * ms / total << "%  x" << profile[k].second / runs << "  " << k;
     if (plan && step_min.size() == plan->execs.size()) {
-      double sum = 0;
-      for (double m : step_min) sum += m;
-      os << "\n  steps, fastest run of each (sum " << sum << " ms):";
+      std::vector<double> med(step_min.size(), 0.0);
+      for (size_t k = 0; k < step_ms.size() && k < med.size(); ++k)
+        if (!step_ms[k].empty()) {
+          auto& v = step_ms[k];
+          std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+          med[k] = v[v.size() / 2];
+        }
+      double sum = 0, msum = 0;
+      for (size_t k = 0; k < step_min.size(); ++k) sum += step_min[k], msum += med[k];
+      os << "\n  steps, fastest / median run of each (sums " << sum << " / " << msum << " ms):";
       for (size_t k = 0; k < step_min.size(); ++k)
-        os << "\n  " << std::setw(3) << k << " " << std::setw(8) << step_min[k] << " ms  "
-           << (plan->execs[k].single ? "1t " : "   ") << step_kind(plan->execs[k]) << " "
+        os << "\n  " << std::setw(3) << k << " " << std::setw(8) << step_min[k] << " " << std::setw(8) << med[k]
+           << " ms  " << (plan->execs[k].single ? "1t " : "   ") << step_kind(plan->execs[k]) << " "
            << plan->impls[k] << "  " << plan->what[k];
     }
     if (g_host && g_host->log) g_host->log(g_plugin_handle, KEEL_LOG_INFO, os.str().c_str());
@@ -3848,8 +3919,10 @@ void run_chain(Chain& ch, Ctx& c) {
       auto& row = ch.profile[std::string(step_kind(p.execs[k])) + " " + p.impls[k]];
       row.first += ms;
       row.second++;
-      if (ch.step_min.size() != p.execs.size()) ch.step_min.assign(p.execs.size(), 1e30);
+      if (ch.step_min.size() != p.execs.size()) ch.step_min.assign(p.execs.size(), 1e30), ch.step_ms.clear();
       ch.step_min[k] = std::min(ch.step_min[k], ms);
+      ch.step_ms.resize(p.execs.size());
+      ch.step_ms[k].push_back(ms);
     }
     if (g_options.profile) ch.runs++;
     return;

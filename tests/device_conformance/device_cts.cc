@@ -1417,13 +1417,29 @@ void add_chain_cases(std::vector<OpCase>& v) {
   }
   {
     // The fused stem without Relu (negative maxima), asymmetric convolution pads, a 5x3 kernel with strides 2x1
-    // (border columns on the per-pixel path), a one-channel image and a padded 2x3 MaxPool with strides 2x1.
+    // (border columns through the step's zero-padded source band), a one-channel image and a padded 2x3 MaxPool
+    // with strides 2x1.
     OpCase c;
     c.op = "Chain";
     c.label = "fused stem: 1 channel, conv 5x3 s2x1 asymmetric pads, maxpool 2x3 s2x1 padded, no relu";
     c.inputs = {in("X", {1, 1, 255, 129}), in("W", {64, 1, 5, 3}, true, -0.5f, 0.5f), in("B", {64}, true)};
     c.chain = {{"Conv", {"X", "W", "B"}, {{"kernel_shape", Is({5, 3})}, {"strides", Is({2, 1})}, {"pads", Is({1, 2, 2, 0})}}},
                {"MaxPool", {"$0"}, {{"kernel_shape", Is({2, 3})}, {"strides", Is({2, 1})}, {"pads", Is({0, 1, 1, 1})}}}};
+    v.push_back(c);
+  }
+  {
+    // ResNet's and GoogLeNet's stem, smaller: conv 7x7 s2 pads 3 (the 7-tap tile, padded source bands at both
+    // edges) over an odd-sized image, 80 channels (a group of four 16-channel blocks and one of one), Relu,
+    // MaxPool 3x3 s2 pads 1, read by a 1x1 convolution: one fused step of the oneDNN device (1.9 MB per image).
+    OpCase c;
+    c.op = "Chain";
+    c.label = "fused stem: conv 3->80 7x7 s2 pads 3, relu, maxpool 3x3 s2 pads 1, 1x1 conv";
+    c.inputs = {in("X", {1, 3, 160, 147}), in("W", {80, 3, 7, 7}, true, -0.2f, 0.2f), in("B", {80}, true),
+                in("W2", {16, 80, 1, 1}, true, -0.3f, 0.3f)};
+    c.chain = {conv({"X", "W", "B"}, 7, 2, 3),
+               {"Relu", {"$0"}, {}},
+               {"MaxPool", {"$1"}, {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"pads", Is({1, 1, 1, 1})}}},
+               conv({"$2", "W2"}, 1, 1, 0)};
     v.push_back(c);
   }
   {
@@ -1844,9 +1860,26 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // Grouped 3x3s of 4 channels per group run as the oneDNN device's own step (onednn_grouped.h) over nChw16c:
+    // stride 2 with odd sizes, no Relu (negative outputs), batch 2, BatchNormalization folded, read by a 1x1.
+    OpCase c;
+    c.op = "Chain";
+    c.label = "grouped 3x3 in groups of 4 as an own step: stride 2, odd sizes, no relu, batch norm, batch 2";
+    c.inputs = {in("X", {2, 32, 13, 11}), in("W0", {32, 32, 1, 1}, true, -0.3f, 0.3f),
+                in("WG", {32, 4, 3, 3}, true, -0.4f, 0.4f), in("S", {32}, true, 0.5f, 1.5f), in("T", {32}, true),
+                in("MU", {32}, true), in("VAR", {32}, true, 0.5f, 2.f), in("W2", {16, 32, 1, 1}, true, -0.3f, 0.3f)};
+    c.chain = {conv({"X", "W0"}, 1, 1, 0),
+               conv({"$0", "WG"}, 3, 2, 1, 8),
+               {"BatchNormalization", {"$1", "S", "T", "MU", "VAR"}, {}},
+               conv({"$2", "W2"}, 1, 1, 0)};
+    c.claim_whole = true;
+    v.push_back(c);
+  }
+  {
     // Grouped 3x3s of 8 and 4 channels per group run merged into 16-channel groups with block-diagonal weights
-    // (onednn_subgraph.cc conv()): 6 groups of 8 at stride 2 (merged into 3), 12 groups of 4 (merged into 3), and 3
-    // groups of 8 over 24 channels (not a whole number of merged groups: left as it is), in nChw16c between 1x1s.
+    // (onednn_subgraph.cc conv()): 6 groups of 8 at stride 2 (merged into 3), 12 groups of 4 (on the f32 device the
+    // own step of onednn_grouped.h; merged into 3 in bf16), and 3 groups of 8 over 24 channels (not a whole number of
+    // merged groups: left as it is), in nChw16c between 1x1s.
     OpCase c;
     c.op = "Chain";
     c.label = "grouped 3x3 merged into 16-channel groups: 8 and 4 channels per group, stride 2, odd group count";
