@@ -2665,6 +2665,28 @@ void add_int8_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // The fp32 -> int8 boundary in front of a depthwise layer (fuse_qdq folded the QuantizeLinear into it: f32 X):
+    // an fp32 1x1 over 48 channels, the depthwise 3x3 quantizing its X (u8 with a zero point, then the own kernel),
+    // a 1x1 project with f32 output; then the same with s8 and a stride-2 depthwise over 14 columns.
+    for (int s8 = 0; s8 < 2; ++s8) {
+      OpCase c;
+      c.op = "Chain";
+      c.label = std::string("int8 boundary at a depthwise 3x3: Conv 1x1 -> QConv dw (f32 X -> ") + (s8 ? "s8, s2" : "u8") +
+                ") -> QConv 1x1";
+      c.inputs = {in("X", {1, 24, 14, 14}), in("W0", {48, 24, 1, 1}, true, -0.3f, 0.3f), in("B0", {48}, true)};
+      act_q(c, "x", 0.025f, s8 ? 3.f : 100.f, s8 ? DType::kI8 : DType::kU8);
+      layer(c, "d", 48, 1, 3, 0.004f);
+      act_q(c, "d", 0.03f, 0);
+      layer(c, "p", 16, 48, 1, 0.002f);
+      c.chain = {{"Conv", {"X", "W0", "B0"}, {{"kernel_shape", Is({1, 1})}}},
+                 qc({"$0", "Wd", "Bd", "Sx", "Zx", "WSd", "Sd", "Zd"}, 3, s8 ? 2 : 1, 48, "Clip",
+                    {{"output_layout", S("NHWC")}}),
+                 qc({"$1", "Wp", "Bp", "Sd", "Zd", "WSp"}, 1, 1, 1, "", {{"input_layout", S("NHWC")}})};
+      c.claim_whole = true;
+      v.push_back(c);
+    }
+  }
+  {
     // The same QuantizeLinear in 2-D behind an fp32 Conv over 40 channels (nChw16c, a partial block), read by the
     // own depthwise 3x3 and a 1x1 (s8 activations with a zero point).
     OpCase c;
