@@ -320,8 +320,9 @@ void run_int8_depthwise(const Exec& e) {
 
 // Exec::own of the quantization of an f32 value into an int8 step's source (onednn_int8_quant.h): SRC f32 plain
 // ([N, C, S]: kToNhwc), nChw16c (kBlocked) or already in the destination's layout (kSame, n elements); DST bytes.
+// kBlockedF32: no quantization, nChw16c f32 into channels-last f32 (an int8 step's residual Z).
 struct Int8QuantizeStep {
-  enum class Kind { kSame, kToNhwc, kBlocked } kind = Kind::kSame;
+  enum class Kind { kSame, kToNhwc, kBlocked, kBlockedF32 } kind = Kind::kSame;
   QuantizeSpec q;
   int64_t n = 0, N = 1, C = 1, S = 1;
 };
@@ -334,6 +335,7 @@ void run_int8_quantize(const Exec& e) {
     case Int8QuantizeStep::Kind::kSame: quantize_f32(x, y, k.n, k.q, team); break;
     case Int8QuantizeStep::Kind::kToNhwc: quantize_f32_to_nhwc(x, y, k.N, k.C, k.S, k.q, team); break;
     case Int8QuantizeStep::Kind::kBlocked: quantize_f32_blocked16_to_nhwc(x, y, k.N, k.C, k.S, k.q, team); break;
+    case Int8QuantizeStep::Kind::kBlockedF32: blocked16_to_nhwc_f32(x, static_cast<float*>(y), k.N, k.C, k.S, team); break;
   }
 }
 
@@ -782,6 +784,7 @@ class Builder {
   void qdq(size_t i);
   QNodeView qnode_view(const NodeDesc& n) const;
   bool qconv_x_only(const std::string& v, size_t rank);
+  Val residual_last(const std::string& name, const Dims& y);
   Val quantized(const std::string& name, const QuantSetup& q, const md_t& want);
   dnnl::memory zero_point_mem(int32_t v);
   md_t boundary_md(const std::string& name, const Dims& d, dt t) const;
@@ -3333,6 +3336,31 @@ Val Builder::quantized(const std::string& name, const QuantSetup& q, const md_t&
   return dst;
 }
 
+// A QConv's f32 residual Z in channels-last (the layout the int8 primitive adds it in): from an fp32 step's
+// nChw16c / nCdhw16c / nCw16c by the plugin's own copy (blocked16_to_nhwc_f32, one step shared by later readers),
+// else as as_md() reorders it.
+Val Builder::residual_last(const std::string& name, const Dims& y) {
+  const md_t want(to_dnnl(y), dt::f32, channels_last_tag(y.size()));
+  const Val v = val(name);
+  if (v.scale != 1.f || v.md == want || !int8_own_kernels() || v.md != md_t(to_dnnl(y), dt::f32, blocked16_tag(y.size())))
+    return as_md(name, want);
+  const std::string key = name + "#z_last";
+  if (auto it = vals_.find(key); it != vals_.end()) return it->second;
+  Int8QuantizeStep st;
+  st.N = y[0], st.C = y[1], st.S = numel(y) / std::max<int64_t>(1, y[0] * y[1]);
+  st.kind = Int8QuantizeStep::Kind::kBlockedF32;
+  Val& dst = define(key, want);
+  Exec e;
+  e.own = run_int8_quantize;
+  e.own_kind = "reorder";
+  e.params = std::make_shared<const Int8QuantizeStep>(st);
+  e.args = {{DNNL_ARG_SRC, mem_of(v)}, {DNNL_ARG_DST, mem_of(dst)}};
+  layout_reorder_ = true;
+  exec_own(std::move(e), "own_nChw16c_to_nhwc_f32:avx512", true, r_.nodes[cur_node_].name + " Z " + dims_str(y));
+  layout_reorder_ = false;
+  return dst;
+}
+
 // keel.QConv (1-D, 2-D or 3-D; lift_1d leaves QConvs alone, a 1-D one runs as a 1-D primitive): the own depthwise
 // kernel where it applies (as the standalone kernel decides), else oneDNN's int8 convolution with the standalone
 // kernel's primitive descriptor, over channels-last nwc / nhwc / ndhwc bytes.
@@ -3391,7 +3419,7 @@ void Builder::qconv(size_t i) {
     args[DNNL_ARG_BIAS] = p_->owned.back();
   }
   if (q.residual) {
-    const Val zv = as_md(n.in[8], md_t(to_dnnl(y), dt::f32, last));
+    const Val zv = residual_last(n.in[8], y);
     args[DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1] = mem_of(zv);
   }
   if (q.x_zero != 0) args[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC] = zero_point_mem(q.x_zero);
