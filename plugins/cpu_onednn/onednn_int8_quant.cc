@@ -107,6 +107,19 @@ KEEL_AVX512 void blocked16_to_nhwc_range(const float* x, uint8_t* y, int64_t C, 
   }
 }
 
+KEEL_AVX512 void blocked16_to_nhwc_f32_range(const float* x, float* y, int64_t C, int64_t S, int64_t r0, int64_t r1) {
+  const int64_t cb = (C + 15) / 16;
+  const __mmask16 tail = static_cast<__mmask16>(C % 16 == 0 ? 0xFFFF : (1u << (C % 16)) - 1u);
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t n = r / S, s = r % S;
+    const float* xs = x + (n * cb * S + s) * 16;
+    float* yd = y + r * C;
+    int64_t b = 0;
+    for (; b + 1 < cb; ++b) _mm512_storeu_ps(yd + b * 16, _mm512_loadu_ps(xs + b * S * 16));
+    _mm512_mask_storeu_ps(yd + b * 16, tail, _mm512_loadu_ps(xs + b * S * 16));
+  }
+}
+
 // r[i] (16 floats each) <- column i of the 16x16 matrix whose rows r holds: unpack pairs, then 4-float groups, then
 // 128-bit lanes twice.
 KEEL_AVX512 inline void transpose16x16(__m512 r[16]) {
@@ -203,6 +216,13 @@ void quantize_f32_blocked16_to_nhwc(const float* x, void* y, int64_t N, int64_t 
   split_over_team(rows, team, [&](int64_t, int64_t r0, int64_t r1) {
     blocked16_to_nhwc_range(x, static_cast<uint8_t*>(y), C, S, r0, r1, q);
   });
+}
+
+void blocked16_to_nhwc_f32(const float* x, float* y, int64_t N, int64_t C, int64_t S, int threads) {
+  const int64_t rows = N * S;
+  const int team =
+      N * C * S >= kTransposeParallelMin ? static_cast<int>(std::min<int64_t>(std::max(1, threads), rows)) : 1;
+  split_over_team(rows, team, [&](int64_t, int64_t r0, int64_t r1) { blocked16_to_nhwc_f32_range(x, y, C, S, r0, r1); });
 }
 
 void nhwc_to_nchw_f32(const float* x, float* y, int64_t N, int64_t C, int64_t S, int threads) {

@@ -36,7 +36,7 @@
 // keel.Attention (fuse_attention's) runs as an own step (onednn_attention.h) over strided views of Q, Kt, V.
 // 1-D convolutions and poolings run as 2-D ones over [N,C,1,L] (lift_1d rewrites the recipe at claim time); a
 // MatMul read only by a Transpose writes the transposed layout directly.
-// INT8 (the section "int8 steps"): keel.QConv (2-D) and keel.QGemm, with the standalone kernels' set-up
+// INT8 (the section "int8 steps"): keel.QConv (1-D, 2-D, 3-D) and keel.QGemm, with the standalone kernels' set-up
 // (onednn_int8.h), and the per-tensor QuantizeLinear / DequantizeLinear next to them; u8/s8 values stay
 // channels-last between int8 steps, f32 ones are quantized straight from their producer's layout.
 #include <immintrin.h>
@@ -355,8 +355,9 @@ void run_int8_depthwise(const Exec& e) {
 
 // Exec::own of the quantization of an f32 value into an int8 step's source (onednn_int8_quant.h): SRC f32 plain
 // ([N, C, S]: kToNhwc), nChw16c (kBlocked) or already in the destination's layout (kSame, n elements); DST bytes.
+// kBlockedF32: no quantization, nChw16c f32 into channels-last f32 (an int8 step's residual Z).
 struct Int8QuantizeStep {
-  enum class Kind { kSame, kToNhwc, kBlocked } kind = Kind::kSame;
+  enum class Kind { kSame, kToNhwc, kBlocked, kBlockedF32 } kind = Kind::kSame;
   QuantizeSpec q;
   int64_t n = 0, N = 1, C = 1, S = 1;
 };
@@ -369,6 +370,7 @@ void run_int8_quantize(const Exec& e) {
     case Int8QuantizeStep::Kind::kSame: quantize_f32(x, y, k.n, k.q, team); break;
     case Int8QuantizeStep::Kind::kToNhwc: quantize_f32_to_nhwc(x, y, k.N, k.C, k.S, k.q, team); break;
     case Int8QuantizeStep::Kind::kBlocked: quantize_f32_blocked16_to_nhwc(x, y, k.N, k.C, k.S, k.q, team); break;
+    case Int8QuantizeStep::Kind::kBlockedF32: blocked16_to_nhwc_f32(x, static_cast<float*>(y), k.N, k.C, k.S, team); break;
   }
 }
 
@@ -825,6 +827,8 @@ class Builder {
   void qgemm(size_t i);
   void qdq(size_t i);
   QNodeView qnode_view(const NodeDesc& n) const;
+  bool qconv_x_only(const std::string& v, size_t rank);
+  Val residual_last(const std::string& name, const Dims& y);
   Val quantized(const std::string& name, const QuantSetup& q, const md_t& want);
   dnnl::memory zero_point_mem(int32_t v);
   md_t boundary_md(const std::string& name, const Dims& d, dt t) const;
@@ -3557,6 +3561,18 @@ dnnl::memory Builder::zero_point_mem(int32_t v) {
   return p_->owned.back();
 }
 
+// Whether every reader of `v` in the claim is a QConv of rank `rank` reading it as its X only (and there is one).
+bool Builder::qconv_x_only(const std::string& v, size_t rank) {
+  const auto& us = users(v);
+  for (size_t u : us) {
+    const NodeDesc& c = r_.nodes[u];
+    if (c.op != "QConv" || c.in.empty() || c.in[0] != v || std::count(c.in.begin(), c.in.end(), v) != 1) return false;
+    const ConstT* w = cst(c.in_at(1));
+    if (!w || w->dims.size() != rank) return false;
+  }
+  return !us.empty();
+}
+
 // The f32 value `name` quantized with q's x_scale and x_zero_point into `want` (u8/s8): one step the first time,
 // shared by later readers with the same parameters and layout. The arithmetic is the standalone kernels' (x * (1 /
 // x_scale), rounded half to even, plus the zero point, saturated), so the bytes are theirs.
@@ -3584,7 +3600,7 @@ Val Builder::quantized(const std::string& name, const QuantSetup& q, const md_t&
     } else if (to_last && is_plain_dense(v.md) && C % 4 == 0) {
       // (Whole groups of 4 channels only: see onednn_int8.cc.)
       st.kind = Int8QuantizeStep::Kind::kToNhwc, how = "own_quantize_to_nhwc:avx512";
-    } else if (to_last && d.size() == 4 && v.md == md_t(v.md.dims(), dt::f32, tag::nChw16c)) {
+    } else if (to_last && v.md == md_t(v.md.dims(), dt::f32, blocked16_tag(d.size()))) {
       st.kind = Int8QuantizeStep::Kind::kBlocked, how = "own_quantize_nChw16c_to_nhwc:avx512";
     }
   }
@@ -3608,8 +3624,34 @@ Val Builder::quantized(const std::string& name, const QuantSetup& q, const md_t&
   return dst;
 }
 
-// keel.QConv (2-D): the own depthwise kernel where it applies (as the standalone kernel decides), else oneDNN's
-// int8 convolution with the standalone kernel's primitive descriptor.
+// A QConv's f32 residual Z in channels-last (the layout the int8 primitive adds it in): from an fp32 step's
+// nChw16c / nCdhw16c / nCw16c by the plugin's own copy (blocked16_to_nhwc_f32, one step shared by later readers),
+// else as as_md() reorders it.
+Val Builder::residual_last(const std::string& name, const Dims& y) {
+  const md_t want(to_dnnl(y), dt::f32, channels_last_tag(y.size()));
+  const Val v = val(name);
+  if (v.scale != 1.f || v.md == want || !int8_own_kernels() || v.md != md_t(to_dnnl(y), dt::f32, blocked16_tag(y.size())))
+    return as_md(name, want);
+  const std::string key = name + "#z_last";
+  if (auto it = vals_.find(key); it != vals_.end()) return it->second;
+  Int8QuantizeStep st;
+  st.N = y[0], st.C = y[1], st.S = numel(y) / std::max<int64_t>(1, y[0] * y[1]);
+  st.kind = Int8QuantizeStep::Kind::kBlockedF32;
+  Val& dst = define(key, want);
+  Exec e;
+  e.own = run_int8_quantize;
+  e.own_kind = "reorder";
+  e.params = std::make_shared<const Int8QuantizeStep>(st);
+  e.args = {{DNNL_ARG_SRC, mem_of(v)}, {DNNL_ARG_DST, mem_of(dst)}};
+  layout_reorder_ = true;
+  exec_own(std::move(e), "own_nChw16c_to_nhwc_f32:avx512", true, r_.nodes[cur_node_].name + " Z " + dims_str(y));
+  layout_reorder_ = false;
+  return dst;
+}
+
+// keel.QConv (1-D, 2-D or 3-D; lift_1d leaves QConvs alone, a 1-D one runs as a 1-D primitive): the own depthwise
+// kernel where it applies (as the standalone kernel decides), else oneDNN's int8 convolution with the standalone
+// kernel's primitive descriptor, over channels-last nwc / nhwc / ndhwc bytes.
 void Builder::qconv(size_t i) {
   const NodeDesc& n = r_.nodes[i];
   if (n.out.size() != 1 || n.in.size() < 6 || n.in.size() > 9 || n.in[0].empty() || is_const(n.in[0]))
@@ -3620,7 +3662,9 @@ void Builder::qconv(size_t i) {
   QConvGeom g;
   g.read(W->dims, n.ai("group", 1), n.as("auto_pad", "NOTSET"), n.ais("strides", Dims(sp, 1)),
          n.ais("dilations", Dims(sp, 1)), n.ais("pads", Dims(2 * sp, 0)));
-  if (g.rank != 4) throw Reject{"2-D int8 convolutions only"};
+  // 1-D, 2-D and 3-D: the same primitive over channels-last nwc / nhwc / ndhwc bytes (the own depthwise kernel is
+  // 2-D only: int8_own_depthwise declines the others).
+  if (g.rank < 3 || g.rank > 5) throw Reject{"1-D, 2-D or 3-D int8 convolutions only"};
   QuantSetup q;
   q.read(qnode_view(n), W->dims[0]);
   q.residual = !n.in_at(8).empty();
@@ -3631,9 +3675,18 @@ void Builder::qconv(size_t i) {
   const int8_t* w = reinterpret_cast<const int8_t*>(W->bytes.data());
   const dt xt = int8_dnnl_type(q.x_type), yt = int8_dnnl_type(q.y_type);
   const int64_t M = W->dims[0];
-  p_->flops += 2.0 * numel(y) * (x[1] / g.group) * W->dims[2] * W->dims[3];
-  if (auto dw = int8_own_depthwise(q, g, w, x, y, true, true)) {
-    const Val sv = as_md(n.in[0], md_t(to_dnnl(x), xt, tag::nhwc));
+  const tag last = channels_last_tag(g.rank);
+  double taps = 1;
+  for (size_t k = 2; k < W->dims.size(); ++k) taps *= static_cast<double>(W->dims[k]);
+  p_->flops += 2.0 * static_cast<double>(numel(y)) * static_cast<double>(x[1] / g.group) * taps;
+  // An f32 X (the fp32 -> int8 boundary in front of a depthwise layer) is quantized into channels-last bytes by a
+  // step of its own first (quantized()), so that the own kernel serves it too (the standalone kernel leaves it to
+  // oneDNN's brdgmm_dw, 1.5-2x slower at 56x56).
+  QuantSetup qk = q;
+  qk.x_f32 = false;
+  if (auto dw = int8_own_depthwise(qk, g, w, x, y, true, true)) {
+    const md_t x_last(to_dnnl(x), xt, tag::nhwc);
+    const Val sv = q.x_f32 ? quantized(n.in[0], q, x_last) : as_md(n.in[0], x_last);
     Val& out = define(n.out[0], md_t(to_dnnl(y), yt, tag::nhwc));
     Exec e;
     e.own = run_int8_depthwise;
@@ -3643,7 +3696,7 @@ void Builder::qconv(size_t i) {
     exec_own(std::move(e), "own_int8_dw:avx512_vnni", false, n.name + " " + dims_str(x) + " -> " + dims_str(y));
     return;
   }
-  auto pd = qconv_primitive_desc(q, g, x, y, q.residual ? tag::nhwc : tag::any);
+  auto pd = qconv_primitive_desc(q, g, x, y, q.residual ? last : tag::any);
   const Val sv = q.x_f32 ? quantized(n.in[0], q, pd.src_desc()) : as_md(n.in[0], pd.src_desc());
   std::unordered_map<int, dnnl::memory> args;
   const md_t wplain(to_dnnl(g.dnnl_weight_dims(x[1])), dt::s8, g.plain_weight_tag());
@@ -3654,7 +3707,7 @@ void Builder::qconv(size_t i) {
     args[DNNL_ARG_BIAS] = p_->owned.back();
   }
   if (q.residual) {
-    const Val zv = as_md(n.in[8], md_t(to_dnnl(y), dt::f32, tag::nhwc));
+    const Val zv = residual_last(n.in[8], y);
     args[DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1] = mem_of(zv);
   }
   if (q.x_zero != 0) args[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC] = zero_point_mem(q.x_zero);
@@ -3730,7 +3783,15 @@ void Builder::qdq(size_t i) {
     if (ot == r_.dtypes.end() || ot->second != qtype) throw Reject{"output type differs from the zero point's"};
     QuantSetup q;
     q.x_scale = scale, q.x_zero = zero, q.x_type = qtype;
-    Val v = quantized(n.in[0], q, with_dtype(xv.md, int8_dnnl_type(qtype)));
+    // Read only by QConvs, as their X (fuse_qdq leaves such a QuantizeLinear where several QConvs read it, e.g. a
+    // ResNet block's input read by its first 3x3 and the downsampling 1x1): written channels-last straight away, the
+    // layout the int8 convolutions read, instead of in X's layout and then reordered for them.
+    md_t want = with_dtype(xv.md, int8_dnnl_type(qtype));
+    const Dims d = md_dims(xv.md);
+    if (d.size() >= 3 && d.size() <= 5 && qconv_x_only(n.out[0], d.size()) &&
+        (!escapes(n.out[0]) || r_.channels_last.count(n.out[0])))
+      want = md_t(to_dnnl(d), int8_dnnl_type(qtype), channels_last_tag(d.size()));
+    Val v = quantized(n.in[0], q, want);
     p_->bufs[v.buf].values++;  // the node's output is that value
     vals_[n.out[0]] = v;
     return;
@@ -4082,7 +4143,7 @@ bool int8_op(const char* domain, const std::string& op) {
   return domain && std::strcmp(domain, "keel") == 0 && (op == "QConv" || op == "QGemm");
 }
 
-// An int8 node the chain may take: static shapes, X and Y u8/s8/f32, a 2-D QConv with an f32 Z if any; a
+// An int8 node the chain may take: static shapes, X and Y u8/s8/f32, a 1-D/2-D/3-D QConv with an f32 Z if any; a
 // QuantizeLinear / DequantizeLinear of an activation (not of a constant: weights stay constants for the
 // convolutions reading them) with a constant scalar scale and zero point. The builder checks the rest; what it cannot
 // build stays on the standalone kernel. `is_const`: whether a value is an initializer or a folded constant.
@@ -4108,7 +4169,7 @@ bool int8_candidate(const GraphScan& sc, keel_node_id_t n, const std::function<b
     keel_node_id_t p = 0;
     return sc.producer(ins[0], &p) && int8_node(p);
   }
-  if (sc.op(n) == "QConv" && d.size() != 4) return false;
+  if (sc.op(n) == "QConv" && (d.size() < 3 || d.size() > 5)) return false;
   if (ins.size() > 8 && !ins[8].empty() && (!sc.info(ins[8], &t, &d) || t != KEEL_DTYPE_F32)) return false;
   return true;
 }

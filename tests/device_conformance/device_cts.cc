@@ -2642,6 +2642,122 @@ void add_int8_chain_cases(std::vector<OpCase>& v) {
     c.claim_whole = true;
     v.push_back(c);
   }
+  // QConvs of any spatial rank (1-D: TCN / audio, 3-D: video), kernel k per spatial axis, stride s, pads p, dilation
+  // d; weights [M, C/g, k...] (layer_n).
+  auto qcn = [](std::vector<std::string> ins, size_t rank, int64_t k, int64_t s, int64_t p, int64_t d, int64_t g,
+                const char* act, std::map<std::string, Attribute> extra = {}) {
+    std::map<std::string, Attribute> a = {{"kernel_shape", Is(std::vector<int64_t>(rank, k))},
+                                          {"strides", Is(std::vector<int64_t>(rank, s))},
+                                          {"pads", Is(std::vector<int64_t>(2 * rank, p))},
+                                          {"dilations", Is(std::vector<int64_t>(rank, d))},
+                                          {"group", I(g)}};
+    if (act[0]) a["activation"] = S(act);
+    if (std::string(act) == "Clip") a["activation_params"] = Attribute::of_floats({0.f, 6.f});
+    for (auto& [key, val] : extra) a[key] = val;
+    return ChainNode{"keel.QConv", std::move(ins), std::move(a)};
+  };
+  auto layer_n = [](OpCase& c, const std::string& k, int64_t M, int64_t Cg, size_t rank, int64_t ks, float wscale) {
+    Shape w{M, Cg};
+    for (size_t i = 0; i < rank; ++i) w.push_back(ks);
+    c.inputs.push_back(qin("W" + k, w, DType::kI8, true, -127.f, 127.f));
+    c.inputs.push_back(in("B" + k, {M}, true, -0.5f, 0.5f));
+    c.inputs.push_back(qconst("WS" + k, {M}, DType::kF32, channel_scales(M, wscale)));
+  };
+  {
+    // A 1-D (temporal) int8 block, batch 2, behind an fp32 Conv1d (which the chain lifts to 2-D): a QuantizeLinear
+    // read by two QConvs (written channels-last for them), a dilated k3, a depthwise k3 stride 2, the strided 1x1
+    // shortcut as the project's Z, a plain f32 output.
+    OpCase c;
+    c.op = "Chain";
+    c.label = "int8 1-D block, batch 2: Conv1d+Relu -> QuantizeLinear -> dilated QConv k3, depthwise s2, 1x1 +Z (1x1 s2)";
+    c.inputs = {in("X", {2, 12, 40}), in("W0", {16, 12, 3}, true, -0.3f, 0.3f), in("B0", {16}, true)};
+    act_q(c, "x", 0.02f, 10);
+    layer_n(c, "e", 24, 16, 1, 3, 0.003f);
+    act_q(c, "e", 0.03f, 0);
+    layer_n(c, "d", 24, 1, 1, 3, 0.004f);
+    act_q(c, "d", 0.03f, 0);
+    layer_n(c, "s", 20, 16, 1, 1, 0.004f);
+    layer_n(c, "p", 20, 24, 1, 1, 0.002f);
+    c.chain = {{"Conv", {"X", "W0", "B0"}, {{"kernel_shape", Is({3})}, {"pads", Is({1, 1})}}},
+               {"Relu", {"$0"}, {}},
+               {"QuantizeLinear", {"$1", "Sx", "Zx"}, {}},
+               qcn({"$2", "We", "Be", "Sx", "Zx", "WSe", "Se", "Ze"}, 1, 3, 1, 2, 2, 1, "Relu", {{"output_layout", S("NHWC")}}),
+               qcn({"$3", "Wd", "Bd", "Se", "Ze", "WSd", "Sd", "Zd"}, 1, 3, 2, 1, 1, 24, "Clip", nhwc_io),
+               qcn({"$2", "Ws", "Bs", "Sx", "Zx", "WSs"}, 1, 1, 2, 0, 1, 1, "", {{"output_layout", S("NHWC")}}),
+               qcn({"$4", "Wp", "Bp", "Sd", "Zd", "WSp", "", "", "$5"}, 1, 1, 1, 0, 1, 1, "",
+                   {{"input_layout", S("NHWC")}, {"residual_layout", S("NHWC")}})};
+    c.claim_whole = true;
+    v.push_back(c);
+  }
+  {
+    // A 3-D (video) int8 block behind an fp32 Conv3d over 24 channels (nCdhw16c with a partial block): the
+    // QuantizeLinear two QConvs read quantized straight from that layout into channels-last; an expand 1x1x1, a
+    // depthwise 3x3x3 stride 2, a project with the strided 3x3x3 as Z, GlobalAveragePool of the f32 output.
+    OpCase c;
+    c.op = "Chain";
+    c.label = "int8 3-D block: Conv3d -> QuantizeLinear -> QConv 1x1x1, depthwise 3x3x3 s2, 1x1x1 +Z (3x3x3 s2) -> GAP";
+    c.inputs = {in("X", {1, 8, 6, 10, 10}), in("W0", {24, 8, 3, 3, 3}, true, -0.2f, 0.2f), in("B0", {24}, true)};
+    act_q(c, "x", 0.02f, 128);
+    layer_n(c, "e", 32, 24, 3, 1, 0.004f);
+    act_q(c, "e", 0.03f, 0);
+    layer_n(c, "d", 32, 1, 3, 3, 0.003f);
+    act_q(c, "d", 0.03f, 0);
+    layer_n(c, "s", 16, 24, 3, 3, 0.001f);
+    layer_n(c, "p", 16, 32, 3, 1, 0.002f);
+    c.chain = {{"Conv", {"X", "W0", "B0"}, {{"kernel_shape", Is({3, 3, 3})}, {"pads", Is({1, 1, 1, 1, 1, 1})}}},
+               {"QuantizeLinear", {"$0", "Sx", "Zx"}, {}},
+               qcn({"$1", "We", "Be", "Sx", "Zx", "WSe", "Se", "Ze"}, 3, 1, 1, 0, 1, 1, "Clip", {{"output_layout", S("NHWC")}}),
+               qcn({"$2", "Wd", "Bd", "Se", "Ze", "WSd", "Sd", "Zd"}, 3, 3, 2, 1, 1, 32, "Clip", nhwc_io),
+               qcn({"$1", "Ws", "Bs", "Sx", "Zx", "WSs"}, 3, 3, 2, 1, 1, 1, "", {{"output_layout", S("NHWC")}}),
+               qcn({"$3", "Wp", "Bp", "Sd", "Zd", "WSp", "", "", "$4"}, 3, 1, 1, 0, 1, 1, "",
+                   {{"input_layout", S("NHWC")}, {"residual_layout", S("NHWC")}}),
+               {"GlobalAveragePool", {"$5"}, {}}};
+    c.claim_whole = true;
+    v.push_back(c);
+  }
+  {
+    // The fp32 -> int8 boundary in front of a depthwise layer (fuse_qdq folded the QuantizeLinear into it: f32 X):
+    // an fp32 1x1 over 48 channels, the depthwise 3x3 quantizing its X (u8 with a zero point, then the own kernel),
+    // a 1x1 project with f32 output; then the same with s8 and a stride-2 depthwise over 14 columns.
+    for (int s8 = 0; s8 < 2; ++s8) {
+      OpCase c;
+      c.op = "Chain";
+      c.label = std::string("int8 boundary at a depthwise 3x3: Conv 1x1 -> QConv dw (f32 X -> ") + (s8 ? "s8, s2" : "u8") +
+                ") -> QConv 1x1";
+      c.inputs = {in("X", {1, 24, 14, 14}), in("W0", {48, 24, 1, 1}, true, -0.3f, 0.3f), in("B0", {48}, true)};
+      act_q(c, "x", 0.025f, s8 ? 3.f : 100.f, s8 ? DType::kI8 : DType::kU8);
+      layer(c, "d", 48, 1, 3, 0.004f);
+      act_q(c, "d", 0.03f, 0);
+      layer(c, "p", 16, 48, 1, 0.002f);
+      c.chain = {{"Conv", {"X", "W0", "B0"}, {{"kernel_shape", Is({1, 1})}}},
+                 qc({"$0", "Wd", "Bd", "Sx", "Zx", "WSd", "Sd", "Zd"}, 3, s8 ? 2 : 1, 48, "Clip",
+                    {{"output_layout", S("NHWC")}}),
+                 qc({"$1", "Wp", "Bp", "Sd", "Zd", "WSp"}, 1, 1, 1, "", {{"input_layout", S("NHWC")}})};
+      c.claim_whole = true;
+      v.push_back(c);
+    }
+  }
+  {
+    // The same QuantizeLinear in 2-D behind an fp32 Conv over 40 channels (nChw16c, a partial block), read by the
+    // own depthwise 3x3 and a 1x1 (s8 activations with a zero point).
+    OpCase c;
+    c.op = "Chain";
+    c.label = "int8 Conv -> QuantizeLinear (s8) -> depthwise 3x3 and 1x1 QConvs -> 1x1 +Z";
+    c.inputs = {in("X", {1, 16, 12, 12}), in("W0", {40, 16, 3, 3}, true, -0.2f, 0.2f), in("B0", {40}, true)};
+    act_q(c, "x", 0.02f, -5, DType::kI8);
+    layer(c, "d", 40, 1, 3, 0.004f);
+    act_q(c, "d", 0.03f, 0);
+    layer(c, "s", 24, 40, 1, 0.002f);
+    layer(c, "p", 24, 40, 1, 0.002f);
+    c.chain = {{"Conv", {"X", "W0", "B0"}, {{"kernel_shape", Is({3, 3})}, {"pads", Is({1, 1, 1, 1})}}},
+               {"QuantizeLinear", {"$0", "Sx", "Zx"}, {}},
+               qc({"$1", "Wd", "Bd", "Sx", "Zx", "WSd", "Sd", "Zd"}, 3, 1, 40, "Clip", {{"output_layout", S("NHWC")}}),
+               qc({"$1", "Ws", "Bs", "Sx", "Zx", "WSs"}, 1, 1, 1, "", {{"output_layout", S("NHWC")}}),
+               qc({"$2", "Wp", "Bp", "Sd", "Zd", "WSp", "", "", "$3"}, 1, 1, 1, "Relu",
+                  {{"input_layout", S("NHWC")}, {"residual_layout", S("NHWC")}})};
+    c.claim_whole = true;
+    v.push_back(c);
+  }
 }
 
 std::vector<OpCase> make_cases() {
