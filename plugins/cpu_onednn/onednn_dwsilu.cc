@@ -156,9 +156,9 @@ void dw_silu_pack_weights(const DwSiluShape& s, const float* w, float* packed) {
 }
 
 void dw_silu_blocks(const DwSiluShape& s, const float* src, const float* packed, const float* bias, float* dst,
-                    float* mean, int64_t begin, int64_t end, float* scratch) {
+                    float* mean, int64_t begin, int64_t end, float* scratch, bool vector) {
   const int64_t cb = s.c / 16, kk = s.k * s.k;
-  const bool fast = has_avx512f();
+  const bool fast = vector && has_avx512f();
   // The ring's pads and the zero row stay zero: each block's rows fill pixels [p, p + w) only.
   if (fast && begin < end) std::memset(scratch, 0, dw_silu_scratch_floats(s) * sizeof(float));
   for (int64_t blk = begin; blk < end; ++blk) {
@@ -179,10 +179,10 @@ void dw_silu_blocks(const DwSiluShape& s, const float* src, const float* packed,
 }
 
 void dw_silu_run(const DwSiluShape& s, const float* src, const float* packed, const float* bias, float* dst,
-                 float* mean, float* scratch, int team) {
+                 float* mean, float* scratch, int team, bool vector) {
   const size_t per = dw_silu_scratch_floats(s);
   split_over_team(s.n * (s.c / 16), team, [&](int64_t t, int64_t begin, int64_t end) {
-    dw_silu_blocks(s, src, packed, bias, dst, mean, begin, end, scratch + static_cast<size_t>(t) * per);
+    dw_silu_blocks(s, src, packed, bias, dst, mean, begin, end, scratch + static_cast<size_t>(t) * per, vector);
   });
 }
 

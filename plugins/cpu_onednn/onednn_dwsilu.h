@@ -40,14 +40,14 @@ void dw_silu_pack_weights(const DwSiluShape& s, const float* w, float* packed);
 // n*c/16, src nChw16c [n,c,h,w], dst nChw16c [n,c,oh,ow], bias [c]; when mean is not null, mean[img*c + ch] = the
 // mean of dst over the image's pixels (nChw16c [n,c,1,1]). Uses scratch (dw_silu_scratch_floats(s) floats, no
 // alignment needed). Thread-safe for disjoint ranges with their own scratch; AVX-512 when the CPU has it
-// (onednn_silu.h's has_avx512f), else scalar code.
+// (onednn_silu.h's has_avx512f) and `vector` is true, else scalar code (vector = false: for tests).
 void dw_silu_blocks(const DwSiluShape& s, const float* src, const float* packed, const float* bias, float* dst,
-                    float* mean, int64_t begin, int64_t end, float* scratch);
+                    float* mean, int64_t begin, int64_t end, float* scratch, bool vector = true);
 
 // The whole of it over `team` OpenMP threads (contiguous ranges of blocks); scratch holds `team` times
 // dw_silu_scratch_floats(s) floats.
 void dw_silu_run(const DwSiluShape& s, const float* src, const float* packed, const float* bias, float* dst,
-                 float* mean, float* scratch, int team);
+                 float* mean, float* scratch, int team, bool vector = true);
 
 // The same by straightforward loops over unpacked weights [c][1][k][k] in double precision (the reference the step
 // is tested against).

@@ -19,7 +19,7 @@ DwSiluShape shape(int64_t n, int64_t c, int64_t h, int64_t w, int64_t k, int64_t
   return d;
 }
 
-void check(const DwSiluShape& s, int team) {
+void check(const DwSiluShape& s, int team, bool vector = true) {
   ASSERT_EQ(dw_silu_check(s), "");
   std::mt19937 rng(static_cast<unsigned>(s.c * 131 + s.h * 7 + s.k + s.s * 3 + team));
   std::uniform_real_distribution<float> u(-3.f, 3.f);
@@ -35,13 +35,13 @@ void check(const DwSiluShape& s, int team) {
       got_mean(want_mean.size(), NAN);
   dw_silu_reference(s, x.data(), w.data(), b.data(), want.data(), want_mean.data());
   std::vector<float> scratch(dw_silu_scratch_floats(s) * static_cast<size_t>(team), NAN);  // must not be read unset
-  dw_silu_run(s, x.data(), packed.data(), b.data(), got.data(), got_mean.data(), scratch.data(), team);
+  dw_silu_run(s, x.data(), packed.data(), b.data(), got.data(), got_mean.data(), scratch.data(), team, vector);
   for (size_t i = 0; i < out; ++i)
     ASSERT_NEAR(got[i], want[i], 2e-5 + 2e-5 * std::fabs(want[i])) << "element " << i << " of " << out;
   for (size_t i = 0; i < want_mean.size(); ++i) ASSERT_NEAR(got_mean[i], want_mean[i], 2e-5) << "mean " << i;
   // Without the mean output, the same values.
   std::vector<float> again(out, NAN);
-  dw_silu_run(s, x.data(), packed.data(), b.data(), again.data(), nullptr, scratch.data(), team);
+  dw_silu_run(s, x.data(), packed.data(), b.data(), again.data(), nullptr, scratch.data(), team, vector);
   ASSERT_EQ(again, got);
 }
 
@@ -64,6 +64,12 @@ TEST(OnednnDwSilu, MatchesTheReferenceOnOddGeometries) {
     check(shape(1, 48, 9, 17, 3, 2, 0, true), team);  // no padding
     check(shape(3, 32, 1, 1, 3, 1, 1, false), team);  // one pixel
   }
+}
+
+TEST(OnednnDwSilu, ScalarPathMatchesTheReferenceToo) {
+  check(shape(1, 32, 14, 14, 3, 2, 1, true), 2, false);
+  check(shape(2, 16, 9, 8, 5, 1, 2, false), 1, false);
+  check(shape(1, 48, 7, 7, 5, 2, 2, true), 3, false);
 }
 
 TEST(OnednnDwSilu, RefusesWhatItDoesNotCompute) {

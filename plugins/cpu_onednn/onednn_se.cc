@@ -118,8 +118,8 @@ void se_pack(const SeShape& s, const float* w1, const float* b1, const float* w2
   }
 }
 
-void se_excite(const SeShape& s, const float* packed, const float* p, float* out) {
-  if (has_avx512f() && up16(s.cs) <= 1024) {
+void se_excite(const SeShape& s, const float* packed, const float* p, float* out, bool vector) {
+  if (vector && has_avx512f() && up16(s.cs) <= 1024) {
     excite_avx512(s, packed, p, out);
     return;
   }

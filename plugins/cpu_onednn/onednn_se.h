@@ -27,8 +27,9 @@ size_t se_packed_floats(const SeShape& s);
 void se_pack(const SeShape& s, const float* w1, const float* b1, const float* w2, const float* b2, float* packed);
 
 // out[0..c2) = Sigmoid(W2 act(W1 p + b1) + b2), p [c]. Runs on the calling thread; AVX-512 when the CPU has it
-// (onednn_silu.h's has_avx512f), else scalar code. Thread-safe (reads packed and p, writes out).
-void se_excite(const SeShape& s, const float* packed, const float* p, float* out);
+// (onednn_silu.h's has_avx512f) and `vector` is true, else scalar code (vector = false: for tests). Thread-safe
+// (reads packed and p, writes out).
+void se_excite(const SeShape& s, const float* packed, const float* p, float* out, bool vector = true);
 
 // The same by straightforward loops over the unpacked weights in double precision (the reference for tests).
 void se_excite_reference(const SeShape& s, const float* w1, const float* b1, const float* w2, const float* b2,

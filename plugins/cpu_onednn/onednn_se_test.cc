@@ -11,7 +11,7 @@
 namespace keel::onednn {
 namespace {
 
-void check(int64_t c, int64_t cs, int64_t c2, bool silu, bool biases) {
+void check(int64_t c, int64_t cs, int64_t c2, bool silu, bool biases, bool vector = true) {
   SeShape s;
   s.c = c, s.cs = cs, s.c2 = c2, s.silu = silu;
   std::mt19937 rng(static_cast<unsigned>(c * 7 + cs * 3 + c2 + silu));
@@ -26,7 +26,7 @@ void check(int64_t c, int64_t cs, int64_t c2, bool silu, bool biases) {
   std::vector<float> want(static_cast<size_t>(c2)), got(static_cast<size_t>(c2) + 16, NAN);
   se_excite_reference(s, w1.data(), biases ? b1.data() : nullptr, w2.data(), biases ? b2.data() : nullptr, p.data(),
                       want.data());
-  se_excite(s, packed.data(), p.data(), got.data());
+  se_excite(s, packed.data(), p.data(), got.data(), vector);
   // f32 sums of up to 1152 products against double ones: 2e-5 on outputs in (0, 1).
   for (int64_t m = 0; m < c2; ++m) ASSERT_NEAR(got[m], want[m], 2e-5) << "output " << m << " of " << c2;
   for (int64_t m = c2; m < c2 + 16; ++m) ASSERT_TRUE(std::isnan(got[m])) << "wrote past the end at " << m;
@@ -43,6 +43,11 @@ TEST(OnednnSe, MatchesTheReferenceOnOddShapes) {
   check(17, 3, 33, true, false);      // no biases, odd sizes, c2 != c
   check(512, 80, 512, true, true);    // cs over 64 (a second group of four chains)
   check(16, 1, 200, false, true);     // one squeezed channel, c2 past one group of eight chains
+}
+
+TEST(OnednnSe, ScalarPathMatchesTheReferenceToo) {
+  check(1152, 48, 1152, true, true, false);
+  check(40, 10, 40, false, false, false);
 }
 
 }  // namespace
