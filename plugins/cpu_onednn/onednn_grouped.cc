@@ -159,8 +159,8 @@ void grouped4_rows(const Grouped4Shape& s, const float* src, const float* packed
   const int64_t oh = s.oh(), ow = s.ow();
   const bool vec = has_avx512f() && !g_scalar.load(std::memory_order_relaxed);
   for (int64_t q = begin; q < end; ++q) {
-    const int64_t o = q % oh, ib = q / oh;  // ib: image * blocks + block
-    const int64_t b = ib % s.blocks;
+    // Row-major over the blocks: a thread's range is a band of rows of every block, as the 1x1s around it split.
+    const int64_t b = q % s.blocks, o = (q / s.blocks) % oh, ib = q / (s.blocks * oh) * s.blocks + b;
     const float* sb = src + ib * s.h * s.w * 16;
     const float* wb = packed + b * 9 * 64;
     float* out = dst + (ib * oh + o) * ow * 16;

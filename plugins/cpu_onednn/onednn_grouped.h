@@ -34,7 +34,7 @@ std::string grouped4_check(const Grouped4Shape& s);
 size_t grouped4_packed_floats(const Grouped4Shape& s);
 void grouped4_pack_weights(const Grouped4Shape& s, const float* w, float* packed);
 
-// Computes the output rows [begin, end) of the n * blocks * oh (image, block, row) triples into dst. Reads src,
+// Computes the output rows [begin, end) of the n * oh * blocks (image, row, block) triples into dst. Reads src,
 // packed weights and bias [16*blocks]. Thread-safe for disjoint ranges; AVX-512 when the CPU has it
 // (onednn_silu.h's has_avx512f), else scalar code (also taken after grouped4_force_scalar(true)).
 void grouped4_rows(const Grouped4Shape& s, const float* src, const float* packed, const float* bias, float* dst,
