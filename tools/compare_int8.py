@@ -14,7 +14,10 @@ usage: tools/compare_int8.py --keel build/bin/keel [--models resnet18,mobilenet_
                              [--method mse] [--tolerance 0.12 [--fallback prefix]] [--exclude NODE,...]
 
 On a shared, loaded machine the medians swing by 2-3x between runs; the per-engine minimum over all rounds (also
-printed) is the steadier comparison there.
+printed) is the steadier comparison there, and so are the paired ratios (within each round, median over rounds).
+A cell with fewer threads than the machine has CPUs runs every engine of a round on the same CPUs, the rounds
+rotating over them (--no-pin turns this off), as tools/compare_peers.py does: one vCPU of a virtual machine can be
+much slower than another, and unpinned, each fresh process lands on either.
 """
 import argparse
 import json
@@ -28,8 +31,9 @@ import numpy as np
 from onnx import numpy_helper
 
 
-def run(cmd, ok=(0,), **kw):
-    r = subprocess.run(cmd, capture_output=True, text=True, **kw)
+def run(cmd, ok=(0,), cpus=None, **kw):
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    r = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=pin, **kw)
     if r.returncode not in ok:
         raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
     return r.stdout
@@ -83,6 +87,8 @@ def main():
     ap.add_argument("--quantize-arg", action="append", default=[],
                     help="a further argument for keel quantize (repeatable; e.g. --quantize-arg=--no-bias-correction)")
     ap.add_argument("--work", default=None)
+    ap.add_argument("--no-pin", action="store_true",
+                    help="let the scheduler place each engine (default: a round's engines share its CPUs)")
     a = ap.parse_args()
     work = a.work or tempfile.mkdtemp(prefix="keel-int8-")
     keel = os.path.abspath(a.keel)
@@ -138,21 +144,28 @@ def main():
         if a.rounds <= 0:  # accuracy only
             summary.append({"model": model, "cos_int8": min(cos_int8), "cos_qdq": min(cos_qdq)})
             continue
+        allowed = sorted(os.sched_getaffinity(0))
         for t in a.threads.split(","):
             med = {e: [] for e in engines}
             mins = {e: [] for e in engines}
+            paired = {"int8/fp32": [], "ort_int8/int8": []}
             ort_q = None
             for r in range(a.rounds):
                 order = list(engines)[r % 4:] + list(engines)[:r % 4]
+                cpus = None
+                if not a.no_pin and int(t) < len(allowed):
+                    cpus = {allowed[(r * int(t) + k) % len(allowed)] for k in range(int(t))}
                 for e in order:
                     cmd = engines[e](t) + ["--iters", str(a.iters), "--warmup", "3", "--max-seconds", "20", "--json"]
                     # ort_bench.js exits 2 when the output is off PyTorch's fp32 output by more than its fp32
                     # tolerance, which an int8 model is by design: its JSON (max_abs_diff) is still reported.
-                    j = last_json(run(cmd, ok=(0, 2) if e == "ort_int8" else (0,)))
+                    j = last_json(run(cmd, ok=(0, 2) if e == "ort_int8" else (0,), cpus=cpus))
                     med[e].append(float(j["median_ms"]))
                     mins[e].append(float(j.get("min_ms", j["median_ms"])))
                     if e == "ort_int8":
                         ort_q = j
+                paired["int8/fp32"].append(med["keel_fp32"][-1] / med["keel_int8"][-1])
+                paired["ort_int8/int8"].append(med["ort_int8"][-1] / med["keel_int8"][-1])
             m = {e: statistics.median(v) for e, v in med.items()}
             print(f"   threads {t}: median ms  " + "  ".join(f"{e} {m[e]:.2f}" for e in engines), flush=True)
             print(f"   keel int8 speed-up vs keel fp32: {m['keel_fp32'] / m['keel_int8']:.2f}x; "
@@ -161,6 +174,11 @@ def main():
             mn = {e: min(v) for e, v in mins.items()}
             print(f"   threads {t}: min ms     " + "  ".join(f"{e} {mn[e]:.2f}" for e in engines) +
                   f"  (int8 vs fp32 {mn['keel_fp32'] / mn['keel_int8']:.2f}x, vs ORT {mn['ort_int8'] / mn['keel_int8']:.2f}x)",
+                  flush=True)
+            print(f"   threads {t}: paired (within a round, median of {a.rounds}): keel int8 vs keel fp32 "
+                  f"{statistics.median(paired['int8/fp32']):.2f}x, vs ORT on the QDQ file "
+                  f"{statistics.median(paired['ort_int8/int8']):.2f}x"
+                  + (" (pinned)" if int(t) < len(allowed) and not a.no_pin else ""),
                   flush=True)
             if ort_q:
                 print(f"   ORT ran the QDQ file: max_abs_diff vs PyTorch fp32 {ort_q.get('max_abs_diff')}, "
