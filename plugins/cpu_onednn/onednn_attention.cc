@@ -139,8 +139,9 @@ int64_t stride_from_end(const StridedView& v, size_t k) {
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
 // exp(x) for x <= 88: 2^n * p(r), n = round(x log2 e), r = x - n ln 2, p oneDNN's degree-5 minimax polynomial
-// (relative error under 3e-7); 0 below -87 (-inf included), NaN kept. onednn_silu.cc's silu16 computes exp(-x) the
-// same way with the negation folded into the coefficients (one instruction fewer in a loop its count bounds).
+// (relative error under 3e-7); 0 below -87 (-inf included), NaN kept. onednn_silu16.h's one_plus_exp_neg16 (SiLU's
+// and Sigmoid's) computes exp(-x) the same way with the negation folded into the coefficients (one instruction fewer
+// in loops their count bounds); exp(x) through it would lose precision (1 + exp(-(-x)) - 1) where exp(x) is small.
 __attribute__((target("avx512f"), always_inline)) inline __m512 exp16(__m512 x) {
   const __m512 lo = _mm512_set1_ps(-87.f), l2e = _mm512_set1_ps(1.44269504088896f);
   const __m512 magic = _mm512_set1_ps(12582912.f);  // 1.5 * 2^23
