@@ -5,9 +5,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# ocl-icd-opencl-dev: Debian's oneDNN CMake config (dnnl-config.cmake) requires OpenCL, which libdnnl-dev only
+# recommends; without it a fresh machine fails at configure ("Could NOT find OpenCL").
 packages=(
   build-essential cmake ninja-build ccache pkg-config
-  libdnnl-dev libtomlplusplus-dev libboost-dev libboost-filesystem-dev
+  libdnnl-dev ocl-icd-opencl-dev libtomlplusplus-dev libboost-dev libboost-filesystem-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libonnx-dev libprotobuf-dev protobuf-compiler libonnx-testdata python3-onnx python3-numpy
   libcli11-dev libspdlog-dev nlohmann-json3-dev
