@@ -6,8 +6,10 @@
 //   1. constants: initializers, Constant nodes, Shape of a statically shaped value, and every node all of whose
 //      inputs are constants (shape arithmetic) are computed once, here (host->graph->evaluate), and run nothing;
 //   2. candidates: f32 and bf16 nodes with static shapes of the ops below (bf16 ones compute in bf16, with f32
-//      weights converted once into bf16 layouts, f32 bias and scale/shift; a Cast between f32 and bf16 is a reorder); a LayerNormalization decomposed into
-//      ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div/Mul/Add is matched as one;
+//      weights converted once into bf16 layouts, f32 bias and scale/shift; a Cast between f32 and bf16 is a reorder).
+//      Patterns of several ops that mean one op (a decomposed LayerNormalization or Gelu, attention) are the fusion
+//      passes' to recognise (passes/fusion: fuse_layer_norm, fuse_gelu, fuse_attention), not repeated here: without
+//      the passes their ops run one by one, in the chain;
 //   3. connected groups of candidates (with the constant nodes only they read) with at least two compute nodes are
 //      claimed, when convex (no path leaves the group and comes back). The plan is built right there, so whatever
 //      oneDNN refuses drops the node from the group (it runs on its kernel instead) before the claim is made.
@@ -30,7 +32,7 @@
 // Ops: Conv and ConvTranspose (1-D, 2-D, 3-D), BatchNormalization, Relu, Clip, LeakyRelu, Sigmoid, Tanh, HardSwish,
 // HardSigmoid, Gelu (ai.onnx 20 or keel.Gelu), Resize (linear half_pixel; nearest by integer factors), Add/Sub/Mul/Div (same shape, a broadcast constant, or a [N,C,1,1] value),
 // MaxPool/AveragePool (1-D, 2-D, 3-D), GlobalAveragePool/GlobalMaxPool, Concat, MatMul, Gemm, Softmax (last axis),
-// LayerNormalization (last axis; ai.onnx 17, keel.LayerNormalization, or the decomposed pattern), Transpose, Slice
+// LayerNormalization (last axis; ai.onnx 17 or keel.LayerNormalization), ReduceMean, Pow (exponent 2 or 0.5), Sqrt, Transpose, Slice
 // (step 1), Reshape, Flatten, Squeeze, Unsqueeze, Identity, Cast (f32 <-> bf16), Pad (constant mode: all-zero pads
 // are a view; spatial pads are folded into the padding of the Conv/MaxPool/AveragePool reading them where exact).
 // keel.Attention (fuse_attention's) runs as an own step (onednn_attention.h) over strided views of Q, Kt, V.
@@ -803,10 +805,10 @@ class Builder {
   void concat(size_t i);
   void batchnorm(size_t i);
   void softmax(size_t i);
+  void reduce_mean(size_t i);
   void attention(size_t i);
   void layernorm(size_t i, const std::string& x, const std::string& out, const ConstT* scale, const ConstT* shift,
                  float eps);
-  bool layernorm_pattern(size_t i);
   void reshape_like(size_t i);
   void transpose(size_t i);
   void slice(size_t i);
@@ -929,9 +931,9 @@ std::unique_ptr<Plan> Builder::build() {
       else if (op == "MatMul" || op == "Gemm") matmul(i);
       else if (op == "MaxPool" || op == "AveragePool" || op == "GlobalAveragePool" || op == "GlobalMaxPool") pool(i);
       else if (op == "Relu" || op == "Clip" || op == "LeakyRelu" || op == "Sigmoid" || op == "Tanh" || op == "Gelu" ||
-               op == "HardSwish" || op == "HardSigmoid")
+               op == "HardSwish" || op == "HardSigmoid" || op == "Sqrt" || op == "Pow")
         eltwise(i);
-      else if (op == "ReduceMean" && layernorm_pattern(i)) {}
+      else if (op == "ReduceMean") reduce_mean(i);
       else if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div") binary(i);
       else if (op == "Concat") concat(i);
       else if (op == "BatchNormalization") batchnorm(i);
@@ -1140,6 +1142,15 @@ bool Builder::eltwise_of(const NodeDesc& n, alg* a, float* alpha, float* beta) {
   else if (n.op == "LeakyRelu") *a = alg::eltwise_relu, *alpha = n.af("alpha", 0.01f);
   else if (n.op == "Sigmoid") *a = alg::eltwise_logistic;
   else if (n.op == "Tanh") *a = alg::eltwise_tanh;
+  else if (n.op == "Sqrt") *a = alg::eltwise_sqrt;
+  else if (n.op == "Pow") {
+    // A constant exponent of 2 or 0.5 only (the decomposed normalisations'): exact for every base, as ONNX's Pow.
+    const ConstT* p = n.in.size() == 2 ? cst(n.in[1]) : nullptr;
+    if (!p || p->count() != 1) return false;
+    if (p->at(0) == 2.0) *a = alg::eltwise_square;
+    else if (p->at(0) == 0.5) *a = alg::eltwise_sqrt;
+    else return false;
+  }
   else if (n.op == "HardSwish") *a = alg::eltwise_hardswish;  // oneDNN 2.6: x * relu6(x + 3) / 6, no parameters
   else if (n.op == "Gelu") {
     const std::string approx = n.as("approximate", "none");
@@ -2976,6 +2987,40 @@ void Builder::softmax(size_t i) {
   exec(dnnl::softmax_forward(pd), {{DNNL_ARG_SRC, sm}, {DNNL_ARG_DST, dm}});
 }
 
+// ReduceMean over constant axes (attribute, or input 1 from opset 18) as oneDNN's reduction over plain memory;
+// keepdims 0 is the same bytes under the squeezed dims.
+void Builder::reduce_mean(size_t i) {
+  const NodeDesc& n = r_.nodes[i];
+  const Dims xd = dims_of(n.in[0]);
+  const int64_t rank = static_cast<int64_t>(xd.size());
+  Dims axes = n.ais("axes", {});
+  if (n.in.size() > 1 && !n.in[1].empty()) {
+    const ConstT* c = cst(n.in[1]);
+    if (!c) throw Reject{"non-constant axes"};
+    for (int64_t k = 0; k < c->count(); ++k) axes.push_back(static_cast<int64_t>(c->at(k)));
+  }
+  if (axes.empty()) {
+    if (n.ai("noop_with_empty_axes", 0) != 0) throw Reject{"noop_with_empty_axes"};
+    for (int64_t k = 0; k < rank; ++k) axes.push_back(k);
+  }
+  Dims kept = xd;
+  for (int64_t a : axes) {
+    if (a < 0) a += rank;
+    if (a < 0 || a >= rank) throw Reject{"axis out of range"};
+    kept[a] = 1;
+  }
+  if (numel(kept) == numel(xd)) throw Reject{"nothing to reduce"};
+  const Val& xv = val(n.in[0]);
+  if (xv.scale != 1.f) throw Reject{"scaled input"};
+  Val sv = as_plain(n.in[0]);
+  const md_t src = plain_md(xd), dst = plain_md(kept);
+  dnnl::reduction::desc d(alg::reduction_mean, src, dst, 0.f, 0.f);
+  dnnl::reduction::primitive_desc pd(d, engine());
+  Val& o = define(n.out[0], plain_md(dims_of(n.out[0])));
+  dnnl::memory dm = mem_at(dst, o.buf, o.off);
+  exec(dnnl::reduction(pd), {{DNNL_ARG_SRC, mem_of(sv)}, {DNNL_ARG_DST, dm}});
+}
+
 // keel.Attention(Q, Kt, V, [mask]) as the chain's own step (onednn_attention.h): Q, Kt, V and the mask read where
 // they lie (strided views: the heads' Slice / Reshape / Transpose of the in-projection move nothing), the output
 // written straight into the layout of a Transpose that alone reads it (the heads joined again, as matmul() does);
@@ -3067,76 +3112,6 @@ void Builder::layernorm(size_t i, const std::string& x, const std::string& out, 
   Val& o = define(out, md);
   args[DNNL_ARG_DST] = mem_of(o);
   exec(dnnl::layer_normalization_forward(pd), std::move(args));
-}
-
-// ReduceMean(x) -> Sub(x, mean) -> Pow(d, 2) -> ReduceMean -> Add(eps) -> Sqrt -> Div(d, sqrt) [-> Mul(gamma)]
-// [-> Add(beta)], all over the last axis: one layer normalization. Returns false when the pattern does not match.
-bool Builder::layernorm_pattern(size_t i) {
-  const NodeDesc& r1 = r_.nodes[i];
-  auto last_axis_mean = [&](const NodeDesc& n) {
-    if (n.op != "ReduceMean" || n.in.size() != 1 || n.ai("keepdims", 1) != 1) return false;
-    Dims ax = n.ais("axes", {});
-    int64_t rank = static_cast<int64_t>(dims_of(n.in[0]).size());
-    return ax.size() == 1 && (ax[0] == -1 || ax[0] == rank - 1);
-  };
-  auto only = [&](const std::string& v, const char* op) -> const NodeDesc* {
-    size_t u = sole_user(v);
-    return u != npos && r_.nodes[u].op == op ? &r_.nodes[u] : nullptr;
-  };
-  if (!last_axis_mean(r1)) return false;
-  const std::string x = r1.in[0];
-  const NodeDesc* sub = only(r1.out[0], "Sub");
-  if (!sub || sub->in[0] != x || sub->in[1] != r1.out[0]) return false;
-  const auto& du = users(sub->out[0]);
-  if (du.size() != 2 || escapes(sub->out[0])) return false;
-  const NodeDesc *pw = nullptr, *dv = nullptr;
-  for (size_t u : du) {
-    if (r_.nodes[u].op == "Pow") pw = &r_.nodes[u];
-    if (r_.nodes[u].op == "Div") dv = &r_.nodes[u];
-  }
-  if (!pw || !dv || pw->in[0] != sub->out[0] || dv->in[0] != sub->out[0]) return false;
-  const ConstT* two = cst(pw->in_at(1));
-  if (!two || two->count() != 1 || two->at(0) != 2.0) return false;
-  const NodeDesc* r2 = only(pw->out[0], "ReduceMean");
-  if (!r2 || !last_axis_mean(*r2)) return false;
-  const NodeDesc* ad = only(r2->out[0], "Add");
-  if (!ad) return false;
-  const ConstT* eps = cst(ad->in[0] == r2->out[0] ? ad->in_at(1) : ad->in[0]);
-  if (!eps || eps->count() != 1) return false;
-  const NodeDesc* sq = only(ad->out[0], "Sqrt");
-  if (!sq) return false;
-  if (sole_user(sq->out[0]) == npos || &r_.nodes[sole_user(sq->out[0])] != dv || dv->in[1] != sq->out[0]) return false;
-  std::vector<const NodeDesc*> nodes{&r1, sub, pw, r2, ad, sq, dv};
-  std::string out = dv->out[0];
-  const Dims xd = dims_of(x);
-  const int64_t D = xd.back();
-  std::vector<float> ones(D, 1.f);
-  ConstT gamma{KEEL_DTYPE_F32, {D}, std::vector<char>(reinterpret_cast<char*>(ones.data()),
-                                                      reinterpret_cast<char*>(ones.data() + D))};
-  const ConstT* g = &gamma;
-  const ConstT* b = nullptr;
-  if (const NodeDesc* mul = only(out, "Mul")) {
-    const ConstT* c = cst(mul->in[0] == out ? mul->in_at(1) : mul->in[0]);
-    if (c && c->count() == D && c->dims.back() == D) {
-      g = c;
-      nodes.push_back(mul);
-      out = mul->out[0];
-      if (const NodeDesc* add = only(out, "Add")) {
-        const ConstT* c2 = cst(add->in[0] == out ? add->in_at(1) : add->in[0]);
-        if (c2 && c2->count() == D && c2->dims.back() == D) {
-          b = c2;
-          nodes.push_back(add);
-          out = add->out[0];
-        }
-      }
-    }
-  }
-  // Intermediate values must not leave the claim.
-  for (size_t k = 0; k + 1 < nodes.size(); ++k)
-    if (escapes(nodes[k]->out[0])) return false;
-  layernorm(i, x, out, g, b, static_cast<float>(eps->at(0)));
-  for (const NodeDesc* nd : nodes) done_[nd - r_.nodes.data()] = true;
-  return true;
 }
 
 // Reshape, Flatten, Squeeze, Unsqueeze, Identity, Dropout (inference): a view of the input's plain memory.

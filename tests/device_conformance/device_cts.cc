@@ -1818,6 +1818,32 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // The element-wise and reduction ops of decomposed normalisations, without the passes' fusion: an RMSNorm as
+    // exported (Pow 2 of values of both signs, ReduceMean keepdims 1, Add eps, Sqrt, Div by the broadcast [.., 1]
+    // value, Mul gamma), then a mean over the middle axis with keepdims 0, Relu, Pow 0.5, a product.
+    OpCase c;
+    c.op = "Chain";
+    c.opset = 13;
+    c.label = "decomposed RMSNorm + ReduceMean(axis 1, keepdims 0) + Pow 0.5 L=6 d=24";
+    c.inputs = {in("X", {2, 6, 40}), in("W", {40, 24}, true, -0.3f, 0.3f), scalar("TWO", 2.f),
+                scalar("EPS", 1e-5f), in("G", {24}, true, 0.5f, 1.5f), scalar("HALF", 0.5f),
+                in("W2", {24, 8}, true, -0.3f, 0.3f)};
+    c.chain = {
+        {"MatMul", {"X", "W"}, {}},                                                      // $0 [2,6,24]
+        {"Pow", {"$0", "TWO"}, {}},                                                      // $1
+        {"ReduceMean", {"$1"}, {{"axes", Is({-1})}}},                                    // $2 [2,6,1]
+        {"Add", {"$2", "EPS"}, {}},                                                      // $3
+        {"Sqrt", {"$3"}, {}},                                                            // $4
+        {"Div", {"$0", "$4"}, {}},                                                       // $5
+        {"Mul", {"$5", "G"}, {}},                                                        // $6
+        {"ReduceMean", {"$6"}, {{"axes", Is({1})}, {"keepdims", I(0)}}},                 // $7 [2,24]
+        {"Relu", {"$7"}, {}},                                                            // $8
+        {"Pow", {"$8", "HALF"}, {}},                                                     // $9
+        {"MatMul", {"$9", "W2"}, {}},                                                    // $10 [2,8]
+    };
+    v.push_back(c);
+  }
+  {
     // A BERT-style feed-forward block after the fusion passes (opset 13: keel.Gelu, keel.LayerNormalization):
     // MatMul + bias + Gelu, MatMul + bias, residual, LayerNorm; claimed whole, Gelu a post-op of its MatMul.
     OpCase c;
