@@ -89,34 +89,27 @@ KEEL_AVX512 void to_nhwc_range(const float* x, uint8_t* y, int64_t C, int64_t S,
   }
 }
 
-// Rows [r0, r1) (a row: one image's pixel, all its channel blocks) of x nChw16c [N, CB, S, 16] into y [N, S, C].
-KEEL_AVX512 void blocked16_to_nhwc_range(const float* x, uint8_t* y, int64_t C, int64_t S, int64_t r0, int64_t r1,
-                                         const QuantizeSpec& q) {
-  const Consts k = consts(q);
+// Rows [r0, r1) (a row: one image's pixel, all its channel blocks) of x nChw16c [N, CB, S, 16] into y [N, S, C]:
+// quantized to bytes by `q` (kQuantize), or copied as floats (`q` unused).
+template <bool kQuantize>
+KEEL_AVX512 void blocked16_to_nhwc_rows(const float* x, void* y, int64_t C, int64_t S, int64_t r0, int64_t r1,
+                                        const QuantizeSpec* q) {
+  [[maybe_unused]] Consts k{};
+  if constexpr (kQuantize) k = consts(*q);
   const int64_t cb = (C + 15) / 16;
   const __mmask16 tail = static_cast<__mmask16>(C % 16 == 0 ? 0xFFFF : (1u << (C % 16)) - 1u);
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t n = r / S, s = r % S;
     const float* xs = x + (n * cb * S + s) * 16;
-    uint8_t* yd = y + r * C;
-    int64_t b = 0;
-    for (; b + 1 < cb; ++b)
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(yd + b * 16),
-                       _mm512_cvtepi32_epi8(quantize16(_mm512_loadu_ps(xs + b * S * 16), k)));
-    _mm_mask_storeu_epi8(yd + b * 16, tail, _mm512_cvtepi32_epi8(quantize16(_mm512_loadu_ps(xs + b * S * 16), k)));
-  }
-}
-
-KEEL_AVX512 void blocked16_to_nhwc_f32_range(const float* x, float* y, int64_t C, int64_t S, int64_t r0, int64_t r1) {
-  const int64_t cb = (C + 15) / 16;
-  const __mmask16 tail = static_cast<__mmask16>(C % 16 == 0 ? 0xFFFF : (1u << (C % 16)) - 1u);
-  for (int64_t r = r0; r < r1; ++r) {
-    const int64_t n = r / S, s = r % S;
-    const float* xs = x + (n * cb * S + s) * 16;
-    float* yd = y + r * C;
-    int64_t b = 0;
-    for (; b + 1 < cb; ++b) _mm512_storeu_ps(yd + b * 16, _mm512_loadu_ps(xs + b * S * 16));
-    _mm512_mask_storeu_ps(yd + b * 16, tail, _mm512_loadu_ps(xs + b * S * 16));
+    for (int64_t b = 0; b < cb; ++b) {
+      const __m512 v = _mm512_loadu_ps(xs + b * S * 16);
+      const __mmask16 m = b + 1 < cb ? static_cast<__mmask16>(0xFFFF) : tail;
+      const int64_t at = r * C + b * 16;
+      if constexpr (kQuantize)
+        _mm_mask_storeu_epi8(static_cast<uint8_t*>(y) + at, m, _mm512_cvtepi32_epi8(quantize16(v, k)));
+      else
+        _mm512_mask_storeu_ps(static_cast<float*>(y) + at, m, v);
+    }
   }
 }
 
@@ -213,16 +206,16 @@ void quantize_f32_blocked16_to_nhwc(const float* x, void* y, int64_t N, int64_t 
                                     int threads) {
   const int64_t rows = N * S;
   const int team = N * C * S >= kParallelMin ? static_cast<int>(std::min<int64_t>(std::max(1, threads), rows)) : 1;
-  split_over_team(rows, team, [&](int64_t, int64_t r0, int64_t r1) {
-    blocked16_to_nhwc_range(x, static_cast<uint8_t*>(y), C, S, r0, r1, q);
-  });
+  split_over_team(rows, team, [&](int64_t, int64_t r0, int64_t r1) { blocked16_to_nhwc_rows<true>(x, y, C, S, r0, r1, &q); });
 }
 
 void blocked16_to_nhwc_f32(const float* x, float* y, int64_t N, int64_t C, int64_t S, int threads) {
   const int64_t rows = N * S;
   const int team =
       N * C * S >= kTransposeParallelMin ? static_cast<int>(std::min<int64_t>(std::max(1, threads), rows)) : 1;
-  split_over_team(rows, team, [&](int64_t, int64_t r0, int64_t r1) { blocked16_to_nhwc_f32_range(x, y, C, S, r0, r1); });
+  split_over_team(rows, team, [&](int64_t, int64_t r0, int64_t r1) {
+    blocked16_to_nhwc_rows<false>(x, y, C, S, r0, r1, nullptr);
+  });
 }
 
 void nhwc_to_nchw_f32(const float* x, float* y, int64_t N, int64_t C, int64_t S, int threads) {
