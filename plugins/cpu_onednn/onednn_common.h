@@ -168,6 +168,8 @@ struct Options {
                          // stays oneDNN's primitive and SiLU passes instead of the chain's own step (onednn_dwsilu.h)
   bool se_step = true;   // KEEL_ONEDNN_SE_STEP=0 or [options] se_step = false: squeeze-excite's excitation runs as
                          // oneDNN steps instead of the chain's own one (onednn_se.h)
+  bool view_post_ops = true;  // KEEL_ONEDNN_VIEW_POST_OPS=0 or [options] view_post_ops = false: a matmul's post-ops
+                              // (the residual sum) stop at a Reshape/Transpose of size-1 dims (fuse_after)
   bool profile = false;  // KEEL_ONEDNN_PROFILE=1: claimed subgraphs time their primitives (logged at info)
 };
 extern Options g_options;

@@ -672,13 +672,21 @@ class Builder {
     return it == users_.end() ? none : it->second;
   }
   bool escapes(const std::string& v) const { return outputs_.count(v) > 0; }
-  // True when `v`'s memory may be overwritten by node `at`: a workspace value that nobody reads after `at`.
+  // True when `v`'s memory may be overwritten by node `at`: a workspace value that nobody reads after `at`, nor
+  // any other value in its buffer (views of it: the Transpose of a residual that an in-projection read).
   bool dead_after(const std::string& v, size_t at) {
     if (escapes(v) || !vals_.count(v)) return false;
     const Val& x = vals_[v];
-    if (x.buf < 0 || p_->bufs[x.buf].kind != BufKind::kWorkspace || p_->bufs[x.buf].values != 1) return false;
-    for (size_t u : users(v))
-      if (u != at && !done_[u]) return false;
+    if (x.buf < 0 || p_->bufs[x.buf].kind != BufKind::kWorkspace) return false;
+    auto read_later = [&](const std::string& w) {
+      if (escapes(w)) return true;
+      for (size_t u : users(w))
+        if (u != at && !done_[u]) return true;
+      return false;
+    };
+    if (p_->bufs[x.buf].values == 1 || !g_options.view_post_ops) return p_->bufs[x.buf].values == 1 && !read_later(v);
+    for (const auto& [name, w] : vals_)
+      if (w.buf == x.buf && read_later(name)) return false;
     return true;
   }
   // The single consumer of `v` that may be fused into its producer, or npos.
@@ -754,12 +762,14 @@ class Builder {
     std::vector<float> mm_bias;        // matmul: constant bias over the last axis
     float out_scale = 1.f;             // matmul: scalar applied before the bias
     bool silu_pass = false;            // conv: a trailing SiLU runs as the chain's own step (take_silu)
+    bool viewed = false;               // matmul: `out` is a view of the product with other dims (same_order_view)
     std::vector<size_t> nodes;         // fused nodes
     int count = 0;
   };
   bool eltwise_of(const NodeDesc& n, alg* a, float* alpha, float* beta);
   bool eltwise_po(const NodeDesc& n, dnnl::post_ops* po);
   Fusion fuse_after(const std::string& out, size_t at, bool conv, int64_t channels);
+  bool same_order_view(const NodeDesc& n, const std::string& in);
   bool take_silu(Fusion& f);
   void exec_silu(const Val& v, const std::string& name);
 
@@ -1195,11 +1205,46 @@ bool Builder::eltwise_po(const NodeDesc& n, dnnl::post_ops* po) {
   return true;
 }
 
-// Looks at what reads `out` and folds what it can into the op that writes it.
+// Whether node `n` (a Reshape, Transpose, Squeeze or Unsqueeze of plain dense `in`) only relabels or moves dims of
+// size 1, keeping the last dim: its output is the same memory in the same order, so a product's post-ops (a bias
+// over the last axis, a residual sum) may come after it (torch's out-projection [S*B,E] -> [S,B,E] -> [B,S,E]).
+bool Builder::same_order_view(const NodeDesc& n, const std::string& in) {
+  if (n.out.size() != 1 || n.in.empty() || n.in[0] != in) return false;
+  if (n.op == "Reshape") {
+    if (!cst(n.in_at(1)) || n.ai("allowzero", 0)) return false;
+  } else if (n.op != "Transpose" && n.op != "Squeeze" && n.op != "Unsqueeze") {
+    return false;
+  }
+  const Dims x = dims_of(in), y = dims_of(n.out[0]);
+  if (x.empty() || y.empty() || x.back() != y.back() || numel(x) != numel(y)) return false;
+  auto big = [](const Dims& d) {
+    Dims b;
+    for (int64_t k : d)
+      if (k != 1) b.push_back(k);
+    return b;
+  };
+  if (big(x) != big(y)) return false;
+  if (n.op != "Transpose") return true;
+  const Dims perm = n.ais("perm", {});
+  if (perm.size() != x.size()) return false;  // (the default reverses the dims: in order only when one is not 1)
+  int64_t last = -1;
+  for (int64_t p : perm) {
+    if (p < 0 || p >= static_cast<int64_t>(x.size())) return false;
+    if (x[p] == 1) continue;
+    if (p < last) return false;
+    last = p;
+  }
+  return true;
+}
+
+// Looks at what reads `out` and folds what it can into the op that writes it. A matmul's (!conv) product may be
+// followed through same_order_view nodes when an op fused after them (f.viewed; f.out then has the view's dims).
 Builder::Fusion Builder::fuse_after(const std::string& out, size_t at, bool conv, int64_t channels) {
   Fusion f;
   f.out = out;
   bool has_eltwise = false;
+  std::string before_views;  // f.out before the views followed since the last fused op (dropped without one)
+  size_t views = 0;
   for (;;) {
     // SiLU written as x * Sigmoid(x) (how torch exports it): one swish post-op.
     if (size_t m = silu_after(f.out); m != npos) {
@@ -1209,11 +1254,19 @@ Builder::Fusion Builder::fuse_after(const std::string& out, size_t at, bool conv
       f.nodes.push_back(m);
       f.count++;
       f.out = r_.nodes[m].out[0];
+      f.viewed = f.viewed || views > 0;
+      views = 0;
       continue;
     }
     size_t u = sole_user(f.out);
     if (u == npos) break;
     const NodeDesc& n = r_.nodes[u];
+    if (!conv && g_options.view_post_ops && same_order_view(n, f.out)) {
+      if (views++ == 0) before_views = f.out;
+      f.nodes.push_back(u);
+      f.out = n.out[0];
+      continue;
+    }
     if (n.out.size() != 1 && !(n.op == "BatchNormalization")) break;
     if (n.op == "Clip" && n.in[0] != f.out) break;
     if (eltwise_po(n, &f.po)) {
@@ -1278,6 +1331,12 @@ Builder::Fusion Builder::fuse_after(const std::string& out, size_t at, bool conv
     f.nodes.push_back(u);
     f.count++;
     f.out = n.out[0];
+    f.viewed = f.viewed || views > 0;
+    views = 0;
+  }
+  if (views > 0) {
+    f.nodes.resize(f.nodes.size() - views);
+    f.out = before_views;
   }
   (void)at;
   return f;
@@ -2504,7 +2563,7 @@ void Builder::matmul(size_t i) {
   // them): written straight into the transposed layout (oneDNN's brgemm matmul takes a strided destination), so the
   // Transpose is a plain value and costs nothing.
   Dims yt, ys;
-  size_t tr = collapse || !f.sum_with.empty() ? npos : sole_transpose(f.out, y, &yt, &ys);
+  size_t tr = collapse || !f.sum_with.empty() || f.viewed ? npos : sole_transpose(f.out, y, &yt, &ys);
   if (tr != npos) ymd = strided_md(y, ys, act_);
   // Weights: a constant is prepacked in the primitive's layout; a value is read where it is.
   const ConstT* bc = cst(bn);
@@ -2622,7 +2681,8 @@ void Builder::matmul(size_t i) {
       exec(dnnl::reorder(s1, d1), {{DNNL_ARG_FROM, s1}, {DNNL_ARG_TO, d1}});
     }
   }
-  Val& out = tr != npos ? define(r_.nodes[tr].out[0], plain_md(yt), dbuf) : define(f.out, plain_md(y_final), dbuf);
+  Val& out = tr != npos ? define(r_.nodes[tr].out[0], plain_md(yt), dbuf)
+                        : define(f.out, plain_md(f.viewed ? dims_of(f.out) : y_final), dbuf);
   // (Written as [rows, N] when collapsed: the same plain memory; through the Transpose's strides when it follows.)
   args[DNNL_ARG_DST] = mem_at(ymd, out.buf, out.off);
   if (tr != npos) done_[tr] = true;

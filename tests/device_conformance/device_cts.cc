@@ -1840,6 +1840,57 @@ void add_chain_cases(std::vector<OpCase>& v) {
         {"Relu", {"$7"}, {}},                                                            // $8
         {"Pow", {"$8", "HALF"}, {}},                                                     // $9
         {"MatMul", {"$9", "W2"}, {}},                                                    // $10 [2,8]
+    // A product's post-ops past views of size-1 dims (the oneDNN chain's fuse_after): torch's out-projection
+    // [S,E] -> Reshape [S,1,E] -> Transpose(1,0,2) [1,S,E], then the residual Add (a sum post-op written over the
+    // residual, whose buffer also holds the Transpose view an earlier product read) and Relu; then a Transpose that
+    // moves non-1 dims before an Add (must stay a step), and a Reshape with nothing fused after it.
+    OpCase c;
+    c.op = "Chain";
+    c.label = "matmul post-ops through Reshape/Transpose of size-1 dims: bias, residual sum, relu";
+    c.inputs = {in("X", {1, 16, 32}),     in("W", {32, 32}, true, -0.3f, 0.3f), in("B", {32}, true),
+                in("s2", {2}, true),      in("s3", {3}, true),                  in("W2", {32, 16}, true, -0.3f, 0.3f),
+                in("Y", {1, 16, 16}),     in("W3", {16, 32}, true, -0.3f, 0.3f), in("W4", {32, 8}, true, -0.3f, 0.3f),
+                in("W0", {32, 32}, true, -0.3f, 0.3f)};
+    c.int64_constants = {{3, i64({16, 32})}, {4, i64({16, 1, 32})}};
+    auto perm = [](std::vector<int64_t> p) { return std::map<std::string, Attribute>{{"perm", Is(std::move(p))}}; };
+    c.chain = {
+        {"Relu", {"X"}, {}},                          // $0 [1,16,32] the residual
+        {"Transpose", {"$0"}, perm({1, 0, 2})},       // $1 [16,1,32] a view in $0's buffer
+        {"Reshape", {"$1", "s2"}, {}},                // $2 [16,32]
+        {"MatMul", {"$2", "W0"}, {}},                 // $3 [16,32] (the in-projection: reads the view)
+        {"Relu", {"$3"}, {}},                         // $4
+        {"MatMul", {"$4", "W"}, {}},                  // $5 [16,32] (the out-projection)
+        {"Add", {"$5", "B"}, {}},                     // $6 bias
+        {"Reshape", {"$6", "s3"}, {}},                // $7 [16,1,32]
+        {"Transpose", {"$7"}, perm({1, 0, 2})},       // $8 [1,16,32]
+        {"Add", {"$0", "$8"}, {}},                    // $9 residual: a sum post-op, written over $0
+        {"Relu", {"$9"}, {}},                         // $10
+        {"MatMul", {"$10", "W2"}, {}},                // $11 [1,16,16]
+        {"Transpose", {"$11"}, perm({0, 2, 1})},      // $12 moves the 16s: no post-op past it
+        {"Add", {"$12", "Y"}, {}},                    // $13
+        {"MatMul", {"$13", "W3"}, {}},                // $14 [1,16,32]
+        {"Reshape", {"$14", "s2"}, {}},               // $15 [16,32], nothing fused after it
+        {"MatMul", {"$15", "W4"}, {}},                // $16 [16,8]
+    };
+    v.push_back(c);
+  }
+  {
+    // As above, the product reading a view of its own residual: the sum post-op must not write over that buffer.
+    OpCase c;
+    c.op = "Chain";
+    c.label = "matmul residual sum through Reshape/Transpose views, its source a view of the residual";
+    c.inputs = {in("X", {1, 64, 256}), in("W", {256, 256}, true, -0.1f, 0.1f), in("s2", {2}, true),
+                in("s3", {3}, true)};
+    c.int64_constants = {{2, i64({64, 256})}, {3, i64({64, 1, 256})}};
+    auto perm = [](std::vector<int64_t> p) { return std::map<std::string, Attribute>{{"perm", Is(std::move(p))}}; };
+    c.chain = {
+        {"Relu", {"X"}, {}},                          // $0 [1,64,256] the residual
+        {"Transpose", {"$0"}, perm({1, 0, 2})},       // $1 [64,1,256] a view in $0's buffer
+        {"Reshape", {"$1", "s2"}, {}},                // $2 [64,256]
+        {"MatMul", {"$2", "W"}, {}},                  // $3 [64,256]
+        {"Reshape", {"$3", "s3"}, {}},                // $4 [64,1,256]
+        {"Transpose", {"$4"}, perm({1, 0, 2})},       // $5 [1,64,256]
+        {"Add", {"$0", "$5"}, {}},                    // $6 a sum post-op, into a copy of $0
     };
     v.push_back(c);
   }
