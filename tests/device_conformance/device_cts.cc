@@ -1840,6 +1840,10 @@ void add_chain_cases(std::vector<OpCase>& v) {
         {"Relu", {"$7"}, {}},                                                            // $8
         {"Pow", {"$8", "HALF"}, {}},                                                     // $9
         {"MatMul", {"$9", "W2"}, {}},                                                    // $10 [2,8]
+    };
+    v.push_back(c);
+  }
+  {
     // A product's post-ops past views of size-1 dims (the oneDNN chain's fuse_after): torch's out-projection
     // [S,E] -> Reshape [S,1,E] -> Transpose(1,0,2) [1,S,E], then the residual Add (a sum post-op written over the
     // residual, whose buffer also holds the Transpose view an earlier product read) and Relu; then a Transpose that
