@@ -684,7 +684,8 @@ class Builder {
         if (u != at && !done_[u]) return true;
       return false;
     };
-    if (p_->bufs[x.buf].values == 1 || !g_options.view_post_ops) return p_->bufs[x.buf].values == 1 && !read_later(v);
+    if (p_->bufs[x.buf].values == 1) return !read_later(v);
+    if (!g_options.view_post_ops) return false;
     for (const auto& [name, w] : vals_)
       if (w.buf == x.buf && read_later(name)) return false;
     return true;
@@ -1245,6 +1246,10 @@ Builder::Fusion Builder::fuse_after(const std::string& out, size_t at, bool conv
   bool has_eltwise = false;
   std::string before_views;  // f.out before the views followed since the last fused op (dropped without one)
   size_t views = 0;
+  auto fused_past_views = [&] {  // an op was fused after the views followed so far: they stay
+    f.viewed = f.viewed || views > 0;
+    views = 0;
+  };
   for (;;) {
     // SiLU written as x * Sigmoid(x) (how torch exports it): one swish post-op.
     if (size_t m = silu_after(f.out); m != npos) {
@@ -1254,8 +1259,7 @@ Builder::Fusion Builder::fuse_after(const std::string& out, size_t at, bool conv
       f.nodes.push_back(m);
       f.count++;
       f.out = r_.nodes[m].out[0];
-      f.viewed = f.viewed || views > 0;
-      views = 0;
+      fused_past_views();
       continue;
     }
     size_t u = sole_user(f.out);
@@ -1331,8 +1335,7 @@ Builder::Fusion Builder::fuse_after(const std::string& out, size_t at, bool conv
     f.nodes.push_back(u);
     f.count++;
     f.out = n.out[0];
-    f.viewed = f.viewed || views > 0;
-    views = 0;
+    fused_past_views();
   }
   if (views > 0) {
     f.nodes.resize(f.nodes.size() - views);
@@ -2775,7 +2778,7 @@ void Builder::pool(size_t i) {
 void Builder::eltwise(size_t i) {
   const NodeDesc& n = r_.nodes[i];
   dnnl::post_ops ops;
-  if (!eltwise_po(n, &ops)) throw Reject{"non-constant Clip bounds or unknown Gelu approximation"};
+  if (!eltwise_po(n, &ops)) throw Reject{"non-constant Clip bounds, unknown Gelu approximation or a Pow exponent other than 2 and 0.5"};
   const Val xv = val(n.in[0]);
   if (xv.scale != 1.f) throw Reject{"scaled input"};
   md_t md = xv.md;
