@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <climits>
 #include <cstring>
 #include <fstream>
@@ -1097,6 +1098,7 @@ Status infer_shapes(Graph& graph) {
     // ONNX 1.12's data propagation misses Constant nodes, Div, and a Reshape whose shape is computed: learn the
     // small values of shape computations (shape_values.h) and infer again with them as initializers of the inferred
     // copy, until nothing new is learnt. The graph itself gets only the types.
+    const auto t0 = std::chrono::steady_clock::now();
     std::unordered_map<std::string, Tensor> known;
     std::unordered_set<NodeId> tried;
     int rounds = 0;
@@ -1120,7 +1122,8 @@ Status infer_shapes(Graph& graph) {
       m = std::move(next);
     }
     if (!known.empty() && rounds > 0)
-      spdlog::debug("infer_shapes: {} shape value(s) known after {} round(s) of inference", known.size(), rounds + 1);
+      spdlog::debug("infer_shapes: {} shape value(s) known after {} round(s) of inference ({:.1f} ms)", known.size(),
+                    rounds + 1, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     copy_back_types(m.graph(), graph);
     // The learnt values are initializers of the last inferred copy: their types are not in its value_info.
     for (const auto& [name, t] : known)

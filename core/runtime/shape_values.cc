@@ -124,6 +124,13 @@ int64_t propagate(const Graph& graph, const std::unordered_map<std::string, Valu
   int32_t opset = 0;
   if (auto it = graph.opsets.find(""); it != graph.opsets.end()) opset = it->second;
   int64_t learnt = 0;
+  // Whether a value can teach ONNX inference something: a node reading it has an output not statically shaped.
+  auto informative = [&](const std::string& v) -> int64_t {
+    for (NodeId c : graph.consumers(v))
+      for (const auto& o : graph.node(c)->outputs)
+        if (!o.empty() && !static_shape(types, o)) return 1;
+    return 0;
+  };
   for (NodeId id : *order) {
     if (tried.count(id)) continue;
     const Node& n = *graph.node(id);
@@ -161,7 +168,7 @@ int64_t propagate(const Graph& graph, const std::unordered_map<std::string, Valu
       Shape shape = n.op_type == "Size" ? Shape{} : Shape{static_cast<int64_t>(v.size())};
       if (shape != *static_shape(types, n.outputs[0])) continue;
       known.emplace(n.outputs[0], Tensor::from_vector(DType::kI64, shape, v));
-      ++learnt;
+      learnt += informative(n.outputs[0]);
       continue;
     }
     if (!evaluable(n.op_type)) continue;
@@ -189,7 +196,7 @@ int64_t propagate(const Graph& graph, const std::unordered_map<std::string, Valu
       const Tensor& t = (*outs)[i];
       if (t.dtype() != out_dtypes[i] || t.shape() != *static_shape(types, n.outputs[i])) continue;
       known.emplace(n.outputs[i], t);
-      ++learnt;
+      learnt += informative(n.outputs[i]);
     }
   }
   return learnt;

@@ -32,7 +32,8 @@ inline constexpr int64_t kMaxElements = 64;
 // types inferred so far (value name -> ValueInfo; shapes with -1 for unknown dims); `tried` holds the nodes already
 // evaluated or failed (not tried again). Seeds `known` with the graph's small initializers (not those that are
 // also graph inputs, which a run may override) when it is empty.
-// Returns the number of values added.
+// Returns the number of values added that a node reads whose outputs are not all statically shaped (what another
+// round of inference can use).
 int64_t propagate(const Graph& graph, const std::unordered_map<std::string, ValueInfo>& types,
                   std::unordered_map<std::string, Tensor>& known, std::unordered_set<NodeId>& tried);
 
