@@ -1102,7 +1102,7 @@ Status infer_shapes(Graph& graph) {
     std::unordered_map<std::string, Tensor> known;
     std::unordered_set<NodeId> tried;
     int rounds = 0;
-    for (; rounds < 64; ++rounds) {
+    for (; rounds < 64 && shape_values::enabled(); ++rounds) {
       if (shape_values::propagate(graph, inferred_types(m.graph()), known, tried) == 0) break;
       onnx::ModelProto next = exported;
       bool added = false;

@@ -1,6 +1,7 @@
 #include "core/runtime/shape_values.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <memory>
 #include <vector>
 
@@ -112,6 +113,14 @@ StatusOr<std::vector<Tensor>> evaluate(const Node& node, int32_t opset, const st
 }
 
 }  // namespace
+
+bool enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("KEEL_SHAPE_VALUES");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return on;
+}
 
 int64_t propagate(const Graph& graph, const std::unordered_map<std::string, ValueInfo>& types,
                   std::unordered_map<std::string, Tensor>& known, std::unordered_set<NodeId>& tried) {

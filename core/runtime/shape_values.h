@@ -28,6 +28,10 @@ namespace keel::shape_values {
 // The largest value (elements) that is learnt.
 inline constexpr int64_t kMaxElements = 64;
 
+// False when the environment variable KEEL_SHAPE_VALUES is "0" (read once): infer_shapes then runs ONNX inference
+// alone, as before (for A/B measurements and bisecting).
+bool enabled();
+
 // Learns what it can in one sweep over `graph` (topological order) and adds it to `known`: `types` holds the
 // types inferred so far (value name -> ValueInfo; shapes with -1 for unknown dims); `tried` holds the nodes already
 // evaluated or failed (not tried again). Seeds `known` with the graph's small initializers (not those that are
