@@ -16,17 +16,20 @@ namespace {
 // (Shape and Size are handled apart: they need only their input's static shape.)
 bool evaluable(const std::string& op) {
   static const std::unordered_set<std::string> kOps = {
-      "Constant", "Identity", "Cast",  "Gather",  "Unsqueeze",     "Squeeze",         "Concat",  "Slice",
-      "Reshape",  "Flatten",  "Transpose", "Expand", "Tile",       "ConstantOfShape", "Range",   "Where",
-      "Add",      "Sub",      "Mul",   "Div",     "Mod",           "Neg",             "Abs",     "Floor",
-      "Ceil",     "Sqrt",     "Min",   "Max",     "Equal",         "Less",            "Greater", "LessOrEqual",
-      "GreaterOrEqual", "Not", "And",  "Or",      "ReduceProd",    "ReduceSum",       "ReduceMin", "ReduceMax"};
+      "Constant", "Identity", "Cast", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Reshape", "Flatten",
+      "Transpose", "Expand", "Tile", "ConstantOfShape", "Range", "Where", "Add", "Sub", "Mul", "Div", "Mod", "Neg",
+      "Abs", "Floor", "Ceil", "Sqrt", "Min", "Max", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
+      "Not", "And", "Or", "ReduceProd", "ReduceSum", "ReduceMin", "ReduceMax"};
   return kOps.count(op) != 0;
 }
 
 bool small_dtype(DType d) {
   switch (d) {
-    case DType::kI64: case DType::kI32: case DType::kF32: case DType::kF64: case DType::kBool:
+    case DType::kI64:
+    case DType::kI32:
+    case DType::kF32:
+    case DType::kF64:
+    case DType::kBool:
       return true;
     default:
       return false;
@@ -69,7 +72,6 @@ StatusOr<std::vector<Tensor>> evaluate(const Node& node, int32_t opset, const st
     ctx.pool = &env->thread_pool();
     ctx.input_views.assign(inputs.size(), keel_tensor_t{});
     ctx.inputs.assign(inputs.size(), nullptr);
-    ctx.input_shapes.resize(inputs.size());
     for (size_t i = 0; i < inputs.size(); ++i) {
       if (!inputs[i].defined()) continue;
       ctx.input_views[i] = inputs[i].c_view();
@@ -126,7 +128,9 @@ int64_t propagate(const Graph& graph, const std::unordered_map<std::string, Valu
                   std::unordered_map<std::string, Tensor>& known, std::unordered_set<NodeId>& tried) {
   if (known.empty()) {
     for (const auto& [name, t] : graph.initializers)
-      if (!graph.is_graph_input(name) && small_dtype(t.dtype()) && t.numel() <= kMaxElements && t.location().is_host()) known.emplace(name, t);
+      if (!graph.is_graph_input(name) && small_dtype(t.dtype()) && t.numel() <= kMaxElements &&
+          t.location().is_host())
+        known.emplace(name, t);
   }
   auto order = graph.topological_order();
   if (!order.is_ok()) return 0;
