@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <climits>
 #include <cstring>
 #include <fstream>
@@ -17,6 +18,8 @@
 #include <sstream>
 #include <system_error>
 #include <unordered_set>
+
+#include "core/runtime/shape_values.h"
 
 namespace keel {
 namespace fs = std::filesystem;
@@ -1064,20 +1067,67 @@ Status save_onnx(const Graph& graph, const fs::path& file, const OnnxSaveOptions
   return Status::ok();
 }
 
+namespace {
+
+// The types of the top-level values of a shape-inferred model (name -> ValueInfo).
+std::unordered_map<std::string, ValueInfo> inferred_types(const onnx::GraphProto& gp) {
+  std::unordered_map<std::string, ValueInfo> types;
+  for (const auto* list : {&gp.input(), &gp.value_info(), &gp.output()})
+    for (const auto& vp : *list) types[vp.name()] = value_info_from_type(vp.type());
+  for (const auto& t : gp.initializer())
+    types[t.name()] = ValueInfo(static_cast<DType>(t.data_type()), Shape(t.dims().begin(), t.dims().end()));
+  return types;
+}
+
+}  // namespace
+
 Status infer_shapes(Graph& graph) {
   try {
-    onnx::ModelProto m;
+    onnx::ModelProto exported;
     ExportOptions eo;
     eo.max_initializer_bytes = 4096;  // shape-carrying constants are small; weights only need their type
     eo.value_info_only_for_custom_domains = true;
-    KEEL_RETURN_IF_ERROR(export_model(graph, m, eo), "infer_shapes");
+    KEEL_RETURN_IF_ERROR(export_model(graph, exported, eo), "infer_shapes");
     onnx::ShapeInferenceOptions opts(/*check_type=*/false, /*error_mode=*/0, /*data_prop=*/true);
+    onnx::ModelProto m = exported;
     try {
       onnx::shape_inference::InferShapes(m, onnx::OpSchemaRegistry::Instance(), opts);
     } catch (const std::exception& e) {
       return invalid_argument(std::string("infer_shapes: ONNX shape inference failed: ") + one_line(e.what()));
     }
+    // ONNX 1.12's data propagation misses Constant nodes, Div, and a Reshape whose shape is computed: learn the
+    // small values of shape computations (shape_values.h) and infer again with them as initializers of the inferred
+    // copy, until nothing new is learnt. The graph itself gets only the types.
+    const auto t0 = std::chrono::steady_clock::now();
+    std::unordered_map<std::string, Tensor> known;
+    std::unordered_set<NodeId> tried;
+    int rounds = 0;
+    for (; rounds < 64 && shape_values::enabled(); ++rounds) {
+      if (shape_values::propagate(graph, inferred_types(m.graph()), known, tried) == 0) break;
+      onnx::ModelProto next = exported;
+      bool added = false;
+      for (const auto& [name, t] : known) {
+        if (graph.is_initializer(name)) continue;
+        KEEL_RETURN_IF_ERROR(tensor_to_proto(t, name, *next.mutable_graph()->add_initializer()), "infer_shapes");
+        added = true;
+      }
+      if (!added) break;
+      try {
+        onnx::shape_inference::InferShapes(next, onnx::OpSchemaRegistry::Instance(), opts);
+      } catch (const std::exception& e) {
+        spdlog::debug("infer_shapes: inference with learnt shape values failed, keeping the previous round: {}",
+                      one_line(e.what()));
+        break;
+      }
+      m = std::move(next);
+    }
+    if (!known.empty() && rounds > 0)
+      spdlog::debug("infer_shapes: {} shape value(s) known after {} round(s) of inference ({:.1f} ms)", known.size(),
+                    rounds + 1, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     copy_back_types(m.graph(), graph);
+    // The learnt values are initializers of the last inferred copy: their types are not in its value_info.
+    for (const auto& [name, t] : known)
+      if (!graph.is_initializer(name)) merge_value_info(graph.value_info[name], ValueInfo(t.dtype(), t.shape()));
     return Status::ok();
   } catch (const std::exception& e) {
     return internal_error(std::string("infer_shapes: ") + e.what());

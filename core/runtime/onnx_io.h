@@ -106,6 +106,11 @@ Status save_onnx(const Graph& graph, const std::filesystem::path& file, const On
 // Runs ONNX shape inference on `graph` (exported, inferred, copied back): every value the inference types gets its
 // dtype and shape in graph.value_info; values it cannot type keep what they had. Nodes ONNX does not know (the
 // "keel" domain) are skipped, and so is whatever depends only on them. Node-level inference errors are ignored.
+// Shape computations are followed as ONNX Runtime's graph resolve does: the values of small tensors known at this
+// point (small initializers, Constant nodes, Shape/Size of statically shaped values, and arithmetic, Gather, Concat,
+// Slice, ... over those; shape_values.h) are computed on the reference kernels and given to a further round of
+// ONNX inference as initializers, until nothing new is learnt, so a Reshape or Slice whose shape input is computed
+// from Shape ops gets a static output shape. The graph keeps its nodes; only types and shapes are written back.
 Status infer_shapes(Graph& graph);
 
 // Tensor files: ONNX TensorProto (.pb, any other extension) or NumPy (.npy, v1/v2/v3, little-endian, C order).

@@ -1,6 +1,8 @@
 // Session: placement by priority with CPU fallback, copies at device boundaries, claims, memory planning, errors.
 #include "core/runtime/session.h"
 
+#include "core/runtime/onnx_io.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -889,6 +891,143 @@ TEST(ShapeVariants, DynamicBatchCnnMatchesTheReferenceAndRunsAsAOneDnnChainPerBa
   for (const auto& p : s.profile())
     chain_steps = chain_steps || (p.op_type == "Subgraph" && p.calls > 0 && !p.steps.empty());
   EXPECT_TRUE(chain_steps);
+}
+
+}  // namespace
+}  // namespace keel
+
+// ---- Shape values: Reshape/Slice shapes computed at run time from Shape ops (a PyTorch export without constant
+// folding). Session-time inference learns the small values (shape_values.h) and gives the devices static shapes,
+// without rewriting the graph.
+namespace keel {
+namespace {
+
+Tensor i64_scalar(int64_t v) { return Tensor::from_vector(DType::kI64, {}, std::vector<int64_t>{v}); }
+
+// x[N,4] -> Reshape to [N*k, 4/2] -> Slice rows [0, N*k/k) -> Tanh (static_0) -> Tanh (static_1) -> Neg -> y[N,2].
+// Every shape value comes from Shape(x) through Constant nodes, Gather, Mul, Div, Unsqueeze and Concat. k = 2 is a
+// valid model; k = 3 makes the Reshape's element count wrong.
+Graph computed_shape_graph(int64_t batch, int64_t k = 2) {
+  GraphBuilder b("computed_shapes");
+  auto x = b.input("x", DType::kF32, {batch, 4});
+  auto c = [&](Tensor t) { return b.op1("Constant", {}, {{"value", Attribute::of_tensor(std::move(t))}}); };
+  auto axis0 = c(Tensor::from_vector(DType::kI64, {1}, std::vector<int64_t>{0}));
+  auto s = b.op1("Shape", {x});
+  auto m = b.op1("Mul", {b.op1("Gather", {s, c(i64_scalar(0))}), c(i64_scalar(k))});
+  auto h = b.op1("Div", {b.op1("Gather", {s, c(i64_scalar(1))}), c(i64_scalar(2))});
+  auto shape = b.op1("Concat", {b.op1("Unsqueeze", {m, axis0}), b.op1("Unsqueeze", {h, axis0})},
+                     {{"axis", Attribute::of_int(0)}});
+  auto r = b.op1("Reshape", {x, shape});
+  auto end = b.op1("Unsqueeze", {b.op1("Div", {m, c(i64_scalar(k))}), axis0});
+  auto sl = b.op1("Slice", {r, axis0, end, axis0});
+  b.output(b.op1("Neg", {b.op1("Tanh", {b.op1("Tanh", {sl})})}));
+  Graph g = b.take();
+  const std::vector<NodeId> order = g.topological_order().value();
+  int t = 0;
+  for (NodeId id : order)
+    if (g.node(id)->op_type == "Tanh") g.node(id)->name = "static_" + std::to_string(t++);
+  return g;
+}
+
+// The value that feeds Tanh (static_0).
+std::string sliced_value(const Graph& g) {
+  for (NodeId id : g.node_ids())
+    if (g.node(id)->op_type == "Slice") return g.node(id)->outputs[0];
+  return "";
+}
+
+// -tanh(tanh()) of the first 2N elements of x[N,4], as y[N,2].
+void expect_computed_shape_output(const Tensor& x, const StatusOr<std::vector<Tensor>>& out) {
+  ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+  const int64_t n = x.shape()[0];
+  ASSERT_EQ(out.value()[0].shape(), (Shape{n, 2}));
+  for (int64_t i = 0; i < 2 * n; ++i)
+    EXPECT_NEAR(out.value()[0].data<float>()[i], -std::tanh(std::tanh(x.data<float>()[i])), 1e-6) << i;
+}
+
+Tensor rows_of_four(int64_t batch) {
+  std::vector<float> v(static_cast<size_t>(batch * 4));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = 0.3f * static_cast<float>(i) - 1.f;
+  return Tensor::f32({batch, 4}, v);
+}
+
+TEST(ShapeValues, ComputedReshapeAndSliceShapesAreStaticAfterInferenceAndTheGraphIsKept) {
+  Graph g = computed_shape_graph(3);
+  const size_t nodes = g.node_count();
+  ASSERT_TRUE(infer_shapes(g).is_ok());
+  EXPECT_EQ(g.node_count(), nodes);
+  EXPECT_TRUE(g.initializers.empty());
+  for (NodeId id : g.node_ids()) {
+    const Node& n = *g.node(id);
+    if (n.op_type != "Reshape" && n.op_type != "Slice" && n.op_type != "Neg") continue;
+    const ValueInfo* vi = g.info(n.outputs[0]);
+    ASSERT_TRUE(vi && vi->shape) << n.op_type << " output has no shape";
+    EXPECT_EQ(*vi->shape, n.op_type == "Reshape" ? (Shape{6, 2}) : (Shape{3, 2})) << n.op_type;
+  }
+}
+
+TEST(ShapeValues, TheSessionRunsTheComputedShapesAsStaticOnesAndMatchesTheReference) {
+  auto env = make_static_claimer_env();
+  SessionOptions opts;
+  opts.devices = {"cpu"};
+  auto s = Session::create(*env, computed_shape_graph(3), opts);
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  const Graph& g = s.value()->graph();
+  ASSERT_TRUE(g.info(sliced_value(g)) && g.info(sliced_value(g))->shape);
+  EXPECT_EQ(*g.info(sliced_value(g))->shape, (Shape{3, 2}));
+  // The static-shape claimer took the Tanh pair: it saw a static input.
+  EXPECT_TRUE(has_subgraph(*s.value(), "static_chain"));
+  Tensor x = rows_of_four(3);
+  expect_computed_shape_output(x, s.value()->run({{"x", x}}));
+}
+
+TEST(ShapeValues, ADynamicBatchIsSpecialisedPerShapeVariant) {
+  auto env = make_static_claimer_env();
+  SessionOptions opts;
+  opts.devices = {"cpu"};
+  auto created = Session::create(*env, computed_shape_graph(-1), opts);
+  ASSERT_TRUE(created.is_ok()) << created.status().to_string();
+  Session& s = *created.value();
+  EXPECT_FALSE(has_subgraph(s, "static_chain"));  // the generic build: N is symbolic
+  for (int64_t batch : {1, 3, 1}) {
+    Tensor x = rows_of_four(batch);
+    expect_computed_shape_output(x, s.run({{"x", x}}));
+    EXPECT_EQ(s.shape_variant(), "x" + shape_to_string({batch, 4}));
+    EXPECT_TRUE(has_subgraph(s, "static_chain")) << "batch " << batch;
+  }
+  EXPECT_EQ(s.shape_variant_count(), 2u);
+}
+
+TEST(ShapeValues, AWrongComputedShapeIsAnErrorNotACrash) {
+  auto env = make_static_claimer_env();
+  SessionOptions opts;
+  opts.devices = {"cpu"};
+  for (int64_t batch : {2, -1}) {
+    auto s = Session::create(*env, computed_shape_graph(batch, 3), opts);  // Reshape [2,4] to [6,2]
+    if (!s.is_ok()) {
+      EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument) << s.status().to_string();
+      continue;
+    }
+    auto out = s.value()->run({{"x", rows_of_four(2)}});
+    ASSERT_FALSE(out.is_ok()) << "batch " << batch;
+    EXPECT_NE(out.status().message().find("Reshape"), std::string::npos) << out.status().to_string();
+  }
+}
+
+TEST(ShapeValues, HugeComputedShapesAreNeitherEvaluatedNorAllocated) {
+  // Range(0, N * 1e12) has a computed length; ConstantOfShape(Shape(range)) would be terabytes.
+  GraphBuilder b("huge");
+  auto x = b.input("x", DType::kF32, {3, 4});
+  auto c = [&](Tensor t) { return b.op1("Constant", {}, {{"value", Attribute::of_tensor(std::move(t))}}); };
+  auto n = b.op1("Gather", {b.op1("Shape", {x}), c(i64_scalar(0))});
+  auto range = b.op1("Range", {c(i64_scalar(0)), b.op1("Mul", {n, c(i64_scalar(1000000000000))}), c(i64_scalar(1))});
+  auto filled = b.op1("ConstantOfShape", {b.op1("Shape", {range})});
+  b.output(b.op1("Shape", {filled}));
+  Graph g = b.take();
+  ASSERT_TRUE(infer_shapes(g).is_ok());
+  const ValueInfo* vi = g.info(range);
+  ASSERT_TRUE(vi && vi->shape);
+  EXPECT_EQ(*vi->shape, (Shape{3000000000000}));  // the size is known, the values are not computed
 }
 
 }  // namespace
