@@ -573,13 +573,7 @@ std::vector<keel::Tensor> run_kernel(const std::string& domain, const std::strin
   ctx.node = &ck->node;
   ctx.opset = ck->opset;
   ctx.pool = r.pool;
-  ctx.input_views.assign(inputs.size(), keel_tensor_t{});
-  ctx.inputs.assign(inputs.size(), nullptr);
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!inputs[i].defined()) continue;
-    ctx.input_views[i] = inputs[i].c_view();
-    ctx.inputs[i] = &ctx.input_views[i];
-  }
+  ctx.bind_inputs(inputs);
   ctx.output_dtypes = ck->out_dtypes;
   ctx.outputs.assign(num_outputs, keel::Tensor());
   ctx.output_views.assign(num_outputs, keel_tensor_t{});

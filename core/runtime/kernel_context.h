@@ -1,5 +1,5 @@
 // keel/core/runtime/kernel_context.h — (internal) what a keel_kernel_context_t and a keel_graph_t are on the host
-// side. Only host_api.cc and session.cc look inside.
+// side. Only the core's executors (session.cc, eager.cc, shape_values.cc) and host_api.cc look inside.
 #pragma once
 
 #include <keel/plugin.h>
@@ -31,6 +31,16 @@ struct keel_kernel_context_s {
   std::vector<const keel_tensor_t*> inputs;  // nullptr = absent
   std::vector<keel_tensor_t> input_views;
   std::vector<keel::Shape> input_shapes;     // backing store for create-phase dims
+  // Binds `tensors` as the inputs (an undefined tensor is an absent input); they must outlive the call it serves.
+  void bind_inputs(const std::vector<keel::Tensor>& tensors) {
+    input_views.assign(tensors.size(), keel_tensor_t{});
+    inputs.assign(tensors.size(), nullptr);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (!tensors[i].defined()) continue;
+      input_views[i] = tensors[i].c_view();
+      inputs[i] = &input_views[i];
+    }
+  }
 
   // Outputs: expected dtypes, and what the kernel allocated.
   std::vector<keel::DType> output_dtypes;

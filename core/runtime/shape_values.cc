@@ -70,13 +70,7 @@ StatusOr<std::vector<Tensor>> evaluate(const Node& node, int32_t opset, const st
     ctx.node = &node;
     ctx.opset = opset;
     ctx.pool = &env->thread_pool();
-    ctx.input_views.assign(inputs.size(), keel_tensor_t{});
-    ctx.inputs.assign(inputs.size(), nullptr);
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      if (!inputs[i].defined()) continue;
-      ctx.input_views[i] = inputs[i].c_view();
-      ctx.inputs[i] = &ctx.input_views[i];
-    }
+    ctx.bind_inputs(inputs);
     ctx.output_dtypes = out_dtypes;
     void* state = k->def.user_data;
     if (k->def.create) {
