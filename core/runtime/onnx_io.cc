@@ -14,6 +14,7 @@
 #include <climits>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <system_error>
@@ -526,6 +527,50 @@ Status check_values_defined(const onnx::GraphProto& gp, std::vector<const std::u
   return Status::ok();
 }
 
+// ONNX 1.12's data propagators (shape inference with data_prop) crash on two malformed shape computations that the
+// shape-computation fuzzer (tests/fuzz/fuzz_shape_computations.py) found: Add/Sub/Mul read past an operand of 0
+// elements when the other has one (`Shape(x, start=rank) * [2]`), and Shape dereferences the type of an input that
+// inference could not type (Shape of an Add whose operands do not broadcast). The propagators of those schemas in
+// ONNX's process-wide registry are wrapped, once per process, with checks that skip those cases: a skipped
+// propagation loses only shape knowledge (the node's kernel still checks its inputs when it runs).
+void guard_onnx_data_propagators() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    auto math = [](const onnx::DataPropagationFunction& inner) -> onnx::DataPropagationFunction {
+      return [inner](onnx::DataPropagationContext& ctx) {
+        const auto* a = ctx.getNumInputs() > 0 ? ctx.getInputData(0) : nullptr;
+        const auto* b = ctx.getNumInputs() > 1 ? ctx.getInputData(1) : nullptr;
+        if (a != nullptr && b != nullptr && a->dim_size() != b->dim_size() && (a->dim_size() == 0 || b->dim_size() == 0))
+          return;
+        inner(ctx);
+      };
+    };
+    auto typed_input = [](const onnx::DataPropagationFunction& inner) -> onnx::DataPropagationFunction {
+      return [inner](onnx::DataPropagationContext& ctx) {
+        if (ctx.getNumInputs() == 0 || ctx.getInputType(0) == nullptr) return;
+        inner(ctx);
+      };
+    };
+    for (const char* op : {"Add", "Sub", "Mul", "Shape"}) {
+      std::set<const onnx::OpSchema*> seen;
+      for (int v = 1; v <= kMaxOnnxOpset; ++v) {
+        const onnx::OpSchema* schema = onnx::OpSchemaRegistry::Schema(op, v, onnx::ONNX_DOMAIN);
+        if (schema == nullptr || !schema->has_data_propagation_function() || !seen.insert(schema).second) continue;
+        const auto inner = schema->GetDataPropagationFunction();
+        // The registry keeps its schemas as (non-const) values; it only hands out const pointers.
+        const_cast<onnx::OpSchema*>(schema)->PartialDataPropagationFunction(std::string(op) == "Shape" ? typed_input(inner)
+                                                                                                        : math(inner));
+      }
+    }
+  });
+}
+
+// ONNX shape inference, with the data propagators guarded (above). Every inference in the core goes through here.
+void infer_onnx_shapes(onnx::ModelProto& m, const onnx::ShapeInferenceOptions& opts) {
+  guard_onnx_data_propagators();
+  onnx::shape_inference::InferShapes(m, onnx::OpSchemaRegistry::Instance(), opts);
+}
+
 // ONNX 1.12's shape-inference functions index input dims without checking ranks in places (the fuzzer found
 // ConvTranspose reading W's dims by X's rank), which crashes on malformed models. These checks run first.
 Status precheck_for_shape_inference(const onnx::GraphProto& gp, std::unordered_map<std::string, int>& ranks, int depth) {
@@ -580,7 +625,7 @@ Status run_shape_inference(onnx::ModelProto& m, bool strict, const std::string& 
   auto attempt = [&](int error_mode) -> std::optional<std::string> {
     try {
       onnx::ShapeInferenceOptions opts(/*check_type=*/false, error_mode, /*data_prop=*/true);
-      onnx::shape_inference::InferShapes(m, onnx::OpSchemaRegistry::Instance(), opts);
+      infer_onnx_shapes(m, opts);
     } catch (const std::exception& e) {
       return one_line(e.what());
     }
@@ -671,7 +716,7 @@ StatusOr<Graph> graph_from_model_proto(onnx::ModelProto& m, const fs::path& base
       // The converter's broadcasting adapters need the shapes of intermediate values: infer them first.
       try {
         onnx::ShapeInferenceOptions opts(false, 0, false);
-        onnx::shape_inference::InferShapes(m, onnx::OpSchemaRegistry::Instance(), opts);
+        infer_onnx_shapes(m, opts);
       } catch (const std::exception&) {
         // Best effort; the converter names what it misses.
       }
@@ -969,7 +1014,7 @@ Status graph_to_model_proto(const Graph& graph, onnx::ModelProto& out) {
       onnx::ModelProto inferred = out;
       try {
         onnx::ShapeInferenceOptions opts(false, 0, true);
-        onnx::shape_inference::InferShapes(inferred, onnx::OpSchemaRegistry::Instance(), opts);
+        infer_onnx_shapes(inferred, opts);
         std::unordered_map<std::string, const onnx::ValueInfoProto*> by_name;
         for (const auto& v : inferred.graph().value_info()) by_name[v.name()] = &v;
         for (const auto& v : inferred.graph().output()) by_name[v.name()] = &v;
@@ -1091,7 +1136,7 @@ Status infer_shapes(Graph& graph) {
     onnx::ShapeInferenceOptions opts(/*check_type=*/false, /*error_mode=*/0, /*data_prop=*/true);
     onnx::ModelProto m = exported;
     try {
-      onnx::shape_inference::InferShapes(m, onnx::OpSchemaRegistry::Instance(), opts);
+      infer_onnx_shapes(m, opts);
     } catch (const std::exception& e) {
       return invalid_argument(std::string("infer_shapes: ONNX shape inference failed: ") + one_line(e.what()));
     }
@@ -1113,7 +1158,7 @@ Status infer_shapes(Graph& graph) {
       }
       if (!added) break;
       try {
-        onnx::shape_inference::InferShapes(next, onnx::OpSchemaRegistry::Instance(), opts);
+        infer_onnx_shapes(next, opts);
       } catch (const std::exception& e) {
         spdlog::debug("infer_shapes: inference with learnt shape values failed, keeping the previous round: {}",
                       one_line(e.what()));

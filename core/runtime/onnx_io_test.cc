@@ -588,6 +588,62 @@ TEST(OnnxIo, FuzzerFindingsAreRefused) {
   EXPECT_NE(r.status().message().find("ct"), std::string::npos) << r.status().to_string();
 }
 
+// Two crashes the shape-computation fuzzer (tests/fuzz/fuzz_shape_computations.py) found in ONNX 1.12's data
+// propagators; its propagators are guarded now (onnx_io.cc, guard_onnx_data_propagators).
+TEST(OnnxIo, ShapeComputationFuzzerFindingsLoadOrFailCleanly) {
+  auto node = [](onnx::GraphProto* g, const std::string& op, std::vector<std::string> in, const std::string& out) {
+    auto* n = g->add_node();
+    n->set_name(out);
+    n->set_op_type(op);
+    for (const auto& i : in) n->add_input(i);
+    n->add_output(out);
+    return n;
+  };
+  auto int64s = [](onnx::GraphProto* g, const std::string& name, std::vector<int64_t> values) {
+    auto* t = g->add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto::INT64);
+    t->add_dims(static_cast<int64_t>(values.size()));
+    for (int64_t v : values) t->add_int64_data(v);
+  };
+  {
+    // Mul of an empty shape (Shape of a scalar) and a one-element constant read past the empty operand's end.
+    auto m = base_model(15);
+    auto* g = m.mutable_graph();
+    set_tensor_type(g->add_input(), "x", onnx::TensorProto::FLOAT, {});
+    set_tensor_type(g->add_output(), "y", onnx::TensorProto::FLOAT, {});
+    int64s(g, "two", {2});
+    node(g, "Shape", {"x"}, "s");
+    node(g, "Mul", {"s", "two"}, "target");
+    node(g, "Reshape", {"x", "target"}, "y");
+    auto bytes = bytes_of(m);
+    auto r = load_onnx_from_memory(bytes.data(), bytes.size(), {}, quiet());
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();  // a valid model: Reshape of a scalar to the empty shape
+    EXPECT_TRUE(infer_shapes(*r).is_ok());
+  }
+  {
+    // Shape of an Add whose operands do not broadcast ([3] + [2]): Shape's propagator read the Add's missing type.
+    auto m = base_model(15);
+    auto* g = m.mutable_graph();
+    set_tensor_type(g->add_input(), "x", onnx::TensorProto::FLOAT, {2, 3, 4});
+    set_tensor_type(g->add_output(), "y", onnx::TensorProto::FLOAT, {});
+    int64s(g, "ones", {1, 1});
+    node(g, "Shape", {"x"}, "s");
+    node(g, "Add", {"s", "ones"}, "bad_sum");
+    node(g, "Shape", {"bad_sum"}, "rank");
+    node(g, "Reshape", {"x", "rank"}, "y");
+    auto bytes = bytes_of(m);
+    auto r = load_onnx_from_memory(bytes.data(), bytes.size(), {}, quiet());
+    ASSERT_FALSE(r.is_ok());
+    EXPECT_NE(r.status().message().find("shape inference"), std::string::npos) << r.status().to_string();
+    OnnxLoadOptions lax = quiet();
+    lax.strict_shape_inference = false;
+    auto loose = load_onnx_from_memory(bytes.data(), bytes.size(), {}, lax);
+    ASSERT_TRUE(loose.is_ok()) << loose.status().to_string();
+    EXPECT_TRUE(infer_shapes(*loose).is_ok());
+  }
+}
+
 TEST(OnnxIo, NewerOpsetsAreRefused) {
   auto m = add_relu_model();
   m.mutable_opset_import(0)->set_version(kMaxOnnxOpset + 1);
