@@ -1,14 +1,18 @@
 #include "core/base/tensor.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <cstring>
 #include <new>
 
 namespace keel {
 
 int64_t shape_numel(const Shape& shape) {
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape)
+    if (__builtin_mul_overflow(n, d, &n)) return std::numeric_limits<int64_t>::max();
   return n;
 }
 

@@ -21,7 +21,8 @@ namespace keel {
 
 using Shape = std::vector<int64_t>;
 
-// Number of elements (1 for a scalar). Assumes non-negative dims.
+// Number of elements (1 for a scalar). Assumes non-negative dims. Saturates at INT64_MAX instead of overflowing
+// (a hostile model's dims): comparisons stay meaningful, and an allocation of that size fails cleanly.
 int64_t shape_numel(const Shape& shape);
 // "[1, 3, 224, 224]"; unknown dims print as "?".
 std::string shape_to_string(const Shape& shape);
@@ -110,7 +111,8 @@ template <typename T>
 Tensor Tensor::from_vector(DType dtype, Shape shape, const std::vector<T>& values) {
   auto t = host(dtype, std::move(shape));
   Tensor out = std::move(t).value();
-  std::memcpy(out.raw_data(), values.data(), std::min<uint64_t>(out.byte_size(), values.size() * sizeof(T)));
+  const uint64_t bytes = std::min<uint64_t>(out.byte_size(), values.size() * sizeof(T));
+  if (bytes > 0) std::memcpy(out.raw_data(), values.data(), bytes);  // an empty vector's data() may be null
   return out;
 }
 

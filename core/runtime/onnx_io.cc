@@ -621,6 +621,25 @@ Status precheck_for_shape_inference(const onnx::GraphProto& gp, std::unordered_m
   return Status::ok();
 }
 
+// A value whose static shape no machine could hold (over checked_byte_size's limit, 1 TiB: a broken or hostile model,
+// e.g. a Reshape to constant dims of 10^12) is refused by name when the model is loaded and whenever shapes are
+// inferred, before passes and devices multiply those dims. Values of subgraphs are checked when their node runs.
+Status check_static_sizes(const Graph& g) {
+  std::vector<std::string> names;
+  for (const auto& [name, vi] : g.value_info) {
+    if (!vi.is_tensor() || !vi.shape) continue;
+    if (std::any_of(vi.shape->begin(), vi.shape->end(), [](int64_t d) { return d < 0; })) continue;
+    if (!checked_byte_size(vi.dtype, *vi.shape).is_ok()) names.push_back(name);
+  }
+  if (names.empty()) return Status::ok();
+  std::sort(names.begin(), names.end());  // the same report every time
+  const ValueInfo& first = g.value_info.at(names.front());
+  return invalid_argument("value '" + names.front() + "' has the static shape " + shape_to_string(*first.shape) +
+                          ", more than a tensor can hold" +
+                          (names.size() > 1 ? " (and " + std::to_string(names.size() - 1) + " more value(s))" : "") +
+                          ": the model cannot run");
+}
+
 Status run_shape_inference(onnx::ModelProto& m, bool strict, const std::string& name, const OnnxLoadOptions& options) {
   auto attempt = [&](int error_mode) -> std::optional<std::string> {
     try {
@@ -752,6 +771,7 @@ StatusOr<Graph> graph_from_model_proto(onnx::ModelProto& m, const fs::path& base
     if (m.opset_import_size() == 0) g.opsets[""] = 1;
     ImportContext ctx{base_dir, options.max_tensor_bytes, {}, 0, 0};
     KEEL_RETURN_IF_ERROR(import_graph(m.graph(), g, ctx), name);
+    KEEL_RETURN_IF_ERROR(check_static_sizes(g), name);
     if (g.name.empty()) g.name = "main";
     if (meta.upgraded) fix_legacy_prelu(g);
     meta.external_bytes = ctx.external_bytes;
@@ -1173,7 +1193,7 @@ Status infer_shapes(Graph& graph) {
     // The learnt values are initializers of the last inferred copy: their types are not in its value_info.
     for (const auto& [name, t] : known)
       if (!graph.is_initializer(name)) merge_value_info(graph.value_info[name], ValueInfo(t.dtype(), t.shape()));
-    return Status::ok();
+    return check_static_sizes(graph);
   } catch (const std::exception& e) {
     return internal_error(std::string("infer_shapes: ") + e.what());
   }

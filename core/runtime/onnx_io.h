@@ -9,8 +9,11 @@
 // when a node uses it, subgraphs and sequence/optional types included); save_onnx moves weights to an external data
 // file when the model would pass protobuf's 2 GiB limit.
 //
-// Every function here is reentrant: no global state besides ONNX's own (immutable) schema registry. Malformed input
-// of any kind gives an error status, never a crash (the loader has a fuzz target, tests/fuzz/).
+// Every function here is reentrant: no global state besides ONNX's own schema registry (read-only, except that the
+// first inference wraps four of its data propagators against crashes of ONNX 1.12, once, under std::call_once).
+// Malformed input of any kind gives an error status, never a crash (the loader has a fuzz target, and shape
+// computations a model generator, in tests/fuzz/). A value whose static shape could not be held by any tensor (over
+// 1 TiB) is refused by name, at load and by infer_shapes.
 #pragma once
 
 #include <cstddef>

@@ -588,8 +588,8 @@ TEST(OnnxIo, FuzzerFindingsAreRefused) {
   EXPECT_NE(r.status().message().find("ct"), std::string::npos) << r.status().to_string();
 }
 
-// Two crashes the shape-computation fuzzer (tests/fuzz/fuzz_shape_computations.py) found in ONNX 1.12's data
-// propagators; its propagators are guarded now (onnx_io.cc, guard_onnx_data_propagators).
+// What the shape-computation fuzzer (tests/fuzz/fuzz_shape_computations.py) found: two crashes in ONNX 1.12's data
+// propagators, now guarded (onnx_io.cc, guard_onnx_data_propagators), and shapes too large for any tensor.
 TEST(OnnxIo, ShapeComputationFuzzerFindingsLoadOrFailCleanly) {
   auto node = [](onnx::GraphProto* g, const std::string& op, std::vector<std::string> in, const std::string& out) {
     auto* n = g->add_node();
@@ -641,6 +641,26 @@ TEST(OnnxIo, ShapeComputationFuzzerFindingsLoadOrFailCleanly) {
     auto loose = load_onnx_from_memory(bytes.data(), bytes.size(), {}, lax);
     ASSERT_TRUE(loose.is_ok()) << loose.status().to_string();
     EXPECT_TRUE(infer_shapes(*loose).is_ok());
+  }
+  {
+    // A Reshape to constant dims of 10^12: its product overflowed int64 in the devices' shape arithmetic. Refused
+    // at load, by name.
+    auto m = base_model(15);
+    auto* g = m.mutable_graph();
+    set_tensor_type(g->add_input(), "x", onnx::TensorProto::FLOAT, {2, 2});
+    set_tensor_type(g->add_output(), "y", onnx::TensorProto::FLOAT, {});
+    int64s(g, "huge", {1000000000000, 1000000000000});
+    node(g, "Reshape", {"x", "huge"}, "reshaped");
+    auto* sum = node(g, "ReduceSum", {"reshaped"}, "y");
+    auto* keepdims = sum->add_attribute();
+    keepdims->set_name("keepdims");
+    keepdims->set_type(onnx::AttributeProto::INT);
+    keepdims->set_i(0);
+    auto bytes = bytes_of(m);
+    auto r = load_onnx_from_memory(bytes.data(), bytes.size(), {}, quiet());
+    ASSERT_FALSE(r.is_ok());
+    EXPECT_NE(r.status().message().find("'reshaped'"), std::string::npos) << r.status().to_string();
+    EXPECT_NE(r.status().message().find("cannot run"), std::string::npos) << r.status().to_string();
   }
 }
 

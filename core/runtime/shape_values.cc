@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -164,6 +165,7 @@ int64_t propagate(const Graph& graph, const std::unordered_map<std::string, Valu
       std::vector<int64_t> v;
       if (n.op_type == "Size") {
         v = {shape_numel(*in)};
+        if (v[0] == std::numeric_limits<int64_t>::max()) continue;  // saturated: more elements than int64 holds
       } else {  // opset 15's start/end, clamped as the reference kernel does
         int64_t s = n.attr_int("start", 0), e = n.attr_int("end", r);
         if (s < 0) s += r;

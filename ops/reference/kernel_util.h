@@ -64,9 +64,17 @@ inline std::string shape_str(const Shape& s) {
   return r + "]";
 }
 
+// a * b, saturated at INT64_MAX instead of overflowing: shape products of a hostile model stay defined (and too
+// large for any check or allocation that follows).
+inline int64_t mul_sat(int64_t a, int64_t b) {
+  int64_t r;
+  return __builtin_mul_overflow(a, b, &r) ? std::numeric_limits<int64_t>::max() : r;
+}
+
 inline int64_t numel_of(const Shape& s) {
+  if (std::find(s.begin(), s.end(), 0) != s.end()) return 0;
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s) n = mul_sat(n, d);
   return n;
 }
 

@@ -85,7 +85,7 @@ void op_reshape(Kctx& k) {
       k.invalid(cat("shape entry ", v, " is invalid"));
     }
     os[i] = v;
-    known *= v;
+    known = mul_sat(known, v);
   }
   if (infer >= 0) {
     if (known == 0 || x.numel % known != 0)

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <string>
@@ -38,6 +39,12 @@ struct Failure {
 };
 
 std::string dims_str(const Dims& d);
+// a * b, saturated at INT64_MAX instead of overflowing (shape products of a hostile model).
+inline int64_t mul_sat(int64_t a, int64_t b) {
+  int64_t r;
+  return __builtin_mul_overflow(a, b, &r) ? std::numeric_limits<int64_t>::max() : r;
+}
+// Element count; saturates at INT64_MAX (mul_sat), as keel::shape_numel.
 int64_t numel(const Dims& d);
 
 // The kernel context seen through the host's kernel API.

@@ -10,6 +10,7 @@
 // OMP_NUM_THREADS is thereby overridden; OMP_WAIT_POLICY etc. still apply.
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -32,8 +33,9 @@ std::string dims_str(const Dims& d) {
 }
 
 int64_t numel(const Dims& d) {
+  if (std::find(d.begin(), d.end(), 0) != d.end()) return 0;
   int64_t n = 1;
-  for (int64_t v : d) n *= v;
+  for (int64_t v : d) n = mul_sat(n, v);
   return n;
 }
 

@@ -3196,7 +3196,7 @@ void Builder::reshape_like(size_t i) {
       int64_t v = s->iat(k);
       if (v == 0) v = k < static_cast<int64_t>(x.size()) ? x[k] : throw Reject{"0 past the input rank"};
       if (v == -1) neg = k;
-      else known *= v;
+      else known = mul_sat(known, v);
       y.push_back(v);
     }
     if (neg >= 0) y[neg] = known ? numel(x) / known : 0;

@@ -874,8 +874,8 @@ class ReshapeLikeK : public Kernel {
             infer = static_cast<int64_t>(i);
           } else if (v < 0) {
             throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "cuda: Reshape: negative dimension " + std::to_string(v)};
-          } else {
-            known *= v;
+          } else if (__builtin_mul_overflow(known, v, &known)) {
+            throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "cuda: Reshape: " + dims_str(shape) + " has too many elements"};
           }
           out.push_back(v);
         }
