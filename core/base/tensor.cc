@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <limits>
 #include <cstring>
+#include <limits>
 #include <new>
 
 namespace keel {
