@@ -1,7 +1,7 @@
 #include "core/base/thread_pool.h"
 
 #include <algorithm>
-#include <atomic>
+#include <exception>
 
 namespace keel {
 
@@ -47,29 +47,50 @@ void ThreadPool::parallel_for(int64_t n, int64_t min_chunk, const std::function<
     return;
   }
   int64_t per = (n + chunks - 1) / chunks;
-  std::atomic<int64_t> remaining{chunks - 1};
-  std::mutex done_mu;
-  std::condition_variable done_cv;
+  // The completion state lives on this frame, so a worker may touch it only while holding `done.mu`: the count is
+  // decremented and the waiter notified under the lock, and the waiter can observe zero only after the last worker
+  // has released it. Nothing of this frame is used after that unlock.
+  struct Completion {
+    std::mutex mu;
+    std::condition_variable cv;
+    int64_t remaining;
+    std::exception_ptr error;  // the first chunk's exception, rethrown to the caller after every chunk is done
+  } done;
+  done.remaining = chunks - 1;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (int64_t c = 1; c < chunks; ++c) {
       int64_t b = c * per, e = std::min(n, b + per);
-      tasks_.emplace_back([&, b, e] {
-        if (b < e) fn(b, e);
-        if (remaining.fetch_sub(1) == 1) {
-          std::lock_guard<std::mutex> l(done_mu);
-          done_cv.notify_one();
+      tasks_.emplace_back([&fn, &done, b, e] {
+        std::exception_ptr error;
+        try {
+          if (b < e) fn(b, e);
+        } catch (...) {
+          error = std::current_exception();
         }
+        std::lock_guard<std::mutex> l(done.mu);
+        // Handed over (or dropped) under the lock: the exception's last reference may be the caller's.
+        if (error && !done.error) done.error = std::move(error);
+        error = nullptr;
+        if (--done.remaining == 0) done.cv.notify_one();
       });
     }
   }
   cv_.notify_all();
   bool was_inside = t_inside_pool;
   t_inside_pool = true;
-  fn(0, std::min(n, per));
+  std::exception_ptr error;
+  try {
+    fn(0, std::min(n, per));
+  } catch (...) {
+    error = std::current_exception();
+  }
   t_inside_pool = was_inside;
-  std::unique_lock<std::mutex> lock(done_mu);
-  done_cv.wait(lock, [&] { return remaining.load() == 0; });
+  std::unique_lock<std::mutex> lock(done.mu);
+  done.cv.wait(lock, [&] { return done.remaining == 0; });
+  if (!error) error = done.error;
+  lock.unlock();
+  if (error) std::rethrow_exception(error);
 }
 
 }  // namespace keel

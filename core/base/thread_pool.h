@@ -2,6 +2,8 @@
 //
 // parallel_for splits [0, n) into at most thread_count() chunks of at least min_chunk, runs one on the calling
 // thread and the rest on workers, and returns when all are done. Nested calls (from inside a chunk) run inline.
+// An exception thrown by a chunk is rethrown to the caller once every chunk has finished (the first one wins);
+// no state of the caller is touched after parallel_for returns.
 // Thread-safe: several threads may call parallel_for at once; their chunks share the workers.
 #pragma once
 
