@@ -45,6 +45,6 @@ function(keel_add_test name)
   add_executable(${name} ${T_SOURCES})
   target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main)
   gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60
-    PROPERTIES ENVIRONMENT "KEEL_TEST_PLUGIN_DIR=${KEEL_TEST_PLUGIN_OUTPUT_DIR};KEEL_BUILD_DIR=${CMAKE_BINARY_DIR}")
+    PROPERTIES ENVIRONMENT "KEEL_TEST_PLUGIN_DIR=${KEEL_TEST_PLUGIN_OUTPUT_DIR};KEEL_BUILD_DIR=${CMAKE_BINARY_DIR};${KEEL_SANITIZER_TEST_ENV}")
 endfunction()
 include(GoogleTest)

@@ -2,7 +2,9 @@
 option(KEEL_BUILD_TESTS "Build the test suite (GoogleTest)" ON)
 option(KEEL_BUILD_BENCHMARKS "Build the Google Benchmark microbenchmarks" OFF)
 option(KEEL_BUILD_FUZZERS "Build libFuzzer targets (needs clang)" OFF)
-option(KEEL_SANITIZE "Build everything with AddressSanitizer + UndefinedBehaviorSanitizer" OFF)
+# KEEL_SANITIZE: OFF; ON or address (AddressSanitizer + UndefinedBehaviorSanitizer); thread (ThreadSanitizer).
+set(KEEL_SANITIZE OFF CACHE STRING "Sanitizers for the whole build: OFF, ON (= address), address, thread")
+set_property(CACHE KEEL_SANITIZE PROPERTY STRINGS OFF ON address thread)
 option(KEEL_WERROR "Treat warnings as errors" OFF)
 set(KEEL_CUDA "AUTO" CACHE STRING "Build the CUDA plugin: AUTO (when /usr/local/cuda exists), ON, OFF")
 set_property(CACHE KEEL_CUDA PROPERTY STRINGS AUTO ON OFF)
@@ -26,8 +28,18 @@ add_compile_options(-Wall -Wextra -Wno-unused-parameter)
 if(KEEL_WERROR)
   add_compile_options(-Werror)
 endif()
-if(KEEL_SANITIZE)
+string(TOLOWER "${KEEL_SANITIZE}" _keel_sanitize)
+if(_keel_sanitize MATCHES "^(on|address)$")
   # One sanitizer per flag: the CUDA plugin hands these to nvcc as -Xcompiler=FLAG, and nvcc splits a FLAG at commas.
   add_compile_options(-fsanitize=address -fsanitize=undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
   add_link_options(-fsanitize=address -fsanitize=undefined)
+elseif(_keel_sanitize STREQUAL "thread")
+  # Third-party libraries are not instrumented: tests run with TSAN_OPTIONS=suppressions=tests/tsan.supp (each entry
+  # says why), which keel_add_test sets for every test of this build (cmake/helpers.cmake).
+  add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=thread)
+  set(KEEL_SANITIZER_TEST_ENV
+      "TSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/tsan.supp:halt_on_error=0:exitcode=66:second_deadlock_stack=1")
+elseif(NOT _keel_sanitize MATCHES "^(off|)$")
+  message(FATAL_ERROR "KEEL_SANITIZE must be OFF, ON, address or thread (got '${KEEL_SANITIZE}')")
 endif()

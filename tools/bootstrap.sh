@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # ocl-icd-opencl-dev: Debian's oneDNN CMake config (dnnl-config.cmake) requires OpenCL, which libdnnl-dev only
-# recommends; without it a fresh machine fails at configure ("Could NOT find OpenCL").
+# recommends; without it a fresh machine fails at configure ("Could NOT find OpenCL"). libgloo-dev: the CPU collective
+# plugin (plugins/gloo); openmpi-bin: `mpirun` for the tests that start ranks the way Open MPI does.
 packages=(
   build-essential cmake ninja-build ccache pkg-config
   libdnnl-dev ocl-icd-opencl-dev libtomlplusplus-dev libboost-dev libboost-filesystem-dev
@@ -14,6 +15,7 @@ packages=(
   libonnx-dev libprotobuf-dev protobuf-compiler libonnx-testdata python3-onnx python3-numpy
   libcli11-dev libspdlog-dev nlohmann-json3-dev
   zlib1g-dev dataset-fashion-mnist
+  libgloo-dev openmpi-bin
 )
 missing=()
 for p in "${packages[@]}"; do
