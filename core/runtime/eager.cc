@@ -185,6 +185,8 @@ struct TensorImpl {
   uint32_t output_nr = 0;
   Tensor grad;
   std::weak_ptr<GradNode> accumulator;  // leaves: the node that accumulates into grad
+  std::vector<std::pair<int64_t, Tensor::PostAccumulateGradHook>> post_accumulate_hooks;  // leaves only
+  int64_t next_hook = 1;
 };
 
 }  // namespace detail
@@ -1108,11 +1110,20 @@ void accumulate(TensorImpl& leaf, keel::Tensor g) {
   }
 }
 
+// Runs a leaf's post-accumulate-grad hooks on a copy of the list (a hook may remove itself or others).
+void run_post_accumulate_hooks(const std::shared_ptr<TensorImpl>& leaf) {
+  if (leaf->post_accumulate_hooks.empty()) return;
+  auto hooks = leaf->post_accumulate_hooks;
+  const Tensor handle(leaf);
+  for (const auto& [id, hook] : hooks) hook(handle);
+}
+
 void run_backward(const Tensor& root, keel::Tensor root_grad) {
   NoGradGuard no_grad;
   const auto& impl = root.impl();
   if (!impl->grad_fn) {
     accumulate(*impl, std::move(root_grad));
+    run_post_accumulate_hooks(impl);
     return;
   }
   // Dependencies: how many edges point at each node from nodes reachable from the root.
@@ -1147,7 +1158,10 @@ void run_backward(const Tensor& root, keel::Tensor root_grad) {
     std::shared_ptr<GradNode> hold = owners[n];
     owners.erase(n);
     if (auto* acc = dynamic_cast<AccumulateGrad*>(n)) {
-      if (!grads.empty() && grads[0].defined()) accumulate(*acc->leaf, std::move(grads[0]));
+      if (!grads.empty() && grads[0].defined()) {
+        accumulate(*acc->leaf, std::move(grads[0]));
+        run_post_accumulate_hooks(acc->leaf);
+      }
       continue;
     }
     if (n->released)
@@ -1169,6 +1183,28 @@ void run_backward(const Tensor& root, keel::Tensor root_grad) {
 }
 
 }  // namespace
+
+int64_t Tensor::register_post_accumulate_grad_hook(PostAccumulateGradHook hook) {
+  need(impl_);
+  if (impl_->grad_fn || !impl_->requires_grad)
+    fail(failed_precondition("register_post_accumulate_grad_hook: only on a leaf that requires grad"));
+  if (!hook) fail(invalid_argument("register_post_accumulate_grad_hook: empty hook"));
+  const int64_t id = impl_->next_hook++;
+  impl_->post_accumulate_hooks.emplace_back(id, std::move(hook));
+  return id;
+}
+
+bool Tensor::remove_post_accumulate_grad_hook(int64_t handle) {
+  if (!impl_) return false;
+  auto& hooks = impl_->post_accumulate_hooks;
+  for (auto it = hooks.begin(); it != hooks.end(); ++it) {
+    if (it->first == handle) {
+      hooks.erase(it);
+      return true;
+    }
+  }
+  return false;
+}
 
 void Tensor::backward(const Tensor& grad_output) const {
   need(impl_);

@@ -24,6 +24,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -110,6 +111,17 @@ class Tensor {
   void backward(const Tensor& grad_output = {}) const;
   // Same data, no autograd history, requires_grad false.
   Tensor detach() const;
+
+  // Post-accumulate-grad hooks (PyTorch's register_post_accumulate_grad_hook): on a leaf that requires grad, `hook`
+  // runs on the backward's thread once that backward has added every contribution of the pass to this leaf's .grad
+  // (it sees the accumulated grad, gradient accumulation included). It does not run when no gradient reached the
+  // leaf in that backward. Hooks run in registration order, under the backward's NoGradGuard; an exception a hook
+  // throws leaves backward (the rest of the graph is not walked). Returns a handle for remove; the hook lives with
+  // the tensor's shared state (every handle copy of it). Error on a non-leaf or a tensor that does not require grad.
+  using PostAccumulateGradHook = std::function<void(const Tensor& leaf)>;
+  int64_t register_post_accumulate_grad_hook(PostAccumulateGradHook hook);
+  // Removes a hook by its handle; false when the handle is unknown (already removed). Safe inside a hook.
+  bool remove_post_accumulate_grad_hook(int64_t handle);
 
   float item() const;                // one element of any float dtype (or integer), copied to the host
   template <class T>

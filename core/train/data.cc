@@ -180,24 +180,77 @@ StatusOr<std::unique_ptr<DataLoader>> DataLoader::create(std::shared_ptr<const D
   if (o.batch_size < 1) return invalid_argument("DataLoader: batch_size must be >= 1, got " + std::to_string(o.batch_size));
   if (o.workers < 0) return invalid_argument("DataLoader: workers must be >= 0");
   if (o.prefetch < 1) return invalid_argument("DataLoader: prefetch must be >= 1");
+  if (o.num_replicas < 1 || o.rank < 0 || o.rank >= o.num_replicas)
+    return invalid_argument("DataLoader: rank " + std::to_string(o.rank) + " of " + std::to_string(o.num_replicas) +
+                            " replicas is out of range");
   return std::unique_ptr<DataLoader>(new DataLoader(std::move(dataset), o));
 }
 
 DataLoader::~DataLoader() { stop_workers(); }
 
 int64_t DataLoader::batches_per_epoch() const {
-  const int64_t n = dataset_->size();
+  int64_t n = dataset_->size();
+  if (opts_.num_replicas > 1) {
+    n = opts_.shard_drop_last ? n / opts_.num_replicas : (n + opts_.num_replicas - 1) / opts_.num_replicas;
+  }
   return opts_.drop_last ? n / opts_.batch_size : (n + opts_.batch_size - 1) / opts_.batch_size;
 }
 
-std::vector<int64_t> DataLoader::epoch_order(int64_t epoch) const {
-  std::vector<int64_t> order(static_cast<size_t>(dataset_->size()));
+std::vector<int64_t> shuffled_order(int64_t n, uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> order(static_cast<size_t>(std::max<int64_t>(0, n)));
   for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
-  if (opts_.shuffle && order.size() > 1) {
-    std::mt19937_64 rng(mix(opts_.seed) ^ mix(static_cast<uint64_t>(epoch) + 0x5851f42d4c957f2dull));
+  if (order.size() > 1) {
+    std::mt19937_64 rng(mix(seed) ^ mix(static_cast<uint64_t>(epoch) + 0x5851f42d4c957f2dull));
     for (size_t i = order.size() - 1; i > 0; --i) std::swap(order[i], order[bounded(rng, i + 1)]);
   }
   return order;
+}
+
+StatusOr<DistributedSampler> DistributedSampler::create(int64_t dataset_size, int64_t num_replicas, int64_t rank,
+                                                        bool shuffle, uint64_t seed, bool drop_last) {
+  if (dataset_size < 0) return invalid_argument("DistributedSampler: dataset size " + std::to_string(dataset_size) + " < 0");
+  if (num_replicas < 1) return invalid_argument("DistributedSampler: num_replicas " + std::to_string(num_replicas) + " < 1");
+  if (rank < 0 || rank >= num_replicas)
+    return invalid_argument("DistributedSampler: rank " + std::to_string(rank) + " outside [0, " + std::to_string(num_replicas) + ")");
+  DistributedSampler s;
+  s.size_ = dataset_size, s.replicas_ = num_replicas, s.rank_ = rank;
+  s.shuffle_ = shuffle, s.seed_ = seed, s.drop_last_ = drop_last;
+  return s;
+}
+
+int64_t DistributedSampler::num_samples() const {
+  return drop_last_ ? size_ / replicas_ : (size_ + replicas_ - 1) / replicas_;
+}
+
+std::vector<int64_t> DistributedSampler::shard(const std::vector<int64_t>& order) const {
+  const auto n = static_cast<int64_t>(order.size());
+  const int64_t per = drop_last_ ? n / replicas_ : (n + replicas_ - 1) / replicas_;
+  std::vector<int64_t> out;
+  if (n == 0) return out;
+  out.reserve(static_cast<size_t>(per));
+  for (int64_t k = 0; k < per; ++k) out.push_back(order[static_cast<size_t>((rank_ + k * replicas_) % n)]);  // pads by wrapping
+  return out;
+}
+
+std::vector<int64_t> DistributedSampler::indices() const {
+  if (shuffle_) return shard(shuffled_order(size_, seed_, epoch_));
+  std::vector<int64_t> order(static_cast<size_t>(size_));
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+  return shard(order);
+}
+
+std::vector<int64_t> DataLoader::epoch_order(int64_t epoch) const {
+  std::vector<int64_t> order;
+  if (opts_.shuffle) {
+    order = shuffled_order(dataset_->size(), opts_.seed, epoch);
+  } else {
+    order.resize(static_cast<size_t>(dataset_->size()));
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+  }
+  if (opts_.num_replicas <= 1) return order;
+  auto sampler = DistributedSampler::create(dataset_->size(), opts_.num_replicas, opts_.rank, opts_.shuffle, opts_.seed,
+                                            opts_.shard_drop_last);
+  return sampler.is_ok() ? sampler->shard(order) : order;
 }
 
 std::vector<int64_t> DataLoader::batch_indices(int64_t b) const {

@@ -89,6 +89,34 @@ class FashionMnist : public Dataset {
   keel::Tensor images_, labels_;
 };
 
+// Shards an epoch's example order over `num_replicas` ranks as torch.utils.data.DistributedSampler does: every rank
+// gets the same number of examples, rank r takes positions r, r + R, r + 2R, ... of the (seeded, shared) order, so the
+// shards are disjoint and, without drop_last, cover every example (the order is padded by repeating its first
+// examples up to a multiple of R); with drop_last the tail that does not divide evenly is dropped instead. Together,
+// batch b of every rank holds exactly the examples of batch b of one process with an R times larger batch.
+// Thread-safety: const methods may be called from any thread; set_epoch from one.
+class DistributedSampler {
+ public:
+  // num_replicas >= 1 and 0 <= rank < num_replicas (INVALID_ARGUMENT naming the bad value otherwise).
+  static StatusOr<DistributedSampler> create(int64_t dataset_size, int64_t num_replicas, int64_t rank,
+                                             bool shuffle = true, uint64_t seed = 0, bool drop_last = false);
+  void set_epoch(int64_t epoch) { epoch_ = epoch; }
+  int64_t epoch() const { return epoch_; }
+  int64_t num_samples() const;  // examples per rank per epoch
+  // This rank's examples of the current epoch (set_epoch), or of `order` (any shared permutation).
+  std::vector<int64_t> indices() const;
+  std::vector<int64_t> shard(const std::vector<int64_t>& order) const;
+
+ private:
+  DistributedSampler() = default;
+  int64_t size_ = 0, replicas_ = 1, rank_ = 0, epoch_ = 0;
+  bool shuffle_ = true, drop_last_ = false;
+  uint64_t seed_ = 0;
+};
+
+// The seeded order of one epoch (the DataLoader's: a permutation of 0..n-1 that depends on (seed, epoch) only).
+std::vector<int64_t> shuffled_order(int64_t n, uint64_t seed, int64_t epoch);
+
 struct DataLoaderOptions {
   int64_t batch_size = 64;
   bool shuffle = true;
@@ -96,6 +124,11 @@ struct DataLoaderOptions {
   int workers = 1;       // threads that build batches; 0 = on the consumer's thread
   int prefetch = 4;      // batches built ahead of the consumer (per loader), >= 1
   uint64_t seed = 0;     // the order of epoch e is a function of (seed, e) only
+  // Data-parallel sharding (DistributedSampler): this loader hands out rank `rank`'s shard of every epoch's order;
+  // all ranks use the same seed. shard_drop_last drops the uneven tail instead of padding (torch's drop_last).
+  int64_t num_replicas = 1;
+  int64_t rank = 0;
+  bool shard_drop_last = false;
 };
 
 class DataLoader {
@@ -106,7 +139,7 @@ class DataLoader {
   DataLoader& operator=(const DataLoader&) = delete;
 
   int64_t batches_per_epoch() const;
-  // The example order of one epoch (a permutation when shuffling, else 0..N-1).
+  // The example order of one epoch (a permutation when shuffling, else 0..N-1; this rank's shard when sharded).
   std::vector<int64_t> epoch_order(int64_t epoch) const;
   // Starts (or restarts) an epoch at batch `first_batch`; stops any epoch in flight.
   Status start_epoch(int64_t epoch, int64_t first_batch = 0);

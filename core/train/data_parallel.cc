@@ -1,0 +1,369 @@
+#include "core/train/data_parallel.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace keel::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+int64_t name_hash(const std::string& s) {  // FNV-1a
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return static_cast<int64_t>(h >> 1);
+}
+
+// A tensor's description for cross-rank comparison: name hash, dtype, rank, the first kMaxDims dims (a hash of the
+// rest in the last slot).
+constexpr size_t kMaxDims = 8;
+constexpr size_t kSlots = 3 + kMaxDims + 1;
+
+std::string describe(int64_t dtype, const int64_t* d) {
+  const auto rank = static_cast<size_t>(d[0]);
+  std::string s = std::string(dtype_name(static_cast<DType>(dtype))) + " [";
+  for (size_t i = 0; i < std::min(rank, kMaxDims); ++i) s += (i ? ", " : "") + std::to_string(d[1 + i]);
+  if (rank > kMaxDims) s += ", ...";
+  return s + "]";
+}
+
+Status tensor_broadcast(const hal::Communicator& comm, const Tensor& t, int32_t root) {
+  if (!t.defined() || t.numel() == 0) return Status::ok();
+  void* p = t.data().raw_data();
+  return comm.broadcast(p, p, static_cast<uint64_t>(t.numel()), t.dtype(), root);
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------ helpers
+
+StatusOr<std::vector<double>> all_reduce_sum(const hal::Communicator& comm, std::vector<double> values) {
+  if (comm.size() <= 1 || values.empty()) return values;
+  KEEL_RETURN_IF_ERROR(comm.all_reduce(values.data(), values.data(), values.size(), DType::kF64, KEEL_REDUCE_SUM),
+                       "all-reduce of metrics");
+  return values;
+}
+
+Status broadcast_tensors(const hal::Communicator& comm, const std::vector<Tensor>& tensors, int32_t root) {
+  if (comm.size() <= 1) return Status::ok();
+  for (size_t i = 0; i < tensors.size(); ++i)
+    KEEL_RETURN_IF_ERROR(tensor_broadcast(comm, tensors[i], root), "broadcast of tensor " + std::to_string(i));
+  return Status::ok();
+}
+
+Status check_same_across_ranks(const hal::Communicator& comm, const std::vector<std::pair<std::string, Tensor>>& named,
+                               const std::string& what) {
+  const int32_t world = comm.size(), me = comm.rank();
+  if (world <= 1) return Status::ok();
+  int64_t n = static_cast<int64_t>(named.size());
+  std::vector<int64_t> counts(static_cast<size_t>(world));
+  KEEL_RETURN_IF_ERROR(comm.all_gather(&n, counts.data(), 1, DType::kI64), what + " count");
+  for (int32_t r = 1; r < world; ++r) {
+    if (counts[static_cast<size_t>(r)] != counts[0])
+      return invalid_argument("DataParallel: rank 0 has " + std::to_string(counts[0]) + " " + what + "s, rank " +
+                              std::to_string(r) + " has " + std::to_string(counts[static_cast<size_t>(r)]));
+  }
+  if (n == 0) return Status::ok();
+  std::vector<int64_t> mine(static_cast<size_t>(n) * kSlots, 0);
+  for (size_t i = 0; i < named.size(); ++i) {
+    int64_t* d = &mine[i * kSlots];
+    const Tensor& t = named[i].second;
+    d[0] = name_hash(named[i].first);
+    d[1] = t.defined() ? static_cast<int64_t>(t.dtype()) : 0;
+    const Shape s = t.defined() ? t.shape() : Shape{};
+    d[2] = static_cast<int64_t>(s.size());
+    int64_t rest = 0;
+    for (size_t k = 0; k < s.size(); ++k) {
+      if (k < kMaxDims) d[3 + k] = s[k];
+      else rest = rest * 1000003 + s[k] + 1;
+    }
+    d[kSlots - 1] = rest;
+  }
+  std::vector<int64_t> all(mine.size() * static_cast<size_t>(world));
+  KEEL_RETURN_IF_ERROR(comm.all_gather(mine.data(), all.data(), mine.size(), DType::kI64), what + " shapes");
+  for (size_t i = 0; i < named.size(); ++i) {
+    const int64_t* d0 = &all[i * kSlots];
+    for (int32_t r = 1; r < world; ++r) {
+      const int64_t* dr = &all[static_cast<size_t>(r) * mine.size() + i * kSlots];
+      if (std::equal(d0, d0 + kSlots, dr)) continue;
+      const std::string name = "'" + named[i].first + "'" + (me == 0 || me == r ? "" : " (as named on rank " + std::to_string(me) + ")");
+      if (d0[0] != dr[0])
+        return invalid_argument("DataParallel: " + what + " #" + std::to_string(i) + " " + name +
+                                " has another name on rank " + std::to_string(r) + " than on rank 0");
+      return invalid_argument("DataParallel: " + what + " " + name + " differs between ranks: rank 0 has " +
+                              describe(d0[1], d0 + 2) + ", rank " + std::to_string(r) + " has " + describe(dr[1], dr + 2));
+    }
+  }
+  return Status::ok();
+}
+
+// ------------------------------------------------------------------------------------------------ DataParallel
+
+DataParallel::DataParallel(nn::Module& module, const hal::Communicator& comm, DataParallelOptions options)
+    : module_(module), comm_(comm), opts_(options) {}
+
+StatusOr<std::unique_ptr<DataParallel>> DataParallel::create(nn::Module& module, const hal::Communicator& comm,
+                                                             DataParallelOptions options) {
+  if (!(options.bucket_cap_mb > 0))
+    return invalid_argument("DataParallel: bucket_cap_mb must be > 0, got " + std::to_string(options.bucket_cap_mb));
+  std::unique_ptr<DataParallel> dp(new DataParallel(module, comm, options));
+  dp->rank_ = comm.rank();
+  dp->world_ = comm.size();
+  dp->params_ = module.parameters();
+  if (dp->world_ <= 1) return dp;
+
+  KEEL_RETURN_IF_ERROR(check_same_across_ranks(comm, module.named_parameters(), "parameter"), "DataParallel");
+  KEEL_RETURN_IF_ERROR(check_same_across_ranks(comm, module.named_buffers(), "buffer"), "DataParallel");
+  {
+    eager::NoGradGuard ng;
+    KEEL_RETURN_IF_ERROR(broadcast_tensors(comm, dp->params_, 0), "DataParallel: parameters from rank 0");
+    std::vector<Tensor> buffers;
+    for (auto& [n, b] : module.named_buffers()) buffers.push_back(b);
+    KEEL_RETURN_IF_ERROR(broadcast_tensors(comm, buffers, 0), "DataParallel: buffers from rank 0");
+  }
+
+  // Initial buckets: reverse parameter order (backward reaches the last layers first).
+  std::vector<size_t> order;
+  for (size_t i = dp->params_.size(); i-- > 0;)
+    if (dp->params_[i].requires_grad()) order.push_back(i);
+  dp->build_buckets(order);
+  dp->ready_.assign(dp->params_.size(), false);
+  DataParallel* self = dp.get();
+  try {
+    for (size_t i = 0; i < dp->params_.size(); ++i) {
+      if (!dp->params_[i].requires_grad()) {
+        dp->hooks_.push_back(0);
+        continue;
+      }
+      dp->hooks_.push_back(dp->params_[i].register_post_accumulate_grad_hook([self, i](const Tensor&) { self->on_grad_ready(i); }));
+    }
+  } catch (const eager::Error& e) {
+    return e.status().with_context("DataParallel: gradient hooks");
+  }
+  dp->thread_ = std::thread([self] { self->comm_loop(); });
+  return dp;
+}
+
+DataParallel::~DataParallel() {
+  for (size_t i = 0; i < hooks_.size(); ++i)
+    if (hooks_[i]) params_[i].remove_post_accumulate_grad_hook(hooks_[i]);
+  if (thread_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_work_.notify_all();
+    thread_.join();  // an all-reduce in flight ends (or times out) in the communicator
+  }
+}
+
+void DataParallel::build_buckets(const std::vector<size_t>& order) {
+  const auto cap = static_cast<uint64_t>(opts_.bucket_cap_mb * 1024.0 * 1024.0);
+  buckets_.clear();
+  bucket_of_.assign(params_.size(), SIZE_MAX);
+  uint64_t bytes = 0;
+  for (size_t i : order) {
+    const Tensor& p = params_[i];
+    const uint64_t b = p.data().byte_size();
+    bool fresh = buckets_.empty() || bytes + b > cap;
+    if (!fresh) {
+      const Tensor& first = params_[buckets_.back().params.front()];
+      fresh = first.dtype() != p.dtype() || first.device() != p.device();
+    }
+    if (fresh && !(buckets_.empty() || buckets_.back().params.empty())) {
+      buckets_.emplace_back();
+      bytes = 0;
+    }
+    if (buckets_.empty()) buckets_.emplace_back();
+    buckets_.back().params.push_back(i);
+    bucket_of_[i] = buckets_.size() - 1;
+    bytes += b;
+  }
+  for (auto& bk : buckets_) bk.pending = bk.params.size();
+}
+
+std::vector<std::vector<size_t>> DataParallel::bucket_layout() const {
+  std::vector<std::vector<size_t>> out;
+  for (const auto& b : buckets_) out.push_back(b.params);
+  return out;
+}
+
+void DataParallel::on_grad_ready(size_t i) {
+  if (!sync_ || world_ <= 1 || bucket_of_[i] == SIZE_MAX) return;
+  if (ready_[i]) return;  // a second backward before finish(): its gradient was added to .grad already, not resent
+  ready_[i] = true;
+  any_ready_ = true;
+  if (first_step_) ready_order_.push_back(i);
+  Bucket& b = buckets_[bucket_of_[i]];
+  if (--b.pending == 0) launch_ready_buckets();
+}
+
+// Buckets start in index order on every rank (collectives pair up by order): a bucket that fills early waits for the
+// buckets before it.
+void DataParallel::launch_ready_buckets() {
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) launch(buckets_[next_launch_++]);
+}
+
+void DataParallel::launch(Bucket& b) {
+  // Copy the bucket's gradients into one flat buffer (zeros for a parameter without a gradient in this step).
+  std::vector<Tensor> parts;
+  parts.reserve(b.params.size());
+  for (size_t i : b.params) {
+    Tensor g = params_[i].grad();
+    if (!g.defined()) g = eager::zeros(params_[i].shape(), params_[i].dtype(), params_[i].device());
+    parts.push_back(eager::reshape(g, {-1}));
+  }
+  b.flat = eager::concat(parts, 0);  // a fresh buffer (Concat copies, also of one input)
+  b.launched = true;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    b.done = false;
+    b.status = Status::ok();
+    queue_.push_back(&b);
+  }
+  cv_work_.notify_one();
+}
+
+void DataParallel::comm_loop() {
+  for (;;) {
+    Bucket* b;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_work_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stop_ and nothing left
+      b = queue_.front();
+      queue_.pop_front();
+    }
+    auto t0 = Clock::now();
+    void* p = b->flat.data().raw_data();
+    Status st = comm_.all_reduce(p, p, static_cast<uint64_t>(b->flat.numel()), b->flat.dtype(), KEEL_REDUCE_SUM);
+    const double dt = seconds_since(t0);
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      b->status = std::move(st);
+      b->done = true;
+      comm_seconds_ += dt;
+    }
+    cv_done_.notify_all();
+  }
+}
+
+void DataParallel::reset_step() {
+  for (auto& b : buckets_) {
+    b.pending = b.params.size();
+    b.launched = false;
+    b.done = false;
+    b.flat = Tensor();
+  }
+  std::fill(ready_.begin(), ready_.end(), false);
+  next_launch_ = 0;
+  any_ready_ = false;
+}
+
+Status DataParallel::finish() {
+  if (world_ <= 1 || !sync_) return Status::ok();
+  try {
+    eager::NoGradGuard ng;
+    // Buckets still waiting for a gradient: zero-fill those parameters and start them now.
+    for (auto& b : buckets_) {
+      if (b.pending > 0) b.pending = 0;
+    }
+    launch_ready_buckets();
+    auto t0 = Clock::now();
+    Status first_error;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_done_.wait(lk, [&] {
+        for (const auto& b : buckets_)
+          if (b.launched && !b.done) return false;
+        return true;
+      });
+      stats_.all_reduce_seconds += comm_seconds_;
+      comm_seconds_ = 0;
+      for (const auto& b : buckets_)
+        if (!b.status.is_ok() && first_error.is_ok()) first_error = b.status;
+    }
+    stats_.wait_seconds += seconds_since(t0);
+    if (!first_error.is_ok()) {
+      reset_step();
+      return first_error.with_context("DataParallel: gradient all-reduce");
+    }
+    // Average and write back: .grad of each parameter becomes its slice of the bucket.
+    const float inv = 1.f / static_cast<float>(world_);
+    for (auto& b : buckets_) {
+      Tensor avg = b.flat * inv;
+      stats_.bytes += avg.data().byte_size();
+      ++stats_.all_reduces;
+      std::vector<int64_t> sizes;
+      for (size_t i : b.params) sizes.push_back(params_[i].numel());
+      std::vector<Tensor> pieces;
+      if (b.params.size() == 1) {
+        pieces = {avg};
+      } else {
+        pieces = eager::call_op("", "Split", {avg, eager::from_vector(sizes, {static_cast<int64_t>(sizes.size())})},
+                                {{"axis", Attribute::of_int(0)}}, b.params.size());
+      }
+      for (size_t k = 0; k < b.params.size(); ++k) {
+        Tensor& p = params_[b.params[k]];
+        std::vector<int64_t> dims(p.shape().begin(), p.shape().end());
+        p.set_grad(eager::reshape(pieces[k], dims));
+      }
+    }
+  } catch (const eager::Error& e) {
+    reset_step();
+    return e.status().with_context("DataParallel: finish");
+  }
+  ++stats_.steps;
+  reset_step();
+  if (first_step_) {
+    first_step_ = false;
+    if (opts_.rebuild_buckets && !rebuilt_) {
+      // Every rank takes rank 0's observed order so the buckets pair up; parameters never ready go last.
+      std::vector<int64_t> order(params_.size(), -1);
+      for (size_t k = 0; k < ready_order_.size(); ++k) order[k] = static_cast<int64_t>(ready_order_[k]);
+      KEEL_RETURN_IF_ERROR(comm_.broadcast(order.data(), order.data(), order.size(), DType::kI64, 0),
+                           "DataParallel: bucket order from rank 0");
+      std::vector<size_t> rebuilt;
+      std::vector<bool> seen(params_.size(), false);
+      for (int64_t i : order) {
+        if (i < 0 || static_cast<size_t>(i) >= params_.size() || seen[static_cast<size_t>(i)]) continue;
+        if (!params_[static_cast<size_t>(i)].requires_grad()) continue;
+        seen[static_cast<size_t>(i)] = true;
+        rebuilt.push_back(static_cast<size_t>(i));
+      }
+      for (size_t i = params_.size(); i-- > 0;)
+        if (!seen[i] && params_[i].requires_grad()) rebuilt.push_back(i);
+      build_buckets(rebuilt);
+      rebuilt_ = true;
+    }
+  }
+  return Status::ok();
+}
+
+Status DataParallel::broadcast_buffers() {
+  if (world_ <= 1) return Status::ok();
+  std::vector<Tensor> buffers;
+  for (auto& [n, b] : module_.named_buffers()) buffers.push_back(b);
+  if (buffers.empty()) return Status::ok();
+  auto t0 = Clock::now();
+  Status st = broadcast_tensors(comm_, buffers, 0);
+  stats_.broadcast_seconds += seconds_since(t0);
+  return st.is_ok() ? st : st.with_context("DataParallel: buffers from rank 0");
+}
+
+Tensor DataParallel::forward(const Tensor& x) {
+  if (world_ > 1) {
+    if (any_ready_ || next_launch_ > 0)
+      throw eager::Error(failed_precondition(
+          "DataParallel: forward() on rank " + std::to_string(rank_) +
+          " while the previous backward's gradients are not synchronised: call finish() after backward"));
+    if (opts_.broadcast_buffers && module_.is_training()) {
+      Status st = broadcast_buffers();
+      if (!st.is_ok()) throw eager::Error(st);
+    }
+  }
+  return module_.forward(x);
+}
+
+}  // namespace keel::train

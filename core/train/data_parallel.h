@@ -1,0 +1,174 @@
+// keel/core/train/data_parallel.h — data-parallel training over a communicator (torch DDP, paddle.DataParallel).
+//
+// Every rank holds a replica of the model, trains on its own shard of each batch (DataLoaderOptions::num_replicas /
+// rank, or DistributedSampler) and, after backward, holds the gradient averaged over all ranks, so every replica
+// takes the same optimizer step and the replicas stay equal.
+//
+//   DataParallel::create(model, comm)   checks that every rank has the same parameters and buffers (names, dtypes,
+//                                       shapes; a mismatch is an error naming the tensor and the ranks) and
+//                                       broadcasts their values from rank 0.
+//   dp(x) / dp.forward(x)               the module's forward; in training mode first broadcasts the buffers from
+//                                       rank 0 (BatchNorm statistics stay consistent: DDP's broadcast_buffers).
+//   loss.backward()                     a post-accumulate-grad hook on every parameter marks its gradient ready;
+//                                       once all gradients of a bucket are ready (buckets launch in bucket order,
+//                                       the same on every rank) they are copied into one flat buffer and a
+//                                       background communication thread all-reduces it while backward goes on.
+//   dp.finish()                         waits for every bucket and writes the averaged gradients (sum / world
+//                                       size) back into each parameter's .grad. Call it before the optimizer step.
+//
+// Buckets: gradients are grouped, in reverse parameter order (backward's usual order), into flat buffers of at most
+// bucket_cap_mb (25 MiB; a larger parameter gets a bucket of its own; a bucket holds one dtype and device). After
+// the first synchronised step the buckets are rebuilt once from the order in which the gradients became ready (rank
+// 0's order, broadcast so every rank agrees), so the first bucket fills first.
+// Parameters without a gradient in a step (unused by that forward on some rank): at finish() their contribution is
+// zero-filled, so the step never hangs; afterwards their .grad holds the average of the ranks that had one (zeros
+// when no rank had one; an optimizer then applies weight decay / momentum to them, as torch DDP with
+// find_unused_parameters does). Their bucket only starts at finish(), without overlap.
+// no_sync(): while the guard lives, backward accumulates local gradients without communication (gradient
+// accumulation); the first backward after it synchronises the accumulated sum. Run forward *and* backward inside it.
+// World size 1: a pass-through (no hooks, no thread, finish() returns at once).
+//
+// Errors: create() and finish() return a Status (a peer failing or timing out is reported by the communicator with
+// the rank); forward() throws eager::Error like any module, e.g. when finish() was not called after a backward.
+// Thread-safety: one training thread drives a DataParallel (forward, backward, finish); the communication thread is
+// internal. The communicator is used by this object alone while it lives (collectives must be issued in the same
+// order on every rank): do not call it from elsewhere between create() and destruction, except through the helpers
+// below from the training thread after finish().
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "core/base/status.h"
+#include "core/train/nn.h"
+#include "hal/device.h"
+
+namespace keel::train {
+
+struct DataParallelOptions {
+  double bucket_cap_mb = 25;      // bucket size cap in MiB (> 0)
+  bool broadcast_buffers = true;  // forward() in training mode broadcasts the module's buffers from rank 0
+  bool rebuild_buckets = true;    // rebuild the buckets once from the first synchronised backward's ready order
+};
+
+// Communication accounting since creation or the last reset_stats() (e.g. per epoch).
+struct DataParallelStats {
+  int64_t steps = 0;              // synchronised finish() calls
+  int64_t all_reduces = 0;        // bucket all-reduces
+  uint64_t bytes = 0;             // gradient bytes all-reduced (per rank)
+  double all_reduce_seconds = 0;  // time the communication thread spent inside all-reduce
+  double wait_seconds = 0;        // time finish() blocked on all-reduces still in flight (the part not overlapped)
+  double broadcast_seconds = 0;   // buffer broadcasts in forward()
+};
+
+class DataParallel {
+ public:
+  // `module` and `comm` must outlive the DataParallel. Move the module to its device first. Collective: every rank
+  // calls create() with the same structure of module.
+  static StatusOr<std::unique_ptr<DataParallel>> create(nn::Module& module, const hal::Communicator& comm,
+                                                        DataParallelOptions options = {});
+  // Removes the hooks; waits for an all-reduce in flight, then stops the communication thread.
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  Tensor forward(const Tensor& x);
+  Tensor operator()(const Tensor& x) { return forward(x); }
+  // Waits for the all-reduces of this step (starting those whose buckets are not yet complete, zero-filled) and
+  // writes the averaged gradients into .grad. No-op inside no_sync() and at world size 1.
+  Status finish();
+
+  // While alive, backward does not synchronise gradients (see above). Nestable.
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(DataParallel& dp) : dp_(dp), prev_(dp.sync_) { dp.sync_ = false; }
+    ~NoSyncGuard() { dp_.sync_ = prev_; }
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+   private:
+    DataParallel& dp_;
+    bool prev_;
+  };
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
+
+  // Broadcasts the module's buffers from rank 0 (what forward() does in training mode).
+  Status broadcast_buffers();
+
+  nn::Module& module() { return module_; }
+  int32_t rank() const { return rank_; }
+  int32_t world_size() const { return world_; }
+  const DataParallelStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = {}; }
+
+  // Introspection (tests, logs): each bucket's parameters (indices into module.parameters()) in launch order; whether
+  // the buckets were rebuilt; the order (parameter indices) in which gradients became ready in the first
+  // synchronised backward.
+  std::vector<std::vector<size_t>> bucket_layout() const;
+  bool buckets_rebuilt() const { return rebuilt_; }
+  const std::vector<size_t>& first_ready_order() const { return ready_order_; }
+
+ private:
+  struct Bucket {
+    std::vector<size_t> params;
+    size_t pending = 0;  // gradients not yet ready in this step
+    bool launched = false;
+    Tensor flat;         // the flat gradient buffer of the step in flight
+    // Set by the communication thread under mu_.
+    bool done = false;
+    Status status;
+  };
+
+  DataParallel(nn::Module& module, const hal::Communicator& comm, DataParallelOptions options);
+  void build_buckets(const std::vector<size_t>& order);
+  void on_grad_ready(size_t param);
+  void launch_ready_buckets();
+  void launch(Bucket& b);
+  void comm_loop();
+  void reset_step();
+
+  nn::Module& module_;
+  const hal::Communicator& comm_;
+  DataParallelOptions opts_;
+  int32_t rank_ = 0, world_ = 1;
+  std::vector<Tensor> params_;
+  std::vector<int64_t> hooks_;
+  std::vector<Bucket> buckets_;
+  std::vector<size_t> bucket_of_;
+  std::vector<bool> ready_;
+  size_t next_launch_ = 0;
+  bool any_ready_ = false;
+  bool sync_ = true;
+  bool rebuilt_ = false;
+  bool first_step_ = true;
+  std::vector<size_t> ready_order_;
+  DataParallelStats stats_;
+
+  std::mutex mu_;
+  std::condition_variable cv_work_, cv_done_;
+  std::deque<Bucket*> queue_;
+  bool stop_ = false;
+  double comm_seconds_ = 0;  // accumulated by the communication thread under mu_
+  std::thread thread_;
+};
+
+// --- helpers for data-parallel loops (collective: every rank calls them in the same order) ---------------------------
+
+// Sums a small vector over the ranks (metrics: loss sums, correct and example counts). Every rank passes the same
+// length (else the communicator's error).
+StatusOr<std::vector<double>> all_reduce_sum(const hal::Communicator& comm, std::vector<double> values);
+// Broadcasts every tensor's values from rank `root` into the others' tensors in place (same shapes and dtypes).
+Status broadcast_tensors(const hal::Communicator& comm, const std::vector<Tensor>& tensors, int32_t root = 0);
+// Checks that every rank holds the same list of named tensors (count, names, dtypes, shapes); the error names the
+// first tensor that differs and the two ranks, with both shapes. `what` names the list ("parameter", "buffer").
+Status check_same_across_ranks(const hal::Communicator& comm, const std::vector<std::pair<std::string, Tensor>>& named,
+                               const std::string& what);
+
+}  // namespace keel::train

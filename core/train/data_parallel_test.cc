@@ -1,0 +1,586 @@
+// DataParallel, the distributed sampler and the post-accumulate-grad hook. Ranks are threads of this process joined by
+// a small in-process collective table (below, wrapped as a CollectiveEntry like a plugin's); every wait in it is
+// bounded. Checks: hook order and accumulation; bucket layout and the rebuild from the observed order; 2 ranks × 32
+// for 20 steps equal 1 process × 64; no_sync accumulation equals a bigger batch; shards are disjoint and cover the
+// data; a parameter shape mismatch is an error naming it; unused parameters do not hang; world size 1 passes through.
+#include "core/train/data_parallel.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "core/train/data.h"
+#include "core/train/optim.h"
+
+// --- an in-process collective: ranks are threads ------------------------------------------------------------------
+namespace {
+
+struct World {
+  explicit World(int n) : size(n), sends(static_cast<size_t>(n)), counts(static_cast<size_t>(n)), dtypes(static_cast<size_t>(n)) {}
+  int size;
+  std::mutex mu;
+  std::condition_variable cv;
+  int arrived = 0;
+  uint64_t generation = 0;
+  std::vector<const void*> sends;
+  std::vector<uint64_t> counts;
+  std::vector<int32_t> dtypes;
+  int64_t timeout_ms = 60000;
+
+  bool barrier(std::unique_lock<std::mutex>& lk) {
+    const uint64_t g = generation;
+    if (++arrived == size) {
+      arrived = 0;
+      ++generation;
+      cv.notify_all();
+      return true;
+    }
+    return cv.wait_for(lk, std::chrono::milliseconds(timeout_ms), [&] { return generation != g; });
+  }
+};
+
+}  // namespace
+
+struct keel_communicator_s {
+  World* world;
+  int rank;
+};
+
+namespace {
+
+struct OwnedStatus {
+  keel_status_s s;
+  std::string msg;
+};
+keel_status_t make_status(int32_t code, std::string msg) {
+  auto* o = new OwnedStatus;
+  o->msg = std::move(msg);
+  o->s.struct_size = sizeof(keel_status_s);
+  o->s.code = code;
+  o->s.message = o->msg.c_str();
+  o->s.release = [](keel_status_s* s) { delete reinterpret_cast<OwnedStatus*>(s); };
+  return &o->s;
+}
+
+size_t elem_size(int32_t dt) {
+  switch (dt) {
+    case KEEL_DTYPE_F32: case KEEL_DTYPE_I32: return 4;
+    case KEEL_DTYPE_F64: case KEEL_DTYPE_I64: return 8;
+    default: return 0;
+  }
+}
+
+template <class T>
+void reduce_into(std::vector<T>& acc, const T* x, uint64_t n, int32_t op) {
+  for (uint64_t i = 0; i < n; ++i) {
+    switch (op) {
+      case KEEL_REDUCE_SUM: case KEEL_REDUCE_AVG: acc[i] += x[i]; break;
+      case KEEL_REDUCE_PROD: acc[i] *= x[i]; break;
+      case KEEL_REDUCE_MIN: acc[i] = std::min(acc[i], x[i]); break;
+      case KEEL_REDUCE_MAX: acc[i] = std::max(acc[i], x[i]); break;
+    }
+  }
+}
+
+template <class T>
+std::vector<T> reduce_all(World& w, uint64_t n, int32_t op) {
+  std::vector<T> acc(static_cast<const T*>(w.sends[0]), static_cast<const T*>(w.sends[0]) + n);
+  for (int r = 1; r < w.size; ++r) reduce_into(acc, static_cast<const T*>(w.sends[static_cast<size_t>(r)]), n, op);
+  if (op == KEEL_REDUCE_AVG)
+    for (auto& v : acc) v /= static_cast<T>(w.size);
+  return acc;
+}
+
+// One collective: publish (send, count, dtype), meet, compute the result from every rank's send buffer into a private
+// copy, meet again (nobody reads send buffers after that), write recv.
+keel_status_t collective(keel_communicator_t c, const void* send, void* recv, uint64_t count, int32_t dtype,
+                         const std::function<std::vector<char>(World&)>& compute, const char* what) {
+  World& w = *c->world;
+  std::unique_lock<std::mutex> lk(w.mu);
+  w.sends[static_cast<size_t>(c->rank)] = send;
+  w.counts[static_cast<size_t>(c->rank)] = count;
+  w.dtypes[static_cast<size_t>(c->rank)] = dtype;
+  if (!w.barrier(lk)) return make_status(KEEL_STATUS_DEADLINE_EXCEEDED, std::string("inproc ") + what + ": a rank never arrived");
+  bool same = true;
+  for (int r = 0; r < w.size; ++r) same = same && w.counts[static_cast<size_t>(r)] == count && w.dtypes[static_cast<size_t>(r)] == dtype;
+  lk.unlock();
+  std::vector<char> out;
+  if (same && elem_size(dtype)) out = compute(w);
+  lk.lock();
+  if (!w.barrier(lk)) return make_status(KEEL_STATUS_DEADLINE_EXCEEDED, std::string("inproc ") + what + ": a rank never arrived");
+  lk.unlock();
+  if (!same) return make_status(KEEL_STATUS_INVALID_ARGUMENT, std::string("inproc ") + what + ": count or dtype differs between ranks");
+  if (!elem_size(dtype)) return make_status(KEEL_STATUS_UNIMPLEMENTED, "inproc: dtype");
+  if (!out.empty()) std::memcpy(recv, out.data(), out.size());
+  return nullptr;
+}
+
+template <class T>
+std::vector<char> bytes_of(const std::vector<T>& v) {
+  std::vector<char> b(v.size() * sizeof(T));
+  if (!b.empty()) std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+keel_status_t ip_create(void* ud, keel_kv_store_t*, int32_t rank, int32_t size, int32_t, int64_t, keel_communicator_t* out) {
+  auto* w = static_cast<World*>(ud);
+  if (size != w->size) return make_status(KEEL_STATUS_INVALID_ARGUMENT, "inproc: world size");
+  *out = new keel_communicator_s{w, rank};
+  return nullptr;
+}
+void ip_release(void*, keel_communicator_t c) { delete c; }
+int32_t ip_rank(void*, keel_communicator_t c) { return c->rank; }
+int32_t ip_size(void*, keel_communicator_t c) { return c->world->size; }
+keel_status_t ip_all_reduce(void*, keel_communicator_t c, const void* s, void* r, uint64_t n, int32_t dt, int32_t op, keel_stream_t) {
+  return collective(c, s, r, n, dt, [&](World& w) {
+    switch (dt) {
+      case KEEL_DTYPE_F32: return bytes_of(reduce_all<float>(w, n, op));
+      case KEEL_DTYPE_F64: return bytes_of(reduce_all<double>(w, n, op));
+      case KEEL_DTYPE_I32: return bytes_of(reduce_all<int32_t>(w, n, op));
+      default: return bytes_of(reduce_all<int64_t>(w, n, op));
+    }
+  }, "all_reduce");
+}
+keel_status_t ip_broadcast(void*, keel_communicator_t c, const void* s, void* r, uint64_t n, int32_t dt, int32_t root, keel_stream_t) {
+  return collective(c, s, r, n, dt, [&](World& w) {
+    const char* p = static_cast<const char*>(w.sends[static_cast<size_t>(root)]);
+    return std::vector<char>(p, p + n * elem_size(dt));
+  }, "broadcast");
+}
+keel_status_t ip_all_gather(void*, keel_communicator_t c, const void* s, void* r, uint64_t n, int32_t dt, keel_stream_t) {
+  return collective(c, s, r, n, dt, [&](World& w) {
+    std::vector<char> out;
+    for (int k = 0; k < w.size; ++k) {
+      const char* p = static_cast<const char*>(w.sends[static_cast<size_t>(k)]);
+      out.insert(out.end(), p, p + n * elem_size(dt));
+    }
+    return out;
+  }, "all_gather");
+}
+keel_status_t ip_barrier(void*, keel_communicator_t c, keel_stream_t) {
+  int32_t x = 0;
+  return collective(c, &x, &x, 1, KEEL_DTYPE_I32, [](World&) { return std::vector<char>(); }, "barrier");
+}
+
+keel::CollectiveEntry inproc_entry(World* w) {
+  keel::CollectiveEntry e;
+  e.backend = "inproc";
+  e.device_type = "cpu";
+  e.table.struct_size = sizeof(keel_collective_table_t);
+  e.table.backend = "inproc";
+  e.table.device_type = "cpu";
+  e.table.user_data = w;
+  e.table.communicator_create = ip_create;
+  e.table.communicator_release = ip_release;
+  e.table.rank = ip_rank;
+  e.table.size = ip_size;
+  e.table.all_reduce = ip_all_reduce;
+  e.table.broadcast = ip_broadcast;
+  e.table.all_gather = ip_all_gather;
+  e.table.barrier = ip_barrier;
+  return e;
+}
+
+// Runs fn(rank, comm) on `n` threads joined by one in-process world.
+void run_ranks(int n, const std::function<void(int, const keel::hal::Communicator&)>& fn) {
+  World w(n);
+  keel::CollectiveEntry entry = inproc_entry(&w);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      auto comm = keel::hal::Communicator::create(&entry, nullptr, r, n, 0, 10000);
+      ASSERT_TRUE(comm.is_ok()) << comm.status().to_string();
+      fn(r, *comm);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+}  // namespace
+
+namespace keel::train {
+namespace {
+
+using namespace keel::train::nn;
+
+std::shared_ptr<TensorDataset> quadrants(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> noise(0.f, 0.3f);
+  std::vector<float> x(static_cast<size_t>(n * 64));
+  std::vector<int64_t> y(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t c = i % 4;
+    y[static_cast<size_t>(i)] = c;
+    for (int64_t r = 0; r < 8; ++r)
+      for (int64_t q = 0; q < 8; ++q) {
+        const bool on = (r / 4) == c / 2 && (q / 4) == c % 2;
+        x[static_cast<size_t>(i * 64 + r * 8 + q)] = (on ? 1.f : 0.f) + noise(rng);
+      }
+  }
+  return TensorDataset::create(keel::Tensor::from_vector(DType::kF32, {n, 1, 8, 8}, x),
+                               keel::Tensor::from_vector(DType::kI64, {n}, y)).value();
+}
+
+// The global generator is not synchronised: rank threads build their models under this lock.
+std::mutex generator_mu;
+
+std::shared_ptr<Sequential> small_cnn(uint64_t seed) {
+  std::lock_guard<std::mutex> lk(generator_mu);
+  eager::manual_seed(seed);
+  auto net = std::make_shared<Sequential>();
+  net->push_back(std::make_shared<Conv2D>(1, 4, 3)).push_back(std::make_shared<ReLU>()).push_back(std::make_shared<MaxPool2D>(2));
+  net->push_back(std::make_shared<Flatten>());
+  net->push_back(std::make_shared<Linear>(4 * 3 * 3, 16)).push_back(std::make_shared<ReLU>());
+  net->push_back(std::make_shared<Linear>(16, 4));
+  return net;
+}
+
+// max |a - b| / max |b| over a tensor.
+double rel_diff(const Tensor& a, const Tensor& b) {
+  auto x = a.to_vector<float>(), y = b.to_vector<float>();
+  double d = 0, m = 1e-12;
+  for (size_t i = 0; i < x.size(); ++i) d = std::max(d, std::fabs(double(x[i]) - y[i])), m = std::max(m, std::fabs(double(y[i])));
+  return d / m;
+}
+
+void expect_same_weights(const Module& a, const Module& b, double tol, const std::string& what) {
+  auto pa = a.named_parameters(), pb = b.named_parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_LE(rel_diff(pa[i].second, pb[i].second), tol) << what << ": " << pa[i].first;
+}
+
+// ---------------------------------------------------------------------------------------------- hook
+
+TEST(PostAccumulateGradHook, RunsOncePerLeafAfterAccumulationInReverseOrder) {
+  eager::manual_seed(1);
+  Linear l1(3, 4), l2(4, 2);
+  std::vector<std::string> seen;
+  std::vector<float> grad_sums;
+  auto hook_for = [&](const std::string& name) {
+    return [&, name](const Tensor& p) {
+      seen.push_back(name);
+      ASSERT_TRUE(p.grad().defined());
+      auto g = p.grad().to_vector<float>();
+      float s = 0;
+      for (float v : g) s += v;
+      grad_sums.push_back(s);
+    };
+  };
+  l1.weight().register_post_accumulate_grad_hook(hook_for("l1.w"));
+  int64_t h = l2.weight().register_post_accumulate_grad_hook(hook_for("l2.w"));
+  // Used twice in one graph: the hook still runs once, after both contributions.
+  auto x = eager::ones({2, 3});
+  auto h1 = l1(x);
+  auto loss = eager::sum(l2(h1) + l2(h1));
+  loss.backward();
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0], "l2.w");  // the last layer's gradient is ready first
+  EXPECT_EQ(seen[1], "l1.w");
+  // A second backward accumulates: the hook sees twice the gradient.
+  auto loss2 = eager::sum(l2(l1(x)) + l2(l1(x)));
+  loss2.backward();
+  ASSERT_EQ(seen.size(), 4u);
+  EXPECT_NEAR(grad_sums[2], 2 * grad_sums[0], 1e-4 * (1 + std::fabs(grad_sums[0])));
+  EXPECT_TRUE(l2.weight().remove_post_accumulate_grad_hook(h));
+  EXPECT_FALSE(l2.weight().remove_post_accumulate_grad_hook(h));
+  eager::sum(l2(l1(x))).backward();
+  EXPECT_EQ(seen.size(), 5u);
+  EXPECT_EQ(seen.back(), "l1.w");
+  // Not on a non-leaf.
+  auto y = l1(x);
+  EXPECT_THROW(y.register_post_accumulate_grad_hook([](const Tensor&) {}), eager::Error);
+}
+
+// ---------------------------------------------------------------------------------------------- sampler
+
+TEST(DistributedSampler, ShardsAreEqualDisjointAndCover) {
+  for (bool drop : {false, true}) {
+    for (int64_t replicas : {1, 2, 3, 4}) {
+      const int64_t n = 10;
+      std::vector<int64_t> all;
+      std::set<int64_t> distinct;
+      for (int64_t r = 0; r < replicas; ++r) {
+        auto s = DistributedSampler::create(n, replicas, r, true, 7, drop).value();
+        s.set_epoch(3);
+        auto idx = s.indices();
+        EXPECT_EQ(static_cast<int64_t>(idx.size()), s.num_samples());
+        EXPECT_EQ(s.num_samples(), drop ? n / replicas : (n + replicas - 1) / replicas);
+        all.insert(all.end(), idx.begin(), idx.end());
+        distinct.insert(idx.begin(), idx.end());
+      }
+      if (drop) {
+        EXPECT_EQ(distinct.size(), all.size()) << "disjoint, replicas " << replicas;
+      } else {
+        EXPECT_EQ(static_cast<int64_t>(distinct.size()), n) << "covering, replicas " << replicas;
+        EXPECT_EQ(static_cast<int64_t>(all.size()) - n, (replicas - n % replicas) % replicas) << "padding only";
+      }
+    }
+  }
+  // Epochs differ, the same epoch repeats.
+  auto s = DistributedSampler::create(100, 2, 1, true, 0).value();
+  s.set_epoch(0);
+  auto e0 = s.indices();
+  s.set_epoch(1);
+  EXPECT_NE(e0, s.indices());
+  s.set_epoch(0);
+  EXPECT_EQ(e0, s.indices());
+  EXPECT_FALSE(DistributedSampler::create(10, 2, 2).is_ok());
+  EXPECT_FALSE(DistributedSampler::create(10, 0, 0).is_ok());
+}
+
+TEST(DistributedSampler, DataLoaderShardsMatchTheSampler) {
+  auto ds = quadrants(101, 2);
+  std::set<int64_t> seen;
+  for (int64_t r = 0; r < 2; ++r) {
+    DataLoaderOptions o;
+    o.batch_size = 10;
+    o.seed = 5;
+    o.num_replicas = 2;
+    o.rank = r;
+    auto loader = DataLoader::create(ds, o).value();
+    EXPECT_EQ(loader->batches_per_epoch(), 6);  // 51 examples per rank
+    auto s = DistributedSampler::create(101, 2, r, true, 5).value();
+    s.set_epoch(4);
+    EXPECT_EQ(loader->epoch_order(4), s.indices());
+    for (int64_t i : loader->epoch_order(4)) seen.insert(i);
+  }
+  EXPECT_EQ(seen.size(), 101u);
+  DataLoaderOptions bad;
+  bad.num_replicas = 2;
+  bad.rank = 2;
+  EXPECT_FALSE(DataLoader::create(ds, bad).is_ok());
+}
+
+// ---------------------------------------------------------------------------------------------- DataParallel
+
+// Trains `steps` steps of SGD with momentum: data-parallel over `world` thread ranks (per-rank batch `batch`,
+// `micro` micro-batches per step, all but the last under no_sync) and returns rank 0's model; every rank's final
+// weights are checked equal to rank 0's.
+std::shared_ptr<Sequential> train_dp(int world, int64_t batch, int micro, int steps, double cap_mb,
+                                     std::vector<std::vector<std::vector<size_t>>>* layouts = nullptr) {
+  auto ds = quadrants(64 * steps, 3);
+  std::vector<std::shared_ptr<Sequential>> models;
+  for (int r = 0; r < world; ++r) models.push_back(small_cnn(100 + r));  // different inits: create() broadcasts rank 0's
+  if (layouts) layouts->assign(static_cast<size_t>(world), {});
+  run_ranks(world, [&](int rank, const hal::Communicator& comm) {
+    auto& model = *models[static_cast<size_t>(rank)];
+    DataParallelOptions dpo;
+    dpo.bucket_cap_mb = cap_mb;
+    auto dp_or = DataParallel::create(model, comm, dpo);
+    ASSERT_TRUE(dp_or.is_ok()) << dp_or.status().to_string();
+    auto& dp = **dp_or;
+    SGD opt(model.parameters(), SGDOptions{0.05, 0.9});
+    DataLoaderOptions o;
+    o.batch_size = batch / micro;
+    o.seed = 11;
+    o.workers = 0;
+    o.num_replicas = world;
+    o.rank = rank;
+    auto loader = DataLoader::create(ds, o).value();
+    ASSERT_TRUE(loader->start_epoch(0).is_ok());
+    CrossEntropyLoss ce;
+    for (int s = 0; s < steps; ++s) {
+      for (int m = 0; m < micro; ++m) {
+        auto b = loader->next();
+        ASSERT_TRUE(b.is_ok() && b->has_value());
+        auto run = [&] {
+          auto loss = ce(dp(Tensor((*b)->data)), Tensor((*b)->target));
+          (micro > 1 ? loss / static_cast<float>(micro) : loss).backward();
+        };
+        if (m + 1 < micro) {
+          auto guard = dp.no_sync();
+          run();
+        } else {
+          run();
+        }
+      }
+      Status st = dp.finish();
+      ASSERT_TRUE(st.is_ok()) << st.to_string();
+      opt.step();
+      opt.zero_grad();
+      if (s == 0 && layouts) (*layouts)[static_cast<size_t>(rank)] = dp.bucket_layout();
+    }
+    EXPECT_EQ(dp.stats().steps, steps);
+    EXPECT_GT(dp.stats().all_reduces, 0);
+  });
+  for (int r = 1; r < world; ++r) expect_same_weights(*models[static_cast<size_t>(r)], *models[0], 0, "rank " + std::to_string(r));
+  return models[0];
+}
+
+std::shared_ptr<Sequential> train_single(int64_t batch, int steps) {
+  auto ds = quadrants(64 * steps, 3);
+  auto model = small_cnn(100);
+  SGD opt(model->parameters(), SGDOptions{0.05, 0.9});
+  DataLoaderOptions o;
+  o.batch_size = batch;
+  o.seed = 11;
+  o.workers = 0;
+  auto loader = DataLoader::create(ds, o).value();
+  EXPECT_TRUE(loader->start_epoch(0).is_ok());
+  CrossEntropyLoss ce;
+  for (int s = 0; s < steps; ++s) {
+    auto b = loader->next();
+    EXPECT_TRUE(b.is_ok() && b->has_value());
+    ce((*model)(Tensor((*b)->data)), Tensor((*b)->target)).backward();
+    opt.step();
+    opt.zero_grad();
+  }
+  return model;
+}
+
+TEST(DataParallel, TwoRanksOfBatch32EqualOneProcessOfBatch64) {
+  auto ref = train_single(64, 20);
+  // Small buckets (several per step, started during backward) and one bucket for everything.
+  for (double cap : {0.002, 25.0}) {
+    auto dp = train_dp(2, 32, 1, 20, cap);
+    expect_same_weights(*dp, *ref, 1e-5, "cap " + std::to_string(cap));
+  }
+}
+
+TEST(DataParallel, NoSyncAccumulationEqualsABiggerBatch) {
+  auto ref = train_single(64, 6);
+  // 2 ranks × 2 micro-batches of 16, the first under no_sync.
+  auto dp = train_dp(2, 32, 2, 6, 25.0);
+  expect_same_weights(*dp, *ref, 1e-5, "no_sync");
+}
+
+TEST(DataParallel, BucketsFollowReverseOrderThenTheObservedOrder) {
+  // Parameters: 0 conv.w [4,1,3,3] 1 conv.b [4] 2 fc1.w [16,36] 3 fc1.b [16] 4 fc2.w [4,16] 5 fc2.b [4].
+  run_ranks(2, [&](int rank, const hal::Communicator& comm) {
+    auto m = small_cnn(1);
+    DataParallelOptions o;
+    o.bucket_cap_mb = 600.0 / (1024 * 1024);  // 600 bytes: fc1.w (2304 B) alone, the small ones together
+    auto dp = DataParallel::create(*m, comm, o).value();
+    const std::vector<std::vector<size_t>> initial = {{5, 4, 3}, {2}, {1, 0}};
+    EXPECT_EQ(dp->bucket_layout(), initial) << "rank " << rank;
+    EXPECT_FALSE(dp->buckets_rebuilt());
+    auto x = Tensor(quadrants(8, 1)->data());
+    eager::sum((*dp)(x)).backward();
+    ASSERT_TRUE(dp->finish().is_ok());
+    EXPECT_TRUE(dp->buckets_rebuilt());
+    const auto& order = dp->first_ready_order();
+    ASSERT_EQ(order.size(), 6u);
+    // Gradients become ready from the output backwards: fc2 before fc1 before conv.
+    auto pos = [&](size_t p) { return std::find(order.begin(), order.end(), p) - order.begin(); };
+    EXPECT_LT(pos(4), pos(2));
+    EXPECT_LT(pos(5), pos(3));
+    EXPECT_LT(pos(2), pos(0));
+    EXPECT_LT(pos(3), pos(1));
+    // Rebuilt in that order (the same on both ranks: rank 0's order).
+    std::vector<size_t> flat;
+    for (const auto& b : dp->bucket_layout()) flat.insert(flat.end(), b.begin(), b.end());
+    EXPECT_EQ(flat, order);
+    // Every gradient is the average: sum(model(x)) has the same gradient on both ranks (same x, same weights).
+    for (const auto& p : m->parameters()) EXPECT_TRUE(p.grad().defined());
+    // A forward without finish() after a backward is an error, not a silent desync.
+    eager::sum((*dp)(x)).backward();
+    EXPECT_THROW((*dp)(x), eager::Error);
+    ASSERT_TRUE(dp->finish().is_ok());
+  });
+}
+
+TEST(DataParallel, ParameterShapeMismatchIsAnErrorNamingIt) {
+  run_ranks(2, [&](int rank, const hal::Communicator& comm) {
+    std::unique_lock<std::mutex> lk(generator_mu);
+    Sequential m;
+    m.push_back(std::make_shared<Linear>(4, 3)).push_back(std::make_shared<Linear>(3, rank == 0 ? 2 : 5));
+    lk.unlock();
+    auto dp = DataParallel::create(m, comm);
+    ASSERT_FALSE(dp.is_ok());
+    const std::string msg = dp.status().to_string();
+    EXPECT_NE(msg.find("'1.weight'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rank 0 has f32 [2, 3]"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rank 1 has f32 [5, 3]"), std::string::npos) << msg;
+  });
+  run_ranks(2, [&](int rank, const hal::Communicator& comm) {
+    std::unique_lock<std::mutex> lk(generator_mu);
+    Sequential m;
+    m.push_back(std::make_shared<Linear>(4, 3));
+    if (rank == 1) m.push_back(std::make_shared<Linear>(3, 3));
+    lk.unlock();
+    auto dp = DataParallel::create(m, comm);
+    ASSERT_FALSE(dp.is_ok());
+    EXPECT_NE(dp.status().to_string().find("rank 0 has 2 parameters, rank 1 has 4"), std::string::npos) << dp.status().to_string();
+  });
+}
+
+// A module whose second branch only rank 1 uses.
+class Branchy : public Module {
+ public:
+  explicit Branchy(bool use_b) : Module("Branchy"), use_b_(use_b) {
+    std::lock_guard<std::mutex> lk(generator_mu);
+    eager::manual_seed(3);
+    a = register_module("a", std::make_shared<Linear>(4, 2));
+    b = register_module("b", std::make_shared<Linear>(4, 2));
+  }
+  Tensor forward(const Tensor& x) override { return use_b_ ? (*a)(x) + (*b)(x) : (*a)(x); }
+  std::shared_ptr<Linear> a, b;
+  bool use_b_;
+};
+
+TEST(DataParallel, UnusedParametersAreZeroFilledNotHung) {
+  std::vector<std::vector<float>> b_grads(2);
+  run_ranks(2, [&](int rank, const hal::Communicator& comm) {
+    Branchy m(rank == 1);
+    auto dp = DataParallel::create(m, comm).value();
+    eager::sum(dp->forward(eager::ones({2, 4}))).backward();
+    ASSERT_TRUE(dp->finish().is_ok());
+    ASSERT_TRUE(m.b->weight().grad().defined());
+    b_grads[static_cast<size_t>(rank)] = m.b->weight().grad().to_vector<float>();
+  });
+  EXPECT_EQ(b_grads[0], b_grads[1]);
+  // Rank 1's gradient of b.weight is 2 per element (batch 2, sum): averaged with rank 0's zeros: 1.
+  for (float v : b_grads[0]) EXPECT_FLOAT_EQ(v, 1.f);
+}
+
+TEST(DataParallel, BuffersComeFromRankZero) {
+  std::vector<std::vector<float>> means(2);
+  run_ranks(2, [&](int rank, const hal::Communicator& comm) {
+    std::unique_lock<std::mutex> lk(generator_mu);
+    eager::manual_seed(static_cast<uint64_t>(rank));
+    Sequential m;
+    m.push_back(std::make_shared<Conv2D>(1, 2, 3)).push_back(std::make_shared<BatchNorm2D>(2));
+    lk.unlock();
+    auto dp = DataParallel::create(m, comm).value();
+    // Different data per rank: running statistics diverge in forward, and the next forward re-syncs them first.
+    auto x = eager::full({2, 1, 5, 5}, static_cast<float>(rank + 1));
+    eager::sum(dp->forward(x)).backward();
+    ASSERT_TRUE(dp->finish().is_ok());
+    ASSERT_TRUE(dp->broadcast_buffers().is_ok());
+    means[static_cast<size_t>(rank)] = m.named_buffers()[0].second.to_vector<float>();
+  });
+  EXPECT_EQ(means[0], means[1]);
+}
+
+TEST(DataParallel, WorldSizeOneIsAPassThrough) {
+  run_ranks(1, [&](int, const hal::Communicator& comm) {
+    auto m = small_cnn(4);
+    auto dp = DataParallel::create(*m, comm).value();
+    EXPECT_EQ(dp->world_size(), 1);
+    eager::sum((*dp)(Tensor(quadrants(4, 1)->data()))).backward();
+    auto g = m->parameters()[0].grad().to_vector<float>();
+    ASSERT_TRUE(dp->finish().is_ok());
+    EXPECT_EQ(m->parameters()[0].grad().to_vector<float>(), g);
+    EXPECT_EQ(dp->stats().all_reduces, 0);
+  });
+}
+
+TEST(DataParallel, MetricsSumOverRanks) {
+  run_ranks(3, [&](int rank, const hal::Communicator& comm) {
+    auto v = all_reduce_sum(comm, {1.0, static_cast<double>(rank)});
+    ASSERT_TRUE(v.is_ok()) << v.status().to_string();
+    EXPECT_EQ(*v, (std::vector<double>{3.0, 3.0}));
+  });
+}
+
+}  // namespace
+}  // namespace keel::train
