@@ -135,6 +135,33 @@ TEST_F(KeelTrain, ResumedRunEndsExactlyWhereAnUninterruptedOneDoes) {
   EXPECT_EQ(acc(a.second), acc(c.second));
 }
 
+// `keel train --nproc 2`: two ranks through `keel launch` and the Gloo plugin; rank 0 alone prints, logs, checkpoints
+// and exports; the checkpoint resumes in one process (another world size).
+TEST_F(KeelTrain, DataParallelOverTwoProcessesResumesInOne) {
+  const fs::path onnx = dir_ / "dp.onnx", log = dir_ / "dp.jsonl", ckpt = dir_ / "dp.safetensors";
+  auto [rc, out] = sh("timeout 300 " + keel_binary() + " --log-level error --threads 1 train --nproc 2 --data " +
+                      dir_.string() + " --batch 16 -q --epochs 2 --lr 0.05 --no-quantize -o " + onnx.string() +
+                      " --log " + log.string() + " --checkpoint " + ckpt.string() + " --dist-timeout 60");
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("data-parallel: world size 2 (gloo), batch 16 per rank = 32 per step, 6 batches per rank"),
+            std::string::npos) << out;
+  auto pos = out.find("test accuracy: ");
+  ASSERT_NE(pos, std::string::npos) << out;
+  EXPECT_EQ(out.find("test accuracy: ", pos + 1), std::string::npos) << "printed by one rank only\n" << out;
+  EXPECT_GE(std::stod(out.substr(pos + 15, 6)), 0.8) << out;
+  EXPECT_NE(out.find("epoch 2/2: "), std::string::npos) << out;
+  EXPECT_NE(out.find("world size 2, all-reduce "), std::string::npos) << out;
+  EXPECT_TRUE(fs::exists(onnx));
+  EXPECT_TRUE(fs::exists(ckpt));
+  std::ifstream in(log);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("\"world_size\":2"), std::string::npos) << text;
+  auto resumed = sh(train("--epochs 3 -o '' --resume " + ckpt.string()));
+  ASSERT_EQ(resumed.first, 0) << resumed.second;
+  EXPECT_NE(resumed.second.find("resumed from"), std::string::npos) << resumed.second;
+  EXPECT_NE(resumed.second.find("epoch 3/3: "), std::string::npos) << resumed.second;
+}
+
 TEST_F(KeelTrain, BadInputGivesClearErrors) {
   auto missing = sh(keel_binary() + " train --data " + (dir_ / "nowhere").string() + " -o ''");
   EXPECT_EQ(missing.first, 1);

@@ -7,6 +7,13 @@
 // (seeded), optional autocast (bf16 | fp16 with a dynamic loss scaler), gradient accumulation, clipping, an LR
 // schedule. --checkpoint writes a safetensors checkpoint after every epoch (and --checkpoint-every N steps);
 // --resume continues a run exactly where it stopped. --log writes JSON Lines scalars that `keel plot` draws.
+// --model lenet trains the LeNet-like network of ../shared/peers/train_torch_fmnist.py instead.
+//
+// Data-parallel: when the environment names more than one rank (WORLD_SIZE from `keel launch`, torchrun, mpirun or
+// srun: core/runtime/dist/identity.h) every rank creates the process group (gloo on the CPU, nccl on cuda), wraps the
+// model in DataParallel (core/train/data_parallel.h), trains on its shard of every epoch (per-rank batch = --batch)
+// and the epoch's metrics and the test accuracy are summed over ranks; rank 0 alone prints, logs, checkpoints and
+// exports. `keel train --nproc N` re-executes the same command line through `keel launch --nproc-per-node N`.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -18,12 +25,15 @@
 #include <numeric>
 #include <optional>
 #include <sstream>
+#include <unistd.h>
 
 #include "core/runtime/eager.h"
 #include "core/base/thread_pool.h"
+#include "core/runtime/dist/process_group.h"
 #include "core/runtime/onnx_io.h"
 #include "core/runtime/session.h"
 #include "core/train/data.h"
+#include "core/train/data_parallel.h"
 #include "core/train/nn.h"
 #include "core/train/optim.h"
 #include "core/train/scalar_log.h"
@@ -57,8 +67,49 @@ class SimpleCNN : public nn::Module {
   std::shared_ptr<nn::Linear> fc;
 };
 
+// The LeNet-like model of ../shared/peers/train_torch_fmnist.py: Conv2d(1,32,3) → ReLU → Conv2d(32,64,3) → ReLU →
+// MaxPool2d(2) → Dropout(0.25) → Flatten → Linear(9216,128) → ReLU → Dropout(0.5) → Linear(128,10); 1.2 M parameters.
+class LeNet : public nn::Module {
+ public:
+  LeNet() : nn::Module("LeNet") {
+    conv1 = register_module("conv1", std::make_shared<nn::Conv2D>(1, 32, 3));
+    conv2 = register_module("conv2", std::make_shared<nn::Conv2D>(32, 64, 3));
+    drop1 = register_module("drop1", std::make_shared<nn::Dropout>(0.25f));
+    fc1 = register_module("fc1", std::make_shared<nn::Linear>(64 * 12 * 12, 128));
+    drop2 = register_module("drop2", std::make_shared<nn::Dropout>(0.5f));
+    fc2 = register_module("fc2", std::make_shared<nn::Linear>(128, 10));
+  }
+  eager::Tensor forward(const eager::Tensor& x) override {
+    auto h = eager::relu(conv1->forward(x));
+    h = eager::max_pool2d(eager::relu(conv2->forward(h)), {2, 2});
+    h = eager::flatten(drop1->forward(h), 1);
+    h = drop2->forward(eager::relu(fc1->forward(h)));
+    return fc2->forward(h);
+  }
+  std::shared_ptr<nn::Conv2D> conv1, conv2;
+  std::shared_ptr<nn::Dropout> drop1, drop2;
+  std::shared_ptr<nn::Linear> fc1, fc2;
+};
+
+// Data-parallel context of a run: the process group and this rank's place (world 1: no group).
+struct Ranks {
+  std::unique_ptr<dist::ProcessGroup> pg;
+  int32_t rank = 0, world = 1;
+  bool lead() const { return rank == 0; }
+  // Sums metrics over the ranks (identity in one process); throws eager::Error on a communication failure.
+  std::vector<double> sum(std::vector<double> v) const {
+    if (!pg) return v;
+    auto r = all_reduce_sum(pg->comm(), std::move(v));
+    if (!r.is_ok()) throw eager::Error(r.status());
+    return *r;
+  }
+};
+
 struct TrainArgs {
   int epochs = 2;
+  std::string model = "simple";
+  int nproc = 0;
+  double dist_timeout_s = 120;
   int64_t batch = 64;
   std::string amp = "none";
   double lr = 0.01, momentum = 0.9, weight_decay = 0;
@@ -101,17 +152,19 @@ int64_t count_correct(const eager::Tensor& logits, const keel::Tensor& target) {
   return c;
 }
 
-// Test-set accuracy of the eager model (eval mode, no grad, the training autocast).
-double evaluate_eager(nn::Module& model, const FashionMnist& test, const TrainArgs& a, double* seconds) {
+// Test-set accuracy of the eager model (eval mode, no grad, the training autocast). Data-parallel: each rank
+// evaluates every world-th chunk of 1000 images and the counts are summed over ranks.
+double evaluate_eager(nn::Module& model, const FashionMnist& test, const TrainArgs& a, double* seconds,
+                      const Ranks& ranks) {
   auto t0 = Clock::now();
   model.eval();
   eager::NoGradGuard ng;
   std::optional<eager::AutocastGuard> ac;
   if (a.amp == "bf16") ac.emplace(DType::kBF16);
   if (a.amp == "fp16") ac.emplace(DType::kF16);
-  int64_t correct = 0;
+  int64_t correct = 0, count = 0;
   const int64_t bs = 1000;
-  for (int64_t i = 0; i < test.size(); i += bs) {
+  for (int64_t i = ranks.rank * bs; i < test.size(); i += bs * ranks.world) {
     std::vector<int64_t> idx(static_cast<size_t>(std::min(bs, test.size() - i)));
     std::iota(idx.begin(), idx.end(), i);
     auto b = test.get_batch(idx);
@@ -119,10 +172,12 @@ double evaluate_eager(nn::Module& model, const FashionMnist& test, const TrainAr
     eager::Tensor x(b->data);
     if (a.device != "cpu") x = x.to(a.device);
     correct += count_correct(model(x), b->target);
+    count += static_cast<int64_t>(idx.size());
   }
   model.train();
+  auto total = ranks.sum({static_cast<double>(correct), static_cast<double>(count)});
   if (seconds) *seconds = seconds_since(t0);
-  return static_cast<double>(correct) / static_cast<double>(test.size());
+  return total[1] > 0 ? total[0] / total[1] : 0;
 }
 
 // Accuracy of a graph run through a Session on the whole test set, plus latency at batch 1 (median of runs).
@@ -187,7 +242,7 @@ StatusOr<Graph> trace_at(nn::Module& model, const FashionMnist& test, int64_t ba
   std::iota(idx.begin(), idx.end(), 0);
   KEEL_ASSIGN_OR_RETURN(Batch b, test.get_batch(idx), "trace input");
   eager::Tensor x(b.data);
-  eager::Tracer tracer("simple_cnn_fashion_mnist");
+  eager::Tracer tracer(model.type_name() == "LeNet" ? "lenet_fashion_mnist" : "simple_cnn_fashion_mnist");
   tracer.input(x, "image");
   for (const auto& [n, p] : model.named_parameters()) tracer.name_parameter(p, n);
   for (const auto& [n, p] : model.named_buffers()) tracer.name_parameter(p, n);
@@ -265,7 +320,33 @@ StatusOr<GraphEval> quantize_and_evaluate(Environment& env, const Graph& fp32, c
 
 namespace {
 
+// `keel train --nproc N`: this process's command line without --nproc, run by `keel launch --nproc-per-node N`.
+int relaunch(int nproc) {
+  std::ifstream f("/proc/self/cmdline", std::ios::binary);
+  std::vector<std::string> args;
+  for (std::string arg; std::getline(f, arg, '\0');) args.push_back(arg);
+  if (args.empty()) {
+    std::cerr << "keel train: --nproc: cannot read this process's command line\n";
+    return 1;
+  }
+  LaunchOptions lo;
+  lo.nproc_per_node = nproc;
+  std::error_code ec;
+  auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  lo.command.push_back(ec ? args[0] : exe.string());
+  for (size_t i = 1; i < args.size(); ++i) {
+    if (args[i] == "--nproc") {
+      ++i;
+      continue;
+    }
+    if (args[i].rfind("--nproc=", 0) == 0) continue;
+    lo.command.push_back(args[i]);
+  }
+  return run_launch(lo);
+}
+
 int run_train(Globals& g, const TrainArgs& a) {
+  if (a.nproc > 1 && !std::getenv("WORLD_SIZE")) return relaunch(a.nproc);
   // Eager training runs many short parallel regions: OpenMP threads (oneDNN's) that spin between them starve the
   // training thread on a busy machine. Sleep instead unless the user chose a policy; libgomp reads this when the
   // oneDNN plugin loads it, so before the environment discovers plugins (as eager's default environment does).
@@ -284,6 +365,29 @@ int run_train(Globals& g, const TrainArgs& a) {
     std::cerr << "keel train: --batch and --accumulate must be >= 1, --epochs >= 0\n";
     return 2;
   }
+  // Data-parallel when the environment names more than one rank.
+  Ranks ranks;
+  {
+    auto id = dist::identity_from_env();
+    if (!id.is_ok()) {
+      std::cerr << "keel train: " << id.status().to_string() << "\n";
+      return 2;
+    }
+    if (id->world_size > 1) {
+      const bool gpu = a.device.rfind("cuda", 0) == 0;
+      auto pg = dist::ProcessGroup::create(*env, *id, gpu ? "nccl" : "gloo", gpu ? id->local_rank : 0,
+                                           static_cast<int64_t>(a.dist_timeout_s * 1000));
+      if (!pg.is_ok()) {
+        std::cerr << "keel train: rank " << id->rank << " of " << id->world_size << ": " << pg.status().to_string() << "\n";
+        return 1;
+      }
+      ranks.pg = std::move(pg).value();
+      ranks.rank = ranks.pg->rank();
+      ranks.world = ranks.pg->size();
+    }
+  }
+  std::ostream null_out(nullptr);  // ranks other than 0 print nothing but errors
+  std::ostream& out = ranks.lead() ? std::cout : null_out;
 
   // Data: decoded once into memory (u8); batches are gathered and normalised by the loader's worker threads.
   auto t_load = Clock::now();
@@ -303,7 +407,10 @@ int run_train(Globals& g, const TrainArgs& a) {
   const double load_s = seconds_since(t_load);
 
   eager::manual_seed(a.seed);
-  SimpleCNN model;
+  std::unique_ptr<nn::Module> model_owner;
+  if (a.model == "lenet") model_owner = std::make_unique<LeNet>();
+  else model_owner = std::make_unique<SimpleCNN>();
+  nn::Module& model = *model_owner;
   if (a.device != "cpu") model.to(a.device);
   std::unique_ptr<Optimizer> opt;
   try {
@@ -324,6 +431,8 @@ int run_train(Globals& g, const TrainArgs& a) {
   lo.seed = a.seed;
   lo.workers = a.workers;
   lo.prefetch = 4;
+  lo.num_replicas = ranks.world;  // this rank's shard of every epoch (padded to equal sizes)
+  lo.rank = ranks.rank;
   auto loader_or = DataLoader::create(train, lo);
   if (!loader_or.is_ok()) {
     std::cerr << "keel train: " << loader_or.status().to_string() << "\n";
@@ -355,11 +464,21 @@ int run_train(Globals& g, const TrainArgs& a) {
       lo.seed = progress.data_seed;
       loader = DataLoader::create(train, lo).value();
     }
-    std::cout << "resumed from " << a.resume << " at epoch " << progress.epoch + 1 << ", batch " << progress.batch
+    out << "resumed from " << a.resume << " at epoch " << progress.epoch + 1 << ", batch " << progress.batch
               << " (step " << progress.global_step << ")\n";
   }
+  // Resumed or not, every replica starts from rank 0's weights; gradients are averaged from here on.
+  std::unique_ptr<DataParallel> dp;
+  if (ranks.pg) {
+    auto d = DataParallel::create(model, ranks.pg->comm());
+    if (!d.is_ok()) {
+      std::cerr << "keel train: rank " << ranks.rank << ": " << d.status().to_string() << "\n";
+      return 1;
+    }
+    dp = std::move(d).value();
+  }
   std::unique_ptr<ScalarLogger> log;
-  if (!a.log.empty()) {
+  if (!a.log.empty() && ranks.lead()) {
     auto l = ScalarLogger::open(a.log, /*append=*/!a.resume.empty());
     if (!l.is_ok()) {
       std::cerr << "keel train: " << l.status().to_string() << "\n";
@@ -373,20 +492,29 @@ int run_train(Globals& g, const TrainArgs& a) {
     if (!st.is_ok()) std::cerr << "keel train: warning: " << st.to_string() << "\n";
   };
   auto save_checkpoint = [&]() -> bool {
-    if (a.checkpoint.empty()) return true;
+    if (a.checkpoint.empty() || !ranks.lead()) return true;  // the model and optimizer: the same on every rank
     Status st = capture_checkpoint(model, *opt, sched.get(), &scaler, progress).save(a.checkpoint);
     if (!st.is_ok()) std::cerr << "keel train: checkpoint: " << st.to_string() << "\n";
     return st.is_ok();
   };
 
   const int threads = env->thread_pool().thread_count();
-  std::cout << "keel train: SimpleCNN (Conv2D(1,32,3) -> ReLU -> MaxPool2D(2) -> Flatten -> Linear(5408,10)), "
-            << model.num_parameters() << " parameters\n"
+  out << "keel train: "
+      << (a.model == "lenet" ? "LeNet (Conv2D(1,32,3) -> ReLU -> Conv2D(32,64,3) -> ReLU -> MaxPool2D(2) -> Dropout(0.25) -> "
+                               "Flatten -> Linear(9216,128) -> ReLU -> Dropout(0.5) -> Linear(128,10))"
+                             : "SimpleCNN (Conv2D(1,32,3) -> ReLU -> MaxPool2D(2) -> Flatten -> Linear(5408,10))")
+      << ", " << model.num_parameters() << " parameters\n"
             << "  data " << a.data << ": " << train->size() << " train / " << test->size() << " test images (decoded in "
             << std::fixed << std::setprecision(2) << load_s << " s)\n"
             << "  " << opt->name() << " lr " << a.lr << (a.optimizer == "sgd" ? " momentum " + std::to_string(a.momentum).substr(0, 4) : "")
             << ", batch " << a.batch << (a.accumulate > 1 ? " x " + std::to_string(a.accumulate) + " micro-batches" : "")
-            << ", amp " << a.amp << ", " << threads << " thread(s), device " << a.device << ", seed " << a.seed << std::endl;
+            << ", amp " << a.amp << ", " << threads << " thread(s), device " << a.device << ", seed " << a.seed << "\n";
+  if (ranks.pg) {
+    out << "  data-parallel: world size " << ranks.world << " (" << ranks.pg->backend() << "), batch " << a.batch
+        << " per rank = " << a.batch * ranks.world << " per step, " << loader->batches_per_epoch()
+        << " batches per rank per epoch\n";
+  }
+  out << std::flush;
 
   nn::CrossEntropyLoss ce;
   double final_acc = -1;
@@ -395,8 +523,11 @@ int run_train(Globals& g, const TrainArgs& a) {
     for (int64_t epoch = progress.epoch; epoch < a.epochs; ++epoch) {
       Status st = loader->start_epoch(epoch, progress.batch);
       if (!st.is_ok()) throw eager::Error(st);
-      const int64_t remaining = train->size() - std::min(train->size(), progress.batch * a.batch);
-      ProgressBar bar("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(a.epochs), remaining, "img", !a.quiet);
+      const int64_t shard = (train->size() + ranks.world - 1) / ranks.world;
+      const int64_t remaining = shard - std::min(shard, progress.batch * a.batch);
+      ProgressBar bar("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(a.epochs), remaining, "img",
+                      !a.quiet && ranks.lead());
+      if (dp) dp->reset_stats();
       auto t0 = Clock::now();
       double loss_sum = 0, win_loss = 0;
       int64_t seen = 0, correct = 0, batches = 0, win_seen = 0, win_correct = 0, win_batches = 0, micro = 0;
@@ -409,18 +540,28 @@ int run_train(Globals& g, const TrainArgs& a) {
         eager::Tensor x(b.data), y(b.target);
         if (a.device != "cpu") x = x.to(a.device), y = y.to(a.device);
         eager::Tensor logits, loss;
-        {
-          std::optional<eager::AutocastGuard> ac;
-          if (a.amp == "bf16") ac.emplace(DType::kBF16);
-          if (a.amp == "fp16") ac.emplace(DType::kF16);
-          logits = model(x);
-          loss = ce(logits, y);
-        }
-        eager::Tensor to_back = a.accumulate > 1 ? loss / static_cast<float>(a.accumulate) : loss;
-        scaler.scale(to_back).backward();
-        ++micro;
         const bool last_batch = b.index + 1 == loader->batches_per_epoch();
-        if (micro == a.accumulate || last_batch) {
+        const bool step_now = micro + 1 == a.accumulate || last_batch;
+        {
+          // Micro-batches before the step's last accumulate locally; the last one's backward all-reduces.
+          std::optional<DataParallel::NoSyncGuard> no_sync;
+          if (dp && !step_now) no_sync.emplace(*dp);
+          {
+            std::optional<eager::AutocastGuard> ac;
+            if (a.amp == "bf16") ac.emplace(DType::kBF16);
+            if (a.amp == "fp16") ac.emplace(DType::kF16);
+            logits = dp ? dp->forward(x) : model(x);
+            loss = ce(logits, y);
+          }
+          eager::Tensor to_back = a.accumulate > 1 ? loss / static_cast<float>(a.accumulate) : loss;
+          scaler.scale(to_back).backward();
+        }
+        ++micro;
+        if (step_now) {
+          if (dp) {
+            Status fst = dp->finish();
+            if (!fst.is_ok()) throw eager::Error(fst);
+          }
           if (a.clip > 0) {
             scaler.unscale_(*opt);
             clip_grad_norm_(model.parameters(), a.clip);
@@ -453,6 +594,12 @@ int run_train(Globals& g, const TrainArgs& a) {
         }
         if (a.checkpoint_every > 0 && micro == 0 && progress.global_step % a.checkpoint_every == 0) save_checkpoint();
       }
+      // The epoch's metrics over every rank (padding examples of the last shard batch included).
+      {
+        auto sums = ranks.sum({loss_sum, static_cast<double>(batches), static_cast<double>(correct), static_cast<double>(seen)});
+        loss_sum = sums[0], batches = static_cast<int64_t>(sums[1]), correct = static_cast<int64_t>(sums[2]);
+        seen = static_cast<int64_t>(sums[3]);
+      }
       const double dt = seconds_since(t0);
       epoch_seconds.push_back(dt);
       std::ostringstream msg;
@@ -462,29 +609,38 @@ int run_train(Globals& g, const TrainArgs& a) {
       progress.epoch = epoch + 1;
       progress.batch = 0;
       double eval_s = 0;
-      final_acc = evaluate_eager(model, *test, a, &eval_s);
-      std::cout << "epoch " << epoch + 1 << "/" << a.epochs << ": " << std::fixed << std::setprecision(2) << dt << " s, "
+      final_acc = evaluate_eager(model, *test, a, &eval_s, ranks);
+      out << "epoch " << epoch + 1 << "/" << a.epochs << ": " << std::fixed << std::setprecision(2) << dt << " s, "
                 << std::setprecision(0) << static_cast<double>(seen) / dt << " img/s, " << std::setprecision(4)
                 << "train loss " << (batches ? loss_sum / static_cast<double>(batches) : 0) << ", train accuracy "
                 << (seen ? static_cast<double>(correct) / static_cast<double>(seen) : 0) << ", test accuracy " << final_acc
-                << " (eval " << std::setprecision(2) << eval_s << " s" << (loader->wait_seconds() > 0.05 * dt ? ", waited for data " + std::to_string(loader->wait_seconds()) + " s" : "") << ")" << std::endl;
+                << " (eval " << std::setprecision(2) << eval_s << " s" << (loader->wait_seconds() > 0.05 * dt ? ", waited for data " + std::to_string(loader->wait_seconds()) + " s" : "") << ")";
+      if (dp) {
+        const auto& cs = dp->stats();
+        out << ", world size " << ranks.world << ", all-reduce " << std::setprecision(2) << cs.all_reduce_seconds
+            << " s (" << cs.all_reduces << " bucket all-reduces, " << std::setprecision(1) << static_cast<double>(cs.bytes) / 1048576.0
+            << " MiB; waited " << std::setprecision(2) << cs.wait_seconds << " s after backward)";
+      }
+      out << std::endl;
       log_write("epoch", {{"epoch", epoch + 1}, {"step", progress.global_step}, {"epoch_seconds", dt},
                           {"train_loss", batches ? loss_sum / static_cast<double>(batches) : 0},
                           {"train_accuracy", seen ? static_cast<double>(correct) / static_cast<double>(seen) : 0},
-                          {"test_accuracy", final_acc}, {"img_per_s", static_cast<double>(seen) / dt}, {"lr", opt->lr()}});
+                          {"test_accuracy", final_acc}, {"img_per_s", static_cast<double>(seen) / dt}, {"lr", opt->lr()},
+                          {"world_size", ranks.world}, {"all_reduce_seconds", dp ? dp->stats().all_reduce_seconds : 0.0}});
       if (!save_checkpoint()) return 1;
     }
-    if (final_acc < 0) final_acc = evaluate_eager(model, *test, a, nullptr);
+    if (final_acc < 0) final_acc = evaluate_eager(model, *test, a, nullptr, ranks);
   } catch (const eager::Error& e) {
     std::cerr << "\nkeel train: " << e.what() << "\n";
     return 1;
   }
-  std::cout << "test accuracy: " << std::fixed << std::setprecision(4) << final_acc << "\n";
+  out << "test accuracy: " << std::fixed << std::setprecision(4) << final_acc << "\n";
   if (!epoch_seconds.empty()) {
     double mean = std::accumulate(epoch_seconds.begin(), epoch_seconds.end(), 0.0) / static_cast<double>(epoch_seconds.size());
-    std::cout << "mean epoch time: " << std::setprecision(2) << mean << " s\n";
+    out << "mean epoch time: " << std::setprecision(2) << mean << " s\n";
   }
-  if (a.output.empty()) return 0;
+  out << std::flush;
+  if (a.output.empty() || !ranks.lead()) return 0;  // rank 0 alone exports (every replica holds the same weights)
 
   // Trace → ONNX → Session (the deployed form).
   StatusOr<Graph> traced = Status(StatusCode::kInternal, "not traced");
@@ -543,9 +699,16 @@ int run_train(Globals& g, const TrainArgs& a) {
 }  // namespace
 
 void add_train_command(CLI::App& app, Globals& g) {
-  auto* cmd = app.add_subcommand("train", "Train the SimpleCNN on Fashion-MNIST, trace it, save ONNX, quantize to INT8");
+  auto* cmd = app.add_subcommand("train", "Train the SimpleCNN on Fashion-MNIST (data-parallel under `keel launch` or with "
+                                          "--nproc), trace it, save ONNX, quantize to INT8");
   auto a = std::make_shared<TrainArgs>();
   cmd->add_option("--epochs", a->epochs, "Epochs")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--model", a->model, "simple (SimpleCNN) or lenet (the LeNet-like model of the PyTorch peer)")
+      ->check(CLI::IsMember({"simple", "lenet"}));
+  cmd->add_option("--nproc", a->nproc, "Data-parallel over N processes on this machine (re-runs through `keel launch`)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--dist-timeout", a->dist_timeout_s, "Seconds to wait for the other ranks at start-up")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--batch", a->batch, "Batch size")->check(CLI::PositiveNumber);
   cmd->add_option("--threads", g.threads, "Worker threads for kernels (0 = all cores)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--amp", a->amp, "Autocast: none, bf16, fp16 (fp16 uses a dynamic loss scaler)")
