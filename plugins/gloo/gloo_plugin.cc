@@ -1,0 +1,951 @@
+// plugins/gloo/gloo_plugin.cc — the Gloo collective plugin: communicators over TCP for the "cpu" device type.
+//
+// Built against <keel/plugin.h> only and Gloo (Debian's libgloo-dev). Buffers are host memory; `stream` is ignored
+// and every entry is synchronous (it returns when this rank's part of the operation is complete).
+//
+// Rendezvous goes through the core's key-value store (set/get only). Every key of a communicator carries the prefix
+// "keel/gloo/<g>/", where g is the number of communicators this rank created before on the same store (read back
+// from the store: the first g whose "arrived/<rank>" key is missing), so several communicators and groups share one
+// store as long as every rank creates its communicators in the same order. Every rank first announces itself
+// ("<prefix>arrived/<rank>") and waits, within the timeout, for every other rank, so that a peer that never comes is
+// named (DEADLINE_EXCEEDED "rank 3 of 4 never arrived"); Gloo then connects a full mesh of TCP pairs through the same
+// store ("<prefix>gloo/..."), bounded by what is left of the timeout. Pairs bind 127.0.0.1 (ephemeral ports) unless
+// the manifest option or environment names an interface (`iface`, KEEL_GLOO_IFACE) or an address (`hostname`,
+// KEEL_GLOO_HOSTNAME); the environment wins.
+//
+// Every collective first exchanges a 48-byte header with every peer (kind, count, dtype, op, root, a flag for
+// invalid local arguments): a count, dtype, op or root that differs between ranks, or a rank whose arguments are
+// invalid, is INVALID_ARGUMENT on every rank (the data are not touched and the communicator stays usable), never
+// corruption or a hang. The header exchange is also the barrier. send/recv exchange a header and an acknowledgement
+// before the data. all_reduce and broadcast use Gloo's own algorithms (ring all-reduce, or bcube on request;
+// binomial-tree broadcast), all_gather Gloo's ring, reduce_scatter a direct exchange (each rank sends every peer its
+// block). f16 and bf16 reduce in float, element by element. AVG is the sum divided by the world size (integer
+// division for integer types).
+//
+// Every wait is bounded by the communicator's timeout (timeout_ms <= 0 means the default, 5 minutes). A peer that
+// closes its connection (released its communicator, exited, was killed) or a timeout makes the entry fail with a
+// message naming the rank whose connection closed (UNAVAILABLE) or that was waited on (DEADLINE_EXCEEDED); the
+// communicator is then broken and later entries return FAILED_PRECONDITION. SIGPIPE is blocked in the threads that
+// write to sockets (and a pending one consumed), so a dead peer never kills this process.
+//
+// Thread-safety: entries on one communicator are serialised by its mutex; different communicators are independent.
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/broadcast.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/types.h>
+#include <keel/plugin.h>
+#include <pthread.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+const keel_host_api_t* g_host = nullptr;
+keel_plugin_handle_t* g_plugin = nullptr;
+
+keel_status_t make_status(int32_t code, const std::string& m) { return g_host->status_create(code, m.c_str()); }
+
+constexpr int64_t kDefaultTimeoutMs = 5 * 60 * 1000;
+
+// Plugin-wide settings, read once in init (manifest [options], then the environment).
+struct Settings {
+  std::string hostname = "127.0.0.1";
+  std::string iface;
+  gloo::AllreduceOptions::Algorithm algorithm = gloo::AllreduceOptions::Algorithm::RING;
+  bool check = true;  // KEEL_GLOO_CHECK=0 skips the header exchange (for measuring its cost only)
+};
+Settings g_settings;
+
+// Slot prefixes of this plugin's own messages (Gloo's own algorithms use 0x01-0x08).
+constexpr uint8_t kHeaderSlot = 0xE0, kP2pHeaderSlot = 0xE1, kP2pAckSlot = 0xE2, kP2pDataSlot = 0xE3,
+                  kReduceScatterSlot = 0xE4, kProbeSlot = 0xEF;
+
+// ---------------------------------------------------------------------------------------------------------------
+// SIGPIPE: Gloo writes with writev(2), which raises SIGPIPE on a socket whose peer is gone. Blocked in the calling
+// thread for the duration of an entry (and in Gloo's device thread, which inherits the mask at creation); a
+// SIGPIPE that became pending meanwhile is consumed before the mask is restored.
+class SigpipeGuard {
+ public:
+  SigpipeGuard() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    sigset_t pending;
+    sigemptyset(&pending);
+    sigpending(&pending);
+    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+    blocked_ = pthread_sigmask(SIG_BLOCK, &pipe_, &old_) == 0;
+  }
+  ~SigpipeGuard() {
+    if (!blocked_) return;
+    if (!was_pending_) {
+      sigset_t pending;
+      sigemptyset(&pending);
+      if (sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1) {
+        const struct timespec zero = {0, 0};
+        while (sigtimedwait(&pipe_, nullptr, &zero) == -1 && errno == EINTR) {
+        }
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  SigpipeGuard(const SigpipeGuard&) = delete;
+  SigpipeGuard& operator=(const SigpipeGuard&) = delete;
+
+ private:
+  sigset_t pipe_, old_;
+  bool was_pending_ = false, blocked_ = false;
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+// Data types and reductions.
+
+size_t element_size(int32_t dtype) {
+  switch (dtype) {
+    case KEEL_DTYPE_U8: case KEEL_DTYPE_I8: case KEEL_DTYPE_BOOL: return 1;
+    case KEEL_DTYPE_U16: case KEEL_DTYPE_I16: case KEEL_DTYPE_F16: case KEEL_DTYPE_BF16: return 2;
+    case KEEL_DTYPE_F32: case KEEL_DTYPE_I32: case KEEL_DTYPE_U32: return 4;
+    case KEEL_DTYPE_F64: case KEEL_DTYPE_I64: case KEEL_DTYPE_U64: return 8;
+  }
+  return 0;
+}
+
+std::string dtype_name(int64_t dtype) {
+  switch (dtype) {
+    case KEEL_DTYPE_F32: return "f32";
+    case KEEL_DTYPE_U8: return "u8";
+    case KEEL_DTYPE_I8: return "i8";
+    case KEEL_DTYPE_U16: return "u16";
+    case KEEL_DTYPE_I16: return "i16";
+    case KEEL_DTYPE_I32: return "i32";
+    case KEEL_DTYPE_I64: return "i64";
+    case KEEL_DTYPE_STRING: return "string";
+    case KEEL_DTYPE_BOOL: return "bool";
+    case KEEL_DTYPE_F16: return "f16";
+    case KEEL_DTYPE_F64: return "f64";
+    case KEEL_DTYPE_U32: return "u32";
+    case KEEL_DTYPE_U64: return "u64";
+    case KEEL_DTYPE_BF16: return "bf16";
+  }
+  return "dtype " + std::to_string(dtype);
+}
+
+std::string op_name(int64_t op) {
+  switch (op) {
+    case KEEL_REDUCE_SUM: return "sum";
+    case KEEL_REDUCE_PROD: return "prod";
+    case KEEL_REDUCE_MIN: return "min";
+    case KEEL_REDUCE_MAX: return "max";
+    case KEEL_REDUCE_AVG: return "avg";
+  }
+  return "op " + std::to_string(op);
+}
+
+// IEEE half <-> float (round to nearest even; NaN stays NaN, overflow becomes infinity).
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise
+      exp = 113;
+      while ((mant & 0x400u) == 0) {
+        mant <<= 1;
+        --exp;
+      }
+      bits = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+inline uint16_t float_to_half(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t sign = u & 0x80000000u;
+  u ^= sign;
+  uint32_t o;
+  if (u >= (143u << 23)) {  // >= 65536 or inf/NaN
+    o = u > 0x7f800000u ? 0x7e00u : 0x7c00u;
+  } else if (u < (113u << 23)) {  // subnormal or zero: align the mantissa with a magic addend (0.5f)
+    float v;
+    std::memcpy(&v, &u, 4);
+    v += 0.5f;
+    uint32_t w;
+    std::memcpy(&w, &v, 4);
+    o = w - 0x3f000000u;
+  } else {
+    const uint32_t odd = (u >> 13) & 1u;
+    u += 0xc8000fffu + odd;  // rebias the exponent (-112 << 23) and round half to even
+    o = u >> 13;
+  }
+  return static_cast<uint16_t>(o | (sign >> 16));
+}
+inline float bf16_to_float(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+inline uint16_t float_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+struct Sum { template <typename T> T operator()(T a, T b) const { return a + b; } };
+struct Prod { template <typename T> T operator()(T a, T b) const { return a * b; } };
+struct Min { template <typename T> T operator()(T a, T b) const { return b < a ? b : a; } };
+struct Max { template <typename T> T operator()(T a, T b) const { return a < b ? b : a; } };
+
+// out may equal a (Gloo reduces in place); plain loops that the compiler vectorises.
+template <typename T, typename Op>
+void reduce_plain(void* out, const void* a, const void* b, size_t n) {
+  T* o = static_cast<T*>(out);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  const Op op;
+  for (size_t i = 0; i < n; ++i) o[i] = op(x[i], y[i]);
+}
+template <float (*Load)(uint16_t), uint16_t (*Store)(float), typename Op>
+void reduce_16(void* out, const void* a, const void* b, size_t n) {
+  uint16_t* o = static_cast<uint16_t*>(out);
+  const uint16_t* x = static_cast<const uint16_t*>(a);
+  const uint16_t* y = static_cast<const uint16_t*>(b);
+  const Op op;
+  for (size_t i = 0; i < n; ++i) o[i] = Store(op(Load(x[i]), Load(y[i])));
+}
+
+using ReduceFn = void (*)(void*, const void*, const void*, size_t);
+
+template <typename Op>
+ReduceFn reduce_for_dtype(int32_t dtype) {
+  switch (dtype) {
+    case KEEL_DTYPE_F32: return reduce_plain<float, Op>;
+    case KEEL_DTYPE_F64: return reduce_plain<double, Op>;
+    case KEEL_DTYPE_I32: return reduce_plain<int32_t, Op>;
+    case KEEL_DTYPE_I64: return reduce_plain<int64_t, Op>;
+    case KEEL_DTYPE_F16: return reduce_16<half_to_float, float_to_half, Op>;
+    case KEEL_DTYPE_BF16: return reduce_16<bf16_to_float, float_to_bf16, Op>;
+  }
+  return nullptr;
+}
+// The element-wise function of (dtype, op); AVG reduces as SUM (then divide_by). NULL when unsupported.
+ReduceFn reduce_fn(int32_t dtype, int32_t op) {
+  switch (op) {
+    case KEEL_REDUCE_SUM: case KEEL_REDUCE_AVG: return reduce_for_dtype<Sum>(dtype);
+    case KEEL_REDUCE_PROD: return reduce_for_dtype<Prod>(dtype);
+    case KEEL_REDUCE_MIN: return reduce_for_dtype<Min>(dtype);
+    case KEEL_REDUCE_MAX: return reduce_for_dtype<Max>(dtype);
+  }
+  return nullptr;
+}
+
+template <typename T>
+void divide_plain(void* p, size_t n, int32_t d) {
+  T* x = static_cast<T*>(p);
+  for (size_t i = 0; i < n; ++i) x[i] = static_cast<T>(x[i] / static_cast<T>(d));
+}
+// AVG: buf[i] /= d.
+void divide_by(void* buf, size_t n, int32_t dtype, int32_t d) {
+  auto* h = static_cast<uint16_t*>(buf);
+  switch (dtype) {
+    case KEEL_DTYPE_F32: divide_plain<float>(buf, n, d); break;
+    case KEEL_DTYPE_F64: divide_plain<double>(buf, n, d); break;
+    case KEEL_DTYPE_I32: divide_plain<int32_t>(buf, n, d); break;
+    case KEEL_DTYPE_I64: divide_plain<int64_t>(buf, n, d); break;
+    case KEEL_DTYPE_F16:
+      for (size_t i = 0; i < n; ++i) h[i] = float_to_half(half_to_float(h[i]) / static_cast<float>(d));
+      break;
+    case KEEL_DTYPE_BF16:
+      for (size_t i = 0; i < n; ++i) h[i] = float_to_bf16(bf16_to_float(h[i]) / static_cast<float>(d));
+      break;
+  }
+}
+
+bool overlaps(const void* a, const void* b, size_t bytes) {
+  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return bytes > 0 && x < y + bytes && y < x + bytes;
+}
+
+// Gloo's typed option setters only need the element size.
+template <typename F>
+void with_element_type(size_t esize, F&& f) {
+  switch (esize) {
+    case 1: f(uint8_t{}); break;
+    case 2: f(uint16_t{}); break;
+    case 4: f(uint32_t{}); break;
+    default: f(uint64_t{}); break;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Rendezvous: gloo::rendezvous::Store over keel_kv_store_t, every key under one prefix, every wait bounded.
+
+struct StoreError : std::exception {
+  int32_t code;
+  std::string message;
+  StoreError(int32_t c, std::string m) : code(c), message(std::move(m)) {}
+  const char* what() const noexcept override { return message.c_str(); }
+};
+
+// Takes ownership of `s` (releases it); returns its code and message.
+std::pair<int32_t, std::string> take_status(keel_status_t s) {
+  std::pair<int32_t, std::string> r{s->code, s->message ? s->message : ""};
+  keel_status_release(s);
+  return r;
+}
+
+int64_t ms_left(Clock::time_point deadline) {
+  const auto d = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
+  return d > 0 ? static_cast<int64_t>(d) : 0;
+}
+
+class KvStoreAdapter : public gloo::rendezvous::Store {
+ public:
+  KvStoreAdapter(keel_kv_store_t* kv, std::string prefix, Clock::time_point deadline)
+      : kv_(kv), prefix_(std::move(prefix)), deadline_(deadline) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    const std::string k = prefix_ + key;
+    if (keel_status_t s = kv_->set(kv_, k.c_str(), data.data(), data.size())) {
+      auto [code, m] = take_status(s);
+      throw StoreError(code, "store set '" + k + "': " + m);
+    }
+  }
+  std::vector<char> get(const std::string& key) override { return get_within(key, ms_left(deadline_)); }
+  void wait(const std::vector<std::string>& keys) override {
+    for (const auto& k : keys) get_within(k, ms_left(deadline_));
+  }
+  void wait(const std::vector<std::string>& keys, const milliseconds& timeout) override {
+    for (const auto& k : keys) get_within(k, std::min<int64_t>(timeout.count(), ms_left(deadline_)));
+  }
+
+ private:
+  std::vector<char> get_within(const std::string& key, int64_t timeout_ms) {
+    const std::string k = prefix_ + key;
+    const void* v = nullptr;
+    size_t n = 0;
+    if (keel_status_t s = kv_->get(kv_, k.c_str(), timeout_ms, &v, &n)) {
+      auto [code, m] = take_status(s);
+      throw StoreError(code, "store get '" + k + "': " + m);
+    }
+    const char* p = static_cast<const char*>(v);
+    return std::vector<char>(p, p + n);
+  }
+
+  keel_kv_store_t* kv_;
+  std::string prefix_;
+  Clock::time_point deadline_;
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+// The communicator.
+
+struct Comm {
+  int32_t rank = 0, size = 1;
+  milliseconds timeout{kDefaultTimeoutMs};
+  std::shared_ptr<gloo::transport::Device> device;
+  std::shared_ptr<gloo::rendezvous::Context> ctx;  // NULL for one rank
+  std::mutex mu;                                   // serialises entries
+  uint32_t tag = 0;                                // collectives issued (the same sequence on every rank)
+  std::vector<uint32_t> sent, received;            // point-to-point messages per peer
+  std::string broken;                              // set after a transport error or timeout
+  std::vector<char> scratch;                       // reduce_scatter's receive blocks
+};
+
+// The header every rank sends every peer before a collective.
+enum Kind : int64_t { kAllReduce = 1, kBroadcast, kAllGather, kReduceScatter, kBarrier, kSendRecv };
+struct Header {
+  int64_t kind = 0, count = 0, dtype = 0, op = 0, root = 0, bad = 0;
+};
+static_assert(sizeof(Header) == 48, "the header is 48 bytes on every rank");
+
+const char* kind_name(int64_t k) {
+  switch (k) {
+    case kAllReduce: return "all_reduce";
+    case kBroadcast: return "broadcast";
+    case kAllGather: return "all_gather";
+    case kReduceScatter: return "reduce_scatter";
+    case kBarrier: return "barrier";
+    case kSendRecv: return "send/recv";
+  }
+  return "?";
+}
+
+std::string describe(const Header& h) {
+  std::string s = kind_name(h.kind);
+  if (h.kind == kBarrier) return s;
+  s += " count " + std::to_string(h.count) + " dtype " + dtype_name(h.dtype);
+  if (h.kind == kAllReduce || h.kind == kReduceScatter) s += " op " + op_name(h.op);
+  if (h.kind == kBroadcast) s += " root " + std::to_string(h.root);
+  return s;
+}
+
+bool same_call(const Header& a, const Header& b) {
+  if (a.kind != b.kind) return false;
+  if (a.kind == kBarrier) return true;
+  if (a.count != b.count || a.dtype != b.dtype) return false;
+  if ((a.kind == kAllReduce || a.kind == kReduceScatter) && a.op != b.op) return false;
+  if (a.kind == kBroadcast && a.root != b.root) return false;
+  return true;
+}
+
+// After a transport exception: which peers' connections are closed? Each pair keeps the first exception it saw and
+// rethrows it on the next use; a zero-byte send is the probe (the communicator is broken anyway, so a message that a
+// healthy peer never reads does no harm). Pairs closed by this rank's own timeout are not counted.
+std::vector<std::pair<int32_t, std::string>> closed_peers(Comm* c) {
+  std::vector<std::pair<int32_t, std::string>> closed;
+  char byte = 0;
+  std::unique_ptr<gloo::transport::UnboundBuffer> probe;
+  try {
+    probe = c->ctx->createUnboundBuffer(&byte, 1);
+  } catch (const std::exception&) {
+    return closed;
+  }
+  for (int32_t peer = 0; peer < c->size; ++peer) {
+    if (peer == c->rank) continue;
+    try {
+      auto& pair = c->ctx->getPair(peer);
+      if (!pair) continue;
+      pair->send(probe.get(), gloo::Slot::build(kProbeSlot, 0), 0, 0);
+    } catch (const std::exception& e) {
+      std::string m = e.what();
+      if (m.find("Application timeout") == std::string::npos) closed.emplace_back(peer, m);
+    }
+  }
+  return closed;
+}
+
+// Gloo's messages carry the source location first ("[file:line] what"): keep what follows.
+std::string strip_location(const std::string& m) {
+  if (!m.empty() && m[0] == '[') {
+    const size_t end = m.find("] ");
+    if (end != std::string::npos) return m.substr(end + 2);
+  }
+  return m;
+}
+
+// Maps an exception from Gloo to a status, naming the rank whose connection closed or that was waited on, and
+// marks the communicator broken.
+keel_status_t transport_failure(Comm* c, const char* what, const std::exception& e, int32_t waited_on) {
+  const std::string err = strip_location(e.what());
+  const auto closed = closed_peers(c);
+  std::string msg = std::string("gloo: ") + what + " on rank " + std::to_string(c->rank) + " of " +
+                    std::to_string(c->size) + ": ";
+  int32_t code;
+  if (!closed.empty()) {
+    code = KEEL_STATUS_UNAVAILABLE;
+    for (size_t i = 0; i < closed.size(); ++i) {
+      if (i) msg += "; ";
+      msg += "connection to rank " + std::to_string(closed[i].first) + " closed (" +
+             strip_location(closed[i].second) + ")";
+    }
+  } else if (err.find("Timed out") != std::string::npos || err.find("timeout") != std::string::npos) {
+    code = KEEL_STATUS_DEADLINE_EXCEEDED;
+    msg += "did not complete within " + std::to_string(c->timeout.count()) + " ms";
+    msg += waited_on >= 0 ? " (waiting on rank " + std::to_string(waited_on) + ")" : " (a peer is stuck or gone)";
+    msg += ": " + err;
+  } else {
+    code = KEEL_STATUS_UNAVAILABLE;
+    msg += err;
+  }
+  c->broken = msg;
+  return make_status(code, msg + "; the communicator is broken");
+}
+
+// Runs `body` (which talks to peers) with SIGPIPE blocked, mapping Gloo's exceptions.
+template <typename F>
+keel_status_t guarded(Comm* c, const char* what, F&& body) {
+  SigpipeGuard guard;
+  int32_t waited_on = -1;
+  try {
+    return body(&waited_on);
+  } catch (const std::exception& e) {
+    return transport_failure(c, what, e, waited_on);
+  } catch (...) {
+    c->broken = std::string("gloo: ") + what + ": unknown exception";
+    return make_status(KEEL_STATUS_INTERNAL, c->broken);
+  }
+}
+
+// Every rank sends its header to every peer and reads theirs: INVALID_ARGUMENT (on every rank) when one rank's
+// arguments were invalid or the calls differ. `local_error` is this rank's own complaint (empty when none).
+keel_status_t exchange_headers(Comm* c, const Header& mine, const std::string& local_error, uint32_t tag,
+                               int32_t* waited_on) {
+  const char* what = kind_name(mine.kind);
+  if (c->size > 1 && (g_settings.check || mine.kind == kBarrier)) {
+    Header out = mine;
+    std::vector<Header> theirs(static_cast<size_t>(c->size));
+    const auto slot = gloo::Slot::build(kHeaderSlot, tag);
+    auto send_buf = c->ctx->createUnboundBuffer(&out, sizeof out);
+    std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> recv_bufs(static_cast<size_t>(c->size));
+    for (int32_t p = 0; p < c->size; ++p) {
+      if (p == c->rank) continue;
+      recv_bufs[p] = c->ctx->createUnboundBuffer(&theirs[p], sizeof(Header));
+      recv_bufs[p]->recv(p, slot);
+      send_buf->send(p, slot);
+    }
+    for (int32_t p = 0; p < c->size; ++p) {
+      if (p == c->rank) continue;
+      *waited_on = p;
+      recv_bufs[p]->waitRecv(nullptr, c->timeout);
+    }
+    *waited_on = -1;
+    for (int32_t p = 0; p < c->size - 1; ++p) send_buf->waitSend(nullptr, c->timeout);
+    if (!local_error.empty()) return make_status(KEEL_STATUS_INVALID_ARGUMENT, local_error);
+    for (int32_t p = 0; p < c->size; ++p) {
+      if (p == c->rank) continue;
+      const Header& h = theirs[p];
+      if (h.bad)
+        return make_status(KEEL_STATUS_INVALID_ARGUMENT, std::string("gloo: ") + what + ": rank " +
+                                                             std::to_string(p) + " passed invalid arguments (" +
+                                                             describe(h) + "); nothing was done");
+      if (!same_call(h, mine))
+        return make_status(KEEL_STATUS_INVALID_ARGUMENT,
+                           std::string("gloo: ") + what + ": ranks disagree: rank " + std::to_string(c->rank) +
+                               " called " + describe(mine) + ", rank " + std::to_string(p) + " called " +
+                               describe(h) + "; nothing was done");
+    }
+    return nullptr;
+  }
+  if (!local_error.empty()) return make_status(KEEL_STATUS_INVALID_ARGUMENT, local_error);
+  return nullptr;
+}
+
+#define KEEL_GLOO_PROLOGUE(what)                                                                              \
+  auto* c = reinterpret_cast<Comm*>(comm);                                                                    \
+  if (!c) return make_status(KEEL_STATUS_INVALID_ARGUMENT, std::string("gloo: ") + what + ": NULL communicator"); \
+  std::lock_guard<std::mutex> lock(c->mu);                                                                    \
+  if (!c->broken.empty())                                                                                     \
+    return make_status(KEEL_STATUS_FAILED_PRECONDITION,                                                       \
+                       std::string("gloo: ") + what + ": the communicator is broken by an earlier error: " + c->broken)
+
+// Checks the common arguments; returns the complaint (empty when fine) and the buffer size in bytes.
+std::string check_args(const char* what, int32_t dtype, uint64_t count, uint64_t multiple, const void* a,
+                       const void* b, size_t* out_bytes) {
+  const size_t es = element_size(dtype);
+  *out_bytes = 0;
+  if (es == 0) return std::string("gloo: ") + what + ": dtype " + dtype_name(dtype) + " is not supported";
+  if (count > (uint64_t{1} << 60) / es / (multiple ? multiple : 1))
+    return std::string("gloo: ") + what + ": count " + std::to_string(count) + " is too large";
+  if (count > 0 && (a == nullptr || b == nullptr))
+    return std::string("gloo: ") + what + ": NULL buffer with count " + std::to_string(count);
+  *out_bytes = static_cast<size_t>(count) * es;
+  return "";
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Entries.
+
+keel_status_t c_create(void*, keel_kv_store_t* store, int32_t rank, int32_t size, int32_t /*device: host memory*/,
+                       int64_t timeout_ms, keel_communicator_t* out) {
+  if (!out) return make_status(KEEL_STATUS_INVALID_ARGUMENT, "gloo: out_comm is NULL");
+  *out = nullptr;
+  if (size < 1 || rank < 0 || rank >= size)
+    return make_status(KEEL_STATUS_INVALID_ARGUMENT,
+                       "gloo: rank " + std::to_string(rank) + " / size " + std::to_string(size) + " out of range");
+  if (size > 1 && (store == nullptr || store->set == nullptr || store->get == nullptr))
+    return make_status(KEEL_STATUS_INVALID_ARGUMENT, "gloo: a key-value store is required for more than one rank");
+  if (timeout_ms <= 0) timeout_ms = kDefaultTimeoutMs;
+  auto c = std::make_unique<Comm>();
+  c->rank = rank;
+  c->size = size;
+  c->timeout = milliseconds(timeout_ms);
+  c->sent.assign(static_cast<size_t>(size), 0);
+  c->received.assign(static_cast<size_t>(size), 0);
+  if (size == 1) {
+    *out = reinterpret_cast<keel_communicator_t>(c.release());
+    return nullptr;
+  }
+  const auto deadline = Clock::now() + milliseconds(timeout_ms);
+
+  // This rank's generation on this store: the first g for which it has not announced itself yet.
+  std::string prefix;
+  for (int64_t g = 0;; ++g) {
+    prefix = "keel/gloo/" + std::to_string(g) + "/";
+    const std::string key = prefix + "arrived/" + std::to_string(rank);
+    const void* v = nullptr;
+    size_t n = 0;
+    keel_status_t s = store->get(store, key.c_str(), 0, &v, &n);
+    if (!s) continue;
+    auto [code, m] = take_status(s);
+    if (code == KEEL_STATUS_DEADLINE_EXCEEDED || code == KEEL_STATUS_NOT_FOUND) break;
+    return make_status(code, "gloo: rendezvous: store get '" + key + "': " + m);
+  }
+  const char one = 1;
+  if (keel_status_t s = store->set(store, (prefix + "arrived/" + std::to_string(rank)).c_str(), &one, 1)) {
+    auto [code, m] = take_status(s);
+    return make_status(code, "gloo: rendezvous: rank " + std::to_string(rank) + " could not announce itself: " + m);
+  }
+  std::vector<int32_t> missing;
+  for (int32_t peer = 0; peer < size; ++peer) {
+    if (peer == rank) continue;
+    const std::string key = prefix + "arrived/" + std::to_string(peer);
+    const void* v = nullptr;
+    size_t n = 0;
+    keel_status_t s = store->get(store, key.c_str(), ms_left(deadline), &v, &n);
+    if (!s) continue;
+    auto [code, m] = take_status(s);
+    if (code != KEEL_STATUS_DEADLINE_EXCEEDED)
+      return make_status(code, "gloo: rendezvous with rank " + std::to_string(peer) + ": " + m);
+    missing.push_back(peer);
+  }
+  if (!missing.empty()) {
+    std::string who;
+    for (size_t i = 0; i < missing.size(); ++i) who += (i ? (i + 1 == missing.size() ? " and " : ", ") : "") +
+                                                      std::to_string(missing[i]);
+    return make_status(KEEL_STATUS_DEADLINE_EXCEEDED,
+                       std::string("gloo: ") + (missing.size() == 1 ? "rank " : "ranks ") + who + " of " +
+                           std::to_string(size) + " never arrived within " + std::to_string(timeout_ms) +
+                           " ms (rank " + std::to_string(rank) + " waited on keys " + prefix + "arrived/<rank>)");
+  }
+
+  // Connect the full mesh within what is left of the timeout (the device thread inherits the blocked SIGPIPE).
+  SigpipeGuard guard;
+  gloo::transport::tcp::attr attr;
+  std::string where;
+  if (!g_settings.iface.empty()) {
+    attr.iface = g_settings.iface;
+    where = "interface '" + g_settings.iface + "'";
+  } else {
+    attr.hostname = g_settings.hostname;
+    where = "address '" + g_settings.hostname + "'";
+  }
+  try {
+    c->device = gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    return make_status(KEEL_STATUS_UNAVAILABLE,
+                       "gloo: cannot use " + where + " for TCP: " + strip_location(e.what()));
+  }
+  try {
+    c->ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    c->ctx->setTimeout(milliseconds(std::max<int64_t>(1, ms_left(deadline))));
+    KvStoreAdapter adapter(store, prefix + "gloo/", deadline);
+    c->ctx->connectFullMesh(adapter, c->device);
+    c->ctx->setTimeout(c->timeout);
+  } catch (const StoreError& e) {
+    return make_status(e.code == KEEL_STATUS_DEADLINE_EXCEEDED ? KEEL_STATUS_DEADLINE_EXCEEDED : e.code,
+                       "gloo: connecting rank " + std::to_string(rank) + " of " + std::to_string(size) +
+                           " to its peers did not finish within " + std::to_string(timeout_ms) +
+                           " ms (a peer stopped joining): " + e.message);
+  } catch (const std::exception& e) {
+    const std::string m = strip_location(e.what());
+    const bool timed_out = m.find("imeout") != std::string::npos || m.find("imed out") != std::string::npos;
+    return make_status(timed_out ? KEEL_STATUS_DEADLINE_EXCEEDED : KEEL_STATUS_UNAVAILABLE,
+                       "gloo: connecting rank " + std::to_string(rank) + " of " + std::to_string(size) +
+                           " to its peers over " + where + " failed: " + m);
+  }
+  *out = reinterpret_cast<keel_communicator_t>(c.release());
+  return nullptr;
+}
+
+void c_release(void*, keel_communicator_t comm) {
+  auto* c = reinterpret_cast<Comm*>(comm);
+  if (!c) return;
+  {
+    SigpipeGuard guard;
+    try {
+      c->ctx.reset();  // closes the connections: peers still waiting on this rank see them close
+      c->device.reset();
+    } catch (...) {
+    }
+  }
+  delete c;
+}
+int32_t c_rank(void*, keel_communicator_t comm) { return comm ? reinterpret_cast<Comm*>(comm)->rank : -1; }
+int32_t c_size(void*, keel_communicator_t comm) { return comm ? reinterpret_cast<Comm*>(comm)->size : -1; }
+
+keel_status_t c_all_reduce(void*, keel_communicator_t comm, const void* send, void* recv, uint64_t count,
+                           int32_t dtype, int32_t op, keel_stream_t) {
+  KEEL_GLOO_PROLOGUE("all_reduce");
+  size_t bytes = 0;
+  std::string bad = check_args("all_reduce", dtype, count, 1, send, recv, &bytes);
+  const ReduceFn fn = reduce_fn(dtype, op);
+  if (bad.empty() && !fn)
+    bad = "gloo: all_reduce: " + op_name(op) + " on " + dtype_name(dtype) + " is not supported";
+  const Header h{kAllReduce, static_cast<int64_t>(count), dtype, op, 0, bad.empty() ? 0 : 1};
+  const uint32_t tag = c->tag++;
+  return guarded(c, "all_reduce", [&](int32_t* waited_on) -> keel_status_t {
+    if (keel_status_t s = exchange_headers(c, h, bad, tag, waited_on)) return s;
+    if (count == 0) return nullptr;
+    if (send != recv) {
+      if (c->size == 1 || overlaps(send, recv, bytes)) std::memmove(recv, send, bytes);
+    }
+    if (c->size > 1) {
+      gloo::AllreduceOptions opts(c->ctx);
+      opts.setAlgorithm(g_settings.algorithm);
+      opts.setTag(tag);
+      opts.setTimeout(c->timeout);
+      const bool in_place = send == recv || overlaps(send, recv, bytes);
+      with_element_type(element_size(dtype), [&](auto t) {
+        using T = decltype(t);
+        if (!in_place) opts.setInput(static_cast<T*>(const_cast<void*>(send)), static_cast<size_t>(count));
+        opts.setOutput(static_cast<T*>(recv), static_cast<size_t>(count));
+      });
+      opts.setReduceFunction(fn);
+      gloo::allreduce(opts);
+    }
+    if (op == KEEL_REDUCE_AVG && c->size > 1) divide_by(recv, static_cast<size_t>(count), dtype, c->size);
+    return nullptr;
+  });
+}
+
+keel_status_t c_broadcast(void*, keel_communicator_t comm, const void* send, void* recv, uint64_t count,
+                          int32_t dtype, int32_t root, keel_stream_t) {
+  KEEL_GLOO_PROLOGUE("broadcast");
+  size_t bytes = 0;
+  const bool is_root = root == c->rank;
+  std::string bad = check_args("broadcast", dtype, count, 1, is_root ? send : recv, recv, &bytes);
+  if (bad.empty() && (root < 0 || root >= c->size))
+    bad = "gloo: broadcast: root " + std::to_string(root) + " is not a rank of " + std::to_string(c->size);
+  const Header h{kBroadcast, static_cast<int64_t>(count), dtype, 0, root, bad.empty() ? 0 : 1};
+  const uint32_t tag = c->tag++;
+  return guarded(c, "broadcast", [&](int32_t* waited_on) -> keel_status_t {
+    if (keel_status_t s = exchange_headers(c, h, bad, tag, waited_on)) return s;
+    if (count == 0) return nullptr;
+    if (is_root && send != recv) std::memmove(recv, send, bytes);  // then broadcast in place
+    if (c->size == 1) return nullptr;
+    gloo::BroadcastOptions opts(c->ctx);
+    opts.setRoot(root);
+    opts.setTag(tag);
+    opts.setTimeout(c->timeout);
+    with_element_type(element_size(dtype), [&](auto t) {
+      using T = decltype(t);
+      opts.setOutput(static_cast<T*>(recv), static_cast<size_t>(count));
+    });
+    gloo::broadcast(opts);
+    return nullptr;
+  });
+}
+
+keel_status_t c_all_gather(void*, keel_communicator_t comm, const void* send, void* recv, uint64_t send_count,
+                           int32_t dtype, keel_stream_t) {
+  KEEL_GLOO_PROLOGUE("all_gather");
+  size_t bytes = 0;
+  std::string bad = check_args("all_gather", dtype, send_count, static_cast<uint64_t>(c->size), send, recv, &bytes);
+  const Header h{kAllGather, static_cast<int64_t>(send_count), dtype, 0, 0, bad.empty() ? 0 : 1};
+  const uint32_t tag = c->tag++;
+  return guarded(c, "all_gather", [&](int32_t* waited_on) -> keel_status_t {
+    if (keel_status_t s = exchange_headers(c, h, bad, tag, waited_on)) return s;
+    if (send_count == 0) return nullptr;
+    char* mine = static_cast<char*>(recv) + static_cast<size_t>(c->rank) * bytes;
+    if (send != mine) std::memmove(mine, send, bytes);  // then gather in place
+    if (c->size == 1) return nullptr;
+    gloo::AllgatherOptions opts(c->ctx);
+    opts.setTag(tag);
+    opts.setTimeout(c->timeout);
+    with_element_type(element_size(dtype), [&](auto t) {
+      using T = decltype(t);
+      opts.setOutput(static_cast<T*>(recv), static_cast<size_t>(send_count) * static_cast<size_t>(c->size));
+    });
+    gloo::allgather(opts);
+    return nullptr;
+  });
+}
+
+keel_status_t c_reduce_scatter(void*, keel_communicator_t comm, const void* send, void* recv, uint64_t recv_count,
+                               int32_t dtype, int32_t op, keel_stream_t) {
+  KEEL_GLOO_PROLOGUE("reduce_scatter");
+  size_t bytes = 0;
+  std::string bad =
+      check_args("reduce_scatter", dtype, recv_count, static_cast<uint64_t>(c->size), send, recv, &bytes);
+  const ReduceFn fn = reduce_fn(dtype, op);
+  if (bad.empty() && !fn)
+    bad = "gloo: reduce_scatter: " + op_name(op) + " on " + dtype_name(dtype) + " is not supported";
+  const Header h{kReduceScatter, static_cast<int64_t>(recv_count), dtype, op, 0, bad.empty() ? 0 : 1};
+  const uint32_t tag = c->tag++;
+  return guarded(c, "reduce_scatter", [&](int32_t* waited_on) -> keel_status_t {
+    if (keel_status_t s = exchange_headers(c, h, bad, tag, waited_on)) return s;
+    if (recv_count == 0) return nullptr;
+    const char* in = static_cast<const char*>(send);
+    const size_t n = static_cast<size_t>(recv_count);
+    if (c->size > 1) {
+      // Each rank sends block p of its input to rank p and reduces the blocks it receives into its own.
+      const size_t peers = static_cast<size_t>(c->size - 1);
+      if (c->scratch.size() < peers * bytes) c->scratch.resize(peers * bytes);
+      const auto slot = gloo::Slot::build(kReduceScatterSlot, tag);
+      auto out_buf = c->ctx->createUnboundBuffer(const_cast<char*>(in), bytes * static_cast<size_t>(c->size));
+      auto in_buf = c->ctx->createUnboundBuffer(c->scratch.data(), peers * bytes);
+      std::vector<int32_t> order;
+      for (int32_t k = 1; k < c->size; ++k) order.push_back((c->rank + k) % c->size);
+      for (size_t k = 0; k < order.size(); ++k) {
+        const int32_t p = order[k];
+        in_buf->recv(p, slot, k * bytes, bytes);
+        out_buf->send(p, slot, static_cast<size_t>(p) * bytes, bytes);
+      }
+      for (size_t k = 0; k < order.size(); ++k) in_buf->waitRecv(nullptr, c->timeout);
+      for (size_t k = 0; k < order.size(); ++k) out_buf->waitSend(nullptr, c->timeout);
+      // Every send is done: recv may now be written even where it overlaps send.
+      const char* own = in + static_cast<size_t>(c->rank) * bytes;
+      if (own != recv) std::memmove(recv, own, bytes);
+      for (size_t k = 0; k < order.size(); ++k) fn(recv, recv, c->scratch.data() + k * bytes, n);
+      if (op == KEEL_REDUCE_AVG) divide_by(recv, n, dtype, c->size);
+    } else if (in != recv) {
+      std::memmove(recv, in, bytes);
+    }
+    return nullptr;
+  });
+}
+
+// send/recv: the sender sends a header (count, dtype) and waits for the receiver's acknowledgement (its own count,
+// dtype and whether they match) before the data, so that a mismatch is an error on both sides, never a stray
+// message. Messages between two ranks are matched in order.
+keel_status_t point_to_point(Comm* c, bool sending, void* buf, uint64_t count, int32_t dtype, int32_t peer) {
+  const char* what = sending ? "send" : "recv";
+  size_t bytes = 0;
+  std::string bad = check_args(what, dtype, count, 1, buf, buf, &bytes);
+  if (!bad.empty()) return make_status(KEEL_STATUS_INVALID_ARGUMENT, bad);
+  if (peer < 0 || peer >= c->size || peer == c->rank)
+    return make_status(KEEL_STATUS_INVALID_ARGUMENT, std::string("gloo: ") + what + ": peer " +
+                                                         std::to_string(peer) + " is not another rank of " +
+                                                         std::to_string(c->size));
+  const uint32_t seq = sending ? c->sent[peer]++ : c->received[peer]++;
+  return guarded(c, what, [&](int32_t* waited_on) -> keel_status_t {
+    *waited_on = peer;
+    Header mine{kSendRecv, static_cast<int64_t>(count), dtype, 0, 0, 0}, other;
+    auto mine_buf = c->ctx->createUnboundBuffer(&mine, sizeof mine);
+    auto other_buf = c->ctx->createUnboundBuffer(&other, sizeof other);
+    const auto header_slot = gloo::Slot::build(kP2pHeaderSlot, seq), ack_slot = gloo::Slot::build(kP2pAckSlot, seq),
+               data_slot = gloo::Slot::build(kP2pDataSlot, seq);
+    if (sending) {
+      mine_buf->send(peer, header_slot);
+      other_buf->recv(peer, ack_slot);
+      mine_buf->waitSend(nullptr, c->timeout);
+      other_buf->waitRecv(nullptr, c->timeout);
+    } else {
+      other_buf->recv(peer, header_slot);
+      other_buf->waitRecv(nullptr, c->timeout);
+      mine.bad = same_call(mine, other) ? 0 : 1;
+      mine_buf->send(peer, ack_slot);
+      mine_buf->waitSend(nullptr, c->timeout);
+    }
+    if (!same_call(mine, other))
+      return make_status(KEEL_STATUS_INVALID_ARGUMENT,
+                         std::string("gloo: ") + what + ": rank " + std::to_string(c->rank) + " " +
+                             (sending ? "sends" : "receives") + " count " + std::to_string(count) + " dtype " +
+                             dtype_name(dtype) + " but rank " + std::to_string(peer) + " " +
+                             (sending ? "receives" : "sends") + " count " + std::to_string(other.count) +
+                             " dtype " + dtype_name(other.dtype) + "; nothing was transferred");
+    if (count == 0) return nullptr;
+    auto data = c->ctx->createUnboundBuffer(buf, bytes);
+    if (sending) {
+      data->send(peer, data_slot);
+      data->waitSend(nullptr, c->timeout);
+    } else {
+      data->recv(peer, data_slot);
+      data->waitRecv(nullptr, c->timeout);
+    }
+    return nullptr;
+  });
+}
+
+keel_status_t c_send(void*, keel_communicator_t comm, const void* buf, uint64_t count, int32_t dtype, int32_t peer,
+                     keel_stream_t) {
+  KEEL_GLOO_PROLOGUE("send");
+  return point_to_point(c, true, const_cast<void*>(buf), count, dtype, peer);
+}
+keel_status_t c_recv(void*, keel_communicator_t comm, void* buf, uint64_t count, int32_t dtype, int32_t peer,
+                     keel_stream_t) {
+  KEEL_GLOO_PROLOGUE("recv");
+  return point_to_point(c, false, buf, count, dtype, peer);
+}
+
+keel_status_t c_barrier(void*, keel_communicator_t comm, keel_stream_t) {
+  KEEL_GLOO_PROLOGUE("barrier");
+  const Header h{kBarrier, 0, 0, 0, 0, 0};
+  const uint32_t tag = c->tag++;
+  return guarded(c, "barrier", [&](int32_t* waited_on) { return exchange_headers(c, h, "", tag, waited_on); });
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Plugin entry.
+
+std::string option_string(const keel_host_api_t* host, const char* key, const char* env) {
+  if (const char* v = std::getenv(env); v && *v) return v;
+  const char* v = nullptr;
+  if (host->options && host->plugin_options && host->options->get_string(host->plugin_options, key, &v) && v)
+    return v;
+  return "";
+}
+
+keel_status_t gloo_init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+  if (!KEEL_HAS_MEMBER(host, keel_host_api_t, register_collective)) return nullptr;
+  g_host = host;
+  g_plugin = plugin;
+  g_settings = Settings{};
+  if (std::string v = option_string(host, "hostname", "KEEL_GLOO_HOSTNAME"); !v.empty()) g_settings.hostname = v;
+  g_settings.iface = option_string(host, "iface", "KEEL_GLOO_IFACE");
+  const std::string algorithm = option_string(host, "algorithm", "KEEL_GLOO_ALGORITHM");
+  if (algorithm == "bcube") {
+    g_settings.algorithm = gloo::AllreduceOptions::Algorithm::BCUBE;
+  } else if (!algorithm.empty() && algorithm != "ring") {
+    return make_status(KEEL_STATUS_INVALID_ARGUMENT,
+                       "gloo: algorithm '" + algorithm + "' is not one of ring, bcube (manifest option "
+                       "'algorithm' or KEEL_GLOO_ALGORITHM)");
+  }
+  if (const char* v = std::getenv("KEEL_GLOO_CHECK"); v && std::string(v) == "0") g_settings.check = false;
+
+  keel_collective_table_t t;
+  std::memset(&t, 0, sizeof t);
+  t.struct_size = sizeof t;
+  t.abi_major = KEEL_PLUGIN_ABI_MAJOR;
+  t.abi_minor = KEEL_PLUGIN_ABI_MINOR;
+  t.backend = "gloo";
+  t.device_type = "cpu";
+  t.communicator_create = c_create;
+  t.communicator_release = c_release;
+  t.rank = c_rank;
+  t.size = c_size;
+  t.all_reduce = c_all_reduce;
+  t.broadcast = c_broadcast;
+  t.all_gather = c_all_gather;
+  t.reduce_scatter = c_reduce_scatter;
+  t.send = c_send;
+  t.recv = c_recv;
+  t.barrier = c_barrier;
+  if (keel_status_t s = host->register_collective(plugin, &t)) return s;
+  const std::string msg = "gloo: TCP over " + (g_settings.iface.empty() ? "address " + g_settings.hostname
+                                                                          : "interface " + g_settings.iface) +
+                          ", all-reduce " + (algorithm.empty() ? "ring" : algorithm) +
+                          (g_settings.check ? "" : ", argument check off (KEEL_GLOO_CHECK=0)");
+  host->log(plugin, KEEL_LOG_INFO, msg.c_str());
+  return nullptr;
+}
+
+void gloo_shutdown() {
+  g_host = nullptr;
+  g_plugin = nullptr;
+}
+
+const keel_plugin_t kGlooPlugin = {
+    sizeof(keel_plugin_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR, "gloo", "0.1.0",
+    KEEL_PLUGIN_KIND_COLLECTIVE, gloo_init, gloo_shutdown,
+};
+
+}  // namespace
+
+extern "C" KEEL_PLUGIN_EXPORT const keel_plugin_t* keel_plugin_entry(void) { return &kGlooPlugin; }

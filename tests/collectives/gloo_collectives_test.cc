@@ -1,0 +1,519 @@
+// gloo_collectives_test — the Gloo collective plugin (plugins/gloo) through the core (hal::Communicator), with 2, 3
+// and 4 ranks as threads of this process over loopback TCP: inputs rank+1, so SUM = W(W+1)/2, PROD = W!, MIN = 1,
+// MAX = W, AVG = (W+1)/2, for f32/f16/bf16/f64/i32/i64, in place and not; broadcast from every root; all-gather
+// order; reduce-scatter; send/recv; empty tensors; count, dtype, op and root mismatches (an error on every rank, the
+// output untouched, the communicator still usable); several communicators on one store; and the faults: a rank that
+// never arrives (DEADLINE_EXCEEDED naming it, within the timeout), a peer that releases its communicator while the
+// others wait on it (an error naming it, well before the timeout, then FAILED_PRECONDITION), a peer that never
+// calls (DEADLINE_EXCEEDED naming it), and a peer process SIGKILLed before its first collective
+// (gloo_rank_helper). Skips with the recorded reason when the plugin was not built.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/base/dtype.h"
+#include "tests/collectives/collective_test_util.h"
+
+extern char** environ;
+
+namespace keel {
+namespace {
+
+using testing::FileStore;
+using testing::gloo;
+using testing::KvStore;
+using Clock = std::chrono::steady_clock;
+
+#define SKIP_WITHOUT_GLOO()                              \
+  do {                                                   \
+    if (!gloo().why.empty()) GTEST_SKIP() << gloo().why; \
+  } while (0)
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Runs fn(rank, comm) on `world` threads, each with its own communicator on one store; returns the errors of every
+// rank ("" when fine).
+std::vector<std::string> run_ranks(int32_t world, int64_t timeout_ms,
+                                   const std::function<std::string(int32_t, hal::Communicator&)>& fn,
+                                   KvStore* shared = nullptr) {
+  KvStore local;
+  KvStore* store = shared ? shared : &local;
+  std::vector<std::string> errors(static_cast<size_t>(world));
+  std::vector<std::thread> ranks;
+  for (int32_t r = 0; r < world; ++r) {
+    ranks.emplace_back([&, r] {
+      auto comm = hal::Communicator::create(gloo().entry, &store->c, r, world, 0, timeout_ms);
+      if (!comm.is_ok()) {
+        errors[static_cast<size_t>(r)] = "create: " + comm.status().to_string();
+        return;
+      }
+      errors[static_cast<size_t>(r)] = fn(r, *comm);
+    });
+  }
+  for (auto& t : ranks) t.join();
+  return errors;
+}
+
+void expect_no_errors(const std::vector<std::string>& errors, const std::string& what) {
+  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << what << ": rank " << r;
+}
+
+// Values of any tested dtype, held as doubles on the test's side.
+struct Values {
+  DType dtype;
+  std::vector<uint8_t> bytes;
+  Values(DType t, size_t n, double v = 0) : dtype(t), bytes(n * dtype_size(t)) {
+    for (size_t i = 0; i < n; ++i) set(i, v);
+  }
+  size_t size() const { return bytes.size() / dtype_size(dtype); }
+  void* data() { return bytes.data(); }
+  void set(size_t i, double v) {
+    uint8_t* p = bytes.data() + i * dtype_size(dtype);
+    switch (dtype) {
+      case DType::kF32: { float x = static_cast<float>(v); std::memcpy(p, &x, 4); break; }
+      case DType::kF64: std::memcpy(p, &v, 8); break;
+      case DType::kI32: { int32_t x = static_cast<int32_t>(v); std::memcpy(p, &x, 4); break; }
+      case DType::kI64: { int64_t x = static_cast<int64_t>(v); std::memcpy(p, &x, 8); break; }
+      case DType::kF16: { uint16_t x = f32_to_f16(static_cast<float>(v)); std::memcpy(p, &x, 2); break; }
+      case DType::kBF16: { uint16_t x = f32_to_bf16(static_cast<float>(v)); std::memcpy(p, &x, 2); break; }
+      default: break;
+    }
+  }
+  double get(size_t i) const {
+    const uint8_t* p = bytes.data() + i * dtype_size(dtype);
+    switch (dtype) {
+      case DType::kF32: { float x; std::memcpy(&x, p, 4); return x; }
+      case DType::kF64: { double x; std::memcpy(&x, p, 8); return x; }
+      case DType::kI32: { int32_t x; std::memcpy(&x, p, 4); return x; }
+      case DType::kI64: { int64_t x; std::memcpy(&x, p, 8); return x; }
+      case DType::kF16: { uint16_t x; std::memcpy(&x, p, 2); return f16_to_f32(x); }
+      case DType::kBF16: { uint16_t x; std::memcpy(&x, p, 2); return bf16_to_f32(x); }
+      default: return NAN;
+    }
+  }
+  // "" when every element equals `want`, else the first difference.
+  std::string all_equal(double want) const {
+    for (size_t i = 0; i < size(); ++i)
+      if (get(i) != want)
+        return std::string(dtype_name(dtype)) + "[" + std::to_string(i) + "] = " + std::to_string(get(i)) +
+               ", want " + std::to_string(want);
+    return "";
+  }
+};
+
+const DType kDtypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kF64, DType::kI32, DType::kI64};
+const keel_reduce_op_t kOps[] = {KEEL_REDUCE_SUM, KEEL_REDUCE_PROD, KEEL_REDUCE_MIN, KEEL_REDUCE_MAX, KEEL_REDUCE_AVG};
+
+double expected(keel_reduce_op_t op, int32_t w, DType t) {
+  switch (op) {
+    case KEEL_REDUCE_SUM: return w * (w + 1) / 2.0;
+    case KEEL_REDUCE_PROD: { double p = 1; for (int i = 2; i <= w; ++i) p *= i; return p; }
+    case KEEL_REDUCE_MIN: return 1;
+    case KEEL_REDUCE_MAX: return w;
+    case KEEL_REDUCE_AVG: {
+      const int64_t sum = w * (w + 1) / 2;
+      return dtype_is_integer(t) ? static_cast<double>(sum / w) : static_cast<double>(sum) / w;
+    }
+  }
+  return NAN;
+}
+
+std::string op_name(keel_reduce_op_t op) {
+  switch (op) {
+    case KEEL_REDUCE_SUM: return "sum";
+    case KEEL_REDUCE_PROD: return "prod";
+    case KEEL_REDUCE_MIN: return "min";
+    case KEEL_REDUCE_MAX: return "max";
+    case KEEL_REDUCE_AVG: return "avg";
+  }
+  return "?";
+}
+
+TEST(GlooCollectives, PluginLoads) {
+  ASSERT_TRUE(gloo().env) << gloo().why;
+  for (const auto& p : gloo().env->plugins()) {
+    if (p.name == "gloo") EXPECT_EQ(p.state, PluginState::kLoaded) << p.reason;
+  }
+  SKIP_WITHOUT_GLOO();
+  EXPECT_EQ(gloo().entry->device_type, "cpu");
+}
+
+class GlooWorld : public ::testing::TestWithParam<int32_t> {};
+
+TEST_P(GlooWorld, AllReduceEveryOpAndDtype) {
+  SKIP_WITHOUT_GLOO();
+  const int32_t w = GetParam();
+  const size_t n = 1003;  // not a multiple of any world size
+  auto errors = run_ranks(w, 5000, [&](int32_t r, hal::Communicator& comm) -> std::string {
+    int variant = 0;
+    for (DType t : kDtypes) {
+      for (keel_reduce_op_t op : kOps) {
+        Values in(t, n, r + 1), out(t, n, -7);
+        const bool in_place = (variant++ % 2) == 1;
+        Status s = in_place ? comm.all_reduce(in.data(), in.data(), n, t, op)
+                            : comm.all_reduce(in.data(), out.data(), n, t, op);
+        if (!s.is_ok()) return s.to_string();
+        std::string bad = (in_place ? in : out).all_equal(expected(op, w, t));
+        if (!bad.empty()) return std::string("all_reduce ") + (in_place ? "in place " : "") + bad;
+        if (!in_place && !(bad = in.all_equal(r + 1)).empty()) return "all_reduce changed its input: " + bad;
+      }
+    }
+    // Large enough for several of Gloo's 1 MiB segments per rank.
+    Values big(DType::kF32, (3u << 20) / 4 + 5, r + 1);
+    if (Status s = comm.all_reduce(big.data(), big.data(), big.size(), DType::kF32, KEEL_REDUCE_SUM); !s.is_ok())
+      return s.to_string();
+    return big.all_equal(w * (w + 1) / 2.0);
+  });
+  expect_no_errors(errors, "all_reduce");
+}
+
+TEST_P(GlooWorld, BroadcastFromEveryRoot) {
+  SKIP_WITHOUT_GLOO();
+  const int32_t w = GetParam();
+  auto errors = run_ranks(w, 5000, [&](int32_t r, hal::Communicator& comm) -> std::string {
+    for (DType t : {DType::kF32, DType::kBF16, DType::kI64}) {
+      for (int32_t root = 0; root < w; ++root) {
+        Values in(t, 517, r == root ? 100 + root : -1), out(t, 517, -2);
+        const bool in_place = root % 2 == 1;
+        Status s = in_place ? comm.broadcast(in.data(), in.data(), in.size(), t, root)
+                            : comm.broadcast(in.data(), out.data(), in.size(), t, root);
+        if (!s.is_ok()) return s.to_string();
+        std::string bad = (in_place ? in : out).all_equal(100 + root);
+        if (!bad.empty()) return "broadcast from " + std::to_string(root) + ": " + bad;
+      }
+    }
+    return "";
+  });
+  expect_no_errors(errors, "broadcast");
+}
+
+TEST_P(GlooWorld, AllGatherKeepsRankOrder) {
+  SKIP_WITHOUT_GLOO();
+  const int32_t w = GetParam();
+  const size_t n = 301;
+  auto errors = run_ranks(w, 5000, [&](int32_t r, hal::Communicator& comm) -> std::string {
+    for (bool in_place : {false, true}) {
+      Values in(DType::kI32, n), out(DType::kI32, n * static_cast<size_t>(w), -1);
+      for (size_t i = 0; i < n; ++i) in.set(i, r * 1000 + static_cast<double>(i));
+      Status s;
+      if (in_place) {
+        std::memcpy(static_cast<char*>(out.data()) + static_cast<size_t>(r) * n * 4, in.data(), n * 4);
+        s = comm.all_gather(static_cast<char*>(out.data()) + static_cast<size_t>(r) * n * 4, out.data(), n, DType::kI32);
+      } else {
+        s = comm.all_gather(in.data(), out.data(), n, DType::kI32);
+      }
+      if (!s.is_ok()) return s.to_string();
+      for (int32_t q = 0; q < w; ++q)
+        for (size_t i = 0; i < n; ++i)
+          if (out.get(static_cast<size_t>(q) * n + i) != q * 1000 + static_cast<double>(i))
+            return "all_gather: block " + std::to_string(q) + " element " + std::to_string(i) + " = " +
+                   std::to_string(out.get(static_cast<size_t>(q) * n + i));
+    }
+    return "";
+  });
+  expect_no_errors(errors, "all_gather");
+}
+
+TEST_P(GlooWorld, ReduceScatter) {
+  SKIP_WITHOUT_GLOO();
+  const int32_t w = GetParam();
+  const size_t n = 257;
+  auto errors = run_ranks(w, 5000, [&](int32_t r, hal::Communicator& comm) -> std::string {
+    for (DType t : {DType::kF32, DType::kF16, DType::kI64}) {
+      for (keel_reduce_op_t op : {KEEL_REDUCE_SUM, KEEL_REDUCE_MAX, KEEL_REDUCE_AVG}) {
+        // Block q of rank r holds (r+1) * (q+1): rank q receives (q+1) times the reduction of 1..W.
+        Values in(t, n * static_cast<size_t>(w)), out(t, n, -3);
+        for (int32_t q = 0; q < w; ++q)
+          for (size_t i = 0; i < n; ++i) in.set(static_cast<size_t>(q) * n + i, (r + 1) * (q + 1));
+        const bool in_place = op == KEEL_REDUCE_MAX;  // recv = send + rank * n, as NCCL defines in place
+        void* recv = in_place ? static_cast<char*>(in.data()) + static_cast<size_t>(r) * n * dtype_size(t) : out.data();
+        Status s = comm.reduce_scatter(in.data(), recv, n, t, op);
+        if (!s.is_ok()) return s.to_string();
+        const double want = op == KEEL_REDUCE_AVG && dtype_is_integer(t)
+                                ? static_cast<double>((r + 1) * (w * (w + 1) / 2) / w)
+                                : (r + 1) * expected(op, w, t);
+        Values got(t, n);
+        std::memcpy(got.data(), recv, n * dtype_size(t));
+        std::string bad = got.all_equal(want);
+        if (!bad.empty()) return std::string("reduce_scatter ") + op_name(op) + ": " + bad;
+      }
+    }
+    return "";
+  });
+  expect_no_errors(errors, "reduce_scatter");
+}
+
+TEST_P(GlooWorld, SendRecvRingAndBarrier) {
+  SKIP_WITHOUT_GLOO();
+  const int32_t w = GetParam();
+  auto errors = run_ranks(w, 5000, [&](int32_t r, hal::Communicator& comm) -> std::string {
+    const int32_t next = (r + 1) % w, prev = (r + w - 1) % w;
+    for (int round = 0; round < 3; ++round) {
+      Values out(DType::kF64, 1000, r * 10 + round), in(DType::kF64, 1000, -1);
+      // Even ranks send first, odd ones receive first (blocking point-to-point).
+      Status s1 = r % 2 == 0 ? comm.send(out.data(), 1000, DType::kF64, next) : comm.recv(in.data(), 1000, DType::kF64, prev);
+      Status s2 = r % 2 == 0 ? comm.recv(in.data(), 1000, DType::kF64, prev) : comm.send(out.data(), 1000, DType::kF64, next);
+      if (!s1.is_ok()) return s1.to_string();
+      if (!s2.is_ok()) return s2.to_string();
+      std::string bad = in.all_equal(prev * 10 + round);
+      if (!bad.empty()) return "recv: " + bad;
+      if (Status s = comm.barrier(); !s.is_ok()) return s.to_string();
+    }
+    // A peer out of range, or oneself, is an error.
+    Values x(DType::kF32, 4);
+    if (comm.send(x.data(), 4, DType::kF32, w).is_ok()) return "send to rank W succeeded";
+    if (comm.recv(x.data(), 4, DType::kF32, r).is_ok()) return "recv from oneself succeeded";
+    return "";
+  });
+  expect_no_errors(errors, "send/recv");
+}
+
+TEST_P(GlooWorld, EmptyTensorsDoNotHang) {
+  SKIP_WITHOUT_GLOO();
+  const int32_t w = GetParam();
+  const auto t0 = Clock::now();
+  auto errors = run_ranks(w, 5000, [&](int32_t r, hal::Communicator& comm) -> std::string {
+    for (DType t : kDtypes)
+      if (Status s = comm.all_reduce(nullptr, nullptr, 0, t, KEEL_REDUCE_SUM); !s.is_ok()) return s.to_string();
+    if (Status s = comm.broadcast(nullptr, nullptr, 0, DType::kF32, w - 1); !s.is_ok()) return s.to_string();
+    if (Status s = comm.all_gather(nullptr, nullptr, 0, DType::kF32); !s.is_ok()) return s.to_string();
+    if (Status s = comm.reduce_scatter(nullptr, nullptr, 0, DType::kF32, KEEL_REDUCE_SUM); !s.is_ok()) return s.to_string();
+    const int32_t peer = r ^ 1;
+    if (peer < w) {
+      Status s = r % 2 == 0 ? comm.send(nullptr, 0, DType::kF32, peer) : comm.recv(nullptr, 0, DType::kF32, peer);
+      if (!s.is_ok()) return s.to_string();
+    }
+    return comm.barrier().is_ok() ? "" : "barrier failed";
+  });
+  expect_no_errors(errors, "empty");
+  EXPECT_LT(seconds_since(t0), 4.0);
+}
+
+TEST_P(GlooWorld, MismatchesAreErrorsOnEveryRankNotCorruption) {
+  SKIP_WITHOUT_GLOO();
+  const int32_t w = GetParam();
+  const int32_t odd = w - 1;  // the rank that passes something else
+  auto errors = run_ranks(w, 5000, [&](int32_t r, hal::Communicator& comm) -> std::string {
+    const size_t n = 100;
+    auto expect_mismatch = [&](Status s, Values& out, double untouched, const char* what) -> std::string {
+      if (s.is_ok()) return std::string(what) + ": succeeded";
+      if (s.code() != StatusCode::kInvalidArgument) return std::string(what) + ": " + s.to_string();
+      if (s.message().find("rank " + std::to_string(r == odd ? 0 : odd)) == std::string::npos &&
+          s.message().find("rank " + std::to_string(odd)) == std::string::npos)
+        return std::string(what) + ": the message names no rank: " + s.to_string();
+      std::string bad = out.all_equal(untouched);
+      return bad.empty() ? "" : std::string(what) + ": output touched: " + bad;
+    };
+    {  // count
+      Values in(DType::kF32, n + 1, 1), out(DType::kF32, n + 1, -5);
+      std::string e = expect_mismatch(comm.all_reduce(in.data(), out.data(), r == odd ? n + 1 : n, DType::kF32,
+                                                      KEEL_REDUCE_SUM), out, -5, "count");
+      if (!e.empty()) return e;
+    }
+    {  // dtype (same byte size: f32 against i32)
+      Values in(DType::kF32, n, 1), out(DType::kF32, n, -5);
+      std::string e = expect_mismatch(comm.all_reduce(in.data(), out.data(), n, r == odd ? DType::kI32 : DType::kF32,
+                                                      KEEL_REDUCE_SUM), out, -5, "dtype");
+      if (!e.empty()) return e;
+    }
+    {  // op
+      Values in(DType::kF32, n, 1), out(DType::kF32, n, -5);
+      std::string e = expect_mismatch(comm.all_reduce(in.data(), out.data(), n, DType::kF32,
+                                                      r == odd ? KEEL_REDUCE_MAX : KEEL_REDUCE_SUM), out, -5, "op");
+      if (!e.empty()) return e;
+    }
+    {  // broadcast root and count
+      Values buf(DType::kF32, n + 1, -5);
+      std::string e = expect_mismatch(comm.broadcast(buf.data(), buf.data(), n, DType::kF32, r == odd ? 1 : 0), buf,
+                                      -5, "root");
+      if (!e.empty()) return e;
+      e = expect_mismatch(comm.broadcast(buf.data(), buf.data(), r == odd ? n + 1 : n, DType::kF32, 0), buf, -5,
+                          "broadcast count");
+      if (!e.empty()) return e;
+    }
+    {  // one rank's invalid argument (an unknown op) is an error everywhere
+      Values in(DType::kF32, n, 1), out(DType::kF32, n, -5);
+      Status s = comm.all_reduce(in.data(), out.data(), n, DType::kF32,
+                                 r == odd ? static_cast<keel_reduce_op_t>(99) : KEEL_REDUCE_SUM);
+      if (s.is_ok() || s.code() != StatusCode::kInvalidArgument) return "invalid op: " + s.to_string();
+    }
+    {  // send/recv of different sizes: an error on both sides
+      const int32_t peer = r ^ 1;
+      if (peer < w) {
+        Values buf(DType::kF32, n + 1, -5);
+        Status s = r % 2 == 0 ? comm.send(buf.data(), n, DType::kF32, peer)
+                              : comm.recv(buf.data(), n + 1, DType::kF32, peer);
+        if (s.is_ok() || s.code() != StatusCode::kInvalidArgument) return "send/recv sizes: " + s.to_string();
+      }
+    }
+    // The communicator is still usable.
+    Values in(DType::kF32, n, r + 1), out(DType::kF32, n);
+    if (Status s = comm.all_reduce(in.data(), out.data(), n, DType::kF32, KEEL_REDUCE_SUM); !s.is_ok())
+      return "after the mismatches: " + s.to_string();
+    return out.all_equal(w * (w + 1) / 2.0);
+  });
+  expect_no_errors(errors, "mismatch");
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, GlooWorld, ::testing::Values(2, 3, 4),
+                         [](const ::testing::TestParamInfo<int32_t>& i) { return "W" + std::to_string(i.param); });
+
+TEST(GlooCollectives, OneRankNeedsNoStore) {
+  SKIP_WITHOUT_GLOO();
+  auto comm = hal::Communicator::create(gloo().entry, nullptr, 0, 1, 0, 1000);
+  ASSERT_TRUE(comm.is_ok()) << comm.status().to_string();
+  Values in(DType::kF32, 10, 3), out(DType::kF32, 10);
+  ASSERT_TRUE(comm->all_reduce(in.data(), out.data(), 10, DType::kF32, KEEL_REDUCE_AVG).is_ok());
+  EXPECT_EQ(out.all_equal(3), "");
+  ASSERT_TRUE(comm->all_gather(in.data(), out.data(), 10, DType::kF32).is_ok());
+  ASSERT_TRUE(comm->barrier().is_ok());
+  EXPECT_FALSE(comm->all_reduce(in.data(), out.data(), 10, DType::kString, KEEL_REDUCE_SUM).is_ok());
+  auto no_store = hal::Communicator::create(gloo().entry, nullptr, 0, 2, 0, 500);
+  EXPECT_EQ(no_store.status().code(), StatusCode::kInvalidArgument) << no_store.status().to_string();
+}
+
+TEST(GlooCollectives, SeveralCommunicatorsShareOneStore) {
+  SKIP_WITHOUT_GLOO();
+  KvStore store;
+  const int32_t w = 3;
+  std::vector<std::string> errors(w);
+  std::vector<std::thread> ranks;
+  for (int32_t r = 0; r < w; ++r) {
+    ranks.emplace_back([&, r] {
+      auto a = hal::Communicator::create(gloo().entry, &store.c, r, w, 0, 5000);
+      auto b = hal::Communicator::create(gloo().entry, &store.c, r, w, 0, 5000);
+      if (!a.is_ok() || !b.is_ok()) {
+        errors[r] = "create: " + (a.is_ok() ? b.status() : a.status()).to_string();
+        return;
+      }
+      Values x(DType::kF32, 64, r + 1), y(DType::kF32, 64, 10 * (r + 1));
+      // Interleaved on the two communicators.
+      if (!b->all_reduce(y.data(), y.data(), 64, DType::kF32, KEEL_REDUCE_SUM).is_ok() ||
+          !a->all_reduce(x.data(), x.data(), 64, DType::kF32, KEEL_REDUCE_SUM).is_ok()) {
+        errors[r] = "all_reduce failed";
+        return;
+      }
+      errors[r] = x.all_equal(6) + y.all_equal(60);
+    });
+  }
+  for (auto& t : ranks) t.join();
+  expect_no_errors(errors, "two communicators");
+}
+
+TEST(GlooCollectives, ARankThatNeverArrivesIsNamed) {
+  SKIP_WITHOUT_GLOO();
+  KvStore store;
+  std::vector<Status> results(2);
+  const auto t0 = Clock::now();
+  std::vector<std::thread> ranks;
+  for (int32_t r = 0; r < 2; ++r)  // rank 2 of 3 never comes
+    ranks.emplace_back([&, r] { results[r] = hal::Communicator::create(gloo().entry, &store.c, r, 3, 0, 1000).status(); });
+  for (auto& t : ranks) t.join();
+  const double s = seconds_since(t0);
+  std::printf("rank 0 sees: %s\n", results[0].to_string().c_str());
+  for (const Status& st : results) {
+    EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.to_string();
+    EXPECT_NE(st.message().find("rank 2 of 3 never arrived"), std::string::npos) << st.to_string();
+  }
+  EXPECT_LT(s, 3.0) << "the timeout is 1 s";
+}
+
+// Ranks 0..W-2 all-reduce while the last rank releases its communicator without joining: each gets an error naming
+// the last rank, long before the 5 s timeout; later entries fail with FAILED_PRECONDITION.
+TEST_P(GlooWorld, APeerThatLeavesMidCollectiveIsNamed) {
+  SKIP_WITHOUT_GLOO();
+  const int32_t w = GetParam();
+  const int32_t leaver = w - 1;
+  std::barrier all_failed(w);
+  const auto t0 = Clock::now();
+  auto errors = run_ranks(w, 5000, [&](int32_t r, hal::Communicator& comm) -> std::string {
+    if (r == leaver) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      comm = hal::Communicator();  // releases: its connections close
+      all_failed.arrive_and_wait();
+      return "";
+    }
+    Values x(DType::kF32, 1 << 16, 1);
+    Status s = comm.all_reduce(x.data(), x.data(), x.size(), DType::kF32, KEEL_REDUCE_SUM);
+    all_failed.arrive_and_wait();  // keep every connection but the leaver's until all have failed
+    if (s.is_ok()) return "all_reduce succeeded without rank " + std::to_string(leaver);
+    if (r == 0) std::printf("rank 0 of %d sees: %s\n", w, s.to_string().c_str());
+    if (s.message().find("connection to rank " + std::to_string(leaver) + " closed") == std::string::npos)
+      return "the error does not name rank " + std::to_string(leaver) + ": " + s.to_string();
+    Status again = comm.barrier();
+    if (again.code() != StatusCode::kFailedPrecondition) return "after the error: " + again.to_string();
+    return "";
+  });
+  expect_no_errors(errors, "a peer leaves");
+  EXPECT_LT(seconds_since(t0), 4.0) << "the peer's connection closed: no need to wait for the 5 s timeout";
+}
+
+TEST(GlooCollectives, APeerThatNeverCallsTimesOutNamingIt) {
+  SKIP_WITHOUT_GLOO();
+  std::barrier done(2);
+  const auto t0 = Clock::now();
+  auto errors = run_ranks(2, 1000, [&](int32_t r, hal::Communicator& comm) -> std::string {
+    std::string err;
+    if (r == 0) {
+      Values x(DType::kF32, 16, 1);
+      Status s = comm.all_reduce(x.data(), x.data(), 16, DType::kF32, KEEL_REDUCE_SUM);
+      std::printf("rank 0 sees: %s\n", s.to_string().c_str());
+      if (s.code() != StatusCode::kDeadlineExceeded || s.message().find("waiting on rank 1") == std::string::npos)
+        err = "want DEADLINE_EXCEEDED waiting on rank 1: " + s.to_string();
+    }
+    done.arrive_and_wait();  // rank 1 stays connected but silent until rank 0 has given up
+    return err;
+  });
+  expect_no_errors(errors, "silent peer");
+  EXPECT_LT(seconds_since(t0), 4.0) << "the timeout is 1 s";
+}
+
+// Rank 1 is another process (gloo_rank_helper) that connects and is then SIGKILLed before its first collective;
+// rank 0's all-reduce fails naming it, bounded in time. The store is a directory.
+TEST(GlooCollectives, APeerProcessKilledBeforeItsFirstCollective) {
+  SKIP_WITHOUT_GLOO();
+  const std::string helper = KEEL_GLOO_RANK_HELPER;
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("keel_gloo_test_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::vector<std::string> args = {helper, dir.string(), "1", "2", "5000"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  ASSERT_EQ(posix_spawn(&pid, helper.c_str(), nullptr, nullptr, argv.data(), environ), 0) << helper;
+  FileStore store(dir.string());
+  auto comm = hal::Communicator::create(gloo().entry, &store.c, 0, 2, 0, 5000);
+  ASSERT_TRUE(comm.is_ok()) << comm.status().to_string();
+  const void* v = nullptr;
+  size_t n = 0;
+  keel_status_t ready = store.c.get(&store.c, "test/ready/1", 5000, &v, &n);
+  ASSERT_EQ(ready, nullptr) << "the helper never connected";
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  const auto t0 = Clock::now();
+  Values x(DType::kF32, 1 << 16, 1);
+  Status s = comm->all_reduce(x.data(), x.data(), x.size(), DType::kF32, KEEL_REDUCE_SUM);
+  std::printf("rank 0 sees: %s\n", s.to_string().c_str());
+  EXPECT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("connection to rank 1 closed"), std::string::npos) << s.to_string();
+  EXPECT_LT(seconds_since(t0), 4.0) << s.to_string();
+  fs::remove_all(dir);
+}
+
+}  // namespace
+
+}  // namespace keel

@@ -1,0 +1,34 @@
+// gloo_rank_helper — one rank of a Gloo communicator in its own process, for gloo_collectives_test's multi-process
+// cases: `gloo_rank_helper STORE_DIR RANK SIZE TIMEOUT_MS` creates its communicator through a directory-backed store
+// (FileStore), announces "test/ready/<rank>", then waits (up to the timeout) to be killed. Exit codes: 0 when the
+// wait ran out, 2 bad arguments, 3 the plugin is missing, 4 the communicator could not be created.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "tests/collectives/collective_test_util.h"
+
+int main(int argc, char** argv) {
+  if (argc != 5) {
+    std::fprintf(stderr, "usage: %s STORE_DIR RANK SIZE TIMEOUT_MS\n", argv[0]);
+    return 2;
+  }
+  const int32_t rank = std::atoi(argv[2]), size = std::atoi(argv[3]);
+  const int64_t timeout_ms = std::atoll(argv[4]);
+  auto& g = keel::testing::gloo();
+  if (!g.entry) {
+    std::fprintf(stderr, "gloo_rank_helper: %s\n", g.why.c_str());
+    return 3;
+  }
+  keel::testing::FileStore store(argv[1]);
+  auto comm = keel::hal::Communicator::create(g.entry, &store.c, rank, size, 0, timeout_ms);
+  if (!comm.is_ok()) {
+    std::fprintf(stderr, "gloo_rank_helper: rank %d: %s\n", rank, comm.status().to_string().c_str());
+    return 4;
+  }
+  const char one = 1;
+  keel_status_release(store.c.set(&store.c, ("test/ready/" + std::to_string(rank)).c_str(), &one, 1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(timeout_ms));
+  return 0;
+}
