@@ -20,6 +20,7 @@
 #include <system_error>
 #include <unordered_set>
 
+#include "core/runtime/attribute_checks.h"
 #include "core/runtime/shape_values.h"
 
 namespace keel {
@@ -565,9 +566,11 @@ void guard_onnx_data_propagators() {
   });
 }
 
-// ONNX shape inference, with the data propagators guarded (above). Every inference in the core goes through here.
+// ONNX shape inference, with the data propagators guarded (above) and the inference functions of ops with attribute
+// rules checking attributes first (attribute_checks.h). Every inference in the core goes through here.
 void infer_onnx_shapes(onnx::ModelProto& m, const onnx::ShapeInferenceOptions& opts) {
   guard_onnx_data_propagators();
+  guard_onnx_inference_attributes();
   onnx::shape_inference::InferShapes(m, onnx::OpSchemaRegistry::Instance(), opts);
 }
 
@@ -719,6 +722,16 @@ StatusOr<Graph> graph_from_model_proto(onnx::ModelProto& m, const fs::path& base
       KEEL_RETURN_IF_ERROR(check_values_defined(m.graph(), scopes, 0), name);
       std::unordered_map<std::string, int> ranks;
       KEEL_RETURN_IF_ERROR(precheck_for_shape_inference(m.graph(), ranks, 0), name);
+      // Attributes that ONNX 1.12's inference or a kernel would divide by, index with or allocate from.
+      KEEL_RETURN_IF_ERROR(check_model_attributes(m.graph(),
+                                                  [&m](const std::string& domain) {
+                                                    for (const auto& o : m.opset_import()) {
+                                                      const std::string d = o.domain() == "ai.onnx" ? "" : o.domain();
+                                                      if (d == domain) return static_cast<int32_t>(o.version());
+                                                    }
+                                                    return 0;
+                                                  }),
+                           name);
     }
 
     if (opset != 0 && opset < kMinOnnxOpset) {
@@ -1152,6 +1165,7 @@ Status infer_shapes(Graph& graph) {
     ExportOptions eo;
     eo.max_initializer_bytes = 4096;  // shape-carrying constants are small; weights only need their type
     eo.value_info_only_for_custom_domains = true;
+    KEEL_RETURN_IF_ERROR(check_graph_attributes(graph), "infer_shapes");
     KEEL_RETURN_IF_ERROR(export_model(graph, exported, eo), "infer_shapes");
     onnx::ShapeInferenceOptions opts(/*check_type=*/false, /*error_mode=*/0, /*data_prop=*/true);
     onnx::ModelProto m = exported;
@@ -1193,6 +1207,7 @@ Status infer_shapes(Graph& graph) {
     // The learnt values are initializers of the last inferred copy: their types are not in its value_info.
     for (const auto& [name, t] : known)
       if (!graph.is_initializer(name)) merge_value_info(graph.value_info[name], ValueInfo(t.dtype(), t.shape()));
+    KEEL_RETURN_IF_ERROR(check_graph_attributes(graph), "infer_shapes");  // again, with the shapes inference learnt
     return check_static_sizes(graph);
   } catch (const std::exception& e) {
     return internal_error(std::string("infer_shapes: ") + e.what());
