@@ -158,15 +158,16 @@ DataParallel::~DataParallel() {
   }
 }
 
-void DataParallel::build_buckets(const std::vector<size_t>& order) {
+void DataParallel::build_buckets(const std::vector<size_t>& order, const std::vector<bool>& split_after) {
   const auto cap = static_cast<uint64_t>(opts_.bucket_cap_mb * 1024.0 * 1024.0);
   buckets_.clear();
   bucket_of_.assign(params_.size(), SIZE_MAX);
   uint64_t bytes = 0;
-  for (size_t i : order) {
+  for (size_t k = 0; k < order.size(); ++k) {
+    const size_t i = order[k];
     const Tensor& p = params_[i];
     const uint64_t b = p.data().byte_size();
-    bool fresh = buckets_.empty() || bytes + b > cap;
+    bool fresh = buckets_.empty() || bytes + b > cap || (k > 0 && k - 1 < split_after.size() && split_after[k - 1]);
     if (!fresh) {
       const Tensor& first = params_[buckets_.back().params.front()];
       fresh = first.dtype() != p.dtype() || first.device() != p.device();
@@ -194,7 +195,11 @@ void DataParallel::on_grad_ready(size_t i) {
   if (ready_[i]) return;  // a second backward before finish(): its gradient was added to .grad already, not resent
   ready_[i] = true;
   any_ready_ = true;
-  if (first_step_) ready_order_.push_back(i);
+  if (!rebuilt_ && opts_.rebuild_buckets) {
+    if (ready_order_.empty()) ready_t0_ = Clock::now();
+    ready_order_.push_back(i);
+    ready_times_.push_back(seconds_since(ready_t0_));
+  }
   Bucket& b = buckets_[bucket_of_[i]];
   if (--b.pending == 0) launch_ready_buckets();
 }
@@ -316,28 +321,52 @@ Status DataParallel::finish() {
   }
   ++stats_.steps;
   reset_step();
-  if (first_step_) {
-    first_step_ = false;
-    if (opts_.rebuild_buckets && !rebuilt_) {
-      // Every rank takes rank 0's observed order so the buckets pair up; parameters never ready go last.
-      std::vector<int64_t> order(params_.size(), -1);
-      for (size_t k = 0; k < ready_order_.size(); ++k) order[k] = static_cast<int64_t>(ready_order_[k]);
-      KEEL_RETURN_IF_ERROR(comm_.broadcast(order.data(), order.data(), order.size(), DType::kI64, 0),
-                           "DataParallel: bucket order from rank 0");
-      std::vector<size_t> rebuilt;
-      std::vector<bool> seen(params_.size(), false);
-      for (int64_t i : order) {
-        if (i < 0 || static_cast<size_t>(i) >= params_.size() || seen[static_cast<size_t>(i)]) continue;
-        if (!params_[static_cast<size_t>(i)].requires_grad()) continue;
-        seen[static_cast<size_t>(i)] = true;
-        rebuilt.push_back(static_cast<size_t>(i));
-      }
-      for (size_t i = params_.size(); i-- > 0;)
-        if (!seen[i] && params_[i].requires_grad()) rebuilt.push_back(i);
-      build_buckets(rebuilt);
-      rebuilt_ = true;
+  if (opts_.rebuild_buckets && !rebuilt_) {
+    if (stats_.steps >= 2) return rebuild();
+    ready_order_.clear();  // observe the next (steady) step
+    ready_times_.clear();
+  }
+  return Status::ok();
+}
+
+Status DataParallel::rebuild() {
+  rebuilt_ = true;
+  // Rank 0 decides: its ready order, and split points after the longest gaps between two ready gradients.
+  // Encoded per position as index + (split << 32); -1 past the gradients that were ready.
+  std::vector<int64_t> code(params_.size(), -1);
+  std::vector<bool> split(ready_order_.size(), false);
+  if (opts_.gap_split > 0 && ready_times_.size() >= 2) {
+    const double span = ready_times_.back() - ready_times_.front();
+    std::vector<std::pair<double, size_t>> gaps;
+    for (size_t k = 0; k + 1 < ready_times_.size(); ++k) {
+      const double gap = ready_times_[k + 1] - ready_times_[k];
+      if (span > 0 && gap >= opts_.gap_split * span) gaps.emplace_back(gap, k);
+    }
+    std::sort(gaps.rbegin(), gaps.rend());
+    for (size_t g = 0; g < gaps.size() && static_cast<int>(g) < opts_.max_gap_splits; ++g) split[gaps[g].second] = true;
+  }
+  for (size_t k = 0; k < ready_order_.size(); ++k)
+    code[k] = static_cast<int64_t>(ready_order_[k]) | (split[k] ? (int64_t{1} << 32) : 0);
+  KEEL_RETURN_IF_ERROR(comm_.broadcast(code.data(), code.data(), code.size(), DType::kI64, 0),
+                       "DataParallel: bucket order from rank 0");
+  std::vector<size_t> order;
+  std::vector<bool> split_after;
+  std::vector<bool> seen(params_.size(), false);
+  for (int64_t c : code) {
+    if (c < 0) continue;
+    const auto i = static_cast<size_t>(c & 0xffffffff);
+    if (i >= params_.size() || seen[i] || !params_[i].requires_grad()) continue;
+    seen[i] = true;
+    order.push_back(i);
+    split_after.push_back((c >> 32) & 1);
+  }
+  for (size_t i = params_.size(); i-- > 0;) {  // never ready: last, in reverse parameter order
+    if (!seen[i] && params_[i].requires_grad()) {
+      order.push_back(i);
+      split_after.push_back(false);
     }
   }
+  build_buckets(order, split_after);
   return Status::ok();
 }
 

@@ -18,8 +18,11 @@
 //
 // Buckets: gradients are grouped, in reverse parameter order (backward's usual order), into flat buffers of at most
 // bucket_cap_mb (25 MiB; a larger parameter gets a bucket of its own; a bucket holds one dtype and device). After
-// the first synchronised step the buckets are rebuilt once from the order in which the gradients became ready (rank
-// 0's order, broadcast so every rank agrees), so the first bucket fills first.
+// the second synchronised step (the first one creates kernels, so its timing is not typical) the buckets are rebuilt
+// once from the order in which that step's gradients became ready, so the first bucket fills first, and a bucket
+// also ends where backward spent long between two gradients (a gap of at least gap_split of the backward's span:
+// e.g. the Linear layers' gradients before the convolutions' backward), so its all-reduce overlaps that compute even
+// when everything fits one bucket. Rank 0's order and split points are broadcast, so every rank agrees.
 // Parameters without a gradient in a step (unused by that forward on some rank): at finish() their contribution is
 // zero-filled, so the step never hangs; afterwards their .grad holds the average of the ranks that had one (zeros
 // when no rank had one; an optimizer then applies weight decay / momentum to them, as torch DDP with
@@ -36,6 +39,7 @@
 // below from the training thread after finish().
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -55,7 +59,9 @@ namespace keel::train {
 struct DataParallelOptions {
   double bucket_cap_mb = 25;      // bucket size cap in MiB (> 0)
   bool broadcast_buffers = true;  // forward() in training mode broadcasts the module's buffers from rank 0
-  bool rebuild_buckets = true;    // rebuild the buckets once from the first synchronised backward's ready order
+  bool rebuild_buckets = true;    // rebuild the buckets once from an observed backward's ready order and timing
+  double gap_split = 0.15;        // rebuild: split after a gradient followed by a gap >= this share of backward (0: off)
+  int max_gap_splits = 3;         // rebuild: at most this many such splits (the longest gaps)
 };
 
 // Communication accounting since creation or the last reset_stats() (e.g. per epoch).
@@ -109,11 +115,11 @@ class DataParallel {
   void reset_stats() { stats_ = {}; }
 
   // Introspection (tests, logs): each bucket's parameters (indices into module.parameters()) in launch order; whether
-  // the buckets were rebuilt; the order (parameter indices) in which gradients became ready in the first
-  // synchronised backward.
+  // the buckets were rebuilt; the order (parameter indices) in which gradients became ready in the last
+  // synchronised backward before the rebuild.
   std::vector<std::vector<size_t>> bucket_layout() const;
   bool buckets_rebuilt() const { return rebuilt_; }
-  const std::vector<size_t>& first_ready_order() const { return ready_order_; }
+  const std::vector<size_t>& observed_ready_order() const { return ready_order_; }
 
  private:
   struct Bucket {
@@ -127,7 +133,9 @@ class DataParallel {
   };
 
   DataParallel(nn::Module& module, const hal::Communicator& comm, DataParallelOptions options);
-  void build_buckets(const std::vector<size_t>& order);
+  // Buckets over `order`; split_after[k]: end a bucket after order[k] (empty: none).
+  void build_buckets(const std::vector<size_t>& order, const std::vector<bool>& split_after = {});
+  Status rebuild();
   void on_grad_ready(size_t param);
   void launch_ready_buckets();
   void launch(Bucket& b);
@@ -147,8 +155,9 @@ class DataParallel {
   bool any_ready_ = false;
   bool sync_ = true;
   bool rebuilt_ = false;
-  bool first_step_ = true;
   std::vector<size_t> ready_order_;
+  std::vector<double> ready_times_;  // seconds since the step's first ready gradient, parallel to ready_order_
+  std::chrono::steady_clock::time_point ready_t0_;
   DataParallelStats stats_;
 
   std::mutex mu_;
