@@ -66,4 +66,22 @@ void add_plot_command(CLI::App& app, Globals& g);
 // `keel plugin-test MANIFEST` (cmd_plugin_test.cc): the plugin conformance kit (device CTS + models, per-op report).
 void add_plugin_test_command(CLI::App& app, Globals& g);
 
+// `keel launch` (cmd_launch.cc): starts the ranks of a distributed job on this node; run_launch is the same without
+// the command line (what `keel train --nproc N` can call). Returns the exit status (0, 1 failure, 2 usage,
+// 128+signal when interrupted).
+struct LaunchOptions {
+  int nproc_per_node = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;  // 0 on one node: a free port
+  int max_restarts = 0;
+  std::string log_dir;  // empty: prefix lines on the launcher's stdout/stderr
+  double grace_period_s = 5;
+  int tail_lines = 20;
+  std::vector<std::string> command;  // PROGRAM ARGS...
+};
+int run_launch(const LaunchOptions& options);
+void add_launch_command(CLI::App& app, Globals& g);
+
 }  // namespace keel::cli

@@ -1,0 +1,296 @@
+// launch_test — `keel launch` end to end with launch_test_prog: the environment every rank gets and the "[rank K]"
+// prefixes; the launcher's store; a rank that exits 3 or is SIGKILLed is named and the others are stopped within a
+// few seconds; --max-restarts; --log-dir; a port in use; a launcher that is SIGTERMed or SIGKILLed leaves no
+// orphans; ProcessGroup over gloo across processes (skipped without the gloo plugin); identity_from_env under Open
+// MPI's mpirun (skipped without mpirun). Everything runs on 127.0.0.1 with bounded waits.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/runtime/dist/store.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+struct Result {
+  int rc = -1;        // exit code, or 128 + signal
+  bool timed_out = false;
+  double seconds = 0;
+  std::string output;  // stdout and stderr together
+};
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("keel_launch_test_" + std::to_string(getpid()) + "_" + name);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Starts argv with stdout+stderr into `out_file`; returns the pid.
+pid_t spawn(const std::vector<std::string>& args, const fs::path& out_file,
+            const std::vector<std::string>& extra_env = {}) {
+  std::vector<std::string> a = args;
+  std::vector<char*> argv;
+  for (auto& s : a) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env_strings = extra_env;
+  std::vector<char*> envp;
+  for (char** e = environ; *e; ++e) envp.push_back(*e);
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    FILE* f = std::fopen(out_file.c_str(), "w");
+    if (f) {
+      dup2(fileno(f), 1);
+      dup2(fileno(f), 2);
+    }
+    execve(argv[0], argv.data(), envp.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// Waits for pid up to timeout_s (then SIGKILLs it).
+Result wait_for(pid_t pid, const fs::path& out_file, double timeout_s, Clock::time_point start) {
+  Result r;
+  for (;;) {
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      break;
+    }
+    if (std::chrono::duration<double>(Clock::now() - start).count() > timeout_s) {
+      r.timed_out = true;
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  r.output = read_file(out_file);
+  return r;
+}
+
+Result run(const std::vector<std::string>& args, double timeout_s = 60, const std::vector<std::string>& extra_env = {}) {
+  static int n = 0;
+  const fs::path out = temp_dir("out" + std::to_string(n++)) / "output.txt";
+  const auto start = Clock::now();
+  return wait_for(spawn(args, out, extra_env), out, timeout_s, start);
+}
+
+std::vector<std::string> launch(std::vector<std::string> launch_args, std::vector<std::string> prog_args) {
+  std::vector<std::string> a = {KEEL_CLI_BINARY, "launch"};
+  a.insert(a.end(), launch_args.begin(), launch_args.end());
+  a.push_back("--");
+  a.push_back(LAUNCH_TEST_PROG);
+  a.insert(a.end(), prog_args.begin(), prog_args.end());
+  return a;
+}
+
+// True when pid is gone (or a zombie nobody reaped yet).
+bool gone(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  if (!f) return true;
+  std::string line;
+  std::getline(f, line);
+  auto close = line.rfind(')');
+  return close == std::string::npos || close + 2 >= line.size() || line[close + 2] == 'Z';
+}
+
+std::vector<pid_t> wait_for_pids(const fs::path& dir, int count, double timeout_s) {
+  const auto start = Clock::now();
+  while (std::chrono::duration<double>(Clock::now() - start).count() < timeout_s) {
+    std::vector<pid_t> pids;
+    for (int r = 0; r < count; ++r) {
+      std::ifstream f(dir / (std::to_string(r) + ".pid"));
+      pid_t p = 0;
+      if (f >> p) pids.push_back(p);
+    }
+    if (static_cast<int>(pids.size()) == count) return pids;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return {};
+}
+
+bool all_gone(const std::vector<pid_t>& pids, double timeout_s) {
+  const auto start = Clock::now();
+  while (std::chrono::duration<double>(Clock::now() - start).count() < timeout_s) {
+    bool all = true;
+    for (pid_t p : pids) all &= gone(p);
+    if (all) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+TEST(Launch, EveryRankGetsItsEnvironmentAndPrefixedOutput) {
+  Result r = run(launch({"--nproc-per-node", "3"}, {"env"}));
+  ASSERT_FALSE(r.timed_out) << r.output;
+  EXPECT_EQ(r.rc, 0) << r.output;
+  for (int k = 0; k < 3; ++k) {
+    const std::string want = "[rank " + std::to_string(k) + "] RANK=" + std::to_string(k) + " WORLD_SIZE=3 LOCAL_RANK=" +
+                             std::to_string(k) + " LOCAL_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=";
+    EXPECT_NE(r.output.find(want), std::string::npos) << want << "\n" << r.output;
+    EXPECT_NE(r.output.find("[rank " + std::to_string(k) + "] to stderr from " + std::to_string(k)), std::string::npos)
+        << r.output;
+  }
+  EXPECT_EQ(r.output.find("MASTER_PORT=0 "), std::string::npos) << "a free port is chosen\n" << r.output;
+  EXPECT_NE(r.output.find("KEEL_STORE_SERVED=1"), std::string::npos) << r.output;
+}
+
+TEST(Launch, RanksReachTheLaunchersStore) {
+  Result r = run(launch({"--nproc-per-node", "3"}, {"store"}));
+  ASSERT_FALSE(r.timed_out) << r.output;
+  EXPECT_EQ(r.rc, 0) << r.output;
+  for (int k = 0; k < 3; ++k)
+    EXPECT_NE(r.output.find("[rank " + std::to_string(k) + "] rank " + std::to_string(k) + " saw all 3 ranks"),
+              std::string::npos)
+        << r.output;
+}
+
+TEST(Launch, RankThatExitsNonZeroIsNamedAndTheOthersStop) {
+  Result r = run(launch({"--nproc-per-node", "3", "--grace-period", "2"}, {"exit", "3", "1"}), 30);
+  ASSERT_FALSE(r.timed_out) << r.output;
+  EXPECT_EQ(r.rc, 1) << r.output;
+  EXPECT_LT(r.seconds, 8.0) << "the sleeping ranks were not stopped promptly\n" << r.output;
+  EXPECT_NE(r.output.find("root cause: rank 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("exit code 3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[rank 1] rank 1 giving up with 3"), std::string::npos) << "the last lines\n" << r.output;
+}
+
+TEST(Launch, RankKilledBySignalIsNamedWithTheSignal) {
+  Result r = run(launch({"--nproc-per-node", "3", "--grace-period", "2"}, {"kill", "2"}), 30);
+  ASSERT_FALSE(r.timed_out) << r.output;
+  EXPECT_EQ(r.rc, 1) << r.output;
+  EXPECT_LT(r.seconds, 8.0) << r.output;
+  EXPECT_NE(r.output.find("root cause: rank 2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("SIGKILL"), std::string::npos) << r.output;
+}
+
+TEST(Launch, MaxRestartsRestartsTheGroup) {
+  Result once = run(launch({"--nproc-per-node", "2"}, {"flaky", "5"}), 30);
+  ASSERT_FALSE(once.timed_out) << once.output;
+  EXPECT_EQ(once.rc, 1) << once.output;
+  EXPECT_NE(once.output.find("exit code 5"), std::string::npos) << once.output;
+  Result again = run(launch({"--nproc-per-node", "2", "--max-restarts", "2"}, {"flaky", "5"}), 30);
+  ASSERT_FALSE(again.timed_out) << again.output;
+  EXPECT_EQ(again.rc, 0) << again.output;
+  EXPECT_NE(again.output.find("restarting all ranks"), std::string::npos) << again.output;
+  EXPECT_NE(again.output.find("[rank 1] rank 1 ok on attempt 1"), std::string::npos) << again.output;
+}
+
+TEST(Launch, LogDirGetsOneFilePerRank) {
+  const fs::path dir = temp_dir("logs");
+  Result r = run(launch({"--nproc-per-node", "2", "--log-dir", dir.string()}, {"env"}));
+  ASSERT_FALSE(r.timed_out) << r.output;
+  EXPECT_EQ(r.rc, 0) << r.output;
+  EXPECT_EQ(r.output.find("[rank 0] RANK"), std::string::npos) << r.output;
+  for (int k = 0; k < 2; ++k) {
+    const std::string log = read_file(dir / ("rank_" + std::to_string(k) + ".log"));
+    EXPECT_NE(log.find("RANK=" + std::to_string(k) + " WORLD_SIZE=2"), std::string::npos) << log;
+    EXPECT_NE(log.find("to stderr from " + std::to_string(k)), std::string::npos) << log;
+  }
+}
+
+TEST(Launch, PortInUseIsAClearError) {
+  auto server = keel::dist::TcpStoreServer::start("127.0.0.1", 0);
+  ASSERT_TRUE(server.is_ok()) << server.status().to_string();
+  const std::string port = std::to_string((*server)->port());
+  Result r = run(launch({"--nproc-per-node", "2", "--master-port", port}, {"env"}));
+  ASSERT_FALSE(r.timed_out) << r.output;
+  EXPECT_EQ(r.rc, 1) << r.output;
+  EXPECT_NE(r.output.find("127.0.0.1:" + port + " is in use"), std::string::npos) << r.output;
+}
+
+TEST(Launch, UsageErrors) {
+  Result none = run({KEEL_CLI_BINARY, "launch", "--nproc-per-node", "2"});
+  EXPECT_NE(none.rc, 0) << none.output;
+  Result nodes = run(launch({"--nproc-per-node", "2", "--nnodes", "2"}, {"env"}));
+  EXPECT_EQ(nodes.rc, 2) << nodes.output;
+  EXPECT_NE(nodes.output.find("--master-port is required"), std::string::npos) << nodes.output;
+  Result help = run({KEEL_CLI_BINARY, "launch", "--help"});
+  EXPECT_EQ(help.rc, 0) << help.output;
+  EXPECT_NE(help.output.find("--nproc-per-node"), std::string::npos) << help.output;
+}
+
+TEST(Launch, MissingProgramIsNamed) {
+  Result r = run({KEEL_CLI_BINARY, "launch", "--nproc-per-node", "1", "--", "/nonexistent/prog"});
+  EXPECT_EQ(r.rc, 1) << r.output;
+  EXPECT_NE(r.output.find("cannot run '/nonexistent/prog'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("exit code 127"), std::string::npos) << r.output;
+}
+
+// The launcher is stopped by a signal (forwarded) or killed outright (PR_SET_PDEATHSIG): no rank survives it.
+void no_orphans(int signal, int want_rc) {
+  const fs::path dir = temp_dir("pids" + std::to_string(signal));
+  const fs::path out = dir / "output.txt";
+  const auto start = Clock::now();
+  pid_t launcher = spawn(launch({"--nproc-per-node", "3", "--grace-period", "2"}, {"sleep"}), out,
+                         {"LAUNCH_TEST_PID_DIR=" + dir.string()});
+  std::vector<pid_t> pids = wait_for_pids(dir, 3, 20);
+  if (pids.size() != 3) {
+    kill(launcher, SIGKILL);
+    Result r = wait_for(launcher, out, 5, start);
+    FAIL() << "the ranks did not start\n" << r.output;
+  }
+  kill(launcher, signal);
+  Result r = wait_for(launcher, out, 15, start);
+  EXPECT_FALSE(r.timed_out) << r.output;
+  EXPECT_EQ(r.rc, want_rc) << r.output;
+  EXPECT_TRUE(all_gone(pids, 5)) << "ranks outlived the launcher\n" << r.output;
+  for (pid_t p : pids)
+    if (!gone(p)) kill(p, SIGKILL);
+}
+
+TEST(Launch, SigtermedLauncherLeavesNoOrphans) { no_orphans(SIGTERM, 128 + SIGTERM); }
+TEST(Launch, SigkilledLauncherLeavesNoOrphans) { no_orphans(SIGKILL, 128 + SIGKILL); }
+
+TEST(Launch, ProcessGroupOverGlooAcrossProcesses) {
+  Result r = run(launch({"--nproc-per-node", "3"}, {"pg"}), 60, {"KEEL_PLUGIN_PATH=" KEEL_PLUGIN_DIR_DEFAULT});
+  ASSERT_FALSE(r.timed_out) << r.output;
+  if (r.output.find("skip:") != std::string::npos) GTEST_SKIP() << "no gloo collective: " << r.output;
+  EXPECT_EQ(r.rc, 0) << r.output;
+  for (int k = 0; k < 3; ++k)
+    EXPECT_NE(r.output.find("[rank " + std::to_string(k) + "] rank " + std::to_string(k) + " sum 6"), std::string::npos)
+        << r.output;
+}
+
+// identity_from_env under Debian's Open MPI.
+TEST(Launch, IdentityUnderMpirun) {
+  std::string mpirun;
+  for (const char* p : {"/usr/bin/mpirun", "/usr/local/bin/mpirun"})
+    if (fs::exists(p)) mpirun = p;
+  if (mpirun.empty()) GTEST_SKIP() << "mpirun is not installed (Debian: openmpi-bin)";
+  Result r = run({mpirun, "--oversubscribe", "--allow-run-as-root", "-np", "2", LAUNCH_TEST_PROG, "identity"}, 60,
+              {"OMPI_MCA_btl=self,tcp", "OMPI_MCA_btl_tcp_if_include=lo", "OMPI_MCA_oob_tcp_if_include=lo"});
+  ASSERT_FALSE(r.timed_out) << r.output;
+  ASSERT_EQ(r.rc, 0) << r.output;
+  for (int k = 0; k < 2; ++k)
+    EXPECT_NE(r.output.find("identity: rank " + std::to_string(k) + " of 2 (local " + std::to_string(k) +
+                            " of 2), master 127.0.0.1:29500, from Open MPI"),
+              std::string::npos)
+        << r.output;
+}
+
+}  // namespace
