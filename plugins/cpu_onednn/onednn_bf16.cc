@@ -132,18 +132,14 @@ class ConvKernel : public Kernel {
     if (api->attr_floats(c.raw(), "activation_params", &pv, &pn)) params.assign(pv, pv + pn);
     act_set_ = !a.empty();
     if (a.empty()) return;
-    if (a == "Relu") act_ = alg::eltwise_relu;
-    else if (a == "Sigmoid") act_ = alg::eltwise_logistic;
-    else if (a == "Tanh") act_ = alg::eltwise_tanh;
-    else if (a == "HardSwish") act_ = alg::eltwise_hardswish;
-    else if (a == "Gelu") act_ = alg::eltwise_gelu_erf;
-    else if (a == "LeakyRelu") act_ = alg::eltwise_relu, act_alpha_ = params.empty() ? 0.01f : params[0];
-    else if (a == "Clip") {
-      if (params.size() != 2) throw Reject{"Clip activation without {min, max}"};
-      act_ = alg::eltwise_clip_v2, act_alpha_ = params[0], act_beta_ = params[1];
-    } else {
+    // The fused ops' activations (ops/reference/fused.cc); Gelu is the erf one.
+    if (a != "Relu" && a != "Sigmoid" && a != "Tanh" && a != "HardSwish" && a != "Gelu" && a != "LeakyRelu" &&
+        a != "Clip")
       throw Reject{"activation " + a};
-    }
+    if (a == "Clip" && params.size() != 2) throw Reject{"Clip activation without {min, max}"};
+    eltwise_algorithm(a, "none", &act_, &act_alpha_, &act_beta_);
+    if (a == "LeakyRelu") act_alpha_ = params.empty() ? 0.01f : params[0];
+    if (a == "Clip") act_alpha_ = params[0], act_beta_ = params[1];
   }
 
  private:

@@ -10,7 +10,9 @@
 // (primitive + memory objects + prepacked weights) are cached per input-shape signature (`PlanCache`).
 #pragma once
 
+#include <keel/kernel.hpp>
 #include <keel/plugin.h>
+#include <keel/shape.hpp>
 
 #include <cstdint>
 #include <cstring>
@@ -28,59 +30,18 @@ using Dims = std::vector<int64_t>;
 
 extern const keel_host_api_t* g_host;
 
-// Thrown by setup for a case the kernel does not handle: becomes UNIMPLEMENTED (a rejection, not an error).
-struct Reject {
-  std::string why;
-};
-// Thrown for a real failure during compute: becomes an error status with this code.
-struct Failure {
-  int32_t code;
-  std::string message;
-};
+// The SDK's C++ layer (sdk/include/keel/kernel.hpp, shape.hpp): Reject (a case the kernel does not handle: becomes
+// UNIMPLEMENTED, a rejection, not an error), Failure (a real failure with its code), the saturating element count.
+using sdk::Failure;
+using sdk::Reject;
+using sdk::dims_str;
+using sdk::mul_sat;
+using sdk::numel;
 
-std::string dims_str(const Dims& d);
-// a * b, saturated at INT64_MAX instead of overflowing (shape products of a hostile model).
-inline int64_t mul_sat(int64_t a, int64_t b) {
-  int64_t r;
-  return __builtin_mul_overflow(a, b, &r) ? std::numeric_limits<int64_t>::max() : r;
-}
-// Element count; saturates at INT64_MAX (mul_sat), as keel::shape_numel.
-int64_t numel(const Dims& d);
-
-// The kernel context seen through the host's kernel API.
-class Ctx {
+// The kernel context seen through the host's kernel API (g_host->kernel).
+class Ctx : public sdk::KernelContext {
  public:
-  explicit Ctx(keel_kernel_context_t* c) : c_(c), api_(g_host->kernel) {}
-  keel_kernel_context_t* raw() const { return c_; }
-
-  int input_count() const { return api_->input_count(c_); }
-  const keel_tensor_t* input(int i) const { return api_->input(c_, i); }
-  bool has_input(int i) const { return input(i) != nullptr; }
-  // Shape of input i; empty optional-like result (rank -1 dims) when the rank is unknown.
-  bool rank_known(int i) const;
-  Dims dims(int i) const;
-  bool dims_known(int i) const;  // rank and every dim known
-  bool is_constant(int i) const { const keel_tensor_t* t = input(i); return t && t->data; }
-  int32_t dtype(int i) const { const keel_tensor_t* t = input(i); return t ? t->dtype : KEEL_DTYPE_UNDEFINED; }
-  template <class T> const T* data(int i) const { return static_cast<const T*>(input(i)->data); }
-
-  int output_count() const { return api_->output_count(c_); }
-  int32_t output_dtype(int i) const { return api_->output_dtype(c_, i); }
-  keel_tensor_t* output(int i, const Dims& d);
-  void* workspace(uint64_t bytes);
-  int32_t thread_count() const { return api_->thread_count(c_); }
-  int32_t opset() const { return api_->opset(c_); }
-
-  bool has_attr(const char* name) const;
-  int64_t attr_i(const char* name, int64_t dflt) const;
-  float attr_f(const char* name, float dflt) const;
-  std::string attr_s(const char* name, const std::string& dflt) const;
-  Dims attr_ints(const char* name, const Dims& dflt) const;
-  bool has_attr_ints(const char* name) const;
-
- private:
-  keel_kernel_context_t* c_;
-  const keel_kernel_api_t* api_;
+  explicit Ctx(keel_kernel_context_t* c) : sdk::KernelContext(c, g_host->kernel) {}
 };
 
 // The CPU engine (one per process) and this thread's stream.
@@ -129,6 +90,35 @@ class Kernel {
   // At compute: run the node.
   virtual void run(Ctx& c) = 0;
 };
+
+// The one map from an ONNX element-wise op to the oneDNN eltwise algorithm computing it, for the node kernels
+// (onednn_misc.cc), the bf16 fused activations (onednn_bf16.cc) and the chains' post-ops (onednn_subgraph.cc); each
+// of those takes the subset it handles. Sets *alpha / *beta to the op's fixed parameters (Neg: linear, -1 and 0;
+// every other op 0 and 0): the caller sets those that come from attributes or inputs (LeakyRelu's and Elu's alpha,
+// Clip's bounds). `approximate` is Gelu's attribute ("none": erf, "tanh"). False for an op, or a Gelu
+// approximation, without an algorithm here.
+inline bool eltwise_algorithm(const std::string& op, const std::string& approximate, dnnl::algorithm* alg,
+                              float* alpha, float* beta) {
+  using a = dnnl::algorithm;
+  *alpha = 0.f;
+  *beta = 0.f;
+  if (op == "Relu" || op == "LeakyRelu") *alg = a::eltwise_relu;
+  else if (op == "Elu") *alg = a::eltwise_elu;
+  else if (op == "Sigmoid") *alg = a::eltwise_logistic;
+  else if (op == "Tanh") *alg = a::eltwise_tanh;
+  else if (op == "Exp") *alg = a::eltwise_exp;
+  else if (op == "Log") *alg = a::eltwise_log;
+  else if (op == "Sqrt") *alg = a::eltwise_sqrt;
+  else if (op == "Abs") *alg = a::eltwise_abs;
+  else if (op == "HardSwish") *alg = a::eltwise_hardswish;  // oneDNN 2.6: x * relu6(x + 3) / 6, no parameters
+  else if (op == "Neg") *alg = a::eltwise_linear, *alpha = -1.f;
+  else if (op == "Softplus") *alg = a::eltwise_soft_relu;
+  else if (op == "Clip") *alg = a::eltwise_clip_v2;
+  else if (op == "Gelu" && approximate == "none") *alg = a::eltwise_gelu_erf;
+  else if (op == "Gelu" && approximate == "tanh") *alg = a::eltwise_gelu_tanh;
+  else return false;
+  return true;
+}
 
 // A memory object bound to a (possibly changing) user pointer.
 inline void bind(dnnl::memory& m, const void* p) { m.set_data_handle(const_cast<void*>(p)); }

@@ -29,10 +29,11 @@ Geometry conv_geometry(const Ctx& c, const Dims& in, const Dims& kernel) {
   if (g.strides.size() != r || g.dilations.size() != r) throw Reject{"strides/dilations rank mismatch"};
   for (size_t i = 0; i < r; ++i)
     if (g.strides[i] <= 0 || g.dilations[i] <= 0) throw Reject{"non-positive stride or dilation"};
-  std::string auto_pad = c.attr_s("auto_pad", "NOTSET");
+  const std::string auto_pad = c.attr_s("auto_pad", "NOTSET");
+  const sdk::AutoPad ap = sdk::auto_pad_of(auto_pad);
   g.pads_l.assign(r, 0);
   g.pads_r.assign(r, 0);
-  if (auto_pad == "NOTSET" || auto_pad.empty()) {
+  if (ap == sdk::AutoPad::kNotSet) {
     Dims p = c.attr_ints("pads", Dims(2 * r, 0));
     if (p.size() != 2 * r) throw Reject{"pads rank mismatch"};
     for (size_t i = 0; i < r; ++i) {
@@ -40,25 +41,15 @@ Geometry conv_geometry(const Ctx& c, const Dims& in, const Dims& kernel) {
       g.pads_r[i] = p[i + r];
       if (p[i] < 0 || p[i + r] < 0) throw Reject{"negative pads"};
     }
-  } else if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
-    for (size_t i = 0; i < r; ++i) {
-      int64_t eff = (kernel[i] - 1) * g.dilations[i] + 1, s = g.strides[i];
-      int64_t residual = s > 1 ? in[i] % s : 0;
-      int64_t total = residual == 0 ? eff - s : eff - residual;
-      if (total < 0) total = 0;
-      int64_t small = total >> 1, big = total - small;
-      g.pads_l[i] = auto_pad == "SAME_UPPER" ? small : big;
-      g.pads_r[i] = auto_pad == "SAME_UPPER" ? big : small;
-    }
-  } else if (auto_pad != "VALID") {
+  } else if (ap == sdk::AutoPad::kUnknown) {
     throw Reject{"auto_pad " + auto_pad};
   }
   g.out.resize(r);
   for (size_t i = 0; i < r; ++i) {
-    int64_t eff = (kernel[i] - 1) * g.dilations[i] + 1;
-    int64_t span = in[i] + g.pads_l[i] + g.pads_r[i] - eff;
-    if (span < 0) throw Reject{"kernel larger than the padded input"};
-    g.out[i] = span / g.strides[i] + 1;  // oneDNN computes the same with integer division
+    const int64_t eff = sdk::dilated_extent(kernel[i], g.dilations[i]);
+    if (sdk::is_same(ap)) sdk::same_pads(ap, in[i], eff, g.strides[i], &g.pads_l[i], &g.pads_r[i]);
+    g.out[i] = sdk::window_output(in[i], g.pads_l[i] + g.pads_r[i], eff, g.strides[i]);  // oneDNN's integer division
+    if (g.out[i] < 0) throw Reject{"kernel larger than the padded input"};
   }
   return g;
 }

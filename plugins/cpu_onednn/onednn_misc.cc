@@ -175,29 +175,21 @@ class PoolKernel : public PlainKernel {
       s = c.attr_ints("strides", Dims(r, 1));
       d = max_ ? c.attr_ints("dilations", Dims(r, 1)) : Dims(r, 1);
       if (k.size() != r || s.size() != r || d.size() != r) throw Reject{"attribute rank mismatch"};
-      std::string auto_pad = c.attr_s("auto_pad", "NOTSET");
-      if (auto_pad == "NOTSET" || auto_pad.empty()) {
+      const std::string auto_pad = c.attr_s("auto_pad", "NOTSET");
+      const sdk::AutoPad ap = sdk::auto_pad_of(auto_pad);
+      if (ap == sdk::AutoPad::kNotSet) {
         Dims pads = c.attr_ints("pads", Dims(2 * r, 0));
         if (pads.size() != 2 * r) throw Reject{"pads rank"};
         for (size_t i = 0; i < r; ++i) pl[i] = pads[i], pr[i] = pads[i + r];
-      } else if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
-        for (size_t i = 0; i < r; ++i) {
-          int64_t eff = (k[i] - 1) * d[i] + 1;
-          int64_t residual = s[i] > 1 ? in[i] % s[i] : 0;
-          int64_t total = std::max<int64_t>(0, residual == 0 ? eff - s[i] : eff - residual);
-          int64_t small = total >> 1, big = total - small;
-          pl[i] = auto_pad == "SAME_UPPER" ? small : big;
-          pr[i] = auto_pad == "SAME_UPPER" ? big : small;
-        }
-      } else if (auto_pad != "VALID") {
+      } else if (ap == sdk::AutoPad::kUnknown) {
         throw Reject{"auto_pad " + auto_pad};
       }
       bool ceil = c.attr_i("ceil_mode", 0) != 0;
       for (size_t i = 0; i < r; ++i) {
-        int64_t eff = (k[i] - 1) * d[i] + 1;
-        int64_t span = in[i] + pl[i] + pr[i] - eff;
-        if (span < 0) throw Reject{"kernel larger than the padded input"};
-        out[i] = 1 + (ceil ? (span + s[i] - 1) / s[i] : span / s[i]);
+        const int64_t eff = sdk::dilated_extent(k[i], d[i]);
+        if (sdk::is_same(ap)) sdk::same_pads(ap, in[i], eff, s[i], &pl[i], &pr[i]);
+        out[i] = sdk::window_output(in[i], pl[i] + pr[i], eff, s[i], ceil);
+        if (out[i] < 0) throw Reject{"kernel larger than the padded input"};
         // oneDNN checks out = (in + pl + pr - eff) / s + 1 with integer division; ceil_mode needs more padding.
         if (ceil) pr[i] = std::max(pr[i], (out[i] - 1) * s[i] + eff - in[i] - pl[i]);
       }
@@ -348,6 +340,13 @@ class SoftmaxKernel : public PlainKernel {
 
 // ----------------------------------------------------------------------------------------------------- unary
 
+// The ONNX op a Unary computes.
+const char* unary_op(Unary u) {
+  static const char* const kOps[] = {"Relu", "LeakyRelu", "Elu",       "Sigmoid", "Tanh", "Exp",      "Log",
+                                     "Sqrt", "Abs",       "HardSwish", "Clip",    "Neg",  "Softplus", "Gelu"};
+  return kOps[static_cast<int>(u)];
+}
+
 class UnaryKernel : public PlainKernel {
  public:
   UnaryKernel(dt d, Unary u) : PlainKernel(d), u_(u) {}
@@ -355,28 +354,12 @@ class UnaryKernel : public PlainKernel {
  protected:
   int typed_inputs() const override { return data_inputs_only(); }  // bf16 Clip: bounds bf16 or f32
   void check(const Ctx& c) override {
+    const std::string approx = u_ == Unary::kGelu ? c.attr_s("approximate", "none") : std::string("none");
+    if (!eltwise_algorithm(unary_op(u_), approx, &a_, &alpha_, &beta_)) throw Reject{"approximate = " + approx};
     switch (u_) {
-      case Unary::kRelu: a_ = alg::eltwise_relu; break;
-      case Unary::kLeakyRelu: a_ = alg::eltwise_relu; alpha_ = c.attr_f("alpha", 0.01f); break;
-      case Unary::kElu: a_ = alg::eltwise_elu; alpha_ = c.attr_f("alpha", 1.f); break;
-      case Unary::kSigmoid: a_ = alg::eltwise_logistic; break;
-      case Unary::kTanh: a_ = alg::eltwise_tanh; break;
-      case Unary::kExp: a_ = alg::eltwise_exp; break;
-      case Unary::kLog: a_ = alg::eltwise_log; break;
-      case Unary::kSqrt: a_ = alg::eltwise_sqrt; break;
-      case Unary::kAbs: a_ = alg::eltwise_abs; break;
-      case Unary::kHardSwish: a_ = alg::eltwise_hardswish; break;
-      case Unary::kNeg: a_ = alg::eltwise_linear; alpha_ = -1.f; break;
-      case Unary::kSoftplus: a_ = alg::eltwise_soft_relu; break;
-      case Unary::kGelu: {
-        const std::string approx = c.attr_s("approximate", "none");
-        if (approx == "none") a_ = alg::eltwise_gelu_erf;
-        else if (approx == "tanh") a_ = alg::eltwise_gelu_tanh;
-        else throw Reject{"approximate = " + approx};
-        break;
-      }
+      case Unary::kLeakyRelu: alpha_ = c.attr_f("alpha", 0.01f); break;
+      case Unary::kElu: alpha_ = c.attr_f("alpha", 1.f); break;
       case Unary::kClip: {
-        a_ = alg::eltwise_clip_v2;
         alpha_ = -FLT_MAX;
         beta_ = FLT_MAX;
         if (c.opset() < 11) {
@@ -396,6 +379,7 @@ class UnaryKernel : public PlainKernel {
         if (std::isnan(alpha_) || std::isnan(beta_)) throw Reject{"NaN bounds"};
         break;
       }
+      default: break;
     }
     if (!c.rank_known(0)) throw Reject{"input rank unknown"};
   }

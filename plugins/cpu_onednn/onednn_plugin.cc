@@ -14,7 +14,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
-#include <sstream>
 
 #include "onednn_attention.h"
 #include "onednn_common.h"
@@ -23,89 +22,6 @@ namespace keel::onednn {
 
 const keel_host_api_t* g_host = nullptr;
 Options g_options;
-
-std::string dims_str(const Dims& d) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < d.size(); ++i) os << (i ? "," : "") << d[i];
-  os << "]";
-  return os.str();
-}
-
-int64_t numel(const Dims& d) {
-  if (std::find(d.begin(), d.end(), 0) != d.end()) return 0;
-  int64_t n = 1;
-  for (int64_t v : d) n = mul_sat(n, v);
-  return n;
-}
-
-bool Ctx::rank_known(int i) const {
-  const keel_tensor_t* t = input(i);
-  return t && t->ndim >= 0;
-}
-Dims Ctx::dims(int i) const {
-  const keel_tensor_t* t = input(i);
-  if (!t || t->ndim < 0) return {};
-  return Dims(t->dims, t->dims + t->ndim);
-}
-bool Ctx::dims_known(int i) const {
-  if (!rank_known(i)) return false;
-  for (int64_t v : dims(i))
-    if (v < 0) return false;
-  return true;
-}
-keel_tensor_t* Ctx::output(int i, const Dims& d) {
-  keel_tensor_t* t = nullptr;
-  keel_status_t st = api_->output(c_, i, static_cast<int32_t>(d.size()), d.data(), &t);
-  if (st) {
-    Failure f{st->code, st->message ? st->message : "output allocation failed"};
-    keel_status_release(st);
-    throw f;
-  }
-  return t;
-}
-void* Ctx::workspace(uint64_t bytes) {
-  void* p = nullptr;
-  keel_status_t st = api_->workspace(c_, bytes, &p);
-  if (st) {
-    Failure f{st->code, st->message ? st->message : "workspace allocation failed"};
-    keel_status_release(st);
-    throw f;
-  }
-  return p;
-}
-bool Ctx::has_attr(const char* name) const {
-  int64_t i;
-  float f;
-  const char* s;
-  const int64_t* is;
-  const float* fs;
-  size_t n;
-  return api_->attr_int(c_, name, &i) || api_->attr_float(c_, name, &f) || api_->attr_string(c_, name, &s) ||
-         api_->attr_ints(c_, name, &is, &n) || api_->attr_floats(c_, name, &fs, &n);
-}
-int64_t Ctx::attr_i(const char* name, int64_t dflt) const {
-  int64_t v;
-  return api_->attr_int(c_, name, &v) ? v : dflt;
-}
-float Ctx::attr_f(const char* name, float dflt) const {
-  float v;
-  return api_->attr_float(c_, name, &v) ? v : dflt;
-}
-std::string Ctx::attr_s(const char* name, const std::string& dflt) const {
-  const char* v;
-  return api_->attr_string(c_, name, &v) ? std::string(v) : dflt;
-}
-Dims Ctx::attr_ints(const char* name, const Dims& dflt) const {
-  const int64_t* v;
-  size_t n;
-  return api_->attr_ints(c_, name, &v, &n) ? Dims(v, v + n) : dflt;
-}
-bool Ctx::has_attr_ints(const char* name) const {
-  const int64_t* v;
-  size_t n;
-  return api_->attr_ints(c_, name, &v, &n) != 0;
-}
 
 dnnl::engine& engine() {
   static dnnl::engine e(dnnl::engine::kind::cpu, 0);
@@ -164,46 +80,50 @@ keel_status_t make_status(int32_t code, const std::string& msg) { return g_host-
 
 }  // namespace
 
-keel_status_t create_kernel(Kernel* (*make)(), keel_kernel_context_t* ctx, void** out_state) {
-  std::unique_ptr<Kernel> k;
-  try {
-    k.reset(make());
-    Ctx c(ctx);
-    k->setup(c);
-    *out_state = k.release();
-    return nullptr;
-  } catch (const Reject& r) {
-    return make_status(KEEL_STATUS_UNIMPLEMENTED, r.why);
-  } catch (const dnnl::error& e) {
-    // oneDNN has no implementation for this case (or refuses its descriptors): let the next kernel take it.
-    return make_status(KEEL_STATUS_UNIMPLEMENTED, std::string("oneDNN: ") + e.what());
-  } catch (const Failure& f) {
-    return make_status(KEEL_STATUS_UNIMPLEMENTED, f.message);
-  } catch (const std::exception& e) {
-    return make_status(KEEL_STATUS_UNIMPLEMENTED, std::string("create failed: ") + e.what());
-  } catch (...) {
-    return make_status(KEEL_STATUS_UNIMPLEMENTED, "create failed: unknown exception");
+namespace {
+
+// oneDNN's own exceptions at the C edge (sdk::current_outcome's `translate`): "oneDNN: <what>", UNIMPLEMENTED at create
+// (oneDNN has no implementation for this case, or refuses its descriptors: the next kernel takes it) and at compute
+// when the kernel's table says so (dnnl_error_falls_back), INTERNAL otherwise.
+struct DnnlErrors {
+  bool falls_back;
+  bool operator()(sdk::Stage stage, sdk::Outcome* out) const {
+    try {
+      throw;
+    } catch (const dnnl::error& e) {
+      const bool unimplemented = stage == sdk::Stage::kCreate || falls_back;
+      *out = {static_cast<int32_t>(unimplemented ? KEEL_STATUS_UNIMPLEMENTED : KEEL_STATUS_INTERNAL),
+              std::string("oneDNN: ") + e.what()};
+      return true;
+    } catch (...) {
+      return false;
+    }
   }
+};
+
+}  // namespace
+
+keel_status_t create_kernel(Kernel* (*make)(), keel_kernel_context_t* ctx, void** out_state) {
+  return sdk::guard(
+      g_host, sdk::Stage::kCreate,
+      [&] {
+        std::unique_ptr<Kernel> k(make());
+        Ctx c(ctx);
+        k->setup(c);
+        *out_state = k.release();
+      },
+      std::string(), DnnlErrors{true});
 }
 
 keel_status_t compute_kernel(void* state, keel_kernel_context_t* ctx, bool dnnl_error_falls_back) {
-  try {
-    Ctx c(ctx);
-    set_threads(c.thread_count());
-    static_cast<Kernel*>(state)->run(c);
-    return nullptr;
-  } catch (const Failure& f) {
-    return make_status(f.code, f.message);
-  } catch (const Reject& r) {
-    return make_status(KEEL_STATUS_UNIMPLEMENTED, r.why);
-  } catch (const dnnl::error& e) {
-    return make_status(dnnl_error_falls_back ? KEEL_STATUS_UNIMPLEMENTED : KEEL_STATUS_INTERNAL,
-                       std::string("oneDNN: ") + e.what());
-  } catch (const std::exception& e) {
-    return make_status(KEEL_STATUS_INTERNAL, e.what());
-  } catch (...) {
-    return make_status(KEEL_STATUS_INTERNAL, "unknown exception");
-  }
+  return sdk::guard(
+      g_host, sdk::Stage::kCompute,
+      [&] {
+        Ctx c(ctx);
+        set_threads(c.thread_count());
+        static_cast<Kernel*>(state)->run(c);
+      },
+      std::string(), DnnlErrors{dnnl_error_falls_back});
 }
 
 void release_kernel(void* state) { delete static_cast<Kernel*>(state); }

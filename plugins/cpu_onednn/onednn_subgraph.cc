@@ -1149,12 +1149,13 @@ void Builder::plan_workspace() {
 bool Builder::eltwise_of(const NodeDesc& n, alg* a, float* alpha, float* beta) {
   *alpha = 0;
   *beta = 0;
-  if (n.op == "Relu") *a = alg::eltwise_relu;
-  else if (n.op == "LeakyRelu") *a = alg::eltwise_relu, *alpha = n.af("alpha", 0.01f);
-  else if (n.op == "Sigmoid") *a = alg::eltwise_logistic;
-  else if (n.op == "Tanh") *a = alg::eltwise_tanh;
-  else if (n.op == "Sqrt") *a = alg::eltwise_sqrt;
-  else if (n.op == "Pow") {
+  // The post-ops a chain takes (eltwise_algorithm knows more ops): the parameterless ones, LeakyRelu, Gelu; then
+  // Pow and Clip with constant inputs.
+  if (n.op == "Relu" || n.op == "LeakyRelu" || n.op == "Sigmoid" || n.op == "Tanh" || n.op == "Sqrt" ||
+      n.op == "HardSwish" || n.op == "Gelu") {
+    if (!eltwise_algorithm(n.op, n.as("approximate", "none"), a, alpha, beta)) return false;
+    if (n.op == "LeakyRelu") *alpha = n.af("alpha", 0.01f);
+  } else if (n.op == "Pow") {
     // A constant exponent of 2 or 0.5 only (the decomposed normalisations'): exact for every base, as ONNX's Pow.
     const ConstT* p = n.in.size() == 2 ? cst(n.in[1]) : nullptr;
     if (!p || p->count() != 1) return false;
@@ -1162,13 +1163,7 @@ bool Builder::eltwise_of(const NodeDesc& n, alg* a, float* alpha, float* beta) {
     else if (p->at(0) == 0.5) *a = alg::eltwise_sqrt;
     else return false;
   }
-  else if (n.op == "HardSwish") *a = alg::eltwise_hardswish;  // oneDNN 2.6: x * relu6(x + 3) / 6, no parameters
-  else if (n.op == "Gelu") {
-    const std::string approx = n.as("approximate", "none");
-    if (approx == "none") *a = alg::eltwise_gelu_erf;
-    else if (approx == "tanh") *a = alg::eltwise_gelu_tanh;
-    else return false;
-  } else if (n.op == "Clip") {
+  else if (n.op == "Clip") {
     float lo = -INFINITY, hi = INFINITY;
     if (n.has("min") || n.has("max")) {
       lo = n.af("min", -INFINITY);
@@ -1558,28 +1553,21 @@ void Builder::conv(size_t i) {
   Dims s = n.ais("strides", Dims(sp, 1)), d = n.ais("dilations", Dims(sp, 1)), pads = n.ais("pads", Dims(2 * sp, 0));
   if (s.size() != sp || d.size() != sp || pads.size() != 2 * sp) throw Reject{"attribute ranks"};
   std::string ap = n.as("auto_pad", "NOTSET");
+  const sdk::AutoPad apk = sdk::auto_pad_of(ap);
   Dims pl(pads.begin(), pads.begin() + sp), pr(pads.begin() + sp, pads.end());
-  if (ap == "SAME_UPPER" || ap == "SAME_LOWER") {
-    for (size_t k = 0; k < sp; ++k) {
-      int64_t eff = (ks[k] - 1) * d[k] + 1, in = x[2 + k];
-      int64_t residual = s[k] > 1 ? in % s[k] : 0;
-      int64_t total = std::max<int64_t>(0, residual == 0 ? eff - s[k] : eff - residual);
-      int64_t small = total >> 1, big = total - small;
-      pl[k] = ap == "SAME_UPPER" ? small : big;
-      pr[k] = ap == "SAME_UPPER" ? big : small;
-    }
-  } else if (ap == "VALID") {
+  if (sdk::is_same(apk)) {
+    for (size_t k = 0; k < sp; ++k) sdk::same_pads(apk, x[2 + k], sdk::dilated_extent(ks[k], d[k]), s[k], &pl[k], &pr[k]);
+  } else if (apk == sdk::AutoPad::kValid) {
     pl = pr = Dims(sp, 0);
-  } else if (ap != "NOTSET" && !ap.empty()) {
+  } else if (apk == sdk::AutoPad::kUnknown) {
     throw Reject{"auto_pad " + ap};
   }
   Dims y{N, M};
   y.resize(x.size(), 0);
   for (size_t k = 0; k < sp; ++k) {
     if (s[k] <= 0 || d[k] <= 0 || pl[k] < 0 || pr[k] < 0) throw Reject{"bad geometry"};
-    int64_t span = x[2 + k] + pl[k] + pr[k] - ((ks[k] - 1) * d[k] + 1);
-    if (span < 0) throw Reject{"kernel larger than the padded input"};
-    y[2 + k] = span / s[k] + 1;
+    y[2 + k] = sdk::window_output(x[2 + k], pl[k] + pr[k], sdk::dilated_extent(ks[k], d[k]), s[k]);
+    if (y[2 + k] < 0) throw Reject{"kernel larger than the padded input"};
   }
   // A Pad folded into this convolution (pad): read its input, with the Pad's pads added to the convolution's.
   std::string src_name = n.in[0], chan_scale;

@@ -79,8 +79,10 @@ class KernelContext {
   // Shape of input i; empty when it is absent or its rank is unknown (check rank_known for a real scalar).
   Dims dims(int i) const {
     const keel_tensor_t* t = input(i);
-    if (!t || t->ndim < 0) return {};
-    return Dims(t->dims, t->dims + t->ndim);
+    if (!t || t->ndim <= 0) return {};
+    Dims d(static_cast<size_t>(t->ndim));
+    for (size_t k = 0; k < d.size(); ++k) d[k] = t->dims[k];
+    return d;
   }
   // Rank and every dimension known.
   bool dims_known(int i) const {
