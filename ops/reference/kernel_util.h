@@ -1,7 +1,7 @@
 // keel/ops/reference/kernel_util.h — the small C++ layer the reference kernels are written in.
 //
 // The reference kernels see only the C kernel ABI (keel/plugin.h). This header wraps it for C++ on the kernel's
-// side: Kctx (a kernel context: inputs, outputs, attributes with ONNX defaults, opset, parallel_for), TView (a
+// side: Kctx (the SDK's kernel context, keel/kernel.hpp, with the reference kernels' errors and TViews), TView (a
 // tensor view with a std::vector shape), dtype dispatch over compile-time type lists, f16/bf16 element types,
 // broadcasting helpers, and KernelError. Kernels throw KernelError (or anything else) freely; the compute thunk in
 // reference_kernels.cc catches everything at the C edge and turns it into a keel_status_t, so no exception crosses
@@ -10,7 +10,9 @@
 // Header-only; no global state except g_kernel_api, set once by register_reference_kernels before any kernel runs.
 #pragma once
 
+#include <keel/kernel.hpp>
 #include <keel/plugin.h>
+#include <keel/shape.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -58,25 +60,12 @@ std::string cat(const A&... a) {
   return os.str();
 }
 
-inline std::string shape_str(const Shape& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? "," : "") + std::to_string(s[i]);
-  return r + "]";
-}
+inline std::string shape_str(const Shape& s) { return sdk::dims_str(s); }
 
-// a * b, saturated at INT64_MAX instead of overflowing: shape products of a hostile model stay defined (and too
-// large for any check or allocation that follows).
-inline int64_t mul_sat(int64_t a, int64_t b) {
-  int64_t r;
-  return __builtin_mul_overflow(a, b, &r) ? std::numeric_limits<int64_t>::max() : r;
-}
-
-inline int64_t numel_of(const Shape& s) {
-  if (std::find(s.begin(), s.end(), 0) != s.end()) return 0;
-  int64_t n = 1;
-  for (int64_t d : s) n = mul_sat(n, d);
-  return n;
-}
+// a * b and element counts saturated at INT64_MAX instead of overflowing (keel/shape.hpp): shape products of a
+// hostile model stay defined (and too large for any check or allocation that follows).
+using sdk::mul_sat;
+inline int64_t numel_of(const Shape& s) { return sdk::numel(s); }
 
 inline Shape strides_of(const Shape& s) {
   Shape st(s.size());
@@ -186,17 +175,18 @@ inline TView view_of(const keel_tensor_t* t) {
 // Kernel context
 // ---------------------------------------------------------------------------------------------------------------
 
-class Kctx {
+// The SDK's kernel context (keel/kernel.hpp) with the reference kernels' error policy: every error names the op and
+// the node, and what the kernels read and write are TViews.
+class Kctx : public sdk::KernelContext {
  public:
-  Kctx(keel_kernel_context_t* ctx, const char* op) : ctx_(ctx), api_(g_kernel_api), op_(op) {}
+  Kctx(keel_kernel_context_t* ctx, const char* op) : sdk::KernelContext(ctx, g_kernel_api), op_(op) {}
 
   const char* op() const { return op_; }
-  keel_kernel_context_t* raw() const { return ctx_; }
 
   // --- errors: the message names the op (and the node when it has a name) ---
   std::string where() const {
-    const char* n = api_->node_name ? api_->node_name(ctx_) : nullptr;
-    if (n && *n) return cat(op_, " (node '", n, "')");
+    const char* n = node_name();
+    if (*n) return cat(op_, " (node '", n, "')");
     return op_;
   }
   [[noreturn]] void fail(int32_t code, const std::string& msg) const {
@@ -211,15 +201,10 @@ class Kctx {
     unimpl(cat("the reference kernel does not handle dtype ", dtype_str(dt), " for ", what));
   }
 
-  // --- inputs ---
-  int n_inputs() const { return api_->input_count(ctx_); }
-  bool has_input(int i) const {
-    if (i >= n_inputs()) return false;
-    const keel_tensor_t* t = api_->input(ctx_, i);
-    return t != nullptr;
-  }
+  // --- inputs (has_input: present; an input out of range is absent) ---
+  int n_inputs() const { return input_count(); }
   TView in(int i) const {
-    const keel_tensor_t* t = i < n_inputs() ? api_->input(ctx_, i) : nullptr;
+    const keel_tensor_t* t = input(i);
     if (t == nullptr) invalid(cat("required input ", i, " is missing"));
     TView v = view_of(t);
     if (v.data == nullptr && v.numel != 0) invalid(cat("input ", i, " has no data"));
@@ -231,15 +216,15 @@ class Kctx {
   }
 
   // --- outputs ---
-  int n_outputs() const { return api_->output_count(ctx_); }
+  int n_outputs() const { return output_count(); }
   // True when output i exists in the node (an omitted optional output has dtype UNDEFINED).
-  bool has_output(int i) const { return i < n_outputs() && api_->output_dtype(ctx_, i) != KEEL_DTYPE_UNDEFINED; }
-  int32_t out_dtype(int i) const { return api_->output_dtype(ctx_, i); }
+  bool has_output(int i) const { return i < n_outputs() && output_dtype(i) != KEEL_DTYPE_UNDEFINED; }
+  int32_t out_dtype(int i) const { return output_dtype(i); }
   TView out(int i, const Shape& shape) const {
     for (int64_t d : shape)
       if (d < 0) invalid(cat("computed a negative output dimension for output ", i, ": ", shape_str(shape)));
     keel_tensor_t* t = nullptr;
-    keel_status_t s = api_->output(ctx_, i, static_cast<int32_t>(shape.size()), shape.data(), &t);
+    keel_status_t s = api()->output(raw(), i, static_cast<int32_t>(shape.size()), shape.data(), &t);
     if (s != nullptr) {
       int32_t code = s->code == KEEL_STATUS_OK ? KEEL_STATUS_INTERNAL : s->code;
       std::string m = s->message ? s->message : "";
@@ -252,91 +237,20 @@ class Kctx {
     return v;
   }
 
-  // --- attributes (ONNX defaults when absent) ---
-  bool has_attr_int(const char* n) const { int64_t v; return api_->attr_int(ctx_, n, &v) != 0; }
-  int64_t attr_i(const char* n, int64_t def) const {
-    int64_t v;
-    return api_->attr_int(ctx_, n, &v) ? v : def;
+  // --- attributes (ONNX defaults when absent): attr_i, attr_f, attr_s, the *_opt forms, attr_tensor from the SDK;
+  // the lists as optionals ---
+  std::optional<std::vector<int64_t>> attr_ints(const char* n) const { return attr_ints_opt(n); }
+  std::vector<int64_t> attr_ints_or(const char* n, const std::vector<int64_t>& def) const {
+    return sdk::KernelContext::attr_ints(n, def);
   }
-  std::optional<int64_t> attr_i_opt(const char* n) const {
-    int64_t v;
-    if (api_->attr_int(ctx_, n, &v)) return v;
-    return std::nullopt;
-  }
-  float attr_f(const char* n, float def) const {
-    float v;
-    return api_->attr_float(ctx_, n, &v) ? v : def;
-  }
-  std::optional<float> attr_f_opt(const char* n) const {
-    float v;
-    if (api_->attr_float(ctx_, n, &v)) return v;
-    return std::nullopt;
-  }
-  std::string attr_s(const char* n, const char* def) const {
-    const char* v = nullptr;
-    return api_->attr_string(ctx_, n, &v) && v ? std::string(v) : std::string(def);
-  }
-  std::optional<std::string> attr_s_opt(const char* n) const {
-    const char* v = nullptr;
-    if (api_->attr_string(ctx_, n, &v) && v) return std::string(v);
-    return std::nullopt;
-  }
-  std::optional<std::vector<int64_t>> attr_ints(const char* n) const {
-    const int64_t* v = nullptr;
-    size_t c = 0;
-    if (!api_->attr_ints(ctx_, n, &v, &c)) return std::nullopt;
-    return std::vector<int64_t>(v, v + c);
-  }
-  std::vector<int64_t> attr_ints_or(const char* n, std::vector<int64_t> def) const {
-    auto v = attr_ints(n);
-    return v ? *v : def;
-  }
-  std::optional<std::vector<float>> attr_floats(const char* n) const {
-    const float* v = nullptr;
-    size_t c = 0;
-    if (!api_->attr_floats(ctx_, n, &v, &c)) return std::nullopt;
-    return std::vector<float>(v, v + c);
-  }
-  std::optional<std::vector<std::string>> attr_strings(const char* n) const {
-    const char* const* v = nullptr;
-    size_t c = 0;
-    if (!api_->attr_strings || !api_->attr_strings(ctx_, n, &v, &c)) return std::nullopt;
-    std::vector<std::string> r;
-    for (size_t i = 0; i < c; ++i) r.emplace_back(v[i] ? v[i] : "");
-    return r;
-  }
-  const keel_tensor_t* attr_tensor(const char* n) const {
-    const keel_tensor_t* t = nullptr;
-    if (!api_->attr_tensor || !api_->attr_tensor(ctx_, n, &t)) return nullptr;
-    return t;
-  }
-  int opset() const { return api_->opset ? api_->opset(ctx_) : 0; }
+  std::optional<std::vector<float>> attr_floats(const char* n) const { return attr_floats_opt(n); }
+  std::optional<std::vector<std::string>> attr_strings(const char* n) const { return attr_strings_opt(n); }
 
-  // Runs f(begin, end) over [0, n) in chunks of at least min_chunk on the core's pool. Exceptions thrown by f are
-  // caught per chunk and the first is rethrown here.
+  // Runs f(begin, end) over [0, n) in chunks of at least min_chunk on the core's pool (sdk parallel_for: the first
+  // exception of a chunk is rethrown here).
   template <class F>
   void parallel(int64_t n, int64_t min_chunk, F&& f) const {
-    if (n <= 0) return;
-    if (min_chunk < 1) min_chunk = 1;
-    if (n <= min_chunk || api_->parallel_for == nullptr) {
-      f(int64_t(0), n);
-      return;
-    }
-    struct Arg {
-      std::remove_reference_t<F>* f;
-      std::mutex m;
-      std::exception_ptr err;
-    } arg{&f, {}, {}};
-    api_->parallel_for(ctx_, n, min_chunk, [](void* a, int64_t b, int64_t e) {
-      auto* ar = static_cast<Arg*>(a);
-      try {
-        (*ar->f)(b, e);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(ar->m);
-        if (!ar->err) ar->err = std::current_exception();
-      }
-    }, &arg);
-    if (arg.err) std::rethrow_exception(arg.err);
+    parallel_for(n, min_chunk, std::forward<F>(f));
   }
 
   // Normalises an axis in [-rank, rank) to [0, rank); a rank-0 tensor has no axis.
@@ -346,8 +260,6 @@ class Kctx {
   }
 
  private:
-  keel_kernel_context_t* ctx_;
-  const keel_kernel_api_t* api_;
   const char* op_;
 };
 

@@ -36,40 +36,29 @@ inline SpatialGeom spatial_geom(const Kctx& k, const Shape& in_spatial, const Sh
     k.invalid(cat("dilations has ", g.dilations.size(), " entries, expected ", g.r));
   for (int64_t v : g.dilations)
     if (v <= 0) k.invalid("dilations must be positive");
-  std::string auto_pad = k.attr_s("auto_pad", "NOTSET");
+  const std::string auto_pad = k.attr_s("auto_pad", "NOTSET");
+  const sdk::AutoPad ap = sdk::auto_pad_of(auto_pad);
   Shape eff(g.r);
-  for (int i = 0; i < g.r; ++i) eff[i] = (kernel[i] - 1) * g.dilations[i] + 1;
-  if (auto_pad == "NOTSET" || auto_pad.empty()) {
+  for (int i = 0; i < g.r; ++i) eff[i] = sdk::dilated_extent(kernel[i], g.dilations[i]);
+  if (ap == sdk::AutoPad::kNotSet) {
     g.pads = k.attr_ints_or("pads", Shape(2 * g.r, 0));
     if (static_cast<int>(g.pads.size()) != 2 * g.r)
       k.invalid(cat("pads has ", g.pads.size(), " entries, expected ", 2 * g.r));
     for (int64_t v : g.pads)
       if (v < 0) k.invalid("pads must be non-negative");
-  } else if (auto_pad == "VALID") {
-    g.pads.assign(2 * g.r, 0);
-  } else if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
-    g.pads.assign(2 * g.r, 0);
-    for (int i = 0; i < g.r; ++i) {
-      int64_t s = g.strides[i];
-      int64_t residual = s > 1 ? in_spatial[i] % s : 0;
-      int64_t total = residual == 0 ? eff[i] - s : eff[i] - residual;
-      if (total < 0) total = 0;
-      int64_t small = total >> 1, big = total - small;
-      g.pads[i] = auto_pad == "SAME_UPPER" ? small : big;
-      g.pads[i + g.r] = auto_pad == "SAME_UPPER" ? big : small;
-    }
-  } else {
+  } else if (ap == sdk::AutoPad::kUnknown) {
     k.invalid(cat("unknown auto_pad '", auto_pad, "'"));
+  } else {  // VALID, SAME_UPPER, SAME_LOWER
+    g.pads.assign(2 * g.r, 0);
+    for (int i = 0; i < g.r; ++i) sdk::same_pads(ap, in_spatial[i], eff[i], g.strides[i], &g.pads[i], &g.pads[i + g.r]);
   }
   bool ceil_mode = allow_ceil && k.attr_i("ceil_mode", 0) != 0;
   g.out.resize(g.r);
   for (int i = 0; i < g.r; ++i) {
-    int64_t span = in_spatial[i] + g.pads[i] + g.pads[i + g.r] - eff[i];
-    if (span < 0)
+    g.out[i] = sdk::window_output(in_spatial[i], g.pads[i] + g.pads[i + g.r], eff[i], g.strides[i], ceil_mode);
+    if (g.out[i] < 0)
       k.invalid(cat("kernel ", shape_str(kernel), " (dilated) is larger than the padded input in spatial dimension ",
                     i, " (input ", in_spatial[i], ")"));
-    int64_t pos = ceil_mode ? (span + g.strides[i] - 1) / g.strides[i] : span / g.strides[i];
-    g.out[i] = 1 + pos;
   }
   return g;
 }

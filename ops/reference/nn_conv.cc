@@ -271,11 +271,11 @@ void op_conv_transpose(Kctx& k) {
   for (int i = 0; i < r; ++i)
     if (g.strides[i] <= 0 || g.dilations[i] <= 0) k.invalid("strides and dilations must be positive");
   std::string auto_pad = k.attr_s("auto_pad", "NOTSET");
+  const sdk::AutoPad ap = sdk::auto_pad_of(auto_pad);
   auto out_shape_attr = k.attr_ints("output_shape");
   g.pads.assign(2 * r, 0);
   g.out.resize(r);
-  auto floor_div2 = [](int64_t v) { return v >= 0 ? v / 2 : -((-v + 1) / 2); };
-  if (out_shape_attr || auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+  if (out_shape_attr || sdk::is_same(ap)) {
     Shape target(r);
     if (out_shape_attr) {
       Shape os = *out_shape_attr;
@@ -286,22 +286,18 @@ void op_conv_transpose(Kctx& k) {
       for (int i = 0; i < r; ++i) target[i] = g.in[i] * g.strides[i];
     }
     for (int i = 0; i < r; ++i) {
-      int64_t total = g.strides[i] * (g.in[i] - 1) + out_pad[i] + (g.kernel[i] - 1) * g.dilations[i] + 1 - target[i];
-      if (auto_pad == "SAME_UPPER") {
-        g.pads[i] = floor_div2(total);
-        g.pads[i + r] = total - g.pads[i];
-      } else {
-        g.pads[i + r] = floor_div2(total);
-        g.pads[i] = total - g.pads[i + r];
-      }
+      const int64_t full =
+          sdk::transposed_extent(g.in[i], g.strides[i], out_pad[i], sdk::dilated_extent(g.kernel[i], g.dilations[i]));
+      sdk::transposed_pads(ap, full - target[i], &g.pads[i], &g.pads[i + r]);
       g.out[i] = target[i];
     }
   } else {
     if (auto_pad != "VALID") g.pads = k.attr_ints_or("pads", Shape(2 * r, 0));
     if (static_cast<int>(g.pads.size()) != 2 * r) k.invalid("pads must have 2 entries per spatial dimension");
     for (int i = 0; i < r; ++i) {
-      g.out[i] = g.strides[i] * (g.in[i] - 1) + out_pad[i] + (g.kernel[i] - 1) * g.dilations[i] + 1 - g.pads[i] -
-                 g.pads[i + r];
+      g.out[i] = sdk::transposed_extent(g.in[i], g.strides[i], out_pad[i],
+                                        sdk::dilated_extent(g.kernel[i], g.dilations[i])) -
+                 g.pads[i] - g.pads[i + r];
       if (g.out[i] <= 0) k.invalid(cat("computed output spatial size ", g.out[i], " is not positive"));
     }
   }
