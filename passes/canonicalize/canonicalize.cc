@@ -122,7 +122,7 @@ int64_t fold_round(GraphView& gv, const PassOptions& opts, Report& report, FoldS
       if (o.empty()) continue;
       if (gv.is_graph_output(o)) ok = false;  // a graph output keeps its producer (and its name)
       auto vt = gv.value_type(o);
-      if (vt && vt->fully_known() && dtype_bytes(vt->dtype) * numel(vt->dims) > static_cast<uint64_t>(max_bytes)) ok = false;
+      if (vt && vt->fully_known() && dtype_size(vt->dtype) * numel(vt->dims) > static_cast<uint64_t>(max_bytes)) ok = false;
     }
     if (!ok) continue;
     foldable.insert(n);
