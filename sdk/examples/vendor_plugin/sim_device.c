@@ -7,13 +7,16 @@
  *    say KEEL_DEVICE_CAP_UNIFIED_HOST_MEMORY, so the core treats it as device memory: it allocates activations of
  *    sim nodes here and inserts copies (through `copy`) wherever a value crosses between the CPU and sim;
  *  - three f32 kernels: Relu, Add (with ONNX multidirectional broadcasting) and MatMul (A of rank >= 2 times a 2-D
- *    B). Every other op, and every case these reject in `create`, falls back to the CPU.
+ *    B), written in C++ over the SDK's kernel layer <keel/kernel.hpp> (sim_kernels.cc). Every other op, and every
+ *    case these reject in `create`, falls back to the CPU.
  * The manifest's [options] may set `arena_mb` (default 64).
  *
  * The entries check what they are given (pointers inside the arena, shapes), so a bug in the core's copies shows up
  * as an error status naming the problem rather than as memory corruption.
  */
 #include <keel/plugin.h>
+
+#include "sim_device.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -44,7 +47,7 @@ typedef struct sim_state_s {
 
 static sim_state_t g_sim = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, NULL};
 
-static int sim_owns(const void* p, uint64_t bytes) {
+int sim_owns(const void* p, uint64_t bytes) {
   const unsigned char* c = (const unsigned char*)p;
   return c >= g_sim.arena && bytes <= g_sim.arena_bytes && c - g_sim.arena <= (ptrdiff_t)(g_sim.arena_bytes - bytes);
 }
@@ -137,150 +140,7 @@ static keel_status_t sim_copy(void* user_data, int32_t kind, int32_t dst_device,
 /* Kernels                                                                                                       */
 /* ------------------------------------------------------------------------------------------------------------ */
 
-static uint64_t numel(const keel_tensor_t* t) {
-  uint64_t n = 1;
-  int32_t i;
-  for (i = 0; i < t->ndim; ++i) n *= (uint64_t)t->dims[i];
-  return n;
-}
-
-static keel_status_t sim_relu(void* state, keel_kernel_context_t* ctx) {
-  const keel_kernel_api_t* k = g_host->kernel;
-  const keel_tensor_t* x = k->input(ctx, 0);
-  keel_tensor_t* y = NULL;
-  keel_status_t st;
-  uint64_t i, n;
-  (void)state;
-  if ((st = k->output(ctx, 0, x->ndim, x->dims, &y)) != NULL) return st;
-  if (!sim_owns(x->data, x->byte_size) || !sim_owns(y->data, y->byte_size))
-    return sim_error(KEEL_STATUS_INTERNAL, "sim: Relu was given memory outside the sim arena");
-  n = numel(x);
-  for (i = 0; i < n; ++i) {
-    float v = ((const float*)x->data)[i];
-    ((float*)y->data)[i] = v > 0.f ? v : 0.f;
-  }
-  return NULL;
-}
-
-#define SIM_MAX_RANK 8
-
-static keel_status_t sim_add(void* state, keel_kernel_context_t* ctx) {
-  const keel_kernel_api_t* k = g_host->kernel;
-  const keel_tensor_t* a = k->input(ctx, 0);
-  const keel_tensor_t* b = k->input(ctx, 1);
-  keel_tensor_t* y = NULL;
-  keel_status_t st;
-  int64_t dims[SIM_MAX_RANK], sa[SIM_MAX_RANK], sb[SIM_MAX_RANK], idx[SIM_MAX_RANK];
-  int32_t rank = a->ndim > b->ndim ? a->ndim : b->ndim, d;
-  int64_t stride_a = 1, stride_b = 1;
-  uint64_t i, n = 1;
-  (void)state;
-  if (rank > SIM_MAX_RANK) return sim_error(KEEL_STATUS_UNIMPLEMENTED, "sim: Add of rank > 8");
-  /* Right-aligned broadcasting: a dim of 1 (or a missing one) repeats. */
-  for (d = rank - 1; d >= 0; --d) {
-    int32_t da = d - (rank - a->ndim), db = d - (rank - b->ndim);
-    int64_t xa = da >= 0 ? a->dims[da] : 1, xb = db >= 0 ? b->dims[db] : 1;
-    if (xa != xb && xa != 1 && xb != 1) return sim_error(KEEL_STATUS_INVALID_ARGUMENT, "sim: Add shapes do not broadcast");
-    dims[d] = xa > xb ? xa : xb;
-    sa[d] = xa == 1 ? 0 : stride_a;
-    sb[d] = xb == 1 ? 0 : stride_b;
-    stride_a *= xa;
-    stride_b *= xb;
-    idx[d] = 0;
-    n *= (uint64_t)dims[d];
-  }
-  if ((st = k->output(ctx, 0, rank, dims, &y)) != NULL) return st;
-  if (!sim_owns(a->data, a->byte_size) || !sim_owns(b->data, b->byte_size) || !sim_owns(y->data, y->byte_size))
-    return sim_error(KEEL_STATUS_INTERNAL, "sim: Add was given memory outside the sim arena");
-  {
-    const float* pa = (const float*)a->data;
-    const float* pb = (const float*)b->data;
-    float* py = (float*)y->data;
-    int64_t oa = 0, ob = 0;
-    for (i = 0; i < n; ++i) {
-      py[i] = pa[oa] + pb[ob];
-      /* Odometer increment over the output index. */
-      for (d = rank - 1; d >= 0; --d) {
-        oa += sa[d];
-        ob += sb[d];
-        if (++idx[d] < dims[d]) break;
-        oa -= sa[d] * dims[d];
-        ob -= sb[d] * dims[d];
-        idx[d] = 0;
-      }
-    }
-  }
-  return NULL;
-}
-
-/* MatMul: only A[..., M, K] x B[K, N]; anything else is rejected at create time and runs on the CPU. */
-static keel_status_t sim_matmul_create(void* user_data, keel_kernel_context_t* ctx, void** out_state) {
-  const keel_kernel_api_t* k = g_host->kernel;
-  const keel_tensor_t* a = k->input(ctx, 0);
-  const keel_tensor_t* b = k->input(ctx, 1);
-  *out_state = user_data;
-  if (a == NULL || b == NULL || a->ndim < 2 || b->ndim != 2)
-    return sim_error(KEEL_STATUS_UNIMPLEMENTED, "sim: MatMul needs A of rank >= 2 and a 2-D B");
-  return NULL;
-}
-
-static keel_status_t sim_matmul(void* state, keel_kernel_context_t* ctx) {
-  const keel_kernel_api_t* k = g_host->kernel;
-  const keel_tensor_t* a = k->input(ctx, 0);
-  const keel_tensor_t* b = k->input(ctx, 1);
-  keel_tensor_t* y = NULL;
-  keel_status_t st;
-  int64_t dims[SIM_MAX_RANK], m, kk, nn, rows, r, j, p;
-  int32_t d;
-  (void)state;
-  if (a->ndim < 2 || a->ndim > SIM_MAX_RANK || b->ndim != 2 || a->dims[a->ndim - 1] != b->dims[0])
-    return sim_error(KEEL_STATUS_INVALID_ARGUMENT, "sim: MatMul shapes do not match");
-  for (d = 0; d < a->ndim - 1; ++d) dims[d] = a->dims[d];
-  dims[a->ndim - 1] = b->dims[1];
-  if ((st = k->output(ctx, 0, a->ndim, dims, &y)) != NULL) return st;
-  if (!sim_owns(a->data, a->byte_size) || !sim_owns(b->data, b->byte_size) || !sim_owns(y->data, y->byte_size))
-    return sim_error(KEEL_STATUS_INTERNAL, "sim: MatMul was given memory outside the sim arena");
-  m = a->dims[a->ndim - 2];
-  kk = b->dims[0];
-  nn = b->dims[1];
-  rows = (int64_t)(numel(a) / (uint64_t)(kk ? kk : 1));
-  (void)m;
-  for (r = 0; r < rows; ++r) {
-    const float* ar = (const float*)a->data + r * kk;
-    float* yr = (float*)y->data + r * nn;
-    for (j = 0; j < nn; ++j) yr[j] = 0.f;
-    for (p = 0; p < kk; ++p) {
-      float av = ar[p];
-      const float* br = (const float*)b->data + p * nn;
-      for (j = 0; j < nn; ++j) yr[j] += av * br[j];
-    }
-  }
-  return NULL;
-}
-
-static const int32_t kF32[] = {KEEL_DTYPE_F32};
-static const keel_type_constraint_t kT[] = {{"T", kF32, 1}};
-
-static keel_status_t sim_register_kernel(keel_plugin_handle_t* plugin, const char* name, const char* op,
-                                         int32_t since, keel_status_t (*create)(void*, keel_kernel_context_t*, void**),
-                                         keel_status_t (*compute)(void*, keel_kernel_context_t*)) {
-  keel_kernel_def_t def;
-  memset(&def, 0, sizeof def);
-  def.struct_size = sizeof def;
-  def.abi_major = KEEL_PLUGIN_ABI_MAJOR;
-  def.abi_minor = KEEL_PLUGIN_ABI_MINOR;
-  def.name = name;
-  def.domain = "";
-  def.op_type = op;
-  def.since_version = since;
-  def.end_version = 0;
-  def.device_type = "sim";
-  def.constraints = kT;
-  def.constraint_count = 1;
-  def.create = create;
-  def.compute = compute;
-  return g_host->register_kernel(plugin, &def);
-}
+/* In C++ over the SDK's kernel layer: sim_kernels.cc. */
 
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Registration                                                                                                  */
@@ -312,10 +172,7 @@ static keel_status_t sim_init(const keel_host_api_t* host, keel_plugin_handle_t*
   table.copy = sim_copy;
   /* No streams: a synchronous device. */
   if ((st = host->register_device(plugin, &table)) != NULL) return st;
-  if ((st = sim_register_kernel(plugin, "sim_f32_relu", "Relu", 6, NULL, sim_relu)) != NULL) return st;
-  if ((st = sim_register_kernel(plugin, "sim_f32_add", "Add", 7, NULL, sim_add)) != NULL) return st;
-  if ((st = sim_register_kernel(plugin, "sim_f32_matmul", "MatMul", 1, sim_matmul_create, sim_matmul)) != NULL)
-    return st;
+  if ((st = sim_register_kernels(host, plugin)) != NULL) return st;
   snprintf(msg, sizeof msg, "sim: device 'sim' with a %lld MiB arena; kernels Relu, Add, MatMul (f32)",
            (long long)arena_mb);
   host->log(plugin, KEEL_LOG_INFO, msg);
