@@ -81,7 +81,7 @@ class ConvKernel : public Kernel {
       dnnl::post_ops po;
       if (has_z_) po.append_sum(1.f);
       if (act_set_) po.append_eltwise(1.f, act_, act_alpha_, act_beta_);
-      dnnl::primitive_attr attr;
+      dnnl::primitive_attr attr = user_scratchpad();
       attr.set_post_ops(po);
       dnnl::convolution_forward::primitive_desc pd(d, attr, eng);
       pl->prim = std::make_unique<dnnl::convolution_forward>(pd);
@@ -118,7 +118,7 @@ class ConvKernel : public Kernel {
     }
     std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, p.src}, {DNNL_ARG_WEIGHTS, p.wei}, {DNNL_ARG_DST, p.dst}};
     if (has_bias_) args[DNNL_ARG_BIAS] = p.bias;
-    p.prim->execute(s, args);
+    execute(*p.prim, s, args);
     if (p.dst_reorder) p.dst_reorder->execute(s, p.dst, p.dst_user);
     s.wait();
   }

@@ -24,6 +24,8 @@
 #include <utility>
 #include <vector>
 
+#include "onednn_scratchpad.h"
+
 namespace keel::onednn {
 
 using Dims = std::vector<int64_t>;

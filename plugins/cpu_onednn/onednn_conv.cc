@@ -147,7 +147,7 @@ class ConvKernel : public Kernel {
     std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, p.src_prim}, {DNNL_ARG_WEIGHTS, p.wei_prim},
                                                {DNNL_ARG_DST, p.dst_prim}};
     if (has_bias_) args[DNNL_ARG_BIAS] = p.bias;
-    p.prim.execute(s, args);
+    execute(p.prim, s, args);
     if (p.reorder_dst) p.dst_reorder.execute(s, p.dst_prim, p.dst_user);
     s.wait();
   }
@@ -209,7 +209,7 @@ class ConvKernel : public Kernel {
           dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_winograd,
                                             src_any, wei_any, has_bias_ ? bias_md : none, dst_any, to_dnnl(g.strides),
                                             minus_one(g.dilations), to_dnnl(g.pads_l), to_dnnl(g.pads_r));
-          pd = std::make_unique<dnnl::convolution_forward::primitive_desc>(d, eng);
+          pd = std::make_unique<dnnl::convolution_forward::primitive_desc>(d, user_scratchpad(), eng);
         } catch (const dnnl::error&) {
           pd.reset();
         }
@@ -218,7 +218,7 @@ class ConvKernel : public Kernel {
         dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
                                           src_any, wei_any, has_bias_ ? bias_md : none, dst_any, to_dnnl(g.strides),
                                           minus_one(g.dilations), to_dnnl(g.pads_l), to_dnnl(g.pads_r));
-        pd = std::make_unique<dnnl::convolution_forward::primitive_desc>(d, eng);
+        pd = std::make_unique<dnnl::convolution_forward::primitive_desc>(d, user_scratchpad(), eng);
       }
       src_md = pd->src_desc();
       dst_md = pd->dst_desc();
@@ -229,7 +229,7 @@ class ConvKernel : public Kernel {
       dnnl::deconvolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::deconvolution_direct,
                                           src_any, wei_any, has_bias_ ? bias_md : none, dst_any, to_dnnl(g.strides),
                                           minus_one(g.dilations), to_dnnl(g.pads_l), to_dnnl(g.pads_r));
-      dnnl::deconvolution_forward::primitive_desc pd(d, eng);
+      dnnl::deconvolution_forward::primitive_desc pd(d, user_scratchpad(), eng);
       src_md = pd.src_desc();
       dst_md = pd.dst_desc();
       wei_md = pd.weights_desc();

@@ -117,7 +117,7 @@ void QuantSetup::read(const QNodeView& c, int64_t channels) {
 }
 
 dnnl::primitive_attr QuantSetup::attr(int channel_dim, const dnnl::memory::desc& residual_md) const {
-  dnnl::primitive_attr a;
+  dnnl::primitive_attr a = user_scratchpad();
   const bool quantized = y_type != KEEL_DTYPE_F32;
   // Post-ops see y / out_div; with a residual the division by y_scale moves behind the addition.
   const float out_div = quantized && !residual ? y_scale : 1.f;
@@ -411,7 +411,7 @@ void execute(Ctx& c, QPlan& p, StepProfile& prof) {
     if (p.reorder_src || p.reorder_residual) prof.part(0, t0);
     t0 = StepProfile::now_ms();
   }
-  p.prim.execute(s, p.args);
+  onednn::execute(p.prim, s, p.args);  // the scratchpad-aware one (onednn_scratchpad.h), not this file's
   if (timed) {
     s.wait();
     prof.part(1, t0);

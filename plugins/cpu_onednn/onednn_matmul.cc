@@ -101,7 +101,7 @@ class MatMulKernel : public Kernel {
       if (c_const_.empty()) bind(p.bias, c.input(2)->data);
       args[DNNL_ARG_BIAS] = p.bias;
     }
-    p.prim.execute(s, args);
+    execute(p.prim, s, args);
     s.wait();
   }
 
@@ -153,7 +153,7 @@ class MatMulKernel : public Kernel {
       if ((cd[0] != 1 && cd[0] != out[0]) || (cd[1] != 1 && cd[1] != out[1])) throw Reject{"C does not broadcast"};
       bias_md = plain_md(cd);
     }
-    dnnl::primitive_attr attr;
+    dnnl::primitive_attr attr = user_scratchpad();
     if (gemm_ && alpha_ != 1.f) {
       dnnl::post_ops po;
       po.append_eltwise(1.f, dnnl::algorithm::eltwise_linear, alpha_, 0.f);

@@ -386,9 +386,9 @@ void run_merged_source(const Exec& e) {
                   *static_cast<const MergedSourceShape*>(e.params.get()), e.single ? 1 : omp_get_max_threads());
 }
 
-void run_step(const Exec& e, dnnl::stream& s) {
+void run_step(Exec& e, dnnl::stream& s) {
   if (e.own) e.own(e);
-  else e.prim.execute(s, e.args);
+  else execute(e.prim, s, e.args);
 }
 
 // Weights in the primitives' layouts, packed into 2 MiB-aligned chunks that the kernel may back with huge pages
@@ -1500,7 +1500,7 @@ bool Builder::conv_as_gemv(size_t i, const Fusion& f, const std::vector<float>& 
   if (!is_plain_dense(xv.md) && xv.md != md_t({1, C, 1, 1}, dt::f32, tag::nChw16c)) return false;
   const md_t a({1, C}, dt::f32, tag::ab), b({C, M}, dt::f32, tag::any), bm({1, M}, dt::f32, tag::ab),
       d({1, M}, dt::f32, tag::ab);
-  dnnl::primitive_attr attr;
+  dnnl::primitive_attr attr = user_scratchpad();
   attr.set_post_ops(f.po);
   std::unique_ptr<dnnl::matmul::primitive_desc> pd;
   try {
@@ -1635,7 +1635,7 @@ void Builder::conv(size_t i) {
                   !odd_block && xv.md.data_type() == act_;
   md_t src = keep_src ? xv.md : md_t(to_dnnl(x), act_, tag::any);
   md_t dst = M % 16 == 0 ? md_t(to_dnnl(y), act_, blocked16_tag(y.size())) : md_t(to_dnnl(y), act_, tag::any);
-  dnnl::primitive_attr attr;
+  dnnl::primitive_attr attr = user_scratchpad();
   attr.set_post_ops(f.po);
   bool wino = g_options.winograd && sp == 2 && ks[0] == 3 && ks[1] == 3 && g == 1 && s[0] == 1 && s[1] == 1 &&
               d[0] == 1 && d[1] == 1 && C >= 16 && M >= 16;
@@ -2127,7 +2127,7 @@ bool Builder::conv_residual_merged(size_t i) {
   const Dims cat{1, K, h[2], h[3]};
   const md_t cmd(to_dnnl(cat), dt::f32, tag::nChw16c), hmd(to_dnnl(h), dt::f32, tag::nChw16c),
       xsmd(to_dnnl(Dims{1, Cx, h[2], h[3]}), dt::f32, tag::nChw16c);
-  dnnl::primitive_attr attr;
+  dnnl::primitive_attr attr = user_scratchpad();
   attr.set_post_ops(f.po);
   std::unique_ptr<dnnl::convolution_forward::primitive_desc> pd;
   try {
@@ -2284,7 +2284,7 @@ bool Builder::conv_dw_fused(size_t i, const Fusion& f, const md_t& src, const md
       db[m] = db[m] * g.bn_scale[m] + g.bn_shift[m];
     }
   for (size_t k = 0; k < g.conv_bias_add.size(); ++k) db[k] += g.conv_bias_add[k];
-  dnnl::primitive_attr attr;
+  dnnl::primitive_attr attr = user_scratchpad();
   attr.set_post_ops(po);
   Dims x = dims_of(r_.nodes[i].in[0]);
   std::unique_ptr<dnnl::convolution_forward::primitive_desc> pd;
@@ -2434,7 +2434,7 @@ void Builder::deconv(size_t i) {
                   xv.md.data_type() == act_;
   md_t src = keep_src ? xv.md : md_t(to_dnnl(x), act_, tag::any);
   md_t dst = M % 16 == 0 ? md_t(to_dnnl(y), act_, blocked16_tag(y.size())) : md_t(to_dnnl(y), act_, tag::any);
-  dnnl::primitive_attr attr;
+  dnnl::primitive_attr attr = user_scratchpad();
   attr.set_post_ops(f.po);
   std::unique_ptr<dnnl::deconvolution_forward::primitive_desc> pd;
   for (int attempt = 0; attempt < 2 && !pd; ++attempt) {
@@ -2546,7 +2546,7 @@ void Builder::matmul(size_t i) {
   float weight_scale = 1.f;
   if (scale != 1.f && bconst) weight_scale = scale, scale = 1.f;
   if (scale != 1.f && !f.mm_bias.empty()) throw Reject{"a scale and a bias on non-constant weights"};
-  dnnl::primitive_attr attr;
+  dnnl::primitive_attr attr = user_scratchpad();
   if (scale != 1.f) attr.set_output_scales(0, {scale});
   attr.set_post_ops(f.po);
   md_t ymd = plain_md(y);
@@ -2742,7 +2742,7 @@ void Builder::pool(size_t i) {
     f.nodes.push_back(u);
     f.out = r_.nodes[u].out[0];
   }
-  dnnl::primitive_attr attr;
+  dnnl::primitive_attr attr = user_scratchpad();
   attr.set_post_ops(f.po);
   dnnl::pooling_v2_forward::desc d(dnnl::prop_kind::forward_inference, a, xv.md, md_t(to_dnnl(y), act_, tag::any),
                                    to_dnnl(s), to_dnnl(k), dnnl_dilations(dl), to_dnnl(pl), to_dnnl(pr));
@@ -3640,7 +3640,7 @@ Val Builder::quantized(const std::string& name, const QuantSetup& q, const md_t&
     exec_own(std::move(e), how, false, r_.nodes[cur_node_].name + " quantize " + dims_str(d));
     return dst;
   }
-  dnnl::primitive_attr a;
+  dnnl::primitive_attr a = user_scratchpad();
   a.set_output_scales(0, {spec.inv_scale});
   if (spec.zero != 0) a.set_zero_points(DNNL_ARG_DST, 0, {DNNL_RUNTIME_S32_VAL});
   dnnl::reorder::primitive_desc pd(engine(), v.md, engine(), want, a);
@@ -3824,7 +3824,7 @@ void Builder::qdq(size_t i) {
   }
   if (xv.md.data_type() != int8_dnnl_type(qtype) || ot == r_.dtypes.end() || ot->second != KEEL_DTYPE_F32)
     throw Reject{"u8/s8 -> f32 only, the zero point's type"};
-  dnnl::primitive_attr a;
+  dnnl::primitive_attr a = user_scratchpad();
   a.set_output_scales(0, {scale});
   if (zero != 0) a.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
   Val& out = define(n.out[0], with_dtype(xv.md, dt::f32));

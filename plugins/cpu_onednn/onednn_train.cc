@@ -204,14 +204,14 @@ class ConvGradKernel : public Kernel {
         bind(p.dbias, out_db->data);
         args[DNNL_ARG_DIFF_BIAS] = p.dbias;
       }
-      p.bwd_w->execute(s, args);
+      execute(*p.bwd_w, s, args);
       p.w_dwei.finish();
     }
     if (p.bwd_d) {
       p.d_ddst.in(c.input(0)->data);
       p.d_wei.in(c.input(2)->data);
       p.d_dsrc.out(out_dx->data);
-      p.bwd_d->execute(s, {{DNNL_ARG_DIFF_DST, p.d_ddst.prim}, {DNNL_ARG_WEIGHTS, p.d_wei.prim},
+      execute(*p.bwd_d, s, {{DNNL_ARG_DIFF_DST, p.d_ddst.prim}, {DNNL_ARG_WEIGHTS, p.d_wei.prim},
                            {DNNL_ARG_DIFF_SRC, p.d_dsrc.prim}});
       p.d_dsrc.finish();
     }
@@ -262,7 +262,7 @@ class ConvGradKernel : public Kernel {
         wei_plain(to_dnnl(wei), d, group_ > 1 ? tag::goihw : tag::oihw);
     dnnl::convolution_forward::desc fd(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, src_any,
                                        wei_any, want_db_ ? bias_md : none, dst_any, st, dl, pl, prr);
-    dnnl::convolution_forward::primitive_desc fpd(fd, eng);
+    dnnl::convolution_forward::primitive_desc fpd(fd, user_scratchpad(), eng);
     if (want_dw_ || want_db_) {
       if (!want_dw_) throw Reject{"dB without dW"};
       // The primitive's layout for dY first (measured on the SimpleCNN's first layer: the blocked implementation plus
@@ -277,7 +277,7 @@ class ConvGradKernel : public Kernel {
                                                                            wei_any, bias_md, *ddst, st, dl, pl, prr)
                                 : dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src_any,
                                                                            wei_any, *ddst, st, dl, pl, prr);
-            wpd = std::make_unique<dnnl::convolution_backward_weights::primitive_desc>(wd, eng, fpd);
+            wpd = std::make_unique<dnnl::convolution_backward_weights::primitive_desc>(wd, user_scratchpad(), eng, fpd);
             p->bias_in_prim = with_bias;
           } catch (const dnnl::error&) {
             wpd.reset();
@@ -294,7 +294,7 @@ class ConvGradKernel : public Kernel {
     if (want_dx_) {
       dnnl::convolution_backward_data::desc dd(dnnl::algorithm::convolution_direct, src_any, wei_any, dst_any, st, dl,
                                                pl, prr);
-      dnnl::convolution_backward_data::primitive_desc dpd(dd, eng, fpd);
+      dnnl::convolution_backward_data::primitive_desc dpd(dd, user_scratchpad(), eng, fpd);
       p->d_ddst.make(dst_plain, dpd.diff_dst_desc(), true);
       p->d_wei.make(wei_plain, dpd.weights_desc(), true);
       p->d_dsrc.make(src_plain, dpd.diff_src_desc(), false);
@@ -350,7 +350,7 @@ class ConvBf16Kernel : public Kernel {
       dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, src_any,
                                         wei_any, has_bias_ ? bias_md : none, dst_any, to_dnnl(strides_),
                                         {dil_[0] - 1, dil_[1] - 1}, {pads_[0], pads_[1]}, {pads_[2], pads_[3]});
-      dnnl::convolution_forward::primitive_desc pd(d, eng);
+      dnnl::convolution_forward::primitive_desc pd(d, user_scratchpad(), eng);
       pl->src.make(dnnl::memory::desc(to_dnnl(x), dt::bf16, tag::nchw), pd.src_desc(), true);
       pl->wei.make(dnnl::memory::desc(to_dnnl(wei), dt::bf16, group_ > 1 ? tag::goihw : tag::oihw), pd.weights_desc(), true);
       pl->dst.make(dnnl::memory::desc(to_dnnl(y), dt::bf16, tag::nchw), pd.dst_desc(), false);
@@ -368,7 +368,7 @@ class ConvBf16Kernel : public Kernel {
       bind(p.bias, c.input(2)->data);
       args[DNNL_ARG_BIAS] = p.bias;
     }
-    p.prim->execute(stream(), args);
+    execute(*p.prim, stream(), args);
     p.dst.finish();
     stream().wait();
   }
@@ -419,7 +419,7 @@ class MatMulBf16Kernel : public Kernel {
       bind(p.bias, c.input(2)->data);
       args[DNNL_ARG_BIAS] = p.bias;
     }
-    p.prim->execute(stream(), args);
+    execute(*p.prim, stream(), args);
     stream().wait();
   }
 
@@ -458,7 +458,7 @@ class MatMulBf16Kernel : public Kernel {
       p->out.push_back(N);
     }
     dnnl::matmul::desc d = has_c_ ? dnnl::matmul::desc(a_md, b_md, bias_md, y_md) : dnnl::matmul::desc(a_md, b_md, y_md);
-    dnnl::matmul::primitive_desc pd(d, eng);
+    dnnl::matmul::primitive_desc pd(d, user_scratchpad(), eng);
     p->a = dnnl::memory(a_md, eng, nullptr);
     p->b = dnnl::memory(b_md, eng, nullptr);
     p->y = dnnl::memory(y_md, eng, nullptr);
