@@ -9,7 +9,9 @@
 #pragma once
 
 #include <cuda_runtime.h>
+#include <keel/kernel.hpp>
 #include <keel/plugin.h>
+#include <keel/shape.hpp>
 
 #include <cstdint>
 #include <string>
@@ -21,50 +23,27 @@ using Dims = std::vector<int64_t>;
 
 extern const keel_host_api_t* g_host;
 
-struct Reject {
-  std::string why;
-};
-struct Failure {
-  int32_t code;
-  std::string message;
-};
+// The SDK's C++ layer (sdk/include/keel/kernel.hpp, shape.hpp): Reject, Failure, element counts, dims_str.
+using sdk::Failure;
+using sdk::Reject;
+using sdk::dims_str;
+using sdk::numel;
 
 keel_status_t make_status(int32_t code, const std::string& msg);
 // Throws Failure (INTERNAL, or OUT_OF_MEMORY for allocation errors) naming `what` when e is not cudaSuccess.
 void check_cuda(cudaError_t e, const char* what);
-int64_t numel(const Dims& d);
-std::string dims_str(const Dims& d);
-int32_t dtype_size(int32_t dtype);  // 0 for dtypes without a fixed size (STRING, UNDEFINED)
+// Bytes of one element (sdk::dtype_size as int32_t); 0 for dtypes without a fixed size (STRING, UNDEFINED).
+inline int32_t dtype_size(int32_t dtype) { return static_cast<int32_t>(sdk::dtype_size(dtype)); }
 
-class Ctx {
+// The kernel context (g_host->kernel) with the CUDA view of its device, stream and workspace.
+class Ctx : public sdk::KernelContext {
  public:
-  explicit Ctx(keel_kernel_context_t* c) : c_(c), api_(g_host->kernel) {}
-  int input_count() const { return api_->input_count(c_); }
-  const keel_tensor_t* input(int i) const { return api_->input(c_, i); }
-  bool has_input(int i) const { return input(i) != nullptr; }
-  int32_t dtype(int i) const { const keel_tensor_t* t = input(i); return t ? t->dtype : KEEL_DTYPE_UNDEFINED; }
-  bool rank_known(int i) const { const keel_tensor_t* t = input(i); return t && t->ndim >= 0; }
-  Dims dims(int i) const;
-  const void* data(int i) const { return input(i)->data; }
-  int output_count() const { return api_->output_count(c_); }
-  int32_t output_dtype(int i) const { return api_->output_dtype(c_, i); }
-  keel_tensor_t* output(int i, const Dims& d);
-  int32_t opset() const { return api_->opset(c_); }
-  int32_t device() const { return api_->device_index(c_); }
-  cudaStream_t stream() const { return reinterpret_cast<cudaStream_t>(api_->stream(c_)); }
+  explicit Ctx(keel_kernel_context_t* c) : sdk::KernelContext(c, g_host->kernel) {}
+  int32_t device() const { return device_index(); }
+  cudaStream_t stream() const { return reinterpret_cast<cudaStream_t>(sdk::KernelContext::stream()); }
   // Scratch memory on the kernel's device for this compute call (the core frees it, stream-ordered, when compute
   // returns); throws Failure when it cannot be had. 0 bytes gives nullptr.
-  void* workspace(uint64_t bytes);
-  int64_t attr_i(const char* name, int64_t dflt) const;
-  float attr_f(const char* name, float dflt) const;
-  bool has_attr_ints(const char* name) const;
-  Dims attr_ints(const char* name, const Dims& dflt) const;
-  std::string attr_s(const char* name, const std::string& dflt) const;
-  std::vector<float> attr_floats(const char* name) const;  // empty when absent
-
- private:
-  keel_kernel_context_t* c_;
-  const keel_kernel_api_t* api_;
+  void* workspace(uint64_t bytes) const;
 };
 
 class Kernel {

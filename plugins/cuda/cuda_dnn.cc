@@ -280,8 +280,7 @@ struct SpatialAttrs {
     pads = c.attr_ints("pads", {});
     auto_pad = c.attr_s("auto_pad", "NOTSET");
     if (auto_pad.empty()) auto_pad = "NOTSET";
-    if (auto_pad != "NOTSET" && auto_pad != "VALID" && auto_pad != "SAME_UPPER" && auto_pad != "SAME_LOWER")
-      throw Reject{"unknown auto_pad '" + auto_pad + "'"};
+    if (sdk::auto_pad_of(auto_pad) == sdk::AutoPad::kUnknown) throw Reject{"unknown auto_pad '" + auto_pad + "'"};
     ceil_mode = c.attr_i("ceil_mode", 0) != 0;
   }
 };
@@ -309,35 +308,24 @@ Geom make_geom(const SpatialAttrs& a, const Dims& in, const Dims& kernel, const 
   for (size_t i = 0; i < r; ++i)
     if (g.strides[i] <= 0 || g.dilations[i] <= 0) throw invalid(op + ": strides and dilations must be positive");
   Dims eff(r);
-  for (size_t i = 0; i < r; ++i) eff[i] = (kernel[i] - 1) * g.dilations[i] + 1;
-  if (a.auto_pad == "NOTSET") {
+  for (size_t i = 0; i < r; ++i) eff[i] = sdk::dilated_extent(kernel[i], g.dilations[i]);
+  const sdk::AutoPad ap = sdk::auto_pad_of(a.auto_pad);
+  if (ap == sdk::AutoPad::kNotSet) {
     g.pads = a.pads.empty() ? Dims(2 * r, 0) : a.pads;
     if (g.pads.size() != 2 * r) throw invalid(op + ": pads " + dims_str(g.pads) + " needs " + std::to_string(2 * r) + " entries");
     for (int64_t v : g.pads)
       if (v < 0) throw invalid(op + ": negative pads " + dims_str(g.pads));
-  } else if (a.auto_pad == "VALID") {
-    g.pads.assign(2 * r, 0);
   } else {
     g.pads.assign(2 * r, 0);
-    for (size_t i = 0; i < r; ++i) {
-      const int64_t s = g.strides[i];
-      const int64_t residual = s > 1 ? in[i] % s : 0;
-      int64_t total = residual == 0 ? eff[i] - s : eff[i] - residual;
-      if (total < 0) total = 0;
-      const int64_t small = total >> 1, big = total - small;
-      g.pads[i] = a.auto_pad == "SAME_UPPER" ? small : big;
-      g.pads[i + r] = a.auto_pad == "SAME_UPPER" ? big : small;
-    }
+    for (size_t i = 0; i < r; ++i) sdk::same_pads(ap, in[i], eff[i], g.strides[i], &g.pads[i], &g.pads[i + r]);
   }
   g.out.resize(r);
   for (size_t i = 0; i < r; ++i) {
-    const int64_t span = in[i] + g.pads[i] + g.pads[i + r] - eff[i];
-    if (span < 0)
+    const int64_t pads = g.pads[i] + g.pads[i + r];
+    g.out[i] = sdk::window_output(in[i], pads, eff[i], g.strides[i], a.ceil_mode);
+    if (g.out[i] < 0)
       throw invalid(op + ": kernel " + dims_str(kernel) + " (dilated) larger than the padded input " + dims_str(in));
-    const int64_t floor_pos = span / g.strides[i];
-    const int64_t pos = a.ceil_mode ? (span + g.strides[i] - 1) / g.strides[i] : floor_pos;
-    if (pos != floor_pos) g.ceil_changes = true;
-    g.out[i] = 1 + pos;
+    if (g.out[i] != sdk::window_output(in[i], pads, eff[i], g.strides[i])) g.ceil_changes = true;
   }
   return g;
 }
@@ -580,8 +568,7 @@ class ConvTransposeK : public Kernel {
     out_shape_ = c.attr_ints("output_shape", {});
     auto_pad_ = c.attr_s("auto_pad", "NOTSET");
     if (auto_pad_.empty()) auto_pad_ = "NOTSET";
-    if (auto_pad_ != "NOTSET" && auto_pad_ != "VALID" && auto_pad_ != "SAME_UPPER" && auto_pad_ != "SAME_LOWER")
-      throw Reject{"unknown auto_pad '" + auto_pad_ + "'"};
+    if (sdk::auto_pad_of(auto_pad_) == sdk::AutoPad::kUnknown) throw Reject{"unknown auto_pad '" + auto_pad_ + "'"};
     if (shape_known(c, 0) && shape_known(c, 1)) {
       const Dims x = c.dims(0), w = c.dims(1);
       if (x.size() == w.size() && x.size() >= 3 && x.size() <= 5 && numel(x) > 0 && numel(w) > 0)
@@ -665,8 +652,8 @@ class ConvTransposeK : public Kernel {
     for (size_t i = 0; i < r; ++i)
       if (strides[i] <= 0 || dil[i] <= 0) throw invalid("ConvTranspose strides and dilations must be positive");
     Dims pads(2 * r, 0), out(r);
-    auto floor_div2 = [](int64_t v) { return v >= 0 ? v / 2 : -((-v + 1) / 2); };
-    if (has_out_shape_ || auto_pad_ == "SAME_UPPER" || auto_pad_ == "SAME_LOWER") {
+    const sdk::AutoPad ap = sdk::auto_pad_of(auto_pad_);
+    if (has_out_shape_ || sdk::is_same(ap)) {
       Dims target(r);
       if (has_out_shape_) {
         Dims os = out_shape_;
@@ -677,14 +664,8 @@ class ConvTransposeK : public Kernel {
         for (size_t i = 0; i < r; ++i) target[i] = in[i] * strides[i];
       }
       for (size_t i = 0; i < r; ++i) {
-        const int64_t total = strides[i] * (in[i] - 1) + opad[i] + (kernel[i] - 1) * dil[i] + 1 - target[i];
-        if (auto_pad_ == "SAME_UPPER") {
-          pads[i] = floor_div2(total);
-          pads[i + r] = total - pads[i];
-        } else {
-          pads[i + r] = floor_div2(total);
-          pads[i] = total - pads[i + r];
-        }
+        const int64_t full = sdk::transposed_extent(in[i], strides[i], opad[i], sdk::dilated_extent(kernel[i], dil[i]));
+        sdk::transposed_pads(ap, full - target[i], &pads[i], &pads[i + r]);
         out[i] = target[i];
       }
     } else {
@@ -692,7 +673,8 @@ class ConvTransposeK : public Kernel {
       if (pads.size() != 2 * r)
         throw invalid("ConvTranspose pads " + dims_str(pads) + " need " + std::to_string(2 * r) + " entries");
       for (size_t i = 0; i < r; ++i) {
-        out[i] = strides[i] * (in[i] - 1) + opad[i] + (kernel[i] - 1) * dil[i] + 1 - pads[i] - pads[i + r];
+        out[i] = sdk::transposed_extent(in[i], strides[i], opad[i], sdk::dilated_extent(kernel[i], dil[i])) - pads[i] -
+                 pads[i + r];
         if (out[i] <= 0) throw invalid("ConvTranspose output size " + std::to_string(out[i]) + " is not positive");
       }
     }

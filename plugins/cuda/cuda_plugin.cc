@@ -13,7 +13,6 @@
 #include <exception>
 #include <memory>
 #include <mutex>
-#include <sstream>
 
 #include "cuda_common.h"
 
@@ -30,81 +29,16 @@ void check_cuda(cudaError_t e, const char* what) {
   throw Failure{code, std::string("cuda: ") + what + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e)};
 }
 
-int64_t numel(const Dims& d) {
-  int64_t n = 1;
-  for (int64_t v : d) n *= v;
-  return n;
-}
-std::string dims_str(const Dims& d) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < d.size(); ++i) os << (i ? "," : "") << d[i];
-  os << "]";
-  return os.str();
-}
-int32_t dtype_size(int32_t t) {
-  switch (t) {
-    case KEEL_DTYPE_U8: case KEEL_DTYPE_I8: case KEEL_DTYPE_BOOL: return 1;
-    case KEEL_DTYPE_U16: case KEEL_DTYPE_I16: case KEEL_DTYPE_F16: case KEEL_DTYPE_BF16: return 2;
-    case KEEL_DTYPE_F32: case KEEL_DTYPE_I32: case KEEL_DTYPE_U32: return 4;
-    case KEEL_DTYPE_F64: case KEEL_DTYPE_I64: case KEEL_DTYPE_U64: return 8;
-  }
-  return 0;
-}
-
-Dims Ctx::dims(int i) const {
-  const keel_tensor_t* t = input(i);
-  if (!t || t->ndim < 0) return {};
-  return Dims(t->dims, t->dims + t->ndim);
-}
-keel_tensor_t* Ctx::output(int i, const Dims& d) {
-  keel_tensor_t* t = nullptr;
-  keel_status_t st = api_->output(c_, i, static_cast<int32_t>(d.size()), d.data(), &t);
-  if (st) {
-    Failure f{st->code, st->message ? st->message : "output allocation failed"};
-    keel_status_release(st);
-    throw f;
-  }
-  return t;
-}
-void* Ctx::workspace(uint64_t bytes) {
+void* Ctx::workspace(uint64_t bytes) const {
   if (bytes == 0) return nullptr;
   void* p = nullptr;
-  if (keel_status_t st = api_->workspace(c_, bytes, &p)) {
+  if (keel_status_t st = api()->workspace(raw(), bytes, &p)) {
     Failure f{st->code, std::string("cuda: workspace of ") + std::to_string(bytes) + " bytes: " +
                             (st->message ? st->message : "allocation failed")};
     keel_status_release(st);
     throw f;
   }
   return p;
-}
-int64_t Ctx::attr_i(const char* name, int64_t dflt) const {
-  int64_t v;
-  return api_->attr_int(c_, name, &v) ? v : dflt;
-}
-float Ctx::attr_f(const char* name, float dflt) const {
-  float v;
-  return api_->attr_float(c_, name, &v) ? v : dflt;
-}
-bool Ctx::has_attr_ints(const char* name) const {
-  const int64_t* v;
-  size_t n;
-  return api_->attr_ints(c_, name, &v, &n) != 0;
-}
-Dims Ctx::attr_ints(const char* name, const Dims& dflt) const {
-  const int64_t* v;
-  size_t n;
-  return api_->attr_ints(c_, name, &v, &n) ? Dims(v, v + n) : dflt;
-}
-
-std::string Ctx::attr_s(const char* name, const std::string& dflt) const {
-  const char* v = nullptr;
-  return api_->attr_string(c_, name, &v) && v ? std::string(v) : dflt;
-}
-std::vector<float> Ctx::attr_floats(const char* name) const {
-  const float* v;
-  size_t n;
-  return api_->attr_floats(c_, name, &v, &n) ? std::vector<float>(v, v + n) : std::vector<float>{};
 }
 
 namespace {
@@ -281,42 +215,41 @@ std::vector<KernelInfo>& all_kernels() {
   return v;
 }
 
-keel_status_t kernel_create(void* user_data, keel_kernel_context_t* ctx, void** out_state) {
-  const auto* info = static_cast<const KernelInfo*>(user_data);
+// Host allocation failures at compute keep the plugin's name (sdk::current_outcome's `translate`).
+bool host_oom(sdk::Stage stage, sdk::Outcome* out) {
+  if (stage != sdk::Stage::kCompute) return false;
   try {
-    std::unique_ptr<Kernel> k(info->make());
-    Ctx c(ctx);
-    k->setup(c);
-    *out_state = k.release();
-    return nullptr;
-  } catch (const Reject& r) {
-    return make_status(KEEL_STATUS_UNIMPLEMENTED, std::string(info->name) + ": " + r.why);
-  } catch (const Failure& f) {
-    return make_status(KEEL_STATUS_UNIMPLEMENTED, std::string(info->name) + ": " + f.message);
-  } catch (const std::exception& e) {
-    return make_status(KEEL_STATUS_UNIMPLEMENTED, std::string(info->name) + ": create failed: " + e.what());
+    throw;
+  } catch (const std::bad_alloc&) {
+    *out = {KEEL_STATUS_OUT_OF_MEMORY, "cuda: host allocation failed"};
+    return true;
   } catch (...) {
-    return make_status(KEEL_STATUS_UNIMPLEMENTED, std::string(info->name) + ": create failed");
+    return false;
   }
 }
 
+keel_status_t kernel_create(void* user_data, keel_kernel_context_t* ctx, void** out_state) {
+  const auto* info = static_cast<const KernelInfo*>(user_data);
+  return sdk::guard(
+      g_host, sdk::Stage::kCreate,
+      [&] {
+        std::unique_ptr<Kernel> k(info->make());
+        Ctx c(ctx);
+        k->setup(c);
+        *out_state = k.release();
+      },
+      std::string(info->name) + ": ");
+}
+
 keel_status_t kernel_compute(void* state, keel_kernel_context_t* ctx) {
-  try {
-    Ctx c(ctx);
-    check_cuda(cudaSetDevice(c.device()), "cudaSetDevice");
-    static_cast<Kernel*>(state)->run(c);
-    return nullptr;
-  } catch (const Failure& f) {
-    return make_status(f.code, f.message);
-  } catch (const Reject& r) {
-    return make_status(KEEL_STATUS_UNIMPLEMENTED, r.why);
-  } catch (const std::bad_alloc&) {
-    return make_status(KEEL_STATUS_OUT_OF_MEMORY, "cuda: host allocation failed");
-  } catch (const std::exception& e) {
-    return make_status(KEEL_STATUS_INTERNAL, e.what());
-  } catch (...) {
-    return make_status(KEEL_STATUS_INTERNAL, "cuda: unknown exception");
-  }
+  return sdk::guard(
+      g_host, sdk::Stage::kCompute,
+      [&] {
+        Ctx c(ctx);
+        check_cuda(cudaSetDevice(c.device()), "cudaSetDevice");
+        static_cast<Kernel*>(state)->run(c);
+      },
+      std::string(), host_oom);
 }
 
 void kernel_release(void* state) { delete static_cast<Kernel*>(state); }

@@ -76,13 +76,15 @@ class KernelContext {
     const keel_tensor_t* t = input(i);
     return t && t->ndim >= 0;
   }
-  // Shape of input i; empty when it is absent or its rank is unknown (check rank_known for a real scalar).
+  // Shape of input i; empty when it is absent or its rank is unknown (check rank_known for a real scalar). Kept out
+  // of the callers' analysis: GCC 12 reports false -Warray-bounds / -Wfree-nonheap-object on their vectors otherwise.
+#if defined(__GNUC__) && !defined(__clang__)
+  __attribute__((noipa))
+#endif
   Dims dims(int i) const {
     const keel_tensor_t* t = input(i);
-    if (!t || t->ndim <= 0) return {};
-    Dims d(static_cast<size_t>(t->ndim));
-    for (size_t k = 0; k < d.size(); ++k) d[k] = t->dims[k];
-    return d;
+    if (!t || t->ndim < 0) return {};
+    return Dims(t->dims, t->dims + t->ndim);
   }
   // Rank and every dimension known.
   bool dims_known(int i) const {
