@@ -94,9 +94,12 @@ Result wait_for(pid_t pid, const fs::path& out_file, double timeout_s, Clock::ti
 
 Result run(const std::vector<std::string>& args, double timeout_s = 60, const std::vector<std::string>& extra_env = {}) {
   static int n = 0;
-  const fs::path out = temp_dir("out" + std::to_string(n++)) / "output.txt";
+  const fs::path dir = temp_dir("out" + std::to_string(n++));
+  const fs::path out = dir / "output.txt";
   const auto start = Clock::now();
-  return wait_for(spawn(args, out, extra_env), out, timeout_s, start);
+  Result r = wait_for(spawn(args, out, extra_env), out, timeout_s, start);
+  fs::remove_all(dir);
+  return r;
 }
 
 std::vector<std::string> launch(std::vector<std::string> launch_args, std::vector<std::string> prog_args) {
@@ -211,6 +214,7 @@ TEST(Launch, LogDirGetsOneFilePerRank) {
     EXPECT_NE(log.find("RANK=" + std::to_string(k) + " WORLD_SIZE=2"), std::string::npos) << log;
     EXPECT_NE(log.find("to stderr from " + std::to_string(k)), std::string::npos) << log;
   }
+  fs::remove_all(dir);
 }
 
 TEST(Launch, PortInUseIsAClearError) {
@@ -261,6 +265,7 @@ void no_orphans(int signal, int want_rc) {
   EXPECT_TRUE(all_gone(pids, 5)) << "ranks outlived the launcher\n" << r.output;
   for (pid_t p : pids)
     if (!gone(p)) kill(p, SIGKILL);
+  fs::remove_all(dir);
 }
 
 TEST(Launch, SigtermedLauncherLeavesNoOrphans) { no_orphans(SIGTERM, 128 + SIGTERM); }

@@ -177,13 +177,16 @@ StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::create(Environment& env, c
     base = std::make_shared<InProcessStore>();
   } else {
     const bool served = std::string(env_or("KEEL_STORE_SERVED", "0")) == "1";
+    // Under torchrun its agent's own store (another protocol) holds MASTER_PORT: ours takes the next port.
+    int32_t port = id.master_port;
+    if (id.source == IdentitySource::kEnv && std::getenv("TORCHELASTIC_USE_AGENT_STORE") && port < 65535) ++port;
     if (id.rank == 0 && !served) {
-      auto s = TcpStoreServer::start(id.master_addr, id.master_port);
+      auto s = TcpStoreServer::start(id.master_addr, port);
       if (!s.is_ok())
         return s.status().with_context("process group: rank 0 cannot serve the store at MASTER_ADDR:MASTER_PORT");
       server = std::move(s).value();
     }
-    auto client = TcpStore::connect(id.master_addr, id.master_port, timeout_ms);
+    auto client = TcpStore::connect(id.master_addr, port, timeout_ms);
     if (!client.is_ok())
       return client.status().with_context("process group (rank " + std::to_string(id.rank) + " of " +
                                           std::to_string(id.world_size) + ")");

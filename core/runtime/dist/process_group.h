@@ -5,10 +5,11 @@
 //   auto pg = keel::dist::ProcessGroup::create(*env, *id, "", id->local_rank, 60000);
 //   pg.value()->comm().all_reduce(...);
 // With more than one rank, rank 0 serves the TCP store at MASTER_ADDR:MASTER_PORT unless KEEL_STORE_SERVED=1 says
-// the launcher (`keel launch`) already serves it; every rank connects to it as a client. Keys of a group live under
-// "keel/pg/<attempt>/<n>/" (attempt: KEEL_RESTART_COUNT or TORCHELASTIC_RESTART_COUNT, so that a restarted job
-// never reads the keys of the attempt before; n counts the groups this process created, so every rank must create
-// its groups in the same order).
+// the launcher (`keel launch`) already serves it; every rank connects to it as a client (under torchrun, whose agent
+// serves its own store at MASTER_PORT when TORCHELASTIC_USE_AGENT_STORE is set, at MASTER_PORT + 1). Keys of a group
+// live under "keel/pg/<attempt>/<n>/" (attempt: KEEL_RESTART_COUNT or TORCHELASTIC_RESTART_COUNT, so that a
+// restarted job never reads the keys of the attempt before; n counts the groups this process created, so every rank
+// must create its groups in the same order).
 //
 // The rendezvous check (rendezvous_check below) runs before the communicator is created: a wrong world size between
 // ranks, a duplicate rank or a rank that never arrives within the timeout is an error naming what and who, on every
