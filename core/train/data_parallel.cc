@@ -343,7 +343,19 @@ Status DataParallel::rebuild() {
       if (span > 0 && gap >= opts_.gap_split * span) gaps.emplace_back(gap, k);
     }
     std::sort(gaps.rbegin(), gaps.rend());
-    for (size_t g = 0; g < gaps.size() && static_cast<int>(g) < opts_.max_gap_splits; ++g) split[gaps[g].second] = true;
+    const auto min_bytes = static_cast<uint64_t>(opts_.gap_split_min_mb * 1024.0 * 1024.0);
+    int taken = 0;
+    for (const auto& [gap, k] : gaps) {
+      if (taken >= opts_.max_gap_splits) break;
+      uint64_t bytes = 0;  // the bucket this split would end: back to the previous split
+      for (size_t j = k + 1; j-- > 0;) {
+        if (j < k && split[j]) break;
+        bytes += params_[ready_order_[j]].data().byte_size();
+      }
+      if (bytes < min_bytes) continue;
+      split[k] = true;
+      ++taken;
+    }
   }
   for (size_t k = 0; k < ready_order_.size(); ++k)
     code[k] = static_cast<int64_t>(ready_order_[k]) | (split[k] ? (int64_t{1} << 32) : 0);

@@ -22,7 +22,8 @@
 // once from the order in which that step's gradients became ready, so the first bucket fills first, and a bucket
 // also ends where backward spent long between two gradients (a gap of at least gap_split of the backward's span:
 // e.g. the Linear layers' gradients before the convolutions' backward), so its all-reduce overlaps that compute even
-// when everything fits one bucket. Rank 0's order and split points are broadcast, so every rank agrees.
+// when everything fits one bucket (only after at least gap_split_min_mb of gradients: a call's latency costs more
+// than overlapping a smaller transfer saves). Rank 0's order and split points are broadcast, so every rank agrees.
 // Parameters without a gradient in a step (unused by that forward on some rank): at finish() their contribution is
 // zero-filled, so the step never hangs; afterwards their .grad holds the average of the ranks that had one (zeros
 // when no rank had one; an optimizer then applies weight decay / momentum to them, as torch DDP with
@@ -62,6 +63,8 @@ struct DataParallelOptions {
   bool rebuild_buckets = true;    // rebuild the buckets once from an observed backward's ready order and timing
   double gap_split = 0.15;        // rebuild: split after a gradient followed by a gap >= this share of backward (0: off)
   int max_gap_splits = 3;         // rebuild: at most this many such splits (the longest gaps)
+  double gap_split_min_mb = 1;    // rebuild: only where the bucket before the split holds at least this many MiB
+                                  // (smaller ones cost a call's latency more than their transfer saves)
 };
 
 // Communication accounting since creation or the last reset_stats() (e.g. per epoch).

@@ -619,7 +619,8 @@ int run_train(Globals& g, const TrainArgs& a) {
         const auto& cs = dp->stats();
         out << ", world size " << ranks.world << ", all-reduce " << std::setprecision(2) << cs.all_reduce_seconds
             << " s (" << cs.all_reduces << " bucket all-reduces, " << std::setprecision(1) << static_cast<double>(cs.bytes) / 1048576.0
-            << " MiB; waited " << std::setprecision(2) << cs.wait_seconds << " s after backward)";
+            << " MiB, " << dp->bucket_layout().size() << " bucket(s) per step; waited " << std::setprecision(2)
+            << cs.wait_seconds << " s after backward)";
       }
       out << std::endl;
       log_write("epoch", {{"epoch", epoch + 1}, {"step", progress.global_step}, {"epoch_seconds", dt},
