@@ -365,6 +365,13 @@ class KvStoreAdapter : public gloo::rendezvous::Store {
 // ---------------------------------------------------------------------------------------------------------------
 // The communicator.
 
+// The header every rank sends every peer before a collective.
+enum Kind : int64_t { kAllReduce = 1, kBroadcast, kAllGather, kReduceScatter, kBarrier, kSendRecv };
+struct Header {
+  int64_t kind = 0, count = 0, dtype = 0, op = 0, root = 0, bad = 0;
+};
+static_assert(sizeof(Header) == 48, "the header is 48 bytes on every rank");
+
 struct Comm {
   int32_t rank = 0, size = 1;
   milliseconds timeout{kDefaultTimeoutMs};
@@ -375,14 +382,13 @@ struct Comm {
   std::vector<uint32_t> sent, received;            // point-to-point messages per peer
   std::string broken;                              // set after a transport error or timeout
   std::vector<char> scratch;                       // reduce_scatter's receive blocks
+  // The peers' headers of the next collective are received into posted_ (slot tag posted_tag), posted as soon as
+  // the previous header exchange ends, so that their notifications travel while the data moves.
+  std::vector<Header> posted;
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> posted_bufs;
+  uint32_t posted_tag = 0;
+  bool has_posted = false;
 };
-
-// The header every rank sends every peer before a collective.
-enum Kind : int64_t { kAllReduce = 1, kBroadcast, kAllGather, kReduceScatter, kBarrier, kSendRecv };
-struct Header {
-  int64_t kind = 0, count = 0, dtype = 0, op = 0, root = 0, bad = 0;
-};
-static_assert(sizeof(Header) == 48, "the header is 48 bytes on every rank");
 
 const char* kind_name(int64_t k) {
   switch (k) {
@@ -492,6 +498,21 @@ keel_status_t guarded(Comm* c, const char* what, F&& body) {
   }
 }
 
+// Posts the receives of the peers' headers of collective `tag` into c->posted.
+void post_header_receives(Comm* c, uint32_t tag) {
+  c->has_posted = false;
+  c->posted_bufs.clear();  // before the memory they point into changes
+  c->posted_bufs.resize(static_cast<size_t>(c->size));
+  c->posted.assign(static_cast<size_t>(c->size), Header{});
+  for (int32_t p = 0; p < c->size; ++p) {
+    if (p == c->rank) continue;
+    c->posted_bufs[p] = c->ctx->createUnboundBuffer(&c->posted[p], sizeof(Header));
+    c->posted_bufs[p]->recv(p, gloo::Slot::build(kHeaderSlot, tag));
+  }
+  c->posted_tag = tag;
+  c->has_posted = true;
+}
+
 // Every rank sends its header to every peer and reads theirs: INVALID_ARGUMENT (on every rank) when one rank's
 // arguments were invalid or the calls differ. `local_error` is this rank's own complaint (empty when none).
 keel_status_t exchange_headers(Comm* c, const Header& mine, const std::string& local_error, uint32_t tag,
@@ -499,22 +520,24 @@ keel_status_t exchange_headers(Comm* c, const Header& mine, const std::string& l
   const char* what = kind_name(mine.kind);
   if (c->size > 1 && (g_settings.check || mine.kind == kBarrier)) {
     Header out = mine;
-    std::vector<Header> theirs(static_cast<size_t>(c->size));
-    const auto slot = gloo::Slot::build(kHeaderSlot, tag);
+    if (!c->has_posted || c->posted_tag != tag) post_header_receives(c, tag);
     auto send_buf = c->ctx->createUnboundBuffer(&out, sizeof out);
-    std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> recv_bufs(static_cast<size_t>(c->size));
-    for (int32_t p = 0; p < c->size; ++p) {
-      if (p == c->rank) continue;
-      recv_bufs[p] = c->ctx->createUnboundBuffer(&theirs[p], sizeof(Header));
-      recv_bufs[p]->recv(p, slot);
-      send_buf->send(p, slot);
-    }
+    for (int32_t p = 0; p < c->size; ++p)
+      if (p != c->rank) send_buf->send(p, gloo::Slot::build(kHeaderSlot, tag));
     for (int32_t p = 0; p < c->size; ++p) {
       if (p == c->rank) continue;
       *waited_on = p;
-      recv_bufs[p]->waitRecv(nullptr, c->timeout);
+      c->posted_bufs[p]->waitRecv(nullptr, c->timeout);
     }
     *waited_on = -1;
+    const std::vector<Header> theirs = c->posted;
+    // The next collective's. A peer that has finished and released its communicator makes this throw: not an error
+    // of this collective (the next one re-posts and fails, naming it).
+    try {
+      post_header_receives(c, tag + 1);
+    } catch (const std::exception&) {
+      c->has_posted = false;
+    }
     for (int32_t p = 0; p < c->size - 1; ++p) send_buf->waitSend(nullptr, c->timeout);
     if (!local_error.empty()) return make_status(KEEL_STATUS_INVALID_ARGUMENT, local_error);
     for (int32_t p = 0; p < c->size; ++p) {
@@ -669,6 +692,7 @@ void c_release(void*, keel_communicator_t comm) {
   {
     SigpipeGuard guard;
     try {
+      c->posted_bufs.clear();
       c->ctx.reset();  // closes the connections: peers still waiting on this rank see them close
       c->device.reset();
     } catch (...) {

@@ -295,7 +295,8 @@ TEST_P(GlooWorld, EmptyTensorsDoNotHang) {
       Status s = r % 2 == 0 ? comm.send(nullptr, 0, DType::kF32, peer) : comm.recv(nullptr, 0, DType::kF32, peer);
       if (!s.is_ok()) return s.to_string();
     }
-    return comm.barrier().is_ok() ? "" : "barrier failed";
+    Status b = comm.barrier();
+    return b.is_ok() ? "" : "barrier: " + b.to_string();
   });
   expect_no_errors(errors, "empty");
   EXPECT_LT(seconds_since(t0), 4.0);

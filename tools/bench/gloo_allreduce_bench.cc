@@ -3,7 +3,7 @@
 // ring and bcube algorithms, and gloo::AllreduceRingChunked built once per size), f32 SUM in place, 1/4/16/64 MiB.
 // Not a test. Built by tests/collectives/CMakeLists.txt beside the tests.
 //
-//   build/bin/gloo_allreduce_bench [--rounds R] [--seconds S] [--no-check]
+//   build/bin/gloo_allreduce_bench [--rounds R] [--seconds S] [--sizes 1,4,16,64] [--no-check]
 //
 // Each (size, variant) runs for about S seconds per round (default 0.5), R rounds (default 3) interleaved between
 // variants, and prints the best round: time per all-reduce and bus bandwidth = bytes * 2(W-1)/W / time. --no-check
@@ -63,14 +63,24 @@ double time_pair(double seconds, const std::function<void(int, int)>& op) {
 
 int main(int argc, char** argv) {
   int rounds = 3;
+  std::vector<size_t> sizes = {1, 4, 16, 64};  // MiB
   double seconds = 0.5;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--rounds" && i + 1 < argc) rounds = std::atoi(argv[++i]);
     else if (a == "--seconds" && i + 1 < argc) seconds = std::atof(argv[++i]);
     else if (a == "--no-check") setenv("KEEL_GLOO_CHECK", "0", 1);
+    else if (a == "--sizes" && i + 1 < argc) {
+      sizes.clear();
+      for (const char* p = argv[++i]; *p;) {
+        char* end = nullptr;
+        sizes.push_back(std::strtoul(p, &end, 10));
+        p = *end == ',' ? end + 1 : end;
+        if (end == p && *p) break;
+      }
+    }
     else {
-      std::fprintf(stderr, "usage: %s [--rounds R] [--seconds S] [--no-check]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--rounds R] [--seconds S] [--sizes MiB,...] [--no-check]\n", argv[0]);
       return 2;
     }
   }
@@ -118,7 +128,7 @@ int main(int argc, char** argv) {
   std::printf("all-reduce f32 sum in place, %d ranks (threads) over 127.0.0.1, best of %d rounds of ~%.1f s%s\n",
               kWorld, rounds, seconds, std::getenv("KEEL_GLOO_CHECK") ? " (plugin argument check off)" : "");
   std::printf("%8s  %-26s %10s %12s %9s\n", "size", "variant", "time/op", "bus GB/s", "vs ring");
-  for (size_t mib : {1, 4, 16, 64}) {
+  for (size_t mib : sizes) {
     const size_t n = mib * (1u << 20) / sizeof(float);
     std::vector<std::vector<float>> buf(kWorld, std::vector<float>(n, 1.0f));
     std::vector<std::unique_ptr<gloo::AllreduceRingChunked<float>>> chunked(kWorld);
