@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -230,7 +231,7 @@ TEST(Launch, PortInUseIsAClearError) {
 TEST(Launch, UsageErrors) {
   Result none = run({KEEL_CLI_BINARY, "launch", "--nproc-per-node", "2"});
   EXPECT_NE(none.rc, 0) << none.output;
-  Result nodes = run(launch({"--nproc-per-node", "2", "--nnodes", "2"}, {"env"}));
+  Result nodes = run(launch({"--nproc-per-node", "2", "--nnodes", "2", "--master-addr", "10.0.0.1"}, {"env"}));
   EXPECT_EQ(nodes.rc, 2) << nodes.output;
   EXPECT_NE(nodes.output.find("--master-port is required"), std::string::npos) << nodes.output;
   Result help = run({KEEL_CLI_BINARY, "launch", "--help"});
@@ -243,6 +244,45 @@ TEST(Launch, MissingProgramIsNamed) {
   EXPECT_EQ(r.rc, 1) << r.output;
   EXPECT_NE(r.output.find("cannot run '/nonexistent/prog'"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("exit code 127"), std::string::npos) << r.output;
+}
+
+// Two "nodes" on this machine: node 0's launcher serves the store, node 1's ranks reach it; one world of four.
+TEST(Launch, TwoNodesFormOneWorld) {
+  int port = 0;
+  {
+    auto s = keel::dist::TcpStoreServer::start("127.0.0.1", 0);
+    ASSERT_TRUE(s.is_ok());
+    port = (*s)->port();
+  }
+  for (const std::string mode : {"store", "pg"}) {
+    const fs::path dir = temp_dir("nodes_" + mode);
+    std::vector<pid_t> launchers;
+    const auto start = Clock::now();
+    for (int node = 0; node < 2; ++node)
+      launchers.push_back(spawn(launch({"--nproc-per-node", "2", "--nnodes", "2", "--node-rank", std::to_string(node),
+                                        "--master-port", std::to_string(port)},
+                                       {mode}),
+                                dir / ("node" + std::to_string(node) + ".txt"),
+                                {"KEEL_PLUGIN_PATH=" KEEL_PLUGIN_DIR_DEFAULT}));
+    Result r0 = wait_for(launchers[0], dir / "node0.txt", 60, start);
+    Result r1 = wait_for(launchers[1], dir / "node1.txt", 60, start);
+    const std::string both = r0.output + r1.output;
+    fs::remove_all(dir);
+    if (mode == "pg" && both.find("skip:") != std::string::npos) {
+      std::cout << "[  SKIPPED ] pg: no gloo collective\n";
+      continue;
+    }
+    ASSERT_FALSE(r0.timed_out || r1.timed_out) << both;
+    EXPECT_EQ(r0.rc, 0) << both;
+    EXPECT_EQ(r1.rc, 0) << both;
+    for (int k = 0; k < 4; ++k) {
+      const std::string want = mode == "store" ? "[rank " + std::to_string(k) + "] rank " + std::to_string(k) +
+                                                     " saw all 4 ranks"
+                                               : "[rank " + std::to_string(k) + "] rank " + std::to_string(k) + " sum 10";
+      EXPECT_NE(both.find(want), std::string::npos) << want << "\n" << both;
+    }
+    EXPECT_NE(r1.output.find("[rank 3]"), std::string::npos) << "node 1 runs ranks 2 and 3\n" << both;
+  }
 }
 
 // The launcher is stopped by a signal (forwarded) or killed outright (PR_SET_PDEATHSIG): no rank survives it.
@@ -279,6 +319,22 @@ TEST(Launch, ProcessGroupOverGlooAcrossProcesses) {
   for (int k = 0; k < 3; ++k)
     EXPECT_NE(r.output.find("[rank " + std::to_string(k) + "] rank " + std::to_string(k) + " sum 6"), std::string::npos)
         << r.output;
+}
+
+// A rank whose peers never start: ProcessGroup::create fails within its timeout naming the missing ranks.
+TEST(Launch, RankWhosePeersNeverStartTimesOutNamingThem) {
+  auto server = keel::dist::TcpStoreServer::start("127.0.0.1", 0);
+  ASSERT_TRUE(server.is_ok());
+  const std::string port = std::to_string((*server)->port());
+  Result r = run({LAUNCH_TEST_PROG, "pg"}, 30,
+                 {"KEEL_PLUGIN_PATH=" KEEL_PLUGIN_DIR_DEFAULT, "RANK=0", "WORLD_SIZE=3", "MASTER_ADDR=127.0.0.1",
+                  "MASTER_PORT=" + port, "KEEL_STORE_SERVED=1", "LAUNCH_TEST_TIMEOUT_MS=1500"});
+  ASSERT_FALSE(r.timed_out) << r.output;
+  if (r.output.find("skip:") != std::string::npos) GTEST_SKIP() << "no gloo collective: " << r.output;
+  EXPECT_EQ(r.rc, 1) << r.output;
+  EXPECT_NE(r.output.find("ranks 1, 2 of 3 never arrived within 1500 ms"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("127.0.0.1:" + port), std::string::npos) << "names the store\n" << r.output;
+  EXPECT_LT(r.seconds, 15.0) << r.output;
 }
 
 // identity_from_env under Debian's Open MPI.

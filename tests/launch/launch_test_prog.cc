@@ -6,7 +6,8 @@
 //   sleep                  every rank writes its pid to $LAUNCH_TEST_PID_DIR/<rank>.pid and sleeps (up to 60 s)
 //   flaky CODE             exits CODE on the first attempt (KEEL_RESTART_COUNT=0) at rank 1, succeeds afterwards
 //   store                  every rank connects to the launcher's store, adds to a counter and waits for the others
-//   pg                     ProcessGroup::create over gloo, all-reduce of rank+1, prints the sum (exit 77: no gloo)
+//   pg                     ProcessGroup::create over gloo, all-reduce of rank+1, prints the sum (exit 77: no gloo;
+//                          the rendezvous timeout from $LAUNCH_TEST_TIMEOUT_MS, default 20 s)
 // Sleeps are bounded so that a broken launcher never leaves processes behind for long.
 #include <signal.h>
 #include <unistd.h>
@@ -115,7 +116,7 @@ int main(int argc, char** argv) {
     if (!env.is_ok()) return std::printf("error: %s\n", env.status().to_string().c_str()), 1;
     auto entry = keel::dist::find_collective(**env, "gloo");
     if (!entry.is_ok()) return std::printf("skip: %s\n", entry.status().to_string().c_str()), 77;
-    auto pg = keel::dist::ProcessGroup::create(**env, *id, "gloo", 0, 20000);
+    auto pg = keel::dist::ProcessGroup::create(**env, *id, "gloo", 0, std::atoi(env_or("LAUNCH_TEST_TIMEOUT_MS", "20000")));
     if (!pg.is_ok()) return std::printf("error: %s\n", pg.status().to_string().c_str()), 1;
     float v = static_cast<float>(id->rank + 1), out = 0;
     keel::Status s = (*pg)->comm().all_reduce(&v, &out, 1, keel::DType::kF32, KEEL_REDUCE_SUM);

@@ -133,8 +133,8 @@ class Launcher {
     if (o_.nnodes > 1 && o_.master_port == 0)
       return invalid_argument("--master-port is required with --nnodes > 1 (every node must agree on it)");
     if (o_.nnodes > 1 && is_loopback(o_.master_addr))
-      return invalid_argument("--master-addr " + o_.master_addr +
-                              " is a loopback address: with --nnodes > 1 give node 0's address that the others reach");
+      say("warning: --master-addr " + o_.master_addr + " is a loopback address: only launchers on this machine reach "
+          "it (give node 0's address when the nodes are separate machines)");
     if (o_.grace_period_s < 0) return invalid_argument("--grace-period must not be negative");
     if (!o_.log_dir.empty()) {
       std::error_code ec;
