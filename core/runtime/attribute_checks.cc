@@ -771,6 +771,64 @@ Rule per_axis_quant() {
   };
 }
 
+// A scalar constant input that must be >= 1 (frame_step, frame_length, dft_length): rank 0 (or one value) when known.
+Status positive_scalar_input(const Ctx& c, size_t i, const std::string& what) {
+  if (!c.present(i)) return Status::ok();
+  const int r = c.rank(i);
+  if (r > 1 || (r == 1 && c.dim(i, 0) > 1)) return c.bad_node("input " + std::to_string(i) + " (" + what + ") must be a scalar");
+  const std::vector<int64_t>* v = c.const_ints(i);
+  if (v && v->size() == 1 && v->front() < 1) return c.bad_input(i, what, *v, "must be >= 1");
+  return Status::ok();
+}
+
+// A signal of DFT / STFT: [batch, ..., 1 or 2] (real or complex).
+Status signal_input(const Ctx& c, int want_rank) {
+  const int r = c.rank(0);
+  if (r < 0) return Status::ok();
+  if (want_rank > 0 ? r != want_rank : r < 2)
+    return c.bad_node("the signal (input 0) has rank " + std::to_string(r) + "; it needs " +
+                      (want_rank > 0 ? "rank " + std::to_string(want_rank) + " ([batch, length, 1 or 2])"
+                                     : std::string("rank 2 or more ([batch, ..., 1 or 2])")));
+  const int64_t last = c.dim(0, r - 1);
+  if (last >= 0 && last != 1 && last != 2)
+    return c.bad_node("the signal's last dim is " + std::to_string(last) + "; it must be 1 (real) or 2 (complex)");
+  return Status::ok();
+}
+
+Rule stft_rule() {
+  return [](const Ctx& c) -> Status {
+    KEEL_CHECK_OK(flag("onesided")(c));
+    KEEL_CHECK_OK(signal_input(c, 3));
+    KEEL_CHECK_OK(positive_scalar_input(c, 1, "frame_step"));
+    KEEL_CHECK_OK(positive_scalar_input(c, 3, "frame_length"));
+    if (c.present(2) && c.rank(2) >= 0 && c.rank(2) != 1)
+      return c.bad_node("the window (input 2) has rank " + std::to_string(c.rank(2)) + "; it needs rank 1");
+    const int64_t len = c.dim(0, 1);
+    int64_t frame = c.present(2) ? c.dim(2, 0) : -1;
+    if (const auto* v = c.const_ints(3); v && v->size() == 1) frame = v->front();
+    if (len >= 0 && frame > len)
+      return c.bad_node("the frame (" + std::to_string(frame) + ") is longer than the signal (" + std::to_string(len) + ")");
+    return Status::ok();
+  };
+}
+
+Rule dft_rule() {
+  return [](const Ctx& c) -> Status {
+    KEEL_CHECK_OK(flag("onesided")(c));
+    KEEL_CHECK_OK(flag("inverse")(c));
+    KEEL_CHECK_OK(signal_input(c, 0));
+    KEEL_CHECK_OK(positive_scalar_input(c, 1, "dft_length"));
+    // The axis is one of the signal axes: not the batch... nor the last (real/imaginary) one.
+    const int r = c.rank(0);
+    std::optional<int64_t> axis;
+    KEEL_CHECK_OK(c.int_attr("axis", &axis));
+    if (axis && r >= 2 && (*axis < -r || *axis > r - 2 || *axis == -1))
+      return c.bad_attr("axis", "out of range for a signal of rank " + std::to_string(r) + " (valid: [" +
+                                    std::to_string(-r) + ", -2] and [0, " + std::to_string(r - 2) + "])");
+    return Status::ok();
+  };
+}
+
 // A `shape` attribute (RandomNormal, RandomUniform) of dims in [0, 2^40].
 Rule shape_attr() { return ints_in("shape", 0, int64_t{1} << 40, "every dim must be >= 0"); }
 
@@ -848,7 +906,8 @@ const std::unordered_map<std::string, std::vector<Rule>>& rules() {
     r["NonMaxSuppression"] = {flag("center_point_box")};
     r["GridSample"] = {one_of("mode", {"bilinear", "nearest", "bicubic"}),
                        one_of("padding_mode", {"zeros", "border", "reflection"}), flag("align_corners")};
-    r["DFT"] = {flag("onesided"), flag("inverse"), axis_attr("axis", 0)};
+    r["DFT"] = {dft_rule()};
+    r["STFT"] = {stft_rule()};
     r["Trilu"] = {flag("upper")};
     r["Reshape"] = {flag("allowzero")};
     r["ConcatFromSequence"] = {flag("new_axis")};
