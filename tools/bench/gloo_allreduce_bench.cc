@@ -127,6 +127,15 @@ int main(int argc, char** argv) {
 
   std::printf("all-reduce f32 sum in place, %d ranks (threads) over 127.0.0.1, best of %d rounds of ~%.1f s%s\n",
               kWorld, rounds, seconds, std::getenv("KEEL_GLOO_CHECK") ? " (plugin argument check off)" : "");
+  {
+    // The plugin's barrier is exactly the header exchange that precedes every collective: its cost per call.
+    double best = 1e9;
+    for (int round = 0; round < rounds; ++round)
+      best = std::min(best, time_pair(seconds / 4, [&](int r, int) {
+        if (!comms[r].barrier().is_ok()) std::exit(1);
+      }));
+    std::printf("plugin barrier (= the argument-header exchange before each collective): %.1f us\n", best * 1e6);
+  }
   std::printf("%8s  %-26s %10s %12s %9s\n", "size", "variant", "time/op", "bus GB/s", "vs ring");
   for (size_t mib : sizes) {
     const size_t n = mib * (1u << 20) / sizeof(float);
