@@ -427,12 +427,15 @@ int run_launch(const LaunchOptions& options) { return Launcher(options).run(); }
 void add_launch_command(CLI::App& app, Globals& g) {
   auto opts = std::make_shared<LaunchOptions>();
   CLI::App* cmd = app.add_subcommand(
-      "launch",
-      "Start the ranks of a distributed job on this node (as torchrun / paddle.distributed.launch).\n"
+      "launch", "Start the ranks of a distributed job on this node (as torchrun / paddle.distributed.launch)");
+  cmd->footer(
       "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT; node 0 serves\n"
-      "the rendezvous store. Output lines are prefixed '[rank K]' (or go to --log-dir). The first rank that fails\n"
-      "stops the others; the launcher exits 1 naming it (exit code or signal, last lines).\n"
-      "Example: keel launch --nproc-per-node 2 -- keel train --epochs 1");
+      "the rendezvous store. Output lines are prefixed '[rank K]' (or go to --log-dir). SIGINT/SIGTERM are\n"
+      "forwarded. The first rank that fails stops the others (SIGTERM, then SIGKILL after --grace-period); the\n"
+      "launcher exits 1 naming it (exit code or signal, last lines), or restarts all ranks (--max-restarts).\n"
+      "Examples:\n"
+      "  keel launch --nproc-per-node 2 -- keel train --epochs 1\n"
+      "  keel launch --nproc-per-node 4 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --master-port 29500 -- prog");
   cmd->add_option("--nproc-per-node,--nproc_per_node", opts->nproc_per_node, "Ranks to start on this node")
       ->required()
       ->check(CLI::PositiveNumber);
