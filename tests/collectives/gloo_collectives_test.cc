@@ -6,10 +6,12 @@
 // never arrives (DEADLINE_EXCEEDED naming it, within the timeout), a peer that releases its communicator while the
 // others wait on it (an error naming it, well before the timeout, then FAILED_PRECONDITION), a peer that never
 // calls (DEADLINE_EXCEEDED naming it), and a peer process SIGKILLed before its first collective
-// (gloo_rank_helper). Skips with the recorded reason when the plugin was not built.
+// (gloo_rank_helper); a named interface (KEEL_GLOO_IFACE=lo) and one that does not exist. Skips with the recorded
+// reason when the plugin was not built.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
+#include <fcntl.h>
 #include <sys/wait.h>
 
 #include <atomic>
@@ -17,6 +19,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <functional>
 #include <numeric>
 #include <string>
@@ -144,7 +148,8 @@ std::string op_name(keel_reduce_op_t op) {
 TEST(GlooCollectives, PluginLoads) {
   ASSERT_TRUE(gloo().env) << gloo().why;
   for (const auto& p : gloo().env->plugins()) {
-    if (p.name == "gloo") EXPECT_EQ(p.state, PluginState::kLoaded) << p.reason;
+    if (p.name != "gloo") continue;
+    EXPECT_EQ(p.state, PluginState::kLoaded) << p.reason;
   }
   SKIP_WITHOUT_GLOO();
   EXPECT_EQ(gloo().entry->device_type, "cpu");
@@ -512,6 +517,78 @@ TEST(GlooCollectives, APeerProcessKilledBeforeItsFirstCollective) {
   EXPECT_FALSE(s.is_ok());
   EXPECT_NE(s.message().find("connection to rank 1 closed"), std::string::npos) << s.to_string();
   EXPECT_LT(seconds_since(t0), 4.0) << s.to_string();
+  fs::remove_all(dir);
+}
+
+// Spawns gloo_rank_helper with `args` and extra environment entries; its stderr goes to `err_file`.
+pid_t spawn_helper(const std::vector<std::string>& args, const std::vector<std::string>& extra_env,
+                   const std::string& err_file) {
+  std::vector<std::string> a = args, e = extra_env;
+  std::vector<char*> argv, envp;
+  for (auto& s : a) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  for (char** p = environ; *p; ++p) envp.push_back(*p);
+  for (auto& s : e) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 2, err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, a[0].c_str(), &fa, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&fa);
+  return rc == 0 ? pid : -1;
+}
+
+int wait_exit_code(pid_t pid) {
+  int status = 0;
+  if (::waitpid(pid, &status, 0) != pid) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// KEEL_GLOO_IFACE: a named interface ("lo") works against a rank on the default 127.0.0.1; an interface that does
+// not exist is a clear error naming it, not a crash.
+TEST(GlooCollectives, NamedInterface) {
+  SKIP_WITHOUT_GLOO();
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("keel_gloo_iface_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  {
+    const std::string err = (dir / "lo.err").string();
+    pid_t pid = spawn_helper({KEEL_GLOO_RANK_HELPER, dir.string(), "1", "2", "5000", "allreduce"},
+                             {"KEEL_GLOO_IFACE=lo"}, err);
+    ASSERT_GT(pid, 0);
+    FileStore store(dir.string());
+    auto comm = hal::Communicator::create(gloo().entry, &store.c, 0, 2, 0, 5000);
+    ASSERT_TRUE(comm.is_ok()) << comm.status().to_string();
+    std::vector<float> x(1000, 1.f);
+    Status s = comm->all_reduce(x.data(), x.data(), x.size(), DType::kF32, KEEL_REDUCE_SUM);
+    EXPECT_TRUE(s.is_ok()) << s.to_string();
+    EXPECT_EQ(x[0], 3.f);
+    EXPECT_EQ(wait_exit_code(pid), 0) << read_file(err);
+  }
+  {
+    const fs::path sub = dir / "bad";
+    fs::create_directories(sub);
+    FileStore store(sub.string());
+    const char one = 1;  // rank 0 "arrived", so the helper goes on to open its TCP device
+    keel_status_release(store.c.set(&store.c, "keel/gloo/0/arrived/0", &one, 1));
+    const std::string err = (dir / "bad.err").string();
+    pid_t pid = spawn_helper({KEEL_GLOO_RANK_HELPER, sub.string(), "1", "2", "2000"},
+                             {"KEEL_GLOO_IFACE=keelnosuch0"}, err);
+    ASSERT_GT(pid, 0);
+    EXPECT_EQ(wait_exit_code(pid), 4) << read_file(err);
+    const std::string msg = read_file(err);
+    EXPECT_NE(msg.find("UNAVAILABLE"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("interface 'keelnosuch0'"), std::string::npos) << msg;
+    std::printf("a missing interface: %s", msg.c_str());
+  }
   fs::remove_all(dir);
 }
 
