@@ -14,7 +14,7 @@
 #include "core/runtime/environment.h"
 #include "core/runtime/onnx_io.h"
 #include "core/runtime/session.h"
-#include "tests/device_conformance/device_cts.h"
+#include "tools/conformance/device_cts.h"
 
 namespace keel {
 namespace {

@@ -6,7 +6,7 @@
 #include <iostream>
 
 #include "core/runtime/environment.h"
-#include "tests/device_conformance/device_cts.h"
+#include "tools/conformance/device_cts.h"
 
 int main(int argc, char** argv) {
   using namespace keel;

@@ -1,11 +1,11 @@
 // `keel plugin-test PATH/TO/X.keel-plugin.toml [--model M.onnx]... [--op OP] [--verbose]` — the plugin conformance
 // kit. Loads that one plugin (PluginManager::load_manifest, no discovery), runs the device conformance suite
-// (tests/device_conformance, library keel_device_cts) on every device type the plugin serves, then runs the given
+// (tools/conformance, library keel_device_cts) on every device type the plugin serves, then runs the given
 // models on it (fallback to the CPU) against the reference device, and prints a report a vendor can act on: per op,
 // cases supported / passed / failed / fell back to another plugin's kernel, one repro line per failure, and per
 // model which nodes ran on the device and which fell back, with the reason. Exit 0 when nothing failed, 3 otherwise.
 //
-// Built only when the conformance suite is (KEEL_BUILD_TESTS, KEEL_HAVE_DEVICE_CTS); otherwise the command says so.
+// The kit is linked in every build, -DKEEL_BUILD_TESTS=OFF included.
 #include <cmath>
 #include <filesystem>
 #include <iomanip>
@@ -17,9 +17,7 @@
 #include "core/runtime/onnx_io.h"
 #include "core/runtime/session.h"
 #include "tools/keel/commands.h"
-#ifdef KEEL_HAVE_DEVICE_CTS
-#include "tests/device_conformance/device_cts.h"
-#endif
+#include "tools/conformance/device_cts.h"
 
 namespace keel::cli {
 namespace {
@@ -31,7 +29,6 @@ struct PluginTestArgs {
   bool verbose = false;
 };
 
-#ifdef KEEL_HAVE_DEVICE_CTS
 // Random inputs for a model (dynamic dims = 1), the same for both runs.
 StatusOr<std::vector<std::pair<std::string, Tensor>>> model_inputs(const Session& s) {
   std::mt19937 rng(1);
@@ -205,7 +202,6 @@ int run_plugin_test(const PluginTestArgs& a, const Globals& g) {
   std::cout << "\n" << (ok ? "PASS" : "FAIL") << ": plugin " << rec->name << "\n";
   return ok ? 0 : 3;
 }
-#endif
 
 }  // namespace
 
@@ -220,13 +216,7 @@ void add_plugin_test_command(CLI::App& app, Globals& g) {
   cmd->add_option("--op", a->op, "Only this op type of the suite");
   cmd->add_flag("--verbose,-v", a->verbose, "Print every case");
   cmd->callback([a, &g] {
-#ifdef KEEL_HAVE_DEVICE_CTS
     int rc = run_plugin_test(*a, g);
-#else
-    std::cerr << "keel plugin-test: this keel was built without the device conformance suite "
-                 "(configure with -DKEEL_BUILD_TESTS=ON)\n";
-    int rc = 1;
-#endif
     if (rc != 0) throw CLI::RuntimeError(rc);
   });
 }

@@ -1,5 +1,5 @@
 // `keel quantize MODEL.onnx --calib DIR -o OUT.onnx [--method mse|minmax|percentile|entropy] [--exclude NODES]
-// [--tolerance T [--fallback sensitivity|prefix]]` — INT8 post-training quantization (tools/keel/quantize.h):
+// [--tolerance T [--fallback sensitivity|prefix]]` — INT8 post-training quantization (tools/calibration/quantize.h):
 // calibrates on the batches in DIR (layout in quantize.h and the README), writes standard QDQ ONNX, and prints each
 // quantized layer's error (cosine and relative L2 error of its output vs fp32 on held-out batches, its input's
 // calibrated range) and the error of the model's outputs.
@@ -10,7 +10,7 @@
 
 #include "core/runtime/onnx_io.h"
 #include "tools/keel/commands.h"
-#include "tools/keel/quantize.h"
+#include "tools/calibration/quantize.h"
 
 namespace keel::cli {
 namespace {

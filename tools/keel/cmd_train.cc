@@ -39,7 +39,7 @@
 #include "core/train/scalar_log.h"
 #include "core/train/trainer.h"
 #include "tools/keel/commands.h"
-#include "tools/keel/quantize.h"
+#include "tools/calibration/quantize.h"
 #include "tools/keel/progress.h"
 
 namespace keel::cli {

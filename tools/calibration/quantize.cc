@@ -1,6 +1,6 @@
 // INT8 post-training quantization (see quantize.h): calibration through Keel's own sessions, the quantize_int8 pass
 // for the QDQ rewrite, per-layer and output error on held-out batches, tolerance-driven fp32 fallback.
-#include "tools/keel/quantize.h"
+#include "tools/calibration/quantize.h"
 
 #include <algorithm>
 #include <array>

@@ -1,5 +1,5 @@
 // The device conformance suite: the case table and the runner (device_cts.h).
-#include "tests/device_conformance/device_cts.h"
+#include "tools/conformance/device_cts.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,7 +1,7 @@
-// INT8 post-training quantization (tools/keel/quantize.h): the calibration math on synthetic data (min-max,
+// INT8 post-training quantization (tools/calibration/quantize.h): the calibration math on synthetic data (min-max,
 // percentile, entropy thresholds), quantize_graph on a small conv net (ranges, error report, exclusion, tolerance),
 // the calibration folder layouts, and `keel quantize` end to end on a tiny model.
-#include "tools/keel/quantize.h"
+#include "tools/calibration/quantize.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// keel/tests/device_conformance/device_cts.h — the device conformance suite (CTS): every kernel of a device
+// keel/tools/conformance/device_cts.h — the device conformance suite (CTS): every kernel of a device
 // against the reference kernels.
 //
 // For each case of an ordered table of op cases (sweeps of shapes around tile edges, odd sizes, broadcasting,
@@ -10,7 +10,8 @@
 // that ran. Each failure comes with a one-line repro:
 //   keel-cts --device cpu --op Conv --case 'N=1 C=3 H=7 W=9 K=5 k=3 s=2 p=1 g=1'
 //
-// The same library serves the gtest (device_conformance_test), the `keel-cts` CLI and, later, `keel plugin-test`.
+// One library (keel_device_cts, built in every configuration, no gtest) serves `keel plugin-test`, the gtest
+// (tests/device_conformance/device_conformance_test), the `keel-cts` CLI and the CUDA plugin test.
 // Not thread-safe: run one suite at a time per pair of environments.
 #pragma once
 

@@ -1,4 +1,4 @@
-// keel/tools/keel/quantize.h — INT8 post-training quantization: calibration, QDQ rewrite, per-layer error report.
+// keel/tools/calibration/quantize.h — INT8 post-training quantization: calibration, QDQ rewrite, per-layer error report.
 //
 // quantize_graph() is what `keel quantize` (cmd_quantize.cc) and `keel train` (to quantize the model it trained) call:
 //
