@@ -2,6 +2,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cstring>
+#include <new>
+
 #include "core/base/thread_pool.h"
 #include "core/runtime/reference_device.h"
 #include "hal/device.h"
@@ -50,6 +53,53 @@ StatusOr<CachingAllocator*> Environment::allocator(const std::string& device_typ
   CachingAllocator* raw = a.get();
   allocators_.emplace(key, std::move(a));
   return raw;
+}
+
+Status Environment::copy(void* dst, const Location& dst_at, const void* src, const Location& src_at,
+                         uint64_t bytes) {
+  if (bytes == 0) return Status::ok();
+  const std::string what = "copy " + std::to_string(bytes) + " bytes from " + src_at.to_string() + " to " +
+                           dst_at.to_string();
+  if (src_at.is_host() && dst_at.is_host()) {
+    std::memcpy(dst, src, bytes);
+    return Status::ok();
+  }
+  auto device_of = [&](const Location& at) -> StatusOr<hal::Device> {
+    const DeviceEntry* d = registry_.device(at.device_type);
+    if (d == nullptr) return not_found("no device type '" + at.device_type + "'");
+    if (at.device_index < 0 || at.device_index >= d->device_count) {
+      return Status(StatusCode::kOutOfRange, at.to_string() + " does not exist (" + std::to_string(d->device_count) +
+                                                 " present)");
+    }
+    return hal::Device(d, at.device_index);
+  };
+  if (src_at.is_host()) {
+    KEEL_ASSIGN_OR_RETURN(hal::Device dev, device_of(dst_at), what);
+    return dev.copy(KEEL_COPY_HOST_TO_DEVICE, dst, dst_at.device_index, src, 0, bytes).with_context(what);
+  }
+  if (dst_at.is_host()) {
+    KEEL_ASSIGN_OR_RETURN(hal::Device dev, device_of(src_at), what);
+    return dev.copy(KEEL_COPY_DEVICE_TO_HOST, dst, 0, src, src_at.device_index, bytes).with_context(what);
+  }
+  KEEL_ASSIGN_OR_RETURN(hal::Device from, device_of(src_at), what);
+  KEEL_ASSIGN_OR_RETURN(hal::Device to, device_of(dst_at), what);
+  if (src_at.device_type == dst_at.device_type) {
+    bool peer = src_at.device_index == dst_at.device_index;  // within one device: always the table's copy
+    if (!peer) {
+      auto props = from.properties();
+      peer = props.is_ok() && (props.value().capabilities & KEEL_DEVICE_CAP_PEER_COPY) != 0;
+    }
+    if (peer) {
+      return from.copy(KEEL_COPY_DEVICE_TO_DEVICE, dst, dst_at.device_index, src, src_at.device_index, bytes)
+          .with_context(what);
+    }
+  }
+  // Staged through the host: device -> host buffer -> device.
+  std::unique_ptr<char[]> staging(new (std::nothrow) char[bytes]);
+  if (!staging) return out_of_memory(what + ": no host staging buffer");
+  KEEL_RETURN_IF_ERROR(from.copy(KEEL_COPY_DEVICE_TO_HOST, staging.get(), 0, src, src_at.device_index, bytes), what);
+  KEEL_RETURN_IF_ERROR(to.copy(KEEL_COPY_HOST_TO_DEVICE, dst, dst_at.device_index, staging.get(), 0, bytes), what);
+  return Status::ok();
 }
 
 std::map<std::string, AllocatorStats> Environment::memory_stats() const {

@@ -8,11 +8,14 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/base/allocator.h"
+#include "core/base/device_spec.h"
 #include "core/base/registry.h"
 #include "core/base/status.h"
+#include "core/base/tensor.h"
 #include "core/runtime/plugin_manager.h"
 
 namespace keel {
@@ -44,6 +47,16 @@ class Environment {
   const std::vector<PluginRecord>& plugins() const { return plugins_->plugins(); }
   // The memory pool of one device (created on first use). NOT_FOUND / OUT_OF_RANGE for unknown devices.
   StatusOr<CachingAllocator*> allocator(const std::string& device_type, int32_t device_index = 0);
+  StatusOr<CachingAllocator*> allocator(const DeviceSpec& device) { return allocator(device.type, device.index); }
+  // Parses and checks a device spec ("cuda:1", "cpu") against the registered devices (DeviceSpec::resolve).
+  StatusOr<DeviceSpec> device(std::string_view spec) const { return DeviceSpec::resolve(registry_, spec); }
+  // Copies `bytes` bytes from `src` (memory at `src_at`) to `dst` (memory at `dst_at`); a location of type "cpu" is
+  // host memory. Host <-> device goes through that device's table; two devices of one type through the table's
+  // peer copy (KEEL_COPY_DEVICE_TO_DEVICE with both indices) when the source device reports
+  // KEEL_DEVICE_CAP_PEER_COPY, else staged through a host buffer; two device types through a host buffer.
+  // Synchronous as far as the host is concerned when it stages; otherwise ordered on the default streams.
+  // Thread-safe (the device tables are).
+  Status copy(void* dst, const Location& dst_at, const void* src, const Location& src_at, uint64_t bytes);
   // Statistics of every pool created so far, keyed "cpu:0", "cuda:0", ...
   std::map<std::string, AllocatorStats> memory_stats() const;
   // Trims every pool; returns bytes released.

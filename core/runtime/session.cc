@@ -100,6 +100,7 @@ struct Step {
   int32_t opset = 0;
   const DeviceEntry* device = nullptr;  // nullptr = host
   std::string device_type = "cpu";
+  int32_t device_index = 0;  // which device of device_type (the session's index for that type)
   // Kernel or subgraph
   keel_status_t (*compute)(void*, keel_kernel_context_t*) = nullptr;
   void (*release)(void*) = nullptr;
@@ -115,6 +116,7 @@ struct Step {
   std::vector<const KernelEntry*> alternatives;
   std::shared_ptr<NativeOp> native;  // kNative: an op the executor runs itself (control_flow.h), on the host
   std::string memory_type = "cpu";      // where its outputs live: "cpu" for host-memory devices
+  int32_t memory_index = 0;             // and which device of memory_type (0 for the host)
   CachingAllocator* allocator = nullptr;  // that memory's pool (resolved once at build)
   double total_ms = 0;
   int64_t calls = 0;
@@ -161,6 +163,12 @@ struct Built {
   Environment* env = nullptr;
   SessionOptions options;
   ThreadPool* pool = nullptr;
+  // The device index the session uses for each device type it places on (SessionOptions::devices; 0 by default).
+  std::map<std::string, int32_t> device_index;
+  int32_t index_of(const std::string& type) const {
+    auto it = device_index.find(type);
+    return it != device_index.end() ? it->second : 0;
+  }
   // "" for the generic build; a shape variant's key (the input shapes it is specialised to).
   std::string variant;
   Graph graph;
@@ -242,7 +250,8 @@ struct Built {
 struct Session::Impl {
   Environment* env = nullptr;
   SessionOptions options;
-  std::vector<std::string> device_order;
+  std::vector<std::string> device_order;         // device types, most preferred first
+  std::map<std::string, int32_t> device_index;   // type -> the index this session uses
   std::mutex run_mu;
   std::unique_ptr<ThreadPool> own_pool;  // when options.threads asks for other than the environment's count
   ThreadPool* pool = nullptr;
@@ -267,6 +276,7 @@ struct Session::Impl {
     b->env = env;
     b->options = options;
     b->pool = pool;
+    b->device_index = device_index;
     return b;
   }
   // The build to run `inputs` on: a shape variant (found or built now), or the generic build.
@@ -278,8 +288,10 @@ struct Session::Impl {
 namespace {
 
 // Fills a create-phase context for `node`: dtypes/shapes from value info, data for constants.
-void fill_create_context(keel_kernel_context_t& ctx, const Node& node, const Graph& g, int32_t opset) {
+void fill_create_context(keel_kernel_context_t& ctx, const Node& node, const Graph& g, int32_t opset,
+                         int32_t device_index) {
   ctx.phase = keel_kernel_context_t::Phase::kCreate;
+  ctx.device_index = device_index;
   ctx.node = &node;
   ctx.opset = opset;
   ctx.input_shapes.resize(node.inputs.size());
@@ -334,7 +346,7 @@ Status Built::place_node(const Node& node, const std::vector<std::string>& devic
       void* state = k->def.user_data;
       if (k->def.create) {
         keel_kernel_context_t ctx;
-        fill_create_context(ctx, node, graph, opset);
+        fill_create_context(ctx, node, graph, opset, index_of(dev));
         Status st = Status::from_c(k->def.create(k->def.user_data, &ctx, &state));
         if (!st.is_ok()) {
           if (st.code() != StatusCode::kUnimplemented) {
@@ -351,6 +363,7 @@ Status Built::place_node(const Node& node, const std::vector<std::string>& devic
       step.release = k->def.create ? k->def.release : nullptr;
       step.state = state;
       step.device_type = dev;
+      step.device_index = index_of(dev);
       step.device = reg.device(dev);
       step.alternatives.assign(kernels.begin() + ki + 1, kernels.end());
       if (d > 0) {
@@ -517,6 +530,7 @@ Status Built::build(const std::vector<std::string>& device_order) {
       step.kernel_name = c.name;
       step.device = c.dev;
       step.device_type = c.dev->device_type;
+      step.device_index = index_of(step.device_type);
       std::vector<std::string> ins, outs;
       for (NodeId id : order) {
         if (!members.count(id)) continue;
@@ -546,7 +560,7 @@ Status Built::build(const std::vector<std::string>& device_order) {
         pseudo.name = c.name;
         pseudo.inputs = ins;
         pseudo.outputs = outs;
-        fill_create_context(ctx, pseudo, graph, 0);
+        fill_create_context(ctx, pseudo, graph, 0, step.device_index);
         ctx.node = nullptr;
         Status st = Status::from_c(c.def.create(c.def.user_data, &ctx, &step.state));
         claims[ci].user_data_done = true;
@@ -565,7 +579,8 @@ Status Built::build(const std::vector<std::string>& device_order) {
     if (is_native_op(*node, graph)) {
       // Control flow, sequences, optionals: the executor runs them; nested graphs get the same device order.
       SessionOptions nested = options;
-      nested.devices = device_order;
+      nested.devices.clear();
+      for (const auto& t : device_order) nested.devices.push_back(t + ":" + std::to_string(index_of(t)));
       nested.passes.clear();
       // No shape variants inside: loop bodies see new shapes on many iterations (a build each would cost more than
       // it saves); a variant of this graph builds its control-flow nodes again, with the shapes it fixed.
@@ -599,8 +614,10 @@ Status Built::build(const std::vector<std::string>& device_order) {
   }
   KEEL_RETURN_IF_ERROR(make_copy_steps(), "session");
   for (auto& s : steps) {
-    s.memory_type = s.device && !is_host_memory(s.device) ? s.device_type : "cpu";
-    KEEL_ASSIGN_OR_RETURN(s.allocator, env->allocator(s.memory_type, 0), "step '" + s.name + "'");
+    const bool on_device = s.device && !is_host_memory(s.device);
+    s.memory_type = on_device ? s.device_type : "cpu";
+    s.memory_index = on_device ? s.device_index : 0;
+    KEEL_ASSIGN_OR_RETURN(s.allocator, env->allocator(s.memory_type, s.memory_index), "step '" + s.name + "'");
   }
   // Liveness: the last step that reads each value.
   std::vector<int> last_use(values.size(), -1);
@@ -627,7 +644,7 @@ Status Built::switch_to_alternative(Step& s, const Status& why) {
     void* state = k->def.user_data;
     if (k->def.create) {
       keel_kernel_context_t cctx;
-      fill_create_context(cctx, *s.node, graph, s.opset);
+      fill_create_context(cctx, *s.node, graph, s.opset, s.device_index);
       Status st = Status::from_c(k->def.create(k->def.user_data, &cctx, &state));
       if (st.code() == StatusCode::kUnimplemented) continue;
       if (!st.is_ok()) return st.with_context("kernel " + k->name);
@@ -665,6 +682,7 @@ Status Built::make_copy_steps() {
         c.copy_from = home[v];
         c.device = want;
         c.device_type = want ? want->device_type : "cpu";
+        c.device_index = want ? index_of(c.device_type) : 0;
         c.inputs = {v};
         int nv = add_value(c.name);
         values[nv].dtype = values[v].dtype;
@@ -701,7 +719,7 @@ void Built::make_plan(const std::string& signature) {
       if (v < 0 || values[v].is_output || first[v] != static_cast<int>(i)) continue;
       auto sz = observed_sizes.find(v);
       if (sz == observed_sizes.end()) continue;
-      std::string key = (steps[i].device && !is_host_memory(steps[i].device) ? steps[i].device_type : "cpu") + ":0";
+      std::string key = steps[i].memory_type + ":" + std::to_string(steps[i].memory_index);
       iv.push_back({v, first[v], last[v], (sz->second + 255) / 256 * 256, key});
     }
   // Greedy: biggest first, lowest offset that does not overlap a live neighbour.
@@ -724,7 +742,7 @@ void Built::make_plan(const std::string& signature) {
   }
   for (const auto& [key, bytes] : plan.arena_bytes) {
     auto sep = key.find(':');
-    auto alloc = env->allocator(key.substr(0, sep), 0);
+    auto alloc = env->allocator(key.substr(0, sep), std::stoi(key.substr(sep + 1)));
     if (!alloc.is_ok()) continue;
     auto p = alloc.value()->allocate(bytes);
     if (p.is_ok()) plan.arenas[key] = p.value();
@@ -808,14 +826,11 @@ Status Built::run_locked(const std::vector<std::pair<std::string, RunValue>>& in
     if (s.kind == Step::Kind::kCopy) {
       const Tensor& src = live[s.inputs[0]].tensor;
       KEEL_ASSIGN_OR_RETURN(void* dst, alloc->allocate(src.byte_size()), "copy " + s.name);
-      Location loc{dev_type, 0};
+      Location loc{dev_type, s.memory_index};
       auto storage = std::make_shared<Storage>(dst, src.byte_size(), loc, [alloc](void* p) { alloc->free(p); });
-      // The device side does the work; a copy between two device types would go through the host (not yet).
-      hal::Device worker(s.device ? s.device : s.copy_from, 0);
-      keel_copy_kind_t kind = s.device ? (s.copy_from ? KEEL_COPY_DEVICE_TO_DEVICE : KEEL_COPY_HOST_TO_DEVICE)
-                                       : KEEL_COPY_DEVICE_TO_HOST;
-      KEEL_RETURN_IF_ERROR(worker.copy(kind, dst, 0, src.raw_data(), src.location().device_index, src.byte_size()),
-                           "copy " + s.name);
+      // Host <-> device through the device's table; between devices of one type a peer copy where the table has
+      // one; otherwise (two types, or no peer copy) through the host (Environment::copy).
+      KEEL_RETURN_IF_ERROR(env->copy(dst, loc, src.raw_data(), src.location(), src.byte_size()), "copy " + s.name);
       live[s.outputs[0]] = Tensor(src.dtype(), src.shape(), storage);
     } else if (s.kind == Step::Kind::kNative) {
       KEEL_RETURN_IF_ERROR(run_native_step(*s.native, s.inputs, s.outputs, live),
@@ -825,6 +840,7 @@ Status Built::run_locked(const std::vector<std::pair<std::string, RunValue>>& in
       ctx.phase = keel_kernel_context_t::Phase::kCompute;
       ctx.node = s.node;
       ctx.opset = s.opset;
+      ctx.device_index = s.device_index;
       ctx.input_views.assign(s.inputs.size(), keel_tensor_t{});
       ctx.inputs.assign(s.inputs.size(), nullptr);
       for (size_t i = 0; i < s.inputs.size(); ++i) {
@@ -851,7 +867,7 @@ Status Built::run_locked(const std::vector<std::pair<std::string, RunValue>>& in
         }
         KEEL_ASSIGN_OR_RETURN(uint64_t bytes, checked_byte_size(dtype, shape), "output of '" + s.name + "'");
         int v = s.outputs[i];
-        Location loc{dev_type, 0};
+        Location loc{dev_type, s.memory_index};
         if (v >= 0 && record) observed_sizes[v] = bytes;
         if (v >= 0 && planned) {
           auto it = plan.offsets.find(v);
@@ -885,7 +901,7 @@ Status Built::run_locked(const std::vector<std::pair<std::string, RunValue>>& in
       for (auto& [a, p] : workspace) a->free(p);
       workspace.clear();
       if (step_workspace > 0) {
-        std::string key = (s.device && !is_host_memory(s.device) ? s.device_type : "cpu") + ":0";
+        std::string key = s.memory_type + ":" + std::to_string(s.memory_index);
         workspace_peak[key] = std::max(workspace_peak[key], step_workspace);
       }
       if (!st.is_ok()) {
@@ -1032,14 +1048,21 @@ StatusOr<std::unique_ptr<Session>> Session::create(Environment& env, Graph graph
   }
   KEEL_RETURN_IF_ERROR(graph.validate(), "invalid graph '" + graph.name + "'");
   KEEL_RETURN_IF_ERROR(infer_shapes(graph), "shape inference");
-  // Device order: the requested ones, then (fallback = cpu) the CPU.
-  std::vector<std::string> order = options.devices.empty() ? env.registry().device_types() : options.devices;
-  for (const auto& d : order)
-    if (!env.registry().device(d)) {
-      std::string known;
-      for (const auto& t : env.registry().device_types()) known += (known.empty() ? "" : ", ") + t;
-      return not_found("device '" + d + "' is not available (devices: " + known + "; see `keel plugins`)");
+  // Device order: the requested ones ("cuda:1", "cpu"; one index per type), then (fallback = cpu) the CPU.
+  std::vector<std::string> order;
+  if (options.devices.empty()) {
+    order = env.registry().device_types();
+  } else {
+    for (const auto& d : options.devices) {
+      KEEL_ASSIGN_OR_RETURN(DeviceSpec spec, env.device(d), "session");
+      auto [it, fresh] = impl->device_index.emplace(spec.type, spec.index);
+      if (!fresh && it->second != spec.index) {
+        return invalid_argument("session: devices '" + spec.type + ":" + std::to_string(it->second) + "' and '" +
+                                spec.to_string() + "' are both requested; a session uses one device of each type");
+      }
+      if (fresh) order.push_back(spec.type);
     }
+  }
   if (options.fallback == Fallback::kCpu && std::find(order.begin(), order.end(), "cpu") == order.end()) {
     order.push_back("cpu");
   }

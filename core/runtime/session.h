@@ -35,7 +35,11 @@ namespace keel {
 enum class Fallback { kCpu, kError };
 
 struct SessionOptions {
-  // Device types to place on, most preferred first. Empty = every available device type by priority.
+  // Devices to place on, most preferred first, each "TYPE" or "TYPE:INDEX" (DeviceSpec: "cuda:1"; "cuda" = index
+  // 0). A session uses one device of each type: its kernels get that index in their context, its memory comes from
+  // that device's pool, and the copies it inserts go there. create() fails with INVALID_ARGUMENT for a malformed
+  // spec or two indices of one type, NOT_FOUND for an unknown type, OUT_OF_RANGE for an index past the devices of
+  // that type. Empty = every available device type by priority, index 0.
   std::vector<std::string> devices;
   Fallback fallback = Fallback::kCpu;
   // Graph passes to run before placement, by name, in order, each optionally with options ("name:key=value", see
