@@ -689,7 +689,29 @@ KEEL_API keel_status_t keel_session_options_add_device(keel_session_options_t op
   return guarded(__func__, [&]() -> Status {
     if (options == nullptr) return null_arg(__func__, "options");
     if (device_type == nullptr || *device_type == '\0') return null_arg(__func__, "device_type");
-    options->options.devices.emplace_back(device_type);
+    KEEL_ASSIGN_OR_RETURN(keel::DeviceSpec spec, keel::DeviceSpec::parse(device_type), __func__);
+    options->options.devices.push_back(spec.explicit_index ? spec.to_string() : spec.type);
+    return Status::ok();
+  });
+}
+
+KEEL_API keel_status_t keel_session_options_add_device_index(keel_session_options_t options, const char* device_type,
+                                                            int32_t device_index) {
+  return guarded(__func__, [&]() -> Status {
+    if (options == nullptr) return null_arg(__func__, "options");
+    if (device_type == nullptr || *device_type == '\0') return null_arg(__func__, "device_type");
+    if (std::strchr(device_type, ':') != nullptr) {
+      return keel::invalid_argument(std::string(__func__) + ": device type '" + device_type +
+                                    "' must not contain ':' (the index is its own argument)");
+    }
+    if (device_index < 0) {
+      return keel::invalid_argument(std::string(__func__) + ": device index " + std::to_string(device_index) +
+                                    " of '" + device_type + "' must be >= 0");
+    }
+    KEEL_ASSIGN_OR_RETURN(keel::DeviceSpec spec,
+                          keel::DeviceSpec::parse(std::string(device_type) + ":" + std::to_string(device_index)),
+                          __func__);
+    options->options.devices.push_back(spec.to_string());
     return Status::ok();
   });
 }

@@ -47,8 +47,10 @@ struct CachedKernel {
   Node node;  // domain, op_type, attrs; inputs/outputs name the call's slots ("" = absent / not wanted)
   int32_t opset = kOpset;
   std::vector<DType> out_dtypes;
-  std::string device;       // device type the kernel runs on
-  std::string memory_type;  // where its outputs live ("cpu" for host-memory devices)
+  std::string device;       // device the kernel runs on: its type, or "type:index" for an index > 0 (device_name)
+  int32_t device_index = 0; // that device's index (what the kernel context reports)
+  std::string memory_type;  // where its outputs live ("cpu" for host-memory devices; device_name form)
+  Location memory_at;       // the same as a location
   CachingAllocator* alloc = nullptr;
   std::string kernel_name;
   keel_status_t (*compute)(void*, keel_kernel_context_t*) = nullptr;
@@ -132,15 +134,14 @@ Environment& environment() {
   return env_locked(r);
 }
 
-void set_device(const std::string& device_type) {
+void set_device(const std::string& device) {
   Environment& e = environment();
-  if (!e.registry().device(device_type)) {
-    std::string known;
-    for (const auto& t : e.registry().device_types()) known += (known.empty() ? "" : ", ") + t;
-    fail(not_found("set_device: no device '" + device_type + "' (devices: " + known + ")"));
-  }
+  auto spec = e.device(device);
+  if (!spec.is_ok()) fail(spec.status().with_context("set_device"));
+  // Stored as eager names its devices: the type for index 0, "type:index" otherwise.
+  std::string name = spec->index == 0 ? spec->type : spec->to_string();
   std::lock_guard<std::mutex> lock(rt().mu);
-  rt().default_device = device_type;
+  rt().default_device = std::move(name);
 }
 
 const std::string& default_device() { return rt().default_device; }
@@ -224,13 +225,27 @@ bool is_host_device(const std::string& type) {
   return hal::Device(device_entry(type), 0).host_memory();
 }
 
-std::string memory_type_of(const std::string& device) { return is_host_device(device) ? "cpu" : device; }
+// Device names inside eager: the type for index 0 ("cuda", as before indices), "type:index" otherwise ("cuda:1").
+std::string device_name(const std::string& type, int32_t index) {
+  return index == 0 ? type : type + ":" + std::to_string(index);
+}
+std::string device_name(const Location& at) { return device_name(at.device_type, at.device_index); }
+// A device spec ("cuda:1", "cuda") checked against the environment (Error naming it when malformed or absent).
+DeviceSpec spec_of(const std::string& device) { return check(environment().device(device), ""); }
+
+// Where outputs of `device` live: "cpu" for host-memory devices, else the device's name.
+std::string memory_type_of(const std::string& device) {
+  if (device == "cpu") return "cpu";
+  DeviceSpec d = spec_of(device);
+  return is_host_device(d.type) ? "cpu" : device_name(d.type, d.index);
+}
 
 keel::Tensor alloc_tensor(DType dtype, const Shape& shape, const std::string& mem_type) {
   uint64_t bytes = check(checked_byte_size(dtype, shape), "allocate " + shape_to_string(shape));
-  CachingAllocator* a = check(environment().allocator(mem_type, 0), "allocate on " + mem_type);
+  DeviceSpec at = spec_of(mem_type);
+  CachingAllocator* a = check(environment().allocator(at), "allocate on " + mem_type);
   void* p = check(a->allocate(bytes), "allocate on " + mem_type);
-  auto storage = std::make_shared<Storage>(p, bytes, Location{mem_type, 0}, [a](void* q) { a->free(q); });
+  auto storage = std::make_shared<Storage>(p, bytes, Location{at.type, at.index}, [a](void* q) { a->free(q); });
   return keel::Tensor(dtype, shape, storage);
 }
 
@@ -243,10 +258,9 @@ keel::Tensor copy_to(const keel::Tensor& t, const std::string& mem_type) {
     std::memcpy(out.raw_data(), t.raw_data(), t.byte_size());
     return out;
   }
-  const std::string& worker_type = dst_host ? t.location().device_type : mem_type;
-  hal::Device dev(device_entry(worker_type), 0);
-  keel_copy_kind_t kind = src_host ? KEEL_COPY_HOST_TO_DEVICE : dst_host ? KEEL_COPY_DEVICE_TO_HOST : KEEL_COPY_DEVICE_TO_DEVICE;
-  Status s = dev.copy(kind, out.raw_data(), 0, t.raw_data(), t.location().device_index, t.byte_size());
+  // Host <-> device through the device's table; two devices of one type by peer copy where the table has one,
+  // otherwise through the host (Environment::copy).
+  Status s = environment().copy(out.raw_data(), out.location(), t.raw_data(), t.location(), t.byte_size());
   if (!s.is_ok()) fail(s.with_context("copy " + t.describe() + " to " + mem_type));
   return out;
 }
@@ -396,7 +410,7 @@ std::unique_ptr<CachedKernel> make_kernel(const std::string& domain, const std::
   }
   // The highest-priority kernel of the device that accepts the call.
   const Registry& reg = env.registry();
-  auto kernels = reg.kernels_for(domain, op_type, ck->opset, device);
+  auto kernels = reg.kernels_for(domain, op_type, ck->opset, spec_of(device).type);
   std::string reasons;
   for (size_t ki = 0; ki < kernels.size(); ++ki) {
     const KernelEntry* k = kernels[ki];
@@ -411,6 +425,7 @@ std::unique_ptr<CachedKernel> make_kernel(const std::string& domain, const std::
       ctx.phase = keel_kernel_context_t::Phase::kCreate;
       ctx.node = &ck->node;
       ctx.opset = ck->opset;
+      ctx.device_index = spec_of(device).index;
       ctx.pool = rt().pool;
       ctx.input_shapes.resize(inputs.size());
       ctx.input_views.resize(inputs.size());
@@ -444,8 +459,11 @@ std::unique_ptr<CachedKernel> make_kernel(const std::string& domain, const std::
     ck->state = state;
     ck->alternatives.assign(kernels.begin() + static_cast<std::ptrdiff_t>(ki) + 1, kernels.end());
     ck->device = device;
+    ck->device_index = spec_of(device).index;
     ck->memory_type = memory_type_of(device);
-    ck->alloc = check(env.allocator(ck->memory_type, 0), op_label(domain, op_type));
+    const DeviceSpec mem = spec_of(ck->memory_type);
+    ck->memory_at = Location{mem.type, mem.index};
+    ck->alloc = check(env.allocator(mem), op_label(domain, op_type));
     return ck;
   }
   if (reasons.empty()) reasons = "no kernel registered";
@@ -464,6 +482,7 @@ bool switch_alternative(CachedKernel& ck, const std::vector<keel::Tensor>& input
       keel_kernel_context_t ctx;
       ctx.node = &ck.node;
       ctx.opset = ck.opset;
+      ctx.device_index = ck.device_index;
       ctx.pool = rt().pool;
       ctx.input_shapes.resize(inputs.size());
       ctx.input_views.resize(inputs.size());
@@ -503,13 +522,13 @@ std::string device_of(const std::string& domain, const std::string& op_type, con
   for (size_t i = 0; i < inputs.size(); ++i) {
     const keel::Tensor& t = inputs[i];
     if (!t.defined() || is_shape_input(domain, op_type, i, t)) continue;
-    const std::string& d = t.location().device_type;
+    const std::string d = device_name(t.location());
     if (dev.empty()) dev = d;
     else if (d != dev) fail(invalid_argument(what + ": inputs on different devices (" + dev + " and " + d + "); move them with .to()"));
   }
   if (dev.empty()) dev = default_device();
   // Host-memory tensors run on the default device when it is a host-memory device, else on the CPU.
-  if (dev == "cpu" && default_device() != "cpu" && is_host_device(default_device())) dev = default_device();
+  if (dev == "cpu" && default_device() != "cpu" && memory_type_of(default_device()) == "cpu") dev = default_device();
   return dev;
 }
 
@@ -574,17 +593,18 @@ std::vector<keel::Tensor> run_kernel(const std::string& domain, const std::strin
   ctx.phase = keel_kernel_context_t::Phase::kCompute;
   ctx.node = &ck->node;
   ctx.opset = ck->opset;
+  ctx.device_index = ck->device_index;
   ctx.pool = r.pool;
   ctx.bind_inputs(inputs);
   ctx.output_dtypes = ck->out_dtypes;
   ctx.outputs.assign(num_outputs, keel::Tensor());
   ctx.output_views.assign(num_outputs, keel_tensor_t{});
   CachingAllocator* alloc = ck->alloc;
-  const std::string& mem = ck->memory_type;
-  ctx.allocate_output = [alloc, &mem](int32_t, DType dtype, const Shape& shape) -> StatusOr<keel::Tensor> {
+  const Location& mem_at = ck->memory_at;
+  ctx.allocate_output = [alloc, &mem_at](int32_t, DType dtype, const Shape& shape) -> StatusOr<keel::Tensor> {
     KEEL_ASSIGN_OR_RETURN(uint64_t bytes, checked_byte_size(dtype, shape), "output");
     KEEL_ASSIGN_OR_RETURN(void* p, alloc->allocate(bytes), "output");
-    return keel::Tensor(dtype, shape, std::make_shared<Storage>(p, bytes, Location{mem, 0}, [alloc](void* q) { alloc->free(q); }));
+    return keel::Tensor(dtype, shape, std::make_shared<Storage>(p, bytes, mem_at, [alloc](void* q) { alloc->free(q); }));
   };
   std::vector<void*> workspace;
   ctx.allocate_workspace = [alloc, &workspace](uint64_t bytes) -> StatusOr<void*> {
@@ -761,7 +781,7 @@ int64_t Tensor::dim(int i) const {
 }
 int64_t Tensor::numel() const { return shape_numel(shape()); }
 DType Tensor::dtype() const { return need(impl_).data.dtype(); }
-std::string Tensor::device() const { return need(impl_).data.location().device_type; }
+std::string Tensor::device() const { return device_name(need(impl_).data.location()); }
 bool Tensor::requires_grad() const { return impl_ && impl_->requires_grad; }
 bool Tensor::is_leaf() const { return need(impl_).grad_fn == nullptr; }
 Tensor Tensor::grad() const { return need(impl_).grad; }
@@ -830,14 +850,13 @@ void Tensor::copy_(const Tensor& src) {
     NoGradGuard ng;
     s = src.to(dtype()).data();
   }
-  const std::string mem = data().location().device_type;
-  if (s.location().device_type != mem) s = copy_to(s, mem);
+  const std::string mem = device_name(data().location());
+  if (s.location() != data().location()) s = copy_to(s, mem);
   if (s.raw_data() == data().raw_data() || s.byte_size() == 0) return;
   if (mem == "cpu") {
     std::memcpy(data().raw_data(), s.raw_data(), s.byte_size());
   } else {
-    hal::Device dev(device_entry(mem), 0);
-    Status st = dev.copy(KEEL_COPY_DEVICE_TO_DEVICE, data().raw_data(), 0, s.raw_data(), 0, s.byte_size());
+    Status st = environment().copy(data().raw_data(), data().location(), s.raw_data(), s.location(), s.byte_size());
     if (!st.is_ok()) fail(st.with_context("copy_"));
   }
 }
@@ -958,7 +977,7 @@ std::vector<Tensor> adjust_inputs(const std::string& domain, const std::string& 
   const DType low = t_autocast;
   const bool onnx = domain.empty();
   if (low != DType::kUndefined && onnx && autocast_low_ops().count(op_type)) {
-    std::string dev = inputs[fl[0]].device();
+    std::string dev = inputs[fl[0]].data().location().device_type;
     if (device_takes_dtype(domain, op_type, dev, low)) {
       target = low;
     } else {
@@ -1104,7 +1123,7 @@ void accumulate(TensorImpl& leaf, keel::Tensor g) {
   if (g.shape() != leaf.data.shape()) g = check(g.reshaped(leaf.data.shape()), "accumulate grad");
   if (!leaf.grad.defined()) {
     // The gradient may alias another leaf's (Add passes dY through) or a saved value: own a copy.
-    leaf.grad = Tensor(copy_to(g, g.location().device_type), false);
+    leaf.grad = Tensor(copy_to(g, device_name(g.location())), false);
   } else {
     leaf.grad = Tensor(run1("Add", {leaf.grad.data(), g}), false);
   }
@@ -1220,7 +1239,7 @@ void Tensor::backward(const Tensor& grad_output) const {
     g = wrap_const(check(keel::Tensor::host(dtype(), shape()), "ones"), device()).data();
     keel::Tensor one = host_scalar(1.0, dtype());
     if (g.location().is_host()) std::memcpy(g.raw_data(), one.raw_data(), one.byte_size());
-    else g = copy_to(check(one.reshaped(shape()), "ones"), g.location().device_type);
+    else g = copy_to(check(one.reshaped(shape()), "ones"), device_name(g.location()));
   }
   run_backward(*this, std::move(g));
 }
@@ -1235,7 +1254,7 @@ Tensor Tensor::to(DType dt) const {
 Tensor Tensor::to(const std::string& device_type) const {
   need(impl_);
   const std::string mem = memory_type_of(device_type);
-  const std::string here = data().location().device_type;
+  const std::string here = device_name(data().location());
   if (mem == here) return *this;
   Tensor out(copy_to(data(), mem), false);
   trace_record("", "Identity", {}, {*this}, {out});

@@ -63,8 +63,9 @@ class Error : public std::runtime_error {
 void init(std::shared_ptr<Environment> env, int threads = 0);
 // The bound environment (creating the default one on first use; throws Error when that fails).
 Environment& environment();
-// Default device for factories ("cpu" unless set). Throws Error when no such device type is registered.
-void set_device(const std::string& device_type);
+// Default device for factories ("cpu" unless set): "TYPE" or "TYPE:INDEX" ("cuda:1"). Throws Error naming the spec
+// when it is malformed or no such device is registered. default_device() names it as Tensor::device() does.
+void set_device(const std::string& device);
 const std::string& default_device();
 // Seeds the global generator (used by randn, rand_uniform, dropout).
 void manual_seed(uint64_t seed);
@@ -90,9 +91,13 @@ class Tensor {
   int64_t rank() const;
   int64_t numel() const;
   DType dtype() const;
-  std::string device() const;        // device type: "cpu", "cuda", ...
+  // Where the data is: the device type for index 0 ("cpu", "cuda"), "type:index" for another index ("cuda:1").
+  std::string device() const;
 
-  // A copy on another device type; differentiable (the gradient goes back to this device). Same device: *this.
+  // A copy on another device, "TYPE" (index 0) or "TYPE:INDEX" ("cuda:1", keel::DeviceSpec); differentiable (the
+  // gradient goes back to this device). Same device: *this. Between two devices of one type the copy is a peer copy
+  // where the device table has one, else it goes through the host. Error naming the spec when it is malformed or
+  // the device does not exist. Ops on tensors of two different devices (also two indices of one type) are an Error.
   Tensor to(const std::string& device) const;
   // Cast (ONNX Cast); differentiable between floating dtypes. Same dtype: *this.
   Tensor to(DType dtype) const;

@@ -176,9 +176,10 @@ void Module::to(const std::string& device) {
   collect("", true, true, true, slots);
   eager::NoGradGuard ng;
   for (auto& [n, p] : slots) {
-    if (p->device() == device) continue;
+    Tensor there = p->to(device);  // *p itself when it is there already ("cuda" and "cuda:0" are one device)
+    if (there.impl() == p->impl()) continue;
     const bool rg = p->requires_grad();
-    Tensor moved = p->to(device).detach();
+    Tensor moved = there.detach();
     if (rg) moved.requires_grad_(true);
     *p = moved;
   }

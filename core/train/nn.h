@@ -78,7 +78,8 @@ class Module {
   Status load_state_dict(const StateDict& state, bool strict = true);
 
   void zero_grad();  // every parameter's grad becomes undefined
-  // Moves parameters and buffers to a device type or casts floating ones to a dtype (in their slots).
+  // Moves parameters and buffers to a device ("cuda", "cuda:1": eager::Tensor::to) or casts floating ones to a
+  // dtype (in their slots).
   void to(const std::string& device);
   void to(DType dtype);
 

@@ -150,7 +150,12 @@ int bench(const BenchArgs& a, Globals& g) {
   auto env = make_environment(g);
   if (!env) return 1;
   SessionOptions so;
-  if (!a.device.empty()) so.devices = {a.device};
+  auto device = device_option(*env, a.device);
+  if (!device.is_ok()) {
+    std::cerr << "keel bench: --device: " << device.status().to_string() << "\n";
+    return 1;
+  }
+  if (!device->empty()) so.devices = {*device};
   so.passes = session_passes(a.passes, graph, *env);
   if (Status st = append_precision_pass(a.precision, a.passes == "auto", *env, so.passes); !st.is_ok()) {
     std::cerr << "keel bench: " << st.to_string() << "\n";
@@ -388,7 +393,8 @@ void add_bench_command(CLI::App& app, Globals& g) {
                   "Session passes: auto (the default pipeline of `keel optimize`; fuse_qdq for QDQ models: int8 "
                   "kernels), none, or a comma list (name:key=value gives a pass options)");
   add_precision_option(cmd, a->precision);
-  cmd->add_option("--device,-d", a->device, "Preferred device type (cpu, cuda, ...); default: every device by priority");
+  cmd->add_option("--device,-d", a->device,
+                  "Preferred device: TYPE or TYPE:INDEX (cpu, cuda, cuda:1, ...); default: every device by priority");
   cmd->add_option("--threads", g.threads, "Worker threads for kernels (0 = all cores)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--batch,-b", a->batch, "Batch size, where an input's first dimension is dynamic or 1")
       ->check(CLI::PositiveNumber);

@@ -10,6 +10,8 @@
 #include <random>
 #include <sstream>
 
+#include "core/base/device_spec.h"
+#include "core/runtime/dist/identity.h"
 #include "core/runtime/onnx_io.h"
 #include "core/runtime/session.h"
 #include "tools/keel/commands.h"
@@ -50,6 +52,21 @@ Status append_precision_pass(const std::string& precision, bool auto_passes, con
 }
 
 // Declared in commands.h: random data for a graph input (shared by run, bench, quantize).
+StatusOr<std::string> device_option(const Environment& env, const std::string& device) {
+  if (device.empty()) return std::string();
+  KEEL_ASSIGN_OR_RETURN(DeviceSpec spec, env.device(device), "");
+  return spec.explicit_index ? spec.to_string() : spec.type;
+}
+
+StatusOr<std::string> device_for_local_rank(const std::string& device) {
+  KEEL_ASSIGN_OR_RETURN(DeviceSpec spec, DeviceSpec::parse(device), "");
+  if (spec.explicit_index || spec.type == "cpu") return device;
+  KEEL_ASSIGN_OR_RETURN(dist::Identity id, dist::identity_from_env(), "");
+  if (id.world_size <= 1) return device;
+  spec.index = id.local_rank;
+  return spec.to_string();
+}
+
 StatusOr<Tensor> random_input(DType dtype, const Shape& shape, std::mt19937& rng) {
   KEEL_ASSIGN_OR_RETURN(Tensor t, Tensor::host(dtype, shape), "random input");
   const int64_t n = t.numel();
@@ -211,7 +228,12 @@ int run_model(const RunArgs& a, Globals& g) {
   auto env = make_environment(g);
   if (!env) return 1;
   SessionOptions so;
-  if (!a.device.empty()) so.devices = {a.device};
+  auto device = device_option(*env, a.device);
+  if (!device.is_ok()) {
+    std::cerr << "keel run: --device: " << device.status().to_string() << "\n";
+    return 1;
+  }
+  if (!device->empty()) so.devices = {*device};
   so.shape_variants = a.shape_variants;
   so.passes = session_passes(a.passes, graph, *env);
   if (Status st = append_precision_pass(a.precision, a.passes == "auto", *env, so.passes); !st.is_ok()) {
@@ -307,7 +329,8 @@ void add_run_command(CLI::App& app, Globals& g) {
                   "Session passes: auto (the default pipeline of `keel optimize`; fuse_qdq for QDQ models: int8 "
                   "kernels), none, or a comma list (name:key=value gives a pass options)");
   add_precision_option(cmd, a->precision);
-  cmd->add_option("--device,-d", a->device, "Preferred device type (cpu, cuda, ...); default: every device by priority");
+  cmd->add_option("--device,-d", a->device,
+                  "Preferred device: TYPE or TYPE:INDEX (cpu, cuda, cuda:1, ...); default: every device by priority");
   cmd->add_option("--threads", g.threads, "Worker threads for kernels (0 = all cores)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--iterations,-n", a->iterations, "Timed runs")->check(CLI::PositiveNumber);
   cmd->add_option("--warmup", a->warmup, "Untimed runs before the timed ones")->check(CLI::NonNegativeNumber);

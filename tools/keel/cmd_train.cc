@@ -345,7 +345,7 @@ int relaunch(int nproc) {
   return run_launch(lo);
 }
 
-int run_train(Globals& g, const TrainArgs& a) {
+int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL_RANK index
   if (a.nproc > 1 && !std::getenv("WORLD_SIZE")) return relaunch(a.nproc);
   // Eager training runs many short parallel regions: OpenMP threads (oneDNN's) that spin between them starve the
   // training thread on a busy machine. Sleep instead unless the user chose a policy; libgomp reads this when the
@@ -355,6 +355,15 @@ int run_train(Globals& g, const TrainArgs& a) {
   if (!env_u) return 1;
   std::shared_ptr<Environment> env(std::move(env_u));
   eager::init(env, 0);
+  {
+    // --device TYPE[:INDEX]; a data-parallel rank given no index takes the card of its LOCAL_RANK.
+    auto device = device_for_local_rank(a.device);
+    if (!device.is_ok()) {
+      std::cerr << "keel train: --device: " << device.status().to_string() << "\n";
+      return 2;
+    }
+    a.device = *device;
+  }
   try {
     eager::set_device(a.device);
   } catch (const eager::Error& e) {
@@ -375,7 +384,8 @@ int run_train(Globals& g, const TrainArgs& a) {
     }
     if (id->world_size > 1) {
       const bool gpu = a.device.rfind("cuda", 0) == 0;
-      auto pg = dist::ProcessGroup::create(*env, *id, gpu ? "nccl" : "gloo", gpu ? id->local_rank : 0,
+      auto pg = dist::ProcessGroup::create(*env, *id, gpu ? "nccl" : "gloo",
+                                           gpu ? env->device(a.device).value().index : 0,
                                            static_cast<int64_t>(a.dist_timeout_s * 1000));
       if (!pg.is_ok()) {
         std::cerr << "keel train: rank " << id->rank << " of " << id->world_size << ": " << pg.status().to_string() << "\n";
@@ -727,7 +737,9 @@ void add_train_command(CLI::App& app, Globals& g) {
   cmd->add_option("--data", a->data, "Directory with the Fashion-MNIST IDX files");
   cmd->add_option("--limit", a->limit, "Train on the first N images only (0 = all)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--workers", a->workers, "Data loader threads (0 = load on the training thread)")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--device", a->device, "Device type to train on");
+  cmd->add_option("--device", a->device,
+                  "Device to train on: TYPE or TYPE:INDEX (cpu, cuda, cuda:1); data-parallel ranks given no index "
+                  "take the card of their LOCAL_RANK");
   cmd->add_option("--log", a->log, "Scalar log (JSON Lines) for `keel plot`");
   cmd->add_option("--log-every", a->log_every, "Batches per step record in the log")->check(CLI::NonNegativeNumber);
   cmd->add_option("--checkpoint", a->checkpoint, "Checkpoint file (safetensors), written after every epoch");

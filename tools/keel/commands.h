@@ -31,6 +31,15 @@ StatusOr<Tensor> random_input(DType dtype, const Shape& shape, std::mt19937& rng
 // Creates the environment from the global flags; prints the error and returns nullptr on failure.
 std::unique_ptr<Environment> make_environment(const Globals& g);
 
+// `--device` of run / bench / train (cmd_run.cc): "TYPE" or "TYPE:INDEX" ("cuda:1"), checked against the
+// environment's devices (keel::DeviceSpec: a clear error for "cuda:x", an unknown type, an index past the devices).
+// Returns the spec for SessionOptions::devices ("" stays "": every device by priority).
+StatusOr<std::string> device_option(const Environment& env, const std::string& device);
+// In a data-parallel job (more than one rank in the process environment: dist::identity_from_env), a non-CPU
+// `device` given without an index takes the card of the rank's LOCAL_RANK ("cuda" -> "cuda:1" on local rank 1);
+// anything else is returned as it is. INVALID_ARGUMENT for a malformed spec or rank environment.
+StatusOr<std::string> device_for_local_rank(const std::string& device);
+
 void add_plugins_command(CLI::App& app, Globals& g);
 void add_demo_command(CLI::App& app, Globals& g);
 // ONNX commands (cmd_run.cc, cmd_info.cc, cmd_conformance.cc).

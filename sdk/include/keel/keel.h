@@ -232,7 +232,10 @@ typedef enum keel_fallback_e {
  * The caller owns *out_options. Thread-compatible. */
 KEEL_API keel_status_t keel_session_options_create(keel_session_options_t* out_options);
 KEEL_API void keel_session_options_release(keel_session_options_t options);
-/* Appends a preferred device type ("cuda", "cpu", ...); the first added is the most preferred. */
+/* Appends a preferred device, the first added the most preferred: a type ("cuda", "cpu": index 0) or TYPE:INDEX
+ * ("cuda:1"). A session uses one device of each type. INVALID_ARGUMENT for a malformed spec ("cuda:x", "cuda:-1");
+ * whether the device exists is checked by keel_session_create (NOT_FOUND for an unknown type, OUT_OF_RANGE for an
+ * index past the devices of that type). Thread-compatible (one options object per thread at a time). */
 KEEL_API keel_status_t keel_session_options_add_device(keel_session_options_t options, const char* device_type);
 /* KEEL_FALLBACK_CPU (default) or KEEL_FALLBACK_ERROR; anything else: INVALID_ARGUMENT. */
 KEEL_API keel_status_t keel_session_options_set_fallback(keel_session_options_t options, int32_t fallback);
@@ -347,6 +350,15 @@ typedef struct keel_profile_step_info_s {
 } keel_profile_step_info_t;
 KEEL_API keel_status_t keel_session_profile_step_info(keel_session_t session, size_t index, size_t step,
                                                       keel_profile_step_info_t* out_info);
+
+/* ---- Device indices (appended) ---------------------------------------------------------------------------- */
+
+/* Appends a preferred device by type and index (device_type "cuda", device_index 1 = "cuda:1"), like
+ * keel_session_options_add_device. INVALID_ARGUMENT for a NULL or malformed type (it must not contain ':') or a
+ * negative index; keel_session_create checks that the device exists (NOT_FOUND / OUT_OF_RANGE naming the device and
+ * how many of that type there are). The options keep a copy of the string. Thread-compatible. */
+KEEL_API keel_status_t keel_session_options_add_device_index(keel_session_options_t options, const char* device_type,
+                                                            int32_t device_index);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -225,11 +225,19 @@ class Environment {
 };
 
 struct SessionOptions {
-  std::vector<std::string> devices;  // most preferred first; empty = every device by priority
+  // Most preferred first, each "TYPE" (index 0) or "TYPE:INDEX" ("cuda:1"); one device of each type per session;
+  // empty = every device by priority.
+  std::vector<std::string> devices;
   keel_fallback_t fallback = KEEL_FALLBACK_CPU;
   std::vector<std::string> passes;
   bool profile = false;
   int32_t shape_variants = 8;  // keel_session_options_set_shape_variants; 0 = off
+
+  // Appends device `index` of `type` ("cuda", 1 = "cuda:1"). Checked when the session is created.
+  SessionOptions& add_device(const std::string& type, int32_t index) {
+    devices.push_back(type + ":" + std::to_string(index));
+    return *this;
+  }
 };
 
 struct ValueInfo {
