@@ -340,8 +340,6 @@ typedef struct keel_kernel_api_s {
 
   const char* (*node_name)(const keel_kernel_context_t* ctx);
   int32_t (*opset)(const keel_kernel_context_t* ctx); /* the opset version the node was imported at */
-  /* Which device of the kernel's device type it runs on (the session's or eager tensor's index, e.g. 1 for
-   * "cuda:1"), at create and at compute; its inputs, outputs and workspace live there. */
   int32_t (*device_index)(const keel_kernel_context_t* ctx);
   keel_stream_t (*stream)(const keel_kernel_context_t* ctx);
   /* Scratch memory on the kernel's device, valid until compute returns. */
