@@ -230,27 +230,35 @@ void DataParallel::launch(Bucket& b) {
   cv_work_.notify_one();
 }
 
+// Runs one queued bucket's all-reduce (the caller popped it and set busy_ under mu_).
+void DataParallel::run_bucket(Bucket* b) {
+  auto t0 = Clock::now();
+  void* p = b->flat.data().raw_data();
+  Status st = comm_.all_reduce(p, p, static_cast<uint64_t>(b->flat.numel()), b->flat.dtype(), KEEL_REDUCE_SUM);
+  const double dt = seconds_since(t0);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    b->status = std::move(st);
+    b->done = true;
+    busy_ = false;
+    comm_seconds_ += dt;
+  }
+  cv_done_.notify_all();
+  cv_work_.notify_all();
+}
+
 void DataParallel::comm_loop() {
   for (;;) {
     Bucket* b;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      cv_work_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      cv_work_.wait(lk, [&] { return (stop_ && !busy_) || (!queue_.empty() && !busy_); });
       if (queue_.empty()) return;  // stop_ and nothing left
       b = queue_.front();
       queue_.pop_front();
+      busy_ = true;
     }
-    auto t0 = Clock::now();
-    void* p = b->flat.data().raw_data();
-    Status st = comm_.all_reduce(p, p, static_cast<uint64_t>(b->flat.numel()), b->flat.dtype(), KEEL_REDUCE_SUM);
-    const double dt = seconds_since(t0);
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      b->status = std::move(st);
-      b->done = true;
-      comm_seconds_ += dt;
-    }
-    cv_done_.notify_all();
+    run_bucket(b);
   }
 }
 
@@ -278,12 +286,24 @@ Status DataParallel::finish() {
     auto t0 = Clock::now();
     Status first_error;
     {
+      // Collectives run one at a time, in bucket order: buckets still queued when the communication thread is idle
+      // run here (saves two thread hand-offs for the last bucket, which backward usually launches just before).
       std::unique_lock<std::mutex> lk(mu_);
-      cv_done_.wait(lk, [&] {
-        for (const auto& b : buckets_)
-          if (b.launched && !b.done) return false;
-        return true;
-      });
+      for (;;) {
+        bool all_done = true;
+        for (const auto& b : buckets_) all_done = all_done && (!b.launched || b.done);
+        if (all_done) break;
+        if (!queue_.empty() && !busy_) {
+          Bucket* b = queue_.front();
+          queue_.pop_front();
+          busy_ = true;
+          lk.unlock();
+          run_bucket(b);
+          lk.lock();
+          continue;
+        }
+        cv_done_.wait(lk);
+      }
       stats_.all_reduce_seconds += comm_seconds_;
       comm_seconds_ = 0;
       for (const auto& b : buckets_)

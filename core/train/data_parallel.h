@@ -143,6 +143,7 @@ class DataParallel {
   void launch_ready_buckets();
   void launch(Bucket& b);
   void comm_loop();
+  void run_bucket(Bucket* b);
   void reset_step();
 
   nn::Module& module_;
@@ -167,6 +168,7 @@ class DataParallel {
   std::condition_variable cv_work_, cv_done_;
   std::deque<Bucket*> queue_;
   bool stop_ = false;
+  bool busy_ = false;        // an all-reduce is running (on the communication thread or in finish())
   double comm_seconds_ = 0;  // accumulated by the communication thread under mu_
   std::thread thread_;
 };
