@@ -359,6 +359,22 @@ Rule conv_like(ConvKind kind, size_t x, std::optional<size_t> w) {
     }
     if ((kind == ConvKind::kPool || kind == ConvKind::kUnpool) && !ks)
       return c.bad_node("attribute kernel_shape is required");
+    if (kind == ConvKind::kUnpool) {
+      // MaxUnpool's indices (input 1) have X's shape (ONNX 1.12's inference reads them by X's rank); a constant
+      // output_shape (input 2) has one non-negative value per axis of X.
+      const int ir = c.rank(1);
+      if (xr >= 0 && ir >= 0 && ir != xr)
+        return c.bad_node("the indices (input 1) have rank " + std::to_string(ir) + " but X has rank " + std::to_string(xr));
+      for (int d = 0; xr >= 0 && ir >= 0 && d < xr; ++d)
+        if (c.dim(0, d) >= 0 && c.dim(1, d) >= 0 && c.dim(0, d) != c.dim(1, d))
+          return c.bad_node("the indices (input 1) must have X's shape");
+      if (const auto* os = c.const_ints(2)) {
+        if (xr >= 0 && static_cast<int64_t>(os->size()) != xr)
+          return c.bad_input(2, "output_shape", *os, "needs " + std::to_string(xr) + " values (X's rank)");
+        for (int64_t e : *os)
+          if (e < 0 || e > (int64_t{1} << 40)) return c.bad_input(2, "output_shape", *os, "every dim must be >= 0");
+      }
+    }
     KEEL_CHECK_OK(flag("ceil_mode")(c));
     KEEL_CHECK_OK(flag("storage_order")(c));
     KEEL_CHECK_OK(flag("count_include_pad")(c));
