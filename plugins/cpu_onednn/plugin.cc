@@ -1,4 +1,4 @@
-// plugins/cpu_onednn/onednn_plugin.cc — the cpu_onednn plugin: oneDNN kernels for the reference "cpu" device.
+// plugins/cpu_onednn/plugin.cc — the cpu_onednn plugin: oneDNN kernels for the reference "cpu" device.
 //
 // It registers no device table: the built-in reference plugin provides the "cpu" device type (host memory), and
 // these kernels serve it beside the reference kernels with the manifest's higher priority (50), so a node goes
@@ -15,8 +15,8 @@
 #include <cstring>
 #include <exception>
 
-#include "onednn_attention.h"
-#include "onednn_common.h"
+#include "steps/attention.h"
+#include "common/common.h"
 
 namespace keel::onednn {
 
@@ -70,7 +70,7 @@ Dims shape_key(const Ctx& c) {
 
 namespace {
 
-// The f32 kernels of onednn_conv.cc, onednn_matmul.cc and onednn_misc.cc as one registration table (filled by init).
+// The f32 kernels of kernels/conv.cc, kernels/matmul.cc and kernels/misc.cc as one registration table (filled by init).
 std::vector<TypedKernelInfo>& f32_kernels() {
   static std::vector<TypedKernelInfo> v;
   return v;
@@ -161,10 +161,10 @@ keel_status_t onednn_init(const keel_host_api_t* host, keel_plugin_handle_t* plu
     for (const auto& k : list())
       kernels.push_back({k.domain, k.op_type, k.since_version, k.name, {KEEL_DTYPE_F32}, k.make, k.end_version});
   if (keel_status_t st = register_kernel_table(host, plugin, kernels, false)) return st;
-  // keel.Attention, f32 and bf16 (onednn_attention_kernel.cc).
+  // keel.Attention, f32 and bf16 (kernels/attention.cc).
   if (keel_status_t st = register_kernel_table(host, plugin, attention_kernels(), false)) return st;
-  if (keel_status_t st = register_int8_kernels(host, plugin)) return st;  // onednn_int8.cc: keel.QConv, keel.QGemm
-  if (keel_status_t st = register_bf16_kernels(host, plugin)) return st;  // onednn_bf16.cc (before train's)
+  if (keel_status_t st = register_int8_kernels(host, plugin)) return st;  // kernels/int8.cc: keel.QConv, keel.QGemm
+  if (keel_status_t st = register_bf16_kernels(host, plugin)) return st;  // kernels/bf16.cc (before train's)
   if (keel_status_t st = register_train_kernels(host, plugin)) return st;
   if (keel_status_t st = register_claimer(host, plugin)) return st;
   std::string msg = "cpu_onednn: oneDNN " + std::to_string(dnnl_version()->major) + "." +

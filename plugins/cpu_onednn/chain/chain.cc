@@ -1,4 +1,4 @@
-// plugins/cpu_onednn/onednn_subgraph.cc — claimed subgraphs ("chains"): connected runs of nodes that oneDNN runs
+// plugins/cpu_onednn/chain/chain.cc — claimed subgraphs ("chains"): connected runs of nodes that oneDNN runs
 // as one, with its own memory layouts kept between ops and fused post-ops.
 //
 // The plugin registers a claim hook for "cpu" (keel_host_api_t.register_claimer, ABI 1.1). At session creation the
@@ -21,7 +21,7 @@
 //   - post-ops: bias, Relu/Clip/LeakyRelu/Sigmoid/Tanh/SiLU (x * Sigmoid(x)), scalar Mul/Div, and the residual Add
 //     as a sum post-op (in place when the residual is not read afterwards, else after one copy); pooling takes the
 //     activations after it as post-ops too;
-//   - a convolution's trailing SiLU runs as the plugin's own pass (onednn_silu.h), with a GlobalAveragePool of its
+//   - a convolution's trailing SiLU runs as the plugin's own pass (steps/silu.h), with a GlobalAveragePool of its
 //     output computed in the same pass; squeeze-excite's Mul in front of a small 1x1 convolution scales that
 //     convolution's weights per run instead (fold_channel_scale);
 //   - Reshape/Flatten/Squeeze/Unsqueeze/Identity are views of their input's memory (after a reorder to the plain
@@ -35,11 +35,11 @@
 // LayerNormalization (last axis; ai.onnx 17 or keel.LayerNormalization), ReduceMean, Pow (exponent 2 or 0.5), Sqrt, Transpose, Slice
 // (step 1), Reshape, Flatten, Squeeze, Unsqueeze, Identity, Cast (f32 <-> bf16), Pad (constant mode: all-zero pads
 // are a view; spatial pads are folded into the padding of the Conv/MaxPool/AveragePool reading them where exact).
-// keel.Attention (fuse_attention's) runs as an own step (onednn_attention.h) over strided views of Q, Kt, V.
+// keel.Attention (fuse_attention's) runs as an own step (steps/attention.h) over strided views of Q, Kt, V.
 // 1-D convolutions and poolings run as 2-D ones over [N,C,1,L] (lift_1d rewrites the recipe at claim time); a
 // MatMul read only by a Transpose writes the transposed layout directly.
 // INT8 (the section "int8 steps"): keel.QConv (1-D, 2-D, 3-D) and keel.QGemm, with the standalone kernels' set-up
-// (onednn_int8.h), and the per-tensor QuantizeLinear / DequantizeLinear next to them; u8/s8 values stay
+// (kernels/int8.h), and the per-tensor QuantizeLinear / DequantizeLinear next to them; u8/s8 values stay
 // channels-last between int8 steps, f32 ones are quantized straight from their producer's layout.
 #include <immintrin.h>
 #include <omp.h>
@@ -59,16 +59,16 @@
 #include <sstream>
 #include <tuple>
 
-#include "onednn_attention.h"
-#include "onednn_common.h"
-#include "onednn_conv_pick.h"
-#include "onednn_convpool.h"
-#include "onednn_dilated.h"
-#include "onednn_dwsilu.h"
-#include "onednn_grouped.h"
-#include "onednn_int8.h"
-#include "onednn_se.h"
-#include "onednn_silu.h"
+#include "steps/attention.h"
+#include "common/common.h"
+#include "common/conv_pick.h"
+#include "steps/convpool.h"
+#include "steps/dilated.h"
+#include "steps/dwsilu.h"
+#include "steps/grouped.h"
+#include "kernels/int8.h"
+#include "steps/se.h"
+#include "steps/silu.h"
 
 namespace keel::onednn {
 namespace {
@@ -184,7 +184,7 @@ struct Exec {
   const char* own_kind = nullptr;  // an own step's kind in profiles ("eltwise" when null)
 };
 
-// Exec::own of a SiLU step: x * sigmoid(x) in place over its DNNL_ARG_DST memory (onednn_silu.h), split over the
+// Exec::own of a SiLU step: x * sigmoid(x) in place over its DNNL_ARG_DST memory (steps/silu.h), split over the
 // OpenMP team (contiguous 16-float-aligned parts) unless the step is a single-thread one.
 void run_silu(const Exec& e) {
   const dnnl::memory& m = e.args.at(DNNL_ARG_DST);
@@ -270,7 +270,7 @@ void run_scale_weights16(const Exec& e) {
   for (size_t j = 0; j < rows * 16; ++j) dst[j] = src[j] * scale[map[j / 16]];
 }
 
-// Exec::own of a fused Conv (+ Relu) + MaxPool (Builder::conv_pool_fused, onednn_convpool.h): SRC plain, WEIGHTS
+// Exec::own of a fused Conv (+ Relu) + MaxPool (Builder::conv_pool_fused, steps/convpool.h): SRC plain, WEIGHTS
 // packed, BIAS, DST nChw16c, DNNL_ARG_SCRATCHPAD room for the team's rows; split over the OpenMP team.
 void run_conv_pool(const Exec& e) {
   const auto& s = *static_cast<const ConvPoolShape*>(e.params.get());
@@ -282,7 +282,7 @@ void run_conv_pool(const Exec& e) {
                 static_cast<float*>(scratch.get_data_handle()), team);
 }
 
-// Exec::own of a depthwise convolution + SiLU (Builder::conv_dw_silu, onednn_dwsilu.h): SRC and DST nChw16c,
+// Exec::own of a depthwise convolution + SiLU (Builder::conv_dw_silu, steps/dwsilu.h): SRC and DST nChw16c,
 // WEIGHTS packed, BIAS, kArgPooled (when present) the output's channel means, DNNL_ARG_SCRATCHPAD room for the team;
 // split over the OpenMP team by 16-channel blocks.
 void run_dw_silu(const Exec& e) {
@@ -296,7 +296,7 @@ void run_dw_silu(const Exec& e) {
               team);
 }
 
-// Exec::own of squeeze-excite's excitation (Builder::se_excite_fused, onednn_se.h): SRC the pooled channels, WEIGHTS
+// Exec::own of squeeze-excite's excitation (Builder::se_excite_fused, steps/se.h): SRC the pooled channels, WEIGHTS
 // packed, DST the scale; on the calling thread (a single-thread step).
 void run_se(const Exec& e) {
   se_excite(*static_cast<const SeShape*>(e.params.get()),
@@ -305,7 +305,7 @@ void run_se(const Exec& e) {
             static_cast<float*>(e.args.at(DNNL_ARG_DST).get_data_handle()));
 }
 
-// Exec::own of a 3x3 convolution in groups of 4 channels (Builder::conv_grouped4, onednn_grouped.h): SRC and DST
+// Exec::own of a 3x3 convolution in groups of 4 channels (Builder::conv_grouped4, steps/grouped.h): SRC and DST
 // nChw16c, WEIGHTS packed, BIAS; split over the OpenMP team unless the step is a single-thread one.
 void run_grouped4(const Exec& e) {
   const auto& s = *static_cast<const Grouped4Shape*>(e.params.get());
@@ -332,7 +332,7 @@ void run_from_phases(const Exec& e) {
                     phase_shape(x, p), e.single ? 1 : omp_get_max_threads());
 }
 
-// Exec::own of keel.Attention (Builder::attention, onednn_attention.h): DNNL_ARG_SRC_0..2 Q, Kt, V and SRC_3 the
+// Exec::own of keel.Attention (Builder::attention, steps/attention.h): DNNL_ARG_SRC_0..2 Q, Kt, V and SRC_3 the
 // mask (when the shape has one), DST Y, each bound at its view's first element; SCRATCHPAD room for the team;
 // the AttentionShape in params.
 void run_attention(const Exec& e) {
@@ -348,14 +348,14 @@ void run_attention(const Exec& e) {
 
 // ----------------------------------------------------------------------- int8 steps' own parts (Builder::qconv)
 
-// Exec::own of an int8 depthwise 3x3 step (onednn_int8_dw.h): params the kernel, SRC / DST channels-last bytes.
+// Exec::own of an int8 depthwise 3x3 step (steps/int8_dw.h): params the kernel, SRC / DST channels-last bytes.
 void run_int8_depthwise(const Exec& e) {
   const auto& k = *static_cast<const Int8Depthwise3x3*>(e.params.get());
   k.run(e.args.at(DNNL_ARG_SRC).get_data_handle(), e.args.at(DNNL_ARG_DST).get_data_handle(),
         e.single ? 1 : omp_get_max_threads());
 }
 
-// Exec::own of the quantization of an f32 value into an int8 step's source (onednn_int8_quant.h): SRC f32 plain
+// Exec::own of the quantization of an f32 value into an int8 step's source (steps/int8_quant.h): SRC f32 plain
 // ([N, C, S]: kToNhwc), nChw16c (kBlocked) or already in the destination's layout (kSame, n elements); DST bytes.
 // kBlockedF32: no quantization, nChw16c f32 into channels-last f32 (an int8 step's residual Z).
 struct Int8QuantizeStep {
@@ -376,7 +376,7 @@ void run_int8_quantize(const Exec& e) {
   }
 }
 
-// Exec::own of the source of a merged bottleneck end (Builder::conv_residual_merged, onednn_dilated.h): DNNL_ARG_SRC
+// Exec::own of the source of a merged bottleneck end (Builder::conv_residual_merged, steps/dilated.h): DNNL_ARG_SRC
 // h and DNNL_ARG_SRC_1 x into DNNL_ARG_DST, params its MergedSourceShape; split over the OpenMP team by rows unless
 // the step is a single-thread one.
 void run_merged_source(const Exec& e) {
@@ -802,7 +802,7 @@ class Builder {
                            double flops);
   bool conv_dw_fused(size_t i, const Fusion& f, const md_t& src, const md_t& wany, const md_t& bmd,
                      const std::vector<float>& w, const std::vector<float>& bias, double flops);
-  // A depthwise convolution whose output goes through SiLU as one step of the chain's own (onednn_dwsilu.h), the
+  // A depthwise convolution whose output goes through SiLU as one step of the chain's own (steps/dwsilu.h), the
   // SiLU of its source too when its producer left that to it (defer_silu: deferred_silu_ holds those values).
   bool dw_silu_plan(size_t u, DwSiluShape* s, Fusion* f);
   bool defer_silu(const std::string& v, const md_t& md);
@@ -1342,7 +1342,7 @@ Builder::Fusion Builder::fuse_after(const std::string& out, size_t at, bool conv
 
 // A SiLU (swish post-op) at the end of a convolution's fusion runs as the chain's own step after the primitive
 // (exec_silu) instead: oneDNN 2.6's swish costs more than a 1x1 convolution's arithmetic on EfficientNet's shapes
-// (onednn_silu.h, PERFORMANCE.md). Strips it from f.po and returns true; false, changing nothing, when the option is
+// (steps/silu.h, PERFORMANCE.md). Strips it from f.po and returns true; false, changing nothing, when the option is
 // off, the CPU lacks AVX-512 (the pass would be scalar), the node computes in bf16, or the chain holds post-op kinds
 // other than eltwise and sum before it.
 bool Builder::take_silu(Fusion& f) {
@@ -1667,7 +1667,7 @@ void Builder::conv(size_t i) {
     return;
   if (wino) make(alg::convolution_winograd, src, dst);
   // oneDNN's Winograd kernels (F(2,3), F(4,3): another must win by a third) and, at 2+ threads over at most 14x14
-  // pixels, its direct one over the same layouts (by 5%), timed here: the fastest runs (onednn_conv_pick.h).
+  // pixels, its direct one over the same layouts (by 5%), timed here: the fastest runs (common/conv_pick.h).
   if (wino && pd && !is_ref()) {
     auto cands = conv_impls_like(*pd, engine());
     std::vector<double> margins(cands.size(), 1.0 / 3);
@@ -1727,7 +1727,7 @@ void Builder::conv(size_t i) {
                  w, has_bias, bias, conv_flops, {}, src_name, chan_scale);
 }
 
-// Node u as the chain's own depthwise convolution + SiLU step (onednn_dwsilu.h): a Conv with constant f32 weights
+// Node u as the chain's own depthwise convolution + SiLU step (steps/dwsilu.h): a Conv with constant f32 weights
 // [C,1,k,k], group C, k 3 or 5, equal strides 1 or 2, the same padding on every side, no dilation, its output through
 // the SiLU pass (take_silu) and nothing else after the constant bias, BatchNormalization or Add folds; with AVX-512,
 // f32, and the silu_pass and dw_silu options on. True with its geometry and fusion; false otherwise. Changes
@@ -1837,7 +1837,7 @@ bool Builder::conv_dw_silu(size_t i) {
 
 // Squeeze-excite's excitation from node i on, s = Sigmoid(Conv1x1_2(act(Conv1x1_1(p)))) over a pooled [1,C,1,1]
 // value p (act SiLU or Relu, each convolution with constant f32 weights and an optional bias, group 1, no strides,
-// pads or dilations; nothing else fused), as one single-thread step of the chain's own (onednn_se.h) writing s as
+// pads or dilations; nothing else fused), as one single-thread step of the chain's own (steps/se.h) writing s as
 // plain [1,C2,1,1]. EfficientNet-B0's 16 excitations were 64 steps (fc1, SiLU pass, fc2 + logistic): PERFORMANCE.md,
 // "(sq2)". With AVX-512, f32, the se_step option on; true when built, false (changing nothing) otherwise.
 bool Builder::se_excite_fused(size_t i) {
@@ -1918,7 +1918,7 @@ bool Builder::se_excite_fused(size_t i) {
 }
 
 // A convolution over at most 4 channels read plain (a network's first layer, on the image), followed by a Relu
-// (or not) and a MaxPool that alone read it, as one step of the chain's own (onednn_convpool.h): each thread
+// (or not) and a MaxPool that alone read it, as one step of the chain's own (steps/convpool.h): each thread
 // computes the convolution rows its pooled rows need into a ring in its cache and pools them there, so the
 // convolution's output never goes to memory. SqueezeNet 1.1's stem (3->64, 3x3 s2 at 224x224, MaxPool 3x3 s2 ceil)
 // at 2 threads: 0.17 ms against oneDNN's 0.21-0.27 ms convolution plus 0.09-0.11 ms pooling (PERFORMANCE.md,
@@ -2012,7 +2012,7 @@ bool Builder::conv_pool_fused(size_t i) {
 }
 
 // A 3x3 convolution in groups of 4 channels (ResNeXt-50 32x4d's layer1) over an nChw16c source, with at most a Relu
-// after it, as the chain's own step (onednn_grouped.h): a quarter of the multiply-adds of the merged 16-channel
+// after it, as the chain's own step (steps/grouped.h): a quarter of the multiply-adds of the merged 16-channel
 // groups below. `w` [M][4][3][3] and `bias` with folds applied. False, changing nothing, for anything else.
 bool Builder::conv_grouped4(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y,
                             int64_t stride, const std::vector<float>& w, const std::vector<float>& bias,
@@ -2061,7 +2061,7 @@ bool Builder::conv_grouped4(size_t i, const Fusion& f, const std::string& src, c
 // channels of h and of x (every other row and column) side by side, with the weights [W_h | W_x] and the biases
 // summed: the shortcut's output never goes to memory and back for a sum post-op, oneDNN's strided 1x1 (which
 // gathers the strided source per thread) is not used, and the reduction is longer. h is reordered into the first
-// channels of an nChw16c buffer, x subsampled into the rest (one own step, onednn_dilated.h). Post-ops:
+// channels of an nChw16c buffer, x subsampled into the rest (one own step, steps/dilated.h). Post-ops:
 // what follows the Add (Relu). Batch 1, f32, channels multiples of 16, node `i` being the first of the two
 // convolutions; false, changing nothing, otherwise or when oneDNN offers no jit kernel. (With a stride-1 shortcut,
 // ResNet-50's layer1.0, h and x copied into one buffer made it slower: PERFORMANCE.md.)
@@ -2147,7 +2147,7 @@ bool Builder::conv_residual_merged(size_t i) {
   const Val hv = vals_[n.in[0]];
   const md_t hnhwc(to_dnnl(h), dt::f32, tag::nhwc);
   if (hv.md == hnhwc || hv.md == hmd) {
-    // One own step (onednn_dilated.h) for both: at 2 threads oneDNN's two reorders took 0.091 / 0.047 / 0.033 ms
+    // One own step (steps/dilated.h) for both: at 2 threads oneDNN's two reorders took 0.091 / 0.047 / 0.033 ms
     // in ResNet-50's layer2.0 / 3.0 / 4.0, this 0.068 / 0.031 / 0.030 (level at 1 thread): PERFORMANCE.md, (r50e).
     MergedSourceShape ms;
     ms.ch = Ch, ms.cx = Cx, ms.h = h[2], ms.w = h[3], ms.xh = x[2], ms.xw = x[3], ms.stride = sj;
@@ -3072,7 +3072,7 @@ void Builder::reduce_mean(size_t i) {
   exec(dnnl::reduction(pd), {{DNNL_ARG_SRC, mem_of(sv)}, {DNNL_ARG_DST, dm}});
 }
 
-// keel.Attention(Q, Kt, V, [mask]) as the chain's own step (onednn_attention.h): Q, Kt, V and the mask read where
+// keel.Attention(Q, Kt, V, [mask]) as the chain's own step (steps/attention.h): Q, Kt, V and the mask read where
 // they lie (strided views: the heads' Slice / Reshape / Transpose of the in-projection move nothing), the output
 // written straight into the layout of a Transpose that alone reads it (the heads joined again, as matmul() does);
 // the scores stay in each thread's cache. It computes in f32: a bf16 node (a mixed-precision graph) reads its operands
@@ -3536,7 +3536,7 @@ void Builder::slice(size_t i) {
 // ------------------------------------------------------------------------------------------------- int8 steps
 //
 // keel.QConv and keel.QGemm (what fuse_qdq makes of QDQ models) as steps of the chain, built with the set-up of the
-// standalone kernels (onednn_int8.h: the same parameters, primitive descriptors, post-ops, own depthwise kernel and
+// standalone kernels (kernels/int8.h: the same parameters, primitive descriptors, post-ops, own depthwise kernel and
 // quantization loops), so that consecutive int8 layers run without a dispatch per node:
 //   - u8/s8 activations stay in the primitives' channels-last layout from step to step;
 //   - an f32 X (a QuantizeLinear fuse_qdq folded into its reader: the fp32 -> int8 boundary, a residual stream) is
@@ -3624,7 +3624,7 @@ Val Builder::quantized(const std::string& name, const QuantSetup& q, const md_t&
     if (with_dtype(v.md, want.data_type()) == want && v.md.get_size() == static_cast<size_t>(n) * sizeof(float)) {
       st.kind = Int8QuantizeStep::Kind::kSame, how = "own_quantize:avx512";
     } else if (to_last && is_plain_dense(v.md) && C % 4 == 0) {
-      // (Whole groups of 4 channels only: see onednn_int8.cc.)
+      // (Whole groups of 4 channels only: see kernels/int8.cc.)
       st.kind = Int8QuantizeStep::Kind::kToNhwc, how = "own_quantize_to_nhwc:avx512";
     } else if (to_last && v.md == md_t(v.md.dims(), dt::f32, blocked16_tag(d.size()))) {
       st.kind = Int8QuantizeStep::Kind::kBlocked, how = "own_quantize_nChw16c_to_nhwc:avx512";
@@ -3787,7 +3787,7 @@ void Builder::qgemm(size_t i) {
 
 // QuantizeLinear / DequantizeLinear with a constant scalar scale and zero point (what fuse_qdq leaves of a QDQ
 // model: a QuantizeLinear several int8 nodes read, a DequantizeLinear in front of an fp32 reader), element-wise in
-// the layout their input has: the arithmetic of the standalone kernel (onednn_int8.cc's QdqKernel, a oneDNN
+// the layout their input has: the arithmetic of the standalone kernel (kernels/int8.cc's QdqKernel, a oneDNN
 // reorder; a QuantizeLinear on the plugin's own loop where quantized() takes it, the same rounding).
 void Builder::qdq(size_t i) {
   const NodeDesc& n = r_.nodes[i];

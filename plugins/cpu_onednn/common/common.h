@@ -1,7 +1,7 @@
-// plugins/cpu_onednn/onednn_common.h — (internal) what every oneDNN kernel of the cpu_onednn plugin shares.
+// plugins/cpu_onednn/common/common.h — (internal) what every oneDNN kernel of the cpu_onednn plugin shares.
 //
 // Built against the SDK only (<keel/plugin.h>) and oneDNN's C++ API. Nothing here crosses the plugin boundary:
-// the C entries in onednn_plugin.cc catch every exception and turn it into a keel_status_t.
+// the C entries in plugin.cc catch every exception and turn it into a keel_status_t.
 //
 // A kernel is a class derived from `Kernel`. The core calls create once per node: `setup` reads attributes and
 // constant inputs and throws `Reject` for any case the kernel does not handle (the core then falls back to the next
@@ -24,7 +24,7 @@
 #include <utility>
 #include <vector>
 
-#include "onednn_scratchpad.h"
+#include "common/scratchpad.h"
 
 namespace keel::onednn {
 
@@ -94,7 +94,7 @@ class Kernel {
 };
 
 // The one map from an ONNX element-wise op to the oneDNN eltwise algorithm computing it, for the node kernels
-// (onednn_misc.cc), the bf16 fused activations (onednn_bf16.cc) and the chains' post-ops (onednn_subgraph.cc); each
+// (kernels/misc.cc), the bf16 fused activations (kernels/bf16.cc) and the chains' post-ops (chain/chain.cc); each
 // of those takes the subset it handles. Sets *alpha / *beta to the op's fixed parameters (Neg: linear, -1 and 0;
 // every other op 0 and 0): the caller sets those that come from attributes or inputs (LeakyRelu's and Elu's alpha,
 // Clip's bounds). `approximate` is Gelu's attribute ("none": erf, "tanh"). False for an op, or a Gelu
@@ -134,7 +134,7 @@ struct KernelInfo {
   Kernel* (*make)();
   const char* domain = "";  // "" (ai.onnx) or "keel" (the fused ops of ops/schemas.cc)
 };
-// The C entries of every oneDNN kernel (onednn_plugin.cc). create_kernel makes the kernel with `make` and runs its
+// The C entries of every oneDNN kernel (plugin.cc). create_kernel makes the kernel with `make` and runs its
 // setup; anything it throws becomes UNIMPLEMENTED, so the next kernel takes the node. compute_kernel runs it; a
 // Failure keeps its code, a Reject is UNIMPLEMENTED, a oneDNN error is UNIMPLEMENTED when `dnnl_error_falls_back`
 // (the next kernel runs this case) and INTERNAL otherwise. release_kernel deletes it.
@@ -144,7 +144,7 @@ void release_kernel(void* state);
 std::vector<KernelInfo> conv_kernels();
 std::vector<KernelInfo> matmul_kernels();
 std::vector<KernelInfo> misc_kernels();
-// The INT8 kernels (onednn_int8.cc: keel-domain QConv, QGemm), registered with their own definitions.
+// The INT8 kernels (kernels/int8.cc: keel-domain QConv, QGemm), registered with their own definitions.
 keel_status_t register_int8_kernels(const keel_host_api_t* host, keel_plugin_handle_t* plugin);
 
 // A bf16 value's bits widened to f32 (exact).
@@ -162,19 +162,19 @@ struct Options {
   bool dw_fusion = true; // KEEL_ONEDNN_DW_FUSION=0 or [options] dw_fusion = false: a 1x1 conv's depthwise consumer
                          // stays a step of its own (Builder::conv_dw_fused)
   bool silu_pass = true; // KEEL_ONEDNN_SILU_PASS=0 or [options] silu_pass = false: a convolution's trailing SiLU runs
-                         // as oneDNN's swish post-op instead of the chain's own pass (onednn_silu.h)
+                         // as oneDNN's swish post-op instead of the chain's own pass (steps/silu.h)
   bool dw_silu = true;   // KEEL_ONEDNN_DW_SILU=0 or [options] dw_silu = false: a depthwise convolution followed by SiLU
-                         // stays oneDNN's primitive and SiLU passes instead of the chain's own step (onednn_dwsilu.h)
+                         // stays oneDNN's primitive and SiLU passes instead of the chain's own step (steps/dwsilu.h)
   bool se_step = true;   // KEEL_ONEDNN_SE_STEP=0 or [options] se_step = false: squeeze-excite's excitation runs as
-                         // oneDNN steps instead of the chain's own one (onednn_se.h)
+                         // oneDNN steps instead of the chain's own one (steps/se.h)
   bool view_post_ops = true;  // KEEL_ONEDNN_VIEW_POST_OPS=0 or [options] view_post_ops = false: a matmul's post-ops
                               // (the residual sum) stop at a Reshape/Transpose of size-1 dims (fuse_after)
   bool profile = false;  // KEEL_ONEDNN_PROFILE=1: claimed subgraphs time their primitives (logged at info)
 };
 extern Options g_options;
 
-// An entry of a registration table (onednn_train.cc, onednn_bf16.cc, and the f32 tables above as onednn_plugin.cc
-// converts them): the allowed dtypes of type parameter "T". register_kernel_table (onednn_train.cc) registers a table
+// An entry of a registration table (kernels/train.cc, kernels/bf16.cc, and the f32 tables above as plugin.cc
+// converts them): the allowed dtypes of type parameter "T". register_kernel_table (kernels/train.cc) registers a table
 // (which must outlive the plugin) for "cpu", its kernels computing with compute_kernel(..., dnnl_error_falls_back).
 struct TypedKernelInfo {
   const char* domain;
@@ -187,11 +187,11 @@ struct TypedKernelInfo {
 };
 keel_status_t register_kernel_table(const keel_host_api_t* host, keel_plugin_handle_t* plugin,
                                     const std::vector<TypedKernelInfo>& table, bool dnnl_error_falls_back);
-// The training kernels of onednn_train.cc (keel-domain backward ops, bf16 forward ops), registered from init.
+// The training kernels of kernels/train.cc (keel-domain backward ops, bf16 forward ops), registered from init.
 keel_status_t register_train_kernels(const keel_host_api_t* host, keel_plugin_handle_t* plugin);
-// The bf16 inference kernels of onednn_bf16.cc (binary, pooling, normalisation, softmax, eltwise, concat, transpose).
+// The bf16 inference kernels of kernels/bf16.cc (binary, pooling, normalisation, softmax, eltwise, concat, transpose).
 keel_status_t register_bf16_kernels(const keel_host_api_t* host, keel_plugin_handle_t* plugin);
-// Registers the claim hook for "cpu" (onednn_subgraph.cc) when the core offers register_claimer (ABI 1.1).
+// Registers the claim hook for "cpu" (chain/chain.cc) when the core offers register_claimer (ABI 1.1).
 keel_status_t register_claimer(const keel_host_api_t* host, keel_plugin_handle_t* plugin);
 
 }  // namespace keel::onednn

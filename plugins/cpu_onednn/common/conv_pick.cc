@@ -1,5 +1,5 @@
-// plugins/cpu_onednn/onednn_conv_pick.cc — see onednn_conv_pick.h.
-#include "onednn_conv_pick.h"
+// plugins/cpu_onednn/common/conv_pick.cc — see common/conv_pick.h.
+#include "common/conv_pick.h"
 
 #include <omp.h>
 #include <unistd.h>
@@ -16,7 +16,7 @@
 #include <unordered_map>
 #include <utility>
 
-#include "onednn_team.h"
+#include "common/team.h"
 
 namespace keel::onednn {
 

@@ -1,4 +1,4 @@
-// plugins/cpu_onednn/onednn_conv_pick.h — (internal) picking among oneDNN's implementations of one convolution by
+// plugins/cpu_onednn/common/conv_pick.h — (internal) picking among oneDNN's implementations of one convolution by
 // timing them when the plan is built.
 //
 // oneDNN takes the first implementation in its list that accepts a convolution. For 3x3 Winograd that is F(2x2,3x3)
@@ -37,7 +37,7 @@ size_t fastest_conv(const std::vector<dnnl::convolution_forward::primitive_desc>
 // order), their source / weights / destination memory descriptors and margins: a plan is rebuilt after a node was
 // left out of a claim or for another team, a network repeats shapes, and another session over the same shapes asks
 // the same questions (ResNet-50 at 1 thread: 26 timings became 20; the claim's own plan no longer times at all, see
-// onednn_subgraph.cc run_chain). Thread-safe (one mutex; the timing itself runs under it, so two plans never time at
+// chain/chain.cc run_chain). Thread-safe (one mutex; the timing itself runs under it, so two plans never time at
 // once).
 size_t fastest_conv_remembered(const std::vector<dnnl::convolution_forward::primitive_desc>& cands,
                                const dnnl::engine& eng, dnnl::stream& strm, const std::vector<double>& margins);

@@ -1,7 +1,7 @@
-// plugins/cpu_onednn/onednn_conv_pick_test.cc — the implementations conv_impls_like lists compute the convolution
+// plugins/cpu_onednn/common/conv_pick_test.cc — the implementations conv_impls_like lists compute the convolution
 // (each against a direct sum, rtol 1e-3, Winograd F(4,3) included), and fastest_conv picks the fast one of a jit and
-// a slow implementation whichever comes first (onednn_conv_pick.h).
-#include "onednn_conv_pick.h"
+// a slow implementation whichever comes first (common/conv_pick.h).
+#include "common/conv_pick.h"
 
 #include <gtest/gtest.h>
 #include <omp.h>

@@ -1,15 +1,15 @@
-// plugins/cpu_onednn/onednn_plain.h — (internal) the plain-layout kernels of onednn_misc.cc for one data type: one
+// plugins/cpu_onednn/common/plain.h — (internal) the plain-layout kernels of kernels/misc.cc for one data type: one
 // oneDNN primitive on the graph's row-major tensors (pooling, BatchNormalization, LayerNormalization,
 // Softmax/LogSoftmax, element-wise unary ops, binary ops with broadcasting, Concat, Transpose).
 //
-// onednn_misc.cc registers them for f32, onednn_bf16.cc for bf16 (its mixed-precision inference kernels). With
+// kernels/misc.cc registers them for f32, kernels/bf16.cc for bf16 (its mixed-precision inference kernels). With
 // `dt` = bf16 the data inputs and the output are bf16 and oneDNN computes in f32 inside each primitive; the
 // normalisation parameters (BatchNormalization scale/bias/mean/var, LayerNormalization scale/bias) and Clip's bounds
 // may then be bf16 or f32 and are widened to f32 (per run, they are [C] / [D] vectors). With f32 every input is f32.
 // Each kernel rejects (setup throws Reject) what it does not handle, so the next kernel takes the node.
 #pragma once
 
-#include "onednn_common.h"
+#include "common/common.h"
 
 namespace keel::onednn {
 

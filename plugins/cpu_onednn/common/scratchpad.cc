@@ -1,5 +1,5 @@
-// plugins/cpu_onednn/onednn_scratchpad.cc — see onednn_scratchpad.h.
-#include "onednn_scratchpad.h"
+// plugins/cpu_onednn/common/scratchpad.cc — see common/scratchpad.h.
+#include "common/scratchpad.h"
 
 #include <cstdlib>
 #include <memory>

@@ -1,4 +1,4 @@
-// plugins/cpu_onednn/onednn_scratchpad.h — (internal) user-managed scratchpads for the plugin's oneDNN primitives.
+// plugins/cpu_onednn/common/scratchpad.h — (internal) user-managed scratchpads for the plugin's oneDNN primitives.
 //
 // Why: Debian's oneDNN (2.6) is built without DNNL_ENABLE_CONCURRENT_EXEC. A primitive created with the default
 // (library) scratchpad mode whose implementation asks for the "global" scratchpad (the AVX-512 Winograd F(4,3)

@@ -1,4 +1,4 @@
-// plugins/cpu_onednn/onednn_team.h — (internal) how the plugin's own loops split their work over an OpenMP team
+// plugins/cpu_onednn/common/team.h — (internal) how the plugin's own loops split their work over an OpenMP team
 // (the int8 quantization and depthwise loops, the fused stem convolution + pooling).
 #pragma once
 

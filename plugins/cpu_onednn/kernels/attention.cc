@@ -1,13 +1,13 @@
-// plugins/cpu_onednn/onednn_attention_kernel.cc — keel.Attention outside a claimed chain: the fused attention of
-// onednn_attention.h over dense f32 tensors, or bf16 ones (a mixed-precision graph: convert_precision runs
+// plugins/cpu_onednn/kernels/attention.cc — keel.Attention outside a claimed chain: the fused attention of
+// steps/attention.h over dense f32 tensors, or bf16 ones (a mixed-precision graph: convert_precision runs
 // keel.Attention in bf16) converted to f32 and back around it (inside a chain it runs as the chain's own step,
-// onednn_subgraph.cc).
+// chain/chain.cc).
 #include <omp.h>
 
 #include <cstring>
 
-#include "onednn_attention.h"
-#include "onednn_common.h"
+#include "steps/attention.h"
+#include "common/common.h"
 
 namespace keel::onednn {
 namespace {

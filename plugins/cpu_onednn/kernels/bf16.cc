@@ -1,5 +1,5 @@
-// plugins/cpu_onednn/onednn_bf16.cc — the bf16 inference kernels that a mixed-precision graph (convert_precision,
-// `keel run --precision bf16`) needs besides the bf16 Conv/Gemm/MatMul/Relu/MaxPool/Cast of onednn_train.cc, so that
+// plugins/cpu_onednn/kernels/bf16.cc — the bf16 inference kernels that a mixed-precision graph (convert_precision,
+// `keel run --precision bf16`) needs besides the bf16 Conv/Gemm/MatMul/Relu/MaxPool/Cast of kernels/train.cc, so that
 // ResNet-18, MobileNetV2 and the transformer encoder stay on oneDNN in bf16 instead of bouncing to the reference
 // kernels: binary ops with broadcasting (Add, Sub, Mul, Div, Max, Min), pooling (Average, GlobalAverage,
 // GlobalMax), BatchNormalization (inference), LayerNormalization (last axis), Softmax/LogSoftmax, unary eltwise ops
@@ -7,14 +7,14 @@
 // and keel.FusedConv with constant weights prepacked once (inference; bias, residual and activation as post-ops).
 //
 // Tensors are bf16 on the graph's plain row-major layout; oneDNN computes in f32 inside each primitive (softmax and
-// normalisation statistics included). All but Conv are onednn_misc.cc's plain-layout kernels (onednn_plain.h) made
+// normalisation statistics included). All but Conv are kernels/misc.cc's plain-layout kernels (common/plain.h) made
 // for bf16: normalisation parameters (BatchNormalization scale/bias/mean/var, LayerNormalization scale/bias) arrive
 // in bf16 (or f32) and are widened to the f32 vectors oneDNN wants, per run (they are [C] / [D] vectors). Each kernel
 // rejects what it does not handle and the core falls back to the reference kernels, which are the oracle
 // tests/device_conformance checks these against (its bf16 cases).
 #include <cstring>
 
-#include "onednn_plain.h"
+#include "common/plain.h"
 
 namespace keel::onednn {
 namespace {
@@ -26,7 +26,7 @@ using alg = dnnl::algorithm;
 // ---------------------------------------------------------------------------------------------------- conv
 
 // Conv (2-D) for inference with constant weights: forward_inference, weights reordered into the primitive's blocked
-// layout once per plan instead of on every call (onednn_train.cc's bf16 Conv, which training needs with weights that
+// layout once per plan instead of on every call (kernels/train.cc's bf16 Conv, which training needs with weights that
 // change every step, reorders them each call). Registered before it, so it takes the constant-weight case first.
 // Also keel.FusedConv (fusion/fusion.cc: Y = act(conv(X, W) + B + Z)): the residual Z as a sum post-op, the
 // activation as an eltwise post-op, so a bf16 graph fused by fuse_conv_activation runs one primitive per conv.

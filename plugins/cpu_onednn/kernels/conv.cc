@@ -1,4 +1,4 @@
-// plugins/cpu_onednn/onednn_conv.cc — Conv and ConvTranspose (f32, 1-D/2-D/3-D, groups, depthwise, dilations,
+// plugins/cpu_onednn/kernels/conv.cc — Conv and ConvTranspose (f32, 1-D/2-D/3-D, groups, depthwise, dilations,
 // pads, auto_pad, bias) on oneDNN convolution/deconvolution primitives.
 //
 // The primitive chooses its own layouts (format_tag::any): activations usually go to nChw16c / nChw8c and weights
@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "onednn_common.h"
+#include "common/common.h"
 
 namespace keel::onednn {
 namespace {

@@ -1,4 +1,4 @@
-// plugins/cpu_onednn/onednn_int8.cc — INT8 kernels: keel.QConv and keel.QGemm (the ops the `fuse_qdq` pass of
+// plugins/cpu_onednn/kernels/int8.cc — INT8 kernels: keel.QConv and keel.QGemm (the ops the `fuse_qdq` pass of
 // passes/quantize_int8 makes from QDQ models; semantics in ops/reference/fused.cc) on oneDNN's int8 convolution and
 // matmul primitives: u8/s8 activations x s8 weights -> s32 accumulation (VNNI where the CPU has it), per-channel
 // output scales, the activation zero point as a runtime src zero point, the f32 bias, Relu/Clip as an eltwise
@@ -21,12 +21,12 @@
 // fuse_qdq leaves of them: e.g. a QuantizeLinear whose value several int8 nodes read).
 //
 // On CPUs with AVX-512 (int8_own_kernels(); KEEL_ONEDNN_INT8_OWN=0 turns them off) the plugin's own loops replace
-// oneDNN where it is slow for MobileNet-sized tensors: the quantization of an f32 X (onednn_int8_quant.h, in place of
+// oneDNN where it is slow for MobileNet-sized tensors: the quantization of an f32 X (steps/int8_quant.h, in place of
 // the quantizing reorders), the transpose of an f32 output from channels-last to plain (in place of the output
 // reorder) and, with VNNI + VBMI, depthwise 3x3 QConvs over channels-last bytes
-// (onednn_int8_dw.h, in place of the whole plan). KEEL_ONEDNN_PROFILE=1 logs each step's fastest run.
+// (steps/int8_dw.h, in place of the whole plan). KEEL_ONEDNN_PROFILE=1 logs each step's fastest run.
 //
-// Registered by register_int8_kernels (called from onednn_plugin.cc's init) for device "cpu".
+// Registered by register_int8_kernels (called from plugin.cc's init) for device "cpu".
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -35,11 +35,11 @@
 #include <omp.h>
 #include <sstream>
 
-#include "onednn_int8.h"
+#include "kernels/int8.h"
 
 namespace keel::onednn {
 
-// ------------------------------------------------------------------------------------ shared (onednn_int8.h)
+// ------------------------------------------------------------------------------------ shared (kernels/int8.h)
 
 dnnl::memory::data_type int8_dnnl_type(int32_t keel_dtype) {
   using dt = dnnl::memory::data_type;
@@ -302,7 +302,7 @@ struct StepProfile {
   }
 };
 
-// The node's inputs and activation as the shared set-up (onednn_int8.h) reads them.
+// The node's inputs and activation as the shared set-up (kernels/int8.h) reads them.
 QNodeView view_of(const Ctx& c) {
   QNodeView v;
   v.in.resize(static_cast<size_t>(c.input_count()));
@@ -328,7 +328,7 @@ QNodeView view_of(const Ctx& c) {
 
 struct QPlan {
   Dims out_dims;
-  // The plugin's own depthwise 3x3 kernel (onednn_int8_dw.h) in place of everything below, where it applies.
+  // The plugin's own depthwise 3x3 kernel (steps/int8_dw.h) in place of everything below, where it applies.
   std::unique_ptr<Int8Depthwise3x3> dw;
   dnnl::primitive prim;
   dnnl::memory src_user, src_prim, dst_user, dst_prim, wei, bias;
@@ -346,7 +346,7 @@ struct QPlan {
   bool transpose_src = false;
   dnnl::memory src_mid;
   dnnl::reorder transpose_reorder;
-  // The plugin's own quantization of an f32 X (onednn_int8_quant.h) in place of src_reorder / transpose_reorder:
+  // The plugin's own quantization of an f32 X (steps/int8_quant.h) in place of src_reorder / transpose_reorder:
   // kSame when X has the primitive's layout, kToNhwc from plain [N, C, spatial] into the primitive's channels-last.
   enum class OwnQuant { kNone, kSame, kToNhwc } own_quant = OwnQuant::kNone;
   QuantizeSpec own_q;
@@ -411,7 +411,7 @@ void execute(Ctx& c, QPlan& p, StepProfile& prof) {
     if (p.reorder_src || p.reorder_residual) prof.part(0, t0);
     t0 = StepProfile::now_ms();
   }
-  onednn::execute(p.prim, s, p.args);  // the scratchpad-aware one (onednn_scratchpad.h), not this file's
+  onednn::execute(p.prim, s, p.args);  // the scratchpad-aware one (common/scratchpad.h), not this file's
   if (timed) {
     s.wait();
     prof.part(1, t0);

@@ -1,5 +1,5 @@
-// plugins/cpu_onednn/onednn_int8.h — (internal) what the standalone INT8 kernels (onednn_int8.cc: keel.QConv,
-// keel.QGemm) and the claimed chains' int8 steps (onednn_subgraph.cc, Builder::qconv / qgemm) share: reading a
+// plugins/cpu_onednn/kernels/int8.h — (internal) what the standalone INT8 kernels (kernels/int8.cc: keel.QConv,
+// keel.QGemm) and the claimed chains' int8 steps (chain/chain.cc, Builder::qconv / qgemm) share: reading a
 // node's quantization parameters, the convolution's geometry, the oneDNN primitive descriptors with their scales,
 // zero points and post-ops, the own depthwise kernel's set-up, and the prepacked weights. Both callers build the
 // same primitives from the same node, so a chain computes what the standalone kernels compute, bit for bit where
@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "onednn_common.h"
-#include "onednn_int8_dw.h"
-#include "onednn_int8_quant.h"
+#include "common/common.h"
+#include "steps/int8_dw.h"
+#include "steps/int8_quant.h"
 
 namespace keel::onednn {
 

@@ -1,4 +1,4 @@
-// plugins/cpu_onednn/onednn_matmul.cc — MatMul (batched, numpy broadcasting of batch dims, 1-D operands) and Gemm
+// plugins/cpu_onednn/kernels/matmul.cc — MatMul (batched, numpy broadcasting of batch dims, 1-D operands) and Gemm
 // (transA/transB, alpha, beta, C broadcast) on oneDNN's matmul primitive.
 //
 // A constant right-hand operand (the weights of a linear layer) is reordered once per plan into the layout the
@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "onednn_common.h"
+#include "common/common.h"
 
 namespace keel::onednn {
 namespace {

@@ -1,13 +1,13 @@
-// plugins/cpu_onednn/onednn_misc.cc — pooling (Max/Average/GlobalAverage/GlobalMax), BatchNormalization
+// plugins/cpu_onednn/kernels/misc.cc — pooling (Max/Average/GlobalAverage/GlobalMax), BatchNormalization
 // (inference), LayerNormalization (last axis), Softmax/LogSoftmax, element-wise unary ops, binary ops with
 // broadcasting, Concat, Transpose (a reorder), ReduceMean/Sum/Max/Min and Pow (constant exponent), all on the graph's
-// plain row-major layout: f32 here; the same kernels serve bf16 for onednn_bf16.cc (onednn_plain.h).
+// plain row-major layout: f32 here; the same kernels serve bf16 for kernels/bf16.cc (common/plain.h).
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
 
-#include "onednn_plain.h"
+#include "common/plain.h"
 
 namespace keel::onednn {
 namespace {

@@ -1,4 +1,4 @@
-// plugins/cpu_onednn/onednn_train.cc — the training hot path on oneDNN: the keel-domain backward ops that the eager
+// plugins/cpu_onednn/kernels/train.cc — the training hot path on oneDNN: the keel-domain backward ops that the eager
 // autograd emits (keel.ConvGrad on convolution backward data/weights primitives, keel.MaxPoolGrad, keel.ReluGrad) in
 // f32 and bf16, and the bf16 forward ops that autocast produces (Conv, Gemm, MatMul on oneDNN's bf16 primitives,
 // Relu, MaxPool), plus a fused SoftmaxCrossEntropyLoss forward (log-softmax + NLL, one pass) and its gradient.
@@ -15,7 +15,7 @@
 #include <cstring>
 #include <memory>
 
-#include "onednn_common.h"
+#include "common/common.h"
 
 namespace keel::onednn {
 namespace {

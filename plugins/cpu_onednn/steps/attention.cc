@@ -1,4 +1,4 @@
-// plugins/cpu_onednn/onednn_attention.cc — fused scaled dot-product attention (onednn_attention.h).
+// plugins/cpu_onednn/steps/attention.cc — fused scaled dot-product attention (steps/attention.h).
 //
 // One task = one batch entry (a head) x one block of query rows. Per task, on one thread:
 //   1. scores S[r][t] = sum_d Q[i0+r][d] * Kt[d][t] for the block's rows, into the thread's scratch (rows x Tp,
@@ -12,7 +12,7 @@
 //      through its strides.
 // The scores never leave the thread's cache. The team splits the tasks into contiguous ranges (batch entry major),
 // so a thread packs each Kt it needs once.
-#include "onednn_attention.h"
+#include "steps/attention.h"
 
 #include <immintrin.h>
 #include <omp.h>
@@ -22,8 +22,8 @@
 #include <cmath>
 #include <limits>
 
-#include "onednn_silu.h"
-#include "onednn_team.h"
+#include "steps/silu.h"
+#include "common/team.h"
 
 namespace keel::onednn {
 
@@ -139,7 +139,7 @@ int64_t stride_from_end(const StridedView& v, size_t k) {
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
 // exp(x) for x <= 88: 2^n * p(r), n = round(x log2 e), r = x - n ln 2, p oneDNN's degree-5 minimax polynomial
-// (relative error under 3e-7); 0 below -87 (-inf included), NaN kept. onednn_silu16.h's one_plus_exp_neg16 (SiLU's
+// (relative error under 3e-7); 0 below -87 (-inf included), NaN kept. steps/silu16.h's one_plus_exp_neg16 (SiLU's
 // and Sigmoid's) computes exp(-x) the same way with the negation folded into the coefficients (one instruction fewer
 // in loops their count bounds); exp(x) through it would lose precision (1 + exp(-(-x)) - 1) where exp(x) is small.
 __attribute__((target("avx512f"), always_inline)) inline __m512 exp16(__m512 x) {

@@ -1,14 +1,14 @@
-// plugins/cpu_onednn/onednn_attention.h — (internal) fused scaled dot-product attention, keel.Attention
+// plugins/cpu_onednn/steps/attention.h — (internal) fused scaled dot-product attention, keel.Attention
 // (ops/schemas.cc): Y = softmax(Q @ Kt * scale + mask, last axis) @ V, as one pass per (batch entry, block of query
 // rows): the block's scores are computed into the thread's scratch (in its L1/L2 cache), scaled, masked and
 // normalised there, and multiplied by V straight away; the [.., S, T] scores never go to memory.
 //
-// The operands are strided views (element strides, any order), so a claimed chain (onednn_subgraph.cc) reads Q, K
+// The operands are strided views (element strides, any order), so a claimed chain (chain/chain.cc) reads Q, K
 // and V where the in-projection wrote them (the graph's Slice / Reshape / Transpose are views) and writes Y into the
 // layout its Transpose wants; the standalone kernel passes dense row-major strides. Batch dimensions broadcast as
 // MatMul's (size 1 or absent: stride 0), the mask as Add's against the scores [batch..., S, T].
 //
-// AVX-512 (runtime-checked, onednn_silu.h's has_avx512f): Kt is packed per batch entry into [D][T rounded up to 16]
+// AVX-512 (runtime-checked, steps/silu.h's has_avx512f): Kt is packed per batch entry into [D][T rounded up to 16]
 // (once per thread and batch entry), the scores come from a 6-8 rows x 64 columns register tile, exp from a
 // degree-5 polynomial (relative error below 1e-6), and the product with V from a rows x 64 tile that applies
 // 1 / sum at the store. Without AVX-512: the same blocks in scalar loops.
@@ -21,8 +21,8 @@
 
 namespace keel::onednn {
 
-using Dims = std::vector<int64_t>;  // as onednn_common.h's
-struct TypedKernelInfo;              // onednn_common.h
+using Dims = std::vector<int64_t>;  // as common/common.h's
+struct TypedKernelInfo;              // common/common.h
 
 // An operand: its dims and element strides (same rank; a stride may be anything, including 0).
 struct StridedView {
@@ -89,8 +89,8 @@ void attention_tasks_scalar(const AttentionShape& s, const float* q, const float
 void attention_reference(const AttentionShape& s, const float* q, const float* kt, const float* v,
                          const float* mask, float* y);
 
-// The keel.Attention kernel outside a chain (dense inputs, f32 or bf16 computed in f32; onednn_attention_kernel.cc),
-// registered by onednn_plugin.cc (the table lives as long as the process).
+// The keel.Attention kernel outside a chain (dense inputs, f32 or bf16 computed in f32; kernels/attention.cc),
+// registered by plugin.cc (the table lives as long as the process).
 const std::vector<TypedKernelInfo>& attention_kernels();
 
 }  // namespace keel::onednn

@@ -1,7 +1,7 @@
-// plugins/cpu_onednn/onednn_attention_test.cc — the fused attention (onednn_attention.h) against straightforward
+// plugins/cpu_onednn/steps/attention_test.cc — the fused attention (steps/attention.h) against straightforward
 // double-precision loops: shapes around the tiles' edges, strided views as a chain passes them, masks, broadcast
 // batches, teams, the scalar path, and nothing written outside the output.
-#include "onednn_attention.h"
+#include "steps/attention.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
-// plugins/cpu_onednn/onednn_convpool.cc — Conv (few input channels) + Relu + MaxPool in one pass
-// (onednn_convpool.h).
+// plugins/cpu_onednn/steps/convpool.cc — Conv (few input channels) + Relu + MaxPool in one pass
+// (steps/convpool.h).
 //
 // A convolution row (all m channels, ow pixels) is computed into a thread's ring of pkh rows, laid out
 // [m/16][ow][16]; a pooled row is the maximum over its window's rows (clipped), then over each window's columns.
@@ -7,7 +7,7 @@
 // 16-channel blocks by R pixels in registers (NB * R accumulators): per kernel tap it loads NB weight vectors and
 // broadcasts R source values, so it does NB * R FMAs per NB + R loads. Border pixels (whose taps leave the image
 // horizontally) take a per-pixel path that skips those taps; rows take only their valid kernel rows.
-#include "onednn_convpool.h"
+#include "steps/convpool.h"
 
 #include <immintrin.h>
 
@@ -15,8 +15,8 @@
 #include <atomic>
 #include <cstring>
 
-#include "onednn_silu.h"
-#include "onednn_team.h"
+#include "steps/silu.h"
+#include "common/team.h"
 
 namespace keel::onednn {
 namespace {
@@ -32,7 +32,7 @@ void kernel_rows(const ConvPoolShape& s, int64_t oh, int64_t* lo, int64_t* hi) {
 
 // ---------------------------------------------------------------------------------------------------- AVX-512
 
-// GCC 12 warns about its own _mm512_undefined_ps() inside max (a false positive; as in onednn_silu.cc).
+// GCC 12 warns about its own _mm512_undefined_ps() inside max (a false positive; as in steps/silu.cc).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 

@@ -1,4 +1,4 @@
-// plugins/cpu_onednn/onednn_convpool.h — (internal) a convolution over few input channels (a network's first
+// plugins/cpu_onednn/steps/convpool.h — (internal) a convolution over few input channels (a network's first
 // layer, reading the plain image) fused with the ReLU and the max pooling after it: the chains' own step.
 //
 // SqueezeNet 1.1's first layer (3->64 channels, 3x3 stride 2 over 224x224) wrote 3.1 MB that its MaxPool (3x3
@@ -43,7 +43,7 @@ void conv_pool_pack_weights(const ConvPoolShape& s, const float* w, float* packe
 // Computes the pooled rows [begin, end) of the n * ph (image, pooled row) pairs, all channels, into dst (nChw16c
 // [n, m, ph, pw]). Reads src (plain [n, c, h, w]), packed weights and bias [m]; uses scratch
 // (conv_pool_scratch_floats(s) floats, no alignment needed). Thread-safe for disjoint ranges with their own
-// scratch; AVX-512 when the CPU has it (onednn_silu.h's has_avx512f), else scalar code.
+// scratch; AVX-512 when the CPU has it (steps/silu.h's has_avx512f), else scalar code.
 void conv_pool_rows(const ConvPoolShape& s, const float* src, const float* packed, const float* bias, float* dst,
                     int64_t begin, int64_t end, float* scratch);
 

@@ -1,6 +1,6 @@
-// plugins/cpu_onednn/onednn_convpool_test.cc — the fused Conv + Relu + MaxPool step (onednn_convpool.h) against
+// plugins/cpu_onednn/steps/convpool_test.cc — the fused Conv + Relu + MaxPool step (steps/convpool.h) against
 // its straightforward reference, over the geometries its code paths split on.
-#include "onednn_convpool.h"
+#include "steps/convpool.h"
 
 #include <gtest/gtest.h>
 

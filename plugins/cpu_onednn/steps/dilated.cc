@@ -1,5 +1,5 @@
-// plugins/cpu_onednn/onednn_dilated.cc — layout steps of the plugin's own around convolutions (onednn_dilated.h).
-#include "onednn_dilated.h"
+// plugins/cpu_onednn/steps/dilated.cc — layout steps of the plugin's own around convolutions (steps/dilated.h).
+#include "steps/dilated.h"
 
 #include <immintrin.h>
 #include <omp.h>

@@ -1,4 +1,4 @@
-// plugins/cpu_onednn/onednn_dilated.h — (internal) layout steps of the plugin's own around convolutions, over
+// plugins/cpu_onednn/steps/dilated.h — (internal) layout steps of the plugin's own around convolutions, over
 // nChw16c memory:
 //   - space-to-batch and batch-to-space: a 3x3 convolution with dilation d and padding d (DeepLab's and FCN's
 //     atrous layers) computes the same as a plain 3x3 convolution with padding 1 over the d*d images of every d-th
@@ -7,7 +7,7 @@
 //   - the source of ResNet's merged strided bottleneck end (conv_residual_merged): the block's 3x3 output (nhwc
 //     from oneDNN's brgemm kernel, or nChw16c) and every other row and column of the block's input side by side in
 //     one nChw16c buffer, in one pass instead of two oneDNN reorders.
-// See onednn_subgraph.cc and PERFORMANCE.md.
+// See chain/chain.cc and PERFORMANCE.md.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
-// plugins/cpu_onednn/onednn_dilated_test.cc — the layout steps of onednn_dilated.h (space-to-batch / batch-to-space
+// plugins/cpu_onednn/steps/dilated_test.cc — the layout steps of steps/dilated.h (space-to-batch / batch-to-space
 // of nChw16c memory, the merged bottleneck source) against the index formula.
-#include "onednn_dilated.h"
+#include "steps/dilated.h"
 
 #include <gtest/gtest.h>
 

@@ -1,11 +1,11 @@
-// plugins/cpu_onednn/onednn_dwsilu.cc — depthwise convolution + SiLU (+ SiLU of its source, + channel means) in one
-// pass (onednn_dwsilu.h).
+// plugins/cpu_onednn/steps/dwsilu.cc — depthwise convolution + SiLU (+ SiLU of its source, + channel means) in one
+// pass (steps/dwsilu.h).
 //
 // Per (image, 16-channel block): a ring of k source rows, each padded to wp = max(w + 2p, (ow-1)*s + k) pixels of 16
 // floats with zeros at both ends, filled row by row as the output rows advance (SiLU applied on the way when asked);
 // rows above or below the image are one shared zero row. An output row is computed in tiles of up to 8 pixels held
 // in registers: per tap one weight vector and one source load per pixel (an FMA with a memory operand).
-#include "onednn_dwsilu.h"
+#include "steps/dwsilu.h"
 
 #include <immintrin.h>
 
@@ -14,9 +14,9 @@
 #include <cstring>
 #include <vector>
 
-#include "onednn_silu.h"
-#include "onednn_silu16.h"
-#include "onednn_team.h"
+#include "steps/silu.h"
+#include "steps/silu16.h"
+#include "common/team.h"
 
 namespace keel::onednn {
 namespace {

@@ -1,4 +1,4 @@
-// plugins/cpu_onednn/onednn_dwsilu.h — (internal) a depthwise convolution with SiLU after it (and optionally before
+// plugins/cpu_onednn/steps/dwsilu.h — (internal) a depthwise convolution with SiLU after it (and optionally before
 // it, on its source), plus the per-channel mean of its output: EfficientNet's MBConv middle as one step of the
 // chains' own.
 //
@@ -40,7 +40,7 @@ void dw_silu_pack_weights(const DwSiluShape& s, const float* w, float* packed);
 // n*c/16, src nChw16c [n,c,h,w], dst nChw16c [n,c,oh,ow], bias [c]; when mean is not null, mean[img*c + ch] = the
 // mean of dst over the image's pixels (nChw16c [n,c,1,1]). Uses scratch (dw_silu_scratch_floats(s) floats, no
 // alignment needed). Thread-safe for disjoint ranges with their own scratch; AVX-512 when the CPU has it
-// (onednn_silu.h's has_avx512f) and `vector` is true, else scalar code (vector = false: for tests).
+// (steps/silu.h's has_avx512f) and `vector` is true, else scalar code (vector = false: for tests).
 void dw_silu_blocks(const DwSiluShape& s, const float* src, const float* packed, const float* bias, float* dst,
                     float* mean, int64_t begin, int64_t end, float* scratch, bool vector = true);
 

@@ -1,6 +1,6 @@
-// plugins/cpu_onednn/onednn_dwsilu_test.cc — the fused depthwise convolution + SiLU step (onednn_dwsilu.h) against
+// plugins/cpu_onednn/steps/dwsilu_test.cc — the fused depthwise convolution + SiLU step (steps/dwsilu.h) against
 // its reference over EfficientNet's geometries and odd ones, on teams of 1-3 threads.
-#include "onednn_dwsilu.h"
+#include "steps/dwsilu.h"
 
 #include <gtest/gtest.h>
 

@@ -1,20 +1,20 @@
-// plugins/cpu_onednn/onednn_grouped.cc — 3x3 convolution in groups of 4 channels over nChw16c
-// (onednn_grouped.h).
+// plugins/cpu_onednn/steps/grouped.cc — 3x3 convolution in groups of 4 channels over nChw16c
+// (steps/grouped.h).
 //
 // One task is an output row of one 16-channel block: its 36 weight vectors (9 taps x 4 input channels) stay in L1.
 // Inner tile: R pixels of the row in registers; per tap it loads R source vectors and the tap's 4 weight vectors,
 // and per input channel i permutes each source vector in-lane (lane i of each 128-bit lane spread over it) and
 // FMAs it with weight vector i. Pixels whose taps leave the image (the row's first and last) take a per-pixel
 // path that skips those taps.
-#include "onednn_grouped.h"
+#include "steps/grouped.h"
 
 #include <immintrin.h>
 
 #include <algorithm>
 #include <atomic>
 
-#include "onednn_silu.h"
-#include "onednn_team.h"
+#include "steps/silu.h"
+#include "common/team.h"
 
 namespace keel::onednn {
 namespace {
@@ -28,7 +28,7 @@ void rows_in(const Grouped4Shape& s, int64_t o, int64_t* lo, int64_t* hi) {
   *hi = std::min<int64_t>(3, s.h - i0);
 }
 
-// GCC 12 warns about its own _mm512_undefined_ps() inside max (a false positive; as in onednn_silu.cc).
+// GCC 12 warns about its own _mm512_undefined_ps() inside max (a false positive; as in steps/silu.cc).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 

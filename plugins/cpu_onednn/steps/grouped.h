@@ -1,4 +1,4 @@
-// plugins/cpu_onednn/onednn_grouped.h — (internal) a 3x3 convolution in groups of 4 channels (ResNeXt's 32x4d
+// plugins/cpu_onednn/steps/grouped.h — (internal) a 3x3 convolution in groups of 4 channels (ResNeXt's 32x4d
 // layer1) over nChw16c memory: the chains' own step.
 //
 // oneDNN 2.6 runs such a convolution in a layout blocked by 4 (reorders from and to nChw16c around it), or, as the
@@ -36,7 +36,7 @@ void grouped4_pack_weights(const Grouped4Shape& s, const float* w, float* packed
 
 // Computes the output rows [begin, end) of the n * oh * blocks (image, row, block) triples into dst. Reads src,
 // packed weights and bias [16*blocks]. Thread-safe for disjoint ranges; AVX-512 when the CPU has it
-// (onednn_silu.h's has_avx512f), else scalar code (also taken after grouped4_force_scalar(true)).
+// (steps/silu.h's has_avx512f), else scalar code (also taken after grouped4_force_scalar(true)).
 void grouped4_rows(const Grouped4Shape& s, const float* src, const float* packed, const float* bias, float* dst,
                    int64_t begin, int64_t end);
 

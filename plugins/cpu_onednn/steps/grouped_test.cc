@@ -1,7 +1,7 @@
-// plugins/cpu_onednn/onednn_grouped_test.cc — the 3x3 convolution in groups of 4 channels (onednn_grouped.h)
+// plugins/cpu_onednn/steps/grouped_test.cc — the 3x3 convolution in groups of 4 channels (steps/grouped.h)
 // against its straightforward reference, over the geometries its code paths split on (strides, tile tails, edge
 // pixels, tiny images, batches, teams), on the AVX-512 and the scalar path.
-#include "onednn_grouped.h"
+#include "steps/grouped.h"
 
 #include <gtest/gtest.h>
 

@@ -1,10 +1,10 @@
-// plugins/cpu_onednn/onednn_int8_dw.cc — the own int8 depthwise 3x3 kernel (onednn_int8_dw.h). The AVX-512 code is
+// plugins/cpu_onednn/steps/int8_dw.cc — the own int8 depthwise 3x3 kernel (steps/int8_dw.h). The AVX-512 code is
 // compiled with target attributes (the rest of the plugin keeps the build's baseline ISA) and only called when
 // available() says the CPU has it.
-#include "onednn_int8_dw.h"
+#include "steps/int8_dw.h"
 
-#include "onednn_int8_quant.h"
-#include "onednn_team.h"
+#include "steps/int8_quant.h"
+#include "common/team.h"
 
 // GCC 12 reports its own AVX-512 intrinsics (their _mm512_undefined_* self-initialisation) as "may be used
 // uninitialized" once inlined here: a known false positive.

@@ -1,5 +1,5 @@
-// plugins/cpu_onednn/onednn_int8_dw.h — (internal) the plugin's own int8 depthwise 3x3 convolution over
-// channels-last bytes, for keel.QConv (onednn_int8.cc) where oneDNN 2.6's int8 depthwise kernels (jit_uni_x8s8s32x_dw,
+// plugins/cpu_onednn/steps/int8_dw.h — (internal) the plugin's own int8 depthwise 3x3 convolution over
+// channels-last bytes, for keel.QConv (kernels/int8.cc) where oneDNN 2.6's int8 depthwise kernels (jit_uni_x8s8s32x_dw,
 // brdgmm_dw) are no faster than its f32 one and hardly use a second thread at 14x14 / 7x7.
 //
 // Y[n, oh, ow, c] = epilogue(sum over kh, kw < 3 of (X[n, oh*sh - pt + kh, ow*sw - pl + kw, c] - x_zero) * W[c, kh, kw])

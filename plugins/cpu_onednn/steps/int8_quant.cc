@@ -1,8 +1,8 @@
-// plugins/cpu_onednn/onednn_int8_quant.cc — the own f32 -> u8/s8 quantization loops (onednn_int8_quant.h). AVX-512
+// plugins/cpu_onednn/steps/int8_quant.cc — the own f32 -> u8/s8 quantization loops (steps/int8_quant.h). AVX-512
 // code is compiled with target attributes and only called where int8_own_kernels() holds.
-#include "onednn_int8_quant.h"
+#include "steps/int8_quant.h"
 
-#include "onednn_team.h"
+#include "common/team.h"
 
 // GCC 12 reports its own AVX-512 intrinsics (their _mm512_undefined_* self-initialisation) as "may be used
 // uninitialized" once inlined here: a known false positive.

@@ -1,5 +1,5 @@
-// plugins/cpu_onednn/onednn_int8_quant.h — (internal) the plugin's own f32 -> u8/s8 quantization for keel.QConv and
-// keel.QGemm (onednn_int8.cc) whose X arrives in f32 (a QuantizeLinear fuse_qdq folded into its reader: MobileNetV2's
+// plugins/cpu_onednn/steps/int8_quant.h — (internal) the plugin's own f32 -> u8/s8 quantization for keel.QConv and
+// keel.QGemm (kernels/int8.cc) whose X arrives in f32 (a QuantizeLinear fuse_qdq folded into its reader: MobileNetV2's
 // expand convolutions after each residual Add, the first int8 layer after an fp32 prefix). oneDNN 2.6's quantizing
 // reorder costs 5-7 us for a [1,64,14,14] tensor at 2 threads (mostly its fixed cost; 27 us with the transpose of a
 // [1,24,56,56] plain tensor, as two reorders); these loops do the same arithmetic in one pass.
@@ -36,7 +36,7 @@ void quantize_f32_to_nhwc(const float* x, void* y, int64_t N, int64_t C, int64_t
                           int threads);
 
 // x: [N, ceil(C/16), S, 16] f32 (oneDNN's nChw16c, a partial last block padded); y: [N, S, C] bytes (channels-last),
-// any C. A claimed chain's fp32 -> int8 boundary (onednn_subgraph.cc, Builder::qconv): the f32 convolutions' layout
+// any C. A claimed chain's fp32 -> int8 boundary (chain/chain.cc, Builder::qconv): the f32 convolutions' layout
 // quantized straight into the int8 convolution's, in one pass.
 void quantize_f32_blocked16_to_nhwc(const float* x, void* y, int64_t N, int64_t C, int64_t S, const QuantizeSpec& q,
                                     int threads);

@@ -1,5 +1,5 @@
-// plugins/cpu_onednn/onednn_se.cc — squeeze-excite's excitation in one step (onednn_se.h).
-#include "onednn_se.h"
+// plugins/cpu_onednn/steps/se.cc — squeeze-excite's excitation in one step (steps/se.h).
+#include "steps/se.h"
 
 #include <immintrin.h>
 
@@ -7,15 +7,15 @@
 #include <cmath>
 #include <vector>
 
-#include "onednn_silu.h"
-#include "onednn_silu16.h"
+#include "steps/silu.h"
+#include "steps/silu16.h"
 
 namespace keel::onednn {
 namespace {
 
 int64_t up16(int64_t v) { return (v + 15) / 16 * 16; }
 
-// GCC 12 warns about its own _mm512_undefined_ps() inside max (a false positive; as in onednn_silu.cc).
+// GCC 12 warns about its own _mm512_undefined_ps() inside max (a false positive; as in steps/silu.cc).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 

@@ -1,4 +1,4 @@
-// plugins/cpu_onednn/onednn_se.h — (internal) squeeze-excite's excitation, s = Sigmoid(W2 act(W1 p + b1) + b2) over
+// plugins/cpu_onednn/steps/se.h — (internal) squeeze-excite's excitation, s = Sigmoid(W2 act(W1 p + b1) + b2) over
 // one image's pooled channels p, as one step of the chains' own.
 //
 // EfficientNet-B0 ran each of its 16 excitations as four steps: a 1x1 convolution over [1,C,1,1] (oneDNN), a SiLU
@@ -27,7 +27,7 @@ size_t se_packed_floats(const SeShape& s);
 void se_pack(const SeShape& s, const float* w1, const float* b1, const float* w2, const float* b2, float* packed);
 
 // out[0..c2) = Sigmoid(W2 act(W1 p + b1) + b2), p [c]. Runs on the calling thread; AVX-512 when the CPU has it
-// (onednn_silu.h's has_avx512f) and `vector` is true, else scalar code (vector = false: for tests). Thread-safe
+// (steps/silu.h's has_avx512f) and `vector` is true, else scalar code (vector = false: for tests). Thread-safe
 // (reads packed and p, writes out).
 void se_excite(const SeShape& s, const float* packed, const float* p, float* out, bool vector = true);
 

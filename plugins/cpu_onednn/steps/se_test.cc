@@ -1,6 +1,6 @@
-// plugins/cpu_onednn/onednn_se_test.cc — squeeze-excite's excitation step (onednn_se.h) against its reference over
+// plugins/cpu_onednn/steps/se_test.cc — squeeze-excite's excitation step (steps/se.h) against its reference over
 // EfficientNet-B0's shapes and odd ones, SiLU and Relu.
-#include "onednn_se.h"
+#include "steps/se.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// plugins/cpu_onednn/onednn_silu.cc — SiLU in place (onednn_silu.h).
+// plugins/cpu_onednn/steps/silu.cc — SiLU in place (steps/silu.h).
 //
 // x / (1 + exp(-x)) with exp(-x) = 2^n * exp(-r): x clamped to [-87, 87] (so 2^n stays a normal float and 1 + exp(-x)
 // finite), n = round(-x*log2(e)) by the 1.5*2^23 trick (which also leaves n's bits where 2^n is built by an integer
@@ -8,8 +8,8 @@
 // EPYC (Zen 5) this was measured on; without the division 1.65): one vdivps is cheaper there than vrcp14ps plus a
 // Newton step (2.6 ns), and the integer 2^n cheaper than vrndscaleps/vscalefps (3.0 ns).
 // Below x = -87 the result is 0 (the exact value is under 1e-35); NaN stays NaN, +inf gives +inf, -inf gives 0.
-#include "onednn_silu.h"
-#include "onednn_silu16.h"
+#include "steps/silu.h"
+#include "steps/silu16.h"
 
 #include <immintrin.h>
 

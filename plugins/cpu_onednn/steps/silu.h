@@ -1,4 +1,4 @@
-// plugins/cpu_onednn/onednn_silu.h — (internal) SiLU, x * sigmoid(x), in place over f32 memory: the chains'
+// plugins/cpu_onednn/steps/silu.h — (internal) SiLU, x * sigmoid(x), in place over f32 memory: the chains'
 // replacement for oneDNN 2.6's swish post-op.
 //
 // oneDNN's swish (post-op or eltwise primitive: the same jit code) computes exp with a range reduction, a

@@ -1,8 +1,8 @@
-// plugins/cpu_onednn/onednn_silu16.h — (internal) SiLU and Sigmoid of 16 floats in AVX-512 registers over one
-// exp(-x) (one_plus_exp_neg16): the inner function of onednn_silu.cc's pass, shared with the chains' other own
-// kernels that apply them on the way (onednn_dwsilu.cc, onednn_se.cc). The method and its accuracy: onednn_silu.cc's
+// plugins/cpu_onednn/steps/silu16.h — (internal) SiLU and Sigmoid of 16 floats in AVX-512 registers over one
+// exp(-x) (one_plus_exp_neg16): the inner function of steps/silu.cc's pass, shared with the chains' other own
+// kernels that apply them on the way (steps/dwsilu.cc, steps/se.cc). The method and its accuracy: steps/silu.cc's
 // header comment. Include only from files compiled for x86-64; the functions carry their own target attribute, so
-// callers must check has_avx512f() (onednn_silu.h) first.
+// callers must check has_avx512f() (steps/silu.h) first.
 #pragma once
 
 #include <immintrin.h>

@@ -1,5 +1,5 @@
-// plugins/cpu_onednn/onednn_silu_test.cc — the chains' SiLU pass (onednn_silu.h) against the exact function.
-#include "onednn_silu.h"
+// plugins/cpu_onednn/steps/silu_test.cc — the chains' SiLU pass (steps/silu.h) against the exact function.
+#include "steps/silu.h"
 
 #include <gtest/gtest.h>
 
