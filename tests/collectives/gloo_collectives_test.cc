@@ -175,6 +175,16 @@ TEST_P(GlooWorld, AllReduceEveryOpAndDtype) {
         if (!in_place && !(bad = in.all_equal(r + 1)).empty()) return "all_reduce changed its input: " + bad;
       }
     }
+    // Fewer elements than ranks, and a few more.
+    for (size_t small : {1, 2, 3, 5}) {
+      for (DType t : {DType::kF32, DType::kF16, DType::kI64}) {
+        Values in(t, small, r + 1), out(t, small, -7);
+        if (Status s = comm.all_reduce(in.data(), out.data(), small, t, KEEL_REDUCE_SUM); !s.is_ok())
+          return s.to_string();
+        std::string bad = out.all_equal(w * (w + 1) / 2.0);
+        if (!bad.empty()) return "all_reduce of " + std::to_string(small) + ": " + bad;
+      }
+    }
     // Large enough for several of Gloo's 1 MiB segments per rank.
     Values big(DType::kF32, (3u << 20) / 4 + 5, r + 1);
     if (Status s = comm.all_reduce(big.data(), big.data(), big.size(), DType::kF32, KEEL_REDUCE_SUM); !s.is_ok())
@@ -190,7 +200,8 @@ TEST_P(GlooWorld, BroadcastFromEveryRoot) {
   auto errors = run_ranks(w, 5000, [&](int32_t r, hal::Communicator& comm) -> std::string {
     for (DType t : {DType::kF32, DType::kBF16, DType::kI64}) {
       for (int32_t root = 0; root < w; ++root) {
-        Values in(t, 517, r == root ? 100 + root : -1), out(t, 517, -2);
+        const size_t n = root == 0 ? 1 : 517;
+        Values in(t, n, r == root ? 100 + root : -1), out(t, n, -2);
         const bool in_place = root % 2 == 1;
         Status s = in_place ? comm.broadcast(in.data(), in.data(), in.size(), t, root)
                             : comm.broadcast(in.data(), out.data(), in.size(), t, root);
@@ -207,8 +218,8 @@ TEST_P(GlooWorld, BroadcastFromEveryRoot) {
 TEST_P(GlooWorld, AllGatherKeepsRankOrder) {
   SKIP_WITHOUT_GLOO();
   const int32_t w = GetParam();
-  const size_t n = 301;
   auto errors = run_ranks(w, 5000, [&](int32_t r, hal::Communicator& comm) -> std::string {
+    for (size_t n : {size_t{1}, size_t{301}})
     for (bool in_place : {false, true}) {
       Values in(DType::kI32, n), out(DType::kI32, n * static_cast<size_t>(w), -1);
       for (size_t i = 0; i < n; ++i) in.set(i, r * 1000 + static_cast<double>(i));
@@ -234,8 +245,8 @@ TEST_P(GlooWorld, AllGatherKeepsRankOrder) {
 TEST_P(GlooWorld, ReduceScatter) {
   SKIP_WITHOUT_GLOO();
   const int32_t w = GetParam();
-  const size_t n = 257;
   auto errors = run_ranks(w, 5000, [&](int32_t r, hal::Communicator& comm) -> std::string {
+    for (size_t n : {size_t{1}, size_t{257}})
     for (DType t : {DType::kF32, DType::kF16, DType::kI64}) {
       for (keel_reduce_op_t op : {KEEL_REDUCE_SUM, KEEL_REDUCE_MAX, KEEL_REDUCE_AVG}) {
         // Block q of rank r holds (r+1) * (q+1): rank q receives (q+1) times the reduction of 1..W.

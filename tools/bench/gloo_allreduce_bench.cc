@@ -6,7 +6,8 @@
 //   build/bin/gloo_allreduce_bench [--rounds R] [--seconds S] [--sizes 1,4,16,64] [--no-check]
 //
 // Each (size, variant) runs for about S seconds per round (default 0.5), R rounds (default 3) interleaved between
-// variants, and prints the best round: time per all-reduce and bus bandwidth = bytes * 2(W-1)/W / time. --no-check
+// variants, and prints the minimum and the median time of one all-reduce over all rounds (the minimum is the
+// steadier figure on a loaded machine), bus bandwidth = bytes * 2(W-1)/W / time, and each against Gloo's ring. --no-check
 // sets KEEL_GLOO_CHECK=0 before the plugin loads (the plugin then skips its argument-header exchange), to measure
 // what that exchange costs.
 #include <gloo/allreduce.h>
@@ -36,27 +37,40 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr int kWorld = 2;
 
-// Runs op(rank, iteration) on both ranks for about `seconds`; returns seconds per iteration (the slower rank).
-double time_pair(double seconds, const std::function<void(int, int)>& op) {
+// Runs op(rank, iteration) on both ranks for about `seconds`; returns the time of each iteration (the slower rank's).
+std::vector<double> time_pair(double seconds, const std::function<void(int, int)>& op) {
   // Calibrate with two iterations, then run a fixed count on both ranks.
-  std::vector<double> per(kWorld);
+  std::vector<std::vector<double>> per(kWorld);
   std::barrier sync(kWorld);
   int iters = 2;
+  std::vector<double> out;
   for (int phase = 0; phase < 2; ++phase) {
     std::vector<std::thread> ts;
     for (int r = 0; r < kWorld; ++r)
       ts.emplace_back([&, r] {
+        per[r].assign(static_cast<size_t>(iters), 0.0);
         op(r, 0);  // warm-up
         sync.arrive_and_wait();
-        const auto t0 = Clock::now();
-        for (int i = 0; i < iters; ++i) op(r, i + 1);
-        per[r] = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
+        for (int i = 0; i < iters; ++i) {
+          const auto t0 = Clock::now();
+          op(r, i + 1);
+          per[r][static_cast<size_t>(i)] = std::chrono::duration<double>(Clock::now() - t0).count();
+        }
       });
     for (auto& t : ts) t.join();
-    const double t = *std::max_element(per.begin(), per.end());
-    if (phase == 0) iters = std::max(2, static_cast<int>(seconds / std::max(t, 1e-6)));
+    out.assign(static_cast<size_t>(iters), 0.0);
+    for (int r = 0; r < kWorld; ++r)
+      for (int i = 0; i < iters; ++i) out[static_cast<size_t>(i)] = std::max(out[static_cast<size_t>(i)], per[r][static_cast<size_t>(i)]);
+    double total = 0;
+    for (double t : out) total += t;
+    if (phase == 0) iters = std::max(2, static_cast<int>(seconds / std::max(total / iters, 1e-6)));
   }
-  return *std::max_element(per.begin(), per.end());
+  return out;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
 }
 
 }  // namespace
@@ -125,18 +139,22 @@ int main(int argc, char** argv) {
     for (auto& t : ts) t.join();
   }
 
-  std::printf("all-reduce f32 sum in place, %d ranks (threads) over 127.0.0.1, best of %d rounds of ~%.1f s%s\n",
+  std::printf("all-reduce f32 sum in place, %d ranks (threads) over 127.0.0.1, %d interleaved rounds of ~%.2f s; per all-reduce: min and median%s\n",
               kWorld, rounds, seconds, std::getenv("KEEL_GLOO_CHECK") ? " (plugin argument check off)" : "");
   {
     // The plugin's barrier is exactly the header exchange that precedes every collective: its cost per call.
-    double best = 1e9;
-    for (int round = 0; round < rounds; ++round)
-      best = std::min(best, time_pair(seconds / 4, [&](int r, int) {
+    std::vector<double> all;
+    for (int round = 0; round < rounds; ++round) {
+      auto t = time_pair(seconds / 4, [&](int r, int) {
         if (!comms[r].barrier().is_ok()) std::exit(1);
-      }));
-    std::printf("plugin barrier (= the argument-header exchange before each collective): %.1f us\n", best * 1e6);
+      });
+      all.insert(all.end(), t.begin(), t.end());
+    }
+    std::printf("plugin barrier (= the argument-header exchange before each collective): min %.1f us, median %.1f us\n",
+                *std::min_element(all.begin(), all.end()) * 1e6, median(all) * 1e6);
   }
-  std::printf("%8s  %-26s %10s %12s %9s\n", "size", "variant", "time/op", "bus GB/s", "vs ring");
+  std::printf("%9s  %-26s %11s %11s %9s %9s %9s %9s\n", "size", "variant", "min", "median", "GB/s min", "GB/s med",
+              "vs ring", "(median)");
   for (size_t mib : sizes) {
     const size_t n = mib * (1u << 20) / sizeof(float);
     std::vector<std::vector<float>> buf(kWorld, std::vector<float>(n, 1.0f));
@@ -171,18 +189,21 @@ int main(int argc, char** argv) {
            }
          }},
     };
-    std::map<std::string, double> best;
+    std::map<std::string, std::vector<double>> times;
     for (int round = 0; round < rounds; ++round)
       for (auto& [name, op] : variants) {
-        const double t = time_pair(seconds, op);
-        if (!best.count(name) || t < best[name]) best[name] = t;
+        auto t = time_pair(seconds, op);
+        times[name].insert(times[name].end(), t.begin(), t.end());
       }
     const double bytes = static_cast<double>(n * sizeof(float));
-    const double ring = best["gloo::allreduce ring"];
+    auto bus = [&](double t) { return bytes * 2.0 * (kWorld - 1) / kWorld / t / 1e9; };
+    const auto& ring_times = times["gloo::allreduce ring"];
+    const double ring_min = *std::min_element(ring_times.begin(), ring_times.end()), ring_med = median(ring_times);
     for (auto& [name, op] : variants) {
-      const double t = best[name];
-      std::printf("%5zu MiB  %-26s %8.2f ms %12.2f %8.1f%%\n", mib, name.c_str(), t * 1e3,
-                  bytes * 2.0 * (kWorld - 1) / kWorld / t / 1e9, 100.0 * ring / t);
+      const auto& v = times[name];
+      const double tmin = *std::min_element(v.begin(), v.end()), tmed = median(v);
+      std::printf("%5zu MiB  %-26s %8.2f ms %8.2f ms %9.2f %9.2f %8.1f%% %8.1f%%\n", mib, name.c_str(), tmin * 1e3,
+                  tmed * 1e3, bus(tmin), bus(tmed), 100.0 * ring_min / tmin, 100.0 * ring_med / tmed);
     }
     chunked.clear();
   }
