@@ -569,6 +569,12 @@ def main():
             if n % 100 == 0 and not args.quiet:
                 print(f"{n}/{args.cases} cases, {len(failures)} failing runs", file=sys.stderr, flush=True)
     shutil.rmtree(work, ignore_errors=True)
+    if not failures:  # nothing to reproduce: drop the copies of the binary (and the folder, when it was ours)
+        for d in ("reference-kernels", "snapshot"):
+            shutil.rmtree(os.path.join(keep, d), ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(keep, ignore_errors=True)
+            keep = "(none)"
     total = sum(stats.values()) + len(failures)
     print(f"{args.cases} cases, {total} runs: {stats['ok']} ran to the end, {stats['error']} refused with an error, "
           f"{stats['oom']} refused an allocation over the cap, {len(failures)} failed; failing models kept in {keep}")
