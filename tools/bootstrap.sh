@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 # ocl-icd-opencl-dev: Debian's oneDNN CMake config (dnnl-config.cmake) requires OpenCL, which libdnnl-dev only
 # recommends; without it a fresh machine fails at configure ("Could NOT find OpenCL"). libgloo-dev: the CPU collective
 # plugin (plugins/gloo); openmpi-bin: `mpirun` for the tests that start ranks the way Open MPI does.
+# libcpp-httplib-dev: `keel serve` (tools/serve); wrk: tools/serve_load.sh.
 packages=(
   build-essential cmake ninja-build ccache pkg-config
   libdnnl-dev ocl-icd-opencl-dev libtomlplusplus-dev libboost-dev libboost-filesystem-dev
@@ -16,6 +17,7 @@ packages=(
   libcli11-dev libspdlog-dev nlohmann-json3-dev
   zlib1g-dev dataset-fashion-mnist
   libgloo-dev openmpi-bin
+  libcpp-httplib-dev wrk
 )
 missing=()
 for p in "${packages[@]}"; do

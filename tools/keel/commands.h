@@ -92,5 +92,7 @@ struct LaunchOptions {
 };
 int run_launch(const LaunchOptions& options);
 void add_launch_command(CLI::App& app, Globals& g);
+// `keel serve` (cmd_serve.cc): a model repository over HTTP, KServe v2 (tools/serve).
+void add_serve_command(CLI::App& app, Globals& g);
 
 }  // namespace keel::cli

@@ -58,6 +58,7 @@ int main(int argc, char** argv) {
   add_train_command(app, g);
   add_plot_command(app, g);
   add_launch_command(app, g);
+  add_serve_command(app, g);
 
   try {
     app.parse(argc, argv);
