@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <csignal>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -164,6 +165,7 @@ json infer_body(const std::vector<float>& x, int64_t rows) {
 class Serve : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
+    std::signal(SIGPIPE, SIG_IGN);  // a server that closes early must not end the test
     repo_ = fs::temp_directory_path() / ("keel_serve_test_" + std::to_string(getpid()));
     fs::remove_all(repo_);
     mlp_ = mlp_model();
@@ -414,6 +416,7 @@ TEST_F(Serve, ConcurrentClientsAreBatchedAndGetTheirOwnResults) {
 // A server of its own: requests held in the queue (long batching delay) when SIGTERM comes all complete; a full queue
 // refuses with 503 and Retry-After.
 TEST(ServeShutdown, SigtermUnderLoadLosesNoAcceptedRequestAndFullQueueIs503) {
+  std::signal(SIGPIPE, SIG_IGN);
   const fs::path repo = fs::temp_directory_path() / ("keel_serve_sigterm_" + std::to_string(getpid()));
   fs::remove_all(repo);
   const std::string mlp = mlp_model();

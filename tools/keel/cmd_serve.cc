@@ -34,6 +34,7 @@ int run_serve(const ServeArgs& a, Globals& g) {
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);  // a client that hangs up mid-response must not end the server
   auto env = make_environment(g);
   if (!env) return 1;
   serve::ServerOptions o;

@@ -9,6 +9,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 namespace keel::serve {
 
@@ -256,7 +257,7 @@ StatusOr<std::unique_ptr<Server>> Server::create(Environment& env, ServerOptions
 }
 
 Server::~Server() {
-  if (http_) http_->stop();
+  if (http_ && http_->is_running()) http_->stop();
   for (auto& [n, m] : models_) m->shutdown();
 }
 
@@ -269,12 +270,22 @@ StatusOr<int> Server::bind() {
 }
 
 Status Server::serve() {
-  http_->listen_after_bind();  // returns after stop(), once the connection threads have finished
+  if (!stop_requested_) http_->listen_after_bind();  // returns after stop(), once the connection threads have finished
   for (auto& [n, m] : models_) m->shutdown();
   return Status::ok();
 }
 
-void Server::stop() { http_->stop(); }
+void Server::stop() {
+  stop_requested_ = true;
+  // httplib's stop() does nothing before the listening loop runs: wait (bounded) for it to start.
+  for (int i = 0; i < 1000; ++i) {
+    if (http_->is_running()) {
+      http_->stop();
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
 
 void Server::install_routes() {
   httplib::Server& http = *http_;

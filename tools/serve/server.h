@@ -15,6 +15,7 @@
 // after them), then drains and stops the models.
 #pragma once
 
+#include <atomic>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -57,6 +58,7 @@ class Server {
   StatusOr<int> bind();
   // Serves until stop(); then finishes in-flight requests and shuts the models down.
   Status serve();
+  // Stops accepting; serve() returns once the requests in flight are answered. Call it once (from any thread).
   void stop();
 
  private:
@@ -65,6 +67,7 @@ class Server {
   ServerOptions options_;
   std::map<std::string, std::unique_ptr<ServedModel>> models_;
   std::unique_ptr<httplib::Server> http_;
+  std::atomic<bool> stop_requested_{false};
 };
 
 }  // namespace keel::serve
