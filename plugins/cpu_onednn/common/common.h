@@ -94,7 +94,7 @@ class Kernel {
 };
 
 // The one map from an ONNX element-wise op to the oneDNN eltwise algorithm computing it, for the node kernels
-// (kernels/misc.cc), the bf16 fused activations (kernels/bf16.cc) and the chains' post-ops (chain/chain.cc); each
+// (kernels/misc.cc), the bf16 fused activations (kernels/bf16.cc) and the chains' post-ops (chain/fusion.cc); each
 // of those takes the subset it handles. Sets *alpha / *beta to the op's fixed parameters (Neg: linear, -1 and 0;
 // every other op 0 and 0): the caller sets those that come from attributes or inputs (LeakyRelu's and Elu's alpha,
 // Clip's bounds). `approximate` is Gelu's attribute ("none": erf, "tanh"). False for an op, or a Gelu
@@ -191,7 +191,7 @@ keel_status_t register_kernel_table(const keel_host_api_t* host, keel_plugin_han
 keel_status_t register_train_kernels(const keel_host_api_t* host, keel_plugin_handle_t* plugin);
 // The bf16 inference kernels of kernels/bf16.cc (binary, pooling, normalisation, softmax, eltwise, concat, transpose).
 keel_status_t register_bf16_kernels(const keel_host_api_t* host, keel_plugin_handle_t* plugin);
-// Registers the claim hook for "cpu" (chain/chain.cc) when the core offers register_claimer (ABI 1.1).
+// Registers the claim hook for "cpu" (chain/claim.cc) when the core offers register_claimer (ABI 1.1).
 keel_status_t register_claimer(const keel_host_api_t* host, keel_plugin_handle_t* plugin);
 
 }  // namespace keel::onednn

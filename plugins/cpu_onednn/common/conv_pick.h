@@ -37,7 +37,7 @@ size_t fastest_conv(const std::vector<dnnl::convolution_forward::primitive_desc>
 // order), their source / weights / destination memory descriptors and margins: a plan is rebuilt after a node was
 // left out of a claim or for another team, a network repeats shapes, and another session over the same shapes asks
 // the same questions (ResNet-50 at 1 thread: 26 timings became 20; the claim's own plan no longer times at all, see
-// chain/chain.cc run_chain). Thread-safe (one mutex; the timing itself runs under it, so two plans never time at
+// chain/runtime.cc run_chain). Thread-safe (one mutex; the timing itself runs under it, so two plans never time at
 // once).
 size_t fastest_conv_remembered(const std::vector<dnnl::convolution_forward::primitive_desc>& cands,
                                const dnnl::engine& eng, dnnl::stream& strm, const std::vector<double>& margins);

@@ -1,7 +1,7 @@
 // plugins/cpu_onednn/kernels/attention.cc — keel.Attention outside a claimed chain: the fused attention of
 // steps/attention.h over dense f32 tensors, or bf16 ones (a mixed-precision graph: convert_precision runs
 // keel.Attention in bf16) converted to f32 and back around it (inside a chain it runs as the chain's own step,
-// chain/chain.cc).
+// chain/ops/attention.cc).
 #include <omp.h>
 
 #include <cstring>

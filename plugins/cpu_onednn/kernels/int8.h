@@ -1,5 +1,5 @@
 // plugins/cpu_onednn/kernels/int8.h — (internal) what the standalone INT8 kernels (kernels/int8.cc: keel.QConv,
-// keel.QGemm) and the claimed chains' int8 steps (chain/chain.cc, Builder::qconv / qgemm) share: reading a
+// keel.QGemm) and the claimed chains' int8 steps (chain/ops/int8.cc, Builder::qconv / qgemm) share: reading a
 // node's quantization parameters, the convolution's geometry, the oneDNN primitive descriptors with their scales,
 // zero points and post-ops, the own depthwise kernel's set-up, and the prepacked weights. Both callers build the
 // same primitives from the same node, so a chain computes what the standalone kernels compute, bit for bit where

@@ -3,7 +3,7 @@
 // rows): the block's scores are computed into the thread's scratch (in its L1/L2 cache), scaled, masked and
 // normalised there, and multiplied by V straight away; the [.., S, T] scores never go to memory.
 //
-// The operands are strided views (element strides, any order), so a claimed chain (chain/chain.cc) reads Q, K
+// The operands are strided views (element strides, any order), so a claimed chain (chain/ops/attention.cc) reads Q, K
 // and V where the in-projection wrote them (the graph's Slice / Reshape / Transpose are views) and writes Y into the
 // layout its Transpose wants; the standalone kernel passes dense row-major strides. Batch dimensions broadcast as
 // MatMul's (size 1 or absent: stride 0), the mask as Add's against the scores [batch..., S, T].

@@ -36,7 +36,7 @@ void quantize_f32_to_nhwc(const float* x, void* y, int64_t N, int64_t C, int64_t
                           int threads);
 
 // x: [N, ceil(C/16), S, 16] f32 (oneDNN's nChw16c, a partial last block padded); y: [N, S, C] bytes (channels-last),
-// any C. A claimed chain's fp32 -> int8 boundary (chain/chain.cc, Builder::qconv): the f32 convolutions' layout
+// any C. A claimed chain's fp32 -> int8 boundary (chain/ops/int8.cc, Builder::qconv): the f32 convolutions' layout
 // quantized straight into the int8 convolution's, in one pass.
 void quantize_f32_blocked16_to_nhwc(const float* x, void* y, int64_t N, int64_t C, int64_t S, const QuantizeSpec& q,
                                     int threads);

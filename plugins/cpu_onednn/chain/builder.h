@@ -1,0 +1,438 @@
+// plugins/cpu_onednn/chain/builder.h — (internal) the Builder: turns a Recipe into a Plan, node by node,
+// choosing layouts, fusing post-ops (chain/fusion.cc) and building each op (chain/ops/*.cc, dispatched through the
+// table in chain/ops/table.cc). A Builder is used once, by one thread.
+#pragma once
+
+#include "chain/ops/table.h"
+#include "chain/plan.h"
+
+namespace keel::onednn::chain {
+
+struct Val {
+  md_t md;
+  int buf = -1;
+  uint64_t off = 0;
+  float scale = 1.f;       // a pending scalar factor (a Mul/Div folded into the consumer MatMul)
+  std::string scale_of;    // the value it scales
+};
+
+inline bool is_plain_dense(const md_t& md) {
+  if (md.data.format_kind != dnnl_blocked) return false;
+  if (md.data.format_desc.blocking.inner_nblks != 0) return false;
+  const int n = md.data.ndims;
+  int64_t s = 1;
+  for (int i = n - 1; i >= 0; --i) {
+    if (md.data.dims[i] != 1 && md.data.format_desc.blocking.strides[i] != s) return false;
+    s *= md.data.dims[i];
+  }
+  return md.data.offset0 == 0;
+}
+inline bool is_strided(const md_t& md) {
+  return md.data.format_kind == dnnl_blocked && md.data.format_desc.blocking.inner_nblks == 0;
+}
+inline Dims md_dims(const md_t& md) { return Dims(md.data.dims, md.data.dims + md.data.ndims); }
+inline Dims md_strides(const md_t& md) {
+  return Dims(md.data.format_desc.blocking.strides, md.data.format_desc.blocking.strides + md.data.ndims);
+}
+inline md_t strided_md(const Dims& d, const Dims& strides, dt t = dt::f32) {
+  if (d.empty()) return md_t({1}, t, tag::a);
+  return md_t(to_dnnl(d), t, to_dnnl(strides));
+}
+// The same layout with another data type (a Cast between f32 and bf16 keeps its input's layout).
+inline md_t with_dtype(const md_t& md, dt t) {
+  dnnl_memory_desc_t d = md.data;
+  d.data_type = static_cast<dnnl_data_type_t>(t);
+  return md_t(d);
+}
+inline size_t elem_size(const md_t& md) { return dnnl_data_type_size(md.data.data_type); }
+inline std::string impl_of(const dnnl::primitive& p) {
+  const char* impl = nullptr;
+  dnnl_primitive_desc_query(p.get_primitive_desc(), dnnl_query_impl_info_str, 0, &impl);
+  return impl ? impl : "?";
+}
+
+// Format tags by tensor rank (3: 1-D spatial, 4: 2-D, 5: 3-D): channel-blocked by 16, channels-last, plain weights.
+inline tag blocked16_tag(size_t rank) { return rank == 5 ? tag::nCdhw16c : rank == 3 ? tag::nCw16c : tag::nChw16c; }
+inline tag channels_last_tag(size_t rank) { return rank == 5 ? tag::ndhwc : rank == 3 ? tag::nwc : tag::nhwc; }
+inline tag plain_tag(size_t rank) { return rank == 5 ? tag::ncdhw : rank == 3 ? tag::ncw : tag::nchw; }
+inline tag weights_tag(size_t spatial, bool grouped, bool transposed) {
+  if (spatial == 3) return grouped ? (transposed ? tag::giodhw : tag::goidhw) : (transposed ? tag::iodhw : tag::oidhw);
+  return grouped ? (transposed ? tag::giohw : tag::goihw) : (transposed ? tag::iohw : tag::oihw);
+}
+// ONNX dilations (1 = dense) as oneDNN's (0 = dense).
+inline dnnl::memory::dims dnnl_dilations(const Dims& d) {
+  dnnl::memory::dims r;
+  for (int64_t v : d) r.push_back(v - 1);
+  return r;
+}
+inline int64_t prod(const Dims& d) {
+  int64_t p = 1;
+  for (int64_t v : d) p *= v;
+  return p;
+}
+
+// Thrown when a node of the claim cannot be built: the claim is retried without it.
+struct NodeReject {
+  size_t node;
+  std::string why;
+};
+
+class Builder {
+ public:
+  // time_convs off (the claim's plan, built before the session's team is known): convolutions take oneDNN's first
+  // implementation instead of timing the candidates, which the plan records in Plan::deferred.
+  explicit Builder(const Recipe& r, bool time_convs = true) : r_(r), time_convs_(time_convs) {}
+
+  std::unique_ptr<Plan> build();
+
+  // The table of ops a chain takes, with their build functions (chain/ops/table.cc).
+  friend const std::vector<ChainOp>& chain_ops();
+
+ private:
+  // --- values and buffers
+  int new_buf(uint64_t bytes) {
+    Buf b;
+    b.bytes = (bytes + 63) / 64 * 64;
+    p_->bufs.push_back(b);
+    return static_cast<int>(p_->bufs.size()) - 1;
+  }
+  void touch(int buf) {
+    if (buf < 0) return;
+    Buf& b = p_->bufs[buf];
+    int step = static_cast<int>(p_->execs.size());
+    b.first = std::min(b.first, step);
+    b.last = std::max(b.last, step);
+  }
+  // A memory object over a value's data (bound at run time), touching its buffer at the current step.
+  dnnl::memory mem_of(const Val& v) { return mem_at(v.md, v.buf, v.off); }
+  dnnl::memory mem_at(const md_t& md, int buf, uint64_t off) {
+    if (buf >= 0 && p_->bufs[buf].kind == BufKind::kOwned)  // constants: their own memory, never rebound
+      return dnnl::memory(md, engine(), static_cast<char*>(owned_of_buf_[buf].get_data_handle()) + off);
+    dnnl::memory m(md, engine(), DNNL_MEMORY_NONE);
+    p_->binds.push_back({m, buf, off});
+    touch(buf);
+    return m;
+  }
+  Val& define(const std::string& name, const md_t& md, int buf = -2) {
+    auto known = r_.dims.find(name);
+    if (known != r_.dims.end() && known->second != md_dims(md))
+      throw Reject{"'" + name + "': computed shape " + dims_str(md_dims(md)) + " differs from the inferred " +
+                   dims_str(known->second)};
+    Val v;
+    v.md = md;
+    v.buf = buf == -2 ? new_buf(md.get_size()) : buf;
+    // A part of a channel concatenation (batch 1, nChw16c, 16-aligned channels): written in place in the
+    // concatenation's buffer, so the Concat costs nothing.
+    auto part = concat_parts_.find(name);
+    if (buf == -2 && part != concat_parts_.end() && md.data.ndims == 4 &&
+        md == md_t(md.dims(), dt::f32, tag::nChw16c)) {
+      p_->bufs.pop_back();
+      v.buf = part->second.first;
+      v.off = part->second.second;
+      placed_parts_.insert(name);
+    }
+    p_->bufs[v.buf].values++;
+    vals_[name] = v;
+    return vals_[name];
+  }
+  // Memory-bound steps (reorders, element-wise, normalisation, softmax, pooling, ...) touching under 1 MiB run on
+  // one thread: the work takes microseconds, a team's barrier can take a scheduler slice on a busy machine.
+  // (They pick their split at run time; convolutions and matmuls keep the team they were created for.)
+  void exec(dnnl::primitive prim, std::unordered_map<int, dnnl::memory> args) {
+    p_->impls.push_back(impl_of(prim));
+    exec_layout_.push_back(layout_reorder_);
+    {
+      std::string w = cur_node_ < r_.nodes.size() ? r_.nodes[cur_node_].name : std::string("(outputs)");
+      auto s = args.find(DNNL_ARG_SRC);
+      if (s == args.end()) s = args.find(DNNL_ARG_FROM);
+      auto d = args.find(DNNL_ARG_DST);
+      if (d == args.end()) d = args.find(DNNL_ARG_TO);
+      if (s != args.end()) w += " " + dims_str(md_dims(s->second.get_desc()));
+      if (d != args.end()) w += " -> " + dims_str(md_dims(d->second.get_desc()));
+      p_->what.push_back(std::move(w));
+    }
+    auto kind = prim.get_kind();
+    uint64_t bytes = 0;
+    for (auto& [arg, m] : args) bytes += m.get_desc().get_size();
+    bool single = kind != dnnl::primitive::kind::convolution && kind != dnnl::primitive::kind::matmul &&
+                  bytes < (1u << 20);
+    p_->execs.push_back({std::move(prim), std::move(args), single, nullptr, nullptr, nullptr});
+  }
+  // A step of the plugin's own (Exec::own set, with its args), named `impl` in profiles and logs, `what` its line
+  // there; `layout`: whether it only moves data between layouts (as exec()'s layout reorders).
+  void exec_own(Exec e, const char* impl, bool layout, std::string what) {
+    p_->impls.push_back(impl);
+    exec_layout_.push_back(layout);
+    p_->what.push_back(std::move(what));
+    p_->execs.push_back(std::move(e));
+  }
+  // The value as it is now (a constant gets an owned plain memory the first time it is read as data).
+  const Val& val(const std::string& name) {
+    auto it = vals_.find(name);
+    if (it != vals_.end()) return it->second;
+    auto c = r_.consts.find(name);
+    if (c == r_.consts.end() || c->second.dtype != KEEL_DTYPE_F32)
+      throw Reject{"value '" + name + "' is not available"};
+    Val v;
+    v.md = plain_md(c->second.dims, dt::f32);
+    p_->owned.emplace_back(v.md, engine());
+    std::memcpy(p_->owned.back().get_data_handle(), c->second.bytes.data(), c->second.bytes.size());
+    if (act_ != dt::f32) {  // read by a bf16 node: converted once
+      dnnl::memory f = p_->owned.back();
+      v.md = plain_md(c->second.dims);
+      p_->owned.emplace_back(v.md, engine());
+      dnnl::reorder(f, p_->owned.back()).execute(stream(), f, p_->owned.back());
+      stream().wait();
+    }
+    Buf b;
+    b.kind = BufKind::kOwned;
+    p_->bufs.push_back(b);
+    v.buf = static_cast<int>(p_->bufs.size()) - 1;
+    owned_of_buf_[v.buf] = p_->owned.back();
+    vals_[name] = v;
+    return vals_[name];
+  }
+  // The value in layout `want` (a reorder into a new buffer the first time; shared by later readers).
+  Val as_md(const std::string& name, const md_t& want) {
+    const Val& v = val(name);
+    if (v.scale != 1.f) throw Reject{"a scaled view read by an op that cannot scale"};
+    if (v.md == want) return v;
+    std::string key = name + "#" + std::to_string(std::hash<std::string>()(
+                                             std::string(reinterpret_cast<const char*>(&want.data), sizeof want.data)));
+    auto it = vals_.find(key);
+    if (it != vals_.end()) return it->second;
+    Val src = v;
+    Val& dst = define(key, want);
+    dnnl::memory s = mem_of(src), d = mem_of(dst);
+    layout_reorder_ = true;
+    exec(dnnl::reorder(s, d), {{DNNL_ARG_FROM, s}, {DNNL_ARG_TO, d}});
+    layout_reorder_ = false;
+    return dst;
+  }
+  Val as_plain(const std::string& name) { return as_md(name, plain_md(dims_of(name))); }
+  Dims dims_of(const std::string& name) {
+    auto it = vals_.find(name);
+    if (it != vals_.end()) return md_dims(it->second.md);
+    auto c = r_.consts.find(name);
+    if (c != r_.consts.end()) return c->second.dims;
+    auto d = r_.dims.find(name);
+    if (d != r_.dims.end()) return d->second;
+    throw Reject{"shape of '" + name + "' unknown"};
+  }
+  const ConstT* cst(const std::string& name) const {
+    auto it = r_.consts.find(name);
+    return it == r_.consts.end() ? nullptr : &it->second;
+  }
+  bool is_const(const std::string& name) const { return !name.empty() && r_.consts.count(name) > 0; }
+  // Consumers of a value among the claim's nodes (node indices), and whether it leaves the claim.
+  const std::vector<size_t>& users(const std::string& v) {
+    static const std::vector<size_t> none;
+    auto it = users_.find(v);
+    return it == users_.end() ? none : it->second;
+  }
+  bool escapes(const std::string& v) const { return outputs_.count(v) > 0; }
+  // True when `v`'s memory may be overwritten by node `at`: a workspace value that nobody reads after `at`, nor
+  // any other value in its buffer (views of it: the Transpose of a residual that an in-projection read).
+  bool dead_after(const std::string& v, size_t at) {
+    if (escapes(v) || !vals_.count(v)) return false;
+    const Val& x = vals_[v];
+    if (x.buf < 0 || p_->bufs[x.buf].kind != BufKind::kWorkspace) return false;
+    auto read_later = [&](const std::string& w) {
+      if (escapes(w)) return true;
+      for (size_t u : users(w))
+        if (u != at && !done_[u]) return true;
+      return false;
+    };
+    if (p_->bufs[x.buf].values == 1) return !read_later(v);
+    if (!g_options.view_post_ops) return false;
+    for (const auto& [name, w] : vals_)
+      if (w.buf == x.buf && read_later(name)) return false;
+    return true;
+  }
+  // The single consumer of `v` that may be fused into its producer, or npos.
+  size_t sole_user(const std::string& v) {
+    if (escapes(v)) return npos;
+    const auto& u = users(v);
+    if (u.size() != 1 || done_[u[0]]) return npos;
+    // The value must be read by that node once, as its data input (not as two operands).
+    const NodeDesc& n = r_.nodes[u[0]];
+    int reads = 0;
+    for (const auto& i : n.in) reads += i == v;
+    return reads == 1 ? u[0] : npos;
+  }
+  static constexpr size_t npos = static_cast<size_t>(-1);
+  // A value of dims `y` read only by a Transpose (a valid perm, default reversed): its producer may write the
+  // transposed layout directly, so that the Transpose costs nothing (matmul(), attention()). Returns the Transpose
+  // (npos if none) with the transposed dims in *yt and, in *ys, the strides of `y` whose transposed view is dense.
+  size_t sole_transpose(const std::string& v, const Dims& y, Dims* yt, Dims* ys) {
+    const size_t tr = sole_user(v);
+    if (tr == npos) return npos;
+    const NodeDesc& t = r_.nodes[tr];
+    Dims perm = t.ais("perm", {});
+    if (perm.empty())
+      for (size_t k = y.size(); k-- > 0;) perm.push_back(static_cast<int64_t>(k));
+    if (t.op != "Transpose" || t.out.size() != 1 || t.in[0] != v || perm.size() != y.size()) return npos;
+    std::vector<bool> seen(y.size(), false);
+    for (int64_t k : perm) {
+      if (k < 0 || k >= static_cast<int64_t>(y.size()) || seen[k]) return npos;
+      seen[k] = true;
+    }
+    yt->resize(y.size());
+    for (size_t k = 0; k < y.size(); ++k) (*yt)[k] = y[perm[k]];
+    const Dims st = dense_strides(*yt);
+    ys->resize(y.size());
+    for (size_t k = 0; k < y.size(); ++k) (*ys)[perm[k]] = st[k];
+    return tr;
+  }
+  // Whether every reader of `v` is a keel.Attention, directly or through Transposes (and `v` stays in the claim).
+  bool read_by_attention_only(const std::string& v) {
+    if (escapes(v) || users(v).empty()) return false;
+    for (size_t u : users(v)) {
+      const NodeDesc& n = r_.nodes[u];
+      if (n.op == "Attention") continue;
+      if (n.op != "Transpose" || n.out.size() != 1 || !read_by_attention_only(n.out[0])) return false;
+    }
+    return true;
+  }
+  // When `v` is read only by Sigmoid(v) and by Mul(v, that sigmoid) (the sigmoid read by nothing else): the Mul.
+  size_t silu_after(const std::string& v) {
+    if (escapes(v)) return npos;
+    const auto& u = users(v);
+    if (u.size() != 2 || done_[u[0]] || done_[u[1]]) return npos;
+    for (int k = 0; k < 2; ++k) {
+      const NodeDesc& sg = r_.nodes[u[k]];
+      const NodeDesc& m = r_.nodes[u[1 - k]];
+      if (sg.op != "Sigmoid" || m.op != "Mul" || sg.in.size() != 1 || sg.out.size() != 1 || m.in.size() != 2 ||
+          m.out.size() != 1)
+        continue;
+      const std::string& s = sg.out[0];
+      if (escapes(s) || users(s).size() != 1 || users(s)[0] != u[1 - k]) continue;
+      if ((m.in[0] == v && m.in[1] == s) || (m.in[0] == s && m.in[1] == v)) return u[1 - k];
+    }
+    return npos;
+  }
+
+  // --- post-op fusion
+  struct Fusion {
+    dnnl::post_ops po;
+    std::string out;         // the value the fused op finally writes
+    std::string sum_with;    // residual added by a sum post-op
+    std::vector<float> conv_bias_add;  // per-channel constant added (conv)
+    std::vector<float> bn_scale, bn_shift;  // conv: folded BatchNormalization
+    std::vector<float> mm_bias;        // matmul: constant bias over the last axis
+    float out_scale = 1.f;             // matmul: scalar applied before the bias
+    bool silu_pass = false;            // conv: a trailing SiLU runs as the chain's own step (take_silu)
+    bool viewed = false;               // matmul: `out` is a view of the product with other dims (same_order_view)
+    std::vector<size_t> nodes;         // fused nodes
+    int count = 0;
+  };
+  bool eltwise_of(const NodeDesc& n, alg* a, float* alpha, float* beta);
+  bool eltwise_po(const NodeDesc& n, dnnl::post_ops* po);
+  Fusion fuse_after(const std::string& out, size_t at, bool conv, int64_t channels);
+  bool same_order_view(const NodeDesc& n, const std::string& in);
+  bool take_silu(Fusion& f);
+  void exec_silu(const Val& v, const std::string& name);
+
+  // --- ops
+  void conv(size_t i);
+  void deconv(size_t i);
+  void conv_like_tail(size_t i, const Fusion& f, dnnl::primitive prim, const md_t& src_md, const md_t& wei_md,
+                      const md_t& dmd, const md_t& wplain, std::vector<float>& w, bool has_bias,
+                      const std::vector<float>& bias, double flops,
+                      std::unordered_map<int, dnnl::memory> extra = {}, const std::string& src = {},
+                      const std::string& chan_scale = {});
+  bool fold_channel_scale(size_t i);
+  bool conv_as_gemv(size_t i, const Fusion& f, const std::vector<float>& w, bool has_bias,
+                    const std::vector<float>& bias);
+  void exec_scale_weights(const dnnl::memory& wmem, const md_t& wplain, const std::string& chan_scale);
+  // Mul outputs folded into their 1x1 convolution (fold_channel_scale): output -> (the data, the [1,C,1,1] scale).
+  std::map<std::string, std::pair<std::string, std::string>> se_folds_;
+  // Flattens read as they lie (flatten_into_gemm): output -> the [N,C,H,W] input's dims and whether it is nhwc
+  // (else nChw16c); the Gemm reading it takes its constant B with rows in that memory order.
+  std::map<std::string, std::pair<Dims, bool>> flat_folds_;
+  bool flatten_into_gemm(size_t i, const Dims& x, const Dims& y);
+  bool conv_residual_merged(size_t i);
+  bool conv_pool_fused(size_t i);
+  bool conv_grouped4(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y,
+                     int64_t stride, const std::vector<float>& w, const std::vector<float>& bias, double flops);
+  bool conv_dilated_phases(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y,
+                           int64_t dil, const md_t& wany, const md_t& bmd, const dnnl::primitive_attr& attr,
+                           const md_t& wplain, std::vector<float>& w, bool has_bias, const std::vector<float>& bias,
+                           double flops);
+  bool conv_dw_fused(size_t i, const Fusion& f, const md_t& src, const md_t& wany, const md_t& bmd,
+                     const std::vector<float>& w, const std::vector<float>& bias, double flops);
+  // A depthwise convolution whose output goes through SiLU as one step of the chain's own (steps/dwsilu.h), the
+  // SiLU of its source too when its producer left that to it (defer_silu: deferred_silu_ holds those values).
+  bool dw_silu_plan(size_t u, DwSiluShape* s, Fusion* f);
+  bool defer_silu(const std::string& v, const md_t& md);
+  bool conv_dw_silu(size_t i);
+  std::set<std::string> deferred_silu_;
+  bool se_excite_fused(size_t i);
+  void matmul(size_t i);
+  void pool(size_t i);
+  void eltwise(size_t i);
+  void binary(size_t i);
+  void concat(size_t i);
+  void batchnorm(size_t i);
+  void softmax(size_t i);
+  void reduce_mean(size_t i);
+  void attention(size_t i);
+  void layernorm_node(size_t i);  // LayerNormalization: checks its attributes, then layernorm()
+  void layernorm(size_t i, const std::string& x, const std::string& out, const ConstT* scale, const ConstT* shift,
+                 float eps);
+  void reshape_like(size_t i);
+  void transpose(size_t i);
+  void slice(size_t i);
+  void pad(size_t i);
+  // A Pad folded into the padding of every node reading it (pad): its output -> (its input, the spatial pads added
+  // at the start and at the end of each spatial axis). The Pad's output has no memory of its own.
+  struct PadFold {
+    std::string in;
+    Dims begin, end;
+  };
+  std::map<std::string, PadFold> pad_folds_;
+  bool pad_foldable_into(size_t u, const std::string& v, const std::string& src, const Dims& begin, const Dims& end,
+                         float value);
+  bool non_negative(const std::string& v) const;
+  void resize(size_t i);
+  // --- int8 steps (keel.QConv / keel.QGemm; defined in the int8 section below)
+  void qconv(size_t i);
+  void qgemm(size_t i);
+  void qdq(size_t i);
+  QNodeView qnode_view(const NodeDesc& n) const;
+  bool qconv_x_only(const std::string& v, size_t rank);
+  Val residual_last(const std::string& name, const Dims& y);
+  Val quantized(const std::string& name, const QuantSetup& q, const md_t& want);
+  dnnl::memory zero_point_mem(int32_t v);
+  md_t boundary_md(const std::string& name, const Dims& d, dt t) const;
+  void outputs();
+  void plan_workspace();
+
+  void plan_concats();
+  void plan_concat_prefixes();
+
+  // The data type the node being built computes in (its output's: f32 or bf16). Unqualified plain_md() in the
+  // Builder makes memory of that type; constants (f32 here) are converted to it when read as data.
+  dt act_ = dt::f32;
+  md_t plain_md(const Dims& d, dt t) const { return ::keel::onednn::plain_md(d, t); }
+  md_t plain_md(const Dims& d) const { return plain_md(d, act_); }
+  void cast(size_t i);
+
+  const Recipe& r_;
+  bool time_convs_ = true;
+  std::unique_ptr<Plan> p_;
+  std::map<std::string, std::pair<int, uint64_t>> concat_parts_;  // concat input -> (buffer, byte offset)
+  std::map<std::string, int> concat_bufs_;                         // concat output -> its buffer
+  std::set<std::string> placed_parts_;
+  std::map<std::string, Val> vals_;
+  std::map<std::string, std::vector<size_t>> users_;
+  std::set<std::string> outputs_;
+  std::vector<bool> done_;
+  std::map<int, dnnl::memory> owned_of_buf_;
+  size_t cur_node_ = static_cast<size_t>(-1);  // the node being built (for the profile's step names)
+  bool layout_reorder_ = false;                // the exec being added is a layout change (as_md)
+  std::vector<bool> exec_layout_;              // per exec: a layout change
+  void label_steps(size_t node, size_t first_exec, const std::vector<bool>& done_before);
+};
+
+}  // namespace keel::onednn::chain

@@ -1,0 +1,336 @@
+// plugins/cpu_onednn/chain/ops/conv_own_steps.cc — convolutions run as the plugin's own steps: depthwise + SiLU, squeeze-excite's
+// excitation, Conv + Relu + MaxPool over few channels, 3x3 convolutions in groups of 4.
+#include "chain/builder.h"
+
+namespace keel::onednn::chain {
+
+// Node u as the chain's own depthwise convolution + SiLU step (steps/dwsilu.h): a Conv with constant f32 weights
+// [C,1,k,k], group C, k 3 or 5, equal strides 1 or 2, the same padding on every side, no dilation, its output through
+// the SiLU pass (take_silu) and nothing else after the constant bias, BatchNormalization or Add folds; with AVX-512,
+// f32, and the silu_pass and dw_silu options on. True with its geometry and fusion; false otherwise. Changes
+// nothing.
+bool Builder::dw_silu_plan(size_t u, DwSiluShape* s, Fusion* f) {
+  if (!g_options.dw_silu || !g_options.silu_pass || !has_avx512f() || act_ != dt::f32) return false;
+  const NodeDesc& n = r_.nodes[u];
+  if (n.op != "Conv" || done_[u] || n.out.size() != 1 || n.in.size() < 2) return false;
+  if (pad_folds_.count(n.in[0]) || se_folds_.count(n.in[0])) return false;
+  const ConstT* W = cst(n.in_at(1));
+  const ConstT* B = n.in_at(2).empty() ? nullptr : cst(n.in_at(2));
+  if (!W || W->dtype != KEEL_DTYPE_F32 || W->dims.size() != 4 || (!n.in_at(2).empty() && !B)) return false;
+  const Dims x = dims_of(n.in[0]);
+  if (x.size() != 4) return false;
+  s->n = x[0], s->c = x[1], s->h = x[2], s->w = x[3], s->k = W->dims[2];
+  if (W->dims != Dims{s->c, 1, s->k, s->k} || n.ai("group", 1) != s->c || (B && B->count() != s->c)) return false;
+  if (n.ais("kernel_shape", {s->k, s->k}) != Dims{s->k, s->k} || n.ais("dilations", {1, 1}) != Dims{1, 1})
+    return false;
+  const Dims st = n.ais("strides", {1, 1}), pads = n.ais("pads", {0, 0, 0, 0});
+  const std::string ap = n.as("auto_pad", "NOTSET");
+  if (st.size() != 2 || st[0] != st[1] || st[0] < 1 || pads.size() != 4 || (ap != "NOTSET" && !ap.empty()))
+    return false;
+  if (pads[1] != pads[0] || pads[2] != pads[0] || pads[3] != pads[0]) return false;
+  s->s = st[0], s->p = pads[0];
+  if (s->h + 2 * s->p < s->k || s->w + 2 * s->p < s->k) return false;
+  s->oh = (s->h + 2 * s->p - s->k) / s->s + 1;
+  s->ow = (s->w + 2 * s->p - s->k) / s->s + 1;
+  if (!dw_silu_check(*s).empty()) return false;
+  if (auto known = r_.dims.find(n.out[0]); known != r_.dims.end() && known->second != Dims{s->n, s->c, s->oh, s->ow})
+    return false;
+  *f = fuse_after(n.out[0], u, true, s->c);
+  return take_silu(*f) && f->po.len() == 0 && f->sum_with.empty();
+}
+
+// Called where a convolution's trailing SiLU pass would run over value v (memory md): when v's only reader is a
+// depthwise convolution the chain's own step takes (dw_silu_plan) over nChw16c memory, that step applies the SiLU
+// to its source rows as it reads them instead (the pass's read and write of v saved: 4.8 MB at EfficientNet-B0's
+// 112-px expansion). True when deferred (v in deferred_silu_); false, changing nothing, otherwise.
+bool Builder::defer_silu(const std::string& v, const md_t& md) {
+  if (escapes(v) || users(v).size() != 1) return false;
+  const size_t u = users(v)[0];
+  DwSiluShape s;
+  Fusion f;
+  if (!dw_silu_plan(u, &s, &f) || r_.nodes[u].in[0] != v) return false;
+  if (md != md_t(to_dnnl(Dims{s.n, s.c, s.h, s.w}), dt::f32, tag::nChw16c)) return false;
+  deferred_silu_.insert(v);
+  return true;
+}
+
+// Builds node i as the depthwise convolution + SiLU step when dw_silu_plan takes it and its source is nChw16c:
+// the SiLU of the source too when deferred to it (defer_silu), and a GlobalAveragePool reading the output (squeeze-
+// excite) computed on the way. Measured in EfficientNet-B0 at 1 thread: PERFORMANCE.md, "(sq2)". True when built;
+// false, changing nothing, otherwise.
+bool Builder::conv_dw_silu(size_t i) {
+  DwSiluShape s;
+  Fusion f;
+  if (!dw_silu_plan(i, &s, &f)) return false;
+  const NodeDesc& n = r_.nodes[i];
+  const Dims x{s.n, s.c, s.h, s.w}, y{s.n, s.c, s.oh, s.ow};
+  auto xv = vals_.find(n.in[0]);
+  if (xv == vals_.end() || xv->second.scale != 1.f || xv->second.md != md_t(to_dnnl(x), dt::f32, tag::nChw16c))
+    return false;
+  s.in_silu = deferred_silu_.erase(n.in[0]) > 0;
+  const ConstT* W = cst(n.in_at(1));
+  const ConstT* B = n.in_at(2).empty() ? nullptr : cst(n.in_at(2));
+  const int64_t kk = s.k * s.k;
+  std::vector<float> w(W->f32(), W->f32() + W->count()), bias(static_cast<size_t>(s.c), 0.f);
+  for (int64_t c = 0; c < s.c; ++c) {
+    if (B) bias[c] = static_cast<float>(B->at(c));
+    if (!f.bn_scale.empty()) {
+      for (int64_t t = 0; t < kk; ++t) w[c * kk + t] *= f.bn_scale[c];
+      bias[c] = bias[c] * f.bn_scale[c] + f.bn_shift[c];
+    }
+    if (!f.conv_bias_add.empty()) bias[c] += f.conv_bias_add[c];
+  }
+  Exec e;
+  p_->owned.emplace_back(md_t({s.c * kk}, dt::f32, tag::a), engine(), p_->weights.alloc(w.size() * sizeof(float)));
+  dw_silu_pack_weights(s, w.data(), static_cast<float*>(p_->owned.back().get_data_handle()));
+  e.args[DNNL_ARG_WEIGHTS] = p_->owned.back();
+  p_->owned.emplace_back(md_t({s.c}, dt::f32, tag::a), engine());
+  std::memcpy(p_->owned.back().get_data_handle(), bias.data(), bias.size() * sizeof(float));
+  e.args[DNNL_ARG_BIAS] = p_->owned.back();
+  const int64_t scratch = static_cast<int64_t>(dw_silu_scratch_floats(s)) * std::max(1, p_->threads);
+  e.args[DNNL_ARG_SCRATCHPAD] = mem_at(md_t({scratch}, dt::f32, tag::a), new_buf(scratch * sizeof(float)), 0);
+  e.args[DNNL_ARG_SRC] = mem_of(xv->second);
+  Val& o = define(f.out, md_t(to_dnnl(y), dt::f32, tag::nChw16c));
+  e.args[DNNL_ARG_DST] = mem_of(o);
+  std::string what = " + SiLU ";
+  for (size_t u : users(f.out)) {
+    const NodeDesc& pn = r_.nodes[u];
+    if (done_[u] || pn.op != "GlobalAveragePool" || pn.in.size() != 1 || pn.in[0] != f.out || pn.out.size() != 1)
+      continue;
+    e.args[kArgPooled] = mem_of(define(pn.out[0], md_t({s.n, s.c, 1, 1}, dt::f32, tag::nChw16c)));
+    done_[u] = true;
+    what = " + SiLU + GlobalAveragePool ";
+    break;
+  }
+  e.own = run_dw_silu;
+  e.own_kind = "convolution";
+  e.params = std::make_shared<const DwSiluShape>(s);
+  p_->flops += 2.0 * static_cast<double>(numel(y) * kk);
+  exec_own(std::move(e), "keel:dw_silu_avx512", false,
+           (s.in_silu ? "SiLU + " : "") + n.name + what + dims_str(x) + " -> " + dims_str(y));
+  for (size_t k : f.nodes) done_[k] = true;
+  return true;
+}
+
+// Squeeze-excite's excitation from node i on, s = Sigmoid(Conv1x1_2(act(Conv1x1_1(p)))) over a pooled [1,C,1,1]
+// value p (act SiLU or Relu, each convolution with constant f32 weights and an optional bias, group 1, no strides,
+// pads or dilations; nothing else fused), as one single-thread step of the chain's own (steps/se.h) writing s as
+// plain [1,C2,1,1]. EfficientNet-B0's 16 excitations were 64 steps (fc1, SiLU pass, fc2 + logistic): PERFORMANCE.md,
+// "(sq2)". With AVX-512, f32, the se_step option on; true when built, false (changing nothing) otherwise.
+bool Builder::se_excite_fused(size_t i) {
+  if (!g_options.se_step || !has_avx512f() || act_ != dt::f32) return false;
+  auto unit_conv = [&](const NodeDesc& c, const ConstT** W, const ConstT** B) {
+    if (c.op != "Conv" || c.out.size() != 1 || c.in.size() < 2 || done_[&c - r_.nodes.data()]) return false;
+    *W = cst(c.in_at(1));
+    *B = c.in_at(2).empty() ? nullptr : cst(c.in_at(2));
+    if (!*W || (*W)->dtype != KEEL_DTYPE_F32 || (*W)->dims.size() != 4 || (*W)->dims[2] != 1 || (*W)->dims[3] != 1 ||
+        (!c.in_at(2).empty() && !*B))
+      return false;
+    const std::string ap = c.as("auto_pad", "NOTSET");
+    return c.ai("group", 1) == 1 && c.ais("strides", {1, 1}) == Dims{1, 1} && c.ais("pads", {0, 0, 0, 0}) == Dims{0, 0, 0, 0} &&
+           c.ais("dilations", {1, 1}) == Dims{1, 1} && (ap == "NOTSET" || ap.empty() || ap == "VALID");
+  };
+  auto sole_eltwise = [](const Fusion& f, alg* a, float* alpha) {
+    if (f.po.len() != 1 || f.po.kind(0) != dnnl::primitive::kind::eltwise || !f.sum_with.empty() ||
+        !f.bn_scale.empty() || !f.conv_bias_add.empty())
+      return false;
+    float scale, beta;
+    f.po.get_params_eltwise(0, scale, *a, *alpha, beta);
+    return scale == 1.f;
+  };
+  const NodeDesc& n = r_.nodes[i];
+  const ConstT *W1, *B1, *W2, *B2;
+  if (!unit_conv(n, &W1, &B1)) return false;
+  const Dims x = dims_of(n.in[0]);
+  if (x.size() != 4 || x[0] != 1 || x[2] != 1 || x[3] != 1) return false;
+  SeShape s;
+  s.c = x[1], s.cs = W1->dims[0];
+  if (W1->dims[1] != s.c || (B1 && B1->count() != s.cs)) return false;
+  const Fusion f1 = fuse_after(n.out[0], i, true, s.cs);
+  alg a;
+  float alpha;
+  if (!sole_eltwise(f1, &a, &alpha)) return false;
+  if (a == alg::eltwise_swish && alpha == 1.f) s.silu = true;
+  else if (a == alg::eltwise_relu && alpha == 0.f) s.silu = false;
+  else return false;
+  const size_t u = sole_user(f1.out);
+  if (u == npos || !unit_conv(r_.nodes[u], &W2, &B2) || r_.nodes[u].in[0] != f1.out) return false;
+  s.c2 = W2->dims[0];
+  if (W2->dims[1] != s.cs || (B2 && B2->count() != s.c2)) return false;
+  const Fusion f2 = fuse_after(r_.nodes[u].out[0], u, true, s.c2);
+  if (!sole_eltwise(f2, &a, &alpha) || a != alg::eltwise_logistic) return false;
+  // The source as C consecutive floats: plain, or nChw16c (one pixel: channel c at c, the padding after).
+  auto xv = vals_.find(n.in[0]);
+  if (xv == vals_.end() || xv->second.scale != 1.f || xv->second.md.data_type() != dt::f32 ||
+      (!is_plain_dense(xv->second.md) && xv->second.md != md_t({1, s.c, 1, 1}, dt::f32, tag::nChw16c)))
+    return false;
+  const Dims y{1, s.c2, 1, 1};
+  if (auto known = r_.dims.find(f2.out); known != r_.dims.end() && known->second != y) return false;
+  auto floats = [](const ConstT* c) {
+    std::vector<float> v;
+    if (c)
+      for (int64_t k = 0; k < c->count(); ++k) v.push_back(static_cast<float>(c->at(k)));
+    return v;
+  };
+  const std::vector<float> b1 = floats(B1), b2 = floats(B2);
+  Exec e;
+  p_->owned.emplace_back(md_t({static_cast<int64_t>(se_packed_floats(s))}, dt::f32, tag::a), engine(),
+                         p_->weights.alloc(se_packed_floats(s) * sizeof(float)));
+  se_pack(s, W1->f32(), B1 ? b1.data() : nullptr, W2->f32(), B2 ? b2.data() : nullptr,
+          static_cast<float*>(p_->owned.back().get_data_handle()));
+  e.args[DNNL_ARG_WEIGHTS] = p_->owned.back();
+  e.args[DNNL_ARG_SRC] = mem_of(xv->second);
+  e.args[DNNL_ARG_DST] = mem_of(define(f2.out, md_t(to_dnnl(y), dt::f32, tag::nchw)));
+  e.single = true;
+  e.own = run_se;
+  e.own_kind = "convolution";
+  e.params = std::make_shared<const SeShape>(s);
+  p_->flops += 2.0 * static_cast<double>(s.c * s.cs + s.cs * s.c2);
+  exec_own(std::move(e), "keel:se_excite_avx512", false,
+           n.name + " + " + r_.nodes[u].name + " (squeeze-excite) " + dims_str(x) + " -> " + dims_str(y));
+  for (size_t k : f1.nodes) done_[k] = true;
+  done_[u] = true;
+  for (size_t k : f2.nodes) done_[k] = true;
+  return true;
+}
+
+// A convolution over at most 4 channels read plain (a network's first layer, on the image), followed by a Relu
+// (or not) and a MaxPool that alone read it, as one step of the chain's own (steps/convpool.h): each thread
+// computes the convolution rows its pooled rows need into a ring in its cache and pools them there, so the
+// convolution's output never goes to memory. SqueezeNet 1.1's stem (3->64, 3x3 s2 at 224x224, MaxPool 3x3 s2 ceil)
+// at 2 threads: 0.17 ms against oneDNN's 0.21-0.27 ms convolution plus 0.09-0.11 ms pooling (PERFORMANCE.md,
+// "(sqz)"). f32, group 1, no dilation, output channels a multiple of 16, 2-D pooling without dilation or indices;
+// false, changing nothing, otherwise (or without AVX-512).
+bool Builder::conv_pool_fused(size_t i) {
+  const NodeDesc& n = r_.nodes[i];
+  if (!has_avx512f() || act_ != dt::f32 || n.out.size() != 1 || n.in.size() < 2) return false;
+  if (pad_folds_.count(n.in[0]) || se_folds_.count(n.in[0])) return false;
+  const ConstT* W = cst(n.in_at(1));
+  const ConstT* B = n.in_at(2).empty() ? nullptr : cst(n.in_at(2));
+  if (!W || W->dtype != KEEL_DTYPE_F32 || W->dims.size() != 4 || (!n.in_at(2).empty() && !B)) return false;
+  auto xv = vals_.find(n.in[0]);
+  if (xv == vals_.end() || xv->second.scale != 1.f || xv->second.md.data_type() != dt::f32 ||
+      !is_plain_dense(xv->second.md) || xv->second.md.data.ndims != 4)
+    return false;
+  const Dims x = md_dims(xv->second.md);
+  ConvPoolShape s;
+  s.n = x[0], s.c = x[1], s.h = x[2], s.w = x[3], s.m = W->dims[0];
+  s.kh = W->dims[2], s.kw = W->dims[3];
+  if (s.c > 4 || W->dims[1] != s.c || s.m % 16 != 0 || n.ai("group", 1) != 1 || (B && B->count() != s.m)) return false;
+  if (n.ais("kernel_shape", {s.kh, s.kw}) != Dims{s.kh, s.kw} || n.ais("dilations", {1, 1}) != Dims{1, 1})
+    return false;
+  const Dims st = n.ais("strides", {1, 1}), pads = n.ais("pads", {0, 0, 0, 0});
+  const std::string ap = n.as("auto_pad", "NOTSET");
+  if (st.size() != 2 || pads.size() != 4 || (ap != "NOTSET" && !ap.empty())) return false;
+  s.sh = st[0], s.sw = st[1], s.pt = pads[0], s.pl = pads[1];
+  if (s.sh < 1 || s.sw < 1) return false;
+  s.oh = (s.h + pads[0] + pads[2] - s.kh) / s.sh + 1;
+  s.ow = (s.w + pads[1] + pads[3] - s.kw) / s.sw + 1;
+  if (s.h + pads[0] + pads[2] < s.kh || s.w + pads[1] + pads[3] < s.kw) return false;
+  // Relu, then the MaxPool.
+  std::vector<size_t> fused;
+  std::string cur = n.out[0];
+  size_t u = sole_user(cur);
+  if (u != npos && r_.nodes[u].op == "Relu" && r_.nodes[u].out.size() == 1) {
+    s.relu = true;
+    fused.push_back(u);
+    cur = r_.nodes[u].out[0];
+    u = sole_user(cur);
+  }
+  if (u == npos || r_.nodes[u].op != "MaxPool" || r_.nodes[u].in[0] != cur) return false;
+  const NodeDesc& pn = r_.nodes[u];
+  if (pn.out.empty() || (pn.out.size() > 1 && !pn.out[1].empty()) || pn.ai("storage_order", 0) != 0) return false;
+  const Dims pk = pn.ais("kernel_shape", {}), ps = pn.ais("strides", {1, 1}), pp = pn.ais("pads", {0, 0, 0, 0});
+  const std::string pap = pn.as("auto_pad", "NOTSET");
+  if (pk.size() != 2 || ps.size() != 2 || pp.size() != 4 || pn.ais("dilations", {1, 1}) != Dims{1, 1}) return false;
+  if (pap != "NOTSET" && !pap.empty() && pap != "VALID") return false;
+  const bool valid = pap == "VALID", ceil = pn.ai("ceil_mode", 0) != 0;
+  s.pkh = pk[0], s.pkw = pk[1], s.psh = ps[0], s.psw = ps[1];
+  s.ppt = valid ? 0 : pp[0], s.ppl = valid ? 0 : pp[1];
+  if (s.psh < 1 || s.psw < 1) return false;
+  auto pooled = [&](int64_t in, int64_t k, int64_t str, int64_t before, int64_t after) -> int64_t {
+    const int64_t span = in + before + after - k;  // as pool()
+    return span < 0 ? 0 : 1 + (ceil ? (span + str - 1) / str : span / str);
+  };
+  s.ph = pooled(s.oh, s.pkh, s.psh, s.ppt, valid ? 0 : pp[2]);
+  s.pw = pooled(s.ow, s.pkw, s.psw, s.ppl, valid ? 0 : pp[3]);
+  if (!conv_pool_check(s).empty()) return false;
+  // Only where the convolution's output per image is past the L2 cache (SqueezeNet's 3.1 MB, ResNet's and
+  // GoogLeNet's 7x7 stems' 3.2 MB): simple_cnn_b32's 3x3 over 32x32 images (115 KB each, batch 32) was 10% slower
+  // fused. The 7x7 stems gain since the step pads its source rows instead of taking a per-pixel path at the
+  // edges (ResNet-50, 1 thread: 1.19 against 1.31 + 0.15 ms; PERFORMANCE.md "(r50f)").
+  if (s.m * s.oh * s.ow * static_cast<int64_t>(sizeof(float)) < (1 << 20)) return false;
+  const Dims y{s.n, s.m, s.ph, s.pw};
+  if (auto known = r_.dims.find(pn.out[0]); known != r_.dims.end() && known->second != y) return false;
+  fused.push_back(u);
+
+  Exec e;
+  p_->owned.emplace_back(md_t({static_cast<int64_t>(conv_pool_packed_floats(s))}, dt::f32, tag::a), engine(),
+                         p_->weights.alloc(conv_pool_packed_floats(s) * sizeof(float)));
+  conv_pool_pack_weights(s, W->f32(), static_cast<float*>(p_->owned.back().get_data_handle()));
+  e.args[DNNL_ARG_WEIGHTS] = p_->owned.back();
+  p_->owned.emplace_back(md_t({s.m}, dt::f32, tag::a), engine());
+  float* bias = static_cast<float*>(p_->owned.back().get_data_handle());
+  for (int64_t k = 0; k < s.m; ++k) bias[k] = B ? static_cast<float>(B->at(k)) : 0.f;
+  e.args[DNNL_ARG_BIAS] = p_->owned.back();
+  const int64_t scratch = static_cast<int64_t>(conv_pool_scratch_floats(s)) * std::max(1, p_->threads);
+  e.args[DNNL_ARG_SCRATCHPAD] = mem_at(md_t({scratch}, dt::f32, tag::a), new_buf(scratch * sizeof(float)), 0);
+  e.args[DNNL_ARG_SRC] = mem_of(xv->second);
+  Val& o = define(pn.out[0], md_t(to_dnnl(y), dt::f32, tag::nChw16c));
+  e.args[DNNL_ARG_DST] = mem_of(o);
+  e.own = run_conv_pool;
+  e.own_kind = "convolution";
+  e.params = std::make_shared<const ConvPoolShape>(s);
+  p_->flops += 2.0 * static_cast<double>(s.n * s.m * s.oh * s.ow * s.c * s.kh * s.kw);
+  exec_own(std::move(e), "keel:conv_pool_avx512", false,
+           n.name + (s.relu ? " + Relu" : "") + " + MaxPool " + dims_str(x) + " -> " + dims_str(y));
+  for (size_t k : fused) done_[k] = true;
+  return true;
+}
+
+// A 3x3 convolution in groups of 4 channels (ResNeXt-50 32x4d's layer1) over an nChw16c source, with at most a Relu
+// after it, as the chain's own step (steps/grouped.h): a quarter of the multiply-adds of the merged 16-channel
+// groups below. `w` [M][4][3][3] and `bias` with folds applied. False, changing nothing, for anything else.
+bool Builder::conv_grouped4(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y,
+                            int64_t stride, const std::vector<float>& w, const std::vector<float>& bias,
+                            double flops) {
+  bool relu = false;
+  if (f.po.len() > 1) return false;
+  if (f.po.len() == 1) {
+    float scale = 0.f, alpha = 0.f, beta = 0.f;
+    alg a = alg::undef;
+    if (f.po.kind(0) != dnnl::primitive::kind::eltwise) return false;
+    f.po.get_params_eltwise(0, scale, a, alpha, beta);
+    if (a != alg::eltwise_relu || alpha != 0.f || scale != 1.f) return false;
+    relu = true;
+  }
+  if (x.size() != 4 || x[1] % 16 != 0) return false;
+  const Val& xv = val(src);
+  if (xv.scale != 1.f || xv.md != md_t(to_dnnl(x), dt::f32, tag::nChw16c)) return false;
+  Grouped4Shape s;
+  s.n = x[0], s.blocks = x[1] / 16, s.h = x[2], s.w = x[3], s.stride = stride, s.relu = relu;
+  if (!grouped4_check(s).empty() || y != Dims{s.n, x[1], s.oh(), s.ow()}) return false;
+  if (w.size() != static_cast<size_t>(x[1] * 36) || bias.size() != static_cast<size_t>(x[1])) return false;
+  Exec e;
+  const size_t packed = grouped4_packed_floats(s);
+  p_->owned.emplace_back(md_t({static_cast<int64_t>(packed)}, dt::f32, tag::a), engine(),
+                         p_->weights.alloc(packed * sizeof(float)));
+  grouped4_pack_weights(s, w.data(), static_cast<float*>(p_->owned.back().get_data_handle()));
+  e.args[DNNL_ARG_WEIGHTS] = p_->owned.back();
+  p_->owned.emplace_back(md_t({x[1]}, dt::f32, tag::a), engine());
+  std::memcpy(p_->owned.back().get_data_handle(), bias.data(), bias.size() * sizeof(float));
+  e.args[DNNL_ARG_BIAS] = p_->owned.back();
+  e.args[DNNL_ARG_SRC] = mem_of(xv);
+  Val& o = define(f.out, md_t(to_dnnl(y), dt::f32, tag::nChw16c));
+  e.args[DNNL_ARG_DST] = mem_of(o);
+  e.own = run_grouped4;
+  e.own_kind = "convolution";
+  e.params = std::make_shared<const Grouped4Shape>(s);
+  p_->flops += flops;
+  exec_own(std::move(e), "keel:grouped4_avx512", false,
+           r_.nodes[i].name + (relu ? " + Relu " : " ") + dims_str(x) + " -> " + dims_str(y));
+  for (size_t k : f.nodes) done_[k] = true;
+  return true;
+}
+
+}  // namespace keel::onednn::chain

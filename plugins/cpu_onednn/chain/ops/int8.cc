@@ -1,0 +1,295 @@
+// plugins/cpu_onednn/chain/ops/int8.cc — keel.QConv, keel.QGemm and per-tensor QuantizeLinear/DequantizeLinear steps (the standalone
+// kernels' set-up, kernels/int8.h).
+#include "chain/builder.h"
+
+namespace keel::onednn::chain {
+
+QNodeView Builder::qnode_view(const NodeDesc& n) const {
+  QNodeView v;
+  v.in.resize(n.in.size());
+  for (size_t k = 0; k < n.in.size(); ++k) {
+    const std::string& name = n.in[k];
+    QInputView& x = v.in[k];
+    if (name.empty()) continue;
+    x.present = true;
+    if (const ConstT* c = cst(name)) {
+      x.dtype = c->dtype;
+      x.dims = c->dims;
+      x.dims_known = true;
+      x.data = c->bytes.empty() ? nullptr : c->bytes.data();
+      continue;
+    }
+    if (auto t = r_.dtypes.find(name); t != r_.dtypes.end()) x.dtype = t->second;
+    if (auto d = r_.dims.find(name); d != r_.dims.end()) x.dims = d->second, x.dims_known = true;
+  }
+  if (auto t = r_.dtypes.find(n.out.empty() ? std::string() : n.out[0]); t != r_.dtypes.end()) v.out_dtype = t->second;
+  v.activation = n.as("activation", "");
+  if (auto a = n.attrs.find("activation_params"); a != n.attrs.end() && a->second.kind == KEEL_ATTR_FLOATS) {
+    v.has_activation_params = true;
+    v.activation_params = a->second.floats;
+  }
+  return v;
+}
+
+// A boundary value's layout: channels-last where the graph holds it so (an int8 region's value), else plain.
+md_t Builder::boundary_md(const std::string& name, const Dims& d, dt t) const {
+  if (r_.channels_last.count(name) && d.size() >= 3 && d.size() <= 5)
+    return md_t(to_dnnl(d), t, channels_last_tag(d.size()));
+  return plain_md(d, t);
+}
+
+// An s32 scalar the plan owns (a primitive's runtime zero point).
+dnnl::memory Builder::zero_point_mem(int32_t v) {
+  p_->owned.emplace_back(md_t({1}, dt::s32, tag::a), engine());
+  *static_cast<int32_t*>(p_->owned.back().get_data_handle()) = v;
+  return p_->owned.back();
+}
+
+// Whether every reader of `v` in the claim is a QConv of rank `rank` reading it as its X only (and there is one).
+bool Builder::qconv_x_only(const std::string& v, size_t rank) {
+  const auto& us = users(v);
+  for (size_t u : us) {
+    const NodeDesc& c = r_.nodes[u];
+    if (c.op != "QConv" || c.in.empty() || c.in[0] != v || std::count(c.in.begin(), c.in.end(), v) != 1) return false;
+    const ConstT* w = cst(c.in_at(1));
+    if (!w || w->dims.size() != rank) return false;
+  }
+  return !us.empty();
+}
+
+// The f32 value `name` quantized with q's x_scale and x_zero_point into `want` (u8/s8): one step the first time,
+// shared by later readers with the same parameters and layout. The arithmetic is the standalone kernels' (x * (1 /
+// x_scale), rounded half to even, plus the zero point, saturated), so the bytes are theirs.
+Val Builder::quantized(const std::string& name, const QuantSetup& q, const md_t& want) {
+  const Val v = val(name);
+  if (v.scale != 1.f) throw Reject{"a scaled view read by an int8 step"};
+  if (v.md.data_type() != dt::f32) throw Reject{"X is not f32"};
+  const QuantizeSpec spec = q.quantize_spec();
+  std::string key = name + "#q";
+  key.append(reinterpret_cast<const char*>(&spec), sizeof spec);
+  key.append(reinterpret_cast<const char*>(&want.data), sizeof want.data);
+  key = name + "#q" + std::to_string(std::hash<std::string>()(key));
+  if (auto it = vals_.find(key); it != vals_.end()) return it->second;
+  const Dims d = md_dims(want);
+  const int64_t n = numel(d), N = d.empty() ? 1 : d[0], C = d.size() > 1 ? d[1] : 1;
+  const int64_t S = N * C > 0 ? n / (N * C) : 0;
+  const bool to_last = d.size() >= 3 && want == md_t(want.dims(), want.data_type(), channels_last_tag(d.size()));
+  Int8QuantizeStep st;
+  st.q = spec;
+  st.n = n, st.N = N, st.C = C, st.S = S;
+  const char* how = nullptr;
+  if (int8_own_kernels()) {
+    if (with_dtype(v.md, want.data_type()) == want && v.md.get_size() == static_cast<size_t>(n) * sizeof(float)) {
+      st.kind = Int8QuantizeStep::Kind::kSame, how = "own_quantize:avx512";
+    } else if (to_last && is_plain_dense(v.md) && C % 4 == 0) {
+      // (Whole groups of 4 channels only: see kernels/int8.cc.)
+      st.kind = Int8QuantizeStep::Kind::kToNhwc, how = "own_quantize_to_nhwc:avx512";
+    } else if (to_last && v.md == md_t(v.md.dims(), dt::f32, blocked16_tag(d.size()))) {
+      st.kind = Int8QuantizeStep::Kind::kBlocked, how = "own_quantize_nChw16c_to_nhwc:avx512";
+    }
+  }
+  Val& dst = define(key, want);
+  if (how) {
+    Exec e;
+    e.own = run_int8_quantize;
+    e.own_kind = "reorder";
+    e.params = std::make_shared<const Int8QuantizeStep>(st);
+    e.args = {{DNNL_ARG_SRC, mem_of(v)}, {DNNL_ARG_DST, mem_of(dst)}};
+    exec_own(std::move(e), how, false, r_.nodes[cur_node_].name + " quantize " + dims_str(d));
+    return dst;
+  }
+  dnnl::primitive_attr a = user_scratchpad();
+  a.set_output_scales(0, {spec.inv_scale});
+  if (spec.zero != 0) a.set_zero_points(DNNL_ARG_DST, 0, {DNNL_RUNTIME_S32_VAL});
+  dnnl::reorder::primitive_desc pd(engine(), v.md, engine(), want, a);
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_FROM, mem_of(v)}, {DNNL_ARG_TO, mem_of(dst)}};
+  if (spec.zero != 0) args[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST] = zero_point_mem(spec.zero);
+  exec(dnnl::reorder(pd), std::move(args));
+  return dst;
+}
+
+// A QConv's f32 residual Z in channels-last (the layout the int8 primitive adds it in): from an fp32 step's
+// nChw16c / nCdhw16c / nCw16c by the plugin's own copy (blocked16_to_nhwc_f32, one step shared by later readers),
+// else as as_md() reorders it.
+Val Builder::residual_last(const std::string& name, const Dims& y) {
+  const md_t want(to_dnnl(y), dt::f32, channels_last_tag(y.size()));
+  const Val v = val(name);
+  if (v.scale != 1.f || v.md == want || !int8_own_kernels() || v.md != md_t(to_dnnl(y), dt::f32, blocked16_tag(y.size())))
+    return as_md(name, want);
+  const std::string key = name + "#z_last";
+  if (auto it = vals_.find(key); it != vals_.end()) return it->second;
+  Int8QuantizeStep st;
+  st.N = y[0], st.C = y[1], st.S = numel(y) / std::max<int64_t>(1, y[0] * y[1]);
+  st.kind = Int8QuantizeStep::Kind::kBlockedF32;
+  Val& dst = define(key, want);
+  Exec e;
+  e.own = run_int8_quantize;
+  e.own_kind = "reorder";
+  e.params = std::make_shared<const Int8QuantizeStep>(st);
+  e.args = {{DNNL_ARG_SRC, mem_of(v)}, {DNNL_ARG_DST, mem_of(dst)}};
+  layout_reorder_ = true;
+  exec_own(std::move(e), "own_nChw16c_to_nhwc_f32:avx512", true, r_.nodes[cur_node_].name + " Z " + dims_str(y));
+  layout_reorder_ = false;
+  return dst;
+}
+
+// keel.QConv (1-D, 2-D or 3-D; lift_1d leaves QConvs alone, a 1-D one runs as a 1-D primitive): the own depthwise
+// kernel where it applies (as the standalone kernel decides), else oneDNN's int8 convolution with the standalone
+// kernel's primitive descriptor, over channels-last nwc / nhwc / ndhwc bytes.
+void Builder::qconv(size_t i) {
+  const NodeDesc& n = r_.nodes[i];
+  if (n.out.size() != 1 || n.in.size() < 6 || n.in.size() > 9 || n.in[0].empty() || is_const(n.in[0]))
+    throw Reject{"QConv's inputs"};
+  const ConstT* W = cst(n.in_at(1));
+  if (!W || W->dtype != KEEL_DTYPE_I8) throw Reject{"non-constant weights"};
+  const size_t sp = W->dims.size() >= 2 ? W->dims.size() - 2 : 0;
+  QConvGeom g;
+  g.read(W->dims, n.ai("group", 1), n.as("auto_pad", "NOTSET"), n.ais("strides", Dims(sp, 1)),
+         n.ais("dilations", Dims(sp, 1)), n.ais("pads", Dims(2 * sp, 0)));
+  // 1-D, 2-D and 3-D: the same primitive over channels-last nwc / nhwc / ndhwc bytes (the own depthwise kernel is
+  // 2-D only: int8_own_depthwise declines the others).
+  if (g.rank < 3 || g.rank > 5) throw Reject{"1-D, 2-D or 3-D int8 convolutions only"};
+  QuantSetup q;
+  q.read(qnode_view(n), W->dims[0]);
+  q.residual = !n.in_at(8).empty();
+  if (q.residual && (r_.dtypes.count(n.in[8]) == 0 || r_.dtypes.at(n.in[8]) != KEEL_DTYPE_F32))
+    throw Reject{"Z must be f32"};
+  const Dims x = dims_of(n.in[0]);
+  const Dims y = g.out_dims(x);
+  const int8_t* w = reinterpret_cast<const int8_t*>(W->bytes.data());
+  const dt xt = int8_dnnl_type(q.x_type), yt = int8_dnnl_type(q.y_type);
+  const int64_t M = W->dims[0];
+  const tag last = channels_last_tag(g.rank);
+  double taps = 1;
+  for (size_t k = 2; k < W->dims.size(); ++k) taps *= static_cast<double>(W->dims[k]);
+  p_->flops += 2.0 * static_cast<double>(numel(y)) * static_cast<double>(x[1] / g.group) * taps;
+  // An f32 X (the fp32 -> int8 boundary in front of a depthwise layer) is quantized into channels-last bytes by a
+  // step of its own first (quantized()), so that the own kernel serves it too (the standalone kernel leaves it to
+  // oneDNN's brdgmm_dw, 1.5-2x slower at 56x56).
+  QuantSetup qk = q;
+  qk.x_f32 = false;
+  if (auto dw = int8_own_depthwise(qk, g, w, x, y, true, true)) {
+    const md_t x_last(to_dnnl(x), xt, tag::nhwc);
+    const Val sv = q.x_f32 ? quantized(n.in[0], q, x_last) : as_md(n.in[0], x_last);
+    Val& out = define(n.out[0], md_t(to_dnnl(y), yt, tag::nhwc));
+    Exec e;
+    e.own = run_int8_depthwise;
+    e.own_kind = "convolution";
+    e.params = std::shared_ptr<const Int8Depthwise3x3>(std::move(dw));
+    e.args = {{DNNL_ARG_SRC, mem_of(sv)}, {DNNL_ARG_DST, mem_of(out)}};
+    exec_own(std::move(e), "own_int8_dw:avx512_vnni", false, n.name + " " + dims_str(x) + " -> " + dims_str(y));
+    return;
+  }
+  auto pd = qconv_primitive_desc(q, g, x, y, q.residual ? last : tag::any);
+  const Val sv = q.x_f32 ? quantized(n.in[0], q, pd.src_desc()) : as_md(n.in[0], pd.src_desc());
+  std::unordered_map<int, dnnl::memory> args;
+  const md_t wplain(to_dnnl(g.dnnl_weight_dims(x[1])), dt::s8, g.plain_weight_tag());
+  p_->owned.push_back(int8_prepack(wplain, pd.weights_desc(), w, p_->weights.alloc(pd.weights_desc().get_size())));
+  args[DNNL_ARG_WEIGHTS] = p_->owned.back();
+  if (!q.bias.empty()) {
+    p_->owned.push_back(int8_bias_memory(q.bias, md_t({M}, dt::f32, tag::a)));
+    args[DNNL_ARG_BIAS] = p_->owned.back();
+  }
+  if (q.residual) {
+    const Val zv = residual_last(n.in[8], y);
+    args[DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1] = mem_of(zv);
+  }
+  if (q.x_zero != 0) args[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC] = zero_point_mem(q.x_zero);
+  if (q.y_zero != 0) args[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST] = zero_point_mem(q.y_zero);
+  Val& out = define(n.out[0], pd.dst_desc());
+  args[DNNL_ARG_SRC] = mem_of(sv);
+  args[DNNL_ARG_DST] = mem_of(out);
+  exec(dnnl::convolution_forward(pd), std::move(args));
+}
+
+// keel.QGemm: A [..., K] (plain; quantized first when f32) x constant B -> [..., N] (plain), the standalone kernel's
+// matmul.
+void Builder::qgemm(size_t i) {
+  const NodeDesc& n = r_.nodes[i];
+  if (n.out.size() != 1 || n.in.size() < 6 || n.in.size() > 8 || n.in[0].empty() || is_const(n.in[0]))
+    throw Reject{"QGemm's inputs"};
+  const ConstT* B = cst(n.in_at(1));
+  if (!B || B->dtype != KEEL_DTYPE_I8 || B->dims.size() != 2) throw Reject{"non-constant 2-D B"};
+  const bool tb = n.ai("transB", 0) != 0;
+  const int64_t K = tb ? B->dims[1] : B->dims[0], N = tb ? B->dims[0] : B->dims[1];
+  QuantSetup q;
+  q.read(qnode_view(n), N);
+  const Dims a = dims_of(n.in[0]);
+  if (a.size() < 2 || a.back() != K) throw Reject{"A's last dimension differs from B's K"};
+  const int64_t M = numel(a) / K;
+  Dims yd(a.begin(), a.end() - 1);
+  yd.push_back(N);
+  const dt xt = int8_dnnl_type(q.x_type), yt = int8_dnnl_type(q.y_type);
+  auto pd = qgemm_primitive_desc(q, M, K, N);
+  if (pd.src_desc() != md_t({M, K}, xt, tag::ab) || pd.dst_desc() != md_t({M, N}, yt, tag::ab))
+    throw Reject{"the int8 matmul wants other layouts"};
+  const md_t a_plain = plain_md(a, xt);
+  const Val sv = q.x_f32 ? quantized(n.in[0], q, a_plain) : as_md(n.in[0], a_plain);
+  std::unordered_map<int, dnnl::memory> args;
+  p_->owned.push_back(int8_prepack(md_t({K, N}, dt::s8, tb ? tag::ba : tag::ab), pd.weights_desc(),
+                                   reinterpret_cast<const int8_t*>(B->bytes.data()),
+                                   p_->weights.alloc(pd.weights_desc().get_size())));
+  args[DNNL_ARG_WEIGHTS] = p_->owned.back();
+  if (!q.bias.empty()) {
+    p_->owned.push_back(int8_bias_memory(q.bias, md_t({1, N}, dt::f32, tag::ab)));
+    args[DNNL_ARG_BIAS] = p_->owned.back();
+  }
+  if (q.x_zero != 0) args[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC] = zero_point_mem(q.x_zero);
+  if (q.y_zero != 0) args[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST] = zero_point_mem(q.y_zero);
+  Val& out = define(n.out[0], plain_md(yd, yt));
+  args[DNNL_ARG_SRC] = mem_at(pd.src_desc(), sv.buf, sv.off);
+  args[DNNL_ARG_DST] = mem_at(pd.dst_desc(), out.buf, out.off);
+  p_->flops += 2.0 * M * K * N;
+  exec(dnnl::matmul(pd), std::move(args));
+}
+
+// QuantizeLinear / DequantizeLinear with a constant scalar scale and zero point (what fuse_qdq leaves of a QDQ
+// model: a QuantizeLinear several int8 nodes read, a DequantizeLinear in front of an fp32 reader), element-wise in
+// the layout their input has: the arithmetic of the standalone kernel (kernels/int8.cc's QdqKernel, a oneDNN
+// reorder; a QuantizeLinear on the plugin's own loop where quantized() takes it, the same rounding).
+void Builder::qdq(size_t i) {
+  const NodeDesc& n = r_.nodes[i];
+  const bool quant = n.op == "QuantizeLinear";
+  const ConstT* s = cst(n.in_at(1));
+  const ConstT* z = n.in_at(2).empty() ? nullptr : cst(n.in_at(2));
+  if (n.out.size() != 1 || !s || s->dtype != KEEL_DTYPE_F32 || s->count() != 1 || (!n.in_at(2).empty() && !z) ||
+      (z && z->count() != 1))
+    throw Reject{"a per-tensor constant scale and zero point only"};
+  const float scale = s->f32()[0];
+  if (!(scale > 0) || !std::isfinite(scale)) throw Reject{"scale must be positive"};
+  int32_t zero = 0, qtype = z ? z->dtype : KEEL_DTYPE_U8;
+  if (qtype == KEEL_DTYPE_U8 && z) zero = static_cast<uint8_t>(z->bytes[0]);
+  else if (qtype == KEEL_DTYPE_I8 && z) zero = static_cast<int8_t>(z->bytes[0]);
+  else if (qtype != KEEL_DTYPE_U8 && qtype != KEEL_DTYPE_I8) throw Reject{"zero point of another type than u8/s8"};
+  const Val xv = val(n.in[0]);
+  auto ot = r_.dtypes.find(n.out[0]);
+  if (quant) {
+    if (ot == r_.dtypes.end() || ot->second != qtype) throw Reject{"output type differs from the zero point's"};
+    QuantSetup q;
+    q.x_scale = scale, q.x_zero = zero, q.x_type = qtype;
+    // Read only by QConvs, as their X (fuse_qdq leaves such a QuantizeLinear where several QConvs read it, e.g. a
+    // ResNet block's input read by its first 3x3 and the downsampling 1x1): written channels-last straight away, the
+    // layout the int8 convolutions read, instead of in X's layout and then reordered for them.
+    md_t want = with_dtype(xv.md, int8_dnnl_type(qtype));
+    const Dims d = md_dims(xv.md);
+    if (d.size() >= 3 && d.size() <= 5 && qconv_x_only(n.out[0], d.size()) &&
+        (!escapes(n.out[0]) || r_.channels_last.count(n.out[0])))
+      want = md_t(to_dnnl(d), int8_dnnl_type(qtype), channels_last_tag(d.size()));
+    Val v = quantized(n.in[0], q, want);
+    p_->bufs[v.buf].values++;  // the node's output is that value
+    vals_[n.out[0]] = v;
+    return;
+  }
+  if (xv.md.data_type() != int8_dnnl_type(qtype) || ot == r_.dtypes.end() || ot->second != KEEL_DTYPE_F32)
+    throw Reject{"u8/s8 -> f32 only, the zero point's type"};
+  dnnl::primitive_attr a = user_scratchpad();
+  a.set_output_scales(0, {scale});
+  if (zero != 0) a.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
+  Val& out = define(n.out[0], with_dtype(xv.md, dt::f32));
+  dnnl::reorder::primitive_desc pd(engine(), xv.md, engine(), out.md, a);
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_FROM, mem_of(xv)}, {DNNL_ARG_TO, mem_of(out)}};
+  if (zero != 0) args[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC] = zero_point_mem(zero);
+  exec(dnnl::reorder(pd), std::move(args));
+}
+
+}  // namespace keel::onednn::chain

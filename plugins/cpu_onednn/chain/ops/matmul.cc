@@ -1,0 +1,233 @@
+// plugins/cpu_onednn/chain/ops/matmul.cc — MatMul and Gemm (strided views read directly, bias and scale post-ops).
+#include "chain/builder.h"
+
+namespace keel::onednn::chain {
+
+// MatMul (batched, broadcast; B constant or a value) and Gemm (constant B, C a constant bias).
+void Builder::matmul(size_t i) {
+  const NodeDesc& n = r_.nodes[i];
+  const bool gemm = n.op == "Gemm";
+  std::string an = n.in[0], bn = n.in_at(1);
+  Dims a = dims_of(an), b = dims_of(bn);
+  float scale = 1.f;
+  // A scaled view (a folded scalar Mul/Div) in front: the scale moves to the output.
+  for (std::string* v : {&an, &bn}) {
+    auto it = vals_.find(*v);
+    if (it != vals_.end() && it->second.scale != 1.f) {
+      scale *= it->second.scale;
+      *v = it->second.scale_of;
+    }
+  }
+  Dims y;
+  std::vector<float> gemm_bias;
+  bool transB = false;
+  if (gemm) {
+    if (a.size() != 2 || b.size() != 2) throw Reject{"Gemm needs 2-D operands"};
+    if (n.ai("transA", 0)) throw Reject{"transA"};
+    transB = n.ai("transB", 0) != 0;
+    float alpha = n.af("alpha", 1.f), beta = n.af("beta", 1.f);
+    scale *= alpha;
+    if (!is_const(bn)) throw Reject{"Gemm with a non-constant B"};
+    int64_t M = a[0], K = a[1], N = transB ? b[0] : b[1];
+    if ((transB ? b[1] : b[0]) != K) throw Reject{"Gemm shapes"};
+    y = {M, N};
+    if (!n.in_at(2).empty()) {
+      const ConstT* c = cst(n.in_at(2));
+      if (!c || !(c->count() == N || c->count() == 1) || (c->dims.size() == 2 && c->dims[0] != 1))
+        throw Reject{"Gemm C other than a constant [N]"};
+      gemm_bias.resize(N);
+      for (int64_t k = 0; k < N; ++k) gemm_bias[k] = beta * static_cast<float>(c->at(c->count() == 1 ? 0 : k));
+    }
+  } else {
+    if (a.size() < 2 || b.size() < 2) throw Reject{"1-D MatMul operands"};
+    if (a.back() != b[b.size() - 2]) throw Reject{"MatMul inner dims"};
+    size_t r = std::max(a.size(), b.size());
+    Dims ab(r - a.size(), 1), bb(r - b.size(), 1);
+    ab.insert(ab.end(), a.begin(), a.end());
+    bb.insert(bb.end(), b.begin(), b.end());
+    y.resize(r);
+    for (size_t k = 0; k + 2 < r; ++k) {
+      if (ab[k] != bb[k] && ab[k] != 1 && bb[k] != 1) throw Reject{"batch dims do not broadcast"};
+      y[k] = std::max(ab[k], bb[k]);
+    }
+    y[r - 2] = ab[r - 2];
+    y[r - 1] = bb[r - 1];
+    a = ab;
+    b = bb;
+  }
+  // A batch of rows times one matrix (B without batch dims): one [rows, K] x [K, N] product over A's plain memory.
+  const Dims y_final = y;
+  bool collapse = false;
+  if (!gemm && y.size() > 2) {
+    collapse = true;
+    for (size_t k = 0; k + 2 < b.size(); ++k) collapse = collapse && b[k] == 1;
+    if (collapse) {
+      int64_t rows = numel(y) / y.back();
+      a = {rows, a.back()};
+      b = {b[b.size() - 2], b.back()};
+      y = {rows, y.back()};
+    }
+  }
+  const size_t r = y.size();
+  if (r > 6) throw Reject{"rank > 6"};
+  Fusion f = fuse_after(n.out[0], i, false, 0);
+  scale *= f.out_scale;
+  if (!gemm_bias.empty()) {
+    if (!f.mm_bias.empty())
+      for (size_t k = 0; k < gemm_bias.size(); ++k) gemm_bias[k] += f.mm_bias[k];
+    f.mm_bias = gemm_bias;
+  }
+  // A: the value's memory when oneDNN reads it (strided views included), else plain.
+  auto rank_to = [&](const md_t& md, size_t rr) {
+    Dims d = md_dims(md), st = md_strides(md);
+    while (d.size() < rr) d.insert(d.begin(), 1), st.insert(st.begin(), st.empty() ? 1 : st.front() * d[1]);
+    return strided_md(d, st, md.data_type());
+  };
+  md_t bias_md;
+  if (!f.mm_bias.empty()) {
+    Dims bd(r, 1);
+    bd.back() = y.back();
+    bias_md = plain_md(bd, dt::f32);
+  }
+  // A scalar factor: into constant weights; else an output scale (applied to the product, so not with a bias).
+  const ConstT* bconst = cst(bn);
+  float weight_scale = 1.f;
+  if (scale != 1.f && bconst) weight_scale = scale, scale = 1.f;
+  if (scale != 1.f && !f.mm_bias.empty()) throw Reject{"a scale and a bias on non-constant weights"};
+  dnnl::primitive_attr attr = user_scratchpad();
+  if (scale != 1.f) attr.set_output_scales(0, {scale});
+  attr.set_post_ops(f.po);
+  md_t ymd = plain_md(y);
+  // A product read only by a Transpose (attention's heads, [B,H,S,Dh] -> [B,S,H,Dh], before the Reshape that joins
+  // them): written straight into the transposed layout (oneDNN's brgemm matmul takes a strided destination), so the
+  // Transpose is a plain value and costs nothing.
+  Dims yt, ys;
+  size_t tr = collapse || !f.sum_with.empty() || f.viewed ? npos : sole_transpose(f.out, y, &yt, &ys);
+  if (tr != npos) ymd = strided_md(y, ys, act_);
+  // Weights: a constant is prepacked in the primitive's layout; a value is read where it is.
+  const ConstT* bc = cst(bn);
+  md_t bmd;
+  Dims bdims = b;
+  if (bc) {
+    if (bc->dtype != KEEL_DTYPE_F32) throw Reject{"f32 only"};
+    bmd = md_t(to_dnnl(bdims), act_, tag::any);
+    if (gemm) bdims = {a[1], y[1]}, bmd = md_t(to_dnnl(bdims), act_, tag::any);
+  }
+  auto try_pd = [&](const md_t& amd, const md_t& wmd) -> std::unique_ptr<dnnl::matmul::primitive_desc> {
+    try {
+      dnnl::matmul::desc d(amd, wmd, bias_md, ymd);
+      auto pd = std::make_unique<dnnl::matmul::primitive_desc>(d, attr, engine());
+      std::string impl = pd->impl_info_str();
+      if (impl.rfind("ref", 0) == 0) return nullptr;
+      return pd;
+    } catch (const dnnl::error&) {
+      return nullptr;
+    }
+  };
+  std::unique_ptr<dnnl::matmul::primitive_desc> pd;
+  Val av = collapse ? as_plain(an) : val(an);
+  if (collapse) av.md = plain_md(a);
+  md_t amd_view = is_strided(av.md) ? rank_to(av.md, r) : md_t();
+  md_t bmd_view;
+  Val bv;
+  if (!bc) {
+    bv = val(bn);
+    bmd_view = is_strided(bv.md) ? rank_to(bv.md, r) : md_t();
+  }
+  bool a_direct = false, b_direct = false;
+  if (!amd_view.is_zero()) {
+    pd = try_pd(amd_view, bc ? bmd : (!bmd_view.is_zero() ? bmd_view : plain_md(b)));
+    if (pd) a_direct = true, b_direct = !bc && !bmd_view.is_zero();
+  }
+  if (!pd) pd = try_pd(plain_md(a), bc ? bmd : plain_md(b));
+  if (!pd && tr != npos) {  // no jit matmul writes that transposed layout: a plain product, the Transpose after it
+    tr = npos;
+    ymd = plain_md(y);
+    a_direct = b_direct = false;
+    if (!amd_view.is_zero()) {
+      pd = try_pd(amd_view, bc ? bmd : (!bmd_view.is_zero() ? bmd_view : plain_md(b)));
+      if (pd) a_direct = true, b_direct = !bc && !bmd_view.is_zero();
+    }
+    if (!pd) pd = try_pd(plain_md(a), bc ? bmd : plain_md(b));
+  }
+  if (!pd) throw Reject{"oneDNN has no matmul for this case"};
+  std::unordered_map<int, dnnl::memory> args;
+  if (a_direct) {
+    args[DNNL_ARG_SRC] = mem_at(pd->src_desc(), av.buf, av.off);
+  } else {
+    Val pa = as_plain(an);
+    args[DNNL_ARG_SRC] = mem_at(pd->src_desc(), pa.buf, pa.off);
+  }
+  if (bc) {
+    Dims kn = bdims;
+    md_t user;
+    if (gemm && transB) user = md_t(to_dnnl(kn), dt::f32, tag::ba);
+    else user = plain_md(kn, dt::f32);
+    std::vector<float> scaled;
+    const void* wsrc = bc->bytes.data();
+    if (weight_scale != 1.f) {
+      scaled.assign(bc->f32(), bc->f32() + bc->count());
+      for (float& v : scaled) v *= weight_scale;
+      wsrc = scaled.data();
+    }
+    // A read as its producer's nChw16c or nhwc memory (flatten_into_gemm): B's rows (its K index) in that order.
+    if (auto ff = flat_folds_.find(an); gemm && ff != flat_folds_.end()) {
+      const Dims& x = ff->second.first;
+      const int64_t C = x[1], HW = x[2] * x[3], K = C * HW, N = y[1];
+      const float* src = static_cast<const float*>(wsrc);
+      std::vector<float> perm(static_cast<size_t>(K * N));
+      for (int64_t c = 0; c < C; ++c)
+        for (int64_t p = 0; p < HW; ++p) {
+          const int64_t from = c * HW + p;
+          const int64_t to = ff->second.second ? p * C + c : ((c / 16) * HW + p) * 16 + c % 16;
+          for (int64_t j = 0; j < N; ++j) {
+            if (transB) perm[j * K + to] = src[j * K + from];
+            else perm[to * N + j] = src[from * N + j];
+          }
+        }
+      scaled = std::move(perm);
+      wsrc = scaled.data();
+    }
+    dnnl::memory um(user, engine(), const_cast<void*>(wsrc));
+    p_->owned.emplace_back(pd->weights_desc(), engine(), p_->weights.alloc(pd->weights_desc().get_size()));
+    dnnl::reorder(um, p_->owned.back()).execute(stream(), um, p_->owned.back());
+    stream().wait();
+    args[DNNL_ARG_WEIGHTS] = p_->owned.back();
+  } else if (b_direct) {
+    args[DNNL_ARG_WEIGHTS] = mem_at(pd->weights_desc(), bv.buf, bv.off);
+  } else {
+    Val pb = as_plain(bn);
+    args[DNNL_ARG_WEIGHTS] = mem_at(pd->weights_desc(), pb.buf, pb.off);
+  }
+  if (!f.mm_bias.empty()) {
+    p_->owned.emplace_back(bias_md, engine());
+    std::memcpy(p_->owned.back().get_data_handle(), f.mm_bias.data(), f.mm_bias.size() * sizeof(float));
+    args[DNNL_ARG_BIAS] = p_->owned.back();
+  }
+  int dbuf = -2;
+  if (!f.sum_with.empty()) {
+    size_t add_node = i;
+    for (size_t k : f.nodes)
+      if (r_.nodes[k].op == "Add") add_node = k;
+    const Val rv = vals_[f.sum_with];
+    if (is_plain_dense(rv.md) && rv.off == 0 && dead_after(f.sum_with, add_node)) {
+      dbuf = rv.buf;
+      p_->bufs[dbuf].values--;
+    } else {
+      Val tmp = as_plain(f.sum_with);
+      dbuf = new_buf(ymd.get_size());
+      dnnl::memory s1 = mem_of(tmp), d1 = mem_at(tmp.md, dbuf, 0);
+      exec(dnnl::reorder(s1, d1), {{DNNL_ARG_FROM, s1}, {DNNL_ARG_TO, d1}});
+    }
+  }
+  Val& out = tr != npos ? define(r_.nodes[tr].out[0], plain_md(yt), dbuf)
+                        : define(f.out, plain_md(f.viewed ? dims_of(f.out) : y_final), dbuf);
+  // (Written as [rows, N] when collapsed: the same plain memory; through the Transpose's strides when it follows.)
+  args[DNNL_ARG_DST] = mem_at(ymd, out.buf, out.off);
+  if (tr != npos) done_[tr] = true;
+  p_->flops += 2.0 * numel(y) * a.back();
+  exec(dnnl::matmul(*pd), std::move(args));
+  for (size_t k : f.nodes) done_[k] = true;
+}
+
+}  // namespace keel::onednn::chain

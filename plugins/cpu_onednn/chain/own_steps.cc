@@ -1,0 +1,208 @@
+// plugins/cpu_onednn/chain/own_steps.cc — the plugin's own steps (Exec::own) of a plan: thin adapters from an
+// Exec's memory arguments to the hand-written steps in steps/ (declared in chain/plan.h).
+#include "chain/plan.h"
+
+namespace keel::onednn::chain {
+
+// Exec::own of a SiLU step: x * sigmoid(x) in place over its DNNL_ARG_DST memory (steps/silu.h), split over the
+// OpenMP team (contiguous 16-float-aligned parts) unless the step is a single-thread one.
+void run_silu(const Exec& e) {
+  const dnnl::memory& m = e.args.at(DNNL_ARG_DST);
+  float* p = static_cast<float*>(m.get_data_handle());
+  const size_t n = m.get_desc().get_size() / sizeof(float);
+  const int team = e.single ? 1 : omp_get_max_threads();
+  if (team <= 1) {
+    silu_inplace(p, n);
+    return;
+  }
+#pragma omp parallel num_threads(team)
+  {
+    const size_t k = static_cast<size_t>(omp_get_num_threads()), t = static_cast<size_t>(omp_get_thread_num());
+    const size_t per = (n / 16 + k - 1) / k * 16;
+    const size_t b = std::min(n, t * per), end = t + 1 == k ? n : std::min(n, b + per);
+    silu_inplace(p + b, end - b);
+  }
+}
+
+
+// Exec::own of a SiLU step fused with the GlobalAveragePool reading its output: DNNL_ARG_DST is nChw16c
+// [N,C,H,W] (SiLU in place), kArgPooled nChw16c [N,C,1,1] (each channel's mean); the (batch, 16-channel block)
+// pairs are split over the OpenMP team unless the step is a single-thread one.
+void run_silu_mean(const Exec& e) {
+  const dnnl::memory& m = e.args.at(DNNL_ARG_DST);
+  const dnnl::memory::dims d = m.get_desc().dims();
+  float* p = static_cast<float*>(m.get_data_handle());
+  float* mean = static_cast<float*>(e.args.at(kArgPooled).get_data_handle());
+  const int64_t blocks = d[0] * ((d[1] + 15) / 16), hw = d[2] * d[3];
+  const int team = e.single ? 1 : omp_get_max_threads();
+#pragma omp parallel for num_threads(team) schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) silu_inplace_mean16(p + b * hw * 16, static_cast<size_t>(hw), mean + b * 16);
+}
+
+// Exec::own of a squeeze-excite scale folded into a 1x1 convolution's weights (Builder::fold_channel_scale):
+// DST (the primitive's weights) = SRC (the same weights unscaled) * scale[map[j]] element by element, where map
+// holds each element's input channel (0 on padding, which is 0 in SRC) and kArgScale is the [1,C,1,1] scale.
+// run_scale_weights16: the same where each 16 consecutive floats share one input channel (oneDNN's OIhw16i16o
+// layouts of the 1x1 kernels), map holding one channel per 16 floats.
+
+__attribute__((target("avx512f"))) void scale_gather_avx512(float* dst, const float* src, const float* scale,
+                                                           const int32_t* map, size_t n) {
+  size_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m512 g =  // the masked form: GCC 12 warns about the plain one's undefined source
+        _mm512_mask_i32gather_ps(_mm512_setzero_ps(), 0xffff, _mm512_loadu_si512(map + j), scale, 4);
+    _mm512_storeu_ps(dst + j, _mm512_mul_ps(_mm512_loadu_ps(src + j), g));
+  }
+  for (; j < n; ++j) dst[j] = src[j] * scale[map[j]];
+}
+void run_scale_weights(const Exec& e) {
+  const dnnl::memory& d = e.args.at(DNNL_ARG_DST);
+  float* dst = static_cast<float*>(d.get_data_handle());
+  const float* src = static_cast<const float*>(e.args.at(DNNL_ARG_SRC).get_data_handle());
+  const float* scale = static_cast<const float*>(e.args.at(kArgScale).get_data_handle());
+  const int32_t* map = static_cast<const int32_t*>(e.args.at(kArgMap).get_data_handle());
+  const size_t n = d.get_desc().get_size() / sizeof(float);
+  if (has_avx512f()) {
+    scale_gather_avx512(dst, src, scale, map, n);
+    return;
+  }
+  for (size_t j = 0; j < n; ++j) dst[j] = src[j] * scale[map[j]];
+}
+
+__attribute__((target("avx512f"))) void scale_rows_avx512(float* dst, const float* src, const float* scale,
+                                                         const int32_t* map, size_t rows) {
+  for (size_t r = 0; r < rows; ++r)
+    _mm512_storeu_ps(dst + 16 * r, _mm512_mul_ps(_mm512_loadu_ps(src + 16 * r), _mm512_set1_ps(scale[map[r]])));
+}
+void run_scale_weights16(const Exec& e) {
+  const dnnl::memory& d = e.args.at(DNNL_ARG_DST);
+  float* dst = static_cast<float*>(d.get_data_handle());
+  const float* src = static_cast<const float*>(e.args.at(DNNL_ARG_SRC).get_data_handle());
+  const float* scale = static_cast<const float*>(e.args.at(kArgScale).get_data_handle());
+  const int32_t* map = static_cast<const int32_t*>(e.args.at(kArgMap).get_data_handle());
+  const size_t rows = d.get_desc().get_size() / sizeof(float) / 16;
+  if (has_avx512f()) {
+    scale_rows_avx512(dst, src, scale, map, rows);
+    return;
+  }
+  for (size_t j = 0; j < rows * 16; ++j) dst[j] = src[j] * scale[map[j / 16]];
+}
+
+// Exec::own of a fused Conv (+ Relu) + MaxPool (Builder::conv_pool_fused, steps/convpool.h): SRC plain, WEIGHTS
+// packed, BIAS, DST nChw16c, DNNL_ARG_SCRATCHPAD room for the team's rows; split over the OpenMP team.
+void run_conv_pool(const Exec& e) {
+  const auto& s = *static_cast<const ConvPoolShape*>(e.params.get());
+  auto ptr = [&](int arg) { return static_cast<float*>(e.args.at(arg).get_data_handle()); };
+  const dnnl::memory& scratch = e.args.at(DNNL_ARG_SCRATCHPAD);
+  const int room = static_cast<int>(scratch.get_desc().get_size() / sizeof(float) / conv_pool_scratch_floats(s));
+  const int team = std::max(1, std::min(e.single ? 1 : omp_get_max_threads(), room));
+  conv_pool_run(s, ptr(DNNL_ARG_SRC), ptr(DNNL_ARG_WEIGHTS), ptr(DNNL_ARG_BIAS), ptr(DNNL_ARG_DST),
+                static_cast<float*>(scratch.get_data_handle()), team);
+}
+
+// Exec::own of a depthwise convolution + SiLU (Builder::conv_dw_silu, steps/dwsilu.h): SRC and DST nChw16c,
+// WEIGHTS packed, BIAS, kArgPooled (when present) the output's channel means, DNNL_ARG_SCRATCHPAD room for the team;
+// split over the OpenMP team by 16-channel blocks.
+void run_dw_silu(const Exec& e) {
+  const auto& s = *static_cast<const DwSiluShape*>(e.params.get());
+  auto ptr = [&](int arg) { return static_cast<float*>(e.args.at(arg).get_data_handle()); };
+  const dnnl::memory& scratch = e.args.at(DNNL_ARG_SCRATCHPAD);
+  const int room = static_cast<int>(scratch.get_desc().get_size() / sizeof(float) / dw_silu_scratch_floats(s));
+  const int team = std::max(1, std::min(e.single ? 1 : omp_get_max_threads(), room));
+  dw_silu_run(s, ptr(DNNL_ARG_SRC), ptr(DNNL_ARG_WEIGHTS), ptr(DNNL_ARG_BIAS), ptr(DNNL_ARG_DST),
+              e.args.count(kArgPooled) ? ptr(kArgPooled) : nullptr, static_cast<float*>(scratch.get_data_handle()),
+              team);
+}
+
+// Exec::own of squeeze-excite's excitation (Builder::se_excite_fused, steps/se.h): SRC the pooled channels, WEIGHTS
+// packed, DST the scale; on the calling thread (a single-thread step).
+void run_se(const Exec& e) {
+  se_excite(*static_cast<const SeShape*>(e.params.get()),
+            static_cast<const float*>(e.args.at(DNNL_ARG_WEIGHTS).get_data_handle()),
+            static_cast<const float*>(e.args.at(DNNL_ARG_SRC).get_data_handle()),
+            static_cast<float*>(e.args.at(DNNL_ARG_DST).get_data_handle()));
+}
+
+// Exec::own of a 3x3 convolution in groups of 4 channels (Builder::conv_grouped4, steps/grouped.h): SRC and DST
+// nChw16c, WEIGHTS packed, BIAS; split over the OpenMP team unless the step is a single-thread one.
+void run_grouped4(const Exec& e) {
+  const auto& s = *static_cast<const Grouped4Shape*>(e.params.get());
+  auto ptr = [&](int arg) { return static_cast<float*>(e.args.at(arg).get_data_handle()); };
+  grouped4_run(s, ptr(DNNL_ARG_SRC), ptr(DNNL_ARG_WEIGHTS), ptr(DNNL_ARG_BIAS), ptr(DNNL_ARG_DST),
+               e.single ? 1 : omp_get_max_threads());
+}
+
+// Exec::own of the phase steps of a dilated convolution (Builder::conv_dilated_phases): DNNL_ARG_SRC nChw16c
+// [N,C,H,W] into DNNL_ARG_DST nChw16c [N*d*d,C,H/d,W/d] (run_to_phases), or back (run_from_phases); d is read off
+// the two shapes. Split over the OpenMP team unless the step is a single-thread one.
+PhaseShape phase_shape(const dnnl::memory& image, const dnnl::memory& phases) {
+  const dnnl::memory::dims x = image.get_desc().dims(), p = phases.get_desc().dims();
+  return {x[0], (x[1] + 15) / 16, x[2], x[3], x[2] / p[2]};
+}
+void run_to_phases(const Exec& e) {
+  const dnnl::memory &x = e.args.at(DNNL_ARG_SRC), &p = e.args.at(DNNL_ARG_DST);
+  space_to_phases16(static_cast<const float*>(x.get_data_handle()), static_cast<float*>(p.get_data_handle()),
+                    phase_shape(x, p), e.single ? 1 : omp_get_max_threads());
+}
+void run_from_phases(const Exec& e) {
+  const dnnl::memory &p = e.args.at(DNNL_ARG_SRC), &x = e.args.at(DNNL_ARG_DST);
+  phases_to_space16(static_cast<const float*>(p.get_data_handle()), static_cast<float*>(x.get_data_handle()),
+                    phase_shape(x, p), e.single ? 1 : omp_get_max_threads());
+}
+
+// Exec::own of keel.Attention (Builder::attention, steps/attention.h): DNNL_ARG_SRC_0..2 Q, Kt, V and SRC_3 the
+// mask (when the shape has one), DST Y, each bound at its view's first element; SCRATCHPAD room for the team;
+// the AttentionShape in params.
+void run_attention(const Exec& e) {
+  const auto& s = *static_cast<const AttentionShape*>(e.params.get());
+  auto ptr = [&](int arg) { return static_cast<float*>(e.args.at(arg).get_data_handle()); };
+  const dnnl::memory& scratch = e.args.at(DNNL_ARG_SCRATCHPAD);
+  const int room = static_cast<int>(scratch.get_desc().get_size() / sizeof(float) / attention_scratch_floats(s));
+  const int team = std::max(1, std::min(e.single ? 1 : omp_get_max_threads(), room));
+  attention_run(s, ptr(DNNL_ARG_SRC_0), ptr(DNNL_ARG_SRC_1), ptr(DNNL_ARG_SRC_2),
+                s.has_mask ? ptr(DNNL_ARG_SRC_3) : nullptr, ptr(DNNL_ARG_DST),
+                static_cast<float*>(scratch.get_data_handle()), team);
+}
+
+// ----------------------------------------------------------------------- int8 steps' own parts (Builder::qconv)
+
+// Exec::own of an int8 depthwise 3x3 step (steps/int8_dw.h): params the kernel, SRC / DST channels-last bytes.
+void run_int8_depthwise(const Exec& e) {
+  const auto& k = *static_cast<const Int8Depthwise3x3*>(e.params.get());
+  k.run(e.args.at(DNNL_ARG_SRC).get_data_handle(), e.args.at(DNNL_ARG_DST).get_data_handle(),
+        e.single ? 1 : omp_get_max_threads());
+}
+
+// Exec::own of the quantization of an f32 value into an int8 step's source (steps/int8_quant.h): SRC f32 plain
+// ([N, C, S]: kToNhwc), nChw16c (kBlocked) or already in the destination's layout (kSame, n elements); DST bytes.
+// kBlockedF32: no quantization, nChw16c f32 into channels-last f32 (an int8 step's residual Z).
+
+void run_int8_quantize(const Exec& e) {
+  const auto& k = *static_cast<const Int8QuantizeStep*>(e.params.get());
+  const float* x = static_cast<const float*>(e.args.at(DNNL_ARG_SRC).get_data_handle());
+  void* y = e.args.at(DNNL_ARG_DST).get_data_handle();
+  const int team = e.single ? 1 : omp_get_max_threads();
+  switch (k.kind) {
+    case Int8QuantizeStep::Kind::kSame: quantize_f32(x, y, k.n, k.q, team); break;
+    case Int8QuantizeStep::Kind::kToNhwc: quantize_f32_to_nhwc(x, y, k.N, k.C, k.S, k.q, team); break;
+    case Int8QuantizeStep::Kind::kBlocked: quantize_f32_blocked16_to_nhwc(x, y, k.N, k.C, k.S, k.q, team); break;
+    case Int8QuantizeStep::Kind::kBlockedF32: blocked16_to_nhwc_f32(x, static_cast<float*>(y), k.N, k.C, k.S, team); break;
+  }
+}
+
+// Exec::own of the source of a merged bottleneck end (Builder::conv_residual_merged, steps/dilated.h): DNNL_ARG_SRC
+// h and DNNL_ARG_SRC_1 x into DNNL_ARG_DST, params its MergedSourceShape; split over the OpenMP team by rows unless
+// the step is a single-thread one.
+void run_merged_source(const Exec& e) {
+  merged_source16(static_cast<const float*>(e.args.at(DNNL_ARG_SRC).get_data_handle()),
+                  static_cast<const float*>(e.args.at(DNNL_ARG_SRC_1).get_data_handle()),
+                  static_cast<float*>(e.args.at(DNNL_ARG_DST).get_data_handle()),
+                  *static_cast<const MergedSourceShape*>(e.params.get()), e.single ? 1 : omp_get_max_threads());
+}
+
+void run_step(Exec& e, dnnl::stream& s) {
+  if (e.own) e.own(e);
+  else execute(e.prim, s, e.args);
+}
+
+}  // namespace keel::onednn::chain
