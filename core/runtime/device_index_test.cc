@@ -284,7 +284,7 @@ TEST(DeviceIndexEager, ToMovesBetweenIndicesAndOpsRunThere) {
   reset_counters();
   eager::Tensor x(Tensor::f32({2, 2}, {-1, 2, -3, 4}));
   eager::Tensor on1 = x.to("duo:1");
-  EXPECT_EQ(on1.device(), "duo");
+  EXPECT_EQ(on1.device(), "duo:1");
   EXPECT_EQ(on1.data().location().device_index, 1);
   eager::Tensor y = eager::relu(on1);
   EXPECT_EQ(y.data().location().to_string(), "duo:1");
