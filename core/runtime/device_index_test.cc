@@ -158,7 +158,9 @@ TEST(DeviceSpec, RejectsMalformedSpecsNamingThem) {
     auto r = DeviceSpec::parse(bad);
     ASSERT_FALSE(r.is_ok()) << bad;
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
-    if (*bad != '\0') EXPECT_NE(r.status().message().find(std::string("'") + bad + "'"), std::string::npos) << r.status().to_string();
+    if (*bad != '\0') {
+      EXPECT_NE(r.status().message().find(std::string("'") + bad + "'"), std::string::npos) << r.status().to_string();
+    }
   }
   EXPECT_NE(DeviceSpec::parse("cuda:-1").status().message().find(">= 0"), std::string::npos);
   EXPECT_NE(DeviceSpec::parse("cuda:x").status().message().find("not a number"), std::string::npos);
