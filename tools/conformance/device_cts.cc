@@ -256,7 +256,8 @@ void add_elementwise_cases(std::vector<OpCase>& v) {
   struct U { const char* op; float lo, hi; std::map<std::string, Attribute> attrs; };
   const U us[] = {{"Relu", -2, 2, {}},       {"LeakyRelu", -2, 2, {{"alpha", F(0.1f)}}}, {"Elu", -2, 2, {{"alpha", F(0.7f)}}},
                   {"Sigmoid", -6, 6, {}},    {"Tanh", -4, 4, {}},  {"Exp", -3, 3, {}},   {"Log", 0.01f, 10, {}},
-                  {"Sqrt", 0, 10, {}},       {"Abs", -3, 3, {}},   {"Neg", -3, 3, {}},   {"HardSwish", -5, 5, {}}};
+                  {"Sqrt", 0, 10, {}},       {"Abs", -3, 3, {}},   {"Neg", -3, 3, {}},   {"HardSwish", -5, 5, {}},
+                  {"Round", -5, 5, {}}};
   for (const U& u : us) {
     for (Shape x : {Shape{1}, Shape{17}, Shape{2, 3, 5, 7}, Shape{1, 64, 56, 56}}) {
       OpCase c;

@@ -115,6 +115,7 @@ inline bool eltwise_algorithm(const std::string& op, const std::string& approxim
   else if (op == "HardSwish") *alg = a::eltwise_hardswish;  // oneDNN 2.6: x * relu6(x + 3) / 6, no parameters
   else if (op == "Neg") *alg = a::eltwise_linear, *alpha = -1.f;
   else if (op == "Softplus") *alg = a::eltwise_soft_relu;
+  else if (op == "Round") *alg = a::eltwise_round;  // half to even, as ONNX
   else if (op == "Clip") *alg = a::eltwise_clip_v2;
   else if (op == "Gelu" && approximate == "none") *alg = a::eltwise_gelu_erf;
   else if (op == "Gelu" && approximate == "tanh") *alg = a::eltwise_gelu_tanh;

@@ -343,7 +343,8 @@ class SoftmaxKernel : public PlainKernel {
 // The ONNX op a Unary computes.
 const char* unary_op(Unary u) {
   static const char* const kOps[] = {"Relu", "LeakyRelu", "Elu",       "Sigmoid", "Tanh", "Exp",      "Log",
-                                     "Sqrt", "Abs",       "HardSwish", "Clip",    "Neg",  "Softplus", "Gelu"};
+                                     "Sqrt", "Abs",       "HardSwish", "Clip",    "Neg",  "Softplus", "Gelu",
+                                     "Round"};
   return kOps[static_cast<int>(u)];
 }
 
@@ -642,6 +643,7 @@ std::vector<KernelInfo> misc_kernels() {
       {"Sqrt", 6, 0, "onednn_f32_sqrt", []() -> K { return new UnaryKernel(dt::f32, Unary::kSqrt); }},
       {"Abs", 6, 0, "onednn_f32_abs", []() -> K { return new UnaryKernel(dt::f32, Unary::kAbs); }},
       {"Neg", 6, 0, "onednn_f32_neg", []() -> K { return new UnaryKernel(dt::f32, Unary::kNeg); }},
+      {"Round", 11, 0, "onednn_f32_round", []() -> K { return new UnaryKernel(dt::f32, Unary::kRound); }},
       {"HardSwish", 14, 0, "onednn_f32_hardswish", []() -> K { return new UnaryKernel(dt::f32, Unary::kHardSwish); }},
       {"Gelu", 20, 0, "onednn_f32_gelu", []() -> K { return new UnaryKernel(dt::f32, Unary::kGelu); }},
       {"Gelu", 1, 0, "onednn_f32_keel_gelu", []() -> K { return new UnaryKernel(dt::f32, Unary::kGelu); }, "keel"},

@@ -34,6 +34,7 @@ const std::vector<ChainOp>& chain_ops() {
       {"HardSwish", kOnnx, &B::eltwise, R::kCompute, L::kUnary},
       {"HardSigmoid", kOnnx, &B::eltwise, R::kCompute, L::kUnary},
       {"Sqrt", kOnnx, &B::eltwise, R::kCompute, L::kNo},
+      {"Round", kOnnx, &B::eltwise, R::kCompute, L::kUnary},
       {"Pow", kOnnx, &B::eltwise, R::kCompute, L::kNo},
       // binary element-wise (ops/elementwise.cc)
       {"Add", kOnnx, &B::binary, R::kCompute, L::kBinary},
