@@ -1068,12 +1068,17 @@ Status check_proto_graph(const onnx::GraphProto& gp, const std::function<int32_t
   return Status::ok();
 }
 
-Status check_ir_graph(const Graph& g, std::vector<const Graph*>& outer, int depth) {
+Status check_ir_graph(const Graph& g, std::vector<const Graph*>& outer, int depth, bool inferred_shapes) {
   if (depth > 64) return invalid_argument("subgraphs nested too deeply");
+  // Without inferred shapes only graph inputs count: the value_info of other values may be stale (a pass that
+  // shrank a weight has not re-inferred its consumers yet).
+  auto usable = [&](const Graph& owner, const std::string& v) {
+    return inferred_shapes || std::find(owner.inputs.begin(), owner.inputs.end(), v) != owner.inputs.end();
+  };
   auto lookup_info = [&](const std::string& v) -> const ValueInfo* {
-    if (const ValueInfo* vi = g.info(v)) return vi;
+    if (const ValueInfo* vi = g.info(v)) return usable(g, v) ? vi : nullptr;
     for (auto it = outer.rbegin(); it != outer.rend(); ++it)
-      if (const ValueInfo* vi = (*it)->info(v)) return vi;
+      if (const ValueInfo* vi = (*it)->info(v)) return usable(**it, v) ? vi : nullptr;
     return nullptr;
   };
   auto lookup_init = [&](const std::string& v) -> const Tensor* {
@@ -1110,7 +1115,7 @@ Status check_ir_graph(const Graph& g, std::vector<const Graph*>& outer, int dept
     for (const auto& [name, a] : n->attrs) {
       if (a.kind == AttrKind::kGraph && a.g) {
         outer.push_back(&g);
-        Status st = check_ir_graph(*a.g, outer, depth + 1);
+        Status st = check_ir_graph(*a.g, outer, depth + 1, inferred_shapes);
         outer.pop_back();
         KEEL_RETURN_IF_ERROR(std::move(st), node_label(n->name, n->op_type, ni));
       }
@@ -1155,9 +1160,9 @@ Status check_node_attributes(const AttrCheckNode& node) {
   return Status::ok();
 }
 
-Status check_graph_attributes(const Graph& graph) {
+Status check_graph_attributes(const Graph& graph, bool inferred_shapes) {
   std::vector<const Graph*> outer;
-  return check_ir_graph(graph, outer, 0);
+  return check_ir_graph(graph, outer, 0, inferred_shapes);
 }
 
 Status check_model_attributes(const onnx::GraphProto& graph, const std::function<int32_t(const std::string&)>& opset) {

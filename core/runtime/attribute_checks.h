@@ -55,8 +55,10 @@ struct AttrCheckNode {
 // Checks one node. OK for ops without rules.
 Status check_node_attributes(const AttrCheckNode& node);
 
-// Checks every node of a graph IR (and of its subgraphs) with the shapes its value_info knows.
-Status check_graph_attributes(const Graph& graph);
+// Checks every node of a graph IR (and of its subgraphs) with the shapes its value_info knows. With
+// `inferred_shapes` false only the graph inputs' shapes are used (before inference: the value_info of other values
+// may be stale after a pass rewrote the graph).
+Status check_graph_attributes(const Graph& graph, bool inferred_shapes = true);
 
 // Checks every node of an ONNX graph (and its subgraphs) with the shapes that its inputs, initializers and
 // value_info declare; `opsets` maps domain ("" = ai.onnx) to version. Runs before any ONNX inference.

@@ -1165,7 +1165,7 @@ Status infer_shapes(Graph& graph) {
     ExportOptions eo;
     eo.max_initializer_bytes = 4096;  // shape-carrying constants are small; weights only need their type
     eo.value_info_only_for_custom_domains = true;
-    KEEL_RETURN_IF_ERROR(check_graph_attributes(graph), "infer_shapes");
+    KEEL_RETURN_IF_ERROR(check_graph_attributes(graph, /*inferred_shapes=*/false), "infer_shapes");
     KEEL_RETURN_IF_ERROR(export_model(graph, exported, eo), "infer_shapes");
     onnx::ShapeInferenceOptions opts(/*check_type=*/false, /*error_mode=*/0, /*data_prop=*/true);
     onnx::ModelProto m = exported;
