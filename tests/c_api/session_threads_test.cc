@@ -1,7 +1,7 @@
 // Sessions run from threads other than the one that created them, through the C API, on the plugins of the build
 // tree (oneDNN when built): the outputs equal the creating thread's, bit for bit. Regression test for the SIGSEGV in
 // oneDNN's jit_wino_4x3 when keel_session_run came from another thread (Debian's oneDNN keeps the scratchpad of a
-// primitive created in "library" mode in a buffer of the creating thread: plugins/cpu_onednn/onednn_scratchpad.h).
+// primitive created in "library" mode in a buffer of the creating thread: plugins/cpu_onednn/common/scratchpad.h).
 //
 // Models, generated here with random weights (no files in git), each shaped like a model of the peer set:
 //   resnet       ResNet-18's first stages: 3x3 convolutions of 64 and 128 channels at 56x56 and 28x28 (where oneDNN

@@ -1199,7 +1199,7 @@ void add_chain_cases(std::vector<OpCase>& v) {
   }
   {
     // Dilated 3x3s whose padding equals the dilation and whose spatial sizes divide by it run as Winograd over the
-    // input's phases (onednn_subgraph.cc conv_dilated_phases), batch 2: dilation 2 over 16x16 (phases 8x8) with
+    // input's phases (plugins/cpu_onednn/chain/ops/conv_variants.cc, conv_dilated_phases), batch 2: dilation 2 over 16x16 (phases 8x8) with
     // BatchNormalization and Relu folded, dilation 3 (16 does not divide by 3: brgemm), dilation 4 (phases 4x4) with
     // a Relu and a residual Add after it (not a sum post-op: the Relu comes first), and dilation 2 without bias.
     OpCase c;
@@ -1959,7 +1959,7 @@ void add_chain_cases(std::vector<OpCase>& v) {
   }
   {
     // Grouped 3x3s of 8 and 4 channels per group run merged into 16-channel groups with block-diagonal weights
-    // (onednn_subgraph.cc conv()): 6 groups of 8 at stride 2 (merged into 3), 12 groups of 4 (on the f32 device the
+    // (plugins/cpu_onednn/chain/ops/conv.cc, conv()): 6 groups of 8 at stride 2 (merged into 3), 12 groups of 4 (on the f32 device the
     // own step of onednn_grouped.h; merged into 3 in bf16), and 3 groups of 8 over 24 channels (not a whole number of
     // merged groups: left as it is), in nChw16c between 1x1s.
     OpCase c;
@@ -2591,7 +2591,7 @@ void add_attention_cases(std::vector<OpCase>& v) {
 
 // INT8 chains: consecutive keel.QConv / keel.QGemm nodes as fuse_qdq leaves them (channels-last bytes between
 // QConvs, f32 residual streams quantized by their readers, a folded residual Add as Z), which a device may claim as
-// one subgraph (the cpu_onednn plugin does: onednn_subgraph.cc, Builder::qconv / qgemm). The default tolerances:
+// one subgraph (the cpu_onednn plugin does: chain/ops/int8.cc, Builder::qconv / qgemm). The default tolerances:
 // requantisation may round apart from the reference at a tie (x * (1 / scale) against a division), rare with these
 // random values, and then one step in one inner value.
 void add_int8_chain_cases(std::vector<OpCase>& v) {

@@ -298,7 +298,7 @@ StatusOr<Graph> trace_model(Environment& env, nn::Module& model, const FashionMn
 
 }  // namespace
 
-// Quantizes `fp32` with `keel quantize`'s calibration (tools/keel/quantize.h: its default ranges over `calibration`,
+// Quantizes `fp32` with `keel quantize`'s calibration (tools/calibration/quantize.h: its default ranges over `calibration`,
 // per-channel s8 weights, u8 activations; the last fifth of the batches held out for the error report), saves the QDQ
 // model beside `fp32_path` as *.int8.onnx, and evaluates it on the test set through a Session that runs the
 // `fuse_qdq` pass, so the oneDNN int8 kernels execute it.

@@ -201,7 +201,7 @@ Builder::Fusion Builder::fuse_after(const std::string& out, size_t at, bool conv
 
 // A SiLU (swish post-op) at the end of a convolution's fusion runs as the chain's own step after the primitive
 // (exec_silu) instead: oneDNN 2.6's swish costs more than a 1x1 convolution's arithmetic on EfficientNet's shapes
-// (steps/silu.h, PERFORMANCE.md). Strips it from f.po and returns true; false, changing nothing, when the option is
+// (steps/silu.h, docs/ONEDNN_PERFORMANCE.md). Strips it from f.po and returns true; false, changing nothing, when the option is
 // off, the CPU lacks AVX-512 (the pass would be scalar), the node computes in bf16, or the chain holds post-op kinds
 // other than eltwise and sum before it.
 bool Builder::take_silu(Fusion& f) {

@@ -11,7 +11,7 @@
 // convolution). Timed alone, F(4,3) also looks better than it is in a chain: it writes its output past the cache
 // (streaming stores) and the layer after it then waits for memory (SqueezeNet at 1 thread: the 1x1 and the MaxPool
 // reading the 55x55 expands took 70 -> 80 and 29 -> 71 us, the gain of the expands themselves gone), so the chain
-// asks another Winograd implementation to win by a third. See PERFORMANCE.md, "(sqz)".
+// asks another Winograd implementation to win by a third. See docs/ONEDNN_PERFORMANCE.md, "(sqz)".
 #pragma once
 
 #include <dnnl.hpp>

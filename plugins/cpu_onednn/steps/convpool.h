@@ -5,7 +5,7 @@
 // stride 2, ceil) read back: at 2 threads oneDNN's jit convolution took 0.21-0.27 ms and the pooling 0.09-0.11 ms,
 // where 1 thread took 0.24 and 0.06 (both bound by that traffic, not by arithmetic). Here each thread computes the
 // convolution rows its pooled rows need into a ring of a few rows (in its L2 cache) and pools them straight away:
-// only the pooled output goes to memory. See PERFORMANCE.md, "(sqz)".
+// only the pooled output goes to memory. See docs/ONEDNN_PERFORMANCE.md, "(sqz)".
 #pragma once
 
 #include <cstddef>

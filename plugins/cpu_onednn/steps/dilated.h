@@ -7,7 +7,7 @@
 //   - the source of ResNet's merged strided bottleneck end (conv_residual_merged): the block's 3x3 output (nhwc
 //     from oneDNN's brgemm kernel, or nChw16c) and every other row and column of the block's input side by side in
 //     one nChw16c buffer, in one pass instead of two oneDNN reorders.
-// See chain/ops/conv_variants.cc and PERFORMANCE.md.
+// See chain/ops/conv_variants.cc and docs/ONEDNN_PERFORMANCE.md.
 #pragma once
 
 #include <cstdint>

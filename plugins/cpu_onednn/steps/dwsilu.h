@@ -8,7 +8,7 @@
 // 5.7 ms (steps' fastest runs), the depthwise convolutions another 0.75 ms. Here each thread takes whole 16-channel
 // blocks, applies the source's SiLU row by row into a ring of k rows in its L1/L2 cache (with the zero padding
 // around them), convolves from the ring, and applies the output's SiLU and sums the channel means in registers
-// before storing: the source is read once and the output written once. See PERFORMANCE.md, "(sq2)".
+// before storing: the source is read once and the output written once. See docs/ONEDNN_PERFORMANCE.md, "(sq2)".
 #pragma once
 
 #include <cstddef>

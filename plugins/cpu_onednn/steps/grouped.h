@@ -6,7 +6,7 @@
 // 128-channel 3x3s at 56x56 in 0.57 ms at 1 thread, at the FMA peak). Here each 16-channel block holds four whole
 // groups, one per 128-bit lane: per kernel tap and input channel i of a group, one in-lane permute spreads lane i of
 // every group over its four lanes and one FMA applies the 16 output channels' weights for it (4 permutes and 4 FMAs
-// per tap and pixel instead of 16 FMAs). See PERFORMANCE.md, "(r50f)".
+// per tap and pixel instead of 16 FMAs). See docs/ONEDNN_PERFORMANCE.md, "(r50f)".
 #pragma once
 
 #include <cstddef>

@@ -6,7 +6,7 @@
 // fastest runs in all at 1 thread, each step a few microseconds of dispatch and a pass over weights of at most
 // 221 KB. Here both products run from weights packed at plan time (W1 as [C][Cs16], W2 as [Cs][C2p]: rows of 16
 // floats, the axpy form, so each input value is one broadcast) with the activations in registers. See
-// PERFORMANCE.md, "(sq2)".
+// docs/ONEDNN_PERFORMANCE.md, "(sq2)".
 #pragma once
 
 #include <cstddef>

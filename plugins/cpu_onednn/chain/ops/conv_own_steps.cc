@@ -56,7 +56,7 @@ bool Builder::defer_silu(const std::string& v, const md_t& md) {
 
 // Builds node i as the depthwise convolution + SiLU step when dw_silu_plan takes it and its source is nChw16c:
 // the SiLU of the source too when deferred to it (defer_silu), and a GlobalAveragePool reading the output (squeeze-
-// excite) computed on the way. Measured in EfficientNet-B0 at 1 thread: PERFORMANCE.md, "(sq2)". True when built;
+// excite) computed on the way. Measured in EfficientNet-B0 at 1 thread: docs/ONEDNN_PERFORMANCE.md, "(sq2)". True when built;
 // false, changing nothing, otherwise.
 bool Builder::conv_dw_silu(size_t i) {
   DwSiluShape s;
@@ -115,7 +115,7 @@ bool Builder::conv_dw_silu(size_t i) {
 // Squeeze-excite's excitation from node i on, s = Sigmoid(Conv1x1_2(act(Conv1x1_1(p)))) over a pooled [1,C,1,1]
 // value p (act SiLU or Relu, each convolution with constant f32 weights and an optional bias, group 1, no strides,
 // pads or dilations; nothing else fused), as one single-thread step of the chain's own (steps/se.h) writing s as
-// plain [1,C2,1,1]. EfficientNet-B0's 16 excitations were 64 steps (fc1, SiLU pass, fc2 + logistic): PERFORMANCE.md,
+// plain [1,C2,1,1]. EfficientNet-B0's 16 excitations were 64 steps (fc1, SiLU pass, fc2 + logistic): docs/ONEDNN_PERFORMANCE.md,
 // "(sq2)". With AVX-512, f32, the se_step option on; true when built, false (changing nothing) otherwise.
 bool Builder::se_excite_fused(size_t i) {
   if (!g_options.se_step || !has_avx512f() || act_ != dt::f32) return false;
@@ -198,7 +198,7 @@ bool Builder::se_excite_fused(size_t i) {
 // (or not) and a MaxPool that alone read it, as one step of the chain's own (steps/convpool.h): each thread
 // computes the convolution rows its pooled rows need into a ring in its cache and pools them there, so the
 // convolution's output never goes to memory. SqueezeNet 1.1's stem (3->64, 3x3 s2 at 224x224, MaxPool 3x3 s2 ceil)
-// at 2 threads: 0.17 ms against oneDNN's 0.21-0.27 ms convolution plus 0.09-0.11 ms pooling (PERFORMANCE.md,
+// at 2 threads: 0.17 ms against oneDNN's 0.21-0.27 ms convolution plus 0.09-0.11 ms pooling (docs/ONEDNN_PERFORMANCE.md,
 // "(sqz)"). f32, group 1, no dilation, output channels a multiple of 16, 2-D pooling without dilation or indices;
 // false, changing nothing, otherwise (or without AVX-512).
 bool Builder::conv_pool_fused(size_t i) {
@@ -258,7 +258,7 @@ bool Builder::conv_pool_fused(size_t i) {
   // Only where the convolution's output per image is past the L2 cache (SqueezeNet's 3.1 MB, ResNet's and
   // GoogLeNet's 7x7 stems' 3.2 MB): simple_cnn_b32's 3x3 over 32x32 images (115 KB each, batch 32) was 10% slower
   // fused. The 7x7 stems gain since the step pads its source rows instead of taking a per-pixel path at the
-  // edges (ResNet-50, 1 thread: 1.19 against 1.31 + 0.15 ms; PERFORMANCE.md "(r50f)").
+  // edges (ResNet-50, 1 thread: 1.19 against 1.31 + 0.15 ms; docs/ONEDNN_PERFORMANCE.md "(r50f)").
   if (s.m * s.oh * s.ow * static_cast<int64_t>(sizeof(float)) < (1 << 20)) return false;
   const Dims y{s.n, s.m, s.ph, s.pw};
   if (auto known = r_.dims.find(pn.out[0]); known != r_.dims.end() && known->second != y) return false;

@@ -12,7 +12,7 @@ namespace keel::onednn::chain {
 // channels of an nChw16c buffer, x subsampled into the rest (one own step, steps/dilated.h). Post-ops:
 // what follows the Add (Relu). Batch 1, f32, channels multiples of 16, node `i` being the first of the two
 // convolutions; false, changing nothing, otherwise or when oneDNN offers no jit kernel. (With a stride-1 shortcut,
-// ResNet-50's layer1.0, h and x copied into one buffer made it slower: PERFORMANCE.md.)
+// ResNet-50's layer1.0, h and x copied into one buffer made it slower: docs/ONEDNN_PERFORMANCE.md.)
 bool Builder::conv_residual_merged(size_t i) {
   if (act_ != dt::f32) return false;
   auto unit_conv = [&](const NodeDesc& c, int64_t* stride) {
@@ -96,7 +96,7 @@ bool Builder::conv_residual_merged(size_t i) {
   const md_t hnhwc(to_dnnl(h), dt::f32, tag::nhwc);
   if (hv.md == hnhwc || hv.md == hmd) {
     // One own step (steps/dilated.h) for both: at 2 threads oneDNN's two reorders took 0.091 / 0.047 / 0.033 ms
-    // in ResNet-50's layer2.0 / 3.0 / 4.0, this 0.068 / 0.031 / 0.030 (level at 1 thread): PERFORMANCE.md, (r50e).
+    // in ResNet-50's layer2.0 / 3.0 / 4.0, this 0.068 / 0.031 / 0.030 (level at 1 thread): docs/ONEDNN_PERFORMANCE.md, (r50e).
     MergedSourceShape ms;
     ms.ch = Ch, ms.cx = Cx, ms.h = h[2], ms.w = h[3], ms.xh = x[2], ms.xw = x[3], ms.stride = sj;
     ms.h_nhwc = hv.md == hnhwc;
@@ -136,7 +136,7 @@ bool Builder::conv_residual_merged(size_t i) {
 // 0.51-0.62 ms against 1.20-1.25 ms for the dilated convolution on brgemm over nhwc; in the network, where the
 // weights (4x larger in Winograd's domain: 9.4 MB) come from memory, the five steps with their layout steps 6.4
 // against 6.6 ms. With 512 channels (layer4, dilation 2 and 4; 38 MB of Winograd weights) no faster, hence the
-// caller's limit of C*M <= 256*256 (PERFORMANCE.md, r50c). False, changing nothing, when oneDNN offers no Winograd
+// caller's limit of C*M <= 256*256 (docs/ONEDNN_PERFORMANCE.md, r50c). False, changing nothing, when oneDNN offers no Winograd
 // kernel for the phases in nChw16c.
 bool Builder::conv_dilated_phases(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y,
                                   int64_t dil, const md_t& wany, const md_t& bmd, const dnnl::primitive_attr& attr,
