@@ -694,8 +694,13 @@ void c_release(void*, keel_communicator_t comm) {
   {
     SigpipeGuard guard;
     try {
+      // Close the pairs first: the receives posted early for the next header are signalled (under each pair's
+      // lock) and unregistered from Gloo's loop thread, which otherwise could still signal a buffer being
+      // destroyed here when a peer closes at the same time (a race ThreadSanitizer reported in
+      // GlooCollectives.SeveralCommunicatorsShareOneStore).
+      if (c->ctx) c->ctx->closeConnections();
       c->posted_bufs.clear();
-      c->ctx.reset();  // closes the connections: peers still waiting on this rank see them close
+      c->ctx.reset();  // peers still waiting on this rank see its connections closed
       c->device.reset();
     } catch (...) {
     }
