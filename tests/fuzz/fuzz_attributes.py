@@ -16,6 +16,12 @@ crash over the memory cap (the process' address space is capped with RLIMIT_AS, 
 builds; an allocation over it must come back as an OUT_OF_MEMORY error, which is counted, not failed). Failing
 models are kept with a one-line repro each.
 
+Cases run in batches (--batch N, default 25): one `keel run --batch LIST` process runs N models in turn, each framed by
+status lines, which saves the start-up of a process per case (seconds under ASan). A batch counts as a hang when no
+frame line arrives for --timeout seconds. When a batch process does not finish cleanly (a signal, a sanitizer report,
+a hang, a model without its end frame), its cases are run again one by one, each in its own process, to find the
+culprit and keep it with its one-line repro; if none fails alone, the batch itself is kept (its list is the repro).
+
     python3 tests/fuzz/fuzz_attributes.py --keel build/bin/keel --cases 2000 --seed 1 --jobs 2 --keep /tmp/fuzz-attrs
 
 Needs python3-onnx and python3-numpy (Debian packages; run it with /usr/bin/python3 where another python3 comes
@@ -32,6 +38,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 
 import numpy as np
 import onnx
@@ -396,13 +404,9 @@ SANITIZER = re.compile(r"ERROR: (AddressSanitizer|LeakSanitizer|ThreadSanitizer)
 
 
 def run_one(cmd, env, timeout, mem_cap):
-    def limit():
-        if mem_cap:
-            resource.setrlimit(resource.RLIMIT_AS, (mem_cap, mem_cap))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout, env=env,
-                           preexec_fn=limit)
+                           preexec_fn=limit_child(mem_cap))
     except subprocess.TimeoutExpired:
         return f"no exit after {timeout:.0f} s", "hang"
     out = r.stdout + r.stderr
@@ -419,6 +423,80 @@ def run_one(cmd, env, timeout, mem_cap):
     if "out of memory" in out.lower() or "OUT_OF_MEMORY" in out:
         return None, "oom"
     return None, "error"
+
+
+def limit_child(mem_cap):
+    def limit():
+        if mem_cap:
+            resource.setrlimit(resource.RLIMIT_AS, (mem_cap, mem_cap))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    return limit
+
+
+FRAME = re.compile(r"^keel-batch: (start|end) (\d+)(?: rc=(-?\d+))?")
+
+
+def run_batch(cmd, env, timeout, mem_cap):
+    """Runs `keel run --batch LIST` (cmd); returns (per-model list of (verdict, detail) or None where the model has no
+    end frame, the process' problem or None, the whole output's tail). A model's verdict is as in run_one."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", env=env,
+                         preexec_fn=limit_child(mem_cap))
+    lines, last = [], [time.monotonic()]
+
+    def read():
+        for line in p.stdout:
+            lines.append(line)
+            if line.startswith("keel-batch: "):
+                last[0] = time.monotonic()
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    hung = False
+    while True:
+        try:
+            p.wait(timeout=1.0)
+            break
+        except subprocess.TimeoutExpired:
+            if time.monotonic() - last[0] > timeout:
+                hung = True
+                p.kill()
+                p.wait()
+                break
+    reader.join(timeout=10)
+    out = "".join(lines)
+    results, start, segment = {}, None, []
+    for line in lines:
+        m = FRAME.match(line)
+        if not m:
+            segment.append(line)
+            continue
+        k = int(m.group(2))
+        if m.group(1) == "start":
+            start, segment = k, []
+            continue
+        if k != start:
+            continue
+        text = "".join(segment)
+        rc = int(m.group(3))
+        sm = SANITIZER.search(text)
+        if sm:
+            results[k] = (f"sanitizer: {text[sm.start():].splitlines()[0][:200]}", text[-4000:])
+        elif rc == 0:
+            results[k] = (None, "ok")
+        elif "out of memory" in text.lower() or "OUT_OF_MEMORY" in text:
+            results[k] = (None, "oom")
+        else:
+            results[k] = (None, "error")
+        start = None
+    problem = None
+    if hung:
+        problem = f"no frame line for {timeout:.0f} s"
+    elif p.returncode < 0:
+        problem = f"signal {-p.returncode}"
+    elif p.returncode != 0:
+        problem = f"exit {p.returncode}"
+    elif SANITIZER.search(out):
+        problem = "sanitizer report"
+    return results, problem, out[-4000:]
 
 
 def copy_tree_of(keel, dest, plugins):
@@ -490,6 +568,8 @@ def main():
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds a run may take before it counts as a hang")
     ap.add_argument("--mem-cap-mb", type=int, default=6144,
                     help="address-space cap per run (RLIMIT_AS; for ASan builds, ASan's allocator cap); 0 = none")
+    ap.add_argument("--batch", type=int, default=25,
+                    help="models per `keel run --batch` process (1: a process per model, as before)")
     ap.add_argument("--quiet", action="store_true", help="print only failures and the summary")
     ap.add_argument("--snapshot", action="store_true",
                     help="run a copy of the binary, libraries and plugins (in the keep folder), so that a rebuild "
@@ -536,38 +616,75 @@ def main():
     stats = {"ok": 0, "error": 0, "oom": 0}
     failures = []
 
-    def job(case):
-        i, op, path = case
-        results = []
-        for label, argv, extra, renv in runs:
-            cmd = argv + ["run", path] + extra + ["--passes", args.passes, "--print", "0", "--threads", "1"]
-            verdict, detail = run_one(cmd, renv, args.timeout, mem_cap)
-            results.append((label, cmd, verdict, detail))
-        return case, results
+    def single_cmd(argv, extra, path):
+        return argv + ["run", path] + extra + ["--passes", args.passes, "--print", "0", "--threads", "1"]
 
+    def job(unit):
+        """One run way over a chunk of cases: (case, label, cmd, verdict, detail) per model, plus a (None, ...) entry
+        for a batch that failed with no single culprit."""
+        label, argv, extra, renv, chunk, b = unit
+        out = []
+        if len(chunk) == 1:
+            case = chunk[0]
+            cmd = single_cmd(argv, extra, case[2])
+            return [(case, label, cmd) + run_one(cmd, renv, args.timeout, mem_cap)]
+        listfile = os.path.join(work, f"batch_{label}_{b}.txt")
+        with open(listfile, "w") as f:
+            f.write("".join(c[2] + "\n" for c in chunk))
+        bcmd = argv + ["run", "--batch", listfile] + extra + ["--passes", args.passes, "--print", "0", "--threads", "1"]
+        results, problem, tail = run_batch(bcmd, renv, args.timeout, mem_cap)
+        if problem is None and len(results) == len(chunk):
+            return [(case, label, single_cmd(argv, extra, case[2])) + results[k] for k, case in enumerate(chunk)]
+        # Something ended the batch early (or hung it): every case again, alone.
+        culprit = False
+        for case in chunk:
+            cmd = single_cmd(argv, extra, case[2])
+            verdict, detail = run_one(cmd, renv, args.timeout, mem_cap)
+            culprit = culprit or verdict is not None
+            out.append((case, label, cmd, verdict, detail))
+        if not culprit:
+            out.append((None, label, bcmd, f"batch: {problem or 'models without an end frame'}, no model fails alone",
+                        tail))
+        return out
+
+    size = max(1, args.batch)
+    units = [(label, argv, extra, renv, cases[j:j + size], j // size)
+             for j in range(0, len(cases), size) for (label, argv, extra, renv) in runs]
+    failing_paths = set()
+    done = 0
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as ex:
-        for n, (case, results) in enumerate(ex.map(job, cases), 1):
-            i, op, path = case
-            failed = False
-            for label, cmd, verdict, detail in results:
+        for results in ex.map(job, units):
+            for case, label, cmd, verdict, detail in results:
                 if verdict is None:
                     stats[detail] += 1
                     continue
-                failed = True
-                kept = os.path.join(keep, os.path.basename(path))
-                shutil.copy2(path, kept)
                 env_prefix = ""
                 if label == "reference":
                     env_prefix = "LD_LIBRARY_PATH=" + os.path.dirname(os.path.dirname(cmd[0])) + "/lib HOME=/nonexistent "
-                repro = env_prefix + " ".join(cmd).replace(path, kept)
+                if case is None:  # a batch: keep its models and a list naming the kept copies
+                    listfile = cmd[cmd.index("--batch") + 1]
+                    bdir = os.path.join(keep, os.path.splitext(os.path.basename(listfile))[0])
+                    os.makedirs(bdir, exist_ok=True)
+                    kept_paths = [shutil.copy2(p.strip(), bdir) for p in open(listfile) if p.strip()]
+                    kept_list = os.path.join(bdir, "list.txt")
+                    with open(kept_list, "w") as f:
+                        f.write("".join(k + "\n" for k in kept_paths))
+                    repro = env_prefix + " ".join(cmd).replace(listfile, kept_list)
+                    op = "(batch)"
+                else:
+                    i, op, path = case
+                    kept = os.path.join(keep, os.path.basename(path))
+                    shutil.copy2(path, kept)
+                    failing_paths.add(path)
+                    repro = env_prefix + " ".join(cmd).replace(path, kept)
                 print(f"FAIL ({verdict}) {op} [{label}]: {repro}", flush=True)
                 if not args.quiet:
                     print("    " + "\n    ".join(str(detail).splitlines()[-6:]), flush=True)
                 failures.append((op, label, verdict, repro))
-            if not failed:
-                os.remove(path)
-            if n % 100 == 0 and not args.quiet:
-                print(f"{n}/{args.cases} cases, {len(failures)} failing runs", file=sys.stderr, flush=True)
+            done += 1
+            if not args.quiet and (done * size) // (100 * len(runs)) != ((done - 1) * size) // (100 * len(runs)):
+                print(f"~{min(args.cases, done * size // len(runs))}/{args.cases} cases, {len(failures)} failing runs",
+                      file=sys.stderr, flush=True)
     shutil.rmtree(work, ignore_errors=True)
     if not failures:  # nothing to reproduce: drop the copies of the binary (and the folder, when it was ours)
         for d in ("reference-kernels", "snapshot"):

@@ -1,5 +1,8 @@
 // `keel run MODEL.onnx` — loads a model, binds inputs from files (TensorProto .pb or .npy) or random data, runs it,
 // prints every output (name, dtype, shape, first values) and the run time, and optionally writes output_K.pb files.
+// `keel run --batch LIST` (for fuzzers, hidden from --help): runs every model that LIST names, in turn, in this one
+// process and one environment, each framed by status lines on stderr (see add_run_command).
+#include <fstream>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -97,6 +100,7 @@ namespace {
 
 struct RunArgs {
   std::string model;
+  std::string batch;  // --batch LIST: a file of model paths
   std::string passes = "auto";
   std::string precision = "fp32";
   std::vector<std::string> inputs;  // NAME=FILE
@@ -153,7 +157,8 @@ std::string first_values(const Tensor& t, int count) {
   return os.str();
 }
 
-int run_model(const RunArgs& a, Globals& g) {
+// Runs a.model; `shared_env` (may be null: one is made from the globals) is the batch mode's one environment.
+int run_model(const RunArgs& a, Globals& g, Environment* shared_env = nullptr) {
   namespace fs = std::filesystem;
   auto loaded = load_onnx(a.model);
   if (!loaded.is_ok()) {
@@ -225,8 +230,13 @@ int run_model(const RunArgs& a, Globals& g) {
     inputs.emplace_back(name, std::move(t).value());
   }
 
-  auto env = make_environment(g);
-  if (!env) return 1;
+  std::unique_ptr<Environment> own_env;
+  Environment* env = shared_env;
+  if (!env) {
+    own_env = make_environment(g);
+    if (!own_env) return 1;
+    env = own_env.get();
+  }
   SessionOptions so;
   auto device = device_option(*env, a.device);
   if (!device.is_ok()) {
@@ -317,12 +327,60 @@ int run_model(const RunArgs& a, Globals& g) {
   return 0;
 }
 
+// --batch: every model of the list in turn (blank lines and lines starting with '#' skipped), with the other options,
+// in one environment. Each model is framed on stderr by "keel-batch: start K PATH" and "keel-batch: end K rc=N" (K
+// counts from 0 over the models; N is what `keel run PATH` would have exited with), stdout flushed before each frame
+// line so that a caller reading both streams through one pipe sees every model's output between its frames. A model
+// whose run ends the process (a signal, a sanitizer report) leaves a start line without its end: the caller reruns
+// from there. Returns 0 once every model has run, 1 when the list cannot be read.
+int run_batch(const RunArgs& a, Globals& g) {
+  std::ifstream list(a.batch);
+  if (!list) {
+    std::cerr << "keel run: cannot read the --batch list '" << a.batch << "'\n";
+    return 1;
+  }
+  auto env = make_environment(g);
+  if (!env) return 1;
+  std::string line;
+  int k = 0;
+  while (std::getline(list, line)) {
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+    if (line.empty() || line[0] == '#') continue;
+    RunArgs one = a;
+    one.model = line;
+    one.batch.clear();
+    std::cout.flush();
+    std::cerr << "keel-batch: start " << k << " " << line << std::endl;
+    int rc = 1;
+    if (!std::filesystem::is_regular_file(line)) {
+      std::cerr << "keel run: model: File does not exist: " << line << "\n";
+    } else {
+      try {
+        rc = run_model(one, g, env.get());
+      } catch (const std::exception& e) {  // as main() reports an escaped exception of a single run
+        std::cerr << "keel: " << e.what() << "\n";
+        rc = 1;
+      }
+    }
+    std::cout.flush();
+    std::cerr << "keel-batch: end " << k << " rc=" << rc << std::endl;
+    ++k;
+  }
+  return 0;
+}
+
 }  // namespace
 
 void add_run_command(CLI::App& app, Globals& g) {
   auto a = std::make_shared<RunArgs>();
   auto* cmd = app.add_subcommand("run", "Run an ONNX model on given or random inputs and print its outputs");
-  cmd->add_option("model", a->model, "The model (.onnx)")->required()->check(CLI::ExistingFile);
+  cmd->add_option("model", a->model, "The model (.onnx)")->check(CLI::ExistingFile);
+  // Hidden (an empty group): for tests/fuzz/fuzz_attributes.py, which runs thousands of small models.
+  cmd->add_option("--batch", a->batch,
+                  "A file listing models (one path a line): run each in turn in this process, framed by "
+                  "'keel-batch: start K PATH' / 'keel-batch: end K rc=N' lines on stderr")
+      ->check(CLI::ExistingFile)
+      ->group("");
   cmd->add_option("--input,-i", a->inputs, "NAME=FILE: an input from a TensorProto .pb or NumPy .npy file (repeatable)");
   cmd->add_option("--output-dir,-o", a->output_dir, "Write output_K.pb (K in graph-output order) into this directory");
   cmd->add_option("--passes", a->passes,
@@ -341,7 +399,12 @@ void add_run_command(CLI::App& app, Globals& g) {
                   "the graph specialised to it, up to N of them (0 = off)")
       ->check(CLI::NonNegativeNumber);
   cmd->callback([a, &g] {
-    int rc = run_model(*a, g);
+    if (a->model.empty() == a->batch.empty()) {
+      std::cerr << "keel run: give a model (or, for fuzzers, --batch LIST), not " << (a->model.empty() ? "neither" : "both")
+                << "\n";
+      throw CLI::RuntimeError(2);
+    }
+    int rc = a->batch.empty() ? run_model(*a, g) : run_batch(*a, g);
     if (rc != 0) throw CLI::RuntimeError(rc);
   });
 }
