@@ -1,21 +1,34 @@
 #!/usr/bin/env bash
-# Load test of `keel serve` on loopback with wrk: sweeps the concurrency and prints req/s, latency percentiles,
-# non-2xx responses and the server's average batch (inference count / execution count from /metrics).
-#   tools/serve_load.sh MODEL.onnx [--batching MAX_BATCH DELAY_US] [--binary] [--threads N] [--duration S]
-#                       [--concurrency "1 2 4 8 16 32"]
+# Load test of `keel serve` on loopback with wrk: sweeps the concurrency and prints req/s, infer/s (batch items),
+# latency percentiles, errors by class and the server's average batch (inference count / execution count from
+# /metrics); optionally a soak at one concurrency with the server's resident memory sampled every second.
+#   tools/serve_load.sh MODEL.onnx [--batching MAX_BATCH DELAY_US] [--dynamic-batch] [--instances N] [--binary]
+#                       [--threads N] [--duration S] [--concurrency "1 2 4 8 16 32"] [--soak S] [--rows N]
+#                       [--bench] [--passes SPEC]
+#   --dynamic-batch   the model's fixed first dim of 1 becomes dynamic (config dynamic_batch = true)
+#   --rows N          rows per request (the first dim; default 1)
+#   --bench           first runs `keel bench` on the same model, threads and rows (in-process throughput and median)
+#   --soak S          after the sweep, S seconds at the last concurrency: RSS at 10 s and at the end, errors
 # The model's first input is fed random data (dynamic dims = 1). Everything runs on 127.0.0.1, bounded in time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:?usage: tools/serve_load.sh MODEL.onnx [options]}
 shift
-max_batch=0 delay=0 binary=0 threads=2 duration=5 conc="1 2 4 8 16 32"
+max_batch=0 delay=0 binary=0 threads=2 duration=5 conc="1 2 4 8 16 32" dynamic=0 instances=1 soak=0 rows=1 bench=0
+passes=""
 while (($#)); do
   case $1 in
     --batching) max_batch=$2 delay=$3; shift 3 ;;
+    --dynamic-batch) dynamic=1; shift ;;
+    --instances) instances=$2; shift 2 ;;
     --binary) binary=1; shift ;;
     --threads) threads=$2; shift 2 ;;
     --duration) duration=$2; shift 2 ;;
     --concurrency) conc=$2; shift 2 ;;
+    --soak) soak=$2; shift 2 ;;
+    --rows) rows=$2; shift 2 ;;
+    --bench) bench=1; shift ;;
+    --passes) passes=$2; shift 2 ;;
     *) echo "serve_load: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -24,11 +37,32 @@ work=$(mktemp -d)
 server=""
 cleanup() { [ -n "$server" ] && kill "$server" 2>/dev/null && wait "$server" 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
+if ((bench)); then
+  shape_args=()
+  ((rows > 1)) && shape_args=(--batch "$rows")
+  timeout 300 "$keel" --log-level warn bench "$model" --threads "$threads" "${shape_args[@]}" --warmup 5 -n 100000 \
+    --max-seconds "$duration" --json > "$work/bench.json"
+  python3 - "$work/bench.json" <<'PY'
+import json, sys
+b = json.load(open(sys.argv[1]))
+lat = b.get("latency_ms", b)
+def pick(d, *keys):
+    for k in keys:
+        if isinstance(d, dict) and k in d:
+            return d[k]
+    return None
+print("in-process keel bench: %s" % json.dumps({k: b[k] for k in b if not isinstance(b[k], (dict, list))}))
+PY
+fi
 mkdir -p "$work/repo/m/1"
 cp "$model" "$work/repo/m/1/model.onnx"
-if ((max_batch > 0)); then
-  printf 'max_batch_size = %d\nmax_queue_delay_us = %d\n' "$max_batch" "$delay" > "$work/repo/m/config.toml"
-fi
+{
+  ((max_batch > 0)) && printf 'max_batch_size = %d\nmax_queue_delay_us = %d\n' "$max_batch" "$delay"
+  ((dynamic)) && printf 'dynamic_batch = true\n'
+  printf 'instances = %d\n' "$instances"
+  [ -n "$passes" ] && printf 'passes = "%s"\n' "$passes"
+  true
+} > "$work/repo/m/config.toml"
 "$keel" --log-level warn serve --model-repository "$work/repo" --port 0 --threads "$threads" --http-threads 64 \
   > "$work/stdout" 2> "$work/stderr" &
 server=$!
@@ -39,12 +73,14 @@ for _ in $(seq 600); do
 done
 port=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$work/stdout")
 [ -n "$port" ] || { echo "serve_load: the server did not start" >&2; exit 1; }
-python3 - "$port" "$binary" "$work" <<'PY'
+python3 - "$port" "$binary" "$work" "$rows" <<'PY'
 import json, sys, urllib.request, struct, random
-port, binary, work = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
+port, binary, work, rows = sys.argv[1], sys.argv[2] == "1", sys.argv[3], int(sys.argv[4])
 meta = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/m", timeout=10))
 inp = meta["inputs"][0]
 shape = [1 if d < 0 else d for d in inp["shape"]]
+if shape and inp["shape"][0] < 0:
+    shape[0] = rows
 n = 1
 for d in shape: n *= d
 fmt = {"FP32": "f", "FP64": "d", "INT64": "q", "INT32": "i", "UINT8": "B", "INT8": "b", "BOOL": "?"}[inp["datatype"]]
@@ -66,16 +102,44 @@ with open(f"{work}/post.lua", "w") as f:
     if hl is not None:
         f.write(f'wrk.headers["Inference-Header-Content-Length"] = "{hl}"\n')
 PY
-metric() { curl -s "http://127.0.0.1:$port/metrics" | sed -n "s/^$1{model=\"m\",version=\"1\"} //p"; }
-printf '%-5s %10s %9s %9s %9s %8s %9s\n' conc req/s p50_ms p90_ms p99_ms non2xx avg_batch
-for c in $conc; do
+metric() { curl -s --max-time 10 "http://127.0.0.1:$port/metrics" | sed -n "s/^$1{model=\"m\",version=\"1\"} //p"; }
+rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$server/status"; }
+# One wrk run: prints the row of the table (and leaves wrk's output in $work/wrk.txt).
+run_wrk() {
+  local c=$1 secs=$2
+  local i0 e0 i1 e1
   i0=$(metric keel_inference_count) e0=$(metric keel_inference_exec_count)
-  out=$(timeout $((duration + 30)) wrk -t "$(( c < 2 ? 1 : 2 ))" -c "$c" -d "${duration}s" --latency \
-        -s "$work/post.lua" "http://127.0.0.1:$port/v2/models/m/infer")
+  timeout $((secs + 30)) wrk -t "$(( c < 2 ? 1 : 2 ))" -c "$c" -d "${secs}s" --timeout 30s --latency \
+    -s "$work/post.lua" "http://127.0.0.1:$port/v2/models/m/infer" > "$work/wrk.txt"
   i1=$(metric keel_inference_count) e1=$(metric keel_inference_exec_count)
+  local out rps ips non2xx sock batch
+  out=$(cat "$work/wrk.txt")
   rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
+  ips=$(awk -v a=$((i1 - i0)) -v s="$secs" 'BEGIN {printf "%.1f", a / s}')
   ms() { awk -v p="$1" '$1 == p {v=$2; if (v ~ /us$/) {sub(/us/,"",v); v/=1000} else if (v ~ /ms$/) {sub(/ms/,"",v)} else if (v ~ /s$/) {sub(/s/,"",v); v*=1000}; printf "%.3f", v}' <<<"$out"; }
   non2xx=$(awk '/Non-2xx/ {print $NF}' <<<"$out")
+  # wrk: "Socket errors: connect 0, read 0, write 0, timeout 0"
+  sock=$(awk '/Socket errors/ {gsub(",", ""); printf "c%s/r%s/w%s/t%s", $4, $6, $8, $10}' <<<"$out")
   batch=$(awk -v a=$((i1 - i0)) -v b=$((e1 - e0)) 'BEGIN {printf "%.2f", b ? a / b : 0}')
-  printf '%-5s %10s %9s %9s %9s %8s %9s\n' "$c" "$rps" "$(ms 50%)" "$(ms 90%)" "$(ms 99%)" "${non2xx:-0}" "$batch"
+  printf '%-5s %10s %10s %9s %9s %9s %8s %14s %9s\n' "$c" "$rps" "$ips" "$(ms 50%)" "$(ms 90%)" "$(ms 99%)" \
+    "${non2xx:-0}" "${sock:-0}" "$batch"
+}
+printf '%-5s %10s %10s %9s %9s %9s %8s %14s %9s\n' conc req/s infer/s p50_ms p90_ms p99_ms non2xx sock_c/r/w/t avg_batch
+last=1
+for c in $conc; do
+  run_wrk "$c" "$duration"
+  last=$c
 done
+if ((soak > 0)); then
+  echo "soak: ${soak}s at concurrency $last; server RSS sampled every second"
+  rss0=$(rss_kib)
+  ( for _ in $(seq "$soak"); do sleep 1; rss_kib; done > "$work/rss.txt" ) &
+  sampler=$!
+  run_wrk "$last" "$soak"
+  wait "$sampler" || true
+  awk -v r0="$rss0" '{v[NR] = $1} END {
+      at10 = v[10 < NR ? 10 : NR]; mx = 0; for (i = 10; i <= NR; i++) if (v[i] > mx) mx = v[i];
+      printf "rss_kib: before %d, at 10 s %d, max after 10 s %d, at the end %d, growth after 10 s %+d KiB (%+.2f%%)\n",
+             r0, at10, mx, v[NR], v[NR] - at10, 100 * (v[NR] - at10) / at10 }' "$work/rss.txt"
+  curl -s --max-time 10 "http://127.0.0.1:$port/metrics" | grep -E '^keel_inference_request_(success|failure)|^keel_http_responses' || true
+fi

@@ -2,165 +2,13 @@
 // on a repository of models generated here (GraphBuilder + serialize_onnx, no files in git). Every endpoint's status
 // and body; JSON and binary requests give identical outputs, equal to an in-process Session run; bad requests get
 // their 4xx and the server keeps serving; concurrent clients are batched (exec count < inference count) and each gets
-// its own result; the queue refuses past max_queue_size (503); SIGTERM under load loses no accepted request.
+// its own result; the queue refuses past max_queue_size (429); SIGTERM under load loses no accepted request.
 // Every wait is bounded.
-#include <gtest/gtest.h>
-#include <httplib.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <atomic>
-#include <csignal>
-#include <chrono>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
-#include <random>
-#include <string>
-#include <thread>
-#include <vector>
-
-#include "core/base/graph.h"
-#include "core/runtime/environment.h"
-#include "core/runtime/onnx_io.h"
-#include "core/runtime/session.h"
+#include "tests/serve/serve_test_util.h"
 
 namespace {
 
-namespace fs = std::filesystem;
-using json = nlohmann::json;
-using keel::DType;
-using keel::GraphBuilder;
-using keel::Tensor;
-
-// mlp: x f32 [N, 4] -> y = x.W + b [N, 3], z = Relu(y). Returns the ONNX bytes.
-std::string mlp_model() {
-  GraphBuilder g("mlp", 17);
-  auto x = g.input("x", DType::kF32, {-1, 4});
-  std::mt19937 rng(7);
-  std::normal_distribution<float> d(0.f, 1.f);
-  std::vector<float> w(12), b(3);
-  for (auto& v : w) v = d(rng);
-  for (auto& v : b) v = d(rng);
-  auto y = g.op1("Add", {g.op1("MatMul", {x, g.constant("W", Tensor::f32({4, 3}, w))}), g.constant("b", Tensor::f32({3}, b))});
-  auto z = g.op1("Relu", {y});
-  g.output(y);
-  g.output(z);
-  auto s = keel::serialize_onnx(g.take());
-  EXPECT_TRUE(s.is_ok()) << s.status().to_string();
-  return s.is_ok() ? s.value() : "";
-}
-
-// ints: a i64 [N, 2] -> a + [10, -20].
-std::string int_model() {
-  GraphBuilder g("ints", 17);
-  auto a = g.input("a", DType::kI64, {-1, 2});
-  g.output(g.op1("Add", {a, g.constant("c", Tensor::from_vector<int64_t>(DType::kI64, {2}, {10, -20}))}));
-  auto s = keel::serialize_onnx(g.take());
-  EXPECT_TRUE(s.is_ok()) << s.status().to_string();
-  return s.is_ok() ? s.value() : "";
-}
-
-void write(const fs::path& p, const std::string& bytes) {
-  fs::create_directories(p.parent_path());
-  std::ofstream(p, std::ios::binary) << bytes;
-}
-
-// The keel binary serving a repository; killed (SIGKILL) if still running at destruction.
-struct ServerProcess {
-  pid_t pid = -1;
-  int port = 0;
-  std::string log;  // the server's stdout up to the "listening" line
-
-  bool start(const fs::path& repo, const std::vector<std::string>& extra = {}) {
-    int out[2];
-    if (pipe(out) != 0) return false;
-    std::vector<std::string> args = {KEEL_CLI_BINARY, "--threads", "1", "serve", "--model-repository", repo.string(),
-                                     "--port", "0"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    pid = fork();
-    if (pid == 0) {
-      dup2(out[1], 1);
-      close(out[0]);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    close(out[1]);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (std::chrono::steady_clock::now() < deadline) {
-      pollfd p{out[0], POLLIN, 0};
-      if (poll(&p, 1, 200) <= 0) continue;
-      char buf[256];
-      const ssize_t n = read(out[0], buf, sizeof buf);
-      if (n <= 0) break;
-      log.append(buf, static_cast<size_t>(n));
-      const auto at = log.find("listening on http://127.0.0.1:");
-      if (at != std::string::npos && log.find('\n', at) != std::string::npos) {
-        port = std::stoi(log.substr(at + std::strlen("listening on http://127.0.0.1:")));
-        close(out[0]);  // the server writes nothing more on stdout
-        return true;
-      }
-    }
-    close(out[0]);
-    return false;
-  }
-  // Sends SIGTERM and waits up to `timeout` for the exit; returns the exit status (-1 on timeout or a signal).
-  int terminate(std::chrono::seconds timeout = std::chrono::seconds(30)) {
-    if (pid <= 0) return -1;
-    kill(pid, SIGTERM);
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < deadline) {
-      int status = 0;
-      if (waitpid(pid, &status, WNOHANG) == pid) {
-        pid = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return -1;
-  }
-  ~ServerProcess() {
-    if (pid > 0) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
-  }
-  std::unique_ptr<httplib::Client> client() const {
-    auto c = std::make_unique<httplib::Client>("127.0.0.1", port);
-    c->set_connection_timeout(5, 0);
-    c->set_read_timeout(30, 0);
-    c->set_write_timeout(30, 0);
-    return c;
-  }
-};
-
-// In-process reference: the same model bytes run through a Session.
-std::vector<Tensor> reference_run(const std::string& model, const std::string& input, const Tensor& x) {
-  static auto env = keel::Environment::create({}).value();
-  auto graph = keel::load_onnx_from_memory(model.data(), model.size(), ".");
-  EXPECT_TRUE(graph.is_ok());
-  auto session = keel::Session::create(*env, std::move(graph).value());
-  EXPECT_TRUE(session.is_ok()) << session.status().to_string();
-  auto out = session.value()->run({{input, x}});
-  EXPECT_TRUE(out.is_ok()) << out.status().to_string();
-  return out.value();
-}
-
-std::vector<float> floats_of(const json& data) {
-  std::vector<float> v;
-  for (const auto& e : data) v.push_back(e.get<float>());
-  return v;
-}
-
-json infer_body(const std::vector<float>& x, int64_t rows) {
-  return json{{"inputs", json::array({json{{"name", "x"}, {"datatype", "FP32"}, {"shape", {rows, 4}}, {"data", x}}})}};
-}
+using namespace keel_serve_test;
 
 class Serve : public ::testing::Test {
  protected:
@@ -174,6 +22,14 @@ class Serve : public ::testing::Test {
     write(repo_ / "plain" / "1" / "model.onnx", mlp_);
     write(repo_ / "plain" / "3" / "model.onnx", mlp_);
     write(repo_ / "ints" / "1" / "model.onnx", int_model());
+    write(repo_ / "halves" / "1" / "model.onnx", f16_model());
+    write(repo_ / "fixed" / "1" / "model.onnx", fixed_mlp_model());
+    write(repo_ / "fixed" / "config.toml", "max_batch_size = 8\nmax_queue_delay_us = 20000\ndynamic_batch = true\n");
+    for (int v : {1, 2, 3})
+      write(repo_ / "vp" / std::to_string(v) / "model.onnx", fixed_mlp_model(static_cast<float>(v)));
+    write(repo_ / "vp" / "config.toml", "[version_policy]\nlatest = 2\n");
+    write(repo_ / "twins" / "1" / "model.onnx", mlp_);
+    write(repo_ / "twins" / "config.toml", "instances = 3\nmax_batch_size = 4\n");
     server_ = new ServerProcess();
     ASSERT_TRUE(server_->start(repo_, {"--max-body-mib", "1"})) << server_->log;
   }
@@ -195,8 +51,8 @@ class Serve : public ::testing::Test {
     EXPECT_FALSE(j.is_discarded()) << path << ": " << r->body;
     return j;
   }
-  static httplib::Result post(const std::string& path, const std::string& body,
-                              const httplib::Headers& headers = {}, const char* type = "application/json") {
+  static httplib::Result post(const std::string& path, const std::string& body, const httplib::Headers& headers = {},
+                              const char* type = "application/json") {
     auto c = server_->client();
     return c->Post(path.c_str(), headers, body, type);
   }
@@ -246,10 +102,13 @@ TEST_F(Serve, JsonAndBinaryEqualInProcessRun) {
   const auto ref = reference_run(mlp_, "x", Tensor::f32({2, 4}, x));
   ASSERT_EQ(ref.size(), 2u);
   // JSON, nested data, id echoed.
-  json body = {{"id", "req-42"},
-               {"inputs", json::array({json{{"name", "x"}, {"datatype", "FP32"}, {"shape", {2, 4}},
-                                            {"data", json::array({json::array({0.5, -1, 2, 0.25}),
-                                                                  json::array({-0.75, 1.5, 3, -2})})}}})}};
+  json body = {
+      {"id", "req-42"},
+      {"inputs", json::array({json{
+                     {"name", "x"},
+                     {"datatype", "FP32"},
+                     {"shape", {2, 4}},
+                     {"data", json::array({json::array({0.5, -1, 2, 0.25}), json::array({-0.75, 1.5, 3, -2})})}}})}};
   for (const char* model : {"mlp", "plain"}) {
     auto r = post(std::string("/v2/models/") + model + "/infer", body.dump());
     ASSERT_TRUE(r);
@@ -266,15 +125,17 @@ TEST_F(Serve, JsonAndBinaryEqualInProcessRun) {
     }
   }
   // Output selection.
-  body["outputs"] = json::array({json{{"name", json::parse(post("/v2/models/mlp/infer", infer_body(x, 2).dump())->body)
-                                                              ["outputs"][1]["name"]}}});
+  body["outputs"] = json::array(
+      {json{{"name", json::parse(post("/v2/models/mlp/infer", infer_body(x, 2).dump())->body)["outputs"][1]["name"]}}});
   auto sel = json::parse(post("/v2/models/mlp/infer", body.dump())->body);
   ASSERT_EQ(sel["outputs"].size(), 1u);
   const auto json_z = floats_of(sel["outputs"][0]["data"]);
   // The binary extension: input bytes after the JSON header, output z asked for as binary.
-  json head = {{"inputs", json::array({json{{"name", "x"}, {"datatype", "FP32"}, {"shape", {2, 4}},
-                                            {"parameters", {{"binary_data_size", 32}}}}})},
-               {"outputs", json::array({json{{"name", sel["outputs"][0]["name"]}, {"parameters", {{"binary_data", true}}}}})}};
+  json head = {
+      {"inputs",
+       json::array(
+           {json{{"name", "x"}, {"datatype", "FP32"}, {"shape", {2, 4}}, {"parameters", {{"binary_data_size", 32}}}}})},
+      {"outputs", json::array({json{{"name", sel["outputs"][0]["name"]}, {"parameters", {{"binary_data", true}}}}})}};
   const std::string h = head.dump();
   std::string bin = h;
   bin.append(reinterpret_cast<const char*>(x.data()), 32);
@@ -298,7 +159,8 @@ TEST_F(Serve, JsonAndBinaryEqualInProcessRun) {
   ASSERT_EQ(r2->status, 200);
   EXPECT_EQ(r2->body.size(), std::stoul(r2->get_header_value("Inference-Header-Content-Length")) + 48);
   // INT64.
-  json ib = {{"inputs", json::array({json{{"name", "a"}, {"datatype", "INT64"}, {"shape", {1, 2}}, {"data", {1, 2}}}})}};
+  json ib = {
+      {"inputs", json::array({json{{"name", "a"}, {"datatype", "INT64"}, {"shape", {1, 2}}, {"data", {1, 2}}}})}};
   auto ri = post("/v2/models/ints/infer", ib.dump());
   ASSERT_TRUE(ri);
   ASSERT_EQ(ri->status, 200) << ri->body;
@@ -309,9 +171,9 @@ TEST_F(Serve, JsonAndBinaryEqualInProcessRun) {
 TEST_F(Serve, BadRequestsGetTheir4xxAndServingGoesOn) {
   const std::string p = "/v2/models/plain/infer";
   const std::vector<float> x(8, 1.f);
-  expect_error(p, "{\"inputs\": [", 400);                                   // malformed JSON
+  expect_error(p, "{\"inputs\": [", 400);                                     // malformed JSON
   expect_error(p, std::string(100000, '[') + std::string(100000, ']'), 400);  // deep nesting
-  expect_error(p, "[]", 400);                                                // not an object
+  expect_error(p, "[]", 400);                                                 // not an object
   json wrong_dtype = infer_body(x, 2);
   wrong_dtype["inputs"][0]["datatype"] = "INT64";
   expect_error(p, wrong_dtype.dump(), 400);
@@ -342,12 +204,15 @@ TEST_F(Serve, BadRequestsGetTheir4xxAndServingGoesOn) {
   json unknown_output = infer_body(x, 2);
   unknown_output["outputs"] = json::array({json{{"name", "nope"}}});
   expect_error(p, unknown_output.dump(), 400);
-  json fractional = {{"inputs", json::array({json{{"name", "a"}, {"datatype", "INT64"}, {"shape", {1, 2}}, {"data", {1.5, 2}}}})}};
+  json fractional = {
+      {"inputs", json::array({json{{"name", "a"}, {"datatype", "INT64"}, {"shape", {1, 2}}, {"data", {1.5, 2}}}})}};
   expect_error("/v2/models/ints/infer", fractional.dump(), 400);
-  json bin_size = {{"inputs", json::array({json{{"name", "x"}, {"datatype", "FP32"}, {"shape", {2, 4}},
-                                                {"parameters", {{"binary_data_size", 31}}}}})}};
-  expect_error(p, bin_size.dump() + std::string(31, '\0'), 400, {{"Inference-Header-Content-Length",
-                                                                  std::to_string(bin_size.dump().size())}});
+  json bin_size = {
+      {"inputs",
+       json::array({json{
+           {"name", "x"}, {"datatype", "FP32"}, {"shape", {2, 4}}, {"parameters", {{"binary_data_size", 31}}}}})}};
+  expect_error(p, bin_size.dump() + std::string(31, '\0'), 400,
+               {{"Inference-Header-Content-Length", std::to_string(bin_size.dump().size())}});
   expect_error(p, infer_body(x, 2).dump(), 400, {{"Inference-Header-Content-Length", "999999"}});
   expect_error("/v2/models/nope/infer", infer_body(x, 2).dump(), 404);
   expect_error("/v2/models/plain/versions/1/infer", infer_body(x, 2).dump(), 404);
@@ -366,56 +231,189 @@ TEST_F(Serve, BadRequestsGetTheir4xxAndServingGoesOn) {
   EXPECT_EQ(r->status, 200) << r->body;
   auto metrics = server_->client()->Get("/metrics");
   ASSERT_TRUE(metrics);
-  EXPECT_NE(metrics->body.find("keel_inference_request_failure{model=\"plain\",version=\"3\"}"), std::string::npos);
+  EXPECT_NE(metrics->body.find("keel_inference_request_failure{model=\"plain\",version=\"3\",reason=\"bad_request\"}"),
+            std::string::npos);
 }
 
-// A counter of /metrics for one model.
-uint64_t metric(const std::string& text, const std::string& name, const std::string& model) {
-  const std::string key = name + "{model=\"" + model + "\",";
-  const auto at = text.find(key);
-  if (at == std::string::npos) return 0;
-  const auto sp = text.find("} ", at);
-  return std::stoull(text.substr(sp + 2));
+TEST_F(Serve, VersionPolicyServesTheLatestTwo) {
+  auto meta = get_json("/v2/models/vp", 200);
+  EXPECT_EQ(meta["versions"], json::array({"2", "3"}));
+  EXPECT_TRUE(get_json("/v2/models/vp/versions/1", 404)["error"].get<std::string>().find("serving 2, 3") !=
+              std::string::npos);
+  EXPECT_EQ(get_json("/v2/models/vp/versions/2/ready", 200)["ready"], true);
+  const std::vector<float> x = {1, 2, 3, 4};
+  const auto ref = reference_run(fixed_mlp_model(1.f), "x", Tensor::f32({1, 4}, x))[0];
+  for (const auto& [path, version] : std::vector<std::pair<std::string, int>>{
+           {"/v2/models/vp/infer", 3}, {"/v2/models/vp/versions/2/infer", 2}, {"/v2/models/vp/versions/3/infer", 3}}) {
+    auto r = post(path, infer_body(x, 1).dump());
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << path << ": " << r->body;
+    auto j = json::parse(r->body);
+    EXPECT_EQ(j["model_version"], std::to_string(version)) << path;
+    const auto got = floats_of(j["outputs"][0]["data"]);
+    ASSERT_EQ(got.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(got[i], version * ref.data<float>()[i], 1e-4f) << path;
+  }
+  expect_error("/v2/models/vp/versions/1/infer", infer_body(x, 1).dump(), 404);
 }
 
-TEST_F(Serve, ConcurrentClientsAreBatchedAndGetTheirOwnResults) {
+TEST_F(Serve, DynamicBatchOfAFixedModelAndFp16Json) {
+  // `dynamic_batch = true` serves a model exported with batch 1 at any batch up to max_batch_size.
+  EXPECT_EQ(get_json("/v2/models/fixed", 200)["inputs"][0]["shape"], json::array({-1, 4}));
+  const std::vector<float> x = {1, 2, 3, 4, -1, -2, -3, -4, 0.5f, 0.25f, 0, 8};
+  auto r = post("/v2/models/fixed/infer", infer_body(x, 3).dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  auto j = json::parse(r->body);
+  EXPECT_EQ(j["outputs"][0]["shape"], json::array({3, 3}));
+  const auto got = floats_of(j["outputs"][0]["data"]);
+  ASSERT_EQ(got.size(), 9u);
+  for (int row = 0; row < 3; ++row) {
+    const std::vector<float> xr(x.begin() + row * 4, x.begin() + row * 4 + 4);
+    const auto ref = reference_run(fixed_mlp_model(), "x", Tensor::f32({1, 4}, xr))[0];
+    for (int i = 0; i < 3; ++i) EXPECT_NEAR(got[row * 3 + i], ref.data<float>()[i], 1e-4f) << "row " << row;
+  }
+  // FP16 in JSON: numbers in, numbers out (h + h); in binary: the raw bits.
+  json h = {{"inputs", json::array({json{
+                           {"name", "h"}, {"datatype", "FP16"}, {"shape", {2, 2}}, {"data", {0.5, 1.25, -2, 3}}}})}};
+  auto rh = post("/v2/models/halves/infer", h.dump());
+  ASSERT_TRUE(rh);
+  ASSERT_EQ(rh->status, 200) << rh->body;
+  auto jh = json::parse(rh->body);
+  EXPECT_EQ(jh["outputs"][0]["datatype"], "FP16");
+  EXPECT_EQ(floats_of(jh["outputs"][0]["data"]), (std::vector<float>{1, 2.5f, -4, 6}));
+  const uint16_t bits[4] = {keel::f32_to_f16(0.5f), keel::f32_to_f16(1.25f), keel::f32_to_f16(-2.f),
+                            keel::f32_to_f16(3.f)};
+  json hb = {{"inputs",
+              json::array({json{
+                  {"name", "h"}, {"datatype", "FP16"}, {"shape", {2, 2}}, {"parameters", {{"binary_data_size", 8}}}}})},
+             {"parameters", {{"binary_data_output", true}}}};
+  std::string body = hb.dump();
+  const size_t hl = body.size();
+  body.append(reinterpret_cast<const char*>(bits), 8);
+  auto rb = post("/v2/models/halves/infer", body, {{"Inference-Header-Content-Length", std::to_string(hl)}},
+                 "application/octet-stream");
+  ASSERT_TRUE(rb);
+  ASSERT_EQ(rb->status, 200) << rb->body;
+  const size_t rhl = std::stoul(rb->get_header_value("Inference-Header-Content-Length"));
+  ASSERT_EQ(rb->body.size(), rhl + 8);
+  uint16_t out[4];
+  std::memcpy(out, rb->body.data() + rhl, 8);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(keel::f16_to_f32(out[i]), 2 * keel::f16_to_f32(bits[i])) << i;
+  // A value outside FP16's range is still a number; a string is not.
+  h["inputs"][0]["data"] = {"a", 1, 2, 3};
+  expect_error("/v2/models/halves/infer", h.dump(), 400);
+}
+
+TEST_F(Serve, FailureMetricsByReasonAndModelControlOff) {
   auto before = server_->client()->Get("/metrics");
   ASSERT_TRUE(before);
-  constexpr int kClients = 8, kRequests = 4;
-  std::atomic<int> ok{0};
-  std::vector<std::thread> threads;
-  for (int c = 0; c < kClients; ++c)
-    threads.emplace_back([&, c] {
-      auto cli = server_->client();
-      for (int i = 0; i < kRequests; ++i) {
-        const int64_t rows = 1 + (c + i) % 3;
-        std::vector<float> x(static_cast<size_t>(rows) * 4);
-        for (size_t e = 0; e < x.size(); ++e) x[e] = static_cast<float>(c * 100 + i * 10) + 0.125f * e;
-        auto r = cli->Post("/v2/models/mlp/infer", infer_body(x, rows).dump(), "application/json");
-        if (!r || r->status != 200) continue;
-        const auto ref = reference_run(mlp_, "x", Tensor::f32({rows, 4}, x));
-        const auto got = floats_of(json::parse(r->body)["outputs"][0]["data"]);
-        bool same = got.size() == static_cast<size_t>(rows * 3);
-        for (size_t e = 0; same && e < got.size(); ++e)
-          same = std::abs(got[e] - ref[0].data<float>()[e]) <= 1e-4f * (1.f + std::abs(got[e]));
-        if (same) ok++;
-      }
-    });
-  for (auto& t : threads) t.join();
-  EXPECT_EQ(ok.load(), kClients * kRequests);
+  const std::string key = "keel_inference_request_failure{model=\"plain\",version=\"3\",reason=\"bad_request\"}";
+  const uint64_t bad0 = metric(before->body, key);
+  expect_error("/v2/models/plain/infer", "{\"inputs\": 3}", 400);
+  expect_error("/v2/models/plain/infer", "nope", 400);
+  expect_error("/v2/repository/index", "", 403);
+  expect_error("/v2/repository/models/plain/unload", "", 403);
+  EXPECT_EQ(get_json("/v2", 200)["extensions"], json::array({"binary_tensor_data"}));
   auto after = server_->client()->Get("/metrics");
   ASSERT_TRUE(after);
-  const uint64_t infers = metric(after->body, "keel_inference_count", "mlp") - metric(before->body, "keel_inference_count", "mlp");
-  const uint64_t execs = metric(after->body, "keel_inference_exec_count", "mlp") -
-                         metric(before->body, "keel_inference_exec_count", "mlp");
-  EXPECT_GE(infers, static_cast<uint64_t>(kClients * kRequests));
-  EXPECT_LT(execs, static_cast<uint64_t>(kClients * kRequests)) << after->body;
-  EXPECT_GE(metric(after->body, "keel_inference_request_success", "mlp"), static_cast<uint64_t>(kClients * kRequests));
+  EXPECT_EQ(metric(after->body, key), bad0 + 2) << after->body;
+  for (const char* reason : {"queue_full", "unavailable", "timeout", "run_failed"})
+    EXPECT_NE(after->body.find(std::string("version=\"3\",reason=\"") + reason + "\"}"), std::string::npos) << reason;
+  EXPECT_GE(metric(after->body, "keel_http_responses{code=\"403\"}"), 2u);
+  EXPECT_GE(metric(after->body, "keel_http_responses{code=\"400\"}"), 2u);
+  EXPECT_EQ(metric(after->body, "keel_model_instances", "mlp"), 1u);
+  // Three instances, one build: the weights once.
+  EXPECT_EQ(metric(after->body, "keel_model_instances", "twins"), 3u);
+  EXPECT_EQ(metric(after->body, "keel_model_builds", "twins"), 1u);
+  EXPECT_EQ(metric(after->body, "keel_model_constant_bytes", "twins"),
+            metric(after->body, "keel_model_constant_bytes", "mlp"));
+  EXPECT_GT(metric(after->body, "keel_model_constant_bytes", "twins"), 0u);
+  EXPECT_NE(after->body.find("keel_memory_pool_bytes{device=\"cpu:0\",kind=\"reserved\"}"), std::string::npos)
+      << after->body;
+  for (const char* family : {"keel_inference_compute_input_duration_us", "keel_inference_compute_infer_duration_us",
+                             "keel_inference_compute_output_duration_us", "keel_inference_queue_duration_us"})
+    EXPECT_NE(after->body.find(std::string("# TYPE ") + family + " counter"), std::string::npos) << family;
+  EXPECT_GT(metric(after->body, "keel_inference_compute_infer_duration_us", "mlp") +
+                metric(after->body, "keel_inference_compute_infer_duration_us", "plain"),
+            0u);
+}
+
+// The server's outputs equal `keel run`'s on the same input file (both with the default passes).
+TEST_F(Serve, OutputsEqualKeelRun) {
+  const fs::path dir = repo_.parent_path() / ("keel_serve_run_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "out");
+  const std::vector<float> x = {0.5f, -1.f, 2.f, 0.25f, -0.75f, 1.5f, 3.f, -2.f};
+  ASSERT_TRUE(keel::write_tensor_pb(Tensor::f32({2, 4}, x), dir / "x.pb", "x").is_ok());
+  const std::string cmd = std::string(KEEL_CLI_BINARY) + " --log-level warn --threads 1 run " +
+                          (repo_ / "plain" / "3" / "model.onnx").string() + " -i x=" + (dir / "x.pb").string() +
+                          " -o " + (dir / "out").string() + " --print 0 > " + (dir / "log").string() + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  json body = infer_body(x, 2);
+  body["parameters"] = {{"binary_data_output", true}};
+  auto r = post("/v2/models/plain/infer", body.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  size_t at = std::stoul(r->get_header_value("Inference-Header-Content-Length"));
+  for (int k = 0; k < 2; ++k) {
+    auto expected = keel::read_tensor_file(dir / "out" / ("output_" + std::to_string(k) + ".pb"));
+    ASSERT_TRUE(expected.is_ok()) << expected.status().to_string();
+    ASSERT_EQ(expected->byte_size(), 24u);
+    ASSERT_GE(r->body.size(), at + 24);
+    std::vector<float> got(6);
+    std::memcpy(got.data(), r->body.data() + at, 24);
+    at += 24;
+    for (size_t i = 0; i < 6; ++i) EXPECT_NEAR(got[i], expected->data<float>()[i], 1e-6f) << "output " << k;
+  }
+  fs::remove_all(dir);
+}
+
+// mlp batches (50 ms delay); twins runs 3 instances that share one build, concurrently.
+TEST_F(Serve, ConcurrentClientsAreBatchedAndGetTheirOwnResults) {
+  for (const std::string model : {"mlp", "twins"}) {
+    auto before = server_->client()->Get("/metrics");
+    ASSERT_TRUE(before);
+    constexpr int kClients = 8, kRequests = 4;
+    std::atomic<int> ok{0};
+    std::vector<std::thread> threads;
+    for (int c = 0; c < kClients; ++c)
+      threads.emplace_back([&, c] {
+        auto cli = server_->client();
+        for (int i = 0; i < kRequests; ++i) {
+          const int64_t rows = 1 + (c + i) % 3;
+          std::vector<float> x(static_cast<size_t>(rows) * 4);
+          for (size_t e = 0; e < x.size(); ++e) x[e] = static_cast<float>(c * 100 + i * 10) + 0.125f * e;
+          auto r = cli->Post("/v2/models/" + model + "/infer", infer_body(x, rows).dump(), "application/json");
+          if (!r || r->status != 200) continue;
+          const auto ref = reference_run(mlp_, "x", Tensor::f32({rows, 4}, x));
+          const auto got = floats_of(json::parse(r->body)["outputs"][0]["data"]);
+          bool same = got.size() == static_cast<size_t>(rows * 3);
+          for (size_t e = 0; same && e < got.size(); ++e)
+            same = std::abs(got[e] - ref[0].data<float>()[e]) <= 1e-4f * (1.f + std::abs(got[e]));
+          if (same) ok++;
+        }
+      });
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(ok.load(), kClients * kRequests) << model;
+    auto after = server_->client()->Get("/metrics");
+    ASSERT_TRUE(after);
+    const uint64_t infers =
+        metric(after->body, "keel_inference_count", model) - metric(before->body, "keel_inference_count", model);
+    const uint64_t execs = metric(after->body, "keel_inference_exec_count", model) -
+                           metric(before->body, "keel_inference_exec_count", model);
+    EXPECT_GE(infers, static_cast<uint64_t>(kClients * kRequests));
+    if (model == "mlp") {
+      EXPECT_LT(execs, static_cast<uint64_t>(kClients * kRequests)) << after->body;
+    }
+    EXPECT_GE(metric(after->body, "keel_inference_request_success", model),
+              static_cast<uint64_t>(kClients * kRequests));
+  }
 }
 
 // A server of its own: requests held in the queue (long batching delay) when SIGTERM comes all complete; a full queue
-// refuses with 503 and Retry-After.
-TEST(ServeShutdown, SigtermUnderLoadLosesNoAcceptedRequestAndFullQueueIs503) {
+// refuses with 429 and Retry-After.
+TEST(ServeShutdown, SigtermUnderLoadLosesNoAcceptedRequestAndFullQueueIs429) {
   std::signal(SIGPIPE, SIG_IGN);
   const fs::path repo = fs::temp_directory_path() / ("keel_serve_sigterm_" + std::to_string(getpid()));
   fs::remove_all(repo);
@@ -435,7 +433,7 @@ TEST(ServeShutdown, SigtermUnderLoadLosesNoAcceptedRequestAndFullQueueIs503) {
         auto r = server.client()->Post("/v2/models/small/infer", infer_body(std::vector<float>(4, 1.f), 1).dump(),
                                        "application/json");
         if (r && r->status == 200) ok++;
-        if (r && r->status == 503 && r->has_header("Retry-After")) refused++;
+        if (r && r->status == 429 && r->has_header("Retry-After")) refused++;
       });
     for (auto& t : threads) t.join();
     EXPECT_EQ(ok.load(), 2);

@@ -3,7 +3,9 @@
 // Prints "keel serve: listening on http://HOST:PORT" on stdout once bound (with --port 0, the chosen port), serves
 // until SIGTERM or SIGINT, then stops accepting, finishes the requests in flight and exits 0.
 #include <csignal>
+#include <fstream>
 #include <iostream>
+#include <sstream>
 #include <thread>
 
 #include "tools/keel/commands.h"
@@ -24,7 +26,30 @@ struct ServeArgs {
   int threads = -1;
   int http_threads = 16;
   uint64_t max_body_mib = 64;
+  uint64_t max_inflight_mib = 2048;
+  int io_timeout_s = 10;
+  int64_t request_timeout_ms = 60'000;
+  std::string auth_token_file;
+  bool model_control = false;
 };
+
+#if KEEL_HAVE_SERVE
+// The token of --auth-token-file: the file's text without surrounding whitespace; empty or unreadable is an error.
+StatusOr<std::string> read_token(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return not_found("--auth-token-file " + path + ": cannot read it");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string t = ss.str();
+  const auto first = t.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos) return invalid_argument("--auth-token-file " + path + " is empty");
+  t = t.substr(first, t.find_last_not_of(" \t\r\n") - first + 1);
+  for (char c : t)
+    if (static_cast<unsigned char>(c) < 0x21 || static_cast<unsigned char>(c) > 0x7e)
+      return invalid_argument("--auth-token-file " + path + ": the token must be one word of printable ASCII");
+  return t;
+}
+#endif
 
 int run_serve(const ServeArgs& a, Globals& g) {
 #if KEEL_HAVE_SERVE
@@ -44,6 +69,25 @@ int run_serve(const ServeArgs& a, Globals& g) {
   o.threads = a.threads >= 0 ? a.threads : g.threads;
   o.http_threads = a.http_threads;
   o.max_body_bytes = a.max_body_mib << 20;
+  o.max_inflight_bytes = a.max_inflight_mib << 20;
+  o.io_timeout_s = a.io_timeout_s;
+  o.request_timeout_ms = a.request_timeout_ms;
+  o.model_control = a.model_control;
+  if (!a.auth_token_file.empty()) {
+    auto token = read_token(a.auth_token_file);
+    if (!token.is_ok()) {
+      std::cerr << "keel serve: " << token.status().to_string() << "\n";
+      return 1;
+    }
+    o.auth_token = std::move(token).value();
+  }
+  // A model's passes as `keel run` / `keel bench` resolve --passes and --precision (absent = auto).
+  o.pass_resolver = [](const serve::ModelConfig& c, const Graph& graph, Environment& env)
+      -> StatusOr<std::vector<std::string>> {
+    std::vector<std::string> passes = c.passes ? *c.passes : session_passes("auto", graph, env);
+    KEEL_RETURN_IF_ERROR(append_precision_pass(c.precision, !c.passes.has_value(), env, passes), "");
+    return passes;
+  };
   auto server = serve::Server::create(*env, o);
   if (!server.is_ok()) {
     std::cerr << "keel serve: " << server.status().to_string() << "\n";
@@ -98,6 +142,20 @@ void add_serve_command(CLI::App& app, Globals& g) {
   cmd->add_option("--http-threads", a->http_threads, "Connections served at once")->check(CLI::Range(1, 1024));
   cmd->add_option("--max-body-mib", a->max_body_mib, "Largest request body in MiB (413 beyond)")
       ->check(CLI::Range(1, 4096));
+  cmd->add_option("--max-inflight-mib", a->max_inflight_mib,
+                  "Input memory of all requests in flight, in MiB (429 beyond; checked before allocating)")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--io-timeout", a->io_timeout_s, "Seconds a connection may take to send a request or read a response")
+      ->check(CLI::Range(1, 3600));
+  cmd->add_option("--request-timeout-ms", a->request_timeout_ms,
+                  "How long a request may wait in the queue (504 beyond) unless its model's default_timeout_us or "
+                  "the request's `timeout` parameter says otherwise")
+      ->check(CLI::Range(1, 3'600'000));
+  cmd->add_option("--auth-token-file", a->auth_token_file,
+                  "Require `Authorization: Bearer <token>` (the file's one word) on every route but the health probes")
+      ->check(CLI::ExistingFile);
+  cmd->add_flag("--model-control", a->model_control,
+                "Enable POST /v2/repository/index and /v2/repository/models/{m}/load|unload");
   cmd->callback([a, &g] {
     const int rc = run_serve(*a, g);
     if (rc != 0) throw CLI::RuntimeError(rc);

@@ -4,63 +4,180 @@
 #include <spdlog/spdlog.h>
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 
+#include "core/base/pass_manager.h"
+#include "core/runtime/host_api.h"
+#include "core/runtime/kernel_context.h"
 #include "core/runtime/onnx_io.h"
 
 namespace keel::serve {
+
+using clock = std::chrono::steady_clock;
+
+const char* failure_name(Failure f) {
+  switch (f) {
+    case Failure::kBadRequest: return "bad_request";
+    case Failure::kQueueFull: return "queue_full";
+    case Failure::kUnavailable: return "unavailable";
+    case Failure::kTimeout: return "timeout";
+    case Failure::kRunFailed: return "run_failed";
+    default: return "other";
+  }
+}
+
+std::vector<int64_t> VersionPolicy::select(std::vector<int64_t> present) const {
+  std::sort(present.begin(), present.end());
+  std::vector<int64_t> out;
+  switch (kind) {
+    case Kind::kAll: return present;
+    case Kind::kLatest:
+      for (size_t i = present.size() > static_cast<size_t>(latest) ? present.size() - static_cast<size_t>(latest) : 0;
+           i < present.size(); ++i)
+        out.push_back(present[i]);
+      return out;
+    case Kind::kSpecific:
+      for (int64_t v : present)
+        if (std::find(specific.begin(), specific.end(), v) != specific.end()) out.push_back(v);
+      return out;
+  }
+  return out;
+}
+
+StatusOr<ModelConfig> parse_model_config_text(const std::string& text, const std::string& origin) {
+  toml::table root;
+  try {
+    root = toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    return invalid_argument("model config " + origin + ": " + std::string(e.description()));
+  }
+  const std::string where = "model config " + origin + ": ";
+  ModelConfig c;
+  auto int_of = [&](const toml::node& n, const std::string& key, int64_t& out, int64_t lo, int64_t hi) -> Status {
+    auto v = n.value<int64_t>();
+    if (!n.is_integer() || !v || *v < lo || *v > hi)
+      return invalid_argument(where + "`" + key + "` must be an integer in [" + std::to_string(lo) + ", " +
+                              std::to_string(hi) + "]");
+    out = *v;
+    return Status::ok();
+  };
+  auto int_key = [&](const char* key, int64_t& out, int64_t lo, int64_t hi) -> Status {
+    const toml::node* n = root.get(key);
+    return n == nullptr ? Status::ok() : int_of(*n, key, out, lo, hi);
+  };
+  auto int_array = [&](const toml::node& n, const std::string& key, std::vector<int64_t>& out, int64_t lo,
+                       int64_t hi) -> Status {
+    const toml::array* a = n.as_array();
+    if (a == nullptr) return invalid_argument(where + "`" + key + "` must be an array of integers");
+    for (const auto& e : *a) {
+      int64_t v = 0;
+      KEEL_RETURN_IF_ERROR(int_of(e, key + "[]", v, lo, hi), "");
+      out.push_back(v);
+    }
+    return Status::ok();
+  };
+  auto string_key = [&](const char* key, std::string& out) -> Status {
+    const toml::node* n = root.get(key);
+    if (n == nullptr) return Status::ok();
+    auto s = n->value<std::string>();
+    if (!n->is_string() || !s) return invalid_argument(where + "`" + key + "` must be a string");
+    out = *s;
+    return Status::ok();
+  };
+  KEEL_RETURN_IF_ERROR(int_key("max_batch_size", c.max_batch_size, 0, 1 << 20), "");
+  KEEL_RETURN_IF_ERROR(int_key("max_queue_delay_us", c.max_queue_delay_us, 0, 60'000'000), "");
+  KEEL_RETURN_IF_ERROR(int_key("max_queue_size", c.max_queue_size, 1, 1 << 20), "");
+  KEEL_RETURN_IF_ERROR(int_key("default_timeout_us", c.default_timeout_us, 0, 3'600'000'000), "");
+  KEEL_RETURN_IF_ERROR(int_key("instances", c.instances, 1, 256), "");
+  KEEL_RETURN_IF_ERROR(int_key("threads", c.threads, 0, 1024), "");
+  if (const toml::node* n = root.get("preferred_batch_sizes")) {
+    KEEL_RETURN_IF_ERROR(int_array(*n, "preferred_batch_sizes", c.preferred_batch_sizes, 1, 1 << 20), "");
+    std::sort(c.preferred_batch_sizes.begin(), c.preferred_batch_sizes.end());
+    if (c.max_batch_size == 0 && !c.preferred_batch_sizes.empty())
+      return invalid_argument(where + "`preferred_batch_sizes` needs max_batch_size > 0");
+    if (!c.preferred_batch_sizes.empty() && c.preferred_batch_sizes.back() > c.max_batch_size)
+      return invalid_argument(where + "preferred batch size " + std::to_string(c.preferred_batch_sizes.back()) +
+                              " exceeds max_batch_size " + std::to_string(c.max_batch_size));
+  }
+  if (const toml::node* n = root.get("dynamic_batch")) {
+    if (!n->is_boolean()) return invalid_argument(where + "`dynamic_batch` must be true or false");
+    c.dynamic_batch = n->value<bool>().value_or(false);
+    if (c.dynamic_batch && c.max_batch_size == 0)
+      return invalid_argument(where + "`dynamic_batch` needs max_batch_size > 0");
+  }
+  if (const toml::node* n = root.get("passes")) {
+    if (n->is_string()) {
+      const std::string s = *n->value<std::string>();
+      if (s == "none") c.passes = std::vector<std::string>{};
+      else if (s != "auto") return invalid_argument(where + "`passes` is \"auto\", \"none\" or an array of pass names");
+    } else if (const toml::array* a = n->as_array()) {
+      c.passes = std::vector<std::string>{};
+      for (const auto& e : *a) {
+        auto s = e.value<std::string>();
+        if (!e.is_string() || !s || s->empty())
+          return invalid_argument(where + "`passes` is \"auto\", \"none\" or an array of pass names");
+        c.passes->push_back(*s);
+      }
+    } else {
+      return invalid_argument(where + "`passes` is \"auto\", \"none\" or an array of pass names");
+    }
+  }
+  KEEL_RETURN_IF_ERROR(string_key("precision", c.precision), "");
+  if (c.precision != "fp32" && c.precision != "fp16" && c.precision != "bf16")
+    return invalid_argument(where + "`precision` is fp32, fp16 or bf16, not '" + c.precision + "'");
+  KEEL_RETURN_IF_ERROR(string_key("device", c.device), "");
+  if (const toml::node* n = root.get("version_policy")) {
+    const toml::table* t = n->as_table();
+    if (t == nullptr || t->size() != 1)
+      return invalid_argument(where +
+                              "`version_policy` is a table with one key: latest = N, all = true or "
+                              "specific = [versions]");
+    auto& p = c.version_policy;
+    if (const toml::node* l = t->get("latest")) {
+      p.kind = VersionPolicy::Kind::kLatest;
+      KEEL_RETURN_IF_ERROR(int_of(*l, "version_policy.latest", p.latest, 1, 1 << 20), "");
+    } else if (const toml::node* a = t->get("all")) {
+      if (!a->is_boolean() || !a->value<bool>().value_or(false))
+        return invalid_argument(where + "`version_policy.all` must be true");
+      p.kind = VersionPolicy::Kind::kAll;
+    } else if (const toml::node* s = t->get("specific")) {
+      p.kind = VersionPolicy::Kind::kSpecific;
+      KEEL_RETURN_IF_ERROR(int_array(*s, "version_policy.specific", p.specific, 0, int64_t{1} << 62), "");
+      if (p.specific.empty()) return invalid_argument(where + "`version_policy.specific` names no version");
+    } else {
+      return invalid_argument(where + "`version_policy` has unknown key `" + std::string(t->begin()->first.str()) +
+                              "` (latest, all or specific)");
+    }
+  }
+  for (const auto& [k, v] : root) {
+    static const char* known[] = {"max_batch_size",
+                                  "max_queue_delay_us",
+                                  "preferred_batch_sizes",
+                                  "max_queue_size",
+                                  "default_timeout_us",
+                                  "dynamic_batch",
+                                  "instances",
+                                  "threads",
+                                  "passes",
+                                  "precision",
+                                  "device",
+                                  "version_policy"};
+    bool ok = false;
+    for (const char* kk : known) ok = ok || k.str() == kk;
+    if (!ok) return invalid_argument(where + "unknown key `" + std::string(k.str()) + "`");
+  }
+  return c;
+}
 
 StatusOr<ModelConfig> parse_model_config(const std::filesystem::path& file) {
   std::ifstream in(file, std::ios::binary);
   if (!in) return not_found("cannot read model config " + file.string());
   std::stringstream ss;
   ss << in.rdbuf();
-  toml::table root;
-  try {
-    root = toml::parse(ss.str(), file.string());
-  } catch (const toml::parse_error& e) {
-    return invalid_argument("model config " + file.string() + ": " + std::string(e.description()));
-  }
-  ModelConfig c;
-  auto int_key = [&](const char* key, int64_t& out, int64_t lo, int64_t hi) -> Status {
-    const toml::node* n = root.get(key);
-    if (n == nullptr) return Status::ok();
-    auto v = n->value<int64_t>();
-    if (!v || *v < lo || *v > hi || !n->is_integer())
-      return invalid_argument("model config " + file.string() + ": `" + key + "` must be an integer in [" +
-                              std::to_string(lo) + ", " + std::to_string(hi) + "]");
-    out = *v;
-    return Status::ok();
-  };
-  KEEL_RETURN_IF_ERROR(int_key("max_batch_size", c.max_batch_size, 0, 1 << 20), "");
-  KEEL_RETURN_IF_ERROR(int_key("max_queue_delay_us", c.max_queue_delay_us, 0, 60'000'000), "");
-  KEEL_RETURN_IF_ERROR(int_key("max_queue_size", c.max_queue_size, 1, 1 << 20), "");
-  KEEL_RETURN_IF_ERROR(int_key("instances", c.instances, 1, 256), "");
-  KEEL_RETURN_IF_ERROR(int_key("threads", c.threads, 0, 1024), "");
-  if (const toml::node* n = root.get("passes")) {
-    const toml::array* a = n->as_array();
-    if (a == nullptr) return invalid_argument("model config " + file.string() + ": `passes` must be an array of strings");
-    for (const auto& e : *a) {
-      auto s = e.value<std::string>();
-      if (!s) return invalid_argument("model config " + file.string() + ": `passes` must be an array of strings");
-      c.passes.push_back(*s);
-    }
-  }
-  if (const toml::node* n = root.get("device")) {
-    auto s = n->value<std::string>();
-    if (!s) return invalid_argument("model config " + file.string() + ": `device` must be a string");
-    c.device = *s;
-  }
-  for (const auto& [k, v] : root) {
-    static const char* known[] = {"max_batch_size", "max_queue_delay_us", "max_queue_size", "instances",
-                                  "threads",        "passes",             "device"};
-    bool ok = false;
-    for (const char* kk : known) ok = ok || k.str() == kk;
-    if (!ok) return invalid_argument("model config " + file.string() + ": unknown key `" + std::string(k.str()) + "`");
-  }
-  return c;
+  return parse_model_config_text(ss.str(), file.string());
 }
 
 namespace {
@@ -69,23 +186,60 @@ TensorSpec spec_of(const Graph& g, const std::string& name) {
   s.name = name;
   if (const ValueInfo* vi = g.info(name)) {
     s.dtype = vi->tensor_dtype();
-    if (vi->shape) s.shape = *vi->shape; else s.has_shape = false;
+    if (vi->shape) s.shape = *vi->shape;
+    else s.has_shape = false;
   } else {
     s.has_shape = false;
   }
+  return s;
+}
+
+// SessionOptions::share_weights_with and Session::memory_info() come with issue 26's shared builds; these two keep
+// keel_serve building on a core without them (each instance then builds its own copy, and memory() reports it).
+template <typename Options>
+auto share_build(Options& so, const Session* with, int) -> decltype(so.share_weights_with = with, void()) {
+  so.share_weights_with = with;
+}
+template <typename Options>
+void share_build(Options&, const Session*, long) {}
+template <typename S>
+auto build_memory(const S& s, int) -> decltype(s.memory_info(), std::array<uint64_t, 3>()) {
+  const auto info = s.memory_info();
+  return {info.build_id, info.constant_bytes, info.arena_bytes};
+}
+template <typename S>
+std::array<uint64_t, 3> build_memory(const S& s, long) {
+  return {reinterpret_cast<uintptr_t>(&s), 0, 0};
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& e : v) s += (s.empty() ? "" : ",") + e;
   return s;
 }
 }  // namespace
 
 StatusOr<std::unique_ptr<ServedModel>> ServedModel::create(Environment& env, std::string name, int64_t version,
                                                            const std::filesystem::path& file, ModelConfig config,
-                                                           int32_t default_threads) {
+                                                           const std::vector<std::string>& passes,
+                                                           int32_t default_threads, std::string fingerprint) {
   std::unique_ptr<ServedModel> m(new ServedModel());
   m->name_ = std::move(name);
   m->version_ = version;
+  m->fingerprint_ = std::move(fingerprint);
   m->config_ = std::move(config);
   const std::string who = "model " + m->name_ + " version " + std::to_string(version);
   KEEL_ASSIGN_OR_RETURN(Graph graph, load_onnx(file), who);
+  if (m->config_.dynamic_batch) {
+    // A first dim of 1 becomes dynamic; every other value's shape is inferred again from there.
+    for (auto& [value, info] : graph.value_info) {
+      if (graph.is_graph_input(value)) {
+        if (info.shape && !info.shape->empty() && (*info.shape)[0] == 1) (*info.shape)[0] = -1;
+      } else if (!graph.is_initializer(value)) {
+        info.shape.reset();
+      }
+    }
+  }
   // Metadata from the model as given (before the passes): what a client sends and receives.
   for (const auto& in : graph.inputs) m->inputs_.push_back(spec_of(graph, in));
   for (const auto& out : graph.outputs) m->outputs_.push_back(spec_of(graph, out));
@@ -94,13 +248,39 @@ StatusOr<std::unique_ptr<ServedModel>> ServedModel::create(Environment& env, std
       return invalid_argument(who + ": input " + s.name + " is not a tensor of a servable dtype");
     if (m->config_.max_batch_size > 0 && (!s.has_shape || s.shape.empty() || s.shape[0] >= 0))
       return invalid_argument(who + ": max_batch_size > 0 needs a dynamic first dim (the batch) on every input; " +
-                              s.name + " has " + (s.has_shape ? shape_to_string(s.shape) : std::string("no shape")));
+                              s.name + " has " + (s.has_shape ? shape_to_string(s.shape) : std::string("no shape")) +
+                              (s.has_shape && !s.shape.empty() && s.shape[0] == 1 ? " (dynamic_batch = true makes "
+                                                                                    "a first dim of 1 dynamic)"
+                                                                                  : ""));
+  }
+  // The passes run once here, so that every instance is built from one graph and shares its initializers.
+  if (!passes.empty()) {
+    KEEL_RETURN_IF_ERROR(graph.validate(), who);
+    KEEL_RETURN_IF_ERROR(infer_shapes(graph), who + ": shape inference");
+    std::string target;
+    if (!m->config_.device.empty()) {
+      KEEL_ASSIGN_OR_RETURN(DeviceSpec spec, env.device(m->config_.device), who);
+      target = spec.type;
+    } else {
+      const auto types = env.registry().device_types();
+      target = types.empty() ? "cpu" : types.front();
+    }
+    KEEL_ASSIGN_OR_RETURN(auto pipeline, parse_pipeline_list(join(passes)), who + ": passes");
+    keel_graph_s view;
+    view.graph = &graph;
+    view.env = &env;
+    PassManager pm(env.registry(), graph_api());
+    KEEL_ASSIGN_OR_RETURN(auto reports, pm.run(graph, &view, pipeline, target), who + ": passes");
+    for (const auto& r : reports)
+      spdlog::debug("{}: pass {}: {} -> {} nodes", who, r.pass, r.nodes_before, r.nodes_after);
   }
   SessionOptions so;
   if (!m->config_.device.empty()) so.devices = {m->config_.device};
-  so.passes = m->config_.passes;
   so.threads = static_cast<int32_t>(m->config_.threads > 0 ? m->config_.threads : default_threads);
+  // Instance 0 builds; the others share its build (kernels with their prepacked weights, variants, plans) and have
+  // their own thread pools: one copy of the weights whatever the number of instances.
   for (int64_t i = 0; i < m->config_.instances; ++i) {
+    share_build(so, i == 0 ? nullptr : m->sessions_[0].get(), 0);
     KEEL_ASSIGN_OR_RETURN(auto session, Session::create(env, graph, so), who + " instance " + std::to_string(i));
     m->sessions_.push_back(std::move(session));
   }
@@ -113,6 +293,21 @@ StatusOr<std::unique_ptr<ServedModel>> ServedModel::create(Environment& env, std
 
 ServedModel::~ServedModel() { shutdown(); }
 
+ServedModel::Memory ServedModel::memory() const {
+  Memory out;
+  std::vector<uint64_t> builds;
+  for (const auto& s : sessions_) {
+    const auto [build_id, constant_bytes, arena_bytes] = build_memory(*s, 0);
+    if (std::find(builds.begin(), builds.end(), build_id) == builds.end()) {
+      builds.push_back(build_id);
+      out.constant_bytes += constant_bytes;
+      out.arena_bytes += arena_bytes;
+    }
+  }
+  out.builds = builds.size();
+  return out;
+}
+
 void ServedModel::shutdown() {
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -123,25 +318,34 @@ void ServedModel::shutdown() {
     if (t.joinable()) t.join();
 }
 
-StatusOr<std::future<ServedModel::Outputs>> ServedModel::submit(std::vector<Tensor> inputs) {
+StatusOr<std::future<Result>> ServedModel::submit(std::vector<Tensor> inputs, clock::time_point deadline,
+                                                  Failure* why) {
   auto r = std::make_shared<Request>();
   if (config_.max_batch_size > 0) {
     r->rows = inputs.empty() || inputs[0].rank() == 0 ? 1 : inputs[0].shape()[0];
     for (const auto& t : inputs)
-      if (t.rank() == 0 || t.shape()[0] != r->rows)
+      if (t.rank() == 0 || t.shape()[0] != r->rows) {
+        *why = Failure::kBadRequest;
         return invalid_argument("model " + name_ + ": every input must have the same batch size (dim 0)");
-    if (r->rows > config_.max_batch_size)
-      return invalid_argument("model " + name_ + ": batch size " + std::to_string(r->rows) + " exceeds max_batch_size " +
-                              std::to_string(config_.max_batch_size));
+      }
+    if (r->rows > config_.max_batch_size) {
+      *why = Failure::kBadRequest;
+      return invalid_argument("model " + name_ + ": batch size " + std::to_string(r->rows) +
+                              " exceeds max_batch_size " + std::to_string(config_.max_batch_size));
+    }
   }
   r->inputs = std::move(inputs);
-  r->enqueued = std::chrono::steady_clock::now();
+  r->enqueued = clock::now();
+  r->deadline = deadline;
   auto fut = r->done.get_future();
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (stopping_) return unavailable("model " + name_ + " is shutting down");
+    if (stopping_) {
+      *why = Failure::kUnavailable;
+      return unavailable("model " + name_ + " version " + std::to_string(version_) + " is shutting down");
+    }
     if (static_cast<int64_t>(queue_.size()) >= config_.max_queue_size) {
-      metrics_.request_rejected++;
+      *why = Failure::kQueueFull;
       return unavailable("model " + name_ + ": queue full (" + std::to_string(config_.max_queue_size) + " requests)");
     }
     queue_.push_back(std::move(r));
@@ -162,64 +366,105 @@ bool ServedModel::compatible(const Request& a, const Request& b) const {
   return true;
 }
 
+ServedModel::Batch ServedModel::next_batch(std::unique_lock<std::mutex>& lk) {
+  const auto delay = std::chrono::microseconds(config_.max_queue_delay_us);
+  const int64_t max_rows = config_.max_batch_size;
+  const int64_t preferred = config_.preferred_batch_sizes.empty() ? max_rows : config_.preferred_batch_sizes.back();
+  for (;;) {
+    // Requests past their deadline are answered without running.
+    const auto now = clock::now();
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      if (now >= (*it)->deadline) {
+        Result res;
+        res.outputs = Status(StatusCode::kDeadlineExceeded,
+                             "model " + name_ + ": the request waited past its timeout in the queue");
+        res.queue_us = std::chrono::duration_cast<std::chrono::microseconds>(now - (*it)->enqueued).count();
+        (*it)->done.set_value(std::move(res));
+        metrics_.pending--;
+        it = queue_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (queue_.empty()) {
+      if (stopping_) return {};
+      cv_.wait(lk);
+      continue;
+    }
+    const auto front = queue_.front();
+    if (max_rows == 0) {
+      queue_.pop_front();
+      metrics_.pending--;
+      return {front};
+    }
+    int64_t rows = 0;
+    for (const auto& r : queue_)
+      if (r == front || compatible(*front, *r)) rows += r->rows;
+    const auto batch_deadline = front->enqueued + delay;
+    const bool late = stopping_ || now >= batch_deadline;
+    if (!late && rows < preferred) {
+      cv_.wait_until(lk, std::min(batch_deadline, front->deadline));
+      continue;
+    }
+    // A batch of the largest preferred size (before the delay ran out), else as full as max_batch_size allows.
+    const int64_t limit = late ? max_rows : preferred;
+    Batch batch{front};
+    int64_t taken = front->rows;
+    queue_.pop_front();
+    for (auto it = queue_.begin(); it != queue_.end() && taken < limit;) {
+      if (taken + (*it)->rows <= limit && compatible(*front, **it)) {
+        taken += (*it)->rows;
+        batch.push_back(*it);
+        it = queue_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    metrics_.pending -= static_cast<int64_t>(batch.size());
+    return batch;
+  }
+}
+
 void ServedModel::worker(size_t instance) {
   Session& session = *sessions_[instance];
-  const auto delay = std::chrono::microseconds(config_.max_queue_delay_us);
   for (;;) {
-    std::vector<std::shared_ptr<Request>> batch;
+    Batch batch;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping, and nothing left to finish
-      if (config_.max_batch_size > 0) {
-        // Wait for a full batch of requests compatible with the oldest, or for the oldest's deadline.
-        for (;;) {
-          if (queue_.empty()) break;
-          const Request& front = *queue_.front();
-          int64_t rows = 0;
-          for (const auto& r : queue_)
-            if (r == queue_.front() || compatible(front, *r)) rows += r->rows;
-          const auto deadline = front.enqueued + delay;
-          if (rows >= config_.max_batch_size || stopping_ || std::chrono::steady_clock::now() >= deadline) break;
-          cv_.wait_until(lk, deadline);
-        }
-        if (queue_.empty()) continue;  // another instance took them
-      }
-      auto front = queue_.front();
-      queue_.pop_front();
-      int64_t rows = front->rows;
-      batch.push_back(front);
-      if (config_.max_batch_size > 0) {
-        for (auto it = queue_.begin(); it != queue_.end() && rows < config_.max_batch_size;) {
-          if (rows + (*it)->rows <= config_.max_batch_size && compatible(*front, **it)) {
-            rows += (*it)->rows;
-            batch.push_back(*it);
-            it = queue_.erase(it);
-          } else {
-            ++it;
-          }
-        }
-      }
-      metrics_.pending -= static_cast<int64_t>(batch.size());
+      batch = next_batch(lk);
     }
+    if (batch.empty()) return;  // stopping, and nothing left to finish
+    // Another worker may be able to start the next batch now.
+    cv_.notify_one();
     execute(session, batch);
   }
 }
 
-void ServedModel::execute(Session& session, std::vector<std::shared_ptr<Request>>& batch) {
-  using clock = std::chrono::steady_clock;
+void ServedModel::execute(Session& session, Batch& batch) {
   const auto start = clock::now();
-  for (const auto& r : batch)
-    metrics_.queue_us += std::chrono::duration_cast<std::chrono::microseconds>(start - r->enqueued).count();
-  auto fail = [&](const Status& s) {
-    for (auto& r : batch) r->done.set_value(s);
-    metrics_.request_failure += batch.size();
-  };
-  const auto& names = session.input_names();
-  std::vector<std::pair<std::string, Tensor>> feeds;
+  const auto n = static_cast<uint64_t>(batch.size());
+  std::vector<int64_t> queue_us;
+  for (const auto& r : batch) {
+    queue_us.push_back(std::chrono::duration_cast<std::chrono::microseconds>(start - r->enqueued).count());
+    metrics_.queue_us += static_cast<uint64_t>(queue_us.back());
+  }
   int64_t total_rows = 0;
   for (const auto& r : batch) total_rows += r->rows;
-  // The session's input names are the model's (passes keep graph inputs); bind by our spec order.
+  auto finish = [&](size_t i, StatusOr<std::vector<Tensor>> outputs) {
+    Result res;
+    res.outputs = std::move(outputs);
+    res.batch_rows = total_rows;
+    res.queue_us = queue_us[i];
+    res.compute_us = std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - start).count();
+    batch[i]->done.set_value(std::move(res));
+  };
+  auto fail = [&](const Status& s) {
+    for (size_t i = 0; i < batch.size(); ++i) finish(i, s);
+  };
+  auto us = [](clock::time_point a, clock::time_point b) {
+    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(b - a).count());
+  };
+  std::vector<std::pair<std::string, Tensor>> feeds;
   for (size_t i = 0; i < inputs_.size(); ++i) {
     if (batch.size() == 1) {
       feeds.emplace_back(inputs_[i].name, batch[0]->inputs[i]);
@@ -231,26 +476,26 @@ void ServedModel::execute(Session& session, std::vector<std::shared_ptr<Request>
     if (!t.is_ok()) return fail(t.status().with_context("model " + name_ + ": batch input " + inputs_[i].name));
     auto* dst = static_cast<uint8_t*>(t->raw_data());
     for (const auto& r : batch) {
-      const uint64_t n = r->inputs[i].byte_size();
-      if (n > 0) std::memcpy(dst, r->inputs[i].raw_data(), n);
-      dst += n;
+      const uint64_t bytes = r->inputs[i].byte_size();
+      if (bytes > 0) std::memcpy(dst, r->inputs[i].raw_data(), bytes);
+      dst += bytes;
     }
     feeds.emplace_back(inputs_[i].name, std::move(t).value());
   }
-  (void)names;
+  const auto t_input = clock::now();
   auto out = session.run(feeds);
-  const auto end = clock::now();
-  metrics_.compute_us += std::chrono::duration_cast<std::chrono::microseconds>(end - start).count();
+  const auto t_infer = clock::now();
+  metrics_.compute_input_us += us(start, t_input) * n;
+  metrics_.compute_infer_us += us(t_input, t_infer) * n;
   metrics_.execution_count++;
   if (!out.is_ok()) {
-    spdlog::warn("model {}: run failed: {}", name_, out.status().to_string());
+    spdlog::warn("model {} version {}: run failed: {}", name_, version_, out.status().to_string());
     return fail(out.status().with_context("model " + name_ + " version " + std::to_string(version_)));
   }
   metrics_.inference_count += static_cast<uint64_t>(total_rows);
   if (batch.size() == 1) {
-    metrics_.request_success++;
-    batch[0]->done.set_value(std::move(out).value());
-    return;
+    metrics_.compute_output_us += us(t_infer, clock::now());
+    return finish(0, std::move(out).value());
   }
   const std::vector<Tensor>& outs = out.value();
   for (size_t k = 0; k < outs.size(); ++k)
@@ -258,21 +503,21 @@ void ServedModel::execute(Session& session, std::vector<std::shared_ptr<Request>
       return fail(internal_error("model " + name_ + ": output " + outputs_[k].name + " of a batch of " +
                                  std::to_string(total_rows) + " has shape " + shape_to_string(outs[k].shape()) +
                                  ": its first dim is not the batch"));
+  std::vector<std::vector<Tensor>> split(batch.size());
   int64_t row = 0;
-  for (auto& r : batch) {
-    std::vector<Tensor> mine;
+  for (size_t i = 0; i < batch.size(); ++i) {
     for (const auto& o : outs) {
       const uint64_t row_bytes = o.byte_size() / static_cast<uint64_t>(total_rows);
       Shape s = o.shape();
-      s[0] = r->rows;
+      s[0] = batch[i]->rows;
       const uint64_t base = static_cast<uint64_t>(static_cast<const uint8_t*>(o.raw_data()) -
                                                   static_cast<const uint8_t*>(o.storage()->data()));
-      mine.emplace_back(o.dtype(), s, o.storage(), base + static_cast<uint64_t>(row) * row_bytes);
+      split[i].emplace_back(o.dtype(), s, o.storage(), base + static_cast<uint64_t>(row) * row_bytes);
     }
-    row += r->rows;
-    metrics_.request_success++;
-    r->done.set_value(std::move(mine));
+    row += batch[i]->rows;
   }
+  metrics_.compute_output_us += us(t_infer, clock::now()) * n;
+  for (size_t i = 0; i < batch.size(); ++i) finish(i, std::move(split[i]));
 }
 
 }  // namespace keel::serve

@@ -1,16 +1,22 @@
 // keel/tools/serve/model.h — one served model version: its config, instances, request queue and dynamic batcher.
 //
 // A ServedModel owns `instances` sessions of one ONNX file (one session per instance, each run by its own worker
-// thread) and one request queue. submit() queues a request (its inputs in the model's input order) and returns a
-// future; a worker takes the oldest request and, when max_batch_size > 0, every queued request whose inputs have the
-// same dtypes and non-batch dims, up to max_batch_size rows or until the oldest has waited max_queue_delay_us,
-// concatenates them along dim 0, runs one batch and splits the outputs back in request order (each request gets a
-// view of the batch outputs: no copy). Requests whose non-batch dims differ are batched separately.
+// thread) and one request queue. The graph passes run once, before the instances are made; instance 0 builds the
+// session and the others share its build (SessionOptions::share_weights_with: kernels with their prepacked weights,
+// shape variants, activation plans), each with its own thread pool: one copy of the weights for all instances.
+//
+// submit() queues a request (its inputs in the model's input order) and returns a future; a worker takes the oldest
+// request and, when max_batch_size > 0, every queued request whose inputs have the same dtypes and non-batch dims,
+// until the batch holds max_batch_size rows, or the largest preferred batch size, or the oldest has waited
+// max_queue_delay_us; it concatenates them along dim 0, runs one batch and splits the outputs back in request order
+// (each request gets a view of the batch outputs: no copy). Requests whose non-batch dims differ are batched
+// separately. A request still queued past its deadline is not run: it completes with DEADLINE_EXCEEDED.
 //
 // Thread-safety: submit(), metrics() and the accessors may be called from any thread. shutdown() (also run by the
 // destructor) stops accepting, lets the workers finish every queued request, and joins them.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -20,10 +26,12 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "core/base/graph.h"
 #include "core/base/status.h"
 #include "core/base/tensor.h"
 #include "core/runtime/environment.h"
@@ -31,72 +39,120 @@
 
 namespace keel::serve {
 
+// Which versions of a model serve (Triton's version_policy): the `latest` N (default 1), `all`, or `specific` ones.
+struct VersionPolicy {
+  enum class Kind { kLatest, kAll, kSpecific };
+  Kind kind = Kind::kLatest;
+  int64_t latest = 1;
+  std::vector<int64_t> specific;
+  // The versions to serve out of those present (any order); sorted ascending.
+  std::vector<int64_t> select(std::vector<int64_t> present) const;
+};
+
 // DIR/<model>/config.toml; every key optional. Unknown keys are an error (a typo must not pass silently).
 struct ModelConfig {
-  int64_t max_batch_size = 0;          // 0 = no batching; > 0: dim 0 of every input is the batch dim
-  int64_t max_queue_delay_us = 0;      // how long the oldest request may wait for a fuller batch
-  int64_t max_queue_size = 1024;       // queued requests beyond this are refused (503)
-  int64_t instances = 1;               // sessions (and worker threads) of this model
-  int64_t threads = 0;                 // kernel threads per instance; 0 = the server's --threads
-  std::vector<std::string> passes;     // session passes by name
-  std::string device;                  // "" = every device by priority; else "cpu", "cuda:0", ...
+  int64_t max_batch_size = 0;                  // 0 = no batching; > 0: dim 0 of every input is the batch dim
+  int64_t max_queue_delay_us = 0;              // how long the oldest request may wait for a fuller batch
+  std::vector<int64_t> preferred_batch_sizes;  // a batch of the largest of these goes at once (ascending, <= max)
+  int64_t max_queue_size = 1024;               // queued requests beyond this are refused (429)
+  int64_t default_timeout_us = 0;              // a request's queue deadline; 0 = the server's request timeout
+  bool dynamic_batch = false;                  // make a fixed first dim of 1 dynamic at load (for exports with batch 1)
+  int64_t instances = 1;                       // sessions (and worker threads) of this model
+  int64_t threads = 0;                         // kernel threads per instance; 0 = the server's --threads
+  std::optional<std::vector<std::string>> passes;  // session passes by name; absent or "auto" = the server's default
+  std::string precision = "fp32";                  // fp32 | fp16 | bf16 (mixed precision, fp32 inputs and outputs)
+  std::string device;                              // "" = every device by priority; else "cpu", "cuda:0", ...
+  VersionPolicy version_policy;
 };
-// INVALID_ARGUMENT naming the file and key for a malformed file, a wrong type or a value out of range.
+// Parses config.toml text (`origin` names it in errors): INVALID_ARGUMENT naming the file and key for a malformed
+// file, a wrong type or a value out of range.
+StatusOr<ModelConfig> parse_model_config_text(const std::string& text, const std::string& origin);
 StatusOr<ModelConfig> parse_model_config(const std::filesystem::path& file);
 
 // A graph input or output as the metadata endpoint shows it (dims of -1 are dynamic).
 struct TensorSpec {
   std::string name;
   DType dtype = DType::kUndefined;
-  Shape shape;       // empty with `has_shape` false when the rank is unknown
+  Shape shape;  // empty with `has_shape` false when the rank is unknown
   bool has_shape = true;
 };
 
-// Cumulative counters since load (Prometheus counters).
+// Why a request failed: the `reason` label of keel_inference_request_failure.
+enum class Failure { kBadRequest, kQueueFull, kUnavailable, kTimeout, kRunFailed, kCount };
+const char* failure_name(Failure f);  // "bad_request", "queue_full", "unavailable", "timeout", "run_failed"
+
+// Cumulative counters since load (Prometheus counters), and the pending gauge.
 struct ModelMetrics {
-  std::atomic<uint64_t> request_success{0}, request_failure{0}, request_rejected{0};
-  std::atomic<uint64_t> inference_count{0};   // rows (batch items) inferred
-  std::atomic<uint64_t> execution_count{0};   // session runs
-  std::atomic<uint64_t> queue_us{0}, compute_us{0};
+  std::atomic<uint64_t> request_success{0};
+  std::array<std::atomic<uint64_t>, static_cast<size_t>(Failure::kCount)> request_failure{};
+  std::atomic<uint64_t> inference_count{0};  // rows (batch items) inferred
+  std::atomic<uint64_t> execution_count{0};  // session runs
+  // Per request (a batch's compute time counts once per request in it, as Triton counts):
+  std::atomic<uint64_t> queue_us{0};           // enqueued -> its batch starts
+  std::atomic<uint64_t> compute_input_us{0};   // the batch's inputs concatenated
+  std::atomic<uint64_t> compute_infer_us{0};   // the session run
+  std::atomic<uint64_t> compute_output_us{0};  // the outputs split back
   std::atomic<int64_t> pending{0};
+  void fail(Failure f) { request_failure[static_cast<size_t>(f)]++; }
+};
+
+// What the batcher produced for one request, with its timings (for the access log).
+struct Result {
+  StatusOr<std::vector<Tensor>> outputs = internal_error("no result");
+  int64_t batch_rows = 0;  // rows of the batch the request ran in
+  int64_t queue_us = 0, compute_us = 0;
 };
 
 class ServedModel {
  public:
-  using Outputs = StatusOr<std::vector<Tensor>>;
-  // Loads `file` into `config.instances` sessions. `default_threads` is used when config.threads is 0. The
-  // environment must outlive the model.
+  // Loads `file` into `config.instances` sessions after running `passes` once on its graph. `default_threads` is
+  // used when config.threads is 0. `fingerprint` identifies what was loaded (a reload with an equal fingerprint may
+  // keep this model). The environment must outlive the model.
   static StatusOr<std::unique_ptr<ServedModel>> create(Environment& env, std::string name, int64_t version,
                                                        const std::filesystem::path& file, ModelConfig config,
-                                                       int32_t default_threads);
+                                                       const std::vector<std::string>& passes, int32_t default_threads,
+                                                       std::string fingerprint = "");
   ~ServedModel();
 
   const std::string& name() const { return name_; }
   int64_t version() const { return version_; }
+  const std::string& fingerprint() const { return fingerprint_; }
   const ModelConfig& config() const { return config_; }
   const std::vector<TensorSpec>& inputs() const { return inputs_; }
   const std::vector<TensorSpec>& outputs() const { return outputs_; }
   ModelMetrics& metrics() { return metrics_; }
+  // Memory of the instances' builds (each distinct build once): `builds` is 1 when every instance shares one.
+  struct Memory {
+    uint64_t builds = 0, constant_bytes = 0, arena_bytes = 0;
+  };
+  Memory memory() const;
 
-  // Queues one request; `inputs` are host tensors in inputs() order, already checked against the specs. UNAVAILABLE
-  // when the queue is full or the model shuts down; INVALID_ARGUMENT when the batch dim exceeds max_batch_size.
-  StatusOr<std::future<Outputs>> submit(std::vector<Tensor> inputs);
+  // Queues one request; `inputs` are host tensors in inputs() order, already checked against the specs. It is not
+  // run once `deadline` has passed. On failure `why` says which: kQueueFull (UNAVAILABLE: max_queue_size requests
+  // wait), kUnavailable (UNAVAILABLE: the model shuts down), kBadRequest (INVALID_ARGUMENT: the batch dims differ or
+  // exceed max_batch_size).
+  StatusOr<std::future<Result>> submit(std::vector<Tensor> inputs, std::chrono::steady_clock::time_point deadline,
+                                       Failure* why);
   void shutdown();
 
  private:
   struct Request {
     std::vector<Tensor> inputs;
     int64_t rows = 1;
-    std::chrono::steady_clock::time_point enqueued;
-    std::promise<Outputs> done;
+    std::chrono::steady_clock::time_point enqueued, deadline;
+    std::promise<Result> done;
   };
+  using Batch = std::vector<std::shared_ptr<Request>>;
   ServedModel() = default;
   void worker(size_t instance);
-  void execute(Session& session, std::vector<std::shared_ptr<Request>>& batch);
+  // Under mu_: takes the next batch off the queue (empty when there is none to run yet), or sleeps until one may be.
+  Batch next_batch(std::unique_lock<std::mutex>& lk);
+  void execute(Session& session, Batch& batch);
   bool compatible(const Request& a, const Request& b) const;
 
   std::string name_;
   int64_t version_ = 0;
+  std::string fingerprint_;
   ModelConfig config_;
   std::vector<TensorSpec> inputs_, outputs_;
   std::vector<std::unique_ptr<Session>> sessions_;

@@ -6,50 +6,21 @@
 
 #include <charconv>
 #include <cstring>
-#include <limits>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
+#include "core/runtime/onnx_io.h"
+#include "tools/serve/tensor_json.h"
+
 namespace keel::serve {
 
 using json = nlohmann::json;
+using clock = std::chrono::steady_clock;
+namespace fs = std::filesystem;
 
 namespace {
-
-// KServe v2 datatype names.
-const char* kserve_name(DType t) {
-  switch (t) {
-    case DType::kBool: return "BOOL";
-    case DType::kU8: return "UINT8";
-    case DType::kU16: return "UINT16";
-    case DType::kU32: return "UINT32";
-    case DType::kU64: return "UINT64";
-    case DType::kI8: return "INT8";
-    case DType::kI16: return "INT16";
-    case DType::kI32: return "INT32";
-    case DType::kI64: return "INT64";
-    case DType::kF16: return "FP16";
-    case DType::kF32: return "FP32";
-    case DType::kF64: return "FP64";
-    case DType::kBF16: return "BF16";
-    case DType::kString: return "BYTES";
-    default: return "UNDEFINED";
-  }
-}
-
-std::optional<DType> from_kserve_name(const std::string& s) {
-  for (DType t : {DType::kBool, DType::kU8, DType::kU16, DType::kU32, DType::kU64, DType::kI8, DType::kI16,
-                  DType::kI32, DType::kI64, DType::kF16, DType::kF32, DType::kF64, DType::kBF16})
-    if (s == kserve_name(t)) return t;
-  return std::nullopt;
-}
-
-// An HTTP error: status code and message.
-struct HttpError {
-  int code;
-  std::string message;
-};
 
 int http_code(const Status& s) {
   switch (s.code()) {
@@ -63,7 +34,7 @@ int http_code(const Status& s) {
 
 void send_error(httplib::Response& res, int code, const std::string& message) {
   res.status = code;
-  if (code == 503) res.set_header("Retry-After", "1");
+  if (code == 429 || code == 503) res.set_header("Retry-After", "1");
   res.set_content(json{{"error", message}}.dump(), "application/json");
 }
 
@@ -95,104 +66,6 @@ bool valid_model_name(const std::string& n) {
   return n.find("..") == std::string::npos;
 }
 
-// Counts the leaves of (possibly nested) `data`; false when something is neither an array nor a scalar.
-bool count_leaves(const json& data, uint64_t& n) {
-  if (data.is_array()) {
-    for (const auto& e : data)
-      if (!count_leaves(e, n)) return false;
-    return true;
-  }
-  if (data.is_number() || data.is_boolean()) {
-    ++n;
-    return true;
-  }
-  return false;
-}
-
-template <typename T>
-bool convert_leaf(const json& v, T& out) {
-  if constexpr (std::is_same_v<T, bool>) {
-    if (v.is_boolean()) { out = v.get<bool>(); return true; }
-    if (v.is_number_integer()) { auto i = v.get<int64_t>(); out = i != 0; return i == 0 || i == 1; }
-    return false;
-  } else if constexpr (std::is_floating_point_v<T>) {
-    if (!v.is_number()) return false;
-    out = static_cast<T>(v.get<double>());
-    return true;
-  } else {
-    if (v.is_number_unsigned()) {
-      uint64_t u = v.get<uint64_t>();
-      if (u > static_cast<uint64_t>(std::numeric_limits<T>::max())) return false;
-      out = static_cast<T>(u);
-      return true;
-    }
-    if (v.is_number_integer()) {
-      int64_t i = v.get<int64_t>();
-      if constexpr (std::is_unsigned_v<T>) {
-        if (i < 0 || static_cast<uint64_t>(i) > static_cast<uint64_t>(std::numeric_limits<T>::max())) return false;
-      } else {
-        if (i < std::numeric_limits<T>::min() || i > std::numeric_limits<T>::max()) return false;
-      }
-      out = static_cast<T>(i);
-      return true;
-    }
-    return false;
-  }
-}
-
-template <typename T>
-bool fill_leaves(const json& data, T*& dst) {
-  if (data.is_array()) {
-    for (const auto& e : data)
-      if (!fill_leaves(e, dst)) return false;
-    return true;
-  }
-  return convert_leaf(data, *dst++);
-}
-
-bool fill_tensor(const json& data, Tensor& t) {
-  switch (t.dtype()) {
-#define KEEL_SERVE_CASE(D, T) \
-  case D: { T* p = t.data<T>(); return fill_leaves<T>(data, p); }
-    KEEL_SERVE_CASE(DType::kBool, bool)
-    KEEL_SERVE_CASE(DType::kU8, uint8_t)
-    KEEL_SERVE_CASE(DType::kU16, uint16_t)
-    KEEL_SERVE_CASE(DType::kU32, uint32_t)
-    KEEL_SERVE_CASE(DType::kU64, uint64_t)
-    KEEL_SERVE_CASE(DType::kI8, int8_t)
-    KEEL_SERVE_CASE(DType::kI16, int16_t)
-    KEEL_SERVE_CASE(DType::kI32, int32_t)
-    KEEL_SERVE_CASE(DType::kI64, int64_t)
-    KEEL_SERVE_CASE(DType::kF32, float)
-    KEEL_SERVE_CASE(DType::kF64, double)
-#undef KEEL_SERVE_CASE
-    default: return false;
-  }
-}
-
-// A tensor's elements as a flat JSON array; false for dtypes without a JSON form (FP16, BF16: use binary_data).
-bool to_json_data(const Tensor& t, json& out) {
-  out = json::array();
-  const int64_t n = t.numel();
-  switch (t.dtype()) {
-#define KEEL_SERVE_CASE(D, T) \
-  case D: { const T* p = t.data<T>(); for (int64_t i = 0; i < n; ++i) out.push_back(p[i]); return true; }
-    KEEL_SERVE_CASE(DType::kBool, bool)
-    KEEL_SERVE_CASE(DType::kU8, uint8_t)
-    KEEL_SERVE_CASE(DType::kU16, uint16_t)
-    KEEL_SERVE_CASE(DType::kU32, uint32_t)
-    KEEL_SERVE_CASE(DType::kU64, uint64_t)
-    KEEL_SERVE_CASE(DType::kI8, int8_t)
-    KEEL_SERVE_CASE(DType::kI16, int16_t)
-    KEEL_SERVE_CASE(DType::kI32, int32_t)
-    KEEL_SERVE_CASE(DType::kI64, int64_t)
-    KEEL_SERVE_CASE(DType::kF32, float)
-    KEEL_SERVE_CASE(DType::kF64, double)
-#undef KEEL_SERVE_CASE
-    default: return false;
-  }
-}
-
 json spec_json(const TensorSpec& s) {
   json shape = json::array();
   if (s.has_shape)
@@ -206,51 +79,87 @@ bool parse_u64(const std::string& s, uint64_t& out) {
   return ec == std::errc() && p == s.data() + s.size();
 }
 
-}  // namespace
-
-StatusOr<std::map<std::string, std::unique_ptr<ServedModel>>> load_repository(Environment& env,
-                                                                              const ServerOptions& options) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (!fs::is_directory(options.model_repository, ec))
-    return not_found("model repository " + options.model_repository.string() + " is not a directory");
-  std::map<std::string, std::unique_ptr<ServedModel>> models;
-  for (const auto& entry : fs::directory_iterator(options.model_repository, ec)) {
-    if (!entry.is_directory()) continue;
-    const std::string name = entry.path().filename().string();
-    if (!valid_model_name(name)) {
-      spdlog::warn("keel serve: skipping {}: a model name is [A-Za-z0-9_.-]+", entry.path().string());
-      continue;
-    }
-    int64_t best = -1;
-    for (const auto& v : fs::directory_iterator(entry.path(), ec)) {
-      uint64_t n = 0;
-      if (v.is_directory() && parse_u64(v.path().filename().string(), n) && n < (1ull << 62) &&
-          fs::is_regular_file(v.path() / "model.onnx"))
-        best = std::max<int64_t>(best, static_cast<int64_t>(n));
-    }
-    if (best < 0) {
-      spdlog::warn("keel serve: skipping {}: no <version>/model.onnx inside", entry.path().string());
-      continue;
-    }
-    ModelConfig config;
-    if (fs::exists(entry.path() / "config.toml")) {
-      KEEL_ASSIGN_OR_RETURN(config, parse_model_config(entry.path() / "config.toml"), "model " + name);
-    }
-    KEEL_ASSIGN_OR_RETURN(auto model, ServedModel::create(env, name, best, entry.path() / std::to_string(best) /
-                                                          "model.onnx", config, options.threads), "");
-    spdlog::info("keel serve: model {} version {} ({} instance(s), max_batch_size {})", name, best,
-                 config.instances, config.max_batch_size);
-    models.emplace(name, std::move(model));
+// Equal strings, in a time that depends on their lengths only (not on where they first differ).
+bool constant_time_equal(std::string_view a, std::string_view b) {
+  const size_t n = std::max(a.size(), b.size());
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff = static_cast<unsigned char>(diff | (x ^ y));
   }
-  if (ec) return invalid_argument("model repository " + options.model_repository.string() + ": " + ec.message());
-  return models;
+  return diff == 0;
 }
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The numbered version folders of a model that hold model.onnx, ascending.
+std::vector<int64_t> versions_present(const fs::path& dir) {
+  std::vector<int64_t> out;
+  std::error_code ec;
+  for (const auto& v : fs::directory_iterator(dir, ec)) {
+    uint64_t n = 0;
+    if (v.is_directory() && parse_u64(v.path().filename().string(), n) && n < (1ull << 62) &&
+        fs::is_regular_file(v.path() / "model.onnx", ec))
+      out.push_back(static_cast<int64_t>(n));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// What a version was loaded from: the config text and the file's size and time; equal = nothing to reload.
+std::string fingerprint(const std::string& config_text, const fs::path& file) {
+  std::error_code ec;
+  const auto size = fs::file_size(file, ec);
+  const auto time = fs::last_write_time(file, ec).time_since_epoch().count();
+  return config_text + "\n#" + std::to_string(size) + ":" + std::to_string(time);
+}
+
+// Adds the request's input bytes to the in-flight total and takes them off again when the request is answered.
+class InflightReservation {
+ public:
+  explicit InflightReservation(std::atomic<uint64_t>& total) : total_(total) {}
+  ~InflightReservation() { total_ -= bytes_; }
+  bool reserve(uint64_t bytes, uint64_t cap) {
+    const uint64_t now = total_ += bytes;
+    bytes_ += bytes;
+    return now <= cap;
+  }
+
+ private:
+  std::atomic<uint64_t>& total_;
+  uint64_t bytes_ = 0;
+};
+
+}  // namespace
 
 StatusOr<std::unique_ptr<Server>> Server::create(Environment& env, ServerOptions options) {
   std::unique_ptr<Server> s(new Server());
+  s->env_ = &env;
   s->options_ = std::move(options);
-  KEEL_ASSIGN_OR_RETURN(s->models_, load_repository(env, s->options_), "keel serve");
+  std::error_code ec;
+  const fs::path& repo = s->options_.model_repository;
+  if (!fs::is_directory(repo, ec))
+    return not_found("keel serve: model repository " + repo.string() + " is not a directory");
+  for (const auto& entry : fs::directory_iterator(repo, ec)) {
+    if (!entry.is_directory()) continue;
+    const std::string name = entry.path().filename().string();
+    if (!valid_model_name(name)) {
+      spdlog::warn("keel serve: skipping {}: a model name is [A-Za-z0-9_.-]+ without '..'", entry.path().string());
+      continue;
+    }
+    if (versions_present(entry.path()).empty()) {
+      spdlog::warn("keel serve: skipping {}: no <version>/model.onnx inside", entry.path().string());
+      continue;
+    }
+    KEEL_RETURN_IF_ERROR(s->load_model(name), "keel serve");
+  }
+  if (ec) return invalid_argument("keel serve: model repository " + repo.string() + ": " + ec.message());
   s->http_ = std::make_unique<httplib::Server>();
   s->install_routes();
   return s;
@@ -258,20 +167,120 @@ StatusOr<std::unique_ptr<Server>> Server::create(Environment& env, ServerOptions
 
 Server::~Server() {
   if (http_ && http_->is_running()) http_->stop();
-  for (auto& [n, m] : models_) m->shutdown();
+  std::map<std::string, Versions> models;
+  {
+    std::unique_lock lk(models_mu_);
+    models.swap(models_);
+  }
+  for (auto& [n, vs] : models)
+    for (auto& [v, m] : vs) m->shutdown();
+}
+
+Status Server::load_model(const std::string& name) {
+  std::lock_guard<std::mutex> control(control_mu_);
+  if (!valid_model_name(name)) return invalid_argument("invalid model name '" + name + "'");
+  const fs::path dir = options_.model_repository / name;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return not_found("model '" + name + "' is not in the repository");
+  const std::vector<int64_t> present = versions_present(dir);
+  if (present.empty()) return not_found("model '" + name + "' has no <version>/model.onnx");
+  std::string config_text;
+  ModelConfig config;
+  if (fs::exists(dir / "config.toml", ec)) {
+    config_text = read_text(dir / "config.toml");
+    KEEL_ASSIGN_OR_RETURN(config, parse_model_config_text(config_text, (dir / "config.toml").string()),
+                          "model " + name);
+  }
+  const std::vector<int64_t> wanted = config.version_policy.select(present);
+  if (wanted.empty()) return not_found("model '" + name + "': its version_policy selects none of the versions present");
+  Versions current;
+  {
+    std::shared_lock lk(models_mu_);
+    if (auto it = models_.find(name); it != models_.end()) current = it->second;
+  }
+  Versions next;
+  for (int64_t v : wanted) {
+    const fs::path file = dir / std::to_string(v) / "model.onnx";
+    const std::string fp = fingerprint(config_text, file);
+    if (auto it = current.find(v); it != current.end() && it->second->fingerprint() == fp) {
+      next.emplace(v, it->second);  // unchanged: keeps serving as it is
+      continue;
+    }
+    std::vector<std::string> passes;
+    if (options_.pass_resolver) {
+      KEEL_ASSIGN_OR_RETURN(Graph graph, load_onnx(file), "model " + name + " version " + std::to_string(v));
+      KEEL_ASSIGN_OR_RETURN(passes, options_.pass_resolver(config, graph, *env_), "model " + name);
+    } else {
+      passes = config.passes.value_or(std::vector<std::string>{});
+      if (config.precision != "fp32") passes.push_back("convert_" + config.precision);
+    }
+    KEEL_ASSIGN_OR_RETURN(auto model, ServedModel::create(*env_, name, v, file, config, passes, options_.threads, fp),
+                          "");
+    spdlog::info("keel serve: model {} version {} loaded ({} instance(s), max_batch_size {}, passes {})", name, v,
+                 config.instances, config.max_batch_size, passes.size());
+    next.emplace(v, std::shared_ptr<ServedModel>(std::move(model)));
+  }
+  {
+    std::unique_lock lk(models_mu_);
+    models_[name] = next;
+  }
+  for (const auto& [v, m] : current)
+    if (!next.count(v)) spdlog::info("keel serve: model {} version {} unloaded (finishing what it accepted)", name, v);
+  // `current` goes out of scope here: a version no longer served is freed when its last request is answered.
+  return Status::ok();
+}
+
+Status Server::unload_model(const std::string& name) {
+  std::lock_guard<std::mutex> control(control_mu_);
+  Versions gone;
+  {
+    std::unique_lock lk(models_mu_);
+    auto it = models_.find(name);
+    if (it == models_.end()) return not_found("model '" + name + "' is not loaded");
+    gone.swap(it->second);
+    models_.erase(it);
+  }
+  spdlog::info("keel serve: model {} unloaded ({} version(s) finish what they accepted)", name, gone.size());
+  return Status::ok();
+}
+
+std::shared_ptr<ServedModel> Server::find(const std::string& name, const std::string* version, int& code,
+                                          std::string& message) const {
+  if (!valid_model_name(name)) {
+    code = 400;
+    message = "invalid model name '" + name + "'";
+    return nullptr;
+  }
+  std::shared_lock lk(models_mu_);
+  auto it = models_.find(name);
+  if (it == models_.end() || it->second.empty()) {
+    code = 404;
+    message = "unknown model '" + name + "'";
+    return nullptr;
+  }
+  if (version == nullptr) return it->second.rbegin()->second;
+  uint64_t n = 0;
+  if (parse_u64(*version, n) && n < (1ull << 62))
+    if (auto v = it->second.find(static_cast<int64_t>(n)); v != it->second.end()) return v->second;
+  std::string loaded;
+  for (const auto& [v, m] : it->second) loaded += (loaded.empty() ? "" : ", ") + std::to_string(v);
+  code = 404;
+  message = "model '" + name + "' has no version '" + *version + "' (serving " + loaded + ")";
+  return nullptr;
 }
 
 StatusOr<int> Server::bind() {
   const int port = options_.port == 0 ? http_->bind_to_any_port(options_.host)
                                       : (http_->bind_to_port(options_.host, options_.port) ? options_.port : -1);
-  if (port <= 0)
-    return unavailable("keel serve: cannot bind " + options_.host + ":" + std::to_string(options_.port));
+  if (port <= 0) return unavailable("keel serve: cannot bind " + options_.host + ":" + std::to_string(options_.port));
   return port;
 }
 
 Status Server::serve() {
   if (!stop_requested_) http_->listen_after_bind();  // returns after stop(), once the connection threads have finished
-  for (auto& [n, m] : models_) m->shutdown();
+  std::shared_lock lk(models_mu_);
+  for (auto& [n, vs] : models_)
+    for (auto& [v, m] : vs) m->shutdown();
   return Status::ok();
 }
 
@@ -294,13 +303,14 @@ void Server::install_routes() {
   http.set_payload_max_length(options_.max_body_bytes);
   http.set_read_timeout(options_.io_timeout_s, 0);
   http.set_write_timeout(options_.io_timeout_s, 0);
-  http.set_keep_alive_timeout(2);
-  http.set_keep_alive_max_count(1000);
+  http.set_keep_alive_timeout(options_.idle_timeout_s);
+  http.set_keep_alive_max_count(10000);
   http.set_tcp_nodelay(true);
   http.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
     if (res.body.empty()) {
-      const char* what = res.status == 413 ? "request body too large"
+      const char* what = res.status == 413   ? "request body too large"
                          : res.status == 404 ? "no such endpoint"
+                         : res.status == 414 ? "request URI too long"
                                              : "bad request";
       res.set_content(json{{"error", what}}.dump(), "application/json");
     }
@@ -312,249 +322,392 @@ void Server::install_routes() {
       if (ep) std::rethrow_exception(ep);
     } catch (const std::exception& e) {
       what = std::string("internal error: ") + e.what();
-    } catch (...) {
-    }
+    } catch (...) {}
     send_error(res, 500, what);
+  });
+  http.set_logger([this](const httplib::Request&, const httplib::Response& res) {
+    if (res.status >= 0 && res.status < static_cast<int>(responses_.size()))
+      responses_[static_cast<size_t>(res.status)]++;
+  });
+  // The bearer token, checked before routing (and before the body is read).
+  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (options_.auth_token.empty() || req.path == "/v2/health/live" || req.path == "/v2/health/ready")
+      return httplib::Server::HandlerResponse::Unhandled;
+    const std::string auth = req.get_header_value("Authorization");
+    if (auth.rfind("Bearer ", 0) == 0 && constant_time_equal(std::string_view(auth).substr(7), options_.auth_token))
+      return httplib::Server::HandlerResponse::Unhandled;
+    send_error(res, 401, auth.empty() ? "this server needs `Authorization: Bearer <token>`" : "wrong bearer token");
+    res.set_header("WWW-Authenticate", "Bearer");
+    res.set_header("Connection", "close");  // the body was not read
+    return httplib::Server::HandlerResponse::Handled;
   });
 
   auto ok_json = [](httplib::Response& res, const json& j) {
     res.status = 200;
     res.set_content(j.dump(), "application/json");
   };
-  http.Get("/v2/health/live", [ok_json](const httplib::Request&, httplib::Response& res) { ok_json(res, json{{"live", true}}); });
-  http.Get("/v2/health/ready", [ok_json](const httplib::Request&, httplib::Response& res) { ok_json(res, json{{"ready", true}}); });
-  http.Get("/v2", [ok_json](const httplib::Request&, httplib::Response& res) {
-    ok_json(res, json{{"name", "keel"}, {"version", KEEL_VERSION}, {"extensions", json::array({"binary_tensor_data"})}});
+  http.Get("/v2/health/live", [ok_json](const httplib::Request&, httplib::Response& res) {
+    ok_json(res, json{{"live", true}});
+  });
+  http.Get("/v2/health/ready", [this, ok_json](const httplib::Request&, httplib::Response& res) {
+    if (stop_requested_) return send_error(res, 503, "shutting down");
+    ok_json(res, json{{"ready", true}});
+  });
+  http.Get("/v2", [this, ok_json](const httplib::Request&, httplib::Response& res) {
+    json ext = json::array({"binary_tensor_data"});
+    if (options_.model_control) ext.push_back("model_repository");
+    ok_json(res, json{{"name", "keel"}, {"version", KEEL_VERSION}, {"extensions", ext}});
   });
 
-  // The model a path names, or an error (400 for a malformed name, 404 for an unknown model or version).
-  auto find = [this](const httplib::Request& req, HttpError& err) -> ServedModel* {
-    const std::string name = req.matches[1];
-    if (!valid_model_name(name)) {
-      err = {400, "invalid model name '" + name + "'"};
-      return nullptr;
-    }
-    auto it = models_.find(name);
-    if (it == models_.end()) {
-      err = {404, "unknown model '" + name + "'"};
-      return nullptr;
-    }
-    if (req.matches.size() > 2 && req.matches[2].matched) {
-      const std::string v = req.matches[2];
-      uint64_t n = 0;
-      if (!parse_u64(v, n) || static_cast<int64_t>(n) != it->second->version()) {
-        err = {404, "model '" + name + "' has no version '" + v + "' (serving " +
-                        std::to_string(it->second->version()) + ")"};
-        return nullptr;
-      }
-    }
-    return it->second.get();
+  auto lookup = [this](const httplib::Request& req, httplib::Response& res) -> std::shared_ptr<ServedModel> {
+    int code = 0;
+    std::string message;
+    const std::string version = req.matches.size() > 2 && req.matches[2].matched ? req.matches[2].str() : "";
+    auto m = find(req.matches[1], version.empty() ? nullptr : &version, code, message);
+    if (!m) send_error(res, code, message);
+    return m;
   };
-
   const std::string model_re = R"(/v2/models/([^/]+)(?:/versions/([^/]+))?)";
-  http.Get(model_re, [find, ok_json](const httplib::Request& req, httplib::Response& res) {
-    HttpError err;
-    ServedModel* m = find(req, err);
-    if (!m) return send_error(res, err.code, err.message);
+  http.Get(model_re, [this, lookup, ok_json](const httplib::Request& req, httplib::Response& res) {
+    auto m = lookup(req, res);
+    if (!m) return;
+    json versions = json::array();
+    {
+      std::shared_lock lk(models_mu_);
+      if (auto it = models_.find(m->name()); it != models_.end())
+        for (const auto& [v, x] : it->second) versions.push_back(std::to_string(v));
+    }
     json in = json::array(), out = json::array();
     for (const auto& s : m->inputs()) in.push_back(spec_json(s));
     for (const auto& s : m->outputs()) out.push_back(spec_json(s));
-    ok_json(res, json{{"name", m->name()}, {"versions", json::array({std::to_string(m->version())})},
-                      {"platform", "onnx"}, {"inputs", in}, {"outputs", out},
-                      {"parameters", {{"max_batch_size", m->config().max_batch_size}}}});
+    json meta{{"name", m->name()},  {"versions", versions},
+              {"platform", "onnx"}, {"inputs", in},
+              {"outputs", out},     {"parameters", {{"max_batch_size", m->config().max_batch_size}}}};
+    if (req.matches[2].matched) meta["version"] = std::to_string(m->version());
+    ok_json(res, meta);
   });
-  http.Get(model_re + "/ready", [find, ok_json](const httplib::Request& req, httplib::Response& res) {
-    HttpError err;
-    ServedModel* m = find(req, err);
-    if (!m) return send_error(res, err.code, err.message);
-    ok_json(res, json{{"name", m->name()}, {"ready", true}});
+  http.Get(model_re + "/ready", [lookup, ok_json](const httplib::Request& req, httplib::Response& res) {
+    auto m = lookup(req, res);
+    if (!m) return;
+    ok_json(res, json{{"name", m->name()}, {"version", std::to_string(m->version())}, {"ready", true}});
   });
-  http.Post(model_re + "/infer", [this, find](const httplib::Request& req, httplib::Response& res) {
-    const auto t0 = std::chrono::steady_clock::now();
-    HttpError err;
-    ServedModel* m = find(req, err);
-    if (!m) return send_error(res, err.code, err.message);
-    auto fail = [&](int code, const std::string& message) {
-      m->metrics().request_failure++;
-      spdlog::info("infer model={} version={} status={} error=\"{}\"", m->name(), m->version(), code, message);
-      send_error(res, code, "model " + m->name() + ": " + message);
-    };
-    // The JSON header, and the binary tensor data after it (binary tensor-data extension).
-    std::string_view body = req.body;
-    std::string_view binary;
-    if (req.has_header("Inference-Header-Content-Length")) {
-      uint64_t n = 0;
-      if (!parse_u64(req.get_header_value("Inference-Header-Content-Length"), n) || n > body.size())
-        return fail(400, "Inference-Header-Content-Length is not a byte count within the body");
-      binary = body.substr(n);
-      body = body.substr(0, n);
-    }
-    if (json_depth(body, options_.max_json_depth) > options_.max_json_depth)
-      return fail(400, "JSON nested deeper than " + std::to_string(options_.max_json_depth));
-    json j;
-    try {
-      j = json::parse(body);
-    } catch (const json::exception& e) {
-      return fail(400, std::string("malformed JSON: ") + e.what());
-    }
-    if (!j.is_object() || !j.contains("inputs") || !j["inputs"].is_array())
-      return fail(400, "the request must be an object with an `inputs` array");
-    const auto& specs = m->inputs();
-    std::vector<Tensor> inputs(specs.size());
-    uint64_t binary_used = 0;
-    for (const auto& in : j["inputs"]) {
-      if (!in.is_object() || !in.contains("name") || !in["name"].is_string() || !in.contains("datatype") ||
-          !in["datatype"].is_string() || !in.contains("shape") || !in["shape"].is_array())
-        return fail(400, "every input needs `name`, `datatype` and `shape`");
-      const std::string name = in["name"];
-      size_t k = 0;
-      while (k < specs.size() && specs[k].name != name) ++k;
-      if (k == specs.size()) return fail(400, "unknown input '" + name + "'");
-      if (inputs[k].defined()) return fail(400, "input '" + name + "' given twice");
-      const std::string dt = in["datatype"];
-      auto dtype = from_kserve_name(dt);
-      if (!dtype || *dtype != specs[k].dtype)
-        return fail(400, "input '" + name + "' has datatype " + dt + " but the model takes " +
-                             kserve_name(specs[k].dtype));
-      Shape shape;
-      for (const auto& d : in["shape"]) {
-        if (!d.is_number_integer() || d.get<int64_t>() < 0) return fail(400, "input '" + name + "': shape dims must be non-negative integers");
-        shape.push_back(d.get<int64_t>());
+  http.Post(model_re + "/infer",
+            [this](const httplib::Request& req, httplib::Response& res) { handle_infer(req, res); });
+
+  // Model control (the repository extension).
+  auto control_off = [this](httplib::Response& res) {
+    if (options_.model_control) return false;
+    send_error(res, 403, "model control is off (start keel serve with --model-control)");
+    return true;
+  };
+  http.Post("/v2/repository/index", [this, control_off, ok_json](const httplib::Request& req, httplib::Response& res) {
+    if (control_off(res)) return;
+    bool ready_only = false;
+    if (!req.body.empty()) {
+      if (json_depth(req.body, options_.max_json_depth) > options_.max_json_depth)
+        return send_error(res, 400, "JSON nested deeper than " + std::to_string(options_.max_json_depth));
+      auto j = json::parse(req.body, nullptr, false);
+      if (j.is_discarded() || !j.is_object()) return send_error(res, 400, "the index request is a JSON object");
+      if (j.contains("ready")) {
+        if (!j["ready"].is_boolean()) return send_error(res, 400, "`ready` must be true or false");
+        ready_only = j["ready"].get<bool>();
       }
-      if (specs[k].has_shape) {
-        bool match = shape.size() == specs[k].shape.size();
-        for (size_t i = 0; match && i < shape.size(); ++i) match = specs[k].shape[i] < 0 || specs[k].shape[i] == shape[i];
-        if (!match)
-          return fail(400, "input '" + name + "' has shape " + shape_to_string(shape) + " but the model takes " +
-                               shape_to_string(specs[k].shape));
+    }
+    json index = json::array();
+    std::error_code ec;
+    std::map<std::string, Versions> loaded;
+    {
+      std::shared_lock lk(models_mu_);
+      loaded = models_;
+    }
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(options_.model_repository, ec))
+      if (e.is_directory() && valid_model_name(e.path().filename().string()))
+        names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    for (const auto& n : names) {
+      const auto it = loaded.find(n);
+      for (int64_t v : versions_present(options_.model_repository / n)) {
+        const bool ready = it != loaded.end() && it->second.count(v);
+        if (ready_only && !ready) continue;
+        json e{{"name", n}, {"version", std::to_string(v)}, {"state", ready ? "READY" : "UNAVAILABLE"}};
+        if (!ready) e["reason"] = it == loaded.end() ? "unloaded" : "not selected by the version policy";
+        index.push_back(std::move(e));
       }
-      auto bytes = checked_byte_size(*dtype, shape, options_.max_tensor_bytes);
-      if (!bytes.is_ok()) return fail(400, "input '" + name + "': " + bytes.status().message());
-      const uint64_t numel = static_cast<uint64_t>(shape_numel(shape));
-      const json* params = in.contains("parameters") && in["parameters"].is_object() ? &in["parameters"] : nullptr;
-      if (params && params->contains("binary_data_size")) {
-        const json& bs = (*params)["binary_data_size"];
-        if (!bs.is_number_unsigned() || bs.get<uint64_t>() != bytes.value())
-          return fail(400, "input '" + name + "': binary_data_size must be " + std::to_string(bytes.value()) +
-                               " bytes for shape " + shape_to_string(shape));
-        if (binary.size() - binary_used < bytes.value())
-          return fail(400, "input '" + name + "': the body holds fewer binary bytes than binary_data_size");
-        auto t = Tensor::host(*dtype, shape);
-        if (!t.is_ok()) return fail(500, t.status().message());
-        if (bytes.value() > 0) std::memcpy(t->raw_data(), binary.data() + binary_used, bytes.value());
-        binary_used += bytes.value();
-        inputs[k] = std::move(t).value();
-        continue;
-      }
-      if (!in.contains("data")) return fail(400, "input '" + name + "' has neither `data` nor binary_data_size");
-      uint64_t leaves = 0;
-      if (!count_leaves(in["data"], leaves)) return fail(400, "input '" + name + "': `data` must hold numbers or booleans");
-      if (leaves != numel)
-        return fail(400, "input '" + name + "': shape " + shape_to_string(shape) + " has " + std::to_string(numel) +
-                             " elements but `data` has " + std::to_string(leaves));
-      auto t = Tensor::host(*dtype, shape);
-      if (!t.is_ok()) return fail(500, t.status().message());
-      if (!fill_tensor(in["data"], t.value()))
-        return fail(400, "input '" + name + "': `data` has a value that is not a " + dt);
-      inputs[k] = std::move(t).value();
     }
-    if (binary_used != binary.size()) return fail(400, "the body has binary data no input claims");
-    for (size_t k = 0; k < specs.size(); ++k)
-      if (!inputs[k].defined()) return fail(400, "missing input '" + specs[k].name + "'");
-    // Which outputs, and in which form.
-    bool binary_default = false;
-    if (j.contains("parameters") && j["parameters"].is_object() && j["parameters"].contains("binary_data_output"))
-      binary_default = j["parameters"]["binary_data_output"].is_boolean() && j["parameters"]["binary_data_output"].get<bool>();
-    std::vector<std::pair<size_t, bool>> wanted;
-    if (j.contains("outputs")) {
-      if (!j["outputs"].is_array()) return fail(400, "`outputs` must be an array");
-      for (const auto& o : j["outputs"]) {
-        if (!o.is_object() || !o.contains("name") || !o["name"].is_string()) return fail(400, "every output needs a `name`");
-        const std::string name = o["name"];
-        size_t k = 0;
-        while (k < m->outputs().size() && m->outputs()[k].name != name) ++k;
-        if (k == m->outputs().size()) return fail(400, "unknown output '" + name + "'");
-        bool bin = binary_default;
-        if (o.contains("parameters") && o["parameters"].is_object() && o["parameters"].contains("binary_data"))
-          bin = o["parameters"]["binary_data"].is_boolean() && o["parameters"]["binary_data"].get<bool>();
-        wanted.emplace_back(k, bin);
-      }
-    } else {
-      for (size_t k = 0; k < m->outputs().size(); ++k) wanted.emplace_back(k, binary_default);
-    }
-    int64_t rows = m->config().max_batch_size > 0 && inputs[0].rank() > 0 ? inputs[0].shape()[0] : 1;
-    auto fut = m->submit(std::move(inputs));
-    if (!fut.is_ok()) {
-      if (fut.status().code() != StatusCode::kUnavailable) return fail(http_code(fut.status()), fut.status().message());
-      spdlog::info("infer model={} version={} status=503 error=\"{}\"", m->name(), m->version(), fut.status().message());
-      return send_error(res, 503, fut.status().message());
-    }
-    if (fut->wait_for(std::chrono::milliseconds(options_.request_timeout_ms)) != std::future_status::ready)
-      return fail(504, "no result within " + std::to_string(options_.request_timeout_ms) + " ms");
-    auto outs = fut->get();
-    if (!outs.is_ok()) {
-      res.status = http_code(outs.status()) == 400 ? 400 : 500;
-      return send_error(res, res.status, outs.status().to_string());
-    }
-    json outputs = json::array();
-    std::string tail;
-    for (const auto& [k, bin] : wanted) {
-      const Tensor& t = outs.value()[k];
-      json o{{"name", m->outputs()[k].name}, {"datatype", kserve_name(t.dtype())}, {"shape", t.shape()}};
-      if (bin) {
-        o["parameters"] = {{"binary_data_size", t.byte_size()}};
-        tail.append(static_cast<const char*>(t.raw_data()), t.byte_size());
-      } else {
-        json data;
-        if (!to_json_data(t, data))
-          return fail(400, "output '" + m->outputs()[k].name + "' is " + kserve_name(t.dtype()) +
-                               ": ask for it with binary_data");
-        o["data"] = std::move(data);
-      }
-      outputs.push_back(std::move(o));
-    }
-    json resp{{"model_name", m->name()}, {"model_version", std::to_string(m->version())}, {"outputs", outputs}};
-    if (j.contains("id")) resp["id"] = j["id"];
-    std::string head = resp.dump();
-    res.status = 200;
-    if (tail.empty()) {
-      res.set_content(head, "application/json");
-    } else {
-      res.set_header("Inference-Header-Content-Length", std::to_string(head.size()));
-      head += tail;
-      res.set_content(head, "application/octet-stream");
-    }
-    spdlog::info("infer model={} version={} status=200 rows={} us={}", m->name(), m->version(), rows,
-                 std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
+    ok_json(res, index);
   });
+  http.Post(R"(/v2/repository/models/([^/]+)/(load|unload))",
+            [this, control_off, ok_json](const httplib::Request& req, httplib::Response& res) {
+              if (control_off(res)) return;
+              const std::string name = req.matches[1];
+              if (!valid_model_name(name)) return send_error(res, 400, "invalid model name '" + name + "'");
+              const Status st = req.matches[2] == "load" ? load_model(name) : unload_model(name);
+              if (!st.is_ok()) return send_error(res, http_code(st), st.message());
+              ok_json(res, json::object());
+            });
 
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    std::ostringstream os;
-    struct Family { const char* name; const char* type; const char* help; };
-    auto family = [&](const Family& f, auto get) {
-      os << "# HELP " << f.name << " " << f.help << "\n# TYPE " << f.name << " " << f.type << "\n";
-      for (auto& [n, m] : models_)
-        os << f.name << "{model=\"" << n << "\",version=\"" << m->version() << "\"} " << get(m->metrics()) << "\n";
-    };
-    family({"keel_inference_request_success", "counter", "Successful inference requests"},
-           [](ModelMetrics& x) { return x.request_success.load(); });
-    family({"keel_inference_request_failure", "counter", "Failed inference requests (bad request or failed run)"},
-           [](ModelMetrics& x) { return x.request_failure.load(); });
-    family({"keel_inference_request_rejected", "counter", "Requests refused because the queue was full"},
-           [](ModelMetrics& x) { return x.request_rejected.load(); });
-    family({"keel_inference_count", "counter", "Inferences performed (batch items)"},
-           [](ModelMetrics& x) { return x.inference_count.load(); });
-    family({"keel_inference_exec_count", "counter", "Model executions (batches run)"},
-           [](ModelMetrics& x) { return x.execution_count.load(); });
-    family({"keel_inference_queue_duration_us", "counter", "Cumulative time requests waited in the queue"},
-           [](ModelMetrics& x) { return x.queue_us.load(); });
-    family({"keel_inference_compute_duration_us", "counter", "Cumulative time of model executions"},
-           [](ModelMetrics& x) { return x.compute_us.load(); });
-    family({"keel_inference_pending_request_count", "gauge", "Requests queued, not yet running"},
-           [](ModelMetrics& x) { return x.pending.load(); });
     res.status = 200;
-    res.set_content(os.str(), "text/plain; version=0.0.4");
+    res.set_content(metrics_text(), "text/plain; version=0.0.4");
   });
+}
+
+void Server::handle_infer(const httplib::Request& req, httplib::Response& res) {
+  const auto t0 = clock::now();
+  int code = 0;
+  std::string message;
+  const std::string version = req.matches.size() > 2 && req.matches[2].matched ? req.matches[2].str() : "";
+  const std::shared_ptr<ServedModel> model = find(req.matches[1], version.empty() ? nullptr : &version, code, message);
+  if (!model) return send_error(res, code, message);
+  ServedModel& m = *model;
+  int64_t batch_rows = 0, queue_us = 0, compute_us = 0;
+  auto log = [&](int status, const std::string& error) {
+    const auto total = std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - t0).count();
+    if (error.empty())
+      spdlog::info("infer model={} version={} status={} batch={} queue_us={} compute_us={} total_us={}", m.name(),
+                   m.version(), status, batch_rows, queue_us, compute_us, total);
+    else
+      spdlog::info("infer model={} version={} status={} batch={} queue_us={} compute_us={} total_us={} error=\"{}\"",
+                   m.name(), m.version(), status, batch_rows, queue_us, compute_us, total, error);
+  };
+  auto fail = [&](Failure why, int status, const std::string& msg) {
+    m.metrics().fail(why);
+    log(status, msg);
+    send_error(res, status, "model " + m.name() + ": " + msg);
+  };
+  auto bad = [&](const std::string& msg) { fail(Failure::kBadRequest, 400, msg); };
+  // The JSON header, and the binary tensor data after it (binary tensor-data extension).
+  std::string_view body = req.body;
+  std::string_view binary;
+  if (req.has_header("Inference-Header-Content-Length")) {
+    uint64_t n = 0;
+    if (!parse_u64(req.get_header_value("Inference-Header-Content-Length"), n) || n > body.size())
+      return bad("Inference-Header-Content-Length is not a byte count within the body");
+    binary = body.substr(n);
+    body = body.substr(0, n);
+  }
+  if (json_depth(body, options_.max_json_depth) > options_.max_json_depth)
+    return bad("JSON nested deeper than " + std::to_string(options_.max_json_depth));
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::exception& e) {
+    return bad(std::string("malformed JSON: ") + e.what());
+  }
+  if (!j.is_object() || !j.contains("inputs") || !j["inputs"].is_array())
+    return bad("the request must be an object with an `inputs` array");
+  // The queue deadline: the request's `timeout` parameter (µs), else the model's default, else the server's.
+  int64_t timeout_us =
+      m.config().default_timeout_us > 0 ? m.config().default_timeout_us : options_.request_timeout_ms * 1000;
+  if (j.contains("parameters")) {
+    if (!j["parameters"].is_object()) return bad("`parameters` must be an object");
+    if (j["parameters"].contains("timeout")) {
+      const json& t = j["parameters"]["timeout"];
+      if (!t.is_number_unsigned() || t.get<uint64_t>() == 0 || t.get<uint64_t>() > 3'600'000'000ull)
+        return bad("`parameters.timeout` is a number of microseconds in [1, 3600000000]");
+      timeout_us = static_cast<int64_t>(t.get<uint64_t>());
+    }
+  }
+  const auto& specs = m.inputs();
+  std::vector<Tensor> inputs(specs.size());
+  InflightReservation reservation(inflight_bytes_);
+  uint64_t binary_used = 0;
+  for (const auto& in : j["inputs"]) {
+    if (!in.is_object() || !in.contains("name") || !in["name"].is_string() || !in.contains("datatype") ||
+        !in["datatype"].is_string() || !in.contains("shape") || !in["shape"].is_array())
+      return bad("every input needs `name`, `datatype` and `shape`");
+    const std::string name = in["name"];
+    size_t k = 0;
+    while (k < specs.size() && specs[k].name != name) ++k;
+    if (k == specs.size()) return bad("unknown input '" + name + "'");
+    if (inputs[k].defined()) return bad("input '" + name + "' given twice");
+    const std::string dt = in["datatype"];
+    auto dtype = from_kserve_name(dt);
+    if (!dtype || *dtype != specs[k].dtype)
+      return bad("input '" + name + "' has datatype " + dt + " but the model takes " + kserve_name(specs[k].dtype));
+    Shape shape;
+    for (const auto& d : in["shape"]) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0)
+        return bad("input '" + name + "': shape dims must be non-negative integers");
+      shape.push_back(d.get<int64_t>());
+    }
+    if (specs[k].has_shape) {
+      bool match = shape.size() == specs[k].shape.size();
+      for (size_t i = 0; match && i < shape.size(); ++i) match = specs[k].shape[i] < 0 || specs[k].shape[i] == shape[i];
+      if (!match)
+        return bad("input '" + name + "' has shape " + shape_to_string(shape) + " but the model takes " +
+                   shape_to_string(specs[k].shape));
+    }
+    auto bytes = checked_byte_size(*dtype, shape, options_.max_tensor_bytes);
+    if (!bytes.is_ok()) return bad("input '" + name + "': " + bytes.status().message());
+    // The memory cap, before anything is allocated.
+    if (!reservation.reserve(bytes.value(), options_.max_inflight_bytes))
+      return fail(Failure::kQueueFull, 429,
+                  "the requests in flight hold the server's input memory cap (" +
+                      std::to_string(options_.max_inflight_bytes >> 20) + " MiB); retry later");
+    const uint64_t numel = static_cast<uint64_t>(shape_numel(shape));
+    if (in.contains("parameters") && !in["parameters"].is_object())
+      return bad("input '" + name + "': `parameters` must be an object");
+    const json* params = in.contains("parameters") ? &in["parameters"] : nullptr;
+    if (params && params->contains("binary_data_size")) {
+      const json& bs = (*params)["binary_data_size"];
+      if (!bs.is_number_unsigned() || bs.get<uint64_t>() != bytes.value())
+        return bad("input '" + name + "': binary_data_size must be " + std::to_string(bytes.value()) +
+                   " bytes for shape " + shape_to_string(shape));
+      if (binary.size() - binary_used < bytes.value())
+        return bad("input '" + name + "': the body holds fewer binary bytes than binary_data_size");
+      auto t = Tensor::host(*dtype, shape);
+      if (!t.is_ok()) return fail(Failure::kRunFailed, 500, t.status().message());
+      if (bytes.value() > 0) std::memcpy(t->raw_data(), binary.data() + binary_used, bytes.value());
+      binary_used += bytes.value();
+      inputs[k] = std::move(t).value();
+      continue;
+    }
+    if (!in.contains("data")) return bad("input '" + name + "' has neither `data` nor binary_data_size");
+    uint64_t leaves = 0;
+    if (!count_leaves(in["data"], leaves)) return bad("input '" + name + "': `data` must hold numbers or booleans");
+    if (leaves != numel)
+      return bad("input '" + name + "': shape " + shape_to_string(shape) + " has " + std::to_string(numel) +
+                 " elements but `data` has " + std::to_string(leaves));
+    auto t = Tensor::host(*dtype, shape);
+    if (!t.is_ok()) return fail(Failure::kRunFailed, 500, t.status().message());
+    if (!fill_tensor(in["data"], t.value())) return bad("input '" + name + "': `data` has a value that is not a " + dt);
+    inputs[k] = std::move(t).value();
+  }
+  if (binary_used != binary.size()) return bad("the body has binary data no input claims");
+  for (size_t k = 0; k < specs.size(); ++k)
+    if (!inputs[k].defined()) return bad("missing input '" + specs[k].name + "'");
+  // Which outputs, and in which form.
+  bool binary_default = false;
+  if (j.contains("parameters") && j["parameters"].contains("binary_data_output"))
+    binary_default =
+        j["parameters"]["binary_data_output"].is_boolean() && j["parameters"]["binary_data_output"].get<bool>();
+  std::vector<std::pair<size_t, bool>> wanted;
+  if (j.contains("outputs")) {
+    if (!j["outputs"].is_array()) return bad("`outputs` must be an array");
+    for (const auto& o : j["outputs"]) {
+      if (!o.is_object() || !o.contains("name") || !o["name"].is_string()) return bad("every output needs a `name`");
+      const std::string name = o["name"];
+      size_t k = 0;
+      while (k < m.outputs().size() && m.outputs()[k].name != name) ++k;
+      if (k == m.outputs().size()) return bad("unknown output '" + name + "'");
+      bool bin = binary_default;
+      if (o.contains("parameters") && o["parameters"].is_object() && o["parameters"].contains("binary_data"))
+        bin = o["parameters"]["binary_data"].is_boolean() && o["parameters"]["binary_data"].get<bool>();
+      wanted.emplace_back(k, bin);
+    }
+  } else {
+    for (size_t k = 0; k < m.outputs().size(); ++k) wanted.emplace_back(k, binary_default);
+  }
+  const auto deadline = clock::now() + std::chrono::microseconds(timeout_us);
+  Failure why = Failure::kBadRequest;
+  auto fut = m.submit(std::move(inputs), deadline, &why);
+  if (!fut.is_ok()) {
+    const int status = why == Failure::kQueueFull ? 429 : why == Failure::kUnavailable ? 503 : 400;
+    return fail(why, status, fut.status().message());
+  }
+  // A request that started running before its deadline gets its result; the wait is still bounded.
+  if (fut->wait_until(deadline + std::chrono::milliseconds(options_.request_timeout_ms)) != std::future_status::ready)
+    return fail(Failure::kTimeout, 504,
+                "no result within " + std::to_string(timeout_us / 1000 + options_.request_timeout_ms) + " ms");
+  Result result = fut->get();
+  batch_rows = result.batch_rows;
+  queue_us = result.queue_us;
+  compute_us = result.compute_us;
+  if (!result.outputs.is_ok()) {
+    const Status& st = result.outputs.status();
+    if (st.code() == StatusCode::kDeadlineExceeded) return fail(Failure::kTimeout, 504, st.message());
+    if (st.code() == StatusCode::kInvalidArgument) return bad(st.message());
+    return fail(Failure::kRunFailed, 500, st.to_string());
+  }
+  json outputs = json::array();
+  std::string tail;
+  for (const auto& [k, bin] : wanted) {
+    const Tensor& t = result.outputs.value()[k];
+    json o{{"name", m.outputs()[k].name}, {"datatype", kserve_name(t.dtype())}, {"shape", t.shape()}};
+    if (bin) {
+      o["parameters"] = {{"binary_data_size", t.byte_size()}};
+      tail.append(static_cast<const char*>(t.raw_data()), t.byte_size());
+    } else {
+      o["data"] = to_json_data(t);
+    }
+    outputs.push_back(std::move(o));
+  }
+  json resp{{"model_name", m.name()}, {"model_version", std::to_string(m.version())}, {"outputs", outputs}};
+  if (j.contains("id")) resp["id"] = j["id"];
+  std::string head = resp.dump();
+  res.status = 200;
+  if (tail.empty()) {
+    res.set_content(head, "application/json");
+  } else {
+    res.set_header("Inference-Header-Content-Length", std::to_string(head.size()));
+    head += tail;
+    res.set_content(head, "application/octet-stream");
+  }
+  m.metrics().request_success++;
+  log(200, "");
+}
+
+std::string Server::metrics_text() {
+  std::map<std::string, Versions> models;
+  {
+    std::shared_lock lk(models_mu_);
+    models = models_;
+  }
+  std::ostringstream os;
+  auto header = [&](const char* name, const char* type, const char* help) {
+    os << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
+  };
+  auto family = [&](const char* name, const char* type, const char* help, auto get) {
+    header(name, type, help);
+    for (auto& [n, vs] : models)
+      for (auto& [v, m] : vs) os << name << "{model=\"" << n << "\",version=\"" << v << "\"} " << get(*m) << "\n";
+  };
+  family("keel_inference_request_success", "counter", "Successful inference requests",
+         [](ServedModel& m) { return m.metrics().request_success.load(); });
+  header("keel_inference_request_failure", "counter", "Failed inference requests by reason");
+  for (auto& [n, vs] : models)
+    for (auto& [v, m] : vs)
+      for (size_t r = 0; r < static_cast<size_t>(Failure::kCount); ++r)
+        os << "keel_inference_request_failure{model=\"" << n << "\",version=\"" << v << "\",reason=\""
+           << failure_name(static_cast<Failure>(r)) << "\"} " << m->metrics().request_failure[r].load() << "\n";
+  family("keel_inference_count", "counter", "Inferences performed (batch items)",
+         [](ServedModel& m) { return m.metrics().inference_count.load(); });
+  family("keel_inference_exec_count", "counter", "Model executions (batches run)",
+         [](ServedModel& m) { return m.metrics().execution_count.load(); });
+  family("keel_inference_queue_duration_us", "counter", "Cumulative time requests waited in the queue",
+         [](ServedModel& m) { return m.metrics().queue_us.load(); });
+  family("keel_inference_compute_input_duration_us", "counter",
+         "Cumulative time the batches of requests took to assemble their inputs (per request)",
+         [](ServedModel& m) { return m.metrics().compute_input_us.load(); });
+  family("keel_inference_compute_infer_duration_us", "counter", "Cumulative model run time (per request)",
+         [](ServedModel& m) { return m.metrics().compute_infer_us.load(); });
+  family("keel_inference_compute_output_duration_us", "counter",
+         "Cumulative time the outputs took to be split back (per request)",
+         [](ServedModel& m) { return m.metrics().compute_output_us.load(); });
+  family("keel_inference_pending_request_count", "gauge", "Requests queued, not yet running",
+         [](ServedModel& m) { return m.metrics().pending.load(); });
+  family("keel_model_instances", "gauge", "Instances (sessions with a worker each) of the model version",
+         [](ServedModel& m) { return m.config().instances; });
+  family("keel_model_builds", "gauge",
+         "Distinct session builds of the instances (1: every instance shares the weights)",
+         [](ServedModel& m) { return m.memory().builds; });
+  family("keel_model_constant_bytes", "gauge", "Weights (initializers) the model version's builds hold, each once",
+         [](ServedModel& m) { return m.memory().constant_bytes; });
+  family("keel_model_arena_bytes", "gauge", "Activation arenas of the model version's builds",
+         [](ServedModel& m) { return m.memory().arena_bytes; });
+  header("keel_memory_pool_bytes", "gauge", "Device memory pools: bytes in use and reserved (held from the device)");
+  for (const auto& [dev, st] : env_->memory_stats()) {
+    os << "keel_memory_pool_bytes{device=\"" << dev << "\",kind=\"in_use\"} " << st.in_use_bytes << "\n";
+    os << "keel_memory_pool_bytes{device=\"" << dev << "\",kind=\"reserved\"} " << st.reserved_bytes << "\n";
+  }
+  header("keel_inflight_input_bytes", "gauge", "Input bytes of the requests in flight (capped by the server)");
+  os << "keel_inflight_input_bytes " << inflight_bytes_.load() << "\n";
+  header("keel_http_responses", "counter", "HTTP responses by status code (every route)");
+  for (size_t c = 100; c < responses_.size(); ++c)
+    if (const uint64_t n = responses_[c].load()) os << "keel_http_responses{code=\"" << c << "\"} " << n << "\n";
+  return os.str();
 }
 
 }  // namespace keel::serve

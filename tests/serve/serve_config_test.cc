@@ -1,0 +1,104 @@
+// config.toml of a served model (tools/serve/model.h): every key, its defaults and its errors; the version policy.
+#include <gtest/gtest.h>
+
+#include "tools/serve/model.h"
+
+namespace {
+
+using keel::serve::ModelConfig;
+using keel::serve::parse_model_config_text;
+using keel::serve::VersionPolicy;
+
+TEST(ServeConfig, DefaultsAndEveryKey) {
+  auto empty = parse_model_config_text("", "empty.toml");
+  ASSERT_TRUE(empty.is_ok()) << empty.status().to_string();
+  EXPECT_EQ(empty->max_batch_size, 0);
+  EXPECT_EQ(empty->instances, 1);
+  EXPECT_FALSE(empty->passes.has_value());  // auto
+  EXPECT_EQ(empty->precision, "fp32");
+  EXPECT_EQ(empty->version_policy.kind, VersionPolicy::Kind::kLatest);
+  EXPECT_EQ(empty->version_policy.latest, 1);
+  auto full = parse_model_config_text(R"(
+max_batch_size = 32
+max_queue_delay_us = 500
+preferred_batch_sizes = [16, 8]
+max_queue_size = 100
+default_timeout_us = 250000
+dynamic_batch = true
+instances = 2
+threads = 1
+passes = ["fuse_conv_bn", "fold_constants:max_bytes=1024"]
+precision = "bf16"
+device = "cpu"
+[version_policy]
+specific = [1, 3]
+)",
+                                      "full.toml");
+  ASSERT_TRUE(full.is_ok()) << full.status().to_string();
+  EXPECT_EQ(full->max_batch_size, 32);
+  EXPECT_EQ(full->max_queue_delay_us, 500);
+  EXPECT_EQ(full->preferred_batch_sizes, (std::vector<int64_t>{8, 16}));
+  EXPECT_EQ(full->max_queue_size, 100);
+  EXPECT_EQ(full->default_timeout_us, 250000);
+  EXPECT_TRUE(full->dynamic_batch);
+  EXPECT_EQ(full->instances, 2);
+  EXPECT_EQ(full->threads, 1);
+  ASSERT_TRUE(full->passes.has_value());
+  EXPECT_EQ(full->passes->size(), 2u);
+  EXPECT_EQ(full->precision, "bf16");
+  EXPECT_EQ(full->device, "cpu");
+  EXPECT_EQ(full->version_policy.kind, VersionPolicy::Kind::kSpecific);
+  auto none = parse_model_config_text("passes = \"none\"\n", "none.toml");
+  ASSERT_TRUE(none.is_ok());
+  ASSERT_TRUE(none->passes.has_value());
+  EXPECT_TRUE(none->passes->empty());
+}
+
+TEST(ServeConfig, ErrorsNameTheFileAndTheKey) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"max_bach_size = 4", "unknown key `max_bach_size`"},
+      {"max_batch_size = -1", "`max_batch_size` must be an integer"},
+      {"max_batch_size = \"8\"", "`max_batch_size` must be an integer"},
+      {"instances = 0", "`instances`"},
+      {"max_batch_size = 4\npreferred_batch_sizes = [8]", "exceeds max_batch_size 4"},
+      {"preferred_batch_sizes = [2]", "needs max_batch_size > 0"},
+      {"max_batch_size = 4\npreferred_batch_sizes = [0]", "preferred_batch_sizes[]"},
+      {"dynamic_batch = true", "needs max_batch_size > 0"},
+      {"dynamic_batch = 1", "`dynamic_batch` must be true or false"},
+      {"passes = \"fast\"", "`passes` is \"auto\", \"none\" or an array"},
+      {"passes = [1]", "`passes` is \"auto\", \"none\" or an array"},
+      {"precision = \"int8\"", "`precision` is fp32, fp16 or bf16"},
+      {"device = 0", "`device` must be a string"},
+      {"version_policy = 2", "`version_policy` is a table"},
+      {"[version_policy]\nlatest = 0", "version_policy.latest"},
+      {"[version_policy]\nall = false", "`version_policy.all` must be true"},
+      {"[version_policy]\nspecific = []", "names no version"},
+      {"[version_policy]\nnewest = 1", "unknown key `newest`"},
+      {"[version_policy]\nlatest = 1\nall = true", "one key"},
+      {"max_batch_size = ", "cfg.toml"},
+  };
+  for (const auto& [text, expect] : cases) {
+    auto c = parse_model_config_text(text, "cfg.toml");
+    ASSERT_FALSE(c.is_ok()) << text;
+    EXPECT_EQ(c.status().code(), keel::StatusCode::kInvalidArgument) << text;
+    EXPECT_NE(c.status().message().find(expect), std::string::npos) << text << " -> " << c.status().message();
+    EXPECT_NE(c.status().message().find("cfg.toml"), std::string::npos) << c.status().message();
+  }
+}
+
+TEST(ServeConfig, VersionPolicySelects) {
+  VersionPolicy p;
+  EXPECT_EQ(p.select({3, 1, 10, 2}), (std::vector<int64_t>{10}));
+  p.latest = 2;
+  EXPECT_EQ(p.select({3, 1, 10, 2}), (std::vector<int64_t>{3, 10}));
+  p.latest = 9;
+  EXPECT_EQ(p.select({3, 1}), (std::vector<int64_t>{1, 3}));
+  p.kind = VersionPolicy::Kind::kAll;
+  EXPECT_EQ(p.select({2, 1}), (std::vector<int64_t>{1, 2}));
+  p.kind = VersionPolicy::Kind::kSpecific;
+  p.specific = {1, 7};
+  EXPECT_EQ(p.select({1, 2, 3}), (std::vector<int64_t>{1}));
+  EXPECT_TRUE(p.select({2, 3}).empty());
+}
+
+}  // namespace

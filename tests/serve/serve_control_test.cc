@@ -1,0 +1,305 @@
+// `keel serve` with its options: the bearer token, model control (load, unload, index, a new version loaded while
+// requests wait on the old one), the slow-client read timeout, queue timeouts and the in-flight memory cap. Each test
+// runs its own server process on 127.0.0.1 (a free port) and every wait is bounded.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include "tests/serve/serve_test_util.h"
+
+namespace {
+
+using namespace keel_serve_test;
+
+fs::path fresh_dir(const std::string& tag) {
+  const fs::path d = fs::temp_directory_path() / ("keel_serve_" + tag + "_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::vector<float> fixed_reference(float k, const std::vector<float>& x) {
+  const auto ref = reference_run(fixed_mlp_model(k), "x", Tensor::f32({1, 4}, x))[0];
+  return std::vector<float>(ref.data<float>(), ref.data<float>() + 3);
+}
+
+bool near(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::abs(a[i] - b[i]) > 1e-4f * (1.f + std::abs(b[i]))) return false;
+  return true;
+}
+
+TEST(ServeAuth, BearerTokenOnEveryRouteButTheHealthProbes) {
+  std::signal(SIGPIPE, SIG_IGN);
+  const fs::path dir = fresh_dir("auth");
+  write(dir / "repo" / "mlp" / "1" / "model.onnx", mlp_model());
+  write(dir / "token", "  s3cret-token\n");
+  ServerProcess server;
+  ASSERT_TRUE(server.start(dir / "repo", {"--auth-token-file", (dir / "token").string()})) << server.log;
+  httplib::Client anon("127.0.0.1", server.port);
+  anon.set_read_timeout(30, 0);
+  EXPECT_EQ(anon.Get("/v2/health/live")->status, 200);
+  EXPECT_EQ(anon.Get("/v2/health/ready")->status, 200);
+  const std::string body = infer_body({1, 2, 3, 4}, 1).dump();
+  for (const char* path : {"/v2", "/v2/models/mlp", "/v2/models/mlp/ready", "/metrics", "/v2/models/nope"}) {
+    auto r = anon.Get(path);
+    ASSERT_TRUE(r) << path;
+    EXPECT_EQ(r->status, 401) << path;
+    EXPECT_EQ(r->get_header_value("WWW-Authenticate"), "Bearer") << path;
+    EXPECT_TRUE(json::parse(r->body, nullptr, false).contains("error")) << r->body;
+  }
+  {
+    auto r = anon.Post("/v2/models/mlp/infer", body, "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 401);
+  }
+  for (const std::string wrong : {"s3cret-tokem", "s3cret-token2", "s3cret", "", "S3CRET-TOKEN"}) {
+    httplib::Client c("127.0.0.1", server.port);
+    c.set_read_timeout(30, 0);
+    auto r = c.Post("/v2/models/mlp/infer", {{"Authorization", "Bearer " + wrong}}, body, "application/json");
+    ASSERT_TRUE(r) << wrong;
+    EXPECT_EQ(r->status, 401) << wrong;
+  }
+  {
+    // Basic auth is not a bearer token.
+    httplib::Client c("127.0.0.1", server.port);
+    c.set_basic_auth("user", "s3cret-token");
+    auto r = c.Get("/v2");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 401);
+  }
+  server.token = "s3cret-token";
+  auto c = server.client();
+  EXPECT_EQ(c->Get("/v2")->status, 200);
+  EXPECT_EQ(c->Get("/v2/models/mlp")->status, 200);
+  auto r = c->Post("/v2/models/mlp/infer", body, "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  auto m = c->Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_GE(metric(m->body, "keel_http_responses{code=\"401\"}"), 11u) << m->body;
+  EXPECT_EQ(server.terminate(), 0);
+  fs::remove_all(dir);
+}
+
+TEST(ServeAuth, AnEmptyTokenFileIsRefused) {
+  const fs::path dir = fresh_dir("auth_empty");
+  write(dir / "repo" / "mlp" / "1" / "model.onnx", mlp_model());
+  write(dir / "token", " \n");
+  ServerProcess server;
+  EXPECT_FALSE(server.start(dir / "repo", {"--auth-token-file", (dir / "token").string()}));
+  fs::remove_all(dir);
+}
+
+// Model control: index, unload, load; a new version loaded while requests wait in the old one's queue: every one of
+// them is answered by the old version, and new requests go to the new one.
+TEST(ServeControl, LoadUnloadIndexAndANewVersionInterruptsNothing) {
+  std::signal(SIGPIPE, SIG_IGN);
+  const fs::path dir = fresh_dir("control");
+  const fs::path repo = dir / "repo";
+  write(repo / "m" / "1" / "model.onnx", fixed_mlp_model(1.f));
+  write(repo / "m" / "2" / "model.onnx", fixed_mlp_model(2.f));
+  write(repo / "m" / "config.toml", "max_batch_size = 16\nmax_queue_delay_us = 600000\ndynamic_batch = true\n");
+  write(repo / "other" / "1" / "model.onnx", mlp_model());
+  ServerProcess server;
+  ASSERT_TRUE(server.start(repo, {"--model-control"})) << server.log;
+  auto c = server.client();
+  auto index = [&](const std::string& body = "") {
+    auto r = c->Post("/v2/repository/index", body, "application/json");
+    EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "no response");
+    return r ? json::parse(r->body, nullptr, false) : json();
+  };
+  EXPECT_EQ(index(), json::parse(R"([{"name":"m","version":"1","state":"UNAVAILABLE",
+                                     "reason":"not selected by the version policy"},
+                                    {"name":"m","version":"2","state":"READY"},
+                                    {"name":"other","version":"1","state":"READY"}])"));
+  EXPECT_EQ(index("{\"ready\": true}").size(), 2u);
+  EXPECT_EQ(c->Post("/v2/repository/index", "{\"ready\": 1}", "application/json")->status, 400);
+  auto extensions = json::parse(c->Get("/v2")->body)["extensions"];
+  EXPECT_NE(std::find(extensions.begin(), extensions.end(), "model_repository"), extensions.end());
+
+  // Requests held by the batcher (600 ms) on version 2 while version 3 is loaded and version 2 goes away.
+  const std::vector<float> x = {1, -2, 3, 0.5f};
+  constexpr int kClients = 6;
+  std::atomic<int> ok{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i)
+    threads.emplace_back([&] {
+      auto r = server.client()->Post("/v2/models/m/versions/2/infer", infer_body(x, 1).dump(), "application/json");
+      if (r && r->status == 200 && json::parse(r->body)["model_version"] == "2" &&
+          near(floats_of(json::parse(r->body)["outputs"][0]["data"]), fixed_reference(2.f, x)))
+        ok++;
+    });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto m = c->Get("/metrics");
+    if (m && metric(m->body, "keel_inference_pending_request_count{model=\"m\",version=\"2\"}") == kClients) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  write(repo / "m" / "3" / "model.onnx", fixed_mlp_model(3.f));
+  auto load = c->Post("/v2/repository/models/m/load", "", "application/json");
+  ASSERT_TRUE(load);
+  EXPECT_EQ(load->status, 200) << load->body;
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), kClients);
+  EXPECT_EQ(json::parse(c->Get("/v2/models/m")->body)["versions"], json::array({"3"}));
+  EXPECT_EQ(c->Get("/v2/models/m/versions/2")->status, 404);
+  auto r3 = c->Post("/v2/models/m/infer", infer_body(x, 1).dump(), "application/json");
+  ASSERT_TRUE(r3);
+  ASSERT_EQ(r3->status, 200) << r3->body;
+  EXPECT_TRUE(near(floats_of(json::parse(r3->body)["outputs"][0]["data"]), fixed_reference(3.f, x)));
+
+  // A config that does not parse: the load fails naming it and version 3 keeps serving.
+  write(repo / "m" / "config.toml", "max_batch_size = 16\ndynamic_batch = true\nmax_bach_size = 3\n");
+  auto bad = c->Post("/v2/repository/models/m/load", "", "application/json");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+  EXPECT_NE(bad->body.find("max_bach_size"), std::string::npos) << bad->body;
+  EXPECT_EQ(c->Get("/v2/models/m/versions/3/ready")->status, 200);
+
+  // Unload, then load again (now with every version).
+  EXPECT_EQ(c->Post("/v2/repository/models/m/unload", "", "application/json")->status, 200);
+  EXPECT_EQ(c->Post("/v2/models/m/infer", infer_body(x, 1).dump(), "application/json")->status, 404);
+  EXPECT_EQ(c->Post("/v2/repository/models/m/unload", "", "application/json")->status, 404);
+  const json after_unload = index();
+  ASSERT_EQ(after_unload.size(), 4u);
+  EXPECT_EQ(after_unload[0]["reason"], "unloaded");
+  write(repo / "m" / "config.toml", "max_batch_size = 16\ndynamic_batch = true\n[version_policy]\nall = true\n");
+  EXPECT_EQ(c->Post("/v2/repository/models/m/load", "", "application/json")->status, 200);
+  EXPECT_EQ(json::parse(c->Get("/v2/models/m")->body)["versions"], json::array({"1", "2", "3"}));
+  auto r1 = c->Post("/v2/models/m/versions/1/infer", infer_body(x, 1).dump(), "application/json");
+  ASSERT_TRUE(r1);
+  EXPECT_TRUE(near(floats_of(json::parse(r1->body)["outputs"][0]["data"]), fixed_reference(1.f, x)));
+
+  EXPECT_EQ(c->Post("/v2/repository/models/nope/load", "", "application/json")->status, 404);
+  EXPECT_EQ(c->Post("/v2/repository/models/a..b/load", "", "application/json")->status, 400);
+  EXPECT_EQ(c->Post("/v2/repository/models/other/infer", "", "application/json")->status, 404);  // no such route
+  EXPECT_EQ(server.terminate(), 0);
+  fs::remove_all(dir);
+}
+
+// A raw connection to the server.
+int connect_to(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Waits (bounded) until the server answers or closes `fd`; returns what it sent ("" for a plain close) or
+// "<timeout>".
+std::string wait_for_close(int fd, std::chrono::seconds limit) {
+  std::string got;
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    char buf[512];
+    const ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) return got;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  return "<timeout>";
+}
+
+// A client that never finishes its body (or its headers) is cut off after --io-timeout; others are served meanwhile.
+TEST(ServeLimits, SlowClientsAreCutOffAndOthersAreServed) {
+  std::signal(SIGPIPE, SIG_IGN);
+  const fs::path dir = fresh_dir("slow");
+  write(dir / "repo" / "mlp" / "1" / "model.onnx", mlp_model());
+  ServerProcess server;
+  ASSERT_TRUE(server.start(dir / "repo", {"--io-timeout", "1", "--http-threads", "4"})) << server.log;
+  std::vector<int> slow;
+  for (int i = 0; i < 3; ++i) {  // a body that never ends
+    const int fd = connect_to(server.port);
+    ASSERT_GE(fd, 0);
+    const std::string head =
+        "POST /v2/models/mlp/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        "Content-Length: 100000\r\n\r\n{\"inputs\": [";
+    ASSERT_EQ(send(fd, head.data(), head.size(), 0), static_cast<ssize_t>(head.size()));
+    slow.push_back(fd);
+  }
+  {  // headers that never end
+    const int fd = connect_to(server.port);
+    ASSERT_GE(fd, 0);
+    const std::string head = "GET /v2/health/live HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ";
+    ASSERT_EQ(send(fd, head.data(), head.size(), 0), static_cast<ssize_t>(head.size()));
+    slow.push_back(fd);
+  }
+  // Served while the slow ones hold all 4 HTTP threads: the read timeout frees one within a second or so.
+  auto c = server.client();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = c->Post("/v2/models/mlp/infer", infer_body({1, 2, 3, 4}, 1).dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(8));
+  for (int fd : slow) {
+    const std::string got = wait_for_close(fd, std::chrono::seconds(10));
+    EXPECT_NE(got, "<timeout>");
+    EXPECT_TRUE(got.empty() || got.rfind("HTTP/1.1 4", 0) == 0) << got;
+    close(fd);
+  }
+  EXPECT_EQ(c->Get("/v2/health/live")->status, 200);
+  EXPECT_EQ(server.terminate(), 0);
+  fs::remove_all(dir);
+}
+
+// A request still queued past its timeout gets 504 without running; the in-flight memory cap answers 429 before
+// anything is allocated; both are counted by reason.
+TEST(ServeLimits, QueueTimeoutIs504AndTheMemoryCapIs429) {
+  std::signal(SIGPIPE, SIG_IGN);
+  const fs::path dir = fresh_dir("timeout");
+  write(dir / "repo" / "slow" / "1" / "model.onnx", mlp_model());
+  write(dir / "repo" / "slow" / "config.toml", "max_batch_size = 8\nmax_queue_delay_us = 800000\n");
+  write(dir / "repo" / "quick" / "1" / "model.onnx", mlp_model());
+  write(dir / "repo" / "quick" / "config.toml",
+        "max_batch_size = 8\nmax_queue_delay_us = 800000\n"
+        "default_timeout_us = 20000\n");
+  ServerProcess server;
+  ASSERT_TRUE(server.start(dir / "repo", {"--max-inflight-mib", "1"})) << server.log;
+  auto c = server.client();
+  json body = infer_body({1, 2, 3, 4}, 1);
+  body["parameters"] = {{"timeout", 20000}};
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = c->Post("/v2/models/slow/infer", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 504) << r->body;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(700));  // not held for the batch delay
+  auto rq = c->Post("/v2/models/quick/infer", infer_body({1, 2, 3, 4}, 1).dump(), "application/json");
+  ASSERT_TRUE(rq);
+  EXPECT_EQ(rq->status, 504) << rq->body;
+  body["parameters"] = {{"timeout", -5}};
+  EXPECT_EQ(c->Post("/v2/models/slow/infer", body.dump(), "application/json")->status, 400);
+  // 2 MiB of input past the 1 MiB cap (the binary form: no JSON to parse).
+  const int64_t rows = (2 << 20) / 16;
+  json head = {{"inputs", json::array({json{{"name", "x"},
+                                            {"datatype", "FP32"},
+                                            {"shape", {rows, 4}},
+                                            {"parameters", {{"binary_data_size", rows * 16}}}}})}};
+  std::string big = head.dump();
+  const size_t hl = big.size();
+  big.resize(hl + static_cast<size_t>(rows) * 16, '\0');
+  auto rb = c->Post("/v2/models/slow/infer", {{"Inference-Header-Content-Length", std::to_string(hl)}}, big,
+                    "application/octet-stream");
+  ASSERT_TRUE(rb);
+  EXPECT_EQ(rb->status, 429) << rb->body;
+  EXPECT_TRUE(rb->has_header("Retry-After"));
+  auto m = c->Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(metric(m->body, "keel_inference_request_failure{model=\"slow\",version=\"1\",reason=\"timeout\"}"), 1u);
+  EXPECT_EQ(metric(m->body, "keel_inference_request_failure{model=\"quick\",version=\"1\",reason=\"timeout\"}"), 1u);
+  EXPECT_EQ(metric(m->body, "keel_inference_request_failure{model=\"slow\",version=\"1\",reason=\"queue_full\"}"), 1u);
+  EXPECT_EQ(metric(m->body, "keel_inference_exec_count", "slow"), 0u);  // the timed-out request never ran
+  EXPECT_EQ(metric(m->body, "keel_inflight_input_bytes "), 0u);
+  EXPECT_EQ(server.terminate(), 0);
+  fs::remove_all(dir);
+}
+
+}  // namespace
