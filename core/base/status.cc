@@ -19,6 +19,7 @@ const char* status_code_name(StatusCode code) {
     case StatusCode::kInternal: return "INTERNAL";
     case StatusCode::kAlreadyExists: return "ALREADY_EXISTS";
     case StatusCode::kOutOfRange: return "OUT_OF_RANGE";
+    case StatusCode::kCancelled: return "CANCELLED";
   }
   return "UNKNOWN";
 }

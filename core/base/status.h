@@ -28,6 +28,7 @@ enum class StatusCode : int {
   kInternal = KEEL_STATUS_INTERNAL,
   kAlreadyExists = KEEL_STATUS_ALREADY_EXISTS,
   kOutOfRange = KEEL_STATUS_OUT_OF_RANGE,
+  kCancelled = KEEL_STATUS_CANCELLED,
 };
 
 const char* status_code_name(StatusCode code);

@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -67,6 +69,13 @@ struct keel_host_tensor_s {
 
 struct keel_session_options_s {
   keel::SessionOptions options;
+  keel_session_t share_with = nullptr;  // keel_session_options_share_weights_with
+};
+
+struct keel_run_options_s {
+  std::atomic<bool> terminate{false};
+  int64_t timeout_us = 0;
+  std::string tag;
 };
 
 struct keel_session_s {
@@ -338,7 +347,7 @@ KEEL_API void keel_plugin_abi_version_get(int32_t* out_major, int32_t* out_minor
 }
 
 KEEL_API const char* keel_status_code_name(int32_t code) {
-  if (code < KEEL_STATUS_OK || code > KEEL_STATUS_OUT_OF_RANGE) return "UNKNOWN";
+  if (code < KEEL_STATUS_OK || code > KEEL_STATUS_CANCELLED) return "UNKNOWN";
   return keel::status_code_name(static_cast<StatusCode>(code));
 }
 
@@ -772,7 +781,9 @@ KEEL_API keel_status_t keel_session_create(keel_environment_t env, keel_model_t 
     if (model == nullptr) return null_arg(__func__, "model");
     keel_session_options_s defaults;
     const keel_session_options_s& o = options ? *options : defaults;
-    KEEL_ASSIGN_OR_RETURN(auto session, keel::Session::create(*env->env, model->graph, o.options), __func__);
+    keel::SessionOptions so = o.options;
+    if (o.share_with != nullptr) so.share_weights_with = o.share_with->session.get();
+    KEEL_ASSIGN_OR_RETURN(auto session, keel::Session::create(*env->env, model->graph, so), __func__);
     auto handle = std::make_unique<keel_session_s>();
     const keel::Graph& g = session->graph();
     for (const auto& n : session->input_names()) handle->inputs.push_back(value_row(g, n));
@@ -828,31 +839,32 @@ KEEL_API keel_status_t keel_session_output_info(keel_session_t session, size_t i
   });
 }
 
-KEEL_API keel_status_t keel_session_run(keel_session_t session, const char* const* input_names,
-                                        const keel_host_tensor_t* inputs, size_t input_count,
-                                        const char* const* output_names, keel_host_tensor_t* out_outputs,
-                                        size_t output_count) {
+namespace {
+
+keel_status_t session_run(const char* fn, keel_session_t session, keel_run_options_t run_options,
+                          const char* const* input_names, const keel_host_tensor_t* inputs, size_t input_count,
+                          const char* const* output_names, keel_host_tensor_t* out_outputs, size_t output_count) {
   // The outputs are handed over only when everything succeeded.
   std::vector<std::unique_ptr<keel_host_tensor_s>> results;
-  keel_status_t status = guarded(__func__, [&]() -> Status {
+  keel_status_t status = guarded(fn, [&]() -> Status {
     if (out_outputs != nullptr)
       for (size_t i = 0; i < output_count; ++i) out_outputs[i] = nullptr;
-    if (session == nullptr) return null_arg(__func__, "session");
-    if (input_count > 0 && input_names == nullptr) return null_arg(__func__, "input_names");
-    if (input_count > 0 && inputs == nullptr) return null_arg(__func__, "inputs");
-    if (output_count > 0 && out_outputs == nullptr) return null_arg(__func__, "out_outputs");
+    if (session == nullptr) return null_arg(fn, "session");
+    if (input_count > 0 && input_names == nullptr) return null_arg(fn, "input_names");
+    if (input_count > 0 && inputs == nullptr) return null_arg(fn, "inputs");
+    if (output_count > 0 && out_outputs == nullptr) return null_arg(fn, "out_outputs");
 
     std::vector<std::pair<std::string, keel::Tensor>> feeds;
     std::set<std::string> seen;
     std::set<const keel::Storage*> input_storage;
     for (size_t i = 0; i < input_count; ++i) {
-      if (input_names[i] == nullptr) return null_arg(__func__, ("input_names[" + std::to_string(i) + "]").c_str());
+      if (input_names[i] == nullptr) return null_arg(fn, ("input_names[" + std::to_string(i) + "]").c_str());
       if (inputs[i] == nullptr) {
-        return keel::invalid_argument(std::string(__func__) + ": the tensor of input '" + input_names[i] +
+        return keel::invalid_argument(std::string(fn) + ": the tensor of input '" + input_names[i] +
                                       "' is NULL");
       }
       if (!seen.insert(input_names[i]).second) {
-        return keel::invalid_argument(std::string(__func__) + ": input '" + input_names[i] + "' is given twice");
+        return keel::invalid_argument(std::string(fn) + ": input '" + input_names[i] + "' is given twice");
       }
       feeds.emplace_back(input_names[i], inputs[i]->tensor);
       input_storage.insert(inputs[i]->tensor.storage().get());
@@ -862,7 +874,7 @@ KEEL_API keel_status_t keel_session_run(keel_session_t session, const char* cons
     std::vector<size_t> pick;
     if (output_names == nullptr) {
       if (output_count != session->outputs.size()) {
-        return keel::invalid_argument(std::string(__func__) + ": output_names is NULL, so output_count must be " +
+        return keel::invalid_argument(std::string(fn) + ": output_names is NULL, so output_count must be " +
                                       std::to_string(session->outputs.size()) + " (every output), not " +
                                       std::to_string(output_count));
       }
@@ -870,22 +882,29 @@ KEEL_API keel_status_t keel_session_run(keel_session_t session, const char* cons
     } else {
       for (size_t i = 0; i < output_count; ++i) {
         if (output_names[i] == nullptr) {
-          return null_arg(__func__, ("output_names[" + std::to_string(i) + "]").c_str());
+          return null_arg(fn, ("output_names[" + std::to_string(i) + "]").c_str());
         }
         auto it = session->output_index.find(output_names[i]);
         if (it == session->output_index.end()) {
           std::string known;
           for (const auto& o : session->outputs) known += (known.empty() ? "" : ", ") + o.name;
-          return keel::invalid_argument(std::string(__func__) + ": unknown output '" + output_names[i] +
+          return keel::invalid_argument(std::string(fn) + ": unknown output '" + output_names[i] +
                                         "' (outputs: " + known + ")");
         }
         pick.push_back(it->second);
       }
     }
 
-    KEEL_ASSIGN_OR_RETURN(std::vector<keel::Tensor> outs, session->session->run(feeds), __func__);
+    keel::RunOptions ro;
+    if (run_options != nullptr) {
+      ro.terminate = &run_options->terminate;
+      if (run_options->timeout_us > 0)
+        ro.deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(run_options->timeout_us);
+      ro.tag = run_options->tag;
+    }
+    KEEL_ASSIGN_OR_RETURN(std::vector<keel::Tensor> outs, session->session->run(feeds, ro), fn);
     if (outs.size() != session->outputs.size()) {
-      return keel::internal_error(std::string(__func__) + ": the session returned " + std::to_string(outs.size()) +
+      return keel::internal_error(std::string(fn) + ": the session returned " + std::to_string(outs.size()) +
                                   " outputs, expected " + std::to_string(session->outputs.size()));
     }
     for (size_t idx : pick) {
@@ -893,7 +912,7 @@ KEEL_API keel_status_t keel_session_run(keel_session_t session, const char* cons
       // An output that shares bytes with an input (the graph passes an input through) must not keep the caller's
       // wrapped memory, nor let a write to the output change the input: copy it.
       if (t.storage() && input_storage.count(t.storage().get())) {
-        KEEL_ASSIGN_OR_RETURN(t, t.clone(), __func__);
+        KEEL_ASSIGN_OR_RETURN(t, t.clone(), fn);
       }
       results.push_back(std::make_unique<keel_host_tensor_s>(keel_host_tensor_s{std::move(t)}));
     }
@@ -903,6 +922,85 @@ KEEL_API keel_status_t keel_session_run(keel_session_t session, const char* cons
     for (size_t i = 0; i < results.size(); ++i) out_outputs[i] = results[i].release();
   }
   return status;
+}
+
+}  // namespace
+
+KEEL_API keel_status_t keel_session_run(keel_session_t session, const char* const* input_names,
+                                        const keel_host_tensor_t* inputs, size_t input_count,
+                                        const char* const* output_names, keel_host_tensor_t* out_outputs,
+                                        size_t output_count) {
+  return session_run(__func__, session, nullptr, input_names, inputs, input_count, output_names, out_outputs,
+                     output_count);
+}
+
+KEEL_API keel_status_t keel_session_run_with_options(keel_session_t session, keel_run_options_t run_options,
+                                                     const char* const* input_names, const keel_host_tensor_t* inputs,
+                                                     size_t input_count, const char* const* output_names,
+                                                     keel_host_tensor_t* out_outputs, size_t output_count) {
+  return session_run(__func__, session, run_options, input_names, inputs, input_count, output_names, out_outputs,
+                     output_count);
+}
+
+KEEL_API keel_status_t keel_run_options_create(keel_run_options_t* out_options) {
+  return guarded(__func__, [&]() -> Status {
+    if (out_options == nullptr) return null_arg(__func__, "out_options");
+    *out_options = nullptr;
+    *out_options = new keel_run_options_s();
+    return Status::ok();
+  });
+}
+
+KEEL_API void keel_run_options_release(keel_run_options_t options) { delete options; }
+
+KEEL_API keel_status_t keel_run_options_set_terminate(keel_run_options_t options, int32_t terminate) {
+  return guarded(__func__, [&]() -> Status {
+    if (options == nullptr) return null_arg(__func__, "options");
+    options->terminate.store(terminate != 0, std::memory_order_relaxed);
+    return Status::ok();
+  });
+}
+
+KEEL_API keel_status_t keel_run_options_set_timeout_us(keel_run_options_t options, int64_t timeout_us) {
+  return guarded(__func__, [&]() -> Status {
+    if (options == nullptr) return null_arg(__func__, "options");
+    if (timeout_us < 0) {
+      return keel::invalid_argument(std::string(__func__) + ": timeout_us is negative (" +
+                                    std::to_string(timeout_us) + ")");
+    }
+    options->timeout_us = timeout_us;
+    return Status::ok();
+  });
+}
+
+KEEL_API keel_status_t keel_run_options_set_log_tag(keel_run_options_t options, const char* tag) {
+  return guarded(__func__, [&]() -> Status {
+    if (options == nullptr) return null_arg(__func__, "options");
+    options->tag = tag != nullptr ? tag : "";
+    return Status::ok();
+  });
+}
+
+KEEL_API keel_status_t keel_session_options_share_weights_with(keel_session_options_t options, keel_session_t other) {
+  return guarded(__func__, [&]() -> Status {
+    if (options == nullptr) return null_arg(__func__, "options");
+    options->share_with = other;
+    return Status::ok();
+  });
+}
+
+KEEL_API keel_status_t keel_session_memory_info(keel_session_t session, keel_session_memory_info_t* out) {
+  return guarded(__func__, [&]() -> Status {
+    if (session == nullptr) return null_arg(__func__, "session");
+    KEEL_RETURN_IF_ERROR(check_out_struct(__func__, out, out ? out->struct_size : 0), "");
+    keel::SessionMemoryInfo m = session->session->memory_info();
+    KEEL_C_SET(out, keel_session_memory_info_t, build_id, m.build_id);
+    KEEL_C_SET(out, keel_session_memory_info_t, sessions_sharing, m.sessions_sharing);
+    KEEL_C_SET(out, keel_session_memory_info_t, constant_bytes, m.constant_bytes);
+    KEEL_C_SET(out, keel_session_memory_info_t, arena_sets, m.arena_sets);
+    KEEL_C_SET(out, keel_session_memory_info_t, arena_bytes, m.arena_bytes);
+    return Status::ok();
+  });
 }
 
 KEEL_API keel_status_t keel_session_placement_count(keel_session_t session, size_t* out_count) {

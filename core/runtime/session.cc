@@ -93,18 +93,51 @@ bool constraints_match(const KernelEntry& k, const Node& node, int32_t opset, co
   return check(schema->inputs(), node.inputs) && check(schema->outputs(), node.outputs);
 }
 
+// One kernel instance of a step: its entry points and state. A step's slot is replaced (not edited) when its kernel
+// rejects a case at run time and the next alternative takes over; the old slot stays alive (a concurrent run may
+// still be computing on it) until the build goes.
+struct KernelSlot {
+  std::string name;
+  keel_status_t (*compute)(void*, keel_kernel_context_t*) = nullptr;
+  void (*release)(void*) = nullptr;
+  void* state = nullptr;
+  bool reentrant = false;  // KEEL_KERNEL_FLAG_REENTRANT, or no per-node state (no create)
+  std::mutex mu;           // serialises compute on `state` when it is not re-entrant
+  KernelSlot() = default;
+  KernelSlot(const KernelSlot&) = delete;
+  KernelSlot& operator=(const KernelSlot&) = delete;
+  ~KernelSlot() {
+    if (release && state) release(state);
+  }
+};
+
+// An atomic pointer that a Step (moved around while the build is assembled, before any run) can hold.
+template <class T>
+struct MovableAtomic {
+  std::atomic<T*> p{nullptr};
+  MovableAtomic() = default;
+  MovableAtomic(MovableAtomic&& o) noexcept : p(o.p.load()) {}
+  MovableAtomic& operator=(MovableAtomic&& o) noexcept {
+    p.store(o.p.load());
+    return *this;
+  }
+  T* load() const { return p.load(std::memory_order_acquire); }
+  void store(T* v) { p.store(v, std::memory_order_release); }
+};
+
 struct Step {
   enum class Kind { kKernel, kSubgraph, kCopy, kNative } kind = Kind::kKernel;
-  std::string name, op_type, kernel_name;
+  std::string name, op_type, kernel_name;  // kernel_name: for kKernel/kSubgraph see kernel()->name
   const Node* node = nullptr;  // kKernel: the node (owned by Impl::graph); kSubgraph: nullptr
   int32_t opset = 0;
   const DeviceEntry* device = nullptr;  // nullptr = host
   std::string device_type = "cpu";
   int32_t device_index = 0;  // which device of device_type (the session's index for that type)
-  // Kernel or subgraph
-  keel_status_t (*compute)(void*, keel_kernel_context_t*) = nullptr;
-  void (*release)(void*) = nullptr;
-  void* state = nullptr;
+  // Kernel or subgraph: the slot in use (the last of `slots`, which owns every slot the step has had).
+  MovableAtomic<KernelSlot> kernel;
+  std::vector<std::unique_ptr<KernelSlot>> slots;
+  // Guards `alternatives` and the switch to one; serialises a kNative step (a NativeOp runs one run at a time).
+  std::unique_ptr<std::mutex> mu = std::make_unique<std::mutex>();
   // Copy: from -> to device
   const DeviceEntry* copy_from = nullptr;
   std::vector<int> inputs;   // value indices, -1 = absent
@@ -112,12 +145,13 @@ struct Step {
   std::vector<DType> output_dtypes;
   std::vector<int> free_after;  // values whose last use is this step
   // Lower-ranked kernels of the same device for this node, tried in order when the chosen one rejects a case at
-  // run time (UNIMPLEMENTED from compute, e.g. a broadcast it cannot do): rejection is not an error.
+  // run time (UNIMPLEMENTED from compute, e.g. a broadcast it cannot do): rejection is not an error. Under *mu.
   std::vector<const KernelEntry*> alternatives;
   std::shared_ptr<NativeOp> native;  // kNative: an op the executor runs itself (control_flow.h), on the host
   std::string memory_type = "cpu";      // where its outputs live: "cpu" for host-memory devices
   int32_t memory_index = 0;             // and which device of memory_type (0 for the host)
   CachingAllocator* allocator = nullptr;  // that memory's pool (resolved once at build)
+  // Profile (under Built::stats_mu).
   double total_ms = 0;
   int64_t calls = 0;
   // Profiling: a claimed subgraph's nodes (name, op type), and the steps its kernel reported (ABI 1.3), found by key.
@@ -125,6 +159,27 @@ struct Step {
   std::vector<ProfileStep> reported;
   std::unordered_map<std::string, size_t> reported_index;
 };
+
+// Installs a kernel instance as the step's current one (at build, or when an alternative takes over).
+KernelSlot* install_kernel(Step& s, std::string name, keel_status_t (*compute)(void*, keel_kernel_context_t*),
+                           void (*release)(void*), void* state, bool reentrant) {
+  auto slot = std::make_unique<KernelSlot>();
+  slot->name = std::move(name);
+  slot->compute = compute;
+  slot->release = release;
+  slot->state = state;
+  slot->reentrant = reentrant;
+  KernelSlot* raw = slot.get();
+  s.slots.push_back(std::move(slot));
+  s.kernel.store(raw);
+  return raw;
+}
+
+// The name of the kernel a step runs now (a copy or executor step: its fixed name).
+const std::string& kernel_name_of(const Step& s) {
+  const KernelSlot* k = s.kernel.load();
+  return k != nullptr ? k->name : s.kernel_name;
+}
 
 // Adds a step the kernel of `s` reported (ABI 1.3 profile_step) to its accumulated profile. Reads only the members
 // the record's struct_size covers.
@@ -162,7 +217,6 @@ struct Value {
 struct Built {
   Environment* env = nullptr;
   SessionOptions options;
-  ThreadPool* pool = nullptr;
   // The device index the session uses for each device type it places on (SessionOptions::devices; 0 by default).
   std::map<std::string, int32_t> device_index;
   int32_t index_of(const std::string& type) const {
@@ -178,30 +232,63 @@ struct Built {
   std::vector<FallbackReport> fallbacks;
   std::vector<int> input_values, output_values;
   std::vector<std::string> input_names, output_names;
-  // Liveness-planned arena: one per device pool, planned from the sizes seen on the first run of a shape signature.
+  // The liveness plan of activation memory, made from the sizes the first run of a shape signature saw: an offset
+  // per planned value in one arena per device pool. Every run in progress holds an arena set of its own (one arena
+  // per pool), taken from the plan's free sets or allocated when none is free, and gives it back when it ends, so
+  // concurrent runs never share activation memory and the steady state allocates nothing. A new signature replaces
+  // the plan; runs still holding the old one keep it (shared_ptr) until they end, and its arenas go with it.
   struct Plan {
     std::string signature;
-    std::map<std::string, uint64_t> arena_bytes;          // per "type:index"
-    std::unordered_map<int, std::pair<std::string, uint64_t>> offsets;  // value -> (arena key, offset)
-    std::unordered_map<int, uint64_t> sizes;
-    std::map<std::string, void*> arenas;
-  } plan;
-  std::unordered_map<int, uint64_t> observed_sizes;
-  // Largest kernel workspace one step took (claimed subgraphs keep their internal values there), per "type:index".
+    std::vector<std::string> keys;           // "type:index" of each arena
+    std::vector<uint64_t> bytes;             // per key
+    std::vector<CachingAllocator*> allocs;   // per key
+    std::vector<int> key_of;                 // per value: its arena key, -1 = not planned
+    std::vector<uint64_t> offset, size;      // per value
+    std::mutex mu;
+    std::vector<std::vector<void*>> free_sets;  // arena sets not in use (under mu)
+    size_t sets = 0;                             // arena sets made (under mu)
+    ~Plan() {
+      for (auto& set : free_sets)
+        for (size_t k = 0; k < set.size(); ++k) allocs[k]->free(set[k]);
+    }
+    // An arena set for one run: a free one, else a new one; empty when the memory could not be had.
+    std::vector<void*> acquire() {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!free_sets.empty()) {
+          std::vector<void*> set = std::move(free_sets.back());
+          free_sets.pop_back();
+          return set;
+        }
+      }
+      std::vector<void*> set;
+      for (size_t k = 0; k < keys.size(); ++k) {
+        auto p = allocs[k]->allocate(bytes[k]);
+        if (!p.is_ok()) {
+          for (size_t j = 0; j < set.size(); ++j) allocs[j]->free(set[j]);
+          return {};
+        }
+        set.push_back(p.value());
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      ++sets;
+      return set;
+    }
+    void give_back(std::vector<void*> set) {
+      std::lock_guard<std::mutex> lock(mu);
+      free_sets.push_back(std::move(set));
+    }
+  };
+  mutable std::mutex plan_mu;
+  std::shared_ptr<Plan> plan;  // under plan_mu
+  // Profile counters of the steps and the largest kernel workspace one step took (claimed subgraphs keep their
+  // internal values there), per "type:index".
+  mutable std::mutex stats_mu;
   std::map<std::string, uint64_t> workspace_peak;
 
   ~Built() {
-    for (auto& s : steps)
-      if (s.release && s.state) s.release(s.state);
-    free_arenas();
-  }
-  void free_arenas() {
-    for (auto& [key, ptr] : plan.arenas) {
-      auto sep = key.find(':');
-      auto alloc = env->allocator(key.substr(0, sep), std::stoi(key.substr(sep + 1)));
-      if (alloc.is_ok()) alloc.value()->free(ptr);
-    }
-    plan.arenas.clear();
+    steps.clear();  // kernel states first (they may hold memory of the pools), then the arenas
+    plan.reset();
   }
 
   // Whether a device's memory is host memory (asked once per device: it is a plugin call).
@@ -227,15 +314,18 @@ struct Built {
   Status build(const std::vector<std::string>& device_order);
   Status place_node(const Node& node, const std::vector<std::string>& device_order, Step& step);
   Status make_copy_steps();
-  // Replaces a step's kernel by its next alternative that accepts the node (after `why` rejected it).
-  Status switch_to_alternative(Step& s, const Status& why);
+  // Replaces a step's kernel `failed` by its next alternative that accepts the node (after `why` rejected it) and
+  // returns it; when another run switched already, the slot it installed; `why` when none is left.
+  StatusOr<KernelSlot*> switch_to_alternative(Step& s, KernelSlot* failed, const Status& why);
   // Checks the inputs against the graph's declared types and binds them into `live` (sized to the values);
   // `signature` receives every input's name and shape (what the memory plan is keyed by).
   Status bind_inputs(const std::vector<std::pair<std::string, RunValue>>& inputs, std::vector<RunValue>& live,
                      std::string& signature);
-  Status run_locked(const std::vector<std::pair<std::string, RunValue>>& inputs, std::vector<RunValue>& outputs);
-  void make_plan(const std::string& signature);
+  Status run(const std::vector<std::pair<std::string, RunValue>>& inputs, std::vector<RunValue>& outputs,
+             const RunOptions& run_options, ThreadPool* run_pool, bool profile);
+  std::shared_ptr<Plan> make_plan(const std::string& signature, const std::unordered_map<int, uint64_t>& observed);
   void reset_profile() {
+    std::lock_guard<std::mutex> lock(stats_mu);
     for (auto& s : steps) {
       s.total_ms = 0;
       s.calls = 0;
@@ -247,14 +337,15 @@ struct Built {
 
 }  // namespace
 
+// The prepared model: the generic build and the shape variants, with their kernels (and the weights they prepacked)
+// and activation plans. One session owns it, or several share it (SessionOptions::share_weights_with).
 struct Session::Impl {
   Environment* env = nullptr;
-  SessionOptions options;
+  SessionOptions options;  // of the session that created it (what shapes a build: devices, passes, claims, ...)
   std::vector<std::string> device_order;         // device types, most preferred first
   std::map<std::string, int32_t> device_index;   // type -> the index this session uses
-  std::mutex run_mu;
-  std::unique_ptr<ThreadPool> own_pool;  // when options.threads asks for other than the environment's count
-  ThreadPool* pool = nullptr;
+  uint64_t fingerprint = 0;  // of the model as given to create (model_fingerprint), before the passes
+  std::mutex variants_mu;    // guards variants and cap_logged (a variant is built under it)
   std::unique_ptr<Built> generic;
   // Shape specialisation (only for graphs with dynamic tensor inputs and options.shape_variants > 0): the graph as
   // it was before placement (after the passes), which each variant copies; the dynamic inputs; the variants by
@@ -264,18 +355,11 @@ struct Session::Impl {
   std::vector<std::string> dynamic_inputs;
   std::unordered_map<std::string, std::unique_ptr<Built>> variants;
   bool cap_logged = false;
-  // The build the most recent run used (placement(), profile(), ... report it); nullptr before the first run.
-  std::atomic<Built*> current{nullptr};
 
-  Built* last() const {
-    Built* b = current.load(std::memory_order_acquire);
-    return b != nullptr ? b : generic.get();
-  }
   std::unique_ptr<Built> make_built() const {
     auto b = std::make_unique<Built>();
     b->env = env;
     b->options = options;
-    b->pool = pool;
     b->device_index = device_index;
     return b;
   }
@@ -283,6 +367,19 @@ struct Session::Impl {
   StatusOr<Built*> pick(const std::vector<std::pair<std::string, RunValue>>& inputs);
   StatusOr<std::unique_ptr<Built>> build_variant(const std::string& key,
                                                  const std::map<std::string, const Tensor*>& dynamic);
+};
+
+// What is this session's own: its options (threads, profile), its thread pool, and the build its most recent run used.
+struct Session::Local {
+  SessionOptions options;
+  std::unique_ptr<ThreadPool> own_pool;  // when options.threads asks for other than the environment's count
+  ThreadPool* pool = nullptr;
+  // The build the most recent run used (placement(), profile(), ... report it); nullptr before the first run.
+  std::atomic<Built*> current{nullptr};
+  Built* last(const Impl& impl) const {
+    Built* b = current.load(std::memory_order_acquire);
+    return b != nullptr ? b : impl.generic.get();
+  }
 };
 
 namespace {
@@ -359,9 +456,8 @@ Status Built::place_node(const Node& node, const std::vector<std::string>& devic
       }
       step.kind = Step::Kind::kKernel;
       step.kernel_name = k->name;
-      step.compute = k->def.compute;
-      step.release = k->def.create ? k->def.release : nullptr;
-      step.state = state;
+      install_kernel(step, k->name, k->def.compute, k->def.create ? k->def.release : nullptr, state,
+                     !k->def.create || (k->def.flags & KEEL_KERNEL_FLAG_REENTRANT) != 0);
       step.device_type = dev;
       step.device_index = index_of(dev);
       step.device = reg.device(dev);
@@ -551,9 +647,7 @@ Status Built::build(const std::vector<std::string>& device_order) {
         step.outputs.push_back(v);
         step.output_dtypes.push_back(values[v].dtype);
       }
-      step.compute = c.def.compute;
-      step.release = c.def.release;
-      step.state = c.def.user_data;
+      void* state = c.def.user_data;
       if (c.def.create) {
         keel_kernel_context_t ctx;
         Node pseudo;
@@ -562,13 +656,15 @@ Status Built::build(const std::vector<std::string>& device_order) {
         pseudo.outputs = outs;
         fill_create_context(ctx, pseudo, graph, 0, step.device_index);
         ctx.node = nullptr;
-        Status st = Status::from_c(c.def.create(c.def.user_data, &ctx, &step.state));
+        Status st = Status::from_c(c.def.create(c.def.user_data, &ctx, &state));
         claims[ci].user_data_done = true;
         if (c.def.release_user_data) c.def.release_user_data(c.def.user_data);
         KEEL_RETURN_IF_ERROR(st, "subgraph '" + c.name + "' create");
       } else {
         claims[ci].user_data_done = true;  // user_data is the state: release frees it
       }
+      install_kernel(step, c.name, c.def.compute, c.def.release, state,
+                     (c.def.flags & KEEL_KERNEL_FLAG_REENTRANT) != 0);
       steps.push_back(std::move(step));
       continue;
     }
@@ -635,8 +731,11 @@ Status Built::build(const std::vector<std::string>& device_order) {
   return Status::ok();
 }
 
-Status Built::switch_to_alternative(Step& s, const Status& why) {
-  spdlog::info("kernel {} rejected node '{}' at run time ({}); trying the next kernel", s.kernel_name, s.name,
+StatusOr<KernelSlot*> Built::switch_to_alternative(Step& s, KernelSlot* failed, const Status& why) {
+  std::lock_guard<std::mutex> lock(*s.mu);
+  if (KernelSlot* now = s.kernel.load(); now != failed) return now;  // another run switched already
+  if (s.alternatives.empty()) return why;
+  spdlog::info("kernel {} rejected node '{}' at run time ({}); trying the next kernel", failed->name, s.name,
                why.message());
   while (!s.alternatives.empty()) {
     const KernelEntry* k = s.alternatives.front();
@@ -649,12 +748,9 @@ Status Built::switch_to_alternative(Step& s, const Status& why) {
       if (st.code() == StatusCode::kUnimplemented) continue;
       if (!st.is_ok()) return st.with_context("kernel " + k->name);
     }
-    if (s.release && s.state) s.release(s.state);
-    s.kernel_name = k->name;
-    s.compute = k->def.compute;
-    s.release = k->def.create ? k->def.release : nullptr;
-    s.state = state;
-    return Status::ok();
+    // The rejected slot stays (a concurrent run may still compute on it); the build releases it.
+    return install_kernel(s, k->name, k->def.compute, k->def.create ? k->def.release : nullptr, state,
+                          !k->def.create || (k->def.flags & KEEL_KERNEL_FLAG_REENTRANT) != 0);
   }
   return why;
 }
@@ -701,12 +797,15 @@ Status Built::make_copy_steps() {
   return Status::ok();
 }
 
-void Built::make_plan(const std::string& signature) {
-  free_arenas();
-  plan = Plan{};
-  plan.signature = signature;
+std::shared_ptr<Built::Plan> Built::make_plan(const std::string& signature,
+                                              const std::unordered_map<int, uint64_t>& observed) {
+  auto plan = std::make_shared<Plan>();
+  plan->signature = signature;
+  plan->key_of.assign(values.size(), -1);
+  plan->offset.assign(values.size(), 0);
+  plan->size.assign(values.size(), 0);
   // Lifetimes [first step, last step] of planned values (intermediates, not graph outputs).
-  struct Interval { int v; int begin, end; uint64_t size; std::string key; };
+  struct Interval { int v; int begin, end; uint64_t size; int key; };
   std::vector<Interval> iv;
   std::vector<int> first(values.size(), -1), last(values.size(), -1);
   for (size_t i = 0; i < steps.size(); ++i) {
@@ -714,17 +813,25 @@ void Built::make_plan(const std::string& signature) {
     for (int v : steps[i].inputs) if (v >= 0) last[v] = static_cast<int>(i);
     for (int v : steps[i].outputs) if (v >= 0) last[v] = std::max(last[v], static_cast<int>(i));
   }
+  auto key_index = [&](const Step& s) {
+    std::string key = s.memory_type + ":" + std::to_string(s.memory_index);
+    for (size_t k = 0; k < plan->keys.size(); ++k)
+      if (plan->keys[k] == key) return static_cast<int>(k);
+    plan->keys.push_back(key);
+    plan->bytes.push_back(0);
+    plan->allocs.push_back(s.allocator);
+    return static_cast<int>(plan->keys.size()) - 1;
+  };
   for (size_t i = 0; i < steps.size(); ++i)
     for (int v : steps[i].outputs) {
       if (v < 0 || values[v].is_output || first[v] != static_cast<int>(i)) continue;
-      auto sz = observed_sizes.find(v);
-      if (sz == observed_sizes.end()) continue;
-      std::string key = steps[i].memory_type + ":" + std::to_string(steps[i].memory_index);
-      iv.push_back({v, first[v], last[v], (sz->second + 255) / 256 * 256, key});
+      auto sz = observed.find(v);
+      if (sz == observed.end()) continue;
+      iv.push_back({v, first[v], last[v], (sz->second + 255) / 256 * 256, key_index(steps[i])});
     }
   // Greedy: biggest first, lowest offset that does not overlap a live neighbour.
   std::sort(iv.begin(), iv.end(), [](const Interval& a, const Interval& b) { return a.size > b.size; });
-  std::vector<std::tuple<int, int, uint64_t, uint64_t, std::string>> placed;  // begin, end, off, size, key
+  std::vector<std::tuple<int, int, uint64_t, uint64_t, int>> placed;  // begin, end, off, size, key
   for (const auto& x : iv) {
     std::vector<std::pair<uint64_t, uint64_t>> busy;
     for (const auto& [b, e, off, size, key] : placed)
@@ -736,22 +843,12 @@ void Built::make_plan(const std::string& signature) {
       off = std::max(off, bo + bs);
     }
     placed.emplace_back(x.begin, x.end, off, x.size, x.key);
-    plan.offsets[x.v] = {x.key, off};
-    plan.sizes[x.v] = x.size;
-    plan.arena_bytes[x.key] = std::max(plan.arena_bytes[x.key], off + x.size);
+    plan->key_of[x.v] = x.key;
+    plan->offset[x.v] = off;
+    plan->size[x.v] = x.size;
+    plan->bytes[x.key] = std::max(plan->bytes[x.key], off + x.size);
   }
-  for (const auto& [key, bytes] : plan.arena_bytes) {
-    auto sep = key.find(':');
-    auto alloc = env->allocator(key.substr(0, sep), std::stoi(key.substr(sep + 1)));
-    if (!alloc.is_ok()) continue;
-    auto p = alloc.value()->allocate(bytes);
-    if (p.is_ok()) plan.arenas[key] = p.value();
-  }
-  // Values whose arena could not be had fall back to the pool.
-  for (auto it = plan.offsets.begin(); it != plan.offsets.end();) {
-    if (!plan.arenas.count(it->second.first)) it = plan.offsets.erase(it);
-    else ++it;
-  }
+  return plan;
 }
 
 Status Built::bind_inputs(const std::vector<std::pair<std::string, RunValue>>& inputs, std::vector<RunValue>& live,
@@ -795,32 +892,67 @@ Status Built::bind_inputs(const std::vector<std::pair<std::string, RunValue>>& i
   return Status::ok();
 }
 
-Status Built::run_locked(const std::vector<std::pair<std::string, RunValue>>& inputs,
-                         std::vector<RunValue>& outputs) {
+Status Built::run(const std::vector<std::pair<std::string, RunValue>>& inputs, std::vector<RunValue>& outputs,
+                  const RunOptions& run_options, ThreadPool* run_pool, bool profile) {
   std::vector<RunValue> live;
   std::string signature;
   KEEL_RETURN_IF_ERROR(bind_inputs(inputs, live, signature), "");
   for (size_t v = 0; v < values.size(); ++v)
     if (values[v].is_const) live[v] = values[v].constant;
 
-  bool planned = plan.signature == signature && !plan.signature.empty();
-  bool record = !planned;
-  if (record) observed_sizes.clear();
+  // Activation memory: an arena set of this run's own from the plan of this signature, or (a new signature) every
+  // value from the pool while the sizes are recorded for the plan the end of the run makes.
+  std::shared_ptr<Plan> plan_now;
+  {
+    std::lock_guard<std::mutex> lock(plan_mu);
+    plan_now = plan;
+  }
+  const bool known = plan_now && plan_now->signature == signature && !signature.empty();
+  std::vector<void*> arenas;
+  if (known) arenas = plan_now->acquire();
+  const bool planned = known && arenas.size() == plan_now->keys.size();
+  struct GiveBack {
+    Plan* plan;
+    std::vector<void*>& arenas;
+    bool planned;
+    ~GiveBack() {
+      if (planned) plan->give_back(std::move(arenas));
+    }
+  } give_back{plan_now.get(), arenas, planned};
+  const bool record = !known;
+  std::unordered_map<int, uint64_t> observed_sizes;
+
+  const auto deadline = run_options.deadline;
+  const bool has_deadline = deadline != std::chrono::steady_clock::time_point::max();
+  auto stop_reason = [&](const Step& s, size_t si) -> Status {
+    const std::string where = "before node '" + s.name + "' (" + s.op_type + ", step " + std::to_string(si + 1) +
+                              " of " + std::to_string(steps.size()) + ")";
+    if (run_options.terminate != nullptr && run_options.terminate->load(std::memory_order_relaxed)) {
+      return Status(StatusCode::kCancelled, "cancelled " + where);
+    }
+    if (has_deadline && std::chrono::steady_clock::now() >= deadline) {
+      return Status(StatusCode::kDeadlineExceeded, "deadline passed " + where);
+    }
+    return Status::ok();
+  };
 
   keel_kernel_context_t ctx;
-  ctx.pool = pool;
+  ctx.pool = run_pool;
   Step* profiled = nullptr;  // the step whose kernel is computing (its reported steps land there)
-  if (options.profile) {
+  if (profile) {
     ctx.profiling = true;
-    ctx.report_step = [&profiled](const keel_profile_step_t& r) {
-      if (profiled != nullptr) record_reported_step(*profiled, &r);
+    ctx.report_step = [this, &profiled](const keel_profile_step_t& r) {
+      if (profiled == nullptr) return;
+      std::lock_guard<std::mutex> lock(stats_mu);
+      record_reported_step(*profiled, &r);
     };
   }
   std::vector<std::pair<CachingAllocator*, void*>> workspace;
   for (size_t si = 0; si < steps.size(); ++si) {
     Step& s = steps[si];
+    KEEL_RETURN_IF_ERROR(stop_reason(s, si), "");
     profiled = &s;
-    auto t0 = options.profile ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+    auto t0 = profile ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     const std::string& dev_type = s.memory_type;
     CachingAllocator* alloc = s.allocator;
     if (s.kind == Step::Kind::kCopy) {
@@ -833,6 +965,7 @@ Status Built::run_locked(const std::vector<std::pair<std::string, RunValue>>& in
       KEEL_RETURN_IF_ERROR(env->copy(dst, loc, src.raw_data(), src.location(), src.byte_size()), "copy " + s.name);
       live[s.outputs[0]] = Tensor(src.dtype(), src.shape(), storage);
     } else if (s.kind == Step::Kind::kNative) {
+      std::lock_guard<std::mutex> lock(*s.mu);  // a NativeOp runs for one run at a time
       KEEL_RETURN_IF_ERROR(run_native_step(*s.native, s.inputs, s.outputs, live),
                            "node '" + s.name + "' (" + s.op_type + ")");
     } else {
@@ -870,9 +1003,9 @@ Status Built::run_locked(const std::vector<std::pair<std::string, RunValue>>& in
         Location loc{dev_type, s.memory_index};
         if (v >= 0 && record) observed_sizes[v] = bytes;
         if (v >= 0 && planned) {
-          auto it = plan.offsets.find(v);
-          if (it != plan.offsets.end() && plan.sizes[v] >= bytes) {
-            char* base = static_cast<char*>(plan.arenas[it->second.first]) + it->second.second;
+          const int key = plan_now->key_of[v];
+          if (key >= 0 && plan_now->size[v] >= bytes) {
+            char* base = static_cast<char*>(arenas[key]) + plan_now->offset[v];
             return Tensor(dtype, shape, Storage::borrow(base, bytes, loc));
           }
         }
@@ -886,26 +1019,39 @@ Status Built::run_locked(const std::vector<std::pair<std::string, RunValue>>& in
         step_workspace += bytes;
         return p;
       };
-      Status st = Status::from_c(s.compute(s.state, &ctx));
-      while (st.code() == StatusCode::kUnimplemented && s.node && !s.alternatives.empty()) {
+      KernelSlot* k = s.kernel.load();
+      if (k == nullptr) return internal_error("step '" + s.name + "' has no kernel");
+      auto compute = [&](KernelSlot* slot) {
+        if (slot->reentrant) return Status::from_c(slot->compute(slot->state, &ctx));
+        std::lock_guard<std::mutex> lock(slot->mu);  // serialised alone: other steps of other runs go on
+        return Status::from_c(slot->compute(slot->state, &ctx));
+      };
+      Status st = compute(k);
+      while (st.code() == StatusCode::kUnimplemented && s.node) {
         for (auto& [a, p] : workspace) a->free(p);
         workspace.clear();
-        st = switch_to_alternative(s, st);
-        if (!st.is_ok()) break;
+        step_workspace = 0;
+        auto next = switch_to_alternative(s, k, st);
+        if (!next.is_ok()) {
+          st = next.status();
+          break;
+        }
+        k = next.value();
         ctx.node = s.node;
         ctx.phase = keel_kernel_context_t::Phase::kCompute;
         ctx.outputs.assign(s.outputs.size(), Tensor());
         ctx.output_views.assign(s.outputs.size(), keel_tensor_t{});
-        st = Status::from_c(s.compute(s.state, &ctx));
+        st = compute(k);
       }
       for (auto& [a, p] : workspace) a->free(p);
       workspace.clear();
       if (step_workspace > 0) {
         std::string key = s.memory_type + ":" + std::to_string(s.memory_index);
+        std::lock_guard<std::mutex> lock(stats_mu);
         workspace_peak[key] = std::max(workspace_peak[key], step_workspace);
       }
       if (!st.is_ok()) {
-        return st.with_context("node '" + s.name + "' (" + s.op_type + ", kernel " + s.kernel_name + ")");
+        return st.with_context("node '" + s.name + "' (" + s.op_type + ", kernel " + k->name + ")");
       }
       for (size_t i = 0; i < s.outputs.size(); ++i) {
         int v = s.outputs[i];
@@ -915,15 +1061,17 @@ Status Built::run_locked(const std::vector<std::pair<std::string, RunValue>>& in
           bool read = values[v].is_output;
           for (size_t sj = si + 1; sj < steps.size() && !read; ++sj)
             for (int x : steps[sj].inputs) read = read || x == v;
-          if (read) return internal_error("kernel " + s.kernel_name + " did not write output " + std::to_string(i) + " of '" + s.name + "'");
+          if (read) return internal_error("kernel " + k->name + " did not write output " + std::to_string(i) + " of '" + s.name + "'");
           continue;
         }
         live[v] = std::move(ctx.outputs[i]);
       }
     }
     for (int v : s.free_after) live[v] = RunValue();
-    if (options.profile) {
-      s.total_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (profile) {
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      std::lock_guard<std::mutex> lock(stats_mu);
+      s.total_ms += ms;
       ++s.calls;
     }
   }
@@ -945,9 +1093,15 @@ Status Built::run_locked(const std::vector<std::pair<std::string, RunValue>>& in
     }
   }
   live.clear();
-  if (record) make_plan(signature);
+  if (record) {
+    auto fresh = make_plan(signature, observed_sizes);
+    std::lock_guard<std::mutex> lock(plan_mu);
+    // A concurrent run of the same new signature may have planned first: keep one plan per signature.
+    if (!plan || plan->signature != signature) plan = std::move(fresh);
+  }
   return Status::ok();
 }
+
 
 namespace {
 
@@ -985,6 +1139,7 @@ StatusOr<std::unique_ptr<Built>> Session::Impl::build_variant(const std::string&
   return b;
 }
 
+// Called under variants_mu.
 StatusOr<Built*> Session::Impl::pick(const std::vector<std::pair<std::string, RunValue>>& inputs) {
   if (dynamic_inputs.empty() || options.shape_variants <= 0) return generic.get();
   // The key: the shapes of the dynamic inputs (later bindings of one name win, as in bind_inputs).
@@ -1031,22 +1186,115 @@ StatusOr<Built*> Session::Impl::pick(const std::vector<std::pair<std::string, Ru
   return b;
 }
 
-Session::Session(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+namespace {
+
+// A digest of a model as given to Session::create (structure, attributes' presence, and every initializer's bytes):
+// what share_weights_with compares, so that a session shares the build only of the same model.
+uint64_t model_fingerprint(const Graph& g) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](uint64_t x) {
+    h ^= x + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h *= 1099511628211ull;
+  };
+  auto mix_str = [&](const std::string& s) {
+    mix(std::hash<std::string>{}(s));
+  };
+  mix_str(g.name);
+  // Inputs and outputs with their declared types (a build is specialised to them).
+  auto mix_value = [&](const std::string& v) {
+    mix_str(v);
+    if (const ValueInfo* vi = g.info(v)) {
+      mix(static_cast<uint64_t>(vi->dtype) + 1);
+      if (vi->shape)
+        for (int64_t d : *vi->shape) mix(static_cast<uint64_t>(d));
+    }
+  };
+  for (const auto& i : g.inputs) mix_value(i);
+  for (const auto& o : g.outputs) mix_value(o);
+  for (const auto& [d, v] : g.opsets) mix_str(d), mix(static_cast<uint64_t>(v));
+  auto order = g.topological_order();
+  if (order.is_ok())
+    for (NodeId id : order.value()) {
+      const Node* n = g.node(id);
+      mix_str(n->domain + "." + n->op_type + "/" + n->name);
+      for (const auto& i : n->inputs) mix_str(i);
+      for (const auto& o : n->outputs) mix_str(o);
+      for (const auto& [an, a] : n->attrs) {
+        mix_str(an);
+        mix(static_cast<uint64_t>(a.kind));
+        mix(static_cast<uint64_t>(a.i));
+        uint32_t fb;
+        std::memcpy(&fb, &a.f, 4);
+        mix(fb);
+        mix_str(a.s);
+        for (int64_t v : a.ints) mix(static_cast<uint64_t>(v));
+        for (float v : a.floats) std::memcpy(&fb, &v, 4), mix(fb);
+        for (const auto& v : a.strings) mix_str(v);
+        if (a.g) mix(model_fingerprint(*a.g));
+        if (a.t.defined()) mix(a.t.byte_size());
+      }
+    }
+  for (const auto& [name, t] : g.initializers) {
+    mix_str(name);
+    mix(static_cast<uint64_t>(t.dtype()));
+    for (int64_t d : t.shape()) mix(static_cast<uint64_t>(d));
+    if (!t.location().is_host() || t.raw_data() == nullptr) continue;
+    // Eight bytes at a time (a 45 MB model takes a few milliseconds).
+    const auto* p = static_cast<const unsigned char*>(t.raw_data());
+    const uint64_t n = t.byte_size();
+    uint64_t acc = n, i = 0;
+    for (; i + 8 <= n; i += 8) {
+      uint64_t w;
+      std::memcpy(&w, p + i, 8);
+      acc = (acc ^ w) * 0x100000001b3ull;
+    }
+    for (; i < n; ++i) acc = (acc ^ p[i]) * 0x100000001b3ull;
+    mix(acc);
+  }
+  return h;
+}
+
+}  // namespace
+
+Session::Session(std::shared_ptr<Impl> impl, std::unique_ptr<Local> local)
+    : impl_(std::move(impl)), local_(std::move(local)) {}
 Session::~Session() = default;
 
 StatusOr<std::unique_ptr<Session>> Session::create(Environment& env, Graph graph, SessionOptions options) {
-  auto impl = std::make_unique<Impl>();
-  impl->env = &env;
-  impl->options = options;
   if (options.threads < 0) return invalid_argument("session threads must be >= 0");
   if (options.shape_variants < 0) return invalid_argument("session shape_variants must be >= 0");
+  auto local = std::make_unique<Local>();
+  local->options = options;
+  local->options.share_weights_with = nullptr;
   if (options.threads > 0 && options.threads != env.thread_pool().thread_count()) {
-    impl->own_pool = std::make_unique<ThreadPool>(options.threads);
-    impl->pool = impl->own_pool.get();
+    local->own_pool = std::make_unique<ThreadPool>(options.threads);
+    local->pool = local->own_pool.get();
   } else {
-    impl->pool = &env.thread_pool();
+    local->pool = &env.thread_pool();
   }
+  if (const Session* other = options.share_weights_with) {
+    // Share the other session's build: the same model, and the same options where they shape the build.
+    const Impl& o = *other->impl_;
+    const std::string who = "share_weights_with (session of '" + o.generic->graph.name + "')";
+    if (o.env != &env) return invalid_argument(who + ": that session belongs to another environment");
+    KEEL_RETURN_IF_ERROR(graph.validate(), "invalid graph '" + graph.name + "'");
+    if (model_fingerprint(graph) != o.fingerprint) {
+      return invalid_argument(who + ": that session was created from another model (structure or weights differ)");
+    }
+    auto differs = [&](const char* what) { return invalid_argument(who + ": its " + what + " differ from these options'"); };
+    if (options.devices != o.options.devices) return differs("devices");
+    if (options.fallback != o.options.fallback) return differs("fallback");
+    if (options.passes != o.options.passes) return differs("passes");
+    if (options.claims != o.options.claims) return differs("claims");
+    if (options.shape_variants != o.options.shape_variants) return differs("shape_variants");
+    return std::unique_ptr<Session>(new Session(other->impl_, std::move(local)));
+  }
+  auto impl = std::make_shared<Impl>();
+  impl->env = &env;
+  impl->options = options;
+  impl->options.share_weights_with = nullptr;
   KEEL_RETURN_IF_ERROR(graph.validate(), "invalid graph '" + graph.name + "'");
+  impl->fingerprint = model_fingerprint(graph);
   KEEL_RETURN_IF_ERROR(infer_shapes(graph), "shape inference");
   // Device order: the requested ones ("cuda:1", "cpu"; one index per type), then (fallback = cpu) the CPU.
   std::vector<std::string> order;
@@ -1088,12 +1336,13 @@ StatusOr<std::unique_ptr<Session>> Session::create(Environment& env, Graph graph
   impl->generic = impl->make_built();
   impl->generic->graph = std::move(graph);
   KEEL_RETURN_IF_ERROR(impl->generic->build(order), "");
-  return std::unique_ptr<Session>(new Session(std::move(impl)));
+  return std::unique_ptr<Session>(new Session(std::move(impl), std::move(local)));
 }
 
-StatusOr<std::vector<Tensor>> Session::run(const std::vector<std::pair<std::string, Tensor>>& inputs) {
+StatusOr<std::vector<Tensor>> Session::run(const std::vector<std::pair<std::string, Tensor>>& inputs,
+                                           const RunOptions& run_options) {
   std::vector<std::pair<std::string, RunValue>> values(inputs.begin(), inputs.end());
-  KEEL_ASSIGN_OR_RETURN(std::vector<RunValue> outputs, run_values(values), "");
+  KEEL_ASSIGN_OR_RETURN(std::vector<RunValue> outputs, run_values(values, run_options), "");
   std::vector<Tensor> tensors;
   tensors.reserve(outputs.size());
   for (size_t i = 0; i < outputs.size(); ++i) {
@@ -1106,12 +1355,24 @@ StatusOr<std::vector<Tensor>> Session::run(const std::vector<std::pair<std::stri
   return tensors;
 }
 
-StatusOr<std::vector<RunValue>> Session::run_values(const std::vector<std::pair<std::string, RunValue>>& inputs) {
-  std::lock_guard<std::mutex> lock(impl_->run_mu);
+StatusOr<std::vector<RunValue>> Session::run_values(const std::vector<std::pair<std::string, RunValue>>& inputs,
+                                                    const RunOptions& run_options) {
+  const std::string what = run_options.tag.empty() ? std::string("run") : "run '" + run_options.tag + "'";
+  const auto t0 = std::chrono::steady_clock::now();
   std::vector<RunValue> outputs;
-  KEEL_ASSIGN_OR_RETURN(Built * b, impl_->pick(inputs), "run");
-  impl_->current.store(b, std::memory_order_release);
-  KEEL_RETURN_IF_ERROR(b->run_locked(inputs, outputs), "run");
+  Built* b = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(impl_->variants_mu);
+    KEEL_ASSIGN_OR_RETURN(b, impl_->pick(inputs), what);
+  }
+  local_->current.store(b, std::memory_order_release);
+  Status st = b->run(inputs, outputs, run_options, local_->pool, local_->options.profile);
+  if (!run_options.tag.empty()) {
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (st.is_ok()) spdlog::debug("session '{}': {} finished in {:.3f} ms", impl_->generic->graph.name, what, ms);
+    else spdlog::debug("session '{}': {} failed after {:.3f} ms: {}", impl_->generic->graph.name, what, ms, st.to_string());
+  }
+  KEEL_RETURN_IF_ERROR(st, what);
   return outputs;
 }
 
@@ -1122,34 +1383,63 @@ const std::vector<FallbackReport>& Session::fallbacks() const { return impl_->ge
 
 std::vector<std::tuple<std::string, std::string, std::string, std::string>> Session::placement(
     std::string* shape_variant) const {
-  const Built* b = impl_->last();
+  const Built* b = local_->last(*impl_);
   if (shape_variant != nullptr) *shape_variant = b->variant;
   std::vector<std::tuple<std::string, std::string, std::string, std::string>> out;
-  for (const auto& s : b->steps) out.emplace_back(s.name, s.op_type, s.device_type, s.kernel_name);
+  for (const auto& s : b->steps) out.emplace_back(s.name, s.op_type, s.device_type, kernel_name_of(s));
   return out;
 }
 
-std::string Session::shape_variant() const { return impl_->last()->variant; }
+std::string Session::shape_variant() const { return local_->last(*impl_)->variant; }
 
 size_t Session::shape_variant_count() const {
-  std::lock_guard<std::mutex> lock(impl_->run_mu);
+  std::lock_guard<std::mutex> lock(impl_->variants_mu);
   size_t n = 0;
   for (const auto& [key, b] : impl_->variants) n += b != nullptr;
   return n;
 }
 
 std::vector<NodeProfile> Session::profile() const {
+  const Built* b = local_->last(*impl_);
   std::vector<NodeProfile> out;
-  for (const auto& s : impl_->last()->steps)
-    out.push_back({s.name, s.op_type, s.device_type, s.kernel_name, s.total_ms, s.calls, s.members, s.reported});
+  std::lock_guard<std::mutex> lock(b->stats_mu);
+  for (const auto& s : b->steps)
+    out.push_back({s.name, s.op_type, s.device_type, kernel_name_of(s), s.total_ms, s.calls, s.members, s.reported});
   return out;
 }
 
 void Session::reset_profile() {
-  std::lock_guard<std::mutex> lock(impl_->run_mu);
+  std::lock_guard<std::mutex> lock(impl_->variants_mu);
   impl_->generic->reset_profile();
   for (auto& [key, b] : impl_->variants)
     if (b) b->reset_profile();
+}
+
+SessionMemoryInfo Session::memory_info() const {
+  SessionMemoryInfo info;
+  info.build_id = reinterpret_cast<uint64_t>(impl_.get());
+  info.sessions_sharing = static_cast<uint64_t>(impl_.use_count());
+  std::vector<const Built*> builds{impl_->generic.get()};
+  {
+    std::lock_guard<std::mutex> lock(impl_->variants_mu);
+    for (const auto& [key, b] : impl_->variants)
+      if (b) builds.push_back(b.get());
+  }
+  std::set<const void*> seen;
+  for (const Built* b : builds) {
+    for (const auto& v : b->values) {
+      if (!v.is_const || !v.constant.storage()) continue;
+      if (seen.insert(v.constant.storage().get()).second) info.constant_bytes += v.constant.storage()->bytes();
+    }
+    std::lock_guard<std::mutex> lock(b->plan_mu);
+    if (!b->plan) continue;
+    uint64_t per_set = 0;
+    for (uint64_t x : b->plan->bytes) per_set += x;
+    std::lock_guard<std::mutex> plock(b->plan->mu);
+    info.arena_sets += b->plan->sets;
+    info.arena_bytes += per_set * b->plan->sets;
+  }
+  return info;
 }
 
 std::vector<OpTypeProfile> profile_by_op_type(const std::vector<NodeProfile>& profile) {
@@ -1216,7 +1506,18 @@ std::vector<OpTypeProfile> profile_by_op_type(const std::vector<NodeProfile>& pr
   return out;
 }
 
-std::map<std::string, uint64_t> Session::planned_arena_bytes() const { return impl_->last()->plan.arena_bytes; }
-std::map<std::string, uint64_t> Session::workspace_bytes() const { return impl_->last()->workspace_peak; }
+std::map<std::string, uint64_t> Session::planned_arena_bytes() const {
+  const Built* b = local_->last(*impl_);
+  std::map<std::string, uint64_t> out;
+  std::lock_guard<std::mutex> lock(b->plan_mu);
+  if (b->plan)
+    for (size_t k = 0; k < b->plan->keys.size(); ++k) out[b->plan->keys[k]] = b->plan->bytes[k];
+  return out;
+}
+std::map<std::string, uint64_t> Session::workspace_bytes() const {
+  const Built* b = local_->last(*impl_);
+  std::lock_guard<std::mutex> lock(b->stats_mu);
+  return b->workspace_peak;
+}
 
 }  // namespace keel

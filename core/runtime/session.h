@@ -13,11 +13,24 @@
 // (the oneDNN chains) see static shapes there. Variants are kept by the dynamic inputs' shapes, up to
 // SessionOptions::shape_variants; a graph whose inputs are all static has none (nothing changes for it).
 //
-// run() is thread-safe: concurrent calls on one session are serialised (kernel states are not shared between
-// threads at once, as the plugin ABI promises; a variant is built inside the run that needs it); use one session
-// per thread for parallel runs. The Session must not outlive its Environment.
+// Concurrency. run() is thread-safe, and concurrent runs on one session proceed in parallel: each run has its own
+// kernel context, its own activation arena set (taken from the plan's pool of sets, allocated when none is free, given
+// back when the run ends: as many sets as runs were ever in progress at once) and its own workspaces. A kernel that
+// declares itself re-entrant (plugin ABI 1.4, KEEL_KERNEL_FLAG_REENTRANT; or one without per-node state) runs for
+// several runs at once; any other kernel, and a control-flow node, is serialised alone: one run at a time computes
+// on its state while the other runs go on with their other nodes. A shape variant is built under a lock inside the
+// first run that needs it (other runs that need a build wait for it; runs already going are not stopped).
+//
+// Shared builds. SessionOptions::share_weights_with makes a session that shares another's build (placement, kernel
+// instances with the weights they prepacked, shape variants, activation plans): one copy of the weights for both.
+// Its own are its thread pool and its profile flag; the profile counters are the build's, so sessions that share a
+// build and both profile see each other's runs. Either session may be released first (the build goes with the last).
+//
+// The Session must not outlive its Environment.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
@@ -33,6 +46,29 @@
 namespace keel {
 
 enum class Fallback { kCpu, kError };
+
+class Session;
+
+// Per-run options (Session::run). The caller keeps `terminate` alive until the run returns.
+struct RunOptions {
+  // Checked before every node (step) of the run: once true, the run stops there with CANCELLED naming the node it
+  // did not start; the session stays usable (the next run starts afresh). Set it from any thread. A claimed subgraph
+  // is one step, and so is a control-flow node (its body is not interrupted).
+  const std::atomic<bool>* terminate = nullptr;
+  // Checked at the same boundaries: past it, the run stops with DEADLINE_EXCEEDED. max() = none.
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+  // Names the run in its errors ("run 'TAG': ...") and in Keel's log (debug: the run's time or failure).
+  std::string tag;
+};
+
+// What a session holds in memory (Session::memory_info).
+struct SessionMemoryInfo {
+  uint64_t build_id = 0;          // equal for sessions that share one build
+  uint64_t sessions_sharing = 0;  // sessions holding the build (1 = this one alone)
+  uint64_t constant_bytes = 0;    // the initializers the build holds (each storage once)
+  uint64_t arena_sets = 0;        // activation arena sets made (at most the runs ever in progress at once)
+  uint64_t arena_bytes = 0;       // their bytes, all sets
+};
 
 struct SessionOptions {
   // Devices to place on, most preferred first, each "TYPE" or "TYPE:INDEX" (DeviceSpec: "cuda:1"; "cuda" = index
@@ -59,6 +95,11 @@ struct SessionOptions {
   // reordered weights per variant), so the cap bounds the memory. Sessions of control-flow bodies (If, Loop, Scan)
   // build none (their shapes often change from iteration to iteration).
   int32_t shape_variants = 8;
+  // Share this session's build (see the top of this file) instead of building again: the graph given to create()
+  // must be the same model (structure, attributes and weights, compared by a digest; INVALID_ARGUMENT otherwise), and
+  // devices, fallback, passes, claims and shape_variants must equal that session's (INVALID_ARGUMENT naming the
+  // first that differs); threads and profile are this session's own. Read only during create().
+  const Session* share_weights_with = nullptr;
 };
 
 struct FallbackReport {
@@ -116,11 +157,14 @@ class Session {
   ~Session();
 
   // Runs with inputs bound by name (host or device tensors; copied to where they are needed). Returns the graph
-  // outputs in graph-output order, as host tensors. INVALID_ARGUMENT names a missing, unknown or mis-typed input.
-  StatusOr<std::vector<Tensor>> run(const std::vector<std::pair<std::string, Tensor>>& inputs);
+  // outputs in graph-output order, as host tensors. INVALID_ARGUMENT names a missing, unknown or mis-typed input;
+  // CANCELLED / DEADLINE_EXCEEDED when `run_options` stopped it. Thread-safe; concurrent runs proceed in parallel.
+  StatusOr<std::vector<Tensor>> run(const std::vector<std::pair<std::string, Tensor>>& inputs,
+                                    const RunOptions& run_options = {});
   // The same for graphs with sequence or optional inputs or outputs (run() refuses a non-tensor output). Tensors
   // inside the returned values are host tensors that the caller owns (no view of session memory).
-  StatusOr<std::vector<RunValue>> run_values(const std::vector<std::pair<std::string, RunValue>>& inputs);
+  StatusOr<std::vector<RunValue>> run_values(const std::vector<std::pair<std::string, RunValue>>& inputs,
+                                             const RunOptions& run_options = {});
 
   // The graph as created (after the passes and placement), shapes as declared: the generic build's.
   const Graph& graph() const;
@@ -151,11 +195,15 @@ class Session {
   std::string shape_variant() const;
   // Shape variants built so far (at most SessionOptions::shape_variants). Thread-safe.
   size_t shape_variant_count() const;
+  // The build's memory (every build: generic and variants) and whether it is shared. Thread-safe.
+  SessionMemoryInfo memory_info() const;
 
  private:
-  struct Impl;
-  explicit Session(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  struct Impl;   // the build, shared by sessions that share weights
+  struct Local;  // this session's own: options, thread pool, the build its most recent run used
+  Session(std::shared_ptr<Impl> impl, std::unique_ptr<Local> local);
+  std::shared_ptr<Impl> impl_;
+  std::unique_ptr<Local> local_;
 };
 
 }  // namespace keel

@@ -351,6 +351,7 @@ keel_status_t claim_chains(void*, const G* g, const keel_graph_api_t* api, keel_
         def.compute = chain_compute;
         def.release = chain_release;
         def.release_user_data = chain_release;
+        def.flags = KEEL_KERNEL_FLAG_REENTRANT;  // runs bind their own memory objects (chain/runtime.h)
         keel_status_t st = sink->claim(sink, &def);
         if (st) {
           std::string msg = std::string("claim refused: ") + (st->message ? st->message : "");

@@ -1,8 +1,11 @@
 // plugins/cpu_onednn/chain/plan.h — (internal) a chain's plan: buffers, memory binds and steps (Exec), the
 // weights' arena, and the plugin's own steps (chain/own_steps.cc) that a plan runs besides oneDNN's primitives.
-// A Plan is built once per OpenMP thread count (chain/builder.cc) and run by one thread at a time
-// (chain/runtime.cc).
+// A Plan is built once per OpenMP thread count (chain/builder.cc) and is read-only once built: runs, several at once,
+// each take a RunBinding of their own (the memory objects rebound to that run's inputs, outputs and workspace) from
+// the plan's pool (chain/runtime.cc).
 #pragma once
+
+#include <mutex>
 
 #include "chain/recipe.h"
 
@@ -104,6 +107,15 @@ struct DeferredPick {
   std::vector<double> margins;
 };
 
+// One run's memory objects: a copy of the plan's binds (new dnnl::memory objects over the same descriptors) and of its
+// steps with their args pointing at those copies (primitives and parameters shared). The weights' memory objects are
+// the plan's own (never rebound).
+struct RunBinding {
+  std::vector<Bind> binds;
+  std::vector<Exec> execs;
+  std::vector<void*> last_base;  // per buffer, the pointer its binds were last set to
+};
+
 struct Plan {
   int threads = 0;
   std::vector<DeferredPick> deferred;  // a claim-time plan's untimed picks (see run_chain)
@@ -124,6 +136,9 @@ struct Plan {
   // The strings belong to the Recipe the plan was built from.
   std::vector<const char*> step_op;
   std::vector<std::vector<const char*>> step_nodes;
+  // Run bindings not in use (as many were made as runs were ever in progress at once on this plan).
+  std::mutex bindings_mu;
+  std::vector<std::unique_ptr<RunBinding>> free_bindings;
 };
 
 }  // namespace keel::onednn::chain

@@ -27,29 +27,84 @@ const char* kind_name(dnnl::primitive::kind k) {
 // whenever the machine is busy (measured: 0.05 ms runs turning into 30 ms ones on a loaded 2-core machine).
 constexpr double kOneThreadFlops = 8e6;
 
+namespace {
+
+// A run binding of `p` for one run: a free one, else a copy of the plan's binds and steps (new memory objects).
+std::unique_ptr<RunBinding> take_binding(Plan& p) {
+  {
+    std::lock_guard<std::mutex> lock(p.bindings_mu);
+    if (!p.free_bindings.empty()) {
+      auto rb = std::move(p.free_bindings.back());
+      p.free_bindings.pop_back();
+      return rb;
+    }
+  }
+  auto rb = std::make_unique<RunBinding>();
+  std::unordered_map<dnnl_memory_t, dnnl::memory> remap;
+  rb->binds.reserve(p.binds.size());
+  for (const Bind& b : p.binds) {
+    dnnl::memory m(b.mem.get_desc(), engine(), DNNL_MEMORY_NONE);
+    remap.emplace(b.mem.get(), m);
+    rb->binds.push_back({m, b.buf, b.offset});
+  }
+  rb->execs = p.execs;
+  for (Exec& e : rb->execs)
+    for (auto& [arg, mem] : e.args)
+      if (auto it = remap.find(mem.get(true)); it != remap.end()) mem = it->second;
+  rb->last_base.assign(p.bufs.size(), reinterpret_cast<void*>(-1));
+  return rb;
+}
+
+}  // namespace
+
 void run_chain(Chain& ch, Ctx& c) {
   const int team = omp_get_max_threads();
-  const bool one = ch.plan && ch.plan->flops < kOneThreadFlops && team > 1;
-  if (one) omp_set_num_threads(1);
   struct Restore {
-    bool on;
+    bool on = false;
     int n;
     ~Restore() {
       if (on) omp_set_num_threads(n);
     }
-  } restore{one, team};
-  // The claim's plan took its convolutions untimed (the session's team was not known then): on the team it was built
-  // for, time them now and rebuild only when one of them picks another implementation; on another team, rebuild.
-  // (A 1-thread session used to time every such convolution twice, once for the claim's default team.)
-  if (ch.plan && ch.plan->threads == omp_get_max_threads() && !ch.plan->deferred.empty()) {
-    bool same = true;
-    for (const DeferredPick& d : ch.plan->deferred)
-      same = fastest_conv_remembered(d.cands, engine(), stream(), d.margins) == 0 && same;
-    if (same) ch.plan->deferred.clear();
-    else ch.plan.reset();
+  } restore{false, team};
+  std::shared_ptr<Plan> plan;
+  {
+    std::lock_guard<std::mutex> lock(ch.mu);
+    if (ch.plan && !ch.plans.count(ch.plan->threads)) ch.plans[ch.plan->threads] = ch.plan;
+    const bool one = ch.plan && ch.plan->flops < kOneThreadFlops && team > 1;
+    if (one) {
+      omp_set_num_threads(1);  // this thread's OpenMP setting only
+      restore.on = true;
+    }
+    const int threads = omp_get_max_threads();
+    // The claim's plan took its convolutions untimed (the session's team was not known then): on the team it was
+    // built for, time them now and rebuild only when one of them picks another implementation; on another team,
+    // rebuild. (A 1-thread session used to time every such convolution twice, once for the claim's default team.)
+    auto it = ch.plans.find(threads);
+    if (it != ch.plans.end() && !it->second->deferred.empty()) {
+      bool same = true;
+      for (const DeferredPick& d : it->second->deferred)
+        same = fastest_conv_remembered(d.cands, engine(), stream(), d.margins) == 0 && same;
+      if (same) {
+        it->second->deferred.clear();
+      } else {
+        ch.plans.erase(it);
+        it = ch.plans.end();
+      }
+    }
+    if (it == ch.plans.end()) it = ch.plans.emplace(threads, std::shared_ptr<Plan>(Builder(ch.recipe).build())).first;
+    ch.plan = it->second;
+    plan = it->second;
   }
-  if (!ch.plan || ch.plan->threads != omp_get_max_threads()) ch.plan = Builder(ch.recipe).build();
-  Plan& p = *ch.plan;
+  Plan& p = *plan;
+  std::unique_ptr<RunBinding> rb = take_binding(p);
+  struct GiveBack {
+    Plan& p;
+    std::unique_ptr<RunBinding>& rb;
+    ~GiveBack() {
+      std::lock_guard<std::mutex> lock(p.bindings_mu);
+      p.free_bindings.push_back(std::move(rb));
+    }
+  } give_back{p, rb};
   std::vector<void*> base(p.bufs.size(), nullptr);
   void* ws = p.ws_bytes ? c.workspace(p.ws_bytes) : nullptr;
   for (size_t b = 0; b < p.bufs.size(); ++b) {
@@ -72,13 +127,14 @@ void run_chain(Chain& ch, Ctx& c) {
       std::memcpy(t->data, cst->bytes.data(), std::min<uint64_t>(t->byte_size, cst->bytes.size()));
     }
   bool changed = false;
-  for (size_t b = 0; b < base.size(); ++b) changed = changed || base[b] != p.last_base[b];
+  for (size_t b = 0; b < base.size(); ++b) changed = changed || base[b] != rb->last_base[b];
   if (changed) {
-    for (auto& bd : p.binds)
+    for (auto& bd : rb->binds)
       if (bd.buf >= 0 && p.bufs[bd.buf].kind != BufKind::kOwned)
         bd.mem.set_data_handle(static_cast<char*>(base[bd.buf]) + bd.offset);
-    p.last_base = base;
+    rb->last_base = base;
   }
+  std::vector<Exec>& execs = rb->execs;
   auto& s = stream();
   const int team_n = omp_get_max_threads();
   int cur = team_n;
@@ -102,10 +158,10 @@ void run_chain(Chain& ch, Ctx& c) {
   const bool report = KEEL_HAS_MEMBER(kapi, keel_kernel_api_t, profile_step) && kapi->profiling &&
                       kapi->profile_step && kapi->profiling(c.raw()) != 0;
   if (g_options.profile || report) {
-    for (size_t k = 0; k < p.execs.size(); ++k) {
-      threads_for(p.execs[k]);
+    for (size_t k = 0; k < execs.size(); ++k) {
+      threads_for(execs[k]);
       auto t0 = std::chrono::steady_clock::now();
-      run_step(p.execs[k], s);
+      run_step(execs[k], s);
       s.wait();
       double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (report) {
@@ -123,6 +179,7 @@ void run_chain(Chain& ch, Ctx& c) {
         keel_status_release(kapi->profile_step(c.raw(), &st));
       }
       if (!g_options.profile) continue;
+      std::lock_guard<std::mutex> lock(ch.profile_mu);
       auto& row = ch.profile[std::string(step_kind(p.execs[k])) + " " + p.impls[k]];
       row.first += ms;
       row.second++;
@@ -131,10 +188,13 @@ void run_chain(Chain& ch, Ctx& c) {
       ch.step_ms.resize(p.execs.size());
       ch.step_ms[k].push_back(ms);
     }
-    if (g_options.profile) ch.runs++;
+    if (g_options.profile) {
+      std::lock_guard<std::mutex> lock(ch.profile_mu);
+      ch.runs++;
+    }
     return;
   }
-  for (auto& e : p.execs) {
+  for (auto& e : execs) {
     threads_for(e);
     run_step(e, s);
   }

@@ -1,6 +1,8 @@
 // plugins/cpu_onednn/chain/runtime.h — (internal) a claimed chain as the core holds it: the Chain (its recipe,
-// plan and profile) and the kernel entry points of a claim (chain_compute, chain_release). A Chain is run by one
-// thread at a time (the core serialises a claim's computes); its destructor logs the profile when one was taken.
+// plans and profile) and the kernel entry points of a claim (chain_compute, chain_release). A claim is re-entrant
+// (KEEL_KERNEL_FLAG_REENTRANT): several runs may compute one Chain at once — plans are read-only once built, each
+// run binds its own memory objects (RunBinding), and what changes (the plans by thread count, the profile) is
+// guarded by the Chain's mutexes. Its destructor logs the profile when one was taken.
 #pragma once
 
 #include "chain/builder.h"
@@ -18,7 +20,10 @@ inline const char* step_kind(const Exec& e) {
 
 struct Chain {
   Recipe recipe;
-  std::unique_ptr<Plan> plan;
+  std::mutex mu;                                // guards plan and plans
+  std::shared_ptr<Plan> plan;                   // the plan the latest run used (the claim's, before the first)
+  std::map<int, std::shared_ptr<Plan>> plans;   // by OpenMP thread count
+  std::mutex profile_mu;                        // guards the KEEL_ONEDNN_PROFILE members below
   // KEEL_ONEDNN_PROFILE=1: time per primitive kind and implementation, and each step's fastest run (robust on a
   // busy machine), logged (info) when the session goes.
   std::map<std::string, std::pair<double, int64_t>> profile;

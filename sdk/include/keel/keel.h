@@ -20,8 +20,9 @@
  *    sets it to sizeof as it compiled the struct, and the library writes only the members that size covers, so an
  *    older application keeps working with a newer library.
  *  - Thread-safety is stated per function. In short: an environment, a model and a session may be shared between
- *    threads (keel_session_run may be called concurrently on one session); option objects and tensors are
- *    thread-compatible (concurrent reads are fine, a write needs exclusive access).
+ *    threads (keel_session_run may be called concurrently on one session, and such runs proceed in parallel);
+ *    option objects and tensors are thread-compatible (concurrent reads are fine, a write needs exclusive access),
+ *    except a run options object's terminate flag, which any thread may set at any time.
  *  - Lifetimes: sessions must be released before the environment they were created in; models and tensors are
  *    independent of both.
  */
@@ -285,8 +286,10 @@ KEEL_API keel_status_t keel_session_output_info(keel_session_t session, size_t i
  * order, and then `output_count` must equal keel_session_output_count). On success out_outputs[i] are new tensors
  * owned by the caller (release each); on failure they are all NULL. INVALID_ARGUMENT names a missing, unknown or
  * mis-typed input, or an unknown output.
- * Thread-safe: concurrent calls on one session are allowed (they are serialised inside; use one session per thread
- * to run in parallel). The input tensors must not be written while a run reads them.
+ * Thread-safe: concurrent calls on one session are allowed and proceed in parallel, each with its own activation
+ * memory (a kernel that a plugin does not declare re-entrant is run by one of them at a time, the others going on
+ * with other nodes meanwhile; see plugin.h, KEEL_KERNEL_FLAG_REENTRANT). Outputs are equal to those of the same runs
+ * made one at a time. The input tensors must not be written while a run reads them.
  */
 KEEL_API keel_status_t keel_session_run(keel_session_t session, const char* const* input_names,
                                         const keel_host_tensor_t* inputs, size_t input_count,
@@ -359,6 +362,58 @@ KEEL_API keel_status_t keel_session_profile_step_info(keel_session_t session, si
  * how many of that type there are). The options keep a copy of the string. Thread-compatible. */
 KEEL_API keel_status_t keel_session_options_add_device_index(keel_session_options_t options, const char* device_type,
                                                             int32_t device_index);
+
+/* ---- Run options, shared weights (appended) --------------------------------------------------------------- */
+
+typedef struct keel_run_options_s* keel_run_options_t;
+
+/* New run options: no terminate flag set, no timeout, no log tag. One object may serve many runs, also concurrent
+ * ones. The caller owns *out_options (keel_run_options_release, once no run uses it). Thread-safe. */
+KEEL_API keel_status_t keel_run_options_create(keel_run_options_t* out_options);
+KEEL_API void keel_run_options_release(keel_run_options_t options);
+/* Sets (1) or clears (0) the terminate flag. While it is set, every run using these options stops before its next
+ * node (within about one node's time: a subgraph that a device claimed counts as one node, and so does a control-flow
+ * node, whose body is not interrupted) with KEEL_STATUS_CANCELLED, and a run started with it set stops before its
+ * first node; the session stays usable (clear the flag, or use other options, for the next run). Thread-safe: any
+ * thread may call it at any time, also while runs using the options are in progress (as ORT's RunOptionsSetTerminate). */
+KEEL_API keel_status_t keel_run_options_set_terminate(keel_run_options_t options, int32_t terminate);
+/* A deadline for each run using these options, `timeout_us` microseconds after the run starts: a run still going
+ * then stops before its next node with KEEL_STATUS_DEADLINE_EXCEEDED. 0 (default) = none; negative:
+ * INVALID_ARGUMENT. Thread-compatible (not while a run uses the options). */
+KEEL_API keel_status_t keel_run_options_set_timeout_us(keel_run_options_t options, int64_t timeout_us);
+/* A tag naming the runs in their error messages ("run 'TAG': ...") and in Keel's log (debug: each run's time or
+ * failure). NULL or "" = none. The string is copied. Thread-compatible (not while a run uses the options). */
+KEEL_API keel_status_t keel_run_options_set_log_tag(keel_run_options_t options, const char* tag);
+
+/* keel_session_run with run options (`run_options` NULL: as keel_session_run). The run reads the timeout and tag
+ * when it starts and the terminate flag before every node. KEEL_STATUS_CANCELLED / KEEL_STATUS_DEADLINE_EXCEEDED
+ * when the options stopped it (every out_outputs[i] NULL, nothing else changed). Thread-safe, as keel_session_run. */
+KEEL_API keel_status_t keel_session_run_with_options(keel_session_t session, keel_run_options_t run_options,
+                                                     const char* const* input_names, const keel_host_tensor_t* inputs,
+                                                     size_t input_count, const char* const* output_names,
+                                                     keel_host_tensor_t* out_outputs, size_t output_count);
+
+/* Makes keel_session_create share `other`'s prepared model (placement, kernel instances with the weights they
+ * prepacked, shape variants, activation plans) instead of preparing it again: one copy of the weights for every
+ * session sharing it (as ONNX Runtime's prepacked-weights container), each run still with activation memory of its
+ * own. keel_session_create then checks that its model is the same as other's (structure, attributes and weights,
+ * by a digest) and that the options which shape the build (devices, fallback, passes, shape variants) equal other's
+ * (INVALID_ARGUMENT naming what differs); threads and profile stay this session's own (profile counters are the
+ * shared build's). `other` (NULL: no sharing) must stay alive until keel_session_create returns; afterwards the two
+ * sessions are released independently, in any order. Thread-compatible. */
+KEEL_API keel_status_t keel_session_options_share_weights_with(keel_session_options_t options, keel_session_t other);
+
+/* What a session holds in memory. */
+typedef struct keel_session_memory_info_s {
+  uint32_t struct_size;       /* set by the caller: sizeof(keel_session_memory_info_t) */
+  uint64_t build_id;          /* equal for sessions that share one prepared model */
+  uint64_t sessions_sharing;  /* sessions holding that prepared model (1: this one alone) */
+  uint64_t constant_bytes;    /* the model's initializers the prepared model holds (each buffer counted once) */
+  uint64_t arena_sets;        /* activation arena sets made: at most the runs ever in progress at once */
+  uint64_t arena_bytes;       /* their bytes, all sets (they come from the device pools: keel_environment_memory_stats) */
+} keel_session_memory_info_t;
+/* Fills `out_info` (members its struct_size covers). Thread-safe. */
+KEEL_API keel_status_t keel_session_memory_info(keel_session_t session, keel_session_memory_info_t* out_info);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -12,6 +12,7 @@
 
 #include <keel/keel.h>
 
+#include <chrono>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -224,6 +225,8 @@ class Environment {
   detail::Handle<keel_environment_t, keel_environment_release> h_;
 };
 
+class Session;
+
 struct SessionOptions {
   // Most preferred first, each "TYPE" (index 0) or "TYPE:INDEX" ("cuda:1"); one device of each type per session;
   // empty = every device by priority.
@@ -232,6 +235,10 @@ struct SessionOptions {
   std::vector<std::string> passes;
   bool profile = false;
   int32_t shape_variants = 8;  // keel_session_options_set_shape_variants; 0 = off
+  int32_t threads = 0;         // keel_session_options_set_threads; 0 = the environment's pool
+  // keel_session_options_share_weights_with: share this session's prepared model (one copy of the weights). It must
+  // be alive while the new session is constructed; afterwards the two are destroyed in any order.
+  const Session* share_weights_with = nullptr;
 
   // Appends device `index` of `type` ("cuda", 1 = "cuda:1"). Checked when the session is created.
   SessionOptions& add_device(const std::string& type, int32_t index) {
@@ -247,9 +254,39 @@ struct ValueInfo {
   bool rank_known = false;
 };
 
+// Per-run options (keel_run_options_t): a terminate flag any thread may set while runs use the options, a timeout
+// per run, a log tag. One object may serve many runs at once. Move-only.
+class RunOptions {
+ public:
+  RunOptions() {
+    keel_run_options_t o = nullptr;
+    check(keel_run_options_create(&o));
+    h_ = decltype(h_)(o);
+  }
+  // Stops every run using these options before its next node (CANCELLED) until cleared. Thread-safe.
+  RunOptions& set_terminate(bool terminate = true) {
+    check(keel_run_options_set_terminate(h_.get(), terminate ? 1 : 0));
+    return *this;
+  }
+  // Each run stops before its next node once this long has passed since it started (DEADLINE_EXCEEDED); 0 = none.
+  RunOptions& set_timeout(std::chrono::microseconds timeout) {
+    check(keel_run_options_set_timeout_us(h_.get(), static_cast<int64_t>(timeout.count())));
+    return *this;
+  }
+  RunOptions& set_log_tag(const std::string& tag) {
+    check(keel_run_options_set_log_tag(h_.get(), tag.c_str()));
+    return *this;
+  }
+  keel_run_options_t get() const { return h_.get(); }
+
+ private:
+  detail::Handle<keel_run_options_t, keel_run_options_release> h_;
+};
+
 class Session {
  public:
-  // The session must be destroyed before `env`.
+  // The session must be destroyed before `env`. Thread-safety: run() may be called from several threads at once
+  // (the runs proceed in parallel); construction, assignment and destruction need exclusive access.
   Session(const Environment& env, const Model& model, const SessionOptions& o = {}) {
     keel_session_options_t opts = nullptr;
     check(keel_session_options_create(&opts));
@@ -259,6 +296,8 @@ class Session {
     for (const auto& p : o.passes) check(keel_session_options_add_pass(opts, p.c_str()));
     check(keel_session_options_set_profile(opts, o.profile ? 1 : 0));
     check(keel_session_options_set_shape_variants(opts, o.shape_variants));
+    check(keel_session_options_set_threads(opts, o.threads));
+    if (o.share_weights_with != nullptr) check(keel_session_options_share_weights_with(opts, o.share_weights_with->get()));
     keel_session_t s = nullptr;
     check(keel_session_create(env.get(), model.get(), opts, &s));
     h_ = decltype(h_)(s);
@@ -268,8 +307,10 @@ class Session {
   std::vector<ValueInfo> outputs() const { return infos(false); }
 
   // Runs with named inputs; returns the outputs named in `output_names` (empty: every output, in model order).
+  // Thread-safe. `run_options` (may be null) can stop it: then an Error with CANCELLED or DEADLINE_EXCEEDED.
   std::vector<Tensor> run(const std::vector<std::pair<std::string, const Tensor*>>& inputs,
-                          const std::vector<std::string>& output_names = {}) const {
+                          const std::vector<std::string>& output_names = {},
+                          const RunOptions* run_options = nullptr) const {
     std::vector<const char*> names;
     std::vector<keel_host_tensor_t> handles;
     for (const auto& [n, t] : inputs) {
@@ -281,8 +322,9 @@ class Session {
     size_t count = output_names.size();
     if (count == 0) check(keel_session_output_count(h_.get(), &count));
     std::vector<keel_host_tensor_t> outs(count, nullptr);
-    check(keel_session_run(h_.get(), names.data(), handles.data(), handles.size(),
-                           output_names.empty() ? nullptr : onames.data(), outs.data(), count));
+    check(keel_session_run_with_options(h_.get(), run_options ? run_options->get() : nullptr, names.data(),
+                                        handles.data(), handles.size(), output_names.empty() ? nullptr : onames.data(),
+                                        outs.data(), count));
     std::vector<Tensor> result;
     result.reserve(count);
     for (auto h : outs) result.emplace_back(h);
@@ -309,6 +351,13 @@ class Session {
       check(keel_session_fallback_info(h_.get(), i, &out[i]));
     }
     return out;
+  }
+  // What the session holds in memory, and whether its prepared model is shared. Thread-safe.
+  keel_session_memory_info_t memory_info() const {
+    keel_session_memory_info_t m{};
+    m.struct_size = sizeof m;
+    check(keel_session_memory_info(h_.get(), &m));
+    return m;
   }
   keel_session_t get() const { return h_.get(); }
 

@@ -29,7 +29,7 @@ extern "C" {
 #endif
 
 #define KEEL_PLUGIN_ABI_MAJOR 1
-#define KEEL_PLUGIN_ABI_MINOR 3
+#define KEEL_PLUGIN_ABI_MINOR 4
 #define KEEL_PLUGIN_ENTRY_SYMBOL "keel_plugin_entry"
 
 #if defined(_WIN32)
@@ -59,6 +59,7 @@ typedef enum keel_status_code_e {
   KEEL_STATUS_INTERNAL = 9,          /* a bug: an invariant did not hold */
   KEEL_STATUS_ALREADY_EXISTS = 10,
   KEEL_STATUS_OUT_OF_RANGE = 11,
+  KEEL_STATUS_CANCELLED = 12,        /* (ABI 1.4) the caller asked the operation to stop (a run's terminate flag) */
 } keel_status_code_t;
 
 /* A status object. Whoever creates one sets `release`; whoever receives one releases it exactly once. */
@@ -215,8 +216,17 @@ typedef struct keel_type_constraint_s {
 /*
  * One kernel: an implementation of (domain, op_type, opset range) for a device type and some dtypes.
  * The core calls `create` once per graph node that it places on this kernel (at session creation), `compute`
- * for every run, and `release` when the session goes. Within one session the core never calls `compute` on the
- * same state from two threads at once; separate sessions have separate states.
+ * for every run, and `release` when the session goes.
+ *
+ * Concurrency (ABI 1.4). Runs on one session may proceed in parallel (each with its own kernel context, activation
+ * memory and workspace). Unless the kernel declares KEEL_KERNEL_FLAG_REENTRANT in `flags`, the core never calls
+ * `compute` on the same state from two threads at once: such a kernel is serialised alone (other nodes of the
+ * concurrent runs go on in parallel), which is what every kernel of an older plugin gets. A kernel that declares it
+ * lets `compute` run on one state from several threads at once: the state is then read-only during compute (or
+ * guarded by the kernel), and everything a run writes lives in that run's outputs and workspace. A kernel without
+ * `create` has no per-node state (user_data is shared by every node and session, which already run it
+ * concurrently) and counts as re-entrant. Separate sessions have separate states, except sessions that share one
+ * build (keel_session_options_share_weights_with), which share everything, states included.
  */
 typedef struct keel_kernel_def_s {
   uint32_t struct_size;
@@ -241,7 +251,13 @@ typedef struct keel_kernel_def_s {
   keel_status_t (*compute)(void* state, keel_kernel_context_t* ctx);
   /* (optional) Frees what create made. */
   void (*release)(void* state);
+  /* (ABI 1.4) KEEL_KERNEL_FLAG_* bits; read only when struct_size covers it (0 for older plugins). */
+  uint32_t flags;
 } keel_kernel_def_t;
+
+/* (ABI 1.4) keel_kernel_def_t.flags / keel_subgraph_def_t.flags: `compute` may run on one state from several
+ * threads at once (concurrent runs of one session); see "Concurrency" above. */
+#define KEEL_KERNEL_FLAG_REENTRANT 0x1u
 
 /*
  * A subgraph claimed by a device (see keel_device_table_t.claim_subgraphs). The node ids are those of the graph
@@ -263,6 +279,8 @@ typedef struct keel_subgraph_def_s {
    * claim took a node, the claim is not convex, session creation failed). Not called for an accepted claim
    * without `create`: there user_data is the state, which `release` frees. */
   void (*release_user_data)(void* user_data);
+  /* (ABI 1.4) KEEL_KERNEL_FLAG_* bits, as for keel_kernel_def_t (0 or absent: computes on one state serialised). */
+  uint32_t flags;
 } keel_subgraph_def_t;
 
 /*
