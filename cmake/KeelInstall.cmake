@@ -1,7 +1,9 @@
 # What `cmake --install build --prefix P` puts under P (a relocatable tree: nothing below names P itself):
 #
 #   P/include/keel/{keel.h,plugin.h,keel.hpp}     the C API, the plugin ABI, the C++ wrapper
-#   P/lib/libkeel.so -> libkeel.so.0 -> .0.1.0    the runtime (C API symbols; the C++ classes are not a stable API)
+#   P/lib/libkeel.so -> libkeel.so.0 -> .0.1.0    the runtime: exports the C API only (core/libkeel.map)
+#   P/lib/libkeel_core.so.0 -> .0.1.0             the same core with its C++ symbols, private to bin/keel (and
+#                                                 libkeel_train): no namelink, no headers, not an API to link
 #   P/bin/keel                                    the command line (RPATH $ORIGIN/../lib)
 #   P/lib/keel/plugins/*.so + *.keel-plugin.toml  every in-tree plugin with its manifest (keel_add_plugin)
 #   P/lib/cmake/Keel/KeelConfig*.cmake            find_package(Keel): keel::keel (libkeel + headers), keel::sdk
@@ -30,13 +32,15 @@ endforeach()
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/sdk/include/keel DESTINATION include COMPONENT sdk
   FILES_MATCHING PATTERN "*.h" PATTERN "*.hpp")
 
-install(TARGETS keel_core
+install(TARGETS libkeel
   LIBRARY DESTINATION lib COMPONENT runtime NAMELINK_COMPONENT sdk)
+install(TARGETS keel_core
+  LIBRARY DESTINATION lib COMPONENT runtime NAMELINK_SKIP)
 if(TARGET keel)
   install(TARGETS keel RUNTIME DESTINATION bin COMPONENT runtime)
 endif()
 
-get_target_property(_keel_soversion keel_core SOVERSION)
+get_target_property(_keel_soversion libkeel SOVERSION)
 set(KEEL_INSTALL_LIBRARY_FILE "libkeel.so.${PROJECT_VERSION}")
 set(KEEL_INSTALL_LIBRARY_SONAME "libkeel.so.${_keel_soversion}")
 configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/KeelConfig.cmake.in

@@ -3,10 +3,11 @@
 #
 #   tools/gpu_check.sh bundle [--build DIR] [--out DIR] [--dry-run]
 #       On the build machine: pack build/bin/keel (+ keel-cts and the cuda/nccl test binaries when built),
-#       build/lib/libkeel.so*, the plugins (build/lib/keel/plugins/*) and the Debian shared libraries they need
-#       (resolved with ldd; libc, libstdc++, libm, libpthread, ld-linux and CUDA's own libraries excluded: the GPU
-#       host has those) plus the peers' model generator (shared/peers/make_models.py) and tools/gpu_torch_bench.py
-#       into gpu-bundle/ (git-ignored; no models). Prints its size; fails above 60 MB.
+#       build/lib/libkeel_*.so* (libkeel_core and libkeel_train, which the binaries link), the plugins
+#       (build/lib/keel/plugins/*) and the Debian shared libraries they need (resolved with ldd; libc, libstdc++,
+#       libm, libpthread, ld-linux and CUDA's own libraries excluded: the GPU host has those) plus the peers' model
+#       generator (shared/peers/make_models.py) and tools/gpu_torch_bench.py into gpu-bundle/ (git-ignored; no
+#       models). Prints its size; fails above 60 MB.
 #   tools/gpu_check.sh run [--bundle DIR] [--models a,b] [--work DIR] [--budget S] [--dry-run]
 #       On the GPU host, from inside the bundle (or --bundle DIR): points the loader at the bundle's libraries and at
 #       the nvidia-* wheels' libraries of the host python3, generates the models with make_models.py (TorchScript
@@ -50,11 +51,11 @@ case "$mode" in
     done
     torch_bench="$repo/tools/gpu_torch_bench.py"
     [[ -f "$torch_bench" ]] || die "no $torch_bench"
-    if [[ $dry -eq 1 ]]; then echo "would pack: ${bins[*]} $build/lib/libkeel.so* $build/lib/keel/plugins/* $gen $torch_bench -> $out"; exit 0; fi
+    if [[ $dry -eq 1 ]]; then echo "would pack: ${bins[*]} $build/lib/libkeel_*.so* $build/lib/keel/plugins/* $gen $torch_bench -> $out"; exit 0; fi
     rm -rf "$out"
     mkdir -p "$out/bin" "$out/lib/keel/plugins" "$out/deps" "$out/peers"
     cp -a "${bins[@]}" "$out/bin/"
-    cp -a "$build"/lib/libkeel.so* "$out/lib/"
+    cp -a "$build"/lib/libkeel_*.so* "$out/lib/"
     cp -a "$build"/lib/keel/plugins/. "$out/lib/keel/plugins/"
     cp "$gen" "$out/peers/"
     cp "$torch_bench" "$out/peers/"
@@ -69,7 +70,7 @@ case "$mode" in
       cp -L "$path" "$out/deps/$name"
     done
     # Debug info is most of a RelWithDebInfo build: the GPU host gets stripped copies.
-    for f in "$out"/bin/* "$out"/lib/libkeel.so* "$out"/lib/keel/plugins/*.so "$out"/deps/*; do
+    for f in "$out"/bin/* "$out"/lib/libkeel_*.so* "$out"/lib/keel/plugins/*.so "$out"/deps/*; do
       [[ -f "$f" && ! -L "$f" ]] && strip --strip-debug "$f" 2>/dev/null
     done
     size_kb=$(du -sk "$out" | cut -f1)
