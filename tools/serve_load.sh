@@ -45,13 +45,8 @@ if ((bench)); then
   python3 - "$work/bench.json" <<'PY'
 import json, sys
 b = json.load(open(sys.argv[1]))
-lat = b.get("latency_ms", b)
-def pick(d, *keys):
-    for k in keys:
-        if isinstance(d, dict) and k in d:
-            return d[k]
-    return None
-print("in-process keel bench: %s" % json.dumps({k: b[k] for k in b if not isinstance(b[k], (dict, list))}))
+print("in-process keel bench: batch %d, threads %d, %d runs: median %.3f ms, p90 %.3f ms, mean %.3f ms, %.1f inferences/s"
+      % (b["batch"], b["threads"], b["iters"], b["median_ms"], b["p90_ms"], b["mean_ms"], b["throughput_per_s"]))
 PY
 fi
 mkdir -p "$work/repo/m/1"
@@ -59,6 +54,7 @@ cp "$model" "$work/repo/m/1/model.onnx"
 {
   ((max_batch > 0)) && printf 'max_batch_size = %d\nmax_queue_delay_us = %d\n' "$max_batch" "$delay"
   ((dynamic)) && printf 'dynamic_batch = true\n'
+  ((max_batch > 0)) && printf 'warmup_batch_sizes = [%s]\n' "$(seq -s, 1 "$max_batch")"
   printf 'instances = %d\n' "$instances"
   [ -n "$passes" ] && printf 'passes = "%s"\n' "$passes"
   true

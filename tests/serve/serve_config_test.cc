@@ -64,6 +64,7 @@ TEST(ServeConfig, ErrorsNameTheFileAndTheKey) {
       {"preferred_batch_sizes = [2]", "needs max_batch_size > 0"},
       {"max_batch_size = 4\npreferred_batch_sizes = [0]", "preferred_batch_sizes[]"},
       {"dynamic_batch = true", "needs max_batch_size > 0"},
+      {"max_batch_size = 4\nwarmup_batch_sizes = [1, 8]", "warmup batch size 8 exceeds max_batch_size 4"},
       {"dynamic_batch = 1", "`dynamic_batch` must be true or false"},
       {"passes = \"fast\"", "`passes` is \"auto\", \"none\" or an array"},
       {"passes = [1]", "`passes` is \"auto\", \"none\" or an array"},

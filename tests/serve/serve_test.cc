@@ -24,7 +24,9 @@ class Serve : public ::testing::Test {
     write(repo_ / "ints" / "1" / "model.onnx", int_model());
     write(repo_ / "halves" / "1" / "model.onnx", f16_model());
     write(repo_ / "fixed" / "1" / "model.onnx", fixed_mlp_model());
-    write(repo_ / "fixed" / "config.toml", "max_batch_size = 8\nmax_queue_delay_us = 20000\ndynamic_batch = true\n");
+    write(repo_ / "fixed" / "config.toml",
+          "max_batch_size = 8\nmax_queue_delay_us = 20000\ndynamic_batch = true\n"
+          "warmup_batch_sizes = [1, 3]\n");
     for (int v : {1, 2, 3})
       write(repo_ / "vp" / std::to_string(v) / "model.onnx", fixed_mlp_model(static_cast<float>(v)));
     write(repo_ / "vp" / "config.toml", "[version_policy]\nlatest = 2\n");

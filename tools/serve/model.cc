@@ -102,6 +102,13 @@ StatusOr<ModelConfig> parse_model_config_text(const std::string& text, const std
       return invalid_argument(where + "preferred batch size " + std::to_string(c.preferred_batch_sizes.back()) +
                               " exceeds max_batch_size " + std::to_string(c.max_batch_size));
   }
+  if (const toml::node* n = root.get("warmup_batch_sizes")) {
+    KEEL_RETURN_IF_ERROR(int_array(*n, "warmup_batch_sizes", c.warmup_batch_sizes, 1, 1 << 20), "");
+    for (int64_t b : c.warmup_batch_sizes)
+      if (b > std::max<int64_t>(c.max_batch_size, 1))
+        return invalid_argument(where + "warmup batch size " + std::to_string(b) + " exceeds max_batch_size " +
+                                std::to_string(c.max_batch_size));
+  }
   if (const toml::node* n = root.get("dynamic_batch")) {
     if (!n->is_boolean()) return invalid_argument(where + "`dynamic_batch` must be true or false");
     c.dynamic_batch = n->value<bool>().value_or(false);
@@ -159,6 +166,7 @@ StatusOr<ModelConfig> parse_model_config_text(const std::string& text, const std
                                   "max_queue_size",
                                   "default_timeout_us",
                                   "dynamic_batch",
+                                  "warmup_batch_sizes",
                                   "instances",
                                   "threads",
                                   "passes",
@@ -283,6 +291,22 @@ StatusOr<std::unique_ptr<ServedModel>> ServedModel::create(Environment& env, std
     share_build(so, i == 0 ? nullptr : m->sessions_[0].get(), 0);
     KEEL_ASSIGN_OR_RETURN(auto session, Session::create(env, graph, so), who + " instance " + std::to_string(i));
     m->sessions_.push_back(std::move(session));
+  }
+  // Warm-up: one run of zeros per batch size (other dynamic dims 1), so that the first requests of each size do not
+  // pay for building its shape variant (the instances share the build, so instance 0's runs serve them all).
+  for (int64_t rows : m->config_.warmup_batch_sizes) {
+    std::vector<std::pair<std::string, Tensor>> feeds;
+    for (const auto& spec : m->inputs_) {
+      Shape shape = spec.shape;
+      for (size_t d = 0; d < shape.size(); ++d)
+        if (shape[d] < 0) shape[d] = d == 0 ? rows : 1;
+      KEEL_ASSIGN_OR_RETURN(Tensor t, Tensor::host(spec.dtype, shape), who + ": warm-up input " + spec.name);
+      feeds.emplace_back(spec.name, std::move(t));
+    }
+    const auto t0 = clock::now();
+    KEEL_ASSIGN_OR_RETURN(auto out, m->sessions_[0]->run(feeds), who + ": warm-up at batch " + std::to_string(rows));
+    spdlog::info("{}: warm-up at batch {}: {:.1f} ms", who, rows,
+                 std::chrono::duration<double, std::milli>(clock::now() - t0).count());
   }
   // Output shapes that the file does not declare: as the first instance inferred them.
   for (auto& s : m->outputs_)

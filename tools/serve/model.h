@@ -57,6 +57,7 @@ struct ModelConfig {
   int64_t max_queue_size = 1024;               // queued requests beyond this are refused (429)
   int64_t default_timeout_us = 0;              // a request's queue deadline; 0 = the server's request timeout
   bool dynamic_batch = false;                  // make a fixed first dim of 1 dynamic at load (for exports with batch 1)
+  std::vector<int64_t> warmup_batch_sizes;     // run zeros at these batch sizes at load (shape variants up front)
   int64_t instances = 1;                       // sessions (and worker threads) of this model
   int64_t threads = 0;                         // kernel threads per instance; 0 = the server's --threads
   std::optional<std::vector<std::string>> passes;  // session passes by name; absent or "auto" = the server's default

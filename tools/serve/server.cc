@@ -474,7 +474,8 @@ void Server::handle_infer(const httplib::Request& req, httplib::Response& res) {
   auto fail = [&](Failure why, int status, const std::string& msg) {
     m.metrics().fail(why);
     log(status, msg);
-    send_error(res, status, "model " + m.name() + ": " + msg);
+    // Errors from the model already name it ("model m version 1: ...").
+    send_error(res, status, msg.rfind("model " + m.name() + " ", 0) == 0 ? msg : "model " + m.name() + ": " + msg);
   };
   auto bad = [&](const std::string& msg) { fail(Failure::kBadRequest, 400, msg); };
   // The JSON header, and the binary tensor data after it (binary tensor-data extension).
@@ -619,7 +620,7 @@ void Server::handle_infer(const httplib::Request& req, httplib::Response& res) {
     const Status& st = result.outputs.status();
     if (st.code() == StatusCode::kDeadlineExceeded) return fail(Failure::kTimeout, 504, st.message());
     if (st.code() == StatusCode::kInvalidArgument) return bad(st.message());
-    return fail(Failure::kRunFailed, 500, st.to_string());
+    return fail(Failure::kRunFailed, 500, st.message());
   }
   json outputs = json::array();
   std::string tail;
