@@ -10,6 +10,7 @@
 //                cancellation and deadlines.
 #include <gtest/gtest.h>
 #include <keel/keel.h>
+#include <keel/keel.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -434,6 +435,37 @@ TEST_F(LongModel, LogTagNamesTheRunInErrorsAndInTheLog) {
   EXPECT_EQ(take(keel_run_options_set_log_tag(nullptr, "x")).rfind("INVALID_ARGUMENT", 0), 0u);
   EXPECT_EQ(take(keel_run_options_create(nullptr)).rfind("INVALID_ARGUMENT", 0), 0u);
   keel_run_options_release(ro);
+}
+
+// The same through keel.hpp: RunOptions, a CANCELLED run as api::Error, a session that shares another's weights.
+TEST(HostCxx, RunOptionsAndSharedWeights) {
+  namespace api = keel::api;
+  ModelSpec spec = long_model(16);
+  api::EnvironmentOptions eo;
+  eo.discover_plugins = false;
+  eo.threads = 1;
+  api::Environment env(eo);
+  api::Model model = api::Model::from_memory(spec.bytes.data(), spec.bytes.size());
+  api::Session a(env, model);
+  api::SessionOptions so;
+  so.share_weights_with = &a;
+  so.threads = 1;
+  api::Session b(env, model, so);
+  EXPECT_EQ(a.memory_info().build_id, b.memory_info().build_id);
+  EXPECT_EQ(b.memory_info().sessions_sharing, 2u);
+  api::Tensor x = api::Tensor::f32(spec.input_dims, random_values(numel(spec.input_dims), 1.f, 5));
+  auto want = a.run({{"x", &x}})[0].to_vector<float>();
+  api::RunOptions ro;
+  ro.set_log_tag("cxx").set_terminate();
+  try {
+    b.run({{"x", &x}}, {}, &ro);
+    ADD_FAILURE() << "a run with the terminate flag set returned";
+  } catch (const api::Error& e) {
+    EXPECT_EQ(e.code(), KEEL_STATUS_CANCELLED) << e.what();
+    EXPECT_NE(std::string(e.what()).find("run 'cxx'"), std::string::npos) << e.what();
+  }
+  ro.set_terminate(false).set_timeout(std::chrono::seconds(60));
+  EXPECT_EQ(b.run({{"x", &x}}, {}, &ro)[0].to_vector<float>(), want);
 }
 
 // --------------------------------------------------------------------------------------------- shared weights
