@@ -227,7 +227,10 @@ void DataParallel::launch(Bucket& b) {
     b.status = Status::ok();
     queue_.push_back(&b);
   }
-  cv_work_.notify_one();
+  // The last bucket fills at the end of backward, just before finish(): finish() runs it on this thread unless the
+  // communication thread is still busy with an earlier one (then that thread takes it next) — waking an idle thread
+  // for it would cost two hand-offs, which on a loaded machine are a scheduler's time slice each.
+  if (&b != &buckets_.back()) cv_work_.notify_one();
 }
 
 // Runs one queued bucket's all-reduce (the caller popped it and set busy_ under mu_).

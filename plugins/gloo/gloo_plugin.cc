@@ -17,8 +17,8 @@
 // invalid local arguments): a count, dtype, op or root that differs between ranks, or a rank whose arguments are
 // invalid, is INVALID_ARGUMENT on every rank (the data are not touched and the communicator stays usable), never
 // corruption or a hang. The header exchange is also the barrier. send/recv exchange a header and an acknowledgement
-// before the data. all_reduce and broadcast use Gloo's own algorithms (ring all-reduce, or bcube on request;
-// binomial-tree broadcast), all_gather Gloo's ring, reduce_scatter a direct exchange (each rank sends every peer its
+// before the data. all_reduce is a direct exchange for small buffers (each rank sends every peer its input and reduces
+// in rank order) and Gloo's bcube or ring above (allreduce_algorithm); broadcast is Gloo's binomial tree, all_gather Gloo's ring, reduce_scatter a direct exchange (each rank sends every peer its
 // block). f16 and bf16 reduce in float, element by element. AVG is the sum divided by the world size (integer
 // division for integer types).
 //
@@ -67,8 +67,9 @@ constexpr int64_t kDefaultTimeoutMs = 5 * 60 * 1000;
 struct Settings {
   std::string hostname = "127.0.0.1";
   std::string iface;
-  // Empty: automatic — bcube below kAutoRingBytes, ring from there on (per call, from the byte count, which the
-  // header exchange has made equal on every rank). "ring" / "bcube": always that one.
+  // Empty: automatic — direct while (ranks - 1) * bytes <= 1 MiB, else bcube below 1 MiB and ring from there on (per
+  // call, from the byte count; the header exchange checks that every rank chose the same). "direct" / "bcube" /
+  // "ring": always that one.
   std::string algorithm;
   bool check = true;  // KEEL_GLOO_CHECK=0 skips the header exchange (for measuring its cost only)
 };
@@ -367,6 +368,19 @@ class KvStoreAdapter : public gloo::rendezvous::Store {
 // ---------------------------------------------------------------------------------------------------------------
 // The communicator.
 
+// The all-reduce algorithms (see allreduce_algorithm).
+enum Algorithm : int64_t { kAlgoDirect = 1, kAlgoBcube, kAlgoRing };
+const char* algorithm_name(int64_t a) {
+  switch (a) {
+    case kAlgoDirect: return "direct";
+    case kAlgoBcube: return "bcube";
+    case kAlgoRing: return "ring";
+  }
+  return "?";
+}
+
+size_t inline_capacity(int32_t size);  // bytes of an all-reduce that travel inside a header message
+
 // The header every rank sends every peer before a collective.
 enum Kind : int64_t { kAllReduce = 1, kBroadcast, kAllGather, kReduceScatter, kBarrier, kSendRecv };
 struct Header {
@@ -383,10 +397,16 @@ struct Comm {
   uint32_t tag = 0;                                // collectives issued (the same sequence on every rank)
   std::vector<uint32_t> sent, received;            // point-to-point messages per peer
   std::string broken;                              // set after a transport error or timeout
-  std::vector<char> scratch;                       // reduce_scatter's receive blocks
-  // The peers' headers of the next collective are received into posted_ (slot tag posted_tag), posted as soon as
-  // the previous header exchange ends, so that their notifications travel while the data moves.
-  std::vector<Header> posted;
+  std::vector<char> scratch;                       // reduce_scatter's receive blocks, all_reduce's copy aside
+  // Header messages: a header, followed for a small all-reduce by its whole input (up to inline_capacity bytes).
+  // The peers' messages of the next collective are received into the inbox (slot tag posted_tag), posted as soon as
+  // the previous header exchange ends, so that Gloo's ready-to-receive notices travel while the data moves and a
+  // message is written straight from its sender's thread. Two regions, by tag parity: a peer's next message never
+  // overwrites the payload this rank is still reducing (the peer cannot send collective t+2 before this rank sent
+  // its message of t+1, which it does only after it finished t).
+  size_t message_bytes = sizeof(Header);  // one message's capacity: the header plus the inline capacity
+  std::vector<char> inbox;                // 2 regions x size peers x message_bytes
+  std::vector<char> outbox;               // this rank's message (message_bytes)
   std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> posted_bufs;
   uint32_t posted_tag = 0;
   bool has_posted = false;
@@ -409,6 +429,7 @@ std::string describe(const Header& h) {
   if (h.kind == kBarrier) return s;
   s += " count " + std::to_string(h.count) + " dtype " + dtype_name(h.dtype);
   if (h.kind == kAllReduce || h.kind == kReduceScatter) s += " op " + op_name(h.op);
+  if (h.kind == kAllReduce) s += std::string(" algorithm ") + algorithm_name(h.root);
   if (h.kind == kBroadcast) s += " root " + std::to_string(h.root);
   return s;
 }
@@ -418,7 +439,7 @@ bool same_call(const Header& a, const Header& b) {
   if (a.kind == kBarrier) return true;
   if (a.count != b.count || a.dtype != b.dtype) return false;
   if ((a.kind == kAllReduce || a.kind == kReduceScatter) && a.op != b.op) return false;
-  if (a.kind == kBroadcast && a.root != b.root) return false;
+  if ((a.kind == kBroadcast || a.kind == kAllReduce) && a.root != b.root) return false;  // all_reduce: the algorithm
   return true;
 }
 
@@ -500,16 +521,20 @@ keel_status_t guarded(Comm* c, const char* what, F&& body) {
   }
 }
 
-// Posts the receives of the peers' headers of collective `tag` into c->posted.
+// Where peer p's header message of collective `tag` is received.
+char* inbox_of(Comm* c, uint32_t tag, int32_t p) {
+  return c->inbox.data() + ((tag & 1u) * static_cast<size_t>(c->size) + static_cast<size_t>(p)) * c->message_bytes;
+}
+
+// Posts the receives of the peers' header messages of collective `tag` into the inbox.
 void post_header_receives(Comm* c, uint32_t tag) {
   c->has_posted = false;
-  c->posted_bufs.clear();  // before the memory they point into changes
+  c->posted_bufs.clear();
   c->posted_bufs.resize(static_cast<size_t>(c->size));
-  c->posted.assign(static_cast<size_t>(c->size), Header{});
   for (int32_t p = 0; p < c->size; ++p) {
     if (p == c->rank) continue;
-    c->posted_bufs[p] = c->ctx->createUnboundBuffer(&c->posted[p], sizeof(Header));
-    c->posted_bufs[p]->recv(p, gloo::Slot::build(kHeaderSlot, tag));
+    c->posted_bufs[p] = c->ctx->createUnboundBuffer(inbox_of(c, tag, p), c->message_bytes);
+    c->posted_bufs[p]->recv(p, gloo::Slot::build(kHeaderSlot, tag), 0, c->message_bytes);
   }
   c->posted_tag = tag;
   c->has_posted = true;
@@ -517,22 +542,30 @@ void post_header_receives(Comm* c, uint32_t tag) {
 
 // Every rank sends its header to every peer and reads theirs: INVALID_ARGUMENT (on every rank) when one rank's
 // arguments were invalid or the calls differ. `local_error` is this rank's own complaint (empty when none).
+// `payload` (payload_bytes <= the inline capacity) travels in the same message, after the header: when the calls
+// agree, each peer's payload is at inbox_of(c, tag, peer) + sizeof(Header) until this rank's next collective.
+// Every message fits the receiver's posted capacity whatever the sender passed, so disagreeing ranks cost nothing
+// but the error.
 keel_status_t exchange_headers(Comm* c, const Header& mine, const std::string& local_error, uint32_t tag,
-                               int32_t* waited_on) {
+                               int32_t* waited_on, const void* payload = nullptr, size_t payload_bytes = 0) {
   const char* what = kind_name(mine.kind);
-  if (c->size > 1 && (g_settings.check || mine.kind == kBarrier)) {
-    Header out = mine;
+  if (c->size > 1 && (g_settings.check || mine.kind == kBarrier || payload != nullptr)) {
+    const size_t n = sizeof(Header) + payload_bytes;
+    std::memcpy(c->outbox.data(), &mine, sizeof mine);
+    if (payload_bytes > 0) std::memcpy(c->outbox.data() + sizeof(Header), payload, payload_bytes);
     if (!c->has_posted || c->posted_tag != tag) post_header_receives(c, tag);
-    auto send_buf = c->ctx->createUnboundBuffer(&out, sizeof out);
+    auto send_buf = c->ctx->createUnboundBuffer(c->outbox.data(), n);
     for (int32_t p = 0; p < c->size; ++p)
-      if (p != c->rank) send_buf->send(p, gloo::Slot::build(kHeaderSlot, tag));
+      if (p != c->rank) send_buf->send(p, gloo::Slot::build(kHeaderSlot, tag), 0, n);
     for (int32_t p = 0; p < c->size; ++p) {
       if (p == c->rank) continue;
       *waited_on = p;
       c->posted_bufs[p]->waitRecv(nullptr, c->timeout);
     }
     *waited_on = -1;
-    const std::vector<Header> theirs = c->posted;
+    std::vector<Header> theirs(static_cast<size_t>(c->size));
+    for (int32_t p = 0; p < c->size; ++p)
+      if (p != c->rank) std::memcpy(&theirs[p], inbox_of(c, tag, p), sizeof(Header));
     // The next collective's. A peer that has finished and released its communicator makes this throw: not an error
     // of this collective (the next one re-posts and fails, naming it).
     try {
@@ -684,6 +717,14 @@ keel_status_t c_create(void*, keel_kv_store_t* store, int32_t rank, int32_t size
                        "gloo: connecting rank " + std::to_string(rank) + " of " + std::to_string(size) +
                            " to its peers over " + where + " failed: " + m);
   }
+  try {
+    c->message_bytes = sizeof(Header) + inline_capacity(size);
+    c->inbox.assign(2 * static_cast<size_t>(size) * c->message_bytes, 0);
+    c->outbox.assign(c->message_bytes, 0);
+  } catch (const std::bad_alloc&) {
+    return make_status(KEEL_STATUS_OUT_OF_MEMORY, "gloo: no memory for the " + std::to_string(size) +
+                                                     " ranks' message buffers of rank " + std::to_string(rank));
+  }
   *out = reinterpret_cast<keel_communicator_t>(c.release());
   return nullptr;
 }
@@ -710,15 +751,41 @@ void c_release(void*, keel_communicator_t comm) {
 int32_t c_rank(void*, keel_communicator_t comm) { return comm ? reinterpret_cast<Comm*>(comm)->rank : -1; }
 int32_t c_size(void*, keel_communicator_t comm) { return comm ? reinterpret_cast<Comm*>(comm)->size : -1; }
 
-// Gloo's ring pipelines each rank's block in segments: for small buffers its many messages per call cost more than
-// the data (a 213 KB gradient all-reduce on 2 ranks took ~50 epoll_wait, 29 recvfrom and 16 writev calls per rank,
-// and bcube's single exchange halved its time), while from about 1 MiB on the ring is as fast or faster (bcube fell
-// to 62% of it at 16 MiB and 18% at 64 MiB on 2 loopback ranks: README.md).
+// The all-reduce algorithms. Gloo's ring pipelines each rank's block in segments: for small buffers its many
+// messages per call cost more than the data (a 213 KB gradient all-reduce on 2 ranks took ~50 epoll_wait, 29
+// recvfrom and 16 writev calls per rank), while from about 1 MiB on the ring is as fast or faster (bcube fell to 62%
+// of it at 16 MiB and 18% at 64 MiB on 2 loopback ranks: README.md). Below that, "direct": every rank's whole input
+// travels inside its header message to every peer (one message per peer and call, into a receive posted at the end
+// of the previous collective, so no ready-to-receive round trip and no second exchange), and every rank reduces the
+// W inputs in rank order (the same sums in the same order: results equal bit for bit). It moves (W-1) times the
+// buffer per rank, hence the limit: inline_capacity(W) = 1 MiB / (W-1).
 constexpr size_t kAutoRingBytes = size_t{1} << 20;
-gloo::AllreduceOptions::Algorithm allreduce_algorithm(size_t bytes) {
+constexpr size_t kDirectMaxTraffic = size_t{1} << 20;
+size_t inline_capacity(int32_t size) {
+  return size > 1 ? (kDirectMaxTraffic / static_cast<size_t>(size - 1)) & ~size_t{63} : 0;
+}
+Algorithm allreduce_algorithm(int32_t size, size_t bytes) {
   const std::string& a = g_settings.algorithm;
-  const bool bcube = a == "bcube" || (a.empty() && bytes < kAutoRingBytes);
-  return bcube ? gloo::AllreduceOptions::Algorithm::BCUBE : gloo::AllreduceOptions::Algorithm::RING;
+  if (a == "ring") return kAlgoRing;
+  if (a == "bcube") return kAlgoBcube;
+  if (bytes <= inline_capacity(size)) return kAlgoDirect;  // "direct" or auto
+  return bytes < kAutoRingBytes ? kAlgoBcube : kAlgoRing;
+}
+
+// The direct all-reduce, after the header exchange carried every rank's input: reduces the W inputs in rank order
+// into recv.
+void direct_all_reduce(Comm* c, uint32_t tag, const void* send, void* recv, size_t bytes, size_t count, ReduceFn fn) {
+  // recv is written from the first reduction on, so an input that lives in recv (in place) is read there only by
+  // that first reduction (ranks 0 and 1); a later rank's own input is copied aside first.
+  const char* own = static_cast<const char*>(send);
+  if ((send == recv && c->rank >= 2) || (send != recv && overlaps(send, recv, bytes))) {
+    if (c->scratch.size() < bytes) c->scratch.resize(bytes);
+    std::memcpy(c->scratch.data(), send, bytes);
+    own = c->scratch.data();
+  }
+  auto input = [&](int32_t r) -> const void* { return r == c->rank ? own : inbox_of(c, tag, r) + sizeof(Header); };
+  fn(recv, input(0), input(1), count);
+  for (int32_t r = 2; r < c->size; ++r) fn(recv, recv, input(r), count);
 }
 
 keel_status_t c_all_reduce(void*, keel_communicator_t comm, const void* send, void* recv, uint64_t count,
@@ -729,27 +796,36 @@ keel_status_t c_all_reduce(void*, keel_communicator_t comm, const void* send, vo
   const ReduceFn fn = reduce_fn(dtype, op);
   if (bad.empty() && !fn)
     bad = "gloo: all_reduce: " + op_name(op) + " on " + dtype_name(dtype) + " is not supported";
-  const Header h{kAllReduce, static_cast<int64_t>(count), dtype, op, 0, bad.empty() ? 0 : 1};
+  // The header carries the algorithm (in root): ranks configured differently fail instead of mismatching messages.
+  const Algorithm algo = allreduce_algorithm(c->size, bytes);
+  const Header h{kAllReduce, static_cast<int64_t>(count), dtype, op, algo, bad.empty() ? 0 : 1};
   const uint32_t tag = c->tag++;
   return guarded(c, "all_reduce", [&](int32_t* waited_on) -> keel_status_t {
-    if (keel_status_t s = exchange_headers(c, h, bad, tag, waited_on)) return s;
+    const bool direct = c->size > 1 && count > 0 && bad.empty() && algo == kAlgoDirect;
+    if (keel_status_t s = exchange_headers(c, h, bad, tag, waited_on, direct ? send : nullptr, direct ? bytes : 0))
+      return s;
     if (count == 0) return nullptr;
-    if (send != recv) {
-      if (c->size == 1 || overlaps(send, recv, bytes)) std::memmove(recv, send, bytes);
-    }
-    if (c->size > 1) {
-      gloo::AllreduceOptions opts(c->ctx);
-      opts.setAlgorithm(allreduce_algorithm(bytes));
-      opts.setTag(tag);
-      opts.setTimeout(c->timeout);
-      const bool in_place = send == recv || overlaps(send, recv, bytes);
-      with_element_type(element_size(dtype), [&](auto t) {
-        using T = decltype(t);
-        if (!in_place) opts.setInput(static_cast<T*>(const_cast<void*>(send)), static_cast<size_t>(count));
-        opts.setOutput(static_cast<T*>(recv), static_cast<size_t>(count));
-      });
-      opts.setReduceFunction(fn);
-      gloo::allreduce(opts);
+    if (direct) {
+      direct_all_reduce(c, tag, send, recv, bytes, static_cast<size_t>(count), fn);
+    } else {
+      if (send != recv) {
+        if (c->size == 1 || overlaps(send, recv, bytes)) std::memmove(recv, send, bytes);
+      }
+      if (c->size > 1) {
+        gloo::AllreduceOptions opts(c->ctx);
+        opts.setAlgorithm(algo == kAlgoRing ? gloo::AllreduceOptions::Algorithm::RING
+                                            : gloo::AllreduceOptions::Algorithm::BCUBE);
+        opts.setTag(tag);
+        opts.setTimeout(c->timeout);
+        const bool in_place = send == recv || overlaps(send, recv, bytes);
+        with_element_type(element_size(dtype), [&](auto t) {
+          using T = decltype(t);
+          if (!in_place) opts.setInput(static_cast<T*>(const_cast<void*>(send)), static_cast<size_t>(count));
+          opts.setOutput(static_cast<T*>(recv), static_cast<size_t>(count));
+        });
+        opts.setReduceFunction(fn);
+        gloo::allreduce(opts);
+      }
     }
     if (op == KEEL_REDUCE_AVG && c->size > 1) divide_by(recv, static_cast<size_t>(count), dtype, c->size);
     return nullptr;
@@ -943,9 +1019,9 @@ keel_status_t gloo_init(const keel_host_api_t* host, keel_plugin_handle_t* plugi
   g_settings.iface = option_string(host, "iface", "KEEL_GLOO_IFACE");
   std::string algorithm = option_string(host, "algorithm", "KEEL_GLOO_ALGORITHM");
   if (algorithm == "auto") algorithm.clear();
-  if (!algorithm.empty() && algorithm != "ring" && algorithm != "bcube") {
+  if (!algorithm.empty() && algorithm != "ring" && algorithm != "bcube" && algorithm != "direct") {
     return make_status(KEEL_STATUS_INVALID_ARGUMENT,
-                       "gloo: algorithm '" + algorithm + "' is not one of auto, ring, bcube (manifest option "
+                       "gloo: algorithm '" + algorithm + "' is not one of auto, direct, ring, bcube (manifest option "
                        "'algorithm' or KEEL_GLOO_ALGORITHM)");
   }
   g_settings.algorithm = algorithm;
@@ -972,7 +1048,7 @@ keel_status_t gloo_init(const keel_host_api_t* host, keel_plugin_handle_t* plugi
   if (keel_status_t s = host->register_collective(plugin, &t)) return s;
   const std::string msg = "gloo: TCP over " + (g_settings.iface.empty() ? "address " + g_settings.hostname
                                                                           : "interface " + g_settings.iface) +
-                          ", all-reduce " + (algorithm.empty() ? "auto (bcube below 1 MiB, ring above)" : algorithm) +
+                          ", all-reduce " + (algorithm.empty() ? "auto (direct up to 1 MiB / (ranks-1), else bcube below 1 MiB, ring above)" : algorithm) +
                           (g_settings.check ? "" : ", argument check off (KEEL_GLOO_CHECK=0)");
   host->log(plugin, KEEL_LOG_INFO, msg.c_str());
   return nullptr;

@@ -23,6 +23,7 @@
 #include <sstream>
 #include <functional>
 #include <numeric>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -192,6 +193,44 @@ TEST_P(GlooWorld, AllReduceEveryOpAndDtype) {
     return big.all_equal(w * (w + 1) / 2.0);
   });
   expect_no_errors(errors, "all_reduce");
+}
+
+// Distinct values per rank and element: every rank ends with the same bits (all-reduce results must not depend on the
+// rank), close to the sum in double. 1003 floats take the direct exchange on every world size; 200,000 (800 KB) the
+// direct exchange on 2 ranks and bcube on 3 and 4 ((W-1) x bytes > 1 MiB); 300,000 (1.2 MB) the ring.
+TEST_P(GlooWorld, AllReduceGivesTheSameBitsOnEveryRank) {
+  SKIP_WITHOUT_GLOO();
+  const int32_t w = GetParam();
+  auto value = [](int32_t r, size_t i) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ static_cast<uint32_t>(r + 1) * 40503u;
+    h ^= h >> 13;
+    return static_cast<float>(h % 20001) / 1000.f - 10.f;
+  };
+  for (size_t n : {size_t{1003}, size_t{200000}, size_t{300000}}) {
+    std::vector<std::vector<float>> results(static_cast<size_t>(w));
+    auto errors = run_ranks(w, 20000, [&](int32_t r, hal::Communicator& comm) -> std::string {
+      std::vector<float> x(n);
+      for (size_t i = 0; i < n; ++i) x[i] = value(r, i);
+      const bool in_place = r % 2 == 0;
+      std::vector<float>& out = results[static_cast<size_t>(r)];
+      out.assign(n, -1.f);
+      Status s = in_place ? comm.all_reduce(x.data(), x.data(), n, DType::kF32, KEEL_REDUCE_SUM)
+                          : comm.all_reduce(x.data(), out.data(), n, DType::kF32, KEEL_REDUCE_SUM);
+      if (!s.is_ok()) return s.to_string();
+      if (in_place) out = x;
+      return "";
+    });
+    expect_no_errors(errors, "all_reduce of " + std::to_string(n));
+    for (size_t i = 0; i < n; ++i) {
+      double want = 0;
+      for (int32_t r = 0; r < w; ++r) want += value(r, i);
+      ASSERT_NEAR(results[0][i], want, 1e-4 * (1 + std::abs(want))) << "n " << n << " element " << i;
+      for (int32_t r = 1; r < w; ++r)
+        ASSERT_EQ(std::memcmp(&results[0][i], &results[static_cast<size_t>(r)][i], sizeof(float)), 0)
+            << "n " << n << " element " << i << ": rank 0 has " << results[0][i] << ", rank " << r << " has "
+            << results[static_cast<size_t>(r)][i];
+    }
+  }
 }
 
 TEST_P(GlooWorld, BroadcastFromEveryRoot) {

@@ -3,7 +3,7 @@
 // ring and bcube algorithms, and gloo::AllreduceRingChunked built once per size), f32 SUM in place, 1/4/16/64 MiB.
 // Not a test. Built by tests/collectives/CMakeLists.txt beside the tests.
 //
-//   build/bin/gloo_allreduce_bench [--rounds R] [--seconds S] [--sizes 1,4,16,64] [--no-check]
+//   build/bin/gloo_allreduce_bench [--rounds R] [--seconds S] [--sizes 0.203,1,4,16,64] [--no-check]
 //
 // Each (size, variant) runs for about S seconds per round (default 0.5), R rounds (default 3) interleaved between
 // variants, and prints the minimum and the median time of one all-reduce over all rounds (the minimum is the
@@ -77,7 +77,7 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   int rounds = 3;
-  std::vector<size_t> sizes = {1, 4, 16, 64};  // MiB
+  std::vector<double> sizes = {1, 4, 16, 64};  // MiB (0.203 = a SimpleCNN gradient)
   double seconds = 0.5;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
       sizes.clear();
       for (const char* p = argv[++i]; *p;) {
         char* end = nullptr;
-        sizes.push_back(std::strtoul(p, &end, 10));
+        sizes.push_back(std::strtod(p, &end));
         p = *end == ',' ? end + 1 : end;
         if (end == p && *p) break;
       }
@@ -155,8 +155,11 @@ int main(int argc, char** argv) {
   }
   std::printf("%9s  %-26s %11s %11s %9s %9s %9s %9s\n", "size", "variant", "min", "median", "GB/s min", "GB/s med",
               "vs ring", "(median)");
-  for (size_t mib : sizes) {
-    const size_t n = mib * (1u << 20) / sizeof(float);
+  for (double mib : sizes) {
+    const size_t n = std::max<size_t>(1, static_cast<size_t>(mib * (1u << 20)) / sizeof(float));
+    char label[32];
+    if (mib >= 1) std::snprintf(label, sizeof label, "%g MiB", mib);
+    else std::snprintf(label, sizeof label, "%zu KB", n * sizeof(float) / 1000);
     std::vector<std::vector<float>> buf(kWorld, std::vector<float>(n, 1.0f));
     std::vector<std::unique_ptr<gloo::AllreduceRingChunked<float>>> chunked(kWorld);
     for (int r = 0; r < kWorld; ++r)
@@ -202,7 +205,7 @@ int main(int argc, char** argv) {
     for (auto& [name, op] : variants) {
       const auto& v = times[name];
       const double tmin = *std::min_element(v.begin(), v.end()), tmed = median(v);
-      std::printf("%5zu MiB  %-26s %8.2f ms %8.2f ms %9.2f %9.2f %8.1f%% %8.1f%%\n", mib, name.c_str(), tmin * 1e3,
+      std::printf("%9s  %-26s %8.3f ms %8.3f ms %9.2f %9.2f %8.1f%% %8.1f%%\n", label, name.c_str(), tmin * 1e3,
                   tmed * 1e3, bus(tmin), bus(tmed), 100.0 * ring_min / tmin, 100.0 * ring_med / tmed);
     }
     chunked.clear();
