@@ -224,6 +224,12 @@ size_t numel(const std::vector<int64_t>& dims) {
   return n;
 }
 
+bool close(const std::vector<float>& y, const std::vector<float>& want) {
+  bool ok = y.size() == want.size();
+  for (size_t i = 0; ok && i < y.size(); ++i) ok = std::fabs(y[i] - want[i]) <= 1e-3f * (1.f + std::fabs(want[i]));
+  return ok;
+}
+
 keel_session_memory_info_t memory_info(keel_session_t s) {
   keel_session_memory_info_t m{};
   m.struct_size = sizeof m;
@@ -289,6 +295,53 @@ TEST_P(ConcurrentRuns, EightThreadsTwoHundredRunsEachEqualSequentialRuns) {
   EXPECT_LE(info.arena_sets, static_cast<uint64_t>(kThreads));
   std::printf("%s: %llu arena sets for %d threads\n", which.c_str(),
               static_cast<unsigned long long>(info.arena_sets), kThreads);
+}
+
+// A dynamic batch with more batch sizes than shape variants: the first two sizes get variants (built inside the first
+// run that needs each, while other runs go on), the others share the generic build, whose memory plan is replaced
+// whenever the batch changes, while runs still hold arenas of the plan they started with.
+TEST(ConcurrentShapes, DynamicBatchWithFewerVariantsThanBatchSizes) {
+  ModelBuilder m("dynamic_batch");
+  auto x = m.g.input("x", DType::kF32, {-1, 16, 14, 14});
+  auto h = m.g.op1("Relu", {m.conv(x, 16, 32, 3, 1, 1)});
+  h = m.g.op1("Relu", {m.g.op1("Add", {m.conv(h, 32, 32, 3, 1, 1), h})});
+  auto f = m.g.op1("Flatten", {m.g.op1("GlobalAveragePool", {h})});
+  const std::string bytes =
+      m.bytes(m.g.op1("Gemm", {f, m.weights("fc.w", {5, 32}, 0.2f), m.weights("fc.b", {5}, 0.1f)},
+                      {{"transB", Attribute::of_int(1)}}));
+  Host host;
+  ASSERT_KEEL_OK(make_env(true, 2, &host.env));
+  keel_model_t model = nullptr;
+  ASSERT_KEEL_OK(keel_model_load_from_memory(bytes.data(), bytes.size(), &model));
+  host.models.push_back(model);
+  keel_session_options_t o = nullptr;
+  ASSERT_KEEL_OK(keel_session_options_create(&o));
+  ASSERT_KEEL_OK(keel_session_options_set_shape_variants(o, 2));
+  keel_session_t session = nullptr;
+  ASSERT_KEEL_OK(keel_session_create(host.env, model, o, &session));
+  keel_session_options_release(o);
+  host.sessions.push_back(session);
+  constexpr int kBatches = 4;
+  std::vector<std::vector<float>> inputs, expected;
+  for (int b = 1; b <= kBatches; ++b) {
+    inputs.push_back(random_values(static_cast<size_t>(b) * 16 * 14 * 14, 1.f, 50 + b));
+    std::string err;
+    expected.push_back(run_once(session, inputs.back(), {b, 16, 14, 14}, &err));
+    ASSERT_EQ(err, "");
+  }
+  std::atomic<int> bad{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (int r = 0; r < 40; ++r) {
+        const int b = (t + r) % kBatches;
+        std::string err;
+        auto y = run_once(session, inputs[b], {b + 1, 16, 14, 14}, &err);
+        if (!err.empty() || !close(y, expected[b])) bad++;
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(bad.load(), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, ConcurrentRuns, ::testing::Values("mlp", "simple_cnn", "resnet"),
@@ -469,12 +522,6 @@ TEST(HostCxx, RunOptionsAndSharedWeights) {
 }
 
 // --------------------------------------------------------------------------------------------- shared weights
-
-bool close(const std::vector<float>& y, const std::vector<float>& want) {
-  bool ok = y.size() == want.size();
-  for (size_t i = 0; ok && i < y.size(); ++i) ok = std::fabs(y[i] - want[i]) <= 1e-3f * (1.f + std::fabs(want[i]));
-  return ok;
-}
 
 long resident_kib() {
   FILE* f = std::fopen("/proc/self/statm", "r");
