@@ -7,7 +7,8 @@
 // (/tmp/keel-peers/models/{simple_cnn_b32,resnet18}/model.onnx; regenerate with
 // `/usr/bin/python3 /work/shared/peers/make_models.py --out /tmp/keel-peers/models`), or SimpleCNN batch 32 built in
 // code when those are missing. Inputs are random, with the shapes the model declares (dynamic dims = 1).
-// Each model gets BM_Runs/<model>/threads:1 and threads:2 (real time; items = runs), then one line per model:
+// Each model gets BM_Runs/<model>/threads:1 and threads:2 (real time; items = runs), then one line per model (from
+// items_per_second; the median with --benchmark_repetitions):
 //   ratio <model>: 2 concurrent runs/s / 1-at-a-time runs/s = R (arena sets S, one copy of the weights)
 // On a shared machine the ratio measures the other load as much as Keel: run it more than once
 // (--benchmark_repetitions), or for a few seconds at real-time priority (`chrt -f 10 concurrent_bench`), which
@@ -128,7 +129,8 @@ class Capture : public benchmark::ConsoleReporter {
   Capture() : ConsoleReporter(OO_Tabular) {}  // no colour codes (the output usually goes to a log)
   void ReportRuns(const std::vector<Run>& runs) override {
     for (const Run& r : runs) {
-      if (r.run_type != Run::RT_Iteration || r.error_occurred) continue;
+      // A repetition's value, then (with --benchmark_repetitions) the median, which is reported after them.
+      if (r.error_occurred || (r.run_type == Run::RT_Aggregate && r.aggregate_name != "median")) continue;
       auto c = r.counters.find("items_per_second");
       if (c == r.counters.end()) continue;
       for (auto& b : g_benches)
