@@ -325,7 +325,9 @@ KEEL_API keel_status_t keel_session_fallback_count(keel_session_t session, size_
 KEEL_API keel_status_t keel_session_fallback_info(keel_session_t session, size_t index, keel_fallback_info_t* out_info);
 
 /* Per-node timings collected so far (only with keel_session_options_set_profile). Indices are those of the
- * placement list (the most recent run's); the node strings are the placement's. Not concurrently with keel_session_run on the session. */
+ * placement list (the most recent run's); the node strings are the placement's. Safe while runs are in progress (the
+ * counters are read under the session's lock; runs still going are not counted yet); not concurrently with another
+ * keel_session_profile_info or keel_session_profile_step_info call on the session (they share its snapshot). */
 typedef struct keel_node_profile_s {
   uint32_t struct_size;  /* set by the caller: sizeof(keel_node_profile_t) */
   const char* node;
@@ -339,8 +341,8 @@ KEEL_API keel_status_t keel_session_profile_info(keel_session_t session, size_t 
 
 /* (plugin ABI 1.3) One step reported inside placement entry `index` (step < its step_count), summed over the runs
  * like the node's total. Reads the profile as the last keel_session_profile_info call on this session saw it; the
- * strings live until the next keel_session_profile_info call or the session's release. Not concurrently with
- * keel_session_run on the session. */
+ * strings live until the next keel_session_profile_info call or the session's release. Safe while runs are in
+ * progress; not concurrently with keel_session_profile_info on the session. */
 typedef struct keel_profile_step_info_s {
   uint32_t struct_size;          /* set by the caller: sizeof(keel_profile_step_info_t) */
   const char* kind;              /* what ran, e.g. "convolution", "reorder" */
