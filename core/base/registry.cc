@@ -1,6 +1,7 @@
 #include "core/base/registry.h"
 
 #include <algorithm>
+#include <cstring>
 
 namespace keel {
 
@@ -86,8 +87,37 @@ Status Registry::add_kernel(PluginId plugin, int32_t priority, const keel_kernel
   if (e->end_version != 0 && e->end_version < e->since_version) {
     return invalid_argument("register_kernel '" + e->name + "': end_version < since_version");
   }
+  // The constraints' layout follows the definition's minor: before 1.5 without a header (keel_type_constraint_v0_t),
+  // from 1.5 with one, stepped through by the first element's struct_size (a newer minor's elements are larger).
+  const bool headed = def->abi_minor >= 5;
+  size_t stride = sizeof(keel_type_constraint_v0_t);
+  if (headed && def->constraint_count > 0 && def->constraints != nullptr) {
+    const keel_type_constraint_t& first = def->constraints[0];
+    if (first.struct_size < sizeof(keel_type_constraint_t) || first.abi_major != KEEL_PLUGIN_ABI_MAJOR) {
+      return invalid_argument("register_kernel '" + e->name + "': type constraint header (struct_size " +
+                              std::to_string(first.struct_size) + ", ABI " + std::to_string(first.abi_major) +
+                              ") is not that of a 1.x keel_type_constraint_t of at least " +
+                              std::to_string(sizeof(keel_type_constraint_t)) +
+                              " bytes (fill it with KEEL_TYPE_CONSTRAINT_HEADER)");
+    }
+    stride = first.struct_size;
+  }
+  if (def->constraint_count > 0 && def->constraints == nullptr) {
+    return invalid_argument("register_kernel '" + e->name + "': constraint_count is " +
+                            std::to_string(def->constraint_count) + " but constraints is NULL");
+  }
   for (size_t i = 0; i < def->constraint_count; ++i) {
-    const auto& c = def->constraints[i];
+    const char* at = reinterpret_cast<const char*>(def->constraints) + i * stride;
+    keel_type_constraint_v0_t c{};
+    if (headed) {
+      const auto* h = reinterpret_cast<const keel_type_constraint_t*>(at);
+      c = {h->name, h->dtypes, h->dtype_count};
+    } else {
+      std::memcpy(&c, at, sizeof c);
+    }
+    if (c.dtype_count > 0 && c.dtypes == nullptr) {
+      return invalid_argument("register_kernel '" + e->name + "': constraint " + str(c.name) + " has no dtypes array");
+    }
     KernelEntry::Constraint kc{str(c.name), {}};
     for (size_t j = 0; j < c.dtype_count; ++j) {
       if (!dtype_is_valid(c.dtypes[j])) {

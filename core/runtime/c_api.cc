@@ -5,7 +5,6 @@
 // API hands out, so every `const char*` we return lives as long as the handle it came from.
 #include <keel/keel.h>
 
-#include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -23,9 +22,11 @@
 #include <utility>
 #include <vector>
 
+#include "core/base/log.h"
 #include "core/base/thread_pool.h"
 #include "core/runtime/environment.h"
 #include "core/runtime/onnx_io.h"
+#include "core/runtime/pipelines.h"
 #include "core/runtime/session.h"
 
 using keel::DType;
@@ -45,7 +46,6 @@ struct keel_environment_options_s {
 
 struct keel_environment_s {
   std::unique_ptr<keel::Environment> env;
-  int64_t log_token = 0;  // 0 = no log callback registered
   struct PluginRow {
     std::string name, kind, version, vendor, reason, manifest, library;
     int32_t state = 0, priority = 0;
@@ -53,14 +53,23 @@ struct keel_environment_s {
   struct DeviceRow {
     std::string device_type, plugin, name;
     int32_t index = 0;
-    uint64_t total_memory = 0, capabilities = 0;
+    uint64_t total_memory = 0, capabilities = 0, free_memory = 0;
+    int32_t compute_major = 0, compute_minor = 0, multiprocessors = 0;
   };
   std::vector<PluginRow> plugins;
   std::vector<DeviceRow> devices;
 };
 
+// A model's metadata (keel_model_metadata), shared by the model and the sessions created from it.
+struct KeelModelMeta {
+  keel::OnnxModelMeta onnx;
+  std::string graph_name;
+  std::vector<std::pair<std::string, std::string>> custom;  // sorted by key
+};
+
 struct keel_model_s {
   keel::Graph graph;
+  std::shared_ptr<const KeelModelMeta> meta;
 };
 
 struct keel_host_tensor_s {
@@ -69,6 +78,7 @@ struct keel_host_tensor_s {
 
 struct keel_session_options_s {
   keel::SessionOptions options;
+  std::string pipeline = "auto";  // keel_session_options_set_pipeline; runs before options.passes
   keel_session_t share_with = nullptr;  // keel_session_options_share_weights_with
 };
 
@@ -80,6 +90,8 @@ struct keel_run_options_s {
 
 struct keel_session_s {
   std::unique_ptr<keel::Session> session;
+  const keel::log::Target* log_target = nullptr;  // the environment's log (it outlives the session)
+  std::shared_ptr<const KeelModelMeta> meta;
   struct ValueRow {
     std::string name;
     int32_t dtype = 0, ndim = -1;
@@ -181,96 +193,6 @@ Status check_out_struct(const char* fn, const void* out, uint32_t struct_size) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Logging: one process-wide sink on spdlog's default logger that forwards to every registered callback.
-// ---------------------------------------------------------------------------------------------------------------
-
-class LogDispatch {
- public:
-  static LogDispatch& instance() {
-    static LogDispatch* d = new LogDispatch();  // never destroyed: a sink may log during static destruction
-    return *d;
-  }
-
-  int64_t add(keel_log_callback_t fn, void* user_data, int32_t min_level) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto logger = spdlog::default_logger();
-    if (!installed_) {
-      sink_ = std::make_shared<Sink>(this);
-      logger->sinks().push_back(sink_);
-      installed_ = true;
-    }
-    if (callbacks_.empty()) {
-      // The first callback replaces Keel's console output; remember what to restore.
-      saved_logger_level_ = logger->level();
-      saved_sink_levels_.clear();
-      for (auto& s : logger->sinks()) {
-        if (s == sink_) continue;
-        saved_sink_levels_.emplace_back(s, s->level());
-        s->set_level(spdlog::level::off);
-      }
-    }
-    int64_t token = ++next_token_;
-    callbacks_[token] = {fn, user_data, std::clamp(min_level, 0, 4)};
-    update_level_locked(logger);
-    return token;
-  }
-
-  void remove(int64_t token) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (callbacks_.erase(token) == 0) return;
-    auto logger = spdlog::default_logger();
-    if (callbacks_.empty()) {
-      for (auto& [s, lvl] : saved_sink_levels_) s->set_level(lvl);
-      saved_sink_levels_.clear();
-      logger->set_level(saved_logger_level_);
-    } else {
-      update_level_locked(logger);
-    }
-  }
-
- private:
-  struct Callback {
-    keel_log_callback_t fn;
-    void* user_data;
-    int32_t min_level;
-  };
-
-  class Sink : public spdlog::sinks::base_sink<std::mutex> {
-   public:
-    explicit Sink(LogDispatch* d) : d_(d) {}
-
-   protected:
-    void sink_it_(const spdlog::details::log_msg& msg) override {
-      std::string text(msg.payload.data(), msg.payload.size());
-      int32_t level = std::min<int32_t>(static_cast<int32_t>(msg.level), KEEL_LOG_ERROR);
-      // Holding mu_ while calling means remove() returns only once no call of that callback is in flight.
-      std::lock_guard<std::mutex> lock(d_->mu_);
-      for (const auto& [token, cb] : d_->callbacks_) {
-        if (level >= cb.min_level) cb.fn(cb.user_data, level, text.c_str());
-      }
-    }
-    void flush_() override {}
-
-   private:
-    LogDispatch* d_;
-  };
-
-  void update_level_locked(const std::shared_ptr<spdlog::logger>& logger) {
-    int32_t lowest = static_cast<int32_t>(saved_logger_level_);
-    for (const auto& [t, cb] : callbacks_) lowest = std::min(lowest, cb.min_level);
-    logger->set_level(static_cast<spdlog::level::level_enum>(lowest));
-  }
-
-  std::mutex mu_;
-  bool installed_ = false;
-  std::shared_ptr<Sink> sink_;
-  std::map<int64_t, Callback> callbacks_;
-  int64_t next_token_ = 0;
-  spdlog::level::level_enum saved_logger_level_ = spdlog::level::info;
-  std::vector<std::pair<spdlog::sink_ptr, spdlog::level::level_enum>> saved_sink_levels_;
-};
-
-// ---------------------------------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------------------------------
 
@@ -313,6 +235,39 @@ void fill_value_info(const keel_session_s::ValueRow& row, keel_value_info_t* out
   KEEL_C_SET(out, keel_value_info_t, dtype, row.dtype);
   KEEL_C_SET(out, keel_value_info_t, ndim, row.ndim);
   KEEL_C_SET(out, keel_value_info_t, dims, row.dims.empty() ? nullptr : row.dims.data());
+}
+
+std::shared_ptr<const KeelModelMeta> make_model_meta(keel::OnnxModelMeta onnx, const keel::Graph& g) {
+  auto m = std::make_shared<KeelModelMeta>();
+  m->onnx = std::move(onnx);
+  m->graph_name = g.name;
+  for (const auto& kv : m->onnx.metadata_props) m->custom.emplace_back(kv);  // a std::map: sorted by key
+  return m;
+}
+
+Status fill_model_meta(const char* fn, const KeelModelMeta* m, keel_model_metadata_t* out) {
+  KEEL_RETURN_IF_ERROR(check_out_struct(fn, out, out ? out->struct_size : 0), "");
+  static const KeelModelMeta empty;
+  if (m == nullptr) m = &empty;
+  KEEL_C_SET(out, keel_model_metadata_t, producer_name, m->onnx.producer_name.c_str());
+  KEEL_C_SET(out, keel_model_metadata_t, producer_version, m->onnx.producer_version.c_str());
+  KEEL_C_SET(out, keel_model_metadata_t, domain, m->onnx.domain.c_str());
+  KEEL_C_SET(out, keel_model_metadata_t, description, m->onnx.doc_string.c_str());
+  KEEL_C_SET(out, keel_model_metadata_t, graph_name, m->graph_name.c_str());
+  KEEL_C_SET(out, keel_model_metadata_t, model_version, m->onnx.model_version);
+  KEEL_C_SET(out, keel_model_metadata_t, ir_version, m->onnx.ir_version);
+  KEEL_C_SET(out, keel_model_metadata_t, custom_count, m->custom.size());
+  return Status::ok();
+}
+
+Status custom_meta(const char* fn, const KeelModelMeta* m, size_t index, const char** out_key,
+                   const char** out_value) {
+  if (out_key) *out_key = nullptr;
+  if (out_value) *out_value = nullptr;
+  KEEL_RETURN_IF_ERROR(check_index(fn, index, m ? m->custom.size() : 0, "custom metadata"), "");
+  if (out_key) *out_key = m->custom[index].first.c_str();
+  if (out_value) *out_value = m->custom[index].second.c_str();
+  return Status::ok();
 }
 
 }  // namespace
@@ -426,16 +381,16 @@ KEEL_API keel_status_t keel_environment_create(keel_environment_options_t option
     keel_environment_options_s defaults;
     const keel_environment_options_s& o = options ? *options : defaults;
     auto handle = std::make_unique<keel_environment_s>();
-    // Register the callback first, so it hears about plugin discovery.
-    if (o.log_callback) handle->log_token = LogDispatch::instance().add(o.log_callback, o.log_user_data, o.log_min_level);
-    struct Unregister {
-      keel_environment_s* h;
-      ~Unregister() {
-        if (h && h->log_token) LogDispatch::instance().remove(h->log_token);
-      }
-    } unregister{handle.get()};
-
-    auto env = keel::Environment::create(o.options);
+    keel::EnvironmentOptions env_options = o.options;
+    if (o.log_callback) {
+      // The environment's own log target: it hears this environment's messages (plugin discovery included).
+      env_options.log_callback = [fn = o.log_callback, user_data = o.log_user_data](int32_t level,
+                                                                                  const std::string& message) {
+        fn(user_data, level, message.c_str());
+      };
+      env_options.log_min_level = o.log_min_level;
+    }
+    auto env = keel::Environment::create(std::move(env_options));
     if (!env.is_ok()) return env.status().with_context("keel_environment_create");
     handle->env = std::move(env).value();
 
@@ -475,12 +430,15 @@ KEEL_API keel_status_t keel_environment_create(keel_environment_options_t option
             row.name = props.name;
             row.total_memory = props.total_memory;
             row.capabilities = props.capabilities;
+            row.free_memory = props.free_memory;
+            row.compute_major = props.compute_major;
+            row.compute_minor = props.compute_minor;
+            row.multiprocessors = props.multiprocessors;
           }
         }
         handle->devices.push_back(std::move(row));
       }
     }
-    unregister.h = nullptr;
     *out_env = handle.release();
     return Status::ok();
   });
@@ -490,7 +448,6 @@ KEEL_API void keel_environment_release(keel_environment_t env) {
   if (env == nullptr) return;
   try {
     env->env.reset();
-    if (env->log_token) LogDispatch::instance().remove(env->log_token);
   } catch (...) {
     // Nothing may leave; the environment is gone either way.
   }
@@ -546,6 +503,10 @@ KEEL_API keel_status_t keel_environment_device_info(keel_environment_t env, size
     KEEL_C_SET(out, keel_device_info_t, name, d.name.c_str());
     KEEL_C_SET(out, keel_device_info_t, total_memory, d.total_memory);
     KEEL_C_SET(out, keel_device_info_t, capabilities, d.capabilities);
+    KEEL_C_SET(out, keel_device_info_t, free_memory, d.free_memory);
+    KEEL_C_SET(out, keel_device_info_t, compute_major, d.compute_major);
+    KEEL_C_SET(out, keel_device_info_t, compute_minor, d.compute_minor);
+    KEEL_C_SET(out, keel_device_info_t, multiprocessors, d.multiprocessors);
     return Status::ok();
   });
 }
@@ -660,8 +621,12 @@ KEEL_API keel_status_t keel_model_load_from_file(const char* path, keel_model_t*
     if (out_model == nullptr) return null_arg(__func__, "out_model");
     *out_model = nullptr;
     if (path == nullptr) return null_arg(__func__, "path");
-    KEEL_ASSIGN_OR_RETURN(keel::Graph g, keel::load_onnx(path), __func__);
-    *out_model = new keel_model_s{std::move(g)};
+    keel::OnnxLoadOptions lo;
+    keel::OnnxModelMeta meta;
+    lo.meta = &meta;
+    KEEL_ASSIGN_OR_RETURN(keel::Graph g, keel::load_onnx(path, lo), __func__);
+    auto m = make_model_meta(std::move(meta), g);
+    *out_model = new keel_model_s{std::move(g), std::move(m)};
     return Status::ok();
   });
 }
@@ -671,8 +636,12 @@ KEEL_API keel_status_t keel_model_load_from_memory(const void* data, size_t size
     if (out_model == nullptr) return null_arg(__func__, "out_model");
     *out_model = nullptr;
     if (data == nullptr && size > 0) return null_arg(__func__, "data");
-    KEEL_ASSIGN_OR_RETURN(keel::Graph g, keel::load_onnx_from_memory(data, size, {}), __func__);
-    *out_model = new keel_model_s{std::move(g)};
+    keel::OnnxLoadOptions lo;
+    keel::OnnxModelMeta meta;
+    lo.meta = &meta;
+    KEEL_ASSIGN_OR_RETURN(keel::Graph g, keel::load_onnx_from_memory(data, size, {}, lo), __func__);
+    auto m = make_model_meta(std::move(meta), g);
+    *out_model = new keel_model_s{std::move(g), std::move(m)};
     return Status::ok();
   });
 }
@@ -781,10 +750,16 @@ KEEL_API keel_status_t keel_session_create(keel_environment_t env, keel_model_t 
     if (model == nullptr) return null_arg(__func__, "model");
     keel_session_options_s defaults;
     const keel_session_options_s& o = options ? *options : defaults;
+    keel::log::Scope log_scope(env->env->log_target());
     keel::SessionOptions so = o.options;
+    KEEL_ASSIGN_OR_RETURN(std::vector<std::string> pipeline,
+                          keel::named_pass_pipeline(o.pipeline, model->graph, env->env->registry()), __func__);
+    so.passes.insert(so.passes.begin(), pipeline.begin(), pipeline.end());
     if (o.share_with != nullptr) so.share_weights_with = o.share_with->session.get();
     KEEL_ASSIGN_OR_RETURN(auto session, keel::Session::create(*env->env, model->graph, so), __func__);
     auto handle = std::make_unique<keel_session_s>();
+    handle->log_target = env->env->log_target();
+    handle->meta = model->meta;
     const keel::Graph& g = session->graph();
     for (const auto& n : session->input_names()) handle->inputs.push_back(value_row(g, n));
     for (const auto& n : session->output_names()) {
@@ -799,7 +774,11 @@ KEEL_API keel_status_t keel_session_create(keel_environment_t env, keel_model_t 
   });
 }
 
-KEEL_API void keel_session_release(keel_session_t session) { delete session; }
+KEEL_API void keel_session_release(keel_session_t session) {
+  if (session == nullptr) return;
+  keel::log::Scope log_scope(session->log_target);
+  delete session;
+}
 
 KEEL_API keel_status_t keel_session_input_count(keel_session_t session, size_t* out_count) {
   return guarded(__func__, [&]() -> Status {
@@ -846,6 +825,7 @@ keel_status_t session_run(const char* fn, keel_session_t session, keel_run_optio
                           const char* const* output_names, keel_host_tensor_t* out_outputs, size_t output_count) {
   // The outputs are handed over only when everything succeeded.
   std::vector<std::unique_ptr<keel_host_tensor_s>> results;
+  keel::log::Scope log_scope(session != nullptr ? session->log_target : nullptr);
   keel_status_t status = guarded(fn, [&]() -> Status {
     if (out_outputs != nullptr)
       for (size_t i = 0; i < output_count; ++i) out_outputs[i] = nullptr;
@@ -1093,6 +1073,103 @@ KEEL_API keel_status_t keel_session_profile_step_info(keel_session_t session, si
     KEEL_C_SET(out, keel_profile_step_info_t, total_ms, st.total_ms);
     KEEL_C_SET(out, keel_profile_step_info_t, calls, st.calls);
     return Status::ok();
+  });
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Devices, plugins and logging from the host; model metadata; pipelines; the optimised graph
+// ---------------------------------------------------------------------------------------------------------------
+
+KEEL_API keel_status_t keel_environment_options_set_plugin_option(keel_environment_options_t options,
+                                                                  const char* plugin, const char* key,
+                                                                  const char* value) {
+  return guarded(__func__, [&]() -> Status {
+    if (options == nullptr) return null_arg(__func__, "options");
+    if (plugin == nullptr || *plugin == '\0') return null_arg(__func__, "plugin (or it is empty)");
+    if (key == nullptr || *key == '\0') return null_arg(__func__, "key (or it is empty)");
+    if (value == nullptr) return null_arg(__func__, "value");
+    options->options.plugin_options[plugin][key] = value;
+    return Status::ok();
+  });
+}
+
+KEEL_API keel_status_t keel_environment_options_add_plugin_library(keel_environment_options_t options,
+                                                                   const char* path) {
+  return guarded(__func__, [&]() -> Status {
+    if (options == nullptr) return null_arg(__func__, "options");
+    if (path == nullptr || *path == '\0') return null_arg(__func__, "path (or it is empty)");
+    options->options.libraries.emplace_back(path);
+    return Status::ok();
+  });
+}
+
+KEEL_API keel_status_t keel_model_metadata(keel_model_t model, keel_model_metadata_t* out) {
+  return guarded(__func__, [&]() -> Status {
+    if (model == nullptr) return null_arg(__func__, "model");
+    return fill_model_meta(__func__, model->meta.get(), out);
+  });
+}
+
+KEEL_API keel_status_t keel_model_custom_metadata(keel_model_t model, size_t index, const char** out_key,
+                                                  const char** out_value) {
+  return guarded(__func__, [&]() -> Status {
+    if (model == nullptr) return null_arg(__func__, "model");
+    return custom_meta(__func__, model->meta.get(), index, out_key, out_value);
+  });
+}
+
+KEEL_API keel_status_t keel_model_custom_metadata_lookup(keel_model_t model, const char* key, const char** out_value) {
+  return guarded(__func__, [&]() -> Status {
+    if (out_value == nullptr) return null_arg(__func__, "out_value");
+    *out_value = nullptr;
+    if (model == nullptr) return null_arg(__func__, "model");
+    if (key == nullptr) return null_arg(__func__, "key");
+    if (model->meta) {
+      for (const auto& [k, v] : model->meta->custom) {
+        if (k == key) {
+          *out_value = v.c_str();
+          return Status::ok();
+        }
+      }
+    }
+    return keel::not_found(std::string(__func__) + ": the model has no custom metadata property '" + key + "'");
+  });
+}
+
+KEEL_API keel_status_t keel_session_model_metadata(keel_session_t session, keel_model_metadata_t* out) {
+  return guarded(__func__, [&]() -> Status {
+    if (session == nullptr) return null_arg(__func__, "session");
+    return fill_model_meta(__func__, session->meta.get(), out);
+  });
+}
+
+KEEL_API keel_status_t keel_session_custom_metadata(keel_session_t session, size_t index, const char** out_key,
+                                                    const char** out_value) {
+  return guarded(__func__, [&]() -> Status {
+    if (session == nullptr) return null_arg(__func__, "session");
+    return custom_meta(__func__, session->meta.get(), index, out_key, out_value);
+  });
+}
+
+KEEL_API keel_status_t keel_session_options_set_pipeline(keel_session_options_t options, const char* pipeline) {
+  return guarded(__func__, [&]() -> Status {
+    if (options == nullptr) return null_arg(__func__, "options");
+    if (pipeline == nullptr) return null_arg(__func__, "pipeline");
+    std::string p = pipeline;
+    if (p != "auto" && p != "none") {
+      return keel::invalid_argument(std::string(__func__) + ": pipeline '" + p + "' is neither \"auto\" nor \"none\"");
+    }
+    options->pipeline = p;
+    return Status::ok();
+  });
+}
+
+KEEL_API keel_status_t keel_session_save_optimized_model(keel_session_t session, const char* path) {
+  return guarded(__func__, [&]() -> Status {
+    if (session == nullptr) return null_arg(__func__, "session");
+    if (path == nullptr || *path == '\0') return null_arg(__func__, "path (or it is empty)");
+    keel::log::Scope log_scope(session->log_target);
+    return keel::save_onnx(session->session->graph(), path).with_context(std::string(__func__) + " '" + path + "'");
   });
 }
 

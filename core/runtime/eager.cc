@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/base/log.h"
 #include "core/base/thread_pool.h"
 #include "core/runtime/kernel_context.h"
 #include "core/runtime/onnx_io.h"
@@ -984,7 +985,7 @@ std::vector<Tensor> adjust_inputs(const std::string& domain, const std::string& 
       std::string key = op_type + "@" + dev;
       std::lock_guard<std::mutex> lock(rt().mu);
       if (rt().warned.insert(key).second)
-        spdlog::info("autocast: no {} kernel for {} on {}; it runs in f32", dtype_name(low), op_type, dev);
+        log::info("autocast: no {} kernel for {} on {}; it runs in f32", dtype_name(low), op_type, dev);
       target = DType::kF32;
     }
   } else if (low != DType::kUndefined && (autocast_f32_ops().count(op_type) || (!onnx && op_type == "BatchNormTraining"))) {

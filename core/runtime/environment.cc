@@ -17,23 +17,34 @@ StatusOr<std::unique_ptr<Environment>> Environment::create(EnvironmentOptions op
   ops::register_keel_schemas();  // before any model is loaded or shape-inferred
   std::unique_ptr<Environment> env(new Environment());
   env->options_ = options;
+  env->log_target_ = std::make_unique<log::Target>(options.log_callback, options.log_min_level);
+  log::Scope log_scope(env->log_target_.get());
   env->pool_ = std::make_unique<ThreadPool>(options.threads);
   env->plugins_ = std::make_unique<PluginManager>(env->registry_);
+  env->plugins_->set_log_target(env->log_target_.get());
+  env->plugins_->set_option_overrides(options.plugin_options);
   env->plugins_->load_builtin(reference_plugin(), 0, "portable reference kernels on the host CPU");
   for (const auto& b : options.builtin_plugins) env->plugins_->load_builtin(b.descriptor, b.priority, b.description);
   for (const auto& m : options.manifests) env->plugins_->load_manifest(m);
+  for (const auto& l : options.libraries) env->plugins_->load_library(l);
   if (options.discover_plugins) env->plugins_->load_from(PluginManager::search_path(options.plugin_paths));
+  for (const auto& [plugin, kv] : options.plugin_options) {
+    bool found = false;
+    for (const auto& p : env->plugins()) found = found || p.name == plugin;
+    if (!found) log::warn("options were given for plugin '{}', which was not found", plugin);
+  }
   if (!env->registry_.device("cpu")) {
     return internal_error("the built-in reference CPU device failed to load: " +
                           (env->plugins().empty() ? std::string("?") : env->plugins().front().reason));
   }
   for (const auto& p : env->plugins()) {
-    if (p.state != PluginState::kLoaded) spdlog::info("plugin {} {}: {}", p.name, plugin_state_name(p.state), p.reason);
+    if (p.state != PluginState::kLoaded) log::info("plugin {} {}: {}", p.name, plugin_state_name(p.state), p.reason);
   }
   return env;
 }
 
 Environment::~Environment() {
+  log::Scope log_scope(log_target_.get());  // what plugins log at shutdown is this environment's
   // Pools go before the plugins whose free() they call.
   allocators_.clear();
   plugins_.reset();

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -13,6 +14,7 @@
 
 #include "core/base/allocator.h"
 #include "core/base/device_spec.h"
+#include "core/base/log.h"
 #include "core/base/registry.h"
 #include "core/base/status.h"
 #include "core/base/tensor.h"
@@ -34,6 +36,18 @@ struct EnvironmentOptions {
     std::string description;
   };
   std::vector<Builtin> builtin_plugins;
+  // Plugin libraries loaded by path (PluginManager::load_library: a library with its manifest beside it, or a
+  // minimal manifest made from its descriptor; a path to a manifest loads that manifest), after `manifests` and
+  // before discovery, so they win over a discovered plugin of the same name.
+  std::vector<std::filesystem::path> libraries;
+  // Options for plugins from the host: plugin name -> key -> value (text), merged over the manifest's [options]
+  // (converted to the type the manifest gives the key; a key the manifest lacks is an integer, a float, a boolean
+  // or a string, whichever the text reads as). A plugin whose option does not convert fails to load, naming it.
+  std::map<std::string, std::map<std::string, std::string>> plugin_options;
+  // This environment's log (keel::log): the callback receives Keel's messages of this environment at min_level
+  // (keel_log_level_t) and above, and nothing else sees them. Empty: spdlog's default logger, as the CLI uses.
+  std::function<void(int32_t level, const std::string& message)> log_callback;
+  int32_t log_min_level = 2;  // KEEL_LOG_INFO
 };
 
 class ThreadPool;
@@ -63,10 +77,13 @@ class Environment {
   uint64_t trim_memory();
   ThreadPool& thread_pool() { return *pool_; }
   const EnvironmentOptions& options() const { return options_; }
+  // This environment's log target (never null): hold a log::Scope on it while working for this environment.
+  const log::Target* log_target() const { return log_target_.get(); }
 
  private:
   Environment() = default;
   EnvironmentOptions options_;
+  std::unique_ptr<log::Target> log_target_;  // before plugins_: the plugins' handles point at it
   Registry registry_;
   std::unique_ptr<PluginManager> plugins_;
   std::unique_ptr<ThreadPool> pool_;

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <new>
+#include <type_traits>
 #include <set>
 #include <unordered_set>
 
@@ -269,8 +271,12 @@ int32_t g_opset(const G* g, const char* domain) {
 keel_status_t guard(const std::function<Status()>& fn) {
   try {
     return fn().to_c();
+  } catch (const std::bad_alloc&) {
+    return make_c_status(KEEL_STATUS_OUT_OF_MEMORY, "out of memory");
   } catch (const std::exception& e) {
     return make_c_status(KEEL_STATUS_INTERNAL, e.what());
+  } catch (...) {
+    return make_c_status(KEEL_STATUS_INTERNAL, "an exception of unknown type");
   }
 }
 Node* M(G* g, keel_node_id_t id) { return g->graph->node(id); }
@@ -437,33 +443,53 @@ void g_release_tensor(keel_tensor_t* t) {
 
 keel_status_t h_status_create(int32_t code, const char* message) { return make_c_status(code, message); }
 
+// A plugin's messages go to the log of the environment that loaded it (its handle's target).
 void h_log(keel_plugin_handle_t* p, int32_t level, const char* message) {
   const char* name = p ? p->name.c_str() : "plugin";
   auto lvl = static_cast<spdlog::level::level_enum>(std::clamp(level, 0, 4));
-  spdlog::log(lvl, "[{}] {}", name, message ? message : "");
+  const log::Target* target = p ? p->log_target : nullptr;
+  if (target != nullptr && target->has_callback()) {
+    log::write(lvl, fmt::format("[{}] {}", name, message ? message : ""), target);
+  } else {
+    spdlog::default_logger_raw()->log(lvl, "[{}] {}", name, message ? message : "");
+  }
 }
+
+// The registry of a live handle; null for a NULL handle or one whose environment was released (see host_api.h).
+Registry* registry_of(keel_plugin_handle_t* p) { return p != nullptr ? p->registry.load() : nullptr; }
+keel_status_t gone(const char* what) {
+  return make_c_status(KEEL_STATUS_FAILED_PRECONDITION,
+                       (std::string(what) + ": NULL plugin handle, or the handle's environment was released").c_str());
+}
+
 keel_status_t h_register_device(keel_plugin_handle_t* p, const keel_device_table_t* t) {
-  return p->registry->add_device(p->id, p->priority, t).to_c();
+  Registry* r = registry_of(p);
+  return r ? r->add_device(p->id, p->priority, t).to_c() : gone("register_device");
 }
 keel_status_t h_register_kernel(keel_plugin_handle_t* p, const keel_kernel_def_t* k) {
-  return p->registry->add_kernel(p->id, p->priority, k).to_c();
+  Registry* r = registry_of(p);
+  return r ? r->add_kernel(p->id, p->priority, k).to_c() : gone("register_kernel");
 }
 keel_status_t h_register_pass(keel_plugin_handle_t* p, const keel_pass_def_t* d) {
-  return p->registry->add_pass(p->id, d).to_c();
+  Registry* r = registry_of(p);
+  return r ? r->add_pass(p->id, d).to_c() : gone("register_pass");
 }
 keel_status_t h_register_collective(keel_plugin_handle_t* p, const keel_collective_table_t* t) {
-  return p->registry->add_collective(p->id, t).to_c();
+  Registry* r = registry_of(p);
+  return r ? r->add_collective(p->id, t).to_c() : gone("register_collective");
 }
 
 keel_status_t h_register_claimer(keel_plugin_handle_t* p, const keel_claimer_def_t* d) {
-  return p->registry->add_claimer(p->id, p->priority, d).to_c();
+  Registry* r = registry_of(p);
+  return r ? r->add_claimer(p->id, p->priority, d).to_c() : gone("register_claimer");
 }
 
 // The highest-ranked kernel for (domain, op) at `opset` on `device` accepting `dtypes` (count 0: any), or nullptr.
 const KernelEntry* best_kernel(keel_plugin_handle_t* p, const char* domain, const char* op, int32_t opset,
                                const char* device, const int32_t* dtypes, size_t count) {
-  if (p == nullptr || op == nullptr || device == nullptr) return nullptr;
-  for (const KernelEntry* k : p->registry->kernels_for(domain ? domain : "", op, opset, device)) {
+  Registry* r = registry_of(p);
+  if (r == nullptr || op == nullptr || device == nullptr) return nullptr;
+  for (const KernelEntry* k : r->kernels_for(domain ? domain : "", op, opset, device)) {
     if (count == 0 || k->constraints.empty()) return k;
     // Without the op's schema we cannot map dtypes to type parameters; accept when every dtype is allowed by some
     // constraint of the kernel.
@@ -490,15 +516,59 @@ int32_t h_kernel_priority(keel_plugin_handle_t* p, const char* domain, const cha
   return k != nullptr ? k->priority : INT32_MIN;
 }
 
+keel_status_t g_infer_shapes(G* g) {
+  g->touched();
+  return infer_shapes(*g->graph).to_c();
+}
+
+// The exception edge of every host-table entry: a plugin calls these from C frames, so nothing may leave them.
+// A failure becomes a status (OUT_OF_MEMORY / INTERNAL) where the entry returns one, else the entry's "nothing"
+// value (0, "", NULL) and a logged error.
+template <typename R>
+R failure(int32_t code, const char* what, const char* detail) {
+  if constexpr (std::is_same_v<R, keel_status_t>) {
+    return make_c_status(code, (std::string(what) + ": " + detail).c_str());
+  } else {
+    try {
+      log::error("host table entry {} failed: {}", what, detail);
+    } catch (...) {
+    }
+    if constexpr (std::is_void_v<R>) return;
+    else if constexpr (std::is_same_v<R, const char*>) return "";
+    else return R{};
+  }
+}
+
+template <auto Fn>
+struct Safe;
+template <typename R, typename... A, R (*Fn)(A...)>
+struct Safe<Fn> {
+  static R call(A... a) noexcept {
+    try {
+      return Fn(a...);
+    } catch (const std::bad_alloc&) {
+      return failure<R>(KEEL_STATUS_OUT_OF_MEMORY, name(), "out of memory");
+    } catch (const std::exception& e) {
+      return failure<R>(KEEL_STATUS_INTERNAL, name(), e.what());
+    } catch (...) {
+      return failure<R>(KEEL_STATUS_INTERNAL, name(), "an exception of unknown type");
+    }
+  }
+  static const char* name() { return "of the plugin host API"; }
+};
+#define KEEL_SAFE(fn) (&Safe<&fn>::call)
+
 }  // namespace
 
 const keel_kernel_api_t* kernel_api() {
   static const keel_kernel_api_t api = {
       sizeof(keel_kernel_api_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR,
-      k_input_count, k_input, k_output_count, k_output, k_output_dtype,
-      k_attr_int, k_attr_float, k_attr_string, k_attr_ints, k_attr_floats, k_attr_tensor, k_attr_strings,
-      k_node_name, k_opset, k_device_index, k_stream, k_workspace, k_parallel_for, k_thread_count,
-      k_profiling, k_profile_step,
+      KEEL_SAFE(k_input_count), KEEL_SAFE(k_input), KEEL_SAFE(k_output_count), KEEL_SAFE(k_output),
+      KEEL_SAFE(k_output_dtype), KEEL_SAFE(k_attr_int), KEEL_SAFE(k_attr_float), KEEL_SAFE(k_attr_string),
+      KEEL_SAFE(k_attr_ints), KEEL_SAFE(k_attr_floats), KEEL_SAFE(k_attr_tensor), KEEL_SAFE(k_attr_strings),
+      KEEL_SAFE(k_node_name), KEEL_SAFE(k_opset), KEEL_SAFE(k_device_index), KEEL_SAFE(k_stream),
+      KEEL_SAFE(k_workspace), KEEL_SAFE(k_parallel_for), KEEL_SAFE(k_thread_count),
+      KEEL_SAFE(k_profiling), KEEL_SAFE(k_profile_step),
   };
   return &api;
 }
@@ -506,17 +576,18 @@ const keel_kernel_api_t* kernel_api() {
 const keel_graph_api_t* graph_api() {
   static const keel_graph_api_t api = {
       sizeof(keel_graph_api_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR,
-      g_nodes, g_node_exists, g_op_type, g_domain, g_name, g_in_count, g_in, g_out_count, g_out,
-      g_attr_kind, g_attr_int, g_attr_float, g_attr_string, g_attr_ints, g_attr_floats, g_attr_count, g_attr_name,
-      g_device, g_value_info, g_producer, g_consumers, g_is_output, g_initializer, g_in_n, g_in_i, g_out_n, g_out_i,
-      g_opset,
-      g_add_node, g_remove_node, g_set_input, g_replace_uses, g_set_int, g_set_float, g_set_string, g_set_ints,
-      g_set_floats, g_remove_attr, g_set_initializer, g_remove_initializer, g_unique_name,
-      [](G* g) -> keel_status_t {
-        g->touched();
-        return infer_shapes(*g->graph).to_c();
-      },
-      g_evaluate, g_release_tensor,
+      KEEL_SAFE(g_nodes), KEEL_SAFE(g_node_exists), KEEL_SAFE(g_op_type), KEEL_SAFE(g_domain), KEEL_SAFE(g_name),
+      KEEL_SAFE(g_in_count), KEEL_SAFE(g_in), KEEL_SAFE(g_out_count), KEEL_SAFE(g_out), KEEL_SAFE(g_attr_kind),
+      KEEL_SAFE(g_attr_int), KEEL_SAFE(g_attr_float), KEEL_SAFE(g_attr_string), KEEL_SAFE(g_attr_ints),
+      KEEL_SAFE(g_attr_floats), KEEL_SAFE(g_attr_count), KEEL_SAFE(g_attr_name), KEEL_SAFE(g_device),
+      KEEL_SAFE(g_value_info), KEEL_SAFE(g_producer), KEEL_SAFE(g_consumers), KEEL_SAFE(g_is_output),
+      KEEL_SAFE(g_initializer), KEEL_SAFE(g_in_n), KEEL_SAFE(g_in_i), KEEL_SAFE(g_out_n), KEEL_SAFE(g_out_i),
+      KEEL_SAFE(g_opset),
+      KEEL_SAFE(g_add_node), KEEL_SAFE(g_remove_node), KEEL_SAFE(g_set_input), KEEL_SAFE(g_replace_uses),
+      KEEL_SAFE(g_set_int), KEEL_SAFE(g_set_float), KEEL_SAFE(g_set_string), KEEL_SAFE(g_set_ints),
+      KEEL_SAFE(g_set_floats), KEEL_SAFE(g_remove_attr), KEEL_SAFE(g_set_initializer),
+      KEEL_SAFE(g_remove_initializer), KEEL_SAFE(g_unique_name), KEEL_SAFE(g_infer_shapes),
+      KEEL_SAFE(g_evaluate), KEEL_SAFE(g_release_tensor),
   };
   return &api;
 }
@@ -524,7 +595,7 @@ const keel_graph_api_t* graph_api() {
 std::unique_ptr<keel_plugin_handle_s> make_plugin_handle(Registry& registry, PluginId id, int32_t priority,
                                                          std::string name, std::string dir, Options options) {
   auto h = std::make_unique<keel_plugin_handle_s>();
-  h->registry = &registry;
+  h->registry.store(&registry);
   h->id = id;
   h->priority = priority;
   h->name = std::move(name);
@@ -532,9 +603,10 @@ std::unique_ptr<keel_plugin_handle_s> make_plugin_handle(Registry& registry, Plu
   h->options = std::move(options);
   h->api = keel_host_api_t{
       sizeof(keel_host_api_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR,
-      h_status_create, h_log, h_register_device, h_register_kernel, h_register_pass, h_register_collective,
-      h_kernel_exists, kernel_api(), graph_api(), options_api(), &h->options, h->dir.c_str(), h_register_claimer,
-      h_kernel_priority,
+      KEEL_SAFE(h_status_create), KEEL_SAFE(h_log), KEEL_SAFE(h_register_device), KEEL_SAFE(h_register_kernel),
+      KEEL_SAFE(h_register_pass), KEEL_SAFE(h_register_collective), KEEL_SAFE(h_kernel_exists), kernel_api(),
+      graph_api(), options_api(), &h->options, h->dir.c_str(), KEEL_SAFE(h_register_claimer),
+      KEEL_SAFE(h_kernel_priority),
   };
   return h;
 }

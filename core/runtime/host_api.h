@@ -7,14 +7,19 @@
 
 #include <keel/plugin.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
 
+#include "core/base/log.h"
 #include "core/base/options.h"
 #include "core/base/registry.h"
 
 struct keel_plugin_handle_s {
-  keel::Registry* registry = nullptr;
+  // Null once the environment released a plugin without instances whose globals may still point at this handle
+  // (the handle is kept until the last environment using that plugin goes; entries then answer "unavailable").
+  std::atomic<keel::Registry*> registry{nullptr};
+  const keel::log::Target* log_target = nullptr;  // the environment's log (may be null)
   keel::PluginId id = -1;
   int32_t priority = 0;
   std::string name;

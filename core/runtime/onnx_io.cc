@@ -20,6 +20,7 @@
 #include <system_error>
 #include <unordered_set>
 
+#include "core/base/log.h"
 #include "core/runtime/attribute_checks.h"
 #include "core/runtime/shape_values.h"
 
@@ -34,7 +35,7 @@ void emit_warning(const OnnxLoadOptions& options, const std::string& message) {
   if (options.warn) {
     options.warn(message);
   } else {
-    spdlog::warn("{}", message);
+    log::warn("{}", message);
   }
 }
 
@@ -706,6 +707,7 @@ StatusOr<Graph> graph_from_model_proto(onnx::ModelProto& m, const fs::path& base
     meta.domain = m.domain();
     meta.doc_string = m.doc_string();
     meta.model_version = m.model_version();
+    for (const auto& p : m.metadata_props()) meta.metadata_props[p.key()] = p.value();
     for (const auto& o : m.opset_import()) {
       meta.declared_opsets[o.domain() == "ai.onnx" ? std::string() : o.domain()] = static_cast<int32_t>(o.version());
     }
@@ -1194,14 +1196,14 @@ Status infer_shapes(Graph& graph) {
       try {
         infer_onnx_shapes(next, opts);
       } catch (const std::exception& e) {
-        spdlog::debug("infer_shapes: inference with learnt shape values failed, keeping the previous round: {}",
+        log::debug("infer_shapes: inference with learnt shape values failed, keeping the previous round: {}",
                       one_line(e.what()));
         break;
       }
       m = std::move(next);
     }
     if (!known.empty() && rounds > 0)
-      spdlog::debug("infer_shapes: {} shape value(s) known after {} round(s) of inference ({:.1f} ms)", known.size(),
+      log::debug("infer_shapes: {} shape value(s) known after {} round(s) of inference ({:.1f} ms)", known.size(),
                     rounds + 1, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     copy_back_types(m.graph(), graph);
     // The learnt values are initializers of the last inferred copy: their types are not in its value_info.

@@ -44,6 +44,7 @@ struct OnnxModelMeta {
   int64_t ir_version = 0;
   std::string producer_name, producer_version, domain, doc_string;
   int64_t model_version = 0;
+  std::map<std::string, std::string> metadata_props;  // the model's custom metadata (key -> value)
   std::map<std::string, int32_t> declared_opsets;  // as the file declared them, before any upgrade
   bool upgraded = false;                            // the version converter ran
   uint64_t file_bytes = 0;                          // the model file alone

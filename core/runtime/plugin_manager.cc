@@ -40,6 +40,10 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <variant>
+#include <mutex>
+#include <cerrno>
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -75,6 +79,8 @@ struct PluginManager::Loaded {
   const keel_plugin_t* descriptor = nullptr;
   std::unique_ptr<keel_plugin_handle_s> handle;  // the host table the plugin received; outlives its registrations
   boost::dll::shared_library library;            // not loaded for built-ins
+  bool has_instance = false;                     // initialised with init_instance (ABI 1.5)
+  void* instance = nullptr;                      // what init_instance returned, for shutdown_instance
 };
 
 namespace {
@@ -292,6 +298,10 @@ std::string abi_string(int major, int minor) { return std::to_string(major) + ".
 
 std::string core_abi() { return abi_string(KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR); }
 
+bool uses_instances(const keel_plugin_t* d) {
+  return KEEL_HAS_MEMBER(d, keel_plugin_t, init_instance) && d->init_instance != nullptr;
+}
+
 // Checks a descriptor before anything of it is called. `origin` names where it came from, for messages.
 Outcome check_descriptor(const keel_plugin_t* d, const std::string& origin) {
   if (d == nullptr) return failed("entry symbol " KEEL_PLUGIN_ENTRY_SYMBOL " returned NULL (no descriptor) in " + origin);
@@ -303,7 +313,11 @@ Outcome check_descriptor(const keel_plugin_t* d, const std::string& origin) {
     return failed("ABI mismatch: plugin ABI " + abi_string(d->abi_major, d->abi_minor) + ", core ABI " + core_abi() +
                   " (descriptor of " + origin + "; rebuild the plugin against this SDK)");
   }
-  if (!KEEL_HAS_MEMBER(d, keel_plugin_t, init) || d->init == nullptr) {
+  if (uses_instances(d)) {
+    if (!KEEL_HAS_MEMBER(d, keel_plugin_t, shutdown_instance) || d->shutdown_instance == nullptr) {
+      return failed("plugin descriptor in " + origin + " has init_instance but no shutdown_instance");
+    }
+  } else if (!KEEL_HAS_MEMBER(d, keel_plugin_t, init) || d->init == nullptr) {
     return failed("plugin descriptor in " + origin + " has no init function");
   }
   if (d->name == nullptr || d->name[0] == '\0') return failed("plugin descriptor in " + origin + " has no name");
@@ -318,21 +332,141 @@ struct DlProbe {
   }
 };
 
+// Plugins without instances (init/shutdown, ABI < 1.5) keep their state in globals that every environment of the
+// process shares: their shutdown runs when the last environment that initialised them goes, and the host tables
+// (handles) they were given stay allocated until then, since a global of the plugin may still point at any of them.
+struct LegacyUsers {
+  int count = 0;
+  std::vector<std::unique_ptr<keel_plugin_handle_s>> retired;
+};
+std::mutex& legacy_mu() {
+  static auto* mu = new std::mutex();  // never destroyed: environments may be released during static destruction
+  return *mu;
+}
+std::map<const keel_plugin_t*, LegacyUsers>& legacy_users() {
+  static auto* m = new std::map<const keel_plugin_t*, LegacyUsers>();
+  return *m;
+}
+
+void call_shutdown(const keel_plugin_t* d) {
+  if (!KEEL_HAS_MEMBER(d, keel_plugin_t, shutdown) || d->shutdown == nullptr) return;
+  try {
+    d->shutdown();
+  } catch (...) {
+    // A C++ plugin broke the no-exceptions rule; nothing to report to at this point.
+  }
+}
+
+// An environment stops using a plugin without instances. `counted`: its init had succeeded and was counted. The
+// handle is retired (its registry cleared) rather than freed while other environments still use the plugin.
+void release_legacy(const keel_plugin_t* d, std::unique_ptr<keel_plugin_handle_s> handle, bool counted) {
+  std::lock_guard<std::mutex> lock(legacy_mu());
+  LegacyUsers& u = legacy_users()[d];
+  if (counted) --u.count;
+  if (handle) handle->registry.store(nullptr);
+  if (u.count > 0) {
+    if (handle) u.retired.push_back(std::move(handle));
+    return;
+  }
+  call_shutdown(d);
+  legacy_users().erase(d);  // frees the retired handles; `handle` goes at return
+}
+
+// Text from the host converted to the type `like` has (or, without `like`, to what it reads as).
+bool parse_int(const std::string& v, int64_t* out) {
+  if (v.empty()) return false;
+  errno = 0;
+  char* end = nullptr;
+  long long x = std::strtoll(v.c_str(), &end, 0);
+  if (errno != 0 || end == nullptr || *end != '\0') return false;
+  *out = x;
+  return true;
+}
+bool parse_float(const std::string& v, double* out) {
+  if (v.empty()) return false;
+  errno = 0;
+  char* end = nullptr;
+  double x = std::strtod(v.c_str(), &end);
+  if (errno != 0 || end == nullptr || *end != '\0') return false;
+  *out = x;
+  return true;
+}
+bool parse_bool(std::string v, bool* out) {
+  for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (v == "true" || v == "1" || v == "yes" || v == "on") return *out = true, true;
+  if (v == "false" || v == "0" || v == "no" || v == "off") return *out = false, true;
+  return false;
+}
+
 }  // namespace
 
 PluginManager::PluginManager(Registry& registry) : registry_(registry) {}
+
+std::string PluginManager::merge_overrides(const std::string& name, Options* options) const {
+  auto it = overrides_.find(name);
+  if (it == overrides_.end()) return "";
+  for (const auto& [key, text] : it->second) {
+    auto bad = [&, key = key, text = text](const char* type) {
+      return "option '" + key + "' of plugin '" + name + "' from the host: '" + text + "' is not " + type +
+             " (the manifest's [options] gives the key that type)";
+    };
+    auto found = options->values.find(key);
+    if (found == options->values.end()) {
+      int64_t i = 0;
+      double d = 0;
+      if (parse_int(text, &i)) options->values[key] = i;
+      else if (parse_float(text, &d)) options->values[key] = d;
+      else if (text == "true" || text == "false") options->values[key] = text == "true";
+      else options->values[key] = text;
+      continue;
+    }
+    Options::Value& v = found->second;
+    if (std::holds_alternative<int64_t>(v)) {
+      int64_t i = 0;
+      if (!parse_int(text, &i)) return bad("an integer");
+      v = i;
+    } else if (std::holds_alternative<double>(v)) {
+      double d = 0;
+      if (!parse_float(text, &d)) return bad("a float");
+      v = d;
+    } else if (std::holds_alternative<bool>(v)) {
+      bool b = false;
+      if (!parse_bool(text, &b)) return bad("a boolean (true/false, 1/0, yes/no, on/off)");
+      v = b;
+    } else if (std::holds_alternative<std::string>(v)) {
+      v = text;
+    } else {
+      std::vector<std::string> list;
+      std::stringstream ss(text);
+      std::string item;
+      while (std::getline(ss, item, ',')) list.push_back(item);
+      v = std::move(list);
+    }
+  }
+  return "";
+}
+
+std::unique_ptr<keel_plugin_handle_s> PluginManager::handle_for(const PluginRecord& rec, const std::string& dir,
+                                                                 Options options) {
+  auto h = make_plugin_handle(registry_, rec.id, rec.priority, rec.name, dir, std::move(options));
+  h->log_target = log_target_;
+  return h;
+}
 
 PluginManager::~PluginManager() {
   // Reverse load order: shutdown, forget the registrations (nothing may call into the library any more), unload.
   for (auto it = loaded_.rbegin(); it != loaded_.rend(); ++it) {
     Loaded& l = **it;
-    if (l.descriptor != nullptr && KEEL_HAS_MEMBER(l.descriptor, keel_plugin_t, shutdown) &&
-        l.descriptor->shutdown != nullptr) {
-      try {
-        l.descriptor->shutdown();
-      } catch (...) {
-        // A C++ plugin broke the no-exceptions rule; nothing to report to at this point.
+    if (l.has_instance) {
+      if (l.descriptor->shutdown_instance != nullptr) {
+        try {
+          l.descriptor->shutdown_instance(l.instance);
+        } catch (...) {
+          // A C++ plugin broke the no-exceptions rule; nothing to report to at this point.
+        }
       }
+    } else if (l.descriptor != nullptr) {
+      release_legacy(l.descriptor, std::move(l.handle), true);
     }
     registry_.remove_plugin(l.id);
   }
@@ -365,8 +499,13 @@ void PluginManager::load_builtin(const keel_plugin_t* descriptor, int32_t priori
     auto l = std::make_unique<Loaded>();
     l->id = rec.id;
     l->descriptor = descriptor;
-    l->handle = make_plugin_handle(registry_, rec.id, rec.priority, rec.name, "", Options{});
-    std::tie(o.state, o.reason) = init_plugin(rec, std::move(l));
+    Options options;
+    if (std::string err = merge_overrides(rec.name, &options); !err.empty()) {
+      o = failed(err);
+    } else {
+      l->handle = handle_for(rec, "", std::move(options));
+      std::tie(o.state, o.reason) = init_plugin(rec, std::move(l));
+    }
   }
   rec.state = o.state;
   rec.reason = one_line(o.reason);
@@ -502,8 +641,8 @@ void PluginManager::load_manifest(const fs::path& manifest_arg) {
   l->id = rec.id;
   l->descriptor = descriptor;
   l->library = std::move(library);
-  l->handle = make_plugin_handle(registry_, rec.id, rec.priority, rec.name, manifest.parent_path().string(),
-                                 std::move(m.options));
+  if (std::string err = merge_overrides(rec.name, &m.options); !err.empty()) return finish(failed(err));
+  l->handle = handle_for(rec, manifest.parent_path().string(), std::move(m.options));
   std::tie(o.state, o.reason) = init_plugin(rec, std::move(l));
   if (o.state == PluginState::kLoaded) {
     // Pin a plugin that ran: its code (and libraries it pulled in, such as an OpenMP runtime whose worker threads
@@ -513,13 +652,116 @@ void PluginManager::load_manifest(const fs::path& manifest_arg) {
   finish(o);
 }
 
+void PluginManager::load_library(const fs::path& library_arg) {
+  std::error_code ec;
+  fs::path library = fs::absolute(library_arg, ec).lexically_normal();
+  if (ec) library = library_arg;
+  if (ends_with(library.filename().string(), kManifestSuffix)) return load_manifest(library);
+
+  // The manifest beside it that names this library, if any.
+  fs::path canonical = fs::weakly_canonical(library, ec);
+  if (ec) canonical = library;
+  std::vector<fs::path> beside;
+  for (fs::directory_iterator it(library.parent_path(), fs::directory_options::skip_permission_denied, ec);
+       !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    if (ends_with(it->path().filename().string(), kManifestSuffix)) beside.push_back(it->path());
+  }
+  std::sort(beside.begin(), beside.end());
+  for (const auto& m : beside) {
+    Manifest parsed;
+    if (!parse_manifest(m, &parsed).ok() || parsed.library.empty()) continue;
+    fs::path lib(parsed.library);
+    if (lib.is_relative()) lib = m.parent_path() / lib;
+    std::error_code e2;
+    fs::path c = fs::weakly_canonical(lib, e2);
+    if (!e2 && c == canonical) return load_manifest(m);
+  }
+
+  // A minimal manifest from the descriptor.
+  PluginRecord rec;
+  rec.id = static_cast<PluginId>(records_.size());
+  rec.library = library;
+  rec.name = library.stem().string();
+  rec.description = "loaded by path (no manifest)";
+  auto finish = [&](const Outcome& o) {
+    rec.state = o.state;
+    rec.reason = one_line(o.reason);
+    records_.push_back(std::move(rec));
+  };
+  if (!fs::exists(library, ec)) return finish(failed("library not found: " + library.string()));
+  DlProbe probe;
+  dlerror();
+  probe.handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (probe.handle == nullptr) {
+    const char* err = dlerror();
+    std::string text = err ? err : "dlopen failed";
+    if (text.find(library.string()) == std::string::npos) text = library.string() + ": " + text;
+    return finish(failed("cannot load library: " + text));
+  }
+  boost::dll::fs::error_code bec;
+  boost::dll::shared_library lib(boost::dll::fs::path(library.string()),
+                                 boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local, bec);
+  if (bec || !lib.is_loaded()) return finish(failed("cannot load library " + library.string() + ": " + bec.message()));
+  if (!lib.has(KEEL_PLUGIN_ENTRY_SYMBOL)) {
+    return finish(failed("entry symbol " KEEL_PLUGIN_ENTRY_SYMBOL " not found in " + library.string() +
+                         " (export it with KEEL_PLUGIN_EXPORT and C linkage)"));
+  }
+  const keel_plugin_t* descriptor = nullptr;
+  try {
+    descriptor = lib.get<const keel_plugin_t*()>(KEEL_PLUGIN_ENTRY_SYMBOL)();
+  } catch (...) {
+    return finish(failed("entry symbol " KEEL_PLUGIN_ENTRY_SYMBOL " threw in " + library.string()));
+  }
+  Outcome o = check_descriptor(descriptor, library.string());
+  if (!o.ok()) return finish(o);
+  rec.name = descriptor->name;
+  rec.kind = KEEL_HAS_MEMBER(descriptor, keel_plugin_t, kind) ? kind_name(descriptor->kind) : "";
+  if (KEEL_HAS_MEMBER(descriptor, keel_plugin_t, version) && descriptor->version != nullptr) {
+    rec.version = descriptor->version;
+  }
+  rec.abi = abi_string(descriptor->abi_major, descriptor->abi_minor);
+  if (rec.kind.empty()) return finish(failed("the descriptor of " + library.string() + " has no valid kind"));
+  for (const auto& r : records_) {
+    if (r.state == PluginState::kLoaded && r.name == rec.name) {
+      return finish(skipped("duplicate plugin name '" + rec.name + "': already loaded from " +
+                            (r.manifest.empty() ? r.library.string() : r.manifest.string()) + "; this one is " +
+                            library.string()));
+    }
+  }
+  Options options;
+  if (std::string err = merge_overrides(rec.name, &options); !err.empty()) return finish(failed(err));
+  auto l = std::make_unique<Loaded>();
+  l->id = rec.id;
+  l->descriptor = descriptor;
+  l->library = std::move(lib);
+  l->handle = handle_for(rec, library.parent_path().string(), std::move(options));
+  std::tie(o.state, o.reason) = init_plugin(rec, std::move(l));
+  if (o.state == PluginState::kLoaded) {
+    if (void* pin = dlopen(library.c_str(), RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE)) dlclose(pin);
+  }
+  finish(o);
+}
+
 std::pair<PluginState, std::string> PluginManager::init_plugin(const PluginRecord& rec, std::unique_ptr<Loaded> l) {
   const keel_plugin_t* descriptor = l->descriptor;
+  const bool instances = uses_instances(descriptor);
   keel_status_t status = nullptr;
   std::string thrown;
   bool threw = false;
+  // A plugin without instances may have pointed its globals at this handle before failing: retire the handle
+  // rather than free it when other environments still use the plugin.
+  auto drop_legacy = [&] {
+    if (!instances) release_legacy(descriptor, std::move(l->handle), false);
+  };
   try {
-    status = descriptor->init(&l->handle->api, l->handle.get());
+    if (instances) {
+      void* instance = nullptr;
+      status = descriptor->init_instance(&l->handle->api, l->handle.get(), &instance);
+      l->has_instance = status == nullptr;
+      l->instance = status == nullptr ? instance : nullptr;
+    } else {
+      status = descriptor->init(&l->handle->api, l->handle.get());
+    }
   } catch (const std::exception& e) {
     threw = true;
     thrown = e.what();
@@ -529,11 +771,13 @@ std::pair<PluginState, std::string> PluginManager::init_plugin(const PluginRecor
   }
   if (threw) {
     registry_.remove_plugin(rec.id);
+    drop_legacy();
     return {PluginState::kFailed, "init threw: " + thrown + " (plugins must return a status, not throw)"};
   }
   if (status != nullptr) {
     Status s = Status::from_c(status);  // releases the C status
     registry_.remove_plugin(rec.id);
+    drop_legacy();
     if (s.code() == StatusCode::kUnavailable) return {PluginState::kSkipped, "unavailable: " + s.message()};
     return {PluginState::kFailed, std::string("init failed (") + status_code_name(s.code()) + "): " + s.message()};
   }
@@ -553,11 +797,13 @@ std::pair<PluginState, std::string> PluginManager::init_plugin(const PluginRecor
       }
       if (!any_kernel || !all_served) {
         registry_.remove_plugin(rec.id);
-        if (KEEL_HAS_MEMBER(descriptor, keel_plugin_t, shutdown) && descriptor->shutdown != nullptr) {
+        if (instances) {
           try {
-            descriptor->shutdown();
+            descriptor->shutdown_instance(l->instance);
           } catch (...) {
           }
+        } else {
+          drop_legacy();  // shutdown only when no other environment uses the plugin's globals
         }
         return {PluginState::kSkipped,
                 any_kernel ? "no device present: the plugin registered kernels only for device types that no plugin "
@@ -567,6 +813,10 @@ std::pair<PluginState, std::string> PluginManager::init_plugin(const PluginRecor
     }
   }
 
+  if (!instances) {
+    std::lock_guard<std::mutex> lock(legacy_mu());
+    ++legacy_users()[descriptor].count;
+  }
   loaded_.push_back(std::move(l));
   return {PluginState::kLoaded, ""};
 }

@@ -10,7 +10,9 @@
 // reason and the plugin is skipped (its registrations undone); nothing throws or aborts.
 //
 // Thread-safety: load_* are called once, at environment start-up, from one thread; plugins() may then be read
-// concurrently. Destruction calls each loaded plugin's shutdown (reverse load order) and releases the libraries;
+// concurrently. Destruction calls each loaded plugin's shutdown_instance with its instance (ABI 1.5), or, for a
+// plugin without instances, its shutdown once the last PluginManager of the process that initialised it goes
+// (reverse load order), and releases the libraries;
 // the code of a plugin whose init succeeded stays mapped until the process ends (RTLD_NODELETE), since threads it
 // started (an OpenMP pool, a driver's) may outlive it.
 #pragma once
@@ -24,6 +26,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/base/log.h"
+#include "core/base/options.h"
 #include "core/base/registry.h"
 #include "core/base/status.h"
 
@@ -65,6 +69,18 @@ class PluginManager {
   void load_from(const std::vector<std::filesystem::path>& dirs);
   // Loads one manifest file (keel plugin-test uses this).
   void load_manifest(const std::filesystem::path& manifest);
+  // Loads one plugin library by path: with the manifest beside it that names it (any *.keel-plugin.toml in its
+  // directory whose `library` is this file), else with a minimal manifest made from its descriptor (name, kind,
+  // version and ABI of the descriptor; priority 0; no [options] but the host's). A path ending in .keel-plugin.toml
+  // is load_manifest. Failures are recorded like those of discovered plugins.
+  void load_library(const std::filesystem::path& library);
+  // Options from the host, per plugin name, merged over each manifest's [options] (EnvironmentOptions::plugin_options).
+  // Call before loading.
+  void set_option_overrides(std::map<std::string, std::map<std::string, std::string>> overrides) {
+    overrides_ = std::move(overrides);
+  }
+  // The log target the plugins' host tables log to (may be null). Call before loading.
+  void set_log_target(const log::Target* target) { log_target_ = target; }
 
   const std::vector<PluginRecord>& plugins() const { return records_; }
 
@@ -79,7 +95,14 @@ class PluginManager {
   // registrations (and unloads its library when `loaded` goes). Returns the record's state and reason.
   std::pair<PluginState, std::string> init_plugin(const PluginRecord& rec, std::unique_ptr<Loaded> loaded);
 
+  // The host's options for plugin `name` merged into `options`; an error names the option that does not convert.
+  std::string merge_overrides(const std::string& name, Options* options) const;
+  // A handle for `rec` with `options` (after the host's overrides) and the log target.
+  std::unique_ptr<keel_plugin_handle_s> handle_for(const PluginRecord& rec, const std::string& dir, Options options);
+
   Registry& registry_;
+  std::map<std::string, std::map<std::string, std::string>> overrides_;
+  const log::Target* log_target_ = nullptr;
   std::vector<PluginRecord> records_;
   std::vector<std::unique_ptr<Loaded>> loaded_;  // libraries and handles of loaded plugins, in load order
 };

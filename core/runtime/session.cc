@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/base/log.h"
 #include "core/base/pass_manager.h"
 #include "core/base/thread_pool.h"
 #include "core/runtime/control_flow.h"
@@ -449,7 +450,7 @@ Status Built::place_node(const Node& node, const std::vector<std::string>& devic
           if (st.code() != StatusCode::kUnimplemented) {
             return st.with_context("node '" + node.name + "' (" + node.op_type + ") kernel " + k->name);
           }
-          spdlog::debug("kernel {} rejected node '{}': {}", k->name, node.name, st.message());
+          log::debug("kernel {} rejected node '{}': {}", k->name, node.name, st.message());
           dev_reason = k->name + ": " + st.message();
           continue;
         }
@@ -466,7 +467,7 @@ Status Built::place_node(const Node& node, const std::vector<std::string>& devic
         FallbackReport fr{node.name, node.op_type, device_order[0], dev, reasons};
         fallbacks.push_back(fr);
         // A shape variant repeats what the generic build reported at create time: not again at info level.
-        spdlog::log(variant.empty() ? spdlog::level::info : spdlog::level::debug,
+        log::log(variant.empty() ? spdlog::level::info : spdlog::level::debug,
                     "node '{}' ({}) falls back from {} to {}: {}", node.name, node.op_type, device_order[0], dev,
                     reasons);
       }
@@ -524,6 +525,14 @@ Status Built::build(const std::vector<std::string>& device_order) {
     auto* s = reinterpret_cast<Sink*>(self);
     if (!def || def->struct_size < offsetof(keel_subgraph_def_t, release) + sizeof(def->release))
       return make_c_status(KEEL_STATUS_INVALID_ARGUMENT, "claim: NULL or too small subgraph definition");
+    // (0: a definition zero-filled by a plugin that does not set the version; no ABI has major 0.)
+    if (KEEL_HAS_MEMBER(def, keel_subgraph_def_t, abi_major) && def->abi_major != 0 &&
+        def->abi_major != KEEL_PLUGIN_ABI_MAJOR) {
+      if (KEEL_HAS_MEMBER(def, keel_subgraph_def_t, release_user_data) && def->release_user_data)
+        def->release_user_data(def->user_data);
+      return make_c_status(KEEL_STATUS_ABI_MISMATCH, ("claim: subgraph definition built for plugin ABI " +
+                                                      std::to_string(def->abi_major) + ".x").c_str());
+    }
     keel_subgraph_def_t copy{};
     std::memcpy(&copy, def, std::min<size_t>(def->struct_size, sizeof copy));
     copy.struct_size = sizeof copy;
@@ -550,7 +559,7 @@ Status Built::build(const std::vector<std::string>& device_order) {
     Status st = Status::from_c(claim_fn(user_data, &view, graph_api(), &sink.c));
     if (!st.is_ok()) {
       auto level = st.code() == StatusCode::kUnimplemented ? spdlog::level::debug : spdlog::level::warn;
-      spdlog::log(level, "{} claimed no subgraphs: {}", who, st.message());
+      log::log(level, "{} claimed no subgraphs: {}", who, st.message());
     }
   };
   if (options.claims && (options.fallback == Fallback::kCpu || !device_order.empty())) {
@@ -570,7 +579,7 @@ Status Built::build(const std::vector<std::string>& device_order) {
       std::unordered_set<NodeId> seen;
       for (NodeId id : claims[ci].nodes) ok = ok && graph.node(id) && !claimed.count(id) && seen.insert(id).second;
       if (!ok) {
-        spdlog::warn("claim '{}' rejected: unknown, repeated or already claimed node", claims[ci].name);
+        log::warn("claim '{}' rejected: unknown, repeated or already claimed node", claims[ci].name);
         continue;
       }
       for (NodeId id : claims[ci].nodes) claimed[id] = ci;
@@ -602,7 +611,7 @@ Status Built::build(const std::vector<std::string>& device_order) {
       }
     }
     for (size_t ci : convex_fail) {
-      spdlog::warn("claim '{}' rejected: not convex (an outside node sits between its nodes)", claims[ci].name);
+      log::warn("claim '{}' rejected: not convex (an outside node sits between its nodes)", claims[ci].name);
       for (NodeId id : claims[ci].nodes) claimed.erase(id);
       changed = true;
     }
@@ -735,7 +744,7 @@ StatusOr<KernelSlot*> Built::switch_to_alternative(Step& s, KernelSlot* failed, 
   std::lock_guard<std::mutex> lock(*s.mu);
   if (KernelSlot* now = s.kernel.load(); now != failed) return now;  // another run switched already
   if (s.alternatives.empty()) return why;
-  spdlog::info("kernel {} rejected node '{}' at run time ({}); trying the next kernel", failed->name, s.name,
+  log::info("kernel {} rejected node '{}' at run time ({}); trying the next kernel", failed->name, s.name,
                why.message());
   while (!s.alternatives.empty()) {
     const KernelEntry* k = s.alternatives.front();
@@ -1134,7 +1143,7 @@ StatusOr<std::unique_ptr<Built>> Session::Impl::build_variant(const std::string&
   KEEL_RETURN_IF_ERROR(infer_shapes(b->graph), "shape inference");
   KEEL_RETURN_IF_ERROR(b->build(device_order), "");
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  spdlog::debug("session '{}': built shape variant {} of {} for {} in {:.1f} ms ({} steps)", base.name,
+  log::debug("session '{}': built shape variant {} of {} for {} in {:.1f} ms ({} steps)", base.name,
                 variants.size() + 1, options.shape_variants, key, ms, b->steps.size());
   return b;
 }
@@ -1164,7 +1173,7 @@ StatusOr<Built*> Session::Impl::pick(const std::vector<std::pair<std::string, Ru
   if (variants.size() >= static_cast<size_t>(options.shape_variants)) {
     if (!cap_logged) {
       cap_logged = true;
-      spdlog::info("session '{}': {} shape variant(s) built, the cap (SessionOptions::shape_variants); further "
+      log::info("session '{}': {} shape variant(s) built, the cap (SessionOptions::shape_variants); further "
                    "input shapes (first: {}) run on the generic build",
                    base.name, variants.size(), key);
     }
@@ -1175,7 +1184,7 @@ StatusOr<Built*> Session::Impl::pick(const std::vector<std::pair<std::string, Ru
   // on with the generic build, which runs any shape the graph allows or names what is wrong. The failure takes a
   // slot (nullptr), so these shapes are not tried again and failures count against the cap like variants.
   if (!built.is_ok()) {
-    spdlog::warn("session '{}': the shape variant for input shapes {} could not be built ({}); runs with these "
+    log::warn("session '{}': the shape variant for input shapes {} could not be built ({}); runs with these "
                  "shapes use the generic build",
                  base.name, key, built.status().to_string());
     variants.emplace(key, nullptr);
@@ -1326,7 +1335,7 @@ StatusOr<std::unique_ptr<Session>> Session::create(Environment& env, Graph graph
     view.env = &env;
     PassManager pm(env.registry(), graph_api());
     KEEL_ASSIGN_OR_RETURN(auto reports, pm.run(graph, &view, pipeline, order.front()), "passes");
-    for (const auto& r : reports) spdlog::info("pass {}: {} -> {} nodes", r.pass, r.nodes_before, r.nodes_after);
+    for (const auto& r : reports) log::info("pass {}: {} -> {} nodes", r.pass, r.nodes_before, r.nodes_after);
     KEEL_RETURN_IF_ERROR(infer_shapes(graph), "shape inference after passes");
   }
   impl->device_order = order;
@@ -1369,8 +1378,8 @@ StatusOr<std::vector<RunValue>> Session::run_values(const std::vector<std::pair<
   Status st = b->run(inputs, outputs, run_options, local_->pool, local_->options.profile);
   if (!run_options.tag.empty()) {
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    if (st.is_ok()) spdlog::debug("session '{}': {} finished in {:.3f} ms", impl_->generic->graph.name, what, ms);
-    else spdlog::debug("session '{}': {} failed after {:.3f} ms: {}", impl_->generic->graph.name, what, ms, st.to_string());
+    if (st.is_ok()) log::debug("session '{}': {} finished in {:.3f} ms", impl_->generic->graph.name, what, ms);
+    else log::debug("session '{}': {} failed after {:.3f} ms: {}", impl_->generic->graph.name, what, ms, st.to_string());
   }
   KEEL_RETURN_IF_ERROR(st, what);
   return outputs;

@@ -139,7 +139,7 @@ static keel_status_t null_relu_compute(void* state, keel_kernel_context_t* ctx) 
 
 static const int32_t kNullReluDtypes[] = {KEEL_DTYPE_F32};
 static const keel_type_constraint_t kNullReluConstraints[] = {
-    {"T", kNullReluDtypes, sizeof(kNullReluDtypes) / sizeof(kNullReluDtypes[0])},
+    {KEEL_TYPE_CONSTRAINT_HEADER, "T", kNullReluDtypes, sizeof(kNullReluDtypes) / sizeof(kNullReluDtypes[0])},
 };
 
 /* ------------------------------------------------------------------------------------------------------------ */

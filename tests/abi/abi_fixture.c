@@ -76,7 +76,16 @@ static keel_status_t relu(void* state, keel_kernel_context_t* ctx) {
 }
 
 static const int32_t kF32[] = {KEEL_DTYPE_F32};
-static const keel_type_constraint_t kT[] = {{"T", kF32, 1}};
+#if defined(ABI_OLD_MINOR)
+/* Before ABI 1.5 a type constraint had no header: the old layout, which the core reads for abi_minor < 5. */
+static const keel_type_constraint_v0_t kT[] = {{"T", kF32, 1}};
+#define CONSTRAINTS ((const keel_type_constraint_t*)(const void*)kT)
+#else
+/* A newer plugin's constraint is larger than ours (a member the core does not know): the core steps by its size. */
+typedef struct { keel_type_constraint_t base; void* future_member; } constraint_t;
+static const constraint_t kT[] = {{{(uint32_t)sizeof(constraint_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR + 1, "T", kF32, 1}, NULL}};
+#define CONSTRAINTS (&kT[0].base)
+#endif
 
 #if defined(ABI_OLD_MINOR)
 #define FIXTURE_NAME "abi_old"
@@ -151,7 +160,7 @@ static keel_status_t fixture_init(const keel_host_api_t* host, keel_plugin_handl
   BASE(kernel).since_version = 6;
   BASE(kernel).end_version = 0;
   BASE(kernel).device_type = ABI_DEVICE_TYPE;
-  BASE(kernel).constraints = kT;
+  BASE(kernel).constraints = CONSTRAINTS;
   BASE(kernel).constraint_count = 1;
   BASE(kernel).user_data = NULL;
   BASE(kernel).create = NULL;

@@ -343,6 +343,8 @@ keel_status_t claim_chains(void*, const G* g, const keel_graph_api_t* api, keel_
         keel_subgraph_def_t def;
         std::memset(&def, 0, sizeof def);
         def.struct_size = sizeof def;
+        def.abi_major = KEEL_PLUGIN_ABI_MAJOR;
+        def.abi_minor = KEEL_PLUGIN_ABI_MINOR;
         std::string name = chain->recipe.name;
         def.name = name.c_str();
         def.node_ids = ids.data();

@@ -877,7 +877,7 @@ keel_status_t register_kernel_table(const keel_host_api_t* host, keel_plugin_han
     def.since_version = info.since_version;
     def.end_version = info.end_version;
     def.device_type = "cpu";
-    keel_type_constraint_t tc{"T", info.dtypes.data(), info.dtypes.size()};
+    keel_type_constraint_t tc{KEEL_TYPE_CONSTRAINT_HEADER, "T", info.dtypes.data(), info.dtypes.size()};
     def.constraints = &tc;
     def.constraint_count = 1;
     def.user_data = const_cast<TypedKernelInfo*>(&info);

@@ -129,7 +129,7 @@ keel_status_t create(void* user_data, keel_kernel_context_t* ctx, void** out_sta
 }
 
 const int32_t kF32[] = {KEEL_DTYPE_F32};
-const keel_type_constraint_t kT[] = {{"T", kF32, 1}};
+const keel_type_constraint_t kT[] = {{KEEL_TYPE_CONSTRAINT_HEADER, "T", kF32, 1}};
 
 keel_status_t register_kernel(keel_plugin_handle_t* plugin, const char* name, const char* op, int32_t since,
                               keel_status_t (*create_fn)(void*, keel_kernel_context_t*, void**),

@@ -83,10 +83,13 @@ typedef struct keel_environment_s* keel_environment_t;
 typedef struct keel_environment_options_s* keel_environment_options_t;
 
 /*
- * Receives Keel's log messages (plugin discovery, fallbacks, warnings), at `min_level` and above. `level` is a
- * keel_log_level_t; `message` is valid during the call only. Called from whichever thread logs, one call at a time;
- * it must not call back into Keel. Keel's log is process-wide: while an environment with a callback lives, its
- * callback receives every message of the process, and Keel's own console output is turned off.
+ * Receives Keel's log messages (plugin discovery, fallbacks, pass reports, warnings, plugins' messages) at
+ * `min_level` and above. `level` is a keel_log_level_t; `message` is valid during the call only. Called from
+ * whichever thread logs, one call at a time per environment; it must not call back into Keel.
+ * The log is per environment: an environment's callback receives the messages of that environment (its plugin
+ * loading, the sessions created in it, their runs, its plugins' messages) and no other; those messages go nowhere
+ * else (not to the console, not to any spdlog logger of the process), and Keel neither adds sinks to nor changes
+ * any logger of the host's. An environment without a callback logs to the console (spdlog's default logger).
  */
 typedef void (*keel_log_callback_t)(void* user_data, int32_t level, const char* message);
 
@@ -142,6 +145,11 @@ typedef struct keel_device_info_s {
   const char* name;         /* from the device's properties, e.g. "NVIDIA H200" ("" when unknown) */
   uint64_t total_memory;    /* bytes; 0 when unknown */
   uint64_t capabilities;    /* KEEL_DEVICE_CAP_* bits */
+  /* (appended) The rest of the device's properties, as its plugin reports them when the environment is created. */
+  uint64_t free_memory;     /* bytes free when the environment was created; 0 when unknown */
+  int32_t compute_major;    /* vendor-defined version, e.g. the CUDA compute capability 9.0; 0 when unknown */
+  int32_t compute_minor;
+  int32_t multiprocessors;  /* cores or SMs; 0 when unknown */
 } keel_device_info_t;
 
 /* Plugins found by the environment, in search order (the reference CPU device first). Strings live as long as
@@ -228,8 +236,8 @@ typedef enum keel_fallback_e {
   KEEL_FALLBACK_ERROR = 1, /* such a node fails session creation, naming the node and the reason */
 } keel_fallback_t;
 
-/* New session options with the defaults: every device by priority, fallback to the CPU, no passes, no profile, up
- * to 8 shape variants.
+/* New session options with the defaults: every device by priority, fallback to the CPU, the "auto" pipeline (see
+ * keel_session_options_set_pipeline) and no further passes, no profile, up to 8 shape variants.
  * The caller owns *out_options. Thread-compatible. */
 KEEL_API keel_status_t keel_session_options_create(keel_session_options_t* out_options);
 KEEL_API void keel_session_options_release(keel_session_options_t options);
@@ -240,7 +248,8 @@ KEEL_API void keel_session_options_release(keel_session_options_t options);
 KEEL_API keel_status_t keel_session_options_add_device(keel_session_options_t options, const char* device_type);
 /* KEEL_FALLBACK_CPU (default) or KEEL_FALLBACK_ERROR; anything else: INVALID_ARGUMENT. */
 KEEL_API keel_status_t keel_session_options_set_fallback(keel_session_options_t options, int32_t fallback);
-/* Appends a graph pass to run before placement, by name ("fold_constants", ...), in order. */
+/* Appends a graph pass to run before placement, by name ("fold_constants", ...), in order, after the pipeline's
+ * (keel_session_options_set_pipeline "none" runs exactly the passes added here). */
 KEEL_API keel_status_t keel_session_options_add_pass(keel_session_options_t options, const char* pass_name);
 /* Threads for this session's kernels: 0 (default) shares the environment's pool; another count gives the session
  * a pool of its own, created with the session and joined when it is released. Negative: INVALID_ARGUMENT. */
@@ -416,6 +425,71 @@ typedef struct keel_session_memory_info_s {
 } keel_session_memory_info_t;
 /* Fills `out_info` (members its struct_size covers). Thread-safe. */
 KEEL_API keel_status_t keel_session_memory_info(keel_session_t session, keel_session_memory_info_t* out_info);
+
+/* ---- Devices, plugins and logging from the host (appended) ----------------------------------------------- */
+
+/* Sets option `key` of plugin `plugin` (its manifest's name) to `value`, merged over the manifest's [options] (the
+ * host's value wins). The text is converted to the type the manifest gives the key (integer, float, boolean as
+ * true/false/1/0/yes/no/on/off, string, or a comma-separated list of strings); a key the manifest lacks becomes an
+ * integer, a float, a boolean or a string, whichever the text reads as. A value that does not convert makes that
+ * plugin fail to load, with a reason naming the option (keel_environment_plugin_info); options for a plugin that is
+ * not found are logged as a warning. Setting a key again replaces it. Strings are copied. INVALID_ARGUMENT for NULL or
+ * empty plugin / key, NULL value. Thread-compatible. */
+KEEL_API keel_status_t keel_environment_options_set_plugin_option(keel_environment_options_t options,
+                                                                  const char* plugin, const char* key,
+                                                                  const char* value);
+/* Loads one plugin library by path when the environment is created, before the search directories (so it wins
+ * over a discovered plugin of the same name): with the manifest beside it that names it, if there is one, else with
+ * a minimal manifest made from its descriptor (the descriptor's name, kind and version; priority 0; no options but
+ * the host's). A path to a *.keel-plugin.toml loads that manifest. Libraries load in the order added; a library that
+ * cannot be used is recorded with its reason, as a discovered one (never fatal). Also with discovery off
+ * (keel_environment_options_set_discover_plugins 0). The path is copied. Thread-compatible. */
+KEEL_API keel_status_t keel_environment_options_add_plugin_library(keel_environment_options_t options,
+                                                                   const char* path);
+
+/* ---- Model metadata (appended) ---------------------------------------------------------------------------- */
+
+/* What an ONNX model says about itself. Strings are "" when the model does not set them. */
+typedef struct keel_model_metadata_s {
+  uint32_t struct_size;          /* set by the caller: sizeof(keel_model_metadata_t) */
+  const char* producer_name;     /* e.g. "pytorch" */
+  const char* producer_version;  /* e.g. "2.1.0" */
+  const char* domain;            /* the model's domain, e.g. "ai.onnx" or a reverse DNS name */
+  const char* description;       /* the model's doc_string */
+  const char* graph_name;
+  int64_t model_version;
+  int64_t ir_version;
+  size_t custom_count;           /* entries of metadata_props: keel_model_custom_metadata */
+} keel_model_metadata_t;
+
+/* Fills `out_metadata` (the members its struct_size covers). Strings live as long as `model`. Thread-safe. */
+KEEL_API keel_status_t keel_model_metadata(keel_model_t model, keel_model_metadata_t* out_metadata);
+/* The index-th custom metadata property (ONNX metadata_props, sorted by key): *out_key and *out_value (either may be
+ * NULL) live as long as `model`. OUT_OF_RANGE for index >= custom_count. Thread-safe. */
+KEEL_API keel_status_t keel_model_custom_metadata(keel_model_t model, size_t index, const char** out_key,
+                                                  const char** out_value);
+/* The value of custom metadata property `key`; NOT_FOUND naming the key when the model has none. Thread-safe. */
+KEEL_API keel_status_t keel_model_custom_metadata_lookup(keel_model_t model, const char* key, const char** out_value);
+/* The same for the model a session was created from (the session keeps a copy; strings live as long as the
+ * session). Thread-safe. */
+KEEL_API keel_status_t keel_session_model_metadata(keel_session_t session, keel_model_metadata_t* out_metadata);
+KEEL_API keel_status_t keel_session_custom_metadata(keel_session_t session, size_t index, const char** out_key,
+                                                    const char** out_value);
+
+/* ---- Pipeline and the optimised graph (appended) ---------------------------------------------------------- */
+
+/* The graph passes a session runs before placement, as the `keel` command line's --passes: "auto" (the default)
+ * runs fuse_qdq on a quantised (QDQ) model, else the default pipeline (canonicalise, fold BatchNormalization, fuse,
+ * clean up) — each only where its pass plugin is loaded; "none" runs none. Passes added with
+ * keel_session_options_add_pass run after these. INVALID_ARGUMENT for another value. Thread-compatible. */
+KEEL_API keel_status_t keel_session_options_set_pipeline(keel_session_options_t options, const char* pipeline);
+
+/* Writes the session's optimised graph (after its passes, as placed; the generic build's, shapes as declared) to an
+ * ONNX file at `path` (overwritten); weights past protobuf's 2 GiB limit go to an
+ * external data file beside it. The file loads with keel_model_load_from_file (nodes of Keel's fused ops use the
+ * "keel" domain, which other ONNX runtimes do not know). NOT_FOUND / INVALID_ARGUMENT naming the path when it cannot
+ * be written. Thread-safe (also while runs are in progress). */
+KEEL_API keel_status_t keel_session_save_optimized_model(keel_session_t session, const char* path);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -125,6 +126,32 @@ class Tensor {
   detail::Handle<keel_host_tensor_t, keel_host_tensor_release> h_;
 };
 
+// What an ONNX model says about itself (keel_model_metadata_t, with its custom metadata_props).
+struct ModelMetadata {
+  std::string producer_name, producer_version, domain, description, graph_name;
+  int64_t model_version = 0;
+  int64_t ir_version = 0;
+  std::map<std::string, std::string> custom;
+};
+
+namespace detail {
+template <typename Get, typename Custom>
+ModelMetadata read_metadata(Get get, Custom custom) {
+  keel_model_metadata_t m{};
+  m.struct_size = sizeof m;
+  check(get(&m));
+  ModelMetadata out{m.producer_name, m.producer_version, m.domain, m.description, m.graph_name,
+                    m.model_version, m.ir_version, {}};
+  for (size_t i = 0; i < m.custom_count; ++i) {
+    const char* k = nullptr;
+    const char* v = nullptr;
+    check(custom(i, &k, &v));
+    out.custom[k] = v;
+  }
+  return out;
+}
+}  // namespace detail
+
 class Model {
  public:
   static Model from_file(const std::string& path) {
@@ -136,6 +163,13 @@ class Model {
     keel_model_t m = nullptr;
     check(keel_model_load_from_memory(data, size, &m));
     return Model(m);
+  }
+  // Producer, version, description and custom metadata properties. Thread-safe.
+  ModelMetadata metadata() const {
+    return detail::read_metadata([&](keel_model_metadata_t* m) { return keel_model_metadata(h_.get(), m); },
+                                 [&](size_t i, const char** k, const char** v) {
+                                   return keel_model_custom_metadata(h_.get(), i, k, v);
+                                 });
   }
   keel_model_t get() const { return h_.get(); }
 
@@ -151,6 +185,10 @@ struct EnvironmentOptions {
   keel_log_callback_t log_callback = nullptr;  // see keel_environment_options_set_log_callback
   void* log_user_data = nullptr;
   int32_t log_level = KEEL_LOG_INFO;
+  // keel_environment_options_set_plugin_option: plugin name -> key -> value, over the manifest's [options].
+  std::map<std::string, std::map<std::string, std::string>> plugin_options;
+  // keel_environment_options_add_plugin_library: libraries (or manifests) loaded by path, in order.
+  std::vector<std::string> plugin_libraries;
 };
 
 struct PluginInfo {
@@ -163,6 +201,12 @@ struct DeviceInfo {
   std::string device_type, plugin, name;
   int32_t index = 0;
   uint64_t total_memory = 0;
+  uint64_t capabilities = 0;  // KEEL_DEVICE_CAP_* bits
+  uint64_t free_memory = 0;
+  int32_t compute_major = 0, compute_minor = 0;
+  int32_t multiprocessors = 0;
+  std::string spec() const { return device_type + ":" + std::to_string(index); }  // for SessionOptions::devices
+  bool has(uint64_t capability) const { return (capabilities & capability) == capability; }
 };
 
 class Environment {
@@ -178,6 +222,10 @@ class Environment {
     if (o.log_callback) {
       check(keel_environment_options_set_log_callback(opts, o.log_callback, o.log_user_data, o.log_level));
     }
+    for (const auto& [plugin, kv] : o.plugin_options)
+      for (const auto& [k, v] : kv)
+        check(keel_environment_options_set_plugin_option(opts, plugin.c_str(), k.c_str(), v.c_str()));
+    for (const auto& l : o.plugin_libraries) check(keel_environment_options_add_plugin_library(opts, l.c_str()));
     keel_environment_t env = nullptr;
     check(keel_environment_create(opts, &env));
     h_ = decltype(h_)(env);
@@ -204,7 +252,8 @@ class Environment {
       keel_device_info_t d{};
       d.struct_size = sizeof d;
       check(keel_environment_device_info(h_.get(), i, &d));
-      out.push_back({d.device_type, d.plugin, d.name, d.device_index, d.total_memory});
+      out.push_back({d.device_type, d.plugin, d.name, d.device_index, d.total_memory, d.capabilities, d.free_memory,
+                     d.compute_major, d.compute_minor, d.multiprocessors});
     }
     return out;
   }
@@ -232,6 +281,8 @@ struct SessionOptions {
   // empty = every device by priority.
   std::vector<std::string> devices;
   keel_fallback_t fallback = KEEL_FALLBACK_CPU;
+  // keel_session_options_set_pipeline: "auto" (default: as `keel run`) or "none"; `passes` run after it.
+  std::string pipeline = "auto";
   std::vector<std::string> passes;
   bool profile = false;
   int32_t shape_variants = 8;  // keel_session_options_set_shape_variants; 0 = off
@@ -293,6 +344,7 @@ class Session {
     detail::Handle<keel_session_options_t, keel_session_options_release> owner(opts);
     for (const auto& d : o.devices) check(keel_session_options_add_device(opts, d.c_str()));
     check(keel_session_options_set_fallback(opts, o.fallback));
+    check(keel_session_options_set_pipeline(opts, o.pipeline.c_str()));
     for (const auto& p : o.passes) check(keel_session_options_add_pass(opts, p.c_str()));
     check(keel_session_options_set_profile(opts, o.profile ? 1 : 0));
     check(keel_session_options_set_shape_variants(opts, o.shape_variants));
@@ -358,6 +410,16 @@ class Session {
     m.struct_size = sizeof m;
     check(keel_session_memory_info(h_.get(), &m));
     return m;
+  }
+  // Writes the optimised graph (after the passes, as placed) as ONNX (keel_session_save_optimized_model). Thread-safe.
+  void save_optimized_model(const std::string& path) const {
+    check(keel_session_save_optimized_model(h_.get(), path.c_str()));
+  }
+  // The metadata of the model the session was created from. Thread-safe.
+  ModelMetadata model_metadata() const {
+    return detail::read_metadata(
+        [&](keel_model_metadata_t* m) { return keel_session_model_metadata(h_.get(), m); },
+        [&](size_t i, const char** k, const char** v) { return keel_session_custom_metadata(h_.get(), i, k, v); });
   }
   keel_session_t get() const { return h_.get(); }
 

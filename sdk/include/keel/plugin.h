@@ -29,7 +29,7 @@ extern "C" {
 #endif
 
 #define KEEL_PLUGIN_ABI_MAJOR 1
-#define KEEL_PLUGIN_ABI_MINOR 4
+#define KEEL_PLUGIN_ABI_MINOR 5
 #define KEEL_PLUGIN_ENTRY_SYMBOL "keel_plugin_entry"
 
 #if defined(_WIN32)
@@ -206,12 +206,34 @@ typedef struct keel_device_table_s {
 
 typedef struct keel_kernel_context_s keel_kernel_context_t; /* opaque, owned by the core */
 
-/* The dtypes a named type parameter of the op's schema ("T", "T1", ...) may take for this kernel. */
+/*
+ * The dtypes a named type parameter of the op's schema ("T", "T1", ...) may take for this kernel.
+ *
+ * (ABI 1.5) The struct starts with its size and ABI version, as every struct that crosses does; fill the header with
+ * KEEL_TYPE_CONSTRAINT_HEADER: {KEEL_TYPE_CONSTRAINT_HEADER, "T", dtypes, count}. Which layout a kernel definition's
+ * `constraints` array has follows from that definition's abi_minor: below 5 the core reads the older layout without
+ * a header (keel_type_constraint_v0_t), so plugins built against an older SDK keep loading; from 5 on it reads this
+ * one, stepping through the array by the first element's struct_size (every element of one array has the same) and
+ * refusing the kernel (INVALID_ARGUMENT naming it) for a struct_size too small or another abi_major.
+ */
 typedef struct keel_type_constraint_s {
+  uint32_t struct_size;  /* (ABI 1.5) sizeof(keel_type_constraint_t) as the plugin compiled it */
+  uint16_t abi_major;    /* (ABI 1.5) KEEL_PLUGIN_ABI_MAJOR */
+  uint16_t abi_minor;    /* (ABI 1.5) KEEL_PLUGIN_ABI_MINOR */
   const char* name;
   const int32_t* dtypes; /* keel_dtype_t values */
   size_t dtype_count;
 } keel_type_constraint_t;
+#define KEEL_TYPE_CONSTRAINT_HEADER \
+  (uint32_t)sizeof(keel_type_constraint_t), (uint16_t)KEEL_PLUGIN_ABI_MAJOR, (uint16_t)KEEL_PLUGIN_ABI_MINOR
+
+/* The layout of a type constraint before ABI 1.5 (no header): what `constraints` of a kernel definition whose
+ * abi_minor is below 5 points at. Only the core (and tests of old plugins) need it. */
+typedef struct keel_type_constraint_v0_s {
+  const char* name;
+  const int32_t* dtypes;
+  size_t dtype_count;
+} keel_type_constraint_v0_t;
 
 /*
  * One kernel: an implementation of (domain, op_type, opset range) for a device type and some dtypes.
@@ -281,6 +303,12 @@ typedef struct keel_subgraph_def_s {
   void (*release_user_data)(void* user_data);
   /* (ABI 1.4) KEEL_KERNEL_FLAG_* bits, as for keel_kernel_def_t (0 or absent: computes on one state serialised). */
   uint32_t flags;
+  /* (ABI 1.5) The ABI version the definition was compiled against (KEEL_PLUGIN_ABI_MAJOR / _MINOR): the version
+   * header this struct lacked, appended so that the layout of older definitions is unchanged. The core reads them
+   * when struct_size covers them (an older plugin's claims carry none) and refuses a claim of another abi_major
+   * (0 counts as not set). */
+  uint16_t abi_major;
+  uint16_t abi_minor;
 } keel_subgraph_def_t;
 
 /*
@@ -648,10 +676,29 @@ typedef struct keel_plugin_s {
   const char* version;
   int32_t kind;       /* keel_plugin_kind_t */
   /* Registers what the plugin provides. An error status makes the core skip the plugin (and undo what it
-   * registered); the reason is recorded. */
+   * registered); the reason is recorded. (ABI 1.5) May be NULL when init_instance is set (such a plugin then needs a
+   * core of ABI 1.5 or newer). */
   keel_status_t (*init)(const keel_host_api_t* host, keel_plugin_handle_t* plugin);
   /* (optional) Called once before the library is unloaded, after every session using it is gone. */
   void (*shutdown)(void);
+
+  /*
+   * (ABI 1.5, optional) Per-environment lifecycle. A process may hold several environments, each loading the same
+   * plugin library once: `init`/`shutdown` above have nowhere to keep state but globals, which the environments would
+   * share (and the first shutdown would clear under the others). A plugin that sets init_instance gets, for every
+   * environment that loads it, one call of init_instance (instead of init) that registers what the plugin provides,
+   * as init does, and returns in *out_instance a pointer to that environment's own plugin state (its copy of
+   * `host`, options, caches; NULL is allowed). The core hands the instance back to shutdown_instance (instead of
+   * shutdown) exactly once, when that environment is released, after every session of the environment is gone; other
+   * environments' instances are unaffected. Put the instance in the user_data of the tables and definitions it
+   * registers to reach it from their entries. An error status from init_instance: as from init (*out_instance is
+   * ignored and shutdown_instance not called). Calls for different environments may come from different threads
+   * at the same time. `init` may stay set for cores older than 1.5, which call it instead (and shutdown with it).
+   * A plugin without init_instance is initialised by `init` once per environment, and its `shutdown` is called when
+   * the last environment that initialised it is released (not at each release: its globals are shared).
+   */
+  keel_status_t (*init_instance)(const keel_host_api_t* host, keel_plugin_handle_t* plugin, void** out_instance);
+  void (*shutdown_instance)(void* instance); /* (ABI 1.5, optional) required with init_instance */
 } keel_plugin_t;
 
 typedef const keel_plugin_t* (*keel_plugin_entry_fn)(void);
