@@ -2,6 +2,7 @@
 // saves ONNX (fp32 and INT8), writes the log and the checkpoint; a run resumed from an epoch-1 checkpoint ends with
 // the same checkpoint, byte for byte, as an uninterrupted one; bad input gives clear errors.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <zlib.h>
 
 #include <array>
@@ -133,6 +134,78 @@ TEST_F(KeelTrain, ResumedRunEndsExactlyWhereAnUninterruptedOneDoes) {
   EXPECT_TRUE(x == y) << "the resumed run's final checkpoint differs from the uninterrupted run's";
   auto acc = [](const std::string& out) { return out.substr(out.find("test accuracy: "), 21); };
   EXPECT_EQ(acc(a.second), acc(c.second));
+}
+
+// Experiment records (issue 28, item 4): run.json beside the log with the build, host, every hyper-parameter, the data
+// files' sizes and SHA-256, sample counts, times and metrics; parameter and gradient histograms per epoch in the
+// log; `keel plot` compares two runs on one page.
+TEST_F(KeelTrain, RunRecordsHistogramsAndComparison) {
+  const fs::path a = dir_ / "run_a", b = dir_ / "run_b";
+  fs::create_directories(a);
+  fs::create_directories(b);
+  auto ra = sh(train("--epochs 2 --lr 0.05 --seed 1 --log-every 2 --no-quantize -o '' --log " + (a / "log.jsonl").string() +
+                     " --checkpoint " + (a / "ck.safetensors").string()));
+  ASSERT_EQ(ra.first, 0) << ra.second;
+  auto rb = sh(train("--epochs 1 --lr 0.02 --seed 2 --histogram-bins 10 --no-quantize -o '' --log " + (b / "log.jsonl").string()));
+  ASSERT_EQ(rb.first, 0) << rb.second;
+  std::ifstream f(a / "run.json");
+  ASSERT_TRUE(f.good()) << "no run.json beside the log";
+  const auto j = nlohmann::json::parse(f);
+  EXPECT_EQ(j["format"], "keel-run/1");
+  EXPECT_FALSE(j["keel"]["version"].get<std::string>().empty());
+  EXPECT_FALSE(j["keel"]["source_revision"].get<std::string>().empty());
+  EXPECT_EQ(j["host"]["threads"], 2);
+  EXPECT_FALSE(j["host"]["plugins"].empty());
+  EXPECT_FALSE(j["host"]["devices"].empty());
+  EXPECT_EQ(j["hyperparameters"]["lr"], 0.05);
+  EXPECT_EQ(j["hyperparameters"]["batch"], 32);
+  EXPECT_EQ(j["seed"], 1);
+  ASSERT_EQ(j["data"]["files"].size(), 4u);
+  for (const auto& file : j["data"]["files"]) {
+    EXPECT_EQ(file["sha256"].get<std::string>().size(), 64u);
+    EXPECT_EQ(file["bytes"].get<uint64_t>(), fs::file_size(dir_ / file["name"].get<std::string>()));
+  }
+  EXPECT_EQ(j["data"]["samples"]["train"], 192);
+  EXPECT_EQ(j["data"]["samples"]["test"], 50);
+  EXPECT_EQ(j["status"], "completed");
+  EXPECT_LE(j["start_time"].get<std::string>(), j["end_time"].get<std::string>());
+  ASSERT_EQ(j["epochs"].size(), 2u);
+  EXPECT_TRUE(j["epochs"][1]["test_accuracy"].is_number());
+  EXPECT_EQ(j["final"]["test_accuracy"], j["epochs"][1]["test_accuracy"]);
+  EXPECT_EQ(j["log"], "log.jsonl");
+  EXPECT_EQ(j["checkpoint"], "ck.safetensors");
+  // The log: histograms at the start and after each epoch; gradients from the epoch's last step.
+  std::ifstream log(a / "log.jsonl");
+  int hist = 0;
+  for (std::string line; std::getline(log, line);) {
+    auto r = nlohmann::json::parse(line);
+    if (r["kind"] != "histograms") continue;
+    ++hist;
+    ASSERT_TRUE(r["params"].contains("conv.weight")) << line.substr(0, 200);
+    EXPECT_EQ(r["params"]["conv.weight"]["counts"].size(), 30u);
+    if (r["epoch"].get<int>() > 0) EXPECT_TRUE(r["grads"].contains("fc.bias")) << line.substr(0, 200);
+  }
+  EXPECT_EQ(hist, 3);
+  // Two runs on one page: the differing hyper-parameters highlighted, both runs' histograms.
+  auto [prc, pout] = sh(keel_binary() + " plot " + a.string() + " " + (b / "run.json").string() + " -o " + (dir_ / "cmp.html").string());
+  ASSERT_EQ(prc, 0) << pout;
+  EXPECT_NE(pout.find("2 run(s)"), std::string::npos) << pout;
+  std::stringstream html;
+  html << std::ifstream(dir_ / "cmp.html").rdbuf();
+  const std::string page = html.str();
+  EXPECT_NE(page.find("<tr class=\"diff\"><td>hyperparameters.lr</td>"), std::string::npos);
+  EXPECT_NE(page.find("<tr><td>hyperparameters.batch</td>"), std::string::npos) << "an equal row is not highlighted";
+  EXPECT_NE(page.find("run_a: parameter distributions per epoch"), std::string::npos);
+  EXPECT_NE(page.find("run_b: gradient distributions per epoch"), std::string::npos);
+  EXPECT_NE(page.find("epoch 2.00"), std::string::npos);
+  EXPECT_NE(page.find("<polyline"), std::string::npos);
+  // Errors: two runs into one SVG; a directory without run.json.
+  auto svg = sh(keel_binary() + " plot " + a.string() + " " + b.string() + " -o " + (dir_ / "x.svg").string());
+  EXPECT_EQ(svg.first, 2);
+  EXPECT_NE(svg.second.find("needs an .html output"), std::string::npos) << svg.second;
+  auto norun = sh(keel_binary() + " plot " + dir_.string() + " -o " + (dir_ / "y.html").string());
+  EXPECT_EQ(norun.first, 1);
+  EXPECT_NE(norun.second.find("has no run.json"), std::string::npos) << norun.second;
 }
 
 // `keel train --nproc 2`: two ranks through `keel launch` and the Gloo plugin; rank 0 alone prints, logs, checkpoints

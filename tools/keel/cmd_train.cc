@@ -36,6 +36,8 @@
 #include "core/train/data_parallel.h"
 #include "core/train/nn.h"
 #include "core/train/optim.h"
+#include "core/train/run_plot.h"
+#include "core/train/run_record.h"
 #include "core/train/scalar_log.h"
 #include "core/train/trainer.h"
 #include "tools/keel/commands.h"
@@ -130,7 +132,28 @@ struct TrainArgs {
   bool quantize = true;
   int64_t calibration_batches = 8;
   bool quiet = false;
+  std::string run_record = "auto";  // run.json (issue 28): "auto" = beside the log / checkpoint / model, "" = none
+  int histogram_bins = 30;          // parameter and gradient histograms per epoch in the log (0 = none)
 };
+
+// Where run.json goes: beside the log, else the checkpoint (written or resumed from), else the ONNX output, else the
+// current directory.
+std::filesystem::path run_record_path(const TrainArgs& a) {
+  if (a.run_record != "auto") return a.run_record;
+  for (const std::string* p : {&a.log, &a.checkpoint, &a.resume, &a.output})
+    if (!p->empty()) return std::filesystem::path(*p).parent_path() / "run.json";
+  return "run.json";
+}
+
+// Every hyper-parameter of the run (the parsed command line, defaults included).
+nlohmann::json hyperparameters(const TrainArgs& a, int threads) {
+  return {{"model", a.model}, {"epochs", a.epochs}, {"batch", a.batch}, {"optimizer", a.optimizer}, {"lr", a.lr},
+          {"momentum", a.momentum}, {"weight_decay", a.weight_decay}, {"scheduler", a.scheduler}, {"warmup", a.warmup},
+          {"accumulate", a.accumulate}, {"clip", a.clip}, {"amp", a.amp}, {"seed", a.seed}, {"limit", a.limit},
+          {"workers", a.workers}, {"device", a.device}, {"threads", threads}, {"nproc", a.nproc},
+          {"log_every", a.log_every}, {"checkpoint_every", a.checkpoint_every}, {"resume", a.resume},
+          {"quantize", a.quantize}, {"calibration_batches", a.calibration_batches}};
+}
 
 StatusOr<std::shared_ptr<FashionMnist>> first_n(const std::shared_ptr<FashionMnist>& ds, int64_t n) {
   if (n <= 0 || n >= ds->size()) return ds;
@@ -526,6 +549,45 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
   }
   out << std::flush;
 
+  // The experiment record (rank 0): run.json, saved now, after every epoch and at the end (core/train/run_record.h).
+  std::optional<RunRecord> record;
+  const std::filesystem::path record_path = run_record_path(a);
+  auto record_save = [&] {
+    if (!record) return;
+    Status st = record->save(record_path);
+    if (!st.is_ok()) std::cerr << "keel train: warning: " << st.to_string() << "\n";
+  };
+  if (!a.run_record.empty() && ranks.lead()) {
+    record.emplace();
+    auto& j = record->json();
+    std::ifstream cmdline("/proc/self/cmdline", std::ios::binary);
+    j["command"] = nlohmann::json::array();
+    for (std::string arg; std::getline(cmdline, arg, '\0');) j["command"].push_back(arg);
+    j["host"] = environment_info(*env);
+    j["host"]["world_size"] = ranks.world;
+    j["hyperparameters"] = hyperparameters(a, threads);
+    j["seed"] = a.seed;
+    auto files = describe_data_files(a.data);
+    j["data"] = {{"path", std::filesystem::absolute(a.data).lexically_normal().string()},
+                 {"files", files.is_ok() ? *files : nlohmann::json::array()},
+                 {"samples", {{"train", train->size()}, {"test", test->size()}, {"train_full", (*train_ds)->size()}}}};
+    if (!files.is_ok()) j["data"]["error"] = files.status().to_string();
+    j["model"] = {{"name", model.type_name()}, {"parameters", model.num_parameters()}};
+    auto rel = [&](const std::string& p) -> nlohmann::json {
+      if (p.empty()) return nullptr;
+      std::error_code ec;
+      auto r = std::filesystem::relative(std::filesystem::absolute(p), std::filesystem::absolute(record_path).parent_path(), ec);
+      return ec || r.empty() ? std::filesystem::absolute(p).string() : r.string();
+    };
+    j["log"] = rel(a.log);
+    j["checkpoint"] = rel(a.checkpoint);
+    j["outputs"] = {{"onnx", rel(a.output)}};
+    record_save();
+  }
+  if (a.histogram_bins > 0 && progress.epoch == 0 && progress.batch == 0)
+    log_write("histograms", {{"epoch", 0}, {"params", module_histograms(model, false, a.histogram_bins)}});
+  nlohmann::json grad_histograms = nlohmann::json::object();
+
   nn::CrossEntropyLoss ce;
   double final_acc = -1;
   std::vector<double> epoch_seconds;
@@ -578,6 +640,7 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
           }
           scaler.step(*opt);
           scaler.update();
+          if (log && last_batch && a.histogram_bins > 0) grad_histograms = module_histograms(model, true, a.histogram_bins);
           opt->zero_grad();
           if (sched) sched->step();
           ++progress.global_step;
@@ -638,12 +701,33 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
                           {"train_accuracy", seen ? static_cast<double>(correct) / static_cast<double>(seen) : 0},
                           {"test_accuracy", final_acc}, {"img_per_s", static_cast<double>(seen) / dt}, {"lr", opt->lr()},
                           {"world_size", ranks.world}, {"all_reduce_seconds", dp ? dp->stats().all_reduce_seconds : 0.0}});
+      if (a.histogram_bins > 0)
+        log_write("histograms", {{"epoch", epoch + 1}, {"step", progress.global_step},
+                                 {"params", module_histograms(model, false, a.histogram_bins)}, {"grads", grad_histograms}});
+      if (record) {
+        record->add_epoch({{"epoch", epoch + 1}, {"step", progress.global_step}, {"seconds", dt},
+                           {"img_per_s", static_cast<double>(seen) / dt},
+                           {"train_loss", batches ? loss_sum / static_cast<double>(batches) : 0},
+                           {"train_accuracy", seen ? static_cast<double>(correct) / static_cast<double>(seen) : 0},
+                           {"test_accuracy", final_acc}, {"lr", opt->lr()}, {"loss_scale", scaler.get_scale()},
+                           {"data_wait_seconds", loader->wait_seconds()}});
+        record_save();
+      }
       if (!save_checkpoint()) return 1;
     }
     if (final_acc < 0) final_acc = evaluate_eager(model, *test, a, nullptr, ranks);
   } catch (const eager::Error& e) {
     std::cerr << "\nkeel train: " << e.what() << "\n";
+    if (record) record->finish({{"test_accuracy", final_acc}}, e.what()), record_save();
     return 1;
+  }
+  if (record) {
+    const double mean_epoch = epoch_seconds.empty() ? 0
+        : std::accumulate(epoch_seconds.begin(), epoch_seconds.end(), 0.0) / static_cast<double>(epoch_seconds.size());
+    record->finish({{"test_accuracy", final_acc}, {"global_step", progress.global_step}, {"mean_epoch_seconds", mean_epoch},
+                    {"skipped_steps", scaler.skipped_steps()}});
+    record_save();
+    out << "run record: " << record_path.string() << "\n";
   }
   out << "test accuracy: " << std::fixed << std::setprecision(4) << final_acc << "\n";
   if (!epoch_seconds.empty()) {
@@ -686,6 +770,11 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
     std::cout << ", " << std::setprecision(2) << e.batch_ms << " ms per batch of " << e.eval_batch << "\n";
   };
   report("fp32 model (Session):", *fp32);
+  if (record) {
+    record->json()["final"]["onnx_test_accuracy"] = fp32->accuracy;
+    record->json()["final"]["onnx_latency_ms"] = fp32->latency_ms;
+    record_save();
+  }
   if (!a.quantize) return 0;
 
   std::vector<Feeds> calibration;
@@ -702,6 +791,11 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
     return 0;
   }
   report("int8 model (Session):", *i8);
+  if (record) {
+    record->json()["final"]["int8_test_accuracy"] = i8->accuracy;
+    record->json()["final"]["int8_latency_ms"] = i8->latency_ms;
+    record_save();
+  }
   std::cout << "int8 - fp32 accuracy: " << std::showpos << std::setprecision(4) << (i8->accuracy - fp32->accuracy)
             << std::noshowpos << "\n";
   return 0;
@@ -750,6 +844,10 @@ void add_train_command(CLI::App& app, Globals& g) {
   cmd->add_option("--calibration-batches", a->calibration_batches, "Batches of 64 training images for INT8 calibration")
       ->check(CLI::PositiveNumber);
   cmd->add_flag("-q,--quiet", a->quiet, "No progress bar");
+  cmd->add_option("--run-record", a->run_record,
+                  "Experiment record (JSON): 'auto' = run.json beside the log, else the checkpoint, else the model; '' = none");
+  cmd->add_option("--histogram-bins", a->histogram_bins,
+                  "Bins of the per-epoch parameter and gradient histograms in the log (0 = none)")->check(CLI::NonNegativeNumber);
   cmd->callback([&g, a] {
     int rc = run_train(g, *a);
     if (rc != 0) throw CLI::RuntimeError(rc);
@@ -757,37 +855,56 @@ void add_train_command(CLI::App& app, Globals& g) {
 }
 
 void add_plot_command(CLI::App& app, Globals&) {
-  auto* cmd = app.add_subcommand("plot", "Draw the curves of a scalar log (JSON Lines from `keel train --log`)");
-  auto log = std::make_shared<std::string>();
+  auto* cmd = app.add_subcommand("plot", "Draw training runs: the curves of scalar logs (`keel train --log`), several runs "
+                                         "on one page with their records (run.json) and parameter/gradient histograms");
+  auto runs = std::make_shared<std::vector<std::string>>();
   auto out = std::make_shared<std::string>("curves.svg");
   auto title = std::make_shared<std::string>();
   auto columns = std::make_shared<int>(2);
-  cmd->add_option("log", *log, "Scalar log (.jsonl)")->required();
-  cmd->add_option("-o,--output", *out, "Output: .svg or .html");
+  cmd->add_option("runs", *runs, "Runs: scalar logs (.jsonl), run.json files or directories holding run.json")->required();
+  cmd->add_option("-o,--output", *out, "Output: .svg (one log: its curves) or .html (every run, records, histograms)");
   cmd->add_option("--title", *title, "Title (default: the log's file name)");
   cmd->add_option("--columns", *columns, "Panels per row")->check(CLI::PositiveNumber);
-  cmd->callback([log, out, title, columns] {
-    auto parsed = read_scalar_log(*log);
-    if (!parsed.is_ok()) {
-      std::cerr << "keel plot: " << parsed.status().to_string() << "\n";
-      throw CLI::RuntimeError(1);
-    }
-    const std::string t = title->empty() ? std::filesystem::path(*log).filename().string() : *title;
+  cmd->callback([runs, out, title, columns] {
     const std::string ext = std::filesystem::path(*out).extension().string();
     if (ext != ".svg" && ext != ".html" && ext != ".htm") {
       std::cerr << "keel plot: the output must end in .svg or .html, got '" << *out << "'\n";
       throw CLI::RuntimeError(2);
     }
-    const std::string doc = ext == ".svg" ? render_curves_svg(*parsed, t, *columns) : render_curves_html(*parsed, t, *columns);
+    std::vector<RunView> views;
+    for (const auto& r : *runs) {
+      auto v = load_run(r);
+      if (!v.is_ok()) {
+        std::cerr << "keel plot: " << v.status().to_string() << "\n";
+        throw CLI::RuntimeError(1);
+      }
+      views.push_back(std::move(v).value());
+    }
+    const std::string t = !title->empty() ? *title : views.size() == 1 ? views[0].label : std::to_string(views.size()) + " runs";
+    std::string doc;
+    if (ext == ".svg") {
+      if (views.size() != 1) {
+        std::cerr << "keel plot: comparing " << views.size() << " runs needs an .html output\n";
+        throw CLI::RuntimeError(2);
+      }
+      doc = render_curves_svg(views[0].log, t, *columns);
+    } else {
+      doc = render_runs_html(views, t, *columns);
+    }
     std::ofstream f(*out, std::ios::binary);
     f << doc;
     if (!f) {
       std::cerr << "keel plot: cannot write " << *out << "\n";
       throw CLI::RuntimeError(1);
     }
-    std::cout << "keel plot: " << parsed->series.size() << " curve(s) from " << parsed->records << " record(s)"
-              << (parsed->skipped_lines ? " (" + std::to_string(parsed->skipped_lines) + " unreadable lines skipped)" : "")
-              << " -> " << *out << "\n";
+    size_t curves = 0, histograms = 0;
+    int64_t records = 0, skipped = 0;
+    for (const auto& v : views)
+      curves += v.log.series.size(), records += v.log.records, skipped += v.log.skipped_lines, histograms += v.histograms.size();
+    std::cout << "keel plot: " << views.size() << " run(s), " << curves << " curve(s) from " << records << " record(s)"
+              << (skipped ? " (" + std::to_string(skipped) + " unreadable lines skipped)" : "")
+              << (ext != ".svg" && histograms ? ", " + std::to_string(histograms) + " epoch(s) of histograms" : "") << " -> "
+              << *out << "\n";
   });
 }
 
