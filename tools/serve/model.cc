@@ -202,24 +202,6 @@ TensorSpec spec_of(const Graph& g, const std::string& name) {
   return s;
 }
 
-// SessionOptions::share_weights_with and Session::memory_info() come with issue 26's shared builds; these two keep
-// keel_serve building on a core without them (each instance then builds its own copy, and memory() reports it).
-template <typename Options>
-auto share_build(Options& so, const Session* with, int) -> decltype(so.share_weights_with = with, void()) {
-  so.share_weights_with = with;
-}
-template <typename Options>
-void share_build(Options&, const Session*, long) {}
-template <typename S>
-auto build_memory(const S& s, int) -> decltype(s.memory_info(), std::array<uint64_t, 3>()) {
-  const auto info = s.memory_info();
-  return {info.build_id, info.constant_bytes, info.arena_bytes};
-}
-template <typename S>
-std::array<uint64_t, 3> build_memory(const S& s, long) {
-  return {reinterpret_cast<uintptr_t>(&s), 0, 0};
-}
-
 std::string join(const std::vector<std::string>& v) {
   std::string s;
   for (const auto& e : v) s += (s.empty() ? "" : ",") + e;
@@ -288,7 +270,7 @@ StatusOr<std::unique_ptr<ServedModel>> ServedModel::create(Environment& env, std
   // Instance 0 builds; the others share its build (kernels with their prepacked weights, variants, plans) and have
   // their own thread pools: one copy of the weights whatever the number of instances.
   for (int64_t i = 0; i < m->config_.instances; ++i) {
-    share_build(so, i == 0 ? nullptr : m->sessions_[0].get(), 0);
+    so.share_weights_with = i == 0 ? nullptr : m->sessions_[0].get();
     KEEL_ASSIGN_OR_RETURN(auto session, Session::create(env, graph, so), who + " instance " + std::to_string(i));
     m->sessions_.push_back(std::move(session));
   }
@@ -311,6 +293,7 @@ StatusOr<std::unique_ptr<ServedModel>> ServedModel::create(Environment& env, std
   // Output shapes that the file does not declare: as the first instance inferred them.
   for (auto& s : m->outputs_)
     if (!s.has_shape || s.dtype == DType::kUndefined) s = spec_of(m->sessions_[0]->graph(), s.name);
+  m->busy_.assign(m->sessions_.size(), false);
   for (size_t i = 0; i < m->sessions_.size(); ++i) m->workers_.emplace_back([p = m.get(), i] { p->worker(i); });
   return m;
 }
@@ -321,11 +304,11 @@ ServedModel::Memory ServedModel::memory() const {
   Memory out;
   std::vector<uint64_t> builds;
   for (const auto& s : sessions_) {
-    const auto [build_id, constant_bytes, arena_bytes] = build_memory(*s, 0);
-    if (std::find(builds.begin(), builds.end(), build_id) == builds.end()) {
-      builds.push_back(build_id);
-      out.constant_bytes += constant_bytes;
-      out.arena_bytes += arena_bytes;
+    const SessionMemoryInfo info = s->memory_info();
+    if (std::find(builds.begin(), builds.end(), info.build_id) == builds.end()) {
+      builds.push_back(info.build_id);
+      out.constant_bytes += info.constant_bytes;
+      out.arena_bytes += info.arena_bytes;
     }
   }
   out.builds = builds.size();
@@ -363,7 +346,7 @@ StatusOr<std::future<Result>> ServedModel::submit(std::vector<Tensor> inputs, cl
   r->deadline = deadline;
   auto fut = r->done.get_future();
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    std::unique_lock<std::mutex> lk(mu_);
     if (stopping_) {
       *why = Failure::kUnavailable;
       return unavailable("model " + name_ + " version " + std::to_string(version_) + " is shutting down");
@@ -371,6 +354,22 @@ StatusOr<std::future<Result>> ServedModel::submit(std::vector<Tensor> inputs, cl
     if (static_cast<int64_t>(queue_.size()) >= config_.max_queue_size) {
       *why = Failure::kQueueFull;
       return unavailable("model " + name_ + ": queue full (" + std::to_string(config_.max_queue_size) + " requests)");
+    }
+    // Nothing to wait for (no batching delay), nothing queued and an instance idle: run on the caller's thread,
+    // saving the hand-offs to a worker and back.
+    if (queue_.empty() && (config_.max_batch_size == 0 || config_.max_queue_delay_us == 0)) {
+      for (size_t i = 0; i < busy_.size(); ++i) {
+        if (busy_[i]) continue;
+        busy_[i] = true;
+        lk.unlock();
+        Batch batch{std::move(r)};
+        execute(*sessions_[i], batch);
+        lk.lock();
+        busy_[i] = false;
+        lk.unlock();
+        cv_.notify_all();
+        return fut;
+      }
     }
     queue_.push_back(std::move(r));
     metrics_.pending++;
@@ -390,7 +389,7 @@ bool ServedModel::compatible(const Request& a, const Request& b) const {
   return true;
 }
 
-ServedModel::Batch ServedModel::next_batch(std::unique_lock<std::mutex>& lk) {
+ServedModel::Batch ServedModel::next_batch(std::unique_lock<std::mutex>& lk, size_t instance) {
   const auto delay = std::chrono::microseconds(config_.max_queue_delay_us);
   const int64_t max_rows = config_.max_batch_size;
   const int64_t preferred = config_.preferred_batch_sizes.empty() ? max_rows : config_.preferred_batch_sizes.back();
@@ -415,10 +414,15 @@ ServedModel::Batch ServedModel::next_batch(std::unique_lock<std::mutex>& lk) {
       cv_.wait(lk);
       continue;
     }
+    if (busy_[instance]) {  // a caller runs on this instance (submit's inline path)
+      cv_.wait(lk);
+      continue;
+    }
     const auto front = queue_.front();
     if (max_rows == 0) {
       queue_.pop_front();
       metrics_.pending--;
+      busy_[instance] = true;
       return {front};
     }
     int64_t rows = 0;
@@ -445,6 +449,7 @@ ServedModel::Batch ServedModel::next_batch(std::unique_lock<std::mutex>& lk) {
       }
     }
     metrics_.pending -= static_cast<int64_t>(batch.size());
+    busy_[instance] = true;
     return batch;
   }
 }
@@ -455,12 +460,16 @@ void ServedModel::worker(size_t instance) {
     Batch batch;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      batch = next_batch(lk);
+      batch = next_batch(lk, instance);
     }
     if (batch.empty()) return;  // stopping, and nothing left to finish
     // Another worker may be able to start the next batch now.
     cv_.notify_one();
     execute(session, batch);
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      busy_[instance] = false;
+    }
   }
 }
 

@@ -10,7 +10,9 @@
 // until the batch holds max_batch_size rows, or the largest preferred batch size, or the oldest has waited
 // max_queue_delay_us; it concatenates them along dim 0, runs one batch and splits the outputs back in request order
 // (each request gets a view of the batch outputs: no copy). Requests whose non-batch dims differ are batched
-// separately. A request still queued past its deadline is not run: it completes with DEADLINE_EXCEEDED.
+// separately. A request still queued past its deadline is not run: it completes with DEADLINE_EXCEEDED. When there
+// is no batching delay, nothing is queued and an instance is idle, submit() runs the request on the caller's thread
+// (the future is ready when it returns): no hand-off to a worker and back.
 //
 // Thread-safety: submit(), metrics() and the accessors may be called from any thread. shutdown() (also run by the
 // destructor) stops accepting, lets the workers finish every queued request, and joins them.
@@ -146,8 +148,9 @@ class ServedModel {
   using Batch = std::vector<std::shared_ptr<Request>>;
   ServedModel() = default;
   void worker(size_t instance);
-  // Under mu_: takes the next batch off the queue (empty when there is none to run yet), or sleeps until one may be.
-  Batch next_batch(std::unique_lock<std::mutex>& lk);
+  // Under mu_: takes the next batch for `instance` off the queue and marks the instance busy, sleeping until there is
+  // one to run; empty when stopping with nothing left.
+  Batch next_batch(std::unique_lock<std::mutex>& lk, size_t instance);
   void execute(Session& session, Batch& batch);
   bool compatible(const Request& a, const Request& b) const;
 
@@ -161,6 +164,7 @@ class ServedModel {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Request>> queue_;
+  std::vector<bool> busy_;  // per instance: a batch runs on it (its worker's or a caller's inline run)
   bool stopping_ = false;
   ModelMetrics metrics_;
 };
