@@ -62,7 +62,7 @@ cp "$model" "$work/repo/m/1/model.onnx"
 "$keel" --log-level warn serve --model-repository "$work/repo" --port 0 --threads "$threads" --http-threads 64 \
   > "$work/stdout" 2> "$work/stderr" &
 server=$!
-for _ in $(seq 600); do
+for _ in $(seq 3000); do  # up to 300 s: warm-up builds a shape variant per batch size
   grep -q listening "$work/stdout" 2>/dev/null && break
   kill -0 "$server" 2>/dev/null || { cat "$work/stderr" >&2; exit 1; }
   sleep 0.1
@@ -137,5 +137,6 @@ if ((soak > 0)); then
       at10 = v[10 < NR ? 10 : NR]; mx = 0; for (i = 10; i <= NR; i++) if (v[i] > mx) mx = v[i];
       printf "rss_kib: before %d, at 10 s %d, max after 10 s %d, at the end %d, growth after 10 s %+d KiB (%+.2f%%)\n",
              r0, at10, mx, v[NR], v[NR] - at10, 100 * (v[NR] - at10) / at10 }' "$work/rss.txt"
+  echo "rss_kib every 10 s: $(awk 'NR % 10 == 0 {printf "%s ", $1}' "$work/rss.txt")"
   curl -s --max-time 10 "http://127.0.0.1:$port/metrics" | grep -E '^keel_inference_request_(success|failure)|^keel_http_responses' || true
 fi
