@@ -130,6 +130,7 @@ plan (each step: min(its own timeout, what is left of $budget s)):
   100 s  keel-cts --device cuda --kernel-prefix cuda_
    60 s  nccl_plugin_test (one rank: init, all-reduce, ..., teardown, a peer that never joins)
    90 s  cuda_plugin_test
+   90 s  keel launch --nproc-per-node 1 -- keel train --device cuda (synthetic data): the data-parallel path on NCCL
    25 s  per model: keel run --device cuda [--precision fp16] vs test_data_set_0/output_0.pb (rtol 1e-3 / 1e-2)
   100 s  $torch_bench --models ${bench_models// /,} --batches 1,64 --precisions fp32,fp16 --json
    30 s  per (model, batch, precision): keel bench MODEL --device cuda [--precision fp16] --json (batch 64: the
@@ -224,6 +225,26 @@ PY
       done
     done
 
+    step "data-parallel: one rank on cuda over NCCL (keel launch --nproc-per-node 1 -- keel train)"
+    # Synthetic IDX files (the device machine has no dataset package): 1,280 training and 256 test images. One rank
+    # under a launcher takes the whole data-parallel path: NCCL communicator, parameter broadcast, gradient buckets
+    # all-reduced on the card, averaged, optimizer step.
+    "$py" - "$work/dp_data" <<'PY' || { echo "synthetic data failed"; fails=$((fails+1)); }
+import os, struct, sys, numpy as np
+d = sys.argv[1]; os.makedirs(d, exist_ok=True); rng = np.random.default_rng(0)
+for prefix, n in (("train", 1280), ("t10k", 256)):
+    y = rng.integers(0, 10, n, dtype=np.uint8)
+    x = (rng.random((n, 28, 28)) * 40 + y[:, None, None] * 20).astype(np.uint8)
+    open(f"{d}/{prefix}-images-idx3-ubyte", "wb").write(struct.pack(">IIII", 0x803, n, 28, 28) + x.tobytes())
+    open(f"{d}/{prefix}-labels-idx1-ubyte", "wb").write(struct.pack(">II", 0x801, n) + y.tobytes())
+PY
+    dp_out=$(run_timed 90 "$keel" launch --nproc-per-node 1 -- "$keel" train --device cuda --data "$work/dp_data" \
+               --epochs 1 -o '' --no-quantize -q 2>&1)
+    rc=$?
+    echo "$dp_out" | tail -8
+    if [[ $rc -ne 0 ]] || ! grep -q "world size 1 (nccl)" <<<"$dp_out"; then
+      echo "  data-parallel step FAILED (rc $rc; want 'world size 1 (nccl)' and exit 0)"; fails=$((fails+1))
+    fi
     step "benchmark: PyTorch eager on the GPU"
     rm -f "$work/torch.jsonl" "$work/keel.jsonl"
     run_timed 100 "$py" "$torch_bench" --peers "$peers" --models "${bench_models// /,}" --batches 1,64 \

@@ -1,5 +1,7 @@
 #include "core/base/thread_pool.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <exception>
 
@@ -9,8 +11,18 @@ namespace {
 thread_local bool t_inside_pool = false;
 }
 
+int available_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 ThreadPool::ThreadPool(int threads) {
-  threads_ = threads > 0 ? threads : std::max(1u, std::thread::hardware_concurrency());
+  threads_ = threads > 0 ? threads : available_cpus();
   for (int i = 1; i < threads_; ++i) workers_.emplace_back([this] { worker(); });
 }
 

@@ -17,9 +17,13 @@
 
 namespace keel {
 
+// The CPUs this process may run on (its affinity mask, as `keel launch` or taskset set it), at least 1; falls back to
+// std::thread::hardware_concurrency() where the mask cannot be read. Thread-safe.
+int available_cpus();
+
 class ThreadPool {
  public:
-  // threads = total parallelism including the caller; 0 = std::thread::hardware_concurrency().
+  // threads = total parallelism including the caller; 0 = available_cpus().
   explicit ThreadPool(int threads = 0);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;

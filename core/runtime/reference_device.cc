@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "core/base/status.h"
+#include "core/base/thread_pool.h"
 #include "ops/reference/fused_kernels.h"
 #include "ops/reference/grad_kernels.h"
 #include "ops/reference/reference_kernels.h"
@@ -23,7 +24,7 @@ keel_status_t cpu_props(void*, int32_t device, keel_device_properties_t* p) {
   p->free_memory = 0;
   p->capabilities = KEEL_DEVICE_CAP_F16 | KEEL_DEVICE_CAP_BF16 | KEEL_DEVICE_CAP_INT8 | KEEL_DEVICE_CAP_F64 |
                     KEEL_DEVICE_CAP_UNIFIED_HOST_MEMORY;
-  p->multiprocessors = static_cast<int32_t>(std::thread::hardware_concurrency());
+  p->multiprocessors = static_cast<int32_t>(available_cpus());
   return nullptr;
 }
 keel_status_t cpu_alloc(void*, int32_t device, uint64_t bytes, uint64_t alignment, void** out) {

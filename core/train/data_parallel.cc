@@ -111,8 +111,6 @@ StatusOr<std::unique_ptr<DataParallel>> DataParallel::create(nn::Module& module,
   dp->rank_ = comm.rank();
   dp->world_ = comm.size();
   dp->params_ = module.parameters();
-  if (dp->world_ <= 1) return dp;
-
   KEEL_RETURN_IF_ERROR(check_same_across_ranks(comm, module.named_parameters(), "parameter"), "DataParallel");
   KEEL_RETURN_IF_ERROR(check_same_across_ranks(comm, module.named_buffers(), "buffer"), "DataParallel");
   {
@@ -191,7 +189,7 @@ std::vector<std::vector<size_t>> DataParallel::bucket_layout() const {
 }
 
 void DataParallel::on_grad_ready(size_t i) {
-  if (!sync_ || world_ <= 1 || bucket_of_[i] == SIZE_MAX) return;
+  if (!sync_ || bucket_of_[i] == SIZE_MAX) return;
   if (ready_[i]) return;  // a second backward before finish(): its gradient was added to .grad already, not resent
   ready_[i] = true;
   any_ready_ = true;
@@ -278,7 +276,7 @@ void DataParallel::reset_step() {
 }
 
 Status DataParallel::finish() {
-  if (world_ <= 1 || !sync_) return Status::ok();
+  if (!sync_) return Status::ok();
   try {
     eager::NoGradGuard ng;
     // Buckets still waiting for a gradient: zero-fill those parameters and start them now.
@@ -417,7 +415,7 @@ Status DataParallel::broadcast_buffers() {
 }
 
 Tensor DataParallel::forward(const Tensor& x) {
-  if (world_ > 1) {
+  {
     if (any_ready_ || next_launch_ > 0)
       throw eager::Error(failed_precondition(
           "DataParallel: forward() on rank " + std::to_string(rank_) +

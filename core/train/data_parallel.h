@@ -91,7 +91,8 @@ class DataParallel {
   Tensor forward(const Tensor& x);
   Tensor operator()(const Tensor& x) { return forward(x); }
   // Waits for the all-reduces of this step (starting those whose buckets are not yet complete, zero-filled) and
-  // writes the averaged gradients into .grad. No-op inside no_sync() and at world size 1.
+  // writes the averaged gradients into .grad. No-op inside no_sync(). A communicator of one rank takes the same
+  // path (identity all-reduces), as torch DDP does: `keel launch --nproc-per-node 1` exercises it.
   Status finish();
 
   // While alive, backward does not synchronise gradients (see above). Nestable.

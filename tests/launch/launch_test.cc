@@ -4,15 +4,19 @@
 // orphans; ProcessGroup over gloo across processes (skipped without the gloo plugin); identity_from_env under Open
 // MPI's mpirun (skipped without mpirun). Everything runs on 127.0.0.1 with bounded waits.
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -161,6 +165,65 @@ TEST(Launch, EveryRankGetsItsEnvironmentAndPrefixedOutput) {
   }
   EXPECT_EQ(r.output.find("MASTER_PORT=0 "), std::string::npos) << "a free port is chosen\n" << r.output;
   EXPECT_NE(r.output.find("KEEL_STORE_SERVED=1"), std::string::npos) << r.output;
+}
+
+// The CPUs each rank printed ("[rank K] cpus K a,b,c"), by rank.
+std::map<int, std::set<int>> rank_cpus(const std::string& output) {
+  std::map<int, std::set<int>> out;
+  std::istringstream in(output);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto at = line.find("] cpus ");
+    if (at == std::string::npos) continue;
+    std::istringstream f(line.substr(at + 7));
+    int rank = -1;
+    std::string list;
+    f >> rank >> list;
+    std::istringstream l(list);
+    for (std::string c; std::getline(l, c, ',');) out[rank].insert(std::stoi(c));
+  }
+  return out;
+}
+
+std::set<int> my_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::set<int> out;
+  if (sched_getaffinity(0, sizeof set, &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) out.insert(c);
+  return out;
+}
+
+TEST(Launch, CpuAffinityGivesEachRankItsOwnCpus) {
+  const std::set<int> mine = my_cpus();
+  ASSERT_FALSE(mine.empty());
+  const int ranks = std::min<int>(2, static_cast<int>(mine.size()));
+  Result r = run(launch({"--nproc-per-node", std::to_string(ranks)}, {"cpus"}));
+  ASSERT_FALSE(r.timed_out) << r.output;
+  ASSERT_EQ(r.rc, 0) << r.output;
+  auto cpus = rank_cpus(r.output);
+  ASSERT_EQ(static_cast<int>(cpus.size()), ranks) << r.output;
+  if (ranks < 2) GTEST_SKIP() << "one CPU: nothing to split";
+  std::set<int> all;
+  for (const auto& [rank, set] : cpus) {
+    EXPECT_FALSE(set.empty()) << r.output;
+    for (int c : set) {
+      EXPECT_TRUE(mine.count(c)) << "rank " << rank << " got CPU " << c << " outside the launcher's\n" << r.output;
+      EXPECT_TRUE(all.insert(c).second) << "CPU " << c << " given to two ranks\n" << r.output;
+    }
+  }
+  EXPECT_EQ(all, mine) << "every CPU of the launcher goes to a rank\n" << r.output;
+
+  // none: every rank keeps the launcher's CPUs; more ranks than CPUs: no pinning either.
+  r = run(launch({"--nproc-per-node", "2", "--cpu-affinity", "none"}, {"cpus"}));
+  ASSERT_EQ(r.rc, 0) << r.output;
+  for (const auto& [rank, set] : rank_cpus(r.output)) EXPECT_EQ(set, mine) << "rank " << rank << "\n" << r.output;
+  r = run(launch({"--nproc-per-node", std::to_string(mine.size() + 1)}, {"cpus"}));
+  ASSERT_EQ(r.rc, 0) << r.output;
+  for (const auto& [rank, set] : rank_cpus(r.output)) EXPECT_EQ(set, mine) << "rank " << rank << "\n" << r.output;
+  r = run(launch({"--nproc-per-node", "2", "--cpu-affinity", "sideways"}, {"cpus"}));
+  EXPECT_NE(r.rc, 0) << r.output;
 }
 
 TEST(Launch, RanksReachTheLaunchersStore) {

@@ -8,7 +8,9 @@
 //   store                  every rank connects to the launcher's store, adds to a counter and waits for the others
 //   pg                     ProcessGroup::create over gloo, all-reduce of rank+1, prints the sum (exit 77: no gloo;
 //                          the rendezvous timeout from $LAUNCH_TEST_TIMEOUT_MS, default 20 s)
+//   cpus                   print "cpus <RANK> <list>": the CPUs this rank may run on (its affinity mask)
 // Sleeps are bounded so that a broken launcher never leaves processes behind for long.
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -42,6 +44,16 @@ void sleep_bounded() {
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "env";
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  if (mode == "cpus") {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+    std::string list;
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) list += (list.empty() ? "" : ",") + std::to_string(c);
+    std::printf("cpus %d %s\n", rank(), list.c_str());
+    return 0;
+  }
   if (mode == "env") {
     std::printf("RANK=%s WORLD_SIZE=%s LOCAL_RANK=%s LOCAL_WORLD_SIZE=%s MASTER_ADDR=%s MASTER_PORT=%s KEEL_STORE_SERVED=%s\n",
                 env_or("RANK", "-"), env_or("WORLD_SIZE", "-"), env_or("LOCAL_RANK", "-"),

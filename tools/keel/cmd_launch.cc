@@ -12,7 +12,13 @@
 // --max-restarts allows, else exits 1 naming the root cause: the rank, its exit code or signal, its last lines.
 // Each rank runs in its own process group (signals reach what it starts too) with PR_SET_PDEATHSIG(SIGKILL), so a
 // launcher that is killed outright leaves no orphans.
+// CPU affinity (--cpu-affinity auto, the default): when this node has at least as many CPUs as local ranks, each rank
+// is pinned to its own contiguous share of the launcher's CPUs, ordered by package and core so that SMT siblings
+// stay together; its thread pool then defaults to that share (keel::available_cpus). Ranks that wake each other at
+// every step stay on their own cores: on the 2-vCPU CI machine this took a 2-rank SimpleCNN epoch from 5.6 s to
+// 3.5 s under load (README.md, data-parallel). --cpu-affinity none leaves the ranks where the scheduler puts them.
 #include <fcntl.h>
+#include <sched.h>
 #include <poll.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -21,6 +27,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -30,6 +37,7 @@
 #include <iostream>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/runtime/dist/store.h"
@@ -74,8 +82,43 @@ bool is_loopback(const std::string& addr) {
   return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
 }
 
+// The CPUs this process may use, ordered by (package, core, cpu) so that SMT siblings are adjacent.
+std::vector<int> cpus_by_core() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return cpus;
+  auto read_int = [](const std::string& path) {
+    std::ifstream f(path);
+    long v = -1;
+    return (f >> v) ? v : -1L;
+  };
+  std::vector<std::tuple<long, long, int>> keyed;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (!CPU_ISSET(c, &set)) continue;
+    const std::string t = "/sys/devices/system/cpu/cpu" + std::to_string(c) + "/topology/";
+    keyed.emplace_back(read_int(t + "physical_package_id"), read_int(t + "core_id"), c);
+  }
+  std::sort(keyed.begin(), keyed.end());
+  for (const auto& k : keyed) cpus.push_back(std::get<2>(k));
+  return cpus;
+}
+
+std::string cpu_list(const std::vector<int>& cpus) {
+  std::string s;
+  for (size_t i = 0; i < cpus.size(); ++i) {
+    size_t j = i;
+    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
+    s += (s.empty() ? "" : ",") + std::to_string(cpus[i]) + (j > i ? "-" + std::to_string(cpus[j]) : "");
+    i = j;
+  }
+  return s;
+}
+
 struct Rank {
   int rank = 0, local_rank = 0;
+  bool pinned = false;
+  cpu_set_t cpus;  // when pinned: the CPUs this rank runs on (prepared before fork)
   pid_t pid = -1;
   bool running = false;
   int status = 0;          // waitpid status once reaped
@@ -108,6 +151,7 @@ class Launcher {
     sa.sa_flags = SA_RESTART;
     for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigaction(sig, &sa, nullptr);
 
+    plan_affinity();
     const int world = o_.nproc_per_node * o_.nnodes;
     spdlog::info("keel launch: {} rank(s) on this node ({} of {}), world size {}, store {}", o_.nproc_per_node,
                  o_.node_rank, o_.nnodes, world, dist::format_address(o_.master_addr, port_));
@@ -136,12 +180,36 @@ class Launcher {
       say("warning: --master-addr " + o_.master_addr + " is a loopback address: only launchers on this machine reach "
           "it (give node 0's address when the nodes are separate machines)");
     if (o_.grace_period_s < 0) return invalid_argument("--grace-period must not be negative");
+    if (o_.cpu_affinity != "auto" && o_.cpu_affinity != "none")
+      return invalid_argument("--cpu-affinity must be auto or none, got '" + o_.cpu_affinity + "'");
     if (!o_.log_dir.empty()) {
       std::error_code ec;
       std::filesystem::create_directories(o_.log_dir, ec);
       if (ec) return invalid_argument("--log-dir " + o_.log_dir + ": " + ec.message());
     }
     return Status::ok();
+  }
+
+  // --cpu-affinity auto: local rank k gets the k-th contiguous share of cpus_by_core() (shares differ by at most one).
+  void plan_affinity() {
+    pins_.assign(static_cast<size_t>(o_.nproc_per_node), {});
+    if (o_.cpu_affinity != "auto") return;
+    const std::vector<int> cpus = cpus_by_core();
+    const size_t n = cpus.size(), k = static_cast<size_t>(o_.nproc_per_node);
+    if (n < k || k < 2) {
+      if (k >= 2) spdlog::info("keel launch: {} local ranks on {} CPU(s): not pinning", k, n);
+      return;
+    }
+    std::string plan;
+    for (size_t r = 0, at = 0; r < k; ++r) {
+      const size_t take = n / k + (r < n % k ? 1 : 0);
+      pins_[r].assign(cpus.begin() + static_cast<std::ptrdiff_t>(at), cpus.begin() + static_cast<std::ptrdiff_t>(at + take));
+      std::vector<int> sorted = pins_[r];
+      std::sort(sorted.begin(), sorted.end());
+      plan += (r ? " | " : "") + cpu_list(sorted);
+      at += take;
+    }
+    spdlog::info("keel launch: local ranks pinned to CPUs {} (--cpu-affinity none: not pinned)", plan);
   }
 
   // Node 0 serves the store for the whole job, over every restart.
@@ -188,6 +256,9 @@ class Launcher {
     std::vector<char*> envp, argv;
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
+    r.pinned = !pins_[static_cast<size_t>(r.local_rank)].empty();
+    CPU_ZERO(&r.cpus);
+    for (int c : pins_[static_cast<size_t>(r.local_rank)]) CPU_SET(c, &r.cpus);
     std::vector<std::string> args = o_.command;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -207,6 +278,7 @@ class Launcher {
       sigprocmask(SIG_SETMASK, &none, nullptr);
       dup2(out[1], 1);
       dup2(err[1], 2);
+      if (r.pinned) sched_setaffinity(0, sizeof r.cpus, &r.cpus);
       execvpe(argv[0], argv.data(), envp.data());
       const std::string msg = std::string("keel launch: cannot run '") + argv[0] + "': " + std::strerror(errno) + "\n";
       ssize_t ignored = write(2, msg.data(), msg.size());
@@ -414,6 +486,7 @@ class Launcher {
   }
 
   const LaunchOptions& o_;
+  std::vector<std::vector<int>> pins_;  // per local rank: its CPUs (empty: not pinned)
   std::unique_ptr<dist::TcpStoreServer> server_;
   int port_ = 0;
   std::vector<Rank> ranks_;
@@ -454,6 +527,10 @@ void add_launch_command(CLI::App& app, Globals& g) {
   cmd->add_option("--grace-period", opts->grace_period_s,
                   "Seconds between SIGTERM and SIGKILL when stopping ranks (default 5)")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--cpu-affinity", opts->cpu_affinity,
+                  "auto (default): pin each local rank to its own share of this node's CPUs when there are enough; "
+                  "none: do not pin")
+      ->check(CLI::IsMember({"auto", "none"}));
   cmd->add_option("--tail", opts->tail_lines, "Lines of the failed rank's output to show (default 20)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("command", opts->command, "-- PROGRAM ARGS...: what every rank runs")->required();

@@ -405,7 +405,9 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
       std::cerr << "keel train: " << id.status().to_string() << "\n";
       return 2;
     }
-    if (id->world_size > 1) {
+    // Any launcher (keel launch, torchrun, mpirun, srun) makes a process group, also of one rank: `keel launch
+    // --nproc-per-node 1` then runs the data-parallel path (tools/gpu_check.sh checks it over NCCL on one card).
+    if (id->world_size > 1 || id->source != dist::IdentitySource::kSingle) {
       const bool gpu = a.device.rfind("cuda", 0) == 0;
       auto pg = dist::ProcessGroup::create(*env, *id, gpu ? "nccl" : "gloo",
                                            gpu ? env->device(a.device).value().index : 0,

@@ -88,6 +88,9 @@ struct LaunchOptions {
   std::string log_dir;  // empty: prefix lines on the launcher's stdout/stderr
   double grace_period_s = 5;
   int tail_lines = 20;
+  // "auto": pin each local rank to its own share of the launcher's CPUs (whole cores, SMT siblings together) when
+  // there are at least as many CPUs as local ranks; "none": do not pin.
+  std::string cpu_affinity = "auto";
   std::vector<std::string> command;  // PROGRAM ARGS...
 };
 int run_launch(const LaunchOptions& options);
