@@ -168,6 +168,16 @@ TEST_F(Serve, JsonAndBinaryEqualInProcessRun) {
   ASSERT_EQ(ri->status, 200) << ri->body;
   EXPECT_EQ(json::parse(ri->body)["outputs"][0]["data"], json::array({11, -18}));
   EXPECT_EQ(json::parse(ri->body)["outputs"][0]["datatype"], "INT64");
+  // Integers beyond 2^53 stay exact (parsed as integers, not through a double).
+  const std::string big =
+      R"({"inputs":[{"name":"a","datatype":"INT64","shape":[1,2],"data":[9007199254740993, -9000000000000000001]}]})";
+  auto rb = post("/v2/models/ints/infer", big);
+  ASSERT_TRUE(rb);
+  ASSERT_EQ(rb->status, 200) << rb->body;
+  EXPECT_EQ(json::parse(rb->body)["outputs"][0]["data"],
+            json::array({int64_t{9007199254741003}, int64_t{-9000000000000000021}}));
+  expect_error("/v2/models/ints/infer",
+               R"({"inputs":[{"name":"a","datatype":"INT64","shape":[1,2],"data":[9223372036854775808, 1]}]})", 400);
 }
 
 TEST_F(Serve, BadRequestsGetTheir4xxAndServingGoesOn) {
@@ -206,6 +216,19 @@ TEST_F(Serve, BadRequestsGetTheir4xxAndServingGoesOn) {
   json unknown_output = infer_body(x, 2);
   unknown_output["outputs"] = json::array({json{{"name", "nope"}}});
   expect_error(p, unknown_output.dump(), 400);
+  // The lifted-array fast path (tensor_json.h) keeps the general path's checks.
+  json with_bool = infer_body(std::vector<float>(8, 1.f), 2);
+  with_bool["inputs"][0]["data"][7] = true;
+  expect_error(p, with_bool.dump(), 400);
+  const std::string head = R"({"inputs":[{"name":"x","datatype":"FP32","shape":[2,4],"data":)";
+  expect_error(p, head + "[1,2,3,4,5,6,7,]}]}", 400);       // trailing comma
+  expect_error(p, head + "[1,2,3,4,5,6,7,,8]}]}", 400);     // empty element
+  expect_error(p, head + "[1,2,3,4,5,6,7 8]}]}", 400);      // missing comma
+  expect_error(p, head + "[1,2,3,4,5,6,7,1e400]}]}", 400);  // out of range
+  expect_error(p, head + "[1,2,3,4,5,6,7,+8]}]}", 400);     // not a JSON number
+  expect_error(p, head + "[1,2,3,4,5,6,7,tru]}]}", 400);
+  expect_error(p, head + "{\"__keel_data__\": 9}}]}", 400);  // the marker, forged
+  expect_error(p, head + "[[1,2,3,4],[5,6,7]]}]}", 400);     // 7 of 8
   json fractional = {
       {"inputs", json::array({json{{"name", "a"}, {"datatype", "INT64"}, {"shape", {1, 2}}, {"data", {1.5, 2}}}})}};
   expect_error("/v2/models/ints/infer", fractional.dump(), 400);

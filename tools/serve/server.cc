@@ -490,9 +490,11 @@ void Server::handle_infer(const httplib::Request& req, httplib::Response& res) {
   }
   if (json_depth(body, options_.max_json_depth) > options_.max_json_depth)
     return bad("JSON nested deeper than " + std::to_string(options_.max_json_depth));
+  // Large numeric `data` arrays are taken out of the text first (tensor_json.h), the rest is parsed as a tree.
+  const LiftedData lifted = lift_data_arrays(body);
   json j;
   try {
-    j = json::parse(body);
+    j = json::parse(lifted.text);
   } catch (const json::exception& e) {
     return bad(std::string("malformed JSON: ") + e.what());
   }
@@ -566,6 +568,19 @@ void Server::handle_infer(const httplib::Request& req, httplib::Response& res) {
       continue;
     }
     if (!in.contains("data")) return bad("input '" + name + "' has neither `data` nor binary_data_size");
+    if (const int64_t li = lifted_index(in["data"]); li >= 0) {
+      if (static_cast<uint64_t>(li) >= lifted.arrays.size()) return bad("input '" + name + "': malformed `data`");
+      const auto& tokens = lifted.arrays[static_cast<size_t>(li)];
+      if (tokens.size() != numel)
+        return bad("input '" + name + "': shape " + shape_to_string(shape) + " has " + std::to_string(numel) +
+                   " elements but `data` has " + std::to_string(tokens.size()));
+      auto t = Tensor::host(*dtype, shape);
+      if (!t.is_ok()) return fail(Failure::kRunFailed, 500, t.status().message());
+      if (!fill_tensor_from_tokens(tokens, t.value()))
+        return bad("input '" + name + "': `data` has a value that is not a " + dt);
+      inputs[k] = std::move(t).value();
+      continue;
+    }
     uint64_t leaves = 0;
     if (!count_leaves(in["data"], leaves)) return bad("input '" + name + "': `data` must hold numbers or booleans");
     if (leaves != numel)

@@ -1,6 +1,7 @@
 // keel/tools/serve/tensor_json.cc — KServe v2 JSON tensors (see tensor_json.h).
 #include "tools/serve/tensor_json.h"
 
+#include <charconv>
 #include <limits>
 #include <type_traits>
 
@@ -157,6 +158,143 @@ json to_json_data(const Tensor& t) {
     }
   });
   return out;
+}
+
+namespace {
+
+bool token_char(char c) {
+  return (c >= '0' && c <= '9') || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E' || c == 't' || c == 'r' ||
+         c == 'u' || c == 'f' || c == 'a' || c == 'l' || c == 's';
+}
+bool space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+// Parses the array starting at body[i] == '['; on success returns the index after its ']' and appends its tokens.
+// Only numbers-or-booleans-shaped tokens, commas, brackets and whitespace, in JSON's array grammar.
+size_t scan_array(std::string_view body, size_t i, std::vector<std::string_view>& tokens) {
+  int depth = 0;
+  bool need_value = true, may_close = true;  // after '[': a value or ']'; after ',': a value; after a value: ',' or ']'
+  while (i < body.size()) {
+    const char c = body[i];
+    if (space(c)) {
+      ++i;
+    } else if (c == '[') {
+      if (!need_value) return 0;
+      ++depth;
+      ++i;
+      need_value = true;
+      may_close = true;
+    } else if (c == ']') {
+      if (need_value && !may_close) return 0;
+      --depth;
+      ++i;
+      need_value = false;
+      may_close = true;
+      if (depth == 0) return i;
+    } else if (c == ',') {
+      if (need_value) return 0;
+      ++i;
+      need_value = true;
+      may_close = false;
+    } else if (token_char(c)) {
+      if (!need_value) return 0;
+      const size_t start = i;
+      while (i < body.size() && token_char(body[i])) ++i;
+      tokens.push_back(body.substr(start, i - start));
+      need_value = false;
+      may_close = true;
+    } else {
+      return 0;
+    }
+  }
+  return 0;
+}
+
+template <typename T>
+bool parse_token(std::string_view tok, T& out) {
+  if constexpr (std::is_same_v<T, bool>) {
+    if (tok == "true" || tok == "1") out = true;
+    else if (tok == "false" || tok == "0") out = false;
+    else return false;
+    return true;
+  } else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat>) {
+    float f = 0;
+    if (!parse_token(tok, f)) return false;
+    out.bits = std::is_same_v<T, Half> ? f32_to_f16(f) : f32_to_bf16(f);
+    return true;
+  } else {
+    // JSON numbers only: a sign is '-' alone, never "true"/"false" for a number.
+    if (tok.empty() || !(tok[0] == '-' || (tok[0] >= '0' && tok[0] <= '9'))) return false;
+    if constexpr (std::is_floating_point_v<T>) {
+      double d = 0;  // via double, as the general path reads numbers
+      auto [p, ec] = std::from_chars(tok.data(), tok.data() + tok.size(), d);
+      if (ec != std::errc() || p != tok.data() + tok.size()) return false;
+      out = static_cast<T>(d);
+      return true;
+    } else {
+      auto [p, ec] = std::from_chars(tok.data(), tok.data() + tok.size(), out);
+      return ec == std::errc() && p == tok.data() + tok.size();  // out of range, a fraction or an exponent: false
+    }
+  }
+}
+
+}  // namespace
+
+LiftedData lift_data_arrays(std::string_view body) {
+  LiftedData out;
+  static constexpr std::string_view kKey = "\"data\"";
+  size_t copied = 0;
+  bool in_string = false, escaped = false;
+  for (size_t i = 0; i < body.size(); ++i) {
+    const char c = body[i];
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c != '"') continue;
+    if (body.compare(i, kKey.size(), kKey) != 0) {
+      in_string = true;
+      continue;
+    }
+    size_t j = i + kKey.size();
+    while (j < body.size() && space(body[j])) ++j;
+    if (j >= body.size() || body[j] != ':') {
+      i += kKey.size() - 1;
+      continue;
+    }
+    ++j;
+    while (j < body.size() && space(body[j])) ++j;
+    std::vector<std::string_view> tokens;
+    const size_t end = j < body.size() && body[j] == '[' ? scan_array(body, j, tokens) : 0;
+    if (end == 0) {  // not a plain numeric array: the general path reads it
+      i += kKey.size() - 1;
+      continue;
+    }
+    out.text.append(body.substr(copied, j - copied));
+    out.text += "{\"__keel_data__\": " + std::to_string(out.arrays.size()) + "}";
+    out.arrays.push_back(std::move(tokens));
+    copied = end;
+    i = end - 1;
+  }
+  out.text.append(body.substr(copied));
+  return out;
+}
+
+int64_t lifted_index(const json& data) {
+  if (!data.is_object() || data.size() != 1 || !data.contains("__keel_data__")) return -1;
+  const json& k = data["__keel_data__"];
+  return k.is_number_unsigned() ? static_cast<int64_t>(k.get<uint64_t>()) : -1;
+}
+
+bool fill_tensor_from_tokens(const std::vector<std::string_view>& tokens, Tensor& t) {
+  bool ok = true;
+  const bool known = visit_dtype(t.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    T* p = static_cast<T*>(t.raw_data());
+    for (size_t i = 0; ok && i < tokens.size(); ++i) ok = parse_token(tokens[i], p[i]);
+  });
+  return known && ok;
 }
 
 }  // namespace keel::serve

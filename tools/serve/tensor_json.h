@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "core/base/dtype.h"
 #include "core/base/tensor.h"
@@ -27,5 +29,22 @@ bool count_leaves(const nlohmann::json& data, uint64_t& n);
 bool fill_tensor(const nlohmann::json& data, Tensor& t);
 // The tensor's elements as a flat JSON array.
 nlohmann::json to_json_data(const Tensor& t);
+
+// The fast path for large JSON tensors. nlohmann-json builds a tree node per number (60 KB of floats: milliseconds);
+// lift_data_arrays() takes every `"data": [...]` whose content is only numbers, true/false and nested arrays out of
+// the text first (checking the array grammar), keeps each number's text, and leaves {"__keel_data__": K} in its
+// place; the rest, now small, is parsed as usual and fill_tensor_from_tokens() converts the kept numbers with
+// std::from_chars. Arrays with anything else (strings, null, objects, bad grammar) stay in the text and take the
+// general path with its errors.
+struct LiftedData {
+  std::string text;                                   // the request with the lifted arrays replaced
+  std::vector<std::vector<std::string_view>> arrays;  // the number tokens of array K, views into the body
+};
+LiftedData lift_data_arrays(std::string_view body);
+// The K of a {"__keel_data__": K} left by lift_data_arrays, or -1.
+int64_t lifted_index(const nlohmann::json& data);
+// Writes the tokens into `t` (tokens.size() == t.numel()); false when one is not a value of the dtype (a fraction or
+// an exponent for an integer, out of range, a boolean for a number, ...).
+bool fill_tensor_from_tokens(const std::vector<std::string_view>& tokens, Tensor& t);
 
 }  // namespace keel::serve
