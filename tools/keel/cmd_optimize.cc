@@ -10,6 +10,7 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "core/runtime/pipelines.h"
 #include "core/base/pass_manager.h"
 #include "core/runtime/host_api.h"
 #include "core/runtime/kernel_context.h"
@@ -18,13 +19,6 @@
 
 namespace keel::cli {
 namespace {
-
-// The default pipeline: canonicalise, fold BatchNormalization, fuse, clean up.
-const char* const kDefaultPipeline[] = {
-    "fold_constants",     "remove_identity", "eliminate_common_subexpressions", "eliminate_dead_code",
-    "fuse_conv_bn",       "fuse_gelu",       "fuse_layer_norm",                 "fuse_attention",
-    "fuse_conv_activation", "fuse_matmul_activation", "eliminate_dead_code",
-};
 
 struct OptimizeArgs {
   std::string model, output, passes, config, device = "cpu";
@@ -178,12 +172,7 @@ int optimize(const OptimizeArgs& a, Globals& g) {
 }  // namespace
 
 std::vector<std::string> default_pipeline(const Environment& env, std::vector<std::string>* missing) {
-  std::vector<std::string> out;
-  for (const char* name : kDefaultPipeline) {
-    if (env.registry().pass(name)) out.push_back(name);
-    else if (missing) missing->push_back(name);
-  }
-  return out;
+  return default_pass_pipeline(env.registry(), missing);  // core/runtime/pipelines.h: the C/C++ API's as well
 }
 
 void add_optimize_command(CLI::App& app, Globals& g) {

@@ -8,6 +8,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "core/runtime/pipelines.h"
 #include "core/runtime/onnx_io.h"
 #include "tools/keel/commands.h"
 #include "tools/calibration/quantize.h"
@@ -98,15 +99,7 @@ int quantize(QuantizeArgs& a, Globals& g) {
 std::vector<std::string> session_passes(const std::string& spec, const Graph& graph, const Environment& env) {
   std::vector<std::string> out;
   if (spec == "none" || spec.empty()) return out;
-  if (spec == "auto") {
-    bool qdq = false;
-    for (NodeId id : graph.node_ids()) qdq = qdq || graph.node(id)->op_type == "DequantizeLinear";
-    if (qdq) {
-      if (env.registry().pass("fuse_qdq")) out.push_back("fuse_qdq");
-      return out;
-    }
-    return default_pipeline(env);
-  }
+  if (spec == "auto") return auto_pass_pipeline(graph, env.registry());  // as keel_session_options_set_pipeline
   std::stringstream ss(spec);
   std::string item;
   while (std::getline(ss, item, ','))

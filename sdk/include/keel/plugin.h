@@ -618,6 +618,11 @@ typedef struct keel_plugin_handle_s keel_plugin_handle_t; /* opaque: identifies 
  * What the core gives a plugin at init. The pointer stays valid until the plugin's shutdown returns. register_*
  * may only be called during init; the definitions they receive are copied (strings too), except user_data and
  * function pointers, which must stay valid until shutdown.
+ * (ABI 1.5) Each environment gives each plugin its own table and handle (`plugin`). No entry of this table, nor of
+ * the kernel, graph and options tables, lets an exception or a longjmp out: a failure inside one is returned as a
+ * status (OUT_OF_MEMORY, INTERNAL) by entries that return one, and is logged (the entry then returns 0, "" or NULL)
+ * by the others. A call through the handle of an environment that was released (a plugin without instances keeping
+ * it in a global) returns FAILED_PRECONDITION / 0 instead of touching the released environment.
  */
 typedef struct keel_host_api_s {
   uint32_t struct_size;
