@@ -11,6 +11,10 @@
 #    the CPU, and the outputs must equal a CPU-only run. `keel run --device sim` must agree.
 # 6. `keel plugin-test` (the conformance kit) passes on the vendor plugin.
 # 7. pkg-config: a C file built with `pkg-config --cflags --libs keel` of the moved tree runs.
+# 8. The C++ training API: sdk/examples/train_cnn builds against keel::train alone (no libkeel.so in its NEEDED
+#    libraries), trains on a small synthetic Fashion-MNIST-shaped IDX set with workers and bf16 autocast, saves a
+#    checkpoint and an ONNX file that the installed `keel run` runs; keel::keel + keel::train in one target is a
+#    CMake error; a program built with `pkg-config keel-train` runs; libkeel_train's RUNPATH is $ORIGIN.
 set -euo pipefail
 BUILD=$1 SRC=$2 MAKE_MODEL=$3 CMAKE=$4 GENERATOR=${5:-Ninja}
 T=$(mktemp -d "${TMPDIR:-/tmp}/keel-install-test.XXXXXX")
@@ -23,7 +27,8 @@ step "install into a prefix, then move the tree"
 mv "$T/stage" "$T/moved"
 P=$T/moved
 for f in include/keel/keel.h include/keel/plugin.h include/keel/keel.hpp lib/libkeel.so bin/keel \
-         lib/cmake/Keel/KeelConfig.cmake lib/cmake/Keel/KeelConfigVersion.cmake lib/pkgconfig/keel.pc; do
+         lib/cmake/Keel/KeelConfig.cmake lib/cmake/Keel/KeelConfigVersion.cmake lib/pkgconfig/keel.pc \
+         include/keel/train.hpp include/keel/cxx/core/train/nn.h lib/libkeel_train.so lib/pkgconfig/keel-train.pc; do
   [ -e "$P/$f" ] || die "$f is not installed"
 done
 ls "$P"/lib/keel/plugins/*.keel-plugin.toml > /dev/null || die "no plugin manifest installed"
@@ -93,5 +98,83 @@ if command -v pkg-config > /dev/null && command -v cc > /dev/null; then
   "$T/pc_test"
 else
   echo "(skipped: no pkg-config or cc)"
+fi
+step "the C++ training API: sdk/examples/train_cnn against keel::train"
+readelf -d "$P"/lib/libkeel_train.so.0 | grep -E "(RUNPATH|RPATH).*\\\$ORIGIN" > /dev/null \
+  || { readelf -d "$P"/lib/libkeel_train.so.0; die "libkeel_train.so has no RUNPATH \$ORIGIN"; }
+cp -r "$SRC/sdk/examples/train_cnn" "$T/src/"
+"$CMAKE" -S "$T/src/train_cnn" -B "$T/build-train_cnn" -G "$GENERATOR" -DCMAKE_PREFIX_PATH="$P" \
+  -DCMAKE_BUILD_TYPE=Release > "$T/train_cnn.configure.log" 2>&1 || { cat "$T/train_cnn.configure.log"; die "configure train_cnn"; }
+"$CMAKE" --build "$T/build-train_cnn" > "$T/train_cnn.build.log" 2>&1 || { cat "$T/train_cnn.build.log"; die "build train_cnn"; }
+TRAIN_CNN=$T/build-train_cnn/train_cnn
+needed=$(readelf -d "$TRAIN_CNN" | grep NEEDED)
+echo "$needed" | grep -q "libkeel_train.so.0" || die "train_cnn does not link libkeel_train: $needed"
+echo "$needed" | grep -qF "[libkeel.so" && die "train_cnn links libkeel.so as well as the training API (two cores): $needed"
+# A small data set in Fashion-MNIST's layout (IDX, gzip): 640 train and 200 test images whose class is a bright band.
+mkdir -p "$T/fmnist"
+python3 - "$T/fmnist" <<'PY'
+import gzip, random, struct, sys
+random.seed(5)
+def write(split, n):
+    labels = [i % 10 for i in range(n)]
+    images = bytearray()
+    for c in labels:
+        for r in range(28):
+            for q in range(28):
+                images.append(200 if 2 * c <= r < 2 * c + 6 else random.randrange(60))
+    with gzip.open(f"{sys.argv[1]}/{split}-images-idx3-ubyte.gz", "wb") as f:
+        f.write(struct.pack(">IIII", 2051, n, 28, 28) + bytes(images))
+    with gzip.open(f"{sys.argv[1]}/{split}-labels-idx1-ubyte.gz", "wb") as f:
+        f.write(struct.pack(">II", 2049, n) + bytes(labels))
+write("train", 640)
+write("t10k", 200)
+PY
+(cd "$T" && env -u KEEL_PLUGIN_PATH "$TRAIN_CNN" --data "$T/fmnist" --epochs 2 --workers 2 --threads 1 --amp bf16 \
+   --checkpoint "$T/cnn.safetensors" --onnx "$T/cnn.onnx") > "$T/train_cnn.txt" 2>&1 \
+  || { cat "$T/train_cnn.txt"; die "train_cnn"; }
+cat "$T/train_cnn.txt"
+grep -q "^epoch 2/2: " "$T/train_cnn.txt" || die "train_cnn did not train two epochs"
+acc=$(sed -n 's/.*Session test accuracy \([0-9.]*\).*/\1/p' "$T/train_cnn.txt")
+[ -n "$acc" ] || die "train_cnn did not run its exported model"
+python3 -c "import sys; sys.exit(0 if float('$acc') >= 0.9 else 1)" || die "the exported model's accuracy $acc < 0.9 on the band set"
+[ -s "$T/cnn.safetensors" ] || die "no checkpoint"
+"$P/bin/keel" --log-level error run "$T/cnn.onnx" --output-dir "$T/run-out" > "$T/keel-run-cnn.txt" 2>&1 \
+  || { cat "$T/keel-run-cnn.txt"; die "keel run on train_cnn's ONNX"; }
+
+step "keel::keel and keel::train in one target is refused (one core per process)"
+mkdir -p "$T/src/both"
+cat > "$T/src/both/CMakeLists.txt" <<'CM'
+cmake_minimum_required(VERSION 3.16)
+project(both CXX)
+find_package(Keel REQUIRED COMPONENTS train)
+file(WRITE ${CMAKE_BINARY_DIR}/main.cc "int main() { return 0; }\n")
+add_executable(both ${CMAKE_BINARY_DIR}/main.cc)
+target_link_libraries(both PRIVATE keel::keel keel::train)
+CM
+if "$CMAKE" -S "$T/src/both" -B "$T/build-both" -G "$GENERATOR" -DCMAKE_PREFIX_PATH="$P" > "$T/both.log" 2>&1; then
+  die "a target linking keel::keel and keel::train was accepted"
+fi
+grep -q "KEEL_CORE_LIBRARY" "$T/both.log" || { cat "$T/both.log"; die "the refusal does not name KEEL_CORE_LIBRARY"; }
+
+step "pkg-config keel-train"
+if command -v pkg-config > /dev/null && command -v c++ > /dev/null; then
+  export PKG_CONFIG_PATH=$P/lib/pkgconfig
+  cat > "$T/pc_train.cc" <<'CC'
+#include <keel/train.hpp>
+#include <cstdio>
+int main() {
+  auto env = keel::train::init_runtime(1);
+  if (!env.is_ok()) return 1;
+  keel::train::nn::Linear fc(3, 2);
+  auto x = keel::eager::ones({4, 3});
+  keel::eager::sum(fc(x)).backward();
+  std::printf("grad %s\n", fc.weight().grad().defined() ? "ok" : "missing");
+  return fc.weight().grad().defined() ? 0 : 1;
+}
+CC
+  c++ -std=c++20 -O1 "$T/pc_train.cc" $(pkg-config --cflags --libs keel-train) -Wl,-rpath,"$P/lib" -o "$T/pc_train"
+  "$T/pc_train" | grep -q "grad ok" || die "the pkg-config keel-train program"
+else
+  echo "(skipped: no pkg-config or c++)"
 fi
 echo "PASS: install package (moved tree $P)"
