@@ -447,7 +447,7 @@ keel_status_t h_status_create(int32_t code, const char* message) { return make_c
 void h_log(keel_plugin_handle_t* p, int32_t level, const char* message) {
   const char* name = p ? p->name.c_str() : "plugin";
   auto lvl = static_cast<spdlog::level::level_enum>(std::clamp(level, 0, 4));
-  const log::Target* target = p ? p->log_target : nullptr;
+  const log::Target* target = p ? p->log_target.load() : nullptr;
   if (target != nullptr && target->has_callback()) {
     log::write(lvl, fmt::format("[{}] {}", name, message ? message : ""), target);
   } else {

@@ -19,7 +19,7 @@ struct keel_plugin_handle_s {
   // Null once the environment released a plugin without instances whose globals may still point at this handle
   // (the handle is kept until the last environment using that plugin goes; entries then answer "unavailable").
   std::atomic<keel::Registry*> registry{nullptr};
-  const keel::log::Target* log_target = nullptr;  // the environment's log (may be null)
+  std::atomic<const keel::log::Target*> log_target{nullptr};  // the environment's log (null: none, or released)
   keel::PluginId id = -1;
   int32_t priority = 0;
   std::string name;

@@ -28,7 +28,10 @@
 //
 // A plugin whose init failed has its registrations undone and its library unloaded; its shutdown is not called
 // (init failing means it cleaned up after itself). A plugin skipped after a successful init (no device present)
-// has its registrations undone, then shutdown called, then its library unloaded.
+// has its registrations undone, then shutdown called, then its library unloaded. (ABI 1.5) "shutdown" is
+// shutdown_instance(instance) for a plugin with instances; for one without, shutdown runs only when no other
+// PluginManager (environment) of the process has that plugin initialised, and the host tables it was given stay
+// allocated (their registry cleared) until then, since its globals may point at any of them.
 //
 // Libraries are opened with RTLD_NOW | RTLD_LOCAL: with lazy binding an unresolved function would abort the process
 // on its first call ("symbol lookup error"); with RTLD_NOW it is a load failure with the symbol's name.
@@ -358,17 +361,22 @@ void call_shutdown(const keel_plugin_t* d) {
 }
 
 // An environment stops using a plugin without instances. `counted`: its init had succeeded and was counted. The
-// handle is retired (its registry cleared) rather than freed while other environments still use the plugin.
-void release_legacy(const keel_plugin_t* d, std::unique_ptr<keel_plugin_handle_s> handle, bool counted) {
+// handle is retired (its registry cleared) rather than freed while other environments still use the plugin; the
+// last user calls shutdown when `shutdown_if_last` (not after a failed init: the plugin cleaned up itself).
+void release_legacy(const keel_plugin_t* d, std::unique_ptr<keel_plugin_handle_s> handle, bool counted,
+                    bool shutdown_if_last = true) {
   std::lock_guard<std::mutex> lock(legacy_mu());
   LegacyUsers& u = legacy_users()[d];
   if (counted) --u.count;
-  if (handle) handle->registry.store(nullptr);
+  if (handle) {
+    handle->registry.store(nullptr);
+    handle->log_target.store(nullptr);  // the environment's log goes with it
+  }
   if (u.count > 0) {
     if (handle) u.retired.push_back(std::move(handle));
     return;
   }
-  call_shutdown(d);
+  if (shutdown_if_last) call_shutdown(d);
   legacy_users().erase(d);  // frees the retired handles; `handle` goes at return
 }
 
@@ -449,7 +457,7 @@ std::string PluginManager::merge_overrides(const std::string& name, Options* opt
 std::unique_ptr<keel_plugin_handle_s> PluginManager::handle_for(const PluginRecord& rec, const std::string& dir,
                                                                  Options options) {
   auto h = make_plugin_handle(registry_, rec.id, rec.priority, rec.name, dir, std::move(options));
-  h->log_target = log_target_;
+  h->log_target.store(log_target_);
   return h;
 }
 
@@ -750,8 +758,8 @@ std::pair<PluginState, std::string> PluginManager::init_plugin(const PluginRecor
   bool threw = false;
   // A plugin without instances may have pointed its globals at this handle before failing: retire the handle
   // rather than free it when other environments still use the plugin.
-  auto drop_legacy = [&] {
-    if (!instances) release_legacy(descriptor, std::move(l->handle), false);
+  auto drop_legacy = [&](bool shutdown_if_last) {
+    if (!instances) release_legacy(descriptor, std::move(l->handle), false, shutdown_if_last);
   };
   try {
     if (instances) {
@@ -771,13 +779,13 @@ std::pair<PluginState, std::string> PluginManager::init_plugin(const PluginRecor
   }
   if (threw) {
     registry_.remove_plugin(rec.id);
-    drop_legacy();
+    drop_legacy(false);
     return {PluginState::kFailed, "init threw: " + thrown + " (plugins must return a status, not throw)"};
   }
   if (status != nullptr) {
     Status s = Status::from_c(status);  // releases the C status
     registry_.remove_plugin(rec.id);
-    drop_legacy();
+    drop_legacy(false);
     if (s.code() == StatusCode::kUnavailable) return {PluginState::kSkipped, "unavailable: " + s.message()};
     return {PluginState::kFailed, std::string("init failed (") + status_code_name(s.code()) + "): " + s.message()};
   }
@@ -803,7 +811,7 @@ std::pair<PluginState, std::string> PluginManager::init_plugin(const PluginRecor
           } catch (...) {
           }
         } else {
-          drop_legacy();  // shutdown only when no other environment uses the plugin's globals
+          drop_legacy(true);  // shutdown only when no other environment uses the plugin's globals
         }
         return {PluginState::kSkipped,
                 any_kernel ? "no device present: the plugin registered kernels only for device types that no plugin "
