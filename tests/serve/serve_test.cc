@@ -251,6 +251,13 @@ TEST_F(Serve, BadRequestsGetTheir4xxAndServingGoesOn) {
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 413);
   }
+  {
+    // One header line past httplib's 8 KiB: 400; many headers past 64 KiB in all: 431.
+    expect_error(p, infer_body(x, 2).dump(), 400, {{"X-Big", std::string(20000, 'a')}});
+    httplib::Headers many;
+    for (int i = 0; i < 100; ++i) many.emplace("X-H" + std::to_string(i), std::string(1000, 'b'));
+    expect_error(p, infer_body(x, 2).dump(), 431, many);
+  }
   auto r = post(p, infer_body(x, 2).dump());
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200) << r->body;

@@ -329,8 +329,17 @@ void Server::install_routes() {
     if (res.status >= 0 && res.status < static_cast<int>(responses_.size()))
       responses_[static_cast<size_t>(res.status)]++;
   });
-  // The bearer token, checked before routing (and before the body is read).
+  // The headers' total size and the bearer token, checked before routing (and before the body is read).
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    uint64_t header_bytes = 0;
+    for (const auto& [k, v] : req.headers) header_bytes += k.size() + v.size() + 4;
+    if (header_bytes > options_.max_header_bytes) {
+      send_error(res, 431,
+                 "request headers too large (" + std::to_string(header_bytes) + " bytes; at most " +
+                     std::to_string(options_.max_header_bytes) + ")");
+      res.set_header("Connection", "close");
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (options_.auth_token.empty() || req.path == "/v2/health/live" || req.path == "/v2/health/ready")
       return httplib::Server::HandlerResponse::Unhandled;
     const std::string auth = req.get_header_value("Authorization");

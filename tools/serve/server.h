@@ -14,9 +14,9 @@
 // again: versions whose file and config are unchanged keep serving as they are, new ones are built before they are
 // swapped in, and versions that go away (or an unload) finish every request they accepted before they are freed.
 // Errors are {"error": "..."} with 400 (bad request), 401 (missing or wrong bearer token), 403 (model control off),
-// 404 (unknown model or version), 413 (body too large), 429 (queue full or the in-flight memory cap reached, with
-// Retry-After), 500 (a run failed; the server stays up), 503 (the model is unloading, with Retry-After), 504 (the
-// request's timeout passed in the queue).
+// 404 (unknown model or version), 413 (body too large), 431 (headers too large), 429 (queue full or the in-flight
+// memory cap reached, with Retry-After), 500 (a run failed; the server stays up), 503 (the model is unloading, with
+// Retry-After), 504 (the request's timeout passed in the queue).
 //
 // With an auth token, every route but /v2/health/live and /v2/health/ready needs `Authorization: Bearer TOKEN`
 // (compared in constant time); anything else is answered 401 before the body is read.
@@ -64,6 +64,7 @@ struct ServerOptions {
   int http_threads = 16;                     // connections served at once
   uint64_t max_body_bytes = 64ull << 20;     // 413 beyond
   int max_json_depth = 64;                   // 400 beyond
+  uint64_t max_header_bytes = 64u << 10;     // all request headers together: 431 beyond (one line: 8 KiB, httplib's)
   uint64_t max_tensor_bytes = 1ull << 30;    // one input tensor's bytes, checked before allocating
   uint64_t max_inflight_bytes = 2ull << 30;  // input bytes of all requests in flight; 429 beyond (checked first)
   int64_t request_timeout_ms = 60'000;       // a request's queue deadline unless its config or request says otherwise
