@@ -83,7 +83,7 @@ if(TARGET keel_train)
     core/runtime/eager.h core/runtime/environment.h core/runtime/onnx_io.h core/runtime/plugin_manager.h
     core/runtime/session.h
     core/train/checkpoint.h core/train/data.h core/train/data_parallel.h core/train/export.h core/train/idx.h
-    core/train/nn.h core/train/optim.h core/train/run_plot.h core/train/run_record.h core/train/scalar_log.h core/train/trainer.h
+    core/train/nn.h core/train/onnx_module.h core/train/optim.h core/train/run_plot.h core/train/run_record.h core/train/scalar_log.h core/train/trainer.h
     hal/device.h)
   foreach(_h IN LISTS KEEL_TRAIN_PUBLIC_HEADERS)
     get_filename_component(_d ${_h} DIRECTORY)

@@ -9,7 +9,8 @@
 //                       MaxPool2D, AvgPool2D, ReLU/GELU/Sigmoid/Tanh, Flatten, Sequential, the losses
 //   keel::train         SGD, Adam/AdamW, LR schedulers, GradScaler, clip_grad_norm_; Dataset, TensorDataset,
 //                       FashionMnist, DataLoader (worker threads), DistributedSampler; safetensors checkpoints and
-//                       capture/restore_checkpoint; trace_module/export_onnx; init_runtime; ScalarLogger (the log
+//                       capture/restore_checkpoint; trace_module/export_onnx; OnnxModule (an ONNX model as a
+//                       trainable module: freeze, replace_head); init_runtime; ScalarLogger (the log
 //                       `keel plot` draws), RunRecord (run.json), histograms, render_runs_html; DataParallel
 //                       over a dist::ProcessGroup (core/runtime/dist)
 //   keel                Status/StatusOr, Tensor (host/device storage), Shape, DType, Environment, Graph, Session,
@@ -49,6 +50,7 @@
 #include "core/train/export.h"
 #include "core/train/idx.h"
 #include "core/train/nn.h"
+#include "core/train/onnx_module.h"
 #include "core/train/optim.h"
 #include "core/train/run_plot.h"
 #include "core/train/run_record.h"
