@@ -735,11 +735,13 @@ void c_release(void*, keel_communicator_t comm) {
   {
     SigpipeGuard guard;
     try {
-      // Close the pairs first: the receives posted early for the next header are signalled (under each pair's
-      // lock) and unregistered from Gloo's loop thread, which otherwise could still signal a buffer being
-      // destroyed here when a peer closes at the same time (a race ThreadSanitizer reported in
-      // GlooCollectives.SeveralCommunicatorsShareOneStore).
-      if (c->ctx) c->ctx->closeConnections();
+      // A healthy communicator closes gracefully (FIN): a peer may still be reading the last message this rank
+      // sent (a direct all-reduce returns as soon as its own receives are in), and Gloo's closeConnections()
+      // resets the connection (SO_LINGER 0), which discards it — the peer then failed with "connection reset"
+      // (GlooWorld.AllReduceGivesTheSameBitsOnEveryRank, 1 run in 4 under load). A broken one resets, so that
+      // peers still waiting fail at once. Gloo's pending-receive pointers are weak: a receive posted for the next
+      // header may be destroyed while Gloo's loop thread signals it on a peer's close.
+      if (c->ctx && !c->broken.empty()) c->ctx->closeConnections();
       c->posted_bufs.clear();
       c->ctx.reset();  // peers still waiting on this rank see its connections closed
       c->device.reset();
