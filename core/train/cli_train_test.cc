@@ -208,6 +208,35 @@ TEST_F(KeelTrain, RunRecordsHistogramsAndComparison) {
   EXPECT_NE(norun.second.find("has no run.json"), std::string::npos) << norun.second;
 }
 
+// Fine-tuning (issue 28, item 2): a model trained and exported by `keel train` comes back with --init, its conv frozen
+// and a new 10-class head, trains, and exports again; bad patterns and missing files are clear errors.
+TEST_F(KeelTrain, FineTunesAnImportedModel) {
+  const fs::path base = dir_ / "base.onnx", tuned = dir_ / "tuned.onnx";
+  auto a = sh(train("--epochs 1 --lr 0.05 --no-quantize -o " + base.string()));
+  ASSERT_EQ(a.first, 0) << a.second;
+  auto b = sh(train("--epochs 2 --lr 0.05 --no-quantize --init " + base.string() + " --freeze '^conv[.]' --replace-head 10 -o " +
+                    tuned.string() + " --log " + (dir_ / "ft.jsonl").string()));
+  ASSERT_EQ(b.first, 0) << b.second;
+  EXPECT_NE(b.second.find("new 10-class head (fc.weight), 2 parameter tensor(s) frozen"), std::string::npos) << b.second;
+  auto pos = b.second.find("test accuracy: ");
+  ASSERT_NE(pos, std::string::npos) << b.second;
+  EXPECT_GE(std::stod(b.second.substr(pos + 15, 6)), 0.9) << b.second;
+  EXPECT_NE(b.second.find("fp32 model (Session): test accuracy"), std::string::npos) << b.second;
+  EXPECT_TRUE(fs::exists(tuned));
+  std::ifstream f(dir_ / "run.json");
+  const auto j = nlohmann::json::parse(f);
+  EXPECT_EQ(j["hyperparameters"]["init"], base.string());
+  EXPECT_EQ(j["hyperparameters"]["replace_head"], 10);
+  auto nomatch = sh(train("--epochs 1 -o '' --init " + base.string() + " --freeze '^nothing'"));
+  EXPECT_EQ(nomatch.first, 2);
+  EXPECT_NE(nomatch.second.find("matches no parameter"), std::string::npos) << nomatch.second;
+  auto missing = sh(train("--epochs 1 -o '' --init " + (dir_ / "none.onnx").string()));
+  EXPECT_EQ(missing.first, 1);
+  EXPECT_NE(missing.second.find("--init"), std::string::npos) << missing.second;
+  auto alone = sh(train("--epochs 1 -o '' --replace-head 3"));
+  EXPECT_EQ(alone.first, 2);
+}
+
 // `keel train --nproc 2`: two ranks through `keel launch` and the Gloo plugin; rank 0 alone prints, logs, checkpoints
 // and exports; the checkpoint resumes in one process (another world size).
 TEST_F(KeelTrain, DataParallelOverTwoProcessesResumesInOne) {

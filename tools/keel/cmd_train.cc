@@ -35,6 +35,7 @@
 #include "core/train/data.h"
 #include "core/train/data_parallel.h"
 #include "core/train/nn.h"
+#include "core/train/onnx_module.h"
 #include "core/train/optim.h"
 #include "core/train/run_plot.h"
 #include "core/train/run_record.h"
@@ -132,6 +133,8 @@ struct TrainArgs {
   bool quantize = true;
   int64_t calibration_batches = 8;
   bool quiet = false;
+  std::string init, freeze;        // fine-tuning (issue 28): start from MODEL.onnx, freeze parameters by regex
+  int64_t replace_head = 0;         // a new classifier with N outputs (0 = keep the model's)
   std::string run_record = "auto";  // run.json (issue 28): "auto" = beside the log / checkpoint / model, "" = none
   int histogram_bins = 30;          // parameter and gradient histograms per epoch in the log (0 = none)
 };
@@ -152,7 +155,8 @@ nlohmann::json hyperparameters(const TrainArgs& a, int threads) {
           {"accumulate", a.accumulate}, {"clip", a.clip}, {"amp", a.amp}, {"seed", a.seed}, {"limit", a.limit},
           {"workers", a.workers}, {"device", a.device}, {"threads", threads}, {"nproc", a.nproc},
           {"log_every", a.log_every}, {"checkpoint_every", a.checkpoint_every}, {"resume", a.resume},
-          {"quantize", a.quantize}, {"calibration_batches", a.calibration_batches}};
+          {"quantize", a.quantize}, {"calibration_batches", a.calibration_batches}, {"init", a.init},
+          {"freeze", a.freeze}, {"replace_head", a.replace_head}};
 }
 
 StatusOr<std::shared_ptr<FashionMnist>> first_n(const std::shared_ptr<FashionMnist>& ds, int64_t n) {
@@ -442,20 +446,55 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
   const double load_s = seconds_since(t_load);
 
   eager::manual_seed(a.seed);
-  std::unique_ptr<nn::Module> model_owner;
-  if (a.model == "lenet") model_owner = std::make_unique<LeNet>();
-  else model_owner = std::make_unique<SimpleCNN>();
+  std::shared_ptr<nn::Module> model_owner;
+  std::string init_note;
+  if (!a.init.empty()) {
+    // Fine-tuning an imported model: its initializers become parameters (core/train/onnx_module.h).
+    auto m = OnnxModule::load(a.init);
+    if (!m.is_ok()) {
+      std::cerr << "keel train: --init: " << m.status().to_string() << "\n";
+      return 1;
+    }
+    if (a.replace_head > 0) {
+      auto head = (*m)->replace_head(a.replace_head);
+      if (!head.is_ok()) {
+        std::cerr << "keel train: --replace-head: " << head.status().to_string() << "\n";
+        return 2;
+      }
+      init_note += ", new " + std::to_string(a.replace_head) + "-class head (" + head->front() + ")";
+    }
+    if (!a.freeze.empty()) {
+      auto n = (*m)->freeze(a.freeze);
+      if (!n.is_ok()) {
+        std::cerr << "keel train: --freeze: " << n.status().to_string() << "\n";
+        return 2;
+      }
+      init_note += ", " + std::to_string(*n) + " parameter tensor(s) frozen";
+    }
+    init_note = " from " + a.init + init_note;
+    model_owner = *m;
+  } else if (a.replace_head > 0 || !a.freeze.empty()) {
+    std::cerr << "keel train: --replace-head and --freeze apply to a model given with --init\n";
+    return 2;
+  } else if (a.model == "lenet") {
+    model_owner = std::make_shared<LeNet>();
+  } else {
+    model_owner = std::make_shared<SimpleCNN>();
+  }
   nn::Module& model = *model_owner;
   if (a.device != "cpu") model.to(a.device);
+  std::vector<eager::Tensor> trainable;  // frozen parameters (--freeze) stay out of the optimizer
+  for (const auto& p : model.parameters())
+    if (p.requires_grad()) trainable.push_back(p);
   std::unique_ptr<Optimizer> opt;
   try {
     if (a.optimizer == "sgd") {
-      opt = std::make_unique<SGD>(model.parameters(), SGDOptions{a.lr, a.momentum, 0, a.weight_decay, false});
+      opt = std::make_unique<SGD>(trainable, SGDOptions{a.lr, a.momentum, 0, a.weight_decay, false});
     } else {
       AdamOptions o;
       o.lr = a.lr;
       o.weight_decay = a.weight_decay;
-      opt = std::make_unique<Adam>(model.parameters(), o, a.optimizer == "adamw");
+      opt = std::make_unique<Adam>(trainable, o, a.optimizer == "adamw");
     }
   } catch (const eager::Error& e) {
     std::cerr << "keel train: " << e.what() << "\n";
@@ -535,10 +574,11 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
 
   const int threads = env->thread_pool().thread_count();
   out << "keel train: "
-      << (a.model == "lenet" ? "LeNet (Conv2D(1,32,3) -> ReLU -> Conv2D(32,64,3) -> ReLU -> MaxPool2D(2) -> Dropout(0.25) -> "
+      << (!a.init.empty() ? "imported ONNX model"
+          : a.model == "lenet" ? "LeNet (Conv2D(1,32,3) -> ReLU -> Conv2D(32,64,3) -> ReLU -> MaxPool2D(2) -> Dropout(0.25) -> "
                                "Flatten -> Linear(9216,128) -> ReLU -> Dropout(0.5) -> Linear(128,10))"
                              : "SimpleCNN (Conv2D(1,32,3) -> ReLU -> MaxPool2D(2) -> Flatten -> Linear(5408,10))")
-      << ", " << model.num_parameters() << " parameters\n"
+      << init_note << ", " << model.num_parameters() << " parameters\n"
             << "  data " << a.data << ": " << train->size() << " train / " << test->size() << " test images (decoded in "
             << std::fixed << std::setprecision(2) << load_s << " s)\n"
             << "  " << opt->name() << " lr " << a.lr << (a.optimizer == "sgd" ? " momentum " + std::to_string(a.momentum).substr(0, 4) : "")
@@ -846,6 +886,10 @@ void add_train_command(CLI::App& app, Globals& g) {
   cmd->add_option("--calibration-batches", a->calibration_batches, "Batches of 64 training images for INT8 calibration")
       ->check(CLI::PositiveNumber);
   cmd->add_flag("-q,--quiet", a->quiet, "No progress bar");
+  cmd->add_option("--init", a->init, "Fine-tune: start from this ONNX model (its weights become parameters) instead of --model");
+  cmd->add_option("--freeze", a->freeze, "With --init: parameters whose name matches this regular expression are not trained");
+  cmd->add_option("--replace-head", a->replace_head, "With --init: a new classifier with N outputs (the Gemm/MatMul behind the output)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--run-record", a->run_record,
                   "Experiment record (JSON): 'auto' = run.json beside the log, else the checkpoint, else the model; '' = none");
   cmd->add_option("--histogram-bins", a->histogram_bins,
