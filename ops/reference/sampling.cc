@@ -49,8 +49,9 @@ void op_grid_sample(Kctx& k) {
   TView x = k.in(0), grid = k.in(1);
   if (x.ndim() != 4) k.unimpl(cat("only 4-D input (N, C, H, W) is handled, got ", shape_str(x.shape)));
   if (grid.ndim() != 4 || grid.shape[3] != 2 || grid.shape[0] != x.shape[0])
-    k.invalid(cat("grid must be (N, H_out, W_out, 2) with the batch of X ", shape_str(x.shape), ", got ",
-                  shape_str(grid.shape)));
+    k.invalid(cat("grid ", shape_str(grid.shape), " must be (N, H_out, W_out, 2) with N the batch of X ",
+                  shape_str(x.shape), grid.ndim() != 4 ? ": it is not 4-D"
+                                      : grid.shape[3] != 2 ? ": its last dim is not 2" : ": its batch differs"));
   std::string mode_s = k.attr_s("mode", "bilinear");
   GsMode mode;
   if (mode_s == "bilinear" || mode_s == "linear") mode = GsMode::kBilinear;
