@@ -16,25 +16,8 @@ namespace fs = std::filesystem;
 const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"};
 const char* color(size_t i) { return kColors[i % (sizeof(kColors) / sizeof(kColors[0]))]; }
 
-std::string esc(const std::string& t) {
-  std::string o;
-  for (char c : t) {
-    if (c == '<') o += "&lt;";
-    else if (c == '>') o += "&gt;";
-    else if (c == '&') o += "&amp;";
-    else if (c == '"') o += "&quot;";
-    else o += c;
-  }
-  return o;
-}
-
-std::string num(double v) {
-  std::ostringstream s;
-  const double a = std::fabs(v);
-  if (a != 0 && (a >= 1e5 || a < 1e-3)) s.precision(2), s << std::scientific << v;
-  else s.precision(a >= 100 ? 0 : (a >= 1 ? 2 : 4)), s << std::fixed << v;
-  return s.str();
-}
+const auto& esc = html_escape;
+const auto& num = plot_number;
 
 StatusOr<std::string> read_text(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);

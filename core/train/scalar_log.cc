@@ -84,9 +84,7 @@ StatusOr<ParsedLog> read_scalar_log(const std::filesystem::path& file) {
   return log;
 }
 
-namespace {
-
-std::string esc(const std::string& s) {
+std::string html_escape(const std::string& s) {
   std::string o;
   for (char c : s) {
     switch (c) {
@@ -100,13 +98,18 @@ std::string esc(const std::string& s) {
   return o;
 }
 
-std::string num(double v) {
+std::string plot_number(double v) {
   std::ostringstream s;
   const double a = std::fabs(v);
   if (a != 0 && (a >= 1e5 || a < 1e-3)) s.precision(2), s << std::scientific << v;
   else s.precision(a >= 100 ? 0 : (a >= 1 ? 2 : 4)), s << std::fixed << v;
   return s.str();
 }
+
+namespace {
+
+const auto& esc = html_escape;
+const auto& num = plot_number;
 
 // "Nice" tick values covering [lo, hi].
 std::vector<double> ticks(double lo, double hi, int target = 5) {

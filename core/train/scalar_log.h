@@ -55,4 +55,9 @@ std::string render_curves_svg(const ParsedLog& log, const std::string& title, in
 // The same SVG inside a minimal HTML page.
 std::string render_curves_html(const ParsedLog& log, const std::string& title, int columns = 2);
 
+// Shared by the plot renderers (run_plot.cc too): text escaped for SVG/HTML, and a number as an axis or title shows
+// it (scientific below 1e-3 and from 1e5, else 0-4 decimals by magnitude).
+std::string html_escape(const std::string& text);
+std::string plot_number(double v);
+
 }  // namespace keel::train
