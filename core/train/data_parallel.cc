@@ -415,15 +415,13 @@ Status DataParallel::broadcast_buffers() {
 }
 
 Tensor DataParallel::forward(const Tensor& x) {
-  {
-    if (any_ready_ || next_launch_ > 0)
-      throw eager::Error(failed_precondition(
-          "DataParallel: forward() on rank " + std::to_string(rank_) +
-          " while the previous backward's gradients are not synchronised: call finish() after backward"));
-    if (opts_.broadcast_buffers && module_.is_training()) {
-      Status st = broadcast_buffers();
-      if (!st.is_ok()) throw eager::Error(st);
-    }
+  if (any_ready_ || next_launch_ > 0)
+    throw eager::Error(failed_precondition(
+        "DataParallel: forward() on rank " + std::to_string(rank_) +
+        " while the previous backward's gradients are not synchronised: call finish() after backward"));
+  if (opts_.broadcast_buffers && module_.is_training()) {
+    Status st = broadcast_buffers();
+    if (!st.is_ok()) throw eager::Error(st);
   }
   return module_.forward(x);
 }
