@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # tools/gpu_check.sh — check Keel's CUDA plugin on an air-gapped GPU host (issue 8).
 #
-#   tools/gpu_check.sh bundle [--build DIR] [--out DIR] [--dry-run]
+#   tools/gpu_check.sh bundle [--build DIR] [--out DIR] [--max-mb N] [--dry-run]
 #       On the build machine: pack build/bin/keel (+ keel-cts and the cuda/nccl test binaries when built),
-#       build/lib/libkeel_*.so* (libkeel_core and libkeel_train, which the binaries link), the plugins
-#       (build/lib/keel/plugins/*) and the Debian shared libraries they need (resolved with ldd; libc, libstdc++,
-#       libm, libpthread, ld-linux and CUDA's own libraries excluded: the GPU host has those) plus the peers' model
-#       generator (shared/peers/make_models.py) and tools/gpu_torch_bench.py into gpu-bundle/ (git-ignored; no
-#       models). Prints its size; fails above 60 MB.
+#       build/lib/libkeel_*.so* (libkeel_core and libkeel_train, which the binaries link), the plugins a GPU run
+#       uses (build/lib/keel/plugins/: every plugin but the host-only ones, cpu_onednn, gloo and the null skeleton,
+#       whose libraries are most of a bundle: oneDNN alone is 38 MB; host fallbacks run on the core's reference
+#       kernels) and the Debian shared libraries they need (resolved with ldd; libc, libstdc++, libm, libpthread,
+#       ld-linux and CUDA's own libraries excluded: the GPU host has those) plus the peers' model generator
+#       (shared/peers/make_models.py) and tools/gpu_torch_bench.py into gpu-bundle/ (git-ignored; no models), every
+#       binary stripped. Prints its size and fails above --max-mb (default 40: the device tool carries at most
+#       64 MiB, working tree included). The test gpu_check_bundle_size runs this on every build.
 #   tools/gpu_check.sh run [--bundle DIR] [--models a,b] [--work DIR] [--budget S] [--dry-run]
 #       On the GPU host, from inside the bundle (or --bundle DIR): points the loader at the bundle's libraries and at
 #       the nvidia-* wheels' libraries of the host python3, generates the models with make_models.py (TorchScript
@@ -30,10 +33,11 @@ usage() { sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 case "$mode" in
   bundle)
-    build="$repo/build"; out="$repo/gpu-bundle"; dry=0
+    build="$repo/build"; out="$repo/gpu-bundle"; dry=0; max_mb=40
     while [[ $# -gt 0 ]]; do
       case "$1" in
         --build) build="${2:?--build DIR}"; shift 2 ;;
+        --max-mb) max_mb="${2:?--max-mb N}"; shift 2 ;;
         --out) out="${2:?--out DIR}"; shift 2 ;;
         --dry-run) dry=1; shift ;;
         -h|--help) usage; exit 0 ;;
@@ -44,20 +48,33 @@ case "$mode" in
     [[ -f "$build/lib/keel/plugins/libkeel_cuda.so" ]] || echo "gpu_check: warning: no CUDA plugin in $build (toolkit absent at build time?)" >&2
     gen="$repo/../shared/peers/make_models.py"
     [[ -f "$gen" ]] || gen="/work/shared/peers/make_models.py"
-    [[ -f "$gen" ]] || die "make_models.py not found (../shared/peers/)"
+    [[ -f "$gen" ]] || { echo "gpu_check: warning: no ../shared/peers/make_models.py: the bundle's run will need --bundle beside a checkout that has it" >&2; gen=""; }
     bins=("$build/bin/keel")
     for b in keel-cts nccl_plugin_test cuda_plugin_test; do
       [[ -x "$build/bin/$b" ]] && bins+=("$build/bin/$b")
     done
     torch_bench="$repo/tools/gpu_torch_bench.py"
     [[ -f "$torch_bench" ]] || die "no $torch_bench"
-    if [[ $dry -eq 1 ]]; then echo "would pack: ${bins[*]} $build/lib/libkeel_*.so* $build/lib/keel/plugins/* $gen $torch_bench -> $out"; exit 0; fi
+    # Plugins: a manifest and the library it names, minus the host-only ones (a GPU run falls back to the core's
+    # reference kernels on the host, and its collectives are NCCL's).
+    host_only='^(cpu_onednn|gloo|null)$'
+    plugins=()
+    for m in "$build"/lib/keel/plugins/*.keel-plugin.toml; do
+      [[ -f "$m" ]] || continue
+      name=$(sed -n 's/^name *= *"\([^"]*\)".*/\1/p' "$m" | head -1)
+      lib=$(sed -n 's/^library *= *"\([^"]*\)".*/\1/p' "$m" | head -1)
+      [[ -n "$name" && -n "$lib" ]] || die "manifest $m names no plugin or library"
+      [[ "$name" =~ $host_only ]] && continue
+      [[ -f "$build/lib/keel/plugins/$lib" ]] || { echo "gpu_check: warning: $m: no $lib, skipped" >&2; continue; }
+      plugins+=("$m" "$build/lib/keel/plugins/$lib")
+    done
+    if [[ $dry -eq 1 ]]; then echo "would pack: ${bins[*]} $build/lib/libkeel_*.so* ${plugins[*]} $gen $torch_bench -> $out"; exit 0; fi
     rm -rf "$out"
     mkdir -p "$out/bin" "$out/lib/keel/plugins" "$out/deps" "$out/peers"
     cp -a "${bins[@]}" "$out/bin/"
     cp -a "$build"/lib/libkeel_*.so* "$out/lib/"
-    cp -a "$build"/lib/keel/plugins/. "$out/lib/keel/plugins/"
-    cp "$gen" "$out/peers/"
+    [[ ${#plugins[@]} -eq 0 ]] || cp -a "${plugins[@]}" "$out/lib/keel/plugins/"
+    [[ -z "$gen" ]] || cp "$gen" "$out/peers/"
     cp "$torch_bench" "$out/peers/"
     cp "${BASH_SOURCE[0]}" "$out/gpu_check.sh"
     # The Debian libraries the binaries and plugins need, minus the base system and CUDA's own libraries.
@@ -71,12 +88,15 @@ case "$mode" in
     done
     # Debug info is most of a RelWithDebInfo build: the GPU host gets stripped copies.
     for f in "$out"/bin/* "$out"/lib/libkeel_*.so* "$out"/lib/keel/plugins/*.so "$out"/deps/*; do
-      [[ -f "$f" && ! -L "$f" ]] && strip --strip-debug "$f" 2>/dev/null
+      [[ -f "$f" && ! -L "$f" ]] && strip --strip-unneeded "$f" 2>/dev/null
     done
     size_kb=$(du -sk "$out" | cut -f1)
     echo "gpu_check: bundle $out: $((size_kb / 1024)) MB ($(ls "$out/deps" | wc -l) Debian libraries in deps/)"
     ls "$out/deps" | sed 's/^/  deps: /'
-    [[ $size_kb -le $((60 * 1024)) ]] || die "bundle is over 60 MB"
+    if [[ $size_kb -gt $((max_mb * 1024)) ]]; then
+      du -ak "$out" | sort -n | tail -8 | sed 's/^/  largest (KiB): /' >&2
+      die "bundle is over $max_mb MB ($((size_kb / 1024)) MB): drop what a GPU run does not need"
+    fi
     ;;
 
   run)
