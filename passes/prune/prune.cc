@@ -14,25 +14,27 @@
 //                one group). The `ratio` fraction of the group's channels with the lowest summed L1 norm (over the
 //                group's producer Convs) is removed from every producer (weight rows, bias), every
 //                BatchNormalization, and every reader (Conv input channels, Gemm/MatMul input features after
-//                Flatten). Grouped Convs (group G > 1, not depthwise; ResNeXt/ShuffleNet style) producing or
-//                reading a group split its channels into G contiguous blocks: every block loses the same number of
-//                channels (the blocks of the least common multiple of all G do), so each grouped Conv keeps its
-//                `group` with fewer channels per group; a reader Conv's weight keeps, per output row, the columns
-//                of its own block's kept channels. A group is skipped with a "skipped: <reason>" note when it
-//                reaches a graph input or output, a constant, a broadcasting Add, Mul/Sub of two computed values,
-//                unknown ops, a weight shared elsewhere, or when the ratio removes no channel (e.g. one input
-//                channel per group of a depthwise-multiplier Conv). Mul/Add/Sub/Div with a constant that is a scalar or one value per channel pass the
-//                group through (the constant shrinks with it). A group value that is an input of a Concat (axis 1)
-//                keeps its place there: the readers behind the Concat (Conv/Gemm/MatMul, through channel-wise ops,
-//                Flatten of a 1x1 map, BatchNormalization and further Concats, whose offsets add up) lose the removed
-//                channels at the group's offset (SqueezeNet's fire modules, DenseNet-style joins, nested Concats).
-//                A Concat's output that meets an Add/Sum couples its channels to the other operands: Convs (group
-//                1) writing those (directly or through channel-wise ops and BatchNormalization) lose the group's
-//                rows at its offset and count in its score, so the same channels go on both sides; the Add's own
-//                group (started from such a Conv) is left to the Concat inputs' groups, with a note.
-//                coupled = false: the older per-chain mode — a Conv whose output reaches exactly one following Conv
-//                through single-use channel-wise ops is pruned alone; chains that reach a residual
-//                Add/Sum/Concat are left alone with a "skipped: residual-coupled" note.
+//                Flatten; a Flatten (axis 1) of a C×H×W map with known spatial dims, as LeNet's conv → pool →
+//                flatten → fc, removes H·W consecutive features per channel from the Gemm/MatMul readers behind it,
+//                through element-wise ops such as Relu, Identity and Dropout). Grouped Convs (group G > 1, not
+//                depthwise; ResNeXt/ShuffleNet style) producing or reading a group split its channels into G contiguous
+//                blocks: every block loses the same number of channels (the blocks of the least common multiple of all
+//                G do), so each grouped Conv keeps its `group` with fewer channels per group; a reader Conv's weight
+//                keeps, per output row, the columns of its own block's kept channels. A group is skipped with a
+//                "skipped: <reason>" note when it reaches a graph input or output, a constant, a broadcasting Add,
+//                Mul/Sub of two computed values, unknown ops, a weight shared elsewhere, or when the ratio removes no
+//                channel (e.g. one input channel per group of a depthwise-multiplier Conv). Mul/Add/Sub/Div with a
+//                constant that is a scalar or one value per channel pass the group through (the constant shrinks with
+//                it). A group value that is an input of a Concat (axis 1) keeps its place there: the readers behind the
+//                Concat (Conv/Gemm/MatMul, through channel-wise ops, Flatten of a 1x1 map, BatchNormalization and
+//                further Concats, whose offsets add up) lose the removed channels at the group's offset (SqueezeNet's
+//                fire modules, DenseNet-style joins, nested Concats). A Concat's output that meets an Add/Sum couples
+//                its channels to the other operands: Convs (group 1) writing those (directly or through channel-wise
+//                ops and BatchNormalization) lose the group's rows at its offset and count in its score, so the same
+//                channels go on both sides; the Add's own group (started from such a Conv) is left to the Concat
+//                inputs' groups, with a note. coupled = false: the older per-chain mode — a Conv whose output reaches
+//                exactly one following Conv through single-use channel-wise ops is pruned alone; chains that reach a
+//                residual Add/Sum/Concat are left alone with a "skipped: residual-coupled" note.
 // Counters: weights_zeroed, channels_removed, convs_pruned, params_removed (+ groups_pruned,
 // residual_groups_pruned when coupled).
 #include <keel/plugin.h>
@@ -282,6 +284,14 @@ struct ChannelGroup {
   std::vector<keel_node_id_t> norms;            // BatchNormalization on a group value: parameters 1..4 shrink
   std::vector<keel_node_id_t> depthwise;        // depthwise Convs inside the group: weight axis 0, bias, `group`
   std::vector<std::pair<keel_node_id_t, int>> readers;  // (node, weight axis) for input input channels / features
+  // Gemm/MatMul reading a Flatten (axis 1) of a [N, C, spatial...] group value: channel c is the `spatial` features
+  // c·spatial .. (c+1)·spatial − 1 of the weight's input axis.
+  struct FlatReader {
+    keel_node_id_t node;
+    int axis;
+    int64_t spatial;
+  };
+  std::vector<FlatReader> flat_readers;
   // Per-channel constant operands of Mul/Add/Sub/Div on a group value ([C,1,..] or [1,C,1,..]): (node, input).
   std::vector<std::pair<keel_node_id_t, size_t>> constants;
   // Readers behind a Concat (axis 1) the group's values feed: the group's channels sit at an offset of the Concat's
@@ -579,8 +589,9 @@ class GroupBuilder {
     if (depthwise_conv(gv_, n)) {
       g_.depthwise.push_back(n);
     } else if (op == "Flatten") {
-      if (gv_.attr_int(n, "axis").value_or(1) != 1 || !spatial_is_one(gv_.input(n, 0)))
-        return fail("Flatten " + gv_.name(n) + " mixes channels with spatial positions");
+      if (gv_.attr_int(n, "axis").value_or(1) != 1)
+        return fail("Flatten " + gv_.name(n) + " mixes channels with the batch axis");
+      if (!spatial_is_one(gv_.input(n, 0))) return flatten_spatial(n);
     } else if (!channelwise(op)) {
       return fail("reaches " + op);
     }
@@ -594,6 +605,51 @@ class GroupBuilder {
     // channel alike.
     add_value(gv_.input(n, 0));
     add_value(gv_.output(n, 0));
+  }
+  // Flatten (axis 1) of a [N, C, spatial...] group value with known spatial dims (LeNet's conv → pool → flatten →
+  // fc): the flattened features are channel-major, so the readers lose `spatial` consecutive weight columns per
+  // removed channel. Element-wise ops between the Flatten and the readers (Relu, Identity, Dropout, ...) keep the
+  // feature positions; the readers must be Gemm/MatMul with a private 2-D f32 weight on [N, C·spatial].
+  void flatten_spatial(keel_node_id_t n) {
+    auto t = gv_.value_type(gv_.input(n, 0));
+    if (!t || t->ndim < 3) return fail("Flatten " + gv_.name(n) + " input shape unknown");
+    int64_t spatial = 1;
+    for (int32_t d = 2; d < t->ndim; ++d) {
+      if (t->dims[static_cast<size_t>(d)] < 1)
+        return fail("Flatten " + gv_.name(n) + " input has unknown spatial dims");
+      spatial *= t->dims[static_cast<size_t>(d)];
+    }
+    add_value(gv_.input(n, 0));
+    std::vector<std::string> work = {gv_.output(n, 0)};
+    std::set<std::string> seen;
+    while (!work.empty()) {
+      const std::string u = work.back();
+      work.pop_back();
+      if (!seen.insert(u).second) continue;
+      if (gv_.is_graph_output(u)) return fail("Flatten " + gv_.name(n) + " reaches graph output " + u);
+      for (keel_node_id_t c : gv_.consumers(u)) {
+        const std::string op = gv_.op(c);
+        auto cin = gv_.inputs(c);
+        if (!gv_.domain(c).empty()) return fail("reaches " + op + " (custom domain) behind Flatten " + gv_.name(n));
+        if (cin.empty() || cin[0] != u || std::count(cin.begin(), cin.end(), u) != 1)
+          return fail(op + " " + gv_.name(c) + " reads the flattened channels at another input");
+        if (op == "Gemm" || op == "MatMul") {
+          const std::string w = gv_.input(c, 1);
+          if (!private_f32(gv_, w) || gv_.initializer(w)->ndim != 2 ||
+              (op == "Gemm" && gv_.attr_int(c, "transA").value_or(0)))
+            return fail(op + " " + gv_.name(c) + " behind Flatten " + gv_.name(n) + " has no private 2-D f32 weight");
+          const int axis = op == "Gemm" && gv_.attr_int(c, "transB").value_or(0) ? 1 : 0;
+          if (g_.channels < 0 || gv_.initializer(w)->dims[axis] != g_.channels * spatial)
+            return fail(op + " " + gv_.name(c) + " weight does not match the flattened channels");
+          g_.flat_readers.push_back({c, axis, spatial});
+        } else if (channelwise(op) && op != "BatchNormalization" && op.find("Pool") == std::string::npos) {
+          if (!extra_outputs_unused(c)) return fail(op + " " + gv_.name(c) + " has a second output in use");
+          work.push_back(gv_.output(c, 0));
+        } else {
+          return fail("Flatten " + gv_.name(n) + " output reaches " + op + " " + gv_.name(c));
+        }
+      }
+    }
   }
   void visit(const std::string& v) {
     if (gv_.is_graph_output(v)) return fail(v + " is a graph output");
@@ -678,7 +734,8 @@ void prune_coupled(GraphView& gv, double ratio, Report& report) {
     std::string names;
     for (keel_node_id_t p : g.producers) names += (names.empty() ? "" : ", ") + gv.name(p);
     if (names.empty()) names = gv.name(c1);
-    if (g.why.empty() && g.readers.empty() && g.offset_readers.empty()) g.why = "nothing reads the channels";
+    if (g.why.empty() && g.readers.empty() && g.offset_readers.empty() && g.flat_readers.empty())
+      g.why = "nothing reads the channels";
     if (g.why.empty() && g.channels < 1) g.why = "channel count unknown";
     if (!g.why.empty()) {
       report.note("skipped: " + g.why + " (" + names + ")");
@@ -755,6 +812,13 @@ void prune_coupled(GraphView& gv, double ratio, Report& report) {
     }
     for (auto [n, axis] : g.readers)
       params += gv.is(n, "Conv") ? shrink_conv_inputs(gv, n, keep) : shrink_input(gv, n, 1, axis, keep);
+    for (const auto& r : g.flat_readers) {
+      std::vector<int64_t> features;
+      features.reserve(keep.size() * static_cast<size_t>(r.spatial));
+      for (int64_t c : keep)
+        for (int64_t s = 0; s < r.spatial; ++s) features.push_back(c * r.spatial + s);
+      params += shrink_input(gv, r.node, 1, r.axis, features);
+    }
     for (auto [n, i] : g.constants) {
       const keel_tensor_t* t = gv.initializer(gv.input(n, i));
       if (GraphView::numel_of(t) == 1) continue;
@@ -790,7 +854,7 @@ void prune_coupled(GraphView& gv, double ratio, Report& report) {
     residual_groups += g.residual;
     size_t adders = 0;
     for (const auto& r : g.offset_readers) adders += r.axis == -2;
-    const size_t nreaders = g.readers.size() + g.offset_readers.size() - adders;
+    const size_t nreaders = g.readers.size() + g.flat_readers.size() + g.offset_readers.size() - adders;
     report.note("pruned " + std::to_string(k) + " of " + std::to_string(C) + " channels of " +
                 (g.residual ? "residual-coupled group {" : "{") + names + "} (" + std::to_string(nreaders) +
                 (nreaders == 1 ? " reader" : " readers") + (g.offset_readers.empty() ? "" : ", behind a Concat") +

@@ -284,6 +284,74 @@ TEST(Prune, CoupledGroupReachingAGraphOutputIsSkipped) {
   EXPECT_TRUE(noted);
 }
 
+// LeNet's tail: x[2,1,8,8] -> Conv(6, 3x3) -> Relu -> MaxPool(2) -> Flatten (6 channels x 3x3 positions) -> Identity
+// -> Gemm(5) -> y, the Gemm's weight [5, 54] (transB) or [54, 5]. Channels 1, 3, 4 are zero in the Conv: removing
+// them takes their 9 features each out of the Gemm, and the output does not change.
+Graph conv_flatten_gemm(bool trans_b) {
+  GraphBuilder b("lenet_tail", 13);
+  auto x = b.input("x", DType::kF32, {2, 1, 8, 8});
+  auto w = randv(6 * 9, 41, 0.3f), bias = randv(6, 42, 0.1f);
+  for (int64_t c : {1, 3, 4}) {
+    for (int64_t i = 0; i < 9; ++i) w[static_cast<size_t>(c * 9 + i)] = 0.f;
+    bias[static_cast<size_t>(c)] = 0.f;
+  }
+  auto h = b.op1("Conv", {x, b.constant("w", Tensor::f32({6, 1, 3, 3}, w)), b.constant("b", Tensor::f32({6}, bias))});
+  h = b.op1("MaxPool", {b.op1("Relu", {h})},
+            {{"kernel_shape", Attribute::of_ints({2, 2})}, {"strides", Attribute::of_ints({2, 2})}});
+  h = b.op1("Identity", {b.op1("Flatten", {h})});
+  auto wfc = randv(5 * 54, 43, 0.3f);
+  auto y = b.op1("Gemm",
+                 {h, b.constant("wfc", Tensor::f32(trans_b ? Shape{5, 54} : Shape{54, 5}, wfc)),
+                  b.constant("bfc", Tensor::f32({5}, randv(5, 44, 0.1f)))},
+                 {{"transB", Attribute::of_int(trans_b ? 1 : 0)}});
+  b.output(y);
+  return b.take();
+}
+
+TEST(Prune, FlattenOfASpatialMapTakesEachChannelsFeaturesOutOfTheGemm) {
+  for (bool trans_b : {true, false}) {
+    Graph g = conv_flatten_gemm(trans_b);
+    Feeds feeds = {{"x", Tensor::f32({2, 1, 8, 8}, randv(128, 45))}};
+    auto before = run(g, feeds);
+    const int64_t p0 = param_count(g);
+    Options o;
+    o.values["ratio"] = 0.5;
+    o.values["mode"] = std::string("channel");
+    auto r = run_pass(g, "prune", o);
+    ASSERT_EQ(r.size(), 1u);
+    EXPECT_EQ(r[0].counters["channels_removed"], 3) << trans_b;
+    EXPECT_EQ(r[0].counters["params_removed"], 3 * 9 + 3 + 3 * 9 * 5) << trans_b;
+    EXPECT_EQ(p0 - param_count(g), 3 * 9 + 3 + 3 * 9 * 5) << trans_b;
+    EXPECT_EQ(weight_of(g, "Conv", 1).shape(), (Shape{3, 1, 3, 3}));
+    EXPECT_EQ(weight_of(g, "Gemm", 1).shape(), trans_b ? (Shape{5, 27}) : (Shape{27, 5}));
+    auto after = run(g, feeds);
+    ASSERT_EQ(after.size(), 1u);
+    ASSERT_EQ(after[0].shape(), before[0].shape());
+    for (int64_t i = 0; i < after[0].numel(); ++i)
+      EXPECT_NEAR(after[0].data<float>()[i], before[0].data<float>()[i], 1e-4f) << trans_b << " " << i;
+  }
+}
+
+TEST(Prune, FlattenOfASpatialMapIntoSomethingElseIsSkippedWithAReason) {
+  // The flattened features reach a Softmax (not a Gemm/MatMul reader): the Conv's channels stay.
+  GraphBuilder b("flatten_softmax", 13);
+  auto x = b.input("x", DType::kF32, {1, 1, 6, 6});
+  auto h = b.op1("Conv", {x, b.constant("w", Tensor::f32({4, 1, 3, 3}, randv(36, 46, 0.3f)))});
+  h = b.op1("Flatten", {b.op1("Relu", {h})});
+  h = b.op1("Gemm", {b.op1("Softmax", {h}), b.constant("wfc", Tensor::f32({64, 3}, randv(192, 47, 0.3f)))});
+  b.output(h);
+  Graph g = b.take();
+  Options o;
+  o.values["ratio"] = 0.5;
+  o.values["mode"] = std::string("channel");
+  auto r = run_pass(g, "prune", o);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].counters["channels_removed"], 0);
+  bool noted = false;
+  for (const auto& n : r[0].notes) noted = noted || n.find("output reaches Softmax") != std::string::npos;
+  EXPECT_TRUE(noted);
+}
+
 TEST(Prune, DepthwiseConvPassesTheGroupThrough) {
   // x -> Conv(8, 1x1) -> Relu -> depthwise Conv(8, group 8, 3x3) -> Relu -> Conv(4, 1x1) -> y: one group of 8
   // channels; the depthwise Conv keeps its kept channels' filters and its `group` follows. Channels 0, 3, 5, 6 are
