@@ -421,3 +421,44 @@ Tensor Sequential::forward(const Tensor& x) {
 }
 
 }  // namespace keel::train::nn
+
+namespace keel::train::nn {
+
+Tensor distillation_kl(const Tensor& student_logits, const Tensor& teacher_logits, float temperature,
+                       const std::string& reduction) {
+  if (!(temperature > 0.f) || !std::isfinite(temperature))
+    fail("distillation_kl: the temperature must be a positive number, got " + std::to_string(temperature));
+  if (reduction != "batchmean" && reduction != "sum" && reduction != "none")
+    fail("distillation_kl: reduction must be batchmean, sum or none, got '" + reduction + "'");
+  if (student_logits.rank() != 2 || student_logits.shape() != teacher_logits.shape())
+    fail("distillation_kl: student logits " + shape_to_string(student_logits.shape()) + " and teacher logits " +
+         shape_to_string(teacher_logits.shape()) + " must both be [N, C] of one shape");
+  const float inv_t = 1.f / temperature;
+  Tensor log_q = eager::log_softmax(student_logits * inv_t, 1);
+  Tensor log_p = eager::log_softmax(teacher_logits.detach() * inv_t, 1);
+  if (log_p.dtype() != log_q.dtype()) log_p = log_p.to(log_q.dtype());
+  // sum_c p_c (log p_c - log q_c): p log p is a constant of the teacher, kept so the value is the divergence itself
+  // (0 when the distributions agree).
+  Tensor per_row = eager::sum(eager::exp(log_p) * (log_p - log_q), {1}) * (temperature * temperature);
+  if (reduction == "none") return per_row;
+  Tensor total = eager::sum(per_row);
+  return reduction == "sum" ? total : total * (1.f / static_cast<float>(student_logits.dim(0)));
+}
+
+DistillationLoss::DistillationLoss(float temperature, float alpha) : temperature_(temperature), alpha_(alpha) {
+  if (!(temperature > 0.f) || !std::isfinite(temperature))
+    fail("DistillationLoss: the temperature must be a positive number, got " + std::to_string(temperature));
+  if (!(alpha >= 0.f && alpha <= 1.f)) fail("DistillationLoss: alpha must be in [0, 1], got " + std::to_string(alpha));
+}
+
+DistillationLoss::Parts DistillationLoss::parts(const Tensor& student_logits, const Tensor& teacher_logits,
+                                                const Tensor& target) const {
+  Parts p;
+  p.soft = distillation_kl(student_logits, teacher_logits, temperature_);
+  p.hard = eager::cross_entropy(student_logits, target);
+  if (p.hard.dtype() != p.soft.dtype()) p.hard = p.hard.to(p.soft.dtype());
+  p.loss = alpha_ == 1.f ? p.soft : alpha_ == 0.f ? p.hard : p.soft * alpha_ + p.hard * (1.f - alpha_);
+  return p;
+}
+
+}  // namespace keel::train::nn

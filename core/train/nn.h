@@ -340,5 +340,38 @@ class BCEWithLogitsLoss {
   std::string reduction_;
 };
 
+// Knowledge distillation's soft loss (Hinton, Vinyals & Dean 2015; PaddleSlim's soft-label loss): the
+// Kullback-Leibler divergence of the student's softened class distribution from the teacher's,
+//   T^2 * KL(softmax(teacher / T) || softmax(student / T)) = T^2 * sum_c p_c * (log p_c - log q_c),
+// over the classes (axis 1) of logits [N, C], reduced over the N rows: "batchmean" (the sum divided by N, PyTorch's
+// kl_div(reduction="batchmean")), "sum" or "none" ([N]). The T^2 factor keeps the soft gradient, T * (q - p) / N with
+// respect to the student's logits, on the scale of the label loss as T changes. The teacher's logits are a constant
+// (detached; no gradient reaches them). Errors (eager::Error): temperature not a positive finite number, logits not
+// both [N, C] of one shape, an unknown reduction.
+Tensor distillation_kl(const Tensor& student_logits, const Tensor& teacher_logits, float temperature,
+                       const std::string& reduction = "batchmean");
+
+// alpha * distillation_kl(student, teacher, T) + (1 - alpha) * cross_entropy(student, target): the distillation
+// objective `keel train --teacher` minimises (PaddleSlim / Hinton), "batchmean" and "mean" reductions. alpha in [0, 1]
+// (0: the label loss alone; 1: the teacher alone), temperature > 0; the constructor throws eager::Error otherwise.
+class DistillationLoss {
+ public:
+  explicit DistillationLoss(float temperature = 4.f, float alpha = 0.9f);
+  struct Parts {
+    Tensor loss;  // the weighted sum (what backward() starts from)
+    Tensor soft;  // T^2 * KL (unweighted)
+    Tensor hard;  // cross-entropy with the labels (unweighted)
+  };
+  Parts parts(const Tensor& student_logits, const Tensor& teacher_logits, const Tensor& target) const;
+  Tensor operator()(const Tensor& student_logits, const Tensor& teacher_logits, const Tensor& target) const {
+    return parts(student_logits, teacher_logits, target).loss;
+  }
+  float temperature() const { return temperature_; }
+  float alpha() const { return alpha_; }
+
+ private:
+  float temperature_, alpha_;
+};
+
 }  // namespace nn
 }  // namespace keel::train

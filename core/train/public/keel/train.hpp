@@ -7,6 +7,8 @@
 //   keel::eager         Tensor (eager tensors, autograd), the ops, NoGradGuard, AutocastGuard (bf16/fp16), Tracer
 //   keel::train::nn     Module, Linear, Conv2D, ConvTranspose2D, BatchNorm2D, LayerNorm, Dropout, Embedding,
 //                       MaxPool2D, AvgPool2D, ReLU/GELU/Sigmoid/Tanh, Flatten, Sequential, the losses
+//                       (CrossEntropyLoss, MSELoss, BCEWithLogitsLoss; knowledge distillation's distillation_kl and
+//                       DistillationLoss)
 //   keel::train         SGD, Adam/AdamW, LR schedulers, GradScaler, clip_grad_norm_; Dataset, TensorDataset,
 //                       FashionMnist, DataLoader (worker threads), DistributedSampler; safetensors checkpoints and
 //                       capture/restore_checkpoint; trace_module/export_onnx; OnnxModule (an ONNX model as a
