@@ -589,7 +589,7 @@ TEST(OnnxIo, FuzzerFindingsAreRefused) {
 }
 
 // What the shape-computation fuzzer (tests/fuzz/fuzz_shape_computations.py) found: two crashes in ONNX 1.12's data
-// propagators, now guarded (onnx_io.cc, guard_onnx_data_propagators), and shapes too large for any tensor.
+// propagators, now guarded (onnx_import.cc, guard_onnx_data_propagators), and shapes too large for any tensor.
 TEST(OnnxIo, ShapeComputationFuzzerFindingsLoadOrFailCleanly) {
   auto node = [](onnx::GraphProto* g, const std::string& op, std::vector<std::string> in, const std::string& out) {
     auto* n = g->add_node();
