@@ -63,6 +63,7 @@ struct KernelInfo {
 };
 std::vector<KernelInfo> elementwise_kernels();  // cuda_ops.cc
 std::vector<KernelInfo> blas_kernels();         // cuda_blas.cc
+std::vector<KernelInfo> train_kernels();        // cuda_train_ops.cc: backward ops, losses, batch-norm training
 void blas_shutdown();                           // destroys the pooled cuBLASLt handles
 
 // --- cuDNN kernels and the TF32 opt-in (cuda_dnn.cc, cuda_blas.cc) ---

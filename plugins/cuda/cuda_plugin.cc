@@ -293,7 +293,7 @@ keel_status_t cuda_init(const keel_host_api_t* host, keel_plugin_handle_t* plugi
 
     auto& kernels = all_kernels();
     kernels.clear();
-    for (auto* list : {&elementwise_kernels, &blas_kernels, &dnn_kernels})
+    for (auto* list : {&elementwise_kernels, &blas_kernels, &dnn_kernels, &train_kernels})
       for (const auto& k : list()) kernels.push_back(k);
     for (auto& info : kernels) {
       keel_kernel_def_t def;
