@@ -48,3 +48,17 @@ function(keel_add_test name)
     PROPERTIES ENVIRONMENT "KEEL_TEST_PLUGIN_DIR=${KEEL_TEST_PLUGIN_OUTPUT_DIR};KEEL_BUILD_DIR=${CMAKE_BINARY_DIR};${KEEL_SANITIZER_TEST_ENV}")
 endfunction()
 include(GoogleTest)
+
+# In a sanitizer build, every test registered with add_test() (scripts, fuzzers, CLI checks, valgrind-free C tests)
+# also runs with the build's sanitizer options, as the GoogleTest ones do through keel_add_test: suppressions,
+# halt-on-error and the exit code that fails the test. The options are appended at the end of the test's directory,
+# after any set_tests_properties(... ENVIRONMENT ...) there, so a test's own variables are kept.
+if(KEEL_SANITIZER_TEST_ENV)
+  function(add_test)
+    _add_test(${ARGV})
+    if(ARGV0 STREQUAL "NAME")
+      # A deferred call expands its arguments when it runs: EVAL puts this test's name and the options in now.
+      cmake_language(EVAL CODE "cmake_language(DEFER CALL set_property TEST [[${ARGV1}]] APPEND PROPERTY ENVIRONMENT [[${KEEL_SANITIZER_TEST_ENV}]])")
+    endif()
+  endfunction()
+endif()

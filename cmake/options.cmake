@@ -34,15 +34,15 @@ if(_keel_sanitize MATCHES "^(on|address)$")
   add_compile_options(-fsanitize=address -fsanitize=undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
   add_link_options(-fsanitize=address -fsanitize=undefined)
   # Tests run with UBSAN_OPTIONS=suppressions=tests/ubsan.supp (third-party code only, each entry says why), which
-  # keel_add_test sets for every test of this build (cmake/helpers.cmake), as for the TSan build below. Leak checks
-  # stay off here (README: LeakSanitizer's tracer was seen to crash in processes running oneDNN's OpenMP threads;
+  # keel_add_test and add_test set for every test of this build (cmake/helpers.cmake), as for the TSan build below.
+  # Leak checks stay off here (README: LeakSanitizer's tracer was seen to crash in processes running oneDNN's OpenMP threads;
   # leaks are checked by valgrind's c_api_valgrind test of the normal build).
   set(KEEL_SANITIZER_TEST_ENV
       "ASAN_OPTIONS=detect_leaks=0:exitcode=66"
       "UBSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/ubsan.supp:print_stacktrace=1:halt_on_error=1")
 elseif(_keel_sanitize STREQUAL "thread")
   # Third-party libraries are not instrumented: tests run with TSAN_OPTIONS=suppressions=tests/tsan.supp (each entry
-  # says why), which keel_add_test sets for every test of this build (cmake/helpers.cmake).
+  # says why), which keel_add_test and add_test set for every test of this build (cmake/helpers.cmake).
   add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
   add_link_options(-fsanitize=thread)
   set(KEEL_SANITIZER_TEST_ENV
