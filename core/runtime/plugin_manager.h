@@ -1,7 +1,5 @@
 // keel/core/runtime/plugin_manager.h — finds plugin manifests, loads plugin libraries, calls their init.
 //
-// (Interface fixed by the lead; implementation in plugin_manager.cc.)
-//
 // Discovery: every `*.keel-plugin.toml` in each search directory (not recursive), directories in the order given
 // (the Environment passes: API paths, then KEEL_PLUGIN_PATH entries, then ~/.local/lib/keel/plugins, then the
 // install directory <exe>/../lib/keel/plugins), files within a directory in lexical order.
