@@ -4,9 +4,8 @@
 // initializers (constants, host tensors) and per-value type information (dtype + shape, possibly partial). Node ids
 // are stable and never reused within a graph. `topological_order()` is recomputed lazily after edits.
 //
-// The same IR serves models imported from ONNX, graphs built in code (GraphBuilder), passes (through the C graph
-// API the host table hands them, core/runtime/host_api.cc) and export back to ONNX. A Graph is not thread-safe; a
-// session owns its own.
+// The same IR serves models imported from ONNX, graphs built in code (GraphBuilder), passes (through the C graph API
+// in core/runtime/host_api.cc) and export back to ONNX. A Graph is not thread-safe; a session owns its own.
 #pragma once
 
 #include <cstdint>
