@@ -88,6 +88,12 @@ INSTANTIATE_TEST_SUITE_P(Ops, CudaOps,
                                            "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ArgMax", "ArgMin",
                                            "LayerNormalization", "Gather", "Slice", "Expand", "Pad", "Split", "Resize",
                                            "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Gelu"));
+// The training kernels (cuda_train_ops.cc): the backward ops the gradient rules emit, the loss, batch-norm training.
+INSTANTIATE_TEST_SUITE_P(Training, CudaOps,
+                         ::testing::Values("ConvGrad", "MaxPoolGrad", "AveragePoolGrad", "ReluGrad", "SigmoidGrad",
+                                           "TanhGrad", "GeluGrad", "LeakyReluGrad", "SoftmaxCrossEntropyLoss",
+                                           "SoftmaxCrossEntropyLossGrad", "BatchNormTraining", "BatchNormGrad",
+                                           "LayerNormGrad", "GatherGrad"));
 
 // Run-time errors of the plugin's kernels are statuses, not crashes: Gather indices out of range, as a constant
 // (checked on the host) and as an input (checked on the device, read back after the kernel).

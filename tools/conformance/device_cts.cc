@@ -1064,6 +1064,187 @@ void add_training_cases(std::vector<OpCase>& v) {
   }
 }
 
+// The rest of the backward ops the gradient rules emit (ops/gradients.cc), in f32, f16 and bf16 where the schemas
+// allow: what a device needs to train SimpleCNN, LeNet-like and transformer models (the CUDA plugin's
+// cuda_train_ops.cc). Integer inputs (labels, indices) are fed at run time, as a training step feeds them.
+InputSpec ints(const std::string& name, Shape shape, std::vector<float> values) {
+  InputSpec s = in(name, std::move(shape));
+  s.dtype = DType::kI64;
+  s.values = std::move(values);
+  return s;
+}
+void half_tolerance(OpCase& o) {
+  if (o.dtype != DType::kF32) o.rtol = 2e-2, o.atol = 2e-2;
+}
+void add_training_device_cases(std::vector<OpCase>& v) {
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const std::string dn = dtype_name(dt);
+    for (const char* op : {"SigmoidGrad", "TanhGrad", "GeluGrad", "LeakyReluGrad", "ReluGrad"}) {
+      if (dt != DType::kF16 && std::string(op) == "ReluGrad") continue;  // f32 / bf16 in add_training_cases
+      for (Shape sh : {Shape{4, 32, 26, 26}, Shape{3, 7}, Shape{1000}}) {
+        OpCase o;
+        o.op = op;
+        o.domain = "keel";
+        o.dtype = dt;
+        o.label = dn + " " + shape_label(sh);
+        const bool on_y = std::string(op) != "GeluGrad" && std::string(op) != "LeakyReluGrad";
+        o.inputs = {in("dY", sh), on_y ? in("Y", sh, false, -1.f, 1.f) : in("X", sh, false, -3.f, 3.f)};
+        if (std::string(op) == "LeakyReluGrad") o.attrs = {{"alpha", F(0.1f)}};
+        half_tolerance(o);
+        v.push_back(o);
+      }
+    }
+    // AveragePoolGrad: LeNet's 2x2 / 2 and overlapping padded windows with and without the pads counted.
+    struct Ap {
+      Shape x;
+      int64_t k, s, p, include_pad;
+    };
+    for (const Ap& a : {Ap{{4, 6, 28, 28}, 2, 2, 0, 0}, Ap{{2, 3, 7, 9}, 3, 2, 1, 0}, Ap{{2, 3, 7, 9}, 3, 2, 1, 1},
+                        Ap{{1, 4, 5, 5}, 3, 1, 1, 0}}) {
+      OpCase o;
+      o.op = "AveragePoolGrad";
+      o.domain = "keel";
+      o.dtype = dt;
+      const Shape y = {a.x[0], a.x[1], (a.x[2] + 2 * a.p - a.k) / a.s + 1, (a.x[3] + 2 * a.p - a.k) / a.s + 1};
+      o.label = dn + " X=" + shape_label(a.x) + " k=" + std::to_string(a.k) + " s=" + std::to_string(a.s) +
+                " p=" + std::to_string(a.p) + " count_include_pad=" + std::to_string(a.include_pad);
+      o.inputs = {in("dY", y)};
+      o.attrs = {{"kernel_shape", Is({a.k, a.k})},
+                 {"strides", Is({a.s, a.s})},
+                 {"pads", Is({a.p, a.p, a.p, a.p})},
+                 {"count_include_pad", I(a.include_pad)},
+                 {"input_shape", Is(a.x)}};
+      half_tolerance(o);
+      v.push_back(o);
+    }
+    if (dt == DType::kF16) {  // MaxPoolGrad and ConvGrad in f16 (f32 / bf16 in add_training_cases)
+      OpCase o;
+      o.op = "MaxPoolGrad";
+      o.domain = "keel";
+      o.dtype = dt;
+      o.label = dn + " X=[4,32,26,26] k=2 s=2 p=0";
+      o.inputs = {in("dY", {4, 32, 13, 13}), in("X", {4, 32, 26, 26})};
+      o.attrs = {{"kernel_shape", Is({2, 2})}, {"strides", Is({2, 2})}, {"pads", Is({0, 0, 0, 0})}};
+      o.atol = 0, o.rtol = 0;
+      v.push_back(o);
+      for (size_t out = 0; out < 3; ++out) {
+        OpCase c;
+        c.op = "ConvGrad";
+        c.domain = "keel";
+        c.dtype = dt;
+        c.output = out;
+        c.num_outputs = 3;
+        c.label = dn + " N=2 C=3 H=9 W=11 M=8 k=3 s=2 p=1 g=1 output=" + std::to_string(out);
+        c.inputs = {in("dY", {2, 8, 5, 6}), in("X", {2, 3, 9, 11}), in("W", {8, 3, 3, 3})};
+        c.attrs = {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"pads", Is({1, 1, 1, 1})}, {"group", I(1)}};
+        half_tolerance(c);
+        v.push_back(c);
+      }
+    }
+    // BatchNormTraining (Y, mean, invstd, unbiased var) and BatchNormGrad (dX, dScale, dB), conv and linear layouts.
+    for (Shape x : {Shape{8, 16, 12, 12}, Shape{4, 3, 5, 7}, Shape{32, 10}}) {
+      const int64_t C = x[1];
+      for (size_t out = 0; out < 4; ++out) {
+        OpCase o;
+        o.op = "BatchNormTraining";
+        o.domain = "keel";
+        o.dtype = dt;
+        o.num_outputs = 4;
+        o.output = out;
+        o.label = dn + " X=" + shape_label(x) + " output=" + std::to_string(out);
+        o.inputs = {in("X", x, false, -2.f, 3.f), in("scale", {C}), in("B", {C})};
+        o.attrs = {{"epsilon", F(1e-5f)}};
+        half_tolerance(o);
+        v.push_back(o);
+      }
+      for (size_t out = 0; out < 3; ++out) {
+        OpCase o;
+        o.op = "BatchNormGrad";
+        o.domain = "keel";
+        o.dtype = dt;
+        o.num_outputs = 3;
+        o.output = out;
+        o.label = dn + " X=" + shape_label(x) + " output=" + std::to_string(out);
+        o.inputs = {in("dY", x), in("X", x, false, -2.f, 2.f), in("scale", {C}), in("mean", {C}, false, -0.5f, 0.5f),
+                    in("invstd", {C}, false, 0.5f, 2.f)};
+        half_tolerance(o);
+        if (dt != DType::kF32) o.atol = 5e-2;  // sums over a batch of rounded terms
+        v.push_back(o);
+      }
+    }
+    // LayerNormGrad over the last dim and over the last two (axis 1 of a rank-3 X).
+    struct Ln {
+      Shape x;
+      int64_t axis;
+      Shape scale, stats;
+    };
+    for (const Ln& l :
+         {Ln{{8, 64}, -1, {64}, {8, 1}}, Ln{{2, 5, 24}, 1, {5, 24}, {2, 1, 1}}, Ln{{4, 7, 33}, -1, {33}, {4, 7, 1}}}) {
+      for (size_t out = 0; out < 3; ++out) {
+        OpCase o;
+        o.op = "LayerNormGrad";
+        o.domain = "keel";
+        o.dtype = dt;
+        o.num_outputs = 3;
+        o.output = out;
+        o.label = dn + " X=" + shape_label(l.x) + " axis=" + std::to_string(l.axis) + " output=" + std::to_string(out);
+        o.inputs = {in("dY", l.x), in("X", l.x, false, -2.f, 2.f), in("scale", l.scale),
+                    in("mean", l.stats, false, -0.5f, 0.5f), in("invstd", l.stats, false, 0.5f, 2.f)};
+        o.attrs = {{"axis", I(l.axis)}};
+        half_tolerance(o);
+        if (dt != DType::kF32) o.atol = 5e-2;
+        v.push_back(o);
+      }
+    }
+    // GatherGrad: an embedding's backward (repeated and negative indices) and a middle axis.
+    {
+      OpCase o;
+      o.op = "GatherGrad";
+      o.domain = "keel";
+      o.dtype = dt;
+      o.label = dn + " data=[10,3] indices=[5,4] axis=0";
+      o.inputs = {in("dY", {5, 4, 3}), ints("indices", {5, 4}, {0, 3, 3, 9, -1, 2, 0, 0, 7, 5})};
+      o.attrs = {{"axis", I(0)}, {"data_shape", Is({10, 3})}};
+      half_tolerance(o);
+      v.push_back(o);
+      OpCase m = o;
+      m.label = dn + " data=[2,7,3] indices=[4] axis=1";
+      m.inputs = {in("dY", {2, 4, 3}), ints("indices", {4}, {6, 1, 1, -7})};
+      m.attrs = {{"axis", I(1)}, {"data_shape", Is({2, 7, 3})}};
+      v.push_back(m);
+    }
+  }
+  // SoftmaxCrossEntropyLoss and its gradient with spatial dims, class weights and ignore_index; labels fed at run time.
+  for (const char* red : {"mean", "sum", "none"}) {
+    for (bool weighted : {false, true}) {
+      const Shape s = {4, 5, 3};
+      const std::vector<float> labels = {0, 4, 2, 1, -100, 3, 4, 4, 0, 2, -100, 1};
+      const std::string label =
+          std::string("reduction=") + red + " scores=[4,5,3] ignore_index=-100" + (weighted ? " weights" : "");
+      for (size_t out = 0; out < 2; ++out) {
+        OpCase o;
+        o.op = "SoftmaxCrossEntropyLoss";
+        o.label = label + " output=" + std::to_string(out);
+        o.inputs = {in("scores", s, false, -4.f, 4.f), ints("labels", {4, 3}, labels)};
+        if (weighted) o.inputs.push_back(in("weights", {5}, true, 0.2f, 2.f));
+        o.attrs = {{"reduction", S(red)}, {"ignore_index", I(-100)}};
+        o.num_outputs = 2;
+        o.output = out;
+        v.push_back(o);
+      }
+      OpCase g;
+      g.op = "SoftmaxCrossEntropyLossGrad";
+      g.domain = "keel";
+      g.label = label;
+      g.inputs = {in("dLoss", std::string(red) == "none" ? Shape{4, 3} : Shape{}),
+                  in("log_prob", s, false, -5.f, -0.01f), ints("labels", {4, 3}, labels)};
+      if (weighted) g.inputs.push_back(in("weights", {5}, true, 0.2f, 2.f));
+      g.attrs = {{"reduction", S(red)}, {"ignore_index", I(-100)}};
+      v.push_back(g);
+    }
+  }
+}
+
 // Chains of ops a device may claim as one subgraph (oneDNN: layouts kept between ops, post-ops): ResNet, MobileNet
 // and SqueezeNet blocks, odd channel counts, and a transformer encoder layer with its decomposed LayerNorm.
 void add_chain_cases(std::vector<OpCase>& v) {
@@ -2161,6 +2342,44 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // Hard-swish as torch exports it below opset 14: x * HardSigmoid(x) with alpha 1/6, beta 0.5 (the oneDNN device:
+    // one hardswish post-op of the convolution, and of a pooling), in both operand orders; then the same shape with
+    // alpha 0.2 (not a hard-swish: must stay HardSigmoid and Mul), and a squeeze-excite gate
+    // x * HardSigmoid(conv(pool(x))) (MobileNetV3's), batch 2.
+    OpCase c;
+    c.op = "Chain";
+    c.label = "hard-swish written x * HardSigmoid(x) (alpha 1/6) after conv and pool, alpha 0.2 not, SE gate, batch 2";
+    c.inputs = {in("X", {2, 8, 9, 7}, false, -5.f, 5.f),
+                in("W0", {32, 8, 3, 3}, true, -0.6f, 0.6f),
+                in("B0", {32}, true),
+                in("W1", {32, 32, 1, 1}, true, -0.5f, 0.5f),
+                in("B1", {32}, true),
+                in("WS", {8, 32, 1, 1}, true, -0.5f, 0.5f),
+                in("BS", {8}, true),
+                in("WE", {32, 8, 1, 1}, true, -0.5f, 0.5f),
+                in("BE", {32}, true),
+                in("W2", {16, 32, 1, 1}, true, -0.5f, 0.5f)};
+    const std::map<std::string, Attribute> sixth = {{"alpha", F(1.f / 6.f)}, {"beta", F(0.5f)}};
+    c.chain = {conv({"X", "W0", "B0"}, 3, 1, 1),                                               // $0
+               {"HardSigmoid", {"$0"}, sixth},                                                 // $1
+               {"Mul", {"$0", "$1"}, {}},                                                      // $2 hard-swish
+               conv({"$2", "W1", "B1"}, 1, 1, 0),                                              // $3
+               {"HardSigmoid", {"$3"}, {{"alpha", F(0.2f)}}},                                  // $4
+               {"Mul", {"$4", "$3"}, {}},                                                      // $5 not a hard-swish
+               {"GlobalAveragePool", {"$5"}, {}},                                              // $6
+               conv({"$6", "WS", "BS"}, 1, 1, 0),                                              // $7
+               {"Relu", {"$7"}, {}},                                                           // $8
+               conv({"$8", "WE", "BE"}, 1, 1, 0),                                              // $9
+               {"HardSigmoid", {"$9"}, sixth},                                                 // $10 the gate
+               {"Mul", {"$5", "$10"}, {}},                                                     // $11
+               {"MaxPool", {"$11"}, {{"kernel_shape", Is({2, 2})}, {"strides", Is({2, 2})}}},  // $12
+               {"HardSigmoid", {"$12"}, sixth},                                                // $13
+               {"Mul", {"$13", "$12"}, {}},  // $14 hard-swish after a pool
+               conv({"$14", "W2"}, 1, 1, 0)};
+    c.claim_whole = true;
+    v.push_back(c);
+  }
+  {
     // A segmentation head (LR-ASPP / FCN): bilinear Resize (linear, half_pixel) by sizes of a 32-channel nChw16c map,
     // added to a lateral convolution, a 21-class classifier (a partial block: resized from plain memory), then a
     // pytorch_half_pixel Resize by 2 x 1.5 to the output (sizes only, so the bf16 variant runs too).
@@ -2180,6 +2399,34 @@ void add_chain_cases(std::vector<OpCase>& v) {
                conv({"$4", "WC", "BC"}, 3, 1, 1),                                                   // $5
                {"Resize", {"$5", "", "", "SZ2"}, {{"mode", S("linear")},
                                             {"coordinate_transformation_mode", S("pytorch_half_pixel")}}}};
+    c.claim_whole = true;
+    v.push_back(c);
+  }
+  {
+    // Bilinear Resizes torch exports with align_corners=True (align_corners) and ONNX's asymmetric mode inside a
+    // chain (the oneDNN device: its own bilinear step, steps/resize.h, where oneDNN's resampling has half_pixel
+    // only): x2 of a 32-channel nChw16c map by scales, then a 21-class map (a partial block: plain) by sizes to an
+    // odd size, batch 2; then asymmetric x1.5 of a Relu.
+    OpCase c;
+    c.op = "Chain";
+    c.label = "bilinear Resize align_corners x2 (nChw16c), align_corners by sizes (21 classes, plain), asymmetric";
+    c.inputs = {in("X", {2, 16, 5, 6}), in("W0", {32, 16, 1, 1}, true, -0.4f, 0.4f),
+                in("B0", {32}, true),   in("WC", {21, 32, 3, 3}, true, -0.2f, 0.2f),
+                in("BC", {21}, true),   in("S2", {4}, true),
+                in("SZ", {4}, true),    in("S15", {4}, true)};
+    c.inputs[5].values = {1.f, 1.f, 2.f, 2.f};
+    c.inputs[7].values = {1.f, 1.f, 1.5f, 1.5f};
+    c.int64_constants = {{6, i64({2, 21, 23, 17})}};
+    const Attribute ac = S("align_corners");
+    c.chain = {conv({"X", "W0", "B0"}, 1, 1, 0),                                                               // $0
+               {"Relu", {"$0"}, {}},                                                                           // $1
+               {"Resize", {"$1", "", "S2"}, {{"mode", S("linear")}, {"coordinate_transformation_mode", ac}}},  // $2
+               conv({"$2", "WC", "BC"}, 3, 1, 1),  // $3 [2,21,10,12]
+               {"Resize", {"$3", "", "", "SZ"}, {{"mode", S("linear")}, {"coordinate_transformation_mode", ac}}},
+               {"Relu", {"$4"}, {}},  // $5
+               {"Resize",
+                {"$5", "", "S15"},
+                {{"mode", S("linear")}, {"coordinate_transformation_mode", S("asymmetric")}}}};  // $6 [2,21,34,25]
     c.claim_whole = true;
     v.push_back(c);
   }
@@ -2861,6 +3108,7 @@ std::vector<OpCase> make_cases() {
   add_bf16_inference_cases(v);  // before the GPU cases: bf16 copies of the f32 tables above only
   add_fused_and_half_cases(v);
   add_attention_cases(v);
+  add_training_device_cases(v);
   return v;
 }
 
