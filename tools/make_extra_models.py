@@ -13,7 +13,10 @@ Reshape-Transpose-Reshape, Split), densenet121 (Concat after every layer), resne
 regnet_y_400mf (grouped convs + squeeze-excite), googlenet (inception Concat; aux_logits off), convnext_tiny (7x7
 depthwise, LayerNorm over channels via Permute, GELU, layer scale), lraspp (LR-ASPP MobileNetV3-Large segmentation at
 [1,3,320,320]: Resize bilinear upsampling, Sigmoid gating; the "out" map), fcn_resnet50 (FCN ResNet-50 segmentation,
-dilated convs, bilinear Resize, at [1,3,128,128]: 17 GFLOP) and vit_b_16 (ViT-B/16: patch conv, 12 encoder layers;
+dilated convs, bilinear Resize, at [1,3,128,128]: 17 GFLOP), deeplabv3_mobilenet_v3_large (DeepLabV3 on a
+MobileNetV3-Large backbone with dilated last stages, ASPP with dilations 12/24/36 and a global-pool branch, bilinear
+Resize; batch 2 at [2,3,160,160]; deeplabv3_mobilenet_v3_large_op13: the same exported at opset 13, hard-swish
+as x * HardSigmoid(x)), mobilenet_v3_small and vit_b_16 (ViT-B/16: patch conv, 12 encoder layers;
 35 GFLOP). ConvNeXt's layer scales (1e-6 in torchvision) are drawn around 0.1 and ViT's zeroed head is drawn, so that
 the output depends on every block. No pretrained backbone is loaded (weights_backbone=None).
 
@@ -52,6 +55,10 @@ EXTRA = {
     "lraspp":           (58, "lraspp", (1, 3, 320, 320), 17),
     "fcn_resnet50":     (59, "fcn_resnet50", (1, 3, 128, 128), 17),
     "vit_b_16":         (60, "vit_b_16", (1, 3, 224, 224), 17),
+    "mobilenet_v3_small": (61, "mobilenet_v3_small", (1, 3, 224, 224), 17),
+    "deeplabv3_mobilenet_v3_large": (62, "deeplabv3_mbv3", (2, 3, 160, 160), 17),
+    # The same at opset 13, where torch has no HardSwish op and writes hard-swish as x * HardSigmoid(x).
+    "deeplabv3_mobilenet_v3_large_op13": (62, "deeplabv3_mbv3", (2, 3, 160, 160), 13),
 }
 
 
@@ -131,6 +138,11 @@ def lraspp():
     return SegOut.wrap(seg.lraspp_mobilenet_v3_large(weights=None, weights_backbone=None))
 
 
+def deeplabv3_mbv3():
+    import torchvision.models.segmentation as seg
+    return SegOut.wrap(seg.deeplabv3_mobilenet_v3_large(weights=None, weights_backbone=None, aux_loss=False))
+
+
 def fcn_resnet50():
     import torchvision.models.segmentation as seg
     return SegOut.wrap(seg.fcn_resnet50(weights=None, weights_backbone=None, aux_loss=False))
@@ -160,7 +172,8 @@ def vit_b_16():
 
 
 LOCAL = {"gelu_transformer": gelu_transformer, "tcn1d": tcn1d, "c3d": c3d, "googlenet": googlenet,
-         "lraspp": lraspp, "fcn_resnet50": fcn_resnet50, "convnext_tiny": convnext_tiny, "vit_b_16": vit_b_16}
+         "lraspp": lraspp, "fcn_resnet50": fcn_resnet50, "convnext_tiny": convnext_tiny, "vit_b_16": vit_b_16,
+         "deeplabv3_mbv3": deeplabv3_mbv3}
 
 
 def main():
