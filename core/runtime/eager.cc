@@ -59,6 +59,9 @@ struct CachedKernel {
   void* state = nullptr;
   std::vector<const KernelEntry*> alternatives;
   std::vector<bool> needs_input_values;  // unused slot kept for future
+  // The device has no kernel for this call (none registered, or every one rejected it): it runs on the CPU, inputs
+  // copied to the host and outputs back to `memory_type` (node/opset filled from the CPU kernel's on first use).
+  std::atomic<bool> cpu_fallback{false};
   std::mutex run_mu;
   // Gradient programs by needs-grad mask.
   std::mutex grad_mu;
@@ -80,6 +83,9 @@ struct Runtime {
   std::unordered_map<std::string, std::unique_ptr<CachedKernel>> cache;
   std::atomic<uint64_t> ops{0}, hits{0}, misses{0};
   std::unordered_set<std::string> warned;
+  // Device copies of small constant operands by content (device_constant); cleared with the kernel cache.
+  std::mutex const_mu;
+  std::unordered_map<std::string, keel::Tensor> consts;
   std::atomic<bool> profiling{std::getenv("KEEL_EAGER_PROFILE") != nullptr};
   std::mutex prof_mu;
   std::map<std::string, std::pair<double, uint64_t>> prof;  // "op kernel" -> (ms, calls)
@@ -117,6 +123,10 @@ void init(std::shared_ptr<Environment> env, int threads) {
   {
     std::lock_guard<std::mutex> c(r.cache_mu);
     r.cache.clear();
+  }
+  {
+    std::lock_guard<std::mutex> c(r.const_mu);
+    r.consts.clear();
   }
   r.env = std::move(env);
   r.own_pool.reset();
@@ -172,8 +182,12 @@ std::string profile_report() {
 }
 
 void clear_kernel_cache() {
-  std::lock_guard<std::mutex> c(rt().cache_mu);
-  rt().cache.clear();
+  {
+    std::lock_guard<std::mutex> c(rt().cache_mu);
+    rt().cache.clear();
+  }
+  std::lock_guard<std::mutex> c(rt().const_mu);
+  rt().consts.clear();
 }
 
 // ------------------------------------------------------------------------------------------------ tensor impl
@@ -267,6 +281,32 @@ keel::Tensor copy_to(const keel::Tensor& t, const std::string& mem_type) {
 }
 
 keel::Tensor to_host(const keel::Tensor& t) { return t.location().is_host() ? t : copy_to(t, "cpu"); }
+
+// A read-only copy of a small host constant (a scalar operand, a gradient program's constant) in memory of
+// `mem_type`, shared by every op that uses the same value there: after its first use such an operand costs no
+// host-to-device copy, which on a device means no synchronisation per op. Keyed by content, so a value can never be
+// stale; at most kMaxConsts entries (the cache starts over when full). Never hand the result to user code that may
+// write into it (copy_): factories copy as before.
+keel::Tensor device_constant(const keel::Tensor& host, const std::string& mem_type) {
+  constexpr size_t kMaxBytes = 256, kMaxConsts = 4096;
+  if (mem_type == "cpu" || !host.location().is_host()) return host;
+  if (host.byte_size() > kMaxBytes) return copy_to(host, mem_type);
+  std::string key = mem_type;
+  key += '|';
+  key += std::to_string(static_cast<int>(host.dtype()));
+  key += shape_to_string(host.shape());
+  key += '|';
+  key.append(static_cast<const char*>(host.raw_data()), host.byte_size());
+  Runtime& r = rt();
+  {
+    std::lock_guard<std::mutex> lock(r.const_mu);
+    if (auto it = r.consts.find(key); it != r.consts.end()) return it->second;
+  }
+  keel::Tensor d = copy_to(host, mem_type);
+  std::lock_guard<std::mutex> lock(r.const_mu);
+  if (r.consts.size() >= kMaxConsts) r.consts.clear();
+  return r.consts.emplace(std::move(key), d).first->second;
+}
 
 keel::Tensor host_scalar(double v, DType dt) {
   keel::Tensor t = check(keel::Tensor::host(dt, {}), "scalar");
@@ -533,14 +573,59 @@ std::string device_of(const std::string& domain, const std::string& op_type, con
   return dev;
 }
 
-// Runs one op on the given tensors (no autograd). Returns num_outputs tensors (undefined where not wanted).
 std::vector<keel::Tensor> run_kernel(const std::string& domain, const std::string& op_type,
                                      const std::map<std::string, Attribute>& attrs,
                                      const std::vector<keel::Tensor>& inputs, size_t num_outputs,
-                                     const std::vector<bool>& wanted, CachedKernel** out_kernel = nullptr) {
+                                     const std::vector<bool>& wanted, CachedKernel** out_kernel = nullptr,
+                                     bool on_cpu = false);
+
+// One warning per op type and device type for the CPU fallback of eager ops (with the first reason).
+void warn_cpu_fallback(const std::string& what, const std::string& device, const std::string& why) {
+  const std::string type = device.substr(0, device.find(':'));
+  {
+    std::lock_guard<std::mutex> lock(rt().mu);
+    if (!rt().warned.insert("cpu-fallback:" + what + "@" + type).second) return;
+  }
+  log::warn(
+      "eager: {} has no kernel on {} for this call; it runs on the CPU, copying its inputs to the host and its "
+      "outputs back ({})",
+      what, type, why);
+}
+
+// Runs a call whose device has no kernel for it on the CPU: inputs to the host, outputs back to the device's memory.
+std::vector<keel::Tensor> run_on_cpu(CachedKernel& ck, const std::string& domain, const std::string& op_type,
+                                     const std::map<std::string, Attribute>& attrs,
+                                     const std::vector<keel::Tensor>& inputs, size_t num_outputs,
+                                     const std::vector<bool>& wanted) {
+  std::vector<keel::Tensor> host;
+  host.reserve(inputs.size());
+  for (const auto& t : inputs) host.push_back(t.defined() ? to_host(t) : keel::Tensor());
+  CachedKernel* cpu = nullptr;
+  auto outs = run_kernel(domain, op_type, attrs, host, num_outputs, wanted, &cpu, /*on_cpu=*/true);
+  {
+    // Gradient rules read the node and opset of the call's kernel (apply() reads them under grad_mu).
+    std::lock_guard<std::mutex> lock(ck.grad_mu);
+    if (ck.node.op_type.empty() && cpu != nullptr) {
+      ck.node = cpu->node;
+      ck.opset = cpu->opset;
+      ck.out_dtypes = cpu->out_dtypes;
+      ck.kernel_name = "cpu fallback: " + cpu->kernel_name;
+    }
+  }
+  for (auto& o : outs)
+    if (o.defined()) o = copy_to(o, ck.memory_type);
+  return outs;
+}
+
+// Runs one op on the given tensors (no autograd). Returns num_outputs tensors (undefined where not wanted).
+// A device whose memory is its own falls back to the CPU for a call it has no kernel for (warn_cpu_fallback).
+std::vector<keel::Tensor> run_kernel(const std::string& domain, const std::string& op_type,
+                                     const std::map<std::string, Attribute>& attrs,
+                                     const std::vector<keel::Tensor>& inputs, size_t num_outputs,
+                                     const std::vector<bool>& wanted, CachedKernel** out_kernel, bool on_cpu) {
   Runtime& r = rt();
   const std::string what = op_label(domain, op_type);
-  std::string device = device_of(domain, op_type, inputs, what);
+  std::string device = on_cpu ? std::string("cpu") : device_of(domain, op_type, inputs, what);
   // The cache key: device, op, attributes, input dtypes/shapes (values of small integer inputs), wanted outputs.
   std::string key;
   key.reserve(128);
@@ -579,7 +664,18 @@ std::vector<keel::Tensor> run_kernel(const std::string& domain, const std::strin
   }
   r.ops.fetch_add(1, std::memory_order_relaxed);
   if (ck == nullptr) {
-    auto made = make_kernel(domain, op_type, attrs, inputs, num_outputs, wanted, device);
+    std::unique_ptr<CachedKernel> made;
+    try {
+      made = make_kernel(domain, op_type, attrs, inputs, num_outputs, wanted, device);
+    } catch (const Error& e) {
+      // A device in its own memory without a kernel for the call: the CPU runs it (warned once per op type).
+      if (e.status().code() != StatusCode::kUnimplemented || memory_type_of(device) == "cpu") throw;
+      made = std::make_unique<CachedKernel>();
+      made->cpu_fallback = true;
+      made->device = device;
+      made->memory_type = memory_type_of(device);
+      warn_cpu_fallback(what, device, e.status().message());
+    }
     std::lock_guard<std::mutex> lock(r.cache_mu);
     auto [it, inserted] = r.cache.emplace(key, std::move(made));
     ck = it->second.get();
@@ -588,8 +684,9 @@ std::vector<keel::Tensor> run_kernel(const std::string& domain, const std::strin
     r.hits.fetch_add(1, std::memory_order_relaxed);
   }
   if (out_kernel) *out_kernel = ck;
+  if (ck->cpu_fallback) return run_on_cpu(*ck, domain, op_type, attrs, inputs, num_outputs, wanted);
 
-  std::lock_guard<std::mutex> run_lock(ck->run_mu);
+  std::unique_lock<std::mutex> run_lock(ck->run_mu);
   keel_kernel_context_t ctx;
   ctx.phase = keel_kernel_context_t::Phase::kCompute;
   ctx.node = &ck->node;
@@ -632,6 +729,13 @@ std::vector<keel::Tensor> run_kernel(const std::string& domain, const std::strin
     st = Status::from_c(ck->compute(ck->state, &ctx));
   }
   for (void* p : workspace) alloc->free(p);
+  if (st.code() == StatusCode::kUnimplemented && ck->memory_type != "cpu") {
+    // Every kernel of the device rejected the call at run time: the CPU runs it, now and for the same call later.
+    ck->cpu_fallback = true;
+    run_lock.unlock();
+    warn_cpu_fallback(what, device, st.message());
+    return run_on_cpu(*ck, domain, op_type, attrs, inputs, num_outputs, wanted);
+  }
   if (prof) {
     double ms = cpu_ms() - t0;
     std::string pk = what + " " + ck->kernel_name;
@@ -686,7 +790,7 @@ struct OpBackward : GradNode {
       if (auto it = vals.find(v); it != vals.end()) return it->second;
       if (auto c = prog->constants.find(v); c != prog->constants.end()) {
         keel::Tensor t = c->second;
-        if (mem != "cpu" && !is_small_int(t)) t = copy_to(t, mem);
+        if (mem != "cpu" && !is_small_int(t)) t = device_constant(t, mem);
         vals[v] = t;
         return t;
       }
@@ -1112,7 +1216,9 @@ Tensor wrap_const(keel::Tensor host, const std::string& device) {
   std::string mem = memory_type_of(device);
   return Tensor(mem == "cpu" ? std::move(host) : copy_to(host, mem), false);
 }
-Tensor scalar_like(const Tensor& t, double v) { return wrap_const(host_scalar(v, t.dtype()), t.device()); }
+Tensor scalar_like(const Tensor& t, double v) {
+  return Tensor(device_constant(host_scalar(v, t.dtype()), memory_type_of(t.device())), false);
+}
 Tensor ints_const(const std::vector<int64_t>& v) {
   return Tensor(keel::Tensor::from_vector(DType::kI64, {static_cast<int64_t>(v.size())}, v), false);
 }

@@ -1,0 +1,195 @@
+// Eager ops on a device that lacks kernels: a call the device has no kernel for runs on the CPU (inputs copied to the
+// host, outputs back to the device), with one warning per op type; results and gradients equal the CPU's and stay on
+// the device. A test plugin exposes one device of type "acc" in its own memory (the core treats it as device memory,
+// as it does CUDA's) with a single kernel, Relu; no GPU is needed.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/base/log.h"
+#include "core/runtime/eager.h"
+
+namespace keel {
+namespace {
+
+const keel_host_api_t* g_host = nullptr;
+std::mutex g_mu;
+int g_relu_runs = 0;
+std::map<std::string, int> g_copies;  // "H2D" / "D2H" / "D2D" / "H2H" -> count
+
+keel_status_t acc_count(void*, int32_t* n) {
+  *n = 1;
+  return nullptr;
+}
+keel_status_t acc_props(void*, int32_t, keel_device_properties_t*) { return nullptr; }
+keel_status_t acc_alloc(void*, int32_t, uint64_t bytes, uint64_t, void** out) {
+  *out = std::malloc(bytes ? bytes : 1);
+  return nullptr;
+}
+void acc_free(void*, int32_t, void* p) { std::free(p); }
+keel_status_t acc_copy(void*, int32_t kind, int32_t, void* dst, int32_t, const void* src, uint64_t n, keel_stream_t) {
+  static const char* kinds[] = {"H2D", "D2H", "D2D", "H2H"};
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    ++g_copies[kinds[kind & 3]];
+  }
+  std::memcpy(dst, src, n);
+  return nullptr;
+}
+keel_status_t acc_relu(void*, keel_kernel_context_t* ctx) {
+  const keel_kernel_api_t* k = g_host->kernel;
+  const keel_tensor_t* x = k->input(ctx, 0);
+  if (x->dtype != KEEL_DTYPE_F32) return g_host->status_create(KEEL_STATUS_UNIMPLEMENTED, "acc: f32 only");
+  keel_tensor_t* y = nullptr;
+  if (keel_status_t st = k->output(ctx, 0, x->ndim, x->dims, &y)) return st;
+  const float* in = static_cast<const float*>(x->data);
+  float* out = static_cast<float*>(y->data);
+  for (uint64_t i = 0; i < x->byte_size / 4; ++i) out[i] = in[i] > 0 ? in[i] : 0;
+  std::lock_guard<std::mutex> lock(g_mu);
+  ++g_relu_runs;
+  return nullptr;
+}
+keel_status_t acc_init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+  g_host = host;
+  keel_device_table_t t{};
+  t.struct_size = sizeof t;
+  t.abi_major = KEEL_PLUGIN_ABI_MAJOR;
+  t.abi_minor = KEEL_PLUGIN_ABI_MINOR;
+  t.device_type = "acc";
+  t.device_count = acc_count;
+  t.get_properties = acc_props;
+  t.allocate = acc_alloc;
+  t.free = acc_free;
+  t.copy = acc_copy;
+  if (keel_status_t st = host->register_device(plugin, &t)) return st;
+  keel_kernel_def_t k{};
+  k.struct_size = sizeof k;
+  k.abi_major = KEEL_PLUGIN_ABI_MAJOR;
+  k.abi_minor = KEEL_PLUGIN_ABI_MINOR;
+  k.name = "acc_relu";
+  k.op_type = "Relu";
+  k.since_version = 1;
+  k.device_type = "acc";
+  k.compute = acc_relu;
+  return host->register_kernel(plugin, &k);
+}
+keel_plugin_t make_acc_plugin() {
+  keel_plugin_t p{};
+  p.struct_size = sizeof p;
+  p.abi_major = KEEL_PLUGIN_ABI_MAJOR;
+  p.abi_minor = KEEL_PLUGIN_ABI_MINOR;
+  p.name = "acc";
+  p.version = "1.0";
+  p.kind = KEEL_PLUGIN_KIND_DEVICE;
+  p.init = acc_init;
+  return p;
+}
+const keel_plugin_t kAccPlugin = make_acc_plugin();
+
+class EagerFallback : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    EnvironmentOptions o;
+    o.discover_plugins = false;
+    o.threads = 1;
+    o.builtin_plugins.push_back({&kAccPlugin, 10, "a device with only Relu"});
+    auto env = Environment::create(o);
+    ASSERT_TRUE(env.is_ok()) << env.status().to_string();
+    eager::init(std::shared_ptr<Environment>(std::move(env).value()));
+  }
+  void TearDown() override { eager::init(nullptr); }
+
+  // Warnings logged on this thread while `f` runs.
+  template <class F>
+  std::vector<std::string> warnings_of(F&& f) {
+    std::vector<std::string> got;
+    log::Target target(
+        [&](int32_t level, const std::string& m) {
+          if (level >= 3) got.push_back(m);
+        },
+        0);
+    log::Scope scope(&target);
+    f();
+    return got;
+  }
+};
+
+int count_with(const std::vector<std::string>& v, const std::string& what) {
+  int n = 0;
+  for (const auto& s : v) n += s.find(what) != std::string::npos ? 1 : 0;
+  return n;
+}
+
+TEST_F(EagerFallback, MissingOpsRunOnTheCpuWithOneWarningPerOpTypeAndResultsStayOnTheDevice) {
+  const std::vector<float> xs = {-1.5f, -0.25f, 0.f, 0.5f, 1.f, 2.f};
+  eager::Tensor x = eager::from_vector(xs, {2, 3}).to("acc");
+  ASSERT_EQ(x.device(), "acc");
+  eager::Tensor y;
+  std::vector<std::string> warned = warnings_of([&] {
+    for (int i = 0; i < 3; ++i) y = eager::exp(eager::relu(x)) + x;  // Relu on acc; Exp and Add fall back
+  });
+  EXPECT_EQ(count_with(warned, "Exp has no kernel on acc"), 1) << ::testing::PrintToString(warned);
+  EXPECT_EQ(count_with(warned, "Add has no kernel on acc"), 1) << ::testing::PrintToString(warned);
+  EXPECT_EQ(count_with(warned, "Relu"), 0) << "Relu has a kernel on acc";
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    EXPECT_EQ(g_relu_runs, 3);
+  }
+  EXPECT_EQ(y.device(), "acc");
+  std::vector<float> got = y.to_vector<float>();
+  ASSERT_EQ(got.size(), xs.size());
+  for (size_t i = 0; i < xs.size(); ++i) EXPECT_FLOAT_EQ(got[i], std::exp(xs[i] > 0 ? xs[i] : 0.f) + xs[i]) << i;
+}
+
+TEST_F(EagerFallback, GradientsThroughFallenBackOpsEqualTheCpusAndLandOnTheDevice) {
+  const std::vector<float> xs = {-2.f, -0.5f, 0.25f, 1.f, 3.f, 0.75f};
+  eager::Tensor x = eager::from_vector(xs, {3, 2}).to("acc").detach();
+  x.requires_grad_();
+  // Mul, ReduceSum and the keel.ReluGrad of backward have no acc kernel.
+  eager::Tensor loss = eager::sum(eager::relu(x) * x);
+  EXPECT_EQ(loss.device(), "acc");
+  loss.backward();
+  ASSERT_TRUE(x.grad().defined());
+  EXPECT_EQ(x.grad().device(), "acc");
+  // d/dx relu(x) * x = 2x for x > 0, 0 otherwise.
+  std::vector<float> g = x.grad().to_vector<float>();
+  ASSERT_EQ(g.size(), xs.size());
+  for (size_t i = 0; i < xs.size(); ++i) EXPECT_FLOAT_EQ(g[i], xs[i] > 0 ? 2 * xs[i] : 0.f) << i;
+  float want = 0;
+  for (float v : xs) want += v > 0 ? v * v : 0;
+  EXPECT_FLOAT_EQ(loss.item(), want);
+}
+
+TEST_F(EagerFallback, AnOpWithOnlyShapeInputsOnTheDefaultDeviceFallsBackToo) {
+  eager::Tensor shape = eager::from_vector(std::vector<int64_t>{2, 3}, {2});  // on the host: a shape input
+  eager::set_device("acc");
+  std::vector<eager::Tensor> out;
+  std::vector<std::string> warned = warnings_of([&] { out = eager::call_op("", "ConstantOfShape", {shape}); });
+  eager::set_device("cpu");
+  EXPECT_EQ(count_with(warned, "ConstantOfShape has no kernel on acc"), 1) << ::testing::PrintToString(warned);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].device(), "acc");
+  EXPECT_EQ(out[0].to_vector<float>(), std::vector<float>(6, 0.f));
+}
+
+TEST_F(EagerFallback, BadInputIsStillAnErrorNotAFallback) {
+  eager::Tensor a = eager::from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3}).to("acc");
+  eager::Tensor b = eager::from_vector(std::vector<float>{1, 2, 3, 4}, {4}).to("acc");
+  try {
+    (void)(a - b);
+    FAIL() << "shapes [2,3] and [4] do not broadcast";
+  } catch (const eager::Error& e) {
+    EXPECT_NE(e.status().code(), StatusCode::kUnimplemented) << e.what();
+    EXPECT_NE(std::string(e.what()).find("Sub"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace keel
