@@ -88,8 +88,14 @@ struct keel_run_options_s {
   std::string tag;
 };
 
+struct keel_device_tensor_s {
+  keel::DeviceTensor value;
+  keel::Environment* env = nullptr;  // for copies (null for tensors of a run: then the session's environment)
+};
+
 struct keel_session_s {
   std::unique_ptr<keel::Session> session;
+  keel::Environment* env = nullptr;
   const keel::log::Target* log_target = nullptr;  // the environment's log (it outlives the session)
   std::shared_ptr<const KeelModelMeta> meta;
   struct ValueRow {
@@ -127,6 +133,19 @@ struct keel_session_s {
   // node-name arrays its steps hand out.
   std::vector<keel::NodeProfile> profile;
   std::vector<std::vector<std::vector<const char*>>> profile_step_nodes;
+};
+
+struct keel_io_binding_s {
+  keel_session_t session = nullptr;
+  std::atomic<bool> in_use{false};  // a run (or a bind call) holds the binding
+  std::vector<keel::BoundInput> inputs;
+  std::vector<keel::BoundOutput> outputs;
+  std::vector<keel::DeviceTensor> results;  // per output, of the last successful run (empty: none since binding)
+  ~keel_io_binding_s() {
+    // Device work may still write the outputs' memory: wait before letting it go back to the pool.
+    for (const auto& r : results)
+      if (r.ready) (void)r.ready->wait();
+  }
 };
 
 namespace {
@@ -759,6 +778,7 @@ KEEL_API keel_status_t keel_session_create(keel_environment_t env, keel_model_t 
     KEEL_ASSIGN_OR_RETURN(auto session, keel::Session::create(*env->env, model->graph, so), __func__);
     auto handle = std::make_unique<keel_session_s>();
     handle->log_target = env->env->log_target();
+    handle->env = env->env.get();
     handle->meta = model->meta;
     const keel::Graph& g = session->graph();
     for (const auto& n : session->input_names()) handle->inputs.push_back(value_row(g, n));
@@ -1170,6 +1190,353 @@ KEEL_API keel_status_t keel_session_save_optimized_model(keel_session_t session,
     if (path == nullptr || *path == '\0') return null_arg(__func__, "path (or it is empty)");
     keel::log::Scope log_scope(session->log_target);
     return keel::save_onnx(session->session->graph(), path).with_context(std::string(__func__) + " '" + path + "'");
+  });
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Device tensors and I/O binding
+// ---------------------------------------------------------------------------------------------------------------
+
+}  // extern "C"
+
+namespace {
+
+// Waits for the device work that produces `t` (a no-op when there is none).
+Status wait_ready(const keel::DeviceTensor& t) { return t.ready ? t.ready->wait() : Status::ok(); }
+
+// Copies between a device tensor and host memory, after the work that produces it.
+Status device_host_copy(const char* fn, keel_device_tensor_t tensor, void* host, size_t byte_size, bool to_host) {
+  if (tensor == nullptr) return null_arg(fn, "tensor");
+  if (host == nullptr && byte_size > 0) return null_arg(fn, "data");
+  const keel::Tensor& t = tensor->value.tensor;
+  if (byte_size != t.byte_size()) {
+    return keel::invalid_argument(std::string(fn) + ": byte_size is " + std::to_string(byte_size) + ", the tensor (" +
+                                  t.describe() + ") has " + std::to_string(t.byte_size()));
+  }
+  KEEL_RETURN_IF_ERROR(wait_ready(tensor->value), fn);
+  keel::Location at_host;
+  if (to_host) return tensor->env->copy(host, at_host, t.raw_data(), t.location(), byte_size).with_context(fn);
+  return tensor->env->copy(t.raw_data(), t.location(), host, at_host, byte_size).with_context(fn);
+}
+
+// Checks a tensor bound to input or output `name` of the session against the model's declaration.
+Status check_binding(const char* fn, keel_session_t session, bool input, const std::string& name,
+                     const keel::Tensor& t) {
+  const auto& rows = input ? session->inputs : session->outputs;
+  const char* what = input ? "input" : "output";
+  auto it = std::find_if(rows.begin(), rows.end(), [&](const keel_session_s::ValueRow& r) { return r.name == name; });
+  if (it == rows.end()) {
+    std::string known;
+    for (const auto& r : rows) known += (known.empty() ? "" : ", ") + r.name;
+    return keel::invalid_argument(std::string(fn) + ": unknown " + what + " '" + name + "' (" + what + "s: " + known +
+                                  ")");
+  }
+  if (it->dtype != KEEL_DTYPE_UNDEFINED && it->dtype != static_cast<int32_t>(t.dtype())) {
+    return keel::invalid_argument(std::string(fn) + ": " + what + " '" + name + "' is " +
+                                  keel::dtype_name(static_cast<DType>(it->dtype)) + ", the tensor bound to it is " +
+                                  t.describe());
+  }
+  if (it->ndim >= 0) {
+    bool ok = static_cast<size_t>(it->ndim) == t.shape().size();
+    for (size_t i = 0; ok && i < t.shape().size(); ++i) ok = it->dims[i] < 0 || it->dims[i] == t.shape()[i];
+    if (!ok) {
+      return keel::invalid_argument(std::string(fn) + ": " + what + " '" + name + "' has shape " +
+                                    keel::shape_to_string(it->dims) + ", the tensor bound to it is " + t.describe());
+    }
+  }
+  return Status::ok();
+}
+
+// Holds a binding for one call (FAILED_PRECONDITION while a run uses it); released on scope exit.
+class BindingUse {
+ public:
+  BindingUse(keel_io_binding_t b) : b_(b) { owned_ = b_ != nullptr && !b_->in_use.exchange(true); }
+  ~BindingUse() {
+    if (owned_) b_->in_use.store(false);
+  }
+  Status check(const char* fn) const {
+    if (b_ == nullptr) return null_arg(fn, "binding");
+    if (!owned_) {
+      return Status(StatusCode::kFailedPrecondition,
+                    std::string(fn) +
+                        ": the binding is in use by another run (a binding belongs to one run at a "
+                        "time: give each thread its own)");
+    }
+    return Status::ok();
+  }
+
+ private:
+  keel_io_binding_t b_;
+  bool owned_ = false;
+};
+
+// Replaces (or adds) the entry named `name` in `list`; forgets the last run's results (they describe other memory).
+template <typename T>
+void put(std::vector<T>& list, T entry) {
+  for (auto& e : list) {
+    if (e.name == entry.name) {
+      e = std::move(entry);
+      return;
+    }
+  }
+  list.push_back(std::move(entry));
+}
+
+Status bind_output(const char* fn, keel_io_binding_t binding, const char* name, keel::BoundOutput out) {
+  BindingUse use(binding);
+  KEEL_RETURN_IF_ERROR(use.check(fn), "");
+  if (name == nullptr) return null_arg(fn, "name");
+  if (out.buffer.defined()) {
+    KEEL_RETURN_IF_ERROR(check_binding(fn, binding->session, false, name, out.buffer), "");
+  } else if (std::find_if(binding->session->outputs.begin(), binding->session->outputs.end(),
+                          [&](const auto& r) { return r.name == name; }) == binding->session->outputs.end()) {
+    return check_binding(fn, binding->session, false, name, keel::Tensor());
+  }
+  for (const auto& r : binding->results)
+    if (r.ready) KEEL_RETURN_IF_ERROR(r.ready->wait(), fn);
+  binding->results.clear();
+  out.name = name;
+  put(binding->outputs, std::move(out));
+  return Status::ok();
+}
+
+Status bind_input(const char* fn, keel_io_binding_t binding, const char* name, keel::DeviceTensor value) {
+  BindingUse use(binding);
+  KEEL_RETURN_IF_ERROR(use.check(fn), "");
+  if (name == nullptr) return null_arg(fn, "name");
+  KEEL_RETURN_IF_ERROR(check_binding(fn, binding->session, true, name, value.tensor), "");
+  put(binding->inputs, keel::BoundInput{name, std::move(value)});
+  return Status::ok();
+}
+
+}  // namespace
+
+extern "C" {
+
+KEEL_API keel_status_t keel_device_tensor_create(keel_environment_t env, const char* device, int32_t dtype,
+                                                 const int64_t* dims, int32_t ndim, keel_device_tensor_t* out_tensor) {
+  return guarded(__func__, [&]() -> Status {
+    if (out_tensor == nullptr) return null_arg(__func__, "out_tensor");
+    *out_tensor = nullptr;
+    if (env == nullptr) return null_arg(__func__, "env");
+    if (device == nullptr) return null_arg(__func__, "device");
+    KEEL_RETURN_IF_ERROR(check_dtype(__func__, dtype), "");
+    keel::Shape shape;
+    KEEL_RETURN_IF_ERROR(make_shape(__func__, dims, ndim, shape), "");
+    const DType dt = static_cast<DType>(dtype);
+    KEEL_ASSIGN_OR_RETURN(uint64_t bytes, keel::checked_byte_size(dt, shape), __func__);
+    KEEL_ASSIGN_OR_RETURN(keel::DeviceSpec spec, env->env->device(device), __func__);
+    // A device whose memory is host memory (the CPU, unified-memory devices) keeps its tensors in the host pool.
+    keel::Location at{spec.type, spec.index};
+    if (const keel::DeviceEntry* d = env->env->registry().device(spec.type);
+        d == nullptr || keel::hal::Device(d, spec.index).host_memory()) {
+      at = keel::Location{};
+    }
+    KEEL_ASSIGN_OR_RETURN(keel::CachingAllocator * alloc, env->env->allocator(at.device_type, at.device_index),
+                          __func__);
+    KEEL_ASSIGN_OR_RETURN(void* p, alloc->allocate(bytes), std::string(__func__) + " on " + spec.to_string());
+    auto storage = std::make_shared<keel::Storage>(p, bytes, at, [alloc](void* q) { alloc->free(q); });
+    auto handle = std::make_unique<keel_device_tensor_s>();
+    handle->value.tensor = keel::Tensor(dt, shape, std::move(storage));
+    handle->env = env->env.get();
+    *out_tensor = handle.release();
+    return Status::ok();
+  });
+}
+
+KEEL_API void keel_device_tensor_release(keel_device_tensor_t tensor) {
+  if (tensor == nullptr) return;
+  try {
+    (void)wait_ready(tensor->value);
+  } catch (...) {
+    // Nothing may leave.
+  }
+  delete tensor;
+}
+
+KEEL_API keel_status_t keel_device_tensor_copy_from_host(keel_device_tensor_t tensor, const void* data,
+                                                         size_t byte_size) {
+  return guarded(__func__, [&]() -> Status {
+    return device_host_copy(__func__, tensor, const_cast<void*>(data), byte_size, false);
+  });
+}
+
+KEEL_API keel_status_t keel_device_tensor_copy_to_host(keel_device_tensor_t tensor, void* data, size_t byte_size) {
+  return guarded(__func__, [&]() -> Status { return device_host_copy(__func__, tensor, data, byte_size, true); });
+}
+
+KEEL_API keel_status_t keel_device_tensor_synchronize(keel_device_tensor_t tensor) {
+  return guarded(__func__, [&]() -> Status {
+    if (tensor == nullptr) return null_arg(__func__, "tensor");
+    return wait_ready(tensor->value).with_context(__func__);
+  });
+}
+
+KEEL_API int32_t keel_device_tensor_dtype(keel_device_tensor_t t) {
+  return t ? static_cast<int32_t>(t->value.tensor.dtype()) : KEEL_DTYPE_UNDEFINED;
+}
+KEEL_API int32_t keel_device_tensor_ndim(keel_device_tensor_t t) {
+  return t ? static_cast<int32_t>(t->value.tensor.rank()) : 0;
+}
+KEEL_API const int64_t* keel_device_tensor_dims(keel_device_tensor_t t) {
+  return t && t->value.tensor.rank() > 0 ? t->value.tensor.shape().data() : nullptr;
+}
+KEEL_API uint64_t keel_device_tensor_byte_size(keel_device_tensor_t t) { return t ? t->value.tensor.byte_size() : 0; }
+KEEL_API void* keel_device_tensor_data(keel_device_tensor_t t) { return t ? t->value.tensor.raw_data() : nullptr; }
+KEEL_API const char* keel_device_tensor_device_type(keel_device_tensor_t t) {
+  return t ? t->value.tensor.location().device_type.c_str() : nullptr;
+}
+KEEL_API int32_t keel_device_tensor_device_index(keel_device_tensor_t t) {
+  return t ? t->value.tensor.location().device_index : 0;
+}
+
+KEEL_API keel_status_t keel_io_binding_create(keel_session_t session, keel_io_binding_t* out_binding) {
+  return guarded(__func__, [&]() -> Status {
+    if (out_binding == nullptr) return null_arg(__func__, "out_binding");
+    *out_binding = nullptr;
+    if (session == nullptr) return null_arg(__func__, "session");
+    auto b = std::make_unique<keel_io_binding_s>();
+    b->session = session;
+    *out_binding = b.release();
+    return Status::ok();
+  });
+}
+
+KEEL_API void keel_io_binding_release(keel_io_binding_t binding) {
+  if (binding == nullptr) return;
+  try {
+    delete binding;
+  } catch (...) {
+    // Nothing may leave.
+  }
+}
+
+KEEL_API keel_status_t keel_io_binding_bind_input(keel_io_binding_t binding, const char* name,
+                                                  keel_host_tensor_t tensor) {
+  return guarded(__func__, [&]() -> Status {
+    if (tensor == nullptr) return null_arg(__func__, "tensor");
+    return bind_input(__func__, binding, name, keel::DeviceTensor{tensor->tensor, nullptr});
+  });
+}
+
+KEEL_API keel_status_t keel_io_binding_bind_input_device(keel_io_binding_t binding, const char* name,
+                                                         keel_device_tensor_t tensor) {
+  return guarded(__func__, [&]() -> Status {
+    if (tensor == nullptr) return null_arg(__func__, "tensor");
+    return bind_input(__func__, binding, name, tensor->value);
+  });
+}
+
+KEEL_API keel_status_t keel_io_binding_bind_output(keel_io_binding_t binding, const char* name,
+                                                   keel_host_tensor_t tensor) {
+  return guarded(__func__, [&]() -> Status {
+    if (tensor == nullptr) return null_arg(__func__, "tensor");
+    keel::BoundOutput out;
+    out.buffer = tensor->tensor;
+    return bind_output(__func__, binding, name, std::move(out));
+  });
+}
+
+KEEL_API keel_status_t keel_io_binding_bind_output_device(keel_io_binding_t binding, const char* name,
+                                                          keel_device_tensor_t tensor) {
+  return guarded(__func__, [&]() -> Status {
+    if (tensor == nullptr) return null_arg(__func__, "tensor");
+    // The memory may still be written by the run that produced it: wait before another run writes it.
+    KEEL_RETURN_IF_ERROR(wait_ready(tensor->value), __func__);
+    keel::BoundOutput out;
+    out.buffer = tensor->value.tensor;
+    return bind_output(__func__, binding, name, std::move(out));
+  });
+}
+
+KEEL_API keel_status_t keel_io_binding_bind_output_to_device(keel_io_binding_t binding, const char* name,
+                                                             const char* device) {
+  return guarded(__func__, [&]() -> Status {
+    if (device == nullptr) return null_arg(__func__, "device");
+    if (binding == nullptr) return null_arg(__func__, "binding");
+    KEEL_ASSIGN_OR_RETURN(keel::DeviceSpec spec, binding->session->env->device(device),
+                          std::string(__func__) + ": output '" + (name ? name : "") + "'");
+    keel::BoundOutput out;
+    out.device = spec.to_string();
+    return bind_output(__func__, binding, name, std::move(out));
+  });
+}
+
+KEEL_API keel_status_t keel_io_binding_clear(keel_io_binding_t binding) {
+  return guarded(__func__, [&]() -> Status {
+    BindingUse use(binding);
+    KEEL_RETURN_IF_ERROR(use.check(__func__), "");
+    for (const auto& r : binding->results)
+      if (r.ready) KEEL_RETURN_IF_ERROR(r.ready->wait(), __func__);
+    binding->results.clear();
+    binding->inputs.clear();
+    binding->outputs.clear();
+    return Status::ok();
+  });
+}
+
+KEEL_API keel_status_t keel_session_run_with_binding(keel_session_t session, keel_run_options_t run_options,
+                                                     keel_io_binding_t binding) {
+  keel::log::Scope log_scope(session != nullptr ? session->log_target : nullptr);
+  return guarded(__func__, [&]() -> Status {
+    if (session == nullptr) return null_arg(__func__, "session");
+    BindingUse use(binding);
+    KEEL_RETURN_IF_ERROR(use.check(__func__), "");
+    if (binding->session != session) {
+      return keel::invalid_argument(std::string(__func__) + ": the binding was made for another session");
+    }
+    keel::RunOptions ro;
+    if (run_options != nullptr) {
+      ro.terminate = &run_options->terminate;
+      if (run_options->timeout_us > 0)
+        ro.deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(run_options->timeout_us);
+      ro.tag = run_options->tag;
+    }
+    // Preallocated memory is written again by this run, maybe on other streams (another run slot): the previous
+    // run's device work on it must be done. Memory a run allocated for an output left on a device is not reused
+    // before the work on it is (the pools hand it out again only on the stream that wrote it): no wait for that.
+    for (size_t i = 0; i < binding->results.size() && i < binding->outputs.size(); ++i)
+      if (binding->results[i].ready && binding->outputs[i].buffer.defined())
+        KEEL_RETURN_IF_ERROR(binding->results[i].ready->wait(), __func__);
+    binding->results.clear();
+    KEEL_ASSIGN_OR_RETURN(binding->results, session->session->run_bound(binding->inputs, binding->outputs, ro),
+                          __func__);
+    return Status::ok();
+  });
+}
+
+KEEL_API keel_status_t keel_io_binding_output(keel_io_binding_t binding, const char* name,
+                                              keel_device_tensor_t* out_tensor) {
+  return guarded(__func__, [&]() -> Status {
+    if (out_tensor == nullptr) return null_arg(__func__, "out_tensor");
+    *out_tensor = nullptr;
+    BindingUse use(binding);
+    KEEL_RETURN_IF_ERROR(use.check(__func__), "");
+    if (name == nullptr) return null_arg(__func__, "name");
+    for (size_t i = 0; i < binding->outputs.size() && i < binding->results.size(); ++i) {
+      if (binding->outputs[i].name != name) continue;
+      auto handle = std::make_unique<keel_device_tensor_s>();
+      handle->value = binding->results[i];
+      handle->env = binding->session->env;
+      *out_tensor = handle.release();
+      return Status::ok();
+    }
+    return keel::not_found(std::string(__func__) + ": output '" + name +
+                           "' has no result (not bound, or no run has succeeded since it was bound)");
+  });
+}
+
+KEEL_API keel_status_t keel_session_copy_stats(keel_session_t session, keel_session_copy_stats_t* out) {
+  return guarded(__func__, [&]() -> Status {
+    if (session == nullptr) return null_arg(__func__, "session");
+    KEEL_RETURN_IF_ERROR(check_out_struct(__func__, out, out ? out->struct_size : 0), "");
+    keel::SessionCopyStats c = session->session->copy_stats();
+    KEEL_C_SET(out, keel_session_copy_stats_t, host_to_device, c.host_to_device);
+    KEEL_C_SET(out, keel_session_copy_stats_t, device_to_host, c.device_to_host);
+    KEEL_C_SET(out, keel_session_copy_stats_t, device_to_device, c.device_to_device);
+    KEEL_C_SET(out, keel_session_copy_stats_t, host_to_host, c.host_to_host);
+    KEEL_C_SET(out, keel_session_copy_stats_t, bytes, c.bytes);
+    return Status::ok();
   });
 }
 

@@ -202,6 +202,139 @@ void record_reported_step(Step& s, const keel_profile_step_t* r) {
   acc.calls++;
 }
 
+// The copies a session made (Session::copy_stats), counted by the runs.
+struct CopyCounters {
+  std::atomic<uint64_t> h2d{0}, d2h{0}, d2d{0}, h2h{0}, bytes{0};
+};
+
+// The streams of one run slot (the stream contract of plugin.h): one per device (type and index) that declares
+// KEEL_DEVICE_CAP_STREAMS and whose memory is not host memory, made on first use with the table's stream_create; NULL
+// for other devices (or when making one failed: logged), whose work is complete when each call returns.
+// A slot serves one run at a time; it goes with the run's activation arena set (Built::Plan), so that arena memory is
+// reused only on the streams that used it last. Tensors a run read from another run's device outputs are held until
+// the slot is next taken (then that run's own fence is waited for first), so that their memory does not go back to
+// the pool while this slot's streams may still read it.
+class RunStreams {
+ public:
+  RunStreams() = default;
+  RunStreams(const RunStreams&) = delete;
+  RunStreams& operator=(const RunStreams&) = delete;
+  ~RunStreams() {
+    for (auto& e : entries_)
+      if (e->stream.get() != nullptr) (void)e->stream.synchronize();
+    held_.clear();
+  }
+
+  // The stream of device `index` of `d` (nullptr for the host, or a device whose memory is host memory: their work is
+  // complete when it returns). Marks the device as having work in flight when `work` is set.
+  keel_stream_t get(const DeviceEntry* d, int32_t index, bool work = true) {
+    if (d == nullptr) return nullptr;
+    Entry& e = entry(d, index);
+    if (work && e.stream.get() != nullptr) e.in_flight = true;
+    return e.stream.get();
+  }
+  // The host waits for the work of device `index` of `d` on this slot (a result leaves that device for the host).
+  Status synchronize(const DeviceEntry* d, int32_t index) {
+    if (d == nullptr) return Status::ok();
+    Entry& e = entry(d, index);
+    if (e.stream.get() == nullptr) return Status::ok();
+    e.in_flight = false;
+    return e.stream.synchronize();
+  }
+  Status synchronize_all() {
+    for (auto& e : entries_) KEEL_RETURN_IF_ERROR(synchronize(e->device, e->index), "");
+    return Status::ok();
+  }
+  // Makes this slot's stream of each device in `fence` wait for it (the host waits where the device cannot).
+  Status order_after(const RunFence& fence) {
+    for (const auto& m : fence.marks()) {
+      keel_stream_t s = get(m.device, m.index, false);
+      if (s != nullptr && m.device->table.stream_wait_event != nullptr) {
+        KEEL_RETURN_IF_ERROR(
+            Status::from_c(m.device->table.stream_wait_event(m.device->table.user_data, s, m.event.get())),
+            "stream wait for an input's producer");
+      } else {
+        KEEL_RETURN_IF_ERROR(m.event.synchronize(), "wait for an input's producer");
+      }
+    }
+    return Status::ok();
+  }
+  // The work in flight on this slot's streams, as a fence (an event recorded on each); empty when none. A device
+  // without events is synchronised instead.
+  StatusOr<std::shared_ptr<RunFence>> fence() {
+    auto f = std::make_shared<RunFence>();
+    for (auto& e : entries_) {
+      if (!e->in_flight) continue;
+      hal::Device dev(e->device, e->index);
+      auto ev = dev.create_event();
+      if (!ev.is_ok()) {
+        KEEL_RETURN_IF_ERROR(synchronize(e->device, e->index), "");
+        continue;
+      }
+      KEEL_RETURN_IF_ERROR(ev.value().record(e->stream), dev.name() + ": event after the run");
+      e->in_flight = false;
+      f->add(RunFence::Mark{e->device, e->index, std::move(ev).value()});
+    }
+    return f;
+  }
+  // Keeps `tensors` (device inputs of the run that just ended, with work in flight that reads them) until `fence` has
+  // passed: released when the slot is next taken (release_held) or goes.
+  void hold(std::vector<Tensor> tensors, std::shared_ptr<const RunFence> fence) {
+    held_ = std::move(tensors);
+    held_fence_ = std::move(fence);
+  }
+  Status release_held() {
+    if (held_.empty()) return Status::ok();
+    if (held_fence_) KEEL_RETURN_IF_ERROR(held_fence_->wait(), "");
+    held_.clear();
+    held_fence_.reset();
+    return Status::ok();
+  }
+
+ private:
+  struct Entry {
+    const DeviceEntry* device = nullptr;
+    int32_t index = 0;
+    hal::Stream stream;
+    bool in_flight = false;  // work was queued since the host last waited for the stream
+  };
+  Entry& entry(const DeviceEntry* d, int32_t index) {
+    for (auto& e : entries_)
+      if (e->device == d && e->index == index) return *e;
+    auto e = std::make_unique<Entry>();
+    e->device = d;
+    e->index = index;
+    hal::Device dev(d, index);
+    auto props = dev.properties();
+    const bool streams = props.is_ok() && (props.value().capabilities & KEEL_DEVICE_CAP_STREAMS) != 0 &&
+                         (props.value().capabilities & KEEL_DEVICE_CAP_UNIFIED_HOST_MEMORY) == 0 &&
+                         d->table.stream_synchronize != nullptr;
+    if (streams && !dev.host_memory()) {
+      auto st = dev.create_stream();
+      if (st.is_ok()) {
+        e->stream = std::move(st).value();
+      } else if (st.status().code() != StatusCode::kUnimplemented) {
+        log::debug("{}: no stream of its own for a run ({}); its default stream orders the run's work", dev.name(),
+                   st.status().message());
+      }
+    }
+    entries_.push_back(std::move(e));
+    return *entries_.back();
+  }
+  std::vector<std::unique_ptr<Entry>> entries_;
+  std::vector<Tensor> held_;
+  std::shared_ptr<const RunFence> held_fence_;
+};
+
+// What run_bound adds to a run: the inputs' fences, the outputs wanted and where, and what the run returns for them.
+struct RunIo {
+  std::vector<std::shared_ptr<const RunFence>> fences;
+  const std::vector<BoundOutput>* bound = nullptr;  // null: every output, as host values (run_values)
+  std::vector<Location> bound_at;                   // per bound output without a buffer: where it is left
+  std::vector<DeviceTensor>* results = nullptr;     // per bound output
+  CopyCounters* copies = nullptr;
+};
+
 struct Value {
   std::string name;
   DType dtype = DType::kUndefined;
@@ -246,40 +379,63 @@ struct Built {
     std::vector<int> key_of;                 // per value: its arena key, -1 = not planned
     std::vector<uint64_t> offset, size;      // per value
     std::mutex mu;
-    std::vector<std::vector<void*>> free_sets;  // arena sets not in use (under mu)
-    size_t sets = 0;                             // arena sets made (under mu)
+    // An arena set: one arena per key, and the run slot (streams) that works in it: arena memory is only ever reused
+    // on the streams that used it last.
+    struct ArenaSet {
+      std::vector<void*> arenas;
+      std::unique_ptr<RunStreams> streams;
+    };
+    std::vector<ArenaSet> free_sets;  // arena sets not in use (under mu)
+    size_t sets = 0;                  // arena sets made (under mu)
     ~Plan() {
-      for (auto& set : free_sets)
-        for (size_t k = 0; k < set.size(); ++k) allocs[k]->free(set[k]);
+      for (auto& set : free_sets) {
+        set.streams.reset();  // waits for the work still in flight in the arenas
+        for (size_t k = 0; k < set.arenas.size(); ++k) allocs[k]->free(set.arenas[k]);
+      }
     }
-    // An arena set for one run: a free one, else a new one; empty when the memory could not be had.
-    std::vector<void*> acquire() {
+    // An arena set for one run: a free one, else a new one; arenas empty when the memory could not be had.
+    ArenaSet acquire() {
       {
         std::lock_guard<std::mutex> lock(mu);
         if (!free_sets.empty()) {
-          std::vector<void*> set = std::move(free_sets.back());
+          ArenaSet set = std::move(free_sets.back());
           free_sets.pop_back();
           return set;
         }
       }
-      std::vector<void*> set;
+      ArenaSet set;
       for (size_t k = 0; k < keys.size(); ++k) {
         auto p = allocs[k]->allocate(bytes[k]);
         if (!p.is_ok()) {
-          for (size_t j = 0; j < set.size(); ++j) allocs[j]->free(set[j]);
+          for (size_t j = 0; j < set.arenas.size(); ++j) allocs[j]->free(set.arenas[j]);
           return {};
         }
-        set.push_back(p.value());
+        set.arenas.push_back(p.value());
       }
+      set.streams = std::make_unique<RunStreams>();
       std::lock_guard<std::mutex> lock(mu);
       ++sets;
       return set;
     }
-    void give_back(std::vector<void*> set) {
+    void give_back(ArenaSet set) {
       std::lock_guard<std::mutex> lock(mu);
       free_sets.push_back(std::move(set));
     }
   };
+  // Run slots of runs without an arena set (the first run of a signature, which records the sizes for the plan).
+  std::mutex slots_mu;
+  std::vector<std::unique_ptr<RunStreams>> free_slots;  // under slots_mu
+  std::unique_ptr<RunStreams> take_slot() {
+    std::lock_guard<std::mutex> lock(slots_mu);
+    if (free_slots.empty()) return std::make_unique<RunStreams>();
+    auto slot = std::move(free_slots.back());
+    free_slots.pop_back();
+    return slot;
+  }
+  void give_slot(std::unique_ptr<RunStreams> slot) {
+    std::lock_guard<std::mutex> lock(slots_mu);
+    free_slots.push_back(std::move(slot));
+  }
   mutable std::mutex plan_mu;
   std::shared_ptr<Plan> plan;  // under plan_mu
   // Profile counters of the steps and the largest kernel workspace one step took (claimed subgraphs keep their
@@ -288,7 +444,8 @@ struct Built {
   std::map<std::string, uint64_t> workspace_peak;
 
   ~Built() {
-    steps.clear();  // kernel states first (they may hold memory of the pools), then the arenas
+    free_slots.clear();  // waits for work still in flight on the run slots' streams
+    steps.clear();       // kernel states first (they may hold memory of the pools), then the arenas
     plan.reset();
   }
 
@@ -323,7 +480,16 @@ struct Built {
   Status bind_inputs(const std::vector<std::pair<std::string, RunValue>>& inputs, std::vector<RunValue>& live,
                      std::string& signature);
   Status run(const std::vector<std::pair<std::string, RunValue>>& inputs, std::vector<RunValue>& outputs,
-             const RunOptions& run_options, ThreadPool* run_pool, bool profile);
+             const RunOptions& run_options, ThreadPool* run_pool, bool profile, RunIo& io);
+  // Copies `src` into `dst` (equal byte sizes, any memory) on the slot's streams; the host waits for the source
+  // device when `dst` is host memory (a result leaving the device). Counted in `copies`.
+  Status copy_into(const Tensor& src, const Tensor& dst, RunStreams& rs, CopyCounters* copies);
+  // A new tensor of `like`'s dtype and shape at `at`, from that memory's pool (keyed by the slot's stream there).
+  StatusOr<Tensor> allocate_at(const Tensor& like, const Location& at, RunStreams& rs);
+  // The device entry of a location (nullptr for the host).
+  const DeviceEntry* device_at(const Location& at) const {
+    return at.is_host() ? nullptr : env->registry().device(at.device_type);
+  }
   std::shared_ptr<Plan> make_plan(const std::string& signature, const std::unordered_map<int, uint64_t>& observed);
   void reset_profile() {
     std::lock_guard<std::mutex> lock(stats_mu);
@@ -377,6 +543,7 @@ struct Session::Local {
   ThreadPool* pool = nullptr;
   // The build the most recent run used (placement(), profile(), ... report it); nullptr before the first run.
   std::atomic<Built*> current{nullptr};
+  CopyCounters copies;
   Built* last(const Impl& impl) const {
     Built* b = current.load(std::memory_order_acquire);
     return b != nullptr ? b : impl.generic.get();
@@ -892,7 +1059,10 @@ Status Built::bind_inputs(const std::vector<std::pair<std::string, RunValue>>& i
                                 ", the model expects " + shape_to_string(want));
       }
     }
-    if (!t.location().is_host()) return invalid_argument("input '" + name + "' must be a host tensor");
+    if (!t.location().is_host() && device_at(t.location()) == nullptr) {
+      return invalid_argument("input '" + name + "' is in the memory of " + t.location().to_string() +
+                              ", a device this environment does not have");
+    }
     live[it->second] = value;
     signature += name + shape_to_string(t.shape()) + ";";
   }
@@ -901,8 +1071,100 @@ Status Built::bind_inputs(const std::vector<std::pair<std::string, RunValue>>& i
   return Status::ok();
 }
 
+StatusOr<Tensor> Built::allocate_at(const Tensor& like, const Location& at, RunStreams& rs) {
+  KEEL_ASSIGN_OR_RETURN(CachingAllocator * alloc, env->allocator(at.device_type, at.device_index), "");
+  const uint64_t bytes = like.byte_size();
+  const auto key = reinterpret_cast<CachingAllocator::StreamKey>(rs.get(device_at(at), at.device_index, false));
+  KEEL_ASSIGN_OR_RETURN(void* p, alloc->allocate(bytes, key), "");
+  return Tensor(like.dtype(), like.shape(),
+                std::make_shared<Storage>(p, bytes, at, [alloc](void* q) { alloc->free(q); }));
+}
+
+Status Built::copy_into(const Tensor& src, const Tensor& dst, RunStreams& rs, CopyCounters* copies) {
+  const uint64_t bytes = src.byte_size();
+  if (bytes != dst.byte_size()) {
+    return internal_error("copy of " + src.describe() + " into " + dst.describe() + ": the sizes differ");
+  }
+  const Location& from = src.location();
+  const Location& to = dst.location();
+  if (bytes == 0) return Status::ok();
+  auto count = [&](std::atomic<uint64_t> CopyCounters::*which) {
+    if (copies == nullptr) return;
+    (copies->*which).fetch_add(1, std::memory_order_relaxed);
+    copies->bytes.fetch_add(bytes, std::memory_order_relaxed);
+  };
+  const std::string what =
+      "copy " + std::to_string(bytes) + " bytes from " + from.to_string() + " to " + to.to_string();
+  if (from.is_host() && to.is_host()) {
+    std::memcpy(dst.raw_data(), src.raw_data(), bytes);
+    count(&CopyCounters::h2h);
+    return Status::ok();
+  }
+  const DeviceEntry* src_dev = device_at(from);
+  const DeviceEntry* dst_dev = device_at(to);
+  if ((!from.is_host() && src_dev == nullptr) || (!to.is_host() && dst_dev == nullptr)) {
+    return not_found(what + ": no such device type");
+  }
+  if (from.is_host()) {  // the copy has read the host source when it returns (plugin.h, the stream contract)
+    hal::Device d(dst_dev, to.device_index);
+    count(&CopyCounters::h2d);
+    return d
+        .copy(KEEL_COPY_HOST_TO_DEVICE, dst.raw_data(), to.device_index, src.raw_data(), 0, bytes,
+              rs.get(dst_dev, to.device_index))
+        .with_context(what);
+  }
+  if (to.is_host()) {  // a result leaves the device: the host waits for it
+    hal::Device d(src_dev, from.device_index);
+    count(&CopyCounters::d2h);
+    KEEL_RETURN_IF_ERROR(d.copy(KEEL_COPY_DEVICE_TO_HOST, dst.raw_data(), 0, src.raw_data(), from.device_index, bytes,
+                                rs.get(src_dev, from.device_index)),
+                         what);
+    return rs.synchronize(src_dev, from.device_index).with_context(what);
+  }
+  hal::Device sd(src_dev, from.device_index);
+  if (src_dev == dst_dev) {
+    bool peer = from.device_index == to.device_index;
+    if (!peer) {
+      auto props = sd.properties();
+      peer = props.is_ok() && (props.value().capabilities & KEEL_DEVICE_CAP_PEER_COPY) != 0;
+    }
+    if (peer) {
+      count(&CopyCounters::d2d);
+      keel_stream_t s = rs.get(src_dev, from.device_index);
+      KEEL_RETURN_IF_ERROR(sd.copy(KEEL_COPY_DEVICE_TO_DEVICE, dst.raw_data(), to.device_index, src.raw_data(),
+                                   from.device_index, bytes, s),
+                           what);
+      if (from.device_index == to.device_index) return Status::ok();
+      // Another device's stream reads it next: order it after the copy (an event; the host waits where there is none).
+      auto ev = sd.create_event();
+      keel_stream_t ds = rs.get(dst_dev, to.device_index, false);
+      if (ev.is_ok() && ds != nullptr && dst_dev->table.stream_wait_event != nullptr) {
+        KEEL_RETURN_IF_ERROR(Status::from_c(src_dev->table.event_record(src_dev->table.user_data, ev.value().get(), s)),
+                             what);
+        return Status::from_c(dst_dev->table.stream_wait_event(dst_dev->table.user_data, ds, ev.value().get()))
+            .with_context(what);
+      }
+      return rs.synchronize(src_dev, from.device_index).with_context(what);
+    }
+  }
+  // Between device types, or devices without peer copies: staged through host memory.
+  count(&CopyCounters::d2h);
+  count(&CopyCounters::h2d);
+  std::unique_ptr<char[]> staging(new (std::nothrow) char[bytes]);
+  if (!staging) return out_of_memory(what + ": no host staging buffer");
+  KEEL_RETURN_IF_ERROR(sd.copy(KEEL_COPY_DEVICE_TO_HOST, staging.get(), 0, src.raw_data(), from.device_index, bytes,
+                               rs.get(src_dev, from.device_index)),
+                       what);
+  KEEL_RETURN_IF_ERROR(rs.synchronize(src_dev, from.device_index), what);
+  hal::Device dd(dst_dev, to.device_index);
+  return dd
+      .copy(KEEL_COPY_HOST_TO_DEVICE, dst.raw_data(), to.device_index, staging.get(), 0, bytes,
+            rs.get(dst_dev, to.device_index))
+      .with_context(what);
+}
+
 Status Built::run(const std::vector<std::pair<std::string, RunValue>>& inputs, std::vector<RunValue>& outputs,
-                  const RunOptions& run_options, ThreadPool* run_pool, bool profile) {
+                  const RunOptions& run_options, ThreadPool* run_pool, bool profile, RunIo& io) {
   std::vector<RunValue> live;
   std::string signature;
   KEEL_RETURN_IF_ERROR(bind_inputs(inputs, live, signature), "");
@@ -910,26 +1172,48 @@ Status Built::run(const std::vector<std::pair<std::string, RunValue>>& inputs, s
     if (values[v].is_const) live[v] = values[v].constant;
 
   // Activation memory: an arena set of this run's own from the plan of this signature, or (a new signature) every
-  // value from the pool while the sizes are recorded for the plan the end of the run makes.
+  // value from the pool while the sizes are recorded for the plan the end of the run makes. The run's streams (its
+  // slot) come with the arena set, or from the build's free slots.
   std::shared_ptr<Plan> plan_now;
   {
     std::lock_guard<std::mutex> lock(plan_mu);
     plan_now = plan;
   }
   const bool known = plan_now && plan_now->signature == signature && !signature.empty();
-  std::vector<void*> arenas;
-  if (known) arenas = plan_now->acquire();
-  const bool planned = known && arenas.size() == plan_now->keys.size();
+  Plan::ArenaSet set;
+  if (known) set = plan_now->acquire();
+  const bool planned = known && set.streams != nullptr && set.arenas.size() == plan_now->keys.size();
+  std::unique_ptr<RunStreams> own_slot;
+  if (!planned) own_slot = take_slot();
+  RunStreams& rs = planned ? *set.streams : *own_slot;
+  const std::vector<void*>& arenas = set.arenas;
   struct GiveBack {
+    Built* built;
     Plan* plan;
-    std::vector<void*>& arenas;
+    Plan::ArenaSet& set;
+    std::unique_ptr<RunStreams>& slot;
     bool planned;
     ~GiveBack() {
-      if (planned) plan->give_back(std::move(arenas));
+      if (planned) plan->give_back(std::move(set));
+      if (slot) built->give_slot(std::move(slot));
     }
-  } give_back{plan_now.get(), arenas, planned};
+  } give_back{this, plan_now.get(), set, own_slot, planned};
   const bool record = !known;
   std::unordered_map<int, uint64_t> observed_sizes;
+  // The tensors the previous run of this slot held for its work in flight, then this run's inputs' producers.
+  KEEL_RETURN_IF_ERROR(rs.release_held(), "");
+  for (const auto& f : io.fences)
+    if (f) KEEL_RETURN_IF_ERROR(rs.order_after(*f), "");
+
+  // Memory bound for graph outputs (run_bound with buffers): the kernel producing such an output writes into it.
+  std::unordered_map<int, const Tensor*> bound_buffer;
+  if (io.bound != nullptr) {
+    for (const auto& b : *io.bound) {
+      if (!b.buffer.defined()) continue;
+      auto it = value_index.find(b.name);
+      if (it != value_index.end()) bound_buffer[it->second] = &b.buffer;
+    }
+  }
 
   const auto deadline = run_options.deadline;
   const bool has_deadline = deadline != std::chrono::steady_clock::time_point::max();
@@ -943,6 +1227,22 @@ Status Built::run(const std::vector<std::pair<std::string, RunValue>>& inputs, s
       return Status(StatusCode::kDeadlineExceeded, "deadline passed " + where);
     }
     return Status::ok();
+  };
+
+  // A tensor bound as an input in memory other than where a step reads it (a device tensor read by a host kernel, a
+  // host tensor read by a device kernel without a copy step): moved there once per run and memory.
+  std::map<std::pair<int, std::string>, Tensor> moved;
+  auto tensor_at = [&](int v, const Location& at, const std::string& who) -> StatusOr<const Tensor*> {
+    const Tensor& t = live[v].tensor;
+    if (t.location() == at) return &t;
+    auto key = std::make_pair(v, at.to_string());
+    auto it = moved.find(key);
+    if (it == moved.end()) {
+      KEEL_ASSIGN_OR_RETURN(Tensor dst, allocate_at(t, at, rs), who);
+      KEEL_RETURN_IF_ERROR(copy_into(t, dst, rs, io.copies), who);
+      it = moved.emplace(key, std::move(dst)).first;
+    }
+    return &it->second;
   };
 
   keel_kernel_context_t ctx;
@@ -964,16 +1264,30 @@ Status Built::run(const std::vector<std::pair<std::string, RunValue>>& inputs, s
     auto t0 = profile ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     const std::string& dev_type = s.memory_type;
     CachingAllocator* alloc = s.allocator;
+    const Location here{dev_type, s.memory_index};
+    // The step's stream: its device's stream of this run (NULL on the host and on host-memory devices).
+    const DeviceEntry* stream_dev = dev_type == "cpu" ? nullptr : s.device;
+    const auto stream_key = reinterpret_cast<CachingAllocator::StreamKey>(rs.get(stream_dev, s.memory_index, false));
     if (s.kind == Step::Kind::kCopy) {
       const Tensor& src = live[s.inputs[0]].tensor;
-      KEEL_ASSIGN_OR_RETURN(void* dst, alloc->allocate(src.byte_size()), "copy " + s.name);
-      Location loc{dev_type, s.memory_index};
-      auto storage = std::make_shared<Storage>(dst, src.byte_size(), loc, [alloc](void* p) { alloc->free(p); });
-      // Host <-> device through the device's table; between devices of one type a peer copy where the table has
-      // one; otherwise (two types, or no peer copy) through the host (Environment::copy).
-      KEEL_RETURN_IF_ERROR(env->copy(dst, loc, src.raw_data(), src.location(), src.byte_size()), "copy " + s.name);
-      live[s.outputs[0]] = Tensor(src.dtype(), src.shape(), storage);
+      if (src.location() == here) {
+        live[s.outputs[0]] = src;  // already there (an input bound in this memory): no copy
+      } else {
+        KEEL_ASSIGN_OR_RETURN(void* dst, alloc->allocate(src.byte_size(), stream_key), "copy " + s.name);
+        auto storage = std::make_shared<Storage>(dst, src.byte_size(), here, [alloc](void* p) { alloc->free(p); });
+        Tensor out(src.dtype(), src.shape(), storage);
+        // Ordered on the run's streams: host -> device on the device's, device -> host on the device's and then
+        // waited for (a host step reads it next), between devices of one type a peer copy where the table has one,
+        // else staged through the host.
+        KEEL_RETURN_IF_ERROR(copy_into(src, out, rs, io.copies), "copy " + s.name);
+        live[s.outputs[0]] = std::move(out);
+      }
     } else if (s.kind == Step::Kind::kNative) {
+      for (int v : s.inputs) {
+        if (v < 0 || !live[v].is_tensor() || live[v].tensor.location().is_host()) continue;
+        KEEL_ASSIGN_OR_RETURN(const Tensor* t, tensor_at(v, Location{}, "node '" + s.name + "'"), "");
+        live[v] = *t;
+      }
       std::lock_guard<std::mutex> lock(*s.mu);  // a NativeOp runs for one run at a time
       KEEL_RETURN_IF_ERROR(run_native_step(*s.native, s.inputs, s.outputs, live),
                            "node '" + s.name + "' (" + s.op_type + ")");
@@ -983,6 +1297,7 @@ Status Built::run(const std::vector<std::pair<std::string, RunValue>>& inputs, s
       ctx.node = s.node;
       ctx.opset = s.opset;
       ctx.device_index = s.device_index;
+      ctx.stream = rs.get(stream_dev, s.memory_index);
       ctx.input_views.assign(s.inputs.size(), keel_tensor_t{});
       ctx.inputs.assign(s.inputs.size(), nullptr);
       for (size_t i = 0; i < s.inputs.size(); ++i) {
@@ -995,7 +1310,11 @@ Status Built::run(const std::vector<std::pair<std::string, RunValue>>& inputs, s
           return invalid_argument("node '" + s.name + "' (" + s.op_type + ") reads '" + values[v].name + "', which is " +
                                   live[v].describe() + ", not a tensor");
         }
-        ctx.input_views[i] = live[v].tensor.c_view();
+        const Tensor* t = &live[v].tensor;
+        if (t->location() != here && values[v].is_input) {
+          KEEL_ASSIGN_OR_RETURN(t, tensor_at(v, here, "input '" + values[v].name + "' of node '" + s.name + "'"), "");
+        }
+        ctx.input_views[i] = t->c_view();
         ctx.inputs[i] = &ctx.input_views[i];
       }
       ctx.output_dtypes = s.output_dtypes;
@@ -1009,21 +1328,30 @@ Status Built::run(const std::vector<std::pair<std::string, RunValue>>& inputs, s
         }
         KEEL_ASSIGN_OR_RETURN(uint64_t bytes, checked_byte_size(dtype, shape), "output of '" + s.name + "'");
         int v = s.outputs[i];
-        Location loc{dev_type, s.memory_index};
         if (v >= 0 && record) observed_sizes[v] = bytes;
+        if (v >= 0 && !bound_buffer.empty()) {
+          // A graph output bound to memory of this step's device, of this dtype and shape: written in place.
+          auto b = bound_buffer.find(v);
+          if (b != bound_buffer.end() && b->second->location() == here && b->second->dtype() == dtype &&
+              b->second->shape() == shape) {
+            return *b->second;
+          }
+        }
         if (v >= 0 && planned) {
           const int key = plan_now->key_of[v];
           if (key >= 0 && plan_now->size[v] >= bytes) {
             char* base = static_cast<char*>(arenas[key]) + plan_now->offset[v];
-            return Tensor(dtype, shape, Storage::borrow(base, bytes, loc));
+            return Tensor(dtype, shape, Storage::borrow(base, bytes, here));
           }
         }
-        KEEL_ASSIGN_OR_RETURN(void* p, alloc->allocate(bytes), "output of '" + s.name + "'");
-        return Tensor(dtype, shape, std::make_shared<Storage>(p, bytes, loc, [alloc](void* q) { alloc->free(q); }));
+        KEEL_ASSIGN_OR_RETURN(void* p, alloc->allocate(bytes, stream_key), "output of '" + s.name + "'");
+        return Tensor(dtype, shape, std::make_shared<Storage>(p, bytes, here, [alloc](void* q) { alloc->free(q); }));
       };
       uint64_t step_workspace = 0;
       ctx.allocate_workspace = [&](uint64_t bytes) -> StatusOr<void*> {
-        KEEL_ASSIGN_OR_RETURN(void* p, alloc->allocate(bytes), "workspace of '" + s.name + "'");
+        // Keyed by the step's stream: the block goes back to the pool when compute returns, and is handed out again
+        // only for work on that stream, which runs after the work that may still be using it.
+        KEEL_ASSIGN_OR_RETURN(void* p, alloc->allocate(bytes, stream_key), "workspace of '" + s.name + "'");
         workspace.emplace_back(alloc, p);
         step_workspace += bytes;
         return p;
@@ -1084,22 +1412,63 @@ Status Built::run(const std::vector<std::pair<std::string, RunValue>>& inputs, s
       ++s.calls;
     }
   }
+  // Outputs. Every output (run_values) comes back as a host value; a bound output goes into its buffer or is left in
+  // the memory it was bound to. The host waits only for results copied to host memory (copy_into).
   outputs.clear();
-  for (int v : output_values) {
-    if (!live[v].is_tensor()) {
-      outputs.push_back(live[v]);
-      continue;
-    }
-    Tensor& t = live[v].tensor;
-    if (!t.location().is_host()) {
-      hal::Device dev(env->registry().device(t.location().device_type), t.location().device_index);
+  if (io.bound == nullptr) {
+    for (int v : output_values) {
+      if (!live[v].is_tensor() || live[v].tensor.location().is_host()) {
+        outputs.push_back(live[v]);
+        continue;
+      }
+      const Tensor& t = live[v].tensor;
       KEEL_ASSIGN_OR_RETURN(Tensor host, Tensor::host(t.dtype(), t.shape()), "output '" + values[v].name + "'");
-      KEEL_RETURN_IF_ERROR(dev.copy(KEEL_COPY_DEVICE_TO_HOST, host.raw_data(), 0, t.raw_data(), dev.index(), t.byte_size()),
-                           "copy output '" + values[v].name + "' to host");
+      KEEL_RETURN_IF_ERROR(copy_into(t, host, rs, io.copies), "copy output '" + values[v].name + "' to host");
       outputs.push_back(std::move(host));
-    } else {
-      outputs.push_back(t);
     }
+  } else {
+    io.results->assign(io.bound->size(), DeviceTensor{});
+    for (size_t i = 0; i < io.bound->size(); ++i) {
+      const BoundOutput& b = (*io.bound)[i];
+      const int v = value_index.at(b.name);
+      if (!live[v].is_tensor()) {
+        return invalid_argument("output '" + b.name + "' is " + live[v].describe() +
+                                ", not a tensor: only tensor outputs can be bound");
+      }
+      const Tensor& t = live[v].tensor;
+      if (b.buffer.defined()) {
+        if (b.buffer.dtype() != t.dtype() || b.buffer.shape() != t.shape()) {
+          return invalid_argument("output '" + b.name + "' is " + dtype_name(t.dtype()) + shape_to_string(t.shape()) +
+                                  ", but the memory bound to it is for " + dtype_name(b.buffer.dtype()) +
+                                  shape_to_string(b.buffer.shape()));
+        }
+        if (t.raw_data() != b.buffer.raw_data() || t.location() != b.buffer.location()) {
+          KEEL_RETURN_IF_ERROR(copy_into(t, b.buffer, rs, io.copies), "output '" + b.name + "' into its bound memory");
+        }
+        (*io.results)[i].tensor = b.buffer;
+      } else if (t.location() == io.bound_at[i]) {
+        (*io.results)[i].tensor = t;
+      } else {
+        KEEL_ASSIGN_OR_RETURN(Tensor dst, allocate_at(t, io.bound_at[i], rs), "output '" + b.name + "'");
+        KEEL_RETURN_IF_ERROR(copy_into(t, dst, rs, io.copies),
+                             "output '" + b.name + "' to " + io.bound_at[i].to_string());
+        (*io.results)[i].tensor = std::move(dst);
+      }
+    }
+  }
+  // Work still in flight on the run's streams (outputs left on a device): a fence for the outputs there, and the
+  // device inputs it may still read are held by the slot until that fence has passed.
+  KEEL_ASSIGN_OR_RETURN(std::shared_ptr<RunFence> fence, rs.fence(), "");
+  if (!fence->empty()) {
+    if (io.results != nullptr)
+      for (auto& r : *io.results)
+        if (!r.tensor.location().is_host()) r.ready = fence;
+    std::vector<Tensor> device_inputs;
+    for (int v : input_values)
+      if (live[v].is_tensor() && !live[v].tensor.location().is_host()) device_inputs.push_back(live[v].tensor);
+    for (auto& [key, t] : moved)
+      if (!t.location().is_host()) device_inputs.push_back(t);
+    rs.hold(std::move(device_inputs), fence);
   }
   live.clear();
   if (record) {
@@ -1110,7 +1479,6 @@ Status Built::run(const std::vector<std::pair<std::string, RunValue>>& inputs, s
   }
   return Status::ok();
 }
-
 
 namespace {
 
@@ -1375,7 +1743,9 @@ StatusOr<std::vector<RunValue>> Session::run_values(const std::vector<std::pair<
     KEEL_ASSIGN_OR_RETURN(b, impl_->pick(inputs), what);
   }
   local_->current.store(b, std::memory_order_release);
-  Status st = b->run(inputs, outputs, run_options, local_->pool, local_->options.profile);
+  RunIo io;
+  io.copies = &local_->copies;
+  Status st = b->run(inputs, outputs, run_options, local_->pool, local_->options.profile, io);
   if (!run_options.tag.empty()) {
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (st.is_ok()) log::debug("session '{}': {} finished in {:.3f} ms", impl_->generic->graph.name, what, ms);
@@ -1383,6 +1753,93 @@ StatusOr<std::vector<RunValue>> Session::run_values(const std::vector<std::pair<
   }
   KEEL_RETURN_IF_ERROR(st, what);
   return outputs;
+}
+
+Status RunFence::wait() const {
+  for (const auto& m : marks_) KEEL_RETURN_IF_ERROR(m.event.synchronize(), "wait for a run's device work");
+  return Status::ok();
+}
+
+StatusOr<std::vector<DeviceTensor>> Session::run_bound(const std::vector<BoundInput>& inputs,
+                                                       const std::vector<BoundOutput>& outputs,
+                                                       const RunOptions& run_options) {
+  const std::string what = run_options.tag.empty() ? std::string("run") : "run '" + run_options.tag + "'";
+  const auto t0 = std::chrono::steady_clock::now();
+  const Built& g = *impl_->generic;
+  RunIo io;
+  io.copies = &local_->copies;
+  std::vector<std::pair<std::string, RunValue>> feeds;
+  feeds.reserve(inputs.size());
+  for (const auto& in : inputs) {
+    if (!in.value.tensor.defined()) return invalid_argument(what + ": input '" + in.name + "' is bound to no tensor");
+    feeds.emplace_back(in.name, in.value.tensor);
+    if (in.value.ready && !in.value.ready->empty()) io.fences.push_back(in.value.ready);
+  }
+  // The outputs: known names, each once; where those without a buffer go.
+  std::set<std::string> seen;
+  for (const auto& o : outputs) {
+    if (std::find(g.output_names.begin(), g.output_names.end(), o.name) == g.output_names.end()) {
+      std::string known;
+      for (const auto& n : g.output_names) known += (known.empty() ? "" : ", ") + n;
+      return invalid_argument(what + ": unknown output '" + o.name + "' (outputs: " + known + ")");
+    }
+    if (!seen.insert(o.name).second) return invalid_argument(what + ": output '" + o.name + "' is bound twice");
+    Location at;
+    if (o.buffer.defined()) {
+      const ValueInfo* vi = g.graph.info(o.name);
+      if (vi != nullptr && vi->dtype != DType::kUndefined && vi->dtype != o.buffer.dtype()) {
+        return invalid_argument(what + ": output '" + o.name + "' is " + dtype_name(vi->dtype) +
+                                ", but the memory bound to it is for " + dtype_name(o.buffer.dtype()));
+      }
+      if (vi != nullptr && vi->shape) {
+        const Shape& want = *vi->shape;
+        bool ok = want.size() == o.buffer.shape().size();
+        for (size_t i = 0; ok && i < want.size(); ++i) ok = want[i] < 0 || want[i] == o.buffer.shape()[i];
+        if (!ok) {
+          return invalid_argument(what + ": output '" + o.name + "' has shape " + shape_to_string(want) +
+                                  ", but the memory bound to it is for " + shape_to_string(o.buffer.shape()));
+        }
+      }
+      if (o.buffer.raw_data() == nullptr && o.buffer.byte_size() > 0) {
+        return invalid_argument(what + ": the memory bound to output '" + o.name + "' has no data");
+      }
+    } else {
+      KEEL_ASSIGN_OR_RETURN(DeviceSpec spec, impl_->env->device(o.device.empty() ? "cpu" : o.device),
+                            what + ": output '" + o.name + "'");
+      const DeviceEntry* d = impl_->env->registry().device(spec.type);
+      if (d != nullptr && !hal::Device(d, spec.index).host_memory()) at = Location{spec.type, spec.index};
+    }
+    io.bound_at.push_back(at);
+  }
+  std::vector<DeviceTensor> results;
+  io.bound = &outputs;
+  io.results = &results;
+  Built* b = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(impl_->variants_mu);
+    KEEL_ASSIGN_OR_RETURN(b, impl_->pick(feeds), what);
+  }
+  local_->current.store(b, std::memory_order_release);
+  std::vector<RunValue> unused;
+  Status st = b->run(feeds, unused, run_options, local_->pool, local_->options.profile, io);
+  if (!run_options.tag.empty()) {
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (st.is_ok()) log::debug("session '{}': {} (bound) finished in {:.3f} ms", g.graph.name, what, ms);
+    else log::debug("session '{}': {} (bound) failed after {:.3f} ms: {}", g.graph.name, what, ms, st.to_string());
+  }
+  KEEL_RETURN_IF_ERROR(st, what);
+  return results;
+}
+
+SessionCopyStats Session::copy_stats() const {
+  SessionCopyStats out;
+  const CopyCounters& c = local_->copies;
+  out.host_to_device = c.h2d.load(std::memory_order_relaxed);
+  out.device_to_host = c.d2h.load(std::memory_order_relaxed);
+  out.device_to_device = c.d2d.load(std::memory_order_relaxed);
+  out.host_to_host = c.h2h.load(std::memory_order_relaxed);
+  out.bytes = c.bytes.load(std::memory_order_relaxed);
+  return out;
 }
 
 const Graph& Session::graph() const { return impl_->generic->graph; }

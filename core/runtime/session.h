@@ -26,6 +26,15 @@
 // Its own are its thread pool and its profile flag; the profile counters are the build's, so sessions that share a
 // build and both profile see each other's runs. Either session may be released first (the build goes with the last).
 //
+// Streams (the stream contract of plugin.h). Each run works on streams of its own, one per device it uses (made with
+// the device table's stream_create and pooled with the run's activation arena set, so memory a run reuses is always
+// reused on the stream that last used it; NULL for a device without streams, which then completes everything before
+// returning). Kernels get that stream in their context; copies at device boundaries are ordered on it; blocks the run
+// takes from the pools (outputs, workspace, values not planned yet) are keyed by it. The host waits only where a
+// result leaves a device for the host: a copy step that feeds a host kernel, and outputs returned in host memory.
+// Outputs left on a device (I/O binding, run_bound) come back with a RunFence that a later run (of any session of the
+// environment) orders its own streams after.
+//
 // The Session must not outlive its Environment.
 #pragma once
 
@@ -42,6 +51,7 @@
 #include "core/base/tensor.h"
 #include "core/base/value.h"
 #include "core/runtime/environment.h"
+#include "hal/device.h"
 
 namespace keel {
 
@@ -68,6 +78,63 @@ struct SessionMemoryInfo {
   uint64_t constant_bytes = 0;    // the initializers the build holds (each storage once)
   uint64_t arena_sets = 0;        // activation arena sets made (at most the runs ever in progress at once)
   uint64_t arena_bytes = 0;       // their bytes, all sets
+};
+
+// Copies a session made (Session::copy_stats): the copies inserted at device boundaries, inputs moved to the device
+// that reads them, outputs brought back to the host or into memory bound for them. A value already where it is
+// needed, or an output that a kernel wrote into its bound memory, counts nothing.
+struct SessionCopyStats {
+  uint64_t host_to_device = 0;
+  uint64_t device_to_host = 0;
+  uint64_t device_to_device = 0;
+  uint64_t host_to_host = 0;
+  uint64_t bytes = 0;  // all of them
+};
+
+// The device work a run left in flight on its streams when it returned outputs in device memory: one event per
+// stream. Immutable once made; shared by the tensors of that run. A run that reads such a tensor makes its own stream
+// of that device wait for the event (stream_wait_event; the host waits instead where the device has no such entry),
+// and wait() blocks the host until the work is done (before reading the bytes on the host). Empty when the devices
+// have no streams or events: the work was complete when the run returned.
+class RunFence {
+ public:
+  struct Mark {
+    const DeviceEntry* device = nullptr;
+    int32_t index = 0;
+    hal::Event event;
+  };
+  // Blocks until every event has completed. Thread-safe.
+  Status wait() const;
+  bool empty() const { return marks_.empty(); }
+  const std::vector<Mark>& marks() const { return marks_; }
+  void add(Mark m) { marks_.push_back(std::move(m)); }
+
+ private:
+  std::vector<Mark> marks_;
+};
+
+// A tensor in any memory (the host's or a device's) with the fence of the run that produced it (null: ready).
+struct DeviceTensor {
+  Tensor tensor;
+  std::shared_ptr<const RunFence> ready;
+};
+
+// One input of Session::run_bound: read where it is (a host kernel reads host memory in place; a tensor already on
+// the device of the kernel that reads it is not copied).
+struct BoundInput {
+  std::string name;
+  DeviceTensor value;
+};
+
+// One output of Session::run_bound. With `buffer` defined, the output is written into that memory (host or device):
+// its dtype, shape and byte size must equal the output's, else the run fails with INVALID_ARGUMENT naming the output;
+// the kernel that produces the output writes there directly when the buffer is in the memory of its device (no copy),
+// else the output is copied in. Without a buffer, the output is left in the memory of `device` ("cuda:0"; "cpu" =
+// host memory): where it was produced when that is the device (no copy), else copied there.
+struct BoundOutput {
+  std::string name;
+  Tensor buffer;
+  std::string device = "cpu";
 };
 
 struct SessionOptions {
@@ -165,6 +232,18 @@ class Session {
   // inside the returned values are host tensors that the caller owns (no view of session memory).
   StatusOr<std::vector<RunValue>> run_values(const std::vector<std::pair<std::string, RunValue>>& inputs,
                                              const RunOptions& run_options = {});
+
+  // Runs with bound inputs and outputs (I/O binding): inputs in any memory (a DeviceTensor from an earlier run, or
+  // caller memory), outputs written into preallocated memory or left on a device (see BoundOutput). Returns, per entry
+  // of `outputs`, the output's tensor (for a buffer: a tensor over the buffer's memory) and the fence of the work in
+  // flight for it (null when none: host memory, or devices without streams). Outputs the caller did not name are
+  // computed and dropped. An output named twice, or an unknown name: INVALID_ARGUMENT. Thread-safe, as run(): each
+  // call has its own streams and activation memory; buffers of concurrent runs must not overlap.
+  StatusOr<std::vector<DeviceTensor>> run_bound(const std::vector<BoundInput>& inputs,
+                                                const std::vector<BoundOutput>& outputs,
+                                                const RunOptions& run_options = {});
+  // The copies this session made so far (its runs; sessions that share a build count their own). Thread-safe.
+  SessionCopyStats copy_stats() const;
 
   // The graph as created (after the passes and placement), shapes as declared: the generic build's.
   const Graph& graph() const;

@@ -7,6 +7,14 @@
 // default stream of the device. Device memory comes from cudaMalloc on an explicit device (never managed memory);
 // the core pools on top of it.
 //
+// Streams (the stream contract of plugin.h; the device declares KEEL_DEVICE_CAP_STREAMS). Each run of a session gets
+// a non-blocking stream per device from d_stream_create; every kernel launches on the context's stream (Ctx::stream)
+// and binds its pooled cuBLASLt / cuDNN handle to it per call, so compute returns as soon as its work is queued, with
+// nothing synchronised per node. d_copy queues on the given stream: a host-to-device copy from pageable memory has
+// read it when cudaMemcpyAsync returns (CUDA stages it); from pinned memory the stream is synchronised, because the
+// caller may reuse the source at once. Device-to-host copies complete at stream_synchronize, which the core calls
+// only where a result leaves the device. A NULL stream keeps the older promise: the copy is complete on return.
+//
 // Without a driver or a GPU, init returns UNAVAILABLE ("no CUDA device: cudaGetDeviceCount returned ..."): the
 // plugin manager records the plugin as skipped with that reason and the process goes on with the CPU.
 #include <cstring>
@@ -94,7 +102,7 @@ keel_status_t d_get_properties(void*, int32_t device, keel_device_properties_t* 
   }
   if (KEEL_HAS_MEMBER(p, keel_device_properties_t, capabilities)) {
     uint64_t caps = KEEL_DEVICE_CAP_F16 | KEEL_DEVICE_CAP_INT8 | KEEL_DEVICE_CAP_F64 | KEEL_DEVICE_CAP_ASYNC_COPY |
-                    KEEL_DEVICE_CAP_PEER_COPY;
+                    KEEL_DEVICE_CAP_PEER_COPY | KEEL_DEVICE_CAP_STREAMS;
     if (prop.major >= 8) caps |= KEEL_DEVICE_CAP_BF16;
     p->capabilities = caps;
   }
@@ -156,7 +164,17 @@ keel_status_t d_copy(void*, int32_t kind, int32_t dst_device, void* dst, int32_t
     e = cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, s);
   else
     e = cudaMemcpyAsync(dst, src, bytes, k, s);
-  if (e == cudaSuccess && s == nullptr) e = cudaStreamSynchronize(nullptr);
+  if (e == cudaSuccess && s == nullptr) {
+    e = cudaStreamSynchronize(nullptr);  // the NULL stream: complete on return
+  } else if (e == cudaSuccess && kind == KEEL_COPY_HOST_TO_DEVICE) {
+    // Pinned (or registered) host memory is read asynchronously: the source must be read before we return.
+    cudaPointerAttributes attr;
+    if (cudaPointerGetAttributes(&attr, src) == cudaSuccess && attr.type == cudaMemoryTypeHost) {
+      e = cudaStreamSynchronize(s);
+    } else {
+      (void)cudaGetLastError();  // pageable memory: staged by CUDA, read when cudaMemcpyAsync returned
+    }
+  }
   return cuda_error(e, "copy of " + std::to_string(bytes) + " bytes");
 }
 

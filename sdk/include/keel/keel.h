@@ -491,6 +491,126 @@ KEEL_API keel_status_t keel_session_options_set_pipeline(keel_session_options_t 
  * be written. Thread-safe (also while runs are in progress). */
 KEEL_API keel_status_t keel_session_save_optimized_model(keel_session_t session, const char* path);
 
+/* ---- Device tensors and I/O binding (appended) ------------------------------------------------------------ */
+
+/*
+ * A tensor in the memory of a device of an environment ("cuda:0"), or in host memory ("cpu"): what a run leaves on a
+ * device for the next run to read without a copy (keel_io_binding_bind_output_to_device), or memory the caller
+ * prepares there (keel_device_tensor_create). Device work in flight: a tensor that a run wrote may still be being
+ * written by the device when the run returns (the stream contract of plugin.h: the host waits only where a result
+ * leaves the device); a run that reads it orders its own work after that (on the device, without the host waiting),
+ * and the copy and synchronize functions below wait for it. A device tensor holds memory of its environment's pool:
+ * release it before the environment.
+ */
+typedef struct keel_device_tensor_s* keel_device_tensor_t;
+
+/* A new tensor of `dtype` and shape `dims` (ndim entries, none negative) in the memory of `device` ("TYPE" or
+ * "TYPE:INDEX"; "cpu" = host memory), from that device's pool (counted by keel_environment_memory_stats); its
+ * contents are undefined. INVALID_ARGUMENT for a malformed spec, dtype or dims, NOT_FOUND / OUT_OF_RANGE naming an
+ * unknown device, OUT_OF_MEMORY naming the device. The caller owns *out_tensor (keel_device_tensor_release, before
+ * `env`). Thread-safe. */
+KEEL_API keel_status_t keel_device_tensor_create(keel_environment_t env, const char* device, int32_t dtype,
+                                                 const int64_t* dims, int32_t ndim, keel_device_tensor_t* out_tensor);
+/* Releases the handle, after waiting for device work in flight on its memory from the run that produced it; the
+ * memory goes back to the pool when no binding and no run holds it any more. Not concurrently with other uses of
+ * `tensor`. */
+KEEL_API void keel_device_tensor_release(keel_device_tensor_t tensor);
+/* Copies `byte_size` bytes (exactly the tensor's) from host memory `data` into the tensor, or from the tensor into
+ * host memory `data`, after the device work that writes it; returns when the copy is complete. INVALID_ARGUMENT for
+ * another size or NULL data. Not concurrently with a run that writes `tensor`; concurrent reads are fine. */
+KEEL_API keel_status_t keel_device_tensor_copy_from_host(keel_device_tensor_t tensor, const void* data,
+                                                         size_t byte_size);
+KEEL_API keel_status_t keel_device_tensor_copy_to_host(keel_device_tensor_t tensor, void* data, size_t byte_size);
+/* Waits until the device work of the run that produced the tensor is complete (then its memory may be read by other
+ * means, e.g. a CUDA library on keel_device_tensor_data). Thread-safe. */
+KEEL_API keel_status_t keel_device_tensor_synchronize(keel_device_tensor_t tensor);
+/* Inspection (0 / NULL for a NULL handle). `dims`, `device_type` and `data` stay valid until the tensor is released.
+ * `data` is an address in the device's memory (a host address for "cpu"); do not dereference it on the host for
+ * another device. Concurrent calls are safe. */
+KEEL_API int32_t keel_device_tensor_dtype(keel_device_tensor_t tensor);
+KEEL_API int32_t keel_device_tensor_ndim(keel_device_tensor_t tensor);
+KEEL_API const int64_t* keel_device_tensor_dims(keel_device_tensor_t tensor); /* NULL for a scalar */
+KEEL_API uint64_t keel_device_tensor_byte_size(keel_device_tensor_t tensor);
+KEEL_API void* keel_device_tensor_data(keel_device_tensor_t tensor);
+KEEL_API const char* keel_device_tensor_device_type(keel_device_tensor_t tensor); /* "cpu" for host memory */
+KEEL_API int32_t keel_device_tensor_device_index(keel_device_tensor_t tensor);
+
+/*
+ * I/O binding (as ONNX Runtime's OrtIoBinding): the inputs and outputs of a session's runs, bound once and reused by
+ * many runs, without a copy where the memory is already where the kernels need it.
+ *  - Inputs: a host tensor (caller memory with keel_host_tensor_wrap) is read in place by host kernels; a device
+ *    tensor (an earlier run's output left on the device, or keel_device_tensor_create) is read in place by kernels
+ *    of its device, after the device work that produces it.
+ *  - Outputs: bound to memory the caller preallocated (a host tensor, a device tensor): its dtype and shape must be
+ *    the output's; the kernel that produces the output writes into it directly when it is in the memory of that
+ *    kernel's device (no copy: keel_session_copy_stats counts none), else the output is copied in. Or bound to a
+ *    device (keel_io_binding_bind_output_to_device): the run leaves the output in that device's memory (where it was
+ *    produced, when that is the device: no copy). Outputs not bound are computed and dropped.
+ * The binding holds a reference to every tensor bound (the handles may be released after binding; memory wrapped
+ * with keel_host_tensor_wrap stays the caller's to keep alive) until it is bound again, cleared or released.
+ * Ownership and threads: the caller owns the binding and releases it before its session. A binding belongs to one
+ * run at a time: keel_session_run_with_binding fails with FAILED_PRECONDITION while another run uses the same
+ * binding, and so do the bind, clear and output functions; give each thread that runs the session its own binding
+ * (and its own output memory: two concurrent runs must not write one buffer). Between runs, a binding may pass from
+ * thread to thread.
+ */
+typedef struct keel_io_binding_s* keel_io_binding_t;
+
+/* A new, empty binding for `session`'s inputs and outputs. The caller owns *out_binding. Thread-safe. */
+KEEL_API keel_status_t keel_io_binding_create(keel_session_t session, keel_io_binding_t* out_binding);
+/* Releases the binding and its references, after waiting for device work in flight on its outputs. Not while a run
+ * uses it. */
+KEEL_API void keel_io_binding_release(keel_io_binding_t binding);
+/* Binds input `name` to a host tensor / a device tensor (replacing an earlier binding of that name). INVALID_ARGUMENT
+ * naming the input for an unknown name, another dtype, or a shape the model does not accept (a fixed dim differs or
+ * the rank does). */
+KEEL_API keel_status_t keel_io_binding_bind_input(keel_io_binding_t binding, const char* name,
+                                                  keel_host_tensor_t tensor);
+KEEL_API keel_status_t keel_io_binding_bind_input_device(keel_io_binding_t binding, const char* name,
+                                                         keel_device_tensor_t tensor);
+/* Binds output `name` to preallocated memory: a host tensor (e.g. keel_host_tensor_wrap over caller memory) or a
+ * device tensor, of the output's dtype and shape. INVALID_ARGUMENT naming the output for an unknown name, another
+ * dtype, or another shape where the model fixes it; a run whose output comes out with another shape (a dynamic dim)
+ * fails with INVALID_ARGUMENT naming the output, its shape and the bound one. */
+KEEL_API keel_status_t keel_io_binding_bind_output(keel_io_binding_t binding, const char* name,
+                                                   keel_host_tensor_t tensor);
+KEEL_API keel_status_t keel_io_binding_bind_output_device(keel_io_binding_t binding, const char* name,
+                                                          keel_device_tensor_t tensor);
+/* Binds output `name` to a device ("cuda:0"; "cpu" = host memory): each run leaves the output there, in memory the
+ * run allocates; read it with keel_io_binding_output. INVALID_ARGUMENT for an unknown output or a malformed spec,
+ * NOT_FOUND / OUT_OF_RANGE for an unknown device. */
+KEEL_API keel_status_t keel_io_binding_bind_output_to_device(keel_io_binding_t binding, const char* name,
+                                                             const char* device);
+/* Removes every input and output binding (and the outputs of the last run). */
+KEEL_API keel_status_t keel_io_binding_clear(keel_io_binding_t binding);
+
+/* Runs `session` with the binding's inputs and outputs (every model input must be bound). `run_options` may be NULL.
+ * On success the bound outputs hold the run's results (keel_io_binding_output); on failure the statuses of
+ * keel_session_run_with_options, INVALID_ARGUMENT naming an output whose result does not fit the memory bound to it,
+ * FAILED_PRECONDITION when another run is using the binding; preallocated output memory may then have been partly
+ * written. Thread-safe as keel_session_run, with one binding per concurrent run. */
+KEEL_API keel_status_t keel_session_run_with_binding(keel_session_t session, keel_run_options_t run_options,
+                                                     keel_io_binding_t binding);
+/* The result of bound output `name` of the binding's last successful run, as a new device tensor handle the caller
+ * owns (over the same memory: the preallocated tensor's, or the memory the run left on the device; no copy).
+ * NOT_FOUND naming the output when it is not bound or no run has succeeded since it was bound. */
+KEEL_API keel_status_t keel_io_binding_output(keel_io_binding_t binding, const char* name,
+                                              keel_device_tensor_t* out_tensor);
+
+/* The copies a session's runs made so far: those inserted between devices, inputs moved to the device that reads
+ * them, outputs brought to the host or into memory bound for them. Reads in place and outputs written into their
+ * bound memory count nothing. */
+typedef struct keel_session_copy_stats_s {
+  uint32_t struct_size; /* set by the caller: sizeof(keel_session_copy_stats_t) */
+  uint64_t host_to_device;
+  uint64_t device_to_host;
+  uint64_t device_to_device;
+  uint64_t host_to_host;
+  uint64_t bytes; /* of all of them */
+} keel_session_copy_stats_t;
+/* Fills `out_stats` (the members its struct_size covers). Thread-safe. */
+KEEL_API keel_status_t keel_session_copy_stats(keel_session_t session, keel_session_copy_stats_t* out_stats);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -334,6 +334,90 @@ class RunOptions {
   detail::Handle<keel_run_options_t, keel_run_options_release> h_;
 };
 
+// A tensor in a device's memory or in host memory (keel_device_tensor_t): an output a run left on a device, or memory
+// prepared there. Move-only; destroy it before its Environment. Reads (shape, data pointer) are thread-safe.
+class DeviceTensor {
+ public:
+  DeviceTensor() = default;
+  explicit DeviceTensor(keel_device_tensor_t h) : h_(h) {}
+  // Uninitialised memory for a dtype[dims] tensor on `device` ("cuda:0"; "cpu" = host memory).
+  static DeviceTensor create(const Environment& env, const std::string& device, int32_t dtype,
+                             const std::vector<int64_t>& dims) {
+    keel_device_tensor_t t = nullptr;
+    check(keel_device_tensor_create(env.get(), device.c_str(), dtype, dims.data(), static_cast<int32_t>(dims.size()),
+                                    &t));
+    return DeviceTensor(t);
+  }
+  int32_t dtype() const { return keel_device_tensor_dtype(h_.get()); }
+  std::vector<int64_t> shape() const {
+    const int64_t* d = keel_device_tensor_dims(h_.get());
+    return d ? std::vector<int64_t>(d, d + keel_device_tensor_ndim(h_.get())) : std::vector<int64_t>{};
+  }
+  uint64_t byte_size() const { return keel_device_tensor_byte_size(h_.get()); }
+  void* data() const { return keel_device_tensor_data(h_.get()); }  // an address in the device's memory
+  std::string device() const {
+    return std::string(keel_device_tensor_device_type(h_.get())) + ":" +
+           std::to_string(keel_device_tensor_device_index(h_.get()));
+  }
+  // Waits for the device work that produces it.
+  void synchronize() const { check(keel_device_tensor_synchronize(h_.get())); }
+  template <typename T>
+  std::vector<T> to_vector() const {
+    std::vector<T> out(byte_size() / sizeof(T));
+    check(keel_device_tensor_copy_to_host(h_.get(), out.data(), out.size() * sizeof(T)));
+    return out;
+  }
+  template <typename T>
+  void copy_from(const std::vector<T>& values) {
+    check(keel_device_tensor_copy_from_host(h_.get(), values.data(), values.size() * sizeof(T)));
+  }
+  keel_device_tensor_t get() const { return h_.get(); }
+
+ private:
+  detail::Handle<keel_device_tensor_t, keel_device_tensor_release> h_;
+};
+
+// Inputs and outputs bound once for many runs of one session (keel_io_binding_t; see keel.h). Move-only; destroy it
+// before its session. One run at a time uses a binding: give each thread its own.
+class IoBinding {
+ public:
+  explicit IoBinding(const Session& session);
+  // Host memory (read in place) or a device tensor (read in place by kernels of its device).
+  IoBinding& bind_input(const std::string& name, const Tensor& tensor) {
+    check(keel_io_binding_bind_input(h_.get(), name.c_str(), tensor.get()));
+    return *this;
+  }
+  IoBinding& bind_input(const std::string& name, const DeviceTensor& tensor) {
+    check(keel_io_binding_bind_input_device(h_.get(), name.c_str(), tensor.get()));
+    return *this;
+  }
+  // Preallocated memory of the output's dtype and shape, written in place where the producing kernel's device has it.
+  IoBinding& bind_output(const std::string& name, const Tensor& tensor) {
+    check(keel_io_binding_bind_output(h_.get(), name.c_str(), tensor.get()));
+    return *this;
+  }
+  IoBinding& bind_output(const std::string& name, const DeviceTensor& tensor) {
+    check(keel_io_binding_bind_output_device(h_.get(), name.c_str(), tensor.get()));
+    return *this;
+  }
+  // Each run leaves the output in `device`'s memory ("cuda:0"; "cpu" = host memory); read it with output().
+  IoBinding& bind_output_to_device(const std::string& name, const std::string& device) {
+    check(keel_io_binding_bind_output_to_device(h_.get(), name.c_str(), device.c_str()));
+    return *this;
+  }
+  void clear() { check(keel_io_binding_clear(h_.get())); }
+  // The last run's result of bound output `name` (the same memory, no copy).
+  DeviceTensor output(const std::string& name) const {
+    keel_device_tensor_t t = nullptr;
+    check(keel_io_binding_output(h_.get(), name.c_str(), &t));
+    return DeviceTensor(t);
+  }
+  keel_io_binding_t get() const { return h_.get(); }
+
+ private:
+  detail::Handle<keel_io_binding_t, keel_io_binding_release> h_;
+};
+
 class Session {
  public:
   // The session must be destroyed before `env`. Thread-safety: run() may be called from several threads at once
@@ -381,6 +465,19 @@ class Session {
     result.reserve(count);
     for (auto h : outs) result.emplace_back(h);
     return result;
+  }
+
+  // Runs with the inputs and outputs of `binding` (made for this session); results: binding.output(name).
+  // Thread-safe with one binding per concurrent run.
+  void run(IoBinding& binding, const RunOptions* run_options = nullptr) const {
+    check(keel_session_run_with_binding(h_.get(), run_options ? run_options->get() : nullptr, binding.get()));
+  }
+  // The copies the session's runs made so far (between devices, to the host, into bound memory). Thread-safe.
+  keel_session_copy_stats_t copy_stats() const {
+    keel_session_copy_stats_t c{};
+    c.struct_size = sizeof c;
+    check(keel_session_copy_stats(h_.get(), &c));
+    return c;
   }
 
   // (node, op_type, device_type, kernel) in execution order.
@@ -443,5 +540,11 @@ class Session {
   }
   detail::Handle<keel_session_t, keel_session_release> h_;
 };
+
+inline IoBinding::IoBinding(const Session& session) {
+  keel_io_binding_t b = nullptr;
+  check(keel_io_binding_create(session.get(), &b));
+  h_ = decltype(h_)(b);
+}
 
 }  // namespace keel::api

@@ -138,6 +138,43 @@ typedef enum keel_copy_kind_e {
 #define KEEL_DEVICE_CAP_UNIFIED_HOST_MEMORY (1ull << 4) /* device memory is host memory (CPU-like devices) */
 #define KEEL_DEVICE_CAP_ASYNC_COPY (1ull << 5)
 #define KEEL_DEVICE_CAP_PEER_COPY (1ull << 6)
+/* The device follows the stream contract below with streams of its own (stream_create and the event entries set):
+ * the core gives each run of a session its own stream of the device. Without it the core passes NULL everywhere and
+ * every compute and copy must be complete when it returns (what cores before the contract assumed of every device). */
+#define KEEL_DEVICE_CAP_STREAMS (1ull << 7)
+
+/*
+ * The stream contract (how work on a device is ordered, and when the host waits).
+ *
+ *  1. One stream per run and device. A session gives each run in progress its own stream of every device it runs on
+ *     (made with stream_create, kept for later runs: a stream serves one run at a time, so it is never used from two
+ *     threads at once) when the device sets KEEL_DEVICE_CAP_STREAMS; otherwise NULL, the device's default stream.
+ *     A device whose memory is host memory (KEEL_DEVICE_CAP_UNIFIED_HOST_MEMORY, the CPU) always gets NULL.
+ *  2. Everything in order on that stream. The kernel context carries it (keel_kernel_api_t.stream); a kernel
+ *     enqueues all of its device work there, or orders any other stream it uses (a library's own) back onto it
+ *     with an event before compute returns. The copies the core makes for the run (inputs to the device, values
+ *     between devices, outputs back) are issued on it too, so a kernel's inputs are ready in stream order.
+ *  3. After compute returns, the kernel's work may still be running on the device (stream non-NULL). Its inputs stay
+ *     valid and unchanged until every piece of work ordered after it on the stream has run, and nothing reads its
+ *     outputs except work ordered after it (the core's copies on the stream; events for other streams, see 6). With a
+ *     NULL stream the work must be complete when compute returns.
+ *  4. Workspace (keel_kernel_api_t.workspace) and memory the run frees go back to the core's pool when compute
+ *     returns, and the pool hands a block out again only for work on the same stream (blocks are keyed by stream):
+ *     work that compute left queued on the context's stream may still use its workspace; work on any other stream
+ *     must not (order it back first, rule 2). A kernel that reads device memory on the host inside compute (a shape
+ *     input computed on the device) synchronises the context's stream first (stream_synchronize).
+ *  5. Copies. `copy` is ordered on its stream. A *_TO_DEVICE copy has read its host source when it returns (the host
+ *     may reuse that memory at once; the device side completes in stream order). A *_TO_HOST copy's host bytes are
+ *     valid after stream_synchronize on its stream. A copy on the NULL stream is complete when it returns. Copies
+ *     between two devices of one table are issued on the source device's stream; the core orders the destination's
+ *     stream after them with an event.
+ *  6. The host waits only where a result leaves the device: after a device-to-host copy whose bytes the host reads
+ *     (a host kernel's input, an output returned in host memory), when a caller reads a device tensor on the host, and
+ *     when the core releases memory or streams that work may still use. Never per node: a run never calls
+ *     device_synchronize. A run that leaves outputs on the device (I/O binding) records an event on its stream
+ *     (event_record); a later run that reads them makes its own stream wait for it (stream_wait_event; the host waits
+ *     with event_synchronize where that entry is missing).
+ */
 
 typedef struct keel_device_properties_s {
   uint32_t struct_size;
@@ -177,8 +214,9 @@ typedef struct keel_device_table_s {
   keel_status_t (*allocate_pinned_host)(void* user_data, uint64_t bytes, void** out_ptr);
   void (*free_pinned_host)(void* user_data, void* ptr); /* (optional, required with allocate_pinned_host) */
 
-  /* Copies `bytes` bytes. Ordered on `stream` (NULL = the default stream of the device doing the work).
-   * Host pointers of a *_TO_DEVICE / *_TO_HOST copy may be pageable; the call then may block. */
+  /* Copies `bytes` bytes. Ordered on `stream` (NULL = the default stream of the device doing the work), as the stream
+   * contract above says: a *_TO_DEVICE copy has read its host source when it returns; a *_TO_HOST copy is complete
+   * after stream_synchronize (on return for a NULL stream). Host pointers may be pageable or pinned. */
   keel_status_t (*copy)(void* user_data, int32_t kind /* keel_copy_kind_t */, int32_t dst_device, void* dst,
                         int32_t src_device, const void* src, uint64_t bytes, keel_stream_t stream);
 
@@ -269,7 +307,8 @@ typedef struct keel_kernel_def_s {
    * constants have `data`. Return UNIMPLEMENTED with a reason to reject the node: the core tries the next kernel
    * and logs the reason at debug level. *out_state defaults to user_data. */
   keel_status_t (*create)(void* user_data, keel_kernel_context_t* ctx, void** out_state);
-  /* Runs the node: read inputs, attributes; allocate and write outputs through `ctx`. */
+  /* Runs the node: read inputs, attributes; allocate and write outputs through `ctx`. Device work goes on the
+   * context's stream and may still run after compute returns (the stream contract above). */
   keel_status_t (*compute)(void* state, keel_kernel_context_t* ctx);
   /* (optional) Frees what create made. */
   void (*release)(void* state);
@@ -387,8 +426,11 @@ typedef struct keel_kernel_api_s {
   const char* (*node_name)(const keel_kernel_context_t* ctx);
   int32_t (*opset)(const keel_kernel_context_t* ctx); /* the opset version the node was imported at */
   int32_t (*device_index)(const keel_kernel_context_t* ctx);
+  /* The run's stream of the kernel's device (the stream contract above); NULL for a device without
+   * KEEL_DEVICE_CAP_STREAMS (then the work must be complete when compute returns) and at create time. */
   keel_stream_t (*stream)(const keel_kernel_context_t* ctx);
-  /* Scratch memory on the kernel's device, valid until compute returns. */
+  /* Scratch memory on the kernel's device for work on the context's stream: the host may no longer touch it after
+   * compute returns, while work queued on the stream may still use it (rule 4 of the stream contract). */
   keel_status_t (*workspace)(keel_kernel_context_t* ctx, uint64_t bytes, void** out_ptr);
   /* Runs fn(arg, begin, end) over [0, n) in chunks on the core's thread pool; returns when all are done. */
   void (*parallel_for)(const keel_kernel_context_t* ctx, int64_t n, int64_t min_chunk,
