@@ -151,6 +151,7 @@ plan (each step: min(its own timeout, what is left of $budget s)):
    60 s  nccl_plugin_test (one rank: init, all-reduce, ..., teardown, a peer that never joins)
    90 s  cuda_plugin_test
    90 s  keel launch --nproc-per-node 1 -- keel train --device cuda (synthetic data): the data-parallel path on NCCL
+   40 s  per (model simple|lenet, amp none|fp16): keel train --device cuda --amp AMP, 1 epoch of the synthetic data
    25 s  per model: keel run --device cuda [--precision fp16] vs test_data_set_0/output_0.pb (rtol 1e-3 / 1e-2)
   100 s  $torch_bench --models ${bench_models// /,} --batches 1,64 --precisions fp32,fp16 --json
    30 s  per (model, batch, precision): keel bench MODEL --device cuda [--precision fp16] --json (batch 64: the
@@ -265,6 +266,20 @@ PY
     if [[ $rc -ne 0 ]] || ! grep -q "world size 1 (nccl)" <<<"$dp_out"; then
       echo "  data-parallel step FAILED (rc $rc; want 'world size 1 (nccl)' and exit 0)"; fails=$((fails+1))
     fi
+    # Eager training on the card: SimpleCNN and the LeNet-like model, one epoch of the synthetic set each, fp32 and
+    # fp16 (dynamic loss scaling); the backward kernels are cuda_train_ops.cc's, any op the plugin lacks runs on the
+    # CPU with one warning per op type (counted here).
+    for tm in simple lenet; do
+      for amp in none fp16; do
+        step "train: keel train --model $tm --device cuda --amp $amp (1 epoch, synthetic data)"
+        tr_out=$(run_timed 40 "$keel" train --model "$tm" --device cuda --amp "$amp" --data "$work/dp_data" \
+                   --epochs 1 -o '' --no-quantize -q 2>&1)
+        rc=$?
+        echo "$tr_out" | tail -4
+        echo "  ops on the CPU fallback: $(grep -c 'runs on the CPU' <<<"$tr_out")"
+        if [[ $rc -ne 0 ]]; then echo "  training step FAILED (rc $rc)"; fails=$((fails+1)); fi
+      done
+    done
     step "benchmark: PyTorch eager on the GPU"
     rm -f "$work/torch.jsonl" "$work/keel.jsonl"
     run_timed 100 "$py" "$torch_bench" --peers "$peers" --models "${bench_models// /,}" --batches 1,64 \
