@@ -66,6 +66,11 @@ bool not_for_onednn(const OpCase& c) {
   static const std::set<std::string> kF32Only = {"Conv", "ConvTranspose", "MatMul", "Gemm", "BatchNormalization"};
   if (c.domain == "keel" && kFusedOps.count(c.op)) return true;
   if (c.op == "ConvTranspose" && (c.attrs.count("output_shape") || c.attrs.count("auto_pad"))) return true;
+  // oneDNN's loss kernels take [N, C] scores without class weights; spatial dims and weights run on the reference.
+  if (c.op == "SoftmaxCrossEntropyLoss" || c.op == "SoftmaxCrossEntropyLossGrad") {
+    const size_t scores = c.op == "SoftmaxCrossEntropyLoss" ? 0 : 1, weights = scores + 2;
+    if (c.inputs.size() > weights || (c.inputs.size() > scores && c.inputs[scores].shape.size() != 2)) return true;
+  }
   return c.dtype != DType::kF32 && kF32Only.count(c.op);
 }
 
