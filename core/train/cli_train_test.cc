@@ -237,6 +237,92 @@ TEST_F(KeelTrain, FineTunesAnImportedModel) {
   EXPECT_EQ(alone.first, 2);
 }
 
+// The compression loop on the synthetic set: a LeNet teacher, `keel prune` of half its channels (the Linear features
+// behind the Flatten go with them), the pruned model fine-tuned alone and with distillation from the teacher; run.json
+// records the teacher (path, size, SHA-256, accuracy) and the hyper-parameters, the epochs the two losses; `keel train
+// --evaluate` reports an exported model; distillation options without a teacher are refused.
+TEST_F(KeelTrain, PrunedModelFineTunesWithDistillationFromItsTeacher) {
+  const fs::path teacher = dir_ / "teacher.onnx", pruned = dir_ / "pruned.onnx", student = dir_ / "student.onnx";
+  auto t = sh(train("--model lenet --epochs 2 --lr 0.05 --no-quantize -o " + teacher.string() + " --run-record " +
+                    (dir_ / "teacher" / "run.json").string()));
+  ASSERT_EQ(t.first, 0) << t.second;
+  const auto teacher_run = nlohmann::json::parse(std::ifstream(dir_ / "teacher" / "run.json"));
+  const int64_t teacher_params = teacher_run["model"]["parameters"];
+  auto p = sh(keel_binary() + " --log-level error prune " + teacher.string() + " --mode channel --ratio 0.5 -o " +
+              pruned.string());
+  ASSERT_EQ(p.first, 0) << p.second;
+  EXPECT_NE(p.second.find("pruned 16 of 32 channels"), std::string::npos) << p.second;
+  EXPECT_NE(p.second.find("pruned 32 of 64 channels of {Conv_"), std::string::npos) << p.second;
+  // Fine-tuning the pruned graph alone: it loads, trains and exports.
+  auto ce = sh(train("--init " + pruned.string() + " --epochs 2 --lr 0.05 --no-quantize -o " +
+                     (dir_ / "ce.onnx").string() + " --run-record " + (dir_ / "ce" / "run.json").string()));
+  ASSERT_EQ(ce.first, 0) << ce.second;
+  const auto ce_run = nlohmann::json::parse(std::ifstream(dir_ / "ce" / "run.json"));
+  const int64_t pruned_params = ce_run["model"]["parameters"];
+  EXPECT_LT(pruned_params, teacher_params / 2) << "conv2's output channels take its Linear features with them";
+  EXPECT_FALSE(ce_run.contains("distillation"));
+  auto pos = ce.second.find("test accuracy: ");
+  ASSERT_NE(pos, std::string::npos) << ce.second;
+  EXPECT_GE(std::stod(ce.second.substr(pos + 15, 6)), 0.5) << ce.second;
+  // With distillation.
+  auto kd = sh(train("--init " + pruned.string() + " --teacher " + teacher.string() +
+                     " --distill-temperature 3 --distill-weight 0.6 --epochs 3 --lr 0.05 --no-quantize -o " +
+                     student.string() + " --log " + (dir_ / "kd" / "log.jsonl").string()));
+  ASSERT_EQ(kd.first, 0) << kd.second;
+  EXPECT_NE(kd.second.find("distillation from " + teacher.string() + " (test accuracy "), std::string::npos)
+      << kd.second;
+  EXPECT_NE(kd.second.find("distillation loss "), std::string::npos) << kd.second;
+  pos = kd.second.find("test accuracy: ");
+  ASSERT_NE(pos, std::string::npos) << kd.second;
+  EXPECT_GE(std::stod(kd.second.substr(pos + 15, 6)), 0.5) << kd.second;
+  EXPECT_TRUE(fs::exists(student));
+  const auto j = nlohmann::json::parse(std::ifstream(dir_ / "kd" / "run.json"));
+  ASSERT_TRUE(j.contains("distillation")) << j.dump(2);
+  const auto& d = j["distillation"];
+  EXPECT_EQ(d["temperature"], 3.0);
+  EXPECT_EQ(d["weight"], 0.6);
+  EXPECT_EQ(d["teacher"]["path"], fs::absolute(teacher).lexically_normal().string());
+  EXPECT_EQ(d["teacher"]["bytes"], fs::file_size(teacher));
+  const std::string sha = d["teacher"]["sha256"];
+  EXPECT_EQ(sha.size(), 64u);
+  EXPECT_EQ(sha.find_first_not_of("0123456789abcdef"), std::string::npos) << sha;
+  EXPECT_GT(d["teacher"]["test_accuracy"].get<double>(), 0.0);
+  EXPECT_EQ(j["hyperparameters"]["teacher"], teacher.string());
+  EXPECT_EQ(j["hyperparameters"]["distill_temperature"], 3.0);
+  EXPECT_EQ(j["model"]["parameters"], pruned_params);
+  ASSERT_EQ(j["epochs"].size(), 3u);
+  for (const auto& e : j["epochs"]) {
+    EXPECT_GE(e["distill_soft_loss"].get<double>(), 0.0) << e;
+    EXPECT_GT(e["distill_label_loss"].get<double>(), 0.0) << e;
+    EXPECT_GE(e["teacher_seconds"].get<double>(), 0.0) << e;
+  }
+  // The student moves toward the teacher: the distillation term falls over the epochs.
+  EXPECT_LT(j["epochs"][2]["distill_soft_loss"].get<double>(), j["epochs"][0]["distill_soft_loss"].get<double>());
+  std::ifstream log(dir_ / "kd" / "log.jsonl");
+  std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("\"distill_soft_loss\""), std::string::npos);
+  // --evaluate reports an exported model without training.
+  auto ev = sh(train("--evaluate " + student.string()));
+  ASSERT_EQ(ev.first, 0) << ev.second;
+  EXPECT_NE(ev.second.find(student.string() + ": test accuracy "), std::string::npos) << ev.second;
+  EXPECT_EQ(ev.second.find("epoch 1/"), std::string::npos) << ev.second;
+  // Distillation options without a teacher, and a weight outside 0..1.
+  auto alone = sh(train("--epochs 1 -o '' --distill-weight 0.5"));
+  EXPECT_EQ(alone.first, 2);
+  EXPECT_NE(alone.second.find("apply to distillation from a --teacher"), std::string::npos) << alone.second;
+  auto range = sh(train("--epochs 1 -o '' --teacher " + teacher.string() + " --distill-weight 1.5"));
+  EXPECT_NE(range.first, 0);
+  EXPECT_NE(range.second.find("--distill-weight"), std::string::npos) << range.second;
+  // A teacher with another class count: a clear error naming both shapes.
+  auto head = sh(train("--epochs 0 --init " + teacher.string() + " --replace-head 4 --no-quantize -o " +
+                       (dir_ / "four.onnx").string()));
+  ASSERT_EQ(head.first, 0) << head.second;
+  auto mismatch =
+      sh(train("--epochs 1 -o '' --init " + pruned.string() + " --teacher " + (dir_ / "four.onnx").string()));
+  EXPECT_EQ(mismatch.first, 1);
+  EXPECT_NE(mismatch.second.find("teacher logits [32, 4]"), std::string::npos) << mismatch.second;
+}
+
 // `keel train --nproc 2`: two ranks through `keel launch` and the Gloo plugin; rank 0 alone prints, logs, checkpoints
 // and exports; the checkpoint resumes in one process (another world size).
 TEST_F(KeelTrain, DataParallelOverTwoProcessesResumesInOne) {

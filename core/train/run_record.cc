@@ -231,6 +231,10 @@ void RunRecord::finish(nlohmann::json final_metrics, const std::string& error) {
 
 Status RunRecord::save(const std::filesystem::path& file) const {
   const std::filesystem::path tmp = file.string() + ".tmp" + std::to_string(getpid());
+  if (file.has_parent_path()) {  // a run's own folder (runs/kd/run.json) is created on first save
+    std::error_code dir_ec;
+    std::filesystem::create_directories(file.parent_path(), dir_ec);
+  }
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     if (!f) return Status(StatusCode::kInvalidArgument, "cannot write the run record " + tmp.string());

@@ -9,6 +9,10 @@
 namespace keel::train {
 
 StatusOr<std::unique_ptr<ScalarLogger>> ScalarLogger::open(const std::filesystem::path& file, bool append) {
+  if (file.has_parent_path()) {  // a run's own folder (runs/kd/log.jsonl) is created here
+    std::error_code ec;
+    std::filesystem::create_directories(file.parent_path(), ec);
+  }
   std::FILE* f = std::fopen(file.c_str(), append ? "a" : "w");
   if (!f) return unavailable(file.string() + ": cannot open the scalar log for writing");
   return std::unique_ptr<ScalarLogger>(new ScalarLogger(f));

@@ -137,6 +137,12 @@ struct TrainArgs {
   int64_t replace_head = 0;         // a new classifier with N outputs (0 = keep the model's)
   std::string run_record = "auto";  // run.json (issue 28): "auto" = beside the log / checkpoint / model, "" = none
   int histogram_bins = 30;          // parameter and gradient histograms per epoch in the log (0 = none)
+  // Knowledge distillation (issue 28): a teacher ONNX model run forward only (a Session) on every batch; the loss is
+  // weight * T^2 * KL(softmax(teacher / T) || softmax(student / T)) + (1 - weight) * cross-entropy.
+  std::string teacher;
+  double distill_temperature = 4.0, distill_weight = 0.9;
+  bool distill_options_given = false;  // --distill-temperature / --distill-weight on the command line
+  std::string evaluate;  // evaluate this ONNX model on the test set through a Session and stop (no training)
 };
 
 // Where run.json goes: beside the log, else the checkpoint (written or resumed from), else the ONNX output, else the
@@ -150,13 +156,35 @@ std::filesystem::path run_record_path(const TrainArgs& a) {
 
 // Every hyper-parameter of the run (the parsed command line, defaults included).
 nlohmann::json hyperparameters(const TrainArgs& a, int threads) {
-  return {{"model", a.model}, {"epochs", a.epochs}, {"batch", a.batch}, {"optimizer", a.optimizer}, {"lr", a.lr},
-          {"momentum", a.momentum}, {"weight_decay", a.weight_decay}, {"scheduler", a.scheduler}, {"warmup", a.warmup},
-          {"accumulate", a.accumulate}, {"clip", a.clip}, {"amp", a.amp}, {"seed", a.seed}, {"limit", a.limit},
-          {"workers", a.workers}, {"device", a.device}, {"threads", threads}, {"nproc", a.nproc},
-          {"log_every", a.log_every}, {"checkpoint_every", a.checkpoint_every}, {"resume", a.resume},
-          {"quantize", a.quantize}, {"calibration_batches", a.calibration_batches}, {"init", a.init},
-          {"freeze", a.freeze}, {"replace_head", a.replace_head}};
+  return {{"model", a.model},
+          {"epochs", a.epochs},
+          {"batch", a.batch},
+          {"optimizer", a.optimizer},
+          {"lr", a.lr},
+          {"momentum", a.momentum},
+          {"weight_decay", a.weight_decay},
+          {"scheduler", a.scheduler},
+          {"warmup", a.warmup},
+          {"accumulate", a.accumulate},
+          {"clip", a.clip},
+          {"amp", a.amp},
+          {"seed", a.seed},
+          {"limit", a.limit},
+          {"workers", a.workers},
+          {"device", a.device},
+          {"threads", threads},
+          {"nproc", a.nproc},
+          {"log_every", a.log_every},
+          {"checkpoint_every", a.checkpoint_every},
+          {"resume", a.resume},
+          {"quantize", a.quantize},
+          {"calibration_batches", a.calibration_batches},
+          {"init", a.init},
+          {"freeze", a.freeze},
+          {"replace_head", a.replace_head},
+          {"teacher", a.teacher},
+          {"distill_temperature", a.distill_temperature},
+          {"distill_weight", a.distill_weight}};
 }
 
 StatusOr<std::shared_ptr<FashionMnist>> first_n(const std::shared_ptr<FashionMnist>& ds, int64_t n) {
@@ -230,8 +258,10 @@ StatusOr<GraphEval> evaluate_graph(Environment& env, const Graph& graph, const F
   int64_t correct = 0, seen = 0;
   double total_ms = 0;
   int runs = 0;
-  for (int64_t i = 0; i + bs <= test.size(); i += bs) {
-    std::vector<int64_t> idx(static_cast<size_t>(bs));
+  // A fixed batch runs whole batches only; a dynamic one takes the remainder too.
+  for (int64_t i = 0; fixed_batch ? i + bs <= test.size() : i < test.size(); i += bs) {
+    const int64_t n = std::min(bs, test.size() - i);
+    std::vector<int64_t> idx(static_cast<size_t>(n));
     std::iota(idx.begin(), idx.end(), i);
     KEEL_ASSIGN_OR_RETURN(Batch b, test.get_batch(idx), "test data");
     auto t0 = Clock::now();
@@ -241,11 +271,11 @@ StatusOr<GraphEval> evaluate_graph(Environment& env, const Graph& graph, const F
     const keel::Tensor& logits = out.at(0);
     const int64_t classes = logits.shape().back();
     const float* l = logits.data<float>();
-    for (int64_t k = 0; k < bs; ++k) {
+    for (int64_t k = 0; k < n; ++k) {
       const float* row = l + k * classes;
       correct += (std::max_element(row, row + classes) - row) == b.target.data<int64_t>()[k];
     }
-    seen += bs;
+    seen += n;
   }
   r.accuracy = seen ? static_cast<double>(correct) / static_cast<double>(seen) : 0;
   r.batch_ms = runs ? total_ms / runs : 0;
@@ -347,6 +377,78 @@ StatusOr<GraphEval> quantize_and_evaluate(Environment& env, const Graph& fp32, c
 
 namespace {
 
+// `keel train --evaluate MODEL.onnx`: the model's test accuracy and batch-1 latency through a Session with the default
+// passes (fuse_qdq for a QDQ model: the int8 kernels), as the end of a training run reports them; no training.
+int evaluate_only(Environment& env, const std::string& path, const FashionMnist& test) {
+  auto graph = load_onnx(path);
+  if (!graph.is_ok()) {
+    std::cerr << "keel train: --evaluate: " << graph.status().to_string() << "\n";
+    return 1;
+  }
+  auto r = evaluate_graph(env, *graph, test, 0, "cpu", session_passes("auto", *graph, env));
+  if (!r.is_ok()) {
+    std::cerr << "keel train: --evaluate " << path << ": " << r.status().to_string() << "\n";
+    return 1;
+  }
+  std::error_code ec;
+  const auto bytes = std::filesystem::file_size(path, ec);
+  std::cout << path << ": test accuracy " << std::fixed << std::setprecision(4) << r->accuracy << " (" << test.size()
+            << " images)";
+  if (r->latency_ms > 0) std::cout << ", latency " << std::setprecision(3) << r->latency_ms << " ms (batch 1)";
+  std::cout << ", " << std::setprecision(2) << r->batch_ms << " ms per batch of " << r->eval_batch << ", "
+            << (ec ? 0 : bytes) << " bytes\n";
+  return 0;
+}
+
+// The teacher of knowledge distillation: an ONNX classifier run forward only through a Session (the inference path:
+// no autograd tape, the default passes), on the batches the student trains on.
+struct Teacher {
+  std::unique_ptr<Session> session;
+  std::string input;
+  double test_accuracy = 0, seconds = 0;  // seconds: forward time of the current epoch
+  nlohmann::json record;
+
+  static StatusOr<Teacher> load(Environment& env, const std::string& path, const FashionMnist& test) {
+    KEEL_ASSIGN_OR_RETURN(Graph graph, load_onnx(path), "teacher");
+    if (graph.inputs.size() != 1 || graph.outputs.empty())
+      return Status(StatusCode::kInvalidArgument, "teacher " + path + ": has " + std::to_string(graph.inputs.size()) +
+                                                      " inputs and " + std::to_string(graph.outputs.size()) +
+                                                      " outputs; it must take the image alone and give logits first");
+    if (const auto* info = graph.info(graph.inputs[0]);
+        info && info->shape && !info->shape->empty() && (*info->shape)[0] > 0)
+      return Status(StatusCode::kInvalidArgument, "teacher " + path + ": input '" + graph.inputs[0] +
+                                                      "' has a fixed batch of " + std::to_string((*info->shape)[0]) +
+                                                      "; distillation feeds it every training batch, so its " +
+                                                      "first dimension must be dynamic (keel train exports it so)");
+    KEEL_ASSIGN_OR_RETURN(GraphEval eval,
+                          evaluate_graph(env, graph, test, 0, "cpu", session_passes("auto", graph, env)),
+                          "teacher " + path);
+    SessionOptions so;
+    so.devices = {"cpu"};
+    so.passes = session_passes("auto", graph, env);
+    Teacher t;
+    KEEL_ASSIGN_OR_RETURN(t.session, Session::create(env, graph, so), "teacher " + path);
+    t.input = t.session->input_names().at(0);
+    t.test_accuracy = eval.accuracy;
+    KEEL_ASSIGN_OR_RETURN(std::string sha, sha256_file(path), "teacher");
+    std::error_code ec;
+    t.record = {{"path", std::filesystem::absolute(path).lexically_normal().string()},
+                {"bytes", std::filesystem::file_size(path, ec)},
+                {"sha256", sha},
+                {"test_accuracy", eval.accuracy}};
+    return t;
+  }
+  // The teacher's logits for a batch (host images), on `device`; throws eager::Error naming the teacher.
+  eager::Tensor logits(const keel::Tensor& images, const std::string& device) {
+    auto t0 = Clock::now();
+    auto out = session->run({{input, images}});
+    if (!out.is_ok()) throw eager::Error(out.status().with_context("teacher"));
+    seconds += seconds_since(t0);
+    eager::Tensor l(out->at(0));
+    return device != "cpu" ? l.to(device) : l;
+  }
+};
+
 // `keel train --nproc N`: this process's command line without --nproc, run by `keel launch --nproc-per-node N`.
 int relaunch(int nproc) {
   std::ifstream f("/proc/self/cmdline", std::ios::binary);
@@ -444,6 +546,26 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
   const auto& train = *train_set;
   const auto& test = *test_ds;
   const double load_s = seconds_since(t_load);
+  if (!a.evaluate.empty()) return ranks.lead() ? evaluate_only(*env, a.evaluate, *test) : 0;
+  std::optional<Teacher> teacher;
+  std::optional<nn::DistillationLoss> distill;
+  if (!a.teacher.empty()) {
+    auto t = Teacher::load(*env, a.teacher, *test);
+    if (!t.is_ok()) {
+      std::cerr << "keel train: --teacher: " << t.status().to_string() << "\n";
+      return 1;
+    }
+    teacher.emplace(std::move(t).value());
+    try {
+      distill.emplace(static_cast<float>(a.distill_temperature), static_cast<float>(a.distill_weight));
+    } catch (const eager::Error& e) {
+      std::cerr << "keel train: " << e.what() << "\n";
+      return 2;
+    }
+  } else if (a.distill_options_given) {
+    std::cerr << "keel train: --distill-temperature and --distill-weight apply to distillation from a --teacher\n";
+    return 2;
+  }
 
   eager::manual_seed(a.seed);
   std::shared_ptr<nn::Module> model_owner;
@@ -584,6 +706,12 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
             << "  " << opt->name() << " lr " << a.lr << (a.optimizer == "sgd" ? " momentum " + std::to_string(a.momentum).substr(0, 4) : "")
             << ", batch " << a.batch << (a.accumulate > 1 ? " x " + std::to_string(a.accumulate) + " micro-batches" : "")
             << ", amp " << a.amp << ", " << threads << " thread(s), device " << a.device << ", seed " << a.seed << "\n";
+  if (teacher) {
+    out << "  distillation from " << a.teacher << " (test accuracy " << std::setprecision(4) << teacher->test_accuracy
+        << "): loss = " << std::setprecision(2) << a.distill_weight
+        << " * T^2 * KL(teacher || student at T = " << a.distill_temperature << ") + " << 1 - a.distill_weight
+        << " * cross-entropy\n";
+  }
   if (ranks.pg) {
     out << "  data-parallel: world size " << ranks.world << " (" << ranks.pg->backend() << "), batch " << a.batch
         << " per rank = " << a.batch * ranks.world << " per step, " << loader->batches_per_epoch()
@@ -615,6 +743,19 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
                  {"samples", {{"train", train->size()}, {"test", test->size()}, {"train_full", (*train_ds)->size()}}}};
     if (!files.is_ok()) j["data"]["error"] = files.status().to_string();
     j["model"] = {{"name", model.type_name()}, {"parameters", model.num_parameters()}};
+    if (!a.init.empty()) {
+      auto sha = sha256_file(a.init);
+      j["model"]["init"] = {{"path", std::filesystem::absolute(a.init).lexically_normal().string()},
+                            {"sha256", sha.is_ok() ? *sha : sha.status().to_string()}};
+    }
+    if (teacher) {
+      j["distillation"] = {{"teacher", teacher->record},
+                           {"temperature", a.distill_temperature},
+                           {"weight", a.distill_weight},
+                           {"loss",
+                            "weight * T^2 * KL(softmax(teacher/T) || softmax(student/T)) + (1 - weight) * "
+                            "cross_entropy(labels)"}};
+    }
     auto rel = [&](const std::string& p) -> nlohmann::json {
       if (p.empty()) return nullptr;
       std::error_code ec;
@@ -643,7 +784,8 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
                       !a.quiet && ranks.lead());
       if (dp) dp->reset_stats();
       auto t0 = Clock::now();
-      double loss_sum = 0, win_loss = 0;
+      double loss_sum = 0, win_loss = 0, soft_sum = 0, hard_sum = 0;
+      if (teacher) teacher->seconds = 0;
       int64_t seen = 0, correct = 0, batches = 0, win_seen = 0, win_correct = 0, win_batches = 0, micro = 0;
       auto win_t0 = Clock::now();
       for (;;) {
@@ -653,7 +795,8 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
         Batch& b = **next;
         eager::Tensor x(b.data), y(b.target);
         if (a.device != "cpu") x = x.to(a.device), y = y.to(a.device);
-        eager::Tensor logits, loss;
+        eager::Tensor logits, loss, soft, hard;
+        eager::Tensor teacher_logits = teacher ? teacher->logits(b.data, a.device) : eager::Tensor();
         const bool last_batch = b.index + 1 == loader->batches_per_epoch();
         const bool step_now = micro + 1 == a.accumulate || last_batch;
         {
@@ -665,7 +808,12 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
             if (a.amp == "bf16") ac.emplace(DType::kBF16);
             if (a.amp == "fp16") ac.emplace(DType::kF16);
             logits = dp ? dp->forward(x) : model(x);
-            loss = ce(logits, y);
+            if (distill) {
+              auto parts = distill->parts(logits, teacher_logits, y);
+              loss = parts.loss, soft = parts.soft, hard = parts.hard;
+            } else {
+              loss = ce(logits, y);
+            }
           }
           eager::Tensor to_back = a.accumulate > 1 ? loss / static_cast<float>(a.accumulate) : loss;
           scaler.scale(to_back).backward();
@@ -690,6 +838,7 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
         }
         progress.batch = b.index + 1;
         const float l = loss.item();
+        if (distill) soft_sum += soft.item(), hard_sum += hard.item();
         const int64_t c = count_correct(logits.detach(), b.target);
         loss_sum += l, win_loss += l;
         correct += c, win_correct += c;
@@ -711,9 +860,10 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
       }
       // The epoch's metrics over every rank (padding examples of the last shard batch included).
       {
-        auto sums = ranks.sum({loss_sum, static_cast<double>(batches), static_cast<double>(correct), static_cast<double>(seen)});
+        auto sums = ranks.sum({loss_sum, static_cast<double>(batches), static_cast<double>(correct),
+                               static_cast<double>(seen), soft_sum, hard_sum});
         loss_sum = sums[0], batches = static_cast<int64_t>(sums[1]), correct = static_cast<int64_t>(sums[2]);
-        seen = static_cast<int64_t>(sums[3]);
+        seen = static_cast<int64_t>(sums[3]), soft_sum = sums[4], hard_sum = sums[5];
       }
       const double dt = seconds_since(t0);
       epoch_seconds.push_back(dt);
@@ -730,6 +880,11 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
                 << "train loss " << (batches ? loss_sum / static_cast<double>(batches) : 0) << ", train accuracy "
                 << (seen ? static_cast<double>(correct) / static_cast<double>(seen) : 0) << ", test accuracy " << final_acc
                 << " (eval " << std::setprecision(2) << eval_s << " s" << (loader->wait_seconds() > 0.05 * dt ? ", waited for data " + std::to_string(loader->wait_seconds()) + " s" : "") << ")";
+      if (teacher) {
+        out << ", distillation loss " << std::setprecision(4) << (batches ? soft_sum / static_cast<double>(batches) : 0)
+            << ", label loss " << (batches ? hard_sum / static_cast<double>(batches) : 0) << ", teacher "
+            << std::setprecision(2) << teacher->seconds << " s";
+      }
       if (dp) {
         const auto& cs = dp->stats();
         out << ", world size " << ranks.world << ", all-reduce " << std::setprecision(2) << cs.all_reduce_seconds
@@ -738,11 +893,22 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
             << cs.wait_seconds << " s after backward)";
       }
       out << std::endl;
-      log_write("epoch", {{"epoch", epoch + 1}, {"step", progress.global_step}, {"epoch_seconds", dt},
-                          {"train_loss", batches ? loss_sum / static_cast<double>(batches) : 0},
-                          {"train_accuracy", seen ? static_cast<double>(correct) / static_cast<double>(seen) : 0},
-                          {"test_accuracy", final_acc}, {"img_per_s", static_cast<double>(seen) / dt}, {"lr", opt->lr()},
-                          {"world_size", ranks.world}, {"all_reduce_seconds", dp ? dp->stats().all_reduce_seconds : 0.0}});
+      nlohmann::json epoch_record = {
+          {"epoch", epoch + 1},
+          {"step", progress.global_step},
+          {"epoch_seconds", dt},
+          {"train_loss", batches ? loss_sum / static_cast<double>(batches) : 0},
+          {"train_accuracy", seen ? static_cast<double>(correct) / static_cast<double>(seen) : 0},
+          {"test_accuracy", final_acc},
+          {"img_per_s", static_cast<double>(seen) / dt},
+          {"lr", opt->lr()},
+          {"world_size", ranks.world},
+          {"all_reduce_seconds", dp ? dp->stats().all_reduce_seconds : 0.0}};
+      if (teacher) {
+        epoch_record["distill_soft_loss"] = batches ? soft_sum / static_cast<double>(batches) : 0;
+        epoch_record["distill_label_loss"] = batches ? hard_sum / static_cast<double>(batches) : 0;
+      }
+      log_write("epoch", std::move(epoch_record));
       if (a.histogram_bins > 0)
         log_write("histograms", {{"epoch", epoch + 1}, {"step", progress.global_step},
                                  {"params", module_histograms(model, false, a.histogram_bins)}, {"grads", grad_histograms}});
@@ -753,6 +919,12 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
                            {"train_accuracy", seen ? static_cast<double>(correct) / static_cast<double>(seen) : 0},
                            {"test_accuracy", final_acc}, {"lr", opt->lr()}, {"loss_scale", scaler.get_scale()},
                            {"data_wait_seconds", loader->wait_seconds()}});
+        if (teacher) {
+          auto& e = record->json()["epochs"].back();
+          e["distill_soft_loss"] = batches ? soft_sum / static_cast<double>(batches) : 0;
+          e["distill_label_loss"] = batches ? hard_sum / static_cast<double>(batches) : 0;
+          e["teacher_seconds"] = teacher->seconds;
+        }
         record_save();
       }
       if (!save_checkpoint()) return 1;
@@ -894,7 +1066,23 @@ void add_train_command(CLI::App& app, Globals& g) {
                   "Experiment record (JSON): 'auto' = run.json beside the log, else the checkpoint, else the model; '' = none");
   cmd->add_option("--histogram-bins", a->histogram_bins,
                   "Bins of the per-epoch parameter and gradient histograms in the log (0 = none)")->check(CLI::NonNegativeNumber);
-  cmd->callback([&g, a] {
+  cmd->add_option(
+         "--teacher", a->teacher,
+         "Knowledge distillation: this ONNX classifier (dynamic batch) runs forward on every batch; loss = W * "
+         "T^2 * KL(softmax(teacher/T) || softmax(student/T)) + (1 - W) * cross-entropy")
+      ->check(CLI::ExistingFile);
+  auto* temperature = cmd->add_option("--distill-temperature", a->distill_temperature,
+                                      "With --teacher: the softmax temperature T (default 4)")
+                          ->check(CLI::PositiveNumber);
+  auto* weight = cmd->add_option("--distill-weight", a->distill_weight,
+                                 "With --teacher: the weight W of the distillation term, 0..1 (default 0.9)")
+                     ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--evaluate", a->evaluate,
+                  "Evaluate this ONNX model (fp32 or INT8 QDQ) on the test set through a Session and stop: accuracy, "
+                  "batch-1 latency, file size")
+      ->check(CLI::ExistingFile);
+  cmd->callback([&g, a, temperature, weight] {
+    a->distill_options_given = temperature->count() + weight->count() > 0;
     int rc = run_train(g, *a);
     if (rc != 0) throw CLI::RuntimeError(rc);
   });
