@@ -295,16 +295,21 @@ class Builder {
     return true;
   }
   // When `v` is read only by Sigmoid(v) and by Mul(v, that sigmoid) (the sigmoid read by nothing else): the Mul.
-  size_t silu_after(const std::string& v) {
+  // With `hard`, also hard-swish as torch exports it below opset 14 (and tf2onnx always): Mul(v, HardSigmoid(v))
+  // with alpha 1/6 and beta 0.5, oneDNN's eltwise_hardswish; *hard then says which of the two was found.
+  size_t silu_after(const std::string& v, bool* hard = nullptr) {
     if (escapes(v)) return npos;
     const auto& u = users(v);
     if (u.size() != 2 || done_[u[0]] || done_[u[1]]) return npos;
     for (int k = 0; k < 2; ++k) {
       const NodeDesc& sg = r_.nodes[u[k]];
       const NodeDesc& m = r_.nodes[u[1 - k]];
-      if (sg.op != "Sigmoid" || m.op != "Mul" || sg.in.size() != 1 || sg.out.size() != 1 || m.in.size() != 2 ||
+      const bool hs = hard && sg.op == "HardSigmoid" && std::fabs(sg.af("alpha", 0.2f) - 1.f / 6.f) < 1e-6f &&
+                      sg.af("beta", 0.5f) == 0.5f;
+      if ((sg.op != "Sigmoid" && !hs) || m.op != "Mul" || sg.in.size() != 1 || sg.out.size() != 1 || m.in.size() != 2 ||
           m.out.size() != 1)
         continue;
+      if (hard) *hard = hs;
       const std::string& s = sg.out[0];
       if (escapes(s) || users(s).size() != 1 || users(s)[0] != u[1 - k]) continue;
       if ((m.in[0] == v && m.in[1] == s) || (m.in[0] == s && m.in[1] == v)) return u[1 - k];

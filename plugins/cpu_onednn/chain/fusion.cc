@@ -105,9 +105,12 @@ Builder::Fusion Builder::fuse_after(const std::string& out, size_t at, bool conv
     views = 0;
   };
   for (;;) {
-    // SiLU written as x * Sigmoid(x) (how torch exports it): one swish post-op.
-    if (size_t m = silu_after(f.out); m != npos) {
-      f.po.append_eltwise(1.f, alg::eltwise_swish, 1.f, 0.f);
+    // SiLU written as x * Sigmoid(x) (how torch exports it): one swish post-op; hard-swish written as
+    // x * HardSigmoid(x) (alpha 1/6, beta 0.5): one hardswish post-op.
+    bool hard = false;
+    if (size_t m = silu_after(f.out, &hard); m != npos) {
+      if (hard) f.po.append_eltwise(1.f, alg::eltwise_hardswish, 0.f, 0.f);
+      else f.po.append_eltwise(1.f, alg::eltwise_swish, 1.f, 0.f);
       has_eltwise = true;
       f.nodes.push_back(users(f.out)[0] == m ? users(f.out)[1] : users(f.out)[0]);
       f.nodes.push_back(m);

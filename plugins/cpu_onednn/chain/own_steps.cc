@@ -200,6 +200,14 @@ void run_merged_source(const Exec& e) {
                   *static_cast<const MergedSourceShape*>(e.params.get()), e.single ? 1 : omp_get_max_threads());
 }
 
+// Exec::own of a bilinear Resize (Builder::resize, steps/resize.h): DNNL_ARG_SRC into DNNL_ARG_DST, params its
+// BilinearShape; split over the OpenMP team unless the step is a single-thread one.
+void run_bilinear(const Exec& e) {
+  bilinear_resize(*static_cast<const BilinearShape*>(e.params.get()),
+                  static_cast<const float*>(e.args.at(DNNL_ARG_SRC).get_data_handle()),
+                  static_cast<float*>(e.args.at(DNNL_ARG_DST).get_data_handle()), e.single ? 1 : omp_get_max_threads());
+}
+
 void run_step(Exec& e, dnnl::stream& s) {
   if (e.own) e.own(e);
   else execute(e.prim, s, e.args);

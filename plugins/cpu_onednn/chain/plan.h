@@ -65,6 +65,7 @@ void run_attention(const Exec& e);
 void run_int8_depthwise(const Exec& e);
 void run_int8_quantize(const Exec& e);
 void run_merged_source(const Exec& e);
+void run_bilinear(const Exec& e);
 // Runs one step: its primitive on `s`, or its own function.
 void run_step(Exec& e, dnnl::stream& s);
 

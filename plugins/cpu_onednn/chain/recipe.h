@@ -30,6 +30,7 @@
 #include "steps/dwsilu.h"
 #include "steps/grouped.h"
 #include "kernels/int8.h"
+#include "steps/resize.h"
 #include "steps/se.h"
 #include "steps/silu.h"
 

@@ -46,12 +46,14 @@ void Builder::pool(size_t i) {
              : (global || n.ai("count_include_pad", 0) || pf != pad_folds_.end() ? alg::pooling_avg_include_padding
                                                                                   : alg::pooling_avg_exclude_padding);
   const Val xv = val(src_name);
-  // Activations after the pool (Relu, Clip, LeakyRelu, Sigmoid, Tanh, SiLU) run as its eltwise post-ops.
+  // Activations after the pool (Relu, Clip, LeakyRelu, Sigmoid, Tanh, SiLU, hard-swish) run as its eltwise post-ops.
   Fusion f;
   f.out = n.out[0];
   for (;;) {
-    if (size_t m = silu_after(f.out); m != npos) {
-      f.po.append_eltwise(1.f, alg::eltwise_swish, 1.f, 0.f);
+    bool hard = false;
+    if (size_t m = silu_after(f.out, &hard); m != npos) {
+      if (hard) f.po.append_eltwise(1.f, alg::eltwise_hardswish, 0.f, 0.f);
+      else f.po.append_eltwise(1.f, alg::eltwise_swish, 1.f, 0.f);
       f.nodes.push_back(users(f.out)[0] == m ? users(f.out)[1] : users(f.out)[0]);
       f.nodes.push_back(m);
       f.out = r_.nodes[m].out[0];

@@ -208,8 +208,10 @@ bool Builder::non_negative(const std::string& v) const {
 //   - nearest with integer upscale factors and asymmetric + floor (torch's nearest) or half_pixel +
 //     round_prefer_floor/ceil: each output pixel then reads source pixel floor(x / scale), oneDNN's
 //     floor((x + 0.5) / scale) for an integer scale.
-// Anything else (cubic, align_corners, asymmetric linear, tf_crop_and_resize, antialias, axes, N or C resized)
-// stays with the Resize kernel.
+// A 2-D linear Resize in f32 runs instead as the plugin's own bilinear step (steps/resize.h), which also takes the
+// align_corners and asymmetric modes (torch's align_corners=True) and is several times faster over plain memory.
+// Anything else (cubic, tf_crop_and_resize, antialias, axes, N or C resized, linear of another rank or in bf16
+// with another mode) stays with the Resize kernel.
 void Builder::resize(size_t i) {
   const NodeDesc& n = r_.nodes[i];
   if (n.in.size() < 3) throw Reject{"Resize-10 form (X, scales)"};
@@ -226,6 +228,9 @@ void Builder::resize(size_t i) {
   if (sc && sc->count() == 0) sc = nullptr;
   if (sz && sz->count() == 0) sz = nullptr;
   if (!sc && !sz) throw Reject{"neither scales nor sizes"};
+  // A 2-D bilinear resize in f32 runs as the plugin's own step (steps/resize.h) in any coordinate mode it knows.
+  ResizeCoords coords = ResizeCoords::kHalfPixel;
+  const bool own = mode == "linear" && rank == 4 && act_ == dt::f32 && resize_coords_of(ctm, &coords);
   std::vector<float> factors;
   for (size_t k = 2; k < rank; ++k) {
     if (sc) {
@@ -235,14 +240,16 @@ void Builder::resize(size_t i) {
       if (sz->count() != static_cast<int64_t>(rank) || sz->iat(static_cast<int64_t>(k)) != y[k]) throw Reject{"sizes"};
       factors.push_back(static_cast<float>(y[k]) / static_cast<float>(x[k]));
     }
-    if (!(factors.back() > 0) || y[k] != static_cast<int64_t>(std::floor(x[k] * static_cast<double>(factors.back()))))
+    // (oneDNN derives the output size from the float factor; the own step takes sizes as they are.)
+    if (!(factors.back() > 0) ||
+        ((sc || !own) && y[k] != static_cast<int64_t>(std::floor(x[k] * static_cast<double>(factors.back())))))
       throw Reject{"output size does not follow from the scales"};
   }
   alg a;
   if (mode == "linear") {
     bool one = false;
     for (size_t k = 2; k < rank; ++k) one = one || y[k] == 1;
-    if (ctm != "half_pixel" && !(ctm == "pytorch_half_pixel" && !one))
+    if (!own && ctm != "half_pixel" && !(ctm == "pytorch_half_pixel" && !one))
       throw Reject{"linear Resize with coordinate_transformation_mode " + ctm};
     a = alg::resampling_linear;
   } else if (mode == "nearest") {
@@ -269,6 +276,29 @@ void Builder::resize(size_t i) {
   } else if (v.md == md_t(to_dnnl(x), act_, channels_last_tag(rank))) {
     src = v.md;
     dst = md_t(to_dnnl(y), act_, channels_last_tag(rank));
+  }
+  if (own) {
+    auto shape = std::make_shared<BilinearShape>();
+    const bool blocked = src == md_t(to_dnnl(x), act_, blocked16_tag(rank));
+    const bool nhwc = !blocked && src == md_t(to_dnnl(x), act_, channels_last_tag(rank));
+    shape->planes = blocked ? x[0] * ((x[1] + 15) / 16) : nhwc ? x[0] : x[0] * x[1];
+    shape->vec = blocked ? 16 : nhwc ? x[1] : 1;
+    shape->h = x[2], shape->w = x[3], shape->oh = y[2], shape->ow = y[3];
+    // ONNX's scale: the scales input, else output / input length.
+    shape->y = resize_axis(x[2], y[2], sc ? sc->at(2) : static_cast<double>(y[2]) / x[2], coords);
+    shape->x = resize_axis(x[3], y[3], sc ? sc->at(3) : static_cast<double>(y[3]) / x[3], coords);
+    Val sv = as_md(n.in[0], src);
+    Exec e;
+    e.args = {{DNNL_ARG_SRC, mem_of(sv)}};
+    Val& o = define(n.out[0], dst);
+    e.args[DNNL_ARG_DST] = mem_of(o);
+    e.own = run_bilinear;
+    e.own_kind = "resampling";
+    e.single = src.get_size() + dst.get_size() < (1u << 20);
+    e.params = shape;
+    exec_own(std::move(e), "keel:bilinear", false,
+             n.name + " " + dims_str(x) + " -> " + dims_str(y) + " (" + ctm + ")");
+    return;
   }
   dnnl::resampling_forward::desc d(dnnl::prop_kind::forward_inference, a, factors, src, dst);
   dnnl::resampling_forward::primitive_desc pd(d, engine());
