@@ -44,8 +44,17 @@ function(keel_add_test name)
   cmake_parse_arguments(T "" "" "SOURCES;LIBS" ${ARGN})
   add_executable(${name} ${T_SOURCES})
   target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main)
-  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60
-    PROPERTIES ENVIRONMENT "KEEL_TEST_PLUGIN_DIR=${KEEL_TEST_PLUGIN_OUTPUT_DIR};KEEL_BUILD_DIR=${CMAKE_BINARY_DIR};${KEEL_SANITIZER_TEST_ENV}")
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 TEST_LIST ${name}_TESTS)
+  # The tests' environment: gtest_discover_tests' PROPERTIES would set only the first variable of a list (its script
+  # quotes each list element as its own argument), so a ctest include file run after the discovered tests' own sets
+  # the whole list on each of them.
+  set(env "KEEL_TEST_PLUGIN_DIR=${KEEL_TEST_PLUGIN_OUTPUT_DIR}" "KEEL_BUILD_DIR=${CMAKE_BINARY_DIR}"
+      ${KEEL_SANITIZER_TEST_ENV})
+  set(env_file "${CMAKE_CURRENT_BINARY_DIR}/${name}_environment.cmake")
+  file(WRITE "${env_file}" "foreach(t IN LISTS ${name}_TESTS)\n"
+                           "  set_tests_properties(\"\${t}\" PROPERTIES ENVIRONMENT [==[${env}]==])\n"
+                           "endforeach()\n")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${env_file}")
 endfunction()
 include(GoogleTest)
 
