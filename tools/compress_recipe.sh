@@ -11,19 +11,20 @@
 #
 # Usage: tools/compress_recipe.sh [OUT_DIR]      (default build/compress)
 # Environment: KEEL (default build/bin/keel), DATA (the Fashion-MNIST IDX folder, default keel train's),
-#   TEACHER_EPOCHS (4), FINETUNE_EPOCHS (3), RATIO (0.6: the share of each Conv's output channels removed),
+#   TEACHER_EPOCHS (3), FINETUNE_EPOCHS (2), RATIO (0.61: the share of each Conv's output channels removed; 0.6 leaves 40.3%),
 #   TEMPERATURE (4), WEIGHT (0.7: the distillation term's share of the loss), LR (0.01), SEED (0),
 #   TRAIN_THREADS (2), ROUNDS (3: bench rounds per model and thread count), ITERS (2000 timed runs per bench),
 #   RT (a command prefix for the timed steps, e.g. "chrt -f 10" on a shared host; default none),
-#   LIMIT (train on the first N images only: a quick check of the recipe, not a measurement; default 0 = all).
+#   LIMIT (train on the first N images only: a quick check of the recipe, not a measurement; default 0 = all),
+#   TEACHER_DIR (the OUT_DIR of an earlier run: its teacher.onnx and teacher/ are reused, step 1 is skipped).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-build/compress}
 keel=${KEEL:-build/bin/keel}
 data=${DATA:-/usr/share/datasets/fashion-mnist}
-teacher_epochs=${TEACHER_EPOCHS:-4}
-finetune_epochs=${FINETUNE_EPOCHS:-3}
-ratio=${RATIO:-0.6}
+teacher_epochs=${TEACHER_EPOCHS:-3}
+finetune_epochs=${FINETUNE_EPOCHS:-2}
+ratio=${RATIO:-0.61}
 temperature=${TEMPERATURE:-4}
 weight=${WEIGHT:-0.7}
 lr=${LR:-0.01}
@@ -38,10 +39,16 @@ mkdir -p "$out" "$out/teacher" "$out/kd" "$out/ce"
 log() { printf '\n== %s\n' "$*"; }
 run() { echo "+ $*"; "$@"; }
 
-log "1. teacher: LeNet-like, fp32, $teacher_epochs epochs"
-run "${rt[@]}" "$keel" --threads "$threads" train --model lenet --epochs "$teacher_epochs" --lr "$lr" --seed "$seed" \
-  --limit "$limit" --data "$data" -q --no-quantize -o "$out/teacher.onnx" --log "$out/teacher/log.jsonl" \
-  --run-record "$out/teacher/run.json"
+if [[ -n ${TEACHER_DIR:-} ]]; then
+  log "1. teacher: reused from $TEACHER_DIR"
+  cp "$TEACHER_DIR/teacher.onnx" "$out/teacher.onnx"
+  cp -r "$TEACHER_DIR/teacher/." "$out/teacher/"
+else
+  log "1. teacher: LeNet-like, fp32, $teacher_epochs epochs"
+  run "${rt[@]}" "$keel" --threads "$threads" train --model lenet --epochs "$teacher_epochs" --lr "$lr" --seed "$seed" \
+    --limit "$limit" --data "$data" -q --no-quantize -o "$out/teacher.onnx" --log "$out/teacher/log.jsonl" \
+    --run-record "$out/teacher/run.json"
+fi
 
 log "2. channel pruning: ratio $ratio of every Conv's output channels (and the Linear features behind them)"
 run "$keel" prune "$out/teacher.onnx" --mode channel --ratio "$ratio" -o "$out/pruned.onnx" | tee "$out/prune.txt"
