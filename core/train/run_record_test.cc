@@ -88,7 +88,10 @@ TEST(RunRecord, SaveLoadAndErrors) {
   std::ofstream(d / "bad.json") << "[1, 2]";
   EXPECT_EQ(RunRecord::load(d / "bad.json").status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(RunRecord::load(d / "missing.json").status().code(), StatusCode::kNotFound);
-  EXPECT_FALSE(r.save(d / "no_such_dir" / "run.json").is_ok());
+  // A missing folder is created; a folder that cannot be (its parent is a file) is an error.
+  EXPECT_TRUE(r.save(d / "new_dir" / "run.json").is_ok());
+  EXPECT_TRUE(std::filesystem::is_regular_file(d / "new_dir" / "run.json"));
+  EXPECT_FALSE(r.save(d / "bad.json" / "run.json").is_ok());
   std::filesystem::remove_all(d);
 }
 
