@@ -252,15 +252,7 @@ class ConvK : public Kernel {
     check_dnn(cudnnGetConvolutionForwardAlgorithm_v7(h.get(), p->xd.get(), p->wd.get(), p->cd.get(), p->yd.get(),
                                                      static_cast<int>(perf.size()), &got, perf.data()),
               "cudnnGetConvolutionForwardAlgorithm_v7", shapes);
-    bool found = false;
-    for (int i = 0; i < got && !found; ++i) {
-      const cudnnConvolutionFwdAlgoPerf_t& r = perf[static_cast<size_t>(i)];
-      if (r.status != CUDNN_STATUS_SUCCESS || r.memory > kMaxWorkspace || !math_ok(dt_, r.mathType)) continue;
-      p->algo = r.algo;
-      p->cd.math(r.mathType, shapes);  // the algorithm and its math type go together
-      found = true;
-    }
-    if (!found) p->algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;  // no workspace, every configuration
+    p->algo = pick_conv_algo(perf, got, dt_, p->cd, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, shapes);
     check_dnn(cudnnGetConvolutionForwardWorkspaceSize(h.get(), p->xd.get(), p->wd.get(), p->cd.get(), p->yd.get(),
                                                       p->algo, &p->ws),
               "cudnnGetConvolutionForwardWorkspaceSize", shapes);
@@ -486,15 +478,7 @@ class ConvTransposeK : public Kernel {
     check_dnn(cudnnGetConvolutionBackwardDataAlgorithm_v7(h.get(), p->wd.get(), p->xd.get(), p->cd.get(), p->yd.get(),
                                                           static_cast<int>(perf.size()), &got, perf.data()),
               "cudnnGetConvolutionBackwardDataAlgorithm_v7", shapes);
-    bool found = false;
-    for (int i = 0; i < got && !found; ++i) {
-      const cudnnConvolutionBwdDataAlgoPerf_t& res = perf[static_cast<size_t>(i)];
-      if (res.status != CUDNN_STATUS_SUCCESS || res.memory > kMaxWorkspace || !math_ok(dt_, res.mathType)) continue;
-      p->algo = res.algo;
-      p->cd.math(res.mathType, shapes);
-      found = true;
-    }
-    if (!found) p->algo = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+    p->algo = pick_conv_algo(perf, got, dt_, p->cd, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, shapes);
     check_dnn(cudnnGetConvolutionBackwardDataWorkspaceSize(h.get(), p->wd.get(), p->xd.get(), p->cd.get(), p->yd.get(),
                                                            p->algo, &p->ws),
               "cudnnGetConvolutionBackwardDataWorkspaceSize", shapes);

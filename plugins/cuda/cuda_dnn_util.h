@@ -193,6 +193,22 @@ inline bool math_ok(int32_t dtype, cudnnMathType_t m) {
   return dtype != KEEL_DTYPE_F32 || tf32_allowed() || m == CUDNN_FMA_MATH;
 }
 
+// The first algorithm of a cuDNN ranking (`got` entries of `perf`, fastest first) that succeeded, fits kMaxWorkspace
+// and may run for `dtype`; `cd` takes its math type (an algorithm and its math type go together). When none
+// qualifies: `fallback` (one that needs no workspace and takes every configuration), `cd` on math_for(dtype).
+template <typename Perf, typename Algo>
+Algo pick_conv_algo(const std::vector<Perf>& perf, int got, int32_t dtype, ConvDesc& cd, Algo fallback,
+                    const std::string& shapes) {
+  for (int i = 0; i < got && i < static_cast<int>(perf.size()); ++i) {
+    const Perf& r = perf[static_cast<size_t>(i)];
+    if (r.status != CUDNN_STATUS_SUCCESS || r.memory > kMaxWorkspace || !math_ok(dtype, r.mathType)) continue;
+    cd.math(r.mathType, shapes);
+    return r.algo;
+  }
+  cd.math(math_for(dtype), shapes);
+  return fallback;
+}
+
 #endif  // KEEL_CUDA_HAVE_CUDNN
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -499,15 +499,7 @@ class ConvGradK : public Kernel {
         cudnnGetConvolutionBackwardDataAlgorithm_v7(h.get(), p->wd.get(), p->dyd.get(), p->cd_data.get(), p->xd.get(),
                                                     static_cast<int>(dperf.size()), &got, dperf.data()),
         "cudnnGetConvolutionBackwardDataAlgorithm_v7", shapes);
-    bool found = false;
-    for (int i = 0; i < got && !found; ++i) {
-      const auto& r = dperf[static_cast<size_t>(i)];
-      if (r.status != CUDNN_STATUS_SUCCESS || r.memory > kMaxWorkspace || !math_ok(dt_, r.mathType)) continue;
-      p->algo_data = r.algo;
-      p->cd_data.math(r.mathType, shapes);
-      found = true;
-    }
-    if (!found) p->cd_data.math(math_for(dt_), shapes);  // ALGO_1: every configuration
+    p->algo_data = pick_conv_algo(dperf, got, dt_, p->cd_data, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, shapes);
     check_dnn(cudnnGetConvolutionBackwardDataWorkspaceSize(h.get(), p->wd.get(), p->dyd.get(), p->cd_data.get(),
                                                            p->xd.get(), p->algo_data, &p->ws_data),
               "cudnnGetConvolutionBackwardDataWorkspaceSize", shapes);
@@ -520,15 +512,7 @@ class ConvGradK : public Kernel {
         cudnnGetConvolutionBackwardFilterAlgorithm_v7(h.get(), p->xd.get(), p->dyd.get(), p->cd_filter.get(),
                                                       p->wd.get(), static_cast<int>(fperf.size()), &got, fperf.data()),
         "cudnnGetConvolutionBackwardFilterAlgorithm_v7", shapes);
-    found = false;
-    for (int i = 0; i < got && !found; ++i) {
-      const auto& r = fperf[static_cast<size_t>(i)];
-      if (r.status != CUDNN_STATUS_SUCCESS || r.memory > kMaxWorkspace || !math_ok(dt_, r.mathType)) continue;
-      p->algo_filter = r.algo;
-      p->cd_filter.math(r.mathType, shapes);
-      found = true;
-    }
-    if (!found) p->cd_filter.math(math_for(dt_), shapes);
+    p->algo_filter = pick_conv_algo(fperf, got, dt_, p->cd_filter, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, shapes);
     check_dnn(cudnnGetConvolutionBackwardFilterWorkspaceSize(h.get(), p->xd.get(), p->dyd.get(), p->cd_filter.get(),
                                                              p->wd.get(), p->algo_filter, &p->ws_filter),
               "cudnnGetConvolutionBackwardFilterWorkspaceSize", shapes);
