@@ -227,7 +227,7 @@ TEST(SdkKernel, ParallelForRunsSeriallyWithoutAPoolAndRethrows) {
 }
 
 std::pair<int32_t, std::string> run_guard(keel::sdk::Stage stage, void (*body)()) {
-  keel_host_api_t host{};
+  keel_core_api_t host{};
   host.struct_size = sizeof host;
   host.status_create = fake_status_create;
   keel_status_t st = keel::sdk::guard(&host, stage, body, "k: ");
@@ -258,7 +258,7 @@ TEST(SdkKernel, GuardTurnsExceptionsIntoStatuses) {
 }
 
 TEST(SdkKernel, GuardTranslatesLibraryExceptions) {
-  keel_host_api_t host{};
+  keel_core_api_t host{};
   host.status_create = fake_status_create;
   auto translate = [](keel::sdk::Stage, keel::sdk::Outcome* o) {
     try {

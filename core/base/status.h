@@ -57,7 +57,7 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-// A new C status object with a copied message (what keel_host_api_t.status_create does).
+// A new C status object with a copied message (what keel_core_api_t.status_create does).
 keel_status_t make_c_status(int32_t code, const char* message);
 
 // Shorthands for the common codes.

@@ -28,6 +28,7 @@
 #include "core/runtime/onnx_io.h"
 #include "core/runtime/pipelines.h"
 #include "core/runtime/session.h"
+#include "hal/device.h"
 
 using keel::DType;
 using keel::Status;
@@ -440,12 +441,9 @@ KEEL_API keel_status_t keel_environment_create(keel_environment_options_t option
         for (const auto& r : recs)
           if (r.id == dev->plugin) row.plugin = r.name;
         if (dev->table.get_properties) {
-          keel_device_properties_t props;
-          std::memset(&props, 0, sizeof props);
-          props.struct_size = sizeof props;
-          Status st = Status::from_c(dev->table.get_properties(dev->table.user_data, i, &props));
-          if (st.is_ok()) {
-            props.name[sizeof(props.name) - 1] = '\0';
+          auto got = keel::hal::Device(dev, i).properties();
+          if (got.is_ok()) {
+            const keel_device_properties_t& props = got.value();
             row.name = props.name;
             row.total_memory = props.total_memory;
             row.capabilities = props.capabilities;

@@ -26,7 +26,7 @@ namespace keel {
 namespace {
 
 // ---- A fake accelerator with two devices ------------------------------------------------------------------------
-const keel_host_api_t* g_host = nullptr;
+const keel_core_api_t* g_host = nullptr;
 std::mutex g_mu;
 std::map<int32_t, int> g_allocs;                 // device index -> allocate calls
 std::map<int32_t, int> g_relu_on;                // device index reported by the kernel context -> Relu runs
@@ -85,7 +85,7 @@ keel_status_t duo_relu(void*, keel_kernel_context_t* ctx) {
   ++g_relu_on[dev];
   return nullptr;
 }
-keel_status_t duo_init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+keel_status_t duo_init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
   g_host = host;
   keel_device_table_t t{};
   t.struct_size = sizeof t;

@@ -554,7 +554,7 @@ struct Safe<Fn> {
       return failure<R>(KEEL_STATUS_INTERNAL, name(), "an exception of unknown type");
     }
   }
-  static const char* name() { return "of the plugin host API"; }
+  static const char* name() { return "of the plugin core API"; }
 };
 #define KEEL_SAFE(fn) (&Safe<&fn>::call)
 
@@ -601,8 +601,8 @@ std::unique_ptr<keel_plugin_handle_s> make_plugin_handle(Registry& registry, Plu
   h->name = std::move(name);
   h->dir = std::move(dir);
   h->options = std::move(options);
-  h->api = keel_host_api_t{
-      sizeof(keel_host_api_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR,
+  h->api = keel_core_api_t{
+      sizeof(keel_core_api_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR,
       KEEL_SAFE(h_status_create), KEEL_SAFE(h_log), KEEL_SAFE(h_register_device), KEEL_SAFE(h_register_kernel),
       KEEL_SAFE(h_register_pass), KEEL_SAFE(h_register_collective), KEEL_SAFE(h_kernel_exists), kernel_api(),
       graph_api(), options_api(), &h->options, h->dir.c_str(), KEEL_SAFE(h_register_claimer),

@@ -1,4 +1,4 @@
-// keel/core/runtime/host_api.h — the host side of the plugin ABI: the keel_host_api_t a plugin's init receives,
+// keel/core/runtime/host_api.h — the host side of the plugin ABI: the keel_core_api_t a plugin's init receives,
 // and the per-plugin handle that attributes registrations to their plugin.
 //
 // One handle per plugin; it owns a copy of the host table whose plugin_options/plugin_dir are that plugin's. The
@@ -25,7 +25,7 @@ struct keel_plugin_handle_s {
   std::string name;
   std::string dir;
   keel::Options options;
-  keel_host_api_t api{};
+  keel_core_api_t api{};
 };
 
 namespace keel {

@@ -12,10 +12,10 @@
 namespace keel {
 namespace {
 
-const keel_host_api_t* g_host = nullptr;
+const keel_core_api_t* g_host = nullptr;
 
 // Removes Identity nodes: rewires their readers to the Identity's input.
-keel_status_t drop_identity(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t* opts,
+keel_status_t drop_identity(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_options_t* opts,
                             const char*, keel_pass_report_t* report) {
   int64_t limit = 1000;
   g_host->options->get_int(opts, "limit", &limit);
@@ -38,14 +38,14 @@ keel_status_t drop_identity(void*, keel_graph_t* g, const keel_graph_api_t* api,
 }
 
 // Always fails, to check that the graph is restored.
-keel_status_t broken_pass(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t*,
+keel_status_t broken_pass(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_options_t*,
                           const char*, keel_pass_report_t*) {
   keel_node_id_t ids[8];
   if (api->nodes(g, ids, 8) > 0) api->remove_node(g, ids[0]);
   return g_host->status_create(KEEL_STATUS_INTERNAL, "broken on purpose");
 }
 
-keel_status_t init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+keel_status_t init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
   g_host = host;
   keel_pass_def_t p{};
   p.struct_size = sizeof p;

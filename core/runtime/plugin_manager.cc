@@ -15,7 +15,7 @@
 //   [requires]                     # optional table of strings, e.g. cuda = ">=12.0" (recorded and shown; not
 //                                  #   enforced yet)
 //   [options]                      # optional table of integers, floats, booleans, strings and arrays of strings;
-//                                  #   the plugin reads it through keel_host_api_t.plugin_options
+//                                  #   the plugin reads it through keel_core_api_t.plugin_options
 //
 // Unknown keys are allowed (a newer ABI minor may add keys). A known key of the wrong type is an error that names
 // the key, the expected type and the file.

@@ -369,7 +369,7 @@ void builtin_free(void*, int32_t, void*) {}
 keel_status_t builtin_copy(void*, int32_t, int32_t, void*, int32_t, const void*, uint64_t, keel_stream_t) {
   return nullptr;
 }
-keel_status_t builtin_init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+keel_status_t builtin_init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
   keel_device_table_t t{};
   t.struct_size = sizeof(t);
   t.abi_major = KEEL_PLUGIN_ABI_MAJOR;

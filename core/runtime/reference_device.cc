@@ -44,7 +44,7 @@ keel_status_t cpu_copy(void*, int32_t kind, int32_t, void* dst, int32_t, const v
 }
 keel_status_t cpu_sync(void*, int32_t) { return nullptr; }
 
-keel_status_t reference_init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+keel_status_t reference_init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
   keel_device_table_t t{};
   t.struct_size = sizeof t;
   t.abi_major = KEEL_PLUGIN_ABI_MAJOR;

@@ -589,7 +589,7 @@ namespace keel::ops {
 
 size_t fused_reference_kernel_count() { return sizeof(ref::kFused) / sizeof(ref::kFused[0]); }
 
-keel_status_t register_fused_reference_kernels(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+keel_status_t register_fused_reference_kernels(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
   return ref::register_keel_kernels(host, plugin, ref::kFused, fused_reference_kernel_count(),
                                     "register_fused_reference_kernels");
 }

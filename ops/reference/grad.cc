@@ -480,7 +480,7 @@ namespace keel::ops {
 
 size_t grad_reference_kernel_count() { return sizeof(ref::kGrad) / sizeof(ref::kGrad[0]); }
 
-keel_status_t register_grad_reference_kernels(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+keel_status_t register_grad_reference_kernels(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
   return ref::register_keel_kernels(host, plugin, ref::kGrad, grad_reference_kernel_count(),
                                     "register_grad_reference_kernels");
 }

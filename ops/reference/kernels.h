@@ -22,7 +22,7 @@ struct KeelKernel {
 };
 // Registers `table[0..count)` as "ref_keel_<op>" kernels; `who` names the caller in errors. The table must outlive
 // the registration (it is static data). Defined in reference_kernels.cc.
-keel_status_t register_keel_kernels(const keel_host_api_t* host, keel_plugin_handle_t* plugin, const KeelKernel* table,
+keel_status_t register_keel_kernels(const keel_core_api_t* host, keel_plugin_handle_t* plugin, const KeelKernel* table,
                                     size_t count, const char* who);
 
 // elementwise.cc

@@ -207,9 +207,9 @@ keel_status_t compute_thunk(void* state, keel_kernel_context_t* ctx) {
 
 size_t reference_kernel_count() { return sizeof(kEntries) / sizeof(kEntries[0]); }
 
-keel_status_t register_reference_kernels(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+keel_status_t register_reference_kernels(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
   if (host == nullptr || host->register_kernel == nullptr || host->kernel == nullptr)
-    return make_c_status(KEEL_STATUS_INVALID_ARGUMENT, "register_reference_kernels: host API without kernel tables");
+    return make_c_status(KEEL_STATUS_INVALID_ARGUMENT, "register_reference_kernels: core API without kernel tables");
   const keel_kernel_api_t* api = host->kernel;
   if (api->abi_major != KEEL_PLUGIN_ABI_MAJOR || !KEEL_HAS_MEMBER(api, keel_kernel_api_t, thread_count))
     return make_c_status(KEEL_STATUS_ABI_MISMATCH, "register_reference_kernels: kernel API too old or mismatched");
@@ -270,10 +270,10 @@ keel_status_t run_kernel(const char* op_type, KernelFn fn, keel_kernel_context_t
   }
 }
 
-keel_status_t register_keel_kernels(const keel_host_api_t* host, keel_plugin_handle_t* plugin, const KeelKernel* table,
+keel_status_t register_keel_kernels(const keel_core_api_t* host, keel_plugin_handle_t* plugin, const KeelKernel* table,
                                     size_t count, const char* who) {
   if (host == nullptr || host->register_kernel == nullptr || host->kernel == nullptr)
-    return make_c_status(KEEL_STATUS_INVALID_ARGUMENT, (std::string(who) + ": host API without kernel tables").c_str());
+    return make_c_status(KEEL_STATUS_INVALID_ARGUMENT, (std::string(who) + ": core API without kernel tables").c_str());
   if (g_kernel_api == nullptr) g_kernel_api = host->kernel;
   auto thunk = [](void* state, keel_kernel_context_t* ctx) {
     const KeelKernel* e = static_cast<const KeelKernel*>(state);

@@ -13,7 +13,7 @@ namespace keel::ops {
 // order of the list in reference_kernels.cc. Called from the built-in reference plugin's init, once per process
 // (it stores host->kernel for the kernels to use; the pointer must stay valid while any kernel may run).
 // Returns NULL or the first error (the caller releases it).
-keel_status_t register_reference_kernels(const keel_host_api_t* host, keel_plugin_handle_t* plugin);
+keel_status_t register_reference_kernels(const keel_core_api_t* host, keel_plugin_handle_t* plugin);
 
 // Number of kernel definitions register_reference_kernels registers (for tests and `keel plugins`).
 size_t reference_kernel_count();

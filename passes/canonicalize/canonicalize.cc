@@ -30,7 +30,7 @@
 namespace keel::passes {
 namespace {
 
-const keel_host_api_t* g_host = nullptr;
+const keel_core_api_t* g_host = nullptr;
 
 // Ops whose results are not a function of their inputs (never folded or merged).
 bool is_random(const std::string& op) {
@@ -214,7 +214,7 @@ int64_t fold_round(GraphView& gv, const PassOptions& opts, Report& report, FoldS
   }
 }
 
-keel_status_t fold_constants(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t* o,
+keel_status_t fold_constants(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_options_t* o,
                              const char*, keel_pass_report_t* r) {
   return run_pass(g_host, [&] {
     GraphView gv(g, api);
@@ -243,7 +243,7 @@ keel_status_t fold_constants(void*, keel_graph_t* g, const keel_graph_api_t* api
 
 // ------------------------------------------------------------------------------------------------ eliminate_dead_code
 
-keel_status_t eliminate_dead_code(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t*,
+keel_status_t eliminate_dead_code(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_options_t*,
                                   const char*, keel_pass_report_t* r) {
   return run_pass(g_host, [&] {
     GraphView gv(g, api);
@@ -327,7 +327,7 @@ std::string identity_kind(GraphView& gv, keel_node_id_t n, int32_t opset) {
   return "";
 }
 
-keel_status_t remove_identity(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t*,
+keel_status_t remove_identity(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_options_t*,
                               const char*, keel_pass_report_t* r) {
   return run_pass(g_host, [&] {
     GraphView gv(g, api);
@@ -411,7 +411,7 @@ std::string attr_key(const Attrs& attrs) {
 }
 
 keel_status_t eliminate_common_subexpressions(void*, keel_graph_t* g, const keel_graph_api_t* api,
-                                              const keel_pass_options_t* o, const char*, keel_pass_report_t* r) {
+                                              const keel_options_t* o, const char*, keel_pass_report_t* r) {
   return run_pass(g_host, [&] {
     GraphView gv(g, api);
     Report report(r);
@@ -474,9 +474,9 @@ keel_status_t eliminate_common_subexpressions(void*, keel_graph_t* g, const keel
   });
 }
 
-keel_status_t init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
-  if (host == nullptr || host->abi_major != KEEL_PLUGIN_ABI_MAJOR || !KEEL_HAS_MEMBER(host, keel_host_api_t, options))
-    return nullptr == host ? nullptr : host->status_create(KEEL_STATUS_ABI_MISMATCH, "host API too old");
+keel_status_t init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
+  if (host == nullptr || host->abi_major != KEEL_PLUGIN_ABI_MAJOR || !KEEL_HAS_MEMBER(host, keel_core_api_t, options))
+    return nullptr == host ? nullptr : host->status_create(KEEL_STATUS_ABI_MISMATCH, "core API too old");
   g_host = host;
   const keel_graph_api_t* api = host->graph;
   if (api == nullptr || !KEEL_HAS_MEMBER(api, keel_graph_api_t, release_tensor))
@@ -484,7 +484,7 @@ keel_status_t init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
   struct P {
     const char* name;
     const char* description;
-    keel_status_t (*run)(void*, keel_graph_t*, const keel_graph_api_t*, const keel_pass_options_t*, const char*,
+    keel_status_t (*run)(void*, keel_graph_t*, const keel_graph_api_t*, const keel_options_t*, const char*,
                          keel_pass_report_t*);
   };
   static const P kPasses[] = {

@@ -42,7 +42,7 @@
 namespace keel::passes {
 namespace {
 
-const keel_host_api_t* g_host = nullptr;
+const keel_core_api_t* g_host = nullptr;
 keel_plugin_handle_t* g_plugin = nullptr;
 
 constexpr int32_t kKeelOpset = 1;
@@ -59,7 +59,7 @@ struct Gate {
   int32_t dtype = KEEL_DTYPE_F32;
 };
 
-Gate gate_of(const keel_pass_options_t* o) {
+Gate gate_of(const keel_options_t* o) {
   PassOptions po(g_host->options, o);
   Gate g;
   g.any_kernel = po.get_bool("any_kernel", false);
@@ -84,7 +84,7 @@ bool fusion_pays(const char* domain, const char* op, int32_t opset, std::initial
     *why = "no kernel for " + name + " on device '" + dev + "'" + (gate.dtype == KEEL_DTYPE_F32 ? "" : " in that dtype");
     return false;
   }
-  if (gate.any_kernel || !KEEL_HAS_MEMBER(g_host, keel_host_api_t, kernel_priority) || g_host->kernel_priority == nullptr)
+  if (gate.any_kernel || !KEEL_HAS_MEMBER(g_host, keel_core_api_t, kernel_priority) || g_host->kernel_priority == nullptr)
     return true;
   const int32_t fused = g_host->kernel_priority(g_plugin, domain, op, opset, dev.c_str(), dt, 1);
   for (const char* a : anchors) {
@@ -145,7 +145,7 @@ bool near(double a, double b, double rel = 1e-3) { return std::fabs(a - b) <= re
 
 // ------------------------------------------------------------------------------------------------ fuse_conv_bn
 
-keel_status_t fuse_conv_bn(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t*,
+keel_status_t fuse_conv_bn(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_options_t*,
                            const char*, keel_pass_report_t* r) {
   return run_pass(g_host, [&] {
     GraphView gv(g, api);
@@ -282,7 +282,7 @@ std::optional<GeluMatch> match_gelu(const GraphView& gv, keel_node_id_t erf) {
   return m;
 }
 
-keel_status_t fuse_gelu(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t* o,
+keel_status_t fuse_gelu(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_options_t* o,
                         const char* device, keel_pass_report_t* r) {
   return run_pass(g_host, [&] {
     GraphView gv(g, api);
@@ -404,7 +404,7 @@ std::optional<LnMatch> match_layer_norm(const GraphView& gv, keel_node_id_t rm1)
   return m;
 }
 
-keel_status_t fuse_layer_norm(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t* o,
+keel_status_t fuse_layer_norm(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_options_t* o,
                               const char* device, keel_pass_report_t* r) {
   return run_pass(g_host, [&] {
     GraphView gv(g, api);
@@ -541,7 +541,7 @@ std::optional<AttnMatch> match_attention(const GraphView& gv, keel_node_id_t sof
   return m;
 }
 
-keel_status_t fuse_attention(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t* o,
+keel_status_t fuse_attention(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_options_t* o,
                              const char* device, keel_pass_report_t* r) {
   return run_pass(g_host, [&] {
     GraphView gv(g, api);
@@ -664,7 +664,7 @@ void add_activation_attrs(Attrs& attrs, const Epilogue& e) {
 
 // ------------------------------------------------------------------------------------------------ fuse_conv_activation
 
-keel_status_t fuse_conv_activation(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t* o,
+keel_status_t fuse_conv_activation(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_options_t* o,
                                    const char* device, keel_pass_report_t* r) {
   return run_pass(g_host, [&] {
     GraphView gv(g, api);
@@ -726,7 +726,7 @@ keel_status_t fuse_conv_activation(void*, keel_graph_t* g, const keel_graph_api_
 
 // ------------------------------------------------------------------------------------------------ fuse_matmul_activation
 
-keel_status_t fuse_matmul_activation(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t* o,
+keel_status_t fuse_matmul_activation(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_options_t* o,
                                      const char* device, keel_pass_report_t* r) {
   return run_pass(g_host, [&] {
     GraphView gv(g, api);
@@ -795,16 +795,16 @@ keel_status_t fuse_matmul_activation(void*, keel_graph_t* g, const keel_graph_ap
   });
 }
 
-keel_status_t init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+keel_status_t init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
   if (host == nullptr) return nullptr;
-  if (host->abi_major != KEEL_PLUGIN_ABI_MAJOR || !KEEL_HAS_MEMBER(host, keel_host_api_t, options))
-    return host->status_create(KEEL_STATUS_ABI_MISMATCH, "host API too old");
+  if (host->abi_major != KEEL_PLUGIN_ABI_MAJOR || !KEEL_HAS_MEMBER(host, keel_core_api_t, options))
+    return host->status_create(KEEL_STATUS_ABI_MISMATCH, "core API too old");
   g_host = host;
   g_plugin = plugin;
   struct P {
     const char* name;
     const char* description;
-    keel_status_t (*run)(void*, keel_graph_t*, const keel_graph_api_t*, const keel_pass_options_t*, const char*,
+    keel_status_t (*run)(void*, keel_graph_t*, const keel_graph_api_t*, const keel_options_t*, const char*,
                          keel_pass_report_t*);
   };
   static const P kPasses[] = {

@@ -45,7 +45,7 @@
 namespace keel::passes {
 namespace {
 
-const keel_host_api_t* g_host = nullptr;
+const keel_core_api_t* g_host = nullptr;
 keel_plugin_handle_t* g_plugin = nullptr;
 
 // ------------------------------------------------------------------------------------------------ conversions
@@ -464,7 +464,7 @@ class Converter {
 };
 
 keel_status_t run_with(const char* fixed, keel_graph_t* g, const keel_graph_api_t* api,
-                       const keel_pass_options_t* options, const char* device, keel_pass_report_t* r) {
+                       const keel_options_t* options, const char* device, keel_pass_report_t* r) {
   return run_pass(g_host, [&] {
     GraphView gv(g, api);
     Report report(r);
@@ -473,23 +473,23 @@ keel_status_t run_with(const char* fixed, keel_graph_t* g, const keel_graph_api_
   });
 }
 
-keel_status_t convert_precision(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t* o,
+keel_status_t convert_precision(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_options_t* o,
                                 const char* device, keel_pass_report_t* r) {
   return run_with("", g, api, o, device, r);
 }
-keel_status_t convert_fp16(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t* o,
+keel_status_t convert_fp16(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_options_t* o,
                            const char* device, keel_pass_report_t* r) {
   return run_with("fp16", g, api, o, device, r);
 }
-keel_status_t convert_bf16(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t* o,
+keel_status_t convert_bf16(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_options_t* o,
                            const char* device, keel_pass_report_t* r) {
   return run_with("bf16", g, api, o, device, r);
 }
 
-keel_status_t init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+keel_status_t init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
   if (host == nullptr) return nullptr;
-  if (host->abi_major != KEEL_PLUGIN_ABI_MAJOR || !KEEL_HAS_MEMBER(host, keel_host_api_t, options))
-    return host->status_create(KEEL_STATUS_ABI_MISMATCH, "host API too old");
+  if (host->abi_major != KEEL_PLUGIN_ABI_MAJOR || !KEEL_HAS_MEMBER(host, keel_core_api_t, options))
+    return host->status_create(KEEL_STATUS_ABI_MISMATCH, "core API too old");
   g_host = host;
   g_plugin = plugin;
   if (keel_status_t st = register_pass(host, plugin, "convert_precision",

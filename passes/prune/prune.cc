@@ -52,7 +52,7 @@
 namespace keel::passes {
 namespace {
 
-const keel_host_api_t* g_host = nullptr;
+const keel_core_api_t* g_host = nullptr;
 
 bool is_weight_op(GraphView& gv, keel_node_id_t n) {
   return gv.is(n, "Conv") || gv.is(n, "Gemm") || gv.is(n, "MatMul");
@@ -870,7 +870,7 @@ void prune_coupled(GraphView& gv, double ratio, Report& report) {
   report.count("params_removed", params);
 }
 
-keel_status_t prune(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t* o, const char*,
+keel_status_t prune(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_options_t* o, const char*,
                     keel_pass_report_t* r) {
   return run_pass(g_host, [&] {
     GraphView gv(g, api);
@@ -887,9 +887,9 @@ keel_status_t prune(void*, keel_graph_t* g, const keel_graph_api_t* api, const k
   });
 }
 
-keel_status_t init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
-  if (host == nullptr || host->abi_major != KEEL_PLUGIN_ABI_MAJOR || !KEEL_HAS_MEMBER(host, keel_host_api_t, options))
-    return nullptr == host ? nullptr : host->status_create(KEEL_STATUS_ABI_MISMATCH, "host API too old");
+keel_status_t init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
+  if (host == nullptr || host->abi_major != KEEL_PLUGIN_ABI_MAJOR || !KEEL_HAS_MEMBER(host, keel_core_api_t, options))
+    return nullptr == host ? nullptr : host->status_create(KEEL_STATUS_ABI_MISMATCH, "core API too old");
   g_host = host;
   if (host->graph == nullptr) return host->status_create(KEEL_STATUS_ABI_MISMATCH, "no graph API");
   return register_pass(host, plugin, "prune",

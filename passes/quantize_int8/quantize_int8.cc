@@ -51,7 +51,7 @@
 namespace keel::passes {
 namespace {
 
-const keel_host_api_t* g_host = nullptr;
+const keel_core_api_t* g_host = nullptr;
 keel_plugin_handle_t* g_plugin = nullptr;
 
 struct ActQ {
@@ -74,7 +74,7 @@ ActQ act_params(double lo, double hi, bool s8) {
   return {static_cast<float>(scale), static_cast<int32_t>(zp)};
 }
 
-keel_status_t quantize(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t* o, const char*,
+keel_status_t quantize(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_options_t* o, const char*,
                        keel_pass_report_t* r) {
   return run_pass(g_host, [&] {
     GraphView gv(g, api);
@@ -198,7 +198,7 @@ int32_t scalar_dtype(const GraphView& gv, const std::string& v) {
   return t && GraphView::numel_of(t) == 1 ? t->dtype : KEEL_DTYPE_UNDEFINED;
 }
 
-keel_status_t fuse_qdq(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_pass_options_t* o,
+keel_status_t fuse_qdq(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_options_t* o,
                        const char* device, keel_pass_report_t* r) {
   return run_pass(g_host, [&] {
     GraphView gv(g, api);
@@ -464,9 +464,9 @@ keel_status_t fuse_qdq(void*, keel_graph_t* g, const keel_graph_api_t* api, cons
   });
 }
 
-keel_status_t init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
-  if (host == nullptr || host->abi_major != KEEL_PLUGIN_ABI_MAJOR || !KEEL_HAS_MEMBER(host, keel_host_api_t, options))
-    return nullptr == host ? nullptr : host->status_create(KEEL_STATUS_ABI_MISMATCH, "host API too old");
+keel_status_t init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
+  if (host == nullptr || host->abi_major != KEEL_PLUGIN_ABI_MAJOR || !KEEL_HAS_MEMBER(host, keel_core_api_t, options))
+    return nullptr == host ? nullptr : host->status_create(KEEL_STATUS_ABI_MISMATCH, "core API too old");
   g_host = host;
   g_plugin = plugin;
   if (host->graph == nullptr) return host->status_create(KEEL_STATUS_ABI_MISMATCH, "no graph API");

@@ -20,7 +20,7 @@
 
 namespace keel::onednn {
 
-const keel_host_api_t* g_host = nullptr;
+const keel_core_api_t* g_host = nullptr;
 Options g_options;
 
 dnnl::engine& engine() {
@@ -130,8 +130,8 @@ void release_kernel(void* state) { delete static_cast<Kernel*>(state); }
 
 namespace {
 
-keel_status_t onednn_init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
-  if (!KEEL_HAS_MEMBER(host, keel_host_api_t, register_kernel) || host->kernel == nullptr ||
+keel_status_t onednn_init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
+  if (!KEEL_HAS_MEMBER(host, keel_core_api_t, register_kernel) || host->kernel == nullptr ||
       !KEEL_HAS_MEMBER(host->kernel, keel_kernel_api_t, thread_count))
     return nullptr;  // a core too old to serve us: register nothing
   g_host = host;

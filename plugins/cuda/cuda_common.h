@@ -21,7 +21,7 @@ namespace keel::cuda {
 
 using Dims = std::vector<int64_t>;
 
-extern const keel_host_api_t* g_host;
+extern const keel_core_api_t* g_host;
 
 // The SDK's C++ layer (sdk/include/keel/kernel.hpp, shape.hpp): Reject, Failure, element counts, dims_str.
 using sdk::Failure;

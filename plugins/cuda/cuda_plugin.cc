@@ -26,7 +26,7 @@
 
 namespace keel::cuda {
 
-const keel_host_api_t* g_host = nullptr;
+const keel_core_api_t* g_host = nullptr;
 
 keel_status_t make_status(int32_t code, const std::string& msg) { return g_host->status_create(code, msg.c_str()); }
 
@@ -272,8 +272,8 @@ keel_status_t kernel_compute(void* state, keel_kernel_context_t* ctx) {
 
 void kernel_release(void* state) { delete static_cast<Kernel*>(state); }
 
-keel_status_t cuda_init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
-  if (!KEEL_HAS_MEMBER(host, keel_host_api_t, register_kernel) || host->kernel == nullptr ||
+keel_status_t cuda_init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
+  if (!KEEL_HAS_MEMBER(host, keel_core_api_t, register_kernel) || host->kernel == nullptr ||
       !KEEL_HAS_MEMBER(host->kernel, keel_kernel_api_t, stream))
     return nullptr;  // a core too old to serve us: register nothing (recorded as "no device present")
   g_host = host;

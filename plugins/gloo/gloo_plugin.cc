@@ -56,7 +56,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-const keel_host_api_t* g_host = nullptr;
+const keel_core_api_t* g_host = nullptr;
 keel_plugin_handle_t* g_plugin = nullptr;
 
 keel_status_t make_status(int32_t code, const std::string& m) { return g_host->status_create(code, m.c_str()); }
@@ -1004,7 +1004,7 @@ keel_status_t c_barrier(void*, keel_communicator_t comm, keel_stream_t) {
 // ---------------------------------------------------------------------------------------------------------------
 // Plugin entry.
 
-std::string option_string(const keel_host_api_t* host, const char* key, const char* env) {
+std::string option_string(const keel_core_api_t* host, const char* key, const char* env) {
   if (const char* v = std::getenv(env); v && *v) return v;
   const char* v = nullptr;
   if (host->options && host->plugin_options && host->options->get_string(host->plugin_options, key, &v) && v)
@@ -1012,8 +1012,8 @@ std::string option_string(const keel_host_api_t* host, const char* key, const ch
   return "";
 }
 
-keel_status_t gloo_init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
-  if (!KEEL_HAS_MEMBER(host, keel_host_api_t, register_collective)) return nullptr;
+keel_status_t gloo_init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
+  if (!KEEL_HAS_MEMBER(host, keel_core_api_t, register_collective)) return nullptr;
   g_host = host;
   g_plugin = plugin;
   g_settings = Settings{};

@@ -24,7 +24,7 @@
 
 namespace {
 
-const keel_host_api_t* g_host = nullptr;
+const keel_core_api_t* g_host = nullptr;
 
 keel_status_t make_status(int32_t code, const std::string& m) { return g_host->status_create(code, m.c_str()); }
 
@@ -300,8 +300,8 @@ keel_status_t c_barrier(void*, keel_communicator_t comm, keel_stream_t stream) {
   return finish(c, ncclAllReduce(c->scratch, c->scratch, 1, t, ncclSum, c->comm, s), "barrier (ncclAllReduce)");
 }
 
-keel_status_t nccl_init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
-  if (!KEEL_HAS_MEMBER(host, keel_host_api_t, register_collective)) return nullptr;
+keel_status_t nccl_init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
+  if (!KEEL_HAS_MEMBER(host, keel_core_api_t, register_collective)) return nullptr;
   g_host = host;
   std::string why = no_device_reason();
   if (!why.empty()) return make_status(KEEL_STATUS_UNAVAILABLE, why);

@@ -16,7 +16,7 @@
 #include <string.h>
 
 /* The host's tables, kept from init until shutdown (the pointer stays valid until shutdown returns). */
-static const keel_host_api_t* g_host = NULL;
+static const keel_core_api_t* g_host = NULL;
 
 /* Every failure crosses the boundary as a status object created by the host (the host releases it). */
 static keel_status_t null_unimplemented(const char* what) {
@@ -146,13 +146,13 @@ static const keel_type_constraint_t kNullReluConstraints[] = {
 /* Registration                                                                                                  */
 /* ------------------------------------------------------------------------------------------------------------ */
 
-static keel_status_t null_init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+static keel_status_t null_init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
   keel_device_table_t table;
   keel_kernel_def_t relu;
   keel_status_t status;
 
   /* A newer core may hand a larger table; an older one a smaller one. Check what you use. */
-  if (!KEEL_HAS_MEMBER(host, keel_host_api_t, register_kernel)) return NULL; /* cannot even report: skip quietly */
+  if (!KEEL_HAS_MEMBER(host, keel_core_api_t, register_kernel)) return NULL; /* cannot even report: skip quietly */
   g_host = host;
 
   /* The table is copied by the core; user_data and the function pointers must stay valid until shutdown. */

@@ -19,7 +19,7 @@
 #error define ABI_DEVICE_TYPE
 #endif
 
-static const keel_host_api_t* g_host = NULL;
+static const keel_core_api_t* g_host = NULL;
 
 static void poison_fn(void) { abort(); } /* never called when the core honours struct_size */
 #define POISON(type) ((type)(void (*)(void))poison_fn)
@@ -112,7 +112,7 @@ typedef struct { keel_plugin_t base; void* future_entry; } plugin_t;
 #error define ABI_OLD_MINOR or ABI_NEW_MINOR
 #endif
 
-static keel_status_t fixture_init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+static keel_status_t fixture_init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
   table_t table;
   kernel_t kernel;
   keel_status_t st;

@@ -650,7 +650,7 @@ TEST(SessionSharedWeights, AnotherModelOrOtherBuildOptionsAreRefused) {
 // state and KEEL_KERNEL_FLAG_REENTRANT. Each records how many computes of it are in progress at once and sleeps a
 // little so that concurrent runs overlap; a third, Sigmoid, is registered with a 1.3-sized definition whose `flags`
 // (past its struct_size) claims re-entrancy: an old plugin's kernel, which must be serialised.
-const keel_host_api_t* g_host = nullptr;
+const keel_core_api_t* g_host = nullptr;
 struct Busy {
   std::atomic<int> inside{0}, most{0};
   std::atomic<int>* other_inside = nullptr;
@@ -686,7 +686,7 @@ keel_status_t busy_compute(void* state, keel_kernel_context_t* ctx) {
   return st;
 }
 
-keel_status_t busy_init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+keel_status_t busy_init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
   g_host = host;
   keel_kernel_def_t k{};
   k.struct_size = sizeof k;

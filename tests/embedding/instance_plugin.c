@@ -10,7 +10,7 @@
 #include <stdlib.h>
 
 typedef struct instance_s {
-  const keel_host_api_t* host;
+  const keel_core_api_t* host;
   keel_plugin_handle_t* handle;
   int id;
   int64_t runs;
@@ -19,7 +19,7 @@ typedef struct instance_s {
 static int g_next_id = 0; /* instances are numbered in creation order (the test creates environments one at a time) */
 
 static keel_status_t probe_run(void* user_data, keel_graph_t* graph, const keel_graph_api_t* api,
-                               const keel_pass_options_t* options, const char* target_device,
+                               const keel_options_t* options, const char* target_device,
                                keel_pass_report_t* report) {
   instance_t* inst = (instance_t*)user_data;
   char text[96];
@@ -30,7 +30,7 @@ static keel_status_t probe_run(void* user_data, keel_graph_t* graph, const keel_
   return NULL;
 }
 
-static keel_status_t instance_init(const keel_host_api_t* host, keel_plugin_handle_t* plugin, void** out_instance) {
+static keel_status_t instance_init(const keel_core_api_t* host, keel_plugin_handle_t* plugin, void** out_instance) {
   instance_t* inst = (instance_t*)calloc(1, sizeof(instance_t));
   keel_pass_def_t def;
   keel_status_t st;

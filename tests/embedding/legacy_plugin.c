@@ -8,14 +8,14 @@
 
 #include <stddef.h>
 
-static const keel_host_api_t* g_host = NULL;
+static const keel_core_api_t* g_host = NULL;
 static keel_plugin_handle_t* g_plugin = NULL;
 static int g_shutdowns = 0;
 
 KEEL_PLUGIN_EXPORT int embedding_legacy_shutdowns(void) { return g_shutdowns; }
 
 static keel_status_t legacy_run(void* user_data, keel_graph_t* graph, const keel_graph_api_t* api,
-                                const keel_pass_options_t* options, const char* target_device,
+                                const keel_options_t* options, const char* target_device,
                                 keel_pass_report_t* report) {
   (void)user_data, (void)graph, (void)api, (void)options, (void)report;
   /* Through whichever handle the last init left here (possibly another environment's, possibly released). */
@@ -25,7 +25,7 @@ static keel_status_t legacy_run(void* user_data, keel_graph_t* graph, const keel
   return NULL;
 }
 
-static keel_status_t legacy_init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+static keel_status_t legacy_init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
   keel_pass_def_t def;
   g_host = host;
   g_plugin = plugin;

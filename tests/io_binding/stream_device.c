@@ -49,7 +49,7 @@ typedef struct event_s {
   stream_t* stream; /* the stream it was recorded on (NULL: never recorded) */
 } event_t;
 
-static const keel_host_api_t* g_host = NULL;
+static const keel_core_api_t* g_host = NULL;
 static pthread_mutex_t g_stats_mu = PTHREAD_MUTEX_INITIALIZER;
 static streamdev_stats_t g_stats;
 
@@ -251,7 +251,7 @@ static keel_status_t elementwise(void* state, keel_kernel_context_t* ctx, int ki
 static keel_status_t relu_compute(void* state, keel_kernel_context_t* ctx) { return elementwise(state, ctx, OP_RELU); }
 static keel_status_t add_compute(void* state, keel_kernel_context_t* ctx) { return elementwise(state, ctx, OP_ADD); }
 
-static keel_status_t sd_init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+static keel_status_t sd_init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
   static const int32_t f32[] = {KEEL_DTYPE_F32};
   keel_type_constraint_t t = {KEEL_TYPE_CONSTRAINT_HEADER, "T", f32, 1};
   keel_device_table_t table;

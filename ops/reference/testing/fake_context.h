@@ -312,7 +312,7 @@ class FakeRegistry {
   }
 
  private:
-  keel_host_api_t host_{};
+  keel_core_api_t host_{};
   std::vector<Def> defs_;
   keel_status_t init_status_ = nullptr;
 };

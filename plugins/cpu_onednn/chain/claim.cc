@@ -2,7 +2,7 @@
 // as one, with its own memory layouts kept between ops and fused post-ops. This file: claim_chains (the claim hook)
 // and register_claimer; the rest of the chain is laid out in README.md ("Layout").
 //
-// The plugin registers a claim hook for "cpu" (keel_host_api_t.register_claimer, ABI 1.1). At session creation the
+// The plugin registers a claim hook for "cpu" (keel_core_api_t.register_claimer, ABI 1.1). At session creation the
 // hook (claim_chains) looks at the graph:
 //   1. constants: initializers, Constant nodes, Shape of a statically shaped value, and every node all of whose
 //      inputs are constants (shape arithmetic) are computed once, here (host->graph->evaluate), and run nothing;
@@ -375,8 +375,8 @@ keel_status_t claim_chains(void*, const G* g, const keel_graph_api_t* api, keel_
 
 namespace keel::onednn {
 
-keel_status_t register_claimer(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
-  if (!KEEL_HAS_MEMBER(host, keel_host_api_t, register_claimer) || !host->register_claimer) return nullptr;
+keel_status_t register_claimer(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
+  if (!KEEL_HAS_MEMBER(host, keel_core_api_t, register_claimer) || !host->register_claimer) return nullptr;
   if (!g_options.claims) return nullptr;
   chain::g_plugin_handle = plugin;
   keel_claimer_def_t def;

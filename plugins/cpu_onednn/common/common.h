@@ -30,7 +30,7 @@ namespace keel::onednn {
 
 using Dims = std::vector<int64_t>;
 
-extern const keel_host_api_t* g_host;
+extern const keel_core_api_t* g_host;
 
 // The SDK's C++ layer (sdk/include/keel/kernel.hpp, shape.hpp): Reject (a case the kernel does not handle: becomes
 // UNIMPLEMENTED, a rejection, not an error), Failure (a real failure with its code), the saturating element count.
@@ -146,7 +146,7 @@ std::vector<KernelInfo> conv_kernels();
 std::vector<KernelInfo> matmul_kernels();
 std::vector<KernelInfo> misc_kernels();
 // The INT8 kernels (kernels/int8.cc: keel-domain QConv, QGemm), registered with their own definitions.
-keel_status_t register_int8_kernels(const keel_host_api_t* host, keel_plugin_handle_t* plugin);
+keel_status_t register_int8_kernels(const keel_core_api_t* host, keel_plugin_handle_t* plugin);
 
 // A bf16 value's bits widened to f32 (exact).
 inline float bf16_to_f32(uint16_t b) {
@@ -186,13 +186,13 @@ struct TypedKernelInfo {
   Kernel* (*make)();
   int32_t end_version = 0;  // 0: every later opset version too
 };
-keel_status_t register_kernel_table(const keel_host_api_t* host, keel_plugin_handle_t* plugin,
+keel_status_t register_kernel_table(const keel_core_api_t* host, keel_plugin_handle_t* plugin,
                                     const std::vector<TypedKernelInfo>& table, bool dnnl_error_falls_back);
 // The training kernels of kernels/train.cc (keel-domain backward ops, bf16 forward ops), registered from init.
-keel_status_t register_train_kernels(const keel_host_api_t* host, keel_plugin_handle_t* plugin);
+keel_status_t register_train_kernels(const keel_core_api_t* host, keel_plugin_handle_t* plugin);
 // The bf16 inference kernels of kernels/bf16.cc (binary, pooling, normalisation, softmax, eltwise, concat, transpose).
-keel_status_t register_bf16_kernels(const keel_host_api_t* host, keel_plugin_handle_t* plugin);
+keel_status_t register_bf16_kernels(const keel_core_api_t* host, keel_plugin_handle_t* plugin);
 // Registers the claim hook for "cpu" (chain/claim.cc) when the core offers register_claimer (ABI 1.1).
-keel_status_t register_claimer(const keel_host_api_t* host, keel_plugin_handle_t* plugin);
+keel_status_t register_claimer(const keel_core_api_t* host, keel_plugin_handle_t* plugin);
 
 }  // namespace keel::onednn

@@ -192,7 +192,7 @@ const std::vector<TypedKernelInfo>& bf16_kernels() {
 
 }  // namespace
 
-keel_status_t register_bf16_kernels(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+keel_status_t register_bf16_kernels(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
   return register_kernel_table(host, plugin, bf16_kernels(), false);
 }
 

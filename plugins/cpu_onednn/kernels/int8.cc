@@ -734,7 +734,7 @@ keel_status_t int8_compute(void* state, keel_kernel_context_t* ctx) { return com
 
 }  // namespace
 
-keel_status_t register_int8_kernels(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+keel_status_t register_int8_kernels(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
   g_int8_plugin = plugin;
   for (const Int8Kernel& k : kInt8) {
     keel_kernel_def_t def;

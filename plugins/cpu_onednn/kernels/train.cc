@@ -863,7 +863,7 @@ keel_status_t compute_failing(void* state, keel_kernel_context_t* ctx) { return 
 
 }  // namespace
 
-keel_status_t register_kernel_table(const keel_host_api_t* host, keel_plugin_handle_t* plugin,
+keel_status_t register_kernel_table(const keel_core_api_t* host, keel_plugin_handle_t* plugin,
                                     const std::vector<TypedKernelInfo>& table, bool dnnl_error_falls_back) {
   for (const auto& info : table) {
     keel_kernel_def_t def;
@@ -889,7 +889,7 @@ keel_status_t register_kernel_table(const keel_host_api_t* host, keel_plugin_han
   return nullptr;
 }
 
-keel_status_t register_train_kernels(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+keel_status_t register_train_kernels(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
   return register_kernel_table(host, plugin, train_kernels(), true);
 }
 

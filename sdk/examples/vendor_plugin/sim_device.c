@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const keel_host_api_t* g_host = NULL;
+static const keel_core_api_t* g_host = NULL;
 static keel_plugin_handle_t* g_plugin = NULL;
 
 static keel_status_t sim_error(int32_t code, const char* message) { return g_host->status_create(code, message); }
@@ -146,12 +146,12 @@ static keel_status_t sim_copy(void* user_data, int32_t kind, int32_t dst_device,
 /* Registration                                                                                                  */
 /* ------------------------------------------------------------------------------------------------------------ */
 
-static keel_status_t sim_init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+static keel_status_t sim_init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
   keel_device_table_t table;
   keel_status_t st;
   int64_t arena_mb = 64;
   char msg[160];
-  if (!KEEL_HAS_MEMBER(host, keel_host_api_t, plugin_options)) return NULL;
+  if (!KEEL_HAS_MEMBER(host, keel_core_api_t, plugin_options)) return NULL;
   g_host = host;
   g_plugin = plugin;
   if (host->options && host->plugin_options) host->options->get_int(host->plugin_options, "arena_mb", &arena_mb);

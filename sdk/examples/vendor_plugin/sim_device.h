@@ -15,7 +15,7 @@ extern "C" {
 int sim_owns(const void* p, uint64_t bytes);
 
 /* Registers the kernels Relu, Add and MatMul (f32) on "sim"; called from init. */
-keel_status_t sim_register_kernels(const keel_host_api_t* host, keel_plugin_handle_t* plugin);
+keel_status_t sim_register_kernels(const keel_core_api_t* host, keel_plugin_handle_t* plugin);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -24,7 +24,7 @@ using keel::sdk::KernelContext;
 using keel::sdk::Reject;
 using keel::sdk::Stage;
 
-const keel_host_api_t* g_host = nullptr;
+const keel_core_api_t* g_host = nullptr;
 constexpr int kMaxRank = 8;
 
 // Throws INTERNAL unless every tensor's data lies inside the sim arena.
@@ -153,7 +153,7 @@ keel_status_t register_kernel(keel_plugin_handle_t* plugin, const char* name, co
 
 }  // namespace
 
-extern "C" keel_status_t sim_register_kernels(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+extern "C" keel_status_t sim_register_kernels(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
   g_host = host;
   if (keel_status_t st = register_kernel(plugin, "sim_f32_relu", "Relu", 6, nullptr, compute<relu>)) return st;
   if (keel_status_t st = register_kernel(plugin, "sim_f32_add", "Add", 7, nullptr, compute<add>)) return st;

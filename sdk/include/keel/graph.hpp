@@ -383,7 +383,7 @@ class Report {
 // Pass options with defaults.
 class PassOptions {
  public:
-  PassOptions(const keel_options_api_t* api, const keel_pass_options_t* o) : api_(api), o_(o) {}
+  PassOptions(const keel_options_api_t* api, const keel_options_t* o) : api_(api), o_(o) {}
   int64_t get_int(const char* k, int64_t def) const {
     int64_t v;
     return api_ && api_->get_int(o_, k, &v) ? v : def;
@@ -412,12 +412,12 @@ class PassOptions {
 
  private:
   const keel_options_api_t* api_;
-  const keel_pass_options_t* o_;
+  const keel_options_t* o_;
 };
 
 // Runs a pass body at the C edge: every exception becomes a status made by the host.
 template <class F>
-keel_status_t run_pass(const keel_host_api_t* host, F&& body) {
+keel_status_t run_pass(const keel_core_api_t* host, F&& body) {
   try {
     body();
     return nullptr;
@@ -433,10 +433,10 @@ keel_status_t run_pass(const keel_host_api_t* host, F&& body) {
 }
 
 // Registers one pass definition; returns the host's status.
-inline keel_status_t register_pass(const keel_host_api_t* host, keel_plugin_handle_t* plugin, const char* name,
+inline keel_status_t register_pass(const keel_core_api_t* host, keel_plugin_handle_t* plugin, const char* name,
                                    const char* description,
                                    keel_status_t (*run)(void*, keel_graph_t*, const keel_graph_api_t*,
-                                                        const keel_pass_options_t*, const char*, keel_pass_report_t*)) {
+                                                        const keel_options_t*, const char*, keel_pass_report_t*)) {
   keel_pass_def_t p{};
   p.struct_size = sizeof p;
   p.abi_major = KEEL_PLUGIN_ABI_MAJOR;

@@ -312,7 +312,7 @@ Outcome current_outcome(Stage stage, Translate&& translate = Translate{}) {
 // (current_outcome), with `prefix` in front of the message (e.g. the kernel's name and ": "). noexcept in effect:
 // should even the status text fail to allocate, the message is dropped.
 template <class Body, class Translate = NoTranslate>
-keel_status_t guard(const keel_host_api_t* host, Stage stage, Body&& body, const std::string& prefix = std::string(),
+keel_status_t guard(const keel_core_api_t* host, Stage stage, Body&& body, const std::string& prefix = std::string(),
                     Translate&& translate = Translate{}) {
   Outcome o;
   try {

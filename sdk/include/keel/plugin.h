@@ -3,8 +3,8 @@
  *
  * A plugin is one shared library plus one manifest (NAME.keel-plugin.toml). The library exports exactly one
  * symbol, KEEL_PLUGIN_ENTRY_SYMBOL, returning a static descriptor. The core checks the descriptor's ABI major
- * (must equal KEEL_PLUGIN_ABI_MAJOR) before calling anything else, then calls `init` with the host's tables;
- * inside `init` the plugin registers its devices, kernels, passes and collectives.
+ * (must equal KEEL_PLUGIN_ABI_MAJOR) before calling anything else, then calls `init` with the core API
+ * (keel_core_api_t); inside `init` the plugin registers its devices, kernels, passes and collectives.
  *
  * Rules that hold for every struct and function here:
  *  - Self-contained: this header needs only <stdint.h> and <stddef.h>.
@@ -396,7 +396,7 @@ typedef struct keel_profile_step_s {
   double time_ms;                /* wall time of the step, finished (the kernel waits for it before timing) */
 } keel_profile_step_t;
 
-/* What a kernel reads and writes through. Obtain it from keel_host_api_t.kernel. */
+/* What a kernel reads and writes through. Obtain it from keel_core_api_t.kernel. */
 typedef struct keel_kernel_api_s {
   uint32_t struct_size;
   uint16_t abi_major;
@@ -573,7 +573,11 @@ typedef struct keel_pass_report_s {
   void (*note)(struct keel_pass_report_s* self, const char* text);
 } keel_pass_report_t;
 
-typedef struct keel_pass_options_s keel_pass_options_t; /* opaque: the pass's options from a pipeline config */
+/* Opaque options, read through keel_options_api_t: a pass's options (from a pipeline config or CLI flags) and a
+ * plugin's options (its manifest's [options] table) alike. */
+typedef struct keel_options_s keel_options_t;
+/* The earlier name, from when only passes had options; the same type, kept so existing plugins compile. */
+typedef keel_options_t keel_pass_options_t;
 
 typedef struct keel_pass_def_s {
   uint32_t struct_size;
@@ -584,18 +588,18 @@ typedef struct keel_pass_def_s {
   void* user_data;
   /* Rewrites `graph` in place. `target_device` names the device type the session prefers ("cpu", "cuda"). */
   keel_status_t (*run)(void* user_data, keel_graph_t* graph, const keel_graph_api_t* api,
-                       const keel_pass_options_t* options, const char* target_device, keel_pass_report_t* report);
+                       const keel_options_t* options, const char* target_device, keel_pass_report_t* report);
 } keel_pass_def_t;
 
-/* Reading pass options (values from a TOML pipeline or CLI flags). Each returns 1 when present with that type. */
+/* Reading options (a pass's or a plugin's). Each returns 1 when the key is present with that type. */
 typedef struct keel_options_api_s {
   uint32_t struct_size;
-  int (*get_int)(const keel_pass_options_t* o, const char* key, int64_t* out_value);
-  int (*get_float)(const keel_pass_options_t* o, const char* key, double* out_value);
-  int (*get_bool)(const keel_pass_options_t* o, const char* key, int* out_value);
-  int (*get_string)(const keel_pass_options_t* o, const char* key, const char** out_value);
+  int (*get_int)(const keel_options_t* o, const char* key, int64_t* out_value);
+  int (*get_float)(const keel_options_t* o, const char* key, double* out_value);
+  int (*get_bool)(const keel_options_t* o, const char* key, int* out_value);
+  int (*get_string)(const keel_options_t* o, const char* key, const char** out_value);
   /* The i-th string of a string-list option. */
-  int (*get_string_at)(const keel_pass_options_t* o, const char* key, size_t i, const char** out_value);
+  int (*get_string_at)(const keel_options_t* o, const char* key, size_t i, const char** out_value);
 } keel_options_api_t;
 
 /* ------------------------------------------------------------------------------------------------------------ */
@@ -647,7 +651,7 @@ typedef struct keel_collective_table_s {
 } keel_collective_table_t;
 
 /* ------------------------------------------------------------------------------------------------------------ */
-/* The host API and the plugin descriptor                                                                        */
+/* The core API (what the core gives a plugin) and the plugin descriptor                                         */
 /* ------------------------------------------------------------------------------------------------------------ */
 
 typedef enum keel_log_level_e {
@@ -657,7 +661,8 @@ typedef enum keel_log_level_e {
 typedef struct keel_plugin_handle_s keel_plugin_handle_t; /* opaque: identifies the plugin to the host */
 
 /*
- * What the core gives a plugin at init. The pointer stays valid until the plugin's shutdown returns. register_*
+ * The core API: what the core gives a plugin at init (not to be confused with the application C API of keel.h,
+ * which host applications call). The pointer stays valid until the plugin's shutdown returns. register_*
  * may only be called during init; the definitions they receive are copied (strings too), except user_data and
  * function pointers, which must stay valid until shutdown.
  * (ABI 1.5) Each environment gives each plugin its own table and handle (`plugin`). No entry of this table, nor of
@@ -666,7 +671,7 @@ typedef struct keel_plugin_handle_s keel_plugin_handle_t; /* opaque: identifies 
  * by the others. A call through the handle of an environment that was released (a plugin without instances keeping
  * it in a global) returns FAILED_PRECONDITION / 0 instead of touching the released environment.
  */
-typedef struct keel_host_api_s {
+typedef struct keel_core_api_s {
   uint32_t struct_size;
   uint16_t abi_major;
   uint16_t abi_minor;
@@ -691,22 +696,25 @@ typedef struct keel_host_api_s {
   const keel_options_api_t* options;
 
   /* The manifest's [options] table, read like pass options (may be empty). */
-  const keel_pass_options_t* plugin_options;
+  const keel_options_t* plugin_options;
   /* The directory holding the plugin's manifest (to find data files beside it). */
   const char* plugin_dir;
 
   /* (ABI 1.1) Registers a claim hook for a device type (see keel_claimer_def_t); ranked by the plugin's priority.
-   * Check KEEL_HAS_MEMBER(host, keel_host_api_t, register_claimer) first: an older core does not have it. */
+   * Check KEEL_HAS_MEMBER(host, keel_core_api_t, register_claimer) first: an older core does not have it. */
   keel_status_t (*register_claimer)(keel_plugin_handle_t* plugin, const keel_claimer_def_t* def);
 
   /* (ABI 1.2) The priority of the kernel a session would pick for (domain, op_type) at `opset` on `device_type`
    * (the highest-ranked registered kernel accepting `dtypes`, as kernel_exists), or INT32_MIN when there is none.
    * Fusion passes compare it with the priority of the ops a fused op would replace, so that a rewrite never moves
    * work from a device's own kernels onto a lower-ranked one (e.g. the reference keel.FusedConv in place of
-   * oneDNN's Conv). Check KEEL_HAS_MEMBER(host, keel_host_api_t, kernel_priority) first. */
+   * oneDNN's Conv). Check KEEL_HAS_MEMBER(host, keel_core_api_t, kernel_priority) first. */
   int32_t (*kernel_priority)(keel_plugin_handle_t* plugin, const char* domain, const char* op_type, int32_t opset,
                              const char* device_type, const int32_t* dtypes, size_t count);
-} keel_host_api_t;
+} keel_core_api_t;
+
+/* The earlier name; the same type, kept so existing plugins compile. */
+typedef keel_core_api_t keel_host_api_t;
 
 typedef enum keel_plugin_kind_e {
   KEEL_PLUGIN_KIND_DEVICE = 1,
@@ -725,7 +733,7 @@ typedef struct keel_plugin_s {
   /* Registers what the plugin provides. An error status makes the core skip the plugin (and undo what it
    * registered); the reason is recorded. (ABI 1.5) May be NULL when init_instance is set (such a plugin then needs a
    * core of ABI 1.5 or newer). */
-  keel_status_t (*init)(const keel_host_api_t* host, keel_plugin_handle_t* plugin);
+  keel_status_t (*init)(const keel_core_api_t* host, keel_plugin_handle_t* plugin);
   /* (optional) Called once before the library is unloaded, after every session using it is gone. */
   void (*shutdown)(void);
 
@@ -744,7 +752,7 @@ typedef struct keel_plugin_s {
    * A plugin without init_instance is initialised by `init` once per environment, and its `shutdown` is called when
    * the last environment that initialised it is released (not at each release: its globals are shared).
    */
-  keel_status_t (*init_instance)(const keel_host_api_t* host, keel_plugin_handle_t* plugin, void** out_instance);
+  keel_status_t (*init_instance)(const keel_core_api_t* host, keel_plugin_handle_t* plugin, void** out_instance);
   void (*shutdown_instance)(void* instance); /* (ABI 1.5, optional) required with init_instance */
 } keel_plugin_t;
 
