@@ -311,14 +311,24 @@ void GradScaler::unscale_(Optimizer& opt) {
   if (unscaled_) fail("GradScaler: unscale_() was already called since the last update()");
   eager::NoGradGuard ng;
   const auto inv = static_cast<float>(1.0 / scale_);
-  found_inf_ = false;
+  // The inf/NaN check stays on the gradients' device: g·0 is 0 where g is finite and NaN where it is not, so the sum
+  // of g·0 over all gradients is 0 or NaN (never a false alarm from a large finite sum overflowing, in any dtype).
+  // One such flag per device, read back once at the end: one host sync per step instead of one per gradient.
+  std::map<std::string, Tensor> flags;
   for (auto& group : opt.param_groups())
     for (auto& p : group.params) {
       Tensor g = p.grad();
       if (!g.defined()) continue;
-      g.copy_(g * inv);
-      if (!found_inf_ && !std::isfinite(eager::sum(g).item())) found_inf_ = true;
+      Tensor u = g * inv;
+      g.copy_(u);
+      Tensor f = eager::sum(u * 0.f);
+      if (f.dtype() != DType::kF32) f = f.to(DType::kF32);
+      auto [it, first] = flags.try_emplace(g.device(), f);
+      if (!first) it->second = it->second + f;
     }
+  found_inf_ = false;
+  for (const auto& [device, f] : flags)
+    if (!std::isfinite(f.item())) found_inf_ = true;
   unscaled_ = true;
 }
 

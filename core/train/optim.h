@@ -196,7 +196,9 @@ class GradScaler {
  public:
   explicit GradScaler(GradScalerOptions options = {});
   Tensor scale(const Tensor& loss) const;
-  // Divides the gradients by the scale in place and records whether any is non-finite. Once per step.
+  // Divides the gradients by the scale in place and records whether any element of any is non-finite. Once per step.
+  // The check runs with eager ops on the gradients' device and reads one flag back per device: one host sync per
+  // step, not one per gradient.
   void unscale_(Optimizer& opt);
   // Returns true when the optimizer step ran, false when it was skipped.
   bool step(Optimizer& opt);

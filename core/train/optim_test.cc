@@ -204,5 +204,54 @@ TEST(GradScaler, SkipsNonFiniteStepsAndAdaptsTheScale) {
   EXPECT_EQ(disabled.scale(l).item(), 1.5f);
 }
 
+// Several gradients (two parameter groups, one parameter without a gradient): one non-finite element anywhere skips
+// the whole step and halves the scale; finite gradients of any size (a sum that would overflow fp32 included) step
+// and unscale every gradient, and the scale grows after growth_interval good steps.
+TEST(GradScaler, ChecksEveryGradientOfEveryGroupInOnePass) {
+  Tensor a = param({1.f, 2.f, 3.f}), b = param({1.f}), c = param({1.f, 1.f}), d = param({5.f});
+  ParamGroup g1, g2;
+  g1.params = {a, b};
+  g2.params = {c, d};
+  SGD opt({g1, g2}, SGDOptions{0.5});
+  GradScalerOptions o;
+  o.init_scale = 8;
+  o.growth_interval = 3;
+  GradScaler scaler(o);
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int bad = 0; bad < 3; ++bad) {  // the inf (or NaN) in the first, middle and last gradient checked
+    set_grad(a, {8.f, bad == 0 ? inf : 8.f, 8.f});
+    set_grad(b, {8.f});
+    set_grad(c, {8.f, bad == 2 ? -inf : (bad == 1 ? std::nanf("") : 8.f)});
+    const double before = scaler.get_scale();
+    EXPECT_FALSE(scaler.step(opt)) << bad;
+    EXPECT_TRUE(scaler.found_inf());
+    scaler.update();
+    EXPECT_EQ(scaler.get_scale(), before / 2) << bad;
+    EXPECT_EQ(a.to_vector<float>(), (std::vector<float>{1.f, 2.f, 3.f}));  // nothing stepped
+    EXPECT_EQ(c.to_vector<float>(), (std::vector<float>{1.f, 1.f}));
+    EXPECT_EQ(d.item(), 5.f);
+  }
+  EXPECT_EQ(scaler.skipped_steps(), 3);
+  EXPECT_EQ(scaler.get_scale(), 1);
+  // Finite: unscaled in place, stepped; large finite values whose fp32 sum overflows are not mistaken for inf.
+  for (int step = 0; step < 3; ++step) {
+    const float s = static_cast<float>(scaler.get_scale());
+    set_grad(a, {2.f * s, 2.e38f, 2.e38f});
+    set_grad(b, {2.f * s});
+    set_grad(c, {0.f, 2.f * s});
+    d.zero_grad();
+    scaler.unscale_(opt);
+    EXPECT_FALSE(scaler.found_inf()) << step;
+    EXPECT_FLOAT_EQ(b.grad().item(), 2.f) << step;
+    EXPECT_TRUE(scaler.step(opt));
+    scaler.update();
+  }
+  EXPECT_EQ(scaler.get_scale(), 2);  // grown once, after growth_interval = 3 good steps
+  EXPECT_EQ(scaler.skipped_steps(), 3);
+  EXPECT_FLOAT_EQ(b.item(), 1.f - 3 * 0.5f * 2.f);
+  EXPECT_FLOAT_EQ(c.to_vector<float>()[1], 1.f - 3 * 0.5f * 2.f);
+  EXPECT_EQ(d.item(), 5.f);  // no gradient: untouched
+}
+
 }  // namespace
 }  // namespace keel::train
