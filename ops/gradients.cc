@@ -39,8 +39,8 @@ std::string GradBuilder::ints(const std::vector<int64_t>& v) {
   return constant(Tensor::from_vector(DType::kI64, {static_cast<int64_t>(v.size())}, v));
 }
 
-std::string GradBuilder::scalar(double v, DType dtype) {
-  auto t = Tensor::host(dtype, {}).value();
+StatusOr<Tensor> scalar_constant(double v, DType dtype) {
+  KEEL_ASSIGN_OR_RETURN(Tensor t, Tensor::host(dtype, {}), "scalar");
   switch (dtype) {
     case DType::kF32: *t.data<float>() = static_cast<float>(v); break;
     case DType::kF64: *t.data<double>() = v; break;
@@ -48,9 +48,19 @@ std::string GradBuilder::scalar(double v, DType dtype) {
     case DType::kBF16: *t.data<uint16_t>() = f32_to_bf16(static_cast<float>(v)); break;
     case DType::kI64: *t.data<int64_t>() = static_cast<int64_t>(v); break;
     case DType::kI32: *t.data<int32_t>() = static_cast<int32_t>(v); break;
-    default: break;
+    default: return invalid_argument(std::string("scalar of dtype ") + dtype_name(dtype));
   }
-  return constant(std::move(t));
+  return t;
+}
+
+std::string GradBuilder::scalar(double v, DType dtype) {
+  StatusOr<Tensor> t = scalar_constant(v, dtype);
+  if (!t.is_ok()) {
+    if (status_.is_ok())
+      status_ = t.status().with_context("gradient of " + node_.op_type + " (node '" + node_.name + "')");
+    return std::string();
+  }
+  return constant(std::move(t).value());
 }
 
 std::string GradBuilder::sum_to(const std::string& g, const Shape& from, const Shape& to) {

@@ -6,8 +6,8 @@
 // (dy(j)) and constants, and names the gradient of each input (grad(i, value)). Backward kernels that are more than
 // a composition of ONNX ops are keel-domain ops (ConvGrad, MaxPoolGrad, ReluGrad, SoftmaxCrossEntropyLossGrad,
 // BatchNormTraining/BatchNormGrad, LayerNormGrad, GatherGrad, ...; schemas in ops/schemas.cc, reference kernels in
-// ops/reference/grad.cc), so every device can provide them. The eager autograd (core/runtime/eager.cc) runs these
-// programs through the kernel registry and keeps alive only the forward values a program reads.
+// ops/reference/grad.cc), so every device can provide them. The eager autograd (core/runtime/eager_autograd.cc) runs
+// these programs through the kernel registry and keeps alive only the forward values a program reads.
 //
 // Stateless: the rule table is immutable; a GradBuilder is used by one thread.
 #pragma once
@@ -74,11 +74,15 @@ class GradBuilder {
   }
   std::string constant(Tensor host_tensor);
   std::string ints(const std::vector<int64_t>& v);           // int64 1-D constant
-  std::string scalar(double v, DType dtype);                  // rank-0 constant
+  // A rank-0 constant (scalar_constant); for a dtype without numbers it records the error in status() and returns
+  // "" (an absent value).
+  std::string scalar(double v, DType dtype);
   // Sums g (of shape `from`) down to `to` under numpy broadcasting (identity when equal).
   std::string sum_to(const std::string& g, const Shape& from, const Shape& to);
   void grad(size_t i, const std::string& value);
 
+  // The first error of a helper above (OK when none failed): a rule's program is valid only when this is OK.
+  const Status& status() const { return status_; }
   GradProgram take();
 
  private:
@@ -89,9 +93,15 @@ class GradBuilder {
   std::vector<Tensor> values_;
   GradProgram prog_;
   int counter_ = 0;
+  Status status_;
 };
 
 using GradRule = Status (*)(GradBuilder&);
+
+// A rank-0 host tensor of `dtype` holding v (converted as static_cast does; f16 and bf16 rounded from f32): the
+// constants of gradient programs and eager's scalar operands. INVALID_ARGUMENT for a dtype other than f32, f64, f16,
+// bf16, i64 or i32.
+StatusOr<Tensor> scalar_constant(double v, DType dtype);
 
 // The rule for (domain, op_type) ("" = ai.onnx), or nullptr when the op has none (not differentiable here).
 GradRule gradient_rule(const std::string& domain, const std::string& op_type);
