@@ -1,7 +1,6 @@
 // Session: placement, kernel instances, copies at device boundaries, liveness-planned memory, run().
 #include "core/runtime/session.h"
 
-#include <onnx/defs/schema.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -20,6 +19,7 @@
 #include "core/runtime/control_flow.h"
 #include "core/runtime/host_api.h"
 #include "core/runtime/kernel_context.h"
+#include "core/runtime/kernel_dispatch.h"
 #include "core/runtime/onnx_io.h"
 #include "hal/device.h"
 
@@ -63,36 +63,6 @@ StatusOr<Graph> extract_subgraph(const Graph& graph, const std::vector<std::pair
 }
 
 namespace {
-
-
-// Does the kernel accept the node's input/output dtypes? Uses the ONNX schema to map type parameters to positions.
-bool constraints_match(const KernelEntry& k, const Node& node, int32_t opset, const Graph& g, std::string* why) {
-  if (k.constraints.empty()) return true;
-  const onnx::OpSchema* schema =
-      onnx::OpSchemaRegistry::Schema(node.op_type, opset, node.domain.empty() ? onnx::ONNX_DOMAIN : node.domain);
-  if (schema == nullptr) return true;  // custom ops: the kernel's create decides
-  auto dtype_of = [&](const std::string& v) -> DType {
-    if (v.empty()) return DType::kUndefined;
-    if (auto it = g.initializers.find(v); it != g.initializers.end()) return it->second.dtype();
-    const ValueInfo* vi = g.info(v);
-    return vi ? vi->dtype : DType::kUndefined;
-  };
-  auto check = [&](const std::vector<onnx::OpSchema::FormalParameter>& formals, const std::vector<std::string>& actual) {
-    for (size_t i = 0; i < actual.size(); ++i) {
-      if (formals.empty()) return true;
-      const auto& f = formals[std::min(i, formals.size() - 1)];
-      DType d = dtype_of(actual[i]);
-      if (d == DType::kUndefined) continue;
-      const auto* allowed = k.allowed(f.GetTypeStr());
-      if (allowed && std::find(allowed->begin(), allowed->end(), d) == allowed->end()) {
-        *why = "kernel " + k.name + " does not take " + dtype_name(d) + " for " + f.GetTypeStr();
-        return false;
-      }
-    }
-    return true;
-  };
-  return check(schema->inputs(), node.inputs) && check(schema->outputs(), node.outputs);
-}
 
 // One kernel instance of a step: its entry points and state. A step's slot is replaced (not edited) when its kernel
 // rejects a case at run time and the next alternative takes over; the old slot stays alive (a concurrent run may
@@ -596,40 +566,29 @@ Status Built::place_node(const Node& node, const std::vector<std::string>& devic
   int32_t opset = 0;
   if (auto it = graph.opsets.find(node.domain); it != graph.opsets.end()) opset = it->second;
   step.opset = opset;
+  const dispatch::CallTypes types = dispatch::call_types(node, graph);
+  const std::string who = "node '" + node.name + "' (" + node.op_type + ")";
   std::string reasons;
   for (size_t d = 0; d < device_order.size(); ++d) {
     const std::string& dev = device_order[d];
-    auto kernels = reg.kernels_for(node.domain, node.op_type, opset, dev);
-    std::string dev_reason;
-    for (size_t ki = 0; ki < kernels.size(); ++ki) {
-      const KernelEntry* k = kernels[ki];
-      std::string why;
-      if (!constraints_match(*k, node, opset, graph, &why)) {
-        dev_reason = why;
-        continue;
-      }
-      void* state = k->def.user_data;
-      if (k->def.create) {
-        keel_kernel_context_t ctx;
-        fill_create_context(ctx, node, graph, opset, index_of(dev));
-        Status st = Status::from_c(k->def.create(k->def.user_data, &ctx, &state));
-        if (!st.is_ok()) {
-          if (st.code() != StatusCode::kUnimplemented) {
-            return st.with_context("node '" + node.name + "' (" + node.op_type + ") kernel " + k->name);
-          }
-          log::debug("kernel {} rejected node '{}': {}", k->name, node.name, st.message());
-          dev_reason = k->name + ": " + st.message();
-          continue;
-        }
-      }
+    std::vector<const KernelEntry*> kernels = dispatch::ranked_kernels(reg, node, opset, dev);
+    std::vector<std::string> rejections;
+    KEEL_ASSIGN_OR_RETURN(
+        dispatch::KernelChoice choice,
+        dispatch::take_kernel(
+            kernels, node, opset, types,
+            [&](keel_kernel_context_t& ctx) { fill_create_context(ctx, node, graph, opset, index_of(dev)); }, who,
+            &rejections),
+        "");
+    if (choice) {
       step.kind = Step::Kind::kKernel;
-      step.kernel_name = k->name;
-      install_kernel(step, k->name, k->def.compute, k->def.create ? k->def.release : nullptr, state,
-                     !k->def.create || (k->def.flags & KEEL_KERNEL_FLAG_REENTRANT) != 0);
+      step.kernel_name = choice.kernel->name;
+      install_kernel(step, choice.kernel->name, choice.kernel->def.compute, choice.release(), choice.state,
+                     choice.reentrant());
       step.device_type = dev;
       step.device_index = index_of(dev);
       step.device = reg.device(dev);
-      step.alternatives.assign(kernels.begin() + ki + 1, kernels.end());
+      step.alternatives = std::move(kernels);  // what take_kernel did not try: the ones ranked below
       if (d > 0) {
         FallbackReport fr{node.name, node.op_type, device_order[0], dev, reasons};
         fallbacks.push_back(fr);
@@ -640,6 +599,8 @@ Status Built::place_node(const Node& node, const std::vector<std::string>& devic
       }
       return Status::ok();
     }
+    // A device's reason is its last kernel's rejection.
+    std::string dev_reason = rejections.empty() ? std::string() : rejections.back();
     if (dev_reason.empty()) {
       dev_reason = "no kernel for " + (node.domain.empty() ? std::string() : node.domain + ".") + node.op_type +
                    " (opset " + std::to_string(opset) + ") on " + dev;
@@ -913,22 +874,17 @@ StatusOr<KernelSlot*> Built::switch_to_alternative(Step& s, KernelSlot* failed, 
   if (s.alternatives.empty()) return why;
   log::info("kernel {} rejected node '{}' at run time ({}); trying the next kernel", failed->name, s.name,
                why.message());
-  while (!s.alternatives.empty()) {
-    const KernelEntry* k = s.alternatives.front();
-    s.alternatives.erase(s.alternatives.begin());
-    void* state = k->def.user_data;
-    if (k->def.create) {
-      keel_kernel_context_t cctx;
-      fill_create_context(cctx, *s.node, graph, s.opset, s.device_index);
-      Status st = Status::from_c(k->def.create(k->def.user_data, &cctx, &state));
-      if (st.code() == StatusCode::kUnimplemented) continue;
-      if (!st.is_ok()) return st.with_context("kernel " + k->name);
-    }
-    // The rejected slot stays (a concurrent run may still compute on it); the build releases it.
-    return install_kernel(s, k->name, k->def.compute, k->def.create ? k->def.release : nullptr, state,
-                          !k->def.create || (k->def.flags & KEEL_KERNEL_FLAG_REENTRANT) != 0);
-  }
-  return why;
+  KEEL_ASSIGN_OR_RETURN(
+      dispatch::KernelChoice choice,
+      dispatch::take_kernel(
+          s.alternatives, *s.node, s.opset, dispatch::call_types(*s.node, graph),
+          [&](keel_kernel_context_t& ctx) { fill_create_context(ctx, *s.node, graph, s.opset, s.device_index); },
+          "node '" + s.name + "' (" + s.op_type + ")", nullptr),
+      "");
+  if (!choice) return why;
+  // The rejected slot stays (a concurrent run may still compute on it); the build releases it.
+  return install_kernel(s, choice.kernel->name, choice.kernel->def.compute, choice.release(), choice.state,
+                        choice.reentrant());
 }
 
 Status Built::make_copy_steps() {

@@ -1,0 +1,430 @@
+// Eager autograd: op application (autocast, dispatch, recording of grad_fn nodes), the nodes (gradient programs of
+// ops/gradients.h, C++ backward functions, leaf accumulators), the backward engine and leaves' post-accumulate hooks.
+#include "core/runtime/eager_internal.h"
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+#include "core/base/log.h"
+
+namespace keel::eager {
+namespace detail {
+
+namespace {
+
+keel::Tensor zeros_like_type(const ops::TypeShape& ts, const std::string& mem) {
+  keel::Tensor h = check(keel::Tensor::host(ts.dtype, ts.shape), "zeros");
+  return mem == "cpu" ? h : copy_to(h, mem);
+}
+
+// Runs a gradient program.
+struct OpBackward : GradNode {
+  std::string op;
+  std::shared_ptr<const ops::GradProgram> prog;
+  std::vector<keel::Tensor> saved_x, saved_y;
+  std::string mem;  // where the forward ran ("cpu" or a device memory type)
+
+  std::string name() const override { return op + "Backward"; }
+
+  std::vector<keel::Tensor> apply(std::vector<keel::Tensor>& grads) override {
+    std::unordered_map<std::string, keel::Tensor> vals;
+    auto lookup = [&](const std::string& v) -> keel::Tensor {
+      if (v.empty()) return keel::Tensor();
+      auto colon = v.find(':');
+      if (colon != std::string::npos) {
+        size_t i = std::stoul(v.substr(colon + 1));
+        char kind = v[0];
+        if (kind == 'x') return saved_x.at(i);
+        if (kind == 'y') return saved_y.at(i);
+        if (!grads.at(i).defined()) grads[i] = zeros_like_type(out_types.at(i), mem);
+        return grads[i];
+      }
+      if (auto it = vals.find(v); it != vals.end()) return it->second;
+      if (auto c = prog->constants.find(v); c != prog->constants.end()) {
+        keel::Tensor t = c->second;
+        if (mem != "cpu" && !is_small_int(t)) t = device_constant(t, mem);
+        vals[v] = t;
+        return t;
+      }
+      fail(internal_error(name() + ": gradient program reads unknown value '" + v + "'"));
+    };
+    for (const auto& s : prog->steps) {
+      std::vector<keel::Tensor> ins;
+      for (const auto& v : s.inputs) ins.push_back(lookup(v));
+      if (s.domain.empty() && s.op_type == "Reshape" && ins.size() == 2 && is_small_int(ins[1])) {
+        Shape shape(ins[1].data<int64_t>(), ins[1].data<int64_t>() + ins[1].numel());
+        vals[s.outputs[0]] = check(ins[0].reshaped(shape), name());
+        continue;
+      }
+      std::vector<bool> wanted;
+      for (const auto& o : s.outputs) wanted.push_back(!o.empty());
+      auto outs = run_kernel(s.domain, s.op_type, s.attrs, ins, s.outputs.size(), wanted);
+      for (size_t i = 0; i < outs.size(); ++i)
+        if (!s.outputs[i].empty()) vals[s.outputs[i]] = std::move(outs[i]);
+    }
+    std::vector<keel::Tensor> result;
+    for (const auto& g : prog->input_grads) result.push_back(g.empty() ? keel::Tensor() : lookup(g));
+    saved_x.clear();
+    saved_y.clear();
+    return result;
+  }
+};
+
+// A node whose backward is an error (no gradient rule, or the rule rejected the case): reported at backward time.
+struct ErrorBackward : GradNode {
+  std::string op, message;
+  std::string name() const override { return op + "Backward"; }
+  std::vector<keel::Tensor> apply(std::vector<keel::Tensor>&) override { fail(unimplemented(message)); }
+};
+
+struct AccumulateGrad : GradNode {
+  std::shared_ptr<TensorImpl> leaf;
+  std::string name() const override { return "AccumulateGrad"; }
+  std::vector<keel::Tensor> apply(std::vector<keel::Tensor>&) override { return {}; }
+};
+
+std::shared_ptr<GradNode> accumulator_of(const std::shared_ptr<TensorImpl>& leaf) {
+  if (auto a = leaf->accumulator.lock()) return a;
+  auto a = std::make_shared<AccumulateGrad>();
+  a->leaf = leaf;
+  a->out_types = {ops::TypeShape{leaf->data.dtype(), leaf->data.shape()}};
+  leaf->accumulator = a;
+  return a;
+}
+
+}  // namespace
+
+Edge edge_of(const Tensor& t) {
+  if (!t.defined() || !t.requires_grad()) return Edge{};
+  const auto& impl = t.impl();
+  if (impl->grad_fn) return Edge{impl->grad_fn, impl->output_nr};
+  return Edge{accumulator_of(impl), 0};
+}
+
+// ------------------------------------------------------------------------------------------------ op application
+
+namespace {
+
+const std::set<std::string>& autocast_low_ops() {
+  static const std::set<std::string> s = {"Conv", "ConvTranspose", "MatMul", "Gemm"};
+  return s;
+}
+const std::set<std::string>& autocast_f32_ops() {
+  static const std::set<std::string> s = {"ReduceSum",
+                                          "ReduceMean",
+                                          "Softmax",
+                                          "LogSoftmax",
+                                          "BatchNormalization",
+                                          "LayerNormalization",
+                                          "SoftmaxCrossEntropyLoss",
+                                          "BatchNormTraining",
+                                          "Exp",
+                                          "Log",
+                                          "Pow",
+                                          "Sqrt",
+                                          "GlobalAveragePool",
+                                          "AveragePool"};
+  return s;
+}
+
+bool device_takes_dtype(const std::string& domain, const std::string& op_type, const std::string& device, DType dt) {
+  const Registry& reg = environment().registry();
+  for (const KernelEntry* k : reg.kernels_for(domain, op_type, domain.empty() ? kOpset : 1, device)) {
+    if (k->constraints.empty()) return true;
+    const auto* allowed = k->allowed("T");
+    if (!allowed || std::find(allowed->begin(), allowed->end(), dt) != allowed->end()) return true;
+  }
+  return false;
+}
+
+// Autocast and type promotion: the dtypes the float inputs of this op run in.
+std::vector<Tensor> adjust_inputs(const std::string& domain, const std::string& op_type, std::vector<Tensor> inputs) {
+  std::vector<size_t> fl;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (inputs[i].defined() && dtype_is_float(inputs[i].dtype())) fl.push_back(i);
+  if (fl.empty()) return inputs;
+  DType target = DType::kUndefined;
+  const DType low = t_autocast;
+  const bool onnx = domain.empty();
+  if (low != DType::kUndefined && onnx && autocast_low_ops().count(op_type)) {
+    std::string dev = inputs[fl[0]].data().location().device_type;
+    if (device_takes_dtype(domain, op_type, dev, low)) {
+      target = low;
+    } else {
+      std::string key = op_type + "@" + dev;
+      std::lock_guard<std::mutex> lock(rt().mu);
+      if (rt().warned.insert(key).second)
+        log::info("autocast: no {} kernel for {} on {}; it runs in f32", dtype_name(low), op_type, dev);
+      target = DType::kF32;
+    }
+  } else if (low != DType::kUndefined &&
+             (autocast_f32_ops().count(op_type) || (!onnx && op_type == "BatchNormTraining"))) {
+    target = DType::kF32;
+    for (size_t i : fl)
+      if (inputs[i].dtype() == DType::kF64) target = DType::kF64;
+  } else {
+    // Mixed float inputs promote to the widest.
+    auto rank = [](DType d) { return d == DType::kF64 ? 3 : d == DType::kF32 ? 2 : 1; };
+    DType first = inputs[fl[0]].dtype();
+    bool mixed = false;
+    target = first;
+    for (size_t i : fl) {
+      DType d = inputs[i].dtype();
+      if (d != first) mixed = true;
+      if (rank(d) > rank(target)) target = d;
+    }
+    if (!mixed) return inputs;
+  }
+  for (size_t i : fl)
+    if (inputs[i].dtype() != target) inputs[i] = cast_to(inputs[i], target);
+  return inputs;
+}
+
+}  // namespace
+
+// The core of every op: autocast, dispatch, autograd recording, tracing.
+std::vector<Tensor> apply(const std::string& domain, const std::string& op_type, std::vector<Tensor> inputs,
+                          const std::map<std::string, Attribute>& attrs, size_t num_outputs, std::vector<bool> wanted,
+                          bool differentiable) {
+  if (op_type != "Cast") inputs = adjust_inputs(domain, op_type, std::move(inputs));
+  std::vector<keel::Tensor> datas;
+  datas.reserve(inputs.size());
+  for (const auto& t : inputs) datas.push_back(t.defined() ? t.data() : keel::Tensor());
+  CachedKernel* ck = nullptr;
+  auto outs = run_kernel(domain, op_type, attrs, datas, num_outputs, wanted, &ck);
+  std::vector<Tensor> result;
+  result.reserve(outs.size());
+  for (auto& o : outs) result.push_back(o.defined() ? Tensor(std::move(o), false) : Tensor());
+  trace_record(domain, op_type, attrs, inputs, result);
+
+  bool any = false;
+  if (t_grad_enabled && differentiable)
+    for (const auto& t : inputs) any = any || t.requires_grad();
+  if (!any) return result;
+  uint64_t mask = 0;
+  std::vector<bool> needs(inputs.size(), false);
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (inputs[i].requires_grad()) {
+      needs[i] = true;
+      mask |= 1ull << std::min<size_t>(i, 63);
+    }
+  std::vector<ops::TypeShape> in_types, out_types;
+  for (const auto& t : inputs)
+    in_types.push_back(t.defined() ? ops::TypeShape{t.dtype(), t.shape()} : ops::TypeShape{});
+  for (const auto& t : result)
+    out_types.push_back(t.defined() ? ops::TypeShape{t.dtype(), t.shape()} : ops::TypeShape{});
+  std::shared_ptr<GradNode> node;
+  std::shared_ptr<const ops::GradProgram> prog;
+  std::string error;
+  {
+    std::lock_guard<std::mutex> lock(ck->grad_mu);
+    if (auto it = ck->grads.find(mask); it != ck->grads.end()) prog = it->second;
+    else if (auto e = ck->grad_errors.find(mask); e != ck->grad_errors.end()) error = e->second;
+    else {
+      ops::GradRule rule = ops::gradient_rule(domain, op_type);
+      if (rule == nullptr) {
+        error = "no gradient rule for " + op_label(domain, op_type) + " (ops/gradients.cc)";
+      } else {
+        ops::GradBuilder b(ck->node, ck->opset, in_types, out_types, needs);
+        std::vector<keel::Tensor> values;
+        for (size_t i = 0; i < datas.size(); ++i)
+          values.push_back(is_shape_input(domain, op_type, i, datas[i]) ? datas[i] : keel::Tensor());
+        b.set_values(values);
+        Status st = rule(b);
+        if (st.is_ok()) st = b.status();  // a failed helper (a scalar of a dtype without numbers)
+        if (st.is_ok()) prog = std::make_shared<const ops::GradProgram>(b.take());
+        else error = st.message();
+      }
+      if (prog) ck->grads[mask] = prog;
+      else ck->grad_errors[mask] = error;
+    }
+  }
+  if (prog) {
+    auto ob = std::make_shared<OpBackward>();
+    ob->op = op_type;
+    ob->prog = prog;
+    ob->mem = ck->memory_type;
+    ob->saved_x.resize(inputs.size());
+    ob->saved_y.resize(result.size());
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (prog->reads_x[i]) ob->saved_x[i] = datas[i];
+    for (size_t j = 0; j < result.size(); ++j)
+      if (prog->reads_y[j] && result[j].defined()) ob->saved_y[j] = result[j].data();
+    node = ob;
+  } else {
+    auto eb = std::make_shared<ErrorBackward>();
+    eb->op = op_type;
+    eb->message = error;
+    node = eb;
+  }
+  node->num_outputs = result.size();
+  node->out_types = out_types;
+  for (size_t i = 0; i < inputs.size(); ++i) node->next.push_back(needs[i] ? edge_of(inputs[i]) : Edge{});
+  for (size_t j = 0; j < result.size(); ++j) {
+    if (!result[j].defined() || !dtype_is_float(result[j].dtype())) continue;
+    result[j].impl()->requires_grad = true;
+    result[j].impl()->grad_fn = node;
+    result[j].impl()->output_nr = static_cast<uint32_t>(j);
+  }
+  return result;
+}
+
+Tensor apply1(const std::string& op_type, std::vector<Tensor> inputs, const std::map<std::string, Attribute>& attrs,
+              const std::string& domain) {
+  return apply(domain, op_type, std::move(inputs), attrs, 1)[0];
+}
+
+Tensor cast_to(const Tensor& t, DType dt) {
+  if (t.dtype() == dt) return t;
+  return apply1("Cast", {t}, {{"to", Attribute::of_int(static_cast<int64_t>(dt))}});
+}
+
+Tensor wrap_const(keel::Tensor host, const std::string& device) {
+  std::string mem = memory_type_of(device);
+  return Tensor(mem == "cpu" ? std::move(host) : copy_to(host, mem), false);
+}
+Tensor scalar_like(const Tensor& t, double v) {
+  return Tensor(device_constant(host_scalar(v, t.dtype()), memory_type_of(t.device())), false);
+}
+Tensor ints_const(const std::vector<int64_t>& v) {
+  return Tensor(keel::Tensor::from_vector(DType::kI64, {static_cast<int64_t>(v.size())}, v), false);
+}
+
+// ------------------------------------------------------------------------------------------------ backward engine
+
+namespace {
+
+void accumulate(TensorImpl& leaf, keel::Tensor g) {
+  if (g.dtype() != leaf.data.dtype()) g = run1("Cast", {g}, {{"to", ai(static_cast<int64_t>(leaf.data.dtype()))}});
+  if (g.shape() != leaf.data.shape()) g = check(g.reshaped(leaf.data.shape()), "accumulate grad");
+  if (!leaf.grad.defined()) {
+    // The gradient may alias another leaf's (Add passes dY through) or a saved value: own a copy.
+    leaf.grad = Tensor(copy_to(g, device_name(g.location())), false);
+  } else {
+    leaf.grad = Tensor(run1("Add", {leaf.grad.data(), g}), false);
+  }
+}
+
+// Runs a leaf's post-accumulate-grad hooks on a copy of the list (a hook may remove itself or others).
+void run_post_accumulate_hooks(const std::shared_ptr<TensorImpl>& leaf) {
+  if (leaf->post_accumulate_hooks.empty()) return;
+  auto hooks = leaf->post_accumulate_hooks;
+  const Tensor handle(leaf);
+  for (const auto& [id, hook] : hooks) hook(handle);
+}
+
+}  // namespace
+
+void run_backward(const Tensor& root, keel::Tensor root_grad) {
+  NoGradGuard no_grad;
+  const auto& impl = root.impl();
+  if (!impl->grad_fn) {
+    accumulate(*impl, std::move(root_grad));
+    run_post_accumulate_hooks(impl);
+    return;
+  }
+  // Dependencies: how many edges point at each node from nodes reachable from the root.
+  std::unordered_map<GradNode*, int> deps;
+  std::vector<GradNode*> stack = {impl->grad_fn.get()};
+  std::unordered_set<GradNode*> seen = {impl->grad_fn.get()};
+  while (!stack.empty()) {
+    GradNode* n = stack.back();
+    stack.pop_back();
+    for (const auto& e : n->next) {
+      if (!e.fn) continue;
+      deps[e.fn.get()]++;
+      if (seen.insert(e.fn.get()).second) stack.push_back(e.fn.get());
+    }
+  }
+  std::unordered_map<GradNode*, std::vector<keel::Tensor>> buffers;
+  std::unordered_map<GradNode*, std::shared_ptr<GradNode>> owners;
+  auto add_grad = [&](const std::shared_ptr<GradNode>& n, uint32_t slot, keel::Tensor g) {
+    auto& buf = buffers[n.get()];
+    owners[n.get()] = n;
+    if (buf.size() < n->num_outputs) buf.resize(n->num_outputs);
+    if (!buf[slot].defined()) buf[slot] = std::move(g);
+    else buf[slot] = run1("Add", {buf[slot], g});
+  };
+  add_grad(impl->grad_fn, impl->output_nr, std::move(root_grad));
+  std::vector<GradNode*> ready = {impl->grad_fn.get()};
+  while (!ready.empty()) {
+    GradNode* n = ready.back();
+    ready.pop_back();
+    std::vector<keel::Tensor> grads = std::move(buffers[n]);
+    buffers.erase(n);
+    std::shared_ptr<GradNode> hold = owners[n];
+    owners.erase(n);
+    if (auto* acc = dynamic_cast<AccumulateGrad*>(n)) {
+      if (!grads.empty() && grads[0].defined()) {
+        accumulate(*acc->leaf, std::move(grads[0]));
+        run_post_accumulate_hooks(acc->leaf);
+      }
+      continue;
+    }
+    if (n->released)
+      fail(failed_precondition("backward through " + n->name() +
+                               " a second time: the graph was freed by the first backward"));
+    grads.resize(n->num_outputs);
+    bool any = false;
+    for (const auto& g : grads) any = any || g.defined();
+    std::vector<keel::Tensor> in_grads;
+    if (any) in_grads = n->apply(grads);
+    n->released = true;
+    for (size_t i = 0; i < n->next.size(); ++i) {
+      const Edge& e = n->next[i];
+      if (!e.fn) continue;
+      if (i < in_grads.size() && in_grads[i].defined()) add_grad(e.fn, e.input_nr, std::move(in_grads[i]));
+      if (--deps[e.fn.get()] == 0) ready.push_back(e.fn.get());
+    }
+  }
+}
+
+}  // namespace detail
+
+using namespace detail;
+
+int64_t Tensor::register_post_accumulate_grad_hook(PostAccumulateGradHook hook) {
+  need(impl_);
+  if (impl_->grad_fn || !impl_->requires_grad)
+    fail(failed_precondition("register_post_accumulate_grad_hook: only on a leaf that requires grad"));
+  if (!hook) fail(invalid_argument("register_post_accumulate_grad_hook: empty hook"));
+  const int64_t id = impl_->next_hook++;
+  impl_->post_accumulate_hooks.emplace_back(id, std::move(hook));
+  return id;
+}
+
+bool Tensor::remove_post_accumulate_grad_hook(int64_t handle) {
+  if (!impl_) return false;
+  auto& hooks = impl_->post_accumulate_hooks;
+  for (auto it = hooks.begin(); it != hooks.end(); ++it) {
+    if (it->first == handle) {
+      hooks.erase(it);
+      return true;
+    }
+  }
+  return false;
+}
+
+void Tensor::backward(const Tensor& grad_output) const {
+  need(impl_);
+  if (!impl_->requires_grad) fail(failed_precondition("backward() on a tensor that does not require grad"));
+  keel::Tensor g;
+  if (grad_output.defined()) {
+    if (grad_output.shape() != shape())
+      fail(invalid_argument("backward: grad_output " + grad_output.data().describe() + " does not match " +
+                            data().describe()));
+    g = grad_output.data();
+    if (g.dtype() != dtype()) g = run1("Cast", {g}, {{"to", ai(static_cast<int64_t>(dtype()))}});
+  } else {
+    if (numel() != 1)
+      fail(invalid_argument("backward() without grad_output needs a one-element tensor, got " + data().describe()));
+    g = wrap_const(check(keel::Tensor::host(dtype(), shape()), "ones"), device()).data();
+    keel::Tensor one = host_scalar(1.0, dtype());
+    if (g.location().is_host()) std::memcpy(g.raw_data(), one.raw_data(), one.byte_size());
+    else g = copy_to(check(one.reshaped(shape()), "ones"), device_name(g.location()));
+  }
+  run_backward(*this, std::move(g));
+}
+
+}  // namespace keel::eager

@@ -1,0 +1,226 @@
+// keel/core/runtime/eager_internal.h — (internal) what the pieces of the eager runtime share. The public API is
+// eager.h; this header is for its implementation files only:
+//
+//   eager_runtime.cc   the process-wide runtime (environment, default device, generator, statistics), device
+//                      helpers (names, memory types, allocation, copies, small device constants)
+//   eager_dispatch.cc  one op call on tensors: the kernel cache, kernel choice (kernel_dispatch.h), run_kernel, the
+//                      CPU fallback of devices that lack a kernel
+//   eager_autograd.cc  op application (autocast, dispatch, recording), grad_fn nodes, backward, leaf hooks
+//   eager_tensor.cc    Tensor's methods, the thread-local guards, conversions and arithmetic operators
+//   eager_ops.cc       factories, the functional ops, losses
+//   eager_tracer.cc    the tracer (eager ops to graph IR)
+//
+// Thread-safety as eager.h states it: the runtime and the kernel cache are guarded by their mutexes (Runtime below);
+// a CachedKernel computes under its run_mu; the thread-locals are the calling thread's guards and tracer.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "core/base/registry.h"
+#include "core/base/thread_pool.h"
+#include "core/runtime/eager.h"
+#include "core/runtime/kernel_context.h"
+#include "ops/gradients.h"
+
+namespace keel::eager::detail {
+
+// The opset eager ops run at (ai.onnx; keel-domain ops at 1).
+constexpr int32_t kOpset = 17;
+
+[[noreturn]] void fail(Status s);
+template <class T>
+T check(StatusOr<T> v, const std::string& context) {
+  if (!v.is_ok()) fail(v.status().with_context(context));
+  return std::move(v).value();
+}
+
+// ------------------------------------------------------------------------------------------------ runtime state
+
+// A kernel instance for one call signature (device, op, attributes, input dtypes/shapes, wanted outputs).
+struct CachedKernel {
+  Node node;  // domain, op_type, attrs; inputs/outputs name the call's slots ("" = absent / not wanted)
+  int32_t opset = kOpset;
+  std::vector<DType> out_dtypes;
+  std::string device;        // device the kernel runs on: its type, or "type:index" for an index > 0 (device_name)
+  int32_t device_index = 0;  // that device's index (what the kernel context reports)
+  std::string memory_type;   // where its outputs live ("cpu" for host-memory devices; device_name form)
+  Location memory_at;        // the same as a location
+  CachingAllocator* alloc = nullptr;
+  std::string kernel_name;
+  keel_status_t (*compute)(void*, keel_kernel_context_t*) = nullptr;
+  void (*release)(void*) = nullptr;
+  void* state = nullptr;
+  // Lower-ranked kernels of the device, tried in order when this one rejects a call at run time (under run_mu).
+  std::vector<const KernelEntry*> alternatives;
+  // The device has no kernel for this call (none registered, or every one rejected it): it runs on the CPU, inputs
+  // copied to the host and outputs back to `memory_type` (node/opset filled from the CPU kernel's on first use).
+  std::atomic<bool> cpu_fallback{false};
+  std::mutex run_mu;
+  // Gradient programs by needs-grad mask.
+  std::mutex grad_mu;
+  std::unordered_map<uint64_t, std::shared_ptr<const ops::GradProgram>> grads;
+  std::unordered_map<uint64_t, std::string> grad_errors;
+  ~CachedKernel() {
+    if (release && state) release(state);
+  }
+};
+
+struct Runtime {
+  std::mutex mu;
+  std::shared_ptr<Environment> env;
+  std::unique_ptr<ThreadPool> own_pool;
+  ThreadPool* pool = nullptr;
+  std::string default_device = "cpu";
+  std::mt19937_64 gen{0x6b65656cull};
+  std::mutex cache_mu;
+  std::unordered_map<std::string, std::unique_ptr<CachedKernel>> cache;
+  std::atomic<uint64_t> ops{0}, hits{0}, misses{0};
+  std::unordered_set<std::string> warned;
+  // Device copies of small constant operands by content (device_constant); cleared with the kernel cache.
+  std::mutex const_mu;
+  std::unordered_map<std::string, keel::Tensor> consts;
+  std::atomic<bool> profiling{std::getenv("KEEL_EAGER_PROFILE") != nullptr};
+  std::mutex prof_mu;
+  std::map<std::string, std::pair<double, uint64_t>> prof;  // "op kernel" -> (ms, calls)
+};
+
+// The process-wide runtime (never destroyed: kernels may still be released by late tensors).
+Runtime& rt();
+
+// This thread's NoGradGuard, AutocastGuard and Tracer state.
+extern thread_local bool t_grad_enabled;
+extern thread_local DType t_autocast;
+extern thread_local Tracer::Impl* t_tracer;
+
+// ------------------------------------------------------------------------------------------------ tensor impl
+
+struct GradNode;
+
+struct TensorImpl {
+  keel::Tensor data;
+  bool requires_grad = false;
+  std::shared_ptr<GradNode> grad_fn;  // null for leaves
+  uint32_t output_nr = 0;
+  Tensor grad;
+  std::weak_ptr<GradNode> accumulator;  // leaves: the node that accumulates into grad
+  std::vector<std::pair<int64_t, Tensor::PostAccumulateGradHook>> post_accumulate_hooks;  // leaves only
+  int64_t next_hook = 1;
+};
+
+// The impl of a defined tensor (Error for an undefined one).
+const TensorImpl& need(const std::shared_ptr<TensorImpl>& p);
+// Errors naming the op and the argument: `t` undefined, or not of rank r.
+void need_defined(const Tensor& t, const char* op, const char* what);
+void need_rank(const Tensor& t, int64_t r, const char* op, const char* what);
+
+// ------------------------------------------------------------------------------------------------ device helpers
+
+// Device names inside eager: the type for index 0 ("cuda", as before indices), "type:index" otherwise ("cuda:1").
+std::string device_name(const std::string& type, int32_t index);
+std::string device_name(const Location& at);
+// A device spec ("cuda:1", "cuda") checked against the environment (Error naming it when malformed or absent).
+DeviceSpec spec_of(const std::string& device);
+// Where outputs of `device` live: "cpu" for host-memory devices, else the device's name.
+std::string memory_type_of(const std::string& device);
+// A new tensor in memory of `mem_type`, from that memory's caching allocator.
+keel::Tensor alloc_tensor(DType dtype, const Shape& shape, const std::string& mem_type);
+// A copy of `t` in memory of `mem_type` (host <-> device through the device table).
+keel::Tensor copy_to(const keel::Tensor& t, const std::string& mem_type);
+keel::Tensor to_host(const keel::Tensor& t);
+// A read-only copy of a small host constant in memory of `mem_type`, shared by every op that uses the same value
+// there (see eager_runtime.cc). Never hand the result to user code that may write into it.
+keel::Tensor device_constant(const keel::Tensor& host, const std::string& mem_type);
+// A rank-0 host tensor of dtype `dt` holding v (ops::scalar_constant; Error for a dtype without numbers).
+keel::Tensor host_scalar(double v, DType dt);
+
+// ------------------------------------------------------------------------------------------------ dispatch
+
+// Small host integer tensors (at most 16 elements): candidates for shape-like inputs.
+bool is_small_int(const keel::Tensor& t);
+// Shape-like integer inputs (a Reshape's shape, a ReduceSum's axes, Split sizes, ...): their values are part of the
+// kernel-cache key, kernels see them as constants at create time (as a graph's initializers), and gradient rules
+// read them. Data inputs (Gather indices, labels) are never treated so, whatever their size.
+bool is_shape_input(const std::string& domain, const std::string& op_type, size_t i, const keel::Tensor& t);
+// "Op" for ai.onnx, "domain.Op" otherwise.
+std::string op_label(const std::string& domain, const std::string& op_type);
+
+// Runs one op on the given tensors (no autograd). Returns num_outputs tensors (undefined where not wanted). A device
+// whose memory is its own falls back to the CPU for a call it has no kernel for. *out_kernel receives the cached
+// kernel the call ran (its node, opset and gradient programs); on_cpu runs it on the CPU whatever its inputs' device.
+std::vector<keel::Tensor> run_kernel(const std::string& domain, const std::string& op_type,
+                                     const std::map<std::string, Attribute>& attrs,
+                                     const std::vector<keel::Tensor>& inputs, size_t num_outputs,
+                                     const std::vector<bool>& wanted, CachedKernel** out_kernel = nullptr,
+                                     bool on_cpu = false);
+keel::Tensor run1(const std::string& op_type, const std::vector<keel::Tensor>& inputs,
+                  const std::map<std::string, Attribute>& attrs = {}, const std::string& domain = "");
+
+// ------------------------------------------------------------------------------------------------ autograd
+
+struct Edge {
+  std::shared_ptr<GradNode> fn;
+  uint32_t input_nr = 0;
+};
+
+struct GradNode {
+  virtual ~GradNode() = default;
+  // grads: one per forward output (undefined = no gradient flowed there). Returns one per next edge.
+  virtual std::vector<keel::Tensor> apply(std::vector<keel::Tensor>& grads) = 0;
+  virtual std::string name() const = 0;
+  std::vector<Edge> next;
+  size_t num_outputs = 1;
+  std::vector<ops::TypeShape> out_types;
+  bool released = false;
+};
+
+// A node with a C++ backward (device copies, views).
+struct FnBackward : GradNode {
+  std::string nm;
+  std::function<std::vector<keel::Tensor>(std::vector<keel::Tensor>&)> fn;
+  std::string name() const override { return nm; }
+  std::vector<keel::Tensor> apply(std::vector<keel::Tensor>& g) override { return fn(g); }
+};
+
+// The edge a gradient of `t` flows along: its grad_fn, or its leaf accumulator; empty when it needs no gradient.
+Edge edge_of(const Tensor& t);
+
+// The core of every op: autocast, dispatch, autograd recording, tracing.
+std::vector<Tensor> apply(const std::string& domain, const std::string& op_type, std::vector<Tensor> inputs,
+                          const std::map<std::string, Attribute>& attrs, size_t num_outputs,
+                          std::vector<bool> wanted = {}, bool differentiable = true);
+Tensor apply1(const std::string& op_type, std::vector<Tensor> inputs,
+              const std::map<std::string, Attribute>& attrs = {}, const std::string& domain = "");
+Tensor cast_to(const Tensor& t, DType dt);
+// Runs backward from `root` with the gradient `root_grad` of it.
+void run_backward(const Tensor& root, keel::Tensor root_grad);
+
+// Attribute and constant helpers of the ops.
+inline Attribute ai(int64_t v) { return Attribute::of_int(v); }
+inline Attribute ais(std::vector<int64_t> v) { return Attribute::of_ints(std::move(v)); }
+inline Attribute af(float v) { return Attribute::of_float(v); }
+// A constant (no grad) on `device` from a host tensor.
+Tensor wrap_const(keel::Tensor host, const std::string& device);
+// A rank-0 constant of t's dtype on t's device.
+Tensor scalar_like(const Tensor& t, double v);
+// A host int64 1-D constant.
+Tensor ints_const(const std::vector<int64_t>& v);
+
+// ------------------------------------------------------------------------------------------------ tracer
+
+// Records an op on this thread's tracer, if one is recording.
+void trace_record(const std::string& domain, const std::string& op_type, const std::map<std::string, Attribute>& attrs,
+                  const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs);
+
+}  // namespace keel::eager::detail
