@@ -314,6 +314,29 @@ struct Value {
   Tensor constant;  // for initializers (on their device)
 };
 
+// Subgraphs that devices and claim hooks claimed for one build (keel_subgraph_def_t, ONNX Runtime's GetCapability),
+// and which node went to which claim.
+struct Claim {
+  keel_subgraph_def_t def;
+  std::string name;
+  std::vector<NodeId> nodes;
+  const DeviceEntry* dev;
+  bool user_data_done = false;  // release_user_data called (or not owed)
+};
+struct Claims {
+  std::vector<Claim> list;
+  std::unordered_map<NodeId, size_t> of_node;   // node -> claim index, accepted claims only
+  std::unordered_map<size_t, size_t> last_pos;  // claim -> position of its last node in the topological order
+  Claims() = default;
+  Claims(const Claims&) = delete;
+  Claims& operator=(const Claims&) = delete;
+  // Every claim's user_data is released once: after its create, or here when it never got that far.
+  ~Claims() {
+    for (auto& c : list)
+      if (!c.user_data_done && c.def.release_user_data) c.def.release_user_data(c.def.user_data);
+  }
+};
+
 // The built state of one graph: its values, placement, kernel instances, copy steps, liveness, memory plan and
 // profile counters. A session holds the generic build (the graph as created, shapes possibly symbolic) and, for
 // graphs with dynamic inputs, shape variants (the same graph with the inputs' dims fixed), each one a Built.
@@ -439,9 +462,20 @@ struct Built {
     return static_cast<int>(values.size()) - 1;
   }
 
+  // Builds the steps of `graph` for devices in `device_order` (most preferred first); the phases below, in order.
   Status build(const std::vector<std::string>& device_order);
+  // Build phases (each reads what the ones before it produced):
+  void number_values();
+  void collect_claims(const std::vector<std::string>& device_order, Claims& claims);
+  void keep_convex_claims(const std::vector<NodeId>& order, Claims& claims);
+  Status make_steps(const std::vector<NodeId>& order, const std::vector<std::string>& device_order, Claims& claims);
+  Status make_claim_step(const std::vector<NodeId>& order, Claim& claim);
+  Status make_node_step(const Node& node, const std::vector<std::string>& device_order);
   Status place_node(const Node& node, const std::vector<std::string>& device_order, Step& step);
+  Status mark_outputs();
   Status make_copy_steps();
+  Status bind_memory();
+  void plan_frees();
   // Replaces a step's kernel `failed` by its next alternative that accepts the node (after `why` rejected it) and
   // returns it; when another run switched already, the slot it installed; `why` when none is left.
   StatusOr<KernelSlot*> switch_to_alternative(Step& s, KernelSlot* failed, const Status& why);
@@ -613,10 +647,25 @@ Status Built::place_node(const Node& node, const std::vector<std::string>& devic
   return unimplemented("node '" + node.name + "' (" + node.op_type + "): " + reasons);
 }
 
+// The build, phase by phase. Each phase's comment says what it reads and what it produces.
 Status Built::build(const std::vector<std::string>& device_order) {
-  const Registry& reg = env->registry();
   KEEL_ASSIGN_OR_RETURN(auto order, graph.topological_order(), "session");
-  // Values: inputs, initializers, then node outputs.
+  number_values();
+  Claims claims;
+  if (options.claims && (options.fallback == Fallback::kCpu || !device_order.empty()))
+    collect_claims(device_order, claims);
+  keep_convex_claims(order, claims);
+  KEEL_RETURN_IF_ERROR(make_steps(order, device_order, claims), "");
+  KEEL_RETURN_IF_ERROR(mark_outputs(), "");
+  KEEL_RETURN_IF_ERROR(make_copy_steps(), "session");
+  KEEL_RETURN_IF_ERROR(bind_memory(), "");
+  plan_frees();
+  return Status::ok();
+}
+
+// Phase 1, value numbering: reads the graph's inputs and initializers; numbers them as the first values (inputs,
+// then constants); node outputs get their numbers as the steps are made.
+void Built::number_values() {
   for (const auto& in : graph.inputs) {
     int v = add_value(in);
     values[v].is_input = true;
@@ -629,60 +678,62 @@ Status Built::build(const std::vector<std::string>& device_order) {
     values[v].constant = t;
     values[v].dtype = t.dtype();
   }
-  // Claims: devices that can take whole subgraphs get first pick (their tables' claim_subgraphs, in device
-  // order), then the claim hooks that kernel plugins registered for the preferred device type (by priority).
-  std::unordered_map<NodeId, size_t> claimed;  // node -> claim index
-  struct Claim {
-    keel_subgraph_def_t def;
-    std::string name;
-    std::vector<NodeId> nodes;
-    const DeviceEntry* dev;
-    bool user_data_done = false;  // release_user_data called (or not owed)
-  };
-  std::vector<Claim> claims;
-  // Every claim's user_data is released once: after its create, or here when it never got that far.
-  struct ClaimGuard {
-    std::vector<Claim>* claims;
-    ~ClaimGuard() {
-      for (auto& c : *claims)
-        if (!c.user_data_done && c.def.release_user_data) c.def.release_user_data(c.def.user_data);
-    }
-  } claim_guard{&claims};
-  struct Sink { keel_subgraph_sink_t c; std::vector<Claim>* claims; const DeviceEntry* dev; };
-  auto sink_claim = [](keel_subgraph_sink_t* self, const keel_subgraph_def_t* def) -> keel_status_t {
-    auto* s = reinterpret_cast<Sink*>(self);
-    if (!def || def->struct_size < offsetof(keel_subgraph_def_t, release) + sizeof(def->release))
-      return make_c_status(KEEL_STATUS_INVALID_ARGUMENT, "claim: NULL or too small subgraph definition");
-    // (0: a definition zero-filled by a plugin that does not set the version; no ABI has major 0.)
-    if (KEEL_HAS_MEMBER(def, keel_subgraph_def_t, abi_major) && def->abi_major != 0 &&
-        def->abi_major != KEEL_PLUGIN_ABI_MAJOR) {
-      if (KEEL_HAS_MEMBER(def, keel_subgraph_def_t, release_user_data) && def->release_user_data)
-        def->release_user_data(def->user_data);
-      return make_c_status(KEEL_STATUS_ABI_MISMATCH, ("claim: subgraph definition built for plugin ABI " +
-                                                      std::to_string(def->abi_major) + ".x").c_str());
-    }
-    keel_subgraph_def_t copy{};
-    std::memcpy(&copy, def, std::min<size_t>(def->struct_size, sizeof copy));
-    copy.struct_size = sizeof copy;
-    if (!copy.compute || copy.node_count == 0 || !copy.node_ids) {
-      if (copy.release_user_data) copy.release_user_data(copy.user_data);
-      return make_c_status(KEEL_STATUS_INVALID_ARGUMENT, "claim: empty subgraph or no compute");
-    }
-    Claim c{copy, def->name ? def->name : "subgraph", {def->node_ids, def->node_ids + def->node_count}, s->dev};
-    c.def.name = nullptr;
-    c.def.node_ids = nullptr;
-    s->claims->push_back(std::move(c));
-    return nullptr;
-  };
+}
+
+namespace {
+
+// The sink a claim_subgraphs entry reports its claims to: copies each definition into `claims` (checked: size, ABI,
+// nodes, compute).
+struct ClaimSink {
+  keel_subgraph_sink_t c;
+  std::vector<Claim>* claims;
+  const DeviceEntry* dev;
+};
+
+keel_status_t sink_claim(keel_subgraph_sink_t* self, const keel_subgraph_def_t* def) {
+  auto* s = reinterpret_cast<ClaimSink*>(self);
+  if (!def || def->struct_size < offsetof(keel_subgraph_def_t, release) + sizeof(def->release))
+    return make_c_status(KEEL_STATUS_INVALID_ARGUMENT, "claim: NULL or too small subgraph definition");
+  // (0: a definition zero-filled by a plugin that does not set the version; no ABI has major 0.)
+  if (KEEL_HAS_MEMBER(def, keel_subgraph_def_t, abi_major) && def->abi_major != 0 &&
+      def->abi_major != KEEL_PLUGIN_ABI_MAJOR) {
+    if (KEEL_HAS_MEMBER(def, keel_subgraph_def_t, release_user_data) && def->release_user_data)
+      def->release_user_data(def->user_data);
+    return make_c_status(
+        KEEL_STATUS_ABI_MISMATCH,
+        ("claim: subgraph definition built for plugin ABI " + std::to_string(def->abi_major) + ".x").c_str());
+  }
+  keel_subgraph_def_t copy{};
+  std::memcpy(&copy, def, std::min<size_t>(def->struct_size, sizeof copy));
+  copy.struct_size = sizeof copy;
+  if (!copy.compute || copy.node_count == 0 || !copy.node_ids) {
+    if (copy.release_user_data) copy.release_user_data(copy.user_data);
+    return make_c_status(KEEL_STATUS_INVALID_ARGUMENT, "claim: empty subgraph or no compute");
+  }
+  Claim c{copy, def->name ? def->name : "subgraph", {def->node_ids, def->node_ids + def->node_count}, s->dev};
+  c.def.name = nullptr;
+  c.def.node_ids = nullptr;
+  s->claims->push_back(std::move(c));
+  return nullptr;
+}
+
+}  // namespace
+
+// Phase 2, claims: reads the graph and the registry; devices that can take whole subgraphs get first pick (their
+// tables' claim_subgraphs, in device order), then the claim hooks that kernel plugins registered for the preferred
+// device type (by priority). Produces claims.list and claims.of_node (a claim naming an unknown, repeated or
+// already claimed node is dropped whole).
+void Built::collect_claims(const std::vector<std::string>& device_order, Claims& claims) {
+  const Registry& reg = env->registry();
   auto ask = [&](const DeviceEntry* dev, const std::string& who, auto&& claim_fn, void* user_data) {
     keel_graph_s view;
     view.graph = &graph;
     view.env = env;
-    Sink sink;
+    ClaimSink sink;
     sink.c.struct_size = sizeof(keel_subgraph_sink_t);
     sink.c.core_data = nullptr;
     sink.c.claim = sink_claim;
-    sink.claims = &claims;
+    sink.claims = &claims.list;
     sink.dev = dev;
     Status st = Status::from_c(claim_fn(user_data, &view, graph_api(), &sink.c));
     if (!st.is_ok()) {
@@ -690,31 +741,36 @@ Status Built::build(const std::vector<std::string>& device_order) {
       log::log(level, "{} claimed no subgraphs: {}", who, st.message());
     }
   };
-  if (options.claims && (options.fallback == Fallback::kCpu || !device_order.empty())) {
-    for (const auto& dev_type : device_order) {
-      const DeviceEntry* dev = reg.device(dev_type);
-      if (!dev || !dev->table.claim_subgraphs) continue;
-      ask(dev, "device " + dev_type, dev->table.claim_subgraphs, dev->table.user_data);
-    }
-    if (!device_order.empty()) {
-      if (const DeviceEntry* dev = reg.device(device_order[0])) {
-        for (const ClaimerEntry* ce : reg.claimers_for(device_order[0]))
-          ask(dev, "claimer " + ce->name, ce->def.claim_subgraphs, ce->def.user_data);
-      }
-    }
-    for (size_t ci = 0; ci < claims.size(); ++ci) {
-      bool ok = true;
-      std::unordered_set<NodeId> seen;
-      for (NodeId id : claims[ci].nodes) ok = ok && graph.node(id) && !claimed.count(id) && seen.insert(id).second;
-      if (!ok) {
-        log::warn("claim '{}' rejected: unknown, repeated or already claimed node", claims[ci].name);
-        continue;
-      }
-      for (NodeId id : claims[ci].nodes) claimed[id] = ci;
+  for (const auto& dev_type : device_order) {
+    const DeviceEntry* dev = reg.device(dev_type);
+    if (!dev || !dev->table.claim_subgraphs) continue;
+    ask(dev, "device " + dev_type, dev->table.claim_subgraphs, dev->table.user_data);
+  }
+  if (!device_order.empty()) {
+    if (const DeviceEntry* dev = reg.device(device_order[0])) {
+      for (const ClaimerEntry* ce : reg.claimers_for(device_order[0]))
+        ask(dev, "claimer " + ce->name, ce->def.claim_subgraphs, ce->def.user_data);
     }
   }
-  // Steps in topological order; a claim runs where its last node would (claims must be convex: checked below).
-  std::unordered_map<size_t, size_t> claim_last;  // claim -> position of its last node in `order`
+  for (size_t ci = 0; ci < claims.list.size(); ++ci) {
+    bool ok = true;
+    std::unordered_set<NodeId> seen;
+    for (NodeId id : claims.list[ci].nodes)
+      ok = ok && graph.node(id) && !claims.of_node.count(id) && seen.insert(id).second;
+    if (!ok) {
+      log::warn("claim '{}' rejected: unknown, repeated or already claimed node", claims.list[ci].name);
+      continue;
+    }
+    for (NodeId id : claims.list[ci].nodes) claims.of_node[id] = ci;
+  }
+}
+
+// Phase 3, claim order: reads claims.of_node and the topological order; a claim runs where its last node would, so
+// it must be convex: drops (until none is left to drop) every claim that an outside node between its first and last
+// node reads from, or that reads a claim running after it. Produces claims.last_pos.
+void Built::keep_convex_claims(const std::vector<NodeId>& order, Claims& claims) {
+  auto& claimed = claims.of_node;
+  auto& claim_last = claims.last_pos;
   for (bool changed = true; changed;) {
     changed = false;
     claim_last.clear();
@@ -739,105 +795,129 @@ Status Built::build(const std::vector<std::string>& device_order) {
       }
     }
     for (size_t ci : convex_fail) {
-      log::warn("claim '{}' rejected: not convex (an outside node sits between its nodes)", claims[ci].name);
-      for (NodeId id : claims[ci].nodes) claimed.erase(id);
+      log::warn("claim '{}' rejected: not convex (an outside node sits between its nodes)", claims.list[ci].name);
+      for (NodeId id : claims.list[ci].nodes) claimed.erase(id);
       changed = true;
     }
   }
-  std::unordered_set<std::string> graph_outputs(graph.outputs.begin(), graph.outputs.end());
+}
+
+// Phase 4, steps and placement: reads the order and the claims; makes the steps in topological order, one per
+// claim (at its last node's position) and one per other node: placed on the first device in `device_order` with a
+// kernel that accepts it (place_node), or run by the executor (control flow). Numbers the values the steps read and
+// write, and records each node's device in the graph.
+Status Built::make_steps(const std::vector<NodeId>& order, const std::vector<std::string>& device_order,
+                         Claims& claims) {
   for (size_t pos = 0; pos < order.size(); ++pos) {
     const Node* node = graph.node(order[pos]);
-    auto cit = claimed.find(node->id);
-    if (cit != claimed.end()) {
-      size_t ci = cit->second;
-      if (claim_last[ci] != pos) continue;
-      const Claim& c = claims[ci];
-      std::unordered_set<NodeId> members(c.nodes.begin(), c.nodes.end());
-      std::unordered_set<std::string> produced;
-      for (NodeId id : c.nodes)
-        for (const auto& o : graph.node(id)->outputs) produced.insert(o);
-      Step step;
-      step.kind = Step::Kind::kSubgraph;
-      step.name = c.name;
-      step.op_type = "Subgraph";
-      step.kernel_name = c.name;
-      step.device = c.dev;
-      step.device_type = c.dev->device_type;
-      step.device_index = index_of(step.device_type);
-      std::vector<std::string> ins, outs;
-      for (NodeId id : order) {
-        if (!members.count(id)) continue;
-        const Node* m = graph.node(id);
-        step.members.emplace_back(m->name, m->op_type);
-        for (const auto& in : m->inputs)
-          if (!in.empty() && !produced.count(in) && std::find(ins.begin(), ins.end(), in) == ins.end()) ins.push_back(in);
-        for (const auto& o : m->outputs) {
-          if (o.empty()) continue;
-          bool outside = graph_outputs.count(o) > 0;
-          for (NodeId u : graph.consumers(o)) outside = outside || !members.count(u);
-          if (outside) outs.push_back(o);
-        }
-      }
-      for (const auto& in : ins) step.inputs.push_back(add_value(in));
-      for (const auto& o : outs) {
-        int v = add_value(o);
-        step.outputs.push_back(v);
-        step.output_dtypes.push_back(values[v].dtype);
-      }
-      void* state = c.def.user_data;
-      if (c.def.create) {
-        keel_kernel_context_t ctx;
-        Node pseudo;
-        pseudo.name = c.name;
-        pseudo.inputs = ins;
-        pseudo.outputs = outs;
-        fill_create_context(ctx, pseudo, graph, 0, step.device_index);
-        ctx.node = nullptr;
-        Status st = Status::from_c(c.def.create(c.def.user_data, &ctx, &state));
-        claims[ci].user_data_done = true;
-        if (c.def.release_user_data) c.def.release_user_data(c.def.user_data);
-        KEEL_RETURN_IF_ERROR(st, "subgraph '" + c.name + "' create");
-      } else {
-        claims[ci].user_data_done = true;  // user_data is the state: release frees it
-      }
-      install_kernel(step, c.name, c.def.compute, c.def.release, state,
-                     (c.def.flags & KEEL_KERNEL_FLAG_REENTRANT) != 0);
-      steps.push_back(std::move(step));
+    if (auto cit = claims.of_node.find(node->id); cit != claims.of_node.end()) {
+      const size_t ci = cit->second;
+      if (claims.last_pos[ci] == pos) KEEL_RETURN_IF_ERROR(make_claim_step(order, claims.list[ci]), "");
       continue;
     }
-    Step step;
-    step.node = node;
-    step.name = node->name;
-    step.op_type = node->op_type;
-    if (is_native_op(*node, graph)) {
-      // Control flow, sequences, optionals: the executor runs them; nested graphs get the same device order.
-      SessionOptions nested = options;
-      nested.devices.clear();
-      for (const auto& t : device_order) nested.devices.push_back(t + ":" + std::to_string(index_of(t)));
-      nested.passes.clear();
-      // No shape variants inside: loop bodies see new shapes on many iterations (a build each would cost more than
-      // it saves); a variant of this graph builds its control-flow nodes again, with the shapes it fixed.
-      nested.shape_variants = 0;
-      KEEL_ASSIGN_OR_RETURN(step.native, make_native_op(*node, graph, *env, nested), "node '" + node->name + "'");
-      step.kind = Step::Kind::kNative;
-      step.kernel_name = "executor";
-    } else {
-      KEEL_RETURN_IF_ERROR(place_node(*node, device_order, step), "placement");
-    }
-    for (const auto& in : node->inputs) step.inputs.push_back(in.empty() ? -1 : add_value(in));
-    if (step.native)  // what its subgraphs read from this graph: inputs too (liveness, copies to the host)
-      for (const auto& in : implicit_inputs(*node)) step.inputs.push_back(add_value(in));
-    for (const auto& o : node->outputs) {
-      int v = o.empty() ? -1 : add_value(o);
-      step.outputs.push_back(v);
-      DType dt = v >= 0 ? values[v].dtype : DType::kUndefined;
-      step.output_dtypes.push_back(dt);
-    }
-    steps.push_back(std::move(step));
+    KEEL_RETURN_IF_ERROR(make_node_step(*node, device_order), "");
   }
   for (auto& s : steps) {
     if (s.node) const_cast<Node*>(s.node)->device_type = s.device_type;
   }
+  return Status::ok();
+}
+
+// The step of a claimed subgraph: its boundary values (read from outside; used outside or graph outputs) and the
+// kernel its create made.
+Status Built::make_claim_step(const std::vector<NodeId>& order, Claim& c) {
+  std::unordered_set<std::string> graph_outputs(graph.outputs.begin(), graph.outputs.end());
+  std::unordered_set<NodeId> members(c.nodes.begin(), c.nodes.end());
+  std::unordered_set<std::string> produced;
+  for (NodeId id : c.nodes)
+    for (const auto& o : graph.node(id)->outputs) produced.insert(o);
+  Step step;
+  step.kind = Step::Kind::kSubgraph;
+  step.name = c.name;
+  step.op_type = "Subgraph";
+  step.kernel_name = c.name;
+  step.device = c.dev;
+  step.device_type = c.dev->device_type;
+  step.device_index = index_of(step.device_type);
+  std::vector<std::string> ins, outs;
+  for (NodeId id : order) {
+    if (!members.count(id)) continue;
+    const Node* m = graph.node(id);
+    step.members.emplace_back(m->name, m->op_type);
+    for (const auto& in : m->inputs)
+      if (!in.empty() && !produced.count(in) && std::find(ins.begin(), ins.end(), in) == ins.end()) ins.push_back(in);
+    for (const auto& o : m->outputs) {
+      if (o.empty()) continue;
+      bool outside = graph_outputs.count(o) > 0;
+      for (NodeId u : graph.consumers(o)) outside = outside || !members.count(u);
+      if (outside) outs.push_back(o);
+    }
+  }
+  for (const auto& in : ins) step.inputs.push_back(add_value(in));
+  for (const auto& o : outs) {
+    int v = add_value(o);
+    step.outputs.push_back(v);
+    step.output_dtypes.push_back(values[v].dtype);
+  }
+  void* state = c.def.user_data;
+  if (c.def.create) {
+    keel_kernel_context_t ctx;
+    Node pseudo;
+    pseudo.name = c.name;
+    pseudo.inputs = ins;
+    pseudo.outputs = outs;
+    fill_create_context(ctx, pseudo, graph, 0, step.device_index);
+    ctx.node = nullptr;
+    Status st = Status::from_c(c.def.create(c.def.user_data, &ctx, &state));
+    c.user_data_done = true;
+    if (c.def.release_user_data) c.def.release_user_data(c.def.user_data);
+    KEEL_RETURN_IF_ERROR(st, "subgraph '" + c.name + "' create");
+  } else {
+    c.user_data_done = true;  // user_data is the state: release frees it
+  }
+  install_kernel(step, c.name, c.def.compute, c.def.release, state, (c.def.flags & KEEL_KERNEL_FLAG_REENTRANT) != 0);
+  steps.push_back(std::move(step));
+  return Status::ok();
+}
+
+// The step of one unclaimed node: an executor op (control flow, sequences, optionals) or a kernel placed by
+// place_node.
+Status Built::make_node_step(const Node& node, const std::vector<std::string>& device_order) {
+  Step step;
+  step.node = &node;
+  step.name = node.name;
+  step.op_type = node.op_type;
+  if (is_native_op(node, graph)) {
+    // Control flow, sequences, optionals: the executor runs them; nested graphs get the same device order.
+    SessionOptions nested = options;
+    nested.devices.clear();
+    for (const auto& t : device_order) nested.devices.push_back(t + ":" + std::to_string(index_of(t)));
+    nested.passes.clear();
+    // No shape variants inside: loop bodies see new shapes on many iterations (a build each would cost more than
+    // it saves); a variant of this graph builds its control-flow nodes again, with the shapes it fixed.
+    nested.shape_variants = 0;
+    KEEL_ASSIGN_OR_RETURN(step.native, make_native_op(node, graph, *env, nested), "node '" + node.name + "'");
+    step.kind = Step::Kind::kNative;
+    step.kernel_name = "executor";
+  } else {
+    KEEL_RETURN_IF_ERROR(place_node(node, device_order, step), "placement");
+  }
+  for (const auto& in : node.inputs) step.inputs.push_back(in.empty() ? -1 : add_value(in));
+  if (step.native)  // what its subgraphs read from this graph: inputs too (liveness, copies to the host)
+    for (const auto& in : implicit_inputs(node)) step.inputs.push_back(add_value(in));
+  for (const auto& o : node.outputs) {
+    int v = o.empty() ? -1 : add_value(o);
+    step.outputs.push_back(v);
+    DType dt = v >= 0 ? values[v].dtype : DType::kUndefined;
+    step.output_dtypes.push_back(dt);
+  }
+  steps.push_back(std::move(step));
+  return Status::ok();
+}
+
+// Phase 5, outputs: reads the graph's outputs and the values the steps produced; marks them as outputs (in graph
+// order). An output no step produces is an error.
+Status Built::mark_outputs() {
   for (const auto& o : graph.outputs) {
     auto it = value_index.find(o);
     if (it == value_index.end()) return invalid_argument("graph output '" + o + "' is not produced");
@@ -845,14 +925,25 @@ Status Built::build(const std::vector<std::string>& device_order) {
     output_values.push_back(it->second);
     output_names.push_back(o);
   }
-  KEEL_RETURN_IF_ERROR(make_copy_steps(), "session");
+  return Status::ok();
+}
+
+// Phase 7, memory: reads each step's device; sets where its outputs live (the device's memory, or the host for
+// host-memory devices) and that memory's pool.
+Status Built::bind_memory() {
   for (auto& s : steps) {
     const bool on_device = s.device && !is_host_memory(s.device);
     s.memory_type = on_device ? s.device_type : "cpu";
     s.memory_index = on_device ? s.device_index : 0;
     KEEL_ASSIGN_OR_RETURN(s.allocator, env->allocator(s.memory_type, s.memory_index), "step '" + s.name + "'");
   }
-  // Liveness: the last step that reads each value.
+  return Status::ok();
+}
+
+// Phase 8, liveness: reads the final step list; each step frees the values whose last reader it is (and outputs no
+// step reads); graph inputs, constants and outputs are never freed. The activation memory plan itself is made per
+// input signature at the first run (make_plan).
+void Built::plan_frees() {
   std::vector<int> last_use(values.size(), -1);
   for (size_t i = 0; i < steps.size(); ++i)
     for (int v : steps[i].inputs)
@@ -865,7 +956,6 @@ Status Built::build(const std::vector<std::string>& device_order) {
   for (size_t i = 0; i < steps.size(); ++i)
     for (int v : steps[i].outputs)
       if (v >= 0 && last_use[v] < 0 && !values[v].is_output) steps[i].free_after.push_back(v);
-  return Status::ok();
 }
 
 StatusOr<KernelSlot*> Built::switch_to_alternative(Step& s, KernelSlot* failed, const Status& why) {
@@ -887,6 +977,8 @@ StatusOr<KernelSlot*> Built::switch_to_alternative(Step& s, KernelSlot* failed, 
                         choice.reentrant());
 }
 
+// Phase 6, copies: reads the steps' devices; inserts a copy step before each step that reads a value living in other
+// memory (one copy per value and destination), and points the reader at the copy.
 Status Built::make_copy_steps() {
   // Where each value lives: the device of its producer (host for inputs and constants).
   std::vector<const DeviceEntry*> home(values.size(), nullptr);
