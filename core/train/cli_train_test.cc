@@ -208,6 +208,63 @@ TEST_F(KeelTrain, RunRecordsHistogramsAndComparison) {
   EXPECT_NE(norun.second.find("has no run.json"), std::string::npos) << norun.second;
 }
 
+// The training device's memory pool after every epoch and its peak at the end, printed and recorded (run.json, the
+// log). The pool reaches its steady state in the first epoch (a short last batch and the evaluation included): later
+// epochs take no new memory from the device, so reserved bytes and raw allocations stay where epoch 1 left them.
+TEST_F(KeelTrain, ReportsMemoryPerEpochAndReservedStaysFlat) {
+  const fs::path run = dir_ / "run.json", log = dir_ / "log.jsonl";
+  // Batch 40: 192 images give four full batches and a short one of 32.
+  auto [rc, out] = sh(keel_binary() + " --log-level error --threads 2 train --data " + dir_.string() +
+                      " --batch 40 -q --epochs 3 --lr 0.05 --no-quantize -o '' --histogram-bins 0 --device cpu --log " +
+                      log.string() + " --run-record " + run.string());
+  ASSERT_EQ(rc, 0) << out;
+  size_t lines = 0;
+  for (size_t at = out.find("  memory cpu:0: in use "); at != std::string::npos;
+       at = out.find("  memory cpu:0: in use ", at + 1)) {
+    const std::string line = out.substr(at, out.find('\n', at) - at);
+    EXPECT_NE(line.find(" MiB, reserved "), std::string::npos) << line;
+    EXPECT_NE(line.find(" cached), peak in use "), std::string::npos) << line;
+    EXPECT_NE(line.find(" MiB, peak reserved "), std::string::npos) << line;
+    ++lines;
+  }
+  EXPECT_EQ(lines, 3u) << out;
+  EXPECT_LT(out.find("epoch 1/3: "), out.find("  memory cpu:0: ")) << out;  // after the epoch's line
+  EXPECT_NE(out.find("peak memory cpu:0: "), std::string::npos) << out;
+  std::ifstream f(run);
+  ASSERT_TRUE(f.good()) << "no " << run;
+  const auto j = nlohmann::json::parse(f);
+  ASSERT_EQ(j["epochs"].size(), 3u);
+  const auto& first = j["epochs"][0]["memory"];
+  ASSERT_TRUE(first.is_object()) << j["epochs"][0].dump();
+  EXPECT_EQ(first["device"], "cpu:0");
+  EXPECT_GT(first["reserved_bytes"].get<uint64_t>(), 0u);
+  EXPECT_GE(first["reserved_bytes"].get<uint64_t>(), first["in_use_bytes"].get<uint64_t>());
+  EXPECT_GE(first["peak_in_use_bytes"].get<uint64_t>(), first["in_use_bytes"].get<uint64_t>());
+  // The parameters, their gradients' absence (set_to_none) and the momentum buffers: in use after an epoch is small
+  // and the same every epoch (nothing leaks from one epoch to the next).
+  for (int e = 1; e < 3; ++e) {
+    const auto& m = j["epochs"][e]["memory"];
+    EXPECT_EQ(m["reserved_bytes"], first["reserved_bytes"]) << "epoch " << e + 1 << ": " << m.dump();
+    EXPECT_EQ(m["raw_allocations"], first["raw_allocations"]) << "epoch " << e + 1 << ": " << m.dump();
+    EXPECT_EQ(m["in_use_bytes"], first["in_use_bytes"]) << "epoch " << e + 1 << ": " << m.dump();
+    EXPECT_EQ(m["peak_in_use_bytes"], first["peak_in_use_bytes"]) << "epoch " << e + 1 << ": " << m.dump();
+  }
+  EXPECT_EQ(j["final"]["peak_memory_in_use_bytes"], first["peak_in_use_bytes"]);
+  EXPECT_EQ(j["final"]["peak_memory_reserved_bytes"], j["memory"]["peak_reserved_bytes"]);
+  // The log's epoch records carry the same numbers in MiB (plotted by `keel plot`).
+  std::ifstream lf(log);
+  int epochs = 0;
+  for (std::string line; std::getline(lf, line);) {
+    auto r = nlohmann::json::parse(line);
+    if (r["kind"] != "epoch") continue;
+    EXPECT_NEAR(r["memory_reserved_mib"].get<double>(),
+                j["epochs"][epochs]["memory"]["reserved_bytes"].get<double>() / 1048576.0, 1e-9);
+    EXPECT_TRUE(r["memory_peak_in_use_mib"].is_number());
+    ++epochs;
+  }
+  EXPECT_EQ(epochs, 3);
+}
+
 // Fine-tuning (issue 28, item 2): a model trained and exported by `keel train` comes back with --init, its conv frozen
 // and a new 10-class head, trains, and exports again; bad patterns and missing files are clear errors.
 TEST_F(KeelTrain, FineTunesAnImportedModel) {

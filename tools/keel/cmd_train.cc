@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "core/runtime/eager.h"
+#include "core/base/device_spec.h"
 #include "core/base/thread_pool.h"
 #include "core/runtime/dist/process_group.h"
 #include "core/runtime/onnx_io.h"
@@ -152,6 +153,39 @@ std::filesystem::path run_record_path(const TrainArgs& a) {
   for (const std::string* p : {&a.log, &a.checkpoint, &a.resume, &a.output})
     if (!p->empty()) return std::filesystem::path(*p).parent_path() / "run.json";
   return "run.json";
+}
+
+// The memory pool of the training device as the environment counts it (core/base/allocator.h): "cuda:0" for a card;
+// devices that compute in host memory share the "cpu:0" pool. Empty key when the pool does not exist yet.
+struct PoolStats {
+  std::string key;
+  AllocatorStats stats;
+};
+PoolStats training_pool_stats(const Environment& env, const std::string& device) {
+  const auto pools = env.memory_stats();
+  auto spec = DeviceSpec::parse(device);
+  for (const std::string& key : {spec.is_ok() ? spec->to_string() : device, std::string("cpu:0")})
+    if (auto it = pools.find(key); it != pools.end()) return {key, it->second};
+  return {};
+}
+
+std::string mib(uint64_t bytes) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1) << static_cast<double>(bytes) / 1048576.0 << " MiB";
+  return os.str();
+}
+
+// {"device": "cuda:0", "in_use_bytes": ..., "reserved_bytes": ..., "peak_in_use_bytes": ..., "peak_reserved_bytes":
+// ..., "segments": ..., "raw_allocations": ..., "raw_frees": ...} for the run record.
+nlohmann::json pool_json(const PoolStats& p) {
+  return {{"device", p.key},
+          {"in_use_bytes", p.stats.in_use_bytes},
+          {"reserved_bytes", p.stats.reserved_bytes},
+          {"peak_in_use_bytes", p.stats.peak_in_use_bytes},
+          {"peak_reserved_bytes", p.stats.peak_reserved_bytes},
+          {"segments", p.stats.segments},
+          {"raw_allocations", p.stats.raw_allocations},
+          {"raw_frees", p.stats.raw_frees}};
 }
 
 // Every hyper-parameter of the run (the parsed command line, defaults included).
@@ -893,6 +927,16 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
             << cs.wait_seconds << " s after backward)";
       }
       out << std::endl;
+      // The training device's pool after the epoch (its evaluation included): what the epoch's tensors left in use,
+      // what the pool holds (in use + cached), and the peak since the start; reserved stays flat after the first
+      // epoch when the steady state allocates nothing new.
+      const PoolStats pool = training_pool_stats(*env, a.device);
+      if (!pool.key.empty()) {
+        out << "  memory " << pool.key << ": in use " << mib(pool.stats.in_use_bytes) << ", reserved "
+            << mib(pool.stats.reserved_bytes) << " (" << mib(pool.stats.reserved_bytes - pool.stats.in_use_bytes)
+            << " cached), peak in use " << mib(pool.stats.peak_in_use_bytes) << ", peak reserved "
+            << mib(pool.stats.peak_reserved_bytes) << std::endl;
+      }
       nlohmann::json epoch_record = {
           {"epoch", epoch + 1},
           {"step", progress.global_step},
@@ -908,6 +952,11 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
         epoch_record["distill_soft_loss"] = batches ? soft_sum / static_cast<double>(batches) : 0;
         epoch_record["distill_label_loss"] = batches ? hard_sum / static_cast<double>(batches) : 0;
       }
+      if (!pool.key.empty()) {
+        epoch_record["memory_in_use_mib"] = static_cast<double>(pool.stats.in_use_bytes) / 1048576.0;
+        epoch_record["memory_reserved_mib"] = static_cast<double>(pool.stats.reserved_bytes) / 1048576.0;
+        epoch_record["memory_peak_in_use_mib"] = static_cast<double>(pool.stats.peak_in_use_bytes) / 1048576.0;
+      }
       log_write("epoch", std::move(epoch_record));
       if (a.histogram_bins > 0)
         log_write("histograms", {{"epoch", epoch + 1}, {"step", progress.global_step},
@@ -919,6 +968,7 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
                            {"train_accuracy", seen ? static_cast<double>(correct) / static_cast<double>(seen) : 0},
                            {"test_accuracy", final_acc}, {"lr", opt->lr()}, {"loss_scale", scaler.get_scale()},
                            {"data_wait_seconds", loader->wait_seconds()}});
+        if (!pool.key.empty()) record->json()["epochs"].back()["memory"] = pool_json(pool);
         if (teacher) {
           auto& e = record->json()["epochs"].back();
           e["distill_soft_loss"] = batches ? soft_sum / static_cast<double>(batches) : 0;
@@ -935,11 +985,20 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
     if (record) record->finish({{"test_accuracy", final_acc}}, e.what()), record_save();
     return 1;
   }
+  const PoolStats final_pool = training_pool_stats(*env, a.device);
   if (record) {
+    if (!final_pool.key.empty()) record->json()["memory"] = pool_json(final_pool);
     const double mean_epoch = epoch_seconds.empty() ? 0
         : std::accumulate(epoch_seconds.begin(), epoch_seconds.end(), 0.0) / static_cast<double>(epoch_seconds.size());
-    record->finish({{"test_accuracy", final_acc}, {"global_step", progress.global_step}, {"mean_epoch_seconds", mean_epoch},
-                    {"skipped_steps", scaler.skipped_steps()}});
+    nlohmann::json final_metrics = {{"test_accuracy", final_acc},
+                                    {"global_step", progress.global_step},
+                                    {"mean_epoch_seconds", mean_epoch},
+                                    {"skipped_steps", scaler.skipped_steps()}};
+    if (!final_pool.key.empty()) {
+      final_metrics["peak_memory_in_use_bytes"] = final_pool.stats.peak_in_use_bytes;
+      final_metrics["peak_memory_reserved_bytes"] = final_pool.stats.peak_reserved_bytes;
+    }
+    record->finish(std::move(final_metrics));
     record_save();
     out << "run record: " << record_path.string() << "\n";
   }
@@ -947,6 +1006,10 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
   if (!epoch_seconds.empty()) {
     double mean = std::accumulate(epoch_seconds.begin(), epoch_seconds.end(), 0.0) / static_cast<double>(epoch_seconds.size());
     out << "mean epoch time: " << std::setprecision(2) << mean << " s\n";
+  }
+  if (!final_pool.key.empty()) {
+    out << "peak memory " << final_pool.key << ": " << mib(final_pool.stats.peak_in_use_bytes) << " in use, "
+        << mib(final_pool.stats.peak_reserved_bytes) << " reserved\n";
   }
   out << std::flush;
   if (a.output.empty() || !ranks.lead()) return 0;  // rank 0 alone exports (every replica holds the same weights)
