@@ -184,7 +184,7 @@ TEST_F(Dispatch, TakeKernelSkipsRejectionsAndLeavesTheAlternatives) {
   EXPECT_EQ(fills, 1) << "only t_broken has a create";
   ASSERT_EQ(rejections.size(), 2u);
   EXPECT_NE(rejections[0].find("t_f64_only does not take f32"), std::string::npos) << rejections[0];
-  EXPECT_EQ(rejections[1], "t_broken: not this time");
+  EXPECT_EQ(rejections[1], "t_broken: t_broken: not this time") << "kernel name: its message";
   EXPECT_FALSE(ks.empty());
   EXPECT_EQ(ks.front()->name, "ref_relu") << "what follows the choice stays, in order";
 }
