@@ -21,11 +21,12 @@ StatusOr<std::string> gunzip(std::string_view compressed, const std::string& ori
   // 32 + MAX_WBITS: accept a gzip or a zlib header.
   if (inflateInit2(&zs, 32 + MAX_WBITS) != Z_OK) return internal_error(origin + ": zlib inflateInit2 failed");
   std::string out;
-  // The gzip trailer holds the inflated size (mod 2^32): reserve it once instead of growing the buffer.
+  // The gzip trailer holds the inflated size (mod 2^32): reserve it once instead of growing the buffer, unless it
+  // claims more than deflate can give (about 1032 bytes out per byte in), as a damaged trailer may.
   if (compressed.size() >= 18 && static_cast<unsigned char>(compressed[0]) == 0x1f) {
     const auto* t = reinterpret_cast<const unsigned char*>(compressed.data() + compressed.size() - 4);
     const uint64_t isize = uint64_t{t[0]} | (uint64_t{t[1]} << 8) | (uint64_t{t[2]} << 16) | (uint64_t{t[3]} << 24);
-    if (isize <= max_bytes) out.reserve(isize);
+    if (isize <= max_bytes && isize <= uint64_t{1032} * compressed.size()) out.reserve(isize);
   }
   zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(compressed.data()));
   zs.avail_in = static_cast<uInt>(compressed.size());
@@ -40,7 +41,8 @@ StatusOr<std::string> gunzip(std::string_view compressed, const std::string& ori
     zs.avail_out = sizeof(buf);
     rc = inflate(&zs, Z_NO_FLUSH);
     if (rc != Z_OK && rc != Z_STREAM_END) {
-      std::string why = zs.msg ? zs.msg : (rc == Z_BUF_ERROR ? "unexpected end of compressed data" : "error " + std::to_string(rc));
+      std::string why =
+          zs.msg ? zs.msg : (rc == Z_BUF_ERROR ? "unexpected end of compressed data" : "error " + std::to_string(rc));
       inflateEnd(&zs);
       return invalid_argument(origin + ": corrupt gzip stream (" + why + ")");
     }
@@ -61,17 +63,38 @@ StatusOr<std::string> gunzip(std::string_view compressed, const std::string& ori
 
 StatusOr<keel::Tensor> parse_idx(std::string_view bytes, const std::string& origin, uint64_t max_bytes) {
   const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
-  if (bytes.size() < 4) return invalid_argument(origin + ": not an IDX file (" + std::to_string(bytes.size()) + " bytes, the header needs 4)");
-  if (p[0] != 0 || p[1] != 0) return invalid_argument(origin + ": not an IDX file (magic must start with two zero bytes)");
+  if (bytes.size() < 4)
+    return invalid_argument(origin + ": not an IDX file (" + std::to_string(bytes.size()) +
+                            " bytes, the header needs 4)");
+  if (p[0] != 0 || p[1] != 0)
+    return invalid_argument(origin + ": not an IDX file (magic must start with two zero bytes)");
   DType dtype;
   size_t esize;
   switch (p[2]) {
-    case 0x08: dtype = DType::kU8; esize = 1; break;
-    case 0x09: dtype = DType::kI8; esize = 1; break;
-    case 0x0B: dtype = DType::kI16; esize = 2; break;
-    case 0x0C: dtype = DType::kI32; esize = 4; break;
-    case 0x0D: dtype = DType::kF32; esize = 4; break;
-    case 0x0E: dtype = DType::kF64; esize = 8; break;
+    case 0x08:
+      dtype = DType::kU8;
+      esize = 1;
+      break;
+    case 0x09:
+      dtype = DType::kI8;
+      esize = 1;
+      break;
+    case 0x0B:
+      dtype = DType::kI16;
+      esize = 2;
+      break;
+    case 0x0C:
+      dtype = DType::kI32;
+      esize = 4;
+      break;
+    case 0x0D:
+      dtype = DType::kF32;
+      esize = 4;
+      break;
+    case 0x0E:
+      dtype = DType::kF64;
+      esize = 8;
+      break;
     default: {
       std::ostringstream m;
       m << origin << ": unknown IDX element type 0x" << std::hex << int{p[2]};
@@ -100,8 +123,8 @@ StatusOr<keel::Tensor> parse_idx(std::string_view bytes, const std::string& orig
     return invalid_argument(origin + ": truncated IDX data: shape " + shape_to_string(shape) + " needs " +
                             std::to_string(data_bytes) + " bytes, the file has " + std::to_string(have));
   if (have > data_bytes)
-    return invalid_argument(origin + ": " + std::to_string(have - data_bytes) + " unexpected bytes after the IDX data of shape " +
-                            shape_to_string(shape));
+    return invalid_argument(origin + ": " + std::to_string(have - data_bytes) +
+                            " unexpected bytes after the IDX data of shape " + shape_to_string(shape));
   KEEL_ASSIGN_OR_RETURN(keel::Tensor t, keel::Tensor::host(dtype, shape), origin);
   auto* dst = static_cast<unsigned char*>(t.raw_data());
   const unsigned char* src = p + header;

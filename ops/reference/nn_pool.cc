@@ -7,37 +7,56 @@ namespace {
 
 enum class PoolKind { kMax, kAvg, kLp };
 
+// floor(a / b) and ceil(a / b) for b > 0 and any sign of a.
+int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+int64_t ceil_div(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); }
+
 // Visits the valid input positions of the window of output position `o` (flat, row-major over g.out):
-// f(flat input offset, multi-index) for positions inside the input; returns the number of positions inside the
-// padded input ([-pad_begin, in + pad_end)) for count_include_pad.
+// f(flat input offset, multi-index) for positions inside the input, in row-major kernel order; returns the number of
+// positions inside the padded input ([-pad_begin, in + pad_end)) for count_include_pad. Only the taps that land
+// inside the input are visited (per axis a range of kernel indices), so the cost is the window's overlap with the
+// input, not the kernel's size: a kernel far larger than its input (mostly padding) stays cheap.
+struct Window {
+  explicit Window(int r) : oi(r), ki(r), ii(r), lo(r), hi(r) {}
+  std::vector<int64_t> oi, ki, ii, lo, hi;  // output index, kernel index, input index, tap range per axis
+};
+
 template <class F>
-int64_t visit_window(const SpatialGeom& g, int64_t o, std::vector<int64_t>& oi, std::vector<int64_t>& ki,
-                     std::vector<int64_t>& ii, F&& f) {
+int64_t visit_window(const SpatialGeom& g, int64_t o, Window& w, F&& f) {
   const int r = g.r;
+  auto &oi = w.oi, &ki = w.ki, &ii = w.ii, &lo = w.lo, &hi = w.hi;
   int64_t rem = o;
   for (int d = r - 1; d >= 0; --d) {
     oi[d] = rem % g.out[d];
     rem /= g.out[d];
   }
-  int64_t padded_count = 0;
-  std::fill(ki.begin(), ki.end(), 0);
-  const int64_t Ks = g.kernel_size();
-  for (int64_t kidx = 0; kidx < Ks; ++kidx) {
-    bool inside = true, inside_padded = true;
+  // Per axis: taps [lo, hi) inside the input; the count of taps inside the padded input.
+  int64_t padded_count = 1;
+  bool empty = false;
+  for (int d = 0; d < r; ++d) {
+    const int64_t base = oi[d] * g.strides[d] - g.pads[d], dil = g.dilations[d], K = g.kernel[d];
+    lo[d] = std::max<int64_t>(0, ceil_div(-base, dil));
+    hi[d] = std::min<int64_t>(K, floor_div(g.in[d] - 1 - base, dil) + 1);
+    const int64_t padded_hi = std::min<int64_t>(K, floor_div(g.in[d] + g.pads[d + r] - 1 - base, dil) + 1);
+    const int64_t padded_lo = std::max<int64_t>(0, ceil_div(-g.pads[d] - base, dil));
+    padded_count *= std::max<int64_t>(0, padded_hi - padded_lo);
+    if (hi[d] <= lo[d]) empty = true;
+  }
+  if (empty) return padded_count;
+  for (int d = 0; d < r; ++d) ki[d] = lo[d];
+  for (;;) {
     int64_t off = 0;
     for (int d = 0; d < r; ++d) {
-      int64_t id = oi[d] * g.strides[d] - g.pads[d] + ki[d] * g.dilations[d];
-      ii[d] = id;
-      if (id < 0 || id >= g.in[d]) inside = false;
-      if (id < -g.pads[d] || id >= g.in[d] + g.pads[d + r]) inside_padded = false;
-      off = off * g.in[d] + id;
+      ii[d] = oi[d] * g.strides[d] - g.pads[d] + ki[d] * g.dilations[d];
+      off = off * g.in[d] + ii[d];
     }
-    if (inside_padded) ++padded_count;
-    if (inside) f(off, ii);
-    for (int d = r - 1; d >= 0; --d) {
-      if (++ki[d] < g.kernel[d]) break;
-      ki[d] = 0;
+    f(off, ii);
+    int d = r - 1;
+    for (; d >= 0; --d) {
+      if (++ki[d] < hi[d]) break;
+      ki[d] = lo[d];
     }
+    if (d < 0) break;
   }
   return padded_count;
 }
@@ -93,50 +112,50 @@ void pool(Kctx& k, PoolKind kind, bool global) {
     T* py = y.p<T>();
     k.parallel(N * C, std::max<int64_t>(1, 4096 / std::max<int64_t>(O * g.kernel_size(), 1)),
                [&](int64_t b, int64_t e) {
-      std::vector<int64_t> oi(r), ki(r), ii(r);
-      for (int64_t plane = b; plane < e; ++plane) {
-        const T* xp = px + plane * I;
-        for (int64_t o = 0; o < O; ++o) {
-          if (kind == PoolKind::kMax) {
-            bool any = false;
-            Cc best = 0;
-            int64_t best_i = -1;
-            visit_window(g, o, oi, ki, ii, [&](int64_t off, const std::vector<int64_t>& pos) {
-              Cc v = static_cast<Cc>(ld(xp[off]));
-              if (!any || v > best) {
-                any = true;
-                best = v;
-                if (want_idx) {
-                  if (storage_order == 0) {
-                    best_i = off;
-                  } else {
-                    best_i = 0;
-                    for (int d = 0; d < r; ++d) best_i += pos[d] * col_strides[d];
-                  }
-                }
-              }
-            });
-            py[plane * O + o] = any ? st<T>(best) : st<T>(Cc(0));
-            if (want_idx) idx.p<int64_t>()[plane * O + o] = any ? plane * I + best_i : -1;
-          } else if (kind == PoolKind::kAvg) {
-            Cc sum = 0;
-            int64_t cnt = 0;
-            int64_t padded = visit_window(g, o, oi, ki, ii, [&](int64_t off, const std::vector<int64_t>&) {
-              sum += static_cast<Cc>(ld(xp[off]));
-              ++cnt;
-            });
-            int64_t div = include_pad ? padded : cnt;
-            py[plane * O + o] = st<T>(div > 0 ? sum / static_cast<Cc>(div) : Cc(0));
-          } else {
-            Cc sum = 0;
-            visit_window(g, o, oi, ki, ii, [&](int64_t off, const std::vector<int64_t>&) {
-              sum += std::pow(std::abs(static_cast<Cc>(ld(xp[off]))), static_cast<Cc>(p));
-            });
-            py[plane * O + o] = st<T>(std::pow(sum, static_cast<Cc>(1) / static_cast<Cc>(p)));
-          }
-        }
-      }
-    });
+                 Window w(r);
+                 for (int64_t plane = b; plane < e; ++plane) {
+                   const T* xp = px + plane * I;
+                   for (int64_t o = 0; o < O; ++o) {
+                     if (kind == PoolKind::kMax) {
+                       bool any = false;
+                       Cc best = 0;
+                       int64_t best_i = -1;
+                       visit_window(g, o, w, [&](int64_t off, const std::vector<int64_t>& pos) {
+                         Cc v = static_cast<Cc>(ld(xp[off]));
+                         if (!any || v > best) {
+                           any = true;
+                           best = v;
+                           if (want_idx) {
+                             if (storage_order == 0) {
+                               best_i = off;
+                             } else {
+                               best_i = 0;
+                               for (int d = 0; d < r; ++d) best_i += pos[d] * col_strides[d];
+                             }
+                           }
+                         }
+                       });
+                       py[plane * O + o] = any ? st<T>(best) : st<T>(Cc(0));
+                       if (want_idx) idx.p<int64_t>()[plane * O + o] = any ? plane * I + best_i : -1;
+                     } else if (kind == PoolKind::kAvg) {
+                       Cc sum = 0;
+                       int64_t cnt = 0;
+                       int64_t padded = visit_window(g, o, w, [&](int64_t off, const std::vector<int64_t>&) {
+                         sum += static_cast<Cc>(ld(xp[off]));
+                         ++cnt;
+                       });
+                       int64_t div = include_pad ? padded : cnt;
+                       py[plane * O + o] = st<T>(div > 0 ? sum / static_cast<Cc>(div) : Cc(0));
+                     } else {
+                       Cc sum = 0;
+                       visit_window(g, o, w, [&](int64_t off, const std::vector<int64_t>&) {
+                         sum += std::pow(std::abs(static_cast<Cc>(ld(xp[off]))), static_cast<Cc>(p));
+                       });
+                       py[plane * O + o] = st<T>(std::pow(sum, static_cast<Cc>(1) / static_cast<Cc>(p)));
+                     }
+                   }
+                 }
+               });
   };
   if (kind == PoolKind::kMax) dispatch(FloatTs{} + TL<int8_t, uint8_t>{}, x.dtype, k, body);
   else dispatch(FloatTs{}, x.dtype, k, body);

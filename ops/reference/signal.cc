@@ -59,29 +59,32 @@ void op_dft(Kctx& k) {
   const int64_t ic = cplx ? 2 : 1;
   dispatch(FloatTs{}, x.dtype, k, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    dispatch(FloatTs{}, y.dtype, k, [&](auto otag) {
-      using O = typename decltype(otag)::type;
-      const T* xd = x.p<T>();
-      O* yd = y.p<O>();
-      k.parallel(outer * inner, 1, [&](int64_t b, int64_t e) {
-        std::vector<double> sig(static_cast<size_t>(2 * n)), res(static_cast<size_t>(2 * bins));
-        for (int64_t oi = b; oi < e; ++oi) {
-          const int64_t o = oi / inner, i = oi % inner;
-          std::fill(sig.begin(), sig.end(), 0.0);
-          for (int64_t j = 0; j < std::min(n, L); ++j) {
-            const T* p = xd + ((o * L + j) * inner + i) * ic;
-            sig[2 * j] = static_cast<double>(ld(p[0]));
-            if (cplx) sig[2 * j + 1] = static_cast<double>(ld(p[1]));
-          }
-          dft_1d(sig.data(), n, bins, inverse, res.data());
-          for (int64_t j = 0; j < bins; ++j) {
-            O* q = yd + ((o * bins + j) * inner + i) * 2;
-            q[0] = st<O>(res[2 * j]);
-            q[1] = st<O>(res[2 * j + 1]);
-          }
-        }
-      });
-    }, "output");
+    dispatch(
+        FloatTs{}, y.dtype, k,
+        [&](auto otag) {
+          using O = typename decltype(otag)::type;
+          const T* xd = x.p<T>();
+          O* yd = y.p<O>();
+          k.parallel(outer * inner, 1, [&](int64_t b, int64_t e) {
+            std::vector<double> sig(static_cast<size_t>(2 * n)), res(static_cast<size_t>(2 * bins));
+            for (int64_t oi = b; oi < e; ++oi) {
+              const int64_t o = oi / inner, i = oi % inner;
+              std::fill(sig.begin(), sig.end(), 0.0);
+              for (int64_t j = 0; j < std::min(n, L); ++j) {
+                const T* p = xd + ((o * L + j) * inner + i) * ic;
+                sig[2 * j] = static_cast<double>(ld(p[0]));
+                if (cplx) sig[2 * j + 1] = static_cast<double>(ld(p[1]));
+              }
+              dft_1d(sig.data(), n, bins, inverse, res.data());
+              for (int64_t j = 0; j < bins; ++j) {
+                O* q = yd + ((o * bins + j) * inner + i) * 2;
+                q[0] = st<O>(res[2 * j]);
+                q[1] = st<O>(res[2 * j + 1]);
+              }
+            }
+          });
+        },
+        "output");
   });
 }
 
@@ -115,25 +118,28 @@ void op_stft(Kctx& k) {
   const int64_t ic = cplx ? 2 : 1;
   dispatch(FloatTs{}, x.dtype, k, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    dispatch(FloatTs{}, y.dtype, k, [&](auto otag) {
-      using O = typename decltype(otag)::type;
-      const T* xd = x.p<T>();
-      O* yd = y.p<O>();
-      k.parallel(B * frames, 1, [&](int64_t b, int64_t e) {
-        std::vector<double> sig(static_cast<size_t>(2 * fl)), res(static_cast<size_t>(2 * bins));
-        for (int64_t bf = b; bf < e; ++bf) {
-          const int64_t bi = bf / frames, f = bf % frames;
-          for (int64_t j = 0; j < fl; ++j) {
-            const T* p = xd + (bi * L + f * step + j) * ic;
-            sig[2 * j] = static_cast<double>(ld(p[0])) * win[j];
-            sig[2 * j + 1] = cplx ? static_cast<double>(ld(p[1])) * win[j] : 0.0;
-          }
-          dft_1d(sig.data(), fl, bins, false, res.data());
-          O* q = yd + bf * bins * 2;
-          for (int64_t j = 0; j < 2 * bins; ++j) q[j] = st<O>(res[j]);
-        }
-      });
-    }, "output");
+    dispatch(
+        FloatTs{}, y.dtype, k,
+        [&](auto otag) {
+          using O = typename decltype(otag)::type;
+          const T* xd = x.p<T>();
+          O* yd = y.p<O>();
+          k.parallel(B * frames, 1, [&](int64_t b, int64_t e) {
+            std::vector<double> sig(static_cast<size_t>(2 * fl)), res(static_cast<size_t>(2 * bins));
+            for (int64_t bf = b; bf < e; ++bf) {
+              const int64_t bi = bf / frames, f = bf % frames;
+              for (int64_t j = 0; j < fl; ++j) {
+                const T* p = xd + (bi * L + f * step + j) * ic;
+                sig[2 * j] = static_cast<double>(ld(p[0])) * win[j];
+                sig[2 * j + 1] = cplx ? static_cast<double>(ld(p[1])) * win[j] : 0.0;
+              }
+              dft_1d(sig.data(), fl, bins, false, res.data());
+              O* q = yd + bf * bins * 2;
+              for (int64_t j = 0; j < 2 * bins; ++j) q[j] = st<O>(res[j]);
+            }
+          });
+        },
+        "output");
   });
 }
 
@@ -141,8 +147,7 @@ void op_mel_weight_matrix(Kctx& k) {
   const int64_t mel = get_i64(k.in(0), 0, k), dft_length = get_i64(k.in(1), 0, k);
   const int64_t rate = get_i64(k.in(2), 0, k);
   const float lo = static_cast<float>(get_f64(k.in(3), 0, k)), hi = static_cast<float>(get_f64(k.in(4), 0, k));
-  if (mel <= 0 || dft_length <= 0 || rate <= 0)
-    k.invalid("num_mel_bins, dft_length and sample_rate must be positive");
+  if (mel <= 0 || dft_length <= 0 || rate <= 0) k.invalid("num_mel_bins, dft_length and sample_rate must be positive");
   const int64_t spec_bins = dft_length / 2 + 1;
   TView y = k.out(0, {spec_bins, mel});
   // The ONNX formula (mel scale 2595·log10(1 + f/700), mel_step over num_mel_bins + 2 points); the mel edges are
@@ -155,25 +160,30 @@ void op_mel_weight_matrix(Kctx& k) {
     f = 700.0 * (std::pow(10.0, f / 2595.0) - 1.0);
     fb[i] = static_cast<int64_t>(std::floor(static_cast<double>(dft_length + 1) * f / static_cast<double>(rate)));
   }
-  std::vector<double> out(static_cast<size_t>(spec_bins * mel), 0.0);
-  auto set = [&](int64_t j, int64_t i, double v) {
-    if (j < 0 || j >= spec_bins) k.invalid("the mel band edges fall outside the spectrogram bins");
-    out[j * mel + i] = v;
-  };
-  for (int64_t i = 0; i < mel; ++i) {
-    const int64_t l = fb[i], c = fb[i + 1], h = fb[i + 2];
-    const int64_t lc = c - l;
-    if (lc == 0) set(c, i, 1.0);
-    else
-      for (int64_t j = l; j <= c; ++j) set(j, i, static_cast<double>(j - l) / static_cast<double>(lc));
-    const int64_t ch = h - c;
-    if (ch > 0)
-      for (int64_t j = c; j < h; ++j) set(j, i, static_cast<double>(h - j) / static_cast<double>(ch));
-  }
-  dispatch(NumTs{}, y.dtype, k, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    for (int64_t i = 0; i < y.numel; ++i) y.p<T>()[i] = st<T>(out[i]);
-  }, "output");
+  // Written straight into the output (no scratch matrix of the output's size: a huge num_mel_bins x dft_length
+  // fails at the output's allocation as OUT_OF_MEMORY, not in a second, unchecked one).
+  dispatch(
+      NumTs{}, y.dtype, k,
+      [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        T* out = y.p<T>();
+        for (int64_t i = 0; i < y.numel; ++i) out[i] = st<T>(0.0);
+        auto set = [&](int64_t j, int64_t i, double v) {
+          if (j < 0 || j >= spec_bins) k.invalid("the mel band edges fall outside the spectrogram bins");
+          out[j * mel + i] = st<T>(v);
+        };
+        for (int64_t i = 0; i < mel; ++i) {
+          const int64_t l = fb[i], c = fb[i + 1], h = fb[i + 2];
+          const int64_t lc = c - l;
+          if (lc == 0) set(c, i, 1.0);
+          else
+            for (int64_t j = l; j <= c; ++j) set(j, i, static_cast<double>(j - l) / static_cast<double>(lc));
+          const int64_t ch = h - c;
+          if (ch > 0)
+            for (int64_t j = c; j < h; ++j) set(j, i, static_cast<double>(h - j) / static_cast<double>(ch));
+        }
+      },
+      "output");
 }
 
 }  // namespace keel::ops::ref

@@ -7,12 +7,12 @@
 //   /tmp/keel_ref_smoke /tmp/ktests --fuzz 50   # random shape/attribute mutations: must never crash (use ASan)
 // The ONNX node tests report PASS / FAIL / NO_KERNEL / UNIMPL counts; they never change the exit code unless
 // --strict is given.
+#include <dirent.h>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <dirent.h>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -31,12 +31,12 @@ namespace {
 
 int g_failures = 0;
 
-#define CHECK(cond, msg)                                                   \
-  do {                                                                     \
-    if (!(cond)) {                                                         \
+#define CHECK(cond, msg)                                                    \
+  do {                                                                      \
+    if (!(cond)) {                                                          \
       std::printf("FAIL %s:%d: %s (%s)\n", __FILE__, __LINE__, msg, #cond); \
-      ++g_failures;                                                        \
-    }                                                                      \
+      ++g_failures;                                                         \
+    }                                                                       \
   } while (0)
 
 std::string run_status(const FakeRegistry& reg, FakeNode& n, int32_t* code = nullptr) {
@@ -47,8 +47,8 @@ std::string run_status(const FakeRegistry& reg, FakeNode& n, int32_t* code = nul
   return m;
 }
 
-void expect_f32(const FakeRegistry& reg, FakeNode& n, const std::vector<int64_t>& shape,
-                const std::vector<float>& want, const char* what, int out = 0, float tol = 1e-4f) {
+void expect_f32(const FakeRegistry& reg, FakeNode& n, const std::vector<int64_t>& shape, const std::vector<float>& want,
+                const char* what, int out = 0, float tol = 1e-4f) {
   std::string err = run_status(reg, n);
   if (!err.empty()) {
     std::printf("FAIL %s: kernel error: %s\n", what, err.c_str());
@@ -134,6 +134,18 @@ void hand_tests(const FakeRegistry& reg) {
     n.attrs["ceil_mode"] = FakeAttr::integer(1);
     n.output_dtypes = {KEEL_DTYPE_F32};
     expect_f32(reg, n, {1, 1, 2, 2}, {10, 11, 14, 15}, "MaxPool ceil_mode");
+  }
+  // A kernel far larger than its input (SAME padding makes up the rest): only the taps inside the input are visited,
+  // so this finishes at once instead of walking 2^40 taps per output (hours).
+  for (const char* op : {"LpPool", "AveragePool", "MaxPool"}) {
+    FakeNode n(op, 18);
+    n.add_input(FakeTensor::f32({1, 1, 1, 3}, {0, 1, 2}));
+    n.attrs["kernel_shape"] = FakeAttr::int_list({1, int64_t{1} << 40});
+    n.attrs["auto_pad"] = FakeAttr::str("SAME_UPPER");
+    if (std::string(op) == "LpPool") n.attrs["p"] = FakeAttr::integer(1);
+    n.output_dtypes = {KEEL_DTYPE_F32};
+    const float want = std::string(op) == "LpPool" ? 3.f : std::string(op) == "AveragePool" ? 1.f : 2.f;
+    expect_f32(reg, n, {1, 1, 1, 3}, {want, want, want}, (std::string(op) + " kernel 2^40 SAME_UPPER").c_str());
   }
   {  // Gemm transB, alpha, beta, C broadcast over rows.
     FakeNode n("Gemm", 13);
@@ -257,7 +269,8 @@ std::vector<uint8_t> unhex(const std::string& h) {
   std::vector<uint8_t> r;
   if (h == "-") return r;
   r.reserve(h.size() / 2);
-  for (size_t i = 0; i + 1 < h.size(); i += 2) r.push_back(static_cast<uint8_t>(std::stoul(h.substr(i, 2), nullptr, 16)));
+  for (size_t i = 0; i + 1 < h.size(); i += 2)
+    r.push_back(static_cast<uint8_t>(std::stoul(h.substr(i, 2), nullptr, 16)));
   return r;
 }
 
@@ -301,7 +314,8 @@ void convert_f32(FakeTensor& t, int32_t to) {
     t = FakeTensor::of(to, t.dims, d);
   } else {
     std::vector<uint16_t> h(v.size());
-    for (size_t i = 0; i < v.size(); ++i) h[i] = to == KEEL_DTYPE_F16 ? keel::f32_to_f16(v[i]) : keel::f32_to_bf16(v[i]);
+    for (size_t i = 0; i < v.size(); ++i)
+      h[i] = to == KEEL_DTYPE_F16 ? keel::f32_to_f16(v[i]) : keel::f32_to_bf16(v[i]);
     t = FakeTensor::of(to, t.dims, h);
   }
 }
@@ -329,9 +343,21 @@ void refill(FakeTensor& t) {
     int64_t v = rnd_in(-8, 8);
     uint8_t* p = t.data.data() + i * es;
     switch (t.dtype) {
-      case KEEL_DTYPE_F32: { float f = static_cast<float>(v) * 0.37f; std::memcpy(p, &f, 4); break; }
-      case KEEL_DTYPE_F64: { double f = static_cast<double>(v) * 0.37; std::memcpy(p, &f, 8); break; }
-      case KEEL_DTYPE_F16: { uint16_t h = keel::f32_to_f16(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
+      case KEEL_DTYPE_F32: {
+        float f = static_cast<float>(v) * 0.37f;
+        std::memcpy(p, &f, 4);
+        break;
+      }
+      case KEEL_DTYPE_F64: {
+        double f = static_cast<double>(v) * 0.37;
+        std::memcpy(p, &f, 8);
+        break;
+      }
+      case KEEL_DTYPE_F16: {
+        uint16_t h = keel::f32_to_f16(static_cast<float>(v));
+        std::memcpy(p, &h, 2);
+        break;
+      }
       case KEEL_DTYPE_BOOL: p[0] = static_cast<uint8_t>(v & 1); break;
       default: std::memcpy(p, &v, std::min<size_t>(es, 8)); break;  // little-endian truncation
     }
@@ -388,8 +414,7 @@ std::string compare(const FakeTensor& got, const FakeTensor& want) {
   return "";
 }
 
-int run_ktests(const FakeRegistry& reg, const std::string& dir, bool verbose, const std::string& filter,
-               bool strict) {
+int run_ktests(const FakeRegistry& reg, const std::string& dir, bool verbose, const std::string& filter, bool strict) {
   DIR* d = opendir(dir.c_str());
   if (!d) {
     std::printf("cannot open %s\n", dir.c_str());
@@ -421,17 +446,49 @@ int run_ktests(const FakeRegistry& reg, const std::string& dir, bool verbose, co
         std::string name, t;
         is >> name >> t;
         FakeAttr a;
-        if (t == "i") { a.kind = KEEL_ATTR_INT; is >> a.i; }
-        else if (t == "f") { std::string v; is >> v; a.kind = KEEL_ATTR_FLOAT; a.f = std::strtof(v.c_str(), nullptr); }
-        else if (t == "s") { std::string v; is >> v; auto b = unhex(v); a.kind = KEEL_ATTR_STRING; a.s.assign(b.begin(), b.end()); }
-        else if (t == "ints") { size_t c; is >> c; a.kind = KEEL_ATTR_INTS; a.ints.resize(c); for (auto& v : a.ints) is >> v; }
-        else if (t == "floats") {
-          size_t c; is >> c; a.kind = KEEL_ATTR_FLOATS;
-          for (size_t i = 0; i < c; ++i) { std::string v; is >> v; a.floats.push_back(std::strtof(v.c_str(), nullptr)); }
+        if (t == "i") {
+          a.kind = KEEL_ATTR_INT;
+          is >> a.i;
+        } else if (t == "f") {
+          std::string v;
+          is >> v;
+          a.kind = KEEL_ATTR_FLOAT;
+          a.f = std::strtof(v.c_str(), nullptr);
+        } else if (t == "s") {
+          std::string v;
+          is >> v;
+          auto b = unhex(v);
+          a.kind = KEEL_ATTR_STRING;
+          a.s.assign(b.begin(), b.end());
+        } else if (t == "ints") {
+          size_t c;
+          is >> c;
+          a.kind = KEEL_ATTR_INTS;
+          a.ints.resize(c);
+          for (auto& v : a.ints) is >> v;
+        } else if (t == "floats") {
+          size_t c;
+          is >> c;
+          a.kind = KEEL_ATTR_FLOATS;
+          for (size_t i = 0; i < c; ++i) {
+            std::string v;
+            is >> v;
+            a.floats.push_back(std::strtof(v.c_str(), nullptr));
+          }
         } else if (t == "strings") {
-          size_t c; is >> c; a.kind = KEEL_ATTR_STRINGS;
-          for (size_t i = 0; i < c; ++i) { std::string v; is >> v; auto b = unhex(v); a.strings.emplace_back(b.begin(), b.end()); }
-        } else if (t == "t") { a.kind = KEEL_ATTR_TENSOR; a.t = read_tensor(is); }
+          size_t c;
+          is >> c;
+          a.kind = KEEL_ATTR_STRINGS;
+          for (size_t i = 0; i < c; ++i) {
+            std::string v;
+            is >> v;
+            auto b = unhex(v);
+            a.strings.emplace_back(b.begin(), b.end());
+          }
+        } else if (t == "t") {
+          a.kind = KEEL_ATTR_TENSOR;
+          a.t = read_tensor(is);
+        }
         n.attrs[name] = a;
       } else if (kind == "in") {
         std::string peek;
@@ -455,7 +512,10 @@ int run_ktests(const FakeRegistry& reg, const std::string& dir, bool verbose, co
     if (g_as != KEEL_DTYPE_F32) {  // dtype sweep: run f32 tests in another float dtype
       bool any = false;
       for (auto& in : n.inputs)
-        if (in && in->dtype == KEEL_DTYPE_F32) { convert_f32(*in, g_as); any = true; }
+        if (in && in->dtype == KEEL_DTYPE_F32) {
+          convert_f32(*in, g_as);
+          any = true;
+        }
       for (auto& [name, a] : n.attrs)
         if (a.kind == KEEL_ATTR_TENSOR) convert_f32(a.t, g_as);
       for (auto& dt : n.output_dtypes)
@@ -497,7 +557,10 @@ int run_ktests(const FakeRegistry& reg, const std::string& dir, bool verbose, co
     } else {
       for (size_t i = 0; i < expected.size() && why.empty(); ++i) {
         if (!check[i]) continue;
-        if (i >= n.outputs.size() || !n.output_written[i]) { why = "output " + std::to_string(i) + " not written"; break; }
+        if (i >= n.outputs.size() || !n.output_written[i]) {
+          why = "output " + std::to_string(i) + " not written";
+          break;
+        }
         std::string c = compare(n.outputs[i], *expected[i]);
         if (!c.empty()) why = "output " + std::to_string(i) + " " + c;
       }
@@ -513,8 +576,8 @@ int run_ktests(const FakeRegistry& reg, const std::string& dir, bool verbose, co
   for (auto& s : failed) std::printf("FAIL %s\n", s.c_str());
   if (verbose)
     for (auto& s : missing) std::printf("NO_KERNEL %s\n", s.c_str());
-  std::printf("ONNX node tests: %d pass, %d fail, %d unimplemented, %d without a kernel (of %zu)\n", pass, fail,
-              unimpl, nokernel, files.size());
+  std::printf("ONNX node tests: %d pass, %d fail, %d unimplemented, %d without a kernel (of %zu)\n", pass, fail, unimpl,
+              nokernel, files.size());
   return strict && fail ? 1 : 0;
 }
 

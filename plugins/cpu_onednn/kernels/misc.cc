@@ -200,7 +200,7 @@ class PoolKernel : public PlainKernel {
     if (numel(y) == 0 || numel(x) == 0) return;
     alg a = max_ ? alg::pooling_max
                  : (global_ || c.attr_i("count_include_pad", 0) ? alg::pooling_avg_include_padding
-                                                                 : alg::pooling_avg_exclude_padding);
+                                                                : alg::pooling_avg_exclude_padding);
     dnnl::memory::dims dil(r);
     for (size_t i = 0; i < r; ++i) dil[i] = d[i] - 1;
     dnnl::memory::desc src = typed_md(x), dst = typed_md(y);
@@ -215,7 +215,6 @@ class PoolKernel : public PlainKernel {
  private:
   bool max_, global_;
 };
-
 
 // ----------------------------------------------------------------------------------------------- normalisation
 
@@ -242,10 +241,10 @@ class BatchNormKernel : public PlainKernel {
       if (c.dims(i) != Dims{x[1]}) throw Reject{"scale/bias/mean/var must be [C]"};
     float eps = c.attr_f("epsilon", 1e-5f);
     dnnl::memory::desc src = typed_md(x);
-    dnnl::batch_normalization_forward::desc d(
-        dnnl::prop_kind::forward_inference, src, eps,
-        dnnl::normalization_flags::use_global_stats | dnnl::normalization_flags::use_scale |
-            dnnl::normalization_flags::use_shift);
+    dnnl::batch_normalization_forward::desc d(dnnl::prop_kind::forward_inference, src, eps,
+                                              dnnl::normalization_flags::use_global_stats |
+                                                  dnnl::normalization_flags::use_scale |
+                                                  dnnl::normalization_flags::use_shift);
     dnnl::batch_normalization_forward::primitive_desc pd(d, engine());
     p.prim = dnnl::batch_normalization_forward(pd);
     add_input(p, DNNL_ARG_SRC, 0, src);
@@ -280,7 +279,7 @@ class LayerNormKernel : public PlainKernel {
     p.out_dims = x;
     if (numel(x) == 0) return;
     const int64_t D = x.back();
-    auto vec_ok = [&](int i) { return numel(c.dims(i)) == D && c.dims(i).back() == D; };
+    auto vec_ok = [&](int i) { return !c.dims(i).empty() && numel(c.dims(i)) == D && c.dims(i).back() == D; };
     if (!vec_ok(1)) throw Reject{"Scale must have the normalised size"};
     const bool shift = c.has_input(2);
     if (shift && !vec_ok(2)) throw Reject{"B must have the normalised size"};
@@ -342,9 +341,8 @@ class SoftmaxKernel : public PlainKernel {
 
 // The ONNX op a Unary computes.
 const char* unary_op(Unary u) {
-  static const char* const kOps[] = {"Relu", "LeakyRelu", "Elu",       "Sigmoid", "Tanh", "Exp",      "Log",
-                                     "Sqrt", "Abs",       "HardSwish", "Clip",    "Neg",  "Softplus", "Gelu",
-                                     "Round"};
+  static const char* const kOps[] = {"Relu", "LeakyRelu", "Elu",  "Sigmoid", "Tanh",     "Exp",  "Log",  "Sqrt",
+                                     "Abs",  "HardSwish", "Clip", "Neg",     "Softplus", "Gelu", "Round"};
   return kOps[static_cast<int>(u)];
 }
 
@@ -448,7 +446,6 @@ class BinaryKernel : public PlainKernel {
   bool commutative_;
 };
 
-
 // ----------------------------------------------------------------------------------------------------- concat
 
 class ConcatKernel : public PlainKernel {
@@ -489,8 +486,6 @@ class ConcatKernel : public PlainKernel {
     p.dst = dnnl::memory(md, engine(), nullptr);
   }
 };
-
-
 
 // ------------------------------------------------------------------------------------- transpose, reduce, pow
 
@@ -626,9 +621,11 @@ std::vector<KernelInfo> misc_kernels() {
       {"MaxPool", 1, 0, "onednn_f32_maxpool", []() -> K { return new PoolKernel(dt::f32, true, false); }},
       {"AveragePool", 1, 0, "onednn_f32_averagepool", []() -> K { return new PoolKernel(dt::f32, false, false); }},
       {"GlobalMaxPool", 1, 0, "onednn_f32_globalmaxpool", []() -> K { return new PoolKernel(dt::f32, true, true); }},
-      {"GlobalAveragePool", 1, 0, "onednn_f32_globalaveragepool", []() -> K { return new PoolKernel(dt::f32, false, true); }},
+      {"GlobalAveragePool", 1, 0, "onednn_f32_globalaveragepool",
+       []() -> K { return new PoolKernel(dt::f32, false, true); }},
       {"BatchNormalization", 7, 0, "onednn_f32_batchnormalization", []() -> K { return new BatchNormKernel(dt::f32); }},
-      {"LayerNormalization", 17, 0, "onednn_f32_layernormalization", []() -> K { return new LayerNormKernel(dt::f32); }},
+      {"LayerNormalization", 17, 0, "onednn_f32_layernormalization",
+       []() -> K { return new LayerNormKernel(dt::f32); }},
       {"LayerNormalization", 1, 0, "onednn_f32_keel_layernormalization",
        []() -> K { return new LayerNormKernel(dt::f32); }, "keel"},
       {"Softmax", 1, 0, "onednn_f32_softmax", []() -> K { return new SoftmaxKernel(dt::f32, false); }},
