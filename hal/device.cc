@@ -94,16 +94,17 @@ Status Event::synchronize() const {
 
 StatusOr<Communicator> Communicator::create(const CollectiveEntry* entry, keel_kv_store_t* store, int32_t rank,
                                             int32_t size, int32_t device, int64_t timeout_ms) {
-  if (!entry || !entry->table.communicator_create) return unimplemented("collective backend has no communicator_create");
+  if (!entry || !entry->table.communicator_create)
+    return unimplemented("collective backend has no communicator_create");
   if (rank < 0 || size <= 0 || rank >= size) {
     return invalid_argument("rank " + std::to_string(rank) + " of " + std::to_string(size) + " is out of range");
   }
   Communicator c;
   c.entry_ = entry;
-  KEEL_RETURN_IF_ERROR(wrap(entry->table.communicator_create(entry->table.user_data, store, rank, size, device,
-                                                             timeout_ms, &c.comm_),
-                            entry->backend),
-                       "communicator");
+  KEEL_RETURN_IF_ERROR(
+      wrap(entry->table.communicator_create(entry->table.user_data, store, rank, size, device, timeout_ms, &c.comm_),
+           entry->backend),
+      "communicator");
   return c;
 }
 Communicator& Communicator::operator=(Communicator&& o) noexcept {
@@ -112,16 +113,22 @@ Communicator& Communicator::operator=(Communicator&& o) noexcept {
   return *this;
 }
 Communicator::~Communicator() {
-  if (entry_ && comm_ && entry_->table.communicator_release) entry_->table.communicator_release(entry_->table.user_data, comm_);
+  if (entry_ && comm_ && entry_->table.communicator_release)
+    entry_->table.communicator_release(entry_->table.user_data, comm_);
 }
 
-#define KEEL_COLLECTIVE_CALL(member, ...)                                                        \
+#define KEEL_COLLECTIVE_CALL(member, ...)                                                           \
   if (!entry_ || !entry_->table.member) return unimplemented(std::string("collective ") + #member); \
   return wrap(entry_->table.member(entry_->table.user_data, comm_, __VA_ARGS__), entry_->backend + " " #member)
 
-int32_t Communicator::rank() const { return entry_ && entry_->table.rank ? entry_->table.rank(entry_->table.user_data, comm_) : 0; }
-int32_t Communicator::size() const { return entry_ && entry_->table.size ? entry_->table.size(entry_->table.user_data, comm_) : 1; }
-Status Communicator::all_reduce(const void* s, void* r, uint64_t n, DType t, keel_reduce_op_t op, keel_stream_t st) const {
+int32_t Communicator::rank() const {
+  return entry_ && entry_->table.rank ? entry_->table.rank(entry_->table.user_data, comm_) : 0;
+}
+int32_t Communicator::size() const {
+  return entry_ && entry_->table.size ? entry_->table.size(entry_->table.user_data, comm_) : 1;
+}
+Status Communicator::all_reduce(const void* s, void* r, uint64_t n, DType t, keel_reduce_op_t op,
+                                keel_stream_t st) const {
   KEEL_COLLECTIVE_CALL(all_reduce, s, r, n, static_cast<int32_t>(t), op, st);
 }
 Status Communicator::broadcast(const void* s, void* r, uint64_t n, DType t, int32_t root, keel_stream_t st) const {
@@ -130,7 +137,8 @@ Status Communicator::broadcast(const void* s, void* r, uint64_t n, DType t, int3
 Status Communicator::all_gather(const void* s, void* r, uint64_t n, DType t, keel_stream_t st) const {
   KEEL_COLLECTIVE_CALL(all_gather, s, r, n, static_cast<int32_t>(t), st);
 }
-Status Communicator::reduce_scatter(const void* s, void* r, uint64_t n, DType t, keel_reduce_op_t op, keel_stream_t st) const {
+Status Communicator::reduce_scatter(const void* s, void* r, uint64_t n, DType t, keel_reduce_op_t op,
+                                    keel_stream_t st) const {
   KEEL_COLLECTIVE_CALL(reduce_scatter, s, r, n, static_cast<int32_t>(t), op, st);
 }
 Status Communicator::send(const void* b, uint64_t n, DType t, int32_t peer, keel_stream_t st) const {

@@ -37,8 +37,8 @@ class Device {
   StatusOr<void*> allocate(uint64_t bytes, uint64_t alignment) const;
   void free(void* ptr) const;
   // Copies between this device and the host, or between devices of this table (`kind` says which side is which).
-  Status copy(keel_copy_kind_t kind, void* dst, int32_t dst_device, const void* src, int32_t src_device,
-              uint64_t bytes, keel_stream_t stream = nullptr) const;
+  Status copy(keel_copy_kind_t kind, void* dst, int32_t dst_device, const void* src, int32_t src_device, uint64_t bytes,
+              keel_stream_t stream = nullptr) const;
   Status synchronize() const;
 
   // Streams and events; UNIMPLEMENTED when the device has none (it then runs everything in order).
@@ -101,8 +101,8 @@ class Communicator {
  public:
   // Creates a communicator of `size` ranks through `store` (the rendezvous), failing with DEADLINE_EXCEEDED when
   // peers do not arrive within timeout_ms.
-  static StatusOr<Communicator> create(const CollectiveEntry* entry, keel_kv_store_t* store, int32_t rank,
-                                       int32_t size, int32_t device, int64_t timeout_ms);
+  static StatusOr<Communicator> create(const CollectiveEntry* entry, keel_kv_store_t* store, int32_t rank, int32_t size,
+                                       int32_t device, int64_t timeout_ms);
   Communicator() = default;
   Communicator(Communicator&& o) noexcept { *this = std::move(o); }
   Communicator& operator=(Communicator&& o) noexcept;
@@ -114,7 +114,8 @@ class Communicator {
                     keel_stream_t stream = nullptr) const;
   Status broadcast(const void* send, void* recv, uint64_t count, DType dtype, int32_t root,
                    keel_stream_t stream = nullptr) const;
-  Status all_gather(const void* send, void* recv, uint64_t send_count, DType dtype, keel_stream_t stream = nullptr) const;
+  Status all_gather(const void* send, void* recv, uint64_t send_count, DType dtype,
+                    keel_stream_t stream = nullptr) const;
   Status reduce_scatter(const void* send, void* recv, uint64_t recv_count, DType dtype, keel_reduce_op_t op,
                         keel_stream_t stream = nullptr) const;
   Status send(const void* buf, uint64_t count, DType dtype, int32_t peer, keel_stream_t stream = nullptr) const;

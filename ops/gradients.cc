@@ -7,8 +7,8 @@
 
 namespace keel::ops {
 
-GradBuilder::GradBuilder(const Node& node, int32_t opset, std::vector<TypeShape> inputs,
-                         std::vector<TypeShape> outputs, std::vector<bool> needs_grad)
+GradBuilder::GradBuilder(const Node& node, int32_t opset, std::vector<TypeShape> inputs, std::vector<TypeShape> outputs,
+                         std::vector<bool> needs_grad)
     : node_(node), opset_(opset), in_(std::move(inputs)), out_(std::move(outputs)), needs_(std::move(needs_grad)) {
   prog_.input_grads.assign(in_.size(), "");
 }
@@ -343,8 +343,8 @@ Status g_conv_transpose(B& b) {
 }
 std::map<std::string, Attribute> pool_attrs(const Node& n) {
   std::map<std::string, Attribute> a;
-  for (const char* k : {"kernel_shape", "strides", "pads", "dilations", "auto_pad", "ceil_mode", "count_include_pad",
-                        "storage_order"})
+  for (const char* k :
+       {"kernel_shape", "strides", "pads", "dilations", "auto_pad", "ceil_mode", "count_include_pad", "storage_order"})
     if (const Attribute* v = n.attr(k)) a[k] = *v;
   return a;
 }
@@ -416,7 +416,8 @@ Status g_batch_norm_training(B& b) {  // keel.BatchNormTraining(X, scale, B) -> 
 }
 Status g_batch_norm_inference(B& b) {  // ONNX BatchNormalization with running statistics
   KEEL_RETURN_IF_ERROR(need_only(b, {0, 1, 2}, "running statistics are buffers"), "");
-  if (b.node().attr_int("training_mode", 0) != 0) return unimplemented("BatchNormalization: training_mode (use keel.BatchNormTraining)");
+  if (b.node().attr_int("training_mode", 0) != 0)
+    return unimplemented("BatchNormalization: training_mode (use keel.BatchNormTraining)");
   const Shape& s = b.in(0).shape;
   DType dt = b.in(0).dtype;
   Shape cshape(s.size(), 1);
@@ -459,8 +460,8 @@ Status g_softmax_cross_entropy(B& b) {
   if (b.num_outputs() < 2) return unimplemented("SoftmaxCrossEntropyLoss: gradient needs the log_prob output");
   std::vector<std::string> ins = {B::dy(0), B::y(1), B::x(1)};
   if (b.has_input(2)) ins.push_back(B::x(2));
-  std::map<std::string, Attribute> a = {{"reduction", Attribute::of_string(
-                                                          b.node().attr("reduction") ? b.node().attr("reduction")->s : "mean")}};
+  std::map<std::string, Attribute> a = {
+      {"reduction", Attribute::of_string(b.node().attr("reduction") ? b.node().attr("reduction")->s : "mean")}};
   if (const Attribute* ii = b.node().attr("ignore_index")) a["ignore_index"] = *ii;
   b.grad(0, b.op("SoftmaxCrossEntropyLossGrad", ins, a, "keel"));
   return Status::ok();

@@ -37,8 +37,8 @@ struct GradStep {
 // The backward of one forward node.
 struct GradProgram {
   std::vector<GradStep> steps;
-  std::map<std::string, Tensor> constants;   // host tensors
-  std::vector<std::string> input_grads;      // per forward input: the value holding its gradient, "" = none
+  std::map<std::string, Tensor> constants;       // host tensors
+  std::vector<std::string> input_grads;          // per forward input: the value holding its gradient, "" = none
   std::vector<bool> reads_x, reads_y, reads_dy;  // which forward inputs / outputs / output grads the steps read
 };
 
@@ -73,7 +73,7 @@ class GradBuilder {
     return op_n(op_type, std::move(inputs), 1, std::move(attrs), {}, domain)[0];
   }
   std::string constant(Tensor host_tensor);
-  std::string ints(const std::vector<int64_t>& v);           // int64 1-D constant
+  std::string ints(const std::vector<int64_t>& v);  // int64 1-D constant
   // A rank-0 constant (scalar_constant); for a dtype without numbers it records the error in status() and returns
   // "" (an absent value).
   std::string scalar(double v, DType dtype);

@@ -81,19 +81,25 @@ void register_keel_schemas() {
     onnx::OpSchemaRegistry::DomainToVersionRange::Instance().AddDomainToVersion("keel", 1, 1);
 
     OpSchema conv = fused("FusedConv", "act(conv(X, W) + B + Z), Conv's attributes plus activation");
-    conv.Input(0, "X", "input", "T").Input(1, "W", "weights", "T")
-        .Input(2, "B", "bias", "T", OpSchema::Optional).Input(3, "Z", "residual", "T", OpSchema::Optional)
+    conv.Input(0, "X", "input", "T")
+        .Input(1, "W", "weights", "T")
+        .Input(2, "B", "bias", "T", OpSchema::Optional)
+        .Input(3, "Z", "residual", "T", OpSchema::Optional)
         .TypeAndShapeInferenceFunction(borrowed_inference("Conv", 11));
     register_one(conv);
 
     OpSchema mm = fused("FusedMatMul", "act(matmul(A, B) + bias + Z)");
-    mm.Input(0, "A", "", "T").Input(1, "B", "", "T").Input(2, "bias", "", "T", OpSchema::Optional)
+    mm.Input(0, "A", "", "T")
+        .Input(1, "B", "", "T")
+        .Input(2, "bias", "", "T", OpSchema::Optional)
         .Input(3, "Z", "residual", "T", OpSchema::Optional)
         .TypeAndShapeInferenceFunction(borrowed_inference("MatMul", 13));
     register_one(mm);
 
     OpSchema gemm = fused("FusedGemm", "act(alpha A' B' + beta C + Z), Gemm's attributes plus activation");
-    gemm.Input(0, "A", "", "T").Input(1, "B", "", "T").Input(2, "C", "", "T", OpSchema::Optional)
+    gemm.Input(0, "A", "", "T")
+        .Input(1, "B", "", "T")
+        .Input(2, "C", "", "T", OpSchema::Optional)
         .Input(3, "Z", "residual", "T", OpSchema::Optional)
         .TypeAndShapeInferenceFunction(borrowed_inference("Gemm", 13));
     register_one(gemm);
@@ -103,12 +109,16 @@ void register_keel_schemas() {
     register_one(gelu);
 
     OpSchema ln = fused("LayerNormalization", "as ONNX LayerNormalization-17 (output 0 only), for older opsets");
-    ln.Input(0, "X", "", "T").Input(1, "Scale", "", "T").Input(2, "B", "", "T", OpSchema::Optional)
+    ln.Input(0, "X", "", "T")
+        .Input(1, "Scale", "", "T")
+        .Input(2, "B", "", "T", OpSchema::Optional)
         .TypeAndShapeInferenceFunction(onnx::propagateShapeAndTypeFromFirstInput);
     register_one(ln);
 
     OpSchema attn = fused("Attention", "softmax(matmul(Q, Kt) * scale + mask, last axis) @ V");
-    attn.Input(0, "Q", "", "T").Input(1, "Kt", "", "T").Input(2, "V", "", "T")
+    attn.Input(0, "Q", "", "T")
+        .Input(1, "Kt", "", "T")
+        .Input(2, "V", "", "T")
         .Input(3, "mask", "", "T", OpSchema::Optional)
         .TypeAndShapeInferenceFunction([](onnx::InferenceContext& ctx) {
           onnx::propagateElemTypeFromInputToOutput(ctx, 0, 0);
@@ -139,24 +149,31 @@ void register_keel_schemas() {
       s.TypeConstraint("T2", {"tensor(int8)"}, "quantized weights");
       s.TypeConstraint("T3", {"tensor(uint8)", "tensor(int8)"}, "quantized output");
       s.TypeConstraint("T4", {"tensor(uint8)", "tensor(int8)", "tensor(float)"}, "output");
-      s.Input(0, x, "", "T1").Input(1, w, "", "T2").Input(2, b, "f32 bias", "tensor(float)", OpSchema::Optional)
-          .Input(3, "x_scale", "", "tensor(float)").Input(4, "x_zero_point", "", "T0", OpSchema::Optional)
-          .Input(5, "w_scale", "", "tensor(float)").Input(6, "y_scale", "", "tensor(float)", OpSchema::Optional)
+      s.Input(0, x, "", "T1")
+          .Input(1, w, "", "T2")
+          .Input(2, b, "f32 bias", "tensor(float)", OpSchema::Optional)
+          .Input(3, "x_scale", "", "tensor(float)")
+          .Input(4, "x_zero_point", "", "T0", OpSchema::Optional)
+          .Input(5, "w_scale", "", "tensor(float)")
+          .Input(6, "y_scale", "", "tensor(float)", OpSchema::Optional)
           .Input(7, "y_zero_point", "", "T3", OpSchema::Optional);
       s.Output(0, "Y", "", "T4");
       return s;
     };
-    OpSchema qconv = quantized("QConv", "act(conv(dequant(X), dequant(W)) + B + Z), quantized when y_scale is given",
-                               "X", "W", "B");
-    qconv.Input(8, "Z", "f32 residual added before the activation (the output's shape; layout: residual_layout)", "tensor(float)",
-                OpSchema::Optional);
-    qconv.TypeAndShapeInferenceFunction([conv = borrowed_inference("Conv", 11), q_output_type](onnx::InferenceContext& ctx) {
-      conv(ctx);
-      q_output_type(ctx);
-    });
+    OpSchema qconv =
+        quantized("QConv", "act(conv(dequant(X), dequant(W)) + B + Z), quantized when y_scale is given", "X", "W", "B");
+    qconv.Input(8, "Z", "f32 residual added before the activation (the output's shape; layout: residual_layout)",
+                "tensor(float)", OpSchema::Optional);
+    qconv.TypeAndShapeInferenceFunction(
+        [conv = borrowed_inference("Conv", 11), q_output_type](onnx::InferenceContext& ctx) {
+          conv(ctx);
+          q_output_type(ctx);
+        });
     register_one(qconv);
-    OpSchema qgemm = quantized("QGemm", "act(dequant(A) x dequant(B) + C), quantized when y_scale is given; B [K, N] "
-                               "(or [N, K] with transB)", "A", "B", "C");
+    OpSchema qgemm = quantized("QGemm",
+                               "act(dequant(A) x dequant(B) + C), quantized when y_scale is given; B [K, N] "
+                               "(or [N, K] with transB)",
+                               "A", "B", "C");
     qgemm.TypeAndShapeInferenceFunction([q_output_type](onnx::InferenceContext& ctx) {
       q_output_type(ctx);
       if (!onnx::hasInputShape(ctx, 0) || !onnx::hasInputShape(ctx, 1)) return;
@@ -172,12 +189,15 @@ void register_keel_schemas() {
     register_one(qgemm);
     // --- backward (training) ops: the gradient rules of ops/gradients.cc emit them; reference kernels in
     // ops/reference/grad.cc, oneDNN ones in plugins/cpu_onednn/onednn_train.cc ---
-    register_grad_op("ConvGrad", "gradients of Conv(X, W, B) from dY, Conv's attributes; the output spatial size is "
+    register_grad_op("ConvGrad",
+                     "gradients of Conv(X, W, B) from dY, Conv's attributes; the output spatial size is "
                      "dY's. Outputs: dX, dW, dB (each optional)",
                      {{"dY"}, {"X"}, {"W"}}, {{"dX", true}, {"dW", true}, {"dB", true}}, {1, 2, kDim0Of2});
-    register_grad_op("MaxPoolGrad", "dX of MaxPool(X) (MaxPool's attributes): dY goes to the first maximum of each window",
+    register_grad_op("MaxPoolGrad",
+                     "dX of MaxPool(X) (MaxPool's attributes): dY goes to the first maximum of each window",
                      {{"dY"}, {"X"}}, {{"dX"}}, {1});
-    register_grad_op("AveragePoolGrad", "dX of AveragePool (its attributes plus input_shape)", {{"dY"}}, {{"dX"}}, {-1});
+    register_grad_op("AveragePoolGrad", "dX of AveragePool (its attributes plus input_shape)", {{"dY"}}, {{"dX"}},
+                     {-1});
     register_grad_op("ReluGrad", "dY * (Y > 0)", {{"dY"}, {"Y"}}, {{"dX"}}, {0});
     register_grad_op("SigmoidGrad", "dY * Y * (1 - Y)", {{"dY"}, {"Y"}}, {{"dX"}}, {0});
     register_grad_op("TanhGrad", "dY * (1 - Y^2)", {{"dY"}, {"Y"}}, {{"dX"}}, {0});
@@ -194,8 +214,7 @@ void register_keel_schemas() {
     register_grad_op("BatchNormGrad", "dX, dScale, dB of BatchNormTraining from dY, X, scale, mean, invstd",
                      {{"dY"}, {"X"}, {"scale"}, {"mean"}, {"invstd"}}, {{"dX", true}, {"dScale", true}, {"dB", true}},
                      {1, 2, 2});
-    register_grad_op("LayerNormGrad",
-                     "dX, dScale, dB of LayerNormalization(axis) from dY, X, scale, Mean, InvStdDev",
+    register_grad_op("LayerNormGrad", "dX, dScale, dB of LayerNormalization(axis) from dY, X, scale, Mean, InvStdDev",
                      {{"dY"}, {"X"}, {"scale"}, {"mean"}, {"invstd"}}, {{"dX", true}, {"dScale", true}, {"dB", true}},
                      {1, 2, 2});
     register_grad_op("GatherGrad", "dData of Gather(data, indices, axis): dY scattered (added) into data_shape",

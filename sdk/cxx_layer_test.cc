@@ -92,7 +92,7 @@ TEST(SdkShape, WindowOutput) {
   EXPECT_EQ(keel::sdk::window_output(5, 0, 3, 1), 3);
   EXPECT_EQ(keel::sdk::window_output(7, 0, 2, 2), 3);
   EXPECT_EQ(keel::sdk::window_output(7, 0, 2, 2, true), 4);  // ceil_mode
-  EXPECT_EQ(keel::sdk::window_output(2, 0, 3, 1), -1);        // the window does not fit
+  EXPECT_EQ(keel::sdk::window_output(2, 0, 3, 1), -1);       // the window does not fit
   EXPECT_EQ(keel::sdk::window_output(2, 1, 3, 1), 1);
 }
 
@@ -133,7 +133,9 @@ struct FakeCtx {
   std::vector<int64_t> pads{1, 2, 3, 4};
   bool fail_output = false;
 };
-FakeCtx* fake(const keel_kernel_context_t* c) { return reinterpret_cast<FakeCtx*>(const_cast<keel_kernel_context_t*>(c)); }
+FakeCtx* fake(const keel_kernel_context_t* c) {
+  return reinterpret_cast<FakeCtx*>(const_cast<keel_kernel_context_t*>(c));
+}
 
 keel_kernel_api_t fake_kernel_api() {
   keel_kernel_api_t api{};
@@ -243,9 +245,15 @@ TEST(SdkKernel, GuardTurnsExceptionsIntoStatuses) {
   EXPECT_EQ(run_guard(Stage::kCompute, [] {}), (R{KEEL_STATUS_OK, ""}));
   EXPECT_EQ(run_guard(Stage::kCompute, [] { throw keel::sdk::Reject{"rank 7"}; }),
             (R{KEEL_STATUS_UNIMPLEMENTED, "k: rank 7"}));
-  EXPECT_EQ(run_guard(Stage::kCompute, [] { throw keel::sdk::Failure{KEEL_STATUS_INVALID_ARGUMENT, "bad"}; }),
+  EXPECT_EQ(run_guard(Stage::kCompute,
+                      [] {
+                        throw keel::sdk::Failure{KEEL_STATUS_INVALID_ARGUMENT, "bad"};
+                      }),
             (R{KEEL_STATUS_INVALID_ARGUMENT, "k: bad"}));
-  EXPECT_EQ(run_guard(Stage::kCreate, [] { throw keel::sdk::Failure{KEEL_STATUS_INVALID_ARGUMENT, "bad"}; }),
+  EXPECT_EQ(run_guard(Stage::kCreate,
+                      [] {
+                        throw keel::sdk::Failure{KEEL_STATUS_INVALID_ARGUMENT, "bad"};
+                      }),
             (R{KEEL_STATUS_UNIMPLEMENTED, "k: bad"}));  // at create everything is a rejection
   EXPECT_EQ(run_guard(Stage::kCompute, [] { throw std::runtime_error("boom"); }), (R{KEEL_STATUS_INTERNAL, "k: boom"}));
   EXPECT_EQ(run_guard(Stage::kCreate, [] { throw std::runtime_error("boom"); }),

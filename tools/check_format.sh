@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# tools/check_format.sh — checks that the C/C++ lines changed since a base commit follow .clang-format.
+# tools/check_format.sh — checks that the C/C++ sources follow .clang-format.
 #
 #   tools/check_format.sh [--fix] [BASE]
 #
-# BASE: a commit (origin/main, HEAD~3, a hash) or a number N for HEAD~N. Default: origin/main when that exists,
-# else HEAD~1. Only lines that differ between BASE and the working tree are looked at (git clang-format), so code
-# written before .clang-format is not flagged until someone changes it. Prints the diff clang-format wants and exits
-# 1 when there is one, 0 when the changed lines are clean; --fix applies that diff to the working tree instead.
-# Needs clang-format and git-clang-format (Debian: clang-format).
+# Without BASE: every tracked C/C++ file of the tree (what CI runs). With BASE (a commit such as origin/main or a
+# hash, or a number N for HEAD~N): only the lines that differ between BASE and the working tree (git clang-format),
+# which is quicker while working. Prints what clang-format would change and exits 1 when there is something, 0 when
+# the sources are clean; --fix rewrites the files (or the changed lines) instead.
+# Needs clang-format (and git-clang-format with BASE; Debian: clang-format).
 set -euo pipefail
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
 
@@ -22,8 +22,26 @@ for arg in "$@"; do
        base="$arg" ;;
   esac
 done
+if ! command -v clang-format >/dev/null; then
+  echo "check_format.sh: clang-format is needed (apt-get install clang-format)" >&2
+  exit 2
+fi
 if [[ -z "$base" ]]; then
-  if git rev-parse --verify -q origin/main >/dev/null; then base=origin/main; else base=HEAD~1; fi
+  files=()
+  while IFS= read -r -d '' f; do files+=("$f"); done < <(git ls-files -z '*.c' '*.h' '*.cc' '*.cpp' '*.hpp' '*.cu' '*.cuh')
+  if [[ $fix == 1 ]]; then
+    printf '%s\0' "${files[@]}" | xargs -0 -n 50 clang-format -i
+    exit 0
+  fi
+  bad=$(printf '%s\0' "${files[@]}" | xargs -0 -n 50 clang-format --dry-run 2>&1 | grep -o '^[^:]*:[0-9]*:[0-9]*: warning' |
+        cut -d: -f1 | sort -u || true)
+  if [[ -z "$bad" ]]; then
+    echo "check_format.sh: all ${#files[@]} C/C++ files follow .clang-format"
+    exit 0
+  fi
+  for f in $bad; do diff -u "$f" <(clang-format "$f") | head -40 || true; done
+  echo "check_format.sh: $(wc -w <<<"$bad") file(s) above do not follow .clang-format (tools/check_format.sh --fix rewrites them):" $bad >&2
+  exit 1
 elif [[ "$base" =~ ^[0-9]+$ ]]; then
   base="HEAD~$base"
 fi

@@ -1,9 +1,9 @@
 // keel/core/base/allocator.h — the caching allocator (memory pool) the core puts in front of every device.
 //
 // Device plugins only give raw allocate/free, which may be slow (cudaMalloc, page faults). CachingAllocator keeps
-// freed blocks and hands them out again: best fit over free blocks, splitting large blocks (small requests, up to 1 MiB, and large ones come from separate
-// segments, so small blocks do not fragment large segments), merging neighbours on
-// free, and pooling per stream (a block freed on one stream is only reused on that stream). Raw memory is taken in
+// freed blocks and hands them out again: best fit over free blocks, splitting large blocks (small requests, up to 1
+// MiB, and large ones come from separate segments, so small blocks do not fragment large segments), merging neighbours
+// on free, and pooling per stream (a block freed on one stream is only reused on that stream). Raw memory is taken in
 // segments (2 MiB for small requests, rounded up to 2 MiB otherwise) and given back only by trim() — or
 // automatically when the raw allocator fails, before reporting OUT_OF_MEMORY.
 //
@@ -33,29 +33,29 @@ class RawAllocator {
 };
 
 struct AllocatorStats {
-  uint64_t in_use_bytes = 0;         // handed out and not yet freed (rounded sizes)
-  uint64_t reserved_bytes = 0;       // held from the raw allocator (in use + cached)
+  uint64_t in_use_bytes = 0;    // handed out and not yet freed (rounded sizes)
+  uint64_t reserved_bytes = 0;  // held from the raw allocator (in use + cached)
   uint64_t peak_in_use_bytes = 0;
   uint64_t peak_reserved_bytes = 0;
-  uint64_t allocations = 0;          // calls to allocate that succeeded
-  uint64_t cache_hits = 0;           // of those, served without a raw allocation
-  uint64_t raw_allocations = 0;      // segments taken from the raw allocator
-  uint64_t raw_frees = 0;            // segments given back
+  uint64_t allocations = 0;      // calls to allocate that succeeded
+  uint64_t cache_hits = 0;       // of those, served without a raw allocation
+  uint64_t raw_allocations = 0;  // segments taken from the raw allocator
+  uint64_t raw_frees = 0;        // segments given back
   uint64_t failed_allocations = 0;
   // Filled by stats() (not running counters):
-  uint64_t cache_misses = 0;         // allocations - cache_hits: each took a new segment
-  uint64_t segments = 0;             // segments held now
-  uint64_t blocks_in_use = 0;        // blocks handed out and not yet freed
-  uint64_t free_blocks = 0;          // cached blocks, all streams
+  uint64_t cache_misses = 0;   // allocations - cache_hits: each took a new segment
+  uint64_t segments = 0;       // segments held now
+  uint64_t blocks_in_use = 0;  // blocks handed out and not yet freed
+  uint64_t free_blocks = 0;    // cached blocks, all streams
 };
 
 class CachingAllocator {
  public:
   using StreamKey = uintptr_t;  // 0 = the default stream
 
-  static constexpr uint64_t kAlignment = 256;          // every block starts on this boundary
-  static constexpr uint64_t kSmallSize = 1ull << 20;   // requests up to 1 MiB share small segments
-  static constexpr uint64_t kSegmentSize = 2ull << 20; // small segments are 2 MiB; large ones round to 2 MiB
+  static constexpr uint64_t kAlignment = 256;           // every block starts on this boundary
+  static constexpr uint64_t kSmallSize = 1ull << 20;    // requests up to 1 MiB share small segments
+  static constexpr uint64_t kSegmentSize = 2ull << 20;  // small segments are 2 MiB; large ones round to 2 MiB
 
   explicit CachingAllocator(std::unique_ptr<RawAllocator> raw);
   ~CachingAllocator();  // gives every segment back; blocks still in use at that point are a programmer bug
@@ -82,7 +82,7 @@ class CachingAllocator {
     Block* prev = nullptr;  // neighbours within one segment
     Block* next = nullptr;
     bool segment_head = false;
-    bool small = false;     // from a small (2 MiB) segment: small and large requests never share segments
+    bool small = false;  // from a small (2 MiB) segment: small and large requests never share segments
   };
   struct BySize {
     bool operator()(const Block* a, const Block* b) const {

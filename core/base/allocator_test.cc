@@ -87,9 +87,9 @@ TEST(CachingAllocator, StatisticsTrackInUseReservedAndPeak) {
 
 TEST(CachingAllocator, StatisticsCountHitsMissesSegmentsAndBlocks) {
   Fixture f;
-  void* a = f.pool.allocate(4096).value();        // miss: a small segment
-  void* b = f.pool.allocate(4096).value();        // hit: split from that segment
-  void* c = f.pool.allocate(3 << 20).value();     // miss: a large segment
+  void* a = f.pool.allocate(4096).value();     // miss: a small segment
+  void* b = f.pool.allocate(4096).value();     // hit: split from that segment
+  void* c = f.pool.allocate(3 << 20).value();  // miss: a large segment
   auto s = f.pool.stats();
   EXPECT_EQ(s.allocations, 3u);
   EXPECT_EQ(s.cache_hits, 1u);
@@ -142,7 +142,7 @@ TEST(CachingAllocator, OutOfMemoryTrimsCacheThenReportsClearly) {
   Fixture f;
   f.raw->limit = 6u << 20;
   auto a = f.pool.allocate(3 << 20).value();  // 4 MiB segment
-  f.pool.free(a);                              // cached, not returned
+  f.pool.free(a);                             // cached, not returned
   // 5 MiB needs a 6 MiB segment: only possible after trimming the cached 4 MiB.
   auto b = f.pool.allocate(5 << 20);
   ASSERT_TRUE(b.is_ok()) << b.status().to_string();

@@ -60,10 +60,10 @@ Status DeviceSpec::check(const Registry& reg) const {
   }
   if (index < 0 || index >= dev->device_count) {
     const int32_t n = dev->device_count;
-    return Status(StatusCode::kOutOfRange,
-                  "device '" + to_string() + "' does not exist: there " + (n == 1 ? "is " : "are ") +
-                      std::to_string(n) + " " + type + " device" + (n == 1 ? "" : "s") +
-                      (n > 0 ? " (indices 0.." + std::to_string(n - 1) + ")" : std::string()));
+    return Status(StatusCode::kOutOfRange, "device '" + to_string() + "' does not exist: there " +
+                                               (n == 1 ? "is " : "are ") + std::to_string(n) + " " + type + " device" +
+                                               (n == 1 ? "" : "s") +
+                                               (n > 0 ? " (indices 0.." + std::to_string(n - 1) + ")" : std::string()));
   }
   return Status::ok();
 }

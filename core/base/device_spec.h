@@ -15,9 +15,9 @@
 namespace keel {
 
 struct DeviceSpec {
-  std::string type;              // "cpu", "cuda", ...: lowercase letters, digits, '_' (starts with a letter)
-  int32_t index = 0;             // which device of that type
-  bool explicit_index = false;   // the spec said ":N" ("cuda:0"), not just the type ("cuda")
+  std::string type;             // "cpu", "cuda", ...: lowercase letters, digits, '_' (starts with a letter)
+  int32_t index = 0;            // which device of that type
+  bool explicit_index = false;  // the spec said ":N" ("cuda:0"), not just the type ("cuda")
 
   // "TYPE" or "TYPE:INDEX" (surrounding blanks ignored). INVALID_ARGUMENT naming the spec for an empty type, an
   // index that is not a non-negative decimal number ("cuda:x", "cuda:-1", "cuda:"), or a type with other

@@ -38,7 +38,7 @@ TEST(DType, HalfRoundTripsEveryHalfValue) {
 TEST(DType, HalfRoundsToNearestEven) {
   EXPECT_EQ(f32_to_f16(1.0f), 0x3c00);
   EXPECT_EQ(f32_to_f16(65504.f), 0x7bff);
-  EXPECT_EQ(f32_to_f16(1e6f), 0x7c00);  // overflow -> inf
+  EXPECT_EQ(f32_to_f16(1e6f), 0x7c00);                // overflow -> inf
   EXPECT_EQ(f32_to_f16(1.0f + 1.0f / 2048), 0x3c00);  // halfway, rounds to even
   EXPECT_EQ(f32_to_f16(1.0f + 3.0f / 2048), 0x3c02);
   EXPECT_EQ(f32_to_f16(5.96e-8f), 0x0001);  // smallest subnormal

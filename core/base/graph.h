@@ -24,7 +24,15 @@ namespace keel {
 class Graph;
 
 enum class AttrKind : int32_t {
-  kUndefined = 0, kFloat = 1, kInt = 2, kString = 3, kTensor = 4, kGraph = 5, kFloats = 6, kInts = 7, kStrings = 8,
+  kUndefined = 0,
+  kFloat = 1,
+  kInt = 2,
+  kString = 3,
+  kTensor = 4,
+  kGraph = 5,
+  kFloats = 6,
+  kInts = 7,
+  kStrings = 8,
   kType = 13,  // an ONNX TypeProto (the `type` of Optional)
 };
 
@@ -59,12 +67,42 @@ struct Attribute {
   std::vector<std::string> strings;
   ValueInfo type;  // kType
 
-  static Attribute of_int(int64_t v) { Attribute a; a.kind = AttrKind::kInt; a.i = v; return a; }
-  static Attribute of_float(float v) { Attribute a; a.kind = AttrKind::kFloat; a.f = v; return a; }
-  static Attribute of_string(std::string v) { Attribute a; a.kind = AttrKind::kString; a.s = std::move(v); return a; }
-  static Attribute of_ints(std::vector<int64_t> v) { Attribute a; a.kind = AttrKind::kInts; a.ints = std::move(v); return a; }
-  static Attribute of_floats(std::vector<float> v) { Attribute a; a.kind = AttrKind::kFloats; a.floats = std::move(v); return a; }
-  static Attribute of_tensor(Tensor v) { Attribute a; a.kind = AttrKind::kTensor; a.t = std::move(v); return a; }
+  static Attribute of_int(int64_t v) {
+    Attribute a;
+    a.kind = AttrKind::kInt;
+    a.i = v;
+    return a;
+  }
+  static Attribute of_float(float v) {
+    Attribute a;
+    a.kind = AttrKind::kFloat;
+    a.f = v;
+    return a;
+  }
+  static Attribute of_string(std::string v) {
+    Attribute a;
+    a.kind = AttrKind::kString;
+    a.s = std::move(v);
+    return a;
+  }
+  static Attribute of_ints(std::vector<int64_t> v) {
+    Attribute a;
+    a.kind = AttrKind::kInts;
+    a.ints = std::move(v);
+    return a;
+  }
+  static Attribute of_floats(std::vector<float> v) {
+    Attribute a;
+    a.kind = AttrKind::kFloats;
+    a.floats = std::move(v);
+    return a;
+  }
+  static Attribute of_tensor(Tensor v) {
+    Attribute a;
+    a.kind = AttrKind::kTensor;
+    a.t = std::move(v);
+    return a;
+  }
 };
 
 using NodeId = uint64_t;
@@ -96,7 +134,7 @@ struct Node {
 class Graph {
  public:
   Graph() = default;
-  Graph(const Graph& other);             // deep copy (initializer bytes shared, they are immutable)
+  Graph(const Graph& other);  // deep copy (initializer bytes shared, they are immutable)
   Graph& operator=(const Graph& other);
 
   std::string name;

@@ -1,10 +1,10 @@
 #include "core/base/pass_manager.h"
 
-#include <chrono>
+#include <toml++/toml.h>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <sstream>
-#include <toml++/toml.h>
 
 namespace keel {
 
@@ -53,7 +53,8 @@ StatusOr<std::vector<PassSpec>> parse_pipeline_toml(const std::string& text, con
   }
   std::vector<PassSpec> out;
   auto* passes = root["pass"].as_array();
-  if (root.contains("pass") && passes == nullptr) return invalid_argument(origin + ": 'pass' must be an array of tables ([[pass]])");
+  if (root.contains("pass") && passes == nullptr)
+    return invalid_argument(origin + ": 'pass' must be an array of tables ([[pass]])");
   if (passes == nullptr) return out;
   for (size_t i = 0; i < passes->size(); ++i) {
     auto* t = (*passes)[i].as_table();
@@ -108,7 +109,8 @@ StatusOr<std::vector<PassReport>> PassManager::run(Graph& graph, keel_graph_t* v
     if (registry_.pass(spec.name) == nullptr) {
       std::string known;
       for (const auto& p : registry_.passes()) known += (known.empty() ? "" : ", ") + p->name;
-      return not_found("unknown pass '" + spec.name + "' (registered passes: " + (known.empty() ? "none" : known) + ")");
+      return not_found("unknown pass '" + spec.name + "' (registered passes: " + (known.empty() ? "none" : known) +
+                       ")");
     }
   }
   std::vector<PassReport> reports;
@@ -124,7 +126,8 @@ StatusOr<std::vector<PassReport>> PassManager::run(Graph& graph, keel_graph_t* v
     sink.c.note = report_note;
     sink.report = &report;
     auto t0 = std::chrono::steady_clock::now();
-    Status st = Status::from_c(pass->def.run(pass->def.user_data, view, api_, &spec.options, target_device.c_str(), &sink.c));
+    Status st =
+        Status::from_c(pass->def.run(pass->def.user_data, view, api_, &spec.options, target_device.c_str(), &sink.c));
     if (st.is_ok()) st = graph.validate().with_context("graph invalid after pass '" + spec.name + "'");
     report.milliseconds = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     report.nodes_after = graph.node_count();

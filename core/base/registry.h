@@ -1,8 +1,8 @@
 // keel/core/base/registry.h — what plugins registered: device tables, kernels, passes, collectives, claim hooks.
 //
-// Plugins register through the core API (keel_core_api_t, core/runtime/host_api.cc) while their init runs; the registry copies each
-// definition (strings and constraint arrays) so a plugin's stack or static data may go away. Every entry remembers
-// the plugin that made it (`plugin`) and that plugin's priority, so a plugin whose init fails can be undone
+// Plugins register through the core API (keel_core_api_t, core/runtime/host_api.cc) while their init runs; the registry
+// copies each definition (strings and constraint arrays) so a plugin's stack or static data may go away. Every entry
+// remembers the plugin that made it (`plugin`) and that plugin's priority, so a plugin whose init fails can be undone
 // (remove_plugin) and kernels can be ranked.
 //
 // Thread-safety: registration and removal happen during environment start-up, single-threaded. After start-up the

@@ -75,14 +75,25 @@ class [[nodiscard]] StatusOr {
  public:
   StatusOr(Status status) : status_(std::move(status)) { assert(!status_.is_ok() && "StatusOr from OK status"); }
   StatusOr(T value) : value_(std::move(value)) {}
-  template <typename U, typename = std::enable_if_t<std::is_constructible_v<T, U&&> && !std::is_same_v<std::decay_t<U>, Status> && !std::is_same_v<std::decay_t<U>, T>>>
+  template <typename U,
+            typename = std::enable_if_t<std::is_constructible_v<T, U&&> && !std::is_same_v<std::decay_t<U>, Status> &&
+                                        !std::is_same_v<std::decay_t<U>, T>>>
   StatusOr(U&& value) : value_(T(std::forward<U>(value))) {}
 
   bool is_ok() const { return status_.is_ok(); }
   const Status& status() const { return status_; }
-  T& value() & { assert(value_.has_value()); return *value_; }
-  const T& value() const& { assert(value_.has_value()); return *value_; }
-  T&& value() && { assert(value_.has_value()); return std::move(*value_); }
+  T& value() & {
+    assert(value_.has_value());
+    return *value_;
+  }
+  const T& value() const& {
+    assert(value_.has_value());
+    return *value_;
+  }
+  T&& value() && {
+    assert(value_.has_value());
+    return std::move(*value_);
+  }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
   T& operator*() & { return value(); }
@@ -99,16 +110,16 @@ class [[nodiscard]] StatusOr {
 #define KEEL_CONCAT_(a, b) KEEL_CONCAT_INNER_(a, b)
 
 // Returns the status from the enclosing function when `expr` fails, with `context` prefixed.
-#define KEEL_RETURN_IF_ERROR(expr, context)                                  \
-  do {                                                                       \
-    ::keel::Status keel_status_ = (expr);                                    \
-    if (!keel_status_.is_ok()) return keel_status_.with_context(context);    \
+#define KEEL_RETURN_IF_ERROR(expr, context)                               \
+  do {                                                                    \
+    ::keel::Status keel_status_ = (expr);                                 \
+    if (!keel_status_.is_ok()) return keel_status_.with_context(context); \
   } while (0)
 
 // `lhs = value of expr`, or returns its error with `context` prefixed.
 #define KEEL_ASSIGN_OR_RETURN(lhs, expr, context) \
   KEEL_ASSIGN_OR_RETURN_IMPL_(KEEL_CONCAT_(keel_statusor_, __LINE__), lhs, expr, context)
-#define KEEL_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr, context)                      \
-  auto tmp = (expr);                                                              \
-  if (!tmp.is_ok()) return tmp.status().with_context(context);                    \
+#define KEEL_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr, context)   \
+  auto tmp = (expr);                                           \
+  if (!tmp.is_ok()) return tmp.status().with_context(context); \
   lhs = std::move(tmp).value()

@@ -35,7 +35,8 @@ StatusOr<uint64_t> checked_byte_size(DType dtype, const Shape& shape, uint64_t l
     n *= static_cast<uint64_t>(d);
   }
   uint64_t bytes = n * dtype_size(dtype);
-  if (n != 0 && bytes / n != dtype_size(dtype)) return invalid_argument("shape " + shape_to_string(shape) + " is too large");
+  if (n != 0 && bytes / n != dtype_size(dtype))
+    return invalid_argument("shape " + shape_to_string(shape) + " is too large");
   if (bytes > limit) {
     return invalid_argument("tensor " + std::string(dtype_name(dtype)) + shape_to_string(shape) + " needs " +
                             std::to_string(bytes) + " bytes, over the limit of " + std::to_string(limit));

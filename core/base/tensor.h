@@ -76,7 +76,9 @@ class Tensor {
   template <typename T>
   static Tensor from_vector(DType dtype, Shape shape, const std::vector<T>& values);
   // A host scalar or vector helper for f32.
-  static Tensor f32(Shape shape, const std::vector<float>& values) { return from_vector(DType::kF32, std::move(shape), values); }
+  static Tensor f32(Shape shape, const std::vector<float>& values) {
+    return from_vector(DType::kF32, std::move(shape), values);
+  }
 
   bool defined() const { return storage_ != nullptr || dtype_ != DType::kUndefined; }
   DType dtype() const { return dtype_; }
@@ -89,7 +91,9 @@ class Tensor {
 
   void* raw_data() const;
   template <typename T>
-  T* data() const { return static_cast<T*>(raw_data()); }
+  T* data() const {
+    return static_cast<T*>(raw_data());
+  }
 
   // A deep copy into new host memory (the tensor must be on the host).
   StatusOr<Tensor> clone() const;

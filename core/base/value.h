@@ -18,8 +18,8 @@ namespace keel {
 struct RunValue {
   enum class Kind { kUnset, kTensor, kSequence, kNone };
   Kind kind = Kind::kUnset;
-  Tensor tensor;                 // kTensor
-  std::vector<Tensor> sequence;  // kSequence
+  Tensor tensor;                             // kTensor
+  std::vector<Tensor> sequence;              // kSequence
   DType sequence_dtype = DType::kUndefined;  // kSequence: the element type (known even when it is empty)
 
   RunValue() = default;
@@ -45,8 +45,7 @@ struct RunValue {
   std::string describe() const {
     switch (kind) {
       case Kind::kTensor: return tensor.describe();
-      case Kind::kSequence:
-        return "seq(" + std::to_string(sequence.size()) + " x " + dtype_name(sequence_dtype) + ")";
+      case Kind::kSequence: return "seq(" + std::to_string(sequence.size()) + " x " + dtype_name(sequence_dtype) + ")";
       case Kind::kNone: return "none";
       default: return "unset";
     }

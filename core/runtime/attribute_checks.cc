@@ -133,7 +133,8 @@ class Ctx {
   std::string prefix() const { return n_.label.empty() ? std::string() : n_.label + ": "; }
   Status bad_attr(const std::string& name, const std::string& why) const {
     const Attribute* a = attr(name);
-    return invalid_argument(prefix() + "attribute " + name + " = " + (a ? attr_to_string(*a) : "(absent)") + ": " + why);
+    return invalid_argument(prefix() + "attribute " + name + " = " + (a ? attr_to_string(*a) : "(absent)") + ": " +
+                            why);
   }
   Status bad_attr_value(const std::string& name, const std::string& value, const std::string& why) const {
     return invalid_argument(prefix() + "attribute " + name + " = " + value + ": " + why);
@@ -154,10 +155,10 @@ class Ctx {
 
 using Rule = std::function<Status(const Ctx&)>;
 
-#define KEEL_CHECK_OK(expr)         \
-  do {                              \
-    ::keel::Status st_ = (expr);    \
-    if (!st_.is_ok()) return st_;   \
+#define KEEL_CHECK_OK(expr)       \
+  do {                            \
+    ::keel::Status st_ = (expr);  \
+    if (!st_.is_ok()) return st_; \
   } while (0)
 
 // --- generic rules ------------------------------------------------------------------------------------------------
@@ -207,7 +208,8 @@ Rule positive_float(std::string name) {
   return [=](const Ctx& c) -> Status {
     const Attribute* a = c.attr(name);
     if (a == nullptr) return Status::ok();
-    if (a->kind == AttrKind::kFloat && !(std::isfinite(a->f) && a->f > 0)) return c.bad_attr(name, "must be finite and > 0");
+    if (a->kind == AttrKind::kFloat && !(std::isfinite(a->f) && a->f > 0))
+      return c.bad_attr(name, "must be finite and > 0");
     if (a->kind == AttrKind::kFloats)
       for (float f : a->floats)
         if (!(std::isfinite(f) && f > 0)) return c.bad_attr(name, "every value must be finite and > 0");
@@ -288,8 +290,9 @@ Rule axes_list(std::string name, std::optional<size_t> in_idx, size_t in, bool g
       std::set<int64_t> seen;
       for (int64_t a : *v) {
         if (!axis_ok(a, r, 0)) {
-          return fail("axis " + std::to_string(a) + " is out of range for " + (grow ? "the output" : "input " + std::to_string(in)) +
-                      " of rank " + std::to_string(r) + " (valid: " + axis_range(r, 0) + ")");
+          return fail("axis " + std::to_string(a) + " is out of range for " +
+                      (grow ? "the output" : "input " + std::to_string(in)) + " of rank " + std::to_string(r) +
+                      " (valid: " + axis_range(r, 0) + ")");
         }
         if (unique && !seen.insert(a < 0 ? a + r : a).second) return fail("axis " + std::to_string(a) + " is repeated");
       }
@@ -309,7 +312,7 @@ enum class ConvKind { kConv, kConvTranspose, kPool, kUnpool };
 Rule conv_like(ConvKind kind, size_t x, std::optional<size_t> w) {
   return [=](const Ctx& c) -> Status {
     const std::vector<int64_t>*ks = nullptr, *strides = nullptr, *dil = nullptr, *pads = nullptr, *outpad = nullptr,
-                           *outshape = nullptr;
+          *outshape = nullptr;
     KEEL_CHECK_OK(c.ints("kernel_shape", &ks));
     KEEL_CHECK_OK(c.ints("strides", &strides));
     KEEL_CHECK_OK(c.ints("dilations", &dil));
@@ -318,15 +321,21 @@ Rule conv_like(ConvKind kind, size_t x, std::optional<size_t> w) {
     KEEL_CHECK_OK(c.ints("output_shape", &outshape));
     std::optional<std::string> auto_pad;
     KEEL_CHECK_OK(c.string_attr("auto_pad", &auto_pad));
-    if (auto_pad && *auto_pad != "NOTSET" && *auto_pad != "SAME_UPPER" && *auto_pad != "SAME_LOWER" && *auto_pad != "VALID")
+    if (auto_pad && *auto_pad != "NOTSET" && *auto_pad != "SAME_UPPER" && *auto_pad != "SAME_LOWER" &&
+        *auto_pad != "VALID")
       return c.bad_attr("auto_pad", "must be one of NOTSET, SAME_UPPER, SAME_LOWER, VALID");
     const bool explicit_pads = !auto_pad || *auto_pad == "NOTSET";
 
     const int xr = c.rank(x), wr = w ? c.rank(*w) : -1;
-    if (xr >= 0 && xr < 3) return c.bad_node("input " + std::to_string(x) + " has rank " + std::to_string(xr) + "; it needs rank 3 or more ([N, C, spatial...])");
-    if (wr >= 0 && wr < 3) return c.bad_node("the weight (input " + std::to_string(*w) + ") has rank " + std::to_string(wr) + "; it needs rank 3 or more");
+    if (xr >= 0 && xr < 3)
+      return c.bad_node("input " + std::to_string(x) + " has rank " + std::to_string(xr) +
+                        "; it needs rank 3 or more ([N, C, spatial...])");
+    if (wr >= 0 && wr < 3)
+      return c.bad_node("the weight (input " + std::to_string(*w) + ") has rank " + std::to_string(wr) +
+                        "; it needs rank 3 or more");
     if (xr >= 0 && wr >= 0 && xr != wr)
-      return c.bad_node("input " + std::to_string(x) + " has rank " + std::to_string(xr) + " but the weight has rank " + std::to_string(wr));
+      return c.bad_node("input " + std::to_string(x) + " has rank " + std::to_string(xr) + " but the weight has rank " +
+                        std::to_string(wr));
     int64_t spatial = xr >= 0 ? xr - 2 : wr >= 0 ? wr - 2 : -1;
     if (spatial < 0 && ks) spatial = static_cast<int64_t>(ks->size());
 
@@ -338,8 +347,8 @@ Rule conv_like(ConvKind kind, size_t x, std::optional<size_t> w) {
         if (e > kMaxExtent) return c.bad_attr(name, "every value must be at most 2^31");
       }
       if (spatial >= 0 && static_cast<int64_t>(v->size()) != count) {
-        return c.bad_attr(name, "has " + std::to_string(v->size()) + " values; input " + std::to_string(x) +
-                                    " has " + std::to_string(spatial) + " spatial axes, so it needs " + std::to_string(count));
+        return c.bad_attr(name, "has " + std::to_string(v->size()) + " values; input " + std::to_string(x) + " has " +
+                                    std::to_string(spatial) + " spatial axes, so it needs " + std::to_string(count));
       }
       return Status::ok();
     };
@@ -364,7 +373,8 @@ Rule conv_like(ConvKind kind, size_t x, std::optional<size_t> w) {
       // output_shape (input 2) has one non-negative value per axis of X.
       const int ir = c.rank(1);
       if (xr >= 0 && ir >= 0 && ir != xr)
-        return c.bad_node("the indices (input 1) have rank " + std::to_string(ir) + " but X has rank " + std::to_string(xr));
+        return c.bad_node("the indices (input 1) have rank " + std::to_string(ir) + " but X has rank " +
+                          std::to_string(xr));
       for (int d = 0; xr >= 0 && ir >= 0 && d < xr; ++d)
         if (c.dim(0, d) >= 0 && c.dim(1, d) >= 0 && c.dim(0, d) != c.dim(1, d))
           return c.bad_node("the indices (input 1) must have X's shape");
@@ -408,7 +418,8 @@ Rule conv_like(ConvKind kind, size_t x, std::optional<size_t> w) {
       int64_t k = ks ? (*ks)[si] : -1;
       const int64_t wk = w ? c.dim(*w, 2 + i) : -1;
       if (ks && wk >= 0 && k != wk)
-        return c.bad_attr("kernel_shape", "dim " + std::to_string(i) + " differs from the weight's (" + std::to_string(wk) + ")");
+        return c.bad_attr("kernel_shape",
+                          "dim " + std::to_string(i) + " differs from the weight's (" + std::to_string(wk) + ")");
       if (k < 0) k = wk;
       const int64_t s = strides ? (*strides)[si] : 1, d = dil ? (*dil)[si] : 1;
       const int64_t pb = pads ? (*pads)[si] : 0, pe = pads ? (*pads)[si + static_cast<size_t>(spatial)] : 0;
@@ -450,8 +461,10 @@ Rule transpose_perm() {
       return c.bad_attr("perm", "needs " + std::to_string(r) + " values (the input's rank)");
     std::vector<bool> seen(static_cast<size_t>(std::min<int64_t>(n, 1 << 20)), false);
     for (int64_t a : *p) {
-      if (a < 0 || a >= n || a >= static_cast<int64_t>(seen.size())) return c.bad_attr("perm", "is not a permutation of 0.." + std::to_string(n - 1));
-      if (seen[static_cast<size_t>(a)]) return c.bad_attr("perm", "is not a permutation (" + std::to_string(a) + " repeats)");
+      if (a < 0 || a >= n || a >= static_cast<int64_t>(seen.size()))
+        return c.bad_attr("perm", "is not a permutation of 0.." + std::to_string(n - 1));
+      if (seen[static_cast<size_t>(a)])
+        return c.bad_attr("perm", "is not a permutation (" + std::to_string(a) + " repeats)");
       seen[static_cast<size_t>(a)] = true;
     }
     return Status::ok();
@@ -473,7 +486,8 @@ Rule block_size(bool depth_to_space) {
         return c.bad_attr("blocksize", "its square must divide the " + std::to_string(ch) + " input channels");
     } else {
       for (int64_t d : {c.dim(0, 2), c.dim(0, 3)})
-        if (d >= 0 && d % *b != 0) return c.bad_attr("blocksize", "must divide the input's height and width (" + std::to_string(d) + ")");
+        if (d >= 0 && d % *b != 0)
+          return c.bad_attr("blocksize", "must divide the input's height and width (" + std::to_string(d) + ")");
     }
     return Status::ok();
   };
@@ -491,21 +505,25 @@ Rule split_rule() {
       from_input = v != nullptr;
     }
     if (!v) return Status::ok();
-    auto fail = [&](const std::string& why) { return from_input ? c.bad_input(1, "split", *v, why) : c.bad_attr("split", why); };
+    auto fail = [&](const std::string& why) {
+      return from_input ? c.bad_input(1, "split", *v, why) : c.bad_attr("split", why);
+    };
     int64_t sum = 0;
     for (int64_t s : *v) {
       if (s < 0 || s > (int64_t{1} << 40)) return fail("every size must be >= 0");
       sum += s;
     }
     if (c.node().num_outputs != 0 && v->size() != c.node().num_outputs)
-      return fail("has " + std::to_string(v->size()) + " sizes for " + std::to_string(c.node().num_outputs) + " outputs");
+      return fail("has " + std::to_string(v->size()) + " sizes for " + std::to_string(c.node().num_outputs) +
+                  " outputs");
     std::optional<int64_t> axis;
     KEEL_CHECK_OK(c.int_attr("axis", &axis));
     const int r = c.rank(0);
     if (r > 0) {
       const int64_t a = axis.value_or(0) < 0 ? axis.value_or(0) + r : axis.value_or(0);
       const int64_t d = c.dim(0, a);
-      if (d >= 0 && sum != d) return fail("the sizes sum to " + std::to_string(sum) + ", but the axis has " + std::to_string(d));
+      if (d >= 0 && sum != d)
+        return fail("the sizes sum to " + std::to_string(sum) + ", but the axis has " + std::to_string(d));
     }
     return Status::ok();
   };
@@ -539,8 +557,10 @@ Rule input_min(size_t i, std::string what, int64_t lo, int64_t hi = INT64_MAX) {
     if (!v) return Status::ok();
     for (int64_t x : *v)
       if (x < lo || x > hi)
-        return c.bad_input(i, what, *v, hi == INT64_MAX ? "every value must be >= " + std::to_string(lo)
-                                                        : "every value must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+        return c.bad_input(i, what, *v,
+                           hi == INT64_MAX
+                               ? "every value must be >= " + std::to_string(lo)
+                               : "every value must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
     return Status::ok();
   };
 }
@@ -600,19 +620,25 @@ Rule pad_rule() {
       from_input = v != nullptr;
     }
     if (!v || c.const_ints(3)) return Status::ok();  // axes (opset 18) are not in Keel's opsets
-    auto fail = [&](const std::string& why) { return from_input ? c.bad_input(1, "pads", *v, why) : c.bad_attr("pads", why); };
+    auto fail = [&](const std::string& why) {
+      return from_input ? c.bad_input(1, "pads", *v, why) : c.bad_attr("pads", why);
+    };
     const int r = c.rank(0);
     if (r < 0) return Status::ok();
     if (static_cast<int64_t>(v->size()) != 2 * r)
       return fail("needs " + std::to_string(2 * r) + " values (2 x the input's rank)");
     for (int i = 0; i < r; ++i) {
       const int64_t b = (*v)[static_cast<size_t>(i)], e = (*v)[static_cast<size_t>(i + r)], d = c.dim(0, i);
-      if (b > kMaxExtent || e > kMaxExtent || b < -kMaxExtent || e < -kMaxExtent) return fail("a pad is out of range (|pad| <= 2^31)");
+      if (b > kMaxExtent || e > kMaxExtent || b < -kMaxExtent || e < -kMaxExtent)
+        return fail("a pad is out of range (|pad| <= 2^31)");
       if (d < 0) continue;
-      if (d + b + e < 0) return fail("the pads of axis " + std::to_string(i) + " remove more than its " + std::to_string(d) + " elements");
+      if (d + b + e < 0)
+        return fail("the pads of axis " + std::to_string(i) + " remove more than its " + std::to_string(d) +
+                    " elements");
       const std::string m = mode.value_or("constant");
       if (m == "reflect" && (b >= d || e >= d) && (b > 0 || e > 0))
-        return fail("reflect padding of axis " + std::to_string(i) + " must be smaller than its dim (" + std::to_string(d) + ")");
+        return fail("reflect padding of axis " + std::to_string(i) + " must be smaller than its dim (" +
+                    std::to_string(d) + ")");
       if (m == "edge" && d == 0 && (b > 0 || e > 0)) return fail("edge padding of the empty axis " + std::to_string(i));
     }
     return Status::ok();
@@ -635,12 +661,15 @@ Rule slice_rule() {
     if (!ends) ends = c.const_ints(2);
     if (!axes) axes = c.const_ints(3);
     if (starts && ends && starts->size() != ends->size())
-      return c.bad_node("starts has " + std::to_string(starts->size()) + " values but ends has " + std::to_string(ends->size()));
+      return c.bad_node("starts has " + std::to_string(starts->size()) + " values but ends has " +
+                        std::to_string(ends->size()));
     if (starts && axes && starts->size() != axes->size())
-      return c.bad_node("starts has " + std::to_string(starts->size()) + " values but axes has " + std::to_string(axes->size()));
+      return c.bad_node("starts has " + std::to_string(starts->size()) + " values but axes has " +
+                        std::to_string(axes->size()));
     const int r = c.rank(0);
     if (starts && !axes && r >= 0 && static_cast<int64_t>(starts->size()) > r)
-      return c.bad_node("starts has " + std::to_string(starts->size()) + " values for an input of rank " + std::to_string(r));
+      return c.bad_node("starts has " + std::to_string(starts->size()) + " values for an input of rank " +
+                        std::to_string(r));
     return Status::ok();
   };
 }
@@ -650,7 +679,8 @@ Rule rnn_rule(int activations_per_direction) {
   return [=](const Ctx& c) -> Status {
     std::optional<int64_t> hidden;
     KEEL_CHECK_OK(c.int_attr("hidden_size", &hidden));
-    if (hidden && (*hidden < 1 || *hidden > (int64_t{1} << 24))) return c.bad_attr("hidden_size", "must be in [1, 2^24]");
+    if (hidden && (*hidden < 1 || *hidden > (int64_t{1} << 24)))
+      return c.bad_attr("hidden_size", "must be in [1, 2^24]");
     std::optional<std::string> dir;
     KEEL_CHECK_OK(c.string_attr("direction", &dir));
     if (dir && *dir != "forward" && *dir != "reverse" && *dir != "bidirectional")
@@ -664,8 +694,9 @@ Rule rnn_rule(int activations_per_direction) {
       if (acts->strings.size() != static_cast<size_t>(activations_per_direction) * dirs)
         return c.bad_attr("activations", "needs " + std::to_string(activations_per_direction * dirs) + " names (" +
                                              std::to_string(activations_per_direction) + " per direction)");
-      static const std::set<std::string> kKnown = {"Relu", "Tanh", "Sigmoid", "Affine", "LeakyRelu", "ThresholdedRelu",
-                                                   "ScaledTanh", "HardSigmoid", "Elu", "Softsign", "Softplus"};
+      static const std::set<std::string> kKnown = {
+          "Relu",       "Tanh",        "Sigmoid", "Affine",   "LeakyRelu", "ThresholdedRelu",
+          "ScaledTanh", "HardSigmoid", "Elu",     "Softsign", "Softplus"};
       for (const auto& a : acts->strings)
         if (!kKnown.count(a)) return c.bad_attr("activations", "'" + a + "' is not an activation ONNX defines");
     }
@@ -678,8 +709,8 @@ Rule rnn_rule(int activations_per_direction) {
     const int64_t gates = activations_per_direction == 1 ? 1 : activations_per_direction == 2 ? 3 : 4;
     const int64_t w1 = c.dim(1, 1);
     if (hidden && w1 >= 0 && w1 != gates * *hidden)
-      return c.bad_attr("hidden_size", "the weight's dim 1 (" + std::to_string(w1) + ") must be " + std::to_string(gates) +
-                                           " x hidden_size");
+      return c.bad_attr("hidden_size", "the weight's dim 1 (" + std::to_string(w1) + ") must be " +
+                                           std::to_string(gates) + " x hidden_size");
     const int64_t w0 = c.dim(1, 0);
     if (w0 >= 0 && w0 != static_cast<int64_t>(dirs))
       return c.bad_node("the weight's dim 0 (" + std::to_string(w0) + ") must be the number of directions (" +
@@ -692,8 +723,9 @@ Rule rnn_rule(int activations_per_direction) {
 Rule resize_rule() {
   return [](const Ctx& c) -> Status {
     KEEL_CHECK_OK(one_of("mode", {"nearest", "linear", "cubic", "bilinear"})(c));
-    KEEL_CHECK_OK(one_of("coordinate_transformation_mode", {"half_pixel", "pytorch_half_pixel", "align_corners",
-                                                            "asymmetric", "tf_half_pixel_for_nn", "tf_crop_and_resize"})(c));
+    KEEL_CHECK_OK(
+        one_of("coordinate_transformation_mode", {"half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric",
+                                                  "tf_half_pixel_for_nn", "tf_crop_and_resize"})(c));
     KEEL_CHECK_OK(one_of("nearest_mode", {"round_prefer_floor", "round_prefer_ceil", "floor", "ceil"})(c));
     KEEL_CHECK_OK(flag("exclude_outside")(c));
     KEEL_CHECK_OK(positive_float("scales")(c));
@@ -724,8 +756,8 @@ Rule batch_dims_rule() {
     if (*b < 0) return c.bad_attr("batch_dims", "must be >= 0");
     const int r0 = c.rank(0), r1 = c.rank(1);
     if (r0 >= 0 && r1 >= 0 && *b >= std::min(r0, r1))
-      return c.bad_attr("batch_dims", "must be smaller than the ranks of data (" + std::to_string(r0) + ") and indices (" +
-                                          std::to_string(r1) + ")");
+      return c.bad_attr("batch_dims", "must be smaller than the ranks of data (" + std::to_string(r0) +
+                                          ") and indices (" + std::to_string(r1) + ")");
     return Status::ok();
   };
 }
@@ -762,7 +794,9 @@ Rule cumsum_rule() {
     const std::vector<int64_t>* a = c.const_ints(1);
     const int r = c.rank(0);
     if (a && a->size() == 1 && r >= 0 && !axis_ok(a->front(), r, 0))
-      return c.bad_input(1, "axis", *a, "out of range for input 0 of rank " + std::to_string(r) + " (valid: " + axis_range(r, 0) + ")");
+      return c.bad_input(
+          1, "axis", *a,
+          "out of range for input 0 of rank " + std::to_string(r) + " (valid: " + axis_range(r, 0) + ")");
     return Status::ok();
   };
 }
@@ -791,7 +825,8 @@ Rule per_axis_quant() {
 Status positive_scalar_input(const Ctx& c, size_t i, const std::string& what) {
   if (!c.present(i)) return Status::ok();
   const int r = c.rank(i);
-  if (r > 1 || (r == 1 && c.dim(i, 0) > 1)) return c.bad_node("input " + std::to_string(i) + " (" + what + ") must be a scalar");
+  if (r > 1 || (r == 1 && c.dim(i, 0) > 1))
+    return c.bad_node("input " + std::to_string(i) + " (" + what + ") must be a scalar");
   const std::vector<int64_t>* v = c.const_ints(i);
   if (v && v->size() == 1 && v->front() < 1) return c.bad_input(i, what, *v, "must be >= 1");
   return Status::ok();
@@ -823,7 +858,8 @@ Rule stft_rule() {
     int64_t frame = c.present(2) ? c.dim(2, 0) : -1;
     if (const auto* v = c.const_ints(3); v && v->size() == 1) frame = v->front();
     if (len >= 0 && frame > len)
-      return c.bad_node("the frame (" + std::to_string(frame) + ") is longer than the signal (" + std::to_string(len) + ")");
+      return c.bad_node("the frame (" + std::to_string(frame) + ") is longer than the signal (" + std::to_string(len) +
+                        ")");
     return Status::ok();
   };
 }
@@ -862,7 +898,8 @@ const std::unordered_map<std::string, std::vector<Rule>>& rules() {
     r["LpPool"].push_back(int_in("p", 1, 64));
     r["GlobalLpPool"] = {int_in("p", 1, 64)};
     r["MaxUnpool"] = {conv_like(ConvKind::kUnpool, 0, std::nullopt)};
-    r["MaxRoiPool"] = {ints_in("pooled_shape", 1, kMaxExtent, "every pooled dim must be >= 1"), positive_float("spatial_scale")};
+    r["MaxRoiPool"] = {ints_in("pooled_shape", 1, kMaxExtent, "every pooled dim must be >= 1"),
+                       positive_float("spatial_scale")};
     r["RoiAlign"] = {int_in("output_height", 1, kMaxExtent), int_in("output_width", 1, kMaxExtent),
                      int_in("sampling_ratio", 0, 1 << 16), one_of("mode", {"avg", "max"}),
                      one_of("coordinate_transformation_mode", {"half_pixel", "output_half_pixel"})};
@@ -877,7 +914,8 @@ const std::unordered_map<std::string, std::vector<Rule>>& rules() {
     r["Flatten"] = {axis_attr("axis", 0, 1, 0, 1)};
     r["Split"] = {split_rule()};
     r["SplitToSequence"] = {axis_attr("axis", 0, 0), flag("keepdims")};
-    for (const char* p : {"ArgMax", "ArgMin"}) r[p] = {axis_attr("axis", 0, 0), flag("keepdims"), flag("select_last_index")};
+    for (const char* p : {"ArgMax", "ArgMin"})
+      r[p] = {axis_attr("axis", 0, 0), flag("keepdims"), flag("select_last_index")};
     r["Compress"] = {axis_attr("axis", 0)};
     r["LayerNormalization"] = {axis_attr("axis", 0, -1)};
     r["keel.LayerNormalization"] = {axis_attr("axis", 0, -1)};
@@ -946,12 +984,30 @@ std::string node_label(const std::string& name, const std::string& op, size_t in
 Attribute from_proto(const onnx::AttributeProto& a) {
   Attribute out;
   switch (a.type()) {
-    case onnx::AttributeProto::INT: out.kind = AttrKind::kInt; out.i = a.i(); break;
-    case onnx::AttributeProto::FLOAT: out.kind = AttrKind::kFloat; out.f = a.f(); break;
-    case onnx::AttributeProto::STRING: out.kind = AttrKind::kString; out.s = a.s(); break;
-    case onnx::AttributeProto::INTS: out.kind = AttrKind::kInts; out.ints.assign(a.ints().begin(), a.ints().end()); break;
-    case onnx::AttributeProto::FLOATS: out.kind = AttrKind::kFloats; out.floats.assign(a.floats().begin(), a.floats().end()); break;
-    case onnx::AttributeProto::STRINGS: out.kind = AttrKind::kStrings; out.strings.assign(a.strings().begin(), a.strings().end()); break;
+    case onnx::AttributeProto::INT:
+      out.kind = AttrKind::kInt;
+      out.i = a.i();
+      break;
+    case onnx::AttributeProto::FLOAT:
+      out.kind = AttrKind::kFloat;
+      out.f = a.f();
+      break;
+    case onnx::AttributeProto::STRING:
+      out.kind = AttrKind::kString;
+      out.s = a.s();
+      break;
+    case onnx::AttributeProto::INTS:
+      out.kind = AttrKind::kInts;
+      out.ints.assign(a.ints().begin(), a.ints().end());
+      break;
+    case onnx::AttributeProto::FLOATS:
+      out.kind = AttrKind::kFloats;
+      out.floats.assign(a.floats().begin(), a.floats().end());
+      break;
+    case onnx::AttributeProto::STRINGS:
+      out.kind = AttrKind::kStrings;
+      out.strings.assign(a.strings().begin(), a.strings().end());
+      break;
     case onnx::AttributeProto::TENSOR: out.kind = AttrKind::kTensor; break;
     case onnx::AttributeProto::GRAPH: out.kind = AttrKind::kGraph; break;
     default: out.kind = static_cast<AttrKind>(a.type()); break;
@@ -1060,7 +1116,8 @@ Status check_proto_graph(const onnx::GraphProto& gp, const std::function<int32_t
       KEEL_RETURN_IF_ERROR(check_node_attributes(view), "");
     }
     for (const auto& a : n.attribute()) {
-      if (a.has_g()) KEEL_RETURN_IF_ERROR(check_proto_graph(a.g(), opset, scope, depth + 1), node_label(n.name(), n.op_type(), ni));
+      if (a.has_g())
+        KEEL_RETURN_IF_ERROR(check_proto_graph(a.g(), opset, scope, depth + 1), node_label(n.name(), n.op_type(), ni));
       for (const auto& g : a.graphs())
         KEEL_RETURN_IF_ERROR(check_proto_graph(g, opset, scope, depth + 1), node_label(n.name(), n.op_type(), ni));
     }
@@ -1181,8 +1238,10 @@ void guard_onnx_inference_attributes() {
       std::set<const onnx::OpSchema*> seen;
       const int last = domain.empty() ? 17 : 1;
       for (int v = 1; v <= last; ++v) {
-        const onnx::OpSchema* schema = onnx::OpSchemaRegistry::Schema(op, v, domain.empty() ? onnx::ONNX_DOMAIN : domain);
-        if (schema == nullptr || !seen.insert(schema).second || !schema->has_type_and_shape_inference_function()) continue;
+        const onnx::OpSchema* schema =
+            onnx::OpSchemaRegistry::Schema(op, v, domain.empty() ? onnx::ONNX_DOMAIN : domain);
+        if (schema == nullptr || !seen.insert(schema).second || !schema->has_type_and_shape_inference_function())
+          continue;
         const auto inner = schema->GetTypeAndShapeInferenceFunction();
         const int32_t since = schema->SinceVersion();
         // The registry keeps its schemas as (non-const) values; it only hands out const pointers.

@@ -181,9 +181,12 @@ TEST(AttributeChecks, Rules) {
   expect_error(View("ConvTranspose", {x4, Shape{4, 2, 3, 3}}).set("output_padding", Attribute::of_ints({2, 0})),
                "smaller than its stride");
   expect_error(View("MaxPool", {x4}), "kernel_shape is required");
-  expect_error(View("MaxPool", {x4}).set("kernel_shape", Attribute::of_ints({2, 2})).set("pads", Attribute::of_ints({2, 0, 0, 0})),
+  expect_error(View("MaxPool", {x4})
+                   .set("kernel_shape", Attribute::of_ints({2, 2}))
+                   .set("pads", Attribute::of_ints({2, 0, 0, 0})),
                "smaller than the kernel");
-  expect_error(View("Gather", {Shape{2, 3}, Shape{4}}).set("axis", Attribute::of_int(2)), "attribute axis = 2: out of range");
+  expect_error(View("Gather", {Shape{2, 3}, Shape{4}}).set("axis", Attribute::of_int(2)),
+               "attribute axis = 2: out of range");
   expect_error(View("Softmax", {Shape{5}}, 11), "axis = 1 (the default)");
   expect_error(View("Flatten", {Shape{2, 3}}).set("axis", Attribute::of_int(3)), "valid: [-2, 2]");
   EXPECT_TRUE(View("Flatten", {Shape{2, 3}}).set("axis", Attribute::of_int(2)).check().is_ok());
@@ -201,18 +204,24 @@ TEST(AttributeChecks, Rules) {
     expect_error(split.ints_input(1, {2, 3}), "sum to 5");
   }
   expect_error(View("Tile", {Shape{2, 3}, Shape{2}}).ints_input(1, {2, -1}), "every value must be >= 0");
-  expect_error(View("Pad", {Shape{2, 3}, Shape{4}}).set("mode", Attribute::of_string("reflect")).ints_input(1, {0, 3, 0, 0}),
-               "reflect padding of axis 1");
+  expect_error(
+      View("Pad", {Shape{2, 3}, Shape{4}}).set("mode", Attribute::of_string("reflect")).ints_input(1, {0, 3, 0, 0}),
+      "reflect padding of axis 1");
   expect_error(View("LRN", {x4}).set("size", Attribute::of_int(0)), "attribute size = 0");
   expect_error(View("Upsample", {x4}, 7).set("scales", Attribute::of_floats({1, 1, 0, 2})), "finite and > 0");
   expect_error(View("Range", {Shape{}, Shape{}, Shape{}}).ints_input(2, {0}), "delta must not be 0");
-  expect_error(View("LSTM", {Shape{1, 1, 2}, Shape{1, 8, 2}, Shape{1, 8, 2}}).set("hidden_size", Attribute::of_int(2))
+  expect_error(View("LSTM", {Shape{1, 1, 2}, Shape{1, 8, 2}, Shape{1, 8, 2}})
+                   .set("hidden_size", Attribute::of_int(2))
                    .set("activations", strings_attr({"Tanh"})),
                "needs 3 names");
   expect_error(View("Cast", {Shape{2}}).set("to", Attribute::of_int(99)), "not a known tensor element type");
 
   // Valid nodes pass, and unknown ranks skip the checks that need them.
-  EXPECT_TRUE(View("Conv", {x4, w4}).set("strides", Attribute::of_ints({2, 2})).set("group", Attribute::of_int(1)).check().is_ok());
+  EXPECT_TRUE(View("Conv", {x4, w4})
+                  .set("strides", Attribute::of_ints({2, 2}))
+                  .set("group", Attribute::of_int(1))
+                  .check()
+                  .is_ok());
   EXPECT_TRUE(View("Gather", {std::nullopt, Shape{4}}).set("axis", Attribute::of_int(7)).check().is_ok());
   EXPECT_TRUE(View("Unsqueeze", {Shape{2, 1}, Shape{2}}).ints_input(1, {0, 3}).check().is_ok());
   EXPECT_TRUE(View("Softmax", {Shape{5}}, 13).check().is_ok());

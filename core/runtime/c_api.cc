@@ -79,7 +79,7 @@ struct keel_host_tensor_s {
 
 struct keel_session_options_s {
   keel::SessionOptions options;
-  std::string pipeline = "auto";  // keel_session_options_set_pipeline; runs before options.passes
+  std::string pipeline = "auto";        // keel_session_options_set_pipeline; runs before options.passes
   keel_session_t share_with = nullptr;  // keel_session_options_share_weights_with
 };
 
@@ -198,8 +198,8 @@ Status check_index(const char* fn, size_t index, size_t count, const char* what)
 }
 
 // Writes `value` into out->member when the caller's struct_size covers it.
-#define KEEL_C_SET(out, type, member, value) \
-  do {                                       \
+#define KEEL_C_SET(out, type, member, value)                         \
+  do {                                                               \
     if (KEEL_HAS_MEMBER(out, type, member)) (out)->member = (value); \
   } while (0)
 
@@ -280,8 +280,7 @@ Status fill_model_meta(const char* fn, const KeelModelMeta* m, keel_model_metada
   return Status::ok();
 }
 
-Status custom_meta(const char* fn, const KeelModelMeta* m, size_t index, const char** out_key,
-                   const char** out_value) {
+Status custom_meta(const char* fn, const KeelModelMeta* m, size_t index, const char** out_key, const char** out_value) {
   if (out_key) *out_key = nullptr;
   if (out_value) *out_value = nullptr;
   KEEL_RETURN_IF_ERROR(check_index(fn, index, m ? m->custom.size() : 0, "custom metadata"), "");
@@ -405,7 +404,7 @@ KEEL_API keel_status_t keel_environment_create(keel_environment_options_t option
     if (o.log_callback) {
       // The environment's own log target: it hears this environment's messages (plugin discovery included).
       env_options.log_callback = [fn = o.log_callback, user_data = o.log_user_data](int32_t level,
-                                                                                  const std::string& message) {
+                                                                                    const std::string& message) {
         fn(user_data, level, message.c_str());
       };
       env_options.log_min_level = o.log_min_level;
@@ -426,7 +425,7 @@ KEEL_API keel_status_t keel_environment_create(keel_environment_options_t option
       row.priority = p.priority;
       row.state = p.state == keel::PluginState::kLoaded    ? KEEL_PLUGIN_STATE_LOADED
                   : p.state == keel::PluginState::kSkipped ? KEEL_PLUGIN_STATE_SKIPPED
-                                                            : KEEL_PLUGIN_STATE_FAILED;
+                                                           : KEEL_PLUGIN_STATE_FAILED;
       handle->plugins.push_back(std::move(row));
     }
     const keel::Registry& reg = handle->env->registry();
@@ -691,7 +690,7 @@ KEEL_API keel_status_t keel_session_options_add_device(keel_session_options_t op
 }
 
 KEEL_API keel_status_t keel_session_options_add_device_index(keel_session_options_t options, const char* device_type,
-                                                            int32_t device_index) {
+                                                             int32_t device_index) {
   return guarded(__func__, [&]() -> Status {
     if (options == nullptr) return null_arg(__func__, "options");
     if (device_type == nullptr || *device_type == '\0') return null_arg(__func__, "device_type");
@@ -700,8 +699,8 @@ KEEL_API keel_status_t keel_session_options_add_device_index(keel_session_option
                                     "' must not contain ':' (the index is its own argument)");
     }
     if (device_index < 0) {
-      return keel::invalid_argument(std::string(__func__) + ": device index " + std::to_string(device_index) +
-                                    " of '" + device_type + "' must be >= 0");
+      return keel::invalid_argument(std::string(__func__) + ": device index " + std::to_string(device_index) + " of '" +
+                                    device_type + "' must be >= 0");
     }
     KEEL_ASSIGN_OR_RETURN(keel::DeviceSpec spec,
                           keel::DeviceSpec::parse(std::string(device_type) + ":" + std::to_string(device_index)),
@@ -858,8 +857,7 @@ keel_status_t session_run(const char* fn, keel_session_t session, keel_run_optio
     for (size_t i = 0; i < input_count; ++i) {
       if (input_names[i] == nullptr) return null_arg(fn, ("input_names[" + std::to_string(i) + "]").c_str());
       if (inputs[i] == nullptr) {
-        return keel::invalid_argument(std::string(fn) + ": the tensor of input '" + input_names[i] +
-                                      "' is NULL");
+        return keel::invalid_argument(std::string(fn) + ": the tensor of input '" + input_names[i] + "' is NULL");
       }
       if (!seen.insert(input_names[i]).second) {
         return keel::invalid_argument(std::string(fn) + ": input '" + input_names[i] + "' is given twice");
@@ -963,8 +961,8 @@ KEEL_API keel_status_t keel_run_options_set_timeout_us(keel_run_options_t option
   return guarded(__func__, [&]() -> Status {
     if (options == nullptr) return null_arg(__func__, "options");
     if (timeout_us < 0) {
-      return keel::invalid_argument(std::string(__func__) + ": timeout_us is negative (" +
-                                    std::to_string(timeout_us) + ")");
+      return keel::invalid_argument(std::string(__func__) + ": timeout_us is negative (" + std::to_string(timeout_us) +
+                                    ")");
     }
     options->timeout_us = timeout_us;
     return Status::ok();
@@ -1078,7 +1076,8 @@ KEEL_API keel_status_t keel_session_profile_step_info(keel_session_t session, si
   return guarded(__func__, [&]() -> Status {
     if (session == nullptr) return null_arg(__func__, "session");
     KEEL_RETURN_IF_ERROR(check_out_struct(__func__, out, out ? out->struct_size : 0), "");
-    KEEL_RETURN_IF_ERROR(check_index(__func__, index, session->profile.size(), "profile (call keel_session_profile_info first)"), "");
+    KEEL_RETURN_IF_ERROR(
+        check_index(__func__, index, session->profile.size(), "profile (call keel_session_profile_info first)"), "");
     const auto& steps = session->profile[index].steps;
     KEEL_RETURN_IF_ERROR(check_index(__func__, step, steps.size(), "profile step"), "");
     const auto& st = steps[step];

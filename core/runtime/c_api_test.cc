@@ -302,8 +302,7 @@ TEST(CApiTensor, BadArgumentsAreRefused) {
   keel_host_tensor_t t = nullptr;
   int64_t dims[] = {2, -1};
   float data[2] = {};
-  EXPECT_NE(take(keel_host_tensor_create(KEEL_DTYPE_F32, dims, 2, nullptr, 0, &t)).find("negative"),
-            std::string::npos);
+  EXPECT_NE(take(keel_host_tensor_create(KEEL_DTYPE_F32, dims, 2, nullptr, 0, &t)).find("negative"), std::string::npos);
   int64_t ok_dims[] = {2};
   EXPECT_NE(take(keel_host_tensor_create(KEEL_DTYPE_F32, ok_dims, 1, data, 7, &t)).find("byte_size"),
             std::string::npos);
@@ -311,9 +310,9 @@ TEST(CApiTensor, BadArgumentsAreRefused) {
   EXPECT_NE(take(keel_host_tensor_create(KEEL_DTYPE_STRING, ok_dims, 1, data, 8, &t)), "");
   EXPECT_NE(take(keel_host_tensor_create(KEEL_DTYPE_F32, nullptr, 1, data, 8, &t)).find("dims"), std::string::npos);
   EXPECT_NE(take(keel_host_tensor_wrap(KEEL_DTYPE_F32, ok_dims, 1, nullptr, 8, &t)).find("data"), std::string::npos);
-  EXPECT_NE(take(keel_host_tensor_wrap(KEEL_DTYPE_F32, ok_dims, 1, reinterpret_cast<char*>(data) + 1, 8, &t))
-                .find("aligned"),
-            std::string::npos);
+  EXPECT_NE(
+      take(keel_host_tensor_wrap(KEEL_DTYPE_F32, ok_dims, 1, reinterpret_cast<char*>(data) + 1, 8, &t)).find("aligned"),
+      std::string::npos);
   int64_t huge[] = {int64_t(1) << 40, int64_t(1) << 40};
   EXPECT_NE(take(keel_host_tensor_create(KEEL_DTYPE_F32, huge, 2, nullptr, 0, &t)), "");
   EXPECT_EQ(t, nullptr);
@@ -331,8 +330,7 @@ TEST(CApiHandles, NullHandlesGiveInvalidArgument) {
   EXPECT_EQ(take(keel_session_input_count(nullptr, &n)).rfind("INVALID_ARGUMENT", 0), 0u);
   keel_session_t s = nullptr;
   EXPECT_EQ(take(keel_session_create(nullptr, nullptr, nullptr, &s)).rfind("INVALID_ARGUMENT", 0), 0u);
-  EXPECT_EQ(take(keel_session_run(nullptr, nullptr, nullptr, 0, nullptr, nullptr, 0)).rfind("INVALID_ARGUMENT", 0),
-            0u);
+  EXPECT_EQ(take(keel_session_run(nullptr, nullptr, nullptr, 0, nullptr, nullptr, 0)).rfind("INVALID_ARGUMENT", 0), 0u);
   EXPECT_NE(take(keel_environment_create(nullptr, nullptr)), "");
   EXPECT_NE(take(keel_session_options_set_fallback(nullptr, 0)), "");
   keel_session_options_t o = nullptr;

@@ -13,10 +13,21 @@ namespace keel {
 namespace {
 
 const std::set<std::string>& native_ops() {
-  static const std::set<std::string> kOps = {
-      "If",           "Loop",           "Scan",           "SequenceMap",      "SequenceConstruct",
-      "SequenceEmpty", "SequenceInsert", "SequenceAt",     "SequenceErase",    "SequenceLength",
-      "SplitToSequence", "ConcatFromSequence", "Optional", "OptionalHasElement", "OptionalGetElement"};
+  static const std::set<std::string> kOps = {"If",
+                                             "Loop",
+                                             "Scan",
+                                             "SequenceMap",
+                                             "SequenceConstruct",
+                                             "SequenceEmpty",
+                                             "SequenceInsert",
+                                             "SequenceAt",
+                                             "SequenceErase",
+                                             "SequenceLength",
+                                             "SplitToSequence",
+                                             "ConcatFromSequence",
+                                             "Optional",
+                                             "OptionalHasElement",
+                                             "OptionalGetElement"};
   return kOps;
 }
 
@@ -33,7 +44,8 @@ Status need_host(const Tensor& t, const std::string& what) {
 // Scalar of any integer type as int64.
 StatusOr<int64_t> scalar_int(const Tensor& t, const std::string& what) {
   KEEL_RETURN_IF_ERROR(need_host(t, what), "");
-  if (t.numel() != 1) return invalid_argument(what + " must hold one value, it has shape " + shape_to_string(t.shape()));
+  if (t.numel() != 1)
+    return invalid_argument(what + " must hold one value, it has shape " + shape_to_string(t.shape()));
   switch (t.dtype()) {
     case DType::kI64: return t.data<int64_t>()[0];
     case DType::kI32: return static_cast<int64_t>(t.data<int32_t>()[0]);
@@ -46,8 +58,10 @@ StatusOr<int64_t> scalar_int(const Tensor& t, const std::string& what) {
 
 StatusOr<bool> scalar_bool(const Tensor& t, const std::string& what) {
   KEEL_RETURN_IF_ERROR(need_host(t, what), "");
-  if (t.numel() != 1) return invalid_argument(what + " must hold one value, it has shape " + shape_to_string(t.shape()));
-  if (t.dtype() != DType::kBool) return invalid_argument(what + " must be bool, it is " + std::string(dtype_name(t.dtype())));
+  if (t.numel() != 1)
+    return invalid_argument(what + " must hold one value, it has shape " + shape_to_string(t.shape()));
+  if (t.dtype() != DType::kBool)
+    return invalid_argument(what + " must be bool, it is " + std::string(dtype_name(t.dtype())));
   return t.data<uint8_t>()[0] != 0;
 }
 
@@ -111,7 +125,8 @@ StatusOr<Tensor> concat_axis(const std::vector<Tensor>& items, int64_t axis, boo
   for (const auto& it : items) {
     KEEL_RETURN_IF_ERROR(need_host(it, what + " element"), "");
     if (it.dtype() != first.dtype()) {
-      return invalid_argument(what + ": elements have dtypes " + dtype_name(first.dtype()) + " and " + dtype_name(it.dtype()));
+      return invalid_argument(what + ": elements have dtypes " + dtype_name(first.dtype()) + " and " +
+                              dtype_name(it.dtype()));
     }
     if (it.rank() != rank) {
       return invalid_argument(what + ": elements have shapes " + shape_to_string(first.shape()) + " and " +
@@ -202,7 +217,8 @@ struct Nested {
                                       const std::vector<const RunValue*>& node_inputs) const {
     std::vector<std::pair<std::string, RunValue>> feeds;
     feeds.reserve(formal.size() + outer.size());
-    for (size_t i = 0; i < formal.size() && i < formal_values.size(); ++i) feeds.emplace_back(formal[i], formal_values[i]);
+    for (size_t i = 0; i < formal.size() && i < formal_values.size(); ++i)
+      feeds.emplace_back(formal[i], formal_values[i]);
     for (const auto& [name, idx] : outer) feeds.emplace_back(name, need(node_inputs, idx));
     KEEL_ASSIGN_OR_RETURN(std::vector<RunValue> out, session->run_values(feeds), "");
     for (size_t i = 0; i < out.size(); ++i) {
@@ -215,7 +231,8 @@ struct Nested {
 StatusOr<Nested> make_nested(const Node& node, const std::string& attr, const Graph& parent, Environment& env,
                              const SessionOptions& options) {
   const Attribute* a = node.attr(attr);
-  if (!a || a->kind != AttrKind::kGraph || !a->g) return invalid_argument(who(node) + " has no graph attribute '" + attr + "'");
+  if (!a || a->kind != AttrKind::kGraph || !a->g)
+    return invalid_argument(who(node) + " has no graph attribute '" + attr + "'");
   const std::vector<std::string> implicit = implicit_inputs(node);
   Graph child = *a->g;
   child.opsets = parent.opsets;
@@ -336,7 +353,8 @@ class LoopOp : public NativeOp {
         Shape shape{0};
         if (vi.shape)
           for (int64_t d : *vi.shape) shape.push_back(std::max<int64_t>(d, 0));
-        KEEL_ASSIGN_OR_RETURN(Tensor e, Tensor::host(vi.dtype == DType::kUndefined ? DType::kF32 : vi.dtype, shape), "");
+        KEEL_ASSIGN_OR_RETURN(Tensor e, Tensor::host(vi.dtype == DType::kUndefined ? DType::kF32 : vi.dtype, shape),
+                              "");
         out[n_carried_ + k] = e;
         continue;
       }
@@ -367,7 +385,8 @@ class ScanOp : public NativeOp {
       KEEL_ASSIGN_OR_RETURN(axes[k], norm_axis(in_axes_[k], scan_in[k].rank(), "scan_input_axes"), "");
       const int64_t l = scan_in[k].shape()[axes[k]];
       if (len >= 0 && l != len) {
-        return invalid_argument("scan inputs have different lengths (" + std::to_string(len) + " and " + std::to_string(l) + ")");
+        return invalid_argument("scan inputs have different lengths (" + std::to_string(len) + " and " +
+                                std::to_string(l) + ")");
       }
       len = l;
     }
@@ -379,7 +398,8 @@ class ScanOp : public NativeOp {
       for (size_t k = 0; k < n_state_; ++k) feeds[k] = state[k];
       for (size_t k = 0; k < n_scan_in_; ++k) {
         const int64_t at = in_dirs_[k] ? len - 1 - i : i;
-        KEEL_ASSIGN_OR_RETURN(Tensor s, slice_axis(scan_in[k], axes[k], at, 1, false), "scan input " + std::to_string(k));
+        KEEL_ASSIGN_OR_RETURN(Tensor s, slice_axis(scan_in[k], axes[k], at, 1, false),
+                              "scan input " + std::to_string(k));
         feeds[n_state_ + k] = std::move(s);
       }
       KEEL_ASSIGN_OR_RETURN(std::vector<RunValue> r, body_.run(feeds, node_in), "iteration " + std::to_string(i));
@@ -403,7 +423,8 @@ class ScanOp : public NativeOp {
         Shape shape{0};
         if (vi.shape)
           for (int64_t d : *vi.shape) shape.push_back(std::max<int64_t>(d, 0));
-        KEEL_ASSIGN_OR_RETURN(Tensor e, Tensor::host(vi.dtype == DType::kUndefined ? DType::kF32 : vi.dtype, shape), "");
+        KEEL_ASSIGN_OR_RETURN(Tensor e, Tensor::host(vi.dtype == DType::kUndefined ? DType::kF32 : vi.dtype, shape),
+                              "");
         scan_out.push_back(std::move(e));
         continue;
       }
@@ -487,9 +508,11 @@ class SequenceMapOp : public NativeOp {
       const RunValue& v = need(in, k);
       if (v.is_sequence() && v.sequence.size() != len) {
         return invalid_argument("additional input " + std::to_string(k) + " is a sequence of " +
-                                std::to_string(v.sequence.size()) + " items, input_sequence has " + std::to_string(len));
+                                std::to_string(v.sequence.size()) + " items, input_sequence has " +
+                                std::to_string(len));
       }
-      if (!v.is_sequence() && !v.is_tensor()) return invalid_argument("input " + std::to_string(k) + " is " + v.describe());
+      if (!v.is_sequence() && !v.is_tensor())
+        return invalid_argument("input " + std::to_string(k) + " is " + v.describe());
     }
     std::vector<std::vector<Tensor>> results(out.size());
     std::vector<RunValue> feeds(n_inputs_);
@@ -553,7 +576,9 @@ class SimpleOp : public NativeOp {
       if (need(in, 2).defined()) {
         KEEL_ASSIGN_OR_RETURN(Tensor p, need_tensor(in, 2, "position"), "");
         KEEL_ASSIGN_OR_RETURN(pos, scalar_int(p, "position"), "");
-        if (pos < -n || pos > n) return invalid_argument("position " + std::to_string(pos) + " is out of range for " + std::to_string(n) + " items");
+        if (pos < -n || pos > n)
+          return invalid_argument("position " + std::to_string(pos) + " is out of range for " + std::to_string(n) +
+                                  " items");
         if (pos < 0) pos += n;
       }
       KEEL_ASSIGN_OR_RETURN(t, owned_tensor(t), "");
@@ -625,7 +650,8 @@ class SimpleOp : public NativeOp {
       auto at = [&](int64_t i) {
         return split.dtype() == DType::kI32 ? static_cast<int64_t>(split.data<int32_t>()[i]) : split.data<int64_t>()[i];
       };
-      if (split.dtype() != DType::kI32 && split.dtype() != DType::kI64) return invalid_argument("split must be int32 or int64");
+      if (split.dtype() != DType::kI32 && split.dtype() != DType::kI64)
+        return invalid_argument("split must be int32 or int64");
       if (split.rank() == 0) {
         const int64_t chunk = at(0);
         if (chunk <= 0) return invalid_argument("split must be positive, it is " + std::to_string(chunk));
@@ -638,7 +664,8 @@ class SimpleOp : public NativeOp {
           total += at(i);
         }
         if (total != len) {
-          return invalid_argument("split sizes add up to " + std::to_string(total) + ", the axis has " + std::to_string(len));
+          return invalid_argument("split sizes add up to " + std::to_string(total) + ", the axis has " +
+                                  std::to_string(len));
         }
       }
     }
@@ -717,9 +744,11 @@ StatusOr<std::shared_ptr<NativeOp>> make_native_op(const Node& node, const Graph
     KEEL_ASSIGN_OR_RETURN(r->body_, make_nested(node, "body", graph, env, options), "");
     r->opset8_ = opset < 9;
     const Attribute* ns = node.attr("num_scan_inputs");
-    if (!ns || ns->kind != AttrKind::kInt || ns->i < 1) return invalid_argument(who(node) + " needs num_scan_inputs >= 1");
+    if (!ns || ns->kind != AttrKind::kInt || ns->i < 1)
+      return invalid_argument(who(node) + " needs num_scan_inputs >= 1");
     const size_t first = r->opset8_ ? 1 : 0;
-    if (node.inputs.size() < first + static_cast<size_t>(ns->i)) return invalid_argument(who(node) + " has too few inputs");
+    if (node.inputs.size() < first + static_cast<size_t>(ns->i))
+      return invalid_argument(who(node) + " has too few inputs");
     r->n_scan_in_ = static_cast<size_t>(ns->i);
     r->n_state_ = node.inputs.size() - first - r->n_scan_in_;
     if (node.outputs.size() < r->n_state_) return invalid_argument(who(node) + " has too few outputs");
@@ -754,7 +783,8 @@ StatusOr<std::shared_ptr<NativeOp>> make_native_op(const Node& node, const Graph
   r->node_ = &node;
   if (op == "SequenceEmpty") {
     const int64_t dt = node.attr_int("dtype", static_cast<int64_t>(DType::kF32));
-    if (!dtype_is_valid(static_cast<int32_t>(dt))) return invalid_argument(who(node) + ": unknown dtype " + std::to_string(dt));
+    if (!dtype_is_valid(static_cast<int32_t>(dt)))
+      return invalid_argument(who(node) + ": unknown dtype " + std::to_string(dt));
     r->dtype_ = static_cast<DType>(dt);
   }
   if (op == "ConcatFromSequence") {
@@ -785,7 +815,9 @@ Status run_native_step(NativeOp& op, const std::vector<int>& inputs, const std::
 Status check_input_kind(const std::string& name, const RunValue& value, const ValueInfo* declared) {
   if (!value.defined()) return invalid_argument("input '" + name + "' has no value");
   if (!declared || (declared->dtype == DType::kUndefined && declared->is_tensor())) return Status::ok();
-  auto expected = [&] { return "input '" + name + "' is " + value.describe() + ", the model expects " + declared->to_string(); };
+  auto expected = [&] {
+    return "input '" + name + "' is " + value.describe() + ", the model expects " + declared->to_string();
+  };
   size_t level = 0;
   if (!declared->containers.empty() && declared->containers[0] == ValueKind::kOptional) {
     if (value.is_none()) return Status::ok();
@@ -799,7 +831,8 @@ Status check_input_kind(const std::string& name, const RunValue& value, const Va
   if (declared->dtype != DType::kUndefined && elem != DType::kUndefined && elem != declared->dtype) {
     return invalid_argument(expected());
   }
-  if (value.is_tensor() && !value.tensor.location().is_host()) return invalid_argument("input '" + name + "' must be a host tensor");
+  if (value.is_tensor() && !value.tensor.location().is_host())
+    return invalid_argument("input '" + name + "' must be a host tensor");
   return Status::ok();
 }
 

@@ -136,13 +136,13 @@ Graph loop_graph() {
   b.input("s0", DType::kF32, {2});
   b.input("step", DType::kF32, {2});
   b.constant("cond0", boolean(true));
-  Attribute body = subgraph(
-      "body",
-      {{"i", ValueInfo(DType::kI64, Shape{})}, {"c_in", ValueInfo(DType::kBool, Shape{})},
-       {"s_in", ValueInfo(DType::kF32, Shape{2})}},
-      {node("Add", {"s_in", "step"}, {"s_out"}), node("Identity", {"c_in"}, {"c_out"}),
-       node("Identity", {"s_out"}, {"scan_out"})},
-      {"c_out", "s_out", "scan_out"});
+  Attribute body = subgraph("body",
+                            {{"i", ValueInfo(DType::kI64, Shape{})},
+                             {"c_in", ValueInfo(DType::kBool, Shape{})},
+                             {"s_in", ValueInfo(DType::kF32, Shape{2})}},
+                            {node("Add", {"s_in", "step"}, {"s_out"}), node("Identity", {"c_in"}, {"c_out"}),
+                             node("Identity", {"s_out"}, {"scan_out"})},
+                            {"c_out", "s_out", "scan_out"});
   b.graph().add_node(node("Loop", {"M", "cond0", "s0"}, {"s_final", "sums"}, {{"body", body}}));
   b.output("s_final");
   b.output("sums");
@@ -185,9 +185,9 @@ TEST(ControlFlow, ScanReversesAndSumsAlongAnAxis) {
   GraphBuilder b("scan", 17);
   b.input("init", DType::kF32, {2});
   b.input("xs", DType::kF32, {2, 3});  // scanned along axis 1
-  Attribute body = subgraph("body", {{"acc", ValueInfo(DType::kF32, Shape{2})}, {"col", ValueInfo(DType::kF32, Shape{2})}},
-                            {node("Add", {"acc", "col"}, {"acc_out"}), node("Identity", {"acc_out"}, {"col_out"})},
-                            {"acc_out", "col_out"});
+  Attribute body = subgraph(
+      "body", {{"acc", ValueInfo(DType::kF32, Shape{2})}, {"col", ValueInfo(DType::kF32, Shape{2})}},
+      {node("Add", {"acc", "col"}, {"acc_out"}), node("Identity", {"acc_out"}, {"col_out"})}, {"acc_out", "col_out"});
   b.graph().add_node(node("Scan", {"init", "xs"}, {"final", "partial"},
                           {{"body", body},
                            {"num_scan_inputs", Attribute::of_int(1)},

@@ -28,10 +28,10 @@ namespace {
 // ---- A fake accelerator with two devices ------------------------------------------------------------------------
 const keel_core_api_t* g_host = nullptr;
 std::mutex g_mu;
-std::map<int32_t, int> g_allocs;                 // device index -> allocate calls
-std::map<int32_t, int> g_relu_on;                // device index reported by the kernel context -> Relu runs
-std::vector<std::string> g_copy_log;             // "kind src->dst"
-bool g_peer = false;                             // whether the devices report KEEL_DEVICE_CAP_PEER_COPY
+std::map<int32_t, int> g_allocs;      // device index -> allocate calls
+std::map<int32_t, int> g_relu_on;     // device index reported by the kernel context -> Relu runs
+std::vector<std::string> g_copy_log;  // "kind src->dst"
+bool g_peer = false;                  // whether the devices report KEEL_DEVICE_CAP_PEER_COPY
 
 void reset_counters() {
   std::lock_guard<std::mutex> lock(g_mu);
@@ -109,8 +109,16 @@ keel_status_t duo_init(const keel_core_api_t* host, keel_plugin_handle_t* plugin
   k.compute = duo_relu;
   return host->register_kernel(plugin, &k);
 }
-const keel_plugin_t kDuoPlugin = {sizeof(keel_plugin_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR, "duo", "1.0",
-                                  KEEL_PLUGIN_KIND_DEVICE, duo_init, nullptr};
+const keel_plugin_t kDuoPlugin = {.struct_size = sizeof(keel_plugin_t),
+                                  .abi_major = KEEL_PLUGIN_ABI_MAJOR,
+                                  .abi_minor = KEEL_PLUGIN_ABI_MINOR,
+                                  .name = "duo",
+                                  .version = "1.0",
+                                  .kind = KEEL_PLUGIN_KIND_DEVICE,
+                                  .init = duo_init,
+                                  .shutdown = nullptr,
+                                  .init_instance = nullptr,
+                                  .shutdown_instance = nullptr};
 
 std::unique_ptr<Environment> make_env() {
   EnvironmentOptions o;

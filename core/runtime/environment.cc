@@ -12,7 +12,6 @@
 
 namespace keel {
 
-
 StatusOr<std::unique_ptr<Environment>> Environment::create(EnvironmentOptions options) {
   ops::register_keel_schemas();  // before any model is loaded or shape-inferred
   std::unique_ptr<Environment> env(new Environment());
@@ -60,17 +59,17 @@ StatusOr<CachingAllocator*> Environment::allocator(const std::string& device_typ
   if (device_index < 0 || device_index >= dev->device_count) {
     return Status(StatusCode::kOutOfRange, key + " does not exist (" + std::to_string(dev->device_count) + " present)");
   }
-  auto a = std::make_unique<CachingAllocator>(std::make_unique<hal::DeviceRawAllocator>(hal::Device(dev, device_index)));
+  auto a =
+      std::make_unique<CachingAllocator>(std::make_unique<hal::DeviceRawAllocator>(hal::Device(dev, device_index)));
   CachingAllocator* raw = a.get();
   allocators_.emplace(key, std::move(a));
   return raw;
 }
 
-Status Environment::copy(void* dst, const Location& dst_at, const void* src, const Location& src_at,
-                         uint64_t bytes) {
+Status Environment::copy(void* dst, const Location& dst_at, const void* src, const Location& src_at, uint64_t bytes) {
   if (bytes == 0) return Status::ok();
-  const std::string what = "copy " + std::to_string(bytes) + " bytes from " + src_at.to_string() + " to " +
-                           dst_at.to_string();
+  const std::string what =
+      "copy " + std::to_string(bytes) + " bytes from " + src_at.to_string() + " to " + dst_at.to_string();
   if (src_at.is_host() && dst_at.is_host()) {
     std::memcpy(dst, src, bytes);
     return Status::ok();
@@ -79,8 +78,8 @@ Status Environment::copy(void* dst, const Location& dst_at, const void* src, con
     const DeviceEntry* d = registry_.device(at.device_type);
     if (d == nullptr) return not_found("no device type '" + at.device_type + "'");
     if (at.device_index < 0 || at.device_index >= d->device_count) {
-      return Status(StatusCode::kOutOfRange, at.to_string() + " does not exist (" + std::to_string(d->device_count) +
-                                                 " present)");
+      return Status(StatusCode::kOutOfRange,
+                    at.to_string() + " does not exist (" + std::to_string(d->device_count) + " present)");
     }
     return hal::Device(d, at.device_index);
   };

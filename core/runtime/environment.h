@@ -28,7 +28,7 @@ struct EnvironmentOptions {
   // Manifest files loaded one by one (PluginManager::load_manifest), after the built-ins and before discovery
   // (`keel plugin-test` loads exactly one plugin this way).
   std::vector<std::filesystem::path> manifests;
-  int32_t threads = 0;                              // 0 = all cores
+  int32_t threads = 0;  // 0 = all cores
   // Plugins linked into the host (static descriptors), loaded after the reference device and before discovery.
   struct Builtin {
     const keel_plugin_t* descriptor;

@@ -8,8 +8,8 @@
 #include <cstring>
 #include <exception>
 #include <new>
-#include <type_traits>
 #include <set>
+#include <type_traits>
 #include <unordered_set>
 
 #include "core/runtime/environment.h"
@@ -31,15 +31,17 @@ const keel_tensor_t* k_input(const Ctx* c, int32_t i) {
 int32_t k_output_count(const Ctx* c) { return static_cast<int32_t>(c->output_dtypes.size()); }
 int32_t k_output_dtype(const Ctx* c, int32_t i) {
   return i >= 0 && i < static_cast<int32_t>(c->output_dtypes.size()) ? static_cast<int32_t>(c->output_dtypes[i])
-                                                                      : KEEL_DTYPE_UNDEFINED;
+                                                                     : KEEL_DTYPE_UNDEFINED;
 }
 
 keel_status_t k_output(Ctx* c, int32_t i, int32_t ndim, const int64_t* dims, keel_tensor_t** out) {
-  if (c->phase != Ctx::Phase::kCompute) return make_c_status(KEEL_STATUS_FAILED_PRECONDITION, "output() outside compute");
+  if (c->phase != Ctx::Phase::kCompute)
+    return make_c_status(KEEL_STATUS_FAILED_PRECONDITION, "output() outside compute");
   if (i < 0 || i >= static_cast<int32_t>(c->output_dtypes.size())) {
     return make_c_status(KEEL_STATUS_OUT_OF_RANGE, ("output index " + std::to_string(i) + " out of range").c_str());
   }
-  if (ndim < 0 || (ndim > 0 && dims == nullptr)) return make_c_status(KEEL_STATUS_INVALID_ARGUMENT, "output(): bad rank");
+  if (ndim < 0 || (ndim > 0 && dims == nullptr))
+    return make_c_status(KEEL_STATUS_INVALID_ARGUMENT, "output(): bad rank");
   Shape shape(dims, dims + ndim);
   for (int64_t d : shape)
     if (d < 0) {
@@ -60,23 +62,40 @@ const Attribute* find_attr(const Ctx* c, const char* name, AttrKind kind) {
   return a && a->kind == kind ? a : nullptr;
 }
 int k_attr_int(const Ctx* c, const char* n, int64_t* v) {
-  if (auto* a = find_attr(c, n, AttrKind::kInt)) { *v = a->i; return 1; }
+  if (auto* a = find_attr(c, n, AttrKind::kInt)) {
+    *v = a->i;
+    return 1;
+  }
   return 0;
 }
 int k_attr_float(const Ctx* c, const char* n, float* v) {
-  if (auto* a = find_attr(c, n, AttrKind::kFloat)) { *v = a->f; return 1; }
+  if (auto* a = find_attr(c, n, AttrKind::kFloat)) {
+    *v = a->f;
+    return 1;
+  }
   return 0;
 }
 int k_attr_string(const Ctx* c, const char* n, const char** v) {
-  if (auto* a = find_attr(c, n, AttrKind::kString)) { *v = a->s.c_str(); return 1; }
+  if (auto* a = find_attr(c, n, AttrKind::kString)) {
+    *v = a->s.c_str();
+    return 1;
+  }
   return 0;
 }
 int k_attr_ints(const Ctx* c, const char* n, const int64_t** v, size_t* count) {
-  if (auto* a = find_attr(c, n, AttrKind::kInts)) { *v = a->ints.data(); *count = a->ints.size(); return 1; }
+  if (auto* a = find_attr(c, n, AttrKind::kInts)) {
+    *v = a->ints.data();
+    *count = a->ints.size();
+    return 1;
+  }
   return 0;
 }
 int k_attr_floats(const Ctx* c, const char* n, const float** v, size_t* count) {
-  if (auto* a = find_attr(c, n, AttrKind::kFloats)) { *v = a->floats.data(); *count = a->floats.size(); return 1; }
+  if (auto* a = find_attr(c, n, AttrKind::kFloats)) {
+    *v = a->floats.data();
+    *count = a->floats.size();
+    return 1;
+  }
   return 0;
 }
 int k_attr_tensor(const Ctx* c, const char* n, const keel_tensor_t** v) {
@@ -151,9 +170,18 @@ size_t g_nodes(const G* g, keel_node_id_t* out, size_t cap) {
   return o.size();
 }
 int g_node_exists(const G* g, keel_node_id_t id) { return N(g, id) != nullptr; }
-const char* g_op_type(const G* g, keel_node_id_t id) { auto* n = N(g, id); return n ? n->op_type.c_str() : ""; }
-const char* g_domain(const G* g, keel_node_id_t id) { auto* n = N(g, id); return n ? n->domain.c_str() : ""; }
-const char* g_name(const G* g, keel_node_id_t id) { auto* n = N(g, id); return n ? n->name.c_str() : ""; }
+const char* g_op_type(const G* g, keel_node_id_t id) {
+  auto* n = N(g, id);
+  return n ? n->op_type.c_str() : "";
+}
+const char* g_domain(const G* g, keel_node_id_t id) {
+  auto* n = N(g, id);
+  return n ? n->domain.c_str() : "";
+}
+const char* g_name(const G* g, keel_node_id_t id) {
+  auto* n = N(g, id);
+  return n ? n->name.c_str() : "";
+}
 // A node with subgraphs lists, after its own inputs, the values its subgraphs read from this graph (read-only), so
 // that passes see every read (dead code, consumers) without knowing about subgraphs.
 size_t g_in_count(const G* g, keel_node_id_t id) {
@@ -169,7 +197,10 @@ const char* g_in(const G* g, keel_node_id_t id, size_t i) {
   const auto& implicit = const_cast<G*>(g)->implicit(*n);
   return i - n->inputs.size() < implicit.size() ? implicit[i - n->inputs.size()].c_str() : "";
 }
-size_t g_out_count(const G* g, keel_node_id_t id) { auto* n = N(g, id); return n ? n->outputs.size() : 0; }
+size_t g_out_count(const G* g, keel_node_id_t id) {
+  auto* n = N(g, id);
+  return n ? n->outputs.size() : 0;
+}
 const char* g_out(const G* g, keel_node_id_t id, size_t i) {
   auto* n = N(g, id);
   return n && i < n->outputs.size() ? n->outputs[i].c_str() : "";
@@ -185,26 +216,46 @@ int32_t g_attr_kind(const G* g, keel_node_id_t id, const char* name) {
   return a ? static_cast<int32_t>(a->kind) : KEEL_ATTR_UNDEFINED;
 }
 int g_attr_int(const G* g, keel_node_id_t id, const char* name, int64_t* v) {
-  if (auto* a = g_attr(g, id, name, AttrKind::kInt)) { *v = a->i; return 1; }
+  if (auto* a = g_attr(g, id, name, AttrKind::kInt)) {
+    *v = a->i;
+    return 1;
+  }
   return 0;
 }
 int g_attr_float(const G* g, keel_node_id_t id, const char* name, float* v) {
-  if (auto* a = g_attr(g, id, name, AttrKind::kFloat)) { *v = a->f; return 1; }
+  if (auto* a = g_attr(g, id, name, AttrKind::kFloat)) {
+    *v = a->f;
+    return 1;
+  }
   return 0;
 }
 int g_attr_string(const G* g, keel_node_id_t id, const char* name, const char** v) {
-  if (auto* a = g_attr(g, id, name, AttrKind::kString)) { *v = a->s.c_str(); return 1; }
+  if (auto* a = g_attr(g, id, name, AttrKind::kString)) {
+    *v = a->s.c_str();
+    return 1;
+  }
   return 0;
 }
 int g_attr_ints(const G* g, keel_node_id_t id, const char* name, const int64_t** v, size_t* n) {
-  if (auto* a = g_attr(g, id, name, AttrKind::kInts)) { *v = a->ints.data(); *n = a->ints.size(); return 1; }
+  if (auto* a = g_attr(g, id, name, AttrKind::kInts)) {
+    *v = a->ints.data();
+    *n = a->ints.size();
+    return 1;
+  }
   return 0;
 }
 int g_attr_floats(const G* g, keel_node_id_t id, const char* name, const float** v, size_t* n) {
-  if (auto* a = g_attr(g, id, name, AttrKind::kFloats)) { *v = a->floats.data(); *n = a->floats.size(); return 1; }
+  if (auto* a = g_attr(g, id, name, AttrKind::kFloats)) {
+    *v = a->floats.data();
+    *n = a->floats.size();
+    return 1;
+  }
   return 0;
 }
-size_t g_attr_count(const G* g, keel_node_id_t id) { auto* n = N(g, id); return n ? n->attrs.size() : 0; }
+size_t g_attr_count(const G* g, keel_node_id_t id) {
+  auto* n = N(g, id);
+  return n ? n->attrs.size() : 0;
+}
 const char* g_attr_name(const G* g, keel_node_id_t id, size_t i) {
   auto* n = N(g, id);
   if (!n || i >= n->attrs.size()) return "";
@@ -212,7 +263,10 @@ const char* g_attr_name(const G* g, keel_node_id_t id, size_t i) {
   std::advance(it, i);
   return it->first.c_str();
 }
-const char* g_device(const G* g, keel_node_id_t id) { auto* n = N(g, id); return n ? n->device_type.c_str() : ""; }
+const char* g_device(const G* g, keel_node_id_t id) {
+  auto* n = N(g, id);
+  return n ? n->device_type.c_str() : "";
+}
 
 int g_value_info(const G* g, const char* value, int32_t* dtype, int32_t* ndim, int64_t* dims, size_t cap) {
   if (!value) return 0;
@@ -284,8 +338,8 @@ keel_status_t missing_node(keel_node_id_t id) {
   return make_c_status(KEEL_STATUS_NOT_FOUND, ("no node with id " + std::to_string(id)).c_str());
 }
 
-keel_status_t g_add_node(G* g, const char* domain, const char* op, const char* name, const char* const* ins,
-                         size_t nin, const char* const* outs, size_t nout, keel_node_id_t* out) {
+keel_status_t g_add_node(G* g, const char* domain, const char* op, const char* name, const char* const* ins, size_t nin,
+                         const char* const* outs, size_t nout, keel_node_id_t* out) {
   return guard([&] {
     if (!op || !*op) return invalid_argument("add_node: op_type is empty");
     Node n;
@@ -318,7 +372,8 @@ keel_status_t g_set_input(G* g, keel_node_id_t id, size_t i, const char* value) 
   if (has_subgraphs(*n) && i >= n->inputs.size()) {
     return make_c_status(KEEL_STATUS_INVALID_ARGUMENT,
                          ("set_node_input: node '" + n->name + "' has subgraphs; its inputs past " +
-                          std::to_string(n->inputs.size()) + " are what they read (use replace_uses)").c_str());
+                          std::to_string(n->inputs.size()) + " are what they read (use replace_uses)")
+                             .c_str());
   }
   if (i >= n->inputs.size()) n->inputs.resize(i + 1);
   n->inputs[i] = value ? value : "";
@@ -395,7 +450,8 @@ keel_status_t g_remove_initializer(G* g, const char* value) {
 }
 keel_status_t g_unique_name(G* g, const char* prefix, char* buf, size_t size) {
   std::string n = g->graph->unique_name(prefix ? prefix : "v");
-  if (buf == nullptr || n.size() + 1 > size) return make_c_status(KEEL_STATUS_OUT_OF_RANGE, "unique_name: buffer too small");
+  if (buf == nullptr || n.size() + 1 > size)
+    return make_c_status(KEEL_STATUS_OUT_OF_RANGE, "unique_name: buffer too small");
   std::memcpy(buf, n.c_str(), n.size() + 1);
   return nullptr;
 }
@@ -531,8 +587,7 @@ R failure(int32_t code, const char* what, const char* detail) {
   } else {
     try {
       log::error("host table entry {} failed: {}", what, detail);
-    } catch (...) {
-    }
+    } catch (...) {}
     if constexpr (std::is_void_v<R>) return;
     else if constexpr (std::is_same_v<R, const char*>) return "";
     else return R{};
@@ -562,32 +617,65 @@ struct Safe<Fn> {
 
 const keel_kernel_api_t* kernel_api() {
   static const keel_kernel_api_t api = {
-      sizeof(keel_kernel_api_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR,
-      KEEL_SAFE(k_input_count), KEEL_SAFE(k_input), KEEL_SAFE(k_output_count), KEEL_SAFE(k_output),
-      KEEL_SAFE(k_output_dtype), KEEL_SAFE(k_attr_int), KEEL_SAFE(k_attr_float), KEEL_SAFE(k_attr_string),
-      KEEL_SAFE(k_attr_ints), KEEL_SAFE(k_attr_floats), KEEL_SAFE(k_attr_tensor), KEEL_SAFE(k_attr_strings),
-      KEEL_SAFE(k_node_name), KEEL_SAFE(k_opset), KEEL_SAFE(k_device_index), KEEL_SAFE(k_stream),
-      KEEL_SAFE(k_workspace), KEEL_SAFE(k_parallel_for), KEEL_SAFE(k_thread_count),
-      KEEL_SAFE(k_profiling), KEEL_SAFE(k_profile_step),
+      sizeof(keel_kernel_api_t), KEEL_PLUGIN_ABI_MAJOR,     KEEL_PLUGIN_ABI_MINOR,     KEEL_SAFE(k_input_count),
+      KEEL_SAFE(k_input),        KEEL_SAFE(k_output_count), KEEL_SAFE(k_output),       KEEL_SAFE(k_output_dtype),
+      KEEL_SAFE(k_attr_int),     KEEL_SAFE(k_attr_float),   KEEL_SAFE(k_attr_string),  KEEL_SAFE(k_attr_ints),
+      KEEL_SAFE(k_attr_floats),  KEEL_SAFE(k_attr_tensor),  KEEL_SAFE(k_attr_strings), KEEL_SAFE(k_node_name),
+      KEEL_SAFE(k_opset),        KEEL_SAFE(k_device_index), KEEL_SAFE(k_stream),       KEEL_SAFE(k_workspace),
+      KEEL_SAFE(k_parallel_for), KEEL_SAFE(k_thread_count), KEEL_SAFE(k_profiling),    KEEL_SAFE(k_profile_step),
   };
   return &api;
 }
 
 const keel_graph_api_t* graph_api() {
   static const keel_graph_api_t api = {
-      sizeof(keel_graph_api_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR,
-      KEEL_SAFE(g_nodes), KEEL_SAFE(g_node_exists), KEEL_SAFE(g_op_type), KEEL_SAFE(g_domain), KEEL_SAFE(g_name),
-      KEEL_SAFE(g_in_count), KEEL_SAFE(g_in), KEEL_SAFE(g_out_count), KEEL_SAFE(g_out), KEEL_SAFE(g_attr_kind),
-      KEEL_SAFE(g_attr_int), KEEL_SAFE(g_attr_float), KEEL_SAFE(g_attr_string), KEEL_SAFE(g_attr_ints),
-      KEEL_SAFE(g_attr_floats), KEEL_SAFE(g_attr_count), KEEL_SAFE(g_attr_name), KEEL_SAFE(g_device),
-      KEEL_SAFE(g_value_info), KEEL_SAFE(g_producer), KEEL_SAFE(g_consumers), KEEL_SAFE(g_is_output),
-      KEEL_SAFE(g_initializer), KEEL_SAFE(g_in_n), KEEL_SAFE(g_in_i), KEEL_SAFE(g_out_n), KEEL_SAFE(g_out_i),
+      sizeof(keel_graph_api_t),
+      KEEL_PLUGIN_ABI_MAJOR,
+      KEEL_PLUGIN_ABI_MINOR,
+      KEEL_SAFE(g_nodes),
+      KEEL_SAFE(g_node_exists),
+      KEEL_SAFE(g_op_type),
+      KEEL_SAFE(g_domain),
+      KEEL_SAFE(g_name),
+      KEEL_SAFE(g_in_count),
+      KEEL_SAFE(g_in),
+      KEEL_SAFE(g_out_count),
+      KEEL_SAFE(g_out),
+      KEEL_SAFE(g_attr_kind),
+      KEEL_SAFE(g_attr_int),
+      KEEL_SAFE(g_attr_float),
+      KEEL_SAFE(g_attr_string),
+      KEEL_SAFE(g_attr_ints),
+      KEEL_SAFE(g_attr_floats),
+      KEEL_SAFE(g_attr_count),
+      KEEL_SAFE(g_attr_name),
+      KEEL_SAFE(g_device),
+      KEEL_SAFE(g_value_info),
+      KEEL_SAFE(g_producer),
+      KEEL_SAFE(g_consumers),
+      KEEL_SAFE(g_is_output),
+      KEEL_SAFE(g_initializer),
+      KEEL_SAFE(g_in_n),
+      KEEL_SAFE(g_in_i),
+      KEEL_SAFE(g_out_n),
+      KEEL_SAFE(g_out_i),
       KEEL_SAFE(g_opset),
-      KEEL_SAFE(g_add_node), KEEL_SAFE(g_remove_node), KEEL_SAFE(g_set_input), KEEL_SAFE(g_replace_uses),
-      KEEL_SAFE(g_set_int), KEEL_SAFE(g_set_float), KEEL_SAFE(g_set_string), KEEL_SAFE(g_set_ints),
-      KEEL_SAFE(g_set_floats), KEEL_SAFE(g_remove_attr), KEEL_SAFE(g_set_initializer),
-      KEEL_SAFE(g_remove_initializer), KEEL_SAFE(g_unique_name), KEEL_SAFE(g_infer_shapes),
-      KEEL_SAFE(g_evaluate), KEEL_SAFE(g_release_tensor),
+      KEEL_SAFE(g_add_node),
+      KEEL_SAFE(g_remove_node),
+      KEEL_SAFE(g_set_input),
+      KEEL_SAFE(g_replace_uses),
+      KEEL_SAFE(g_set_int),
+      KEEL_SAFE(g_set_float),
+      KEEL_SAFE(g_set_string),
+      KEEL_SAFE(g_set_ints),
+      KEEL_SAFE(g_set_floats),
+      KEEL_SAFE(g_remove_attr),
+      KEEL_SAFE(g_set_initializer),
+      KEEL_SAFE(g_remove_initializer),
+      KEEL_SAFE(g_unique_name),
+      KEEL_SAFE(g_infer_shapes),
+      KEEL_SAFE(g_evaluate),
+      KEEL_SAFE(g_release_tensor),
   };
   return &api;
 }
@@ -602,10 +690,22 @@ std::unique_ptr<keel_plugin_handle_s> make_plugin_handle(Registry& registry, Plu
   h->dir = std::move(dir);
   h->options = std::move(options);
   h->api = keel_core_api_t{
-      sizeof(keel_core_api_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR,
-      KEEL_SAFE(h_status_create), KEEL_SAFE(h_log), KEEL_SAFE(h_register_device), KEEL_SAFE(h_register_kernel),
-      KEEL_SAFE(h_register_pass), KEEL_SAFE(h_register_collective), KEEL_SAFE(h_kernel_exists), kernel_api(),
-      graph_api(), options_api(), &h->options, h->dir.c_str(), KEEL_SAFE(h_register_claimer),
+      sizeof(keel_core_api_t),
+      KEEL_PLUGIN_ABI_MAJOR,
+      KEEL_PLUGIN_ABI_MINOR,
+      KEEL_SAFE(h_status_create),
+      KEEL_SAFE(h_log),
+      KEEL_SAFE(h_register_device),
+      KEEL_SAFE(h_register_kernel),
+      KEEL_SAFE(h_register_pass),
+      KEEL_SAFE(h_register_collective),
+      KEEL_SAFE(h_kernel_exists),
+      kernel_api(),
+      graph_api(),
+      options_api(),
+      &h->options,
+      h->dir.c_str(),
+      KEEL_SAFE(h_register_claimer),
       KEEL_SAFE(h_kernel_priority),
   };
   return h;

@@ -30,7 +30,7 @@ struct keel_kernel_context_s {
   // Inputs: views of the bound tensors (create phase: shapes from value info, data only for constants).
   std::vector<const keel_tensor_t*> inputs;  // nullptr = absent
   std::vector<keel_tensor_t> input_views;
-  std::vector<keel::Shape> input_shapes;     // backing store for create-phase dims
+  std::vector<keel::Shape> input_shapes;  // backing store for create-phase dims
   // Binds `tensors` as the inputs (an undefined tensor is an absent input); they must outlive the call it serves.
   void bind_inputs(const std::vector<keel::Tensor>& tensors) {
     input_views.assign(tensors.size(), keel_tensor_t{});
@@ -62,10 +62,10 @@ struct keel_kernel_context_s {
 };
 
 struct keel_graph_s {
-  keel::Graph* graph = nullptr;              // edited in place by passes
-  keel::Environment* env = nullptr;          // for evaluate
-  std::vector<keel::NodeId> order_cache;     // topological order; cleared on edit
-  std::deque<std::string> strings;           // backing store for returned strings
+  keel::Graph* graph = nullptr;           // edited in place by passes
+  keel::Environment* env = nullptr;       // for evaluate
+  std::vector<keel::NodeId> order_cache;  // topological order; cleared on edit
+  std::deque<std::string> strings;        // backing store for returned strings
   // Initializer views handed out, each with the tensor it shows (kept alive with it): views stay valid for the
   // life of this graph view, even after edits replace the initializer (passes often read, then edit).
   std::deque<std::pair<keel::Tensor, keel_tensor_t>> initializer_views;

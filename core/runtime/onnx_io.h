@@ -45,10 +45,10 @@ struct OnnxModelMeta {
   std::string producer_name, producer_version, domain, doc_string;
   int64_t model_version = 0;
   std::map<std::string, std::string> metadata_props;  // the model's custom metadata (key -> value)
-  std::map<std::string, int32_t> declared_opsets;  // as the file declared them, before any upgrade
-  bool upgraded = false;                            // the version converter ran
-  uint64_t file_bytes = 0;                          // the model file alone
-  uint64_t external_bytes = 0;                      // bytes read from external-data files
+  std::map<std::string, int32_t> declared_opsets;     // as the file declared them, before any upgrade
+  bool upgraded = false;                              // the version converter ran
+  uint64_t file_bytes = 0;                            // the model file alone
+  uint64_t external_bytes = 0;                        // bytes read from external-data files
 };
 
 struct OnnxLoadOptions {
@@ -128,7 +128,8 @@ Status write_tensor_pb(const Tensor& tensor, const std::filesystem::path& file, 
 // Values of any kind (the ONNX test data's input_K.pb / output_K.pb): a TensorProto, a SequenceProto (of tensors)
 // or an OptionalProto (of a tensor or a sequence), as `declared` says (nullptr or a tensor type: a TensorProto).
 // `name`, when given, receives the proto's name. .npy files hold tensors only.
-StatusOr<RunValue> read_value_file(const std::filesystem::path& file, const ValueInfo* declared, std::string* name = nullptr);
+StatusOr<RunValue> read_value_file(const std::filesystem::path& file, const ValueInfo* declared,
+                                   std::string* name = nullptr);
 StatusOr<RunValue> read_value_pb(const void* data, size_t size, const ValueInfo* declared, std::string* name = nullptr);
 // Writes `value` (host tensors) as the proto `declared` calls for (a TensorProto for tensors when it is nullptr).
 Status write_value_pb(const RunValue& value, const ValueInfo* declared, const std::filesystem::path& file,

@@ -139,15 +139,18 @@ TEST(OnnxIo, TypedDataFieldsOfEveryDtype) {
   onnx::TensorProto p;
   p.add_dims(3);
   // int32_data carries f16/bf16/bool/i8/u8/i16/u16 as well.
-  struct Case { int32_t type; std::vector<int32_t> values; };
+  struct Case {
+    int32_t type;
+    std::vector<int32_t> values;
+  };
   for (const Case& c : std::vector<Case>{{onnx::TensorProto::INT8, {-1, 2, -128}},
-                                          {onnx::TensorProto::UINT8, {0, 200, 255}},
-                                          {onnx::TensorProto::INT16, {-300, 2, 3}},
-                                          {onnx::TensorProto::UINT16, {65535, 0, 1}},
-                                          {onnx::TensorProto::INT32, {-7, 8, 9}},
-                                          {onnx::TensorProto::BOOL, {1, 0, 1}},
-                                          {onnx::TensorProto::FLOAT16, {f32_to_f16(1.5f), f32_to_f16(-2.f), 0}},
-                                          {onnx::TensorProto::BFLOAT16, {f32_to_bf16(3.f), 0, f32_to_bf16(-1.f)}}}) {
+                                         {onnx::TensorProto::UINT8, {0, 200, 255}},
+                                         {onnx::TensorProto::INT16, {-300, 2, 3}},
+                                         {onnx::TensorProto::UINT16, {65535, 0, 1}},
+                                         {onnx::TensorProto::INT32, {-7, 8, 9}},
+                                         {onnx::TensorProto::BOOL, {1, 0, 1}},
+                                         {onnx::TensorProto::FLOAT16, {f32_to_f16(1.5f), f32_to_f16(-2.f), 0}},
+                                         {onnx::TensorProto::BFLOAT16, {f32_to_bf16(3.f), 0, f32_to_bf16(-1.f)}}}) {
     p.Clear();
     p.add_dims(3);
     p.set_data_type(c.type);
@@ -220,7 +223,8 @@ Graph builder_graph() {
   GraphBuilder b("roundtrip", 17);
   auto x = b.input("x", DType::kF32, {1, 2, 4, 4});
   auto w = b.constant("w", Tensor::f32({3, 2, 3, 3}, std::vector<float>(54, 0.5f)));
-  auto conv = b.op1("Conv", {x, w}, {{"kernel_shape", Attribute::of_ints({3, 3})}, {"pads", Attribute::of_ints({1, 1, 1, 1})}});
+  auto conv =
+      b.op1("Conv", {x, w}, {{"kernel_shape", Attribute::of_ints({3, 3})}, {"pads", Attribute::of_ints({1, 1, 1, 1})}});
   auto alpha = b.op1("LeakyRelu", {conv}, {{"alpha", Attribute::of_float(0.25f)}});
   auto shape = b.constant("shape", Tensor::from_vector<int64_t>(DType::kI64, {2}, {1, -1}));
   auto flat = b.op1("Reshape", {alpha, shape});
@@ -729,7 +733,8 @@ TEST(OnnxIo, Opset6ModelsOfTheTestDataUpgrade) {
 
 std::string npy_bytes(int version, const std::string& descr, const std::string& shape, const std::string& payload,
                       bool fortran = false) {
-  std::string header = "{'descr': '" + descr + "', 'fortran_order': " + (fortran ? "True" : "False") + ", 'shape': " + shape + ", }";
+  std::string header =
+      "{'descr': '" + descr + "', 'fortran_order': " + (fortran ? "True" : "False") + ", 'shape': " + shape + ", }";
   const size_t prefix = version == 1 ? 10 : 12;
   while ((prefix + header.size() + 1) % 64 != 0) header += ' ';
   header += '\n';
@@ -752,9 +757,15 @@ std::string raw(const std::vector<T>& v) {
 }
 
 TEST(TensorFiles, NpyOfEveryDtype) {
-  struct Case { std::string descr; DType dtype; std::string payload; };
+  struct Case {
+    std::string descr;
+    DType dtype;
+    std::string payload;
+  };
   std::vector<Case> cases = {
-      {"<f2", DType::kF16, raw<uint16_t>({f32_to_f16(1.f), f32_to_f16(2.f), f32_to_f16(3.f), f32_to_f16(4.f), f32_to_f16(5.f), f32_to_f16(6.f)})},
+      {"<f2", DType::kF16,
+       raw<uint16_t>(
+           {f32_to_f16(1.f), f32_to_f16(2.f), f32_to_f16(3.f), f32_to_f16(4.f), f32_to_f16(5.f), f32_to_f16(6.f)})},
       {"<f4", DType::kF32, raw<float>({1, 2, 3, 4, 5, 6})},
       {"<f8", DType::kF64, raw<double>({1, 2, 3, 4, 5, 6})},
       {"|i1", DType::kI8, raw<int8_t>({1, 2, 3, 4, 5, 6})},
@@ -781,7 +792,8 @@ TEST(TensorFiles, NpyOfEveryDtype) {
     EXPECT_EQ(std::memcmp(t->raw_data(), c.payload.data(), c.payload.size()), 0) << c.descr;
   }
   // Scalars and 1-D.
-  auto s = read_npy(npy_bytes(1, "<f4", "()", raw<float>({7})).data(), npy_bytes(1, "<f4", "()", raw<float>({7})).size());
+  auto s =
+      read_npy(npy_bytes(1, "<f4", "()", raw<float>({7})).data(), npy_bytes(1, "<f4", "()", raw<float>({7})).size());
   ASSERT_TRUE(s.is_ok()) << s.status().to_string();
   EXPECT_EQ(s->rank(), 0);
   std::string one = npy_bytes(1, "<i8", "(3,)", raw<int64_t>({1, 2, 3}));
@@ -796,13 +808,13 @@ TEST(TensorFiles, BadNpyIsRefused) {
     EXPECT_FALSE(t.is_ok());
   };
   check_bad("nope");
-  check_bad(npy_bytes(1, "<f4", "(2, 3)", raw<float>({1, 2})));                       // truncated data
-  check_bad(npy_bytes(1, ">f4", "(1,)", raw<float>({1})));                             // big-endian
-  check_bad(npy_bytes(1, "<f4", "(1,)", raw<float>({1}), /*fortran=*/true));           // Fortran order
-  check_bad(npy_bytes(1, "<c8", "(1,)", raw<float>({1, 2})));                          // complex
-  check_bad(npy_bytes(1, "<f4", "(1000000, 1000000, 1000000)", raw<float>({1})));      // huge
-  check_bad(npy_bytes(1, "<f4", "(a, b)", raw<float>({1})));                           // junk shape
-  check_bad(npy_bytes(4, "<f4", "(1,)", raw<float>({1})));                             // unknown version
+  check_bad(npy_bytes(1, "<f4", "(2, 3)", raw<float>({1, 2})));                    // truncated data
+  check_bad(npy_bytes(1, ">f4", "(1,)", raw<float>({1})));                         // big-endian
+  check_bad(npy_bytes(1, "<f4", "(1,)", raw<float>({1}), /*fortran=*/true));       // Fortran order
+  check_bad(npy_bytes(1, "<c8", "(1,)", raw<float>({1, 2})));                      // complex
+  check_bad(npy_bytes(1, "<f4", "(1000000, 1000000, 1000000)", raw<float>({1})));  // huge
+  check_bad(npy_bytes(1, "<f4", "(a, b)", raw<float>({1})));                       // junk shape
+  check_bad(npy_bytes(4, "<f4", "(1,)", raw<float>({1})));                         // unknown version
   std::string good = npy_bytes(1, "<f4", "(2,)", raw<float>({1, 2}));
   check_bad(good.substr(0, 20));  // truncated header
 }

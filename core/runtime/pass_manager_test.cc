@@ -38,8 +38,8 @@ keel_status_t drop_identity(void*, keel_graph_t* g, const keel_graph_api_t* api,
 }
 
 // Always fails, to check that the graph is restored.
-keel_status_t broken_pass(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_options_t*,
-                          const char*, keel_pass_report_t*) {
+keel_status_t broken_pass(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_options_t*, const char*,
+                          keel_pass_report_t*) {
   keel_node_id_t ids[8];
   if (api->nodes(g, ids, 8) > 0) api->remove_node(g, ids[0]);
   return g_host->status_create(KEEL_STATUS_INTERNAL, "broken on purpose");
@@ -58,8 +58,16 @@ keel_status_t init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
   p.run = broken_pass;
   return host->register_pass(plugin, &p);
 }
-const keel_plugin_t kPasses = {sizeof(keel_plugin_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR, "test_passes",
-                               "1.0", KEEL_PLUGIN_KIND_PASS, init, nullptr};
+const keel_plugin_t kPasses = {.struct_size = sizeof(keel_plugin_t),
+                               .abi_major = KEEL_PLUGIN_ABI_MAJOR,
+                               .abi_minor = KEEL_PLUGIN_ABI_MINOR,
+                               .name = "test_passes",
+                               .version = "1.0",
+                               .kind = KEEL_PLUGIN_KIND_PASS,
+                               .init = init,
+                               .shutdown = nullptr,
+                               .init_instance = nullptr,
+                               .shutdown_instance = nullptr};
 
 std::unique_ptr<Environment> make_env() {
   EnvironmentOptions o;
@@ -104,7 +112,8 @@ limit = 1
 keep = ["x", "y"]
 [[pass]]
 name = "other"
-)", "test.toml");
+)",
+                                  "test.toml");
   ASSERT_TRUE(toml.is_ok()) << toml.status().to_string();
   ASSERT_EQ(toml.value().size(), 2u);
   EXPECT_EQ(std::get<int64_t>(toml.value()[0].options.values.at("limit")), 1);

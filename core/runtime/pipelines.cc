@@ -4,9 +4,10 @@ namespace keel {
 
 const std::vector<std::string>& default_pipeline_passes() {
   static const std::vector<std::string> passes = {
-      "fold_constants",       "remove_identity",        "eliminate_common_subexpressions", "eliminate_dead_code",
-      "fuse_conv_bn",         "fuse_gelu",              "fuse_layer_norm",                 "fuse_attention",
-      "fuse_conv_activation", "fuse_matmul_activation", "eliminate_dead_code",
+      "fold_constants",         "remove_identity",     "eliminate_common_subexpressions",
+      "eliminate_dead_code",    "fuse_conv_bn",        "fuse_gelu",
+      "fuse_layer_norm",        "fuse_attention",      "fuse_conv_activation",
+      "fuse_matmul_activation", "eliminate_dead_code",
   };
   return passes;
 }

@@ -39,14 +39,12 @@
 
 #include <dlfcn.h>
 
-#include <boost/dll/shared_library.hpp>
 #include <toml++/toml.h>
+#include <boost/dll/shared_library.hpp>
 
 #include <algorithm>
-#include <variant>
-#include <mutex>
-#include <cerrno>
 #include <cctype>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -54,12 +52,14 @@
 #include <iterator>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <string_view>
 #include <system_error>
 #include <tuple>
 #include <utility>
+#include <variant>
 
 #include "core/base/options.h"
 #include "core/runtime/host_api.h"
@@ -164,8 +164,7 @@ struct Manifest {
 };
 
 // Reads string key `key` into *out. Missing: error when required, else untouched.
-Outcome read_string(const toml::table& t, std::string_view key, bool required, std::string* out,
-                    const fs::path& file) {
+Outcome read_string(const toml::table& t, std::string_view key, bool required, std::string* out, const fs::path& file) {
   const toml::node* n = t.get(key);
   if (n == nullptr) {
     if (required) return failed("manifest key '" + std::string(key) + "' (a string) is missing in " + file.string());
@@ -263,8 +262,8 @@ Outcome parse_manifest(const fs::path& file, Manifest* m) {
   if (m->library.empty()) return failed("manifest key 'library' is empty in " + file.string());
   if (!parse_abi(m->abi, &m->abi_major, &m->abi_minor)) {
     return failed("manifest key 'abi' must be a \"MAJOR.MINOR\" string such as \"" +
-                  std::to_string(KEEL_PLUGIN_ABI_MAJOR) + "." + std::to_string(KEEL_PLUGIN_ABI_MINOR) +
-                  "\" (got \"" + m->abi + "\") in " + file.string());
+                  std::to_string(KEEL_PLUGIN_ABI_MAJOR) + "." + std::to_string(KEEL_PLUGIN_ABI_MINOR) + "\" (got \"" +
+                  m->abi + "\") in " + file.string());
   }
 
   if (const toml::node* n = root.get("priority")) {
@@ -307,7 +306,8 @@ bool uses_instances(const keel_plugin_t* d) {
 
 // Checks a descriptor before anything of it is called. `origin` names where it came from, for messages.
 Outcome check_descriptor(const keel_plugin_t* d, const std::string& origin) {
-  if (d == nullptr) return failed("entry symbol " KEEL_PLUGIN_ENTRY_SYMBOL " returned NULL (no descriptor) in " + origin);
+  if (d == nullptr)
+    return failed("entry symbol " KEEL_PLUGIN_ENTRY_SYMBOL " returned NULL (no descriptor) in " + origin);
   if (d->struct_size < offsetof(keel_plugin_t, abi_minor) + sizeof(d->abi_minor)) {
     return failed("plugin descriptor in " + origin + " is too small (struct_size " + std::to_string(d->struct_size) +
                   ") to hold its ABI version");
@@ -455,7 +455,7 @@ std::string PluginManager::merge_overrides(const std::string& name, Options* opt
 }
 
 std::unique_ptr<keel_plugin_handle_s> PluginManager::handle_for(const PluginRecord& rec, const std::string& dir,
-                                                                 Options options) {
+                                                                Options options) {
   auto h = make_plugin_handle(registry_, rec.id, rec.priority, rec.name, dir, std::move(options));
   h->log_target.store(log_target_);
   return h;
@@ -582,8 +582,8 @@ void PluginManager::load_manifest(const fs::path& manifest_arg) {
   for (const auto& r : records_) {
     if (r.state == PluginState::kLoaded && r.name == rec.name) {
       return finish(skipped("duplicate plugin name '" + rec.name + "': already loaded from " +
-                            (r.manifest.empty() ? std::string("(built-in)") : r.manifest.string()) +
-                            "; this one is " + manifest.string()));
+                            (r.manifest.empty() ? std::string("(built-in)") : r.manifest.string()) + "; this one is " +
+                            manifest.string()));
     }
   }
 
@@ -808,8 +808,7 @@ std::pair<PluginState, std::string> PluginManager::init_plugin(const PluginRecor
         if (instances) {
           try {
             descriptor->shutdown_instance(l->instance);
-          } catch (...) {
-          }
+          } catch (...) {}
         } else {
           drop_legacy(true);  // shutdown only when no other environment uses the plugin's globals
         }
@@ -852,7 +851,8 @@ std::vector<fs::path> PluginManager::search_path(const std::vector<fs::path>& ap
   // and for the installed `keel` this is the directory above; it is listed once.
   Dl_info info{};
   if (dladdr(reinterpret_cast<const void*>(&PluginManager::search_path), &info) != 0 && info.dli_fname != nullptr) {
-    fs::path lib_dir = (fs::absolute(fs::path(info.dli_fname), ec).parent_path() / "keel" / "plugins").lexically_normal();
+    fs::path lib_dir =
+        (fs::absolute(fs::path(info.dli_fname), ec).parent_path() / "keel" / "plugins").lexically_normal();
     auto same = [&](const fs::path& p) {
       std::error_code e1, e2;
       return fs::weakly_canonical(p, e1) == fs::weakly_canonical(lib_dir, e2) && !e1 && !e2;

@@ -40,8 +40,8 @@ const char* plugin_state_name(PluginState s);  // "loaded", "skipped", "failed"
 
 struct PluginRecord {
   PluginId id = -1;
-  std::string name;              // from the manifest (or the file stem when the manifest cannot be read)
-  std::string kind;              // "device" | "collective" | "pass" ("" when unknown)
+  std::string name;  // from the manifest (or the file stem when the manifest cannot be read)
+  std::string kind;  // "device" | "collective" | "pass" ("" when unknown)
   std::string version;
   std::string vendor;
   std::string description;
@@ -49,8 +49,8 @@ struct PluginRecord {
   std::filesystem::path manifest;  // absolute; empty for built-ins
   std::filesystem::path library;   // absolute; "(built-in)" for built-ins
   PluginState state = PluginState::kFailed;
-  std::string reason;            // empty when loaded
-  std::string abi;               // the manifest's "MAJOR.MINOR" ("" for built-ins)
+  std::string reason;                               // empty when loaded
+  std::string abi;                                  // the manifest's "MAJOR.MINOR" ("" for built-ins)
   std::map<std::string, std::string> requirements;  // the manifest's [requires] (shown, not enforced yet)
 };
 

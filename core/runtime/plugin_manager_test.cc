@@ -26,9 +26,7 @@ fs::path fixture_root() {
 #endif
 }
 
-std::string core_abi() {
-  return std::to_string(KEEL_PLUGIN_ABI_MAJOR) + "." + std::to_string(KEEL_PLUGIN_ABI_MINOR);
-}
+std::string core_abi() { return std::to_string(KEEL_PLUGIN_ABI_MAJOR) + "." + std::to_string(KEEL_PLUGIN_ABI_MINOR); }
 std::string next_abi() { return std::to_string(KEEL_PLUGIN_ABI_MAJOR + 1) + ".0"; }
 
 // True when a library with this path is loaded in the process (without loading it).
@@ -74,8 +72,9 @@ class PluginManagerTest : public ::testing::Test {
   std::unique_ptr<PluginManager> manager_;
 };
 
-#define EXPECT_CONTAINS(haystack, needle) \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "'" << (haystack) << "' lacks '" << (needle) << "'"
+#define EXPECT_CONTAINS(haystack, needle)                          \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) \
+      << "'" << (haystack) << "' lacks '" << (needle) << "'"
 
 TEST_F(PluginManagerTest, GoodPluginLoadsAndRegistersItsDevice) {
   load("good");
@@ -381,10 +380,26 @@ keel_status_t builtin_init(const keel_core_api_t* host, keel_plugin_handle_t* pl
   t.copy = builtin_copy;
   return host->register_device(plugin, &t);
 }
-const keel_plugin_t kBuiltin = {sizeof(keel_plugin_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR, "builtin",
-                                "9.9", KEEL_PLUGIN_KIND_DEVICE, builtin_init, nullptr};
-const keel_plugin_t kBuiltinWrongAbi = {sizeof(keel_plugin_t), KEEL_PLUGIN_ABI_MAJOR + 1, 0, "builtin_new",
-                                        "9.9", KEEL_PLUGIN_KIND_DEVICE, builtin_init, nullptr};
+const keel_plugin_t kBuiltin = {.struct_size = sizeof(keel_plugin_t),
+                                .abi_major = KEEL_PLUGIN_ABI_MAJOR,
+                                .abi_minor = KEEL_PLUGIN_ABI_MINOR,
+                                .name = "builtin",
+                                .version = "9.9",
+                                .kind = KEEL_PLUGIN_KIND_DEVICE,
+                                .init = builtin_init,
+                                .shutdown = nullptr,
+                                .init_instance = nullptr,
+                                .shutdown_instance = nullptr};
+const keel_plugin_t kBuiltinWrongAbi = {.struct_size = sizeof(keel_plugin_t),
+                                        .abi_major = KEEL_PLUGIN_ABI_MAJOR + 1,
+                                        .abi_minor = 0,
+                                        .name = "builtin_new",
+                                        .version = "9.9",
+                                        .kind = KEEL_PLUGIN_KIND_DEVICE,
+                                        .init = builtin_init,
+                                        .shutdown = nullptr,
+                                        .init_instance = nullptr,
+                                        .shutdown_instance = nullptr};
 
 TEST_F(PluginManagerTest, BuiltinPluginsUseTheSameChecks) {
   manager_->load_builtin(&kBuiltin, 0, "a built-in device");
@@ -451,8 +466,8 @@ TEST(PluginSearchPath, ApiPathsThenEnvThenUserThenInstall) {
   ScopedEnv path("KEEL_PLUGIN_PATH", "/env/one::/env/two:");
   ScopedEnv home("HOME", "/home/someone");
   auto dirs = PluginManager::search_path({"/api/a", "/api/b"});
-  std::vector<fs::path> want = {"/api/a", "/api/b", "/env/one", "/env/two",
-                                "/home/someone/.local/lib/keel/plugins", exe_plugin_dir()};
+  std::vector<fs::path> want = {
+      "/api/a", "/api/b", "/env/one", "/env/two", "/home/someone/.local/lib/keel/plugins", exe_plugin_dir()};
   EXPECT_EQ(dirs, want);
 }
 

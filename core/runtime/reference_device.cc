@@ -62,10 +62,16 @@ keel_status_t reference_init(const keel_core_api_t* host, keel_plugin_handle_t* 
   return ops::register_grad_reference_kernels(host, plugin);
 }
 
-const keel_plugin_t kReferencePlugin = {
-    sizeof(keel_plugin_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR, "reference", "0.1.0",
-    KEEL_PLUGIN_KIND_DEVICE, reference_init, nullptr,
-};
+const keel_plugin_t kReferencePlugin = {.struct_size = sizeof(keel_plugin_t),
+                                        .abi_major = KEEL_PLUGIN_ABI_MAJOR,
+                                        .abi_minor = KEEL_PLUGIN_ABI_MINOR,
+                                        .name = "reference",
+                                        .version = "0.1.0",
+                                        .kind = KEEL_PLUGIN_KIND_DEVICE,
+                                        .init = reference_init,
+                                        .shutdown = nullptr,
+                                        .init_instance = nullptr,
+                                        .shutdown_instance = nullptr};
 
 }  // namespace
 

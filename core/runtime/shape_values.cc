@@ -16,11 +16,46 @@ namespace {
 // ai.onnx ops evaluated when all their inputs are known: deterministic, cheap, and what shape-computing exports use.
 // (Shape and Size are handled apart: they need only their input's static shape.)
 bool evaluable(const std::string& op) {
-  static const std::unordered_set<std::string> kOps = {
-      "Constant", "Identity", "Cast", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Reshape", "Flatten",
-      "Transpose", "Expand", "Tile", "ConstantOfShape", "Range", "Where", "Add", "Sub", "Mul", "Div", "Mod", "Neg",
-      "Abs", "Floor", "Ceil", "Sqrt", "Min", "Max", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
-      "Not", "And", "Or", "ReduceProd", "ReduceSum", "ReduceMin", "ReduceMax"};
+  static const std::unordered_set<std::string> kOps = {"Constant",
+                                                       "Identity",
+                                                       "Cast",
+                                                       "Gather",
+                                                       "Unsqueeze",
+                                                       "Squeeze",
+                                                       "Concat",
+                                                       "Slice",
+                                                       "Reshape",
+                                                       "Flatten",
+                                                       "Transpose",
+                                                       "Expand",
+                                                       "Tile",
+                                                       "ConstantOfShape",
+                                                       "Range",
+                                                       "Where",
+                                                       "Add",
+                                                       "Sub",
+                                                       "Mul",
+                                                       "Div",
+                                                       "Mod",
+                                                       "Neg",
+                                                       "Abs",
+                                                       "Floor",
+                                                       "Ceil",
+                                                       "Sqrt",
+                                                       "Min",
+                                                       "Max",
+                                                       "Equal",
+                                                       "Less",
+                                                       "Greater",
+                                                       "LessOrEqual",
+                                                       "GreaterOrEqual",
+                                                       "Not",
+                                                       "And",
+                                                       "Or",
+                                                       "ReduceProd",
+                                                       "ReduceSum",
+                                                       "ReduceMin",
+                                                       "ReduceMax"};
   return kOps.count(op) != 0;
 }
 
@@ -30,10 +65,8 @@ bool small_dtype(DType d) {
     case DType::kI32:
     case DType::kF32:
     case DType::kF64:
-    case DType::kBool:
-      return true;
-    default:
-      return false;
+    case DType::kBool: return true;
+    default: return false;
   }
 }
 
@@ -123,8 +156,7 @@ int64_t propagate(const Graph& graph, const std::unordered_map<std::string, Valu
                   std::unordered_map<std::string, Tensor>& known, std::unordered_set<NodeId>& tried) {
   if (known.empty()) {
     for (const auto& [name, t] : graph.initializers)
-      if (!graph.is_graph_input(name) && small_dtype(t.dtype()) && t.numel() <= kMaxElements &&
-          t.location().is_host())
+      if (!graph.is_graph_input(name) && small_dtype(t.dtype()) && t.numel() <= kMaxElements && t.location().is_host())
         known.emplace(name, t);
   }
   auto order = graph.topological_order();
@@ -152,8 +184,8 @@ int64_t propagate(const Graph& graph, const std::unordered_map<std::string, Valu
         continue;
       }
       const Shape* s = static_shape(types, o);
-      outputs_ok = outputs_ok && s && shape_numel(*s) <= kMaxElements && small_dtype(types.at(o).dtype) &&
-                   !known.count(o);
+      outputs_ok =
+          outputs_ok && s && shape_numel(*s) <= kMaxElements && small_dtype(types.at(o).dtype) && !known.count(o);
       out_dtypes.push_back(outputs_ok ? types.at(o).dtype : DType::kUndefined);
     }
     if (!outputs_ok) continue;

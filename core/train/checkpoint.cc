@@ -10,10 +10,9 @@ namespace {
 using nlohmann::json;
 
 const std::pair<DType, const char*> kDTypes[] = {
-    {DType::kF32, "F32"}, {DType::kF16, "F16"}, {DType::kBF16, "BF16"}, {DType::kF64, "F64"},
-    {DType::kI8, "I8"},   {DType::kI16, "I16"}, {DType::kI32, "I32"},   {DType::kI64, "I64"},
-    {DType::kU8, "U8"},   {DType::kU16, "U16"}, {DType::kU32, "U32"},   {DType::kU64, "U64"},
-    {DType::kBool, "BOOL"},
+    {DType::kF32, "F32"}, {DType::kF16, "F16"}, {DType::kBF16, "BF16"}, {DType::kF64, "F64"}, {DType::kI8, "I8"},
+    {DType::kI16, "I16"}, {DType::kI32, "I32"}, {DType::kI64, "I64"},   {DType::kU8, "U8"},   {DType::kU16, "U16"},
+    {DType::kU32, "U32"}, {DType::kU64, "U64"}, {DType::kBool, "BOOL"},
 };
 
 const char* st_name(DType t) {
@@ -37,10 +36,13 @@ StatusOr<std::string> serialize_safetensors(const SafeTensors& st) {
   json header = json::object();
   uint64_t offset = 0;
   for (const auto& [name, t] : st.tensors) {
-    if (name.empty() || name == "__metadata__") return invalid_argument("safetensors: invalid tensor name '" + name + "'");
+    if (name.empty() || name == "__metadata__")
+      return invalid_argument("safetensors: invalid tensor name '" + name + "'");
     if (header.contains(name)) return invalid_argument("safetensors: duplicate tensor name '" + name + "'");
     const char* dt = st_name(t.dtype());
-    if (!dt) return invalid_argument("safetensors: tensor '" + name + "' has dtype " + dtype_name(t.dtype()) + ", which the format cannot store");
+    if (!dt)
+      return invalid_argument("safetensors: tensor '" + name + "' has dtype " + dtype_name(t.dtype()) +
+                              ", which the format cannot store");
     if (!t.location().is_host()) return invalid_argument("safetensors: tensor '" + name + "' is not in host memory");
     header[name] = {{"dtype", dt}, {"shape", t.shape()}, {"data_offsets", {offset, offset + t.byte_size()}}};
     offset += t.byte_size();
@@ -59,10 +61,13 @@ StatusOr<std::string> serialize_safetensors(const SafeTensors& st) {
 
 StatusOr<SafeTensors> parse_safetensors(std::string_view bytes, const std::string& origin) {
   auto bad = [&](const std::string& m) { return invalid_argument(origin + ": not a valid safetensors file: " + m); };
-  if (bytes.size() < 8) return bad("shorter than the 8-byte header length (" + std::to_string(bytes.size()) + " bytes)");
+  if (bytes.size() < 8)
+    return bad("shorter than the 8-byte header length (" + std::to_string(bytes.size()) + " bytes)");
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[static_cast<size_t>(i)]);
-  if (n > bytes.size() - 8) return bad("header length " + std::to_string(n) + " runs past the end of the file (" + std::to_string(bytes.size()) + " bytes)");
+  if (n > bytes.size() - 8)
+    return bad("header length " + std::to_string(n) + " runs past the end of the file (" +
+               std::to_string(bytes.size()) + " bytes)");
   json header;
   try {
     header = json::parse(bytes.substr(8, n));
@@ -116,11 +121,13 @@ StatusOr<SafeTensors> parse_safetensors(std::string_view bytes, const std::strin
                  " needs " + std::to_string(*size) + " bytes, data_offsets give " + std::to_string(e.end - e.begin));
     entries.push_back(std::move(e));
   }
-  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.begin < b.begin || (a.begin == b.begin && a.end < b.end); });
+  std::sort(entries.begin(), entries.end(),
+            [](const Entry& a, const Entry& b) { return a.begin < b.begin || (a.begin == b.begin && a.end < b.end); });
   uint64_t expect = 0;
   for (const auto& e : entries) {
     if (e.begin != expect)
-      return bad("tensor '" + e.name + "' starts at " + std::to_string(e.begin) + ", expected " + std::to_string(expect) +
+      return bad("tensor '" + e.name + "' starts at " + std::to_string(e.begin) + ", expected " +
+                 std::to_string(expect) +
                  (e.begin < expect ? " (overlaps the previous tensor)" : " (a hole in the data)"));
     expect = e.end;
   }

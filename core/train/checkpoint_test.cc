@@ -59,7 +59,11 @@ TEST(SafeTensors, RejectsMalformedFilesWithClearErrors) {
   expect_error(make(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", "abcd"), "needs 8 bytes");
   expect_error(make(R"({"t":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}})", "ab"), "outside the 2 data bytes");
   expect_error(make(R"({"t":{"dtype":"U8","shape":[2],"data_offsets":[2,4]}})", "abcd"), "a hole");
-  expect_error(make(R"({"t":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"u":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}})", "abc"), "overlaps");
+  expect_error(
+      make(
+          R"({"t":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"u":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}})",
+          "abc"),
+      "overlaps");
   expect_error(make(R"({"t":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})", "abcd"), "2 bytes after");
   expect_error(make(R"({"t":{"dtype":"U8","shape":[-2],"data_offsets":[0,2]}})", "ab"), "negative");
   expect_error(make(R"({"__metadata__":{"k":1}})", ""), "not a string");

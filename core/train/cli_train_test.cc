@@ -2,8 +2,8 @@
 // saves ONNX (fp32 and INT8), writes the log and the checkpoint; a run resumed from an epoch-1 checkpoint ends with
 // the same checkpoint, byte for byte, as an uninterrupted one; bad input gives clear errors.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <zlib.h>
+#include <nlohmann/json.hpp>
 
 #include <array>
 #include <cstdio>
@@ -82,8 +82,8 @@ class KeelTrain : public ::testing::Test {
 
 TEST_F(KeelTrain, TrainsTracesQuantizesAndLogs) {
   const fs::path onnx = dir_ / "m.onnx", log = dir_ / "log.jsonl", ckpt = dir_ / "ck.safetensors";
-  auto [rc, out] = sh(train("--epochs 2 --lr 0.05 --log-every 2 --calibration-batches 2 -o " + onnx.string() + " --log " +
-                            log.string() + " --checkpoint " + ckpt.string()));
+  auto [rc, out] = sh(train("--epochs 2 --lr 0.05 --log-every 2 --calibration-batches 2 -o " + onnx.string() +
+                            " --log " + log.string() + " --checkpoint " + ckpt.string()));
   ASSERT_EQ(rc, 0) << out;
   auto pos = out.find("test accuracy: ");
   ASSERT_NE(pos, std::string::npos) << out;
@@ -100,7 +100,8 @@ TEST_F(KeelTrain, TrainsTracesQuantizesAndLogs) {
   int steps = 0, epochs = 0;
   while (std::getline(in, line)) {
     steps += line.find("\"kind\":\"step\"") != std::string::npos && line.find("\"loss\"") != std::string::npos;
-    epochs += line.find("\"kind\":\"epoch\"") != std::string::npos && line.find("\"test_accuracy\"") != std::string::npos;
+    epochs +=
+        line.find("\"kind\":\"epoch\"") != std::string::npos && line.find("\"test_accuracy\"") != std::string::npos;
   }
   EXPECT_EQ(steps, 6);  // 6 batches per epoch, a record every 2
   EXPECT_EQ(epochs, 2);
@@ -112,12 +113,14 @@ TEST_F(KeelTrain, TrainsTracesQuantizesAndLogs) {
   EXPECT_NE(ss.str().find("<polyline"), std::string::npos);
   EXPECT_NE(ss.str().find("test_accuracy"), std::string::npos);
   // The saved model runs in `keel run`.
-  auto [rrc, rout] = sh(keel_binary() + " --log-level error run " + onnx.string() + " --output-dir " + (dir_ / "out").string());
+  auto [rrc, rout] =
+      sh(keel_binary() + " --log-level error run " + onnx.string() + " --output-dir " + (dir_ / "out").string());
   EXPECT_EQ(rrc, 0) << rout;
 }
 
 TEST_F(KeelTrain, ResumedRunEndsExactlyWhereAnUninterruptedOneDoes) {
-  const fs::path full = dir_ / "full.safetensors", half = dir_ / "half.safetensors", resumed = dir_ / "resumed.safetensors";
+  const fs::path full = dir_ / "full.safetensors", half = dir_ / "half.safetensors",
+                 resumed = dir_ / "resumed.safetensors";
   auto a = sh(train("--epochs 2 -o '' --checkpoint " + full.string()));
   ASSERT_EQ(a.first, 0) << a.second;
   auto b = sh(train("--epochs 1 -o '' --checkpoint " + half.string()));
@@ -143,10 +146,11 @@ TEST_F(KeelTrain, RunRecordsHistogramsAndComparison) {
   const fs::path a = dir_ / "run_a", b = dir_ / "run_b";
   fs::create_directories(a);
   fs::create_directories(b);
-  auto ra = sh(train("--epochs 2 --lr 0.05 --seed 1 --log-every 2 --no-quantize -o '' --log " + (a / "log.jsonl").string() +
-                     " --checkpoint " + (a / "ck.safetensors").string()));
+  auto ra = sh(train("--epochs 2 --lr 0.05 --seed 1 --log-every 2 --no-quantize -o '' --log " +
+                     (a / "log.jsonl").string() + " --checkpoint " + (a / "ck.safetensors").string()));
   ASSERT_EQ(ra.first, 0) << ra.second;
-  auto rb = sh(train("--epochs 1 --lr 0.02 --seed 2 --histogram-bins 10 --no-quantize -o '' --log " + (b / "log.jsonl").string()));
+  auto rb = sh(train("--epochs 1 --lr 0.02 --seed 2 --histogram-bins 10 --no-quantize -o '' --log " +
+                     (b / "log.jsonl").string()));
   ASSERT_EQ(rb.first, 0) << rb.second;
   std::ifstream f(a / "run.json");
   ASSERT_TRUE(f.good()) << "no run.json beside the log";
@@ -183,11 +187,14 @@ TEST_F(KeelTrain, RunRecordsHistogramsAndComparison) {
     ++hist;
     ASSERT_TRUE(r["params"].contains("conv.weight")) << line.substr(0, 200);
     EXPECT_EQ(r["params"]["conv.weight"]["counts"].size(), 30u);
-    if (r["epoch"].get<int>() > 0) EXPECT_TRUE(r["grads"].contains("fc.bias")) << line.substr(0, 200);
+    if (r["epoch"].get<int>() > 0) {
+      EXPECT_TRUE(r["grads"].contains("fc.bias")) << line.substr(0, 200);
+    }
   }
   EXPECT_EQ(hist, 3);
   // Two runs on one page: the differing hyper-parameters highlighted, both runs' histograms.
-  auto [prc, pout] = sh(keel_binary() + " plot " + a.string() + " " + (b / "run.json").string() + " -o " + (dir_ / "cmp.html").string());
+  auto [prc, pout] = sh(keel_binary() + " plot " + a.string() + " " + (b / "run.json").string() + " -o " +
+                        (dir_ / "cmp.html").string());
   ASSERT_EQ(prc, 0) << pout;
   EXPECT_NE(pout.find("2 run(s)"), std::string::npos) << pout;
   std::stringstream html;
@@ -271,10 +278,12 @@ TEST_F(KeelTrain, FineTunesAnImportedModel) {
   const fs::path base = dir_ / "base.onnx", tuned = dir_ / "tuned.onnx";
   auto a = sh(train("--epochs 1 --lr 0.05 --no-quantize -o " + base.string()));
   ASSERT_EQ(a.first, 0) << a.second;
-  auto b = sh(train("--epochs 2 --lr 0.05 --no-quantize --init " + base.string() + " --freeze '^conv[.]' --replace-head 10 -o " +
-                    tuned.string() + " --log " + (dir_ / "ft.jsonl").string()));
+  auto b = sh(train("--epochs 2 --lr 0.05 --no-quantize --init " + base.string() +
+                    " --freeze '^conv[.]' --replace-head 10 -o " + tuned.string() + " --log " +
+                    (dir_ / "ft.jsonl").string()));
   ASSERT_EQ(b.first, 0) << b.second;
-  EXPECT_NE(b.second.find("new 10-class head (fc.weight), 2 parameter tensor(s) frozen"), std::string::npos) << b.second;
+  EXPECT_NE(b.second.find("new 10-class head (fc.weight), 2 parameter tensor(s) frozen"), std::string::npos)
+      << b.second;
   auto pos = b.second.find("test accuracy: ");
   ASSERT_NE(pos, std::string::npos) << b.second;
   EXPECT_GE(std::stod(b.second.substr(pos + 15, 6)), 0.9) << b.second;
@@ -389,7 +398,8 @@ TEST_F(KeelTrain, DataParallelOverTwoProcessesResumesInOne) {
                       " --log " + log.string() + " --checkpoint " + ckpt.string() + " --dist-timeout 60");
   ASSERT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("data-parallel: world size 2 (gloo), batch 16 per rank = 32 per step, 6 batches per rank"),
-            std::string::npos) << out;
+            std::string::npos)
+      << out;
   auto pos = out.find("test accuracy: ");
   ASSERT_NE(pos, std::string::npos) << out;
   EXPECT_EQ(out.find("test accuracy: ", pos + 1), std::string::npos) << "printed by one rank only\n" << out;

@@ -14,7 +14,8 @@ namespace {
 uint64_t bounded(std::mt19937_64& rng, uint64_t n) {
   const uint64_t limit = UINT64_MAX - UINT64_MAX % n;
   uint64_t x;
-  do x = rng(); while (x >= limit);
+  do x = rng();
+  while (x >= limit);
   return x % n;
 }
 
@@ -26,12 +27,16 @@ uint64_t mix(uint64_t x) {  // splitmix64 finaliser
 }
 
 Status check_index(int64_t i, int64_t n) {
-  if (i < 0 || i >= n) return Status(StatusCode::kOutOfRange, "example index " + std::to_string(i) + " out of range [0, " + std::to_string(n) + ")");
+  if (i < 0 || i >= n)
+    return Status(StatusCode::kOutOfRange,
+                  "example index " + std::to_string(i) + " out of range [0, " + std::to_string(n) + ")");
   return Status::ok();
 }
 
 // Bytes of one example of a [N, ...] tensor.
-uint64_t row_bytes(const keel::Tensor& t) { return t.shape()[0] == 0 ? 0 : t.byte_size() / static_cast<uint64_t>(t.shape()[0]); }
+uint64_t row_bytes(const keel::Tensor& t) {
+  return t.shape()[0] == 0 ? 0 : t.byte_size() / static_cast<uint64_t>(t.shape()[0]);
+}
 
 StatusOr<keel::Tensor> gather_rows(const keel::Tensor& t, const std::vector<int64_t>& idx) {
   Shape s = t.shape();
@@ -50,7 +55,8 @@ StatusOr<keel::Tensor> gather_rows(const keel::Tensor& t, const std::vector<int6
 StatusOr<keel::Tensor> row(const keel::Tensor& t, int64_t i) {
   Shape s(t.shape().begin() + 1, t.shape().end());
   KEEL_ASSIGN_OR_RETURN(keel::Tensor out, keel::Tensor::host(t.dtype(), s), "row");
-  std::memcpy(out.raw_data(), static_cast<const char*>(t.raw_data()) + static_cast<uint64_t>(i) * row_bytes(t), row_bytes(t));
+  std::memcpy(out.raw_data(), static_cast<const char*>(t.raw_data()) + static_cast<uint64_t>(i) * row_bytes(t),
+              row_bytes(t));
   return out;
 }
 
@@ -72,8 +78,9 @@ StatusOr<Batch> Dataset::get_batch(const std::vector<int64_t>& indices) const {
     for (size_t i = 0; i < ex.size(); ++i) {
       const keel::Tensor& t = ex[i].*field;
       if (t.dtype() != first.dtype() || t.shape() != first.shape())
-        return invalid_argument(std::string("get_batch: ") + what + " of example " + std::to_string(indices[i]) + " is " +
-                                t.describe() + ", example " + std::to_string(indices[0]) + " has " + first.describe());
+        return invalid_argument(std::string("get_batch: ") + what + " of example " + std::to_string(indices[i]) +
+                                " is " + t.describe() + ", example " + std::to_string(indices[0]) + " has " +
+                                first.describe());
       std::memcpy(static_cast<char*>(out.raw_data()) + i * first.byte_size(), t.raw_data(), first.byte_size());
     }
     return out;
@@ -112,7 +119,8 @@ StatusOr<Batch> TensorDataset::get_batch(const std::vector<int64_t>& indices) co
 
 // --- Fashion-MNIST ---
 
-StatusOr<std::shared_ptr<FashionMnist>> FashionMnist::from_tensors(keel::Tensor images, keel::Tensor labels, const std::string& origin) {
+StatusOr<std::shared_ptr<FashionMnist>> FashionMnist::from_tensors(keel::Tensor images, keel::Tensor labels,
+                                                                   const std::string& origin) {
   if (images.dtype() != DType::kU8 || images.rank() != 3)
     return invalid_argument(origin + ": images must be u8 [N, H, W], got " + images.describe());
   if (labels.dtype() != DType::kU8 || labels.rank() != 1)
@@ -122,7 +130,9 @@ StatusOr<std::shared_ptr<FashionMnist>> FashionMnist::from_tensors(keel::Tensor 
                             std::to_string(labels.shape()[0]) + " labels");
   const auto* l = labels.data<uint8_t>();
   for (int64_t i = 0; i < labels.numel(); ++i)
-    if (l[i] >= 10) return invalid_argument(origin + ": label " + std::to_string(l[i]) + " of example " + std::to_string(i) + " is not a class 0..9");
+    if (l[i] >= 10)
+      return invalid_argument(origin + ": label " + std::to_string(l[i]) + " of example " + std::to_string(i) +
+                              " is not a class 0..9");
   return std::shared_ptr<FashionMnist>(new FashionMnist(std::move(images), std::move(labels)));
 }
 
@@ -177,7 +187,8 @@ StatusOr<Batch> FashionMnist::get_batch(const std::vector<int64_t>& indices) con
 
 StatusOr<std::unique_ptr<DataLoader>> DataLoader::create(std::shared_ptr<const Dataset> dataset, DataLoaderOptions o) {
   if (!dataset) return invalid_argument("DataLoader: no dataset");
-  if (o.batch_size < 1) return invalid_argument("DataLoader: batch_size must be >= 1, got " + std::to_string(o.batch_size));
+  if (o.batch_size < 1)
+    return invalid_argument("DataLoader: batch_size must be >= 1, got " + std::to_string(o.batch_size));
   if (o.workers < 0) return invalid_argument("DataLoader: workers must be >= 0");
   if (o.prefetch < 1) return invalid_argument("DataLoader: prefetch must be >= 1");
   if (o.num_replicas < 1 || o.rank < 0 || o.rank >= o.num_replicas)
@@ -208,10 +219,13 @@ std::vector<int64_t> shuffled_order(int64_t n, uint64_t seed, int64_t epoch) {
 
 StatusOr<DistributedSampler> DistributedSampler::create(int64_t dataset_size, int64_t num_replicas, int64_t rank,
                                                         bool shuffle, uint64_t seed, bool drop_last) {
-  if (dataset_size < 0) return invalid_argument("DistributedSampler: dataset size " + std::to_string(dataset_size) + " < 0");
-  if (num_replicas < 1) return invalid_argument("DistributedSampler: num_replicas " + std::to_string(num_replicas) + " < 1");
+  if (dataset_size < 0)
+    return invalid_argument("DistributedSampler: dataset size " + std::to_string(dataset_size) + " < 0");
+  if (num_replicas < 1)
+    return invalid_argument("DistributedSampler: num_replicas " + std::to_string(num_replicas) + " < 1");
   if (rank < 0 || rank >= num_replicas)
-    return invalid_argument("DistributedSampler: rank " + std::to_string(rank) + " outside [0, " + std::to_string(num_replicas) + ")");
+    return invalid_argument("DistributedSampler: rank " + std::to_string(rank) + " outside [0, " +
+                            std::to_string(num_replicas) + ")");
   DistributedSampler s;
   s.size_ = dataset_size, s.replicas_ = num_replicas, s.rank_ = rank;
   s.shuffle_ = shuffle, s.seed_ = seed, s.drop_last_ = drop_last;
@@ -228,7 +242,8 @@ std::vector<int64_t> DistributedSampler::shard(const std::vector<int64_t>& order
   std::vector<int64_t> out;
   if (n == 0) return out;
   out.reserve(static_cast<size_t>(per));
-  for (int64_t k = 0; k < per; ++k) out.push_back(order[static_cast<size_t>((rank_ + k * replicas_) % n)]);  // pads by wrapping
+  for (int64_t k = 0; k < per; ++k)
+    out.push_back(order[static_cast<size_t>((rank_ + k * replicas_) % n)]);  // pads by wrapping
   return out;
 }
 
@@ -256,7 +271,8 @@ std::vector<int64_t> DataLoader::epoch_order(int64_t epoch) const {
 std::vector<int64_t> DataLoader::batch_indices(int64_t b) const {
   const auto begin = static_cast<size_t>(b * opts_.batch_size);
   const size_t end = std::min(order_.size(), begin + static_cast<size_t>(opts_.batch_size));
-  return std::vector<int64_t>(order_.begin() + static_cast<std::ptrdiff_t>(begin), order_.begin() + static_cast<std::ptrdiff_t>(end));
+  return std::vector<int64_t>(order_.begin() + static_cast<std::ptrdiff_t>(begin),
+                              order_.begin() + static_cast<std::ptrdiff_t>(end));
 }
 
 void DataLoader::stop_workers() {
@@ -293,7 +309,8 @@ void DataLoader::worker_loop() {
     {
       std::unique_lock<std::mutex> lk(mu_);
       // Bounded: never more than `prefetch` batches ahead of the consumer.
-      cv_consumed_.wait(lk, [&] { return stop_ || next_claim_ >= end_batch_ || next_claim_ < next_out_ + opts_.prefetch; });
+      cv_consumed_.wait(lk,
+                        [&] { return stop_ || next_claim_ >= end_batch_ || next_claim_ < next_out_ + opts_.prefetch; });
       if (stop_ || next_claim_ >= end_batch_) return;
       b = next_claim_++;
     }

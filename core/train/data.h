@@ -34,9 +34,9 @@ struct Example {
 };
 
 struct Batch {
-  keel::Tensor data;     // [B, ...] host tensor
-  keel::Tensor target;   // [B, ...] host tensor
-  int64_t index = 0;  // batch index within the epoch
+  keel::Tensor data;    // [B, ...] host tensor
+  keel::Tensor target;  // [B, ...] host tensor
+  int64_t index = 0;    // batch index within the epoch
   int64_t size() const { return data.defined() && data.rank() > 0 ? data.shape()[0] : 0; }
 };
 
@@ -76,7 +76,8 @@ class FashionMnist : public Dataset {
 
   static StatusOr<std::shared_ptr<FashionMnist>> load(const std::filesystem::path& dir, Split split);
   // From decoded tensors: images u8 [N, H, W], labels u8 [N] with values < 10.
-  static StatusOr<std::shared_ptr<FashionMnist>> from_tensors(keel::Tensor images, keel::Tensor labels, const std::string& origin);
+  static StatusOr<std::shared_ptr<FashionMnist>> from_tensors(keel::Tensor images, keel::Tensor labels,
+                                                              const std::string& origin);
 
   int64_t size() const override { return images_.shape()[0]; }
   StatusOr<Example> get(int64_t index) const override;
@@ -121,9 +122,9 @@ struct DataLoaderOptions {
   int64_t batch_size = 64;
   bool shuffle = true;
   bool drop_last = false;
-  int workers = 1;       // threads that build batches; 0 = on the consumer's thread
-  int prefetch = 4;      // batches built ahead of the consumer (per loader), >= 1
-  uint64_t seed = 0;     // the order of epoch e is a function of (seed, e) only
+  int workers = 1;    // threads that build batches; 0 = on the consumer's thread
+  int prefetch = 4;   // batches built ahead of the consumer (per loader), >= 1
+  uint64_t seed = 0;  // the order of epoch e is a function of (seed, e) only
   // Data-parallel sharding (DistributedSampler): this loader hands out rank `rank`'s shard of every epoch's order;
   // all ranks use the same seed. shard_drop_last drops the uneven tail instead of padding (torch's drop_last).
   int64_t num_replicas = 1;
@@ -133,7 +134,8 @@ struct DataLoaderOptions {
 
 class DataLoader {
  public:
-  static StatusOr<std::unique_ptr<DataLoader>> create(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options);
+  static StatusOr<std::unique_ptr<DataLoader>> create(std::shared_ptr<const Dataset> dataset,
+                                                      DataLoaderOptions options);
   ~DataLoader();
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;

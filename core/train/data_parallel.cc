@@ -87,12 +87,14 @@ Status check_same_across_ranks(const hal::Communicator& comm, const std::vector<
     for (int32_t r = 1; r < world; ++r) {
       const int64_t* dr = &all[static_cast<size_t>(r) * mine.size() + i * kSlots];
       if (std::equal(d0, d0 + kSlots, dr)) continue;
-      const std::string name = "'" + named[i].first + "'" + (me == 0 || me == r ? "" : " (as named on rank " + std::to_string(me) + ")");
+      const std::string name =
+          "'" + named[i].first + "'" + (me == 0 || me == r ? "" : " (as named on rank " + std::to_string(me) + ")");
       if (d0[0] != dr[0])
         return invalid_argument("DataParallel: " + what + " #" + std::to_string(i) + " " + name +
                                 " has another name on rank " + std::to_string(r) + " than on rank 0");
       return invalid_argument("DataParallel: " + what + " " + name + " differs between ranks: rank 0 has " +
-                              describe(d0[1], d0 + 2) + ", rank " + std::to_string(r) + " has " + describe(dr[1], dr + 2));
+                              describe(d0[1], d0 + 2) + ", rank " + std::to_string(r) + " has " +
+                              describe(dr[1], dr + 2));
     }
   }
   return Status::ok();
@@ -134,7 +136,8 @@ StatusOr<std::unique_ptr<DataParallel>> DataParallel::create(nn::Module& module,
         dp->hooks_.push_back(0);
         continue;
       }
-      dp->hooks_.push_back(dp->params_[i].register_post_accumulate_grad_hook([self, i](const Tensor&) { self->on_grad_ready(i); }));
+      dp->hooks_.push_back(
+          dp->params_[i].register_post_accumulate_grad_hook([self, i](const Tensor&) { self->on_grad_ready(i); }));
     }
   } catch (const eager::Error& e) {
     return e.status().with_context("DataParallel: gradient hooks");

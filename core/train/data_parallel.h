@@ -61,10 +61,10 @@ struct DataParallelOptions {
   double bucket_cap_mb = 25;      // bucket size cap in MiB (> 0)
   bool broadcast_buffers = true;  // forward() in training mode broadcasts the module's buffers from rank 0
   bool rebuild_buckets = true;    // rebuild the buckets once from an observed backward's ready order and timing
-  double gap_split = 0.15;        // rebuild: split after a gradient followed by a gap >= this share of backward (0: off)
-  int max_gap_splits = 3;         // rebuild: at most this many such splits (the longest gaps)
-  double gap_split_min_mb = 1;    // rebuild: only where the bucket before the split holds at least this many MiB
-                                  // (smaller ones cost a call's latency more than their transfer saves)
+  double gap_split = 0.15;      // rebuild: split after a gradient followed by a gap >= this share of backward (0: off)
+  int max_gap_splits = 3;       // rebuild: at most this many such splits (the longest gaps)
+  double gap_split_min_mb = 1;  // rebuild: only where the bucket before the split holds at least this many MiB
+                                // (smaller ones cost a call's latency more than their transfer saves)
 };
 
 // Communication accounting since creation or the last reset_stats() (e.g. per epoch).
@@ -130,7 +130,7 @@ class DataParallel {
     std::vector<size_t> params;
     size_t pending = 0;  // gradients not yet ready in this step
     bool launched = false;
-    Tensor flat;         // the flat gradient buffer of the step in flight
+    Tensor flat;  // the flat gradient buffer of the step in flight
     // Set by the communication thread under mu_.
     bool done = false;
     Status status;

@@ -25,7 +25,8 @@
 namespace {
 
 struct World {
-  explicit World(int n) : size(n), sends(static_cast<size_t>(n)), counts(static_cast<size_t>(n)), dtypes(static_cast<size_t>(n)) {}
+  explicit World(int n)
+      : size(n), sends(static_cast<size_t>(n)), counts(static_cast<size_t>(n)), dtypes(static_cast<size_t>(n)) {}
   int size;
   std::mutex mu;
   std::condition_variable cv;
@@ -73,8 +74,10 @@ keel_status_t make_status(int32_t code, std::string msg) {
 
 size_t elem_size(int32_t dt) {
   switch (dt) {
-    case KEEL_DTYPE_F32: case KEEL_DTYPE_I32: return 4;
-    case KEEL_DTYPE_F64: case KEEL_DTYPE_I64: return 8;
+    case KEEL_DTYPE_F32:
+    case KEEL_DTYPE_I32: return 4;
+    case KEEL_DTYPE_F64:
+    case KEEL_DTYPE_I64: return 8;
     default: return 0;
   }
 }
@@ -83,7 +86,8 @@ template <class T>
 void reduce_into(std::vector<T>& acc, const T* x, uint64_t n, int32_t op) {
   for (uint64_t i = 0; i < n; ++i) {
     switch (op) {
-      case KEEL_REDUCE_SUM: case KEEL_REDUCE_AVG: acc[i] += x[i]; break;
+      case KEEL_REDUCE_SUM:
+      case KEEL_REDUCE_AVG: acc[i] += x[i]; break;
       case KEEL_REDUCE_PROD: acc[i] *= x[i]; break;
       case KEEL_REDUCE_MIN: acc[i] = std::min(acc[i], x[i]); break;
       case KEEL_REDUCE_MAX: acc[i] = std::max(acc[i], x[i]); break;
@@ -109,16 +113,21 @@ keel_status_t collective(keel_communicator_t c, const void* send, void* recv, ui
   w.sends[static_cast<size_t>(c->rank)] = send;
   w.counts[static_cast<size_t>(c->rank)] = count;
   w.dtypes[static_cast<size_t>(c->rank)] = dtype;
-  if (!w.barrier(lk)) return make_status(KEEL_STATUS_DEADLINE_EXCEEDED, std::string("inproc ") + what + ": a rank never arrived");
+  if (!w.barrier(lk))
+    return make_status(KEEL_STATUS_DEADLINE_EXCEEDED, std::string("inproc ") + what + ": a rank never arrived");
   bool same = true;
-  for (int r = 0; r < w.size; ++r) same = same && w.counts[static_cast<size_t>(r)] == count && w.dtypes[static_cast<size_t>(r)] == dtype;
+  for (int r = 0; r < w.size; ++r)
+    same = same && w.counts[static_cast<size_t>(r)] == count && w.dtypes[static_cast<size_t>(r)] == dtype;
   lk.unlock();
   std::vector<char> out;
   if (same && elem_size(dtype)) out = compute(w);
   lk.lock();
-  if (!w.barrier(lk)) return make_status(KEEL_STATUS_DEADLINE_EXCEEDED, std::string("inproc ") + what + ": a rank never arrived");
+  if (!w.barrier(lk))
+    return make_status(KEEL_STATUS_DEADLINE_EXCEEDED, std::string("inproc ") + what + ": a rank never arrived");
   lk.unlock();
-  if (!same) return make_status(KEEL_STATUS_INVALID_ARGUMENT, std::string("inproc ") + what + ": count or dtype differs between ranks");
+  if (!same)
+    return make_status(KEEL_STATUS_INVALID_ARGUMENT,
+                       std::string("inproc ") + what + ": count or dtype differs between ranks");
   if (!elem_size(dtype)) return make_status(KEEL_STATUS_UNIMPLEMENTED, "inproc: dtype");
   if (!out.empty()) std::memcpy(recv, out.data(), out.size());
   return nullptr;
@@ -131,7 +140,8 @@ std::vector<char> bytes_of(const std::vector<T>& v) {
   return b;
 }
 
-keel_status_t ip_create(void* ud, keel_kv_store_t*, int32_t rank, int32_t size, int32_t, int64_t, keel_communicator_t* out) {
+keel_status_t ip_create(void* ud, keel_kv_store_t*, int32_t rank, int32_t size, int32_t, int64_t,
+                        keel_communicator_t* out) {
   auto* w = static_cast<World*>(ud);
   if (size != w->size) return make_status(KEEL_STATUS_INVALID_ARGUMENT, "inproc: world size");
   *out = new keel_communicator_s{w, rank};
@@ -140,35 +150,48 @@ keel_status_t ip_create(void* ud, keel_kv_store_t*, int32_t rank, int32_t size, 
 void ip_release(void*, keel_communicator_t c) { delete c; }
 int32_t ip_rank(void*, keel_communicator_t c) { return c->rank; }
 int32_t ip_size(void*, keel_communicator_t c) { return c->world->size; }
-keel_status_t ip_all_reduce(void*, keel_communicator_t c, const void* s, void* r, uint64_t n, int32_t dt, int32_t op, keel_stream_t) {
-  return collective(c, s, r, n, dt, [&](World& w) {
-    switch (dt) {
-      case KEEL_DTYPE_F32: return bytes_of(reduce_all<float>(w, n, op));
-      case KEEL_DTYPE_F64: return bytes_of(reduce_all<double>(w, n, op));
-      case KEEL_DTYPE_I32: return bytes_of(reduce_all<int32_t>(w, n, op));
-      default: return bytes_of(reduce_all<int64_t>(w, n, op));
-    }
-  }, "all_reduce");
+keel_status_t ip_all_reduce(void*, keel_communicator_t c, const void* s, void* r, uint64_t n, int32_t dt, int32_t op,
+                            keel_stream_t) {
+  return collective(
+      c, s, r, n, dt,
+      [&](World& w) {
+        switch (dt) {
+          case KEEL_DTYPE_F32: return bytes_of(reduce_all<float>(w, n, op));
+          case KEEL_DTYPE_F64: return bytes_of(reduce_all<double>(w, n, op));
+          case KEEL_DTYPE_I32: return bytes_of(reduce_all<int32_t>(w, n, op));
+          default: return bytes_of(reduce_all<int64_t>(w, n, op));
+        }
+      },
+      "all_reduce");
 }
-keel_status_t ip_broadcast(void*, keel_communicator_t c, const void* s, void* r, uint64_t n, int32_t dt, int32_t root, keel_stream_t) {
-  return collective(c, s, r, n, dt, [&](World& w) {
-    const char* p = static_cast<const char*>(w.sends[static_cast<size_t>(root)]);
-    return std::vector<char>(p, p + n * elem_size(dt));
-  }, "broadcast");
+keel_status_t ip_broadcast(void*, keel_communicator_t c, const void* s, void* r, uint64_t n, int32_t dt, int32_t root,
+                           keel_stream_t) {
+  return collective(
+      c, s, r, n, dt,
+      [&](World& w) {
+        const char* p = static_cast<const char*>(w.sends[static_cast<size_t>(root)]);
+        return std::vector<char>(p, p + n * elem_size(dt));
+      },
+      "broadcast");
 }
-keel_status_t ip_all_gather(void*, keel_communicator_t c, const void* s, void* r, uint64_t n, int32_t dt, keel_stream_t) {
-  return collective(c, s, r, n, dt, [&](World& w) {
-    std::vector<char> out;
-    for (int k = 0; k < w.size; ++k) {
-      const char* p = static_cast<const char*>(w.sends[static_cast<size_t>(k)]);
-      out.insert(out.end(), p, p + n * elem_size(dt));
-    }
-    return out;
-  }, "all_gather");
+keel_status_t ip_all_gather(void*, keel_communicator_t c, const void* s, void* r, uint64_t n, int32_t dt,
+                            keel_stream_t) {
+  return collective(
+      c, s, r, n, dt,
+      [&](World& w) {
+        std::vector<char> out;
+        for (int k = 0; k < w.size; ++k) {
+          const char* p = static_cast<const char*>(w.sends[static_cast<size_t>(k)]);
+          out.insert(out.end(), p, p + n * elem_size(dt));
+        }
+        return out;
+      },
+      "all_gather");
 }
 keel_status_t ip_barrier(void*, keel_communicator_t c, keel_stream_t) {
   int32_t x = 0;
-  return collective(c, &x, &x, 1, KEEL_DTYPE_I32, [](World&) { return std::vector<char>(); }, "barrier");
+  return collective(
+      c, &x, &x, 1, KEEL_DTYPE_I32, [](World&) { return std::vector<char>(); }, "barrier");
 }
 
 keel::CollectiveEntry inproc_entry(World* w) {
@@ -227,7 +250,8 @@ std::shared_ptr<TensorDataset> quadrants(int64_t n, uint32_t seed) {
       }
   }
   return TensorDataset::create(keel::Tensor::from_vector(DType::kF32, {n, 1, 8, 8}, x),
-                               keel::Tensor::from_vector(DType::kI64, {n}, y)).value();
+                               keel::Tensor::from_vector(DType::kI64, {n}, y))
+      .value();
 }
 
 // The global generator is not synchronised: rank threads build their models under this lock.
@@ -237,7 +261,9 @@ std::shared_ptr<Sequential> small_cnn(uint64_t seed) {
   std::lock_guard<std::mutex> lk(generator_mu);
   eager::manual_seed(seed);
   auto net = std::make_shared<Sequential>();
-  net->push_back(std::make_shared<Conv2D>(1, 4, 3)).push_back(std::make_shared<ReLU>()).push_back(std::make_shared<MaxPool2D>(2));
+  net->push_back(std::make_shared<Conv2D>(1, 4, 3))
+      .push_back(std::make_shared<ReLU>())
+      .push_back(std::make_shared<MaxPool2D>(2));
   net->push_back(std::make_shared<Flatten>());
   net->push_back(std::make_shared<Linear>(4 * 3 * 3, 16)).push_back(std::make_shared<ReLU>());
   net->push_back(std::make_shared<Linear>(16, 4));
@@ -248,14 +274,16 @@ std::shared_ptr<Sequential> small_cnn(uint64_t seed) {
 double rel_diff(const Tensor& a, const Tensor& b) {
   auto x = a.to_vector<float>(), y = b.to_vector<float>();
   double d = 0, m = 1e-12;
-  for (size_t i = 0; i < x.size(); ++i) d = std::max(d, std::fabs(double(x[i]) - y[i])), m = std::max(m, std::fabs(double(y[i])));
+  for (size_t i = 0; i < x.size(); ++i)
+    d = std::max(d, std::fabs(double(x[i]) - y[i])), m = std::max(m, std::fabs(double(y[i])));
   return d / m;
 }
 
 void expect_same_weights(const Module& a, const Module& b, double tol, const std::string& what) {
   auto pa = a.named_parameters(), pb = b.named_parameters();
   ASSERT_EQ(pa.size(), pb.size());
-  for (size_t i = 0; i < pa.size(); ++i) EXPECT_LE(rel_diff(pa[i].second, pb[i].second), tol) << what << ": " << pa[i].first;
+  for (size_t i = 0; i < pa.size(); ++i)
+    EXPECT_LE(rel_diff(pa[i].second, pb[i].second), tol) << what << ": " << pa[i].first;
 }
 
 // ---------------------------------------------------------------------------------------------- hook
@@ -369,7 +397,8 @@ std::shared_ptr<Sequential> train_dp(int world, int64_t batch, int micro, int st
                                      std::vector<std::vector<std::vector<size_t>>>* layouts = nullptr) {
   auto ds = quadrants(64 * steps, 3);
   std::vector<std::shared_ptr<Sequential>> models;
-  for (int r = 0; r < world; ++r) models.push_back(small_cnn(100 + r));  // different inits: create() broadcasts rank 0's
+  for (int r = 0; r < world; ++r)
+    models.push_back(small_cnn(100 + r));  // different inits: create() broadcasts rank 0's
   if (layouts) layouts->assign(static_cast<size_t>(world), {});
   run_ranks(world, [&](int rank, const hal::Communicator& comm) {
     auto& model = *models[static_cast<size_t>(rank)];
@@ -412,7 +441,8 @@ std::shared_ptr<Sequential> train_dp(int world, int64_t batch, int micro, int st
     EXPECT_EQ(dp.stats().steps, steps);
     EXPECT_GT(dp.stats().all_reduces, 0);
   });
-  for (int r = 1; r < world; ++r) expect_same_weights(*models[static_cast<size_t>(r)], *models[0], 0, "rank " + std::to_string(r));
+  for (int r = 1; r < world; ++r)
+    expect_same_weights(*models[static_cast<size_t>(r)], *models[0], 0, "rank " + std::to_string(r));
   return models[0];
 }
 
@@ -482,7 +512,9 @@ TEST(DataParallel, BucketsFollowReverseOrderThenTheObservedOrder) {
     // Rebuilt in that order (the same on both ranks: rank 0's order), split where backward spent long.
     std::vector<size_t> flat;
     for (const auto& b : dp->bucket_layout()) flat.insert(flat.end(), b.begin(), b.end());
-    if (rank == 0) EXPECT_EQ(flat, order);
+    if (rank == 0) {
+      EXPECT_EQ(flat, order);
+    }
     layouts[static_cast<size_t>(rank)] = dp->bucket_layout();
     // Every gradient is the average: sum(model(x)) has the same gradient on both ranks (same x, same weights).
     for (const auto& p : m->parameters()) EXPECT_TRUE(p.grad().defined());
@@ -515,7 +547,8 @@ TEST(DataParallel, ParameterShapeMismatchIsAnErrorNamingIt) {
     lk.unlock();
     auto dp = DataParallel::create(m, comm);
     ASSERT_FALSE(dp.is_ok());
-    EXPECT_NE(dp.status().to_string().find("rank 0 has 2 parameters, rank 1 has 4"), std::string::npos) << dp.status().to_string();
+    EXPECT_NE(dp.status().to_string().find("rank 0 has 2 parameters, rank 1 has 4"), std::string::npos)
+        << dp.status().to_string();
   });
 }
 

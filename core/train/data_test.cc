@@ -19,7 +19,8 @@ std::shared_ptr<TensorDataset> counting_dataset(int64_t n) {
     x[static_cast<size_t>(2 * i + 1)] = -static_cast<float>(i);
     y[static_cast<size_t>(i)] = i;
   }
-  return TensorDataset::create(Tensor::from_vector(DType::kF32, {n, 2}, x), Tensor::from_vector(DType::kI64, {n}, y)).value();
+  return TensorDataset::create(Tensor::from_vector(DType::kF32, {n, 2}, x), Tensor::from_vector(DType::kI64, {n}, y))
+      .value();
 }
 
 std::vector<int64_t> drain(DataLoader& dl, int64_t epoch, int64_t first = 0, std::vector<int64_t>* sizes = nullptr) {
@@ -32,7 +33,8 @@ std::vector<int64_t> drain(DataLoader& dl, int64_t epoch, int64_t first = 0, std
     const Batch& batch = **b;
     if (sizes) sizes->push_back(batch.size());
     for (int64_t i = 0; i < batch.size(); ++i) {
-      EXPECT_EQ(batch.data.data<float>()[2 * i], static_cast<float>(batch.target.data<int64_t>()[i]));  // rows stay paired
+      EXPECT_EQ(batch.data.data<float>()[2 * i],
+                static_cast<float>(batch.target.data<int64_t>()[i]));  // rows stay paired
       seen.push_back(batch.target.data<int64_t>()[i]);
     }
   }
@@ -54,7 +56,7 @@ TEST(DataLoader, ShufflesDeterministicallyPerSeedAndEpoch) {
   std::vector<int64_t> sorted = e0;
   std::sort(sorted.begin(), sorted.end());
   for (int64_t i = 0; i < 103; ++i) EXPECT_EQ(sorted[static_cast<size_t>(i)], i);  // a permutation
-  EXPECT_NE(e0, drain(*a, 1));  // another epoch, another order
+  EXPECT_NE(e0, drain(*a, 1));                                                     // another epoch, another order
   o.seed = 8;
   EXPECT_NE(e0, drain(*DataLoader::create(ds, o).value(), 0));  // another seed, another order
   EXPECT_EQ(a->epoch_order(0), e0);

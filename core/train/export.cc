@@ -72,10 +72,11 @@ StatusOr<Graph> make_batch_dynamic(Graph g, const eager::Tensor& example, const 
   SessionOptions so;
   so.devices = {"cpu"};
   KEEL_ASSIGN_OR_RETURN(auto session, Session::create(eager::environment(), g, so), "dynamic batch: session");
-  KEEL_ASSIGN_OR_RETURN(auto outs, session->run({{o.input_name, probe}}), "dynamic batch: a run at batch " +
-                                                                             std::to_string(traced_batch + 1));
+  KEEL_ASSIGN_OR_RETURN(auto outs, session->run({{o.input_name, probe}}),
+                        "dynamic batch: a run at batch " + std::to_string(traced_batch + 1));
   if (outs.empty() || outs[0].rank() < 1 || outs[0].shape()[0] != traced_batch + 1)
-    return Status(StatusCode::kInvalidArgument, "dynamic batch: the output's first dimension does not follow the input's");
+    return Status(StatusCode::kInvalidArgument,
+                  "dynamic batch: the output's first dimension does not follow the input's");
   return g;
 }
 
@@ -107,7 +108,8 @@ StatusOr<int64_t> export_onnx(nn::Module& model, const eager::Tensor& example, c
 }
 
 StatusOr<std::shared_ptr<Environment>> init_runtime(int32_t threads) {
-  if (threads < 0) return Status(StatusCode::kInvalidArgument, "init_runtime: threads must be >= 0, got " + std::to_string(threads));
+  if (threads < 0)
+    return Status(StatusCode::kInvalidArgument, "init_runtime: threads must be >= 0, got " + std::to_string(threads));
   setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
   EnvironmentOptions eo;
   eo.threads = threads;

@@ -3,8 +3,8 @@
 // autocast scope and an example without a batch dimension are clear errors.
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <unistd.h>
+#include <filesystem>
 
 #include "core/runtime/onnx_io.h"
 #include "core/runtime/session.h"
@@ -23,7 +23,9 @@ class TinyCNN : public Module {
     pool = register_module("pool", std::make_shared<MaxPool2D>(2));
     fc = register_module("fc", std::make_shared<Linear>(3 * 3 * 3, 4));
   }
-  Tensor forward(const Tensor& x) override { return fc->forward(eager::flatten(pool->forward(eager::relu(conv->forward(x))), 1)); }
+  Tensor forward(const Tensor& x) override {
+    return fc->forward(eager::flatten(pool->forward(eager::relu(conv->forward(x))), 1));
+  }
   std::shared_ptr<Conv2D> conv;
   std::shared_ptr<MaxPool2D> pool;
   std::shared_ptr<Linear> fc;
@@ -38,7 +40,8 @@ TEST(ExportOnnx, DynamicBatchRunsInASessionLikeEager) {
   TinyCNN model;
   model.train();
   const auto path = temp_file("tiny.onnx");
-  auto nodes = export_onnx(model, eager::randn({2, 1, 8, 8}), path, {.graph_name = "tiny", .input_name = "image", .output_name = "logits"});
+  auto nodes = export_onnx(model, eager::randn({2, 1, 8, 8}), path,
+                           {.graph_name = "tiny", .input_name = "image", .output_name = "logits"});
   ASSERT_TRUE(nodes.is_ok()) << nodes.status().to_string();
   EXPECT_GE(*nodes, 5);
   EXPECT_TRUE(model.is_training()) << "the training mode must be restored";
@@ -47,7 +50,8 @@ TEST(ExportOnnx, DynamicBatchRunsInASessionLikeEager) {
   std::filesystem::remove(path);
   ASSERT_TRUE(g->info("image") && g->info("image")->shape);
   EXPECT_LT((*g->info("image")->shape)[0], 0) << "the batch dimension must be dynamic";
-  EXPECT_TRUE(g->is_initializer("conv.weight") && g->is_initializer("fc.bias")) << "initializers named after parameters";
+  EXPECT_TRUE(g->is_initializer("conv.weight") && g->is_initializer("fc.bias"))
+      << "initializers named after parameters";
 
   Tensor x = eager::randn({5, 1, 8, 8});
   model.eval();

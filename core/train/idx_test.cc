@@ -115,9 +115,11 @@ TEST(Idx, ReadsGzipFilesAndNamesMissingOnes) {
   for (int i = 0; i < 3 * 28 * 28; ++i) images += static_cast<char>(i % 256);
   {
     std::ofstream(dir / "train-images-idx3-ubyte.gz", std::ios::binary) << gzip(idx_bytes(0x08, {3, 28, 28}, images));
-    std::ofstream(dir / "train-labels-idx1-ubyte.gz", std::ios::binary) << gzip(idx_bytes(0x08, {3}, std::string("\x01\x09\x00", 3)));
+    std::ofstream(dir / "train-labels-idx1-ubyte.gz", std::ios::binary)
+        << gzip(idx_bytes(0x08, {3}, std::string("\x01\x09\x00", 3)));
     std::ofstream(dir / "t10k-images-idx3-ubyte.gz", std::ios::binary) << gzip(idx_bytes(0x08, {3, 28, 28}, images));
-    std::ofstream(dir / "t10k-labels-idx1-ubyte.gz", std::ios::binary) << gzip(idx_bytes(0x08, {2}, std::string("\x01\x09", 2)));
+    std::ofstream(dir / "t10k-labels-idx1-ubyte.gz", std::ios::binary)
+        << gzip(idx_bytes(0x08, {2}, std::string("\x01\x09", 2)));
   }
   auto ds = FashionMnist::load(dir, FashionMnist::Split::kTrain);
   ASSERT_TRUE(ds.is_ok()) << ds.status().to_string();
@@ -125,7 +127,8 @@ TEST(Idx, ReadsGzipFilesAndNamesMissingOnes) {
   auto b = (*ds)->get_batch({2, 0});
   ASSERT_TRUE(b.is_ok());
   EXPECT_EQ(b->data.shape(), (Shape{2, 1, 28, 28}));
-  EXPECT_NEAR(b->data.data<float>()[1], (static_cast<float>((2 * 784 + 1) % 256) / 255.f - FashionMnist::kMean) / FashionMnist::kStd, 1e-6);
+  EXPECT_NEAR(b->data.data<float>()[1],
+              (static_cast<float>((2 * 784 + 1) % 256) / 255.f - FashionMnist::kMean) / FashionMnist::kStd, 1e-6);
   EXPECT_EQ(b->target.data<int64_t>()[0], 0);
   EXPECT_EQ(b->target.data<int64_t>()[1], 1);
   auto bad = FashionMnist::load(dir, FashionMnist::Split::kTest);

@@ -15,7 +15,9 @@ Tensor uniform(const Shape& shape, double bound) {
   return eager::rand_uniform(shape, static_cast<float>(-bound), static_cast<float>(bound)).detach();
 }
 
-std::string pair_str(std::array<int64_t, 2> a) { return "(" + std::to_string(a[0]) + ", " + std::to_string(a[1]) + ")"; }
+std::string pair_str(std::array<int64_t, 2> a) {
+  return "(" + std::to_string(a[0]) + ", " + std::to_string(a[1]) + ")";
+}
 
 }  // namespace
 
@@ -137,8 +139,8 @@ Status Module::load_state_dict(const StateDict& state, bool strict) {
                            (it->second->defined() ? shape_to_string(it->second->shape()) : std::string("<undefined>")) +
                            ", the shape in the current model is " + shape_to_string(p->shape()));
     else if (dtype_is_float(p->dtype()) != dtype_is_float(it->second->dtype()))
-      mismatched.push_back("dtype mismatch for " + n + ": " + dtype_name(it->second->dtype()) + " given, the model has " +
-                           dtype_name(p->dtype()));
+      mismatched.push_back("dtype mismatch for " + n + ": " + dtype_name(it->second->dtype()) +
+                           " given, the model has " + dtype_name(p->dtype()));
   }
   for (const auto& [n, t] : given)
     if (!mine.count(n)) unexpected.push_back(n);
@@ -221,7 +223,8 @@ std::string Module::to_string() const {
 // --- Linear ---
 
 Linear::Linear(int64_t in, int64_t out, bool bias) : Module("Linear"), in_(in), out_(out) {
-  if (in < 1 || out < 1) fail("Linear: features must be >= 1, got in=" + std::to_string(in) + " out=" + std::to_string(out));
+  if (in < 1 || out < 1)
+    fail("Linear: features must be >= 1, got in=" + std::to_string(in) + " out=" + std::to_string(out));
   weight_ = register_parameter("weight", eager::zeros({out, in}));
   bias_ = bias ? register_parameter("bias", eager::zeros({out})) : &no_bias_;
   reset_parameters();
@@ -250,7 +253,8 @@ void check_conv(const Conv2DOptions& o, const char* what) {
   if (o.in_channels % o.groups || o.out_channels % o.groups)
     fail(std::string(what) + ": in_channels " + std::to_string(o.in_channels) + " and out_channels " +
          std::to_string(o.out_channels) + " must be divisible by groups " + std::to_string(o.groups));
-  if (o.stride[0] < 1 || o.stride[1] < 1 || o.dilation[0] < 1 || o.dilation[1] < 1 || o.padding[0] < 0 || o.padding[1] < 0)
+  if (o.stride[0] < 1 || o.stride[1] < 1 || o.dilation[0] < 1 || o.dilation[1] < 1 || o.padding[0] < 0 ||
+      o.padding[1] < 0)
     fail(std::string(what) + ": stride and dilation must be >= 1, padding >= 0");
 }
 
@@ -259,7 +263,8 @@ std::string conv_repr(const Conv2DOptions& o, bool transpose) {
                   ", kernel_size=" + pair_str(o.kernel) + ", stride=" + pair_str(o.stride);
   if (o.padding != std::array<int64_t, 2>{0, 0}) s += ", padding=" + pair_str(o.padding);
   if (o.dilation != std::array<int64_t, 2>{1, 1}) s += ", dilation=" + pair_str(o.dilation);
-  if (transpose && o.output_padding != std::array<int64_t, 2>{0, 0}) s += ", output_padding=" + pair_str(o.output_padding);
+  if (transpose && o.output_padding != std::array<int64_t, 2>{0, 0})
+    s += ", output_padding=" + pair_str(o.output_padding);
   if (o.groups != 1) s += ", groups=" + std::to_string(o.groups);
   if (!o.bias) s += ", bias=false";
   return s;
@@ -270,7 +275,8 @@ Conv2D::Conv2D(Conv2DOptions o) : Module("Conv2D"), o_(o) {
   check_conv(o_, "Conv2D");
   const int64_t fan_in = o_.in_channels / o_.groups * o_.kernel[0] * o_.kernel[1];
   const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
-  weight_ = register_parameter("weight", uniform({o_.out_channels, o_.in_channels / o_.groups, o_.kernel[0], o_.kernel[1]}, bound));
+  weight_ = register_parameter(
+      "weight", uniform({o_.out_channels, o_.in_channels / o_.groups, o_.kernel[0], o_.kernel[1]}, bound));
   bias_ = o_.bias ? register_parameter("bias", uniform({o_.out_channels}, bound)) : &no_bias_;
 }
 
@@ -285,7 +291,8 @@ ConvTranspose2D::ConvTranspose2D(Conv2DOptions o) : Module("ConvTranspose2D"), o
   // PyTorch computes fan_in from weight.size(1) (= out/groups) for transposed convolutions too.
   const int64_t fan_in = o_.out_channels / o_.groups * o_.kernel[0] * o_.kernel[1];
   const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
-  weight_ = register_parameter("weight", uniform({o_.in_channels, o_.out_channels / o_.groups, o_.kernel[0], o_.kernel[1]}, bound));
+  weight_ = register_parameter(
+      "weight", uniform({o_.in_channels, o_.out_channels / o_.groups, o_.kernel[0], o_.kernel[1]}, bound));
   bias_ = o_.bias ? register_parameter("bias", uniform({o_.out_channels}, bound)) : &no_bias_;
 }
 
@@ -313,8 +320,10 @@ BatchNorm2D::BatchNorm2D(int64_t n, float eps, float momentum, bool affine, bool
 int64_t BatchNorm2D::num_batches_tracked() const { return tracked_ ? tracked_->to_vector<int64_t>()[0] : 0; }
 
 Tensor BatchNorm2D::forward(const Tensor& x) {
-  if (x.rank() != 4 && x.rank() != 2) fail("BatchNorm2D: expected a 4-D NCHW (or 2-D NC) input, got " + shape_to_string(x.shape()));
-  if (x.dim(1) != n_) fail("BatchNorm2D: input has " + std::to_string(x.dim(1)) + " channels, the layer " + std::to_string(n_));
+  if (x.rank() != 4 && x.rank() != 2)
+    fail("BatchNorm2D: expected a 4-D NCHW (or 2-D NC) input, got " + shape_to_string(x.shape()));
+  if (x.dim(1) != n_)
+    fail("BatchNorm2D: input has " + std::to_string(x.dim(1)) + " channels, the layer " + std::to_string(n_));
   Tensor& w = affine_ ? *weight_ : none_;
   Tensor& b = affine_ ? *bias_ : none_;
   const bool batch_stats = is_training() || !track_;
@@ -337,7 +346,8 @@ std::string BatchNorm2D::extra_repr() const {
 
 // --- LayerNorm ---
 
-LayerNorm::LayerNorm(std::vector<int64_t> shape, float eps, bool affine) : Module("LayerNorm"), shape_(std::move(shape)), eps_(eps) {
+LayerNorm::LayerNorm(std::vector<int64_t> shape, float eps, bool affine)
+    : Module("LayerNorm"), shape_(std::move(shape)), eps_(eps) {
   if (shape_.empty()) fail("LayerNorm: normalized_shape must not be empty");
   for (int64_t d : shape_)
     if (d < 1) fail("LayerNorm: normalized_shape dims must be >= 1");
@@ -350,7 +360,8 @@ LayerNorm::LayerNorm(std::vector<int64_t> shape, float eps, bool affine) : Modul
 Tensor LayerNorm::forward(const Tensor& x) {
   const auto k = static_cast<int64_t>(shape_.size());
   if (x.rank() < k || !std::equal(shape_.begin(), shape_.end(), x.shape().end() - k))
-    fail("LayerNorm: input " + shape_to_string(x.shape()) + " does not end with normalized_shape " + shape_to_string(shape_));
+    fail("LayerNorm: input " + shape_to_string(x.shape()) + " does not end with normalized_shape " +
+         shape_to_string(shape_));
   return eager::layer_norm(x, k, weight_ ? *weight_ : none_, bias_ ? *bias_ : none_, eps_);
 }
 
@@ -380,7 +391,8 @@ Tensor Embedding::forward(const Tensor& indices) { return eager::embedding(*weig
 std::string Embedding::extra_repr() const { return std::to_string(num_) + ", " + std::to_string(dim_); }
 
 MaxPool2D::MaxPool2D(int64_t k, int64_t s, int64_t p) : Module("MaxPool2D"), k_(k), s_(s ? s : k), p_(p) {
-  if (k < 1 || s_ < 1 || p < 0 || p > k / 2) fail("MaxPool2D: kernel >= 1, stride >= 1 and 0 <= padding <= kernel/2 required");
+  if (k < 1 || s_ < 1 || p < 0 || p > k / 2)
+    fail("MaxPool2D: kernel >= 1, stride >= 1 and 0 <= padding <= kernel/2 required");
 }
 Tensor MaxPool2D::forward(const Tensor& x) { return eager::max_pool2d(x, {k_, k_}, {s_, s_}, {p_, p_}); }
 std::string MaxPool2D::extra_repr() const {
@@ -388,7 +400,8 @@ std::string MaxPool2D::extra_repr() const {
 }
 
 AvgPool2D::AvgPool2D(int64_t k, int64_t s, int64_t p) : Module("AvgPool2D"), k_(k), s_(s ? s : k), p_(p) {
-  if (k < 1 || s_ < 1 || p < 0 || p > k / 2) fail("AvgPool2D: kernel >= 1, stride >= 1 and 0 <= padding <= kernel/2 required");
+  if (k < 1 || s_ < 1 || p < 0 || p > k / 2)
+    fail("AvgPool2D: kernel >= 1, stride >= 1 and 0 <= padding <= kernel/2 required");
 }
 Tensor AvgPool2D::forward(const Tensor& x) { return eager::avg_pool2d(x, {k_, k_}, {s_, s_}, {p_, p_}); }
 std::string AvgPool2D::extra_repr() const {

@@ -94,7 +94,8 @@ class Module {
   };
   void add_child(const std::string& name, std::shared_ptr<Module> m);
   void check_name(const std::string& name) const;
-  void collect(const std::string& prefix, bool params, bool buffers, bool recurse, std::vector<std::pair<std::string, Tensor*>>& out) const;
+  void collect(const std::string& prefix, bool params, bool buffers, bool recurse,
+               std::vector<std::pair<std::string, Tensor*>>& out) const;
   void repr(std::string& out, int indent) const;
 
   std::string type_name_;
@@ -130,17 +131,36 @@ struct Conv2DOptions {
   std::array<int64_t, 2> stride{1, 1}, padding{0, 0}, dilation{1, 1}, output_padding{0, 0} /*transpose only*/;
   int64_t groups = 1;
   bool bias = true;
-  Conv2DOptions& with_stride(int64_t s) { stride = {s, s}; return *this; }
-  Conv2DOptions& with_padding(int64_t p) { padding = {p, p}; return *this; }
-  Conv2DOptions& with_dilation(int64_t d) { dilation = {d, d}; return *this; }
-  Conv2DOptions& with_output_padding(int64_t p) { output_padding = {p, p}; return *this; }
-  Conv2DOptions& with_groups(int64_t g) { groups = g; return *this; }
-  Conv2DOptions& with_bias(bool b) { bias = b; return *this; }
+  Conv2DOptions& with_stride(int64_t s) {
+    stride = {s, s};
+    return *this;
+  }
+  Conv2DOptions& with_padding(int64_t p) {
+    padding = {p, p};
+    return *this;
+  }
+  Conv2DOptions& with_dilation(int64_t d) {
+    dilation = {d, d};
+    return *this;
+  }
+  Conv2DOptions& with_output_padding(int64_t p) {
+    output_padding = {p, p};
+    return *this;
+  }
+  Conv2DOptions& with_groups(int64_t g) {
+    groups = g;
+    return *this;
+  }
+  Conv2DOptions& with_bias(bool b) {
+    bias = b;
+    return *this;
+  }
 };
 
 class Conv2D : public Module {
  public:
-  Conv2D(int64_t in_channels, int64_t out_channels, int64_t kernel) : Conv2D(Conv2DOptions(in_channels, out_channels, {kernel, kernel})) {}
+  Conv2D(int64_t in_channels, int64_t out_channels, int64_t kernel)
+      : Conv2D(Conv2DOptions(in_channels, out_channels, {kernel, kernel})) {}
   explicit Conv2D(Conv2DOptions options);
   Tensor forward(const Tensor& x) override;
   Tensor& weight() { return *weight_; }  // [out, in/groups, kh, kw]
@@ -316,7 +336,9 @@ class Sequential : public Module {
 class CrossEntropyLoss {
  public:
   explicit CrossEntropyLoss(std::string reduction = "mean") : reduction_(std::move(reduction)) {}
-  Tensor operator()(const Tensor& logits, const Tensor& target) const { return eager::cross_entropy(logits, target, reduction_); }
+  Tensor operator()(const Tensor& logits, const Tensor& target) const {
+    return eager::cross_entropy(logits, target, reduction_);
+  }
 
  private:
   std::string reduction_;
@@ -324,7 +346,9 @@ class CrossEntropyLoss {
 class MSELoss {
  public:
   explicit MSELoss(std::string reduction = "mean") : reduction_(std::move(reduction)) {}
-  Tensor operator()(const Tensor& input, const Tensor& target) const { return eager::mse_loss(input, target, reduction_); }
+  Tensor operator()(const Tensor& input, const Tensor& target) const {
+    return eager::mse_loss(input, target, reduction_);
+  }
 
  private:
   std::string reduction_;

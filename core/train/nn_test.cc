@@ -27,7 +27,8 @@ TEST(Module, NamesParametersWithDottedPathsInRegistrationOrder) {
   for (const auto& p : net->parameters()) EXPECT_TRUE(p.requires_grad() && p.is_leaf());
   auto y = net->forward(eager::randn({2, 1, 6, 6}));
   EXPECT_EQ(y.shape(), (Shape{2, 3}));
-  EXPECT_NE(net->to_string().find("(4): Linear(in_features=64, out_features=3, bias=true)"), std::string::npos) << net->to_string();
+  EXPECT_NE(net->to_string().find("(4): Linear(in_features=64, out_features=3, bias=true)"), std::string::npos)
+      << net->to_string();
   EXPECT_THROW(net->register_parameter("0", eager::zeros({1})), eager::Error);  // clashes with a submodule
   EXPECT_THROW(net->register_buffer("a.b", eager::zeros({1})), eager::Error);
 }
@@ -73,8 +74,10 @@ TEST(Module, LoadStateDictChecksKeysAndShapes) {
   EXPECT_NE(b.weight().to_vector<float>(), a.weight().to_vector<float>());
   auto st = c.load_state_dict(a.state_dict());
   ASSERT_FALSE(st.is_ok());
-  EXPECT_NE(st.message().find("size mismatch for weight: copying a tensor of shape [2, 3], the shape in the current model is [2, 4]"),
-            std::string::npos) << st.message();
+  EXPECT_NE(st.message().find(
+                "size mismatch for weight: copying a tensor of shape [2, 3], the shape in the current model is [2, 4]"),
+            std::string::npos)
+      << st.message();
   StateDict partial = {{"weight", a.weight()}, {"extra", a.bias()}};
   auto st2 = b.load_state_dict(partial);
   ASSERT_FALSE(st2.is_ok());
@@ -157,7 +160,8 @@ TEST(Losses, MatchHandComputedValues) {
   EXPECT_NEAR(nn::CrossEntropyLoss("sum")(logits, target).item(), l0 + l1, 1e-5);
   EXPECT_NEAR(nn::MSELoss()(t2({1, 2}, {2}), t2({0, 4}, {2})).item(), 2.5f, 1e-6);
   // BCE with logits: x=0 -> log 2; x=2, y=1 -> log(1 + e^-2).
-  EXPECT_NEAR(nn::BCEWithLogitsLoss("sum")(t2({0, 2}, {2}), t2({1, 1}, {2})).item(), std::log(2.0) + std::log1p(std::exp(-2.0)), 1e-5);
+  EXPECT_NEAR(nn::BCEWithLogitsLoss("sum")(t2({0, 2}, {2}), t2({1, 1}, {2})).item(),
+              std::log(2.0) + std::log1p(std::exp(-2.0)), 1e-5);
 }
 
 }  // namespace

@@ -96,7 +96,8 @@ StatusOr<std::shared_ptr<OnnxModule>> OnnxModule::from_graph(Graph graph, const 
 
 std::vector<Tensor> OnnxModule::forward_all(const std::vector<Tensor>& inputs) {
   if (inputs.size() != graph_.inputs.size())
-    throw eager::Error(Status(StatusCode::kInvalidArgument, "OnnxModule: the graph takes " + std::to_string(graph_.inputs.size()) +
+    throw eager::Error(Status(StatusCode::kInvalidArgument, "OnnxModule: the graph takes " +
+                                                                std::to_string(graph_.inputs.size()) +
                                                                 " input(s), got " + std::to_string(inputs.size())));
   std::map<std::string, Tensor> v;
   for (size_t i = 0; i < inputs.size(); ++i) v[graph_.inputs[i]] = inputs[i];
@@ -111,7 +112,8 @@ std::vector<Tensor> OnnxModule::forward_all(const std::vector<Tensor>& inputs) {
       }
       auto it = v.find(in);
       if (it == v.end())
-        throw eager::Error(Status(StatusCode::kInvalidArgument, "OnnxModule: node '" + n->name + "' reads '" + in + "', which nothing produced"));
+        throw eager::Error(Status(StatusCode::kInvalidArgument,
+                                  "OnnxModule: node '" + n->name + "' reads '" + in + "', which nothing produced"));
       ins.push_back(it->second);
     }
     // Frozen batch norm / inference-mode dropout: the attributes as exported (training_mode absent = inference).
@@ -126,8 +128,9 @@ std::vector<Tensor> OnnxModule::forward_all(const std::vector<Tensor>& inputs) {
 
 Tensor OnnxModule::forward(const Tensor& x) {
   if (graph_.inputs.size() != 1)
-    throw eager::Error(Status(StatusCode::kInvalidArgument, "OnnxModule: forward(x) needs a one-input graph; this one has " +
-                                                                std::to_string(graph_.inputs.size()) + " (use forward_all)"));
+    throw eager::Error(
+        Status(StatusCode::kInvalidArgument, "OnnxModule: forward(x) needs a one-input graph; this one has " +
+                                                 std::to_string(graph_.inputs.size()) + " (use forward_all)"));
   return forward_all({x}).at(0);
 }
 
@@ -147,7 +150,9 @@ StatusOr<int64_t> OnnxModule::freeze(const std::string& pattern) {
     t.requires_grad_(false);
     ++n;
   }
-  if (n == 0) return Status(StatusCode::kInvalidArgument, "freeze: '" + pattern + "' matches no parameter (they are: " + some + ")");
+  if (n == 0)
+    return Status(StatusCode::kInvalidArgument,
+                  "freeze: '" + pattern + "' matches no parameter (they are: " + some + ")");
   return n;
 }
 
@@ -191,10 +196,12 @@ StatusOr<std::vector<std::string>> OnnxModule::replace_head(int64_t num_classes)
     }
   }
   if (w_name.empty() || !values_.count(w_name))
-    return Status(StatusCode::kInvalidArgument, "replace_head: the output '" + out + "' comes from " + producer->op_type +
-                                                    " '" + producer->name + "', not from a Gemm or MatMul + Add with a weight initializer");
+    return Status(StatusCode::kInvalidArgument, "replace_head: the output '" + out + "' comes from " +
+                                                    producer->op_type + " '" + producer->name +
+                                                    "', not from a Gemm or MatMul + Add with a weight initializer");
   Tensor& w = *values_.at(w_name);
-  if (w.rank() != 2) return Status(StatusCode::kInvalidArgument, "replace_head: the classifier weight '" + w_name + "' is not 2-D");
+  if (w.rank() != 2)
+    return Status(StatusCode::kInvalidArgument, "replace_head: the classifier weight '" + w_name + "' is not 2-D");
   const int64_t in = w_out_first ? w.dim(1) : w.dim(0);
   const float bound = 1.f / std::sqrt(static_cast<float>(in));
   try {

@@ -56,7 +56,7 @@ class OnnxModule : public nn::Module {
 
   Graph graph_;
   std::vector<NodeId> order_;
-  std::map<std::string, Tensor*> values_;  // initializer name -> its parameter or buffer slot
+  std::map<std::string, Tensor*> values_;           // initializer name -> its parameter or buffer slot
   std::map<std::string, std::string> param_names_;  // initializer name -> dotted parameter name
 };
 

@@ -2,8 +2,8 @@
 // falls), freezes by pattern, takes a new classifier, and exports again to a model that runs in a Session.
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <unistd.h>
+#include <filesystem>
 
 #include "core/runtime/onnx_io.h"
 #include "core/runtime/session.h"

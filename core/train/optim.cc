@@ -35,7 +35,8 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)
     if (!(g.weight_decay >= 0)) fail("optimizer: weight_decay must be >= 0");
     for (const auto& p : g.params) {
       if (!p.defined()) fail("optimizer: parameter " + std::to_string(n) + " is undefined");
-      if (!p.is_leaf() || !p.requires_grad()) fail("optimizer: parameter " + std::to_string(n) + " is not a leaf that requires grad");
+      if (!p.is_leaf() || !p.requires_grad())
+        fail("optimizer: parameter " + std::to_string(n) + " is not a leaf that requires grad");
       ++n;
     }
   }
@@ -66,7 +67,8 @@ State Optimizer::state_dict() const {
   auto& groups = s.values["groups"] = nlohmann::json::array();
   size_t n = 0;
   for (const auto& g : groups_) {
-    groups.push_back({{"lr", g.lr}, {"initial_lr", g.initial_lr}, {"weight_decay", g.weight_decay}, {"params", g.params.size()}});
+    groups.push_back(
+        {{"lr", g.lr}, {"initial_lr", g.initial_lr}, {"weight_decay", g.weight_decay}, {"params", g.params.size()}});
     n += g.params.size();
   }
   s.values["steps"] = steps_;
@@ -78,17 +80,20 @@ State Optimizer::state_dict() const {
 Status Optimizer::load_state_dict(const State& s) {
   try {
     if (s.values.value("type", std::string()) != name())
-      return invalid_argument("optimizer state is for '" + s.values.value("type", std::string("?")) + "', this is " + name());
+      return invalid_argument("optimizer state is for '" + s.values.value("type", std::string("?")) + "', this is " +
+                              name());
     const auto& groups = s.values.at("groups");
     if (groups.size() != groups_.size())
-      return invalid_argument("optimizer state has " + std::to_string(groups.size()) + " parameter groups, this optimizer " +
-                              std::to_string(groups_.size()));
+      return invalid_argument("optimizer state has " + std::to_string(groups.size()) +
+                              " parameter groups, this optimizer " + std::to_string(groups_.size()));
     for (size_t i = 0; i < groups_.size(); ++i)
       if (groups[i].at("params").get<size_t>() != groups_[i].params.size())
-        return invalid_argument("optimizer state: group " + std::to_string(i) + " has " + groups[i].at("params").dump() +
-                                " parameters, this optimizer " + std::to_string(groups_[i].params.size()));
+        return invalid_argument("optimizer state: group " + std::to_string(i) + " has " +
+                                groups[i].at("params").dump() + " parameters, this optimizer " +
+                                std::to_string(groups_[i].params.size()));
     auto steps = s.values.at("steps").get<std::vector<int64_t>>();
-    if (steps.size() != state_.size()) return invalid_argument("optimizer state: per-parameter steps do not match the parameters");
+    if (steps.size() != state_.size())
+      return invalid_argument("optimizer state: per-parameter steps do not match the parameters");
     auto params = flat_params();
     std::vector<std::map<std::string, Tensor>> state(state_.size());
     for (const auto& [name, t] : s.tensors) {
@@ -102,8 +107,8 @@ Status Optimizer::load_state_dict(const State& s) {
       if (dot == std::string::npos || idx >= params.size())
         return invalid_argument("optimizer state: tensor '" + name + "' does not belong to a parameter");
       if (t.shape() != params[idx]->shape())
-        return invalid_argument("optimizer state: " + name + " has shape " + shape_to_string(t.shape()) + ", parameter " +
-                                std::to_string(idx) + " has " + shape_to_string(params[idx]->shape()));
+        return invalid_argument("optimizer state: " + name + " has shape " + shape_to_string(t.shape()) +
+                                ", parameter " + std::to_string(idx) + " has " + shape_to_string(params[idx]->shape()));
       // Onto the parameter's device, detached, a private copy (the optimizer updates its buffers).
       Tensor copy = eager::zeros(t.shape(), params[idx]->dtype(), params[idx]->device());
       copy.copy_(t);
@@ -128,9 +133,11 @@ Status Optimizer::load_state_dict(const State& s) {
 
 SGD::SGD(std::vector<Tensor> params, SGDOptions o) : SGD(one_group(std::move(params), o.lr, o.weight_decay), o) {}
 
-SGD::SGD(std::vector<ParamGroup> groups, SGDOptions o) : Optimizer(with_defaults(std::move(groups), o.lr, o.weight_decay)), o_(o) {
+SGD::SGD(std::vector<ParamGroup> groups, SGDOptions o)
+    : Optimizer(with_defaults(std::move(groups), o.lr, o.weight_decay)), o_(o) {
   if (o.momentum < 0) fail("SGD: momentum must be >= 0");
-  if (o.nesterov && (o.momentum <= 0 || o.dampening != 0)) fail("SGD: Nesterov momentum requires a momentum and zero dampening");
+  if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
+    fail("SGD: Nesterov momentum requires a momentum and zero dampening");
 }
 
 void SGD::step() {
@@ -277,14 +284,17 @@ double CosineAnnealingLR::factor(int64_t t) const {
   // As a factor of each group's initial lr: eta_min is absolute, so divide it out per group (groups share the base
   // in practice; with several bases eta_min is applied relative to the first group's).
   const double base = opt_.param_groups().empty() ? 1 : opt_.param_groups()[0].initial_lr;
-  const double lr = eta_min_ + (base - eta_min_) * (1 + std::cos(M_PI * static_cast<double>(t) / static_cast<double>(t_max_))) / 2;
+  const double lr =
+      eta_min_ + (base - eta_min_) * (1 + std::cos(M_PI * static_cast<double>(t) / static_cast<double>(t_max_))) / 2;
   return base > 0 ? lr / base : 0;
 }
 
-LinearWarmupLR::LinearWarmupLR(Optimizer& opt, int64_t total, double start, double end, std::shared_ptr<LRScheduler> after)
+LinearWarmupLR::LinearWarmupLR(Optimizer& opt, int64_t total, double start, double end,
+                               std::shared_ptr<LRScheduler> after)
     : LRScheduler(opt), total_(total), start_(start), end_(end), after_(std::move(after)) {
   if (total < 1) fail("LinearWarmupLR: total_steps must be >= 1");
-  if (!(start > 0 && start <= 1) || !(end >= 0 && end <= 1)) fail("LinearWarmupLR: factors must be in (0, 1] and [0, 1]");
+  if (!(start > 0 && start <= 1) || !(end >= 0 && end <= 1))
+    fail("LinearWarmupLR: factors must be in (0, 1] and [0, 1]");
   apply();
 }
 double LinearWarmupLR::factor(int64_t t) const {
@@ -296,7 +306,8 @@ double LinearWarmupLR::factor(int64_t t) const {
 // --- GradScaler ---
 
 GradScaler::GradScaler(GradScalerOptions o) : o_(o), scale_(o.init_scale) {
-  if (!(o.init_scale > 0) || !(o.growth_factor > 1) || !(o.backoff_factor > 0 && o.backoff_factor < 1) || o.growth_interval < 1)
+  if (!(o.init_scale > 0) || !(o.growth_factor > 1) || !(o.backoff_factor > 0 && o.backoff_factor < 1) ||
+      o.growth_interval < 1)
     fail("GradScaler: init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1 and growth_interval >= 1 required");
 }
 
@@ -362,8 +373,13 @@ void GradScaler::update() {
 
 State GradScaler::state_dict() const {
   State s;
-  s.values = {{"scale", scale_}, {"growth_tracker", growth_tracker_}, {"skipped", skipped_}, {"enabled", o_.enabled},
-              {"growth_factor", o_.growth_factor}, {"backoff_factor", o_.backoff_factor}, {"growth_interval", o_.growth_interval}};
+  s.values = {{"scale", scale_},
+              {"growth_tracker", growth_tracker_},
+              {"skipped", skipped_},
+              {"enabled", o_.enabled},
+              {"growth_factor", o_.growth_factor},
+              {"backoff_factor", o_.backoff_factor},
+              {"growth_interval", o_.growth_interval}};
   return s;
 }
 

@@ -3,7 +3,8 @@
 //
 // Update rules are PyTorch's (torch.optim, foreach=False), written as eager ops under NoGradGuard, so they run on
 // whatever device the parameters live on:
-//   SGD:   g += wd·p;  b = momentum·b + (1 − dampening)·g  (b = g on the first step);  g = nesterov ? g + momentum·b : b;
+//   SGD:   g += wd·p;  b = momentum·b + (1 − dampening)·g  (b = g on the first step);  g = nesterov ? g + momentum·b :
+//   b;
 //          p −= lr·g
 //   Adam:  g += wd·p;  m = β1·m + (1 − β1)·g;  v = β2·v + (1 − β2)·g²;
 //          p −= lr/(1 − β1ᵗ) · m / (sqrt(v)/sqrt(1 − β2ᵗ) + eps)

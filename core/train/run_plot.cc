@@ -94,44 +94,54 @@ void render_curve(std::ostringstream& s, const std::string& kind, const std::str
   const int w = 460, h = 260, ml = 62, mr = 16, mt = 30, mb = 36;
   double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
   for (const auto& [i, se] : lines)
-    for (const auto& [x, y] : se->points) x0 = std::min(x0, x), x1 = std::max(x1, x), y0 = std::min(y0, y), y1 = std::max(y1, y);
+    for (const auto& [x, y] : se->points)
+      x0 = std::min(x0, x), x1 = std::max(x1, x), y0 = std::min(y0, y), y1 = std::max(y1, y);
   if (!(x1 > x0)) x1 = x0 + 1;
   if (!(y1 > y0)) y0 -= 0.5, y1 += 0.5;
   const double pad = (y1 - y0) * 0.05;
   y0 -= pad, y1 += pad;
   auto px = [&](double x) { return ml + (x - x0) / (x1 - x0) * (w - ml - mr); };
   auto py = [&](double y) { return h - mb - (y - y0) / (y1 - y0) * (h - mt - mb); };
-  s << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << w << "\" height=\"" << h << "\" font-family=\"sans-serif\" font-size=\"11\">";
+  s << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << w << "\" height=\"" << h
+    << "\" font-family=\"sans-serif\" font-size=\"11\">";
   s << "<rect width=\"100%\" height=\"100%\" fill=\"white\" stroke=\"#ddd\"/>";
   s << "<text x=\"8\" y=\"18\" font-size=\"13\" font-weight=\"bold\">" << esc(kind + " / " + name) << "</text>";
-  s << "<line x1=\"" << ml << "\" y1=\"" << h - mb << "\" x2=\"" << w - mr << "\" y2=\"" << h - mb << "\" stroke=\"#888\"/>";
+  s << "<line x1=\"" << ml << "\" y1=\"" << h - mb << "\" x2=\"" << w - mr << "\" y2=\"" << h - mb
+    << "\" stroke=\"#888\"/>";
   s << "<line x1=\"" << ml << "\" y1=\"" << mt << "\" x2=\"" << ml << "\" y2=\"" << h - mb << "\" stroke=\"#888\"/>";
   for (int t = 0; t <= 4; ++t) {
     const double yv = y0 + (y1 - y0) * t / 4, xv = x0 + (x1 - x0) * t / 4;
-    s << "<text x=\"" << ml - 4 << "\" y=\"" << py(yv) + 4 << "\" text-anchor=\"end\" fill=\"#666\">" << num(yv) << "</text>";
-    s << "<line x1=\"" << ml << "\" y1=\"" << py(yv) << "\" x2=\"" << w - mr << "\" y2=\"" << py(yv) << "\" stroke=\"#eee\"/>";
-    s << "<text x=\"" << px(xv) << "\" y=\"" << h - mb + 14 << "\" text-anchor=\"middle\" fill=\"#666\">" << num(xv) << "</text>";
+    s << "<text x=\"" << ml - 4 << "\" y=\"" << py(yv) + 4 << "\" text-anchor=\"end\" fill=\"#666\">" << num(yv)
+      << "</text>";
+    s << "<line x1=\"" << ml << "\" y1=\"" << py(yv) << "\" x2=\"" << w - mr << "\" y2=\"" << py(yv)
+      << "\" stroke=\"#eee\"/>";
+    s << "<text x=\"" << px(xv) << "\" y=\"" << h - mb + 14 << "\" text-anchor=\"middle\" fill=\"#666\">" << num(xv)
+      << "</text>";
   }
-  s << "<text x=\"" << (ml + w - mr) / 2 << "\" y=\"" << h - 6 << "\" text-anchor=\"middle\" fill=\"#666\">" << esc(x_name) << "</text>";
+  s << "<text x=\"" << (ml + w - mr) / 2 << "\" y=\"" << h - 6 << "\" text-anchor=\"middle\" fill=\"#666\">"
+    << esc(x_name) << "</text>";
   for (const auto& [i, se] : lines) {
     s << "<polyline fill=\"none\" stroke=\"" << color(i) << "\" stroke-width=\"1.5\" points=\"";
     for (const auto& [x, y] : se->points) s << px(x) << "," << py(y) << " ";
     s << "\"/>";
-    if (se->points.size() == 1) s << "<circle cx=\"" << px(se->points[0].first) << "\" cy=\"" << py(se->points[0].second) << "\" r=\"3\" fill=\"" << color(i) << "\"/>";
+    if (se->points.size() == 1)
+      s << "<circle cx=\"" << px(se->points[0].first) << "\" cy=\"" << py(se->points[0].second) << "\" r=\"3\" fill=\""
+        << color(i) << "\"/>";
   }
   s << "</svg>\n";
 }
 
 // One tensor's histograms over the epochs: a ridge line per epoch on a shared value axis.
-void render_ridges(std::ostringstream& s, const std::string& title, const std::vector<std::pair<double, nlohmann::json>>& hs,
-                   const char* stroke) {
+void render_ridges(std::ostringstream& s, const std::string& title,
+                   const std::vector<std::pair<double, nlohmann::json>>& hs, const char* stroke) {
   const int w = 360, ml = 56, mr = 12, mt = 26, dy = 16, amp = 40, mb = 28;
   const int h = mt + amp + dy * static_cast<int>(hs.size()) + mb;
   double lo = INFINITY, hi = -INFINITY;
   for (const auto& [e, j] : hs) lo = std::min(lo, j.value("lo", 0.0)), hi = std::max(hi, j.value("hi", 0.0));
   if (!(hi > lo)) hi = lo + 1;
   auto px = [&](double v) { return ml + (v - lo) / (hi - lo) * (w - ml - mr); };
-  s << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << w << "\" height=\"" << h << "\" font-family=\"sans-serif\" font-size=\"10\">";
+  s << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << w << "\" height=\"" << h
+    << "\" font-family=\"sans-serif\" font-size=\"10\">";
   s << "<rect width=\"100%\" height=\"100%\" fill=\"white\" stroke=\"#ddd\"/>";
   s << "<text x=\"6\" y=\"16\" font-size=\"12\" font-weight=\"bold\">" << esc(title) << "</text>";
   for (size_t k = 0; k < hs.size(); ++k) {
@@ -143,9 +153,10 @@ void render_ridges(std::ostringstream& s, const std::string& title, const std::v
     const double blo = j.value("lo", 0.0), bhi = j.value("hi", 0.0);
     const double bw = counts.empty() ? 0 : (bhi - blo) / static_cast<double>(counts.size());
     const double opacity = 0.35 + 0.65 * static_cast<double>(k + 1) / static_cast<double>(hs.size());
-    s << "<text x=\"" << ml - 4 << "\" y=\"" << base + 3 << "\" text-anchor=\"end\" fill=\"#666\">epoch " << num(epoch) << "</text>";
-    s << "<polyline fill=\"" << stroke << "\" fill-opacity=\"0.12\" stroke=\"" << stroke << "\" stroke-opacity=\"" << opacity
-      << "\" points=\"" << px(blo) << "," << base << " ";
+    s << "<text x=\"" << ml - 4 << "\" y=\"" << base + 3 << "\" text-anchor=\"end\" fill=\"#666\">epoch " << num(epoch)
+      << "</text>";
+    s << "<polyline fill=\"" << stroke << "\" fill-opacity=\"0.12\" stroke=\"" << stroke << "\" stroke-opacity=\""
+      << opacity << "\" points=\"" << px(blo) << "," << base << " ";
     for (size_t b = 0; b < counts.size(); ++b)
       s << px(blo + bw * (static_cast<double>(b) + 0.5)) << "," << base - counts[b] / peak * amp << " ";
     s << px(bhi) << "," << base << "\"/>";
@@ -219,8 +230,8 @@ std::string render_runs_html(const std::vector<RunView>& runs, const std::string
        ".grid{display:grid;grid-template-columns:repeat("
     << std::max(1, columns) << ",max-content);gap:8px}</style></head>\n<body>\n<h1>" << esc(title) << "</h1>\n<p>";
   for (size_t i = 0; i < runs.size(); ++i)
-    s << "<span style=\"color:" << color(i) << "\">&#9632;</span> " << esc(runs[i].label) << " (" << esc(runs[i].source.string())
-      << ")&nbsp;&nbsp; ";
+    s << "<span style=\"color:" << color(i) << "\">&#9632;</span> " << esc(runs[i].label) << " ("
+      << esc(runs[i].source.string()) << ")&nbsp;&nbsp; ";
   s << "</p>\n";
   render_table(s, runs);
 
@@ -228,7 +239,8 @@ std::string render_runs_html(const std::vector<RunView>& runs, const std::string
   std::vector<std::pair<std::string, std::string>> keys;
   for (const auto& r : runs)
     for (const auto& se : r.log.series)
-      if (std::find(keys.begin(), keys.end(), std::make_pair(se.kind, se.name)) == keys.end()) keys.emplace_back(se.kind, se.name);
+      if (std::find(keys.begin(), keys.end(), std::make_pair(se.kind, se.name)) == keys.end())
+        keys.emplace_back(se.kind, se.name);
   s << "<h2>Curves</h2>\n";
   if (keys.empty()) s << "<p>no scalar log</p>\n";
   s << "<div class=\"grid\">\n";
@@ -255,7 +267,8 @@ std::string render_runs_html(const std::vector<RunView>& runs, const std::string
             if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
       if (names.empty()) continue;
       s << "<h2><span style=\"color:" << color(i) << "\">&#9632;</span> " << esc(runs[i].label) << ": "
-        << (std::string(what) == "params" ? "parameter" : "gradient") << " distributions per epoch</h2>\n<div class=\"grid\">\n";
+        << (std::string(what) == "params" ? "parameter" : "gradient")
+        << " distributions per epoch</h2>\n<div class=\"grid\">\n";
       for (const auto& n : names) {
         std::vector<std::pair<double, nlohmann::json>> hs;
         for (const auto& rec : runs[i].histograms)

@@ -20,10 +20,10 @@
 namespace keel::train {
 
 struct RunView {
-  std::string label;              // the run's directory name, or the log's file name
-  std::filesystem::path source;   // what was given
-  nlohmann::json record;          // run.json (null when the run has none)
-  ParsedLog log;                  // its scalar log (empty when it has none)
+  std::string label;             // the run's directory name, or the log's file name
+  std::filesystem::path source;  // what was given
+  nlohmann::json record;         // run.json (null when the run has none)
+  ParsedLog log;                 // its scalar log (empty when it has none)
   // The log's "histograms" records in order: {"epoch", "params": {name: H}, "grads": {name: H}}.
   std::vector<nlohmann::json> histograms;
 };

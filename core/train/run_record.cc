@@ -51,14 +51,14 @@ class Sha256 {
   static uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
   void block(const uint8_t* p) {
     static constexpr uint32_t k[64] = {
-        0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5, 0xd807aa98,
-        0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786,
-        0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8,
-        0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13,
-        0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819,
-        0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a,
-        0x5b9cca4f, 0x682e6ff3, 0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
-        0xc67178f2};
+        0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+        0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+        0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+        0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+        0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+        0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+        0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+        0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
     uint32_t w[64];
     for (int i = 0; i < 16; ++i)
       w[i] = uint32_t{p[4 * i]} << 24 | uint32_t{p[4 * i + 1]} << 16 | uint32_t{p[4 * i + 2]} << 8 | p[4 * i + 3];
@@ -75,7 +75,8 @@ class Sha256 {
     }
     h_[0] += a, h_[1] += b, h_[2] += c, h_[3] += d, h_[4] += e, h_[5] += f, h_[6] += g, h_[7] += h;
   }
-  std::array<uint32_t, 8> h_{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+  std::array<uint32_t, 8> h_{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                             0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
   std::array<uint8_t, 64> buf_{};
   size_t fill_ = 0;
   uint64_t bits_ = 0;
@@ -153,7 +154,8 @@ nlohmann::json environment_info(Environment& env) {
     if (!p.reason.empty()) j["reason"] = p.reason;
     plugins.push_back(std::move(j));
   }
-  return {{"hostname", host}, {"threads", env.thread_pool().thread_count()}, {"devices", devices}, {"plugins", plugins}};
+  return {
+      {"hostname", host}, {"threads", env.thread_pool().thread_count()}, {"devices", devices}, {"plugins", plugins}};
 }
 
 std::string utc_now() {
@@ -218,7 +220,10 @@ nlohmann::json module_histograms(const nn::Module& model, bool grads, int bins) 
 }
 
 RunRecord::RunRecord() {
-  j_ = {{"format", "keel-run/1"}, {"keel", build_info()}, {"start_time", utc_now()}, {"status", "running"},
+  j_ = {{"format", "keel-run/1"},
+        {"keel", build_info()},
+        {"start_time", utc_now()},
+        {"status", "running"},
         {"epochs", nlohmann::json::array()}};
 }
 
@@ -258,7 +263,8 @@ StatusOr<RunRecord> RunRecord::load(const std::filesystem::path& file) {
   RunRecord r;
   r.j_ = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
   if (!r.j_.is_object() || !r.j_.contains("format"))
-    return Status(StatusCode::kInvalidArgument, file.string() + " is not a Keel run record (JSON object with \"format\")");
+    return Status(StatusCode::kInvalidArgument,
+                  file.string() + " is not a Keel run record (JSON object with \"format\")");
   return r;
 }
 

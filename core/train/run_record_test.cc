@@ -1,9 +1,9 @@
 // Run records: SHA-256 against FIPS 180-4's test vectors, data-file descriptions, histograms, save/load.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <filesystem>
 #include <fstream>
-#include <unistd.h>
 
 #include <keel/keel.h>
 
@@ -21,7 +21,8 @@ std::filesystem::path temp_dir() {
 TEST(RunRecord, Sha256KnownAnswers) {
   EXPECT_EQ(sha256_hex("", 0), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
   EXPECT_EQ(sha256_hex("abc", 3), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-  const std::string two_blocks = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";  // 56 bytes: padding spills
+  const std::string two_blocks =
+      "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";  // 56 bytes: padding spills
   EXPECT_EQ(sha256_hex(two_blocks.data(), two_blocks.size()),
             "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
   const std::string million(1000000, 'a');

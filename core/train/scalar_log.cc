@@ -84,7 +84,8 @@ StatusOr<ParsedLog> read_scalar_log(const std::filesystem::path& file) {
   ss << in.rdbuf();
   ParsedLog log = parse_scalar_log(ss.str());
   if (log.records == 0)
-    return invalid_argument(file.string() + ": no JSON records (" + std::to_string(log.skipped_lines) + " unreadable lines)");
+    return invalid_argument(file.string() + ": no JSON records (" + std::to_string(log.skipped_lines) +
+                            " unreadable lines)");
   return log;
 }
 
@@ -127,7 +128,8 @@ std::vector<double> ticks(double lo, double hi, int target = 5) {
       step = m * mag;
       break;
     }
-  for (double v = std::ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) t.push_back(std::fabs(v) < step * 1e-9 ? 0 : v);
+  for (double v = std::ceil(lo / step) * step; v <= hi + step * 1e-9; v += step)
+    t.push_back(std::fabs(v) < step * 1e-9 ? 0 : v);
   return t;
 }
 
@@ -170,18 +172,21 @@ std::string render_curves_svg(const ParsedLog& log, const std::string& title, in
     s << "<rect x=\"" << x0 << "\" y=\"" << y0 << "\" width=\"" << x1 - x0 << "\" height=\"" << y1 - y0
       << "\" fill=\"none\" stroke=\"#999\"/>\n";
     for (double t : ticks(ymin, ymax)) {
-      s << "<line x1=\"" << x0 << "\" x2=\"" << x1 << "\" y1=\"" << py(t) << "\" y2=\"" << py(t) << "\" stroke=\"#eee\"/>"
+      s << "<line x1=\"" << x0 << "\" x2=\"" << x1 << "\" y1=\"" << py(t) << "\" y2=\"" << py(t)
+        << "\" stroke=\"#eee\"/>"
         << "<text x=\"" << x0 - 4 << "\" y=\"" << py(t) + 4 << "\" text-anchor=\"end\">" << num(t) << "</text>\n";
     }
     for (double t : ticks(xmin, xmax)) {
-      s << "<line x1=\"" << px(t) << "\" x2=\"" << px(t) << "\" y1=\"" << y1 << "\" y2=\"" << y1 + 4 << "\" stroke=\"#999\"/>"
+      s << "<line x1=\"" << px(t) << "\" x2=\"" << px(t) << "\" y1=\"" << y1 << "\" y2=\"" << y1 + 4
+        << "\" stroke=\"#999\"/>"
         << "<text x=\"" << px(t) << "\" y=\"" << y1 + 16 << "\" text-anchor=\"middle\">" << num(t) << "</text>\n";
     }
-    s << "<text x=\"" << (x0 + x1) / 2 << "\" y=\"" << y1 + 32 << "\" text-anchor=\"middle\" fill=\"#666\">" << esc(se.x_name)
-      << "</text>\n";
+    s << "<text x=\"" << (x0 + x1) / 2 << "\" y=\"" << y1 + 32 << "\" text-anchor=\"middle\" fill=\"#666\">"
+      << esc(se.x_name) << "</text>\n";
     const char* color = colors[static_cast<size_t>(i) % 6];
     if (se.points.size() == 1) {
-      s << "<circle cx=\"" << px(se.points[0].first) << "\" cy=\"" << py(se.points[0].second) << "\" r=\"3\" fill=\"" << color << "\"/>\n";
+      s << "<circle cx=\"" << px(se.points[0].first) << "\" cy=\"" << py(se.points[0].second) << "\" r=\"3\" fill=\""
+        << color << "\"/>\n";
     } else {
       s << "<polyline fill=\"none\" stroke=\"" << color << "\" stroke-width=\"1.5\" points=\"";
       for (const auto& [x, y] : se.points) s << px(x) << "," << py(y) << " ";

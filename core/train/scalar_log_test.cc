@@ -14,7 +14,8 @@ TEST(ScalarLog, WritesJsonLinesAndParsesThemBack) {
   {
     auto log = ScalarLogger::open(file);
     ASSERT_TRUE(log.is_ok());
-    for (int s = 1; s <= 3; ++s) ASSERT_TRUE((*log)->write("step", {{"step", s}, {"loss", 1.0 / s}, {"lr", 0.01}}).is_ok());
+    for (int s = 1; s <= 3; ++s)
+      ASSERT_TRUE((*log)->write("step", {{"step", s}, {"loss", 1.0 / s}, {"lr", 0.01}}).is_ok());
     ASSERT_TRUE((*log)->write("epoch", {{"epoch", 1}, {"test_accuracy", 0.8}, {"bad", std::nan("")}}).is_ok());
     EXPECT_FALSE((*log)->write("step", nlohmann::json::array()).is_ok());
   }
@@ -36,15 +37,16 @@ TEST(ScalarLog, WritesJsonLinesAndParsesThemBack) {
 }
 
 TEST(ScalarLog, SkipsGarbageLinesAndRendersEveryCurve) {
-  ParsedLog log = parse_scalar_log("{\"kind\":\"step\",\"step\":1,\"loss\":2.5}\nnot json\n\n{\"kind\":\"step\",\"step\":2,\"loss\":1.5}\n"
-                                   "{\"kind\":\"epoch\",\"epoch\":1,\"accuracy\":0.5}\n");
+  ParsedLog log = parse_scalar_log(
+      "{\"kind\":\"step\",\"step\":1,\"loss\":2.5}\nnot json\n\n{\"kind\":\"step\",\"step\":2,\"loss\":1.5}\n"
+      "{\"kind\":\"epoch\",\"epoch\":1,\"accuracy\":0.5}\n");
   EXPECT_EQ(log.records, 3);
   EXPECT_EQ(log.skipped_lines, 1);
   std::string svg = render_curves_svg(log, "run <1>");
   EXPECT_EQ(svg.rfind("<svg", 0), 0u);
   EXPECT_NE(svg.find("run &lt;1&gt;"), std::string::npos);  // escaped
-  EXPECT_NE(svg.find("<polyline"), std::string::npos);       // loss: two points
-  EXPECT_NE(svg.find("<circle"), std::string::npos);         // accuracy: one point
+  EXPECT_NE(svg.find("<polyline"), std::string::npos);      // loss: two points
+  EXPECT_NE(svg.find("<circle"), std::string::npos);        // accuracy: one point
   EXPECT_NE(svg.find("last 1.50"), std::string::npos);
   std::string html = render_curves_html(log, "t");
   EXPECT_NE(html.find("<!DOCTYPE html>"), std::string::npos);

@@ -32,12 +32,16 @@ std::shared_ptr<TensorDataset> quadrants(int64_t n, uint32_t seed) {
         x[static_cast<size_t>(i * 64 + r * 8 + q)] = (on ? 1.f : 0.f) + noise(rng);
       }
   }
-  return TensorDataset::create(keel::Tensor::from_vector(DType::kF32, {n, 1, 8, 8}, x), keel::Tensor::from_vector(DType::kI64, {n}, y)).value();
+  return TensorDataset::create(keel::Tensor::from_vector(DType::kF32, {n, 1, 8, 8}, x),
+                               keel::Tensor::from_vector(DType::kI64, {n}, y))
+      .value();
 }
 
 std::shared_ptr<Sequential> small_cnn(bool dropout) {
   auto net = std::make_shared<Sequential>();
-  net->push_back(std::make_shared<Conv2D>(1, 4, 3)).push_back(std::make_shared<ReLU>()).push_back(std::make_shared<MaxPool2D>(2));
+  net->push_back(std::make_shared<Conv2D>(1, 4, 3))
+      .push_back(std::make_shared<ReLU>())
+      .push_back(std::make_shared<MaxPool2D>(2));
   net->push_back(std::make_shared<Flatten>());
   if (dropout) net->push_back(std::make_shared<Dropout>(0.2f));
   net->push_back(std::make_shared<Linear>(4 * 3 * 3, 4));
@@ -85,7 +89,12 @@ TEST(TrainLoop, GradientAccumulationEqualsOneBigBatch) {
   eager::manual_seed(5);
   auto net = small_cnn(false);
   auto ds = quadrants(32, 3);
-  auto full = ds->get_batch([] { std::vector<int64_t> v(32); for (int i = 0; i < 32; ++i) v[static_cast<size_t>(i)] = i; return v; }()).value();
+  auto full = ds->get_batch([] {
+                  std::vector<int64_t> v(32);
+                  for (int i = 0; i < 32; ++i) v[static_cast<size_t>(i)] = i;
+                  return v;
+                }())
+                  .value();
   CrossEntropyLoss ce;
   ce((*net)(Tensor(full.data)), Tensor(full.target)).backward();
   std::vector<std::vector<float>> big;
@@ -105,8 +114,8 @@ TEST(TrainLoop, GradientAccumulationEqualsOneBigBatch) {
 }
 
 // Trains until `progress.global_step == stop`, checkpoint-friendly: the position lives in `progress`.
-void run_until(Module& net, Optimizer& opt, LRScheduler& sched, GradScaler& scaler, DataLoader& loader, Progress& progress,
-               int64_t stop) {
+void run_until(Module& net, Optimizer& opt, LRScheduler& sched, GradScaler& scaler, DataLoader& loader,
+               Progress& progress, int64_t stop) {
   CrossEntropyLoss ce;
   while (progress.global_step < stop) {
     ASSERT_TRUE(loader.start_epoch(progress.epoch, progress.batch).is_ok());
@@ -184,7 +193,8 @@ TEST(TrainLoop, ResumeFromCheckpointMatchesAnUninterruptedRunBitExactly) {
   for (size_t i = 0; i < params.size(); ++i) {
     auto got = params[i].to_vector<float>();
     ASSERT_EQ(got.size(), expected[i].size());
-    EXPECT_EQ(std::memcmp(got.data(), expected[i].data(), got.size() * sizeof(float)), 0) << "parameter " << i << " differs";
+    EXPECT_EQ(std::memcmp(got.data(), expected[i].data(), got.size() * sizeof(float)), 0)
+        << "parameter " << i << " differs";
   }
   // A checkpoint of another model is refused with the reason.
   Linear other(3, 3);

@@ -16,8 +16,11 @@ Checkpoint capture_checkpoint(const nn::Module& model, const Optimizer& opt, con
   State t;
   std::ostringstream gen;
   gen << eager::generator();
-  t.values = {{"epoch", p.epoch}, {"batch", p.batch}, {"global_step", p.global_step},
-              {"data_seed", p.data_seed}, {"generator", gen.str()}};
+  t.values = {{"epoch", p.epoch},
+              {"batch", p.batch},
+              {"global_step", p.global_step},
+              {"data_seed", p.data_seed},
+              {"generator", gen.str()}};
   c.put("trainer", std::move(t));
   return c;
 }
@@ -51,7 +54,8 @@ Status restore_checkpoint(const Checkpoint& c, nn::Module& model, Optimizer& opt
   } catch (const std::exception& e) {
     return invalid_argument(std::string("restore: the checkpoint's trainer component is malformed: ") + e.what());
   }
-  if (p.epoch < 0 || p.batch < 0 || p.global_step < 0) return invalid_argument("restore: negative epoch/batch/step in the checkpoint");
+  if (p.epoch < 0 || p.batch < 0 || p.global_step < 0)
+    return invalid_argument("restore: negative epoch/batch/step in the checkpoint");
   return Status::ok();
 }
 

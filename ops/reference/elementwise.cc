@@ -29,13 +29,13 @@ struct NoAttr {
   explicit NoAttr(const Kctx&) {}
 };
 
-#define KEEL_UNARY_OP(Name, expr)              \
-  struct Name : NoAttr {                       \
-    using NoAttr::NoAttr;                      \
-    template <class C>                         \
-    C operator()(C x) const {                  \
-      return static_cast<C>(expr);             \
-    }                                          \
+#define KEEL_UNARY_OP(Name, expr)  \
+  struct Name : NoAttr {           \
+    using NoAttr::NoAttr;          \
+    template <class C>             \
+    C operator()(C x) const {      \
+      return static_cast<C>(expr); \
+    }                              \
   };
 
 KEEL_UNARY_OP(ExpOp, std::exp(x))
@@ -61,7 +61,7 @@ KEEL_UNARY_OP(RoundOp, std::nearbyint(x))  // half to even under the default rou
 KEEL_UNARY_OP(SoftsignOp, x / (C(1) + std::abs(x)))
 KEEL_UNARY_OP(SigmoidOp, x >= C(0) ? C(1) / (C(1) + std::exp(-x)) : std::exp(x) / (C(1) + std::exp(x)))
 KEEL_UNARY_OP(SoftplusOp, x > C(0) ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x)))
-KEEL_UNARY_OP(MishOp, x * std::tanh(x > C(0) ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x))))
+KEEL_UNARY_OP(MishOp, x* std::tanh(x > C(0) ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x))))
 KEEL_UNARY_OP(ReluOp, x > C(0) ? x : C(0))
 #undef KEEL_UNARY_OP
 
@@ -69,8 +69,8 @@ struct NegOp : NoAttr {
   using NoAttr::NoAttr;
   template <class C>
   C operator()(C x) const {
-    if constexpr (std::is_integral_v<C>) return static_cast<C>(static_cast<std::make_unsigned_t<C>>(0) -
-                                                               static_cast<std::make_unsigned_t<C>>(x));
+    if constexpr (std::is_integral_v<C>)
+      return static_cast<C>(static_cast<std::make_unsigned_t<C>>(0) - static_cast<std::make_unsigned_t<C>>(x));
     else return -x;
   }
 };
@@ -80,8 +80,9 @@ struct AbsOp : NoAttr {
   C operator()(C x) const {
     if constexpr (std::is_unsigned_v<C>) return x;
     else if constexpr (std::is_integral_v<C>)
-      return x < C(0) ? static_cast<C>(static_cast<std::make_unsigned_t<C>>(0) - static_cast<std::make_unsigned_t<C>>(x))
-                      : x;
+      return x < C(0)
+                 ? static_cast<C>(static_cast<std::make_unsigned_t<C>>(0) - static_cast<std::make_unsigned_t<C>>(x))
+                 : x;
     else return std::abs(x);
   }
 };
@@ -98,12 +99,18 @@ struct SignOp : NoAttr {
 struct LeakyReluOp {
   float alpha;
   explicit LeakyReluOp(const Kctx& k) : alpha(k.attr_f("alpha", 0.01f)) {}
-  template <class C> C operator()(C x) const { return x >= C(0) ? x : static_cast<C>(alpha) * x; }
+  template <class C>
+  C operator()(C x) const {
+    return x >= C(0) ? x : static_cast<C>(alpha) * x;
+  }
 };
 struct EluOp {
   float alpha;
   explicit EluOp(const Kctx& k) : alpha(k.attr_f("alpha", 1.0f)) {}
-  template <class C> C operator()(C x) const { return x >= C(0) ? x : static_cast<C>(alpha) * (std::exp(x) - C(1)); }
+  template <class C>
+  C operator()(C x) const {
+    return x >= C(0) ? x : static_cast<C>(alpha) * (std::exp(x) - C(1));
+  }
 };
 struct CeluOp {
   float alpha;
@@ -141,7 +148,10 @@ struct HardSwishOp : NoAttr {
 struct ThresholdedReluOp {
   float alpha;
   explicit ThresholdedReluOp(const Kctx& k) : alpha(k.attr_f("alpha", 1.0f)) {}
-  template <class C> C operator()(C x) const { return x > static_cast<C>(alpha) ? x : C(0); }
+  template <class C>
+  C operator()(C x) const {
+    return x > static_cast<C>(alpha) ? x : C(0);
+  }
 };
 struct ShrinkOp {
   float bias, lambd;
@@ -175,25 +185,29 @@ template <class C>
 using wide_u = std::make_unsigned_t<std::conditional_t<std::is_integral_v<C>, C, int>>;
 
 struct AddOp {
-  template <class C> static C apply(C a, C b, const Kctx&) {
+  template <class C>
+  static C apply(C a, C b, const Kctx&) {
     if constexpr (std::is_integral_v<C>) return static_cast<C>(static_cast<wide_u<C>>(a) + static_cast<wide_u<C>>(b));
     else return a + b;
   }
 };
 struct SubOp {
-  template <class C> static C apply(C a, C b, const Kctx&) {
+  template <class C>
+  static C apply(C a, C b, const Kctx&) {
     if constexpr (std::is_integral_v<C>) return static_cast<C>(static_cast<wide_u<C>>(a) - static_cast<wide_u<C>>(b));
     else return a - b;
   }
 };
 struct MulOp {
-  template <class C> static C apply(C a, C b, const Kctx&) {
+  template <class C>
+  static C apply(C a, C b, const Kctx&) {
     if constexpr (std::is_integral_v<C>) return static_cast<C>(static_cast<wide_u<C>>(a) * static_cast<wide_u<C>>(b));
     else return a * b;
   }
 };
 struct DivOp {
-  template <class C> static C apply(C a, C b, const Kctx& k) {
+  template <class C>
+  static C apply(C a, C b, const Kctx& k) {
     if constexpr (std::is_integral_v<C>) {
       if (b == C(0)) k.invalid("integer division by zero");
       if constexpr (std::is_signed_v<C>)
@@ -203,7 +217,8 @@ struct DivOp {
   }
 };
 struct ModOp {  // fmod=0: result has the sign of the divisor (Python); fmod=1: sign of the dividend (C fmod)
-  template <class C> static C apply(C a, C b, const Kctx& k, bool fmod) {
+  template <class C>
+  static C apply(C a, C b, const Kctx& k, bool fmod) {
     if constexpr (std::is_integral_v<C>) {
       if (b == C(0)) k.invalid("integer modulo by zero");
       if constexpr (std::is_signed_v<C>) {
@@ -222,45 +237,74 @@ struct ModOp {  // fmod=0: result has the sign of the divisor (Python); fmod=1: 
   }
 };
 struct MaxOp {
-  template <class C> static C apply(C a, C b, const Kctx&) {
+  template <class C>
+  static C apply(C a, C b, const Kctx&) {
     if constexpr (std::is_floating_point_v<C>)
       if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<C>::quiet_NaN();
     return a > b ? a : b;
   }
 };
 struct MinOp {
-  template <class C> static C apply(C a, C b, const Kctx&) {
+  template <class C>
+  static C apply(C a, C b, const Kctx&) {
     if constexpr (std::is_floating_point_v<C>)
       if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<C>::quiet_NaN();
     return a < b ? a : b;
   }
 };
 struct PReluOp {
-  template <class C> static C apply(C x, C s, const Kctx&) { return x < C(0) ? static_cast<C>(x * s) : x; }
+  template <class C>
+  static C apply(C x, C s, const Kctx&) {
+    return x < C(0) ? static_cast<C>(x * s) : x;
+  }
 };
 struct EqualOp {
-  template <class C> static bool apply(C a, C b, const Kctx&) { return a == b; }
+  template <class C>
+  static bool apply(C a, C b, const Kctx&) {
+    return a == b;
+  }
 };
 struct LessOp {
-  template <class C> static bool apply(C a, C b, const Kctx&) { return a < b; }
+  template <class C>
+  static bool apply(C a, C b, const Kctx&) {
+    return a < b;
+  }
 };
 struct GreaterOp {
-  template <class C> static bool apply(C a, C b, const Kctx&) { return a > b; }
+  template <class C>
+  static bool apply(C a, C b, const Kctx&) {
+    return a > b;
+  }
 };
 struct LessOrEqualOp {
-  template <class C> static bool apply(C a, C b, const Kctx&) { return a <= b; }
+  template <class C>
+  static bool apply(C a, C b, const Kctx&) {
+    return a <= b;
+  }
 };
 struct GreaterOrEqualOp {
-  template <class C> static bool apply(C a, C b, const Kctx&) { return a >= b; }
+  template <class C>
+  static bool apply(C a, C b, const Kctx&) {
+    return a >= b;
+  }
 };
 struct AndOp {
-  template <class C> static bool apply(C a, C b, const Kctx&) { return a && b; }
+  template <class C>
+  static bool apply(C a, C b, const Kctx&) {
+    return a && b;
+  }
 };
 struct OrOp {
-  template <class C> static bool apply(C a, C b, const Kctx&) { return a || b; }
+  template <class C>
+  static bool apply(C a, C b, const Kctx&) {
+    return a || b;
+  }
 };
 struct XorOp {
-  template <class C> static bool apply(C a, C b, const Kctx&) { return (a != 0) != (b != 0); }
+  template <class C>
+  static bool apply(C a, C b, const Kctx&) {
+    return (a != 0) != (b != 0);
+  }
 };
 
 // Broadcast-binary loop: out[o] = f(a[...], b[...]) with element types A, B, O.
@@ -369,14 +413,17 @@ void cast_impl(Kctx& k, const TView& x, int32_t to) {
   }
   dispatch(AllTs{}, x.dtype, k, [&](auto ftag) {
     using F = typename decltype(ftag)::type;
-    dispatch(AllTs{}, y.dtype, k, [&](auto ttag) {
-      using T = typename decltype(ttag)::type;
-      const F* a = x.p<F>();
-      T* o = y.p<T>();
-      k.parallel(x.numel, 16384, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) o[i] = convert<T>(a[i]);
-      });
-    }, "output");
+    dispatch(
+        AllTs{}, y.dtype, k,
+        [&](auto ttag) {
+          using T = typename decltype(ttag)::type;
+          const F* a = x.p<F>();
+          T* o = y.p<T>();
+          k.parallel(x.numel, 16384, [&](int64_t b, int64_t e) {
+            for (int64_t i = b; i < e; ++i) o[i] = convert<T>(a[i]);
+          });
+        },
+        "output");
   });
 }
 
@@ -500,10 +547,13 @@ void op_pow(Kctx& k) {
   Shape os = broadcast_shapes({a.shape, b.shape}, k);
   TView y = k.out(0, os);
   std::vector<double> exps(static_cast<size_t>(b.numel));
-  dispatch(NumTs{}, b.dtype, k, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    for (int64_t i = 0; i < b.numel; ++i) exps[i] = static_cast<double>(ld(b.p<T>()[i]));
-  }, "exponent");
+  dispatch(
+      NumTs{}, b.dtype, k,
+      [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        for (int64_t i = 0; i < b.numel; ++i) exps[i] = static_cast<double>(ld(b.p<T>()[i]));
+      },
+      "exponent");
   TView bv{KEEL_DTYPE_F64, b.shape, exps.data(), b.numel};
   dispatch(NumTs{}, a.dtype, k, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -541,8 +591,8 @@ void op_where(Kctx& k) {
   if (a.dtype != b.dtype) k.invalid("X and Y have different dtypes");
   Shape os = broadcast_shapes({c.shape, a.shape, b.shape}, k);
   TView y = k.out(0, os);
-  BcastPlan<3> plan(os, {broadcast_strides(c.shape, os), broadcast_strides(a.shape, os),
-                         broadcast_strides(b.shape, os)});
+  BcastPlan<3> plan(os,
+                    {broadcast_strides(c.shape, os), broadcast_strides(a.shape, os), broadcast_strides(b.shape, os)});
   dispatch_bytes(a.dtype, k, [&](auto tag) {
     using U = typename decltype(tag)::type;
     const bool* pc0 = c.p<bool>();
@@ -585,7 +635,10 @@ void op_clip(Kctx& k) {
       for (int64_t i = b; i < e; ++i) {
         C v = ld(a[i]);
         if constexpr (std::is_floating_point_v<C>)
-          if (std::isnan(v)) { o[i] = a[i]; continue; }
+          if (std::isnan(v)) {
+            o[i] = a[i];
+            continue;
+          }
         v = v < lo ? lo : v;
         v = v > hi ? hi : v;
         o[i] = st<T>(v);

@@ -4,9 +4,10 @@
 //   FusedMatMul(A, B, [bias], [Z])  Y = act(matmul(A, B) + bias + Z)             bias: 1-D over the last axis
 //   FusedGemm(A, B, [C], [Z])       Y = act(alpha * A' B' + beta * C + Z)        Gemm's attributes
 //   Gelu(X)                         Y = 0.5 x (1 + erf(x / sqrt 2))              (the ai.onnx Gelu-20 kernel)
-//   LayerNormalization(X, Scale, [B])                                          (the ai.onnx LayerNormalization-17 kernel)
-//   Attention(Q, Kt, V, [mask])     Y = softmax(Q @ Kt * scale + mask) @ V       attribute scale (default 1)
-//   QConv(X, W, [B], x_scale, [x_zero_point], w_scale, [y_scale, y_zero_point], [Z])    (INT8, from passes/quantize_int8)
+//   LayerNormalization(X, Scale, [B])                                          (the ai.onnx LayerNormalization-17
+//   kernel) Attention(Q, Kt, V, [mask])     Y = softmax(Q @ Kt * scale + mask) @ V       attribute scale (default 1)
+//   QConv(X, W, [B], x_scale, [x_zero_point], w_scale, [y_scale, y_zero_point], [Z])    (INT8, from
+//   passes/quantize_int8)
 //                                   Y = act(conv((X - x_zp) x_scale, W w_scale) + B + Z), then, with y_scale,
 //                                   quantized: saturate(round(Y / y_scale) + y_zp) in y_zero_point's type (u8/s8);
 //                                   else f32. X u8/s8, W s8 (zero point 0), w_scale scalar or per output channel, B
@@ -177,9 +178,8 @@ void op_fused_conv(Kctx& k) {
       }
       float* yg = Y + (n * M + gi * Mg) * O;
       const float* wg = W + gi * Mg * K;
-      k.parallel(Mg, std::max<int64_t>(1, 65536 / std::max<int64_t>(O * K, 1)), [&](int64_t m0, int64_t m1) {
-        gemm_rows(m0, m1, O, K, wg, K, 1, cp, O, yg, O, false);
-      });
+      k.parallel(Mg, std::max<int64_t>(1, 65536 / std::max<int64_t>(O * K, 1)),
+                 [&](int64_t m0, int64_t m1) { gemm_rows(m0, m1, O, K, wg, K, 1, cp, O, yg, O, false); });
     }
     k.parallel(M, std::max<int64_t>(1, 16384 / std::max<int64_t>(O, 1)),
                [&](int64_t m0, int64_t m1) { epilogue(n, m0, m1); });
@@ -190,8 +190,8 @@ void op_fused_conv(Kctx& k) {
 
 // Y[batch..., M, N] = A[batch_a..., M, K] @ B[batch_b..., K, N] with broadcast batch dims (1-D A/B as MatMul).
 struct BatchedMatMul {
-  Shape out;      // output shape
-  Shape batch;    // broadcast batch shape
+  Shape out;    // output shape
+  Shape batch;  // broadcast batch shape
   int64_t M = 0, K = 0, N = 0, batches = 1;
   std::vector<int64_t> a_off, b_off;  // element offset of each batch's matrix in A and B
 
@@ -203,8 +203,7 @@ struct BatchedMatMul {
     M = as[as.size() - 2];
     K = as.back();
     N = bs.back();
-    if (bs[bs.size() - 2] != K)
-      k.invalid(cat("inner dimensions do not match: ", shape_str(as), " x ", shape_str(bs)));
+    if (bs[bs.size() - 2] != K) k.invalid(cat("inner dimensions do not match: ", shape_str(as), " x ", shape_str(bs)));
     Shape ab(as.begin(), as.end() - 2), bb(bs.begin(), bs.end() - 2);
     batch = broadcast_shapes({ab, bb}, k);
     batches = numel_of(batch);
@@ -346,27 +345,28 @@ void op_attention(Kctx& k) {
   const float* V = v.p<float>();
   float* Y = y.p<float>();
   // One (batch, query row) per task: scores row, softmax, times V.
-  k.parallel(s.batches * S, std::max<int64_t>(1, 4096 / std::max<int64_t>(T * (D + Dv), 1)), [&](int64_t r0, int64_t r1) {
-    std::vector<float> p(static_cast<size_t>(T));
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t bi = r / S, i = r % S;
-      gemm_rows(0, 1, T, D, Q + s.a_off[bi] + i * D, D, 1, Kt + s.b_off[bi], T, p.data(), T, false);
-      float mx = -std::numeric_limits<float>::infinity();
-      for (int64_t t = 0; t < T; ++t) {
-        p[t] = p[t] * scale + (mask ? mk[(bi * S + i) * T + t] : 0.f);
-        mx = std::max(mx, p[t]);
-      }
-      double sum = 0;
-      for (int64_t t = 0; t < T; ++t) {
-        p[t] = mx == -std::numeric_limits<float>::infinity() ? 0.f : std::exp(p[t] - mx);
-        sum += p[t];
-      }
-      const float inv = sum > 0 ? static_cast<float>(1.0 / sum) : 0.f;
-      for (int64_t t = 0; t < T; ++t) p[t] *= inv;
-      float* yr = Y + bi * S * Dv + i * Dv;
-      gemm_rows(0, 1, Dv, T, p.data(), T, 1, V + o.b_off[bi], Dv, yr, Dv, false);
-    }
-  });
+  k.parallel(s.batches * S, std::max<int64_t>(1, 4096 / std::max<int64_t>(T * (D + Dv), 1)),
+             [&](int64_t r0, int64_t r1) {
+               std::vector<float> p(static_cast<size_t>(T));
+               for (int64_t r = r0; r < r1; ++r) {
+                 const int64_t bi = r / S, i = r % S;
+                 gemm_rows(0, 1, T, D, Q + s.a_off[bi] + i * D, D, 1, Kt + s.b_off[bi], T, p.data(), T, false);
+                 float mx = -std::numeric_limits<float>::infinity();
+                 for (int64_t t = 0; t < T; ++t) {
+                   p[t] = p[t] * scale + (mask ? mk[(bi * S + i) * T + t] : 0.f);
+                   mx = std::max(mx, p[t]);
+                 }
+                 double sum = 0;
+                 for (int64_t t = 0; t < T; ++t) {
+                   p[t] = mx == -std::numeric_limits<float>::infinity() ? 0.f : std::exp(p[t] - mx);
+                   sum += p[t];
+                 }
+                 const float inv = sum > 0 ? static_cast<float>(1.0 / sum) : 0.f;
+                 for (int64_t t = 0; t < T; ++t) p[t] *= inv;
+                 float* yr = Y + bi * S * Dv + i * Dv;
+                 gemm_rows(0, 1, Dv, T, p.data(), T, 1, V + o.b_off[bi], Dv, yr, Dv, false);
+               }
+             });
 }
 
 // ------------------------------------------------------------------------------------------------ QConv, QGemm
@@ -376,7 +376,7 @@ struct QParams {
   float x_scale = 1;
   int32_t x_zero = 0;
   int32_t x_type = KEEL_DTYPE_U8;  // the quantized X's type (X itself may be f32)
-  std::vector<float> w_scale;  // 1 or M entries
+  std::vector<float> w_scale;      // 1 or M entries
   bool quantized_out = false;
   float y_scale = 1;
   int32_t y_zero = 0;
@@ -418,11 +418,14 @@ QParams read_qparams(const Kctx& k, const TView& x, const TView& w, int64_t M) {
 std::vector<int32_t> widen(const TView& t, int32_t zero, const Kctx& k) {
   std::vector<int32_t> r(static_cast<size_t>(t.numel));
   if (t.dtype == KEEL_DTYPE_F32) k.bad_dtype(t.dtype, "quantized input");
-  dispatch(TL<uint8_t, int8_t>{}, t.dtype, k, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const T* p = t.p<T>();
-    for (int64_t i = 0; i < t.numel; ++i) r[static_cast<size_t>(i)] = static_cast<int32_t>(p[i]) - zero;
-  }, "quantized input");
+  dispatch(
+      TL<uint8_t, int8_t>{}, t.dtype, k,
+      [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        const T* p = t.p<T>();
+        for (int64_t i = 0; i < t.numel; ++i) r[static_cast<size_t>(i)] = static_cast<int32_t>(p[i]) - zero;
+      },
+      "quantized input");
   return r;
 }
 
@@ -513,10 +516,13 @@ void op_qconv(Kctx& k) {
     std::vector<int32_t> t(X.size());
     for (int64_t n = 0; n < N; ++n)
       for (int64_t ci = 0; ci < Cin; ++ci)
-        for (int64_t i = 0; i < I; ++i) t[static_cast<size_t>((n * Cin + ci) * I + i)] = X[static_cast<size_t>((n * I + i) * Cin + ci)];
+        for (int64_t i = 0; i < I; ++i)
+          t[static_cast<size_t>((n * Cin + ci) * I + i)] = X[static_cast<size_t>((n * I + i) * Cin + ci)];
     X.swap(t);
   }
-  auto out_index = [&](int64_t n, int64_t m, int64_t j) { return nhwc_out ? (n * O + j) * M + m : (n * M + m) * O + j; };
+  auto out_index = [&](int64_t n, int64_t m, int64_t j) {
+    return nhwc_out ? (n * O + j) * M + m : (n * M + m) * O + j;
+  };
   std::vector<int32_t> col(static_cast<size_t>(K * O)), acc(static_cast<size_t>(Mg * O));
   for (int64_t n = 0; n < N; ++n) {
     for (int64_t gi = 0; gi < group; ++gi) {

@@ -21,18 +21,24 @@ using Calc = std::conditional_t<std::is_same_v<T, double>, double, float>;
 template <class C>
 std::vector<C> load(const TView& t, const Kctx& k, const char* what) {
   std::vector<C> r(static_cast<size_t>(t.numel));
-  dispatch(FloatTs{}, t.dtype, k, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    for (int64_t i = 0; i < t.numel; ++i) r[i] = static_cast<C>(ld(t.p<T>()[i]));
-  }, what);
+  dispatch(
+      FloatTs{}, t.dtype, k,
+      [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        for (int64_t i = 0; i < t.numel; ++i) r[i] = static_cast<C>(ld(t.p<T>()[i]));
+      },
+      what);
   return r;
 }
 template <class C>
 void store(const TView& t, const std::vector<C>& v, const Kctx& k) {
-  dispatch(FloatTs{}, t.dtype, k, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    for (int64_t i = 0; i < t.numel; ++i) t.p<T>()[i] = st<T>(v[i]);
-  }, "output");
+  dispatch(
+      FloatTs{}, t.dtype, k,
+      [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        for (int64_t i = 0; i < t.numel; ++i) t.p<T>()[i] = st<T>(v[i]);
+      },
+      "output");
 }
 // Runs f.template operator()<C>() with C = double for f64 inputs, float otherwise.
 template <class F>
@@ -57,9 +63,15 @@ void unary_grad(Kctx& k, G&& g) {
     store(dx, r, k);
   });
 }
-void op_relu_grad(Kctx& k) { unary_grad(k, [](auto dy, auto y) { return y > 0 ? dy : decltype(dy)(0); }); }
-void op_sigmoid_grad(Kctx& k) { unary_grad(k, [](auto dy, auto y) { return dy * y * (1 - y); }); }
-void op_tanh_grad(Kctx& k) { unary_grad(k, [](auto dy, auto y) { return dy * (1 - y * y); }); }
+void op_relu_grad(Kctx& k) {
+  unary_grad(k, [](auto dy, auto y) { return y > 0 ? dy : decltype(dy)(0); });
+}
+void op_sigmoid_grad(Kctx& k) {
+  unary_grad(k, [](auto dy, auto y) { return dy * y * (1 - y); });
+}
+void op_tanh_grad(Kctx& k) {
+  unary_grad(k, [](auto dy, auto y) { return dy * (1 - y * y); });
+}
 void op_gelu_grad(Kctx& k) {
   unary_grad(k, [](auto dy, auto x) {
     using C = decltype(dy);
@@ -360,10 +372,12 @@ void op_batch_norm_training(Kctx& k) {
 
 void op_batch_norm_grad(Kctx& k) {
   TView dy = k.in(0), x = k.in(1), sc = k.in(2), mean = k.in(3), inv = k.in(4);
-  if (x.ndim() < 2 || dy.shape != x.shape) k.invalid(cat("dY ", shape_str(dy.shape), " and X ", shape_str(x.shape), " must match, rank >= 2"));
+  if (x.ndim() < 2 || dy.shape != x.shape)
+    k.invalid(cat("dY ", shape_str(dy.shape), " and X ", shape_str(x.shape), " must match, rank >= 2"));
   const int64_t N = x.shape[0], C = x.shape[1], S = x.numel / std::max<int64_t>(N * C, 1);
   const double cnt = static_cast<double>(N * S);
-  if (sc.numel != C || mean.numel != C || inv.numel != C) k.invalid(cat("scale, mean, invstd must have ", C, " entries"));
+  if (sc.numel != C || mean.numel != C || inv.numel != C)
+    k.invalid(cat("scale, mean, invstd must have ", C, " entries"));
   with_calc(x.dtype, k, [&](auto tag) {
     using Cc = typename decltype(tag)::type;
     auto vdy = load<Cc>(dy, k, "dY"), vx = load<Cc>(x, k, "X"), vs = load<Cc>(sc, k, "scale");
@@ -440,7 +454,8 @@ void op_gather_grad(Kctx& k) {
   for (int d = 0; d < axis; ++d) outer *= data[d];
   for (size_t d = axis + 1; d < data.size(); ++d) inner *= data[d];
   const int64_t A = data[axis], J = idx.numel;
-  if (dy.numel != outer * J * inner) k.invalid(cat("dY ", shape_str(dy.shape), " does not match data_shape and indices"));
+  if (dy.numel != outer * J * inner)
+    k.invalid(cat("dY ", shape_str(dy.shape), " does not match data_shape and indices"));
   auto ind = read_ints(idx, k, "indices");
   TView dx = k.out(0, data);
   with_calc(dy.dtype, k, [&](auto tag) {

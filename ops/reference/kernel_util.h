@@ -10,8 +10,8 @@
 // Header-only; no global state except g_kernel_api, set once by register_reference_kernels before any kernel runs.
 #pragma once
 
-#include <keel/kernel.hpp>
 #include <keel/plugin.h>
+#include <keel/kernel.hpp>
 #include <keel/shape.hpp>
 
 #include <algorithm>
@@ -88,26 +88,69 @@ struct BFloat16 {
   uint16_t bits;
 };
 
-template <class T> struct DTypeOf;
-template <> struct DTypeOf<float> { static constexpr int32_t value = KEEL_DTYPE_F32; };
-template <> struct DTypeOf<double> { static constexpr int32_t value = KEEL_DTYPE_F64; };
-template <> struct DTypeOf<Half> { static constexpr int32_t value = KEEL_DTYPE_F16; };
-template <> struct DTypeOf<BFloat16> { static constexpr int32_t value = KEEL_DTYPE_BF16; };
-template <> struct DTypeOf<int8_t> { static constexpr int32_t value = KEEL_DTYPE_I8; };
-template <> struct DTypeOf<uint8_t> { static constexpr int32_t value = KEEL_DTYPE_U8; };
-template <> struct DTypeOf<int16_t> { static constexpr int32_t value = KEEL_DTYPE_I16; };
-template <> struct DTypeOf<uint16_t> { static constexpr int32_t value = KEEL_DTYPE_U16; };
-template <> struct DTypeOf<int32_t> { static constexpr int32_t value = KEEL_DTYPE_I32; };
-template <> struct DTypeOf<uint32_t> { static constexpr int32_t value = KEEL_DTYPE_U32; };
-template <> struct DTypeOf<int64_t> { static constexpr int32_t value = KEEL_DTYPE_I64; };
-template <> struct DTypeOf<uint64_t> { static constexpr int32_t value = KEEL_DTYPE_U64; };
-template <> struct DTypeOf<bool> { static constexpr int32_t value = KEEL_DTYPE_BOOL; };
+template <class T>
+struct DTypeOf;
+template <>
+struct DTypeOf<float> {
+  static constexpr int32_t value = KEEL_DTYPE_F32;
+};
+template <>
+struct DTypeOf<double> {
+  static constexpr int32_t value = KEEL_DTYPE_F64;
+};
+template <>
+struct DTypeOf<Half> {
+  static constexpr int32_t value = KEEL_DTYPE_F16;
+};
+template <>
+struct DTypeOf<BFloat16> {
+  static constexpr int32_t value = KEEL_DTYPE_BF16;
+};
+template <>
+struct DTypeOf<int8_t> {
+  static constexpr int32_t value = KEEL_DTYPE_I8;
+};
+template <>
+struct DTypeOf<uint8_t> {
+  static constexpr int32_t value = KEEL_DTYPE_U8;
+};
+template <>
+struct DTypeOf<int16_t> {
+  static constexpr int32_t value = KEEL_DTYPE_I16;
+};
+template <>
+struct DTypeOf<uint16_t> {
+  static constexpr int32_t value = KEEL_DTYPE_U16;
+};
+template <>
+struct DTypeOf<int32_t> {
+  static constexpr int32_t value = KEEL_DTYPE_I32;
+};
+template <>
+struct DTypeOf<uint32_t> {
+  static constexpr int32_t value = KEEL_DTYPE_U32;
+};
+template <>
+struct DTypeOf<int64_t> {
+  static constexpr int32_t value = KEEL_DTYPE_I64;
+};
+template <>
+struct DTypeOf<uint64_t> {
+  static constexpr int32_t value = KEEL_DTYPE_U64;
+};
+template <>
+struct DTypeOf<bool> {
+  static constexpr int32_t value = KEEL_DTYPE_BOOL;
+};
 
-template <class T> constexpr bool is_half_v = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
-template <class T> constexpr bool is_float_v = is_half_v<T> || std::is_floating_point_v<T>;
+template <class T>
+constexpr bool is_half_v = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
+template <class T>
+constexpr bool is_float_v = is_half_v<T> || std::is_floating_point_v<T>;
 
 // The type arithmetic on T is done in: float for f16/bf16, T otherwise.
-template <class T> using calc_t = std::conditional_t<is_half_v<T>, float, T>;
+template <class T>
+using calc_t = std::conditional_t<is_half_v<T>, float, T>;
 
 template <class T>
 inline calc_t<T> ld(T v) {
@@ -134,9 +177,16 @@ inline T st(C v) {
 inline const char* dtype_str(int32_t dt) { return dtype_name(static_cast<DType>(dt)); }
 inline size_t dtype_bytes(int32_t dt) { return dtype_size(static_cast<DType>(dt)); }
 
-template <class T> struct Tag { using type = T; };
-template <class... Ts> struct TL {};
-template <class... A, class... B> TL<A..., B...> operator+(TL<A...>, TL<B...>) { return {}; }
+template <class T>
+struct Tag {
+  using type = T;
+};
+template <class... Ts>
+struct TL {};
+template <class... A, class... B>
+TL<A..., B...> operator+(TL<A...>, TL<B...>) {
+  return {};
+}
 
 using FloatTs = TL<float, double, Half, BFloat16>;
 using SIntTs = TL<int8_t, int16_t, int32_t, int64_t>;
@@ -157,7 +207,10 @@ struct TView {
   int64_t numel = 0;
 
   int ndim() const { return static_cast<int>(shape.size()); }
-  template <class T> T* p() const { return static_cast<T*>(data); }
+  template <class T>
+  T* p() const {
+    return static_cast<T*>(data);
+  }
   uint8_t* bytes() const { return static_cast<uint8_t*>(data); }
   size_t elem_size() const { return dtype_bytes(dtype); }
 };
@@ -288,7 +341,8 @@ void dispatch_bytes(int32_t dt, const Kctx& k, F&& f) {
 
 // Element i of a numeric tensor as double / int64 (any dtype).
 inline double get_f64(const TView& t, int64_t i, const Kctx& k) {
-  if (i < 0 || i >= t.numel) k.invalid(cat("expected a tensor with at least ", i + 1, " element(s), got ", shape_str(t.shape)));
+  if (i < 0 || i >= t.numel)
+    k.invalid(cat("expected a tensor with at least ", i + 1, " element(s), got ", shape_str(t.shape)));
   double r = 0;
   dispatch(AllTs{}, t.dtype, k, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -297,7 +351,8 @@ inline double get_f64(const TView& t, int64_t i, const Kctx& k) {
   return r;
 }
 inline int64_t get_i64(const TView& t, int64_t i, const Kctx& k) {
-  if (i < 0 || i >= t.numel) k.invalid(cat("expected a tensor with at least ", i + 1, " element(s), got ", shape_str(t.shape)));
+  if (i < 0 || i >= t.numel)
+    k.invalid(cat("expected a tensor with at least ", i + 1, " element(s), got ", shape_str(t.shape)));
   int64_t r = 0;
   dispatch(AllTs{}, t.dtype, k, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -317,10 +372,13 @@ inline std::vector<int64_t> read_ints(const TView& t, const Kctx& k, const char*
     for (int64_t i = 0; i < t.numel; ++i) r[i] = t.p<int32_t>()[i];
     return r;
   }
-  dispatch(IntTs{}, t.dtype, k, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    for (int64_t i = 0; i < t.numel; ++i) r[i] = static_cast<int64_t>(t.p<T>()[i]);
-  }, what);
+  dispatch(
+      IntTs{}, t.dtype, k,
+      [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        for (int64_t i = 0; i < t.numel; ++i) r[i] = static_cast<int64_t>(t.p<T>()[i]);
+      },
+      what);
   return r;
 }
 
@@ -364,10 +422,10 @@ inline Shape broadcast_strides(const Shape& in, const Shape& out) {
 // merged where every operand allows, so the innermost loop is as long as possible.
 template <int N>
 struct BcastPlan {
-  Shape shape;                   // coalesced output shape (at least rank 1)
-  std::vector<Shape> strides;    // N stride vectors over `shape`
-  int64_t inner = 1;             // shape.back()
-  int64_t rows = 1;              // numel / inner
+  Shape shape;                 // coalesced output shape (at least rank 1)
+  std::vector<Shape> strides;  // N stride vectors over `shape`
+  int64_t inner = 1;           // shape.back()
+  int64_t rows = 1;            // numel / inner
 
   BcastPlan(const Shape& out, const std::vector<Shape>& in_strides) {
     Shape s = out;
@@ -465,10 +523,13 @@ inline void copy_bytes(const TView& dst, const TView& src) {
 // Float values of a tensor converted to float (any float dtype), for small parameter tensors.
 inline std::vector<float> read_floats(const TView& t, const Kctx& k, const char* what) {
   std::vector<float> r(static_cast<size_t>(t.numel));
-  dispatch(NumTs{}, t.dtype, k, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    for (int64_t i = 0; i < t.numel; ++i) r[i] = static_cast<float>(ld(t.p<T>()[i]));
-  }, what);
+  dispatch(
+      NumTs{}, t.dtype, k,
+      [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        for (int64_t i = 0; i < t.numel; ++i) r[i] = static_cast<float>(ld(t.p<T>()[i]));
+      },
+      what);
   return r;
 }
 

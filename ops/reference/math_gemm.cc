@@ -10,9 +10,9 @@ namespace {
 // Shapes of a numpy matmul: batch broadcast plus (M, K) x (K, N).
 struct MatMulPlan {
   int64_t M = 1, K = 1, N = 1;
-  Shape batch;                 // broadcast batch shape
-  Shape a_bstr, b_bstr;        // batch strides (in matrices) of A and B over `batch`, 0 when broadcast
-  Shape out;                   // output shape (1-D operands' dims removed)
+  Shape batch;           // broadcast batch shape
+  Shape a_bstr, b_bstr;  // batch strides (in matrices) of A and B over `batch`, 0 when broadcast
+  Shape out;             // output shape (1-D operands' dims removed)
   int64_t batch_count() const { return numel_of(batch); }
 };
 
@@ -75,7 +75,8 @@ T requant(double acc, double scale, int32_t zp) {
 
 void op_matmul(Kctx& k) {
   TView a = k.in(0), b = k.in(1);
-  if (a.dtype != b.dtype) k.invalid(cat("A and B have different dtypes ", dtype_str(a.dtype), " and ", dtype_str(b.dtype)));
+  if (a.dtype != b.dtype)
+    k.invalid(cat("A and B have different dtypes ", dtype_str(a.dtype), " and ", dtype_str(b.dtype)));
   MatMulPlan p = matmul_plan(k, a.shape, b.shape);
   TView y = k.out(0, p.out);
   if (y.numel == 0) return;
@@ -113,7 +114,8 @@ void op_gemm(Kctx& k) {
   if (c) {
     if (c->dtype != a.dtype) k.invalid("C has a different dtype than A");
     Shape bs = broadcast_shapes({c->shape, os}, k);
-    if (bs != os) k.invalid(cat("C ", shape_str(c->shape), " is not unidirectionally broadcastable to ", shape_str(os)));
+    if (bs != os)
+      k.invalid(cat("C ", shape_str(c->shape), " is not unidirectionally broadcastable to ", shape_str(os)));
   }
   TView y = k.out(0, os);
   if (y.numel == 0) return;
@@ -178,14 +180,17 @@ void op_matmul_integer(Kctx& k) {
     if (z.empty()) z = {0};
     if (z.size() != 1 && static_cast<int64_t>(z.size()) != count)
       k.invalid(cat(what, " zero point has ", z.size(), " entries; expected 1 or ", count));
-    dispatch(TL<uint8_t, int8_t>{}, t.dtype, k, [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      int64_t cols = t.shape.back();
-      for (int64_t i = 0; i < t.numel; ++i) {
-        int64_t zi = z.size() == 1 ? 0 : (per_row ? (i / cols) % count : i % cols);
-        r[i] = static_cast<int32_t>(t.p<T>()[i]) - static_cast<int32_t>(z[zi]);
-      }
-    }, what);
+    dispatch(
+        TL<uint8_t, int8_t>{}, t.dtype, k,
+        [&](auto tag) {
+          using T = typename decltype(tag)::type;
+          int64_t cols = t.shape.back();
+          for (int64_t i = 0; i < t.numel; ++i) {
+            int64_t zi = z.size() == 1 ? 0 : (per_row ? (i / cols) % count : i % cols);
+            r[i] = static_cast<int32_t>(t.p<T>()[i]) - static_cast<int32_t>(z[zi]);
+          }
+        },
+        what);
     return r;
   };
   auto ai = to_i32(a, azp, true, p.M, "a");
@@ -203,10 +208,13 @@ void op_qlinear_matmul(Kctx& k) {
     std::vector<int32_t> r(static_cast<size_t>(t.numel));
     std::vector<int64_t> z = zp ? read_ints(*zp, k, what) : std::vector<int64_t>{0};
     if (z.size() != 1) k.unimpl(cat(what, " zero point must be a scalar in the reference kernel"));
-    dispatch(TL<uint8_t, int8_t>{}, t.dtype, k, [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      for (int64_t i = 0; i < t.numel; ++i) r[i] = static_cast<int32_t>(t.p<T>()[i]) - static_cast<int32_t>(z[0]);
-    }, what);
+    dispatch(
+        TL<uint8_t, int8_t>{}, t.dtype, k,
+        [&](auto tag) {
+          using T = typename decltype(tag)::type;
+          for (int64_t i = 0; i < t.numel; ++i) r[i] = static_cast<int32_t>(t.p<T>()[i]) - static_cast<int32_t>(z[0]);
+        },
+        what);
     return r;
   };
   if (as.numel != 1 || bs.numel != 1 || ys.numel != 1)
@@ -218,10 +226,13 @@ void op_qlinear_matmul(Kctx& k) {
   double scale = static_cast<double>(static_cast<float>(get_f64(as, 0, k)) * static_cast<float>(get_f64(bs, 0, k)) /
                                      static_cast<float>(get_f64(ys, 0, k)));
   int32_t z = yzp ? static_cast<int32_t>(get_i64(*yzp, 0, k)) : 0;
-  dispatch(TL<uint8_t, int8_t>{}, y.dtype, k, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    for (int64_t i = 0; i < y.numel; ++i) y.p<T>()[i] = requant<T>(static_cast<double>(acc[i]), scale, z);
-  }, "output");
+  dispatch(
+      TL<uint8_t, int8_t>{}, y.dtype, k,
+      [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        for (int64_t i = 0; i < y.numel; ++i) y.p<T>()[i] = requant<T>(static_cast<double>(acc[i]), scale, z);
+      },
+      "output");
 }
 
 // Einsum by direct summation over all labels: correct for every equation, O(product of all label sizes).

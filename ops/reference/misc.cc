@@ -94,7 +94,7 @@ void op_unique(Kctx& k) {
       }
     }
   });
-  std::vector<int64_t> first;         // first occurrence of each unique slice, in order of appearance
+  std::vector<int64_t> first;  // first occurrence of each unique slice, in order of appearance
   std::vector<int64_t> inverse(static_cast<size_t>(n));
   std::map<std::vector<double>, int64_t> seen;
   for (int64_t i = 0; i < n; ++i) {
@@ -109,7 +109,8 @@ void op_unique(Kctx& k) {
   }
   std::vector<int64_t> order(first.size());
   std::iota(order.begin(), order.end(), 0);
-  if (sorted) std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return keys[first[a]] < keys[first[b]]; });
+  if (sorted)
+    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return keys[first[a]] < keys[first[b]]; });
   std::vector<int64_t> rank_of(first.size());
   for (size_t j = 0; j < order.size(); ++j) rank_of[order[j]] = static_cast<int64_t>(j);
   int64_t u = static_cast<int64_t>(first.size());
@@ -195,7 +196,10 @@ void op_non_max_suppression(Kctx& k) {
           if (static_cast<int64_t>(kept.size()) >= max_out) break;
           bool drop = false;
           for (int64_t j : kept)
-            if (suppress(b, i, j)) { drop = true; break; }
+            if (suppress(b, i, j)) {
+              drop = true;
+              break;
+            }
           if (!drop) kept.push_back(i);
         }
         for (int64_t i : kept) sel.insert(sel.end(), {b, c, i});
@@ -263,7 +267,10 @@ void op_det(Kctx& k) {
       int64_t piv = c;
       for (int64_t i = c + 1; i < M; ++i)
         if (std::abs(a[i * M + c]) > std::abs(a[piv * M + c])) piv = i;
-      if (a[piv * M + c] == 0) { det = 0; break; }
+      if (a[piv * M + c] == 0) {
+        det = 0;
+        break;
+      }
       if (piv != c) {
         for (int64_t j = 0; j < M; ++j) std::swap(a[c * M + j], a[piv * M + j]);
         det = -det;
@@ -276,10 +283,13 @@ void op_det(Kctx& k) {
     }
     dets[m] = det;
   }
-  dispatch(FloatTs{}, y.dtype, k, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    for (int64_t i = 0; i < y.numel; ++i) y.p<T>()[i] = st<T>(dets[i]);
-  }, "output");
+  dispatch(
+      FloatTs{}, y.dtype, k,
+      [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        for (int64_t i = 0; i < y.numel; ++i) y.p<T>()[i] = st<T>(dets[i]);
+      },
+      "output");
 }
 
 namespace {
@@ -293,16 +303,19 @@ void window(Kctx& k, Window w) {
   TView y = k.out(0, {n});
   double N = static_cast<double>(periodic ? n : n - 1);
   const double pi = 3.14159265358979323846;
-  dispatch(NumTs{}, y.dtype, k, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    for (int64_t i = 0; i < n; ++i) {
-      double a = N == 0 ? 0 : 2 * pi * static_cast<double>(i) / N;
-      double v = w == Window::kHann ? 0.5 - 0.5 * std::cos(a)
-                 : w == Window::kHamming ? 25.0 / 46.0 - 21.0 / 46.0 * std::cos(a)
-                                         : 0.42 - 0.5 * std::cos(a) + 0.08 * std::cos(2 * a);
-      y.p<T>()[i] = st<T>(v);
-    }
-  }, "output");
+  dispatch(
+      NumTs{}, y.dtype, k,
+      [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        for (int64_t i = 0; i < n; ++i) {
+          double a = N == 0 ? 0 : 2 * pi * static_cast<double>(i) / N;
+          double v = w == Window::kHann      ? 0.5 - 0.5 * std::cos(a)
+                     : w == Window::kHamming ? 25.0 / 46.0 - 21.0 / 46.0 * std::cos(a)
+                                             : 0.42 - 0.5 * std::cos(a) + 0.08 * std::cos(2 * a);
+          y.p<T>()[i] = st<T>(v);
+        }
+      },
+      "output");
 }
 
 // Shared NLL over log-probabilities lp [N, C, D] (D = product of extra dims) and targets [N, D].
@@ -313,7 +326,8 @@ void nll(Kctx& k, const std::vector<double>& lp, const Shape& in_shape, const TV
   int64_t D = numel_of(Shape(in_shape.begin() + 2, in_shape.end()));
   Shape tshape = in_shape;
   tshape.erase(tshape.begin() + 1);
-  if (target.shape != tshape) k.invalid(cat("target shape ", shape_str(target.shape), " should be ", shape_str(tshape)));
+  if (target.shape != tshape)
+    k.invalid(cat("target shape ", shape_str(target.shape), " should be ", shape_str(tshape)));
   auto tg = read_ints(target, k, "target");
   std::vector<float> wv;
   if (weight) {
@@ -338,16 +352,19 @@ void nll(Kctx& k, const std::vector<double>& lp, const Shape& in_shape, const TV
     }
   Shape os = red == "none" ? tshape : Shape{};
   TView y = k.out(out_index, os);
-  dispatch(FloatTs{}, y.dtype, k, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    if (red == "none") {
-      for (int64_t i = 0; i < N * D; ++i) y.p<T>()[i] = st<T>(loss[i]);
-    } else if (red == "sum") {
-      y.p<T>()[0] = st<T>(lsum);
-    } else {
-      y.p<T>()[0] = st<T>(wsum == 0 ? 0.0 : lsum / wsum);
-    }
-  }, "output");
+  dispatch(
+      FloatTs{}, y.dtype, k,
+      [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        if (red == "none") {
+          for (int64_t i = 0; i < N * D; ++i) y.p<T>()[i] = st<T>(loss[i]);
+        } else if (red == "sum") {
+          y.p<T>()[0] = st<T>(lsum);
+        } else {
+          y.p<T>()[0] = st<T>(wsum == 0 ? 0.0 : lsum / wsum);
+        }
+      },
+      "output");
 }
 }  // namespace
 
@@ -380,10 +397,13 @@ void op_softmax_cross_entropy_loss(Kctx& k) {
   nll(k, lp, x.shape, t, w, 0);
   if (k.has_output(1)) {
     TView o = k.out(1, x.shape);
-    dispatch(FloatTs{}, o.dtype, k, [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      for (int64_t i = 0; i < o.numel; ++i) o.p<T>()[i] = st<T>(lp[i]);
-    }, "log_prob");
+    dispatch(
+        FloatTs{}, o.dtype, k,
+        [&](auto tag) {
+          using T = typename decltype(tag)::type;
+          for (int64_t i = 0; i < o.numel; ++i) o.p<T>()[i] = st<T>(lp[i]);
+        },
+        "log_prob");
   }
 }
 

@@ -28,7 +28,8 @@ inline SpatialGeom spatial_geom(const Kctx& k, const Shape& in_spatial, const Sh
   for (int64_t v : kernel)
     if (v <= 0) k.invalid(cat("kernel_shape ", shape_str(kernel), " has a non-positive entry"));
   g.strides = k.attr_ints_or("strides", Shape(g.r, 1));
-  if (static_cast<int>(g.strides.size()) != g.r) k.invalid(cat("strides has ", g.strides.size(), " entries, expected ", g.r));
+  if (static_cast<int>(g.strides.size()) != g.r)
+    k.invalid(cat("strides has ", g.strides.size(), " entries, expected ", g.r));
   for (int64_t v : g.strides)
     if (v <= 0) k.invalid("strides must be positive");
   g.dilations = use_dilation ? k.attr_ints_or("dilations", Shape(g.r, 1)) : Shape(g.r, 1);
@@ -57,8 +58,8 @@ inline SpatialGeom spatial_geom(const Kctx& k, const Shape& in_spatial, const Sh
   for (int i = 0; i < g.r; ++i) {
     g.out[i] = sdk::window_output(in_spatial[i], g.pads[i] + g.pads[i + g.r], eff[i], g.strides[i], ceil_mode);
     if (g.out[i] < 0)
-      k.invalid(cat("kernel ", shape_str(kernel), " (dilated) is larger than the padded input in spatial dimension ",
-                    i, " (input ", in_spatial[i], ")"));
+      k.invalid(cat("kernel ", shape_str(kernel), " (dilated) is larger than the padded input in spatial dimension ", i,
+                    " (input ", in_spatial[i], ")"));
   }
   return g;
 }
@@ -99,11 +100,14 @@ void gemm_rows(int64_t i0, int64_t i1, int64_t N, int64_t K, const C* A, int64_t
 template <class C>
 std::vector<C> to_calc(const TView& t, const Kctx& k, const char* what) {
   std::vector<C> r(static_cast<size_t>(t.numel));
-  dispatch(NumTs{}, t.dtype, k, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const T* p = t.p<T>();
-    for (int64_t i = 0; i < t.numel; ++i) r[i] = static_cast<C>(ld(p[i]));
-  }, what);
+  dispatch(
+      NumTs{}, t.dtype, k,
+      [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        const T* p = t.p<T>();
+        for (int64_t i = 0; i < t.numel; ++i) r[i] = static_cast<C>(ld(p[i]));
+      },
+      what);
   return r;
 }
 

@@ -118,8 +118,8 @@ SpatialGeom conv_geom(const Kctx& k, const TView& x, const TView& w, int64_t gro
                       int64_t& M) {
   if (x.ndim() < 3) k.invalid(cat("input X must have rank >= 3 (N, C, spatial...), got ", shape_str(x.shape)));
   if (w.ndim() != x.ndim())
-    k.invalid(cat("input rank ", x.ndim(), " does not match weight rank ", w.ndim(), " (X ", shape_str(x.shape),
-                  ", W ", shape_str(w.shape), ")"));
+    k.invalid(cat("input rank ", x.ndim(), " does not match weight rank ", w.ndim(), " (X ", shape_str(x.shape), ", W ",
+                  shape_str(w.shape), ")"));
   if (group <= 0) k.invalid(cat("group must be positive, got ", group));
   N = x.shape[0];
   Cin = x.shape[1];
@@ -156,14 +156,17 @@ std::vector<int32_t> dequant_i32(const TView& t, const std::optional<TView>& zp,
   if (zp && zp->numel > 1 && (block <= 0 || zp->numel * block != t.numel))
     k.invalid(cat(what, " zero point has ", zp->numel, " entries, which does not match its tensor"));
   std::vector<int64_t> zps = zp ? read_ints(*zp, k, what) : std::vector<int64_t>();
-  dispatch(TL<uint8_t, int8_t>{}, t.dtype, k, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const T* p = t.p<T>();
-    for (int64_t i = 0; i < t.numel; ++i) {
-      int64_t z = zps.empty() ? 0 : zps[zps.size() == 1 ? 0 : i / block];
-      r[i] = static_cast<int32_t>(p[i]) - static_cast<int32_t>(z);
-    }
-  }, what);
+  dispatch(
+      TL<uint8_t, int8_t>{}, t.dtype, k,
+      [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        const T* p = t.p<T>();
+        for (int64_t i = 0; i < t.numel; ++i) {
+          int64_t z = zps.empty() ? 0 : zps[zps.size() == 1 ? 0 : i / block];
+          r[i] = static_cast<int32_t>(p[i]) - static_cast<int32_t>(z);
+        }
+      },
+      what);
   return r;
 }
 
@@ -229,18 +232,22 @@ void op_qlinear_conv(Kctx& k) {
   float x_scale = static_cast<float>(get_f64(xs, 0, k)), y_scale = static_cast<float>(get_f64(ys, 0, k));
   int32_t y_zero = zero_point_at(yzp, 0, k);
   const int64_t O = g.out_size();
-  dispatch(TL<uint8_t, int8_t>{}, y.dtype, k, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    T* py = y.p<T>();
-    for (int64_t i = 0; i < y.numel; ++i) {
-      int64_t m = (i / O) % M;
-      float w_scale = static_cast<float>(get_f64(ws, ws.numel == 1 ? 0 : m, k));
-      float v = std::nearbyint(static_cast<float>(acc[i]) * (x_scale * w_scale / y_scale)) + static_cast<float>(y_zero);
-      if (!(v == v)) v = 0;
-      v = std::min<float>(std::max<float>(v, std::numeric_limits<T>::lowest()), std::numeric_limits<T>::max());
-      py[i] = static_cast<T>(v);
-    }
-  }, "output");
+  dispatch(
+      TL<uint8_t, int8_t>{}, y.dtype, k,
+      [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        T* py = y.p<T>();
+        for (int64_t i = 0; i < y.numel; ++i) {
+          int64_t m = (i / O) % M;
+          float w_scale = static_cast<float>(get_f64(ws, ws.numel == 1 ? 0 : m, k));
+          float v =
+              std::nearbyint(static_cast<float>(acc[i]) * (x_scale * w_scale / y_scale)) + static_cast<float>(y_zero);
+          if (!(v == v)) v = 0;
+          v = std::min<float>(std::max<float>(v, std::numeric_limits<T>::lowest()), std::numeric_limits<T>::max());
+          py[i] = static_cast<T>(v);
+        }
+      },
+      "output");
 }
 
 void op_conv_transpose(Kctx& k) {
@@ -295,9 +302,9 @@ void op_conv_transpose(Kctx& k) {
     if (auto_pad != "VALID") g.pads = k.attr_ints_or("pads", Shape(2 * r, 0));
     if (static_cast<int>(g.pads.size()) != 2 * r) k.invalid("pads must have 2 entries per spatial dimension");
     for (int i = 0; i < r; ++i) {
-      g.out[i] = sdk::transposed_extent(g.in[i], g.strides[i], out_pad[i],
-                                        sdk::dilated_extent(g.kernel[i], g.dilations[i])) -
-                 g.pads[i] - g.pads[i + r];
+      g.out[i] =
+          sdk::transposed_extent(g.in[i], g.strides[i], out_pad[i], sdk::dilated_extent(g.kernel[i], g.dilations[i])) -
+          g.pads[i] - g.pads[i + r];
       if (g.out[i] <= 0) k.invalid(cat("computed output spatial size ", g.out[i], " is not positive"));
     }
   }
@@ -331,7 +338,10 @@ void op_conv_transpose(Kctx& k) {
                 bool ok = true;
                 for (int d = 0; d < r; ++d) {
                   int64_t od = ii[d] * g.strides[d] - g.pads[d] + kk[d] * g.dilations[d];
-                  if (od < 0 || od >= g.out[d]) { ok = false; break; }
+                  if (od < 0 || od >= g.out[d]) {
+                    ok = false;
+                    break;
+                  }
                   off = off * g.out[d] + od;
                 }
                 if (ok) ym[off] += src[ip];

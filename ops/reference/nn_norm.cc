@@ -47,35 +47,35 @@ void softmax_like(Kctx& k, SoftKind kind) {
     T* py = y.p<T>();
     k.parallel(sp.outer * sp.inner, std::max<int64_t>(1, 8192 / std::max<int64_t>(sp.len, 1)),
                [&](int64_t b, int64_t e) {
-      std::vector<C> buf(static_cast<size_t>(sp.len));
-      for (int64_t t = b; t < e; ++t) {
-        int64_t o = t / sp.inner, in = t % sp.inner;
-        const T* xr = px + o * sp.len * sp.inner + in;
-        T* yr = py + o * sp.len * sp.inner + in;
-        C mx = -std::numeric_limits<C>::infinity();
-        int64_t arg = 0;
-        for (int64_t i = 0; i < sp.len; ++i) {
-          C v = static_cast<C>(ld(xr[i * sp.inner]));
-          buf[i] = v;
-          if (v > mx) {
-            mx = v;
-            arg = i;
-          }
-        }
-        if (kind == SoftKind::kHardmax) {
-          for (int64_t i = 0; i < sp.len; ++i) yr[i * sp.inner] = st<T>(C(i == arg ? 1 : 0));
-          continue;
-        }
-        C sum = 0;
-        for (int64_t i = 0; i < sp.len; ++i) sum += std::exp(buf[i] - mx);
-        if (kind == SoftKind::kSoftmax) {
-          for (int64_t i = 0; i < sp.len; ++i) yr[i * sp.inner] = st<T>(std::exp(buf[i] - mx) / sum);
-        } else {
-          C ls = std::log(sum);
-          for (int64_t i = 0; i < sp.len; ++i) yr[i * sp.inner] = st<T>(buf[i] - mx - ls);
-        }
-      }
-    });
+                 std::vector<C> buf(static_cast<size_t>(sp.len));
+                 for (int64_t t = b; t < e; ++t) {
+                   int64_t o = t / sp.inner, in = t % sp.inner;
+                   const T* xr = px + o * sp.len * sp.inner + in;
+                   T* yr = py + o * sp.len * sp.inner + in;
+                   C mx = -std::numeric_limits<C>::infinity();
+                   int64_t arg = 0;
+                   for (int64_t i = 0; i < sp.len; ++i) {
+                     C v = static_cast<C>(ld(xr[i * sp.inner]));
+                     buf[i] = v;
+                     if (v > mx) {
+                       mx = v;
+                       arg = i;
+                     }
+                   }
+                   if (kind == SoftKind::kHardmax) {
+                     for (int64_t i = 0; i < sp.len; ++i) yr[i * sp.inner] = st<T>(C(i == arg ? 1 : 0));
+                     continue;
+                   }
+                   C sum = 0;
+                   for (int64_t i = 0; i < sp.len; ++i) sum += std::exp(buf[i] - mx);
+                   if (kind == SoftKind::kSoftmax) {
+                     for (int64_t i = 0; i < sp.len; ++i) yr[i * sp.inner] = st<T>(std::exp(buf[i] - mx) / sum);
+                   } else {
+                     C ls = std::log(sum);
+                     for (int64_t i = 0; i < sp.len; ++i) yr[i * sp.inner] = st<T>(buf[i] - mx - ls);
+                   }
+                 }
+               });
   });
 }
 
@@ -152,10 +152,13 @@ void op_batch_normalization(Kctx& k) {
       if (!k.has_output(i)) continue;
       const std::vector<float>& v = i == 1 ? run_mean : run_var;
       TView o = k.out(i, {C});
-      dispatch(FloatTs{}, o.dtype, k, [&](auto tag) {
-        using U = typename decltype(tag)::type;
-        for (int64_t c = 0; c < C; ++c) o.p<U>()[c] = st<U>(v[c]);
-      }, "running statistics");
+      dispatch(
+          FloatTs{}, o.dtype, k,
+          [&](auto tag) {
+            using U = typename decltype(tag)::type;
+            for (int64_t c = 0; c < C; ++c) o.p<U>()[c] = st<U>(v[c]);
+          },
+          "running statistics");
     }
     return;
   }
@@ -180,7 +183,8 @@ void op_layer_normalization(Kctx& k) {
   Shape norm_shape(x.shape.begin() + axis, x.shape.end());
   auto check_bcast = [&](const TView& t, const char* what) {
     Shape b = broadcast_shapes({t.shape, norm_shape}, k);
-    if (b != norm_shape) k.invalid(cat(what, " ", shape_str(t.shape), " does not broadcast to ", shape_str(norm_shape)));
+    if (b != norm_shape)
+      k.invalid(cat(what, " ", shape_str(t.shape), " does not broadcast to ", shape_str(norm_shape)));
   };
   check_bcast(sc, "Scale");
   if (bi) check_bcast(*bi, "B");
@@ -218,16 +222,22 @@ void op_layer_normalization(Kctx& k) {
           py[o * len + i] = st<T>(v);
         }
         if (want_mean) {
-          dispatch(FloatTs{}, mean_out.dtype, k, [&](auto t2) {
-            using U = typename decltype(t2)::type;
-            mean_out.p<U>()[o] = st<U>(mean);
-          }, "Mean");
+          dispatch(
+              FloatTs{}, mean_out.dtype, k,
+              [&](auto t2) {
+                using U = typename decltype(t2)::type;
+                mean_out.p<U>()[o] = st<U>(mean);
+              },
+              "Mean");
         }
         if (want_inv) {
-          dispatch(FloatTs{}, inv_out.dtype, k, [&](auto t2) {
-            using U = typename decltype(t2)::type;
-            inv_out.p<U>()[o] = st<U>(inv);
-          }, "InvStdDev");
+          dispatch(
+              FloatTs{}, inv_out.dtype, k,
+              [&](auto t2) {
+                using U = typename decltype(t2)::type;
+                inv_out.p<U>()[o] = st<U>(inv);
+              },
+              "InvStdDev");
         }
       }
     });
@@ -347,10 +357,13 @@ void op_dropout(Kctx& k) {
   copy_bytes(y, x);
   if (k.has_output(1)) {
     TView m = k.out(1, x.shape);
-    dispatch(AllTs{}, m.dtype, k, [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      for (int64_t i = 0; i < m.numel; ++i) m.p<T>()[i] = st<T>(1);
-    }, "mask");
+    dispatch(
+        AllTs{}, m.dtype, k,
+        [&](auto tag) {
+          using T = typename decltype(tag)::type;
+          for (int64_t i = 0; i < m.numel; ++i) m.p<T>()[i] = st<T>(1);
+        },
+        "mask");
   }
 }
 

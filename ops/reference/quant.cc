@@ -23,8 +23,7 @@ AxisIndexer axis_indexer(const Kctx& k, const TView& x, const TView& scale, cons
   ix.per_axis = true;
   ix.len = x.shape[axis];
   for (int d = axis + 1; d < x.ndim(); ++d) ix.inner *= x.shape[d];
-  if (scale.numel != ix.len)
-    k.invalid(cat("scale has ", scale.numel, " entries; axis ", axis, " of x has ", ix.len));
+  if (scale.numel != ix.len) k.invalid(cat("scale has ", scale.numel, " entries; axis ", axis, " of x has ", ix.len));
   if (zp && zp->numel != ix.len) k.invalid("zero point and scale have different lengths");
   return ix;
 }
@@ -48,21 +47,24 @@ void op_quantize_linear(Kctx& k) {
   TView y = k.out(0, x.shape);
   std::vector<int64_t> z = zp ? read_ints(*zp, k, "y_zero_point") : std::vector<int64_t>();
   if (zp && zp->dtype != y.dtype) k.invalid("y_zero_point dtype differs from the output dtype");
-  dispatch(TL<uint8_t, int8_t, uint16_t, int16_t, int32_t>{}, y.dtype, k, [&](auto qtag) {
-    using Q = typename decltype(qtag)::type;
-    dispatch(FloatTs{} + TL<int32_t>{}, x.dtype, k, [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      const T* px = x.p<T>();
-      Q* py = y.p<Q>();
-      for (int64_t i = 0; i < x.numel; ++i) {
-        int64_t a = ix(i);
-        // Division in float, as ONNX Runtime and the ONNX reference do.
-        float q = static_cast<float>(ld(px[i])) / sc[a];
-        double v = std::nearbyint(static_cast<double>(q)) + static_cast<double>(z.empty() ? 0 : z[a]);
-        py[i] = saturate_round<Q>(v);
-      }
-    });
-  }, "output");
+  dispatch(
+      TL<uint8_t, int8_t, uint16_t, int16_t, int32_t>{}, y.dtype, k,
+      [&](auto qtag) {
+        using Q = typename decltype(qtag)::type;
+        dispatch(FloatTs{} + TL<int32_t>{}, x.dtype, k, [&](auto tag) {
+          using T = typename decltype(tag)::type;
+          const T* px = x.p<T>();
+          Q* py = y.p<Q>();
+          for (int64_t i = 0; i < x.numel; ++i) {
+            int64_t a = ix(i);
+            // Division in float, as ONNX Runtime and the ONNX reference do.
+            float q = static_cast<float>(ld(px[i])) / sc[a];
+            double v = std::nearbyint(static_cast<double>(q)) + static_cast<double>(z.empty() ? 0 : z[a]);
+            py[i] = saturate_round<Q>(v);
+          }
+        });
+      },
+      "output");
 }
 
 void op_dequantize_linear(Kctx& k) {
@@ -76,14 +78,17 @@ void op_dequantize_linear(Kctx& k) {
   dispatch(TL<uint8_t, int8_t, uint16_t, int16_t, int32_t>{}, x.dtype, k, [&](auto qtag) {
     using Q = typename decltype(qtag)::type;
     const Q* px = x.p<Q>();
-    dispatch(FloatTs{}, y.dtype, k, [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      for (int64_t i = 0; i < x.numel; ++i) {
-        int64_t a = ix(i);
-        int64_t d = static_cast<int64_t>(px[i]) - (z.empty() ? 0 : z[a]);
-        y.p<T>()[i] = st<T>(static_cast<float>(d) * sc[a]);
-      }
-    }, "output");
+    dispatch(
+        FloatTs{}, y.dtype, k,
+        [&](auto tag) {
+          using T = typename decltype(tag)::type;
+          for (int64_t i = 0; i < x.numel; ++i) {
+            int64_t a = ix(i);
+            int64_t d = static_cast<int64_t>(px[i]) - (z.empty() ? 0 : z[a]);
+            y.p<T>()[i] = st<T>(static_cast<float>(d) * sc[a]);
+          }
+        },
+        "output");
   });
 }
 

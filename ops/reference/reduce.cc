@@ -11,8 +11,8 @@ enum class Red { kSum, kMean, kMax, kMin, kProd, kL1, kL2, kLogSum, kLogSumExp, 
 
 struct ReducePlan {
   std::vector<bool> reduced;
-  Shape out_shape;           // with keepdims applied
-  Shape out_strides_in_dims; // per input dim: stride into the output (0 when reduced)
+  Shape out_shape;            // with keepdims applied
+  Shape out_strides_in_dims;  // per input dim: stride into the output (0 when reduced)
   int64_t out_numel = 1;
   bool noop = false;
 };
@@ -85,8 +85,8 @@ void reduce(Kctx& k) {
   int64_t count = p.out_numel == 0 ? 0 : x.numel / p.out_numel;
   dispatch(NumTs{}, x.dtype, k, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    using A = std::conditional_t<std::is_integral_v<T>, std::conditional_t<std::is_signed_v<T>, int64_t, uint64_t>,
-                                 double>;
+    using A =
+        std::conditional_t<std::is_integral_v<T>, std::conditional_t<std::is_signed_v<T>, int64_t, uint64_t>, double>;
     A init = 0;
     if constexpr (kRed == Red::kProd) init = 1;
     if constexpr (kRed == Red::kMax) {
@@ -115,7 +115,8 @@ void reduce(Kctx& k) {
       else if constexpr (kRed == Red::kMin) a = (v < a || (std::is_floating_point_v<A> && v != v)) ? v : a;
       else if constexpr (kRed == Red::kL1) a += v < A(0) ? A(0) - v : v;
       else if constexpr (kRed == Red::kL2 || kRed == Red::kSumSquare) a += v * v;
-      else if constexpr (kRed == Red::kLogSumExp) a += static_cast<A>(std::exp(static_cast<double>(v) - static_cast<double>(mx[o])));
+      else if constexpr (kRed == Red::kLogSumExp)
+        a += static_cast<A>(std::exp(static_cast<double>(v) - static_cast<double>(mx[o])));
     });
     T* py = y.p<T>();
     for (int64_t o = 0; o < p.out_numel; ++o) {

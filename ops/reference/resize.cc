@@ -47,8 +47,8 @@ double transform(const ResizeParams& p, int64_t o, double scale, int64_t in_len,
   return (x + 0.5) / scale - 0.5;  // half_pixel
 }
 
-DimTaps dim_taps(const Kctx& k, const ResizeParams& p, int64_t in_len, int64_t out_len, double scale,
-                 double roi_start, double roi_end) {
+DimTaps dim_taps(const Kctx& k, const ResizeParams& p, int64_t in_len, int64_t out_len, double scale, double roi_start,
+                 double roi_end) {
   DimTaps d;
   d.taps.resize(static_cast<size_t>(out_len));
   d.outside.assign(static_cast<size_t>(out_len), false);
@@ -71,7 +71,8 @@ DimTaps dim_taps(const Kctx& k, const ResizeParams& p, int64_t in_len, int64_t o
       if (nm == "simple") i = scale < 1.0 ? static_cast<int64_t>(std::ceil(x)) : static_cast<int64_t>(f);
       else if (nm == "floor") i = static_cast<int64_t>(f);
       else if (nm == "ceil") i = static_cast<int64_t>(std::ceil(x));
-      else if (nm == "round_prefer_ceil") i = x == f + 0.5 ? static_cast<int64_t>(f + 1) : static_cast<int64_t>(std::round(x));
+      else if (nm == "round_prefer_ceil")
+        i = x == f + 0.5 ? static_cast<int64_t>(f + 1) : static_cast<int64_t>(std::round(x));
       else i = x == f + 0.5 ? static_cast<int64_t>(f) : static_cast<int64_t>(std::round(x));
       t.push_back({clampi(i), 1.0});
     } else if (p.mode == Mode::kLinear) {
@@ -84,8 +85,7 @@ DimTaps dim_taps(const Kctx& k, const ResizeParams& p, int64_t in_len, int64_t o
       int64_t i0 = static_cast<int64_t>(std::floor(x));
       double r = x - static_cast<double>(i0);
       const double A = p.cubic_a;
-      double c[4] = {((A * (r + 1) - 5 * A) * (r + 1) + 8 * A) * (r + 1) - 4 * A,
-                     ((A + 2) * r - (A + 3)) * r * r + 1,
+      double c[4] = {((A * (r + 1) - 5 * A) * (r + 1) + 8 * A) * (r + 1) - 4 * A, ((A + 2) * r - (A + 3)) * r * r + 1,
                      ((A + 2) * (1 - r) - (A + 3)) * (1 - r) * (1 - r) + 1,
                      ((A * ((1 - r) + 1) - 5 * A) * ((1 - r) + 1) + 8 * A) * ((1 - r) + 1) - 4 * A};
       double sum = 0;
@@ -222,8 +222,8 @@ void op_resize(Kctx& k) {
   p.cubic_a = k.attr_f("cubic_coeff_a", -0.75f);
   p.exclude_outside = k.attr_i("exclude_outside", 0) != 0;
   p.extrapolation = k.attr_f("extrapolation_value", 0.0f);
-  static const char* kCoords[] = {"half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric",
-                                  "tf_half_pixel_for_nn", "tf_crop_and_resize"};
+  static const char* kCoords[] = {"half_pixel", "pytorch_half_pixel",   "align_corners",
+                                  "asymmetric", "tf_half_pixel_for_nn", "tf_crop_and_resize"};
   if (std::find_if(std::begin(kCoords), std::end(kCoords), [&](const char* c) { return p.coord == c; }) ==
       std::end(kCoords))
     k.invalid(cat("unknown coordinate_transformation_mode '", p.coord, "'"));
@@ -258,8 +258,8 @@ void op_resize(Kctx& k) {
     for (int d = 0; d < r; ++d) {
       if (sz[d] < 0) k.invalid("sizes must be non-negative");
       os[d] = sz[d];
-      scales[d] = x.shape[d] == 0 ? 1.0
-                                  : static_cast<double>(static_cast<float>(sz[d]) / static_cast<float>(x.shape[d]));
+      scales[d] =
+          x.shape[d] == 0 ? 1.0 : static_cast<double>(static_cast<float>(sz[d]) / static_cast<float>(x.shape[d]));
     }
   }
   resize_run(k, x, p, scales, os, roi);

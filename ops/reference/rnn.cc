@@ -44,8 +44,8 @@ std::vector<Act> activations(const Kctx& k, Cell cell, int num_dir) {
   std::vector<float> betas = k.attr_floats("activation_beta").value_or(std::vector<float>());
   size_t ai = 0, bi = 0;
   std::vector<Act> r;
-  static const char* kKnown[] = {"Sigmoid", "Tanh", "Relu", "Affine", "LeakyRelu", "ThresholdedRelu",
-                                 "ScaledTanh", "HardSigmoid", "Elu", "Softsign", "Softplus"};
+  static const char* kKnown[] = {"Sigmoid",    "Tanh",        "Relu", "Affine",   "LeakyRelu", "ThresholdedRelu",
+                                 "ScaledTanh", "HardSigmoid", "Elu",  "Softsign", "Softplus"};
   for (auto& n0 : names) {
     Act a;
     // ONNX spells these in CamelCase; accept any case.
@@ -88,7 +88,8 @@ void recurrent(Kctx& k, Cell cell) {
     k.invalid(cat("W shape ", shape_str(w.shape), " does not match X ", shape_str(x.shape), " and direction"));
   const int64_t H = k.attr_i("hidden_size", w.shape[1] / G);
   if (w.shape[1] != G * H) k.invalid("W's second dimension does not equal gates x hidden_size");
-  if (rr.shape != Shape{D, G * H, H}) k.invalid(cat("R shape ", shape_str(rr.shape), " should be [", D, ",", G * H, ",", H, "]"));
+  if (rr.shape != Shape{D, G * H, H})
+    k.invalid(cat("R shape ", shape_str(rr.shape), " should be [", D, ",", G * H, ",", H, "]"));
   if (b && b->shape != Shape{D, 2 * G * H}) k.invalid("B has the wrong shape");
   Shape state_shape = layout ? Shape{B, D, H} : Shape{D, B, H};
   if (h0 && h0->shape != state_shape) k.invalid("initial_h has the wrong shape");
@@ -110,16 +111,22 @@ void recurrent(Kctx& k, Cell cell) {
   auto X = to_calc<double>(x, k, "X"), W = to_calc<double>(w, k, "W"), R = to_calc<double>(rr, k, "R");
   std::vector<double> Bv = b ? to_calc<double>(*b, k, "B") : std::vector<double>(static_cast<size_t>(D * 2 * G * H), 0);
   std::vector<double> Pv = pp ? to_calc<double>(*pp, k, "P") : std::vector<double>(static_cast<size_t>(D * 3 * H), 0);
-  std::vector<double> H0 = h0 ? to_calc<double>(*h0, k, "initial_h") : std::vector<double>(static_cast<size_t>(D * B * H), 0);
-  std::vector<double> C0 = c0 ? to_calc<double>(*c0, k, "initial_c") : std::vector<double>(static_cast<size_t>(D * B * H), 0);
+  std::vector<double> H0 =
+      h0 ? to_calc<double>(*h0, k, "initial_h") : std::vector<double>(static_cast<size_t>(D * B * H), 0);
+  std::vector<double> C0 =
+      c0 ? to_calc<double>(*c0, k, "initial_c") : std::vector<double>(static_cast<size_t>(D * B * H), 0);
   auto state_at = [&](int d, int64_t bb) { return layout ? (bb * D + d) * H : (d * B + bb) * H; };
   auto x_at = [&](int64_t t, int64_t bb) { return layout ? (bb * S + t) * I : (t * B + bb) * I; };
 
   Shape y_shape = layout ? Shape{B, S, D, H} : Shape{S, D, B, H};
   std::vector<double> Y(static_cast<size_t>(S * D * B * H), 0.0), YH(static_cast<size_t>(D * B * H), 0.0),
       YC(static_cast<size_t>(D * B * H), 0.0);
-  auto y_at = [&](int64_t t, int d, int64_t bb) { return layout ? ((bb * S + t) * D + d) * H : ((t * D + d) * B + bb) * H; };
-  auto clipv = [&](double v) { return clip ? std::clamp(v, -static_cast<double>(*clip), static_cast<double>(*clip)) : v; };
+  auto y_at = [&](int64_t t, int d, int64_t bb) {
+    return layout ? ((bb * S + t) * D + d) * H : ((t * D + d) * B + bb) * H;
+  };
+  auto clipv = [&](double v) {
+    return clip ? std::clamp(v, -static_cast<double>(*clip), static_cast<double>(*clip)) : v;
+  };
 
   for (int d = 0; d < D; ++d) {
     bool reverse = direction == "reverse" || d == 1;
@@ -188,10 +195,13 @@ void recurrent(Kctx& k, Cell cell) {
   auto write = [&](int i, const Shape& shp, const std::vector<double>& v) {
     if (!k.has_output(i)) return;
     TView o = k.out(i, shp);
-    dispatch(FloatTs{}, o.dtype, k, [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      for (int64_t j = 0; j < o.numel; ++j) o.p<T>()[j] = st<T>(v[j]);
-    }, "output");
+    dispatch(
+        FloatTs{}, o.dtype, k,
+        [&](auto tag) {
+          using T = typename decltype(tag)::type;
+          for (int64_t j = 0; j < o.numel; ++j) o.p<T>()[j] = st<T>(v[j]);
+        },
+        "output");
   };
   write(0, y_shape, Y);
   write(1, state_shape, YH);

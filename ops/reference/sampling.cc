@@ -50,8 +50,10 @@ void op_grid_sample(Kctx& k) {
   if (x.ndim() != 4) k.unimpl(cat("only 4-D input (N, C, H, W) is handled, got ", shape_str(x.shape)));
   if (grid.ndim() != 4 || grid.shape[3] != 2 || grid.shape[0] != x.shape[0])
     k.invalid(cat("grid ", shape_str(grid.shape), " must be (N, H_out, W_out, 2) with N the batch of X ",
-                  shape_str(x.shape), grid.ndim() != 4 ? ": it is not 4-D"
-                                      : grid.shape[3] != 2 ? ": its last dim is not 2" : ": its batch differs"));
+                  shape_str(x.shape),
+                  grid.ndim() != 4     ? ": it is not 4-D"
+                  : grid.shape[3] != 2 ? ": its last dim is not 2"
+                                       : ": its batch differs"));
   std::string mode_s = k.attr_s("mode", "bilinear");
   GsMode mode;
   if (mode_s == "bilinear" || mode_s == "linear") mode = GsMode::kBilinear;
@@ -77,74 +79,78 @@ void op_grid_sample(Kctx& k) {
 
   dispatch(FloatTs{}, x.dtype, k, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    dispatch(FloatTs{}, grid.dtype, k, [&](auto gtag) {
-      using G = typename decltype(gtag)::type;
-      const T* xd = x.p<T>();
-      const G* gd = grid.p<G>();
-      T* yd = y.p<T>();
-      k.parallel(N * C, 1, [&](int64_t b, int64_t e) {
-        for (int64_t nc = b; nc < e; ++nc) {
-          const int64_t n = nc / C;
-          const T* img = xd + nc * H * W;
-          auto pixel = [&](int64_t r, int64_t c) -> double {
-            if (pad == GsPad::kZeros) {
-              if (c < 0 || c >= W || r < 0 || r >= H) return 0.0;
-            } else if (pad == GsPad::kBorder) {
-              c = std::clamp<int64_t>(c, 0, W - 1);
-              r = std::clamp<int64_t>(r, 0, H - 1);
-            } else {
-              c = static_cast<int64_t>(gs_reflect(static_cast<double>(c), x_min, x_max));
-              r = static_cast<int64_t>(gs_reflect(static_cast<double>(r), y_min, y_max));
-              c = std::clamp<int64_t>(c, 0, W - 1);
-              r = std::clamp<int64_t>(r, 0, H - 1);
-            }
-            return static_cast<double>(ld(img[r * W + c]));
-          };
-          const G* g = gd + n * Ho * Wo * 2;
-          T* out = yd + nc * Ho * Wo;
-          for (int64_t o = 0; o < Ho * Wo; ++o) {
-            double gx = static_cast<double>(ld(g[2 * o])), gy = static_cast<double>(ld(g[2 * o + 1]));
-            double px = gs_denormalize(gx, W, align), py = gs_denormalize(gy, H, align);
-            if (mode == GsMode::kNearest) {
-              px = std::nearbyint(px);
-              py = std::nearbyint(py);
-            }
-            if (px < x_min || px > x_max || py < y_min || py > y_max) {
-              if (pad == GsPad::kBorder) {
-                px = std::clamp(px, 0.0, static_cast<double>(W - 1));
-                py = std::clamp(py, 0.0, static_cast<double>(H - 1));
-              } else if (pad == GsPad::kReflection) {
-                px = gs_reflect(px, x_min, x_max);
-                py = gs_reflect(py, y_min, y_max);
+    dispatch(
+        FloatTs{}, grid.dtype, k,
+        [&](auto gtag) {
+          using G = typename decltype(gtag)::type;
+          const T* xd = x.p<T>();
+          const G* gd = grid.p<G>();
+          T* yd = y.p<T>();
+          k.parallel(N * C, 1, [&](int64_t b, int64_t e) {
+            for (int64_t nc = b; nc < e; ++nc) {
+              const int64_t n = nc / C;
+              const T* img = xd + nc * H * W;
+              auto pixel = [&](int64_t r, int64_t c) -> double {
+                if (pad == GsPad::kZeros) {
+                  if (c < 0 || c >= W || r < 0 || r >= H) return 0.0;
+                } else if (pad == GsPad::kBorder) {
+                  c = std::clamp<int64_t>(c, 0, W - 1);
+                  r = std::clamp<int64_t>(r, 0, H - 1);
+                } else {
+                  c = static_cast<int64_t>(gs_reflect(static_cast<double>(c), x_min, x_max));
+                  r = static_cast<int64_t>(gs_reflect(static_cast<double>(r), y_min, y_max));
+                  c = std::clamp<int64_t>(c, 0, W - 1);
+                  r = std::clamp<int64_t>(r, 0, H - 1);
+                }
+                return static_cast<double>(ld(img[r * W + c]));
+              };
+              const G* g = gd + n * Ho * Wo * 2;
+              T* out = yd + nc * Ho * Wo;
+              for (int64_t o = 0; o < Ho * Wo; ++o) {
+                double gx = static_cast<double>(ld(g[2 * o])), gy = static_cast<double>(ld(g[2 * o + 1]));
+                double px = gs_denormalize(gx, W, align), py = gs_denormalize(gy, H, align);
+                if (mode == GsMode::kNearest) {
+                  px = std::nearbyint(px);
+                  py = std::nearbyint(py);
+                }
+                if (px < x_min || px > x_max || py < y_min || py > y_max) {
+                  if (pad == GsPad::kBorder) {
+                    px = std::clamp(px, 0.0, static_cast<double>(W - 1));
+                    py = std::clamp(py, 0.0, static_cast<double>(H - 1));
+                  } else if (pad == GsPad::kReflection) {
+                    px = gs_reflect(px, x_min, x_max);
+                    py = gs_reflect(py, y_min, y_max);
+                  }
+                }
+                double v = 0;
+                if (!std::isfinite(px) || !std::isfinite(py)) {
+                  v = pad == GsPad::kZeros ? 0.0 : std::numeric_limits<double>::quiet_NaN();
+                } else if (mode == GsMode::kNearest) {
+                  v = pixel(static_cast<int64_t>(std::nearbyint(py)), static_cast<int64_t>(std::nearbyint(px)));
+                } else if (mode == GsMode::kBilinear) {
+                  int64_t x1 = static_cast<int64_t>(std::floor(px)), y1 = static_cast<int64_t>(std::floor(py));
+                  int64_t x2 = x1 + 1, y2 = y1 + 1;
+                  double dx2 = static_cast<double>(x2) - px, dx1 = px - static_cast<double>(x1);
+                  double dy2 = static_cast<double>(y2) - py, dy1 = py - static_cast<double>(y1);
+                  v = dy2 * (dx2 * pixel(y1, x1) + dx1 * pixel(y1, x2)) +
+                      dy1 * (dx2 * pixel(y2, x1) + dx1 * pixel(y2, x2));
+                } else {
+                  int64_t x0 = static_cast<int64_t>(std::floor(px)) - 1, y0 = static_cast<int64_t>(std::floor(py)) - 1;
+                  double cx[4], cy[4];
+                  gs_cubic_coeffs(px - static_cast<double>(x0) - 1, cx);
+                  gs_cubic_coeffs(py - static_cast<double>(y0) - 1, cy);
+                  for (int64_t h = 0; h < 4; ++h) {
+                    double row = 0;
+                    for (int64_t w = 0; w < 4; ++w) row += cx[w] * pixel(y0 + h, x0 + w);
+                    v += cy[h] * row;
+                  }
+                }
+                out[o] = st<T>(v);
               }
             }
-            double v = 0;
-            if (!std::isfinite(px) || !std::isfinite(py)) {
-              v = pad == GsPad::kZeros ? 0.0 : std::numeric_limits<double>::quiet_NaN();
-            } else if (mode == GsMode::kNearest) {
-              v = pixel(static_cast<int64_t>(std::nearbyint(py)), static_cast<int64_t>(std::nearbyint(px)));
-            } else if (mode == GsMode::kBilinear) {
-              int64_t x1 = static_cast<int64_t>(std::floor(px)), y1 = static_cast<int64_t>(std::floor(py));
-              int64_t x2 = x1 + 1, y2 = y1 + 1;
-              double dx2 = static_cast<double>(x2) - px, dx1 = px - static_cast<double>(x1);
-              double dy2 = static_cast<double>(y2) - py, dy1 = py - static_cast<double>(y1);
-              v = dy2 * (dx2 * pixel(y1, x1) + dx1 * pixel(y1, x2)) + dy1 * (dx2 * pixel(y2, x1) + dx1 * pixel(y2, x2));
-            } else {
-              int64_t x0 = static_cast<int64_t>(std::floor(px)) - 1, y0 = static_cast<int64_t>(std::floor(py)) - 1;
-              double cx[4], cy[4];
-              gs_cubic_coeffs(px - static_cast<double>(x0) - 1, cx);
-              gs_cubic_coeffs(py - static_cast<double>(y0) - 1, cy);
-              for (int64_t h = 0; h < 4; ++h) {
-                double row = 0;
-                for (int64_t w = 0; w < 4; ++w) row += cx[w] * pixel(y0 + h, x0 + w);
-                v += cy[h] * row;
-              }
-            }
-            out[o] = st<T>(v);
-          }
-        }
-      });
-    }, "grid");
+          });
+        },
+        "grid");
   });
 }
 
@@ -156,7 +162,7 @@ void op_roi_align(Kctx& k) {
   if (bidx_t.numel != R) k.invalid("batch_indices must have num_rois entries");
   auto bidx = read_ints(bidx_t, k, "batch_indices");
   std::string ctm = k.opset() != 0 && k.opset() < 16 ? std::string("output_half_pixel")
-                                                      : k.attr_s("coordinate_transformation_mode", "half_pixel");
+                                                     : k.attr_s("coordinate_transformation_mode", "half_pixel");
   bool half_pixel;
   if (ctm == "half_pixel") half_pixel = true;
   else if (ctm == "output_half_pixel") half_pixel = false;

@@ -182,10 +182,12 @@ void op_concat(Kctx& k) {
   os[axis] = 0;
   for (auto& x : xs) {
     if (x.dtype != xs[0].dtype) k.invalid("inputs have different dtypes");
-    if (x.ndim() != r) k.invalid(cat("inputs have different ranks: ", shape_str(xs[0].shape), " and ", shape_str(x.shape)));
+    if (x.ndim() != r)
+      k.invalid(cat("inputs have different ranks: ", shape_str(xs[0].shape), " and ", shape_str(x.shape)));
     for (int d = 0; d < r; ++d)
       if (d != axis && x.shape[d] != xs[0].shape[d])
-        k.invalid(cat("input shapes ", shape_str(xs[0].shape), " and ", shape_str(x.shape), " differ outside axis ", axis));
+        k.invalid(
+            cat("input shapes ", shape_str(xs[0].shape), " and ", shape_str(x.shape), " differ outside axis ", axis));
     os[axis] += x.shape[axis];
   }
   TView y = k.out(0, os);
@@ -423,8 +425,7 @@ void op_gather_nd(Kctx& k) {
   for (int64_t t = 0; t < n_tuples; ++t) {
     int64_t bi = t / std::max<int64_t>(per_batch_t, 1);
     int64_t off = bi * per_batch_x;
-    for (int64_t j = 0; j < last; ++j)
-      off += fix_index(k, idx[t * last + j], x.shape[b + j], "GatherND") * xs[b + j];
+    for (int64_t j = 0; j < last; ++j) off += fix_index(k, idx[t * last + j], x.shape[b + j], "GatherND") * xs[b + j];
     std::memcpy(y.bytes() + t * bytes, x.bytes() + off * static_cast<int64_t>(x.elem_size()), bytes);
   }
 }
@@ -569,7 +570,10 @@ void op_pad(Kctx& k) {
           rem %= ys[d];
           int64_t n = x.shape[d];
           if (c < 0 || c >= n) {
-            if (mode == "constant") { outside = true; break; }
+            if (mode == "constant") {
+              outside = true;
+              break;
+            }
             if (mode == "edge") c = c < 0 ? 0 : n - 1;
             else if (mode == "wrap") c = ((c % n) + n) % n;
             else if (n == 1) c = 0;
@@ -797,11 +801,14 @@ void op_eye_like(Kctx& k) {
   if (x.ndim() != 2) k.invalid("input must be 2-D");
   int64_t kk = k.attr_i("k", 0);
   TView y = k.out(0, x.shape);
-  dispatch(AllTs{}, y.dtype, k, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    for (int64_t i = 0; i < x.shape[0]; ++i)
-      for (int64_t j = 0; j < x.shape[1]; ++j) y.p<T>()[i * x.shape[1] + j] = st<T>(j - i == kk ? 1 : 0);
-  }, "output");
+  dispatch(
+      AllTs{}, y.dtype, k,
+      [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        for (int64_t i = 0; i < x.shape[0]; ++i)
+          for (int64_t j = 0; j < x.shape[1]; ++j) y.p<T>()[i * x.shape[1] + j] = st<T>(j - i == kk ? 1 : 0);
+      },
+      "output");
 }
 
 }  // namespace keel::ops::ref

@@ -52,31 +52,34 @@ void op_tfidf_vectorizer(Kctx& k) {
   std::vector<int64_t> tok = read_ints(x, k, "input");
   std::vector<double> freq(static_cast<size_t>(out_len));
   std::vector<int64_t> gram;
-  dispatch(FloatTs{}, y.dtype, k, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    for (int64_t r = 0; r < rows; ++r) {
-      std::fill(freq.begin(), freq.end(), 0.0);
-      const int64_t* t = tok.data() + r * C;
-      for (int64_t i = 0; i < C; ++i)
-        for (int64_t n = min_n; n <= max_n; ++n) {
-          // Unigrams are counted once per position; longer grams once per skip distance.
-          for (int64_t skip = 0; skip <= (n == 1 ? 0 : max_skip); ++skip) {
-            if (i + (n - 1) * (skip + 1) >= C) break;
-            gram.clear();
-            for (int64_t j = 0; j < n; ++j) gram.push_back(t[i + j * (skip + 1)]);
-            auto it = table.find(gram);
-            if (it != table.end()) freq[it->second] += 1;
+  dispatch(
+      FloatTs{}, y.dtype, k,
+      [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        for (int64_t r = 0; r < rows; ++r) {
+          std::fill(freq.begin(), freq.end(), 0.0);
+          const int64_t* t = tok.data() + r * C;
+          for (int64_t i = 0; i < C; ++i)
+            for (int64_t n = min_n; n <= max_n; ++n) {
+              // Unigrams are counted once per position; longer grams once per skip distance.
+              for (int64_t skip = 0; skip <= (n == 1 ? 0 : max_skip); ++skip) {
+                if (i + (n - 1) * (skip + 1) >= C) break;
+                gram.clear();
+                for (int64_t j = 0; j < n; ++j) gram.push_back(t[i + j * (skip + 1)]);
+                auto it = table.find(gram);
+                if (it != table.end()) freq[it->second] += 1;
+              }
+            }
+          T* out = y.p<T>() + r * out_len;
+          for (int64_t c = 0; c < out_len; ++c) {
+            double w = weights ? (*weights)[c] : 1.0, v = freq[c];
+            if (imode == 1) v = v > 0 ? w : 0;
+            else if (imode == 2) v = v * w;
+            out[c] = st<T>(v);
           }
         }
-      T* out = y.p<T>() + r * out_len;
-      for (int64_t c = 0; c < out_len; ++c) {
-        double w = weights ? (*weights)[c] : 1.0, v = freq[c];
-        if (imode == 1) v = v > 0 ? w : 0;
-        else if (imode == 2) v = v * w;
-        out[c] = st<T>(v);
-      }
-    }
-  }, "output");
+      },
+      "output");
 }
 
 }  // namespace keel::ops::ref

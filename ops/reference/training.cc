@@ -92,7 +92,8 @@ void op_momentum(Kctx& k) {
   OptimArgs a = optim_args(k, 3);
   auto alpha_o = k.attr_f_opt("alpha"), beta_o = k.attr_f_opt("beta"), norm_o = k.attr_f_opt("norm_coefficient");
   auto mode_o = k.attr_s_opt("mode");
-  if (!alpha_o || !beta_o || !norm_o || !mode_o) k.invalid("attributes alpha, beta, mode and norm_coefficient are required");
+  if (!alpha_o || !beta_o || !norm_o || !mode_o)
+    k.invalid("attributes alpha, beta, mode and norm_coefficient are required");
   const bool nesterov = *mode_o == "nesterov";
   if (!nesterov && *mode_o != "standard") k.invalid(cat("mode must be standard or nesterov, got '", *mode_o, "'"));
   const double alpha = *alpha_o, norm = *norm_o;

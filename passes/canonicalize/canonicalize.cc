@@ -34,18 +34,29 @@ const keel_core_api_t* g_host = nullptr;
 
 // Ops whose results are not a function of their inputs (never folded or merged).
 bool is_random(const std::string& op) {
-  static const std::set<std::string> k = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
-                                          "Multinomial",  "Bernoulli"};
+  static const std::set<std::string> k = {"RandomNormal",      "RandomUniform", "RandomNormalLike",
+                                          "RandomUniformLike", "Multinomial",   "Bernoulli"};
   return k.count(op) != 0;
 }
 // Ops with subgraphs or effects that folding does not look inside.
 // Control flow, and the ops that make or take apart sequences and optionals: their values are not tensors (the
 // executor runs them), so neither folding nor CSE touches them.
 bool is_control_flow(const std::string& op) {
-  static const std::set<std::string> kOps = {
-      "If", "Loop", "Scan", "SequenceMap", "SequenceConstruct", "SequenceEmpty", "SequenceInsert", "SequenceAt",
-      "SequenceErase", "SequenceLength", "SplitToSequence", "ConcatFromSequence", "Optional", "OptionalHasElement",
-      "OptionalGetElement"};
+  static const std::set<std::string> kOps = {"If",
+                                             "Loop",
+                                             "Scan",
+                                             "SequenceMap",
+                                             "SequenceConstruct",
+                                             "SequenceEmpty",
+                                             "SequenceInsert",
+                                             "SequenceAt",
+                                             "SequenceErase",
+                                             "SequenceLength",
+                                             "SplitToSequence",
+                                             "ConcatFromSequence",
+                                             "Optional",
+                                             "OptionalHasElement",
+                                             "OptionalGetElement"};
   return kOps.count(op) != 0;
 }
 
@@ -122,7 +133,8 @@ int64_t fold_round(GraphView& gv, const PassOptions& opts, Report& report, FoldS
       if (o.empty()) continue;
       if (gv.is_graph_output(o)) ok = false;  // a graph output keeps its producer (and its name)
       auto vt = gv.value_type(o);
-      if (vt && vt->fully_known() && dtype_size(vt->dtype) * numel(vt->dims) > static_cast<uint64_t>(max_bytes)) ok = false;
+      if (vt && vt->fully_known() && dtype_size(vt->dtype) * numel(vt->dims) > static_cast<uint64_t>(max_bytes))
+        ok = false;
     }
     if (!ok) continue;
     foldable.insert(n);
@@ -214,8 +226,8 @@ int64_t fold_round(GraphView& gv, const PassOptions& opts, Report& report, FoldS
   }
 }
 
-keel_status_t fold_constants(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_options_t* o,
-                             const char*, keel_pass_report_t* r) {
+keel_status_t fold_constants(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_options_t* o, const char*,
+                             keel_pass_report_t* r) {
   return run_pass(g_host, [&] {
     GraphView gv(g, api);
     Report report(r);
@@ -327,8 +339,8 @@ std::string identity_kind(GraphView& gv, keel_node_id_t n, int32_t opset) {
   return "";
 }
 
-keel_status_t remove_identity(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_options_t*,
-                              const char*, keel_pass_report_t* r) {
+keel_status_t remove_identity(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_options_t*, const char*,
+                              keel_pass_report_t* r) {
   return run_pass(g_host, [&] {
     GraphView gv(g, api);
     Report report(r);
@@ -372,8 +384,10 @@ keel_status_t remove_identity(void*, keel_graph_t* g, const keel_graph_api_t* ap
     report.count("nodes_removed", total);
     if (bytes) report.count("bytes_saved", bytes);
     if (!what.empty()) report.note("removed " + what);
-    if (kept) report.note("kept " + std::to_string(kept) + " no-op node(s) that write a graph output directly from an input, "
-                          "a constant or a shared value");
+    if (kept)
+      report.note("kept " + std::to_string(kept) +
+                  " no-op node(s) that write a graph output directly from an input, "
+                  "a constant or a shared value");
   });
 }
 
@@ -501,8 +515,16 @@ keel_status_t init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
   return nullptr;
 }
 
-const keel_plugin_t kPlugin = {sizeof(keel_plugin_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR, "canonicalize",
-                               "0.1.0", KEEL_PLUGIN_KIND_PASS, init, nullptr};
+const keel_plugin_t kPlugin = {.struct_size = sizeof(keel_plugin_t),
+                               .abi_major = KEEL_PLUGIN_ABI_MAJOR,
+                               .abi_minor = KEEL_PLUGIN_ABI_MINOR,
+                               .name = "canonicalize",
+                               .version = "0.1.0",
+                               .kind = KEEL_PLUGIN_KIND_PASS,
+                               .init = init,
+                               .shutdown = nullptr,
+                               .init_instance = nullptr,
+                               .shutdown_instance = nullptr};
 
 }  // namespace
 }  // namespace keel::passes

@@ -10,8 +10,8 @@
 
 namespace keel::passes {
 
-using sdk::AttrValue;
 using sdk::Attrs;
+using sdk::AttrValue;
 using sdk::dtype_size;
 using sdk::GraphView;
 using sdk::HostTensor;

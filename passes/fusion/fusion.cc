@@ -66,7 +66,8 @@ Gate gate_of(const keel_options_t* o) {
   const std::string d = po.get_string("dtype", "f32");
   if (d == "bf16") g.dtype = KEEL_DTYPE_BF16;
   else if (d == "f16") g.dtype = KEEL_DTYPE_F16;
-  else if (d != "f32") throw PassError(KEEL_STATUS_INVALID_ARGUMENT, "option dtype = '" + d + "': expected f32, bf16 or f16");
+  else if (d != "f32")
+    throw PassError(KEEL_STATUS_INVALID_ARGUMENT, "option dtype = '" + d + "': expected f32, bf16 or f16");
   return g;
 }
 
@@ -81,10 +82,12 @@ bool fusion_pays(const char* domain, const char* op, int32_t opset, std::initial
   const std::string name = (domain && *domain ? std::string(domain) + "." : std::string()) + op;
   const int32_t dt[] = {gate.dtype};
   if (!g_host->kernel_exists || !g_host->kernel_exists(g_plugin, domain, op, opset, dev.c_str(), dt, 1)) {
-    *why = "no kernel for " + name + " on device '" + dev + "'" + (gate.dtype == KEEL_DTYPE_F32 ? "" : " in that dtype");
+    *why =
+        "no kernel for " + name + " on device '" + dev + "'" + (gate.dtype == KEEL_DTYPE_F32 ? "" : " in that dtype");
     return false;
   }
-  if (gate.any_kernel || !KEEL_HAS_MEMBER(g_host, keel_core_api_t, kernel_priority) || g_host->kernel_priority == nullptr)
+  if (gate.any_kernel || !KEEL_HAS_MEMBER(g_host, keel_core_api_t, kernel_priority) ||
+      g_host->kernel_priority == nullptr)
     return true;
   const int32_t fused = g_host->kernel_priority(g_plugin, domain, op, opset, dev.c_str(), dt, 1);
   for (const char* a : anchors) {
@@ -145,8 +148,8 @@ bool near(double a, double b, double rel = 1e-3) { return std::fabs(a - b) <= re
 
 // ------------------------------------------------------------------------------------------------ fuse_conv_bn
 
-keel_status_t fuse_conv_bn(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_options_t*,
-                           const char*, keel_pass_report_t* r) {
+keel_status_t fuse_conv_bn(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_options_t*, const char*,
+                           keel_pass_report_t* r) {
   return run_pass(g_host, [&] {
     GraphView gv(g, api);
     Report report(r);
@@ -157,22 +160,34 @@ keel_status_t fuse_conv_bn(void*, keel_graph_t* g, const keel_graph_api_t* api, 
       std::string y = gv.output(conv, 0);
       auto bn = sole_consumer(gv, y, "BatchNormalization");
       if (!bn || gv.input(*bn, 0) != y) continue;
-      if (gv.attr_int(*bn, "training_mode").value_or(0) != 0) { ++skipped["training-mode BatchNormalization"]; continue; }
+      if (gv.attr_int(*bn, "training_mode").value_or(0) != 0) {
+        ++skipped["training-mode BatchNormalization"];
+        continue;
+      }
       bool extra_outputs = false;
       for (size_t i = 1; i < gv.outputs(*bn).size(); ++i) {
         std::string o = gv.output(*bn, i);
         extra_outputs = extra_outputs || (!o.empty() && gv.use_count(o) != 0);
       }
-      if (extra_outputs) { ++skipped["BatchNormalization statistics outputs in use"]; continue; }
+      if (extra_outputs) {
+        ++skipped["BatchNormalization statistics outputs in use"];
+        continue;
+      }
       auto w = gv.f32_values(gv.input(conv, 1));
       auto scale = gv.f32_values(gv.input(*bn, 1)), shift = gv.f32_values(gv.input(*bn, 2));
       auto mean = gv.f32_values(gv.input(*bn, 3)), var = gv.f32_values(gv.input(*bn, 4));
-      if (!w || !scale || !shift || !mean || !var) { ++skipped["non-constant or non-f32 weights/statistics"]; continue; }
+      if (!w || !scale || !shift || !mean || !var) {
+        ++skipped["non-constant or non-f32 weights/statistics"];
+        continue;
+      }
       std::string b_name = gv.input(conv, 2);
       std::optional<std::vector<float>> b0;
       if (!b_name.empty()) {
         b0 = gv.f32_values(b_name);
-        if (!b0) { ++skipped["non-constant Conv bias"]; continue; }
+        if (!b0) {
+          ++skipped["non-constant Conv bias"];
+          continue;
+        }
       }
       std::vector<int64_t> wdims = GraphView::dims_of(gv.initializer(gv.input(conv, 1)));
       if (wdims.empty()) continue;
@@ -184,7 +199,10 @@ keel_status_t fuse_conv_bn(void*, keel_graph_t* g, const keel_graph_api_t* api, 
         continue;
       }
       Attrs attrs = gv.attrs(conv);
-      if (!GraphView::all_readable(attrs)) { ++skipped["Conv attributes unreadable"]; continue; }
+      if (!GraphView::all_readable(attrs)) {
+        ++skipped["Conv attributes unreadable"];
+        continue;
+      }
       const double eps = gv.attr_float(*bn, "epsilon").value_or(1e-5f);
       const int64_t per = M > 0 ? static_cast<int64_t>(w->size()) / M : 0;
       std::vector<float> w2(w->size()), b2(m);
@@ -203,7 +221,8 @@ keel_status_t fuse_conv_bn(void*, keel_graph_t* g, const keel_graph_api_t* api, 
     }
     report.count("ops_fused", fused);
     if (bytes) report.count("bytes_saved", bytes);
-    for (const auto& [why, n] : skipped) report.note("skipped " + std::to_string(n) + " Conv+BatchNormalization: " + why);
+    for (const auto& [why, n] : skipped)
+      report.note("skipped " + std::to_string(n) + " Conv+BatchNormalization: " + why);
   });
 }
 
@@ -548,7 +567,8 @@ keel_status_t fuse_attention(void*, keel_graph_t* g, const keel_graph_api_t* api
     Report report(r);
     const Gate gate = gate_of(o);
     std::string why;
-    const bool ok = fusion_pays("keel", "Attention", kKeelOpset, {"MatMul", "Softmax"}, gv.opset(""), device, gate, &why);
+    const bool ok =
+        fusion_pays("keel", "Attention", kKeelOpset, {"MatMul", "Softmax"}, gv.opset(""), device, gate, &why);
     const int32_t opset = gv.opset("");
     int64_t fused = 0, found = 0;
     for (keel_node_id_t n : gv.nodes()) {
@@ -582,11 +602,12 @@ struct Epilogue {
 
 // The activation node `n` as (name, params), or nullopt.
 std::optional<std::pair<std::string, std::vector<float>>> activation_of(const GraphView& gv, keel_node_id_t n,
-                                                                          int32_t opset) {
+                                                                        int32_t opset) {
   if (gv.domain(n) == "keel" && gv.op(n) == "Gelu") return std::make_pair(std::string("Gelu"), std::vector<float>{});
   if (!gv.domain(n).empty()) return std::nullopt;
   std::string op = gv.op(n);
-  if (op == "Relu" || op == "Sigmoid" || op == "Tanh" || op == "HardSwish") return std::make_pair(op, std::vector<float>{});
+  if (op == "Relu" || op == "Sigmoid" || op == "Tanh" || op == "HardSwish")
+    return std::make_pair(op, std::vector<float>{});
   if (op == "LeakyRelu") return std::make_pair(op, std::vector<float>{gv.attr_float(n, "alpha").value_or(0.01f)});
   if (op == "Clip") {
     float lo = -FLT_MAX, hi = FLT_MAX;
@@ -724,7 +745,8 @@ keel_status_t fuse_conv_activation(void*, keel_graph_t* g, const keel_graph_api_
   });
 }
 
-// ------------------------------------------------------------------------------------------------ fuse_matmul_activation
+// ------------------------------------------------------------------------------------------------
+// fuse_matmul_activation
 
 keel_status_t fuse_matmul_activation(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_options_t* o,
                                      const char* device, keel_pass_report_t* r) {
@@ -821,8 +843,16 @@ keel_status_t init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
   return nullptr;
 }
 
-const keel_plugin_t kPlugin = {sizeof(keel_plugin_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR, "fusion", "0.1.0",
-                               KEEL_PLUGIN_KIND_PASS, init, nullptr};
+const keel_plugin_t kPlugin = {.struct_size = sizeof(keel_plugin_t),
+                               .abi_major = KEEL_PLUGIN_ABI_MAJOR,
+                               .abi_minor = KEEL_PLUGIN_ABI_MINOR,
+                               .name = "fusion",
+                               .version = "0.1.0",
+                               .kind = KEEL_PLUGIN_KIND_PASS,
+                               .init = init,
+                               .shutdown = nullptr,
+                               .init_instance = nullptr,
+                               .shutdown_instance = nullptr};
 
 }  // namespace
 }  // namespace keel::passes

@@ -66,8 +66,8 @@ uint16_t f32_to_f16(float f) {
   const uint32_t a = u & 0x7fffffffu;
   if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);
   if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520: inf
-  if (a < 0x38800000u) {                                                // below the smallest normal: subnormal or 0
-    if (a < 0x33000000u) return sign;                                   // < 2^-25: rounds to 0
+  if (a < 0x38800000u) {                                               // below the smallest normal: subnormal or 0
+    if (a < 0x33000000u) return sign;                                  // < 2^-25: rounds to 0
     const uint32_t mant = (a & 0x7fffffu) | 0x800000u;
     const int shift = 126 - static_cast<int>(a >> 23);  // value / 2^-24 = mant * 2^(e - 126), e the biased exponent
     const uint32_t q = mant >> shift, rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1);
@@ -87,24 +87,71 @@ constexpr float kF16MinSub = 5.9604645e-08f;  // 2^-24
 bool in(const std::set<std::string>& s, const std::string& v) { return s.count(v) != 0; }
 
 // Ops that compute in the low type whenever they can (autocast's "lower precision" list).
-const std::set<std::string> kComputeOps = {"Conv", "ConvTranspose", "MatMul", "Gemm",
+const std::set<std::string> kComputeOps = {"Conv",           "ConvTranspose",    "MatMul",         "Gemm",
                                            "keel.FusedConv", "keel.FusedMatMul", "keel.FusedGemm", "keel.Attention"};
 
 // Ops that stay fp32 by default (autocast's fp32 list, in ONNX terms).
-const std::set<std::string> kKeepAlways = {
-    "ReduceSum", "ReduceMean", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp",
-    "ReduceSumSquare", "CumSum", "Exp", "Log", "Pow", "Reciprocal", "Sqrt", "Softplus", "Sinh", "Cosh", "Tan",
-    "Asin", "Acos", "Atanh", "LogSoftmax", "SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss", "Resize",
-    "Upsample", "InstanceNormalization", "GroupNormalization", "LpNormalization", "MeanVarianceNormalization",
-    "Einsum", "TopK", "Det"};
+const std::set<std::string> kKeepAlways = {"ReduceSum",
+                                           "ReduceMean",
+                                           "ReduceProd",
+                                           "ReduceL1",
+                                           "ReduceL2",
+                                           "ReduceLogSum",
+                                           "ReduceLogSumExp",
+                                           "ReduceSumSquare",
+                                           "CumSum",
+                                           "Exp",
+                                           "Log",
+                                           "Pow",
+                                           "Reciprocal",
+                                           "Sqrt",
+                                           "Softplus",
+                                           "Sinh",
+                                           "Cosh",
+                                           "Tan",
+                                           "Asin",
+                                           "Acos",
+                                           "Atanh",
+                                           "LogSoftmax",
+                                           "SoftmaxCrossEntropyLoss",
+                                           "NegativeLogLikelihoodLoss",
+                                           "Resize",
+                                           "Upsample",
+                                           "InstanceNormalization",
+                                           "GroupNormalization",
+                                           "LpNormalization",
+                                           "MeanVarianceNormalization",
+                                           "Einsum",
+                                           "TopK",
+                                           "Det"};
 // Kept for fp16 only: bf16 has f32's exponent range.
 const std::set<std::string> kKeepF16 = {"Softmax", "keel.Attention"};
 
 // Never converted: type-changing, quantization, random and constant-making ops (not counted as kept).
-const std::set<std::string> kNeverOps = {
-    "Cast", "CastLike", "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "keel.QConv", "keel.QGemm",
-    "Constant", "ConstantOfShape", "Range", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
-    "Multinomial", "EyeLike", "Bernoulli", "Dropout", "Shape", "Size", "If", "Loop", "Scan", "SequenceMap"};
+const std::set<std::string> kNeverOps = {"Cast",
+                                         "CastLike",
+                                         "QuantizeLinear",
+                                         "DequantizeLinear",
+                                         "DynamicQuantizeLinear",
+                                         "keel.QConv",
+                                         "keel.QGemm",
+                                         "Constant",
+                                         "ConstantOfShape",
+                                         "Range",
+                                         "RandomNormal",
+                                         "RandomUniform",
+                                         "RandomNormalLike",
+                                         "RandomUniformLike",
+                                         "Multinomial",
+                                         "EyeLike",
+                                         "Bernoulli",
+                                         "Dropout",
+                                         "Shape",
+                                         "Size",
+                                         "If",
+                                         "Loop",
+                                         "Scan",
+                                         "SequenceMap"};
 
 // Ops that read any dtype without computing on it: they read a low value directly rather than through a Cast.
 const std::set<std::string> kDtypeBlindReaders = {"Shape", "Size"};
@@ -238,11 +285,17 @@ class Converter {
       bool float_out = false;
       for (const auto& o : gv_.outputs(n)) float_out = float_out || is_f32(gv_, o);
       if (!float_out) continue;  // integer/bool results (and Shape-like readers): nothing to convert
-      if (!dom.empty() && dom != "keel") { keep(n, "unknown domain"); continue; }
+      if (!dom.empty() && dom != "keel") {
+        keep(n, "unknown domain");
+        continue;
+      }
       Attrs attrs = gv_.attrs(n);
       if (!GraphView::all_readable(attrs)) {
         bool sub = gv_.op(n) == "If" || gv_.op(n) == "Loop" || gv_.op(n) == "Scan" || gv_.op(n) == "SequenceMap";
-        if (sub) { ++subgraph_nodes_; keep(n, "subgraph"); }
+        if (sub) {
+          ++subgraph_nodes_;
+          keep(n, "subgraph");
+        }
         continue;  // Constant and friends: a constant, not a computation
       }
       if (in(kNeverOps, op)) continue;
@@ -457,14 +510,15 @@ class Converter {
   std::map<std::string, std::string> low_name_;
   std::set<std::string> converted_inits_;
   std::set<std::string> own_casts_;
-  std::set<std::string> converted_consts_;  // Constant-node outputs given a low initializer  // outputs of the Casts this pass added
+  std::set<std::string>
+      converted_consts_;  // Constant-node outputs given a low initializer  // outputs of the Casts this pass added
   std::map<std::string, std::map<std::string, int64_t>> kept_why_;
   int64_t converted_ = 0, kept_ = 0, casts_inserted_ = 0, casts_collapsed_ = 0, subgraph_nodes_ = 0;
   int64_t clamped_ = 0, clamped_over_ = 0, clamped_under_ = 0;
 };
 
-keel_status_t run_with(const char* fixed, keel_graph_t* g, const keel_graph_api_t* api,
-                       const keel_options_t* options, const char* device, keel_pass_report_t* r) {
+keel_status_t run_with(const char* fixed, keel_graph_t* g, const keel_graph_api_t* api, const keel_options_t* options,
+                       const char* device, keel_pass_report_t* r) {
   return run_pass(g_host, [&] {
     GraphView gv(g, api);
     Report report(r);
@@ -497,13 +551,22 @@ keel_status_t init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
                                        "keep-list in fp32",
                                        convert_precision))
     return st;
-  if (keel_status_t st = register_pass(host, plugin, "convert_fp16", "convert_precision with dtype = fp16", convert_fp16))
+  if (keel_status_t st =
+          register_pass(host, plugin, "convert_fp16", "convert_precision with dtype = fp16", convert_fp16))
     return st;
   return register_pass(host, plugin, "convert_bf16", "convert_precision with dtype = bf16", convert_bf16);
 }
 
-const keel_plugin_t kPlugin = {sizeof(keel_plugin_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR, "precision",
-                               "0.1.0", KEEL_PLUGIN_KIND_PASS, init, nullptr};
+const keel_plugin_t kPlugin = {.struct_size = sizeof(keel_plugin_t),
+                               .abi_major = KEEL_PLUGIN_ABI_MAJOR,
+                               .abi_minor = KEEL_PLUGIN_ABI_MINOR,
+                               .name = "precision",
+                               .version = "0.1.0",
+                               .kind = KEEL_PLUGIN_KIND_PASS,
+                               .init = init,
+                               .shutdown = nullptr,
+                               .init_instance = nullptr,
+                               .shutdown_instance = nullptr};
 
 }  // namespace
 }  // namespace keel::passes

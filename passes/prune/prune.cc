@@ -86,13 +86,15 @@ void prune_magnitude(GraphView& gv, double ratio, Report& report) {
 
 // Ops that act on each channel independently (channel removal passes through them).
 bool channelwise(const std::string& op) {
-  static const std::set<std::string> k = {"Relu",     "LeakyRelu",   "Sigmoid",           "HardSigmoid",
-                                          "HardSwish", "Clip",       "MaxPool",           "AveragePool",
-                                          "GlobalAveragePool", "GlobalMaxPool", "BatchNormalization", "Identity",
-                                          "Tanh",     "Elu",         "Selu",              "Softplus", "Dropout"};
+  static const std::set<std::string> k = {
+      "Relu",        "LeakyRelu",         "Sigmoid",       "HardSigmoid",        "HardSwish", "Clip", "MaxPool",
+      "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "BatchNormalization", "Identity",  "Tanh", "Elu",
+      "Selu",        "Softplus",          "Dropout"};
   return k.count(op) != 0;
 }
-bool coupling(const std::string& op) { return op == "Add" || op == "Sum" || op == "Concat" || op == "Sub" || op == "Mul"; }
+bool coupling(const std::string& op) {
+  return op == "Add" || op == "Sum" || op == "Concat" || op == "Sub" || op == "Mul";
+}
 
 int64_t group_of(GraphView& gv, keel_node_id_t n) { return gv.attr_int(n, "group").value_or(1); }
 
@@ -180,7 +182,10 @@ void prune_channels(GraphView& gv, double ratio, Report& report) {
       report.note("skipped: grouped Conv, which the per-chain mode leaves alone (" + cname + ")");
       continue;
     }
-    if (gv.use_count(wname) != 1) { report.note("skipped: weight shared (" + cname + ")"); continue; }
+    if (gv.use_count(wname) != 1) {
+      report.note("skipped: weight shared (" + cname + ")");
+      continue;
+    }
     std::string bname = gv.input(c1, 2);
     if (!bname.empty() && (!gv.initializer(bname) || gv.use_count(bname) != 1)) {
       report.note("skipped: bias not a private constant (" + cname + ")");
@@ -193,14 +198,26 @@ void prune_channels(GraphView& gv, double ratio, Report& report) {
     keel_node_id_t c2 = 0;
     bool found = false;
     while (true) {
-      if (gv.is_graph_output(v)) { why = "output is a graph output"; break; }
+      if (gv.is_graph_output(v)) {
+        why = "output is a graph output";
+        break;
+      }
       auto cons = gv.consumers(v);
       bool coupled = false;
       for (auto c : cons) coupled = coupled || coupling(gv.op(c));
-      if (coupled) { why = "residual-coupled"; break; }
-      if (cons.size() != 1) { why = "output has " + std::to_string(cons.size()) + " readers"; break; }
+      if (coupled) {
+        why = "residual-coupled";
+        break;
+      }
+      if (cons.size() != 1) {
+        why = "output has " + std::to_string(cons.size()) + " readers";
+        break;
+      }
       keel_node_id_t c = cons[0];
-      if (!gv.domain(c).empty()) { why = "reaches " + gv.op(c) + " (custom domain)"; break; }
+      if (!gv.domain(c).empty()) {
+        why = "reaches " + gv.op(c) + " (custom domain)";
+        break;
+      }
       if (gv.is(c, "Conv")) {
         if (gv.input(c, 0) != v || group_of(gv, c) != 1 || !gv.initializer(gv.input(c, 1)) ||
             gv.initializer(gv.input(c, 1))->dtype != KEEL_DTYPE_F32 || gv.use_count(gv.input(c, 1)) != 1) {
@@ -212,15 +229,24 @@ void prune_channels(GraphView& gv, double ratio, Report& report) {
         break;
       }
       std::string op = gv.op(c);
-      if (!channelwise(op)) { why = "reaches " + op; break; }
-      if (gv.input(c, 0) != v) { why = "reaches " + op + " at another input"; break; }
+      if (!channelwise(op)) {
+        why = "reaches " + op;
+        break;
+      }
+      if (gv.input(c, 0) != v) {
+        why = "reaches " + op + " at another input";
+        break;
+      }
       if (op == "BatchNormalization") {
         bool ok = true;
         for (size_t i = 1; i < 5; ++i) {
           std::string p = gv.input(c, i);
           ok = ok && gv.initializer(p) && gv.initializer(p)->dtype == KEEL_DTYPE_F32 && gv.use_count(p) == 1;
         }
-        if (!ok) { why = "BatchNormalization parameters are not private constants"; break; }
+        if (!ok) {
+          why = "BatchNormalization parameters are not private constants";
+          break;
+        }
       }
       if (op == "Clip" || op == "Dropout") {
         for (size_t i = 1; i < gv.inputs(c).size(); ++i)
@@ -238,8 +264,9 @@ void prune_channels(GraphView& gv, double ratio, Report& report) {
     int64_t k = static_cast<int64_t>(std::floor(ratio * static_cast<double>(O)));
     k = std::min<int64_t>(k, O - 1);
     if (k <= 0) {
-      if (ratio > 0) report.note("skipped: ratio " + ratio_text(ratio) + " removes no channel of " + std::to_string(O) +
-                                 " (" + cname + ")");
+      if (ratio > 0)
+        report.note("skipped: ratio " + ratio_text(ratio) + " removes no channel of " + std::to_string(O) + " (" +
+                    cname + ")");
       continue;
     }
     std::vector<float> wv = *gv.f32_values(wname);
@@ -279,10 +306,10 @@ void prune_channels(GraphView& gv, double ratio, Report& report) {
 // Gemm/MatMul input features after Flatten. Removing channel c removes it from every producer, BN and reader at once.
 struct ChannelGroup {
   std::set<std::string> values;
-  std::set<keel_node_id_t> passed;              // channel-wise / Add / Flatten nodes inside the group
-  std::vector<keel_node_id_t> producers;        // Convs writing a group value: weight axis 0 and bias shrink
-  std::vector<keel_node_id_t> norms;            // BatchNormalization on a group value: parameters 1..4 shrink
-  std::vector<keel_node_id_t> depthwise;        // depthwise Convs inside the group: weight axis 0, bias, `group`
+  std::set<keel_node_id_t> passed;        // channel-wise / Add / Flatten nodes inside the group
+  std::vector<keel_node_id_t> producers;  // Convs writing a group value: weight axis 0 and bias shrink
+  std::vector<keel_node_id_t> norms;      // BatchNormalization on a group value: parameters 1..4 shrink
+  std::vector<keel_node_id_t> depthwise;  // depthwise Convs inside the group: weight axis 0, bias, `group`
   std::vector<std::pair<keel_node_id_t, int>> readers;  // (node, weight axis) for input input channels / features
   // Gemm/MatMul reading a Flatten (axis 1) of a [N, C, spatial...] group value: channel c is the `spatial` features
   // c·spatial .. (c+1)·spatial − 1 of the weight's input axis.
@@ -359,10 +386,12 @@ class GroupBuilder {
     std::string w = gv_.input(n, 1), b = gv_.input(n, 2);
     if (!private_f32(gv_, w) || gv_.initializer(w)->ndim < 3)
       return fail("Conv " + gv_.name(n) + " has no private f32 constant weight"), false;
-    if (!b.empty() && !private_f32(gv_, b)) return fail("Conv " + gv_.name(n) + " bias is not a private constant"), false;
+    if (!b.empty() && !private_f32(gv_, b))
+      return fail("Conv " + gv_.name(n) + " bias is not a private constant"), false;
     const int64_t G = group_of(gv_, n), O = gv_.initializer(w)->dims[0];
-    if (G < 1 || O % G != 0) return fail("Conv " + gv_.name(n) + " has " + std::to_string(O) + " outputs in " +
-                                         std::to_string(G) + " groups"), false;
+    if (G < 1 || O % G != 0)
+      return fail("Conv " + gv_.name(n) + " has " + std::to_string(O) + " outputs in " + std::to_string(G) + " groups"),
+             false;
     if (G > 1) g_.blocks.push_back(G);  // its output rows: G blocks of O/G
     check_channels(gv_.output(n, 0), O);
     if (std::find(g_.producers.begin(), g_.producers.end(), n) == g_.producers.end()) g_.producers.push_back(n);
@@ -443,7 +472,8 @@ class GroupBuilder {
     for (const std::string& in : gv_.inputs(n)) {
       auto t = gv_.value_type(in);
       if (!t || !out_t || t->ndim != out_t->ndim || t->ndim < 2 || t->dims[1] != out_t->dims[1])
-        return fail(gv_.op(n) + " " + gv_.name(n) + " behind a Concat broadcasts channels or has unknown shapes"), false;
+        return fail(gv_.op(n) + " " + gv_.name(n) + " behind a Concat broadcasts channels or has unknown shapes"),
+               false;
       work.emplace_back(in, chain);
     }
     if (!extra_outputs_unused(n)) return fail(gv_.op(n) + " " + gv_.name(n) + " has a second output in use"), false;
@@ -529,7 +559,8 @@ class GroupBuilder {
         if (op == "Conv") {
           std::string w = gv_.input(c, 1);
           if (group_of(gv_, c) != 1)
-            return fail("Conv " + gv_.name(c) + " behind Concat " + cat + " is grouped (its groups would straddle the "
+            return fail("Conv " + gv_.name(c) + " behind Concat " + cat +
+                        " is grouped (its groups would straddle the "
                         "Concat's inputs)");
           if (!private_f32(gv_, w) || gv_.initializer(w)->ndim < 3)
             return fail("Conv " + gv_.name(c) + " behind a Concat has no private f32 weight");
@@ -662,9 +693,10 @@ class GroupBuilder {
       if (!add_producer(*p)) return;
     } else {
       if (gv_.is(*p, "Concat"))
-      return fail(v + " is the output of Concat " + gv_.name(*p) + " (these channels belong to the groups of the "
-                  "Concat's inputs and are pruned with them)");
-    if (!(gv_.is(*p, "Add") || gv_.is(*p, "Sum")) && gv_.output(*p, 0) != v)
+        return fail(v + " is the output of Concat " + gv_.name(*p) +
+                    " (these channels belong to the groups of the "
+                    "Concat's inputs and are pruned with them)");
+      if (!(gv_.is(*p, "Add") || gv_.is(*p, "Sum")) && gv_.output(*p, 0) != v)
         return fail(gv_.op(*p) + " " + gv_.name(*p) + " writes it as a secondary output");
       pass_through(*p);
     }
@@ -699,7 +731,8 @@ class GroupBuilder {
         g_.readers.emplace_back(c, 1);
       } else if (op == "Gemm" || op == "MatMul") {
         std::string w = gv_.input(c, 1);
-        if (!private_f32(gv_, w) || gv_.initializer(w)->ndim != 2 || (op == "Gemm" && gv_.attr_int(c, "transA").value_or(0)))
+        if (!private_f32(gv_, w) || gv_.initializer(w)->ndim != 2 ||
+            (op == "Gemm" && gv_.attr_int(c, "transA").value_or(0)))
           return fail(op + " " + gv_.name(c) + " has no private 2-D f32 weight");
         auto t = gv_.value_type(v);
         if (!t || t->ndim != 2) return fail(op + " " + gv_.name(c) + " reads a value that is not [N, C]");
@@ -756,8 +789,9 @@ void prune_coupled(GraphView& gv, double ratio, Report& report) {
     if (kb <= 0) {
       if (ratio > 0)
         report.note("skipped: ratio " + ratio_text(ratio) + " removes no channel of " +
-                    (L > 1 ? std::to_string(L) + " blocks of " + std::to_string(M) + " (grouped Convs need the same "
-                                                                                      "count per group)"
+                    (L > 1 ? std::to_string(L) + " blocks of " + std::to_string(M) +
+                                 " (grouped Convs need the same "
+                                 "count per group)"
                            : std::to_string(C)) +
                     " (" + names + ")");
       continue;
@@ -883,7 +917,8 @@ keel_status_t prune(void*, keel_graph_t* g, const keel_graph_api_t* api, const k
     if (mode == "magnitude") prune_magnitude(gv, ratio, report);
     else if (mode == "channel" && coupled) prune_coupled(gv, ratio, report);
     else if (mode == "channel") prune_channels(gv, ratio, report);
-    else throw PassError(KEEL_STATUS_INVALID_ARGUMENT, "prune: mode must be 'magnitude' or 'channel', not '" + mode + "'");
+    else
+      throw PassError(KEEL_STATUS_INVALID_ARGUMENT, "prune: mode must be 'magnitude' or 'channel', not '" + mode + "'");
   });
 }
 
@@ -898,8 +933,16 @@ keel_status_t init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
                        prune);
 }
 
-const keel_plugin_t kPlugin = {sizeof(keel_plugin_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR, "prune", "0.1.0",
-                               KEEL_PLUGIN_KIND_PASS, init, nullptr};
+const keel_plugin_t kPlugin = {.struct_size = sizeof(keel_plugin_t),
+                               .abi_major = KEEL_PLUGIN_ABI_MAJOR,
+                               .abi_minor = KEEL_PLUGIN_ABI_MINOR,
+                               .name = "prune",
+                               .version = "0.1.0",
+                               .kind = KEEL_PLUGIN_KIND_PASS,
+                               .init = init,
+                               .shutdown = nullptr,
+                               .init_instance = nullptr,
+                               .shutdown_instance = nullptr};
 
 }  // namespace
 }  // namespace keel::passes

@@ -84,7 +84,8 @@ keel_status_t quantize(void*, keel_graph_t* g, const keel_graph_api_t* api, cons
     std::set<std::string> exclude(excl.begin(), excl.end());
     const std::string method = opts.get_string("calibration", "minmax");
     const std::string act_type = opts.get_string("activation_type", "u8");
-    if (act_type != "u8" && act_type != "s8") throw PassError(KEEL_STATUS_INVALID_ARGUMENT, "activation_type must be u8 or s8, got '" + act_type + "'");
+    if (act_type != "u8" && act_type != "s8")
+      throw PassError(KEEL_STATUS_INVALID_ARGUMENT, "activation_type must be u8 or s8, got '" + act_type + "'");
     const bool s8 = act_type == "s8";
     const bool per_channel = opts.get_bool("per_channel", true);
     const bool per_axis_ok = per_channel && (gv.opset("") >= 13 || gv.opset("ai.onnx") >= 13);
@@ -127,7 +128,9 @@ keel_status_t quantize(void*, keel_graph_t* g, const keel_graph_api_t* api, cons
         std::string s = gv.unique_name(x + "_scale"), z = gv.unique_name(x + "_zero_point");
         gv.set_initializer(s, HostTensor::of<float>(KEEL_DTYPE_F32, {}, std::vector<float>{q.scale}));
         if (s8) gv.set_initializer(z, HostTensor::of<int8_t>(KEEL_DTYPE_I8, {}, std::vector<int8_t>{0}));
-        else gv.set_initializer(z, HostTensor::of<uint8_t>(KEEL_DTYPE_U8, {}, std::vector<uint8_t>{static_cast<uint8_t>(q.zp)}));
+        else
+          gv.set_initializer(
+              z, HostTensor::of<uint8_t>(KEEL_DTYPE_U8, {}, std::vector<uint8_t>{static_cast<uint8_t>(q.zp)}));
         std::string xq = gv.unique_name(x + "_quantized"), xd = gv.unique_name(x + "_dequantized");
         gv.add_node("", "QuantizeLinear", gv.unique_name(x + "_QuantizeLinear"), {x, s, z}, {xq});
         gv.add_node("", "DequantizeLinear", gv.unique_name(x + "_DequantizeLinear"), {xq, s, z}, {xd});
@@ -185,11 +188,11 @@ keel_status_t quantize(void*, keel_graph_t* g, const keel_graph_api_t* api, cons
   });
 }
 
-
 // ------------------------------------------------------------------------------------------------ fuse_qdq
 
 bool has_kernel(const char* domain, const char* op, int32_t opset, const char* device) {
-  return g_host->kernel_exists && g_host->kernel_exists(g_plugin, domain, op, opset, device ? device : "cpu", nullptr, 0);
+  return g_host->kernel_exists &&
+         g_host->kernel_exists(g_plugin, domain, op, opset, device ? device : "cpu", nullptr, 0);
 }
 
 // A scalar initializer's dtype (KEEL_DTYPE_UNDEFINED when `v` is not a one-element initializer).
@@ -198,8 +201,8 @@ int32_t scalar_dtype(const GraphView& gv, const std::string& v) {
   return t && GraphView::numel_of(t) == 1 ? t->dtype : KEEL_DTYPE_UNDEFINED;
 }
 
-keel_status_t fuse_qdq(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_options_t* o,
-                       const char* device, keel_pass_report_t* r) {
+keel_status_t fuse_qdq(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_options_t* o, const char* device,
+                       keel_pass_report_t* r) {
   return run_pass(g_host, [&] {
     GraphView gv(g, api);
     Report report(r);
@@ -248,7 +251,8 @@ keel_status_t fuse_qdq(void*, keel_graph_t* g, const keel_graph_api_t* api, cons
         out_axis = trans_b ? 0 : 1;
       }
       out_ch = wd[static_cast<size_t>(out_axis)];
-      if (ws_n != 1 && !(ws_n == out_ch && (wdq_axis == out_axis || wdq_axis == out_axis - static_cast<int64_t>(wd.size()))))
+      if (ws_n != 1 &&
+          !(ws_n == out_ch && (wdq_axis == out_axis || wdq_axis == out_axis - static_cast<int64_t>(wd.size()))))
         continue;
       // Bias: an f32 constant with one entry per output channel.
       std::string bias;
@@ -308,7 +312,8 @@ keel_status_t fuse_qdq(void*, keel_graph_t* g, const keel_graph_api_t* api, cons
         std::optional<std::pair<float, float>> clip;
         if (gv.is(c, "Clip")) {
           std::vector<std::string> ci = gv.inputs(c);
-          float lo = gv.attr_float(c, "min").value_or(-3.4028235e38f), hi = gv.attr_float(c, "max").value_or(3.4028235e38f);
+          float lo = gv.attr_float(c, "min").value_or(-3.4028235e38f),
+                hi = gv.attr_float(c, "max").value_or(3.4028235e38f);
           bool ok = true;
           if (ci.size() > 1 && !ci[1].empty()) {
             auto v = gv.scalar(ci[1]);
@@ -368,7 +373,8 @@ keel_status_t fuse_qdq(void*, keel_graph_t* g, const keel_graph_api_t* api, cons
       if (!p || !gv.is(*p, "QuantizeLinear")) continue;
       std::vector<std::string> qi = gv.inputs(*p);
       auto ft = gv.value_type(qi[0]);
-      if (qi.size() != 3 || !ft || ft->dtype != KEEL_DTYPE_F32 || !same_scalar(qi[1], in[3]) || !same_scalar(qi[2], in[4]))
+      if (qi.size() != 3 || !ft || ft->dtype != KEEL_DTYPE_F32 || !same_scalar(qi[1], in[3]) ||
+          !same_scalar(qi[2], in[4]))
         continue;
       gv.set_input(n, 0, qi[0]);
       gv.remove_node(*p);
@@ -481,8 +487,16 @@ keel_status_t init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
                        fuse_qdq);
 }
 
-const keel_plugin_t kPlugin = {sizeof(keel_plugin_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR, "quantize_int8",
-                               "0.1.0", KEEL_PLUGIN_KIND_PASS, init, nullptr};
+const keel_plugin_t kPlugin = {.struct_size = sizeof(keel_plugin_t),
+                               .abi_major = KEEL_PLUGIN_ABI_MAJOR,
+                               .abi_minor = KEEL_PLUGIN_ABI_MINOR,
+                               .name = "quantize_int8",
+                               .version = "0.1.0",
+                               .kind = KEEL_PLUGIN_KIND_PASS,
+                               .init = init,
+                               .shutdown = nullptr,
+                               .init_instance = nullptr,
+                               .shutdown_instance = nullptr};
 
 }  // namespace
 }  // namespace keel::passes

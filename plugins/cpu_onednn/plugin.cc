@@ -15,8 +15,8 @@
 #include <cstring>
 #include <exception>
 
-#include "steps/attention.h"
 #include "common/common.h"
+#include "steps/attention.h"
 
 namespace keel::onednn {
 
@@ -177,10 +177,16 @@ keel_status_t onednn_init(const keel_core_api_t* host, keel_plugin_handle_t* plu
 
 void onednn_shutdown() { g_host = nullptr; }
 
-const keel_plugin_t kPlugin = {
-    sizeof(keel_plugin_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR, "cpu_onednn", "0.1.0",
-    KEEL_PLUGIN_KIND_DEVICE, onednn_init, onednn_shutdown,
-};
+const keel_plugin_t kPlugin = {.struct_size = sizeof(keel_plugin_t),
+                               .abi_major = KEEL_PLUGIN_ABI_MAJOR,
+                               .abi_minor = KEEL_PLUGIN_ABI_MINOR,
+                               .name = "cpu_onednn",
+                               .version = "0.1.0",
+                               .kind = KEEL_PLUGIN_KIND_DEVICE,
+                               .init = onednn_init,
+                               .shutdown = onednn_shutdown,
+                               .init_instance = nullptr,
+                               .shutdown_instance = nullptr};
 
 }  // namespace
 }  // namespace keel::onednn

@@ -215,9 +215,9 @@ class LtPlan {
     std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, cublasStatus_t (*)(cublasLtMatmulPreference_t)> pref_guard(
         pref, cublasLtMatmulPreferenceDestroy);
     const uint64_t max_ws = kMaxWorkspace;
-    check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_ws,
-                                                  sizeof max_ws),
-             "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)", shapes);
+    check_lt(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_ws, sizeof max_ws),
+        "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)", shapes);
     // Our B is cuBLASLt's A and the other way round.
     const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.al_b},
@@ -259,9 +259,9 @@ class LtPlan {
       const int32_t count = static_cast<int32_t>(batch);
       check_lt(cublasLtMatrixLayoutSetAttribute(*out, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count),
                "cublasLtMatrixLayoutSetAttribute(BATCH_COUNT)", shapes);
-      check_lt(cublasLtMatrixLayoutSetAttribute(*out, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
-                                                sizeof stride),
-               "cublasLtMatrixLayoutSetAttribute(STRIDED_BATCH_OFFSET)", shapes);
+      check_lt(
+          cublasLtMatrixLayoutSetAttribute(*out, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride),
+          "cublasLtMatrixLayoutSetAttribute(STRIDED_BATCH_OFFSET)", shapes);
     }
   }
 
@@ -390,8 +390,8 @@ class MatMulK : public Kernel {
     if (k == 0) {  // Y = act(bias + Z)
       check_cuda(cudaMemsetAsync(y->data, 0, static_cast<size_t>(total * es), c.stream()), "MatMul memset");
       if (bias || z || act_.kind != static_cast<int32_t>(FusedAct::kNone))
-        check_cuda(launch_bias_act(dt_, y->data, bias, z, total, 1, n, static_cast<FusedAct>(act_.kind), act_.a,
-                                   act_.b, c.stream()),
+        check_cuda(launch_bias_act(dt_, y->data, bias, z, total, 1, n, static_cast<FusedAct>(act_.kind), act_.a, act_.b,
+                                   c.stream()),
                    ("MatMul epilogue, " + shapes).c_str());
       return;
     }
@@ -481,7 +481,8 @@ class GemmK : public Kernel {
     const Dims a = c.dims(0), b = c.dims(1);
     const std::string op = fused_ ? "FusedGemm" : "Gemm";
     std::string shapes = op + " A " + dims_str(a) + ", B " + dims_str(b);
-    if (a.size() != 2 || b.size() != 2) throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "cuda: needs 2-D A and B: " + shapes};
+    if (a.size() != 2 || b.size() != 2)
+      throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "cuda: needs 2-D A and B: " + shapes};
     const int64_t m = ta_ ? a[1] : a[0], k = ta_ ? a[0] : a[1];
     const int64_t kb = tb_ ? b[1] : b[0], n = tb_ ? b[0] : b[1];
     if (k != kb) throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "cuda: inner dims differ: " + shapes};
@@ -494,12 +495,12 @@ class GemmK : public Kernel {
       Dims c2 = cd;
       while (c2.size() < 2) c2.insert(c2.begin(), 1);
       if (cd.size() > 2 || (c2[0] != 1 && c2[0] != m) || (c2[1] != 1 && c2[1] != n))
-        throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "cuda: C does not broadcast to [" + std::to_string(m) + "," +
-                                                        std::to_string(n) + "]: " + shapes};
+        throw Failure{KEEL_STATUS_INVALID_ARGUMENT,
+                      "cuda: C does not broadcast to [" + std::to_string(m) + "," + std::to_string(n) + "]: " + shapes};
     }
     if (has_z && c.dims(3) != Dims{m, n})
-      throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "cuda: Z " + dims_str(c.dims(3)) + " must have the output's shape: " +
-                                                      shapes};
+      throw Failure{KEEL_STATUS_INVALID_ARGUMENT,
+                    "cuda: Z " + dims_str(c.dims(3)) + " must have the output's shape: " + shapes};
     keel_tensor_t* y = c.output(0, {m, n});
     if (m == 0 || n == 0) return;
     const int64_t es = dtype_size(dt_);
@@ -546,9 +547,9 @@ class GemmK : public Kernel {
         throw Failure{KEEL_STATUS_UNIMPLEMENTED, "cuda: K = 0 with beta != 1: " + shapes};
       }
       if (bias || !z_done || act != FusedAct::kNone)
-        check_cuda(launch_bias_act(dt_, y->data, bias, z_done ? nullptr : z, m * n, 1, n, act, act_.a, act_.b,
-                                   c.stream()),
-                   ("Gemm epilogue, " + shapes).c_str());
+        check_cuda(
+            launch_bias_act(dt_, y->data, bias, z_done ? nullptr : z, m * n, 1, n, act, act_.a, act_.b, c.stream()),
+            ("Gemm epilogue, " + shapes).c_str());
       return;
     }
     Scratch scratch;

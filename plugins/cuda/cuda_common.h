@@ -9,8 +9,8 @@
 #pragma once
 
 #include <cuda_runtime.h>
-#include <keel/kernel.hpp>
 #include <keel/plugin.h>
+#include <keel/kernel.hpp>
 #include <keel/shape.hpp>
 
 #include <cstdint>
@@ -24,10 +24,10 @@ using Dims = std::vector<int64_t>;
 extern const keel_core_api_t* g_host;
 
 // The SDK's C++ layer (sdk/include/keel/kernel.hpp, shape.hpp): Reject, Failure, element counts, dims_str.
-using sdk::Failure;
-using sdk::Reject;
 using sdk::dims_str;
+using sdk::Failure;
 using sdk::numel;
+using sdk::Reject;
 
 keel_status_t make_status(int32_t code, const std::string& msg);
 // Throws Failure (INTERNAL, or OUT_OF_MEMORY for allocation errors) naming `what` when e is not cudaSuccess.

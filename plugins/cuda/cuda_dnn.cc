@@ -84,8 +84,8 @@ class BatchNormK : public Kernel {
     keel_tensor_t* y = c.output(0, d);
     const int64_t n = numel(d);
     if (n == 0) return;
-    check_cuda(launch_batch_norm(c.dtype(0), pdt_, c.data(0), c.data(1), c.data(2), c.data(3), c.data(4), eps_,
-                                 y->data, n, inner, C, c.stream()),
+    check_cuda(launch_batch_norm(c.dtype(0), pdt_, c.data(0), c.data(1), c.data(2), c.data(3), c.data(4), eps_, y->data,
+                                 n, inner, C, c.stream()),
                ("BatchNormalization kernel, X " + dims_str(d)).c_str());
   }
 
@@ -169,18 +169,18 @@ class ConvK : public Kernel {
     if (has_b || has_z || act != FusedAct::kNone) {
       int64_t inner = 1;
       for (size_t i = 2; i < p.y.size(); ++i) inner *= p.y[i];
-      check_cuda(launch_bias_act(dt_, y->data, has_b ? c.data(2) : nullptr, has_z ? c.data(3) : nullptr,
-                                 numel(p.y), inner, M, act, act_.a, act_.b, c.stream()),
+      check_cuda(launch_bias_act(dt_, y->data, has_b ? c.data(2) : nullptr, has_z ? c.data(3) : nullptr, numel(p.y),
+                                 inner, M, act, act_.a, act_.b, c.stream()),
                  ("Conv epilogue, " + shapes).c_str());
     }
   }
 
  private:
   struct Plan {
-    Dims x, w, y;                           // the shapes this plan is for (as the node sees them)
-    Dims x_lifted, x_padded, pad_before;    // 1-D lifted to 2-D; explicitly padded input (when pads are asymmetric)
+    Dims x, w, y;                         // the shapes this plan is for (as the node sees them)
+    Dims x_lifted, x_padded, pad_before;  // 1-D lifted to 2-D; explicitly padded input (when pads are asymmetric)
     bool explicit_pad = false;
-    bool empty = false;                     // a zero-sized operand: no descriptors (cuDNN takes no empty tensors)
+    bool empty = false;  // a zero-sized operand: no descriptors (cuDNN takes no empty tensors)
     TensorDesc xd, yd, bd;
     FilterDesc wd;
     ConvDesc cd;
@@ -215,8 +215,8 @@ class ConvK : public Kernel {
     }
     p->x_lifted = lift(x, 1);
     const Dims y4 = lift(p->y, 1), w4 = lift(w, 1);
-    const Dims sym4 = lift_spatial(sym, 0), strides4 = lift_spatial(g.strides, 1),
-               dil4 = lift_spatial(g.dilations, 1), before4 = lift_spatial(before, 0), after4 = lift_spatial(after, 0);
+    const Dims sym4 = lift_spatial(sym, 0), strides4 = lift_spatial(g.strides, 1), dil4 = lift_spatial(g.dilations, 1),
+               before4 = lift_spatial(before, 0), after4 = lift_spatial(after, 0);
     p->x_padded = p->x_lifted;
     p->pad_before.assign(p->x_lifted.size(), 0);
     for (size_t i = 0; i < before4.size(); ++i) {
@@ -234,7 +234,8 @@ class ConvK : public Kernel {
                                                     od.data()),
               "cudnnGetConvolutionNdForwardOutputDim", shapes);
     for (size_t i = 0; i < od.size(); ++i)
-      if (od[i] != y4[i]) throw Failure{KEEL_STATUS_INTERNAL, "cuda: cuDNN's Conv output shape differs (" + shapes + ")"};
+      if (od[i] != y4[i])
+        throw Failure{KEEL_STATUS_INTERNAL, "cuda: cuDNN's Conv output shape differs (" + shapes + ")"};
     if (fused_) {
       Dims bshape(y4.size(), 1);
       bshape[1] = w[0];
@@ -337,8 +338,7 @@ class ConvTransposeK : public Kernel {
     if (has_b) {
       int64_t inner = 1;
       for (size_t i = 2; i < p.y.size(); ++i) inner *= p.y[i];
-      check_cuda(launch_bias_act(dt_, y->data, c.data(2), nullptr, n, inner, M, FusedAct::kNone, 0.f, 0.f,
-                                 c.stream()),
+      check_cuda(launch_bias_act(dt_, y->data, c.data(2), nullptr, n, inner, M, FusedAct::kNone, 0.f, 0.f, c.stream()),
                  ("ConvTranspose bias, " + shapes).c_str());
     }
   }
@@ -346,8 +346,8 @@ class ConvTransposeK : public Kernel {
  private:
   struct Plan {
     Dims x, w, y;
-    bool empty = false;  // a zero-sized operand: no descriptors
-    bool crop = false;   // asymmetric pads: cuDNN writes y_full (pads min(begin, end)), Y is cropped out of it
+    bool empty = false;        // a zero-sized operand: no descriptors
+    bool crop = false;         // asymmetric pads: cuDNN writes y_full (pads min(begin, end)), Y is cropped out of it
     Dims y_full, crop_before;  // crop_before: minus the offset of Y in y_full (launch_pad's convention)
     TensorDesc xd, yd;
     FilterDesc wd;
@@ -413,7 +413,8 @@ class ConvTransposeK : public Kernel {
   static Dims full_output(const TGeom& t) {
     const size_t r = t.y.size() - 2;
     Dims full = t.y;
-    for (size_t i = 0; i < r; ++i) full[i + 2] += std::max(t.pads[i], t.pads[i + r]) - std::min(t.pads[i], t.pads[i + r]);
+    for (size_t i = 0; i < r; ++i)
+      full[i + 2] += std::max(t.pads[i], t.pads[i + r]) - std::min(t.pads[i], t.pads[i + r]);
     return full;
   }
 
@@ -586,7 +587,8 @@ class PoolK : public Kernel {
       // MaxPool: the extra windows of ceil_mode read -inf padding past the end; each must still see an input
       // element (a window entirely past the input is 0 in the reference, -inf here). AveragePool: the divisor of
       // those windows differs from cuDNN's.
-      if (op_ != PoolOp::kMax) throw unimplemented("AveragePool with a ceil_mode that changes the output (" + shapes + ")");
+      if (op_ != PoolOp::kMax)
+        throw unimplemented("AveragePool with a ceil_mode that changes the output (" + shapes + ")");
       for (size_t i = 0; i < r; ++i)
         if ((g.out[i] - 1) * g.strides[i] - g.pads[i] >= g.in[i])
           throw unimplemented("MaxPool with ceil_mode windows past the input (" + shapes + ")");
@@ -646,7 +648,8 @@ class PoolK : public Kernel {
                            pad = to_int(lift_spatial(sym, 0), "pads"),
                            str = to_int(lift_spatial(g.strides, 1), "strides");
     cudnnPoolingMode_t mode = CUDNN_POOLING_MAX;
-    if (avg) mode = include_pad_ ? CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING : CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING;
+    if (avg)
+      mode = include_pad_ ? CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING : CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING;
     check_dnn(cudnnSetPoolingNdDescriptor(p->pd.get(), mode, CUDNN_PROPAGATE_NAN, static_cast<int>(win.size()),
                                           win.data(), pad.data(), str.data()),
               "cudnnSetPoolingNdDescriptor", shapes);

@@ -1,5 +1,6 @@
 // plugins/cuda/cuda_kernels.cu — the CUDA plugin's own kernels (element-wise, broadcast, Where, Softmax, strided
-// copy, Cast, reductions, ArgMax/ArgMin, LayerNormalization, Gather, Pad, Resize). One translation unit on purpose: nvcc is the slow part of the build, and sm_90 only.
+// copy, Cast, reductions, ArgMax/ArgMin, LayerNormalization, Gather, Pad, Resize). One translation unit on purpose:
+// nvcc is the slow part of the build, and sm_90 only.
 //
 // Arithmetic is in float for F32, F16 and BF16 (loads widen, stores round to nearest even). Grid-stride loops;
 // the op switch is uniform across the grid, so it costs a branch, not divergence.
@@ -146,14 +147,17 @@ __global__ void softmax_kernel(const T* x, T* y, int64_t cols, bool log_out) {
 }
 
 // Cast: widen to double or int64, then narrow. Integer<->integer goes through int64 (exact); the rest via double.
-__device__ __forceinline__ bool is_int(int32_t t) { return t == U8 || t == I8 || t == I16 || t == I32 || t == I64 || t == BOOL; }
+__device__ __forceinline__ bool is_int(int32_t t) {
+  return t == U8 || t == I8 || t == I16 || t == I32 || t == I64 || t == BOOL;
+}
 __device__ __forceinline__ double load_d(const void* p, int32_t t, int64_t i) {
   switch (t) {
     case F32: return static_cast<const float*>(p)[i];
     case F16: return __half2float(static_cast<const __half*>(p)[i]);
     case BF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
     case F64: return static_cast<const double*>(p)[i];
-    case U8: case BOOL: return static_cast<const uint8_t*>(p)[i];
+    case U8:
+    case BOOL: return static_cast<const uint8_t*>(p)[i];
     case I8: return static_cast<const int8_t*>(p)[i];
     case I16: return static_cast<const int16_t*>(p)[i];
     case I32: return static_cast<const int32_t*>(p)[i];
@@ -163,7 +167,8 @@ __device__ __forceinline__ double load_d(const void* p, int32_t t, int64_t i) {
 }
 __device__ __forceinline__ int64_t load_i(const void* p, int32_t t, int64_t i) {
   switch (t) {
-    case U8: case BOOL: return static_cast<const uint8_t*>(p)[i];
+    case U8:
+    case BOOL: return static_cast<const uint8_t*>(p)[i];
     case I8: return static_cast<const int8_t*>(p)[i];
     case I16: return static_cast<const int16_t*>(p)[i];
     case I32: return static_cast<const int32_t*>(p)[i];
@@ -249,7 +254,8 @@ __device__ __forceinline__ Comb comb_of(Reduce op) {
 // The per-element term (shift: the row maximum for LogSumExp).
 __device__ __forceinline__ float red_map(Reduce op, float x, float shift) {
   switch (op) {
-    case Reduce::kSumSquare: case Reduce::kL2: return x * x;
+    case Reduce::kSumSquare:
+    case Reduce::kL2: return x * x;
     case Reduce::kL1: return fabsf(x);
     case Reduce::kLogSumExp: return expf(x - shift);
     default: return x;
@@ -329,7 +335,8 @@ __global__ void arg_reduce_kernel(bool is_max, bool last, const T* x, int64_t* y
     const T* base = x + offset_of(out, o, 0);
     float v = 0.f;
     int64_t idx = -1;
-    for (int64_t j = threadIdx.x; j < n_red; j += blockDim.x) arg_comb(is_max, last, v, idx, ld(base, j * red_stride), j);
+    for (int64_t j = threadIdx.x; j < n_red; j += blockDim.x)
+      arg_comb(is_max, last, v, idx, ld(base, j * red_stride), j);
     for (int s = 16; s > 0; s >>= 1) {
       const float v2 = __shfl_xor_sync(0xffffffffu, v, s);
       const int64_t i2 = __shfl_xor_sync(0xffffffffu, idx, s);
@@ -502,8 +509,7 @@ __global__ void resize_kernel(const T* x, T* y, int64_t n, ResizeDesc d) {
     } else {
       const float top = ld(p, h0 * d.in_w + w0) * (1.f - rw) + (rw != 0.f ? ld(p, h0 * d.in_w + w1) * rw : 0.f);
       float bottom = 0.f;
-      if (rh != 0.f)
-        bottom = ld(p, h1 * d.in_w + w0) * (1.f - rw) + (rw != 0.f ? ld(p, h1 * d.in_w + w1) * rw : 0.f);
+      if (rh != 0.f) bottom = ld(p, h1 * d.in_w + w0) * (1.f - rw) + (rw != 0.f ? ld(p, h1 * d.in_w + w1) * rw : 0.f);
       v = top * (1.f - rh) + bottom * rh;
     }
     st(y, i, v);
@@ -535,8 +541,8 @@ struct BinaryL {
       binary_same_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(op, static_cast<const T*>(a), static_cast<const T*>(b),
                                                                static_cast<T*>(y), n);
     else
-      binary_bcast_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(op, static_cast<const T*>(a),
-                                                                static_cast<const T*>(b), static_cast<T*>(y), n, st);
+      binary_bcast_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(op, static_cast<const T*>(a), static_cast<const T*>(b),
+                                                                static_cast<T*>(y), n, st);
     return cudaGetLastError();
   }
 };
@@ -549,7 +555,7 @@ struct SoftmaxL {
     for (int64_t r0 = 0; r0 < rows; r0 += 65535LL * 1024) {  // grid.x limit is 2^31-1; keep chunks modest
       const int64_t r = rows - r0 < 65535LL * 1024 ? rows - r0 : 65535LL * 1024;
       softmax_kernel<T><<<static_cast<unsigned>(r), threads, 0, s>>>(static_cast<const T*>(x) + r0 * cols,
-                                                                   static_cast<T*>(y) + r0 * cols, cols, log);
+                                                                     static_cast<T*>(y) + r0 * cols, cols, log);
     }
     return cudaGetLastError();
   }
@@ -563,8 +569,8 @@ cudaError_t launch_unary(Unary op, int32_t dtype, const void* x, void* y, int64_
   return by_float_dtype<UnaryL>(dtype, op, x, y, n, a, b, g, s);
 }
 
-cudaError_t launch_binary(Binary op, int32_t dtype, const void* a, const void* b, void* y, int64_t n,
-                          const Strided& st, bool same_shape, cudaStream_t s) {
+cudaError_t launch_binary(Binary op, int32_t dtype, const void* a, const void* b, void* y, int64_t n, const Strided& st,
+                          bool same_shape, cudaStream_t s) {
   if (n == 0) return cudaSuccess;
   return by_float_dtype<BinaryL>(dtype, op, a, b, y, n, st, same_shape, s);
 }
@@ -580,10 +586,18 @@ cudaError_t launch_where(int32_t elem_size, const uint8_t* c, const void* x, con
   if (n == 0) return cudaSuccess;
   const int b = blocks_for(n);
   switch (elem_size) {
-    case 1: where_kernel<uint8_t><<<b, kThreads, 0, s>>>(c, (const uint8_t*)x, (const uint8_t*)yv, (uint8_t*)out, n, st); break;
-    case 2: where_kernel<uint16_t><<<b, kThreads, 0, s>>>(c, (const uint16_t*)x, (const uint16_t*)yv, (uint16_t*)out, n, st); break;
-    case 4: where_kernel<uint32_t><<<b, kThreads, 0, s>>>(c, (const uint32_t*)x, (const uint32_t*)yv, (uint32_t*)out, n, st); break;
-    case 8: where_kernel<uint64_t><<<b, kThreads, 0, s>>>(c, (const uint64_t*)x, (const uint64_t*)yv, (uint64_t*)out, n, st); break;
+    case 1:
+      where_kernel<uint8_t><<<b, kThreads, 0, s>>>(c, (const uint8_t*)x, (const uint8_t*)yv, (uint8_t*)out, n, st);
+      break;
+    case 2:
+      where_kernel<uint16_t><<<b, kThreads, 0, s>>>(c, (const uint16_t*)x, (const uint16_t*)yv, (uint16_t*)out, n, st);
+      break;
+    case 4:
+      where_kernel<uint32_t><<<b, kThreads, 0, s>>>(c, (const uint32_t*)x, (const uint32_t*)yv, (uint32_t*)out, n, st);
+      break;
+    case 8:
+      where_kernel<uint64_t><<<b, kThreads, 0, s>>>(c, (const uint64_t*)x, (const uint64_t*)yv, (uint64_t*)out, n, st);
+      break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
@@ -605,7 +619,16 @@ cudaError_t launch_strided_copy(int32_t elem_size, const void* in, void* out, in
 
 bool cast_supported(int32_t t) {
   switch (t) {
-    case F32: case F16: case BF16: case F64: case U8: case I8: case I16: case I32: case I64: case BOOL: return true;
+    case F32:
+    case F16:
+    case BF16:
+    case F64:
+    case U8:
+    case I8:
+    case I16:
+    case I32:
+    case I64:
+    case BOOL: return true;
   }
   return false;
 }
@@ -652,8 +675,8 @@ template <class T>
 struct ArgL {
   static cudaError_t run(bool is_max, bool last, const void* x, int64_t* y, int64_t n_out, const Strided& out,
                          int64_t n_red, int64_t red_stride, cudaStream_t s) {
-    arg_reduce_kernel<T><<<item_blocks(n_out), coop_threads(n_red, 256), 0, s>>>(
-        is_max, last, static_cast<const T*>(x), y, n_out, out, n_red, red_stride);
+    arg_reduce_kernel<T><<<item_blocks(n_out), coop_threads(n_red, 256), 0, s>>>(is_max, last, static_cast<const T*>(x),
+                                                                                 y, n_out, out, n_red, red_stride);
     return cudaGetLastError();
   }
 };
@@ -687,8 +710,7 @@ cudaError_t gather_as(const void* data, int32_t index_dtype, const void* indices
     gather_kernel<E, int32_t><<<blocks_for(n), kThreads, 0, s>>>(static_cast<const E*>(data),
                                                                  static_cast<const int32_t*>(indices),
                                                                  static_cast<E*>(out), n, axis_len, inner, n_idx, bad);
-  else
-    return cudaErrorInvalidValue;
+  else return cudaErrorInvalidValue;
   return cudaGetLastError();
 }
 
@@ -712,9 +734,9 @@ cudaError_t launch_arg_reduce(bool is_max, bool select_last, int32_t dtype, cons
   return by_float_dtype<ArgL>(dtype, is_max, select_last, x, y, n_out, out, n_red, red_stride, s);
 }
 
-cudaError_t launch_layer_norm(int32_t dtype, const void* x, const void* scale, const void* bias, void* y,
-                              int64_t rows, int64_t cols, float epsilon, int32_t stat_dtype, void* mean,
-                              void* inv_std, cudaStream_t s) {
+cudaError_t launch_layer_norm(int32_t dtype, const void* x, const void* scale, const void* bias, void* y, int64_t rows,
+                              int64_t cols, float epsilon, int32_t stat_dtype, void* mean, void* inv_std,
+                              cudaStream_t s) {
   if (rows == 0) return cudaSuccess;
   if (cols == 0) return cudaErrorInvalidValue;
   if (stat_dtype != F32 && stat_dtype != F16 && stat_dtype != BF16) return cudaErrorInvalidValue;
@@ -722,8 +744,7 @@ cudaError_t launch_layer_norm(int32_t dtype, const void* x, const void* scale, c
 }
 
 cudaError_t launch_gather(int32_t elem_size, const void* data, int32_t index_dtype, const void* indices, void* out,
-                          int64_t outer, int64_t axis_len, int64_t inner, int64_t n_idx, int32_t* bad,
-                          cudaStream_t s) {
+                          int64_t outer, int64_t axis_len, int64_t inner, int64_t n_idx, int32_t* bad, cudaStream_t s) {
   const int64_t n = outer * n_idx * inner;
   if (n == 0) return cudaSuccess;
   switch (elem_size) {

@@ -21,8 +21,29 @@ struct Strided {
 };
 
 enum class Unary : int32_t {
-  kRelu, kSigmoid, kTanh, kExp, kLog, kNeg, kAbs, kSqrt, kReciprocal, kErf, kLeakyRelu, kElu, kHardSigmoid,
-  kSoftplus, kSoftsign, kSin, kCos, kFloor, kCeil, kHardSwish, kSelu, kGeluErf, kGeluTanh,
+  kRelu,
+  kSigmoid,
+  kTanh,
+  kExp,
+  kLog,
+  kNeg,
+  kAbs,
+  kSqrt,
+  kReciprocal,
+  kErf,
+  kLeakyRelu,
+  kElu,
+  kHardSigmoid,
+  kSoftplus,
+  kSoftsign,
+  kSin,
+  kCos,
+  kFloor,
+  kCeil,
+  kHardSwish,
+  kSelu,
+  kGeluErf,
+  kGeluTanh,
   kClip,  // min(max(x, alpha), beta)
 };
 enum class Binary : int32_t { kAdd, kSub, kMul, kDiv, kPow, kMax, kMin };
@@ -31,14 +52,13 @@ enum class Binary : int32_t { kAdd, kSub, kMul, kDiv, kPow, kMax, kMin };
 cudaError_t launch_unary(Unary op, int32_t dtype, const void* x, void* y, int64_t n, float alpha, float beta,
                          float gamma, cudaStream_t s);
 // y = a op b; `st` describes y's dims with strides for a (operand 0) and b (operand 1). `same_shape` = no broadcast.
-cudaError_t launch_binary(Binary op, int32_t dtype, const void* a, const void* b, void* y, int64_t n,
-                          const Strided& st, bool same_shape, cudaStream_t s);
+cudaError_t launch_binary(Binary op, int32_t dtype, const void* a, const void* b, void* y, int64_t n, const Strided& st,
+                          bool same_shape, cudaStream_t s);
 // y = cond ? x : yv, elements of `elem_size` bytes; operands 0 = cond (bytes), 1 = x, 2 = y.
 cudaError_t launch_where(int32_t elem_size, const uint8_t* cond, const void* x, const void* yv, void* out, int64_t n,
                          const Strided& st, cudaStream_t s);
 // Softmax (or LogSoftmax) over the last of [rows, cols], dtype F32, F16 or BF16.
-cudaError_t launch_softmax(int32_t dtype, const void* x, void* y, int64_t rows, int64_t cols, bool log,
-                           cudaStream_t s);
+cudaError_t launch_softmax(int32_t dtype, const void* x, void* y, int64_t rows, int64_t cols, bool log, cudaStream_t s);
 // out[i] = in[strided offset of i] (operand 0): Transpose, Expand-like broadcasts. elem_size 1, 2, 4 or 8.
 cudaError_t launch_strided_copy(int32_t elem_size, const void* in, void* out, int64_t n, const Strided& st,
                                 cudaStream_t s);
@@ -60,15 +80,14 @@ cudaError_t launch_arg_reduce(bool is_max, bool select_last, int32_t dtype, cons
 // LayerNormalization over the last `cols` of [rows, cols]: y = (x - mean) * rsqrt(var + eps) * scale + bias
 // (bias may be null; scale/bias have `cols` elements of the same dtype). mean/inv_std (may be null) get one value
 // per row in `stat_dtype` (F32, F16 or BF16).
-cudaError_t launch_layer_norm(int32_t dtype, const void* x, const void* scale, const void* bias, void* y,
-                              int64_t rows, int64_t cols, float epsilon, int32_t stat_dtype, void* mean,
-                              void* inv_std, cudaStream_t s);
+cudaError_t launch_layer_norm(int32_t dtype, const void* x, const void* scale, const void* bias, void* y, int64_t rows,
+                              int64_t cols, float epsilon, int32_t stat_dtype, void* mean, void* inv_std,
+                              cudaStream_t s);
 // Gather along one axis of data viewed as [outer, axis_len, inner] (elements of elem_size bytes) with n_idx
 // indices (I32 or I64; negative ones count from the end). An index out of [-axis_len, axis_len) sets *bad = 1
 // (device memory, may be null) and writes zeros.
 cudaError_t launch_gather(int32_t elem_size, const void* data, int32_t index_dtype, const void* indices, void* out,
-                          int64_t outer, int64_t axis_len, int64_t inner, int64_t n_idx, int32_t* bad,
-                          cudaStream_t s);
+                          int64_t outer, int64_t axis_len, int64_t inner, int64_t n_idx, int32_t* bad, cudaStream_t s);
 // Pad: out dims = in dims + begin + end (either may be negative: crops). mode 0 constant (`value`, converted to the
 // dtype), 1 reflect, 2 edge.
 struct PadDesc {

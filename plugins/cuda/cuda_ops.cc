@@ -1,7 +1,7 @@
 // plugins/cuda/cuda_ops.cc — host side of the CUDA plugin's own kernels: element-wise unary and binary (with
 // multidirectional broadcasting), Where, Softmax/LogSoftmax, Transpose, Concat, Cast, Clip, Gelu, reductions,
-// ArgMax/ArgMin, LayerNormalization, Gather, Slice, Expand, Pad, Split, Resize and the reshaping ops. The device code is in
-// cuda_kernels.cu. Anything not handled is rejected at create (UNIMPLEMENTED), so the core runs it on the CPU.
+// ArgMax/ArgMin, LayerNormalization, Gather, Slice, Expand, Pad, Split, Resize and the reshaping ops. The device code
+// is in cuda_kernels.cu. Anything not handled is rejected at create (UNIMPLEMENTED), so the core runs it on the CPU.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -34,7 +34,9 @@ Dims broadcast_dims(const std::vector<Dims>& in) {
       const int64_t v = d[i];
       if (v == o || v == 1) continue;
       if (o == 1) o = v;
-      else throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "cuda: shapes do not broadcast: " + dims_str(d) + " vs " + dims_str(out)};
+      else
+        throw Failure{KEEL_STATUS_INVALID_ARGUMENT,
+                      "cuda: shapes do not broadcast: " + dims_str(d) + " vs " + dims_str(out)};
     }
   return out;
 }
@@ -42,7 +44,8 @@ Dims broadcast_dims(const std::vector<Dims>& in) {
 // A Strided view of `out` with operand k reading `in[k]` (right-aligned, stride 0 where broadcast).
 Strided make_strided(const Dims& out, const std::vector<Dims>& in) {
   if (out.size() > static_cast<size_t>(kMaxRank))
-    throw Failure{KEEL_STATUS_UNIMPLEMENTED, "cuda: rank " + std::to_string(out.size()) + " > " + std::to_string(kMaxRank)};
+    throw Failure{KEEL_STATUS_UNIMPLEMENTED,
+                  "cuda: rank " + std::to_string(out.size()) + " > " + std::to_string(kMaxRank)};
   Strided s;
   s.ndim = static_cast<int32_t>(out.size());
   for (size_t d = 0; d < out.size(); ++d) s.dims[d] = out[d];
@@ -68,7 +71,10 @@ class UnaryK : public Kernel {
     switch (op_) {  // attributes with ONNX defaults
       case Unary::kLeakyRelu: a_ = c.attr_f("alpha", 0.01f); break;
       case Unary::kElu: a_ = c.attr_f("alpha", 1.0f); break;
-      case Unary::kHardSigmoid: a_ = c.attr_f("alpha", 0.2f); b_ = c.attr_f("beta", 0.5f); break;
+      case Unary::kHardSigmoid:
+        a_ = c.attr_f("alpha", 0.2f);
+        b_ = c.attr_f("beta", 0.5f);
+        break;
       case Unary::kSelu:
         a_ = c.attr_f("alpha", 1.67326319217681884765625f);
         g_ = c.attr_f("gamma", 1.05070102214813232421875f);
@@ -255,8 +261,9 @@ class CastK : public Kernel {
     keel_tensor_t* y = c.output(0, d);
     const int64_t n = numel(d);
     if (c.dtype(0) == to_) {
-      if (n) check_cuda(cudaMemcpyAsync(y->data, c.data(0), n * dtype_size(to_), cudaMemcpyDeviceToDevice, c.stream()),
-                        "Cast copy");
+      if (n)
+        check_cuda(cudaMemcpyAsync(y->data, c.data(0), n * dtype_size(to_), cudaMemcpyDeviceToDevice, c.stream()),
+                   "Cast copy");
       return;
     }
     check_cuda(launch_cast(c.dtype(0), c.data(0), to_, y->data, n, c.stream()), "cast kernel");
@@ -280,7 +287,10 @@ float half_bits_to_float(uint16_t h) {
       bits = sign;
     } else {  // subnormal: normalise
       int e = -1;
-      do { ++e; man <<= 1; } while ((man & 0x400u) == 0);
+      do {
+        ++e;
+        man <<= 1;
+      } while ((man & 0x400u) == 0);
       bits = sign | (static_cast<uint32_t>(127 - 15 - e) << 23) | ((man & 0x3ffu) << 13);
     }
   } else {
@@ -311,7 +321,8 @@ std::vector<double> as_doubles(int32_t dtype, const void* p, int64_t n) {
       case KEEL_DTYPE_I32: x = static_cast<const int32_t*>(p)[i]; break;
       case KEEL_DTYPE_I16: x = static_cast<const int16_t*>(p)[i]; break;
       case KEEL_DTYPE_I8: x = static_cast<const int8_t*>(p)[i]; break;
-      case KEEL_DTYPE_U8: case KEEL_DTYPE_BOOL: x = static_cast<const uint8_t*>(p)[i]; break;
+      case KEEL_DTYPE_U8:
+      case KEEL_DTYPE_BOOL: x = static_cast<const uint8_t*>(p)[i]; break;
       default: throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "cuda: unsupported dtype " + std::to_string(dtype)};
     }
     v[static_cast<size_t>(i)] = x;
@@ -319,9 +330,12 @@ std::vector<double> as_doubles(int32_t dtype, const void* p, int64_t n) {
   return v;
 }
 std::vector<int64_t> as_ints(int32_t dtype, const void* p, int64_t n) {
-  if (dtype == KEEL_DTYPE_I64) return std::vector<int64_t>(static_cast<const int64_t*>(p), static_cast<const int64_t*>(p) + n);
-  if (dtype == KEEL_DTYPE_I32) return std::vector<int64_t>(static_cast<const int32_t*>(p), static_cast<const int32_t*>(p) + n);
-  throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "cuda: expected an int64 or int32 tensor, got dtype " + std::to_string(dtype)};
+  if (dtype == KEEL_DTYPE_I64)
+    return std::vector<int64_t>(static_cast<const int64_t*>(p), static_cast<const int64_t*>(p) + n);
+  if (dtype == KEEL_DTYPE_I32)
+    return std::vector<int64_t>(static_cast<const int32_t*>(p), static_cast<const int32_t*>(p) + n);
+  throw Failure{KEEL_STATUS_INVALID_ARGUMENT,
+                "cuda: expected an int64 or int32 tensor, got dtype " + std::to_string(dtype)};
 }
 
 // A small input whose values the host needs (a shape, axes, pads, scales, ...): taken from the constant the kernel
@@ -359,7 +373,8 @@ class HostInput {
  private:
   std::vector<char> fetch(Ctx& c) const {
     const int32_t es = dtype_size(c.dtype(index_));
-    if (es == 0) throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "cuda: input " + std::to_string(index_) + " has no fixed-size dtype"};
+    if (es == 0)
+      throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "cuda: input " + std::to_string(index_) + " has no fixed-size dtype"};
     const int64_t n = numel(c.dims(index_));
     std::vector<char> h(static_cast<size_t>(n * es) + 1);
     if (n) {
@@ -448,8 +463,7 @@ class ReduceK : public Kernel {
       }
     }
     keel_tensor_t* y = c.output(0, out_dims);
-    check_cuda(launch_reduce(op_, c.dtype(0), c.data(0), y->data, n_out, out, n_red, rv, c.stream()),
-               "reduce kernel");
+    check_cuda(launch_reduce(op_, c.dtype(0), c.data(0), y->data, n_out, out, n_red, rv, c.stream()), "reduce kernel");
   }
 
  private:
@@ -473,7 +487,8 @@ class ArgReduceK : public Kernel {
   void run(Ctx& c) override {
     const Dims d = c.dims(0);
     const int64_t r = static_cast<int64_t>(d.size());
-    if (r == 0 || r > kMaxRank) throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "cuda: ArgMax/ArgMin of rank " + std::to_string(r)};
+    if (r == 0 || r > kMaxRank)
+      throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "cuda: ArgMax/ArgMin of rank " + std::to_string(r)};
     const int64_t axis = norm_axis(axis_, r, "ArgMax/ArgMin");
     if (d[axis] == 0) throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "cuda: ArgMax/ArgMin over an empty axis"};
     const Dims st = strides_of(d);
@@ -535,7 +550,8 @@ class LayerNormK : public Kernel {
       while (want.size() > 1 && want.front() == 1) want.erase(want.begin());
       if (numel(p) != cols || (pp != want && !(pp.size() == 1 && pp[0] == cols)))
         throw Failure{KEEL_STATUS_UNIMPLEMENTED, std::string("cuda: LayerNormalization ") + name + " " + dims_str(p) +
-                                                     " is not the normalised shape " + dims_str(Dims(d.begin() + axis, d.end()))};
+                                                     " is not the normalised shape " +
+                                                     dims_str(Dims(d.begin() + axis, d.end()))};
     };
     check_param(1, "Scale");
     if (c.has_input(2)) check_param(2, "B");
@@ -551,8 +567,8 @@ class LayerNormK : public Kernel {
     }
     if (stats[0] && stats[1] && c.output_dtype(1) != c.output_dtype(2))
       throw Failure{KEEL_STATUS_UNIMPLEMENTED, "cuda: LayerNormalization Mean and InvStdDev of different dtypes"};
-    check_cuda(launch_layer_norm(c.dtype(0), c.data(0), c.data(1), c.has_input(2) ? c.data(2) : nullptr, y->data,
-                                 rows, cols, eps_, stat_dt, stats[0], stats[1], c.stream()),
+    check_cuda(launch_layer_norm(c.dtype(0), c.data(0), c.data(1), c.has_input(2) ? c.data(2) : nullptr, y->data, rows,
+                                 cols, eps_, stat_dt, stats[0], stats[1], c.stream()),
                "layer norm kernel");
   }
 
@@ -594,8 +610,9 @@ class GatherK : public Kernel {
     if (idx_.constant()) {  // checked on the host: no round trip
       for (int64_t v : idx_.ints(c))
         if (v < -len || v >= len)
-          throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "cuda: Gather index " + std::to_string(v) + " out of range for axis " +
-                                                          std::to_string(axis) + " of size " + std::to_string(len)};
+          throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "cuda: Gather index " + std::to_string(v) +
+                                                          " out of range for axis " + std::to_string(axis) +
+                                                          " of size " + std::to_string(len)};
     }
     keel_tensor_t* y = c.output(0, out);
     if (numel(out) == 0) return;
@@ -714,9 +731,9 @@ class ExpandK : public Kernel {
     const Dims d = c.dims(0);
     const Dims out = broadcast_dims({d, shape_.ints(c)});
     keel_tensor_t* y = c.output(0, out);
-    check_cuda(launch_strided_copy(dtype_size(c.dtype(0)), c.data(0), y->data, numel(out), make_strided(out, {d}),
-                                   c.stream()),
-               "expand kernel");
+    check_cuda(
+        launch_strided_copy(dtype_size(c.dtype(0)), c.data(0), y->data, numel(out), make_strided(out, {d}), c.stream()),
+        "expand kernel");
   }
 
  private:
@@ -758,8 +775,8 @@ class PadK : public Kernel {
     if (axes.empty())
       for (int64_t i = 0; i < r; ++i) axes.push_back(i);
     if (pads.size() != 2 * axes.size())
-      throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "cuda: Pad: " + std::to_string(pads.size()) + " pads for " +
-                                                      std::to_string(axes.size()) + " axes"};
+      throw Failure{KEEL_STATUS_INVALID_ARGUMENT,
+                    "cuda: Pad: " + std::to_string(pads.size()) + " pads for " + std::to_string(axes.size()) + " axes"};
     PadDesc p;
     p.ndim = static_cast<int32_t>(r);
     Dims out = d;
@@ -773,9 +790,9 @@ class PadK : public Kernel {
     }
     for (int64_t i = 0; i < r; ++i) p.in_dims[i] = d[i], p.out_dims[i] = out[i];
     keel_tensor_t* y = c.output(0, out);
-    check_cuda(launch_pad(c.dtype(0), dtype_size(c.dtype(0)), c.data(0), y->data, numel(out), p, mode_, value,
-                          c.stream()),
-               "pad kernel");
+    check_cuda(
+        launch_pad(c.dtype(0), dtype_size(c.dtype(0)), c.data(0), y->data, numel(out), p, mode_, value, c.stream()),
+        "pad kernel");
   }
 
  private:
@@ -866,7 +883,8 @@ class ReshapeLikeK : public Kernel {
         for (size_t i = 0; i < shape.size(); ++i) {
           int64_t v = shape[i];
           if (v == 0 && !allowzero_) {
-            if (static_cast<int64_t>(i) >= r) throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "cuda: Reshape: 0 beyond the input's rank"};
+            if (static_cast<int64_t>(i) >= r)
+              throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "cuda: Reshape: 0 beyond the input's rank"};
             v = d[i];
           }
           if (v == -1) {
@@ -881,7 +899,8 @@ class ReshapeLikeK : public Kernel {
         }
         if (infer >= 0) {
           if (known == 0 || n % known != 0)
-            throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "cuda: Reshape: cannot infer -1 of " + dims_str(shape) + " for " + dims_str(d)};
+            throw Failure{KEEL_STATUS_INVALID_ARGUMENT,
+                          "cuda: Reshape: cannot infer -1 of " + dims_str(shape) + " for " + dims_str(d)};
           out[infer] = n / known;
         }
         break;
@@ -1042,18 +1061,22 @@ class ResizeK : public Kernel {
     if (have_scales) {
       const std::vector<double> sc = scales_.doubles(c);
       if (static_cast<int64_t>(sc.size()) != r)
-        throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "cuda: Resize: " + std::to_string(sc.size()) + " scales for rank " + std::to_string(r)};
+        throw Failure{KEEL_STATUS_INVALID_ARGUMENT,
+                      "cuda: Resize: " + std::to_string(sc.size()) + " scales for rank " + std::to_string(r)};
       for (int64_t i = 0; i < r; ++i) {
-        const double s = static_cast<double>(static_cast<float>(sc[i]));  // scales are float: as the reference reads them
+        const double s =
+            static_cast<double>(static_cast<float>(sc[i]));  // scales are float: as the reference reads them
         const double len = std::floor(static_cast<double>(d[i]) * s);
-        if (!(s > 0) || !(len < 9.0e15)) throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "cuda: Resize: scales must be positive and finite"};
+        if (!(s > 0) || !(len < 9.0e15))
+          throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "cuda: Resize: scales must be positive and finite"};
         scales[i] = s;
         out[i] = static_cast<int64_t>(std::max(len, 0.0));
       }
     } else {
       const Dims sz = sizes_.ints(c);
       if (static_cast<int64_t>(sz.size()) != r)
-        throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "cuda: Resize: " + std::to_string(sz.size()) + " sizes for rank " + std::to_string(r)};
+        throw Failure{KEEL_STATUS_INVALID_ARGUMENT,
+                      "cuda: Resize: " + std::to_string(sz.size()) + " sizes for rank " + std::to_string(r)};
       for (int64_t i = 0; i < r; ++i) {
         if (sz[i] < 0) throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "cuda: Resize: negative size"};
         out[i] = sz[i];
@@ -1074,7 +1097,8 @@ class ResizeK : public Kernel {
     rd.in_w = d[r - 1], rd.out_w = out[r - 1], rd.scale_w = scales[r - 1];
     keel_tensor_t* y = c.output(0, out);
     if (numel(out) == 0) return;
-    if (numel(d) == 0) throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "cuda: Resize: cannot resize an empty dimension to a non-empty one"};
+    if (numel(d) == 0)
+      throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "cuda: Resize: cannot resize an empty dimension to a non-empty one"};
     check_cuda(launch_resize(c.dtype(0), c.data(0), y->data, rd, c.stream()), "resize kernel");
   }
 
@@ -1085,13 +1109,21 @@ class ResizeK : public Kernel {
 };
 
 template <Unary op>
-Kernel* make_unary() { return new UnaryK(op, 0.f, 0.f, 0.f); }
+Kernel* make_unary() {
+  return new UnaryK(op, 0.f, 0.f, 0.f);
+}
 template <Binary op>
-Kernel* make_binary() { return new BinaryK(op); }
+Kernel* make_binary() {
+  return new BinaryK(op);
+}
 template <Reduce op, int32_t axes_input_since>
-Kernel* make_reduce() { return new ReduceK(op, axes_input_since); }
+Kernel* make_reduce() {
+  return new ReduceK(op, axes_input_since);
+}
 template <ReshapeLikeK::Kind k>
-Kernel* make_reshape() { return new ReshapeLikeK(k); }
+Kernel* make_reshape() {
+  return new ReshapeLikeK(k);
+}
 
 }  // namespace
 
@@ -1125,14 +1157,14 @@ std::vector<KernelInfo> elementwise_kernels() {
       {"Pow", 7, 0, "cuda_pow", make_binary<Binary::kPow>},
       {"Max", 8, 0, "cuda_max", make_binary<Binary::kMax>},
       {"Min", 8, 0, "cuda_min", make_binary<Binary::kMin>},
-      {"Where", 9, 0, "cuda_where", [] () -> Kernel* { return new WhereK; }},
-      {"Softmax", 1, 0, "cuda_softmax", [] () -> Kernel* { return new SoftmaxK(false); }},
-      {"LogSoftmax", 1, 0, "cuda_log_softmax", [] () -> Kernel* { return new SoftmaxK(true); }},
-      {"Transpose", 1, 0, "cuda_transpose", [] () -> Kernel* { return new TransposeK; }},
-      {"Concat", 4, 0, "cuda_concat", [] () -> Kernel* { return new ConcatK; }},
-      {"Cast", 6, 0, "cuda_cast", [] () -> Kernel* { return new CastK; }},
-      {"Clip", 6, 0, "cuda_clip", [] () -> Kernel* { return new ClipK; }},
-      {"Gelu", 20, 0, "cuda_gelu", [] () -> Kernel* { return new GeluK; }},
+      {"Where", 9, 0, "cuda_where", []() -> Kernel* { return new WhereK; }},
+      {"Softmax", 1, 0, "cuda_softmax", []() -> Kernel* { return new SoftmaxK(false); }},
+      {"LogSoftmax", 1, 0, "cuda_log_softmax", []() -> Kernel* { return new SoftmaxK(true); }},
+      {"Transpose", 1, 0, "cuda_transpose", []() -> Kernel* { return new TransposeK; }},
+      {"Concat", 4, 0, "cuda_concat", []() -> Kernel* { return new ConcatK; }},
+      {"Cast", 6, 0, "cuda_cast", []() -> Kernel* { return new CastK; }},
+      {"Clip", 6, 0, "cuda_clip", []() -> Kernel* { return new ClipK; }},
+      {"Gelu", 20, 0, "cuda_gelu", []() -> Kernel* { return new GeluK; }},
       {"ReduceSum", 1, 0, "cuda_reduce_sum", make_reduce<Reduce::kSum, 13>},
       {"ReduceMean", 1, 0, "cuda_reduce_mean", make_reduce<Reduce::kMean, 18>},
       {"ReduceMax", 1, 0, "cuda_reduce_max", make_reduce<Reduce::kMax, 18>},
@@ -1143,18 +1175,18 @@ std::vector<KernelInfo> elementwise_kernels() {
       {"ReduceL2", 1, 0, "cuda_reduce_l2", make_reduce<Reduce::kL2, 18>},
       {"ReduceLogSum", 1, 0, "cuda_reduce_log_sum", make_reduce<Reduce::kLogSum, 18>},
       {"ReduceLogSumExp", 1, 0, "cuda_reduce_log_sum_exp", make_reduce<Reduce::kLogSumExp, 18>},
-      {"ArgMax", 1, 0, "cuda_arg_max", [] () -> Kernel* { return new ArgReduceK(true); }},
-      {"ArgMin", 1, 0, "cuda_arg_min", [] () -> Kernel* { return new ArgReduceK(false); }},
-      {"LayerNormalization", 17, 0, "cuda_layer_norm", [] () -> Kernel* { return new LayerNormK; }},
+      {"ArgMax", 1, 0, "cuda_arg_max", []() -> Kernel* { return new ArgReduceK(true); }},
+      {"ArgMin", 1, 0, "cuda_arg_min", []() -> Kernel* { return new ArgReduceK(false); }},
+      {"LayerNormalization", 17, 0, "cuda_layer_norm", []() -> Kernel* { return new LayerNormK; }},
       // The fusion passes' ops (keel domain, opset 1) for graphs below ONNX opset 17 / 20: same semantics.
-      {"LayerNormalization", 1, 0, "cuda_keel_layer_norm", [] () -> Kernel* { return new LayerNormK; }, "keel"},
-      {"Gelu", 1, 0, "cuda_keel_gelu", [] () -> Kernel* { return new GeluK; }, "keel"},
-      {"Gather", 1, 0, "cuda_gather", [] () -> Kernel* { return new GatherK; }},
-      {"Slice", 1, 0, "cuda_slice", [] () -> Kernel* { return new SliceK; }},
-      {"Expand", 8, 0, "cuda_expand", [] () -> Kernel* { return new ExpandK; }},
-      {"Pad", 2, 0, "cuda_pad", [] () -> Kernel* { return new PadK; }},
-      {"Split", 2, 0, "cuda_split", [] () -> Kernel* { return new SplitK; }},
-      {"Resize", 10, 0, "cuda_resize", [] () -> Kernel* { return new ResizeK; }},
+      {"LayerNormalization", 1, 0, "cuda_keel_layer_norm", []() -> Kernel* { return new LayerNormK; }, "keel"},
+      {"Gelu", 1, 0, "cuda_keel_gelu", []() -> Kernel* { return new GeluK; }, "keel"},
+      {"Gather", 1, 0, "cuda_gather", []() -> Kernel* { return new GatherK; }},
+      {"Slice", 1, 0, "cuda_slice", []() -> Kernel* { return new SliceK; }},
+      {"Expand", 8, 0, "cuda_expand", []() -> Kernel* { return new ExpandK; }},
+      {"Pad", 2, 0, "cuda_pad", []() -> Kernel* { return new PadK; }},
+      {"Split", 2, 0, "cuda_split", []() -> Kernel* { return new SplitK; }},
+      {"Resize", 10, 0, "cuda_resize", []() -> Kernel* { return new ResizeK; }},
       {"Reshape", 5, 0, "cuda_reshape", make_reshape<ReshapeLikeK::kReshape>},
       {"Flatten", 1, 0, "cuda_flatten", make_reshape<ReshapeLikeK::kFlatten>},
       {"Squeeze", 1, 0, "cuda_squeeze", make_reshape<ReshapeLikeK::kSqueeze>},

@@ -41,8 +41,8 @@ void* Ctx::workspace(uint64_t bytes) const {
   if (bytes == 0) return nullptr;
   void* p = nullptr;
   if (keel_status_t st = api()->workspace(raw(), bytes, &p)) {
-    Failure f{st->code, std::string("cuda: workspace of ") + std::to_string(bytes) + " bytes: " +
-                            (st->message ? st->message : "allocation failed")};
+    Failure f{st->code, std::string("cuda: workspace of ") + std::to_string(bytes) +
+                            " bytes: " + (st->message ? st->message : "allocation failed")};
     keel_status_release(st);
     throw f;
   }
@@ -151,9 +151,18 @@ keel_status_t d_copy(void*, int32_t kind, int32_t dst_device, void* dst, int32_t
   int32_t work_device = -1;
   cudaMemcpyKind k;
   switch (kind) {
-    case KEEL_COPY_HOST_TO_DEVICE: k = cudaMemcpyHostToDevice; work_device = dst_device; break;
-    case KEEL_COPY_DEVICE_TO_HOST: k = cudaMemcpyDeviceToHost; work_device = src_device; break;
-    case KEEL_COPY_DEVICE_TO_DEVICE: k = cudaMemcpyDeviceToDevice; work_device = src_device; break;
+    case KEEL_COPY_HOST_TO_DEVICE:
+      k = cudaMemcpyHostToDevice;
+      work_device = dst_device;
+      break;
+    case KEEL_COPY_DEVICE_TO_HOST:
+      k = cudaMemcpyDeviceToHost;
+      work_device = src_device;
+      break;
+    case KEEL_COPY_DEVICE_TO_DEVICE:
+      k = cudaMemcpyDeviceToDevice;
+      work_device = src_device;
+      break;
     case KEEL_COPY_HOST_TO_HOST: k = cudaMemcpyHostToHost; break;
     default: return make_status(KEEL_STATUS_INVALID_ARGUMENT, "cuda: copy: unknown copy kind " + std::to_string(kind));
   }
@@ -162,8 +171,7 @@ keel_status_t d_copy(void*, int32_t kind, int32_t dst_device, void* dst, int32_t
   cudaError_t e;
   if (kind == KEEL_COPY_DEVICE_TO_DEVICE && dst_device != src_device)
     e = cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, s);
-  else
-    e = cudaMemcpyAsync(dst, src, bytes, k, s);
+  else e = cudaMemcpyAsync(dst, src, bytes, k, s);
   if (e == cudaSuccess && s == nullptr) {
     e = cudaStreamSynchronize(nullptr);  // the NULL stream: complete on return
   } else if (e == cudaSuccess && kind == KEEL_COPY_HOST_TO_DEVICE) {
@@ -212,9 +220,8 @@ keel_status_t d_event_record(void*, keel_event_t ev, keel_stream_t stream) {
                     "cudaEventRecord");
 }
 keel_status_t d_stream_wait_event(void*, keel_stream_t stream, keel_event_t ev) {
-  return cuda_error(
-      cudaStreamWaitEvent(reinterpret_cast<cudaStream_t>(stream), reinterpret_cast<cudaEvent_t>(ev), 0),
-      "cudaStreamWaitEvent");
+  return cuda_error(cudaStreamWaitEvent(reinterpret_cast<cudaStream_t>(stream), reinterpret_cast<cudaEvent_t>(ev), 0),
+                    "cudaStreamWaitEvent");
 }
 keel_status_t d_event_synchronize(void*, keel_event_t ev) {
   return cuda_error(cudaEventSynchronize(reinterpret_cast<cudaEvent_t>(ev)), "cudaEventSynchronize");
@@ -351,10 +358,16 @@ void cuda_shutdown() {
   g_host = nullptr;
 }
 
-const keel_plugin_t kCudaPlugin = {
-    sizeof(keel_plugin_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR, "cuda", "0.1.0",
-    KEEL_PLUGIN_KIND_DEVICE, cuda_init, cuda_shutdown,
-};
+const keel_plugin_t kCudaPlugin = {.struct_size = sizeof(keel_plugin_t),
+                                   .abi_major = KEEL_PLUGIN_ABI_MAJOR,
+                                   .abi_minor = KEEL_PLUGIN_ABI_MINOR,
+                                   .name = "cuda",
+                                   .version = "0.1.0",
+                                   .kind = KEEL_PLUGIN_KIND_DEVICE,
+                                   .init = cuda_init,
+                                   .shutdown = cuda_shutdown,
+                                   .init_instance = nullptr,
+                                   .shutdown_instance = nullptr};
 
 }  // namespace
 }  // namespace keel::cuda

@@ -18,9 +18,9 @@
 // invalid, is INVALID_ARGUMENT on every rank (the data are not touched and the communicator stays usable), never
 // corruption or a hang. The header exchange is also the barrier. send/recv exchange a header and an acknowledgement
 // before the data. all_reduce is a direct exchange for small buffers (each rank sends every peer its input and reduces
-// in rank order) and Gloo's bcube or ring above (allreduce_algorithm); broadcast is Gloo's binomial tree, all_gather Gloo's ring, reduce_scatter a direct exchange (each rank sends every peer its
-// block). f16 and bf16 reduce in float, element by element. AVG is the sum divided by the world size (integer
-// division for integer types).
+// in rank order) and Gloo's bcube or ring above (allreduce_algorithm); broadcast is Gloo's binomial tree, all_gather
+// Gloo's ring, reduce_scatter a direct exchange (each rank sends every peer its block). f16 and bf16 reduce in float,
+// element by element. AVG is the sum divided by the world size (integer division for integer types).
 //
 // Every wait is bounded by the communicator's timeout (timeout_ms <= 0 means the default, 5 minutes). A peer that
 // closes its connection (released its communicator, exited, was killed) or a timeout makes the entry fail with a
@@ -101,8 +101,7 @@ class SigpipeGuard {
       sigemptyset(&pending);
       if (sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1) {
         const struct timespec zero = {0, 0};
-        while (sigtimedwait(&pipe_, nullptr, &zero) == -1 && errno == EINTR) {
-        }
+        while (sigtimedwait(&pipe_, nullptr, &zero) == -1 && errno == EINTR) {}
       }
     }
     pthread_sigmask(SIG_SETMASK, &old_, nullptr);
@@ -120,10 +119,19 @@ class SigpipeGuard {
 
 size_t element_size(int32_t dtype) {
   switch (dtype) {
-    case KEEL_DTYPE_U8: case KEEL_DTYPE_I8: case KEEL_DTYPE_BOOL: return 1;
-    case KEEL_DTYPE_U16: case KEEL_DTYPE_I16: case KEEL_DTYPE_F16: case KEEL_DTYPE_BF16: return 2;
-    case KEEL_DTYPE_F32: case KEEL_DTYPE_I32: case KEEL_DTYPE_U32: return 4;
-    case KEEL_DTYPE_F64: case KEEL_DTYPE_I64: case KEEL_DTYPE_U64: return 8;
+    case KEEL_DTYPE_U8:
+    case KEEL_DTYPE_I8:
+    case KEEL_DTYPE_BOOL: return 1;
+    case KEEL_DTYPE_U16:
+    case KEEL_DTYPE_I16:
+    case KEEL_DTYPE_F16:
+    case KEEL_DTYPE_BF16: return 2;
+    case KEEL_DTYPE_F32:
+    case KEEL_DTYPE_I32:
+    case KEEL_DTYPE_U32: return 4;
+    case KEEL_DTYPE_F64:
+    case KEEL_DTYPE_I64:
+    case KEEL_DTYPE_U64: return 8;
   }
   return 0;
 }
@@ -219,10 +227,30 @@ inline uint16_t float_to_bf16(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
-struct Sum { template <typename T> T operator()(T a, T b) const { return a + b; } };
-struct Prod { template <typename T> T operator()(T a, T b) const { return a * b; } };
-struct Min { template <typename T> T operator()(T a, T b) const { return b < a ? b : a; } };
-struct Max { template <typename T> T operator()(T a, T b) const { return a < b ? b : a; } };
+struct Sum {
+  template <typename T>
+  T operator()(T a, T b) const {
+    return a + b;
+  }
+};
+struct Prod {
+  template <typename T>
+  T operator()(T a, T b) const {
+    return a * b;
+  }
+};
+struct Min {
+  template <typename T>
+  T operator()(T a, T b) const {
+    return b < a ? b : a;
+  }
+};
+struct Max {
+  template <typename T>
+  T operator()(T a, T b) const {
+    return a < b ? b : a;
+  }
+};
 
 // out may equal a (Gloo reduces in place); plain loops that the compiler vectorises.
 template <typename T, typename Op>
@@ -259,7 +287,8 @@ ReduceFn reduce_for_dtype(int32_t dtype) {
 // The element-wise function of (dtype, op); AVG reduces as SUM (then divide_by). NULL when unsupported.
 ReduceFn reduce_fn(int32_t dtype, int32_t op) {
   switch (op) {
-    case KEEL_REDUCE_SUM: case KEEL_REDUCE_AVG: return reduce_for_dtype<Sum>(dtype);
+    case KEEL_REDUCE_SUM:
+    case KEEL_REDUCE_AVG: return reduce_for_dtype<Sum>(dtype);
     case KEEL_REDUCE_PROD: return reduce_for_dtype<Prod>(dtype);
     case KEEL_REDUCE_MIN: return reduce_for_dtype<Min>(dtype);
     case KEEL_REDUCE_MAX: return reduce_for_dtype<Max>(dtype);
@@ -483,15 +512,15 @@ std::string strip_location(const std::string& m) {
 keel_status_t transport_failure(Comm* c, const char* what, const std::exception& e, int32_t waited_on) {
   const std::string err = strip_location(e.what());
   const auto closed = closed_peers(c);
-  std::string msg = std::string("gloo: ") + what + " on rank " + std::to_string(c->rank) + " of " +
-                    std::to_string(c->size) + ": ";
+  std::string msg =
+      std::string("gloo: ") + what + " on rank " + std::to_string(c->rank) + " of " + std::to_string(c->size) + ": ";
   int32_t code;
   if (!closed.empty()) {
     code = KEEL_STATUS_UNAVAILABLE;
     for (size_t i = 0; i < closed.size(); ++i) {
       if (i) msg += "; ";
-      msg += "connection to rank " + std::to_string(closed[i].first) + " closed (" +
-             strip_location(closed[i].second) + ")";
+      msg += "connection to rank " + std::to_string(closed[i].first) + " closed (" + strip_location(closed[i].second) +
+             ")";
     }
   } else if (err.find("Timed out") != std::string::npos || err.find("timeout") != std::string::npos) {
     code = KEEL_STATUS_DEADLINE_EXCEEDED;
@@ -579,14 +608,14 @@ keel_status_t exchange_headers(Comm* c, const Header& mine, const std::string& l
       if (p == c->rank) continue;
       const Header& h = theirs[p];
       if (h.bad)
-        return make_status(KEEL_STATUS_INVALID_ARGUMENT, std::string("gloo: ") + what + ": rank " +
-                                                             std::to_string(p) + " passed invalid arguments (" +
-                                                             describe(h) + "); nothing was done");
+        return make_status(KEEL_STATUS_INVALID_ARGUMENT, std::string("gloo: ") + what + ": rank " + std::to_string(p) +
+                                                             " passed invalid arguments (" + describe(h) +
+                                                             "); nothing was done");
       if (!same_call(h, mine))
-        return make_status(KEEL_STATUS_INVALID_ARGUMENT,
-                           std::string("gloo: ") + what + ": ranks disagree: rank " + std::to_string(c->rank) +
-                               " called " + describe(mine) + ", rank " + std::to_string(p) + " called " +
-                               describe(h) + "; nothing was done");
+        return make_status(KEEL_STATUS_INVALID_ARGUMENT, std::string("gloo: ") + what + ": ranks disagree: rank " +
+                                                             std::to_string(c->rank) + " called " + describe(mine) +
+                                                             ", rank " + std::to_string(p) + " called " + describe(h) +
+                                                             "; nothing was done");
     }
     return nullptr;
   }
@@ -594,17 +623,17 @@ keel_status_t exchange_headers(Comm* c, const Header& mine, const std::string& l
   return nullptr;
 }
 
-#define KEEL_GLOO_PROLOGUE(what)                                                                              \
-  auto* c = reinterpret_cast<Comm*>(comm);                                                                    \
+#define KEEL_GLOO_PROLOGUE(what)                                                                                  \
+  auto* c = reinterpret_cast<Comm*>(comm);                                                                        \
   if (!c) return make_status(KEEL_STATUS_INVALID_ARGUMENT, std::string("gloo: ") + what + ": NULL communicator"); \
-  std::lock_guard<std::mutex> lock(c->mu);                                                                    \
-  if (!c->broken.empty())                                                                                     \
-    return make_status(KEEL_STATUS_FAILED_PRECONDITION,                                                       \
-                       std::string("gloo: ") + what + ": the communicator is broken by an earlier error: " + c->broken)
+  std::lock_guard<std::mutex> lock(c->mu);                                                                        \
+  if (!c->broken.empty())                                                                                         \
+  return make_status(KEEL_STATUS_FAILED_PRECONDITION,                                                             \
+                     std::string("gloo: ") + what + ": the communicator is broken by an earlier error: " + c->broken)
 
 // Checks the common arguments; returns the complaint (empty when fine) and the buffer size in bytes.
-std::string check_args(const char* what, int32_t dtype, uint64_t count, uint64_t multiple, const void* a,
-                       const void* b, size_t* out_bytes) {
+std::string check_args(const char* what, int32_t dtype, uint64_t count, uint64_t multiple, const void* a, const void* b,
+                       size_t* out_bytes) {
   const size_t es = element_size(dtype);
   *out_bytes = 0;
   if (es == 0) return std::string("gloo: ") + what + ": dtype " + dtype_name(dtype) + " is not supported";
@@ -674,12 +703,12 @@ keel_status_t c_create(void*, keel_kv_store_t* store, int32_t rank, int32_t size
   }
   if (!missing.empty()) {
     std::string who;
-    for (size_t i = 0; i < missing.size(); ++i) who += (i ? (i + 1 == missing.size() ? " and " : ", ") : "") +
-                                                      std::to_string(missing[i]);
+    for (size_t i = 0; i < missing.size(); ++i)
+      who += (i ? (i + 1 == missing.size() ? " and " : ", ") : "") + std::to_string(missing[i]);
     return make_status(KEEL_STATUS_DEADLINE_EXCEEDED,
                        std::string("gloo: ") + (missing.size() == 1 ? "rank " : "ranks ") + who + " of " +
-                           std::to_string(size) + " never arrived within " + std::to_string(timeout_ms) +
-                           " ms (rank " + std::to_string(rank) + " waited on keys " + prefix + "arrived/<rank>)");
+                           std::to_string(size) + " never arrived within " + std::to_string(timeout_ms) + " ms (rank " +
+                           std::to_string(rank) + " waited on keys " + prefix + "arrived/<rank>)");
   }
 
   // Connect the full mesh within what is left of the timeout (the device thread inherits the blocked SIGPIPE).
@@ -696,8 +725,7 @@ keel_status_t c_create(void*, keel_kv_store_t* store, int32_t rank, int32_t size
   try {
     c->device = gloo::transport::tcp::CreateDevice(attr);
   } catch (const std::exception& e) {
-    return make_status(KEEL_STATUS_UNAVAILABLE,
-                       "gloo: cannot use " + where + " for TCP: " + strip_location(e.what()));
+    return make_status(KEEL_STATUS_UNAVAILABLE, "gloo: cannot use " + where + " for TCP: " + strip_location(e.what()));
   }
   try {
     c->ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
@@ -723,7 +751,7 @@ keel_status_t c_create(void*, keel_kv_store_t* store, int32_t rank, int32_t size
     c->outbox.assign(c->message_bytes, 0);
   } catch (const std::bad_alloc&) {
     return make_status(KEEL_STATUS_OUT_OF_MEMORY, "gloo: no memory for the " + std::to_string(size) +
-                                                     " ranks' message buffers of rank " + std::to_string(rank));
+                                                      " ranks' message buffers of rank " + std::to_string(rank));
   }
   *out = reinterpret_cast<keel_communicator_t>(c.release());
   return nullptr;
@@ -745,8 +773,7 @@ void c_release(void*, keel_communicator_t comm) {
       c->posted_bufs.clear();
       c->ctx.reset();  // peers still waiting on this rank see its connections closed
       c->device.reset();
-    } catch (...) {
-    }
+    } catch (...) {}
   }
   delete c;
 }
@@ -790,14 +817,13 @@ void direct_all_reduce(Comm* c, uint32_t tag, const void* send, void* recv, size
   for (int32_t r = 2; r < c->size; ++r) fn(recv, recv, input(r), count);
 }
 
-keel_status_t c_all_reduce(void*, keel_communicator_t comm, const void* send, void* recv, uint64_t count,
-                           int32_t dtype, int32_t op, keel_stream_t) {
+keel_status_t c_all_reduce(void*, keel_communicator_t comm, const void* send, void* recv, uint64_t count, int32_t dtype,
+                           int32_t op, keel_stream_t) {
   KEEL_GLOO_PROLOGUE("all_reduce");
   size_t bytes = 0;
   std::string bad = check_args("all_reduce", dtype, count, 1, send, recv, &bytes);
   const ReduceFn fn = reduce_fn(dtype, op);
-  if (bad.empty() && !fn)
-    bad = "gloo: all_reduce: " + op_name(op) + " on " + dtype_name(dtype) + " is not supported";
+  if (bad.empty() && !fn) bad = "gloo: all_reduce: " + op_name(op) + " on " + dtype_name(dtype) + " is not supported";
   // The header carries the algorithm (in root): ranks configured differently fail instead of mismatching messages.
   const Algorithm algo = allreduce_algorithm(c->size, bytes);
   const Header h{kAllReduce, static_cast<int64_t>(count), dtype, op, algo, bad.empty() ? 0 : 1};
@@ -834,8 +860,8 @@ keel_status_t c_all_reduce(void*, keel_communicator_t comm, const void* send, vo
   });
 }
 
-keel_status_t c_broadcast(void*, keel_communicator_t comm, const void* send, void* recv, uint64_t count,
-                          int32_t dtype, int32_t root, keel_stream_t) {
+keel_status_t c_broadcast(void*, keel_communicator_t comm, const void* send, void* recv, uint64_t count, int32_t dtype,
+                          int32_t root, keel_stream_t) {
   KEEL_GLOO_PROLOGUE("broadcast");
   size_t bytes = 0;
   const bool is_root = root == c->rank;
@@ -891,8 +917,7 @@ keel_status_t c_reduce_scatter(void*, keel_communicator_t comm, const void* send
                                int32_t dtype, int32_t op, keel_stream_t) {
   KEEL_GLOO_PROLOGUE("reduce_scatter");
   size_t bytes = 0;
-  std::string bad =
-      check_args("reduce_scatter", dtype, recv_count, static_cast<uint64_t>(c->size), send, recv, &bytes);
+  std::string bad = check_args("reduce_scatter", dtype, recv_count, static_cast<uint64_t>(c->size), send, recv, &bytes);
   const ReduceFn fn = reduce_fn(dtype, op);
   if (bad.empty() && !fn)
     bad = "gloo: reduce_scatter: " + op_name(op) + " on " + dtype_name(dtype) + " is not supported";
@@ -940,9 +965,8 @@ keel_status_t point_to_point(Comm* c, bool sending, void* buf, uint64_t count, i
   std::string bad = check_args(what, dtype, count, 1, buf, buf, &bytes);
   if (!bad.empty()) return make_status(KEEL_STATUS_INVALID_ARGUMENT, bad);
   if (peer < 0 || peer >= c->size || peer == c->rank)
-    return make_status(KEEL_STATUS_INVALID_ARGUMENT, std::string("gloo: ") + what + ": peer " +
-                                                         std::to_string(peer) + " is not another rank of " +
-                                                         std::to_string(c->size));
+    return make_status(KEEL_STATUS_INVALID_ARGUMENT, std::string("gloo: ") + what + ": peer " + std::to_string(peer) +
+                                                         " is not another rank of " + std::to_string(c->size));
   const uint32_t seq = sending ? c->sent[peer]++ : c->received[peer]++;
   return guarded(c, what, [&](int32_t* waited_on) -> keel_status_t {
     *waited_on = peer;
@@ -968,8 +992,8 @@ keel_status_t point_to_point(Comm* c, bool sending, void* buf, uint64_t count, i
                          std::string("gloo: ") + what + ": rank " + std::to_string(c->rank) + " " +
                              (sending ? "sends" : "receives") + " count " + std::to_string(count) + " dtype " +
                              dtype_name(dtype) + " but rank " + std::to_string(peer) + " " +
-                             (sending ? "receives" : "sends") + " count " + std::to_string(other.count) +
-                             " dtype " + dtype_name(other.dtype) + "; nothing was transferred");
+                             (sending ? "receives" : "sends") + " count " + std::to_string(other.count) + " dtype " +
+                             dtype_name(other.dtype) + "; nothing was transferred");
     if (count == 0) return nullptr;
     auto data = c->ctx->createUnboundBuffer(buf, bytes);
     if (sending) {
@@ -1007,8 +1031,7 @@ keel_status_t c_barrier(void*, keel_communicator_t comm, keel_stream_t) {
 std::string option_string(const keel_core_api_t* host, const char* key, const char* env) {
   if (const char* v = std::getenv(env); v && *v) return v;
   const char* v = nullptr;
-  if (host->options && host->plugin_options && host->options->get_string(host->plugin_options, key, &v) && v)
-    return v;
+  if (host->options && host->plugin_options && host->options->get_string(host->plugin_options, key, &v) && v) return v;
   return "";
 }
 
@@ -1022,9 +1045,9 @@ keel_status_t gloo_init(const keel_core_api_t* host, keel_plugin_handle_t* plugi
   std::string algorithm = option_string(host, "algorithm", "KEEL_GLOO_ALGORITHM");
   if (algorithm == "auto") algorithm.clear();
   if (!algorithm.empty() && algorithm != "ring" && algorithm != "bcube" && algorithm != "direct") {
-    return make_status(KEEL_STATUS_INVALID_ARGUMENT,
-                       "gloo: algorithm '" + algorithm + "' is not one of auto, direct, ring, bcube (manifest option "
-                       "'algorithm' or KEEL_GLOO_ALGORITHM)");
+    return make_status(KEEL_STATUS_INVALID_ARGUMENT, "gloo: algorithm '" + algorithm +
+                                                         "' is not one of auto, direct, ring, bcube (manifest option "
+                                                         "'algorithm' or KEEL_GLOO_ALGORITHM)");
   }
   g_settings.algorithm = algorithm;
   if (const char* v = std::getenv("KEEL_GLOO_CHECK"); v && std::string(v) == "0") g_settings.check = false;
@@ -1048,10 +1071,12 @@ keel_status_t gloo_init(const keel_core_api_t* host, keel_plugin_handle_t* plugi
   t.recv = c_recv;
   t.barrier = c_barrier;
   if (keel_status_t s = host->register_collective(plugin, &t)) return s;
-  const std::string msg = "gloo: TCP over " + (g_settings.iface.empty() ? "address " + g_settings.hostname
-                                                                          : "interface " + g_settings.iface) +
-                          ", all-reduce " + (algorithm.empty() ? "auto (direct up to 1 MiB / (ranks-1), else bcube below 1 MiB, ring above)" : algorithm) +
-                          (g_settings.check ? "" : ", argument check off (KEEL_GLOO_CHECK=0)");
+  const std::string msg =
+      "gloo: TCP over " +
+      (g_settings.iface.empty() ? "address " + g_settings.hostname : "interface " + g_settings.iface) +
+      ", all-reduce " +
+      (algorithm.empty() ? "auto (direct up to 1 MiB / (ranks-1), else bcube below 1 MiB, ring above)" : algorithm) +
+      (g_settings.check ? "" : ", argument check off (KEEL_GLOO_CHECK=0)");
   host->log(plugin, KEEL_LOG_INFO, msg.c_str());
   return nullptr;
 }
@@ -1061,10 +1086,16 @@ void gloo_shutdown() {
   g_plugin = nullptr;
 }
 
-const keel_plugin_t kGlooPlugin = {
-    sizeof(keel_plugin_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR, "gloo", "0.1.0",
-    KEEL_PLUGIN_KIND_COLLECTIVE, gloo_init, gloo_shutdown,
-};
+const keel_plugin_t kGlooPlugin = {.struct_size = sizeof(keel_plugin_t),
+                                   .abi_major = KEEL_PLUGIN_ABI_MAJOR,
+                                   .abi_minor = KEEL_PLUGIN_ABI_MINOR,
+                                   .name = "gloo",
+                                   .version = "0.1.0",
+                                   .kind = KEEL_PLUGIN_KIND_COLLECTIVE,
+                                   .init = gloo_init,
+                                   .shutdown = gloo_shutdown,
+                                   .init_instance = nullptr,
+                                   .shutdown_instance = nullptr};
 
 }  // namespace
 

@@ -45,8 +45,8 @@ keel_status_t nccl_error(ncclResult_t r, ncclComm_t comm, const char* what) {
     if (const char* last = ncclGetLastError(comm); last && *last) msg += std::string(" (") + last + ")";
   }
   const int32_t code = r == ncclInvalidArgument || r == ncclInvalidUsage ? KEEL_STATUS_INVALID_ARGUMENT
-                       : r == ncclRemoteError || r == ncclSystemError   ? KEEL_STATUS_UNAVAILABLE
-                                                                          : KEEL_STATUS_INTERNAL;
+                       : r == ncclRemoteError || r == ncclSystemError    ? KEEL_STATUS_UNAVAILABLE
+                                                                         : KEEL_STATUS_INTERNAL;
   return make_status(code, msg);
 }
 
@@ -90,7 +90,8 @@ bool to_nccl_type(int32_t dtype, ncclDataType_t* out) {
     case KEEL_DTYPE_BF16: *out = ncclBfloat16; return true;
     case KEEL_DTYPE_F64: *out = ncclFloat64; return true;
     case KEEL_DTYPE_I8: *out = ncclInt8; return true;
-    case KEEL_DTYPE_U8: case KEEL_DTYPE_BOOL: *out = ncclUint8; return true;
+    case KEEL_DTYPE_U8:
+    case KEEL_DTYPE_BOOL: *out = ncclUint8; return true;
     case KEEL_DTYPE_I32: *out = ncclInt32; return true;
     case KEEL_DTYPE_U32: *out = ncclUint32; return true;
     case KEEL_DTYPE_I64: *out = ncclInt64; return true;
@@ -133,8 +134,8 @@ keel_status_t c_create(void*, keel_kv_store_t* store, int32_t rank, int32_t size
     return make_status(KEEL_STATUS_INVALID_ARGUMENT, "nccl: a key-value store is required for more than one rank");
   if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
     (void)cudaGetLastError();
-    return make_status(KEEL_STATUS_INVALID_ARGUMENT, "nccl: cudaSetDevice(" + std::to_string(device) +
-                                                         "): " + cudaGetErrorString(e));
+    return make_status(KEEL_STATUS_INVALID_ARGUMENT,
+                       "nccl: cudaSetDevice(" + std::to_string(device) + "): " + cudaGetErrorString(e));
   }
   if (timeout_ms <= 0) timeout_ms = kDefaultTimeoutMs;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
@@ -158,11 +159,11 @@ keel_status_t c_create(void*, keel_kv_store_t* store, int32_t rank, int32_t size
         std::string m = s->message ? s->message : "";
         keel_status_release(s);
         if (code == KEEL_STATUS_DEADLINE_EXCEEDED)
-          return make_status(KEEL_STATUS_DEADLINE_EXCEEDED,
-                             "nccl: rank " + std::to_string(peer) + " of " + std::to_string(size) +
-                                 " never arrived within " + std::to_string(timeout_ms) + " ms (rank " +
-                                 std::to_string(rank) + " waited on key " + prefix + "/arrived/" +
-                                 std::to_string(peer) + ")");
+          return make_status(KEEL_STATUS_DEADLINE_EXCEEDED, "nccl: rank " + std::to_string(peer) + " of " +
+                                                                std::to_string(size) + " never arrived within " +
+                                                                std::to_string(timeout_ms) + " ms (rank " +
+                                                                std::to_string(rank) + " waited on key " + prefix +
+                                                                "/arrived/" + std::to_string(peer) + ")");
         return make_status(code, "nccl: rendezvous with rank " + std::to_string(peer) + ": " + m);
       }
     }
@@ -249,27 +250,27 @@ int32_t c_size(void*, keel_communicator_t comm) { return reinterpret_cast<Comm*>
 
 #define KEEL_NCCL_PROLOGUE(dtype_var)                                                                           \
   auto* c = reinterpret_cast<Comm*>(comm);                                                                      \
-  if (!c) return make_status(KEEL_STATUS_INVALID_ARGUMENT, "nccl: NULL communicator");                         \
+  if (!c) return make_status(KEEL_STATUS_INVALID_ARGUMENT, "nccl: NULL communicator");                          \
   if (c->aborted)                                                                                               \
     return make_status(KEEL_STATUS_FAILED_PRECONDITION, "nccl: the communicator was aborted after a timeout");  \
   ncclDataType_t t;                                                                                             \
   if (!to_nccl_type(dtype_var, &t))                                                                             \
     return make_status(KEEL_STATUS_UNIMPLEMENTED, "nccl: dtype " + std::to_string(dtype_var) + " unsupported"); \
-  if (cudaError_t e = cudaSetDevice(c->device); e != cudaSuccess) {                                            \
+  if (cudaError_t e = cudaSetDevice(c->device); e != cudaSuccess) {                                             \
     (void)cudaGetLastError();                                                                                   \
-    return make_status(KEEL_STATUS_INTERNAL, std::string("nccl: cudaSetDevice: ") + cudaGetErrorString(e));    \
+    return make_status(KEEL_STATUS_INTERNAL, std::string("nccl: cudaSetDevice: ") + cudaGetErrorString(e));     \
   }                                                                                                             \
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream)
 
-keel_status_t c_all_reduce(void*, keel_communicator_t comm, const void* send, void* recv, uint64_t count,
-                           int32_t dtype, int32_t op, keel_stream_t stream) {
+keel_status_t c_all_reduce(void*, keel_communicator_t comm, const void* send, void* recv, uint64_t count, int32_t dtype,
+                           int32_t op, keel_stream_t stream) {
   KEEL_NCCL_PROLOGUE(dtype);
   ncclRedOp_t o;
   if (!to_nccl_op(op, &o)) return make_status(KEEL_STATUS_INVALID_ARGUMENT, "nccl: unknown reduce op");
   return finish(c, ncclAllReduce(send, recv, count, t, o, c->comm, s), "ncclAllReduce");
 }
-keel_status_t c_broadcast(void*, keel_communicator_t comm, const void* send, void* recv, uint64_t count,
-                          int32_t dtype, int32_t root, keel_stream_t stream) {
+keel_status_t c_broadcast(void*, keel_communicator_t comm, const void* send, void* recv, uint64_t count, int32_t dtype,
+                          int32_t root, keel_stream_t stream) {
   KEEL_NCCL_PROLOGUE(dtype);
   return finish(c, ncclBroadcast(send, recv, count, t, root, c->comm, s), "ncclBroadcast");
 }
@@ -335,10 +336,16 @@ keel_status_t nccl_init(const keel_core_api_t* host, keel_plugin_handle_t* plugi
 
 void nccl_shutdown() { g_host = nullptr; }
 
-const keel_plugin_t kNcclPlugin = {
-    sizeof(keel_plugin_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR, "nccl", "0.1.0",
-    KEEL_PLUGIN_KIND_COLLECTIVE, nccl_init, nccl_shutdown,
-};
+const keel_plugin_t kNcclPlugin = {.struct_size = sizeof(keel_plugin_t),
+                                   .abi_major = KEEL_PLUGIN_ABI_MAJOR,
+                                   .abi_minor = KEEL_PLUGIN_ABI_MINOR,
+                                   .name = "nccl",
+                                   .version = "0.1.0",
+                                   .kind = KEEL_PLUGIN_KIND_COLLECTIVE,
+                                   .init = nccl_init,
+                                   .shutdown = nccl_shutdown,
+                                   .init_instance = nullptr,
+                                   .shutdown_instance = nullptr};
 
 }  // namespace
 

@@ -211,10 +211,15 @@ static keel_status_t null_init(const keel_core_api_t* host, keel_plugin_handle_t
 static void null_shutdown(void) { g_host = NULL; }
 
 static const keel_plugin_t kNullPlugin = {
-    sizeof(keel_plugin_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR,
-    "null",  /* must equal the manifest's name */
-    "0.1.0", /* version */
-    KEEL_PLUGIN_KIND_DEVICE, null_init, null_shutdown,
+    .struct_size = sizeof(keel_plugin_t),
+    .abi_major = KEEL_PLUGIN_ABI_MAJOR,
+    .abi_minor = KEEL_PLUGIN_ABI_MINOR,
+    .name = "null", /* must equal the manifest's name */
+    .version = "0.1.0",
+    .kind = KEEL_PLUGIN_KIND_DEVICE,
+    .init = null_init,
+    .shutdown = null_shutdown,
+    /* init_instance/shutdown_instance (per-environment state) stay NULL: this plugin keeps none. */
 };
 
 /* The one exported symbol. */

@@ -59,7 +59,10 @@ static keel_status_t relu(void* state, keel_kernel_context_t* ctx) {
 #if defined(ABI_NEW_MINOR)
   /* A newer plugin reports a profile step (ABI 1.3) in a larger record than the core knows. */
   if (KEEL_HAS_MEMBER(k, keel_kernel_api_t, profile_step) && k->profiling(ctx)) {
-    struct { keel_profile_step_t base; void* future_entry; } step;
+    struct {
+      keel_profile_step_t base;
+      void* future_entry;
+    } step;
     const char* node = k->node_name(ctx);
     memset(&step, 0, sizeof step);
     step.base.struct_size = (uint32_t)sizeof step;
@@ -82,8 +85,12 @@ static const keel_type_constraint_v0_t kT[] = {{"T", kF32, 1}};
 #define CONSTRAINTS ((const keel_type_constraint_t*)(const void*)kT)
 #else
 /* A newer plugin's constraint is larger than ours (a member the core does not know): the core steps by its size. */
-typedef struct { keel_type_constraint_t base; void* future_member; } constraint_t;
-static const constraint_t kT[] = {{{(uint32_t)sizeof(constraint_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR + 1, "T", kF32, 1}, NULL}};
+typedef struct {
+  keel_type_constraint_t base;
+  void* future_member;
+} constraint_t;
+static const constraint_t kT[] = {
+    {{(uint32_t)sizeof(constraint_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR + 1, "T", kF32, 1}, NULL}};
 #define CONSTRAINTS (&kT[0].base)
 #endif
 
@@ -101,9 +108,19 @@ typedef keel_plugin_t plugin_t;
 #define FIXTURE_NAME "abi_new"
 #define FIXTURE_MINOR (KEEL_PLUGIN_ABI_MINOR + 1)
 /* The newer layouts: ours plus members appended by the (imaginary) next minor. */
-typedef struct { keel_device_table_t base; void* future_entry; uint64_t future_flags; } table_t;
-typedef struct { keel_kernel_def_t base; void* future_entry; } kernel_t;
-typedef struct { keel_plugin_t base; void* future_entry; } plugin_t;
+typedef struct {
+  keel_device_table_t base;
+  void* future_entry;
+  uint64_t future_flags;
+} table_t;
+typedef struct {
+  keel_kernel_def_t base;
+  void* future_entry;
+} kernel_t;
+typedef struct {
+  keel_plugin_t base;
+  void* future_entry;
+} plugin_t;
 #define TABLE_SIZE sizeof(table_t)
 #define KERNEL_SIZE sizeof(kernel_t)
 #define PLUGIN_SIZE sizeof(plugin_t)
@@ -175,13 +192,25 @@ static keel_status_t fixture_init(const keel_core_api_t* host, keel_plugin_handl
 }
 
 #if defined(ABI_OLD_MINOR)
-static const plugin_t kPlugin = {(uint32_t)PLUGIN_SIZE, KEEL_PLUGIN_ABI_MAJOR, FIXTURE_MINOR, FIXTURE_NAME, "0.0.1",
-                                 KEEL_PLUGIN_KIND_DEVICE, fixture_init, POISON(void (*)(void))};
+/* Members past PLUGIN_SIZE (shutdown onwards) are poison or zero: the core must not read them. */
+static const plugin_t kPlugin = {.struct_size = (uint32_t)PLUGIN_SIZE,
+                                 .abi_major = KEEL_PLUGIN_ABI_MAJOR,
+                                 .abi_minor = FIXTURE_MINOR,
+                                 .name = FIXTURE_NAME,
+                                 .version = "0.0.1",
+                                 .kind = KEEL_PLUGIN_KIND_DEVICE,
+                                 .init = fixture_init,
+                                 .shutdown = POISON(void (*)(void))};
 #define PLUGIN_PTR (&kPlugin)
 #else
-static const plugin_t kPlugin = {{(uint32_t)PLUGIN_SIZE, KEEL_PLUGIN_ABI_MAJOR, FIXTURE_MINOR, FIXTURE_NAME, "0.0.1",
-                                  KEEL_PLUGIN_KIND_DEVICE, fixture_init, NULL},
-                                 (void*)poison_fn};
+static const plugin_t kPlugin = {.base = {.struct_size = (uint32_t)PLUGIN_SIZE,
+                                          .abi_major = KEEL_PLUGIN_ABI_MAJOR,
+                                          .abi_minor = FIXTURE_MINOR,
+                                          .name = FIXTURE_NAME,
+                                          .version = "0.0.1",
+                                          .kind = KEEL_PLUGIN_KIND_DEVICE,
+                                          .init = fixture_init},
+                                 .future_entry = (void*)poison_fn};
 #define PLUGIN_PTR (&kPlugin.base)
 #endif
 

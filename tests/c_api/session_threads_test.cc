@@ -154,15 +154,16 @@ std::string int8_model() {
     const std::string id = "q" + std::to_string(m.seed++);
     std::vector<float> wf = random_values(static_cast<size_t>(cout * cin * 9), 40.f, m.seed++);
     std::vector<int8_t> wq(wf.size());
-    for (size_t i = 0; i < wf.size(); ++i) wq[i] = static_cast<int8_t>(std::max(-127.f, std::min(127.f, std::round(wf[i]))));
+    for (size_t i = 0; i < wf.size(); ++i)
+      wq[i] = static_cast<int8_t>(std::max(-127.f, std::min(127.f, std::round(wf[i]))));
     auto w = m.g.constant(id + ".w", keel::Tensor::from_vector<int8_t>(DType::kI8, {cout, cin, 3, 3}, wq));
     auto ws = m.g.constant(id + ".ws", keel::Tensor::f32({}, {0.002f}));
     auto wz = m.g.constant(id + ".wz", keel::Tensor::from_vector<int8_t>(DType::kI8, {}, {0}));
     auto wd = m.g.op1("DequantizeLinear", {w, ws, wz});
     auto b = m.weights(id + ".b", {cout}, 0.05f);
-    return m.g.op1("Relu", {m.g.op1("Conv", {x, wd, b},
-                                     {{"kernel_shape", Attribute::of_ints({3, 3})},
-                                      {"pads", Attribute::of_ints({1, 1, 1, 1})}})});
+    return m.g.op1(
+        "Relu", {m.g.op1("Conv", {x, wd, b},
+                         {{"kernel_shape", Attribute::of_ints({3, 3})}, {"pads", Attribute::of_ints({1, 1, 1, 1})}})});
   };
   auto x = m.g.input("x", DType::kF32, {1, 32, 28, 28});
   auto h = qconv(qdq(x, 0.02f), 32, 64);
@@ -206,8 +207,12 @@ class SessionThreads : public ::testing::TestWithParam<const char*> {
     ASSERT_KEEL_OK(keel_model_load_from_memory(bytes.data(), bytes.size(), &model_));
     keel_session_options_t so = nullptr;
     ASSERT_KEEL_OK(keel_session_options_create(&so));
-    if (threads > 0) ASSERT_KEEL_OK(keel_session_options_set_threads(so, threads));
-    if (int8 && plugin_loaded("quantize_int8")) ASSERT_KEEL_OK(keel_session_options_add_pass(so, "fuse_qdq"));
+    if (threads > 0) {
+      ASSERT_KEEL_OK(keel_session_options_set_threads(so, threads));
+    }
+    if (int8 && plugin_loaded("quantize_int8")) {
+      ASSERT_KEEL_OK(keel_session_options_add_pass(so, "fuse_qdq"));
+    }
     const std::string st = take(keel_session_create(env_, model_, so, &session_));
     keel_session_options_release(so);
     ASSERT_EQ(st, "");
@@ -235,8 +240,8 @@ class SessionThreads : public ::testing::TestWithParam<const char*> {
     std::vector<const char*> names;
     for (auto& s : names_) names.push_back(s.c_str());
     std::vector<keel_host_tensor_t> out(outputs_, nullptr);
-    *error = take(keel_session_run(session_, names.data(), inputs_.data(), inputs_.size(), nullptr, out.data(),
-                                   out.size()));
+    *error =
+        take(keel_session_run(session_, names.data(), inputs_.data(), inputs_.size(), nullptr, out.data(), out.size()));
     std::string bytes;
     for (auto t : out) {
       if (!t) continue;

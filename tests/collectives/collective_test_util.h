@@ -83,7 +83,8 @@ struct FileStore {
     c.get = [](keel_kv_store_t* self, const char* key, int64_t timeout_ms, const void** out,
                size_t* size) -> keel_status_t {
       auto* s = static_cast<FileStore*>(self->core_data);
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms < 0 ? 0 : timeout_ms);
+      const auto deadline =
+          std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms < 0 ? 0 : timeout_ms);
       const std::string path = s->path(key);
       for (;;) {
         std::ifstream f(path, std::ios::binary);
@@ -97,7 +98,8 @@ struct FileStore {
           return nullptr;
         }
         if (std::chrono::steady_clock::now() >= deadline)
-          return make_c_status(KEEL_STATUS_DEADLINE_EXCEEDED, ("key '" + std::string(key) + "' not set in time").c_str());
+          return make_c_status(KEEL_STATUS_DEADLINE_EXCEEDED,
+                               ("key '" + std::string(key) + "' not set in time").c_str());
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
     };

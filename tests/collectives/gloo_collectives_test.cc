@@ -8,22 +8,22 @@
 // calls (DEADLINE_EXCEEDED naming it), and a peer process SIGKILLed before its first collective
 // (gloo_rank_helper); a named interface (KEEL_GLOO_IFACE=lo) and one that does not exist. Skips with the recorded
 // reason when the plugin was not built.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
-#include <fcntl.h>
 #include <sys/wait.h>
 
 #include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <functional>
 #include <numeric>
-#include <cstring>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -87,24 +87,68 @@ struct Values {
   void set(size_t i, double v) {
     uint8_t* p = bytes.data() + i * dtype_size(dtype);
     switch (dtype) {
-      case DType::kF32: { float x = static_cast<float>(v); std::memcpy(p, &x, 4); break; }
+      case DType::kF32: {
+        float x = static_cast<float>(v);
+        std::memcpy(p, &x, 4);
+        break;
+      }
       case DType::kF64: std::memcpy(p, &v, 8); break;
-      case DType::kI32: { int32_t x = static_cast<int32_t>(v); std::memcpy(p, &x, 4); break; }
-      case DType::kI64: { int64_t x = static_cast<int64_t>(v); std::memcpy(p, &x, 8); break; }
-      case DType::kF16: { uint16_t x = f32_to_f16(static_cast<float>(v)); std::memcpy(p, &x, 2); break; }
-      case DType::kBF16: { uint16_t x = f32_to_bf16(static_cast<float>(v)); std::memcpy(p, &x, 2); break; }
+      case DType::kI32: {
+        int32_t x = static_cast<int32_t>(v);
+        std::memcpy(p, &x, 4);
+        break;
+      }
+      case DType::kI64: {
+        int64_t x = static_cast<int64_t>(v);
+        std::memcpy(p, &x, 8);
+        break;
+      }
+      case DType::kF16: {
+        uint16_t x = f32_to_f16(static_cast<float>(v));
+        std::memcpy(p, &x, 2);
+        break;
+      }
+      case DType::kBF16: {
+        uint16_t x = f32_to_bf16(static_cast<float>(v));
+        std::memcpy(p, &x, 2);
+        break;
+      }
       default: break;
     }
   }
   double get(size_t i) const {
     const uint8_t* p = bytes.data() + i * dtype_size(dtype);
     switch (dtype) {
-      case DType::kF32: { float x; std::memcpy(&x, p, 4); return x; }
-      case DType::kF64: { double x; std::memcpy(&x, p, 8); return x; }
-      case DType::kI32: { int32_t x; std::memcpy(&x, p, 4); return x; }
-      case DType::kI64: { int64_t x; std::memcpy(&x, p, 8); return x; }
-      case DType::kF16: { uint16_t x; std::memcpy(&x, p, 2); return f16_to_f32(x); }
-      case DType::kBF16: { uint16_t x; std::memcpy(&x, p, 2); return bf16_to_f32(x); }
+      case DType::kF32: {
+        float x;
+        std::memcpy(&x, p, 4);
+        return x;
+      }
+      case DType::kF64: {
+        double x;
+        std::memcpy(&x, p, 8);
+        return x;
+      }
+      case DType::kI32: {
+        int32_t x;
+        std::memcpy(&x, p, 4);
+        return x;
+      }
+      case DType::kI64: {
+        int64_t x;
+        std::memcpy(&x, p, 8);
+        return x;
+      }
+      case DType::kF16: {
+        uint16_t x;
+        std::memcpy(&x, p, 2);
+        return f16_to_f32(x);
+      }
+      case DType::kBF16: {
+        uint16_t x;
+        std::memcpy(&x, p, 2);
+        return bf16_to_f32(x);
+      }
       default: return NAN;
     }
   }
@@ -112,8 +156,8 @@ struct Values {
   std::string all_equal(double want) const {
     for (size_t i = 0; i < size(); ++i)
       if (get(i) != want)
-        return std::string(dtype_name(dtype)) + "[" + std::to_string(i) + "] = " + std::to_string(get(i)) +
-               ", want " + std::to_string(want);
+        return std::string(dtype_name(dtype)) + "[" + std::to_string(i) + "] = " + std::to_string(get(i)) + ", want " +
+               std::to_string(want);
     return "";
   }
 };
@@ -124,7 +168,11 @@ const keel_reduce_op_t kOps[] = {KEEL_REDUCE_SUM, KEEL_REDUCE_PROD, KEEL_REDUCE_
 double expected(keel_reduce_op_t op, int32_t w, DType t) {
   switch (op) {
     case KEEL_REDUCE_SUM: return w * (w + 1) / 2.0;
-    case KEEL_REDUCE_PROD: { double p = 1; for (int i = 2; i <= w; ++i) p *= i; return p; }
+    case KEEL_REDUCE_PROD: {
+      double p = 1;
+      for (int i = 2; i <= w; ++i) p *= i;
+      return p;
+    }
     case KEEL_REDUCE_MIN: return 1;
     case KEEL_REDUCE_MAX: return w;
     case KEEL_REDUCE_AVG: {
@@ -259,23 +307,24 @@ TEST_P(GlooWorld, AllGatherKeepsRankOrder) {
   const int32_t w = GetParam();
   auto errors = run_ranks(w, 5000, [&](int32_t r, hal::Communicator& comm) -> std::string {
     for (size_t n : {size_t{1}, size_t{301}})
-    for (bool in_place : {false, true}) {
-      Values in(DType::kI32, n), out(DType::kI32, n * static_cast<size_t>(w), -1);
-      for (size_t i = 0; i < n; ++i) in.set(i, r * 1000 + static_cast<double>(i));
-      Status s;
-      if (in_place) {
-        std::memcpy(static_cast<char*>(out.data()) + static_cast<size_t>(r) * n * 4, in.data(), n * 4);
-        s = comm.all_gather(static_cast<char*>(out.data()) + static_cast<size_t>(r) * n * 4, out.data(), n, DType::kI32);
-      } else {
-        s = comm.all_gather(in.data(), out.data(), n, DType::kI32);
+      for (bool in_place : {false, true}) {
+        Values in(DType::kI32, n), out(DType::kI32, n * static_cast<size_t>(w), -1);
+        for (size_t i = 0; i < n; ++i) in.set(i, r * 1000 + static_cast<double>(i));
+        Status s;
+        if (in_place) {
+          std::memcpy(static_cast<char*>(out.data()) + static_cast<size_t>(r) * n * 4, in.data(), n * 4);
+          s = comm.all_gather(static_cast<char*>(out.data()) + static_cast<size_t>(r) * n * 4, out.data(), n,
+                              DType::kI32);
+        } else {
+          s = comm.all_gather(in.data(), out.data(), n, DType::kI32);
+        }
+        if (!s.is_ok()) return s.to_string();
+        for (int32_t q = 0; q < w; ++q)
+          for (size_t i = 0; i < n; ++i)
+            if (out.get(static_cast<size_t>(q) * n + i) != q * 1000 + static_cast<double>(i))
+              return "all_gather: block " + std::to_string(q) + " element " + std::to_string(i) + " = " +
+                     std::to_string(out.get(static_cast<size_t>(q) * n + i));
       }
-      if (!s.is_ok()) return s.to_string();
-      for (int32_t q = 0; q < w; ++q)
-        for (size_t i = 0; i < n; ++i)
-          if (out.get(static_cast<size_t>(q) * n + i) != q * 1000 + static_cast<double>(i))
-            return "all_gather: block " + std::to_string(q) + " element " + std::to_string(i) + " = " +
-                   std::to_string(out.get(static_cast<size_t>(q) * n + i));
-    }
     return "";
   });
   expect_no_errors(errors, "all_gather");
@@ -286,25 +335,26 @@ TEST_P(GlooWorld, ReduceScatter) {
   const int32_t w = GetParam();
   auto errors = run_ranks(w, 5000, [&](int32_t r, hal::Communicator& comm) -> std::string {
     for (size_t n : {size_t{1}, size_t{257}})
-    for (DType t : {DType::kF32, DType::kF16, DType::kI64}) {
-      for (keel_reduce_op_t op : {KEEL_REDUCE_SUM, KEEL_REDUCE_MAX, KEEL_REDUCE_AVG}) {
-        // Block q of rank r holds (r+1) * (q+1): rank q receives (q+1) times the reduction of 1..W.
-        Values in(t, n * static_cast<size_t>(w)), out(t, n, -3);
-        for (int32_t q = 0; q < w; ++q)
-          for (size_t i = 0; i < n; ++i) in.set(static_cast<size_t>(q) * n + i, (r + 1) * (q + 1));
-        const bool in_place = op == KEEL_REDUCE_MAX;  // recv = send + rank * n, as NCCL defines in place
-        void* recv = in_place ? static_cast<char*>(in.data()) + static_cast<size_t>(r) * n * dtype_size(t) : out.data();
-        Status s = comm.reduce_scatter(in.data(), recv, n, t, op);
-        if (!s.is_ok()) return s.to_string();
-        const double want = op == KEEL_REDUCE_AVG && dtype_is_integer(t)
-                                ? static_cast<double>((r + 1) * (w * (w + 1) / 2) / w)
-                                : (r + 1) * expected(op, w, t);
-        Values got(t, n);
-        std::memcpy(got.data(), recv, n * dtype_size(t));
-        std::string bad = got.all_equal(want);
-        if (!bad.empty()) return std::string("reduce_scatter ") + op_name(op) + ": " + bad;
+      for (DType t : {DType::kF32, DType::kF16, DType::kI64}) {
+        for (keel_reduce_op_t op : {KEEL_REDUCE_SUM, KEEL_REDUCE_MAX, KEEL_REDUCE_AVG}) {
+          // Block q of rank r holds (r+1) * (q+1): rank q receives (q+1) times the reduction of 1..W.
+          Values in(t, n * static_cast<size_t>(w)), out(t, n, -3);
+          for (int32_t q = 0; q < w; ++q)
+            for (size_t i = 0; i < n; ++i) in.set(static_cast<size_t>(q) * n + i, (r + 1) * (q + 1));
+          const bool in_place = op == KEEL_REDUCE_MAX;  // recv = send + rank * n, as NCCL defines in place
+          void* recv =
+              in_place ? static_cast<char*>(in.data()) + static_cast<size_t>(r) * n * dtype_size(t) : out.data();
+          Status s = comm.reduce_scatter(in.data(), recv, n, t, op);
+          if (!s.is_ok()) return s.to_string();
+          const double want = op == KEEL_REDUCE_AVG && dtype_is_integer(t)
+                                  ? static_cast<double>((r + 1) * (w * (w + 1) / 2) / w)
+                                  : (r + 1) * expected(op, w, t);
+          Values got(t, n);
+          std::memcpy(got.data(), recv, n * dtype_size(t));
+          std::string bad = got.all_equal(want);
+          if (!bad.empty()) return std::string("reduce_scatter ") + op_name(op) + ": " + bad;
+        }
       }
-    }
     return "";
   });
   expect_no_errors(errors, "reduce_scatter");
@@ -318,8 +368,10 @@ TEST_P(GlooWorld, SendRecvRingAndBarrier) {
     for (int round = 0; round < 3; ++round) {
       Values out(DType::kF64, 1000, r * 10 + round), in(DType::kF64, 1000, -1);
       // Even ranks send first, odd ones receive first (blocking point-to-point).
-      Status s1 = r % 2 == 0 ? comm.send(out.data(), 1000, DType::kF64, next) : comm.recv(in.data(), 1000, DType::kF64, prev);
-      Status s2 = r % 2 == 0 ? comm.recv(in.data(), 1000, DType::kF64, prev) : comm.send(out.data(), 1000, DType::kF64, next);
+      Status s1 =
+          r % 2 == 0 ? comm.send(out.data(), 1000, DType::kF64, next) : comm.recv(in.data(), 1000, DType::kF64, prev);
+      Status s2 =
+          r % 2 == 0 ? comm.recv(in.data(), 1000, DType::kF64, prev) : comm.send(out.data(), 1000, DType::kF64, next);
       if (!s1.is_ok()) return s1.to_string();
       if (!s2.is_ok()) return s2.to_string();
       std::string bad = in.all_equal(prev * 10 + round);
@@ -344,7 +396,8 @@ TEST_P(GlooWorld, EmptyTensorsDoNotHang) {
       if (Status s = comm.all_reduce(nullptr, nullptr, 0, t, KEEL_REDUCE_SUM); !s.is_ok()) return s.to_string();
     if (Status s = comm.broadcast(nullptr, nullptr, 0, DType::kF32, w - 1); !s.is_ok()) return s.to_string();
     if (Status s = comm.all_gather(nullptr, nullptr, 0, DType::kF32); !s.is_ok()) return s.to_string();
-    if (Status s = comm.reduce_scatter(nullptr, nullptr, 0, DType::kF32, KEEL_REDUCE_SUM); !s.is_ok()) return s.to_string();
+    if (Status s = comm.reduce_scatter(nullptr, nullptr, 0, DType::kF32, KEEL_REDUCE_SUM); !s.is_ok())
+      return s.to_string();
     const int32_t peer = r ^ 1;
     if (peer < w) {
       Status s = r % 2 == 0 ? comm.send(nullptr, 0, DType::kF32, peer) : comm.recv(nullptr, 0, DType::kF32, peer);
@@ -374,26 +427,28 @@ TEST_P(GlooWorld, MismatchesAreErrorsOnEveryRankNotCorruption) {
     };
     {  // count
       Values in(DType::kF32, n + 1, 1), out(DType::kF32, n + 1, -5);
-      std::string e = expect_mismatch(comm.all_reduce(in.data(), out.data(), r == odd ? n + 1 : n, DType::kF32,
-                                                      KEEL_REDUCE_SUM), out, -5, "count");
+      std::string e = expect_mismatch(
+          comm.all_reduce(in.data(), out.data(), r == odd ? n + 1 : n, DType::kF32, KEEL_REDUCE_SUM), out, -5, "count");
       if (!e.empty()) return e;
     }
     {  // dtype (same byte size: f32 against i32)
       Values in(DType::kF32, n, 1), out(DType::kF32, n, -5);
-      std::string e = expect_mismatch(comm.all_reduce(in.data(), out.data(), n, r == odd ? DType::kI32 : DType::kF32,
-                                                      KEEL_REDUCE_SUM), out, -5, "dtype");
+      std::string e = expect_mismatch(
+          comm.all_reduce(in.data(), out.data(), n, r == odd ? DType::kI32 : DType::kF32, KEEL_REDUCE_SUM), out, -5,
+          "dtype");
       if (!e.empty()) return e;
     }
     {  // op
       Values in(DType::kF32, n, 1), out(DType::kF32, n, -5);
-      std::string e = expect_mismatch(comm.all_reduce(in.data(), out.data(), n, DType::kF32,
-                                                      r == odd ? KEEL_REDUCE_MAX : KEEL_REDUCE_SUM), out, -5, "op");
+      std::string e = expect_mismatch(
+          comm.all_reduce(in.data(), out.data(), n, DType::kF32, r == odd ? KEEL_REDUCE_MAX : KEEL_REDUCE_SUM), out, -5,
+          "op");
       if (!e.empty()) return e;
     }
     {  // broadcast root and count
       Values buf(DType::kF32, n + 1, -5);
-      std::string e = expect_mismatch(comm.broadcast(buf.data(), buf.data(), n, DType::kF32, r == odd ? 1 : 0), buf,
-                                      -5, "root");
+      std::string e =
+          expect_mismatch(comm.broadcast(buf.data(), buf.data(), n, DType::kF32, r == odd ? 1 : 0), buf, -5, "root");
       if (!e.empty()) return e;
       e = expect_mismatch(comm.broadcast(buf.data(), buf.data(), r == odd ? n + 1 : n, DType::kF32, 0), buf, -5,
                           "broadcast count");
@@ -409,8 +464,8 @@ TEST_P(GlooWorld, MismatchesAreErrorsOnEveryRankNotCorruption) {
       const int32_t peer = r ^ 1;
       if (peer < w) {
         Values buf(DType::kF32, n + 1, -5);
-        Status s = r % 2 == 0 ? comm.send(buf.data(), n, DType::kF32, peer)
-                              : comm.recv(buf.data(), n + 1, DType::kF32, peer);
+        Status s =
+            r % 2 == 0 ? comm.send(buf.data(), n, DType::kF32, peer) : comm.recv(buf.data(), n + 1, DType::kF32, peer);
         if (s.is_ok() || s.code() != StatusCode::kInvalidArgument) return "send/recv sizes: " + s.to_string();
       }
     }
@@ -475,7 +530,8 @@ TEST(GlooCollectives, ARankThatNeverArrivesIsNamed) {
   const auto t0 = Clock::now();
   std::vector<std::thread> ranks;
   for (int32_t r = 0; r < 2; ++r)  // rank 2 of 3 never comes
-    ranks.emplace_back([&, r] { results[r] = hal::Communicator::create(gloo().entry, &store.c, r, 3, 0, 1000).status(); });
+    ranks.emplace_back(
+        [&, r] { results[r] = hal::Communicator::create(gloo().entry, &store.c, r, 3, 0, 1000).status(); });
   for (auto& t : ranks) t.join();
   const double s = seconds_since(t0);
   std::printf("rank 0 sees: %s\n", results[0].to_string().c_str());
@@ -611,8 +667,8 @@ TEST(GlooCollectives, NamedInterface) {
   fs::create_directories(dir);
   {
     const std::string err = (dir / "lo.err").string();
-    pid_t pid = spawn_helper({KEEL_GLOO_RANK_HELPER, dir.string(), "1", "2", "5000", "allreduce"},
-                             {"KEEL_GLOO_IFACE=lo"}, err);
+    pid_t pid =
+        spawn_helper({KEEL_GLOO_RANK_HELPER, dir.string(), "1", "2", "5000", "allreduce"}, {"KEEL_GLOO_IFACE=lo"}, err);
     ASSERT_GT(pid, 0);
     FileStore store(dir.string());
     auto comm = hal::Communicator::create(gloo().entry, &store.c, 0, 2, 0, 5000);
@@ -630,8 +686,8 @@ TEST(GlooCollectives, NamedInterface) {
     const char one = 1;  // rank 0 "arrived", so the helper goes on to open its TCP device
     keel_status_release(store.c.set(&store.c, "keel/gloo/0/arrived/0", &one, 1));
     const std::string err = (dir / "bad.err").string();
-    pid_t pid = spawn_helper({KEEL_GLOO_RANK_HELPER, sub.string(), "1", "2", "2000"},
-                             {"KEEL_GLOO_IFACE=keelnosuch0"}, err);
+    pid_t pid =
+        spawn_helper({KEEL_GLOO_RANK_HELPER, sub.string(), "1", "2", "2000"}, {"KEEL_GLOO_IFACE=keelnosuch0"}, err);
     ASSERT_GT(pid, 0);
     EXPECT_EQ(wait_exit_code(pid), 4) << read_file(err);
     const std::string msg = read_file(err);

@@ -47,13 +47,15 @@ std::string simple_cnn_b32() {
     return v;
   };
   auto x = g.input("x", keel::DType::kF32, {32, 3, 32, 32});
-  auto c = g.op1("Conv", {x, g.constant("w", keel::Tensor::f32({32, 3, 3, 3}, rnd(864))),
-                          g.constant("b", keel::Tensor::f32({32}, rnd(32)))},
+  auto c = g.op1("Conv",
+                 {x, g.constant("w", keel::Tensor::f32({32, 3, 3, 3}, rnd(864))),
+                  g.constant("b", keel::Tensor::f32({32}, rnd(32)))},
                  {{"kernel_shape", Attribute::of_ints({3, 3})}});
   auto p = g.op1("MaxPool", {g.op1("Relu", {c})},
                  {{"kernel_shape", Attribute::of_ints({2, 2})}, {"strides", Attribute::of_ints({2, 2})}});
-  auto y = g.op1("Gemm", {g.op1("Flatten", {p}), g.constant("fw", keel::Tensor::f32({10, 7200}, rnd(72000))),
-                          g.constant("fb", keel::Tensor::f32({10}, rnd(10)))},
+  auto y = g.op1("Gemm",
+                 {g.op1("Flatten", {p}), g.constant("fw", keel::Tensor::f32({10, 7200}, rnd(72000))),
+                  g.constant("fb", keel::Tensor::f32({10}, rnd(10)))},
                  {{"transB", Attribute::of_int(1)}});
   g.output(y);
   auto s = keel::serialize_onnx(g.take());
@@ -155,7 +157,8 @@ int main(int argc, char** argv) {
 
   std::vector<std::string> paths(argv + 1, argv + argc);
   if (paths.empty())
-    for (const char* p : {"/tmp/keel-peers/models/simple_cnn_b32/model.onnx", "/tmp/keel-peers/models/resnet18/model.onnx"})
+    for (const char* p :
+         {"/tmp/keel-peers/models/simple_cnn_b32/model.onnx", "/tmp/keel-peers/models/resnet18/model.onnx"})
       if (std::filesystem::exists(p)) paths.emplace_back(p);
   if (paths.empty()) {
     auto b = std::make_unique<Bench>();
@@ -187,10 +190,11 @@ int main(int argc, char** argv) {
     m.struct_size = sizeof m;
     check(keel_session_memory_info(b->session, &m), "memory info");
     if (b->runs_per_s.count(1) && b->runs_per_s.count(2))
-      std::printf("ratio %s: 2 concurrent runs/s %.2f / 1-at-a-time runs/s %.2f = %.2fx (arena sets %llu, one "
-                  "copy of the weights)\n",
-                  b->name.c_str(), b->runs_per_s[2], b->runs_per_s[1], b->runs_per_s[2] / b->runs_per_s[1],
-                  static_cast<unsigned long long>(m.arena_sets));
+      std::printf(
+          "ratio %s: 2 concurrent runs/s %.2f / 1-at-a-time runs/s %.2f = %.2fx (arena sets %llu, one "
+          "copy of the weights)\n",
+          b->name.c_str(), b->runs_per_s[2], b->runs_per_s[1], b->runs_per_s[2] / b->runs_per_s[1],
+          static_cast<unsigned long long>(m.arena_sets));
     for (auto t : b->inputs) keel_host_tensor_release(t);
     keel_session_release(b->session);
     keel_model_release(b->model);

@@ -120,9 +120,10 @@ ModelSpec resnet_model(int64_t width, int64_t side, int blocks) {
     auto r = m.g.op1("Relu", {m.conv(h, width, width, 3, 1, 1)});
     h = m.g.op1("Relu", {m.g.op1("Add", {m.conv(r, width, width, 3, 1, 1), h})});
   }
-  auto y = m.g.op1("Relu", {m.g.op1("Add", {m.conv(m.g.op1("Relu", {m.conv(h, width, 2 * width, 3, 2, 1)}), 2 * width,
-                                                    2 * width, 3, 1, 1),
-                                             m.conv(h, width, 2 * width, 1, 2, 0)})});
+  auto y = m.g.op1(
+      "Relu",
+      {m.g.op1("Add", {m.conv(m.g.op1("Relu", {m.conv(h, width, 2 * width, 3, 2, 1)}), 2 * width, 2 * width, 3, 1, 1),
+                       m.conv(h, width, 2 * width, 1, 2, 0)})});
   for (int b = 1; b < blocks; ++b) {
     auto r = m.g.op1("Relu", {m.conv(y, 2 * width, 2 * width, 3, 1, 1)});
     y = m.g.op1("Relu", {m.g.op1("Add", {m.conv(r, 2 * width, 2 * width, 3, 1, 1), y})});
@@ -155,8 +156,8 @@ struct Host {
   }
 };
 
-keel_status_t make_env(bool plugins, int32_t threads, keel_environment_t* out,
-                       keel_log_callback_t log = nullptr, void* log_data = nullptr) {
+keel_status_t make_env(bool plugins, int32_t threads, keel_environment_t* out, keel_log_callback_t log = nullptr,
+                       void* log_data = nullptr) {
   keel_environment_options_t o = nullptr;
   if (keel_status_t s = keel_environment_options_create(&o)) return s;
 #ifdef KEEL_PLUGIN_DIR_DEFAULT
@@ -243,9 +244,7 @@ class SessionConcurrentRuns : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(SessionConcurrentRuns, EightThreadsTwoHundredRunsEachEqualSequentialRuns) {
   const std::string which = GetParam();
-  ModelSpec spec = which == "mlp"          ? mlp_model()
-                   : which == "simple_cnn" ? simple_cnn_model(4)
-                                           : resnet_model(32, 28, 1);
+  ModelSpec spec = which == "mlp" ? mlp_model() : which == "simple_cnn" ? simple_cnn_model(4) : resnet_model(32, 28, 1);
   Host h;
   ASSERT_KEEL_OK(make_env(true, 2, &h.env));
   keel_model_t model = nullptr;
@@ -291,10 +290,12 @@ TEST_P(SessionConcurrentRuns, EightThreadsTwoHundredRunsEachEqualSequentialRuns)
   // Runs really overlapped inside the session: each run in progress holds an activation arena set of its own. (The
   // mlp's runs take microseconds: on 2 cores two of them rarely overlap, so it is not asked to show it.)
   auto info = memory_info(session);
-  if (which != "mlp") EXPECT_GE(info.arena_sets, 2u) << "no two runs were ever in progress at once";
+  if (which != "mlp") {
+    EXPECT_GE(info.arena_sets, 2u) << "no two runs were ever in progress at once";
+  }
   EXPECT_LE(info.arena_sets, static_cast<uint64_t>(kThreads));
-  std::printf("%s: %llu arena sets for %d threads\n", which.c_str(),
-              static_cast<unsigned long long>(info.arena_sets), kThreads);
+  std::printf("%s: %llu arena sets for %d threads\n", which.c_str(), static_cast<unsigned long long>(info.arena_sets),
+              kThreads);
 }
 
 // A dynamic batch with more batch sizes than shape variants: the first two sizes get variants (built inside the first
@@ -306,9 +307,8 @@ TEST(SessionConcurrentShapes, DynamicBatchWithFewerVariantsThanBatchSizes) {
   auto h = m.g.op1("Relu", {m.conv(x, 16, 32, 3, 1, 1)});
   h = m.g.op1("Relu", {m.g.op1("Add", {m.conv(h, 32, 32, 3, 1, 1), h})});
   auto f = m.g.op1("Flatten", {m.g.op1("GlobalAveragePool", {h})});
-  const std::string bytes =
-      m.bytes(m.g.op1("Gemm", {f, m.weights("fc.w", {5, 32}, 0.2f), m.weights("fc.b", {5}, 0.1f)},
-                      {{"transB", Attribute::of_int(1)}}));
+  const std::string bytes = m.bytes(m.g.op1("Gemm", {f, m.weights("fc.w", {5, 32}, 0.2f), m.weights("fc.b", {5}, 0.1f)},
+                                            {{"transB", Attribute::of_int(1)}}));
   Host host;
   ASSERT_KEEL_OK(make_env(true, 2, &host.env));
   keel_model_t model = nullptr;
@@ -405,8 +405,7 @@ TEST_F(SessionRunOptions, TerminateFromAnotherThreadCancelsAtTheNextNodeAndTheSe
   EXPECT_EQ(err.rfind("CANCELLED: ", 0), 0u) << err;
   EXPECT_NE(err.find("cancelled before node '"), std::string::npos) << err;
   // About one node's time (the node in progress finishes); the slack covers a busy, shared 2-core machine.
-  std::printf("run %.2f ms, one node %.3f ms, cancelled %.3f ms after the flag was set\n", run_ms, node_ms,
-              latency_ms);
+  std::printf("run %.2f ms, one node %.3f ms, cancelled %.3f ms after the flag was set\n", run_ms, node_ms, latency_ms);
   EXPECT_LT(latency_ms, 3 * node_ms + 40.0) << "run " << run_ms << " ms, node " << node_ms << " ms";
   EXPECT_LT(latency_ms, run_ms * 0.75) << "the run went on for most of its nodes after the flag was set";
 
@@ -585,9 +584,10 @@ TEST(SessionSharedWeights, TwoSessionsFromOneModelHoldOneCopyAndRunConcurrently)
   EXPECT_EQ(ic.sessions_sharing, 1u);
   EXPECT_GT(ia.constant_bytes, 9'000'000u);
   EXPECT_EQ(ia.constant_bytes, ib.constant_bytes);
-  std::printf("oneDNN %s; resident memory: +%ld KiB for an unshared session, +%ld KiB for a shared one; "
-              "constants %llu bytes\n",
-              onednn ? "loaded" : "absent", grew_c, grew_b, static_cast<unsigned long long>(ia.constant_bytes));
+  std::printf(
+      "oneDNN %s; resident memory: +%ld KiB for an unshared session, +%ld KiB for a shared one; "
+      "constants %llu bytes\n",
+      onednn ? "loaded" : "absent", grew_c, grew_b, static_cast<unsigned long long>(ia.constant_bytes));
   if (onednn && !kSanitized && grew_c > static_cast<long>(ia.constant_bytes / 1024 / 2)) {
     // The unshared session prepacked the weights again (oneDNN's layouts); the shared one did not.
     EXPECT_LT(grew_b, grew_c / 4) << "the shared session grew by " << grew_b << " KiB, the unshared one by " << grew_c;
@@ -667,8 +667,7 @@ keel_status_t busy_compute(void* state, keel_kernel_context_t* ctx) {
   auto* b = static_cast<Busy*>(state);
   const int now = ++b->inside;
   int most = b->most.load();
-  while (now > most && !b->most.compare_exchange_weak(most, now)) {
-  }
+  while (now > most && !b->most.compare_exchange_weak(most, now)) {}
   if (b->other_inside && b->other_inside->load() > 0) b->overlapped_other = true;
   std::this_thread::sleep_for(std::chrono::milliseconds(2));
   const keel_kernel_api_t* k = g_host->kernel;
@@ -714,8 +713,16 @@ keel_status_t busy_init(const keel_core_api_t* host, keel_plugin_handle_t* plugi
   k.struct_size = offsetof(keel_kernel_def_t, flags);  // as a plugin built against 1.3 declares it
   return host->register_kernel(plugin, &k);
 }
-const keel_plugin_t kBusyPlugin = {sizeof(keel_plugin_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR, "busy",
-                                   "1.0", KEEL_PLUGIN_KIND_DEVICE, busy_init, nullptr};
+const keel_plugin_t kBusyPlugin = {.struct_size = sizeof(keel_plugin_t),
+                                   .abi_major = KEEL_PLUGIN_ABI_MAJOR,
+                                   .abi_minor = KEEL_PLUGIN_ABI_MINOR,
+                                   .name = "busy",
+                                   .version = "1.0",
+                                   .kind = KEEL_PLUGIN_KIND_DEVICE,
+                                   .init = busy_init,
+                                   .shutdown = nullptr,
+                                   .init_instance = nullptr,
+                                   .shutdown_instance = nullptr};
 
 TEST(SessionKernelConcurrency, KernelsNotDeclaredReentrantAreSerialisedAloneOthersRunAtOnce) {
   keel::EnvironmentOptions o;

@@ -46,9 +46,9 @@ Envs& envs() {
   return e;
 }
 
-#define SKIP_WITHOUT_CUDA()                                         \
-  do {                                                              \
-    ASSERT_TRUE(envs().dut && envs().oracle);                       \
+#define SKIP_WITHOUT_CUDA()                                              \
+  do {                                                                   \
+    ASSERT_TRUE(envs().dut&& envs().oracle);                             \
     if (!envs().why_no_cuda.empty()) GTEST_SKIP() << envs().why_no_cuda; \
   } while (0)
 
@@ -189,12 +189,11 @@ StatusOr<Graph> small_cnn() {
   std::string w1 = b.constant("W1", random_tensor({16, 3, 3, 3}, 1, -0.4f, 0.4f));
   std::string b1 = b.constant("B1", random_tensor({16}, 2, -0.1f, 0.1f));
   std::string c1 = b.op1("Conv", {x, w1, b1}, {{"kernel_shape", ints({3, 3})}, {"pads", ints({1, 1, 1, 1})}});
-  std::string bn = b.op1("BatchNormalization",
-                         {c1, b.constant("S", random_tensor({16}, 3, 0.5f, 1.5f)),
-                          b.constant("T", random_tensor({16}, 4, -0.2f, 0.2f)),
-                          b.constant("M", random_tensor({16}, 5, -0.2f, 0.2f)),
-                          b.constant("V", random_tensor({16}, 6, 0.5f, 2.f))},
-                         {{"epsilon", Attribute::of_float(1e-5f)}});
+  std::string bn = b.op1(
+      "BatchNormalization",
+      {c1, b.constant("S", random_tensor({16}, 3, 0.5f, 1.5f)), b.constant("T", random_tensor({16}, 4, -0.2f, 0.2f)),
+       b.constant("M", random_tensor({16}, 5, -0.2f, 0.2f)), b.constant("V", random_tensor({16}, 6, 0.5f, 2.f))},
+      {{"epsilon", Attribute::of_float(1e-5f)}});
   std::string r1 = b.op1("Relu", {bn});
   std::string p1 = b.op1("MaxPool", {r1}, {{"kernel_shape", ints({2, 2})}, {"strides", ints({2, 2})}});
   std::string w2 = b.constant("W2", random_tensor({32, 16, 3, 3}, 7, -0.2f, 0.2f));

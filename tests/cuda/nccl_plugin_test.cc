@@ -39,11 +39,13 @@ struct KvStore {
       s->cv.notify_all();
       return nullptr;
     };
-    c.get = [](keel_kv_store_t* self, const char* key, int64_t timeout_ms, const void** out, size_t* size) -> keel_status_t {
+    c.get = [](keel_kv_store_t* self, const char* key, int64_t timeout_ms, const void** out,
+               size_t* size) -> keel_status_t {
       auto* s = static_cast<KvStore*>(self->core_data);
       std::unique_lock<std::mutex> lock(s->mu);
       const std::string k(key);
-      if (!s->cv.wait_for(lock, std::chrono::milliseconds(timeout_ms < 0 ? 0 : timeout_ms), [&] { return s->kv.count(k) > 0; }))
+      if (!s->cv.wait_for(lock, std::chrono::milliseconds(timeout_ms < 0 ? 0 : timeout_ms),
+                          [&] { return s->kv.count(k) > 0; }))
         return make_c_status(KEEL_STATUS_DEADLINE_EXCEEDED, ("key '" + k + "' not set in time").c_str());
       *out = s->kv[k].data();
       *size = s->kv[k].size();
@@ -81,9 +83,9 @@ Nccl& nccl() {
   return n;
 }
 
-#define SKIP_WITHOUT_NCCL()                                  \
-  do {                                                       \
-    if (!nccl().why.empty()) GTEST_SKIP() << nccl().why;     \
+#define SKIP_WITHOUT_NCCL()                              \
+  do {                                                   \
+    if (!nccl().why.empty()) GTEST_SKIP() << nccl().why; \
   } while (0)
 
 TEST(NcclPlugin, SkipsWithAReasonOrLoads) {
@@ -192,7 +194,8 @@ TEST(NcclPlugin, EveryGpuOneRankEach) {
       if (!comm->all_gather(a.p, b.p, count, DType::kF32).is_ok()) err = "all_gather failed";
       got = b.get();
       for (int32_t q = 0; q < n; ++q)
-        if (got[static_cast<size_t>(q) * count] != q + 1.f) err = "all_gather: rank " + std::to_string(q) + " slot wrong";
+        if (got[static_cast<size_t>(q) * count] != q + 1.f)
+          err = "all_gather: rank " + std::to_string(q) + " slot wrong";
       // A ring: even ranks send first, odd ones receive first.
       const int32_t next = (r + 1) % n, prev = (r + n - 1) % n;
       Buf in(nccl().cuda, r, count);

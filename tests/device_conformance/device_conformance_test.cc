@@ -94,8 +94,8 @@ TEST(DeviceConformance, Cpu) {
     // oneDNN 2.6 has only reference implementations for some shapes of these ops on plain layouts; the plugin
     // leaves those cases to Keel's reference kernels (they must still pass, on whichever kernel ran).
     static const std::set<std::string> kMayFallBack = {
-        "LayerNormalization", "Softmax", "LogSoftmax", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin",
-        "Transpose", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"};
+        "LayerNormalization", "Softmax",   "LogSoftmax", "ReduceMean",  "ReduceSum",         "ReduceMax",
+        "ReduceMin",          "Transpose", "MaxPool",    "AveragePool", "GlobalAveragePool", "GlobalMaxPool"};
     // Ops the oneDNN plugin has no kernel for at all (the table also serves other devices' kernels, e.g. cuda's
     // Gather/Resize/Pad), and cases in other float dtypes than f32, run on the reference kernels.
     // A oneDNN kernel serves a case when it is registered for the op and, where it declares dtypes, the case's.

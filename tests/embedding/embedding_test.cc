@@ -9,10 +9,10 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <keel/keel.h>
-#include <keel/keel.hpp>
 #include <onnx/onnx_pb.h>
 #include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
+#include <keel/keel.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -53,14 +53,14 @@ keel::Graph conv_bn_relu_graph() {
   auto x = g.input("x", DType::kF32, {1, 3, 6, 6});
   std::vector<float> w(4 * 3 * 3 * 3);
   for (size_t i = 0; i < w.size(); ++i) w[i] = 0.05f * static_cast<float>(static_cast<int>(i % 7) - 3);
-  auto conv = g.op1("Conv", {x, g.constant("w", keel::Tensor::f32({4, 3, 3, 3}, w)),
-                             g.constant("b", keel::Tensor::f32({4}, {0.1f, -0.2f, 0.3f, 0.f}))},
+  auto conv = g.op1("Conv",
+                    {x, g.constant("w", keel::Tensor::f32({4, 3, 3, 3}, w)),
+                     g.constant("b", keel::Tensor::f32({4}, {0.1f, -0.2f, 0.3f, 0.f}))},
                     {{"pads", keel::Attribute::of_ints({1, 1, 1, 1})}});
-  auto bn = g.op1("BatchNormalization",
-                  {conv, g.constant("scale", keel::Tensor::f32({4}, {1.f, 0.5f, 2.f, 1.5f})),
-                   g.constant("bias", keel::Tensor::f32({4}, {0.f, 0.1f, -0.1f, 0.2f})),
-                   g.constant("mean", keel::Tensor::f32({4}, {0.05f, 0.f, -0.05f, 0.1f})),
-                   g.constant("var", keel::Tensor::f32({4}, {1.f, 0.8f, 1.2f, 0.9f}))});
+  auto bn = g.op1("BatchNormalization", {conv, g.constant("scale", keel::Tensor::f32({4}, {1.f, 0.5f, 2.f, 1.5f})),
+                                         g.constant("bias", keel::Tensor::f32({4}, {0.f, 0.1f, -0.1f, 0.2f})),
+                                         g.constant("mean", keel::Tensor::f32({4}, {0.05f, 0.f, -0.05f, 0.1f})),
+                                         g.constant("var", keel::Tensor::f32({4}, {1.f, 0.8f, 1.2f, 0.9f}))});
   auto y = g.op1("Relu", {bn});
   g.graph().node(g.graph().producer(y).value())->outputs[0] = "y";
   g.output("y");
@@ -108,7 +108,8 @@ struct LogSink {
   }
   bool contains(const std::string& what) {
     std::lock_guard<std::mutex> lock(mu);
-    return std::any_of(lines.begin(), lines.end(), [&](const std::string& l) { return l.find(what) != std::string::npos; });
+    return std::any_of(lines.begin(), lines.end(),
+                       [&](const std::string& l) { return l.find(what) != std::string::npos; });
   }
   // The numbers N of "embedding_instance N: <what>" messages.
   std::vector<int> instances(const std::string& what) {
@@ -129,7 +130,9 @@ class HostSink : public spdlog::sinks::base_sink<std::mutex> {
   std::vector<std::string> lines;
 
  protected:
-  void sink_it_(const spdlog::details::log_msg& msg) override { lines.emplace_back(msg.payload.data(), msg.payload.size()); }
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    lines.emplace_back(msg.payload.data(), msg.payload.size());
+  }
   void flush_() override {}
 };
 
@@ -152,8 +155,11 @@ keel_environment_t make_env(LogSink* log, const std::vector<std::pair<std::strin
     EXPECT_KEEL_OK(keel_environment_options_add_plugin_path(o, plugin_dir().c_str()));
     EXPECT_KEEL_OK(keel_environment_options_add_plugin_path(o, fixture_dir().c_str()));
   }
-  for (const auto& [k, v] : options) EXPECT_KEEL_OK(keel_environment_options_set_plugin_option(o, "embedding_instance", k.c_str(), v.c_str()));
-  if (log) EXPECT_KEEL_OK(keel_environment_options_set_log_callback(o, LogSink::callback, log, KEEL_LOG_DEBUG));
+  for (const auto& [k, v] : options)
+    EXPECT_KEEL_OK(keel_environment_options_set_plugin_option(o, "embedding_instance", k.c_str(), v.c_str()));
+  if (log) {
+    EXPECT_KEEL_OK(keel_environment_options_set_log_callback(o, LogSink::callback, log, KEEL_LOG_DEBUG));
+  }
   keel_environment_t env = nullptr;
   EXPECT_KEEL_OK(keel_environment_create(o, &env));
   keel_environment_options_release(o);
@@ -280,7 +286,8 @@ TEST(Embedding, TwoEnvironmentsInterleavedWithCppApi) {
   if (under_valgrind()) {
     eo.discover_plugins = false;
     eo.plugin_paths.clear();
-    eo.plugin_libraries = {fixture_dir() + "/libkeel_embedding_instance.so", fixture_dir() + "/libkeel_embedding_legacy.so"};
+    eo.plugin_libraries = {fixture_dir() + "/libkeel_embedding_instance.so",
+                           fixture_dir() + "/libkeel_embedding_legacy.so"};
   }
   std::string bytes = model_bytes();
   auto model = keel::api::Model::from_memory(bytes.data(), bytes.size());
@@ -335,7 +342,8 @@ TEST(Embedding, LogCallbackGetsOnlyItsEnvironmentsMessagesAndNoLoggerSeesThem) {
   // The host's logger saw its own message and none of Keel's.
   logger->set_level(level);
   auto& sinks = logger->sinks();
-  sinks.erase(std::remove(sinks.begin(), sinks.end(), std::static_pointer_cast<spdlog::sinks::sink>(host_sink)), sinks.end());
+  sinks.erase(std::remove(sinks.begin(), sinks.end(), std::static_pointer_cast<spdlog::sinks::sink>(host_sink)),
+              sinks.end());
   ASSERT_EQ(host_sink->lines.size(), 1u) << (host_sink->lines.empty() ? "" : host_sink->lines.back());
   EXPECT_EQ(host_sink->lines[0], "a message of the host's own");
 }
@@ -452,7 +460,8 @@ TEST(Embedding, DevicesWithPropertiesAndCapabilities) {
   ASSERT_FALSE(devices.empty());
   EXPECT_EQ(devices[0].spec(), devices[0].device_type + ":0");
   bool unified = false;
-  for (const auto& d : devices) unified = unified || (d.device_type == "cpu" && d.has(KEEL_DEVICE_CAP_UNIFIED_HOST_MEMORY));
+  for (const auto& d : devices)
+    unified = unified || (d.device_type == "cpu" && d.has(KEEL_DEVICE_CAP_UNIFIED_HOST_MEMORY));
   EXPECT_TRUE(unified);
   // A session on a device chosen by index, from the list.
   std::string bytes = model_bytes();
@@ -534,7 +543,8 @@ TEST(Embedding, AutoPipelineByDefaultNoneOnRequestAndTheOptimisedGraphSaved) {
   eo.plugin_paths = {plugin_dir()};
   keel::api::Environment env(eo);
   bool have_passes = false;
-  for (const auto& p : env.plugins()) have_passes = have_passes || (p.name == "fusion" && p.state == KEEL_PLUGIN_STATE_LOADED);
+  for (const auto& p : env.plugins())
+    have_passes = have_passes || (p.name == "fusion" && p.state == KEEL_PLUGIN_STATE_LOADED);
   std::string bytes = model_bytes();
   auto model = keel::api::Model::from_memory(bytes.data(), bytes.size());
   auto x = keel::api::Tensor::f32({1, 3, 6, 6}, input_values());
@@ -570,7 +580,8 @@ TEST(Embedding, AutoPipelineByDefaultNoneOnRequestAndTheOptimisedGraphSaved) {
   std::string msg = take(st);
   EXPECT_NE(msg, "");
   EXPECT_NE(msg.find("dir.onnx"), std::string::npos) << msg;
-  EXPECT_NE(take(keel_session_save_optimized_model(optimised.get(), nullptr)).find("INVALID_ARGUMENT"), std::string::npos);
+  EXPECT_NE(take(keel_session_save_optimized_model(optimised.get(), nullptr)).find("INVALID_ARGUMENT"),
+            std::string::npos);
   fs::remove_all(dir);
 
   keel_session_options_t so = nullptr;

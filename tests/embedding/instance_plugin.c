@@ -19,8 +19,7 @@ typedef struct instance_s {
 static int g_next_id = 0; /* instances are numbered in creation order (the test creates environments one at a time) */
 
 static keel_status_t probe_run(void* user_data, keel_graph_t* graph, const keel_graph_api_t* api,
-                               const keel_options_t* options, const char* target_device,
-                               keel_pass_report_t* report) {
+                               const keel_options_t* options, const char* target_device, keel_pass_report_t* report) {
   instance_t* inst = (instance_t*)user_data;
   char text[96];
   (void)graph, (void)api, (void)options, (void)target_device, (void)report;
@@ -55,8 +54,8 @@ static keel_status_t instance_init(const keel_core_api_t* host, keel_plugin_hand
     free(inst);
     return st;
   }
-  snprintf(text, sizeof text, "embedding_instance %d: created (threads=%lld greeting=%s)", inst->id,
-           (long long)threads, greeting);
+  snprintf(text, sizeof text, "embedding_instance %d: created (threads=%lld greeting=%s)", inst->id, (long long)threads,
+           greeting);
   host->log(plugin, KEEL_LOG_INFO, text);
   *out_instance = inst;
   return NULL;
@@ -70,9 +69,15 @@ static void instance_shutdown(void* instance) {
   free(inst);
 }
 
-static const keel_plugin_t kPlugin = {
-    sizeof(keel_plugin_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR, "embedding_instance", "0.1.0",
-    KEEL_PLUGIN_KIND_PASS, NULL, NULL, instance_init, instance_shutdown,
-};
+static const keel_plugin_t kPlugin = {.struct_size = sizeof(keel_plugin_t),
+                                      .abi_major = KEEL_PLUGIN_ABI_MAJOR,
+                                      .abi_minor = KEEL_PLUGIN_ABI_MINOR,
+                                      .name = "embedding_instance",
+                                      .version = "0.1.0",
+                                      .kind = KEEL_PLUGIN_KIND_PASS,
+                                      .init = NULL,
+                                      .shutdown = NULL,
+                                      .init_instance = instance_init,
+                                      .shutdown_instance = instance_shutdown};
 
 KEEL_PLUGIN_EXPORT const keel_plugin_t* keel_plugin_entry(void) { return &kPlugin; }

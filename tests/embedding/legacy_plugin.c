@@ -15,8 +15,7 @@ static int g_shutdowns = 0;
 KEEL_PLUGIN_EXPORT int embedding_legacy_shutdowns(void) { return g_shutdowns; }
 
 static keel_status_t legacy_run(void* user_data, keel_graph_t* graph, const keel_graph_api_t* api,
-                                const keel_options_t* options, const char* target_device,
-                                keel_pass_report_t* report) {
+                                const keel_options_t* options, const char* target_device, keel_pass_report_t* report) {
   (void)user_data, (void)graph, (void)api, (void)options, (void)report;
   /* Through whichever handle the last init left here (possibly another environment's, possibly released). */
   if (g_host == NULL) return NULL;
@@ -46,9 +45,15 @@ static void legacy_shutdown(void) {
 }
 
 /* The descriptor as ABI 1.4 had it: it ends after `shutdown`. */
-static const keel_plugin_t kPlugin = {
-    (uint32_t)offsetof(keel_plugin_t, init_instance), KEEL_PLUGIN_ABI_MAJOR, 4, "embedding_legacy", "0.1.0",
-    KEEL_PLUGIN_KIND_PASS, legacy_init, legacy_shutdown, NULL, NULL,
-};
+static const keel_plugin_t kPlugin = {.struct_size = (uint32_t)offsetof(keel_plugin_t, init_instance),
+                                      .abi_major = KEEL_PLUGIN_ABI_MAJOR,
+                                      .abi_minor = 4,
+                                      .name = "embedding_legacy",
+                                      .version = "0.1.0",
+                                      .kind = KEEL_PLUGIN_KIND_PASS,
+                                      .init = legacy_init,
+                                      .shutdown = legacy_shutdown,
+                                      .init_instance = NULL,
+                                      .shutdown_instance = NULL};
 
 KEEL_PLUGIN_EXPORT const keel_plugin_t* keel_plugin_entry(void) { return &kPlugin; }

@@ -299,17 +299,15 @@ static keel_status_t sd_init(const keel_core_api_t* host, keel_plugin_handle_t* 
   return host->register_kernel(plugin, &def);
 }
 
-static const keel_plugin_t kPlugin = {
-    sizeof(keel_plugin_t),
-    KEEL_PLUGIN_ABI_MAJOR,
-    KEEL_PLUGIN_ABI_MINOR,
-    "streamdev",
-    "0.1.0",
-    KEEL_PLUGIN_KIND_DEVICE,
-    sd_init,
-    NULL,
-    NULL,
-    NULL,
-};
+static const keel_plugin_t kPlugin = {.struct_size = sizeof(keel_plugin_t),
+                                      .abi_major = KEEL_PLUGIN_ABI_MAJOR,
+                                      .abi_minor = KEEL_PLUGIN_ABI_MINOR,
+                                      .name = "streamdev",
+                                      .version = "0.1.0",
+                                      .kind = KEEL_PLUGIN_KIND_DEVICE,
+                                      .init = sd_init,
+                                      .shutdown = NULL,
+                                      .init_instance = NULL,
+                                      .shutdown_instance = NULL};
 
 KEEL_PLUGIN_EXPORT const keel_plugin_t* keel_plugin_entry(void) { return &kPlugin; }

@@ -30,7 +30,7 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 struct Result {
-  int rc = -1;        // exit code, or 128 + signal
+  int rc = -1;  // exit code, or 128 + signal
   bool timed_out = false;
   double seconds = 0;
   std::string output;  // stdout and stderr together
@@ -97,7 +97,8 @@ Result wait_for(pid_t pid, const fs::path& out_file, double timeout_s, Clock::ti
   return r;
 }
 
-Result run(const std::vector<std::string>& args, double timeout_s = 60, const std::vector<std::string>& extra_env = {}) {
+Result run(const std::vector<std::string>& args, double timeout_s = 60,
+           const std::vector<std::string>& extra_env = {}) {
   static int n = 0;
   const fs::path dir = temp_dir("out" + std::to_string(n++));
   const fs::path out = dir / "output.txt";
@@ -157,8 +158,9 @@ TEST(Launch, EveryRankGetsItsEnvironmentAndPrefixedOutput) {
   ASSERT_FALSE(r.timed_out) << r.output;
   EXPECT_EQ(r.rc, 0) << r.output;
   for (int k = 0; k < 3; ++k) {
-    const std::string want = "[rank " + std::to_string(k) + "] RANK=" + std::to_string(k) + " WORLD_SIZE=3 LOCAL_RANK=" +
-                             std::to_string(k) + " LOCAL_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=";
+    const std::string want = "[rank " + std::to_string(k) + "] RANK=" + std::to_string(k) +
+                             " WORLD_SIZE=3 LOCAL_RANK=" + std::to_string(k) +
+                             " LOCAL_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=";
     EXPECT_NE(r.output.find(want), std::string::npos) << want << "\n" << r.output;
     EXPECT_NE(r.output.find("[rank " + std::to_string(k) + "] to stderr from " + std::to_string(k)), std::string::npos)
         << r.output;
@@ -339,9 +341,9 @@ TEST(Launch, TwoNodesFormOneWorld) {
     EXPECT_EQ(r0.rc, 0) << both;
     EXPECT_EQ(r1.rc, 0) << both;
     for (int k = 0; k < 4; ++k) {
-      const std::string want = mode == "store" ? "[rank " + std::to_string(k) + "] rank " + std::to_string(k) +
-                                                     " saw all 4 ranks"
-                                               : "[rank " + std::to_string(k) + "] rank " + std::to_string(k) + " sum 10";
+      const std::string want = mode == "store"
+                                   ? "[rank " + std::to_string(k) + "] rank " + std::to_string(k) + " saw all 4 ranks"
+                                   : "[rank " + std::to_string(k) + "] rank " + std::to_string(k) + " sum 10";
       EXPECT_NE(both.find(want), std::string::npos) << want << "\n" << both;
     }
     EXPECT_NE(r1.output.find("[rank 3]"), std::string::npos) << "node 1 runs ranks 2 and 3\n" << both;
@@ -407,7 +409,7 @@ TEST(Launch, IdentityUnderMpirun) {
     if (fs::exists(p)) mpirun = p;
   if (mpirun.empty()) GTEST_SKIP() << "mpirun is not installed (Debian: openmpi-bin)";
   Result r = run({mpirun, "--oversubscribe", "--allow-run-as-root", "-np", "2", LAUNCH_TEST_PROG, "identity"}, 60,
-              {"OMPI_MCA_btl=self,tcp", "OMPI_MCA_btl_tcp_if_include=lo", "OMPI_MCA_oob_tcp_if_include=lo"});
+                 {"OMPI_MCA_btl=self,tcp", "OMPI_MCA_btl_tcp_if_include=lo", "OMPI_MCA_oob_tcp_if_include=lo"});
   ASSERT_FALSE(r.timed_out) << r.output;
   ASSERT_EQ(r.rc, 0) << r.output;
   for (int k = 0; k < 2; ++k)

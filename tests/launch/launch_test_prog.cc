@@ -55,10 +55,10 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (mode == "env") {
-    std::printf("RANK=%s WORLD_SIZE=%s LOCAL_RANK=%s LOCAL_WORLD_SIZE=%s MASTER_ADDR=%s MASTER_PORT=%s KEEL_STORE_SERVED=%s\n",
-                env_or("RANK", "-"), env_or("WORLD_SIZE", "-"), env_or("LOCAL_RANK", "-"),
-                env_or("LOCAL_WORLD_SIZE", "-"), env_or("MASTER_ADDR", "-"), env_or("MASTER_PORT", "-"),
-                env_or("KEEL_STORE_SERVED", "-"));
+    std::printf(
+        "RANK=%s WORLD_SIZE=%s LOCAL_RANK=%s LOCAL_WORLD_SIZE=%s MASTER_ADDR=%s MASTER_PORT=%s KEEL_STORE_SERVED=%s\n",
+        env_or("RANK", "-"), env_or("WORLD_SIZE", "-"), env_or("LOCAL_RANK", "-"), env_or("LOCAL_WORLD_SIZE", "-"),
+        env_or("MASTER_ADDR", "-"), env_or("MASTER_PORT", "-"), env_or("KEEL_STORE_SERVED", "-"));
     std::fprintf(stderr, "to stderr from %s\n", env_or("RANK", "-"));
     return 0;
   }
@@ -94,7 +94,8 @@ int main(int argc, char** argv) {
       std::ofstream f(dir + "/" + std::to_string(rank()) + ".pid.tmp");
       f << getpid() << "\n";
     }
-    std::rename((dir + "/" + std::to_string(rank()) + ".pid.tmp").c_str(), (dir + "/" + std::to_string(rank()) + ".pid").c_str());
+    std::rename((dir + "/" + std::to_string(rank()) + ".pid.tmp").c_str(),
+                (dir + "/" + std::to_string(rank()) + ".pid").c_str());
     std::printf("rank %d sleeping\n", rank());
     sleep_bounded();
     return 0;
@@ -128,7 +129,8 @@ int main(int argc, char** argv) {
     if (!env.is_ok()) return std::printf("error: %s\n", env.status().to_string().c_str()), 1;
     auto entry = keel::dist::find_collective(**env, "gloo");
     if (!entry.is_ok()) return std::printf("skip: %s\n", entry.status().to_string().c_str()), 77;
-    auto pg = keel::dist::ProcessGroup::create(**env, *id, "gloo", 0, std::atoi(env_or("LAUNCH_TEST_TIMEOUT_MS", "20000")));
+    auto pg =
+        keel::dist::ProcessGroup::create(**env, *id, "gloo", 0, std::atoi(env_or("LAUNCH_TEST_TIMEOUT_MS", "20000")));
     if (!pg.is_ok()) return std::printf("error: %s\n", pg.status().to_string().c_str()), 1;
     float v = static_cast<float>(id->rank + 1), out = 0;
     keel::Status s = (*pg)->comm().all_reduce(&v, &out, 1, keel::DType::kF32, KEEL_REDUCE_SUM);

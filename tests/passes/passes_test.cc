@@ -19,7 +19,6 @@
 namespace keel {
 namespace {
 
-
 Tensor randn(Shape shape, uint32_t seed, float lo = -1.f, float hi = 1.f) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> d(lo, hi);
@@ -154,7 +153,8 @@ name = "fold_constants"
 max_bytes = 1024
 [[pass]]
 name = "eliminate_dead_code"
-)", "test.toml");
+)",
+                                      "test.toml");
   ASSERT_TRUE(pipeline.is_ok()) << pipeline.status().to_string();
   Graph kept = make();
   auto before = run(kept, feeds);
@@ -254,8 +254,8 @@ TEST(Canonicalize, ValuesReadOnlyInsideSubgraphsStay) {
   };
   for (bool cond : {true, false}) {
     Feeds feeds = {{"x", randn({4}, 11)}, {"cond", Tensor::from_vector<uint8_t>(DType::kBool, {}, {cond})}};
-    Graph g = check_pipeline(make(), "fold_constants,remove_identity,eliminate_common_subexpressions,eliminate_dead_code",
-                             feeds, 0);
+    Graph g = check_pipeline(
+        make(), "fold_constants,remove_identity,eliminate_common_subexpressions,eliminate_dead_code", feeds, 0);
     EXPECT_EQ(count_op(g, "Mul"), 1u) << "the Mul feeds only the then branch";
     EXPECT_EQ(count_op(g, "Identity"), 0u);
     EXPECT_EQ(count_op(g, "If"), 1u);
@@ -328,8 +328,8 @@ Graph conv_residual_relu() {
 
 TEST(FuseConvActivation, ConvBiasResidualReluBecomesOneFusedConv) {
   std::vector<PassReport> reports;
-  Graph g = check_pipeline(conv_residual_relu(), "fuse_conv_activation", {{"x", randn({1, 4, 6, 6}, 15)}}, 1e-5f,
-                           &reports);
+  Graph g =
+      check_pipeline(conv_residual_relu(), "fuse_conv_activation", {{"x", randn({1, 4, 6, 6}, 15)}}, 1e-5f, &reports);
   EXPECT_EQ(g.node_count(), 1u);
   ASSERT_EQ(count_op(g, "FusedConv", "keel"), 1u);
   EXPECT_EQ(reports[0].counters.at("ops_fused"), 1);
@@ -476,10 +476,11 @@ TEST(Pipeline, DefaultPipelineInASessionGivesTheSameOutputs) {
     GraphBuilder b("net", 13);
     auto x = b.input("x", DType::kF32, {1, 3, 8, 8});
     auto id = b.op1("Identity", {x});
-    auto c = b.op1("Conv", {id, b.constant("w", randn({4, 3, 3, 3}, 30))}, {{"pads", Attribute::of_ints({1, 1, 1, 1})}});
-    auto bn = b.op("BatchNormalization",
-                   {c, b.constant("s", randn({4}, 31, 0.5f, 1.5f)), b.constant("t", randn({4}, 32)),
-                    b.constant("m", randn({4}, 33)), b.constant("v", randn({4}, 34, 0.5f, 1.5f))})[0];
+    auto c =
+        b.op1("Conv", {id, b.constant("w", randn({4, 3, 3, 3}, 30))}, {{"pads", Attribute::of_ints({1, 1, 1, 1})}});
+    auto bn =
+        b.op("BatchNormalization", {c, b.constant("s", randn({4}, 31, 0.5f, 1.5f)), b.constant("t", randn({4}, 32)),
+                                    b.constant("m", randn({4}, 33)), b.constant("v", randn({4}, 34, 0.5f, 1.5f))})[0];
     auto r = b.op1("Relu", {bn});
     auto shape = b.op1("Shape", {r});
     auto n0 = b.op1("Gather", {shape, b.constant("i0", i64({1}, {0}))}, {{"axis", Attribute::of_int(0)}});
@@ -493,8 +494,9 @@ TEST(Pipeline, DefaultPipelineInASessionGivesTheSameOutputs) {
   auto before = run(make(), feeds);
   SessionOptions o;
   o.devices = {"cpu"};
-  o.passes = {"fold_constants", "remove_identity", "eliminate_common_subexpressions", "eliminate_dead_code",
-              "fuse_conv_bn", "fuse_gelu", "fuse_layer_norm", "fuse_attention", "fuse_conv_activation",
+  o.passes = {"fold_constants",         "remove_identity",    "eliminate_common_subexpressions",
+              "eliminate_dead_code",    "fuse_conv_bn",       "fuse_gelu",
+              "fuse_layer_norm",        "fuse_attention",     "fuse_conv_activation",
               "fuse_matmul_activation", "eliminate_dead_code"};
   auto s = Session::create(env(), make(), o);
   ASSERT_TRUE(s.is_ok()) << s.status().to_string();

@@ -48,8 +48,8 @@ std::vector<Tensor> run(Graph g, const Feeds& feeds, std::vector<std::string> pa
   return out.is_ok() ? std::move(out).value() : std::vector<Tensor>{};
 }
 
-StatusOr<std::vector<PassReport>> try_convert(Graph& g, const std::string& dtype,
-                                              std::vector<std::string> keep = {}, const std::string& pass = "convert_precision") {
+StatusOr<std::vector<PassReport>> try_convert(Graph& g, const std::string& dtype, std::vector<std::string> keep = {},
+                                              const std::string& pass = "convert_precision") {
   EXPECT_TRUE(infer_shapes(g).is_ok());
   PassSpec spec;
   spec.name = pass;
@@ -128,11 +128,13 @@ Graph conv_net() {
   GraphBuilder b("conv_net", 13);
   auto x = b.input("x", DType::kF32, {2, 8, 12, 12});
   auto attrs = std::map<std::string, Attribute>{{"kernel_shape", Attribute::of_ints({3, 3})},
-                                                 {"pads", Attribute::of_ints({1, 1, 1, 1})}};
-  auto c1 = b.op1("Conv", {x, b.constant("w1", randn({16, 8, 3, 3}, 1, 0.2f)), b.constant("b1", randn({16}, 2))}, attrs);
+                                                {"pads", Attribute::of_ints({1, 1, 1, 1})}};
+  auto c1 =
+      b.op1("Conv", {x, b.constant("w1", randn({16, 8, 3, 3}, 1, 0.2f)), b.constant("b1", randn({16}, 2))}, attrs);
   std::vector<float> ones(16, 1.f), var(16, 0.5f);
-  auto bn = b.op1("BatchNormalization", {c1, b.constant("bn_s", Tensor::f32({16}, ones)), b.constant("bn_b", randn({16}, 3)),
-                                         b.constant("bn_m", randn({16}, 4, 0.1f)), b.constant("bn_v", Tensor::f32({16}, var))});
+  auto bn = b.op1("BatchNormalization",
+                  {c1, b.constant("bn_s", Tensor::f32({16}, ones)), b.constant("bn_b", randn({16}, 3)),
+                   b.constant("bn_m", randn({16}, 4, 0.1f)), b.constant("bn_v", Tensor::f32({16}, var))});
   auto r1 = b.op1("Relu", {bn});
   auto c2 = b.op1("Conv", {r1, b.constant("w2", randn({16, 16, 3, 3}, 5, 0.1f))}, attrs);
   auto skip = b.op1("Conv", {x, b.constant("w3", randn({16, 8, 1, 1}, 6, 0.3f))},
@@ -327,7 +329,8 @@ TEST(ConvertPrecision, SubgraphNodesStayFp32AndCapturedValuesKeepTheirNames) {
   ifn.name = "if";
   ifn.inputs = {"cond"};
   ifn.outputs = {"y"};
-  ifn.attrs = {{"then_branch", body("then", "Relu", "xw", "then_y")}, {"else_branch", body("else", "Neg", "x", "else_y")}};
+  ifn.attrs = {{"then_branch", body("then", "Relu", "xw", "then_y")},
+               {"else_branch", body("else", "Neg", "x", "else_y")}};
   b.graph().add_node(ifn);
   b.output("y");
   Graph g = b.take();
@@ -402,7 +405,8 @@ TEST(ConvertPrecision, FusedConvGraphInBf16MatchesFp32) {
   auto s = Session::create(env(), g, o);
   ASSERT_TRUE(s.is_ok()) << s.status().to_string();
   size_t on_onednn = 0;
-  for (const auto& [node, op, dev, kernel] : s.value()->placement()) on_onednn += kernel == "onednn_bf16_keel_fusedconv";
+  for (const auto& [node, op, dev, kernel] : s.value()->placement())
+    on_onednn += kernel == "onednn_bf16_keel_fusedconv";
   EXPECT_EQ(on_onednn, fused);
   auto got = s.value()->run(conv_feeds());
   ASSERT_TRUE(got.is_ok()) << got.status().to_string();
@@ -449,8 +453,10 @@ TEST(ConvertPrecisionCli, RunBenchAndOptimizeWithPrecision) {
     differs = differs || outs["bf16"].data<float>()[i] != outs["fp32"].data<float>()[i];
   EXPECT_TRUE(differs) << "--precision bf16 must change the computation";
   // keel bench --precision fp16 --json reports it.
-  ASSERT_EQ(keel_cli("bench " + (d / "model.onnx").string() + " --precision fp16 --json --warmup 0 --iters 2",
-                     d / "log.txt"), 0) << slurp(d / "log.txt");
+  ASSERT_EQ(
+      keel_cli("bench " + (d / "model.onnx").string() + " --precision fp16 --json --warmup 0 --iters 2", d / "log.txt"),
+      0)
+      << slurp(d / "log.txt");
   EXPECT_NE(slurp(d / "log.txt").find("\"precision\": \"fp16\""), std::string::npos) << slurp(d / "log.txt");
   // A precision that does not exist is a usage error (CLI11's validation exit code), naming the choices.
   const int bad = keel_cli("run " + (d / "model.onnx").string() + " --precision int4", d / "log.txt");
@@ -463,7 +469,9 @@ TEST(ConvertPrecisionCli, RunBenchAndOptimizeWithPrecision) {
   }
   ASSERT_EQ(keel_cli("optimize " + (d / "model.onnx").string() + " -o " + (d / "bf16.onnx").string() + " --config " +
                          (d / "pipeline.toml").string(),
-                     d / "log.txt"), 0) << slurp(d / "log.txt");
+                     d / "log.txt"),
+            0)
+      << slurp(d / "log.txt");
   const std::string log = slurp(d / "log.txt");
   EXPECT_NE(log.find("nodes_converted"), std::string::npos) << log;
   EXPECT_NE(log.find("keep_fp32 option"), std::string::npos) << log;

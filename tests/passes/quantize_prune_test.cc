@@ -18,7 +18,6 @@
 namespace keel {
 namespace {
 
-
 std::vector<float> randv(size_t n, uint32_t seed, float scale = 1.f) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> d(0.f, scale);
@@ -72,8 +71,9 @@ Graph conv_relu_conv(int64_t c1, const std::vector<int64_t>& zero = {}) {
   auto h = b.op1("Conv", {x, b.constant("w1", Tensor::f32({c1, 3, 3, 3}, w1)), b.constant("b1", Tensor::f32({c1}, b1))},
                  pads);
   h = b.op1("Relu", {h});
-  auto y = b.op1("Conv", {h, b.constant("w2", Tensor::f32({4, c1, 3, 3}, randv(static_cast<size_t>(4 * c1 * 9), 3, 0.3f))),
-                          b.constant("b2", Tensor::f32({4}, randv(4, 4, 0.1f)))},
+  auto y = b.op1("Conv",
+                 {h, b.constant("w2", Tensor::f32({4, c1, 3, 3}, randv(static_cast<size_t>(4 * c1 * 9), 3, 0.3f))),
+                  b.constant("b2", Tensor::f32({4}, randv(4, 4, 0.1f)))},
                  pads);
   b.output(y);
   return b.take();
@@ -126,8 +126,8 @@ TEST(Prune, ChannelPruningShrinksWeightsAndKeepsOutputsWhenPrunedChannelsWereZer
     const Node* n = g.node(id);
     if (n->op_type != "Conv") continue;
     const Tensor& w = g.initializers.at(n->inputs[1]);
-    if (w.shape()[1] == 3) EXPECT_EQ(w.shape()[0], 4);    // first Conv: 4 output channels left
-    else EXPECT_EQ(w.shape()[1], 4);                      // second Conv: 4 input channels left
+    if (w.shape()[1] == 3) EXPECT_EQ(w.shape()[0], 4);  // first Conv: 4 output channels left
+    else EXPECT_EQ(w.shape()[1], 4);                    // second Conv: 4 input channels left
   }
   auto after = run(g, feeds);
   ASSERT_EQ(after.size(), 1u);
@@ -162,7 +162,8 @@ TEST(Prune, ResidualCoupledChannelsAreSkipped) {
   }
 }
 
-// x[1,3,8,8] -> ConvA(8) -> BN -> Relu = r0 -> ConvB1(6) -> Relu -> ConvB2(8) -> Add(., r0) -> Relu -> GlobalAveragePool
+// x[1,3,8,8] -> ConvA(8) -> BN -> Relu = r0 -> ConvB1(6) -> Relu -> ConvB2(8) -> Add(., r0) -> Relu ->
+// GlobalAveragePool
 // -> Flatten -> Gemm(5, transB) -> y. {ConvA, ConvB2} (with the BN, the Add and the Gemm's input features) is one
 // residual-coupled group of 8 channels; {ConvB1} a plain group of 6. Channels in `zero_a` are zero in both ConvA and
 // ConvB2 (weights, bias, and BN beta/mean), channels in `zero_b` are zero in ConvB1.
@@ -186,12 +187,11 @@ Graph residual_block(const std::vector<int64_t>& zero_a = {}, const std::vector<
     for (int64_t i = 0; i < 72; ++i) wb1[static_cast<size_t>(c * 72 + i)] = 0.f;
     bb1[static_cast<size_t>(c)] = 0.f;
   }
-  auto h = b.op1("Conv", {x, b.constant("wa", Tensor::f32({8, 3, 3, 3}, wa)), b.constant("ba", Tensor::f32({8}, ba))},
-                 pads);
-  h = b.op1("BatchNormalization", {h, b.constant("bn_scale", Tensor::f32({8}, scale)),
-                                   b.constant("bn_beta", Tensor::f32({8}, beta)),
-                                   b.constant("bn_mean", Tensor::f32({8}, mean)),
-                                   b.constant("bn_var", Tensor::f32({8}, var))});
+  auto h =
+      b.op1("Conv", {x, b.constant("wa", Tensor::f32({8, 3, 3, 3}, wa)), b.constant("ba", Tensor::f32({8}, ba))}, pads);
+  h = b.op1("BatchNormalization",
+            {h, b.constant("bn_scale", Tensor::f32({8}, scale)), b.constant("bn_beta", Tensor::f32({8}, beta)),
+             b.constant("bn_mean", Tensor::f32({8}, mean)), b.constant("bn_var", Tensor::f32({8}, var))});
   auto r0 = b.op1("Relu", {h});
   h = b.op1("Conv", {r0, b.constant("wb1", Tensor::f32({6, 8, 3, 3}, wb1)), b.constant("bb1", Tensor::f32({6}, bb1))},
             pads);
@@ -200,8 +200,9 @@ Graph residual_block(const std::vector<int64_t>& zero_a = {}, const std::vector<
             pads);
   h = b.op1("Relu", {b.op1("Add", {h, r0})});
   h = b.op1("Flatten", {b.op1("GlobalAveragePool", {h})});
-  auto y = b.op1("Gemm", {h, b.constant("wfc", Tensor::f32({5, 8}, randv(40, 21, 0.3f))),
-                          b.constant("bfc", Tensor::f32({5}, randv(5, 22, 0.1f)))},
+  auto y = b.op1("Gemm",
+                 {h, b.constant("wfc", Tensor::f32({5, 8}, randv(40, 21, 0.3f))),
+                  b.constant("bfc", Tensor::f32({5}, randv(5, 22, 0.1f)))},
                  {{"transB", Attribute::of_int(1)}});
   b.output(y);
   return b.take();
@@ -363,10 +364,12 @@ TEST(Prune, DepthwiseConvPassesTheGroupThrough) {
     for (int64_t i = 0; i < 3; ++i) w1[static_cast<size_t>(c * 3 + i)] = 0.f;
     b1[static_cast<size_t>(c)] = bd[static_cast<size_t>(c)] = 0.f;
   }
-  auto h = b.op1("Relu", {b.op1("Conv", {x, b.constant("w1", Tensor::f32({8, 3, 1, 1}, w1)),
-                                         b.constant("b1", Tensor::f32({8}, b1))})});
-  h = b.op1("Relu", {b.op1("Conv", {h, b.constant("wd", Tensor::f32({8, 1, 3, 3}, randv(72, 33, 0.3f))),
-                                    b.constant("bd", Tensor::f32({8}, bd))},
+  auto h = b.op1(
+      "Relu",
+      {b.op1("Conv", {x, b.constant("w1", Tensor::f32({8, 3, 1, 1}, w1)), b.constant("b1", Tensor::f32({8}, b1))})});
+  h = b.op1("Relu", {b.op1("Conv",
+                           {h, b.constant("wd", Tensor::f32({8, 1, 3, 3}, randv(72, 33, 0.3f))),
+                            b.constant("bd", Tensor::f32({8}, bd))},
                            {{"group", Attribute::of_int(8)}, {"pads", Attribute::of_ints({1, 1, 1, 1})}})});
   b.output(b.op1("Conv", {h, b.constant("w2", Tensor::f32({4, 8, 1, 1}, randv(32, 35, 0.3f)))}));
   Graph g = b.take();
@@ -411,12 +414,19 @@ TEST(Prune, ConcatReadersLoseTheGroupsChannelsAtTheirOffset) {
   auto ws = zero_rows(randv(18, 44, 0.3f), bs, 3, {1, 2, 4});
   auto w1 = zero_rows(randv(24, 45, 0.3f), b1, 6, {0, 3});
   auto w3 = zero_rows(randv(6 * 6 * 9, 46, 0.3f), b3, 54, {1, 2, 5});
-  auto s = b.op1("Relu", {b.op1("Conv", {x, b.constant("ws", Tensor::f32({6, 3, 1, 1}, ws)), b.constant("bs", Tensor::f32({6}, bs))})});
-  auto e1 = b.op1("Relu", {b.op1("Conv", {s, b.constant("w1", Tensor::f32({4, 6, 1, 1}, w1)), b.constant("b1", Tensor::f32({4}, b1))})});
-  auto e3 = b.op1("Relu", {b.op1("Conv", {s, b.constant("w3", Tensor::f32({6, 6, 3, 3}, w3)), b.constant("b3", Tensor::f32({6}, b3))},
-                                 {{"pads", Attribute::of_ints({1, 1, 1, 1})}})});
+  auto s = b.op1(
+      "Relu",
+      {b.op1("Conv", {x, b.constant("ws", Tensor::f32({6, 3, 1, 1}, ws)), b.constant("bs", Tensor::f32({6}, bs))})});
+  auto e1 = b.op1(
+      "Relu",
+      {b.op1("Conv", {s, b.constant("w1", Tensor::f32({4, 6, 1, 1}, w1)), b.constant("b1", Tensor::f32({4}, b1))})});
+  auto e3 =
+      b.op1("Relu",
+            {b.op1("Conv", {s, b.constant("w3", Tensor::f32({6, 6, 3, 3}, w3)), b.constant("b3", Tensor::f32({6}, b3))},
+                   {{"pads", Attribute::of_ints({1, 1, 1, 1})}})});
   auto cat = b.op1("Concat", {e1, e3}, {{"axis", Attribute::of_int(1)}});
-  auto p = b.op1("MaxPool", {cat}, {{"kernel_shape", Attribute::of_ints({2, 2})}, {"strides", Attribute::of_ints({2, 2})}});
+  auto p =
+      b.op1("MaxPool", {cat}, {{"kernel_shape", Attribute::of_ints({2, 2})}, {"strides", Attribute::of_ints({2, 2})}});
   auto wy = randv(30, 47, 0.3f);
   b.output(b.op1("Conv", {p, b.constant("wy", Tensor::f32({3, 10, 1, 1}, wy))}));
   Graph g = b.take();
@@ -439,7 +449,8 @@ TEST(Prune, ConcatReadersLoseTheGroupsChannelsAtTheirOffset) {
   const float* ny = weight_of(g, "Conv", 1, 3).data<float>();
   const int64_t cols[] = {1, 2, 4, 7, 8};
   for (int64_t o2 = 0; o2 < 3; ++o2)
-    for (int64_t i = 0; i < 5; ++i) EXPECT_EQ(ny[o2 * 5 + i], wy[static_cast<size_t>(o2 * 10 + cols[i])]) << o2 << "," << i;
+    for (int64_t i = 0; i < 5; ++i)
+      EXPECT_EQ(ny[o2 * 5 + i], wy[static_cast<size_t>(o2 * 10 + cols[i])]) << o2 << "," << i;
   auto after = run(g, feeds);
   ASSERT_EQ(after.size(), 1u);
   ASSERT_EQ(after[0].shape(), before[0].shape());
@@ -549,11 +560,12 @@ Graph resnext_block() {
   auto ba = randv(8, 61, 0.1f), bg = randv(8, 62, 0.1f);
   auto wa = zero_rows(randv(32, 63, 0.3f), &ba, 4, {1, 2, 5, 6});
   auto wg = zero_rows(randv(8 * 2 * 9, 64, 0.3f), &bg, 18, {0, 3, 4, 7});
-  auto h = b.op1("Relu", {b.op1("Conv", {x, b.constant("wa", Tensor::f32({8, 4, 1, 1}, wa)),
-                                         b.constant("ba", Tensor::f32({8}, ba))})});
-  h = b.op1("Relu", {b.op1("Conv", {h, b.constant("wg", Tensor::f32({8, 2, 3, 3}, wg)),
-                                    b.constant("bg", Tensor::f32({8}, bg))},
-                           {{"group", Attribute::of_int(4)}, {"pads", Attribute::of_ints({1, 1, 1, 1})}})});
+  auto h = b.op1(
+      "Relu",
+      {b.op1("Conv", {x, b.constant("wa", Tensor::f32({8, 4, 1, 1}, wa)), b.constant("ba", Tensor::f32({8}, ba))})});
+  h = b.op1("Relu",
+            {b.op1("Conv", {h, b.constant("wg", Tensor::f32({8, 2, 3, 3}, wg)), b.constant("bg", Tensor::f32({8}, bg))},
+                   {{"group", Attribute::of_int(4)}, {"pads", Attribute::of_ints({1, 1, 1, 1})}})});
   b.output(b.op1("Conv", {h, b.constant("wy", Tensor::f32({4, 8, 1, 1}, randv(32, 65, 0.3f)))}));
   return b.take();
 }
@@ -610,8 +622,9 @@ TEST(Prune, DepthwiseMultiplierConvPrunesItsRowsPerGroupAndReportsItsInput) {
   auto bm = randv(8, 71, 0.1f);
   auto wm = zero_rows(randv(72, 72, 0.3f), &bm, 9, {1, 2, 4, 7});
   auto h = b.op1("Relu", {b.op1("Conv", {x, b.constant("wa", Tensor::f32({4, 3, 1, 1}, randv(12, 73, 0.3f)))})});
-  h = b.op1("Relu", {b.op1("Conv", {h, b.constant("wm", Tensor::f32({8, 1, 3, 3}, wm)), b.constant("bm", Tensor::f32({8}, bm))},
-                           {{"group", Attribute::of_int(4)}, {"pads", Attribute::of_ints({1, 1, 1, 1})}})});
+  h = b.op1("Relu",
+            {b.op1("Conv", {h, b.constant("wm", Tensor::f32({8, 1, 3, 3}, wm)), b.constant("bm", Tensor::f32({8}, bm))},
+                   {{"group", Attribute::of_int(4)}, {"pads", Attribute::of_ints({1, 1, 1, 1})}})});
   b.output(b.op1("Conv", {h, b.constant("wy", Tensor::f32({2, 8, 1, 1}, randv(16, 74, 0.3f)))}));
   Graph g = b.take();
   Pruned p = prune_channels(g, Shape{1, 3, 8, 8}, 75);
@@ -672,7 +685,9 @@ Graph concat_add(bool extra = false) {
   auto x = b.input("x", DType::kF32, {1, 3, 8, 8});
   auto bs = randv(5, 91, 0.1f);
   auto ws = zero_rows(randv(15, 92, 0.3f), &bs, 3, {0, 3});
-  auto h = b.op1("Relu", {b.op1("Conv", {x, b.constant("ws", Tensor::f32({5, 3, 1, 1}, ws)), b.constant("bs", Tensor::f32({5}, bs))})});
+  auto h = b.op1(
+      "Relu",
+      {b.op1("Conv", {x, b.constant("ws", Tensor::f32({5, 3, 1, 1}, ws)), b.constant("bs", Tensor::f32({5}, bs))})});
   auto conv = [&](const std::string& n, int64_t o, uint32_t seed, const std::vector<int64_t>& zero) {
     auto w = zero_rows(randv(static_cast<size_t>(o * 5), seed, 0.3f), nullptr, 5, zero);
     return b.op1("Conv", {h, b.constant("w" + n, Tensor::f32({o, 5, 1, 1}, w))});
@@ -719,9 +734,11 @@ TEST(Prune, ConvsAddingToAConcatCountInTheGroupsScore) {
   auto x = b.input("x", DType::kF32, {1, 3, 4, 4});
   auto wa = randv(12, 111, 0.3f), wr = randv(24, 112, 0.3f);
   for (int64_t c : {0, 3})
-    for (int64_t i = 0; i < 3; ++i) wa[static_cast<size_t>(c * 3 + i)] *= 0.01f, wr[static_cast<size_t>(c * 3 + i)] *= 10.f;
-  auto cat = b.op1("Concat", {b.op1("Conv", {x, b.constant("wa", Tensor::f32({4, 3, 1, 1}, wa))}),
-                              b.op1("Conv", {x, b.constant("wb", Tensor::f32({4, 3, 1, 1}, randv(12, 113, 0.3f)))})},
+    for (int64_t i = 0; i < 3; ++i)
+      wa[static_cast<size_t>(c * 3 + i)] *= 0.01f, wr[static_cast<size_t>(c * 3 + i)] *= 10.f;
+  auto cat = b.op1("Concat",
+                   {b.op1("Conv", {x, b.constant("wa", Tensor::f32({4, 3, 1, 1}, wa))}),
+                    b.op1("Conv", {x, b.constant("wb", Tensor::f32({4, 3, 1, 1}, randv(12, 113, 0.3f)))})},
                    {{"axis", Attribute::of_int(1)}});
   auto s = b.op1("Add", {cat, b.op1("Conv", {x, b.constant("wr", Tensor::f32({8, 3, 1, 1}, wr))})});
   b.output(b.op1("Conv", {s, b.constant("wy", Tensor::f32({2, 8, 1, 1}, randv(16, 114, 0.3f)))}));
@@ -800,21 +817,23 @@ TEST(QuantizeInt8, QdqModelIsCloseToFp32) {
   EXPECT_EQ(r2[0].counters["nodes_excluded"], 1);
 }
 
-
 // x -> Conv -> Relu -> Conv -> GlobalAveragePool -> Flatten -> Gemm(transB) -> y, quantized to QDQ with the given
 // activation ranges (inputs of the three layers).
 Graph qdq_net(Graph* fp32_out) {
   GraphBuilder b("qnet", 13);
   auto x = b.input("x", DType::kF32, {2, 3, 8, 8});
   std::map<std::string, Attribute> pads = {{"pads", Attribute::of_ints({1, 1, 1, 1})}};
-  auto h = b.op1("Conv", {x, b.constant("w1", Tensor::f32({8, 3, 3, 3}, randv(216, 1, 0.3f))),
-                          b.constant("b1", Tensor::f32({8}, randv(8, 2, 0.1f)))}, pads);
+  auto h = b.op1("Conv",
+                 {x, b.constant("w1", Tensor::f32({8, 3, 3, 3}, randv(216, 1, 0.3f))),
+                  b.constant("b1", Tensor::f32({8}, randv(8, 2, 0.1f)))},
+                 pads);
   auto h1 = b.op1("Relu", {h});
   h = b.op1("Conv", {h1, b.constant("w2", Tensor::f32({8, 8, 3, 3}, randv(576, 3, 0.2f)))}, pads);
   h = b.op1("GlobalAveragePool", {h});
   auto f = b.op1("Flatten", {h});
-  b.output(b.op1("Gemm", {f, b.constant("wf", Tensor::f32({5, 8}, randv(40, 5, 0.5f))),
-                          b.constant("bf", Tensor::f32({5}, randv(5, 6, 0.1f)))},
+  b.output(b.op1("Gemm",
+                 {f, b.constant("wf", Tensor::f32({5, 8}, randv(40, 5, 0.5f))),
+                  b.constant("bf", Tensor::f32({5}, randv(5, 6, 0.1f)))},
                  {{"transB", Attribute::of_int(1)}}));
   Graph g = b.take();
   *fp32_out = g;
@@ -834,7 +853,7 @@ TEST(FuseQdq, Int8OpsReplaceTheQdqPatternsAndMatchTheQdqGraph) {
   ASSERT_EQ(r.size(), 1u);
   EXPECT_EQ(r[0].counters["conv_fused"], 2);
   EXPECT_EQ(r[0].counters["gemm_fused"], 1);
-  EXPECT_EQ(r[0].counters["activations_fused"], 1);   // the Relu after the first Conv
+  EXPECT_EQ(r[0].counters["activations_fused"], 1);    // the Relu after the first Conv
   EXPECT_EQ(r[0].counters["outputs_requantized"], 1);  // ... and the QuantizeLinear after it
   EXPECT_EQ(r[0].counters["channels_last_edges"], 1);  // the u8 value from the first QConv to the second
   EXPECT_EQ(count_op(fused, "QConv"), 2u);
@@ -847,7 +866,7 @@ TEST(FuseQdq, Int8OpsReplaceTheQdqPatternsAndMatchTheQdqGraph) {
     ASSERT_EQ(a.size(), 1u);
     ASSERT_EQ(b.size(), 1u);
     EXPECT_GE(cosine(a[0], b[0]), 0.999);  // the same arithmetic up to rounding
-    EXPECT_GE(cosine(c[0], b[0]), 0.95);  // hand-picked ranges: near fp32, not calibrated
+    EXPECT_GE(cosine(c[0], b[0]), 0.95);   // hand-picked ranges: near fp32, not calibrated
   }
 }
 
@@ -1035,7 +1054,8 @@ TEST(FuseQdq, LeavesWhatItCannotFuse) {
   for (NodeId id : q.node_ids()) {
     Node* n = q.node(id);
     if (n->op_type != "DequantizeLinear" || !q.is_initializer(n->inputs[0])) continue;
-    if (q.initializers.at(n->inputs[0]).shape().size() != 4 || q.initializers.at(n->inputs[0]).shape()[1] != 3) continue;
+    if (q.initializers.at(n->inputs[0]).shape().size() != 4 || q.initializers.at(n->inputs[0]).shape()[1] != 3)
+      continue;
     Tensor z = q.initializers.at(n->inputs[2]).clone().value();
     z.data<int8_t>()[0] = 1;
     q.initializers[n->inputs[2]] = z;

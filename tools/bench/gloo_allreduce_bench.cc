@@ -7,9 +7,9 @@
 //
 // Each (size, variant) runs for about S seconds per round (default 0.5), R rounds (default 3) interleaved between
 // variants, and prints the minimum and the median time of one all-reduce over all rounds (the minimum is the
-// steadier figure on a loaded machine), bus bandwidth = bytes * 2(W-1)/W / time, and each against Gloo's ring. --no-check
-// sets KEEL_GLOO_CHECK=0 before the plugin loads (the plugin then skips its argument-header exchange), to measure
-// what that exchange costs.
+// steadier figure on a loaded machine), bus bandwidth = bytes * 2(W-1)/W / time, and each against Gloo's ring.
+// --no-check sets KEEL_GLOO_CHECK=0 before the plugin loads (the plugin then skips its argument-header exchange), to
+// measure what that exchange costs.
 #include <gloo/allreduce.h>
 #include <gloo/allreduce_ring_chunked.h>
 #include <gloo/math.h>
@@ -60,7 +60,8 @@ std::vector<double> time_pair(double seconds, const std::function<void(int, int)
     for (auto& t : ts) t.join();
     out.assign(static_cast<size_t>(iters), 0.0);
     for (int r = 0; r < kWorld; ++r)
-      for (int i = 0; i < iters; ++i) out[static_cast<size_t>(i)] = std::max(out[static_cast<size_t>(i)], per[r][static_cast<size_t>(i)]);
+      for (int i = 0; i < iters; ++i)
+        out[static_cast<size_t>(i)] = std::max(out[static_cast<size_t>(i)], per[r][static_cast<size_t>(i)]);
     double total = 0;
     for (double t : out) total += t;
     if (phase == 0) iters = std::max(2, static_cast<int>(seconds / std::max(total / iters, 1e-6)));
@@ -92,8 +93,7 @@ int main(int argc, char** argv) {
         p = *end == ',' ? end + 1 : end;
         if (end == p && *p) break;
       }
-    }
-    else {
+    } else {
       std::fprintf(stderr, "usage: %s [--rounds R] [--seconds S] [--sizes MiB,...] [--no-check]\n", argv[0]);
       return 2;
     }
@@ -139,8 +139,10 @@ int main(int argc, char** argv) {
     for (auto& t : ts) t.join();
   }
 
-  std::printf("all-reduce f32 sum in place, %d ranks (threads) over 127.0.0.1, %d interleaved rounds of ~%.2f s; per all-reduce: min and median%s\n",
-              kWorld, rounds, seconds, std::getenv("KEEL_GLOO_CHECK") ? " (plugin argument check off)" : "");
+  std::printf(
+      "all-reduce f32 sum in place, %d ranks (threads) over 127.0.0.1, %d interleaved rounds of ~%.2f s; per "
+      "all-reduce: min and median%s\n",
+      kWorld, rounds, seconds, std::getenv("KEEL_GLOO_CHECK") ? " (plugin argument check off)" : "");
   {
     // The plugin's barrier is exactly the header exchange that precedes every collective: its cost per call.
     std::vector<double> all;
@@ -167,7 +169,8 @@ int main(int argc, char** argv) {
                                                                        static_cast<int>(n));
     // The buffers double at every sum and reach inf after ~128 iterations; inf costs the same to add.
     std::vector<std::pair<std::string, std::function<void(int, int)>>> variants = {
-        {"gloo::allreduce ring", [&](int r, int i) {
+        {"gloo::allreduce ring",
+         [&](int r, int i) {
            gloo::AllreduceOptions o(ctx[r]);
            o.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
            o.setOutput(buf[r].data(), n);
@@ -175,7 +178,8 @@ int main(int argc, char** argv) {
            o.setTag(static_cast<uint32_t>(i));
            gloo::allreduce(o);
          }},
-        {"gloo::allreduce bcube", [&](int r, int i) {
+        {"gloo::allreduce bcube",
+         [&](int r, int i) {
            gloo::AllreduceOptions o(ctx[r]);
            o.setAlgorithm(gloo::AllreduceOptions::Algorithm::BCUBE);
            o.setOutput(buf[r].data(), n);
@@ -184,7 +188,8 @@ int main(int argc, char** argv) {
            gloo::allreduce(o);
          }},
         {"gloo::AllreduceRingChunked", [&](int r, int) { chunked[r]->run(); }},
-        {"keel gloo plugin", [&](int r, int) {
+        {"keel gloo plugin",
+         [&](int r, int) {
            keel::Status s = comms[r].all_reduce(buf[r].data(), buf[r].data(), n, keel::DType::kF32, KEEL_REDUCE_SUM);
            if (!s.is_ok()) {
              std::fprintf(stderr, "plugin: %s\n", s.to_string().c_str());

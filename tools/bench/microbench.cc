@@ -66,11 +66,15 @@ void BM_Conv(benchmark::State& state) {
   auto bias = b.constant("B", random({C}, 2));
   b.output(b.op1("Conv", {x, w, bias}, {{"pads", Attribute::of_ints({1, 1, 1, 1})}}));
   run_session(state, b.take(), {{"X", random({1, C, H, H}, 3)}}, plugins);
-  state.counters["FLOP/s"] =
-      benchmark::Counter(2.0 * C * C * 9 * H * H, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["FLOP/s"] = benchmark::Counter(2.0 * C * C * 9 * H * H, benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_Conv)->ArgNames({"impl", "C", "H"})->Args({0, 64, 56})->Args({1, 64, 56})->Args({0, 256, 14})
-    ->Args({1, 256, 14})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Conv)
+    ->ArgNames({"impl", "C", "H"})
+    ->Args({0, 64, 56})
+    ->Args({1, 64, 56})
+    ->Args({0, 256, 14})
+    ->Args({1, 256, 14})
+    ->Unit(benchmark::kMillisecond);
 
 void BM_MatMul(benchmark::State& state) {
   const bool plugins = state.range(0) != 0;
@@ -82,8 +86,13 @@ void BM_MatMul(benchmark::State& state) {
   run_session(state, b.take(), {{"A", random({M, K}, 2)}}, plugins);
   state.counters["FLOP/s"] = benchmark::Counter(2.0 * M * K * N, benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_MatMul)->ArgNames({"impl", "M", "K", "N"})->Args({0, 128, 256, 256})->Args({1, 128, 256, 256})
-    ->Args({0, 1, 512, 1000})->Args({1, 1, 512, 1000})->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_MatMul)
+    ->ArgNames({"impl", "M", "K", "N"})
+    ->Args({0, 128, 256, 256})
+    ->Args({1, 128, 256, 256})
+    ->Args({0, 1, 512, 1000})
+    ->Args({1, 1, 512, 1000})
+    ->Unit(benchmark::kMicrosecond);
 
 void BM_Dispatch(benchmark::State& state) {
   const bool plugins = state.range(0) != 0;
@@ -94,9 +103,8 @@ void BM_Dispatch(benchmark::State& state) {
   b.output(v);
   run_session(state, b.take(), {{"X", random({8}, 1)}}, plugins);
   // Inverted rate of (nodes * 1e-9) per iteration = nanoseconds per node.
-  state.counters["ns/op"] = benchmark::Counter(static_cast<double>(nodes) * 1e-9,
-                                               benchmark::Counter::kIsIterationInvariantRate |
-                                                   benchmark::Counter::kInvert);
+  state.counters["ns/op"] = benchmark::Counter(
+      static_cast<double>(nodes) * 1e-9, benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 BENCHMARK(BM_Dispatch)->ArgNames({"impl", "nodes"})->Args({0, 100})->Args({1, 100})->Unit(benchmark::kMicrosecond);
 

@@ -216,10 +216,12 @@ StatusOr<std::vector<Feeds>> read_calibration_dir(const std::string& dir, const 
         else if (stem.rfind("input_", 0) == 0) {
           char* end = nullptr;
           long k = std::strtol(stem.c_str() + 6, &end, 10);
-          if (end && *end == 0 && k >= 0 && static_cast<size_t>(k) < inputs.size()) name = inputs[static_cast<size_t>(k)];
+          if (end && *end == 0 && k >= 0 && static_cast<size_t>(k) < inputs.size())
+            name = inputs[static_cast<size_t>(k)];
         }
         if (name.empty())
-          return invalid_argument("calibration file " + f.string() + " names no graph input (expected NAME.npy, NAME.pb "
+          return invalid_argument("calibration file " + f.string() +
+                                  " names no graph input (expected NAME.npy, NAME.pb "
                                   "or input_K.pb for one of the model's inputs)");
         found[name] = std::move(t).value();
       }
@@ -227,7 +229,8 @@ StatusOr<std::vector<Feeds>> read_calibration_dir(const std::string& dir, const 
       Feeds feeds;
       for (const std::string& in : inputs) {
         auto it = found.find(in);
-        if (it == found.end()) return invalid_argument("calibration batch " + sd.string() + " has no file for input '" + in + "'");
+        if (it == found.end())
+          return invalid_argument("calibration batch " + sd.string() + " has no file for input '" + in + "'");
         feeds.emplace_back(in, it->second);
       }
       batches.push_back(std::move(feeds));
@@ -235,7 +238,8 @@ StatusOr<std::vector<Feeds>> read_calibration_dir(const std::string& dir, const 
   } else {
     if (inputs.size() != 1 && !files.empty())
       return invalid_argument("calibration folder '" + dir + "' holds files, but the model has " +
-                              std::to_string(inputs.size()) + " inputs: use one subfolder per batch with one file per input");
+                              std::to_string(inputs.size()) +
+                              " inputs: use one subfolder per batch with one file per input");
     for (const fs::path& f : files) {
       auto t = read_tensor_file(f);
       if (!t.is_ok()) return t.status().with_context("calibration file " + f.string());
@@ -518,7 +522,8 @@ StatusOr<QuantizeResult> quantize_graph(Environment& env, const Graph& fp32, con
   KEEL_RETURN_IF_ERROR(infer_shapes(prepared), "shape inference");
   {
     std::vector<PassSpec> specs;
-    for (const char* p : {"fold_constants", "remove_identity", "eliminate_dead_code", "fuse_conv_bn", "eliminate_dead_code"})
+    for (const char* p :
+         {"fold_constants", "remove_identity", "eliminate_dead_code", "fuse_conv_bn", "eliminate_dead_code"})
       if (reg.pass(p)) specs.push_back(PassSpec{p, {}});
       else result.notes.push_back(std::string("pass ") + p + " not installed: skipped");
     KEEL_RETURN_IF_ERROR(run_pipeline(env, prepared, specs, options.device), "preparing the fp32 graph");
@@ -568,7 +573,7 @@ StatusOr<QuantizeResult> quantize_graph(Environment& env, const Graph& fp32, con
     if (!l.user_excluded && std::find(acts.begin(), acts.end(), l.input) == acts.end()) acts.push_back(l.input);
   std::map<std::string, std::string> ranges;
   std::map<std::string, std::array<double, 4>> range_info;  // activation -> chosen lo, hi; observed min, max
-  std::map<std::string, ChannelMean> means;  // per-channel input means, for bias correction
+  std::map<std::string, ChannelMean> means;                 // per-channel input means, for bias correction
   if (!acts.empty()) {
     Graph cg = prepared;
     const size_t base = cg.outputs.size();
@@ -739,7 +744,8 @@ StatusOr<QuantizeResult> quantize_graph(Environment& env, const Graph& fp32, con
     for (size_t b = 0; b < eval.size(); ++b) {
       KEEL_ASSIGN_OR_RETURN(auto out, s->run(*eval[b]), "quantized evaluation");
       for (size_t i = 0; i < g.outputs.size(); ++i)
-        if (std::find(outs.begin(), outs.end(), g.outputs[i]) != outs.end()) acc[i].add(ref[b].at(g.outputs[i]), out[i]);
+        if (std::find(outs.begin(), outs.end(), g.outputs[i]) != outs.end())
+          acc[i].add(ref[b].at(g.outputs[i]), out[i]);
     }
     *cosine = 1;
     *rel = 0;

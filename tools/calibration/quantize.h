@@ -1,4 +1,5 @@
-// keel/tools/calibration/quantize.h — INT8 post-training quantization: calibration, QDQ rewrite, per-layer error report.
+// keel/tools/calibration/quantize.h — INT8 post-training quantization: calibration, QDQ rewrite, per-layer error
+// report.
 //
 // quantize_graph() is what `keel quantize` (cmd_quantize.cc) and `keel train` (to quantize the model it trained) call:
 //
@@ -39,13 +40,13 @@
 namespace keel::cli {
 
 struct QuantizeOptions {
-  std::string method = "mse";  // minmax | percentile | entropy | mse
-  double percentile = 99.99;      // percentile method: kept fraction of each tail, in percent (50, 100]
-  std::vector<std::string> exclude;  // node names kept in fp32
-  double tolerance = 0;              /* 0 = off */
-  bool per_channel = true;           // weights per output channel (else per tensor)
-  std::string device = "cpu";        // where the calibration and evaluation sessions run
-  bool progress = true;              // progress bar over calibration batches (stderr)
+  std::string method = "mse";          // minmax | percentile | entropy | mse
+  double percentile = 99.99;           // percentile method: kept fraction of each tail, in percent (50, 100]
+  std::vector<std::string> exclude;    // node names kept in fp32
+  double tolerance = 0;                /* 0 = off */
+  bool per_channel = true;             // weights per output channel (else per tensor)
+  std::string device = "cpu";          // where the calibration and evaluation sessions run
+  bool progress = true;                // progress bar over calibration batches (stderr)
   std::string activation_type = "u8";  // u8 (asymmetric) | s8 (symmetric)
   // How the tolerance picks the layers kept in fp32:
   //   sensitivity  each layer's sensitivity is measured (one session per layer), the most sensitive go first;

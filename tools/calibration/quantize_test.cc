@@ -195,20 +195,23 @@ Graph small_net(int64_t n = 2) {
   GraphBuilder b("qnet", 13);
   auto x = b.input("x", DType::kF32, {n, 3, 8, 8});
   std::map<std::string, Attribute> pads = {{"pads", Attribute::of_ints({1, 1, 1, 1})}};
-  auto h = b.op("Conv", {x, b.constant("w1", Tensor::f32({8, 3, 3, 3}, randv(216, 1, 0.3f))),
-                         b.constant("b1", Tensor::f32({8}, randv(8, 2, 0.1f)))},
+  auto h = b.op("Conv",
+                {x, b.constant("w1", Tensor::f32({8, 3, 3, 3}, randv(216, 1, 0.3f))),
+                 b.constant("b1", Tensor::f32({8}, randv(8, 2, 0.1f)))},
                 pads, 1)[0];
   b.graph().node(*b.graph().producer(h))->name = "conv1";
   h = b.op1("Relu", {h});
-  auto h2 = b.op1("Conv", {h, b.constant("w2", Tensor::f32({8, 8, 3, 3}, randv(576, 3, 0.2f))),
-                           b.constant("b2", Tensor::f32({8}, randv(8, 4, 0.1f)))},
+  auto h2 = b.op1("Conv",
+                  {h, b.constant("w2", Tensor::f32({8, 8, 3, 3}, randv(576, 3, 0.2f))),
+                   b.constant("b2", Tensor::f32({8}, randv(8, 4, 0.1f)))},
                   pads);
   b.graph().node(*b.graph().producer(h2))->name = "conv2";
   h = b.op1("Relu", {h2});
   h = b.op1("GlobalAveragePool", {h});
   h = b.op1("Flatten", {h});
-  auto y = b.op1("Gemm", {h, b.constant("wf", Tensor::f32({5, 8}, randv(40, 5, 0.5f))),
-                          b.constant("bf", Tensor::f32({5}, randv(5, 6, 0.1f)))},
+  auto y = b.op1("Gemm",
+                 {h, b.constant("wf", Tensor::f32({5, 8}, randv(40, 5, 0.5f))),
+                  b.constant("bf", Tensor::f32({5}, randv(5, 6, 0.1f)))},
                  {{"transB", Attribute::of_int(1)}});
   b.graph().node(*b.graph().producer(y))->name = "fc";
   b.output(y);
@@ -218,7 +221,8 @@ Graph small_net(int64_t n = 2) {
 std::vector<Feeds> batches(size_t n, int64_t batch = 2, uint32_t seed = 100) {
   std::vector<Feeds> v;
   for (size_t i = 0; i < n; ++i)
-    v.push_back({{"x", Tensor::f32({batch, 3, 8, 8}, randv(static_cast<size_t>(batch * 192), seed + static_cast<uint32_t>(i)))}});
+    v.push_back({{"x", Tensor::f32({batch, 3, 8, 8},
+                                   randv(static_cast<size_t>(batch * 192), seed + static_cast<uint32_t>(i)))}});
   return v;
 }
 
@@ -293,7 +297,8 @@ TEST(QuantizeGraph, MinMaxRangeOfTheInputComesFromTheCalibrationBatches) {
   ASSERT_TRUE(m.is_ok()) << m.status().to_string();
   cli::Histogram h;
   h.init(lo, hi, 2048);
-  for (size_t b = 0; b < 4; ++b) h.add(cal[b][0].second.data<float>(), static_cast<size_t>(cal[b][0].second.numel()), false);
+  for (size_t b = 0; b < 4; ++b)
+    h.add(cal[b][0].second.data<float>(), static_cast<size_t>(cal[b][0].second.numel()), false);
   const auto mr = cli::mse_range(h, 0, false);
   const Node* mconv1 = node_named(m->graph, "conv1");
   ASSERT_TRUE(mconv1 && reads_dq(m->graph, mconv1, 0));
@@ -497,7 +502,8 @@ TEST(QuantizeCli, WritesAQdqModelThatRuns) {
   for (size_t b = 0; b < cal.size(); ++b) write_npy(d / "calib" / ("b" + std::to_string(b) + ".npy"), cal[b][0].second);
   std::string cmd = std::string(KEEL_CLI_BINARY) + " --plugin-path " + KEEL_PASSES_PLUGIN_DIR_DEFAULT + " quantize " +
                     (d / "model.onnx").string() + " --calib " + (d / "calib").string() + " -o " +
-                    (d / "q.onnx").string() + " --method entropy --exclude conv2 -q > " + (d / "log.txt").string() + " 2>&1";
+                    (d / "q.onnx").string() + " --method entropy --exclude conv2 -q > " + (d / "log.txt").string() +
+                    " 2>&1";
   int rc = std::system(cmd.c_str());
   std::ifstream logf(d / "log.txt");
   std::string log((std::istreambuf_iterator<char>(logf)), std::istreambuf_iterator<char>());

@@ -44,14 +44,16 @@ std::string shape_label(const Shape& s) {
 
 void add_conv_cases(std::vector<OpCase>& v) {
   // 2-D: N C H W K k s p g d, around the 8/16-channel blocks of AVX2/AVX-512 and odd spatial sizes.
-  struct P { int64_t N, C, H, W, K, k, s, p, g, d; };
+  struct P {
+    int64_t N, C, H, W, K, k, s, p, g, d;
+  };
   const P ps[] = {
-      {1, 3, 7, 9, 5, 3, 2, 1, 1, 1},   {1, 1, 5, 5, 1, 1, 1, 0, 1, 1},    {1, 3, 32, 32, 16, 3, 1, 1, 1, 1},
-      {2, 16, 14, 14, 16, 3, 1, 1, 1, 1}, {1, 17, 9, 11, 33, 3, 1, 1, 1, 1}, {1, 32, 8, 8, 64, 1, 1, 0, 1, 1},
-      {1, 64, 14, 14, 64, 3, 1, 1, 1, 1}, {1, 64, 15, 15, 128, 3, 2, 1, 1, 1}, {1, 64, 16, 16, 128, 1, 2, 0, 1, 1},
-      {1, 3, 33, 31, 24, 7, 2, 3, 1, 1},  {1, 8, 10, 10, 8, 5, 1, 2, 1, 1},   {1, 16, 12, 12, 16, 3, 1, 2, 1, 2},
-      {1, 32, 9, 9, 32, 3, 1, 1, 32, 1},  {2, 24, 10, 10, 24, 3, 2, 1, 24, 1}, {1, 16, 8, 8, 32, 3, 1, 1, 4, 1},
-      {1, 6, 7, 7, 9, 3, 1, 0, 3, 1},     {3, 5, 6, 4, 7, 2, 1, 0, 1, 1},     {1, 48, 7, 7, 48, 3, 1, 1, 1, 1},
+      {1, 3, 7, 9, 5, 3, 2, 1, 1, 1},     {1, 1, 5, 5, 1, 1, 1, 0, 1, 1},         {1, 3, 32, 32, 16, 3, 1, 1, 1, 1},
+      {2, 16, 14, 14, 16, 3, 1, 1, 1, 1}, {1, 17, 9, 11, 33, 3, 1, 1, 1, 1},      {1, 32, 8, 8, 64, 1, 1, 0, 1, 1},
+      {1, 64, 14, 14, 64, 3, 1, 1, 1, 1}, {1, 64, 15, 15, 128, 3, 2, 1, 1, 1},    {1, 64, 16, 16, 128, 1, 2, 0, 1, 1},
+      {1, 3, 33, 31, 24, 7, 2, 3, 1, 1},  {1, 8, 10, 10, 8, 5, 1, 2, 1, 1},       {1, 16, 12, 12, 16, 3, 1, 2, 1, 2},
+      {1, 32, 9, 9, 32, 3, 1, 1, 32, 1},  {2, 24, 10, 10, 24, 3, 2, 1, 24, 1},    {1, 16, 8, 8, 32, 3, 1, 1, 4, 1},
+      {1, 6, 7, 7, 9, 3, 1, 0, 3, 1},     {3, 5, 6, 4, 7, 2, 1, 0, 1, 1},         {1, 48, 7, 7, 48, 3, 1, 1, 1, 1},
       {1, 96, 7, 7, 576, 1, 1, 0, 1, 1},  {1, 144, 14, 14, 144, 3, 1, 1, 144, 1}, {1, 16, 1, 1, 16, 1, 1, 0, 1, 1},
       {1, 4, 6, 6, 8, 3, 3, 0, 1, 1},
   };
@@ -65,8 +67,11 @@ void add_conv_cases(std::vector<OpCase>& v) {
       c.label = l.str();
       c.inputs = {in("X", {p.N, p.C, p.H, p.W}), in("W", {p.K, p.C / p.g, p.k, p.k}, true)};
       if (bias) c.inputs.push_back(in("B", {p.K}, true));
-      c.attrs = {{"kernel_shape", Is({p.k, p.k})}, {"strides", Is({p.s, p.s})}, {"pads", Is({p.p, p.p, p.p, p.p})},
-                 {"group", I(p.g)}, {"dilations", Is({p.d, p.d})}};
+      c.attrs = {{"kernel_shape", Is({p.k, p.k})},
+                 {"strides", Is({p.s, p.s})},
+                 {"pads", Is({p.p, p.p, p.p, p.p})},
+                 {"group", I(p.g)},
+                 {"dilations", Is({p.d, p.d})}};
       v.push_back(c);
     }
   }
@@ -91,15 +96,18 @@ void add_conv_cases(std::vector<OpCase>& v) {
   add("1d N=2 C=16 L=50 K=32 k=5 s=2 p=2", {in("X", {2, 16, 50}), in("W", {32, 16, 5}, true), in("B", {32}, true)},
       {{"strides", Is({2})}, {"pads", Is({2, 2})}});
   add("1d N=1 C=3 L=17 K=5 k=3 d=2 g=1", {in("X", {1, 3, 17}), in("W", {5, 3, 3}, true)}, {{"dilations", Is({2})}});
-  add("3d N=1 C=4 D=5 H=6 W=7 K=8 k=3 p=1", {in("X", {1, 4, 5, 6, 7}), in("W", {8, 4, 3, 3, 3}, true), in("B", {8}, true)},
+  add("3d N=1 C=4 D=5 H=6 W=7 K=8 k=3 p=1",
+      {in("X", {1, 4, 5, 6, 7}), in("W", {8, 4, 3, 3, 3}, true), in("B", {8}, true)},
       {{"pads", Is({1, 1, 1, 1, 1, 1})}});
   add("3d N=1 C=16 D=4 H=8 W=8 K=16 k=3 s=2 g=4", {in("X", {1, 16, 4, 8, 8}), in("W", {16, 4, 3, 3, 3}, true)},
       {{"strides", Is({2, 2, 2})}, {"group", I(4)}, {"pads", Is({1, 1, 1, 1, 1, 1})}});
 }
 
 void add_conv_transpose_cases(std::vector<OpCase>& v) {
-  struct P { int64_t N, C, H, W, M, k, s, p, op, g; };
-  const P ps[] = {{1, 4, 5, 5, 3, 3, 1, 0, 0, 1}, {1, 16, 7, 7, 8, 3, 2, 1, 1, 1}, {2, 8, 4, 6, 16, 4, 2, 1, 0, 1},
+  struct P {
+    int64_t N, C, H, W, M, k, s, p, op, g;
+  };
+  const P ps[] = {{1, 4, 5, 5, 3, 3, 1, 0, 0, 1},   {1, 16, 7, 7, 8, 3, 2, 1, 1, 1},  {2, 8, 4, 6, 16, 4, 2, 1, 0, 1},
                   {1, 16, 6, 6, 16, 3, 2, 1, 1, 4}, {1, 32, 8, 8, 32, 2, 2, 0, 0, 1}, {1, 3, 9, 9, 5, 5, 3, 2, 0, 1}};
   for (const P& p : ps) {
     OpCase c;
@@ -109,7 +117,9 @@ void add_conv_transpose_cases(std::vector<OpCase>& v) {
       << " p=" << p.p << " op=" << p.op << " g=" << p.g;
     c.label = l.str();
     c.inputs = {in("X", {p.N, p.C, p.H, p.W}), in("W", {p.C, p.M / p.g, p.k, p.k}, true), in("B", {p.M}, true)};
-    c.attrs = {{"strides", Is({p.s, p.s})}, {"pads", Is({p.p, p.p, p.p, p.p})}, {"group", I(p.g)},
+    c.attrs = {{"strides", Is({p.s, p.s})},
+               {"pads", Is({p.p, p.p, p.p, p.p})},
+               {"group", I(p.g)},
                {"output_padding", Is({p.op, p.op})}};
     v.push_back(c);
   }
@@ -122,13 +132,26 @@ void add_conv_transpose_cases(std::vector<OpCase>& v) {
 }
 
 void add_matmul_cases(std::vector<OpCase>& v) {
-  struct P { Shape a, b; bool b_const; };
+  struct P {
+    Shape a, b;
+    bool b_const;
+  };
   const P ps[] = {
-      {{1, 1}, {1, 1}, false},       {{7, 13}, {13, 5}, false},       {{16, 16}, {16, 16}, true},
-      {{17, 33}, {33, 65}, true},    {{64, 256}, {256, 64}, true},     {{1, 512}, {512, 1000}, true},
-      {{2, 3, 5, 7}, {2, 3, 7, 4}, false}, {{4, 8, 16}, {16, 9}, true}, {{4, 1, 5, 6}, {3, 6, 2}, false},
-      {{1, 5, 6}, {4, 6, 3}, false}, {{9}, {9, 4}, false},            {{3, 9}, {9}, false},
-      {{9}, {9}, false},             {{2, 128, 64}, {2, 64, 128}, false}, {{128, 256}, {256, 256}, true},
+      {{1, 1}, {1, 1}, false},
+      {{7, 13}, {13, 5}, false},
+      {{16, 16}, {16, 16}, true},
+      {{17, 33}, {33, 65}, true},
+      {{64, 256}, {256, 64}, true},
+      {{1, 512}, {512, 1000}, true},
+      {{2, 3, 5, 7}, {2, 3, 7, 4}, false},
+      {{4, 8, 16}, {16, 9}, true},
+      {{4, 1, 5, 6}, {3, 6, 2}, false},
+      {{1, 5, 6}, {4, 6, 3}, false},
+      {{9}, {9, 4}, false},
+      {{3, 9}, {9}, false},
+      {{9}, {9}, false},
+      {{2, 128, 64}, {2, 64, 128}, false},
+      {{128, 256}, {256, 256}, true},
   };
   for (const P& p : ps) {
     OpCase c;
@@ -137,23 +160,31 @@ void add_matmul_cases(std::vector<OpCase>& v) {
     c.inputs = {in("A", p.a), in("B", p.b, p.b_const)};
     v.push_back(c);
   }
-  struct G { int64_t M, K, N; int ta, tb; float alpha, beta; Shape cshape; bool c_const; };
+  struct G {
+    int64_t M, K, N;
+    int ta, tb;
+    float alpha, beta;
+    Shape cshape;
+    bool c_const;
+  };
   const G gs[] = {
-      {1, 1, 1, 0, 0, 1.f, 1.f, {1}, true},         {5, 7, 3, 0, 0, 1.f, 1.f, {3}, true},
-      {5, 7, 3, 1, 0, 1.f, 1.f, {5, 3}, true},      {5, 7, 3, 0, 1, 1.f, 1.f, {1, 3}, true},
-      {5, 7, 3, 1, 1, 0.5f, 2.f, {5, 3}, true},     {1, 512, 1000, 0, 1, 1.f, 1.f, {1000}, true},
-      {32, 256, 10, 0, 1, 1.f, 1.f, {10}, true},    {16, 17, 33, 0, 0, 2.f, 0.f, {33}, true},
-      {8, 16, 4, 0, 0, 1.f, 1.f, {}, false},        {6, 9, 4, 0, 1, 1.f, 1.f, {6, 4}, false},
-      {6, 9, 4, 0, 0, 1.f, 1.f, {6, 1}, true},      {6, 9, 4, 0, 0, 1.5f, 1.5f, {4}, false},
+      {1, 1, 1, 0, 0, 1.f, 1.f, {1}, true},      {5, 7, 3, 0, 0, 1.f, 1.f, {3}, true},
+      {5, 7, 3, 1, 0, 1.f, 1.f, {5, 3}, true},   {5, 7, 3, 0, 1, 1.f, 1.f, {1, 3}, true},
+      {5, 7, 3, 1, 1, 0.5f, 2.f, {5, 3}, true},  {1, 512, 1000, 0, 1, 1.f, 1.f, {1000}, true},
+      {32, 256, 10, 0, 1, 1.f, 1.f, {10}, true}, {16, 17, 33, 0, 0, 2.f, 0.f, {33}, true},
+      {8, 16, 4, 0, 0, 1.f, 1.f, {}, false},     {6, 9, 4, 0, 1, 1.f, 1.f, {6, 4}, false},
+      {6, 9, 4, 0, 0, 1.f, 1.f, {6, 1}, true},   {6, 9, 4, 0, 0, 1.5f, 1.5f, {4}, false},
   };
   for (const G& g : gs) {
     OpCase c;
     c.op = "Gemm";
     std::ostringstream l;
     l << "M=" << g.M << " K=" << g.K << " N=" << g.N << " transA=" << g.ta << " transB=" << g.tb << " alpha=" << g.alpha
-      << " beta=" << g.beta << " C=" << (g.cshape.empty() ? "none" : shape_label(g.cshape)) << (g.c_const ? "" : " C-input");
+      << " beta=" << g.beta << " C=" << (g.cshape.empty() ? "none" : shape_label(g.cshape))
+      << (g.c_const ? "" : " C-input");
     c.label = l.str();
-    c.inputs = {in("A", g.ta ? Shape{g.K, g.M} : Shape{g.M, g.K}), in("B", g.tb ? Shape{g.N, g.K} : Shape{g.K, g.N}, true)};
+    c.inputs = {in("A", g.ta ? Shape{g.K, g.M} : Shape{g.M, g.K}),
+                in("B", g.tb ? Shape{g.N, g.K} : Shape{g.K, g.N}, true)};
     if (!g.cshape.empty()) c.inputs.push_back(in("C", g.cshape, g.c_const));
     c.attrs = {{"transA", I(g.ta)}, {"transB", I(g.tb)}, {"alpha", F(g.alpha)}, {"beta", F(g.beta)}};
     v.push_back(c);
@@ -161,10 +192,14 @@ void add_matmul_cases(std::vector<OpCase>& v) {
 }
 
 void add_pool_cases(std::vector<OpCase>& v) {
-  struct P { Shape x; int64_t k, s, p; int ceil, include_pad; };
-  const P ps[] = {{{1, 3, 7, 7}, 2, 2, 0, 0, 0},     {{1, 16, 14, 14}, 3, 2, 1, 0, 0}, {{2, 64, 112, 112}, 3, 2, 1, 0, 0},
-                  {{1, 8, 9, 11}, 3, 1, 1, 0, 1},    {{1, 17, 10, 10}, 3, 2, 0, 1, 0}, {{1, 4, 5, 5}, 5, 1, 2, 0, 0},
-                  {{3, 5, 8, 6}, 2, 1, 0, 0, 0},     {{1, 32, 13, 13}, 3, 2, 0, 1, 0}};
+  struct P {
+    Shape x;
+    int64_t k, s, p;
+    int ceil, include_pad;
+  };
+  const P ps[] = {{{1, 3, 7, 7}, 2, 2, 0, 0, 0},  {{1, 16, 14, 14}, 3, 2, 1, 0, 0}, {{2, 64, 112, 112}, 3, 2, 1, 0, 0},
+                  {{1, 8, 9, 11}, 3, 1, 1, 0, 1}, {{1, 17, 10, 10}, 3, 2, 0, 1, 0}, {{1, 4, 5, 5}, 5, 1, 2, 0, 0},
+                  {{3, 5, 8, 6}, 2, 1, 0, 0, 0},  {{1, 32, 13, 13}, 3, 2, 0, 1, 0}};
   for (const char* op : {"MaxPool", "AveragePool"}) {
     for (const P& p : ps) {
       OpCase c;
@@ -174,7 +209,9 @@ void add_pool_cases(std::vector<OpCase>& v) {
       if (c.op == "AveragePool") l << " count_include_pad=" << p.include_pad;
       c.label = l.str();
       c.inputs = {in("X", p.x)};
-      c.attrs = {{"kernel_shape", Is({p.k, p.k})}, {"strides", Is({p.s, p.s})}, {"pads", Is({p.p, p.p, p.p, p.p})},
+      c.attrs = {{"kernel_shape", Is({p.k, p.k})},
+                 {"strides", Is({p.s, p.s})},
+                 {"pads", Is({p.p, p.p, p.p, p.p})},
                  {"ceil_mode", I(p.ceil)}};
       if (c.op == "AveragePool") c.attrs["count_include_pad"] = I(p.include_pad);
       v.push_back(c);
@@ -201,7 +238,8 @@ void add_pool_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   for (const char* op : {"GlobalAveragePool", "GlobalMaxPool"}) {
-    for (Shape x : {Shape{1, 512, 7, 7}, Shape{2, 17, 5, 3}, Shape{1, 3, 1, 1}, Shape{2, 16, 9}, Shape{1, 8, 3, 4, 5}}) {
+    for (Shape x :
+         {Shape{1, 512, 7, 7}, Shape{2, 17, 5, 3}, Shape{1, 3, 1, 1}, Shape{2, 16, 9}, Shape{1, 8, 3, 4, 5}}) {
       OpCase c;
       c.op = op;
       c.label = "X=" + shape_label(x);
@@ -237,9 +275,13 @@ void add_norm_cases(std::vector<OpCase>& v) {
     }
   }
   for (const char* op : {"Softmax", "LogSoftmax"}) {
-    struct P { Shape x; int64_t axis; int opset; };
-    const P ps[] = {{{2, 10}, -1, 13}, {{4, 8, 128}, -1, 13}, {{2, 3, 4, 5}, 1, 13}, {{3, 17, 6}, 0, 13},
-                    {{2, 3, 4}, 1, 11},  {{1, 1000}, 1, 11},   {{5, 33}, -1, 13}};
+    struct P {
+      Shape x;
+      int64_t axis;
+      int opset;
+    };
+    const P ps[] = {{{2, 10}, -1, 13},  {{4, 8, 128}, -1, 13}, {{2, 3, 4, 5}, 1, 13}, {{3, 17, 6}, 0, 13},
+                    {{2, 3, 4}, 1, 11}, {{1, 1000}, 1, 11},    {{5, 33}, -1, 13}};
     for (const P& p : ps) {
       OpCase c;
       c.op = op;
@@ -253,10 +295,22 @@ void add_norm_cases(std::vector<OpCase>& v) {
 }
 
 void add_elementwise_cases(std::vector<OpCase>& v) {
-  struct U { const char* op; float lo, hi; std::map<std::string, Attribute> attrs; };
-  const U us[] = {{"Relu", -2, 2, {}},       {"LeakyRelu", -2, 2, {{"alpha", F(0.1f)}}}, {"Elu", -2, 2, {{"alpha", F(0.7f)}}},
-                  {"Sigmoid", -6, 6, {}},    {"Tanh", -4, 4, {}},  {"Exp", -3, 3, {}},   {"Log", 0.01f, 10, {}},
-                  {"Sqrt", 0, 10, {}},       {"Abs", -3, 3, {}},   {"Neg", -3, 3, {}},   {"HardSwish", -5, 5, {}},
+  struct U {
+    const char* op;
+    float lo, hi;
+    std::map<std::string, Attribute> attrs;
+  };
+  const U us[] = {{"Relu", -2, 2, {}},
+                  {"LeakyRelu", -2, 2, {{"alpha", F(0.1f)}}},
+                  {"Elu", -2, 2, {{"alpha", F(0.7f)}}},
+                  {"Sigmoid", -6, 6, {}},
+                  {"Tanh", -4, 4, {}},
+                  {"Exp", -3, 3, {}},
+                  {"Log", 0.01f, 10, {}},
+                  {"Sqrt", 0, 10, {}},
+                  {"Abs", -3, 3, {}},
+                  {"Neg", -3, 3, {}},
+                  {"HardSwish", -5, 5, {}},
                   {"Round", -5, 5, {}}};
   for (const U& u : us) {
     for (Shape x : {Shape{1}, Shape{17}, Shape{2, 3, 5, 7}, Shape{1, 64, 56, 56}}) {
@@ -279,14 +333,25 @@ void add_elementwise_cases(std::vector<OpCase>& v) {
     if (mode == 0) c.label = "X=[2,16,9,9] min=-0.5 max=0.7", c.inputs.push_back(lo), c.inputs.push_back(hi);
     if (mode == 1) c.label = "X=[2,16,9,9] min=-0.5", c.inputs.push_back(lo);
     if (mode == 2) c.label = "X=[2,16,9,9] max=0.7", c.inputs.push_back(absent()), c.inputs.push_back(hi);
-    if (mode == 3) c.label = "X=[2,16,9,9] relu6", lo.values = {0.f}, hi.values = {6.f}, c.inputs.push_back(lo),
-                   c.inputs.push_back(hi), c.inputs[0].lo = -8, c.inputs[0].hi = 8;
+    if (mode == 3)
+      c.label = "X=[2,16,9,9] relu6", lo.values = {0.f}, hi.values = {6.f}, c.inputs.push_back(lo),
+      c.inputs.push_back(hi), c.inputs[0].lo = -8, c.inputs[0].hi = 8;
     v.push_back(c);
   }
-  struct B { Shape a, b; };
-  const B bs[] = {{{1}, {1}},           {{17}, {17}},              {{2, 3, 4}, {2, 3, 4}}, {{2, 3, 4}, {4}},
-                  {{2, 3, 4}, {3, 1}},  {{1, 64, 56, 56}, {1, 64, 56, 56}}, {{2, 16, 5, 5}, {1, 16, 1, 1}},
-                  {{4, 5}, {}},         {{3, 1, 5}, {1, 4, 5}},   {{5}, {2, 3, 5}},        {{1, 8, 128, 128}, {1, 1, 1, 128}}};
+  struct B {
+    Shape a, b;
+  };
+  const B bs[] = {{{1}, {1}},
+                  {{17}, {17}},
+                  {{2, 3, 4}, {2, 3, 4}},
+                  {{2, 3, 4}, {4}},
+                  {{2, 3, 4}, {3, 1}},
+                  {{1, 64, 56, 56}, {1, 64, 56, 56}},
+                  {{2, 16, 5, 5}, {1, 16, 1, 1}},
+                  {{4, 5}, {}},
+                  {{3, 1, 5}, {1, 4, 5}},
+                  {{5}, {2, 3, 5}},
+                  {{1, 8, 128, 128}, {1, 1, 1, 128}}};
   for (const char* op : {"Add", "Sub", "Mul", "Div", "Max", "Min"}) {
     for (const B& b : bs) {
       OpCase c;
@@ -297,7 +362,10 @@ void add_elementwise_cases(std::vector<OpCase>& v) {
       v.push_back(c);
     }
   }
-  struct C { std::vector<Shape> xs; int64_t axis; };
+  struct C {
+    std::vector<Shape> xs;
+    int64_t axis;
+  };
   const C cs[] = {{{{2, 3}, {2, 5}}, 1},
                   {{{1, 16, 7, 7}, {1, 32, 7, 7}, {1, 3, 7, 7}}, 1},
                   {{{2, 4, 5}, {3, 4, 5}}, 0},
@@ -318,9 +386,16 @@ void add_elementwise_cases(std::vector<OpCase>& v) {
 }
 
 void add_layout_cases(std::vector<OpCase>& v) {
-  struct T { Shape x; std::vector<int64_t> perm; };
-  const T ts[] = {{{2, 3}, {1, 0}},          {{2, 3, 4}, {}},              {{1, 128, 4, 64}, {0, 2, 1, 3}},
-                  {{2, 4, 16, 8}, {0, 1, 3, 2}}, {{3, 5, 7, 2}, {3, 0, 2, 1}}, {{17, 33}, {1, 0}}};
+  struct T {
+    Shape x;
+    std::vector<int64_t> perm;
+  };
+  const T ts[] = {{{2, 3}, {1, 0}},
+                  {{2, 3, 4}, {}},
+                  {{1, 128, 4, 64}, {0, 2, 1, 3}},
+                  {{2, 4, 16, 8}, {0, 1, 3, 2}},
+                  {{3, 5, 7, 2}, {3, 0, 2, 1}},
+                  {{17, 33}, {1, 0}}};
   for (const T& t : ts) {
     OpCase c;
     c.op = "Transpose";
@@ -329,9 +404,16 @@ void add_layout_cases(std::vector<OpCase>& v) {
     if (!t.perm.empty()) c.attrs = {{"perm", Is(t.perm)}};
     v.push_back(c);
   }
-  struct R { Shape x; std::vector<int64_t> axes; int keep; };
-  const R rs[] = {{{2, 128, 256}, {-1}, 1}, {{2, 3, 4, 5}, {1}, 0}, {{4, 17}, {}, 1},
-                  {{2, 16, 7, 7}, {2, 3}, 1}, {{3, 5, 6}, {0, 2}, 0}};
+  struct R {
+    Shape x;
+    std::vector<int64_t> axes;
+    int keep;
+  };
+  const R rs[] = {{{2, 128, 256}, {-1}, 1},
+                  {{2, 3, 4, 5}, {1}, 0},
+                  {{4, 17}, {}, 1},
+                  {{2, 16, 7, 7}, {2, 3}, 1},
+                  {{3, 5, 6}, {0, 2}, 0}};
   for (const char* op : {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"}) {
     for (const R& r : rs) {
       OpCase c;
@@ -381,13 +463,21 @@ InputSpec scalar(const std::string& name, float v) {
 }
 
 void add_tensor_op_cases(std::vector<OpCase>& v) {
-  struct R { Shape x; std::vector<float> axes; int keep; };
-  const R rs[] = {{{2, 3, 4, 5}, {1}, 0}, {{4, 17}, {}, 1}, {{2, 96, 200}, {-1}, 1}, {{3, 5, 6}, {0, 2}, 0},
-                  {{64, 40}, {0}, 1}};
-  struct Op { const char* op; float lo, hi; };
-  const Op ops[] = {{"ReduceSum", -1, 1},       {"ReduceMean", -1, 1}, {"ReduceMax", -1, 1},  {"ReduceMin", -1, 1},
-                    {"ReduceProd", 0.97f, 1.03f}, {"ReduceSumSquare", -1, 1}, {"ReduceL1", -1, 1},
-                    {"ReduceL2", -1, 1},        {"ReduceLogSum", 0.1f, 2}, {"ReduceLogSumExp", -3, 3}};
+  struct R {
+    Shape x;
+    std::vector<float> axes;
+    int keep;
+  };
+  const R rs[] = {
+      {{2, 3, 4, 5}, {1}, 0}, {{4, 17}, {}, 1}, {{2, 96, 200}, {-1}, 1}, {{3, 5, 6}, {0, 2}, 0}, {{64, 40}, {0}, 1}};
+  struct Op {
+    const char* op;
+    float lo, hi;
+  };
+  const Op ops[] = {{"ReduceSum", -1, 1},      {"ReduceMean", -1, 1},        {"ReduceMax", -1, 1},
+                    {"ReduceMin", -1, 1},      {"ReduceProd", 0.97f, 1.03f}, {"ReduceSumSquare", -1, 1},
+                    {"ReduceL1", -1, 1},       {"ReduceL2", -1, 1},          {"ReduceLogSum", 0.1f, 2},
+                    {"ReduceLogSumExp", -3, 3}};
   for (const Op& o : ops) {
     for (const R& r : rs) {
       for (int opset : {13, 18}) {
@@ -418,7 +508,12 @@ void add_tensor_op_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   for (const char* op : {"ArgMax", "ArgMin"}) {
-    struct A { Shape x; int64_t axis; int keep, last; bool ties; };
+    struct A {
+      Shape x;
+      int64_t axis;
+      int keep, last;
+      bool ties;
+    };
     const A as[] = {{{3, 17}, 1, 1, 0, false}, {{2, 5, 7}, 0, 0, 0, false}, {{4, 1000}, -1, 1, 0, false},
                     {{6, 9}, 1, 1, 0, true},   {{6, 9}, 1, 0, 1, true},     {{5, 3, 40}, 2, 1, 1, true}};
     for (const A& a : as) {
@@ -446,9 +541,18 @@ void add_tensor_op_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
-    struct G { Shape x; Shape idx; int64_t axis; DType it; bool constant; float lo, hi; };
-    const G gs[] = {{{5, 4, 3}, {2, 2}, 0, DType::kI64, true, -5, 4},   {{5, 4, 3}, {3}, 1, DType::kI32, false, -4, 3},
-                    {{2, 3, 7}, {4}, -1, DType::kI64, false, -7, 6},    {{1000, 64}, {2, 16}, 0, DType::kI64, false, 0, 999},
+    struct G {
+      Shape x;
+      Shape idx;
+      int64_t axis;
+      DType it;
+      bool constant;
+      float lo, hi;
+    };
+    const G gs[] = {{{5, 4, 3}, {2, 2}, 0, DType::kI64, true, -5, 4},
+                    {{5, 4, 3}, {3}, 1, DType::kI32, false, -4, 3},
+                    {{2, 3, 7}, {4}, -1, DType::kI64, false, -7, 6},
+                    {{1000, 64}, {2, 16}, 0, DType::kI64, false, 0, 999},
                     {{6, 8}, {}, 0, DType::kI64, true, -6, 5}};
     for (const G& g : gs) {
       OpCase c;
@@ -464,7 +568,10 @@ void add_tensor_op_cases(std::vector<OpCase>& v) {
     }
   }
   {
-    struct S { Shape x; std::vector<float> starts, ends, axes, steps; };
+    struct S {
+      Shape x;
+      std::vector<float> starts, ends, axes, steps;
+    };
     const float big = 9.2e18f;  // beyond any dimension: clamped
     const S ss[] = {{{4, 10, 6}, {1, 2}, {3, 9}, {0, 1}, {1, 3}},
                     {{4, 10, 6}, {-1}, {-big}, {1}, {-2}},
@@ -494,15 +601,22 @@ void add_tensor_op_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
-    struct P { const char* mode; Shape x; std::vector<float> pads; };
-    const P ps[] = {{"constant", {1, 3, 5, 6}, {0, 0, 1, 2, 0, 0, 2, 1}}, {"reflect", {1, 3, 5, 6}, {0, 0, 2, 3, 0, 0, 4, 1}},
-                    {"edge", {1, 3, 5, 6}, {0, 1, 2, 2, 0, 0, 3, 1}},     {"constant", {4, 9}, {-1, 2, 1, -3}},
+    struct P {
+      const char* mode;
+      Shape x;
+      std::vector<float> pads;
+    };
+    const P ps[] = {{"constant", {1, 3, 5, 6}, {0, 0, 1, 2, 0, 0, 2, 1}},
+                    {"reflect", {1, 3, 5, 6}, {0, 0, 2, 3, 0, 0, 4, 1}},
+                    {"edge", {1, 3, 5, 6}, {0, 1, 2, 2, 0, 0, 3, 1}},
+                    {"constant", {4, 9}, {-1, 2, 1, -3}},
                     {"reflect", {2, 7}, {0, 6, 0, 6}}};
     for (const P& p : ps) {
       OpCase c;
       c.op = "Pad";
       c.opset = 13;
-      c.label = std::string(p.mode) + " X=" + shape_label(p.x) + " pads=" + shape_label(Shape(p.pads.begin(), p.pads.end()));
+      c.label =
+          std::string(p.mode) + " X=" + shape_label(p.x) + " pads=" + shape_label(Shape(p.pads.begin(), p.pads.end()));
       c.inputs = {in("X", p.x), ints("pads", p.pads)};
       if (std::string(p.mode) == "constant") c.inputs.push_back(scalar("value", 0.75f));
       c.attrs = {{"mode", S(p.mode)}};
@@ -521,18 +635,23 @@ void add_tensor_op_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
-    struct Z { const char* mode; const char* coord; const char* nearest; Shape x; std::vector<float> scales, sizes; };
-    const Z zs[] = {
-        {"nearest", "asymmetric", "floor", {1, 2, 5, 7}, {1, 1, 2, 2}, {}},
-        {"nearest", "half_pixel", "round_prefer_floor", {1, 2, 5, 7}, {1, 1, 2.5f, 1.5f}, {}},
-        {"nearest", "half_pixel", "round_prefer_ceil", {2, 3, 8, 8}, {1, 1, 0.5f, 0.75f}, {}},
-        {"nearest", "align_corners", "ceil", {1, 1, 6, 4}, {}, {1, 1, 11, 9}},
-        {"nearest", "pytorch_half_pixel", "round_prefer_floor", {1, 3, 4}, {1, 1, 3}, {}},
-        {"linear", "half_pixel", "", {1, 2, 5, 7}, {1, 1, 2, 2}, {}},
-        {"linear", "pytorch_half_pixel", "", {2, 3, 9, 6}, {}, {2, 3, 4, 1}},
-        {"linear", "align_corners", "", {1, 4, 7, 7}, {}, {1, 4, 14, 5}},
-        {"linear", "asymmetric", "", {1, 2, 6}, {1, 1, 1.7f}, {}},
-        {"linear", "half_pixel", "", {1, 8, 16, 16}, {1, 1, 0.5f, 0.5f}, {}}};
+    struct Z {
+      const char* mode;
+      const char* coord;
+      const char* nearest;
+      Shape x;
+      std::vector<float> scales, sizes;
+    };
+    const Z zs[] = {{"nearest", "asymmetric", "floor", {1, 2, 5, 7}, {1, 1, 2, 2}, {}},
+                    {"nearest", "half_pixel", "round_prefer_floor", {1, 2, 5, 7}, {1, 1, 2.5f, 1.5f}, {}},
+                    {"nearest", "half_pixel", "round_prefer_ceil", {2, 3, 8, 8}, {1, 1, 0.5f, 0.75f}, {}},
+                    {"nearest", "align_corners", "ceil", {1, 1, 6, 4}, {}, {1, 1, 11, 9}},
+                    {"nearest", "pytorch_half_pixel", "round_prefer_floor", {1, 3, 4}, {1, 1, 3}, {}},
+                    {"linear", "half_pixel", "", {1, 2, 5, 7}, {1, 1, 2, 2}, {}},
+                    {"linear", "pytorch_half_pixel", "", {2, 3, 9, 6}, {}, {2, 3, 4, 1}},
+                    {"linear", "align_corners", "", {1, 4, 7, 7}, {}, {1, 4, 14, 5}},
+                    {"linear", "asymmetric", "", {1, 2, 6}, {1, 1, 1.7f}, {}},
+                    {"linear", "half_pixel", "", {1, 8, 16, 16}, {1, 1, 0.5f, 0.5f}, {}}};
     for (const Z& z : zs) {
       OpCase c;
       c.op = "Resize";
@@ -542,8 +661,8 @@ void add_tensor_op_cases(std::vector<OpCase>& v) {
         for (size_t i = 0; i < f.size(); ++i) r += (i ? "," : "") + fmt_float(f[i]);
         return r + "]";
       };
-      c.label = std::string(z.mode) + " " + z.coord + (*z.nearest ? std::string(" ") + z.nearest : "") + " X=" +
-                shape_label(z.x) + (z.sizes.empty() ? " scales=" + lbl(z.scales) : " sizes=" + lbl(z.sizes));
+      c.label = std::string(z.mode) + " " + z.coord + (*z.nearest ? std::string(" ") + z.nearest : "") +
+                " X=" + shape_label(z.x) + (z.sizes.empty() ? " scales=" + lbl(z.scales) : " sizes=" + lbl(z.sizes));
       InputSpec scales = in("scales", {static_cast<int64_t>(z.scales.size())}, true);
       scales.values = z.scales;
       c.inputs = {in("X", z.x), absent()};
@@ -573,18 +692,30 @@ void add_tensor_op_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
-    struct M { const char* op; int opset; Shape x; std::vector<float> second; std::map<std::string, Attribute> attrs; };
-    const M ms[] = {{"Reshape", 14, {2, 3, 4}, {4, 0, -1}, {}},       {"Reshape", 14, {2, 12}, {-1}, {}},
+    struct M {
+      const char* op;
+      int opset;
+      Shape x;
+      std::vector<float> second;
+      std::map<std::string, Attribute> attrs;
+    };
+    const M ms[] = {{"Reshape", 14, {2, 3, 4}, {4, 0, -1}, {}},
+                    {"Reshape", 14, {2, 12}, {-1}, {}},
                     {"Reshape", 14, {2, 0, 4}, {0, 8}, {{"allowzero", I(1)}}},
-                    {"Flatten", 13, {2, 3, 4, 5}, {}, {{"axis", I(2)}}}, {"Flatten", 13, {2, 3, 4}, {}, {{"axis", I(0)}}},
-                    {"Squeeze", 13, {1, 3, 1, 5}, {0, -2}, {}},     {"Squeeze", 13, {1, 3, 1, 5}, {}, {}},
-                    {"Unsqueeze", 13, {3, 5}, {0, -1}, {}},         {"Identity", 13, {2, 7, 3}, {}, {}},
-                    {"Squeeze", 11, {1, 4, 1}, {}, {{"axes", Is({2})}}}, {"Unsqueeze", 11, {4}, {}, {{"axes", Is({1})}}}};
+                    {"Flatten", 13, {2, 3, 4, 5}, {}, {{"axis", I(2)}}},
+                    {"Flatten", 13, {2, 3, 4}, {}, {{"axis", I(0)}}},
+                    {"Squeeze", 13, {1, 3, 1, 5}, {0, -2}, {}},
+                    {"Squeeze", 13, {1, 3, 1, 5}, {}, {}},
+                    {"Unsqueeze", 13, {3, 5}, {0, -1}, {}},
+                    {"Identity", 13, {2, 7, 3}, {}, {}},
+                    {"Squeeze", 11, {1, 4, 1}, {}, {{"axes", Is({2})}}},
+                    {"Unsqueeze", 11, {4}, {}, {{"axes", Is({1})}}}};
     for (const M& m : ms) {
       OpCase c;
       c.op = m.op;
       c.opset = m.opset;
-      c.label = "X=" + shape_label(m.x) + (m.second.empty() ? "" : " " + shape_label(Shape(m.second.begin(), m.second.end()))) +
+      c.label = "X=" + shape_label(m.x) +
+                (m.second.empty() ? "" : " " + shape_label(Shape(m.second.begin(), m.second.end()))) +
                 " opset=" + std::to_string(m.opset) + (m.attrs.empty() ? "" : " attrs");
       c.inputs = {in("X", m.x)};
       if (!m.second.empty()) c.inputs.push_back(ints(m.op == std::string("Reshape") ? "shape" : "axes", m.second));
@@ -717,12 +848,23 @@ void tie_free_x(OpCase& c) {
 }
 
 void add_int8_cases(std::vector<OpCase>& v) {
-  struct P { int64_t N, C, H, W, K, k, s, p, g; };
+  struct P {
+    int64_t N, C, H, W, K, k, s, p, g;
+  };
   const P ps[] = {{1, 16, 14, 14, 32, 3, 1, 1, 1}, {2, 8, 9, 11, 16, 1, 1, 0, 1}, {1, 32, 10, 10, 32, 3, 2, 1, 32},
-                  {1, 3, 17, 17, 8, 7, 2, 3, 1},   {1, 24, 8, 8, 48, 3, 1, 1, 4},  {1, 64, 7, 7, 64, 3, 1, 1, 1}};
-  struct Q { DType xt; float xzp; DType yt; float yzp; const char* act; bool per_channel; };
-  const Q qs[] = {{DType::kU8, 128, DType::kU8, 128, "", true},   {DType::kU8, 0, DType::kU8, 0, "Relu", true},
-                  {DType::kU8, 7, DType::kF32, 0, "", true},      {DType::kI8, 0, DType::kI8, -3, "Clip", false},
+                  {1, 3, 17, 17, 8, 7, 2, 3, 1},   {1, 24, 8, 8, 48, 3, 1, 1, 4}, {1, 64, 7, 7, 64, 3, 1, 1, 1}};
+  struct Q {
+    DType xt;
+    float xzp;
+    DType yt;
+    float yzp;
+    const char* act;
+    bool per_channel;
+  };
+  const Q qs[] = {{DType::kU8, 128, DType::kU8, 128, "", true},
+                  {DType::kU8, 0, DType::kU8, 0, "Relu", true},
+                  {DType::kU8, 7, DType::kF32, 0, "", true},
+                  {DType::kI8, 0, DType::kI8, -3, "Clip", false},
                   {DType::kU8, 128, DType::kF32, 0, "Relu", true}};
   for (const P& p : ps) {
     for (const Q& q : qs) {
@@ -732,18 +874,20 @@ void add_int8_cases(std::vector<OpCase>& v) {
         c.op = "QConv";
         c.domain = "keel";
         std::ostringstream l;
-        l << "N=" << p.N << " C=" << p.C << " H=" << p.H << " W=" << p.W << " K=" << p.K << " k=" << p.k
-          << " s=" << p.s << " p=" << p.p << " g=" << p.g << " x=" << dtype_name(q.xt) << "/" << q.xzp
-          << " y=" << dtype_name(q.yt) << "/" << q.yzp << (q.act[0] ? " act=" : "") << q.act
-          << (q.per_channel ? "" : " per-tensor") << (bias ? "" : " nobias");
+        l << "N=" << p.N << " C=" << p.C << " H=" << p.H << " W=" << p.W << " K=" << p.K << " k=" << p.k << " s=" << p.s
+          << " p=" << p.p << " g=" << p.g << " x=" << dtype_name(q.xt) << "/" << q.xzp << " y=" << dtype_name(q.yt)
+          << "/" << q.yzp << (q.act[0] ? " act=" : "") << q.act << (q.per_channel ? "" : " per-tensor")
+          << (bias ? "" : " nobias");
         c.label = l.str();
         const bool s8x = q.xt == DType::kI8;
         c.inputs = {qin("X", {p.N, p.C, p.H, p.W}, q.xt, false, s8x ? -128.f : 0.f, s8x ? 127.f : 255.f),
                     qin("W", {p.K, p.C / p.g, p.k, p.k}, DType::kI8, true, -127.f, 127.f),
                     bias ? in("B", {p.K}, true, -2.f, 2.f) : absent()};
         add_qparams(c, p.K, q.xt, q.xzp, q.per_channel, q.yt, q.yzp, 0.05f * static_cast<float>(p.k));
-        c.attrs = {{"kernel_shape", Is({p.k, p.k})}, {"strides", Is({p.s, p.s})},
-                   {"pads", Is({p.p, p.p, p.p, p.p})}, {"group", I(p.g)}};
+        c.attrs = {{"kernel_shape", Is({p.k, p.k})},
+                   {"strides", Is({p.s, p.s})},
+                   {"pads", Is({p.p, p.p, p.p, p.p})},
+                   {"group", I(p.g)}};
         if (q.act[0]) c.attrs["activation"] = S(q.act);
         if (std::string(q.act) == "Clip") c.attrs["activation_params"] = Attribute::of_floats({-1.5f, 2.5f});
         v.push_back(c);
@@ -767,11 +911,20 @@ void add_int8_cases(std::vector<OpCase>& v) {
   // A residual input Z (fuse_qdq's folded Add): added after the activation, before the requantisation; in the
   // output's layout. 1x1 projections as in MobileNetV2 (f32 out with a second reader, u8 out when the Add's only
   // reader was a QuantizeLinear), a 3x3 with Relu, a depthwise with Clip and s8 out.
-  struct Z { int64_t C, H, W, K, k, g; DType yt; float yzp; const char* act; bool nhwc; const char* z_layout = nullptr; };
-  const Z zs[] = {{32, 7, 9, 16, 1, 1, DType::kF32, 0, "", true},  {32, 7, 9, 16, 1, 1, DType::kU8, 120, "", true},
-                  {16, 6, 6, 24, 3, 1, DType::kU8, 0, "Relu", false}, {24, 8, 5, 24, 3, 24, DType::kI8, 2, "Clip", true},
+  struct Z {
+    int64_t C, H, W, K, k, g;
+    DType yt;
+    float yzp;
+    const char* act;
+    bool nhwc;
+    const char* z_layout = nullptr;
+  };
+  const Z zs[] = {{32, 7, 9, 16, 1, 1, DType::kF32, 0, "", true},
+                  {32, 7, 9, 16, 1, 1, DType::kU8, 120, "", true},
+                  {16, 6, 6, 24, 3, 1, DType::kU8, 0, "Relu", false},
+                  {24, 8, 5, 24, 3, 24, DType::kI8, 2, "Clip", true},
                   {48, 5, 5, 16, 1, 1, DType::kF32, 0, "", false},
-                  {32, 6, 7, 24, 3, 1, DType::kF32, 0, "", false, "NHWC"},  // Z channels-last, Y plain
+                  {32, 6, 7, 24, 3, 1, DType::kF32, 0, "", false, "NHWC"},     // Z channels-last, Y plain
                   {32, 6, 7, 24, 1, 1, DType::kU8, 5, "Relu", true, "NCHW"}};  // Z plain, Y channels-last
   for (const Z& z : zs) {
     OpCase c;
@@ -800,9 +953,18 @@ void add_int8_cases(std::vector<OpCase>& v) {
   }
   // An f32 X quantized by the node itself (fuse_qdq's folded QuantizeLinear): x_scale 0.02 and X in [-3, 3], so
   // that some values saturate; with and without a residual, plain and channels-last, u8 and s8.
-  struct F { int64_t C, K, k, g; DType xt; float xzp; DType yt; bool z; bool nhwc; };
-  const F fs[] = {{24, 48, 1, 1, DType::kU8, 128, DType::kU8, false, false}, {24, 48, 1, 1, DType::kU8, 128, DType::kU8, false, true},
-                  {16, 16, 3, 16, DType::kI8, 0, DType::kF32, false, true},  {32, 16, 1, 1, DType::kU8, 100, DType::kU8, true, true},
+  struct F {
+    int64_t C, K, k, g;
+    DType xt;
+    float xzp;
+    DType yt;
+    bool z;
+    bool nhwc;
+  };
+  const F fs[] = {{24, 48, 1, 1, DType::kU8, 128, DType::kU8, false, false},
+                  {24, 48, 1, 1, DType::kU8, 128, DType::kU8, false, true},
+                  {16, 16, 3, 16, DType::kI8, 0, DType::kF32, false, true},
+                  {32, 16, 1, 1, DType::kU8, 100, DType::kU8, true, true},
                   {8, 12, 3, 1, DType::kI8, -4, DType::kF32, true, false}};
   for (const F& f : fs) {
     OpCase c;
@@ -829,10 +991,15 @@ void add_int8_cases(std::vector<OpCase>& v) {
   // channels-last transpose's tails), channel counts that are not multiples of 4 (left to oneDNN), and tensors of
   // 2^20 elements or more (quantized on the whole thread team). f32 outputs, so that one quantization step off in X
   // shows.
-  struct FB { int64_t C, H, W, K; DType xt; float xzp; bool nhwc; };
+  struct FB {
+    int64_t C, H, W, K;
+    DType xt;
+    float xzp;
+    bool nhwc;
+  };
   const FB fbs[] = {{13, 11, 11, 16, DType::kU8, 128, false}, {24, 40, 40, 16, DType::kI8, -3, false},
                     {20, 45, 40, 24, DType::kU8, 7, true},    {6, 5, 3, 8, DType::kI8, 0, false},
-                    {12, 7, 5, 8, DType::kU8, 3, false},     {24, 215, 215, 16, DType::kI8, -3, false},
+                    {12, 7, 5, 8, DType::kU8, 3, false},      {24, 215, 215, 16, DType::kI8, -3, false},
                     {20, 240, 220, 24, DType::kU8, 7, true}};
   for (const FB& f : fbs) {
     OpCase c;
@@ -842,8 +1009,8 @@ void add_int8_cases(std::vector<OpCase>& v) {
     l << "N=1 C=" << f.C << " H=" << f.H << " W=" << f.W << " K=" << f.K << " k=1 x=f32->" << dtype_name(f.xt) << "/"
       << f.xzp << " y=f32" << (f.nhwc ? " NHWC" : "");
     c.label = l.str();
-    c.inputs = {in("X", {1, f.C, f.H, f.W}, false, -3.f, 3.f), qin("W", {f.K, f.C, 1, 1}, DType::kI8, true, -127.f, 127.f),
-                in("B", {f.K}, true, -2.f, 2.f)};
+    c.inputs = {in("X", {1, f.C, f.H, f.W}, false, -3.f, 3.f),
+                qin("W", {f.K, f.C, 1, 1}, DType::kI8, true, -127.f, 127.f), in("B", {f.K}, true, -2.f, 2.f)};
     add_qparams(c, f.K, f.xt, f.xzp, true, DType::kF32, 0, 1.f);
     if (f.C * f.H * f.W >= (int64_t{1} << 20)) tie_free_x(c);
     c.attrs = {{"kernel_shape", Is({1, 1})}};
@@ -854,9 +1021,14 @@ void add_int8_cases(std::vector<OpCase>& v) {
   // transposes with its own loop (onednn_int8_quant.cc, nhwc_to_nchw_f32) where the CPU has AVX-512: output channel
   // counts with a partial 16-channel block, pixel counts with a partial block of 16, batch 2, a residual Z, and
   // MobileNetV2's last 1x1 ([1,1280,7,7]), and 2^20 values (split over the thread team).
-  struct T { int64_t N, C, H, W, K; bool z; const char* act; };
-  const T ts[] = {{1, 320, 7, 7, 1280, false, "Clip"}, {2, 16, 5, 7, 20, false, ""}, {1, 24, 9, 9, 33, true, "Relu"},
-                  {1, 8, 4, 4, 16, false, ""}, {2, 32, 20, 20, 48, false, "Relu"}, {1, 8, 128, 128, 64, false, ""}};
+  struct T {
+    int64_t N, C, H, W, K;
+    bool z;
+    const char* act;
+  };
+  const T ts[] = {{1, 320, 7, 7, 1280, false, "Clip"}, {2, 16, 5, 7, 20, false, ""},
+                  {1, 24, 9, 9, 33, true, "Relu"},     {1, 8, 4, 4, 16, false, ""},
+                  {2, 32, 20, 20, 48, false, "Relu"},  {1, 8, 128, 128, 64, false, ""}};
   for (const T& t : ts) {
     OpCase c;
     c.op = "QConv";
@@ -882,7 +1054,15 @@ void add_int8_cases(std::vector<OpCase>& v) {
   // its own kernel (onednn_int8_dw.cc) where the CPU has AVX-512 VNNI: channel counts with a partial 16-channel block,
   // widths with and without a block of 8 output pixels, strides 1/2/3 and asymmetric padding, u8/s8 X with zero
   // points, u8/s8/f32 outputs, batch 2.
-  struct D { int64_t N, C, H, W, sh, sw, pt, pl, pb, pr; DType xt; float xzp; DType yt; float yzp; const char* act; bool bias; };
+  struct D {
+    int64_t N, C, H, W, sh, sw, pt, pl, pb, pr;
+    DType xt;
+    float xzp;
+    DType yt;
+    float yzp;
+    const char* act;
+    bool bias;
+  };
   const D ds[] = {{1, 32, 14, 14, 1, 1, 1, 1, 1, 1, DType::kU8, 0, DType::kU8, 0, "Clip", true},
                   {2, 40, 9, 11, 2, 2, 1, 1, 1, 1, DType::kU8, 128, DType::kI8, -5, "Relu", true},
                   {1, 16, 7, 7, 1, 1, 1, 1, 1, 1, DType::kI8, -3, DType::kF32, 0, "", true},
@@ -907,8 +1087,12 @@ void add_int8_cases(std::vector<OpCase>& v) {
                 qin("W", {d.C, 1, 3, 3}, DType::kI8, true, -127.f, 127.f),
                 d.bias ? in("B", {d.C}, true, -2.f, 2.f) : absent()};
     add_qparams(c, d.C, d.xt, d.xzp, true, d.yt, d.yzp, 0.05f);
-    c.attrs = {{"kernel_shape", Is({3, 3})}, {"strides", Is({d.sh, d.sw})}, {"pads", Is({d.pt, d.pl, d.pb, d.pr})},
-               {"group", I(d.C)}, {"input_layout", S("NHWC")}, {"output_layout", S("NHWC")}};
+    c.attrs = {{"kernel_shape", Is({3, 3})},
+               {"strides", Is({d.sh, d.sw})},
+               {"pads", Is({d.pt, d.pl, d.pb, d.pr})},
+               {"group", I(d.C)},
+               {"input_layout", S("NHWC")},
+               {"output_layout", S("NHWC")}};
     if (d.act[0]) c.attrs["activation"] = S(d.act);
     if (std::string(d.act) == "Clip") c.attrs["activation_params"] = Attribute::of_floats({-1.5f, 2.5f});
     v.push_back(c);
@@ -919,7 +1103,17 @@ void add_int8_cases(std::vector<OpCase>& v) {
       v.push_back(c);
     }
   }
-  struct G { Shape a; int64_t N; int tb; DType xt; float xzp; DType yt; float yzp; const char* act; bool f32_a = false; };
+  struct G {
+    Shape a;
+    int64_t N;
+    int tb;
+    DType xt;
+    float xzp;
+    DType yt;
+    float yzp;
+    const char* act;
+    bool f32_a = false;
+  };
   const G gs[] = {{{4, 64}, 32, 1, DType::kU8, 3, DType::kU8, 128, ""},
                   {{2, 5, 64}, 48, 0, DType::kU8, 128, DType::kF32, 0, ""},
                   {{1, 512}, 1000, 1, DType::kU8, 0, DType::kF32, 0, ""},
@@ -934,12 +1128,14 @@ void add_int8_cases(std::vector<OpCase>& v) {
     c.op = "QGemm";
     c.domain = "keel";
     const int64_t K = g.a.back();
-    c.label = "A=" + shape_label(g.a) + " N=" + std::to_string(g.N) + " transB=" + std::to_string(g.tb) + " x=" +
-              (g.f32_a ? "f32->" : "") + dtype_name(g.xt) + " y=" + dtype_name(g.yt) + (g.act[0] ? std::string(" act=") + g.act : "");
+    c.label = "A=" + shape_label(g.a) + " N=" + std::to_string(g.N) + " transB=" + std::to_string(g.tb) +
+              " x=" + (g.f32_a ? "f32->" : "") + dtype_name(g.xt) + " y=" + dtype_name(g.yt) +
+              (g.act[0] ? std::string(" act=") + g.act : "");
     const bool s8x = g.xt == DType::kI8;
-    c.inputs = {g.f32_a ? in("A", g.a, false, -3.f, 3.f) : qin("A", g.a, g.xt, false, s8x ? -128.f : 0.f, s8x ? 127.f : 255.f),
-                qin("B", g.tb ? Shape{g.N, K} : Shape{K, g.N}, DType::kI8, true, -127.f, 127.f),
-                in("C", {g.N}, true, -2.f, 2.f)};
+    c.inputs = {
+        g.f32_a ? in("A", g.a, false, -3.f, 3.f) : qin("A", g.a, g.xt, false, s8x ? -128.f : 0.f, s8x ? 127.f : 255.f),
+        qin("B", g.tb ? Shape{g.N, K} : Shape{K, g.N}, DType::kI8, true, -127.f, 127.f),
+        in("C", {g.N}, true, -2.f, 2.f)};
     add_qparams(c, g.N, g.xt, g.xzp, true, g.yt, g.yzp, 0.1f);
     if (g.f32_a && shape_numel(g.a) >= (int64_t{1} << 20)) tie_free_x(c);
     c.attrs = {{"transB", I(g.tb)}};
@@ -951,18 +1147,27 @@ void add_int8_cases(std::vector<OpCase>& v) {
 
 // QuantizeLinear / DequantizeLinear with a per-tensor scale and zero point (what QDQ models leave between int8 ops).
 void add_qdq_cases(std::vector<OpCase>& v) {
-  struct P { Shape s; DType t; float zp; float scale; };
-  const P ps[] = {{{1, 64, 56, 56}, DType::kU8, 128, 0.03f}, {{2, 3, 7, 5}, DType::kU8, 0, 0.01f},
-                  {{1000}, DType::kI8, 0, 0.02f},           {{4, 17}, DType::kI8, -5, 0.1f}};
+  struct P {
+    Shape s;
+    DType t;
+    float zp;
+    float scale;
+  };
+  const P ps[] = {{{1, 64, 56, 56}, DType::kU8, 128, 0.03f},
+                  {{2, 3, 7, 5}, DType::kU8, 0, 0.01f},
+                  {{1000}, DType::kI8, 0, 0.02f},
+                  {{4, 17}, DType::kI8, -5, 0.1f}};
   for (const P& p : ps) {
     for (int quant = 1; quant >= 0; --quant) {
       OpCase c;
       c.op = quant ? "QuantizeLinear" : "DequantizeLinear";
       c.opset = 13;
-      c.label = "X=" + shape_label(p.s) + " " + dtype_name(p.t) + " zp=" + fmt_float(p.zp) + " scale=" + fmt_float(p.scale);
+      c.label =
+          "X=" + shape_label(p.s) + " " + dtype_name(p.t) + " zp=" + fmt_float(p.zp) + " scale=" + fmt_float(p.scale);
       const bool s8 = p.t == DType::kI8;
-      c.inputs = {quant ? in("X", p.s, false, -5.f, 5.f) : qin("X", p.s, p.t, false, s8 ? -128.f : 0.f, s8 ? 127.f : 255.f),
-                  qconst("scale", {}, DType::kF32, {p.scale}), qconst("zero_point", {}, p.t, {p.zp})};
+      c.inputs = {
+          quant ? in("X", p.s, false, -5.f, 5.f) : qin("X", p.s, p.t, false, s8 ? -128.f : 0.f, s8 ? 127.f : 255.f),
+          qconst("scale", {}, DType::kF32, {p.scale}), qconst("zero_point", {}, p.t, {p.zp})};
       v.push_back(c);
     }
   }
@@ -971,9 +1176,14 @@ void add_qdq_cases(std::vector<OpCase>& v) {
 // The keel-domain backward ops of training (ops/gradients.cc emits them) and the fused cross-entropy, in f32 and
 // bf16 (autocast): every output of each is compared, one case per output.
 void add_training_cases(std::vector<OpCase>& v) {
-  struct Cv { int64_t N, C, H, W, M, k, s, p, g; };
-  const Cv cs[] = {{4, 1, 28, 28, 32, 3, 1, 0, 1}, {2, 3, 9, 11, 8, 3, 2, 1, 1}, {1, 4, 8, 8, 6, 3, 1, 1, 2},
-                   {2, 16, 7, 7, 16, 1, 1, 0, 1}, {1, 8, 10, 9, 5, 5, 1, 2, 1}};
+  struct Cv {
+    int64_t N, C, H, W, M, k, s, p, g;
+  };
+  const Cv cs[] = {{4, 1, 28, 28, 32, 3, 1, 0, 1},
+                   {2, 3, 9, 11, 8, 3, 2, 1, 1},
+                   {1, 4, 8, 8, 6, 3, 1, 1, 2},
+                   {2, 16, 7, 7, 16, 1, 1, 0, 1},
+                   {1, 8, 10, 9, 5, 5, 1, 2, 1}};
   for (DType dt : {DType::kF32, DType::kBF16}) {
     for (const Cv& c : cs) {
       const int64_t oh = (c.H + 2 * c.p - c.k) / c.s + 1, ow = (c.W + 2 * c.p - c.k) / c.s + 1;
@@ -989,22 +1199,28 @@ void add_training_cases(std::vector<OpCase>& v) {
           << " k=" << c.k << " s=" << c.s << " p=" << c.p << " g=" << c.g << " output=" << out;
         o.label = l.str();
         o.inputs = {in("dY", {c.N, c.M, oh, ow}), in("X", {c.N, c.C, c.H, c.W}), in("W", {c.M, c.C / c.g, c.k, c.k})};
-        o.attrs = {{"kernel_shape", Is({c.k, c.k})}, {"strides", Is({c.s, c.s})}, {"pads", Is({c.p, c.p, c.p, c.p})},
+        o.attrs = {{"kernel_shape", Is({c.k, c.k})},
+                   {"strides", Is({c.s, c.s})},
+                   {"pads", Is({c.p, c.p, c.p, c.p})},
                    {"group", I(c.g)}};
         if (dt == DType::kBF16) o.rtol = 2e-2, o.atol = 2e-2;
         else o.rtol = 1e-3, o.atol = 1e-4;
         v.push_back(o);
       }
     }
-    struct Pl { Shape x; int64_t k, s, p; };
-    for (const Pl& p : {Pl{{4, 32, 26, 26}, 2, 2, 0}, Pl{{2, 3, 7, 9}, 2, 2, 0}, Pl{{2, 3, 35, 69}, 2, 2, 0}, Pl{{1, 4, 9, 9}, 3, 2, 1}, Pl{{2, 2, 6, 6}, 3, 1, 0}}) {
+    struct Pl {
+      Shape x;
+      int64_t k, s, p;
+    };
+    for (const Pl& p : {Pl{{4, 32, 26, 26}, 2, 2, 0}, Pl{{2, 3, 7, 9}, 2, 2, 0}, Pl{{2, 3, 35, 69}, 2, 2, 0},
+                        Pl{{1, 4, 9, 9}, 3, 2, 1}, Pl{{2, 2, 6, 6}, 3, 1, 0}}) {
       OpCase o;
       o.op = "MaxPoolGrad";
       o.domain = "keel";
       o.dtype = dt;
       Shape y = {p.x[0], p.x[1], (p.x[2] + 2 * p.p - p.k) / p.s + 1, (p.x[3] + 2 * p.p - p.k) / p.s + 1};
-      o.label = std::string(dtype_name(dt)) + " X=" + shape_label(p.x) + " k=" + std::to_string(p.k) + " s=" +
-                std::to_string(p.s) + " p=" + std::to_string(p.p);
+      o.label = std::string(dtype_name(dt)) + " X=" + shape_label(p.x) + " k=" + std::to_string(p.k) +
+                " s=" + std::to_string(p.s) + " p=" + std::to_string(p.p);
       o.inputs = {in("dY", y), in("X", p.x)};
       o.attrs = {{"kernel_shape", Is({p.k, p.k})}, {"strides", Is({p.s, p.s})}, {"pads", Is({p.p, p.p, p.p, p.p})}};
       o.atol = 0, o.rtol = 0;  // dY is routed, not computed: exact (up to bf16 sums where windows overlap)
@@ -1038,7 +1254,8 @@ void add_training_cases(std::vector<OpCase>& v) {
   for (const char* red : {"mean", "sum", "none"}) {
     for (Shape s : {Shape{64, 10}, Shape{5, 3}}) {
       std::vector<int64_t> labels(static_cast<size_t>(s[0]));
-      for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int64_t>((i * 7 + 3) % static_cast<size_t>(s[1]));
+      for (size_t i = 0; i < labels.size(); ++i)
+        labels[i] = static_cast<int64_t>((i * 7 + 3) % static_cast<size_t>(s[1]));
       Tensor lt = Tensor::from_vector(DType::kI64, {s[0]}, labels);
       for (size_t out = 0; out < 2; ++out) {
         OpCase o;
@@ -1055,8 +1272,8 @@ void add_training_cases(std::vector<OpCase>& v) {
       o.op = "SoftmaxCrossEntropyLossGrad";
       o.domain = "keel";
       o.label = std::string("reduction=") + red + " log_prob=" + shape_label(s);
-      o.inputs = {in("dLoss", std::string(red) == "none" ? Shape{s[0]} : Shape{}), in("log_prob", s, false, -5.f, -0.01f),
-                  in("labels", {s[0]}, true)};
+      o.inputs = {in("dLoss", std::string(red) == "none" ? Shape{s[0]} : Shape{}),
+                  in("log_prob", s, false, -5.f, -0.01f), in("labels", {s[0]}, true)};
       o.int64_constants = {{2, lt}};
       o.attrs = {{"reduction", S(red)}};
       v.push_back(o);
@@ -1259,9 +1476,10 @@ void add_chain_cases(std::vector<OpCase>& v) {
     return s;
   };
   auto conv = [](std::vector<std::string> ins, int64_t k, int64_t s, int64_t p, int64_t g = 1) {
-    return ChainNode{"Conv", std::move(ins),
-                     {{"kernel_shape", Is({k, k})}, {"strides", Is({s, s})}, {"pads", Is({p, p, p, p})},
-                      {"group", I(g)}}};
+    return ChainNode{
+        "Conv",
+        std::move(ins),
+        {{"kernel_shape", Is({k, k})}, {"strides", Is({s, s})}, {"pads", Is({p, p, p, p})}, {"group", I(g)}}};
   };
   {
     OpCase c;
@@ -1269,19 +1487,29 @@ void add_chain_cases(std::vector<OpCase>& v) {
     c.label = "resnet basic block C=16 14x14";
     c.inputs = {in("X", {1, 16, 14, 14}), in("W1", {16, 16, 3, 3}, true, -0.3f, 0.3f), in("B1", {16}, true),
                 in("W2", {16, 16, 3, 3}, true, -0.3f, 0.3f), in("B2", {16}, true)};
-    c.chain = {conv({"X", "W1", "B1"}, 3, 1, 1), {"Relu", {"$0"}, {}}, conv({"$1", "W2", "B2"}, 3, 1, 1),
-               {"Add", {"$2", "X"}, {}}, {"Relu", {"$3"}, {}}};
+    c.chain = {conv({"X", "W1", "B1"}, 3, 1, 1),
+               {"Relu", {"$0"}, {}},
+               conv({"$1", "W2", "B2"}, 3, 1, 1),
+               {"Add", {"$2", "X"}, {}},
+               {"Relu", {"$3"}, {}}};
     v.push_back(c);
   }
   {
     OpCase c;
     c.op = "Chain";
     c.label = "resnet downsample block with BatchNormalization C=16->32 stride 2, batch 2";
-    c.inputs = {in("X", {2, 16, 15, 15}), in("W1", {32, 16, 3, 3}, true, -0.3f, 0.3f),
-                in("S1", {32}, true, 0.5f, 1.5f), in("T1", {32}, true), in("M1", {32}, true),
-                in("V1", {32}, true, 0.5f, 2.f), in("W2", {32, 32, 3, 3}, true, -0.2f, 0.2f),
-                in("S2", {32}, true, 0.5f, 1.5f), in("T2", {32}, true), in("M2", {32}, true),
-                in("V2", {32}, true, 0.5f, 2.f), in("WD", {32, 16, 1, 1}, true, -0.5f, 0.5f)};
+    c.inputs = {in("X", {2, 16, 15, 15}),
+                in("W1", {32, 16, 3, 3}, true, -0.3f, 0.3f),
+                in("S1", {32}, true, 0.5f, 1.5f),
+                in("T1", {32}, true),
+                in("M1", {32}, true),
+                in("V1", {32}, true, 0.5f, 2.f),
+                in("W2", {32, 32, 3, 3}, true, -0.2f, 0.2f),
+                in("S2", {32}, true, 0.5f, 1.5f),
+                in("T2", {32}, true),
+                in("M2", {32}, true),
+                in("V2", {32}, true, 0.5f, 2.f),
+                in("WD", {32, 16, 1, 1}, true, -0.5f, 0.5f)};
     c.chain = {conv({"X", "W1"}, 3, 2, 1),
                {"BatchNormalization", {"$0", "S1", "T1", "M1", "V1"}, {}},
                {"Relu", {"$1"}, {}},
@@ -1298,10 +1526,17 @@ void add_chain_cases(std::vector<OpCase>& v) {
     OpCase c;
     c.op = "Chain";
     c.label = "bottleneck with a 3x3 stride-2 conv over 32 channels (nhwc brgemm), batch 2";
-    c.inputs = {in("X", {2, 32, 15, 15}), in("W0", {32, 32, 1, 1}, true, -0.4f, 0.4f), in("B0", {32}, true),
-                in("W1", {48, 32, 3, 3}, true, -0.2f, 0.2f), in("S1", {48}, true, 0.5f, 1.5f), in("T1", {48}, true),
-                in("M1", {48}, true), in("V1", {48}, true, 0.5f, 2.f), in("W2", {64, 48, 1, 1}, true, -0.3f, 0.3f),
-                in("WD", {64, 32, 1, 1}, true, -0.3f, 0.3f), in("WX", {48, 64, 1, 1}, true, -0.3f, 0.3f)};
+    c.inputs = {in("X", {2, 32, 15, 15}),
+                in("W0", {32, 32, 1, 1}, true, -0.4f, 0.4f),
+                in("B0", {32}, true),
+                in("W1", {48, 32, 3, 3}, true, -0.2f, 0.2f),
+                in("S1", {48}, true, 0.5f, 1.5f),
+                in("T1", {48}, true),
+                in("M1", {48}, true),
+                in("V1", {48}, true, 0.5f, 2.f),
+                in("W2", {64, 48, 1, 1}, true, -0.3f, 0.3f),
+                in("WD", {64, 32, 1, 1}, true, -0.3f, 0.3f),
+                in("WX", {48, 64, 1, 1}, true, -0.3f, 0.3f)};
     c.chain = {conv({"X", "W0", "B0"}, 1, 1, 0),
                {"Relu", {"$0"}, {}},
                conv({"$1", "W1"}, 3, 2, 1),  // [2,48,8,8]
@@ -1324,11 +1559,11 @@ void add_chain_cases(std::vector<OpCase>& v) {
     c.op = "Chain";
     c.claim_whole = true;
     c.label = "bottleneck stride 2, batch 1: last 1x1 and the strided projection shortcut as one convolution";
-    c.inputs = {in("X", {1, 32, 15, 15}), in("W0", {32, 32, 1, 1}, true, -0.4f, 0.4f), in("B0", {32}, true),
-                in("W1", {48, 32, 3, 3}, true, -0.2f, 0.2f), in("B1", {48}, true),
-                in("W2", {64, 48, 1, 1}, true, -0.3f, 0.3f), in("B2", {64}, true),
-                in("WD", {64, 32, 1, 1}, true, -0.3f, 0.3f), in("BD", {64}, true),
-                in("WX", {64, 64, 1, 1}, true, -0.3f, 0.3f)};
+    c.inputs = {in("X", {1, 32, 15, 15}), in("W0", {32, 32, 1, 1}, true, -0.4f, 0.4f),
+                in("B0", {32}, true),     in("W1", {48, 32, 3, 3}, true, -0.2f, 0.2f),
+                in("B1", {48}, true),     in("W2", {64, 48, 1, 1}, true, -0.3f, 0.3f),
+                in("B2", {64}, true),     in("WD", {64, 32, 1, 1}, true, -0.3f, 0.3f),
+                in("BD", {64}, true),     in("WX", {64, 64, 1, 1}, true, -0.3f, 0.3f)};
     c.chain = {conv({"X", "W0", "B0"}, 1, 1, 0),
                {"Relu", {"$0"}, {}},
                conv({"$1", "W1", "B1"}, 3, 2, 1),  // [1,48,8,8]
@@ -1348,10 +1583,14 @@ void add_chain_cases(std::vector<OpCase>& v) {
     c.op = "Chain";
     c.claim_whole = true;
     c.label = "bottleneck stride 2, batch 1, 16-channel 3x3 (nChw16c): last 1x1 and the shortcut as one convolution";
-    c.inputs = {in("X", {1, 16, 14, 14}), in("WI", {32, 16, 1, 1}, true, -0.4f, 0.4f),
-                in("W0", {16, 32, 1, 1}, true, -0.4f, 0.4f), in("B0", {16}, true),
-                in("W1", {16, 16, 3, 3}, true, -0.3f, 0.3f), in("B1", {16}, true),
-                in("W2", {48, 16, 1, 1}, true, -0.3f, 0.3f), in("B2", {48}, true),
+    c.inputs = {in("X", {1, 16, 14, 14}),
+                in("WI", {32, 16, 1, 1}, true, -0.4f, 0.4f),
+                in("W0", {16, 32, 1, 1}, true, -0.4f, 0.4f),
+                in("B0", {16}, true),
+                in("W1", {16, 16, 3, 3}, true, -0.3f, 0.3f),
+                in("B1", {16}, true),
+                in("W2", {48, 16, 1, 1}, true, -0.3f, 0.3f),
+                in("B2", {48}, true),
                 in("WD", {48, 32, 1, 1}, true, -0.3f, 0.3f)};
     c.chain = {conv({"X", "WI"}, 1, 1, 0),  // the block's input x, [1,32,14,14] in nChw16c
                conv({"$0", "W0", "B0"}, 1, 1, 0),
@@ -1374,38 +1613,44 @@ void add_chain_cases(std::vector<OpCase>& v) {
                 in("W1", {32, 32, 3, 3}, true, -0.2f, 0.2f), in("B1", {32}, true)};
     ChainNode dil = conv({"$1", "W1", "B1"}, 3, 1, 2);
     dil.attrs["dilations"] = Is({2, 2});
-    c.chain = {conv({"X", "W0"}, 1, 1, 0), {"Relu", {"$0"}, {}}, dil, {"Add", {"$2", "$1"}, {}},
+    c.chain = {conv({"X", "W0"}, 1, 1, 0),
+               {"Relu", {"$0"}, {}},
+               dil,
+               {"Add", {"$2", "$1"}, {}},
                {"GlobalAveragePool", {"$3"}, {}}};
     v.push_back(c);
   }
   {
     // Dilated 3x3s whose padding equals the dilation and whose spatial sizes divide by it run as Winograd over the
-    // input's phases (plugins/cpu_onednn/chain/ops/conv_variants.cc, conv_dilated_phases), batch 2: dilation 2 over 16x16 (phases 8x8) with
-    // BatchNormalization and Relu folded, dilation 3 (16 does not divide by 3: brgemm), dilation 4 (phases 4x4) with
-    // a Relu and a residual Add after it (not a sum post-op: the Relu comes first), and dilation 2 without bias.
+    // input's phases (plugins/cpu_onednn/chain/ops/conv_variants.cc, conv_dilated_phases), batch 2: dilation 2 over
+    // 16x16 (phases 8x8) with BatchNormalization and Relu folded, dilation 3 (16 does not divide by 3: brgemm),
+    // dilation 4 (phases 4x4) with a Relu and a residual Add after it (not a sum post-op: the Relu comes first), and
+    // dilation 2 without bias.
     OpCase c;
     c.op = "Chain";
     c.label = "dilated 3x3 convs as Winograd over the input's phases: dilation 2 and 4, BN + relu, batch 2, residual";
-    c.inputs = {in("X", {2, 16, 16, 16}), in("W0", {32, 16, 1, 1}, true, -0.4f, 0.4f),
-                in("W1", {32, 32, 3, 3}, true, -0.2f, 0.2f), in("S1", {32}, true, 0.5f, 1.5f), in("T1", {32}, true),
-                in("M1", {32}, true), in("V1", {32}, true, 0.5f, 2.f), in("W2", {32, 32, 3, 3}, true, -0.2f, 0.2f),
-                in("B2", {32}, true), in("W3", {32, 32, 3, 3}, true, -0.2f, 0.2f), in("B3", {32}, true),
+    c.inputs = {in("X", {2, 16, 16, 16}),
+                in("W0", {32, 16, 1, 1}, true, -0.4f, 0.4f),
+                in("W1", {32, 32, 3, 3}, true, -0.2f, 0.2f),
+                in("S1", {32}, true, 0.5f, 1.5f),
+                in("T1", {32}, true),
+                in("M1", {32}, true),
+                in("V1", {32}, true, 0.5f, 2.f),
+                in("W2", {32, 32, 3, 3}, true, -0.2f, 0.2f),
+                in("B2", {32}, true),
+                in("W3", {32, 32, 3, 3}, true, -0.2f, 0.2f),
+                in("B3", {32}, true),
                 in("W4", {32, 32, 3, 3}, true, -0.2f, 0.2f)};
     auto dilated = [&](std::vector<std::string> ins, int64_t d) {
       ChainNode n = conv(std::move(ins), 3, 1, d);
       n.attrs["dilations"] = Is({d, d});
       return n;
     };
-    c.chain = {conv({"X", "W0"}, 1, 1, 0),
-               {"Relu", {"$0"}, {}},
-               dilated({"$1", "W1"}, 2),
-               {"BatchNormalization", {"$2", "S1", "T1", "M1", "V1"}, {}},
-               {"Relu", {"$3"}, {}},
-               dilated({"$4", "W2", "B2"}, 3),
-               {"Relu", {"$5"}, {}},
-               dilated({"$6", "W3", "B3"}, 4),
-               {"Relu", {"$7"}, {}},
-               {"Add", {"$8", "$6"}, {}},
+    c.chain = {conv({"X", "W0"}, 1, 1, 0), {"Relu", {"$0"}, {}},
+               dilated({"$1", "W1"}, 2),   {"BatchNormalization", {"$2", "S1", "T1", "M1", "V1"}, {}},
+               {"Relu", {"$3"}, {}},       dilated({"$4", "W2", "B2"}, 3),
+               {"Relu", {"$5"}, {}},       dilated({"$6", "W3", "B3"}, 4),
+               {"Relu", {"$7"}, {}},       {"Add", {"$8", "$6"}, {}},
                dilated({"$9", "W4"}, 2)};
     v.push_back(c);
   }
@@ -1416,11 +1661,20 @@ void add_chain_cases(std::vector<OpCase>& v) {
     c.op = "Chain";
     c.claim_whole = true;
     c.label = "1-D conv block: conv k3, BN, relu, dilated conv, BN, 1x1 skip, add, relu, maxpool, GAP, gemm, batch 2";
-    c.inputs = {in("X", {2, 16, 37}), in("W1", {32, 16, 3}, true, -0.3f, 0.3f), in("S1", {32}, true, 0.5f, 1.5f),
-                in("T1", {32}, true), in("M1", {32}, true), in("V1", {32}, true, 0.5f, 2.f),
-                in("W2", {32, 32, 3}, true, -0.2f, 0.2f), in("S2", {32}, true, 0.5f, 1.5f), in("T2", {32}, true),
-                in("M2", {32}, true), in("V2", {32}, true, 0.5f, 2.f), in("WD", {32, 16, 1}, true, -0.4f, 0.4f),
-                in("G", {10, 32}, true), in("C", {10}, true)};
+    c.inputs = {in("X", {2, 16, 37}),
+                in("W1", {32, 16, 3}, true, -0.3f, 0.3f),
+                in("S1", {32}, true, 0.5f, 1.5f),
+                in("T1", {32}, true),
+                in("M1", {32}, true),
+                in("V1", {32}, true, 0.5f, 2.f),
+                in("W2", {32, 32, 3}, true, -0.2f, 0.2f),
+                in("S2", {32}, true, 0.5f, 1.5f),
+                in("T2", {32}, true),
+                in("M2", {32}, true),
+                in("V2", {32}, true, 0.5f, 2.f),
+                in("WD", {32, 16, 1}, true, -0.4f, 0.4f),
+                in("G", {10, 32}, true),
+                in("C", {10}, true)};
     c.chain = {{"Conv", {"X", "W1"}, {{"kernel_shape", Is({3})}, {"pads", Is({1, 1})}}},
                {"BatchNormalization", {"$0", "S1", "T1", "M1", "V1"}, {}},
                {"Relu", {"$1"}, {}},
@@ -1443,8 +1697,12 @@ void add_chain_cases(std::vector<OpCase>& v) {
     c.op = "Chain";
     c.claim_whole = true;
     c.label = "1-D conv s2, channel scale, ConvTranspose s2, avgpool, concat on length, transpose, matmul";
-    c.inputs = {in("X", {1, 8, 42}), in("W1", {16, 8, 5}, true, -0.3f, 0.3f), in("B1", {16}, true),
-                in("K", {16, 1}, true, 0.5f, 1.5f), in("WT", {16, 16, 4}, true, -0.2f, 0.2f), in("BT", {16}, true),
+    c.inputs = {in("X", {1, 8, 42}),
+                in("W1", {16, 8, 5}, true, -0.3f, 0.3f),
+                in("B1", {16}, true),
+                in("K", {16, 1}, true, 0.5f, 1.5f),
+                in("WT", {16, 16, 4}, true, -0.2f, 0.2f),
+                in("BT", {16}, true),
                 in("P", {16, 12}, true, -0.3f, 0.3f)};
     c.chain = {{"Conv", {"X", "W1", "B1"}, {{"kernel_shape", Is({5})}, {"strides", Is({2})}, {"pads", Is({2, 2})}}},
                {"Mul", {"$0", "K"}, {}},
@@ -1463,19 +1721,23 @@ void add_chain_cases(std::vector<OpCase>& v) {
     c.op = "Chain";
     c.claim_whole = true;
     c.label = "text CNN: transpose, parallel 1-D convs k3/k4/k5, relu, global max pool, concat, flatten, gemm";
-    c.inputs = {in("X", {1, 19, 24}), in("W3", {16, 24, 3}, true, -0.3f, 0.3f), in("B3", {16}, true),
-                in("W4", {16, 24, 4}, true, -0.3f, 0.3f), in("B4", {16}, true),
-                in("W5", {32, 24, 5}, true, -0.3f, 0.3f), in("B5", {32}, true), in("G", {5, 64}, true),
+    c.inputs = {in("X", {1, 19, 24}), in("W3", {16, 24, 3}, true, -0.3f, 0.3f),
+                in("B3", {16}, true), in("W4", {16, 24, 4}, true, -0.3f, 0.3f),
+                in("B4", {16}, true), in("W5", {32, 24, 5}, true, -0.3f, 0.3f),
+                in("B5", {32}, true), in("G", {5, 64}, true),
                 in("C", {5}, true)};
-    c.chain = {{"Transpose", {"X"}, {{"perm", Is({0, 2, 1})}}},            // $0 [1,24,19]
-               {"Conv", {"$0", "W3", "B3"}, {}}, {"Relu", {"$1"}, {}},     // $2 [1,16,17]
-               {"Conv", {"$0", "W4", "B4"}, {}}, {"Relu", {"$3"}, {}},     // $4 [1,16,16]
-               {"Conv", {"$0", "W5", "B5"}, {}}, {"Relu", {"$5"}, {}},     // $6 [1,32,15]
-               {"GlobalMaxPool", {"$2"}, {}},                              // $7 [1,16,1]
-               {"GlobalMaxPool", {"$4"}, {}},                              // $8
-               {"GlobalMaxPool", {"$6"}, {}},                              // $9 [1,32,1]
-               {"Concat", {"$7", "$8", "$9"}, {{"axis", I(1)}}},           // $10 [1,64,1]
-               {"Flatten", {"$10"}, {}},                                   // $11 [1,64]
+    c.chain = {{"Transpose", {"X"}, {{"perm", Is({0, 2, 1})}}},  // $0 [1,24,19]
+               {"Conv", {"$0", "W3", "B3"}, {}},
+               {"Relu", {"$1"}, {}},  // $2 [1,16,17]
+               {"Conv", {"$0", "W4", "B4"}, {}},
+               {"Relu", {"$3"}, {}},  // $4 [1,16,16]
+               {"Conv", {"$0", "W5", "B5"}, {}},
+               {"Relu", {"$5"}, {}},                              // $6 [1,32,15]
+               {"GlobalMaxPool", {"$2"}, {}},                     // $7 [1,16,1]
+               {"GlobalMaxPool", {"$4"}, {}},                     // $8
+               {"GlobalMaxPool", {"$6"}, {}},                     // $9 [1,32,1]
+               {"Concat", {"$7", "$8", "$9"}, {{"axis", I(1)}}},  // $10 [1,64,1]
+               {"Flatten", {"$10"}, {}},                          // $11 [1,64]
                {"Gemm", {"$11", "G", "C"}, {{"transB", I(1)}}}};
     v.push_back(c);
   }
@@ -1486,10 +1748,17 @@ void add_chain_cases(std::vector<OpCase>& v) {
     c.op = "Chain";
     c.claim_whole = true;
     c.label = "3-D conv block: conv 3x3x3, BN, relu, maxpool 1x2x2, 1x1x1 conv, add, relu, pad 0, avgpool, GAP, N=2";
-    c.inputs = {in("X", {2, 3, 6, 12, 12}), in("W1", {16, 3, 3, 3, 3}, true, -0.3f, 0.3f),
-                in("S1", {16}, true, 0.5f, 1.5f), in("T1", {16}, true), in("M1", {16}, true),
-                in("V1", {16}, true, 0.5f, 2.f), in("W2", {16, 16, 1, 1, 1}, true, -0.3f, 0.3f), in("B2", {16}, true),
-                in("W3", {32, 16, 3, 3, 3}, true, -0.1f, 0.1f), in("B3", {32}, true), in("PADS", {10}, true)};
+    c.inputs = {in("X", {2, 3, 6, 12, 12}),
+                in("W1", {16, 3, 3, 3, 3}, true, -0.3f, 0.3f),
+                in("S1", {16}, true, 0.5f, 1.5f),
+                in("T1", {16}, true),
+                in("M1", {16}, true),
+                in("V1", {16}, true, 0.5f, 2.f),
+                in("W2", {16, 16, 1, 1, 1}, true, -0.3f, 0.3f),
+                in("B2", {16}, true),
+                in("W3", {32, 16, 3, 3, 3}, true, -0.1f, 0.1f),
+                in("B3", {32}, true),
+                in("PADS", {10}, true)};
     c.int64_constants = {{10, i64({0, 0, 0, 0, 0, 0, 0, 0, 0, 0})}};  // torch exports AvgPool3d behind a zero Pad
     c.chain = {{"Conv", {"X", "W1"}, {{"kernel_shape", Is({3, 3, 3})}, {"pads", Is({1, 1, 1, 1, 1, 1})}}},
                {"BatchNormalization", {"$0", "S1", "T1", "M1", "V1"}, {}},
@@ -1498,7 +1767,8 @@ void add_chain_cases(std::vector<OpCase>& v) {
                {"Conv", {"$3", "W2", "B2"}, {}},
                {"Add", {"$4", "$3"}, {}},
                {"Relu", {"$5"}, {}},
-               {"Conv", {"$6", "W3", "B3"},
+               {"Conv",
+                {"$6", "W3", "B3"},
                 {{"kernel_shape", Is({3, 3, 3})}, {"strides", Is({2, 2, 2})}, {"pads", Is({1, 1, 1, 1, 1, 1})}}},
                {"Pad", {"$7", "PADS"}, {}},
                {"AveragePool", {"$8"}, {{"kernel_shape", Is({2, 2, 2})}, {"strides", Is({1, 1, 1})}}},
@@ -1513,14 +1783,16 @@ void add_chain_cases(std::vector<OpCase>& v) {
     c.op = "Chain";
     c.claim_whole = true;
     c.label = "zero Pads folded: asymmetric pad + conv 3x3 s2, relu, pad + maxpool, pad + avgpool, pad + padded conv";
-    c.inputs = {in("X", {1, 8, 15, 17}), in("W1", {16, 8, 3, 3}, true, -0.3f, 0.3f), in("B1", {16}, true),
-                in("W2", {16, 16, 3, 3}, true, -0.2f, 0.2f), in("B2", {16}, true), in("PA", {8}, true),
-                in("PB", {8}, true), in("PC", {8}, true), in("PD", {8}, true)};
+    c.inputs = {in("X", {1, 8, 15, 17}), in("W1", {16, 8, 3, 3}, true, -0.3f, 0.3f),
+                in("B1", {16}, true),    in("W2", {16, 16, 3, 3}, true, -0.2f, 0.2f),
+                in("B2", {16}, true),    in("PA", {8}, true),
+                in("PB", {8}, true),     in("PC", {8}, true),
+                in("PD", {8}, true)};
     c.int64_constants = {{5, i64({0, 0, 0, 1, 0, 0, 1, 0})},
                          {6, i64({0, 0, 1, 1, 0, 0, 1, 1})},
                          {7, i64({0, 0, 1, 0, 0, 0, 0, 1})},
                          {8, i64({0, 0, 0, 2, 0, 0, 1, 0})}};
-    c.chain = {{"Pad", {"X", "PA"}, {}},                                                      // $0 [1,8,16,18]
+    c.chain = {{"Pad", {"X", "PA"}, {}},                                                               // $0 [1,8,16,18]
                {"Conv", {"$0", "W1", "B1"}, {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}}},  // [1,16,7,8]
                {"Relu", {"$1"}, {}},
                {"Pad", {"$2", "PB"}, {}},                                                     // $3 [1,16,9,10]
@@ -1538,13 +1810,17 @@ void add_chain_cases(std::vector<OpCase>& v) {
     c.op = "Chain";
     c.claim_whole = true;
     c.label = "1-D zero Pad + conv1d, -inf Pad + maxpool1d over signed values";
-    c.inputs = {in("X", {1, 6, 24}), in("W1", {16, 6, 3}, true, -0.3f, 0.3f), in("B1", {16}, true, -2.f, 0.f),
-                in("PA", {6}, true), in("PB", {6}, true), scalar("NEG", -std::numeric_limits<float>::infinity())};
+    c.inputs = {in("X", {1, 6, 24}),
+                in("W1", {16, 6, 3}, true, -0.3f, 0.3f),
+                in("B1", {16}, true, -2.f, 0.f),
+                in("PA", {6}, true),
+                in("PB", {6}, true),
+                scalar("NEG", -std::numeric_limits<float>::infinity())};
     c.int64_constants = {{3, i64({0, 0, 2, 0, 0, 1})}, {4, i64({0, 0, 1, 0, 0, 1})}};
-    c.chain = {{"Pad", {"X", "PA"}, {}},                                                    // $0 [1,6,27]
-               {"Conv", {"$0", "W1", "B1"}, {{"kernel_shape", Is({3})}}},                   // $1 [1,16,25], mostly < 0
-               {"Pad", {"$1", "PB", "NEG"}, {}},                                            // $2 [1,16,27]
-               {"MaxPool", {"$2"}, {{"kernel_shape", Is({3})}, {"strides", Is({2})}}}};     // $3 [1,16,13]
+    c.chain = {{"Pad", {"X", "PA"}, {}},                                                 // $0 [1,6,27]
+               {"Conv", {"$0", "W1", "B1"}, {{"kernel_shape", Is({3})}}},                // $1 [1,16,25], mostly < 0
+               {"Pad", {"$1", "PB", "NEG"}, {}},                                         // $2 [1,16,27]
+               {"MaxPool", {"$2"}, {{"kernel_shape", Is({3})}, {"strides", Is({2})}}}};  // $3 [1,16,13]
     v.push_back(c);
   }
   {
@@ -1554,17 +1830,22 @@ void add_chain_cases(std::vector<OpCase>& v) {
     OpCase c;
     c.op = "Chain";
     c.label = "Pads not folded: value 0.5 + conv, reflect + conv, zero pad + maxpool over negatives, + avgpool";
-    c.inputs = {in("X", {1, 8, 11, 12}), in("W1", {16, 8, 3, 3}, true, -0.3f, 0.3f), in("B1", {16}, true, -2.f, -1.f),
-                in("W2", {16, 16, 3, 3}, true, -0.2f, 0.2f), in("B2", {16}, true), in("PA", {8}, true),
-                scalar("HALF", 0.5f), in("PB", {8}, true)};
+    c.inputs = {in("X", {1, 8, 11, 12}),
+                in("W1", {16, 8, 3, 3}, true, -0.3f, 0.3f),
+                in("B1", {16}, true, -2.f, -1.f),
+                in("W2", {16, 16, 3, 3}, true, -0.2f, 0.2f),
+                in("B2", {16}, true),
+                in("PA", {8}, true),
+                scalar("HALF", 0.5f),
+                in("PB", {8}, true)};
     c.int64_constants = {{5, i64({0, 0, 1, 0, 0, 0, 1, 2})}, {7, i64({0, 0, 1, 1, 0, 0, 0, 1})}};
-    c.chain = {{"Pad", {"X", "PA", "HALF"}, {}},                                             // $0 [1,8,13,14]
-               conv({"$0", "W1", "B1"}, 3, 1, 0),                                            // $1 [1,16,11,12] < 0
-               {"Pad", {"$1", "PB"}, {}},                                                    // $2 [1,16,12,14]
-               {"MaxPool", {"$2"}, {{"kernel_shape", Is({2, 2})}, {"strides", Is({2, 2})}}}, // $3 [1,16,6,7]
-               {"Pad", {"$3", "PB"}, {{"mode", S("reflect")}}},                              // $4 [1,16,7,9]
-               conv({"$4", "W2", "B2"}, 3, 1, 0),                                            // $5 [1,16,5,7]
-               {"Pad", {"$5", "PB"}, {}},                                                    // $6 [1,16,6,9]
+    c.chain = {{"Pad", {"X", "PA", "HALF"}, {}},                                              // $0 [1,8,13,14]
+               conv({"$0", "W1", "B1"}, 3, 1, 0),                                             // $1 [1,16,11,12] < 0
+               {"Pad", {"$1", "PB"}, {}},                                                     // $2 [1,16,12,14]
+               {"MaxPool", {"$2"}, {{"kernel_shape", Is({2, 2})}, {"strides", Is({2, 2})}}},  // $3 [1,16,6,7]
+               {"Pad", {"$3", "PB"}, {{"mode", S("reflect")}}},                               // $4 [1,16,7,9]
+               conv({"$4", "W2", "B2"}, 3, 1, 0),                                             // $5 [1,16,5,7]
+               {"Pad", {"$5", "PB"}, {}},                                                     // $6 [1,16,6,9]
                {"AveragePool", {"$6"}, {{"kernel_shape", Is({3, 3})}, {"pads", Is({1, 1, 1, 1})}}}};
     v.push_back(c);
   }
@@ -1605,8 +1886,9 @@ void add_chain_cases(std::vector<OpCase>& v) {
     c.op = "Chain";
     c.label = "fused stem: 1 channel, conv 5x3 s2x1 asymmetric pads, maxpool 2x3 s2x1 padded, no relu";
     c.inputs = {in("X", {1, 1, 255, 129}), in("W", {64, 1, 5, 3}, true, -0.5f, 0.5f), in("B", {64}, true)};
-    c.chain = {{"Conv", {"X", "W", "B"}, {{"kernel_shape", Is({5, 3})}, {"strides", Is({2, 1})}, {"pads", Is({1, 2, 2, 0})}}},
-               {"MaxPool", {"$0"}, {{"kernel_shape", Is({2, 3})}, {"strides", Is({2, 1})}, {"pads", Is({0, 1, 1, 1})}}}};
+    c.chain = {
+        {"Conv", {"X", "W", "B"}, {{"kernel_shape", Is({5, 3})}, {"strides", Is({2, 1})}, {"pads", Is({1, 2, 2, 0})}}},
+        {"MaxPool", {"$0"}, {{"kernel_shape", Is({2, 3})}, {"strides", Is({2, 1})}, {"pads", Is({0, 1, 1, 1})}}}};
     v.push_back(c);
   }
   {
@@ -1643,7 +1925,8 @@ void add_chain_cases(std::vector<OpCase>& v) {
     OpCase c;
     c.op = "Chain";
     c.label = "strided conv 32->32 3x3 s2, flatten, gemm, batch 2";
-    c.inputs = {in("X", {2, 32, 9, 9}), in("W", {32, 32, 3, 3}, true, -0.2f, 0.2f), in("G", {800, 7}, true, -0.1f, 0.1f)};
+    c.inputs = {in("X", {2, 32, 9, 9}), in("W", {32, 32, 3, 3}, true, -0.2f, 0.2f),
+                in("G", {800, 7}, true, -0.1f, 0.1f)};
     c.chain = {conv({"X", "W"}, 3, 2, 1), {"Flatten", {"$0"}, {}}, {"Gemm", {"$1", "G"}, {}}};
     v.push_back(c);
   }
@@ -1652,13 +1935,14 @@ void add_chain_cases(std::vector<OpCase>& v) {
     c.op = "Chain";
     c.opset = 13;
     c.label = "mobilenet inverted residual C=16 expand 6, Clip(0,6) from constant inputs";
-    c.inputs = {in("X", {1, 16, 10, 10}), in("WE", {96, 16, 1, 1}, true, -0.4f, 0.4f), in("BE", {96}, true),
-                in("WD", {96, 1, 3, 3}, true, -0.5f, 0.5f), in("BD", {96}, true),
-                in("WP", {16, 96, 1, 1}, true, -0.2f, 0.2f), in("BP", {16}, true), scalar("LO", 0.f),
+    c.inputs = {in("X", {1, 16, 10, 10}), in("WE", {96, 16, 1, 1}, true, -0.4f, 0.4f),
+                in("BE", {96}, true),     in("WD", {96, 1, 3, 3}, true, -0.5f, 0.5f),
+                in("BD", {96}, true),     in("WP", {16, 96, 1, 1}, true, -0.2f, 0.2f),
+                in("BP", {16}, true),     scalar("LO", 0.f),
                 scalar("HI", 6.f)};
-    c.chain = {conv({"X", "WE", "BE"}, 1, 1, 0),    {"Clip", {"$0", "LO", "HI"}, {}},
+    c.chain = {conv({"X", "WE", "BE"}, 1, 1, 0),      {"Clip", {"$0", "LO", "HI"}, {}},
                conv({"$1", "WD", "BD"}, 3, 1, 1, 96), {"Clip", {"$2", "LO", "HI"}, {}},
-               conv({"$3", "WP", "BP"}, 1, 1, 0),    {"Add", {"X", "$4"}, {}}};
+               conv({"$3", "WP", "BP"}, 1, 1, 0),     {"Add", {"X", "$4"}, {}}};
     v.push_back(c);
   }
   {
@@ -1668,12 +1952,13 @@ void add_chain_cases(std::vector<OpCase>& v) {
     OpCase c;
     c.op = "Chain";
     c.label = "inception branch at 14x14: 3x3 96->208 (winograd or direct, timed), 1x1 branch, concat";
-    c.inputs = {in("X", {1, 64, 14, 14}), in("WR", {96, 64, 1, 1}, true, -0.3f, 0.3f), in("BR", {96}, true),
-                in("W3", {208, 96, 3, 3}, true, -0.1f, 0.1f), in("B3", {208}, true),
-                in("W1", {32, 64, 1, 1}, true, -0.3f, 0.3f), in("B1", {32}, true)};
-    c.chain = {conv({"X", "WR", "BR"}, 1, 1, 0), {"Relu", {"$0"}, {}},
-               conv({"$1", "W3", "B3"}, 3, 1, 1), {"Relu", {"$2"}, {}},
-               conv({"X", "W1", "B1"}, 1, 1, 0), {"Relu", {"$4"}, {}},
+    c.inputs = {in("X", {1, 64, 14, 14}), in("WR", {96, 64, 1, 1}, true, -0.3f, 0.3f),
+                in("BR", {96}, true),     in("W3", {208, 96, 3, 3}, true, -0.1f, 0.1f),
+                in("B3", {208}, true),    in("W1", {32, 64, 1, 1}, true, -0.3f, 0.3f),
+                in("B1", {32}, true)};
+    c.chain = {conv({"X", "WR", "BR"}, 1, 1, 0),          {"Relu", {"$0"}, {}},
+               conv({"$1", "W3", "B3"}, 3, 1, 1),         {"Relu", {"$2"}, {}},
+               conv({"X", "W1", "B1"}, 1, 1, 0),          {"Relu", {"$4"}, {}},
                {"Concat", {"$3", "$5"}, {{"axis", I(1)}}}};
     v.push_back(c);
   }
@@ -1684,24 +1969,33 @@ void add_chain_cases(std::vector<OpCase>& v) {
     OpCase c;
     c.op = "Chain";
     c.label = "resnet block at 56x56: 1x1, 3x3 64->64 (winograd F(2,3) or F(4,3), timed), 1x1, residual add";
-    c.inputs = {in("X", {1, 64, 56, 56}), in("WA", {64, 64, 1, 1}, true, -0.3f, 0.3f), in("BA", {64}, true),
-                in("W3", {64, 64, 3, 3}, true, -0.1f, 0.1f), in("B3", {64}, true),
-                in("WB", {64, 64, 1, 1}, true, -0.3f, 0.3f), in("BB", {64}, true)};
-    c.chain = {conv({"X", "WA", "BA"}, 1, 1, 0), {"Relu", {"$0"}, {}},
-               conv({"$1", "W3", "B3"}, 3, 1, 1), {"Relu", {"$2"}, {}},
-               conv({"$3", "WB", "BB"}, 1, 1, 0), {"Add", {"$4", "X"}, {}}, {"Relu", {"$5"}, {}}};
+    c.inputs = {in("X", {1, 64, 56, 56}), in("WA", {64, 64, 1, 1}, true, -0.3f, 0.3f),
+                in("BA", {64}, true),     in("W3", {64, 64, 3, 3}, true, -0.1f, 0.1f),
+                in("B3", {64}, true),     in("WB", {64, 64, 1, 1}, true, -0.3f, 0.3f),
+                in("BB", {64}, true)};
+    c.chain = {conv({"X", "WA", "BA"}, 1, 1, 0),
+               {"Relu", {"$0"}, {}},
+               conv({"$1", "W3", "B3"}, 3, 1, 1),
+               {"Relu", {"$2"}, {}},
+               conv({"$3", "WB", "BB"}, 1, 1, 0),
+               {"Add", {"$4", "X"}, {}},
+               {"Relu", {"$5"}, {}}};
     v.push_back(c);
   }
   {
     OpCase c;
     c.op = "Chain";
     c.label = "squeezenet fire: squeeze, two expands, concat, maxpool ceil_mode";
-    c.inputs = {in("X", {1, 32, 13, 13}), in("WS", {16, 32, 1, 1}, true, -0.4f, 0.4f), in("BS", {16}, true),
-                in("W1", {32, 16, 1, 1}, true, -0.4f, 0.4f), in("B1", {32}, true),
-                in("W3", {32, 16, 3, 3}, true, -0.2f, 0.2f), in("B3", {32}, true)};
-    c.chain = {conv({"X", "WS", "BS"}, 1, 1, 0), {"Relu", {"$0"}, {}},
-               conv({"$1", "W1", "B1"}, 1, 1, 0), {"Relu", {"$2"}, {}},
-               conv({"$1", "W3", "B3"}, 3, 1, 1), {"Relu", {"$4"}, {}},
+    c.inputs = {in("X", {1, 32, 13, 13}), in("WS", {16, 32, 1, 1}, true, -0.4f, 0.4f),
+                in("BS", {16}, true),     in("W1", {32, 16, 1, 1}, true, -0.4f, 0.4f),
+                in("B1", {32}, true),     in("W3", {32, 16, 3, 3}, true, -0.2f, 0.2f),
+                in("B3", {32}, true)};
+    c.chain = {conv({"X", "WS", "BS"}, 1, 1, 0),
+               {"Relu", {"$0"}, {}},
+               conv({"$1", "W1", "B1"}, 1, 1, 0),
+               {"Relu", {"$2"}, {}},
+               conv({"$1", "W3", "B3"}, 3, 1, 1),
+               {"Relu", {"$4"}, {}},
                {"Concat", {"$3", "$5"}, {{"axis", I(1)}}},
                {"MaxPool", {"$6"}, {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"ceil_mode", I(1)}}}};
     v.push_back(c);
@@ -1714,18 +2008,24 @@ void add_chain_cases(std::vector<OpCase>& v) {
     OpCase c;
     c.op = "Chain";
     c.label = "pruned squeezenet fire: squeeze to 8, expands of 24 from 8, concat at channel 24, maxpool";
-    c.inputs = {in("X", {1, 16, 15, 15}), in("W0", {32, 16, 1, 1}, true, -0.4f, 0.4f), in("B0", {32}, true),
-                in("WS", {8, 32, 1, 1}, true, -0.4f, 0.4f), in("BS", {8}, true),
-                in("W1", {24, 8, 1, 1}, true, -0.4f, 0.4f), in("B1", {24}, true),
-                in("W3", {24, 8, 3, 3}, true, -0.3f, 0.3f), in("B3", {24}, true),
-                in("WN", {16, 48, 1, 1}, true, -0.3f, 0.3f), in("BN", {16}, true)};
-    c.chain = {conv({"X", "W0", "B0"}, 1, 1, 0), {"Relu", {"$0"}, {}},
-               conv({"$1", "WS", "BS"}, 1, 1, 0), {"Relu", {"$2"}, {}},
-               conv({"$3", "W1", "B1"}, 1, 1, 0), {"Relu", {"$4"}, {}},
-               conv({"$3", "W3", "B3"}, 3, 1, 1), {"Relu", {"$6"}, {}},
+    c.inputs = {in("X", {1, 16, 15, 15}), in("W0", {32, 16, 1, 1}, true, -0.4f, 0.4f),
+                in("B0", {32}, true),     in("WS", {8, 32, 1, 1}, true, -0.4f, 0.4f),
+                in("BS", {8}, true),      in("W1", {24, 8, 1, 1}, true, -0.4f, 0.4f),
+                in("B1", {24}, true),     in("W3", {24, 8, 3, 3}, true, -0.3f, 0.3f),
+                in("B3", {24}, true),     in("WN", {16, 48, 1, 1}, true, -0.3f, 0.3f),
+                in("BN", {16}, true)};
+    c.chain = {conv({"X", "W0", "B0"}, 1, 1, 0),
+               {"Relu", {"$0"}, {}},
+               conv({"$1", "WS", "BS"}, 1, 1, 0),
+               {"Relu", {"$2"}, {}},
+               conv({"$3", "W1", "B1"}, 1, 1, 0),
+               {"Relu", {"$4"}, {}},
+               conv({"$3", "W3", "B3"}, 3, 1, 1),
+               {"Relu", {"$6"}, {}},
                {"Concat", {"$5", "$7"}, {{"axis", I(1)}}},
                {"MaxPool", {"$8"}, {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"ceil_mode", I(1)}}},
-               conv({"$9", "WN", "BN"}, 1, 1, 0), {"Relu", {"$10"}, {}}};
+               conv({"$9", "WN", "BN"}, 1, 1, 0),
+               {"Relu", {"$10"}, {}}};
     v.push_back(c);
   }
   {
@@ -1733,26 +2033,31 @@ void add_chain_cases(std::vector<OpCase>& v) {
     c.op = "Chain";
     c.label = "pooling with activations after it: conv, maxpool, relu, average pool, SiLU";
     c.inputs = {in("X", {1, 8, 12, 12}), in("W", {16, 8, 3, 3}, true, -0.3f, 0.3f), in("B", {16}, true)};
-    c.chain = {conv({"X", "W", "B"}, 3, 1, 1),
-               {"MaxPool", {"$0"}, {{"kernel_shape", Is({2, 2})}, {"strides", Is({2, 2})}}},
-               {"Relu", {"$1"}, {}},
-               {"AveragePool", {"$2"}, {{"kernel_shape", Is({3, 3})}, {"strides", Is({1, 1})}, {"pads", Is({1, 1, 1, 1})}}},
-               {"Sigmoid", {"$3"}, {}},
-               {"Mul", {"$3", "$4"}, {}}};
+    c.chain = {
+        conv({"X", "W", "B"}, 3, 1, 1),
+        {"MaxPool", {"$0"}, {{"kernel_shape", Is({2, 2})}, {"strides", Is({2, 2})}}},
+        {"Relu", {"$1"}, {}},
+        {"AveragePool", {"$2"}, {{"kernel_shape", Is({3, 3})}, {"strides", Is({1, 1})}, {"pads", Is({1, 1, 1, 1})}}},
+        {"Sigmoid", {"$3"}, {}},
+        {"Mul", {"$3", "$4"}, {}}};
     v.push_back(c);
   }
   {
     OpCase c;
     c.op = "Chain";
     c.label = "decoder: conv s2, relu, ConvTranspose s2 with BatchNormalization, relu, skip add";
-    c.inputs = {in("X", {1, 16, 11, 11}), in("W", {32, 16, 3, 3}, true, -0.3f, 0.3f), in("B", {32}, true),
-                in("WT", {32, 16, 3, 3}, true, -0.3f, 0.3f), in("BT", {16}, true),
-                in("S", {16}, true, 0.5f, 1.5f), in("T", {16}, true), in("M", {16}, true),
+    c.inputs = {in("X", {1, 16, 11, 11}),      in("W", {32, 16, 3, 3}, true, -0.3f, 0.3f),
+                in("B", {32}, true),           in("WT", {32, 16, 3, 3}, true, -0.3f, 0.3f),
+                in("BT", {16}, true),          in("S", {16}, true, 0.5f, 1.5f),
+                in("T", {16}, true),           in("M", {16}, true),
                 in("V", {16}, true, 0.5f, 2.f)};
     c.chain = {conv({"X", "W", "B"}, 3, 2, 1),  // [1,32,6,6]
                {"Relu", {"$0"}, {}},
-               {"ConvTranspose", {"$1", "WT", "BT"},
-                {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"pads", Is({1, 1, 1, 1})},
+               {"ConvTranspose",
+                {"$1", "WT", "BT"},
+                {{"kernel_shape", Is({3, 3})},
+                 {"strides", Is({2, 2})},
+                 {"pads", Is({1, 1, 1, 1})},
                  {"output_padding", Is({0, 0})}}},  // [1,16,11,11]
                {"BatchNormalization", {"$2", "S", "T", "M", "V"}, {}},
                {"Add", {"$3", "X"}, {}},
@@ -1766,9 +2071,13 @@ void add_chain_cases(std::vector<OpCase>& v) {
     c.inputs = {in("X", {1, 8, 7, 7}), in("W", {16, 8, 1, 1}, true, -0.4f, 0.4f),
                 in("WT", {16, 4, 3, 3}, true, -0.3f, 0.3f)};
     c.chain = {conv({"X", "W"}, 1, 1, 0),
-               {"ConvTranspose", {"$0", "WT"},
-                {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"pads", Is({1, 1, 1, 1})},
-                 {"output_padding", Is({1, 1})}, {"group", I(2)}}},  // [1,8,14,14]
+               {"ConvTranspose",
+                {"$0", "WT"},
+                {{"kernel_shape", Is({3, 3})},
+                 {"strides", Is({2, 2})},
+                 {"pads", Is({1, 1, 1, 1})},
+                 {"output_padding", Is({1, 1})},
+                 {"group", I(2)}}},  // [1,8,14,14]
                {"Sigmoid", {"$1"}, {}}};
     v.push_back(c);
   }
@@ -1781,18 +2090,30 @@ void add_chain_cases(std::vector<OpCase>& v) {
     c.opset = 13;
     c.label = std::string("inverted residual s2 16->96 at 112x112, depthwise 3x3 fused into the 1x1, ") +
               (silu ? "SiLU, BatchNormalization" : "Clip(0,6)");
-    c.inputs = {in("X", {1, 16, 112, 112}),     in("WE", {96, 16, 1, 1}, true, -0.4f, 0.4f), in("BE", {96}, true),
-                in("WD", {96, 1, 3, 3}, true, -0.5f, 0.5f), in("BD", {96}, true),
-                in("S", {96}, true, 0.5f, 1.5f), in("SH", {96}, true), in("MU", {96}, true),
-                in("VAR", {96}, true, 0.5f, 2.f), scalar("LO", 0.f), scalar("HI", 6.f)};
+    c.inputs = {in("X", {1, 16, 112, 112}),
+                in("WE", {96, 16, 1, 1}, true, -0.4f, 0.4f),
+                in("BE", {96}, true),
+                in("WD", {96, 1, 3, 3}, true, -0.5f, 0.5f),
+                in("BD", {96}, true),
+                in("S", {96}, true, 0.5f, 1.5f),
+                in("SH", {96}, true),
+                in("MU", {96}, true),
+                in("VAR", {96}, true, 0.5f, 2.f),
+                scalar("LO", 0.f),
+                scalar("HI", 6.f)};
     if (silu)
-      c.chain = {conv({"X", "WE", "BE"}, 1, 1, 0),         {"Sigmoid", {"$0"}, {}}, {"Mul", {"$0", "$1"}, {}},
+      c.chain = {conv({"X", "WE", "BE"}, 1, 1, 0),
+                 {"Sigmoid", {"$0"}, {}},
+                 {"Mul", {"$0", "$1"}, {}},
                  conv({"$2", "WD", "BD"}, 3, 2, 1, 96),
                  {"BatchNormalization", {"$3", "S", "SH", "MU", "VAR"}, {}},
-                 {"Sigmoid", {"$4"}, {}},                  {"Mul", {"$4", "$5"}, {}}};
+                 {"Sigmoid", {"$4"}, {}},
+                 {"Mul", {"$4", "$5"}, {}}};
     else
-      c.chain = {conv({"X", "WE", "BE"}, 1, 1, 0), {"Clip", {"$0", "LO", "HI"}, {}},
-                 conv({"$1", "WD", "BD"}, 3, 2, 1, 96), {"Clip", {"$2", "LO", "HI"}, {}}};
+      c.chain = {conv({"X", "WE", "BE"}, 1, 1, 0),
+                 {"Clip", {"$0", "LO", "HI"}, {}},
+                 conv({"$1", "WD", "BD"}, 3, 2, 1, 96),
+                 {"Clip", {"$2", "LO", "HI"}, {}}};
     v.push_back(c);
   }
   // EfficientNet's MBConv as torch exports it: SiLU as x * Sigmoid(x), a 5x5 depthwise convolution, squeeze-excite
@@ -1802,17 +2123,18 @@ void add_chain_cases(std::vector<OpCase>& v) {
     OpCase c;
     c.op = "Chain";
     c.label = "efficientnet mbconv C=16 expand " + std::to_string(e) + ", SiLU, depthwise 5x5, squeeze-excite";
-    c.inputs = {in("X", {1, 16, 9, 9}),         in("WE", {e, 16, 1, 1}, true, -0.4f, 0.4f), in("BE", {e}, true),
-                in("WD", {e, 1, 5, 5}, true, -0.3f, 0.3f), in("BD", {e}, true),
-                in("WS", {4, e, 1, 1}, true, -0.4f, 0.4f), in("BS", {4}, true),
-                in("WX", {e, 4, 1, 1}, true, -0.4f, 0.4f), in("BX", {e}, true),
-                in("WP", {16, e, 1, 1}, true, -0.2f, 0.2f), in("BP", {16}, true)};
-    c.chain = {conv({"X", "WE", "BE"}, 1, 1, 0),       {"Sigmoid", {"$0"}, {}},  {"Mul", {"$0", "$1"}, {}},
-               conv({"$2", "WD", "BD"}, 5, 1, 2, e),   {"Sigmoid", {"$3"}, {}},  {"Mul", {"$4", "$3"}, {}},
-               {"GlobalAveragePool", {"$5"}, {}},                                                        // $6
-               conv({"$6", "WS", "BS"}, 1, 1, 0),      {"Sigmoid", {"$7"}, {}},  {"Mul", {"$7", "$8"}, {}},
-               conv({"$9", "WX", "BX"}, 1, 1, 0),      {"Sigmoid", {"$10"}, {}}, {"Mul", {"$5", "$11"}, {}},
-               conv({"$12", "WP", "BP"}, 1, 1, 0),     {"Add", {"$13", "X"}, {}}};
+    c.inputs = {in("X", {1, 16, 9, 9}), in("WE", {e, 16, 1, 1}, true, -0.4f, 0.4f),
+                in("BE", {e}, true),    in("WD", {e, 1, 5, 5}, true, -0.3f, 0.3f),
+                in("BD", {e}, true),    in("WS", {4, e, 1, 1}, true, -0.4f, 0.4f),
+                in("BS", {4}, true),    in("WX", {e, 4, 1, 1}, true, -0.4f, 0.4f),
+                in("BX", {e}, true),    in("WP", {16, e, 1, 1}, true, -0.2f, 0.2f),
+                in("BP", {16}, true)};
+    c.chain = {conv({"X", "WE", "BE"}, 1, 1, 0),     {"Sigmoid", {"$0"}, {}},  {"Mul", {"$0", "$1"}, {}},
+               conv({"$2", "WD", "BD"}, 5, 1, 2, e), {"Sigmoid", {"$3"}, {}},  {"Mul", {"$4", "$3"}, {}},
+               {"GlobalAveragePool", {"$5"}, {}},  // $6
+               conv({"$6", "WS", "BS"}, 1, 1, 0),    {"Sigmoid", {"$7"}, {}},  {"Mul", {"$7", "$8"}, {}},
+               conv({"$9", "WX", "BX"}, 1, 1, 0),    {"Sigmoid", {"$10"}, {}}, {"Mul", {"$5", "$11"}, {}},
+               conv({"$12", "WP", "BP"}, 1, 1, 0),   {"Add", {"$13", "X"}, {}}};
     v.push_back(c);
   }
   // The oneDNN device's own depthwise + SiLU step (onednn_dwsilu.h) at batch 2: a 5x5 stride-2 depthwise convolution
@@ -1823,13 +2145,22 @@ void add_chain_cases(std::vector<OpCase>& v) {
     OpCase c;
     c.op = "Chain";
     c.label = "depthwise 5x5 s2 + SiLU + pooling at batch 2, then 1x1 + SiLU into depthwise 3x3 + SiLU";
-    c.inputs = {in("X", {2, 32, 12, 10}),        in("WD", {32, 1, 5, 5}, true, -0.3f, 0.3f), in("BD", {32}, true),
-                in("WE", {32, 32, 1, 1}, true, -0.3f, 0.3f), in("WD2", {32, 1, 3, 3}, true, -0.4f, 0.4f),
+    c.inputs = {in("X", {2, 32, 12, 10}),
+                in("WD", {32, 1, 5, 5}, true, -0.3f, 0.3f),
+                in("BD", {32}, true),
+                in("WE", {32, 32, 1, 1}, true, -0.3f, 0.3f),
+                in("WD2", {32, 1, 3, 3}, true, -0.4f, 0.4f),
                 in("BD2", {32}, true)};
-    c.chain = {conv({"X", "WD", "BD"}, 5, 2, 2, 32),  {"Sigmoid", {"$0"}, {}},  {"Mul", {"$0", "$1"}, {}},
-               {"GlobalAveragePool", {"$2"}, {}},                                                        // $3
-               conv({"$2", "WE"}, 1, 1, 0),          {"Sigmoid", {"$4"}, {}},  {"Mul", {"$4", "$5"}, {}},
-               conv({"$6", "WD2", "BD2"}, 3, 1, 1, 32), {"Sigmoid", {"$7"}, {}}, {"Mul", {"$8", "$7"}, {}},
+    c.chain = {conv({"X", "WD", "BD"}, 5, 2, 2, 32),
+               {"Sigmoid", {"$0"}, {}},
+               {"Mul", {"$0", "$1"}, {}},
+               {"GlobalAveragePool", {"$2"}, {}},  // $3
+               conv({"$2", "WE"}, 1, 1, 0),
+               {"Sigmoid", {"$4"}, {}},
+               {"Mul", {"$4", "$5"}, {}},
+               conv({"$6", "WD2", "BD2"}, 3, 1, 1, 32),
+               {"Sigmoid", {"$7"}, {}},
+               {"Mul", {"$8", "$7"}, {}},
                {"Add", {"$9", "$3"}, {}}};
     v.push_back(c);
   }
@@ -1840,16 +2171,20 @@ void add_chain_cases(std::vector<OpCase>& v) {
     OpCase c;
     c.op = "Chain";
     c.label = "SiLU pass after conv + residual, fused squeeze-excite pooling, C=40 batch 2";
-    c.inputs = {in("X", {2, 16, 10, 10}),        in("W1", {40, 16, 3, 3}, true, -0.3f, 0.3f), in("B1", {40}, true),
+    c.inputs = {in("X", {2, 16, 10, 10}),
+                in("W1", {40, 16, 3, 3}, true, -0.3f, 0.3f),
+                in("B1", {40}, true),
                 in("R", {2, 40, 10, 10}),
-                in("WS", {10, 40, 1, 1}, true, -0.4f, 0.4f), in("BS", {10}, true),
-                in("WX", {40, 10, 1, 1}, true, -0.4f, 0.4f), in("BX", {40}, true),
+                in("WS", {10, 40, 1, 1}, true, -0.4f, 0.4f),
+                in("BS", {10}, true),
+                in("WX", {40, 10, 1, 1}, true, -0.4f, 0.4f),
+                in("BX", {40}, true),
                 in("WP", {16, 40, 1, 1}, true, -0.2f, 0.2f)};
-    c.chain = {conv({"X", "W1", "B1"}, 3, 1, 1),   {"Add", {"$0", "R"}, {}},
-               {"Sigmoid", {"$1"}, {}},           {"Mul", {"$1", "$2"}, {}},                              // $3
-               {"GlobalAveragePool", {"$3"}, {}},                                                        // $4
-               conv({"$4", "WS", "BS"}, 1, 1, 0), {"Sigmoid", {"$5"}, {}}, {"Mul", {"$5", "$6"}, {}},
-               conv({"$7", "WX", "BX"}, 1, 1, 0), {"Sigmoid", {"$8"}, {}}, {"Mul", {"$3", "$9"}, {}},
+    c.chain = {conv({"X", "W1", "B1"}, 3, 1, 1),  {"Add", {"$0", "R"}, {}}, {"Sigmoid", {"$1"}, {}},
+               {"Mul", {"$1", "$2"}, {}},          // $3
+               {"GlobalAveragePool", {"$3"}, {}},  // $4
+               conv({"$4", "WS", "BS"}, 1, 1, 0), {"Sigmoid", {"$5"}, {}},  {"Mul", {"$5", "$6"}, {}},
+               conv({"$7", "WX", "BX"}, 1, 1, 0), {"Sigmoid", {"$8"}, {}},  {"Mul", {"$3", "$9"}, {}},
                conv({"$10", "WP"}, 1, 1, 0)};
     v.push_back(c);
   }
@@ -1859,12 +2194,12 @@ void add_chain_cases(std::vector<OpCase>& v) {
     OpCase c;
     c.op = "Chain";
     c.label = "squeeze-excite 512 -> 32 -> 512 (excitation as a matmul), Mul, projection";
-    c.inputs = {in("X", {1, 64, 5, 5}),          in("W0", {512, 64, 1, 1}, true, -0.2f, 0.2f), in("B0", {512}, true),
-                in("WS", {32, 512, 1, 1}, true, -0.1f, 0.1f), in("BS", {32}, true),
-                in("WX", {512, 32, 1, 1}, true, -0.3f, 0.3f), in("BX", {512}, true),
-                in("WP", {16, 512, 1, 1}, true, -0.1f, 0.1f)};
-    c.chain = {conv({"X", "W0", "B0"}, 1, 1, 0),   {"Relu", {"$0"}, {}},                                // $1
-               {"GlobalAveragePool", {"$1"}, {}},                                                        // $2
+    c.inputs = {in("X", {1, 64, 5, 5}), in("W0", {512, 64, 1, 1}, true, -0.2f, 0.2f),
+                in("B0", {512}, true),  in("WS", {32, 512, 1, 1}, true, -0.1f, 0.1f),
+                in("BS", {32}, true),   in("WX", {512, 32, 1, 1}, true, -0.3f, 0.3f),
+                in("BX", {512}, true),  in("WP", {16, 512, 1, 1}, true, -0.1f, 0.1f)};
+    c.chain = {conv({"X", "W0", "B0"}, 1, 1, 0),  {"Relu", {"$0"}, {}},                                // $1
+               {"GlobalAveragePool", {"$1"}, {}},                                                      // $2
                conv({"$2", "WS", "BS"}, 1, 1, 0), {"Sigmoid", {"$3"}, {}}, {"Mul", {"$3", "$4"}, {}},  // $5
                conv({"$5", "WX", "BX"}, 1, 1, 0), {"Sigmoid", {"$6"}, {}}, {"Mul", {"$1", "$7"}, {}},
                conv({"$8", "WP"}, 1, 1, 0)};
@@ -1876,9 +2211,11 @@ void add_chain_cases(std::vector<OpCase>& v) {
     c.label = "odd channels C=5->7->24, average pool, sigmoid, batch 2";
     c.inputs = {in("X", {2, 5, 9, 7}), in("W1", {7, 5, 3, 3}, true, -0.3f, 0.3f),
                 in("W2", {24, 7, 3, 3}, true, -0.3f, 0.3f), in("B2", {24}, true)};
-    c.chain = {conv({"X", "W1"}, 3, 1, 1), {"Relu", {"$0"}, {}},
+    c.chain = {conv({"X", "W1"}, 3, 1, 1),
+               {"Relu", {"$0"}, {}},
                {"AveragePool", {"$1"}, {{"kernel_shape", Is({2, 2})}, {"strides", Is({2, 2})}}},
-               conv({"$2", "W2", "B2"}, 3, 1, 1), {"Sigmoid", {"$3"}, {}}};
+               conv({"$2", "W2", "B2"}, 3, 1, 1),
+               {"Sigmoid", {"$3"}, {}}};
     v.push_back(c);
   }
   {
@@ -1887,23 +2224,24 @@ void add_chain_cases(std::vector<OpCase>& v) {
     OpCase c;
     c.op = "Chain";
     c.label = "slices sized by shape arithmetic (Shape, Gather, Add, Div, Mul) on a matmul's output";
-    c.inputs = {in("X", {1, 16, 32}),     in("W", {32, 96}, true, -0.3f, 0.3f), in("B", {96}, true),
-                in("IDX", {1}, true),     in("TWO", {1}, true),                 in("THREE", {1}, true),
-                in("ZERO", {1}, true),    in("AX", {1}, true)};
+    c.inputs = {in("X", {1, 16, 32}),  in("W", {32, 96}, true, -0.3f, 0.3f),
+                in("B", {96}, true),   in("IDX", {1}, true),
+                in("TWO", {1}, true),  in("THREE", {1}, true),
+                in("ZERO", {1}, true), in("AX", {1}, true)};
     c.int64_constants = {{3, i64({-1})}, {4, i64({2})}, {5, i64({3})}, {6, i64({0})}, {7, i64({-1})}};
     c.chain = {
-        {"MatMul", {"X", "W"}, {}},                    // $0 [1,16,96]
-        {"Add", {"$0", "B"}, {}},                      // $1
-        {"Shape", {"$1"}, {}},                         // $2 [1,16,96]
-        {"Gather", {"$2", "IDX"}, {{"axis", I(0)}}},   // $3 [96]
-        {"Add", {"$3", "TWO"}, {}},                    // $4 98
-        {"Div", {"$4", "THREE"}, {}},                  // $5 32
-        {"Slice", {"$1", "ZERO", "$5", "AX"}, {}},     // $6 [1,16,32]
-        {"Mul", {"$5", "TWO"}, {}},                    // $7 64
-        {"Slice", {"$1", "$5", "$7", "AX"}, {}},       // $8 [1,16,32]
+        {"MatMul", {"X", "W"}, {}},                        // $0 [1,16,96]
+        {"Add", {"$0", "B"}, {}},                          // $1
+        {"Shape", {"$1"}, {}},                             // $2 [1,16,96]
+        {"Gather", {"$2", "IDX"}, {{"axis", I(0)}}},       // $3 [96]
+        {"Add", {"$3", "TWO"}, {}},                        // $4 98
+        {"Div", {"$4", "THREE"}, {}},                      // $5 32
+        {"Slice", {"$1", "ZERO", "$5", "AX"}, {}},         // $6 [1,16,32]
+        {"Mul", {"$5", "TWO"}, {}},                        // $7 64
+        {"Slice", {"$1", "$5", "$7", "AX"}, {}},           // $8 [1,16,32]
         {"Transpose", {"$8"}, {{"perm", Is({0, 2, 1})}}},  // $9 [1,32,16]
-        {"MatMul", {"$6", "$9"}, {}},                  // $10 [1,16,16]
-        {"Softmax", {"$10"}, {{"axis", I(-1)}}},       // $11
+        {"MatMul", {"$6", "$9"}, {}},                      // $10 [1,16,16]
+        {"Softmax", {"$10"}, {{"axis", I(-1)}}},           // $11
     };
     v.push_back(c);
   }
@@ -1914,16 +2252,20 @@ void add_chain_cases(std::vector<OpCase>& v) {
     c.op = "Chain";
     c.claim_whole = true;
     c.label = "attention output: matmul into Transpose(0,2,1,3) and Reshape, out-projection, batch 2";
-    c.inputs = {in("Q", {2, 4, 8, 16}), in("K", {2, 4, 16, 8}), in("V", {2, 4, 8, 16}), in("shp", {3}, true),
-                in("WO", {64, 24}, true, -0.3f, 0.3f), scalar("SCALE", 4.f)};
+    c.inputs = {in("Q", {2, 4, 8, 16}),
+                in("K", {2, 4, 16, 8}),
+                in("V", {2, 4, 8, 16}),
+                in("shp", {3}, true),
+                in("WO", {64, 24}, true, -0.3f, 0.3f),
+                scalar("SCALE", 4.f)};
     c.int64_constants = {{3, i64({2, 8, 64})}};
-    c.chain = {{"MatMul", {"Q", "K"}, {}},                                   // $0 [2,4,8,8]
-               {"Div", {"$0", "SCALE"}, {}},                                 // $1
-               {"Softmax", {"$1"}, {{"axis", I(-1)}}},                       // $2
-               {"MatMul", {"$2", "V"}, {}},                                  // $3 [2,4,8,16]
-               {"Transpose", {"$3"}, {{"perm", Is({0, 2, 1, 3})}}},          // $4 [2,8,4,16]
-               {"Reshape", {"$4", "shp"}, {}},                               // $5 [2,8,64]
-               {"MatMul", {"$5", "WO"}, {}},                                 // $6 [2,8,24]
+    c.chain = {{"MatMul", {"Q", "K"}, {}},                           // $0 [2,4,8,8]
+               {"Div", {"$0", "SCALE"}, {}},                         // $1
+               {"Softmax", {"$1"}, {{"axis", I(-1)}}},               // $2
+               {"MatMul", {"$2", "V"}, {}},                          // $3 [2,4,8,16]
+               {"Transpose", {"$3"}, {{"perm", Is({0, 2, 1, 3})}}},  // $4 [2,8,4,16]
+               {"Reshape", {"$4", "shp"}, {}},                       // $5 [2,8,64]
+               {"MatMul", {"$5", "WO"}, {}},                         // $6 [2,8,24]
                {"Relu", {"$6"}, {}}};
     v.push_back(c);
   }
@@ -1936,66 +2278,80 @@ void add_chain_cases(std::vector<OpCase>& v) {
     c.opset = 13;
     c.label = "transformer encoder layer L=16 d=32 heads=4 ff=64";
     c.inputs = {in("X", {1, 16, 32}),
-                in("WQKV", {32, 96}, true, -0.3f, 0.3f), in("BQKV", {96}, true),
-                in("s0", {1}, true), in("s1", {1}, true), in("s2", {1}, true), in("s3", {1}, true),
-                in("ax", {1}, true), in("shp", {3}, true), scalar("SCALE", 2.828427f),
-                in("shp2", {2}, true), in("WO", {32, 32}, true, -0.3f, 0.3f), in("BO", {32}, true),
-                in("shp3", {3}, true), scalar("TWO", 2.f), scalar("EPS", 1e-5f),
-                in("G1", {32}, true, 0.5f, 1.5f), in("N1", {32}, true),
-                in("W1", {32, 64}, true, -0.3f, 0.3f), in("B1", {64}, true),
-                in("W2", {64, 32}, true, -0.2f, 0.2f), in("B2", {32}, true),
-                in("G2", {32}, true, 0.5f, 1.5f), in("N2", {32}, true)};
-    c.int64_constants = {{3, i64({0})}, {4, i64({32})}, {5, i64({64})}, {6, i64({96})}, {7, i64({-1})},
-                         {8, i64({16, 4, 8})}, {10, i64({16, 32})}, {13, i64({16, 1, 32})}};
+                in("WQKV", {32, 96}, true, -0.3f, 0.3f),
+                in("BQKV", {96}, true),
+                in("s0", {1}, true),
+                in("s1", {1}, true),
+                in("s2", {1}, true),
+                in("s3", {1}, true),
+                in("ax", {1}, true),
+                in("shp", {3}, true),
+                scalar("SCALE", 2.828427f),
+                in("shp2", {2}, true),
+                in("WO", {32, 32}, true, -0.3f, 0.3f),
+                in("BO", {32}, true),
+                in("shp3", {3}, true),
+                scalar("TWO", 2.f),
+                scalar("EPS", 1e-5f),
+                in("G1", {32}, true, 0.5f, 1.5f),
+                in("N1", {32}, true),
+                in("W1", {32, 64}, true, -0.3f, 0.3f),
+                in("B1", {64}, true),
+                in("W2", {64, 32}, true, -0.2f, 0.2f),
+                in("B2", {32}, true),
+                in("G2", {32}, true, 0.5f, 1.5f),
+                in("N2", {32}, true)};
+    c.int64_constants = {{3, i64({0})},  {4, i64({32})},       {5, i64({64})},      {6, i64({96})},
+                         {7, i64({-1})}, {8, i64({16, 4, 8})}, {10, i64({16, 32})}, {13, i64({16, 1, 32})}};
     auto perm = [](std::vector<int64_t> p) { return std::map<std::string, Attribute>{{"perm", Is(std::move(p))}}; };
     auto mean = std::map<std::string, Attribute>{{"axes", Is({-1})}};
     c.chain = {
-        {"Transpose", {"X"}, perm({1, 0, 2})},                // $0 [16,1,32]
-        {"MatMul", {"$0", "WQKV"}, {}},                       // $1 [16,1,96]
-        {"Add", {"BQKV", "$1"}, {}},                          // $2
-        {"Slice", {"$2", "s0", "s1", "ax"}, {}},              // $3 q
-        {"Slice", {"$2", "s1", "s2", "ax"}, {}},              // $4 k
-        {"Slice", {"$2", "s2", "s3", "ax"}, {}},              // $5 v
-        {"Reshape", {"$3", "shp"}, {}},                       // $6 [16,4,8]
-        {"Transpose", {"$6"}, perm({1, 0, 2})},               // $7 [4,16,8]
-        {"Reshape", {"$4", "shp"}, {}},                       // $8
-        {"Reshape", {"$5", "shp"}, {}},                       // $9
-        {"Transpose", {"$9"}, perm({1, 0, 2})},               // $10 v [4,16,8]
-        {"Div", {"$7", "SCALE"}, {}},                         // $11
-        {"Transpose", {"$8"}, perm({1, 2, 0})},               // $12 kT [4,8,16]
-        {"MatMul", {"$11", "$12"}, {}},                       // $13 [4,16,16]
-        {"Softmax", {"$13"}, {{"axis", I(-1)}}},              // $14
-        {"MatMul", {"$14", "$10"}, {}},                       // $15 [4,16,8]
-        {"Transpose", {"$15"}, perm({1, 0, 2})},              // $16 [16,4,8]
-        {"Reshape", {"$16", "shp2"}, {}},                     // $17 [16,32]
-        {"Gemm", {"$17", "WO", "BO"}, {{"transB", I(1)}}},    // $18
-        {"Reshape", {"$18", "shp3"}, {}},                     // $19 [16,1,32]
-        {"Transpose", {"$19"}, perm({1, 0, 2})},              // $20 [1,16,32]
-        {"Add", {"X", "$20"}, {}},                            // $21
-        {"ReduceMean", {"$21"}, mean},                        // $22
-        {"Sub", {"$21", "$22"}, {}},                          // $23
-        {"Pow", {"$23", "TWO"}, {}},                          // $24
-        {"ReduceMean", {"$24"}, mean},                        // $25
-        {"Add", {"$25", "EPS"}, {}},                          // $26
-        {"Sqrt", {"$26"}, {}},                                // $27
-        {"Div", {"$23", "$27"}, {}},                          // $28
-        {"Mul", {"$28", "G1"}, {}},                           // $29
-        {"Add", {"$29", "N1"}, {}},                           // $30
-        {"MatMul", {"$30", "W1"}, {}},                        // $31
-        {"Add", {"B1", "$31"}, {}},                           // $32
-        {"Relu", {"$32"}, {}},                                // $33
-        {"MatMul", {"$33", "W2"}, {}},                        // $34
-        {"Add", {"B2", "$34"}, {}},                           // $35
-        {"Add", {"$30", "$35"}, {}},                          // $36
-        {"ReduceMean", {"$36"}, mean},                        // $37
-        {"Sub", {"$36", "$37"}, {}},                          // $38
-        {"Pow", {"$38", "TWO"}, {}},                          // $39
-        {"ReduceMean", {"$39"}, mean},                        // $40
-        {"Add", {"$40", "EPS"}, {}},                          // $41
-        {"Sqrt", {"$41"}, {}},                                // $42
-        {"Div", {"$38", "$42"}, {}},                          // $43
-        {"Mul", {"$43", "G2"}, {}},                           // $44
-        {"Add", {"$44", "N2"}, {}},                           // $45
+        {"Transpose", {"X"}, perm({1, 0, 2})},              // $0 [16,1,32]
+        {"MatMul", {"$0", "WQKV"}, {}},                     // $1 [16,1,96]
+        {"Add", {"BQKV", "$1"}, {}},                        // $2
+        {"Slice", {"$2", "s0", "s1", "ax"}, {}},            // $3 q
+        {"Slice", {"$2", "s1", "s2", "ax"}, {}},            // $4 k
+        {"Slice", {"$2", "s2", "s3", "ax"}, {}},            // $5 v
+        {"Reshape", {"$3", "shp"}, {}},                     // $6 [16,4,8]
+        {"Transpose", {"$6"}, perm({1, 0, 2})},             // $7 [4,16,8]
+        {"Reshape", {"$4", "shp"}, {}},                     // $8
+        {"Reshape", {"$5", "shp"}, {}},                     // $9
+        {"Transpose", {"$9"}, perm({1, 0, 2})},             // $10 v [4,16,8]
+        {"Div", {"$7", "SCALE"}, {}},                       // $11
+        {"Transpose", {"$8"}, perm({1, 2, 0})},             // $12 kT [4,8,16]
+        {"MatMul", {"$11", "$12"}, {}},                     // $13 [4,16,16]
+        {"Softmax", {"$13"}, {{"axis", I(-1)}}},            // $14
+        {"MatMul", {"$14", "$10"}, {}},                     // $15 [4,16,8]
+        {"Transpose", {"$15"}, perm({1, 0, 2})},            // $16 [16,4,8]
+        {"Reshape", {"$16", "shp2"}, {}},                   // $17 [16,32]
+        {"Gemm", {"$17", "WO", "BO"}, {{"transB", I(1)}}},  // $18
+        {"Reshape", {"$18", "shp3"}, {}},                   // $19 [16,1,32]
+        {"Transpose", {"$19"}, perm({1, 0, 2})},            // $20 [1,16,32]
+        {"Add", {"X", "$20"}, {}},                          // $21
+        {"ReduceMean", {"$21"}, mean},                      // $22
+        {"Sub", {"$21", "$22"}, {}},                        // $23
+        {"Pow", {"$23", "TWO"}, {}},                        // $24
+        {"ReduceMean", {"$24"}, mean},                      // $25
+        {"Add", {"$25", "EPS"}, {}},                        // $26
+        {"Sqrt", {"$26"}, {}},                              // $27
+        {"Div", {"$23", "$27"}, {}},                        // $28
+        {"Mul", {"$28", "G1"}, {}},                         // $29
+        {"Add", {"$29", "N1"}, {}},                         // $30
+        {"MatMul", {"$30", "W1"}, {}},                      // $31
+        {"Add", {"B1", "$31"}, {}},                         // $32
+        {"Relu", {"$32"}, {}},                              // $33
+        {"MatMul", {"$33", "W2"}, {}},                      // $34
+        {"Add", {"B2", "$34"}, {}},                         // $35
+        {"Add", {"$30", "$35"}, {}},                        // $36
+        {"ReduceMean", {"$36"}, mean},                      // $37
+        {"Sub", {"$36", "$37"}, {}},                        // $38
+        {"Pow", {"$38", "TWO"}, {}},                        // $39
+        {"ReduceMean", {"$39"}, mean},                      // $40
+        {"Add", {"$40", "EPS"}, {}},                        // $41
+        {"Sqrt", {"$41"}, {}},                              // $42
+        {"Div", {"$38", "$42"}, {}},                        // $43
+        {"Mul", {"$43", "G2"}, {}},                         // $44
+        {"Add", {"$44", "N2"}, {}},                         // $45
     };
     v.push_back(c);
   }
@@ -2007,21 +2363,25 @@ void add_chain_cases(std::vector<OpCase>& v) {
     c.op = "Chain";
     c.opset = 13;
     c.label = "decomposed RMSNorm + ReduceMean(axis 1, keepdims 0) + Pow 0.5 L=6 d=24";
-    c.inputs = {in("X", {2, 6, 40}), in("W", {40, 24}, true, -0.3f, 0.3f), scalar("TWO", 2.f),
-                scalar("EPS", 1e-5f), in("G", {24}, true, 0.5f, 1.5f), scalar("HALF", 0.5f),
+    c.inputs = {in("X", {2, 6, 40}),
+                in("W", {40, 24}, true, -0.3f, 0.3f),
+                scalar("TWO", 2.f),
+                scalar("EPS", 1e-5f),
+                in("G", {24}, true, 0.5f, 1.5f),
+                scalar("HALF", 0.5f),
                 in("W2", {24, 8}, true, -0.3f, 0.3f)};
     c.chain = {
-        {"MatMul", {"X", "W"}, {}},                                                      // $0 [2,6,24]
-        {"Pow", {"$0", "TWO"}, {}},                                                      // $1
-        {"ReduceMean", {"$1"}, {{"axes", Is({-1})}}},                                    // $2 [2,6,1]
-        {"Add", {"$2", "EPS"}, {}},                                                      // $3
-        {"Sqrt", {"$3"}, {}},                                                            // $4
-        {"Div", {"$0", "$4"}, {}},                                                       // $5
-        {"Mul", {"$5", "G"}, {}},                                                        // $6
-        {"ReduceMean", {"$6"}, {{"axes", Is({1})}, {"keepdims", I(0)}}},                 // $7 [2,24]
-        {"Relu", {"$7"}, {}},                                                            // $8
-        {"Pow", {"$8", "HALF"}, {}},                                                     // $9
-        {"MatMul", {"$9", "W2"}, {}},                                                    // $10 [2,8]
+        {"MatMul", {"X", "W"}, {}},                                       // $0 [2,6,24]
+        {"Pow", {"$0", "TWO"}, {}},                                       // $1
+        {"ReduceMean", {"$1"}, {{"axes", Is({-1})}}},                     // $2 [2,6,1]
+        {"Add", {"$2", "EPS"}, {}},                                       // $3
+        {"Sqrt", {"$3"}, {}},                                             // $4
+        {"Div", {"$0", "$4"}, {}},                                        // $5
+        {"Mul", {"$5", "G"}, {}},                                         // $6
+        {"ReduceMean", {"$6"}, {{"axes", Is({1})}, {"keepdims", I(0)}}},  // $7 [2,24]
+        {"Relu", {"$7"}, {}},                                             // $8
+        {"Pow", {"$8", "HALF"}, {}},                                      // $9
+        {"MatMul", {"$9", "W2"}, {}},                                     // $10 [2,8]
     };
     v.push_back(c);
   }
@@ -2033,30 +2393,36 @@ void add_chain_cases(std::vector<OpCase>& v) {
     OpCase c;
     c.op = "Chain";
     c.label = "matmul post-ops through Reshape/Transpose of size-1 dims: bias, residual sum, relu";
-    c.inputs = {in("X", {1, 16, 32}),     in("W", {32, 32}, true, -0.3f, 0.3f), in("B", {32}, true),
-                in("s2", {2}, true),      in("s3", {3}, true),                  in("W2", {32, 16}, true, -0.3f, 0.3f),
-                in("Y", {1, 16, 16}),     in("W3", {16, 32}, true, -0.3f, 0.3f), in("W4", {32, 8}, true, -0.3f, 0.3f),
+    c.inputs = {in("X", {1, 16, 32}),
+                in("W", {32, 32}, true, -0.3f, 0.3f),
+                in("B", {32}, true),
+                in("s2", {2}, true),
+                in("s3", {3}, true),
+                in("W2", {32, 16}, true, -0.3f, 0.3f),
+                in("Y", {1, 16, 16}),
+                in("W3", {16, 32}, true, -0.3f, 0.3f),
+                in("W4", {32, 8}, true, -0.3f, 0.3f),
                 in("W0", {32, 32}, true, -0.3f, 0.3f)};
     c.int64_constants = {{3, i64({16, 32})}, {4, i64({16, 1, 32})}};
     auto perm = [](std::vector<int64_t> p) { return std::map<std::string, Attribute>{{"perm", Is(std::move(p))}}; };
     c.chain = {
-        {"Relu", {"X"}, {}},                          // $0 [1,16,32] the residual
-        {"Transpose", {"$0"}, perm({1, 0, 2})},       // $1 [16,1,32] a view in $0's buffer
-        {"Reshape", {"$1", "s2"}, {}},                // $2 [16,32]
-        {"MatMul", {"$2", "W0"}, {}},                 // $3 [16,32] (the in-projection: reads the view)
-        {"Relu", {"$3"}, {}},                         // $4
-        {"MatMul", {"$4", "W"}, {}},                  // $5 [16,32] (the out-projection)
-        {"Add", {"$5", "B"}, {}},                     // $6 bias
-        {"Reshape", {"$6", "s3"}, {}},                // $7 [16,1,32]
-        {"Transpose", {"$7"}, perm({1, 0, 2})},       // $8 [1,16,32]
-        {"Add", {"$0", "$8"}, {}},                    // $9 residual: a sum post-op, written over $0
-        {"Relu", {"$9"}, {}},                         // $10
-        {"MatMul", {"$10", "W2"}, {}},                // $11 [1,16,16]
-        {"Transpose", {"$11"}, perm({0, 2, 1})},      // $12 moves the 16s: no post-op past it
-        {"Add", {"$12", "Y"}, {}},                    // $13
-        {"MatMul", {"$13", "W3"}, {}},                // $14 [1,16,32]
-        {"Reshape", {"$14", "s2"}, {}},               // $15 [16,32], nothing fused after it
-        {"MatMul", {"$15", "W4"}, {}},                // $16 [16,8]
+        {"Relu", {"X"}, {}},                      // $0 [1,16,32] the residual
+        {"Transpose", {"$0"}, perm({1, 0, 2})},   // $1 [16,1,32] a view in $0's buffer
+        {"Reshape", {"$1", "s2"}, {}},            // $2 [16,32]
+        {"MatMul", {"$2", "W0"}, {}},             // $3 [16,32] (the in-projection: reads the view)
+        {"Relu", {"$3"}, {}},                     // $4
+        {"MatMul", {"$4", "W"}, {}},              // $5 [16,32] (the out-projection)
+        {"Add", {"$5", "B"}, {}},                 // $6 bias
+        {"Reshape", {"$6", "s3"}, {}},            // $7 [16,1,32]
+        {"Transpose", {"$7"}, perm({1, 0, 2})},   // $8 [1,16,32]
+        {"Add", {"$0", "$8"}, {}},                // $9 residual: a sum post-op, written over $0
+        {"Relu", {"$9"}, {}},                     // $10
+        {"MatMul", {"$10", "W2"}, {}},            // $11 [1,16,16]
+        {"Transpose", {"$11"}, perm({0, 2, 1})},  // $12 moves the 16s: no post-op past it
+        {"Add", {"$12", "Y"}, {}},                // $13
+        {"MatMul", {"$13", "W3"}, {}},            // $14 [1,16,32]
+        {"Reshape", {"$14", "s2"}, {}},           // $15 [16,32], nothing fused after it
+        {"MatMul", {"$15", "W4"}, {}},            // $16 [16,8]
     };
     v.push_back(c);
   }
@@ -2070,13 +2436,13 @@ void add_chain_cases(std::vector<OpCase>& v) {
     c.int64_constants = {{2, i64({64, 256})}, {3, i64({64, 1, 256})}};
     auto perm = [](std::vector<int64_t> p) { return std::map<std::string, Attribute>{{"perm", Is(std::move(p))}}; };
     c.chain = {
-        {"Relu", {"X"}, {}},                          // $0 [1,64,256] the residual
-        {"Transpose", {"$0"}, perm({1, 0, 2})},       // $1 [64,1,256] a view in $0's buffer
-        {"Reshape", {"$1", "s2"}, {}},                // $2 [64,256]
-        {"MatMul", {"$2", "W"}, {}},                  // $3 [64,256]
-        {"Reshape", {"$3", "s3"}, {}},                // $4 [64,1,256]
-        {"Transpose", {"$4"}, perm({1, 0, 2})},       // $5 [1,64,256]
-        {"Add", {"$0", "$5"}, {}},                    // $6 a sum post-op, into a copy of $0
+        {"Relu", {"X"}, {}},                     // $0 [1,64,256] the residual
+        {"Transpose", {"$0"}, perm({1, 0, 2})},  // $1 [64,1,256] a view in $0's buffer
+        {"Reshape", {"$1", "s2"}, {}},           // $2 [64,256]
+        {"MatMul", {"$2", "W"}, {}},             // $3 [64,256]
+        {"Reshape", {"$3", "s3"}, {}},           // $4 [64,1,256]
+        {"Transpose", {"$4"}, perm({1, 0, 2})},  // $5 [1,64,256]
+        {"Add", {"$0", "$5"}, {}},               // $6 a sum post-op, into a copy of $0
     };
     v.push_back(c);
   }
@@ -2087,17 +2453,18 @@ void add_chain_cases(std::vector<OpCase>& v) {
     c.op = "Chain";
     c.opset = 13;
     c.label = "keel.Gelu feed-forward + keel.LayerNormalization L=24 d=48 ff=96";
-    c.inputs = {in("X", {1, 24, 48}), in("W1", {48, 96}, true, -0.3f, 0.3f), in("B1", {96}, true),
-                in("W2", {96, 48}, true, -0.2f, 0.2f), in("B2", {48}, true), in("G", {48}, true, 0.5f, 1.5f),
+    c.inputs = {in("X", {1, 24, 48}), in("W1", {48, 96}, true, -0.3f, 0.3f),
+                in("B1", {96}, true), in("W2", {96, 48}, true, -0.2f, 0.2f),
+                in("B2", {48}, true), in("G", {48}, true, 0.5f, 1.5f),
                 in("N", {48}, true)};
     c.chain = {
-        {"MatMul", {"X", "W1"}, {}},                                        // $0
-        {"Add", {"$0", "B1"}, {}},                                          // $1
-        {"keel.Gelu", {"$1"}, {}},                                          // $2
-        {"MatMul", {"$2", "W2"}, {}},                                       // $3
-        {"Add", {"$3", "B2"}, {}},                                          // $4
-        {"Add", {"X", "$4"}, {}},                                           // $5
-        {"keel.LayerNormalization", {"$5", "G", "N"}, {{"axis", I(-1)}}},   // $6
+        {"MatMul", {"X", "W1"}, {}},                                       // $0
+        {"Add", {"$0", "B1"}, {}},                                         // $1
+        {"keel.Gelu", {"$1"}, {}},                                         // $2
+        {"MatMul", {"$2", "W2"}, {}},                                      // $3
+        {"Add", {"$3", "B2"}, {}},                                         // $4
+        {"Add", {"X", "$4"}, {}},                                          // $5
+        {"keel.LayerNormalization", {"$5", "G", "N"}, {{"axis", I(-1)}}},  // $6
     };
     v.push_back(c);
   }
@@ -2108,16 +2475,15 @@ void add_chain_cases(std::vector<OpCase>& v) {
     OpCase c;
     c.op = "Chain";
     c.label = "resnext bottleneck: grouped 3x3 with 4 and 8 channels per group, residual, stride 2";
-    c.inputs = {in("X", {1, 32, 12, 12}), in("W0", {32, 32, 1, 1}, true, -0.4f, 0.4f), in("B0", {32}, true),
-                in("WG", {32, 4, 3, 3}, true, -0.4f, 0.4f), in("BG", {32}, true),
-                in("W2", {32, 32, 1, 1}, true, -0.3f, 0.3f), in("B2", {32}, true),
-                in("WS", {48, 8, 3, 3}, true, -0.4f, 0.4f), in("BS", {48}, true),
-                in("W3", {16, 48, 1, 1}, true, -0.3f, 0.3f)};
-    c.chain = {conv({"X", "W0", "B0"}, 1, 1, 0),      {"Relu", {"$0"}, {}},  // $1
-               conv({"$1", "WG", "BG"}, 3, 1, 1, 8),  {"Relu", {"$2"}, {}},  // $3: 8 groups of 4
-               conv({"$3", "W2", "B2"}, 1, 1, 0),     {"Add", {"$4", "X"}, {}},
-               {"Relu", {"$5"}, {}},                                          // $6
-               conv({"$6", "WS", "BS"}, 3, 2, 1, 4),  {"Relu", {"$7"}, {}},  // $8: 4 groups of 8 -> 12 each
+    c.inputs = {in("X", {1, 32, 12, 12}), in("W0", {32, 32, 1, 1}, true, -0.4f, 0.4f),
+                in("B0", {32}, true),     in("WG", {32, 4, 3, 3}, true, -0.4f, 0.4f),
+                in("BG", {32}, true),     in("W2", {32, 32, 1, 1}, true, -0.3f, 0.3f),
+                in("B2", {32}, true),     in("WS", {48, 8, 3, 3}, true, -0.4f, 0.4f),
+                in("BS", {48}, true),     in("W3", {16, 48, 1, 1}, true, -0.3f, 0.3f)};
+    c.chain = {conv({"X", "W0", "B0"}, 1, 1, 0),     {"Relu", {"$0"}, {}},  // $1
+               conv({"$1", "WG", "BG"}, 3, 1, 1, 8), {"Relu", {"$2"}, {}},  // $3: 8 groups of 4
+               conv({"$3", "W2", "B2"}, 1, 1, 0),    {"Add", {"$4", "X"}, {}}, {"Relu", {"$5"}, {}},  // $6
+               conv({"$6", "WS", "BS"}, 3, 2, 1, 4), {"Relu", {"$7"}, {}},  // $8: 4 groups of 8 -> 12 each
                conv({"$8", "W3"}, 1, 1, 0)};
     c.claim_whole = true;
     v.push_back(c);
@@ -2128,9 +2494,14 @@ void add_chain_cases(std::vector<OpCase>& v) {
     OpCase c;
     c.op = "Chain";
     c.label = "grouped 3x3 in groups of 4 as an own step: stride 2, odd sizes, no relu, batch norm, batch 2";
-    c.inputs = {in("X", {2, 32, 13, 11}), in("W0", {32, 32, 1, 1}, true, -0.3f, 0.3f),
-                in("WG", {32, 4, 3, 3}, true, -0.4f, 0.4f), in("S", {32}, true, 0.5f, 1.5f), in("T", {32}, true),
-                in("MU", {32}, true), in("VAR", {32}, true, 0.5f, 2.f), in("W2", {16, 32, 1, 1}, true, -0.3f, 0.3f)};
+    c.inputs = {in("X", {2, 32, 13, 11}),
+                in("W0", {32, 32, 1, 1}, true, -0.3f, 0.3f),
+                in("WG", {32, 4, 3, 3}, true, -0.4f, 0.4f),
+                in("S", {32}, true, 0.5f, 1.5f),
+                in("T", {32}, true),
+                in("MU", {32}, true),
+                in("VAR", {32}, true, 0.5f, 2.f),
+                in("W2", {16, 32, 1, 1}, true, -0.3f, 0.3f)};
     c.chain = {conv({"X", "W0"}, 1, 1, 0),
                conv({"$0", "WG"}, 3, 2, 1, 8),
                {"BatchNormalization", {"$1", "S", "T", "MU", "VAR"}, {}},
@@ -2140,22 +2511,27 @@ void add_chain_cases(std::vector<OpCase>& v) {
   }
   {
     // Grouped 3x3s of 8 and 4 channels per group run merged into 16-channel groups with block-diagonal weights
-    // (plugins/cpu_onednn/chain/ops/conv.cc, conv()): 6 groups of 8 at stride 2 (merged into 3), 12 groups of 4 (on the f32 device the
-    // own step of onednn_grouped.h; merged into 3 in bf16), and 3 groups of 8 over 24 channels (not a whole number of
-    // merged groups: left as it is), in nChw16c between 1x1s.
+    // (plugins/cpu_onednn/chain/ops/conv.cc, conv()): 6 groups of 8 at stride 2 (merged into 3), 12 groups of 4 (on the
+    // f32 device the own step of onednn_grouped.h; merged into 3 in bf16), and 3 groups of 8 over 24 channels (not a
+    // whole number of merged groups: left as it is), in nChw16c between 1x1s.
     OpCase c;
     c.op = "Chain";
     c.label = "grouped 3x3 merged into 16-channel groups: 8 and 4 channels per group, stride 2, odd group count";
-    c.inputs = {in("X", {1, 48, 11, 11}), in("W0", {48, 48, 1, 1}, true, -0.3f, 0.3f), in("B0", {48}, true),
-                in("WA", {48, 8, 3, 3}, true, -0.4f, 0.4f), in("BA", {48}, true),
+    c.inputs = {in("X", {1, 48, 11, 11}),
+                in("W0", {48, 48, 1, 1}, true, -0.3f, 0.3f),
+                in("B0", {48}, true),
+                in("WA", {48, 8, 3, 3}, true, -0.4f, 0.4f),
+                in("BA", {48}, true),
                 in("WB", {48, 4, 3, 3}, true, -0.4f, 0.4f),
-                in("W2", {24, 48, 1, 1}, true, -0.3f, 0.3f), in("B2", {24}, true),
-                in("WC", {24, 8, 3, 3}, true, -0.4f, 0.4f), in("BC", {24}, true)};
-    c.chain = {conv({"X", "W0", "B0"}, 1, 1, 0),      {"Relu", {"$0"}, {}},  // $1
-               conv({"$1", "WA", "BA"}, 3, 2, 1, 6),  {"Relu", {"$2"}, {}},  // $3: 6 groups of 8, stride 2
-               conv({"$3", "WB"}, 3, 1, 1, 12),       {"Relu", {"$4"}, {}},  // $5: 12 groups of 4, no bias
-               conv({"$5", "W2", "B2"}, 1, 1, 0),     {"Relu", {"$6"}, {}},  // $7
-               conv({"$7", "WC", "BC"}, 3, 1, 1, 3)};                        // 3 groups of 8
+                in("W2", {24, 48, 1, 1}, true, -0.3f, 0.3f),
+                in("B2", {24}, true),
+                in("WC", {24, 8, 3, 3}, true, -0.4f, 0.4f),
+                in("BC", {24}, true)};
+    c.chain = {conv({"X", "W0", "B0"}, 1, 1, 0),     {"Relu", {"$0"}, {}},  // $1
+               conv({"$1", "WA", "BA"}, 3, 2, 1, 6), {"Relu", {"$2"}, {}},  // $3: 6 groups of 8, stride 2
+               conv({"$3", "WB"}, 3, 1, 1, 12),      {"Relu", {"$4"}, {}},  // $5: 12 groups of 4, no bias
+               conv({"$5", "W2", "B2"}, 1, 1, 0),    {"Relu", {"$6"}, {}},  // $7
+               conv({"$7", "WC", "BC"}, 3, 1, 1, 3)};                       // 3 groups of 8
     c.claim_whole = true;
     v.push_back(c);
   }
@@ -2185,17 +2561,17 @@ void add_chain_cases(std::vector<OpCase>& v) {
       c.inputs.push_back(in("LS" + k, {32, 1, 1}, true, 0.1f, 0.5f));
       const size_t at = c.chain.size();
       auto ref = [&](size_t j) { return "$" + std::to_string(at + j); };
-      c.chain.push_back(conv({x, "WD" + k, "BD" + k}, 7, 1, 3, 32));                                        // 0
-      c.chain.push_back({"Transpose", {ref(0)}, {{"perm", to_last}}});                                      // 1
-      c.chain.push_back({"keel.LayerNormalization", {ref(1), "G" + k, "N" + k}, {{"axis", I(-1)}}});         // 2
-      c.chain.push_back({"MatMul", {ref(2), "W1" + k}, {}});                                                // 3
-      c.chain.push_back({"Add", {ref(3), "B1" + k}, {}});                                                   // 4
-      c.chain.push_back({"keel.Gelu", {ref(4)}, {}});                                                       // 5
-      c.chain.push_back({"MatMul", {ref(5), "W2" + k}, {}});                                                // 6
-      c.chain.push_back({"Add", {ref(6), "B2" + k}, {}});                                                   // 7
-      c.chain.push_back({"Transpose", {ref(7)}, {{"perm", to_first}}});                                     // 8
-      c.chain.push_back({"Mul", {ref(8), "LS" + k}, {}});                                                   // 9
-      c.chain.push_back({"Add", {x, ref(9)}, {}});                                                          // 10
+      c.chain.push_back(conv({x, "WD" + k, "BD" + k}, 7, 1, 3, 32));                                  // 0
+      c.chain.push_back({"Transpose", {ref(0)}, {{"perm", to_last}}});                                // 1
+      c.chain.push_back({"keel.LayerNormalization", {ref(1), "G" + k, "N" + k}, {{"axis", I(-1)}}});  // 2
+      c.chain.push_back({"MatMul", {ref(2), "W1" + k}, {}});                                          // 3
+      c.chain.push_back({"Add", {ref(3), "B1" + k}, {}});                                             // 4
+      c.chain.push_back({"keel.Gelu", {ref(4)}, {}});                                                 // 5
+      c.chain.push_back({"MatMul", {ref(5), "W2" + k}, {}});                                          // 6
+      c.chain.push_back({"Add", {ref(6), "B2" + k}, {}});                                             // 7
+      c.chain.push_back({"Transpose", {ref(7)}, {{"perm", to_first}}});                               // 8
+      c.chain.push_back({"Mul", {ref(8), "LS" + k}, {}});                                             // 9
+      c.chain.push_back({"Add", {x, ref(9)}, {}});                                                    // 10
       x = ref(10);
     }
     c.claim_whole = true;
@@ -2228,7 +2604,8 @@ void add_chain_cases(std::vector<OpCase>& v) {
       c.chain.push_back({"Relu", {ref(c.chain.size() - 1)}, {}});
       c.chain.push_back(conv({ref(c.chain.size() - 1), "WA" + k}, 1, 1, 0));
       c.chain.push_back({"BatchNormalization",
-                         {ref(c.chain.size() - 1), "S" + k + "b", "T" + k + "b", "M" + k + "b", "V" + k + "b"}, {}});
+                         {ref(c.chain.size() - 1), "S" + k + "b", "T" + k + "b", "M" + k + "b", "V" + k + "b"},
+                         {}});
       c.chain.push_back({"Relu", {ref(c.chain.size() - 1)}, {}});
       c.chain.push_back(conv({ref(c.chain.size() - 1), "WB" + k}, 3, 1, 1));
       feats.push_back(ref(c.chain.size() - 1));
@@ -2236,7 +2613,8 @@ void add_chain_cases(std::vector<OpCase>& v) {
     c.chain.push_back({"Concat", feats, {{"axis", I(1)}}});  // [1,80,10,10]
     c.inputs.push_back(in("WT", {32, 80, 1, 1}, true, -0.2f, 0.2f));
     c.chain.push_back(conv({"$" + std::to_string(c.chain.size() - 1), "WT"}, 1, 1, 0));
-    c.chain.push_back({"AveragePool", {"$" + std::to_string(c.chain.size() - 1)},
+    c.chain.push_back({"AveragePool",
+                       {"$" + std::to_string(c.chain.size() - 1)},
                        {{"kernel_shape", Is({2, 2})}, {"strides", Is({2, 2})}}});
     c.claim_whole = true;
     v.push_back(c);
@@ -2249,11 +2627,13 @@ void add_chain_cases(std::vector<OpCase>& v) {
     OpCase c;
     c.op = "Chain";
     c.label = "shufflenet units: split by Slice, branch, Concat of a view and nChw16c, channel shuffle, batch 2";
-    c.inputs = {in("X", {2, 8, 9, 9}), in("W0", {48, 8, 3, 3}, true, -0.3f, 0.3f), in("ST", {1}, true),
-                in("MID", {1}, true), in("END", {1}, true), in("AX", {1}, true), in("S5", {5}, true),
-                in("S4", {4}, true)};
-    c.int64_constants = {{2, i64({0})}, {3, i64({24})}, {4, i64({48})}, {5, i64({1})}, {6, i64({2, 2, 24, 9, 9})},
-                         {7, i64({2, 48, 9, 9})}};
+    c.inputs = {in("X", {2, 8, 9, 9}), in("W0", {48, 8, 3, 3}, true, -0.3f, 0.3f),
+                in("ST", {1}, true),   in("MID", {1}, true),
+                in("END", {1}, true),  in("AX", {1}, true),
+                in("S5", {5}, true),   in("S4", {4}, true)};
+    c.int64_constants = {
+        {2, i64({0})},          {3, i64({24})}, {4, i64({48})}, {5, i64({1})}, {6, i64({2, 2, 24, 9, 9})},
+        {7, i64({2, 48, 9, 9})}};
     c.chain = {conv({"X", "W0"}, 3, 1, 1), {"Relu", {"$0"}, {}}};  // $1 [2,48,9,9]
     std::string x = "$1";
     for (int u = 0; u < 2; ++u) {
@@ -2263,17 +2643,17 @@ void add_chain_cases(std::vector<OpCase>& v) {
       c.inputs.push_back(in("WB" + k, {24, 24, 1, 1}, true, -0.4f, 0.4f));
       auto ref = [&](size_t j) { return "$" + std::to_string(j); };
       const size_t a = c.chain.size();
-      c.chain.push_back({"Slice", {x, "ST", "MID", "AX"}, {}});                  // a+0: first half
-      c.chain.push_back({"Slice", {x, "MID", "END", "AX"}, {}});                 // a+1: second half
-      c.chain.push_back(conv({ref(a + 1), "WA" + k}, 1, 1, 0));                 // a+2
-      c.chain.push_back({"Relu", {ref(a + 2)}, {}});                             // a+3
-      c.chain.push_back(conv({ref(a + 3), "WD" + k}, 3, 1, 1, 24));             // a+4
-      c.chain.push_back(conv({ref(a + 4), "WB" + k}, 1, 1, 0));                 // a+5
-      c.chain.push_back({"Relu", {ref(a + 5)}, {}});                             // a+6
+      c.chain.push_back({"Slice", {x, "ST", "MID", "AX"}, {}});                   // a+0: first half
+      c.chain.push_back({"Slice", {x, "MID", "END", "AX"}, {}});                  // a+1: second half
+      c.chain.push_back(conv({ref(a + 1), "WA" + k}, 1, 1, 0));                   // a+2
+      c.chain.push_back({"Relu", {ref(a + 2)}, {}});                              // a+3
+      c.chain.push_back(conv({ref(a + 3), "WD" + k}, 3, 1, 1, 24));               // a+4
+      c.chain.push_back(conv({ref(a + 4), "WB" + k}, 1, 1, 0));                   // a+5
+      c.chain.push_back({"Relu", {ref(a + 5)}, {}});                              // a+6
       c.chain.push_back({"Concat", {ref(a + 0), ref(a + 6)}, {{"axis", I(1)}}});  // a+7
-      c.chain.push_back({"Reshape", {ref(a + 7), "S5"}, {}});                    // a+8
+      c.chain.push_back({"Reshape", {ref(a + 7), "S5"}, {}});                     // a+8
       c.chain.push_back({"Transpose", {ref(a + 8)}, {{"perm", Is({0, 2, 1, 3, 4})}}});
-      c.chain.push_back({"Reshape", {ref(a + 9), "S4"}, {}});                    // a+10
+      c.chain.push_back({"Reshape", {ref(a + 9), "S4"}, {}});  // a+10
       x = ref(a + 10);
     }
     c.claim_whole = true;
@@ -2286,17 +2666,20 @@ void add_chain_cases(std::vector<OpCase>& v) {
     OpCase c;
     c.op = "Chain";
     c.label = "channel shuffle of 3 groups folded into their Concat (input, nChw16c sources), then a 1x1";
-    c.inputs = {in("X", {1, 8, 7, 7}), in("W1", {8, 8, 1, 1}, true, -0.4f, 0.4f),
-                in("W2", {8, 8, 3, 3}, true, -0.3f, 0.3f), in("S5", {5}, true), in("S4", {4}, true),
+    c.inputs = {in("X", {1, 8, 7, 7}),
+                in("W1", {8, 8, 1, 1}, true, -0.4f, 0.4f),
+                in("W2", {8, 8, 3, 3}, true, -0.3f, 0.3f),
+                in("S5", {5}, true),
+                in("S4", {4}, true),
                 in("W3", {16, 24, 1, 1}, true, -0.3f, 0.3f)};
     c.int64_constants = {{3, i64({1, 3, 8, 7, 7})}, {4, i64({1, 24, 7, 7})}};
-    c.chain = {conv({"X", "W1"}, 1, 1, 0),                                          // $0
-               conv({"X", "W2"}, 3, 1, 1),                                          // $1
-               {"Concat", {"X", "$0", "$1"}, {{"axis", I(1)}}},                     // $2
-               {"Reshape", {"$2", "S5"}, {}},                                       // $3
-               {"Transpose", {"$3"}, {{"perm", Is({0, 2, 1, 3, 4})}}},              // $4
-               {"Reshape", {"$4", "S4"}, {}},                                       // $5
-               conv({"$5", "W3"}, 1, 1, 0)};                                        // $6
+    c.chain = {conv({"X", "W1"}, 1, 1, 0),                              // $0
+               conv({"X", "W2"}, 3, 1, 1),                              // $1
+               {"Concat", {"X", "$0", "$1"}, {{"axis", I(1)}}},         // $2
+               {"Reshape", {"$2", "S5"}, {}},                           // $3
+               {"Transpose", {"$3"}, {{"perm", Is({0, 2, 1, 3, 4})}}},  // $4
+               {"Reshape", {"$4", "S4"}, {}},                           // $5
+               conv({"$5", "W3"}, 1, 1, 0)};                            // $6
     c.claim_whole = true;
     v.push_back(c);
   }
@@ -2308,23 +2691,24 @@ void add_chain_cases(std::vector<OpCase>& v) {
     OpCase c;
     c.op = "Chain";
     c.label = "mobilenet-v3 block: HardSwish, depthwise over 72 channels, squeeze-excite with HardSigmoid";
-    c.inputs = {in("X", {1, 24, 14, 14}), in("WE", {72, 24, 1, 1}, true, -0.4f, 0.4f), in("BE", {72}, true),
-                in("WD", {72, 1, 3, 3}, true, -0.5f, 0.5f), in("BD", {72}, true),
-                in("W1", {24, 72, 1, 1}, true, -0.4f, 0.4f), in("B1", {24}, true),
-                in("W2", {72, 24, 1, 1}, true, -0.4f, 0.4f), in("B2", {72}, true),
-                in("WP", {24, 72, 1, 1}, true, -0.2f, 0.2f), in("BP", {24}, true)};
-    c.chain = {conv({"X", "WE", "BE"}, 1, 1, 0),                                          // $0
-               {"HardSwish", {"$0"}, {}},                                               // $1
-               conv({"$1", "WD", "BD"}, 3, 1, 1, 72),                                    // $2
-               {"HardSwish", {"$2"}, {}},                                               // $3
-               {"GlobalAveragePool", {"$3"}, {}},                                       // $4
-               conv({"$4", "W1", "B1"}, 1, 1, 0),                                       // $5
-               {"Relu", {"$5"}, {}},                                                    // $6
-               conv({"$6", "W2", "B2"}, 1, 1, 0),                                       // $7
-               {"HardSigmoid", {"$7"}, {{"alpha", F(1.f / 6)}, {"beta", F(0.5f)}}},     // $8
-               {"Mul", {"$3", "$8"}, {}},                                               // $9
-               conv({"$9", "WP", "BP"}, 1, 1, 0),                                       // $10
-               {"Add", {"$10", "X"}, {}}};                                              // $11
+    c.inputs = {in("X", {1, 24, 14, 14}), in("WE", {72, 24, 1, 1}, true, -0.4f, 0.4f),
+                in("BE", {72}, true),     in("WD", {72, 1, 3, 3}, true, -0.5f, 0.5f),
+                in("BD", {72}, true),     in("W1", {24, 72, 1, 1}, true, -0.4f, 0.4f),
+                in("B1", {24}, true),     in("W2", {72, 24, 1, 1}, true, -0.4f, 0.4f),
+                in("B2", {72}, true),     in("WP", {24, 72, 1, 1}, true, -0.2f, 0.2f),
+                in("BP", {24}, true)};
+    c.chain = {conv({"X", "WE", "BE"}, 1, 1, 0),                                     // $0
+               {"HardSwish", {"$0"}, {}},                                            // $1
+               conv({"$1", "WD", "BD"}, 3, 1, 1, 72),                                // $2
+               {"HardSwish", {"$2"}, {}},                                            // $3
+               {"GlobalAveragePool", {"$3"}, {}},                                    // $4
+               conv({"$4", "W1", "B1"}, 1, 1, 0),                                    // $5
+               {"Relu", {"$5"}, {}},                                                 // $6
+               conv({"$6", "W2", "B2"}, 1, 1, 0),                                    // $7
+               {"HardSigmoid", {"$7"}, {{"alpha", F(1.f / 6)}, {"beta", F(0.5f)}}},  // $8
+               {"Mul", {"$3", "$8"}, {}},                                            // $9
+               conv({"$9", "WP", "BP"}, 1, 1, 0),                                    // $10
+               {"Add", {"$10", "X"}, {}}};                                           // $11
     c.claim_whole = true;
     v.push_back(c);
   }
@@ -2337,7 +2721,7 @@ void add_chain_cases(std::vector<OpCase>& v) {
     c.inputs = {in("X", {1, 5, 7, 9}, false, -4.f, 4.f), in("W", {8, 5, 3, 3}, true, -0.4f, 0.4f), in("B", {8}, true),
                 in("W2", {3, 8, 1, 1}, true, -0.5f, 0.5f)};
     c.chain = {conv({"X", "W", "B"}, 3, 1, 1), {"Mul", {"$0", "$0"}, {}}, {"HardSigmoid", {"$1"}, {}},
-               {"Mul", {"$2", "$0"}, {}},     {"HardSwish", {"$3"}, {}}, conv({"$4", "W2"}, 1, 1, 0)};
+               {"Mul", {"$2", "$0"}, {}},      {"HardSwish", {"$3"}, {}}, conv({"$4", "W2"}, 1, 1, 0)};
     c.claim_whole = true;
     v.push_back(c);
   }
@@ -2386,19 +2770,25 @@ void add_chain_cases(std::vector<OpCase>& v) {
     OpCase c;
     c.op = "Chain";
     c.label = "segmentation head: linear Resize by sizes (nChw16c), then by 2x1.5 (21 classes, plain)";
-    c.inputs = {in("X", {1, 16, 6, 5}), in("L", {1, 16, 12, 10}), in("W0", {32, 16, 1, 1}, true, -0.4f, 0.4f),
-                in("B0", {32}, true), in("WL", {32, 16, 1, 1}, true, -0.4f, 0.4f),
-                in("WC", {21, 32, 3, 3}, true, -0.2f, 0.2f), in("BC", {21}, true), in("SZ", {4}, true),
+    c.inputs = {in("X", {1, 16, 6, 5}),
+                in("L", {1, 16, 12, 10}),
+                in("W0", {32, 16, 1, 1}, true, -0.4f, 0.4f),
+                in("B0", {32}, true),
+                in("WL", {32, 16, 1, 1}, true, -0.4f, 0.4f),
+                in("WC", {21, 32, 3, 3}, true, -0.2f, 0.2f),
+                in("BC", {21}, true),
+                in("SZ", {4}, true),
                 in("SZ2", {4}, true)};
     c.int64_constants = {{7, i64({1, 32, 12, 10})}, {8, i64({1, 21, 24, 15})}};
-    c.chain = {conv({"X", "W0", "B0"}, 1, 1, 0),                                                       // $0
-               {"Relu", {"$0"}, {}},                                                                 // $1
-               {"Resize", {"$1", "", "", "SZ"}, {{"mode", S("linear")}}},                            // $2
-               conv({"L", "WL"}, 1, 1, 0),                                                          // $3
-               {"Add", {"$2", "$3"}, {}},                                                            // $4
-               conv({"$4", "WC", "BC"}, 3, 1, 1),                                                   // $5
-               {"Resize", {"$5", "", "", "SZ2"}, {{"mode", S("linear")},
-                                            {"coordinate_transformation_mode", S("pytorch_half_pixel")}}}};
+    c.chain = {conv({"X", "W0", "B0"}, 1, 1, 0),                           // $0
+               {"Relu", {"$0"}, {}},                                       // $1
+               {"Resize", {"$1", "", "", "SZ"}, {{"mode", S("linear")}}},  // $2
+               conv({"L", "WL"}, 1, 1, 0),                                 // $3
+               {"Add", {"$2", "$3"}, {}},                                  // $4
+               conv({"$4", "WC", "BC"}, 3, 1, 1),                          // $5
+               {"Resize",
+                {"$5", "", "", "SZ2"},
+                {{"mode", S("linear")}, {"coordinate_transformation_mode", S("pytorch_half_pixel")}}}};
     c.claim_whole = true;
     v.push_back(c);
   }
@@ -2436,20 +2826,27 @@ void add_chain_cases(std::vector<OpCase>& v) {
     OpCase c;
     c.op = "Chain";
     c.label = "FPN: nearest Resize x2 (asymmetric floor) + lateral, nearest x3 (half_pixel), linear x0.5";
-    c.inputs = {in("X", {1, 32, 5, 7}), in("L", {1, 16, 10, 14}), in("WL", {32, 16, 1, 1}, true, -0.4f, 0.4f),
-                in("W", {32, 32, 3, 3}, true, -0.2f, 0.2f), in("S2", {4}, true), in("S3", {4}, true),
+    c.inputs = {in("X", {1, 32, 5, 7}),
+                in("L", {1, 16, 10, 14}),
+                in("WL", {32, 16, 1, 1}, true, -0.4f, 0.4f),
+                in("W", {32, 32, 3, 3}, true, -0.2f, 0.2f),
+                in("S2", {4}, true),
+                in("S3", {4}, true),
                 in("SH", {4}, true)};
     c.inputs[4].values = {1.f, 1.f, 2.f, 2.f};
     c.inputs[5].values = {1.f, 1.f, 3.f, 3.f};
     c.inputs[6].values = {1.f, 1.f, 0.5f, 0.5f};
-    c.chain = {{"Resize", {"X", "", "S2"}, {{"mode", S("nearest")}, {"coordinate_transformation_mode", S("asymmetric")},
-                                           {"nearest_mode", S("floor")}}},                  // $0 [1,32,10,14]
-               conv({"L", "WL"}, 1, 1, 0),                                                   // $1
-               {"Add", {"$0", "$1"}, {}},                                                    // $2
-               conv({"$2", "W"}, 3, 1, 1),                                                   // $3
-               {"Resize", {"$3", "", "S3"}, {{"mode", S("nearest")}}},                       // $4 [1,32,30,42]
-               {"Relu", {"$4"}, {}},                                                         // $5
-               {"Resize", {"$5", "", "SH"}, {{"mode", S("linear")}}}};                        // $6 [1,32,15,21]
+    c.chain = {{"Resize",
+                {"X", "", "S2"},
+                {{"mode", S("nearest")},
+                 {"coordinate_transformation_mode", S("asymmetric")},
+                 {"nearest_mode", S("floor")}}},                        // $0 [1,32,10,14]
+               conv({"L", "WL"}, 1, 1, 0),                              // $1
+               {"Add", {"$0", "$1"}, {}},                               // $2
+               conv({"$2", "W"}, 3, 1, 1),                              // $3
+               {"Resize", {"$3", "", "S3"}, {{"mode", S("nearest")}}},  // $4 [1,32,30,42]
+               {"Relu", {"$4"}, {}},                                    // $5
+               {"Resize", {"$5", "", "SH"}, {{"mode", S("linear")}}}};  // $6 [1,32,15,21]
     c.claim_whole = true;
     v.push_back(c);
   }
@@ -2501,7 +2898,13 @@ void add_fused_and_half_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   };
   {  // FusedConv: act(conv(X, W) + B + Z)
-    struct P { std::string act; std::vector<float> params; Shape x; int64_t K, k, s, p, g; bool bias, z; };
+    struct P {
+      std::string act;
+      std::vector<float> params;
+      Shape x;
+      int64_t K, k, s, p, g;
+      bool bias, z;
+    };
     const P ps[] = {
         {"Relu", {}, {2, 16, 14, 14}, 32, 3, 1, 1, 1, true, false},
         {"Relu", {}, {1, 16, 14, 14}, 16, 3, 1, 1, 1, true, true},
@@ -2544,7 +2947,11 @@ void add_fused_and_half_cases(std::vector<OpCase>& v) {
           {in("X", {1, 4, 5, 6, 7}), in("W", {8, 4, 3, 3, 3}, true), in("B", {8}, true)}, a);
   }
   {  // FusedMatMul: act(matmul(A, B) + bias + Z)
-    struct P { std::string act; Shape a, b, out; bool bias, z; };
+    struct P {
+      std::string act;
+      Shape a, b, out;
+      bool bias, z;
+    };
     const P ps[] = {
         {"Relu", {4, 8, 16}, {16, 9}, {4, 8, 9}, true, false},
         {"Relu", {64, 32}, {32, 48}, {64, 48}, true, true},
@@ -2555,16 +2962,25 @@ void add_fused_and_half_cases(std::vector<OpCase>& v) {
         {"", {3, 16, 32}, {32, 8}, {3, 16, 8}, true, true},
     };
     for (const P& p : ps) {
-      std::string l = "act=" + (p.act.empty() ? std::string("none") : p.act) + " A=" + shape_label(p.a) + " B=" +
-                      shape_label(p.b) + (p.bias ? " bias" : "") + (p.z ? " Z" : "");
+      std::string l = "act=" + (p.act.empty() ? std::string("none") : p.act) + " A=" + shape_label(p.a) +
+                      " B=" + shape_label(p.b) + (p.bias ? " bias" : "") + (p.z ? " Z" : "");
       std::vector<InputSpec> ins = {in("A", p.a), in("B", p.b, true)};
       ins.push_back(p.bias ? in("bias", {p.b.back()}, true) : absent());
       if (p.z) ins.push_back(in("Z", p.out));
-      fused("FusedMatMul", l, ins, act_attrs(p.act, p.act == "LeakyRelu" ? std::vector<float>{0.1f} : std::vector<float>{}));
+      fused("FusedMatMul", l, ins,
+            act_attrs(p.act, p.act == "LeakyRelu" ? std::vector<float>{0.1f} : std::vector<float>{}));
     }
   }
   {  // FusedGemm: act(alpha A' B' + beta C + Z)
-    struct P { std::string act; std::vector<float> params; int64_t M, K, N; int ta, tb; float alpha, beta; Shape c; bool z; };
+    struct P {
+      std::string act;
+      std::vector<float> params;
+      int64_t M, K, N;
+      int ta, tb;
+      float alpha, beta;
+      Shape c;
+      bool z;
+    };
     const P ps[] = {
         {"Relu", {}, 32, 64, 16, 0, 1, 1.f, 1.f, {16}, false},
         {"Tanh", {}, 5, 7, 3, 1, 0, 0.5f, 2.f, {5, 3}, true},
@@ -2576,8 +2992,8 @@ void add_fused_and_half_cases(std::vector<OpCase>& v) {
     };
     for (const P& p : ps) {
       std::ostringstream l;
-      l << "act=" << (p.act.empty() ? "none" : p.act) << " M=" << p.M << " K=" << p.K << " N=" << p.N << " transA=" << p.ta
-        << " transB=" << p.tb << " alpha=" << p.alpha << " beta=" << p.beta
+      l << "act=" << (p.act.empty() ? "none" : p.act) << " M=" << p.M << " K=" << p.K << " N=" << p.N
+        << " transA=" << p.ta << " transB=" << p.tb << " alpha=" << p.alpha << " beta=" << p.beta
         << " C=" << (p.c.empty() ? "none" : shape_label(p.c)) << (p.z ? " Z" : "");
       std::vector<InputSpec> ins = {in("A", p.ta ? Shape{p.K, p.M} : Shape{p.M, p.K}),
                                     in("B", p.tb ? Shape{p.N, p.K} : Shape{p.K, p.N}, true)};
@@ -2611,13 +3027,13 @@ void add_fused_and_half_cases(std::vector<OpCase>& v) {
     add("Conv", "N=2 C=16 H=14 W=14 K=32 k=3 s=1 p=1",
         {in("X", {2, 16, 14, 14}), in("W", {32, 16, 3, 3}, true, -0.3f, 0.3f), in("B", {32}, true)},
         {{"kernel_shape", Is({3, 3})}, {"pads", Is({1, 1, 1, 1})}});
-    add("Conv", "N=1 C=64 H=8 W=8 K=128 k=1 nobias", {in("X", {1, 64, 8, 8}), in("W", {128, 64, 1, 1}, true, -0.2f, 0.2f)},
-        {{"kernel_shape", Is({1, 1})}});
+    add("Conv", "N=1 C=64 H=8 W=8 K=128 k=1 nobias",
+        {in("X", {1, 64, 8, 8}), in("W", {128, 64, 1, 1}, true, -0.2f, 0.2f)}, {{"kernel_shape", Is({1, 1})}});
     add("Conv", "N=1 C=32 H=15 W=15 K=32 k=3 s=2 p=1 g=32",
         {in("X", {1, 32, 15, 15}), in("W", {32, 1, 3, 3}, true), in("B", {32}, true)},
         {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"pads", Is({1, 1, 1, 1})}, {"group", I(32)}});
-    add("Conv", "N=1 C=8 H=9 W=10 K=8 k=3 pads=0,1,2,1", {in("X", {1, 8, 9, 10}), in("W", {8, 8, 3, 3}, true, -0.3f, 0.3f)},
-        {{"pads", Is({0, 1, 2, 1})}});
+    add("Conv", "N=1 C=8 H=9 W=10 K=8 k=3 pads=0,1,2,1",
+        {in("X", {1, 8, 9, 10}), in("W", {8, 8, 3, 3}, true, -0.3f, 0.3f)}, {{"pads", Is({0, 1, 2, 1})}});
     add("Conv", "1d N=2 C=16 L=50 K=32 k=5 s=2 p=2",
         {in("X", {2, 16, 50}), in("W", {32, 16, 5}, true, -0.3f, 0.3f), in("B", {32}, true)},
         {{"strides", Is({2})}, {"pads", Is({2, 2})}});
@@ -2640,7 +3056,10 @@ void add_fused_and_half_cases(std::vector<OpCase>& v) {
     add("MaxPool", "X=[1,16,14,14] k=3 s=2 p=1", {in("X", {1, 16, 14, 14})},
         {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"pads", Is({1, 1, 1, 1})}});
     add("AveragePool", "X=[1,17,10,10] k=3 s=2 p=1 count_include_pad=1", {in("X", {1, 17, 10, 10})},
-        {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"pads", Is({1, 1, 1, 1})}, {"count_include_pad", I(1)}});
+        {{"kernel_shape", Is({3, 3})},
+         {"strides", Is({2, 2})},
+         {"pads", Is({1, 1, 1, 1})},
+         {"count_include_pad", I(1)}});
     add("AveragePool", "X=[1,17,10,10] k=3 s=2 p=1 count_include_pad=0", {in("X", {1, 17, 10, 10})},
         {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"pads", Is({1, 1, 1, 1})}});
     add("GlobalAveragePool", "X=[2,64,7,7]", {in("X", {2, 64, 7, 7})}, {});
@@ -2662,8 +3081,9 @@ void add_fused_and_half_cases(std::vector<OpCase>& v) {
   };
   add32("MaxPool", "X=[1,8,9,10] k=3 s=2 pads=0,1,1,0", {in("X", {1, 8, 9, 10})},
         {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"pads", Is({0, 1, 1, 0})}});
-  add32("AveragePool", "X=[1,8,9,10] k=3 s=2 pads=0,1,1,0 count_include_pad=1", {in("X", {1, 8, 9, 10})},
-        {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"pads", Is({0, 1, 1, 0})}, {"count_include_pad", I(1)}});
+  add32(
+      "AveragePool", "X=[1,8,9,10] k=3 s=2 pads=0,1,1,0 count_include_pad=1", {in("X", {1, 8, 9, 10})},
+      {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"pads", Is({0, 1, 1, 0})}, {"count_include_pad", I(1)}});
   add32("AveragePool", "X=[1,8,9,10] k=3 s=2 pads=0,1,1,0 count_include_pad=0", {in("X", {1, 8, 9, 10})},
         {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"pads", Is({0, 1, 1, 0})}});
   add32("MaxPool", "3d X=[1,4,6,7,8] k=2 s=2", {in("X", {1, 4, 6, 7, 8})},
@@ -2751,8 +3171,9 @@ void add_attention_cases(std::vector<OpCase>& v) {
            {in("Q", {H, S, D}, false, -2, 2), in("Kt", {H, D, S}, false, -2, 2), in("V", {H, S, D})},
            1.f / std::sqrt(static_cast<float>(D)));
     }
-  attn("B=2 H=4 S=7 T=33 D=64 Dv=80 mask [S,T] constant", {in("Q", {2, 4, 7, 64}), in("Kt", {2, 4, 64, 33}),
-       in("V", {2, 4, 33, 80}), in("mask", {7, 33}, true, -4, 0)}, 0.125f);
+  attn("B=2 H=4 S=7 T=33 D=64 Dv=80 mask [S,T] constant",
+       {in("Q", {2, 4, 7, 64}), in("Kt", {2, 4, 64, 33}), in("V", {2, 4, 33, 80}), in("mask", {7, 33}, true, -4, 0)},
+       0.125f);
   {
     // Key padding: batch entry 1's last 5 keys masked with -inf ([B,1,1,T]).
     InputSpec m = in("mask", {2, 1, 1, 19}, false);
@@ -2768,8 +3189,8 @@ void add_attention_cases(std::vector<OpCase>& v) {
     InputSpec m = in("mask", {S, S}, true);
     for (int64_t i = 0; i < S; ++i)
       for (int64_t j = 0; j < S; ++j) m.values.push_back(j > i ? -inf : 0.f);
-    attn("H=4 S=37 D=64 causal mask", {in("Q", {4, S, 64}, false, -2, 2), in("Kt", {4, 64, S}, false, -2, 2),
-         in("V", {4, S, 64}), m}, 0.125f);
+    attn("H=4 S=37 D=64 causal mask",
+         {in("Q", {4, S, 64}, false, -2, 2), in("Kt", {4, 64, S}, false, -2, 2), in("V", {4, S, 64}), m}, 0.125f);
   }
   {
     // A row masked entirely (gives 0) and a mask that varies per head ([B,H,S,T]).
@@ -2791,7 +3212,10 @@ void add_attention_cases(std::vector<OpCase>& v) {
     std::copy(vals.begin(), vals.end(), t.data<int64_t>());
     return t;
   };
-  struct L { int64_t S, H, Dh, B; bool mask; };
+  struct L {
+    int64_t S, H, Dh, B;
+    bool mask;
+  };
   for (const L& l : {L{128, 4, 64, 1, false}, L{197, 12, 64, 1, false}, L{7, 16, 32, 1, true}, L{33, 2, 80, 2, true}}) {
     const int64_t E = l.H * l.Dh;
     OpCase c;
@@ -2800,12 +3224,20 @@ void add_attention_cases(std::vector<OpCase>& v) {
     c.claim_whole = true;
     c.label = "self-attention via keel.Attention S=" + std::to_string(l.S) + " heads=" + std::to_string(l.H) +
               " Dh=" + std::to_string(l.Dh) + " batch=" + std::to_string(l.B) + (l.mask ? " key-padding mask" : "");
-    c.inputs = {in("X", {l.S, l.B, E}),      in("W", {E, 3 * E}, true, -0.2f, 0.2f), in("Bi", {3 * E}, true),
-                in("s0", {1}, true),         in("s1", {1}, true), in("s2", {1}, true), in("s3", {1}, true),
-                in("ax", {1}, true),         in("shp", {3}, true), in("shp2", {3}, true),
+    c.inputs = {in("X", {l.S, l.B, E}),
+                in("W", {E, 3 * E}, true, -0.2f, 0.2f),
+                in("Bi", {3 * E}, true),
+                in("s0", {1}, true),
+                in("s1", {1}, true),
+                in("s2", {1}, true),
+                in("s3", {1}, true),
+                in("ax", {1}, true),
+                in("shp", {3}, true),
+                in("shp2", {3}, true),
                 in("WO", {E, E}, true, -0.2f, 0.2f)};
-    c.int64_constants = {{3, i64({0})}, {4, i64({E})}, {5, i64({2 * E})}, {6, i64({3 * E})}, {7, i64({-1})},
-                         {8, i64({l.S, l.B * l.H, l.Dh})}, {9, i64({l.S, l.B, E})}};
+    c.int64_constants = {{3, i64({0})},          {4, i64({E})},  {5, i64({2 * E})},
+                         {6, i64({3 * E})},      {7, i64({-1})}, {8, i64({l.S, l.B * l.H, l.Dh})},
+                         {9, i64({l.S, l.B, E})}};
     auto perm = [](std::vector<int64_t> p) { return std::map<std::string, Attribute>{{"perm", Is(std::move(p))}}; };
     std::vector<std::string> ains = {"$7", "$8", "$10"};
     if (l.mask) {
@@ -2816,17 +3248,17 @@ void add_attention_cases(std::vector<OpCase>& v) {
       ains.push_back("M");
     }
     c.chain = {
-        {"MatMul", {"X", "W"}, {}},                        // $0 [S,B,3E]
-        {"Add", {"Bi", "$0"}, {}},                         // $1
-        {"Slice", {"$1", "s0", "s1", "ax"}, {}},           // $2 q
-        {"Slice", {"$1", "s1", "s2", "ax"}, {}},           // $3 k
-        {"Slice", {"$1", "s2", "s3", "ax"}, {}},           // $4 v
-        {"Reshape", {"$2", "shp"}, {}},                    // $5 [S,B*H,Dh]
-        {"Reshape", {"$3", "shp"}, {}},                    // $6
-        {"Transpose", {"$5"}, perm({1, 0, 2})},            // $7 q [B*H,S,Dh]
-        {"Transpose", {"$6"}, perm({1, 2, 0})},            // $8 kT [B*H,Dh,S]
-        {"Reshape", {"$4", "shp"}, {}},                    // $9
-        {"Transpose", {"$9"}, perm({1, 0, 2})},            // $10 v [B*H,S,Dh]
+        {"MatMul", {"X", "W"}, {}},               // $0 [S,B,3E]
+        {"Add", {"Bi", "$0"}, {}},                // $1
+        {"Slice", {"$1", "s0", "s1", "ax"}, {}},  // $2 q
+        {"Slice", {"$1", "s1", "s2", "ax"}, {}},  // $3 k
+        {"Slice", {"$1", "s2", "s3", "ax"}, {}},  // $4 v
+        {"Reshape", {"$2", "shp"}, {}},           // $5 [S,B*H,Dh]
+        {"Reshape", {"$3", "shp"}, {}},           // $6
+        {"Transpose", {"$5"}, perm({1, 0, 2})},   // $7 q [B*H,S,Dh]
+        {"Transpose", {"$6"}, perm({1, 2, 0})},   // $8 kT [B*H,Dh,S]
+        {"Reshape", {"$4", "shp"}, {}},           // $9
+        {"Transpose", {"$9"}, perm({1, 0, 2})},   // $10 v [B*H,S,Dh]
     };
     c.chain.push_back({"keel.Attention", ains, {{"scale", F(1.f / std::sqrt(static_cast<float>(l.Dh)))}}});  // $11
     c.chain.push_back({"Transpose", {"$11"}, perm({1, 0, 2})});  // $12 [S,B*H,Dh]
@@ -2845,8 +3277,8 @@ void add_int8_chain_cases(std::vector<OpCase>& v) {
   auto qc = [](std::vector<std::string> ins, int64_t k, int64_t s, int64_t g, const char* act,
                std::map<std::string, Attribute> extra = {}) {
     const int64_t p = k / 2;
-    std::map<std::string, Attribute> a = {{"kernel_shape", Is({k, k})}, {"strides", Is({s, s})},
-                                          {"pads", Is({p, p, p, p})}, {"group", I(g)}};
+    std::map<std::string, Attribute> a = {
+        {"kernel_shape", Is({k, k})}, {"strides", Is({s, s})}, {"pads", Is({p, p, p, p})}, {"group", I(g)}};
     if (act[0]) a["activation"] = S(act);
     if (std::string(act) == "Clip") a["activation_params"] = Attribute::of_floats({0.f, 6.f});
     for (auto& [key, val] : extra) a[key] = val;
@@ -2894,8 +3326,9 @@ void add_int8_chain_cases(std::vector<OpCase>& v) {
     // (MobileNetV2's tail).
     OpCase c;
     c.op = "Chain";
-    c.label = "int8 after an fp32 prefix: Conv+Relu, Conv -> int8 block +Z -> stride-2 depthwise -> GlobalAveragePool -> "
-              "QGemm";
+    c.label =
+        "int8 after an fp32 prefix: Conv+Relu, Conv -> int8 block +Z -> stride-2 depthwise -> GlobalAveragePool -> "
+        "QGemm";
     c.inputs = {in("X", {1, 16, 14, 14}), in("W0", {32, 16, 3, 3}, true, -0.3f, 0.3f), in("B0", {32}, true),
                 in("W1", {24, 32, 1, 1}, true, -0.3f, 0.3f), in("B1", {24}, true)};
     act_q(c, "x", 0.02f, 128);
@@ -2998,7 +3431,8 @@ void add_int8_chain_cases(std::vector<OpCase>& v) {
     // shortcut as the project's Z, a plain f32 output.
     OpCase c;
     c.op = "Chain";
-    c.label = "int8 1-D block, batch 2: Conv1d+Relu -> QuantizeLinear -> dilated QConv k3, depthwise s2, 1x1 +Z (1x1 s2)";
+    c.label =
+        "int8 1-D block, batch 2: Conv1d+Relu -> QuantizeLinear -> dilated QConv k3, depthwise s2, 1x1 +Z (1x1 s2)";
     c.inputs = {in("X", {2, 12, 40}), in("W0", {16, 12, 3}, true, -0.3f, 0.3f), in("B0", {16}, true)};
     act_q(c, "x", 0.02f, 10);
     layer_n(c, "e", 24, 16, 1, 3, 0.003f);
@@ -3010,7 +3444,8 @@ void add_int8_chain_cases(std::vector<OpCase>& v) {
     c.chain = {{"Conv", {"X", "W0", "B0"}, {{"kernel_shape", Is({3})}, {"pads", Is({1, 1})}}},
                {"Relu", {"$0"}, {}},
                {"QuantizeLinear", {"$1", "Sx", "Zx"}, {}},
-               qcn({"$2", "We", "Be", "Sx", "Zx", "WSe", "Se", "Ze"}, 1, 3, 1, 2, 2, 1, "Relu", {{"output_layout", S("NHWC")}}),
+               qcn({"$2", "We", "Be", "Sx", "Zx", "WSe", "Se", "Ze"}, 1, 3, 1, 2, 2, 1, "Relu",
+                   {{"output_layout", S("NHWC")}}),
                qcn({"$3", "Wd", "Bd", "Se", "Ze", "WSd", "Sd", "Zd"}, 1, 3, 2, 1, 1, 24, "Clip", nhwc_io),
                qcn({"$2", "Ws", "Bs", "Sx", "Zx", "WSs"}, 1, 1, 2, 0, 1, 1, "", {{"output_layout", S("NHWC")}}),
                qcn({"$4", "Wp", "Bp", "Sd", "Zd", "WSp", "", "", "$5"}, 1, 1, 1, 0, 1, 1, "",
@@ -3035,7 +3470,8 @@ void add_int8_chain_cases(std::vector<OpCase>& v) {
     layer_n(c, "p", 16, 32, 3, 1, 0.002f);
     c.chain = {{"Conv", {"X", "W0", "B0"}, {{"kernel_shape", Is({3, 3, 3})}, {"pads", Is({1, 1, 1, 1, 1, 1})}}},
                {"QuantizeLinear", {"$0", "Sx", "Zx"}, {}},
-               qcn({"$1", "We", "Be", "Sx", "Zx", "WSe", "Se", "Ze"}, 3, 1, 1, 0, 1, 1, "Clip", {{"output_layout", S("NHWC")}}),
+               qcn({"$1", "We", "Be", "Sx", "Zx", "WSe", "Se", "Ze"}, 3, 1, 1, 0, 1, 1, "Clip",
+                   {{"output_layout", S("NHWC")}}),
                qcn({"$2", "Wd", "Bd", "Se", "Ze", "WSd", "Sd", "Zd"}, 3, 3, 2, 1, 1, 32, "Clip", nhwc_io),
                qcn({"$1", "Ws", "Bs", "Sx", "Zx", "WSs"}, 3, 3, 2, 1, 1, 1, "", {{"output_layout", S("NHWC")}}),
                qcn({"$3", "Wp", "Bp", "Sd", "Zd", "WSp", "", "", "$4"}, 3, 1, 1, 0, 1, 1, "",
@@ -3051,8 +3487,8 @@ void add_int8_chain_cases(std::vector<OpCase>& v) {
     for (int s8 = 0; s8 < 2; ++s8) {
       OpCase c;
       c.op = "Chain";
-      c.label = std::string("int8 boundary at a depthwise 3x3: Conv 1x1 -> QConv dw (f32 X -> ") + (s8 ? "s8, s2" : "u8") +
-                ") -> QConv 1x1";
+      c.label = std::string("int8 boundary at a depthwise 3x3: Conv 1x1 -> QConv dw (f32 X -> ") +
+                (s8 ? "s8, s2" : "u8") + ") -> QConv 1x1";
       c.inputs = {in("X", {1, 24, 14, 14}), in("W0", {48, 24, 1, 1}, true, -0.3f, 0.3f), in("B0", {48}, true)};
       act_q(c, "x", 0.025f, s8 ? 3.f : 100.f, s8 ? DType::kI8 : DType::kU8);
       layer(c, "d", 48, 1, 3, 0.004f);
@@ -3104,7 +3540,7 @@ std::vector<OpCase> make_cases() {
   add_training_cases(v);
   add_chain_cases(v);
   add_bf16_chain_cases(v);
-  add_int8_chain_cases(v);  // after the bf16 copies: int8 chains have none
+  add_int8_chain_cases(v);      // after the bf16 copies: int8 chains have none
   add_bf16_inference_cases(v);  // before the GPU cases: bf16 copies of the f32 tables above only
   add_fused_and_half_cases(v);
   add_attention_cases(v);
@@ -3163,7 +3599,8 @@ Built build(const OpCase& c) {
     if (t.dtype() == DType::kF32 && (c.dtype == DType::kBF16 || c.dtype == DType::kF16)) {
       Tensor h = Tensor::host(c.dtype, t.shape()).value();
       for (int64_t j = 0; j < t.numel(); ++j)
-        h.data<uint16_t>()[j] = c.dtype == DType::kBF16 ? f32_to_bf16(t.data<float>()[j]) : f32_to_f16(t.data<float>()[j]);
+        h.data<uint16_t>()[j] =
+            c.dtype == DType::kBF16 ? f32_to_bf16(t.data<float>()[j]) : f32_to_f16(t.data<float>()[j]);
       t = h;
     } else if (t.dtype() == DType::kF32 && c.dtype == DType::kF16) {
       Tensor h = Tensor::host(DType::kF16, t.shape()).value();
@@ -3328,8 +3765,9 @@ Report run(Environment& dut, Environment& oracle, const Options& o) {
         }
         if (bad) {
           r.outcome = Outcome::kFail;
-          r.message = std::to_string(bad) + "/" + std::to_string(n) + " elements off; worst at " + std::to_string(worst) +
-                      ": " + fmt(a[worst]) + " vs " + fmt(e[worst]) + " (max abs err " + fmt(r.max_abs_err) + ")";
+          r.message = std::to_string(bad) + "/" + std::to_string(n) + " elements off; worst at " +
+                      std::to_string(worst) + ": " + fmt(a[worst]) + " vs " + fmt(e[worst]) + " (max abs err " +
+                      fmt(r.max_abs_err) + ")";
         }
       }
     }
@@ -3348,8 +3786,8 @@ Report run(Environment& dut, Environment& oracle, const Options& o) {
       case Outcome::kUnsupported: rep.unsupported++; break;
     }
     if (o.out && (o.verbose || (r.outcome != Outcome::kPass && r.outcome != Outcome::kUnsupported))) {
-      *o.out << outcome_name(r.outcome) << "  " << c.op << " '" << c.label << "' kernel=" << (r.kernel.empty() ? "-" : r.kernel)
-             << " max_abs_err=" << fmt(r.max_abs_err);
+      *o.out << outcome_name(r.outcome) << "  " << c.op << " '" << c.label
+             << "' kernel=" << (r.kernel.empty() ? "-" : r.kernel) << " max_abs_err=" << fmt(r.max_abs_err);
       if (!r.message.empty()) *o.out << "  " << r.message;
       if (r.outcome != Outcome::kPass) *o.out << "\n    repro: " << r.repro;
       *o.out << "\n";

@@ -32,10 +32,10 @@ namespace keel::cts {
 struct InputSpec {
   std::string name;
   Shape shape;
-  bool constant = false;            // an initializer (kernels see its data at create time)
-  float lo = -1.f, hi = 1.f;        // uniform random range
-  std::vector<float> values;        // explicit values (override the random ones)
-  DType dtype = DType::kF32;        // f32, or an integer type (random integers in [lo, hi], or the values)
+  bool constant = false;      // an initializer (kernels see its data at create time)
+  float lo = -1.f, hi = 1.f;  // uniform random range
+  std::vector<float> values;  // explicit values (override the random ones)
+  DType dtype = DType::kF32;  // f32, or an integer type (random integers in [lo, hi], or the values)
 };
 
 // One node of a chain case: `inputs` name case inputs (InputSpec.name) or earlier nodes' outputs ("$0", "$1", ...;
@@ -53,12 +53,12 @@ struct OpCase {
   std::vector<InputSpec> inputs;
   std::map<std::string, Attribute> attrs;
   std::vector<std::pair<size_t, Tensor>> int64_constants;  // inputs (by index) given as these exact tensors
-  size_t num_outputs = 1;  // outputs the node declares; only the first is compared
-  double rtol = 1e-3, atol = 1e-4;  // |out - ref| <= atol * max(1, max|ref|) + rtol * |ref|
-  std::string domain;          // "" = ai.onnx; "keel" for Keel's own ops (opset 1)
-  double int_tol = 1;          // integer outputs: |out - ref| <= int_tol (1: requantisation may round apart)
-  DType dtype = DType::kF32;   // of the float inputs (f32, f16 or bf16; int64 inputs come from int64_constants)
-  size_t output = 0;           // which output is compared (the others are computed but not compared)
+  size_t num_outputs = 1;                                  // outputs the node declares; only the first is compared
+  double rtol = 1e-3, atol = 1e-4;                         // |out - ref| <= atol * max(1, max|ref|) + rtol * |ref|
+  std::string domain;                                      // "" = ai.onnx; "keel" for Keel's own ops (opset 1)
+  double int_tol = 1;         // integer outputs: |out - ref| <= int_tol (1: requantisation may round apart)
+  DType dtype = DType::kF32;  // of the float inputs (f32, f16 or bf16; int64 inputs come from int64_constants)
+  size_t output = 0;          // which output is compared (the others are computed but not compared)
   // A chain case (op "Chain"): these nodes in order instead of one node of `op`; the last one's output is
   // compared. The kernel recorded is the claimed subgraph's ("Subgraph" in the placement), "" when none ran.
   std::vector<ChainNode> chain;
@@ -84,19 +84,19 @@ const char* outcome_name(Outcome o);
 struct CaseResult {
   const OpCase* c = nullptr;
   Outcome outcome = Outcome::kPass;
-  std::string kernel;    // the kernel that ran the node on the device under test ("" when the session failed)
+  std::string kernel;  // the kernel that ran the node on the device under test ("" when the session failed)
   double max_abs_err = 0, max_rel_err = 0;
-  std::string message;   // what went wrong
-  std::string repro;     // the one-line command
+  std::string message;  // what went wrong
+  std::string repro;    // the one-line command
 };
 
 struct Options {
   std::string device = "cpu";
-  std::string op;              // only this op ("" = every op)
-  std::string label;           // only this case label ("" = every case)
-  std::string kernel_prefix;   // when set, cases served by a kernel without this prefix are "not native"
-  bool verbose = false;        // print every case, not only failures
-  std::ostream* out = nullptr; // where to print (nullptr = silent)
+  std::string op;               // only this op ("" = every op)
+  std::string label;            // only this case label ("" = every case)
+  std::string kernel_prefix;    // when set, cases served by a kernel without this prefix are "not native"
+  bool verbose = false;         // print every case, not only failures
+  std::ostream* out = nullptr;  // where to print (nullptr = silent)
 };
 
 struct Report {

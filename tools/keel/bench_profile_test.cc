@@ -44,7 +44,8 @@ Graph small_cnn(int64_t batch = 1) {
   };
   auto r1 = b.op1("Relu", {conv(x, "c1")});
   auto r2 = b.op1("Relu", {b.op1("Add", {conv(r1, "c2"), r1})});
-  auto p = b.op1("MaxPool", {r2}, {{"kernel_shape", Attribute::of_ints({2, 2})}, {"strides", Attribute::of_ints({2, 2})}});
+  auto p =
+      b.op1("MaxPool", {r2}, {{"kernel_shape", Attribute::of_ints({2, 2})}, {"strides", Attribute::of_ints({2, 2})}});
   auto f = b.op1("Flatten", {b.op1("GlobalAveragePool", {p})});
   auto w = b.constant("fc_w", random_f32({16, 10}, rng));
   auto bias = b.constant("fc_b", random_f32({10}, rng));
@@ -80,8 +81,8 @@ class BenchProfile : public ::testing::Test {
 
 TEST_F(BenchProfile, ChainTimeIsSplitIntoTheOnnxOpTypesItRuns) {
   CliRun r = keel_cli("--threads 1 bench " + (dir_ / "cnn.onnx").string() +
-                       " --device cpu --warmup 2 --iters 5 --json --profile --profile-nodes 4",
-                   dir_);
+                          " --device cpu --warmup 2 --iters 5 --json --profile --profile-nodes 4",
+                      dir_);
   ASSERT_EQ(r.rc, 0) << r.err;
   nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out;
@@ -134,8 +135,9 @@ TEST_F(BenchProfile, ChainTimeIsSplitIntoTheOnnxOpTypesItRuns) {
   EXPECT_GE(j["profile_nodes"][0]["ms"].get<double>(), j["profile_nodes"][3]["ms"].get<double>());
 
   // The text report names the op types and the chain.
-  r = keel_cli("--threads 1 bench " + (dir_ / "cnn.onnx").string() + " --device cpu --warmup 1 --iters 3 --profile-nodes 3",
-               dir_);
+  r = keel_cli(
+      "--threads 1 bench " + (dir_ / "cnn.onnx").string() + " --device cpu --warmup 1 --iters 3 --profile-nodes 3",
+      dir_);
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("chain 1 = cpu:onednn_chain("), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("with Add x1 Relu x2 fused"), std::string::npos) << r.out;
@@ -143,8 +145,8 @@ TEST_F(BenchProfile, ChainTimeIsSplitIntoTheOnnxOpTypesItRuns) {
 }
 
 TEST_F(BenchProfile, WithoutProfileTheChainIsNotTimedStepByStep) {
-  CliRun r = keel_cli("--threads 1 bench " + (dir_ / "cnn.onnx").string() + " --device cpu --warmup 1 --iters 2 --json",
-                   dir_);
+  CliRun r =
+      keel_cli("--threads 1 bench " + (dir_ / "cnn.onnx").string() + " --device cpu --warmup 1 --iters 2 --json", dir_);
   ASSERT_EQ(r.rc, 0) << r.err;
   nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out;
@@ -156,9 +158,9 @@ TEST_F(BenchProfile, WithoutProfileTheChainIsNotTimedStepByStep) {
 TEST_F(BenchProfile, ADynamicBatchModelProfilesTheChainOfItsShapeVariant) {
   ASSERT_TRUE(save_onnx(small_cnn(-1), dir_ / "dyn.onnx").is_ok());
   const std::string model = (dir_ / "dyn.onnx").string();
-  CliRun r = keel_cli("--threads 1 bench " + model + " --device cpu --warmup 1 --iters 2 --json --profile " +
-                          "--shape x=2,16,24,24",
-                      dir_);
+  CliRun r = keel_cli(
+      "--threads 1 bench " + model + " --device cpu --warmup 1 --iters 2 --json --profile " + "--shape x=2,16,24,24",
+      dir_);
   ASSERT_EQ(r.rc, 0) << r.err;
   nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out;

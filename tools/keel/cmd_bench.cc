@@ -40,12 +40,11 @@ struct BenchArgs {
   bool json = false;
   bool profile = false;
   int profile_nodes = 0;  // with the profile: the N slowest nodes / reported steps
-  bool trim = false;  // after the runs, give the pools' cached segments back and report what that released
+  bool trim = false;      // after the runs, give the pools' cached segments back and report what that released
   std::string passes = "auto";
   int shape_variants = SessionOptions{}.shape_variants;
   std::vector<std::string> shapes;  // NAME=D0,D1,...: the shape of an input's random tensor (dynamic dims)
 };
-
 
 double peak_rss_mib() {
   struct rusage ru {};
@@ -216,9 +215,16 @@ int bench(const BenchArgs& a, Globals& g) {
     if (p.calls > 0) profiled_total += p.total_ms / p.calls;
   // Claimed subgraphs by name ("chain K" in the table; a legend lists them), and the slowest nodes / steps.
   std::map<std::string, int> chain_no;
-  struct Chain { std::string where; double ms = 0, steps_ms = 0; int count = 0, members = 0, steps = 0; };
+  struct Chain {
+    std::string where;
+    double ms = 0, steps_ms = 0;
+    int count = 0, members = 0, steps = 0;
+  };
   std::vector<Chain> chains;
-  struct NodeRow { std::string node, op_type, where, detail; double ms; };
+  struct NodeRow {
+    std::string node, op_type, where, detail;
+    double ms;
+  };
   std::vector<NodeRow> node_rows;
   for (const auto& p : prof) {
     if (p.calls == 0) continue;
@@ -242,7 +248,8 @@ int bench(const BenchArgs& a, Globals& g) {
       std::string node = st.nodes.empty() ? std::string("(") + p.node + ")" : st.nodes[0];
       if (st.nodes.size() > 1) node += " +" + std::to_string(st.nodes.size() - 1) + " fused";
       node_rows.push_back({node, st.op_type.empty() ? "(" + st.kind + ")" : st.op_type, at,
-                           st.kind + (st.implementation.empty() ? "" : " " + st.implementation), st.total_ms / p.calls});
+                           st.kind + (st.implementation.empty() ? "" : " " + st.implementation),
+                           st.total_ms / p.calls});
     }
   }
   std::stable_sort(node_rows.begin(), node_rows.end(), [](const auto& x, const auto& y) { return x.ms > y.ms; });
@@ -286,8 +293,8 @@ int bench(const BenchArgs& a, Globals& g) {
     if (profiling) {
       nlohmann::json jp = nlohmann::json::array();
       for (const auto& t : ops) {
-        nlohmann::json r = {{"op_type", t.op_type}, {"ms", t.ms}, {"nodes", t.nodes}, {"fused", t.fused},
-                            {"no_step", t.no_step}, {"where", t.where}};
+        nlohmann::json r = {{"op_type", t.op_type}, {"ms", t.ms},           {"nodes", t.nodes},
+                            {"fused", t.fused},     {"no_step", t.no_step}, {"where", t.where}};
         r["fused_in"] = nlohmann::json::object();
         for (const auto& [op, n] : t.fused_in) r["fused_in"][op] = n;
         jp.push_back(std::move(r));
@@ -297,12 +304,18 @@ int bench(const BenchArgs& a, Globals& g) {
       nlohmann::json jc = nlohmann::json::array();
       for (const auto& p : prof) {
         if (p.op_type != "Subgraph" || p.calls == 0) continue;
-        nlohmann::json c = {{"name", p.node}, {"device", p.device_type}, {"kernel", p.kernel},
-                            {"ms", p.total_ms / p.calls}, {"nodes", p.members.size()}};
+        nlohmann::json c = {{"name", p.node},
+                            {"device", p.device_type},
+                            {"kernel", p.kernel},
+                            {"ms", p.total_ms / p.calls},
+                            {"nodes", p.members.size()}};
         nlohmann::json steps = nlohmann::json::array();
         for (const auto& st : p.steps)
-          steps.push_back({{"kind", st.kind}, {"implementation", st.implementation}, {"op_type", st.op_type},
-                           {"nodes", st.nodes}, {"ms", st.total_ms / p.calls}});
+          steps.push_back({{"kind", st.kind},
+                           {"implementation", st.implementation},
+                           {"op_type", st.op_type},
+                           {"nodes", st.nodes},
+                           {"ms", st.total_ms / p.calls}});
         c["steps"] = steps;
         jc.push_back(std::move(c));
       }
@@ -310,7 +323,8 @@ int bench(const BenchArgs& a, Globals& g) {
       if (a.profile_nodes > 0) {
         nlohmann::json jn = nlohmann::json::array();
         for (const auto& r : node_rows)
-          jn.push_back({{"node", r.node}, {"op_type", r.op_type}, {"where", r.where}, {"detail", r.detail}, {"ms", r.ms}});
+          jn.push_back(
+              {{"node", r.node}, {"op_type", r.op_type}, {"where", r.where}, {"detail", r.detail}, {"ms", r.ms}});
         j["profile_nodes"] = jn;
       }
     }
@@ -319,8 +333,8 @@ int bench(const BenchArgs& a, Globals& g) {
   }
   std::cout << std::fixed << std::setprecision(3);
   std::cout << "model      " << a.model << "\n";
-  std::cout << "device     " << (a.device.empty() ? "auto" : a.device) << ", " << threads << " thread(s), batch " << batch
-            << "\n";
+  std::cout << "device     " << (a.device.empty() ? "auto" : a.device) << ", " << threads << " thread(s), batch "
+            << batch << "\n";
   std::cout << "session    created in " << create_ms << " ms; " << s.fallbacks().size() << " fallback(s)";
   if (!variant.empty()) std::cout << "; runs specialised to " << variant << " (shape variant)";
   std::cout << "\n";
@@ -344,7 +358,8 @@ int bench(const BenchArgs& a, Globals& g) {
     for (const auto& [k, n] : m) std::cout << " " << op << "=" << k << "x" << n;
   std::cout << "\n";
   if (profiling) {
-    std::cout << "profile (per timed run, by op type; timings include the profiler's overhead, which waits for every step):\n";
+    std::cout << "profile (per timed run, by op type; timings include the profiler's overhead, which waits for every "
+                 "step):\n";
     for (const auto& t : ops) {
       std::cout << "  " << std::left << std::setw(24) << t.op_type << std::right << std::setw(10) << t.ms << " ms "
                 << std::setw(6) << std::setprecision(1) << (profiled_total > 0 ? 100 * t.ms / profiled_total : 0)
@@ -359,11 +374,13 @@ int bench(const BenchArgs& a, Globals& g) {
         notes += " fused";
       }
       if (t.fused > 0) notes += (notes.empty() ? "" : "; ") + std::to_string(t.fused) + " fused into other ops";
-      if (t.no_step > 0) notes += (notes.empty() ? "" : "; ") + std::to_string(t.no_step) + " without a step (views, constants)";
+      if (t.no_step > 0)
+        notes += (notes.empty() ? "" : "; ") + std::to_string(t.no_step) + " without a step (views, constants)";
       if (!notes.empty()) std::cout << "  (" << notes << ")";
       std::cout << "\n";
     }
-    std::cout << "  " << std::left << std::setw(24) << "total" << std::right << std::setw(10) << profiled_total << " ms\n";
+    std::cout << "  " << std::left << std::setw(24) << "total" << std::right << std::setw(10) << profiled_total
+              << " ms\n";
     for (size_t k = 0; k < chains.size(); ++k) {
       const Chain& c = chains[k];
       std::cout << "  chain " << k + 1 << " = " << c.where << (c.count > 1 ? " x" + std::to_string(c.count) : "")

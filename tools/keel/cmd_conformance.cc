@@ -199,13 +199,14 @@ std::string compare_values(const RunValue& got, const RunValue& want) {
 // One test
 
 std::string random_op(const Graph& g) {
-  static const std::set<std::string> kRandom = {"Bernoulli",          "RandomNormal", "RandomNormalLike",
-                                                "RandomUniform",      "RandomUniformLike", "Multinomial"};
+  static const std::set<std::string> kRandom = {"Bernoulli",     "RandomNormal",      "RandomNormalLike",
+                                                "RandomUniform", "RandomUniformLike", "Multinomial"};
   for (NodeId id : g.node_ids()) {
     const Node* n = g.node(id);
     if (n->domain.empty() && kRandom.count(n->op_type)) return n->op_type;
     // Dropout draws a mask in training mode (opset 12+: a third input, training_mode).
-    if (n->domain.empty() && n->op_type == "Dropout" && n->inputs.size() >= 3 && !n->inputs[2].empty()) return "Dropout";
+    if (n->domain.empty() && n->op_type == "Dropout" && n->inputs.size() >= 3 && !n->inputs[2].empty())
+      return "Dropout";
     for (const auto& [k, a] : n->attrs)
       if (a.g) {
         std::string r = random_op(*a.g);
@@ -327,7 +328,8 @@ Result run_test(Environment& env, const TestCase& tc, bool roundtrip) {
     auto out_files = numbered_files(set, "output_");
     if (out_files.size() != outputs->size()) {
       r.outcome = Outcome::kFail;
-      r.message = set_name + ": " + std::to_string(outputs->size()) + " outputs, expected " + std::to_string(out_files.size());
+      r.message =
+          set_name + ": " + std::to_string(outputs->size()) + " outputs, expected " + std::to_string(out_files.size());
       return r;
     }
     for (size_t k = 0; k < out_files.size(); ++k) {
@@ -341,7 +343,8 @@ Result run_test(Environment& env, const TestCase& tc, bool roundtrip) {
       if (!diff.empty()) {
         const auto& names = (*session)->output_names();
         r.outcome = random.empty() ? Outcome::kFail : Outcome::kUnsupported;
-        r.message = set_name + ": output " + std::to_string(k) + " '" + (k < names.size() ? names[k] : "") + "': " + diff;
+        r.message =
+            set_name + ": output " + std::to_string(k) + " '" + (k < names.size() ? names[k] : "") + "': " + diff;
         if (!random.empty()) r.message = "draws random numbers (" + random + "); " + r.message;
         return r;
       }
@@ -400,7 +403,7 @@ void write_all(int fd, const std::string& s) {
 struct Worker {
   pid_t pid = -1;
   int fd = -1;
-  size_t next = 0;     // the next index this worker will run
+  size_t next = 0;  // the next index this worker will run
   size_t stride = 1;
   long inflight = -1;  // index of the test in progress, -1 when none
   std::chrono::steady_clock::time_point started;
@@ -516,7 +519,8 @@ void run_forked(const std::vector<TestCase>& tests, std::vector<Result>& results
       ::waitpid(w.pid, &wstatus, 0);
       if (why.empty()) {
         if (WIFSIGNALED(wstatus)) why = std::string("crashed: ") + strsignal(WTERMSIG(wstatus));
-        else if (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) != 0) why = "worker exited with status " + std::to_string(WEXITSTATUS(wstatus));
+        else if (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) != 0)
+          why = "worker exited with status " + std::to_string(WEXITSTATUS(wstatus));
       }
       if (w.inflight >= 0) {
         size_t i = static_cast<size_t>(w.inflight);
@@ -632,7 +636,9 @@ int conformance(const ConfArgs& a, Globals& g) {
   }
 
   // Per-suite table.
-  struct Counts { int total = 0, pass = 0, fail = 0, error = 0, unsupported = 0; };
+  struct Counts {
+    int total = 0, pass = 0, fail = 0, error = 0, unsupported = 0;
+  };
   std::map<std::string, Counts> per_suite;
   Counts all;
   for (size_t i = 0; i < tests.size(); ++i) {
@@ -653,7 +659,8 @@ int conformance(const ConfArgs& a, Globals& g) {
   };
   std::cout << std::left << std::setw(20) << "suite" << std::right << std::setw(7) << "tests" << std::setw(7) << "pass"
             << std::setw(7) << "fail" << std::setw(7) << "error" << std::setw(13) << "unsupported" << std::setw(10)
-            << "passed" << "\n";
+            << "passed"
+            << "\n";
   for (const auto& suite : a.suites)
     if (per_suite.count(suite)) row(suite, per_suite[suite]);
   row("all", all);
@@ -678,7 +685,8 @@ int conformance(const ConfArgs& a, Globals& g) {
       if (it == index.end()) {
         regressions.push_back(name + "\tmissing (no such test in " + a.data + ")");
       } else if (results[it->second].outcome != Outcome::kPass) {
-        regressions.push_back(name + "\t" + outcome_name(results[it->second].outcome) + "\t" + results[it->second].message);
+        regressions.push_back(name + "\t" + outcome_name(results[it->second].outcome) + "\t" +
+                              results[it->second].message);
       }
     }
     if (!regressions.empty()) {

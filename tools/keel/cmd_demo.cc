@@ -31,7 +31,8 @@ Graph build_simple_cnn(int64_t batch) {
   auto bias = b.constant("conv.bias", random_tensor({32}, 0.1f, rng));
   auto conv = b.op1("Conv", {x, w, bias}, {{"kernel_shape", Attribute::of_ints({3, 3})}});
   auto relu = b.op1("Relu", {conv});
-  auto pool = b.op1("MaxPool", {relu}, {{"kernel_shape", Attribute::of_ints({2, 2})}, {"strides", Attribute::of_ints({2, 2})}});
+  auto pool =
+      b.op1("MaxPool", {relu}, {{"kernel_shape", Attribute::of_ints({2, 2})}, {"strides", Attribute::of_ints({2, 2})}});
   auto flat = b.op1("Flatten", {pool}, {{"axis", Attribute::of_int(1)}});
   auto fw = b.constant("fc.weight", random_tensor({10, 32 * 15 * 15}, 0.01f, rng));
   auto fb = b.constant("fc.bias", random_tensor({10}, 0.1f, rng));
@@ -56,8 +57,8 @@ void add_demo_command(CLI::App& app, Globals& g) {
     }
     std::mt19937 rng(7);
     Tensor image = random_tensor({*batch, 3, 32, 32}, 1.0f, rng);
-    std::cout << "\nSimpleCNN: Conv2D(3,32,3) -> ReLU -> MaxPool2D(2) -> flatten -> Linear(7200,10), batch "
-              << *batch << "\n";
+    std::cout << "\nSimpleCNN: Conv2D(3,32,3) -> ReLU -> MaxPool2D(2) -> flatten -> Linear(7200,10), batch " << *batch
+              << "\n";
     // The oracle: the same model on the reference kernels alone (no plugins).
     std::vector<float> reference;
     {
@@ -87,7 +88,8 @@ void add_demo_command(CLI::App& app, Globals& g) {
       // A device that cannot run the model (a skeleton plugin, a missing kernel) is reported, not fatal; only
       // the reference CPU must run, and every device that runs must agree with it.
       if (!session.is_ok()) {
-        std::cout << "  " << std::left << std::setw(8) << dev << " cannot run: " << session.status().to_string() << "\n";
+        std::cout << "  " << std::left << std::setw(8) << dev << " cannot run: " << session.status().to_string()
+                  << "\n";
         if (dev == "cpu") ++failures;
         continue;
       }
@@ -108,7 +110,8 @@ void add_demo_command(CLI::App& app, Globals& g) {
       const float* y = out.data<float>();
       std::vector<float> values(y, y + out.numel());
       double max_diff = 0;
-      for (size_t i = 0; i < values.size(); ++i) max_diff = std::max(max_diff, (double)std::fabs(values[i] - reference[i]));
+      for (size_t i = 0; i < values.size(); ++i)
+        max_diff = std::max(max_diff, (double)std::fabs(values[i] - reference[i]));
       int argmax = static_cast<int>(std::max_element(y, y + 10) - y);
       std::cout << "  " << std::left << std::setw(8) << dev << " output " << out.describe() << "  class " << argmax
                 << "  " << std::fixed << std::setprecision(3) << ms << " ms/run"

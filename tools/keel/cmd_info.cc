@@ -48,7 +48,10 @@ std::string human_bytes(uint64_t b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double v = static_cast<double>(b);
   int u = 0;
-  while (v >= 1024 && u < 4) { v /= 1024; ++u; }
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
   os << std::fixed << std::setprecision(u ? 1 : 0) << v << " " << units[u];
   return os.str();
 }
@@ -133,10 +136,11 @@ int info(const InfoArgs& a) {
   for (const auto& n : g.inputs) std::cout << "  " << n << ": " << type_string(g.info(n)) << "\n";
   std::cout << "outputs (" << g.outputs.size() << ")\n";
   for (const auto& n : g.outputs) std::cout << "  " << n << ": " << type_string(g.info(n)) << "\n";
-  std::cout << "parameters " << params << " in " << g.initializers.size() << " initializers (" << human_bytes(param_bytes)
-            << ")\n";
+  std::cout << "parameters " << params << " in " << g.initializers.size() << " initializers ("
+            << human_bytes(param_bytes) << ")\n";
   std::cout << "nodes      " << nodes << " (" << hist.size() << " op types)\n";
-  for (const auto& [op, c] : ops) std::cout << "  " << std::left << std::setw(28) << op << std::right << std::setw(8) << c << "\n";
+  for (const auto& [op, c] : ops)
+    std::cout << "  " << std::left << std::setw(28) << op << std::right << std::setw(8) << c << "\n";
   for (const auto& w : warnings) std::cout << "note: " << w << "\n";
   return 0;
 }
@@ -145,7 +149,8 @@ int info(const InfoArgs& a) {
 
 void add_info_command(CLI::App& app, Globals& g) {
   auto a = std::make_shared<InfoArgs>();
-  auto* cmd = app.add_subcommand("info", "Describe an ONNX model: inputs, outputs, opsets, producer, op histogram, size");
+  auto* cmd =
+      app.add_subcommand("info", "Describe an ONNX model: inputs, outputs, opsets, producer, op histogram, size");
   cmd->add_option("model", a->model, "The model (.onnx)")->required()->check(CLI::ExistingFile);
   cmd->add_flag("--json", a->json, "Print JSON");
   cmd->add_flag("--no-check", a->no_check, "Skip the ONNX checker");

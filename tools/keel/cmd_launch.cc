@@ -18,8 +18,8 @@
 // every step stay on their own cores: on the 2-vCPU CI machine this took a 2-rank SimpleCNN epoch from 5.6 s to
 // 3.5 s under load (README.md, data-parallel). --cpu-affinity none leaves the ranks where the scheduler puts them.
 #include <fcntl.h>
-#include <sched.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/prctl.h>
@@ -78,9 +78,7 @@ void write_all(int fd, const std::string& s) {
 
 void say(const std::string& line) { write_all(2, "keel launch: " + line + "\n"); }
 
-bool is_loopback(const std::string& addr) {
-  return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
-}
+bool is_loopback(const std::string& addr) { return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0; }
 
 // The CPUs this process may use, ordered by (package, core, cpu) so that SMT siblings are adjacent.
 std::vector<int> cpus_by_core() {
@@ -177,7 +175,8 @@ class Launcher {
     if (o_.nnodes > 1 && o_.master_port == 0)
       return invalid_argument("--master-port is required with --nnodes > 1 (every node must agree on it)");
     if (o_.nnodes > 1 && is_loopback(o_.master_addr))
-      say("warning: --master-addr " + o_.master_addr + " is a loopback address: only launchers on this machine reach "
+      say("warning: --master-addr " + o_.master_addr +
+          " is a loopback address: only launchers on this machine reach "
           "it (give node 0's address when the nodes are separate machines)");
     if (o_.grace_period_s < 0) return invalid_argument("--grace-period must not be negative");
     if (o_.cpu_affinity != "auto" && o_.cpu_affinity != "none")
@@ -203,7 +202,8 @@ class Launcher {
     std::string plan;
     for (size_t r = 0, at = 0; r < k; ++r) {
       const size_t take = n / k + (r < n % k ? 1 : 0);
-      pins_[r].assign(cpus.begin() + static_cast<std::ptrdiff_t>(at), cpus.begin() + static_cast<std::ptrdiff_t>(at + take));
+      pins_[r].assign(cpus.begin() + static_cast<std::ptrdiff_t>(at),
+                      cpus.begin() + static_cast<std::ptrdiff_t>(at + take));
       std::vector<int> sorted = pins_[r];
       std::sort(sorted.begin(), sorted.end());
       plan += (r ? " | " : "") + cpu_list(sorted);

@@ -10,11 +10,11 @@
 #include <sstream>
 #include <unordered_set>
 
-#include "core/runtime/pipelines.h"
 #include "core/base/pass_manager.h"
 #include "core/runtime/host_api.h"
 #include "core/runtime/kernel_context.h"
 #include "core/runtime/onnx_io.h"
+#include "core/runtime/pipelines.h"
 #include "tools/keel/commands.h"
 
 namespace keel::cli {
@@ -66,7 +66,8 @@ int optimize(const OptimizeArgs& a, Globals& g) {
   const Registry& reg = env->registry();
   if (a.list) {
     std::cout << "registered passes:\n";
-    for (const auto& p : reg.passes()) std::cout << "  " << std::left << std::setw(34) << p->name << p->description << "\n";
+    for (const auto& p : reg.passes())
+      std::cout << "  " << std::left << std::setw(34) << p->name << p->description << "\n";
     return 0;
   }
   if (a.model.empty() || a.output.empty()) {
@@ -134,12 +135,14 @@ int optimize(const OptimizeArgs& a, Globals& g) {
     return 1;
   }
   std::cout << std::left << std::setw(34) << "pass" << std::right << std::setw(8) << "nodes" << std::setw(8) << "->"
-            << std::setw(12) << "ms" << "  changes\n";
+            << std::setw(12) << "ms"
+            << "  changes\n";
   for (const PassReport& r : *reports) {
     std::ostringstream changes;
     for (const auto& [k, v] : r.counters) {
       if (v == 0) continue;
-      changes << (changes.tellp() > 0 ? ", " : "") << k << " " << (k.find("bytes") != std::string::npos ? format_bytes(v) : std::to_string(v));
+      changes << (changes.tellp() > 0 ? ", " : "") << k << " "
+              << (k.find("bytes") != std::string::npos ? format_bytes(v) : std::to_string(v));
     }
     std::cout << std::left << std::setw(34) << r.pass << std::right << std::setw(8) << r.nodes_before << std::setw(8)
               << r.nodes_after << std::setw(12) << std::fixed << std::setprecision(2) << r.milliseconds << "  "

@@ -16,8 +16,8 @@
 
 #include "core/runtime/onnx_io.h"
 #include "core/runtime/session.h"
-#include "tools/keel/commands.h"
 #include "tools/conformance/device_cts.h"
+#include "tools/keel/commands.h"
 
 namespace keel::cli {
 namespace {
@@ -101,7 +101,9 @@ int run_plugin_test(const PluginTestArgs& a, const Globals& g) {
     o.verbose = a.verbose;
     o.out = a.verbose ? &std::cout : nullptr;
     cts::Report r = cts::run(**dut, **oracle, o);
-    struct Row { int cases = 0, supported = 0, passed = 0, failed = 0, native = 0, other = 0; };
+    struct Row {
+      int cases = 0, supported = 0, passed = 0, failed = 0, native = 0, other = 0;
+    };
     std::map<std::string, Row> rows;
     for (const auto& c : r.results) {
       Row& row = rows[c.c->op];
@@ -114,7 +116,8 @@ int run_plugin_test(const PluginTestArgs& a, const Globals& g) {
     }
     std::cout << std::left << std::setw(24) << "OP" << std::right << std::setw(7) << "CASES" << std::setw(11)
               << "SUPPORTED" << std::setw(8) << "PASSED" << std::setw(8) << "FAILED" << std::setw(12) << "BY-PLUGIN"
-              << std::setw(12) << "FELL-BACK" << "\n";
+              << std::setw(12) << "FELL-BACK"
+              << "\n";
     for (const auto& [op, row] : rows) {
       if (row.supported == 0 && !a.verbose) continue;  // ops the plugin does not claim: summarised below
       std::cout << std::left << std::setw(24) << op << std::right << std::setw(7) << row.cases << std::setw(11)
@@ -152,8 +155,9 @@ int run_plugin_test(const PluginTestArgs& a, const Globals& g) {
       auto s = Session::create(**dut, *graph, so);
       auto ref = Session::create(**oracle, *graph, {});
       if (!s.is_ok() || !ref.is_ok()) {
-        std::cout << device << ": cannot create a session: "
-                  << (s.is_ok() ? ref.status().to_string() : s.status().to_string()) << "\n";
+        std::cout << device
+                  << ": cannot create a session: " << (s.is_ok() ? ref.status().to_string() : s.status().to_string())
+                  << "\n";
         ok = false;
         continue;
       }
@@ -194,8 +198,7 @@ int run_plugin_test(const PluginTestArgs& a, const Globals& g) {
         }
       }
       bool pass = same && worst <= 1e-3;
-      std::cout << "  outputs vs reference: " << (pass ? "PASS" : "FAIL") << " (max relative error " << worst
-                << ")\n";
+      std::cout << "  outputs vs reference: " << (pass ? "PASS" : "FAIL") << " (max relative error " << worst << ")\n";
       ok = ok && pass;
     }
   }

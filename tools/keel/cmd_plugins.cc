@@ -115,10 +115,10 @@ void print_text(const Environment& env, const std::vector<std::filesystem::path>
       case PluginState::kSkipped: ++skipped; break;
       case PluginState::kFailed: ++failed; break;
     }
-    std::string library = p.library.empty() ? (p.manifest.empty() ? "-" : "(manifest " + p.manifest.string() + ")")
-                                            : p.library.string();
-    rows.push_back({p.name, or_dash(p.kind), or_dash(p.version), std::to_string(p.priority),
-                    plugin_state_name(p.state), library, p.reason});
+    std::string library =
+        p.library.empty() ? (p.manifest.empty() ? "-" : "(manifest " + p.manifest.string() + ")") : p.library.string();
+    rows.push_back({p.name, or_dash(p.kind), or_dash(p.version), std::to_string(p.priority), plugin_state_name(p.state),
+                    library, p.reason});
   }
   std::cout << "\nPlugins: " << plugins.size() << " found, " << loaded << " loaded, " << skipped << " skipped, "
             << failed << " failed\n";
@@ -188,8 +188,8 @@ void print_json(const Environment& env, const std::vector<std::filesystem::path>
         {"manifest", p.manifest.string()},
         {"library", p.library.string()},
         {"requires", p.requirements},
-        {"registered", {{"devices", c.devices}, {"kernels", c.kernels}, {"passes", c.passes},
-                        {"collectives", c.collectives}}},
+        {"registered",
+         {{"devices", c.devices}, {"kernels", c.kernels}, {"passes", c.passes}, {"collectives", c.collectives}}},
     };
     out["plugins"].push_back(std::move(j));
   }

@@ -132,8 +132,9 @@ int prune(const PruneArgs& a, Globals& g) {
 
 void add_prune_command(CLI::App& app, Globals& g) {
   auto a = std::make_shared<PruneArgs>();
-  auto* cmd = app.add_subcommand("prune", "Prune a model (magnitude sparsity or Conv channel pruning) and report "
-                                          "parameters and FLOPs before/after");
+  auto* cmd = app.add_subcommand("prune",
+                                 "Prune a model (magnitude sparsity or Conv channel pruning) and report "
+                                 "parameters and FLOPs before/after");
   cmd->add_option("model", a->model, "The model (.onnx)")->required()->check(CLI::ExistingFile);
   cmd->add_option("--output,-o", a->output, "Where to write the pruned model (.onnx)")->required();
   cmd->add_option("--ratio,-r", a->ratio, "Fraction of weights (magnitude) or output channels (channel) to remove");

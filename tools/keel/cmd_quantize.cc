@@ -8,10 +8,10 @@
 #include <iostream>
 #include <sstream>
 
-#include "core/runtime/pipelines.h"
 #include "core/runtime/onnx_io.h"
-#include "tools/keel/commands.h"
+#include "core/runtime/pipelines.h"
 #include "tools/calibration/quantize.h"
+#include "tools/keel/commands.h"
 
 namespace keel::cli {
 namespace {
@@ -58,9 +58,9 @@ int quantize(QuantizeArgs& a, Globals& g) {
   for (const auto& l : res.layers) width = std::max(width, l.node.size());
   std::cout << "per-layer error (each layer alone, on " << res.heldout_batches << " held-out batch"
             << (res.heldout_batches == 1 ? "" : "es") << "):\n";
-  std::cout << "  " << std::left << std::setw(static_cast<int>(width)) << "node" << "  " << std::setw(7) << "op"
-            << std::right << std::setw(10) << "cosine" << std::setw(11) << "rel.err" << std::setw(26)
-            << "input range (of min-max)"
+  std::cout << "  " << std::left << std::setw(static_cast<int>(width)) << "node"
+            << "  " << std::setw(7) << "op" << std::right << std::setw(10) << "cosine" << std::setw(11) << "rel.err"
+            << std::setw(26) << "input range (of min-max)"
             << (a.opts.tolerance > 0 && a.opts.fallback == "sensitivity" ? "  sensitivity" : "") << "  status\n";
   size_t quantized = 0;
   for (const auto& l : res.layers) {
@@ -109,8 +109,9 @@ std::vector<std::string> session_passes(const std::string& spec, const Graph& gr
 
 void add_quantize_command(CLI::App& app, Globals& g) {
   auto a = std::make_shared<QuantizeArgs>();
-  auto* cmd = app.add_subcommand("quantize", "INT8 post-training quantization to QDQ ONNX: calibration, per-layer "
-                                             "error report, fp32 fallback for layers that lose too much");
+  auto* cmd = app.add_subcommand("quantize",
+                                 "INT8 post-training quantization to QDQ ONNX: calibration, per-layer "
+                                 "error report, fp32 fallback for layers that lose too much");
   cmd->add_option("model", a->model, "The fp32 model (.onnx)")->required()->check(CLI::ExistingFile);
   cmd->add_option("--calib,-c", a->calib,
                   "Calibration data: one subfolder per batch holding NAME.npy/NAME.pb (or input_K.pb) per input; for a "

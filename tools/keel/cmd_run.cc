@@ -2,11 +2,11 @@
 // prints every output (name, dtype, shape, first values) and the run time, and optionally writes output_K.pb files.
 // `keel run --batch LIST` (for fuzzers, hidden from --help): runs every model that LIST names, in turn, in this one
 // process and one environment, each framed by status lines on stderr (see add_run_command).
-#include <fstream>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <map>
@@ -113,7 +113,6 @@ struct RunArgs {
   int shape_variants = SessionOptions{}.shape_variants;
 };
 
-
 double element_as_double(const Tensor& t, int64_t i) {
   switch (t.dtype()) {
     case DType::kF32: return t.data<float>()[i];
@@ -208,18 +207,23 @@ int run_model(const RunArgs& a, Globals& g, Environment* shared_env = nullptr) {
     }
     const ValueInfo* vi = graph.info(name);
     if (!vi || vi->dtype == DType::kUndefined || !vi->is_tensor()) {
-      std::cerr << "keel run: input '" << name << "' has no known tensor type" << (vi && !vi->is_tensor() ? " (it is " + vi->to_string() + ")" : "")
-                << "; give it with --input " << name << "=FILE\n";
+      std::cerr << "keel run: input '" << name << "' has no known tensor type"
+                << (vi && !vi->is_tensor() ? " (it is " + vi->to_string() + ")" : "") << "; give it with --input "
+                << name << "=FILE\n";
       return 1;
     }
     Shape shape = vi->shape.value_or(Shape{});
     bool guessed = false;
     for (auto& d : shape)
-      if (d < 0) { d = 1; guessed = true; }
+      if (d < 0) {
+        d = 1;
+        guessed = true;
+      }
     if (!vi->shape) guessed = true;
     if (guessed) {
-      std::cerr << "keel run: warning: input '" << name << "' has unknown dimensions " << (vi->shape ? shape_to_string(*vi->shape) : "(unknown rank)")
-                << "; using " << shape_to_string(shape) << " (give it with --input " << name << "=FILE)\n";
+      std::cerr << "keel run: warning: input '" << name << "' has unknown dimensions "
+                << (vi->shape ? shape_to_string(*vi->shape) : "(unknown rank)") << "; using " << shape_to_string(shape)
+                << " (give it with --input " << name << "=FILE)\n";
     }
     auto t = random_input(vi->dtype, shape, rng);
     if (!t.is_ok()) {
@@ -291,8 +295,9 @@ int run_model(const RunArgs& a, Globals& g, Environment* shared_env = nullptr) {
     } else {
       std::cout << v.describe() << "\n";
       for (size_t i = 0; i < v.sequence.size(); ++i) {
-        std::cout << "  [" << i << "] " << dtype_name(v.sequence[i].dtype()) << " " << shape_to_string(v.sequence[i].shape())
-                  << " " << first_values(v.sequence[i], a.print_values) << "\n";
+        std::cout << "  [" << i << "] " << dtype_name(v.sequence[i].dtype()) << " "
+                  << shape_to_string(v.sequence[i].shape()) << " " << first_values(v.sequence[i], a.print_values)
+                  << "\n";
       }
     }
   }
@@ -303,8 +308,8 @@ int run_model(const RunArgs& a, Globals& g, Environment* shared_env = nullptr) {
   if (times.size() == 1) {
     std::cout << times[0] << " ms\n";
   } else {
-    std::cout << "mean " << sum / times.size() << " ms, min " << times.front() << " ms, median " << times[times.size() / 2]
-              << " ms over " << times.size() << " iterations\n";
+    std::cout << "mean " << sum / times.size() << " ms, min " << times.front() << " ms, median "
+              << times[times.size() / 2] << " ms over " << times.size() << " iterations\n";
   }
   if (!a.output_dir.empty()) {
     std::error_code ec;
@@ -381,7 +386,8 @@ void add_run_command(CLI::App& app, Globals& g) {
                   "'keel-batch: start K PATH' / 'keel-batch: end K rc=N' lines on stderr")
       ->check(CLI::ExistingFile)
       ->group("");
-  cmd->add_option("--input,-i", a->inputs, "NAME=FILE: an input from a TensorProto .pb or NumPy .npy file (repeatable)");
+  cmd->add_option("--input,-i", a->inputs,
+                  "NAME=FILE: an input from a TensorProto .pb or NumPy .npy file (repeatable)");
   cmd->add_option("--output-dir,-o", a->output_dir, "Write output_K.pb (K in graph-output order) into this directory");
   cmd->add_option("--passes", a->passes,
                   "Session passes: auto (the default pipeline of `keel optimize`; fuse_qdq for QDQ models: int8 "
@@ -400,8 +406,8 @@ void add_run_command(CLI::App& app, Globals& g) {
       ->check(CLI::NonNegativeNumber);
   cmd->callback([a, &g] {
     if (a->model.empty() == a->batch.empty()) {
-      std::cerr << "keel run: give a model (or, for fuzzers, --batch LIST), not " << (a->model.empty() ? "neither" : "both")
-                << "\n";
+      std::cerr << "keel run: give a model (or, for fuzzers, --batch LIST), not "
+                << (a->model.empty() ? "neither" : "both") << "\n";
       throw CLI::RuntimeError(2);
     }
     int rc = a->batch.empty() ? run_model(*a, g) : run_batch(*a, g);

@@ -53,7 +53,8 @@ StatusOr<std::string> read_token(const std::string& path) {
 
 int run_serve(const ServeArgs& a, Globals& g) {
 #if KEEL_HAVE_SERVE
-  // Block the stop signals in every thread (the runtime's and the server's inherit the mask); one thread waits for them.
+  // Block the stop signals in every thread (the runtime's and the server's inherit the mask); one thread waits for
+  // them.
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
@@ -82,8 +83,8 @@ int run_serve(const ServeArgs& a, Globals& g) {
     o.auth_token = std::move(token).value();
   }
   // A model's passes as `keel run` / `keel bench` resolve --passes and --precision (absent = auto).
-  o.pass_resolver = [](const serve::ModelConfig& c, const Graph& graph, Environment& env)
-      -> StatusOr<std::vector<std::string>> {
+  o.pass_resolver = [](const serve::ModelConfig& c, const Graph& graph,
+                       Environment& env) -> StatusOr<std::vector<std::string>> {
     std::vector<std::string> passes = c.passes ? *c.passes : session_passes("auto", graph, env);
     KEEL_RETURN_IF_ERROR(append_precision_pass(c.precision, !c.passes.has_value(), env, passes), "");
     return passes;

@@ -14,6 +14,7 @@
 // model in DataParallel (core/train/data_parallel.h), trains on its shard of every epoch (per-rank batch = --batch)
 // and the epoch's metrics and the test accuracy are summed over ranks; rank 0 alone prints, logs, checkpoints and
 // exports. `keel train --nproc N` re-executes the same command line through `keel launch --nproc-per-node N`.
+#include <unistd.h>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -25,12 +26,11 @@
 #include <numeric>
 #include <optional>
 #include <sstream>
-#include <unistd.h>
 
-#include "core/runtime/eager.h"
 #include "core/base/device_spec.h"
 #include "core/base/thread_pool.h"
 #include "core/runtime/dist/process_group.h"
+#include "core/runtime/eager.h"
 #include "core/runtime/onnx_io.h"
 #include "core/runtime/session.h"
 #include "core/train/data.h"
@@ -42,8 +42,8 @@
 #include "core/train/run_record.h"
 #include "core/train/scalar_log.h"
 #include "core/train/trainer.h"
-#include "tools/keel/commands.h"
 #include "tools/calibration/quantize.h"
+#include "tools/keel/commands.h"
 #include "tools/keel/progress.h"
 
 namespace keel::cli {
@@ -134,7 +134,7 @@ struct TrainArgs {
   bool quantize = true;
   int64_t calibration_batches = 8;
   bool quiet = false;
-  std::string init, freeze;        // fine-tuning (issue 28): start from MODEL.onnx, freeze parameters by regex
+  std::string init, freeze;         // fine-tuning (issue 28): start from MODEL.onnx, freeze parameters by regex
   int64_t replace_head = 0;         // a new classifier with N outputs (0 = keep the model's)
   std::string run_record = "auto";  // run.json (issue 28): "auto" = beside the log / checkpoint / model, "" = none
   int histogram_bins = 30;          // parameter and gradient histograms per epoch in the log (0 = none)
@@ -360,7 +360,8 @@ StatusOr<Graph> trace_model(Environment& env, nn::Module& model, const FashionMn
       else ++v;
     }
     for (const auto& o : dynamic.outputs)
-      if (auto oi = dynamic.value_info.find(o); oi != dynamic.value_info.end() && oi->second.shape && !oi->second.shape->empty())
+      if (auto oi = dynamic.value_info.find(o);
+          oi != dynamic.value_info.end() && oi->second.shape && !oi->second.shape->empty())
         (*oi->second.shape)[0] = -1;
     // A Reshape traced with a constant target shape that starts with the traced batch keeps the batch instead
     // (ONNX: 0 copies the input's dim), as torch.onnx's dynamic axes do.
@@ -389,12 +390,13 @@ StatusOr<Graph> trace_model(Environment& env, nn::Module& model, const FashionMn
 
 }  // namespace
 
-// Quantizes `fp32` with `keel quantize`'s calibration (tools/calibration/quantize.h: its default ranges over `calibration`,
-// per-channel s8 weights, u8 activations; the last fifth of the batches held out for the error report), saves the QDQ
-// model beside `fp32_path` as *.int8.onnx, and evaluates it on the test set through a Session that runs the
-// `fuse_qdq` pass, so the oneDNN int8 kernels execute it.
+// Quantizes `fp32` with `keel quantize`'s calibration (tools/calibration/quantize.h: its default ranges over
+// `calibration`, per-channel s8 weights, u8 activations; the last fifth of the batches held out for the error report),
+// saves the QDQ model beside `fp32_path` as *.int8.onnx, and evaluates it on the test set through a Session that runs
+// the `fuse_qdq` pass, so the oneDNN int8 kernels execute it.
 StatusOr<GraphEval> quantize_and_evaluate(Environment& env, const Graph& fp32, const std::vector<Feeds>& calibration,
-                                          const FashionMnist& test, int threads, const std::filesystem::path& fp32_path) {
+                                          const FashionMnist& test, int threads,
+                                          const std::filesystem::path& fp32_path) {
   QuantizeOptions qo;
   qo.progress = false;
   KEEL_ASSIGN_OR_RETURN(QuantizeResult q, quantize_graph(env, fp32, calibration, qo), "int8");
@@ -403,9 +405,10 @@ StatusOr<GraphEval> quantize_and_evaluate(Environment& env, const Graph& fp32, c
   KEEL_RETURN_IF_ERROR(save_onnx(q.graph, qpath), "int8");
   size_t quantized = 0;
   for (const auto& l : q.layers) quantized += l.kept_fp32 ? 0 : 1;
-  std::cout << "quantized " << quantized << "/" << q.layers.size() << " layer(s) to INT8 (" << qo.method << " calibration on "
-            << calibration.size() - q.heldout_batches << " batches; logits cosine " << std::setprecision(5)
-            << q.output_cosine << " on " << q.heldout_batches << " held-out), saved " << qpath.string() << "\n";
+  std::cout << "quantized " << quantized << "/" << q.layers.size() << " layer(s) to INT8 (" << qo.method
+            << " calibration on " << calibration.size() - q.heldout_batches << " batches; logits cosine "
+            << std::setprecision(5) << q.output_cosine << " on " << q.heldout_batches << " held-out), saved "
+            << qpath.string() << "\n";
   return evaluate_graph(env, q.graph, test, threads, "cpu", session_passes("auto", q.graph, env));
 }
 
@@ -549,11 +552,12 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
     // --nproc-per-node 1` then runs the data-parallel path (tools/gpu_check.sh checks it over NCCL on one card).
     if (id->world_size > 1 || id->source != dist::IdentitySource::kSingle) {
       const bool gpu = a.device.rfind("cuda", 0) == 0;
-      auto pg = dist::ProcessGroup::create(*env, *id, gpu ? "nccl" : "gloo",
-                                           gpu ? env->device(a.device).value().index : 0,
-                                           static_cast<int64_t>(a.dist_timeout_s * 1000));
+      auto pg =
+          dist::ProcessGroup::create(*env, *id, gpu ? "nccl" : "gloo", gpu ? env->device(a.device).value().index : 0,
+                                     static_cast<int64_t>(a.dist_timeout_s * 1000));
       if (!pg.is_ok()) {
-        std::cerr << "keel train: rank " << id->rank << " of " << id->world_size << ": " << pg.status().to_string() << "\n";
+        std::cerr << "keel train: rank " << id->rank << " of " << id->world_size << ": " << pg.status().to_string()
+                  << "\n";
         return 1;
       }
       ranks.pg = std::move(pg).value();
@@ -674,7 +678,8 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
   std::shared_ptr<LRScheduler> main_sched;
   const int64_t total_steps = std::max<int64_t>(1, steps_per_epoch * a.epochs - a.warmup);
   if (a.scheduler == "cosine") main_sched = std::make_shared<CosineAnnealingLR>(*opt, total_steps);
-  else if (a.scheduler == "step") main_sched = std::make_shared<StepLR>(*opt, std::max<int64_t>(1, steps_per_epoch), 0.1);
+  else if (a.scheduler == "step")
+    main_sched = std::make_shared<StepLR>(*opt, std::max<int64_t>(1, steps_per_epoch), 0.1);
   if (a.warmup > 0) sched = std::make_shared<LinearWarmupLR>(*opt, a.warmup, 0.1, 1.0, main_sched);
   else sched = main_sched;
   GradScalerOptions so;
@@ -695,7 +700,7 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
       loader = DataLoader::create(train, lo).value();
     }
     out << "resumed from " << a.resume << " at epoch " << progress.epoch + 1 << ", batch " << progress.batch
-              << " (step " << progress.global_step << ")\n";
+        << " (step " << progress.global_step << ")\n";
   }
   // Resumed or not, every replica starts from rank 0's weights; gradients are averaged from here on.
   std::unique_ptr<DataParallel> dp;
@@ -731,15 +736,17 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
   const int threads = env->thread_pool().thread_count();
   out << "keel train: "
       << (!a.init.empty() ? "imported ONNX model"
-          : a.model == "lenet" ? "LeNet (Conv2D(1,32,3) -> ReLU -> Conv2D(32,64,3) -> ReLU -> MaxPool2D(2) -> Dropout(0.25) -> "
-                               "Flatten -> Linear(9216,128) -> ReLU -> Dropout(0.5) -> Linear(128,10))"
-                             : "SimpleCNN (Conv2D(1,32,3) -> ReLU -> MaxPool2D(2) -> Flatten -> Linear(5408,10))")
+          : a.model == "lenet"
+              ? "LeNet (Conv2D(1,32,3) -> ReLU -> Conv2D(32,64,3) -> ReLU -> MaxPool2D(2) -> Dropout(0.25) -> "
+                "Flatten -> Linear(9216,128) -> ReLU -> Dropout(0.5) -> Linear(128,10))"
+              : "SimpleCNN (Conv2D(1,32,3) -> ReLU -> MaxPool2D(2) -> Flatten -> Linear(5408,10))")
       << init_note << ", " << model.num_parameters() << " parameters\n"
-            << "  data " << a.data << ": " << train->size() << " train / " << test->size() << " test images (decoded in "
-            << std::fixed << std::setprecision(2) << load_s << " s)\n"
-            << "  " << opt->name() << " lr " << a.lr << (a.optimizer == "sgd" ? " momentum " + std::to_string(a.momentum).substr(0, 4) : "")
-            << ", batch " << a.batch << (a.accumulate > 1 ? " x " + std::to_string(a.accumulate) + " micro-batches" : "")
-            << ", amp " << a.amp << ", " << threads << " thread(s), device " << a.device << ", seed " << a.seed << "\n";
+      << "  data " << a.data << ": " << train->size() << " train / " << test->size() << " test images (decoded in "
+      << std::fixed << std::setprecision(2) << load_s << " s)\n"
+      << "  " << opt->name() << " lr " << a.lr
+      << (a.optimizer == "sgd" ? " momentum " + std::to_string(a.momentum).substr(0, 4) : "") << ", batch " << a.batch
+      << (a.accumulate > 1 ? " x " + std::to_string(a.accumulate) + " micro-batches" : "") << ", amp " << a.amp << ", "
+      << threads << " thread(s), device " << a.device << ", seed " << a.seed << "\n";
   if (teacher) {
     out << "  distillation from " << a.teacher << " (test accuracy " << std::setprecision(4) << teacher->test_accuracy
         << "): loss = " << std::setprecision(2) << a.distill_weight
@@ -793,7 +800,8 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
     auto rel = [&](const std::string& p) -> nlohmann::json {
       if (p.empty()) return nullptr;
       std::error_code ec;
-      auto r = std::filesystem::relative(std::filesystem::absolute(p), std::filesystem::absolute(record_path).parent_path(), ec);
+      auto r = std::filesystem::relative(std::filesystem::absolute(p),
+                                         std::filesystem::absolute(record_path).parent_path(), ec);
       return ec || r.empty() ? std::filesystem::absolute(p).string() : r.string();
     };
     j["log"] = rel(a.log);
@@ -864,7 +872,8 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
           }
           scaler.step(*opt);
           scaler.update();
-          if (log && last_batch && a.histogram_bins > 0) grad_histograms = module_histograms(model, true, a.histogram_bins);
+          if (log && last_batch && a.histogram_bins > 0)
+            grad_histograms = module_histograms(model, true, a.histogram_bins);
           opt->zero_grad();
           if (sched) sched->step();
           ++progress.global_step;
@@ -884,9 +893,13 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
         bar.tick(b.size(), msg.str());
         if (a.log_every > 0 && win_batches == a.log_every) {
           const double dt = seconds_since(win_t0);
-          log_write("step", {{"step", progress.global_step}, {"epoch", epoch + 1}, {"loss", win_loss / static_cast<double>(win_batches)},
-                             {"accuracy", static_cast<double>(win_correct) / static_cast<double>(win_seen)}, {"lr", opt->lr()},
-                             {"img_per_s", static_cast<double>(win_seen) / dt}, {"loss_scale", scaler.get_scale()}});
+          log_write("step", {{"step", progress.global_step},
+                             {"epoch", epoch + 1},
+                             {"loss", win_loss / static_cast<double>(win_batches)},
+                             {"accuracy", static_cast<double>(win_correct) / static_cast<double>(win_seen)},
+                             {"lr", opt->lr()},
+                             {"img_per_s", static_cast<double>(win_seen) / dt},
+                             {"loss_scale", scaler.get_scale()}});
           win_loss = 0, win_seen = win_correct = win_batches = 0;
           win_t0 = Clock::now();
         }
@@ -902,18 +915,21 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
       const double dt = seconds_since(t0);
       epoch_seconds.push_back(dt);
       std::ostringstream msg;
-      msg << std::fixed << std::setprecision(4) << "loss " << (batches ? loss_sum / static_cast<double>(batches) : 0) << "  acc "
-          << (seen ? static_cast<double>(correct) / static_cast<double>(seen) : 0);
+      msg << std::fixed << std::setprecision(4) << "loss " << (batches ? loss_sum / static_cast<double>(batches) : 0)
+          << "  acc " << (seen ? static_cast<double>(correct) / static_cast<double>(seen) : 0);
       bar.finish(msg.str());
       progress.epoch = epoch + 1;
       progress.batch = 0;
       double eval_s = 0;
       final_acc = evaluate_eager(model, *test, a, &eval_s, ranks);
       out << "epoch " << epoch + 1 << "/" << a.epochs << ": " << std::fixed << std::setprecision(2) << dt << " s, "
-                << std::setprecision(0) << static_cast<double>(seen) / dt << " img/s, " << std::setprecision(4)
-                << "train loss " << (batches ? loss_sum / static_cast<double>(batches) : 0) << ", train accuracy "
-                << (seen ? static_cast<double>(correct) / static_cast<double>(seen) : 0) << ", test accuracy " << final_acc
-                << " (eval " << std::setprecision(2) << eval_s << " s" << (loader->wait_seconds() > 0.05 * dt ? ", waited for data " + std::to_string(loader->wait_seconds()) + " s" : "") << ")";
+          << std::setprecision(0) << static_cast<double>(seen) / dt << " img/s, " << std::setprecision(4)
+          << "train loss " << (batches ? loss_sum / static_cast<double>(batches) : 0) << ", train accuracy "
+          << (seen ? static_cast<double>(correct) / static_cast<double>(seen) : 0) << ", test accuracy " << final_acc
+          << " (eval " << std::setprecision(2) << eval_s << " s"
+          << (loader->wait_seconds() > 0.05 * dt ? ", waited for data " + std::to_string(loader->wait_seconds()) + " s"
+                                                 : "")
+          << ")";
       if (teacher) {
         out << ", distillation loss " << std::setprecision(4) << (batches ? soft_sum / static_cast<double>(batches) : 0)
             << ", label loss " << (batches ? hard_sum / static_cast<double>(batches) : 0) << ", teacher "
@@ -922,9 +938,9 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
       if (dp) {
         const auto& cs = dp->stats();
         out << ", world size " << ranks.world << ", all-reduce " << std::setprecision(2) << cs.all_reduce_seconds
-            << " s (" << cs.all_reduces << " bucket all-reduces, " << std::setprecision(1) << static_cast<double>(cs.bytes) / 1048576.0
-            << " MiB, " << dp->bucket_layout().size() << " bucket(s) per step; waited " << std::setprecision(2)
-            << cs.wait_seconds << " s after backward)";
+            << " s (" << cs.all_reduces << " bucket all-reduces, " << std::setprecision(1)
+            << static_cast<double>(cs.bytes) / 1048576.0 << " MiB, " << dp->bucket_layout().size()
+            << " bucket(s) per step; waited " << std::setprecision(2) << cs.wait_seconds << " s after backward)";
       }
       out << std::endl;
       // The training device's pool after the epoch (its evaluation included): what the epoch's tensors left in use,
@@ -959,14 +975,20 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
       }
       log_write("epoch", std::move(epoch_record));
       if (a.histogram_bins > 0)
-        log_write("histograms", {{"epoch", epoch + 1}, {"step", progress.global_step},
-                                 {"params", module_histograms(model, false, a.histogram_bins)}, {"grads", grad_histograms}});
+        log_write("histograms", {{"epoch", epoch + 1},
+                                 {"step", progress.global_step},
+                                 {"params", module_histograms(model, false, a.histogram_bins)},
+                                 {"grads", grad_histograms}});
       if (record) {
-        record->add_epoch({{"epoch", epoch + 1}, {"step", progress.global_step}, {"seconds", dt},
+        record->add_epoch({{"epoch", epoch + 1},
+                           {"step", progress.global_step},
+                           {"seconds", dt},
                            {"img_per_s", static_cast<double>(seen) / dt},
                            {"train_loss", batches ? loss_sum / static_cast<double>(batches) : 0},
                            {"train_accuracy", seen ? static_cast<double>(correct) / static_cast<double>(seen) : 0},
-                           {"test_accuracy", final_acc}, {"lr", opt->lr()}, {"loss_scale", scaler.get_scale()},
+                           {"test_accuracy", final_acc},
+                           {"lr", opt->lr()},
+                           {"loss_scale", scaler.get_scale()},
                            {"data_wait_seconds", loader->wait_seconds()}});
         if (!pool.key.empty()) record->json()["epochs"].back()["memory"] = pool_json(pool);
         if (teacher) {
@@ -989,7 +1011,8 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
   if (record) {
     if (!final_pool.key.empty()) record->json()["memory"] = pool_json(final_pool);
     const double mean_epoch = epoch_seconds.empty() ? 0
-        : std::accumulate(epoch_seconds.begin(), epoch_seconds.end(), 0.0) / static_cast<double>(epoch_seconds.size());
+                                                    : std::accumulate(epoch_seconds.begin(), epoch_seconds.end(), 0.0) /
+                                                          static_cast<double>(epoch_seconds.size());
     nlohmann::json final_metrics = {{"test_accuracy", final_acc},
                                     {"global_step", progress.global_step},
                                     {"mean_epoch_seconds", mean_epoch},
@@ -1004,7 +1027,8 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
   }
   out << "test accuracy: " << std::fixed << std::setprecision(4) << final_acc << "\n";
   if (!epoch_seconds.empty()) {
-    double mean = std::accumulate(epoch_seconds.begin(), epoch_seconds.end(), 0.0) / static_cast<double>(epoch_seconds.size());
+    double mean =
+        std::accumulate(epoch_seconds.begin(), epoch_seconds.end(), 0.0) / static_cast<double>(epoch_seconds.size());
     out << "mean epoch time: " << std::setprecision(2) << mean << " s\n";
   }
   if (!final_pool.key.empty()) {
@@ -1081,8 +1105,9 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
 }  // namespace
 
 void add_train_command(CLI::App& app, Globals& g) {
-  auto* cmd = app.add_subcommand("train", "Train the SimpleCNN on Fashion-MNIST (data-parallel under `keel launch` or with "
-                                          "--nproc), trace it, save ONNX, quantize to INT8");
+  auto* cmd = app.add_subcommand("train",
+                                 "Train the SimpleCNN on Fashion-MNIST (data-parallel under `keel launch` or with "
+                                 "--nproc), trace it, save ONNX, quantize to INT8");
   auto a = std::make_shared<TrainArgs>();
   cmd->add_option("--epochs", a->epochs, "Epochs")->check(CLI::NonNegativeNumber);
   cmd->add_option("--model", a->model, "simple (SimpleCNN) or lenet (the LeNet-like model of the PyTorch peer)")
@@ -1102,33 +1127,42 @@ void add_train_command(CLI::App& app, Globals& g) {
   cmd->add_option("--scheduler", a->scheduler, "LR schedule per step: none, step (x0.1 per epoch), cosine")
       ->check(CLI::IsMember({"none", "step", "cosine"}));
   cmd->add_option("--warmup", a->warmup, "Linear warmup steps")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--accumulate", a->accumulate, "Micro-batches per optimizer step (gradient accumulation)")->check(CLI::PositiveNumber);
+  cmd->add_option("--accumulate", a->accumulate, "Micro-batches per optimizer step (gradient accumulation)")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--clip", a->clip, "Clip the gradient norm to this value (0 = off)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--seed", a->seed, "Seed (initial weights, data order)");
   cmd->add_option("--data", a->data, "Directory with the Fashion-MNIST IDX files");
   cmd->add_option("--limit", a->limit, "Train on the first N images only (0 = all)")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--workers", a->workers, "Data loader threads (0 = load on the training thread)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--workers", a->workers, "Data loader threads (0 = load on the training thread)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--device", a->device,
                   "Device to train on: TYPE or TYPE:INDEX (cpu, cuda, cuda:1); data-parallel ranks given no index "
                   "take the card of their LOCAL_RANK");
   cmd->add_option("--log", a->log, "Scalar log (JSON Lines) for `keel plot`");
   cmd->add_option("--log-every", a->log_every, "Batches per step record in the log")->check(CLI::NonNegativeNumber);
   cmd->add_option("--checkpoint", a->checkpoint, "Checkpoint file (safetensors), written after every epoch");
-  cmd->add_option("--checkpoint-every", a->checkpoint_every, "Also write the checkpoint every N steps")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--checkpoint-every", a->checkpoint_every, "Also write the checkpoint every N steps")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--resume", a->resume, "Resume from a checkpoint");
   cmd->add_option("-o,--output", a->output, "Where to save the traced ONNX model ('' = do not trace)");
-  cmd->add_flag("--quantize,!--no-quantize", a->quantize, "Quantize the saved model to INT8 and evaluate it (default on)");
+  cmd->add_flag("--quantize,!--no-quantize", a->quantize,
+                "Quantize the saved model to INT8 and evaluate it (default on)");
   cmd->add_option("--calibration-batches", a->calibration_batches, "Batches of 64 training images for INT8 calibration")
       ->check(CLI::PositiveNumber);
   cmd->add_flag("-q,--quiet", a->quiet, "No progress bar");
-  cmd->add_option("--init", a->init, "Fine-tune: start from this ONNX model (its weights become parameters) instead of --model");
-  cmd->add_option("--freeze", a->freeze, "With --init: parameters whose name matches this regular expression are not trained");
-  cmd->add_option("--replace-head", a->replace_head, "With --init: a new classifier with N outputs (the Gemm/MatMul behind the output)")
+  cmd->add_option("--init", a->init,
+                  "Fine-tune: start from this ONNX model (its weights become parameters) instead of --model");
+  cmd->add_option("--freeze", a->freeze,
+                  "With --init: parameters whose name matches this regular expression are not trained");
+  cmd->add_option("--replace-head", a->replace_head,
+                  "With --init: a new classifier with N outputs (the Gemm/MatMul behind the output)")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--run-record", a->run_record,
-                  "Experiment record (JSON): 'auto' = run.json beside the log, else the checkpoint, else the model; '' = none");
+  cmd->add_option(
+      "--run-record", a->run_record,
+      "Experiment record (JSON): 'auto' = run.json beside the log, else the checkpoint, else the model; '' = none");
   cmd->add_option("--histogram-bins", a->histogram_bins,
-                  "Bins of the per-epoch parameter and gradient histograms in the log (0 = none)")->check(CLI::NonNegativeNumber);
+                  "Bins of the per-epoch parameter and gradient histograms in the log (0 = none)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option(
          "--teacher", a->teacher,
          "Knowledge distillation: this ONNX classifier (dynamic batch) runs forward on every batch; loss = W * "
@@ -1152,13 +1186,15 @@ void add_train_command(CLI::App& app, Globals& g) {
 }
 
 void add_plot_command(CLI::App& app, Globals&) {
-  auto* cmd = app.add_subcommand("plot", "Draw training runs: the curves of scalar logs (`keel train --log`), several runs "
-                                         "on one page with their records (run.json) and parameter/gradient histograms");
+  auto* cmd = app.add_subcommand("plot",
+                                 "Draw training runs: the curves of scalar logs (`keel train --log`), several runs "
+                                 "on one page with their records (run.json) and parameter/gradient histograms");
   auto runs = std::make_shared<std::vector<std::string>>();
   auto out = std::make_shared<std::string>("curves.svg");
   auto title = std::make_shared<std::string>();
   auto columns = std::make_shared<int>(2);
-  cmd->add_option("runs", *runs, "Runs: scalar logs (.jsonl), run.json files or directories holding run.json")->required();
+  cmd->add_option("runs", *runs, "Runs: scalar logs (.jsonl), run.json files or directories holding run.json")
+      ->required();
   cmd->add_option("-o,--output", *out, "Output: .svg (one log: its curves) or .html (every run, records, histograms)");
   cmd->add_option("--title", *title, "Title (default: the log's file name)");
   cmd->add_option("--columns", *columns, "Panels per row")->check(CLI::PositiveNumber);
@@ -1177,7 +1213,9 @@ void add_plot_command(CLI::App& app, Globals&) {
       }
       views.push_back(std::move(v).value());
     }
-    const std::string t = !title->empty() ? *title : views.size() == 1 ? views[0].label : std::to_string(views.size()) + " runs";
+    const std::string t = !title->empty()     ? *title
+                          : views.size() == 1 ? views[0].label
+                                              : std::to_string(views.size()) + " runs";
     std::string doc;
     if (ext == ".svg") {
       if (views.size() != 1) {
@@ -1197,11 +1235,12 @@ void add_plot_command(CLI::App& app, Globals&) {
     size_t curves = 0, histograms = 0;
     int64_t records = 0, skipped = 0;
     for (const auto& v : views)
-      curves += v.log.series.size(), records += v.log.records, skipped += v.log.skipped_lines, histograms += v.histograms.size();
+      curves += v.log.series.size(), records += v.log.records, skipped += v.log.skipped_lines,
+          histograms += v.histograms.size();
     std::cout << "keel plot: " << views.size() << " run(s), " << curves << " curve(s) from " << records << " record(s)"
               << (skipped ? " (" + std::to_string(skipped) + " unreadable lines skipped)" : "")
-              << (ext != ".svg" && histograms ? ", " + std::to_string(histograms) + " epoch(s) of histograms" : "") << " -> "
-              << *out << "\n";
+              << (ext != ".svg" && histograms ? ", " + std::to_string(histograms) + " epoch(s) of histograms" : "")
+              << " -> " << *out << "\n";
   });
 }
 

@@ -29,10 +29,11 @@ int main(int argc, char** argv) {
   spdlog::set_default_logger(logger);
   spdlog::set_pattern("[%l] %v");
 
-  CLI::App app{"keel — a deep-learning runtime: import, optimise and run models on CPU, GPU or many cards.\n"
-               "Plugins (devices, passes, collectives) are found through *.keel-plugin.toml manifests in\n"
-               "--plugin-path, $KEEL_PLUGIN_PATH, ~/.local/lib/keel/plugins and <prefix>/lib/keel/plugins.",
-               "keel"};
+  CLI::App app{
+      "keel — a deep-learning runtime: import, optimise and run models on CPU, GPU or many cards.\n"
+      "Plugins (devices, passes, collectives) are found through *.keel-plugin.toml manifests in\n"
+      "--plugin-path, $KEEL_PLUGIN_PATH, ~/.local/lib/keel/plugins and <prefix>/lib/keel/plugins.",
+      "keel"};
   app.set_version_flag("--version", std::string("keel ") + KEEL_VERSION + " (plugin ABI " +
                                         std::to_string(KEEL_PLUGIN_ABI_MAJOR) + "." +
                                         std::to_string(KEEL_PLUGIN_ABI_MINOR) + ")");

@@ -43,10 +43,10 @@ void print_memory_stats(std::ostream& os, const nlohmann::json& pools, const cha
     char pct[16];
     std::snprintf(pct, sizeof pct, "%.1f", 100.0 * m.at("hit_rate").get<double>());
     os << indent << device << "  reserved " << mib(u("reserved_bytes")) << " (peak " << mib(u("peak_reserved_bytes"))
-       << "), in use " << mib(u("in_use_bytes")) << " (peak " << mib(u("peak_in_use_bytes")) << "), "
-       << u("segments") << " segment(s), " << u("blocks_in_use") << " block(s) in use, " << u("free_blocks")
-       << " cached; " << u("allocations") << " allocation(s): " << u("cache_hits") << " hit(s), "
-       << u("cache_misses") << " miss(es) (" << pct << "% hits), " << u("raw_frees") << " segment(s) given back";
+       << "), in use " << mib(u("in_use_bytes")) << " (peak " << mib(u("peak_in_use_bytes")) << "), " << u("segments")
+       << " segment(s), " << u("blocks_in_use") << " block(s) in use, " << u("free_blocks") << " cached; "
+       << u("allocations") << " allocation(s): " << u("cache_hits") << " hit(s), " << u("cache_misses") << " miss(es) ("
+       << pct << "% hits), " << u("raw_frees") << " segment(s) given back";
     if (u("failed_allocations")) os << ", " << u("failed_allocations") << " FAILED";
     os << "\n";
   }

@@ -12,18 +12,21 @@ std::string format_seconds(double s) {
   char buf[32];
   if (s < 0 || s > 360000) return "--:--";
   int total = static_cast<int>(s + 0.5);
-  if (total >= 3600)
-    std::snprintf(buf, sizeof buf, "%d:%02d:%02d", total / 3600, total / 60 % 60, total % 60);
-  else
-    std::snprintf(buf, sizeof buf, "%02d:%02d", total / 60, total % 60);
+  if (total >= 3600) std::snprintf(buf, sizeof buf, "%d:%02d:%02d", total / 3600, total / 60 % 60, total % 60);
+  else std::snprintf(buf, sizeof buf, "%02d:%02d", total / 60, total % 60);
   return buf;
 }
 
 }  // namespace
 
 ProgressBar::ProgressBar(std::string label, int64_t total, std::string unit, bool enabled)
-    : label_(std::move(label)), unit_(std::move(unit)), total_(std::max<int64_t>(total, 0)), enabled_(enabled),
-      tty_(::isatty(STDERR_FILENO) == 1), start_(std::chrono::steady_clock::now()), last_draw_(start_) {}
+    : label_(std::move(label)),
+      unit_(std::move(unit)),
+      total_(std::max<int64_t>(total, 0)),
+      enabled_(enabled),
+      tty_(::isatty(STDERR_FILENO) == 1),
+      start_(std::chrono::steady_clock::now()),
+      last_draw_(start_) {}
 
 ProgressBar::~ProgressBar() {
   if (!finished_) finish(message_);

@@ -4,7 +4,6 @@
 #include <charconv>
 #include <cstdlib>
 
-
 namespace keel::dist {
 namespace {
 
@@ -103,8 +102,8 @@ const char* identity_source_name(IdentitySource source) {
 
 std::string Identity::to_string() const {
   std::string s = "rank " + std::to_string(rank) + " of " + std::to_string(world_size) + " (local " +
-                  std::to_string(local_rank) + " of " + std::to_string(local_world_size) + "), master " +
-                  master_addr + ":" + std::to_string(master_port) + ", from " + identity_source_name(source);
+                  std::to_string(local_rank) + " of " + std::to_string(local_world_size) + "), master " + master_addr +
+                  ":" + std::to_string(master_port) + ", from " + identity_source_name(source);
   return s;
 }
 
@@ -200,7 +199,8 @@ StatusOr<Identity> identity_from_lookup(const Lookup& env) {
     const char* nodes_var = "SLURM_JOB_NODELIST";
     if (!nodes) nodes = env("SLURM_NODELIST"), nodes_var = "SLURM_NODELIST";
     if (nodes) {
-      KEEL_ASSIGN_OR_RETURN(id.master_addr, first_host_of_nodelist(nodes), std::string("identity (Slurm): ") + nodes_var);
+      KEEL_ASSIGN_OR_RETURN(id.master_addr, first_host_of_nodelist(nodes),
+                            std::string("identity (Slurm): ") + nodes_var);
     }
     int32_t job = 0;
     bool has_job = false;

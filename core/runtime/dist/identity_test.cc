@@ -19,8 +19,12 @@ TEST(Identity, NothingSetIsOneProcess) {
 }
 
 TEST(Identity, TorchrunStyle) {
-  auto id = identity_from_vars({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"},
-                                {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "29501"}});
+  auto id = identity_from_vars({{"RANK", "5"},
+                                {"WORLD_SIZE", "8"},
+                                {"LOCAL_RANK", "1"},
+                                {"LOCAL_WORLD_SIZE", "4"},
+                                {"MASTER_ADDR", "node0"},
+                                {"MASTER_PORT", "29501"}});
   ASSERT_TRUE(id.is_ok()) << id.status().to_string();
   EXPECT_EQ(id->rank, 5);
   EXPECT_EQ(id->world_size, 8);
@@ -37,15 +41,17 @@ TEST(Identity, TorchrunStyle) {
   EXPECT_EQ(one->local_world_size, 3);
   EXPECT_EQ(one->master_addr, "127.0.0.1");
   // The env style wins over Open MPI's.
-  auto both = identity_from_vars({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"OMPI_COMM_WORLD_RANK", "3"},
-                                  {"OMPI_COMM_WORLD_SIZE", "4"}});
+  auto both = identity_from_vars(
+      {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"}});
   ASSERT_TRUE(both.is_ok());
   EXPECT_EQ(both->source, IdentitySource::kEnv);
 }
 
 TEST(Identity, OpenMpi) {
-  auto id = identity_from_vars({{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"},
-                                {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+  auto id = identity_from_vars({{"OMPI_COMM_WORLD_RANK", "3"},
+                                {"OMPI_COMM_WORLD_SIZE", "4"},
+                                {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
   ASSERT_TRUE(id.is_ok()) << id.status().to_string();
   EXPECT_EQ(id->rank, 3);
   EXPECT_EQ(id->world_size, 4);
@@ -54,17 +60,23 @@ TEST(Identity, OpenMpi) {
   EXPECT_EQ(id->master_addr, "127.0.0.1");
   EXPECT_EQ(id->master_port, 29500);
   EXPECT_EQ(id->source, IdentitySource::kOpenMpi);
-  auto with_master = identity_from_vars({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"},
-                                         {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "4000"}});
+  auto with_master = identity_from_vars({{"OMPI_COMM_WORLD_RANK", "0"},
+                                         {"OMPI_COMM_WORLD_SIZE", "2"},
+                                         {"MASTER_ADDR", "10.0.0.1"},
+                                         {"MASTER_PORT", "4000"}});
   ASSERT_TRUE(with_master.is_ok());
   EXPECT_EQ(with_master->master_addr, "10.0.0.1");
   EXPECT_EQ(with_master->master_port, 4000);
 }
 
 TEST(Identity, Slurm) {
-  auto id = identity_from_vars({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "7"}, {"SLURM_LOCALID", "1"},
-                                {"SLURM_NODEID", "2"}, {"SLURM_TASKS_PER_NODE", "2(x3),1"},
-                                {"SLURM_JOB_NODELIST", "gpu[07-09,12]"}, {"SLURM_JOB_ID", "123456"}});
+  auto id = identity_from_vars({{"SLURM_PROCID", "5"},
+                                {"SLURM_NTASKS", "7"},
+                                {"SLURM_LOCALID", "1"},
+                                {"SLURM_NODEID", "2"},
+                                {"SLURM_TASKS_PER_NODE", "2(x3),1"},
+                                {"SLURM_JOB_NODELIST", "gpu[07-09,12]"},
+                                {"SLURM_JOB_ID", "123456"}});
   ASSERT_TRUE(id.is_ok()) << id.status().to_string();
   EXPECT_EQ(id->rank, 5);
   EXPECT_EQ(id->world_size, 7);
@@ -73,15 +85,21 @@ TEST(Identity, Slurm) {
   EXPECT_EQ(id->master_addr, "gpu07");
   EXPECT_EQ(id->master_port, 10000 + 123456 % 50000);
   EXPECT_EQ(id->source, IdentitySource::kSlurm);
-  auto last_node = identity_from_vars({{"SLURM_PROCID", "6"}, {"SLURM_NTASKS", "7"}, {"SLURM_LOCALID", "0"},
-                                       {"SLURM_NODEID", "3"}, {"SLURM_TASKS_PER_NODE", "2(x3),1"},
+  auto last_node = identity_from_vars({{"SLURM_PROCID", "6"},
+                                       {"SLURM_NTASKS", "7"},
+                                       {"SLURM_LOCALID", "0"},
+                                       {"SLURM_NODEID", "3"},
+                                       {"SLURM_TASKS_PER_NODE", "2(x3),1"},
                                        {"SLURM_NODELIST", "a1,b2"}});
   ASSERT_TRUE(last_node.is_ok()) << last_node.status().to_string();
   EXPECT_EQ(last_node->local_world_size, 1);
   EXPECT_EQ(last_node->master_addr, "a1");
   EXPECT_EQ(last_node->master_port, 29500);
-  auto per_node = identity_from_vars({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "1"},
-                                      {"SLURM_NTASKS_PER_NODE", "2"}, {"SLURM_JOB_NODELIST", "host"},
+  auto per_node = identity_from_vars({{"SLURM_PROCID", "1"},
+                                      {"SLURM_NTASKS", "4"},
+                                      {"SLURM_LOCALID", "1"},
+                                      {"SLURM_NTASKS_PER_NODE", "2"},
+                                      {"SLURM_JOB_NODELIST", "host"},
                                       {"MASTER_PORT", "5000"}});
   ASSERT_TRUE(per_node.is_ok()) << per_node.status().to_string();
   EXPECT_EQ(per_node->local_world_size, 2);
@@ -114,7 +132,8 @@ void expect_error(const std::map<std::string, std::string>& vars, const std::str
 }
 
 TEST(Identity, Errors) {
-  expect_error({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"MASTER_PORT", "1"}}, "RANK=4 is outside the world of WORLD_SIZE=4");
+  expect_error({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"MASTER_PORT", "1"}},
+               "RANK=4 is outside the world of WORLD_SIZE=4");
   expect_error({{"RANK", "-1"}, {"WORLD_SIZE", "4"}, {"MASTER_PORT", "1"}}, "RANK=-1");
   expect_error({{"RANK", "x"}, {"WORLD_SIZE", "4"}}, "RANK='x' is not an integer");
   expect_error({{"RANK", "1"}, {"WORLD_SIZE", "4a"}}, "WORLD_SIZE='4a' is not an integer");
@@ -125,8 +144,9 @@ TEST(Identity, Errors) {
   expect_error({{"RANK", "1"}, {"WORLD_SIZE", "2"}}, "MASTER_PORT is not set");
   expect_error({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}}, "MASTER_PORT=70000");
   expect_error({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "99999999999"}}, "out of range");
-  expect_error({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_PORT", "1"}},
-               "LOCAL_RANK=2");
+  expect_error(
+      {{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_PORT", "1"}},
+      "LOCAL_RANK=2");
   expect_error({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "2"}}, "OMPI_COMM_WORLD_RANK=2");
   expect_error({{"OMPI_COMM_WORLD_RANK", "0"}}, "must both be set");
   expect_error({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "2"}}, "SLURM_PROCID=3");

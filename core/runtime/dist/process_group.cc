@@ -37,7 +37,8 @@ const char* env_or(const char* name, const char* fallback) {
 
 Status rendezvous_check(Store& store, int32_t rank, int32_t size, int64_t timeout_ms) {
   if (size < 1 || rank < 0 || rank >= size)
-    return invalid_argument("rendezvous: rank " + std::to_string(rank) + " of " + std::to_string(size) + " is out of range");
+    return invalid_argument("rendezvous: rank " + std::to_string(rank) + " of " + std::to_string(size) +
+                            " is out of range");
   if (timeout_ms <= 0) timeout_ms = kDefaultTimeoutMs;
   const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   const std::string me = std::to_string(rank);
@@ -53,8 +54,8 @@ Status rendezvous_check(Store& store, int32_t rank, int32_t size, int64_t timeou
     auto w0 = store.get("rdzv/world_size", ms_left(deadline));
     if (!w0.is_ok()) {
       if (w0.status().code() == StatusCode::kDeadlineExceeded)
-        return Status(StatusCode::kDeadlineExceeded, "rendezvous: rank 0 never arrived within " +
-                                                         std::to_string(timeout_ms) + " ms (" + where + ")");
+        return Status(StatusCode::kDeadlineExceeded,
+                      "rendezvous: rank 0 never arrived within " + std::to_string(timeout_ms) + " ms (" + where + ")");
       return w0.status().with_context("rendezvous");
     }
     if (*w0 != std::to_string(size))
@@ -72,8 +73,8 @@ Status rendezvous_check(Store& store, int32_t rank, int32_t size, int64_t timeou
     if (all.code() != StatusCode::kDeadlineExceeded) return all.with_context("rendezvous");
     auto again = store.get("rdzv/join/" + me, 0);
     if (again.is_ok() && *again != "1")
-      return Status(StatusCode::kAlreadyExists, "rendezvous: " + *again + " processes joined as rank " + me +
-                                                    " of " + std::to_string(size) + " (duplicate RANK; " + where + ")");
+      return Status(StatusCode::kAlreadyExists, "rendezvous: " + *again + " processes joined as rank " + me + " of " +
+                                                    std::to_string(size) + " (duplicate RANK; " + where + ")");
     std::vector<int32_t> missing;
     std::string duplicates;
     for (int32_t r = 0; r < size; ++r) {
@@ -84,10 +85,10 @@ Status rendezvous_check(Store& store, int32_t rank, int32_t size, int64_t timeou
       if (j.is_ok() && *j != "1" && duplicates.size() < 200)
         duplicates += "; rank " + std::to_string(r) + " joined " + *j + " times (duplicate RANK)";
     }
-    return Status(StatusCode::kDeadlineExceeded,
-                  "rendezvous: rank" + std::string(missing.size() == 1 ? " " : "s ") + rank_list(missing) + " of " +
-                      std::to_string(size) + " never arrived within " + std::to_string(timeout_ms) + " ms" +
-                      duplicates + " (" + where + ")");
+    return Status(StatusCode::kDeadlineExceeded, "rendezvous: rank" + std::string(missing.size() == 1 ? " " : "s ") +
+                                                     rank_list(missing) + " of " + std::to_string(size) +
+                                                     " never arrived within " + std::to_string(timeout_ms) + " ms" +
+                                                     duplicates + " (" + where + ")");
   }
 
   if (rank == 0) {

@@ -28,7 +28,8 @@ std::vector<Status> rendezvous(Store& store, const std::vector<std::pair<int, in
 
 TEST(Rendezvous, AllRanksArrive) {
   InProcessStore store;
-  for (const Status& s : rendezvous(store, {{0, 4}, {1, 4}, {2, 4}, {3, 4}}, 5000)) EXPECT_TRUE(s.is_ok()) << s.to_string();
+  for (const Status& s : rendezvous(store, {{0, 4}, {1, 4}, {2, 4}, {3, 4}}, 5000))
+    EXPECT_TRUE(s.is_ok()) << s.to_string();
 }
 
 TEST(Rendezvous, AllRanksArriveOverTcp) {
@@ -126,7 +127,8 @@ TEST(ProcessGroup, UnknownBackendNamesTheRegisteredOnes) {
 TEST(ProcessGroup, GlooGroupOfThreeThreads) {
   auto env = make_env();
   ASSERT_TRUE(env);
-  if (!find_collective(*env, "gloo").is_ok()) GTEST_SKIP() << "no \"gloo\" collective registered (plugins/gloo not built)";
+  if (!find_collective(*env, "gloo").is_ok())
+    GTEST_SKIP() << "no \"gloo\" collective registered (plugins/gloo not built)";
   auto base = std::make_shared<InProcessStore>();
   constexpr int kRanks = 3;
   std::vector<std::string> errors(kRanks);
@@ -134,8 +136,8 @@ TEST(ProcessGroup, GlooGroupOfThreeThreads) {
   std::vector<std::thread> threads;
   for (int r = 0; r < kRanks; ++r)
     threads.emplace_back([&, r] {
-      auto pg = ProcessGroup::create_with_store(*env, std::make_shared<PrefixStore>(base, "t"), r, kRanks, "gloo", 0,
-                                                20000);
+      auto pg =
+          ProcessGroup::create_with_store(*env, std::make_shared<PrefixStore>(base, "t"), r, kRanks, "gloo", 0, 20000);
       if (!pg.is_ok()) {
         errors[r] = pg.status().to_string();
         return;
@@ -155,7 +157,8 @@ TEST(ProcessGroup, GlooGroupOfThreeThreads) {
 TEST(ProcessGroup, SingleProcessGroupNeedsNoServer) {
   auto env = make_env();
   ASSERT_TRUE(env);
-  if (!find_collective(*env, "gloo").is_ok()) GTEST_SKIP() << "no \"gloo\" collective registered (plugins/gloo not built)";
+  if (!find_collective(*env, "gloo").is_ok())
+    GTEST_SKIP() << "no \"gloo\" collective registered (plugins/gloo not built)";
   Identity id;  // rank 0 of 1
   auto pg = ProcessGroup::create(*env, id, "", 0, 5000);
   ASSERT_TRUE(pg.is_ok()) << pg.status().to_string();

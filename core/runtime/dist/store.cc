@@ -141,7 +141,8 @@ Store::Store() {
   c_.core_data = this;
   c_.set = [](keel_kv_store_t* self, const char* key, const void* value, size_t size) -> keel_status_t {
     try {
-      if (!self || !key || (!value && size)) return make_c_status(KEEL_STATUS_INVALID_ARGUMENT, "kv store set: null argument");
+      if (!self || !key || (!value && size))
+        return make_c_status(KEEL_STATUS_INVALID_ARGUMENT, "kv store set: null argument");
       auto* s = static_cast<Store*>(self->core_data);
       return s->set(key, std::string_view(static_cast<const char*>(value), size)).to_c();
     } catch (const std::exception& e) {
@@ -249,7 +250,8 @@ StatusOr<bool> InProcessStore::erase(const std::string& key) {
 // ------------------------------------------------------------------------------------------------------------
 // PrefixStore
 
-PrefixStore::PrefixStore(std::shared_ptr<Store> base, std::string prefix) : base_(std::move(base)), prefix_(std::move(prefix)) {}
+PrefixStore::PrefixStore(std::shared_ptr<Store> base, std::string prefix)
+    : base_(std::move(base)), prefix_(std::move(prefix)) {}
 
 std::vector<std::string> PrefixStore::full(const std::vector<std::string>& keys) const {
   std::vector<std::string> out;
@@ -258,9 +260,13 @@ std::vector<std::string> PrefixStore::full(const std::vector<std::string>& keys)
   return out;
 }
 Status PrefixStore::set(const std::string& key, std::string_view value) { return base_->set(full(key), value); }
-StatusOr<std::string> PrefixStore::get(const std::string& key, int64_t timeout_ms) { return base_->get(full(key), timeout_ms); }
+StatusOr<std::string> PrefixStore::get(const std::string& key, int64_t timeout_ms) {
+  return base_->get(full(key), timeout_ms);
+}
 StatusOr<int64_t> PrefixStore::add(const std::string& key, int64_t delta) { return base_->add(full(key), delta); }
-Status PrefixStore::wait(const std::vector<std::string>& keys, int64_t timeout_ms) { return base_->wait(full(keys), timeout_ms); }
+Status PrefixStore::wait(const std::vector<std::string>& keys, int64_t timeout_ms) {
+  return base_->wait(full(keys), timeout_ms);
+}
 StatusOr<bool> PrefixStore::check(const std::vector<std::string>& keys) { return base_->check(full(keys)); }
 StatusOr<int64_t> PrefixStore::num_keys() { return base_->num_keys(); }
 StatusOr<bool> PrefixStore::erase(const std::string& key) { return base_->erase(full(key)); }
@@ -423,9 +429,7 @@ struct TcpStoreServer::Impl {
         reply_ok(c, payload);
         return true;
       }
-      default:
-        why = "bad frame: unknown op " + std::to_string(op);
-        return false;
+      default: why = "bad frame: unknown op " + std::to_string(op); return false;
     }
     why = "bad frame: fields of op " + std::to_string(op) + " do not fill its " + std::to_string(n) + "-byte frame";
     return false;
@@ -550,7 +554,8 @@ struct TcpStoreServer::Impl {
 
 StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::start(const std::string& host, int32_t port) {
   if (host.empty()) return invalid_argument("store server: no address to bind (give 127.0.0.1 or this host's address)");
-  if (port < 0 || port > 65535) return invalid_argument("store server: port " + std::to_string(port) + " is out of range");
+  if (port < 0 || port > 65535)
+    return invalid_argument("store server: port " + std::to_string(port) + " is out of range");
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -661,7 +666,8 @@ int connect_once(const addrinfo* a, Clock::time_point deadline, std::string& err
 
 StatusOr<std::unique_ptr<TcpStore>> TcpStore::connect(const std::string& host, int32_t port, int64_t timeout_ms) {
   if (host.empty()) return invalid_argument("store client: no server address");
-  if (port <= 0 || port > 65535) return invalid_argument("store client: port " + std::to_string(port) + " is out of range");
+  if (port <= 0 || port > 65535)
+    return invalid_argument("store client: port " + std::to_string(port) + " is out of range");
   const std::string address = format_address(host, port);
   const auto start = Clock::now();
   const auto deadline = start + std::chrono::milliseconds(std::max<int64_t>(timeout_ms, 0));

@@ -236,10 +236,10 @@ TEST(TcpStore, MalformedFramesCloseOnlyThatClient) {
   ASSERT_TRUE(good.is_ok());
   ASSERT_TRUE((*good)->set("before", "1").is_ok());
   const std::vector<std::string> bad_frames = {
-      std::string("\xff\xff\xff\xff", 4),                                  // 4 GiB frame
-      std::string("\x01\x00\x00\x00\x63", 5),                              // unknown op 99
-      std::string("\x05\x00\x00\x00\x01\xff\x00\x00\x00", 9),              // set: key length runs past the frame
-      std::string("\x02\x00\x00\x00\x06\x00", 6),                          // num_keys with a trailing byte
+      std::string("\xff\xff\xff\xff", 4),                                       // 4 GiB frame
+      std::string("\x01\x00\x00\x00\x63", 5),                                   // unknown op 99
+      std::string("\x05\x00\x00\x00\x01\xff\x00\x00\x00", 9),                   // set: key length runs past the frame
+      std::string("\x02\x00\x00\x00\x06\x00", 6),                               // num_keys with a trailing byte
       std::string("\x09\x00\x00\x00\x04\xff\xff\xff\x7f\x00\x00\x00\x00", 13),  // wait: 2^31 keys in 9 bytes
   };
   for (const auto& frame : bad_frames) {
@@ -314,7 +314,8 @@ TEST(TcpStore, UnreachableServerIsDeadlineExceededNamingTheAddress) {
   auto c = TcpStore::connect("127.0.0.1", port, 300);
   ASSERT_FALSE(c.is_ok());
   EXPECT_EQ(c.status().code(), StatusCode::kDeadlineExceeded);
-  EXPECT_NE(c.status().message().find("127.0.0.1:" + std::to_string(port)), std::string::npos) << c.status().to_string();
+  EXPECT_NE(c.status().message().find("127.0.0.1:" + std::to_string(port)), std::string::npos)
+      << c.status().to_string();
   EXPECT_LT(seconds_since(t0), 3.0);
 }
 

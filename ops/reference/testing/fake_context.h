@@ -18,10 +18,10 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <thread>
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ops/reference/reference_kernels.h"
@@ -44,15 +44,23 @@ struct FakeTensor {
     return t;
   }
   static FakeTensor f32(std::vector<int64_t> dims, const std::vector<float>& v) { return of(KEEL_DTYPE_F32, dims, v); }
-  static FakeTensor i64(std::vector<int64_t> dims, const std::vector<int64_t>& v) { return of(KEEL_DTYPE_I64, dims, v); }
+  static FakeTensor i64(std::vector<int64_t> dims, const std::vector<int64_t>& v) {
+    return of(KEEL_DTYPE_I64, dims, v);
+  }
 
   int64_t numel() const {
     int64_t n = 1;
     for (int64_t d : dims) n *= d;
     return n;
   }
-  template <class T> const T* as() const { return reinterpret_cast<const T*>(data.data()); }
-  template <class T> std::vector<T> values() const { return std::vector<T>(as<T>(), as<T>() + numel()); }
+  template <class T>
+  const T* as() const {
+    return reinterpret_cast<const T*>(data.data());
+  }
+  template <class T>
+  std::vector<T> values() const {
+    return std::vector<T>(as<T>(), as<T>() + numel());
+  }
 
   const keel_tensor_t* c_view() {
     view.struct_size = sizeof(view);
@@ -78,12 +86,42 @@ struct FakeAttr {
   std::vector<const char*> cstrs;
   FakeTensor t;
 
-  static FakeAttr integer(int64_t v) { FakeAttr a; a.kind = KEEL_ATTR_INT; a.i = v; return a; }
-  static FakeAttr real(float v) { FakeAttr a; a.kind = KEEL_ATTR_FLOAT; a.f = v; return a; }
-  static FakeAttr str(std::string v) { FakeAttr a; a.kind = KEEL_ATTR_STRING; a.s = std::move(v); return a; }
-  static FakeAttr int_list(std::vector<int64_t> v) { FakeAttr a; a.kind = KEEL_ATTR_INTS; a.ints = std::move(v); return a; }
-  static FakeAttr float_list(std::vector<float> v) { FakeAttr a; a.kind = KEEL_ATTR_FLOATS; a.floats = std::move(v); return a; }
-  static FakeAttr tensor(FakeTensor v) { FakeAttr a; a.kind = KEEL_ATTR_TENSOR; a.t = std::move(v); return a; }
+  static FakeAttr integer(int64_t v) {
+    FakeAttr a;
+    a.kind = KEEL_ATTR_INT;
+    a.i = v;
+    return a;
+  }
+  static FakeAttr real(float v) {
+    FakeAttr a;
+    a.kind = KEEL_ATTR_FLOAT;
+    a.f = v;
+    return a;
+  }
+  static FakeAttr str(std::string v) {
+    FakeAttr a;
+    a.kind = KEEL_ATTR_STRING;
+    a.s = std::move(v);
+    return a;
+  }
+  static FakeAttr int_list(std::vector<int64_t> v) {
+    FakeAttr a;
+    a.kind = KEEL_ATTR_INTS;
+    a.ints = std::move(v);
+    return a;
+  }
+  static FakeAttr float_list(std::vector<float> v) {
+    FakeAttr a;
+    a.kind = KEEL_ATTR_FLOATS;
+    a.floats = std::move(v);
+    return a;
+  }
+  static FakeAttr tensor(FakeTensor v) {
+    FakeAttr a;
+    a.kind = KEEL_ATTR_TENSOR;
+    a.t = std::move(v);
+    return a;
+  }
   static FakeAttr string_list(std::vector<std::string> v) {
     FakeAttr a;
     a.kind = KEEL_ATTR_STRINGS;
@@ -96,9 +134,9 @@ struct FakeNode {
   std::string op_type, domain, name;
   int32_t opset = 17;
   std::vector<std::optional<FakeTensor>> inputs;  // nullopt = omitted optional input
-  std::vector<int32_t> output_dtypes;              // UNDEFINED = omitted optional output
+  std::vector<int32_t> output_dtypes;             // UNDEFINED = omitted optional output
   std::map<std::string, FakeAttr> attrs;
-  std::vector<FakeTensor> outputs;                 // written by the kernel through output()
+  std::vector<FakeTensor> outputs;  // written by the kernel through output()
   std::vector<bool> output_written;
 
   FakeNode() = default;
@@ -156,17 +194,27 @@ inline const keel_kernel_api_t* fake_kernel_api() {
       t.dims.assign(dims, dims + ndim);
       size_t es = 0;
       switch (t.dtype) {
-        case KEEL_DTYPE_F32: case KEEL_DTYPE_I32: case KEEL_DTYPE_U32: es = 4; break;
-        case KEEL_DTYPE_F64: case KEEL_DTYPE_I64: case KEEL_DTYPE_U64: es = 8; break;
-        case KEEL_DTYPE_F16: case KEEL_DTYPE_BF16: case KEEL_DTYPE_I16: case KEEL_DTYPE_U16: es = 2; break;
-        case KEEL_DTYPE_I8: case KEEL_DTYPE_U8: case KEEL_DTYPE_BOOL: es = 1; break;
+        case KEEL_DTYPE_F32:
+        case KEEL_DTYPE_I32:
+        case KEEL_DTYPE_U32: es = 4; break;
+        case KEEL_DTYPE_F64:
+        case KEEL_DTYPE_I64:
+        case KEEL_DTYPE_U64: es = 8; break;
+        case KEEL_DTYPE_F16:
+        case KEEL_DTYPE_BF16:
+        case KEEL_DTYPE_I16:
+        case KEEL_DTYPE_U16: es = 2; break;
+        case KEEL_DTYPE_I8:
+        case KEEL_DTYPE_U8:
+        case KEEL_DTYPE_BOOL: es = 1; break;
         default: return detail::fake_status(KEEL_STATUS_INVALID_ARGUMENT, "fake: output dtype undefined");
       }
       for (int64_t d : t.dims)
         if (d < 0) return detail::fake_status(KEEL_STATUS_INVALID_ARGUMENT, "fake: negative output dimension");
       double bytes = static_cast<double>(es);
       for (int64_t d : t.dims) bytes *= static_cast<double>(d);
-      if (bytes > static_cast<double>(1ull << 30)) return detail::fake_status(KEEL_STATUS_OUT_OF_MEMORY, "fake: > 1 GiB");
+      if (bytes > static_cast<double>(1ull << 30))
+        return detail::fake_status(KEEL_STATUS_OUT_OF_MEMORY, "fake: > 1 GiB");
       // Poison the buffer so that unwritten elements show up in comparisons.
       t.data.assign(static_cast<size_t>(t.numel()) * es, 0xAB);
       n->output_written[i] = true;
@@ -231,8 +279,8 @@ inline const keel_kernel_api_t* fake_kernel_api() {
     a.workspace = [](keel_kernel_context_t*, uint64_t, void**) -> keel_status_t {
       return detail::fake_status(KEEL_STATUS_UNIMPLEMENTED, "fake: no workspace");
     };
-    a.parallel_for = [](const keel_kernel_context_t*, int64_t n, int64_t min_chunk,
-                        void (*fn)(void*, int64_t, int64_t), void* arg) {
+    a.parallel_for = [](const keel_kernel_context_t*, int64_t n, int64_t min_chunk, void (*fn)(void*, int64_t, int64_t),
+                        void* arg) {
       int64_t chunk = std::max<int64_t>(min_chunk, (n + 3) / 4);
       if (chunk < 1) chunk = 1;
       if (!fake_threads()) {

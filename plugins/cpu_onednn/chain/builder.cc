@@ -1,5 +1,5 @@
-// plugins/cpu_onednn/chain/builder.cc — the Builder's core: build() walks the recipe and dispatches each node through the op table;
-// concatenation planning, the boundary outputs and the workspace plan.
+// plugins/cpu_onednn/chain/builder.cc — the Builder's core: build() walks the recipe and dispatches each node through
+// the op table; concatenation planning, the boundary outputs and the workspace plan.
 #include "chain/builder.h"
 
 namespace keel::onednn::chain {
@@ -34,16 +34,20 @@ std::unique_ptr<Plan> Builder::build() {
     if (is_const(name)) continue;
     auto d = r_.dims.find(name);
     auto t = r_.dtypes.find(name);
-    if (d == r_.dims.end() || t == r_.dtypes.end() || (t->second != KEEL_DTYPE_F32 && t->second != KEEL_DTYPE_BF16 &&
-                                                       t->second != KEEL_DTYPE_U8 && t->second != KEEL_DTYPE_I8))
+    if (d == r_.dims.end() || t == r_.dtypes.end() ||
+        (t->second != KEEL_DTYPE_F32 && t->second != KEEL_DTYPE_BF16 && t->second != KEEL_DTYPE_U8 &&
+         t->second != KEEL_DTYPE_I8))
       continue;  // not read as data
     Buf b;
     b.kind = BufKind::kInput;
     b.index = static_cast<int>(k);
     p_->bufs.push_back(b);
     Val v;
-    v.md = boundary_md(name, d->second, t->second == KEEL_DTYPE_BF16 ? dt::bf16 : t->second == KEEL_DTYPE_U8 ? dt::u8
-                                        : t->second == KEEL_DTYPE_I8 ? dt::s8 : dt::f32);
+    v.md = boundary_md(name, d->second,
+                       t->second == KEEL_DTYPE_BF16 ? dt::bf16
+                       : t->second == KEEL_DTYPE_U8 ? dt::u8
+                       : t->second == KEEL_DTYPE_I8 ? dt::s8
+                                                    : dt::f32);
     v.buf = static_cast<int>(p_->bufs.size()) - 1;
     p_->bufs[v.buf].values = 2;  // never written in place
     vals_[name] = v;
@@ -103,8 +107,8 @@ void Builder::plan_concats() {
     bool ok = true;
     for (const auto& in : n.in) {
       auto d = r_.dims.find(in);
-      ok = ok && !in.empty() && d != r_.dims.end() && d->second.size() == 4 && d->second[1] % 16 == 0 &&
-           !escapes(in) && users(in).size() == 1 && !is_const(in) && !concat_parts_.count(in) &&
+      ok = ok && !in.empty() && d != r_.dims.end() && d->second.size() == 4 && d->second[1] % 16 == 0 && !escapes(in) &&
+           users(in).size() == 1 && !is_const(in) && !concat_parts_.count(in) &&
            std::find(r_.inputs.begin(), r_.inputs.end(), in) == r_.inputs.end();
       int reads = 0;
       for (const auto& x : n.in) reads += x == in;

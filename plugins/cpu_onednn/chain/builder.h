@@ -12,8 +12,8 @@ struct Val {
   md_t md;
   int buf = -1;
   uint64_t off = 0;
-  float scale = 1.f;       // a pending scalar factor (a Mul/Div folded into the consumer MatMul)
-  std::string scale_of;    // the value it scales
+  float scale = 1.f;     // a pending scalar factor (a Mul/Div folded into the consumer MatMul)
+  std::string scale_of;  // the value it scales
 };
 
 inline bool is_plain_dense(const md_t& md) {
@@ -154,8 +154,8 @@ class Builder {
     auto kind = prim.get_kind();
     uint64_t bytes = 0;
     for (auto& [arg, m] : args) bytes += m.get_desc().get_size();
-    bool single = kind != dnnl::primitive::kind::convolution && kind != dnnl::primitive::kind::matmul &&
-                  bytes < (1u << 20);
+    bool single =
+        kind != dnnl::primitive::kind::convolution && kind != dnnl::primitive::kind::matmul && bytes < (1u << 20);
     p_->execs.push_back({std::move(prim), std::move(args), single, nullptr, nullptr, nullptr});
   }
   // A step of the plugin's own (Exec::own set, with its args), named `impl` in profiles and logs, `what` its line
@@ -197,8 +197,9 @@ class Builder {
     const Val& v = val(name);
     if (v.scale != 1.f) throw Reject{"a scaled view read by an op that cannot scale"};
     if (v.md == want) return v;
-    std::string key = name + "#" + std::to_string(std::hash<std::string>()(
-                                             std::string(reinterpret_cast<const char*>(&want.data), sizeof want.data)));
+    std::string key = name + "#" +
+                      std::to_string(std::hash<std::string>()(
+                          std::string(reinterpret_cast<const char*>(&want.data), sizeof want.data)));
     auto it = vals_.find(key);
     if (it != vals_.end()) return it->second;
     Val src = v;
@@ -320,15 +321,15 @@ class Builder {
   // --- post-op fusion
   struct Fusion {
     dnnl::post_ops po;
-    std::string out;         // the value the fused op finally writes
-    std::string sum_with;    // residual added by a sum post-op
-    std::vector<float> conv_bias_add;  // per-channel constant added (conv)
+    std::string out;                        // the value the fused op finally writes
+    std::string sum_with;                   // residual added by a sum post-op
+    std::vector<float> conv_bias_add;       // per-channel constant added (conv)
     std::vector<float> bn_scale, bn_shift;  // conv: folded BatchNormalization
-    std::vector<float> mm_bias;        // matmul: constant bias over the last axis
-    float out_scale = 1.f;             // matmul: scalar applied before the bias
-    bool silu_pass = false;            // conv: a trailing SiLU runs as the chain's own step (take_silu)
-    bool viewed = false;               // matmul: `out` is a view of the product with other dims (same_order_view)
-    std::vector<size_t> nodes;         // fused nodes
+    std::vector<float> mm_bias;             // matmul: constant bias over the last axis
+    float out_scale = 1.f;                  // matmul: scalar applied before the bias
+    bool silu_pass = false;                 // conv: a trailing SiLU runs as the chain's own step (take_silu)
+    bool viewed = false;                    // matmul: `out` is a view of the product with other dims (same_order_view)
+    std::vector<size_t> nodes;              // fused nodes
     int count = 0;
   };
   bool eltwise_of(const NodeDesc& n, alg* a, float* alpha, float* beta);
@@ -343,9 +344,8 @@ class Builder {
   void deconv(size_t i);
   void conv_like_tail(size_t i, const Fusion& f, dnnl::primitive prim, const md_t& src_md, const md_t& wei_md,
                       const md_t& dmd, const md_t& wplain, std::vector<float>& w, bool has_bias,
-                      const std::vector<float>& bias, double flops,
-                      std::unordered_map<int, dnnl::memory> extra = {}, const std::string& src = {},
-                      const std::string& chan_scale = {});
+                      const std::vector<float>& bias, double flops, std::unordered_map<int, dnnl::memory> extra = {},
+                      const std::string& src = {}, const std::string& chan_scale = {});
   bool fold_channel_scale(size_t i);
   bool conv_as_gemv(size_t i, const Fusion& f, const std::vector<float>& w, bool has_bias,
                     const std::vector<float>& bias);
@@ -358,12 +358,11 @@ class Builder {
   bool flatten_into_gemm(size_t i, const Dims& x, const Dims& y);
   bool conv_residual_merged(size_t i);
   bool conv_pool_fused(size_t i);
-  bool conv_grouped4(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y,
-                     int64_t stride, const std::vector<float>& w, const std::vector<float>& bias, double flops);
-  bool conv_dilated_phases(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y,
-                           int64_t dil, const md_t& wany, const md_t& bmd, const dnnl::primitive_attr& attr,
-                           const md_t& wplain, std::vector<float>& w, bool has_bias, const std::vector<float>& bias,
-                           double flops);
+  bool conv_grouped4(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y, int64_t stride,
+                     const std::vector<float>& w, const std::vector<float>& bias, double flops);
+  bool conv_dilated_phases(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y, int64_t dil,
+                           const md_t& wany, const md_t& bmd, const dnnl::primitive_attr& attr, const md_t& wplain,
+                           std::vector<float>& w, bool has_bias, const std::vector<float>& bias, double flops);
   bool conv_dw_fused(size_t i, const Fusion& f, const md_t& src, const md_t& wany, const md_t& bmd,
                      const std::vector<float>& w, const std::vector<float>& bias, double flops);
   // A depthwise convolution whose output goes through SiLU as one step of the chain's own (steps/dwsilu.h), the
@@ -427,7 +426,7 @@ class Builder {
   bool time_convs_ = true;
   std::unique_ptr<Plan> p_;
   std::map<std::string, std::pair<int, uint64_t>> concat_parts_;  // concat input -> (buffer, byte offset)
-  std::map<std::string, int> concat_bufs_;                         // concat output -> its buffer
+  std::map<std::string, int> concat_bufs_;                        // concat output -> its buffer
   std::set<std::string> placed_parts_;
   std::map<std::string, Val> vals_;
   std::map<std::string, std::vector<size_t>> users_;

@@ -119,8 +119,8 @@ keel_status_t claim_chains(void*, const G* g, const keel_graph_api_t* api, keel_
         }
         for (const auto& w : want) wnames.push_back(w.c_str());
         std::vector<keel_tensor_t*> outs(want.size(), nullptr);
-        keel_status_t st = api->evaluate(g, fnames.data(), ptrs.data(), ptrs.size(), wnames.data(), wnames.size(),
-                                         outs.data());
+        keel_status_t st =
+            api->evaluate(g, fnames.data(), ptrs.data(), ptrs.size(), wnames.data(), wnames.size(), outs.data());
         if (st) {
           // Could not fold: treat none of them as constants.
           keel_status_release(st);
@@ -164,12 +164,11 @@ keel_status_t claim_chains(void*, const G* g, const keel_graph_api_t* api, keel_
         if (ins.size() >= 2 && consts.count(ins[1])) pads = &consts[ins[1]];
         else if (ins.size() >= 2 && api->initializer(g, ins[1].c_str(), &t) && t) init = const_of(t), pads = &init;
         bool ok = pads && (pads->dtype == KEEL_DTYPE_I64 || pads->dtype == KEEL_DTYPE_I32) &&
-                  api->node_attr_count(g, n) <= 1 && ins.size() <= 3 && (ins.size() < 3 || ins[2].empty() ||
-                                                                        constant(ins[2]));
+                  api->node_attr_count(g, n) <= 1 && ins.size() <= 3 &&
+                  (ins.size() < 3 || ins[2].empty() || constant(ins[2]));
         for (int64_t k = 0; ok && k < pads->count(); ++k) ok = pads->iat(k) >= 0;
         const char* mode = nullptr;
-        if (ok && api->node_attr_string(g, n, "mode", &mode) && mode && std::strcmp(mode, "constant") != 0)
-          ok = false;
+        if (ok && api->node_attr_string(g, n, "mode", &mode) && mode && std::strcmp(mode, "constant") != 0) ok = false;
         if (!ok) continue;
       }
       bool ok = true;
@@ -315,8 +314,8 @@ keel_status_t claim_chains(void*, const G* g, const keel_graph_api_t* api, keel_
           chain->plan = Builder(r, /*time_convs=*/false).build();
         } catch (const NodeReject& e) {
           if (e.node < r.nodes.size()) {
-            std::string msg = "claim: node '" + r.nodes[e.node].name + "' (" + r.nodes[e.node].op +
-                              ") stays on its kernel: " + e.why;
+            std::string msg =
+                "claim: node '" + r.nodes[e.node].name + "' (" + r.nodes[e.node].op + ") stays on its kernel: " + e.why;
             debug_log(msg);
             excluded.insert(r.nodes[e.node].id);
             retry = true;

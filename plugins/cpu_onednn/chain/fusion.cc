@@ -1,5 +1,5 @@
-// plugins/cpu_onednn/chain/fusion.cc — post-op fusion: which nodes after a convolution, matmul or pooling become its post-ops
-// (fuse_after), and a trailing SiLU run as the chain's own step.
+// plugins/cpu_onednn/chain/fusion.cc — post-op fusion: which nodes after a convolution, matmul or pooling become its
+// post-ops (fuse_after), and a trailing SiLU run as the chain's own step.
 #include "chain/builder.h"
 
 namespace keel::onednn::chain {
@@ -21,8 +21,7 @@ bool Builder::eltwise_of(const NodeDesc& n, alg* a, float* alpha, float* beta) {
     if (p->at(0) == 2.0) *a = alg::eltwise_square;
     else if (p->at(0) == 0.5) *a = alg::eltwise_sqrt;
     else return false;
-  }
-  else if (n.op == "Clip") {
+  } else if (n.op == "Clip") {
     float lo = -INFINITY, hi = INFINITY;
     if (n.has("min") || n.has("max")) {
       lo = n.af("min", -INFINITY);
@@ -137,8 +136,8 @@ Builder::Fusion Builder::fuse_after(const std::string& out, size_t at, bool conv
       bool extra = false;
       for (size_t k = 1; k < n.out.size(); ++k) extra = extra || !n.out[k].empty();
       const ConstT *s = cst(n.in[1]), *b = cst(n.in[2]), *m = cst(n.in[3]), *v = cst(n.in[4]);
-      if (extra || !s || !b || !m || !v || s->count() != channels || b->count() != channels ||
-          m->count() != channels || v->count() != channels)
+      if (extra || !s || !b || !m || !v || s->count() != channels || b->count() != channels || m->count() != channels ||
+          v->count() != channels)
         break;
       float eps = n.af("epsilon", 1e-5f);
       f.bn_scale.resize(channels);
@@ -204,9 +203,9 @@ Builder::Fusion Builder::fuse_after(const std::string& out, size_t at, bool conv
 
 // A SiLU (swish post-op) at the end of a convolution's fusion runs as the chain's own step after the primitive
 // (exec_silu) instead: oneDNN 2.6's swish costs more than a 1x1 convolution's arithmetic on EfficientNet's shapes
-// (steps/silu.h, docs/ONEDNN_PERFORMANCE.md). Strips it from f.po and returns true; false, changing nothing, when the option is
-// off, the CPU lacks AVX-512 (the pass would be scalar), the node computes in bf16, or the chain holds post-op kinds
-// other than eltwise and sum before it.
+// (steps/silu.h, docs/ONEDNN_PERFORMANCE.md). Strips it from f.po and returns true; false, changing nothing, when the
+// option is off, the CPU lacks AVX-512 (the pass would be scalar), the node computes in bf16, or the chain holds
+// post-op kinds other than eltwise and sum before it.
 bool Builder::take_silu(Fusion& f) {
   if (!g_options.silu_pass || !has_avx512f() || act_ != dt::f32) return false;
   const int last = f.po.len() - 1;

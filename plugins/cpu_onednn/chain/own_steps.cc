@@ -24,7 +24,6 @@ void run_silu(const Exec& e) {
   }
 }
 
-
 // Exec::own of a SiLU step fused with the GlobalAveragePool reading its output: DNNL_ARG_DST is nChw16c
 // [N,C,H,W] (SiLU in place), kArgPooled nChw16c [N,C,1,1] (each channel's mean); the (batch, 16-channel block)
 // pairs are split over the OpenMP team unless the step is a single-thread one.
@@ -46,7 +45,7 @@ void run_silu_mean(const Exec& e) {
 // layouts of the 1x1 kernels), map holding one channel per 16 floats.
 
 __attribute__((target("avx512f"))) void scale_gather_avx512(float* dst, const float* src, const float* scale,
-                                                           const int32_t* map, size_t n) {
+                                                            const int32_t* map, size_t n) {
   size_t j = 0;
   for (; j + 16 <= n; j += 16) {
     const __m512 g =  // the masked form: GCC 12 warns about the plain one's undefined source
@@ -70,7 +69,7 @@ void run_scale_weights(const Exec& e) {
 }
 
 __attribute__((target("avx512f"))) void scale_rows_avx512(float* dst, const float* src, const float* scale,
-                                                         const int32_t* map, size_t rows) {
+                                                          const int32_t* map, size_t rows) {
   for (size_t r = 0; r < rows; ++r)
     _mm512_storeu_ps(dst + 16 * r, _mm512_mul_ps(_mm512_loadu_ps(src + 16 * r), _mm512_set1_ps(scale[map[r]])));
 }
@@ -186,7 +185,9 @@ void run_int8_quantize(const Exec& e) {
     case Int8QuantizeStep::Kind::kSame: quantize_f32(x, y, k.n, k.q, team); break;
     case Int8QuantizeStep::Kind::kToNhwc: quantize_f32_to_nhwc(x, y, k.N, k.C, k.S, k.q, team); break;
     case Int8QuantizeStep::Kind::kBlocked: quantize_f32_blocked16_to_nhwc(x, y, k.N, k.C, k.S, k.q, team); break;
-    case Int8QuantizeStep::Kind::kBlockedF32: blocked16_to_nhwc_f32(x, static_cast<float*>(y), k.N, k.C, k.S, team); break;
+    case Int8QuantizeStep::Kind::kBlockedF32:
+      blocked16_to_nhwc_f32(x, static_cast<float*>(y), k.N, k.C, k.S, team);
+      break;
   }
 }
 

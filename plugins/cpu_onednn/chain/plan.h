@@ -17,11 +17,11 @@ namespace keel::onednn::chain {
 enum class BufKind { kWorkspace, kInput, kOutput, kOwned };
 struct Buf {
   BufKind kind = BufKind::kWorkspace;
-  int index = -1;        // input/output index
+  int index = -1;  // input/output index
   uint64_t bytes = 0;
   int first = 1 << 30, last = -1;  // exec steps that touch it
-  uint64_t offset = 0;   // in the workspace
-  int values = 0;        // values living in it (views included)
+  uint64_t offset = 0;             // in the workspace
+  int values = 0;                  // values living in it (views included)
 };
 
 struct Bind {
@@ -37,9 +37,8 @@ struct Exec {
   // A step of the plugin's own instead of a primitive (prim is then empty), run with the exec itself.
   void (*own)(const Exec&) = nullptr;
   std::shared_ptr<const void> params;  // an own step's parameters (run_conv_pool: its ConvPoolShape)
-  const char* own_kind = nullptr;  // an own step's kind in profiles ("eltwise" when null)
+  const char* own_kind = nullptr;      // an own step's kind in profiles ("eltwise" when null)
 };
-
 
 // The pooled output of a SiLU step that also computes squeeze-excite's GlobalAveragePool (run_silu_mean).
 constexpr int kArgPooled = DNNL_ARG_DST_1;
@@ -120,8 +119,8 @@ struct RunBinding {
 struct Plan {
   int threads = 0;
   std::vector<DeferredPick> deferred;  // a claim-time plan's untimed picks (see run_chain)
-  WeightArena weights;  // declared before `owned` and the steps: freed after them
-  double flops = 0;  // of the convolutions and matmuls
+  WeightArena weights;                 // declared before `owned` and the steps: freed after them
+  double flops = 0;                    // of the convolutions and matmuls
   std::vector<Buf> bufs;
   std::vector<Bind> binds;
   std::vector<Exec> execs;

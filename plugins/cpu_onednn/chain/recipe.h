@@ -9,8 +9,8 @@
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cfloat>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -22,18 +22,17 @@
 #include <sstream>
 #include <tuple>
 
-#include "steps/attention.h"
 #include "common/common.h"
 #include "common/conv_pick.h"
+#include "kernels/int8.h"
+#include "steps/attention.h"
 #include "steps/convpool.h"
 #include "steps/dilated.h"
 #include "steps/dwsilu.h"
 #include "steps/grouped.h"
-#include "kernels/int8.h"
 #include "steps/resize.h"
 #include "steps/se.h"
 #include "steps/silu.h"
-
 
 namespace keel::onednn::chain {
 
@@ -110,10 +109,10 @@ struct ConstT {
 // Everything a plan is built from; owned by the claim (it outlives the graph).
 struct Recipe {
   std::string name;
-  std::vector<NodeDesc> nodes;             // claimed nodes, topological order (constant nodes included)
-  std::map<std::string, Dims> dims;        // static dims of the values the nodes read and write (when known)
+  std::vector<NodeDesc> nodes;       // claimed nodes, topological order (constant nodes included)
+  std::map<std::string, Dims> dims;  // static dims of the values the nodes read and write (when known)
   std::map<std::string, int32_t> dtypes;
-  std::map<std::string, ConstT> consts;    // constant values
+  std::map<std::string, ConstT> consts;      // constant values
   std::vector<std::string> inputs, outputs;  // the boundary, in the core's order
   // int8 values the graph holds channels-last (fuse_qdq: NHWC bytes under the NCHW shape): read and written so at
   // the boundary (Builder::boundary_md).

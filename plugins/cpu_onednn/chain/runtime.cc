@@ -155,8 +155,8 @@ void run_chain(Chain& ch, Ctx& c) {
   } back{cur, team_n};
   // The session profiles this run (ABI 1.3): time each primitive and report it with the nodes it computes.
   const keel_kernel_api_t* kapi = g_host->kernel;
-  const bool report = KEEL_HAS_MEMBER(kapi, keel_kernel_api_t, profile_step) && kapi->profiling &&
-                      kapi->profile_step && kapi->profiling(c.raw()) != 0;
+  const bool report = KEEL_HAS_MEMBER(kapi, keel_kernel_api_t, profile_step) && kapi->profiling && kapi->profile_step &&
+                      kapi->profiling(c.raw()) != 0;
   if (g_options.profile || report) {
     for (size_t k = 0; k < execs.size(); ++k) {
       threads_for(execs[k]);

@@ -20,10 +20,10 @@ inline const char* step_kind(const Exec& e) {
 
 struct Chain {
   Recipe recipe;
-  std::mutex mu;                                // guards plan and plans
-  std::shared_ptr<Plan> plan;                   // the plan the latest run used (the claim's, before the first)
-  std::map<int, std::shared_ptr<Plan>> plans;   // by OpenMP thread count
-  std::mutex profile_mu;                        // guards the KEEL_ONEDNN_PROFILE members below
+  std::mutex mu;                               // guards plan and plans
+  std::shared_ptr<Plan> plan;                  // the plan the latest run used (the claim's, before the first)
+  std::map<int, std::shared_ptr<Plan>> plans;  // by OpenMP thread count
+  std::mutex profile_mu;                       // guards the KEEL_ONEDNN_PROFILE members below
   // KEEL_ONEDNN_PROFILE=1: time per primitive kind and implementation, and each step's fastest run (robust on a
   // busy machine), logged (info) when the session goes.
   std::map<std::string, std::pair<double, int64_t>> profile;
@@ -55,8 +55,8 @@ struct Chain {
       os << "\n  steps, fastest / median run of each (sums " << sum << " / " << msum << " ms):";
       for (size_t k = 0; k < step_min.size(); ++k)
         os << "\n  " << std::setw(3) << k << " " << std::setw(8) << step_min[k] << " " << std::setw(8) << med[k]
-           << " ms  " << (plan->execs[k].single ? "1t " : "   ") << step_kind(plan->execs[k]) << " "
-           << plan->impls[k] << "  " << plan->what[k];
+           << " ms  " << (plan->execs[k].single ? "1t " : "   ") << step_kind(plan->execs[k]) << " " << plan->impls[k]
+           << "  " << plan->what[k];
     }
     if (g_host && g_host->log) g_host->log(g_plugin_handle, KEEL_LOG_INFO, os.str().c_str());
   }

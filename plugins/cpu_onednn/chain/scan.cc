@@ -144,7 +144,9 @@ void lift_1d(Recipe& r) {
   };
   auto seed = [&](const NodeDesc& n) {
     const ChainOp* op = find_chain_op(n.op);
-    if (op == nullptr || op->lift != Lift1d::kSeed || n.in.empty() || n.out.empty() || !rank3(n.in[0]) || !rank3(n.out[0])) return false;
+    if (op == nullptr || op->lift != Lift1d::kSeed || n.in.empty() || n.out.empty() || !rank3(n.in[0]) ||
+        !rank3(n.out[0]))
+      return false;
     if (n.op == "Conv" || n.op == "ConvTranspose") {
       auto w = r.consts.find(n.in_at(1));
       if (w == r.consts.end() || w->second.dims.size() != 3) return false;
@@ -261,8 +263,8 @@ void lift_1d(Recipe& r) {
       const bool w = n.op == "Conv" || n.op == "ConvTranspose";
       for (size_t k = 0; k < n.in.size(); ++k) {
         if (lifted.count(n.in[k])) n.in[k] = twin(n.in[k]);
-        else if (!n.in[k].empty() && r.consts.count(n.in[k]) && ((w && k == 1) || n.op == "Add" || n.op == "Sub" ||
-                                                                 n.op == "Mul" || n.op == "Div"))
+        else if (!n.in[k].empty() && r.consts.count(n.in[k]) &&
+                 ((w && k == 1) || n.op == "Add" || n.op == "Sub" || n.op == "Mul" || n.op == "Div"))
           n.in[k] = lift_const(n.in[k], w);
       }
       for (auto& o : n.out)

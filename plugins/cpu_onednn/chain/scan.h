@@ -56,7 +56,9 @@ struct GraphScan {
     int32_t nd = -1;
     return api->value_info(g, v.c_str(), t, &nd, buf, 16) != 0;
   }
-  bool producer(const std::string& v, keel_node_id_t* p) const { return !v.empty() && api->value_producer(g, v.c_str(), p); }
+  bool producer(const std::string& v, keel_node_id_t* p) const {
+    return !v.empty() && api->value_producer(g, v.c_str(), p);
+  }
   NodeDesc desc(keel_node_id_t n) const {
     NodeDesc d;
     d.id = n;
@@ -75,9 +77,15 @@ struct GraphScan {
       switch (a.kind) {
         case KEEL_ATTR_INT: api->node_attr_int(g, n, name.c_str(), &a.i); break;
         case KEEL_ATTR_FLOAT: api->node_attr_float(g, n, name.c_str(), &a.f); break;
-        case KEEL_ATTR_STRING: if (api->node_attr_string(g, n, name.c_str(), &s)) a.s = s; break;
-        case KEEL_ATTR_INTS: if (api->node_attr_ints(g, n, name.c_str(), &is, &cnt)) a.ints.assign(is, is + cnt); break;
-        case KEEL_ATTR_FLOATS: if (api->node_attr_floats(g, n, name.c_str(), &fs, &cnt)) a.floats.assign(fs, fs + cnt); break;
+        case KEEL_ATTR_STRING:
+          if (api->node_attr_string(g, n, name.c_str(), &s)) a.s = s;
+          break;
+        case KEEL_ATTR_INTS:
+          if (api->node_attr_ints(g, n, name.c_str(), &is, &cnt)) a.ints.assign(is, is + cnt);
+          break;
+        case KEEL_ATTR_FLOATS:
+          if (api->node_attr_floats(g, n, name.c_str(), &fs, &cnt)) a.floats.assign(fs, fs + cnt);
+          break;
         default: break;
       }
       d.attrs[name] = a;

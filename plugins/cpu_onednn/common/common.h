@@ -10,8 +10,8 @@
 // (primitive + memory objects + prepacked weights) are cached per input-shape signature (`PlanCache`).
 #pragma once
 
-#include <keel/kernel.hpp>
 #include <keel/plugin.h>
+#include <keel/kernel.hpp>
 #include <keel/shape.hpp>
 
 #include <cstdint>
@@ -34,11 +34,11 @@ extern const keel_core_api_t* g_host;
 
 // The SDK's C++ layer (sdk/include/keel/kernel.hpp, shape.hpp): Reject (a case the kernel does not handle: becomes
 // UNIMPLEMENTED, a rejection, not an error), Failure (a real failure with its code), the saturating element count.
-using sdk::Failure;
-using sdk::Reject;
 using sdk::dims_str;
+using sdk::Failure;
 using sdk::mul_sat;
 using sdk::numel;
+using sdk::Reject;
 
 // The kernel context seen through the host's kernel API (g_host->kernel).
 class Ctx : public sdk::KernelContext {
@@ -78,7 +78,9 @@ class PlanCache {
   }
 
  private:
-  static std::string key_str(const Dims& k) { return std::string(reinterpret_cast<const char*>(k.data()), k.size() * 8); }
+  static std::string key_str(const Dims& k) {
+    return std::string(reinterpret_cast<const char*>(k.data()), k.size() * 8);
+  }
   std::unordered_map<std::string, std::unique_ptr<P>> plans_;
   P* last_ = nullptr;
   Dims last_key_;
@@ -99,8 +101,8 @@ class Kernel {
 // every other op 0 and 0): the caller sets those that come from attributes or inputs (LeakyRelu's and Elu's alpha,
 // Clip's bounds). `approximate` is Gelu's attribute ("none": erf, "tanh"). False for an op, or a Gelu
 // approximation, without an algorithm here.
-inline bool eltwise_algorithm(const std::string& op, const std::string& approximate, dnnl::algorithm* alg,
-                              float* alpha, float* beta) {
+inline bool eltwise_algorithm(const std::string& op, const std::string& approximate, dnnl::algorithm* alg, float* alpha,
+                              float* beta) {
   using a = dnnl::algorithm;
   *alpha = 0.f;
   *beta = 0.f;
@@ -158,19 +160,19 @@ inline float bf16_to_f32(uint16_t b) {
 
 // Plugin options (manifest [options] or environment), read once at init.
 struct Options {
-  bool winograd = true;  // KEEL_ONEDNN_WINOGRAD=0 or [options] winograd = false turns it off
-  bool claims = true;    // KEEL_ONEDNN_CLAIMS=0 or [options] claims = false: no claimed subgraphs (kernels only)
-  bool dw_fusion = true; // KEEL_ONEDNN_DW_FUSION=0 or [options] dw_fusion = false: a 1x1 conv's depthwise consumer
-                         // stays a step of its own (Builder::conv_dw_fused)
-  bool silu_pass = true; // KEEL_ONEDNN_SILU_PASS=0 or [options] silu_pass = false: a convolution's trailing SiLU runs
-                         // as oneDNN's swish post-op instead of the chain's own pass (steps/silu.h)
-  bool dw_silu = true;   // KEEL_ONEDNN_DW_SILU=0 or [options] dw_silu = false: a depthwise convolution followed by SiLU
-                         // stays oneDNN's primitive and SiLU passes instead of the chain's own step (steps/dwsilu.h)
-  bool se_step = true;   // KEEL_ONEDNN_SE_STEP=0 or [options] se_step = false: squeeze-excite's excitation runs as
-                         // oneDNN steps instead of the chain's own one (steps/se.h)
+  bool winograd = true;   // KEEL_ONEDNN_WINOGRAD=0 or [options] winograd = false turns it off
+  bool claims = true;     // KEEL_ONEDNN_CLAIMS=0 or [options] claims = false: no claimed subgraphs (kernels only)
+  bool dw_fusion = true;  // KEEL_ONEDNN_DW_FUSION=0 or [options] dw_fusion = false: a 1x1 conv's depthwise consumer
+                          // stays a step of its own (Builder::conv_dw_fused)
+  bool silu_pass = true;  // KEEL_ONEDNN_SILU_PASS=0 or [options] silu_pass = false: a convolution's trailing SiLU runs
+                          // as oneDNN's swish post-op instead of the chain's own pass (steps/silu.h)
+  bool dw_silu = true;  // KEEL_ONEDNN_DW_SILU=0 or [options] dw_silu = false: a depthwise convolution followed by SiLU
+                        // stays oneDNN's primitive and SiLU passes instead of the chain's own step (steps/dwsilu.h)
+  bool se_step = true;  // KEEL_ONEDNN_SE_STEP=0 or [options] se_step = false: squeeze-excite's excitation runs as
+                        // oneDNN steps instead of the chain's own one (steps/se.h)
   bool view_post_ops = true;  // KEEL_ONEDNN_VIEW_POST_OPS=0 or [options] view_post_ops = false: a matmul's post-ops
                               // (the residual sum) stop at a Reshape/Transpose of size-1 dims (fuse_after)
-  bool profile = false;  // KEEL_ONEDNN_PROFILE=1: claimed subgraphs time their primitives (logged at info)
+  bool profile = false;       // KEEL_ONEDNN_PROFILE=1: claimed subgraphs time their primitives (logged at info)
 };
 extern Options g_options;
 

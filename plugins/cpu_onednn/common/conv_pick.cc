@@ -9,8 +9,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <new>
 #include <mutex>
+#include <new>
 #include <sstream>
 #include <string>
 #include <unordered_map>
@@ -134,7 +134,8 @@ size_t fastest_conv(const std::vector<dnnl::convolution_forward::primitive_desc>
     for (auto& r : runs) r.best = std::min(r.best, time(r));
   size_t best = 0;
   for (size_t k = 1; k < runs.size(); ++k)
-    if (runs[k].best < (1.0 - (k < margins.size() ? margins[k] : 0.05)) * runs[0].best && runs[k].best < runs[best].best)
+    if (runs[k].best < (1.0 - (k < margins.size() ? margins[k] : 0.05)) * runs[0].best &&
+        runs[k].best < runs[best].best)
       best = k;
   return best;
 }

@@ -52,8 +52,8 @@ std::vector<float> run(const dnnl::convolution_forward::primitive_desc& pd, cons
   dnnl::reorder(xp, xm).execute(strm, xp, xm);
   dnnl::reorder(wp, wm).execute(strm, wp, wm);
   dnnl::convolution_forward(pd).execute(
-      strm, {{DNNL_ARG_SRC, xm}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_BIAS, bm}, {DNNL_ARG_DST, ym},
-             {DNNL_ARG_SCRATCHPAD, sm}});
+      strm,
+      {{DNNL_ARG_SRC, xm}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_BIAS, bm}, {DNNL_ARG_DST, ym}, {DNNL_ARG_SCRATCHPAD, sm}});
   dnnl::reorder(ym, yp).execute(strm, ym, yp);
   strm.wait();
   return y;

@@ -14,7 +14,23 @@
 namespace keel::onednn {
 
 // Element-wise unary ops (Gelu: keel.Gelu, attribute `approximate` none | tanh).
-enum class Unary { kRelu, kLeakyRelu, kElu, kSigmoid, kTanh, kExp, kLog, kSqrt, kAbs, kHardSwish, kClip, kNeg, kSoftplus, kGelu, kRound };
+enum class Unary {
+  kRelu,
+  kLeakyRelu,
+  kElu,
+  kSigmoid,
+  kTanh,
+  kExp,
+  kLog,
+  kSqrt,
+  kAbs,
+  kHardSwish,
+  kClip,
+  kNeg,
+  kSoftplus,
+  kGelu,
+  kRound
+};
 
 // Max/Average pooling (global: GlobalMax/GlobalAveragePool). bf16 rejects ceil_mode, SAME auto_pad and dilations.
 Kernel* make_pool_kernel(dnnl::memory::data_type dt, bool max, bool global);

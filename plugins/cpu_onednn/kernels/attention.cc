@@ -6,8 +6,8 @@
 
 #include <cstring>
 
-#include "steps/attention.h"
 #include "common/common.h"
+#include "steps/attention.h"
 
 namespace keel::onednn {
 namespace {
@@ -41,8 +41,7 @@ class AttentionKernel : public Kernel {
       const Dims m = has_mask ? c.dims(3) : Dims();
       Dims out;
       std::string why;
-      if (!attention_out_dims(c.dims(0), c.dims(1), c.dims(2), has_mask ? &m : nullptr, &out, &why))
-        throw Reject{why};
+      if (!attention_out_dims(c.dims(0), c.dims(1), c.dims(2), has_mask ? &m : nullptr, &out, &why)) throw Reject{why};
     }
   }
 
@@ -103,8 +102,9 @@ class AttentionKernel : public Kernel {
 
 const std::vector<TypedKernelInfo>& attention_kernels() {
   static const std::vector<TypedKernelInfo> table = {
-      {"keel", "Attention", 1, "onednn_keel_attention", {KEEL_DTYPE_F32, KEEL_DTYPE_BF16},
-       []() -> Kernel* { return new AttentionKernel; }}};
+      {"keel", "Attention", 1, "onednn_keel_attention", {KEEL_DTYPE_F32, KEEL_DTYPE_BF16}, []() -> Kernel* {
+         return new AttentionKernel;
+       }}};
   return table;
 }
 

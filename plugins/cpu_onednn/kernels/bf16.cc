@@ -61,7 +61,8 @@ class ConvKernel : public Kernel {
   void run(Ctx& c) override {
     Dims x = c.dims(0), w = c.dims(1);
     const int64_t M = w[0];
-    if (x[1] != w[1] * group_ || M % group_ != 0) throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "Conv: channels do not match"};
+    if (x[1] != w[1] * group_ || M % group_ != 0)
+      throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "Conv: channels do not match"};
     Plan& p = plans_.get(shape_key(c), [&] {
       auto pl = std::make_unique<Plan>();
       Dims y = {x[0], M, 0, 0};
@@ -116,7 +117,8 @@ class ConvKernel : public Kernel {
       if (p.z_reorder) p.z_reorder->execute(s, p.z_user, p.dst);
       else std::memmove(out->data, c.input(3)->data, static_cast<size_t>(numel(p.out)) * 2);
     }
-    std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, p.src}, {DNNL_ARG_WEIGHTS, p.wei}, {DNNL_ARG_DST, p.dst}};
+    std::unordered_map<int, dnnl::memory> args = {
+        {DNNL_ARG_SRC, p.src}, {DNNL_ARG_WEIGHTS, p.wei}, {DNNL_ARG_DST, p.dst}};
     if (has_bias_) args[DNNL_ARG_BIAS] = p.bias;
     execute(*p.prim, s, args);
     if (p.dst_reorder) p.dst_reorder->execute(s, p.dst, p.dst_user);
@@ -166,20 +168,27 @@ const std::vector<TypedKernelInfo>& bf16_kernels() {
       {"", "Div", 7, "onednn_bf16_div", T, []() -> K { return make_binary_kernel(dt::bf16, alg::binary_div, false); }},
       {"", "Max", 8, "onednn_bf16_max", T, []() -> K { return make_binary_kernel(dt::bf16, alg::binary_max, true); }},
       {"", "Min", 8, "onednn_bf16_min", T, []() -> K { return make_binary_kernel(dt::bf16, alg::binary_min, true); }},
-      {"", "AveragePool", 1, "onednn_bf16_averagepool", T, []() -> K { return make_pool_kernel(dt::bf16, false, false); }},
-      {"", "GlobalAveragePool", 1, "onednn_bf16_globalaveragepool", T, []() -> K { return make_pool_kernel(dt::bf16, false, true); }},
-      {"", "GlobalMaxPool", 1, "onednn_bf16_globalmaxpool", T, []() -> K { return make_pool_kernel(dt::bf16, true, true); }},
-      {"", "BatchNormalization", 7, "onednn_bf16_batchnormalization", T, []() -> K { return make_batch_norm_kernel(dt::bf16); }},
-      {"", "LayerNormalization", 17, "onednn_bf16_layernormalization", T, []() -> K { return make_layer_norm_kernel(dt::bf16); }},
+      {"", "AveragePool", 1, "onednn_bf16_averagepool", T,
+       []() -> K { return make_pool_kernel(dt::bf16, false, false); }},
+      {"", "GlobalAveragePool", 1, "onednn_bf16_globalaveragepool", T,
+       []() -> K { return make_pool_kernel(dt::bf16, false, true); }},
+      {"", "GlobalMaxPool", 1, "onednn_bf16_globalmaxpool", T,
+       []() -> K { return make_pool_kernel(dt::bf16, true, true); }},
+      {"", "BatchNormalization", 7, "onednn_bf16_batchnormalization", T,
+       []() -> K { return make_batch_norm_kernel(dt::bf16); }},
+      {"", "LayerNormalization", 17, "onednn_bf16_layernormalization", T,
+       []() -> K { return make_layer_norm_kernel(dt::bf16); }},
       {"keel", "LayerNormalization", 1, "onednn_bf16_keel_layernormalization", T,
        []() -> K { return make_layer_norm_kernel(dt::bf16); }},
       {"", "Softmax", 1, "onednn_bf16_softmax", T, []() -> K { return make_softmax_kernel(dt::bf16, false); }},
       {"", "LogSoftmax", 1, "onednn_bf16_logsoftmax", T, []() -> K { return make_softmax_kernel(dt::bf16, true); }},
       {"", "Clip", 6, "onednn_bf16_clip", T, []() -> K { return make_unary_kernel(dt::bf16, Unary::kClip); }},
-      {"", "LeakyRelu", 6, "onednn_bf16_leakyrelu", T, []() -> K { return make_unary_kernel(dt::bf16, Unary::kLeakyRelu); }},
+      {"", "LeakyRelu", 6, "onednn_bf16_leakyrelu", T,
+       []() -> K { return make_unary_kernel(dt::bf16, Unary::kLeakyRelu); }},
       {"", "Sigmoid", 6, "onednn_bf16_sigmoid", T, []() -> K { return make_unary_kernel(dt::bf16, Unary::kSigmoid); }},
       {"", "Tanh", 6, "onednn_bf16_tanh", T, []() -> K { return make_unary_kernel(dt::bf16, Unary::kTanh); }},
-      {"", "HardSwish", 14, "onednn_bf16_hardswish", T, []() -> K { return make_unary_kernel(dt::bf16, Unary::kHardSwish); }},
+      {"", "HardSwish", 14, "onednn_bf16_hardswish", T,
+       []() -> K { return make_unary_kernel(dt::bf16, Unary::kHardSwish); }},
       {"keel", "Gelu", 1, "onednn_bf16_keel_gelu", T, []() -> K { return make_unary_kernel(dt::bf16, Unary::kGelu); }},
       {"", "Abs", 6, "onednn_bf16_abs", T, []() -> K { return make_unary_kernel(dt::bf16, Unary::kAbs); }},
       {"", "Neg", 6, "onednn_bf16_neg", T, []() -> K { return make_unary_kernel(dt::bf16, Unary::kNeg); }},

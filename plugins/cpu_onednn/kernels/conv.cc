@@ -144,8 +144,8 @@ class ConvKernel : public Kernel {
       }
     }
     if (has_bias_ && b_const_.empty()) bind(p.bias, c.input(2)->data);
-    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, p.src_prim}, {DNNL_ARG_WEIGHTS, p.wei_prim},
-                                               {DNNL_ARG_DST, p.dst_prim}};
+    std::unordered_map<int, dnnl::memory> args{
+        {DNNL_ARG_SRC, p.src_prim}, {DNNL_ARG_WEIGHTS, p.wei_prim}, {DNNL_ARG_DST, p.dst_prim}};
     if (has_bias_) args[DNNL_ARG_BIAS] = p.bias;
     execute(p.prim, s, args);
     if (p.reorder_dst) p.dst_reorder.execute(s, p.dst_prim, p.dst_user);

@@ -27,12 +27,12 @@
 // (steps/int8_dw.h, in place of the whole plan). KEEL_ONEDNN_PROFILE=1 logs each step's fastest run.
 //
 // Registered by register_int8_kernels (called from plugin.cc's init) for device "cpu".
+#include <omp.h>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <exception>
-#include <omp.h>
 #include <sstream>
 
 #include "kernels/int8.h"
@@ -238,8 +238,9 @@ std::unique_ptr<Int8Depthwise3x3> int8_own_depthwise(const QuantSetup& q, const 
   DwQuant dq;
   dq.x_signed = q.x_type == KEEL_DTYPE_I8;
   dq.x_zero = q.x_zero;
-  dq.out = q.y_type == KEEL_DTYPE_U8 ? DwQuant::Out::kU8 : q.y_type == KEEL_DTYPE_I8 ? DwQuant::Out::kS8
-                                                                                     : DwQuant::Out::kF32;
+  dq.out = q.y_type == KEEL_DTYPE_U8   ? DwQuant::Out::kU8
+           : q.y_type == KEEL_DTYPE_I8 ? DwQuant::Out::kS8
+                                       : DwQuant::Out::kF32;
   dq.y_inv_scale = 1.f / q.y_scale;
   dq.y_zero = q.y_zero;
   if (q.act == "Relu") dq.lo = 0;
@@ -334,8 +335,8 @@ struct QPlan {
   dnnl::memory src_user, src_prim, dst_user, dst_prim, wei, bias;
   bool residual = false;  // a QConv's Z (input 8) as a binary-add post-op
   bool reorder_src = false, reorder_dst = false;
-  bool quantize_src = false;  // src_reorder quantizes an f32 X (dst zero point: zp->src_mem)
-  size_t residual_post_op = 0;  // the binary add's index among the post-ops
+  bool quantize_src = false;      // src_reorder quantizes an f32 X (dst zero point: zp->src_mem)
+  size_t residual_post_op = 0;    // the binary add's index among the post-ops
   bool reorder_residual = false;  // Z is reordered into residual_prim (workspace) first
   dnnl::memory residual_user, residual_prim;
   dnnl::reorder residual_reorder;
@@ -363,7 +364,8 @@ struct QPlan {
   void finish(bool has_bias) {
     args = {{DNNL_ARG_SRC, src_prim}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst_prim}};
     if (has_bias) args[DNNL_ARG_BIAS] = bias;
-    if (residual) args[DNNL_ARG_ATTR_MULTIPLE_POST_OP(static_cast<int>(residual_post_op)) | DNNL_ARG_SRC_1] = residual_prim;
+    if (residual)
+      args[DNNL_ARG_ATTR_MULTIPLE_POST_OP(static_cast<int>(residual_post_op)) | DNNL_ARG_SRC_1] = residual_prim;
     zp->add_to(args);
     src_reorder_args = {{DNNL_ARG_FROM, transpose_src ? src_mid : src_user}, {DNNL_ARG_TO, src_prim}};
     if (quantize_src && zp->src != 0) src_reorder_args[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST] = zp->src_mem;
@@ -419,8 +421,8 @@ void execute(Ctx& c, QPlan& p, StepProfile& prof) {
   }
   if (p.reorder_dst && p.own_dst) {
     s.wait();
-    nhwc_to_nchw_f32(static_cast<const float*>(p.dst_prim.get_data_handle()), static_cast<float*>(y->data),
-                     p.own_dst_n, p.own_dst_c, p.own_dst_s, omp_get_max_threads());
+    nhwc_to_nchw_f32(static_cast<const float*>(p.dst_prim.get_data_handle()), static_cast<float*>(y->data), p.own_dst_n,
+                     p.own_dst_c, p.own_dst_s, omp_get_max_threads());
   } else if (p.reorder_dst) {
     p.dst_reorder.execute(s, p.dst_prim, p.dst_user);
   }
@@ -451,15 +453,16 @@ void wire(QPlan& p, const QuantSetup& q, const dnnl::memory::desc& src_plain, co
       p.src_mid = dnnl::memory(src_mid, eng, nullptr);
       p.transpose_reorder = dnnl::reorder(p.src_user, p.src_mid);
     }
-    p.src_reorder = dnnl::reorder(dnnl::reorder::primitive_desc(eng, p.transpose_src ? src_mid : src_plain, eng,
-                                                                src_md, a));
+    p.src_reorder =
+        dnnl::reorder(dnnl::reorder::primitive_desc(eng, p.transpose_src ? src_mid : src_plain, eng, src_md, a));
   } else if (p.reorder_src) {
     p.src_reorder = dnnl::reorder(p.src_user, p.src_prim);
   }
   if (p.reorder_dst) p.dst_reorder = dnnl::reorder(p.dst_prim, p.dst_user);
 }
 
-// Lets the plan quantize its f32 X with the plugin's own loop (`kind`; shape as QPlan::own_n/c/s) where the CPU runs it.
+// Lets the plan quantize its f32 X with the plugin's own loop (`kind`; shape as QPlan::own_n/c/s) where the CPU runs
+// it.
 void own_quantize(QPlan& p, const QuantSetup& q, QPlan::OwnQuant kind, int64_t n, int64_t c = 1, int64_t s = 1) {
   if (!q.x_f32 || !p.reorder_src || !int8_own_kernels()) return;
   p.own_quant = kind;
@@ -496,8 +499,8 @@ class QConvKernel : public Kernel {
     const Dims x = c.dims(0);
     QPlan& p = plans_.get(shape_key(c), [&] { return build(x); });
     if (q_.residual && c.dims(8) != p.out_dims)
-      throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "QConv: Z " + dims_str(c.dims(8)) + " must have the output's shape " +
-                                                      dims_str(p.out_dims)};
+      throw Failure{KEEL_STATUS_INVALID_ARGUMENT,
+                    "QConv: Z " + dims_str(c.dims(8)) + " must have the output's shape " + dims_str(p.out_dims)};
     prof_.time([&] { execute(c, p, prof_); });
   }
 
@@ -518,8 +521,7 @@ class QConvKernel : public Kernel {
     static const tag plain[3] = {tag::ncw, tag::nchw, tag::ncdhw}, last[3] = {tag::nwc, tag::nhwc, tag::ndhwc};
     const tag y_tag = nhwc_out_ ? last[r - 1] : plain[r - 1];
     // With a residual the primitive computes channels-last, Z read in that layout.
-    const dnnl::memory::desc none,
-        z_md = q_.residual ? dnnl::memory::desc(to_dnnl(y), dt::f32, last[r - 1]) : none;
+    const dnnl::memory::desc none, z_md = q_.residual ? dnnl::memory::desc(to_dnnl(y), dt::f32, last[r - 1]) : none;
     auto pd = qconv_primitive_desc(q_, g_, x, y, q_.residual ? last[r - 1] : tag::any);
     p->prim = dnnl::convolution_forward(pd);
     prof_.what = "QConv " + dims_str(x) + " -> " + dims_str(y) + " k" + std::to_string(g_.w_dims.back()) + " s" +
@@ -527,7 +529,8 @@ class QConvKernel : public Kernel {
     // An f32 X in the plain layout for a channels-last primitive: transposed in f32, then quantized.
     const dnnl::memory::desc src_last(to_dnnl(x), xt, last[r - 1]),
         src_mid = q_.x_f32 && !nhwc_in_ && pd.src_desc() == src_last
-                      ? dnnl::memory::desc(to_dnnl(x), dt::f32, last[r - 1]) : none;
+                      ? dnnl::memory::desc(to_dnnl(x), dt::f32, last[r - 1])
+                      : none;
     wire(*p, q_, dnnl::memory::desc(to_dnnl(x), q_.x_f32 ? dt::f32 : xt, nhwc_in_ ? last[r - 1] : plain[r - 1]),
          pd.src_desc(), dnnl::memory::desc(to_dnnl(y), yt, y_tag), pd.dst_desc(), src_mid);
     if (pd.src_desc() == src_last) {
@@ -614,8 +617,8 @@ class QGemmKernel : public Kernel {
          pd.dst_desc());
     if (pd.src_desc() == src_md) own_quantize(*p, q_, QPlan::OwnQuant::kSame, M * K_);
     if (p->own_quant != QPlan::OwnQuant::kNone) prof_.what += " +own quantize";
-    p->wei = int8_prepack(dnnl::memory::desc({K_, N_}, dt::s8, trans_b_ ? tag::ba : tag::ab), pd.weights_desc(),
-                          w_.data());
+    p->wei =
+        int8_prepack(dnnl::memory::desc({K_, N_}, dt::s8, trans_b_ ? tag::ba : tag::ab), pd.weights_desc(), w_.data());
     if (!q_.bias.empty()) p->bias = int8_bias_memory(q_.bias, dnnl::memory::desc({1, N_}, dt::f32, tag::ab));
     p->zp->make(q_);
     p->finish(!q_.bias.empty());
@@ -724,7 +727,6 @@ const Int8Kernel kInt8[] = {
     {"", "DequantizeLinear", 10, "onednn_int8_dequantizelinear",
      [] { return static_cast<Kernel*>(new QdqKernel(false)); }},
 };
-
 
 keel_status_t int8_create(void* user_data, keel_kernel_context_t* ctx, void** out_state) {
   return create_kernel(static_cast<const Int8Kernel*>(user_data)->make, ctx, out_state);

@@ -31,8 +31,8 @@ struct QInputView {
 struct QNodeView {
   std::vector<QInputView> in;
   int32_t out_dtype = KEEL_DTYPE_UNDEFINED;
-  std::string activation;                 // attribute "activation": "", "Relu" or "Clip"
-  std::vector<float> activation_params;   // attribute "activation_params" (Clip: {min, max})
+  std::string activation;                // attribute "activation": "", "Relu" or "Clip"
+  std::vector<float> activation_params;  // attribute "activation_params" (Clip: {min, max})
   bool has_activation_params = false;
 
   bool has_input(int i) const { return i < static_cast<int>(in.size()) && in[static_cast<size_t>(i)].present; }
@@ -40,7 +40,10 @@ struct QNodeView {
   bool is_constant(int i) const { return has_input(i) && in[static_cast<size_t>(i)].data != nullptr; }
   bool dims_known(int i) const { return has_input(i) && in[static_cast<size_t>(i)].dims_known; }
   const Dims& dims(int i) const { return in.at(static_cast<size_t>(i)).dims; }
-  template <class T> const T* data(int i) const { return static_cast<const T*>(in.at(static_cast<size_t>(i)).data); }
+  template <class T>
+  const T* data(int i) const {
+    return static_cast<const T*>(in.at(static_cast<size_t>(i)).data);
+  }
 };
 
 // oneDNN's type of a keel u8 / s8 / f32 (Reject otherwise).
@@ -50,11 +53,11 @@ dnnl::memory::data_type int8_dnnl_type(int32_t keel_dtype);
 // attributes built from them.
 struct QuantSetup {
   int32_t x_type = KEEL_DTYPE_U8, y_type = KEEL_DTYPE_F32;  // x_type: the quantized X's type
-  bool x_f32 = false;  // X arrives in f32 and is quantized first
+  bool x_f32 = false;                                       // X arrives in f32 and is quantized first
   float x_scale = 1, y_scale = 1;
   int32_t x_zero = 0, y_zero = 0;
   std::vector<float> w_scale;
-  std::vector<float> bias;  // f32, already divided by x_scale * w_scale[m]; empty = none
+  std::vector<float> bias;      // f32, already divided by x_scale * w_scale[m]; empty = none
   std::vector<float> bias_f32;  // the bias as given (the own depthwise kernel's epilogue); empty = none
   std::string act;
   float act_lo = 0, act_hi = 0;

@@ -96,7 +96,8 @@ class MatMulKernel : public Kernel {
         p.b_reorder.execute(s, p.b_user, p.b_prim);
       }
     }
-    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, p.a}, {DNNL_ARG_WEIGHTS, p.b_prim}, {DNNL_ARG_DST, p.dst}};
+    std::unordered_map<int, dnnl::memory> args{
+        {DNNL_ARG_SRC, p.a}, {DNNL_ARG_WEIGHTS, p.b_prim}, {DNNL_ARG_DST, p.dst}};
     if (has_c_) {
       if (c_const_.empty()) bind(p.bias, c.input(2)->data);
       args[DNNL_ARG_BIAS] = p.bias;

@@ -56,9 +56,7 @@ struct Bound {
     bind(user, p);
     if (reorder) to_prim.execute(stream(), user, prim);
   }
-  void out(void* p) {
-    bind(user, p);
-  }
+  void out(void* p) { bind(user, p); }
   void finish() {
     if (reorder) to_user.execute(stream(), prim, user);
   }
@@ -118,8 +116,8 @@ __attribute__((target("avx512f,avx512bw,bmi2"))) int64_t pool2x2_grad_row_bf16(c
   const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
   const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
   // Each of 16 dY values twice: lanes 2j and 2j+1 take g[j].
-  const __m512i dup = _mm512_set_epi16(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8, 7, 7, 6, 6, 5, 5,
-                                       4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+  const __m512i dup = _mm512_set_epi16(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8, 7, 7, 6, 6, 5, 5, 4,
+                                       4, 3, 3, 2, 2, 1, 1, 0, 0);
   for (int64_t ow = 0; ow < OW; ow += 16) {
     const int64_t n = std::min<int64_t>(16, OW - ow);
     const __mmask32 kg = static_cast<__mmask32>((1u << n) - 1);
@@ -147,8 +145,8 @@ __attribute__((target("avx512f,avx512bw,bmi2"))) int64_t pool2x2_grad_row_bf16(c
 
 #pragma GCC diagnostic pop
 
-const bool kHaveAvx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("bmi2");
+const bool kHaveAvx512 =
+    __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("bmi2");
 
 // ---------------------------------------------------------------------------------------------- ConvGrad
 
@@ -211,8 +209,9 @@ class ConvGradKernel : public Kernel {
       p.d_ddst.in(c.input(0)->data);
       p.d_wei.in(c.input(2)->data);
       p.d_dsrc.out(out_dx->data);
-      execute(*p.bwd_d, s, {{DNNL_ARG_DIFF_DST, p.d_ddst.prim}, {DNNL_ARG_WEIGHTS, p.d_wei.prim},
-                           {DNNL_ARG_DIFF_SRC, p.d_dsrc.prim}});
+      execute(
+          *p.bwd_d, s,
+          {{DNNL_ARG_DIFF_DST, p.d_ddst.prim}, {DNNL_ARG_WEIGHTS, p.d_wei.prim}, {DNNL_ARG_DIFF_SRC, p.d_dsrc.prim}});
       p.d_dsrc.finish();
     }
     s.wait();
@@ -244,7 +243,8 @@ class ConvGradKernel : public Kernel {
   std::unique_ptr<Plan> build(const Dims& dy, const Dims& x, const Dims& w) {
     auto p = std::make_unique<Plan>();
     const int64_t N = x[0], C = x[1], M = w[0];
-    if (dy[0] != N || dy[1] != M || C != w[1] * group_ || M % group_ != 0) throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "ConvGrad: dY, X and W do not match"};
+    if (dy[0] != N || dy[1] != M || C != w[1] * group_ || M % group_ != 0)
+      throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "ConvGrad: dY, X and W do not match"};
     Dims wei = group_ > 1 ? Dims{group_, M / group_, w[1], w[2], w[3]} : w;
     // The output size is dY's: the end padding follows from it (ConvTranspose reuses ConvGrad with roles swapped).
     Dims pr(2);
@@ -255,7 +255,8 @@ class ConvGradKernel : public Kernel {
     }
     const dt d = dnnl_dtype(dtype_);
     auto& eng = engine();
-    dnnl::memory::dims st = to_dnnl(strides_), dl = {dil_[0] - 1, dil_[1] - 1}, pl = {pads_[0], pads_[1]}, prr = to_dnnl(pr);
+    dnnl::memory::dims st = to_dnnl(strides_), dl = {dil_[0] - 1, dil_[1] - 1}, pl = {pads_[0], pads_[1]},
+                       prr = to_dnnl(pr);
     dnnl::memory::desc src_any(to_dnnl(x), d, tag::any), dst_any(to_dnnl(dy), d, tag::any),
         wei_any(to_dnnl(wei), d, tag::any), bias_md({M}, d, tag::a), none;
     dnnl::memory::desc src_plain(to_dnnl(x), d, tag::nchw), dst_plain(to_dnnl(dy), d, tag::nchw),
@@ -317,7 +318,8 @@ class ConvBf16Kernel : public Kernel {
   void setup(Ctx& c) override {
     for (int i = 0; i < c.input_count(); ++i)
       if (c.has_input(i) && c.dtype(i) != KEEL_DTYPE_BF16) throw Reject{"bf16 only"};
-    if (!c.rank_known(0) || c.dims(0).size() != 4 || !c.dims_known(1) || c.dims(1).size() != 4) throw Reject{"2-D only"};
+    if (!c.rank_known(0) || c.dims(0).size() != 4 || !c.dims_known(1) || c.dims(1).size() != 4)
+      throw Reject{"2-D only"};
     if (c.attr_s("auto_pad", "NOTSET") != "NOTSET") throw Reject{"auto_pad"};
     group_ = c.attr_i("group", 1);
     strides_ = c.attr_ints("strides", {1, 1});
@@ -340,7 +342,8 @@ class ConvBf16Kernel : public Kernel {
       if (span < 0) throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "Conv: kernel larger than the padded input"};
       y[2 + i] = span / strides_[i] + 1;
     }
-    if (x[1] != w[1] * group_ || M % group_ != 0) throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "Conv: channels do not match"};
+    if (x[1] != w[1] * group_ || M % group_ != 0)
+      throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "Conv: channels do not match"};
     Plan& p = plans_.get(shape_key(c), [&] {
       auto pl = std::make_unique<Plan>();
       Dims wei = group_ > 1 ? Dims{group_, M / group_, w[1], w[2], w[3]} : w;
@@ -352,7 +355,8 @@ class ConvBf16Kernel : public Kernel {
                                         {dil_[0] - 1, dil_[1] - 1}, {pads_[0], pads_[1]}, {pads_[2], pads_[3]});
       dnnl::convolution_forward::primitive_desc pd(d, user_scratchpad(), eng);
       pl->src.make(dnnl::memory::desc(to_dnnl(x), dt::bf16, tag::nchw), pd.src_desc(), true);
-      pl->wei.make(dnnl::memory::desc(to_dnnl(wei), dt::bf16, group_ > 1 ? tag::goihw : tag::oihw), pd.weights_desc(), true);
+      pl->wei.make(dnnl::memory::desc(to_dnnl(wei), dt::bf16, group_ > 1 ? tag::goihw : tag::oihw), pd.weights_desc(),
+                   true);
       pl->dst.make(dnnl::memory::desc(to_dnnl(y), dt::bf16, tag::nchw), pd.dst_desc(), false);
       if (has_bias_) pl->bias = dnnl::memory(bias_md, eng, nullptr);
       pl->prim = std::make_unique<dnnl::convolution_forward>(pd);
@@ -362,8 +366,8 @@ class ConvBf16Kernel : public Kernel {
     p.src.in(c.input(0)->data);
     p.wei.in(c.input(1)->data);
     p.dst.out(out->data);
-    std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, p.src.prim}, {DNNL_ARG_WEIGHTS, p.wei.prim},
-                                                  {DNNL_ARG_DST, p.dst.prim}};
+    std::unordered_map<int, dnnl::memory> args = {
+        {DNNL_ARG_SRC, p.src.prim}, {DNNL_ARG_WEIGHTS, p.wei.prim}, {DNNL_ARG_DST, p.dst.prim}};
     if (has_bias_) {
       bind(p.bias, c.input(2)->data);
       args[DNNL_ARG_BIAS] = p.bias;
@@ -457,7 +461,8 @@ class MatMulBf16Kernel : public Kernel {
       p->out = Dims(ad.begin(), ad.end() - 1);
       p->out.push_back(N);
     }
-    dnnl::matmul::desc d = has_c_ ? dnnl::matmul::desc(a_md, b_md, bias_md, y_md) : dnnl::matmul::desc(a_md, b_md, y_md);
+    dnnl::matmul::desc d =
+        has_c_ ? dnnl::matmul::desc(a_md, b_md, bias_md, y_md) : dnnl::matmul::desc(a_md, b_md, y_md);
     dnnl::matmul::primitive_desc pd(d, user_scratchpad(), eng);
     p->a = dnnl::memory(a_md, eng, nullptr);
     p->b = dnnl::memory(b_md, eng, nullptr);
@@ -473,7 +478,9 @@ class MatMulBf16Kernel : public Kernel {
 // ---------------------------------------------------------------------------------------------- elementwise
 
 template <class T>
-T* out_ptr(keel_tensor_t* t) { return static_cast<T*>(t->data); }
+T* out_ptr(keel_tensor_t* t) {
+  return static_cast<T*>(t->data);
+}
 
 // ReluGrad(dY, Y) = dY * (Y > 0), f32 / bf16.
 class ReluGradKernel : public Kernel {
@@ -502,7 +509,8 @@ class ReluGradKernel : public Kernel {
       uint16_t* dx = out_ptr<uint16_t>(o);
       // bf16 y > 0: sign bit clear and not +0.
 #pragma omp parallel for simd schedule(static) if (n > 65536)
-      for (int64_t i = 0; i < n; ++i) dx[i] = static_cast<uint16_t>(dy[i] & -static_cast<uint16_t>(static_cast<int16_t>(y[i]) > 0));
+      for (int64_t i = 0; i < n; ++i)
+        dx[i] = static_cast<uint16_t>(dy[i] & -static_cast<uint16_t>(static_cast<int16_t>(y[i]) > 0));
     }
   }
 
@@ -519,12 +527,14 @@ struct Pool2d {
     if (c.attr_i("storage_order", 0) != 0) throw Reject{"storage_order"};
     Dims k = c.attr_ints("kernel_shape", {}), s = c.attr_ints("strides", {1, 1}), p = c.attr_ints("pads", {0, 0, 0, 0});
     Dims d = c.attr_ints("dilations", {1, 1});
-    if (k.size() != 2 || s.size() != 2 || p.size() != 4 || d != Dims{1, 1}) throw Reject{"2-D pooling without dilation"};
+    if (k.size() != 2 || s.size() != 2 || p.size() != 4 || d != Dims{1, 1})
+      throw Reject{"2-D pooling without dilation"};
     kh = k[0], kw = k[1], sh = s[0], sw = s[1], pt = p[0], pl = p[1], pb = p[2], pr = p[3];
   }
   Dims out(const Dims& x) const {
     int64_t oh = (x[2] + pt + pb - kh) / sh + 1, ow = (x[3] + pl + pr - kw) / sw + 1;
-    if (x[2] + pt + pb < kh || x[3] + pl + pr < kw) throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "pooling kernel larger than the padded input"};
+    if (x[2] + pt + pb < kh || x[3] + pl + pr < kw)
+      throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "pooling kernel larger than the padded input"};
     return {x[0], x[1], oh, ow};
   }
 };
@@ -616,9 +626,11 @@ class MaxPoolGradKernel : public Kernel {
       T* dp = dx + nc * H * W;
       std::memset(dp, 0, sizeof(T) * H * W);
       for (int64_t oh = 0; oh < OH; ++oh) {
-        const int64_t h0 = std::max<int64_t>(oh * g_.sh - g_.pt, 0), h1 = std::min<int64_t>(oh * g_.sh - g_.pt + g_.kh, H);
+        const int64_t h0 = std::max<int64_t>(oh * g_.sh - g_.pt, 0),
+                      h1 = std::min<int64_t>(oh * g_.sh - g_.pt + g_.kh, H);
         for (int64_t ow = 0; ow < OW; ++ow) {
-          const int64_t w0 = std::max<int64_t>(ow * g_.sw - g_.pl, 0), w1 = std::min<int64_t>(ow * g_.sw - g_.pl + g_.kw, W);
+          const int64_t w0 = std::max<int64_t>(ow * g_.sw - g_.pl, 0),
+                        w1 = std::min<int64_t>(ow * g_.sw - g_.pl + g_.kw, W);
           int64_t best = -1;
           float bv = 0;
           for (int64_t h = h0; h < h1; ++h)
@@ -754,7 +766,8 @@ class SoftmaxCrossEntropyKernel : public Kernel {
   void run(Ctx& c) override {
     Dims s = c.dims(0);
     const int64_t N = s[0], C = s[1];
-    if (c.dims(1) != Dims{N}) throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "SoftmaxCrossEntropyLoss: labels must be [N]"};
+    if (c.dims(1) != Dims{N})
+      throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "SoftmaxCrossEntropyLoss: labels must be [N]"};
     const float* x = c.data<float>(0);
     const int64_t* t = c.data<int64_t>(1);
     const bool want_lp = c.output_count() > 1 && c.output_dtype(1) != KEEL_DTYPE_UNDEFINED;
@@ -776,7 +789,8 @@ class SoftmaxCrossEntropyKernel : public Kernel {
       float l = 0;
       if (!(has_ignore_ && k == ignore_)) {
         if (k < 0 || k >= C)
-          throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "SoftmaxCrossEntropyLoss: label " + std::to_string(k) + " out of range"};
+          throw Failure{KEEL_STATUS_INVALID_ARGUMENT,
+                        "SoftmaxCrossEntropyLoss: label " + std::to_string(k) + " out of range"};
         l = lse - xr[k];
         ++count;
       }
@@ -836,24 +850,71 @@ class SoftmaxCrossEntropyGradKernel : public Kernel {
 
 const std::vector<TypedKernelInfo>& train_kernels() {
   static const std::vector<TypedKernelInfo> k = {
-      {"keel", "ConvGrad", 1, "onednn_keel_convgrad", {KEEL_DTYPE_F32, KEEL_DTYPE_BF16}, [] { return static_cast<Kernel*>(new ConvGradKernel); }},
-      {"keel", "ReluGrad", 1, "onednn_keel_relugrad", {KEEL_DTYPE_F32, KEEL_DTYPE_BF16}, [] { return static_cast<Kernel*>(new ReluGradKernel); }},
-      {"keel", "MaxPoolGrad", 1, "onednn_keel_maxpoolgrad", {KEEL_DTYPE_F32, KEEL_DTYPE_BF16}, [] { return static_cast<Kernel*>(new MaxPoolGradKernel); }},
-      {"keel", "SoftmaxCrossEntropyLossGrad", 1, "onednn_keel_softmaxcrossentropylossgrad", {KEEL_DTYPE_F32},
+      {"keel",
+       "ConvGrad",
+       1,
+       "onednn_keel_convgrad",
+       {KEEL_DTYPE_F32, KEEL_DTYPE_BF16},
+       [] { return static_cast<Kernel*>(new ConvGradKernel); }},
+      {"keel",
+       "ReluGrad",
+       1,
+       "onednn_keel_relugrad",
+       {KEEL_DTYPE_F32, KEEL_DTYPE_BF16},
+       [] { return static_cast<Kernel*>(new ReluGradKernel); }},
+      {"keel",
+       "MaxPoolGrad",
+       1,
+       "onednn_keel_maxpoolgrad",
+       {KEEL_DTYPE_F32, KEEL_DTYPE_BF16},
+       [] { return static_cast<Kernel*>(new MaxPoolGradKernel); }},
+      {"keel",
+       "SoftmaxCrossEntropyLossGrad",
+       1,
+       "onednn_keel_softmaxcrossentropylossgrad",
+       {KEEL_DTYPE_F32},
        [] { return static_cast<Kernel*>(new SoftmaxCrossEntropyGradKernel); }},
-      {"", "SoftmaxCrossEntropyLoss", 13, "onednn_f32_softmaxcrossentropyloss", {KEEL_DTYPE_F32},
+      {"",
+       "SoftmaxCrossEntropyLoss",
+       13,
+       "onednn_f32_softmaxcrossentropyloss",
+       {KEEL_DTYPE_F32},
        [] { return static_cast<Kernel*>(new SoftmaxCrossEntropyKernel); }},
       {"", "Conv", 1, "onednn_bf16_conv", {KEEL_DTYPE_BF16}, [] { return static_cast<Kernel*>(new ConvBf16Kernel); }},
-      {"", "Gemm", 7, "onednn_bf16_gemm", {KEEL_DTYPE_BF16}, [] { return static_cast<Kernel*>(new MatMulBf16Kernel(true)); }},
-      {"", "MatMul", 1, "onednn_bf16_matmul", {KEEL_DTYPE_BF16}, [] { return static_cast<Kernel*>(new MatMulBf16Kernel(false)); }},
-      {"", "Relu", 1, "onednn_bf16_relu", {KEEL_DTYPE_BF16}, [] { return static_cast<Kernel*>(new EltPoolBf16Kernel(false)); }},
-      {"", "MaxPool", 1, "onednn_bf16_maxpool", {KEEL_DTYPE_BF16}, [] { return static_cast<Kernel*>(new EltPoolBf16Kernel(true)); }},
+      {"",
+       "Gemm",
+       7,
+       "onednn_bf16_gemm",
+       {KEEL_DTYPE_BF16},
+       [] { return static_cast<Kernel*>(new MatMulBf16Kernel(true)); }},
+      {"",
+       "MatMul",
+       1,
+       "onednn_bf16_matmul",
+       {KEEL_DTYPE_BF16},
+       [] { return static_cast<Kernel*>(new MatMulBf16Kernel(false)); }},
+      {"",
+       "Relu",
+       1,
+       "onednn_bf16_relu",
+       {KEEL_DTYPE_BF16},
+       [] { return static_cast<Kernel*>(new EltPoolBf16Kernel(false)); }},
+      {"",
+       "MaxPool",
+       1,
+       "onednn_bf16_maxpool",
+       {KEEL_DTYPE_BF16},
+       [] { return static_cast<Kernel*>(new EltPoolBf16Kernel(true)); }},
       // Cast's type parameters are T1/T2 (no "T"): the kernel itself rejects other dtype pairs at create.
-      {"", "Cast", 13, "onednn_bf16_cast", {KEEL_DTYPE_F32, KEEL_DTYPE_BF16}, [] { return static_cast<Kernel*>(new CastBf16Kernel); }},
+      {"",
+       "Cast",
+       13,
+       "onednn_bf16_cast",
+       {KEEL_DTYPE_F32, KEEL_DTYPE_BF16},
+       [] { return static_cast<Kernel*>(new CastBf16Kernel); }},
   };
   return k;
 }
-
 
 keel_status_t table_create(void* user_data, keel_kernel_context_t* ctx, void** out_state) {
   return create_kernel(static_cast<const TypedKernelInfo*>(user_data)->make, ctx, out_state);

@@ -22,8 +22,8 @@
 #include <cmath>
 #include <limits>
 
-#include "steps/silu.h"
 #include "common/team.h"
+#include "steps/silu.h"
 
 namespace keel::onednn {
 
@@ -146,13 +146,12 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 exp16(__m512 x) 
   const __m512 lo = _mm512_set1_ps(-87.f), l2e = _mm512_set1_ps(1.44269504088896f);
   const __m512 magic = _mm512_set1_ps(12582912.f);  // 1.5 * 2^23
   const __m512 ln2 = _mm512_set1_ps(0.693147180559945f), one = _mm512_set1_ps(1.f);
-  const __m512 p1 = _mm512_set1_ps(0.999999701f), p2 = _mm512_set1_ps(0.499991506f),
-               p3 = _mm512_set1_ps(0.166676521f), p4 = _mm512_set1_ps(0.0418978221f),
-               p5 = _mm512_set1_ps(0.00828929059f);
-  const __m512 xc = _mm512_max_ps(lo, x);             // NaN stays (max returns its second operand then)
-  const __m512 z = _mm512_fmadd_ps(xc, l2e, magic);   // 1.5 * 2^23 + n
+  const __m512 p1 = _mm512_set1_ps(0.999999701f), p2 = _mm512_set1_ps(0.499991506f), p3 = _mm512_set1_ps(0.166676521f),
+               p4 = _mm512_set1_ps(0.0418978221f), p5 = _mm512_set1_ps(0.00828929059f);
+  const __m512 xc = _mm512_max_ps(lo, x);            // NaN stays (max returns its second operand then)
+  const __m512 z = _mm512_fmadd_ps(xc, l2e, magic);  // 1.5 * 2^23 + n
   const __m512 n = _mm512_sub_ps(z, magic);
-  const __m512 r = _mm512_fnmadd_ps(n, ln2, xc);      // xc - n ln 2
+  const __m512 r = _mm512_fnmadd_ps(n, ln2, xc);  // xc - n ln 2
   __m512 p = _mm512_fmadd_ps(p5, r, p4);
   p = _mm512_fmadd_ps(p, r, p3);
   p = _mm512_fmadd_ps(p, r, p2);
@@ -163,7 +162,9 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 exp16(__m512 x) 
   return _mm512_maskz_mul_ps(_mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ), p, pow2n);
 }
 
-__mmask16 tail_mask(int64_t n) { return n >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << n) - 1); }
+__mmask16 tail_mask(int64_t n) {
+  return n >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << n) - 1);
+}
 
 // Scores of MR rows x NV vectors of 16 columns: x[r][16 j + l] = scale * sum_d q[r * q_row + d * q_col] *
 // k[d * ldk + 16 j + l] (+ the mask), the last vector's columns limited by `last` (the others read as 0); all NV * 16
@@ -172,8 +173,8 @@ __mmask16 tail_mask(int64_t n) { return n >= 16 ? static_cast<__mmask16>(0xffff)
 // (m[r * m_row]).
 template <int MR, int NV>
 __attribute__((target("avx512f"))) void qk_tile(const float* q, int64_t q_row, int64_t q_col, const float* k,
-                                               int64_t ldk, int64_t D, __mmask16 last, float scale, const float* m,
-                                               int64_t m_row, bool m_vec, float* s, int64_t lds, float* rmax) {
+                                                int64_t ldk, int64_t D, __mmask16 last, float scale, const float* m,
+                                                int64_t m_row, bool m_vec, float* s, int64_t lds, float* rmax) {
   __m512 acc[MR][NV];
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
@@ -205,7 +206,8 @@ __attribute__((target("avx512f"))) void qk_tile(const float* q, int64_t q_row, i
       const __mmask16 valid = j + 1 == NV ? last : static_cast<__mmask16>(0xffff);
       __m512 x = _mm512_mul_ps(acc[r][j], sc);
       if (m) {
-        x = _mm512_add_ps(x, m_vec ? _mm512_maskz_loadu_ps(valid, m + r * m_row + 16 * j) : _mm512_set1_ps(m[r * m_row]));
+        x = _mm512_add_ps(x,
+                          m_vec ? _mm512_maskz_loadu_ps(valid, m + r * m_row + 16 * j) : _mm512_set1_ps(m[r * m_row]));
       }
       _mm512_storeu_ps(s + r * lds + 16 * j, x);
       mx = _mm512_mask_max_ps(mx, valid, mx, x);
@@ -218,8 +220,8 @@ __attribute__((target("avx512f"))) void qk_tile(const float* q, int64_t q_row, i
 // the last vector's columns limited by `last`; stored through y's strides (vector stores where y_col is 1).
 template <int MR, int NV>
 __attribute__((target("avx512f"))) void pv_tile(const float* p, int64_t ldp, const float* v, int64_t ldv, int64_t T,
-                                               __mmask16 last, const float* inv, float* y, int64_t y_row,
-                                               int64_t y_col) {
+                                                __mmask16 last, const float* inv, float* y, int64_t y_row,
+                                                int64_t y_col) {
   __m512 acc[MR][NV];
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
@@ -383,7 +385,7 @@ __attribute__((target("avx512f"), always_inline)) inline void transpose16(__m512
 // Kt of one batch entry stored as K rows (k_row 1: Kt[d][t] = kt[t * k_col + d]) into [D][Tp]: 16 x 16 blocks
 // transposed in registers (rows past T read as 0, columns past D not stored).
 __attribute__((target("avx512f"))) void pack_kt_rows_avx512(const float* kt, int64_t k_col, int64_t T, int64_t D,
-                                                           float* kp, int64_t Tp) {
+                                                            float* kp, int64_t Tp) {
   for (int64_t t0 = 0; t0 < T; t0 += 16) {
     const int64_t nt = std::min<int64_t>(16, T - t0);
     for (int64_t d0 = 0; d0 < D; d0 += 16) {
@@ -447,8 +449,8 @@ struct Packed {
   int64_t k = -1, v = -1;
 };
 
-void tasks_avx512(const AttentionShape& s, const float* q, const float* kt, const float* v, const float* mask,
-                  float* y, int64_t begin, int64_t end, float* scratch, Packed& packed) {
+void tasks_avx512(const AttentionShape& s, const float* q, const float* kt, const float* v, const float* mask, float* y,
+                  int64_t begin, int64_t end, float* scratch, Packed& packed) {
   const int64_t Tp = round16(s.T), nblk = (s.S + s.rows - 1) / s.rows;
   const Scratch sc = carve(s, scratch);
   const bool packk = s.k_col != 1, packv = s.v_col != 1, copym = mask_copied(s);
@@ -488,8 +490,8 @@ void tasks_avx512(const AttentionShape& s, const float* q, const float* kt, cons
       for (int64_t r0 = 0, m; r0 < R; r0 += m) {
         m = tile_height(R - r0, mr);
         qk_fn(static_cast<int>(m), nv)(qb + r0 * s.q_row, s.q_row, s.q_col, kb + t0, ldk, s.D, last, s.scale,
-                     mb ? mb + r0 * m_row + (m_vec ? t0 : 0) : nullptr, m_row, m_vec, sc.sb + r0 * Tp + t0, Tp,
-                     sc.rmax + 16 * r0);
+                                       mb ? mb + r0 * m_row + (m_vec ? t0 : 0) : nullptr, m_row, m_vec,
+                                       sc.sb + r0 * Tp + t0, Tp, sc.rmax + 16 * r0);
       }
     }
     // 2. exp(x - max) of each row, 1 / sum.
@@ -502,8 +504,8 @@ void tasks_avx512(const AttentionShape& s, const float* q, const float* kt, cons
       const int mr = tile_rows(nv);
       for (int64_t r0 = 0, m; r0 < R; r0 += m) {
         m = tile_height(R - r0, mr);
-        pv_fn(static_cast<int>(m), nv)(sc.sb + r0 * Tp, Tp, vb + e0, ldv, s.T, last, sc.inv + r0, yb + r0 * s.o_row + e0 * s.o_col,
-                     s.o_row, s.o_col);
+        pv_fn(static_cast<int>(m), nv)(sc.sb + r0 * Tp, Tp, vb + e0, ldv, s.T, last, sc.inv + r0,
+                                       yb + r0 * s.o_row + e0 * s.o_col, s.o_row, s.o_col);
       }
     }
   }
@@ -511,7 +513,7 @@ void tasks_avx512(const AttentionShape& s, const float* q, const float* kt, cons
 
 // The same blocks in scalar code (CPUs without AVX-512).
 void tasks_scalar_impl(const AttentionShape& s, const float* q, const float* kt, const float* v, const float* mask,
-                  float* y, int64_t begin, int64_t end, float* scratch) {
+                       float* y, int64_t begin, int64_t end, float* scratch) {
   const int64_t Tp = round16(s.T), nblk = (s.S + s.rows - 1) / s.rows;
   const Scratch sc = carve(s, scratch);
   for (int64_t task = begin; task < end; ++task) {
@@ -648,8 +650,8 @@ void attention_tasks(const AttentionShape& s, const float* q, const float* kt, c
   else tasks_scalar_impl(s, q, kt, v, mask, y, begin, end, scratch);
 }
 
-void attention_tasks_scalar(const AttentionShape& s, const float* q, const float* kt, const float* v,
-                            const float* mask, float* y, int64_t begin, int64_t end, float* scratch) {
+void attention_tasks_scalar(const AttentionShape& s, const float* q, const float* kt, const float* v, const float* mask,
+                            float* y, int64_t begin, int64_t end, float* scratch) {
   tasks_scalar_impl(s, q, kt, v, mask, y, begin, end, scratch);
 }
 
@@ -680,7 +682,8 @@ void attention_run(const AttentionShape& s, const float* q, const float* kt, con
       const uint64_t b = cur >> 32, e = cur & 0xffffffffu;
       if (b >= e) return -1;
       const uint64_t next = front ? (b + 1) << 32 | e : b << 32 | (e - 1);
-      if (r.v.compare_exchange_weak(cur, next, std::memory_order_relaxed)) return static_cast<int64_t>(front ? b : e - 1);
+      if (r.v.compare_exchange_weak(cur, next, std::memory_order_relaxed))
+        return static_cast<int64_t>(front ? b : e - 1);
     }
   };
 #pragma omp parallel num_threads(team)
@@ -705,8 +708,8 @@ void attention_run(const AttentionShape& s, const float* q, const float* kt, con
   }
 }
 
-void attention_reference(const AttentionShape& s, const float* q, const float* kt, const float* v,
-                         const float* mask, float* y) {
+void attention_reference(const AttentionShape& s, const float* q, const float* kt, const float* v, const float* mask,
+                         float* y) {
   std::vector<double> p(static_cast<size_t>(s.T));
   for (int64_t b = 0; b < s.batches; ++b) {
     const size_t bi = static_cast<size_t>(b);

@@ -22,7 +22,7 @@
 namespace keel::onednn {
 
 using Dims = std::vector<int64_t>;  // as common/common.h's
-struct TypedKernelInfo;              // common/common.h
+struct TypedKernelInfo;             // common/common.h
 
 // An operand: its dims and element strides (same rank; a stride may be anything, including 0).
 struct StridedView {
@@ -42,16 +42,16 @@ bool reshape_strides(const Dims& dims, const Dims& strides, const Dims& to, Dims
 // p + p_off[b] + r * p_row + c * p_col.
 struct AttentionShape {
   int64_t batches = 1;
-  int64_t S = 0, T = 0, D = 0, Dv = 0;    // query rows, key columns, head dim of Q/K, of V
-  int64_t q_row = 0, q_col = 0;           // Q [S, D]
-  int64_t k_row = 0, k_col = 0;           // Kt [D, T]
-  int64_t v_row = 0, v_col = 0;           // V [T, Dv]
-  int64_t m_row = 0, m_col = 0;           // mask [S, T] (broadcast: 0)
-  int64_t o_row = 0, o_col = 0;           // Y [S, Dv]
+  int64_t S = 0, T = 0, D = 0, Dv = 0;                     // query rows, key columns, head dim of Q/K, of V
+  int64_t q_row = 0, q_col = 0;                            // Q [S, D]
+  int64_t k_row = 0, k_col = 0;                            // Kt [D, T]
+  int64_t v_row = 0, v_col = 0;                            // V [T, Dv]
+  int64_t m_row = 0, m_col = 0;                            // mask [S, T] (broadcast: 0)
+  int64_t o_row = 0, o_col = 0;                            // Y [S, Dv]
   std::vector<int64_t> q_off, k_off, v_off, m_off, o_off;  // per batch entry (m_off empty without a mask)
   bool has_mask = false;
   float scale = 1.f;
-  int64_t rows = 1;          // query rows per task (attention_plan)
+  int64_t rows = 1;  // query rows per task (attention_plan)
   int64_t tasks() const { return batches * ((S + rows - 1) / rows); }
 };
 
@@ -81,13 +81,13 @@ void attention_run(const AttentionShape& s, const float* q, const float* kt, con
                    float* y, float* scratch, int team);
 
 // attention_tasks' scalar path (what runs without AVX-512), callable on any CPU for its test.
-void attention_tasks_scalar(const AttentionShape& s, const float* q, const float* kt, const float* v,
-                            const float* mask, float* y, int64_t begin, int64_t end, float* scratch);
+void attention_tasks_scalar(const AttentionShape& s, const float* q, const float* kt, const float* v, const float* mask,
+                            float* y, int64_t begin, int64_t end, float* scratch);
 
 // The same by straightforward loops in double precision (the reference the fast path is tested against); a row
 // whose scores are all -inf gives 0, as the reference kernel's.
-void attention_reference(const AttentionShape& s, const float* q, const float* kt, const float* v,
-                         const float* mask, float* y);
+void attention_reference(const AttentionShape& s, const float* q, const float* kt, const float* v, const float* mask,
+                         float* y);
 
 // The keel.Attention kernel outside a chain (dense inputs, f32 or bf16 computed in f32; kernels/attention.cc),
 // registered by plugin.cc (the table lives as long as the process).

@@ -53,10 +53,12 @@ void check(const AttentionShape& s, const float* q, const float* kt, const float
 
 // Dense Q [H,S,D], Kt [H,D,T], V [H,T,Dv] (the standalone kernel's case), teams 1 and 2, and the scalar path.
 TEST(OnednnAttention, DenseShapesAgainstTheReference) {
-  struct C { int64_t H, S, T, D, Dv; };
-  const C cases[] = {{1, 1, 1, 32, 32},    {1, 7, 7, 64, 64},     {4, 128, 128, 64, 64}, {2, 197, 197, 64, 64},
-                     {16, 7, 7, 32, 32},   {3, 128, 128, 80, 80}, {1, 1, 197, 64, 64},   {2, 7, 33, 80, 80},
-                     {1, 13, 17, 1, 5},    {5, 9, 250, 16, 100},  {1, 50, 3, 7, 129}};
+  struct C {
+    int64_t H, S, T, D, Dv;
+  };
+  const C cases[] = {{1, 1, 1, 32, 32},  {1, 7, 7, 64, 64},     {4, 128, 128, 64, 64}, {2, 197, 197, 64, 64},
+                     {16, 7, 7, 32, 32}, {3, 128, 128, 80, 80}, {1, 1, 197, 64, 64},   {2, 7, 33, 80, 80},
+                     {1, 13, 17, 1, 5},  {5, 9, 250, 16, 100},  {1, 50, 3, 7, 129}};
   uint32_t seed = 1;
   for (const C& c : cases) {
     const Dims qd{c.H, c.S, c.D}, kd{c.H, c.D, c.T}, vd{c.H, c.T, c.Dv};
@@ -68,8 +70,8 @@ TEST(OnednnAttention, DenseShapesAgainstTheReference) {
     const auto k = random_floats(static_cast<size_t>(c.H * c.D * c.T), seed++, -2.f, 2.f);
     const auto v = random_floats(static_cast<size_t>(c.H * c.T * c.Dv), seed++);
     const std::vector<float> y0(static_cast<size_t>(c.H * c.S * c.Dv), 0.f);
-    const std::string what = "H=" + std::to_string(c.H) + " S=" + std::to_string(c.S) + " T=" +
-                             std::to_string(c.T) + " D=" + std::to_string(c.D) + " Dv=" + std::to_string(c.Dv);
+    const std::string what = "H=" + std::to_string(c.H) + " S=" + std::to_string(c.S) + " T=" + std::to_string(c.T) +
+                             " D=" + std::to_string(c.D) + " Dv=" + std::to_string(c.Dv);
     for (int team : {1, 2, 3}) {
       const AttentionShape s =
           attention_plan(dense(qd), dense(kd), dense(vd), nullptr, dense(out), 1.f / std::sqrt(float(c.D)), team);
@@ -117,11 +119,12 @@ TEST(OnednnAttention, MasksAndBroadcastBatches) {
   const auto v = random_floats(static_cast<size_t>(H * T * Dv), 13);
   const float inf = std::numeric_limits<float>::infinity();
   for (const Dims& md : {Dims{T}, Dims{S, T}, Dims{B, 1, 1, T}, Dims{B, H, S, T}, Dims{1}, Dims{S, 1}, Dims{}}) {
-    auto mask = random_floats(static_cast<size_t>(std::max<int64_t>(1, [&] {
-                                int64_t n = 1;
-                                for (int64_t d : md) n *= d;
-                                return n;
-                              }())),
+    auto mask = random_floats(static_cast<size_t>(std::max<int64_t>(1,
+                                                                    [&] {
+                                                                      int64_t n = 1;
+                                                                      for (int64_t d : md) n *= d;
+                                                                      return n;
+                                                                    }())),
                               14, -3.f, 3.f);
     // Key padding: -inf at every 5th entry; where the mask holds whole rows, one row -inf everywhere.
     for (size_t i = 0; i < mask.size(); i += 5) mask[i] = -inf;
@@ -159,7 +162,8 @@ TEST(OnednnAttention, FullyMaskedRowIsZero) {
 // A team splits tasks, never a task: every team size gives the same bits.
 TEST(OnednnAttention, TeamsGiveIdenticalResults) {
   const Dims qd{4, 128, 64}, kd{4, 64, 128}, vd{4, 128, 64}, od{4, 128, 64};
-  const auto q = random_floats(4 * 128 * 64, 31), k = random_floats(4 * 64 * 128, 32), v = random_floats(4 * 128 * 64, 33);
+  const auto q = random_floats(4 * 128 * 64, 31), k = random_floats(4 * 64 * 128, 32),
+             v = random_floats(4 * 128 * 64, 33);
   const AttentionShape s = attention_plan(dense(qd), dense(kd), dense(vd), nullptr, dense(od), 0.125f, 4);
   std::vector<float> first;
   for (int team : {1, 2, 3, 4}) {
@@ -183,8 +187,8 @@ TEST(OnednnAttention, ReshapeOfStridedViews) {
   ASSERT_TRUE(reshape_strides({197, 768}, {2304, 1}, {197, 12, 64}, &st));
   EXPECT_EQ(st, (Dims{2304, 64, 1}));
   EXPECT_FALSE(reshape_strides({128, 256}, {768, 1}, {256, 128}, &st));  // would merge non-contiguous rows
-  EXPECT_FALSE(reshape_strides({4, 64}, {1, 4}, {256}, &st));           // a transposed view flattened
-  EXPECT_FALSE(reshape_strides({2, 3}, {3, 1}, {7}, &st));              // element counts differ
+  EXPECT_FALSE(reshape_strides({4, 64}, {1, 4}, {256}, &st));            // a transposed view flattened
+  EXPECT_FALSE(reshape_strides({2, 3}, {3, 1}, {7}, &st));               // element counts differ
   EXPECT_FALSE(reshape_strides({0, 3}, {3, 1}, {3, 0}, &st));
   // Every element of a successful view lands where the source has it.
   const Dims from{3, 1, 10}, fs{40, 40, 2}, to{3, 2, 5};

@@ -15,8 +15,8 @@
 #include <atomic>
 #include <cstring>
 
-#include "steps/silu.h"
 #include "common/team.h"
+#include "steps/silu.h"
 
 namespace keel::onednn {
 namespace {
@@ -81,7 +81,9 @@ __attribute__((target("avx512f"))) void tile_avx512(const ConvPoolShape& s, cons
 
 // Pixels per tile for NB blocks: NB * R accumulators, NB weights and a broadcast within 32 registers.
 template <int NB>
-constexpr int kTile = NB == 4 ? 6 : NB == 3 ? 8 : 12;
+constexpr int kTile = NB == 4   ? 6
+                      : NB == 3 ? 8
+                                : 12;
 
 template <int NB, int R, int SW, int KW>
 void tile_tail(const ConvPoolShape& s, const float* img, const float* wob, const float* bias, int64_t oh, int64_t ow0,
@@ -124,7 +126,8 @@ __attribute__((target("avx512f"))) void pool_row_avx512(const ConvPoolShape& s, 
     }
     float* o = out + b * out_block_stride;
     for (int64_t p = 0; p < s.pw; ++p) {
-      const int64_t x0 = std::max<int64_t>(0, p * s.psw - s.ppl), x1 = std::min<int64_t>(s.ow, p * s.psw - s.ppl + s.pkw);
+      const int64_t x0 = std::max<int64_t>(0, p * s.psw - s.ppl),
+                    x1 = std::min<int64_t>(s.ow, p * s.psw - s.ppl + s.pkw);
       __m512 v = _mm512_loadu_ps(tmp + x0 * 16);
       for (int64_t x = x0 + 1; x < x1; ++x) v = _mm512_max_ps(v, _mm512_loadu_ps(tmp + x * 16));
       _mm512_storeu_ps(o + p * 16, v);
@@ -164,8 +167,8 @@ void conv_row_scalar(const ConvPoolShape& s, const float* img, const float* pack
 int64_t padded_band_floats(const ConvPoolShape& s) { return s.c * s.kh * ((s.ow - 1) * s.sw + s.kw); }
 
 // `band`: padded_band_floats(s) floats of scratch, used when taps leave the image horizontally.
-void conv_row(const ConvPoolShape& s, const float* img, const float* packed, const float* bias, int64_t oh,
-              float* row, float* band) {
+void conv_row(const ConvPoolShape& s, const float* img, const float* packed, const float* bias, int64_t oh, float* row,
+              float* band) {
   if (!has_avx512f() || g_scalar.load(std::memory_order_relaxed)) {
     conv_row_scalar(s, img, packed, bias, oh, row);
     return;
@@ -222,7 +225,8 @@ void pool_row(const ConvPoolShape& s, const float* const* rows, int nrows, float
       tmp[x] = v;
     }
     for (int64_t p = 0; p < s.pw; ++p) {
-      const int64_t x0 = std::max<int64_t>(0, p * s.psw - s.ppl), x1 = std::min<int64_t>(s.ow, p * s.psw - s.ppl + s.pkw);
+      const int64_t x0 = std::max<int64_t>(0, p * s.psw - s.ppl),
+                    x1 = std::min<int64_t>(s.ow, p * s.psw - s.ppl + s.pkw);
       for (int j = 0; j < 16; ++j) {
         float v = tmp[x0 * 16 + j];
         for (int64_t x = x0 + 1; x < x1; ++x) v = std::max(v, tmp[x * 16 + j]);
@@ -256,8 +260,8 @@ std::string conv_pool_check(const ConvPoolShape& s) {
   if (s.m < 16 || s.m % 16 != 0) return "output channels not a multiple of 16";
   if (s.kh < 1 || s.kw < 1 || s.sh < 1 || s.sw < 1 || s.pt < 0 || s.pl < 0) return "convolution geometry";
   if (s.oh < 1 || s.ow < 1) return "convolution output size";
-  if (s.pkh < 1 || s.pkw < 1 || s.psh < 1 || s.psw < 1 || s.ppt < 0 || s.ppl < 0 || s.ppt >= s.pkh ||
-      s.ppl >= s.pkw || s.pkh > kMaxPoolRows)
+  if (s.pkh < 1 || s.pkw < 1 || s.psh < 1 || s.psw < 1 || s.ppt < 0 || s.ppl < 0 || s.ppt >= s.pkh || s.ppl >= s.pkw ||
+      s.pkh > kMaxPoolRows)
     return "pooling geometry";
   if (s.ph < 1 || s.pw < 1 || (s.ph - 1) * s.psh - s.ppt >= s.oh || (s.pw - 1) * s.psw - s.ppl >= s.ow)
     return "pooling output size";

@@ -18,13 +18,13 @@ namespace keel::onednn {
 // pooling's by ph and pw (ceil_mode included): windows are clipped to the convolution output, as max pooling
 // ignores padding.
 struct ConvPoolShape {
-  int64_t n = 1, c = 0, h = 0, w = 0;  // source: plain NCHW f32
-  int64_t m = 0;                       // convolution output channels: a multiple of 16
-  int64_t kh = 1, kw = 1, sh = 1, sw = 1, pt = 0, pl = 0;  // convolution kernel, strides, pads before
-  int64_t oh = 0, ow = 0;                                  // convolution output
-  bool relu = false;                                       // max(x, 0) after the bias
+  int64_t n = 1, c = 0, h = 0, w = 0;                            // source: plain NCHW f32
+  int64_t m = 0;                                                 // convolution output channels: a multiple of 16
+  int64_t kh = 1, kw = 1, sh = 1, sw = 1, pt = 0, pl = 0;        // convolution kernel, strides, pads before
+  int64_t oh = 0, ow = 0;                                        // convolution output
+  bool relu = false;                                             // max(x, 0) after the bias
   int64_t pkh = 1, pkw = 1, psh = 1, psw = 1, ppt = 0, ppl = 0;  // pooling kernel, strides, pads before
-  int64_t ph = 0, pw = 0;                                         // pooled output: nChw16c [n, m, ph, pw]
+  int64_t ph = 0, pw = 0;                                        // pooled output: nChw16c [n, m, ph, pw]
 };
 
 // "" when the fused step computes this shape, else what it does not take (every pooling window must overlap the

@@ -12,8 +12,8 @@ namespace keel::onednn {
 namespace {
 
 struct Geo {
-  int64_t n, c, h, w, m, k, s, p;    // convolution (square kernel, symmetric pads)
-  int64_t pk, ps, pp;                // pooling
+  int64_t n, c, h, w, m, k, s, p;  // convolution (square kernel, symmetric pads)
+  int64_t pk, ps, pp;              // pooling
   bool ceil, relu;
 };
 
@@ -74,9 +74,9 @@ TEST(OnednnConvPool, MatchesTheReference) {
 
 TEST(OnednnConvPool, ScalarPathMatchesTheReference) {
   conv_pool_force_scalar(true);
-  for (const Geo& g : {Geo{1, 3, 37, 34, 80, 7, 2, 3, 3, 2, 1, false, true},
-                       Geo{2, 3, 29, 30, 48, 7, 2, 3, 3, 2, 1, false, true},
-                       Geo{1, 3, 35, 33, 64, 3, 2, 0, 3, 2, 0, true, true}})
+  for (const Geo& g :
+       {Geo{1, 3, 37, 34, 80, 7, 2, 3, 3, 2, 1, false, true}, Geo{2, 3, 29, 30, 48, 7, 2, 3, 3, 2, 1, false, true},
+        Geo{1, 3, 35, 33, 64, 3, 2, 0, 3, 2, 0, true, true}})
     check(g, 2);
   conv_pool_force_scalar(false);
 }

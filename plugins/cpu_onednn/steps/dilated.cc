@@ -36,10 +36,8 @@ void run(const float* src, float* dst, const PhaseShape& p, int team) {
     const int64_t c = t % p.blocks, b = t / p.blocks;
     const int64_t image_off = ((b * p.blocks + c) * p.h + d * i + r) * p.w * 16 + s * 16;
     const int64_t phase_off = ((((b * d + r) * d + s) * p.blocks + c) * ph + i) * pw * 16;
-    if (kToPhases)
-      gather_row(src + image_off, dst + phase_off, pw, d);
-    else
-      scatter_row(src + phase_off, dst + image_off, pw, d);
+    if (kToPhases) gather_row(src + image_off, dst + phase_off, pw, d);
+    else scatter_row(src + phase_off, dst + image_off, pw, d);
   }
 }
 
@@ -57,21 +55,21 @@ __attribute__((target("avx512f"), always_inline)) inline void copy16_avx512(cons
 inline void copy16_plain(const float* from, float* to) { std::memcpy(to, from, 16 * sizeof(float)); }
 
 // Output row r of the merged source (see merged_source16): h's blocks, then x's, each a run of w pixels.
-#define KEEL_MERGED_ROW(copy16)                                                                               \
-  const int64_t hb = s.ch / 16, xb = s.cx / 16, plane = s.h * s.w * 16;                                      \
-  const int64_t hstep = s.h_nhwc ? s.ch : 16;                                                                \
-  for (int64_t cb = 0; cb < hb; ++cb) {                                                                      \
-    const float* from = s.h_nhwc ? hsrc + r * s.w * s.ch + cb * 16 : hsrc + cb * plane + r * s.w * 16;       \
-    float* to = dst + cb * plane + r * s.w * 16;                                                             \
-    for (int64_t j = 0; j < s.w; ++j) copy16(from + j * hstep, to + 16 * j);                                 \
-  }                                                                                                          \
-  for (int64_t cb = 0; cb < xb; ++cb) {                                                                      \
-    const float* from = x + (cb * s.xh + r * s.stride) * s.xw * 16;                                          \
-    float* to = dst + (hb + cb) * plane + r * s.w * 16;                                                      \
-    for (int64_t j = 0; j < s.w; ++j) copy16(from + 16 * j * s.stride, to + 16 * j);                         \
+#define KEEL_MERGED_ROW(copy16)                                                                        \
+  const int64_t hb = s.ch / 16, xb = s.cx / 16, plane = s.h * s.w * 16;                                \
+  const int64_t hstep = s.h_nhwc ? s.ch : 16;                                                          \
+  for (int64_t cb = 0; cb < hb; ++cb) {                                                                \
+    const float* from = s.h_nhwc ? hsrc + r * s.w * s.ch + cb * 16 : hsrc + cb * plane + r * s.w * 16; \
+    float* to = dst + cb * plane + r * s.w * 16;                                                       \
+    for (int64_t j = 0; j < s.w; ++j) copy16(from + j * hstep, to + 16 * j);                           \
+  }                                                                                                    \
+  for (int64_t cb = 0; cb < xb; ++cb) {                                                                \
+    const float* from = x + (cb * s.xh + r * s.stride) * s.xw * 16;                                    \
+    float* to = dst + (hb + cb) * plane + r * s.w * 16;                                                \
+    for (int64_t j = 0; j < s.w; ++j) copy16(from + 16 * j * s.stride, to + 16 * j);                   \
   }
 __attribute__((target("avx512f"))) void merged_row_avx512(const float* hsrc, const float* x, float* dst,
-                                                           const MergedSourceShape& s, int64_t r) {
+                                                          const MergedSourceShape& s, int64_t r) {
   KEEL_MERGED_ROW(copy16_avx512)
 }
 void merged_row_plain(const float* hsrc, const float* x, float* dst, const MergedSourceShape& s, int64_t r) {
@@ -91,10 +89,8 @@ void merged_source16(const float* hsrc, const float* x, float* dst, const Merged
   const bool fast = avx512();
 #pragma omp parallel for num_threads(team > 1 ? team : 1) schedule(static) if (team > 1)
   for (int64_t r = 0; r < s.h; ++r) {
-    if (fast)
-      merged_row_avx512(hsrc, x, dst, s, r);
-    else
-      merged_row_plain(hsrc, x, dst, s, r);
+    if (fast) merged_row_avx512(hsrc, x, dst, s, r);
+    else merged_row_plain(hsrc, x, dst, s, r);
   }
 }
 

@@ -35,7 +35,7 @@ TEST(OnednnDilated, PhasesHoldEveryDthRowAndColumn) {
   check({1, 1, 4, 6, 2}, 1);
   check({2, 3, 12, 8, 4}, 1);
   check({1, 2, 9, 6, 3}, 2);
-  check({3, 1, 5, 5, 1}, 2);   // d = 1: a copy
+  check({3, 1, 5, 5, 1}, 2);    // d = 1: a copy
   check({1, 2, 16, 16, 4}, 4);  // more threads than needed is fine
 }
 
@@ -59,7 +59,7 @@ void check_merged(const MergedSourceShape& s, int team) {
 
 TEST(OnednnDilated, MergedSourcePutsBothInputsSideBySide) {
   // {ch, cx, h, w, xh, xw, stride, h_nhwc}
-  check_merged({48, 32, 8, 8, 15, 15, 2, true}, 1);   // odd input: the last row and column are the 15th
+  check_merged({48, 32, 8, 8, 15, 15, 2, true}, 1);  // odd input: the last row and column are the 15th
   check_merged({48, 32, 8, 8, 16, 16, 2, true}, 2);
   check_merged({16, 64, 7, 5, 14, 10, 2, false}, 2);  // h nChw16c, rows split unevenly
   check_merged({32, 16, 3, 4, 9, 12, 3, true}, 4);    // more threads than rows

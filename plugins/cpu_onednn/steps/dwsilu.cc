@@ -14,9 +14,9 @@
 #include <cstring>
 #include <vector>
 
+#include "common/team.h"
 #include "steps/silu.h"
 #include "steps/silu16.h"
-#include "common/team.h"
 
 namespace keel::onednn {
 namespace {
@@ -33,8 +33,7 @@ float silu1(float x) { return x < -87.f ? 0.f : x / (1.f + std::exp(-x)); }  // 
 // NP output pixels from ox0 of one output row: rows[ky] point at the ring rows (padded; pixel 0 is the left pad).
 template <int K, int S, int NP>
 __attribute__((target("avx512f"), always_inline)) inline void tile(const float* const* rows, int64_t ox0,
-                                                                  const float* wb, __m512 b, float* out,
-                                                                  __m512& sum) {
+                                                                   const float* wb, __m512 b, float* out, __m512& sum) {
   __m512 acc[NP];  // fully unrolled: the accumulators stay in registers
 #pragma GCC unroll 8
   for (int j = 0; j < NP; ++j) acc[j] = b;
@@ -78,8 +77,7 @@ __attribute__((target("avx512f"))) void block_avx512(const DwSiluShape& s, const
         float* o = slot + s.p * 16;
         if (s.in_silu)
           for (int64_t x = 0; x < s.w; ++x) _mm512_storeu_ps(o + x * 16, silu16(_mm512_loadu_ps(in + x * 16)));
-        else
-          std::memcpy(o, in, static_cast<size_t>(s.w) * 16 * sizeof(float));
+        else std::memcpy(o, in, static_cast<size_t>(s.w) * 16 * sizeof(float));
         next = iy + 1;
       }
       rows[ky] = slot;
@@ -105,8 +103,7 @@ __attribute__((target("avx512f"))) void block_avx512(const DwSiluShape& s, const
 
 // ----------------------------------------------------------------------------------------------------- scalar
 
-void block_scalar(const DwSiluShape& s, const float* src, const float* wb, const float* bias, float* dst,
-                  float* mean) {
+void block_scalar(const DwSiluShape& s, const float* src, const float* wb, const float* bias, float* dst, float* mean) {
   double sum[16] = {};
   for (int64_t oy = 0; oy < s.oh; ++oy)
     for (int64_t ox = 0; ox < s.ow; ++ox) {
@@ -145,9 +142,7 @@ std::string dw_silu_check(const DwSiluShape& s) {
   return "";
 }
 
-size_t dw_silu_scratch_floats(const DwSiluShape& s) {
-  return static_cast<size_t>((s.k + 1) * padded_width(s) * 16);
-}
+size_t dw_silu_scratch_floats(const DwSiluShape& s) { return static_cast<size_t>((s.k + 1) * padded_width(s) * 16); }
 
 void dw_silu_pack_weights(const DwSiluShape& s, const float* w, float* packed) {
   const int64_t kk = s.k * s.k;

@@ -13,8 +13,8 @@
 #include <algorithm>
 #include <atomic>
 
-#include "steps/silu.h"
 #include "common/team.h"
+#include "steps/silu.h"
 
 namespace keel::onednn {
 namespace {
@@ -73,8 +73,8 @@ __attribute__((target("avx512f"))) void tile_avx512(const float* sb, const float
 
 // One pixel, taps outside the image skipped.
 __attribute__((target("avx512f"))) void pixel_avx512(const Grouped4Shape& s, const float* sb, const float* wb,
-                                                     const float* bias, int64_t o, int64_t x, int64_t klo,
-                                                     int64_t khi, float* out) {
+                                                     const float* bias, int64_t o, int64_t x, int64_t klo, int64_t khi,
+                                                     float* out) {
   __m512 acc = _mm512_loadu_ps(bias);
   const int64_t ix0 = x * s.stride - 1;
   for (int64_t kh = klo; kh < khi; ++kh) {
@@ -172,9 +172,8 @@ void grouped4_rows(const Grouped4Shape& s, const float* src, const float* packed
 
 void grouped4_run(const Grouped4Shape& s, const float* src, const float* packed, const float* bias, float* dst,
                   int team) {
-  split_over_team(s.n * s.blocks * s.oh(), team, [&](int64_t, int64_t begin, int64_t end) {
-    grouped4_rows(s, src, packed, bias, dst, begin, end);
-  });
+  split_over_team(s.n * s.blocks * s.oh(), team,
+                  [&](int64_t, int64_t begin, int64_t end) { grouped4_rows(s, src, packed, bias, dst, begin, end); });
 }
 
 void grouped4_reference(const Grouped4Shape& s, const float* src, const float* w, const float* bias, float* dst) {

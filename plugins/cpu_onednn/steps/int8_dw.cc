@@ -3,8 +3,8 @@
 // available() says the CPU has it.
 #include "steps/int8_dw.h"
 
-#include "steps/int8_quant.h"
 #include "common/team.h"
+#include "steps/int8_quant.h"
 
 // GCC 12 reports its own AVX-512 intrinsics (their _mm512_undefined_* self-initialisation) as "may be used
 // uninitialized" once inlined here: a known false positive.
@@ -19,7 +19,7 @@
 namespace keel::onednn {
 namespace {
 
-constexpr int64_t kBlock = 16;              // channels per item
+constexpr int64_t kBlock = 16;               // channels per item
 constexpr int64_t kBufferBytes = 16 * 1024;  // a band's copied input rows
 constexpr int kOutPix = 8;                   // output pixels per inner step (independent accumulators)
 
@@ -54,8 +54,8 @@ KEEL_AVX512 inline void store(const Epilogue& e, bool f32, __m512i acc, void* ds
 // (its columns ow*SW .. ow*SW+3) are permuted into [x0, x1, x2, x3] per channel and multiplied with that row's
 // weights [w0, w1, w2, 0] by one vpdpbusd.
 template <int J, int SW>
-KEEL_AVX512 inline void row_step(const uint8_t* rows, int64_t row_stride, const __m512i* w, __m512i perm,
-                                 __m512i* acc, int64_t ow) {
+KEEL_AVX512 inline void row_step(const uint8_t* rows, int64_t row_stride, const __m512i* w, __m512i perm, __m512i* acc,
+                                 int64_t ow) {
   for (int j = 0; j < J; ++j) acc[j] = _mm512_setzero_si512();
 #pragma GCC unroll 3
   for (int kh = 0; kh < 3; ++kh) {
@@ -105,14 +105,13 @@ KEEL_AVX512 void rows_block(const DwShape& s, bool f32, const Epilogue& e, const
 }
 
 struct Packed {
-  const int8_t* w;     // [cb][3][64]: per kernel row, [w0, w1, w2, 0] per channel
-  const int32_t* comp;  // [cb * 16]
+  const int8_t* w;                      // [cb][3][64]: per kernel row, [w0, w1, w2, 0] per channel
+  const int32_t* comp;                  // [cb * 16]
   const float *scale, *bias, *lo, *hi;  // [cb * 16] (quantized outputs: divided by y_scale, bounds in the range)
 };
 
 KEEL_AVX512 void work_avx512(const DwShape& s, const DwQuant& q, int64_t cb_count, int64_t band, int64_t bands,
-                             int64_t cols, const Packed& pk, const uint8_t* x, uint8_t* y, int64_t begin,
-                             int64_t end) {
+                             int64_t cols, const Packed& pk, const uint8_t* x, uint8_t* y, int64_t begin, int64_t end) {
   const int64_t sh = s.stride_h, C = s.C;
   const int64_t in_rows_max = (band - 1) * sh + 3, row_stride = (cols + 1) * kBlock;  // + 1: the 4th column read
   thread_local std::vector<uint8_t> buffer;

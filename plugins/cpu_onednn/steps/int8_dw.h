@@ -2,8 +2,8 @@
 // channels-last bytes, for keel.QConv (kernels/int8.cc) where oneDNN 2.6's int8 depthwise kernels (jit_uni_x8s8s32x_dw,
 // brdgmm_dw) are no faster than its f32 one and hardly use a second thread at 14x14 / 7x7.
 //
-// Y[n, oh, ow, c] = epilogue(sum over kh, kw < 3 of (X[n, oh*sh - pt + kh, ow*sw - pl + kw, c] - x_zero) * W[c, kh, kw])
-// with padding contributing nothing (as x_zero), and epilogue(acc) = clamp(acc * scale[c] + bias[c], lo, hi), then
+// Y[n, oh, ow, c] = epilogue(sum over kh, kw < 3 of (X[n, oh*sh - pt + kh, ow*sw - pl + kw, c] - x_zero) * W[c, kh,
+// kw]) with padding contributing nothing (as x_zero), and epilogue(acc) = clamp(acc * scale[c] + bias[c], lo, hi), then
 // either stored as f32 or quantized: saturate(round_half_even(v / y_scale) + y_zero) into u8/s8 — the arithmetic of
 // ops/reference/fused.cc's QConv (v * (1 / y_scale) instead of the division: the last bit of v may differ).
 //
@@ -26,8 +26,8 @@
 namespace keel::onednn {
 
 struct DwShape {
-  int64_t N = 1, C = 0, H = 0, W = 0;  // input, channels-last bytes
-  int64_t OH = 0, OW = 0;              // output (same channels)
+  int64_t N = 1, C = 0, H = 0, W = 0;                        // input, channels-last bytes
+  int64_t OH = 0, OW = 0;                                    // output (same channels)
   int64_t stride_h = 1, stride_w = 1, pad_t = 0, pad_l = 0;  // the bottom / right padding follows from OH / OW
 };
 
@@ -57,10 +57,10 @@ class Int8Depthwise3x3 {
  private:
   DwShape s_;
   DwQuant q_;
-  int64_t cb_ = 0;        // 16-channel blocks
-  int64_t band_ = 1;      // output rows per item
-  int64_t bands_ = 1;     // per image
-  int64_t cols_ = 0;      // input columns a row of outputs reads, padding included
+  int64_t cb_ = 0;                             // 16-channel blocks
+  int64_t band_ = 1;                           // output rows per item
+  int64_t bands_ = 1;                          // per image
+  int64_t cols_ = 0;                           // input columns a row of outputs reads, padding included
   std::vector<int8_t> w_;                      // [cb][3][64]: per kernel row, [w0, w1, w2, 0] per channel
   std::vector<int32_t> comp_;                  // [cb * 16]: (x_zero, as u8) * sum of the channel's weights
   std::vector<float> scale_, bias_, lo_, hi_;  // [cb * 16]: epilogue, divided by y_scale for quantized outputs

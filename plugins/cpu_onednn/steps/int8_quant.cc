@@ -54,7 +54,8 @@ KEEL_AVX512 inline __m512i quantize16(__m512 v, const Consts& k) {
 KEEL_AVX512 void quantize_range(const float* x, uint8_t* y, int64_t begin, int64_t end, const QuantizeSpec& q) {
   const Consts k = consts(q);
   int64_t i = begin;
-  for (; i + 16 <= end; i += 16) _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i), _mm512_cvtepi32_epi8(quantize16(_mm512_loadu_ps(x + i), k)));
+  for (; i + 16 <= end; i += 16)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i), _mm512_cvtepi32_epi8(quantize16(_mm512_loadu_ps(x + i), k)));
   if (i < end) {
     const __mmask16 m = static_cast<__mmask16>((1u << (end - i)) - 1u);
     _mm_mask_storeu_epi8(y + i, m, _mm512_cvtepi32_epi8(quantize16(_mm512_maskz_loadu_ps(m, x + i), k)));
@@ -62,8 +63,8 @@ KEEL_AVX512 void quantize_range(const float* x, uint8_t* y, int64_t begin, int64
 }
 
 // Pixel blocks [b0, b1) (16 pixels each, over all images: block b = image b / blocks, pixels 16 * (b % blocks)...)
-// of x [N, C, S] into y [N, S, C] (C a multiple of 4): four channels at a time, their 16 quantized bytes interleaved into 4-byte groups
-// (one per pixel) and stored at the pixel's channels.
+// of x [N, C, S] into y [N, S, C] (C a multiple of 4): four channels at a time, their 16 quantized bytes interleaved
+// into 4-byte groups (one per pixel) and stored at the pixel's channels.
 KEEL_AVX512 void to_nhwc_range(const float* x, uint8_t* y, int64_t C, int64_t S, int64_t b0, int64_t b1,
                                const QuantizeSpec& q) {
   const Consts k = consts(q);
@@ -107,8 +108,7 @@ KEEL_AVX512 void blocked16_to_nhwc_rows(const float* x, void* y, int64_t C, int6
       const int64_t at = r * C + b * 16;
       if constexpr (kQuantize)
         _mm_mask_storeu_epi8(static_cast<uint8_t*>(y) + at, m, _mm512_cvtepi32_epi8(quantize16(v, k)));
-      else
-        _mm512_mask_storeu_ps(static_cast<float*>(y) + at, m, v);
+      else _mm512_mask_storeu_ps(static_cast<float*>(y) + at, m, v);
     }
   }
 }
@@ -157,8 +157,7 @@ KEEL_AVX512 void to_nchw_range(const float* x, float* y, int64_t C, int64_t S, i
       const __mmask16 pm = static_cast<__mmask16>(np >= 16 ? 0xFFFF : (1u << np) - 1u);
       __m512 r[16];
 #pragma GCC unroll 16
-      for (int i = 0; i < 16; ++i)
-        r[i] = i < np ? _mm512_maskz_loadu_ps(cm, xs + (p0 + i) * C) : _mm512_setzero_ps();
+      for (int i = 0; i < 16; ++i) r[i] = i < np ? _mm512_maskz_loadu_ps(cm, xs + (p0 + i) * C) : _mm512_setzero_ps();
       transpose16x16(r);
 #pragma GCC unroll 16
       for (int j = 0; j < 16; ++j)
@@ -206,16 +205,16 @@ void quantize_f32_blocked16_to_nhwc(const float* x, void* y, int64_t N, int64_t 
                                     int threads) {
   const int64_t rows = N * S;
   const int team = N * C * S >= kParallelMin ? static_cast<int>(std::min<int64_t>(std::max(1, threads), rows)) : 1;
-  split_over_team(rows, team, [&](int64_t, int64_t r0, int64_t r1) { blocked16_to_nhwc_rows<true>(x, y, C, S, r0, r1, &q); });
+  split_over_team(rows, team,
+                  [&](int64_t, int64_t r0, int64_t r1) { blocked16_to_nhwc_rows<true>(x, y, C, S, r0, r1, &q); });
 }
 
 void blocked16_to_nhwc_f32(const float* x, float* y, int64_t N, int64_t C, int64_t S, int threads) {
   const int64_t rows = N * S;
   const int team =
       N * C * S >= kTransposeParallelMin ? static_cast<int>(std::min<int64_t>(std::max(1, threads), rows)) : 1;
-  split_over_team(rows, team, [&](int64_t, int64_t r0, int64_t r1) {
-    blocked16_to_nhwc_rows<false>(x, y, C, S, r0, r1, nullptr);
-  });
+  split_over_team(rows, team,
+                  [&](int64_t, int64_t r0, int64_t r1) { blocked16_to_nhwc_rows<false>(x, y, C, S, r0, r1, nullptr); });
 }
 
 void nhwc_to_nchw_f32(const float* x, float* y, int64_t N, int64_t C, int64_t S, int threads) {

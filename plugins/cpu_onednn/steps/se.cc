@@ -23,8 +23,8 @@ int64_t up16(int64_t v) { return (v + 15) / 16 * 16; }
 // k) so that the FMA chains overlap; unrolled, the accumulators stay in registers.
 template <int NV>
 __attribute__((target("avx512f"), always_inline)) inline void axpy_rows(const float* rows, int64_t stride,
-                                                                       const float* x, int64_t n, const float* b,
-                                                                       __m512* out) {
+                                                                        const float* x, int64_t n, const float* b,
+                                                                        __m512* out) {
   __m512 a0[NV], a1[NV];
 #pragma GCC unroll 8
   for (int v = 0; v < NV; ++v) a0[v] = _mm512_loadu_ps(b + 16 * v), a1[v] = _mm512_setzero_ps();

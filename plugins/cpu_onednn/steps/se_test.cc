@@ -38,11 +38,11 @@ TEST(OnednnSe, MatchesTheReferenceOnEfficientNetShapes) {
 }
 
 TEST(OnednnSe, MatchesTheReferenceOnOddShapes) {
-  check(40, 10, 40, true, true);      // channels not a multiple of 16 (MobileNet-V3's 40 -> 10 -> 40 pattern)
-  check(72, 24, 72, false, true);     // Relu
-  check(17, 3, 33, true, false);      // no biases, odd sizes, c2 != c
-  check(512, 80, 512, true, true);    // cs over 64 (a second group of four chains)
-  check(16, 1, 200, false, true);     // one squeezed channel, c2 past one group of eight chains
+  check(40, 10, 40, true, true);    // channels not a multiple of 16 (MobileNet-V3's 40 -> 10 -> 40 pattern)
+  check(72, 24, 72, false, true);   // Relu
+  check(17, 3, 33, true, false);    // no biases, odd sizes, c2 != c
+  check(512, 80, 512, true, true);  // cs over 64 (a second group of four chains)
+  check(16, 1, 200, false, true);   // one squeezed channel, c2 past one group of eight chains
 }
 
 TEST(OnednnSe, ScalarPathMatchesTheReferenceToo) {

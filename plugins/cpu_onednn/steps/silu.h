@@ -4,7 +4,8 @@
 // oneDNN's swish (post-op or eltwise primitive: the same jit code) computes exp with a range reduction, a
 // polynomial and a division per vector; measured here (AMD EPYC, AVX-512, 1 thread) it costs more than the 1x1
 // convolution it follows: EfficientNet-B0's 24->144 expansion at 56x56 took 134-148 us plain and 240-266 us with
-// the swish post-op; this pass costs 1.75 ns per 16 floats (about 50 us over that output). See docs/ONEDNN_PERFORMANCE.md.
+// the swish post-op; this pass costs 1.75 ns per 16 floats (about 50 us over that output). See
+// docs/ONEDNN_PERFORMANCE.md.
 #pragma once
 
 #include <cstddef>

@@ -87,7 +87,8 @@ static void print_tensor(const char* name, keel_host_tensor_t t, int max_values)
       case KEEL_DTYPE_F64: printf(" %.6g", ((const double*)data)[k]); break;
       case KEEL_DTYPE_I64: printf(" %lld", (long long)((const int64_t*)data)[k]); break;
       case KEEL_DTYPE_I32: printf(" %d", ((const int32_t*)data)[k]); break;
-      case KEEL_DTYPE_BOOL: case KEEL_DTYPE_U8: printf(" %u", ((const uint8_t*)data)[k]); break;
+      case KEEL_DTYPE_BOOL:
+      case KEEL_DTYPE_U8: printf(" %u", ((const uint8_t*)data)[k]); break;
       default: printf(" ?"); break;
     }
   }
@@ -135,8 +136,10 @@ int main(int argc, char** argv) {
     } else if (a[0] != '-' && model_path == NULL) {
       model_path = a;
     } else {
-      fprintf(stderr, "usage: %s MODEL.onnx [--device TYPE]... [--fallback cpu|error] [--input NAME=FILE]... "
-                      "[--seed N] [--print N] [--plugin-path DIR]... [--verbose]\n", argv[0]);
+      fprintf(stderr,
+              "usage: %s MODEL.onnx [--device TYPE]... [--fallback cpu|error] [--input NAME=FILE]... "
+              "[--seed N] [--print N] [--plugin-path DIR]... [--verbose]\n",
+              argv[0]);
       return 2;
     }
   }

@@ -148,8 +148,9 @@ int main(int argc, char** argv) {
   SGD opt(model.parameters(), SGDOptions{.lr = a.lr, .momentum = 0.9});
   GradScaler scaler(GradScalerOptions{.enabled = a.amp == "fp16"});  // bf16 keeps fp32's range: no scaling needed
   nn::CrossEntropyLoss loss_fn;
-  auto loader = check(DataLoader::create(train, {.batch_size = a.batch, .workers = a.workers, .prefetch = 4, .seed = a.seed}),
-                      "loader");
+  auto loader =
+      check(DataLoader::create(train, {.batch_size = a.batch, .workers = a.workers, .prefetch = 4, .seed = a.seed}),
+            "loader");
   std::cout << "train_cnn: " << model.num_parameters() << " parameters, " << train->size() << " train / "
             << test->size() << " test images, batch " << a.batch << ", amp " << a.amp << ", "
             << (a.threads ? std::to_string(a.threads) : std::string("all")) << " kernel thread(s), " << a.workers
@@ -191,14 +192,16 @@ int main(int argc, char** argv) {
   }
 
   if (!a.checkpoint.empty()) {
-    if (auto st = capture_checkpoint(model, opt, nullptr, &scaler, progress).save(a.checkpoint); !st.is_ok()) fail(st.to_string());
+    if (auto st = capture_checkpoint(model, opt, nullptr, &scaler, progress).save(a.checkpoint); !st.is_ok())
+      fail(st.to_string());
     std::cout << "saved checkpoint " << a.checkpoint << "\n";
   }
   if (!a.onnx.empty()) {
     Batch example = check(test->get_batch({0}), "example");
-    const int64_t nodes = check(export_onnx(model, Tensor(example.data), a.onnx,
-                                            {.graph_name = "simple_cnn", .input_name = "image", .output_name = "logits"}),
-                                "export");
+    const int64_t nodes =
+        check(export_onnx(model, Tensor(example.data), a.onnx,
+                          {.graph_name = "simple_cnn", .input_name = "image", .output_name = "logits"}),
+              "export");
     // The deployed form: the exported file in a Session (dynamic batch), accuracy on the test set.
     auto session = check(keel::Session::create(*env, check(keel::load_onnx(a.onnx), "reload"), {}), "session");
     std::vector<int64_t> idx(static_cast<size_t>(test->size()));

@@ -74,8 +74,7 @@ static keel_status_t sim_get_properties(void* user_data, int32_t device, keel_de
   return NULL;
 }
 
-static keel_status_t sim_allocate(void* user_data, int32_t device, uint64_t bytes, uint64_t alignment,
-                                  void** out_ptr) {
+static keel_status_t sim_allocate(void* user_data, int32_t device, uint64_t bytes, uint64_t alignment, void** out_ptr) {
   sim_block_t **link, *b;
   uint64_t start = 0;
   (void)user_data;
@@ -155,7 +154,8 @@ static keel_status_t sim_init(const keel_core_api_t* host, keel_plugin_handle_t*
   g_host = host;
   g_plugin = plugin;
   if (host->options && host->plugin_options) host->options->get_int(host->plugin_options, "arena_mb", &arena_mb);
-  if (arena_mb < 1 || arena_mb > 65536) return sim_error(KEEL_STATUS_INVALID_ARGUMENT, "sim: arena_mb must be 1..65536");
+  if (arena_mb < 1 || arena_mb > 65536)
+    return sim_error(KEEL_STATUS_INVALID_ARGUMENT, "sim: arena_mb must be 1..65536");
   g_sim.arena_bytes = (uint64_t)arena_mb << 20;
   g_sim.arena = (unsigned char*)malloc(g_sim.arena_bytes);
   if (g_sim.arena == NULL) return sim_error(KEEL_STATUS_UNAVAILABLE, "sim: cannot allocate the arena");
@@ -192,9 +192,13 @@ static void sim_shutdown(void) {
   g_host = NULL;
 }
 
-static const keel_plugin_t kSimPlugin = {
-    sizeof(keel_plugin_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR, "sim", "0.1.0",
-    KEEL_PLUGIN_KIND_DEVICE, sim_init, sim_shutdown,
-};
+static const keel_plugin_t kSimPlugin = {.struct_size = sizeof(keel_plugin_t),
+                                         .abi_major = KEEL_PLUGIN_ABI_MAJOR,
+                                         .abi_minor = KEEL_PLUGIN_ABI_MINOR,
+                                         .name = "sim",
+                                         .version = "0.1.0",
+                                         .kind = KEEL_PLUGIN_KIND_DEVICE,
+                                         .init = sim_init,
+                                         .shutdown = sim_shutdown};
 
 KEEL_PLUGIN_EXPORT const keel_plugin_t* keel_plugin_entry(void) { return &kSimPlugin; }

@@ -85,11 +85,36 @@ struct AttrValue {
       if (!feq(floats[k], o.floats[k])) return false;
     return i == o.i && feq(f, o.f) && s == o.s && ints == o.ints;
   }
-  static AttrValue of_int(int64_t v) { AttrValue a; a.kind = KEEL_ATTR_INT; a.i = v; return a; }
-  static AttrValue of_float(float v) { AttrValue a; a.kind = KEEL_ATTR_FLOAT; a.f = v; return a; }
-  static AttrValue of_string(std::string v) { AttrValue a; a.kind = KEEL_ATTR_STRING; a.s = std::move(v); return a; }
-  static AttrValue of_ints(std::vector<int64_t> v) { AttrValue a; a.kind = KEEL_ATTR_INTS; a.ints = std::move(v); return a; }
-  static AttrValue of_floats(std::vector<float> v) { AttrValue a; a.kind = KEEL_ATTR_FLOATS; a.floats = std::move(v); return a; }
+  static AttrValue of_int(int64_t v) {
+    AttrValue a;
+    a.kind = KEEL_ATTR_INT;
+    a.i = v;
+    return a;
+  }
+  static AttrValue of_float(float v) {
+    AttrValue a;
+    a.kind = KEEL_ATTR_FLOAT;
+    a.f = v;
+    return a;
+  }
+  static AttrValue of_string(std::string v) {
+    AttrValue a;
+    a.kind = KEEL_ATTR_STRING;
+    a.s = std::move(v);
+    return a;
+  }
+  static AttrValue of_ints(std::vector<int64_t> v) {
+    AttrValue a;
+    a.kind = KEEL_ATTR_INTS;
+    a.ints = std::move(v);
+    return a;
+  }
+  static AttrValue of_floats(std::vector<float> v) {
+    AttrValue a;
+    a.kind = KEEL_ATTR_FLOATS;
+    a.floats = std::move(v);
+    return a;
+  }
 };
 using Attrs = std::map<std::string, AttrValue>;
 

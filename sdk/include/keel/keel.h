@@ -101,7 +101,8 @@ KEEL_API void keel_environment_options_release(keel_environment_options_t option
  * <prefix>/lib/keel/plugins (the path is copied; directories are searched in the order added). */
 KEEL_API keel_status_t keel_environment_options_add_plugin_path(keel_environment_options_t options, const char* path);
 /* 0: load no plugin at all, only the built-in reference CPU device. Default 1. */
-KEEL_API keel_status_t keel_environment_options_set_discover_plugins(keel_environment_options_t options, int32_t discover);
+KEEL_API keel_status_t keel_environment_options_set_discover_plugins(keel_environment_options_t options,
+                                                                     int32_t discover);
 /* Kernel worker threads, the caller included; 0 (default) = every core. Negative: INVALID_ARGUMENT. */
 KEEL_API keel_status_t keel_environment_options_set_threads(keel_environment_options_t options, int32_t threads);
 /* Sets (or, with callback NULL, clears) the log callback and the lowest level it receives (keel_log_level_t).
@@ -125,31 +126,31 @@ typedef enum keel_plugin_state_e {
 } keel_plugin_state_t;
 
 typedef struct keel_plugin_info_s {
-  uint32_t struct_size;  /* set by the caller: sizeof(keel_plugin_info_t) */
+  uint32_t struct_size; /* set by the caller: sizeof(keel_plugin_info_t) */
   const char* name;
-  const char* kind;      /* "device", "collective", "pass" ("" when unknown) */
+  const char* kind; /* "device", "collective", "pass" ("" when unknown) */
   const char* version;
   const char* vendor;
-  int32_t state;         /* keel_plugin_state_t */
-  const char* reason;    /* "" when loaded */
-  const char* manifest;  /* absolute path; "" for built-ins */
-  const char* library;   /* absolute path; "(built-in)" for built-ins */
+  int32_t state;        /* keel_plugin_state_t */
+  const char* reason;   /* "" when loaded */
+  const char* manifest; /* absolute path; "" for built-ins */
+  const char* library;  /* absolute path; "(built-in)" for built-ins */
   int32_t priority;
 } keel_plugin_info_t;
 
 typedef struct keel_device_info_s {
-  uint32_t struct_size;     /* set by the caller: sizeof(keel_device_info_t) */
-  const char* device_type;  /* "cpu", "cuda", ... */
+  uint32_t struct_size;    /* set by the caller: sizeof(keel_device_info_t) */
+  const char* device_type; /* "cpu", "cuda", ... */
   int32_t device_index;
-  const char* plugin;       /* the plugin that provides the device type */
-  const char* name;         /* from the device's properties, e.g. "NVIDIA H200" ("" when unknown) */
-  uint64_t total_memory;    /* bytes; 0 when unknown */
-  uint64_t capabilities;    /* KEEL_DEVICE_CAP_* bits */
+  const char* plugin;    /* the plugin that provides the device type */
+  const char* name;      /* from the device's properties, e.g. "NVIDIA H200" ("" when unknown) */
+  uint64_t total_memory; /* bytes; 0 when unknown */
+  uint64_t capabilities; /* KEEL_DEVICE_CAP_* bits */
   /* (appended) The rest of the device's properties, as its plugin reports them when the environment is created. */
-  uint64_t free_memory;     /* bytes free when the environment was created; 0 when unknown */
-  int32_t compute_major;    /* vendor-defined version, e.g. the CUDA compute capability 9.0; 0 when unknown */
+  uint64_t free_memory;  /* bytes free when the environment was created; 0 when unknown */
+  int32_t compute_major; /* vendor-defined version, e.g. the CUDA compute capability 9.0; 0 when unknown */
   int32_t compute_minor;
-  int32_t multiprocessors;  /* cores or SMs; 0 when unknown */
+  int32_t multiprocessors; /* cores or SMs; 0 when unknown */
 } keel_device_info_t;
 
 /* Plugins found by the environment, in search order (the reference CPU device first). Strings live as long as
@@ -162,13 +163,13 @@ KEEL_API keel_status_t keel_environment_device_info(keel_environment_t env, size
 
 /* Memory of one device's pool, in bytes. */
 typedef struct keel_memory_stats_s {
-  uint32_t struct_size;          /* set by the caller: sizeof(keel_memory_stats_t) */
-  uint64_t in_use_bytes;         /* handed out and not yet freed */
-  uint64_t reserved_bytes;       /* held from the device (in use + cached) */
+  uint32_t struct_size;    /* set by the caller: sizeof(keel_memory_stats_t) */
+  uint64_t in_use_bytes;   /* handed out and not yet freed */
+  uint64_t reserved_bytes; /* held from the device (in use + cached) */
   uint64_t peak_in_use_bytes;
   uint64_t peak_reserved_bytes;
-  uint64_t allocations;          /* successful allocations */
-  uint64_t cache_hits;           /* of those, served from the cache */
+  uint64_t allocations; /* successful allocations */
+  uint64_t cache_hits;  /* of those, served from the cache */
 } keel_memory_stats_t;
 
 /* Statistics of the pool of (device_type, device_index); all zero when nothing was allocated there yet.
@@ -201,7 +202,7 @@ KEEL_API void keel_host_tensor_release(keel_host_tensor_t tensor);
 
 /* Inspection (0 / NULL for a NULL handle). `dims` and `data` stay valid until the tensor is released. Concurrent
  * calls are safe. */
-KEEL_API int32_t keel_host_tensor_dtype(keel_host_tensor_t tensor);       /* keel_dtype_t */
+KEEL_API int32_t keel_host_tensor_dtype(keel_host_tensor_t tensor); /* keel_dtype_t */
 KEEL_API int32_t keel_host_tensor_ndim(keel_host_tensor_t tensor);
 KEEL_API const int64_t* keel_host_tensor_dims(keel_host_tensor_t tensor); /* ndim entries (NULL for a scalar) */
 KEEL_API int64_t keel_host_tensor_element_count(keel_host_tensor_t tensor);
@@ -275,11 +276,11 @@ KEEL_API void keel_session_release(keel_session_t session);
 
 /* A graph input or output as the model declares it. */
 typedef struct keel_value_info_s {
-  uint32_t struct_size;  /* set by the caller: sizeof(keel_value_info_t) */
+  uint32_t struct_size; /* set by the caller: sizeof(keel_value_info_t) */
   const char* name;
-  int32_t dtype;         /* keel_dtype_t; KEEL_DTYPE_UNDEFINED when unknown */
-  int32_t ndim;          /* -1 when the rank is unknown */
-  const int64_t* dims;   /* ndim entries, -1 for a dynamic dim (NULL when ndim <= 0) */
+  int32_t dtype;       /* keel_dtype_t; KEEL_DTYPE_UNDEFINED when unknown */
+  int32_t ndim;        /* -1 when the rank is unknown */
+  const int64_t* dims; /* ndim entries, -1 for a dynamic dim (NULL when ndim <= 0) */
 } keel_value_info_t;
 
 /* The session's inputs and outputs, in the model's order. Strings and dims live as long as the session.
@@ -307,20 +308,20 @@ KEEL_API keel_status_t keel_session_run(keel_session_t session, const char* cons
 
 /* Where one node runs, in execution order (copies the core inserted between devices appear as op "Copy"). */
 typedef struct keel_node_placement_s {
-  uint32_t struct_size;     /* set by the caller: sizeof(keel_node_placement_t) */
+  uint32_t struct_size; /* set by the caller: sizeof(keel_node_placement_t) */
   const char* node;
   const char* op_type;
-  const char* device_type;  /* "cpu", "cuda", ... */
-  const char* kernel;       /* the kernel's name */
+  const char* device_type; /* "cpu", "cuda", ... */
+  const char* kernel;      /* the kernel's name */
 } keel_node_placement_t;
 
 /* A node that could not run on the preferred device, and why (reported once per node). */
 typedef struct keel_fallback_info_s {
-  uint32_t struct_size;     /* set by the caller: sizeof(keel_fallback_info_t) */
+  uint32_t struct_size; /* set by the caller: sizeof(keel_fallback_info_t) */
   const char* node;
   const char* op_type;
-  const char* from_device;  /* the preferred device type */
-  const char* to_device;    /* where it went */
+  const char* from_device; /* the preferred device type */
+  const char* to_device;   /* where it went */
   const char* reason;
 } keel_fallback_info_t;
 
@@ -338,7 +339,7 @@ KEEL_API keel_status_t keel_session_fallback_info(keel_session_t session, size_t
  * counters are read under the session's lock; runs still going are not counted yet); not concurrently with another
  * keel_session_profile_info or keel_session_profile_step_info call on the session (they share its snapshot). */
 typedef struct keel_node_profile_s {
-  uint32_t struct_size;  /* set by the caller: sizeof(keel_node_profile_t) */
+  uint32_t struct_size; /* set by the caller: sizeof(keel_node_profile_t) */
   const char* node;
   double total_ms;
   int64_t calls;
@@ -372,7 +373,7 @@ KEEL_API keel_status_t keel_session_profile_step_info(keel_session_t session, si
  * negative index; keel_session_create checks that the device exists (NOT_FOUND / OUT_OF_RANGE naming the device and
  * how many of that type there are). The options keep a copy of the string. Thread-compatible. */
 KEEL_API keel_status_t keel_session_options_add_device_index(keel_session_options_t options, const char* device_type,
-                                                            int32_t device_index);
+                                                             int32_t device_index);
 
 /* ---- Run options, shared weights (appended) --------------------------------------------------------------- */
 
@@ -386,7 +387,8 @@ KEEL_API void keel_run_options_release(keel_run_options_t options);
  * node (within about one node's time: a subgraph that a device claimed counts as one node, and so does a control-flow
  * node, whose body is not interrupted) with KEEL_STATUS_CANCELLED, and a run started with it set stops before its
  * first node; the session stays usable (clear the flag, or use other options, for the next run). Thread-safe: any
- * thread may call it at any time, also while runs using the options are in progress (as ORT's RunOptionsSetTerminate). */
+ * thread may call it at any time, also while runs using the options are in progress (as ORT's RunOptionsSetTerminate).
+ */
 KEEL_API keel_status_t keel_run_options_set_terminate(keel_run_options_t options, int32_t terminate);
 /* A deadline for each run using these options, `timeout_us` microseconds after the run starts: a run still going
  * then stops before its next node with KEEL_STATUS_DEADLINE_EXCEEDED. 0 (default) = none; negative:
@@ -416,12 +418,12 @@ KEEL_API keel_status_t keel_session_options_share_weights_with(keel_session_opti
 
 /* What a session holds in memory. */
 typedef struct keel_session_memory_info_s {
-  uint32_t struct_size;       /* set by the caller: sizeof(keel_session_memory_info_t) */
-  uint64_t build_id;          /* equal for sessions that share one prepared model */
-  uint64_t sessions_sharing;  /* sessions holding that prepared model (1: this one alone) */
-  uint64_t constant_bytes;    /* the model's initializers the prepared model holds (each buffer counted once) */
-  uint64_t arena_sets;        /* activation arena sets made: at most the runs ever in progress at once */
-  uint64_t arena_bytes;       /* their bytes, all sets (they come from the device pools: keel_environment_memory_stats) */
+  uint32_t struct_size;      /* set by the caller: sizeof(keel_session_memory_info_t) */
+  uint64_t build_id;         /* equal for sessions that share one prepared model */
+  uint64_t sessions_sharing; /* sessions holding that prepared model (1: this one alone) */
+  uint64_t constant_bytes;   /* the model's initializers the prepared model holds (each buffer counted once) */
+  uint64_t arena_sets;       /* activation arena sets made: at most the runs ever in progress at once */
+  uint64_t arena_bytes; /* their bytes, all sets (they come from the device pools: keel_environment_memory_stats) */
 } keel_session_memory_info_t;
 /* Fills `out_info` (members its struct_size covers). Thread-safe. */
 KEEL_API keel_status_t keel_session_memory_info(keel_session_t session, keel_session_memory_info_t* out_info);
@@ -451,15 +453,15 @@ KEEL_API keel_status_t keel_environment_options_add_plugin_library(keel_environm
 
 /* What an ONNX model says about itself. Strings are "" when the model does not set them. */
 typedef struct keel_model_metadata_s {
-  uint32_t struct_size;          /* set by the caller: sizeof(keel_model_metadata_t) */
-  const char* producer_name;     /* e.g. "pytorch" */
-  const char* producer_version;  /* e.g. "2.1.0" */
-  const char* domain;            /* the model's domain, e.g. "ai.onnx" or a reverse DNS name */
-  const char* description;       /* the model's doc_string */
+  uint32_t struct_size;         /* set by the caller: sizeof(keel_model_metadata_t) */
+  const char* producer_name;    /* e.g. "pytorch" */
+  const char* producer_version; /* e.g. "2.1.0" */
+  const char* domain;           /* the model's domain, e.g. "ai.onnx" or a reverse DNS name */
+  const char* description;      /* the model's doc_string */
   const char* graph_name;
   int64_t model_version;
   int64_t ir_version;
-  size_t custom_count;           /* entries of metadata_props: keel_model_custom_metadata */
+  size_t custom_count; /* entries of metadata_props: keel_model_custom_metadata */
 } keel_model_metadata_t;
 
 /* Fills `out_metadata` (the members its struct_size covers). Strings live as long as `model`. Thread-safe. */

@@ -114,7 +114,9 @@ class Tensor {
   uint64_t byte_size() const { return keel_host_tensor_byte_size(h_.get()); }
   void* data() const { return keel_host_tensor_data(h_.get()); }
   template <typename T>
-  T* data_as() const { return static_cast<T*>(data()); }
+  T* data_as() const {
+    return static_cast<T*>(data());
+  }
   template <typename T>
   std::vector<T> to_vector() const {
     const T* p = data_as<T>();
@@ -140,8 +142,8 @@ ModelMetadata read_metadata(Get get, Custom custom) {
   keel_model_metadata_t m{};
   m.struct_size = sizeof m;
   check(get(&m));
-  ModelMetadata out{m.producer_name, m.producer_version, m.domain, m.description, m.graph_name,
-                    m.model_version, m.ir_version, {}};
+  ModelMetadata out{m.producer_name, m.producer_version, m.domain,     m.description,
+                    m.graph_name,    m.model_version,    m.ir_version, {}};
   for (size_t i = 0; i < m.custom_count; ++i) {
     const char* k = nullptr;
     const char* v = nullptr;
@@ -166,10 +168,9 @@ class Model {
   }
   // Producer, version, description and custom metadata properties. Thread-safe.
   ModelMetadata metadata() const {
-    return detail::read_metadata([&](keel_model_metadata_t* m) { return keel_model_metadata(h_.get(), m); },
-                                 [&](size_t i, const char** k, const char** v) {
-                                   return keel_model_custom_metadata(h_.get(), i, k, v);
-                                 });
+    return detail::read_metadata(
+        [&](keel_model_metadata_t* m) { return keel_model_metadata(h_.get(), m); },
+        [&](size_t i, const char** k, const char** v) { return keel_model_custom_metadata(h_.get(), i, k, v); });
   }
   keel_model_t get() const { return h_.get(); }
 
@@ -433,7 +434,8 @@ class Session {
     check(keel_session_options_set_profile(opts, o.profile ? 1 : 0));
     check(keel_session_options_set_shape_variants(opts, o.shape_variants));
     check(keel_session_options_set_threads(opts, o.threads));
-    if (o.share_weights_with != nullptr) check(keel_session_options_share_weights_with(opts, o.share_weights_with->get()));
+    if (o.share_weights_with != nullptr)
+      check(keel_session_options_share_weights_with(opts, o.share_weights_with->get()));
     keel_session_t s = nullptr;
     check(keel_session_create(env.get(), model.get(), opts, &s));
     h_ = decltype(h_)(s);

@@ -81,7 +81,8 @@ class KernelContext {
 #if defined(__GNUC__) && !defined(__clang__)
   __attribute__((noipa))
 #endif
-  Dims dims(int i) const {
+  Dims
+  dims(int i) const {
     const keel_tensor_t* t = input(i);
     if (!t || t->ndim < 0) return {};
     return Dims(t->dims, t->dims + t->ndim);
@@ -165,7 +166,9 @@ class KernelContext {
     return api_->attr_ints(c_, name, &v, &n) ? Dims(v, v + n) : dflt;
   }
   // Empty when absent.
-  std::vector<float> attr_floats(const char* name) const { return attr_floats_opt(name).value_or(std::vector<float>{}); }
+  std::vector<float> attr_floats(const char* name) const {
+    return attr_floats_opt(name).value_or(std::vector<float>{});
+  }
 
   std::optional<int64_t> attr_i_opt(const char* name) const {
     int64_t v;
@@ -281,7 +284,8 @@ struct NoTranslate {
 //                             try and fills `out`): e.g. oneDNN's dnnl::error;
 //   std::bad_alloc            OUT_OF_MEMORY "host allocation failed" (at create: a rejection like any other);
 //   other std::exception      INTERNAL what() (at create: UNIMPLEMENTED "create failed: " what());
-//   anything else             INTERNAL "unknown exception" (at create: UNIMPLEMENTED "create failed: unknown exception").
+//   anything else             INTERNAL "unknown exception" (at create: UNIMPLEMENTED "create failed: unknown
+//   exception").
 template <class Translate = NoTranslate>
 Outcome current_outcome(Stage stage, Translate&& translate = Translate{}) {
   const bool create = stage == Stage::kCreate;

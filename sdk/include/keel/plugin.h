@@ -48,25 +48,25 @@ extern "C" {
 
 typedef enum keel_status_code_e {
   KEEL_STATUS_OK = 0,
-  KEEL_STATUS_INVALID_ARGUMENT = 1,  /* the caller passed something wrong (shape, dtype, attribute, file) */
-  KEEL_STATUS_NOT_FOUND = 2,         /* a named thing does not exist (file, symbol, plugin, value) */
-  KEEL_STATUS_UNIMPLEMENTED = 3,     /* this entry or this case is not implemented */
-  KEEL_STATUS_OUT_OF_MEMORY = 4,     /* an allocation failed */
+  KEEL_STATUS_INVALID_ARGUMENT = 1, /* the caller passed something wrong (shape, dtype, attribute, file) */
+  KEEL_STATUS_NOT_FOUND = 2,        /* a named thing does not exist (file, symbol, plugin, value) */
+  KEEL_STATUS_UNIMPLEMENTED = 3,    /* this entry or this case is not implemented */
+  KEEL_STATUS_OUT_OF_MEMORY = 4,    /* an allocation failed */
   KEEL_STATUS_FAILED_PRECONDITION = 5,
   KEEL_STATUS_UNAVAILABLE = 6,       /* e.g. no device present, driver missing */
   KEEL_STATUS_DEADLINE_EXCEEDED = 7, /* a timeout, e.g. a peer that never arrived */
   KEEL_STATUS_ABI_MISMATCH = 8,
-  KEEL_STATUS_INTERNAL = 9,          /* a bug: an invariant did not hold */
+  KEEL_STATUS_INTERNAL = 9, /* a bug: an invariant did not hold */
   KEEL_STATUS_ALREADY_EXISTS = 10,
   KEEL_STATUS_OUT_OF_RANGE = 11,
-  KEEL_STATUS_CANCELLED = 12,        /* (ABI 1.4) the caller asked the operation to stop (a run's terminate flag) */
+  KEEL_STATUS_CANCELLED = 12, /* (ABI 1.4) the caller asked the operation to stop (a run's terminate flag) */
 } keel_status_code_t;
 
 /* A status object. Whoever creates one sets `release`; whoever receives one releases it exactly once. */
 typedef struct keel_status_s {
   uint32_t struct_size;
-  int32_t code;                               /* keel_status_code_t */
-  const char* message;                        /* owned by the object */
+  int32_t code;                                /* keel_status_code_t */
+  const char* message;                         /* owned by the object */
   void (*release)(struct keel_status_s* self); /* frees the object and its message */
 } keel_status_s;
 typedef keel_status_s* keel_status_t; /* NULL = OK */
@@ -107,13 +107,13 @@ typedef enum keel_memory_kind_e {
 /* A dense, row-major tensor view. The view does not own `data`. */
 typedef struct keel_tensor_s {
   uint32_t struct_size;
-  int32_t dtype;         /* keel_dtype_t */
-  int32_t ndim;          /* 0 for a scalar */
-  const int64_t* dims;   /* ndim entries; a dim of -1 means unknown (only at kernel-create time) */
-  void* data;            /* NULL when the tensor has no data yet (kernel-create time, non-constant inputs) */
-  uint64_t byte_size;    /* bytes at `data` */
-  int32_t memory_kind;   /* keel_memory_kind_t */
-  int32_t device_index;  /* which device of the owning device type holds `data` */
+  int32_t dtype;        /* keel_dtype_t */
+  int32_t ndim;         /* 0 for a scalar */
+  const int64_t* dims;  /* ndim entries; a dim of -1 means unknown (only at kernel-create time) */
+  void* data;           /* NULL when the tensor has no data yet (kernel-create time, non-constant inputs) */
+  uint64_t byte_size;   /* bytes at `data` */
+  int32_t memory_kind;  /* keel_memory_kind_t */
+  int32_t device_index; /* which device of the owning device type holds `data` */
 } keel_tensor_t;
 
 /* ------------------------------------------------------------------------------------------------------------ */
@@ -178,11 +178,11 @@ typedef enum keel_copy_kind_e {
 
 typedef struct keel_device_properties_s {
   uint32_t struct_size;
-  char name[128];          /* e.g. "NVIDIA H200" */
-  uint64_t total_memory;   /* bytes; 0 when unknown */
-  uint64_t free_memory;    /* bytes; 0 when unknown */
-  uint64_t capabilities;   /* KEEL_DEVICE_CAP_* bits */
-  int32_t compute_major;   /* vendor-defined, e.g. CUDA compute capability */
+  char name[128];        /* e.g. "NVIDIA H200" */
+  uint64_t total_memory; /* bytes; 0 when unknown */
+  uint64_t free_memory;  /* bytes; 0 when unknown */
+  uint64_t capabilities; /* KEEL_DEVICE_CAP_* bits */
+  int32_t compute_major; /* vendor-defined, e.g. CUDA compute capability */
   int32_t compute_minor;
   int32_t multiprocessors; /* cores or SMs; 0 when unknown */
 } keel_device_properties_t;
@@ -255,9 +255,9 @@ typedef struct keel_kernel_context_s keel_kernel_context_t; /* opaque, owned by 
  * refusing the kernel (INVALID_ARGUMENT naming it) for a struct_size too small or another abi_major.
  */
 typedef struct keel_type_constraint_s {
-  uint32_t struct_size;  /* (ABI 1.5) sizeof(keel_type_constraint_t) as the plugin compiled it */
-  uint16_t abi_major;    /* (ABI 1.5) KEEL_PLUGIN_ABI_MAJOR */
-  uint16_t abi_minor;    /* (ABI 1.5) KEEL_PLUGIN_ABI_MINOR */
+  uint32_t struct_size; /* (ABI 1.5) sizeof(keel_type_constraint_t) as the plugin compiled it */
+  uint16_t abi_major;   /* (ABI 1.5) KEEL_PLUGIN_ABI_MAJOR */
+  uint16_t abi_minor;   /* (ABI 1.5) KEEL_PLUGIN_ABI_MINOR */
   const char* name;
   const int32_t* dtypes; /* keel_dtype_t values */
   size_t dtype_count;
@@ -292,12 +292,12 @@ typedef struct keel_kernel_def_s {
   uint32_t struct_size;
   uint16_t abi_major;
   uint16_t abi_minor;
-  const char* name;        /* for logs and profiles, e.g. "ref_f32_conv2d" */
-  const char* domain;      /* "" or "ai.onnx" for ONNX, "keel" for Keel's own ops */
-  const char* op_type;     /* "Conv" */
-  int32_t since_version;   /* first opset this kernel implements */
-  int32_t end_version;     /* last opset (inclusive); 0 = open-ended */
-  const char* device_type; /* must match a registered device table's type */
+  const char* name;                          /* for logs and profiles, e.g. "ref_f32_conv2d" */
+  const char* domain;                        /* "" or "ai.onnx" for ONNX, "keel" for Keel's own ops */
+  const char* op_type;                       /* "Conv" */
+  int32_t since_version;                     /* first opset this kernel implements */
+  int32_t end_version;                       /* last opset (inclusive); 0 = open-ended */
+  const char* device_type;                   /* must match a registered device table's type */
   const keel_type_constraint_t* constraints; /* (optional) no entries = any dtype */
   size_t constraint_count;
   void* user_data;
@@ -328,7 +328,7 @@ typedef struct keel_kernel_def_s {
  */
 typedef struct keel_subgraph_def_s {
   uint32_t struct_size;
-  const char* name;          /* for logs and profiles */
+  const char* name; /* for logs and profiles */
   const uint64_t* node_ids;
   size_t node_count;
   void* user_data;
@@ -393,7 +393,7 @@ typedef struct keel_profile_step_s {
   const char* const* node_names; /* (optional) graph nodes the step computes: the op_type node first, then the
                                   * nodes fused into it (post-ops); for a kernel's own work, the node it serves */
   size_t node_count;
-  double time_ms;                /* wall time of the step, finished (the kernel waits for it before timing) */
+  double time_ms; /* wall time of the step, finished (the kernel waits for it before timing) */
 } keel_profile_step_t;
 
 /* What a kernel reads and writes through. Obtain it from keel_core_api_t.kernel. */
@@ -472,8 +472,8 @@ typedef enum keel_attr_kind_e {
  * until the graph is next modified. A node with subgraph attributes (If, Loop, Scan, SequenceMap) lists, after its
  * own inputs, the values its subgraphs read from the enclosing graph; set_node_input refuses those positions
  * (replace_uses renames inside the subgraphs too). Sequence and optional values have no tensor type
- * (value_info: KEEL_DTYPE_UNDEFINED, ndim -1). Node lists are in topological order. Edit functions are for passes only; the
- * graph given to claim_subgraphs is read-only. A graph is not thread-safe: one pass at a time.
+ * (value_info: KEEL_DTYPE_UNDEFINED, ndim -1). Node lists are in topological order. Edit functions are for passes only;
+ * the graph given to claim_subgraphs is read-only. A graph is not thread-safe: one pass at a time.
  */
 typedef struct keel_graph_api_s {
   uint32_t struct_size;
@@ -508,8 +508,8 @@ typedef struct keel_graph_api_s {
 
   /* Value information: dtype and shape as inferred (ndim -1 when the rank is unknown, dims -1 when unknown).
    * Writes up to `capacity` dims. Returns 0 when the value does not exist. */
-  int (*value_info)(const keel_graph_t* g, const char* value, int32_t* out_dtype, int32_t* out_ndim,
-                    int64_t* out_dims, size_t capacity);
+  int (*value_info)(const keel_graph_t* g, const char* value, int32_t* out_dtype, int32_t* out_ndim, int64_t* out_dims,
+                    size_t capacity);
   /* Producer node of a value; returns 0 when it is a graph input or an initializer. */
   int (*value_producer)(const keel_graph_t* g, const char* value, keel_node_id_t* out_node);
   /* Consumers of a value (nodes reading it, each once); returns the count. */
@@ -587,8 +587,8 @@ typedef struct keel_pass_def_s {
   const char* description; /* one line */
   void* user_data;
   /* Rewrites `graph` in place. `target_device` names the device type the session prefers ("cpu", "cuda"). */
-  keel_status_t (*run)(void* user_data, keel_graph_t* graph, const keel_graph_api_t* api,
-                       const keel_options_t* options, const char* target_device, keel_pass_report_t* report);
+  keel_status_t (*run)(void* user_data, keel_graph_t* graph, const keel_graph_api_t* api, const keel_options_t* options,
+                       const char* target_device, keel_pass_report_t* report);
 } keel_pass_def_t;
 
 /* Reading options (a pass's or a plugin's). Each returns 1 when the key is present with that type. */
@@ -608,7 +608,13 @@ typedef struct keel_options_api_s {
 
 typedef struct keel_communicator_s* keel_communicator_t; /* opaque, created by a collective table */
 
-typedef enum keel_reduce_op_e { KEEL_REDUCE_SUM = 0, KEEL_REDUCE_PROD = 1, KEEL_REDUCE_MIN = 2, KEEL_REDUCE_MAX = 3, KEEL_REDUCE_AVG = 4 } keel_reduce_op_t;
+typedef enum keel_reduce_op_e {
+  KEEL_REDUCE_SUM = 0,
+  KEEL_REDUCE_PROD = 1,
+  KEEL_REDUCE_MIN = 2,
+  KEEL_REDUCE_MAX = 3,
+  KEEL_REDUCE_AVG = 4
+} keel_reduce_op_t;
 
 /* A small key-value store through which ranks rendezvous (the core provides one: file, TCP or in-process). */
 typedef struct keel_kv_store_s {
@@ -655,7 +661,11 @@ typedef struct keel_collective_table_s {
 /* ------------------------------------------------------------------------------------------------------------ */
 
 typedef enum keel_log_level_e {
-  KEEL_LOG_TRACE = 0, KEEL_LOG_DEBUG = 1, KEEL_LOG_INFO = 2, KEEL_LOG_WARN = 3, KEEL_LOG_ERROR = 4
+  KEEL_LOG_TRACE = 0,
+  KEEL_LOG_DEBUG = 1,
+  KEEL_LOG_INFO = 2,
+  KEEL_LOG_WARN = 3,
+  KEEL_LOG_ERROR = 4
 } keel_log_level_t;
 
 typedef struct keel_plugin_handle_s keel_plugin_handle_t; /* opaque: identifies the plugin to the host */
@@ -688,8 +698,8 @@ typedef struct keel_core_api_s {
   /* 1 when some registered kernel implements (domain, op_type) at `opset` on `device_type` for input dtypes
    * `dtypes` (one per input; pass count 0 to ignore dtypes). Passes use it to produce fused ops only where a
    * device can run them. */
-  int (*kernel_exists)(keel_plugin_handle_t* plugin, const char* domain, const char* op_type, int32_t opset, const char* device_type,
-                       const int32_t* dtypes, size_t count);
+  int (*kernel_exists)(keel_plugin_handle_t* plugin, const char* domain, const char* op_type, int32_t opset,
+                       const char* device_type, const int32_t* dtypes, size_t count);
 
   const keel_kernel_api_t* kernel;
   const keel_graph_api_t* graph;
@@ -729,7 +739,7 @@ typedef struct keel_plugin_s {
   uint16_t abi_minor; /* KEEL_PLUGIN_ABI_MINOR as the plugin was compiled */
   const char* name;   /* must equal the manifest's name */
   const char* version;
-  int32_t kind;       /* keel_plugin_kind_t */
+  int32_t kind; /* keel_plugin_kind_t */
   /* Registers what the plugin provides. An error status makes the core skip the plugin (and undo what it
    * registered); the reason is recorded. (ABI 1.5) May be NULL when init_instance is set (such a plugin then needs a
    * core of ABI 1.5 or newer). */

@@ -29,10 +29,19 @@ using Dims = std::vector<int64_t>;
 // Bytes of one element of `dtype` (a keel_dtype_t); 0 for dtypes without a fixed size (STRING, UNDEFINED, unknown).
 inline size_t dtype_size(int32_t dtype) {
   switch (dtype) {
-    case KEEL_DTYPE_U8: case KEEL_DTYPE_I8: case KEEL_DTYPE_BOOL: return 1;
-    case KEEL_DTYPE_U16: case KEEL_DTYPE_I16: case KEEL_DTYPE_F16: case KEEL_DTYPE_BF16: return 2;
-    case KEEL_DTYPE_F32: case KEEL_DTYPE_I32: case KEEL_DTYPE_U32: return 4;
-    case KEEL_DTYPE_F64: case KEEL_DTYPE_I64: case KEEL_DTYPE_U64: return 8;
+    case KEEL_DTYPE_U8:
+    case KEEL_DTYPE_I8:
+    case KEEL_DTYPE_BOOL: return 1;
+    case KEEL_DTYPE_U16:
+    case KEEL_DTYPE_I16:
+    case KEEL_DTYPE_F16:
+    case KEEL_DTYPE_BF16: return 2;
+    case KEEL_DTYPE_F32:
+    case KEEL_DTYPE_I32:
+    case KEEL_DTYPE_U32: return 4;
+    case KEEL_DTYPE_F64:
+    case KEEL_DTYPE_I64:
+    case KEEL_DTYPE_U64: return 8;
     default: return 0;
   }
 }
@@ -61,9 +70,7 @@ inline int64_t numel(const int64_t* dims, size_t ndim) {
 }
 inline int64_t numel(const Dims& dims) { return numel(dims.data(), dims.size()); }
 // Element count of a tensor view (its ndim dims); 0 for a negative ndim (rank unknown).
-inline int64_t numel(const keel_tensor_t& t) {
-  return t.ndim < 0 ? 0 : numel(t.dims, static_cast<size_t>(t.ndim));
-}
+inline int64_t numel(const keel_tensor_t& t) { return t.ndim < 0 ? 0 : numel(t.dims, static_cast<size_t>(t.ndim)); }
 
 // "[d0,d1,...]".
 inline std::string dims_str(const Dims& d) {

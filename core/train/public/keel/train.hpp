@@ -41,11 +41,11 @@
 
 #include "core/base/status.h"
 #include "core/base/tensor.h"
+#include "core/runtime/dist/process_group.h"
 #include "core/runtime/eager.h"
 #include "core/runtime/environment.h"
 #include "core/runtime/onnx_io.h"
 #include "core/runtime/session.h"
-#include "core/runtime/dist/process_group.h"
 #include "core/train/checkpoint.h"
 #include "core/train/data.h"
 #include "core/train/data_parallel.h"

@@ -49,8 +49,7 @@ void Builder::attention(size_t i) {
   // f32 output memory: the value itself, or (bf16) a buffer of the step's own, rounded into the value after it.
   const int f32_buf = out_dt == dt::f32 ? -1 : new_buf(static_cast<uint64_t>(numel(y)) * sizeof(float));
   Val* o = out_dt == dt::f32 ? &define(out_name, plain_md(y)) : nullptr;
-  e.args[DNNL_ARG_DST] =
-      mem_at(strided_md(out.dims, out.strides), o ? o->buf : f32_buf, o ? o->off : 0);
+  e.args[DNNL_ARG_DST] = mem_at(strided_md(out.dims, out.strides), o ? o->buf : f32_buf, o ? o->off : 0);
   e.own = run_attention;
   e.own_kind = "attention";
   const double flops = 2.0 * static_cast<double>(s.batches * s.S * s.T * (s.D + s.Dv));
@@ -58,8 +57,8 @@ void Builder::attention(size_t i) {
   p_->flops += flops;
   exec_own(std::move(e), has_avx512f() ? "keel:attention_avx512" : "keel:attention_scalar", false,
            n.name + " Q " + dims_str(views[0].dims) + " Kt " + dims_str(views[1].dims) + " V " +
-               dims_str(views[2].dims) + (has_mask ? " mask " + dims_str(views[3].dims) : "") + " -> " +
-               dims_str(y) + (tr != npos ? " (transposed)" : ""));
+               dims_str(views[2].dims) + (has_mask ? " mask " + dims_str(views[3].dims) : "") + " -> " + dims_str(y) +
+               (tr != npos ? " (transposed)" : ""));
   if (out_dt != dt::f32) {
     dnnl::memory from = mem_at(plain_md(y, dt::f32), f32_buf, 0);
     Val& ob = define(out_name, plain_md(y, out_dt));

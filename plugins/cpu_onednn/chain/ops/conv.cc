@@ -1,5 +1,5 @@
-// plugins/cpu_onednn/chain/ops/conv.cc — Conv (oneDNN convolution, 1-D/2-D/3-D, with its post-ops, folded BatchNormalization
-// and squeeze-excite channel scale) and ConvTranspose.
+// plugins/cpu_onednn/chain/ops/conv.cc — Conv (oneDNN convolution, 1-D/2-D/3-D, with its post-ops, folded
+// BatchNormalization and squeeze-excite channel scale) and ConvTranspose.
 #include "chain/builder.h"
 
 namespace keel::onednn::chain {
@@ -78,8 +78,8 @@ void Builder::exec_scale_weights(const dnnl::memory& wmem, const md_t& wplain, c
   p_->owned.push_back(orig);
   p_->owned.push_back(map);
   const Val& sv = val(chan_scale);
-  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_DST, wmem}, {DNNL_ARG_SRC, orig}, {kArgMap, map},
-                                             {kArgScale, mem_of(sv)}};
+  std::unordered_map<int, dnnl::memory> args{
+      {DNNL_ARG_DST, wmem}, {DNNL_ARG_SRC, orig}, {kArgMap, map}, {kArgScale, mem_of(sv)}};
   Exec e;
   e.single = true;
   e.own = rows ? run_scale_weights16 : run_scale_weights;
@@ -160,7 +160,8 @@ void Builder::conv(size_t i) {
   const sdk::AutoPad apk = sdk::auto_pad_of(ap);
   Dims pl(pads.begin(), pads.begin() + sp), pr(pads.begin() + sp, pads.end());
   if (sdk::is_same(apk)) {
-    for (size_t k = 0; k < sp; ++k) sdk::same_pads(apk, x[2 + k], sdk::dilated_extent(ks[k], d[k]), s[k], &pl[k], &pr[k]);
+    for (size_t k = 0; k < sp; ++k)
+      sdk::same_pads(apk, x[2 + k], sdk::dilated_extent(ks[k], d[k]), s[k], &pl[k], &pr[k]);
   } else if (apk == sdk::AutoPad::kValid) {
     pl = pr = Dims(sp, 0);
   } else if (apk == sdk::AutoPad::kUnknown) {
@@ -212,15 +213,15 @@ void Builder::conv(size_t i) {
   const int64_t cg = C / g;
   if (g > 1 && cg == 4 && M == C && sp == 2 && ks == Dims{3, 3} && s[0] == s[1] && (s[0] == 1 || s[0] == 2) &&
       d == Dims{1, 1} && pl == Dims{1, 1} && pr == Dims{1, 1} && f.sum_with.empty() && chan_scale.empty() &&
-      !f.silu_pass && act_ == dt::f32 && has_avx512f() && conv_grouped4(i, f, src_name, x, y, s[0], w, bias, conv_flops))
+      !f.silu_pass && act_ == dt::f32 && has_avx512f() &&
+      conv_grouped4(i, f, src_name, x, y, s[0], w, bias, conv_flops))
     return;
   if (g > 1 && M == C && cg >= 4 && cg < 16 && 16 % cg == 0 && g % (16 / cg) == 0 && chan_scale.empty()) {
     const int64_t k = 16 / cg, g2 = g / k, kk = prod(ks);
     std::vector<float> w2(static_cast<size_t>(M * 16 * kk), 0.f);
-    for (int64_t m = 0; m < M; ++m) {    // output channel m of group m / cg
-      const int64_t j = (m / cg) % k;    // its place in the merged group
-      for (int64_t c = 0; c < cg; ++c)
-        std::copy_n(&w[(m * cg + c) * kk], kk, &w2[(m * 16 + j * cg + c) * kk]);
+    for (int64_t m = 0; m < M; ++m) {  // output channel m of group m / cg
+      const int64_t j = (m / cg) % k;  // its place in the merged group
+      for (int64_t c = 0; c < cg; ++c) std::copy_n(&w[(m * cg + c) * kk], kk, &w2[(m * 16 + j * cg + c) * kk]);
     }
     w = std::move(w2);
     g = g2;
@@ -264,8 +265,8 @@ void Builder::conv(size_t i) {
     return;
   if (g_options.winograd && sp == 2 && g == 1 && ks == Dims{3, 3} && s == Dims{1, 1} && d[0] == d[1] && d[0] > 1 &&
       pl == Dims{d[0], d[0]} && pr == pl && x[2] % d[0] == 0 && x[3] % d[0] == 0 && x[2] / d[0] >= 4 &&
-      x[3] / d[0] >= 4 && C % 16 == 0 && M % 16 == 0 && C * M <= 256 * 256 && act_ == dt::f32 &&
-      chan_scale.empty() && f.sum_with.empty() &&
+      x[3] / d[0] >= 4 && C % 16 == 0 && M % 16 == 0 && C * M <= 256 * 256 && act_ == dt::f32 && chan_scale.empty() &&
+      f.sum_with.empty() &&
       conv_dilated_phases(i, f, src_name, x, y, d[0], wany, bmd, attr,
                           md_t(to_dnnl(wd), dt::f32, weights_tag(sp, false, false)), w, has_bias, bias, conv_flops))
     return;
@@ -327,8 +328,8 @@ void Builder::conv(size_t i) {
   }
   if (!pd) throw Reject{"oneDNN has no convolution for this case"};
   md_t wplain(to_dnnl(wd), dt::f32, weights_tag(sp, g > 1, false));
-  conv_like_tail(i, f, dnnl::convolution_forward(*pd), pd->src_desc(), pd->weights_desc(), pd->dst_desc(), wplain,
-                 w, has_bias, bias, conv_flops, {}, src_name, chan_scale);
+  conv_like_tail(i, f, dnnl::convolution_forward(*pd), pd->src_desc(), pd->weights_desc(), pd->dst_desc(), wplain, w,
+                 has_bias, bias, conv_flops, {}, src_name, chan_scale);
 }
 
 // ConvTranspose, 2-D, constant weights (and bias); output_padding within the end pads; post-ops as for Conv.
@@ -398,8 +399,8 @@ void Builder::deconv(size_t i) {
     md_t dm = attempt == 0 ? dst : md_t(to_dnnl(y), act_, tag::any);
     try {
       dnnl::deconvolution_forward::desc dd(dnnl::prop_kind::forward_inference, alg::deconvolution_direct, sm, wany,
-                                           has_bias ? bmd : none, dm, to_dnnl(s), dnnl_dilations(d),
-                                           to_dnnl(pl), to_dnnl(pr));
+                                           has_bias ? bmd : none, dm, to_dnnl(s), dnnl_dilations(d), to_dnnl(pl),
+                                           to_dnnl(pr));
       pd = std::make_unique<dnnl::deconvolution_forward::primitive_desc>(dd, attr, engine());
     } catch (const dnnl::error&) {
       pd.reset();
@@ -407,8 +408,8 @@ void Builder::deconv(size_t i) {
   }
   if (!pd) throw Reject{"oneDNN has no deconvolution for this case"};
   md_t wplain(to_dnnl(wd), dt::f32, weights_tag(sp, g > 1, true));
-  conv_like_tail(i, f, dnnl::deconvolution_forward(*pd), pd->src_desc(), pd->weights_desc(), pd->dst_desc(), wplain,
-                 w, has_bias, bias, 2.0 * numel(x) * (M / g) * prod(ks));
+  conv_like_tail(i, f, dnnl::deconvolution_forward(*pd), pd->src_desc(), pd->weights_desc(), pd->dst_desc(), wplain, w,
+                 has_bias, bias, 2.0 * numel(x) * (M / g) * prod(ks));
 }
 
 }  // namespace keel::onednn::chain

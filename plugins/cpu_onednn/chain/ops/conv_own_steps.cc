@@ -1,5 +1,5 @@
-// plugins/cpu_onednn/chain/ops/conv_own_steps.cc — convolutions run as the plugin's own steps: depthwise + SiLU, squeeze-excite's
-// excitation, Conv + Relu + MaxPool over few channels, 3x3 convolutions in groups of 4.
+// plugins/cpu_onednn/chain/ops/conv_own_steps.cc — convolutions run as the plugin's own steps: depthwise + SiLU,
+// squeeze-excite's excitation, Conv + Relu + MaxPool over few channels, 3x3 convolutions in groups of 4.
 #include "chain/builder.h"
 
 namespace keel::onednn::chain {
@@ -21,8 +21,7 @@ bool Builder::dw_silu_plan(size_t u, DwSiluShape* s, Fusion* f) {
   if (x.size() != 4) return false;
   s->n = x[0], s->c = x[1], s->h = x[2], s->w = x[3], s->k = W->dims[2];
   if (W->dims != Dims{s->c, 1, s->k, s->k} || n.ai("group", 1) != s->c || (B && B->count() != s->c)) return false;
-  if (n.ais("kernel_shape", {s->k, s->k}) != Dims{s->k, s->k} || n.ais("dilations", {1, 1}) != Dims{1, 1})
-    return false;
+  if (n.ais("kernel_shape", {s->k, s->k}) != Dims{s->k, s->k} || n.ais("dilations", {1, 1}) != Dims{1, 1}) return false;
   const Dims st = n.ais("strides", {1, 1}), pads = n.ais("pads", {0, 0, 0, 0});
   const std::string ap = n.as("auto_pad", "NOTSET");
   if (st.size() != 2 || st[0] != st[1] || st[0] < 1 || pads.size() != 4 || (ap != "NOTSET" && !ap.empty()))
@@ -56,8 +55,8 @@ bool Builder::defer_silu(const std::string& v, const md_t& md) {
 
 // Builds node i as the depthwise convolution + SiLU step when dw_silu_plan takes it and its source is nChw16c:
 // the SiLU of the source too when deferred to it (defer_silu), and a GlobalAveragePool reading the output (squeeze-
-// excite) computed on the way. Measured in EfficientNet-B0 at 1 thread: docs/ONEDNN_PERFORMANCE.md, "(sq2)". True when built;
-// false, changing nothing, otherwise.
+// excite) computed on the way. Measured in EfficientNet-B0 at 1 thread: docs/ONEDNN_PERFORMANCE.md, "(sq2)". True when
+// built; false, changing nothing, otherwise.
 bool Builder::conv_dw_silu(size_t i) {
   DwSiluShape s;
   Fusion f;
@@ -115,7 +114,8 @@ bool Builder::conv_dw_silu(size_t i) {
 // Squeeze-excite's excitation from node i on, s = Sigmoid(Conv1x1_2(act(Conv1x1_1(p)))) over a pooled [1,C,1,1]
 // value p (act SiLU or Relu, each convolution with constant f32 weights and an optional bias, group 1, no strides,
 // pads or dilations; nothing else fused), as one single-thread step of the chain's own (steps/se.h) writing s as
-// plain [1,C2,1,1]. EfficientNet-B0's 16 excitations were 64 steps (fc1, SiLU pass, fc2 + logistic): docs/ONEDNN_PERFORMANCE.md,
+// plain [1,C2,1,1]. EfficientNet-B0's 16 excitations were 64 steps (fc1, SiLU pass, fc2 + logistic):
+// docs/ONEDNN_PERFORMANCE.md,
 // "(sq2)". With AVX-512, f32, the se_step option on; true when built, false (changing nothing) otherwise.
 bool Builder::se_excite_fused(size_t i) {
   if (!g_options.se_step || !has_avx512f() || act_ != dt::f32) return false;
@@ -127,8 +127,9 @@ bool Builder::se_excite_fused(size_t i) {
         (!c.in_at(2).empty() && !*B))
       return false;
     const std::string ap = c.as("auto_pad", "NOTSET");
-    return c.ai("group", 1) == 1 && c.ais("strides", {1, 1}) == Dims{1, 1} && c.ais("pads", {0, 0, 0, 0}) == Dims{0, 0, 0, 0} &&
-           c.ais("dilations", {1, 1}) == Dims{1, 1} && (ap == "NOTSET" || ap.empty() || ap == "VALID");
+    return c.ai("group", 1) == 1 && c.ais("strides", {1, 1}) == Dims{1, 1} &&
+           c.ais("pads", {0, 0, 0, 0}) == Dims{0, 0, 0, 0} && c.ais("dilations", {1, 1}) == Dims{1, 1} &&
+           (ap == "NOTSET" || ap.empty() || ap == "VALID");
   };
   auto sole_eltwise = [](const Fusion& f, alg* a, float* alpha) {
     if (f.po.len() != 1 || f.po.kind(0) != dnnl::primitive::kind::eltwise || !f.sum_with.empty() ||
@@ -198,7 +199,8 @@ bool Builder::se_excite_fused(size_t i) {
 // (or not) and a MaxPool that alone read it, as one step of the chain's own (steps/convpool.h): each thread
 // computes the convolution rows its pooled rows need into a ring in its cache and pools them there, so the
 // convolution's output never goes to memory. SqueezeNet 1.1's stem (3->64, 3x3 s2 at 224x224, MaxPool 3x3 s2 ceil)
-// at 2 threads: 0.17 ms against oneDNN's 0.21-0.27 ms convolution plus 0.09-0.11 ms pooling (docs/ONEDNN_PERFORMANCE.md,
+// at 2 threads: 0.17 ms against oneDNN's 0.21-0.27 ms convolution plus 0.09-0.11 ms pooling
+// (docs/ONEDNN_PERFORMANCE.md,
 // "(sqz)"). f32, group 1, no dilation, output channels a multiple of 16, 2-D pooling without dilation or indices;
 // false, changing nothing, otherwise (or without AVX-512).
 bool Builder::conv_pool_fused(size_t i) {
@@ -217,8 +219,7 @@ bool Builder::conv_pool_fused(size_t i) {
   s.n = x[0], s.c = x[1], s.h = x[2], s.w = x[3], s.m = W->dims[0];
   s.kh = W->dims[2], s.kw = W->dims[3];
   if (s.c > 4 || W->dims[1] != s.c || s.m % 16 != 0 || n.ai("group", 1) != 1 || (B && B->count() != s.m)) return false;
-  if (n.ais("kernel_shape", {s.kh, s.kw}) != Dims{s.kh, s.kw} || n.ais("dilations", {1, 1}) != Dims{1, 1})
-    return false;
+  if (n.ais("kernel_shape", {s.kh, s.kw}) != Dims{s.kh, s.kw} || n.ais("dilations", {1, 1}) != Dims{1, 1}) return false;
   const Dims st = n.ais("strides", {1, 1}), pads = n.ais("pads", {0, 0, 0, 0});
   const std::string ap = n.as("auto_pad", "NOTSET");
   if (st.size() != 2 || pads.size() != 4 || (ap != "NOTSET" && !ap.empty())) return false;
@@ -292,8 +293,7 @@ bool Builder::conv_pool_fused(size_t i) {
 // after it, as the chain's own step (steps/grouped.h): a quarter of the multiply-adds of the merged 16-channel
 // groups below. `w` [M][4][3][3] and `bias` with folds applied. False, changing nothing, for anything else.
 bool Builder::conv_grouped4(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y,
-                            int64_t stride, const std::vector<float>& w, const std::vector<float>& bias,
-                            double flops) {
+                            int64_t stride, const std::vector<float>& w, const std::vector<float>& bias, double flops) {
   bool relu = false;
   if (f.po.len() > 1) return false;
   if (f.po.len() == 1) {

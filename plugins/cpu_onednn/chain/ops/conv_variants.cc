@@ -1,5 +1,5 @@
-// plugins/cpu_onednn/chain/ops/conv_variants.cc — other ways of running a convolution: a merged bottleneck end, a dilated 3x3 over
-// phases, a depthwise fused into its producer; and the tail every convolution shares (conv_like_tail).
+// plugins/cpu_onednn/chain/ops/conv_variants.cc — other ways of running a convolution: a merged bottleneck end, a
+// dilated 3x3 over phases, a depthwise fused into its producer; and the tail every convolution shares (conv_like_tail).
 #include "chain/builder.h"
 
 namespace keel::onednn::chain {
@@ -96,7 +96,8 @@ bool Builder::conv_residual_merged(size_t i) {
   const md_t hnhwc(to_dnnl(h), dt::f32, tag::nhwc);
   if (hv.md == hnhwc || hv.md == hmd) {
     // One own step (steps/dilated.h) for both: at 2 threads oneDNN's two reorders took 0.091 / 0.047 / 0.033 ms
-    // in ResNet-50's layer2.0 / 3.0 / 4.0, this 0.068 / 0.031 / 0.030 (level at 1 thread): docs/ONEDNN_PERFORMANCE.md, (r50e).
+    // in ResNet-50's layer2.0 / 3.0 / 4.0, this 0.068 / 0.031 / 0.030 (level at 1 thread): docs/ONEDNN_PERFORMANCE.md,
+    // (r50e).
     MergedSourceShape ms;
     ms.ch = Ch, ms.cx = Cx, ms.h = h[2], ms.w = h[3], ms.xh = x[2], ms.xw = x[3], ms.stride = sj;
     ms.h_nhwc = hv.md == hnhwc;
@@ -122,8 +123,8 @@ bool Builder::conv_residual_merged(size_t i) {
   }
   f.nodes.insert(f.nodes.begin(), {j, a});  // before the fused nodes: an Add among those is a sum post-op's
   md_t wplain(to_dnnl(Dims{M, K, 1, 1}), dt::f32, tag::oihw);
-  conv_like_tail(i, f, dnnl::convolution_forward(*pd), cmd, pd->weights_desc(), pd->dst_desc(), wplain, w, true,
-                 bias, 2.0 * M * K * h[2] * h[3], {}, key, "");
+  conv_like_tail(i, f, dnnl::convolution_forward(*pd), cmd, pd->weights_desc(), pd->dst_desc(), wplain, w, true, bias,
+                 2.0 * M * K * h[2] * h[3], {}, key, "");
   return true;
 }
 
@@ -136,8 +137,8 @@ bool Builder::conv_residual_merged(size_t i) {
 // 0.51-0.62 ms against 1.20-1.25 ms for the dilated convolution on brgemm over nhwc; in the network, where the
 // weights (4x larger in Winograd's domain: 9.4 MB) come from memory, the five steps with their layout steps 6.4
 // against 6.6 ms. With 512 channels (layer4, dilation 2 and 4; 38 MB of Winograd weights) no faster, hence the
-// caller's limit of C*M <= 256*256 (docs/ONEDNN_PERFORMANCE.md, r50c). False, changing nothing, when oneDNN offers no Winograd
-// kernel for the phases in nChw16c.
+// caller's limit of C*M <= 256*256 (docs/ONEDNN_PERFORMANCE.md, r50c). False, changing nothing, when oneDNN offers no
+// Winograd kernel for the phases in nChw16c.
 bool Builder::conv_dilated_phases(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y,
                                   int64_t dil, const md_t& wany, const md_t& bmd, const dnnl::primitive_attr& attr,
                                   const md_t& wplain, std::vector<float>& w, bool has_bias,
@@ -172,8 +173,8 @@ bool Builder::conv_dilated_phases(size_t i, const Fusion& f, const std::string& 
   own(run_to_phases, xv, phases_in, "keel:space_to_phases", " phases ");
   Fusion fp = f;
   fp.out = name + "#phase_out";
-  conv_like_tail(i, fp, dnnl::convolution_forward(*pd), pin, pd->weights_desc(), pout, wplain, w, has_bias, bias,
-                 flops, {}, name + "#phases", "");
+  conv_like_tail(i, fp, dnnl::convolution_forward(*pd), pin, pd->weights_desc(), pout, wplain, w, has_bias, bias, flops,
+                 {}, name + "#phases", "");
   const Val phases_out = vals_[fp.out];
   const Val& o = define(f.out, out);
   own(run_from_phases, phases_out, o, "keel:phases_to_space", " from phases ");
@@ -270,8 +271,8 @@ bool Builder::conv_dw_fused(size_t i, const Fusion& f, const md_t& src, const md
   done_[u] = true;
   md_t wplain(to_dnnl(Dims{M, x[1], 1, 1}), dt::f32, tag::oihw);
   std::vector<float> wc = w;
-  conv_like_tail(i, all, dnnl::convolution_forward(*pd), pd->src_desc(), pd->weights_desc(), pd->dst_desc(), wplain,
-                 wc, true, bias, flops + 2.0 * numel(y2) * 9, std::move(extra));
+  conv_like_tail(i, all, dnnl::convolution_forward(*pd), pd->src_desc(), pd->weights_desc(), pd->dst_desc(), wplain, wc,
+                 true, bias, flops + 2.0 * numel(y2) * 9, std::move(extra));
   return true;
 }
 
@@ -279,9 +280,8 @@ bool Builder::conv_dw_fused(size_t i, const Fusion& f, const md_t& src, const md
 // layout `wplain`), the bias, the residual placed in the destination for a sum post-op, the step.
 void Builder::conv_like_tail(size_t i, const Fusion& f, dnnl::primitive prim, const md_t& src_md, const md_t& wei_md,
                              const md_t& dmd, const md_t& wplain, std::vector<float>& w, bool has_bias,
-                             const std::vector<float>& bias, double flops,
-                             std::unordered_map<int, dnnl::memory> extra, const std::string& src,
-                             const std::string& chan_scale) {
+                             const std::vector<float>& bias, double flops, std::unordered_map<int, dnnl::memory> extra,
+                             const std::string& src, const std::string& chan_scale) {
   const NodeDesc& n = r_.nodes[i];
   Val sv = as_md(src.empty() ? n.in[0] : src, src_md);
   dnnl::memory wuser(wplain, engine(), w.data());

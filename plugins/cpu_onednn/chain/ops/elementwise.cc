@@ -1,5 +1,5 @@
-// plugins/cpu_onednn/chain/ops/elementwise.cc — unary element-wise ops (the eltwise algorithm map, common/common.h) and the binary
-// Add/Sub/Mul/Div.
+// plugins/cpu_onednn/chain/ops/elementwise.cc — unary element-wise ops (the eltwise algorithm map, common/common.h) and
+// the binary Add/Sub/Mul/Div.
 #include "chain/builder.h"
 
 namespace keel::onednn::chain {
@@ -9,7 +9,8 @@ namespace keel::onednn::chain {
 void Builder::eltwise(size_t i) {
   const NodeDesc& n = r_.nodes[i];
   dnnl::post_ops ops;
-  if (!eltwise_po(n, &ops)) throw Reject{"non-constant Clip bounds, unknown Gelu approximation or a Pow exponent other than 2 and 0.5"};
+  if (!eltwise_po(n, &ops))
+    throw Reject{"non-constant Clip bounds, unknown Gelu approximation or a Pow exponent other than 2 and 0.5"};
   const Val xv = val(n.in[0]);
   if (xv.scale != 1.f) throw Reject{"scaled input"};
   md_t md = xv.md;
@@ -50,8 +51,10 @@ void Builder::binary(size_t i) {
       return;
     }
   }
-  alg a = n.op == "Add" ? alg::binary_add : n.op == "Sub" ? alg::binary_sub : n.op == "Mul" ? alg::binary_mul
-                                                                                             : alg::binary_div;
+  alg a = n.op == "Add"   ? alg::binary_add
+          : n.op == "Sub" ? alg::binary_sub
+          : n.op == "Mul" ? alg::binary_mul
+                          : alg::binary_div;
   Dims y = dims_of(n.out[0]);
   std::string x0 = n.in[0], x1 = n.in[1];
   Dims d0 = dims_of(x0), d1 = dims_of(x1);

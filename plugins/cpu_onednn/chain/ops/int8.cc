@@ -1,5 +1,5 @@
-// plugins/cpu_onednn/chain/ops/int8.cc — keel.QConv, keel.QGemm and per-tensor QuantizeLinear/DequantizeLinear steps (the standalone
-// kernels' set-up, kernels/int8.h).
+// plugins/cpu_onednn/chain/ops/int8.cc — keel.QConv, keel.QGemm and per-tensor QuantizeLinear/DequantizeLinear steps
+// (the standalone kernels' set-up, kernels/int8.h).
 #include "chain/builder.h"
 
 namespace keel::onednn::chain {
@@ -114,7 +114,8 @@ Val Builder::quantized(const std::string& name, const QuantSetup& q, const md_t&
 Val Builder::residual_last(const std::string& name, const Dims& y) {
   const md_t want(to_dnnl(y), dt::f32, channels_last_tag(y.size()));
   const Val v = val(name);
-  if (v.scale != 1.f || v.md == want || !int8_own_kernels() || v.md != md_t(to_dnnl(y), dt::f32, blocked16_tag(y.size())))
+  if (v.scale != 1.f || v.md == want || !int8_own_kernels() ||
+      v.md != md_t(to_dnnl(y), dt::f32, blocked16_tag(y.size())))
     return as_md(name, want);
   const std::string key = name + "#z_last";
   if (auto it = vals_.find(key); it != vals_.end()) return it->second;

@@ -44,7 +44,7 @@ void Builder::pool(size_t i) {
   }
   alg a = mx ? alg::pooling_max
              : (global || n.ai("count_include_pad", 0) || pf != pad_folds_.end() ? alg::pooling_avg_include_padding
-                                                                                  : alg::pooling_avg_exclude_padding);
+                                                                                 : alg::pooling_avg_exclude_padding);
   const Val xv = val(src_name);
   // Activations after the pool (Relu, Clip, LeakyRelu, Sigmoid, Tanh, SiLU, hard-swish) run as its eltwise post-ops.
   Fusion f;

@@ -1,5 +1,5 @@
-// plugins/cpu_onednn/chain/ops/shape.cc — ops that view or move data: Reshape/Flatten/Squeeze/Unsqueeze/Identity/Dropout, Pad,
-// Resize, Transpose, Cast, Slice.
+// plugins/cpu_onednn/chain/ops/shape.cc — ops that view or move data:
+// Reshape/Flatten/Squeeze/Unsqueeze/Identity/Dropout, Pad, Resize, Transpose, Cast, Slice.
 #include "chain/builder.h"
 
 namespace keel::onednn::chain {
@@ -259,7 +259,8 @@ void Builder::resize(size_t i) {
     if (!floor_mode && !round_mode) throw Reject{"nearest Resize with " + ctm + " / " + nm};
     for (size_t k = 2; k < rank; ++k) {
       const float f = factors[k - 2];
-      if (f < 1 || f != std::floor(f) || y[k] != x[k] * static_cast<int64_t>(f)) throw Reject{"nearest Resize by a non-integer factor"};
+      if (f < 1 || f != std::floor(f) || y[k] != x[k] * static_cast<int64_t>(f))
+        throw Reject{"nearest Resize by a non-integer factor"};
     }
     a = alg::resampling_nearest;
   } else {

@@ -32,8 +32,8 @@ enum class Lift1d {
 };
 
 struct ChainOp {
-  const char* op;                      // ONNX op type
-  unsigned domains;                    // ChainDomain bits
+  const char* op;                       // ONNX op type
+  unsigned domains;                     // ChainDomain bits
   void (Builder::*build)(size_t node);  // builds the node (throws Reject when it cannot)
   ChainRole role;
   Lift1d lift;
