@@ -70,6 +70,17 @@ Status Stream::synchronize() const {
   if (!entry_ || !entry_->table.stream_synchronize) return Status::ok();
   return wrap(entry_->table.stream_synchronize(entry_->table.user_data, stream_), "stream synchronize");
 }
+bool Device::can_synchronize_streams() const { return entry_->table.stream_synchronize != nullptr; }
+bool Device::can_wait_on_events() const { return entry_->table.stream_wait_event != nullptr; }
+Status Device::record_event(const Event& event, keel_stream_t stream) const {
+  if (!entry_->table.event_record) return missing(type(), "event_record");
+  return wrap(entry_->table.event_record(entry_->table.user_data, event.get(), stream), name());
+}
+Status Device::wait_event(keel_stream_t stream, const Event& event) const {
+  if (!entry_->table.stream_wait_event) return missing(type(), "stream_wait_event");
+  return wrap(entry_->table.stream_wait_event(entry_->table.user_data, stream, event.get()), name());
+}
+
 Status Stream::wait(const Event& event) const {
   if (!entry_ || !entry_->table.stream_wait_event) return Status::ok();
   return wrap(entry_->table.stream_wait_event(entry_->table.user_data, stream_, event.get()), "stream wait");

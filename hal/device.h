@@ -1,7 +1,8 @@
 // keel/hal/device.h — the C++ view of a plugin's device table: devices, raw memory, copies, streams and events.
 //
-// The core never calls a keel_device_table_t directly; it goes through these wrappers, which turn C status objects
-// into Status and own streams/events (RAII). A Device is a cheap non-owning view (a table entry and an index); it
+// The core reaches a keel_device_table_t's memory, copies, streams and events only through these wrappers, which turn
+// C status objects into Status and own streams/events (RAII); its claim hook is asked by the session build
+// (session.cc), like every registered claimer. A Device is a cheap non-owning view (a table entry and an index); it
 // stays valid while the Environment that registered the table lives. Thread-safety is the plugin's: device-table
 // entries may be called from any thread (plugin.h).
 #pragma once
@@ -44,6 +45,13 @@ class Device {
   // Streams and events; UNIMPLEMENTED when the device has none (it then runs everything in order).
   StatusOr<Stream> create_stream() const;
   StatusOr<Event> create_event() const;
+  // Whether the table can synchronise one stream, and make a stream wait for an event without the host waiting.
+  bool can_synchronize_streams() const;
+  bool can_wait_on_events() const;
+  // The same as Event::record and Stream::wait, for a stream this device's table made but that is held raw (a
+  // session's per-run streams); a null stream is the device's default stream.
+  Status record_event(const Event& event, keel_stream_t stream) const;
+  Status wait_event(keel_stream_t stream, const Event& event) const;
 
  private:
   const DeviceEntry* entry_;

@@ -87,7 +87,7 @@ class Tensor {
   bool defined() const;
   const keel::Tensor& data() const;  // storage on its device; Error when undefined
   const Shape& shape() const;
-  int64_t dim(int i) const;          // negative i counts from the end; Error when out of range
+  int64_t dim(int i) const;  // negative i counts from the end; Error when out of range
   int64_t rank() const;
   int64_t numel() const;
   DType dtype() const;
@@ -107,9 +107,9 @@ class Tensor {
   Tensor& requires_grad_(bool on = true);
   // True for tensors not produced by a recorded op (user-made tensors, parameters, detach()ed tensors).
   bool is_leaf() const;
-  Tensor grad() const;               // undefined until a backward reached it
-  void set_grad(const Tensor& g);    // g must match shape and dtype (or be undefined)
-  void zero_grad();                  // grad becomes undefined (PyTorch set_to_none=True)
+  Tensor grad() const;             // undefined until a backward reached it
+  void set_grad(const Tensor& g);  // g must match shape and dtype (or be undefined)
+  void zero_grad();                // grad becomes undefined (PyTorch set_to_none=True)
   // Reverse-mode autograd from this tensor. grad_output defaults to ones for a one-element tensor (Error otherwise).
   // Gradients are accumulated (added) into .grad of the leaves that require grad. The graph behind this tensor is
   // released afterwards: a second backward through it is an Error.
@@ -128,7 +128,7 @@ class Tensor {
   // Removes a hook by its handle; false when the handle is unknown (already removed). Safe inside a hook.
   bool remove_post_accumulate_grad_hook(int64_t handle);
 
-  float item() const;                // one element of any float dtype (or integer), copied to the host
+  float item() const;  // one element of any float dtype (or integer), copied to the host
   template <class T>
   std::vector<T> to_vector() const;  // host copy; T must match dtype's size (float for f32, int64_t for i64, ...)
   // Copies src's values into this tensor's storage (same shape; dtype converted between floating types, device

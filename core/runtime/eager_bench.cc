@@ -33,9 +33,7 @@ double cpu_ms() {
 
 struct Model {
   Tensor w1, b1, w2, b2;
-  Tensor forward(const Tensor& x) const {
-    return linear(flatten(max_pool2d(relu(conv2d(x, w1, b1)), {2, 2})), w2, b2);
-  }
+  Tensor forward(const Tensor& x) const { return linear(flatten(max_pool2d(relu(conv2d(x, w1, b1)), {2, 2})), w2, b2); }
 };
 
 double step_ms(const Model& m, const Tensor& x, const Tensor& y, DType amp, int iters, bool print_phases) {
@@ -88,8 +86,10 @@ int main(int argc, char** argv) {
     }
     init(std::shared_ptr<Environment>(std::move(env).value()), threads);
     manual_seed(0);
-    Model m{rand_uniform({32, 1, 3, 3}, -0.33f, 0.33f).requires_grad_(), rand_uniform({32}, -0.33f, 0.33f).requires_grad_(),
-            rand_uniform({10, 5408}, -0.0136f, 0.0136f).requires_grad_(), rand_uniform({10}, -0.0136f, 0.0136f).requires_grad_()};
+    Model m{rand_uniform({32, 1, 3, 3}, -0.33f, 0.33f).requires_grad_(),
+            rand_uniform({32}, -0.33f, 0.33f).requires_grad_(),
+            rand_uniform({10, 5408}, -0.0136f, 0.0136f).requires_grad_(),
+            rand_uniform({10}, -0.0136f, 0.0136f).requires_grad_()};
     Tensor x = randn({batch, 1, 28, 28});
     std::vector<int64_t> labels(static_cast<size_t>(batch));
     for (int i = 0; i < batch; ++i) labels[i] = i % 10;
@@ -118,11 +118,11 @@ int main(int argc, char** argv) {
     double c4 = cpu_ms(), t4 = now_ms();
     for (int i = 0; i < n; ++i) call_op("", "Floor", {s});
     double c5 = cpu_ms(), t5 = now_ms();
-    std::printf("dispatch overhead (Relu on 8 floats, oneDNN kernel): %.2f us/op without autograd, %.2f us/op recording "
-                "a grad_fn (cache hits %llu of %llu)\n",
-                (t1 - t0) * 1000.0 / n, (t3 - t2) * 1000.0 / n,
-                static_cast<unsigned long long>(d1.cache_hits - d0.cache_hits),
-                static_cast<unsigned long long>(d1.ops - d0.ops));
+    std::printf(
+        "dispatch overhead (Relu on 8 floats, oneDNN kernel): %.2f us/op without autograd, %.2f us/op recording "
+        "a grad_fn (cache hits %llu of %llu)\n",
+        (t1 - t0) * 1000.0 / n, (t3 - t2) * 1000.0 / n, static_cast<unsigned long long>(d1.cache_hits - d0.cache_hits),
+        static_cast<unsigned long long>(d1.ops - d0.ops));
     std::printf("dispatch overhead (Floor on 8 floats, reference kernel): %.2f us/op wall, %.2f us/op CPU\n",
                 (t5 - t4) * 1000.0 / n, (c5 - c4) * 1000.0 / n);
   } catch (const std::exception& e) {

@@ -19,7 +19,7 @@
 namespace keel {
 namespace {
 
-const keel_host_api_t* g_host = nullptr;
+const keel_core_api_t* g_host = nullptr;
 std::mutex g_mu;
 int g_relu_runs = 0;
 std::map<std::string, int> g_copies;  // "H2D" / "D2H" / "D2D" / "H2H" -> count
@@ -56,7 +56,7 @@ keel_status_t acc_relu(void*, keel_kernel_context_t* ctx) {
   ++g_relu_runs;
   return nullptr;
 }
-keel_status_t acc_init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+keel_status_t acc_init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
   g_host = host;
   keel_device_table_t t{};
   t.struct_size = sizeof t;

@@ -112,22 +112,37 @@ TEST_F(EagerTest, LinearAlgebra) {
 }
 
 TEST_F(EagerTest, Convolution) {
-  gradcheck("conv2d", [](const V& v) { return conv2d(v[0], v[1], v[2]); }, {rnd({2, 2, 5, 5}), rnd({3, 2, 3, 3}), rnd({3})});
+  gradcheck("conv2d", [](const V& v) { return conv2d(v[0], v[1], v[2]); },
+            {rnd({2, 2, 5, 5}), rnd({3, 2, 3, 3}), rnd({3})});
   gradcheck("conv2d stride pad dilation",
-            [](const V& v) { return conv2d(v[0], v[1], v[2], {2, 1}, {1, 2}, {1, 2}); },
+            [](const V& v) {
+              return conv2d(v[0], v[1], v[2], {2, 1}, {1, 2}, {1, 2});
+            },
             {rnd({1, 2, 6, 7}), rnd({2, 2, 3, 2}), rnd({2})});
-  gradcheck("conv2d groups", [](const V& v) { return conv2d(v[0], v[1], Tensor(), {1, 1}, {1, 1}, {1, 1}, 2); },
+  gradcheck("conv2d groups",
+            [](const V& v) {
+              return conv2d(v[0], v[1], Tensor(), {1, 1}, {1, 1}, {1, 1}, 2);
+            },
             {rnd({1, 4, 4, 4}), rnd({6, 2, 3, 3})});
   gradcheck("conv_transpose2d",
-            [](const V& v) { return conv_transpose2d(v[0], v[1], v[2], {2, 2}, {1, 0}, {1, 0}); },
+            [](const V& v) {
+              return conv_transpose2d(v[0], v[1], v[2], {2, 2}, {1, 0}, {1, 0});
+            },
             {rnd({1, 2, 3, 4}), rnd({2, 3, 3, 2}), rnd({3})});
-  gradcheck("conv_transpose2d groups", [](const V& v) { return conv_transpose2d(v[0], v[1], Tensor(), {1, 1}, {0, 0}, {0, 0}, 2); },
+  gradcheck("conv_transpose2d groups",
+            [](const V& v) {
+              return conv_transpose2d(v[0], v[1], Tensor(), {1, 1}, {0, 0}, {0, 0}, 2);
+            },
             {rnd({1, 4, 3, 3}), rnd({4, 1, 2, 2})});
 }
 
 TEST_F(EagerTest, Pooling) {
   gradcheck("max_pool2d", [](const V& v) { return max_pool2d(v[0], {2, 2}); }, {rnd({2, 2, 4, 6})});
-  gradcheck("max_pool2d stride pad", [](const V& v) { return max_pool2d(v[0], {3, 3}, {2, 2}, {1, 1}); }, {rnd({1, 2, 5, 5})});
+  gradcheck("max_pool2d stride pad",
+            [](const V& v) {
+              return max_pool2d(v[0], {3, 3}, {2, 2}, {1, 1});
+            },
+            {rnd({1, 2, 5, 5})});
   gradcheck("avg_pool2d", [](const V& v) { return avg_pool2d(v[0], {2, 2}); }, {rnd({2, 2, 4, 4})});
   gradcheck("avg_pool2d pad", [](const V& v) { return avg_pool2d(v[0], {3, 3}, {2, 2}, {1, 1}); }, {rnd({1, 2, 5, 5})});
   gradcheck("global_avg_pool2d", [](const V& v) { return global_avg_pool2d(v[0]); }, {rnd({2, 3, 3, 2})});
@@ -135,21 +150,27 @@ TEST_F(EagerTest, Pooling) {
 
 TEST_F(EagerTest, Normalisation) {
   Tensor rm = zeros({3}, DType::kF64), rv = ones({3}, DType::kF64);
-  gradcheck("batch_norm train",
-            [&](const V& v) { return batch_norm(v[0], v[1], v[2], rm, rv, true); },
-            {rnd({4, 3, 2, 2}), rnd({3}, 0.5, 1.5), rnd({3})}, 1e-5);
-  gradcheck("batch_norm train NC", [&](const V& v) { return batch_norm(v[0], v[1], v[2], rm, rv, true); },
-            {rnd({5, 3}), rnd({3}, 0.5, 1.5), rnd({3})}, 1e-5);
+  gradcheck(
+      "batch_norm train", [&](const V& v) { return batch_norm(v[0], v[1], v[2], rm, rv, true); },
+      {rnd({4, 3, 2, 2}), rnd({3}, 0.5, 1.5), rnd({3})}, 1e-5);
+  gradcheck(
+      "batch_norm train NC", [&](const V& v) { return batch_norm(v[0], v[1], v[2], rm, rv, true); },
+      {rnd({5, 3}), rnd({3}, 0.5, 1.5), rnd({3})}, 1e-5);
   Tensor em = rnd({3}, -0.2, 0.2, false), ev = rnd({3}, 0.5, 1.5, false);
-  gradcheck("batch_norm eval", [&](const V& v) { return batch_norm(v[0], v[1], v[2], em, ev, false); },
-            {rnd({2, 3, 2, 2}), rnd({3}), rnd({3})}, 1e-4, 1e-2);  // the reference kernel computes in f32
-  gradcheck("layer_norm", [](const V& v) { return layer_norm(v[0], 1, v[1], v[2]); }, {rnd({3, 5}), rnd({5}), rnd({5})}, 1e-4, 1e-3);  // scale read as f32
-  gradcheck("layer_norm 2 dims", [](const V& v) { return layer_norm(v[0], 2, v[1], v[2]); },
-            {rnd({2, 3, 4}), rnd({3, 4}), rnd({3, 4})}, 1e-4, 1e-3);
+  gradcheck(
+      "batch_norm eval", [&](const V& v) { return batch_norm(v[0], v[1], v[2], em, ev, false); },
+      {rnd({2, 3, 2, 2}), rnd({3}), rnd({3})}, 1e-4, 1e-2);  // the reference kernel computes in f32
+  gradcheck(
+      "layer_norm", [](const V& v) { return layer_norm(v[0], 1, v[1], v[2]); }, {rnd({3, 5}), rnd({5}), rnd({5})}, 1e-4,
+      1e-3);  // scale read as f32
+  gradcheck(
+      "layer_norm 2 dims", [](const V& v) { return layer_norm(v[0], 2, v[1], v[2]); },
+      {rnd({2, 3, 4}), rnd({3, 4}), rnd({3, 4})}, 1e-4, 1e-3);
 }
 
 TEST_F(EagerTest, BatchNormRunningStatistics) {
-  Tensor x = from_vector(std::vector<float>{1, 2, 3, 4, 10, 20, 30, 40}, {4, 2});  // channel 0: 1,3,10,30; channel 1: 2,4,20,40
+  Tensor x = from_vector(std::vector<float>{1, 2, 3, 4, 10, 20, 30, 40},
+                         {4, 2});  // channel 0: 1,3,10,30; channel 1: 2,4,20,40
   Tensor rm = zeros({2}), rv = ones({2});
   batch_norm(x, Tensor(), Tensor(), rm, rv, true, 0.1f);
   auto m = rm.to_vector<float>(), v = rv.to_vector<float>();
@@ -172,14 +193,17 @@ TEST_F(EagerTest, ShapesAndReductions) {
   Tensor idx = from_vector(std::vector<int64_t>{0, 2, 2, 1}, {2, 2});
   gradcheck("embedding", [&](const V& v) { return embedding(v[0], idx); }, {rnd({3, 4})});
   gradcheck("dropout", [](const V& v) { return dropout(v[0], 0.3f, true); }, {rnd({20})});
-  gradcheck("cast round trip", [](const V& v) { return v[0].to(DType::kF32).to(DType::kF64); }, {rnd({4})}, 1e-2, 1e-3);
+  gradcheck(
+      "cast round trip", [](const V& v) { return v[0].to(DType::kF32).to(DType::kF64); }, {rnd({4})}, 1e-2, 1e-3);
 }
 
 TEST_F(EagerTest, Losses) {
   Tensor t = from_vector(std::vector<int64_t>{2, 0, 1}, {3});
   for (const char* red : {"mean", "sum", "none"}) {
-    gradcheck(std::string("cross_entropy ") + red, [&](const V& v) { return cross_entropy(v[0], t, red); }, {rnd({3, 4})});
-    gradcheck(std::string("mse ") + red, [&](const V& v) { return mse_loss(v[0], v[1], red); }, {rnd({3, 2}), rnd({3, 2})});
+    gradcheck(std::string("cross_entropy ") + red, [&](const V& v) { return cross_entropy(v[0], t, red); },
+              {rnd({3, 4})});
+    gradcheck(std::string("mse ") + red, [&](const V& v) { return mse_loss(v[0], v[1], red); },
+              {rnd({3, 2}), rnd({3, 2})});
     gradcheck(std::string("bce ") + red, [&](const V& v) { return binary_cross_entropy_with_logits(v[0], v[1], red); },
               {rnd({3, 2}, -3, 3), rnd({3, 2}, 0, 1)});
   }
@@ -276,7 +300,7 @@ TEST_F(EagerTest, AutocastPolicy) {
     EXPECT_EQ(autocast_dtype(), DType::kBF16);
     y = relu(conv2d(x, w, Tensor()));
     EXPECT_EQ(y.dtype(), DType::kBF16);  // conv in low precision, relu follows its input
-    Tensor logits = linear(flatten(max_pool2d(y, {2, 2}, {2, 2}, {0, 0})) , fw, Tensor());
+    Tensor logits = linear(flatten(max_pool2d(y, {2, 2}, {2, 2}, {0, 0})), fw, Tensor());
     EXPECT_EQ(logits.dtype(), DType::kBF16);
     loss = cross_entropy(logits, t);
     EXPECT_EQ(loss.dtype(), DType::kF32);  // losses in f32
@@ -300,7 +324,8 @@ TEST_F(EagerTest, AutocastPolicy) {
 // The SimpleCNN of the issue: traced, run in a Session, same outputs as eager; exported to ONNX and loaded back.
 TEST_F(EagerTest, TraceSimpleCnnRunsInSession) {
   manual_seed(1);
-  Tensor w1 = randn({32, 1, 3, 3}, 0.3f), b1 = randn({32}, 0.1f), w2 = randn({10, 32 * 13 * 13}, 0.01f), b2 = zeros({10});
+  Tensor w1 = randn({32, 1, 3, 3}, 0.3f), b1 = randn({32}, 0.1f), w2 = randn({10, 32 * 13 * 13}, 0.01f),
+         b2 = zeros({10});
   Tensor x = randn({2, 1, 28, 28});
   auto model = [&](const Tensor& in) { return linear(flatten(max_pool2d(relu(conv2d(in, w1, b1)), {2, 2})), w2, b2); };
   Tensor eager_out = model(x);
@@ -384,7 +409,7 @@ TEST_F(EagerTest, TrainingStepOnPluginsMatchesReference) {
 
 TEST_F(EagerTest, TracerRejectsMisuse) {
   Tracer tr;
-  EXPECT_THROW(Tracer(), Error);  // one per thread
+  EXPECT_THROW(Tracer(), Error);     // one per thread
   EXPECT_FALSE(tr.graph().is_ok());  // no outputs
 }
 
@@ -395,7 +420,8 @@ TEST_F(EagerTest, CallOpAndDeviceCopies) {
   EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{2, -4, 6, -8}));
   Tensor same = x.to("cpu");
   EXPECT_EQ(same.impl(), x.impl());
-  EXPECT_EQ(argmax(from_vector(std::vector<float>{1, 5, 2, 7, 0, 1}, {2, 3}), 1).to_vector<int64_t>(), std::vector<int64_t>({1, 0}));
+  EXPECT_EQ(argmax(from_vector(std::vector<float>{1, 5, 2, 7, 0, 1}, {2, 3}), 1).to_vector<int64_t>(),
+            std::vector<int64_t>({1, 0}));
 }
 
 }  // namespace

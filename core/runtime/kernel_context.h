@@ -1,5 +1,5 @@
 // keel/core/runtime/kernel_context.h — (internal) what a keel_kernel_context_t and a keel_graph_t are on the host
-// side. Only the core's executors (session.cc, eager.cc, shape_values.cc) and host_api.cc look inside.
+// side. Only the core's executors (session.cc, the eager_*.cc files, shape_values.cc) and host_api.cc look inside.
 #pragma once
 
 #include <keel/plugin.h>

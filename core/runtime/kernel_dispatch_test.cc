@@ -23,7 +23,7 @@
 namespace keel {
 namespace {
 
-const keel_host_api_t* g_host = nullptr;
+const keel_core_api_t* g_host = nullptr;
 std::atomic<int> g_f64_runs{0}, g_f32_runs{0}, g_broken_runs{0};
 std::atomic<bool> g_broken_create{false};
 
@@ -67,7 +67,7 @@ const int32_t kF64[] = {KEEL_DTYPE_F64};
 const keel_type_constraint_t kOnlyF32[] = {{KEEL_TYPE_CONSTRAINT_HEADER, "T", kF32, 1}};
 const keel_type_constraint_t kOnlyF64[] = {{KEEL_TYPE_CONSTRAINT_HEADER, "T", kF64, 1}};
 
-keel_status_t add_relu(const keel_host_api_t* host, keel_plugin_handle_t* plugin, const char* name,
+keel_status_t add_relu(const keel_core_api_t* host, keel_plugin_handle_t* plugin, const char* name,
                        const keel_type_constraint_t* constraints,
                        keel_status_t (*create)(void*, keel_kernel_context_t*, void**),
                        keel_status_t (*compute)(void*, keel_kernel_context_t*)) {
@@ -86,7 +86,7 @@ keel_status_t add_relu(const keel_host_api_t* host, keel_plugin_handle_t* plugin
   return host->register_kernel(plugin, &k);
 }
 
-keel_status_t test_init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+keel_status_t test_init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
   g_host = host;
   if (keel_status_t st = add_relu(host, plugin, "t_rejects", nullptr, nullptr, rejects)) return st;
   if (keel_status_t st = add_relu(host, plugin, "t_f64_only", kOnlyF64, nullptr, f64_compute)) return st;

@@ -52,7 +52,8 @@ StatusOr<Graph> extract_subgraph(const Graph& graph, const std::vector<std::pair
     if (fed.count(v)) continue;
     auto init = graph.initializers.find(v);
     if (init != graph.initializers.end()) sub.initializers[v] = init->second;
-    else if (graph.is_graph_input(v) && !graph.producer(v)) return invalid_argument("evaluate needs a value for graph input '" + v + "'");
+    else if (graph.is_graph_input(v) && !graph.producer(v))
+      return invalid_argument("evaluate needs a value for graph input '" + v + "'");
   }
   for (auto it = keep.rbegin(); it != keep.rend(); ++it) sub.add_node(*graph.node(*it));
   for (const auto& [k, vi] : graph.value_info)
@@ -99,7 +100,7 @@ struct MovableAtomic {
 struct Step {
   enum class Kind { kKernel, kSubgraph, kCopy, kNative } kind = Kind::kKernel;
   std::string name, op_type, kernel_name;  // kernel_name: for kKernel/kSubgraph see kernel()->name
-  const Node* node = nullptr;  // kKernel: the node (owned by Impl::graph); kSubgraph: nullptr
+  const Node* node = nullptr;              // kKernel: the node (owned by Impl::graph); kSubgraph: nullptr
   int32_t opset = 0;
   const DeviceEntry* device = nullptr;  // nullptr = host
   std::string device_type = "cpu";
@@ -118,9 +119,9 @@ struct Step {
   // Lower-ranked kernels of the same device for this node, tried in order when the chosen one rejects a case at
   // run time (UNIMPLEMENTED from compute, e.g. a broadcast it cannot do): rejection is not an error. Under *mu.
   std::vector<const KernelEntry*> alternatives;
-  std::shared_ptr<NativeOp> native;  // kNative: an op the executor runs itself (control_flow.h), on the host
-  std::string memory_type = "cpu";      // where its outputs live: "cpu" for host-memory devices
-  int32_t memory_index = 0;             // and which device of memory_type (0 for the host)
+  std::shared_ptr<NativeOp> native;       // kNative: an op the executor runs itself (control_flow.h), on the host
+  std::string memory_type = "cpu";        // where its outputs live: "cpu" for host-memory devices
+  int32_t memory_index = 0;               // and which device of memory_type (0 for the host)
   CachingAllocator* allocator = nullptr;  // that memory's pool (resolved once at build)
   // Profile (under Built::stats_mu).
   double total_ms = 0;
@@ -219,10 +220,9 @@ class RunStreams {
   Status order_after(const RunFence& fence) {
     for (const auto& m : fence.marks()) {
       keel_stream_t s = get(m.device, m.index, false);
-      if (s != nullptr && m.device->table.stream_wait_event != nullptr) {
-        KEEL_RETURN_IF_ERROR(
-            Status::from_c(m.device->table.stream_wait_event(m.device->table.user_data, s, m.event.get())),
-            "stream wait for an input's producer");
+      const hal::Device dev(m.device, m.index);
+      if (s != nullptr && dev.can_wait_on_events()) {
+        KEEL_RETURN_IF_ERROR(dev.wait_event(s, m.event), "stream wait for an input's producer");
       } else {
         KEEL_RETURN_IF_ERROR(m.event.synchronize(), "wait for an input's producer");
       }
@@ -278,7 +278,7 @@ class RunStreams {
     auto props = dev.properties();
     const bool streams = props.is_ok() && (props.value().capabilities & KEEL_DEVICE_CAP_STREAMS) != 0 &&
                          (props.value().capabilities & KEEL_DEVICE_CAP_UNIFIED_HOST_MEMORY) == 0 &&
-                         d->table.stream_synchronize != nullptr;
+                         dev.can_synchronize_streams();
     if (streams && !dev.host_memory()) {
       auto st = dev.create_stream();
       if (st.is_ok()) {
@@ -366,11 +366,11 @@ struct Built {
   // the plan; runs still holding the old one keep it (shared_ptr) until they end, and its arenas go with it.
   struct Plan {
     std::string signature;
-    std::vector<std::string> keys;           // "type:index" of each arena
-    std::vector<uint64_t> bytes;             // per key
-    std::vector<CachingAllocator*> allocs;   // per key
-    std::vector<int> key_of;                 // per value: its arena key, -1 = not planned
-    std::vector<uint64_t> offset, size;      // per value
+    std::vector<std::string> keys;          // "type:index" of each arena
+    std::vector<uint64_t> bytes;            // per key
+    std::vector<CachingAllocator*> allocs;  // per key
+    std::vector<int> key_of;                // per value: its arena key, -1 = not planned
+    std::vector<uint64_t> offset, size;     // per value
     std::mutex mu;
     // An arena set: one arena per key, and the run slot (streams) that works in it: arena memory is only ever reused
     // on the streams that used it last.
@@ -513,8 +513,8 @@ struct Built {
 struct Session::Impl {
   Environment* env = nullptr;
   SessionOptions options;  // of the session that created it (what shapes a build: devices, passes, claims, ...)
-  std::vector<std::string> device_order;         // device types, most preferred first
-  std::map<std::string, int32_t> device_index;   // type -> the index this session uses
+  std::vector<std::string> device_order;        // device types, most preferred first
+  std::map<std::string, int32_t> device_index;  // type -> the index this session uses
   uint64_t fingerprint = 0;  // of the model as given to create (model_fingerprint), before the passes
   std::mutex variants_mu;    // guards variants and cap_logged (a variant is built under it)
   std::unique_ptr<Built> generic;
@@ -628,8 +628,7 @@ Status Built::place_node(const Node& node, const std::vector<std::string>& devic
         fallbacks.push_back(fr);
         // A shape variant repeats what the generic build reported at create time: not again at info level.
         log::log(variant.empty() ? spdlog::level::info : spdlog::level::debug,
-                    "node '{}' ({}) falls back from {} to {}: {}", node.name, node.op_type, device_order[0], dev,
-                    reasons);
+                 "node '{}' ({}) falls back from {} to {}: {}", node.name, node.op_type, device_order[0], dev, reasons);
       }
       return Status::ok();
     }
@@ -963,7 +962,7 @@ StatusOr<KernelSlot*> Built::switch_to_alternative(Step& s, KernelSlot* failed, 
   if (KernelSlot* now = s.kernel.load(); now != failed) return now;  // another run switched already
   if (s.alternatives.empty()) return why;
   log::info("kernel {} rejected node '{}' at run time ({}); trying the next kernel", failed->name, s.name,
-               why.message());
+            why.message());
   KEEL_ASSIGN_OR_RETURN(
       dispatch::KernelChoice choice,
       dispatch::take_kernel(
@@ -1029,13 +1028,21 @@ std::shared_ptr<Built::Plan> Built::make_plan(const std::string& signature,
   plan->offset.assign(values.size(), 0);
   plan->size.assign(values.size(), 0);
   // Lifetimes [first step, last step] of planned values (intermediates, not graph outputs).
-  struct Interval { int v; int begin, end; uint64_t size; int key; };
+  struct Interval {
+    int v;
+    int begin, end;
+    uint64_t size;
+    int key;
+  };
   std::vector<Interval> iv;
   std::vector<int> first(values.size(), -1), last(values.size(), -1);
   for (size_t i = 0; i < steps.size(); ++i) {
-    for (int v : steps[i].outputs) if (v >= 0 && first[v] < 0) first[v] = static_cast<int>(i);
-    for (int v : steps[i].inputs) if (v >= 0) last[v] = static_cast<int>(i);
-    for (int v : steps[i].outputs) if (v >= 0) last[v] = std::max(last[v], static_cast<int>(i));
+    for (int v : steps[i].outputs)
+      if (v >= 0 && first[v] < 0) first[v] = static_cast<int>(i);
+    for (int v : steps[i].inputs)
+      if (v >= 0) last[v] = static_cast<int>(i);
+    for (int v : steps[i].outputs)
+      if (v >= 0) last[v] = std::max(last[v], static_cast<int>(i));
   }
   auto key_index = [&](const Step& s) {
     std::string key = s.memory_type + ":" + std::to_string(s.memory_index);
@@ -1186,11 +1193,10 @@ Status Built::copy_into(const Tensor& src, const Tensor& dst, RunStreams& rs, Co
       // Another device's stream reads it next: order it after the copy (an event; the host waits where there is none).
       auto ev = sd.create_event();
       keel_stream_t ds = rs.get(dst_dev, to.device_index, false);
-      if (ev.is_ok() && ds != nullptr && dst_dev->table.stream_wait_event != nullptr) {
-        KEEL_RETURN_IF_ERROR(Status::from_c(src_dev->table.event_record(src_dev->table.user_data, ev.value().get(), s)),
-                             what);
-        return Status::from_c(dst_dev->table.stream_wait_event(dst_dev->table.user_data, ds, ev.value().get()))
-            .with_context(what);
+      const hal::Device dd(dst_dev, to.device_index);
+      if (ev.is_ok() && ds != nullptr && dd.can_wait_on_events()) {
+        KEEL_RETURN_IF_ERROR(sd.record_event(ev.value(), s), what);
+        return dd.wait_event(ds, ev.value()).with_context(what);
       }
       return rs.synchronize(src_dev, from.device_index).with_context(what);
     }
@@ -1355,8 +1361,8 @@ Status Built::run(const std::vector<std::pair<std::string, RunValue>>& inputs, s
           return internal_error("step '" + s.name + "' reads '" + values[v].name + "', which was never produced");
         }
         if (!live[v].is_tensor()) {
-          return invalid_argument("node '" + s.name + "' (" + s.op_type + ") reads '" + values[v].name + "', which is " +
-                                  live[v].describe() + ", not a tensor");
+          return invalid_argument("node '" + s.name + "' (" + s.op_type + ") reads '" + values[v].name +
+                                  "', which is " + live[v].describe() + ", not a tensor");
         }
         const Tensor* t = &live[v].tensor;
         if (t->location() != here && values[v].is_input) {
@@ -1446,7 +1452,9 @@ Status Built::run(const std::vector<std::pair<std::string, RunValue>>& inputs, s
           bool read = values[v].is_output;
           for (size_t sj = si + 1; sj < steps.size() && !read; ++sj)
             for (int x : steps[sj].inputs) read = read || x == v;
-          if (read) return internal_error("kernel " + k->name + " did not write output " + std::to_string(i) + " of '" + s.name + "'");
+          if (read)
+            return internal_error("kernel " + k->name + " did not write output " + std::to_string(i) + " of '" +
+                                  s.name + "'");
           continue;
         }
         live[v] = std::move(ctx.outputs[i]);
@@ -1560,7 +1568,7 @@ StatusOr<std::unique_ptr<Built>> Session::Impl::build_variant(const std::string&
   KEEL_RETURN_IF_ERROR(b->build(device_order), "");
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   log::debug("session '{}': built shape variant {} of {} for {} in {:.1f} ms ({} steps)", base.name,
-                variants.size() + 1, options.shape_variants, key, ms, b->steps.size());
+             variants.size() + 1, options.shape_variants, key, ms, b->steps.size());
   return b;
 }
 
@@ -1589,9 +1597,10 @@ StatusOr<Built*> Session::Impl::pick(const std::vector<std::pair<std::string, Ru
   if (variants.size() >= static_cast<size_t>(options.shape_variants)) {
     if (!cap_logged) {
       cap_logged = true;
-      log::info("session '{}': {} shape variant(s) built, the cap (SessionOptions::shape_variants); further "
-                   "input shapes (first: {}) run on the generic build",
-                   base.name, variants.size(), key);
+      log::info(
+          "session '{}': {} shape variant(s) built, the cap (SessionOptions::shape_variants); further "
+          "input shapes (first: {}) run on the generic build",
+          base.name, variants.size(), key);
     }
     return generic.get();
   }
@@ -1600,9 +1609,10 @@ StatusOr<Built*> Session::Impl::pick(const std::vector<std::pair<std::string, Ru
   // on with the generic build, which runs any shape the graph allows or names what is wrong. The failure takes a
   // slot (nullptr), so these shapes are not tried again and failures count against the cap like variants.
   if (!built.is_ok()) {
-    log::warn("session '{}': the shape variant for input shapes {} could not be built ({}); runs with these "
-                 "shapes use the generic build",
-                 base.name, key, built.status().to_string());
+    log::warn(
+        "session '{}': the shape variant for input shapes {} could not be built ({}); runs with these "
+        "shapes use the generic build",
+        base.name, key, built.status().to_string());
     variants.emplace(key, nullptr);
     return generic.get();
   }
@@ -1621,9 +1631,7 @@ uint64_t model_fingerprint(const Graph& g) {
     h ^= x + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
     h *= 1099511628211ull;
   };
-  auto mix_str = [&](const std::string& s) {
-    mix(std::hash<std::string>{}(s));
-  };
+  auto mix_str = [&](const std::string& s) { mix(std::hash<std::string>{}(s)); };
   mix_str(g.name);
   // Inputs and outputs with their declared types (a build is specialised to them).
   auto mix_value = [&](const std::string& v) {
@@ -1706,7 +1714,9 @@ StatusOr<std::unique_ptr<Session>> Session::create(Environment& env, Graph graph
     if (model_fingerprint(graph) != o.fingerprint) {
       return invalid_argument(who + ": that session was created from another model (structure or weights differ)");
     }
-    auto differs = [&](const char* what) { return invalid_argument(who + ": its " + what + " differ from these options'"); };
+    auto differs = [&](const char* what) {
+      return invalid_argument(who + ": its " + what + " differ from these options'");
+    };
     if (options.devices != o.options.devices) return differs("devices");
     if (options.fallback != o.options.fallback) return differs("fallback");
     if (options.passes != o.options.passes) return differs("passes");
@@ -1797,7 +1807,8 @@ StatusOr<std::vector<RunValue>> Session::run_values(const std::vector<std::pair<
   if (!run_options.tag.empty()) {
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (st.is_ok()) log::debug("session '{}': {} finished in {:.3f} ms", impl_->generic->graph.name, what, ms);
-    else log::debug("session '{}': {} failed after {:.3f} ms: {}", impl_->generic->graph.name, what, ms, st.to_string());
+    else
+      log::debug("session '{}': {} failed after {:.3f} ms: {}", impl_->generic->graph.name, what, ms, st.to_string());
   }
   KEEL_RETURN_IF_ERROR(st, what);
   return outputs;
@@ -1983,8 +1994,8 @@ std::vector<OpTypeProfile> profile_by_op_type(const std::vector<NodeProfile>& pr
     for (const auto& st : p.steps) {
       const double ms = st.total_ms / static_cast<double>(p.calls);
       covered += ms;
-      const std::string op = st.op_type.empty() ? "(" + (st.kind.empty() ? std::string("kernel") : st.kind) + ")"
-                                                : st.op_type;
+      const std::string op =
+          st.op_type.empty() ? "(" + (st.kind.empty() ? std::string("kernel") : st.kind) + ")" : st.op_type;
       OpTypeProfile& r = row(op);
       r.ms += ms;
       where[op].insert(at);

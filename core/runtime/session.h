@@ -170,10 +170,10 @@ struct SessionOptions {
 };
 
 struct FallbackReport {
-  std::string node;      // node name
+  std::string node;  // node name
   std::string op_type;
-  std::string from;      // the preferred device type
-  std::string to;        // where it went ("" when fallback = error)
+  std::string from;  // the preferred device type
+  std::string to;    // where it went ("" when fallback = error)
   std::string reason;
 };
 
@@ -204,10 +204,10 @@ struct NodeProfile {
 // of its op type ("Subgraph" for a claimed subgraph), as before ABI 1.3. Sorted by time, largest first.
 struct OpTypeProfile {
   std::string op_type;
-  double ms = 0;     // per run (each step's total over its calls)
-  int nodes = 0;     // graph nodes of this op type (own steps, or inside claimed subgraphs)
-  int fused = 0;     // of those, fused into a step of another node (a post-op): their time is in that node's row
-  int no_step = 0;   // of those, inside a claimed subgraph without a step of their own or a fusion (views, constants)
+  double ms = 0;    // per run (each step's total over its calls)
+  int nodes = 0;    // graph nodes of this op type (own steps, or inside claimed subgraphs)
+  int fused = 0;    // of those, fused into a step of another node (a post-op): their time is in that node's row
+  int no_step = 0;  // of those, inside a claimed subgraph without a step of their own or a fusion (views, constants)
   std::map<std::string, int> fused_in;  // nodes of other op types fused into this op type's steps: op type -> count
   std::vector<std::string> where;       // "device:kernel" of what ran them, sorted, unique
 };

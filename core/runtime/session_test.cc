@@ -10,11 +10,11 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdlib>
-#include <thread>
 #include <cstring>
 #include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace keel {
@@ -22,12 +22,15 @@ namespace {
 
 // ---- A fake accelerator: "device memory" is malloc'd but not host-addressable as far as the core knows, so the
 // core must insert copies. It runs Relu (and claims Sigmoid->Sigmoid chains as one subgraph); nothing else.
-const keel_host_api_t* g_host = nullptr;
+const keel_core_api_t* g_host = nullptr;
 int g_copies = 0;
 int g_relu_runs = 0;
 int g_claim_runs = 0;
 
-keel_status_t fake_count(void*, int32_t* n) { *n = 1; return nullptr; }
+keel_status_t fake_count(void*, int32_t* n) {
+  *n = 1;
+  return nullptr;
+}
 keel_status_t fake_props(void*, int32_t, keel_device_properties_t* p) {
   std::snprintf(p->name, sizeof p->name, "fake accelerator");
   return nullptr;
@@ -88,7 +91,7 @@ keel_status_t fake_claim(void*, const keel_graph_t* g, const keel_graph_api_t* a
   }
   return nullptr;
 }
-keel_status_t fake_init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+keel_status_t fake_init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
   g_host = host;
   keel_device_table_t t{};
   t.struct_size = sizeof t;
@@ -119,8 +122,16 @@ keel_status_t fake_init(const keel_host_api_t* host, keel_plugin_handle_t* plugi
   };
   return host->register_kernel(plugin, &k);
 }
-const keel_plugin_t kFakePlugin = {sizeof(keel_plugin_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR, "fake",
-                                   "1.0", KEEL_PLUGIN_KIND_DEVICE, fake_init, nullptr};
+const keel_plugin_t kFakePlugin = {.struct_size = sizeof(keel_plugin_t),
+                                   .abi_major = KEEL_PLUGIN_ABI_MAJOR,
+                                   .abi_minor = KEEL_PLUGIN_ABI_MINOR,
+                                   .name = "fake",
+                                   .version = "1.0",
+                                   .kind = KEEL_PLUGIN_KIND_DEVICE,
+                                   .init = fake_init,
+                                   .shutdown = nullptr,
+                                   .init_instance = nullptr,
+                                   .shutdown_instance = nullptr};
 
 std::unique_ptr<Environment> make_env() {
   EnvironmentOptions o;
@@ -155,7 +166,8 @@ TEST(Session, RunsOnTheReferenceCpu) {
   EXPECT_TRUE(s.value()->fallbacks().empty());
   // The picky Neg kernel (priority 10) rejected the case at run time; the reference kernel took over.
   bool ref_neg = false;
-  for (auto& [name, op, dev, kernel] : s.value()->placement()) ref_neg = ref_neg || (op == "Neg" && kernel == "ref_neg");
+  for (auto& [name, op, dev, kernel] : s.value()->placement())
+    ref_neg = ref_neg || (op == "Neg" && kernel == "ref_neg");
   EXPECT_TRUE(ref_neg);
 }
 
@@ -227,7 +239,8 @@ TEST(Session, DeviceClaimsAConnectedSubgraph) {
   auto s = Session::create(*env, b.take(), opts);
   ASSERT_TRUE(s.is_ok()) << s.status().to_string();
   bool saw_claim = false;
-  for (auto& [name, op, dev, kernel] : s.value()->placement()) saw_claim = saw_claim || (op == "Subgraph" && dev == "fake");
+  for (auto& [name, op, dev, kernel] : s.value()->placement())
+    saw_claim = saw_claim || (op == "Subgraph" && dev == "fake");
   EXPECT_TRUE(saw_claim);
   auto out = s.value()->run({{"x", Tensor::f32({4}, {-2, 0, 1, 3})}});
   ASSERT_TRUE(out.is_ok()) << out.status().to_string();
@@ -330,10 +343,10 @@ keel_status_t claim_by_names(void*, const keel_graph_t* g, const keel_graph_api_
 }
 // Registers the claimer `name` for "cpu" with the claim hook `claim` and, because a device plugin without a device
 // table must serve some device type with a kernel, a kernel `noop_name` for an op no test uses (in `noop_domain`).
-keel_status_t register_cpu_claimer(const keel_host_api_t* host, keel_plugin_handle_t* plugin, const char* name,
+keel_status_t register_cpu_claimer(const keel_core_api_t* host, keel_plugin_handle_t* plugin, const char* name,
                                    decltype(keel_claimer_def_t::claim_subgraphs) claim, const char* noop_name,
                                    const char* noop_domain) {
-  if (!KEEL_HAS_MEMBER(host, keel_host_api_t, register_claimer)) return nullptr;
+  if (!KEEL_HAS_MEMBER(host, keel_core_api_t, register_claimer)) return nullptr;
   g_host = host;
   keel_claimer_def_t c{};
   c.struct_size = sizeof c;
@@ -354,11 +367,19 @@ keel_status_t register_cpu_claimer(const keel_host_api_t* host, keel_plugin_hand
   k.compute = [](void*, keel_kernel_context_t*) -> keel_status_t { return nullptr; };
   return host->register_kernel(plugin, &k);
 }
-keel_status_t claimer_init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+keel_status_t claimer_init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
   return register_cpu_claimer(host, plugin, "by_names", claim_by_names, "claimer_noop", "test.claimer");
 }
-const keel_plugin_t kClaimerPlugin = {sizeof(keel_plugin_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR,
-                                      "claimer", "1.0", KEEL_PLUGIN_KIND_DEVICE, claimer_init, nullptr};
+const keel_plugin_t kClaimerPlugin = {.struct_size = sizeof(keel_plugin_t),
+                                      .abi_major = KEEL_PLUGIN_ABI_MAJOR,
+                                      .abi_minor = KEEL_PLUGIN_ABI_MINOR,
+                                      .name = "claimer",
+                                      .version = "1.0",
+                                      .kind = KEEL_PLUGIN_KIND_DEVICE,
+                                      .init = claimer_init,
+                                      .shutdown = nullptr,
+                                      .init_instance = nullptr,
+                                      .shutdown_instance = nullptr};
 
 // x[shape] -> Tanh -> Tanh -> Neg -> y, the Tanh nodes named `prefix`0 and `prefix`1 (the test claimers take
 // nodes by name).
@@ -590,8 +611,9 @@ TEST(Session, PerSessionThreadPool) {
 
 // ---- Shape specialisation. A claimer like the oneDNN device's: it claims a Tanh -> Tanh pair only over static
 // shapes (nodes named "static_*"), and its create refuses a batch over 4 (a shape a device cannot take).
-int g_static_creates = 0;
-int g_static_runs = 0;
+// Atomic: concurrent runs (ShapeVariants.ConcurrentRuns...) create and run the chain from several threads.
+std::atomic<int> g_static_creates{0};
+std::atomic<int> g_static_runs{0};
 keel_status_t static_chain_create(void*, keel_kernel_context_t* ctx, void** out_state) {
   ++g_static_creates;
   const keel_tensor_t* x = g_host->kernel->input(ctx, 0);
@@ -631,12 +653,19 @@ keel_status_t claim_static(void*, const keel_graph_t* g, const keel_graph_api_t*
   def.compute = static_chain;
   return sink->claim(sink, &def);
 }
-keel_status_t static_claimer_init(const keel_host_api_t* host, keel_plugin_handle_t* plugin) {
+keel_status_t static_claimer_init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
   return register_cpu_claimer(host, plugin, "static_only", claim_static, "static_noop", "test.static");
 }
-const keel_plugin_t kStaticClaimerPlugin = {sizeof(keel_plugin_t), KEEL_PLUGIN_ABI_MAJOR, KEEL_PLUGIN_ABI_MINOR,
-                                            "static_claimer", "1.0", KEEL_PLUGIN_KIND_DEVICE, static_claimer_init,
-                                            nullptr};
+const keel_plugin_t kStaticClaimerPlugin = {.struct_size = sizeof(keel_plugin_t),
+                                            .abi_major = KEEL_PLUGIN_ABI_MAJOR,
+                                            .abi_minor = KEEL_PLUGIN_ABI_MINOR,
+                                            .name = "static_claimer",
+                                            .version = "1.0",
+                                            .kind = KEEL_PLUGIN_KIND_DEVICE,
+                                            .init = static_claimer_init,
+                                            .shutdown = nullptr,
+                                            .init_instance = nullptr,
+                                            .shutdown_instance = nullptr};
 
 std::unique_ptr<Environment> make_static_claimer_env() {
   return make_env_with(&kStaticClaimerPlugin, "static-shape claimer");
@@ -667,7 +696,8 @@ bool has_subgraph(const Session& s, const std::string& kernel_prefix) {
 
 TEST(ShapeVariants, AStaticShapeClaimerTakesADynamicBatchGraphPerBatch) {
   auto env = make_static_claimer_env();
-  g_static_creates = g_static_runs = 0;
+  g_static_creates = 0;
+  g_static_runs = 0;
   SessionOptions opts;
   opts.devices = {"cpu"};
   auto created = Session::create(*env, tanh_tanh_neg(), opts);

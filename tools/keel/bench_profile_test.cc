@@ -102,7 +102,9 @@ TEST_F(BenchProfile, ChainTimeIsSplitIntoTheOnnxOpTypesItRuns) {
     EXPECT_FALSE(st["implementation"].get<std::string>().empty());
   }
   const double chain_ms = chain["ms"].get<double>();
-  EXPECT_GT(steps_ms, 0.5 * chain_ms) << "the primitives are most of the chain's time";
+  // The steps are timed inside the chain's run: their sum is positive and never more than the chain's time (how much
+  // of it they take depends on the host and the build, e.g. far less under ThreadSanitizer, so it is not asserted).
+  EXPECT_GT(steps_ms, 0.0);
   EXPECT_LE(steps_ms, chain_ms * 1.0001);
 
   // By op type: the chain's op types, each with time, node counts; no "Subgraph" row; the rows add up to the total.
