@@ -400,7 +400,7 @@ def make_case(rng, ops, weights):
     raise RuntimeError("no op could be built")
 
 
-SANITIZER = re.compile(r"ERROR: (AddressSanitizer|LeakSanitizer|ThreadSanitizer)|runtime error:")
+SANITIZER = re.compile(r"(ERROR|WARNING): (AddressSanitizer|LeakSanitizer|ThreadSanitizer)|runtime error:")
 
 
 def run_one(cmd, env, timeout, mem_cap):
@@ -588,6 +588,12 @@ def main():
         env["ASAN_OPTIONS"] = (env.get("ASAN_OPTIONS", "") + f":allocator_may_return_null=1:max_allocation_size_mb="
                                f"{args.mem_cap_mb}:detect_leaks=0:abort_on_error=0").lstrip(":")
         env.setdefault("UBSAN_OPTIONS", "print_stacktrace=1")
+        mem_cap = 0
+    elif "libtsan" in ldd:
+        # TSan maps its shadow memory at fixed, huge ranges (a capped address space kills it at start): the same cap
+        # through its allocator. Its reports are found in the output like ASan's.
+        env["TSAN_OPTIONS"] = (env.get("TSAN_OPTIONS", "") + f":allocator_may_return_null=1:max_allocation_size_mb="
+                               f"{args.mem_cap_mb}").lstrip(":")
         mem_cap = 0
     ops = registered_ops(args.kernels)
     if args.ops:
