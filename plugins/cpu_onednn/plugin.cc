@@ -33,7 +33,11 @@ dnnl::stream& stream() {
 }
 void set_threads(int32_t n) {
   thread_local int32_t current = -1;
-  if (n > 0 && n != current) {
+  // Never more than OMP_THREAD_LIMIT allows: OpenMP would give a smaller team than omp_get_max_threads() reports,
+  // and oneDNN primitives (which split their work for the count they were created with) would skip part of it.
+  if (n <= 0) n = omp_get_max_threads();
+  n = std::max(1, std::min(n, omp_get_thread_limit()));
+  if (n != current) {
     omp_set_num_threads(n);
     current = n;
   }
