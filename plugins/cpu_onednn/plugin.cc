@@ -32,11 +32,16 @@ dnnl::stream& stream() {
   return s;
 }
 void set_threads(int32_t n) {
-  thread_local int32_t current = -1;
   // Never more than OMP_THREAD_LIMIT allows: OpenMP would give a smaller team than omp_get_max_threads() reports,
   // and oneDNN primitives (which split their work for the count they were created with) would skip part of it.
-  if (n <= 0) n = omp_get_max_threads();
-  n = std::max(1, std::min(n, omp_get_thread_limit()));
+  // The limit is fixed for the process; this runs before every kernel, so it is read once.
+  static const int32_t limit = std::max(1, omp_get_thread_limit());
+  thread_local int32_t current = -1;
+  if (n <= 0) {
+    if (current != -1) return;  // no count asked for: keep this thread's setting once it is clamped
+    n = omp_get_max_threads();
+  }
+  n = std::min(n, limit);
   if (n != current) {
     omp_set_num_threads(n);
     current = n;
