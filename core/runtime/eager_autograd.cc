@@ -7,6 +7,7 @@
 #include <set>
 
 #include "core/base/log.h"
+#include "core/runtime/kernel_dispatch.h"
 
 namespace keel::eager {
 namespace detail {
@@ -128,13 +129,19 @@ const std::set<std::string>& autocast_f32_ops() {
   return s;
 }
 
-bool device_takes_dtype(const std::string& domain, const std::string& op_type, const std::string& device, DType dt) {
-  const Registry& reg = environment().registry();
-  for (const KernelEntry* k : reg.kernels_for(domain, op_type, domain.empty() ? kOpset : 1, device)) {
-    if (k->constraints.empty()) return true;
-    const auto* allowed = k->allowed("T");
-    if (!allowed || std::find(allowed->begin(), allowed->end(), dt) != allowed->end()) return true;
-  }
+// Whether some kernel of `device` takes the call with its float inputs in `dt`: the dispatch module's acceptance
+// (kernel_dispatch.h), the same test the call itself will pass or fail.
+bool device_takes_dtype(const std::string& domain, const std::string& op_type, const std::vector<Tensor>& inputs,
+                        const std::string& device, DType dt) {
+  Node node;
+  node.domain = domain;
+  node.op_type = op_type;
+  dispatch::CallTypes types;
+  for (const Tensor& t : inputs)
+    types.inputs.push_back(!t.defined() ? DType::kUndefined : dtype_is_float(t.dtype()) ? dt : t.dtype());
+  const int32_t opset = domain.empty() ? kOpset : 1;
+  for (const KernelEntry* k : dispatch::ranked_kernels(environment().registry(), node, opset, device))
+    if (dispatch::kernel_accepts(*k, node, opset, types, nullptr)) return true;
   return false;
 }
 
@@ -149,7 +156,7 @@ std::vector<Tensor> adjust_inputs(const std::string& domain, const std::string& 
   const bool onnx = domain.empty();
   if (low != DType::kUndefined && onnx && autocast_low_ops().count(op_type)) {
     std::string dev = inputs[fl[0]].data().location().device_type;
-    if (device_takes_dtype(domain, op_type, dev, low)) {
+    if (device_takes_dtype(domain, op_type, inputs, dev, low)) {
       target = low;
     } else {
       std::string key = op_type + "@" + dev;

@@ -22,6 +22,7 @@ namespace {
 const keel_core_api_t* g_host = nullptr;
 std::mutex g_mu;
 int g_relu_runs = 0;
+int g_matmul_runs = 0;
 std::map<std::string, int> g_copies;  // "H2D" / "D2H" / "D2D" / "H2H" -> count
 
 keel_status_t acc_count(void*, int32_t* n) {
@@ -56,6 +57,34 @@ keel_status_t acc_relu(void*, keel_kernel_context_t* ctx) {
   ++g_relu_runs;
   return nullptr;
 }
+// [M,K] x [K,N] in f32 only (its type constraint says so), for autocast's choice of dtype on a device.
+keel_status_t acc_matmul(void*, keel_kernel_context_t* ctx) {
+  const keel_kernel_api_t* k = g_host->kernel;
+  const keel_tensor_t* a = k->input(ctx, 0);
+  const keel_tensor_t* b = k->input(ctx, 1);
+  if (a->dtype != KEEL_DTYPE_F32 || b->dtype != KEEL_DTYPE_F32 || a->ndim != 2 || b->ndim != 2 ||
+      a->dims[1] != b->dims[0])
+    return g_host->status_create(KEEL_STATUS_UNIMPLEMENTED, "acc: 2-D f32 MatMul only");
+  const int64_t m = a->dims[0], kk = a->dims[1], n = b->dims[1];
+  const int64_t dims[2] = {m, n};
+  keel_tensor_t* y = nullptr;
+  if (keel_status_t st = k->output(ctx, 0, 2, dims, &y)) return st;
+  const float* pa = static_cast<const float*>(a->data);
+  const float* pb = static_cast<const float*>(b->data);
+  float* py = static_cast<float*>(y->data);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      float acc = 0;
+      for (int64_t p = 0; p < kk; ++p) acc += pa[i * kk + p] * pb[p * n + j];
+      py[i * n + j] = acc;
+    }
+  std::lock_guard<std::mutex> lock(g_mu);
+  ++g_matmul_runs;
+  return nullptr;
+}
+const int32_t kAccF32[] = {KEEL_DTYPE_F32};
+const keel_type_constraint_t kAccF32Only[] = {{KEEL_TYPE_CONSTRAINT_HEADER, "T", kAccF32, 1}};
+
 keel_status_t acc_init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
   g_host = host;
   keel_device_table_t t{};
@@ -78,6 +107,13 @@ keel_status_t acc_init(const keel_core_api_t* host, keel_plugin_handle_t* plugin
   k.since_version = 1;
   k.device_type = "acc";
   k.compute = acc_relu;
+  if (keel_status_t st = host->register_kernel(plugin, &k)) return st;
+  k.name = "acc_matmul_f32";
+  k.op_type = "MatMul";
+  k.since_version = 13;
+  k.constraints = kAccF32Only;
+  k.constraint_count = 1;
+  k.compute = acc_matmul;
   return host->register_kernel(plugin, &k);
 }
 keel_plugin_t make_acc_plugin() {
@@ -177,6 +213,36 @@ TEST_F(EagerFallback, AnOpWithOnlyShapeInputsOnTheDefaultDeviceFallsBackToo) {
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0].device(), "acc");
   EXPECT_EQ(out[0].to_vector<float>(), std::vector<float>(6, 0.f));
+}
+
+// Autocast asks the device's kernels through the dispatch module's acceptance: acc's MatMul takes f32 only, so under
+// bf16 autocast a MatMul on acc runs there in f32 (said once), not in bf16 on the CPU; the CPU takes bf16.
+TEST_F(EagerFallback, AutocastKeepsAnOpInF32OnADeviceWhoseKernelTakesNoLowPrecision) {
+  const std::vector<float> as = {1, 2, 3, 4, 5, 6}, bs = {0.5f, -1, 2, 0.25f, -0.75f, 1.5f};
+  const std::vector<float> want = {2.25f, 4, 7.5f, 6.25f};  // [2,3] x [3,2]
+  eager::Tensor a = eager::from_vector(as, {2, 3}).to("acc");
+  eager::Tensor b = eager::from_vector(bs, {3, 2}).to("acc");
+  eager::Tensor y;
+  std::vector<std::string> said;
+  {
+    log::Target target([&](int32_t, const std::string& m) { said.push_back(m); }, 0);
+    log::Scope scope(&target);
+    eager::AutocastGuard ac(DType::kBF16);
+    for (int i = 0; i < 2; ++i) y = eager::matmul(a, b);
+  }
+  EXPECT_EQ(count_with(said, "autocast: no bf16 kernel for MatMul on acc"), 1) << ::testing::PrintToString(said);
+  EXPECT_EQ(count_with(said, "MatMul has no kernel on acc"), 0) << ::testing::PrintToString(said);
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    EXPECT_EQ(g_matmul_runs, 2);
+  }
+  EXPECT_EQ(y.device(), "acc");
+  EXPECT_EQ(y.dtype(), DType::kF32);
+  EXPECT_EQ(y.to_vector<float>(), want);
+
+  eager::AutocastGuard ac(DType::kBF16);
+  eager::Tensor on_cpu = eager::matmul(eager::from_vector(as, {2, 3}), eager::from_vector(bs, {3, 2}));
+  EXPECT_EQ(on_cpu.dtype(), DType::kBF16) << "the CPU has bf16 MatMul kernels";
 }
 
 TEST_F(EagerFallback, BadInputIsStillAnErrorNotAFallback) {
