@@ -16,6 +16,7 @@ either, so a round's ratio measured the placement more than the engines.
 The models come from ../shared/peers/make_models.py (setup.sh puts them in /tmp/keel-peers/models).
 
   tools/compare_peers.py --models simple_cnn,resnet18,transformer_enc --threads 2 --rounds 3 --iters 20
+  tools/compare_peers.py --baseline /tmp/old/build/bin/keel --peers '' --threads 1,2   # before/after a change
 """
 import argparse
 import json
@@ -70,7 +71,9 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--max-seconds", type=float, default=3.0)
-    ap.add_argument("--peers", default="ort,torch", help="which peers: ort, torch (eager), ts (TorchScript)")
+    ap.add_argument("--peers", default="ort,torch", help="which peers: ort, torch (eager), ts (TorchScript); '' for none")
+    ap.add_argument("--baseline", metavar="KEEL",
+                    help="another keel binary (an older build) run as engine 'base' in the same rounds: before/after")
     ap.add_argument("--verify", action="store_true", help="check Keel's output against the reference first")
     ap.add_argument("--json", help="also write the raw results to this file")
     ap.add_argument("--no-pin", action="store_true",
@@ -84,15 +87,15 @@ def main():
 
     def cmd(engine, model_dir, threads):
         common = ["--iters", str(a.iters), "--warmup", str(a.warmup), "--max-seconds", str(a.max_seconds), "--json"]
-        if engine == "keel":
-            return [a.keel, "--threads", threads, "bench", os.path.join(model_dir, "model.onnx")] + common, None
+        if engine in ("keel", "base"):
+            return [a.keel if engine == "keel" else a.baseline, "--threads", threads, "bench", os.path.join(model_dir, "model.onnx")] + common, None
         if engine == "ort":
             return ["node", os.path.join(a.peers_dir, "ort_bench.js"), model_dir, "--threads", threads] + common, None
         mode = "ts" if engine == "ts" else "eager"
         return (["/usr/bin/python3", os.path.join(a.peers_dir, "torch_bench.py"), model_dir, "--threads", threads,
                  "--mode", mode] + common, torch_env)
 
-    engines = ["keel"] + [p for p in a.peers.split(",") if p]
+    engines = ["keel"] + (["base"] if a.baseline else []) + [p for p in a.peers.split(",") if p]
     raw = []
     rows = []
     for model in a.models.split(","):
