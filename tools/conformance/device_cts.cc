@@ -1655,6 +1655,50 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // DeepLabV3's ASPP over a small map (batch 2, 5x5, 32 channels): 3x3 convolutions with dilation 6 and 5 (every
+    // off-centre tap reads padding only: the oneDNN device runs them as 1x1 convolutions of the centre tap), one with
+    // dilation 2 (taps inside: a real dilated convolution), the global-pool branch (GAP, 1x1, Relu, Resize back to
+    // 5x5), the channel Concat and the 1x1 projection; then a 3x7 map with dilation 4, centre-only along H but not
+    // along W (not a 1x1).
+    OpCase c;
+    c.op = "Chain";
+    c.label = "ASPP: dilated 3x3s whose off-centre taps read only padding (d=6, d=5), d=2, pooled branch, concat";
+    c.inputs = {in("X", {2, 32, 5, 5}), in("W0", {32, 32, 1, 1}, true, -0.3f, 0.3f),
+                in("B0", {32}, true),   in("W1", {32, 32, 3, 3}, true, -0.2f, 0.2f),
+                in("B1", {32}, true),   in("W2", {32, 32, 3, 3}, true, -0.2f, 0.2f),
+                in("B2", {32}, true),   in("W3", {32, 32, 3, 3}, true, -0.2f, 0.2f),
+                in("B3", {32}, true),   in("W4", {32, 32, 1, 1}, true, -0.3f, 0.3f),
+                in("SZ", {4}, true),    in("WP", {32, 160, 1, 1}, true, -0.15f, 0.15f),
+                in("Y", {1, 32, 3, 7}), in("W5", {16, 32, 3, 3}, true, -0.2f, 0.2f)};
+    c.int64_constants = {{10, i64({2, 32, 5, 5})}};
+    auto dilated = [&](std::vector<std::string> ins, int64_t dv) {
+      ChainNode n = conv(std::move(ins), 3, 1, dv);
+      n.attrs["dilations"] = Is({dv, dv});
+      return n;
+    };
+    c.chain = {conv({"X", "W0", "B0"}, 1, 1, 0),
+               {"Relu", {"$0"}, {}},  // $0 $1
+               dilated({"X", "W1", "B1"}, 6),
+               {"Relu", {"$2"}, {}},  // $2 $3
+               dilated({"X", "W2", "B2"}, 2),
+               {"Relu", {"$4"}, {}},  // $4 $5
+               dilated({"X", "W3", "B3"}, 5),
+               {"Relu", {"$6"}, {}},  // $6 $7
+               {"GlobalAveragePool", {"X"}, {}},
+               conv({"$8", "W4"}, 1, 1, 0),                                    // $8 $9
+               {"Relu", {"$9"}, {}},                                           // $10
+               {"Resize", {"$10", "", "", "SZ"}, {{"mode", S("linear")}}},     // $11
+               {"Concat", {"$1", "$3", "$5", "$7", "$11"}, {{"axis", I(1)}}},  // $12
+               conv({"$12", "WP"}, 1, 1, 0),
+               {"Relu", {"$13"}, {}},  // $13 $14
+               dilated({"Y", "W5"}, 4),
+               {"Relu", {"$15"}, {}},                                                   // $15 $16 [1,16,3,7]
+               {"ReduceMean", {"$14"}, {{"axes", Is({1})}, {"keepdims", I(1)}}},        // $17 [2,1,5,5]
+               {"ReduceMean", {"$16"}, {{"axes", Is({1, 2, 3})}, {"keepdims", I(1)}}},  // $18 [1,1,1,1]
+               {"Add", {"$17", "$18"}, {}}};
+    v.push_back(c);
+  }
+  {
     // A 1-D (temporal) convolution block as audio and TCN models have it: dilated convs with BatchNormalization, a
     // 1x1 skip, residual add, pooling, global average pool and a classifier.
     OpCase c;

@@ -135,6 +135,39 @@ bool Builder::conv_as_gemv(size_t i, const Fusion& f, const std::vector<float>& 
 }
 
 // Conv, 2-D, constant weights (and bias).
+// A convolution of which, along every spatial axis, only one kernel tap ever reads inside the input, and reads the
+// output position itself (stride 1, same size): the others read padding only. That is a 1x1 convolution with the
+// live tap's weights; a dilated 3x3 whose dilation is at least the input's size is one (DeepLabV3's ASPP, rates
+// 12/24/36, over the 10x10 map of a 160x160 image: three 1x1 convolutions instead of three dilated ones on oneDNN's
+// brgemm kernel between reorders). On true, *ks is all 1 and *w holds [M, C/g, 1, ...] (the caller resets the
+// dilations and pads); false changes nothing.
+static bool trim_to_centre_tap(const Dims& x, const Dims& y, const Dims& s, const Dims& d, const Dims& pl, Dims* ks,
+                               std::vector<float>* w) {
+  const size_t sp = ks->size();
+  if (prod(*ks) == 1) return false;
+  Dims live(sp);
+  for (size_t k = 0; k < sp; ++k) {
+    if (s[k] != 1 || y[2 + k] != x[2 + k]) return false;
+    int64_t found = -1;
+    for (int64_t t = 0; t < (*ks)[k]; ++t) {
+      const int64_t first = t * d[k] - pl[k], last = y[2 + k] - 1 + t * d[k] - pl[k];  // the input rows tap t reads
+      if (last < 0 || first > x[2 + k] - 1) continue;
+      if (found >= 0 || first != 0) return false;
+      found = t;
+    }
+    if (found < 0) return false;
+    live[k] = found;
+  }
+  const int64_t taps = prod(*ks), rows = static_cast<int64_t>(w->size()) / taps;
+  int64_t at = 0;  // the live tap's index within a [k0, k1, ...] kernel
+  for (size_t k = 0; k < sp; ++k) at = at * (*ks)[k] + live[k];
+  std::vector<float> t(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) t[r] = (*w)[r * taps + at];
+  *w = std::move(t);
+  *ks = Dims(sp, 1);
+  return true;
+}
+
 void Builder::conv(size_t i) {
   const NodeDesc& n = r_.nodes[i];
   if (conv_residual_merged(i)) return;
@@ -202,6 +235,10 @@ void Builder::conv(size_t i) {
 
   // A squeeze-excite Mul folded into this convolution (fold_channel_scale): read its data operand, scale weights.
   if (auto fd = se_folds_.find(n.in[0]); fd != se_folds_.end()) std::tie(src_name, chan_scale) = fd->second;
+  if (trim_to_centre_tap(x, y, s, d, pl, &ks, &w)) {  // (DeepLabV3's ASPP over a small feature map)
+    d = Dims(sp, 1);
+    pl = pr = Dims(sp, 0);
+  }
   const double conv_flops = 2.0 * numel(y) * (C / g) * prod(ks);
   // Groups of 4 channels run as the chain's own step where it takes them (conv_grouped4: f32, 3x3, stride 1 or 2,
   // pads 1, at most a Relu after). Otherwise groups of 4 or 8 channels (ResNeXt's 32 groups, RegNet's 8-channel
