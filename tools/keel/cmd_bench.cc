@@ -2,7 +2,9 @@
 // activation arena, the per-device memory pools (CachingAllocator statistics; --trim gives their cached segments
 // back and reports the release), and (--profile) a per-op-type time breakdown from Session::profile(): steps that a
 // claimed subgraph reported (plugin ABI 1.3, e.g. the oneDNN chains' primitives) count under the ONNX op types they
-// compute (profile_by_op_type); --profile-nodes N adds the N slowest nodes / reported steps.
+// compute (profile_by_op_type); --profile-nodes N adds the N slowest nodes / reported steps. The work of a run
+// (model_work.h: GFLOP of Conv/Gemm/MatMul) gives GFLOP/s, and with keel-host-limits' JSON the fraction of the host's
+// peak at the threads used (fraction_of_peak).
 //
 // Inputs are random (normal floats, small non-negative integers), made once before the timed runs. `--batch N`
 // sets the first dimension of every input whose first dimension is dynamic or 1, and re-infers the shapes;
@@ -13,6 +15,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <map>
@@ -25,6 +30,7 @@
 #include "core/runtime/session.h"
 #include "tools/keel/commands.h"
 #include "tools/keel/memory_report.h"
+#include "tools/keel/model_work.h"
 
 namespace keel::cli {
 namespace {
@@ -44,7 +50,57 @@ struct BenchArgs {
   std::string passes = "auto";
   int shape_variants = SessionOptions{}.shape_variants;
   std::vector<std::string> shapes;  // NAME=D0,D1,...: the shape of an input's random tensor (dynamic dims)
+  std::string host_limits;          // keel-host-limits' JSON ("" = $KEEL_HOST_LIMITS, then its default file)
 };
+
+// The host's peaks as keel-host-limits saved them, for "fraction_of_peak" (empty when there is no such file).
+struct HostLimits {
+  std::string file;
+  double fp32_per_core = 0, fp32_all = 0, int8_per_core = 0, int8_all = 0;
+  int cpus = 0;
+
+  bool known() const { return fp32_per_core > 0; }
+  // The peak at `threads` threads: per core x threads, but never above what every core together reached.
+  double fp32_at(int threads) const { return at(fp32_per_core, fp32_all, threads); }
+  double int8_at(int threads) const { return at(int8_per_core, int8_all, threads); }
+
+ private:
+  double at(double one, double all, int threads) const {
+    if (threads >= cpus) return all > 0 ? all : one * threads;
+    return all > 0 ? std::min(one * threads, all) : one * threads;
+  }
+};
+
+// Reads `asked` (an error when it cannot), else $KEEL_HOST_LIMITS, else keel-host-limits' default file (absent:
+// no limits, no error).
+StatusOr<HostLimits> read_host_limits(const std::string& asked) {
+  std::string file = asked;
+  if (file.empty())
+    if (const char* e = std::getenv("KEEL_HOST_LIMITS"); e && *e) file = e;
+  const bool required = !file.empty();
+  if (file.empty()) {
+    if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) file = std::string(x) + "/keel/host_limits.json";
+    else if (const char* h = std::getenv("HOME"); h && *h) file = std::string(h) + "/.cache/keel/host_limits.json";
+    if (file.empty() || !std::filesystem::exists(file)) return HostLimits{};
+  }
+  std::ifstream in(file);
+  if (!in)
+    return required ? not_found("host limits file '" + file + "' cannot be read") : StatusOr<HostLimits>(HostLimits{});
+  try {
+    const nlohmann::json j = nlohmann::json::parse(in);
+    HostLimits h;
+    h.file = file;
+    h.cpus = j.value("cpus", 0);
+    h.fp32_per_core = j.value("fp32_gflops_per_core", 0.0);
+    h.fp32_all = j.value("fp32_gflops_all_cores", 0.0);
+    h.int8_per_core = j.value("int8_gops_per_core", 0.0);
+    h.int8_all = j.value("int8_gops_all_cores", 0.0);
+    if (!h.known()) return invalid_argument("host limits file '" + file + "' has no fp32_gflops_per_core");
+    return h;
+  } catch (const nlohmann::json::exception& e) {
+    return invalid_argument("host limits file '" + file + "' is not keel-host-limits' JSON: " + e.what());
+  }
+}
 
 double peak_rss_mib() {
   struct rusage ru {};
@@ -162,6 +218,22 @@ int bench(const BenchArgs& a, Globals& g) {
   }
   so.profile = a.profile || a.profile_nodes > 0;
   so.shape_variants = a.shape_variants;
+  auto limits = read_host_limits(a.host_limits);
+  if (!limits.is_ok()) {
+    std::cerr << "keel bench: --host-limits: " << limits.status().to_string() << "\n";
+    return 1;
+  }
+  // The work of one run, counted on the shapes the runs use (the weights are shared, not copied).
+  ModelWork work;
+  {
+    Graph counted = graph;
+    bool reinfer = a.batch > 0;
+    for (const auto& [name, shape] : run_shapes) {
+      counted.value_info[name].shape = shape;
+      reinfer = true;
+    }
+    if (!reinfer || infer_shapes(counted).is_ok()) work = model_work(counted);
+  }
   auto t_create = std::chrono::steady_clock::now();
   auto session = Session::create(*env, std::move(graph), so);
   double create_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_create).count();
@@ -202,6 +274,18 @@ int bench(const BenchArgs& a, Globals& g) {
   auto workspaces = s.workspace_bytes();
   for (const auto& [k, v] : workspaces) workspace += v;
   int threads = env->thread_pool().thread_count();
+  // Achieved GFLOP/s, and the share of the host's peak: the time the counted work would take at the fp32 and int8
+  // peaks of this many threads over the median.
+  const double gflop = work.flops / 1e9, gflops = median > 0 ? gflop / (median / 1000.0) : 0;
+  double fraction = -1;
+  if (limits->known() && median > 0 && work.flops > 0) {
+    const double fp32_s = (work.flops - work.int8_flops) / (limits->fp32_at(threads) * 1e9);
+    const double int8_peak = limits->int8_at(threads);
+    const double int8_s = work.int8_flops == 0 ? 0
+                          : int8_peak > 0      ? work.int8_flops / (int8_peak * 1e9)
+                                               : work.int8_flops / (limits->fp32_at(threads) * 1e9);
+    fraction = (fp32_s + int8_s) / (median / 1000.0);
+  }
 
   // Kernels per op type (where oneDNN ran and where the reference did) and the profile.
   std::map<std::string, std::map<std::string, int>> kernels;  // op -> kernel -> nodes
@@ -281,6 +365,16 @@ int bench(const BenchArgs& a, Globals& g) {
     j["kernel_workspace_bytes"] = workspace;
     j["fallbacks"] = s.fallbacks().size();
     j["shape_variant"] = variant;
+    j["gflop_per_run"] = gflop;
+    j["int8_gflop_per_run"] = work.int8_flops / 1e9;
+    j["gflops"] = gflops;
+    j["work_nodes_unknown"] = work.unknown;
+    if (fraction >= 0) {
+      j["host_limits"] = {{"file", limits->file},
+                          {"fp32_peak_gflops", limits->fp32_at(threads)},
+                          {"int8_peak_gops", limits->int8_at(threads)}};
+      j["fraction_of_peak"] = fraction;
+    }
     nlohmann::json jk;
     for (const auto& [op, m] : kernels)
       for (const auto& [k, n] : m) jk[op][k] = n;
@@ -341,6 +435,23 @@ int bench(const BenchArgs& a, Globals& g) {
   std::cout << "latency    median " << median << " ms, p90 " << p90 << " ms, mean " << mean << " ms, min " << minimum
             << " ms (" << times.size() << " runs after " << a.warmup << " warm-up)\n";
   std::cout << "throughput " << std::setprecision(1) << throughput << " samples/s\n";
+  if (work.flops > 0) {
+    std::cout << "compute    " << std::setprecision(3) << gflop << " GFLOP per run (Conv/Gemm/MatMul"
+              << (work.int8_flops > 0
+                      ? ", " + std::to_string(static_cast<int>(100.0 * work.int8_flops / work.flops)) + "% int8"
+                      : std::string())
+              << (work.unknown > 0 ? "; " + std::to_string(work.unknown) + " node(s) of unknown shape not counted" : "")
+              << "): " << std::setprecision(1) << gflops << " GFLOP/s";
+    if (fraction >= 0)
+      std::cout << ", " << 100 * fraction << "% of this host's peak at " << threads << " thread(s) ("
+                << limits->fp32_at(threads) << " GFLOP/s fp32"
+                << (work.int8_flops > 0
+                        ? ", " + std::to_string(static_cast<int>(limits->int8_at(threads))) + " GOP/s int8"
+                        : std::string())
+                << "; " << limits->file << ")";
+    else std::cout << " (run keel-host-limits for the fraction of this host's peak)";
+    std::cout << "\n";
+  }
   std::cout << "memory     peak resident " << peak_rss_mib() << " MiB; planned activation arena "
             << std::setprecision(3) << arena / (1024.0 * 1024.0) << " MiB";
   for (const auto& [k, v] : arenas) std::cout << " (" << k << " " << v << " B)";
@@ -431,6 +542,9 @@ void add_bench_command(CLI::App& app, Globals& g) {
                   "Shape variants a session builds for a model whose inputs have dynamic dims: each run shape gets "
                   "the graph specialised to it, up to N of them (0 = off)")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--host-limits", a->host_limits,
+                  "keel-host-limits' JSON, for the fraction of the host's peak (default: $KEEL_HOST_LIMITS, then "
+                  "~/.cache/keel/host_limits.json when it exists)");
   cmd->add_flag("--trim", a->trim, "After the runs, trim the device memory pools and report what was released");
   cmd->callback([a, &g] {
     int rc = bench(*a, g);

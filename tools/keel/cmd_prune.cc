@@ -1,6 +1,6 @@
 // `keel prune MODEL.onnx --ratio R --mode channel|magnitude -o OUT.onnx` — runs the `prune` pass (passes/prune) and
-// writes the result, printing parameters (non-zero and total), FLOPs (Conv/Gemm/MatMul MACs x 2 from the inferred
-// value-info shapes) and the model size before and after, with the pass's notes (what was skipped and why).
+// writes the result, printing parameters (non-zero and total), FLOPs (model_work.h: Conv/Gemm/MatMul MACs x 2 from the
+// inferred value-info shapes) and the model size before and after, with the pass's notes (what was skipped and why).
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
@@ -12,6 +12,7 @@
 #include "core/runtime/kernel_context.h"
 #include "core/runtime/onnx_io.h"
 #include "tools/keel/commands.h"
+#include "tools/keel/model_work.h"
 
 namespace keel::cli {
 namespace {
@@ -34,29 +35,7 @@ ModelStats model_stats(const Graph& g) {
     s.params += t.numel();
     for (int64_t i = 0; i < t.numel(); ++i) s.nonzero += t.data<float>()[i] != 0.f;
   }
-  auto shape_of = [&](const std::string& v) -> const Shape* {
-    auto it = g.value_info.find(v);
-    if (it != g.value_info.end() && it->second.shape) return &*it->second.shape;
-    auto in = g.initializers.find(v);
-    return in != g.initializers.end() ? &in->second.shape() : nullptr;
-  };
-  for (NodeId id : g.node_ids()) {
-    const Node* n = g.node(id);
-    if (!n->domain.empty() || n->outputs.empty()) continue;
-    const Shape* out = shape_of(n->outputs[0]);
-    const Shape* w = n->inputs.size() > 1 ? shape_of(n->inputs[1]) : nullptr;
-    if (!out || !w) continue;
-    int64_t on = shape_numel(*out);
-    if (on < 0) continue;
-    if (n->op_type == "Conv" && w->size() >= 3) {
-      int64_t per = 1;
-      for (size_t d = 1; d < w->size(); ++d) per *= (*w)[d];
-      s.flops += 2 * on * per;
-    } else if ((n->op_type == "Gemm" || n->op_type == "MatMul") && w->size() >= 2) {
-      int64_t k = n->op_type == "Gemm" && n->attr_int("transB", 0) ? (*w)[1] : (*w)[w->size() - 2];
-      s.flops += 2 * on * k;
-    }
-  }
+  s.flops = model_work(g).flops;
   return s;
 }
 
