@@ -1,6 +1,7 @@
 // keel/tools/serve/tensor_json.cc — KServe v2 JSON tensors (see tensor_json.h).
 #include "tools/serve/tensor_json.h"
 
+#include <array>
 #include <charconv>
 #include <limits>
 #include <type_traits>
@@ -162,48 +163,63 @@ json to_json_data(const Tensor& t) {
 
 namespace {
 
-bool token_char(char c) {
-  return (c >= '0' && c <= '9') || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E' || c == 't' || c == 'r' ||
-         c == 'u' || c == 'f' || c == 'a' || c == 'l' || c == 's';
+// What each byte is to the array scanner: one table lookup per byte (a chain of comparisons per byte made scanning
+// 60 KB of numbers take about 0.1 ms).
+enum ByteClass : uint8_t { kOther, kSpace, kToken, kOpen, kClose, kComma };
+constexpr std::array<uint8_t, 256> make_byte_classes() {
+  std::array<uint8_t, 256> t{};
+  for (char c : std::string_view("0123456789-+.eEtrufals")) t[static_cast<uint8_t>(c)] = kToken;
+  for (char c : std::string_view(" \t\n\r")) t[static_cast<uint8_t>(c)] = kSpace;
+  t['['] = kOpen;
+  t[']'] = kClose;
+  t[','] = kComma;
+  return t;
 }
-bool space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+constexpr std::array<uint8_t, 256> kByteClass = make_byte_classes();
+uint8_t byte_class(char c) { return kByteClass[static_cast<uint8_t>(c)]; }
+bool space(char c) { return byte_class(c) == kSpace; }
 
 // Parses the array starting at body[i] == '['; on success returns the index after its ']' and appends its tokens.
 // Only numbers-or-booleans-shaped tokens, commas, brackets and whitespace, in JSON's array grammar.
 size_t scan_array(std::string_view body, size_t i, std::vector<std::string_view>& tokens) {
   int depth = 0;
   bool need_value = true, may_close = true;  // after '[': a value or ']'; after ',': a value; after a value: ',' or ']'
-  while (i < body.size()) {
-    const char c = body[i];
-    if (space(c)) {
-      ++i;
-    } else if (c == '[') {
-      if (!need_value) return 0;
-      ++depth;
-      ++i;
-      need_value = true;
-      may_close = true;
-    } else if (c == ']') {
-      if (need_value && !may_close) return 0;
-      --depth;
-      ++i;
-      need_value = false;
-      may_close = true;
-      if (depth == 0) return i;
-    } else if (c == ',') {
-      if (need_value) return 0;
-      ++i;
-      need_value = true;
-      may_close = false;
-    } else if (token_char(c)) {
-      if (!need_value) return 0;
-      const size_t start = i;
-      while (i < body.size() && token_char(body[i])) ++i;
-      tokens.push_back(body.substr(start, i - start));
-      need_value = false;
-      may_close = true;
-    } else {
-      return 0;
+  const char* const data = body.data();
+  const size_t size = body.size();
+  while (i < size) {
+    switch (byte_class(data[i])) {
+      case kSpace: ++i; break;
+      case kOpen:
+        if (!need_value) return 0;
+        ++depth;
+        ++i;
+        need_value = true;
+        may_close = true;
+        break;
+      case kClose:
+        if (need_value && !may_close) return 0;
+        --depth;
+        ++i;
+        need_value = false;
+        may_close = true;
+        if (depth == 0) return i;
+        break;
+      case kComma:
+        if (need_value) return 0;
+        ++i;
+        need_value = true;
+        may_close = false;
+        break;
+      case kToken: {
+        if (!need_value) return 0;
+        const size_t start = i;
+        while (i < size && byte_class(data[i]) == kToken) ++i;
+        tokens.emplace_back(data + start, i - start);
+        need_value = false;
+        may_close = true;
+        break;
+      }
+      default: return 0;
     }
   }
   return 0;
