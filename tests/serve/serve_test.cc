@@ -126,6 +126,13 @@ TEST_F(Serve, JsonAndBinaryEqualInProcessRun) {
       for (size_t i = 0; i < 6; ++i) EXPECT_NEAR(got[i], ref[k].data<float>()[i], 1e-5f) << model << " output " << k;
     }
   }
+  // Brackets inside a string (after an escaped quote) are text, not nesting: the depth limit does not count them.
+  json bracketed = body;
+  bracketed["id"] = "\"quoted\" " + std::string(1000, '[') + "\\" + std::string(1000, '{');
+  auto rq = post("/v2/models/mlp/infer", bracketed.dump());
+  ASSERT_TRUE(rq);
+  ASSERT_EQ(rq->status, 200) << rq->body.substr(0, 200);
+  EXPECT_EQ(json::parse(rq->body)["id"], bracketed["id"]);
   // Output selection.
   body["outputs"] = json::array(
       {json{{"name", json::parse(post("/v2/models/mlp/infer", infer_body(x, 2).dump())->body)["outputs"][1]["name"]}}});
