@@ -274,11 +274,19 @@ int bench(const BenchArgs& a, Globals& g) {
   auto workspaces = s.workspace_bytes();
   for (const auto& [k, v] : workspaces) workspace += v;
   int threads = env->thread_pool().thread_count();
+  // Kernels per op type (where oneDNN ran and where the reference did) and the profile.
+  std::map<std::string, std::map<std::string, int>> kernels;  // op -> kernel -> nodes
+  std::string variant;     // the shape variant the runs used ("" = the graph as created)
+  bool all_on_cpu = true;  // the host's limits describe its CPUs: no fraction for a run on another device
+  for (const auto& [node, op, dev, kernel] : s.placement(&variant)) {
+    kernels[op][dev + ":" + kernel]++;
+    all_on_cpu = all_on_cpu && (dev == "cpu" || dev.rfind("cpu:", 0) == 0);
+  }
   // Achieved GFLOP/s, and the share of the host's peak: the time the counted work would take at the fp32 and int8
   // peaks of this many threads over the median.
   const double gflop = work.flops / 1e9, gflops = median > 0 ? gflop / (median / 1000.0) : 0;
   double fraction = -1;
-  if (limits->known() && median > 0 && work.flops > 0) {
+  if (limits->known() && all_on_cpu && median > 0 && work.flops > 0) {
     const double fp32_s = (work.flops - work.int8_flops) / (limits->fp32_at(threads) * 1e9);
     const double int8_peak = limits->int8_at(threads);
     const double int8_s = work.int8_flops == 0 ? 0
@@ -287,10 +295,6 @@ int bench(const BenchArgs& a, Globals& g) {
     fraction = (fp32_s + int8_s) / (median / 1000.0);
   }
 
-  // Kernels per op type (where oneDNN ran and where the reference did) and the profile.
-  std::map<std::string, std::map<std::string, int>> kernels;  // op -> kernel -> nodes
-  std::string variant;  // the shape variant the runs used ("" = the graph as created)
-  for (const auto& [node, op, dev, kernel] : s.placement(&variant)) kernels[op][dev + ":" + kernel]++;
   const bool profiling = so.profile;
   const std::vector<NodeProfile> prof = profiling ? s.profile() : std::vector<NodeProfile>{};
   const std::vector<OpTypeProfile> ops = profile_by_op_type(prof);
@@ -449,7 +453,8 @@ int bench(const BenchArgs& a, Globals& g) {
                         ? ", " + std::to_string(static_cast<int>(limits->int8_at(threads))) + " GOP/s int8"
                         : std::string())
                 << "; " << limits->file << ")";
-    else std::cout << " (run keel-host-limits for the fraction of this host's peak)";
+    else if (!limits->known() && all_on_cpu)
+      std::cout << " (run keel-host-limits for the fraction of this host's peak)";
     std::cout << "\n";
   }
   std::cout << "memory     peak resident " << peak_rss_mib() << " MiB; planned activation arena "
