@@ -251,8 +251,8 @@ std::string cpu_model() {
   std::string line;
   while (std::getline(in, line))
     if (line.rfind("model name", 0) == 0) {
-      const auto colon = line.find(':');
-      return colon == std::string::npos ? line : line.substr(line.find_first_not_of(' ', colon + 1));
+      const auto value = line.find_first_not_of(" \t", line.find(':') == std::string::npos ? 0 : line.find(':') + 1);
+      return value == std::string::npos ? "unknown" : line.substr(value);
     }
   return "unknown";
 }
