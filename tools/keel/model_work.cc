@@ -48,9 +48,14 @@ ModelWork model_work(const Graph& g) {
     // The slots of data and weight, and whether the op is quantized by definition.
     size_t x = 0, wt = 1;
     bool quantized = false;
-    if (op == "QLinearConv" || op == "QLinearMatMul") wt = 3, quantized = true;
-    else if (op == "ConvInteger" || op == "MatMulInteger") quantized = true;
-    else if (op != "Conv" && op != "ConvTranspose" && op != "Gemm" && op != "MatMul") continue;
+    if (op == "QLinearConv" || op == "QLinearMatMul") {
+      wt = 3;  // after x, x_scale, x_zero_point
+      quantized = true;
+    } else if (op == "ConvInteger" || op == "MatMulInteger") {
+      quantized = true;
+    } else if (op != "Conv" && op != "ConvTranspose" && op != "Gemm" && op != "MatMul") {
+      continue;
+    }
     const Shape* y = out_shape(n);
     const Shape* xs = shape_of(n, x);
     const Shape* ws = shape_of(n, wt);
