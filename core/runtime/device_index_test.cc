@@ -21,104 +21,25 @@
 #include "core/runtime/eager.h"
 #include "core/runtime/onnx_io.h"
 #include "core/runtime/session.h"
+#include "tests/common/fake_device.h"
 
 namespace keel {
 namespace {
 
-// ---- A fake accelerator with two devices ------------------------------------------------------------------------
-const keel_core_api_t* g_host = nullptr;
-std::mutex g_mu;
-std::map<int32_t, int> g_allocs;      // device index -> allocate calls
-std::map<int32_t, int> g_relu_on;     // device index reported by the kernel context -> Relu runs
-std::vector<std::string> g_copy_log;  // "kind src->dst"
-bool g_peer = false;                  // whether the devices report KEEL_DEVICE_CAP_PEER_COPY
+// ---- A fake accelerator with two devices (tests/common/fake_device.h) -------------------------------------------
+testkit::FakeDevice g_duo;  // type "duo", 2 devices; capabilities say whether it reports KEEL_DEVICE_CAP_PEER_COPY
 
-void reset_counters() {
-  std::lock_guard<std::mutex> lock(g_mu);
-  g_allocs.clear();
-  g_relu_on.clear();
-  g_copy_log.clear();
-}
-
-keel_status_t duo_count(void*, int32_t* n) {
-  *n = 2;
-  return nullptr;
-}
-keel_status_t duo_props(void*, int32_t device, keel_device_properties_t* p) {
-  if (device < 0 || device > 1) return g_host->status_create(KEEL_STATUS_OUT_OF_RANGE, "duo: no such device");
-  std::snprintf(p->name, sizeof p->name, "duo device %d", device);
-  p->capabilities = g_peer ? KEEL_DEVICE_CAP_PEER_COPY : 0;
-  return nullptr;
-}
-keel_status_t duo_alloc(void*, int32_t device, uint64_t bytes, uint64_t, void** out) {
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    ++g_allocs[device];
-  }
-  *out = std::malloc(bytes ? bytes : 1);
-  return nullptr;
-}
-void duo_free(void*, int32_t, void* p) { std::free(p); }
-keel_status_t duo_copy(void*, int32_t kind, int32_t dst_dev, void* dst, int32_t src_dev, const void* src, uint64_t n,
-                       keel_stream_t) {
-  static const char* kinds[] = {"H2D", "D2H", "D2D", "H2H"};
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    g_copy_log.push_back(std::string(kinds[kind & 3]) + " " + std::to_string(src_dev) + "->" + std::to_string(dst_dev));
-  }
-  std::memcpy(dst, src, n);
-  return nullptr;
-}
-keel_status_t duo_relu(void*, keel_kernel_context_t* ctx) {
-  const keel_kernel_api_t* k = g_host->kernel;
-  const keel_tensor_t* x = k->input(ctx, 0);
-  keel_tensor_t* y = nullptr;
-  if (keel_status_t st = k->output(ctx, 0, x->ndim, x->dims, &y)) return st;
-  const int32_t dev = k->device_index(ctx);
-  if (x->device_index != dev || y->device_index != dev) {
-    return g_host->status_create(KEEL_STATUS_INTERNAL, "duo: tensors are not on the context's device");
-  }
-  const float* in = static_cast<const float*>(x->data);
-  float* out = static_cast<float*>(y->data);
-  for (uint64_t i = 0; i < x->byte_size / 4; ++i) out[i] = in[i] > 0 ? in[i] : 0;
-  std::lock_guard<std::mutex> lock(g_mu);
-  ++g_relu_on[dev];
-  return nullptr;
-}
 keel_status_t duo_init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
-  g_host = host;
-  keel_device_table_t t{};
-  t.struct_size = sizeof t;
-  t.abi_major = KEEL_PLUGIN_ABI_MAJOR;
-  t.abi_minor = KEEL_PLUGIN_ABI_MINOR;
-  t.device_type = "duo";
-  t.device_count = duo_count;
-  t.get_properties = duo_props;
-  t.allocate = duo_alloc;
-  t.free = duo_free;
-  t.copy = duo_copy;
+  g_duo.type = "duo";
+  g_duo.count = 2;
+  g_duo.host = host;
+  const keel_device_table_t t = g_duo.table();
   if (keel_status_t st = host->register_device(plugin, &t)) return st;
-  keel_kernel_def_t k{};
-  k.struct_size = sizeof k;
-  k.abi_major = KEEL_PLUGIN_ABI_MAJOR;
-  k.abi_minor = KEEL_PLUGIN_ABI_MINOR;
-  k.name = "duo_relu";
-  k.op_type = "Relu";
-  k.since_version = 1;
-  k.device_type = "duo";
-  k.compute = duo_relu;
+  keel_kernel_def_t k = testkit::kernel_def("duo_relu", "Relu", 1, "duo", testkit::fake_relu);
+  k.user_data = &g_duo;
   return host->register_kernel(plugin, &k);
 }
-const keel_plugin_t kDuoPlugin = {.struct_size = sizeof(keel_plugin_t),
-                                  .abi_major = KEEL_PLUGIN_ABI_MAJOR,
-                                  .abi_minor = KEEL_PLUGIN_ABI_MINOR,
-                                  .name = "duo",
-                                  .version = "1.0",
-                                  .kind = KEEL_PLUGIN_KIND_DEVICE,
-                                  .init = duo_init,
-                                  .shutdown = nullptr,
-                                  .init_instance = nullptr,
-                                  .shutdown_instance = nullptr};
+const keel_plugin_t kDuoPlugin = testkit::device_plugin("duo", duo_init);
 
 std::unique_ptr<Environment> make_env() {
   EnvironmentOptions o;
@@ -217,7 +138,7 @@ TEST(DeviceIndexSession, CpuZeroRunsAndCpuOneIsAClearError) {
 TEST(DeviceIndexSession, KernelsGetTheIndexAndMemoryComesFromItsPool) {
   auto env = make_env();
   for (int32_t index : {1, 0}) {
-    reset_counters();
+    g_duo.reset_counts();
     SessionOptions opts;
     opts.devices = {"duo:" + std::to_string(index)};
     auto s = Session::create(*env, relu_neg(), opts);
@@ -226,15 +147,15 @@ TEST(DeviceIndexSession, KernelsGetTheIndexAndMemoryComesFromItsPool) {
     ASSERT_TRUE(out.is_ok()) << out.status().to_string();
     const float want[] = {0, -2, 0, -4, 0, -6};
     for (int i = 0; i < 6; ++i) EXPECT_EQ(out.value()[0].data<float>()[i], want[i]);
-    std::lock_guard<std::mutex> lock(g_mu);
-    EXPECT_EQ(g_relu_on.size(), 1u);
-    EXPECT_EQ(g_relu_on[index], 1) << "the kernel context reported another device index";
-    EXPECT_EQ(g_allocs.size(), 1u);
-    EXPECT_GT(g_allocs[index], 0) << "no memory from duo:" << index;
+    std::lock_guard<std::mutex> lock(g_duo.mu);
+    EXPECT_EQ(g_duo.relu_runs.size(), 1u);
+    EXPECT_EQ(g_duo.relu_runs[index], 1) << "the kernel context reported another device index";
+    EXPECT_EQ(g_duo.allocations.size(), 1u);
+    EXPECT_GT(g_duo.allocations[index], 0) << "no memory from duo:" << index;
     // host -> duo:index (input), duo:index -> host (for Neg on the CPU)
-    ASSERT_EQ(g_copy_log.size(), 2u);
-    EXPECT_EQ(g_copy_log[0], "H2D 0->" + std::to_string(index));
-    EXPECT_EQ(g_copy_log[1], "D2H " + std::to_string(index) + "->0");
+    ASSERT_EQ(g_duo.copy_log.size(), 2u);
+    EXPECT_EQ(g_duo.copy_log[0], "H2D 0->" + std::to_string(index));
+    EXPECT_EQ(g_duo.copy_log[1], "D2H " + std::to_string(index) + "->0");
   }
   auto stats = env->memory_stats();
   EXPECT_TRUE(stats.count("duo:1")) << "no pool for duo:1";
@@ -267,19 +188,19 @@ TEST(DeviceIndexCopy, PeerCopyWhenTheDeviceHasOneElseThroughTheHost) {
   void* d1 = a1.value()->allocate(16).value();
   const Location at0{"duo", 0}, at1{"duo", 1}, host{"cpu", 0};
   for (bool peer : {true, false}) {
-    g_peer = peer;
-    reset_counters();
+    g_duo.capabilities = peer ? KEEL_DEVICE_CAP_PEER_COPY : 0;
+    g_duo.reset_counts();
     ASSERT_TRUE(env->copy(d0, at0, src_host, host, 16).is_ok());
     ASSERT_TRUE(env->copy(d1, at1, d0, at0, 16).is_ok());
     float back[4] = {};
     ASSERT_TRUE(env->copy(back, host, d1, at1, 16).is_ok());
     for (int i = 0; i < 4; ++i) EXPECT_EQ(back[i], src_host[i]);
-    std::lock_guard<std::mutex> lock(g_mu);
+    std::lock_guard<std::mutex> lock(g_duo.mu);
     std::vector<std::string> want = peer ? std::vector<std::string>{"H2D 0->0", "D2D 0->1", "D2H 1->0"}
                                          : std::vector<std::string>{"H2D 0->0", "D2H 0->0", "H2D 0->1", "D2H 1->0"};
-    EXPECT_EQ(g_copy_log, want) << (peer ? "peer" : "staged");
+    EXPECT_EQ(g_duo.copy_log, want) << (peer ? "peer" : "staged");
   }
-  g_peer = false;
+  g_duo.capabilities = 0;
   auto bad = env->copy(d1, Location{"duo", 5}, d0, at0, 16);
   EXPECT_EQ(bad.code(), StatusCode::kOutOfRange) << bad.to_string();
   a0.value()->free(d0);
@@ -291,7 +212,7 @@ TEST(DeviceIndexCopy, PeerCopyWhenTheDeviceHasOneElseThroughTheHost) {
 TEST(DeviceIndexEager, ToMovesBetweenIndicesAndOpsRunThere) {
   std::shared_ptr<Environment> env = make_env();
   eager::init(env);
-  reset_counters();
+  g_duo.reset_counts();
   eager::Tensor x(Tensor::f32({2, 2}, {-1, 2, -3, 4}));
   eager::Tensor on1 = x.to("duo:1");
   EXPECT_EQ(on1.device(), "duo:1");
@@ -302,10 +223,10 @@ TEST(DeviceIndexEager, ToMovesBetweenIndicesAndOpsRunThere) {
   EXPECT_EQ(z.data().location().to_string(), "duo:0");
   EXPECT_EQ(z.to("cpu").to_vector<float>(), (std::vector<float>{0, 2, 0, 4}));
   {
-    std::lock_guard<std::mutex> lock(g_mu);
-    EXPECT_EQ(g_relu_on[1], 1);
-    EXPECT_EQ(g_relu_on.count(0), 0u);
-    EXPECT_GT(g_allocs[1], 0);
+    std::lock_guard<std::mutex> lock(g_duo.mu);
+    EXPECT_EQ(g_duo.relu_runs[1], 1);
+    EXPECT_EQ(g_duo.relu_runs.count(0), 0u);
+    EXPECT_GT(g_duo.allocations[1], 0);
   }
   // Same device: *this; a device that does not exist: an Error naming it.
   EXPECT_EQ(on1.to("duo:1").impl(), on1.impl());

@@ -1,7 +1,7 @@
 // Eager ops on a device that lacks kernels: a call the device has no kernel for runs on the CPU (inputs copied to the
 // host, outputs back to the device), with one warning per op type; results and gradients equal the CPU's and stay on
 // the device. A test plugin exposes one device of type "acc" in its own memory (the core treats it as device memory,
-// as it does CUDA's) with a single kernel, Relu; no GPU is needed.
+// as it does CUDA's; tests/common/fake_device.h) with two kernels, Relu and an f32-only MatMul; no GPU is needed.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,48 +15,16 @@
 
 #include "core/base/log.h"
 #include "core/runtime/eager.h"
+#include "tests/common/fake_device.h"
 
 namespace keel {
 namespace {
 
 const keel_core_api_t* g_host = nullptr;
+testkit::FakeDevice g_acc;  // type "acc": Relu (testkit::fake_relu) and an f32-only MatMul
 std::mutex g_mu;
-int g_relu_runs = 0;
 int g_matmul_runs = 0;
-std::map<std::string, int> g_copies;  // "H2D" / "D2H" / "D2D" / "H2H" -> count
 
-keel_status_t acc_count(void*, int32_t* n) {
-  *n = 1;
-  return nullptr;
-}
-keel_status_t acc_props(void*, int32_t, keel_device_properties_t*) { return nullptr; }
-keel_status_t acc_alloc(void*, int32_t, uint64_t bytes, uint64_t, void** out) {
-  *out = std::malloc(bytes ? bytes : 1);
-  return nullptr;
-}
-void acc_free(void*, int32_t, void* p) { std::free(p); }
-keel_status_t acc_copy(void*, int32_t kind, int32_t, void* dst, int32_t, const void* src, uint64_t n, keel_stream_t) {
-  static const char* kinds[] = {"H2D", "D2H", "D2D", "H2H"};
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    ++g_copies[kinds[kind & 3]];
-  }
-  std::memcpy(dst, src, n);
-  return nullptr;
-}
-keel_status_t acc_relu(void*, keel_kernel_context_t* ctx) {
-  const keel_kernel_api_t* k = g_host->kernel;
-  const keel_tensor_t* x = k->input(ctx, 0);
-  if (x->dtype != KEEL_DTYPE_F32) return g_host->status_create(KEEL_STATUS_UNIMPLEMENTED, "acc: f32 only");
-  keel_tensor_t* y = nullptr;
-  if (keel_status_t st = k->output(ctx, 0, x->ndim, x->dims, &y)) return st;
-  const float* in = static_cast<const float*>(x->data);
-  float* out = static_cast<float*>(y->data);
-  for (uint64_t i = 0; i < x->byte_size / 4; ++i) out[i] = in[i] > 0 ? in[i] : 0;
-  std::lock_guard<std::mutex> lock(g_mu);
-  ++g_relu_runs;
-  return nullptr;
-}
 // [M,K] x [K,N] in f32 only (its type constraint says so), for autocast's choice of dtype on a device.
 keel_status_t acc_matmul(void*, keel_kernel_context_t* ctx) {
   const keel_kernel_api_t* k = g_host->kernel;
@@ -87,51 +55,24 @@ const keel_type_constraint_t kAccF32Only[] = {{KEEL_TYPE_CONSTRAINT_HEADER, "T",
 
 keel_status_t acc_init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
   g_host = host;
-  keel_device_table_t t{};
-  t.struct_size = sizeof t;
-  t.abi_major = KEEL_PLUGIN_ABI_MAJOR;
-  t.abi_minor = KEEL_PLUGIN_ABI_MINOR;
-  t.device_type = "acc";
-  t.device_count = acc_count;
-  t.get_properties = acc_props;
-  t.allocate = acc_alloc;
-  t.free = acc_free;
-  t.copy = acc_copy;
+  g_acc.type = "acc";
+  g_acc.host = host;
+  const keel_device_table_t t = g_acc.table();
   if (keel_status_t st = host->register_device(plugin, &t)) return st;
-  keel_kernel_def_t k{};
-  k.struct_size = sizeof k;
-  k.abi_major = KEEL_PLUGIN_ABI_MAJOR;
-  k.abi_minor = KEEL_PLUGIN_ABI_MINOR;
-  k.name = "acc_relu";
-  k.op_type = "Relu";
-  k.since_version = 1;
-  k.device_type = "acc";
-  k.compute = acc_relu;
+  keel_kernel_def_t k = testkit::kernel_def("acc_relu", "Relu", 1, "acc", testkit::fake_relu);
+  k.user_data = &g_acc;
   if (keel_status_t st = host->register_kernel(plugin, &k)) return st;
-  k.name = "acc_matmul_f32";
-  k.op_type = "MatMul";
-  k.since_version = 13;
+  k = testkit::kernel_def("acc_matmul_f32", "MatMul", 13, "acc", acc_matmul);
   k.constraints = kAccF32Only;
   k.constraint_count = 1;
-  k.compute = acc_matmul;
   return host->register_kernel(plugin, &k);
 }
-keel_plugin_t make_acc_plugin() {
-  keel_plugin_t p{};
-  p.struct_size = sizeof p;
-  p.abi_major = KEEL_PLUGIN_ABI_MAJOR;
-  p.abi_minor = KEEL_PLUGIN_ABI_MINOR;
-  p.name = "acc";
-  p.version = "1.0";
-  p.kind = KEEL_PLUGIN_KIND_DEVICE;
-  p.init = acc_init;
-  return p;
-}
-const keel_plugin_t kAccPlugin = make_acc_plugin();
+const keel_plugin_t kAccPlugin = testkit::device_plugin("acc", acc_init);
 
 class EagerFallback : public ::testing::Test {
  protected:
   void SetUp() override {
+    g_acc.reset_counts();
     EnvironmentOptions o;
     o.discover_plugins = false;
     o.threads = 1;
@@ -174,10 +115,7 @@ TEST_F(EagerFallback, MissingOpsRunOnTheCpuWithOneWarningPerOpTypeAndResultsStay
   EXPECT_EQ(count_with(warned, "Exp has no kernel on acc"), 1) << ::testing::PrintToString(warned);
   EXPECT_EQ(count_with(warned, "Add has no kernel on acc"), 1) << ::testing::PrintToString(warned);
   EXPECT_EQ(count_with(warned, "Relu"), 0) << "Relu has a kernel on acc";
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    EXPECT_EQ(g_relu_runs, 3);
-  }
+  { EXPECT_EQ(g_acc.relu_runs_on(0), 3); }
   EXPECT_EQ(y.device(), "acc");
   std::vector<float> got = y.to_vector<float>();
   ASSERT_EQ(got.size(), xs.size());

@@ -19,6 +19,7 @@
 #include "core/runtime/eager.h"
 #include "core/runtime/kernel_context.h"
 #include "core/runtime/session.h"
+#include "tests/common/fake_device.h"
 
 namespace keel {
 namespace {
@@ -71,18 +72,10 @@ keel_status_t add_relu(const keel_core_api_t* host, keel_plugin_handle_t* plugin
                        const keel_type_constraint_t* constraints,
                        keel_status_t (*create)(void*, keel_kernel_context_t*, void**),
                        keel_status_t (*compute)(void*, keel_kernel_context_t*)) {
-  keel_kernel_def_t k{};
-  k.struct_size = sizeof k;
-  k.abi_major = KEEL_PLUGIN_ABI_MAJOR;
-  k.abi_minor = KEEL_PLUGIN_ABI_MINOR;
-  k.name = name;
-  k.op_type = "Relu";
-  k.since_version = 1;
-  k.device_type = "cpu";
+  keel_kernel_def_t k = testkit::kernel_def(name, "Relu", 1, "cpu", compute);
   k.constraints = constraints;
   k.constraint_count = constraints ? 1 : 0;
   k.create = create;
-  k.compute = compute;
   return host->register_kernel(plugin, &k);
 }
 
@@ -94,18 +87,7 @@ keel_status_t test_init(const keel_core_api_t* host, keel_plugin_handle_t* plugi
   return add_relu(host, plugin, "t_f32", kOnlyF32, nullptr, f32_compute);
 }
 
-keel_plugin_t make_test_plugin() {
-  keel_plugin_t p{};
-  p.struct_size = sizeof p;
-  p.abi_major = KEEL_PLUGIN_ABI_MAJOR;
-  p.abi_minor = KEEL_PLUGIN_ABI_MINOR;
-  p.name = "dispatch_test";
-  p.version = "1.0";
-  p.kind = KEEL_PLUGIN_KIND_DEVICE;
-  p.init = test_init;
-  return p;
-}
-const keel_plugin_t kTestPlugin = make_test_plugin();
+const keel_plugin_t kTestPlugin = testkit::device_plugin("dispatch_test", test_init);
 
 class Dispatch : public ::testing::Test {
  protected:

@@ -2,6 +2,7 @@
 #include "core/runtime/session.h"
 
 #include "core/runtime/onnx_io.h"
+#include "tests/common/fake_device.h"
 
 #include <gtest/gtest.h>
 
@@ -20,42 +21,13 @@
 namespace keel {
 namespace {
 
-// ---- A fake accelerator: "device memory" is malloc'd but not host-addressable as far as the core knows, so the
-// core must insert copies. It runs Relu (and claims Sigmoid->Sigmoid chains as one subgraph); nothing else.
+// ---- A fake accelerator (tests/common/fake_device.h): "device memory" is malloc'd but not host-addressable as far
+// as the core knows, so the core must insert copies. It runs Relu (and claims Sigmoid->Sigmoid chains as one
+// subgraph); nothing else.
 const keel_core_api_t* g_host = nullptr;
-int g_copies = 0;
-int g_relu_runs = 0;
+testkit::FakeDevice g_fake;
 int g_claim_runs = 0;
 
-keel_status_t fake_count(void*, int32_t* n) {
-  *n = 1;
-  return nullptr;
-}
-keel_status_t fake_props(void*, int32_t, keel_device_properties_t* p) {
-  std::snprintf(p->name, sizeof p->name, "fake accelerator");
-  return nullptr;
-}
-keel_status_t fake_alloc(void*, int32_t, uint64_t bytes, uint64_t, void** out) {
-  *out = std::malloc(bytes ? bytes : 1);
-  return nullptr;
-}
-void fake_free(void*, int32_t, void* p) { std::free(p); }
-keel_status_t fake_copy(void*, int32_t, int32_t, void* dst, int32_t, const void* src, uint64_t n, keel_stream_t) {
-  ++g_copies;
-  std::memcpy(dst, src, n);
-  return nullptr;
-}
-keel_status_t fake_relu(void*, keel_kernel_context_t* ctx) {
-  const keel_kernel_api_t* k = g_host->kernel;
-  const keel_tensor_t* x = k->input(ctx, 0);
-  keel_tensor_t* y = nullptr;
-  if (keel_status_t st = k->output(ctx, 0, x->ndim, x->dims, &y)) return st;
-  const float* in = static_cast<const float*>(x->data);
-  float* out = static_cast<float*>(y->data);
-  for (uint64_t i = 0; i < x->byte_size / 4; ++i) out[i] = in[i] > 0 ? in[i] : 0;
-  ++g_relu_runs;
-  return nullptr;
-}
 keel_status_t fake_sigmoid_chain(void*, keel_kernel_context_t* ctx) {
   const keel_kernel_api_t* k = g_host->kernel;
   const keel_tensor_t* x = k->input(ctx, 0);
@@ -93,45 +65,20 @@ keel_status_t fake_claim(void*, const keel_graph_t* g, const keel_graph_api_t* a
 }
 keel_status_t fake_init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
   g_host = host;
-  keel_device_table_t t{};
-  t.struct_size = sizeof t;
-  t.abi_major = KEEL_PLUGIN_ABI_MAJOR;
-  t.device_type = "fake";
-  t.device_count = fake_count;
-  t.get_properties = fake_props;
-  t.allocate = fake_alloc;
-  t.free = fake_free;
-  t.copy = fake_copy;
+  g_fake.host = host;
+  keel_device_table_t t = g_fake.table();
   t.claim_subgraphs = fake_claim;
   if (keel_status_t st = host->register_device(plugin, &t)) return st;
-  keel_kernel_def_t k{};
-  k.struct_size = sizeof k;
-  k.abi_major = KEEL_PLUGIN_ABI_MAJOR;
-  k.name = "fake_relu";
-  k.op_type = "Relu";
-  k.since_version = 1;
-  k.device_type = "fake";
-  k.compute = fake_relu;
+  keel_kernel_def_t k = testkit::kernel_def("fake_relu", "Relu", 1, "fake", testkit::fake_relu);
+  k.user_data = &g_fake;
   if (keel_status_t st = host->register_kernel(plugin, &k)) return st;
   // A CPU kernel that outranks the reference one but rejects every case at run time.
-  k.name = "picky_neg";
-  k.op_type = "Neg";
-  k.device_type = "cpu";
-  k.compute = [](void*, keel_kernel_context_t*) -> keel_status_t {
+  k = testkit::kernel_def("picky_neg", "Neg", 1, "cpu", [](void*, keel_kernel_context_t*) -> keel_status_t {
     return g_host->status_create(KEEL_STATUS_UNIMPLEMENTED, "picky: cannot do this case");
-  };
+  });
   return host->register_kernel(plugin, &k);
 }
-const keel_plugin_t kFakePlugin = {.struct_size = sizeof(keel_plugin_t),
-                                   .abi_major = KEEL_PLUGIN_ABI_MAJOR,
-                                   .abi_minor = KEEL_PLUGIN_ABI_MINOR,
-                                   .name = "fake",
-                                   .version = "1.0",
-                                   .kind = KEEL_PLUGIN_KIND_DEVICE,
-                                   .init = fake_init,
-                                   .shutdown = nullptr,
-                                   .init_instance = nullptr,
-                                   .shutdown_instance = nullptr};
+const keel_plugin_t kFakePlugin = testkit::device_plugin("fake", fake_init);
 
 std::unique_ptr<Environment> make_env() {
   EnvironmentOptions o;
@@ -173,7 +120,7 @@ TEST(Session, RunsOnTheReferenceCpu) {
 
 TEST(Session, PrefersTheDeviceAndFallsBackToCpuWithAReason) {
   auto env = make_env();
-  g_copies = g_relu_runs = 0;
+  g_fake.reset_counts();
   SessionOptions opts;
   opts.devices = {"fake"};
   auto s = Session::create(*env, relu_neg_relu(), opts);
@@ -186,9 +133,9 @@ TEST(Session, PrefersTheDeviceAndFallsBackToCpuWithAReason) {
   EXPECT_NE(fb[0].reason.find("no kernel"), std::string::npos) << fb[0].reason;
   auto out = s.value()->run({{"x", Tensor::f32({2, 3}, {-1, 2, -3, 4, -5, 6})}});
   ASSERT_TRUE(out.is_ok()) << out.status().to_string();
-  EXPECT_EQ(g_relu_runs, 2);
+  EXPECT_EQ(g_fake.relu_runs_on(0), 2);
   // host->fake, fake->host (for Neg), host->fake (for the second Relu), and the output back to the host.
-  EXPECT_EQ(g_copies, 4);
+  EXPECT_EQ(g_fake.total_copies(), 4);
   EXPECT_TRUE(out.value()[0].location().is_host());
   int copy_steps = 0;
   for (auto& [name, op, dev, kernel] : s.value()->placement()) copy_steps += op == "Copy";
