@@ -988,8 +988,9 @@ void add_int8_cases(std::vector<OpCase>& v) {
   }
   // The same, in sizes the cpu_onednn plugin's own quantization loops (onednn_int8_quant.cc) split differently:
   // channel counts that are multiples of 4 but not of 16 and pixel counts that are not multiples of 16 (the plain ->
-  // channels-last transpose's tails), channel counts that are not multiples of 4 (left to oneDNN), and tensors of
-  // 2^20 elements or more (quantized on the whole thread team). f32 outputs, so that one quantization step off in X
+  // channels-last transpose's tails), channel counts that are not multiples of 4 (a last partial group of 4: alone for
+  // an RGB image or a single channel, after whole groups for 6 and 13), and tensors of 2^20 elements or more
+  // (quantized on the whole thread team). f32 outputs, so that one quantization step off in X
   // shows.
   struct FB {
     int64_t C, H, W, K;
@@ -1000,7 +1001,8 @@ void add_int8_cases(std::vector<OpCase>& v) {
   const FB fbs[] = {{13, 11, 11, 16, DType::kU8, 128, false}, {24, 40, 40, 16, DType::kI8, -3, false},
                     {20, 45, 40, 24, DType::kU8, 7, true},    {6, 5, 3, 8, DType::kI8, 0, false},
                     {12, 7, 5, 8, DType::kU8, 3, false},      {24, 215, 215, 16, DType::kI8, -3, false},
-                    {20, 240, 220, 24, DType::kU8, 7, true}};
+                    {20, 240, 220, 24, DType::kU8, 7, true},  {3, 57, 61, 8, DType::kU8, 128, false},
+                    {1, 9, 9, 4, DType::kI8, 0, false}};
   for (const FB& f : fbs) {
     OpCase c;
     c.op = "QConv";
@@ -3360,6 +3362,26 @@ void add_int8_chain_cases(std::vector<OpCase>& v) {
                qc({"$1", "Wp", "Bp", "Sd", "Zd", "WSp", "", "", "X"}, 1, 1, 1, "",
                   {{"input_layout", S("NHWC")}, {"output_layout", S("NHWC")}, {"residual_layout", S("NCHW")}}),
                qc({"$2", "Wn", "Bn", "Sx", "Zx", "WSn", "Sn", "Zn"}, 1, 1, 1, "Relu", nhwc_io)};
+    c.claim_whole = true;
+    v.push_back(c);
+  }
+  // An image's stem: f32 X with fewer channels than a group of 4 (3, an RGB image) or a partial group after whole
+  // ones (6), quantized by the chain into the first QConv's channels-last bytes (the plugin's own loop, any channel
+  // count), a 7x7 / 3x3 stride-2 QConv with Relu, then a 1x1 to f32; batch 2 and a spatial size that is not a multiple
+  // of 16 (a masked tail).
+  for (const int64_t channels : {int64_t{3}, int64_t{6}}) {
+    OpCase c;
+    c.op = "Chain";
+    c.label = "int8 stem: f32 image with " + std::to_string(channels) +
+              " channels -> QConv s2 +Relu (X quantized into channels-last) -> QConv 1x1 -> f32";
+    const int64_t k = channels == 3 ? 7 : 3;
+    c.inputs = {in("X", {2, channels, 19, 21}, false, -2.f, 2.f)};
+    act_q(c, "x", 0.02f, 128);
+    layer(c, "s", 16, channels, k, 0.004f);
+    act_q(c, "s", 0.03f, 0);
+    layer(c, "p", 8, 16, 1, 0.004f);
+    c.chain = {qc({"X", "Ws", "Bs", "Sx", "Zx", "WSs", "Ss", "Zs"}, k, 2, 1, "Relu", {{"output_layout", S("NHWC")}}),
+               qc({"$0", "Wp", "Bp", "Ss", "Zs", "WSp"}, 1, 1, 1, "", {{"input_layout", S("NHWC")}})};
     c.claim_whole = true;
     v.push_back(c);
   }

@@ -63,8 +63,9 @@ KEEL_AVX512 void quantize_range(const float* x, uint8_t* y, int64_t begin, int64
 }
 
 // Pixel blocks [b0, b1) (16 pixels each, over all images: block b = image b / blocks, pixels 16 * (b % blocks)...)
-// of x [N, C, S] into y [N, S, C] (C a multiple of 4): four channels at a time, their 16 quantized bytes interleaved
-// into 4-byte groups (one per pixel) and stored at the pixel's channels.
+// of x [N, C, S] into y [N, S, C], any C: four channels at a time, their 16 quantized bytes interleaved into 4-byte
+// groups (one per pixel) and stored at the pixel's channels; a last group of 1-3 channels (a 3-channel image) reads
+// only its own channels and stores their bytes one by one.
 KEEL_AVX512 void to_nhwc_range(const float* x, uint8_t* y, int64_t C, int64_t S, int64_t b0, int64_t b1,
                                const QuantizeSpec& q) {
   const Consts k = consts(q);
@@ -75,9 +76,11 @@ KEEL_AVX512 void to_nhwc_range(const float* x, uint8_t* y, int64_t C, int64_t S,
     const float* xs = x + n * C * S + p0;
     uint8_t* yd = y + (n * S + p0) * C;
     for (int64_t c = 0; c < C; c += 4) {
+      const int64_t have = std::min<int64_t>(4, C - c);
       __m128i r[4];
       for (int j = 0; j < 4; ++j)
-        r[j] = _mm512_cvtepi32_epi8(quantize16(_mm512_maskz_loadu_ps(m, xs + (c + j) * S), k));
+        r[j] = j < have ? _mm512_cvtepi32_epi8(quantize16(_mm512_maskz_loadu_ps(m, xs + (c + j) * S), k))
+                        : _mm_setzero_si128();
       const __m128i ab_lo = _mm_unpacklo_epi8(r[0], r[1]), ab_hi = _mm_unpackhi_epi8(r[0], r[1]);
       const __m128i cd_lo = _mm_unpacklo_epi8(r[2], r[3]), cd_hi = _mm_unpackhi_epi8(r[2], r[3]);
       alignas(16) uint32_t px[16];  // pixel i: channels c..c+3
@@ -85,7 +88,17 @@ KEEL_AVX512 void to_nhwc_range(const float* x, uint8_t* y, int64_t C, int64_t S,
       _mm_store_si128(reinterpret_cast<__m128i*>(px + 4), _mm_unpackhi_epi16(ab_lo, cd_lo));
       _mm_store_si128(reinterpret_cast<__m128i*>(px + 8), _mm_unpacklo_epi16(ab_hi, cd_hi));
       _mm_store_si128(reinterpret_cast<__m128i*>(px + 12), _mm_unpackhi_epi16(ab_hi, cd_hi));
-      for (int64_t i = 0; i < np; ++i) std::memcpy(yd + i * C + c, &px[i], 4);
+      if (have == 4) {
+        for (int64_t i = 0; i < np; ++i) std::memcpy(yd + i * C + c, &px[i], 4);
+      } else if (have == C) {
+        // One partial group (C < 4): each pixel's 4-byte store spills into the next pixel of this block, which is
+        // stored after it; the block's last pixel gets its bytes one by one.
+        for (int64_t i = 0; i + 1 < np; ++i) std::memcpy(yd + i * C, &px[i], 4);
+        for (int64_t j = 0; j < have; ++j) yd[(np - 1) * C + j] = static_cast<uint8_t>(px[np - 1] >> (8 * j));
+      } else {
+        for (int64_t i = 0; i < np; ++i)
+          for (int64_t j = 0; j < have; ++j) yd[i * C + c + j] = static_cast<uint8_t>(px[i] >> (8 * j));
+      }
     }
   }
 }

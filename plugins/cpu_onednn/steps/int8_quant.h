@@ -30,8 +30,8 @@ struct QuantizeSpec {
 // n elements in the same layout.
 void quantize_f32(const float* x, void* y, int64_t n, const QuantizeSpec& q, int threads);
 
-// x: [N, C, S] (plain NCHW with S = H * W); y: [N, S, C] bytes (channels-last). C must be a multiple of 4
-// (four channels are interleaved at a time; callers leave other counts to oneDNN, e.g. a 3-channel image).
+// x: [N, C, S] (plain NCHW with S = H * W); y: [N, S, C] bytes (channels-last), any C (four channels are interleaved
+// at a time; a 3-channel image is one partial group).
 void quantize_f32_to_nhwc(const float* x, void* y, int64_t N, int64_t C, int64_t S, const QuantizeSpec& q, int threads);
 
 // x: [N, ceil(C/16), S, 16] f32 (oneDNN's nChw16c, a partial last block padded); y: [N, S, C] bytes (channels-last),

@@ -81,8 +81,7 @@ Val Builder::quantized(const std::string& name, const QuantSetup& q, const md_t&
   if (int8_own_kernels()) {
     if (with_dtype(v.md, want.data_type()) == want && v.md.get_size() == static_cast<size_t>(n) * sizeof(float)) {
       st.kind = Int8QuantizeStep::Kind::kSame, how = "own_quantize:avx512";
-    } else if (to_last && is_plain_dense(v.md) && C % 4 == 0) {
-      // (Whole groups of 4 channels only: see kernels/int8.cc.)
+    } else if (to_last && is_plain_dense(v.md)) {
       st.kind = Int8QuantizeStep::Kind::kToNhwc, how = "own_quantize_to_nhwc:avx512";
     } else if (to_last && v.md == md_t(v.md.dims(), dt::f32, blocked16_tag(d.size()))) {
       st.kind = Int8QuantizeStep::Kind::kBlocked, how = "own_quantize_nChw16c_to_nhwc:avx512";
