@@ -58,7 +58,8 @@ TEST(TensorJson, TokensBecomeValuesOfTheDtypeOrAreRefused) {
 
   Tensor i = Tensor::from_vector<int64_t>(DType::kI64, {1}, {0});
   for (const char* bad : {"1.5", "1e3", "true", "99999999999999999999", "+1"}) {
-    const LiftedData b = lift_data_arrays(std::string(R"({"data": [)") + bad + "]}");
+    const std::string body = std::string(R"({"data": [)") + bad + "]}";  // the tokens are views into it
+    const LiftedData b = lift_data_arrays(body);
     ASSERT_EQ(b.arrays.size(), 1u) << bad;
     EXPECT_FALSE(fill_tensor_from_tokens(b.arrays[0], i)) << bad;
   }
