@@ -989,7 +989,8 @@ void add_int8_cases(std::vector<OpCase>& v) {
   // The same, in sizes the cpu_onednn plugin's own quantization loops (onednn_int8_quant.cc) split differently:
   // channel counts that are multiples of 4 but not of 16 and pixel counts that are not multiples of 16 (the plain ->
   // channels-last transpose's tails), channel counts that are not multiples of 4 (a last partial group of 4: alone for
-  // an RGB image or a single channel, after whole groups for 6 and 13), and tensors of 2^20 elements or more
+  // an RGB image, one or two channels, with pixel counts that end a block of 16 exactly, where a store that spills
+  // past the block would write past the tensor; after whole groups for 6 and 13), and tensors of 2^20 elements or more
   // (quantized on the whole thread team). f32 outputs, so that one quantization step off in X
   // shows.
   struct FB {
@@ -1002,7 +1003,8 @@ void add_int8_cases(std::vector<OpCase>& v) {
                     {20, 45, 40, 24, DType::kU8, 7, true},    {6, 5, 3, 8, DType::kI8, 0, false},
                     {12, 7, 5, 8, DType::kU8, 3, false},      {24, 215, 215, 16, DType::kI8, -3, false},
                     {20, 240, 220, 24, DType::kU8, 7, true},  {3, 57, 61, 8, DType::kU8, 128, false},
-                    {1, 9, 9, 4, DType::kI8, 0, false}};
+                    {1, 9, 9, 4, DType::kI8, 0, false},       {1, 8, 8, 4, DType::kU8, 9, false},
+                    {2, 4, 8, 4, DType::kU8, 128, false}};
   for (const FB& f : fbs) {
     OpCase c;
     c.op = "QConv";

@@ -91,10 +91,12 @@ KEEL_AVX512 void to_nhwc_range(const float* x, uint8_t* y, int64_t C, int64_t S,
       if (have == 4) {
         for (int64_t i = 0; i < np; ++i) std::memcpy(yd + i * C + c, &px[i], 4);
       } else if (have == C) {
-        // One partial group (C < 4): each pixel's 4-byte store spills into the next pixel of this block, which is
-        // stored after it; the block's last pixel gets its bytes one by one.
-        for (int64_t i = 0; i + 1 < np; ++i) std::memcpy(yd + i * C, &px[i], 4);
-        for (int64_t j = 0; j < have; ++j) yd[(np - 1) * C + j] = static_cast<uint8_t>(px[np - 1] >> (8 * j));
+        // One partial group (C < 4): a pixel's 4-byte store spills into the following pixels of this block, which
+        // are stored after it; the pixels whose 4 bytes would reach past the block get theirs one by one.
+        int64_t i = 0;
+        for (; i * C + 4 <= np * C; ++i) std::memcpy(yd + i * C, &px[i], 4);
+        for (; i < np; ++i)
+          for (int64_t j = 0; j < C; ++j) yd[i * C + j] = static_cast<uint8_t>(px[i] >> (8 * j));
       } else {
         for (int64_t i = 0; i < np; ++i)
           for (int64_t j = 0; j < have; ++j) yd[i * C + c + j] = static_cast<uint8_t>(px[i] >> (8 * j));
