@@ -303,15 +303,9 @@ keel_status_t register_cpu_claimer(const keel_core_api_t* host, keel_plugin_hand
   c.device_type = "cpu";
   c.claim_subgraphs = claim;
   if (keel_status_t st = host->register_claimer(plugin, &c)) return st;
-  keel_kernel_def_t k{};
-  k.struct_size = sizeof k;
-  k.abi_major = KEEL_PLUGIN_ABI_MAJOR;
-  k.name = noop_name;
+  keel_kernel_def_t k = testkit::kernel_def(noop_name, "Noop", 1, "cpu",
+                                            [](void*, keel_kernel_context_t*) -> keel_status_t { return nullptr; });
   k.domain = noop_domain;
-  k.op_type = "Noop";
-  k.since_version = 1;
-  k.device_type = "cpu";
-  k.compute = [](void*, keel_kernel_context_t*) -> keel_status_t { return nullptr; };
   return host->register_kernel(plugin, &k);
 }
 keel_status_t claimer_init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {

@@ -35,6 +35,8 @@
 #include <thread>
 #include <vector>
 
+#include "host_limits_file.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -258,9 +260,8 @@ std::string cpu_model() {
 }
 
 std::filesystem::path default_output() {
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::filesystem::path(x) / "keel/host_limits.json";
-  if (const char* h = std::getenv("HOME"); h && *h) return std::filesystem::path(h) / ".cache/keel/host_limits.json";
-  return "host_limits.json";
+  const std::filesystem::path shared = keel::default_host_limits_file();
+  return shared.empty() ? std::filesystem::path("host_limits.json") : shared;
 }
 
 }  // namespace

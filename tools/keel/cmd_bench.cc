@@ -28,6 +28,7 @@
 #include "core/base/thread_pool.h"
 #include "core/runtime/onnx_io.h"
 #include "core/runtime/session.h"
+#include "tools/host_limits/host_limits_file.h"
 #include "tools/keel/commands.h"
 #include "tools/keel/memory_report.h"
 #include "tools/keel/model_work.h"
@@ -79,8 +80,7 @@ StatusOr<HostLimits> read_host_limits(const std::string& asked) {
     if (const char* e = std::getenv("KEEL_HOST_LIMITS"); e && *e) file = e;
   const bool required = !file.empty();
   if (file.empty()) {
-    if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) file = std::string(x) + "/keel/host_limits.json";
-    else if (const char* h = std::getenv("HOME"); h && *h) file = std::string(h) + "/.cache/keel/host_limits.json";
+    file = default_host_limits_file().string();
     if (file.empty() || !std::filesystem::exists(file)) return HostLimits{};
   }
   std::ifstream in(file);
