@@ -511,3 +511,65 @@ TEST(ServeShutdown, SigtermUnderLoadLosesNoAcceptedRequestAndFullQueueIs429) {
 }
 
 }  // namespace
+
+// Every run of a served model happens on its instance's own thread, whichever HTTP thread took the request: oneDNN's
+// OpenMP gives every thread that starts parallel work a team of threads for the rest of its life, and once a process
+// holds more of them than CPUs GNU OpenMP stops spinning between parallel regions (every region then pays a sleep and
+// a wake-up: MobileNetV2 ran at half speed in the server). So requests from many connections, which land on many
+// HTTP threads, must leave the server's thread count where the first request left it. Fails when requests run on the
+// HTTP threads (each one that runs a request gains an OpenMP thread) or when the build runs on the loading thread.
+TEST(ServeThreads, RequestsFromManyConnectionsRunOnTheInstanceThreadAlone) {
+  std::signal(SIGPIPE, SIG_IGN);
+  const fs::path repo = fs::temp_directory_path() / ("keel_serve_threads_" + std::to_string(getpid()));
+  fs::remove_all(repo);
+  // A convolution large enough that oneDNN splits it over both threads: x f32 [1, 16, 48, 48] -> [1, 32, 48, 48].
+  GraphBuilder g("conv", 17);
+  auto x = g.input("x", DType::kF32, {1, 16, 48, 48});
+  std::vector<float> w(32 * 16 * 9);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.01f * static_cast<float>(static_cast<int>(i % 13) - 6);
+  g.output(
+      g.op1("Conv", {x, g.constant("W", Tensor::f32({32, 16, 3, 3}, w))},
+            {{"kernel_shape", keel::Attribute::of_ints({3, 3})}, {"pads", keel::Attribute::of_ints({1, 1, 1, 1})}}));
+  auto bytes = keel::serialize_onnx(g.take());
+  ASSERT_TRUE(bytes.is_ok()) << bytes.status().to_string();
+  write(repo / "conv" / "1" / "model.onnx", bytes.value());
+  write(repo / "conv" / "config.toml", "threads = 2\n");
+  ServerProcess server;
+  ASSERT_TRUE(server.start(repo, {"--http-threads", "8"})) << server.log;
+  const json body{{"inputs", json::array({json{{"name", "x"},
+                                               {"datatype", "FP32"},
+                                               {"shape", {1, 16, 48, 48}},
+                                               {"data", std::vector<float>(16 * 48 * 48, 0.5f)}}})}};
+  const std::string text = body.dump();
+  auto threads_now = [&] {
+    size_t n = 0;
+    for ([[maybe_unused]] const auto& e : fs::directory_iterator("/proc/" + std::to_string(server.pid) + "/task")) ++n;
+    return n;
+  };
+  {
+    auto r = server.client()->Post("/v2/models/conv/infer", text, "application/json");
+    ASSERT_TRUE(r && r->status == 200) << (r ? r->body : "no response");
+  }
+  const size_t after_first = threads_now();
+  // Eight connections one after the other (each on whichever HTTP thread is free), then four at once.
+  int ok = 0;
+  for (int c = 0; c < 8; ++c) {
+    auto r = server.client()->Post("/v2/models/conv/infer", text, "application/json");
+    ok += r && r->status == 200;
+  }
+  std::atomic<int> ok_concurrent{0};
+  std::vector<std::thread> clients;
+  for (int c = 0; c < 4; ++c)
+    clients.emplace_back([&] {
+      for (int i = 0; i < 3; ++i) {
+        auto r = server.client()->Post("/v2/models/conv/infer", text, "application/json");
+        ok_concurrent += r && r->status == 200;
+      }
+    });
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(ok, 8);
+  EXPECT_EQ(ok_concurrent.load(), 12);
+  EXPECT_EQ(threads_now(), after_first) << "requests started threads of their own: they ran outside the instance";
+  EXPECT_EQ(server.terminate(), 0);
+  fs::remove_all(repo);
+}

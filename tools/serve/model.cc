@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include "core/base/pass_manager.h"
@@ -243,58 +244,83 @@ StatusOr<std::unique_ptr<ServedModel>> ServedModel::create(Environment& env, std
                                                                                     "a first dim of 1 dynamic)"
                                                                                   : ""));
   }
-  // The passes run once here, so that every instance is built from one graph and shares its initializers.
-  if (!passes.empty()) {
-    KEEL_RETURN_IF_ERROR(graph.validate(), who);
-    KEEL_RETURN_IF_ERROR(infer_shapes(graph), who + ": shape inference");
-    std::string target;
-    if (!m->config_.device.empty()) {
-      KEEL_ASSIGN_OR_RETURN(DeviceSpec spec, env.device(m->config_.device), who);
-      target = spec.type;
-    } else {
-      const auto types = env.registry().device_types();
-      target = types.empty() ? "cpu" : types.front();
-    }
-    KEEL_ASSIGN_OR_RETURN(auto pipeline, parse_pipeline_list(join(passes)), who + ": passes");
-    keel_graph_s view;
-    view.graph = &graph;
-    view.env = &env;
-    PassManager pm(env.registry(), graph_api());
-    KEEL_ASSIGN_OR_RETURN(auto reports, pm.run(graph, &view, pipeline, target), who + ": passes");
-    for (const auto& r : reports)
-      spdlog::debug("{}: pass {}: {} -> {} nodes", who, r.pass, r.nodes_before, r.nodes_after);
-  }
+  // Every instance is built, warmed up and run on its own worker thread, never on the caller's thread or an HTTP
+  // thread: oneDNN's OpenMP gives every thread that starts parallel work a team of threads for the rest of that
+  // thread's life, and once a process holds more OpenMP threads than CPUs, GNU OpenMP stops spinning between parallel
+  // regions, so that every region pays a sleep and a wake-up (MobileNetV2 at 2 threads ran 5.6 ms a request in the
+  // server against 2.5 ms in `keel bench` while HTTP threads ran requests and the loading thread had built). One
+  // thread per instance keeps the OpenMP threads at `instances x threads`. Instance 0 runs the passes (once, so that
+  // every instance is built from one graph and shares its initializers), builds, warms up; the others share its build.
+  const size_t n = static_cast<size_t>(m->config_.instances);
+  m->sessions_.resize(n);
   SessionOptions so;
   if (!m->config_.device.empty()) so.devices = {m->config_.device};
   so.threads = static_cast<int32_t>(m->config_.threads > 0 ? m->config_.threads : default_threads);
-  // Instance 0 builds; the others share its build (kernels with their prepacked weights, variants, plans) and have
-  // their own thread pools: one copy of the weights whatever the number of instances.
-  for (int64_t i = 0; i < m->config_.instances; ++i) {
-    so.share_weights_with = i == 0 ? nullptr : m->sessions_[0].get();
-    KEEL_ASSIGN_OR_RETURN(auto session, Session::create(env, graph, so), who + " instance " + std::to_string(i));
-    m->sessions_.push_back(std::move(session));
-  }
-  // Warm-up: one run of zeros per batch size (other dynamic dims 1), so that the first requests of each size do not
-  // pay for building its shape variant (the instances share the build, so instance 0's runs serve them all).
-  for (int64_t rows : m->config_.warmup_batch_sizes) {
-    std::vector<std::pair<std::string, Tensor>> feeds;
-    for (const auto& spec : m->inputs_) {
-      Shape shape = spec.shape;
-      for (size_t d = 0; d < shape.size(); ++d)
-        if (shape[d] < 0) shape[d] = d == 0 ? rows : 1;
-      KEEL_ASSIGN_OR_RETURN(Tensor t, Tensor::host(spec.dtype, shape), who + ": warm-up input " + spec.name);
-      feeds.emplace_back(spec.name, std::move(t));
+  ServedModel* p = m.get();
+  auto build_first = [&]() -> Status {
+    if (!passes.empty()) {
+      KEEL_RETURN_IF_ERROR(graph.validate(), who);
+      KEEL_RETURN_IF_ERROR(infer_shapes(graph), who + ": shape inference");
+      std::string target;
+      if (!p->config_.device.empty()) {
+        KEEL_ASSIGN_OR_RETURN(DeviceSpec spec, env.device(p->config_.device), who);
+        target = spec.type;
+      } else {
+        const auto types = env.registry().device_types();
+        target = types.empty() ? "cpu" : types.front();
+      }
+      KEEL_ASSIGN_OR_RETURN(auto pipeline, parse_pipeline_list(join(passes)), who + ": passes");
+      keel_graph_s view;
+      view.graph = &graph;
+      view.env = &env;
+      PassManager pm(env.registry(), graph_api());
+      KEEL_ASSIGN_OR_RETURN(auto reports, pm.run(graph, &view, pipeline, target), who + ": passes");
+      for (const auto& r : reports)
+        spdlog::debug("{}: pass {}: {} -> {} nodes", who, r.pass, r.nodes_before, r.nodes_after);
     }
-    const auto t0 = clock::now();
-    KEEL_ASSIGN_OR_RETURN(auto out, m->sessions_[0]->run(feeds), who + ": warm-up at batch " + std::to_string(rows));
-    spdlog::info("{}: warm-up at batch {}: {:.1f} ms", who, rows,
-                 std::chrono::duration<double, std::milli>(clock::now() - t0).count());
+    KEEL_ASSIGN_OR_RETURN(p->sessions_[0], Session::create(env, graph, so), who + " instance 0");
+    // Warm-up: one run of zeros per batch size (other dynamic dims 1), so that the first requests of each size do
+    // not pay for building its shape variant (the instances share the build, so instance 0's runs serve them all).
+    for (int64_t rows : p->config_.warmup_batch_sizes) {
+      std::vector<std::pair<std::string, Tensor>> feeds;
+      for (const auto& spec : p->inputs_) {
+        Shape shape = spec.shape;
+        for (size_t d = 0; d < shape.size(); ++d)
+          if (shape[d] < 0) shape[d] = d == 0 ? rows : 1;
+        KEEL_ASSIGN_OR_RETURN(Tensor t, Tensor::host(spec.dtype, shape), who + ": warm-up input " + spec.name);
+        feeds.emplace_back(spec.name, std::move(t));
+      }
+      const auto t0 = clock::now();
+      KEEL_ASSIGN_OR_RETURN(auto out, p->sessions_[0]->run(feeds), who + ": warm-up at batch " + std::to_string(rows));
+      spdlog::info("{}: warm-up at batch {}: {:.1f} ms", who, rows,
+                   std::chrono::duration<double, std::milli>(clock::now() - t0).count());
+    }
+    // Output shapes that the file does not declare: as the first instance inferred them.
+    for (auto& s : p->outputs_)
+      if (!s.has_shape || s.dtype == DType::kUndefined) s = spec_of(p->sessions_[0]->graph(), s.name);
+    return Status::ok();
+  };
+  for (size_t i = 0; i < n; ++i) {
+    // The start function runs on the instance's thread while this one waits for it (its references stay valid).
+    std::function<Status()> start = [&, i]() -> Status {
+      if (i == 0) return build_first();
+      SessionOptions shared = so;
+      shared.share_weights_with = p->sessions_[0].get();
+      KEEL_ASSIGN_OR_RETURN(p->sessions_[i], Session::create(env, graph, shared),
+                            who + " instance " + std::to_string(i));
+      return Status::ok();
+    };
+    std::promise<Status> started;
+    std::future<Status> ready = started.get_future();
+    m->workers_.emplace_back([p, i, start = std::move(start), started = std::move(started)]() mutable {
+      Status st = start();
+      const bool ok = st.is_ok();
+      started.set_value(std::move(st));
+      if (ok) p->worker(i);
+    });
+    // On failure ~ServedModel stops and joins the instances started so far.
+    if (Status st = ready.get(); !st.is_ok()) return st;
   }
-  // Output shapes that the file does not declare: as the first instance inferred them.
-  for (auto& s : m->outputs_)
-    if (!s.has_shape || s.dtype == DType::kUndefined) s = spec_of(m->sessions_[0]->graph(), s.name);
-  m->busy_.assign(m->sessions_.size(), false);
-  for (size_t i = 0; i < m->sessions_.size(); ++i) m->workers_.emplace_back([p = m.get(), i] { p->worker(i); });
   return m;
 }
 
@@ -355,27 +381,17 @@ StatusOr<std::future<Result>> ServedModel::submit(std::vector<Tensor> inputs, cl
       *why = Failure::kQueueFull;
       return unavailable("model " + name_ + ": queue full (" + std::to_string(config_.max_queue_size) + " requests)");
     }
-    // Nothing to wait for (no batching delay), nothing queued and an instance idle: run on the caller's thread,
-    // saving the hand-offs to a worker and back.
-    if (queue_.empty() && (config_.max_batch_size == 0 || config_.max_queue_delay_us == 0)) {
-      for (size_t i = 0; i < busy_.size(); ++i) {
-        if (busy_[i]) continue;
-        busy_[i] = true;
-        lk.unlock();
-        Batch batch{std::move(r)};
-        execute(*sessions_[i], batch);
-        lk.lock();
-        busy_[i] = false;
-        lk.unlock();
-        cv_.notify_all();
-        return fut;
-      }
-    }
     queue_.push_back(std::move(r));
     metrics_.pending++;
   }
   cv_.notify_all();
   return fut;
+}
+
+std::chrono::microseconds ServedModel::spin_budget() const {
+  const int64_t run = recent_run_us_.load(std::memory_order_relaxed);
+  if (run >= kSpinBelowUs || metrics_.pending.load(std::memory_order_relaxed) > 0) return std::chrono::microseconds(0);
+  return std::chrono::microseconds(2 * run + 50);
 }
 
 bool ServedModel::compatible(const Request& a, const Request& b) const {
@@ -389,7 +405,7 @@ bool ServedModel::compatible(const Request& a, const Request& b) const {
   return true;
 }
 
-ServedModel::Batch ServedModel::next_batch(std::unique_lock<std::mutex>& lk, size_t instance) {
+ServedModel::Batch ServedModel::next_batch(std::unique_lock<std::mutex>& lk) {
   const auto delay = std::chrono::microseconds(config_.max_queue_delay_us);
   const int64_t max_rows = config_.max_batch_size;
   const int64_t preferred = config_.preferred_batch_sizes.empty() ? max_rows : config_.preferred_batch_sizes.back();
@@ -414,15 +430,10 @@ ServedModel::Batch ServedModel::next_batch(std::unique_lock<std::mutex>& lk, siz
       cv_.wait(lk);
       continue;
     }
-    if (busy_[instance]) {  // a caller runs on this instance (submit's inline path)
-      cv_.wait(lk);
-      continue;
-    }
     const auto front = queue_.front();
     if (max_rows == 0) {
       queue_.pop_front();
       metrics_.pending--;
-      busy_[instance] = true;
       return {front};
     }
     int64_t rows = 0;
@@ -449,7 +460,6 @@ ServedModel::Batch ServedModel::next_batch(std::unique_lock<std::mutex>& lk, siz
       }
     }
     metrics_.pending -= static_cast<int64_t>(batch.size());
-    busy_[instance] = true;
     return batch;
   }
 }
@@ -460,16 +470,12 @@ void ServedModel::worker(size_t instance) {
     Batch batch;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      batch = next_batch(lk, instance);
+      batch = next_batch(lk);
     }
     if (batch.empty()) return;  // stopping, and nothing left to finish
     // Another worker may be able to start the next batch now.
     cv_.notify_one();
     execute(session, batch);
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      busy_[instance] = false;
-    }
   }
 }
 
@@ -518,6 +524,8 @@ void ServedModel::execute(Session& session, Batch& batch) {
   const auto t_input = clock::now();
   auto out = session.run(feeds);
   const auto t_infer = clock::now();
+  const auto run_us = static_cast<int64_t>(us(t_input, t_infer));
+  recent_run_us_.store((3 * recent_run_us_.load(std::memory_order_relaxed) + run_us) / 4, std::memory_order_relaxed);
   metrics_.compute_input_us += us(start, t_input) * n;
   metrics_.compute_infer_us += us(t_input, t_infer) * n;
   metrics_.execution_count++;

@@ -639,12 +639,19 @@ void Server::handle_infer(const httplib::Request& req, httplib::Response& res) {
   }
   const auto deadline = clock::now() + std::chrono::microseconds(timeout_us);
   Failure why = Failure::kBadRequest;
+  const auto spin = m.spin_budget();  // before this request joins the queue
   auto fut = m.submit(std::move(inputs), deadline, &why);
   if (!fut.is_ok()) {
     const int status = why == Failure::kQueueFull ? 429 : why == Failure::kUnavailable ? 503 : 400;
     return fail(why, status, fut.status().message());
   }
   // A request that started running before its deadline gets its result; the wait is still bounded.
+  // A short run on an idle instance ends sooner than a sleeping thread would wake: poll for it first.
+  if (spin.count() > 0) {
+    const auto spin_until = clock::now() + spin;
+    while (fut->wait_for(std::chrono::seconds(0)) != std::future_status::ready && clock::now() < spin_until)
+      std::this_thread::yield();
+  }
   if (fut->wait_until(deadline + std::chrono::milliseconds(options_.request_timeout_ms)) != std::future_status::ready)
     return fail(Failure::kTimeout, 504,
                 "no result within " + std::to_string(timeout_us / 1000 + options_.request_timeout_ms) + " ms");
