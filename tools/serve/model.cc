@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -249,13 +250,16 @@ StatusOr<std::unique_ptr<ServedModel>> ServedModel::create(Environment& env, std
   // thread's life, and once a process holds more OpenMP threads than CPUs, GNU OpenMP stops spinning between parallel
   // regions, so that every region pays a sleep and a wake-up (MobileNetV2 at 2 threads ran 5.6 ms a request in the
   // server against 2.5 ms in `keel bench` while HTTP threads ran requests and the loading thread had built). One
-  // thread per instance keeps the OpenMP threads at `instances x threads`. Instance 0 runs the passes (once, so that
+  // thread per instance keeps the OpenMP threads at `instances x threads`. (A single-threaded instance starts no team,
+  // so submit() lets a caller run it inline.) Instance 0 runs the passes (once, so that
   // every instance is built from one graph and shares its initializers), builds, warms up; the others share its build.
   const size_t n = static_cast<size_t>(m->config_.instances);
   m->sessions_.resize(n);
+  m->busy_.assign(n, false);
   SessionOptions so;
   if (!m->config_.device.empty()) so.devices = {m->config_.device};
   so.threads = static_cast<int32_t>(m->config_.threads > 0 ? m->config_.threads : default_threads);
+  m->single_threaded_ = so.threads == 1;  // no OpenMP team: submit() may run a request on the caller's thread
   ServedModel* p = m.get();
   auto build_first = [&]() -> Status {
     if (!passes.empty()) {
@@ -313,7 +317,12 @@ StatusOr<std::unique_ptr<ServedModel>> ServedModel::create(Environment& env, std
     std::promise<Status> started;
     std::future<Status> ready = started.get_future();
     m->workers_.emplace_back([p, i, start = std::move(start), started = std::move(started)]() mutable {
-      Status st = start();
+      Status st;
+      try {
+        st = start();
+      } catch (const std::exception& e) {  // an exception must not end the server from this thread
+        st = internal_error(std::string("building the instance: ") + e.what());
+      }
       const bool ok = st.is_ok();
       started.set_value(std::move(st));
       if (ok) p->worker(i);
@@ -381,17 +390,28 @@ StatusOr<std::future<Result>> ServedModel::submit(std::vector<Tensor> inputs, cl
       *why = Failure::kQueueFull;
       return unavailable("model " + name_ + ": queue full (" + std::to_string(config_.max_queue_size) + " requests)");
     }
+    // A single-threaded instance (no OpenMP team to multiply, see create()) that is idle, with nothing queued and no
+    // batching delay to wait for, runs the request on the caller's thread: no hand-off to a worker and back, which
+    // costs a small model more than its run (two wake-ups, about 0.1 ms on a virtual machine).
+    if (single_threaded_ && queue_.empty() && (config_.max_batch_size == 0 || config_.max_queue_delay_us == 0)) {
+      for (size_t i = 0; i < busy_.size(); ++i) {
+        if (busy_[i]) continue;
+        busy_[i] = true;
+        lk.unlock();
+        Batch batch{std::move(r)};
+        execute(*sessions_[i], batch);
+        lk.lock();
+        busy_[i] = false;
+        lk.unlock();
+        cv_.notify_all();
+        return fut;
+      }
+    }
     queue_.push_back(std::move(r));
     metrics_.pending++;
   }
   cv_.notify_all();
   return fut;
-}
-
-std::chrono::microseconds ServedModel::spin_budget() const {
-  const int64_t run = recent_run_us_.load(std::memory_order_relaxed);
-  if (run >= kSpinBelowUs || metrics_.pending.load(std::memory_order_relaxed) > 0) return std::chrono::microseconds(0);
-  return std::chrono::microseconds(2 * run + 50);
 }
 
 bool ServedModel::compatible(const Request& a, const Request& b) const {
@@ -405,7 +425,7 @@ bool ServedModel::compatible(const Request& a, const Request& b) const {
   return true;
 }
 
-ServedModel::Batch ServedModel::next_batch(std::unique_lock<std::mutex>& lk) {
+ServedModel::Batch ServedModel::next_batch(std::unique_lock<std::mutex>& lk, size_t instance) {
   const auto delay = std::chrono::microseconds(config_.max_queue_delay_us);
   const int64_t max_rows = config_.max_batch_size;
   const int64_t preferred = config_.preferred_batch_sizes.empty() ? max_rows : config_.preferred_batch_sizes.back();
@@ -430,10 +450,15 @@ ServedModel::Batch ServedModel::next_batch(std::unique_lock<std::mutex>& lk) {
       cv_.wait(lk);
       continue;
     }
+    if (busy_[instance]) {  // a caller runs on this instance (submit's inline path)
+      cv_.wait(lk);
+      continue;
+    }
     const auto front = queue_.front();
     if (max_rows == 0) {
       queue_.pop_front();
       metrics_.pending--;
+      busy_[instance] = true;
       return {front};
     }
     int64_t rows = 0;
@@ -460,6 +485,7 @@ ServedModel::Batch ServedModel::next_batch(std::unique_lock<std::mutex>& lk) {
       }
     }
     metrics_.pending -= static_cast<int64_t>(batch.size());
+    busy_[instance] = true;
     return batch;
   }
 }
@@ -470,12 +496,16 @@ void ServedModel::worker(size_t instance) {
     Batch batch;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      batch = next_batch(lk);
+      batch = next_batch(lk, instance);
     }
     if (batch.empty()) return;  // stopping, and nothing left to finish
     // Another worker may be able to start the next batch now.
     cv_.notify_one();
     execute(session, batch);
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      busy_[instance] = false;
+    }
   }
 }
 
@@ -524,8 +554,6 @@ void ServedModel::execute(Session& session, Batch& batch) {
   const auto t_input = clock::now();
   auto out = session.run(feeds);
   const auto t_infer = clock::now();
-  const auto run_us = static_cast<int64_t>(us(t_input, t_infer));
-  recent_run_us_.store((3 * recent_run_us_.load(std::memory_order_relaxed) + run_us) / 4, std::memory_order_relaxed);
   metrics_.compute_input_us += us(start, t_input) * n;
   metrics_.compute_infer_us += us(t_input, t_infer) * n;
   metrics_.execution_count++;

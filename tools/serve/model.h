@@ -1,7 +1,8 @@
 // keel/tools/serve/model.h — one served model version: its config, instances, request queue and dynamic batcher.
 //
 // A ServedModel owns `instances` sessions of one ONNX file (one session per instance, each built, warmed up and run
-// by its own worker thread, never by a caller's thread: see create() in model.cc for why) and one request queue. The
+// by its own worker thread, not by a caller's thread unless single-threaded: see create() in model.cc for why) and
+// one request queue. The
 // graph passes run once, on instance 0's thread, before it builds the session; the others share its build
 // (SessionOptions::share_weights_with: kernels with their prepacked weights, shape variants, activation plans), each
 // with its own thread pool: one copy of the weights for all instances.
@@ -11,7 +12,9 @@
 // until the batch holds max_batch_size rows, or the largest preferred batch size, or the oldest has waited
 // max_queue_delay_us; it concatenates them along dim 0, runs one batch and splits the outputs back in request order
 // (each request gets a view of the batch outputs: no copy). Requests whose non-batch dims differ are batched
-// separately. A request still queued past its deadline is not run: it completes with DEADLINE_EXCEEDED.
+// separately. A request still queued past its deadline is not run: it completes with DEADLINE_EXCEEDED. With
+// single-threaded instances, when there is no batching delay, nothing is queued and an instance is idle, submit() runs
+// the request on the caller's thread (the future is ready when it returns): no hand-off to a worker and back.
 //
 // Thread-safety: submit(), metrics() and the accessors may be called from any thread. shutdown() (also run by the
 // destructor) stops accepting, lets the workers finish every queued request, and joins them.
@@ -138,12 +141,6 @@ class ServedModel {
                                        Failure* why);
   void shutdown();
 
-  // How long a caller may poll for its result before it sleeps on the future: when the model's recent runs took under
-  // kSpinBelowUs and no request waits in the queue, the run ends sooner than a sleeping thread is woken (tens of µs
-  // on a virtual machine), so polling saves that wake-up; otherwise 0 (a long wait is slept through).
-  static constexpr int64_t kSpinBelowUs = 250;
-  std::chrono::microseconds spin_budget() const;
-
  private:
   struct Request {
     std::vector<Tensor> inputs;
@@ -154,9 +151,9 @@ class ServedModel {
   using Batch = std::vector<std::shared_ptr<Request>>;
   ServedModel() = default;
   void worker(size_t instance);
-  // Under mu_: takes the next batch off the queue, sleeping until there is one to run; empty when stopping with nothing
-  // left.
-  Batch next_batch(std::unique_lock<std::mutex>& lk);
+  // Under mu_: takes the next batch for `instance` off the queue and marks the instance busy, sleeping until there is
+  // one to run; empty when stopping with nothing left.
+  Batch next_batch(std::unique_lock<std::mutex>& lk, size_t instance);
   void execute(Session& session, Batch& batch);
   bool compatible(const Request& a, const Request& b) const;
 
@@ -170,8 +167,9 @@ class ServedModel {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Request>> queue_;
+  std::vector<bool> busy_;        // per instance: a batch runs on it (its worker's or a caller's inline run)
+  bool single_threaded_ = false;  // instances run kernels on one thread: a caller may run a request inline
   bool stopping_ = false;
-  std::atomic<int64_t> recent_run_us_{1'000'000};  // moving average of the session runs' time (µs)
   ModelMetrics metrics_;
 };
 

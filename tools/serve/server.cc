@@ -509,10 +509,11 @@ void Server::handle_infer(const httplib::Request& req, httplib::Response& res) {
     binary = body.substr(n);
     body = body.substr(0, n);
   }
-  if (json_depth(body, options_.max_json_depth) > options_.max_json_depth)
+  // Large numeric `data` arrays are taken out of the text first (tensor_json.h), the rest is parsed as a tree; the
+  // depth limit holds for both (the lifter leaves an array that would exceed it in the text).
+  const LiftedData lifted = lift_data_arrays(body, options_.max_json_depth);
+  if (json_depth(lifted.text, options_.max_json_depth) > options_.max_json_depth)
     return bad("JSON nested deeper than " + std::to_string(options_.max_json_depth));
-  // Large numeric `data` arrays are taken out of the text first (tensor_json.h), the rest is parsed as a tree.
-  const LiftedData lifted = lift_data_arrays(body);
   json j;
   try {
     j = json::parse(lifted.text);
@@ -639,19 +640,12 @@ void Server::handle_infer(const httplib::Request& req, httplib::Response& res) {
   }
   const auto deadline = clock::now() + std::chrono::microseconds(timeout_us);
   Failure why = Failure::kBadRequest;
-  const auto spin = m.spin_budget();  // before this request joins the queue
   auto fut = m.submit(std::move(inputs), deadline, &why);
   if (!fut.is_ok()) {
     const int status = why == Failure::kQueueFull ? 429 : why == Failure::kUnavailable ? 503 : 400;
     return fail(why, status, fut.status().message());
   }
   // A request that started running before its deadline gets its result; the wait is still bounded.
-  // A short run on an idle instance ends sooner than a sleeping thread would wake: poll for it first.
-  if (spin.count() > 0) {
-    const auto spin_until = clock::now() + spin;
-    while (fut->wait_for(std::chrono::seconds(0)) != std::future_status::ready && clock::now() < spin_until)
-      std::this_thread::yield();
-  }
   if (fut->wait_until(deadline + std::chrono::milliseconds(options_.request_timeout_ms)) != std::future_status::ready)
     return fail(Failure::kTimeout, 504,
                 "no result within " + std::to_string(timeout_us / 1000 + options_.request_timeout_ms) + " ms");

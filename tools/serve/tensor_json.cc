@@ -180,8 +180,9 @@ uint8_t byte_class(char c) { return kByteClass[static_cast<uint8_t>(c)]; }
 bool space(char c) { return byte_class(c) == kSpace; }
 
 // Parses the array starting at body[i] == '['; on success returns the index after its ']' and appends its tokens.
-// Only numbers-or-booleans-shaped tokens, commas, brackets and whitespace, in JSON's array grammar.
-size_t scan_array(std::string_view body, size_t i, std::vector<std::string_view>& tokens) {
+// Only numbers-or-booleans-shaped tokens, commas, brackets and whitespace, in JSON's array grammar, nested at most
+// max_depth deep (the array itself counts 1).
+size_t scan_array(std::string_view body, size_t i, int max_depth, std::vector<std::string_view>& tokens) {
   int depth = 0;
   bool need_value = true, may_close = true;  // after '[': a value or ']'; after ',': a value; after a value: ',' or ']'
   const char* const data = body.data();
@@ -190,7 +191,7 @@ size_t scan_array(std::string_view body, size_t i, std::vector<std::string_view>
     switch (byte_class(data[i])) {
       case kSpace: ++i; break;
       case kOpen:
-        if (!need_value) return 0;
+        if (!need_value || depth == max_depth) return 0;
         ++depth;
         ++i;
         need_value = true;
@@ -255,11 +256,12 @@ bool parse_token(std::string_view tok, T& out) {
 
 }  // namespace
 
-LiftedData lift_data_arrays(std::string_view body) {
+LiftedData lift_data_arrays(std::string_view body, int max_depth) {
   LiftedData out;
   static constexpr std::string_view kKey = "\"data\"";
   size_t copied = 0;
   bool in_string = false, escaped = false;
+  int depth = 0;  // of the text around the arrays
   for (size_t i = 0; i < body.size(); ++i) {
     const char c = body[i];
     if (in_string) {
@@ -268,6 +270,8 @@ LiftedData lift_data_arrays(std::string_view body) {
       else if (c == '"') in_string = false;
       continue;
     }
+    if (c == '[' || c == '{') ++depth;
+    if (c == ']' || c == '}') --depth;
     if (c != '"') continue;
     if (body.compare(i, kKey.size(), kKey) != 0) {
       in_string = true;
@@ -282,7 +286,7 @@ LiftedData lift_data_arrays(std::string_view body) {
     ++j;
     while (j < body.size() && space(body[j])) ++j;
     std::vector<std::string_view> tokens;
-    const size_t end = j < body.size() && body[j] == '[' ? scan_array(body, j, tokens) : 0;
+    const size_t end = j < body.size() && body[j] == '[' ? scan_array(body, j, max_depth - depth, tokens) : 0;
     if (end == 0) {  // not a plain numeric array: the general path reads it
       i += kKey.size() - 1;
       continue;

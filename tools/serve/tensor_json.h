@@ -40,7 +40,9 @@ struct LiftedData {
   std::string text;                                   // the request with the lifted arrays replaced
   std::vector<std::vector<std::string_view>> arrays;  // the number tokens of array K, views into the body
 };
-LiftedData lift_data_arrays(std::string_view body);
+// An array that would nest the document deeper than max_depth stays in the text, so that a depth check of the
+// returned text (which the server runs instead of one of the whole body) also bounds the lifted arrays.
+LiftedData lift_data_arrays(std::string_view body, int max_depth);
 // The K of a {"__keel_data__": K} left by lift_data_arrays, or -1.
 int64_t lifted_index(const nlohmann::json& data);
 // Writes the tokens into `t` (tokens.size() == t.numel()); false when one is not a value of the dtype (a fraction or
