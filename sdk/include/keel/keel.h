@@ -23,6 +23,11 @@
  *    threads (keel_session_run may be called concurrently on one session, and such runs proceed in parallel);
  *    option objects and tensors are thread-compatible (concurrent reads are fine, a write needs exclusive access),
  *    except a run options object's terminate flag, which any thread may set at any time.
+ *  - Speed across threads: the CPU kernels run on GNU OpenMP (Debian's oneDNN). Every thread that runs a session of
+ *    more than one thread keeps a team of OpenMP threads for the rest of its life, and once a process holds more of
+ *    them than cores, every parallel region sleeps and wakes instead of spinning (a served MobileNetV2 ran at half
+ *    speed that way). Run a multi-threaded session from one thread, or a fixed few (as `keel serve` does: one worker
+ *    thread per instance); callers from a large pool are better served by sessions of one thread each.
  *  - Lifetimes: sessions must be released before the environment they were created in; models and tensors are
  *    independent of both.
  */
