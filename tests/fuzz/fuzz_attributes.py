@@ -400,7 +400,11 @@ def make_case(rng, ops, weights):
     raise RuntimeError("no op could be built")
 
 
-SANITIZER = re.compile(r"(ERROR|WARNING): (AddressSanitizer|LeakSanitizer|ThreadSanitizer)|runtime error:")
+# A sanitizer's report. Not its allocator's "WARNING: AddressSanitizer failed to allocate 0x... bytes": with
+# allocator_may_return_null (set below) that is the memory cap refusing an allocation, which keel then reports as
+# OUT_OF_MEMORY (counted as such, not failed).
+SANITIZER = re.compile(r"ERROR: (AddressSanitizer|LeakSanitizer|ThreadSanitizer)|"
+                       r"WARNING: (AddressSanitizer|LeakSanitizer|ThreadSanitizer)(?! failed to allocate)|runtime error:")
 
 
 def run_one(cmd, env, timeout, mem_cap):
