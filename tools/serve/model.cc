@@ -8,7 +8,6 @@
 #include <cstring>
 #include <exception>
 #include <fstream>
-#include <functional>
 #include <sstream>
 
 #include "core/base/pass_manager.h"
@@ -250,9 +249,9 @@ StatusOr<std::unique_ptr<ServedModel>> ServedModel::create(Environment& env, std
   // thread's life, and once a process holds more OpenMP threads than CPUs, GNU OpenMP stops spinning between parallel
   // regions, so that every region pays a sleep and a wake-up (MobileNetV2 at 2 threads ran 5.6 ms a request in the
   // server against 2.5 ms in `keel bench` while HTTP threads ran requests and the loading thread had built). One
-  // thread per instance keeps the OpenMP threads at `instances x threads`. (A single-threaded instance starts no team,
-  // so submit() lets a caller run it inline.) Instance 0 runs the passes (once, so that
-  // every instance is built from one graph and shares its initializers), builds, warms up; the others share its build.
+  // thread per instance keeps the OpenMP threads at `instances x threads`. (A single-threaded instance starts no
+  // team, so submit() lets a caller run it inline.) Instance 0 runs the passes (once, so that every instance is built
+  // from one graph and shares its initializers), builds and warms up; the others share its build.
   const size_t n = static_cast<size_t>(m->config_.instances);
   m->sessions_.resize(n);
   m->busy_.assign(n, false);
@@ -261,7 +260,15 @@ StatusOr<std::unique_ptr<ServedModel>> ServedModel::create(Environment& env, std
   so.threads = static_cast<int32_t>(m->config_.threads > 0 ? m->config_.threads : default_threads);
   m->single_threaded_ = so.threads == 1;  // no OpenMP team: submit() may run a request on the caller's thread
   ServedModel* p = m.get();
-  auto build_first = [&]() -> Status {
+  // Runs on instance i's thread while create() waits for it (so the references stay valid).
+  auto build = [&](size_t i) -> Status {
+    if (i > 0) {
+      SessionOptions shared = so;
+      shared.share_weights_with = p->sessions_[0].get();
+      KEEL_ASSIGN_OR_RETURN(p->sessions_[i], Session::create(env, graph, shared),
+                            who + " instance " + std::to_string(i));
+      return Status::ok();
+    }
     if (!passes.empty()) {
       KEEL_RETURN_IF_ERROR(graph.validate(), who);
       KEEL_RETURN_IF_ERROR(infer_shapes(graph), who + ": shape inference");
@@ -305,21 +312,12 @@ StatusOr<std::unique_ptr<ServedModel>> ServedModel::create(Environment& env, std
     return Status::ok();
   };
   for (size_t i = 0; i < n; ++i) {
-    // The start function runs on the instance's thread while this one waits for it (its references stay valid).
-    std::function<Status()> start = [&, i]() -> Status {
-      if (i == 0) return build_first();
-      SessionOptions shared = so;
-      shared.share_weights_with = p->sessions_[0].get();
-      KEEL_ASSIGN_OR_RETURN(p->sessions_[i], Session::create(env, graph, shared),
-                            who + " instance " + std::to_string(i));
-      return Status::ok();
-    };
     std::promise<Status> started;
     std::future<Status> ready = started.get_future();
-    m->workers_.emplace_back([p, i, start = std::move(start), started = std::move(started)]() mutable {
+    m->workers_.emplace_back([p, i, &build, started = std::move(started)]() mutable {
       Status st;
       try {
-        st = start();
+        st = build(i);
       } catch (const std::exception& e) {  // an exception must not end the server from this thread
         st = internal_error(std::string("building the instance: ") + e.what());
       }

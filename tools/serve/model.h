@@ -27,7 +27,6 @@
 #include <cstdint>
 #include <deque>
 #include <filesystem>
-#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
