@@ -88,6 +88,7 @@ class Tensor {
   uint64_t byte_size() const { return static_cast<uint64_t>(numel()) * dtype_size(dtype_); }
   const Location& location() const;
   const std::shared_ptr<Storage>& storage() const { return storage_; }
+  uint64_t byte_offset() const { return byte_offset_; }  // where this tensor's bytes start in storage()
 
   void* raw_data() const;
   template <typename T>

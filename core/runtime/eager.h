@@ -163,6 +163,8 @@ Tensor operator-(const Tensor& a);
 Tensor zeros(const Shape& shape, DType dtype = DType::kF32, const std::string& device = "");
 Tensor ones(const Shape& shape, DType dtype = DType::kF32, const std::string& device = "");
 Tensor full(const Shape& shape, float value, DType dtype = DType::kF32, const std::string& device = "");
+// Uninitialised memory from the device's pool (torch.empty): for a buffer that is written in full before it is read.
+Tensor empty(const Shape& shape, DType dtype = DType::kF32, const std::string& device = "");
 Tensor randn(const Shape& shape, float stddev = 1.f, DType dtype = DType::kF32);  // global generator
 Tensor rand_uniform(const Shape& shape, float lo, float hi, DType dtype = DType::kF32);
 Tensor from_vector(const std::vector<float>& v, const Shape& shape);    // f32; v.size() must equal the numel

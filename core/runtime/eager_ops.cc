@@ -47,6 +47,10 @@ Tensor full(const Shape& shape, float value, DType dtype, const std::string& dev
   check_shape(shape, "full");
   return wrap_const(host_filled(shape, dtype, [value] { return static_cast<double>(value); }), dev_or_default(device));
 }
+Tensor empty(const Shape& shape, DType dtype, const std::string& device) {
+  check_shape(shape, "empty");
+  return Tensor(alloc_tensor(dtype, shape, memory_type_of(dev_or_default(device))), false);
+}
 Tensor zeros(const Shape& shape, DType dtype, const std::string& device) { return full(shape, 0.f, dtype, device); }
 Tensor ones(const Shape& shape, DType dtype, const std::string& device) { return full(shape, 1.f, dtype, device); }
 Tensor randn(const Shape& shape, float stddev, DType dtype) {

@@ -127,7 +127,7 @@ StatusOr<std::unique_ptr<DataParallel>> DataParallel::create(nn::Module& module,
   std::vector<size_t> order;
   for (size_t i = dp->params_.size(); i-- > 0;)
     if (dp->params_[i].requires_grad()) order.push_back(i);
-  dp->build_buckets(order);
+  KEEL_RETURN_IF_ERROR(dp->build_buckets(order), "DataParallel");
   dp->ready_.assign(dp->params_.size(), false);
   DataParallel* self = dp.get();
   try {
@@ -159,7 +159,7 @@ DataParallel::~DataParallel() {
   }
 }
 
-void DataParallel::build_buckets(const std::vector<size_t>& order, const std::vector<bool>& split_after) {
+Status DataParallel::build_buckets(const std::vector<size_t>& order, const std::vector<bool>& split_after) {
   const auto cap = static_cast<uint64_t>(opts_.bucket_cap_mb * 1024.0 * 1024.0);
   buckets_.clear();
   bucket_of_.assign(params_.size(), SIZE_MAX);
@@ -182,7 +182,32 @@ void DataParallel::build_buckets(const std::vector<size_t>& order, const std::ve
     bucket_of_[i] = buckets_.size() - 1;
     bytes += b;
   }
-  for (auto& bk : buckets_) bk.pending = bk.params.size();
+  // Each bucket's buffer: every slice starts at a 64-byte boundary (the alignment of a fresh tensor), so the .grad
+  // views handed out by finish() are as aligned as any other tensor.
+  try {
+    for (auto& bk : buckets_) {
+      bk.pending = bk.params.size();
+      const Tensor& first = params_[bk.params.front()];
+      const auto align = static_cast<int64_t>(std::max<size_t>(1, 64 / dtype_size(first.dtype())));
+      int64_t n = 0;
+      for (size_t i : bk.params) {
+        bk.offsets.push_back(n);
+        n += (params_[i].numel() + align - 1) / align * align;
+      }
+      bk.flat = eager::zeros({n}, first.dtype(), first.device());
+    }
+  } catch (const eager::Error& e) {
+    buckets_.clear();  // no bucket to fill: the hooks ignore every gradient, and finish() has nothing to wait for
+    bucket_of_.assign(params_.size(), SIZE_MAX);
+    return e.status().with_context("gradient buckets");
+  }
+  return Status::ok();
+}
+
+Tensor DataParallel::slice_view(const Tensor& t, int64_t offset, const std::vector<int64_t>& shape) {
+  const keel::Tensor& d = t.data();
+  return Tensor(keel::Tensor(d.dtype(), keel::Shape(shape.begin(), shape.end()), d.storage(),
+                             d.byte_offset() + static_cast<uint64_t>(offset) * dtype_size(d.dtype())));
 }
 
 std::vector<std::vector<size_t>> DataParallel::bucket_layout() const {
@@ -212,15 +237,15 @@ void DataParallel::launch_ready_buckets() {
 }
 
 void DataParallel::launch(Bucket& b) {
-  // Copy the bucket's gradients into one flat buffer (zeros for a parameter without a gradient in this step).
-  std::vector<Tensor> parts;
-  parts.reserve(b.params.size());
-  for (size_t i : b.params) {
-    Tensor g = params_[i].grad();
-    if (!g.defined()) g = eager::zeros(params_[i].shape(), params_[i].dtype(), params_[i].device());
-    parts.push_back(eager::reshape(g, {-1}));
+  // Copy the bucket's gradients into its buffer (zeros for a parameter without a gradient in this step).
+  for (size_t k = 0; k < b.params.size(); ++k) {
+    const Tensor& p = params_[b.params[k]];
+    std::vector<int64_t> dims(p.shape().begin(), p.shape().end());
+    Tensor slice = slice_view(b.flat, b.offsets[k], dims);
+    const Tensor g = p.grad();
+    slice.copy_(g.defined() ? g : eager::zeros(p.shape(), p.dtype(), p.device()));
   }
-  b.flat = eager::concat(parts, 0);  // a fresh buffer (Concat copies, also of one input)
+  b.out = eager::empty(b.flat.shape(), b.flat.dtype(), b.flat.device());  // the all-reduce writes every element
   b.launched = true;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -237,8 +262,8 @@ void DataParallel::launch(Bucket& b) {
 // Runs one queued bucket's all-reduce (the caller popped it and set busy_ under mu_).
 void DataParallel::run_bucket(Bucket* b) {
   auto t0 = Clock::now();
-  void* p = b->flat.data().raw_data();
-  Status st = comm_.all_reduce(p, p, static_cast<uint64_t>(b->flat.numel()), b->flat.dtype(), KEEL_REDUCE_SUM);
+  Status st = comm_.all_reduce(b->flat.data().raw_data(), b->out.data().raw_data(),
+                               static_cast<uint64_t>(b->flat.numel()), b->flat.dtype(), KEEL_REDUCE_AVG);
   const double dt = seconds_since(t0);
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -271,7 +296,7 @@ void DataParallel::reset_step() {
     b.pending = b.params.size();
     b.launched = false;
     b.done = false;
-    b.flat = Tensor();
+    b.out = Tensor();  // the .grad views keep it alive as long as they are used
   }
   std::fill(ready_.begin(), ready_.end(), false);
   next_launch_ = 0;
@@ -318,25 +343,14 @@ Status DataParallel::finish() {
       reset_step();
       return first_error.with_context("DataParallel: gradient all-reduce");
     }
-    // Average and write back: .grad of each parameter becomes its slice of the bucket.
-    const float inv = 1.f / static_cast<float>(world_);
+    // Each parameter's .grad becomes a view of its slice of the averaged buffer.
     for (auto& b : buckets_) {
-      Tensor avg = b.flat * inv;
-      stats_.bytes += avg.data().byte_size();
+      stats_.bytes += b.out.data().byte_size();
       ++stats_.all_reduces;
-      std::vector<int64_t> sizes;
-      for (size_t i : b.params) sizes.push_back(params_[i].numel());
-      std::vector<Tensor> pieces;
-      if (b.params.size() == 1) {
-        pieces = {avg};
-      } else {
-        pieces = eager::call_op("", "Split", {avg, eager::from_vector(sizes, {static_cast<int64_t>(sizes.size())})},
-                                {{"axis", Attribute::of_int(0)}}, b.params.size());
-      }
       for (size_t k = 0; k < b.params.size(); ++k) {
         Tensor& p = params_[b.params[k]];
         std::vector<int64_t> dims(p.shape().begin(), p.shape().end());
-        p.set_grad(eager::reshape(pieces[k], dims));
+        p.set_grad(slice_view(b.out, b.offsets[k], dims));
       }
     }
   } catch (const eager::Error& e) {
@@ -402,8 +416,7 @@ Status DataParallel::rebuild() {
       split_after.push_back(false);
     }
   }
-  build_buckets(order, split_after);
-  return Status::ok();
+  return build_buckets(order, split_after);
 }
 
 Status DataParallel::broadcast_buffers() {

@@ -11,16 +11,20 @@
 //                                       rank 0 (BatchNorm statistics stay consistent: DDP's broadcast_buffers).
 //   loss.backward()                     a post-accumulate-grad hook on every parameter marks its gradient ready;
 //                                       once all gradients of a bucket are ready (buckets launch in bucket order,
-//                                       the same on every rank) they are copied into one flat buffer and a
+//                                       the same on every rank) they are copied into the bucket's flat buffer and a
 //                                       background communication thread all-reduces it while backward goes on.
-//   dp.finish()                         waits for every bucket and writes the averaged gradients (sum / world
-//                                       size) back into each parameter's .grad. Call it before the optimizer step.
+//   dp.finish()                         waits for every bucket and sets each parameter's .grad to the averaged
+//                                       gradient (sum / world size). Call it before the optimizer step.
 //
 // Buckets: gradients are grouped, in reverse parameter order (backward's usual order), into flat buffers of at most
-// bucket_cap_mb (25 MiB; a larger parameter gets a bucket of its own; a bucket holds one dtype and device). After
-// the second synchronised step (the first one creates kernels, so its timing is not typical) the buckets are rebuilt
-// once from the order in which that step's gradients became ready, so the first bucket fills first, and a bucket
-// also ends where backward spent long between two gradients (a gap of at least gap_split of the backward's span:
+// bucket_cap_mb (25 MiB; a larger parameter gets a bucket of its own; a bucket holds one dtype and device). Each
+// bucket owns one flat buffer for its whole life (allocated when the buckets are built; every parameter's slice starts
+// at a 64-byte boundary, the padding stays zero), so a step costs one copy per gradient into it; the all-reduce
+// averages (KEEL_REDUCE_AVG) from it into a fresh buffer, and after finish() the parameters' .grad are views into
+// that (so a .grad kept by the caller is never overwritten by a later step).
+// After the second synchronised step (the first one creates kernels, so its timing is not typical) the buckets are
+// rebuilt once from the order in which that step's gradients became ready, so the first bucket fills first, and a
+// bucket also ends where backward spent long between two gradients (a gap of at least gap_split of the backward's span:
 // e.g. the Linear layers' gradients before the convolutions' backward), so its all-reduce overlaps that compute even
 // when everything fits one bucket (only after at least gap_split_min_mb of gradients: a call's latency costs more
 // than overlapping a smaller transfer saves). Rank 0's order and split points are broadcast, so every rank agrees.
@@ -128,9 +132,11 @@ class DataParallel {
  private:
   struct Bucket {
     std::vector<size_t> params;
-    size_t pending = 0;  // gradients not yet ready in this step
+    std::vector<int64_t> offsets;  // element offset of each parameter's slice in flat (64-byte aligned)
+    size_t pending = 0;            // gradients not yet ready in this step
     bool launched = false;
-    Tensor flat;  // the flat gradient buffer of the step in flight
+    Tensor flat;  // the bucket's gradient buffer (owned for the bucket's life), the all-reduce's input
+    Tensor out;   // this step's averaged gradients (a fresh buffer per step; the .grad views point into it)
     // Set by the communication thread under mu_.
     bool done = false;
     Status status;
@@ -138,13 +144,15 @@ class DataParallel {
 
   DataParallel(nn::Module& module, const hal::Communicator& comm, DataParallelOptions options);
   // Buckets over `order`; split_after[k]: end a bucket after order[k] (empty: none).
-  void build_buckets(const std::vector<size_t>& order, const std::vector<bool>& split_after = {});
+  Status build_buckets(const std::vector<size_t>& order, const std::vector<bool>& split_after = {});
   Status rebuild();
   void on_grad_ready(size_t param);
   void launch_ready_buckets();
   void launch(Bucket& b);
   void comm_loop();
   void run_bucket(Bucket* b);
+  // A view of `t`'s storage: `shape` elements from element `offset` on (no copy, shares ownership).
+  static Tensor slice_view(const Tensor& t, int64_t offset, const std::vector<int64_t>& shape);
   void reset_step();
 
   nn::Module& module_;

@@ -600,6 +600,33 @@ TEST(DataParallel, BuffersComeFromRankZero) {
   EXPECT_EQ(means[0], means[1]);
 }
 
+// finish() hands out .grad as views of one averaged buffer per bucket and step: each view starts 64-byte aligned,
+// and a .grad the caller keeps from one step still holds that step's values after the next step.
+TEST(DataParallel, GradientsOfAStepStayPutAfterTheNextStep) {
+  run_ranks(2, [&](int rank, const hal::Communicator& comm) {
+    auto m = small_cnn(5);
+    auto dp = DataParallel::create(*m, comm).value();
+    std::vector<Tensor> kept;
+    std::vector<std::vector<float>> values;
+    for (int step = 0; step < 3; ++step) {
+      for (auto& p : m->parameters()) p.zero_grad();
+      auto data = quadrants(8, static_cast<uint32_t>(10 * step + rank));
+      eager::sum((*dp)(Tensor(data->data()))).backward();
+      ASSERT_TRUE(dp->finish().is_ok());
+      for (auto& p : m->parameters()) {
+        ASSERT_TRUE(p.grad().defined());
+        EXPECT_EQ(reinterpret_cast<uintptr_t>(p.grad().data().raw_data()) % 64, 0u) << "step " << step;
+      }
+      if (step == 0) {
+        for (auto& p : m->parameters()) kept.push_back(p.grad()), values.push_back(p.grad().to_vector<float>());
+      }
+    }
+    for (size_t i = 0; i < kept.size(); ++i) EXPECT_EQ(kept[i].to_vector<float>(), values[i]) << "parameter " << i;
+    // The later steps saw other data: their gradients differ from the kept ones.
+    EXPECT_NE(m->parameters()[0].grad().to_vector<float>(), values[0]);
+  });
+}
+
 // One rank takes the same path as many (as torch DDP): buckets, all-reduces of one rank, gradients unchanged.
 TEST(DataParallel, WorldSizeOneTakesTheSamePath) {
   run_ranks(1, [&](int, const hal::Communicator& comm) {
