@@ -2,7 +2,9 @@
 // activations, normalisations, shape ops, reductions) and the losses.
 #include "core/runtime/eager_internal.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <initializer_list>
 
@@ -37,6 +39,23 @@ keel::Tensor host_filled(const Shape& shape, DType dt, const std::function<doubl
   }
   return t;
 }
+// `shape` filled with one value: converted once (as host_filled converts), then its bytes repeated; zero needs no
+// pass at all (fresh host memory is zeroed, and 0 is all-zero bits in every dtype).
+keel::Tensor host_constant(const Shape& shape, DType dt, double value) {
+  const keel::Tensor one = host_filled({}, dt, [value] { return value; });  // also rejects an unsupported dtype
+  keel::Tensor t = check(keel::Tensor::host(dt, shape), "factory " + shape_to_string(shape));
+  const auto n = static_cast<size_t>(t.numel());
+  const auto* bytes = static_cast<const unsigned char*>(one.raw_data());
+  if (std::all_of(bytes, bytes + dtype_size(dt), [](unsigned char b) { return b == 0; })) return t;
+  switch (dtype_size(dt)) {
+    case 1: std::fill_n(t.data<uint8_t>(), n, *one.data<uint8_t>()); break;
+    case 2: std::fill_n(t.data<uint16_t>(), n, *one.data<uint16_t>()); break;
+    case 4: std::fill_n(t.data<uint32_t>(), n, *one.data<uint32_t>()); break;
+    case 8: std::fill_n(t.data<uint64_t>(), n, *one.data<uint64_t>()); break;
+    default: fail(invalid_argument(std::string("factory of dtype ") + dtype_name(dt)));
+  }
+  return t;
+}
 void check_shape(const Shape& s, const char* what) {
   for (int64_t d : s)
     if (d < 0) fail(invalid_argument(std::string(what) + ": negative dimension in " + shape_to_string(s)));
@@ -45,7 +64,7 @@ void check_shape(const Shape& s, const char* what) {
 
 Tensor full(const Shape& shape, float value, DType dtype, const std::string& device) {
   check_shape(shape, "full");
-  return wrap_const(host_filled(shape, dtype, [value] { return static_cast<double>(value); }), dev_or_default(device));
+  return wrap_const(host_constant(shape, dtype, static_cast<double>(value)), dev_or_default(device));
 }
 Tensor empty(const Shape& shape, DType dtype, const std::string& device) {
   check_shape(shape, "empty");

@@ -87,6 +87,27 @@ TEST_F(EagerTest, ArithmeticWithBroadcasting) {
   gradcheck("neg", [](const V& v) { return -v[0]; }, {rnd({4})});
 }
 
+// full / zeros / ones: every element holds the value converted to the dtype (one conversion, its bytes repeated);
+// zeros are +0 (all-zero bits), -0.0 keeps its sign, every dtype the factories take.
+TEST_F(EagerTest, FactoriesFillEveryElementInEveryDtype) {
+  const Shape shape{3, 1000};
+  EXPECT_EQ(full(shape, 1.5f).to_vector<float>(), std::vector<float>(3000, 1.5f));
+  EXPECT_EQ(full(shape, 1.5f, DType::kF64).to_vector<double>(), std::vector<double>(3000, 1.5));
+  EXPECT_EQ(full(shape, -7.f, DType::kI64).to_vector<int64_t>(), std::vector<int64_t>(3000, -7));
+  EXPECT_EQ(full(shape, 9.f, DType::kI32).to_vector<int32_t>(), std::vector<int32_t>(3000, 9));
+  EXPECT_EQ(full(shape, 3.f, DType::kU8).to_vector<uint8_t>(), std::vector<uint8_t>(3000, 3));
+  for (DType dt : {DType::kF16, DType::kBF16}) {
+    const keel::Tensor h = full(shape, 0.1f, dt).data();
+    const uint16_t want = dt == DType::kF16 ? f32_to_f16(0.1f) : f32_to_bf16(0.1f);
+    for (int64_t i = 0; i < h.numel(); ++i) ASSERT_EQ(h.data<uint16_t>()[i], want) << dtype_name(dt) << " " << i;
+  }
+  const auto z = zeros(shape).to_vector<float>();
+  for (float v : z) ASSERT_TRUE(v == 0.f && !std::signbit(v));
+  for (float v : full(shape, -0.f).to_vector<float>()) ASSERT_TRUE(v == 0.f && std::signbit(v));
+  EXPECT_EQ(ones({0, 4}).numel(), 0);
+  EXPECT_THROW(full(shape, 1.f, DType::kString), Error);
+}
+
 TEST_F(EagerTest, UnaryOps) {
   gradcheck("relu", [](const V& v) { return relu(v[0]); }, {rnd({3, 4})});
   gradcheck("sigmoid", [](const V& v) { return sigmoid(v[0]); }, {rnd({3, 4})});
