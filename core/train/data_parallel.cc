@@ -204,9 +204,9 @@ Status DataParallel::build_buckets(const std::vector<size_t>& order, const std::
   return Status::ok();
 }
 
-Tensor DataParallel::slice_view(const Tensor& t, int64_t offset, const std::vector<int64_t>& shape) {
+Tensor DataParallel::slice_view(const Tensor& t, int64_t offset, const keel::Shape& shape) {
   const keel::Tensor& d = t.data();
-  return Tensor(keel::Tensor(d.dtype(), keel::Shape(shape.begin(), shape.end()), d.storage(),
+  return Tensor(keel::Tensor(d.dtype(), shape, d.storage(),
                              d.byte_offset() + static_cast<uint64_t>(offset) * dtype_size(d.dtype())));
 }
 
@@ -240,8 +240,7 @@ void DataParallel::launch(Bucket& b) {
   // Copy the bucket's gradients into its buffer (zeros for a parameter without a gradient in this step).
   for (size_t k = 0; k < b.params.size(); ++k) {
     const Tensor& p = params_[b.params[k]];
-    std::vector<int64_t> dims(p.shape().begin(), p.shape().end());
-    Tensor slice = slice_view(b.flat, b.offsets[k], dims);
+    Tensor slice = slice_view(b.flat, b.offsets[k], p.shape());
     const Tensor g = p.grad();
     slice.copy_(g.defined() ? g : eager::zeros(p.shape(), p.dtype(), p.device()));
   }
@@ -349,8 +348,7 @@ Status DataParallel::finish() {
       ++stats_.all_reduces;
       for (size_t k = 0; k < b.params.size(); ++k) {
         Tensor& p = params_[b.params[k]];
-        std::vector<int64_t> dims(p.shape().begin(), p.shape().end());
-        p.set_grad(slice_view(b.out, b.offsets[k], dims));
+        p.set_grad(slice_view(b.out, b.offsets[k], p.shape()));
       }
     }
   } catch (const eager::Error& e) {

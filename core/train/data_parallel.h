@@ -152,7 +152,7 @@ class DataParallel {
   void comm_loop();
   void run_bucket(Bucket* b);
   // A view of `t`'s storage: `shape` elements from element `offset` on (no copy, shares ownership).
-  static Tensor slice_view(const Tensor& t, int64_t offset, const std::vector<int64_t>& shape);
+  static Tensor slice_view(const Tensor& t, int64_t offset, const keel::Shape& shape);
   void reset_step();
 
   nn::Module& module_;
