@@ -7,7 +7,8 @@
 #                       [--bench] [--passes SPEC]
 #   --dynamic-batch   the model's fixed first dim of 1 becomes dynamic (config dynamic_batch = true)
 #   --rows N          rows per request (the first dim; default 1)
-#   --bench           first runs `keel bench` on the same model, threads and rows (in-process throughput and median)
+#   --bench           first runs `keel bench` on the same model, threads, rows and instances (as concurrent runs):
+#                     the in-process throughput and median
 #   --soak S          after the sweep, S seconds at the last concurrency: RSS at 10 s and at the end, errors
 # The model's first input is fed random data (dynamic dims = 1). Everything runs on 127.0.0.1, bounded in time.
 set -euo pipefail
@@ -40,13 +41,14 @@ trap cleanup EXIT
 if ((bench)); then
   shape_args=()
   ((rows > 1)) && shape_args=(--batch "$rows")
-  timeout 300 "$keel" --log-level warn bench "$model" --threads "$threads" "${shape_args[@]}" --warmup 5 -n 100000 \
-    --max-seconds "$duration" --json > "$work/bench.json"
+  timeout 300 "$keel" --log-level warn bench "$model" --threads "$threads" --concurrency "$instances" \
+    "${shape_args[@]}" --warmup 5 -n 100000 --max-seconds "$duration" --json > "$work/bench.json"
   python3 - "$work/bench.json" <<'PY'
 import json, sys
 b = json.load(open(sys.argv[1]))
-print("in-process keel bench: batch %d, threads %d, %d runs: median %.3f ms, p90 %.3f ms, mean %.3f ms, %.1f inferences/s"
-      % (b["batch"], b["threads"], b["iters"], b["median_ms"], b["p90_ms"], b["mean_ms"], b["throughput_per_s"]))
+print("in-process keel bench: batch %d, threads %d, %d concurrent, %d runs: median %.3f ms, p90 %.3f ms, mean %.3f ms, "
+      "%.1f inferences/s" % (b["batch"], b["threads"], b["concurrency"], b["iters"], b["median_ms"], b["p90_ms"],
+                             b["mean_ms"], b["throughput_per_s"]))
 PY
 fi
 mkdir -p "$work/repo/m/1"

@@ -32,6 +32,9 @@ class Serve : public ::testing::Test {
     write(repo_ / "vp" / "config.toml", "[version_policy]\nlatest = 2\n");
     write(repo_ / "twins" / "1" / "model.onnx", mlp_);
     write(repo_ / "twins" / "config.toml", "instances = 3\nmax_batch_size = 4\n");
+    write(repo_ / "cold" / "1" / "model.onnx", mlp_);
+    write(repo_ / "cold" / "config.toml", "warmup_batch_sizes = []\n");
+    write(repo_ / "picky" / "1" / "model.onnx", reshape_model());
     server_ = new ServerProcess();
     ASSERT_TRUE(server_->start(repo_, {"--max-body-mib", "1"})) << server_->log;
   }
@@ -380,6 +383,29 @@ TEST_F(Serve, FailureMetricsByReasonAndModelControlOff) {
 }
 
 // The server's outputs equal `keel run`'s on the same input file (both with the default passes).
+// Every instance runs zeros at load unless the config says `warmup_batch_sizes = []`: by default once at batch 1
+// (twins: three instances, three runs), at each listed size otherwise (fixed: [1, 3]). A model that cannot run at
+// the default warm-up shape (picky: [1, 1] does not reshape to [2, 2]) loads without it and serves.
+TEST_F(Serve, EveryInstanceWarmsUpAtLoadUnlessTheConfigSaysNone) {
+  auto m = server_->client()->Get("/metrics");
+  ASSERT_TRUE(m);
+  for (const char* model : {"twins", "fixed", "mlp", "cold", "picky"})
+    EXPECT_NE(m->body.find(std::string("keel_model_warmup_runs{model=\"") + model + "\","), std::string::npos) << model;
+  EXPECT_EQ(metric(m->body, "keel_model_warmup_runs", "twins"), 3u) << m->body;
+  EXPECT_EQ(metric(m->body, "keel_model_warmup_runs", "fixed"), 2u);
+  EXPECT_EQ(metric(m->body, "keel_model_warmup_runs", "mlp"), 1u);
+  EXPECT_EQ(metric(m->body, "keel_model_warmup_runs", "cold"), 0u);
+  EXPECT_EQ(metric(m->body, "keel_model_warmup_runs", "picky"), 0u);
+  json body = {
+      {"inputs", json::array({{{"name", "x"}, {"datatype", "FP32"}, {"shape", {1, 4}}, {"data", {1, 2, 3, 4}}}})}};
+  auto r = post("/v2/models/picky/infer", body.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  auto j = json::parse(r->body);
+  EXPECT_EQ(j["outputs"][0]["shape"], json::array({2, 2}));
+  EXPECT_EQ(j["outputs"][0]["data"], json::array({1.0, 2.0, 3.0, 4.0}));
+}
+
 TEST_F(Serve, OutputsEqualKeelRun) {
   const fs::path dir = repo_.parent_path() / ("keel_serve_run_" + std::to_string(getpid()));
   fs::remove_all(dir);

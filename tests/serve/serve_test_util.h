@@ -74,6 +74,16 @@ inline std::string f16_model() {
   return s.is_ok() ? s.value() : "";
 }
 
+// picky: x f32 [N, M] -> Reshape(x, [2, 2]): runs only when N * M = 4 (not on a warm-up's ones-everywhere shape).
+inline std::string reshape_model() {
+  GraphBuilder g("picky", 17);
+  auto x = g.input("x", DType::kF32, {-1, -1});
+  g.output(g.op1("Reshape", {x, g.constant("shape", Tensor::from_vector<int64_t>(DType::kI64, {2}, {2, 2}))}));
+  auto s = keel::serialize_onnx(g.take());
+  EXPECT_TRUE(s.is_ok()) << s.status().to_string();
+  return s.is_ok() ? s.value() : "";
+}
+
 // mlp with a fixed batch of 1 (x f32 [1, 4]) and the scale `k` on its weights, so that versions differ.
 inline std::string fixed_mlp_model(float k = 1.f) {
   GraphBuilder g("fixed", 17);

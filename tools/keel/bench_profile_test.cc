@@ -156,6 +156,33 @@ TEST_F(BenchProfile, WithoutProfileTheChainIsNotTimedStepByStep) {
   EXPECT_FALSE(j.contains("profile_subgraphs"));
 }
 
+// --concurrency N: N callers share the --iters budget (every run counted once), the throughput is what they completed
+// over the wall time, and the profile (one run at a time) is refused rather than mixed.
+TEST_F(BenchProfile, ConcurrentCallersShareTheRunBudgetAndReportWallThroughput) {
+  const std::string model = (dir_ / "cnn.onnx").string();
+  CliRun r =
+      keel_cli("--threads 1 bench " + model + " --device cpu --warmup 1 --iters 13 --concurrency 3 --json", dir_);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["concurrency"], 3);
+  EXPECT_EQ(j["iters"], 13);
+  const double wall = j["wall_s"].get<double>();
+  ASSERT_GT(wall, 0);
+  EXPECT_NEAR(j["throughput_per_s"].get<double>(), 13 / wall, 1e-6 * 13 / wall);
+  EXPECT_EQ(j["throughput_per_s"], j["wall_throughput_per_s"]);
+  // One caller keeps the median-based throughput.
+  r = keel_cli("--threads 1 bench " + model + " --device cpu --warmup 1 --iters 5 --json", dir_);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["concurrency"], 1);
+  EXPECT_NEAR(j["throughput_per_s"].get<double>(), 1000.0 / j["median_ms"].get<double>(), 1e-6);
+  r = keel_cli("bench " + model + " --concurrency 2 --profile", dir_);
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("--profile times one run at a time"), std::string::npos) << r.err;
+}
+
 // A dynamic-batch model: the runs use the shape variant for the --shape given, and the profile shows its chain.
 TEST_F(BenchProfile, ADynamicBatchModelProfilesTheChainOfItsShapeVariant) {
   ASSERT_TRUE(save_onnx(small_cnn(-1), dir_ / "dyn.onnx").is_ok());

@@ -10,9 +10,13 @@
 // sets the first dimension of every input whose first dimension is dynamic or 1, and re-infers the shapes;
 // `--shape NAME=D0,D1,...` picks the run shape of an input with dynamic dims and leaves the model dynamic.
 // `--threads` is the global flag (the environment's thread count; the oneDNN plugin follows it).
+// `--concurrency N` runs the one session from N threads at once (each run with `--threads` threads, as a server's N
+// instances would): every caller makes one untimed run first (its OpenMP team), then they start together and share
+// the `--iters` budget; throughput is then the completed runs over the wall time, latency percentiles are per run.
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -20,10 +24,13 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <latch>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "core/base/thread_pool.h"
 #include "core/runtime/onnx_io.h"
@@ -44,6 +51,7 @@ struct BenchArgs {
   int warmup = 5;
   int iters = 50;
   double max_seconds = 0;  // stop the timed runs after this long (0 = no limit)
+  int concurrency = 1;     // callers running the session at once
   bool json = false;
   bool profile = false;
   int profile_nodes = 0;  // with the profile: the N slowest nodes / reported steps
@@ -117,6 +125,11 @@ double percentile(std::vector<double> v, double q) {
 }
 
 int bench(const BenchArgs& a, Globals& g) {
+  if (a.concurrency > 1 && (a.profile || a.profile_nodes > 0)) {
+    std::cerr << "keel bench: --profile times one run at a time: drop --concurrency " << a.concurrency
+              << " or --profile\n";
+    return 1;
+  }
   auto loaded = load_onnx(a.model);
   if (!loaded.is_ok()) {
     std::cerr << "keel bench: " << loaded.status().to_string() << "\n";
@@ -253,20 +266,62 @@ int bench(const BenchArgs& a, Globals& g) {
   for (int i = 0; i < a.warmup; ++i)
     if (!run_once()) return 1;
   s.reset_profile();  // the profile covers the timed runs only (a first run may build plans)
+  using Clock = std::chrono::steady_clock;
   std::vector<double> times;
-  auto t_start = std::chrono::steady_clock::now();
-  for (int i = 0; i < a.iters; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
-    if (!run_once()) return 1;
-    auto t1 = std::chrono::steady_clock::now();
-    times.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-    if (a.max_seconds > 0 && std::chrono::duration<double>(t1 - t_start).count() > a.max_seconds) break;
+  double wall_s = 0;
+  if (a.concurrency <= 1) {
+    auto t_start = Clock::now();
+    for (int i = 0; i < a.iters; ++i) {
+      auto t0 = Clock::now();
+      if (!run_once()) return 1;
+      auto t1 = Clock::now();
+      times.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      if (a.max_seconds > 0 && std::chrono::duration<double>(t1 - t_start).count() > a.max_seconds) break;
+    }
+    wall_s = std::chrono::duration<double>(Clock::now() - t_start).count();
+  } else {
+    // N callers on the one session; the runs are claimed from one budget so that --iters counts every run once.
+    std::latch warmed(a.concurrency), go(1);
+    std::atomic<int> claimed{0};
+    std::atomic<bool> stop{false}, failed{false};
+    std::mutex mu;  // guards times
+    Clock::time_point t_start;
+    std::vector<std::thread> callers;
+    callers.reserve(static_cast<size_t>(a.concurrency));
+    for (int c = 0; c < a.concurrency; ++c)
+      callers.emplace_back([&] {
+        const bool warm = run_once();  // untimed: starts this thread's OpenMP team
+        if (!warm) failed = true;
+        warmed.count_down();
+        go.wait();
+        std::vector<double> mine;
+        while (warm && !stop && !failed && claimed.fetch_add(1) < a.iters) {
+          auto t0 = Clock::now();
+          if (!run_once()) {
+            failed = true;
+            break;
+          }
+          auto t1 = Clock::now();
+          mine.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+          if (a.max_seconds > 0 && std::chrono::duration<double>(t1 - t_start).count() > a.max_seconds) stop = true;
+        }
+        std::lock_guard<std::mutex> lk(mu);
+        times.insert(times.end(), mine.begin(), mine.end());
+      });
+    warmed.wait();
+    t_start = Clock::now();  // the callers read it after go releases them
+    go.count_down();
+    for (auto& t : callers) t.join();
+    wall_s = std::chrono::duration<double>(Clock::now() - t_start).count();
+    if (failed) return 1;
   }
   double sum = 0;
   for (double t : times) sum += t;
   const double median = percentile(times, 0.5), p90 = percentile(times, 0.9), mean = sum / times.size();
   const double minimum = *std::min_element(times.begin(), times.end());
-  const double throughput = median > 0 ? batch * 1000.0 / median : 0;
+  // One caller: from the median run (steady against a stray slow run). Several: what they completed together.
+  const double wall_throughput = wall_s > 0 ? static_cast<double>(batch * times.size()) / wall_s : 0;
+  const double throughput = a.concurrency <= 1 ? (median > 0 ? batch * 1000.0 / median : 0) : wall_throughput;
   uint64_t arena = 0;
   auto arenas = s.planned_arena_bytes();
   for (const auto& [k, v] : arenas) arena += v;
@@ -355,6 +410,7 @@ int bench(const BenchArgs& a, Globals& g) {
     j["device"] = a.device.empty() ? "auto" : a.device;
     j["precision"] = a.precision;
     j["threads"] = threads;
+    j["concurrency"] = std::max(1, a.concurrency);
     j["batch"] = batch;
     j["warmup"] = a.warmup;
     j["iters"] = times.size();
@@ -364,6 +420,8 @@ int bench(const BenchArgs& a, Globals& g) {
     j["mean_ms"] = mean;
     j["min_ms"] = minimum;
     j["throughput_per_s"] = throughput;
+    j["wall_s"] = wall_s;
+    j["wall_throughput_per_s"] = wall_throughput;
     j["peak_rss_mib"] = peak_rss_mib();
     j["planned_arena_bytes"] = arena;
     j["kernel_workspace_bytes"] = workspace;
@@ -432,13 +490,19 @@ int bench(const BenchArgs& a, Globals& g) {
   std::cout << std::fixed << std::setprecision(3);
   std::cout << "model      " << a.model << "\n";
   std::cout << "device     " << (a.device.empty() ? "auto" : a.device) << ", " << threads << " thread(s), batch "
-            << batch << "\n";
+            << batch;
+  if (a.concurrency > 1) std::cout << ", " << a.concurrency << " concurrent runs";
+  std::cout << "\n";
   std::cout << "session    created in " << create_ms << " ms; " << s.fallbacks().size() << " fallback(s)";
   if (!variant.empty()) std::cout << "; runs specialised to " << variant << " (shape variant)";
   std::cout << "\n";
   std::cout << "latency    median " << median << " ms, p90 " << p90 << " ms, mean " << mean << " ms, min " << minimum
             << " ms (" << times.size() << " runs after " << a.warmup << " warm-up)\n";
-  std::cout << "throughput " << std::setprecision(1) << throughput << " samples/s\n";
+  std::cout << "throughput " << std::setprecision(1) << throughput << " samples/s";
+  if (a.concurrency > 1)
+    std::cout << " (" << times.size() << " runs by " << a.concurrency << " callers in " << std::setprecision(3)
+              << wall_s << " s)";
+  std::cout << "\n";
   if (work.flops > 0) {
     std::cout << "compute    " << std::setprecision(3) << gflop << " GFLOP per run (Conv/Gemm/MatMul"
               << (work.int8_flops > 0
@@ -535,6 +599,10 @@ void add_bench_command(CLI::App& app, Globals& g) {
   cmd->add_option("--iters,-n", a->iters, "Timed runs")->check(CLI::PositiveNumber);
   cmd->add_option("--max-seconds", a->max_seconds, "Stop the timed runs after this many seconds (0 = no limit)")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--concurrency,-c", a->concurrency,
+                  "Callers running the session at once, each run with --threads threads (as a server's instances); "
+                  "throughput is then completed runs over wall time")
+      ->check(CLI::Range(1, 256));
   cmd->add_flag("--json", a->json, "Print the results as JSON");
   cmd->add_flag("--profile", a->profile,
                 "Per-op-type time breakdown (Session profile; claimed subgraphs split into the op types they run)");

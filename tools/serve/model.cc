@@ -104,8 +104,9 @@ StatusOr<ModelConfig> parse_model_config_text(const std::string& text, const std
                               " exceeds max_batch_size " + std::to_string(c.max_batch_size));
   }
   if (const toml::node* n = root.get("warmup_batch_sizes")) {
-    KEEL_RETURN_IF_ERROR(int_array(*n, "warmup_batch_sizes", c.warmup_batch_sizes, 1, 1 << 20), "");
-    for (int64_t b : c.warmup_batch_sizes)
+    c.warmup_batch_sizes.emplace();
+    KEEL_RETURN_IF_ERROR(int_array(*n, "warmup_batch_sizes", *c.warmup_batch_sizes, 1, 1 << 20), "");
+    for (int64_t b : *c.warmup_batch_sizes)
       if (b > std::max<int64_t>(c.max_batch_size, 1))
         return invalid_argument(where + "warmup batch size " + std::to_string(b) + " exceeds max_batch_size " +
                                 std::to_string(c.max_batch_size));
@@ -251,7 +252,8 @@ StatusOr<std::unique_ptr<ServedModel>> ServedModel::create(Environment& env, std
   // server against 2.5 ms in `keel bench` while HTTP threads ran requests and the loading thread had built). One
   // thread per instance keeps the OpenMP threads at `instances x threads`. (A single-threaded instance starts no
   // team, so submit() lets a caller run it inline.) Instance 0 runs the passes (once, so that every instance is built
-  // from one graph and shares its initializers), builds and warms up; the others share its build.
+  // from one graph and shares its initializers) and builds; the others share its build. Every instance warms up on
+  // its own thread before the model is ready.
   const size_t n = static_cast<size_t>(m->config_.instances);
   m->sessions_.resize(n);
   m->busy_.assign(n, false);
@@ -260,6 +262,37 @@ StatusOr<std::unique_ptr<ServedModel>> ServedModel::create(Environment& env, std
   so.threads = static_cast<int32_t>(m->config_.threads > 0 ? m->config_.threads : default_threads);
   m->single_threaded_ = so.threads == 1;  // no OpenMP team: submit() may run a request on the caller's thread
   ServedModel* p = m.get();
+  // Zeros at each warm-up batch size (other dynamic dims 1) on instance i, so that the first requests pay neither
+  // for building the kernels nor for the shape variant of their size.
+  const bool explicit_warmup = m->config_.warmup_batch_sizes.has_value();
+  const std::vector<int64_t> warmup_sizes = explicit_warmup ? *m->config_.warmup_batch_sizes : std::vector<int64_t>{1};
+  auto warm_up = [&](size_t i) -> Status {
+    const std::string instance = who + " instance " + std::to_string(i);
+    for (int64_t rows : warmup_sizes) {
+      std::vector<std::pair<std::string, Tensor>> feeds;
+      for (const auto& spec : p->inputs_) {
+        Shape shape = spec.shape;
+        for (size_t d = 0; d < shape.size(); ++d)
+          if (shape[d] < 0) shape[d] = d == 0 ? rows : 1;
+        KEEL_ASSIGN_OR_RETURN(Tensor t, Tensor::host(spec.dtype, shape), instance + ": warm-up input " + spec.name);
+        feeds.emplace_back(spec.name, std::move(t));
+      }
+      const auto t0 = clock::now();
+      auto out = p->sessions_[i]->run(feeds);
+      if (!out.is_ok()) {
+        if (explicit_warmup)
+          return Status(out.status().code(),
+                        instance + ": warm-up at batch " + std::to_string(rows) + ": " + out.status().message());
+        spdlog::warn("{}: no warm-up (the first request builds instead): a run of zeros at batch {} failed: {}",
+                     instance, rows, out.status().to_string());
+        return Status::ok();
+      }
+      p->warmup_runs_++;
+      spdlog::info("{}: warm-up at batch {}: {:.1f} ms", instance, rows,
+                   std::chrono::duration<double, std::milli>(clock::now() - t0).count());
+    }
+    return Status::ok();
+  };
   // Runs on instance i's thread while create() waits for it (so the references stay valid).
   auto build = [&](size_t i) -> Status {
     if (i > 0) {
@@ -267,7 +300,7 @@ StatusOr<std::unique_ptr<ServedModel>> ServedModel::create(Environment& env, std
       shared.share_weights_with = p->sessions_[0].get();
       KEEL_ASSIGN_OR_RETURN(p->sessions_[i], Session::create(env, graph, shared),
                             who + " instance " + std::to_string(i));
-      return Status::ok();
+      return warm_up(i);
     }
     if (!passes.empty()) {
       KEEL_RETURN_IF_ERROR(graph.validate(), who);
@@ -290,22 +323,7 @@ StatusOr<std::unique_ptr<ServedModel>> ServedModel::create(Environment& env, std
         spdlog::debug("{}: pass {}: {} -> {} nodes", who, r.pass, r.nodes_before, r.nodes_after);
     }
     KEEL_ASSIGN_OR_RETURN(p->sessions_[0], Session::create(env, graph, so), who + " instance 0");
-    // Warm-up: one run of zeros per batch size (other dynamic dims 1), so that the first requests of each size do
-    // not pay for building its shape variant (the instances share the build, so instance 0's runs serve them all).
-    for (int64_t rows : p->config_.warmup_batch_sizes) {
-      std::vector<std::pair<std::string, Tensor>> feeds;
-      for (const auto& spec : p->inputs_) {
-        Shape shape = spec.shape;
-        for (size_t d = 0; d < shape.size(); ++d)
-          if (shape[d] < 0) shape[d] = d == 0 ? rows : 1;
-        KEEL_ASSIGN_OR_RETURN(Tensor t, Tensor::host(spec.dtype, shape), who + ": warm-up input " + spec.name);
-        feeds.emplace_back(spec.name, std::move(t));
-      }
-      const auto t0 = clock::now();
-      KEEL_ASSIGN_OR_RETURN(auto out, p->sessions_[0]->run(feeds), who + ": warm-up at batch " + std::to_string(rows));
-      spdlog::info("{}: warm-up at batch {}: {:.1f} ms", who, rows,
-                   std::chrono::duration<double, std::milli>(clock::now() - t0).count());
-    }
+    KEEL_RETURN_IF_ERROR(warm_up(0), "");
     // Output shapes that the file does not declare: as the first instance inferred them.
     for (auto& s : p->outputs_)
       if (!s.has_shape || s.dtype == DType::kUndefined) s = spec_of(p->sessions_[0]->graph(), s.name);

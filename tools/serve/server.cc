@@ -728,6 +728,8 @@ std::string Server::metrics_text() {
          [](ServedModel& m) { return m.metrics().pending.load(); });
   family("keel_model_instances", "gauge", "Instances (sessions with a worker each) of the model version",
          [](ServedModel& m) { return m.config().instances; });
+  family("keel_model_warmup_runs", "gauge", "Warm-up runs made at load over every instance (config warmup_batch_sizes)",
+         [](ServedModel& m) { return m.warmup_runs(); });
   family("keel_model_builds", "gauge",
          "Distinct session builds of the instances (1: every instance shares the weights)",
          [](ServedModel& m) { return m.memory().builds; });
