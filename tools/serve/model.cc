@@ -288,6 +288,7 @@ StatusOr<std::unique_ptr<ServedModel>> ServedModel::create(Environment& env, std
         return Status::ok();
       }
       p->warmup_runs_++;
+      p->note_run_time(std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - t0).count());
       spdlog::info("{}: warm-up at batch {}: {:.1f} ms", instance, rows,
                    std::chrono::duration<double, std::milli>(clock::now() - t0).count());
     }
@@ -407,9 +408,13 @@ StatusOr<std::future<Result>> ServedModel::submit(std::vector<Tensor> inputs, cl
       return unavailable("model " + name_ + ": queue full (" + std::to_string(config_.max_queue_size) + " requests)");
     }
     // A single-threaded instance (no OpenMP team to multiply, see create()) that is idle, with nothing queued and no
-    // batching delay to wait for, runs the request on the caller's thread: no hand-off to a worker and back, which
-    // costs a small model more than its run (two wake-ups, about 0.1 ms on a virtual machine).
-    if (single_threaded_ && queue_.empty() && (config_.max_batch_size == 0 || config_.max_queue_delay_us == 0)) {
+    // batching delay to wait for, runs a small model's request on the caller's thread: no hand-off to a worker and
+    // back, which costs a small model more than its run (two wake-ups, about 0.1 ms on a virtual machine). Not a
+    // larger model's: on an HTTP thread's first run its kernels' per-thread scratchpads fault in (ResNet-18: ~630
+    // page faults, 2.5 MiB per thread, a request of 28-34 ms instead of 17), against a hand-off worth < 1% of its run.
+    const int64_t typical = typical_run_us_.load(std::memory_order_relaxed);
+    if (single_threaded_ && typical >= 0 && typical <= kInlineMaxRunUs && queue_.empty() &&
+        (config_.max_batch_size == 0 || config_.max_queue_delay_us == 0)) {
       for (size_t i = 0; i < busy_.size(); ++i) {
         if (busy_[i]) continue;
         busy_[i] = true;
@@ -573,6 +578,7 @@ void ServedModel::execute(Session& session, Batch& batch) {
   metrics_.compute_input_us += us(start, t_input) * n;
   metrics_.compute_infer_us += us(t_input, t_infer) * n;
   metrics_.execution_count++;
+  note_run_time(us(t_input, t_infer));
   if (!out.is_ok()) {
     spdlog::warn("model {} version {}: run failed: {}", name_, version_, out.status().to_string());
     return fail(out.status().with_context("model " + name_ + " version " + std::to_string(version_)));
