@@ -383,17 +383,18 @@ TEST_F(Serve, FailureMetricsByReasonAndModelControlOff) {
 }
 
 // The server's outputs equal `keel run`'s on the same input file (both with the default passes).
-// Every instance runs zeros at load unless the config says `warmup_batch_sizes = []`: by default once at batch 1
-// (twins: three instances, three runs), at each listed size otherwise (fixed: [1, 3]). A model that cannot run at
-// the default warm-up shape (picky: [1, 1] does not reshape to [2, 2]) loads without it and serves.
+// Every instance runs zeros at load unless the config says `warmup_batch_sizes = []`: by default once at batch 1, at
+// each listed size otherwise, and instance 0 the first size once more, timed (twins: three instances, 3 + 1 runs;
+// fixed: [1, 3], 2 + 1). A model that cannot run at the default warm-up shape (picky: [1, 1] does not reshape to
+// [2, 2]) loads without it and serves.
 TEST_F(Serve, EveryInstanceWarmsUpAtLoadUnlessTheConfigSaysNone) {
   auto m = server_->client()->Get("/metrics");
   ASSERT_TRUE(m);
   for (const char* model : {"twins", "fixed", "mlp", "cold", "picky"})
     EXPECT_NE(m->body.find(std::string("keel_model_warmup_runs{model=\"") + model + "\","), std::string::npos) << model;
-  EXPECT_EQ(metric(m->body, "keel_model_warmup_runs", "twins"), 3u) << m->body;
-  EXPECT_EQ(metric(m->body, "keel_model_warmup_runs", "fixed"), 2u);
-  EXPECT_EQ(metric(m->body, "keel_model_warmup_runs", "mlp"), 1u);
+  EXPECT_EQ(metric(m->body, "keel_model_warmup_runs", "twins"), 4u) << m->body;
+  EXPECT_EQ(metric(m->body, "keel_model_warmup_runs", "fixed"), 3u);
+  EXPECT_EQ(metric(m->body, "keel_model_warmup_runs", "mlp"), 2u);
   EXPECT_EQ(metric(m->body, "keel_model_warmup_runs", "cold"), 0u);
   EXPECT_EQ(metric(m->body, "keel_model_warmup_runs", "picky"), 0u);
   json body = {

@@ -175,8 +175,9 @@ class ServedModel {
   bool single_threaded_ = false;  // instances run kernels on one thread: a caller may run a request inline
   bool stopping_ = false;
   std::atomic<int64_t> warmup_runs_{0};  // counted by the instances' threads while create() waits
-  // A run's typical time (µs; -1 before the first): an average over the recent runs, warm-up included. Requests of a
-  // model whose runs take longer than kInlineMaxRunUs always go to an instance's worker (see submit()).
+  // A run's typical time (µs; -1 before the first): an average over the recent runs and the last warm-up run. Requests
+  // of a model whose runs take longer than kInlineMaxRunUs always go to an instance's worker (see submit()). Updated
+  // by the instances without a lock: two at once may lose one sample, which a hint can afford.
   static constexpr int64_t kInlineMaxRunUs = 1000;
   std::atomic<int64_t> typical_run_us_{-1};
   void note_run_time(int64_t us) {
