@@ -415,8 +415,10 @@ StatusOr<std::future<Result>> ServedModel::submit(std::vector<Tensor> inputs, cl
     // A single-threaded instance (no OpenMP team to multiply, see create()) that is idle, with nothing queued and no
     // batching delay to wait for, runs a small model's request on the caller's thread: no hand-off to a worker and
     // back, which costs a small model more than its run (two wake-ups, about 0.1 ms on a virtual machine). Not a
-    // larger model's: on an HTTP thread's first run its kernels' per-thread scratchpads fault in (ResNet-18: ~630
-    // page faults, 2.5 MiB per thread, a request of 28-34 ms instead of 17), against a hand-off worth < 1% of its run.
+    // larger model's: the hand-off is worth < 1% of its run, and a kernel outside the oneDNN chains keeps a
+    // thread-local scratchpad that each HTTP thread would fault in on its first run (ResNet-18 did, at ~630 page
+    // faults and 2.5 MiB per thread, a request of 28-34 ms instead of 17, before its chain took the scratchpads
+    // into the run's workspace).
     const int64_t typical = typical_run_us_.load(std::memory_order_relaxed);
     if (single_threaded_ && typical >= 0 && typical <= kInlineMaxRunUs && queue_.empty() &&
         (config_.max_batch_size == 0 || config_.max_queue_delay_us == 0)) {

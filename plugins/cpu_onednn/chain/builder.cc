@@ -87,6 +87,7 @@ std::unique_ptr<Plan> Builder::build() {
   outputs();
   p_->step_op.resize(p_->execs.size(), "");  // the boundary outputs' reorders: the chain's own
   p_->step_nodes.resize(p_->execs.size());
+  bind_scratchpads();
   plan_workspace();
   p_->last_base.assign(p_->bufs.size(), reinterpret_cast<void*>(-1));
   return std::move(p_);
@@ -216,6 +217,37 @@ void Builder::outputs() {
     if (v.scale != 1.f) throw NodeReject{r_.nodes.size(), "a scaled view leaves the claim"};
     dnnl::memory s = mem_of(v), d2 = mem_at(want, ob, 0);
     exec(dnnl::reorder(s, d2), {{DNNL_ARG_FROM, s}, {DNNL_ARG_TO, d2}});
+  }
+}
+
+// The primitives' scratchpads (user mode, common/scratchpad.h) in the run's workspace: one region as large as the
+// largest step's, live for the whole run (the steps run one after another; a step's OpenMP team shares it), bound
+// like any workspace buffer. A run then needs no memory of the calling thread's: the thread-local scratchpad that a
+// standalone kernel uses grows on every thread that ever runs it, and a host's pool of threads faulted in one each
+// (ResNet-18: ~630 page faults and 2.5 MiB on each HTTP thread's first run in `keel serve`).
+void Builder::bind_scratchpads() {
+  uint64_t most = 0;
+  std::vector<std::pair<size_t, md_t>> need;
+  for (size_t k = 0; k < p_->execs.size(); ++k) {
+    const Exec& e = p_->execs[k];
+    if (e.own || !e.prim) continue;
+    const dnnl_memory_desc_t* md =
+        dnnl_primitive_desc_query_md(e.prim.get_primitive_desc(), dnnl_query_scratchpad_md, 0);
+    const uint64_t bytes = md ? dnnl_memory_desc_get_size(md) : 0;
+    if (bytes == 0) continue;  // none, or a library-managed one (a reorder's)
+    need.emplace_back(k, md_t(*md));
+    most = std::max(most, bytes);
+  }
+  if (need.empty()) return;
+  const int buf = new_buf(most);
+  p_->bufs[buf].first = 0;
+  p_->bufs[buf].last = static_cast<int>(p_->execs.size()) - 1;
+  p_->bufs[buf].values = 1;
+  for (const auto& [k, md] : need) {
+    dnnl::memory m(md, engine(), DNNL_MEMORY_NONE);
+    p_->binds.push_back({m, buf, 0});
+    p_->execs[k].args[DNNL_ARG_SCRATCHPAD] = m;
+    p_->execs[k].scratchpad_bound = true;
   }
 }
 

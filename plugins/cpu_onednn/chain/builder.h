@@ -410,6 +410,7 @@ class Builder {
   dnnl::memory zero_point_mem(int32_t v);
   md_t boundary_md(const std::string& name, const Dims& d, dt t) const;
   void outputs();
+  void bind_scratchpads();
   void plan_workspace();
 
   void plan_concats();

@@ -211,6 +211,7 @@ void run_bilinear(const Exec& e) {
 
 void run_step(Exec& e, dnnl::stream& s) {
   if (e.own) e.own(e);
+  else if (e.scratchpad_bound) e.prim.execute(s, e.args);
   else execute(e.prim, s, e.args);
 }
 
