@@ -12,6 +12,8 @@
 // thread's own buffer. Ownership: the buffer is thread_local, grows to the largest scratchpad that thread has
 // needed and is freed when the thread exits. Thread-safety: any thread may call these; one primitive must not run
 // on two threads at once with the same `args` map (the plugin's kernels are serialised per session).
+// The chains (chain/builder.cc, bind_scratchpads) do not use it: their steps' scratchpads live in each run's workspace,
+// so that a host's threads keep no buffer of their own; the standalone kernels and the claim-time timing runs do.
 #pragma once
 
 #include <oneapi/dnnl/dnnl.hpp>
