@@ -267,44 +267,40 @@ int bench(const BenchArgs& a, Globals& g) {
     if (!run_once()) return 1;
   s.reset_profile();  // the profile covers the timed runs only (a first run may build plans)
   using Clock = std::chrono::steady_clock;
-  std::vector<double> times;
-  double wall_s = 0;
-  if (a.concurrency <= 1) {
-    auto t_start = Clock::now();
-    for (int i = 0; i < a.iters; ++i) {
+  // The timed runs of one caller: claimed from one budget (--iters counts every run once, whatever the callers),
+  // until it is spent, --max-seconds has passed since t_start, or a run failed.
+  std::atomic<int> claimed{0};
+  std::atomic<bool> stop{false}, failed{false};
+  Clock::time_point t_start;
+  auto timed_runs = [&](std::vector<double>& out) {
+    while (!stop && !failed && claimed.fetch_add(1) < a.iters) {
       auto t0 = Clock::now();
-      if (!run_once()) return 1;
+      if (!run_once()) {
+        failed = true;
+        break;
+      }
       auto t1 = Clock::now();
-      times.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-      if (a.max_seconds > 0 && std::chrono::duration<double>(t1 - t_start).count() > a.max_seconds) break;
+      out.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      if (a.max_seconds > 0 && std::chrono::duration<double>(t1 - t_start).count() > a.max_seconds) stop = true;
     }
-    wall_s = std::chrono::duration<double>(Clock::now() - t_start).count();
+  };
+  std::vector<double> times;
+  if (a.concurrency <= 1) {
+    t_start = Clock::now();
+    timed_runs(times);
   } else {
-    // N callers on the one session; the runs are claimed from one budget so that --iters counts every run once.
+    // N callers on the one session, started together once each has made an untimed run (its OpenMP team).
     std::latch warmed(a.concurrency), go(1);
-    std::atomic<int> claimed{0};
-    std::atomic<bool> stop{false}, failed{false};
     std::mutex mu;  // guards times
-    Clock::time_point t_start;
     std::vector<std::thread> callers;
     callers.reserve(static_cast<size_t>(a.concurrency));
     for (int c = 0; c < a.concurrency; ++c)
       callers.emplace_back([&] {
-        const bool warm = run_once();  // untimed: starts this thread's OpenMP team
-        if (!warm) failed = true;
+        if (!run_once()) failed = true;
         warmed.count_down();
         go.wait();
         std::vector<double> mine;
-        while (warm && !stop && !failed && claimed.fetch_add(1) < a.iters) {
-          auto t0 = Clock::now();
-          if (!run_once()) {
-            failed = true;
-            break;
-          }
-          auto t1 = Clock::now();
-          mine.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-          if (a.max_seconds > 0 && std::chrono::duration<double>(t1 - t_start).count() > a.max_seconds) stop = true;
-        }
+        timed_runs(mine);
         std::lock_guard<std::mutex> lk(mu);
         times.insert(times.end(), mine.begin(), mine.end());
       });
@@ -312,9 +308,9 @@ int bench(const BenchArgs& a, Globals& g) {
     t_start = Clock::now();  // the callers read it after go releases them
     go.count_down();
     for (auto& t : callers) t.join();
-    wall_s = std::chrono::duration<double>(Clock::now() - t_start).count();
-    if (failed) return 1;
   }
+  const double wall_s = std::chrono::duration<double>(Clock::now() - t_start).count();
+  if (failed) return 1;
   double sum = 0;
   for (double t : times) sum += t;
   const double median = percentile(times, 0.5), p90 = percentile(times, 0.9), mean = sum / times.size();

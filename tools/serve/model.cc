@@ -291,11 +291,10 @@ StatusOr<std::unique_ptr<ServedModel>> ServedModel::create(Environment& env, std
                      instance, rows, out.status().to_string());
         return Status::ok();
       }
+      const auto took = std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - t0).count();
       p->warmup_runs_++;
-      if (k + 1 == sizes.size() && i == 0)
-        p->note_run_time(std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - t0).count());
-      spdlog::info("{}: warm-up at batch {}: {:.1f} ms", instance, rows,
-                   std::chrono::duration<double, std::milli>(clock::now() - t0).count());
+      if (k + 1 == sizes.size() && i == 0) p->note_run_time(took);
+      spdlog::info("{}: warm-up at batch {}: {:.1f} ms", instance, rows, took / 1000.0);
     }
     return Status::ok();
   };
