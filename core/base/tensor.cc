@@ -51,11 +51,11 @@ Storage::~Storage() {
   if (deleter_ && data_ != nullptr) deleter_(data_);
 }
 
-StatusOr<std::shared_ptr<Storage>> Storage::allocate_host(uint64_t bytes) {
+StatusOr<std::shared_ptr<Storage>> Storage::allocate_host(uint64_t bytes, bool zero) {
   uint64_t rounded = (std::max<uint64_t>(bytes, 1) + 63) & ~uint64_t{63};
   void* p = std::aligned_alloc(64, rounded);
   if (p == nullptr) return out_of_memory("host allocation of " + std::to_string(bytes) + " bytes failed");
-  std::memset(p, 0, rounded);
+  if (zero) std::memset(p, 0, rounded);
   return std::make_shared<Storage>(p, bytes, Location{}, [](void* q) { std::free(q); });
 }
 
@@ -69,6 +69,12 @@ Tensor::Tensor(DType dtype, Shape shape, std::shared_ptr<Storage> storage, uint6
 StatusOr<Tensor> Tensor::host(DType dtype, Shape shape) {
   KEEL_ASSIGN_OR_RETURN(uint64_t bytes, checked_byte_size(dtype, shape), "host tensor");
   KEEL_ASSIGN_OR_RETURN(auto storage, Storage::allocate_host(bytes), "host tensor");
+  return Tensor(dtype, std::move(shape), std::move(storage));
+}
+
+StatusOr<Tensor> Tensor::host_uninitialized(DType dtype, Shape shape) {
+  KEEL_ASSIGN_OR_RETURN(uint64_t bytes, checked_byte_size(dtype, shape), "host tensor");
+  KEEL_ASSIGN_OR_RETURN(auto storage, Storage::allocate_host(bytes, /*zero=*/false), "host tensor");
   return Tensor(dtype, std::move(shape), std::move(storage));
 }
 

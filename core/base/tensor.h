@@ -47,8 +47,9 @@ class Storage {
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
-  // 64-byte aligned host memory; OUT_OF_MEMORY when it cannot be had.
-  static StatusOr<std::shared_ptr<Storage>> allocate_host(uint64_t bytes);
+  // 64-byte aligned host memory, zero-filled unless `zero` is false (then its contents are indeterminate);
+  // OUT_OF_MEMORY when it cannot be had.
+  static StatusOr<std::shared_ptr<Storage>> allocate_host(uint64_t bytes, bool zero = true);
   // Borrows caller memory; the caller keeps it alive for the storage's lifetime.
   static std::shared_ptr<Storage> borrow(void* data, uint64_t bytes, Location location);
 
@@ -72,6 +73,9 @@ class Tensor {
 
   // A new zero-filled host tensor.
   static StatusOr<Tensor> host(DType dtype, Shape shape);
+  // A new host tensor whose contents are indeterminate: for a caller that writes every byte before anything reads
+  // it (a copy of a request's data), which then skips host()'s fill and the page faults it takes on fresh memory.
+  static StatusOr<Tensor> host_uninitialized(DType dtype, Shape shape);
   // A host tensor holding a copy of `values` (T must match dtype's size).
   template <typename T>
   static Tensor from_vector(DType dtype, Shape shape, const std::vector<T>& values);

@@ -568,7 +568,7 @@ void ServedModel::execute(Session& session, Batch& batch) {
     }
     Shape shape = batch[0]->inputs[i].shape();
     shape[0] = total_rows;
-    auto t = Tensor::host(batch[0]->inputs[i].dtype(), shape);
+    auto t = Tensor::host_uninitialized(batch[0]->inputs[i].dtype(), shape);
     if (!t.is_ok()) return fail(t.status().with_context("model " + name_ + ": batch input " + inputs_[i].name));
     auto* dst = static_cast<uint8_t*>(t->raw_data());
     for (const auto& r : batch) {

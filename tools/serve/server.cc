@@ -582,7 +582,7 @@ void Server::handle_infer(const httplib::Request& req, httplib::Response& res) {
                    " bytes for shape " + shape_to_string(shape));
       if (binary.size() - binary_used < bytes.value())
         return bad("input '" + name + "': the body holds fewer binary bytes than binary_data_size");
-      auto t = Tensor::host(*dtype, shape);
+      auto t = Tensor::host_uninitialized(*dtype, shape);
       if (!t.is_ok()) return fail(Failure::kRunFailed, 500, t.status().message());
       if (bytes.value() > 0) std::memcpy(t->raw_data(), binary.data() + binary_used, bytes.value());
       binary_used += bytes.value();
@@ -596,7 +596,7 @@ void Server::handle_infer(const httplib::Request& req, httplib::Response& res) {
       if (tokens.size() != numel)
         return bad("input '" + name + "': shape " + shape_to_string(shape) + " has " + std::to_string(numel) +
                    " elements but `data` has " + std::to_string(tokens.size()));
-      auto t = Tensor::host(*dtype, shape);
+      auto t = Tensor::host_uninitialized(*dtype, shape);  // every element is parsed into it, or it is dropped
       if (!t.is_ok()) return fail(Failure::kRunFailed, 500, t.status().message());
       if (!fill_tensor_from_tokens(tokens, t.value()))
         return bad("input '" + name + "': `data` has a value that is not a " + dt);
@@ -608,7 +608,7 @@ void Server::handle_infer(const httplib::Request& req, httplib::Response& res) {
     if (leaves != numel)
       return bad("input '" + name + "': shape " + shape_to_string(shape) + " has " + std::to_string(numel) +
                  " elements but `data` has " + std::to_string(leaves));
-    auto t = Tensor::host(*dtype, shape);
+    auto t = Tensor::host_uninitialized(*dtype, shape);  // leaves == numel: every element is written, or it is dropped
     if (!t.is_ok()) return fail(Failure::kRunFailed, 500, t.status().message());
     if (!fill_tensor(in["data"], t.value())) return bad("input '" + name + "': `data` has a value that is not a " + dt);
     inputs[k] = std::move(t).value();
