@@ -59,7 +59,13 @@ EXTRA = {
     "deeplabv3_mobilenet_v3_large": (62, "deeplabv3_mbv3", (2, 3, 160, 160), 17),
     # The same at opset 13, where torch has no HardSwish op and writes hard-swish as x * HardSigmoid(x).
     "deeplabv3_mobilenet_v3_large_op13": (62, "deeplabv3_mbv3", (2, 3, 160, 160), 13),
+    # The peers' transformer_enc (same seed, weights and opset) with a dynamic batch dimension, so that `keel serve`
+    # can batch its requests: the peers' export holds the batch of 1 in its Reshape constants.
+    "transformer_enc_dynbatch": (5, "native_transformer", (1, 128, 256), 13),
 }
+# Exported again after make_models.export() (which writes the test data at the fixed shape) with the first dimension
+# of the input and output named "batch".
+DYNAMIC_BATCH = {"transformer_enc_dynbatch"}
 
 
 def gelu_transformer():
@@ -198,9 +204,43 @@ def main():
     for name in names:
         seed, fn, shape, opset = EXTRA[name]
         mm.OPSET = opset  # export() and meta.json read the module's OPSET
-        build = LOCAL[fn] if fn in LOCAL else (lambda fn=fn: mm._tv(fn))
+        build = LOCAL[fn] if fn in LOCAL else mm.native_transformer if fn == "native_transformer" else (
+            lambda fn=fn: mm._tv(fn))
         mm.MODELS[name] = (seed, build, shape)
         mm.export(name, a.out)
+        if name in DYNAMIC_BATCH:
+            export_dynamic_batch(mm, name, a.out, opset)
+
+
+def export_dynamic_batch(mm, name, out_root, opset):
+    """Replaces model.onnx with an export whose batch dimension is dynamic, and writes test_data_set_1: a batch of 3
+    (the input, half of it, its negation) with PyTorch's output, to check the dynamic batch against, e.g.
+    `keel run model.onnx -i input=test_data_set_1/input_0.pb -o OUT`."""
+    import json
+    import onnx
+    import torch
+    from onnx import numpy_helper
+
+    m, x = mm.build_model(name)
+    path = os.path.join(out_root, name, "model.onnx")
+    torch.onnx.export(m, (x,), path, opset_version=opset, do_constant_folding=True, input_names=["input"],
+                      output_names=["output"], dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
+    model = onnx.load(path)
+    onnx.checker.check_model(model)
+    x3 = torch.cat([x, 0.5 * x, -x])
+    with torch.no_grad():
+        y3 = m(x3)
+    td = os.path.join(out_root, name, "test_data_set_1")
+    os.makedirs(td, exist_ok=True)
+    for fname, t, tname in (("input_0.pb", x3, "input"), ("output_0.pb", y3, "output")):
+        with open(os.path.join(td, fname), "wb") as f:
+            f.write(numpy_helper.from_array(t.numpy(), tname).SerializeToString())
+    meta_path = os.path.join(out_root, name, "meta.json")
+    meta = json.load(open(meta_path))
+    meta["onnx_nodes"] = len(model.graph.node)
+    meta.setdefault("notes", []).append("batch dimension dynamic; test_data_set_1 at batch 3")
+    json.dump(meta, open(meta_path, "w"), indent=1)
+    print(f"[{name}] dynamic batch: {len(model.graph.node)} nodes")
 
 
 if __name__ == "__main__":

@@ -5,8 +5,11 @@
 #include <onnx/onnx_pb.h>
 #include <onnx/shape_inference/implementation.h>
 
+#include <algorithm>
 #include <climits>
+#include <cstring>
 #include <fstream>
+#include <optional>
 #include <set>
 
 #include "core/base/log.h"
@@ -359,6 +362,87 @@ std::unordered_map<std::string, ValueInfo> inferred_types(const onnx::GraphProto
   return types;
 }
 
+// The values of a 1-D int64 initializer or Constant node output of `gp` (at most 64), if it is one.
+std::optional<std::vector<int64_t>> small_i64_constant(const onnx::GraphProto& gp, const std::string& name) {
+  auto read = [](const onnx::TensorProto& t) -> std::optional<std::vector<int64_t>> {
+    if (t.data_type() != onnx::TensorProto::INT64 || t.dims_size() != 1 || t.dims(0) < 0 || t.dims(0) > 64)
+      return std::nullopt;
+    const auto n = static_cast<size_t>(t.dims(0));
+    std::vector<int64_t> v(n);
+    if (t.has_raw_data()) {
+      if (t.raw_data().size() != n * sizeof(int64_t)) return std::nullopt;
+      std::memcpy(v.data(), t.raw_data().data(), t.raw_data().size());
+    } else {
+      if (static_cast<size_t>(t.int64_data_size()) != n) return std::nullopt;
+      std::copy(t.int64_data().begin(), t.int64_data().end(), v.begin());
+    }
+    return v;
+  };
+  for (const auto& t : gp.initializer())
+    if (t.name() == name) return read(t);
+  for (const auto& np : gp.node())
+    if (np.op_type() == "Constant" && np.output_size() == 1 && np.output(0) == name)
+      for (const auto& a : np.attribute())
+        if (a.name() == "value" && a.has_t()) return read(a.t());
+  return std::nullopt;
+}
+
+// Ranks that ONNX 1.12's inference leaves open although they follow from what it knows: a Reshape whose target
+// shape has a known length but values computed at run time (a dynamic batch: Shape -> Gather -> Concat), and a Slice
+// with computed starts or ends (its output has its input's rank). Without a rank every node after them is untyped,
+// and the passes that need one (layer normalisation, attention) leave a dynamic-batch transformer unfused. Adds to
+// `m`'s value_info each such output with its rank and unknown dims (inference then fills in what it can); returns
+// how many were added.
+int add_open_ranks(onnx::ModelProto& m, const std::unordered_map<std::string, ValueInfo>& types) {
+  auto rank_of = [&](const std::string& v) -> int64_t {
+    auto it = types.find(v);
+    return it != types.end() && it->second.is_tensor() && it->second.shape
+               ? static_cast<int64_t>(it->second.shape->size())
+               : -1;
+  };
+  auto open = [&](const std::string& v) { return !v.empty() && rank_of(v) < 0; };
+  int added = 0;
+  onnx::GraphProto& gp = *m.mutable_graph();
+  const int n = gp.node_size();
+  for (int i = 0; i < n; ++i) {
+    const onnx::NodeProto& np = gp.node(i);
+    if (!np.domain().empty() && np.domain() != "ai.onnx") continue;
+    if (np.output_size() < 1 || np.input_size() < 2 || !open(np.output(0))) continue;
+    auto data = types.find(np.input(0));
+    if (data == types.end() || !data->second.is_tensor() || data->second.dtype == DType::kUndefined) continue;
+    Shape shape;
+    if (np.op_type() == "Reshape") {
+      auto target = types.find(np.input(1));
+      if (target != types.end() && target->second.shape && target->second.shape->size() == 1 &&
+          (*target->second.shape)[0] >= 0 && (*target->second.shape)[0] <= 64)
+        shape.assign(static_cast<size_t>((*target->second.shape)[0]), -1);
+      else continue;
+    } else if (np.op_type() == "Slice" && rank_of(np.input(0)) >= 0) {
+      // Its rank, and the dims of the axes it does not slice where the axes are known (an initializer of `m`: a
+      // small constant, or a value learnt by shape_values).
+      const Shape& in = *data->second.shape;
+      const int64_t rank = static_cast<int64_t>(in.size());
+      shape.assign(in.size(), -1);
+      std::optional<std::vector<int64_t>> axes;
+      if (np.input_size() > 3 && !np.input(3).empty()) axes = small_i64_constant(gp, np.input(3));
+      if (axes) {
+        shape = in;
+        for (int64_t a : *axes) {
+          if (a < 0) a += rank;
+          if (a >= 0 && a < rank) shape[static_cast<size_t>(a)] = -1;
+        }
+      }
+    } else {
+      continue;
+    }
+    auto* vp = gp.add_value_info();
+    vp->set_name(np.output(0));
+    set_type_proto(*vp->mutable_type(), ValueInfo(data->second.dtype, std::move(shape)));
+    ++added;
+  }
+  return added;
+}
+
 }  // namespace
 
 Status infer_shapes(Graph& graph) {
@@ -397,6 +481,19 @@ Status infer_shapes(Graph& graph) {
         infer_onnx_shapes(next, opts);
       } catch (const std::exception& e) {
         log::debug("infer_shapes: inference with learnt shape values failed, keeping the previous round: {}",
+                   one_line(e.what()));
+        break;
+      }
+      m = std::move(next);
+    }
+    // Then the ranks inference left open (add_open_ranks), a few rounds: each can open the next.
+    for (int r = 0; r < 8; ++r) {
+      onnx::ModelProto next = m;
+      if (add_open_ranks(next, inferred_types(m.graph())) == 0) break;
+      try {
+        infer_onnx_shapes(next, opts);
+      } catch (const std::exception& e) {
+        log::debug("infer_shapes: inference with the open ranks filled in failed, keeping the previous round: {}",
                    one_line(e.what()));
         break;
       }

@@ -388,6 +388,36 @@ TEST(OnnxIo, InferShapesReplacesStaleTypes) {
   EXPECT_EQ(*g.info(t)->shape, (Shape{3, 2}));
 }
 
+// A dynamic batch: the target of a Reshape and the ends of a Slice computed from Shape(x) at run time. ONNX 1.12
+// leaves both outputs without a rank (and everything after them untyped); infer_shapes gives them their rank, so
+// that Transpose after them has a shape too (the passes that need ranks, e.g. fuse_layer_norm, then apply).
+TEST(OnnxIo, InferShapesGivesComputedReshapesAndSlicesTheirRank) {
+  GraphBuilder b("dynamic_batch", 13);
+  auto x = b.input("x", DType::kF32, {-1, 4, 6});
+  auto i64 = [](Shape s, std::vector<int64_t> v) { return Tensor::from_vector(DType::kI64, std::move(s), v); };
+  auto shape = b.op1("Shape", {x});
+  auto batch = b.op1("Gather", {shape, b.constant("zero", i64({}, {0}))});
+  auto batch1 = b.op1("Unsqueeze", {batch, b.constant("axes0", i64({1}, {0}))});
+  auto half = b.op1("Div", {batch1, b.constant("one", i64({1}, {1}))});  // not propagated by ONNX 1.12
+  auto target = b.op1("Concat", {half, b.constant("rest", i64({1}, {24}))}, {{"axis", Attribute::of_int(0)}});
+  auto r = b.op1("Reshape", {x, target});
+  auto rt = b.op1("Transpose", {r});
+  auto sl = b.op1("Slice", {x, b.constant("starts", i64({1}, {0})), half, b.constant("axes", i64({1}, {0}))});
+  auto st = b.op1("Transpose", {sl}, {{"perm", Attribute::of_ints({0, 2, 1})}});
+  b.output(rt);
+  b.output(st);
+  Graph g = b.take();
+  ASSERT_TRUE(infer_shapes(g).is_ok());
+  ASSERT_TRUE(g.info(r) && g.info(r)->shape) << "the computed Reshape has no rank";
+  EXPECT_EQ(g.info(r)->shape->size(), 2u);
+  ASSERT_TRUE(g.info(rt) && g.info(rt)->shape);
+  EXPECT_EQ(g.info(rt)->shape->size(), 2u);
+  ASSERT_TRUE(g.info(sl) && g.info(sl)->shape) << "the computed Slice has no rank";
+  EXPECT_EQ(g.info(sl)->shape->size(), 3u);
+  ASSERT_TRUE(g.info(st) && g.info(st)->shape);
+  EXPECT_EQ(*g.info(st)->shape, (Shape{-1, 6, 4}));  // the unsliced dims stay as inference knows them
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // External data
 
