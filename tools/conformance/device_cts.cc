@@ -145,6 +145,10 @@ void add_matmul_cases(std::vector<OpCase>& v) {
       {{1, 512}, {512, 1000}, true},
       {{2, 3, 5, 7}, {2, 3, 7, 4}, false},
       {{4, 8, 16}, {16, 9}, true},
+      // Rows of a batch times one matrix (computed as one 2-D product): a B input, a B with a leading 1, a 1-D B.
+      {{2, 3, 5, 7}, {7, 4}, false},
+      {{2, 3, 5, 7}, {1, 7, 4}, true},
+      {{3, 4, 6}, {6}, false},
       {{4, 1, 5, 6}, {3, 6, 2}, false},
       {{1, 5, 6}, {4, 6, 3}, false},
       {{9}, {9, 4}, false},

@@ -143,6 +143,20 @@ class MatMulKernel : public Kernel {
       out = full;
     }
     if (gemm_) p->out_dims = out;
+    // A batch of rows times one matrix ([..., M, K] x [K, N], the linear layers of a transformer): one 2-D product
+    // [B*M, K] x [K, N] over the same bytes. oneDNN's batched matmul with a broadcast B runs each batch on its own,
+    // several times slower at M = 128.
+    if (!gemm_ && a.size() > 2) {
+      bool b_single = true;
+      for (size_t i = 0; i + 2 < b.size(); ++i) b_single = b_single && b[i] == 1;
+      if (b_single) {
+        int64_t rows = 1;
+        for (size_t i = 0; i + 1 < a.size(); ++i) rows *= a[i];
+        a = {rows, a.back()};
+        b = {b[b.size() - 2], b.back()};
+        out = {rows, out.back()};
+      }
+    }
     p->k = a.back();
     auto& eng = engine();
     dnnl::memory::desc a_md = md_of(a, ta), b_user_md = md_of(b, tb), dst_md = plain_md(out);
