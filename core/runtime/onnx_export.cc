@@ -460,6 +460,17 @@ Status infer_shapes(Graph& graph) {
     } catch (const std::exception& e) {
       return invalid_argument(std::string("infer_shapes: ONNX shape inference failed: ") + one_line(e.what()));
     }
+    // Infers `next` and takes it as the current round, or keeps the current one when inference fails on it.
+    auto infer_next = [&](onnx::ModelProto& next, const char* with) {
+      try {
+        infer_onnx_shapes(next, opts);
+      } catch (const std::exception& e) {
+        log::debug("infer_shapes: inference with {} failed, keeping the previous round: {}", with, one_line(e.what()));
+        return false;
+      }
+      m = std::move(next);
+      return true;
+    };
     // ONNX 1.12's data propagation misses Constant nodes, Div, and a Reshape whose shape is computed: learn the
     // small values of shape computations (shape_values.h) and infer again with them as initializers of the inferred
     // copy, until nothing new is learnt. The graph itself gets only the types.
@@ -476,28 +487,12 @@ Status infer_shapes(Graph& graph) {
         KEEL_RETURN_IF_ERROR(tensor_to_proto(t, name, *next.mutable_graph()->add_initializer()), "infer_shapes");
         added = true;
       }
-      if (!added) break;
-      try {
-        infer_onnx_shapes(next, opts);
-      } catch (const std::exception& e) {
-        log::debug("infer_shapes: inference with learnt shape values failed, keeping the previous round: {}",
-                   one_line(e.what()));
-        break;
-      }
-      m = std::move(next);
+      if (!added || !infer_next(next, "learnt shape values")) break;
     }
     // Then the ranks inference left open (add_open_ranks), a few rounds: each can open the next.
     for (int r = 0; r < 8; ++r) {
       onnx::ModelProto next = m;
-      if (add_open_ranks(next, inferred_types(m.graph())) == 0) break;
-      try {
-        infer_onnx_shapes(next, opts);
-      } catch (const std::exception& e) {
-        log::debug("infer_shapes: inference with the open ranks filled in failed, keeping the previous round: {}",
-                   one_line(e.what()));
-        break;
-      }
-      m = std::move(next);
+      if (add_open_ranks(next, inferred_types(m.graph())) == 0 || !infer_next(next, "the open ranks filled in")) break;
     }
     if (!known.empty() && rounds > 0)
       log::debug("infer_shapes: {} shape value(s) known after {} round(s) of inference ({:.1f} ms)", known.size(),
