@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Load test of `keel serve` on loopback with wrk: sweeps the concurrency and prints req/s, infer/s (batch items),
-# latency percentiles, errors by class and the server's average batch (inference count / execution count from
-# /metrics); optionally a soak at one concurrency with the server's resident memory sampled every second.
+# latency percentiles, errors by class, the server's average batch (inference count / execution count from
+# /metrics) and the mean model run a request waited for (run_ms: compare it with `keel bench`'s to tell the server's
+# own cost from slower runs); optionally a soak at one concurrency with the server's resident memory sampled every second.
 #   tools/serve_load.sh MODEL.onnx [--batching MAX_BATCH DELAY_US] [--dynamic-batch] [--instances N] [--binary]
 #                       [--threads N] [--duration S] [--concurrency "1 2 4 8 16 32"] [--soak S] [--rows N]
 #                       [--bench] [--passes SPEC]
@@ -105,12 +106,14 @@ rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$server/status"; }
 # One wrk run: prints the row of the table (and leaves wrk's output in $work/wrk.txt).
 run_wrk() {
   local c=$1 secs=$2
-  local i0 e0 i1 e1
+  local i0 e0 i1 e1 q0 q1 u0 u1
   i0=$(metric keel_inference_count) e0=$(metric keel_inference_exec_count)
+  q0=$(metric keel_inference_request_success) u0=$(metric keel_inference_compute_infer_duration_us)
   timeout $((secs + 30)) wrk -t "$(( c < 2 ? 1 : 2 ))" -c "$c" -d "${secs}s" --timeout 30s --latency \
     -s "$work/post.lua" "http://127.0.0.1:$port/v2/models/m/infer" > "$work/wrk.txt"
   i1=$(metric keel_inference_count) e1=$(metric keel_inference_exec_count)
-  local out rps ips non2xx sock batch
+  q1=$(metric keel_inference_request_success) u1=$(metric keel_inference_compute_infer_duration_us)
+  local out rps ips non2xx sock batch run
   out=$(cat "$work/wrk.txt")
   rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
   ips=$(awk -v a=$((i1 - i0)) -v s="$secs" 'BEGIN {printf "%.1f", a / s}')
@@ -119,10 +122,13 @@ run_wrk() {
   # wrk: "Socket errors: connect 0, read 0, write 0, timeout 0"
   sock=$(awk '/Socket errors/ {gsub(",", ""); printf "c%s/r%s/w%s/t%s", $4, $6, $8, $10}' <<<"$out")
   batch=$(awk -v a=$((i1 - i0)) -v b=$((e1 - e0)) 'BEGIN {printf "%.2f", b ? a / b : 0}')
-  printf '%-5s %10s %10s %9s %9s %9s %8s %14s %9s\n' "$c" "$rps" "$ips" "$(ms 50%)" "$(ms 90%)" "$(ms 99%)" \
-    "${non2xx:-0}" "${sock:-0}" "$batch"
+  # The model's run time per execution (the server counts a batch's run once per request in it).
+  run=$(awk -v u=$((u1 - u0)) -v q=$((q1 - q0)) -v b="$batch" 'BEGIN {printf "%.3f", q ? u / q / 1000 : 0}')
+  printf '%-5s %10s %10s %9s %9s %9s %8s %14s %9s %8s\n' "$c" "$rps" "$ips" "$(ms 50%)" "$(ms 90%)" "$(ms 99%)" \
+    "${non2xx:-0}" "${sock:-0}" "$batch" "$run"
 }
-printf '%-5s %10s %10s %9s %9s %9s %8s %14s %9s\n' conc req/s infer/s p50_ms p90_ms p99_ms non2xx sock_c/r/w/t avg_batch
+printf '%-5s %10s %10s %9s %9s %9s %8s %14s %9s %8s\n' conc req/s infer/s p50_ms p90_ms p99_ms non2xx sock_c/r/w/t \
+  avg_batch run_ms
 last=1
 for c in $conc; do
   run_wrk "$c" "$duration"

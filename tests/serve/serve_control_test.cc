@@ -3,7 +3,13 @@
 // runs its own server process on 127.0.0.1 (a free port) and every wait is bounded.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <thread>
 
 #include "tests/serve/serve_test_util.h"
 
@@ -247,6 +253,157 @@ TEST(ServeLimits, SlowClientsAreCutOffAndOthersAreServed) {
     close(fd);
   }
   EXPECT_EQ(c->Get("/v2/health/live")->status, 200);
+  EXPECT_EQ(server.terminate(), 0);
+  fs::remove_all(dir);
+}
+
+// Reads one HTTP answer from `fd` (headers and a Content-Length body), bounded in time; "" on close or timeout.
+std::string read_answer(int fd, std::string& pending, std::chrono::seconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    const size_t end = pending.find("\r\n\r\n");
+    if (end != std::string::npos) {
+      size_t length = 0;
+      const size_t at = pending.find("Content-Length: ");
+      if (at != std::string::npos && at < end) length = std::stoul(pending.substr(at + 16));
+      if (pending.size() >= end + 4 + length) {
+        std::string one = pending.substr(0, end + 4 + length);
+        pending.erase(0, end + 4 + length);
+        return one;
+      }
+    }
+    if (std::chrono::steady_clock::now() > deadline) return "";
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    char buf[4096];
+    const ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) return "";
+    pending.append(buf, static_cast<size_t>(n));
+  }
+}
+
+// User and system CPU time a process has used so far (/proc/PID/stat), in seconds.
+double cpu_seconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::istringstream fields(stat.substr(stat.rfind(')') + 2));  // after the command name
+  std::string f;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && fields >> f; ++i)
+    if (i == 14 || i == 15) ticks += std::stod(f);  // utime, stime
+  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+bool send_text(int fd, const std::string& text) {
+  return send(fd, text.data(), text.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(text.size());
+}
+
+// The HTTP layer's own protocol work on a raw connection: keep-alive and pipelining, `Expect: 100-continue`, a
+// chunked body, percent-decoded paths, and malformed request lines (400 with a JSON error, the server serves on).
+TEST(ServeHttp, KeepAlivePipeliningContinueChunkedAndMalformed) {
+  std::signal(SIGPIPE, SIG_IGN);
+  const fs::path dir = fresh_dir("http");
+  write(dir / "repo" / "mlp" / "1" / "model.onnx", fixed_mlp_model(1.f));
+  ServerProcess server;
+  ASSERT_TRUE(server.start(dir / "repo", {"--http-threads", "2"})) << server.log;
+  const std::vector<float> x{1, 2, 3, 4};
+  const std::string body = infer_body(x, 1).dump();
+  const std::string post =
+      "POST /v2/models/mlp/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n";
+  auto expect_result = [&](const std::string& answer) {
+    ASSERT_EQ(answer.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << answer;
+    const json j = json::parse(answer.substr(answer.find("\r\n\r\n") + 4));
+    EXPECT_TRUE(near(floats_of(j["outputs"][0]["data"]), fixed_reference(1.f, x))) << answer;
+  };
+  {  // two requests in one write, then a third on the same connection
+    const int fd = connect_to(server.port);
+    ASSERT_GE(fd, 0);
+    const std::string one = post + "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+    ASSERT_TRUE(send_text(fd, one + one));
+    std::string pending;
+    expect_result(read_answer(fd, pending, std::chrono::seconds(10)));
+    expect_result(read_answer(fd, pending, std::chrono::seconds(10)));
+    ASSERT_TRUE(send_text(fd, "GET /v2/health/%6Cive HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"));  // %6C = 'l'
+    const std::string live = read_answer(fd, pending, std::chrono::seconds(10));
+    EXPECT_EQ(live.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << live;
+    EXPECT_NE(live.find("Connection: keep-alive"), std::string::npos) << live;
+    close(fd);
+  }
+  {  // Expect: 100-continue, then the body
+    const int fd = connect_to(server.port);
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(
+        send_text(fd, post + "Expect: 100-continue\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n"));
+    std::string pending;
+    const std::string interim = read_answer(fd, pending, std::chrono::seconds(10));
+    EXPECT_EQ(interim, "HTTP/1.1 100 Continue\r\n\r\n");
+    ASSERT_TRUE(send_text(fd, body));
+    expect_result(read_answer(fd, pending, std::chrono::seconds(10)));
+    close(fd);
+  }
+  {  // a chunked body in three chunks
+    const int fd = connect_to(server.port);
+    ASSERT_GE(fd, 0);
+    std::string chunked = post + "Transfer-Encoding: chunked\r\n\r\n";
+    for (size_t at = 0; at < body.size(); at += 40) {
+      const std::string part = body.substr(at, 40);
+      char size[16];
+      std::snprintf(size, sizeof size, "%zx\r\n", part.size());
+      chunked += size + part + "\r\n";
+    }
+    ASSERT_TRUE(send_text(fd, chunked + "0\r\n\r\n"));
+    std::string pending;
+    expect_result(read_answer(fd, pending, std::chrono::seconds(10)));
+    close(fd);
+  }
+  for (const std::string bad : {"GARBAGE\r\n\r\n", "GET /v2 HTTP/9.9\r\n\r\n", "GET /v2 HTTP/1.1\r\nNo colon\r\n\r\n",
+                                "POST /v2/models/mlp/infer HTTP/1.1\r\nContent-Length: -5\r\n\r\n"}) {
+    const int fd = connect_to(server.port);
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(send_text(fd, bad));
+    std::string pending;
+    const std::string answer = read_answer(fd, pending, std::chrono::seconds(10));
+    EXPECT_EQ(answer.rfind("HTTP/1.1 400 Bad Request\r\n", 0), 0u) << bad << " -> " << answer;
+    EXPECT_NE(answer.find("{\"error\":"), std::string::npos) << answer;
+    EXPECT_EQ(wait_for_close(fd, std::chrono::seconds(10)), "") << bad;  // then the server closes
+    close(fd);
+  }
+  EXPECT_EQ(server.client()->Get("/v2/health/live")->status, 200);
+  // Every connection above is closed by its client: the server goes quiet (no worker spins on a closed socket).
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const double cpu0 = cpu_seconds(server.pid);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  EXPECT_LT(cpu_seconds(server.pid) - cpu0, 0.2);
+  EXPECT_EQ(server.terminate(), 0);
+  fs::remove_all(dir);
+}
+
+// More keep-alive clients than HTTP threads: a worker whose client goes quiet while others wait parks that
+// connection and serves the next, so every client is served in turn, none waits for another's idle timeout.
+TEST(ServeHttp, MoreKeepAliveClientsThanThreadsAreServedInTurn) {
+  std::signal(SIGPIPE, SIG_IGN);
+  const fs::path dir = fresh_dir("turns");
+  write(dir / "repo" / "mlp" / "1" / "model.onnx", fixed_mlp_model(1.f));
+  ServerProcess server;
+  ASSERT_TRUE(server.start(dir / "repo", {"--http-threads", "2"})) << server.log;
+  constexpr int kClients = 6, kRounds = 4;
+  std::vector<std::unique_ptr<httplib::Client>> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.push_back(server.client());
+    clients.back()->set_keep_alive(true);
+  }
+  const std::vector<float> x{1, 2, 3, 4};
+  const std::string body = infer_body(x, 1).dump();
+  for (int round = 0; round < kRounds; ++round) {
+    for (int i = 0; i < kClients; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      auto r = clients[static_cast<size_t>(i)]->Post("/v2/models/mlp/infer", body, "application/json");
+      ASSERT_TRUE(r) << "client " << i << " round " << round;
+      EXPECT_EQ(r->status, 200);
+      // The server's idle timeout is 5 s: a client starved until another's connection timed out would take that.
+      EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3)) << "client " << i << " round " << round;
+    }
+  }
   EXPECT_EQ(server.terminate(), 0);
   fs::remove_all(dir);
 }

@@ -14,11 +14,9 @@
 
 #include "tools/keel/commands.h"
 
-#if KEEL_HAVE_SERVE
 #include <pthread.h>
 
 #include "tools/serve/server.h"
-#endif
 
 namespace keel::cli {
 
@@ -37,7 +35,6 @@ struct ServeArgs {
   bool model_control = false;
 };
 
-#if KEEL_HAVE_SERVE
 // The token of --auth-token-file: the file's text without surrounding whitespace; empty or unreadable is an error.
 StatusOr<std::string> read_token(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -53,10 +50,8 @@ StatusOr<std::string> read_token(const std::string& path) {
       return invalid_argument("--auth-token-file " + path + ": the token must be one word of printable ASCII");
   return t;
 }
-#endif
 
 int run_serve(const ServeArgs& a, Globals& g) {
-#if KEEL_HAVE_SERVE
   // Block the stop signals in every thread (the runtime's and the server's inherit the mask); one thread waits for
   // them.
   sigset_t set;
@@ -142,12 +137,6 @@ int run_serve(const ServeArgs& a, Globals& g) {
     return 1;
   }
   return 0;
-#else
-  (void)a;
-  (void)g;
-  std::cerr << "keel serve: this keel was built without cpp-httplib (install libcpp-httplib-dev and rebuild)\n";
-  return 1;
-#endif
 }
 }  // namespace
 

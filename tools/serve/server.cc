@@ -1,7 +1,6 @@
-// keel/tools/serve/server.cc — the KServe v2 REST endpoints over cpp-httplib (see server.h).
+// keel/tools/serve/server.cc — the KServe v2 REST endpoints (see server.h) over tools/serve/http.h.
 #include "tools/serve/server.h"
 
-#include <httplib.h>
 #include <spdlog/spdlog.h>
 
 #include <array>
@@ -33,7 +32,7 @@ int http_code(const Status& s) {
   }
 }
 
-void send_error(httplib::Response& res, int code, const std::string& message) {
+void send_error(http::Response& res, int code, const std::string& message) {
   res.status = code;
   if (code == 429 || code == 503) res.set_header("Retry-After", "1");
   res.set_content(json{{"error", message}}.dump(), "application/json");
@@ -172,13 +171,19 @@ StatusOr<std::unique_ptr<Server>> Server::create(Environment& env, ServerOptions
     KEEL_RETURN_IF_ERROR(s->load_model(name), "keel serve");
   }
   if (ec) return invalid_argument("keel serve: model repository " + repo.string() + ": " + ec.message());
-  s->http_ = std::make_unique<httplib::Server>();
+  http::Options o;
+  o.threads = std::max(1, s->options_.http_threads);
+  o.max_body_bytes = s->options_.max_body_bytes;
+  o.max_header_bytes = s->options_.max_header_bytes;
+  o.io_timeout_s = s->options_.io_timeout_s;
+  o.idle_timeout_s = s->options_.idle_timeout_s;
+  s->http_ = std::make_unique<http::Server>(o);
   s->install_routes();
   return s;
 }
 
 Server::~Server() {
-  if (http_ && http_->is_running()) http_->stop();
+  if (http_) http_->stop();
   std::map<std::string, Versions> models;
   {
     std::unique_lock lk(models_mu_);
@@ -281,15 +286,10 @@ std::shared_ptr<ServedModel> Server::find(const std::string& name, const std::st
   return nullptr;
 }
 
-StatusOr<int> Server::bind() {
-  const int port = options_.port == 0 ? http_->bind_to_any_port(options_.host)
-                                      : (http_->bind_to_port(options_.host, options_.port) ? options_.port : -1);
-  if (port <= 0) return unavailable("keel serve: cannot bind " + options_.host + ":" + std::to_string(options_.port));
-  return port;
-}
+StatusOr<int> Server::bind() { return http_->bind(options_.host, options_.port); }
 
 Status Server::serve() {
-  if (!stop_requested_) http_->listen_after_bind();  // returns after stop(), once the connection threads have finished
+  KEEL_RETURN_IF_ERROR(http_->serve(), "");  // returns after stop(), once the requests in flight are answered
   std::shared_lock lk(models_mu_);
   for (auto& [n, vs] : models_)
     for (auto& [v, m] : vs) m->shutdown();
@@ -298,98 +298,62 @@ Status Server::serve() {
 
 void Server::stop() {
   stop_requested_ = true;
-  // httplib's stop() does nothing before the listening loop runs: wait (bounded) for it to start.
-  for (int i = 0; i < 1000; ++i) {
-    if (http_->is_running()) {
-      http_->stop();
-      return;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  http_->stop();
 }
 
 void Server::install_routes() {
-  httplib::Server& http = *http_;
-  const int threads = std::max(1, options_.http_threads);
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  http.set_payload_max_length(options_.max_body_bytes);
-  http.set_read_timeout(options_.io_timeout_s, 0);
-  http.set_write_timeout(options_.io_timeout_s, 0);
-  http.set_keep_alive_timeout(options_.idle_timeout_s);
-  http.set_keep_alive_max_count(10000);
-  http.set_tcp_nodelay(true);
-  http.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
-    if (res.body.empty()) {
-      const char* what = res.status == 413   ? "request body too large"
-                         : res.status == 404 ? "no such endpoint"
-                         : res.status == 414 ? "request URI too long"
-                                             : "bad request";
-      res.set_content(json{{"error", what}}.dump(), "application/json");
-    }
-    return httplib::Server::HandlerResponse::Handled;
-  }));
-  http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string what = "internal error";
-    try {
-      if (ep) std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = std::string("internal error: ") + e.what();
-    } catch (...) {}
-    send_error(res, 500, what);
-  });
-  http.set_logger([this](const httplib::Request&, const httplib::Response& res) {
+  http::Server& server = *http_;
+  server.set_error_formatter(
+      [](http::Response& res, const std::string& message) { send_error(res, res.status, message); });
+  server.set_logger([this](const http::Request&, const http::Response& res) {
     if (res.status >= 0 && res.status < static_cast<int>(responses_.size()))
       responses_[static_cast<size_t>(res.status)]++;
   });
   // The headers' total size and the bearer token, checked before routing (and before the body is read).
-  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    uint64_t header_bytes = 0;
-    for (const auto& [k, v] : req.headers) header_bytes += k.size() + v.size() + 4;
-    if (header_bytes > options_.max_header_bytes) {
+  server.set_pre_routing([this](const http::Request& req, http::Response& res) {
+    if (req.header_bytes > options_.max_header_bytes) {
       send_error(res, 431,
-                 "request headers too large (" + std::to_string(header_bytes) + " bytes; at most " +
+                 "request headers too large (" + std::to_string(req.header_bytes) + " bytes; at most " +
                      std::to_string(options_.max_header_bytes) + ")");
-      res.set_header("Connection", "close");
-      return httplib::Server::HandlerResponse::Handled;
+      return true;
     }
-    if (options_.auth_token.empty() || req.path == "/v2/health/live" || req.path == "/v2/health/ready")
-      return httplib::Server::HandlerResponse::Unhandled;
-    const std::string auth = req.get_header_value("Authorization");
-    if (auth.rfind("Bearer ", 0) == 0 && constant_time_equal(std::string_view(auth).substr(7), options_.auth_token))
-      return httplib::Server::HandlerResponse::Unhandled;
-    send_error(res, 401, auth.empty() ? "this server needs `Authorization: Bearer <token>`" : "wrong bearer token");
+    if (options_.auth_token.empty() || req.path == "/v2/health/live" || req.path == "/v2/health/ready") return false;
+    const std::string* auth = req.header("Authorization");
+    if (auth && auth->rfind("Bearer ", 0) == 0 &&
+        constant_time_equal(std::string_view(*auth).substr(7), options_.auth_token))
+      return false;
+    send_error(res, 401, !auth ? "this server needs `Authorization: Bearer <token>`" : "wrong bearer token");
     res.set_header("WWW-Authenticate", "Bearer");
-    res.set_header("Connection", "close");  // the body was not read
-    return httplib::Server::HandlerResponse::Handled;
+    return true;
   });
 
-  auto ok_json = [](httplib::Response& res, const json& j) {
+  auto ok_json = [](http::Response& res, const json& j) {
     res.status = 200;
     res.set_content(j.dump(), "application/json");
   };
-  http.Get("/v2/health/live", [ok_json](const httplib::Request&, httplib::Response& res) {
+  server.route("GET", "/v2/health/live", [ok_json](const http::Request&, http::Response& res) {
     ok_json(res, json{{"live", true}});
   });
-  http.Get("/v2/health/ready", [this, ok_json](const httplib::Request&, httplib::Response& res) {
+  server.route("GET", "/v2/health/ready", [this, ok_json](const http::Request&, http::Response& res) {
     if (stop_requested_) return send_error(res, 503, "shutting down");
     ok_json(res, json{{"ready", true}});
   });
-  http.Get("/v2", [this, ok_json](const httplib::Request&, httplib::Response& res) {
+  server.route("GET", "/v2", [this, ok_json](const http::Request&, http::Response& res) {
     json ext = json::array({"binary_tensor_data"});
     if (options_.model_control) ext.push_back("model_repository");
     ok_json(res, json{{"name", "keel"}, {"version", KEEL_VERSION}, {"extensions", ext}});
   });
 
-  auto lookup = [this](const httplib::Request& req, httplib::Response& res) -> std::shared_ptr<ServedModel> {
+  auto lookup = [this](const http::Request& req, http::Response& res) -> std::shared_ptr<ServedModel> {
     int code = 0;
     std::string message;
-    const std::string version = req.matches.size() > 2 && req.matches[2].matched ? req.matches[2].str() : "";
-    auto m = find(req.matches[1], version.empty() ? nullptr : &version, code, message);
+    const std::string& version = req.captures[2];
+    auto m = find(req.captures[1], version.empty() ? nullptr : &version, code, message);
     if (!m) send_error(res, code, message);
     return m;
   };
   const std::string model_re = R"(/v2/models/([^/]+)(?:/versions/([^/]+))?)";
-  http.Get(model_re, [this, lookup, ok_json](const httplib::Request& req, httplib::Response& res) {
+  server.route("GET", model_re, [this, lookup, ok_json](const http::Request& req, http::Response& res) {
     auto m = lookup(req, res);
     if (!m) return;
     json versions = json::array();
@@ -404,82 +368,84 @@ void Server::install_routes() {
     json meta{{"name", m->name()},  {"versions", versions},
               {"platform", "onnx"}, {"inputs", in},
               {"outputs", out},     {"parameters", {{"max_batch_size", m->config().max_batch_size}}}};
-    if (req.matches[2].matched) meta["version"] = std::to_string(m->version());
+    if (!req.captures[2].empty()) meta["version"] = std::to_string(m->version());
     ok_json(res, meta);
   });
-  http.Get(model_re + "/ready", [lookup, ok_json](const httplib::Request& req, httplib::Response& res) {
+  server.route("GET", model_re + "/ready", [lookup, ok_json](const http::Request& req, http::Response& res) {
     auto m = lookup(req, res);
     if (!m) return;
     ok_json(res, json{{"name", m->name()}, {"version", std::to_string(m->version())}, {"ready", true}});
   });
-  http.Post(model_re + "/infer",
-            [this](const httplib::Request& req, httplib::Response& res) { handle_infer(req, res); });
+  server.route("POST", model_re + "/infer",
+               [this](const http::Request& req, http::Response& res) { handle_infer(req, res); });
 
   // Model control (the repository extension).
-  auto control_off = [this](httplib::Response& res) {
+  auto control_off = [this](http::Response& res) {
     if (options_.model_control) return false;
     send_error(res, 403, "model control is off (start keel serve with --model-control)");
     return true;
   };
-  http.Post("/v2/repository/index", [this, control_off, ok_json](const httplib::Request& req, httplib::Response& res) {
-    if (control_off(res)) return;
-    bool ready_only = false;
-    if (!req.body.empty()) {
-      if (json_depth(req.body, options_.max_json_depth) > options_.max_json_depth)
-        return send_error(res, 400, "JSON nested deeper than " + std::to_string(options_.max_json_depth));
-      auto j = json::parse(req.body, nullptr, false);
-      if (j.is_discarded() || !j.is_object()) return send_error(res, 400, "the index request is a JSON object");
-      if (j.contains("ready")) {
-        if (!j["ready"].is_boolean()) return send_error(res, 400, "`ready` must be true or false");
-        ready_only = j["ready"].get<bool>();
-      }
-    }
-    json index = json::array();
-    std::error_code ec;
-    std::map<std::string, Versions> loaded;
-    {
-      std::shared_lock lk(models_mu_);
-      loaded = models_;
-    }
-    std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(options_.model_repository, ec))
-      if (e.is_directory() && valid_model_name(e.path().filename().string()))
-        names.push_back(e.path().filename().string());
-    std::sort(names.begin(), names.end());
-    for (const auto& n : names) {
-      const auto it = loaded.find(n);
-      for (int64_t v : versions_present(options_.model_repository / n)) {
-        const bool ready = it != loaded.end() && it->second.count(v);
-        if (ready_only && !ready) continue;
-        json e{{"name", n}, {"version", std::to_string(v)}, {"state", ready ? "READY" : "UNAVAILABLE"}};
-        if (!ready) e["reason"] = it == loaded.end() ? "unloaded" : "not selected by the version policy";
-        index.push_back(std::move(e));
-      }
-    }
-    ok_json(res, index);
-  });
-  http.Post(R"(/v2/repository/models/([^/]+)/(load|unload))",
-            [this, control_off, ok_json](const httplib::Request& req, httplib::Response& res) {
-              if (control_off(res)) return;
-              const std::string name = req.matches[1];
-              if (!valid_model_name(name)) return send_error(res, 400, "invalid model name '" + name + "'");
-              const Status st = req.matches[2] == "load" ? load_model(name) : unload_model(name);
-              if (!st.is_ok()) return send_error(res, http_code(st), st.message());
-              ok_json(res, json::object());
-            });
+  server.route("POST", "/v2/repository/index",
+               [this, control_off, ok_json](const http::Request& req, http::Response& res) {
+                 if (control_off(res)) return;
+                 bool ready_only = false;
+                 if (!req.body.empty()) {
+                   if (json_depth(req.body, options_.max_json_depth) > options_.max_json_depth)
+                     return send_error(res, 400, "JSON nested deeper than " + std::to_string(options_.max_json_depth));
+                   auto j = json::parse(req.body, nullptr, false);
+                   if (j.is_discarded() || !j.is_object())
+                     return send_error(res, 400, "the index request is a JSON object");
+                   if (j.contains("ready")) {
+                     if (!j["ready"].is_boolean()) return send_error(res, 400, "`ready` must be true or false");
+                     ready_only = j["ready"].get<bool>();
+                   }
+                 }
+                 json index = json::array();
+                 std::error_code ec;
+                 std::map<std::string, Versions> loaded;
+                 {
+                   std::shared_lock lk(models_mu_);
+                   loaded = models_;
+                 }
+                 std::vector<std::string> names;
+                 for (const auto& e : fs::directory_iterator(options_.model_repository, ec))
+                   if (e.is_directory() && valid_model_name(e.path().filename().string()))
+                     names.push_back(e.path().filename().string());
+                 std::sort(names.begin(), names.end());
+                 for (const auto& n : names) {
+                   const auto it = loaded.find(n);
+                   for (int64_t v : versions_present(options_.model_repository / n)) {
+                     const bool ready = it != loaded.end() && it->second.count(v);
+                     if (ready_only && !ready) continue;
+                     json e{{"name", n}, {"version", std::to_string(v)}, {"state", ready ? "READY" : "UNAVAILABLE"}};
+                     if (!ready) e["reason"] = it == loaded.end() ? "unloaded" : "not selected by the version policy";
+                     index.push_back(std::move(e));
+                   }
+                 }
+                 ok_json(res, index);
+               });
+  server.route("POST", R"(/v2/repository/models/([^/]+)/(load|unload))",
+               [this, control_off, ok_json](const http::Request& req, http::Response& res) {
+                 if (control_off(res)) return;
+                 const std::string name = req.captures[1];
+                 if (!valid_model_name(name)) return send_error(res, 400, "invalid model name '" + name + "'");
+                 const Status st = req.captures[2] == "load" ? load_model(name) : unload_model(name);
+                 if (!st.is_ok()) return send_error(res, http_code(st), st.message());
+                 ok_json(res, json::object());
+               });
 
-  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+  server.route("GET", "/metrics", [this](const http::Request&, http::Response& res) {
     res.status = 200;
     res.set_content(metrics_text(), "text/plain; version=0.0.4");
   });
 }
 
-void Server::handle_infer(const httplib::Request& req, httplib::Response& res) {
+void Server::handle_infer(const http::Request& req, http::Response& res) {
   const auto t0 = clock::now();
   int code = 0;
   std::string message;
-  const std::string version = req.matches.size() > 2 && req.matches[2].matched ? req.matches[2].str() : "";
-  const std::shared_ptr<ServedModel> model = find(req.matches[1], version.empty() ? nullptr : &version, code, message);
+  const std::string& version = req.captures[2];
+  const std::shared_ptr<ServedModel> model = find(req.captures[1], version.empty() ? nullptr : &version, code, message);
   if (!model) return send_error(res, code, message);
   ServedModel& m = *model;
   int64_t batch_rows = 0, queue_us = 0, compute_us = 0;
@@ -502,9 +468,9 @@ void Server::handle_infer(const httplib::Request& req, httplib::Response& res) {
   // The JSON header, and the binary tensor data after it (binary tensor-data extension).
   std::string_view body = req.body;
   std::string_view binary;
-  if (req.has_header("Inference-Header-Content-Length")) {
+  if (const std::string* header_length = req.header("Inference-Header-Content-Length")) {
     uint64_t n = 0;
-    if (!parse_u64(req.get_header_value("Inference-Header-Content-Length"), n) || n > body.size())
+    if (!parse_u64(*header_length, n) || n > body.size())
       return bad("Inference-Header-Content-Length is not a byte count within the body");
     binary = body.substr(n);
     body = body.substr(0, n);

@@ -40,13 +40,8 @@
 #include "core/base/graph.h"
 #include "core/base/status.h"
 #include "core/runtime/environment.h"
+#include "tools/serve/http.h"
 #include "tools/serve/model.h"
-
-namespace httplib {
-class Server;
-struct Request;
-struct Response;
-}  // namespace httplib
 
 namespace keel::serve {
 
@@ -64,7 +59,7 @@ struct ServerOptions {
   int http_threads = 16;                     // connections served at once
   uint64_t max_body_bytes = 64ull << 20;     // 413 beyond
   int max_json_depth = 64;                   // 400 beyond
-  uint64_t max_header_bytes = 64u << 10;     // all request headers together: 431 beyond (one line: 8 KiB, httplib's)
+  uint32_t max_header_bytes = 64u << 10;     // the request line and headers together: 431 beyond
   uint64_t max_tensor_bytes = 1ull << 30;    // one input tensor's bytes, checked before allocating
   uint64_t max_inflight_bytes = 2ull << 30;  // input bytes of all requests in flight; 429 beyond (checked first)
   int64_t request_timeout_ms = 60'000;       // a request's queue deadline unless its config or request says otherwise
@@ -98,7 +93,7 @@ class Server {
   using Versions = std::map<int64_t, std::shared_ptr<ServedModel>>;
   Server() = default;
   void install_routes();
-  void handle_infer(const httplib::Request& req, httplib::Response& res);
+  void handle_infer(const http::Request& req, http::Response& res);
   std::string metrics_text();
   // The loaded version a request names (the highest when `version` is empty), or an HTTP error.
   std::shared_ptr<ServedModel> find(const std::string& name, const std::string* version, int& code,
@@ -109,7 +104,7 @@ class Server {
   mutable std::shared_mutex models_mu_;  // guards models_ (requests read, load/unload swap)
   std::map<std::string, Versions> models_;
   std::mutex control_mu_;  // one load or unload at a time
-  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<http::Server> http_;
   std::atomic<bool> stop_requested_{false};
   std::atomic<uint64_t> inflight_bytes_{0};
   std::array<std::atomic<uint64_t>, 600> responses_{};  // by HTTP status code
