@@ -288,6 +288,7 @@ void Server::enqueue(std::unique_ptr<Connection> c) {
 void Server::park(std::unique_ptr<Connection> c) {
   std::lock_guard<std::mutex> lk(mu_);
   if (stopping_) return;  // closed
+  c->buf.shrink_to_fit();  // nothing is buffered: a parked connection holds no read buffer (they are not bounded)
   c->parked_at = clock::now();
   epoll_event ev{};
   ev.events = EPOLLIN | EPOLLRDHUP;
@@ -355,8 +356,8 @@ Server::After Server::serve_connection(Connection& c) {
           if (got == Connection::Read::kData) break;
           continue;  // nothing after all
         }
-        if (fds[1].revents != 0) return After::kClose;    // stopping: an idle connection closes
-        if (fds[2].revents != 0) return After::kPark;     // others wait for a worker
+        if (fds[1].revents != 0) return After::kClose;  // stopping: an idle connection closes
+        if (fds[2].revents != 0) return After::kPark;   // others wait for a worker
       }
     }
     if (!serve_request(c)) return After::kClose;
