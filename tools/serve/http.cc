@@ -287,7 +287,7 @@ void Server::enqueue(std::unique_ptr<Connection> c) {
 
 void Server::park(std::unique_ptr<Connection> c) {
   std::lock_guard<std::mutex> lk(mu_);
-  if (stopping_) return;  // closed
+  if (stopping_) return;   // closed
   c->buf.shrink_to_fit();  // nothing is buffered: a parked connection holds no read buffer (they are not bounded)
   c->parked_at = clock::now();
   epoll_event ev{};

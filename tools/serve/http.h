@@ -82,11 +82,11 @@ using ErrorFormatter = std::function<void(Response&, const std::string& message)
 using Logger = std::function<void(const Request&, const Response&)>;
 
 struct Options {
-  int threads = 16;                      // workers: connections served at once
+  int threads = 16;                       // workers: connections served at once
   uint64_t max_body_bytes = 64ull << 20;  // 413 beyond
   uint32_t max_header_bytes = 64u << 10;  // request line and headers together: 431 beyond
-  int io_timeout_s = 10;                 // the longest wait for more of a started request, or to write an answer
-  int idle_timeout_s = 5;                // a keep-alive connection with no request for this long is closed
+  int io_timeout_s = 10;                  // the longest wait for more of a started request, or to write an answer
+  int idle_timeout_s = 5;                 // a keep-alive connection with no request for this long is closed
 };
 
 class Server {
