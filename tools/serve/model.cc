@@ -429,8 +429,11 @@ StatusOr<std::future<Result>> ServedModel::submit(std::vector<Tensor> inputs, cl
         execute(*sessions_[i], batch);
         lk.lock();
         busy_[i] = false;
+        // Only a request queued meanwhile needs a worker now; waking them for nothing costs a small model more than
+        // the wake-ups it saves (two context switches a request on two cores).
+        const bool waiting = !queue_.empty();
         lk.unlock();
-        cv_.notify_all();
+        if (waiting) cv_.notify_all();
         return fut;
       }
     }
@@ -521,13 +524,15 @@ void ServedModel::worker(size_t instance) {
   Session& session = *sessions_[instance];
   for (;;) {
     Batch batch;
+    bool more = false;
     {
       std::unique_lock<std::mutex> lk(mu_);
       batch = next_batch(lk, instance);
+      more = !queue_.empty();
     }
     if (batch.empty()) return;  // stopping, and nothing left to finish
     // Another worker may be able to start the next batch now.
-    cv_.notify_one();
+    if (more) cv_.notify_one();
     execute(session, batch);
     {
       std::lock_guard<std::mutex> lk(mu_);
