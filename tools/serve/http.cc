@@ -1,6 +1,8 @@
 // keel/tools/serve/http.cc — the HTTP/1.1 server under `keel serve` (see http.h).
 #include "tools/serve/http.h"
 
+#include <spdlog/spdlog.h>
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -327,7 +329,17 @@ void Server::worker() {
         pending_signalled_ = false;
       }
     }
-    if (serve_connection(*c) == After::kPark) park(std::move(c));
+    // Nothing a client sends may end the process: what escapes a connection (an allocation failure, a hook that
+    // throws) closes that connection only.
+    After after = After::kClose;
+    try {
+      after = serve_connection(*c);
+    } catch (const std::exception& e) {
+      spdlog::warn("keel serve: connection closed: {}", e.what());
+    } catch (...) {
+      spdlog::warn("keel serve: connection closed: unknown exception");
+    }
+    if (after == After::kPark) park(std::move(c));
   }
 }
 
@@ -367,8 +379,10 @@ Server::After Server::serve_connection(Connection& c) {
 void Server::fail(Response& res, int status, const std::string& message) {
   res.status = status;
   res.close = true;
-  if (error_formatter_) error_formatter_(res, message);
-  else res.set_content(message, "text/plain");
+  try {
+    if (error_formatter_) return error_formatter_(res, message);
+  } catch (...) {}
+  res.set_content(message, "text/plain");
 }
 
 bool Server::serve_request(Connection& c) {

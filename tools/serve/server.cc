@@ -32,10 +32,14 @@ int http_code(const Status& s) {
   }
 }
 
+// JSON text of a value that may hold bytes from a request or a model file (a path, a name): invalid UTF-8 is
+// replaced (U+FFFD) instead of throwing.
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
 void send_error(http::Response& res, int code, const std::string& message) {
   res.status = code;
   if (code == 429 || code == 503) res.set_header("Retry-After", "1");
-  res.set_content(json{{"error", message}}.dump(), "application/json");
+  res.set_content(dump(json{{"error", message}}), "application/json");
 }
 
 // Nesting depth of a JSON text (brackets outside strings), without parsing it.
@@ -329,7 +333,7 @@ void Server::install_routes() {
 
   auto ok_json = [](http::Response& res, const json& j) {
     res.status = 200;
-    res.set_content(j.dump(), "application/json");
+    res.set_content(dump(j), "application/json");
   };
   server.route("GET", "/v2/health/live", [ok_json](const http::Request&, http::Response& res) {
     ok_json(res, json{{"live", true}});
@@ -640,7 +644,7 @@ void Server::handle_infer(const http::Request& req, http::Response& res) {
   }
   json resp{{"model_name", m.name()}, {"model_version", std::to_string(m.version())}, {"outputs", outputs}};
   if (j.contains("id")) resp["id"] = j["id"];
-  std::string head = resp.dump();
+  std::string head = dump(resp);
   res.status = 200;
   if (tail.empty()) {
     res.set_content(head, "application/json");
