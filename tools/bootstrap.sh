@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 # ocl-icd-opencl-dev: Debian's oneDNN CMake config (dnnl-config.cmake) requires OpenCL, which libdnnl-dev only
 # recommends; without it a fresh machine fails at configure ("Could NOT find OpenCL"). libgloo-dev: the CPU collective
 # plugin (plugins/gloo); openmpi-bin: `mpirun` for the tests that start ranks the way Open MPI does.
-# libcpp-httplib-dev: `keel serve` (tools/serve); wrk: tools/serve_load.sh. clang-format: tools/check_format.sh.
+# libcpp-httplib-dev: the HTTP client of the `keel serve` tests (the server parses with Boost.Beast, in libboost-dev);
+# wrk: tools/serve_load.sh. clang-format: tools/check_format.sh.
 packages=(
   build-essential cmake ninja-build ccache pkg-config clang-format
   libdnnl-dev ocl-icd-opencl-dev libtomlplusplus-dev libboost-dev libboost-filesystem-dev
