@@ -380,6 +380,36 @@ TEST(ServeHttp, KeepAlivePipeliningContinueChunkedAndMalformed) {
   fs::remove_all(dir);
 }
 
+// --host ::1: the server binds IPv6 loopback, prints the address in brackets and answers there. Skipped where the
+// machine has no IPv6 loopback.
+TEST(ServeHttp, BindsIpv6Loopback) {
+  const int probe = socket(AF_INET6, SOCK_STREAM, 0);
+  sockaddr_in6 addr{};
+  addr.sin6_family = AF_INET6;
+  addr.sin6_addr = in6addr_loopback;
+  const bool v6 = probe >= 0 && bind(probe, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  if (probe >= 0) close(probe);
+  if (!v6) GTEST_SKIP() << "no IPv6 loopback on this machine";
+  std::signal(SIGPIPE, SIG_IGN);
+  const fs::path dir = fresh_dir("ipv6");
+  write(dir / "repo" / "mlp" / "1" / "model.onnx", fixed_mlp_model(1.f));
+  ServerProcess server;
+  ASSERT_TRUE(server.start(dir / "repo", {"--host", "::1"})) << server.log;
+  EXPECT_NE(server.log.find("listening on http://[::1]:"), std::string::npos) << server.log;
+  const int fd = socket(AF_INET6, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  addr.sin6_port = htons(static_cast<uint16_t>(server.port));
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_TRUE(send_text(fd, "GET /v2/health/live HTTP/1.1\r\nHost: [::1]\r\n\r\n"));
+  std::string pending;
+  const std::string answer = read_answer(fd, pending, std::chrono::seconds(10));
+  close(fd);
+  EXPECT_EQ(answer.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << answer;
+  EXPECT_NE(answer.find("{\"live\":true}"), std::string::npos) << answer;
+  EXPECT_EQ(server.terminate(), 0);
+  fs::remove_all(dir);
+}
+
 // More keep-alive clients than HTTP threads: a worker whose client goes quiet while others wait parks that
 // connection and serves the next, so every client is served in turn, none waits for another's idle timeout.
 TEST(ServeHttp, MoreKeepAliveClientsThanThreadsAreServedInTurn) {

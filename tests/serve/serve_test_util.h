@@ -133,9 +133,10 @@ struct ServerProcess {
       const ssize_t n = read(out[0], buf, sizeof buf);
       if (n <= 0) break;
       log.append(buf, static_cast<size_t>(n));
-      const auto at = log.find("listening on http://127.0.0.1:");
-      if (at != std::string::npos && log.find('\n', at) != std::string::npos) {
-        port = std::stoi(log.substr(at + std::strlen("listening on http://127.0.0.1:")));
+      const auto at = log.find("listening on http://");
+      const auto eol = at == std::string::npos ? std::string::npos : log.find('\n', at);
+      if (eol != std::string::npos) {  // http://HOST:PORT, HOST an address or [an IPv6 address]
+        port = std::stoi(log.substr(log.rfind(':', eol) + 1));
         close(out[0]);  // the server writes nothing more on stdout
         return true;
       }

@@ -114,7 +114,9 @@ int run_serve(const ServeArgs& a, Globals& g) {
     std::cerr << port.status().to_string() << "\n";
     return 1;
   }
-  std::cout << "keel serve: listening on http://" << a.host << ":" << port.value() << std::endl;
+  // An IPv6 address goes in brackets, as in a URL (http://[::1]:8000).
+  const std::string url_host = a.host.find(':') != std::string::npos ? "[" + a.host + "]" : a.host;
+  std::cout << "keel serve: listening on http://" << url_host << ":" << port.value() << std::endl;
   std::atomic<bool> done{false};
   std::thread signals([&] {
     timespec tick{0, 100'000'000};
