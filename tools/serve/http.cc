@@ -22,6 +22,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <new>
 
 namespace keel::serve::http {
 
@@ -30,8 +31,7 @@ using clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr size_t kHeaderRead = 64u << 10;  // one read while the headers arrive
-constexpr size_t kMaxRead = 4u << 20;      // the most one read of a body asks for
+constexpr size_t kHeaderRead = 64u << 10;  // one read into a connection's buffer (headers, chunked bodies)
 constexpr uint64_t kLingerBytes = 64u << 20;
 constexpr int kLingerMs = 2000;
 
@@ -129,13 +129,12 @@ struct Server::Connection {
   Connection& operator=(const Connection&) = delete;
 
   enum class Read { kData, kClosed, kTimeout };
-  // Appends what has arrived to `buf` (at most `want` bytes), waiting up to `timeout_ms` when nothing has.
-  Read read_some(size_t want, int timeout_ms) {
-    auto space = buf.prepare(want);
+  // Reads what has arrived into [dst, dst + size) (`got` bytes), waiting up to `timeout_ms` when nothing has.
+  Read read_into(char* dst, size_t size, int timeout_ms, size_t& got) {
     for (;;) {
-      const ssize_t n = ::recv(fd, space.data(), space.size(), 0);
+      const ssize_t n = ::recv(fd, dst, size, 0);
       if (n > 0) {
-        buf.commit(static_cast<size_t>(n));
+        got = static_cast<size_t>(n);
         return Read::kData;
       }
       if (n == 0) return Read::kClosed;
@@ -146,6 +145,14 @@ struct Server::Connection {
       if (r == 0) return Read::kTimeout;
       if (r < 0 && errno != EINTR) return Read::kClosed;
     }
+  }
+  // Appends what has arrived to `buf` (at most `want` bytes), waiting up to `timeout_ms` when nothing has.
+  Read read_some(size_t want, int timeout_ms) {
+    auto space = buf.prepare(want);
+    size_t got = 0;
+    const Read r = read_into(static_cast<char*>(space.data()), space.size(), timeout_ms, got);
+    if (r == Read::kData) buf.commit(got);
+    return r;
   }
 
   int fd;
@@ -472,6 +479,33 @@ bool Server::serve_request(Connection& c) {
       iovec iov{const_cast<char*>(kContinue), sizeof kContinue - 1};
       if (!send_all(c.fd, &iov, 1, io_ms)) return false;
     }
+    const auto length = parser.content_length();
+    if (length && !parser.chunked()) {
+      // Straight into the body's own storage: what the header read brought along, then the rest from the socket.
+      const auto total = static_cast<size_t>(*length);
+      req.body_storage.reset(new (std::nothrow) char[total]);
+      if (!req.body_storage) {
+        fail(res, 503, "cannot allocate " + std::to_string(total) + " bytes for the request body");
+        return answer_early();
+      }
+      size_t have = std::min(total, c.buf.size());
+      std::memcpy(req.body_storage.get(), c.buf.data().data(), have);
+      c.buf.consume(have);
+      while (have < total) {
+        size_t got = 0;
+        switch (c.read_into(req.body_storage.get() + have, total - have, io_ms, got)) {
+          case Connection::Read::kData: have += got; break;
+          case Connection::Read::kClosed: return false;
+          case Connection::Read::kTimeout:
+            fail(res, 408, "the request's body did not arrive within " + std::to_string(options_.io_timeout_s) + " s");
+            return answer_early();
+        }
+      }
+      req.body = std::string_view(req.body_storage.get(), total);
+      const bool keep_alive = parser.get().keep_alive();
+      dispatch(req, res);
+      return answer(keep_alive);
+    }
     parser.eager(true);
     while (!parser.is_done()) {
       if (c.buf.size() > 0) {
@@ -488,10 +522,7 @@ bool Server::serve_request(Connection& c) {
         if (parser.is_done()) break;
         if (!ec && used > 0 && c.buf.size() > 0) continue;
       }
-      size_t want = kHeaderRead;
-      if (const auto left = parser.content_length_remaining())
-        want = static_cast<size_t>(std::clamp<uint64_t>(*left, kHeaderRead, kMaxRead));
-      switch (c.read_some(want, io_ms)) {
+      switch (c.read_some(kHeaderRead, io_ms)) {  // a chunked body: its length is not known ahead
         case Connection::Read::kData: break;
         case Connection::Read::kClosed: return false;
         case Connection::Read::kTimeout:
@@ -501,7 +532,8 @@ bool Server::serve_request(Connection& c) {
     }
   }
   const bool keep_alive = parser.get().keep_alive();
-  req.body = std::move(parser.get().body());
+  req.body_text = std::move(parser.get().body());
+  req.body = req.body_text;
   dispatch(req, res);
   return answer(keep_alive);
 }

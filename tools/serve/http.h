@@ -3,8 +3,9 @@
 // Why not a ready-made server: the one used before (Debian's compiled cpp-httplib) read a body 4 KiB at a time with a
 // poll() before every recv(); on the virtual machines Keel is measured on a system call costs microseconds, and a
 // 100 KB request spent more of the server's time in those calls than in the model. Here a connection's bytes go
-// through one buffer per connection with reads sized to what is still expected (up to 4 MiB at once), a wait only
-// when a read finds nothing, and one sendmsg per response; Beast's parser (header and body limits, chunked bodies,
+// through one buffer per connection (a body with a Content-Length is read straight into its own, uninitialised
+// storage: no zero fill, no second copy), a wait only when a read finds nothing, and one sendmsg per response;
+// Beast's parser (header and body limits, chunked bodies,
 // keep-alive rules) does the HTTP.
 //
 // Connections and threads: `threads` workers each serve one connection at a time, request after request, while its
@@ -50,12 +51,14 @@ namespace keel::serve::http {
 using Headers = std::vector<std::pair<std::string, std::string>>;
 
 struct Request {
-  std::string method;                 // "GET", "POST", ...
-  std::string path;                   // percent-decoded, without the query string
-  Headers headers;                    // as received
-  uint64_t header_bytes = 0;          // every name and value, plus 4 each (": " and CRLF)
-  std::string body;                   // empty in the pre-routing hook
-  std::vector<std::string> captures;  // the route's groups: [0] the path, then each group ("" when it did not match)
+  std::string method;                    // "GET", "POST", ...
+  std::string path;                      // percent-decoded, without the query string
+  Headers headers;                       // as received
+  uint64_t header_bytes = 0;             // every name and value, plus 4 each (": " and CRLF)
+  std::string_view body;                 // empty in the pre-routing hook; the bytes live as long as the Request
+  std::unique_ptr<char[]> body_storage;  // what `body` views (a Content-Length body: read straight into it)
+  std::string body_text;                 // or this (a chunked body, as the parser joined it)
+  std::vector<std::string> captures;     // the route's groups: [0] the path, then each group ("" when it did not match)
   // The value of the first header of that name (case-insensitive), or nullptr.
   const std::string* header(std::string_view name) const;
 };
