@@ -479,6 +479,10 @@ bool Server::serve_request(Connection& c) {
       iovec iov{const_cast<char*>(kContinue), sizeof kContinue - 1};
       if (!send_all(c.fd, &iov, 1, io_ms)) return false;
     }
+    auto body_timeout = [&] {
+      fail(res, 408, "the request's body did not arrive within " + std::to_string(options_.io_timeout_s) + " s");
+      return answer_early();
+    };
     const auto length = parser.content_length();
     if (length && !parser.chunked()) {
       // Straight into the body's own storage: what the header read brought along, then the rest from the socket.
@@ -496,44 +500,38 @@ bool Server::serve_request(Connection& c) {
         switch (c.read_into(req.body_storage.get() + have, total - have, io_ms, got)) {
           case Connection::Read::kData: have += got; break;
           case Connection::Read::kClosed: return false;
-          case Connection::Read::kTimeout:
-            fail(res, 408, "the request's body did not arrive within " + std::to_string(options_.io_timeout_s) + " s");
-            return answer_early();
+          case Connection::Read::kTimeout: return body_timeout();
         }
       }
       req.body = std::string_view(req.body_storage.get(), total);
-      const bool keep_alive = parser.get().keep_alive();
-      dispatch(req, res);
-      return answer(keep_alive);
-    }
-    parser.eager(true);
-    while (!parser.is_done()) {
-      if (c.buf.size() > 0) {
-        const size_t used = parser.put(c.buf.data(), ec);
-        c.buf.consume(used);
-        if (ec == bh::error::body_limit) {
-          fail(res, 413, "request body too large (at most " + std::to_string(options_.max_body_bytes) + " bytes)");
-          return answer_early();
+    } else {
+      parser.eager(true);
+      while (!parser.is_done()) {
+        if (c.buf.size() > 0) {
+          const size_t used = parser.put(c.buf.data(), ec);
+          c.buf.consume(used);
+          if (ec == bh::error::body_limit) {
+            fail(res, 413, "request body too large (at most " + std::to_string(options_.max_body_bytes) + " bytes)");
+            return answer_early();
+          }
+          if (ec && ec != bh::error::need_more) {
+            fail(res, 400, "malformed HTTP request body: " + ec.message());
+            return answer_early();
+          }
+          if (parser.is_done()) break;
+          if (!ec && used > 0 && c.buf.size() > 0) continue;
         }
-        if (ec && ec != bh::error::need_more) {
-          fail(res, 400, "malformed HTTP request body: " + ec.message());
-          return answer_early();
+        switch (c.read_some(kHeaderRead, io_ms)) {  // a chunked body: its length is not known ahead
+          case Connection::Read::kData: break;
+          case Connection::Read::kClosed: return false;
+          case Connection::Read::kTimeout: return body_timeout();
         }
-        if (parser.is_done()) break;
-        if (!ec && used > 0 && c.buf.size() > 0) continue;
       }
-      switch (c.read_some(kHeaderRead, io_ms)) {  // a chunked body: its length is not known ahead
-        case Connection::Read::kData: break;
-        case Connection::Read::kClosed: return false;
-        case Connection::Read::kTimeout:
-          fail(res, 408, "the request's body did not arrive within " + std::to_string(options_.io_timeout_s) + " s");
-          return answer_early();
-      }
+      req.body_text = std::move(parser.get().body());
+      req.body = req.body_text;
     }
   }
   const bool keep_alive = parser.get().keep_alive();
-  req.body_text = std::move(parser.get().body());
-  req.body = req.body_text;
   dispatch(req, res);
   return answer(keep_alive);
 }

@@ -9,7 +9,6 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
-#include <thread>
 
 #include "core/runtime/onnx_io.h"
 #include "tools/serve/tensor_json.h"
