@@ -35,6 +35,13 @@
 // no_sync(): while the guard lives, backward accumulates local gradients without communication (gradient
 // accumulation); the first backward after it synchronises the accumulated sum. Run forward *and* backward inside it.
 // World size 1: a pass-through (no hooks, no thread, finish() returns at once).
+// Scheduling: the overlap needs the communication thread and the collective plugin's I/O thread (Gloo's device loop)
+// to run while backward computes. Under the normal policy they preempt it when a message arrives. Under a real-time
+// policy (`chrt -f`) with one core per rank (keel launch pins ranks) threads of equal priority run until they block, so
+// every bucket's all-reduce waits for finish() (2026-12-03, LeNet-like, 2 ranks under `chrt -f 10`: all-reduce 2.30 s
+// per epoch, all of it waited after backward). Raising those threads above the compute thread is no cure: Gloo's loop
+// thread polls without blocking while a pair's lock is held elsewhere or a message waits for its receive, and above a
+// compute thread pinned to the same core it starves it for good (tried: ranks livelocked in their first collective).
 //
 // Errors: create() and finish() return a Status (a peer failing or timing out is reported by the communicator with
 // the rank); forward() throws eager::Error like any module, e.g. when finish() was not called after a backward.
