@@ -350,6 +350,37 @@ TEST(Launch, TwoNodesFormOneWorld) {
   }
 }
 
+// Node 0's ranks end at once, node 1's use the store a second later: node 0's launcher keeps serving it until node 1's
+// launcher reports that its ranks ended (the exit barrier), and both launchers exit 0.
+TEST(Launch, NodeZeroServesTheStoreUntilEveryNodesRanksEnded) {
+  int port = 0;
+  {
+    auto s = keel::dist::TcpStoreServer::start("127.0.0.1", 0);
+    ASSERT_TRUE(s.is_ok());
+    port = (*s)->port();
+  }
+  const fs::path dir = temp_dir("nodes_late");
+  std::vector<pid_t> launchers;
+  const auto start = Clock::now();
+  for (int node = 0; node < 2; ++node)
+    launchers.push_back(spawn(launch({"--nproc-per-node", "2", "--nnodes", "2", "--node-rank", std::to_string(node),
+                                      "--master-port", std::to_string(port)},
+                                     {"late"}),
+                              dir / ("node" + std::to_string(node) + ".txt"), {}));
+  Result r0 = wait_for(launchers[0], dir / "node0.txt", 60, start);
+  Result r1 = wait_for(launchers[1], dir / "node1.txt", 60, start);
+  const std::string both = r0.output + r1.output;
+  fs::remove_all(dir);
+  ASSERT_FALSE(r0.timed_out || r1.timed_out) << both;
+  EXPECT_EQ(r0.rc, 0) << both;
+  EXPECT_EQ(r1.rc, 0) << both;
+  for (int k : {2, 3})
+    EXPECT_NE(both.find("[rank " + std::to_string(k) + "] rank " + std::to_string(k) + " used the store"),
+              std::string::npos)
+        << both;
+  EXPECT_NE(r0.output.find("waiting for the ranks of 1 other node(s) to end"), std::string::npos) << both;
+}
+
 // The launcher is stopped by a signal (forwarded) or killed outright (PR_SET_PDEATHSIG): no rank survives it.
 void no_orphans(int signal, int want_rc) {
   const fs::path dir = temp_dir("pids" + std::to_string(signal));

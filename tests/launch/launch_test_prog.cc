@@ -122,6 +122,18 @@ int main(int argc, char** argv) {
     std::printf("rank %d saw all %d ranks\n", id->rank, id->world_size);
     return 0;
   }
+  if (mode == "late") {  // node 0's ranks end at once; the other nodes' ranks use the store a second later
+    auto id = keel::dist::identity_from_env();
+    if (!id.is_ok()) return std::printf("error: %s\n", id.status().to_string().c_str()), 1;
+    if (std::string(env_or("GROUP_RANK", "0")) == "0") return std::printf("rank %d ended\n", id->rank), 0;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    auto store = keel::dist::TcpStore::connect(id->master_addr, id->master_port, 10000);
+    if (!store.is_ok()) return std::printf("error: %s\n", store.status().to_string().c_str()), 1;
+    auto n = (*store)->add("test/late", 1);
+    if (!n.is_ok()) return std::printf("error: %s\n", n.status().to_string().c_str()), 1;
+    std::printf("rank %d used the store after node 0's ranks ended\n", id->rank);
+    return 0;
+  }
   if (mode == "pg") {
     auto id = keel::dist::identity_from_env();
     if (!id.is_ok()) return std::printf("error: %s\n", id.status().to_string().c_str()), 1;

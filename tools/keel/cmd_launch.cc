@@ -6,6 +6,8 @@
 // Every rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, GROUP_RANK (the node),
 // KEEL_RESTART_COUNT and KEEL_STORE_SERVED=1 in its environment: on node 0 the launcher itself serves the rendezvous
 // store (core/runtime/dist/store.h) at MASTER_ADDR:MASTER_PORT for the whole job (port 0 on one node: a free port).
+// With several nodes, node 0's launcher keeps serving it after its own ranks ended until every other node's launcher
+// has reported the end of its ranks (an exit barrier, as torchrun's; up to 300 s; not after a failure).
 // Each line a rank prints goes to the launcher's stdout/stderr prefixed "[rank K] ", or to DIR/rank_K.log.
 // SIGINT, SIGTERM and SIGHUP are forwarded to every rank. The first rank that fails (non-zero exit or a signal) stops
 // the others (SIGTERM, then SIGKILL after the grace period); the launcher then restarts the whole group while
@@ -155,8 +157,10 @@ class Launcher {
                  o_.node_rank, o_.nnodes, world, dist::format_address(o_.master_addr, port_));
     for (int attempt = 0;; ++attempt) {
       const int rc = run_attempt(attempt);
-      if (rc == 0) return 0;
-      if (interrupted_ || attempt >= o_.max_restarts) return rc;
+      if (rc == 0 || interrupted_ || attempt >= o_.max_restarts) {
+        exit_barrier(rc);
+        return rc;
+      }
       say("restarting all ranks (restart " + std::to_string(attempt + 1) + " of " + std::to_string(o_.max_restarts) +
           ")");
     }
@@ -221,6 +225,40 @@ class Launcher {
     server_ = std::move(server).value();
     port_ = server_->port();
     return Status::ok();
+  }
+
+  // Multi-node jobs, at the end (torchrun's exit barrier): node 0's store serves every rank of the job, and a rank on
+  // another node may still be using it when node 0's own ranks have ended (its last get would meet a closed
+  // connection). So every other node's launcher reports, best effort, that its ranks ended, and node 0 keeps serving
+  // until all have reported, up to kExitBarrierS or a signal. A failed job does not wait: its ranks elsewhere fail.
+  static constexpr int kExitBarrierS = 300;
+  void exit_barrier(int rc) {
+    if (o_.nnodes <= 1) return;
+    const std::string key = "keel/launch/nodes_ended";
+    auto store = dist::TcpStore::connect(o_.master_addr, port_, 2000);
+    if (o_.node_rank != 0) {
+      if (store.is_ok()) (void)(*store)->add(key, 1);
+      return;
+    }
+    if (rc != 0 || !store.is_ok()) return;
+    const auto deadline = Clock::now() + std::chrono::seconds(kExitBarrierS);
+    for (bool told = false;; told = true) {
+      auto ended = (*store)->add(key, 0);
+      if (!ended.is_ok() || *ended >= o_.nnodes - 1) return;
+      if (!told)
+        say("waiting for the ranks of " + std::to_string(o_.nnodes - 1 - *ended) +
+            " other node(s) to end before the store stops (up to " + std::to_string(kExitBarrierS) + " s)");
+      pollfd signal_fd{g_signal_pipe[0], POLLIN, 0};
+      if (poll(&signal_fd, 1, 50) > 0) {
+        unsigned char sigs[16];
+        ssize_t got;
+        while ((got = read(g_signal_pipe[0], sigs, sizeof sigs)) > 0) {
+          for (ssize_t k = 0; k < got; ++k)
+            if (sigs[k] != SIGCHLD) return say("got " + signal_name(sigs[k]) + ": not waiting for the other nodes");
+        }
+      }
+      if (Clock::now() >= deadline) return say("the other nodes did not all report their end: stopping the store");
+    }
   }
 
   std::vector<std::string> child_env(const Rank& r, int attempt) const {
