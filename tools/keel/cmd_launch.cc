@@ -62,6 +62,18 @@ void on_signal(int sig) {
   errno = saved;
 }
 
+// Drains the signal pipe: the signals received since the last call, SIGCHLD left out (children are reaped by
+// waitpid wherever the launcher waits).
+std::vector<int> take_signals() {
+  std::vector<int> sigs;
+  unsigned char buf[64];
+  ssize_t got;
+  while ((got = read(g_signal_pipe[0], buf, sizeof buf)) > 0)
+    for (ssize_t k = 0; k < got; ++k)
+      if (buf[k] != SIGCHLD) sigs.push_back(buf[k]);
+  return sigs;
+}
+
 std::string signal_name(int sig) {
 #if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 32))
   if (const char* abbrev = sigabbrev_np(sig)) return std::string("SIG") + abbrev;
@@ -250,12 +262,8 @@ class Launcher {
             " other node(s) to end before the store stops (up to " + std::to_string(kExitBarrierS) + " s)");
       pollfd signal_fd{g_signal_pipe[0], POLLIN, 0};
       if (poll(&signal_fd, 1, 50) > 0) {
-        unsigned char sigs[16];
-        ssize_t got;
-        while ((got = read(g_signal_pipe[0], sigs, sizeof sigs)) > 0) {
-          for (ssize_t k = 0; k < got; ++k)
-            if (sigs[k] != SIGCHLD) return say("got " + signal_name(sigs[k]) + ": not waiting for the other nodes");
-        }
+        const std::vector<int> sigs = take_signals();
+        if (!sigs.empty()) return say("got " + signal_name(sigs.front()) + ": not waiting for the other nodes");
       }
       if (Clock::now() >= deadline) return say("the other nodes did not all report their end: stopping the store");
     }
@@ -460,16 +468,11 @@ class Launcher {
         continue;
       }
       if (rc > 0 && (fds[0].revents & POLLIN)) {
-        unsigned char sigs[64];
-        ssize_t got;
-        while ((got = read(g_signal_pipe[0], sigs, sizeof sigs)) > 0) {
-          for (ssize_t k = 0; k < got; ++k) {
-            if (sigs[k] == SIGCHLD) continue;  // reaped below
-            if (!interrupted_) say("got " + signal_name(sigs[k]) + ": stopping all ranks");
-            interrupted_ = sigs[k];
-            if (!stopping) stop_others(sigs[k]);
-            else signal_all(sigs[k]);
-          }
+        for (int sig : take_signals()) {
+          if (!interrupted_) say("got " + signal_name(sig) + ": stopping all ranks");
+          interrupted_ = sig;
+          if (!stopping) stop_others(sig);
+          else signal_all(sig);
         }
       }
       for (size_t k = 1; k < fds.size(); ++k)
