@@ -3,7 +3,12 @@
 namespace keel::hal {
 
 namespace {
-Status wrap(keel_status_t st, const std::string& what) { return Status::from_c(st).with_context(what); }
+// A plugin's message that already names `what` first ("gloo: rank 2 of 3 never arrived") is not prefixed again.
+Status wrap(keel_status_t st, const std::string& what) {
+  Status s = Status::from_c(st);
+  if (s.message().rfind(what + ": ", 0) == 0) return s;
+  return s.with_context(what);
+}
 Status missing(const std::string& type, const char* entry) {
   return unimplemented("device " + type + " has no " + entry);
 }

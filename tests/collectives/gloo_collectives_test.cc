@@ -10,18 +10,23 @@
 // reason when the plugin was not built.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 
 #include <atomic>
 #include <barrier>
 #include <cmath>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <mutex>
 #include <numeric>
 #include <sstream>
 #include <string>
@@ -521,6 +526,102 @@ TEST(GlooCollectives, SeveralCommunicatorsShareOneStore) {
   }
   for (auto& t : ranks) t.join();
   expect_no_errors(errors, "two communicators");
+}
+
+// A KvStore whose get of one key waits until the test opens the gate (or the get's own timeout passes).
+struct GatedStore {
+  KvStore inner;
+  keel_kv_store_t c{};
+  std::string gated_key;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false;
+
+  explicit GatedStore(std::string key) : gated_key(std::move(key)) {
+    c.struct_size = sizeof c;
+    c.core_data = this;
+    c.set = [](keel_kv_store_t* self, const char* key, const void* value, size_t size) -> keel_status_t {
+      auto* s = static_cast<GatedStore*>(self->core_data);
+      return s->inner.c.set(&s->inner.c, key, value, size);
+    };
+    c.get = [](keel_kv_store_t* self, const char* key, int64_t timeout_ms, const void** out,
+               size_t* size) -> keel_status_t {
+      auto* s = static_cast<GatedStore*>(self->core_data);
+      if (s->gated_key == key) {
+        std::unique_lock<std::mutex> lock(s->mu);
+        if (!s->cv.wait_for(lock, std::chrono::milliseconds(timeout_ms < 0 ? 0 : timeout_ms), [&] { return s->open; }))
+          return make_c_status(KEEL_STATUS_DEADLINE_EXCEEDED, "the test kept the gate closed");
+      }
+      return s->inner.c.get(&s->inner.c, key, timeout_ms, out, size);
+    };
+  }
+  void open_gate() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      open = true;
+    }
+    cv.notify_all();
+  }
+};
+
+// Rank 0's message-mesh port (published under keel/gloo/0/mesh/0) refuses connections that do not greet as a rank of
+// the world — a port scanner, a stale process: here one that sends an HTTP request line and one that says nothing —
+// and goes on waiting for the real rank 1 (held back by the store until both were refused). When rank 1 does come,
+// creation and an all-reduce succeed; when it never does, rank 0's timeout names the missing rank and what it refused.
+TEST(GlooCollectives, StrangersOnTheMessageMeshPortAreRefused) {
+  SKIP_WITHOUT_GLOO();
+  for (const bool rank1_comes : {true, false}) {
+    SCOPED_TRACE(rank1_comes ? "rank 1 comes" : "rank 1 never comes");
+    GatedStore store("keel/gloo/0/mesh/0");
+    std::vector<std::string> errors(2);
+    std::vector<std::thread> ranks;
+    for (int32_t r = 0; r < 2; ++r) {
+      ranks.emplace_back([&, r] {
+        auto comm = hal::Communicator::create(gloo().entry, &store.c, r, 2, 0, rank1_comes ? 10000 : 2000);
+        if (!comm.is_ok()) {
+          errors[r] = "create: " + comm.status().to_string();
+          return;
+        }
+        Values x(DType::kF32, 16, r + 1);
+        Status s = comm->all_reduce(x.data(), x.data(), 16, DType::kF32, KEEL_REDUCE_SUM);
+        errors[r] = s.is_ok() ? x.all_equal(3) : s.to_string();
+      });
+    }
+    const void* v = nullptr;
+    size_t n = 0;
+    keel_status_t got = store.inner.c.get(&store.inner.c, "keel/gloo/0/mesh/0", 5000, &v, &n);
+    ASSERT_EQ(got, nullptr) << "rank 0 never published its message-mesh address";
+    sockaddr_storage addr{};
+    ASSERT_LE(n, sizeof addr);
+    std::memcpy(&addr, v, n);
+    for (const bool says_nothing : {false, true}) {
+      const int fd = ::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      ASSERT_GE(fd, 0);
+      const timeval five{5, 0};
+      ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &five, sizeof five);
+      ASSERT_EQ(::connect(fd, reinterpret_cast<const sockaddr*>(&addr), static_cast<socklen_t>(n)), 0);
+      if (says_nothing) {
+        ::shutdown(fd, SHUT_WR);
+      } else {
+        const char junk[] = "GET / HTTP/1.1\r\n\r\n";
+        ASSERT_GT(::send(fd, junk, sizeof junk - 1, MSG_NOSIGNAL), 0);
+      }
+      char byte = 0;
+      EXPECT_LE(::recv(fd, &byte, 1, 0), 0) << "rank 0 answered a stranger";  // 0: closed; -1: reset
+      ::close(fd);
+    }
+    if (rank1_comes) store.open_gate();
+    for (auto& t : ranks) t.join();
+    if (rank1_comes) {
+      expect_no_errors(errors, "after two strangers");
+    } else {
+      std::printf("rank 0 sees: %s\n", errors[0].c_str());
+      EXPECT_NE(errors[0].find("DEADLINE_EXCEEDED"), std::string::npos) << errors[0];
+      EXPECT_NE(errors[0].find("rank(s) 1 did not connect in time (refused a connection from "), std::string::npos)
+          << errors[0];
+      EXPECT_NE(errors[1], "") << "rank 1 never got rank 0's address";
+    }
+  }
 }
 
 TEST(GlooCollectives, ARankThatNeverArrivesIsNamed) {
