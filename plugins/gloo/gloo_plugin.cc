@@ -9,18 +9,20 @@
 // store as long as every rank creates its communicators in the same order. Every rank first announces itself
 // ("<prefix>arrived/<rank>") and waits, within the timeout, for every other rank, so that a peer that never comes is
 // named (DEADLINE_EXCEEDED "rank 3 of 4 never arrived"); Gloo then connects a full mesh of TCP pairs through the same
-// store ("<prefix>gloo/..."), bounded by what is left of the timeout. Pairs bind 127.0.0.1 (ephemeral ports) unless
-// the manifest option or environment names an interface (`iface`, KEEL_GLOO_IFACE) or an address (`hostname`,
+// store ("<prefix>gloo/..."), and the plugin a second one of its own, the message mesh ("<prefix>mesh/<rank>"; see
+// "The message mesh" below), both bounded by what is left of the timeout. Both bind 127.0.0.1 (ephemeral ports)
+// unless the manifest option or environment names an interface (`iface`, KEEL_GLOO_IFACE) or an address (`hostname`,
 // KEEL_GLOO_HOSTNAME); the environment wins.
 //
-// Every collective first exchanges a 48-byte header with every peer (kind, count, dtype, op, root, a flag for
-// invalid local arguments): a count, dtype, op or root that differs between ranks, or a rank whose arguments are
-// invalid, is INVALID_ARGUMENT on every rank (the data are not touched and the communicator stays usable), never
-// corruption or a hang. The header exchange is also the barrier. send/recv exchange a header and an acknowledgement
-// before the data. all_reduce is a direct exchange for small buffers (each rank sends every peer its input and reduces
-// in rank order) and Gloo's bcube or ring above (allreduce_algorithm); broadcast is Gloo's binomial tree, all_gather
-// Gloo's ring, reduce_scatter a direct exchange (each rank sends every peer its block). f16 and bf16 reduce in float,
-// element by element. AVG is the sum divided by the world size (integer division for integer types).
+// Every collective first exchanges a 48-byte header with every peer on the message mesh (kind, count, dtype, op,
+// root, a flag for invalid local arguments): a count, dtype, op or root that differs between ranks, or a rank whose
+// arguments are invalid, is INVALID_ARGUMENT on every rank (the data are not touched and the communicator stays
+// usable), never corruption or a hang. The header exchange is also the barrier. send/recv exchange a header and an
+// acknowledgement before the data (on Gloo's pairs). all_reduce is a direct exchange for small buffers (each rank's
+// input travels in its header message to every peer; each reduces in rank order) and Gloo's bcube or ring above
+// (allreduce_algorithm); broadcast is Gloo's binomial tree, all_gather Gloo's ring, reduce_scatter a direct exchange
+// (each rank sends every peer its block). f16 and bf16 reduce in float, element by element. AVG is the sum divided by
+// the world size (integer division for integer types).
 //
 // Every wait is bounded by the communicator's timeout (timeout_ms <= 0 means the default, 5 minutes). A peer that
 // closes its connection (released its communicator, exited, was killed) or a timeout makes the entry fail with a
