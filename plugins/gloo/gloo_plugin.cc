@@ -46,6 +46,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -428,8 +429,9 @@ static_assert(sizeof(Header) == 48, "the header is 48 bytes on every rank");
 // One connection of the message mesh (see "The message mesh" below): a plain TCP socket to one peer.
 struct MeshLink {
   int fd = -1;
-  size_t sent = 0, received = 0;  // progress of the current exchange (bytes of this rank's message / of the peer's)
+  size_t sent = 0, received = 0;  // progress of the current exchange (bytes of this rank's frame / of the peer's)
   uint32_t frame[2] = {0, 0};     // the peer's frame prefix: magic and body length
+  std::vector<char> inbox;        // the peer's last message; grows to the largest received (at most message_bytes)
 };
 
 struct Comm {
@@ -442,13 +444,12 @@ struct Comm {
   std::vector<uint32_t> sent, received;            // point-to-point messages per peer
   std::string broken;                              // set after a transport error or timeout
   std::vector<char> scratch;                       // reduce_scatter's receive blocks, all_reduce's copy aside
-  // Header messages travel on the message mesh: a header, followed for a small all-reduce by its whole input (up to
-  // inline_capacity bytes). A peer's message is read into its inbox region during this rank's exchange, and used
+  // Header messages travel on the message mesh: a header, followed for a direct all-reduce by its whole input (up to
+  // inline_capacity bytes). A peer's message is read into its link's inbox during this rank's exchange, and used
   // before this rank's next collective.
   std::vector<MeshLink> links;            // one per rank (this rank's own unused)
-  size_t message_bytes = sizeof(Header);  // one message's capacity: the header plus the inline capacity
-  std::vector<char> inbox;                // size peers x message_bytes
-  std::vector<char> outbox;               // this rank's frame: the 8-byte prefix and its message
+  size_t message_bytes = sizeof(Header);  // the largest message accepted: the header plus the inline capacity
+  std::vector<char> outbox;               // this rank's frame prefix and header (a payload is sent from its buffer)
 
   Comm() = default;
   Comm(const Comm&) = delete;
@@ -588,8 +589,8 @@ constexpr uint32_t kFrameMagic = 0x4b4c4d31;     // "KLM1"
 constexpr uint32_t kGreetingMagic = 0x4b4c4d47;  // "KLMG"
 constexpr size_t kFramePrefix = 2 * sizeof(uint32_t);
 
-// Where peer p's header message is read.
-char* inbox_of(Comm* c, int32_t p) { return c->inbox.data() + static_cast<size_t>(p) * c->message_bytes; }
+// Where peer p's last header message was read.
+char* inbox_of(Comm* c, int32_t p) { return c->links[p].inbox.data(); }
 
 keel_status_t mesh_failure(Comm* c, const char* what, int32_t code, const std::string& detail) {
   c->broken = std::string("gloo: ") + what + " on rank " + std::to_string(c->rank) + " of " + std::to_string(c->size) +
@@ -602,11 +603,11 @@ std::string errno_text(int e) {
   return strerror_r(e, buf, sizeof buf);
 }
 
-// Sends this rank's frame (c->outbox, kFramePrefix + n bytes, prefix already written) to every peer and reads one
-// message from every peer into its inbox region, within the timeout. A closed connection is UNAVAILABLE naming the
-// peer; the timeout is DEADLINE_EXCEEDED naming the first peer whose message has not arrived (or that does not read).
-keel_status_t mesh_exchange(Comm* c, const char* what, size_t n) {
-  const size_t frame_bytes = kFramePrefix + n;
+// Sends this rank's frame (c->outbox's prefix and header, then `payload`) to every peer and reads one message from
+// every peer into its inbox, within the timeout. A closed connection is UNAVAILABLE naming the peer; the timeout is
+// DEADLINE_EXCEEDED naming the first peer whose message has not arrived (or that does not read).
+keel_status_t mesh_exchange(Comm* c, const char* what, const void* payload, size_t payload_bytes) {
+  const size_t head_bytes = kFramePrefix + sizeof(Header), frame_bytes = head_bytes + payload_bytes;
   for (auto& l : c->links) l.sent = l.received = 0;
   const auto deadline = Clock::now() + c->timeout;
   std::vector<pollfd> fds;
@@ -621,7 +622,17 @@ keel_status_t mesh_exchange(Comm* c, const char* what, size_t n) {
       if (p == c->rank) continue;
       MeshLink& l = c->links[p];
       while (l.sent < frame_bytes) {
-        const ssize_t r = ::send(l.fd, c->outbox.data() + l.sent, frame_bytes - l.sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+        iovec iov[2];
+        int parts = 0;
+        if (l.sent < head_bytes) iov[parts++] = {c->outbox.data() + l.sent, head_bytes - l.sent};
+        const size_t payload_sent = l.sent > head_bytes ? l.sent - head_bytes : 0;
+        if (payload_bytes > payload_sent)
+          iov[parts++] = {const_cast<char*>(static_cast<const char*>(payload)) + payload_sent,
+                          payload_bytes - payload_sent};
+        msghdr msg{};
+        msg.msg_iov = iov;
+        msg.msg_iovlen = static_cast<size_t>(parts);
+        const ssize_t r = ::sendmsg(l.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (r > 0) {
           l.sent += static_cast<size_t>(r);
           progressed = true;
@@ -649,11 +660,22 @@ keel_status_t mesh_exchange(Comm* c, const char* what, size_t n) {
         if (r > 0) {
           l.received += static_cast<size_t>(r);
           progressed = true;
-          if (l.received == kFramePrefix && (l.frame[0] != kFrameMagic || l.frame[1] > c->message_bytes))
-            return mesh_failure(c, what, KEEL_STATUS_INTERNAL,
-                                "rank " + std::to_string(p) + " sent a malformed message (magic " +
-                                    std::to_string(l.frame[0]) + ", " + std::to_string(l.frame[1]) +
-                                    " bytes; at most " + std::to_string(c->message_bytes) + ")");
+          if (l.received == kFramePrefix) {
+            if (l.frame[0] != kFrameMagic || l.frame[1] > c->message_bytes)
+              return mesh_failure(c, what, KEEL_STATUS_INTERNAL,
+                                  "rank " + std::to_string(p) + " sent a malformed message (magic " +
+                                      std::to_string(l.frame[0]) + ", " + std::to_string(l.frame[1]) +
+                                      " bytes; at most " + std::to_string(c->message_bytes) + ")");
+            if (l.inbox.size() < l.frame[1]) {
+              try {
+                l.inbox.resize(l.frame[1]);
+              } catch (const std::bad_alloc&) {
+                return mesh_failure(c, what, KEEL_STATUS_OUT_OF_MEMORY,
+                                    "no memory for rank " + std::to_string(p) + "'s message of " +
+                                        std::to_string(l.frame[1]) + " bytes");
+              }
+            }
+          }
         } else if (r == 0) {
           return closed(p, "end of stream");
         } else if (errno == EINTR) {
@@ -842,12 +864,10 @@ keel_status_t exchange_headers(Comm* c, const Header& mine, const std::string& l
                                const void* payload = nullptr, size_t payload_bytes = 0) {
   const char* what = kind_name(mine.kind);
   if (c->size > 1 && (g_settings.check || mine.kind == kBarrier || payload != nullptr)) {
-    const size_t n = sizeof(Header) + payload_bytes;
-    const uint32_t prefix[2] = {kFrameMagic, static_cast<uint32_t>(n)};
+    const uint32_t prefix[2] = {kFrameMagic, static_cast<uint32_t>(sizeof(Header) + payload_bytes)};
     std::memcpy(c->outbox.data(), prefix, kFramePrefix);
     std::memcpy(c->outbox.data() + kFramePrefix, &mine, sizeof mine);
-    if (payload_bytes > 0) std::memcpy(c->outbox.data() + kFramePrefix + sizeof(Header), payload, payload_bytes);
-    if (keel_status_t s = mesh_exchange(c, what, n)) return s;
+    if (keel_status_t s = mesh_exchange(c, what, payload, payload_bytes)) return s;
     if (!local_error.empty()) return make_status(KEEL_STATUS_INVALID_ARGUMENT, local_error);
     for (int32_t p = 0; p < c->size; ++p) {
       if (p == c->rank) continue;
@@ -1004,8 +1024,7 @@ keel_status_t c_create(void*, keel_kv_store_t* store, int32_t rank, int32_t size
   }
   try {
     c->message_bytes = sizeof(Header) + inline_capacity(size);
-    c->inbox.assign(static_cast<size_t>(size) * c->message_bytes, 0);
-    c->outbox.assign(kFramePrefix + c->message_bytes, 0);
+    c->outbox.assign(kFramePrefix + sizeof(Header), 0);
   } catch (const std::bad_alloc&) {
     return make_status(KEEL_STATUS_OUT_OF_MEMORY, "gloo: no memory for the " + std::to_string(size) +
                                                       " ranks' message buffers of rank " + std::to_string(rank));
