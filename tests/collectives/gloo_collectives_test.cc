@@ -759,6 +759,33 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
+// KEEL_GLOO_HOSTNAME=::1: two ranks (processes: the address is read once per process) on IPv6 loopback form a world
+// — Gloo's pairs and the message mesh both — and an all-reduce of 1000 floats (direct, on the mesh) gives both the sum.
+TEST(GlooCollectives, Ipv6Loopback) {
+  SKIP_WITHOUT_GLOO();
+  {
+    const int probe = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in6 a{};
+    a.sin6_family = AF_INET6;
+    a.sin6_addr = in6addr_loopback;
+    const bool ok = probe >= 0 && ::bind(probe, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    if (probe >= 0) ::close(probe);
+    if (!ok) GTEST_SKIP() << "no IPv6 loopback on this machine";
+  }
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("keel_gloo_ipv6_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 2; ++r) {
+    pids.push_back(spawn_helper({KEEL_GLOO_RANK_HELPER, dir.string(), std::to_string(r), "2", "10000", "allreduce"},
+                                {"KEEL_GLOO_HOSTNAME=::1"}, (dir / ("rank" + std::to_string(r) + ".err")).string()));
+    ASSERT_GT(pids.back(), 0);
+  }
+  for (int r = 0; r < 2; ++r)
+    EXPECT_EQ(wait_exit_code(pids[r]), 0) << read_file((dir / ("rank" + std::to_string(r) + ".err")).string());
+  fs::remove_all(dir);
+}
+
 // KEEL_GLOO_IFACE: a named interface ("lo") works against a rank on the default 127.0.0.1; an interface that does
 // not exist is a clear error naming it, not a crash.
 TEST(GlooCollectives, NamedInterface) {
