@@ -19,10 +19,10 @@
 // arguments are invalid, is INVALID_ARGUMENT on every rank (the data are not touched and the communicator stays
 // usable), never corruption or a hang. The header exchange is also the barrier. send/recv exchange a header and an
 // acknowledgement before the data (on Gloo's pairs). all_reduce is a direct exchange for small buffers (each rank's
-// input travels in its header message to every peer; each reduces in rank order) and Gloo's bcube or ring above
-// (allreduce_algorithm); broadcast is Gloo's binomial tree, all_gather Gloo's ring, reduce_scatter a direct exchange
-// (each rank sends every peer its block). f16 and bf16 reduce in float, element by element. AVG is the sum divided by
-// the world size (integer division for integer types).
+// input travels in its header message to every peer; each reduces in rank order) and a ring on the message mesh above
+// (allreduce_algorithm; Gloo's bcube and ring on request); broadcast is Gloo's binomial tree, all_gather Gloo's ring,
+// reduce_scatter a direct exchange (each rank sends every peer its block). f16 and bf16 reduce in float, element by
+// element. AVG is the sum divided by the world size (integer division for integer types).
 //
 // Every wait is bounded by the communicator's timeout (timeout_ms <= 0 means the default, 5 minutes). A peer that
 // closes its connection (released its communicator, exited, was killed) or a timeout makes the entry fail with a
@@ -76,9 +76,9 @@ constexpr int64_t kDefaultTimeoutMs = 5 * 60 * 1000;
 struct Settings {
   std::string hostname = "127.0.0.1";
   std::string iface;
-  // Empty: automatic — direct while (ranks - 1) * bytes <= 1 MiB, else bcube below 1 MiB and ring from there on (per
-  // call, from the byte count; the header exchange checks that every rank chose the same). "direct" / "bcube" /
-  // "ring": always that one.
+  // Empty: automatic — direct while (ranks - 1) * bytes <= 1 MiB, else mesh-ring (per call, from the byte count; the
+  // header exchange checks that every rank chose the same). "mesh-ring" / "bcube" / "ring" (Gloo's): always that one;
+  // "direct": direct up to its capacity, mesh-ring above.
   std::string algorithm;
   bool check = true;  // KEEL_GLOO_CHECK=0 skips the header exchange (for measuring its cost only)
 };
@@ -407,12 +407,13 @@ class KvStoreAdapter : public gloo::rendezvous::Store {
 // The communicator.
 
 // The all-reduce algorithms (see allreduce_algorithm).
-enum Algorithm : int64_t { kAlgoDirect = 1, kAlgoBcube, kAlgoRing };
+enum Algorithm : int64_t { kAlgoDirect = 1, kAlgoBcube, kAlgoRing, kAlgoMeshRing };
 const char* algorithm_name(int64_t a) {
   switch (a) {
     case kAlgoDirect: return "direct";
     case kAlgoBcube: return "bcube";
     case kAlgoRing: return "ring";
+    case kAlgoMeshRing: return "mesh-ring";
   }
   return "?";
 }
@@ -571,12 +572,12 @@ keel_status_t guarded(Comm* c, const char* what, F&& body) {
 
 // ---------------------------------------------------------------------------------------------------------------
 // The message mesh: one plain TCP connection per pair of ranks, beside Gloo's pairs, carrying the header messages (and
-// in them the direct all-reduce's inputs). The calling thread drives it itself — non-blocking sends and receives
-// under poll(2), bounded by the timeout — so that a peer's message wakes the thread that waits for it. Through Gloo,
-// every message passes its device loop thread, which then wakes the caller: under the normal scheduling policy on a
-// loaded 2-core host that hand-off made a synchronised 216 KB exchange of 2 ranks take 2.4-3.6 ms, against 0.28-0.31 ms
-// driven by the calling thread (README.md). Gloo's pairs still carry broadcast, all-gather, reduce-scatter,
-// send/recv and the bcube and ring all-reduces.
+// in them the direct all-reduce's inputs) and the mesh-ring all-reduce's blocks. The calling thread drives it itself —
+// non-blocking sends and receives under poll(2), bounded by the timeout — so that a peer's message wakes the thread
+// that waits for it. Through Gloo, every message passes its device loop thread, which then wakes the caller: under the
+// normal scheduling policy on a loaded 2-core host that hand-off made a synchronised 216 KB exchange of 2 ranks
+// take 2.4-3.6 ms, against 0.28-0.31 ms driven by the calling thread (README.md). Gloo's pairs still carry broadcast,
+// all-gather, reduce-scatter, send/recv and, on request, Gloo's bcube and ring all-reduces.
 //
 // Set-up (c_create, after Gloo's mesh): each rank listens on the address Gloo's device resolved (ephemeral port),
 // publishes it under "<prefix>mesh/<rank>", connects to every lower rank and accepts every higher one; a connection
@@ -710,6 +711,108 @@ keel_status_t mesh_exchange(Comm* c, const char* what, const void* payload, size
     if (::poll(fds.data(), fds.size(), static_cast<int>(std::min<int64_t>(left, 1 << 30))) < 0 && errno != EINTR)
       return mesh_failure(c, what, KEEL_STATUS_INTERNAL, "poll: " + errno_text(errno));
   }
+}
+
+// Sends `send_bytes` from `send` to peer `to` while receiving `recv_bytes` from peer `from` into `recv` (to and from
+// may be the same peer), on the message mesh, unframed: both sides know the sizes from the header exchange, and each
+// connection carries its messages in the same order on both ends. `on_data(received)` runs after every receive that
+// brought bytes (received: the bytes in so far). Failures as mesh_exchange's.
+template <typename OnData>
+keel_status_t mesh_sendrecv(Comm* c, const char* what, int32_t to, const char* send, size_t send_bytes, int32_t from,
+                            char* recv, size_t recv_bytes, OnData&& on_data) {
+  const int out_fd = c->links[to].fd, in_fd = c->links[from].fd;
+  size_t sent = 0, received = 0;
+  const auto deadline = Clock::now() + c->timeout;
+  auto closed = [&](int32_t p, const std::string& why) {
+    return mesh_failure(c, what, KEEL_STATUS_UNAVAILABLE,
+                        "connection to rank " + std::to_string(p) + " closed (" + why + ")");
+  };
+  for (;;) {
+    bool progressed = false;
+    while (sent < send_bytes) {
+      const ssize_t r = ::send(out_fd, send + sent, send_bytes - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (r > 0) {
+        sent += static_cast<size_t>(r);
+        progressed = true;
+      } else if (r < 0 && errno == EINTR) {
+        continue;
+      } else if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        break;
+      } else {
+        return closed(to, errno_text(errno));
+      }
+    }
+    while (received < recv_bytes) {
+      const ssize_t r = ::recv(in_fd, recv + received, recv_bytes - received, MSG_DONTWAIT);
+      if (r > 0) {
+        received += static_cast<size_t>(r);
+        progressed = true;
+        on_data(received);
+      } else if (r == 0) {
+        return closed(from, "end of stream");
+      } else if (errno == EINTR) {
+        continue;
+      } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        break;
+      } else {
+        return closed(from, errno_text(errno));
+      }
+    }
+    if (sent == send_bytes && received == recv_bytes) return nullptr;
+    if (progressed) continue;
+    const auto now = Clock::now();
+    if (now >= deadline)
+      return mesh_failure(c, what, KEEL_STATUS_DEADLINE_EXCEEDED,
+                          "did not complete within " + std::to_string(c->timeout.count()) + " ms (waiting on rank " +
+                              std::to_string(received < recv_bytes ? from : to) + ")");
+    pollfd fds[2];
+    nfds_t n = 0;
+    const short out_ev = sent < send_bytes ? POLLOUT : 0, in_ev = received < recv_bytes ? POLLIN : 0;
+    if (out_fd == in_fd) {
+      fds[n++] = {out_fd, static_cast<short>(out_ev | in_ev), 0};
+    } else {
+      if (out_ev) fds[n++] = {out_fd, out_ev, 0};
+      if (in_ev) fds[n++] = {in_fd, in_ev, 0};
+    }
+    const auto left = std::chrono::duration_cast<milliseconds>(deadline - now).count() + 1;
+    if (::poll(fds, n, static_cast<int>(std::min<int64_t>(left, 1 << 30))) < 0 && errno != EINTR)
+      return mesh_failure(c, what, KEEL_STATUS_INTERNAL, "poll: " + errno_text(errno));
+  }
+}
+
+// The ring all-reduce on the message mesh, in place in `buf` (count elements of esize bytes), driven by the calling
+// thread: W-1 reduce-scatter steps (send a block to the next rank, receive one from the previous and reduce it as its
+// bytes arrive), then W-1 all-gather steps. Each block's final value is computed by one rank and copied to the
+// others, so every rank ends with the same bits.
+keel_status_t mesh_ring_all_reduce(Comm* c, char* buf, size_t count, size_t esize, ReduceFn fn) {
+  const auto w = static_cast<size_t>(c->size), r = static_cast<size_t>(c->rank);
+  const int32_t right = static_cast<int32_t>((r + 1) % w), left = static_cast<int32_t>((r + w - 1) % w);
+  auto begin = [&](size_t b) { return count * b / w; };
+  auto block_bytes = [&](size_t b) { return (begin(b + 1) - begin(b)) * esize; };
+  size_t largest = 0;
+  for (size_t b = 0; b < w; ++b) largest = std::max(largest, block_bytes(b));
+  if (c->scratch.size() < largest) c->scratch.resize(largest);
+  char* tmp = c->scratch.data();
+  for (size_t s = 0; s + 1 < w; ++s) {
+    const size_t out = (r + w - s) % w, in = (r + 2 * w - s - 1) % w;
+    char* dst = buf + begin(in) * esize;
+    size_t reduced = 0;  // elements of the incoming block reduced so far
+    auto reduce_arrived = [&](size_t received) {
+      const size_t ready = received / esize;
+      if (ready > reduced) fn(dst + reduced * esize, dst + reduced * esize, tmp + reduced * esize, ready - reduced);
+      reduced = ready;
+    };
+    if (keel_status_t st = mesh_sendrecv(c, "all_reduce", right, buf + begin(out) * esize, block_bytes(out), left, tmp,
+                                         block_bytes(in), reduce_arrived))
+      return st;
+  }
+  for (size_t s = 0; s + 1 < w; ++s) {
+    const size_t out = (r + 1 + w - s) % w, in = (r + w - s) % w;
+    if (keel_status_t st = mesh_sendrecv(c, "all_reduce", right, buf + begin(out) * esize, block_bytes(out), left,
+                                         buf + begin(in) * esize, block_bytes(in), [](size_t) {}))
+      return st;
+  }
+  return nullptr;
 }
 
 // Waits until `fd` is ready for `events` or the deadline passes (false).
@@ -1060,15 +1163,16 @@ void c_release(void*, keel_communicator_t comm) {
 int32_t c_rank(void*, keel_communicator_t comm) { return comm ? reinterpret_cast<Comm*>(comm)->rank : -1; }
 int32_t c_size(void*, keel_communicator_t comm) { return comm ? reinterpret_cast<Comm*>(comm)->size : -1; }
 
-// The all-reduce algorithms. Gloo's ring pipelines each rank's block in segments: for small buffers its many
-// messages per call cost more than the data (a 213 KB gradient all-reduce on 2 ranks took ~50 epoll_wait, 29
-// recvfrom and 16 writev calls per rank), while from about 1 MiB on the ring is as fast or faster (bcube fell to 62%
-// of it at 16 MiB and 18% at 64 MiB on 2 loopback ranks: README.md). Below that, "direct": every rank's whole input
-// travels inside its header message to every peer (one message per peer and call on the message mesh, so no
-// ready-to-receive round trip and no second exchange), and every rank reduces the
-// W inputs in rank order (the same sums in the same order: results equal bit for bit). It moves (W-1) times the
-// buffer per rank, hence the limit: inline_capacity(W) = 1 MiB / (W-1).
-constexpr size_t kAutoRingBytes = size_t{1} << 20;
+// The all-reduce algorithms. "direct" for small buffers: every rank's whole input travels inside its header message
+// to every peer (one message per peer and call on the message mesh, so no ready-to-receive round trip and no second
+// exchange), and every rank reduces the W inputs in rank order (the same sums in the same order: results equal bit
+// for bit). It moves (W-1) times the buffer per rank, hence the limit: inline_capacity(W) = 1 MiB / (W-1). Above it,
+// "mesh-ring": a ring (reduce-scatter, then all-gather: 2(W-1)/W of the buffer per rank) on the message mesh, driven
+// by the calling thread like the direct one, reducing each block as its bytes arrive. Gloo's own ring and bcube run
+// through its device loop thread: on 2 loopback ranks the mesh ring was 1.1-1.8x Gloo's ring at 1.5 and 4 MiB and
+// 0.8-1.4x at 16 and 64 MiB (README.md); they stay available (`algorithm`). Gloo's ring pipelines segments: for small
+// buffers its many messages per call cost more than the data (a 213 KB gradient all-reduce on 2 ranks took ~50
+// epoll_wait, 29 recvfrom and 16 writev calls per rank), and bcube fell to 62% of the ring at 16 MiB and 18% at 64 MiB.
 constexpr size_t kDirectMaxTraffic = size_t{1} << 20;
 size_t inline_capacity(int32_t size) {
   return size > 1 ? (kDirectMaxTraffic / static_cast<size_t>(size - 1)) & ~size_t{63} : 0;
@@ -1077,8 +1181,9 @@ Algorithm allreduce_algorithm(int32_t size, size_t bytes) {
   const std::string& a = g_settings.algorithm;
   if (a == "ring") return kAlgoRing;
   if (a == "bcube") return kAlgoBcube;
+  if (a == "mesh-ring") return kAlgoMeshRing;
   if (bytes <= inline_capacity(size)) return kAlgoDirect;  // "direct" or auto
-  return bytes < kAutoRingBytes ? kAlgoBcube : kAlgoRing;
+  return kAlgoMeshRing;
 }
 
 // The direct all-reduce, after the header exchange carried every rank's input: reduces the W inputs in rank order
@@ -1114,6 +1219,11 @@ keel_status_t c_all_reduce(void*, keel_communicator_t comm, const void* send, vo
     if (count == 0) return nullptr;
     if (direct) {
       direct_all_reduce(c, send, recv, bytes, static_cast<size_t>(count), fn);
+    } else if (algo == kAlgoMeshRing && c->size > 1) {
+      if (send != recv) std::memmove(recv, send, bytes);
+      if (keel_status_t st =
+              mesh_ring_all_reduce(c, static_cast<char*>(recv), static_cast<size_t>(count), element_size(dtype), fn))
+        return st;
     } else {
       if (send != recv) {
         if (c->size == 1 || overlaps(send, recv, bytes)) std::memmove(recv, send, bytes);
@@ -1323,10 +1433,12 @@ keel_status_t gloo_init(const keel_core_api_t* host, keel_plugin_handle_t* plugi
   g_settings.iface = option_string(host, "iface", "KEEL_GLOO_IFACE");
   std::string algorithm = option_string(host, "algorithm", "KEEL_GLOO_ALGORITHM");
   if (algorithm == "auto") algorithm.clear();
-  if (!algorithm.empty() && algorithm != "ring" && algorithm != "bcube" && algorithm != "direct") {
-    return make_status(KEEL_STATUS_INVALID_ARGUMENT, "gloo: algorithm '" + algorithm +
-                                                         "' is not one of auto, direct, ring, bcube (manifest option "
-                                                         "'algorithm' or KEEL_GLOO_ALGORITHM)");
+  if (!algorithm.empty() && algorithm != "ring" && algorithm != "bcube" && algorithm != "direct" &&
+      algorithm != "mesh-ring") {
+    return make_status(KEEL_STATUS_INVALID_ARGUMENT,
+                       "gloo: algorithm '" + algorithm +
+                           "' is not one of auto, direct, mesh-ring, ring, bcube (manifest option "
+                           "'algorithm' or KEEL_GLOO_ALGORITHM)");
   }
   g_settings.algorithm = algorithm;
   if (const char* v = std::getenv("KEEL_GLOO_CHECK"); v && std::string(v) == "0") g_settings.check = false;
@@ -1353,8 +1465,7 @@ keel_status_t gloo_init(const keel_core_api_t* host, keel_plugin_handle_t* plugi
   const std::string msg =
       "gloo: TCP over " +
       (g_settings.iface.empty() ? "address " + g_settings.hostname : "interface " + g_settings.iface) +
-      ", all-reduce " +
-      (algorithm.empty() ? "auto (direct up to 1 MiB / (ranks-1), else bcube below 1 MiB, ring above)" : algorithm) +
+      ", all-reduce " + (algorithm.empty() ? "auto (direct up to 1 MiB / (ranks-1), else mesh-ring)" : algorithm) +
       (g_settings.check ? "" : ", argument check off (KEEL_GLOO_CHECK=0)");
   host->log(plugin, KEEL_LOG_INFO, msg.c_str());
   return nullptr;

@@ -1,9 +1,11 @@
 // gloo_rank_helper — one rank of a Gloo communicator in its own process, for gloo_collectives_test's multi-process
 // cases: `gloo_rank_helper STORE_DIR RANK SIZE TIMEOUT_MS [allreduce]` creates its communicator through a
 // directory-backed store (FileStore), announces "test/ready/<rank>", then waits (up to the timeout) to be killed; with
-// `allreduce` it instead all-reduces (sum) 1000 floats of value rank+1 and checks the result. Exit codes: 0 fine (or
-// the wait ran out), 2 bad arguments, 3 the plugin is missing, 4 the communicator could not be created, 5 the
-// all-reduce failed or was wrong.
+// `allreduce` it instead all-reduces (sum) 1000 floats of value rank+1 and checks the result; with `loop` it announces
+// itself, then all-reduces 16 MiB of rank+1 (the mesh ring) again and again, checking each result, until one fails
+// (for a test to kill it mid-collective). Exit codes: 0 fine (or the wait ran out), 2 bad arguments, 3 the plugin is
+// missing, 4 the communicator could not be created, 5 the all-reduce failed or was wrong.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -13,8 +15,9 @@
 #include "tests/collectives/collective_test_util.h"
 
 int main(int argc, char** argv) {
-  if (argc != 5 && !(argc == 6 && std::string(argv[5]) == "allreduce")) {
-    std::fprintf(stderr, "usage: %s STORE_DIR RANK SIZE TIMEOUT_MS [allreduce]\n", argv[0]);
+  const std::string mode = argc == 6 ? argv[5] : "";
+  if (argc != 5 && !(argc == 6 && (mode == "allreduce" || mode == "loop"))) {
+    std::fprintf(stderr, "usage: %s STORE_DIR RANK SIZE TIMEOUT_MS [allreduce|loop]\n", argv[0]);
     return 2;
   }
   const int32_t rank = std::atoi(argv[2]), size = std::atoi(argv[3]);
@@ -30,7 +33,20 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "gloo_rank_helper: rank %d: %s\n", rank, comm.status().to_string().c_str());
     return 4;
   }
-  if (argc == 6) {
+  const char one = 1;
+  if (mode == "loop") {
+    keel_status_release(store.c.set(&store.c, ("test/ready/" + std::to_string(rank)).c_str(), &one, 1));
+    std::vector<float> x(size_t{4} << 20);
+    for (;;) {
+      std::fill(x.begin(), x.end(), static_cast<float>(rank + 1));
+      keel::Status s = comm->all_reduce(x.data(), x.data(), x.size(), keel::DType::kF32, KEEL_REDUCE_SUM);
+      if (!s.is_ok() || x[0] != size * (size + 1) / 2.f || x.back() != x[0]) {
+        std::fprintf(stderr, "gloo_rank_helper: rank %d: all_reduce: %s\n", rank, s.to_string().c_str());
+        return 5;
+      }
+    }
+  }
+  if (mode == "allreduce") {
     std::vector<float> x(1000, static_cast<float>(rank + 1));
     keel::Status s = comm->all_reduce(x.data(), x.data(), x.size(), keel::DType::kF32, KEEL_REDUCE_SUM);
     if (!s.is_ok() || x[0] != size * (size + 1) / 2.f || x[999] != x[0]) {
@@ -39,7 +55,6 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  const char one = 1;
   keel_status_release(store.c.set(&store.c, ("test/ready/" + std::to_string(rank)).c_str(), &one, 1));
   std::this_thread::sleep_for(std::chrono::milliseconds(timeout_ms));
   return 0;
