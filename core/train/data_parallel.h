@@ -35,9 +35,9 @@
 // no_sync(): while the guard lives, backward accumulates local gradients without communication (gradient
 // accumulation); the first backward after it synchronises the accumulated sum. Run forward *and* backward inside it.
 // World size 1: a pass-through (no hooks, no thread, finish() returns at once).
-// Scheduling: the overlap needs the communication thread (and any I/O thread of the collective plugin: Gloo's device
-// loop for its bcube and ring all-reduces; the direct all-reduce of small buckets runs on the calling thread) to run
-// while backward computes. Under the normal policy they preempt it when a message arrives. Under a real-time
+// Scheduling: the overlap needs the communication thread (and any I/O thread of the collective plugin; the Gloo
+// plugin's all-reduces run on the calling thread, Gloo's own bcube and ring on its device loop) to run while backward
+// computes. Under the normal policy they preempt it when a message arrives. Under a real-time
 // policy (`chrt -f`) with one core per rank (keel launch pins ranks) threads of equal priority run until they block, so
 // every bucket's all-reduce waits for finish() (2026-12-03, LeNet-like, 2 ranks under `chrt -f 10`: all-reduce 2.30 s
 // per epoch, all of it waited after backward). Raising those threads above the compute thread is no cure: Gloo's loop
