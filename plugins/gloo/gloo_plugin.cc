@@ -604,6 +604,22 @@ std::string errno_text(int e) {
   return strerror_r(e, buf, sizeof buf);
 }
 
+// One non-blocking sendmsg or recvmsg of `iov`: the bytes moved (> 0), 0 when the socket would block, or -1 when the
+// connection is closed or failed (`why` says how: "end of stream" or the error).
+ssize_t move_some(int fd, bool sending, iovec* iov, size_t parts, std::string* why) {
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = parts;
+  for (;;) {
+    const ssize_t r = sending ? ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) : ::recvmsg(fd, &msg, MSG_DONTWAIT);
+    if (r > 0) return r;
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+    *why = r == 0 ? std::string(sending ? "nothing sent" : "end of stream") : errno_text(errno);
+    return -1;
+  }
+}
+
 // Sends this rank's frame (c->outbox's prefix and header, then `payload`) to every peer and reads one message from
 // every peer into its inbox, within the timeout. A closed connection is UNAVAILABLE naming the peer; the timeout is
 // DEADLINE_EXCEEDED naming the first peer whose message has not arrived (or that does not read).
@@ -617,6 +633,7 @@ keel_status_t mesh_exchange(Comm* c, const char* what, const void* payload, size
     return mesh_failure(c, what, KEEL_STATUS_UNAVAILABLE,
                         "connection to rank " + std::to_string(p) + " closed (" + why + ")");
   };
+  std::string why;
   for (;;) {
     bool progressed = false, done = true;
     for (int32_t p = 0; p < c->size; ++p) {
@@ -630,20 +647,11 @@ keel_status_t mesh_exchange(Comm* c, const char* what, const void* payload, size
         if (payload_bytes > payload_sent)
           iov[parts++] = {const_cast<char*>(static_cast<const char*>(payload)) + payload_sent,
                           payload_bytes - payload_sent};
-        msghdr msg{};
-        msg.msg_iov = iov;
-        msg.msg_iovlen = static_cast<size_t>(parts);
-        const ssize_t r = ::sendmsg(l.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (r > 0) {
-          l.sent += static_cast<size_t>(r);
-          progressed = true;
-        } else if (r < 0 && errno == EINTR) {
-          continue;
-        } else if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-          break;
-        } else {
-          return closed(p, errno_text(errno));
-        }
+        const ssize_t r = move_some(l.fd, true, iov, static_cast<size_t>(parts), &why);
+        if (r < 0) return closed(p, why);
+        if (r == 0) break;
+        l.sent += static_cast<size_t>(r);
+        progressed = true;
       }
       for (;;) {
         size_t want;
@@ -657,34 +665,27 @@ keel_status_t mesh_exchange(Comm* c, const char* what, const void* payload, size
           want = body - (l.received - kFramePrefix);
           dst = inbox_of(c, p) + (l.received - kFramePrefix);
         }
-        const ssize_t r = ::recv(l.fd, dst, want, MSG_DONTWAIT);
-        if (r > 0) {
-          l.received += static_cast<size_t>(r);
-          progressed = true;
-          if (l.received == kFramePrefix) {
-            if (l.frame[0] != kFrameMagic || l.frame[1] > c->message_bytes)
-              return mesh_failure(c, what, KEEL_STATUS_INTERNAL,
-                                  "rank " + std::to_string(p) + " sent a malformed message (magic " +
-                                      std::to_string(l.frame[0]) + ", " + std::to_string(l.frame[1]) +
-                                      " bytes; at most " + std::to_string(c->message_bytes) + ")");
-            if (l.inbox.size() < l.frame[1]) {
-              try {
-                l.inbox.resize(l.frame[1]);
-              } catch (const std::bad_alloc&) {
-                return mesh_failure(c, what, KEEL_STATUS_OUT_OF_MEMORY,
-                                    "no memory for rank " + std::to_string(p) + "'s message of " +
-                                        std::to_string(l.frame[1]) + " bytes");
-              }
+        iovec iov{dst, want};
+        const ssize_t r = move_some(l.fd, false, &iov, 1, &why);
+        if (r < 0) return closed(p, why);
+        if (r == 0) break;
+        l.received += static_cast<size_t>(r);
+        progressed = true;
+        if (l.received == kFramePrefix) {
+          if (l.frame[0] != kFrameMagic || l.frame[1] > c->message_bytes)
+            return mesh_failure(c, what, KEEL_STATUS_INTERNAL,
+                                "rank " + std::to_string(p) + " sent a malformed message (magic " +
+                                    std::to_string(l.frame[0]) + ", " + std::to_string(l.frame[1]) +
+                                    " bytes; at most " + std::to_string(c->message_bytes) + ")");
+          if (l.inbox.size() < l.frame[1]) {
+            try {
+              l.inbox.resize(l.frame[1]);
+            } catch (const std::bad_alloc&) {
+              return mesh_failure(
+                  c, what, KEEL_STATUS_OUT_OF_MEMORY,
+                  "no memory for rank " + std::to_string(p) + "'s message of " + std::to_string(l.frame[1]) + " bytes");
             }
           }
-        } else if (r == 0) {
-          return closed(p, "end of stream");
-        } else if (errno == EINTR) {
-          continue;
-        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-          break;
-        } else {
-          return closed(p, errno_text(errno));
         }
       }
       if (l.sent < frame_bytes || l.received < kFramePrefix || l.received - kFramePrefix < l.frame[1]) done = false;
@@ -729,34 +730,23 @@ keel_status_t mesh_sendrecv(Comm* c, const char* what, int32_t to, const char* s
   };
   for (;;) {
     bool progressed = false;
+    std::string why;
     while (sent < send_bytes) {
-      const ssize_t r = ::send(out_fd, send + sent, send_bytes - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (r > 0) {
-        sent += static_cast<size_t>(r);
-        progressed = true;
-      } else if (r < 0 && errno == EINTR) {
-        continue;
-      } else if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-        break;
-      } else {
-        return closed(to, errno_text(errno));
-      }
+      iovec iov{const_cast<char*>(send) + sent, send_bytes - sent};
+      const ssize_t r = move_some(out_fd, true, &iov, 1, &why);
+      if (r < 0) return closed(to, why);
+      if (r == 0) break;
+      sent += static_cast<size_t>(r);
+      progressed = true;
     }
     while (received < recv_bytes) {
-      const ssize_t r = ::recv(in_fd, recv + received, recv_bytes - received, MSG_DONTWAIT);
-      if (r > 0) {
-        received += static_cast<size_t>(r);
-        progressed = true;
-        on_data(received);
-      } else if (r == 0) {
-        return closed(from, "end of stream");
-      } else if (errno == EINTR) {
-        continue;
-      } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        break;
-      } else {
-        return closed(from, errno_text(errno));
-      }
+      iovec iov{recv + received, recv_bytes - received};
+      const ssize_t r = move_some(in_fd, false, &iov, 1, &why);
+      if (r < 0) return closed(from, why);
+      if (r == 0) break;
+      received += static_cast<size_t>(r);
+      progressed = true;
+      on_data(received);
     }
     if (sent == send_bytes && received == recv_bytes) return nullptr;
     if (progressed) continue;

@@ -727,53 +727,6 @@ TEST(GlooCollectives, APeerProcessKilledBeforeItsFirstCollective) {
   fs::remove_all(dir);
 }
 
-// Rank 1 is another process (gloo_rank_helper loop) all-reducing 16 MiB (the ring on the message mesh) with rank 0
-// again and again; after a few correct rounds it is SIGKILLed, most likely mid-ring. Rank 0's next all-reduce that
-// fails names rank 1, within seconds, not the 10 s timeout.
-TEST(GlooCollectives, APeerProcessKilledDuringLargeAllReducesIsNamed) {
-  SKIP_WITHOUT_GLOO();
-  const std::string helper = KEEL_GLOO_RANK_HELPER;
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("keel_gloo_ring_kill_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  std::vector<std::string> args = {helper, dir.string(), "1", "2", "10000", "loop"};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  ASSERT_EQ(posix_spawn(&pid, helper.c_str(), nullptr, nullptr, argv.data(), environ), 0) << helper;
-  FileStore store(dir.string());
-  auto comm = hal::Communicator::create(gloo().entry, &store.c, 0, 2, 0, 10000);
-  ASSERT_TRUE(comm.is_ok()) << comm.status().to_string();
-  std::vector<float> x(size_t{4} << 20);
-  std::thread killer;
-  Status s;
-  Clock::time_point killed_at{};
-  for (int round = 0; round < 1000; ++round) {
-    if (round == 3)
-      killer = std::thread([&] {
-        std::this_thread::sleep_for(std::chrono::milliseconds(3));
-        killed_at = Clock::now();
-        ::kill(pid, SIGKILL);
-      });
-    std::fill(x.begin(), x.end(), 1.f);
-    s = comm->all_reduce(x.data(), x.data(), x.size(), DType::kF32, KEEL_REDUCE_SUM);
-    if (!s.is_ok()) break;
-    ASSERT_EQ(x[0], 3.f) << "round " << round;
-    ASSERT_EQ(x.back(), 3.f) << "round " << round;
-  }
-  if (killer.joinable()) killer.join();
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  std::printf("rank 0 sees: %s\n", s.to_string().c_str());
-  ASSERT_FALSE(s.is_ok()) << "1000 all-reduces succeeded after the peer was killed";
-  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.to_string();
-  EXPECT_NE(s.message().find("connection to rank 1 closed"), std::string::npos) << s.to_string();
-  EXPECT_LT(seconds_since(killed_at), 4.0) << s.to_string();
-  EXPECT_EQ(comm->barrier().code(), StatusCode::kFailedPrecondition);
-  fs::remove_all(dir);
-}
-
 // Spawns gloo_rank_helper with `args` and extra environment entries; its stderr goes to `err_file`.
 pid_t spawn_helper(const std::vector<std::string>& args, const std::vector<std::string>& extra_env,
                    const std::string& err_file) {
@@ -804,6 +757,49 @@ std::string read_file(const std::string& path) {
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
+}
+
+// Rank 1 is another process (gloo_rank_helper loop) all-reducing 16 MiB (the ring on the message mesh) with rank 0
+// again and again; after a few correct rounds it is SIGKILLed, most likely mid-ring. Rank 0's next all-reduce that
+// fails names rank 1, within seconds, not the 10 s timeout.
+TEST(GlooCollectives, APeerProcessKilledDuringLargeAllReducesIsNamed) {
+  SKIP_WITHOUT_GLOO();
+  const std::string helper = KEEL_GLOO_RANK_HELPER;
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("keel_gloo_ring_kill_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const pid_t pid = spawn_helper({helper, dir.string(), "1", "2", "10000", "loop"}, {}, (dir / "helper.err").string());
+  ASSERT_GT(pid, 0) << helper;
+  FileStore store(dir.string());
+  auto comm = hal::Communicator::create(gloo().entry, &store.c, 0, 2, 0, 10000);
+  ASSERT_TRUE(comm.is_ok()) << comm.status().to_string();
+  std::vector<float> x(size_t{4} << 20);
+  std::thread killer;
+  Status s;
+  Clock::time_point killed_at{};
+  for (int round = 0; round < 1000; ++round) {
+    if (round == 3)
+      killer = std::thread([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(3));
+        killed_at = Clock::now();
+        ::kill(pid, SIGKILL);
+      });
+    std::fill(x.begin(), x.end(), 1.f);
+    s = comm->all_reduce(x.data(), x.data(), x.size(), DType::kF32, KEEL_REDUCE_SUM);
+    if (!s.is_ok()) break;
+    ASSERT_EQ(x[0], 3.f) << "round " << round;
+    ASSERT_EQ(x.back(), 3.f) << "round " << round;
+  }
+  if (killer.joinable()) killer.join();
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  std::printf("rank 0 sees: %s\n", s.to_string().c_str());
+  ASSERT_FALSE(s.is_ok()) << "1000 all-reduces succeeded after the peer was killed";
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.to_string();
+  EXPECT_NE(s.message().find("connection to rank 1 closed"), std::string::npos) << s.to_string();
+  EXPECT_LT(seconds_since(killed_at), 4.0) << s.to_string();
+  EXPECT_EQ(comm->barrier().code(), StatusCode::kFailedPrecondition);
+  fs::remove_all(dir);
 }
 
 // KEEL_GLOO_HOSTNAME=::1: two ranks (processes: the address is read once per process) on IPv6 loopback form a world
