@@ -598,6 +598,15 @@ keel_status_t mesh_failure(Comm* c, const char* what, int32_t code, const std::s
               ": " + detail;
   return make_status(code, c->broken + "; the communicator is broken");
 }
+keel_status_t mesh_closed(Comm* c, const char* what, int32_t peer, const std::string& why) {
+  return mesh_failure(c, what, KEEL_STATUS_UNAVAILABLE,
+                      "connection to rank " + std::to_string(peer) + " closed (" + why + ")");
+}
+keel_status_t mesh_timed_out(Comm* c, const char* what, int32_t waited_on) {
+  return mesh_failure(c, what, KEEL_STATUS_DEADLINE_EXCEEDED,
+                      "did not complete within " + std::to_string(c->timeout.count()) + " ms (waiting on rank " +
+                          std::to_string(waited_on) + ")");
+}
 
 std::string errno_text(int e) {
   char buf[128];
@@ -629,10 +638,6 @@ keel_status_t mesh_exchange(Comm* c, const char* what, const void* payload, size
   const auto deadline = Clock::now() + c->timeout;
   std::vector<pollfd> fds;
   fds.reserve(static_cast<size_t>(c->size));
-  auto closed = [&](int32_t p, const std::string& why) {
-    return mesh_failure(c, what, KEEL_STATUS_UNAVAILABLE,
-                        "connection to rank " + std::to_string(p) + " closed (" + why + ")");
-  };
   std::string why;
   for (;;) {
     bool progressed = false, done = true;
@@ -648,7 +653,7 @@ keel_status_t mesh_exchange(Comm* c, const char* what, const void* payload, size
           iov[parts++] = {const_cast<char*>(static_cast<const char*>(payload)) + payload_sent,
                           payload_bytes - payload_sent};
         const ssize_t r = move_some(l.fd, true, iov, static_cast<size_t>(parts), &why);
-        if (r < 0) return closed(p, why);
+        if (r < 0) return mesh_closed(c, what, p, why);
         if (r == 0) break;
         l.sent += static_cast<size_t>(r);
         progressed = true;
@@ -667,7 +672,7 @@ keel_status_t mesh_exchange(Comm* c, const char* what, const void* payload, size
         }
         iovec iov{dst, want};
         const ssize_t r = move_some(l.fd, false, &iov, 1, &why);
-        if (r < 0) return closed(p, why);
+        if (r < 0) return mesh_closed(c, what, p, why);
         if (r == 0) break;
         l.received += static_cast<size_t>(r);
         progressed = true;
@@ -704,10 +709,7 @@ keel_status_t mesh_exchange(Comm* c, const char* what, const void* payload, size
       if (waited_on < 0) waited_on = p;
       fds.push_back({l.fd, static_cast<short>((recv_left ? POLLIN : 0) | (send_left ? POLLOUT : 0)), 0});
     }
-    if (now >= deadline)
-      return mesh_failure(c, what, KEEL_STATUS_DEADLINE_EXCEEDED,
-                          "did not complete within " + std::to_string(c->timeout.count()) + " ms (waiting on rank " +
-                              std::to_string(waited_on) + ")");
+    if (now >= deadline) return mesh_timed_out(c, what, waited_on);
     const auto left = std::chrono::duration_cast<milliseconds>(deadline - now).count() + 1;
     if (::poll(fds.data(), fds.size(), static_cast<int>(std::min<int64_t>(left, 1 << 30))) < 0 && errno != EINTR)
       return mesh_failure(c, what, KEEL_STATUS_INTERNAL, "poll: " + errno_text(errno));
@@ -724,17 +726,13 @@ keel_status_t mesh_sendrecv(Comm* c, const char* what, int32_t to, const char* s
   const int out_fd = c->links[to].fd, in_fd = c->links[from].fd;
   size_t sent = 0, received = 0;
   const auto deadline = Clock::now() + c->timeout;
-  auto closed = [&](int32_t p, const std::string& why) {
-    return mesh_failure(c, what, KEEL_STATUS_UNAVAILABLE,
-                        "connection to rank " + std::to_string(p) + " closed (" + why + ")");
-  };
   for (;;) {
     bool progressed = false;
     std::string why;
     while (sent < send_bytes) {
       iovec iov{const_cast<char*>(send) + sent, send_bytes - sent};
       const ssize_t r = move_some(out_fd, true, &iov, 1, &why);
-      if (r < 0) return closed(to, why);
+      if (r < 0) return mesh_closed(c, what, to, why);
       if (r == 0) break;
       sent += static_cast<size_t>(r);
       progressed = true;
@@ -742,7 +740,7 @@ keel_status_t mesh_sendrecv(Comm* c, const char* what, int32_t to, const char* s
     while (received < recv_bytes) {
       iovec iov{recv + received, recv_bytes - received};
       const ssize_t r = move_some(in_fd, false, &iov, 1, &why);
-      if (r < 0) return closed(from, why);
+      if (r < 0) return mesh_closed(c, what, from, why);
       if (r == 0) break;
       received += static_cast<size_t>(r);
       progressed = true;
@@ -751,10 +749,7 @@ keel_status_t mesh_sendrecv(Comm* c, const char* what, int32_t to, const char* s
     if (sent == send_bytes && received == recv_bytes) return nullptr;
     if (progressed) continue;
     const auto now = Clock::now();
-    if (now >= deadline)
-      return mesh_failure(c, what, KEEL_STATUS_DEADLINE_EXCEEDED,
-                          "did not complete within " + std::to_string(c->timeout.count()) + " ms (waiting on rank " +
-                              std::to_string(received < recv_bytes ? from : to) + ")");
+    if (now >= deadline) return mesh_timed_out(c, what, received < recv_bytes ? from : to);
     pollfd fds[2];
     nfds_t n = 0;
     const short out_ev = sent < send_bytes ? POLLOUT : 0, in_ev = received < recv_bytes ? POLLIN : 0;
@@ -1084,8 +1079,11 @@ keel_status_t c_create(void*, keel_kv_store_t* store, int32_t rank, int32_t size
     attr.hostname = g_settings.hostname;
     where = "address '" + g_settings.hostname + "'";
   }
+  // Resolved once: Gloo's device and the message mesh bind the same address (CreateDevice is this plus the Device).
+  gloo::transport::tcp::attr resolved;
   try {
-    c->device = gloo::transport::tcp::CreateDevice(attr);
+    resolved = gloo::transport::tcp::CreateDeviceAttr(attr);
+    c->device = std::make_shared<gloo::transport::tcp::Device>(resolved);
   } catch (const std::exception& e) {
     return make_status(KEEL_STATUS_UNAVAILABLE, "gloo: cannot use " + where + " for TCP: " + strip_location(e.what()));
   }
@@ -1108,12 +1106,12 @@ keel_status_t c_create(void*, keel_kv_store_t* store, int32_t rank, int32_t size
                            " to its peers over " + where + " failed: " + m);
   }
   try {
-    const gloo::transport::tcp::attr resolved = gloo::transport::tcp::CreateDeviceAttr(attr);
     if (keel_status_t s = connect_mesh(c.get(), store, prefix, resolved.ai_addr,
                                        static_cast<socklen_t>(resolved.ai_addrlen), deadline))
       return s;
-  } catch (const std::exception& e) {
-    return make_status(KEEL_STATUS_UNAVAILABLE, "gloo: cannot use " + where + " for TCP: " + strip_location(e.what()));
+  } catch (const std::bad_alloc&) {
+    return make_status(KEEL_STATUS_OUT_OF_MEMORY,
+                       "gloo: no memory for the message mesh of rank " + std::to_string(rank));
   }
   try {
     c->message_bytes = sizeof(Header) + inline_capacity(size);
