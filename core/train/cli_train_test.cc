@@ -400,6 +400,8 @@ TEST_F(KeelTrain, DataParallelOverTwoProcessesResumesInOne) {
   EXPECT_NE(out.find("data-parallel: world size 2 (gloo), batch 16 per rank = 32 per step, 6 batches per rank"),
             std::string::npos)
       << out;
+  // The rate given is one process's: a step of 2 x 16 images takes twice it (--lr-scaling auto: linear for SGD).
+  EXPECT_NE(out.find("SGD lr 0.1 (0.05 x 2 for 2 ranks, --lr-scaling auto)"), std::string::npos) << out;
   auto pos = out.find("test accuracy: ");
   ASSERT_NE(pos, std::string::npos) << out;
   EXPECT_EQ(out.find("test accuracy: ", pos + 1), std::string::npos) << "printed by one rank only\n" << out;
@@ -414,6 +416,10 @@ TEST_F(KeelTrain, DataParallelOverTwoProcessesResumesInOne) {
   auto resumed = sh(train("--epochs 3 -o '' --resume " + ckpt.string()));
   ASSERT_EQ(resumed.first, 0) << resumed.second;
   EXPECT_NE(resumed.second.find("resumed from"), std::string::npos) << resumed.second;
+  EXPECT_NE(resumed.second.find("learning rate x0.5 for world size 1 (the checkpoint's scale 2, now 1"),
+            std::string::npos)
+      << resumed.second;
+  EXPECT_NE(resumed.second.find("SGD lr 0.05 momentum"), std::string::npos) << resumed.second;
   EXPECT_NE(resumed.second.find("epoch 3/3: "), std::string::npos) << resumed.second;
 }
 

@@ -35,6 +35,9 @@
 // no_sync(): while the guard lives, backward accumulates local gradients without communication (gradient
 // accumulation); the first backward after it synchronises the accumulated sum. Run forward *and* backward inside it.
 // World size 1: a pass-through (no hooks, no thread, finish() returns at once).
+// Learning rate: DataParallel leaves the optimizer alone (as torch DDP): a step averages world × batch images, so a
+// rate tuned for one process at that batch usually wants scaling (linear for SGD, √ for Adam); `keel train`'s
+// --lr-scaling does it (README, data-parallel: 2 ranks of the LeNet-like model end 1 epoch 1.8 points lower unscaled).
 // Scheduling: the overlap needs the communication thread (and any I/O thread of the collective plugin; the Gloo
 // plugin's all-reduces run on the calling thread, Gloo's own bcube and ring on its device loop) to run while backward
 // computes. Under the normal policy they preempt it when a message arrives. Under a real-time

@@ -206,6 +206,34 @@ TEST(TrainLoop, ResumeFromCheckpointMatchesAnUninterruptedRunBitExactly) {
   std::filesystem::remove(file);
 }
 
+// The learning-rate scale of a data-parallel run travels with the checkpoint, so that a run resumed at another world
+// size can rescale the rates it restores; checkpoints written before it existed read as 1.
+TEST(TrainLoop, CheckpointKeepsTheLearningRateScale) {
+  Linear net(2, 2);
+  SGD opt(net.parameters(), SGDOptions{0.1});
+  Progress p;
+  p.lr_scale = 2;
+  Checkpoint c = capture_checkpoint(net, opt, nullptr, nullptr, p);
+  Progress q;
+  ASSERT_TRUE(restore_checkpoint(c, net, opt, nullptr, nullptr, q).is_ok());
+  EXPECT_EQ(q.lr_scale, 2);
+  State t = *c.require("trainer").value();
+  t.values.erase("lr_scale");
+  c.put("trainer", t);
+  q.lr_scale = 5;
+  ASSERT_TRUE(restore_checkpoint(c, net, opt, nullptr, nullptr, q).is_ok());
+  EXPECT_EQ(q.lr_scale, 1);
+  for (const nlohmann::json& bad : {nlohmann::json(-1.0), nlohmann::json(0.0), nlohmann::json("two")}) {
+    t.values["lr_scale"] = bad;
+    c.put("trainer", t);
+    Status st = restore_checkpoint(c, net, opt, nullptr, nullptr, q);
+    ASSERT_FALSE(st.is_ok()) << bad.dump();
+    EXPECT_TRUE(st.message().find("learning-rate scale") != std::string::npos ||
+                st.message().find("trainer component is malformed") != std::string::npos)
+        << st.message();
+  }
+}
+
 TEST(TrainLoop, TracedModelRunsInASessionLikeEager) {
   eager::manual_seed(2);
   auto net = small_cnn(false);

@@ -1,5 +1,6 @@
 #include "core/train/trainer.h"
 
+#include <cmath>
 #include <sstream>
 
 namespace keel::train {
@@ -16,11 +17,8 @@ Checkpoint capture_checkpoint(const nn::Module& model, const Optimizer& opt, con
   State t;
   std::ostringstream gen;
   gen << eager::generator();
-  t.values = {{"epoch", p.epoch},
-              {"batch", p.batch},
-              {"global_step", p.global_step},
-              {"data_seed", p.data_seed},
-              {"generator", gen.str()}};
+  t.values = {{"epoch", p.epoch},         {"batch", p.batch},       {"global_step", p.global_step},
+              {"data_seed", p.data_seed}, {"lr_scale", p.lr_scale}, {"generator", gen.str()}};
   c.put("trainer", std::move(t));
   return c;
 }
@@ -46,6 +44,7 @@ Status restore_checkpoint(const Checkpoint& c, nn::Module& model, Optimizer& opt
     p.batch = t->values.at("batch").get<int64_t>();
     p.global_step = t->values.at("global_step").get<int64_t>();
     p.data_seed = t->values.at("data_seed").get<uint64_t>();
+    p.lr_scale = t->values.value("lr_scale", 1.0);  // absent in checkpoints written before it existed
     std::istringstream gen(t->values.at("generator").get<std::string>());
     std::mt19937_64 g;
     gen >> g;
@@ -56,6 +55,8 @@ Status restore_checkpoint(const Checkpoint& c, nn::Module& model, Optimizer& opt
   }
   if (p.epoch < 0 || p.batch < 0 || p.global_step < 0)
     return invalid_argument("restore: negative epoch/batch/step in the checkpoint");
+  if (!(p.lr_scale > 0) || !std::isfinite(p.lr_scale))
+    return invalid_argument("restore: the checkpoint's learning-rate scale is not a positive number");
   return Status::ok();
 }
 

@@ -20,6 +20,9 @@ struct Progress {
   int64_t batch = 0;        // the next batch of that epoch
   int64_t global_step = 0;  // optimizer steps taken so far
   uint64_t data_seed = 0;   // the DataLoader's seed
+  // The factor the optimizer's learning rates carry over the rate given for one process (data-parallel runs scale it
+  // with the world size, `keel train --lr-scaling`), so that a run resumed at another world size can rescale them.
+  double lr_scale = 1;
 };
 
 // Components "model", "optimizer", "scheduler" (when given), "scaler" (when given), "trainer" (progress + generator).
