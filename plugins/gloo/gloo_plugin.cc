@@ -19,10 +19,11 @@
 // arguments are invalid, is INVALID_ARGUMENT on every rank (the data are not touched and the communicator stays
 // usable), never corruption or a hang. The header exchange is also the barrier. send/recv exchange a header and an
 // acknowledgement before the data (on Gloo's pairs). all_reduce is a direct exchange for small buffers (each rank's
-// input travels in its header message to every peer; each reduces in rank order) and a ring on the message mesh above
-// (allreduce_algorithm; Gloo's bcube and ring on request); broadcast is Gloo's binomial tree, all_gather Gloo's ring,
-// reduce_scatter a direct exchange (each rank sends every peer its block). f16 and bf16 reduce in float, element by
-// element. AVG is the sum divided by the world size (integer division for integer types).
+// input travels in its header message to every peer; each reduces in rank order) and, above, reads the peers' buffers
+// out of their processes when every rank runs on this host ("Cross-memory all-reduce") or else runs a ring on the
+// message mesh (allreduce_algorithm; Gloo's bcube and ring on request); broadcast is Gloo's binomial tree, all_gather
+// Gloo's ring, reduce_scatter a direct exchange (each rank sends every peer its block). f16 and bf16 reduce in float,
+// element by element. AVG is the sum divided by the world size (integer division for integer types).
 //
 // Every wait is bounded by the communicator's timeout (timeout_ms <= 0 means the default, 5 minutes). A peer that
 // closes its connection (released its communicator, exited, was killed) or a timeout makes the entry fail with a
@@ -45,7 +46,9 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -55,8 +58,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <mutex>
+#include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -76,11 +83,14 @@ constexpr int64_t kDefaultTimeoutMs = 5 * 60 * 1000;
 struct Settings {
   std::string hostname = "127.0.0.1";
   std::string iface;
-  // Empty: automatic — direct while (ranks - 1) * bytes <= 1 MiB, else mesh-ring (per call, from the byte count; the
-  // header exchange checks that every rank chose the same). "mesh-ring" / "bcube" / "ring" (Gloo's): always that one;
-  // "direct": direct up to its capacity, mesh-ring above.
+  // Empty: automatic — direct while (ranks - 1) * bytes <= 1 MiB, else cross-memory when every rank is on this host,
+  // else mesh-ring (per call, from the byte count; the header exchange checks that every rank chose the same).
+  // "mesh-ring" / "bcube" / "ring" (Gloo's): always that one; "cross-memory": at every size where available (else
+  // mesh-ring); "direct": direct up to its capacity, the automatic choice above.
   std::string algorithm;
   bool check = true;  // KEEL_GLOO_CHECK=0 skips the header exchange (for measuring its cost only)
+  // Cross-memory all-reduce between ranks of one host (see "Cross-memory all-reduce"): "auto" or "off".
+  bool cross_memory = true;
 };
 Settings g_settings;
 
@@ -407,13 +417,14 @@ class KvStoreAdapter : public gloo::rendezvous::Store {
 // The communicator.
 
 // The all-reduce algorithms (see allreduce_algorithm).
-enum Algorithm : int64_t { kAlgoDirect = 1, kAlgoBcube, kAlgoRing, kAlgoMeshRing };
+enum Algorithm : int64_t { kAlgoDirect = 1, kAlgoBcube, kAlgoRing, kAlgoMeshRing, kAlgoCrossMemory };
 const char* algorithm_name(int64_t a) {
   switch (a) {
     case kAlgoDirect: return "direct";
     case kAlgoBcube: return "bcube";
     case kAlgoRing: return "ring";
     case kAlgoMeshRing: return "mesh-ring";
+    case kAlgoCrossMemory: return "cross-memory";
   }
   return "?";
 }
@@ -451,6 +462,11 @@ struct Comm {
   std::vector<MeshLink> links;            // one per rank (this rank's own unused)
   size_t message_bytes = sizeof(Header);  // the largest message accepted: the header plus the inline capacity
   std::vector<char> outbox;               // this rank's frame prefix and header (a payload is sent from its buffer)
+  // Cross-memory all-reduce: every rank of this communicator runs on this host and may read the others' memory
+  // (agreed by all ranks at creation); their process ids; the word the others read to prove it (a random nonce).
+  bool cross_memory = false;
+  std::vector<int64_t> pids;
+  uint64_t probe = 0;
 
   Comm() = default;
   Comm(const Comm&) = delete;
@@ -800,6 +816,204 @@ keel_status_t mesh_ring_all_reduce(Comm* c, char* buf, size_t count, size_t esiz
   return nullptr;
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// Cross-memory all-reduce. When every rank of a communicator runs on this host, all-reduces above the direct capacity
+// read the peers' buffers straight out of their address spaces with process_vm_readv(2) (Linux's cross memory
+// attach, which Open MPI's shared-memory transport uses between the processes of a node) instead of streaming them
+// through loopback TCP: one copy per byte instead of two (into and out of the socket buffers), no TCP stack, and the
+// reduction reads pieces that are still in cache. For rank r of W, every block being count / W elements:
+//   1. the header exchange carries every rank's send and recv addresses;
+//   2. reduce-scatter: rank r reads block r of every peer's input (128 KiB at a time) and reduces it into block r of
+//      its own output, starting from its own input and taking the peers in rank order;
+//   3. a signal round on the message mesh: every block is final;
+//   4. all-gather: rank r reads block q of peer q's output into its own, for every peer q;
+//   5. a second signal round: no rank reads another's buffers any more, so each may return (and its caller reuse them).
+// Each block's value is computed by one rank and copied, so every rank ends with the same bits. A peer process that
+// is gone (ESRCH) is UNAVAILABLE naming the rank; the signal rounds are bounded by the timeout like every mesh message.
+//
+// Set-up (probe_cross_memory, in c_create): every rank publishes "<prefix>xmem/<rank>" (boot id, pid namespace, pid,
+// the address of a random word); when every rank shares this host's boot id and pid namespace, each allows processes
+// of its user to read its memory (prctl PR_SET_PTRACER_ANY: under Yama's ptrace_scope 1 only ancestors may, and the
+// ranks of one launcher are siblings) and says so ("xmem_open/<rank>"), then reads every peer's word: equal to the
+// nonce the peer published means readable. Each rank publishes its verdict ("xmem_ok/<rank>"); the communicator uses
+// cross memory only when every verdict is yes, so every rank chooses the same algorithm. `cross_memory = off` (or
+// KEEL_GLOO_CROSS_MEMORY=off) keeps the ranks' memory closed and the mesh ring in use.
+
+// Whether peer p's process has ended (exited, or killed and not yet reaped) or closed its side of the mesh link.
+bool peer_gone(Comm* c, int32_t p) {
+  const auto pid = static_cast<pid_t>(c->pids[static_cast<size_t>(p)]);
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const auto close_paren = stat.rfind(')');
+  if (close_paren != std::string::npos && close_paren + 2 < stat.size() &&
+      (stat[close_paren + 2] == 'Z' || stat[close_paren + 2] == 'X'))
+    return true;
+  char byte;
+  const ssize_t n = ::recv(c->links[p].fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+// Reads `bytes` at `remote` in peer `p`'s address space into `local`.
+keel_status_t read_peer(Comm* c, const char* what, int32_t p, void* local, uint64_t remote, size_t bytes) {
+  size_t done = 0;
+  while (done < bytes) {
+    iovec l{static_cast<char*>(local) + done, bytes - done};
+    iovec r{reinterpret_cast<void*>(static_cast<uintptr_t>(remote + done)), bytes - done};
+    const ssize_t n = ::process_vm_readv(static_cast<pid_t>(c->pids[static_cast<size_t>(p)]), &l, 1, &r, 1, 0);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    const int e = n < 0 ? errno : EIO;
+    if (e == ESRCH || peer_gone(c, p))
+      return mesh_failure(c, what, KEEL_STATUS_UNAVAILABLE,
+                          "connection to rank " + std::to_string(p) + " closed (its process is gone)");
+    return mesh_failure(c, what, KEEL_STATUS_INTERNAL,
+                        "cannot read rank " + std::to_string(p) + "'s buffer: " + errno_text(e));
+  }
+  return nullptr;
+}
+
+// One round of small messages on the mesh (phase marks which): returns when every peer sent its own.
+keel_status_t mesh_signal(Comm* c, const char* what, int64_t phase) {
+  const Header h{kAllReduce, 0, 0, 0, phase, 0};
+  const uint32_t prefix[2] = {kFrameMagic, static_cast<uint32_t>(sizeof(Header))};
+  std::memcpy(c->outbox.data(), prefix, kFramePrefix);
+  std::memcpy(c->outbox.data() + kFramePrefix, &h, sizeof h);
+  if (keel_status_t s = mesh_exchange(c, what, nullptr, 0)) return s;
+  for (int32_t p = 0; p < c->size; ++p) {
+    if (p == c->rank) continue;
+    Header theirs;
+    std::memcpy(&theirs, inbox_of(c, p), sizeof theirs);
+    if (c->links[p].frame[1] != sizeof(Header) || theirs.kind != kAllReduce || theirs.root != phase)
+      return mesh_failure(c, what, KEEL_STATUS_INTERNAL, "rank " + std::to_string(p) + " is out of step");
+  }
+  return nullptr;
+}
+
+// The addresses every rank sends in its all-reduce header message (step 1).
+struct CrossMemoryAddresses {
+  uint64_t send = 0, recv = 0;
+};
+
+// Steps 2-5 above, after the header exchange; `send` may equal `recv` (not otherwise overlap).
+keel_status_t cross_memory_all_reduce(Comm* c, const char* send, char* recv, size_t count, size_t esize, ReduceFn fn) {
+  const char* what = "all_reduce";
+  const auto w = static_cast<size_t>(c->size), r = static_cast<size_t>(c->rank);
+  std::vector<CrossMemoryAddresses> at(w);
+  for (size_t p = 0; p < w; ++p)
+    if (p != r) std::memcpy(&at[p], inbox_of(c, static_cast<int32_t>(p)) + sizeof(Header), sizeof at[p]);
+  auto begin = [&](size_t b) { return count * b / w; };
+  constexpr size_t kPiece = size_t{128} << 10;
+  const size_t piece = std::max<size_t>(1, kPiece / esize);
+  if (c->scratch.size() < piece * esize) c->scratch.resize(piece * esize);
+  char* tmp = c->scratch.data();
+  // 2. Reduce-scatter into block r.
+  const size_t b0 = begin(r), n = begin(r + 1) - b0;
+  for (size_t off = 0; off < n; off += piece) {
+    const size_t m = std::min(piece, n - off), at_byte = (b0 + off) * esize;
+    const char* acc = send + at_byte;  // own input first; then the running result in recv
+    for (size_t p = 0; p < w; ++p) {
+      if (p == r) continue;
+      if (keel_status_t st = read_peer(c, what, static_cast<int32_t>(p), tmp, at[p].send + at_byte, m * esize))
+        return st;
+      fn(recv + at_byte, acc, tmp, m);
+      acc = recv + at_byte;
+    }
+  }
+  if (keel_status_t st = mesh_signal(c, what, -1)) return st;
+  // 4. All-gather: every other block from its owner's output.
+  for (size_t q = 0; q < w; ++q) {
+    if (q == r) continue;
+    const size_t at_byte = begin(q) * esize, bytes = (begin(q + 1) - begin(q)) * esize;
+    if (bytes == 0) continue;
+    if (keel_status_t st = read_peer(c, what, static_cast<int32_t>(q), recv + at_byte, at[q].recv + at_byte, bytes))
+      return st;
+  }
+  return mesh_signal(c, what, -2);
+}
+
+// The set-up described above; leaves c->cross_memory false (the mesh ring in use) when the ranks are not all on this
+// host or cannot read each other. Only a failure of the store itself is an error.
+keel_status_t probe_cross_memory(Comm* c, keel_kv_store_t* store, const std::string& prefix,
+                                 Clock::time_point deadline) {
+  c->cross_memory = false;
+  if (!g_settings.cross_memory || c->size < 2) return nullptr;
+  const std::string who = "gloo: rank " + std::to_string(c->rank) + " of " + std::to_string(c->size);
+  auto put = [&](const std::string& key, const std::string& value) -> keel_status_t {
+    if (keel_status_t s = store->set(store, key.c_str(), value.data(), value.size())) {
+      auto [code, m] = take_status(s);
+      return make_status(code, who + ": cross-memory set-up: store set '" + key + "': " + m);
+    }
+    return nullptr;
+  };
+  auto fetch = [&](const std::string& key, std::string* value) -> keel_status_t {
+    const void* v = nullptr;
+    size_t len = 0;
+    if (keel_status_t s = store->get(store, key.c_str(), ms_left(deadline), &v, &len)) {
+      auto [code, m] = take_status(s);
+      return make_status(code, who + ": cross-memory set-up: store get '" + key + "': " + m);
+    }
+    value->assign(static_cast<const char*>(v), len);
+    return nullptr;
+  };
+  auto key = [&](const char* what, int32_t rank) { return prefix + what + "/" + std::to_string(rank); };
+  std::string boot;
+  {
+    std::ifstream f("/proc/sys/kernel/random/boot_id");
+    std::getline(f, boot);
+  }
+  struct stat ns {};
+  const bool known = !boot.empty() && ::stat("/proc/self/ns/pid", &ns) == 0;
+  c->probe = std::random_device{}() | (uint64_t{std::random_device{}()} << 32) | 1;  // never 0
+  const std::string host = known ? boot + ":" + std::to_string(ns.st_ino) : "unknown";
+  if (keel_status_t s = put(key("xmem", c->rank), host + " " + std::to_string(::getpid()) + " " +
+                                                      std::to_string(reinterpret_cast<uintptr_t>(&c->probe)) + " " +
+                                                      std::to_string(c->probe)))
+    return s;
+  c->pids.assign(static_cast<size_t>(c->size), ::getpid());
+  std::vector<uint64_t> addr(static_cast<size_t>(c->size)), nonce(static_cast<size_t>(c->size));
+  bool same_host = known;
+  for (int32_t p = 0; p < c->size; ++p) {
+    if (p == c->rank) continue;
+    std::string v;
+    if (keel_status_t s = fetch(key("xmem", p), &v)) return s;
+    std::istringstream in(v);
+    std::string their_host;
+    int64_t pid = 0;
+    in >> their_host >> pid >> addr[static_cast<size_t>(p)] >> nonce[static_cast<size_t>(p)];
+    same_host = same_host && !in.fail() && their_host == host && pid > 0;
+    c->pids[static_cast<size_t>(p)] = pid;
+  }
+  if (same_host) ::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);  // EINVAL without Yama: nothing to open
+  if (keel_status_t s = put(key("xmem_open", c->rank), same_host ? "1" : "0")) return s;
+  bool readable = same_host;
+  for (int32_t p = 0; p < c->size && readable; ++p) {
+    if (p == c->rank) continue;
+    std::string v;
+    if (keel_status_t s = fetch(key("xmem_open", p), &v)) return s;
+    uint64_t word = 0;
+    iovec l{&word, sizeof word},
+        r{reinterpret_cast<void*>(static_cast<uintptr_t>(addr[static_cast<size_t>(p)])), sizeof word};
+    readable = v == "1" &&
+               ::process_vm_readv(static_cast<pid_t>(c->pids[static_cast<size_t>(p)]), &l, 1, &r, 1, 0) ==
+                   static_cast<ssize_t>(sizeof word) &&
+               word == nonce[static_cast<size_t>(p)];
+  }
+  if (keel_status_t s = put(key("xmem_ok", c->rank), readable ? "1" : "0")) return s;
+  bool all = true;
+  for (int32_t p = 0; p < c->size; ++p) {
+    if (p == c->rank) continue;
+    std::string v;
+    if (keel_status_t s = fetch(key("xmem_ok", p), &v)) return s;
+    all = all && v == "1";
+  }
+  c->cross_memory = all && readable;
+  return nullptr;
+}
+
 // Waits until `fd` is ready for `events` or the deadline passes (false).
 bool wait_ready(int fd, short events, Clock::time_point deadline) {
   for (;;) {
@@ -1114,8 +1328,9 @@ keel_status_t c_create(void*, keel_kv_store_t* store, int32_t rank, int32_t size
                        "gloo: no memory for the message mesh of rank " + std::to_string(rank));
   }
   try {
-    c->message_bytes = sizeof(Header) + inline_capacity(size);
+    c->message_bytes = sizeof(Header) + std::max(inline_capacity(size), sizeof(CrossMemoryAddresses));
     c->outbox.assign(kFramePrefix + sizeof(Header), 0);
+    if (keel_status_t s = probe_cross_memory(c.get(), store, prefix, deadline)) return s;
   } catch (const std::bad_alloc&) {
     return make_status(KEEL_STATUS_OUT_OF_MEMORY, "gloo: no memory for the " + std::to_string(size) +
                                                       " ranks' message buffers of rank " + std::to_string(rank));
@@ -1165,13 +1380,15 @@ constexpr size_t kDirectMaxTraffic = size_t{1} << 20;
 size_t inline_capacity(int32_t size) {
   return size > 1 ? (kDirectMaxTraffic / static_cast<size_t>(size - 1)) & ~size_t{63} : 0;
 }
-Algorithm allreduce_algorithm(int32_t size, size_t bytes) {
+// Above the direct capacity: cross memory when every rank is on this host (agreed at creation), else the mesh ring.
+Algorithm allreduce_algorithm(const Comm* c, size_t bytes) {
   const std::string& a = g_settings.algorithm;
   if (a == "ring") return kAlgoRing;
   if (a == "bcube") return kAlgoBcube;
   if (a == "mesh-ring") return kAlgoMeshRing;
-  if (bytes <= inline_capacity(size)) return kAlgoDirect;  // "direct" or auto
-  return kAlgoMeshRing;
+  if (a == "cross-memory") return c->cross_memory ? kAlgoCrossMemory : kAlgoMeshRing;
+  if (bytes <= inline_capacity(c->size)) return kAlgoDirect;  // "direct" or auto
+  return c->cross_memory ? kAlgoCrossMemory : kAlgoMeshRing;
 }
 
 // The direct all-reduce, after the header exchange carried every rank's input: reduces the W inputs in rank order
@@ -1198,15 +1415,34 @@ keel_status_t c_all_reduce(void*, keel_communicator_t comm, const void* send, vo
   const ReduceFn fn = reduce_fn(dtype, op);
   if (bad.empty() && !fn) bad = "gloo: all_reduce: " + op_name(op) + " on " + dtype_name(dtype) + " is not supported";
   // The header carries the algorithm (in root): ranks configured differently fail instead of mismatching messages.
-  const Algorithm algo = allreduce_algorithm(c->size, bytes);
+  const Algorithm algo = allreduce_algorithm(c, bytes);
   const Header h{kAllReduce, static_cast<int64_t>(count), dtype, op, algo, bad.empty() ? 0 : 1};
   const uint32_t tag = c->tag++;
   return guarded(c, "all_reduce", [&](int32_t*) -> keel_status_t {
     const bool direct = c->size > 1 && count > 0 && bad.empty() && algo == kAlgoDirect;
-    if (keel_status_t s = exchange_headers(c, h, bad, direct ? send : nullptr, direct ? bytes : 0)) return s;
+    const bool cross = c->size > 1 && count > 0 && bad.empty() && algo == kAlgoCrossMemory;
+    // A cross-memory all-reduce reads the peers' inputs where they are; one whose output partly overlaps its input
+    // moves the input into the output first (then in place).
+    if (cross && send != recv && overlaps(send, recv, bytes)) {
+      std::memmove(recv, send, bytes);
+      send = recv;
+    }
+    const CrossMemoryAddresses mine{reinterpret_cast<uintptr_t>(send), reinterpret_cast<uintptr_t>(recv)};
+    if (keel_status_t s = exchange_headers(c, h, bad,
+                                           direct  ? send
+                                           : cross ? &mine
+                                                   : nullptr,
+                                           direct  ? bytes
+                                           : cross ? sizeof mine
+                                                   : 0))
+      return s;
     if (count == 0) return nullptr;
     if (direct) {
       direct_all_reduce(c, send, recv, bytes, static_cast<size_t>(count), fn);
+    } else if (cross) {
+      if (keel_status_t st = cross_memory_all_reduce(c, static_cast<const char*>(send), static_cast<char*>(recv),
+                                                     static_cast<size_t>(count), element_size(dtype), fn))
+        return st;
     } else if (algo == kAlgoMeshRing && c->size > 1) {
       if (send != recv) std::memmove(recv, send, bytes);
       if (keel_status_t st =
@@ -1422,13 +1658,19 @@ keel_status_t gloo_init(const keel_core_api_t* host, keel_plugin_handle_t* plugi
   std::string algorithm = option_string(host, "algorithm", "KEEL_GLOO_ALGORITHM");
   if (algorithm == "auto") algorithm.clear();
   if (!algorithm.empty() && algorithm != "ring" && algorithm != "bcube" && algorithm != "direct" &&
-      algorithm != "mesh-ring") {
+      algorithm != "mesh-ring" && algorithm != "cross-memory") {
     return make_status(KEEL_STATUS_INVALID_ARGUMENT,
                        "gloo: algorithm '" + algorithm +
-                           "' is not one of auto, direct, mesh-ring, ring, bcube (manifest option "
+                           "' is not one of auto, direct, mesh-ring, cross-memory, ring, bcube (manifest option "
                            "'algorithm' or KEEL_GLOO_ALGORITHM)");
   }
   g_settings.algorithm = algorithm;
+  const std::string cross = option_string(host, "cross_memory", "KEEL_GLOO_CROSS_MEMORY");
+  if (!cross.empty() && cross != "auto" && cross != "off")
+    return make_status(KEEL_STATUS_INVALID_ARGUMENT, "gloo: cross_memory '" + cross +
+                                                         "' is not auto or off (manifest option 'cross_memory' or "
+                                                         "KEEL_GLOO_CROSS_MEMORY)");
+  g_settings.cross_memory = cross != "off";
   if (const char* v = std::getenv("KEEL_GLOO_CHECK"); v && std::string(v) == "0") g_settings.check = false;
 
   keel_collective_table_t t;
@@ -1453,7 +1695,11 @@ keel_status_t gloo_init(const keel_core_api_t* host, keel_plugin_handle_t* plugi
   const std::string msg =
       "gloo: TCP over " +
       (g_settings.iface.empty() ? "address " + g_settings.hostname : "interface " + g_settings.iface) +
-      ", all-reduce " + (algorithm.empty() ? "auto (direct up to 1 MiB / (ranks-1), else mesh-ring)" : algorithm) +
+      ", all-reduce " +
+      (algorithm.empty() ? "auto (direct up to 1 MiB / (ranks-1), else cross-memory between the processes of one "
+                           "host, else mesh-ring)"
+                         : algorithm) +
+      (g_settings.cross_memory ? "" : ", cross memory off") +
       (g_settings.check ? "" : ", argument check off (KEEL_GLOO_CHECK=0)");
   host->log(plugin, KEEL_LOG_INFO, msg.c_str());
   return nullptr;

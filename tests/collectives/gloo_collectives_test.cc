@@ -759,9 +759,10 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
-// Rank 1 is another process (gloo_rank_helper loop) all-reducing 16 MiB (the ring on the message mesh) with rank 0
-// again and again; after a few correct rounds it is SIGKILLed, most likely mid-ring. Rank 0's next all-reduce that
-// fails names rank 1, within seconds, not the 10 s timeout.
+// Rank 1 is another process (gloo_rank_helper loop) all-reducing 16 MiB (cross memory: both processes are on this
+// host; the mesh ring where cross memory is off) with rank 0 again and again; after a few correct rounds it is
+// SIGKILLed, most likely mid-collective. Rank 0's next all-reduce that fails names rank 1, within seconds, not the 10 s
+// timeout.
 TEST(GlooCollectives, APeerProcessKilledDuringLargeAllReducesIsNamed) {
   SKIP_WITHOUT_GLOO();
   const std::string helper = KEEL_GLOO_RANK_HELPER;
@@ -800,6 +801,38 @@ TEST(GlooCollectives, APeerProcessKilledDuringLargeAllReducesIsNamed) {
   EXPECT_LT(seconds_since(killed_at), 4.0) << s.to_string();
   EXPECT_EQ(comm->barrier().code(), StatusCode::kFailedPrecondition);
   fs::remove_all(dir);
+}
+
+// Three ranks in three processes of this host: the communicators agree to read each other's memory (each rank's
+// "xmem_ok" verdict in the store is yes) and large all-reduces (out of place, in place, sum, average, an element count
+// that does not divide by 3) give every element right; with KEEL_GLOO_CROSS_MEMORY=off the same through the mesh ring,
+// and no rank opens its memory (no verdicts).
+TEST(GlooCollectives, CrossMemoryBetweenProcessesOfOneHost) {
+  SKIP_WITHOUT_GLOO();
+  namespace fs = std::filesystem;
+  for (const bool off : {false, true}) {
+    const fs::path dir =
+        fs::temp_directory_path() / ("keel_gloo_xmem_" + std::to_string(::getpid()) + (off ? "_off" : ""));
+    fs::create_directories(dir);
+    std::vector<pid_t> pids;
+    for (int r = 0; r < 3; ++r) {
+      pids.push_back(spawn_helper({KEEL_GLOO_RANK_HELPER, dir.string(), std::to_string(r), "3", "20000", "big"},
+                                  {off ? "KEEL_GLOO_CROSS_MEMORY=off" : "KEEL_GLOO_CROSS_MEMORY=auto"},
+                                  (dir / ("rank" + std::to_string(r) + ".err")).string()));
+      ASSERT_GT(pids.back(), 0);
+    }
+    for (int r = 0; r < 3; ++r)
+      EXPECT_EQ(wait_exit_code(pids[r]), 0) << read_file((dir / ("rank" + std::to_string(r) + ".err")).string());
+    for (int r = 0; r < 3; ++r) {
+      const fs::path verdict = dir / ("keel%gloo%0%xmem_ok%" + std::to_string(r));
+      if (off) {
+        EXPECT_FALSE(fs::exists(verdict)) << verdict;
+      } else {
+        EXPECT_EQ(read_file(verdict.string()), "1") << "rank " << r << " cannot read the others' memory";
+      }
+    }
+    fs::remove_all(dir);
+  }
 }
 
 // KEEL_GLOO_HOSTNAME=::1: two ranks (processes: the address is read once per process) on IPv6 loopback form a world

@@ -2,8 +2,10 @@
 // cases: `gloo_rank_helper STORE_DIR RANK SIZE TIMEOUT_MS [allreduce]` creates its communicator through a
 // directory-backed store (FileStore), announces "test/ready/<rank>", then waits (up to the timeout) to be killed; with
 // `allreduce` it instead all-reduces (sum) 1000 floats of value rank+1 and checks the result; with `loop` it announces
-// itself, then all-reduces 16 MiB of rank+1 (the mesh ring) again and again, checking each result, until one fails
-// (for a test to kill it mid-collective). Exit codes: 0 fine (or the wait ran out), 2 bad arguments, 3 the plugin is
+// itself, then all-reduces 16 MiB of rank+1 (cross memory between processes of one host, else the mesh ring) again and
+// again, checking each result, until one fails (for a test to kill it mid-collective); with `big` it all-reduces
+// 1,000,003 floats out of place (sum) and 700,001 doubles in place (average), rank-dependent values, and checks every
+// element. Exit codes: 0 fine (or the wait ran out), 2 bad arguments, 3 the plugin is
 // missing, 4 the communicator could not be created, 5 the all-reduce failed or was wrong.
 #include <algorithm>
 #include <cstdio>
@@ -16,8 +18,8 @@
 
 int main(int argc, char** argv) {
   const std::string mode = argc == 6 ? argv[5] : "";
-  if (argc != 5 && !(argc == 6 && (mode == "allreduce" || mode == "loop"))) {
-    std::fprintf(stderr, "usage: %s STORE_DIR RANK SIZE TIMEOUT_MS [allreduce|loop]\n", argv[0]);
+  if (argc != 5 && !(argc == 6 && (mode == "allreduce" || mode == "loop" || mode == "big"))) {
+    std::fprintf(stderr, "usage: %s STORE_DIR RANK SIZE TIMEOUT_MS [allreduce|loop|big]\n", argv[0]);
     return 2;
   }
   const int32_t rank = std::atoi(argv[2]), size = std::atoi(argv[3]);
@@ -45,6 +47,29 @@ int main(int argc, char** argv) {
         return 5;
       }
     }
+  }
+  if (mode == "big") {
+    std::vector<float> in(1000003), out(in.size(), -1.f);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(rank + 1 + static_cast<int>(i % 5));
+    keel::Status s = comm->all_reduce(in.data(), out.data(), in.size(), keel::DType::kF32, KEEL_REDUCE_SUM);
+    for (size_t i = 0; s.is_ok() && i < out.size(); ++i)
+      if (out[i] != static_cast<float>(size * (size + 1) / 2 + size * static_cast<int>(i % 5))) {
+        std::fprintf(stderr, "gloo_rank_helper: rank %d: sum element %zu is %g\n", rank, i, out[i]);
+        return 5;
+      }
+    std::vector<double> d(700001);
+    for (size_t i = 0; i < d.size(); ++i) d[i] = static_cast<double>(rank) * 2 + static_cast<double>(i % 3);
+    if (s.is_ok()) s = comm->all_reduce(d.data(), d.data(), d.size(), keel::DType::kF64, KEEL_REDUCE_AVG);
+    for (size_t i = 0; s.is_ok() && i < d.size(); ++i)
+      if (d[i] != static_cast<double>(size - 1) + static_cast<double>(i % 3)) {
+        std::fprintf(stderr, "gloo_rank_helper: rank %d: average element %zu is %g\n", rank, i, d[i]);
+        return 5;
+      }
+    if (!s.is_ok()) {
+      std::fprintf(stderr, "gloo_rank_helper: rank %d: all_reduce: %s\n", rank, s.to_string().c_str());
+      return 5;
+    }
+    return 0;
   }
   if (mode == "allreduce") {
     std::vector<float> x(1000, static_cast<float>(rank + 1));
