@@ -408,6 +408,7 @@ TEST_F(KeelTrain, DataParallelOverTwoProcessesResumesInOne) {
   EXPECT_GE(std::stod(out.substr(pos + 15, 6)), 0.8) << out;
   EXPECT_NE(out.find("epoch 2/2: "), std::string::npos) << out;
   EXPECT_NE(out.find("world size 2, all-reduce "), std::string::npos) << out;
+  EXPECT_NE(out.find(" ms (rank "), std::string::npos) << "each rank's work per step\n" << out;
   EXPECT_TRUE(fs::exists(onnx));
   EXPECT_TRUE(fs::exists(ckpt));
   std::ifstream in(log);

@@ -304,6 +304,10 @@ void DataParallel::reset_step() {
 
 Status DataParallel::finish() {
   if (!sync_) return Status::ok();
+  if (last_finish_ != Clock::time_point{}) {
+    stats_.compute_seconds += seconds_since(last_finish_);
+    ++stats_.compute_steps;
+  }
   try {
     eager::NoGradGuard ng;
     // Buckets still waiting for a gradient: zero-fill those parameters and start them now.
@@ -357,6 +361,7 @@ Status DataParallel::finish() {
   }
   ++stats_.steps;
   reset_step();
+  last_finish_ = Clock::now();
   if (opts_.rebuild_buckets && !rebuilt_) {
     if (stats_.steps >= 2) return rebuild();
     ready_order_.clear();  // observe the next (steady) step

@@ -90,6 +90,11 @@ struct DataParallelStats {
   double all_reduce_seconds = 0;  // time the communication thread spent inside all-reduce
   double wait_seconds = 0;        // time finish() blocked on all-reduces still in flight (the part not overlapped)
   double broadcast_seconds = 0;   // buffer broadcasts in forward()
+  // This rank's own work between two synchronised steps (from one finish()'s return to the next finish() call: data,
+  // forward, backward, optimizer), over `compute_steps` such intervals. Every step waits for the slowest rank, so
+  // comparing it across ranks tells an unequal rank (a slower core, a busy neighbour) from slow communication.
+  double compute_seconds = 0;
+  int64_t compute_steps = 0;
 };
 
 class DataParallel {
@@ -131,7 +136,11 @@ class DataParallel {
   int32_t rank() const { return rank_; }
   int32_t world_size() const { return world_; }
   const DataParallelStats& stats() const { return stats_; }
-  void reset_stats() { stats_ = {}; }
+  // Also forgets when the last step ended: the next interval counted starts at the next finish().
+  void reset_stats() {
+    stats_ = {};
+    last_finish_ = {};
+  }
 
   // Introspection (tests, logs): each bucket's parameters (indices into module.parameters()) in launch order; whether
   // the buckets were rebuilt; the order (parameter indices) in which gradients became ready in the last
@@ -183,6 +192,7 @@ class DataParallel {
   std::vector<double> ready_times_;  // seconds since the step's first ready gradient, parallel to ready_order_
   std::chrono::steady_clock::time_point ready_t0_;
   DataParallelStats stats_;
+  std::chrono::steady_clock::time_point last_finish_{};  // when the last synchronised finish() returned (epoch: none)
 
   std::mutex mu_;
   std::condition_variable cv_work_, cv_done_;

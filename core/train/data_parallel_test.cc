@@ -638,11 +638,20 @@ TEST(DataParallel, WorldSizeOneTakesTheSamePath) {
       eager::sum((*dp)(Tensor(quadrants(4, 1)->data()))).backward();
       std::vector<std::vector<float>> g;
       for (auto& p : m->parameters()) g.push_back(p.grad().to_vector<float>());
+      std::this_thread::sleep_for(std::chrono::milliseconds(3));  // this rank's "work" before its finish()
       ASSERT_TRUE(dp->finish().is_ok());
       for (size_t i = 0; i < g.size(); ++i) EXPECT_EQ(m->parameters()[i].grad().to_vector<float>(), g[i]) << i;
       EXPECT_EQ(dp->stats().steps, step);
     }
     EXPECT_GE(dp->stats().all_reduces, 3);
+    // The work between steps: counted from the first finish() on (2 intervals of at least the 3 ms slept each).
+    EXPECT_EQ(dp->stats().compute_steps, 2);
+    EXPECT_GE(dp->stats().compute_seconds, 0.006);
+    // A new epoch (reset_stats) starts counting at its first finish(), not at the last one of the epoch before.
+    dp->reset_stats();
+    eager::sum((*dp)(Tensor(quadrants(4, 1)->data()))).backward();
+    ASSERT_TRUE(dp->finish().is_ok());
+    EXPECT_EQ(dp->stats().compute_steps, 0);
   });
 }
 

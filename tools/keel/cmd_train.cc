@@ -945,12 +945,21 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
         }
         if (a.checkpoint_every > 0 && micro == 0 && progress.global_step % a.checkpoint_every == 0) save_checkpoint();
       }
-      // The epoch's metrics over every rank (padding examples of the last shard batch included).
+      // The epoch's metrics over every rank (padding examples of the last shard batch included), and each rank's
+      // mean work per step (DataParallelStats::compute_seconds) in its own slot.
+      std::vector<double> step_ms(static_cast<size_t>(ranks.world), 0.0);
       {
-        auto sums = ranks.sum({loss_sum, static_cast<double>(batches), static_cast<double>(correct),
-                               static_cast<double>(seen), soft_sum, hard_sum});
+        std::vector<double> v{
+            loss_sum, static_cast<double>(batches), static_cast<double>(correct), static_cast<double>(seen), soft_sum,
+            hard_sum};
+        v.resize(v.size() + step_ms.size(), 0.0);
+        if (dp && dp->stats().compute_steps > 0)
+          v[6 + static_cast<size_t>(ranks.rank)] =
+              dp->stats().compute_seconds * 1e3 / static_cast<double>(dp->stats().compute_steps);
+        auto sums = ranks.sum(std::move(v));
         loss_sum = sums[0], batches = static_cast<int64_t>(sums[1]), correct = static_cast<int64_t>(sums[2]);
         seen = static_cast<int64_t>(sums[3]), soft_sum = sums[4], hard_sum = sums[5];
+        std::copy(sums.begin() + 6, sums.end(), step_ms.begin());
       }
       const double dt = seconds_since(t0);
       epoch_seconds.push_back(dt);
@@ -981,6 +990,11 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
             << " s (" << cs.all_reduces << " bucket all-reduces, " << std::setprecision(1)
             << static_cast<double>(cs.bytes) / 1048576.0 << " MiB, " << dp->bucket_layout().size()
             << " bucket(s) per step; waited " << std::setprecision(2) << cs.wait_seconds << " s after backward)";
+        // Every step waits for the slowest rank: its work per step against the fastest's.
+        const auto [lo, hi] = std::minmax_element(step_ms.begin(), step_ms.end());
+        if (*hi > 0)
+          out << ", work per step " << std::setprecision(2) << *lo << " ms (rank " << lo - step_ms.begin() << ") to "
+              << *hi << " ms (rank " << hi - step_ms.begin() << ")";
       }
       out << std::endl;
       // The training device's pool after the epoch (its evaluation included): what the epoch's tensors left in use,
@@ -1003,7 +1017,9 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
           {"img_per_s", static_cast<double>(seen) / dt},
           {"lr", opt->lr()},
           {"world_size", ranks.world},
-          {"all_reduce_seconds", dp ? dp->stats().all_reduce_seconds : 0.0}};
+          {"all_reduce_seconds", dp ? dp->stats().all_reduce_seconds : 0.0},
+          {"wait_seconds", dp ? dp->stats().wait_seconds : 0.0}};
+      if (dp) epoch_record["rank_step_ms"] = step_ms;
       if (teacher) {
         epoch_record["distill_soft_loss"] = batches ? soft_sum / static_cast<double>(batches) : 0;
         epoch_record["distill_label_loss"] = batches ? hard_sum / static_cast<double>(batches) : 0;
