@@ -840,19 +840,22 @@ keel_status_t mesh_ring_all_reduce(Comm* c, char* buf, size_t count, size_t esiz
 // cross memory only when every verdict is yes, so every rank chooses the same algorithm. `cross_memory = off` (or
 // KEEL_GLOO_CROSS_MEMORY=off) keeps the ranks' memory closed and the mesh ring in use.
 
-// Whether peer p's process has ended (exited, or killed and not yet reaped) or closed its side of the mesh link.
-bool peer_gone(Comm* c, int32_t p) {
+// Why peer p is gone, or empty: its process ended (exited, or killed and not yet reaped), or it closed its side of
+// the mesh link (released its communicator).
+std::string peer_gone(Comm* c, int32_t p) {
   const auto pid = static_cast<pid_t>(c->pids[static_cast<size_t>(p)]);
-  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return "its process is gone";
   std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
   std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   const auto close_paren = stat.rfind(')');
   if (close_paren != std::string::npos && close_paren + 2 < stat.size() &&
       (stat[close_paren + 2] == 'Z' || stat[close_paren + 2] == 'X'))
-    return true;
+    return "its process is gone";
   char byte;
   const ssize_t n = ::recv(c->links[p].fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+  if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+    return "it left while this rank read its buffer";
+  return "";
 }
 
 // Reads `bytes` at `remote` in peer `p`'s address space into `local`.
@@ -868,9 +871,10 @@ keel_status_t read_peer(Comm* c, const char* what, int32_t p, void* local, uint6
     }
     if (n < 0 && errno == EINTR) continue;
     const int e = n < 0 ? errno : EIO;
-    if (e == ESRCH || peer_gone(c, p))
+    const std::string gone = e == ESRCH ? "its process is gone" : peer_gone(c, p);
+    if (!gone.empty())
       return mesh_failure(c, what, KEEL_STATUS_UNAVAILABLE,
-                          "connection to rank " + std::to_string(p) + " closed (its process is gone)");
+                          "connection to rank " + std::to_string(p) + " closed (" + gone + ")");
     return mesh_failure(c, what, KEEL_STATUS_INTERNAL,
                         "cannot read rank " + std::to_string(p) + "'s buffer: " + errno_text(e));
   }

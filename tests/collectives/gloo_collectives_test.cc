@@ -805,10 +805,6 @@ TEST(GlooCollectives, APeerProcessKilledDuringLargeAllReducesIsNamed) {
   fs::remove_all(dir);
 }
 
-// Three ranks in three processes of this host: the communicators agree to read each other's memory (each rank's
-// "xmem_ok" verdict in the store is yes) and large all-reduces (out of place, in place, sum, average, an element count
-// that does not divide by 3) give every element right; with KEEL_GLOO_CROSS_MEMORY=off the same through the mesh ring,
-// and no rank opens its memory (no verdicts).
 // Whether this environment lets a process read another's memory (process_vm_readv on a child that opened itself as
 // the plugin does); empty when it does, else why not (a container's seccomp profile may forbid it).
 std::string cross_memory_forbidden() {
@@ -842,6 +838,10 @@ std::string cross_memory_forbidden() {
   return why;
 }
 
+// Three ranks in three processes of this host: the communicators agree to read each other's memory (each rank's
+// "xmem_ok" verdict in the store is yes, where this environment allows it) and large all-reduces (out of place, in
+// place, sum, average, an element count that does not divide by 3) give every element right; with
+// KEEL_GLOO_CROSS_MEMORY=off the same through the mesh ring, and no rank opens its memory (no verdicts).
 TEST(GlooCollectives, CrossMemoryBetweenProcessesOfOneHost) {
   SKIP_WITHOUT_GLOO();
   namespace fs = std::filesystem;
