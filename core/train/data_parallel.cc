@@ -45,10 +45,64 @@ StatusOr<std::vector<double>> all_reduce_sum(const hal::Communicator& comm, std:
   return values;
 }
 
+// Coalesced, as torch DDP's _broadcast_coalesced: tensors of one dtype and device travel in one flat buffer of up to
+// 64 MiB, so a model's buffers (three per BatchNorm layer) cost one collective per dtype instead of one per tensor.
 Status broadcast_tensors(const hal::Communicator& comm, const std::vector<Tensor>& tensors, int32_t root) {
   if (comm.size() <= 1) return Status::ok();
-  for (size_t i = 0; i < tensors.size(); ++i)
-    KEEL_RETURN_IF_ERROR(tensor_broadcast(comm, tensors[i], root), "broadcast of tensor " + std::to_string(i));
+  constexpr uint64_t kCoalesceBytes = uint64_t{64} << 20;
+  std::vector<bool> sent(tensors.size(), false);
+  try {
+    eager::NoGradGuard ng;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (sent[i]) continue;
+      const Tensor& first = tensors[i];
+      if (!first.defined() || first.numel() == 0) continue;
+      // The group: this tensor and the next ones of its dtype and device, in order, up to the cap (the same on every
+      // rank: the lists agree in dtypes and shapes).
+      std::vector<size_t> group;
+      uint64_t bytes = 0;
+      int64_t total = 0;
+      for (size_t j = i; j < tensors.size(); ++j) {
+        const Tensor& t = tensors[j];
+        if (sent[j] || !t.defined() || t.numel() == 0 || t.dtype() != first.dtype() || t.device() != first.device())
+          continue;
+        const uint64_t b = static_cast<uint64_t>(t.numel()) * dtype_size(t.dtype());
+        if (!group.empty() && bytes + b > kCoalesceBytes) break;
+        group.push_back(j);
+        sent[j] = true;
+        bytes += b;
+        total += t.numel();
+      }
+      const std::string what = "broadcast of tensor " + std::to_string(i) +
+                               (group.size() > 1 ? " and " + std::to_string(group.size() - 1) + " more" : "");
+      if (group.size() == 1) {
+        KEEL_RETURN_IF_ERROR(tensor_broadcast(comm, first, root), what);
+        continue;
+      }
+      Tensor flat = eager::empty({total}, first.dtype(), first.device());
+      auto view = [&](int64_t offset, const keel::Shape& shape) {
+        const keel::Tensor& d = flat.data();
+        return Tensor(keel::Tensor(d.dtype(), shape, d.storage(),
+                                   d.byte_offset() + static_cast<uint64_t>(offset) * dtype_size(d.dtype())));
+      };
+      int64_t offset = 0;
+      if (comm.rank() == root)
+        for (size_t j : group) {
+          view(offset, tensors[j].shape()).copy_(tensors[j]);
+          offset += tensors[j].numel();
+        }
+      KEEL_RETURN_IF_ERROR(tensor_broadcast(comm, flat, root), what);
+      offset = 0;
+      if (comm.rank() != root)
+        for (size_t j : group) {
+          Tensor dst = tensors[j];
+          dst.copy_(view(offset, tensors[j].shape()));
+          offset += tensors[j].numel();
+        }
+    }
+  } catch (const eager::Error& e) {
+    return e.status().with_context("broadcast of tensors");
+  }
   return Status::ok();
 }
 

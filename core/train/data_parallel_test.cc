@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -164,8 +165,10 @@ keel_status_t ip_all_reduce(void*, keel_communicator_t c, const void* s, void* r
       },
       "all_reduce");
 }
+std::atomic<int> g_broadcasts{0};  // broadcast calls of every rank
 keel_status_t ip_broadcast(void*, keel_communicator_t c, const void* s, void* r, uint64_t n, int32_t dt, int32_t root,
                            keel_stream_t) {
+  g_broadcasts.fetch_add(1);
   return collective(
       c, s, r, n, dt,
       [&](World& w) {
@@ -653,6 +656,27 @@ TEST(DataParallel, WorldSizeOneTakesTheSamePath) {
     ASSERT_TRUE(dp->finish().is_ok());
     EXPECT_EQ(dp->stats().compute_steps, 0);
   });
+}
+
+// broadcast_tensors coalesces: 30 tensors of two dtypes, interleaved, with an empty one, travel as one broadcast per
+// dtype (torch DDP's _broadcast_coalesced), and every rank ends with the root's values in every tensor.
+TEST(DataParallel, ManyTensorsBroadcastAsOneCollectivePerDtype) {
+  g_broadcasts = 0;
+  run_ranks(3, [&](int rank, const hal::Communicator& comm) {
+    std::vector<Tensor> ts;
+    for (int i = 0; i < 30; ++i) {
+      const bool ints = i % 3 == 2;
+      Tensor t = eager::full({i % 4 + 1, 3}, static_cast<float>(rank * 100 + i), ints ? DType::kI64 : DType::kF32);
+      ts.push_back(t);
+    }
+    ts.push_back(eager::zeros({0}, DType::kF32));
+    ASSERT_TRUE(broadcast_tensors(comm, ts, 1).is_ok());
+    for (int i = 0; i < 30; ++i) {
+      const auto got = ts[static_cast<size_t>(i)].to(DType::kF32).to_vector<float>();
+      for (float v : got) ASSERT_EQ(v, static_cast<float>(100 + i)) << "rank " << rank << " tensor " << i;
+    }
+  });
+  EXPECT_EQ(g_broadcasts.load(), 3 * 2) << "one broadcast per dtype and rank";
 }
 
 TEST(DataParallel, MetricsSumOverRanks) {
