@@ -21,9 +21,10 @@
 // acknowledgement before the data (on Gloo's pairs). all_reduce is a direct exchange for small buffers (each rank's
 // input travels in its header message to every peer; each reduces in rank order) and, above, reads the peers' buffers
 // out of their processes when every rank runs on this host ("Cross-memory all-reduce") or else runs a ring on the
-// message mesh (allreduce_algorithm; Gloo's bcube and ring on request); broadcast is Gloo's binomial tree, all_gather
-// Gloo's ring, reduce_scatter a direct exchange (each rank sends every peer its block). f16 and bf16 reduce in float,
-// element by element. AVG is the sum divided by the world size (integer division for integer types).
+// message mesh (allreduce_algorithm; Gloo's bcube and ring on request); broadcast travels in the root's header
+// message up to the same capacity and is Gloo's binomial tree above, all_gather Gloo's ring, reduce_scatter a direct
+// exchange (each rank sends every peer its block). f16 and bf16 reduce in float, element by element. AVG is the sum
+// divided by the world size (integer division for integer types).
 //
 // Every wait is bounded by the communicator's timeout (timeout_ms <= 0 means the default, 5 minutes). A peer that
 // closes its connection (released its communicator, exited, was killed) or a timeout makes the entry fail with a
@@ -1167,10 +1168,12 @@ keel_status_t connect_mesh(Comm* c, keel_kv_store_t* store, const std::string& p
 // `payload` (payload_bytes <= the inline capacity) travels in the same message, after the header: when the calls
 // agree, each peer's payload is at inbox_of(c, peer) + sizeof(Header) until this rank's next collective. Every
 // message fits the receiver's capacity whatever the sender passed, so disagreeing ranks cost nothing but the error.
+// `always`: exchange even with the check off (KEEL_GLOO_CHECK=0), as a collective whose data travel in the messages
+// of some ranks only (a direct broadcast) needs.
 keel_status_t exchange_headers(Comm* c, const Header& mine, const std::string& local_error,
-                               const void* payload = nullptr, size_t payload_bytes = 0) {
+                               const void* payload = nullptr, size_t payload_bytes = 0, bool always = false) {
   const char* what = kind_name(mine.kind);
-  if (c->size > 1 && (g_settings.check || mine.kind == kBarrier || payload != nullptr)) {
+  if (c->size > 1 && (g_settings.check || mine.kind == kBarrier || payload != nullptr || always)) {
     const uint32_t prefix[2] = {kFrameMagic, static_cast<uint32_t>(sizeof(Header) + payload_bytes)};
     std::memcpy(c->outbox.data(), prefix, kFramePrefix);
     std::memcpy(c->outbox.data() + kFramePrefix, &mine, sizeof mine);
@@ -1493,10 +1496,24 @@ keel_status_t c_broadcast(void*, keel_communicator_t comm, const void* send, voi
   const Header h{kBroadcast, static_cast<int64_t>(count), dtype, 0, root, bad.empty() ? 0 : 1};
   const uint32_t tag = c->tag++;
   return guarded(c, "broadcast", [&](int32_t*) -> keel_status_t {
-    if (keel_status_t s = exchange_headers(c, h, bad)) return s;
+    // Up to the direct capacity the data travel in the root's header message on the message mesh (as a direct
+    // all-reduce's inputs do): one message each way instead of the header exchange and then Gloo's tree through its
+    // loop thread.
+    const bool direct = c->size > 1 && count > 0 && bad.empty() && bytes <= inline_capacity(c->size);
+    if (keel_status_t s =
+            exchange_headers(c, h, bad, direct && is_root ? send : nullptr, direct && is_root ? bytes : 0, direct))
+      return s;
     if (count == 0) return nullptr;
+    if (direct && !is_root) {
+      if (c->links[root].frame[1] != sizeof(Header) + bytes)
+        return mesh_failure(c, "broadcast", KEEL_STATUS_INTERNAL,
+                            "rank " + std::to_string(root) + " sent " + std::to_string(c->links[root].frame[1]) +
+                                " bytes, not the header and " + std::to_string(bytes) + " bytes of data");
+      std::memcpy(recv, inbox_of(c, root) + sizeof(Header), bytes);
+      return nullptr;
+    }
     if (is_root && send != recv) std::memmove(recv, send, bytes);  // then broadcast in place
-    if (c->size == 1) return nullptr;
+    if (c->size == 1 || direct) return nullptr;
     gloo::BroadcastOptions opts(c->ctx);
     opts.setRoot(root);
     opts.setTag(tag);

@@ -294,14 +294,16 @@ TEST_P(GlooWorld, BroadcastFromEveryRoot) {
   auto errors = run_ranks(w, 5000, [&](int32_t r, hal::Communicator& comm) -> std::string {
     for (DType t : {DType::kF32, DType::kBF16, DType::kI64}) {
       for (int32_t root = 0; root < w; ++root) {
-        const size_t n = root == 0 ? 1 : 517;
-        Values in(t, n, r == root ? 100 + root : -1), out(t, n, -2);
-        const bool in_place = root % 2 == 1;
-        Status s = in_place ? comm.broadcast(in.data(), in.data(), in.size(), t, root)
-                            : comm.broadcast(in.data(), out.data(), in.size(), t, root);
-        if (!s.is_ok()) return s.to_string();
-        std::string bad = (in_place ? in : out).all_equal(100 + root);
-        if (!bad.empty()) return "broadcast from " + std::to_string(root) + ": " + bad;
+        // In the root's header message (1, 517 elements) and above its capacity, through Gloo's tree (300,000).
+        for (size_t n : {size_t{1}, size_t{517}, size_t{300000}}) {
+          Values in(t, n, r == root ? 100 + root : -1), out(t, n, -2);
+          const bool in_place = (root + static_cast<int32_t>(n)) % 2 == 1;
+          Status s = in_place ? comm.broadcast(in.data(), in.data(), in.size(), t, root)
+                              : comm.broadcast(in.data(), out.data(), in.size(), t, root);
+          if (!s.is_ok()) return s.to_string();
+          std::string bad = (in_place ? in : out).all_equal(100 + root);
+          if (!bad.empty()) return "broadcast of " + std::to_string(n) + " from " + std::to_string(root) + ": " + bad;
+        }
       }
     }
     return "";
