@@ -28,6 +28,13 @@ std::string describe(int64_t dtype, const int64_t* d) {
   return s + "]";
 }
 
+// A view of `t`'s storage: `shape` elements from element `offset` on (no copy, shares ownership).
+Tensor flat_view(const Tensor& t, int64_t offset, const keel::Shape& shape) {
+  const keel::Tensor& d = t.data();
+  return Tensor(keel::Tensor(d.dtype(), shape, d.storage(),
+                             d.byte_offset() + static_cast<uint64_t>(offset) * dtype_size(d.dtype())));
+}
+
 Status tensor_broadcast(const hal::Communicator& comm, const Tensor& t, int32_t root) {
   if (!t.defined() || t.numel() == 0) return Status::ok();
   void* p = t.data().raw_data();
@@ -80,15 +87,10 @@ Status broadcast_tensors(const hal::Communicator& comm, const std::vector<Tensor
         continue;
       }
       Tensor flat = eager::empty({total}, first.dtype(), first.device());
-      auto view = [&](int64_t offset, const keel::Shape& shape) {
-        const keel::Tensor& d = flat.data();
-        return Tensor(keel::Tensor(d.dtype(), shape, d.storage(),
-                                   d.byte_offset() + static_cast<uint64_t>(offset) * dtype_size(d.dtype())));
-      };
       int64_t offset = 0;
       if (comm.rank() == root)
         for (size_t j : group) {
-          view(offset, tensors[j].shape()).copy_(tensors[j]);
+          flat_view(flat, offset, tensors[j].shape()).copy_(tensors[j]);
           offset += tensors[j].numel();
         }
       KEEL_RETURN_IF_ERROR(tensor_broadcast(comm, flat, root), what);
@@ -96,7 +98,7 @@ Status broadcast_tensors(const hal::Communicator& comm, const std::vector<Tensor
       if (comm.rank() != root)
         for (size_t j : group) {
           Tensor dst = tensors[j];
-          dst.copy_(view(offset, tensors[j].shape()));
+          dst.copy_(flat_view(flat, offset, tensors[j].shape()));
           offset += tensors[j].numel();
         }
     }
@@ -258,12 +260,6 @@ Status DataParallel::build_buckets(const std::vector<size_t>& order, const std::
   return Status::ok();
 }
 
-Tensor DataParallel::slice_view(const Tensor& t, int64_t offset, const keel::Shape& shape) {
-  const keel::Tensor& d = t.data();
-  return Tensor(keel::Tensor(d.dtype(), shape, d.storage(),
-                             d.byte_offset() + static_cast<uint64_t>(offset) * dtype_size(d.dtype())));
-}
-
 std::vector<std::vector<size_t>> DataParallel::bucket_layout() const {
   std::vector<std::vector<size_t>> out;
   for (const auto& b : buckets_) out.push_back(b.params);
@@ -294,7 +290,7 @@ void DataParallel::launch(Bucket& b) {
   // Copy the bucket's gradients into its buffer (zeros for a parameter without a gradient in this step).
   for (size_t k = 0; k < b.params.size(); ++k) {
     const Tensor& p = params_[b.params[k]];
-    Tensor slice = slice_view(b.flat, b.offsets[k], p.shape());
+    Tensor slice = flat_view(b.flat, b.offsets[k], p.shape());
     const Tensor g = p.grad();
     slice.copy_(g.defined() ? g : eager::zeros(p.shape(), p.dtype(), p.device()));
   }
@@ -406,7 +402,7 @@ Status DataParallel::finish() {
       ++stats_.all_reduces;
       for (size_t k = 0; k < b.params.size(); ++k) {
         Tensor& p = params_[b.params[k]];
-        p.set_grad(slice_view(b.out, b.offsets[k], p.shape()));
+        p.set_grad(flat_view(b.out, b.offsets[k], p.shape()));
       }
     }
   } catch (const eager::Error& e) {

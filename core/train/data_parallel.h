@@ -172,8 +172,6 @@ class DataParallel {
   void launch(Bucket& b);
   void comm_loop();
   void run_bucket(Bucket* b);
-  // A view of `t`'s storage: `shape` elements from element `offset` on (no copy, shares ownership).
-  static Tensor slice_view(const Tensor& t, int64_t offset, const keel::Shape& shape);
   void reset_step();
 
   nn::Module& module_;

@@ -60,7 +60,6 @@
 #include <cstring>
 #include <exception>
 #include <fstream>
-#include <iterator>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -647,6 +646,13 @@ ssize_t move_some(int fd, bool sending, iovec* iov, size_t parts, std::string* w
   }
 }
 
+// Puts this rank's frame prefix (for a body of the header and `payload_bytes`) and header into c->outbox.
+void write_outbox(Comm* c, const Header& h, size_t payload_bytes) {
+  const uint32_t prefix[2] = {kFrameMagic, static_cast<uint32_t>(sizeof(Header) + payload_bytes)};
+  std::memcpy(c->outbox.data(), prefix, kFramePrefix);
+  std::memcpy(c->outbox.data() + kFramePrefix, &h, sizeof h);
+}
+
 // Sends this rank's frame (c->outbox's prefix and header, then `payload`) to every peer and reads one message from
 // every peer into its inbox, within the timeout. A closed connection is UNAVAILABLE naming the peer; the timeout is
 // DEADLINE_EXCEEDED naming the first peer whose message has not arrived (or that does not read).
@@ -841,16 +847,11 @@ keel_status_t mesh_ring_all_reduce(Comm* c, char* buf, size_t count, size_t esiz
 // cross memory only when every verdict is yes, so every rank chooses the same algorithm. `cross_memory = off` (or
 // KEEL_GLOO_CROSS_MEMORY=off) keeps the ranks' memory closed and the mesh ring in use.
 
-// Why peer p is gone, or empty: its process ended (exited, or killed and not yet reaped), or it closed its side of
-// the mesh link (released its communicator).
+// Why peer p is gone, or empty: its process ended, or it closed its side of the mesh link (released its communicator;
+// an ending process closes it too). process_vm_readv itself fails with ESRCH on a process that has ended (also while
+// it is not yet reaped); this names the failures of a read that raced with the end.
 std::string peer_gone(Comm* c, int32_t p) {
-  const auto pid = static_cast<pid_t>(c->pids[static_cast<size_t>(p)]);
-  if (::kill(pid, 0) != 0 && errno == ESRCH) return "its process is gone";
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  const auto close_paren = stat.rfind(')');
-  if (close_paren != std::string::npos && close_paren + 2 < stat.size() &&
-      (stat[close_paren + 2] == 'Z' || stat[close_paren + 2] == 'X'))
+  if (::kill(static_cast<pid_t>(c->pids[static_cast<size_t>(p)]), 0) != 0 && errno == ESRCH)
     return "its process is gone";
   char byte;
   const ssize_t n = ::recv(c->links[p].fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
@@ -873,9 +874,7 @@ keel_status_t read_peer(Comm* c, const char* what, int32_t p, void* local, uint6
     if (n < 0 && errno == EINTR) continue;
     const int e = n < 0 ? errno : EIO;
     const std::string gone = e == ESRCH ? "its process is gone" : peer_gone(c, p);
-    if (!gone.empty())
-      return mesh_failure(c, what, KEEL_STATUS_UNAVAILABLE,
-                          "connection to rank " + std::to_string(p) + " closed (" + gone + ")");
+    if (!gone.empty()) return mesh_closed(c, what, p, gone);
     return mesh_failure(c, what, KEEL_STATUS_INTERNAL,
                         "cannot read rank " + std::to_string(p) + "'s buffer: " + errno_text(e));
   }
@@ -884,10 +883,7 @@ keel_status_t read_peer(Comm* c, const char* what, int32_t p, void* local, uint6
 
 // One round of small messages on the mesh (phase marks which): returns when every peer sent its own.
 keel_status_t mesh_signal(Comm* c, const char* what, int64_t phase) {
-  const Header h{kAllReduce, 0, 0, 0, phase, 0};
-  const uint32_t prefix[2] = {kFrameMagic, static_cast<uint32_t>(sizeof(Header))};
-  std::memcpy(c->outbox.data(), prefix, kFramePrefix);
-  std::memcpy(c->outbox.data() + kFramePrefix, &h, sizeof h);
+  write_outbox(c, Header{kAllReduce, 0, 0, 0, phase, 0}, 0);
   if (keel_status_t s = mesh_exchange(c, what, nullptr, 0)) return s;
   for (int32_t p = 0; p < c->size; ++p) {
     if (p == c->rank) continue;
@@ -1174,9 +1170,7 @@ keel_status_t exchange_headers(Comm* c, const Header& mine, const std::string& l
                                const void* payload = nullptr, size_t payload_bytes = 0, bool always = false) {
   const char* what = kind_name(mine.kind);
   if (c->size > 1 && (g_settings.check || mine.kind == kBarrier || payload != nullptr || always)) {
-    const uint32_t prefix[2] = {kFrameMagic, static_cast<uint32_t>(sizeof(Header) + payload_bytes)};
-    std::memcpy(c->outbox.data(), prefix, kFramePrefix);
-    std::memcpy(c->outbox.data() + kFramePrefix, &mine, sizeof mine);
+    write_outbox(c, mine, payload_bytes);
     if (keel_status_t s = mesh_exchange(c, what, payload, payload_bytes)) return s;
     if (!local_error.empty()) return make_status(KEEL_STATUS_INVALID_ARGUMENT, local_error);
     for (int32_t p = 0; p < c->size; ++p) {
@@ -1439,15 +1433,11 @@ keel_status_t c_all_reduce(void*, keel_communicator_t comm, const void* send, vo
       std::memmove(recv, send, bytes);
       send = recv;
     }
+    // What travels in this rank's header message: a direct all-reduce's input, or a cross-memory one's addresses.
     const CrossMemoryAddresses mine{reinterpret_cast<uintptr_t>(send), reinterpret_cast<uintptr_t>(recv)};
-    if (keel_status_t s = exchange_headers(c, h, bad,
-                                           direct  ? send
-                                           : cross ? &mine
-                                                   : nullptr,
-                                           direct  ? bytes
-                                           : cross ? sizeof mine
-                                                   : 0))
-      return s;
+    const void* payload = direct ? send : cross ? static_cast<const void*>(&mine) : nullptr;
+    const size_t payload_bytes = direct ? bytes : cross ? sizeof mine : 0;
+    if (keel_status_t s = exchange_headers(c, h, bad, payload, payload_bytes)) return s;
     if (count == 0) return nullptr;
     if (direct) {
       direct_all_reduce(c, send, recv, bytes, static_cast<size_t>(count), fn);
