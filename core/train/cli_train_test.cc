@@ -409,6 +409,8 @@ TEST_F(KeelTrain, DataParallelOverTwoProcessesResumesInOne) {
   EXPECT_NE(out.find("epoch 2/2: "), std::string::npos) << out;
   EXPECT_NE(out.find("world size 2, all-reduce "), std::string::npos) << out;
   EXPECT_NE(out.find(" ms (rank "), std::string::npos) << "each rank's work per step\n" << out;
+  EXPECT_NE(out.find(" s after backward: median "), std::string::npos) << "the wait step by step\n" << out;
+  EXPECT_NE(out.find(" ms a step, 90th percentile "), std::string::npos) << out;
   EXPECT_TRUE(fs::exists(onnx));
   EXPECT_TRUE(fs::exists(ckpt));
   std::ifstream in(log);

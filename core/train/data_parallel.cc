@@ -45,6 +45,20 @@ Status tensor_broadcast(const hal::Communicator& comm, const Tensor& t, int32_t 
 
 // ------------------------------------------------------------------------------------------------ helpers
 
+WaitSummary summarize_waits(std::vector<float> ms) {
+  WaitSummary w;
+  if (ms.empty()) return w;
+  auto at = [&](size_t k) {
+    std::nth_element(ms.begin(), ms.begin() + static_cast<std::ptrdiff_t>(k), ms.end());
+    return static_cast<double>(ms[k]);
+  };
+  const size_t n = ms.size();
+  w.median = at(n / 2);
+  w.p90 = at(std::min(n - 1, n * 9 / 10));
+  w.max = at(n - 1);
+  return w;
+}
+
 StatusOr<std::vector<double>> all_reduce_sum(const hal::Communicator& comm, std::vector<double> values) {
   if (comm.size() <= 1 || values.empty()) return values;
   KEEL_RETURN_IF_ERROR(comm.all_reduce(values.data(), values.data(), values.size(), DType::kF64, KEEL_REDUCE_SUM),
@@ -391,7 +405,9 @@ Status DataParallel::finish() {
       for (const auto& b : buckets_)
         if (!b.status.is_ok() && first_error.is_ok()) first_error = b.status;
     }
-    stats_.wait_seconds += seconds_since(t0);
+    const double waited = seconds_since(t0);
+    stats_.wait_seconds += waited;
+    stats_.step_wait_ms.push_back(static_cast<float>(waited * 1e3));
     if (!first_error.is_ok()) {
       reset_step();
       return first_error.with_context("DataParallel: gradient all-reduce");

@@ -647,6 +647,11 @@ TEST(DataParallel, WorldSizeOneTakesTheSamePath) {
       EXPECT_EQ(dp->stats().steps, step);
     }
     EXPECT_GE(dp->stats().all_reduces, 3);
+    // One wait per synchronised step, adding up to wait_seconds.
+    ASSERT_EQ(dp->stats().step_wait_ms.size(), 3u);
+    double sum_ms = 0;
+    for (float w : dp->stats().step_wait_ms) sum_ms += w;
+    EXPECT_NEAR(sum_ms, dp->stats().wait_seconds * 1e3, 1e-3);
     // The work between steps: counted from the first finish() on (2 intervals of at least the 3 ms slept each).
     EXPECT_EQ(dp->stats().compute_steps, 2);
     EXPECT_GE(dp->stats().compute_seconds, 0.006);
@@ -655,7 +660,27 @@ TEST(DataParallel, WorldSizeOneTakesTheSamePath) {
     eager::sum((*dp)(Tensor(quadrants(4, 1)->data()))).backward();
     ASSERT_TRUE(dp->finish().is_ok());
     EXPECT_EQ(dp->stats().compute_steps, 0);
+    EXPECT_EQ(dp->stats().step_wait_ms.size(), 1u);
   });
+}
+
+TEST(DataParallel, WaitSummaryTakesMedianTailAndLongest) {
+  const WaitSummary none = summarize_waits({});
+  EXPECT_EQ(none.median, 0);
+  EXPECT_EQ(none.max, 0);
+  const WaitSummary one = summarize_waits({2.5f});
+  EXPECT_EQ(one.median, 2.5);
+  EXPECT_EQ(one.p90, 2.5);
+  EXPECT_EQ(one.max, 2.5);
+  // 20 steps: 0.1 .. 2.0 ms shuffled, one stall of 30 ms in place of 2.0.
+  std::vector<float> ms;
+  for (int k = 19; k >= 1; k -= 2) ms.push_back(0.1f * static_cast<float>(k));
+  for (int k = 2; k <= 18; k += 2) ms.push_back(0.1f * static_cast<float>(k));
+  ms.push_back(30.0f);
+  const WaitSummary w = summarize_waits(ms);
+  EXPECT_FLOAT_EQ(static_cast<float>(w.median), 1.1f);  // element 10 of 20 in order
+  EXPECT_FLOAT_EQ(static_cast<float>(w.p90), 1.9f);     // element 18
+  EXPECT_FLOAT_EQ(static_cast<float>(w.max), 30.0f);
 }
 
 // broadcast_tensors coalesces: 30 tensors of two dtypes, interleaved, with an empty one, travel as one broadcast per

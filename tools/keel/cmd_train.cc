@@ -989,7 +989,15 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
         out << ", world size " << ranks.world << ", all-reduce " << std::setprecision(2) << cs.all_reduce_seconds
             << " s (" << cs.all_reduces << " bucket all-reduces, " << std::setprecision(1)
             << static_cast<double>(cs.bytes) / 1048576.0 << " MiB, " << dp->bucket_layout().size()
-            << " bucket(s) per step; waited " << std::setprecision(2) << cs.wait_seconds << " s after backward)";
+            << " bucket(s) per step; waited " << std::setprecision(2) << cs.wait_seconds << " s after backward";
+        // This rank's wait step by step: the median is what synchronising costs a step, the tail a rank that fell
+        // behind (DataParallelStats::step_wait_ms).
+        if (!cs.step_wait_ms.empty()) {
+          const WaitSummary w = summarize_waits(cs.step_wait_ms);
+          out << ": median " << w.median << " ms a step, 90th percentile " << w.p90 << " ms, longest " << w.max
+              << " ms";
+        }
+        out << ")";
         // Every step waits for the slowest rank: its work per step against the fastest's.
         const auto [lo, hi] = std::minmax_element(step_ms.begin(), step_ms.end());
         if (*hi > 0)
@@ -1019,7 +1027,13 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
           {"world_size", ranks.world},
           {"all_reduce_seconds", dp ? dp->stats().all_reduce_seconds : 0.0},
           {"wait_seconds", dp ? dp->stats().wait_seconds : 0.0}};
-      if (dp) epoch_record["rank_step_ms"] = step_ms;
+      if (dp) {
+        epoch_record["rank_step_ms"] = step_ms;
+        const WaitSummary w = summarize_waits(dp->stats().step_wait_ms);
+        epoch_record["wait_median_ms"] = w.median;  // flat numbers: `keel plot` draws them
+        epoch_record["wait_p90_ms"] = w.p90;
+        epoch_record["wait_max_ms"] = w.max;
+      }
       if (teacher) {
         epoch_record["distill_soft_loss"] = batches ? soft_sum / static_cast<double>(batches) : 0;
         epoch_record["distill_label_loss"] = batches ? hard_sum / static_cast<double>(batches) : 0;
