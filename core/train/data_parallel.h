@@ -98,9 +98,9 @@ struct DataParallelStats {
   int64_t compute_steps = 0;
   // What finish() blocked in each synchronised step, in ms (wait_seconds step by step; 4 bytes a step until
   // reset_stats()). On the rank that arrives last a step's wait is the synchronisation itself, so the median on the
-  // ranks is its floor; the tail is a rank that fell behind (a busy neighbour, a stall of its core). Measured
-  // 2026-12-03, SimpleCNN on 2 ranks x 1 thread: a median of 0.2-0.3 ms against 8-9 ms of work a step, and single steps
-  // of 10-34 ms where one vCPU stalled and both ranks lost the time.
+  // ranks is its floor; the tail is a rank that fell behind (a busy neighbour, a stall of its core, a slow transfer).
+  // Measured 2026-12-03, SimpleCNN on 2 ranks x 1 thread: a median of 0.2-0.3 ms against 8-9 ms of work a step, and
+  // single steps of 10-34 ms where one rank fell behind and both lost the time (README.md, data-parallel).
   std::vector<float> step_wait_ms;
 };
 

@@ -1053,6 +1053,21 @@ std::string address_text(const sockaddr* a, socklen_t len) {
   return a->sa_family == AF_INET6 ? "[" + std::string(host) + "]:" + port : std::string(host) + ":" + port;
 }
 
+// Socket buffers of the mesh's connections: room for a whole header message with its direct all-reduce input (the
+// inline capacity) on both ends, so a rank that arrives first leaves its message in the peer's socket and waits for
+// nothing but the peer's. Linux's defaults start at 16 KiB to send and 128 KiB to receive and grow with the traffic
+// of one round trip; a rank reading its message only when it arrives gave 2 ranks of SimpleCNN (213 KB a step) a
+// receive window near 120 KB, so every exchange took several round trips, each waking a sleeping peer. The kernel
+// caps the request at net.core.wmem_max / rmem_max (setting it turns the autotuning off); KEEL_GLOO_SOCKET_BUFFER=0
+// leaves the defaults (for measuring).
+void size_mesh_buffers(int fd, int32_t world) {
+  if (const char* v = std::getenv("KEEL_GLOO_SOCKET_BUFFER"); v && std::string(v) == "0") return;
+  const int bytes =
+      static_cast<int>(std::min<size_t>(2 * (sizeof(Header) + inline_capacity(world)) + (64 << 10), size_t{16} << 20));
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
+}
+
 // Builds c->links (see "The message mesh"): listens on `local` (Gloo's resolved address), publishes it under
 // "<prefix>mesh/<rank>", connects to every lower rank and accepts every higher one, all before `deadline`.
 keel_status_t connect_mesh(Comm* c, keel_kv_store_t* store, const std::string& prefix, const sockaddr_storage& local,
@@ -1072,6 +1087,7 @@ keel_status_t connect_mesh(Comm* c, keel_kv_store_t* store, const std::string& p
     int fd;
     ~Closer() { ::close(fd); }
   } listener{lfd};
+  size_mesh_buffers(lfd, c->size);  // before listen(): accepted connections inherit it (and its window scale)
   if (::bind(lfd, reinterpret_cast<sockaddr*>(&addr), addr_len) != 0 || ::listen(lfd, c->size) != 0 ||
       ::getsockname(lfd, reinterpret_cast<sockaddr*>(&addr), &addr_len) != 0)
     return fail(KEEL_STATUS_UNAVAILABLE, "cannot listen on " +
@@ -1100,6 +1116,7 @@ keel_status_t connect_mesh(Comm* c, keel_kv_store_t* store, const std::string& p
     const int fd = ::socket(theirs.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) return fail(KEEL_STATUS_UNAVAILABLE, "socket: " + errno_text(errno));
     c->links[p].fd = fd;  // closed by ~Comm on any failure
+    size_mesh_buffers(fd, c->size);
     if (::connect(fd, ta, static_cast<socklen_t>(n)) != 0) {
       if (errno != EINPROGRESS && errno != EINTR)
         return fail(KEEL_STATUS_UNAVAILABLE, "cannot connect to " + at + ": " + errno_text(errno));
