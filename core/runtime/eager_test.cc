@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <sstream>
 
 #include "core/runtime/onnx_io.h"
 #include "core/runtime/session.h"
@@ -167,6 +168,66 @@ TEST_F(EagerTest, Pooling) {
   gradcheck("avg_pool2d", [](const V& v) { return avg_pool2d(v[0], {2, 2}); }, {rnd({2, 2, 4, 4})});
   gradcheck("avg_pool2d pad", [](const V& v) { return avg_pool2d(v[0], {3, 3}, {2, 2}, {1, 1}); }, {rnd({1, 2, 5, 5})});
   gradcheck("global_avg_pool2d", [](const V& v) { return global_avg_pool2d(v[0]); }, {rnd({2, 3, 3, 2})});
+}
+
+// A MaxPool over a Relu's output folds the Relu's backward into its own (run_backward): the gradients equal those
+// of the same network with a Mul by one between the two (which keeps them apart), bit for bit, with windows that
+// overlap, windows of zeros only (half the inputs are negative), and a Relu output that feeds two ops (not folded).
+// The fold runs ReluGrad over the pooled tensor only.
+TEST_F(EagerTest, ReluUnderMaxPoolFoldsItsBackward) {
+  struct Case {
+    std::string what;
+    std::function<Tensor(const Tensor&)> pool;
+  };
+  const std::vector<Case> cases = {
+      {"2x2",
+       [](const Tensor& r) {
+         return max_pool2d(r, {2, 2});
+       }},
+      {"3x3 stride 2 pad 1",
+       [](const Tensor& r) {
+         return max_pool2d(r, {3, 3}, {2, 2}, {1, 1});
+       }},
+  };
+  for (const auto& c : cases) {
+    for (bool two_consumers : {false, true}) {
+      manual_seed(5);
+      Tensor x = rnd({2, 3, 6, 6});
+      Tensor w2 = rand_uniform({2, 3, 6, 6}, 0.5f, 1.5f, DType::kF64);
+      auto grad_of = [&](bool keep_apart) {
+        x.zero_grad();
+        Tensor r = relu(x);
+        Tensor p = c.pool(keep_apart ? r * 1.0f : r);
+        Tensor w = rand_uniform(p.shape(), 0.5f, 1.5f, DType::kF64);
+        Tensor loss = sum(p * w);
+        if (two_consumers) loss = loss + sum(r * w2);
+        loss.backward();
+        return x.grad().to_vector<double>();
+      };
+      manual_seed(11);
+      set_profiling(true);
+      (void)profile_report();  // clears the counters
+      const auto folded = grad_of(false);
+      const std::string report = profile_report();
+      set_profiling(false);
+      manual_seed(11);
+      const auto apart = grad_of(true);
+      EXPECT_EQ(folded, apart) << c.what << (two_consumers ? ", two consumers" : "");
+      size_t zeros = 0;
+      for (double g : folded) zeros += g == 0.0;
+      EXPECT_GT(zeros, folded.size() / 2) << "negative inputs and non-maxima get no gradient";
+      // ReluGrad ran over the pooled shape when folded, over the Relu's own shape when its output fed two ops.
+      bool ran = false, full = false;
+      std::istringstream lines(report);
+      for (std::string line; std::getline(lines, line);) {
+        if (line.find("ReluGrad") == std::string::npos) continue;
+        ran = true;
+        full = full || line.find("[2, 3, 6, 6]") != std::string::npos;
+      }
+      EXPECT_TRUE(ran) << report;
+      EXPECT_EQ(full, two_consumers) << c.what << "\n" << report;
+    }
+  }
 }
 
 TEST_F(EagerTest, Normalisation) {
