@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <type_traits>
 
 namespace keel::eager {
 
@@ -258,11 +259,31 @@ Tensor dropout(const Tensor& x, float p, bool training) {
   need_defined(x, "dropout", "input");
   if (!(p >= 0.f && p < 1.f)) fail(invalid_argument("dropout: p must be in [0, 1), got " + std::to_string(p)));
   if (!training || p == 0.f) return x;
-  std::bernoulli_distribution keep(1.0 - p);
-  auto& g = generator();
+  // The mask: each 64-bit draw of the global generator gives two 32-bit uniforms, and an element is kept (scaled by
+  // 1 / (1 - p)) where its uniform is at least p * 2^32. Written straight in the tensor's dtype: through
+  // std::bernoulli_distribution and host_filled's per-element std::function, one draw and one conversion per element
+  // took 18% of the LeNet-like model's training step (0.6 M elements a step, perf).
   const double scale = 1.0 / (1.0 - p);
-  Tensor mask = wrap_const(host_filled(x.shape(), x.dtype(), [&] { return keep(g) ? scale : 0.0; }), x.device());
-  return x * mask;
+  const auto cut = static_cast<uint64_t>(std::llround(static_cast<double>(p) * 4294967296.0));
+  keel::Tensor m = check(keel::Tensor::host(x.dtype(), x.shape()), "dropout mask " + shape_to_string(x.shape()));
+  auto fill = [&](auto* out, auto kept) {
+    using T = std::remove_pointer_t<decltype(out)>;
+    auto& g = generator();
+    const int64_t n = m.numel();
+    for (int64_t i = 0; i < n; i += 2) {
+      const uint64_t r = g();
+      out[i] = (r & 0xffffffffu) >= cut ? kept : T{};
+      if (i + 1 < n) out[i + 1] = (r >> 32) >= cut ? kept : T{};
+    }
+  };
+  switch (x.dtype()) {
+    case DType::kF32: fill(m.data<float>(), static_cast<float>(scale)); break;
+    case DType::kF64: fill(m.data<double>(), scale); break;
+    case DType::kF16: fill(m.data<uint16_t>(), f32_to_f16(static_cast<float>(scale))); break;
+    case DType::kBF16: fill(m.data<uint16_t>(), f32_to_bf16(static_cast<float>(scale))); break;
+    default: fail(invalid_argument("dropout: a floating-point input is needed, got " + x.data().describe()));
+  }
+  return x * wrap_const(std::move(m), x.device());
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {

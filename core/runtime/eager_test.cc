@@ -230,6 +230,28 @@ TEST_F(EagerTest, ReluUnderMaxPoolFoldsItsBackward) {
   }
 }
 
+// Dropout keeps 1 - p of the elements, scaled by 1 / (1 - p), zeroes the rest; the same seed draws the same mask.
+TEST_F(EagerTest, DropoutKeepsOneMinusPScaled) {
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF64}) {
+    const Tensor x = ones({1000, 101}, dt);  // an odd count: the last element takes half a draw
+    manual_seed(3);
+    const auto y = dropout(x, 0.3f, true).to(DType::kF64).to_vector<double>();
+    manual_seed(3);
+    EXPECT_EQ(dropout(x, 0.3f, true).to(DType::kF64).to_vector<double>(), y) << dtype_name(dt);
+    const double scale = dt == DType::kBF16 ? 1.4296875 : dt == DType::kF32 ? static_cast<double>(1.f / 0.7f) : 1 / 0.7;
+    size_t kept = 0;
+    for (double v : y) {
+      if (v != 0) EXPECT_NEAR(v, scale, 1e-6) << dtype_name(dt);
+      kept += v != 0;
+    }
+    EXPECT_NEAR(static_cast<double>(kept) / static_cast<double>(y.size()), 0.7, 0.005) << dtype_name(dt);
+  }
+  const Tensor x = ones({4});
+  EXPECT_EQ(dropout(x, 0.5f, false).to_vector<float>(), x.to_vector<float>());
+  EXPECT_EQ(dropout(x, 0.f, true).to_vector<float>(), x.to_vector<float>());
+  EXPECT_THROW(dropout(x, 1.f, true), Error);
+}
+
 TEST_F(EagerTest, Normalisation) {
   Tensor rm = zeros({3}, DType::kF64), rv = ones({3}, DType::kF64);
   gradcheck(
