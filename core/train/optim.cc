@@ -26,6 +26,31 @@ std::vector<ParamGroup> with_defaults(std::vector<ParamGroup> groups, double lr,
   return groups;
 }
 
+// SGD's update of one f32 parameter on the CPU whose momentum buffer exists (every step after the first) in one pass
+// over host memory. The eager path in SGD::step runs five ops per parameter, each reading and writing the whole
+// tensor (the LeNet-like model's 1.2 M fc1 weights: about 56 MB a step against 24 MB here). The same operations in the
+// same order, each rounded to f32 (no contraction: ISO C++ mode), so the same bits. False where it does not apply.
+bool sgd_update_on_host(Tensor& p, const Tensor& g, Tensor& buf, float lr, float wd, const SGDOptions& o) {
+  const int64_t n = p.numel();
+  if (p.device() != "cpu" || g.device() != "cpu" || buf.device() != "cpu" || p.dtype() != DType::kF32 ||
+      g.dtype() != DType::kF32 || buf.dtype() != DType::kF32 || g.numel() != n || buf.numel() != n)
+    return false;
+  float* pp = p.data().data<float>();
+  const float* gp = g.data().data<float>();
+  float* bp = buf.data().data<float>();
+  const auto m = static_cast<float>(o.momentum), keep = static_cast<float>(1 - o.dampening);
+  for (int64_t i = 0; i < n; ++i) {
+    float gi = gp[i];
+    if (wd != 0) gi = gi + pp[i] * wd;
+    float b = bp[i] * m;
+    b = o.dampening == 0 ? b + gi : b + gi * keep;
+    bp[i] = b;
+    const float step = o.nesterov ? gi + b * m : b;
+    pp[i] = pp[i] - step * lr;
+  }
+  return true;
+}
+
 }  // namespace
 
 Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)) {
@@ -149,6 +174,13 @@ void SGD::step() {
       const size_t idx = i++;
       Tensor g = p.grad();
       if (!g.defined()) continue;
+      if (o_.momentum != 0) {
+        auto it = state_[idx].find("momentum_buffer");
+        if (it != state_[idx].end() && sgd_update_on_host(p, g, it->second, lr, wd, o_)) {
+          ++steps_[idx];
+          continue;
+        }
+      }
       if (wd != 0) g = g + p * wd;
       if (o_.momentum != 0) {
         auto it = state_[idx].find("momentum_buffer");

@@ -48,6 +48,37 @@ TEST(SGD, NesterovAndDampening) {
   EXPECT_EQ(r.item(), 2.f);
 }
 
+// From the second step on SGD updates f32 parameters on the CPU in one pass over memory (sgd_update_on_host): the
+// same bits as the eager ops it replaces (the first step's path), for every combination of its options.
+TEST(SGD, OnePassUpdateEqualsTheEagerOps) {
+  const std::vector<SGDOptions> cases = {
+      {0.05, 0.9, 0, 0, false}, {0.05, 0.9, 0, 1e-3, false}, {0.05, 0.9, 0.3, 1e-3, false}, {0.05, 0.8, 0, 1e-2, true}};
+  for (const auto& o : cases) {
+    eager::manual_seed(21);
+    Tensor p = eager::randn({1001}).requires_grad_(true);
+    Tensor ref = p.detach() * 1.f, buf;
+    SGD opt({p}, o);
+    for (int step = 0; step < 4; ++step) {
+      eager::NoGradGuard ng;
+      const Tensor g = eager::randn({1001});
+      p.set_grad(g);
+      opt.step();
+      // The eager ops of SGD::step, one by one.
+      Tensor gg = o.weight_decay != 0 ? g + ref * static_cast<float>(o.weight_decay) : g;
+      if (step == 0) buf = gg * 1.f;
+      else {
+        buf = buf * static_cast<float>(o.momentum);
+        buf = o.dampening == 0 ? buf + gg : buf + gg * static_cast<float>(1 - o.dampening);
+      }
+      gg = o.nesterov ? gg + buf * static_cast<float>(o.momentum) : buf;
+      ref = ref - gg * static_cast<float>(o.lr);
+      ASSERT_EQ(p.to_vector<float>(), ref.to_vector<float>())
+          << "step " << step << ", momentum " << o.momentum << ", dampening " << o.dampening << ", weight decay "
+          << o.weight_decay << ", nesterov " << o.nesterov;
+    }
+  }
+}
+
 // PyTorch's Adam/AdamW in double precision, the oracle for the eager implementation.
 std::vector<double> adam_reference(bool decoupled, double lr, double wd, const std::vector<std::vector<double>>& grads,
                                    double p0) {
