@@ -394,27 +394,22 @@ void run_backward(const Tensor& root, keel::Tensor root_grad) {
     // backward reads and writes a quarter of the memory (SimpleCNN's step: about 16 of 60 MB less).
     auto* pool = dynamic_cast<OpBackward*>(n);
     GradNode* relu = n->next.size() == 1 ? n->next[0].fn.get() : nullptr;
-    if (any && pool && pool->pooled.defined() && grads.size() == 1 && grads[0].defined() && is_op(relu, "Relu") &&
-        !relu->released && deps[relu] == 1 && buffers.find(relu) == buffers.end()) {
-      grads[0] = run_kernel("keel", "ReluGrad", {}, {grads[0], pool->pooled}, 1, {true})[0];
-      pool->pooled = keel::Tensor();
-      std::vector<keel::Tensor> in_grads = n->apply(grads);
-      n->released = relu->released = true;
-      deps[relu] = 0;
-      static_cast<OpBackward*>(relu)->saved_y.clear();
-      for (const Edge& e : relu->next) {
-        if (!e.fn) continue;
-        if (!in_grads.empty() && in_grads[0].defined()) add_grad(e.fn, e.input_nr, in_grads[0]);
-        if (--deps[e.fn.get()] == 0) ready.push_back(e.fn.get());
-      }
-      continue;
-    }
+    const bool fold = any && pool && pool->pooled.defined() && grads.size() == 1 && grads[0].defined() &&
+                      is_op(relu, "Relu") && !relu->released && deps[relu] == 1 && buffers.find(relu) == buffers.end();
+    if (fold) grads[0] = run_kernel("keel", "ReluGrad", {}, {grads[0], pool->pooled}, 1, {true})[0];
     std::vector<keel::Tensor> in_grads;
     if (any) in_grads = n->apply(grads);
     n->released = true;
     if (pool) pool->pooled = keel::Tensor();
-    for (size_t i = 0; i < n->next.size(); ++i) {
-      const Edge& e = n->next[i];
+    // Folded, the MaxPool's gradient is the Relu's input gradient: it goes along the Relu's edges, the Relu is done.
+    const std::vector<Edge>& edges = fold ? relu->next : n->next;
+    if (fold) {
+      relu->released = true;
+      deps[relu] = 0;
+      static_cast<OpBackward*>(relu)->saved_y.clear();
+    }
+    for (size_t i = 0; i < edges.size(); ++i) {
+      const Edge& e = edges[i];
       if (!e.fn) continue;
       if (i < in_grads.size() && in_grads[i].defined()) add_grad(e.fn, e.input_nr, std::move(in_grads[i]));
       if (--deps[e.fn.get()] == 0) ready.push_back(e.fn.get());

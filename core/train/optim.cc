@@ -174,16 +174,13 @@ void SGD::step() {
       const size_t idx = i++;
       Tensor g = p.grad();
       if (!g.defined()) continue;
-      if (o_.momentum != 0) {
-        auto it = state_[idx].find("momentum_buffer");
-        if (it != state_[idx].end() && sgd_update_on_host(p, g, it->second, lr, wd, o_)) {
-          ++steps_[idx];
-          continue;
-        }
+      auto it = o_.momentum != 0 ? state_[idx].find("momentum_buffer") : state_[idx].end();
+      if (it != state_[idx].end() && sgd_update_on_host(p, g, it->second, lr, wd, o_)) {
+        ++steps_[idx];
+        continue;
       }
       if (wd != 0) g = g + p * wd;
       if (o_.momentum != 0) {
-        auto it = state_[idx].find("momentum_buffer");
         Tensor buf;
         if (it == state_[idx].end()) {
           buf = g * 1.f;  // a copy: the buffer must not alias the gradient

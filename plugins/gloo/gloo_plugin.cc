@@ -92,6 +92,8 @@ struct Settings {
   bool check = true;  // KEEL_GLOO_CHECK=0 skips the header exchange (for measuring its cost only)
   // Cross-memory all-reduce between ranks of one host (see "Cross-memory all-reduce"): "auto" or "off".
   bool cross_memory = true;
+  bool size_socket_buffers =
+      true;  // KEEL_GLOO_SOCKET_BUFFER=0 keeps Linux's defaults (for measuring; size_mesh_buffers)
 };
 Settings g_settings;
 
@@ -1061,7 +1063,7 @@ std::string address_text(const sockaddr* a, socklen_t len) {
 // caps the request at net.core.wmem_max / rmem_max (setting it turns the autotuning off); KEEL_GLOO_SOCKET_BUFFER=0
 // leaves the defaults (for measuring).
 void size_mesh_buffers(int fd, int32_t world) {
-  if (const char* v = std::getenv("KEEL_GLOO_SOCKET_BUFFER"); v && std::string(v) == "0") return;
+  if (!g_settings.size_socket_buffers) return;
   const int bytes =
       static_cast<int>(std::min<size_t>(2 * (sizeof(Header) + inline_capacity(world)) + (64 << 10), size_t{16} << 20));
   ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
@@ -1705,6 +1707,8 @@ keel_status_t gloo_init(const keel_core_api_t* host, keel_plugin_handle_t* plugi
                                                          "KEEL_GLOO_CROSS_MEMORY)");
   g_settings.cross_memory = cross != "off";
   if (const char* v = std::getenv("KEEL_GLOO_CHECK"); v && std::string(v) == "0") g_settings.check = false;
+  if (const char* v = std::getenv("KEEL_GLOO_SOCKET_BUFFER"); v && std::string(v) == "0")
+    g_settings.size_socket_buffers = false;
 
   keel_collective_table_t t;
   std::memset(&t, 0, sizeof t);

@@ -984,6 +984,8 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
             << ", label loss " << (batches ? hard_sum / static_cast<double>(batches) : 0) << ", teacher "
             << std::setprecision(2) << teacher->seconds << " s";
       }
+      // This rank's wait step by step (DataParallelStats::step_wait_ms), for the epoch line and the log.
+      const WaitSummary waits = dp ? summarize_waits(dp->stats().step_wait_ms) : WaitSummary{};
       if (dp) {
         const auto& cs = dp->stats();
         out << ", world size " << ranks.world << ", all-reduce " << std::setprecision(2) << cs.all_reduce_seconds
@@ -993,9 +995,8 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
         // This rank's wait step by step: the median is what synchronising costs a step, the tail a rank that fell
         // behind (DataParallelStats::step_wait_ms).
         if (!cs.step_wait_ms.empty()) {
-          const WaitSummary w = summarize_waits(cs.step_wait_ms);
-          out << ": median " << w.median << " ms a step, 90th percentile " << w.p90 << " ms, longest " << w.max
-              << " ms";
+          out << ": median " << waits.median << " ms a step, 90th percentile " << waits.p90 << " ms, longest "
+              << waits.max << " ms";
         }
         out << ")";
         // Every step waits for the slowest rank: its work per step against the fastest's.
@@ -1029,10 +1030,9 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
           {"wait_seconds", dp ? dp->stats().wait_seconds : 0.0}};
       if (dp) {
         epoch_record["rank_step_ms"] = step_ms;
-        const WaitSummary w = summarize_waits(dp->stats().step_wait_ms);
-        epoch_record["wait_median_ms"] = w.median;  // flat numbers: `keel plot` draws them
-        epoch_record["wait_p90_ms"] = w.p90;
-        epoch_record["wait_max_ms"] = w.max;
+        epoch_record["wait_median_ms"] = waits.median;  // flat numbers: `keel plot` draws them
+        epoch_record["wait_p90_ms"] = waits.p90;
+        epoch_record["wait_max_ms"] = waits.max;
       }
       if (teacher) {
         epoch_record["distill_soft_loss"] = batches ? soft_sum / static_cast<double>(batches) : 0;
