@@ -309,16 +309,28 @@ class Launcher {
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
     const pid_t parent = getpid();
+    // Every signal stays blocked across fork until the child has its default handlers back: a signal reaching the
+    // child before that (the launcher stopping the ranks right after starting them) would run the launcher's handler
+    // there, which writes into the signal pipe the child shares, and the launcher would take the ranks' SIGTERM for
+    // its own (`got SIGTERM: stopping all ranks`, exit 143 instead of naming the failed rank). Blocked, it waits for
+    // the default action, which ends the child as asked.
+    sigset_t all, before;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &before);
     const pid_t pid = fork();
     if (pid < 0) {
+      const int fork_errno = errno;
+      pthread_sigmask(SIG_SETMASK, &before, nullptr);
       for (int fd : {out[0], out[1], err[0], err[1]}) close(fd);
-      return internal_error(std::string("fork: ") + std::strerror(errno));
+      return internal_error(std::string("fork: ") + std::strerror(fork_errno));
     }
     if (pid == 0) {
+      for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE}) signal(sig, SIG_DFL);
+      close(g_signal_pipe[0]);
+      close(g_signal_pipe[1]);
       setpgid(0, 0);
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != parent) _exit(127);  // the launcher died before prctl took effect
-      for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE}) signal(sig, SIG_DFL);
       sigset_t none;
       sigemptyset(&none);
       sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -332,6 +344,7 @@ class Launcher {
       _exit(127);
     }
     setpgid(pid, pid);  // also here, so that signals sent right after fork reach the group
+    pthread_sigmask(SIG_SETMASK, &before, nullptr);
     close(out[1]);
     close(err[1]);
     fcntl(out[0], F_SETFL, fcntl(out[0], F_GETFL) | O_NONBLOCK);
