@@ -903,7 +903,11 @@ struct CrossMemoryAddresses {
 };
 
 // Steps 2-5 above, after the header exchange; `send` may equal `recv` (not otherwise overlap).
-keel_status_t cross_memory_all_reduce(Comm* c, const char* send, char* recv, size_t count, size_t esize, ReduceFn fn) {
+// `avg_dtype` (KEEL_DTYPE_UNDEFINED: none) divides each reduced piece by the world size while it is still in cache
+// (KEEL_REDUCE_AVG): each block is divided once, by its owner, and the all-gather copies the quotients, so the result
+// has the bits of dividing afterwards, without a second pass over the whole buffer.
+keel_status_t cross_memory_all_reduce(Comm* c, const char* send, char* recv, size_t count, size_t esize, ReduceFn fn,
+                                      int32_t avg_dtype) {
   const char* what = "all_reduce";
   const auto w = static_cast<size_t>(c->size), r = static_cast<size_t>(c->rank);
   std::vector<CrossMemoryAddresses> at(w);
@@ -926,6 +930,7 @@ keel_status_t cross_memory_all_reduce(Comm* c, const char* send, char* recv, siz
       fn(recv + at_byte, acc, tmp, m);
       acc = recv + at_byte;
     }
+    if (avg_dtype != KEEL_DTYPE_UNDEFINED) divide_by(recv + at_byte, m, avg_dtype, c->size);
   }
   if (keel_status_t st = mesh_signal(c, what, -1)) return st;
   // 4. All-gather: every other block from its owner's output.
@@ -1461,8 +1466,9 @@ keel_status_t c_all_reduce(void*, keel_communicator_t comm, const void* send, vo
     if (direct) {
       direct_all_reduce(c, send, recv, bytes, static_cast<size_t>(count), fn);
     } else if (cross) {
-      if (keel_status_t st = cross_memory_all_reduce(c, static_cast<const char*>(send), static_cast<char*>(recv),
-                                                     static_cast<size_t>(count), element_size(dtype), fn))
+      if (keel_status_t st = cross_memory_all_reduce(
+              c, static_cast<const char*>(send), static_cast<char*>(recv), static_cast<size_t>(count),
+              element_size(dtype), fn, op == KEEL_REDUCE_AVG ? dtype : static_cast<int32_t>(KEEL_DTYPE_UNDEFINED)))
         return st;
     } else if (algo == kAlgoMeshRing && c->size > 1) {
       if (send != recv) std::memmove(recv, send, bytes);
@@ -1489,7 +1495,8 @@ keel_status_t c_all_reduce(void*, keel_communicator_t comm, const void* send, vo
         gloo::allreduce(opts);
       }
     }
-    if (op == KEEL_REDUCE_AVG && c->size > 1) divide_by(recv, static_cast<size_t>(count), dtype, c->size);
+    // (The cross-memory all-reduce averaged each piece as it reduced it.)
+    if (op == KEEL_REDUCE_AVG && c->size > 1 && !cross) divide_by(recv, static_cast<size_t>(count), dtype, c->size);
     return nullptr;
   });
 }

@@ -241,6 +241,19 @@ TEST_P(GlooWorld, AllReduceEveryOpAndDtype) {
         if (!bad.empty()) return "all_reduce of " + std::to_string(small) + ": " + bad;
       }
     }
+    // Averages above the direct exchange's capacity (where every rank is in this process: cross memory, which
+    // divides each block as it reduces it), every dtype, in place and not.
+    for (DType t : kDtypes) {
+      const size_t n_big = 300007;
+      const bool in_place = t == DType::kF16 || t == DType::kI64;
+      Values in(t, n_big, r + 1), out(t, n_big, -7);
+      if (Status s = in_place ? comm.all_reduce(in.data(), in.data(), n_big, t, KEEL_REDUCE_AVG)
+                              : comm.all_reduce(in.data(), out.data(), n_big, t, KEEL_REDUCE_AVG);
+          !s.is_ok())
+        return s.to_string();
+      std::string bad = (in_place ? in : out).all_equal(expected(KEEL_REDUCE_AVG, w, t));
+      if (!bad.empty()) return std::string("all_reduce avg of ") + std::to_string(n_big) + ": " + bad;
+    }
     // Large enough for several of Gloo's 1 MiB segments per rank.
     Values big(DType::kF32, (3u << 20) / 4 + 5, r + 1);
     if (Status s = comm.all_reduce(big.data(), big.data(), big.size(), DType::kF32, KEEL_REDUCE_SUM); !s.is_ok())
