@@ -241,7 +241,9 @@ TEST_F(EagerTest, DropoutKeepsOneMinusPScaled) {
     const double scale = dt == DType::kBF16 ? 1.4296875 : dt == DType::kF32 ? static_cast<double>(1.f / 0.7f) : 1 / 0.7;
     size_t kept = 0;
     for (double v : y) {
-      if (v != 0) EXPECT_NEAR(v, scale, 1e-6) << dtype_name(dt);
+      if (v != 0) {
+        EXPECT_NEAR(v, scale, 1e-6) << dtype_name(dt);
+      }
       kept += v != 0;
     }
     EXPECT_NEAR(static_cast<double>(kept) / static_cast<double>(y.size()), 0.7, 0.005) << dtype_name(dt);
@@ -508,6 +510,36 @@ TEST_F(EagerTest, TrainingStepOnPluginsMatchesReference) {
       EXPECT_LE(std::sqrt(err), tol * std::max(std::sqrt(ref), 1e-3))
           << (amp == DType::kUndefined ? "f32" : "bf16") << " tensor " << k;
     }
+  }
+}
+
+// A 3x3 stride-1 convolution with 16+ channels runs on oneDNN's Winograd kernel (when the plugin is built), whose
+// kernel keeps the last weights' transform: it must follow the weights, whether they come as another tensor or change
+// in place (an optimizer step), and come back to the first ones.
+TEST_F(EagerTest, WinogradConvOnPluginsFollowsItsWeights) {
+  setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
+  auto plugins = Environment::create();
+  ASSERT_TRUE(plugins.is_ok()) << plugins.status().to_string();
+  std::shared_ptr<Environment> penv(std::move(plugins).value());
+  manual_seed(3);
+  const Tensor x = randn({2, 16, 10, 10}), b = randn({32}, 0.1f);
+  const Tensor w1 = randn({32, 16, 3, 3}, 0.2f), w2 = randn({32, 16, 3, 3}, 0.2f);
+  Tensor w3 = zeros({32, 16, 3, 3});
+  w3.copy_(w2);
+  // Run on the plugins: w1 twice, w2, w1 again, then w3 (w2's values) twice, then w3 after an in-place change.
+  init(penv, 1);
+  std::vector<std::vector<float>> got;
+  for (const Tensor* w : std::vector<const Tensor*>{&w1, &w1, &w2, &w1, &w3, &w3})
+    got.push_back(conv2d(x, *w, b).to_vector<float>());
+  w3.copy_(w1);
+  got.push_back(conv2d(x, w3, b).to_vector<float>());
+  init(reference_env());
+  const Tensor* want_w[] = {&w1, &w1, &w2, &w1, &w2, &w2, &w1};
+  for (size_t k = 0; k < got.size(); ++k) {
+    const auto want = conv2d(x, *want_w[k], b).to_vector<float>();
+    ASSERT_EQ(got[k].size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i)
+      ASSERT_NEAR(got[k][i], want[i], 1e-4 * (1 + std::abs(want[i]))) << "run " << k << " element " << i;
   }
 }
 
