@@ -242,8 +242,9 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Ten
 // Normalises over the trailing `normalized_dims` dims; weight/bias (shape = those dims) may be undefined.
 Tensor layer_norm(const Tensor& x, int64_t normalized_dims, const Tensor& weight, const Tensor& bias,
                   float eps = 1e-5f);
-// Zeroes elements with probability p (mask from the global generator) and scales the rest by 1/(1-p);
-// identity when !training or p == 0. p must be in [0, 1).
+// Zeroes elements with probability p and scales the rest by 1/(1-p); identity when !training or p == 0. p must be in
+// [0, 1). Each call takes one value of the global generator as the seed of its mask (a SplitMix64 stream over the
+// elements), so manual_seed makes masks repeat, on any CPU.
 Tensor dropout(const Tensor& x, float p, bool training);
 Tensor embedding(const Tensor& weight /*[V,D]*/, const Tensor& indices /*int64, any shape*/);  // -> [..., D]
 // Views (no copy; the result shares storage with x). -1 in shape: inferred.

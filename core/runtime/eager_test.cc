@@ -248,6 +248,24 @@ TEST_F(EagerTest, DropoutKeepsOneMinusPScaled) {
     }
     EXPECT_NEAR(static_cast<double>(kept) / static_cast<double>(y.size()), 0.7, 0.005) << dtype_name(dt);
   }
+  // The mask depends on the seed only, not on the dtype (f32 takes its own vectorised path); the two halves of one
+  // 64-bit value decide neighbours independently; the next call (the generator moved on) draws another mask.
+  {
+    const Tensor x32 = ones({1000, 101}), x64 = ones({1000, 101}, DType::kF64);
+    manual_seed(11);
+    const auto a = dropout(x32, 0.3f, true).to_vector<float>();
+    const auto b = dropout(x32, 0.3f, true).to_vector<float>();
+    manual_seed(11);
+    const auto c = dropout(x64, 0.3f, true).to_vector<double>();
+    size_t both = 0, same = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i] != 0, c[i] != 0) << "element " << i;
+      same += (a[i] != 0) == (b[i] != 0);
+      if (i % 2 == 0 && i + 1 < a.size()) both += a[i] != 0 && a[i + 1] != 0;
+    }
+    EXPECT_NEAR(static_cast<double>(both) / static_cast<double>(a.size() / 2), 0.49, 0.01);
+    EXPECT_NEAR(static_cast<double>(same) / static_cast<double>(a.size()), 0.58, 0.01);  // 0.7^2 + 0.3^2
+  }
   const Tensor x = ones({4});
   EXPECT_EQ(dropout(x, 0.5f, false).to_vector<float>(), x.to_vector<float>());
   EXPECT_EQ(dropout(x, 0.f, true).to_vector<float>(), x.to_vector<float>());

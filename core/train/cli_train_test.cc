@@ -330,9 +330,10 @@ TEST_F(KeelTrain, PrunedModelFineTunesWithDistillationFromItsTeacher) {
   auto pos = ce.second.find("test accuracy: ");
   ASSERT_NE(pos, std::string::npos) << ce.second;
   EXPECT_GE(std::stod(ce.second.substr(pos + 15, 6)), 0.5) << ce.second;
-  // With distillation.
+  // With distillation, at a lower rate: the soft term's gradient is scaled by T^2 = 9, and at --lr 0.05 whether it
+  // fell over these 18 steps of 192 images depended on the run's random draws (2 of 6 seeds rose, one to 20x).
   auto kd = sh(train("--init " + pruned.string() + " --teacher " + teacher.string() +
-                     " --distill-temperature 3 --distill-weight 0.6 --epochs 3 --lr 0.05 --no-quantize -o " +
+                     " --distill-temperature 3 --distill-weight 0.6 --epochs 3 --lr 0.02 --no-quantize -o " +
                      student.string() + " --log " + (dir_ / "kd" / "log.jsonl").string()));
   ASSERT_EQ(kd.first, 0) << kd.second;
   EXPECT_NE(kd.second.find("distillation from " + teacher.string() + " (test accuracy "), std::string::npos)
