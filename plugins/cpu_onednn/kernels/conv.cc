@@ -151,8 +151,9 @@ class ConvKernel : public Kernel {
         const auto* w = static_cast<const float*>(c.input(1)->data);
         const size_t n = static_cast<size_t>(numel(w_dims_));
         if (p.wei_seen.empty() || std::memcmp(p.wei_seen.data(), w, n * sizeof(float)) != 0) {
-          p.wei_seen.assign(w, w + n);
+          p.wei_seen.clear();  // recorded only once the transform is made (a failure leaves no stale record)
           p.wei_reorder.execute(s, p.wei_user, p.wei_prim);
+          p.wei_seen.assign(w, w + n);
         }
       } else if (p.reorder_wei) {
         bind(p.wei_prim, c.workspace(p.wei_prim.get_desc().get_size()));
