@@ -92,8 +92,8 @@ struct Settings {
   bool check = true;  // KEEL_GLOO_CHECK=0 skips the header exchange (for measuring its cost only)
   // Cross-memory all-reduce between ranks of one host (see "Cross-memory all-reduce"): "auto" or "off".
   bool cross_memory = true;
-  bool size_socket_buffers =
-      true;  // KEEL_GLOO_SOCKET_BUFFER=0 keeps Linux's defaults (for measuring; size_mesh_buffers)
+  // KEEL_GLOO_SOCKET_BUFFER=0 keeps Linux's socket buffer sizes (for measuring; size_mesh_buffers).
+  bool size_socket_buffers = true;
 };
 Settings g_settings;
 

@@ -285,31 +285,32 @@ class ConvGradKernel : public Kernel {
     const bool wino_shape = g_options.winograd && dtype_ == KEEL_DTYPE_F32 && group_ == 1 && w[2] == 3 && w[3] == 3 &&
                             strides_ == Dims{1, 1} && dil_ == Dims{1, 1} && C >= 16 && M >= 16;
     auto wino_fpd = wino_shape ? hint(dnnl::algorithm::convolution_winograd) : nullptr;
+    // The algorithms to try, in order, each with its forward hint.
+    std::vector<std::pair<dnnl::algorithm, const dnnl::convolution_forward::primitive_desc*>> algs;
+    if (wino_fpd) algs.emplace_back(dnnl::algorithm::convolution_winograd, wino_fpd.get());
+    algs.emplace_back(dnnl::algorithm::convolution_direct, fpd.get());
     if (want_dw_ || want_db_) {
       if (!want_dw_) throw Reject{"dB without dW"};
       // The primitive's layout for dY first (measured on the SimpleCNN's first layer: the blocked implementation plus
       // the reorder of dY costs 25% less CPU time than gemm:jit on the plain layout, and bf16 has no fast plain
-      // one); the plain layout when oneDNN refuses, then without the bias.
-      std::unique_ptr<dnnl::convolution_backward_weights::primitive_desc> wpd;
-      for (const dnnl::memory::desc* ddst : {&dst_any, &dst_plain}) {
-        for (bool with_bias : {want_db_, false}) {
-          for (bool wino : {true, false}) {
-            if (wpd || (wino && !wino_fpd)) continue;
-            const auto alg = wino ? dnnl::algorithm::convolution_winograd : dnnl::algorithm::convolution_direct;
-            try {
-              auto wd =
-                  with_bias
-                      ? dnnl::convolution_backward_weights::desc(alg, src_any, wei_any, bias_md, *ddst, st, dl, pl, prr)
-                      : dnnl::convolution_backward_weights::desc(alg, src_any, wei_any, *ddst, st, dl, pl, prr);
-              wpd = std::make_unique<dnnl::convolution_backward_weights::primitive_desc>(wd, user_scratchpad(), eng,
-                                                                                         wino ? *wino_fpd : *fpd);
-              p->bias_in_prim = with_bias;
-            } catch (const dnnl::error&) {
-              wpd.reset();
-            }
-          }
+      // one); the plain layout when oneDNN refuses, then without the bias; in each, the algorithms in order.
+      auto weights_pd = [&](const dnnl::memory::desc& ddst, bool with_bias, dnnl::algorithm alg,
+                            const dnnl::convolution_forward::primitive_desc& fwd)
+          -> std::unique_ptr<dnnl::convolution_backward_weights::primitive_desc> {
+        try {
+          auto wd = with_bias ? dnnl::convolution_backward_weights::desc(alg, src_any, wei_any, bias_md, ddst, st, dl,
+                                                                         pl, prr)
+                              : dnnl::convolution_backward_weights::desc(alg, src_any, wei_any, ddst, st, dl, pl, prr);
+          return std::make_unique<dnnl::convolution_backward_weights::primitive_desc>(wd, user_scratchpad(), eng, fwd);
+        } catch (const dnnl::error&) {
+          return nullptr;
         }
-      }
+      };
+      std::unique_ptr<dnnl::convolution_backward_weights::primitive_desc> wpd;
+      for (const dnnl::memory::desc* ddst : {&dst_any, &dst_plain})
+        for (bool with_bias : {want_db_, false})
+          for (const auto& [alg, fwd] : algs)
+            if (!wpd && (wpd = weights_pd(*ddst, with_bias, alg, *fwd))) p->bias_in_prim = with_bias;
       if (!wpd) throw Reject{"oneDNN has no backward-weights convolution for this case"};
       p->w_src.make(src_plain, wpd->src_desc(), true);
       p->w_ddst.make(dst_plain, wpd->diff_dst_desc(), true);
@@ -319,16 +320,12 @@ class ConvGradKernel : public Kernel {
     }
     if (want_dx_) {
       std::unique_ptr<dnnl::convolution_backward_data::primitive_desc> dpdp;
-      for (bool wino : {true, false}) {
-        if (dpdp || (wino && !wino_fpd)) continue;
-        const auto alg = wino ? dnnl::algorithm::convolution_winograd : dnnl::algorithm::convolution_direct;
+      for (const auto& [alg, fwd] : algs) {
+        if (dpdp) break;
         try {
           dnnl::convolution_backward_data::desc dd(alg, src_any, wei_any, dst_any, st, dl, pl, prr);
-          dpdp = std::make_unique<dnnl::convolution_backward_data::primitive_desc>(dd, user_scratchpad(), eng,
-                                                                                   wino ? *wino_fpd : *fpd);
-        } catch (const dnnl::error&) {
-          dpdp.reset();
-        }
+          dpdp = std::make_unique<dnnl::convolution_backward_data::primitive_desc>(dd, user_scratchpad(), eng, *fwd);
+        } catch (const dnnl::error&) {}
       }
       if (!dpdp) throw Reject{"oneDNN has no backward-data convolution for this case"};
       auto& dpd = *dpdp;
