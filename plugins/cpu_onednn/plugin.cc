@@ -157,6 +157,7 @@ keel_status_t onednn_init(const keel_core_api_t* host, keel_plugin_handle_t* plu
     read_flag("dw_fusion", "KEEL_ONEDNN_DW_FUSION", g_options.dw_fusion);
     read_flag("silu_pass", "KEEL_ONEDNN_SILU_PASS", g_options.silu_pass);
     read_flag("dw_silu", "KEEL_ONEDNN_DW_SILU", g_options.dw_silu);
+    read_flag("gelu_pass", "KEEL_ONEDNN_GELU_PASS", g_options.gelu_pass);
     read_flag("se_step", "KEEL_ONEDNN_SE_STEP", g_options.se_step);
     read_flag("view_post_ops", "KEEL_ONEDNN_VIEW_POST_OPS", g_options.view_post_ops);
     if (const char* e = std::getenv("KEEL_ONEDNN_PROFILE")) g_options.profile = std::strcmp(e, "0") != 0;

@@ -2440,6 +2440,27 @@ void add_chain_cases(std::vector<OpCase>& v) {
     };
     v.push_back(c);
   }
+  // An MLP as ConvNeXt and transformer encoders have it: MatMul + bias + GELU (keel.Gelu, what fuse_gelu makes),
+  // MatMul + bias + the residual. The oneDNN chain runs the GELU as its own pass after the product (steps/gelu.h):
+  // one output under 128 KiB (one thread), one above (split over the team), one whose length is no multiple of 16.
+  for (const auto& [rows, c, hidden] :
+       {std::tuple<int64_t, int64_t, int64_t>{49, 64, 256}, {392, 96, 384}, {7, 40, 37}}) {
+    OpCase c_;
+    c_.op = "Chain";
+    c_.label = "MLP matmul + bias + keel.Gelu + matmul + residual, [" + std::to_string(rows) + "," + std::to_string(c) +
+               "] hidden " + std::to_string(hidden);
+    c_.inputs = {in("X", {1, rows, c}, false, -2.f, 2.f), in("W1", {c, hidden}, true, -0.3f, 0.3f),
+                 in("B1", {hidden}, true), in("W2", {hidden, c}, true, -0.3f, 0.3f), in("B2", {c}, true)};
+    c_.chain = {
+        {"MatMul", {"X", "W1"}, {}},   // $0 [1,rows,hidden]
+        {"Add", {"$0", "B1"}, {}},     // $1
+        {"keel.Gelu", {"$1"}, {}},     // $2
+        {"MatMul", {"$2", "W2"}, {}},  // $3 [1,rows,c]
+        {"Add", {"$3", "B2"}, {}},     // $4
+        {"Add", {"X", "$4"}, {}},      // $5
+    };
+    v.push_back(c_);
+  }
   {
     // A product's post-ops past views of size-1 dims (the oneDNN chain's fuse_after): torch's out-projection
     // [S,E] -> Reshape [S,1,E] -> Transpose(1,0,2) [1,S,E], then the residual Add (a sum post-op written over the

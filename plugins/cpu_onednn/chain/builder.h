@@ -328,6 +328,7 @@ class Builder {
     std::vector<float> mm_bias;             // matmul: constant bias over the last axis
     float out_scale = 1.f;                  // matmul: scalar applied before the bias
     bool silu_pass = false;                 // conv: a trailing SiLU runs as the chain's own step (take_silu)
+    bool gelu_pass = false;                 // matmul: a trailing GELU runs as the chain's own step (take_gelu)
     bool viewed = false;                    // matmul: `out` is a view of the product with other dims (same_order_view)
     std::vector<size_t> nodes;              // fused nodes
     int count = 0;
@@ -338,6 +339,9 @@ class Builder {
   bool same_order_view(const NodeDesc& n, const std::string& in);
   bool take_silu(Fusion& f);
   void exec_silu(const Val& v, const std::string& name);
+  bool take_gelu(Fusion& f);
+  void exec_gelu(const Val& v);
+  bool take_trailing_eltwise(Fusion& f, alg a);
 
   // --- ops
   void conv(size_t i);

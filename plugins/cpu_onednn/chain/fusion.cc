@@ -208,12 +208,26 @@ Builder::Fusion Builder::fuse_after(const std::string& out, size_t at, bool conv
 // post-op kinds other than eltwise and sum before it.
 bool Builder::take_silu(Fusion& f) {
   if (!g_options.silu_pass || !has_avx512f() || act_ != dt::f32) return false;
+  return take_trailing_eltwise(f, alg::eltwise_swish);
+}
+
+// The same for a matrix product's trailing GELU (gelu_erf post-op; ONNX Gelu and keel.Gelu with approximate "none"):
+// oneDNN 2.6's gelu_erf costs half as much again as ConvNeXt's MLP products it follows; the chain's own pass
+// (exec_gelu, steps/gelu.h) a fifth of it.
+bool Builder::take_gelu(Fusion& f) {
+  if (!g_options.gelu_pass || !has_avx512f() || act_ != dt::f32) return false;
+  return take_trailing_eltwise(f, alg::eltwise_gelu_erf);
+}
+
+// Strips f.po's last post-op when it is eltwise `a` with scale 1 (and alpha 1 for swish) and every one before it is
+// eltwise or sum; true then. False, changing nothing, otherwise.
+bool Builder::take_trailing_eltwise(Fusion& f, alg want) {
   const int last = f.po.len() - 1;
   if (last < 0 || f.po.kind(last) != dnnl::primitive::kind::eltwise) return false;
   float scale, alpha, beta;
   alg a;
   f.po.get_params_eltwise(last, scale, a, alpha, beta);
-  if (a != alg::eltwise_swish || scale != 1.f || alpha != 1.f) return false;
+  if (a != want || scale != 1.f || (want == alg::eltwise_swish && alpha != 1.f)) return false;
   dnnl::post_ops po;
   for (int k = 0; k < last; ++k) {
     if (f.po.kind(k) == dnnl::primitive::kind::eltwise) {
@@ -259,6 +273,18 @@ void Builder::exec_silu(const Val& v, const std::string& name) {
   e.args = std::move(args);
   exec_own(std::move(e), pooled ? "keel:silu_mean_avx512" : "keel:silu_avx512", false,
            (cur_node_ < r_.nodes.size() ? r_.nodes[cur_node_].name : std::string("(outputs)")) + what + dims_str(d));
+}
+
+// The chain's own GELU step, in place over value `v` (f32, dense; elementwise, so any layout). Compute-bound like the
+// SiLU step (about 5 ns per 16 floats on one core), so split over the team from 128 KiB on.
+void Builder::exec_gelu(const Val& v) {
+  Exec e;
+  e.single = v.md.get_size() < (128u << 10);
+  e.own = run_gelu;
+  e.args = {{DNNL_ARG_DST, mem_of(v)}};
+  exec_own(std::move(e), "keel:gelu_avx512", false,
+           (cur_node_ < r_.nodes.size() ? r_.nodes[cur_node_].name : std::string("(outputs)")) + " GELU " +
+               dims_str(md_dims(v.md)));
 }
 
 }  // namespace keel::onednn::chain

@@ -4,15 +4,17 @@
 
 namespace keel::onednn::chain {
 
-// Exec::own of a SiLU step: x * sigmoid(x) in place over its DNNL_ARG_DST memory (steps/silu.h), split over the
-// OpenMP team (contiguous 16-float-aligned parts) unless the step is a single-thread one.
-void run_silu(const Exec& e) {
+namespace {
+
+// `fn` in place over an own step's DNNL_ARG_DST memory (f32), split over the OpenMP team (contiguous 16-float-aligned
+// parts) unless the step is a single-thread one.
+void run_inplace(const Exec& e, void (*fn)(float*, size_t)) {
   const dnnl::memory& m = e.args.at(DNNL_ARG_DST);
   float* p = static_cast<float*>(m.get_data_handle());
   const size_t n = m.get_desc().get_size() / sizeof(float);
   const int team = e.single ? 1 : omp_get_max_threads();
   if (team <= 1) {
-    silu_inplace(p, n);
+    fn(p, n);
     return;
   }
 #pragma omp parallel num_threads(team)
@@ -20,9 +22,17 @@ void run_silu(const Exec& e) {
     const size_t k = static_cast<size_t>(omp_get_num_threads()), t = static_cast<size_t>(omp_get_thread_num());
     const size_t per = (n / 16 + k - 1) / k * 16;
     const size_t b = std::min(n, t * per), end = t + 1 == k ? n : std::min(n, b + per);
-    silu_inplace(p + b, end - b);
+    fn(p + b, end - b);
   }
 }
+
+}  // namespace
+
+// Exec::own of a SiLU step: x * sigmoid(x) in place (steps/silu.h).
+void run_silu(const Exec& e) { run_inplace(e, silu_inplace); }
+
+// Exec::own of a GELU step: 0.5 x (1 + erf(x / sqrt 2)) in place (steps/gelu.h).
+void run_gelu(const Exec& e) { run_inplace(e, gelu_inplace); }
 
 // Exec::own of a SiLU step fused with the GlobalAveragePool reading its output: DNNL_ARG_DST is nChw16c
 // [N,C,H,W] (SiLU in place), kArgPooled nChw16c [N,C,1,1] (each channel's mean); the (batch, 16-channel block)

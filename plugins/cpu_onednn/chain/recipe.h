@@ -29,6 +29,7 @@
 #include "steps/convpool.h"
 #include "steps/dilated.h"
 #include "steps/dwsilu.h"
+#include "steps/gelu.h"
 #include "steps/grouped.h"
 #include "steps/resize.h"
 #include "steps/se.h"

@@ -166,6 +166,8 @@ struct Options {
                           // stays a step of its own (Builder::conv_dw_fused)
   bool silu_pass = true;  // KEEL_ONEDNN_SILU_PASS=0 or [options] silu_pass = false: a convolution's trailing SiLU runs
                           // as oneDNN's swish post-op instead of the chain's own pass (steps/silu.h)
+  bool gelu_pass = true;  // KEEL_ONEDNN_GELU_PASS=0 or [options] gelu_pass = false: a matrix product's trailing GELU
+                          // runs as oneDNN's gelu_erf post-op instead of the chain's own pass (steps/gelu.h)
   bool dw_silu = true;  // KEEL_ONEDNN_DW_SILU=0 or [options] dw_silu = false: a depthwise convolution followed by SiLU
                         // stays oneDNN's primitive and SiLU passes instead of the chain's own step (steps/dwsilu.h)
   bool se_step = true;  // KEEL_ONEDNN_SE_STEP=0 or [options] se_step = false: squeeze-excite's excitation runs as

@@ -71,6 +71,7 @@ void Builder::matmul(size_t i) {
   const size_t r = y.size();
   if (r > 6) throw Reject{"rank > 6"};
   Fusion f = fuse_after(n.out[0], i, false, 0);
+  f.gelu_pass = take_gelu(f);
   scale *= f.out_scale;
   if (!gemm_bias.empty()) {
     if (!f.mm_bias.empty())
@@ -227,6 +228,7 @@ void Builder::matmul(size_t i) {
   if (tr != npos) done_[tr] = true;
   p_->flops += 2.0 * numel(y) * a.back();
   exec(dnnl::matmul(*pd), std::move(args));
+  if (f.gelu_pass) exec_gelu(out);
   for (size_t k : f.nodes) done_[k] = true;
 }
 
