@@ -79,6 +79,24 @@ TEST(SGD, OnePassUpdateEqualsTheEagerOps) {
   }
 }
 
+// A gradient that shares the parameter's memory (a detached view of it) is updated by the eager ops, not the one-pass
+// loop (which assumes separate memory): the result is the eager ops' as if the gradient were a copy.
+TEST(SGD, GradientSharingTheParametersMemoryStillStepsRight) {
+  eager::manual_seed(5);
+  Tensor p = eager::randn({257}).requires_grad_(true);
+  SGD opt({p}, {0.1, 0.9, 0, 0, false});
+  Tensor ref = p.detach() * 1.f, buf;
+  for (int step = 0; step < 3; ++step) {
+    eager::NoGradGuard ng;
+    p.set_grad(p.detach());  // g aliases p
+    const Tensor g = ref * 1.f;
+    buf = step == 0 ? g * 1.f : buf * 0.9f + g;
+    ref = ref - buf * 0.1f;
+    opt.step();
+    ASSERT_EQ(p.to_vector<float>(), ref.to_vector<float>()) << "step " << step;
+  }
+}
+
 // PyTorch's Adam/AdamW in double precision, the oracle for the eager implementation.
 std::vector<double> adam_reference(bool decoupled, double lr, double wd, const std::vector<std::vector<double>>& grads,
                                    double p0) {
