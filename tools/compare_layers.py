@@ -6,7 +6,8 @@ run). ONNX Runtime: onnxruntime-node of ../shared/peers/setup.sh with `enablePro
 each node's fastest run). Both run pinned to the same CPUs, one after the other, with the same iteration count.
 
 Matching: Keel names a step after the first ONNX node it computes (a Conv with its fused Relu/Add, say); ONNX Runtime
-names a fused node after the value it writes (`/layer1/layer1.0/relu/Relu_output_0_nchwc`). Each ORT node is traced
+names a fused node after the value it writes (`/layer1/layer1.0/relu/Relu_output_0_nchwc`) or after the node it grew
+from (`.../MatMul/MatMulAddFusion`); nodes ORT inserts (reorders, reshapes, a Gelu it split off) match nothing. Each ORT node is traced
 back through the original graph from that value over the single-data-input ops a runtime fuses into a producer
 (activations, Add of a residual, BatchNormalization) to the first Conv/Gemm/MatMul/pooling node, and matched with
 Keel's step of that name; Keel's steps of one node (a reorder before a convolution) are summed. What matches on
@@ -171,6 +172,12 @@ def main():
     for n, v in om.items():
         value = re.sub(r"_nchwc$", "", n)
         name = n if n in node_op else anchor_of(value) if value in producer else None
+        if name is None:  # a node ORT made by fusing, named after the original one: "/.../MatMul/MatMulAddFusion"
+            parts = n.split("/")
+            for k in range(len(parts) - 1, 1, -1):
+                if "/".join(parts[:k]) in node_op:
+                    name = "/".join(parts[:k])
+                    break
         step = keel_step_for(name) if name is not None else None
         if step is not None:
             ort_by_anchor[step] += v
@@ -191,7 +198,7 @@ def main():
     mk, mo = sum(r[1] for r in matched), sum(r[2] for r in matched)
     print(f"{'matched (' + str(len(matched)) + ' nodes)':<58} {mk:8.3f} {mo:8.3f} {mo / mk if mk else 0:7.2f}x")
     if keel_only:
-        print("Keel steps without an ORT node: " + ", ".join(f"{n} {v:.3f}" for n, v in keel_only))
+        print("Keel steps without an ORT node: " + ", ".join(f"{n} {v:.3f}" for n, v, _ in keel_only))
     if ort_unmatched:
         print("ORT nodes without a Keel step: " + ", ".join(f"{n} ({oo.get(n, '')}) {v:.3f}"
                                                          for n, v in ort_unmatched.items()))
