@@ -122,7 +122,7 @@ def main():
         n = producer.get(value)
         while n is not None and n.op_type in FUSED_INTO_PRODUCER:
             data = [i for i in n.input if i and i not in inits and i in producer]
-            # Add of a residual: follow the input whose producer is an anchor or leads to one computed last
+            # an Add of a residual: follow its last input produced by an anchor, else its first data input
             nxt = None
             for i in data:
                 if producer[i].op_type in ANCHORS:
