@@ -2462,6 +2462,37 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c_);
   }
   {
+    // Convolutions followed by GELU (timm's ConvNeXt with conv_mlp, conv stems): the oneDNN chain runs the GELU as its
+    // own pass after each convolution path that can take it, and keeps it a post-op where the path cannot (grouped
+    // 4-channel step, a 1x1 with its depthwise consumer fused).
+    OpCase c;
+    c.op = "Chain";
+    c.label = "conv + keel.Gelu on every conv path: 3x3, 1x1, 1x1 into depthwise, 4-channel groups, 1x1 over [1,C,1,1]";
+    c.inputs = {in("X", {1, 16, 14, 14}, false, -2.f, 2.f),
+                in("W0", {32, 16, 3, 3}, true, -0.3f, 0.3f),
+                in("B0", {32}, true),
+                in("W1", {64, 32, 1, 1}, true, -0.3f, 0.3f),
+                in("B1", {64}, true),
+                in("WD", {64, 1, 3, 3}, true, -0.3f, 0.3f),
+                in("WG", {64, 4, 3, 3}, true, -0.3f, 0.3f),
+                in("WS", {48, 64, 1, 1}, true, -0.3f, 0.3f),
+                in("BS", {48}, true)};
+    c.chain = {
+        {"Conv", {"X", "W0", "B0"}, {{"kernel_shape", Is({3, 3})}, {"pads", Is({1, 1, 1, 1})}}},  // $0 [1,32,14,14]
+        {"keel.Gelu", {"$0"}, {}},                                                                // $1
+        {"Conv", {"$1", "W1", "B1"}, {{"kernel_shape", Is({1, 1})}}},                             // $2 [1,64,14,14]
+        {"keel.Gelu", {"$2"}, {}},                                                                // $3
+        {"Conv", {"$3", "WD"}, {{"kernel_shape", Is({3, 3})}, {"pads", Is({1, 1, 1, 1})}, {"group", I(64)}}},  // $4
+        {"keel.Gelu", {"$4"}, {}},                                                                             // $5
+        {"Conv", {"$5", "WG"}, {{"kernel_shape", Is({3, 3})}, {"pads", Is({1, 1, 1, 1})}, {"group", I(16)}}},  // $6
+        {"keel.Gelu", {"$6"}, {}},                                                                             // $7
+        {"GlobalAveragePool", {"$7"}, {}},                             // $8 [1,64,1,1]
+        {"Conv", {"$8", "WS", "BS"}, {{"kernel_shape", Is({1, 1})}}},  // $9 [1,48,1,1]
+        {"keel.Gelu", {"$9"}, {}},                                     // $10
+    };
+    v.push_back(c);
+  }
+  {
     // A product's post-ops past views of size-1 dims (the oneDNN chain's fuse_after): torch's out-projection
     // [S,E] -> Reshape [S,1,E] -> Transpose(1,0,2) [1,S,E], then the residual Add (a sum post-op written over the
     // residual, whose buffer also holds the Transpose view an earlier product read) and Relu; then a Transpose that

@@ -328,7 +328,7 @@ class Builder {
     std::vector<float> mm_bias;             // matmul: constant bias over the last axis
     float out_scale = 1.f;                  // matmul: scalar applied before the bias
     bool silu_pass = false;                 // conv: a trailing SiLU runs as the chain's own step (take_silu)
-    bool gelu_pass = false;                 // matmul: a trailing GELU runs as the chain's own step (take_gelu)
+    bool gelu_pass = false;                 // matmul, conv: a trailing GELU runs as the chain's own step (take_gelu)
     bool viewed = false;                    // matmul: `out` is a view of the product with other dims (same_order_view)
     std::vector<size_t> nodes;              // fused nodes
     int count = 0;

@@ -211,7 +211,8 @@ bool Builder::take_silu(Fusion& f) {
   return take_trailing_eltwise(f, alg::eltwise_swish);
 }
 
-// The same for a matrix product's trailing GELU (gelu_erf post-op; ONNX Gelu and keel.Gelu with approximate "none"):
+// The same for a matrix product's or a convolution's trailing GELU (gelu_erf post-op; ONNX Gelu and keel.Gelu with
+// approximate "none"):
 // oneDNN 2.6's gelu_erf costs half as much again as ConvNeXt's MLP products it follows (1.44 -> 2.14 ms at 1 thread);
 // the chain's own pass after the product about half of that (1.82 ms; exec_gelu, steps/gelu.h).
 bool Builder::take_gelu(Fusion& f) {

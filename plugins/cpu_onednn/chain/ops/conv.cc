@@ -130,6 +130,7 @@ bool Builder::conv_as_gemv(size_t i, const Fusion& f, const std::vector<float>& 
   p_->flops += 2.0 * static_cast<double>(C * M);
   exec(dnnl::matmul(*pd), std::move(args));
   if (f.silu_pass) exec_silu(out, f.out);
+  if (f.gelu_pass) exec_gelu(out);
   for (size_t k : f.nodes) done_[k] = true;
   return true;
 }
@@ -216,6 +217,7 @@ void Builder::conv(size_t i) {
   }
   Fusion f = fuse_after(n.out[0], i, true, M);
   f.silu_pass = take_silu(f);
+  f.gelu_pass = !f.silu_pass && take_gelu(f);
   // Weights and bias with folds applied.
   std::vector<float> w(W->f32(), W->f32() + W->count());
   std::vector<float> bias(M, 0.f);
@@ -250,7 +252,7 @@ void Builder::conv(size_t i) {
   const int64_t cg = C / g;
   if (g > 1 && cg == 4 && M == C && sp == 2 && ks == Dims{3, 3} && s[0] == s[1] && (s[0] == 1 || s[0] == 2) &&
       d == Dims{1, 1} && pl == Dims{1, 1} && pr == Dims{1, 1} && f.sum_with.empty() && chan_scale.empty() &&
-      !f.silu_pass && act_ == dt::f32 && has_avx512f() &&
+      !f.silu_pass && !f.gelu_pass && act_ == dt::f32 && has_avx512f() &&
       conv_grouped4(i, f, src_name, x, y, s[0], w, bias, conv_flops))
     return;
   if (g > 1 && M == C && cg >= 4 && cg < 16 && 16 % cg == 0 && g % (16 / cg) == 0 && chan_scale.empty()) {
