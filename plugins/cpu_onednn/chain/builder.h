@@ -329,8 +329,10 @@ class Builder {
     float out_scale = 1.f;                  // matmul: scalar applied before the bias
     bool silu_pass = false;                 // conv: a trailing SiLU runs as the chain's own step (take_silu)
     bool gelu_pass = false;                 // matmul, conv: a trailing GELU runs as the chain's own step (take_gelu)
-    bool viewed = false;                    // matmul: `out` is a view of the product with other dims (same_order_view)
-    std::vector<size_t> nodes;              // fused nodes
+    // An activation left to a pass after the primitive: a path whose kernel applies the post-ops itself refuses.
+    bool pass_after() const { return silu_pass || gelu_pass; }
+    bool viewed = false;        // matmul: `out` is a view of the product with other dims (same_order_view)
+    std::vector<size_t> nodes;  // fused nodes
     int count = 0;
   };
   bool eltwise_of(const NodeDesc& n, alg* a, float* alpha, float* beta);

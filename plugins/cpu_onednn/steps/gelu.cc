@@ -12,6 +12,7 @@
 
 #include <cmath>
 
+#include "steps/map16.h"
 #include "steps/silu.h"
 
 namespace keel::onednn {
@@ -44,19 +45,7 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 gelu16(__m512 x)
 }
 #pragma GCC diagnostic pop
 
-__attribute__((target("avx512f"))) void gelu_avx512(float* p, size_t n) {
-  size_t i = 0;
-  for (; i + 32 <= n; i += 32) {  // two independent chains per iteration
-    const __m512 a = _mm512_loadu_ps(p + i), b = _mm512_loadu_ps(p + i + 16);
-    _mm512_storeu_ps(p + i, gelu16(a));
-    _mm512_storeu_ps(p + i + 16, gelu16(b));
-  }
-  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(p + i, gelu16(_mm512_loadu_ps(p + i)));
-  if (i < n) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
-    _mm512_mask_storeu_ps(p + i, m, gelu16(_mm512_maskz_loadu_ps(m, p + i)));
-  }
-}
+__attribute__((target("avx512f"))) void gelu_avx512(float* p, size_t n) { map16_inplace<gelu16>(p, n); }
 
 }  // namespace
 

@@ -9,6 +9,7 @@
 // Newton step (2.6 ns), and the integer 2^n cheaper than vrndscaleps/vscalefps (3.0 ns).
 // Below x = -87 the result is 0 (the exact value is under 1e-35); NaN stays NaN, +inf gives +inf, -inf gives 0.
 #include "steps/silu.h"
+#include "steps/map16.h"
 #include "steps/silu16.h"
 
 #include <immintrin.h>
@@ -18,19 +19,7 @@
 namespace keel::onednn {
 namespace {
 
-__attribute__((target("avx512f"))) void silu_avx512(float* p, size_t n) {
-  size_t i = 0;
-  for (; i + 32 <= n; i += 32) {  // two independent chains per iteration
-    __m512 a = _mm512_loadu_ps(p + i), b = _mm512_loadu_ps(p + i + 16);
-    _mm512_storeu_ps(p + i, silu16(a));
-    _mm512_storeu_ps(p + i + 16, silu16(b));
-  }
-  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(p + i, silu16(_mm512_loadu_ps(p + i)));
-  if (i < n) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
-    _mm512_mask_storeu_ps(p + i, m, silu16(_mm512_maskz_loadu_ps(m, p + i)));
-  }
-}
+__attribute__((target("avx512f"))) void silu_avx512(float* p, size_t n) { map16_inplace<silu16>(p, n); }
 
 __attribute__((target("avx512f"))) void silu_mean16_avx512(float* p, size_t hw, float* mean) {
   __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();

@@ -252,7 +252,7 @@ void Builder::conv(size_t i) {
   const int64_t cg = C / g;
   if (g > 1 && cg == 4 && M == C && sp == 2 && ks == Dims{3, 3} && s[0] == s[1] && (s[0] == 1 || s[0] == 2) &&
       d == Dims{1, 1} && pl == Dims{1, 1} && pr == Dims{1, 1} && f.sum_with.empty() && chan_scale.empty() &&
-      !f.silu_pass && !f.gelu_pass && act_ == dt::f32 && has_avx512f() &&
+      !f.pass_after() && act_ == dt::f32 && has_avx512f() &&
       conv_grouped4(i, f, src_name, x, y, s[0], w, bias, conv_flops))
     return;
   if (g > 1 && M == C && cg >= 4 && cg < 16 && 16 % cg == 0 && g % (16 / cg) == 0 && chan_scale.empty()) {

@@ -55,7 +55,7 @@ bool Builder::conv_residual_merged(size_t i) {
   const md_t xblocked(to_dnnl(x), dt::f32, tag::nChw16c);
   if (xv.md != xblocked) return false;  // the strided view is of nChw16c memory
   Fusion f = fuse_after(an.out[0], a, true, M);
-  if (f.silu_pass) return false;
+  if (f.pass_after()) return false;
   // Weights [M, Ch + Cx] and the summed bias, with the folds after the Add applied.
   const int64_t K = Ch + Cx;
   std::vector<float> w(M * K), bias(M, 0.f);
@@ -192,7 +192,7 @@ bool Builder::conv_dw_fused(size_t i, const Fusion& f, const md_t& src, const md
   // With the 1x1's SiLU as the chain's own pass the depthwise one cannot read its output inside the kernel; and
   // unfused is faster then anyway (EfficientNet-B0's 24->144 block at 56x56: 541 us fused with oneDNN's swish, 405 us
   // as two convolutions each followed by the SiLU pass).
-  if (!g_options.dw_fusion || f.silu_pass || f.gelu_pass) return false;
+  if (!g_options.dw_fusion || f.pass_after()) return false;
   const size_t u = sole_user(f.out);
   if (u == npos) return false;
   const NodeDesc& dn = r_.nodes[u];
