@@ -20,7 +20,9 @@
 #include <boost/beast/http/status.hpp>
 #include <boost/beast/http/string_body.hpp>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 
@@ -487,23 +489,33 @@ bool Server::serve_request(Connection& c) {
     if (length && !parser.chunked()) {
       // Straight into the body's own storage: what the header read brought along, then the rest from the socket.
       const auto total = static_cast<size_t>(*length);
-      req.body_storage.reset(new (std::nothrow) char[total]);
-      if (!req.body_storage) {
+      // 64-byte aligned storage, the body placed in it so that the aligned offset (Options) falls on a boundary.
+      size_t lead = 0;
+      if (!options_.aligned_body_offset_header.empty())
+        if (const std::string* v = req.header(options_.aligned_body_offset_header)) {
+          uint64_t at = 0;
+          const auto [end, ec] = std::from_chars(v->data(), v->data() + v->size(), at);
+          if (ec == std::errc() && end == v->data() + v->size() && at <= total) lead = (64 - at % 64) % 64;
+        }
+      void* raw = std::aligned_alloc(64, (lead + total + 63) / 64 * 64);
+      if (!raw) {
         fail(res, 503, "cannot allocate " + std::to_string(total) + " bytes for the request body");
         return answer_early();
       }
+      req.body_storage = std::shared_ptr<char[]>(static_cast<char*>(raw), [](char* p) { std::free(p); });
+      char* const body = req.body_storage.get() + lead;
       size_t have = std::min(total, c.buf.size());
-      std::memcpy(req.body_storage.get(), c.buf.data().data(), have);
+      std::memcpy(body, c.buf.data().data(), have);
       c.buf.consume(have);
       while (have < total) {
         size_t got = 0;
-        switch (c.read_into(req.body_storage.get() + have, total - have, io_ms, got)) {
+        switch (c.read_into(body + have, total - have, io_ms, got)) {
           case Connection::Read::kData: have += got; break;
           case Connection::Read::kClosed: return false;
           case Connection::Read::kTimeout: return body_timeout();
         }
       }
-      req.body = std::string_view(req.body_storage.get(), total);
+      req.body = std::string_view(body, total);
     } else {
       parser.eager(true);
       while (!parser.is_done()) {

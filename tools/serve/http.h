@@ -51,14 +51,16 @@ namespace keel::serve::http {
 using Headers = std::vector<std::pair<std::string, std::string>>;
 
 struct Request {
-  std::string method;                    // "GET", "POST", ...
-  std::string path;                      // percent-decoded, without the query string
-  Headers headers;                       // as received
-  uint64_t header_bytes = 0;             // every name and value, plus 4 each (": " and CRLF)
-  std::string_view body;                 // empty in the pre-routing hook; the bytes live as long as the Request
-  std::unique_ptr<char[]> body_storage;  // what `body` views (a Content-Length body: read straight into it)
-  std::string body_text;                 // or this (a chunked body, as the parser joined it)
-  std::vector<std::string> captures;     // the route's groups: [0] the path, then each group ("" when it did not match)
+  std::string method;         // "GET", "POST", ...
+  std::string path;           // percent-decoded, without the query string
+  Headers headers;            // as received
+  uint64_t header_bytes = 0;  // every name and value, plus 4 each (": " and CRLF)
+  std::string_view body;      // empty in the pre-routing hook; the bytes live as long as the Request (or body_storage)
+  // What `body` views when the body came with a Content-Length (read straight into it): shared, so that a handler may
+  // keep the bytes past the request (a tensor over them) by holding a copy of this pointer.
+  std::shared_ptr<char[]> body_storage;
+  std::string body_text;              // or this (a chunked body, as the parser joined it)
+  std::vector<std::string> captures;  // the route's groups: [0] the path, then each group ("" when it did not match)
   // The value of the first header of that name (case-insensitive), or nullptr.
   const std::string* header(std::string_view name) const;
 };
@@ -90,6 +92,11 @@ struct Options {
   uint32_t max_header_bytes = 64u << 10;  // request line and headers together: 431 beyond
   int io_timeout_s = 10;                  // the longest wait for more of a started request, or to write an answer
   int idle_timeout_s = 5;                 // a keep-alive connection with no request for this long is closed
+  // When set, a Content-Length body is stored so that the byte at the offset this request header gives (a decimal
+  // byte count within the body) is 64-byte aligned: KServe's binary tensor data after its JSON header
+  // ("Inference-Header-Content-Length"), which tensors can then use in place. Otherwise, or when the header is
+  // missing or not such a count, the body itself starts 64-byte aligned.
+  std::string aligned_body_offset_header;
 };
 
 class Server {

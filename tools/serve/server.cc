@@ -180,6 +180,7 @@ StatusOr<std::unique_ptr<Server>> Server::create(Environment& env, ServerOptions
   o.max_header_bytes = s->options_.max_header_bytes;
   o.io_timeout_s = s->options_.io_timeout_s;
   o.idle_timeout_s = s->options_.idle_timeout_s;
+  o.aligned_body_offset_header = "Inference-Header-Content-Length";  // binary inputs used in place (handle_infer)
   s->http_ = std::make_unique<http::Server>(o);
   s->install_routes();
   return s;
@@ -551,10 +552,19 @@ void Server::handle_infer(const http::Request& req, http::Response& res) {
                    " bytes for shape " + shape_to_string(shape));
       if (binary.size() - binary_used < bytes.value())
         return bad("input '" + name + "': the body holds fewer binary bytes than binary_data_size");
-      auto t = Tensor::host_uninitialized(*dtype, shape);
-      if (!t.is_ok()) return fail(Failure::kRunFailed, 500, t.status().message());
-      if (bytes.value() > 0) std::memcpy(t->raw_data(), binary.data() + binary_used, bytes.value());
+      const char* at = binary.data() + binary_used;
       binary_used += bytes.value();
+      if (req.body_storage && reinterpret_cast<uintptr_t>(at) % 64 == 0) {
+        // In place: the tensor keeps the request's body alive (the HTTP layer aligned its binary part), so a run
+        // that outlives the request (a 504 answered while it is queued) still reads valid bytes.
+        auto storage = std::make_shared<Storage>(const_cast<char*>(at), bytes.value(), Location{},
+                                                 [keep = req.body_storage](void*) {});
+        inputs[k] = Tensor(*dtype, shape, std::move(storage));
+        continue;
+      }
+      auto t = Tensor::host_uninitialized(*dtype, shape);  // a later input whose bytes are not aligned: a copy
+      if (!t.is_ok()) return fail(Failure::kRunFailed, 500, t.status().message());
+      if (bytes.value() > 0) std::memcpy(t->raw_data(), at, bytes.value());
       inputs[k] = std::move(t).value();
       continue;
     }
