@@ -241,8 +241,8 @@ class ConvKernel : public Kernel {
         }
       }
       auto direct = [&](const dnnl::memory::desc& sm, const dnnl::memory::desc& dm) {
-        dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-                                          sm, wei_any, has_bias_ ? bias_md : none, dm, to_dnnl(g.strides),
+        dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, sm,
+                                          wei_any, has_bias_ ? bias_md : none, dm, to_dnnl(g.strides),
                                           minus_one(g.dilations), to_dnnl(g.pads_l), to_dnnl(g.pads_r));
         return std::make_unique<dnnl::convolution_forward::primitive_desc>(d, user_scratchpad(), eng);
       };
