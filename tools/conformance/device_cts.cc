@@ -201,9 +201,18 @@ void add_pool_cases(std::vector<OpCase>& v) {
     int64_t k, s, p;
     int ceil, include_pad;
   };
-  const P ps[] = {{{1, 3, 7, 7}, 2, 2, 0, 0, 0},  {{1, 16, 14, 14}, 3, 2, 1, 0, 0}, {{2, 64, 112, 112}, 3, 2, 1, 0, 0},
-                  {{1, 8, 9, 11}, 3, 1, 1, 0, 1}, {{1, 17, 10, 10}, 3, 2, 0, 1, 0}, {{1, 4, 5, 5}, 5, 1, 2, 0, 0},
-                  {{3, 5, 8, 6}, 2, 1, 0, 0, 0},  {{1, 32, 13, 13}, 3, 2, 0, 1, 0}};
+  const P ps[] = {{{1, 3, 7, 7}, 2, 2, 0, 0, 0},
+                  {{1, 16, 14, 14}, 3, 2, 1, 0, 0},
+                  {{2, 64, 112, 112}, 3, 2, 1, 0, 0},
+                  {{1, 8, 9, 11}, 3, 1, 1, 0, 1},
+                  {{1, 17, 10, 10}, 3, 2, 0, 1, 0},
+                  {{1, 4, 5, 5}, 5, 1, 2, 0, 0},
+                  {{3, 5, 8, 6}, 2, 1, 0, 0, 0},
+                  {{1, 32, 13, 13}, 3, 2, 0, 1, 0},
+                  // 2x2 / stride 2 (the CPU device's own max-pooling path): rows of 37 windows (two blocks of 16 and
+                  // a tail of 5) over an odd height and width, and SimpleCNN's activation
+                  {{2, 5, 9, 75}, 2, 2, 0, 0, 0},
+                  {{4, 32, 26, 26}, 2, 2, 0, 0, 0}};
   for (const char* op : {"MaxPool", "AveragePool"}) {
     for (const P& p : ps) {
       OpCase c;
