@@ -154,7 +154,10 @@ Status g_tanh(B& b) {
   return Status::ok();
 }
 Status g_gelu(B& b) {
-  b.grad(0, b.op("GeluGrad", {B::dy(0), B::x(0)}, {}, "keel"));
+  // The approximation travels with the gradient (keel.Gelu's "approximate": none = erf, or tanh).
+  const Attribute* a = b.node().attr("approximate");
+  const std::string approximate = a && a->kind == AttrKind::kString ? a->s : "none";
+  b.grad(0, b.op("GeluGrad", {B::dy(0), B::x(0)}, {{"approximate", Attribute::of_string(approximate)}}, "keel"));
   return Status::ok();
 }
 Status g_leaky_relu(B& b) {

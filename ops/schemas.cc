@@ -104,7 +104,9 @@ void register_keel_schemas() {
         .TypeAndShapeInferenceFunction(borrowed_inference("Gemm", 13));
     register_one(gemm);
 
-    OpSchema gelu = fused("Gelu", "0.5 x (1 + erf(x / sqrt 2))");
+    OpSchema gelu = fused("Gelu",
+                          "0.5 x (1 + erf(x / sqrt 2)); attribute approximate = \"tanh\": 0.5 x (1 + tanh(sqrt(2 / pi) "
+                          "(x + 0.044715 x^3)))");
     gelu.Input(0, "X", "", "T").TypeAndShapeInferenceFunction(onnx::propagateShapeAndTypeFromFirstInput);
     register_one(gelu);
 
@@ -201,7 +203,8 @@ void register_keel_schemas() {
     register_grad_op("ReluGrad", "dY * (Y > 0)", {{"dY"}, {"Y"}}, {{"dX"}}, {0});
     register_grad_op("SigmoidGrad", "dY * Y * (1 - Y)", {{"dY"}, {"Y"}}, {{"dX"}}, {0});
     register_grad_op("TanhGrad", "dY * (1 - Y^2)", {{"dY"}, {"Y"}}, {{"dX"}}, {0});
-    register_grad_op("GeluGrad", "dY * d/dX gelu(X) (erf form)", {{"dY"}, {"X"}}, {{"dX"}}, {0});
+    register_grad_op("GeluGrad", "dY * d/dX gelu(X) (erf form; attribute approximate = tanh: the tanh form's)",
+                     {{"dY"}, {"X"}}, {{"dX"}}, {0});
     register_grad_op("LeakyReluGrad", "dY * (X > 0 ? 1 : alpha)", {{"dY"}, {"X"}}, {{"dX"}}, {0});
     register_grad_op("SoftmaxCrossEntropyLossGrad",
                      "dScores of SoftmaxCrossEntropyLoss from dLoss, log_prob and labels (reduction, ignore_index)",

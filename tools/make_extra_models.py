@@ -42,6 +42,9 @@ EXTRA = {
     "resnet50":         (6, "resnet50", (1, 3, 224, 224), 17),
     "efficientnet_b0":  (7, "efficientnet_b0", (1, 3, 224, 224), 17),
     "transformer_gelu": (8, "gelu_transformer", (1, 128, 256), 14),
+    # The same with GELU's tanh approximation (GPT-2's, Hugging Face's gelu_new / gelu_pytorch_tanh), which torch
+    # writes out as Mul / Add / Tanh nodes: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (fuse_gelu's second form).
+    "transformer_gelu_tanh": (8, "gelu_tanh_transformer", (1, 128, 256), 14),
     "tcn1d":            (41, "tcn1d", (1, 40, 800), 17),
     "tcn1d_b8":         (41, "tcn1d", (8, 40, 800), 17),
     "c3d":              (42, "c3d", (1, 3, 8, 64, 64), 17),
@@ -72,6 +75,14 @@ def gelu_transformer():
     import torch.nn as nn
     layer = nn.TransformerEncoderLayer(256, 4, dim_feedforward=1024, dropout=0.0, activation="gelu",
                                        batch_first=True)
+    return nn.TransformerEncoder(layer, 4, enable_nested_tensor=False)
+
+
+def gelu_tanh_transformer():
+    import torch.nn as nn
+    import torch.nn.functional as F
+    layer = nn.TransformerEncoderLayer(256, 4, dim_feedforward=1024, dropout=0.0,
+                                       activation=lambda x: F.gelu(x, approximate="tanh"), batch_first=True)
     return nn.TransformerEncoder(layer, 4, enable_nested_tensor=False)
 
 
@@ -177,7 +188,7 @@ def vit_b_16():
     return m
 
 
-LOCAL = {"gelu_transformer": gelu_transformer, "tcn1d": tcn1d, "c3d": c3d, "googlenet": googlenet,
+LOCAL = {"gelu_transformer": gelu_transformer, "gelu_tanh_transformer": gelu_tanh_transformer, "tcn1d": tcn1d, "c3d": c3d, "googlenet": googlenet,
          "lraspp": lraspp, "fcn_resnet50": fcn_resnet50, "convnext_tiny": convnext_tiny, "vit_b_16": vit_b_16,
          "deeplabv3_mbv3": deeplabv3_mbv3}
 

@@ -10,6 +10,7 @@
 #include <memory>
 #include <sstream>
 
+#include "core/runtime/eager_internal.h"
 #include "core/runtime/onnx_io.h"
 #include "core/runtime/session.h"
 
@@ -114,6 +115,12 @@ TEST_F(EagerTest, UnaryOps) {
   gradcheck("sigmoid", [](const V& v) { return sigmoid(v[0]); }, {rnd({3, 4})});
   gradcheck("tanh", [](const V& v) { return tanh(v[0]); }, {rnd({3, 4})});
   gradcheck("gelu", [](const V& v) { return gelu(v[0]); }, {rnd({3, 4}, -3, 3)});
+  // keel.Gelu's tanh approximation (what fuse_gelu makes of GPT-2's gelu_new): its GeluGrad carries the attribute.
+  gradcheck("gelu tanh",
+            [](const V& v) {
+              return detail::apply1("Gelu", {v[0]}, {{"approximate", Attribute::of_string("tanh")}}, "keel");
+            },
+            {rnd({3, 4}, -3, 3)});
   gradcheck("leaky_relu", [](const V& v) { return leaky_relu(v[0], 0.2f); }, {rnd({3, 4})});
   gradcheck("exp", [](const V& v) { return exp(v[0]); }, {rnd({6})});
   gradcheck("log", [](const V& v) { return log(v[0]); }, {rnd({6}, 0.5, 2)});

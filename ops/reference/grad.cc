@@ -73,6 +73,18 @@ void op_tanh_grad(Kctx& k) {
   unary_grad(k, [](auto dy, auto y) { return dy * (1 - y * y); });
 }
 void op_gelu_grad(Kctx& k) {
+  const std::string approximate = k.attr_s("approximate", "none");
+  if (approximate == "tanh") {
+    // d/dx 0.5 x (1 + tanh u), u = sqrt(2/pi) (x + 0.044715 x^3): 0.5 (1 + t) + 0.5 x (1 - t^2) du/dx.
+    unary_grad(k, [](auto dy, auto x) {
+      using C = decltype(dy);
+      const C k0 = C(0.7978845608028654), k1 = C(0.044715);
+      const C t = std::tanh(k0 * (x + k1 * x * x * x));
+      return dy * (C(0.5) * (C(1) + t) + C(0.5) * x * (C(1) - t * t) * k0 * (C(1) + C(3) * k1 * x * x));
+    });
+    return;
+  }
+  if (approximate != "none") k.invalid("GeluGrad: approximate = '" + approximate + "' (none or tanh)");
   unary_grad(k, [](auto dy, auto x) {
     using C = decltype(dy);
     const C cdf = C(0.5) * (C(1) + std::erf(x / std::sqrt(C(2))));

@@ -2,7 +2,8 @@
 //
 //   fuse_conv_bn            BatchNormalization (inference) after a Conv with constant weights folds into the Conv's
 //                           weights and bias: a pure-ONNX result.
-//   fuse_gelu               x*0.5*(1+erf(x/sqrt(2))) (any of its usual spellings) -> keel.Gelu
+//   fuse_gelu               x*0.5*(1+erf(x/sqrt(2))) and its tanh approximation (any of their usual spellings)
+//                           -> keel.Gelu (approximate = "tanh" for the latter)
 //   fuse_layer_norm         ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div[/Mul][/Add] -> LayerNormalization (ai.onnx
 //                           opset >= 17 in the graph) or keel.LayerNormalization (same semantics, older opsets)
 //   fuse_attention          MatMul(Q,Kt) -> Div|Mul(scalar) -> [Add(mask)] -> Softmax(last axis) -> MatMul(.,V)
@@ -231,10 +232,59 @@ keel_status_t fuse_conv_bn(void*, keel_graph_t* g, const keel_graph_api_t* api, 
 struct GeluMatch {
   std::vector<keel_node_id_t> nodes;
   std::string x, out;
+  bool tanh = false;  // the tanh approximation (keel.Gelu approximate = "tanh")
 };
 
-// Root: an Erf node. Accepts Div(x, sqrt2) | Mul(x, 1/sqrt2) -> Erf -> Add(1) -> then either
-// Mul(x, .) -> Mul(., 0.5), Mul(., 0.5) -> Mul(x, .), or Mul(Mul(x, 0.5), .).
+// The part after the Erf / Tanh node `act` (whose input came from x): Add(1) -> then either Mul(x, .) -> Mul(., 0.5),
+// Mul(., 0.5) -> Mul(x, .), or Mul(Mul(x, 0.5), .). Appends its nodes to m and sets m.out and m.x.
+bool match_gelu_tail(const GraphView& gv, keel_node_id_t act, const std::string& x, GeluMatch& m) {
+  std::string e_out = gv.output(act, 0);
+  auto add = sole_consumer(gv, e_out, "Add");
+  if (!add) return false;
+  auto one = gv.scalar(other_input(gv, *add, e_out));
+  if (!one || !near(*one, 1.0, 1e-6)) return false;
+  m.nodes.push_back(act);
+  m.nodes.push_back(*add);
+  std::string a_out = gv.output(*add, 0);
+  auto mul1 = sole_consumer(gv, a_out, "Mul");
+  if (!mul1) return false;
+  std::string other = other_input(gv, *mul1, a_out);
+  if (other.empty()) return false;
+  m.nodes.push_back(*mul1);
+  std::string m1_out = gv.output(*mul1, 0);
+  if (other == x) {
+    // (x * (1 + erf)) * 0.5
+    auto mul2 = sole_consumer(gv, m1_out, "Mul");
+    if (!mul2) return false;
+    auto half = gv.scalar(other_input(gv, *mul2, m1_out));
+    if (!half || !near(*half, 0.5, 1e-6)) return false;
+    m.nodes.push_back(*mul2);
+    m.out = gv.output(*mul2, 0);
+  } else if (auto half = gv.scalar(other)) {
+    // ((1 + erf) * 0.5) * x
+    if (!near(*half, 0.5, 1e-6)) return false;
+    auto mul2 = sole_consumer(gv, m1_out, "Mul");
+    if (!mul2 || other_input(gv, *mul2, m1_out) != x) return false;
+    m.nodes.push_back(*mul2);
+    m.out = gv.output(*mul2, 0);
+  } else {
+    // (x * 0.5) * (1 + erf)
+    auto hp = gv.producer(other);
+    if (!hp || !gv.is(*hp, "Mul") || !gv.single_use(other)) return false;
+    std::string hx;
+    for (int k = 0; k < 2 && hx.empty(); ++k) {
+      auto c = gv.scalar(gv.input(*hp, k));
+      if (c && near(*c, 0.5, 1e-6)) hx = gv.input(*hp, 1 - k);
+    }
+    if (hx != x) return false;
+    m.nodes.push_back(*hp);
+    m.out = m1_out;
+  }
+  m.x = x;
+  return true;
+}
+
+// Root: an Erf node. Accepts Div(x, sqrt2) | Mul(x, 1/sqrt2) -> Erf -> the tail above.
 std::optional<GeluMatch> match_gelu(const GraphView& gv, keel_node_id_t erf) {
   GeluMatch m;
   std::string e_in = gv.input(erf, 0);
@@ -256,49 +306,71 @@ std::optional<GeluMatch> match_gelu(const GraphView& gv, keel_node_id_t erf) {
   } else {
     return std::nullopt;
   }
-  std::string e_out = gv.output(erf, 0);
-  auto add = sole_consumer(gv, e_out, "Add");
-  if (!add) return std::nullopt;
-  auto one = gv.scalar(other_input(gv, *add, e_out));
-  if (!one || !near(*one, 1.0, 1e-6)) return std::nullopt;
-  m.nodes = {*pre, erf, *add};
-  std::string a_out = gv.output(*add, 0);
-  auto mul1 = sole_consumer(gv, a_out, "Mul");
-  if (!mul1) return std::nullopt;
-  std::string other = other_input(gv, *mul1, a_out);
-  if (other.empty()) return std::nullopt;
-  m.nodes.push_back(*mul1);
-  std::string m1_out = gv.output(*mul1, 0);
-  if (other == x) {
-    // (x * (1 + erf)) * 0.5
-    auto mul2 = sole_consumer(gv, m1_out, "Mul");
-    if (!mul2) return std::nullopt;
-    auto half = gv.scalar(other_input(gv, *mul2, m1_out));
-    if (!half || !near(*half, 0.5, 1e-6)) return std::nullopt;
-    m.nodes.push_back(*mul2);
-    m.out = gv.output(*mul2, 0);
-  } else if (auto half = gv.scalar(other)) {
-    // ((1 + erf) * 0.5) * x
-    if (!near(*half, 0.5, 1e-6)) return std::nullopt;
-    auto mul2 = sole_consumer(gv, m1_out, "Mul");
-    if (!mul2 || other_input(gv, *mul2, m1_out) != x) return std::nullopt;
-    m.nodes.push_back(*mul2);
-    m.out = gv.output(*mul2, 0);
-  } else {
-    // (x * 0.5) * (1 + erf)
-    auto hp = gv.producer(other);
-    if (!hp || !gv.is(*hp, "Mul") || !gv.single_use(other)) return std::nullopt;
-    std::string hx;
-    for (int k = 0; k < 2 && hx.empty(); ++k) {
-      auto c = gv.scalar(gv.input(*hp, k));
-      if (c && near(*c, 0.5, 1e-6)) hx = gv.input(*hp, 1 - k);
-    }
-    if (hx != x) return std::nullopt;
-    m.nodes.insert(m.nodes.begin(), *hp);
-    m.out = m1_out;
-  }
-  m.x = x;
+  m.nodes = {*pre};
+  if (!match_gelu_tail(gv, erf, x, m)) return std::nullopt;
   return m;
+}
+
+// The input of a single-use binary `op` node producing `v` whose other input is a scalar near `c` ("" otherwise).
+std::string scaled_input(const GraphView& gv, const std::string& v, const char* op, double c,
+                         std::vector<keel_node_id_t>& nodes) {
+  auto n = gv.producer(v);
+  if (!n || !gv.is(*n, op) || !gv.single_use(v)) return "";
+  for (int k = 0; k < 2; ++k) {
+    auto s = gv.scalar(gv.input(*n, k));
+    if (s && near(*s, c, 1e-6)) {
+      nodes.push_back(*n);
+      return gv.input(*n, 1 - k);
+    }
+  }
+  return "";
+}
+
+// Root: a Tanh node. The tanh approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as torch exports
+// F.gelu(approximate="tanh") and Hugging Face's gelu_new / GPT-2 write it: Mul(sqrt(2/pi), Add(x, Mul(0.044715, x^3)))
+// -> Tanh -> the tail above, with x^3 as Pow(x, 3), Mul(x, Mul(x, x)) or Mul(Mul(x, x), x), operands in either order.
+std::optional<GeluMatch> match_gelu_tanh(const GraphView& gv, keel_node_id_t tanh) {
+  GeluMatch m;
+  m.tanh = true;
+  std::string t_in = gv.input(tanh, 0);
+  auto tt = gv.value_type(t_in);
+  if (tt && tt->dtype != KEEL_DTYPE_F32 && tt->dtype != KEEL_DTYPE_UNDEFINED) return std::nullopt;
+  const std::string inner = scaled_input(gv, t_in, "Mul", 0.7978845608028654 /* sqrt(2 / pi) */, m.nodes);
+  if (inner.empty()) return std::nullopt;
+  auto add = gv.producer(inner);
+  if (!add || !gv.is(*add, "Add") || !gv.single_use(inner)) return std::nullopt;
+  for (int k = 0; k < 2; ++k) {
+    std::vector<keel_node_id_t> head = m.nodes;
+    head.push_back(*add);
+    const std::string x = gv.input(*add, k);
+    const std::string cube = scaled_input(gv, gv.input(*add, 1 - k), "Mul", 0.044715, head);
+    if (cube.empty() || x.empty()) continue;
+    auto cn = gv.producer(cube);
+    if (!cn || !gv.single_use(cube)) continue;
+    bool is_cube = false;
+    if (gv.is(*cn, "Pow")) {
+      auto e = gv.scalar(gv.input(*cn, 1));
+      is_cube = gv.input(*cn, 0) == x && e && near(*e, 3.0, 1e-6);
+      head.push_back(*cn);
+    } else if (gv.is(*cn, "Mul")) {
+      // x * (x * x) or (x * x) * x
+      for (int j = 0; j < 2 && !is_cube; ++j) {
+        if (gv.input(*cn, j) != x) continue;
+        const std::string sq = gv.input(*cn, 1 - j);
+        auto sn = gv.producer(sq);
+        if (sn && gv.is(*sn, "Mul") && gv.single_use(sq) && gv.input(*sn, 0) == x && gv.input(*sn, 1) == x) {
+          is_cube = true;
+          head.push_back(*cn);
+          head.push_back(*sn);
+        }
+      }
+    }
+    if (!is_cube) continue;
+    m.nodes = head;
+    if (!match_gelu_tail(gv, tanh, x, m)) return std::nullopt;
+    return m;
+  }
+  return std::nullopt;
 }
 
 keel_status_t fuse_gelu(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_options_t* o,
@@ -307,21 +379,27 @@ keel_status_t fuse_gelu(void*, keel_graph_t* g, const keel_graph_api_t* api, con
     GraphView gv(g, api);
     Report report(r);
     const Gate gate = gate_of(o);
-    std::string why;
-    const bool ok = fusion_pays("keel", "Gelu", kKeelOpset, {"Erf"}, gv.opset(""), device, gate, &why);
-    int64_t fused = 0, found = 0, bytes = 0;
+    std::string why_erf, why_tanh;
+    const bool ok_erf = fusion_pays("keel", "Gelu", kKeelOpset, {"Erf"}, gv.opset(""), device, gate, &why_erf);
+    const bool ok_tanh = fusion_pays("keel", "Gelu", kKeelOpset, {"Tanh"}, gv.opset(""), device, gate, &why_tanh);
+    int64_t fused = 0, found_erf = 0, found_tanh = 0, bytes = 0;
     for (keel_node_id_t n : gv.nodes()) {
-      if (!gv.exists(n) || !gv.is(n, "Erf")) continue;
-      auto m = match_gelu(gv, n);
+      if (!gv.exists(n)) continue;
+      std::optional<GeluMatch> m;
+      if (gv.is(n, "Erf")) m = match_gelu(gv, n);
+      else if (gv.is(n, "Tanh")) m = match_gelu_tanh(gv, n);
       if (!m) continue;
-      ++found;
-      if (!ok) continue;
-      bytes += replace_pattern(gv, m->nodes, "keel", "Gelu", gv.name(n), {m->x}, {m->out}, {});
+      ++(m->tanh ? found_tanh : found_erf);
+      if (!(m->tanh ? ok_tanh : ok_erf)) continue;
+      Attrs attrs;
+      if (m->tanh) attrs["approximate"] = AttrValue::of_string("tanh");
+      bytes += replace_pattern(gv, m->nodes, "keel", "Gelu", gv.name(n), {m->x}, {m->out}, attrs);
       ++fused;
     }
     report.count("ops_fused", fused);
     if (bytes) report.count("bytes_saved", bytes);
-    if (found && !ok) report.note(unfused_note(why, found));
+    if (found_erf && !ok_erf) report.note(unfused_note(why_erf, found_erf));
+    if (found_tanh && !ok_tanh) report.note(unfused_note(why_tanh, found_tanh));
   });
 }
 
@@ -603,7 +681,11 @@ struct Epilogue {
 // The activation node `n` as (name, params), or nullopt.
 std::optional<std::pair<std::string, std::vector<float>>> activation_of(const GraphView& gv, keel_node_id_t n,
                                                                         int32_t opset) {
-  if (gv.domain(n) == "keel" && gv.op(n) == "Gelu") return std::make_pair(std::string("Gelu"), std::vector<float>{});
+  // (keel.Gelu's tanh approximation has no fused-activation form: it stays a node of its own.)
+  if (gv.domain(n) == "keel" && gv.op(n) == "Gelu")
+    return gv.attr_string(n, "approximate").value_or("none") == "none"
+               ? std::make_optional(std::make_pair(std::string("Gelu"), std::vector<float>{}))
+               : std::nullopt;
   if (!gv.domain(n).empty()) return std::nullopt;
   std::string op = gv.op(n);
   if (op == "Relu" || op == "Sigmoid" || op == "Tanh" || op == "HardSwish")
@@ -831,7 +913,7 @@ keel_status_t init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
   };
   static const P kPasses[] = {
       {"fuse_conv_bn", "folds inference BatchNormalization into the preceding Conv's weights and bias", fuse_conv_bn},
-      {"fuse_gelu", "recognises the decomposed erf Gelu and makes keel.Gelu", fuse_gelu},
+      {"fuse_gelu", "recognises the decomposed Gelu (erf, or its tanh approximation) and makes keel.Gelu", fuse_gelu},
       {"fuse_layer_norm", "recognises decomposed layer normalisation and makes LayerNormalization", fuse_layer_norm},
       {"fuse_attention", "MatMul->scale->[mask]->Softmax->MatMul becomes keel.Attention", fuse_attention},
       {"fuse_conv_activation", "Conv + bias + residual Add + activation becomes keel.FusedConv", fuse_conv_activation},

@@ -57,6 +57,8 @@ class ActGradK : public Kernel {
   void setup(Ctx& c) override {
     require_same_float(c, 0, 1);
     alpha_ = c.attr_f("alpha", 0.01f);
+    // Its GELU derivative is the erf form's: the tanh approximation's goes to another kernel (the reference one).
+    if (op_ == ActGrad::kGelu && c.attr_s("approximate", "none") != "none") throw Reject{"approximate = tanh"};
   }
   void run(Ctx& c) override {
     const Dims d = c.dims(0);

@@ -379,6 +379,46 @@ TEST(FuseGelu, ErfPatternBecomesKeelGelu) {
   EXPECT_EQ(count_op(g, "Gelu", "keel"), 1u);
 }
 
+// The tanh approximation as torch exports F.gelu(approximate="tanh"): x * (x * x) for the cube, x * (1 + tanh) * 0.5.
+TEST(FuseGelu, TorchTanhPatternBecomesKeelGeluTanh) {
+  GraphBuilder b("gelu_tanh");
+  auto x = b.input("x", DType::kF32, {3, 7});
+  auto sq = b.op1("Mul", {x, x});
+  auto cube = b.op1("Mul", {x, sq});
+  auto kc = b.op1("Mul", {b.constant("kappa", Tensor::f32({}, {0.044715f})), cube});
+  auto in = b.op1("Add", {x, kc});
+  auto u = b.op1("Mul", {b.constant("beta", Tensor::f32({}, {0.7978845608f})), in});
+  auto t = b.op1("Tanh", {u});
+  auto a = b.op1("Add", {b.constant("one", Tensor::f32({}, {1.f})), t});
+  auto m = b.op1("Mul", {x, a});
+  b.output(b.op1("Mul", {b.constant("half", Tensor::f32({}, {0.5f})), m}));
+  Graph g = check_pipeline(b.take(), "fuse_gelu", {{"x", randn({3, 7}, 25, -4, 4)}}, 1e-5f);
+  ASSERT_EQ(g.node_count(), 1u);
+  EXPECT_EQ(count_op(g, "Gelu", "keel"), 1u);
+  const Node& n = *g.node(g.node_ids()[0]);
+  ASSERT_NE(n.attr("approximate"), nullptr);
+  EXPECT_EQ(n.attr("approximate")->s, "tanh");
+}
+
+// Hugging Face's gelu_new (GPT-2): 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * pow(x, 3)))), operands reversed;
+// a wrong constant (0.05 instead of 0.044715) is left alone.
+TEST(FuseGelu, PowTanhPatternBecomesKeelGeluTanhAndAWrongConstantDoesNot) {
+  for (float kappa : {0.044715f, 0.05f}) {
+    GraphBuilder b("gelu_new");
+    auto x = b.input("x", DType::kF32, {2, 9});
+    auto hx = b.op1("Mul", {b.constant("half", Tensor::f32({}, {0.5f})), x});
+    auto cube = b.op1("Pow", {x, b.constant("three", Tensor::f32({}, {3.f}))});
+    auto kc = b.op1("Mul", {cube, b.constant("kappa", Tensor::f32({}, {kappa}))});
+    auto in = b.op1("Add", {kc, x});
+    auto u = b.op1("Mul", {in, b.constant("beta", Tensor::f32({}, {0.7978845608f}))});
+    auto a = b.op1("Add", {b.op1("Tanh", {u}), b.constant("one", Tensor::f32({}, {1.f}))});
+    b.output(b.op1("Mul", {hx, a}));
+    Graph g = check_pipeline(b.take(), "fuse_gelu", {{"x", randn({2, 9}, 26, -4, 4)}}, 1e-5f);
+    EXPECT_EQ(count_op(g, "Gelu", "keel"), kappa == 0.044715f ? 1u : 0u) << kappa;
+    EXPECT_EQ(g.node_count(), kappa == 0.044715f ? 1u : 8u) << kappa;
+  }
+}
+
 Graph decomposed_layer_norm(int32_t opset) {
   GraphBuilder b("ln", opset);
   auto x = b.input("x", DType::kF32, {2, 5, 16});
