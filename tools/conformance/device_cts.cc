@@ -746,6 +746,9 @@ void add_tensor_op_cases(std::vector<OpCase>& v) {
     g.inputs = {in("X", {4, 333}, false, -5, 5)};
     g.rtol = g.atol = tol;
     v.push_back(g);
+    g.label = "keel approximate=tanh X=[4,333]" + tag;  // GPT-2's gelu_new (fuse_gelu's second form)
+    g.attrs = {{"approximate", S("tanh")}};
+    v.push_back(g);
     OpCase l;
     l.op = "LayerNormalization", l.domain = "keel", l.opset = 13, l.label = "keel X=[2,128,256] axis=-1" + tag;
     l.dtype = dt;
@@ -2452,21 +2455,29 @@ void add_chain_cases(std::vector<OpCase>& v) {
   // An MLP as ConvNeXt and transformer encoders have it: MatMul + bias + GELU (keel.Gelu, what fuse_gelu makes),
   // MatMul + bias + the residual. The oneDNN chain runs the GELU as its own pass after the product (steps/gelu.h):
   // one output under 128 KiB (one thread), one above (split over the team), one whose length is no multiple of 16.
-  for (const auto& [rows, c, hidden] :
-       {std::tuple<int64_t, int64_t, int64_t>{49, 64, 256}, {392, 96, 384}, {7, 40, 37}}) {
+  // Each also with GELU's tanh approximation (the chain's tanh pass).
+  for (const auto& [rows, c, hidden, tanh] : {std::tuple<int64_t, int64_t, int64_t, bool>{49, 64, 256, false},
+                                              {392, 96, 384, false},
+                                              {7, 40, 37, false},
+                                              {49, 64, 256, true},
+                                              {392, 96, 384, true},
+                                              {7, 40, 37, true}}) {
     OpCase c_;
     c_.op = "Chain";
-    c_.label = "MLP matmul + bias + keel.Gelu + matmul + residual, [" + std::to_string(rows) + "," + std::to_string(c) +
-               "] hidden " + std::to_string(hidden);
+    c_.label = std::string("MLP matmul + bias + keel.Gelu") + (tanh ? " (tanh)" : "") + " + matmul + residual, [" +
+               std::to_string(rows) + "," + std::to_string(c) + "] hidden " + std::to_string(hidden);
     c_.inputs = {in("X", {1, rows, c}, false, -2.f, 2.f), in("W1", {c, hidden}, true, -0.3f, 0.3f),
                  in("B1", {hidden}, true), in("W2", {hidden, c}, true, -0.3f, 0.3f), in("B2", {c}, true)};
     c_.chain = {
-        {"MatMul", {"X", "W1"}, {}},   // $0 [1,rows,hidden]
-        {"Add", {"$0", "B1"}, {}},     // $1
-        {"keel.Gelu", {"$1"}, {}},     // $2
-        {"MatMul", {"$2", "W2"}, {}},  // $3 [1,rows,c]
-        {"Add", {"$3", "B2"}, {}},     // $4
-        {"Add", {"X", "$4"}, {}},      // $5
+        {"MatMul", {"X", "W1"}, {}},  // $0 [1,rows,hidden]
+        {"Add", {"$0", "B1"}, {}},    // $1
+        {"keel.Gelu",
+         {"$1"},
+         tanh ? std::map<std::string, Attribute>{{"approximate", S("tanh")}}
+              : std::map<std::string, Attribute>{}},  // $2
+        {"MatMul", {"$2", "W2"}, {}},                 // $3 [1,rows,c]
+        {"Add", {"$3", "B2"}, {}},                    // $4
+        {"Add", {"X", "$4"}, {}},                     // $5
     };
     v.push_back(c_);
   }

@@ -329,6 +329,7 @@ class Builder {
     float out_scale = 1.f;                  // matmul: scalar applied before the bias
     bool silu_pass = false;                 // conv: a trailing SiLU runs as the chain's own step (take_silu)
     bool gelu_pass = false;                 // matmul, conv: a trailing GELU runs as the chain's own step (take_gelu)
+    bool gelu_tanh = false;                 // ... and it is the tanh approximation
     // An activation left to a pass after the primitive: a path whose kernel applies the post-ops itself refuses.
     bool pass_after() const { return silu_pass || gelu_pass; }
     bool viewed = false;        // matmul: `out` is a view of the product with other dims (same_order_view)
@@ -342,7 +343,7 @@ class Builder {
   bool take_silu(Fusion& f);
   void exec_silu(const Val& v, const std::string& name);
   bool take_gelu(Fusion& f);
-  void exec_gelu(const Val& v);
+  void exec_gelu(const Val& v, bool tanh);
   bool take_trailing_eltwise(Fusion& f, alg a);
 
   // --- ops

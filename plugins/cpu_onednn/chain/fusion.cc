@@ -215,9 +215,13 @@ bool Builder::take_silu(Fusion& f) {
 // approximate "none"):
 // oneDNN 2.6's gelu_erf costs half as much again as ConvNeXt's MLP products it follows (1.44 -> 2.14 ms at 1 thread);
 // the chain's own pass after the product about half of that (1.82 ms; exec_gelu, steps/gelu.h).
+// GELU's tanh approximation (keel.Gelu approximate = "tanh", GPT-2's gelu_new) likewise: oneDNN's gelu_tanh post-op
+// costs as much as its gelu_erf; f.gelu_tanh then says which pass runs.
 bool Builder::take_gelu(Fusion& f) {
   if (!g_options.gelu_pass || !has_avx512f() || act_ != dt::f32) return false;
-  return take_trailing_eltwise(f, alg::eltwise_gelu_erf);
+  if (take_trailing_eltwise(f, alg::eltwise_gelu_erf)) return true;
+  f.gelu_tanh = take_trailing_eltwise(f, alg::eltwise_gelu_tanh);
+  return f.gelu_tanh;
 }
 
 // Strips f.po's last post-op when it is eltwise `want` with scale 1 (and alpha 1 for swish) and every one before it
@@ -278,14 +282,14 @@ void Builder::exec_silu(const Val& v, const std::string& name) {
 
 // The chain's own GELU step, in place over value `v` (f32, dense; elementwise, so any layout). Compute-bound like the
 // SiLU step (about 5 ns per 16 floats on one core), so split over the team from 128 KiB on.
-void Builder::exec_gelu(const Val& v) {
+void Builder::exec_gelu(const Val& v, bool tanh) {
   Exec e;
   e.single = v.md.get_size() < (128u << 10);
-  e.own = run_gelu;
+  e.own = tanh ? run_gelu_tanh : run_gelu;
   e.args = {{DNNL_ARG_DST, mem_of(v)}};
-  exec_own(std::move(e), "keel:gelu_avx512", false,
-           (cur_node_ < r_.nodes.size() ? r_.nodes[cur_node_].name : std::string("(outputs)")) + " GELU " +
-               dims_str(md_dims(v.md)));
+  exec_own(std::move(e), tanh ? "keel:gelu_tanh_avx512" : "keel:gelu_avx512", false,
+           (cur_node_ < r_.nodes.size() ? r_.nodes[cur_node_].name : std::string("(outputs)")) +
+               (tanh ? " GELU (tanh) " : " GELU ") + dims_str(md_dims(v.md)));
 }
 
 }  // namespace keel::onednn::chain

@@ -33,6 +33,7 @@ void run_silu(const Exec& e) { run_inplace(e, silu_inplace); }
 
 // Exec::own of a GELU step: 0.5 x (1 + erf(x / sqrt 2)) in place (steps/gelu.h).
 void run_gelu(const Exec& e) { run_inplace(e, gelu_inplace); }
+void run_gelu_tanh(const Exec& e) { run_inplace(e, gelu_tanh_inplace); }
 
 // Exec::own of a SiLU step fused with the GlobalAveragePool reading its output: DNNL_ARG_DST is nChw16c
 // [N,C,H,W] (SiLU in place), kArgPooled nChw16c [N,C,1,1] (each channel's mean); the (batch, 16-channel block)

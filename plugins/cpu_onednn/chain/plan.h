@@ -53,6 +53,7 @@ struct Int8QuantizeStep {
 // The plugin's own steps (Exec::own), defined in chain/own_steps.cc.
 void run_silu(const Exec& e);
 void run_gelu(const Exec& e);
+void run_gelu_tanh(const Exec& e);
 void run_silu_mean(const Exec& e);
 void run_scale_weights(const Exec& e);
 void run_scale_weights16(const Exec& e);

@@ -43,15 +43,57 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 gelu16(__m512 x)
   const __m512 y = _mm512_maskz_mov_ps(live, _mm512_fmadd_ps(h, erf, h));
   return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
 }
+// The tanh approximation: u = sqrt(2/pi) x (1 + 0.044715 x^2) clamped to [-7.90531, 7.90531], tanh(u) as Eigen's
+// u P(u^2) / Q(u^2) (f32 coefficients as published there), then 0.5 x + 0.5 x tanh(u). Below u = -7.9 the result is
+// 0.5 x (1 + tanh) with tanh within an ulp of -1: at most |x| * 1.2e-7, inside the error bound; -inf lanes are 0 and
+// NaN lanes keep x (the clamp would have made them numbers), as gelu16's.
+__attribute__((target("avx512f"), always_inline)) inline __m512 gelu_tanh16(__m512 x) {
+  const __m512 c = _mm512_set1_ps(7.90531110763549805f), nc = _mm512_set1_ps(-7.90531110763549805f);
+  const __m512 x2 = _mm512_mul_ps(x, x);
+  __m512 u = _mm512_mul_ps(_mm512_mul_ps(x, _mm512_set1_ps(0.7978845608028654f)),
+                           _mm512_fmadd_ps(x2, _mm512_set1_ps(0.044715f), _mm512_set1_ps(1.f)));
+  u = _mm512_min_ps(_mm512_max_ps(u, nc), c);
+  const __m512 u2 = _mm512_mul_ps(u, u);
+  __m512 p = _mm512_fmadd_ps(u2, _mm512_set1_ps(-2.76076847742355e-16f), _mm512_set1_ps(2.00018790482477e-13f));
+  p = _mm512_fmadd_ps(u2, p, _mm512_set1_ps(-8.60467152213735e-11f));
+  p = _mm512_fmadd_ps(u2, p, _mm512_set1_ps(5.12229709037114e-08f));
+  p = _mm512_fmadd_ps(u2, p, _mm512_set1_ps(1.48572235717979e-05f));
+  p = _mm512_fmadd_ps(u2, p, _mm512_set1_ps(6.37261928875436e-04f));
+  p = _mm512_fmadd_ps(u2, p, _mm512_set1_ps(4.89352455891786e-03f));
+  p = _mm512_mul_ps(u, p);
+  __m512 q = _mm512_fmadd_ps(u2, _mm512_set1_ps(1.19825839466702e-06f), _mm512_set1_ps(1.18534705686654e-04f));
+  q = _mm512_fmadd_ps(u2, q, _mm512_set1_ps(2.26843463243900e-03f));
+  q = _mm512_fmadd_ps(u2, q, _mm512_set1_ps(4.89352518554385e-03f));
+  const __m512 t = _mm512_div_ps(p, q);
+  const __m512 h = _mm512_mul_ps(x, _mm512_set1_ps(0.5f));
+  // -inf: h * (1 + t) would be -inf * 0 = NaN; the limit is 0.
+  const __mmask16 neg_inf = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ);
+  const __m512 y = _mm512_maskz_mov_ps(static_cast<__mmask16>(~neg_inf), _mm512_fmadd_ps(h, t, h));
+  return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
+}
 #pragma GCC diagnostic pop
 
 __attribute__((target("avx512f"))) void gelu_avx512(float* p, size_t n) { map16_inplace<gelu16>(p, n); }
+__attribute__((target("avx512f"))) void gelu_tanh_avx512(float* p, size_t n) { map16_inplace<gelu_tanh16>(p, n); }
 
 }  // namespace
 
 void gelu_inplace(float* p, size_t n) {
   if (has_avx512f()) gelu_avx512(p, n);
   else gelu_inplace_scalar(p, n);
+}
+
+void gelu_tanh_inplace(float* p, size_t n) {
+  if (has_avx512f()) gelu_tanh_avx512(p, n);
+  else gelu_tanh_inplace_scalar(p, n);
+}
+
+void gelu_tanh_inplace_scalar(float* p, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const double x = p[i];
+    p[i] = static_cast<float>(
+        std::isinf(x) && x < 0 ? 0.0 : 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))));
+  }
 }
 
 void gelu_inplace_scalar(float* p, size_t n) {

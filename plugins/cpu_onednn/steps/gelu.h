@@ -23,4 +23,13 @@ void gelu_inplace(float* p, size_t n);
 // and the fallback).
 void gelu_inplace_scalar(float* p, size_t n);
 
+// GELU's tanh approximation (GPT-2's gelu_new; keel.Gelu approximate = "tanh"), in place:
+// p[i] = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). tanh by the rational approximation of degrees 13 / 6 that
+// Eigen uses for f32 (argument clamped to +-7.90531, where it reaches 1 in f32). Absolute error at most
+// 2.5e-7 + 1.5e-7 |x| against the exact function (steps/gelu_test.cc); NaN stays NaN, +inf gives +inf, -inf gives 0.
+// oneDNN 2.6's gelu_tanh post-op costs as much as its gelu_erf (the header above). Same threading and alignment
+// rules as gelu_inplace.
+void gelu_tanh_inplace(float* p, size_t n);
+void gelu_tanh_inplace_scalar(float* p, size_t n);
+
 }  // namespace keel::onednn

@@ -130,7 +130,7 @@ bool Builder::conv_as_gemv(size_t i, const Fusion& f, const std::vector<float>& 
   p_->flops += 2.0 * static_cast<double>(C * M);
   exec(dnnl::matmul(*pd), std::move(args));
   if (f.silu_pass) exec_silu(out, f.out);
-  if (f.gelu_pass) exec_gelu(out);
+  if (f.gelu_pass) exec_gelu(out, f.gelu_tanh);
   for (size_t k : f.nodes) done_[k] = true;
   return true;
 }

@@ -320,7 +320,7 @@ void Builder::conv_like_tail(size_t i, const Fusion& f, dnnl::primitive prim, co
   p_->flops += flops;
   exec(std::move(prim), std::move(args));
   if (f.silu_pass && !defer_silu(f.out, out.md)) exec_silu(out, f.out);
-  if (f.gelu_pass) exec_gelu(out);
+  if (f.gelu_pass) exec_gelu(out, f.gelu_tanh);
   for (size_t k : f.nodes) done_[k] = true;
 }
 

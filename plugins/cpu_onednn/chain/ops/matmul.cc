@@ -228,7 +228,7 @@ void Builder::matmul(size_t i) {
   if (tr != npos) done_[tr] = true;
   p_->flops += 2.0 * numel(y) * a.back();
   exec(dnnl::matmul(*pd), std::move(args));
-  if (f.gelu_pass) exec_gelu(out);
+  if (f.gelu_pass) exec_gelu(out, f.gelu_tanh);
   for (size_t k : f.nodes) done_[k] = true;
 }
 
