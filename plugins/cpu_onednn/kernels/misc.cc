@@ -2,14 +2,13 @@
 // (inference), LayerNormalization (last axis), Softmax/LogSoftmax, element-wise unary ops, binary ops with
 // broadcasting, Concat, Transpose (a reorder), ReduceMean/Sum/Max/Min and Pow (constant exponent), all on the graph's
 // plain row-major layout: f32 here; the same kernels serve bf16 for kernels/bf16.cc (common/plain.h).
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
 
 #include "common/plain.h"
+#include "common/pool2x2.h"
 
 namespace keel::onednn {
 namespace {
@@ -149,21 +148,12 @@ class PlainKernel : public Kernel {
 // bottom-right) with comparisons that are false on NaN: the reference kernel's choice, and the one MaxPoolGrad's
 // 2x2 path (kernels/train.cc) sends the gradient to. The last < 16 windows with masked loads and stores.
 __attribute__((target("avx512f"))) void max_pool2x2_row_f32(const float* r0, const float* r1, float* y, int64_t OW) {
-  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-  const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
   for (int64_t ow = 0; ow < OW; ow += 16) {
-    const int64_t n = std::min<int64_t>(16, OW - ow);
-    const __mmask16 ky = static_cast<__mmask16>((1u << n) - 1);
-    const __mmask16 k0 = static_cast<__mmask16>(n >= 8 ? 0xffffu : (1u << (2 * n)) - 1);
-    const __mmask16 k1 = static_cast<__mmask16>(n <= 8 ? 0u : (1u << (2 * n - 16)) - 1);
-    const __m512 x0 = _mm512_maskz_loadu_ps(k0, r0 + 2 * ow), x1 = _mm512_maskz_loadu_ps(k1, r0 + 2 * ow + 16);
-    const __m512 y0 = _mm512_maskz_loadu_ps(k0, r1 + 2 * ow), y1 = _mm512_maskz_loadu_ps(k1, r1 + 2 * ow + 16);
-    const __m512 a = _mm512_permutex2var_ps(x0, even, x1), b = _mm512_permutex2var_ps(x0, odd, x1);
-    const __m512 c = _mm512_permutex2var_ps(y0, even, y1), d = _mm512_permutex2var_ps(y0, odd, y1);
-    __m512 m = _mm512_mask_mov_ps(a, _mm512_cmp_ps_mask(b, a, _CMP_GT_OQ), b);
-    m = _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(c, m, _CMP_GT_OQ), c);
-    m = _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(d, m, _CMP_GT_OQ), d);
-    _mm512_mask_storeu_ps(y + ow, ky, m);
+    const Windows2x2 w = load_windows_2x2(r0, r1, ow, std::min<int64_t>(16, OW - ow));
+    __m512 m = _mm512_mask_mov_ps(w.a, _mm512_cmp_ps_mask(w.b, w.a, _CMP_GT_OQ), w.b);
+    m = _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(w.c, m, _CMP_GT_OQ), w.c);
+    m = _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(w.d, m, _CMP_GT_OQ), w.d);
+    _mm512_mask_storeu_ps(y + ow, w.kw, m);
   }
 }
 

@@ -16,6 +16,7 @@
 #include <memory>
 
 #include "common/common.h"
+#include "common/pool2x2.h"
 
 namespace keel::onednn {
 namespace {
@@ -74,34 +75,25 @@ struct Bound {
 __attribute__((target("avx512f,avx512bw,bmi2"))) int64_t pool2x2_grad_row_f32(const float* r0, const float* r1,
                                                                               const float* g, float* d0, float* d1,
                                                                               int64_t OW) {
-  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-  const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
   const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
   for (int64_t ow = 0; ow < OW; ow += 16) {
     // 16 windows, or the n < 16 left (masked: lanes past the row are neither read nor written).
-    const int64_t n = std::min<int64_t>(16, OW - ow);
-    const __mmask16 kg = static_cast<__mmask16>((1u << n) - 1);
-    const __mmask16 k0 = static_cast<__mmask16>(n >= 8 ? 0xffffu : (1u << (2 * n)) - 1);
-    const __mmask16 k1 = static_cast<__mmask16>(n <= 8 ? 0u : (1u << (2 * n - 16)) - 1);
-    const __m512 x0 = _mm512_maskz_loadu_ps(k0, r0 + 2 * ow), x1 = _mm512_maskz_loadu_ps(k1, r0 + 2 * ow + 16);
-    const __m512 y0 = _mm512_maskz_loadu_ps(k0, r1 + 2 * ow), y1 = _mm512_maskz_loadu_ps(k1, r1 + 2 * ow + 16);
-    const __m512 a = _mm512_permutex2var_ps(x0, even, x1), b = _mm512_permutex2var_ps(x0, odd, x1);
-    const __m512 c = _mm512_permutex2var_ps(y0, even, y1), d = _mm512_permutex2var_ps(y0, odd, y1);
-    const __mmask16 sb = _mm512_cmp_ps_mask(b, a, _CMP_GT_OQ);
-    const __m512 m1 = _mm512_mask_mov_ps(a, sb, b);
-    const __mmask16 sc = _mm512_cmp_ps_mask(c, m1, _CMP_GT_OQ);
-    const __m512 m2 = _mm512_mask_mov_ps(m1, sc, c);
-    const __mmask16 sd = _mm512_cmp_ps_mask(d, m2, _CMP_GT_OQ);
+    const Windows2x2 w = load_windows_2x2(r0, r1, ow, std::min<int64_t>(16, OW - ow));
+    const __mmask16 sb = _mm512_cmp_ps_mask(w.b, w.a, _CMP_GT_OQ);
+    const __m512 m1 = _mm512_mask_mov_ps(w.a, sb, w.b);
+    const __mmask16 sc = _mm512_cmp_ps_mask(w.c, m1, _CMP_GT_OQ);
+    const __m512 m2 = _mm512_mask_mov_ps(m1, sc, w.c);
+    const __mmask16 sd = _mm512_cmp_ps_mask(w.d, m2, _CMP_GT_OQ);
     const __mmask16 wd = sd, wc = static_cast<__mmask16>(sc & ~sd), wb = static_cast<__mmask16>(sb & ~sc & ~sd);
     const __mmask16 wa = static_cast<__mmask16>(~(wb | wc | wd));
-    const __m512 gv = _mm512_maskz_loadu_ps(kg, g + ow);
+    const __m512 gv = _mm512_maskz_loadu_ps(w.kw, g + ow);
     const __m512 oa = _mm512_maskz_mov_ps(wa, gv), ob = _mm512_maskz_mov_ps(wb, gv);
     const __m512 oc = _mm512_maskz_mov_ps(wc, gv), od = _mm512_maskz_mov_ps(wd, gv);
-    _mm512_mask_storeu_ps(d0 + 2 * ow, k0, _mm512_permutex2var_ps(oa, lo, ob));
-    _mm512_mask_storeu_ps(d0 + 2 * ow + 16, k1, _mm512_permutex2var_ps(oa, hi, ob));
-    _mm512_mask_storeu_ps(d1 + 2 * ow, k0, _mm512_permutex2var_ps(oc, lo, od));
-    _mm512_mask_storeu_ps(d1 + 2 * ow + 16, k1, _mm512_permutex2var_ps(oc, hi, od));
+    _mm512_mask_storeu_ps(d0 + 2 * ow, w.k0, _mm512_permutex2var_ps(oa, lo, ob));
+    _mm512_mask_storeu_ps(d0 + 2 * ow + 16, w.k1, _mm512_permutex2var_ps(oa, hi, ob));
+    _mm512_mask_storeu_ps(d1 + 2 * ow, w.k0, _mm512_permutex2var_ps(oc, lo, od));
+    _mm512_mask_storeu_ps(d1 + 2 * ow + 16, w.k1, _mm512_permutex2var_ps(oc, hi, od));
   }
   return OW;
 }
