@@ -51,10 +51,7 @@ inline std::string impl_of(const dnnl::primitive& p) {
   return impl ? impl : "?";
 }
 
-// Format tags by tensor rank (3: 1-D spatial, 4: 2-D, 5: 3-D): channel-blocked by 16, channels-last, plain weights.
-inline tag blocked16_tag(size_t rank) { return rank == 5 ? tag::nCdhw16c : rank == 3 ? tag::nCw16c : tag::nChw16c; }
-inline tag channels_last_tag(size_t rank) { return rank == 5 ? tag::ndhwc : rank == 3 ? tag::nwc : tag::nhwc; }
-inline tag plain_tag(size_t rank) { return rank == 5 ? tag::ncdhw : rank == 3 ? tag::ncw : tag::nchw; }
+// Plain weights' format tag by spatial rank (the activations' tags by rank are in common/common.h).
 inline tag weights_tag(size_t spatial, bool grouped, bool transposed) {
   if (spatial == 3) return grouped ? (transposed ? tag::giodhw : tag::goidhw) : (transposed ? tag::iodhw : tag::oidhw);
   return grouped ? (transposed ? tag::giohw : tag::goihw) : (transposed ? tag::iohw : tag::oihw);

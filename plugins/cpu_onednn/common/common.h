@@ -55,6 +55,20 @@ void set_threads(int32_t n);
 // count than it was created with, makes oneDNN 2.6 10-50x slower. Plans are keyed by the thread count instead.)
 inline void limit_threads_for(double) {}
 
+// Format tags by tensor rank (3: 1-D spatial, 4: 2-D, 5: 3-D): channel-blocked by 16, channels-last, plain.
+inline dnnl::memory::format_tag blocked16_tag(size_t rank) {
+  using t = dnnl::memory::format_tag;
+  return rank == 5 ? t::nCdhw16c : rank == 3 ? t::nCw16c : t::nChw16c;
+}
+inline dnnl::memory::format_tag channels_last_tag(size_t rank) {
+  using t = dnnl::memory::format_tag;
+  return rank == 5 ? t::ndhwc : rank == 3 ? t::nwc : t::nhwc;
+}
+inline dnnl::memory::format_tag plain_tag(size_t rank) {
+  using t = dnnl::memory::format_tag;
+  return rank == 5 ? t::ncdhw : rank == 3 ? t::ncw : t::nchw;
+}
+
 // A plain row-major memory descriptor of these dims (f32 unless given).
 dnnl::memory::desc plain_md(const Dims& d, dnnl::memory::data_type dt = dnnl::memory::data_type::f32);
 dnnl::memory::dims to_dnnl(const Dims& d);

@@ -9,6 +9,7 @@
 
 #include "common/plain.h"
 #include "common/pool2x2.h"
+#include "steps/silu.h"  // has_avx512f
 
 namespace keel::onednn {
 namespace {
@@ -159,8 +160,6 @@ __attribute__((target("avx512f"))) void max_pool2x2_row_f32(const float* r0, con
 
 #pragma GCC diagnostic pop
 
-const bool kHaveAvx512F = __builtin_cpu_supports("avx512f");
-
 class PoolKernel : public PlainKernel {
  public:
   PoolKernel(dt d, bool max, bool global) : PlainKernel(d), max_(max), global_(global) {}
@@ -169,7 +168,7 @@ class PoolKernel : public PlainKernel {
   // rows above, one pass over the input. oneDNN's pooling over the plain layout took 0.77 ms for SimpleCNN's
   // [64, 32, 26, 26] at 1 thread (`KEEL_EAGER_PROFILE`, eager_bench), about 9 GB/s; the rest goes to the primitive.
   void run(Ctx& c) override {
-    if (!pool2x2_ || !kHaveAvx512F) return PlainKernel::run(c);
+    if (!pool2x2_) return PlainKernel::run(c);
     const Dims x = c.dims(0);
     const int64_t N = x[0], C = x[1], H = x[2], W = x[3], OH = H / 2, OW = W / 2;
     keel_tensor_t* out = c.output(0, Dims{N, C, OH, OW});
@@ -194,13 +193,12 @@ class PoolKernel : public PlainKernel {
     if (global_) return;
     if (!c.has_attr_ints("kernel_shape")) throw Reject{"no kernel_shape"};
     const std::string ap = c.attr_s("auto_pad", "NOTSET");
-    pool2x2_ = dt_ == dt::f32 && max_ && rank == 4 && c.attr_ints("kernel_shape", {}) == Dims{2, 2} &&
+    pool2x2_ = has_avx512f() && dt_ == dt::f32 && max_ && rank == 4 && c.attr_ints("kernel_shape", {}) == Dims{2, 2} &&
                c.attr_ints("strides", Dims{1, 1}) == Dims{2, 2} && c.attr_ints("dilations", Dims{1, 1}) == Dims{1, 1} &&
                c.attr_ints("pads", Dims(4, 0)) == Dims(4, 0) && (ap == "NOTSET" || ap == "VALID" || ap.empty()) &&
                c.attr_i("ceil_mode", 0) == 0 && c.attr_i("storage_order", 0) == 0;
     if (dt_ == dt::bf16) {
       if (c.attr_i("ceil_mode", 0)) throw Reject{"ceil_mode"};
-      std::string ap = c.attr_s("auto_pad", "NOTSET");
       if (ap != "NOTSET" && !ap.empty() && ap != "VALID") throw Reject{"auto_pad " + ap};
       if (c.has_attr_ints("dilations")) {
         for (int64_t d : c.attr_ints("dilations", {}))
@@ -264,7 +262,7 @@ class PoolKernel : public PlainKernel {
 
  private:
   bool max_, global_;
-  bool pool2x2_ = false;  // run() takes the AVX-512 2x2 path (set by check(), from the attributes alone)
+  bool pool2x2_ = false;  // run() takes the AVX-512 2x2 path (set by check(), from the CPU and the attributes alone)
 };
 
 // ----------------------------------------------------------------------------------------------- normalisation
