@@ -1,10 +1,14 @@
 // eager_bench — a timing driver (not a test): per-batch forward+backward of the SimpleCNN
-// (Conv2D(1,32,3) -> ReLU -> MaxPool2D(2) -> Linear(5408,10) -> cross-entropy, batch 64) in fp32 and under bf16
-// autocast, and the per-op dispatch overhead of eager ops. Environment as `keel` builds it (plugins discovered).
+// (Conv2D(1,32,3) -> ReLU -> MaxPool2D(2) -> Linear(5408,10) -> cross-entropy, batch 64) or, with `--model lenet`,
+// of `keel train --model lenet`'s LeNet-like network (Conv2D(1,32,3) -> ReLU -> Conv2D(32,64,3) -> ReLU ->
+// MaxPool2D(2) -> Dropout(0.25) -> Linear(9216,128) -> ReLU -> Dropout(0.5) -> Linear(128,10)), in fp32 and under
+// bf16 autocast, and the per-op dispatch overhead of eager ops. Environment as `keel` builds it (plugins discovered).
+// KEEL_EAGER_PROFILE=1 adds the time of every op by kernel and shapes.
 //
-//   eager_bench [--threads N] [--iters N] [--batch N]
+//   eager_bench [--model simple|lenet] [--threads N] [--iters N] [--batch N]
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -31,16 +35,29 @@ double cpu_ms() {
   return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) * 1e-6;
 }
 
+// Parameters (weights, biases) in order; with 4 the SimpleCNN, with 8 the LeNet-like network.
 struct Model {
-  Tensor w1, b1, w2, b2;
-  Tensor forward(const Tensor& x) const { return linear(flatten(max_pool2d(relu(conv2d(x, w1, b1)), {2, 2})), w2, b2); }
+  std::vector<Tensor> p;
+  Tensor forward(const Tensor& x) const {
+    if (p.size() == 4) return linear(flatten(max_pool2d(relu(conv2d(x, p[0], p[1])), {2, 2})), p[2], p[3]);
+    Tensor h = relu(conv2d(x, p[0], p[1]));
+    h = dropout(max_pool2d(relu(conv2d(h, p[2], p[3])), {2, 2}), 0.25f, true);
+    h = dropout(relu(linear(flatten(h), p[4], p[5])), 0.5f, true);
+    return linear(h, p[6], p[7]);
+  }
 };
+
+// Uniform in ±1/sqrt(fan_in), as PyTorch's default initialisation bounds it; requires grad.
+Tensor param(std::vector<int64_t> shape, int64_t fan_in) {
+  const float b = 1.0f / std::sqrt(static_cast<float>(fan_in));
+  return rand_uniform(std::move(shape), -b, b).requires_grad_();
+}
 
 double step_ms(const Model& m, const Tensor& x, const Tensor& y, DType amp, int iters, bool print_phases) {
   std::vector<double> t;
   double fwd = 0, bwd = 0, cpu = 0;
   for (int i = 0; i < iters + 3; ++i) {
-    for (const Tensor* p : {&m.w1, &m.b1, &m.w2, &m.b2}) const_cast<Tensor*>(p)->zero_grad();
+    for (const Tensor& p : m.p) const_cast<Tensor&>(p).zero_grad();
     double t0 = now_ms(), c0 = cpu_ms();
     Tensor loss;
     if (amp != DType::kUndefined) {
@@ -70,10 +87,16 @@ double step_ms(const Model& m, const Tensor& x, const Tensor& y, DType amp, int 
 
 int main(int argc, char** argv) {
   int threads = 2, iters = 50, batch = 64;
+  std::string model = "simple";
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--model")) model = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--iters")) iters = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--batch")) batch = std::atoi(argv[i + 1]);
+  }
+  if (model != "simple" && model != "lenet") {
+    std::fprintf(stderr, "eager_bench: --model is simple or lenet, not '%s'\n", model.c_str());
+    return 2;
   }
   try {
     setenv("OMP_WAIT_POLICY", "PASSIVE", 0);  // as eager's default environment does (eager.h)
@@ -86,15 +109,17 @@ int main(int argc, char** argv) {
     }
     init(std::shared_ptr<Environment>(std::move(env).value()), threads);
     manual_seed(0);
-    Model m{rand_uniform({32, 1, 3, 3}, -0.33f, 0.33f).requires_grad_(),
-            rand_uniform({32}, -0.33f, 0.33f).requires_grad_(),
-            rand_uniform({10, 5408}, -0.0136f, 0.0136f).requires_grad_(),
-            rand_uniform({10}, -0.0136f, 0.0136f).requires_grad_()};
+    Model m;
+    if (model == "simple") m.p = {param({32, 1, 3, 3}, 9), param({32}, 9), param({10, 5408}, 5408), param({10}, 5408)};
+    else
+      m.p = {param({32, 1, 3, 3}, 9),  param({32}, 9),     param({64, 32, 3, 3}, 288), param({64}, 288),
+             param({128, 9216}, 9216), param({128}, 9216), param({10, 128}, 128),      param({10}, 128)};
     Tensor x = randn({batch, 1, 28, 28});
     std::vector<int64_t> labels(static_cast<size_t>(batch));
     for (int i = 0; i < batch; ++i) labels[i] = i % 10;
     Tensor y = from_vector(labels, {batch});
-    std::printf("SimpleCNN forward+backward, batch %d, %d threads, median of %d steps:\n", batch, threads, iters);
+    std::printf("%s forward+backward, batch %d, %d threads, median of %d steps:\n",
+                model == "simple" ? "SimpleCNN" : "LeNet-like", batch, threads, iters);
     double f32 = step_ms(m, x, y, DType::kUndefined, iters, true);
     std::printf("  fp32           %.3f ms/batch\n", f32);
     double bf16 = step_ms(m, x, y, DType::kBF16, iters, true);
