@@ -266,15 +266,21 @@ void Adam::step() {
 
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, bool error_if_nonfinite) {
   eager::NoGradGuard ng;
-  double total = 0;
   std::vector<Tensor> grads;
+  // Each device's sum of squares stays on it until all its gradients are in: one host read per device, not one per
+  // gradient (a read waits for the device to finish its queued work).
+  std::map<std::string, Tensor> sums;
   for (const auto& p : params) {
     Tensor g = p.grad();
     if (!g.defined()) continue;
     grads.push_back(g);
     Tensor g32 = g.dtype() == DType::kF32 ? g : g.to(DType::kF32);
-    total += static_cast<double>(eager::sum(g32 * g32).item());
+    Tensor s = eager::sum(g32 * g32);
+    auto [it, first] = sums.try_emplace(g.device(), s);
+    if (!first) it->second = it->second + s;
   }
+  double total = 0;
+  for (const auto& [device, s] : sums) total += static_cast<double>(s.item());
   const double norm = std::sqrt(total);
   if (!std::isfinite(norm) && error_if_nonfinite)
     fail("clip_grad_norm_: the total norm of the gradients is non-finite (" + std::to_string(norm) + ")");
