@@ -46,6 +46,7 @@ class PlainKernel : public Kernel {
       if (c.has_input(i) && c.dtype(i) != want) throw Reject{bf16 ? "bf16 only" : "f32 only"};
     if (bf16 && c.output_dtype(0) != KEEL_DTYPE_BF16) throw Reject{"bf16 output only"};
     check(c);
+    if (!uses_primitive()) return;
     bool known = true;
     for (int i = 0; i < c.input_count(); ++i)
       if (c.has_input(i) && !c.dims_known(i)) known = false;
@@ -92,6 +93,8 @@ class PlainKernel : public Kernel {
   virtual bool slow_impl(const std::string& impl) const { return impl.rfind("ref", 0) == 0; }
   // How many leading inputs must have the kernel's data type (-1 = all).
   virtual int typed_inputs() const { return -1; }
+  // False when check() chose a path of the kernel's own for every shape: setup then builds no primitive.
+  virtual bool uses_primitive() const { return true; }
   // Attribute checks at create (throw Reject).
   virtual void check(const Ctx& c) = 0;
   // Builds the primitive for the current input shapes: sets out_dims, prim, and calls add_input for each input.
@@ -185,6 +188,7 @@ class PoolKernel : public PlainKernel {
   }
 
  protected:
+  bool uses_primitive() const override { return !pool2x2_; }
   void check(const Ctx& c) override {
     if (!c.rank_known(0)) throw Reject{"input rank unknown"};
     size_t rank = c.dims(0).size();
