@@ -38,13 +38,13 @@
 // World size 1: a pass-through (no hooks, no thread, finish() returns at once).
 // Learning rate: DataParallel leaves the optimizer alone (as torch DDP): a step averages world × batch images, so a
 // rate tuned for one process at that batch usually wants scaling (linear for SGD, √ for Adam); `keel train`'s
-// --lr-scaling does it (README, data-parallel: 2 ranks of the LeNet-like model end 1 epoch 1.8 points lower unscaled).
-// Scheduling: the overlap needs the communication thread (and any I/O thread of the collective plugin; the Gloo
-// plugin's all-reduces run on the calling thread, Gloo's own bcube and ring on its device loop) to run while backward
-// computes. Under the normal policy they preempt it when a message arrives. Under a real-time
-// policy (`chrt -f`) with one core per rank (keel launch pins ranks) threads of equal priority run until they block, so
-// every bucket's all-reduce waits for finish() (2026-12-03, LeNet-like, 2 ranks under `chrt -f 10`: all-reduce 2.30 s
-// per epoch, all of it waited after backward). Raising those threads above the compute thread is no cure: Gloo's loop
+// --lr-scaling does it (docs/PERFORMANCE_HISTORY.md, data-parallel: 2 ranks of the LeNet-like model end 1 epoch 1.8
+// points lower unscaled). Scheduling: the overlap needs the communication thread (and any I/O thread of the collective
+// plugin; the Gloo plugin's all-reduces run on the calling thread, Gloo's own bcube and ring on its device loop) to run
+// while backward computes. Under the normal policy they preempt it when a message arrives. Under a real-time policy
+// (`chrt -f`) with one core per rank (keel launch pins ranks) threads of equal priority run until they block, so every
+// bucket's all-reduce waits for finish() (2026-12-03, LeNet-like, 2 ranks under `chrt -f 10`: all-reduce 2.30 s per
+// epoch, all of it waited after backward). Raising those threads above the compute thread is no cure: Gloo's loop
 // thread polls without blocking while a pair's lock is held elsewhere or a message waits for its receive, and above a
 // compute thread pinned to the same core it starves it for good (tried: ranks livelocked in their first collective).
 //
@@ -100,7 +100,8 @@ struct DataParallelStats {
   // reset_stats()). On the rank that arrives last a step's wait is the synchronisation itself, so the median on the
   // ranks is its floor; the tail is a rank that fell behind (a busy neighbour, a stall of its core, a slow transfer).
   // Measured 2026-12-03, SimpleCNN on 2 ranks x 1 thread: a median of 0.2-0.3 ms against 8-9 ms of work a step, and
-  // single steps of 10-34 ms where one rank fell behind and both lost the time (README.md, data-parallel).
+  // single steps of 10-34 ms where one rank fell behind and both lost the time (docs/PERFORMANCE_HISTORY.md,
+  // data-parallel).
   std::vector<float> step_wait_ms;
 };
 

@@ -199,8 +199,9 @@ std::string shortest(double v) {
 // The factor on --lr for a data-parallel step, which averages world × --batch images: the rate given is the one for
 // one process at --batch. `linear` is the linear scaling rule (Goyal et al. 2017, "Accurate, Large Minibatch SGD";
 // Horovod's advice), `sqrt` the square-root rule adaptive optimisers follow (Malladi et al. 2022), `auto` the first
-// for SGD and the second for Adam/AdamW. Measured on the LeNet-like model (README, data-parallel): 2 ranks at the
-// unscaled rate end 1 epoch about 2 points below one process, at the linearly scaled rate within 0.3 points.
+// for SGD and the second for Adam/AdamW. Measured on the LeNet-like model (docs/PERFORMANCE_HISTORY.md, data-parallel):
+// 2 ranks at the unscaled rate end 1 epoch about 2 points below one process, at the linearly scaled rate within 0.3
+// points.
 double lr_scale_for(const TrainArgs& a, int world) {
   const std::string& how = a.lr_scaling == "auto" ? (a.optimizer == "sgd" ? "linear" : "sqrt") : a.lr_scaling;
   if (how == "linear") return world;
