@@ -10,7 +10,10 @@
 //          p −= lr/(1 − β1ᵗ) · m / (sqrt(v)/sqrt(1 − β2ᵗ) + eps)
 //   AdamW: p *= 1 − lr·wd, then Adam without the wd term.
 // Parameters without a gradient are skipped (their state untouched). Master weights stay in the parameters' dtype
-// (fp32 under autocast: autocast casts copies, never the parameters).
+// (fp32 under autocast: autocast casts copies, never the parameters). An f32 parameter on the CPU is updated in one
+// pass over its memory instead (SGD from its second step, Adam/AdamW every step): the same operations in the same
+// order, so the same bits as the eager ops; the moment and momentum buffers are then updated in place, as PyTorch's
+// are.
 //
 // Schedulers compute the learning rate of step t in closed form from the optimizer's initial lr (PyTorch's formulas),
 // so resuming at any t gives the same rate. Call step() once per epoch or per iteration, as PyTorch does.

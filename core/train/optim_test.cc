@@ -97,6 +97,72 @@ TEST(SGD, GradientSharingTheParametersMemoryStillStepsRight) {
   }
 }
 
+// Adam and AdamW update f32 parameters on the CPU in one pass over memory (adam_update_on_host): the same bits as the
+// eager ops that other devices and dtypes run, every step including the first, with and without weight decay; the
+// moments in the state are the eager ones too.
+TEST(Adam, OnePassUpdateEqualsTheEagerOps) {
+  struct Case {
+    bool decoupled;
+    double lr, wd, eps;
+  };
+  for (const Case& c : {Case{false, 1e-3, 0, 1e-8}, Case{false, 3e-3, 1e-2, 1e-8}, Case{true, 1e-3, 1e-2, 1e-8},
+                        Case{true, 0.2, 0.5, 1e-3}}) {
+    eager::manual_seed(33);
+    Tensor p = eager::randn({1001}).requires_grad_(true);
+    Tensor ref = p.detach() * 1.f;
+    Tensor m = eager::zeros({1001}), v = eager::zeros({1001});
+    AdamOptions o;
+    o.lr = c.lr;
+    o.weight_decay = c.wd;
+    o.eps = c.eps;
+    Adam opt({p}, o, c.decoupled);
+    const auto b1 = static_cast<float>(o.beta1), b2 = static_cast<float>(o.beta2);
+    for (int t = 1; t <= 5; ++t) {
+      eager::NoGradGuard ng;
+      Tensor g = eager::randn({1001}) * (t == 3 ? 0.f : 1.f);  // a zero gradient once
+      p.set_grad(g);
+      opt.step();
+      // The eager ops of Adam::step, one by one.
+      if (c.wd != 0) {
+        if (c.decoupled) ref = ref * static_cast<float>(1 - c.lr * c.wd);
+        else g = g + ref * static_cast<float>(c.wd);
+      }
+      m = m * b1 + g * (1 - b1);
+      v = v * b2 + (g * g) * (1 - b2);
+      const double bc1 = 1 - std::pow(o.beta1, static_cast<double>(t));
+      const double bc2 = 1 - std::pow(o.beta2, static_cast<double>(t));
+      Tensor denom = eager::sqrt(v) / static_cast<float>(std::sqrt(bc2)) + static_cast<float>(c.eps);
+      ref = ref - (m / denom) * static_cast<float>(c.lr / bc1);
+      ASSERT_EQ(p.to_vector<float>(), ref.to_vector<float>())
+          << "step " << t << ", decoupled " << c.decoupled << ", lr " << c.lr << ", weight decay " << c.wd;
+      const State st = opt.state_dict();
+      ASSERT_NE(st.tensor("0.exp_avg"), nullptr);
+      ASSERT_NE(st.tensor("0.exp_avg_sq"), nullptr);
+      ASSERT_EQ(st.tensor("0.exp_avg")->to_vector<float>(), m.to_vector<float>()) << "step " << t;
+      ASSERT_EQ(st.tensor("0.exp_avg_sq")->to_vector<float>(), v.to_vector<float>()) << "step " << t;
+    }
+  }
+}
+
+// A gradient that shares the parameter's memory takes the eager ops, with the same result as a separate copy.
+TEST(Adam, GradientSharingTheParametersMemoryStillStepsRight) {
+  eager::manual_seed(6);
+  Tensor p = eager::randn({129}).requires_grad_(true), q = p.detach() * 1.f;
+  q.requires_grad_(true);
+  AdamOptions o;
+  o.lr = 0.01;
+  o.weight_decay = 0.1;
+  Adam a({p}, o), b({q}, o);
+  for (int t = 0; t < 3; ++t) {
+    eager::NoGradGuard ng;
+    p.set_grad(p.detach());        // aliases p
+    q.set_grad(q.detach() * 1.f);  // a copy
+    a.step();
+    b.step();
+    ASSERT_EQ(p.to_vector<float>(), q.to_vector<float>()) << "step " << t;
+  }
+}
+
 // PyTorch's Adam/AdamW in double precision, the oracle for the eager implementation.
 std::vector<double> adam_reference(bool decoupled, double lr, double wd, const std::vector<std::vector<double>>& grads,
                                    double p0) {
