@@ -19,6 +19,7 @@
 #include "core/runtime/kernel_context.h"
 #include "core/runtime/onnx_io.h"
 #include "core/runtime/session.h"
+#include "tools/calibration/gptq.h"
 #include "tools/keel/progress.h"
 
 namespace keel::cli {
@@ -497,6 +498,106 @@ bool is_float_output(const Graph& g, const std::string& v) {
   return vi == nullptr || vi->dtype == DType::kF32 || vi->dtype == DType::kUndefined;
 }
 
+// ---- GPTQ weight rounding (gptq.h) ----
+
+// How layer `n` (fp32 graph) reads its input, or an empty optional with the reason.
+std::optional<LayerGeometry> layer_geometry(const Node& n, const Tensor& w, bool trans_a, std::string* why) {
+  LayerGeometry g;
+  const Shape& ws = w.shape();
+  if (n.op_type == "Conv") {
+    if (ws.size() != 4) return *why = "not a 2-D convolution", std::nullopt;
+    const std::string pad = n.attr("auto_pad") ? n.attr("auto_pad")->s : "NOTSET";
+    if (pad != "NOTSET" && pad != "VALID") return *why = "auto_pad " + pad, std::nullopt;
+    auto ints = [&](const char* a, size_t k, int64_t dflt) {
+      std::vector<int64_t> v(k, dflt);
+      if (const Attribute* at = n.attr(a); at && at->ints.size() == k) v = at->ints;
+      return v;
+    };
+    const auto st = ints("strides", 2, 1), di = ints("dilations", 2, 1), pads = ints("pads", 4, 0);
+    g.conv = true;
+    g.groups = n.attr_int("group", 1);
+    if (g.groups <= 0 || ws[0] % g.groups != 0) return *why = "bad group count", std::nullopt;
+    g.rows = ws[0] / g.groups;
+    g.cin_g = ws[1], g.kh = ws[2], g.kw = ws[3];
+    g.cols = g.cin_g * g.kh * g.kw;
+    g.stride_h = st[0], g.stride_w = st[1], g.dil_h = di[0], g.dil_w = di[1];
+    if (pad == "NOTSET") g.pad_top = pads[0], g.pad_left = pads[1], g.pad_bottom = pads[2], g.pad_right = pads[3];
+    return g;
+  }
+  if (ws.size() != 2) return *why = "a weight of rank " + std::to_string(ws.size()), std::nullopt;
+  if (trans_a) return *why = "Gemm with transA", std::nullopt;
+  const bool trans_b = n.op_type == "Gemm" && n.attr_int("transB", 0) != 0;
+  g.cols = trans_b ? ws[1] : ws[0];
+  g.rows = trans_b ? ws[0] : ws[1];
+  g.weight_k_major = !trans_b;
+  return g;
+}
+
+// The int8 values GPTQ chose for each layer's weight tensor (in the tensor's own layout), by node name.
+using GptqWeights = std::map<std::string, std::vector<int8_t>>;
+
+// Replaces, in the QDQ graph q, the s8 weight of every layer in `weights` (and not in `keep`) with GPTQ's values,
+// keeping its scales. A layer whose weight the pass did not quantize the expected way is left alone.
+void apply_gptq(Graph& q, const GptqWeights& weights, const std::set<std::string>& keep) {
+  for (NodeId id : q.node_ids()) {
+    Node* n = q.node(id);
+    auto it = weights.find(n->name);
+    if (it == weights.end() || keep.count(n->name) || n->inputs.size() < 2) continue;
+    auto dq = q.producer(n->inputs[1]);
+    if (!dq || q.node(*dq)->op_type != "DequantizeLinear") continue;
+    Node* d = q.node(*dq);
+    auto w = q.initializers.find(d->inputs[0]);
+    if (w == q.initializers.end() || w->second.dtype() != DType::kI8 ||
+        w->second.numel() != static_cast<int64_t>(it->second.size()))
+      continue;
+    const Shape shape = w->second.shape();
+    const std::string name = q.unique_name(n->name + "_weight_gptq");
+    q.initializers[name] = Tensor::from_vector(DType::kI8, shape, it->second);
+    q.value_info[name] = ValueInfo(DType::kI8, shape);
+    const std::string old = d->inputs[0];
+    d->inputs[0] = name;
+    if (q.consumers(old).empty() && !q.is_graph_output(old)) {
+      q.initializers.erase(old);
+      q.value_info.erase(old);
+    }
+  }
+}
+
+// The per-row scales of a layer's s8 weight in the QDQ graph `probe` (rows = output channels), or empty.
+std::vector<float> row_scales(const Graph& probe, const std::string& node_name, const LayerGeometry& g) {
+  for (NodeId id : probe.node_ids()) {
+    const Node* n = probe.node(id);
+    if (n->name != node_name || n->inputs.size() < 2) continue;
+    auto dq = probe.producer(n->inputs[1]);
+    if (!dq || probe.node(*dq)->op_type != "DequantizeLinear") return {};
+    const Node* d = probe.node(*dq);
+    if (d->inputs.size() < 2) return {};
+    if (d->inputs.size() > 2 && !d->inputs[2].empty()) {  // symmetric weights only: zero points all 0
+      auto z = probe.initializers.find(d->inputs[2]);
+      if (z == probe.initializers.end() || z->second.dtype() != DType::kI8) return {};
+      for (int64_t i = 0; i < z->second.numel(); ++i)
+        if (z->second.data<int8_t>()[i] != 0) return {};
+    }
+    auto q = probe.initializers.find(d->inputs[0]);
+    auto sc = probe.initializers.find(d->inputs[1]);
+    if (q == probe.initializers.end() || sc == probe.initializers.end() || sc->second.dtype() != DType::kF32) return {};
+    const int64_t total_rows = g.rows * g.groups;
+    std::vector<float> out(static_cast<size_t>(total_rows));
+    const float* sp = sc->second.data<float>();
+    if (sc->second.numel() == 1) {
+      std::fill(out.begin(), out.end(), sp[0]);
+      return out;
+    }
+    int64_t axis = d->attr_int("axis", 1);
+    if (axis < 0) axis += q->second.rank();
+    const int64_t out_axis = g.conv || !g.weight_k_major ? 0 : 1;
+    if (axis != out_axis || sc->second.numel() != total_rows) return {};
+    std::copy(sp, sp + total_rows, out.begin());
+    return out;
+  }
+  return {};
+}
+
 }  // namespace
 
 StatusOr<QuantizeResult> quantize_graph(Environment& env, const Graph& fp32, const std::vector<Feeds>& calibration,
@@ -511,6 +612,8 @@ StatusOr<QuantizeResult> quantize_graph(Environment& env, const Graph& fp32, con
   if (!(options.tolerance >= 0)) return invalid_argument("tolerance must be >= 0");
   if (options.fallback != "sensitivity" && options.fallback != "prefix")
     return invalid_argument("unknown fallback '" + options.fallback + "' (sensitivity, prefix)");
+  if (options.weight_rounding != "nearest" && options.weight_rounding != "gptq")
+    return invalid_argument("unknown weight rounding '" + options.weight_rounding + "' (nearest, gptq)");
   if (calibration.empty()) return invalid_argument("no calibration batches");
   const Registry& reg = env.registry();
   if (!reg.pass("quantize_int8"))
@@ -665,8 +768,7 @@ StatusOr<QuantizeResult> quantize_graph(Environment& env, const Graph& fp32, con
     bar.finish(std::to_string(acts.size()) + " activations");
   }
 
-  bool bias_notes_done = false;
-  auto quantize_with = [&](const std::set<std::string>& keep) -> StatusOr<Graph> {
+  auto quantize_pass = [&](const std::set<std::string>& keep) -> StatusOr<Graph> {
     Graph g = prepared;
     PassSpec spec{"quantize_int8", {}};
     for (const auto& [v, r] : ranges) spec.options.values["range." + v] = r;
@@ -675,6 +777,124 @@ StatusOr<QuantizeResult> quantize_graph(Environment& env, const Graph& fp32, con
     spec.options.values["activation_type"] = options.activation_type;
     spec.options.values["per_channel"] = options.per_channel;
     KEEL_RETURN_IF_ERROR(run_pipeline(env, g, {spec}, options.device), "quantize_int8");
+    return g;
+  };
+
+  // 3b. GPTQ: each layer's input Hessian over the calibration batches, then its weight rounded against it. The
+  // Hessians of several layers are collected in one pass over the batches, as many as fit in the memory budget.
+  GptqWeights gptq;
+  if (options.weight_rounding == "gptq" && !acts.empty()) {
+    std::set<std::string> user_keep;
+    for (const Layer& l : layers)
+      if (l.user_excluded) user_keep.insert(l.node);
+    KEEL_ASSIGN_OR_RETURN(Graph probe, quantize_pass(user_keep), "quantize");
+    struct Job {
+      const Layer* layer;
+      LayerGeometry geo;
+      std::vector<float> scales;
+      const Tensor* weight;
+    };
+    std::vector<Job> jobs;
+    std::map<std::string, NodeId> fp_by_name;
+    for (NodeId id : prepared.node_ids()) fp_by_name[prepared.node(id)->name] = id;
+    for (const Layer& l : layers) {
+      if (l.user_excluded) continue;
+      const Node* n = prepared.node(fp_by_name.at(l.node));
+      const Tensor& w = prepared.initializers.at(n->inputs[1]);
+      std::string why;
+      auto geo = layer_geometry(*n, w, l.trans_a, &why);
+      if (geo && geo->cols > options.gptq_max_columns)
+        why = std::to_string(geo->cols) + " columns (over " + std::to_string(options.gptq_max_columns) + ")";
+      std::vector<float> sc = geo && why.empty() ? row_scales(probe, l.node, *geo) : std::vector<float>{};
+      if (why.empty() && sc.empty()) why = "its weight is not quantized per output channel or per tensor";
+      if (!why.empty()) {
+        result.notes.push_back("gptq: " + l.node + " keeps nearest rounding: " + why);
+        continue;
+      }
+      jobs.push_back({&l, *geo, std::move(sc), &w});
+    }
+    Graph hg = prepared;
+    const size_t base = hg.outputs.size();
+    for (const auto& a : acts) hg.outputs.push_back(a);
+    KEEL_ASSIGN_OR_RETURN(auto session, make_session(env, std::move(hg), options.device), "GPTQ session");
+    constexpr size_t kBudget = size_t{512} << 20;  // bytes of Hessians held at once
+    ProgressBar bar("gptq", static_cast<int64_t>(jobs.size()), "layer", options.progress);
+    std::vector<double> gains;
+    for (size_t first = 0; first < jobs.size();) {
+      size_t last = first, bytes = 0;
+      while (last < jobs.size()) {
+        const auto& g = jobs[last].geo;
+        const size_t b = static_cast<size_t>(g.groups * g.cols * g.cols) * sizeof(float);
+        if (last > first && bytes + b > kBudget) break;
+        bytes += b;
+        ++last;
+      }
+      std::vector<HessianAccumulator> acc;
+      for (size_t j = first; j < last; ++j)
+        acc.emplace_back(jobs[j].geo, static_cast<int64_t>(cal.size()), options.gptq_max_patches);
+      for (const Feeds* f : cal) {
+        KEEL_ASSIGN_OR_RETURN(auto out, session->run(*f), "GPTQ calibration run");
+        for (size_t j = first; j < last; ++j) {
+          const size_t a =
+              static_cast<size_t>(std::find(acts.begin(), acts.end(), jobs[j].layer->input) - acts.begin());
+          KEEL_RETURN_IF_ERROR(acc[j - first].add(out[base + a]), "GPTQ: the input of " + jobs[j].layer->node);
+        }
+      }
+      for (size_t j = first; j < last; ++j) {
+        const Job& job = jobs[j];
+        const LayerGeometry& g = job.geo;
+        const float* wp = job.weight->data<float>();
+        const int64_t total_rows = g.rows * g.groups;
+        std::vector<int8_t> q(static_cast<size_t>(job.weight->numel()));
+        double err_nearest = 0, err_gptq = 0;
+        for (int64_t gr = 0; gr < g.groups; ++gr) {
+          // The group's rows, row-major (a [K, N] weight is read column by column).
+          std::vector<float> w(static_cast<size_t>(g.rows * g.cols)), sc(static_cast<size_t>(g.rows));
+          for (int64_t r = 0; r < g.rows; ++r) {
+            const int64_t o = gr * g.rows + r;
+            sc[static_cast<size_t>(r)] = job.scales[static_cast<size_t>(o)];
+            for (int64_t c = 0; c < g.cols; ++c)
+              w[static_cast<size_t>(r * g.cols + c)] = g.weight_k_major ? wp[c * total_rows + o] : wp[o * g.cols + c];
+          }
+          std::vector<double> h = acc[j - first].hessian(gr);
+          std::vector<int8_t> qg = gptq_round(w, g.rows, g.cols, sc, h);
+          std::vector<int8_t> qn(qg.size());
+          for (size_t i = 0; i < qn.size(); ++i)
+            qn[i] = static_cast<int8_t>(
+                std::clamp(std::nearbyint(w[i] / sc[i / static_cast<size_t>(g.cols)]), -127.f, 127.f));
+          err_nearest += output_error(w, qn, g.rows, g.cols, sc, h);
+          err_gptq += output_error(w, qg, g.rows, g.cols, sc, h);
+          for (int64_t r = 0; r < g.rows; ++r) {
+            const int64_t o = gr * g.rows + r;
+            for (int64_t c = 0; c < g.cols; ++c)
+              q[static_cast<size_t>(g.weight_k_major ? c * total_rows + o : o * g.cols + c)] =
+                  qg[static_cast<size_t>(r * g.cols + c)];
+          }
+        }
+        // Keep GPTQ's rounding only where it lowers the layer's output error on the calibration patches.
+        if (err_gptq < err_nearest) {
+          gptq[job.layer->node] = std::move(q);
+          gains.push_back(err_nearest > 0 ? err_gptq / err_nearest : 1.0);
+        }
+        bar.tick(1);
+      }
+      first = last;
+    }
+    std::sort(gains.begin(), gains.end());
+    std::ostringstream os;
+    os.precision(3);
+    os << "gptq: " << gptq.size() << " of " << jobs.size() << " layers rounded against their input Hessian";
+    if (!gains.empty())
+      os << "; their weight-rounding output error (calibration patches) is " << gains[gains.size() / 2]
+         << "x nearest rounding's (median; best " << gains.front() << "x, worst " << gains.back() << "x)";
+    bar.finish(std::to_string(gptq.size()) + " layers");
+    result.notes.push_back(os.str());
+  }
+
+  bool bias_notes_done = false;
+  auto quantize_with = [&](const std::set<std::string>& keep) -> StatusOr<Graph> {
+    KEEL_ASSIGN_OR_RETURN(Graph g, quantize_pass(keep), "quantize");
+    if (!gptq.empty()) apply_gptq(g, gptq, keep);
     if (options.bias_correction) {
       std::vector<std::string> notes;
       correct_biases(g, prepared, layers, keep, means, &notes);

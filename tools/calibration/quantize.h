@@ -11,9 +11,10 @@
 //      entropy (TensorRT's KL-divergence threshold search over a 2048-bin histogram of |x|), mse (the range, shrunk
 //      from min-max towards 0, with the least expected squared quantization error: rounding plus clipping);
 //   3. rewrites with the `quantize_int8` pass plugin: standard QDQ ONNX, per-channel symmetric s8 weights, u8
-//      (asymmetric) or s8 (symmetric) activations; then (bias_correction) subtracts from each quantized layer's f32
-//      bias the mean shift its rounded weights cause, dW . E[x], with E[x] per input channel from the calibration
-//      batches (Nagel et al. 2019, "Data-Free Quantization", empirical form);
+//      (asymmetric) or s8 (symmetric) activations; with weight_rounding = gptq the s8 weights are then rounded
+//      against each layer's input Hessian from the calibration batches (gptq.h); then (bias_correction) subtracts from
+//      each quantized layer's f32 bias the mean shift its rounded weights cause, dW . E[x], with E[x] per input channel
+//      from the calibration batches (Nagel et al. 2019, "Data-Free Quantization", empirical form);
 //   4. measures on held-out batches (the last fifth of `calibration`, at least one; with a single batch it is also
 //      the calibration batch): each quantized layer's own error (cosine and relative L2 error of its output, with its
 //      quantized inputs computed from the fp32 activations, against fp32) and the error of the graph outputs;
@@ -58,6 +59,14 @@ struct QuantizeOptions {
   // Subtract each quantized layer's weight-rounding shift dW . E[x] (input means from the calibration batches) from
   // its f32 bias (see quantize.cc, correct_biases).
   bool bias_correction = true;
+  // How weights are rounded to their int8 levels (the levels themselves, per-channel scales, are the same):
+  //   nearest  each weight to its nearest level (the quantize_int8 pass);
+  //   gptq     each layer's weight rows column by column, the rounding error of each column moved onto the columns
+  //            not yet rounded as the layer's inputs on the calibration batches correlate (gptq.h), so that the
+  //            layer's output error falls. Layers whose rows are longer than gptq_max_columns keep nearest rounding.
+  std::string weight_rounding = "nearest";
+  int64_t gptq_max_columns = 2304;   // the Hessian is d × d per group: memory d², time d³
+  int64_t gptq_max_patches = 16384;  // input patches per layer over all calibration batches (evenly sampled)
 };
 
 struct LayerReport {

@@ -17,6 +17,7 @@
 #include "core/runtime/onnx_io.h"
 #include "core/runtime/session.h"
 #include "tests/passes/pass_test_env.h"
+#include "tools/calibration/gptq.h"
 
 namespace keel {
 namespace {
@@ -462,6 +463,154 @@ TEST(QuantizeGraph, PrefixFallbackKeepsTheFewestLeadingLayersInFp32) {
 }
 
 // ------------------------------------------------------------------------------------------------ data + CLI
+
+// ---- GPTQ (gptq.h) ----
+
+std::vector<int8_t> nearest_rows(const std::vector<float>& w, int64_t cols, const std::vector<float>& sc) {
+  std::vector<int8_t> q(w.size());
+  for (size_t i = 0; i < w.size(); ++i)
+    q[i] = static_cast<int8_t>(std::clamp(std::nearbyint(w[i] / sc[i / static_cast<size_t>(cols)]), -127.f, 127.f));
+  return q;
+}
+
+// Correlated inputs: x = smooth random walks (neighbouring features alike, as an image's pixels), 2000 of them.
+std::vector<double> correlated_hessian(int64_t d, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> n(0, 1);
+  std::vector<double> h(static_cast<size_t>(d * d), 0.0), x(static_cast<size_t>(d));
+  for (int s = 0; s < 2000; ++s) {
+    double v = n(rng);
+    for (int64_t i = 0; i < d; ++i) x[static_cast<size_t>(i)] = v = 0.9 * v + 0.3 * n(rng);
+    for (int64_t i = 0; i < d; ++i)
+      for (int64_t j = 0; j < d; ++j)
+        h[static_cast<size_t>(i * d + j)] += x[static_cast<size_t>(i)] * x[static_cast<size_t>(j)];
+  }
+  return h;
+}
+
+TEST(Gptq, UncorrelatedInputsGiveNearestRounding) {
+  // With H diagonal no error moves to other columns: GPTQ is nearest rounding, for any scales.
+  const int64_t rows = 6, d = 20;
+  const auto w = randv(static_cast<size_t>(rows * d), 11, 0.5f);
+  std::vector<float> sc(rows);
+  for (int64_t r = 0; r < rows; ++r) sc[static_cast<size_t>(r)] = 0.004f * static_cast<float>(r + 1);
+  std::vector<double> h(static_cast<size_t>(d * d), 0.0);
+  for (int64_t i = 0; i < d; ++i) h[static_cast<size_t>(i * d + i)] = 1.0 + 0.1 * static_cast<double>(i);
+  EXPECT_EQ(cli::gptq_round(w, rows, d, sc, h), nearest_rows(w, d, sc));
+}
+
+TEST(Gptq, CorrelatedInputsLowerTheOutputErrorOfRounding) {
+  const int64_t rows = 16, d = 48;
+  const auto w = randv(static_cast<size_t>(rows * d), 12, 0.3f);
+  std::vector<float> sc(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    float amax = 0;
+    for (int64_t i = 0; i < d; ++i) amax = std::max(amax, std::fabs(w[static_cast<size_t>(r * d + i)]));
+    sc[static_cast<size_t>(r)] = amax / 127.f;
+  }
+  const auto h = correlated_hessian(d, 13);
+  const auto qg = cli::gptq_round(w, rows, d, sc, h);
+  const auto qn = nearest_rows(w, d, sc);
+  const double eg = cli::output_error(w, qg, rows, d, sc, h), en = cli::output_error(w, qn, rows, d, sc, h);
+  EXPECT_LT(eg, 0.5 * en) << "gptq " << eg << ", nearest " << en;
+  // The levels stay the caller's: each value within one level of its nearest rounding, none outside [-127, 127].
+  for (size_t i = 0; i < qg.size(); ++i) {
+    EXPECT_LE(std::abs(static_cast<int>(qg[i]) - static_cast<int>(qn[i])), 3) << i;
+    EXPECT_GE(qg[i], -127);
+  }
+}
+
+TEST(Gptq, InputsThatAreAlwaysZeroGetZeroWeights) {
+  const int64_t rows = 3, d = 8;
+  const auto w = randv(static_cast<size_t>(rows * d), 14, 0.5f);
+  const std::vector<float> sc(rows, 0.01f);
+  auto h = correlated_hessian(d, 15);
+  for (int64_t j = 0; j < d; ++j) h[static_cast<size_t>(2 * d + j)] = h[static_cast<size_t>(j * d + 2)] = 0;  // input 2
+  const auto q = cli::gptq_round(w, rows, d, sc, h);
+  for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(q[static_cast<size_t>(r * d + 2)], 0) << r;
+}
+
+TEST(Gptq, ConvHessianEqualsTheSumOverExplicitPatches) {
+  // Two groups of 3 channels, a 3x2 kernel with stride (2, 1), dilation (1, 2) and uneven padding, 2 batches of
+  // [2, 6, 7, 9]: the accumulator's H against patches gathered by hand in the weight's (channel, ky, kx) order.
+  cli::LayerGeometry g;
+  g.conv = true;
+  g.groups = 2, g.rows = 4, g.cin_g = 3, g.kh = 3, g.kw = 2;
+  g.cols = g.cin_g * g.kh * g.kw;
+  g.stride_h = 2, g.stride_w = 1, g.dil_h = 1, g.dil_w = 2;
+  g.pad_top = 1, g.pad_left = 2, g.pad_bottom = 0, g.pad_right = 1;
+  const int64_t N = 2, C = 6, H = 7, W = 9;
+  const int64_t OH = (H + 1 + 0 - 2 - 1) / 2 + 1, OW = (W + 2 + 1 - 2 - 1) / 1 + 1;
+  cli::HessianAccumulator acc(g, 2, 0);
+  std::vector<std::vector<double>> want(2, std::vector<double>(static_cast<size_t>(g.cols * g.cols), 0.0));
+  for (uint32_t b = 0; b < 2; ++b) {
+    const auto xv = randv(static_cast<size_t>(N * C * H * W), 20 + b);
+    ASSERT_TRUE(acc.add(Tensor::f32({N, C, H, W}, xv)).is_ok());
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t y = 0; y < OH; ++y)
+        for (int64_t x = 0; x < OW; ++x)
+          for (int64_t gr = 0; gr < 2; ++gr) {
+            std::vector<double> p;
+            for (int64_t c = 0; c < 3; ++c)
+              for (int64_t ky = 0; ky < 3; ++ky)
+                for (int64_t kx = 0; kx < 2; ++kx) {
+                  const int64_t iy = y * 2 - 1 + ky, ix = x - 2 + kx * 2;
+                  p.push_back(iy >= 0 && iy < H && ix >= 0 && ix < W
+                                  ? xv[static_cast<size_t>(((n * C + gr * 3 + c) * H + iy) * W + ix)]
+                                  : 0.0);
+                }
+            for (size_t i = 0; i < p.size(); ++i)
+              for (size_t j = 0; j < p.size(); ++j) want[static_cast<size_t>(gr)][i * p.size() + j] += p[i] * p[j];
+          }
+  }
+  EXPECT_EQ(acc.patches(), 2 * N * OH * OW);
+  for (int64_t gr = 0; gr < 2; ++gr) {
+    const auto got = acc.hessian(gr);
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_NEAR(got[i], want[static_cast<size_t>(gr)][i], 1e-3 * (1 + std::fabs(want[static_cast<size_t>(gr)][i])))
+          << "group " << gr << " entry " << i;
+  }
+  EXPECT_FALSE(acc.add(Tensor::f32({1, 5, 4, 4}, randv(80, 1))).is_ok());  // 5 channels, not 6
+  // Capped: every k-th patch over the batches.
+  cli::HessianAccumulator few(g, 2, 50);
+  for (uint32_t b = 0; b < 2; ++b)
+    ASSERT_TRUE(few.add(Tensor::f32({N, C, H, W}, randv(static_cast<size_t>(N * C * H * W), 20 + b))).is_ok());
+  EXPECT_LE(few.patches(), 50);
+  EXPECT_GE(few.patches(), 40);
+}
+
+TEST(QuantizeGraph, GptqRoundingLowersTheOutputError) {
+  auto cal = batches(10);
+  auto o = quiet();
+  auto nearest = cli::quantize_graph(env(), small_net(), cal, o);
+  o.weight_rounding = "gptq";
+  auto gptq = cli::quantize_graph(env(), small_net(), cal, o);
+  ASSERT_TRUE(nearest.is_ok()) << nearest.status().to_string();
+  ASSERT_TRUE(gptq.is_ok()) << gptq.status().to_string();
+  EXPECT_LT(gptq->output_rel_error, nearest->output_rel_error);
+  // The same scales, other int8 values in at least one layer; the note says how many layers.
+  bool differs = false;
+  for (const char* n : {"conv1", "conv2", "fc"}) {
+    const Node* a = node_named(gptq->graph, n);
+    const Node* b = node_named(nearest->graph, n);
+    ASSERT_TRUE(a && b && reads_dq(gptq->graph, a, 1) && reads_dq(nearest->graph, b, 1)) << n;
+    const Node* da = gptq->graph.node(*gptq->graph.producer(a->inputs[1]));
+    const Node* db = nearest->graph.node(*nearest->graph.producer(b->inputs[1]));
+    const Tensor& sa = gptq->graph.initializers.at(da->inputs[1]);
+    const Tensor& sb = nearest->graph.initializers.at(db->inputs[1]);
+    ASSERT_EQ(sa.numel(), sb.numel());
+    for (int64_t i = 0; i < sa.numel(); ++i) EXPECT_EQ(sa.data<float>()[i], sb.data<float>()[i]) << n;
+    const Tensor& qa = gptq->graph.initializers.at(da->inputs[0]);
+    const Tensor& qb = nearest->graph.initializers.at(db->inputs[0]);
+    for (int64_t i = 0; i < qa.numel(); ++i) differs |= qa.data<int8_t>()[i] != qb.data<int8_t>()[i];
+  }
+  EXPECT_TRUE(differs);
+  bool noted = false;
+  for (const auto& n : gptq->notes) noted |= n.rfind("gptq: ", 0) == 0 && n.find("layers rounded") != std::string::npos;
+  EXPECT_TRUE(noted);
+  o.weight_rounding = "best";
+  EXPECT_FALSE(cli::quantize_graph(env(), small_net(), cal, o).is_ok());
+}
 
 TEST(CalibrationDir, SubfoldersPerBatchAndFlatFiles) {
   fs::path d = temp_dir("layout");

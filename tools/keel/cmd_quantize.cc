@@ -136,6 +136,10 @@ void add_quantize_command(CLI::App& app, Globals& g) {
   cmd->add_flag("--per-tensor", a->per_tensor, "Weights per tensor instead of per output channel");
   cmd->add_flag("--no-bias-correction", a->no_bias_correction,
                 "Keep the biases as they are (default: subtract each layer's weight-rounding shift dW.E[x])");
+  cmd->add_option("--weight-rounding", a->opts.weight_rounding,
+                  "Weight rounding: nearest (each weight to its nearest int8 level) or gptq (each layer's rounding "
+                  "errors compensated against its inputs on the calibration batches: lower output error)")
+      ->check(CLI::IsMember({"nearest", "gptq"}));
   cmd->add_option("--device", a->opts.device, "Device for the calibration and evaluation sessions (cpu)");
   cmd->add_flag("--quiet,-q", a->quiet, "No progress bar");
   cmd->callback([a, &g] {
