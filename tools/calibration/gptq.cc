@@ -126,7 +126,8 @@ std::vector<double> HessianAccumulator::hessian(int64_t g) {
   std::vector<double> out(static_cast<size_t>(d * d));
   const float* h = h_.data() + g * d * d;
   for (int64_t i = 0; i < d; ++i)
-    for (int64_t j = i; j < d; ++j) out[static_cast<size_t>(i * d + j)] = out[static_cast<size_t>(j * d + i)] = h[i * d + j];
+    for (int64_t j = i; j < d; ++j)
+      out[static_cast<size_t>(i * d + j)] = out[static_cast<size_t>(j * d + i)] = h[i * d + j];
   return out;
 }
 
@@ -163,7 +164,9 @@ std::vector<int8_t> gptq_round(const std::vector<float>& w, int64_t rows, int64_
   std::vector<int8_t> q(static_cast<size_t>(rows * cols));
   auto round_nearest = [&] {
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t i = 0; i < d; ++i) q[static_cast<size_t>(r * d + i)] = nearest(w[static_cast<size_t>(r * d + i)], row_scales[static_cast<size_t>(r)]);
+      for (int64_t i = 0; i < d; ++i)
+        q[static_cast<size_t>(r * d + i)] =
+            nearest(w[static_cast<size_t>(r * d + i)], row_scales[static_cast<size_t>(r)]);
     return q;
   };
   if (d == 0 || rows == 0) return q;
@@ -187,7 +190,8 @@ std::vector<int8_t> gptq_round(const std::vector<float>& w, int64_t rows, int64_
     l.assign(static_cast<size_t>(d * d), 0.0);
     for (int64_t i = 0; i < d; ++i)
       for (int64_t j = 0; j <= i; ++j)
-        l[static_cast<size_t>(i * d + j)] = h[static_cast<size_t>((d - 1 - i) * d + (d - 1 - j))] + (i == j ? extra * mean_diag : 0.0);
+        l[static_cast<size_t>(i * d + j)] =
+            h[static_cast<size_t>((d - 1 - i) * d + (d - 1 - j))] + (i == j ? extra * mean_diag : 0.0);
     if (cholesky_lower(l, d)) break;
     if (extra > 1e3) return round_nearest();  // not even a heavily damped H is positive definite (NaN inputs)
   }
@@ -205,7 +209,8 @@ std::vector<int8_t> gptq_round(const std::vector<float>& w, int64_t rows, int64_
   std::vector<double> row(static_cast<size_t>(d));
   for (int64_t r = 0; r < rows; ++r) {
     const float s = row_scales[static_cast<size_t>(r)];
-    for (int64_t i = 0; i < d; ++i) row[static_cast<size_t>(i)] = dead[static_cast<size_t>(i)] ? 0.0 : w[static_cast<size_t>(r * d + i)];
+    for (int64_t i = 0; i < d; ++i)
+      row[static_cast<size_t>(i)] = dead[static_cast<size_t>(i)] ? 0.0 : w[static_cast<size_t>(r * d + i)];
     for (int64_t i = 0; i < d; ++i) {
       const int8_t qi = nearest(row[static_cast<size_t>(i)], s);
       q[static_cast<size_t>(r * d + i)] = qi;
