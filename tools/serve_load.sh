@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Load test of `keel serve` on loopback with wrk: sweeps the concurrency and prints req/s, infer/s (batch items),
 # latency percentiles, errors by class, the server's average batch (inference count / execution count from
-# /metrics) and the mean model run a request waited for (run_ms: compare it with `keel bench`'s to tell the server's
-# own cost from slower runs); optionally a soak at one concurrency with the server's resident memory sampled every second.
+# /metrics), the mean model run a request waited for (run_ms: compare it with `keel bench`'s to tell the server's
+# own cost from slower runs) and the server's CPU time per request (srv_cpu_ms, all its threads, from /proc: compare
+# it with `keel bench`'s cpu_ms_per_run, which --bench prints, for what the server costs whatever the client on the
+# same cores takes); optionally a soak at one concurrency with the server's resident memory sampled every second.
 #   tools/serve_load.sh MODEL.onnx [--batching MAX_BATCH DELAY_US] [--dynamic-batch] [--instances N] [--binary]
 #                       [--threads N] [--duration S] [--concurrency "1 2 4 8 16 32"] [--soak S] [--rows N]
 #                       [--bench] [--passes SPEC]
@@ -48,8 +50,8 @@ if ((bench)); then
 import json, sys
 b = json.load(open(sys.argv[1]))
 print("in-process keel bench: batch %d, threads %d, %d concurrent, %d runs: median %.3f ms, p90 %.3f ms, mean %.3f ms, "
-      "%.1f inferences/s" % (b["batch"], b["threads"], b["concurrency"], b["iters"], b["median_ms"], b["p90_ms"],
-                             b["mean_ms"], b["throughput_per_s"]))
+      "%.1f inferences/s, %.3f ms of CPU per run" % (b["batch"], b["threads"], b["concurrency"], b["iters"], b["median_ms"],
+                                                    b["p90_ms"], b["mean_ms"], b["throughput_per_s"], b["cpu_ms_per_run"]))
 PY
 fi
 mkdir -p "$work/repo/m/1"
@@ -103,17 +105,23 @@ with open(f"{work}/post.lua", "w") as f:
 PY
 metric() { curl -s --max-time 10 "http://127.0.0.1:$port/metrics" | sed -n "s/^$1{model=\"m\",version=\"1\"} //p"; }
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$server/status"; }
+# The server's CPU time so far (user + system, every thread) in clock ticks: fields 14 and 15 of /proc/PID/stat,
+# counted after the command name (which may hold spaces) ends with ')'.
+cpu_ticks() { sed 's/.*) //' "/proc/$server/stat" | awk '{print $12 + $13}'; }
+clk_tck=$(getconf CLK_TCK)
 # One wrk run: prints the row of the table (and leaves wrk's output in $work/wrk.txt).
 run_wrk() {
   local c=$1 secs=$2
-  local i0 e0 i1 e1 q0 q1 u0 u1
+  local i0 e0 i1 e1 q0 q1 u0 u1 t0 t1
   i0=$(metric keel_inference_count) e0=$(metric keel_inference_exec_count)
   q0=$(metric keel_inference_request_success) u0=$(metric keel_inference_compute_infer_duration_us)
+  t0=$(cpu_ticks)
   timeout $((secs + 30)) wrk -t "$(( c < 2 ? 1 : 2 ))" -c "$c" -d "${secs}s" --timeout 30s --latency \
     -s "$work/post.lua" "http://127.0.0.1:$port/v2/models/m/infer" > "$work/wrk.txt"
+  t1=$(cpu_ticks)
   i1=$(metric keel_inference_count) e1=$(metric keel_inference_exec_count)
   q1=$(metric keel_inference_request_success) u1=$(metric keel_inference_compute_infer_duration_us)
-  local out rps ips non2xx sock batch run
+  local out rps ips non2xx sock batch run cpu
   out=$(cat "$work/wrk.txt")
   rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
   ips=$(awk -v a=$((i1 - i0)) -v s="$secs" 'BEGIN {printf "%.1f", a / s}')
@@ -124,11 +132,13 @@ run_wrk() {
   batch=$(awk -v a=$((i1 - i0)) -v b=$((e1 - e0)) 'BEGIN {printf "%.2f", b ? a / b : 0}')
   # The model's run time per execution (the server counts a batch's run once per request in it).
   run=$(awk -v u=$((u1 - u0)) -v q=$((q1 - q0)) -v b="$batch" 'BEGIN {printf "%.3f", q ? u / q / 1000 : 0}')
-  printf '%-5s %10s %10s %9s %9s %9s %8s %14s %9s %8s\n' "$c" "$rps" "$ips" "$(ms 50%)" "$(ms 90%)" "$(ms 99%)" \
-    "${non2xx:-0}" "${sock:-0}" "$batch" "$run"
+  # The server's CPU time per request answered (the /metrics scrapes around the run add a few ms in all).
+  cpu=$(awk -v t=$((t1 - t0)) -v hz="$clk_tck" -v q=$((q1 - q0)) 'BEGIN {printf "%.3f", q ? t * 1000 / hz / q : 0}')
+  printf '%-5s %10s %10s %9s %9s %9s %8s %14s %9s %8s %10s\n' "$c" "$rps" "$ips" "$(ms 50%)" "$(ms 90%)" "$(ms 99%)" \
+    "${non2xx:-0}" "${sock:-0}" "$batch" "$run" "$cpu"
 }
-printf '%-5s %10s %10s %9s %9s %9s %8s %14s %9s %8s\n' conc req/s infer/s p50_ms p90_ms p99_ms non2xx sock_c/r/w/t \
-  avg_batch run_ms
+printf '%-5s %10s %10s %9s %9s %9s %8s %14s %9s %8s %10s\n' conc req/s infer/s p50_ms p90_ms p99_ms non2xx sock_c/r/w/t \
+  avg_batch run_ms srv_cpu_ms
 last=1
 for c in $conc; do
   run_wrk "$c" "$duration"

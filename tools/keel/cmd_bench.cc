@@ -110,6 +110,14 @@ StatusOr<HostLimits> read_host_limits(const std::string& asked) {
   }
 }
 
+// CPU seconds (user + system) this process has used so far, every thread included.
+double process_cpu_s() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
 double peak_rss_mib() {
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
@@ -272,6 +280,7 @@ int bench(const BenchArgs& a, Globals& g) {
   std::atomic<int> claimed{0};
   std::atomic<bool> stop{false}, failed{false};
   Clock::time_point t_start;
+  double cpu_start = 0;
   auto timed_runs = [&](std::vector<double>& out) {
     while (!stop && !failed && claimed.fetch_add(1) < a.iters) {
       auto t0 = Clock::now();
@@ -287,6 +296,7 @@ int bench(const BenchArgs& a, Globals& g) {
   std::vector<double> times;
   if (a.concurrency <= 1) {
     t_start = Clock::now();
+    cpu_start = process_cpu_s();
     timed_runs(times);
   } else {
     // N callers on the one session, started together once each has made an untimed run (its OpenMP team).
@@ -306,10 +316,14 @@ int bench(const BenchArgs& a, Globals& g) {
       });
     warmed.wait();
     t_start = Clock::now();  // the callers read it after go releases them
+    cpu_start = process_cpu_s();
     go.count_down();
     for (auto& t : callers) t.join();
   }
   const double wall_s = std::chrono::duration<double>(Clock::now() - t_start).count();
+  // What a run costs in CPU time, all threads together (OpenMP threads spinning between regions count too), over the
+  // timed runs: comparable with a server's CPU time per request (tools/serve_load.sh's srv_cpu_ms).
+  const double cpu_s = process_cpu_s() - cpu_start;
   if (failed) return 1;
   double sum = 0;
   for (double t : times) sum += t;
@@ -418,6 +432,8 @@ int bench(const BenchArgs& a, Globals& g) {
     j["throughput_per_s"] = throughput;
     j["wall_s"] = wall_s;
     j["wall_throughput_per_s"] = wall_throughput;
+    j["cpu_ms_per_run"] = times.empty() ? 0.0 : cpu_s * 1000.0 / static_cast<double>(times.size());
+    j["cpu_utilization"] = wall_s > 0 ? cpu_s / wall_s : 0.0;
     j["peak_rss_mib"] = peak_rss_mib();
     j["planned_arena_bytes"] = arena;
     j["kernel_workspace_bytes"] = workspace;
@@ -499,6 +515,9 @@ int bench(const BenchArgs& a, Globals& g) {
     std::cout << " (" << times.size() << " runs by " << a.concurrency << " callers in " << std::setprecision(3)
               << wall_s << " s)";
   std::cout << "\n";
+  std::cout << "cpu        " << std::setprecision(3) << (times.empty() ? 0.0 : cpu_s * 1000.0 / times.size())
+            << " ms of CPU time per run (all threads; " << std::setprecision(2) << (wall_s > 0 ? cpu_s / wall_s : 0.0)
+            << " CPUs busy on average)\n";
   if (work.flops > 0) {
     std::cout << "compute    " << std::setprecision(3) << gflop << " GFLOP per run (Conv/Gemm/MatMul"
               << (work.int8_flops > 0
