@@ -1,6 +1,10 @@
 // config.toml of a served model (tools/serve/model.h): every key, its defaults and its errors; the version policy.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <random>
+#include <string>
+
 #include "tools/serve/model.h"
 
 namespace {
@@ -52,6 +56,73 @@ specific = [1, 3]
   ASSERT_TRUE(none.is_ok());
   ASSERT_TRUE(none->passes.has_value());
   EXPECT_TRUE(none->passes->empty());
+}
+
+// Mutated copies of a full config (bytes changed to TOML's punctuation, digits and signs, control bytes and invalid
+// UTF-8, spans deleted, lines duplicated, the text cut short): each parses or fails with a message naming the file,
+// and what parses keeps every documented bound. The seed is printed; a failing case reruns with
+// KEEL_CONFIG_FUZZ_SEED.
+TEST(ServeConfig, MutatedConfigsParseWithinBoundsOrNameTheFile) {
+  const std::string full = R"(max_batch_size = 32
+max_queue_delay_us = 500
+preferred_batch_sizes = [16, 8]
+warmup_batch_sizes = [1, 8]
+max_queue_size = 100
+default_timeout_us = 250000
+dynamic_batch = true
+instances = 2
+threads = 1
+passes = ["fuse_conv_bn", "fold_constants:max_bytes=1024"]
+precision = "bf16"
+device = "cpu"
+[version_policy]
+specific = [1, 3]
+)";
+  const char* env_seed = std::getenv("KEEL_CONFIG_FUZZ_SEED");
+  const uint32_t seed = env_seed ? static_cast<uint32_t>(std::strtoul(env_seed, nullptr, 10)) : 20261204u;
+  std::mt19937 rng(seed);
+  const std::string alphabet = "[]{}=\"'#.,\n\t\\ 0123456789-+_eEx:\x01\x7f\xc3\xff";
+  constexpr int kCases = 3000;
+  int ok = 0;
+  for (int c = 0; c < kCases; ++c) {
+    std::string m = full;
+    const int edits = 1 + static_cast<int>(rng() % 4);
+    for (int e = 0; e < edits && !m.empty(); ++e) {
+      const size_t at = rng() % m.size();
+      switch (rng() % 4) {
+        case 0: m[at] = alphabet[rng() % alphabet.size()]; break;
+        case 1: m.erase(at, std::min<size_t>(m.size() - at, 1 + rng() % 12)); break;
+        case 2: {
+          const size_t bol = m.rfind('\n', at) == std::string::npos ? 0 : m.rfind('\n', at) + 1;
+          const size_t eol = m.find('\n', at) == std::string::npos ? m.size() : m.find('\n', at) + 1;
+          m.insert(eol, m.substr(bol, eol - bol));
+          break;
+        }
+        default: m.resize(at); break;
+      }
+    }
+    auto r = parse_model_config_text(m, "fuzz.toml");
+    if (!r.is_ok()) {
+      EXPECT_NE(r.status().message().find("fuzz.toml"), std::string::npos)
+          << "seed " << seed << " case " << c << ": " << r.status().to_string();
+      continue;
+    }
+    ++ok;
+    const ModelConfig& k = *r;
+    EXPECT_GE(k.max_batch_size, 0) << "seed " << seed << " case " << c;
+    EXPECT_GE(k.instances, 1) << "seed " << seed << " case " << c;
+    EXPECT_GE(k.threads, 0) << "seed " << seed << " case " << c;
+    EXPECT_GE(k.max_queue_delay_us, 0) << "seed " << seed << " case " << c;
+    for (int64_t b : k.preferred_batch_sizes)
+      EXPECT_TRUE(b >= 1 && b <= k.max_batch_size) << "seed " << seed << " case " << c << ": preferred " << b;
+    if (k.dynamic_batch) {
+      EXPECT_GT(k.max_batch_size, 0) << "seed " << seed << " case " << c;
+    }
+    EXPECT_TRUE(k.precision == "fp32" || k.precision == "fp16" || k.precision == "bf16") << k.precision;
+  }
+  std::printf("%d mutated configs (seed %u): %d parsed within bounds, %d refused naming the file\n", kCases, seed, ok,
+              kCases - ok);
+  EXPECT_GT(kCases - ok, kCases / 4);
 }
 
 TEST(ServeConfig, ErrorsNameTheFileAndTheKey) {
