@@ -5,6 +5,7 @@
 #include <onnx/onnx_pb.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -847,6 +848,42 @@ TEST(TensorFiles, BadNpyIsRefused) {
   check_bad(npy_bytes(4, "<f4", "(1,)", raw<float>({1})));                         // unknown version
   std::string good = npy_bytes(1, "<f4", "(2,)", raw<float>({1, 2}));
   check_bad(good.substr(0, 20));  // truncated header
+}
+
+// Mutated .npy files (header and length bytes changed, spans deleted, the file cut short or grown): each reads or is
+// refused, and what reads never holds more data than the file. The seed is printed; KEEL_NPY_FUZZ_SEED reruns one.
+TEST(TensorFiles, MutatedNpyReadsWithinTheFileOrIsRefused) {
+  const std::vector<std::string> valid = {npy_bytes(1, "<f4", "(2, 3)", raw<float>({1, 2, 3, 4, 5, 6})),
+                                          npy_bytes(2, "<i8", "(3,)", raw<int64_t>({1, 2, 3})),
+                                          npy_bytes(3, "|u1", "(2, 2, 1)", raw<uint8_t>({1, 2, 3, 4})),
+                                          npy_bytes(1, "<f2", "()", raw<uint16_t>({0x3c00}))};
+  const char* env_seed = std::getenv("KEEL_NPY_FUZZ_SEED");
+  const uint32_t seed = env_seed ? static_cast<uint32_t>(std::strtoul(env_seed, nullptr, 10)) : 20261204u;
+  std::mt19937 rng(seed);
+  const std::string alphabet = "0123456789(),' :{}<>|fiuc\x01\x7f\xff\x93";
+  constexpr int kCases = 20000;
+  int read = 0;
+  for (int c = 0; c < kCases; ++c) {
+    std::string m = valid[rng() % valid.size()];
+    const int edits = 1 + static_cast<int>(rng() % 3);
+    for (int e = 0; e < edits && !m.empty(); ++e) {
+      const size_t at = rng() % std::min<size_t>(m.size(), rng() % 2 ? 80 : m.size());  // mostly the header
+      switch (rng() % 4) {
+        case 0: m[at] = alphabet[rng() % alphabet.size()]; break;
+        case 1: m[at] = static_cast<char>(rng() & 0xff); break;
+        case 2: m.erase(at, std::min<size_t>(m.size() - at, 1 + rng() % 8)); break;
+        default: m.resize(rng() % 2 ? at : m.size() + rng() % 64, '\0'); break;
+      }
+    }
+    auto t = read_npy(m.data(), m.size());
+    if (!t.is_ok()) {
+      EXPECT_FALSE(t.status().message().empty()) << "seed " << seed << " case " << c;
+      continue;
+    }
+    ++read;
+    EXPECT_LE(t->byte_size(), m.size()) << "seed " << seed << " case " << c << ": " << t->describe();
+  }
+  std::printf("%d mutated .npy files (seed %u): %d read, %d refused\n", kCases, seed, read, kCases - read);
 }
 
 TEST(TensorFiles, PbRoundTrip) {
