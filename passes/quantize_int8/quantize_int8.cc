@@ -159,8 +159,10 @@ keel_status_t quantize(void*, keel_graph_t* g, const keel_graph_api_t* api, cons
         std::vector<float> scale(amax.size());
         for (size_t c = 0; c < amax.size(); ++c) scale[c] = amax[c] > 0 ? amax[c] / 127.f : 1.f;
         std::vector<int8_t> q(v.size());
-        for (size_t i = 0; i < v.size(); ++i)
-          q[i] = static_cast<int8_t>(std::clamp(std::nearbyint(v[i] / scale[ch(i)]), -127.f, 127.f));
+        for (size_t i = 0; i < v.size(); ++i) {
+          const float r = std::nearbyint(v[i] / scale[ch(i)]);  // NaN for a NaN weight (or inf / inf): 0
+          q[i] = std::isnan(r) ? int8_t{0} : static_cast<int8_t>(std::clamp(r, -127.f, 127.f));
+        }
         std::vector<int64_t> sdims = axis < 0 ? std::vector<int64_t>{} : std::vector<int64_t>{len};
         std::string wq = gv.unique_name(w + "_quantized"), s = gv.unique_name(w + "_scale"),
                     z = gv.unique_name(w + "_zero_point"), wd = gv.unique_name(w + "_dequantized");

@@ -134,7 +134,8 @@ std::vector<double> HessianAccumulator::hessian(int64_t g) {
 namespace {
 
 int8_t nearest(double w, float scale) {
-  return static_cast<int8_t>(std::clamp(std::nearbyint(w / scale), -127.0, 127.0));
+  const double q = std::nearbyint(w / scale);
+  return std::isnan(q) ? int8_t{0} : static_cast<int8_t>(std::clamp(q, -127.0, 127.0));
 }
 
 // Lower Cholesky factor of the d × d symmetric matrix a, in place (the upper triangle is left as it was). False when
@@ -206,6 +207,9 @@ std::vector<int8_t> gptq_round(const std::vector<float>& w, int64_t rows, int64_
     // U[d-1-i][d-1-j] = M[i][j]
     for (int64_t i = j; i < d; ++i) u[static_cast<size_t>((d - 1 - i) * d + (d - 1 - j))] = m[static_cast<size_t>(i)];
   }
+  // Inputs with infinities make H infinite and U not finite: nearest rounding then.
+  for (double x : u)
+    if (!std::isfinite(x)) return round_nearest();
   std::vector<double> row(static_cast<size_t>(d));
   for (int64_t r = 0; r < rows; ++r) {
     const float s = row_scales[static_cast<size_t>(r)];

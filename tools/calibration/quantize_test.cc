@@ -612,6 +612,29 @@ TEST(QuantizeGraph, GptqRoundingLowersTheOutputError) {
   EXPECT_FALSE(cli::quantize_graph(env(), small_net(), cal, o).is_ok());
 }
 
+// A weight that is NaN (a broken model) quantizes to 0 with either rounding, never to an undefined conversion (UBSan
+// reports one), and the run reports the outputs' error instead of failing.
+TEST(QuantizeGraph, NanWeightsQuantizeToZero) {
+  Graph g = small_net();
+  for (NodeId id : g.node_ids()) {
+    Node* n = g.node(id);
+    if (n->name != "conv2") continue;
+    Tensor w = g.initializers.at(n->inputs[1]).clone().value();
+    w.data<float>()[5] = std::numeric_limits<float>::quiet_NaN();
+    g.initializers[n->inputs[1]] = w;
+  }
+  for (const char* rounding : {"nearest", "gptq"}) {
+    auto o = quiet();
+    o.weight_rounding = rounding;
+    auto r = cli::quantize_graph(env(), g, batches(5), o);
+    ASSERT_TRUE(r.is_ok()) << rounding << ": " << r.status().to_string();
+    const Node* n = node_named(r->graph, "conv2");
+    ASSERT_TRUE(n && reads_dq(r->graph, n, 1)) << rounding;
+    const Node* dq = r->graph.node(*r->graph.producer(n->inputs[1]));
+    EXPECT_EQ(r->graph.initializers.at(dq->inputs[0]).data<int8_t>()[5], 0) << rounding;
+  }
+}
+
 TEST(CalibrationDir, SubfoldersPerBatchAndFlatFiles) {
   fs::path d = temp_dir("layout");
   auto cal = batches(3);
