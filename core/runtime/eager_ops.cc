@@ -9,6 +9,8 @@
 #include <initializer_list>
 #include <type_traits>
 
+#include "core/base/target_clones.h"
+
 namespace keel::eager {
 
 using namespace detail;
@@ -258,7 +260,7 @@ Tensor layer_norm(const Tensor& x, int64_t normalized_dims, const Tensor& weight
 namespace {
 // Loops of the dropout mask, compiled twice on x86-64: for AVX-512 (vectorised; chosen at load time where the CPU has
 // it) and for the baseline. Both compute the same values.
-#if defined(__x86_64__) && defined(__GNUC__)
+#if KEEL_TARGET_CLONES
 #define KEEL_DROPOUT_CLONES __attribute__((target_clones("avx512f", "default"), optimize("O3")))
 #else
 #define KEEL_DROPOUT_CLONES

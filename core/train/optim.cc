@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/base/target_clones.h"
+
 namespace keel::train {
 namespace {
 
@@ -31,7 +33,7 @@ std::vector<ParamGroup> with_defaults(std::vector<ParamGroup> groups, double lr,
 // and for the baseline) at -O3, whose loop unswitching takes the invariant branches out so that each variant
 // vectorises: at the build's -O2 it stayed a scalar SSE loop (addss/mulss), 3.8% of a 1-thread LeNet-like training
 // step in `perf`. The pointers do not overlap (the caller checks). Both clones compute the same values.
-#if defined(__x86_64__) && defined(__GNUC__)
+#if KEEL_TARGET_CLONES
 #define KEEL_SGD_CLONES __attribute__((target_clones("avx512f", "default"), optimize("O3", "fp-contract=off")))
 #else
 #define KEEL_SGD_CLONES
@@ -77,7 +79,7 @@ bool sgd_update_on_host(Tensor& p, const Tensor& g, Tensor& buf, float lr, float
 
 // Adam's update of one f32 parameter on the CPU in one pass (see adam_update_on_host), the same clones as sgd_loop;
 // sqrt and division are IEEE operations in both clones (errno is never set: v >= 0).
-#if defined(__x86_64__) && defined(__GNUC__)
+#if KEEL_TARGET_CLONES
 #define KEEL_ADAM_CLONES \
   __attribute__((target_clones("avx512f", "default"), optimize("O3", "fp-contract=off", "no-math-errno")))
 #else

@@ -4,13 +4,15 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/base/target_clones.h"
+
 namespace keel::cli {
 namespace {
 
 // The hot loops, compiled for AVX-512, AVX2 and the baseline (chosen at load time) at -O3 so that they vectorise.
 // No reduction is reassociated and nothing is contracted into FMAs (ISO C++ mode), so every clone gives the same bits.
-#if defined(__x86_64__) && defined(__GNUC__)
-#define KEEL_GPTQ_CLONES __attribute__((target_clones("avx512f", "avx2", "default"), optimize("O3")))
+#if KEEL_TARGET_CLONES
+#define KEEL_GPTQ_CLONES __attribute__((target_clones("avx512f", "avx2", "default"), optimize("O3", "fp-contract=off")))
 #else
 #define KEEL_GPTQ_CLONES
 #endif
