@@ -371,7 +371,7 @@ std::optional<std::vector<int64_t>> small_i64_constant(const onnx::GraphProto& g
     std::vector<int64_t> v(n);
     if (t.has_raw_data()) {
       if (t.raw_data().size() != n * sizeof(int64_t)) return std::nullopt;
-      std::memcpy(v.data(), t.raw_data().data(), t.raw_data().size());
+      if (n > 0) std::memcpy(v.data(), t.raw_data().data(), t.raw_data().size());  // an empty vector's data() is null
     } else {
       if (static_cast<size_t>(t.int64_data_size()) != n) return std::nullopt;
       std::copy(t.int64_data().begin(), t.int64_data().end(), v.begin());

@@ -697,6 +697,30 @@ TEST(OnnxIo, ShapeComputationFuzzerFindingsLoadOrFailCleanly) {
     EXPECT_NE(r.status().message().find("'reshaped'"), std::string::npos) << r.status().to_string();
     EXPECT_NE(r.status().message().find("cannot run"), std::string::npos) << r.status().to_string();
   }
+  {
+    // The attribute fuzzer under UBSan (seed 4, case 9121): a Slice whose axes are an empty raw-data initializer made
+    // the reader of small constants memcpy into an empty vector's null data() (undefined even for 0 bytes).
+    // Repro: keel run case_4_9121_Slice_op16.onnx --passes none (a UBSan build reports "null pointer passed").
+    auto m = base_model(16);
+    auto* g = m.mutable_graph();
+    set_tensor_type(g->add_input(), "x", onnx::TensorProto::FLOAT, {});
+    set_tensor_type(g->add_input(), "starts", onnx::TensorProto::INT64, {3});
+    set_tensor_type(g->add_output(), "s", onnx::TensorProto::INT64, {1}, "n");
+    for (const char* name : {"ends", "axes"}) {
+      auto* t = g->add_initializer();
+      t->set_name(name);
+      t->set_data_type(onnx::TensorProto::INT64);
+      t->add_dims(0);
+      t->set_raw_data("");
+    }
+    node(g, "Slice", {"x", "starts", "ends", "axes"}, "y");
+    node(g, "Shape", {"y"}, "s");
+    auto bytes = bytes_of(m);
+    auto r = load_onnx_from_memory(bytes.data(), bytes.size(), {}, quiet());
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    const Status st = infer_shapes(*r);  // where the constant was read (a session's build runs it too)
+    EXPECT_TRUE(st.is_ok() || !st.message().empty());
+  }
 }
 
 TEST(OnnxIo, NewerOpsetsAreRefused) {
