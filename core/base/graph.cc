@@ -119,10 +119,11 @@ StatusOr<std::vector<NodeId>> Graph::topological_order() const {
   std::unordered_map<NodeId, std::vector<NodeId>> users;
   for (const auto& [id, n] : nodes_) {
     std::set<NodeId> deps;
+    const NodeId self = id;  // a copy: clang before 16 cannot capture a structured binding
     auto depend = [&](const std::string& in) {
       if (in.empty()) return;
       auto it = producer_of.find(in);
-      if (it != producer_of.end() && it->second != id) deps.insert(it->second);
+      if (it != producer_of.end() && it->second != self) deps.insert(it->second);
     };
     for (const auto& in : n.inputs) depend(in);
     for (const auto& in : implicit_inputs(n)) depend(in);
