@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/common/mutate.h"
+
 namespace keel {
 namespace {
 
@@ -381,22 +383,7 @@ TEST_F(PluginManagerTest, MutatedManifestsLoadOrFailWithAReason) {
   constexpr int kCases = 300;
   int loaded = 0, failed = 0;
   for (int c = 0; c < kCases; ++c) {
-    std::string m = good;
-    const int edits = 1 + static_cast<int>(rng() % 4);
-    for (int e = 0; e < edits && !m.empty(); ++e) {
-      const size_t at = rng() % m.size();
-      switch (rng() % 4) {
-        case 0: m[at] = alphabet[rng() % alphabet.size()]; break;
-        case 1: m.erase(at, std::min<size_t>(m.size() - at, 1 + rng() % 12)); break;
-        case 2: {
-          const size_t bol = m.rfind('\n', at) == std::string::npos ? 0 : m.rfind('\n', at) + 1;
-          const size_t eol = m.find('\n', at) == std::string::npos ? m.size() : m.find('\n', at) + 1;
-          m.insert(eol, m.substr(bol, eol - bol));
-          break;
-        }
-        default: m.resize(at); break;
-      }
-    }
+    const std::string m = testing_util::mutated(good, rng, alphabet);
     const fs::path file = tmp / "good.keel-plugin.toml";
     std::ofstream(file, std::ios::binary | std::ios::trunc) << m;
     Registry reg;

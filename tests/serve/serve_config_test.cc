@@ -5,6 +5,7 @@
 #include <random>
 #include <string>
 
+#include "tests/common/mutate.h"
 #include "tools/serve/model.h"
 
 namespace {
@@ -13,19 +14,12 @@ using keel::serve::ModelConfig;
 using keel::serve::parse_model_config_text;
 using keel::serve::VersionPolicy;
 
-TEST(ServeConfig, DefaultsAndEveryKey) {
-  auto empty = parse_model_config_text("", "empty.toml");
-  ASSERT_TRUE(empty.is_ok()) << empty.status().to_string();
-  EXPECT_EQ(empty->max_batch_size, 0);
-  EXPECT_EQ(empty->instances, 1);
-  EXPECT_FALSE(empty->passes.has_value());  // auto
-  EXPECT_EQ(empty->precision, "fp32");
-  EXPECT_EQ(empty->version_policy.kind, VersionPolicy::Kind::kLatest);
-  EXPECT_EQ(empty->version_policy.latest, 1);
-  auto full = parse_model_config_text(R"(
+// Every key set (the valid input the mutation test starts from).
+const char* const kFullConfig = R"(
 max_batch_size = 32
 max_queue_delay_us = 500
 preferred_batch_sizes = [16, 8]
+warmup_batch_sizes = [1, 8]
 max_queue_size = 100
 default_timeout_us = 250000
 dynamic_batch = true
@@ -36,8 +30,18 @@ precision = "bf16"
 device = "cpu"
 [version_policy]
 specific = [1, 3]
-)",
-                                      "full.toml");
+)";
+
+TEST(ServeConfig, DefaultsAndEveryKey) {
+  auto empty = parse_model_config_text("", "empty.toml");
+  ASSERT_TRUE(empty.is_ok()) << empty.status().to_string();
+  EXPECT_EQ(empty->max_batch_size, 0);
+  EXPECT_EQ(empty->instances, 1);
+  EXPECT_FALSE(empty->passes.has_value());  // auto
+  EXPECT_EQ(empty->precision, "fp32");
+  EXPECT_EQ(empty->version_policy.kind, VersionPolicy::Kind::kLatest);
+  EXPECT_EQ(empty->version_policy.latest, 1);
+  auto full = parse_model_config_text(kFullConfig, "full.toml");
   ASSERT_TRUE(full.is_ok()) << full.status().to_string();
   EXPECT_EQ(full->max_batch_size, 32);
   EXPECT_EQ(full->max_queue_delay_us, 500);
@@ -63,21 +67,6 @@ specific = [1, 3]
 // and what parses keeps every documented bound. The seed is printed; a failing case reruns with
 // KEEL_CONFIG_FUZZ_SEED.
 TEST(ServeConfig, MutatedConfigsParseWithinBoundsOrNameTheFile) {
-  const std::string full = R"(max_batch_size = 32
-max_queue_delay_us = 500
-preferred_batch_sizes = [16, 8]
-warmup_batch_sizes = [1, 8]
-max_queue_size = 100
-default_timeout_us = 250000
-dynamic_batch = true
-instances = 2
-threads = 1
-passes = ["fuse_conv_bn", "fold_constants:max_bytes=1024"]
-precision = "bf16"
-device = "cpu"
-[version_policy]
-specific = [1, 3]
-)";
   const char* env_seed = std::getenv("KEEL_CONFIG_FUZZ_SEED");
   const uint32_t seed = env_seed ? static_cast<uint32_t>(std::strtoul(env_seed, nullptr, 10)) : 20261204u;
   std::mt19937 rng(seed);
@@ -85,22 +74,7 @@ specific = [1, 3]
   constexpr int kCases = 3000;
   int ok = 0;
   for (int c = 0; c < kCases; ++c) {
-    std::string m = full;
-    const int edits = 1 + static_cast<int>(rng() % 4);
-    for (int e = 0; e < edits && !m.empty(); ++e) {
-      const size_t at = rng() % m.size();
-      switch (rng() % 4) {
-        case 0: m[at] = alphabet[rng() % alphabet.size()]; break;
-        case 1: m.erase(at, std::min<size_t>(m.size() - at, 1 + rng() % 12)); break;
-        case 2: {
-          const size_t bol = m.rfind('\n', at) == std::string::npos ? 0 : m.rfind('\n', at) + 1;
-          const size_t eol = m.find('\n', at) == std::string::npos ? m.size() : m.find('\n', at) + 1;
-          m.insert(eol, m.substr(bol, eol - bol));
-          break;
-        }
-        default: m.resize(at); break;
-      }
-    }
+    const std::string m = keel::testing_util::mutated(kFullConfig, rng, alphabet);
     auto r = parse_model_config_text(m, "fuzz.toml");
     if (!r.is_ok()) {
       EXPECT_NE(r.status().message().find("fuzz.toml"), std::string::npos)
