@@ -161,17 +161,20 @@ bool cholesky_lower(std::vector<double>& a, int64_t d) {
 
 }  // namespace
 
+std::vector<int8_t> nearest_round(const std::vector<float>& w, int64_t rows, int64_t cols,
+                                  const std::vector<float>& row_scales) {
+  std::vector<int8_t> q(static_cast<size_t>(rows * cols));
+  for (size_t i = 0; i < q.size(); ++i) {
+    const float r = std::nearbyint(w[i] / row_scales[i / static_cast<size_t>(cols)]);
+    q[i] = std::isnan(r) ? int8_t{0} : static_cast<int8_t>(std::clamp(r, -127.f, 127.f));
+  }
+  return q;
+}
+
 std::vector<int8_t> gptq_round(const std::vector<float>& w, int64_t rows, int64_t cols,
                                const std::vector<float>& row_scales, std::vector<double> h, double damp) {
   const int64_t d = cols;
   std::vector<int8_t> q(static_cast<size_t>(rows * cols));
-  auto round_nearest = [&] {
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t i = 0; i < d; ++i)
-        q[static_cast<size_t>(r * d + i)] =
-            nearest(w[static_cast<size_t>(r * d + i)], row_scales[static_cast<size_t>(r)]);
-    return q;
-  };
   if (d == 0 || rows == 0) return q;
   // Inputs that were always zero: their weights never matter (quantized as zeros) and their rows of H are empty.
   std::vector<char> dead(static_cast<size_t>(d), 0);
@@ -196,7 +199,8 @@ std::vector<int8_t> gptq_round(const std::vector<float>& w, int64_t rows, int64_
         l[static_cast<size_t>(i * d + j)] =
             h[static_cast<size_t>((d - 1 - i) * d + (d - 1 - j))] + (i == j ? extra * mean_diag : 0.0);
     if (cholesky_lower(l, d)) break;
-    if (extra > 1e3) return round_nearest();  // not even a heavily damped H is positive definite (NaN inputs)
+    if (extra > 1e3)
+      return nearest_round(w, rows, cols, row_scales);  // not even a heavily damped H is positive definite (NaN inputs)
   }
   // M = L⁻¹ (lower), one column at a time by forward substitution: rows of L and the column are contiguous.
   std::vector<double> u(static_cast<size_t>(d * d), 0.0), m(static_cast<size_t>(d));
@@ -211,7 +215,7 @@ std::vector<int8_t> gptq_round(const std::vector<float>& w, int64_t rows, int64_
   }
   // Inputs with infinities make H infinite and U not finite: nearest rounding then.
   for (double x : u)
-    if (!std::isfinite(x)) return round_nearest();
+    if (!std::isfinite(x)) return nearest_round(w, rows, cols, row_scales);
   std::vector<double> row(static_cast<size_t>(d));
   for (int64_t r = 0; r < rows; ++r) {
     const float s = row_scales[static_cast<size_t>(r)];

@@ -68,6 +68,11 @@ class HessianAccumulator {
   int64_t filled_ = 0;        // patches in block_ (per group)
 };
 
+// Nearest rounding of `rows` weight rows of `cols` values (row-major), as the quantize_int8 pass rounds: round(w /
+// scale[row]) in f32, clamped to [−127, 127], NaN to 0. What GPTQ is compared with, and its fallback.
+std::vector<int8_t> nearest_round(const std::vector<float>& w, int64_t rows, int64_t cols,
+                                  const std::vector<float>& row_scales);
+
 // GPTQ over `rows` weight rows of `cols` values each (row-major `w`), quantized to round(w / scale[row]) clamped to
 // [−127, 127], with the input Hessian `h` (cols × cols, symmetric). `damp` is added to the diagonal as a fraction of
 // its mean (GPTQ's 0.01), which keeps the update stable when the calibration patches do not span every direction.

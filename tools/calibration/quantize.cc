@@ -858,11 +858,7 @@ StatusOr<QuantizeResult> quantize_graph(Environment& env, const Graph& fp32, con
           }
           std::vector<double> h = acc[j - first].hessian(gr);
           std::vector<int8_t> qg = gptq_round(w, g.rows, g.cols, sc, h);
-          std::vector<int8_t> qn(qg.size());
-          for (size_t i = 0; i < qn.size(); ++i) {
-            const float r = std::nearbyint(w[i] / sc[i / static_cast<size_t>(g.cols)]);
-            qn[i] = std::isnan(r) ? int8_t{0} : static_cast<int8_t>(std::clamp(r, -127.f, 127.f));
-          }
+          const std::vector<int8_t> qn = nearest_round(w, g.rows, g.cols, sc);
           err_nearest += output_error(w, qn, g.rows, g.cols, sc, h);
           err_gptq += output_error(w, qg, g.rows, g.cols, sc, h);
           for (int64_t r = 0; r < g.rows; ++r) {
