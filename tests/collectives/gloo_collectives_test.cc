@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "core/base/dtype.h"
+#include "core/runtime/dist/process_group.h"
 #include "tests/collectives/collective_test_util.h"
 
 extern char** environ;
@@ -209,6 +210,21 @@ TEST(GlooCollectives, PluginLoads) {
   }
   SKIP_WITHOUT_GLOO();
   EXPECT_EQ(gloo().entry->device_type, "cpu");
+}
+
+// A Gloo plugin whose init refuses an option fails to load; asking for the backend then names the plugin's own reason
+// (not just "not registered"), so `keel train --nproc 2` with a mistyped KEEL_GLOO_* says what to fix.
+TEST(GlooCollectives, AMissingBackendNamesWhyItsPluginDidNotLoad) {
+  SKIP_WITHOUT_GLOO();
+  ASSERT_EQ(::setenv("KEEL_GLOO_CROSS_MEMORY", "sometimes", 1), 0);
+  auto env = Environment::create();
+  ::unsetenv("KEEL_GLOO_CROSS_MEMORY");
+  ASSERT_TRUE(env.is_ok()) << env.status().to_string();
+  auto entry = dist::find_collective(**env, "gloo");
+  ASSERT_FALSE(entry.is_ok());
+  const std::string m = entry.status().to_string();
+  EXPECT_NE(m.find("plugin 'gloo' failed"), std::string::npos) << m;
+  EXPECT_NE(m.find("cross_memory 'sometimes' is not auto or off"), std::string::npos) << m;
 }
 
 class GlooWorld : public ::testing::TestWithParam<int32_t> {};

@@ -124,6 +124,11 @@ StatusOr<const CollectiveEntry*> find_collective(const Environment& env, const s
   if (!backend.empty()) {
     for (const auto& c : reg.collectives())
       if (c->backend == backend) return c.get();
+    // A collective plugin of that name that did not load says why (e.g. an invalid option of the Gloo plugin).
+    for (const PluginRecord& p : env.plugins())
+      if (p.kind == "collective" && p.name == backend && p.state != PluginState::kLoaded)
+        return not_found("collective backend '" + backend + "' is not registered: plugin '" + p.name + "' " +
+                         plugin_state_name(p.state) + ": " + p.reason);
     return not_found("collective backend '" + backend + "' is not registered (registered: " + registered +
                      "; `keel plugins` says why a plugin was skipped)");
   }
