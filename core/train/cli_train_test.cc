@@ -218,6 +218,34 @@ TEST_F(KeelTrain, RunRecordsHistogramsAndComparison) {
 // The training device's memory pool after every epoch and its peak at the end, printed and recorded (run.json, the
 // log). The pool reaches its steady state in the first epoch (a short last batch and the evaluation included): later
 // epochs take no new memory from the device, so reserved bytes and raw allocations stay where epoch 1 left them.
+// KEEL_EAGER_PROFILE=1: after each epoch's training, its ops by kernel and shapes (the convolution's gradient among
+// them), before that epoch's line and not counting evaluation (the test set's forward at its own batch size).
+TEST_F(KeelTrain, EagerProfilePerEpochUnderTheEnvironmentVariable) {
+  auto [rc, out] = sh("KEEL_EAGER_PROFILE=1 " + train("--epochs 2 --no-quantize -o '' --histogram-bins 0"));
+  ASSERT_EQ(rc, 0) << out;
+  const size_t p1 = out.find("eager profile of epoch 1's training (rank 0):"),
+               p2 = out.find("eager profile of epoch 2's training (rank 0):");
+  ASSERT_NE(p1, std::string::npos) << out;
+  ASSERT_NE(p2, std::string::npos) << out;
+  EXPECT_LT(p1, out.find("epoch 1/2: ")) << out;
+  EXPECT_LT(out.find("epoch 1/2: "), p2) << out;
+  const std::string first = out.substr(p1, p2 - p1);
+  EXPECT_NE(first.find("keel.ConvGrad"), std::string::npos) << first;
+  // 192 images at batch 32: six training steps, so the convolution ran 6 times (evaluation's 50 images not counted).
+  const size_t conv = first.find("\nConv ");
+  ASSERT_NE(conv, std::string::npos) << first;
+  const std::string line = first.substr(conv + 1, first.find('\n', conv + 1) - conv - 1);
+  EXPECT_NE(line.find(" 6 calls "), std::string::npos) << line;
+  // Epoch 2's profile does not hold epoch 1's evaluation (the 50 test images in one batch).
+  const std::string second = out.substr(p2, out.find("epoch 2/2: ") - p2);
+  EXPECT_NE(second.find("keel.ConvGrad"), std::string::npos) << second;
+  EXPECT_EQ(second.find("[50, "), std::string::npos) << second;
+  // Without the variable: no profile.
+  auto [rc2, out2] = sh(train("--epochs 1 --no-quantize -o '' --histogram-bins 0"));
+  ASSERT_EQ(rc2, 0) << out2;
+  EXPECT_EQ(out2.find("eager profile"), std::string::npos) << out2;
+}
+
 TEST_F(KeelTrain, ReportsMemoryPerEpochAndReservedStaysFlat) {
   const fs::path run = dir_ / "run.json", log = dir_ / "log.jsonl";
   // Batch 40: 192 images give four full batches and a short one of 32.
