@@ -215,9 +215,6 @@ TEST_F(KeelTrain, RunRecordsHistogramsAndComparison) {
   EXPECT_NE(norun.second.find("has no run.json"), std::string::npos) << norun.second;
 }
 
-// The training device's memory pool after every epoch and its peak at the end, printed and recorded (run.json, the
-// log). The pool reaches its steady state in the first epoch (a short last batch and the evaluation included): later
-// epochs take no new memory from the device, so reserved bytes and raw allocations stay where epoch 1 left them.
 // KEEL_EAGER_PROFILE=1: after each epoch's training, its ops by kernel and shapes (the convolution's gradient among
 // them), before that epoch's line and not counting evaluation (the test set's forward at its own batch size).
 TEST_F(KeelTrain, EagerProfilePerEpochUnderTheEnvironmentVariable) {
@@ -246,6 +243,9 @@ TEST_F(KeelTrain, EagerProfilePerEpochUnderTheEnvironmentVariable) {
   EXPECT_EQ(out2.find("eager profile"), std::string::npos) << out2;
 }
 
+// The training device's memory pool after every epoch and its peak at the end, printed and recorded (run.json, the
+// log). The pool reaches its steady state in the first epoch (a short last batch and the evaluation included): later
+// epochs take no new memory from the device, so reserved bytes and raw allocations stay where epoch 1 left them.
 TEST_F(KeelTrain, ReportsMemoryPerEpochAndReservedStaysFlat) {
   const fs::path run = dir_ / "run.json", log = dir_ / "log.jsonl";
   // Batch 40: 192 images give four full batches and a short one of 32.
