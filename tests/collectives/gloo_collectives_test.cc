@@ -214,16 +214,35 @@ TEST(GlooCollectives, PluginLoads) {
 
 // A Gloo plugin whose init refuses an option fails to load; asking for the backend then names the plugin's own reason
 // (not just "not registered"), so `keel train --nproc 2` with a mistyped KEEL_GLOO_* says what to fix.
+// In a child process: the plugin's settings are process-wide, and a failed init must not touch the environment
+// the other tests of this process share.
 TEST(GlooCollectives, AMissingBackendNamesWhyItsPluginDidNotLoad) {
   SKIP_WITHOUT_GLOO();
-  ASSERT_EQ(::setenv("KEEL_GLOO_CROSS_MEMORY", "sometimes", 1), 0);
-  auto env = Environment::create();
-  ::unsetenv("KEEL_GLOO_CROSS_MEMORY");
-  ASSERT_TRUE(env.is_ok()) << env.status().to_string();
-  auto entry = dist::find_collective(**env, "gloo");
-  ASSERT_FALSE(entry.is_ok());
-  const std::string m = entry.status().to_string();
-  EXPECT_NE(m.find("plugin 'gloo' failed"), std::string::npos) << m;
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(fds[0]);
+    ::setenv("KEEL_GLOO_CROSS_MEMORY", "sometimes", 1);
+    auto env = Environment::create();
+    std::string m = env.is_ok() ? "" : "environment: " + env.status().to_string();
+    if (env.is_ok()) {
+      auto entry = dist::find_collective(**env, "gloo");
+      m = entry.is_ok() ? "found" : entry.status().to_string();
+    }
+    const ssize_t w = ::write(fds[1], m.data(), m.size());
+    ::_exit(w == static_cast<ssize_t>(m.size()) ? 0 : 1);
+  }
+  ::close(fds[1]);
+  std::string m;
+  char buf[512];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) m.append(buf, static_cast<size_t>(n));
+  ::close(fds[0]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << m;
+  EXPECT_NE(m.find("is not registered: plugin 'gloo' failed"), std::string::npos) << m;
   EXPECT_NE(m.find("cross_memory 'sometimes' is not auto or off"), std::string::npos) << m;
 }
 
