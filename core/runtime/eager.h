@@ -277,6 +277,7 @@ DispatchStats dispatch_stats();
 void clear_kernel_cache();  // releases every cached kernel instance
 // Per-kernel timing of eager ops (off by default; KEEL_EAGER_PROFILE=1 turns it on at start-up).
 void set_profiling(bool on);
+bool profiling();  // whether it is on
 // One line per (op, kernel, input types): calls, total and mean process-CPU milliseconds (all threads), slowest
 // first; clears the counters.
 std::string profile_report();

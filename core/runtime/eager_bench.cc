@@ -124,7 +124,7 @@ int main(int argc, char** argv) {
     std::printf("  fp32           %.3f ms/batch\n", f32);
     double bf16 = step_ms(m, x, y, DType::kBF16, iters, true);
     std::printf("  bf16 autocast  %.3f ms/batch\n", bf16);
-    if (std::getenv("KEEL_EAGER_PROFILE")) std::printf("%s", profile_report().c_str());
+    if (profiling()) std::printf("%s", profile_report().c_str());
     // Dispatch overhead: a tiny op, kernel instance cached.
     Tensor s = rand_uniform({8}, -1, 1);
     const int n = 20000;

@@ -97,6 +97,7 @@ DispatchStats dispatch_stats() {
   return DispatchStats{r.ops.load(), r.hits.load(), r.misses.load()};
 }
 void set_profiling(bool on) { rt().profiling = on; }
+bool profiling() { return rt().profiling; }
 
 std::string profile_report() {
   Runtime& r = rt();

@@ -972,12 +972,12 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
       progress.batch = 0;
       // KEEL_EAGER_PROFILE=1: this epoch's training ops by kernel and shapes (process CPU time, so a rank's
       // communication thread counts into the ops it ran beside), before evaluation adds its own.
-      if (std::getenv("KEEL_EAGER_PROFILE"))
+      if (keel::eager::profiling())
         std::cerr << "eager profile of epoch " << epoch + 1 << "'s training (rank " << ranks.rank << "):\n"
                   << keel::eager::profile_report();
       double eval_s = 0;
       final_acc = evaluate_eager(model, *test, a, &eval_s, ranks);
-      if (std::getenv("KEEL_EAGER_PROFILE")) (void)keel::eager::profile_report();  // evaluation's ops: not counted
+      if (keel::eager::profiling()) (void)keel::eager::profile_report();  // evaluation's ops: not counted
       out << "epoch " << epoch + 1 << "/" << a.epochs << ": " << std::fixed << std::setprecision(2) << dt << " s, "
           << std::setprecision(0) << static_cast<double>(seen) / dt << " img/s, " << std::setprecision(4)
           << "train loss " << (batches ? loss_sum / static_cast<double>(batches) : 0) << ", train accuracy "
