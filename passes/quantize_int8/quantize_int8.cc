@@ -34,8 +34,11 @@
 //                  is folded into it (option fold_quantize = true): the node reads the f32 value and quantizes it
 //                  itself (on oneDNN inside the reorder into its layout: one pass over the data instead of two, and
 //                  one step less).
+//                  First, a per-tensor QuantizeLinear after MaxPool / GlobalMaxPool / a view moves in front of it
+//                  (option hoist_quantize = true; exact: hoist_quantize below), so that the pooling runs on 1-byte
+//                  values and the Conv before it requantizes instead of writing f32.
 //                  Counters: conv_fused, gemm_fused, activations_fused, adds_fused, outputs_requantized,
-//                  quantize_folded, channels_last_edges (values).
+//                  quantize_folded, quantize_hoisted, channels_last_edges (values).
 #include <keel/plugin.h>
 
 #include <algorithm>
@@ -203,6 +206,63 @@ int32_t scalar_dtype(const GraphView& gv, const std::string& v) {
   return t && GraphView::numel_of(t) == 1 ? t->dtype : KEEL_DTYPE_UNDEFINED;
 }
 
+// A per-tensor QuantizeLinear (constant scalar scale > 0, u8/s8 zero point) of the output of MaxPool,
+// GlobalMaxPool or a view (Flatten, Reshape, Squeeze, Unsqueeze, Identity) moves in front of that node, which then
+// runs on the 1-byte values: exact, because quantizing is monotone (x * (1 / scale) rounded half to even, plus the
+// zero point, saturated: a <= b gives q(a) <= q(b)), so the maximum of a window's quantized values is the quantized
+// maximum, and a view moves bytes without changing them. Repeated until nothing moves, so that a QuantizeLinear in
+// front of a classifier's Gemm climbs over Flatten and MaxPool to the Conv + Relu before them, which then
+// requantizes its output (the fusion below) instead of writing f32 for the pooling to read: a quarter of the bytes
+// through the pooling, and no separate quantizing step. Only when the node's input is read by that node alone (else
+// both forms would be kept), the moved QuantizeLinear's output is not a graph output, and the device has the node
+// for the 1-byte type (ai.onnx MaxPool takes int8/uint8 from opset 12). Returns how many moved.
+int64_t hoist_quantize(GraphView& gv, const char* device) {
+  const int32_t opset = std::max(gv.opset(""), gv.opset("ai.onnx"));
+  int64_t moved = 0;
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (keel_node_id_t q : gv.nodes()) {
+      if (!gv.exists(q) || !gv.is(q, "QuantizeLinear") || gv.has_attr(q, "saturate")) continue;
+      std::vector<std::string> qi = gv.inputs(q);
+      if (qi.size() != 3 || scalar_dtype(gv, qi[1]) != KEEL_DTYPE_F32) continue;
+      const int32_t qt = scalar_dtype(gv, qi[2]);
+      if (qt != KEEL_DTYPE_U8 && qt != KEEL_DTYPE_I8) continue;
+      const auto scale = gv.scalar(qi[1]);
+      if (!scale || !(*scale > 0) || !std::isfinite(*scale)) continue;
+      const std::string v = qi[0], y = gv.output(q, 0);
+      auto p = gv.producer(v);
+      if (!p || !gv.single_use(v) || gv.is_graph_output(y)) continue;
+      const bool pool = gv.is(*p, "MaxPool") || gv.is(*p, "GlobalMaxPool");
+      const bool view = gv.is(*p, "Flatten") || gv.is(*p, "Reshape") || gv.is(*p, "Squeeze") ||
+                        gv.is(*p, "Unsqueeze") || gv.is(*p, "Identity");
+      if (!pool && !view) continue;
+      if (pool && opset < 12) continue;
+      std::vector<std::string> pouts = gv.outputs(*p);
+      if (pouts.empty() || pouts[0] != v) continue;
+      bool extra_out = false;
+      for (size_t k = 1; k < pouts.size(); ++k) extra_out = extra_out || !pouts[k].empty();
+      if (extra_out) continue;  // MaxPool's Indices
+      const std::string x = gv.input(*p, 0);
+      auto xt = gv.value_type(x);
+      if (x.empty() || gv.is_initializer(x) || !gv.single_use(x) || !xt || xt->dtype != KEEL_DTYPE_F32) continue;
+      const int32_t one = qt;
+      if (!g_host->kernel_exists ||
+          !g_host->kernel_exists(g_plugin, "", gv.op(*p).c_str(), opset, device ? device : "cpu", &one, 1))
+        continue;
+      // x -> QuantizeLinear -> xq -> P -> v (now 1-byte), read where y was.
+      const std::string xq = gv.unique_name(x + "_quantized");
+      Attrs qa = gv.attrs(q);
+      gv.add_node("", "QuantizeLinear", gv.unique_name(gv.name(q)), {x, qi[1], qi[2]}, {xq}, qa);
+      gv.set_input(*p, 0, xq);
+      gv.remove_node(q);
+      gv.replace_uses(y, v);
+      ++moved;
+      changed = true;
+    }
+  }
+  return moved;
+}
+
 keel_status_t fuse_qdq(void*, keel_graph_t* g, const keel_graph_api_t* api, const keel_options_t* o, const char* device,
                        keel_pass_report_t* r) {
   return run_pass(g_host, [&] {
@@ -212,8 +272,12 @@ keel_status_t fuse_qdq(void*, keel_graph_t* g, const keel_graph_api_t* api, cons
     const bool opts_channels_last = opts.get_bool("channels_last", true);
     const bool fuse_add = opts.get_bool("fuse_add", true);
     const bool fold_quantize = opts.get_bool("fold_quantize", true);
+    const bool hoist = opts.get_bool("hoist_quantize", true);
     const bool conv_ok = has_kernel("keel", "QConv", 1, device), gemm_ok = has_kernel("keel", "QGemm", 1, device);
     int64_t convs = 0, gemms = 0, acts = 0, adds = 0, requant = 0, no_kernel = 0;
+    const int64_t hoisted = hoist ? hoist_quantize(gv, device) : 0;
+    if (hoisted) gv.infer_shapes();
+    report.count("quantize_hoisted", hoisted);
     for (keel_node_id_t n : gv.nodes()) {
       if (!gv.exists(n) || !gv.domain(n).empty()) continue;
       const bool conv = gv.is(n, "Conv"), mm = gv.is(n, "MatMul"), gemm = gv.is(n, "Gemm");

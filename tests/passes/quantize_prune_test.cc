@@ -1047,6 +1047,86 @@ TEST(FuseQdq, BroadcastingAddIsNotFolded) {
   expect_same_outputs(q, fused, 840);
 }
 
+// SimpleCNN in QDQ form: x -> Conv -> Relu -> MaxPool -> Flatten -> QuantizeLinear/DequantizeLinear -> Gemm. The
+// QuantizeLinear moves over Flatten and MaxPool (hoist_quantize: exact), so the Conv requantizes with its Relu into
+// u8, the pooling and the Flatten run on bytes and the QGemm reads them: no f32 activation is left between the two
+// int8 nodes. With `second_reader`, the Relu's output is a graph output too: the QuantizeLinear stops after Flatten.
+Graph small_cnn_qdq(Graph* fp32_out, int64_t opset = 13, bool second_reader = false) {
+  GraphBuilder b("qcnn", opset);
+  auto x = b.input("x", DType::kF32, {2, 1, 11, 9});
+  auto h = b.op1("Conv", {x, b.constant("w", Tensor::f32({8, 1, 3, 3}, randv(72, 31, 0.5f))),
+                          b.constant("b", Tensor::f32({8}, randv(8, 32, 0.1f)))});
+  auto r = b.op1("Relu", {h});
+  if (second_reader) b.output(r);
+  h = b.op1("MaxPool", {r}, {{"kernel_shape", Attribute::of_ints({2, 2})}, {"strides", Attribute::of_ints({2, 2})}});
+  auto f = b.op1("Flatten", {h});
+  b.output(b.op1("Gemm",
+                 {f, b.constant("wf", Tensor::f32({5, 8 * 4 * 3}, randv(480, 33, 0.2f))),
+                  b.constant("bf", Tensor::f32({5}, randv(5, 34, 0.1f)))},
+                 {{"transB", Attribute::of_int(1)}}));
+  *fp32_out = b.take();
+  Graph q = *fp32_out;
+  Options o;
+  o.values["range." + x] = std::string("0,1");
+  o.values["range." + f] = std::string("0,3");
+  run_pass(q, "quantize_int8", o);
+  return q;
+}
+
+TEST(FuseQdq, QuantizeMovesOverMaxPoolAndFlattenSoTheConvRequantizes) {
+  Graph fp32;
+  Graph q = small_cnn_qdq(&fp32);
+  Graph fused = q;
+  auto r = run_pass(fused, "fuse_qdq", {});
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].counters["quantize_hoisted"], 2);
+  EXPECT_EQ(r[0].counters["conv_fused"], 1);
+  EXPECT_EQ(r[0].counters["gemm_fused"], 1);
+  EXPECT_EQ(r[0].counters["activations_fused"], 1);
+  EXPECT_EQ(r[0].counters["outputs_requantized"], 1);
+  EXPECT_EQ(count_op(fused, "QuantizeLinear") + count_op(fused, "DequantizeLinear") + count_op(fused, "Relu"), 0u);
+  for (NodeId id : fused.node_ids()) {
+    const Node* n = fused.node(id);
+    if (n->op_type != "MaxPool" && n->op_type != "Flatten") continue;
+    ASSERT_NE(fused.info(n->outputs[0]), nullptr);
+    EXPECT_EQ(fused.info(n->outputs[0])->dtype, DType::kU8) << n->op_type << " runs on bytes";
+  }
+  // Where the QuantizeLinear stayed (hoist_quantize = false) the QGemm reads f32 and quantizes it (folded).
+  Graph kept = q;
+  Options off;
+  off.values["hoist_quantize"] = false;
+  auto r2 = run_pass(kept, "fuse_qdq", off);
+  EXPECT_EQ(r2[0].counters["quantize_hoisted"], 0);
+  EXPECT_EQ(r2[0].counters["outputs_requantized"], 0);
+  for (uint32_t k = 0; k < 3; ++k) {
+    std::vector<float> img = randv(198, 900 + k, 0.5f);
+    for (float& v : img) v = std::fabs(v);
+    Feeds f = {{"x", Tensor::f32({2, 1, 11, 9}, img)}};
+    auto a = run(q, f), b = run(fused, f), c = run(kept, f);
+    ASSERT_EQ(a.size(), 1u);
+    ASSERT_EQ(b.size(), 1u);
+    ASSERT_EQ(c.size(), 1u);
+    EXPECT_GE(cosine(a[0], b[0]), 0.9999);  // the QDQ graph's arithmetic: moving the QuantizeLinear is exact
+    EXPECT_GE(cosine(c[0], b[0]), 0.9999);
+  }
+}
+
+TEST(FuseQdq, QuantizeStaysWhereMovingItWouldKeepBothPrecisions) {
+  Graph fp32;
+  // The Relu's output is also a graph output: the QuantizeLinear moves over Flatten only (MaxPool's input has a
+  // second reader), and the Conv writes f32.
+  Graph q = small_cnn_qdq(&fp32, 13, true);
+  auto r = run_pass(q, "fuse_qdq", {});
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].counters["quantize_hoisted"], 1);
+  EXPECT_EQ(r[0].counters["outputs_requantized"], 0);
+  // Before opset 12 MaxPool has no 8-bit types: the QuantizeLinear moves over Flatten only.
+  Graph q11 = small_cnn_qdq(&fp32, 11);
+  auto r11 = run_pass(q11, "fuse_qdq", {});
+  ASSERT_EQ(r11.size(), 1u);
+  EXPECT_EQ(r11[0].counters["quantize_hoisted"], 1);
+}
+
 TEST(FuseQdq, LeavesWhatItCannotFuse) {
   Graph fp32;
   Graph q = qdq_net(&fp32);

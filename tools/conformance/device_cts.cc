@@ -3572,6 +3572,40 @@ void add_int8_chain_cases(std::vector<OpCase>& v) {
     c.claim_whole = true;
     v.push_back(c);
   }
+  // A small CNN's int8 tail as fuse_qdq leaves it once the QuantizeLinear in front of the classifier has moved over
+  // Flatten and MaxPool (hoist_quantize): the first QConv (one input channel, an image) requantizes with Relu into
+  // bytes, the max pooling and the Flatten run on the bytes, the QGemm reads them. u8 with SimpleCNN's 2x2 pooling
+  // over odd sizes (the last column dropped); s8 with a zero point and a padded 3x3 stride-2 pooling (padding never
+  // wins: it is not a value) then a global one.
+  for (const bool s8 : {false, true}) {
+    OpCase c;
+    c.op = "Chain";
+    c.label = std::string("int8 small CNN, ") + (s8 ? "s8" : "u8") +
+              ": f32 image -> QConv +Relu (requantized) -> MaxPool -> " + (s8 ? "GlobalMaxPool -> " : "") +
+              "Flatten -> QGemm, pooling on bytes";
+    c.inputs = {in("X", {3, 1, 15, 13}, false, 0.f, 1.f)};
+    act_q(c, "x", 1.f / 255.f, 0);
+    layer(c, "c", s8 ? 24 : 32, 1, 3, 0.004f);
+    act_q(c, "c", 0.02f, s8 ? -5.f : 0.f, s8 ? DType::kI8 : DType::kU8);
+    const int64_t M = s8 ? 24 : 32, K = s8 ? M : M * 6 * 5;  // u8: 13x11 pooled 2x2 to 6x5
+    c.inputs.push_back(qin("G", {10, K}, DType::kI8, true, -127.f, 127.f));
+    c.inputs.push_back(in("GB", {10}, true));
+    c.inputs.push_back(qconst("GS", {10}, DType::kF32, channel_scales(10, 0.003f)));
+    std::map<std::string, Attribute> conv = {{"kernel_shape", Is({3, 3})}, {"activation", S("Relu")}};
+    c.chain = {{"keel.QConv", {"X", "Wc", "Bc", "Sx", "Zx", "WSc", "Sc", "Zc"}, conv}};
+    if (s8) {
+      c.chain.push_back(
+          {"MaxPool", {"$0"}, {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"pads", Is({1, 1, 1, 1})}}});
+      c.chain.push_back({"GlobalMaxPool", {"$1"}, {}});
+    } else {
+      c.chain.push_back({"MaxPool", {"$0"}, {{"kernel_shape", Is({2, 2})}, {"strides", Is({2, 2})}}});
+    }
+    const std::string pooled = s8 ? "$2" : "$1", flat = s8 ? "$3" : "$2";
+    c.chain.push_back({"Flatten", {pooled}, {}});
+    c.chain.push_back({"keel.QGemm", {flat, "G", "GB", "Sc", "Zc", "GS"}, {{"transB", I(1)}}});
+    c.claim_whole = true;
+    v.push_back(c);
+  }
   // QConvs of any spatial rank (1-D: TCN / audio, 3-D: video), kernel k per spatial axis, stride s, pads p, dilation
   // d; weights [M, C/g, k...] (layer_n).
   auto qcn = [](std::vector<std::string> ins, size_t rank, int64_t k, int64_t s, int64_t p, int64_t d, int64_t g,

@@ -64,7 +64,15 @@ std::unique_ptr<Plan> Builder::build() {
     cur_node_ = i;
     {
       auto t = n.out.empty() ? r_.dtypes.end() : r_.dtypes.find(n.out[0]);
-      act_ = t != r_.dtypes.end() && t->second == KEEL_DTYPE_BF16 ? dt::bf16 : dt::f32;
+      const int32_t ot = t != r_.dtypes.end() ? t->second : KEEL_DTYPE_F32;
+      const ChainOp* op = find_chain_op(n.op);
+      const bool int8_step = op != nullptr && op->role == ChainRole::kInt8;
+      // bf16 nodes compute in bf16; u8 / s8 max pooling and views (the claim admits no other 1-byte node outside
+      // the int8 steps, which choose their types themselves) in their bytes.
+      act_ = ot == KEEL_DTYPE_BF16               ? dt::bf16
+             : !int8_step && ot == KEEL_DTYPE_U8 ? dt::u8
+             : !int8_step && ot == KEEL_DTYPE_I8 ? dt::s8
+                                                 : dt::f32;
     }
     const size_t first_exec = p_->execs.size();
     const std::vector<bool> done_before = done_;

@@ -45,6 +45,23 @@ inline md_t with_dtype(const md_t& md, dt t) {
   return md_t(d);
 }
 inline size_t elem_size(const md_t& md) { return dnnl_data_type_size(md.data.data_type); }
+// B [K, N] (or [N, K] when trans_b) of a Gemm reading a flattened [N, C, H, W] value as it lies in memory
+// (flatten_into_gemm): the rows (K = C*H*W index) reordered to that memory's order, nhwc or nChw16c.
+template <typename T>
+std::vector<T> flat_fold_rows(const T* src, const Dims& x, bool nhwc, int64_t N, bool trans_b) {
+  const int64_t C = x[1], HW = x[2] * x[3], K = C * HW;
+  std::vector<T> perm(static_cast<size_t>(K * N));
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t p = 0; p < HW; ++p) {
+      const int64_t from = c * HW + p;
+      const int64_t to = nhwc ? p * C + c : ((c / 16) * HW + p) * 16 + c % 16;
+      for (int64_t j = 0; j < N; ++j) {
+        if (trans_b) perm[j * K + to] = src[j * K + from];
+        else perm[to * N + j] = src[from * N + j];
+      }
+    }
+  return perm;
+}
 inline std::string impl_of(const dnnl::primitive& p) {
   const char* impl = nullptr;
   dnnl_primitive_desc_query(p.get_primitive_desc(), dnnl_query_impl_info_str, 0, &impl);

@@ -173,6 +173,12 @@ keel_status_t claim_chains(void*, const G* g, const keel_graph_api_t* api, keel_
       }
       bool ok = true;
       auto outs = sc.outs(n);
+      // u8 / s8 data: max pooling and views (fuse_qdq moves a QuantizeLinear in front of them), next to int8 steps.
+      const bool bytes_ok = op == "MaxPool" || op == "GlobalMaxPool" || is_view_op(op);
+      auto data_type = [&](int32_t t) {
+        return t == KEEL_DTYPE_F32 || t == KEEL_DTYPE_BF16 || (bytes_ok && (t == KEEL_DTYPE_U8 || t == KEEL_DTYPE_I8));
+      };
+      int32_t out_t = KEEL_DTYPE_UNDEFINED;
       for (size_t k = 0; k < outs.size() && ok; ++k) {
         if (outs[k].empty()) continue;
         int32_t t;
@@ -181,13 +187,18 @@ keel_status_t claim_chains(void*, const G* g, const keel_graph_api_t* api, keel_
         if (!sc.info(outs[k], &t, &d))
           ok = k == 0 && (op == "Slice" || op == "Reshape") && sc.dtype(outs[k], &t) &&
                (t == KEEL_DTYPE_F32 || t == KEEL_DTYPE_BF16);
-        else ok = (t == KEEL_DTYPE_F32 || t == KEEL_DTYPE_BF16) && numel(d) > 0;
+        else ok = data_type(t) && numel(d) > 0;
+        if (k == 0) out_t = t;
       }
       auto ins = sc.ins(n);
       if (ok && !ins.empty() && !ins[0].empty() && !const_vals.count(ins[0]) && !is_init(ins[0])) {
         int32_t t = 0;
         Dims d;
-        if (!sc.dtype(ins[0], &t) || (t != KEEL_DTYPE_F32 && t != KEEL_DTYPE_BF16)) ok = false;
+        if (!sc.dtype(ins[0], &t) || !data_type(t)) ok = false;
+        // A 1-byte node keeps its type (the builder computes in the output's type).
+        if ((t == KEEL_DTYPE_U8 || t == KEEL_DTYPE_I8 || out_t == KEEL_DTYPE_U8 || out_t == KEEL_DTYPE_I8) &&
+            t != out_t)
+          ok = false;
       }
       if (ok) cand.insert(n);
     }

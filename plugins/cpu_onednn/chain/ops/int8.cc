@@ -226,8 +226,13 @@ void Builder::qgemm(size_t i) {
   const md_t a_plain = plain_md(a, xt);
   const Val sv = q.x_f32 ? quantized(n.in[0], q, a_plain) : as_md(n.in[0], a_plain);
   std::unordered_map<int, dnnl::memory> args;
-  p_->owned.push_back(int8_prepack(md_t({K, N}, dt::s8, tb ? tag::ba : tag::ab), pd.weights_desc(),
-                                   reinterpret_cast<const int8_t*>(B->bytes.data()),
+  const int8_t* b = reinterpret_cast<const int8_t*>(B->bytes.data());
+  std::vector<int8_t> permuted;  // A read as its producer's channels-last memory (flatten_into_gemm): B's rows so
+  if (auto ff = flat_folds_.find(n.in[0]); ff != flat_folds_.end()) {
+    permuted = flat_fold_rows(b, ff->second.first, ff->second.second, N, tb);
+    b = permuted.data();
+  }
+  p_->owned.push_back(int8_prepack(md_t({K, N}, dt::s8, tb ? tag::ba : tag::ab), pd.weights_desc(), b,
                                    p_->weights.alloc(pd.weights_desc().get_size())));
   args[DNNL_ARG_WEIGHTS] = p_->owned.back();
   if (!q.bias.empty()) {

@@ -173,20 +173,7 @@ void Builder::matmul(size_t i) {
     }
     // A read as its producer's nChw16c or nhwc memory (flatten_into_gemm): B's rows (its K index) in that order.
     if (auto ff = flat_folds_.find(an); gemm && ff != flat_folds_.end()) {
-      const Dims& x = ff->second.first;
-      const int64_t C = x[1], HW = x[2] * x[3], K = C * HW, N = y[1];
-      const float* src = static_cast<const float*>(wsrc);
-      std::vector<float> perm(static_cast<size_t>(K * N));
-      for (int64_t c = 0; c < C; ++c)
-        for (int64_t p = 0; p < HW; ++p) {
-          const int64_t from = c * HW + p;
-          const int64_t to = ff->second.second ? p * C + c : ((c / 16) * HW + p) * 16 + c % 16;
-          for (int64_t j = 0; j < N; ++j) {
-            if (transB) perm[j * K + to] = src[j * K + from];
-            else perm[to * N + j] = src[from * N + j];
-          }
-        }
-      scaled = std::move(perm);
+      scaled = flat_fold_rows(static_cast<const float*>(wsrc), ff->second.first, ff->second.second, y[1], transB);
       wsrc = scaled.data();
     }
     dnnl::memory um(user, engine(), const_cast<void*>(wsrc));

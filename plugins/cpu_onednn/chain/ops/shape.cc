@@ -72,14 +72,17 @@ void Builder::reshape_like(size_t i) {
 // plain layout on every run (simple_cnn at batch 32, [32,32,15,15]: 0.03 ms of 0.43 at 1 thread).
 bool Builder::flatten_into_gemm(size_t i, const Dims& x, const Dims& y) {
   const NodeDesc& n = r_.nodes[i];
-  if (x.size() != 4 || y.size() != 2 || y[0] != x[0] || x[2] * x[3] == 1 || act_ != dt::f32) return false;
+  const bool bytes = act_ == dt::u8 || act_ == dt::s8;
+  if (x.size() != 4 || y.size() != 2 || y[0] != x[0] || x[2] * x[3] == 1 || (act_ != dt::f32 && !bytes)) return false;
   const size_t u = sole_user(n.out[0]);
   if (u == npos) return false;
   const NodeDesc& g = r_.nodes[u];
-  if (g.op != "Gemm" || g.in[0] != n.out[0] || g.ai("transA", 0) != 0 || g.in.size() < 2 || g.in[1] == n.out[0])
+  // An f32 Gemm, or (1-byte data) keel.QGemm, whose constant B the builder permutes the same way (qgemm).
+  if (g.op != (bytes ? "QGemm" : "Gemm") || g.in[0] != n.out[0] || g.ai("transA", 0) != 0 || g.in.size() < 2 ||
+      g.in[1] == n.out[0])
     return false;
   const ConstT* b = cst(g.in[1]);
-  if (!b || b->dtype != KEEL_DTYPE_F32 || b->dims.size() != 2) return false;
+  if (!b || b->dtype != (bytes ? KEEL_DTYPE_I8 : KEEL_DTYPE_F32) || b->dims.size() != 2) return false;
   const Val& v = val(n.in[0]);
   const bool nhwc = v.md == md_t(to_dnnl(x), act_, channels_last_tag(4));
   const bool blocked = x[1] % 16 == 0 && v.md == md_t(to_dnnl(x), act_, blocked16_tag(4));
