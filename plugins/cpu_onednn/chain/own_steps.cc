@@ -202,6 +202,13 @@ void run_int8_quantize(const Exec& e) {
   }
 }
 
+// Exec::own of a max pooling of channels-last bytes (Builder::pool, steps/int8_pool.h): DNNL_ARG_SRC into
+// DNNL_ARG_DST, params its BytePoolShape; split over the OpenMP team unless the step is a single-thread one.
+void run_int8_pool(const Exec& e) {
+  max_pool_nhwc_bytes(*static_cast<const BytePoolShape*>(e.params.get()), e.args.at(DNNL_ARG_SRC).get_data_handle(),
+                      e.args.at(DNNL_ARG_DST).get_data_handle(), e.single ? 1 : omp_get_max_threads());
+}
+
 // Exec::own of the source of a merged bottleneck end (Builder::conv_residual_merged, steps/dilated.h): DNNL_ARG_SRC
 // h and DNNL_ARG_SRC_1 x into DNNL_ARG_DST, params its MergedSourceShape; split over the OpenMP team by rows unless
 // the step is a single-thread one.

@@ -31,6 +31,7 @@
 #include "steps/dwsilu.h"
 #include "steps/gelu.h"
 #include "steps/grouped.h"
+#include "steps/int8_pool.h"
 #include "steps/resize.h"
 #include "steps/se.h"
 #include "steps/silu.h"

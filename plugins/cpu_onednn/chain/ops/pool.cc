@@ -50,6 +50,20 @@ void Builder::pool(size_t i) {
   // 1-byte max pooling (fuse_qdq's, between int8 steps) reads channels-last: oneDNN's int8 pooling has no jit
   // kernel for the plain layout (ref:any, ~50x slower on SimpleCNN's [1000, 32, 26, 26]).
   const Val xv = bytes ? as_md(src_name, md_t(to_dnnl(x), act_, channels_last_tag(x.size()))) : val(src_name);
+  if (bytes && mx && sp == 2 && int8_own_kernels()) {  // the plugin's own loop (steps/int8_pool.h)
+    BytePoolShape bs;
+    bs.n = x[0], bs.c = x[1], bs.h = x[2], bs.w = x[3], bs.oh = y[2], bs.ow = y[3];
+    bs.kh = k[0], bs.kw = k[1], bs.sh = s[0], bs.sw = s[1], bs.dh = dl[0], bs.dw = dl[1], bs.pt = pl[0], bs.pl = pl[1];
+    bs.s8 = act_ == dt::s8;
+    Exec e;
+    e.own = run_int8_pool;
+    e.own_kind = "pooling";
+    e.params = std::make_shared<const BytePoolShape>(bs);
+    e.args = {{DNNL_ARG_SRC, mem_of(xv)},
+              {DNNL_ARG_DST, mem_of(define(n.out[0], md_t(to_dnnl(y), act_, channels_last_tag(y.size()))))}};
+    exec_own(std::move(e), "own_int8_maxpool:avx512", false, n.name + " " + dims_str(x) + " -> " + dims_str(y));
+    return;
+  }
   // Activations after the pool (Relu, Clip, LeakyRelu, Sigmoid, Tanh, SiLU, hard-swish) run as its eltwise post-ops.
   Fusion f;
   f.out = n.out[0];
