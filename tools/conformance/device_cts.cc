@@ -3606,6 +3606,23 @@ void add_int8_chain_cases(std::vector<OpCase>& v) {
     c.claim_whole = true;
     v.push_back(c);
   }
+  {
+    // ResNet's int8 stem as fuse_qdq leaves it: an RGB image quantized by a 7x7 stride-2 QConv with Relu that
+    // requantizes, the 3x3 / 2 padded max pooling on its bytes (windows overlapping by a row), a 1x1 QConv after it.
+    OpCase c;
+    c.op = "Chain";
+    c.label = "int8 RGB stem: f32 image -> QConv 7x7 s2 +Relu (requantized) -> MaxPool 3x3 s2 p1 -> QConv 1x1 -> f32";
+    c.inputs = {in("X", {2, 3, 21, 19}, false, -2.f, 2.f)};
+    act_q(c, "x", 0.02f, 128);
+    layer(c, "s", 32, 3, 7, 0.004f);
+    act_q(c, "s", 0.03f, 4);
+    layer(c, "p", 16, 32, 1, 0.004f);
+    c.chain = {qc({"X", "Ws", "Bs", "Sx", "Zx", "WSs", "Ss", "Zs"}, 7, 2, 1, "Relu"),
+               {"MaxPool", {"$0"}, {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"pads", Is({1, 1, 1, 1})}}},
+               qc({"$1", "Wp", "Bp", "Ss", "Zs", "WSp"}, 1, 1, 1, "")};
+    c.claim_whole = true;
+    v.push_back(c);
+  }
   // QConvs of any spatial rank (1-D: TCN / audio, 3-D: video), kernel k per spatial axis, stride s, pads p, dilation
   // d; weights [M, C/g, k...] (layer_n).
   auto qcn = [](std::vector<std::string> ins, size_t rank, int64_t k, int64_t s, int64_t p, int64_t d, int64_t g,

@@ -377,6 +377,7 @@ class Builder {
   // (else nChw16c); the Gemm reading it takes its constant B with rows in that memory order.
   std::map<std::string, std::pair<Dims, bool>> flat_folds_;
   bool flatten_into_gemm(size_t i, const Dims& x, const Dims& y);
+  bool qconv_stem(size_t i, const QuantSetup& q, const QConvGeom& g, const Dims& x, const Dims& y, const int8_t* w);
   bool conv_residual_merged(size_t i);
   bool conv_pool_fused(size_t i);
   bool conv_grouped4(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y, int64_t stride,

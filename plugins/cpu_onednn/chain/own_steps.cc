@@ -209,6 +209,14 @@ void run_int8_pool(const Exec& e) {
                       e.args.at(DNNL_ARG_DST).get_data_handle(), e.single ? 1 : omp_get_max_threads());
 }
 
+// Exec::own of an int8 stem convolution (+ max pooling) (Builder::qconv_stem, steps/int8_stem.h): DNNL_ARG_SRC into
+// DNNL_ARG_DST, params the Int8StemConv; split over the OpenMP team unless the step is a single-thread one.
+void run_int8_stem(const Exec& e) {
+  static_cast<const Int8StemConv*>(e.params.get())
+      ->run(e.args.at(DNNL_ARG_SRC).get_data_handle(), e.args.at(DNNL_ARG_DST).get_data_handle(),
+            e.single ? 1 : omp_get_max_threads());
+}
+
 // Exec::own of the source of a merged bottleneck end (Builder::conv_residual_merged, steps/dilated.h): DNNL_ARG_SRC
 // h and DNNL_ARG_SRC_1 x into DNNL_ARG_DST, params its MergedSourceShape; split over the OpenMP team by rows unless
 // the step is a single-thread one.

@@ -32,6 +32,7 @@
 #include "steps/gelu.h"
 #include "steps/grouped.h"
 #include "steps/int8_pool.h"
+#include "steps/int8_stem.h"
 #include "steps/resize.h"
 #include "steps/se.h"
 #include "steps/silu.h"
