@@ -72,8 +72,8 @@ KEEL_AVX512_VNNI void conv_row(const StemShape& s, int64_t groups, const int64_t
 }
 
 // The epilogue of one pixel's M sums into y (f32, or u8 / s8 bytes).
-KEEL_AVX512_VNNI inline void epilogue(const Packed& pk, int64_t M, DwQuant::Out out, int32_t y_zero,
-                                      const int32_t* acc, void* y) {
+KEEL_AVX512_VNNI inline void epilogue(const Packed& pk, int64_t M, DwQuant::Out out, int32_t y_zero, const int32_t* acc,
+                                      void* y) {
   for (int64_t b = 0; b < M; b += 16) {
     const __m512i a = _mm512_sub_epi32(_mm512_loadu_si512(acc + b), _mm512_loadu_si512(pk.comp + b));
     __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_loadu_ps(pk.scale + b), _mm512_loadu_ps(pk.bias + b));
@@ -126,15 +126,14 @@ KEEL_AVX512_VNNI void work(const StemShape& s, const DwQuant& q, int64_t groups,
       }
     conv_row<MB>(s, groups, pk.off, pk.w, rows, acc + (oy % ring) * row_sums);
   };
-  alignas(64) int32_t win[64];  // one pooled pixel's M sums
+  alignas(64) int32_t win[64];            // one pooled pixel's M sums
   int64_t cached_n = -1, cached_end = 0;  // conv rows [cached_end - ring, cached_end) of image cached_n are in the ring
   for (int64_t item = begin; item < end; ++item) {
     const int64_t n = item / OHp, r = item % OHp;
     uint8_t* yrow = y + (n * OHp + r) * PW * M * out_bytes;
     if (!s.pool) {
       compute_row(n, r);
-      for (int64_t ox = 0; ox < s.OW; ++ox)
-        epilogue(pk, M, q.out, q.y_zero, acc + ox * M, yrow + ox * M * out_bytes);
+      for (int64_t ox = 0; ox < s.OW; ++ox) epilogue(pk, M, q.out, q.y_zero, acc + ox * M, yrow + ox * M * out_bytes);
       continue;
     }
     // The window's conv rows (those the previous window computed are in the ring), then each pooled pixel's maximum.
@@ -183,8 +182,7 @@ std::string Int8StemConv::check(const StemShape& s) {
   return "";
 }
 
-Int8StemConv::Int8StemConv(const StemShape& s, const DwQuant& q, const int8_t* w, const float* scale,
-                           const float* bias)
+Int8StemConv::Int8StemConv(const StemShape& s, const DwQuant& q, const int8_t* w, const float* scale, const float* bias)
     : s_(s), q_(q) {
   const int64_t Q = (s.KW + 3) / 4, MB = s.M / 16;
   groups_ = s.C * s.KH * Q;

@@ -60,10 +60,10 @@ class Int8StemConv {
  private:
   StemShape s_;
   DwQuant q_;
-  int64_t groups_ = 0;  // C * KH * ceil(KW / 4): vpdpbusd operands per pixel and 16 channels
-  int64_t row_len_ = 0;  // bytes of one padded input row in the per-thread buffer
-  std::vector<int64_t> off_;  // [groups]: (c * KH + ky) * row_len + 4 q, the operand's place in the copied rows
-  std::vector<int8_t> w_;  // [groups][M / 16][64]: per group, 4 weights (columns 4q..4q+3, 0 past KW) per channel
+  int64_t groups_ = 0;         // C * KH * ceil(KW / 4): vpdpbusd operands per pixel and 16 channels
+  int64_t row_len_ = 0;        // bytes of one padded input row in the per-thread buffer
+  std::vector<int64_t> off_;   // [groups]: (c * KH + ky) * row_len + 4 q, the operand's place in the copied rows
+  std::vector<int8_t> w_;      // [groups][M / 16][64]: per group, 4 weights (columns 4q..4q+3, 0 past KW) per channel
   std::vector<int32_t> comp_;  // [M]: (x_zero, as u8) * sum of the channel's weights
   std::vector<float> scale_, bias_, lo_, hi_;  // [M]: the epilogue, divided by y_scale for quantized outputs
 };
