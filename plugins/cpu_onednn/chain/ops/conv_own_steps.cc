@@ -256,11 +256,15 @@ bool Builder::conv_pool_fused(size_t i) {
   s.ph = pooled(s.oh, s.pkh, s.psh, s.ppt, valid ? 0 : pp[2]);
   s.pw = pooled(s.ow, s.pkw, s.psw, s.ppl, valid ? 0 : pp[3]);
   if (!conv_pool_check(s).empty()) return false;
-  // Only where the convolution's output per image is past the L2 cache (SqueezeNet's 3.1 MB, ResNet's and
-  // GoogLeNet's 7x7 stems' 3.2 MB): simple_cnn_b32's 3x3 over 32x32 images (115 KB each, batch 32) was 10% slower
-  // fused. The 7x7 stems gain since the step pads its source rows instead of taking a per-pixel path at the
-  // edges (ResNet-50, 1 thread: 1.19 against 1.31 + 0.15 ms; docs/ONEDNN_PERFORMANCE.md "(r50f)").
-  if (s.m * s.oh * s.ow * static_cast<int64_t>(sizeof(float)) < (1 << 20)) return false;
+  // Only where the convolution's output is past the caches: per image past L2 (SqueezeNet's 3.1 MB, ResNet's and
+  // GoogLeNet's 7x7 stems' 3.2 MB), or the batch's past 8 MiB; and always over a single channel. The 7x7 stems gain
+  // since the step pads its source rows instead of taking a per-pixel path at the edges (ResNet-50, 1 thread: 1.19
+  // against 1.31 + 0.15 ms; docs/ONEDNN_PERFORMANCE.md "(r50f)"). 1 thread, 2026-12-04: the peers' simple_cnn (3x3
+  // over 3 x 32x32, 115 KB an image) at batch 32 0.72 fused against 0.61 ms, at batch 128 3.34 against 4.00 ms;
+  // Fashion-MNIST's SimpleCNN (3x3 over 1 x 28x28, 86 KB) at batch 1 and 8 level, at 32 0.23 against 0.31 ms, at 128
+  // 0.90 against 3.0-3.3 ms, at 1000 (`keel train`'s evaluation batch) 9.2 against 15-18 ms.
+  const int64_t out_bytes = s.m * s.oh * s.ow * static_cast<int64_t>(sizeof(float));
+  if (out_bytes < (int64_t{1} << 20) && s.n * out_bytes < (int64_t{8} << 20) && s.c > 1) return false;
   const Dims y{s.n, s.m, s.ph, s.pw};
   if (auto known = r_.dims.find(pn.out[0]); known != r_.dims.end() && known->second != y) return false;
   fused.push_back(u);
