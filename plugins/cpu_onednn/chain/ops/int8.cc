@@ -138,7 +138,7 @@ Val Builder::residual_last(const std::string& name, const Dims& y) {
 // of 4 input channels, so a 1- or 2-channel image wastes half or more of every product, and the pooling reads what
 // the convolution wrote. Taken for 1-2 channels, and for 3-4 with a pooling to fuse (ResNet's RGB 7x7 stem and 3x3 / 2
 // pooling, 1 thread: 0.81-0.85 ms against oneDNN's 0.90-0.92 ms convolution, 0.06-0.08 reorder and 0.15-0.17
-// pooling). False, changing nothing, for anything else (or without AVX-512 VNNI).
+// pooling). False, changing nothing, for anything else (or without AVX-512 VNNI). The caller counted the flops.
 bool Builder::qconv_stem(size_t i, const QuantSetup& q, const QConvGeom& g, const Dims& x, const Dims& y,
                          const int8_t* w) {
   const NodeDesc& n = r_.nodes[i];
@@ -206,7 +206,6 @@ bool Builder::qconv_stem(size_t i, const QuantSetup& q, const QConvGeom& g, cons
   e.own_kind = "convolution";
   e.params = stem;
   e.args = {{DNNL_ARG_SRC, mem_of(sv)}, {DNNL_ARG_DST, mem_of(define(out, md_t(to_dnnl(yd), yt, tag::nhwc)))}};
-  p_->flops += 2.0 * static_cast<double>(s.N * s.M * s.OH * s.OW * s.C * s.KH * s.KW);
   exec_own(
       std::move(e), "own_int8_stem:avx512_vnni", false,
       n.name + (s.pool ? " + " + r_.nodes[pool_node].name : std::string()) + " " + dims_str(x) + " -> " + dims_str(yd));
@@ -244,10 +243,10 @@ void Builder::qconv(size_t i) {
   double taps = 1;
   for (size_t k = 2; k < W->dims.size(); ++k) taps *= static_cast<double>(W->dims[k]);
   p_->flops += 2.0 * static_cast<double>(numel(y)) * static_cast<double>(x[1] / g.group) * taps;
+  if (qconv_stem(i, q, g, x, y, w)) return;  // a first layer over few channels (+ its pooling): the own step
   // An f32 X (the fp32 -> int8 boundary in front of a depthwise layer) is quantized into channels-last bytes by a
   // step of its own first (quantized()), so that the own kernel serves it too (the standalone kernel leaves it to
   // oneDNN's brdgmm_dw, 1.5-2x slower at 56x56).
-  if (qconv_stem(i, q, g, x, y, w)) return;
   QuantSetup qk = q;
   qk.x_f32 = false;
   if (auto dw = int8_own_depthwise(qk, g, w, x, y, true, true)) {
