@@ -710,6 +710,59 @@ class QdqKernel : public Kernel {
   PlanCache<Plan> plans_;
 };
 
+// ------------------------------------------------------------------------------------------------ byte pooling
+
+// MaxPool / GlobalMaxPool over u8 / s8 in the graph's plain layout (what fuse_qdq leaves where it moved a
+// QuantizeLinear over a MaxPool and no chain claims the node: claims off, or a rejected chain), on the own byte
+// pooling loop (steps/int8_pool.h) with each [H, W] plane as an image of one channel. oneDNN 2.6's int8 pooling has
+// only its reference kernel for the plain layout, and the core's reference kernel took 350 ms for SimpleCNN's [1000,
+// 32, 26, 26] 2x2 pooling. 2-D, no ceil_mode (the reference handles those), no Indices.
+class BytePoolKernel : public Kernel {
+ public:
+  explicit BytePoolKernel(bool global) : global_(global) {}
+  void setup(Ctx& c) override {
+    if (!int8_own_kernels()) throw Reject{"no AVX-512 BW here"};
+    if (c.dtype(0) != KEEL_DTYPE_U8 && c.dtype(0) != KEEL_DTYPE_I8) throw Reject{"u8 / s8 only"};
+    if (!c.rank_known(0) || c.dims(0).size() != 4) throw Reject{"2-D pooling only"};
+    if (c.output_count() > 1 && c.output_dtype(1) != KEEL_DTYPE_UNDEFINED) throw Reject{"Indices output"};
+    if (global_) return;
+    k_ = c.attr_ints("kernel_shape", {});
+    s_ = c.attr_ints("strides", {1, 1});
+    d_ = c.attr_ints("dilations", {1, 1});
+    const std::string ap = c.attr_s("auto_pad", "NOTSET");
+    p_ = ap == "VALID" ? Dims{0, 0, 0, 0} : c.attr_ints("pads", {0, 0, 0, 0});
+    if (k_.size() != 2 || s_.size() != 2 || d_.size() != 2 || p_.size() != 4) throw Reject{"attribute ranks"};
+    if (ap != "NOTSET" && !ap.empty() && ap != "VALID") throw Reject{"auto_pad " + ap};
+    if (c.attr_i("ceil_mode", 0) != 0 || c.attr_i("storage_order", 0) != 0) throw Reject{"ceil_mode / storage_order"};
+    for (int j = 0; j < 2; ++j)
+      if (k_[j] < 1 || s_[j] < 1 || d_[j] < 1 || p_[j] < 0 || p_[j + 2] < 0) throw Reject{"geometry"};
+  }
+  void run(Ctx& c) override {
+    const Dims x = c.dims(0);
+    BytePoolShape s;
+    s.n = x[0] * x[1], s.h = x[2], s.w = x[3], s.c = 1, s.s8 = c.dtype(0) == KEEL_DTYPE_I8;
+    if (global_) {
+      s.kh = x[2], s.kw = x[3];
+    } else {
+      s.kh = k_[0], s.kw = k_[1], s.sh = s_[0], s.sw = s_[1], s.dh = d_[0], s.dw = d_[1], s.pt = p_[0], s.pl = p_[1];
+    }
+    const int64_t sh = s.h + (global_ ? 0 : p_[0] + p_[2]) - ((s.kh - 1) * s.dh + 1),
+                  sw = s.w + (global_ ? 0 : p_[1] + p_[3]) - ((s.kw - 1) * s.dw + 1);
+    if (sh < 0 || sw < 0) throw std::runtime_error("MaxPool: the window is larger than the padded input");
+    s.oh = sh / s.sh + 1, s.ow = sw / s.sw + 1;
+    keel_tensor_t* out = c.output(0, Dims{x[0], x[1], s.oh, s.ow});
+    if (s.n * s.oh * s.ow == 0) return;
+    if (s.kh == 2 && s.kw == 2 && s.sh == 2 && s.sw == 2 && s.dh == 1 && s.dw == 1 && s.pt == 0 && s.pl == 0 &&
+        (global_ || (p_[2] == 0 && p_[3] == 0)))
+      return max_pool2x2_plain_bytes(c.input(0)->data, out->data, s.n, s.h, s.w, s.s8, omp_get_max_threads());
+    max_pool_nhwc_bytes(s, c.input(0)->data, out->data, omp_get_max_threads());
+  }
+
+ private:
+  bool global_;
+  Dims k_, s_, d_, p_;
+};
+
 // ------------------------------------------------------------------------------------------------ registration
 
 struct Int8Kernel {
@@ -738,6 +791,18 @@ keel_status_t int8_compute(void* state, keel_kernel_context_t* ctx) { return com
 
 keel_status_t register_int8_kernels(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
   g_int8_plugin = plugin;
+  using K = Kernel*;
+  static const std::vector<TypedKernelInfo> byte_pools = {
+      {"",
+       "MaxPool",
+       12,
+       "onednn_u8s8_maxpool",
+       {KEEL_DTYPE_U8, KEEL_DTYPE_I8},
+       []() -> K { return new BytePoolKernel(false); }},
+      {"", "GlobalMaxPool", 1, "onednn_u8s8_globalmaxpool", {KEEL_DTYPE_U8, KEEL_DTYPE_I8}, []() -> K {
+         return new BytePoolKernel(true);
+       }}};
+  if (keel_status_t st = register_kernel_table(host, plugin, byte_pools, false)) return st;
   for (const Int8Kernel& k : kInt8) {
     keel_kernel_def_t def;
     std::memset(&def, 0, sizeof def);

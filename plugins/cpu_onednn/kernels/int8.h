@@ -15,6 +15,7 @@
 
 #include "common/common.h"
 #include "steps/int8_dw.h"
+#include "steps/int8_pool.h"
 #include "steps/int8_quant.h"
 
 namespace keel::onednn {

@@ -68,7 +68,42 @@ KEEL_AVX512 void pool_rows(const BytePoolShape& s, const uint8_t* x, uint8_t* y,
   }
 }
 
+// Output rows [begin, end) of the flattened [planes, H / 2] range.
+template <bool kS8>
+KEEL_AVX512 void pool2x2_rows(const uint8_t* x, uint8_t* y, int64_t H, int64_t W, int64_t begin, int64_t end) {
+  const int64_t OH = H / 2, OW = W / 2;
+  for (int64_t row = begin; row < end; ++row) {
+    const int64_t p = row / OH, oy = row % OH;
+    const uint8_t* r0 = x + (p * H + 2 * oy) * W;
+    const uint8_t* r1 = r0 + W;
+    uint8_t* o = y + row * OW;
+    for (int64_t ox = 0; ox < OW; ox += 32) {
+      const int64_t n = std::min<int64_t>(32, OW - ox);  // windows this step
+      const __mmask64 m = n == 32 ? ~__mmask64{0} : (~__mmask64{0}) >> (64 - 2 * n);
+      const __m512i a = _mm512_maskz_loadu_epi8(m, r0 + 2 * ox), b = _mm512_maskz_loadu_epi8(m, r1 + 2 * ox);
+      __m512i v;
+      if constexpr (kS8) v = _mm512_max_epi8(a, b);
+      else v = _mm512_max_epu8(a, b);
+      // Each 16-bit lane holds one window's two columns: its low byte against its high byte.
+      const __m512i hi = _mm512_srli_epi16(v, 8);
+      if constexpr (kS8) v = _mm512_max_epi8(v, hi);
+      else v = _mm512_max_epu8(v, hi);
+      _mm256_mask_storeu_epi8(o + ox, static_cast<__mmask32>(n == 32 ? ~0u : (1u << n) - 1u), _mm512_cvtepi16_epi8(v));
+    }
+  }
+}
+
 }  // namespace
+
+void max_pool2x2_plain_bytes(const void* x, void* y, int64_t planes, int64_t H, int64_t W, bool s8, int threads) {
+  const auto* xp = static_cast<const uint8_t*>(x);
+  auto* yp = static_cast<uint8_t*>(y);
+  const int team = planes * H * W < (int64_t{1} << 18) ? 1 : threads;
+  split_over_team(planes * (H / 2), team, [&](int64_t, int64_t b, int64_t e) {
+    if (s8) pool2x2_rows<true>(xp, yp, H, W, b, e);
+    else pool2x2_rows<false>(xp, yp, H, W, b, e);
+  });
+}
 
 void max_pool_nhwc_bytes(const BytePoolShape& s, const void* x, void* y, int threads) {
   const auto* xp = static_cast<const uint8_t*>(x);

@@ -26,4 +26,9 @@ struct BytePoolShape {
 
 void max_pool_nhwc_bytes(const BytePoolShape& s, const void* x, void* y, int threads);
 
+// 2x2 windows, stride 2, no padding or dilation, over planes [planes, H, W] of bytes in the plain layout (the node
+// kernel's case: kernels/int8.cc): y [planes, H / 2, W / 2]. 64 input columns of two rows at a time: the rows' maximum,
+// then each column pair's as 16-bit lanes narrowed back to bytes.
+void max_pool2x2_plain_bytes(const void* x, void* y, int64_t planes, int64_t H, int64_t W, bool s8, int threads);
+
 }  // namespace keel::onednn

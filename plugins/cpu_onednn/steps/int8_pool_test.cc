@@ -81,6 +81,33 @@ TEST(OnednnInt8Pool, MatchesTheScalarLoop) {
       }
 }
 
+TEST(OnednnInt8Pool, TwoByTwoOverThePlainLayoutMatchesTheScalarLoop) {
+  if (!avx512bw()) GTEST_SKIP() << "no AVX-512 BW on this CPU: the own int8 loops do not run here";
+  // Planes as images of one channel; widths around the 64-byte step (an odd one drops its last column).
+  for (int64_t w : {2, 9, 26, 63, 64, 65, 131})
+    for (bool s8 : {false, true})
+      for (int team : {1, 3}) {
+        SCOPED_TRACE("W " + std::to_string(w) + (s8 ? " s8" : " u8") + ", team " + std::to_string(team));
+        const BytePoolShape s = shape(70, 7, w, 1, 2, 2, 0, 1, false, s8);  // 70 planes of 7 rows
+        std::mt19937 rng(static_cast<unsigned>(w * 3 + team));
+        std::uniform_int_distribution<int> u(0, 255);
+        std::vector<uint8_t> x(static_cast<size_t>(s.n * s.h * s.w));
+        for (auto& v : x) v = static_cast<uint8_t>(u(rng));
+        std::vector<uint8_t> want(static_cast<size_t>(s.n * s.oh * s.ow));
+        if (s8) {
+          std::vector<int8_t> xs(x.begin(), x.end());
+          const std::vector<int8_t> r = reference(s, xs);
+          for (size_t i = 0; i < r.size(); ++i) want[i] = static_cast<uint8_t>(r[i]);
+        } else {
+          want = reference(s, x);
+        }
+        std::vector<uint8_t> got(want.size() + 64, 77);
+        max_pool2x2_plain_bytes(x.data(), got.data(), s.n, s.h, s.w, s8, team);
+        for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(got[i], want[i]) << "element " << i;
+        for (size_t i = want.size(); i < got.size(); ++i) ASSERT_EQ(got[i], 77) << "written past the output";
+      }
+}
+
 TEST(OnednnInt8Pool, ALargeBatchSplitsOverTheTeam) {
   if (!avx512bw()) GTEST_SKIP() << "no AVX-512 BW on this CPU: the own int8 loops do not run here";
   check<uint8_t>(shape(40, 26, 26, 32, 2, 2, 0, 1, false, false), 3);  // past the one-thread size
