@@ -60,7 +60,7 @@ KEEL_AVX512_VNNI inline void conv_step(const StemShape& s, int64_t groups, const
 #pragma GCC unroll 8
   for (int j = 0; j < J; ++j)
 #pragma GCC unroll 4
-    for (int b = 0; b < MB; ++b) _mm512_storeu_si512(acc + (ox + j) * s.M + b * 16, a[j][b]);
+    for (int b = 0; b < MB; ++b) _mm512_storeu_si512(acc + (ox + j) * MB * 16 + b * 16, a[j][b]);
 }
 
 template <int MB>
@@ -71,18 +71,20 @@ KEEL_AVX512_VNNI void conv_row(const StemShape& s, int64_t groups, const int64_t
   for (; ox < s.OW; ++ox) conv_step<MB, 1>(s, groups, off, w, buf, acc, ox);
 }
 
-// The epilogue of one pixel's M sums into y (f32, or u8 / s8 bytes).
+// The epilogue of one pixel's M sums (acc holds them in blocks of 16, the last one padded) into y's M values (f32,
+// or u8 / s8 bytes).
 KEEL_AVX512_VNNI inline void epilogue(const Packed& pk, int64_t M, DwQuant::Out out, int32_t y_zero, const int32_t* acc,
                                       void* y) {
   for (int64_t b = 0; b < M; b += 16) {
+    const __mmask16 k = M - b >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (M - b)) - 1u);
     const __m512i a = _mm512_sub_epi32(_mm512_loadu_si512(acc + b), _mm512_loadu_si512(pk.comp + b));
     __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_loadu_ps(pk.scale + b), _mm512_loadu_ps(pk.bias + b));
     v = _mm512_min_ps(_mm512_max_ps(v, _mm512_loadu_ps(pk.lo + b)), _mm512_loadu_ps(pk.hi + b));
     if (out == DwQuant::Out::kF32) {
-      _mm512_storeu_ps(static_cast<float*>(y) + b, v);
+      _mm512_mask_storeu_ps(static_cast<float*>(y) + b, k, v);
     } else {  // v is within [qmin - y_zero, qmax - y_zero] (the bounds): round half to even, add the zero point
       const __m128i q = _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(v), _mm512_set1_epi32(y_zero)));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint8_t*>(y) + b), q);
+      _mm_mask_storeu_epi8(static_cast<uint8_t*>(y) + b, k, q);
     }
   }
 }
@@ -90,12 +92,12 @@ KEEL_AVX512_VNNI inline void epilogue(const Packed& pk, int64_t M, DwQuant::Out 
 template <int MB>
 KEEL_AVX512_VNNI void work(const StemShape& s, const DwQuant& q, int64_t groups, int64_t row_len, const Packed& pk,
                            const uint8_t* x, uint8_t* y, int64_t begin, int64_t end) {
-  const int64_t M = s.M, out_bytes = q.out == DwQuant::Out::kF32 ? 4 : 1;
+  const int64_t M = s.M, Mp = MB * 16, out_bytes = q.out == DwQuant::Out::kF32 ? 4 : 1;  // Mp: acc's stride
   const int64_t PW = s.pool ? s.PW : s.OW, OHp = s.pool ? s.PH : s.OH;
   // Per-thread buffers, taken as plain pointers once (a thread_local in a shared library costs a call per access).
   // With pooling, the conv rows of the current window stay in a ring of PKH rows (row oy in slot oy % PKH), so that
   // rows shared by overlapping windows (ResNet's 3x3 / 2) are computed once per thread.
-  const int64_t ring = s.pool ? s.PKH : 1, row_sums = s.OW * M;
+  const int64_t ring = s.pool ? s.PKH : 1, row_sums = s.OW * Mp;
   thread_local std::vector<uint8_t> rows_buf;
   thread_local std::vector<int32_t> acc_buf;
   rows_buf.resize(static_cast<size_t>(s.C * s.KH * row_len));
@@ -133,7 +135,7 @@ KEEL_AVX512_VNNI void work(const StemShape& s, const DwQuant& q, int64_t groups,
     uint8_t* yrow = y + (n * OHp + r) * PW * M * out_bytes;
     if (!s.pool) {
       compute_row(n, r);
-      for (int64_t ox = 0; ox < s.OW; ++ox) epilogue(pk, M, q.out, q.y_zero, acc + ox * M, yrow + ox * M * out_bytes);
+      for (int64_t ox = 0; ox < s.OW; ++ox) epilogue(pk, M, q.out, q.y_zero, acc + ox * Mp, yrow + ox * M * out_bytes);
       continue;
     }
     // The window's conv rows (those the previous window computed are in the ring), then each pooled pixel's maximum.
@@ -148,7 +150,7 @@ KEEL_AVX512_VNNI void work(const StemShape& s, const DwQuant& q, int64_t groups,
         __m512i m = _mm512_set1_epi32(INT_MIN);
         for (int64_t oy = oy0; oy < oy1; ++oy) {
           const int32_t* row = acc + (oy % ring) * row_sums + b;
-          for (int64_t ox = x0; ox < x1; ++ox) m = _mm512_max_epi32(m, _mm512_loadu_si512(row + ox * M));
+          for (int64_t ox = x0; ox < x1; ++ox) m = _mm512_max_epi32(m, _mm512_loadu_si512(row + ox * Mp));
         }
         _mm512_store_si512(win + b, m);
       }
@@ -170,7 +172,7 @@ bool Int8StemConv::available() {
 std::string Int8StemConv::check(const StemShape& s) {
   if (s.C < 1 || s.C > 4) return "more than 4 input channels";
   if (s.KW < 1 || s.KW > 8 || s.KH < 1) return "kernel width past 8";
-  if (s.M < 16 || s.M > 64 || s.M % 16 != 0) return "output channels not 16, 32, 48 or 64";
+  if (s.M < 1 || s.M > 64) return "more than 64 output channels";
   if (s.SH < 1 || s.SW < 1 || s.PT < 0 || s.PL < 0) return "stride or padding";
   if (s.OH < 1 || s.OW < 1 || s.N < 1) return "output size";
   if (!s.pool) return "";
@@ -184,7 +186,7 @@ std::string Int8StemConv::check(const StemShape& s) {
 
 Int8StemConv::Int8StemConv(const StemShape& s, const DwQuant& q, const int8_t* w, const float* scale, const float* bias)
     : s_(s), q_(q) {
-  const int64_t Q = (s.KW + 3) / 4, MB = s.M / 16;
+  const int64_t Q = (s.KW + 3) / 4, MB = (s.M + 15) / 16, Mp = MB * 16;  // the per-channel vectors padded to Mp
   groups_ = s.C * s.KH * Q;
   // A row is read up to column (OW - 1) * SW + 4 Q - 1; it holds the padding before, the image, the padding after.
   row_len_ = std::max(s.PL + s.W, (s.OW - 1) * s.SW + 4 * Q);
@@ -192,11 +194,11 @@ Int8StemConv::Int8StemConv(const StemShape& s, const DwQuant& q, const int8_t* w
   off_.resize(static_cast<size_t>(groups_));
   for (int64_t g = 0; g < groups_; ++g) off_[static_cast<size_t>(g)] = (g / Q) * row_len_ + 4 * (g % Q);
   w_.assign(static_cast<size_t>(groups_ * MB * 64), 0);
-  comp_.assign(static_cast<size_t>(s.M), 0);
-  scale_.assign(static_cast<size_t>(s.M), 0.f);
-  bias_.assign(static_cast<size_t>(s.M), 0.f);
-  lo_.assign(static_cast<size_t>(s.M), 0.f);
-  hi_.assign(static_cast<size_t>(s.M), 0.f);
+  comp_.assign(static_cast<size_t>(Mp), 0);
+  scale_.assign(static_cast<size_t>(Mp), 0.f);
+  bias_.assign(static_cast<size_t>(Mp), 0.f);
+  lo_.assign(static_cast<size_t>(Mp), 0.f);
+  hi_.assign(static_cast<size_t>(Mp), 0.f);
   const bool f32 = q.out == DwQuant::Out::kF32;
   const int32_t zp = q.x_zero + (q.x_signed ? 128 : 0);
   const float inv = f32 ? 1.f : q.y_inv_scale;
@@ -233,7 +235,7 @@ void Int8StemConv::run(const void* x, void* y, int threads) const {
   // A small one (batch 1) on the calling thread: a second thread's start costs more than its share.
   const int team = items * s_.OW * s_.M < (int64_t{1} << 16) ? 1 : threads;
   split_over_team(items, team, [&](int64_t, int64_t b, int64_t e) {
-    switch (s_.M / 16) {
+    switch ((s_.M + 15) / 16) {
       case 1: work<1>(s_, q_, groups_, row_len_, pk, xp, yp, b, e); break;
       case 2: work<2>(s_, q_, groups_, row_len_, pk, xp, yp, b, e); break;
       case 3: work<3>(s_, q_, groups_, row_len_, pk, xp, yp, b, e); break;

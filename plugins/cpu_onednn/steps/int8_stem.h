@@ -19,8 +19,8 @@
 //   pooled pixel), which equals the maximum of the epilogue's values.
 // Layouts: X plain [N, C, H, W] bytes (u8 or s8); Y channels-last [N, OH', OW', M] (OH', OW': the pooled size with
 // pooling, else the conv's), u8 / s8 / f32.
-// Limits (check() says which fails): C <= 4, KW <= 8, M a multiple of 16 (up to 64), no dilation or groups; pooling
-// 2-D max without dilation, every window holding at least one conv pixel.
+// Limits (check() says which fails): C <= 4, KW <= 8, M <= 64 (any count: the last 16 lanes masked), no dilation or
+// groups; pooling 2-D max without dilation, every window holding at least one conv pixel.
 //
 // Needs AVX-512 F, BW, VL, DQ and VNNI (available()). Thread-safety: immutable after construction; run() may be
 // called from several threads at once (per-thread buffers are thread_local).

@@ -126,6 +126,8 @@ TEST(OnednnInt8Stem, MatchesConvolutionThenPooling) {
       check(stem(2, 2, 9, 10, 16, 5, 1, 2), q, team);                     // no pooling
       check(pooled(stem(2, 4, 10, 9, 48, 3, 2, 1), 2, 1, 0), q, team);    // overlapping 2x2 / 1 windows
       check(pooled(stem(40, 1, 28, 28, 32, 3, 1, 0), 2, 2, 0), q, team);  // past the one-thread size
+      check(pooled(stem(2, 1, 12, 12, 20, 5, 1, 0), 2, 2, 0), q, team);   // 20 channels (a pruned layer): masked
+      check(stem(1, 1, 9, 8, 6, 3, 1, 1), q, team);                       // LeNet-5's 6
     }
   }
 }
@@ -133,7 +135,7 @@ TEST(OnednnInt8Stem, MatchesConvolutionThenPooling) {
 TEST(OnednnInt8Stem, CheckNamesWhatIsOutOfReach) {
   EXPECT_NE(Int8StemConv::check(stem(1, 5, 8, 8, 16, 3, 1, 1)), "");    // 5 channels
   EXPECT_NE(Int8StemConv::check(stem(1, 1, 12, 12, 16, 9, 1, 0)), "");  // 9 columns
-  EXPECT_NE(Int8StemConv::check(stem(1, 1, 8, 8, 24, 3, 1, 1)), "");    // 24 output channels
+  EXPECT_NE(Int8StemConv::check(stem(1, 1, 8, 8, 80, 3, 1, 1)), "");    // 80 output channels
   EXPECT_EQ(Int8StemConv::check(stem(1, 1, 8, 8, 64, 3, 1, 1)), "");
 }
 
