@@ -80,11 +80,14 @@ KEEL_AVX512_VNNI inline void epilogue(const Packed& pk, int64_t M, DwQuant::Out 
     const __m512i a = _mm512_sub_epi32(_mm512_loadu_si512(acc + b), _mm512_loadu_si512(pk.comp + b));
     __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_loadu_ps(pk.scale + b), _mm512_loadu_ps(pk.bias + b));
     v = _mm512_min_ps(_mm512_max_ps(v, _mm512_loadu_ps(pk.lo + b)), _mm512_loadu_ps(pk.hi + b));
+    // Whole blocks with plain stores (masked ones cost more on some CPUs), the last partial one masked.
     if (out == DwQuant::Out::kF32) {
-      _mm512_mask_storeu_ps(static_cast<float*>(y) + b, k, v);
+      if (k == 0xFFFF) _mm512_storeu_ps(static_cast<float*>(y) + b, v);
+      else _mm512_mask_storeu_ps(static_cast<float*>(y) + b, k, v);
     } else {  // v is within [qmin - y_zero, qmax - y_zero] (the bounds): round half to even, add the zero point
       const __m128i q = _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(v), _mm512_set1_epi32(y_zero)));
-      _mm_mask_storeu_epi8(static_cast<uint8_t*>(y) + b, k, q);
+      if (k == 0xFFFF) _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint8_t*>(y) + b), q);
+      else _mm_mask_storeu_epi8(static_cast<uint8_t*>(y) + b, k, q);
     }
   }
 }
