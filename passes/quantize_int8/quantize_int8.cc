@@ -210,54 +210,76 @@ int32_t scalar_dtype(const GraphView& gv, const std::string& v) {
 // GlobalMaxPool or a view (Flatten, Reshape, Squeeze, Unsqueeze, Identity) moves in front of that node, which then
 // runs on the 1-byte values: exact, because quantizing is monotone (x * (1 / scale) rounded half to even, plus the
 // zero point, saturated: a <= b gives q(a) <= q(b)), so the maximum of a window's quantized values is the quantized
-// maximum, and a view moves bytes without changing them. Repeated until nothing moves, so that a QuantizeLinear in
-// front of a classifier's Gemm climbs over Flatten and MaxPool to the Conv + Relu before them, which then
+// maximum, and a view moves bytes without changing them. It climbs as far as such nodes go, so that a QuantizeLinear
+// in front of a classifier's Gemm climbs over Flatten and MaxPool to the Conv + Relu before them, which then
 // requantizes its output (the fusion below) instead of writing f32 for the pooling to read: a quarter of the bytes
-// through the pooling, and no separate quantizing step. Only when the node's input is read by that node alone (else
-// both forms would be kept), the moved QuantizeLinear's output is not a graph output, and the device has the node
-// for the 1-byte type (ai.onnx MaxPool takes int8/uint8 from opset 12). Returns how many moved.
+// through the pooling, and no separate quantizing step. Each node passed must read a value that it alone reads (else
+// both forms would be kept) and have a kernel for the 1-byte type on the device (ai.onnx MaxPool takes int8/uint8
+// from opset 12); the QuantizeLinear's output must not be a graph output. And the climb must pay: it passes a max
+// pooling, or ends at a Conv / Relu / Clip output (a Conv that requantizes); a climb over a view alone (MobileNetV2's
+// GlobalAveragePool -> Flatten -> QuantizeLinear -> Gemm) would only split the QuantizeLinear from the QGemm it
+// folds into. Returns how many nodes were passed.
 int64_t hoist_quantize(GraphView& gv, const char* device) {
   const int32_t opset = std::max(gv.opset(""), gv.opset("ai.onnx"));
+  auto is_pool = [&](keel_node_id_t n) { return gv.is(n, "MaxPool") || gv.is(n, "GlobalMaxPool"); };
+  auto is_view = [&](keel_node_id_t n) {
+    return gv.is(n, "Flatten") || gv.is(n, "Reshape") || gv.is(n, "Squeeze") || gv.is(n, "Unsqueeze") ||
+           gv.is(n, "Identity");
+  };
+  // The node producing `v` when the QuantizeLinear (of type qt) may move over it, else nothing.
+  auto passable = [&](const std::string& v, int32_t qt) -> std::optional<keel_node_id_t> {
+    auto p = gv.producer(v);
+    if (!p || !gv.single_use(v) || !(is_pool(*p) || is_view(*p)) || (is_pool(*p) && opset < 12)) return std::nullopt;
+    std::vector<std::string> outs = gv.outputs(*p);
+    if (outs.empty() || outs[0] != v) return std::nullopt;
+    for (size_t k = 1; k < outs.size(); ++k)
+      if (!outs[k].empty()) return std::nullopt;  // MaxPool's Indices
+    const std::string x = gv.input(*p, 0);
+    auto xt = gv.value_type(x);
+    if (x.empty() || gv.is_initializer(x) || !gv.single_use(x) || !xt || xt->dtype != KEEL_DTYPE_F32)
+      return std::nullopt;
+    const int32_t one = qt;
+    if (!g_host->kernel_exists ||
+        !g_host->kernel_exists(g_plugin, "", gv.op(*p).c_str(), opset, device ? device : "cpu", &one, 1))
+      return std::nullopt;
+    return p;
+  };
   int64_t moved = 0;
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (keel_node_id_t q : gv.nodes()) {
-      if (!gv.exists(q) || !gv.is(q, "QuantizeLinear") || gv.has_attr(q, "saturate")) continue;
-      std::vector<std::string> qi = gv.inputs(q);
-      if (qi.size() != 3 || scalar_dtype(gv, qi[1]) != KEEL_DTYPE_F32) continue;
-      const int32_t qt = scalar_dtype(gv, qi[2]);
-      if (qt != KEEL_DTYPE_U8 && qt != KEEL_DTYPE_I8) continue;
-      const auto scale = gv.scalar(qi[1]);
-      if (!scale || !(*scale > 0) || !std::isfinite(*scale)) continue;
-      const std::string v = qi[0], y = gv.output(q, 0);
-      auto p = gv.producer(v);
-      if (!p || !gv.single_use(v) || gv.is_graph_output(y)) continue;
-      const bool pool = gv.is(*p, "MaxPool") || gv.is(*p, "GlobalMaxPool");
-      const bool view = gv.is(*p, "Flatten") || gv.is(*p, "Reshape") || gv.is(*p, "Squeeze") ||
-                        gv.is(*p, "Unsqueeze") || gv.is(*p, "Identity");
-      if (!pool && !view) continue;
-      if (pool && opset < 12) continue;
-      std::vector<std::string> pouts = gv.outputs(*p);
-      if (pouts.empty() || pouts[0] != v) continue;
-      bool extra_out = false;
-      for (size_t k = 1; k < pouts.size(); ++k) extra_out = extra_out || !pouts[k].empty();
-      if (extra_out) continue;  // MaxPool's Indices
-      const std::string x = gv.input(*p, 0);
-      auto xt = gv.value_type(x);
-      if (x.empty() || gv.is_initializer(x) || !gv.single_use(x) || !xt || xt->dtype != KEEL_DTYPE_F32) continue;
-      const int32_t one = qt;
-      if (!g_host->kernel_exists ||
-          !g_host->kernel_exists(g_plugin, "", gv.op(*p).c_str(), opset, device ? device : "cpu", &one, 1))
-        continue;
-      // x -> QuantizeLinear -> xq -> P -> v (now 1-byte), read where y was.
+  for (keel_node_id_t q : gv.nodes()) {
+    if (!gv.exists(q) || !gv.is(q, "QuantizeLinear") || gv.has_attr(q, "saturate")) continue;
+    std::vector<std::string> qi = gv.inputs(q);
+    if (qi.size() != 3 || scalar_dtype(gv, qi[1]) != KEEL_DTYPE_F32) continue;
+    const int32_t qt = scalar_dtype(gv, qi[2]);
+    if (qt != KEEL_DTYPE_U8 && qt != KEEL_DTYPE_I8) continue;
+    const auto scale = gv.scalar(qi[1]);
+    if (!scale || !(*scale > 0) || !std::isfinite(*scale) || gv.is_graph_output(gv.output(q, 0))) continue;
+    // The climb: the nodes it passes, from the QuantizeLinear up.
+    std::vector<keel_node_id_t> path;
+    bool pays = false;
+    for (std::string v = qi[0];;) {
+      auto p = passable(v, qt);
+      if (!p) break;
+      path.push_back(*p);
+      pays = pays || is_pool(*p);
+      v = gv.input(*p, 0);
+    }
+    if (path.empty()) continue;
+    if (auto top = gv.producer(gv.input(path.back(), 0)))
+      pays = pays || gv.is(*top, "Conv") || gv.is(*top, "Relu") || gv.is(*top, "Clip");
+    if (!pays) continue;
+    // x -> QuantizeLinear -> xq -> P -> v (now 1-byte) for each node P passed, read where the QuantizeLinear's output
+    // was read.
+    const Attrs qa = gv.attrs(q);
+    keel_node_id_t cur = q;
+    for (keel_node_id_t p : path) {
+      const std::string x = gv.input(p, 0), v = gv.output(p, 0), y = gv.output(cur, 0);
       const std::string xq = gv.unique_name(x + "_quantized");
-      Attrs qa = gv.attrs(q);
-      gv.add_node("", "QuantizeLinear", gv.unique_name(gv.name(q)), {x, qi[1], qi[2]}, {xq}, qa);
-      gv.set_input(*p, 0, xq);
-      gv.remove_node(q);
+      keel_node_id_t next = gv.add_node("", "QuantizeLinear", gv.unique_name(gv.name(q)), {x, qi[1], qi[2]}, {xq}, qa);
+      gv.set_input(p, 0, xq);
+      gv.remove_node(cur);
       gv.replace_uses(y, v);
+      cur = next;
       ++moved;
-      changed = true;
     }
   }
   return moved;

@@ -1111,20 +1111,35 @@ TEST(FuseQdq, QuantizeMovesOverMaxPoolAndFlattenSoTheConvRequantizes) {
   }
 }
 
-TEST(FuseQdq, QuantizeStaysWhereMovingItWouldKeepBothPrecisions) {
+// The QuantizeLinear stays where moving it would not pay: it could pass the Flatten only (MaxPool's input has a
+// second reader; before opset 12 MaxPool has no 8-bit types), which would split it from the QGemm it folds into.
+TEST(FuseQdq, QuantizeStaysWhereMovingItDoesNotPay) {
   Graph fp32;
-  // The Relu's output is also a graph output: the QuantizeLinear moves over Flatten only (MaxPool's input has a
-  // second reader), and the Conv writes f32.
-  Graph q = small_cnn_qdq(&fp32, 13, true);
-  auto r = run_pass(q, "fuse_qdq", {});
+  for (const bool second_reader : {true, false}) {
+    Graph q = small_cnn_qdq(&fp32, second_reader ? 13 : 11, second_reader);
+    auto r = run_pass(q, "fuse_qdq", {});
+    ASSERT_EQ(r.size(), 1u);
+    EXPECT_EQ(r[0].counters["quantize_hoisted"], 0);
+    EXPECT_EQ(r[0].counters["outputs_requantized"], 0);
+    EXPECT_EQ(r[0].counters["quantize_folded"], 2);  // the image's into the QConv, this one into the QGemm
+    EXPECT_EQ(count_op(q, "QuantizeLinear"), 0u);
+  }
+  // MobileNetV2's and ResNet's tail: GlobalAveragePool -> Flatten -> QuantizeLinear -> Gemm. Passing the Flatten
+  // alone gains nothing: the QuantizeLinear stays and folds into the QGemm.
+  GraphBuilder b("qtail", 13);
+  auto x = b.input("x", DType::kF32, {2, 8, 5, 5});
+  auto f = b.op1("Flatten", {b.op1("GlobalAveragePool", {x})});
+  b.output(b.op1("Gemm", {f, b.constant("w", Tensor::f32({4, 8}, randv(32, 41, 0.3f)))},
+                 {{"transB", Attribute::of_int(1)}}));
+  Graph tail = b.take();
+  Options o;
+  o.values["range." + f] = std::string("0,2");
+  run_pass(tail, "quantize_int8", o);
+  auto r = run_pass(tail, "fuse_qdq", {});
   ASSERT_EQ(r.size(), 1u);
-  EXPECT_EQ(r[0].counters["quantize_hoisted"], 1);
-  EXPECT_EQ(r[0].counters["outputs_requantized"], 0);
-  // Before opset 12 MaxPool has no 8-bit types: the QuantizeLinear moves over Flatten only.
-  Graph q11 = small_cnn_qdq(&fp32, 11);
-  auto r11 = run_pass(q11, "fuse_qdq", {});
-  ASSERT_EQ(r11.size(), 1u);
-  EXPECT_EQ(r11[0].counters["quantize_hoisted"], 1);
+  EXPECT_EQ(r[0].counters["quantize_hoisted"], 0);
+  EXPECT_EQ(r[0].counters["gemm_fused"], 1);
+  EXPECT_EQ(r[0].counters["quantize_folded"], 1);
 }
 
 TEST(FuseQdq, LeavesWhatItCannotFuse) {
