@@ -1,9 +1,10 @@
-// plugins/cpu_onednn/steps/int8_pool.h — (internal) the plugin's own max pooling of u8 / s8 channels-last bytes, for a
-// claimed chain's pooling between int8 steps (chain/ops/pool.cc; fuse_qdq moves a QuantizeLinear over a MaxPool so
-// that the convolution before it writes bytes). oneDNN 2.6's int8 pooling (jit_int) took 0.006 ms for SimpleCNN's
-// [1, 32, 26, 26] 2x2 pooling at 1 thread, three times its f32 pooling of the same shape, and 5.7-5.9 ms at batch 1000
-// (21.6 MB read); these loops take every window's C bytes as whole vectors: 0.001 ms and 3.9-4.3 ms in the model
-// (2.3-2.5 ms on a warm input alone: the rest is memory; the f32 pooling of that model takes 6.4-8.8 ms).
+// plugins/cpu_onednn/steps/int8_pool.h — (internal) the plugin's own max pooling of u8 / s8 bytes, for a claimed
+// chain's pooling between int8 steps (chain/ops/pool.cc, channels-last; fuse_qdq moves a QuantizeLinear over a MaxPool
+// so that the convolution before it writes bytes) and for the u8/s8 MaxPool node kernel (kernels/int8.cc, plain).
+// oneDNN 2.6's int8 pooling (jit_int) took 0.006 ms for SimpleCNN's [1, 32, 26, 26] 2x2 pooling at 1 thread, three
+// times its f32 pooling of the same shape, and 5.7-5.9 ms at batch 1000 (21.6 MB read); these loops take every window's
+// C bytes as whole vectors: 0.001 ms and 3.9-4.3 ms in the model (2.3-2.5 ms on a warm input alone: the rest is memory;
+// the f32 pooling of that model takes 6.4-8.8 ms).
 //
 // Semantics: ONNX MaxPool over [N, H, W, C] bytes (2-D, any window, stride, dilation and padding; padding is not a
 // value: a window's maximum is over its pixels inside the image; a window with none gives the type's lowest value).
