@@ -257,14 +257,17 @@ bool Builder::conv_pool_fused(size_t i) {
   s.pw = pooled(s.ow, s.pkw, s.psw, s.ppl, valid ? 0 : pp[3]);
   if (!conv_pool_check(s).empty()) return false;
   // Only where the convolution's output is past the caches: per image past L2 (SqueezeNet's 3.1 MB, ResNet's and
-  // GoogLeNet's 7x7 stems' 3.2 MB), or the batch's past 8 MiB; and always over a single channel. The 7x7 stems gain
-  // since the step pads its source rows instead of taking a per-pixel path at the edges (ResNet-50, 1 thread: 1.19
-  // against 1.31 + 0.15 ms; docs/ONEDNN_PERFORMANCE.md "(r50f)"). 1 thread, 2026-12-04: the peers' simple_cnn (3x3
-  // over 3 x 32x32, 115 KB an image) at batch 32 0.72 fused against 0.61 ms, at batch 128 3.34 against 4.00 ms;
-  // Fashion-MNIST's SimpleCNN (3x3 over 1 x 28x28, 86 KB) at batch 1 and 8 level, at 32 0.23 against 0.31 ms, at 128
-  // 0.90 against 3.0-3.3 ms, at 1000 (`keel train`'s evaluation batch) 9.2 against 15-18 ms.
+  // GoogLeNet's 7x7 stems' 3.2 MB), or the batch's past 8 MiB; and over a single channel on one thread. The 7x7
+  // stems gain since the step pads its source rows instead of taking a per-pixel path at the edges (ResNet-50, 1
+  // thread: 1.19 against 1.31 + 0.15 ms; docs/ONEDNN_PERFORMANCE.md "(r50f)"). 2026-12-04, paired rounds: the peers'
+  // simple_cnn (3x3 over 3 x 32x32, 115 KB an image) at batch 32 0.72 fused against 0.61 ms (1 thread), at batch 128
+  // 3.34 against 4.00 (1 thread) and 1.29-1.44 against 1.37-2.14 ms (2); Fashion-MNIST's SimpleCNN (3x3 over 1 x
+  // 28x28, 86 KB) at batch 1 and 8 level, at 32 0.23 against 0.31 ms on one thread but 0.17-0.20 against 0.16-0.18
+  // on two, at 128 0.90 against 3.0-3.3 ms, at 1000 (`keel train`'s evaluation batch) 9.2 against 15-18 ms (1) and
+  // 6.4-6.6 against 9.4-12.4 ms (2).
   const int64_t out_bytes = s.m * s.oh * s.ow * static_cast<int64_t>(sizeof(float));
-  if (out_bytes < (int64_t{1} << 20) && s.n * out_bytes < (int64_t{8} << 20) && s.c > 1) return false;
+  if (out_bytes < (int64_t{1} << 20) && s.n * out_bytes < (int64_t{8} << 20) && (s.c > 1 || p_->threads > 1))
+    return false;
   const Dims y{s.n, s.m, s.ph, s.pw};
   if (auto known = r_.dims.find(pn.out[0]); known != r_.dims.end() && known->second != y) return false;
   fused.push_back(u);
