@@ -211,8 +211,10 @@ int bench(const BenchArgs& a, Globals& g) {
     }
     Shape shape = vi->shape.value_or(Shape{});
     if (auto it = run_shapes.find(name); it != run_shapes.end()) shape = it->second;
+    bool dynamic = false;
     for (auto& d : shape)
-      if (d < 0) d = 1;
+      if (d < 0) d = 1, dynamic = true;
+    if (dynamic) run_shapes[name] = shape;  // the work is counted on the shapes the runs use
     if (batch == 0 && !shape.empty()) batch = shape[0];
     auto t = random_input(vi->dtype, shape, rng);
     if (!t.is_ok()) {
@@ -519,7 +521,9 @@ int bench(const BenchArgs& a, Globals& g) {
             << " ms of CPU time per run (all threads; " << std::setprecision(2) << (wall_s > 0 ? cpu_s / wall_s : 0.0)
             << " CPUs busy on average)\n";
   if (work.flops > 0) {
-    std::cout << "compute    " << std::setprecision(3) << gflop << " GFLOP per run (Conv/Gemm/MatMul"
+    // Three significant digits (a small model's batch 1 is well under 0.001 GFLOP), then fixed again.
+    std::cout << "compute    " << std::defaultfloat << std::setprecision(3) << gflop << std::fixed
+              << " GFLOP per run (Conv/Gemm/MatMul"
               << (work.int8_flops > 0
                       ? ", " + std::to_string(static_cast<int>(100.0 * work.int8_flops / work.flops)) + "% int8"
                       : std::string())

@@ -29,10 +29,10 @@ Tensor filled(const Shape& shape, float v = 0.01f) {
 Attribute ints(std::vector<int64_t> v) { return Attribute::of_ints(std::move(v)); }
 
 // x[2,3,8,8] -> Conv 3x3 (4 out) -> depthwise Conv 3x3 (group 4) -> ConvTranspose 2x2 s2 (2 out) -> Flatten ->
-// Gemm (transA) -> MatMul; each op's multiply-adds by hand below.
-Graph every_counted_op() {
+// Gemm (transA) -> MatMul; each op's multiply-adds by hand below. `batch` -1: a dynamic batch dimension.
+Graph every_counted_op(int64_t batch = 2) {
   GraphBuilder b("work", 17);
-  auto x = b.input("x", DType::kF32, {2, 3, 8, 8});
+  auto x = b.input("x", DType::kF32, {batch, 3, 8, 8});
   auto c1 = b.op1("Conv", {x, b.constant("w1", filled({4, 3, 3, 3}))},
                   {{"kernel_shape", ints({3, 3})}, {"pads", ints({1, 1, 1, 1})}});
   auto c2 = b.op1("Conv", {c1, b.constant("w2", filled({4, 1, 3, 3}))},
@@ -122,6 +122,17 @@ TEST(HostLimits, BenchReportsGflopsAndTheFractionOfTheMeasuredPeak) {
   ASSERT_TRUE(j.contains("fraction_of_peak")) << j.dump();
   EXPECT_GT(j["fraction_of_peak"].get<double>(), 0.0);
   EXPECT_EQ(j["host_limits"].value("file", ""), limits.string());
+
+  // A dynamic batch is counted at the batch the runs use (1 without --batch), not left unknown.
+  const fs::path dynamic = dir / "dynamic.onnx";
+  ASSERT_TRUE(save_onnx(every_counted_op(-1), dynamic).is_ok());
+  const std::string dyn = run(std::string(KEEL_CLI_BINARY) + " bench " + dynamic.string() +
+                              " --iters 3 --warmup 1 --json --host-limits " + limits.string());
+  const auto dstart = dyn.find('{');
+  ASSERT_NE(dstart, std::string::npos) << dyn;
+  const nlohmann::json jd = nlohmann::json::parse(dyn.substr(dstart));
+  EXPECT_DOUBLE_EQ(jd.value("gflop_per_run", 0.0), model_work(every_counted_op(1)).flops / 1e9) << jd.dump();
+  EXPECT_GT(jd.value("gflops", 0.0), 0.0);
 
   // A file that is not keel-host-limits' JSON is an error naming it, not a silent zero.
   std::ofstream(dir / "bad.json") << "{\"cpus\": 2}";
