@@ -7,7 +7,8 @@
 //   1. constants: initializers, Constant nodes, Shape of a statically shaped value, and every node all of whose
 //      inputs are constants (shape arithmetic) are computed once, here (host->graph->evaluate), and run nothing;
 //   2. candidates: f32 and bf16 nodes with static shapes of the table's ops (bf16 ones compute in bf16, with f32
-//      weights converted once into bf16 layouts, f32 bias and scale/shift; a Cast between f32 and bf16 is a reorder).
+//      weights converted once into bf16 layouts, f32 bias and scale/shift; a Cast between f32 and bf16 is a reorder),
+//      the int8 steps (below), and u8/s8 max pooling and views.
 //      Patterns of several ops that mean one op (a decomposed LayerNormalization or Gelu, attention) are the fusion
 //      passes' to recognise (passes/fusion: fuse_layer_norm, fuse_gelu, fuse_attention), not repeated here: without
 //      the passes their ops run one by one, in the chain;
@@ -38,6 +39,9 @@
 // MatMul read only by a Transpose writes the transposed layout directly.
 // INT8 (chain/ops/int8.cc): keel.QConv (1-D, 2-D, 3-D) and keel.QGemm, with the standalone kernels' set-up
 // (kernels/int8.h), and the per-tensor QuantizeLinear / DequantizeLinear next to them; u8/s8 values stay
+// channels-last between int8 steps (the layout their convolutions use). u8/s8 max pooling and views (what fuse_qdq
+// leaves where it moved a QuantizeLinear up) are candidates too: pooling on the plugin's own byte loop
+// (steps/int8_pool.h), a first convolution over few channels with its pooling as one own step (steps/int8_stem.h).
 #include "chain/runtime.h"
 #include "chain/scan.h"
 
