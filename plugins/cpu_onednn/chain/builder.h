@@ -45,6 +45,13 @@ inline md_t with_dtype(const md_t& md, dt t) {
   return md_t(d);
 }
 inline size_t elem_size(const md_t& md) { return dnnl_data_type_size(md.data.data_type); }
+// A pooling's output extent over `in` positions (window k, stride st, padding before / after; floor or ceil), as
+// Builder::pool computes it; 0 where the window does not fit or the stride is not positive. For the steps that fuse
+// a pooling into the convolution before it (conv_pool_fused, qconv_stem).
+inline int64_t pooled_extent(int64_t in, int64_t k, int64_t st, int64_t before, int64_t after, bool ceil) {
+  const int64_t span = in + before + after - k;
+  return span < 0 || st < 1 ? 0 : 1 + (ceil ? (span + st - 1) / st : span / st);
+}
 // B [K, N] (or [N, K] when trans_b) of a Gemm reading a flattened [N, C, H, W] value as it lies in memory
 // (flatten_into_gemm): the rows (K = C*H*W index) reordered to that memory's order, nhwc or nChw16c.
 template <typename T>

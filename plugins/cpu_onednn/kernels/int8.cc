@@ -235,6 +235,12 @@ std::unique_ptr<Int8Depthwise3x3> int8_own_depthwise(const QuantSetup& q, const 
   DwShape s;
   s.N = x[0], s.C = x[1], s.H = x[2], s.W = x[3], s.OH = y[2], s.OW = y[3];
   s.stride_h = g.strides[0], s.stride_w = g.strides[1], s.pad_t = g.pads[0], s.pad_l = g.pads[1];
+  const std::vector<float> scale = own_int8_scales(q, s.C);
+  return std::make_unique<Int8Depthwise3x3>(s, own_int8_quant(q), w, scale.data(),
+                                            q.bias_f32.empty() ? nullptr : q.bias_f32.data());
+}
+
+DwQuant own_int8_quant(const QuantSetup& q) {
   DwQuant dq;
   dq.x_signed = q.x_type == KEEL_DTYPE_I8;
   dq.x_zero = q.x_zero;
@@ -245,9 +251,13 @@ std::unique_ptr<Int8Depthwise3x3> int8_own_depthwise(const QuantSetup& q, const 
   dq.y_zero = q.y_zero;
   if (q.act == "Relu") dq.lo = 0;
   if (q.act == "Clip") dq.lo = q.act_lo, dq.hi = q.act_hi;
-  std::vector<float> scale(static_cast<size_t>(s.C));
+  return dq;
+}
+
+std::vector<float> own_int8_scales(const QuantSetup& q, int64_t channels) {
+  std::vector<float> scale(static_cast<size_t>(channels));
   for (size_t m = 0; m < scale.size(); ++m) scale[m] = q.x_scale * q.w_scale[q.w_scale.size() == 1 ? 0 : m];
-  return std::make_unique<Int8Depthwise3x3>(s, dq, w, scale.data(), q.bias_f32.empty() ? nullptr : q.bias_f32.data());
+  return scale;
 }
 
 dnnl::memory int8_prepack(const dnnl::memory::desc& plain, const dnnl::memory::desc& want, const int8_t* w,

@@ -108,6 +108,11 @@ dnnl::convolution_forward::primitive_desc qconv_primitive_desc(const QuantSetup&
 // The int8 matmul of a QGemm: [M, K] u8/s8 (plain) x [K, N] s8 (oneDNN's layout) -> [M, N] (plain).
 dnnl::matmul::primitive_desc qgemm_primitive_desc(const QuantSetup& q, int64_t M, int64_t K, int64_t N);
 
+// The own int8 steps' quantization (steps/int8_dw.h's DwQuant: X's type and zero point, the output's type, scale and
+// zero point, Relu / Clip bounds) and per-channel scales x_scale * w_scale[m] of a QConv's QuantSetup.
+DwQuant own_int8_quant(const QuantSetup& q);
+std::vector<float> own_int8_scales(const QuantSetup& q, int64_t channels);
+
 // The own depthwise 3x3 kernel for this geometry, or null where it does not apply: a 2-D depthwise 3x3 convolution
 // (one input and output channel per group, dilation 1, width stride 1, or 2 over at most 16 columns) over a
 // quantized channels-last X into a channels-last output, with no residual and Relu / Clip / no activation, on a CPU

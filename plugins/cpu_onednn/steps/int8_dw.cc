@@ -196,10 +196,7 @@ Int8Depthwise3x3::Int8Depthwise3x3(const DwShape& s, const DwQuant& q, const int
   bias_.assign(lanes, 0.f);
   lo_.assign(lanes, 0.f);
   hi_.assign(lanes, 0.f);
-  const bool f32 = q.out == DwQuant::Out::kF32;
-  const int32_t zp = q.x_zero + (q.x_signed ? 128 : 0);
-  const float inv = f32 ? 1.f : q.y_inv_scale;
-  const float qmin = q.out == DwQuant::Out::kS8 ? -128.f : 0.f, qmax = q.out == DwQuant::Out::kS8 ? 127.f : 255.f;
+  const int32_t zp = x_zero_as_u8(q);
   for (int64_t c = 0; c < s.C; ++c) {
     const int64_t b = c / kBlock, l = c % kBlock;
     int32_t sum = 0;
@@ -210,16 +207,9 @@ Int8Depthwise3x3::Int8Depthwise3x3(const DwShape& s, const DwQuant& q, const int
         sum += v;
       }
     comp_[static_cast<size_t>(c)] = zp * sum;
-    scale_[static_cast<size_t>(c)] = scale[c] * inv;
-    bias_[static_cast<size_t>(c)] = (bias ? bias[c] : 0.f) * inv;
-    float lo = q.lo * inv, hi = q.hi * inv;
-    if (!f32) {  // both bounds inside the representable range (also for an activation range outside it)
-      const float rlo = qmin - static_cast<float>(q.y_zero), rhi = qmax - static_cast<float>(q.y_zero);
-      lo = std::clamp(lo, rlo, rhi);
-      hi = std::clamp(hi, rlo, rhi);
-    }
-    lo_[static_cast<size_t>(c)] = lo;
-    hi_[static_cast<size_t>(c)] = hi;
+    const ChannelEpilogue e = channel_epilogue(q, scale[c], bias ? bias[c] : 0.f);
+    scale_[static_cast<size_t>(c)] = e.scale, bias_[static_cast<size_t>(c)] = e.bias;
+    lo_[static_cast<size_t>(c)] = e.lo, hi_[static_cast<size_t>(c)] = e.hi;
   }
 }
 

@@ -19,6 +19,7 @@
 // Thread-safety: an object is immutable after construction; run() may be called from several threads at once.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -39,6 +40,27 @@ struct DwQuant {
   int32_t y_zero = 0;
   float lo = -std::numeric_limits<float>::infinity(), hi = std::numeric_limits<float>::infinity();  // activation
 };
+
+// One output channel's epilogue constants, as the own int8 steps (this one, steps/int8_stem.h) apply them:
+// clamp(acc * scale + bias, lo, hi), with 1 / y_scale folded into all four for a quantized output and both bounds
+// kept inside the representable range (also for an activation range outside it). `scale` = x_scale * w_scale[c].
+struct ChannelEpilogue {
+  float scale, bias, lo, hi;
+};
+inline ChannelEpilogue channel_epilogue(const DwQuant& q, float scale, float bias) {
+  const bool f32 = q.out == DwQuant::Out::kF32;
+  const float inv = f32 ? 1.f : q.y_inv_scale;
+  ChannelEpilogue e{scale * inv, bias * inv, q.lo * inv, q.hi * inv};
+  if (!f32) {
+    const float qmin = q.out == DwQuant::Out::kS8 ? -128.f : 0.f, qmax = q.out == DwQuant::Out::kS8 ? 127.f : 255.f;
+    const float rlo = qmin - static_cast<float>(q.y_zero), rhi = qmax - static_cast<float>(q.y_zero);
+    e.lo = std::clamp(e.lo, rlo, rhi);
+    e.hi = std::clamp(e.hi, rlo, rhi);
+  }
+  return e;
+}
+// X's zero point in the u8 domain the steps multiply in (s8 values are offset by 128).
+inline int32_t x_zero_as_u8(const DwQuant& q) { return q.x_zero + (q.x_signed ? 128 : 0); }
 
 class Int8Depthwise3x3 {
  public:

@@ -202,10 +202,7 @@ Int8StemConv::Int8StemConv(const StemShape& s, const DwQuant& q, const int8_t* w
   bias_.assign(static_cast<size_t>(Mp), 0.f);
   lo_.assign(static_cast<size_t>(Mp), 0.f);
   hi_.assign(static_cast<size_t>(Mp), 0.f);
-  const bool f32 = q.out == DwQuant::Out::kF32;
-  const int32_t zp = q.x_zero + (q.x_signed ? 128 : 0);
-  const float inv = f32 ? 1.f : q.y_inv_scale;
-  const float qmin = q.out == DwQuant::Out::kS8 ? -128.f : 0.f, qmax = q.out == DwQuant::Out::kS8 ? 127.f : 255.f;
+  const int32_t zp = x_zero_as_u8(q);
   for (int64_t m = 0; m < s.M; ++m) {
     int32_t sum = 0;
     for (int64_t c = 0; c < s.C; ++c)
@@ -217,16 +214,9 @@ Int8StemConv::Int8StemConv(const StemShape& s, const DwQuant& q, const int8_t* w
           sum += v;
         }
     comp_[static_cast<size_t>(m)] = zp * sum;
-    scale_[static_cast<size_t>(m)] = scale[m] * inv;
-    bias_[static_cast<size_t>(m)] = (bias ? bias[m] : 0.f) * inv;
-    float lo = q.lo * inv, hi = q.hi * inv;
-    if (!f32) {  // both bounds inside the representable range (also for an activation range outside it)
-      const float rlo = qmin - static_cast<float>(q.y_zero), rhi = qmax - static_cast<float>(q.y_zero);
-      lo = std::clamp(lo, rlo, rhi);
-      hi = std::clamp(hi, rlo, rhi);
-    }
-    lo_[static_cast<size_t>(m)] = lo;
-    hi_[static_cast<size_t>(m)] = hi;
+    const ChannelEpilogue e = channel_epilogue(q, scale[m], bias ? bias[m] : 0.f);
+    scale_[static_cast<size_t>(m)] = e.scale, bias_[static_cast<size_t>(m)] = e.bias;
+    lo_[static_cast<size_t>(m)] = e.lo, hi_[static_cast<size_t>(m)] = e.hi;
   }
 }
 

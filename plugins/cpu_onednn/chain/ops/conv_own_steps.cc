@@ -249,12 +249,8 @@ bool Builder::conv_pool_fused(size_t i) {
   s.pkh = pk[0], s.pkw = pk[1], s.psh = ps[0], s.psw = ps[1];
   s.ppt = valid ? 0 : pp[0], s.ppl = valid ? 0 : pp[1];
   if (s.psh < 1 || s.psw < 1) return false;
-  auto pooled = [&](int64_t in, int64_t k, int64_t str, int64_t before, int64_t after) -> int64_t {
-    const int64_t span = in + before + after - k;  // as pool()
-    return span < 0 ? 0 : 1 + (ceil ? (span + str - 1) / str : span / str);
-  };
-  s.ph = pooled(s.oh, s.pkh, s.psh, s.ppt, valid ? 0 : pp[2]);
-  s.pw = pooled(s.ow, s.pkw, s.psw, s.ppl, valid ? 0 : pp[3]);
+  s.ph = pooled_extent(s.oh, s.pkh, s.psh, s.ppt, valid ? 0 : pp[2], ceil);
+  s.pw = pooled_extent(s.ow, s.pkw, s.psw, s.ppl, valid ? 0 : pp[3], ceil);
   if (!conv_pool_check(s).empty()) return false;
   // Only where the convolution's output is past the caches: per image past L2 (SqueezeNet's 3.1 MB, ResNet's and
   // GoogLeNet's 7x7 stems' 3.2 MB), or the batch's past 8 MiB; and over a single channel on one thread. The 7x7

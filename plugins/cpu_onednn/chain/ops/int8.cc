@@ -145,8 +145,9 @@ bool Builder::qconv_stem(size_t i, const QuantSetup& q, const QConvGeom& g, cons
   if (!Int8StemConv::available() || g.rank != 4 || g.group != 1 || q.residual || x[1] > 4) return false;
   if (g.dilations[0] != 1 || g.dilations[1] != 1) return false;
   if (q.act != "" && q.act != "Relu" && q.act != "Clip") return false;
-  for (size_t m = 0; m < static_cast<size_t>(y[1]); ++m)
-    if (!(q.x_scale * q.w_scale[q.w_scale.size() == 1 ? 0 : m] > 0)) return false;  // the pooling needs monotone
+  const std::vector<float> scale = own_int8_scales(q, y[1]);
+  for (float v : scale)
+    if (!(v > 0)) return false;  // the pooling needs a monotone epilogue
   StemShape s;
   s.N = x[0], s.C = x[1], s.H = x[2], s.W = x[3], s.M = y[1], s.KH = g.w_dims[2], s.KW = g.w_dims[3];
   s.SH = g.strides[0], s.SW = g.strides[1], s.PT = g.pads[0], s.PL = g.pads[1], s.OH = y[2], s.OW = y[3];
@@ -165,12 +166,8 @@ bool Builder::qconv_stem(size_t i, const QuantSetup& q, const QConvGeom& g, cons
       s.pool = true;
       s.PKH = pk[0], s.PKW = pk[1], s.PSH = ps[0], s.PSW = ps[1];
       s.PPT = valid ? 0 : pp[0], s.PPL = valid ? 0 : pp[1];
-      auto pooled = [&](int64_t in, int64_t k, int64_t st, int64_t before, int64_t after) -> int64_t {
-        const int64_t span = in + before + after - k;  // as pool()
-        return span < 0 || st < 1 ? 0 : 1 + (ceil ? (span + st - 1) / st : span / st);
-      };
-      s.PH = pooled(s.OH, s.PKH, s.PSH, s.PPT, valid ? 0 : pp[2]);
-      s.PW = pooled(s.OW, s.PKW, s.PSW, s.PPL, valid ? 0 : pp[3]);
+      s.PH = pooled_extent(s.OH, s.PKH, s.PSH, s.PPT, valid ? 0 : pp[2], ceil);
+      s.PW = pooled_extent(s.OW, s.PKW, s.PSW, s.PPL, valid ? 0 : pp[3], ceil);
       const Dims py{s.N, s.M, s.PH, s.PW};
       auto known = r_.dims.find(pn.out[0]);
       if (Int8StemConv::check(s).empty() && (known == r_.dims.end() || known->second == py)) {
@@ -183,20 +180,8 @@ bool Builder::qconv_stem(size_t i, const QuantSetup& q, const QConvGeom& g, cons
   }
   if (x[1] > 2 && !s.pool) return false;
   if (!Int8StemConv::check(s).empty()) return false;
-  DwQuant dq;
-  dq.x_signed = q.x_type == KEEL_DTYPE_I8;
-  dq.x_zero = q.x_zero;
-  dq.out = q.y_type == KEEL_DTYPE_U8   ? DwQuant::Out::kU8
-           : q.y_type == KEEL_DTYPE_I8 ? DwQuant::Out::kS8
-                                       : DwQuant::Out::kF32;
-  dq.y_inv_scale = 1.f / q.y_scale;
-  dq.y_zero = q.y_zero;
-  if (q.act == "Relu") dq.lo = 0;
-  if (q.act == "Clip") dq.lo = q.act_lo, dq.hi = q.act_hi;
-  std::vector<float> scale(static_cast<size_t>(s.M));
-  for (size_t m = 0; m < scale.size(); ++m) scale[m] = q.x_scale * q.w_scale[q.w_scale.size() == 1 ? 0 : m];
-  auto stem =
-      std::make_shared<const Int8StemConv>(s, dq, w, scale.data(), q.bias_f32.empty() ? nullptr : q.bias_f32.data());
+  auto stem = std::make_shared<const Int8StemConv>(s, own_int8_quant(q), w, scale.data(),
+                                                   q.bias_f32.empty() ? nullptr : q.bias_f32.data());
   const dt xt = int8_dnnl_type(q.x_type), yt = q.y_type == KEEL_DTYPE_F32 ? dt::f32 : int8_dnnl_type(q.y_type);
   const md_t x_plain(to_dnnl(x), xt, tag::nchw);
   const Val sv = q.x_f32 ? quantized(n.in[0], q, x_plain) : as_md(n.in[0], x_plain);
