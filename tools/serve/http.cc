@@ -401,7 +401,7 @@ bool Server::serve_request(Connection& c) {
   Request req;
   Response res;
   const int io_ms = options_.io_timeout_s * 1000;
-  // Writes the answer, tells the logger; true when the connection serves on.
+  // Tells the logger, writes the answer; true when the connection serves on.
   auto answer = [&](bool keep_alive) {
     keep_alive = keep_alive && !res.close && !stopping_;
     std::string head;
@@ -417,8 +417,8 @@ bool Server::serve_request(Connection& c) {
     head += "Content-Length: " + std::to_string(res.body.size()) + "\r\n";
     head += keep_alive ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
     iovec iov[2] = {{head.data(), head.size()}, {res.body.data(), res.body.size()}};
+    if (logger_) logger_(req, res);  // before the write: a client reacting to the answer sees it counted
     const bool sent = send_all(c.fd, iov, res.body.empty() ? 1 : 2, io_ms);
-    if (logger_) logger_(req, res);
     return sent && keep_alive;
   };
   // An answer sent before the body was read: the client may still be sending it.

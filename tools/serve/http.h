@@ -83,7 +83,9 @@ using Handler = std::function<void(const Request&, Response&)>;
 using PreRouting = std::function<bool(const Request&, Response&)>;
 // Fills an error answer the layer makes itself (status already set) from a message.
 using ErrorFormatter = std::function<void(Response&, const std::string& message)>;
-// Called after every answer that was written (or failed to be written) with the request as far as it was read.
+// Called for every answer just before it is written (whether the write then succeeds or not), with the request as far
+// as it was read: whatever the client does after reading the answer (e.g. read /metrics on another connection) sees
+// what the logger recorded.
 using Logger = std::function<void(const Request&, const Response&)>;
 
 struct Options {
