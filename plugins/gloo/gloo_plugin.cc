@@ -32,6 +32,11 @@
 // communicator is then broken and later entries return FAILED_PRECONDITION. SIGPIPE is blocked in the threads that
 // write to sockets (and a pending one consumed), so a dead peer never kills this process.
 //
+// State: per environment (ABI 1.5 instances). Each environment that loads the plugin gets its own instance holding
+// the settings it read (its plugin options, then the KEEL_GLOO_* variables) and the table's user_data points at it;
+// a communicator copies the settings it was created with, so environments with different options coexist and one
+// whose init fails (a bad option) changes nothing for the others.
+//
 // Thread-safety: entries on one communicator are serialised by its mutex; different communicators are independent.
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
@@ -54,6 +59,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -72,14 +78,21 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-const keel_core_api_t* g_host = nullptr;
-keel_plugin_handle_t* g_plugin = nullptr;
+// The core's status constructor, kept for helpers that have no instance at hand. It is a plain function of the core
+// library (no environment in its arguments), the same for every environment that loads this plugin; set by every
+// init_instance before its table is registered.
+using StatusCreateFn = keel_status_t (*)(int32_t, const char*);
+std::atomic<StatusCreateFn> g_status_create{nullptr};
 
-keel_status_t make_status(int32_t code, const std::string& m) { return g_host->status_create(code, m.c_str()); }
+keel_status_t make_status(int32_t code, const std::string& m) {
+  return g_status_create.load(std::memory_order_acquire)(code, m.c_str());
+}
 
 constexpr int64_t kDefaultTimeoutMs = 5 * 60 * 1000;
 
-// Plugin-wide settings, read once in init (manifest [options], then the environment).
+// An environment's settings of this plugin, read once by its init_instance (the environment's plugin options, which
+// are the manifest's [options] with the host's merged over them; then the KEEL_GLOO_* variables). Each communicator
+// keeps a copy: the entries after c_create need no instance.
 struct Settings {
   std::string hostname = "127.0.0.1";
   std::string iface;
@@ -95,7 +108,11 @@ struct Settings {
   // KEEL_GLOO_SOCKET_BUFFER=0 keeps Linux's socket buffer sizes (for measuring; size_mesh_buffers).
   bool size_socket_buffers = true;
 };
-Settings g_settings;
+
+// One environment's plugin state (ABI 1.5 instances): what its init_instance read, handed to shutdown_instance.
+struct Instance {
+  Settings settings;
+};
 
 // Slot prefixes of this plugin's own messages (Gloo's own algorithms use 0x01-0x08).
 constexpr uint8_t kP2pHeaderSlot = 0xE1, kP2pAckSlot = 0xE2, kP2pDataSlot = 0xE3, kReduceScatterSlot = 0xE4,
@@ -450,6 +467,7 @@ struct MeshLink {
 };
 
 struct Comm {
+  Settings settings;  // the creating environment's (see Settings)
   int32_t rank = 0, size = 1;
   milliseconds timeout{kDefaultTimeoutMs};
   std::shared_ptr<gloo::transport::Device> device;
@@ -949,7 +967,7 @@ keel_status_t cross_memory_all_reduce(Comm* c, const char* send, char* recv, siz
 keel_status_t probe_cross_memory(Comm* c, keel_kv_store_t* store, const std::string& prefix,
                                  Clock::time_point deadline) {
   c->cross_memory = false;
-  if (!g_settings.cross_memory || c->size < 2) return nullptr;
+  if (!c->settings.cross_memory || c->size < 2) return nullptr;
   const std::string who = "gloo: rank " + std::to_string(c->rank) + " of " + std::to_string(c->size);
   auto put = [&](const std::string& key, const std::string& value) -> keel_status_t {
     if (keel_status_t s = store->set(store, key.c_str(), value.data(), value.size())) {
@@ -1067,8 +1085,9 @@ std::string address_text(const sockaddr* a, socklen_t len) {
 // receive window near 120 KB, so every exchange took several round trips, each waking a sleeping peer. The kernel
 // caps the request at net.core.wmem_max / rmem_max (setting it turns the autotuning off); KEEL_GLOO_SOCKET_BUFFER=0
 // leaves the defaults (for measuring).
-void size_mesh_buffers(int fd, int32_t world) {
-  if (!g_settings.size_socket_buffers) return;
+void size_mesh_buffers(const Comm* c, int fd) {
+  if (!c->settings.size_socket_buffers) return;
+  const int32_t world = c->size;
   const int bytes =
       static_cast<int>(std::min<size_t>(2 * (sizeof(Header) + inline_capacity(world)) + (64 << 10), size_t{16} << 20));
   ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
@@ -1094,7 +1113,7 @@ keel_status_t connect_mesh(Comm* c, keel_kv_store_t* store, const std::string& p
     int fd;
     ~Closer() { ::close(fd); }
   } listener{lfd};
-  size_mesh_buffers(lfd, c->size);  // before listen(): accepted connections inherit it (and its window scale)
+  size_mesh_buffers(c, lfd);  // before listen(): accepted connections inherit it (and its window scale)
   if (::bind(lfd, reinterpret_cast<sockaddr*>(&addr), addr_len) != 0 || ::listen(lfd, c->size) != 0 ||
       ::getsockname(lfd, reinterpret_cast<sockaddr*>(&addr), &addr_len) != 0)
     return fail(KEEL_STATUS_UNAVAILABLE, "cannot listen on " +
@@ -1123,7 +1142,7 @@ keel_status_t connect_mesh(Comm* c, keel_kv_store_t* store, const std::string& p
     const int fd = ::socket(theirs.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) return fail(KEEL_STATUS_UNAVAILABLE, "socket: " + errno_text(errno));
     c->links[p].fd = fd;  // closed by ~Comm on any failure
-    size_mesh_buffers(fd, c->size);
+    size_mesh_buffers(c, fd);
     if (::connect(fd, ta, static_cast<socklen_t>(n)) != 0) {
       if (errno != EINPROGRESS && errno != EINTR)
         return fail(KEEL_STATUS_UNAVAILABLE, "cannot connect to " + at + ": " + errno_text(errno));
@@ -1193,7 +1212,7 @@ keel_status_t connect_mesh(Comm* c, keel_kv_store_t* store, const std::string& p
 keel_status_t exchange_headers(Comm* c, const Header& mine, const std::string& local_error,
                                const void* payload = nullptr, size_t payload_bytes = 0, bool always = false) {
   const char* what = kind_name(mine.kind);
-  if (c->size > 1 && (g_settings.check || mine.kind == kBarrier || payload != nullptr || always)) {
+  if (c->size > 1 && (c->settings.check || mine.kind == kBarrier || payload != nullptr || always)) {
     write_outbox(c, mine, payload_bytes);
     if (keel_status_t s = mesh_exchange(c, what, payload, payload_bytes)) return s;
     if (!local_error.empty()) return make_status(KEEL_STATUS_INVALID_ARGUMENT, local_error);
@@ -1245,8 +1264,8 @@ std::string check_args(const char* what, int32_t dtype, uint64_t count, uint64_t
 // ---------------------------------------------------------------------------------------------------------------
 // Entries.
 
-keel_status_t c_create(void*, keel_kv_store_t* store, int32_t rank, int32_t size, int32_t /*device: host memory*/,
-                       int64_t timeout_ms, keel_communicator_t* out) {
+keel_status_t c_create(void* user_data, keel_kv_store_t* store, int32_t rank, int32_t size,
+                       int32_t /*device: host memory*/, int64_t timeout_ms, keel_communicator_t* out) {
   if (!out) return make_status(KEEL_STATUS_INVALID_ARGUMENT, "gloo: out_comm is NULL");
   *out = nullptr;
   if (size < 1 || rank < 0 || rank >= size)
@@ -1256,6 +1275,7 @@ keel_status_t c_create(void*, keel_kv_store_t* store, int32_t rank, int32_t size
     return make_status(KEEL_STATUS_INVALID_ARGUMENT, "gloo: a key-value store is required for more than one rank");
   if (timeout_ms <= 0) timeout_ms = kDefaultTimeoutMs;
   auto c = std::make_unique<Comm>();
+  c->settings = static_cast<const Instance*>(user_data)->settings;
   c->rank = rank;
   c->size = size;
   c->timeout = milliseconds(timeout_ms);
@@ -1312,12 +1332,12 @@ keel_status_t c_create(void*, keel_kv_store_t* store, int32_t rank, int32_t size
   SigpipeGuard guard;
   gloo::transport::tcp::attr attr;
   std::string where;
-  if (!g_settings.iface.empty()) {
-    attr.iface = g_settings.iface;
-    where = "interface '" + g_settings.iface + "'";
+  if (!c->settings.iface.empty()) {
+    attr.iface = c->settings.iface;
+    where = "interface '" + c->settings.iface + "'";
   } else {
-    attr.hostname = g_settings.hostname;
-    where = "address '" + g_settings.hostname + "'";
+    attr.hostname = c->settings.hostname;
+    where = "address '" + c->settings.hostname + "'";
   }
   // Resolved once: Gloo's device and the message mesh bind the same address (CreateDevice is this plus the Device).
   gloo::transport::tcp::attr resolved;
@@ -1411,7 +1431,7 @@ size_t inline_capacity(int32_t size) {
 // against 0.14-0.20; 1 MiB 0.57-0.60 against 0.32-0.33), and from the mesh ring everywhere above the direct capacity.
 constexpr size_t kCrossMemoryMin = size_t{512} << 10;
 Algorithm allreduce_algorithm(const Comm* c, size_t bytes) {
-  const std::string& a = g_settings.algorithm;
+  const std::string& a = c->settings.algorithm;
   if (a == "ring") return kAlgoRing;
   if (a == "bcube") return kAlgoBcube;
   if (a == "mesh-ring") return kAlgoMeshRing;
@@ -1690,13 +1710,11 @@ std::string option_string(const keel_core_api_t* host, const char* key, const ch
   return "";
 }
 
-keel_status_t gloo_init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
-  if (!KEEL_HAS_MEMBER(host, keel_core_api_t, register_collective)) return nullptr;
-  g_host = host;
-  g_plugin = plugin;
-  g_settings = Settings{};
-  if (std::string v = option_string(host, "hostname", "KEEL_GLOO_HOSTNAME"); !v.empty()) g_settings.hostname = v;
-  g_settings.iface = option_string(host, "iface", "KEEL_GLOO_IFACE");
+// Reads an environment's settings; an error names the option and where it can be set.
+keel_status_t read_settings(const keel_core_api_t* host, Settings* out) {
+  Settings st;
+  if (std::string v = option_string(host, "hostname", "KEEL_GLOO_HOSTNAME"); !v.empty()) st.hostname = v;
+  st.iface = option_string(host, "iface", "KEEL_GLOO_IFACE");
   std::string algorithm = option_string(host, "algorithm", "KEEL_GLOO_ALGORITHM");
   if (algorithm == "auto") algorithm.clear();
   if (!algorithm.empty() && algorithm != "ring" && algorithm != "bcube" && algorithm != "direct" &&
@@ -1706,16 +1724,27 @@ keel_status_t gloo_init(const keel_core_api_t* host, keel_plugin_handle_t* plugi
                            "' is not one of auto, direct, mesh-ring, cross-memory, ring, bcube (manifest option "
                            "'algorithm' or KEEL_GLOO_ALGORITHM)");
   }
-  g_settings.algorithm = algorithm;
+  st.algorithm = algorithm;
   const std::string cross = option_string(host, "cross_memory", "KEEL_GLOO_CROSS_MEMORY");
   if (!cross.empty() && cross != "auto" && cross != "off")
     return make_status(KEEL_STATUS_INVALID_ARGUMENT, "gloo: cross_memory '" + cross +
                                                          "' is not auto or off (manifest option 'cross_memory' or "
                                                          "KEEL_GLOO_CROSS_MEMORY)");
-  g_settings.cross_memory = cross != "off";
-  if (const char* v = std::getenv("KEEL_GLOO_CHECK"); v && std::string(v) == "0") g_settings.check = false;
+  st.cross_memory = cross != "off";
+  if (const char* v = std::getenv("KEEL_GLOO_CHECK"); v && std::string(v) == "0") st.check = false;
   if (const char* v = std::getenv("KEEL_GLOO_SOCKET_BUFFER"); v && std::string(v) == "0")
-    g_settings.size_socket_buffers = false;
+    st.size_socket_buffers = false;
+  *out = std::move(st);
+  return nullptr;
+}
+
+// One call per environment that loads the plugin: its own settings and table (user_data: the instance).
+keel_status_t gloo_init_instance(const keel_core_api_t* host, keel_plugin_handle_t* plugin, void** out_instance) {
+  if (!KEEL_HAS_MEMBER(host, keel_core_api_t, register_collective)) return nullptr;  // a core without collectives
+  g_status_create.store(host->status_create, std::memory_order_release);
+  auto inst = std::make_unique<Instance>();
+  if (keel_status_t s = read_settings(host, &inst->settings)) return s;
+  const Settings& st = inst->settings;
 
   keel_collective_table_t t;
   std::memset(&t, 0, sizeof t);
@@ -1724,6 +1753,7 @@ keel_status_t gloo_init(const keel_core_api_t* host, keel_plugin_handle_t* plugi
   t.abi_minor = KEEL_PLUGIN_ABI_MINOR;
   t.backend = "gloo";
   t.device_type = "cpu";
+  t.user_data = inst.get();
   t.communicator_create = c_create;
   t.communicator_release = c_release;
   t.rank = c_rank;
@@ -1737,22 +1767,18 @@ keel_status_t gloo_init(const keel_core_api_t* host, keel_plugin_handle_t* plugi
   t.barrier = c_barrier;
   if (keel_status_t s = host->register_collective(plugin, &t)) return s;
   const std::string msg =
-      "gloo: TCP over " +
-      (g_settings.iface.empty() ? "address " + g_settings.hostname : "interface " + g_settings.iface) +
-      ", all-reduce " +
-      (algorithm.empty() ? "auto (direct up to 1 MiB / (ranks-1), cross-memory between the processes of one host "
-                           "above 512 KiB, else mesh-ring)"
-                         : algorithm) +
-      (g_settings.cross_memory ? "" : ", cross memory off") +
-      (g_settings.check ? "" : ", argument check off (KEEL_GLOO_CHECK=0)");
+      "gloo: TCP over " + (st.iface.empty() ? "address " + st.hostname : "interface " + st.iface) + ", all-reduce " +
+      (st.algorithm.empty() ? "auto (direct up to 1 MiB / (ranks-1), cross-memory between the processes of one host "
+                              "above 512 KiB, else mesh-ring)"
+                            : st.algorithm) +
+      (st.cross_memory ? "" : ", cross memory off") + (st.check ? "" : ", argument check off (KEEL_GLOO_CHECK=0)");
   host->log(plugin, KEEL_LOG_INFO, msg.c_str());
+  *out_instance = inst.release();
   return nullptr;
 }
 
-void gloo_shutdown() {
-  g_host = nullptr;
-  g_plugin = nullptr;
-}
+// An environment's communicators are released before it (as its sessions: they call through its registry).
+void gloo_shutdown_instance(void* instance) { delete static_cast<Instance*>(instance); }
 
 const keel_plugin_t kGlooPlugin = {.struct_size = sizeof(keel_plugin_t),
                                    .abi_major = KEEL_PLUGIN_ABI_MAJOR,
@@ -1760,10 +1786,10 @@ const keel_plugin_t kGlooPlugin = {.struct_size = sizeof(keel_plugin_t),
                                    .name = "gloo",
                                    .version = "0.1.0",
                                    .kind = KEEL_PLUGIN_KIND_COLLECTIVE,
-                                   .init = gloo_init,
-                                   .shutdown = gloo_shutdown,
-                                   .init_instance = nullptr,
-                                   .shutdown_instance = nullptr};
+                                   .init = nullptr,
+                                   .shutdown = nullptr,
+                                   .init_instance = gloo_init_instance,
+                                   .shutdown_instance = gloo_shutdown_instance};
 
 }  // namespace
 

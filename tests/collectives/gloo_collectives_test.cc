@@ -6,7 +6,8 @@
 // never arrives (DEADLINE_EXCEEDED naming it, within the timeout), a peer that releases its communicator while the
 // others wait on it (an error naming it, well before the timeout, then FAILED_PRECONDITION), a peer that never
 // calls (DEADLINE_EXCEEDED naming it), and a peer process SIGKILLed before its first collective
-// (gloo_rank_helper); a named interface (KEEL_GLOO_IFACE=lo) and one that does not exist. Skips with the recorded
+// (gloo_rank_helper); a named interface (KEEL_GLOO_IFACE=lo) and one that does not exist; options per environment
+// (each environment its own plugin instance; a refused option fails that environment alone). Skips with the recorded
 // reason when the plugin was not built.
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -60,14 +61,15 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 // rank ("" when fine).
 std::vector<std::string> run_ranks(int32_t world, int64_t timeout_ms,
                                    const std::function<std::string(int32_t, hal::Communicator&)>& fn,
-                                   KvStore* shared = nullptr) {
+                                   KvStore* shared = nullptr, const CollectiveEntry* entry = nullptr) {
+  if (entry == nullptr) entry = gloo().entry;
   KvStore local;
   KvStore* store = shared ? shared : &local;
   std::vector<std::string> errors(static_cast<size_t>(world));
   std::vector<std::thread> ranks;
   for (int32_t r = 0; r < world; ++r) {
     ranks.emplace_back([&, r] {
-      auto comm = hal::Communicator::create(gloo().entry, &store->c, r, world, 0, timeout_ms);
+      auto comm = hal::Communicator::create(entry, &store->c, r, world, 0, timeout_ms);
       if (!comm.is_ok()) {
         errors[static_cast<size_t>(r)] = "create: " + comm.status().to_string();
         return;
@@ -214,36 +216,54 @@ TEST(GlooCollectives, PluginLoads) {
 
 // A Gloo plugin whose init refuses an option fails to load; asking for the backend then names the plugin's own reason
 // (not just "not registered"), so `keel train --nproc 2` with a mistyped KEEL_GLOO_* says what to fix.
-// In a child process: the plugin's settings are process-wide, and a failed init must not touch the environment
-// the other tests of this process share.
 TEST(GlooCollectives, AMissingBackendNamesWhyItsPluginDidNotLoad) {
   SKIP_WITHOUT_GLOO();
-  int fds[2];
-  ASSERT_EQ(::pipe(fds), 0);
-  const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    ::close(fds[0]);
-    ::setenv("KEEL_GLOO_CROSS_MEMORY", "sometimes", 1);
-    auto env = Environment::create();
-    std::string m = env.is_ok() ? "" : "environment: " + env.status().to_string();
-    if (env.is_ok()) {
-      auto entry = dist::find_collective(**env, "gloo");
-      m = entry.is_ok() ? "found" : entry.status().to_string();
-    }
-    const ssize_t w = ::write(fds[1], m.data(), m.size());
-    ::_exit(w == static_cast<ssize_t>(m.size()) ? 0 : 1);
-  }
-  ::close(fds[1]);
-  std::string m;
-  char buf[512];
-  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) m.append(buf, static_cast<size_t>(n));
-  ::close(fds[0]);
-  int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << m;
+  EnvironmentOptions options;
+  options.plugin_options["gloo"]["cross_memory"] = "sometimes";
+  auto env = Environment::create(options);
+  ASSERT_TRUE(env.is_ok()) << env.status().to_string();
+  auto entry = dist::find_collective(**env, "gloo");
+  ASSERT_FALSE(entry.is_ok());
+  const std::string m = entry.status().to_string();
   EXPECT_NE(m.find("is not registered: plugin 'gloo' failed"), std::string::npos) << m;
   EXPECT_NE(m.find("cross_memory 'sometimes' is not auto or off"), std::string::npos) << m;
+}
+
+// Each environment has its own instance of the plugin (ABI 1.5 init_instance): environments with different options
+// coexist, and one whose init refuses its options changes nothing for the others. (The settings were process-wide
+// before: each environment's init overwrote them for every communicator of the process, and the test above had to
+// run in a child process.)
+TEST(GlooCollectives, EachEnvironmentKeepsItsOwnOptions) {
+  SKIP_WITHOUT_GLOO();
+  EnvironmentOptions named;  // an interface that does not exist: its communicators fail at creation, naming it
+  named.plugin_options["gloo"]["iface"] = "keelnosuch0";
+  auto b = Environment::create(named);
+  ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+  auto b_entry = dist::find_collective(**b, "gloo");
+  ASSERT_TRUE(b_entry.is_ok()) << b_entry.status().to_string();
+  EnvironmentOptions refused;  // refused by the plugin's init: skipped in that environment alone
+  refused.plugin_options["gloo"]["algorithm"] = "telepathy";
+  auto c = Environment::create(refused);
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  auto c_entry = dist::find_collective(**c, "gloo");
+  ASSERT_FALSE(c_entry.is_ok());
+  EXPECT_NE(c_entry.status().to_string().find("algorithm 'telepathy'"), std::string::npos)
+      << c_entry.status().to_string();
+
+  auto sum_of_two = [](int32_t r, hal::Communicator& comm) -> std::string {
+    std::vector<float> x(1000, static_cast<float>(r + 1));
+    if (Status s = comm.all_reduce(x.data(), x.data(), x.size(), DType::kF32, KEEL_REDUCE_SUM); !s.is_ok())
+      return s.to_string();
+    return x.front() == 3.f && x.back() == 3.f ? "" : "wrong sum " + std::to_string(x.front());
+  };
+  // The shared environment (the build tree's default options) still binds loopback...
+  expect_no_errors(run_ranks(2, 5000, sum_of_two), "default options");
+  // ... while the other environment's communicators use its interface.
+  auto errors = run_ranks(2, 5000, sum_of_two, nullptr, *b_entry);
+  for (size_t r = 0; r < errors.size(); ++r) {
+    EXPECT_NE(errors[r].find("UNAVAILABLE"), std::string::npos) << "rank " << r << ": " << errors[r];
+    EXPECT_NE(errors[r].find("interface 'keelnosuch0'"), std::string::npos) << "rank " << r << ": " << errors[r];
+  }
 }
 
 class GlooWorld : public ::testing::TestWithParam<int32_t> {};
