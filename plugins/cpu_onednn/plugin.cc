@@ -4,6 +4,9 @@
 // these kernels serve it beside the reference kernels with the manifest's higher priority (50), so a node goes
 // to oneDNN when a kernel here accepts it and to the reference kernel otherwise (a rejection at create time).
 //
+// State: one Instance per environment (ABI 1.5 init_instance; common.h): the options that environment gave and its
+// log. Every entry runs inside an InstanceScope of its instance (kernels and chains remember theirs).
+//
 // Threads: Debian's oneDNN runs on GNU OpenMP. Before running a primitive a kernel sets OpenMP's thread count on
 // the calling thread to the environment's thread count (host kernel API thread_count: `--threads`,
 // EnvironmentOptions.threads, default all cores); omp_set_num_threads is called only when the value changes.
@@ -20,8 +23,28 @@
 
 namespace keel::onednn {
 
-const keel_core_api_t* g_host = nullptr;
-Options g_options;
+std::atomic<const keel_kernel_api_t*> g_kernel_api{nullptr};
+
+namespace {
+using StatusCreateFn = keel_status_t (*)(int32_t, const char*);
+std::atomic<StatusCreateFn> g_status_create{nullptr};
+thread_local const Instance* t_instance = nullptr;
+}  // namespace
+
+keel_status_t make_status(int32_t code, const std::string& msg) {
+  return g_status_create.load(std::memory_order_acquire)(code, msg.c_str());
+}
+
+InstanceScope::InstanceScope(const Instance* instance) : previous_(t_instance) { t_instance = instance; }
+InstanceScope::~InstanceScope() { t_instance = previous_; }
+const Instance* current_instance() { return t_instance; }
+const Options& options() {
+  static const Options defaults;
+  return t_instance ? t_instance->options : defaults;
+}
+void host_log(int32_t level, const std::string& msg) {
+  if (const Instance* i = t_instance; i && i->host->log) i->host->log(i->handle, level, msg.c_str());
+}
 
 dnnl::engine& engine() {
   static dnnl::engine e(dnnl::engine::kind::cpu, 0);
@@ -79,13 +102,17 @@ Dims shape_key(const Ctx& c) {
 
 namespace {
 
-// The f32 kernels of kernels/conv.cc, kernels/matmul.cc and kernels/misc.cc as one registration table (filled by init).
-std::vector<TypedKernelInfo>& f32_kernels() {
-  static std::vector<TypedKernelInfo> v;
+// The f32 kernels of kernels/conv.cc, kernels/matmul.cc and kernels/misc.cc as one registration table (built once).
+const std::vector<TypedKernelInfo>& f32_kernels() {
+  static const std::vector<TypedKernelInfo> v = [] {
+    std::vector<TypedKernelInfo> r;
+    for (auto* list : {&conv_kernels, &matmul_kernels, &misc_kernels})
+      for (const auto& k : list())
+        r.push_back({k.domain, k.op_type, k.since_version, k.name, {KEEL_DTYPE_F32}, k.make, k.end_version});
+    return r;
+  }();
   return v;
 }
-
-keel_status_t make_status(int32_t code, const std::string& msg) { return g_host->status_create(code, msg.c_str()); }
 
 }  // namespace
 
@@ -112,11 +139,13 @@ struct DnnlErrors {
 
 }  // namespace
 
-keel_status_t create_kernel(Kernel* (*make)(), keel_kernel_context_t* ctx, void** out_state) {
+keel_status_t create_kernel(const KernelEntry* entry, keel_kernel_context_t* ctx, void** out_state) {
+  InstanceScope scope(entry->instance);
   return sdk::guard(
-      g_host, sdk::Stage::kCreate,
+      entry->instance->host, sdk::Stage::kCreate,
       [&] {
-        std::unique_ptr<Kernel> k(make());
+        std::unique_ptr<Kernel> k(entry->make());
+        k->instance = entry->instance;
         Ctx c(ctx);
         k->setup(c);
         *out_state = k.release();
@@ -124,68 +153,81 @@ keel_status_t create_kernel(Kernel* (*make)(), keel_kernel_context_t* ctx, void*
       std::string(), DnnlErrors{true});
 }
 
+keel_status_t kernel_entry_create(void* user_data, keel_kernel_context_t* ctx, void** out_state) {
+  return create_kernel(static_cast<const KernelEntry*>(user_data), ctx, out_state);
+}
+
 keel_status_t compute_kernel(void* state, keel_kernel_context_t* ctx, bool dnnl_error_falls_back) {
+  Kernel* k = static_cast<Kernel*>(state);
+  InstanceScope scope(k->instance);
   return sdk::guard(
-      g_host, sdk::Stage::kCompute,
+      k->instance->host, sdk::Stage::kCompute,
       [&] {
         Ctx c(ctx);
         set_threads(c.thread_count());
-        static_cast<Kernel*>(state)->run(c);
+        k->run(c);
       },
       std::string(), DnnlErrors{dnnl_error_falls_back});
 }
 
-void release_kernel(void* state) { delete static_cast<Kernel*>(state); }
+void release_kernel(void* state) {
+  Kernel* k = static_cast<Kernel*>(state);
+  InstanceScope scope(k->instance);  // a kernel's destructor may log (KEEL_ONEDNN_PROFILE)
+  delete k;
+}
 
 namespace {
 
-keel_status_t onednn_init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
+keel_status_t onednn_init_instance(const keel_core_api_t* host, keel_plugin_handle_t* plugin, void** out_instance) {
   if (!KEEL_HAS_MEMBER(host, keel_core_api_t, register_kernel) || host->kernel == nullptr ||
       !KEEL_HAS_MEMBER(host->kernel, keel_kernel_api_t, thread_count))
     return nullptr;  // a core too old to serve us: register nothing
-  g_host = host;
+  g_status_create.store(host->status_create, std::memory_order_release);
+  g_kernel_api.store(host->kernel, std::memory_order_release);
+  auto inst = std::make_unique<Instance>();
+  inst->host = host;
+  inst->handle = plugin;
+  InstanceScope scope(inst.get());
+  Options& o = inst->options;
   try {
-    // Options: manifest [options] first, then the environment ("0" off, anything else on).
+    // Options: the environment's plugin options first, then the process environment ("0" off, anything else on).
     auto read_flag = [&](const char* key, const char* env, bool& out) {
       int flag = out ? 1 : 0;
       if (host->options && host->plugin_options && host->options->get_bool(host->plugin_options, key, &flag))
         out = flag != 0;
       if (const char* e = std::getenv(env)) out = std::strcmp(e, "0") != 0;
     };
-    read_flag("winograd", "KEEL_ONEDNN_WINOGRAD", g_options.winograd);
-    read_flag("claims", "KEEL_ONEDNN_CLAIMS", g_options.claims);
-    read_flag("dw_fusion", "KEEL_ONEDNN_DW_FUSION", g_options.dw_fusion);
-    read_flag("silu_pass", "KEEL_ONEDNN_SILU_PASS", g_options.silu_pass);
-    read_flag("dw_silu", "KEEL_ONEDNN_DW_SILU", g_options.dw_silu);
-    read_flag("gelu_pass", "KEEL_ONEDNN_GELU_PASS", g_options.gelu_pass);
-    read_flag("se_step", "KEEL_ONEDNN_SE_STEP", g_options.se_step);
-    read_flag("view_post_ops", "KEEL_ONEDNN_VIEW_POST_OPS", g_options.view_post_ops);
-    if (const char* e = std::getenv("KEEL_ONEDNN_PROFILE")) g_options.profile = std::strcmp(e, "0") != 0;
+    read_flag("winograd", "KEEL_ONEDNN_WINOGRAD", o.winograd);
+    read_flag("claims", "KEEL_ONEDNN_CLAIMS", o.claims);
+    read_flag("dw_fusion", "KEEL_ONEDNN_DW_FUSION", o.dw_fusion);
+    read_flag("silu_pass", "KEEL_ONEDNN_SILU_PASS", o.silu_pass);
+    read_flag("dw_silu", "KEEL_ONEDNN_DW_SILU", o.dw_silu);
+    read_flag("gelu_pass", "KEEL_ONEDNN_GELU_PASS", o.gelu_pass);
+    read_flag("se_step", "KEEL_ONEDNN_SE_STEP", o.se_step);
+    read_flag("view_post_ops", "KEEL_ONEDNN_VIEW_POST_OPS", o.view_post_ops);
+    if (const char* e = std::getenv("KEEL_ONEDNN_PROFILE")) o.profile = std::strcmp(e, "0") != 0;
     (void)engine();  // fails early when oneDNN cannot make a CPU engine
   } catch (const std::exception& e) {
     return make_status(KEEL_STATUS_UNAVAILABLE, std::string("oneDNN CPU engine unavailable: ") + e.what());
   }
-  auto& kernels = f32_kernels();
-  kernels.clear();
-  for (auto* list : {&conv_kernels, &matmul_kernels, &misc_kernels})
-    for (const auto& k : list())
-      kernels.push_back({k.domain, k.op_type, k.since_version, k.name, {KEEL_DTYPE_F32}, k.make, k.end_version});
-  if (keel_status_t st = register_kernel_table(host, plugin, kernels, false)) return st;
+  const auto& kernels = f32_kernels();
+  if (keel_status_t st = register_kernel_table(*inst, kernels, false)) return st;
   // keel.Attention, f32 and bf16 (kernels/attention.cc).
-  if (keel_status_t st = register_kernel_table(host, plugin, attention_kernels(), false)) return st;
-  if (keel_status_t st = register_int8_kernels(host, plugin)) return st;  // kernels/int8.cc: keel.QConv, keel.QGemm
-  if (keel_status_t st = register_bf16_kernels(host, plugin)) return st;  // kernels/bf16.cc (before train's)
-  if (keel_status_t st = register_train_kernels(host, plugin)) return st;
-  if (keel_status_t st = register_claimer(host, plugin)) return st;
+  if (keel_status_t st = register_kernel_table(*inst, attention_kernels(), false)) return st;
+  if (keel_status_t st = register_int8_kernels(*inst)) return st;  // kernels/int8.cc: keel.QConv, keel.QGemm
+  if (keel_status_t st = register_bf16_kernels(*inst)) return st;  // kernels/bf16.cc (before train's)
+  if (keel_status_t st = register_train_kernels(*inst)) return st;
+  if (keel_status_t st = register_claimer(*inst)) return st;
   std::string msg = "cpu_onednn: oneDNN " + std::to_string(dnnl_version()->major) + "." +
                     std::to_string(dnnl_version()->minor) + "." + std::to_string(dnnl_version()->patch) + ", " +
-                    std::to_string(kernels.size()) + " kernels for cpu, winograd " +
-                    (g_options.winograd ? "on" : "off") + ", claims " + (g_options.claims ? "on" : "off");
+                    std::to_string(kernels.size()) + " kernels for cpu, winograd " + (o.winograd ? "on" : "off") +
+                    ", claims " + (o.claims ? "on" : "off");
   host->log(plugin, KEEL_LOG_DEBUG, msg.c_str());
+  *out_instance = inst.release();
   return nullptr;
 }
 
-void onednn_shutdown() { g_host = nullptr; }
+void onednn_shutdown_instance(void* instance) { delete static_cast<Instance*>(instance); }
 
 const keel_plugin_t kPlugin = {.struct_size = sizeof(keel_plugin_t),
                                .abi_major = KEEL_PLUGIN_ABI_MAJOR,
@@ -193,10 +235,10 @@ const keel_plugin_t kPlugin = {.struct_size = sizeof(keel_plugin_t),
                                .name = "cpu_onednn",
                                .version = "0.1.0",
                                .kind = KEEL_PLUGIN_KIND_DEVICE,
-                               .init = onednn_init,
-                               .shutdown = onednn_shutdown,
-                               .init_instance = nullptr,
-                               .shutdown_instance = nullptr};
+                               .init = nullptr,
+                               .shutdown = nullptr,
+                               .init_instance = onednn_init_instance,
+                               .shutdown_instance = onednn_shutdown_instance};
 
 }  // namespace
 }  // namespace keel::onednn

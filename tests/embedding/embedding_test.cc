@@ -309,6 +309,125 @@ TEST(Embedding, TwoEnvironmentsInterleavedWithCppApi) {
   expect_near(y1, y2);
 }
 
+// x: f32[1,8,16,16] -> Conv(16 filters, 3x3, pad 1) -> y * Sigmoid(y) (SiLU as torch exports it) -> z.
+std::string conv_silu_bytes() {
+  GraphBuilder g("conv_silu", 17);
+  auto x = g.input("x", DType::kF32, {1, 8, 16, 16});
+  std::vector<float> w(16 * 8 * 3 * 3), b(16);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.02f * static_cast<float>(static_cast<int>(i % 11) - 5);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = 0.01f * static_cast<float>(i);
+  auto y = g.op1("Conv",
+                 {x, g.constant("w", keel::Tensor::f32({16, 8, 3, 3}, w)), g.constant("b", keel::Tensor::f32({16}, b))},
+                 {{"pads", keel::Attribute::of_ints({1, 1, 1, 1})}});
+  auto z = g.op1("Mul", {y, g.op1("Sigmoid", {y})});
+  g.graph().node(g.graph().producer(z).value())->outputs[0] = "z";
+  g.output("z");
+  onnx::ModelProto proto;
+  keel::Status st = keel::graph_to_model_proto(g.take(), proto);
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
+  return proto.SerializeAsString();
+}
+
+// What one profiled run of a session shows: its output, whether a node ran as a oneDNN chain, the chains' steps.
+struct ProfiledRun {
+  std::vector<float> z;
+  bool chained = false;
+  size_t chain_steps = 0;
+};
+
+ProfiledRun profiled_run(keel_environment_t env, keel_model_t model) {
+  ProfiledRun r;
+  keel_session_options_t so = nullptr;
+  EXPECT_KEEL_OK(keel_session_options_create(&so));
+  EXPECT_KEEL_OK(keel_session_options_set_profile(so, 1));
+  keel_session_t s = nullptr;
+  EXPECT_KEEL_OK(keel_session_create(env, model, so, &s));
+  keel_session_options_release(so);
+  if (s == nullptr) return r;
+  std::vector<float> x(8 * 16 * 16);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.1f * static_cast<float>(i));
+  int64_t dims[] = {1, 8, 16, 16};
+  keel_host_tensor_t in = nullptr, out = nullptr;
+  EXPECT_KEEL_OK(keel_host_tensor_create(KEEL_DTYPE_F32, dims, 4, x.data(), x.size() * 4, &in));
+  const char* names[] = {"x"};
+  EXPECT_KEEL_OK(keel_session_run(s, names, &in, 1, nullptr, &out, 1));
+  if (out) {
+    auto* p = static_cast<const float*>(keel_host_tensor_data(out));
+    r.z.assign(p, p + keel_host_tensor_element_count(out));
+  }
+  size_t n = 0;
+  EXPECT_KEEL_OK(keel_session_placement_count(s, &n));
+  for (size_t i = 0; i < n; ++i) {
+    keel_node_placement_t pl{};
+    pl.struct_size = sizeof pl;
+    EXPECT_KEEL_OK(keel_session_placement_info(s, i, &pl));
+    if (std::string(pl.kernel).find("onednn_chain") == std::string::npos) continue;
+    r.chained = true;
+    keel_node_profile_t np{};
+    np.struct_size = sizeof np;
+    EXPECT_KEEL_OK(keel_session_profile_info(s, i, &np));
+    r.chain_steps += np.step_count;
+  }
+  keel_host_tensor_release(out);
+  keel_host_tensor_release(in);
+  keel_session_release(s);
+  return r;
+}
+
+keel_environment_t onednn_env(const std::vector<std::pair<std::string, std::string>>& onednn_options) {
+  keel_environment_options_t o = nullptr;
+  EXPECT_KEEL_OK(keel_environment_options_create(&o));
+  EXPECT_KEEL_OK(keel_environment_options_add_plugin_path(o, plugin_dir().c_str()));
+  for (const auto& [k, v] : onednn_options)
+    EXPECT_KEEL_OK(keel_environment_options_set_plugin_option(o, "cpu_onednn", k.c_str(), v.c_str()));
+  keel_environment_t env = nullptr;
+  EXPECT_KEEL_OK(keel_environment_create(o, &env));
+  keel_environment_options_release(o);
+  return env;
+}
+
+// The oneDNN plugin has one instance per environment (ABI 1.5): each environment runs it with the options it was
+// given, whatever the environments created after it were given (the options were process-wide before: the last
+// environment's applied to every session created after it, in every environment).
+TEST(Embedding, EachEnvironmentRunsTheOneDnnPluginWithItsOwnOptions) {
+  if (under_valgrind()) GTEST_SKIP() << "the oneDNN plugin is not loaded under valgrind";
+  if (!fs::exists(fs::path(plugin_dir()) / "libkeel_cpu_onednn.so")) GTEST_SKIP() << "no oneDNN plugin in this build";
+  std::string bytes = conv_silu_bytes();
+  keel_model_t model = nullptr;
+  ASSERT_KEEL_OK(keel_model_load_from_memory(bytes.data(), bytes.size(), &model));
+  keel_environment_t a = onednn_env({});                        // the defaults
+  keel_environment_t b = onednn_env({{"claims", "false"}});     // node kernels only
+  keel_environment_t c = onednn_env({{"silu_pass", "false"}});  // SiLU as oneDNN's post-op
+  ASSERT_TRUE(a && b && c);
+  keel_plugin_info_t info{};
+  for (keel_environment_t env : {a, b, c}) {
+    ASSERT_NE(find_plugin(env, "cpu_onednn", &info), nullptr);
+    ASSERT_EQ(info.state, KEEL_PLUGIN_STATE_LOADED) << info.reason;
+  }
+  const ProfiledRun ra = profiled_run(a, model), rb = profiled_run(b, model), rc = profiled_run(c, model);
+  EXPECT_TRUE(ra.chained);
+  EXPECT_FALSE(rb.chained);
+  EXPECT_TRUE(rc.chained);
+  // With AVX-512 the chain runs a trailing SiLU as its own step after the convolution (steps/silu.h) unless
+  // silu_pass is off; without AVX-512 it always uses the post-op.
+  if (__builtin_cpu_supports("avx512f")) {
+    EXPECT_EQ(ra.chain_steps, rc.chain_steps + 1) << "silu_pass of another environment applied to this one";
+  } else {
+    EXPECT_EQ(ra.chain_steps, rc.chain_steps);
+  }
+  expect_near(ra.z, rb.z);
+  expect_near(ra.z, rc.z);
+  // Released in another order than created; the remaining environment keeps its options.
+  keel_environment_release(b);
+  keel_environment_release(a);
+  const ProfiledRun rc2 = profiled_run(c, model);
+  EXPECT_TRUE(rc2.chained);
+  EXPECT_EQ(rc2.chain_steps, rc.chain_steps);
+  expect_near(rc2.z, rc.z);
+  keel_environment_release(c);
+  keel_model_release(model);
+}
+
 // ------------------------------------------------------------------------------------------------------------------
 
 TEST(Embedding, LogCallbackGetsOnlyItsEnvironmentsMessagesAndNoLoggerSeesThem) {

@@ -266,7 +266,7 @@ class Builder {
       return false;
     };
     if (p_->bufs[x.buf].values == 1) return !read_later(v);
-    if (!g_options.view_post_ops) return false;
+    if (!options().view_post_ops) return false;
     for (const auto& [name, w] : vals_)
       if (w.buf == x.buf && read_later(name)) return false;
     return true;

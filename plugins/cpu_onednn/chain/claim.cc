@@ -47,7 +47,9 @@
 
 namespace keel::onednn::chain {
 
-keel_status_t claim_chains(void*, const G* g, const keel_graph_api_t* api, keel_subgraph_sink_t* sink) {
+keel_status_t claim_chains(void* user_data, const G* g, const keel_graph_api_t* api, keel_subgraph_sink_t* sink) {
+  const Instance* instance = static_cast<const Instance*>(user_data);
+  InstanceScope scope(instance);
   try {
     GraphScan sc{g, api, {}, {}};
     size_t nn = api->nodes(g, nullptr, 0);
@@ -269,6 +271,7 @@ keel_status_t claim_chains(void*, const G* g, const keel_graph_api_t* api, keel_
           continue;
         }
         auto chain = std::make_unique<Chain>();
+        chain->instance = instance;
         Recipe& r = chain->recipe;
         std::vector<keel_node_id_t> ordered(mset.begin(), mset.end());
         std::sort(ordered.begin(), ordered.end(), [&](auto a, auto b) { return sc.pos[a] < sc.pos[b]; });
@@ -389,10 +392,10 @@ keel_status_t claim_chains(void*, const G* g, const keel_graph_api_t* api, keel_
 
 namespace keel::onednn {
 
-keel_status_t register_claimer(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
+keel_status_t register_claimer(Instance& instance) {
+  const keel_core_api_t* host = instance.host;
   if (!KEEL_HAS_MEMBER(host, keel_core_api_t, register_claimer) || !host->register_claimer) return nullptr;
-  if (!g_options.claims) return nullptr;
-  chain::g_plugin_handle = plugin;
+  if (!instance.options.claims) return nullptr;
   keel_claimer_def_t def;
   std::memset(&def, 0, sizeof def);
   def.struct_size = sizeof def;
@@ -400,8 +403,9 @@ keel_status_t register_claimer(const keel_core_api_t* host, keel_plugin_handle_t
   def.abi_minor = KEEL_PLUGIN_ABI_MINOR;
   def.name = "onednn_chains";
   def.device_type = "cpu";
+  def.user_data = &instance;
   def.claim_subgraphs = chain::claim_chains;
-  return host->register_claimer(plugin, &def);
+  return host->register_claimer(instance.handle, &def);
 }
 
 }  // namespace keel::onednn

@@ -121,7 +121,7 @@ Builder::Fusion Builder::fuse_after(const std::string& out, size_t at, bool conv
     size_t u = sole_user(f.out);
     if (u == npos) break;
     const NodeDesc& n = r_.nodes[u];
-    if (!conv && g_options.view_post_ops && same_order_view(n, f.out)) {
+    if (!conv && options().view_post_ops && same_order_view(n, f.out)) {
       if (views++ == 0) before_views = f.out;
       f.nodes.push_back(u);
       f.out = n.out[0];
@@ -207,7 +207,7 @@ Builder::Fusion Builder::fuse_after(const std::string& out, size_t at, bool conv
 // option is off, the CPU lacks AVX-512 (the pass would be scalar), the node computes in bf16, or the chain holds
 // post-op kinds other than eltwise and sum before it.
 bool Builder::take_silu(Fusion& f) {
-  if (!g_options.silu_pass || !has_avx512f() || act_ != dt::f32) return false;
+  if (!options().silu_pass || !has_avx512f() || act_ != dt::f32) return false;
   return take_trailing_eltwise(f, alg::eltwise_swish);
 }
 
@@ -218,7 +218,7 @@ bool Builder::take_silu(Fusion& f) {
 // GELU's tanh approximation (keel.Gelu approximate = "tanh", GPT-2's gelu_new) likewise: oneDNN's gelu_tanh post-op
 // costs as much as its gelu_erf; f.gelu_tanh then says which pass runs.
 bool Builder::take_gelu(Fusion& f) {
-  if (!g_options.gelu_pass || !has_avx512f() || act_ != dt::f32) return false;
+  if (!options().gelu_pass || !has_avx512f() || act_ != dt::f32) return false;
   if (take_trailing_eltwise(f, alg::eltwise_gelu_erf)) return true;
   f.gelu_tanh = take_trailing_eltwise(f, alg::eltwise_gelu_tanh);
   return f.gelu_tanh;

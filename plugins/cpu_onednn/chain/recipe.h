@@ -44,11 +44,8 @@ using tag = dnnl::memory::format_tag;
 using alg = dnnl::algorithm;
 using md_t = dnnl::memory::desc;
 
-// The plugin's handle for the host's log (set by register_claimer).
-inline keel_plugin_handle_t* g_plugin_handle = nullptr;
-inline void debug_log(const std::string& msg) {
-  if (g_host && g_host->log) g_host->log(g_plugin_handle, KEEL_LOG_DEBUG, msg.c_str());
-}
+// To the current environment's log (the claim hook and the chains' entries run in its InstanceScope).
+inline void debug_log(const std::string& msg) { host_log(KEEL_LOG_DEBUG, msg); }
 
 // ------------------------------------------------------------------------------------------ claim-time snapshot
 

@@ -154,10 +154,10 @@ void run_chain(Chain& ch, Ctx& c) {
     }
   } back{cur, team_n};
   // The session profiles this run (ABI 1.3): time each primitive and report it with the nodes it computes.
-  const keel_kernel_api_t* kapi = g_host->kernel;
+  const keel_kernel_api_t* kapi = g_kernel_api.load(std::memory_order_relaxed);
   const bool report = KEEL_HAS_MEMBER(kapi, keel_kernel_api_t, profile_step) && kapi->profiling && kapi->profile_step &&
                       kapi->profiling(c.raw()) != 0;
-  if (g_options.profile || report) {
+  if (options().profile || report) {
     for (size_t k = 0; k < execs.size(); ++k) {
       threads_for(execs[k]);
       auto t0 = std::chrono::steady_clock::now();
@@ -178,7 +178,7 @@ void run_chain(Chain& ch, Ctx& c) {
         st.time_ms = ms;
         keel_status_release(kapi->profile_step(c.raw(), &st));
       }
-      if (!g_options.profile) continue;
+      if (!options().profile) continue;
       std::lock_guard<std::mutex> lock(ch.profile_mu);
       auto& row = ch.profile[std::string(step_kind(p.execs[k])) + " " + p.impls[k]];
       row.first += ms;
@@ -188,7 +188,7 @@ void run_chain(Chain& ch, Ctx& c) {
       ch.step_ms.resize(p.execs.size());
       ch.step_ms[k].push_back(ms);
     }
-    if (g_options.profile) {
+    if (options().profile) {
       std::lock_guard<std::mutex> lock(ch.profile_mu);
       ch.runs++;
     }
@@ -201,9 +201,10 @@ void run_chain(Chain& ch, Ctx& c) {
   s.wait();
 }
 
-keel_status_t status_of(int32_t code, const std::string& msg) { return g_host->status_create(code, msg.c_str()); }
+keel_status_t status_of(int32_t code, const std::string& msg) { return make_status(code, msg); }
 
 keel_status_t chain_compute(void* state, keel_kernel_context_t* ctx) {
+  InstanceScope scope(static_cast<Chain*>(state)->instance);
   try {
     Ctx c(ctx);
     set_threads(c.thread_count());
@@ -221,6 +222,10 @@ keel_status_t chain_compute(void* state, keel_kernel_context_t* ctx) {
     return status_of(KEEL_STATUS_INTERNAL, e.what());
   }
 }
-void chain_release(void* state) { delete static_cast<Chain*>(state); }
+void chain_release(void* state) {
+  Chain* ch = static_cast<Chain*>(state);
+  InstanceScope scope(ch->instance);  // its destructor logs the KEEL_ONEDNN_PROFILE table
+  delete ch;
+}
 
 }  // namespace keel::onednn::chain

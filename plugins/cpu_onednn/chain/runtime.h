@@ -19,6 +19,7 @@ inline const char* step_kind(const Exec& e) {
 }
 
 struct Chain {
+  const Instance* instance = nullptr;  // the environment's plugin state it was claimed for (its entries' scope)
   Recipe recipe;
   std::mutex mu;                               // guards plan and plans
   std::shared_ptr<Plan> plan;                  // the plan the latest run used (the claim's, before the first)
@@ -58,7 +59,7 @@ struct Chain {
            << " ms  " << (plan->execs[k].single ? "1t " : "   ") << step_kind(plan->execs[k]) << " " << plan->impls[k]
            << "  " << plan->what[k];
     }
-    if (g_host && g_host->log) g_host->log(g_plugin_handle, KEEL_LOG_INFO, os.str().c_str());
+    host_log(KEEL_LOG_INFO, os.str());
   }
 };
 

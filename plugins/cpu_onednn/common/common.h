@@ -14,8 +14,10 @@
 #include <keel/kernel.hpp>
 #include <keel/shape.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <memory>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -30,7 +32,11 @@ namespace keel::onednn {
 
 using Dims = std::vector<int64_t>;
 
-extern const keel_core_api_t* g_host;
+// The core's kernel API: a table of the core library, the same for every environment (stored by each init_instance
+// before it registers anything). Ctx reads it.
+extern std::atomic<const keel_kernel_api_t*> g_kernel_api;
+// A status made by the core's status constructor (a plain function of the core library, like g_kernel_api).
+keel_status_t make_status(int32_t code, const std::string& msg);
 
 // The SDK's C++ layer (sdk/include/keel/kernel.hpp, shape.hpp): Reject (a case the kernel does not handle: becomes
 // UNIMPLEMENTED, a rejection, not an error), Failure (a real failure with its code), the saturating element count.
@@ -40,11 +46,13 @@ using sdk::mul_sat;
 using sdk::numel;
 using sdk::Reject;
 
-// The kernel context seen through the host's kernel API (g_host->kernel).
+// The kernel context seen through the host's kernel API (g_kernel_api).
 class Ctx : public sdk::KernelContext {
  public:
-  explicit Ctx(keel_kernel_context_t* c) : sdk::KernelContext(c, g_host->kernel) {}
+  explicit Ctx(keel_kernel_context_t* c) : sdk::KernelContext(c, g_kernel_api.load(std::memory_order_relaxed)) {}
 };
+
+struct Instance;
 
 // The CPU engine (one per process) and this thread's stream.
 dnnl::engine& engine();
@@ -102,6 +110,7 @@ class PlanCache {
 
 class Kernel {
  public:
+  const Instance* instance = nullptr;  // the environment's plugin state it was created for (set by create_kernel)
   virtual ~Kernel() = default;
   // At create: read attributes and constants; throw Reject for unhandled cases.
   virtual void setup(Ctx& c) = 0;
@@ -151,18 +160,24 @@ struct KernelInfo {
   Kernel* (*make)();
   const char* domain = "";  // "" (ai.onnx) or "keel" (the fused ops of ops/schemas.cc)
 };
-// The C entries of every oneDNN kernel (plugin.cc). create_kernel makes the kernel with `make` and runs its
-// setup; anything it throws becomes UNIMPLEMENTED, so the next kernel takes the node. compute_kernel runs it; a
-// Failure keeps its code, a Reject is UNIMPLEMENTED, a oneDNN error is UNIMPLEMENTED when `dnnl_error_falls_back`
-// (the next kernel runs this case) and INTERNAL otherwise. release_kernel deletes it.
-keel_status_t create_kernel(Kernel* (*make)(), keel_kernel_context_t* ctx, void** out_state);
+// One kernel registration of one environment: the user_data of its keel_kernel_def_t (held by the Instance).
+struct KernelEntry {
+  const Instance* instance;
+  Kernel* (*make)();
+};
+// The C entries of every oneDNN kernel (plugin.cc), each inside an InstanceScope of the kernel's instance.
+// create_kernel makes the kernel with the entry's `make` and runs its setup; anything it throws becomes
+// UNIMPLEMENTED, so the next kernel takes the node. compute_kernel runs it; a Failure keeps its code, a Reject is
+// UNIMPLEMENTED, a oneDNN error is UNIMPLEMENTED when `dnnl_error_falls_back` (the next kernel runs this case) and
+// INTERNAL otherwise. release_kernel deletes it. kernel_entry_create is create_kernel as a keel_kernel_def_t.create
+// (user_data: the KernelEntry).
+keel_status_t create_kernel(const KernelEntry* entry, keel_kernel_context_t* ctx, void** out_state);
+keel_status_t kernel_entry_create(void* user_data, keel_kernel_context_t* ctx, void** out_state);
 keel_status_t compute_kernel(void* state, keel_kernel_context_t* ctx, bool dnnl_error_falls_back);
 void release_kernel(void* state);
 std::vector<KernelInfo> conv_kernels();
 std::vector<KernelInfo> matmul_kernels();
 std::vector<KernelInfo> misc_kernels();
-// The INT8 kernels (kernels/int8.cc: keel-domain QConv, QGemm), registered with their own definitions.
-keel_status_t register_int8_kernels(const keel_core_api_t* host, keel_plugin_handle_t* plugin);
 
 // A bf16 value's bits widened to f32 (exact).
 inline float bf16_to_f32(uint16_t b) {
@@ -172,7 +187,8 @@ inline float bf16_to_f32(uint16_t b) {
   return f;
 }
 
-// Plugin options (manifest [options] or environment), read once at init.
+// Plugin options of one environment (its plugin options: the manifest's [options] with the host's merged over them;
+// then the KEEL_ONEDNN_* variables), read once by its init_instance.
 struct Options {
   bool winograd = true;   // KEEL_ONEDNN_WINOGRAD=0 or [options] winograd = false turns it off
   bool claims = true;     // KEEL_ONEDNN_CLAIMS=0 or [options] claims = false: no claimed subgraphs (kernels only)
@@ -190,7 +206,37 @@ struct Options {
                               // (the residual sum) stop at a Reshape/Transpose of size-1 dims (fuse_after)
   bool profile = false;       // KEEL_ONEDNN_PROFILE=1: claimed subgraphs time their primitives (logged at info)
 };
-extern Options g_options;
+
+// One environment's state of this plugin (ABI 1.5 instances): that environment's host table and handle (its log),
+// the options it read, and the user_data of its kernel registrations. Made by init_instance, deleted by
+// shutdown_instance after every session of the environment is gone. Two environments with different options each
+// run with their own.
+struct Instance {
+  const keel_core_api_t* host = nullptr;
+  keel_plugin_handle_t* handle = nullptr;
+  Options options;
+  std::deque<KernelEntry> kernels;  // stable addresses: registered as user_data
+};
+
+// Every entry of the plugin (a kernel's create / compute / release, the claim hook, a claimed chain's compute and
+// release) runs inside an InstanceScope of the instance it belongs to; the code under it reads that instance's
+// options() and logs to its environment (host_log). Scopes nest (an entry entered from another restores it).
+class InstanceScope {
+ public:
+  explicit InstanceScope(const Instance* instance);
+  ~InstanceScope();
+  InstanceScope(const InstanceScope&) = delete;
+  InstanceScope& operator=(const InstanceScope&) = delete;
+
+ private:
+  const Instance* previous_;
+};
+// The instance of the entry this thread is in (NULL outside every entry).
+const Instance* current_instance();
+// Its options (the defaults outside every entry, which no kernel or chain code is).
+const Options& options();
+// Logs to the current instance's environment (dropped outside every entry).
+void host_log(int32_t level, const std::string& msg);
 
 // An entry of a registration table (kernels/train.cc, kernels/bf16.cc, and the f32 tables above as plugin.cc
 // converts them): the allowed dtypes of type parameter "T". register_kernel_table (kernels/train.cc) registers a table
@@ -204,13 +250,15 @@ struct TypedKernelInfo {
   Kernel* (*make)();
   int32_t end_version = 0;  // 0: every later opset version too
 };
-keel_status_t register_kernel_table(const keel_core_api_t* host, keel_plugin_handle_t* plugin,
-                                    const std::vector<TypedKernelInfo>& table, bool dnnl_error_falls_back);
+keel_status_t register_kernel_table(Instance& instance, const std::vector<TypedKernelInfo>& table,
+                                    bool dnnl_error_falls_back);
 // The training kernels of kernels/train.cc (keel-domain backward ops, bf16 forward ops), registered from init.
-keel_status_t register_train_kernels(const keel_core_api_t* host, keel_plugin_handle_t* plugin);
+keel_status_t register_train_kernels(Instance& instance);
 // The bf16 inference kernels of kernels/bf16.cc (binary, pooling, normalisation, softmax, eltwise, concat, transpose).
-keel_status_t register_bf16_kernels(const keel_core_api_t* host, keel_plugin_handle_t* plugin);
+keel_status_t register_bf16_kernels(Instance& instance);
+// The int8 kernels of kernels/int8.cc (keel.QConv, keel.QGemm, u8/s8 pooling).
+keel_status_t register_int8_kernels(Instance& instance);
 // Registers the claim hook for "cpu" (chain/claim.cc) when the core offers register_claimer (ABI 1.1).
-keel_status_t register_claimer(const keel_core_api_t* host, keel_plugin_handle_t* plugin);
+keel_status_t register_claimer(Instance& instance);
 
 }  // namespace keel::onednn

@@ -127,7 +127,7 @@ class ConvKernel : public Kernel {
 
   void read_activation(const Ctx& c) {
     const std::string a = c.attr_s("activation", "");
-    const keel_kernel_api_t* api = g_host->kernel;
+    const keel_kernel_api_t* api = g_kernel_api.load(std::memory_order_relaxed);
     const float* pv = nullptr;
     size_t pn = 0;
     std::vector<float> params;
@@ -201,8 +201,8 @@ const std::vector<TypedKernelInfo>& bf16_kernels() {
 
 }  // namespace
 
-keel_status_t register_bf16_kernels(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
-  return register_kernel_table(host, plugin, bf16_kernels(), false);
+keel_status_t register_bf16_kernels(Instance& instance) {
+  return register_kernel_table(instance, bf16_kernels(), false);
 }
 
 }  // namespace keel::onednn

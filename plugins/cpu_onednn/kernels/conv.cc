@@ -4,7 +4,7 @@
 // The primitive chooses its own layouts (format_tag::any): activations usually go to nChw16c / nChw8c and weights
 // to a blocked layout. Constant weights are reordered into that layout once per plan (per input shape); the
 // activations are reordered from and to the graph's plain nchw around the primitive, in workspace memory.
-// 3x3 stride-1 convolutions try Winograd first (g_options.winograd), falling back to direct when oneDNN refuses;
+// 3x3 stride-1 convolutions try Winograd first (options().winograd), falling back to direct when oneDNN refuses;
 // weights given at run time keep their last Winograd transform while they stay the same (ConvPlan::cache_wei).
 #include <algorithm>
 #include <cmath>
@@ -210,7 +210,7 @@ class ConvKernel : public Kernel {
     dnnl::memory::desc src_md, dst_md, wei_md;
     if (!transpose_) {
       std::unique_ptr<dnnl::convolution_forward::primitive_desc> pd;
-      bool wino = g_options.winograd && r == 2 && ks[0] == 3 && ks[1] == 3 && group_ == 1 && g.strides[0] == 1 &&
+      bool wino = options().winograd && r == 2 && ks[0] == 3 && ks[1] == 3 && group_ == 1 && g.strides[0] == 1 &&
                   g.strides[1] == 1 && g.dilations[0] == 1 && g.dilations[1] == 1 && C >= 16 && M >= 16;
       if (wino) {
         try {

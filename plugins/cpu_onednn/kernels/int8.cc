@@ -281,8 +281,6 @@ namespace {
 using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
 
-keel_plugin_handle_t* g_int8_plugin = nullptr;  // for the profile's log lines
-
 // KEEL_ONEDNN_PROFILE=1: each int8 kernel keeps the fastest run of its plan (reorders included) and logs it, with what
 // ran, when it is released (at info): per-step minima, comparable with the claimed chains' "fastest run of each".
 struct StepProfile {
@@ -296,7 +294,7 @@ struct StepProfile {
   void part(int i, double t0) { part_ms[i] = std::min(part_ms[i], now_ms() - t0); }
   template <class F>
   void time(F&& f) {
-    if (!g_options.profile) return f();
+    if (!options().profile) return f();
     const auto t0 = std::chrono::steady_clock::now();
     f();
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -304,12 +302,12 @@ struct StepProfile {
     ++runs;
   }
   ~StepProfile() {
-    if (!runs || !g_host || !g_host->log) return;
+    if (!runs) return;
     std::ostringstream os;
     os << "int8 step " << what << ": fastest " << best_ms << " ms of " << runs << " runs (input reorders "
        << (part_ms[0] < 1e30 ? part_ms[0] : 0) << ", kernel " << part_ms[1] << ", output reorder "
        << (part_ms[2] < 1e30 ? part_ms[2] : 0) << ")";
-    g_host->log(g_int8_plugin, KEEL_LOG_INFO, os.str().c_str());
+    host_log(KEEL_LOG_INFO, os.str());
   }
 };
 
@@ -330,7 +328,7 @@ QNodeView view_of(const Ctx& c) {
   v.activation = c.attr_s("activation", "");
   const float* f = nullptr;
   size_t n = 0;
-  if (g_host->kernel->attr_floats(c.raw(), "activation_params", &f, &n)) {
+  if (g_kernel_api.load(std::memory_order_relaxed)->attr_floats(c.raw(), "activation_params", &f, &n)) {
     v.has_activation_params = true;
     v.activation_params.assign(f, f + n);
   }
@@ -384,7 +382,7 @@ struct QPlan {
 
 void execute(Ctx& c, QPlan& p, StepProfile& prof) {
   keel_tensor_t* y = c.output(0, p.out_dims);
-  const bool timed = g_options.profile;
+  const bool timed = options().profile;
   double t0 = timed ? StepProfile::now_ms() : 0;
   if (p.dw) {
     p.dw->run(c.input(0)->data, y->data, omp_get_max_threads());
@@ -791,16 +789,11 @@ const Int8Kernel kInt8[] = {
      [] { return static_cast<Kernel*>(new QdqKernel(false)); }},
 };
 
-keel_status_t int8_create(void* user_data, keel_kernel_context_t* ctx, void** out_state) {
-  return create_kernel(static_cast<const Int8Kernel*>(user_data)->make, ctx, out_state);
-}
-
 keel_status_t int8_compute(void* state, keel_kernel_context_t* ctx) { return compute_kernel(state, ctx, false); }
 
 }  // namespace
 
-keel_status_t register_int8_kernels(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
-  g_int8_plugin = plugin;
+keel_status_t register_int8_kernels(Instance& instance) {
   using K = Kernel*;
   static const std::vector<TypedKernelInfo> byte_pools = {
       {"",
@@ -812,7 +805,7 @@ keel_status_t register_int8_kernels(const keel_core_api_t* host, keel_plugin_han
       {"", "GlobalMaxPool", 1, "onednn_u8s8_globalmaxpool", {KEEL_DTYPE_U8, KEEL_DTYPE_I8}, []() -> K {
          return new BytePoolKernel(true);
        }}};
-  if (keel_status_t st = register_kernel_table(host, plugin, byte_pools, false)) return st;
+  if (keel_status_t st = register_kernel_table(instance, byte_pools, false)) return st;
   for (const Int8Kernel& k : kInt8) {
     keel_kernel_def_t def;
     std::memset(&def, 0, sizeof def);
@@ -825,11 +818,11 @@ keel_status_t register_int8_kernels(const keel_core_api_t* host, keel_plugin_han
     def.since_version = k.since_version;
     def.end_version = 0;
     def.device_type = "cpu";
-    def.user_data = const_cast<Int8Kernel*>(&k);
-    def.create = int8_create;
+    def.user_data = &instance.kernels.emplace_back(KernelEntry{&instance, k.make});
+    def.create = kernel_entry_create;
     def.compute = int8_compute;
     def.release = release_kernel;
-    if (keel_status_t st = host->register_kernel(plugin, &def)) return st;
+    if (keel_status_t st = instance.host->register_kernel(instance.handle, &def)) return st;
   }
   return nullptr;
 }

@@ -271,10 +271,10 @@ class ConvGradKernel : public Kernel {
     auto fpd = hint(dnnl::algorithm::convolution_direct);
     if (!fpd) throw Reject{"oneDNN has no convolution for this case"};
     // 3x3 stride-1 f32 convolutions with 16+ channels try Winograd first, as the forward kernel does
-    // (g_options.winograd), falling back to direct when oneDNN refuses. The LeNet-like model's conv2 (64x32x26x26 ->
+    // (options().winograd), falling back to direct when oneDNN refuses. The LeNet-like model's conv2 (64x32x26x26 ->
     // 64 channels) at 1 thread on a 9.8 GB/s host: backward weights 5.8 ms instead of 8.3-11.6, backward data 7.1-9.3
     // instead of 9.3-12.9; a training step 16% faster.
-    const bool wino_shape = g_options.winograd && dtype_ == KEEL_DTYPE_F32 && group_ == 1 && w[2] == 3 && w[3] == 3 &&
+    const bool wino_shape = options().winograd && dtype_ == KEEL_DTYPE_F32 && group_ == 1 && w[2] == 3 && w[3] == 3 &&
                             strides_ == Dims{1, 1} && dil_ == Dims{1, 1} && C >= 16 && M >= 16;
     auto wino_fpd = wino_shape ? hint(dnnl::algorithm::convolution_winograd) : nullptr;
     // The algorithms to try, in order, each with its forward hint.
@@ -943,16 +943,13 @@ const std::vector<TypedKernelInfo>& train_kernels() {
   return k;
 }
 
-keel_status_t table_create(void* user_data, keel_kernel_context_t* ctx, void** out_state) {
-  return create_kernel(static_cast<const TypedKernelInfo*>(user_data)->make, ctx, out_state);
-}
 keel_status_t compute_falling_back(void* state, keel_kernel_context_t* ctx) { return compute_kernel(state, ctx, true); }
 keel_status_t compute_failing(void* state, keel_kernel_context_t* ctx) { return compute_kernel(state, ctx, false); }
 
 }  // namespace
 
-keel_status_t register_kernel_table(const keel_core_api_t* host, keel_plugin_handle_t* plugin,
-                                    const std::vector<TypedKernelInfo>& table, bool dnnl_error_falls_back) {
+keel_status_t register_kernel_table(Instance& instance, const std::vector<TypedKernelInfo>& table,
+                                    bool dnnl_error_falls_back) {
   for (const auto& info : table) {
     keel_kernel_def_t def;
     std::memset(&def, 0, sizeof def);
@@ -968,17 +965,17 @@ keel_status_t register_kernel_table(const keel_core_api_t* host, keel_plugin_han
     keel_type_constraint_t tc{KEEL_TYPE_CONSTRAINT_HEADER, "T", info.dtypes.data(), info.dtypes.size()};
     def.constraints = &tc;
     def.constraint_count = 1;
-    def.user_data = const_cast<TypedKernelInfo*>(&info);
-    def.create = table_create;
+    def.user_data = &instance.kernels.emplace_back(KernelEntry{&instance, info.make});
+    def.create = kernel_entry_create;
     def.compute = dnnl_error_falls_back ? compute_falling_back : compute_failing;
     def.release = release_kernel;
-    if (keel_status_t st = host->register_kernel(plugin, &def)) return st;
+    if (keel_status_t st = instance.host->register_kernel(instance.handle, &def)) return st;
   }
   return nullptr;
 }
 
-keel_status_t register_train_kernels(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
-  return register_kernel_table(host, plugin, train_kernels(), true);
+keel_status_t register_train_kernels(Instance& instance) {
+  return register_kernel_table(instance, train_kernels(), true);
 }
 
 }  // namespace keel::onednn

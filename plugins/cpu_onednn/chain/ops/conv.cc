@@ -281,7 +281,7 @@ void Builder::conv(size_t i) {
   md_t dst = M % 16 == 0 ? md_t(to_dnnl(y), act_, blocked16_tag(y.size())) : md_t(to_dnnl(y), act_, tag::any);
   dnnl::primitive_attr attr = user_scratchpad();
   attr.set_post_ops(f.po);
-  bool wino = g_options.winograd && sp == 2 && ks[0] == 3 && ks[1] == 3 && g == 1 && s[0] == 1 && s[1] == 1 &&
+  bool wino = options().winograd && sp == 2 && ks[0] == 3 && ks[1] == 3 && g == 1 && s[0] == 1 && s[1] == 1 &&
               d[0] == 1 && d[1] == 1 && C >= 16 && M >= 16;
   std::unique_ptr<dnnl::convolution_forward::primitive_desc> pd;
   auto make = [&](alg a, const md_t& sm, const md_t& dm) {
@@ -302,7 +302,7 @@ void Builder::conv(size_t i) {
       M % 16 == 0 && f.sum_with.empty() && act_ == dt::f32 && chan_scale.empty() &&
       conv_dw_fused(i, f, src, wany, bmd, w, bias, conv_flops))
     return;
-  if (g_options.winograd && sp == 2 && g == 1 && ks == Dims{3, 3} && s == Dims{1, 1} && d[0] == d[1] && d[0] > 1 &&
+  if (options().winograd && sp == 2 && g == 1 && ks == Dims{3, 3} && s == Dims{1, 1} && d[0] == d[1] && d[0] > 1 &&
       pl == Dims{d[0], d[0]} && pr == pl && x[2] % d[0] == 0 && x[3] % d[0] == 0 && x[2] / d[0] >= 4 &&
       x[3] / d[0] >= 4 && C % 16 == 0 && M % 16 == 0 && C * M <= 256 * 256 && act_ == dt::f32 && chan_scale.empty() &&
       f.sum_with.empty() &&

@@ -10,7 +10,7 @@ namespace keel::onednn::chain {
 // f32, and the silu_pass and dw_silu options on. True with its geometry and fusion; false otherwise. Changes
 // nothing.
 bool Builder::dw_silu_plan(size_t u, DwSiluShape* s, Fusion* f) {
-  if (!g_options.dw_silu || !g_options.silu_pass || !has_avx512f() || act_ != dt::f32) return false;
+  if (!options().dw_silu || !options().silu_pass || !has_avx512f() || act_ != dt::f32) return false;
   const NodeDesc& n = r_.nodes[u];
   if (n.op != "Conv" || done_[u] || n.out.size() != 1 || n.in.size() < 2) return false;
   if (pad_folds_.count(n.in[0]) || se_folds_.count(n.in[0])) return false;
@@ -118,7 +118,7 @@ bool Builder::conv_dw_silu(size_t i) {
 // docs/ONEDNN_PERFORMANCE.md,
 // "(sq2)". With AVX-512, f32, the se_step option on; true when built, false (changing nothing) otherwise.
 bool Builder::se_excite_fused(size_t i) {
-  if (!g_options.se_step || !has_avx512f() || act_ != dt::f32) return false;
+  if (!options().se_step || !has_avx512f() || act_ != dt::f32) return false;
   auto unit_conv = [&](const NodeDesc& c, const ConstT** W, const ConstT** B) {
     if (c.op != "Conv" || c.out.size() != 1 || c.in.size() < 2 || done_[&c - r_.nodes.data()]) return false;
     *W = cst(c.in_at(1));

@@ -192,7 +192,7 @@ bool Builder::conv_dw_fused(size_t i, const Fusion& f, const md_t& src, const md
   // With the 1x1's SiLU as the chain's own pass the depthwise one cannot read its output inside the kernel; and
   // unfused is faster then anyway (EfficientNet-B0's 24->144 block at 56x56: 541 us fused with oneDNN's swish, 405 us
   // as two convolutions each followed by the SiLU pass).
-  if (!g_options.dw_fusion || f.pass_after()) return false;
+  if (!options().dw_fusion || f.pass_after()) return false;
   const size_t u = sole_user(f.out);
   if (u == npos) return false;
   const NodeDesc& dn = r_.nodes[u];
