@@ -21,6 +21,7 @@
 #include <mutex>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/base/graph.h"
@@ -425,6 +426,50 @@ TEST(Embedding, EachEnvironmentRunsTheOneDnnPluginWithItsOwnOptions) {
   EXPECT_EQ(rc2.chain_steps, rc.chain_steps);
   expect_near(rc2.z, rc.z);
   keel_environment_release(c);
+  keel_model_release(model);
+}
+
+// Environments created, run and released on several threads at once, each with its own oneDNN options: every
+// plugin's init_instance / shutdown_instance run concurrently with other environments' sessions; every run gives the
+// reference output, and each environment keeps its own options throughout.
+TEST(Embedding, EnvironmentsWithTheirOwnOptionsOnSeveralThreadsAtOnce) {
+  if (under_valgrind()) GTEST_SKIP() << "the oneDNN plugin is not loaded under valgrind";
+  if (!fs::exists(fs::path(plugin_dir()) / "libkeel_cpu_onednn.so")) GTEST_SKIP() << "no oneDNN plugin in this build";
+  std::string bytes = conv_silu_bytes();
+  keel_model_t model = nullptr;
+  ASSERT_KEEL_OK(keel_model_load_from_memory(bytes.data(), bytes.size(), &model));
+  const std::vector<std::vector<std::pair<std::string, std::string>>> options = {
+      {}, {{"claims", "false"}}, {{"silu_pass", "false"}}};
+  std::vector<ProfiledRun> reference;
+  for (const auto& o : options) {
+    keel_environment_t env = onednn_env(o);
+    ASSERT_NE(env, nullptr);
+    reference.push_back(profiled_run(env, model));
+    keel_environment_release(env);
+  }
+  std::vector<std::string> failures(options.size());
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < options.size(); ++t) {
+    threads.emplace_back([&, t] {
+      for (int k = 0; k < 4 && failures[t].empty(); ++k) {
+        keel_environment_t env = onednn_env(options[t]);
+        if (env == nullptr) {
+          failures[t] = "no environment";
+          break;
+        }
+        const ProfiledRun r = profiled_run(env, model);
+        keel_environment_release(env);
+        if (r.chained != reference[t].chained || r.chain_steps != reference[t].chain_steps)
+          failures[t] = "round " + std::to_string(k) + ": chained " + std::to_string(r.chained) + ", steps " +
+                        std::to_string(r.chain_steps) + " (alone: " + std::to_string(reference[t].chained) + ", " +
+                        std::to_string(reference[t].chain_steps) + ")";
+        else if (r.z != reference[t].z)
+          failures[t] = "round " + std::to_string(k) + ": the output differs from the same options' run alone";
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (size_t t = 0; t < options.size(); ++t) EXPECT_EQ(failures[t], "") << "thread " << t;
   keel_model_release(model);
 }
 
