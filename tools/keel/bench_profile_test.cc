@@ -2,6 +2,7 @@
 // into the ONNX op types it runs (plugin ABI 1.3 profile steps), with node counts and non-zero times that add up
 // to the chain's time. Skips when the oneDNN plugin is not built.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -216,4 +217,29 @@ TEST_F(BenchProfile, ADynamicBatchModelProfilesTheChainOfItsShapeVariant) {
 }
 
 }  // namespace
+// A bad number on the command line is a usage error: exit code 2 (README: "2 usage error"), and the message says what
+// is wanted instead of CLI11's "Value 0 not in range 0.000000 to <a 309-digit number>".
+TEST_F(BenchProfile, ABadNumberIsAUsageErrorThatSaysWhatIsWanted) {
+  const std::string model = (dir_ / "cnn.onnx").string();
+  struct Case {
+    std::string args, says;
+  };
+  for (const Case& c : {Case{"bench " + model + " --batch 0", "--batch: 0 is not a positive number"},
+                        Case{"--threads -1 bench " + model, "--threads: -1 is not a number >= 0"},
+                        Case{"bench " + model + " --iters many", "--iters: many is not a number"}}) {
+    CliRun r = keel_cli(c.args, dir_);
+    ASSERT_TRUE(WIFEXITED(r.rc)) << c.args;
+    EXPECT_EQ(WEXITSTATUS(r.rc), 2) << c.args << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.says), std::string::npos) << c.args << "\n" << r.err;
+    EXPECT_EQ(r.err.find("000000"), std::string::npos) << r.err;
+  }
+  // A model file that does not exist (CLI11's own check) is one too; --help still exits 0.
+  CliRun r = keel_cli("bench " + (dir_ / "missing.onnx").string(), dir_);
+  ASSERT_TRUE(WIFEXITED(r.rc));
+  EXPECT_EQ(WEXITSTATUS(r.rc), 2) << r.err;
+  r = keel_cli("bench --help", dir_);
+  ASSERT_TRUE(WIFEXITED(r.rc));
+  EXPECT_EQ(WEXITSTATUS(r.rc), 0) << r.err;
+}
+
 }  // namespace keel

@@ -611,13 +611,13 @@ void add_bench_command(CLI::App& app, Globals& g) {
   add_precision_option(cmd, a->precision);
   cmd->add_option("--device,-d", a->device,
                   "Preferred device: TYPE or TYPE:INDEX (cpu, cuda, cuda:1, ...); default: every device by priority");
-  cmd->add_option("--threads", g.threads, "Worker threads for kernels (0 = all cores)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--threads", g.threads, "Worker threads for kernels (0 = all cores)")->check(kNonNegative);
   cmd->add_option("--batch,-b", a->batch, "Batch size, where an input's first dimension is dynamic or 1")
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--warmup", a->warmup, "Untimed runs first")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--iters,-n", a->iters, "Timed runs")->check(CLI::PositiveNumber);
+      ->check(kPositive);
+  cmd->add_option("--warmup", a->warmup, "Untimed runs first")->check(kNonNegative);
+  cmd->add_option("--iters,-n", a->iters, "Timed runs")->check(kPositive);
   cmd->add_option("--max-seconds", a->max_seconds, "Stop the timed runs after this many seconds (0 = no limit)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   cmd->add_option("--concurrency,-c", a->concurrency,
                   "Callers running the session at once, each run with --threads threads (as a server's instances); "
                   "throughput is then completed runs over wall time")
@@ -626,14 +626,14 @@ void add_bench_command(CLI::App& app, Globals& g) {
   cmd->add_flag("--profile", a->profile,
                 "Per-op-type time breakdown (Session profile; claimed subgraphs split into the op types they run)");
   cmd->add_option("--profile-nodes", a->profile_nodes, "With the profile: also list the N slowest nodes / steps")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   cmd->add_option("--shape", a->shapes,
                   "NAME=D0,D1,...: the shape of an input's random tensor where the model leaves dims dynamic "
                   "(default 1; repeatable); the model stays dynamic (see --shape-variants)");
   cmd->add_option("--shape-variants", a->shape_variants,
                   "Shape variants a session builds for a model whose inputs have dynamic dims: each run shape gets "
                   "the graph specialised to it, up to N of them (0 = off)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   cmd->add_option("--host-limits", a->host_limits,
                   "keel-host-limits' JSON, for the fraction of the host's peak (default: $KEEL_HOST_LIMITS, then "
                   "~/.cache/keel/host_limits.json when it exists)");

@@ -713,9 +713,9 @@ void add_conformance_command(CLI::App& app, Globals& g) {
   cmd->add_option("--report", a->report, "Write a TSV report: suite, test, status, message");
   cmd->add_option("--expected", a->expected, "File of 'suite/test' names expected to pass; exit 3 if one does not");
   cmd->add_option("--write-expected", a->write_expected, "Write the sorted names of the passing tests to this file");
-  cmd->add_option("--jobs,-j", a->jobs, "Worker processes")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--jobs,-j", a->jobs, "Worker processes")->check(kPositive)->capture_default_str();
   cmd->add_option("--timeout", a->timeout_s, "Seconds one test may take before its worker is killed")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_flag("--no-fork", a->no_fork, "Run every test in this process (no crash isolation)");
   cmd->add_flag("--verbose,-v", a->verbose, "Print every test's result as it finishes");

@@ -45,8 +45,8 @@ void add_demo_command(CLI::App& app, Globals& g) {
   auto* cmd = app.add_subcommand("demo", "Build the SimpleCNN in code and run it on every device (the main job)");
   auto batch = std::make_shared<int64_t>(1);
   auto iters = std::make_shared<int>(20);
-  cmd->add_option("--batch", *batch, "Batch size")->check(CLI::PositiveNumber);
-  cmd->add_option("--iters", *iters, "Timed iterations per device")->check(CLI::PositiveNumber);
+  cmd->add_option("--batch", *batch, "Batch size")->check(kPositive);
+  cmd->add_option("--iters", *iters, "Timed iterations per device")->check(kPositive);
   cmd->callback([&g, batch, iters] {
     auto env = make_environment(g);
     if (!env) throw CLI::RuntimeError(1);

@@ -566,10 +566,10 @@ void add_launch_command(CLI::App& app, Globals& g) {
       "  keel launch --nproc-per-node 4 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --master-port 29500 -- prog");
   cmd->add_option("--nproc-per-node,--nproc_per_node", opts->nproc_per_node, "Ranks to start on this node")
       ->required()
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--nnodes", opts->nnodes, "Nodes in the job (default 1)")->check(CLI::PositiveNumber);
+      ->check(kPositive);
+  cmd->add_option("--nnodes", opts->nnodes, "Nodes in the job (default 1)")->check(kPositive);
   cmd->add_option("--node-rank,--node_rank", opts->node_rank, "This node's index, 0..nnodes-1 (default 0)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   cmd->add_option("--master-addr,--master_addr", opts->master_addr,
                   "Address of node 0, where the rendezvous store listens (default 127.0.0.1)");
   cmd->add_option("--master-port,--master_port", opts->master_port,
@@ -577,17 +577,17 @@ void add_launch_command(CLI::App& app, Globals& g) {
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--max-restarts,--max_restarts", opts->max_restarts,
                   "Restart all ranks up to K times after a failure (default 0)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   cmd->add_option("--log-dir,--log_dir", opts->log_dir, "Write each rank's output to DIR/rank_<RANK>.log instead");
   cmd->add_option("--grace-period", opts->grace_period_s,
                   "Seconds between SIGTERM and SIGKILL when stopping ranks (default 5)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   cmd->add_option("--cpu-affinity", opts->cpu_affinity,
                   "auto (default): pin each local rank to its own share of this node's CPUs when there are enough; "
                   "none: do not pin")
       ->check(CLI::IsMember({"auto", "none"}));
   cmd->add_option("--tail", opts->tail_lines, "Lines of the failed rank's output to show (default 20)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   cmd->add_option("command", opts->command, "-- PROGRAM ARGS...: what every rank runs")->required();
   cmd->callback([opts, &g] {
     (void)g;

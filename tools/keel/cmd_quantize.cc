@@ -126,7 +126,7 @@ void add_quantize_command(CLI::App& app, Globals& g) {
   cmd->add_option("--exclude,-x", a->exclude, "Node names to keep in fp32 (comma-separated, repeatable)");
   cmd->add_option("--tolerance,-t", a->opts.tolerance,
                   "Keep the worst layers in fp32 until the outputs' relative L2 error is at most T (0 = off)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   cmd->add_option("--fallback", a->opts.fallback,
                   "How --tolerance picks the fp32 layers: sensitivity (the most sensitive first) or prefix (the fewest "
                   "leading layers, one cheap fp32 -> int8 boundary)")

@@ -395,15 +395,15 @@ void add_run_command(CLI::App& app, Globals& g) {
   add_precision_option(cmd, a->precision);
   cmd->add_option("--device,-d", a->device,
                   "Preferred device: TYPE or TYPE:INDEX (cpu, cuda, cuda:1, ...); default: every device by priority");
-  cmd->add_option("--threads", g.threads, "Worker threads for kernels (0 = all cores)")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--iterations,-n", a->iterations, "Timed runs")->check(CLI::PositiveNumber);
-  cmd->add_option("--warmup", a->warmup, "Untimed runs before the timed ones")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--print", a->print_values, "How many values of each output to print")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--threads", g.threads, "Worker threads for kernels (0 = all cores)")->check(kNonNegative);
+  cmd->add_option("--iterations,-n", a->iterations, "Timed runs")->check(kPositive);
+  cmd->add_option("--warmup", a->warmup, "Untimed runs before the timed ones")->check(kNonNegative);
+  cmd->add_option("--print", a->print_values, "How many values of each output to print")->check(kNonNegative);
   cmd->add_option("--seed", a->seed, "Seed of the random inputs");
   cmd->add_option("--shape-variants", a->shape_variants,
                   "Shape variants a session builds for a model whose inputs have dynamic dims: each run shape gets "
                   "the graph specialised to it, up to N of them (0 = off)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   cmd->callback([a, &g] {
     if (a->model.empty() == a->batch.empty()) {
       std::cerr << "keel run: give a model (or, for fuzzers, --batch LIST), not "

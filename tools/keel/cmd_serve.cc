@@ -150,7 +150,7 @@ void add_serve_command(CLI::App& app, Globals& g) {
   cmd->add_option("--host", a->host, "Address to bind (default 127.0.0.1: this machine only)");
   cmd->add_option("--port", a->port, "Port (0 = a free one, printed on stdout)")->check(CLI::Range(0, 65535));
   cmd->add_option("--threads", a->threads, "Kernel threads per model instance (default: the global --threads)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   cmd->add_option("--http-threads", a->http_threads, "Connections served at once")->check(CLI::Range(1, 1024));
   cmd->add_option("--max-body-mib", a->max_body_mib, "Largest request body in MiB (413 beyond)")
       ->check(CLI::Range(1, 4096));

@@ -1186,50 +1186,50 @@ void add_train_command(CLI::App& app, Globals& g) {
                                  "Train the SimpleCNN on Fashion-MNIST (data-parallel under `keel launch` or with "
                                  "--nproc), trace it, save ONNX, quantize to INT8");
   auto a = std::make_shared<TrainArgs>();
-  cmd->add_option("--epochs", a->epochs, "Epochs")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--epochs", a->epochs, "Epochs")->check(kNonNegative);
   cmd->add_option("--model", a->model, "simple (SimpleCNN) or lenet (the LeNet-like model of the PyTorch peer)")
       ->check(CLI::IsMember({"simple", "lenet"}));
   cmd->add_option("--nproc", a->nproc, "Data-parallel over N processes on this machine (re-runs through `keel launch`)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   cmd->add_option("--dist-timeout", a->dist_timeout_s, "Seconds to wait for the other ranks at start-up")
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--batch", a->batch, "Batch size")->check(CLI::PositiveNumber);
-  cmd->add_option("--threads", g.threads, "Worker threads for kernels (0 = all cores)")->check(CLI::NonNegativeNumber);
+      ->check(kPositive);
+  cmd->add_option("--batch", a->batch, "Batch size")->check(kPositive);
+  cmd->add_option("--threads", g.threads, "Worker threads for kernels (0 = all cores)")->check(kNonNegative);
   cmd->add_option("--amp", a->amp, "Autocast: none, bf16, fp16 (fp16 uses a dynamic loss scaler)")
       ->check(CLI::IsMember({"none", "bf16", "fp16"}));
-  cmd->add_option("--lr", a->lr, "Learning rate (for one process at --batch)")->check(CLI::PositiveNumber);
+  cmd->add_option("--lr", a->lr, "Learning rate (for one process at --batch)")->check(kPositive);
   cmd->add_option("--lr-scaling", a->lr_scaling,
                   "Data-parallel: the rate for world x --batch images a step: linear (--lr x world size), sqrt, none; "
                   "auto = linear for SGD, sqrt for Adam/AdamW")
       ->check(CLI::IsMember({"auto", "linear", "sqrt", "none"}));
-  cmd->add_option("--momentum", a->momentum, "SGD momentum")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--weight-decay", a->weight_decay, "Weight decay (AdamW: decoupled)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--momentum", a->momentum, "SGD momentum")->check(kNonNegative);
+  cmd->add_option("--weight-decay", a->weight_decay, "Weight decay (AdamW: decoupled)")->check(kNonNegative);
   cmd->add_option("--optimizer", a->optimizer, "sgd, adam, adamw")->check(CLI::IsMember({"sgd", "adam", "adamw"}));
   cmd->add_option("--scheduler", a->scheduler, "LR schedule per step: none, step (x0.1 per epoch), cosine")
       ->check(CLI::IsMember({"none", "step", "cosine"}));
-  cmd->add_option("--warmup", a->warmup, "Linear warmup steps")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--warmup", a->warmup, "Linear warmup steps")->check(kNonNegative);
   cmd->add_option("--accumulate", a->accumulate, "Micro-batches per optimizer step (gradient accumulation)")
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--clip", a->clip, "Clip the gradient norm to this value (0 = off)")->check(CLI::NonNegativeNumber);
+      ->check(kPositive);
+  cmd->add_option("--clip", a->clip, "Clip the gradient norm to this value (0 = off)")->check(kNonNegative);
   cmd->add_option("--seed", a->seed, "Seed (initial weights, data order)");
   cmd->add_option("--data", a->data, "Directory with the Fashion-MNIST IDX files");
-  cmd->add_option("--limit", a->limit, "Train on the first N images only (0 = all)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--limit", a->limit, "Train on the first N images only (0 = all)")->check(kNonNegative);
   cmd->add_option("--workers", a->workers, "Data loader threads (0 = load on the training thread)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   cmd->add_option("--device", a->device,
                   "Device to train on: TYPE or TYPE:INDEX (cpu, cuda, cuda:1); data-parallel ranks given no index "
                   "take the card of their LOCAL_RANK");
   cmd->add_option("--log", a->log, "Scalar log (JSON Lines) for `keel plot`");
-  cmd->add_option("--log-every", a->log_every, "Batches per step record in the log")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--log-every", a->log_every, "Batches per step record in the log")->check(kNonNegative);
   cmd->add_option("--checkpoint", a->checkpoint, "Checkpoint file (safetensors), written after every epoch");
   cmd->add_option("--checkpoint-every", a->checkpoint_every, "Also write the checkpoint every N steps")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   cmd->add_option("--resume", a->resume, "Resume from a checkpoint");
   cmd->add_option("-o,--output", a->output, "Where to save the traced ONNX model ('' = do not trace)");
   cmd->add_flag("--quantize,!--no-quantize", a->quantize,
                 "Quantize the saved model to INT8 and evaluate it (default on)");
   cmd->add_option("--calibration-batches", a->calibration_batches, "Batches of 64 training images for INT8 calibration")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   cmd->add_flag("-q,--quiet", a->quiet, "No progress bar");
   cmd->add_option("--init", a->init,
                   "Fine-tune: start from this ONNX model (its weights become parameters) instead of --model");
@@ -1237,13 +1237,13 @@ void add_train_command(CLI::App& app, Globals& g) {
                   "With --init: parameters whose name matches this regular expression are not trained");
   cmd->add_option("--replace-head", a->replace_head,
                   "With --init: a new classifier with N outputs (the Gemm/MatMul behind the output)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   cmd->add_option(
       "--run-record", a->run_record,
       "Experiment record (JSON): 'auto' = run.json beside the log, else the checkpoint, else the model; '' = none");
   cmd->add_option("--histogram-bins", a->histogram_bins,
                   "Bins of the per-epoch parameter and gradient histograms in the log (0 = none)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   cmd->add_option(
          "--teacher", a->teacher,
          "Knowledge distillation: this ONNX classifier (dynamic batch) runs forward on every batch; loss = W * "
@@ -1251,7 +1251,7 @@ void add_train_command(CLI::App& app, Globals& g) {
       ->check(CLI::ExistingFile);
   auto* temperature = cmd->add_option("--distill-temperature", a->distill_temperature,
                                       "With --teacher: the softmax temperature T (default 4)")
-                          ->check(CLI::PositiveNumber);
+                          ->check(kPositive);
   auto* weight = cmd->add_option("--distill-weight", a->distill_weight,
                                  "With --teacher: the weight W of the distillation term, 0..1 (default 0.9)")
                      ->check(CLI::Range(0.0, 1.0));
@@ -1278,7 +1278,7 @@ void add_plot_command(CLI::App& app, Globals&) {
       ->required();
   cmd->add_option("-o,--output", *out, "Output: .svg (one log: its curves) or .html (every run, records, histograms)");
   cmd->add_option("--title", *title, "Title (default: the log's file name)");
-  cmd->add_option("--columns", *columns, "Panels per row")->check(CLI::PositiveNumber);
+  cmd->add_option("--columns", *columns, "Panels per row")->check(kPositive);
   cmd->callback([runs, out, title, columns] {
     const std::string ext = std::filesystem::path(*out).extension().string();
     if (ext != ".svg" && ext != ".html" && ext != ".htm") {

@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdlib>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -24,6 +25,24 @@ struct Globals {
   std::string log_level = "warn";         // --log-level trace|debug|info|warn|error|off (or KEEL_LOG_LEVEL)
   int threads = 0;                        // --threads (0 = all cores)
 };
+
+// Validators for numeric options. CLI11 2.1's PositiveNumber / NonNegativeNumber answer "--batch: Value 0 not in
+// range 0.000000 to 1797693134862315708...(309 digits).000000"; these say what is wanted ("--batch: 0 is not a
+// positive number", "--epochs: -1 is not a number >= 0") and show the same type names in --help.
+inline CLI::Validator number_validator(bool strictly_positive) {
+  return CLI::Validator(
+      [strictly_positive](std::string& in) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(in.c_str(), &end);
+        if (in.empty() || end == nullptr || *end != '\0') return in + " is not a number";
+        if (strictly_positive && !(v > 0)) return in + " is not a positive number";
+        if (!strictly_positive && !(v >= 0)) return in + " is not a number >= 0";
+        return "";
+      },
+      strictly_positive ? "POSITIVE" : "NONNEGATIVE");
+}
+inline const CLI::Validator kPositive = number_validator(true);
+inline const CLI::Validator kNonNegative = number_validator(false);
 
 // Random data for a graph input: normal floats, small non-negative integers, random bools (cmd_run.cc).
 StatusOr<Tensor> random_input(DType dtype, const Shape& shape, std::mt19937& rng);

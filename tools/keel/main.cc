@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
   app.add_option("--plugin-path", g.plugin_paths, "Extra directory to search for plugin manifests (repeatable)");
   app.add_option("--log-level", g.log_level, "Log level: trace, debug, info, warn, error, off (env KEEL_LOG_LEVEL)")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
-  app.add_option("--threads", g.threads, "Worker threads for kernels (0 = all cores)")->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", g.threads, "Worker threads for kernels (0 = all cores)")->check(kNonNegative);
   app.require_subcommand(1);
   app.parse_complete_callback([&] { spdlog::set_level(spdlog::level::from_str(g.log_level)); });
 
@@ -64,7 +64,12 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // app.exit prints the help or the error. CLI11's own codes for a bad command line (105 for a failed check, 106
+    // for a missing option, 109 for an extra argument, ...) become 2, the usage error of the exit codes above; a
+    // command's own status (CLI::RuntimeError) and --help's 0 stay as they are.
+    const int code = app.exit(e);
+    if (code == 0 || dynamic_cast<const CLI::RuntimeError*>(&e) != nullptr) return code;
+    return 2;
   } catch (const std::exception& e) {
     std::cerr << "keel: " << e.what() << "\n";
     return 1;
