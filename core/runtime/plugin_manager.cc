@@ -363,9 +363,10 @@ void call_shutdown(const keel_plugin_t* d) {
 // An environment stops using a plugin without instances. `counted`: its init had succeeded and was counted. The
 // handle is retired (its registry cleared) rather than freed while other environments still use the plugin; the
 // last user calls shutdown when `shutdown_if_last` (not after a failed init: the plugin cleaned up itself).
-void release_legacy(const keel_plugin_t* d, std::unique_ptr<keel_plugin_handle_s> handle, bool counted,
-                    bool shutdown_if_last = true) {
-  std::lock_guard<std::mutex> lock(legacy_mu());
+// The caller holds legacy_mu(): an init of the same plugin for another environment (which runs under it, see
+// init_plugin) then never interleaves with this shutdown clearing the globals that init has just set.
+void release_legacy_locked(const keel_plugin_t* d, std::unique_ptr<keel_plugin_handle_s> handle, bool counted,
+                           bool shutdown_if_last = true) {
   LegacyUsers& u = legacy_users()[d];
   if (counted) --u.count;
   if (handle) {
@@ -378,6 +379,11 @@ void release_legacy(const keel_plugin_t* d, std::unique_ptr<keel_plugin_handle_s
   }
   if (shutdown_if_last) call_shutdown(d);
   legacy_users().erase(d);  // frees the retired handles; `handle` goes at return
+}
+void release_legacy(const keel_plugin_t* d, std::unique_ptr<keel_plugin_handle_s> handle, bool counted,
+                    bool shutdown_if_last = true) {
+  std::lock_guard<std::mutex> lock(legacy_mu());
+  release_legacy_locked(d, std::move(handle), counted, shutdown_if_last);
 }
 
 // Text from the host converted to the type `like` has (or, without `like`, to what it reads as).
@@ -756,10 +762,17 @@ std::pair<PluginState, std::string> PluginManager::init_plugin(const PluginRecor
   keel_status_t status = nullptr;
   std::string thrown;
   bool threw = false;
+  // A plugin without instances keeps its state in globals that every environment's init sets and the last
+  // environment's shutdown clears: its init, the check below and its count run under legacy_mu(), so that
+  // environments created and released on several threads at once never run one's init beside another's shutdown
+  // (or two inits at once). (ThreadSanitizer, with Embedding.EnvironmentsWithTheirOwnOptionsOnSeveralThreadsAtOnce:
+  // the null plugin's shutdown cleared its host pointer right after another environment's init had set it.)
+  std::unique_lock<std::mutex> legacy_lock(legacy_mu(), std::defer_lock);
+  if (!instances) legacy_lock.lock();
   // A plugin without instances may have pointed its globals at this handle before failing: retire the handle
   // rather than free it when other environments still use the plugin.
   auto drop_legacy = [&](bool shutdown_if_last) {
-    if (!instances) release_legacy(descriptor, std::move(l->handle), false, shutdown_if_last);
+    if (!instances) release_legacy_locked(descriptor, std::move(l->handle), false, shutdown_if_last);
   };
   try {
     if (instances) {
@@ -820,10 +833,7 @@ std::pair<PluginState, std::string> PluginManager::init_plugin(const PluginRecor
     }
   }
 
-  if (!instances) {
-    std::lock_guard<std::mutex> lock(legacy_mu());
-    ++legacy_users()[descriptor].count;
-  }
+  if (!instances) ++legacy_users()[descriptor].count;  // under legacy_lock
   loaded_.push_back(std::move(l));
   return {PluginState::kLoaded, ""};
 }

@@ -34,7 +34,9 @@
 namespace keel::ops::ref {
 
 // The core's kernel API (host->kernel), stored by register_reference_kernels.
-inline const keel_kernel_api_t* g_kernel_api = nullptr;
+// Atomic: every environment created (on any thread) stores it again while other environments' kernels read it; it
+// is the core's one kernel API table, the same value each time.
+inline std::atomic<const keel_kernel_api_t*> g_kernel_api{nullptr};
 
 using Shape = std::vector<int64_t>;
 
@@ -232,7 +234,8 @@ inline TView view_of(const keel_tensor_t* t) {
 // the node, and what the kernels read and write are TViews.
 class Kctx : public sdk::KernelContext {
  public:
-  Kctx(keel_kernel_context_t* ctx, const char* op) : sdk::KernelContext(ctx, g_kernel_api), op_(op) {}
+  Kctx(keel_kernel_context_t* ctx, const char* op)
+      : sdk::KernelContext(ctx, g_kernel_api.load(std::memory_order_relaxed)), op_(op) {}
 
   const char* op() const { return op_; }
 

@@ -213,7 +213,7 @@ keel_status_t register_reference_kernels(const keel_core_api_t* host, keel_plugi
   const keel_kernel_api_t* api = host->kernel;
   if (api->abi_major != KEEL_PLUGIN_ABI_MAJOR || !KEEL_HAS_MEMBER(api, keel_kernel_api_t, thread_count))
     return make_c_status(KEEL_STATUS_ABI_MISMATCH, "register_reference_kernels: kernel API too old or mismatched");
-  ref::g_kernel_api = api;
+  ref::g_kernel_api.store(api, std::memory_order_relaxed);
   try {
     for (const Entry& e : kEntries) {
       std::string name = "ref_";
@@ -274,7 +274,8 @@ keel_status_t register_keel_kernels(const keel_core_api_t* host, keel_plugin_han
                                     size_t count, const char* who) {
   if (host == nullptr || host->register_kernel == nullptr || host->kernel == nullptr)
     return make_c_status(KEEL_STATUS_INVALID_ARGUMENT, (std::string(who) + ": core API without kernel tables").c_str());
-  if (g_kernel_api == nullptr) g_kernel_api = host->kernel;
+  const keel_kernel_api_t* unset = nullptr;
+  g_kernel_api.compare_exchange_strong(unset, host->kernel, std::memory_order_relaxed);
   auto thunk = [](void* state, keel_kernel_context_t* ctx) {
     const KeelKernel* e = static_cast<const KeelKernel*>(state);
     return run_kernel(e->op_type, e->fn, ctx);

@@ -26,11 +26,10 @@
 #include <vector>
 
 #include "common/graph_view.h"
+#include "common/pass_instance.h"
 
 namespace keel::passes {
 namespace {
-
-const keel_core_api_t* g_host = nullptr;
 
 // Ops whose results are not a function of their inputs (never folded or merged).
 bool is_random(const std::string& op) {
@@ -488,20 +487,13 @@ keel_status_t eliminate_common_subexpressions(void*, keel_graph_t* g, const keel
   });
 }
 
-keel_status_t init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
-  if (host == nullptr || host->abi_major != KEEL_PLUGIN_ABI_MAJOR || !KEEL_HAS_MEMBER(host, keel_core_api_t, options))
-    return nullptr == host ? nullptr : host->status_create(KEEL_STATUS_ABI_MISMATCH, "core API too old");
-  g_host = host;
-  const keel_graph_api_t* api = host->graph;
-  if (api == nullptr || !KEEL_HAS_MEMBER(api, keel_graph_api_t, release_tensor))
-    return host->status_create(KEEL_STATUS_ABI_MISMATCH, "graph API too old (needs evaluate)");
-  struct P {
-    const char* name;
-    const char* description;
-    keel_status_t (*run)(void*, keel_graph_t*, const keel_graph_api_t*, const keel_options_t*, const char*,
-                         keel_pass_report_t*);
-  };
-  static const P kPasses[] = {
+keel_status_t init_instance(const keel_core_api_t* host, keel_plugin_handle_t* plugin, void** out_instance) {
+  if (host != nullptr && host->abi_major == KEEL_PLUGIN_ABI_MAJOR && KEEL_HAS_MEMBER(host, keel_core_api_t, graph)) {
+    const keel_graph_api_t* api = host->graph;
+    if (api == nullptr || !KEEL_HAS_MEMBER(api, keel_graph_api_t, release_tensor))
+      return host->status_create(KEEL_STATUS_ABI_MISMATCH, "graph API too old (needs evaluate)");
+  }
+  static const PassSpec kPasses[] = {
       {"fold_constants", "evaluates nodes whose inputs are all constants, and Shape/Size of static shapes",
        fold_constants},
       {"eliminate_dead_code", "removes nodes that reach no graph output and the initializers they leave unread",
@@ -510,9 +502,7 @@ keel_status_t init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
       {"eliminate_common_subexpressions", "merges nodes with equal op, inputs and attributes, and equal constants",
        eliminate_common_subexpressions},
   };
-  for (const P& p : kPasses)
-    if (keel_status_t st = register_pass(host, plugin, p.name, p.description, p.run)) return st;
-  return nullptr;
+  return init_pass_instance(host, plugin, out_instance, kPasses);
 }
 
 const keel_plugin_t kPlugin = {.struct_size = sizeof(keel_plugin_t),
@@ -521,10 +511,10 @@ const keel_plugin_t kPlugin = {.struct_size = sizeof(keel_plugin_t),
                                .name = "canonicalize",
                                .version = "0.1.0",
                                .kind = KEEL_PLUGIN_KIND_PASS,
-                               .init = init,
+                               .init = nullptr,
                                .shutdown = nullptr,
-                               .init_instance = nullptr,
-                               .shutdown_instance = nullptr};
+                               .init_instance = init_instance,
+                               .shutdown_instance = shutdown_pass_instance};
 
 }  // namespace
 }  // namespace keel::passes

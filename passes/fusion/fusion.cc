@@ -39,12 +39,10 @@
 #include <vector>
 
 #include "common/graph_view.h"
+#include "common/pass_instance.h"
 
 namespace keel::passes {
 namespace {
-
-const keel_core_api_t* g_host = nullptr;
-keel_plugin_handle_t* g_plugin = nullptr;
 
 constexpr int32_t kKeelOpset = 1;
 
@@ -899,19 +897,8 @@ keel_status_t fuse_matmul_activation(void*, keel_graph_t* g, const keel_graph_ap
   });
 }
 
-keel_status_t init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
-  if (host == nullptr) return nullptr;
-  if (host->abi_major != KEEL_PLUGIN_ABI_MAJOR || !KEEL_HAS_MEMBER(host, keel_core_api_t, options))
-    return host->status_create(KEEL_STATUS_ABI_MISMATCH, "core API too old");
-  g_host = host;
-  g_plugin = plugin;
-  struct P {
-    const char* name;
-    const char* description;
-    keel_status_t (*run)(void*, keel_graph_t*, const keel_graph_api_t*, const keel_options_t*, const char*,
-                         keel_pass_report_t*);
-  };
-  static const P kPasses[] = {
+keel_status_t init_instance(const keel_core_api_t* host, keel_plugin_handle_t* plugin, void** out_instance) {
+  static const PassSpec kPasses[] = {
       {"fuse_conv_bn", "folds inference BatchNormalization into the preceding Conv's weights and bias", fuse_conv_bn},
       {"fuse_gelu", "recognises the decomposed Gelu (erf, or its tanh approximation) and makes keel.Gelu", fuse_gelu},
       {"fuse_layer_norm", "recognises decomposed layer normalisation and makes LayerNormalization", fuse_layer_norm},
@@ -920,9 +907,7 @@ keel_status_t init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
       {"fuse_matmul_activation", "MatMul/Gemm + bias + residual Add + activation becomes keel.FusedMatMul/FusedGemm",
        fuse_matmul_activation},
   };
-  for (const P& p : kPasses)
-    if (keel_status_t st = register_pass(host, plugin, p.name, p.description, p.run)) return st;
-  return nullptr;
+  return init_pass_instance(host, plugin, out_instance, kPasses);
 }
 
 const keel_plugin_t kPlugin = {.struct_size = sizeof(keel_plugin_t),
@@ -931,10 +916,10 @@ const keel_plugin_t kPlugin = {.struct_size = sizeof(keel_plugin_t),
                                .name = "fusion",
                                .version = "0.1.0",
                                .kind = KEEL_PLUGIN_KIND_PASS,
-                               .init = init,
+                               .init = nullptr,
                                .shutdown = nullptr,
-                               .init_instance = nullptr,
-                               .shutdown_instance = nullptr};
+                               .init_instance = init_instance,
+                               .shutdown_instance = shutdown_pass_instance};
 
 }  // namespace
 }  // namespace keel::passes

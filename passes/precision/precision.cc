@@ -41,12 +41,10 @@
 #include <vector>
 
 #include "common/graph_view.h"
+#include "common/pass_instance.h"
 
 namespace keel::passes {
 namespace {
-
-const keel_core_api_t* g_host = nullptr;
-keel_plugin_handle_t* g_plugin = nullptr;
 
 // ------------------------------------------------------------------------------------------------ conversions
 
@@ -540,21 +538,15 @@ keel_status_t convert_bf16(void*, keel_graph_t* g, const keel_graph_api_t* api, 
   return run_with("bf16", g, api, o, device, r);
 }
 
-keel_status_t init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
-  if (host == nullptr) return nullptr;
-  if (host->abi_major != KEEL_PLUGIN_ABI_MAJOR || !KEEL_HAS_MEMBER(host, keel_core_api_t, options))
-    return host->status_create(KEEL_STATUS_ABI_MISMATCH, "core API too old");
-  g_host = host;
-  g_plugin = plugin;
-  if (keel_status_t st = register_pass(host, plugin, "convert_precision",
-                                       "mixed precision: fp32 compute to fp16/bf16 (option dtype), fp32 boundaries, "
-                                       "keep-list in fp32",
-                                       convert_precision))
-    return st;
-  if (keel_status_t st =
-          register_pass(host, plugin, "convert_fp16", "convert_precision with dtype = fp16", convert_fp16))
-    return st;
-  return register_pass(host, plugin, "convert_bf16", "convert_precision with dtype = bf16", convert_bf16);
+keel_status_t init_instance(const keel_core_api_t* host, keel_plugin_handle_t* plugin, void** out_instance) {
+  static const PassSpec kPasses[] = {
+      {"convert_precision",
+       "mixed precision: fp32 compute to fp16/bf16 (option dtype), fp32 boundaries, keep-list in fp32",
+       convert_precision},
+      {"convert_fp16", "convert_precision with dtype = fp16", convert_fp16},
+      {"convert_bf16", "convert_precision with dtype = bf16", convert_bf16},
+  };
+  return init_pass_instance(host, plugin, out_instance, kPasses);
 }
 
 const keel_plugin_t kPlugin = {.struct_size = sizeof(keel_plugin_t),
@@ -563,10 +555,10 @@ const keel_plugin_t kPlugin = {.struct_size = sizeof(keel_plugin_t),
                                .name = "precision",
                                .version = "0.1.0",
                                .kind = KEEL_PLUGIN_KIND_PASS,
-                               .init = init,
+                               .init = nullptr,
                                .shutdown = nullptr,
-                               .init_instance = nullptr,
-                               .shutdown_instance = nullptr};
+                               .init_instance = init_instance,
+                               .shutdown_instance = shutdown_pass_instance};
 
 }  // namespace
 }  // namespace keel::passes

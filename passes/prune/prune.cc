@@ -48,11 +48,10 @@
 #include <vector>
 
 #include "common/graph_view.h"
+#include "common/pass_instance.h"
 
 namespace keel::passes {
 namespace {
-
-const keel_core_api_t* g_host = nullptr;
 
 bool is_weight_op(GraphView& gv, keel_node_id_t n) {
   return gv.is(n, "Conv") || gv.is(n, "Gemm") || gv.is(n, "MatMul");
@@ -922,15 +921,15 @@ keel_status_t prune(void*, keel_graph_t* g, const keel_graph_api_t* api, const k
   });
 }
 
-keel_status_t init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
-  if (host == nullptr || host->abi_major != KEEL_PLUGIN_ABI_MAJOR || !KEEL_HAS_MEMBER(host, keel_core_api_t, options))
-    return nullptr == host ? nullptr : host->status_create(KEEL_STATUS_ABI_MISMATCH, "core API too old");
-  g_host = host;
-  if (host->graph == nullptr) return host->status_create(KEEL_STATUS_ABI_MISMATCH, "no graph API");
-  return register_pass(host, plugin, "prune",
-                       "magnitude sparsity (options ratio, mode=magnitude) or structured Conv channel pruning "
-                       "(mode=channel)",
-                       prune);
+keel_status_t init_instance(const keel_core_api_t* host, keel_plugin_handle_t* plugin, void** out_instance) {
+  if (host != nullptr && host->abi_major == KEEL_PLUGIN_ABI_MAJOR && KEEL_HAS_MEMBER(host, keel_core_api_t, graph) &&
+      host->graph == nullptr)
+    return host->status_create(KEEL_STATUS_ABI_MISMATCH, "no graph API");
+  static const PassSpec kPasses[] = {
+      {"prune", "magnitude sparsity (options ratio, mode=magnitude) or structured Conv channel pruning (mode=channel)",
+       prune},
+  };
+  return init_pass_instance(host, plugin, out_instance, kPasses);
 }
 
 const keel_plugin_t kPlugin = {.struct_size = sizeof(keel_plugin_t),
@@ -939,10 +938,10 @@ const keel_plugin_t kPlugin = {.struct_size = sizeof(keel_plugin_t),
                                .name = "prune",
                                .version = "0.1.0",
                                .kind = KEEL_PLUGIN_KIND_PASS,
-                               .init = init,
+                               .init = nullptr,
                                .shutdown = nullptr,
-                               .init_instance = nullptr,
-                               .shutdown_instance = nullptr};
+                               .init_instance = init_instance,
+                               .shutdown_instance = shutdown_pass_instance};
 
 }  // namespace
 }  // namespace keel::passes

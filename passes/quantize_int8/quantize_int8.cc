@@ -50,12 +50,10 @@
 #include <vector>
 
 #include "common/graph_view.h"
+#include "common/pass_instance.h"
 
 namespace keel::passes {
 namespace {
-
-const keel_core_api_t* g_host = nullptr;
-keel_plugin_handle_t* g_plugin = nullptr;
 
 struct ActQ {
   float scale;
@@ -558,21 +556,20 @@ keel_status_t fuse_qdq(void*, keel_graph_t* g, const keel_graph_api_t* api, cons
   });
 }
 
-keel_status_t init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
-  if (host == nullptr || host->abi_major != KEEL_PLUGIN_ABI_MAJOR || !KEEL_HAS_MEMBER(host, keel_core_api_t, options))
-    return nullptr == host ? nullptr : host->status_create(KEEL_STATUS_ABI_MISMATCH, "core API too old");
-  g_host = host;
-  g_plugin = plugin;
-  if (host->graph == nullptr) return host->status_create(KEEL_STATUS_ABI_MISMATCH, "no graph API");
-  if (keel_status_t st = register_pass(host, plugin, "quantize_int8",
-                                       "INT8 QDQ quantization of Conv/MatMul/Gemm (per-channel s8 weights, u8/s8 "
-                                       "activations from range.<value> options)",
-                                       quantize))
-    return st;
-  return register_pass(host, plugin, "fuse_qdq",
-                       "QDQ Conv/MatMul/Gemm (+ Relu/Clip + QuantizeLinear) to int8 keel.QConv / keel.QGemm where the "
-                       "device has them",
-                       fuse_qdq);
+keel_status_t init_instance(const keel_core_api_t* host, keel_plugin_handle_t* plugin, void** out_instance) {
+  if (host != nullptr && host->abi_major == KEEL_PLUGIN_ABI_MAJOR && KEEL_HAS_MEMBER(host, keel_core_api_t, graph) &&
+      host->graph == nullptr)
+    return host->status_create(KEEL_STATUS_ABI_MISMATCH, "no graph API");
+  static const PassSpec kPasses[] = {
+      {"quantize_int8",
+       "INT8 QDQ quantization of Conv/MatMul/Gemm (per-channel s8 weights, u8/s8 activations from range.<value> "
+       "options)",
+       quantize},
+      {"fuse_qdq",
+       "QDQ Conv/MatMul/Gemm (+ Relu/Clip + QuantizeLinear) to int8 keel.QConv / keel.QGemm where the device has them",
+       fuse_qdq},
+  };
+  return init_pass_instance(host, plugin, out_instance, kPasses);
 }
 
 const keel_plugin_t kPlugin = {.struct_size = sizeof(keel_plugin_t),
@@ -581,10 +578,10 @@ const keel_plugin_t kPlugin = {.struct_size = sizeof(keel_plugin_t),
                                .name = "quantize_int8",
                                .version = "0.1.0",
                                .kind = KEEL_PLUGIN_KIND_PASS,
-                               .init = init,
+                               .init = nullptr,
                                .shutdown = nullptr,
-                               .init_instance = nullptr,
-                               .shutdown_instance = nullptr};
+                               .init_instance = init_instance,
+                               .shutdown_instance = shutdown_pass_instance};
 
 }  // namespace
 }  // namespace keel::passes

@@ -13,14 +13,20 @@
  */
 #include <keel/plugin.h>
 
+#include <stdatomic.h>
 #include <string.h>
 
-/* The host's tables, kept from init until shutdown (the pointer stays valid until shutdown returns). */
-static const keel_core_api_t* g_host = NULL;
+/* The host's tables, kept from init until shutdown (the pointer stays valid until shutdown returns). Atomic: a
+ * process may create environments on several threads, and each environment's init stores its table here while
+ * sessions of the others read it (the status and kernel functions are the same in every table; a plugin with
+ * per-environment state sets init_instance instead, see README.md). */
+static _Atomic(const keel_core_api_t*) g_host = NULL;
+
+static const keel_core_api_t* host_api(void) { return atomic_load_explicit(&g_host, memory_order_acquire); }
 
 /* Every failure crosses the boundary as a status object created by the host (the host releases it). */
 static keel_status_t null_unimplemented(const char* what) {
-  return g_host->status_create(KEEL_STATUS_UNIMPLEMENTED, what);
+  return host_api()->status_create(KEEL_STATUS_UNIMPLEMENTED, what);
 }
 
 /* ------------------------------------------------------------------------------------------------------------ */
@@ -44,7 +50,7 @@ static keel_status_t null_device_count(void* user_data, int32_t* out_count) {
 /* Fill in what is known; leave the rest 0. `out_props->struct_size` is set by the core: write no further. */
 static keel_status_t null_get_properties(void* user_data, int32_t device, keel_device_properties_t* out_props) {
   (void)user_data;
-  if (device != 0) return g_host->status_create(KEEL_STATUS_OUT_OF_RANGE, "null: device index out of range");
+  if (device != 0) return host_api()->status_create(KEEL_STATUS_OUT_OF_RANGE, "null: device index out of range");
   if (KEEL_HAS_MEMBER(out_props, keel_device_properties_t, name)) {
     strncpy(out_props->name, "Keel null device (does nothing)", sizeof(out_props->name) - 1);
     out_props->name[sizeof(out_props->name) - 1] = '\0';
@@ -131,7 +137,7 @@ static keel_status_t null_relu_create(void* user_data, keel_kernel_context_t* ct
   return NULL;
 }
 
-/* Required. Read inputs through g_host->kernel, allocate outputs with g_host->kernel->output, write them. */
+/* Required. Read inputs through host_api()->kernel, allocate outputs with host_api()->kernel->output, write them. */
 static keel_status_t null_relu_compute(void* state, keel_kernel_context_t* ctx) {
   (void)state, (void)ctx;
   return null_unimplemented("null: Relu compute is not implemented");
@@ -153,7 +159,7 @@ static keel_status_t null_init(const keel_core_api_t* host, keel_plugin_handle_t
 
   /* A newer core may hand a larger table; an older one a smaller one. Check what you use. */
   if (!KEEL_HAS_MEMBER(host, keel_core_api_t, register_kernel)) return NULL; /* cannot even report: skip quietly */
-  g_host = host;
+  atomic_store_explicit(&g_host, host, memory_order_release);
 
   /* The table is copied by the core; user_data and the function pointers must stay valid until shutdown. */
   memset(&table, 0, sizeof(table));
@@ -208,7 +214,7 @@ static keel_status_t null_init(const keel_core_api_t* host, keel_plugin_handle_t
 }
 
 /* Optional. Called once before the library is unloaded, after every session using it is gone. */
-static void null_shutdown(void) { g_host = NULL; }
+static void null_shutdown(void) { atomic_store_explicit(&g_host, NULL, memory_order_release); }
 
 static const keel_plugin_t kNullPlugin = {
     .struct_size = sizeof(keel_plugin_t),

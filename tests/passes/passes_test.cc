@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <random>
 
 #include "core/base/pass_manager.h"
@@ -567,6 +568,34 @@ TEST(FuseConvActivation, KeepsTheDevicesHigherRankedKernels) {
   bool noted = false;
   for (const auto& n : reports[0].notes) noted = noted || n.find("ranks below Conv's") != std::string::npos;
   EXPECT_TRUE(noted);
+}
+
+// A pass asks the registry of the environment it runs in, whatever environment was created last: beside this one
+// (oneDNN's Conv ranked above keel.FusedConv's reference kernel), an environment with the fusion pass alone (reference
+// kernels only: keel.FusedConv ranks as Conv there) fuses, and this one still does not. (The pass plugins kept one
+// global plugin handle, the last initialised environment's, so this pass asked the other environment's registry.)
+TEST(FuseConvActivation, AsksTheRegistryOfTheEnvironmentItRunsIn) {
+  const int32_t fused = best_priority("keel", "FusedConv", 1), conv = best_priority("", "Conv", 17);
+  if (fused >= conv) GTEST_SKIP() << "no Conv kernel ranked above keel.FusedConv's here (oneDNN not loaded)";
+  EnvironmentOptions o;
+  o.discover_plugins = false;
+  const char* dir = std::getenv("KEEL_PASSES_PLUGIN_DIR");
+  o.libraries.emplace_back(std::filesystem::path(dir ? dir : KEEL_PASSES_PLUGIN_DIR_DEFAULT) /
+                           "libkeel_pass_fusion.so");
+  auto other = Environment::create(o);
+  ASSERT_TRUE(other.is_ok()) << other.status().to_string();
+  const std::vector<PassSpec> pipeline{PassSpec{"fuse_conv_activation", {}}};
+  Graph there = conv_residual_relu();
+  ASSERT_TRUE(infer_shapes(there).is_ok());
+  keel_graph_s view;
+  view.graph = &there;
+  view.env = other.value().get();
+  auto r = PassManager(other.value()->registry(), graph_api()).run(there, &view, pipeline, "cpu");
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(count_op(there, "FusedConv", "keel"), 1u) << "reference kernels only: keel.FusedConv ranks as Conv";
+  Graph here = conv_residual_relu();
+  run_passes(here, pipeline);
+  EXPECT_EQ(count_op(here, "FusedConv", "keel"), 0u) << "this environment's oneDNN Conv ranks above keel.FusedConv";
 }
 
 TEST(Pipeline, OptimizedGraphSavesAndReloadsAsOnnx) {

@@ -760,7 +760,10 @@ typedef struct keel_plugin_s {
    * ignored and shutdown_instance not called). Calls for different environments may come from different threads
    * at the same time. `init` may stay set for cores older than 1.5, which call it instead (and shutdown with it).
    * A plugin without init_instance is initialised by `init` once per environment, and its `shutdown` is called when
-   * the last environment that initialised it is released (not at each release: its globals are shared).
+   * the last environment that initialised it is released (not at each release: its globals are shared). The core
+   * calls such a plugin's `init` for one environment at a time and never beside its `shutdown`, even when
+   * environments are created and released on several threads; its entries may still run (for other environments'
+   * sessions) while an `init` stores its globals, so a global written there should be atomic.
    */
   keel_status_t (*init_instance)(const keel_core_api_t* host, keel_plugin_handle_t* plugin, void** out_instance);
   void (*shutdown_instance)(void* instance); /* (ABI 1.5, optional) required with init_instance */
