@@ -13,6 +13,7 @@
 #include <keel/kernel.hpp>
 #include <keel/shape.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -21,7 +22,10 @@ namespace keel::cuda {
 
 using Dims = std::vector<int64_t>;
 
-extern const keel_core_api_t* g_host;
+// The host's table (set by init, cleared by shutdown). Atomic: each environment's init stores its table while
+// sessions of other environments read it (the status and kernel functions are the same in every table).
+extern std::atomic<const keel_core_api_t*> g_host;
+inline const keel_core_api_t* host_api() { return g_host.load(std::memory_order_acquire); }
 
 // The SDK's C++ layer (sdk/include/keel/kernel.hpp, shape.hpp): Reject, Failure, element counts, dims_str.
 using sdk::dims_str;
@@ -35,10 +39,10 @@ void check_cuda(cudaError_t e, const char* what);
 // Bytes of one element (sdk::dtype_size as int32_t); 0 for dtypes without a fixed size (STRING, UNDEFINED).
 inline int32_t dtype_size(int32_t dtype) { return static_cast<int32_t>(sdk::dtype_size(dtype)); }
 
-// The kernel context (g_host->kernel) with the CUDA view of its device, stream and workspace.
+// The kernel context (host_api()->kernel) with the CUDA view of its device, stream and workspace.
 class Ctx : public sdk::KernelContext {
  public:
-  explicit Ctx(keel_kernel_context_t* c) : sdk::KernelContext(c, g_host->kernel) {}
+  explicit Ctx(keel_kernel_context_t* c) : sdk::KernelContext(c, host_api()->kernel) {}
   int32_t device() const { return device_index(); }
   cudaStream_t stream() const { return reinterpret_cast<cudaStream_t>(sdk::KernelContext::stream()); }
   // Scratch memory on the kernel's device for this compute call (the core frees it, stream-ordered, when compute

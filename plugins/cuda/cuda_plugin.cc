@@ -26,9 +26,9 @@
 
 namespace keel::cuda {
 
-const keel_core_api_t* g_host = nullptr;
+std::atomic<const keel_core_api_t*> g_host{nullptr};
 
-keel_status_t make_status(int32_t code, const std::string& msg) { return g_host->status_create(code, msg.c_str()); }
+keel_status_t make_status(int32_t code, const std::string& msg) { return host_api()->status_create(code, msg.c_str()); }
 
 void check_cuda(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return;
@@ -256,7 +256,7 @@ bool host_oom(sdk::Stage stage, sdk::Outcome* out) {
 keel_status_t kernel_create(void* user_data, keel_kernel_context_t* ctx, void** out_state) {
   const auto* info = static_cast<const KernelInfo*>(user_data);
   return sdk::guard(
-      g_host, sdk::Stage::kCreate,
+      host_api(), sdk::Stage::kCreate,
       [&] {
         std::unique_ptr<Kernel> k(info->make());
         Ctx c(ctx);
@@ -268,7 +268,7 @@ keel_status_t kernel_create(void* user_data, keel_kernel_context_t* ctx, void** 
 
 keel_status_t kernel_compute(void* state, keel_kernel_context_t* ctx) {
   return sdk::guard(
-      g_host, sdk::Stage::kCompute,
+      host_api(), sdk::Stage::kCompute,
       [&] {
         Ctx c(ctx);
         check_cuda(cudaSetDevice(c.device()), "cudaSetDevice");
@@ -283,7 +283,7 @@ keel_status_t cuda_init(const keel_core_api_t* host, keel_plugin_handle_t* plugi
   if (!KEEL_HAS_MEMBER(host, keel_core_api_t, register_kernel) || host->kernel == nullptr ||
       !KEEL_HAS_MEMBER(host->kernel, keel_kernel_api_t, stream))
     return nullptr;  // a core too old to serve us: register nothing (recorded as "no device present")
-  g_host = host;
+  g_host.store(host, std::memory_order_release);
   try {
     // Ask the runtime before registering anything: no driver / no GPU is a skip with the runtime's reason.
     int32_t count = 0;
@@ -355,7 +355,7 @@ keel_status_t cuda_init(const keel_core_api_t* host, keel_plugin_handle_t* plugi
 void cuda_shutdown() {
   blas_shutdown();
   dnn_shutdown();
-  g_host = nullptr;
+  g_host.store(nullptr, std::memory_order_release);
 }
 
 const keel_plugin_t kCudaPlugin = {.struct_size = sizeof(keel_plugin_t),

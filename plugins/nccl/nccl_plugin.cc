@@ -24,9 +24,13 @@
 
 namespace {
 
-const keel_core_api_t* g_host = nullptr;
+// Atomic: each environment's init stores its table while other environments' communicators make statuses with it
+// (status_create is the same function in every table).
+std::atomic<const keel_core_api_t*> g_host{nullptr};
 
-keel_status_t make_status(int32_t code, const std::string& m) { return g_host->status_create(code, m.c_str()); }
+keel_status_t make_status(int32_t code, const std::string& m) {
+  return g_host.load(std::memory_order_acquire)->status_create(code, m.c_str());
+}
 
 constexpr int64_t kDefaultTimeoutMs = 5 * 60 * 1000;
 
@@ -303,7 +307,7 @@ keel_status_t c_barrier(void*, keel_communicator_t comm, keel_stream_t stream) {
 
 keel_status_t nccl_init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
   if (!KEEL_HAS_MEMBER(host, keel_core_api_t, register_collective)) return nullptr;
-  g_host = host;
+  g_host.store(host, std::memory_order_release);
   std::string why = no_device_reason();
   if (!why.empty()) return make_status(KEEL_STATUS_UNAVAILABLE, why);
   int version = 0;
@@ -334,7 +338,7 @@ keel_status_t nccl_init(const keel_core_api_t* host, keel_plugin_handle_t* plugi
   return nullptr;
 }
 
-void nccl_shutdown() { g_host = nullptr; }
+void nccl_shutdown() { g_host.store(nullptr, std::memory_order_release); }
 
 const keel_plugin_t kNcclPlugin = {.struct_size = sizeof(keel_plugin_t),
                                    .abi_major = KEEL_PLUGIN_ABI_MAJOR,
