@@ -488,11 +488,6 @@ keel_status_t eliminate_common_subexpressions(void*, keel_graph_t* g, const keel
 }
 
 keel_status_t init_instance(const keel_core_api_t* host, keel_plugin_handle_t* plugin, void** out_instance) {
-  if (host != nullptr && host->abi_major == KEEL_PLUGIN_ABI_MAJOR && KEEL_HAS_MEMBER(host, keel_core_api_t, graph)) {
-    const keel_graph_api_t* api = host->graph;
-    if (api == nullptr || !KEEL_HAS_MEMBER(api, keel_graph_api_t, release_tensor))
-      return host->status_create(KEEL_STATUS_ABI_MISMATCH, "graph API too old (needs evaluate)");
-  }
   static const PassSpec kPasses[] = {
       {"fold_constants", "evaluates nodes whose inputs are all constants, and Shape/Size of static shapes",
        fold_constants},
@@ -502,7 +497,12 @@ keel_status_t init_instance(const keel_core_api_t* host, keel_plugin_handle_t* p
       {"eliminate_common_subexpressions", "merges nodes with equal op, inputs and attributes, and equal constants",
        eliminate_common_subexpressions},
   };
-  return init_pass_instance(host, plugin, out_instance, kPasses);
+  return init_pass_instance(host, plugin, out_instance, kPasses, [](const keel_core_api_t* h) -> const char* {
+    const keel_graph_api_t* api = h->graph;
+    return api == nullptr || !KEEL_HAS_MEMBER(api, keel_graph_api_t, release_tensor)
+               ? "graph API too old (needs evaluate)"
+               : nullptr;
+  });
 }
 
 const keel_plugin_t kPlugin = {.struct_size = sizeof(keel_plugin_t),

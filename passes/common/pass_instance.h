@@ -58,14 +58,17 @@ keel_status_t bound_run(void* user_data, keel_graph_t* graph, const keel_graph_a
   return status;
 }
 
-// The plugin's init_instance: registers `passes` for this environment. A core without register_pass or with another
-// ABI major is told so (ABI_MISMATCH).
+// The plugin's init_instance: registers `passes` for this environment. A core with another ABI major or without the
+// options API is told so (ABI_MISMATCH), as is one that `missing` (when given) finds lacking: it returns what is
+// missing, or NULL.
 template <size_t N>
 keel_status_t init_pass_instance(const keel_core_api_t* host, keel_plugin_handle_t* plugin, void** out_instance,
-                                 const PassSpec (&passes)[N]) {
+                                 const PassSpec (&passes)[N],
+                                 const char* (*missing)(const keel_core_api_t*) = nullptr) {
   if (host == nullptr) return nullptr;
   if (host->abi_major != KEEL_PLUGIN_ABI_MAJOR || !KEEL_HAS_MEMBER(host, keel_core_api_t, options))
     return host->status_create(KEEL_STATUS_ABI_MISMATCH, "core API too old");
+  if (const char* what = missing ? missing(host) : nullptr) return host->status_create(KEEL_STATUS_ABI_MISMATCH, what);
   auto instance = std::make_unique<PassInstance>();
   instance->host = host;
   instance->handle = plugin;

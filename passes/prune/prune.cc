@@ -922,14 +922,13 @@ keel_status_t prune(void*, keel_graph_t* g, const keel_graph_api_t* api, const k
 }
 
 keel_status_t init_instance(const keel_core_api_t* host, keel_plugin_handle_t* plugin, void** out_instance) {
-  if (host != nullptr && host->abi_major == KEEL_PLUGIN_ABI_MAJOR && KEEL_HAS_MEMBER(host, keel_core_api_t, graph) &&
-      host->graph == nullptr)
-    return host->status_create(KEEL_STATUS_ABI_MISMATCH, "no graph API");
   static const PassSpec kPasses[] = {
       {"prune", "magnitude sparsity (options ratio, mode=magnitude) or structured Conv channel pruning (mode=channel)",
        prune},
   };
-  return init_pass_instance(host, plugin, out_instance, kPasses);
+  return init_pass_instance(host, plugin, out_instance, kPasses, [](const keel_core_api_t* h) -> const char* {
+    return h->graph == nullptr ? "no graph API" : nullptr;
+  });
 }
 
 const keel_plugin_t kPlugin = {.struct_size = sizeof(keel_plugin_t),

@@ -37,7 +37,6 @@ keel_status_t make_status(int32_t code, const std::string& msg) {
 
 InstanceScope::InstanceScope(const Instance* instance) : previous_(t_instance) { t_instance = instance; }
 InstanceScope::~InstanceScope() { t_instance = previous_; }
-const Instance* current_instance() { return t_instance; }
 const Options& options() {
   static const Options defaults;
   return t_instance ? t_instance->options : defaults;
@@ -139,7 +138,8 @@ struct DnnlErrors {
 
 }  // namespace
 
-keel_status_t create_kernel(const KernelEntry* entry, keel_kernel_context_t* ctx, void** out_state) {
+keel_status_t create_kernel(void* user_data, keel_kernel_context_t* ctx, void** out_state) {
+  const KernelEntry* entry = static_cast<const KernelEntry*>(user_data);
   InstanceScope scope(entry->instance);
   return sdk::guard(
       entry->instance->host, sdk::Stage::kCreate,
@@ -153,10 +153,7 @@ keel_status_t create_kernel(const KernelEntry* entry, keel_kernel_context_t* ctx
       std::string(), DnnlErrors{true});
 }
 
-keel_status_t kernel_entry_create(void* user_data, keel_kernel_context_t* ctx, void** out_state) {
-  return create_kernel(static_cast<const KernelEntry*>(user_data), ctx, out_state);
-}
-
+namespace {
 keel_status_t compute_kernel(void* state, keel_kernel_context_t* ctx, bool dnnl_error_falls_back) {
   Kernel* k = static_cast<Kernel*>(state);
   InstanceScope scope(k->instance);
@@ -168,6 +165,14 @@ keel_status_t compute_kernel(void* state, keel_kernel_context_t* ctx, bool dnnl_
         k->run(c);
       },
       std::string(), DnnlErrors{dnnl_error_falls_back});
+}
+}  // namespace
+
+keel_status_t compute_kernel_falling_back(void* state, keel_kernel_context_t* ctx) {
+  return compute_kernel(state, ctx, true);
+}
+keel_status_t compute_kernel_failing(void* state, keel_kernel_context_t* ctx) {
+  return compute_kernel(state, ctx, false);
 }
 
 void release_kernel(void* state) {

@@ -90,7 +90,8 @@ keel_status_t make_status(int32_t code, const std::string& m) {
 
 constexpr int64_t kDefaultTimeoutMs = 5 * 60 * 1000;
 
-// An environment's settings of this plugin, read once by its init_instance (the environment's plugin options, which
+// An environment's settings of this plugin, and its whole plugin state (the ABI 1.5 instance, the collective table's
+// user_data, handed to shutdown_instance), read once by its init_instance (the environment's plugin options, which
 // are the manifest's [options] with the host's merged over them; then the KEEL_GLOO_* variables). Each communicator
 // keeps a copy: the entries after c_create need no instance.
 struct Settings {
@@ -107,11 +108,6 @@ struct Settings {
   bool cross_memory = true;
   // KEEL_GLOO_SOCKET_BUFFER=0 keeps Linux's socket buffer sizes (for measuring; size_mesh_buffers).
   bool size_socket_buffers = true;
-};
-
-// One environment's plugin state (ABI 1.5 instances): what its init_instance read, handed to shutdown_instance.
-struct Instance {
-  Settings settings;
 };
 
 // Slot prefixes of this plugin's own messages (Gloo's own algorithms use 0x01-0x08).
@@ -1275,7 +1271,7 @@ keel_status_t c_create(void* user_data, keel_kv_store_t* store, int32_t rank, in
     return make_status(KEEL_STATUS_INVALID_ARGUMENT, "gloo: a key-value store is required for more than one rank");
   if (timeout_ms <= 0) timeout_ms = kDefaultTimeoutMs;
   auto c = std::make_unique<Comm>();
-  c->settings = static_cast<const Instance*>(user_data)->settings;
+  c->settings = *static_cast<const Settings*>(user_data);
   c->rank = rank;
   c->size = size;
   c->timeout = milliseconds(timeout_ms);
@@ -1738,13 +1734,13 @@ keel_status_t read_settings(const keel_core_api_t* host, Settings* out) {
   return nullptr;
 }
 
-// One call per environment that loads the plugin: its own settings and table (user_data: the instance).
+// One call per environment that loads the plugin: its own settings and table (user_data: the settings).
 keel_status_t gloo_init_instance(const keel_core_api_t* host, keel_plugin_handle_t* plugin, void** out_instance) {
   if (!KEEL_HAS_MEMBER(host, keel_core_api_t, register_collective)) return nullptr;  // a core without collectives
   g_status_create.store(host->status_create, std::memory_order_release);
-  auto inst = std::make_unique<Instance>();
-  if (keel_status_t s = read_settings(host, &inst->settings)) return s;
-  const Settings& st = inst->settings;
+  auto inst = std::make_unique<Settings>();
+  if (keel_status_t s = read_settings(host, inst.get())) return s;
+  const Settings& st = *inst;
 
   keel_collective_table_t t;
   std::memset(&t, 0, sizeof t);
@@ -1778,7 +1774,7 @@ keel_status_t gloo_init_instance(const keel_core_api_t* host, keel_plugin_handle
 }
 
 // An environment's communicators are released before it (as its sessions: they call through its registry).
-void gloo_shutdown_instance(void* instance) { delete static_cast<Instance*>(instance); }
+void gloo_shutdown_instance(void* instance) { delete static_cast<Settings*>(instance); }
 
 const keel_plugin_t kGlooPlugin = {.struct_size = sizeof(keel_plugin_t),
                                    .abi_major = KEEL_PLUGIN_ABI_MAJOR,

@@ -166,14 +166,13 @@ struct KernelEntry {
   Kernel* (*make)();
 };
 // The C entries of every oneDNN kernel (plugin.cc), each inside an InstanceScope of the kernel's instance.
-// create_kernel makes the kernel with the entry's `make` and runs its setup; anything it throws becomes
-// UNIMPLEMENTED, so the next kernel takes the node. compute_kernel runs it; a Failure keeps its code, a Reject is
-// UNIMPLEMENTED, a oneDNN error is UNIMPLEMENTED when `dnnl_error_falls_back` (the next kernel runs this case) and
-// INTERNAL otherwise. release_kernel deletes it. kernel_entry_create is create_kernel as a keel_kernel_def_t.create
-// (user_data: the KernelEntry).
-keel_status_t create_kernel(const KernelEntry* entry, keel_kernel_context_t* ctx, void** out_state);
-keel_status_t kernel_entry_create(void* user_data, keel_kernel_context_t* ctx, void** out_state);
-keel_status_t compute_kernel(void* state, keel_kernel_context_t* ctx, bool dnnl_error_falls_back);
+// create_kernel (user_data: the KernelEntry) makes the kernel with the entry's `make` and runs its setup; anything it
+// throws becomes UNIMPLEMENTED, so the next kernel takes the node. compute_kernel_* run it; a Failure keeps its code,
+// a Reject is UNIMPLEMENTED, a oneDNN error is UNIMPLEMENTED with compute_kernel_falling_back (the next kernel runs
+// this case) and INTERNAL with compute_kernel_failing. release_kernel deletes it.
+keel_status_t create_kernel(void* user_data, keel_kernel_context_t* ctx, void** out_state);
+keel_status_t compute_kernel_falling_back(void* state, keel_kernel_context_t* ctx);
+keel_status_t compute_kernel_failing(void* state, keel_kernel_context_t* ctx);
 void release_kernel(void* state);
 std::vector<KernelInfo> conv_kernels();
 std::vector<KernelInfo> matmul_kernels();
@@ -231,16 +230,15 @@ class InstanceScope {
  private:
   const Instance* previous_;
 };
-// The instance of the entry this thread is in (NULL outside every entry).
-const Instance* current_instance();
-// Its options (the defaults outside every entry, which no kernel or chain code is).
+// The options of the instance of the entry this thread is in (the defaults outside every entry, which no kernel or
+// chain code is).
 const Options& options();
 // Logs to the current instance's environment (dropped outside every entry).
 void host_log(int32_t level, const std::string& msg);
 
 // An entry of a registration table (kernels/train.cc, kernels/bf16.cc, and the f32 tables above as plugin.cc
 // converts them): the allowed dtypes of type parameter "T". register_kernel_table (kernels/train.cc) registers a table
-// (which must outlive the plugin) for "cpu", its kernels computing with compute_kernel(..., dnnl_error_falls_back).
+// (which must outlive the plugin) for "cpu", its kernels computing with compute_kernel_falling_back or _failing.
 struct TypedKernelInfo {
   const char* domain;
   const char* op_type;

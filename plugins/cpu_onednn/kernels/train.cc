@@ -943,9 +943,6 @@ const std::vector<TypedKernelInfo>& train_kernels() {
   return k;
 }
 
-keel_status_t compute_falling_back(void* state, keel_kernel_context_t* ctx) { return compute_kernel(state, ctx, true); }
-keel_status_t compute_failing(void* state, keel_kernel_context_t* ctx) { return compute_kernel(state, ctx, false); }
-
 }  // namespace
 
 keel_status_t register_kernel_table(Instance& instance, const std::vector<TypedKernelInfo>& table,
@@ -966,8 +963,8 @@ keel_status_t register_kernel_table(Instance& instance, const std::vector<TypedK
     def.constraints = &tc;
     def.constraint_count = 1;
     def.user_data = &instance.kernels.emplace_back(KernelEntry{&instance, info.make});
-    def.create = kernel_entry_create;
-    def.compute = dnnl_error_falls_back ? compute_falling_back : compute_failing;
+    def.create = create_kernel;
+    def.compute = dnnl_error_falls_back ? compute_kernel_falling_back : compute_kernel_failing;
     def.release = release_kernel;
     if (keel_status_t st = instance.host->register_kernel(instance.handle, &def)) return st;
   }
