@@ -2,7 +2,8 @@
 # tools/gpu_check.sh — check Keel's CUDA plugin on an air-gapped GPU host (issue 8).
 #
 #   tools/gpu_check.sh bundle [--build DIR] [--out DIR] [--max-mb N] [--dry-run]
-#       On the build machine: pack build/bin/keel (+ keel-cts and the cuda/nccl test binaries when built),
+#       On the build machine: pack build/bin/keel (+ keel-cts, the cuda/nccl, I/O-binding and device-index test
+#       binaries when built),
 #       build/lib/libkeel_*.so* (libkeel_core and libkeel_train, which the binaries link), the plugins a GPU run
 #       uses (build/lib/keel/plugins/: every plugin but the host-only ones, cpu_onednn, gloo and the null skeleton,
 #       whose libraries are most of a bundle: oneDNN alone is 38 MB; host fallbacks run on the core's reference
@@ -17,15 +18,16 @@
 #       the nvidia-* wheels' libraries of the host python3, generates the models with make_models.py (TorchScript
 #       exporter), runs `keel plugins`, the device conformance suite on cuda (keel-cts), the NCCL and cuda plugin
 #       tests, `keel run --device cuda` on every model against the PyTorch reference output (fp32: rtol 1e-3;
-#       --precision fp16: rtol 1e-2), then benchmarks ResNet-18 and the transformer encoder at batch 1 and 64, fp32
+#       --precision fp16: rtol 1e-2, or within twice PyTorch's own fp16 error on the card), then benchmarks ResNet-18 and the transformer encoder at batch 1 and 64, fp32
 #       and fp16, Keel (`keel bench --device cuda --json`) against PyTorch eager on the same GPU
 #       (gpu_torch_bench.py) and prints a table of latencies, throughputs and ratios with the issue's targets
 #       (batch 64 fp16: Keel >= 1.1x PyTorch's throughput; batch 1: Keel's latency no worse). The training step
 #       trains SimpleCNN and the LeNet-like model in fp32 and fp16 on the card and prints their accuracy against
 #       Keel's CPU run (±0.5 point), their epoch time against PyTorch eager's (gpu_torch_bench.py --train; Keel
-#       <= 0.8x) and the fp16 / fp32 ratio of their peak memory (<= 0.65). --steps runs a subset of models,
-#       plugins, cts, tests, infer, dp, train, bench (default: all); --train-device cpu runs the training step
-#       on the host (checks the script where there is no GPU). Every step has a
+#       <= 0.8x) and the fp16 / fp32 ratio of their peak memory (<= 0.65). The profile step prints where the time
+#       goes (KEEL_EAGER_PROFILE's second epoch of training, keel bench --profile of ResNet-18). --steps runs a
+#       subset of models, plugins, cts, tests, infer, dp, train, bench, profile (default: all); --train-device cpu
+#       runs the training step on the host (checks the script where there is no GPU). Every step has a
 #       timeout inside an overall budget (default 470 s, under 8 minutes) and prints the elapsed time. Exit status:
 #       0 when every check passed (targets missed are reported, not failures). --dry-run prints the plan only.
 set -uo pipefail
@@ -35,7 +37,7 @@ repo="$(cd "$here/.." && pwd)"
 mode="${1:-}"
 [[ $# -gt 0 ]] && shift
 die() { echo "gpu_check: $*" >&2; exit 2; }
-usage() { sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,32p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 case "$mode" in
   bundle)
@@ -56,7 +58,7 @@ case "$mode" in
     [[ -f "$gen" ]] || gen="/work/shared/peers/make_models.py"
     [[ -f "$gen" ]] || { echo "gpu_check: warning: no ../shared/peers/make_models.py: the bundle's run will need --bundle beside a checkout that has it" >&2; gen=""; }
     bins=("$build/bin/keel")
-    for b in keel-cts nccl_plugin_test cuda_plugin_test; do
+    for b in keel-cts nccl_plugin_test cuda_plugin_test io_binding_test device_index_test; do
       [[ -x "$build/bin/$b" ]] && bins+=("$build/bin/$b")
     done
     torch_bench="$repo/tools/gpu_torch_bench.py"
@@ -108,7 +110,7 @@ case "$mode" in
   run)
     bundle="$here"; models="simple_cnn,simple_cnn_b32,resnet18,mobilenet_v2,squeezenet1_1,transformer_enc"
     work="${TMPDIR:-/tmp}/keel-gpu-check"; dry=0; budget=470
-    steps="models,plugins,cts,tests,infer,dp,train,bench"; train_device=cuda
+    steps="models,plugins,cts,tests,infer,dp,train,bench,profile"; train_device=cuda
     while [[ $# -gt 0 ]]; do
       case "$1" in
         --bundle) bundle="${2:?--bundle DIR}"; shift 2 ;;
@@ -123,7 +125,7 @@ case "$mode" in
       esac
     done
     for s in ${steps//,/ }; do
-      [[ $s =~ ^(models|plugins|cts|tests|infer|dp|train|bench)$ ]] || die "run: --steps: unknown step '$s'"
+      [[ $s =~ ^(models|plugins|cts|tests|infer|dp|train|bench|profile)$ ]] || die "run: --steps: unknown step '$s'"
     done
     want() { [[ ",$steps," == *",$1,"* ]]; }
     [[ -x "$bundle/bin/keel" || ! -x "$repo/gpu-bundle/bin/keel" ]] || bundle="$repo/gpu-bundle"  # run from a checkout
@@ -149,7 +151,10 @@ for r in roots:
 print(":".join(sorted(dirs)))
 PY
 )"
-    export LD_LIBRARY_PATH="$bundle/lib:$bundle/deps${wheel_libs:+:$wheel_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    # The toolkit's own libraries last, where the host has a toolkit beside (or instead of) the wheels.
+    cuda_libs=""
+    for d in /usr/local/cuda/lib64 /usr/local/cuda/lib; do [[ -d $d ]] && cuda_libs="${cuda_libs:+$cuda_libs:}$d"; done
+    export LD_LIBRARY_PATH="$bundle/lib:$bundle/deps${wheel_libs:+:$wheel_libs}${cuda_libs:+:$cuda_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     keel="$bundle/bin/keel"
     bench_models="resnet18 transformer_enc"
     echo "gpu_check: bundle $bundle, models $models, work $work, budget $budget s"
@@ -220,10 +225,34 @@ for name in bench:
     make_models.MODELS[name] = (seed, builder, (64,) + tuple(shape[1:]))
     make_models.export(name, os.path.join(out, "b64"))
     make_models.MODELS[name] = (seed, builder, shape)
+# The yardstick for Keel's fp16 outputs: PyTorch's own fp16 error on the card (the model in half precision, same
+# input) against the fp32 reference, per model, in torch_fp16_err.txt beside the model.
+if torch.cuda.is_available():
+    import numpy as np
+    from onnx import numpy_helper
+    import onnx
+    for name in names:
+        try:
+            m, x = make_models.build_model(name)
+            ref = onnx.TensorProto()
+            ref.ParseFromString(open(os.path.join(out, name, "test_data_set_0", "output_0.pb"), "rb").read())
+            ref = numpy_helper.to_array(ref).astype(np.float64)
+            with torch.no_grad():
+                yh = m.half().cuda()(x.half().cuda()).float().cpu().numpy().astype(np.float64)
+            err = float(np.abs(yh - ref).max())
+            open(os.path.join(out, name, "torch_fp16_err.txt"), "w").write(f"{err:.6e}\n")
+            print(f"[{name}] PyTorch fp16 on the card: max abs err {err:.3e} against the fp32 reference")
+        except Exception as e:  # noqa: BLE001 (a yardstick only: its absence leaves the plain rtol check)
+            print(f"[{name}] no PyTorch fp16 yardstick: {type(e).__name__}: {e}")
 PY
     fi
     if want plugins; then
       step "keel plugins"
+      nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>&1 | sed 's/^/  gpu: /'
+      for so in "$bundle"/lib/keel/plugins/*.so; do  # a library the loader cannot find is the first thing to rule out
+        missing=$(ldd "$so" 2>&1 | grep 'not found')
+        [[ -z "$missing" ]] || echo "  $(basename "$so"): $missing"
+      done
       run_timed 20 "$keel" plugins || fails=$((fails+1))
     fi
     if want cts; then
@@ -233,17 +262,22 @@ PY
       fi
     fi
     if want tests; then
-      for t in nccl_plugin_test cuda_plugin_test; do
+      for t in nccl_plugin_test cuda_plugin_test io_binding_test device_index_test; do
         [[ -x "$bundle/bin/$t" ]] || continue
         step "$t"
         to=60; [[ $t == cuda_plugin_test ]] && to=90
-        run_timed $to "$bundle/bin/$t" --gtest_brief=1 || fails=$((fails+1))
+        # The I/O-binding and device-index suites' GPU cases only: their other cases load test plugins and run the
+        # keel binary from the build tree, which the bundle does not carry (CI runs them).
+        filter='*'
+        [[ $t == io_binding_test ]] && filter='IoBindingCuda.*'
+        [[ $t == device_index_test ]] && filter='DeviceIndexGpu.*'
+        run_timed $to "$bundle/bin/$t" --gtest_brief=1 "--gtest_filter=$filter" || fails=$((fails+1))
       done
     fi
     if want infer; then
-      compare() {  # compare REF OUT RTOL
-        "$py" - "$1" "$2" "$3" <<'PY'
-import sys, numpy as np, onnx
+      compare() {  # compare REF OUT RTOL [YARDSTICK]: YARDSTICK = PyTorch's fp16 max abs error on the same input
+        "$py" - "$1" "$2" "$3" "${4:-}" <<'PY'
+import os, sys, numpy as np, onnx
 from onnx import numpy_helper
 def load(p):
     t = onnx.TensorProto(); t.ParseFromString(open(p, "rb").read()); return numpy_helper.to_array(t).astype(np.float64)
@@ -251,9 +285,16 @@ ref, out, rtol = load(sys.argv[1]), load(sys.argv[2]), float(sys.argv[3])
 ok = out.shape == ref.shape
 err = np.abs(out - ref) if ok else np.array([np.inf])
 tol = 0.1 * rtol * max(1.0, np.abs(ref).max()) + rtol * np.abs(ref)
-ok = ok and bool((err <= tol).all())
-print(f"  max abs err {err.max():.3e}, max |ref| {np.abs(ref).max():.3e}: {'OK' if ok else 'MISMATCH'} (rtol {rtol:g})")
-sys.exit(0 if ok else 1)
+within = ok and bool((err <= tol).all())
+note = f"rtol {rtol:g}"
+yard = sys.argv[4] if len(sys.argv) > 4 else ""
+if ok and not within and yard and os.path.exists(yard):
+    # Half precision through a deep network: no worse than twice PyTorch's own fp16 error on the card.
+    t = float(open(yard).read())
+    within = float(err.max()) <= 2 * t
+    note += f"; PyTorch fp16 max abs err {t:.3e}, allowed 2x"
+print(f"  max abs err {err.max():.3e}, max |ref| {np.abs(ref).max():.3e}: {'OK' if within else 'MISMATCH'} ({note})")
+sys.exit(0 if within else 1)
 PY
       }
       for m in ${models//,/ }; do
@@ -267,7 +308,8 @@ PY
           if ! run_timed 25 "$keel" run --device cuda "${pflag[@]}" -i "input=$d/test_data_set_0/input_0.pb" -o "$o" --print 0 "$d/model.onnx"; then
             fails=$((fails+1)); continue
           fi
-          compare "$d/test_data_set_0/output_0.pb" "$o/output_0.pb" "$rtol" || fails=$((fails+1))
+          yard=""; [[ $prec == fp16 ]] && yard="$d/torch_fp16_err.txt"
+          compare "$d/test_data_set_0/output_0.pb" "$o/output_0.pb" "$rtol" "$yard" || fails=$((fails+1))
         done
       done
     fi
@@ -467,6 +509,29 @@ for key in sorted(set(k) | set(t), key=lambda x: (x[0], x[1], x[2] != "fp32")):
     print(f"{key[0]:16s} {key[1]:5d} {key[2]:4s} {km} {tm} {kt} {tt} {(f'{ratio:6.2f}' if ratio else '     -')}  {target}")
 print(f"targets met: {met}/{total} (ratio = Keel throughput / PyTorch eager throughput)")
 PY
+    fi
+    if want profile; then
+      # Where the time goes, for the next round of work: the second epoch's eager ops by kernel and shapes (host
+      # time: launches, casts, allocations; then each op's time on the card) for the training runs, and ResNet-18's
+      # nodes on the card.
+      pw="$work/train/data"
+      if [[ ! -f "$pw/train-images-idx3-ubyte" ]]; then
+        step "profile: no training data (run the train step first)"
+      else
+        # 1: host CPU time per op (launch cost); sync: wall time per op with the card waited for before and after.
+        for run in "lenet none 1" "lenet none sync" "lenet fp16 sync" "simple fp16 sync"; do
+          set -- $run
+          step "profile: KEEL_EAGER_PROFILE=$3 keel train --model $1 --amp $2 --device $train_device --epochs 2"
+          run_timed 60 env KEEL_EAGER_PROFILE="$3" "$keel" train --model "$1" --device "$train_device" --amp "$2" --epochs 2 \
+            --data "$pw" -o '' --no-quantize -q --histogram-bins 0 --log-every 0 2>&1 |
+            awk '/^eager profile of epoch 2/ {on = 1} on && n < 40 {print; n++}'
+        done
+      fi
+      if [[ -f "$work/models/resnet18/model.onnx" ]]; then
+        step "profile: keel bench resnet18 --device cuda --profile"
+        run_timed 30 "$keel" bench "$work/models/resnet18/model.onnx" --device cuda --warmup 5 --iters 30 \
+          --profile --profile-nodes 12 2>&1 | tail -45
+      fi
     fi
     echo; echo "gpu_check: done in $(elapsed) s, $fails failure(s)"
     [[ $fails -eq 0 ]]

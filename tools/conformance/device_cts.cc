@@ -356,6 +356,25 @@ void add_elementwise_cases(std::vector<OpCase>& v) {
       v.push_back(c);
     }
   }
+  // Where: a bool condition (random 0/1) selecting between X and Y, each of the three broadcast against the others.
+  {
+    struct W {
+      Shape cond, x, y;
+    };
+    const W ws[] = {
+        {{17}, {17}, {17}},          {{2, 3, 4}, {2, 3, 4}, {2, 3, 4}}, {{2, 1, 4}, {3, 1}, {1}},
+        {{4}, {2, 3, 4}, {2, 3, 1}}, {{1, 8, 1, 1}, {2, 8, 5, 5}, {}},  {{2, 64, 28, 28}, {2, 64, 28, 28}, {64, 1, 1}}};
+    for (const W& w : ws) {
+      OpCase c;
+      c.op = "Where";
+      c.opset = 16;
+      c.label = "C=" + shape_label(w.cond) + " X=" + shape_label(w.x) + " Y=" + shape_label(w.y);
+      InputSpec cond = in("C", w.cond, false, 0, 1);
+      cond.dtype = DType::kBool;
+      c.inputs = {cond, in("X", w.x, false, -3, 3), in("Y", w.y, false, -3, 3)};
+      v.push_back(c);
+    }
+  }
   for (int mode = 0; mode < 4; ++mode) {
     OpCase c;
     c.op = "Clip";
@@ -3779,6 +3798,7 @@ Tensor make_input(const InputSpec& s, uint32_t seed) {
         case DType::kU8: t.data<uint8_t>()[i] = static_cast<uint8_t>(v); break;
         case DType::kI8: t.data<int8_t>()[i] = static_cast<int8_t>(v); break;
         case DType::kI32: t.data<int32_t>()[i] = v; break;
+        case DType::kBool: t.data<bool>()[i] = v != 0; break;
         default: t.data<int64_t>()[i] = v; break;
       }
     }
