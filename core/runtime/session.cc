@@ -337,6 +337,19 @@ struct Claims {
   }
 };
 
+// Initializers uploaded to device memory, once per (host tensor, memory): a device step reads its weights from here
+// on every run instead of a copy step per run. Shared by a session's generic build and its shape variants (and by
+// sessions that share weights), so that each weight is on a device once. Thread-safe: a variant may be built while
+// other runs are in flight. The device tensors live until the last build holding this goes.
+struct DeviceConstants {
+  std::mutex mu;
+  struct Upload {
+    Tensor host;    // held: its address stays this weight's while the entry exists
+    Tensor device;  // the copy in the device's memory
+  };
+  std::map<std::pair<const void*, std::string>, Upload> uploaded;  // (host data, "type:index") -> upload
+};
+
 // The built state of one graph: its values, placement, kernel instances, copy steps, liveness, memory plan and
 // profile counters. A session holds the generic build (the graph as created, shapes possibly symbolic) and, for
 // graphs with dynamic inputs, shape variants (the same graph with the inputs' dims fixed), each one a Built.
@@ -344,6 +357,7 @@ struct Claims {
 struct Built {
   Environment* env = nullptr;
   SessionOptions options;
+  std::shared_ptr<DeviceConstants> device_constants;  // the session's weights on its devices (never null once built)
   // The device index the session uses for each device type it places on (SessionOptions::devices; 0 by default).
   std::map<std::string, int32_t> device_index;
   int32_t index_of(const std::string& type) const {
@@ -490,6 +504,8 @@ struct Built {
   Status copy_into(const Tensor& src, const Tensor& dst, RunStreams& rs, CopyCounters* copies);
   // A new tensor of `like`'s dtype and shape at `at`, from that memory's pool (keyed by the slot's stream there).
   StatusOr<Tensor> allocate_at(const Tensor& like, const Location& at, RunStreams& rs);
+  // Constant `v` (host memory) in the memory of `dev`: uploaded at the first ask, then the same device tensor.
+  StatusOr<Tensor> device_constant(int v, const DeviceEntry* dev);
   // The device entry of a location (nullptr for the host).
   const DeviceEntry* device_at(const Location& at) const {
     return at.is_host() ? nullptr : env->registry().device(at.device_type);
@@ -526,11 +542,13 @@ struct Session::Impl {
   std::vector<std::string> dynamic_inputs;
   std::unordered_map<std::string, std::unique_ptr<Built>> variants;
   bool cap_logged = false;
+  std::shared_ptr<DeviceConstants> device_constants = std::make_shared<DeviceConstants>();
 
   std::unique_ptr<Built> make_built() const {
     auto b = std::make_unique<Built>();
     b->env = env;
     b->options = options;
+    b->device_constants = device_constants;
     b->device_index = device_index;
     return b;
   }
@@ -976,8 +994,28 @@ StatusOr<KernelSlot*> Built::switch_to_alternative(Step& s, KernelSlot* failed, 
                         choice.reentrant());
 }
 
+StatusOr<Tensor> Built::device_constant(int v, const DeviceEntry* dev) {
+  const Tensor& host = values[v].constant;
+  const Location at{dev->device_type, index_of(dev->device_type)};
+  auto key = std::make_pair(host.raw_data(), at.to_string());
+  std::lock_guard<std::mutex> lock(device_constants->mu);
+  if (auto it = device_constants->uploaded.find(key); it != device_constants->uploaded.end()) {
+    if (it->second.host.shape() == host.shape() && it->second.host.dtype() == host.dtype()) return it->second.device;
+  }
+  const std::string what = "upload of weight '" + values[v].name + "' (" + host.describe() + ") to " + at.to_string();
+  // A slot of its own, waited for before it goes: every run (on any stream) reads the weight after this.
+  RunStreams rs;
+  KEEL_ASSIGN_OR_RETURN(Tensor dst, allocate_at(host, at, rs), what);
+  KEEL_RETURN_IF_ERROR(copy_into(host, dst, rs, nullptr), what);
+  KEEL_RETURN_IF_ERROR(rs.synchronize_all(), what);
+  device_constants->uploaded[key] = DeviceConstants::Upload{host, dst};
+  return dst;
+}
+
 // Phase 6, copies: reads the steps' devices; inserts a copy step before each step that reads a value living in other
-// memory (one copy per value and destination), and points the reader at the copy.
+// memory (one copy per value and destination), and points the reader at the copy. A weight (a constant in host
+// memory) read on a device is uploaded there now, once, and read from there by every run: a constant value of its
+// own, no step.
 Status Built::make_copy_steps() {
   // Where each value lives: the device of its producer (host for inputs and constants).
   std::vector<const DeviceEntry*> home(values.size(), nullptr);
@@ -992,6 +1030,15 @@ Status Built::make_copy_steps() {
       if (v < 0 || home[v] == want) continue;
       auto key = std::make_pair(v, want);
       auto it = copied.find(key);
+      if (it == copied.end() && values[v].is_const && home[v] == nullptr && want != nullptr) {
+        KEEL_ASSIGN_OR_RETURN(Tensor on_device, device_constant(v, want), "");
+        const int nv = add_value(values[v].name + "@" + want->device_type);
+        values[nv].is_const = true;
+        values[nv].dtype = values[v].dtype;
+        values[nv].constant = std::move(on_device);
+        home.push_back(want);
+        it = copied.emplace(key, nv).first;
+      }
       if (it == copied.end()) {
         Step c;
         c.kind = Step::Kind::kCopy;
