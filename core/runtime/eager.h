@@ -275,11 +275,12 @@ struct DispatchStats {
 };
 DispatchStats dispatch_stats();
 void clear_kernel_cache();  // releases every cached kernel instance
-// Per-kernel timing of eager ops (off by default; KEEL_EAGER_PROFILE=1 turns it on at start-up).
+// Per-kernel timing of eager ops (off by default; KEEL_EAGER_PROFILE=1 turns it on at start-up, =sync times each op
+// on an asynchronous device in wall time between two waits for the device, so that the GPU's own time shows).
 void set_profiling(bool on);
 bool profiling();  // whether it is on
-// One line per (op, kernel, input types): calls, total and mean process-CPU milliseconds (all threads), slowest
-// first; clears the counters.
+// One line per (op, kernel, input types): calls, total and mean process-CPU milliseconds (all threads; wall
+// milliseconds of device ops under KEEL_EAGER_PROFILE=sync), slowest first; clears the counters.
 std::string profile_report();
 
 // --- tracing ("to_static") ----------------------------------------------------------------------------------------

@@ -379,12 +379,15 @@ std::vector<keel::Tensor> run_kernel(const std::string& domain, const std::strin
     return p;
   };
   const bool prof = r.profiling.load(std::memory_order_relaxed);
-  // Process CPU time: wall time is meaningless on a loaded machine; every kernel thread's work counts.
-  auto cpu_ms = [] {
+  // Process CPU time: wall time is meaningless on a loaded machine; every kernel thread's work counts. With
+  // KEEL_EAGER_PROFILE=sync, wall time between two waits for the device (its queue drained before, the op done after).
+  const bool sync = prof && r.profile_sync && ck->memory_type != "cpu";
+  auto cpu_ms = [sync] {
     timespec ts{};
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    clock_gettime(sync ? CLOCK_MONOTONIC : CLOCK_PROCESS_CPUTIME_ID, &ts);
     return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) * 1e-6;
   };
+  if (sync) synchronize_device(ck->device);
   const double t0 = prof ? cpu_ms() : 0.0;
   Status st = Status::from_c(ck->compute(ck->state, &ctx));
   while (st.code() == StatusCode::kUnimplemented) {
@@ -406,6 +409,7 @@ std::vector<keel::Tensor> run_kernel(const std::string& domain, const std::strin
     return run_on_cpu(*ck, domain, op_type, attrs, inputs, num_outputs, wanted);
   }
   if (prof) {
+    if (sync && st.is_ok()) synchronize_device(ck->device);
     double ms = cpu_ms() - t0;
     std::string pk = what + " " + ck->kernel_name;
     for (const auto& t : inputs)

@@ -92,6 +92,10 @@ struct Runtime {
   std::mutex const_mu;
   std::unordered_map<std::string, keel::Tensor> consts;
   std::atomic<bool> profiling{std::getenv("KEEL_EAGER_PROFILE") != nullptr};
+  // KEEL_EAGER_PROFILE=sync: each op's wall time with its device waited for before and after it (what the op costs
+  // on an asynchronous device such as a GPU, launch and kernel together) instead of the process's CPU time.
+  const bool profile_sync =
+      std::getenv("KEEL_EAGER_PROFILE") != nullptr && std::string(std::getenv("KEEL_EAGER_PROFILE")) == "sync";
   std::mutex prof_mu;
   std::map<std::string, std::pair<double, uint64_t>> prof;  // "op kernel" -> (ms, calls)
 };
@@ -139,6 +143,8 @@ keel::Tensor alloc_tensor(DType dtype, const Shape& shape, const std::string& me
 // A copy of `t` in memory of `mem_type` (host <-> device through the device table).
 keel::Tensor copy_to(const keel::Tensor& t, const std::string& mem_type);
 keel::Tensor to_host(const keel::Tensor& t);
+// Waits for the work queued on `device` (a device name as above; nothing to wait for on host-memory devices).
+void synchronize_device(const std::string& device);
 // A read-only copy of a small host constant in memory of `mem_type`, shared by every op that uses the same value
 // there (see eager_runtime.cc). Never hand the result to user code that may write into it.
 keel::Tensor device_constant(const keel::Tensor& host, const std::string& mem_type);

@@ -157,6 +157,13 @@ std::string memory_type_of(const std::string& device) {
   return is_host_device(d.type) ? "cpu" : device_name(d.type, d.index);
 }
 
+void synchronize_device(const std::string& device) {
+  if (memory_type_of(device) == "cpu") return;
+  DeviceSpec d = spec_of(device);
+  Status st = hal::Device(device_entry(d.type), d.index).synchronize();
+  if (!st.is_ok()) fail(st.with_context("synchronize " + device));
+}
+
 keel::Tensor alloc_tensor(DType dtype, const Shape& shape, const std::string& mem_type) {
   uint64_t bytes = check(checked_byte_size(dtype, shape), "allocate " + shape_to_string(shape));
   DeviceSpec at = spec_of(mem_type);
