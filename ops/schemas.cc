@@ -222,6 +222,13 @@ void register_keel_schemas() {
                      {1, 2, 2});
     register_grad_op("GatherGrad", "dData of Gather(data, indices, axis): dY scattered (added) into data_shape",
                      {{"dY"}, {"indices", false, true}}, {{"dData"}}, {-1});
+    // Training-mode dropout's mask (eager dropout emits it; the gradient flows through the Mul by the mask).
+    register_grad_op("DropoutMask",
+                     "X's shape and dtype: 1 / (1 - ratio) where element i's uniform is at least ratio * 2^32, else "
+                     "0. The uniforms: value i / 2 of the SplitMix64 stream `seed` (state seed + (k + 1) * "
+                     "0x9e3779b97f4a7c15, then SplitMix64's mix), its low 32 bits for even i, high for odd; X's "
+                     "values are not read",
+                     {{"X"}, {"seed", false, true}}, {{"mask"}}, {0});
   });
 }
 

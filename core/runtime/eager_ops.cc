@@ -257,79 +257,20 @@ Tensor layer_norm(const Tensor& x, int64_t normalized_dims, const Tensor& weight
   return outs[0];
 }
 
-namespace {
-// Loops of the dropout mask, compiled twice on x86-64: for AVX-512 (vectorised; chosen at load time where the CPU has
-// it) and for the baseline. Both compute the same values.
-#if KEEL_TARGET_CLONES
-#define KEEL_DROPOUT_CLONES __attribute__((target_clones("avx512f", "default"), optimize("O3")))
-#else
-#define KEEL_DROPOUT_CLONES
-#endif
-
-// SplitMix64's output for counter k of the stream `seed` (state seed + (k + 1) * golden ratio).
-inline uint64_t splitmix64_at(uint64_t seed, uint64_t k) {
-  uint64_t z = seed + (k + 1) * 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-// n (even, or the last chunk) 32-bit uniforms: u[2j] and u[2j + 1] are the low and high halves of the stream's value
-// number first_pair + j.
-KEEL_DROPOUT_CLONES void dropout_uniforms(uint32_t* u, int64_t n, uint64_t seed, uint64_t first_pair) {
-  const int64_t pairs = n / 2;
-  for (int64_t j = 0; j < pairs; ++j) {
-    const uint64_t r = splitmix64_at(seed, first_pair + static_cast<uint64_t>(j));
-    u[2 * j] = static_cast<uint32_t>(r);
-    u[2 * j + 1] = static_cast<uint32_t>(r >> 32);
-  }
-  if (n % 2) u[n - 1] = static_cast<uint32_t>(splitmix64_at(seed, first_pair + static_cast<uint64_t>(pairs)));
-}
-
-// out[i] = kept where u[i] >= cut, else zero (f32, the training case, cloned: a masked move per 16 elements).
-template <class T>
-void keep_where_at_least(T* out, const uint32_t* u, int64_t n, uint32_t cut, T kept) {
-  for (int64_t i = 0; i < n; ++i) out[i] = u[i] >= cut ? kept : T{};
-}
-KEEL_DROPOUT_CLONES void keep_where_at_least(float* out, const uint32_t* u, int64_t n, uint32_t cut, float kept) {
-  for (int64_t i = 0; i < n; ++i) out[i] = u[i] >= cut ? kept : 0.f;
-}
-}  // namespace
-
 Tensor dropout(const Tensor& x, float p, bool training) {
   need_defined(x, "dropout", "input");
   if (!(p >= 0.f && p < 1.f)) fail(invalid_argument("dropout: p must be in [0, 1), got " + std::to_string(p)));
   if (!training || p == 0.f) return x;
-  // The mask: one draw of the global generator seeds a SplitMix64 stream for this call (state = seed + k * golden
-  // ratio, then SplitMix64's mix; the counter-based way PyTorch's GPU dropout uses Philox), each 64-bit value gives two
-  // 32-bit uniforms, and an element is kept (scaled by 1 / (1 - p)) where its uniform is at least p * 2^32. Written
-  // straight in the tensor's dtype. The same seed gives the same mask. In the LeNet-like model's training step (0.6 M
-  // elements) the mask went from 5.7% of perf's samples (one std::mt19937_64 draw per two elements and a scalar
-  // select loop) to 0.7%; before that, std::bernoulli_distribution through a per-element std::function took 18%.
-  const double scale = 1.0 / (1.0 - p);
-  // p < 1, so p * 2^32 rounds to at most 2^32 - 256 (the largest float below 1): the cut fits 32 bits.
-  const auto cut = static_cast<uint32_t>(std::llround(static_cast<double>(p) * 4294967296.0));
-  keel::Tensor m = check(keel::Tensor::host(x.dtype(), x.shape()), "dropout mask " + shape_to_string(x.shape()));
-  auto fill = [&](auto* out, auto kept) {
-    const uint64_t seed = generator()();
-    const int64_t n = m.numel();
-    // Chunks of uniforms in L1: the two loops vectorise (see dropout_uniforms / keep_where_at_least).
-    constexpr int64_t kChunk = 4096;
-    uint32_t u[kChunk];
-    for (int64_t at = 0; at < n; at += kChunk) {
-      const int64_t len = std::min(kChunk, n - at);
-      dropout_uniforms(u, len, seed, static_cast<uint64_t>(at / 2));
-      keep_where_at_least(out + at, u, len, cut, kept);
-    }
-  };
-  switch (x.dtype()) {
-    case DType::kF32: fill(m.data<float>(), static_cast<float>(scale)); break;
-    case DType::kF64: fill(m.data<double>(), scale); break;
-    case DType::kF16: fill(m.data<uint16_t>(), f32_to_f16(static_cast<float>(scale))); break;
-    case DType::kBF16: fill(m.data<uint16_t>(), f32_to_bf16(static_cast<float>(scale))); break;
-    default: fail(invalid_argument("dropout: a floating-point input is needed, got " + x.data().describe()));
-  }
-  return x * wrap_const(std::move(m), x.device());
+  // The mask (keel.DropoutMask, ops/schemas.cc): one draw of the global generator seeds a SplitMix64 stream for this
+  // call, counter-based as PyTorch's GPU dropout is with Philox, so every device computes the same mask where x is
+  // (no host loop and copy per step on a GPU). The same seed gives the same mask.
+  const auto seed_bits = static_cast<int64_t>(generator()());  // all 64 bits (the kernel reads them back unsigned)
+  keel::Tensor seed = keel::Tensor::from_vector(DType::kI64, {}, std::vector<int64_t>{seed_bits});
+  const std::string mem = memory_type_of(x.device());
+  if (mem != "cpu") seed = copy_to(seed, mem);
+  keel::Tensor mask =
+      run_kernel("keel", "DropoutMask", {{"ratio", Attribute::of_float(p)}}, {x.data(), seed}, 1, {})[0];
+  return x * Tensor(std::move(mask), false);
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {

@@ -581,4 +581,36 @@ cudaError_t launch_channel_sum(int32_t dtype, const void* dy, void* db, int64_t 
   });
 }
 
+// ------------------------------------------------------------------------------------------ dropout mask
+
+__device__ __forceinline__ uint64_t splitmix64_at(uint64_t seed, uint64_t k) {
+  uint64_t z = seed + (k + 1) * 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// One thread per pair of elements (one SplitMix64 value: its low half for the even element, high for the odd one).
+template <class T>
+__global__ void dropout_mask_kernel(T* mask, int64_t n, bool seed_i32, const void* seed, uint32_t cut, float kept) {
+  const uint64_t sd = seed_i32 ? static_cast<uint64_t>(static_cast<int64_t>(*static_cast<const int32_t*>(seed)))
+                               : static_cast<uint64_t>(*static_cast<const int64_t*>(seed));
+  KEEL_GRID_STRIDE(j, (n + 1) / 2) {
+    const uint64_t r = splitmix64_at(sd, static_cast<uint64_t>(j));
+    st(mask, 2 * j, static_cast<uint32_t>(r) >= cut ? kept : 0.f);
+    if (2 * j + 1 < n) st(mask, 2 * j + 1, static_cast<uint32_t>(r >> 32) >= cut ? kept : 0.f);
+  }
+}
+
+cudaError_t launch_dropout_mask(int32_t dtype, void* mask, int64_t n, int32_t seed_dtype, const void* seed,
+                                uint32_t cut, float kept, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  if (seed_dtype != I64 && seed_dtype != I32) return cudaErrorInvalidValue;
+  return by_dtype(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    dropout_mask_kernel<T>
+        <<<blocks_for((n + 1) / 2), kThreads, 0, s>>>(static_cast<T*>(mask), n, seed_dtype == I32, seed, cut, kept);
+  });
+}
+
 }  // namespace keel::cuda

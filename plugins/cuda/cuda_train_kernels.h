@@ -1,8 +1,8 @@
 // plugins/cuda/cuda_train_kernels.h — (internal) launchers of the CUDA plugin's training kernels
 // (cuda_train_kernels.cu): the element-wise activation gradients, pooling backward, softmax cross-entropy forward and
-// backward, batch-normalisation statistics and backward, layer-normalisation backward, Gather backward and the
-// per-channel bias reduction. Their semantics are those of the reference kernels (ops/reference/grad.cc,
-// ops/reference/misc.cc), which the device conformance suite checks them against.
+// backward, batch-normalisation statistics and backward, layer-normalisation backward, Gather backward, the
+// per-channel bias reduction and the dropout mask. Their semantics are those of the reference kernels
+// (ops/reference/grad.cc, ops/reference/misc.cc), which the device conformance suite checks them against.
 //
 // Plain C++ with no Keel type in it: the host side (cuda_train_ops.cc) decides shapes and dtypes. Float tensors are
 // F32, F16 or BF16 (keel_dtype_t values; anything else returns cudaErrorInvalidValue) and every value is computed in
@@ -81,5 +81,11 @@ cudaError_t launch_gather_grad(int32_t dtype, const void* dy, int32_t index_dtyp
 // db[c] = sum of dy over [N, C, S] at channel c (f64 sums): a convolution's bias gradient.
 cudaError_t launch_channel_sum(int32_t dtype, const void* dy, void* db, int64_t N, int64_t C, int64_t S,
                                cudaStream_t s);
+
+// keel.DropoutMask: mask[i] = kept where element i's uniform is at least `cut`, else 0, over n elements of `dtype`.
+// The uniforms: value i / 2 of the SplitMix64 stream *seed (device memory; I64, or I32 sign-extended), its low 32
+// bits for even i and high for odd, as the reference kernel (ops/reference/grad.cc) computes them.
+cudaError_t launch_dropout_mask(int32_t dtype, void* mask, int64_t n, int32_t seed_dtype, const void* seed,
+                                uint32_t cut, float kept, cudaStream_t s);
 
 }  // namespace keel::cuda

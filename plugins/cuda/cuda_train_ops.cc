@@ -14,12 +14,14 @@
 //   keel.BatchNormTraining   batch statistics (f64 sums), Y, mean, invstd, unbiased variance; keel.BatchNormGrad.
 //   keel.LayerNormGrad       dX per row, dScale / dB as column sums; statistics in the data's dtype or f32.
 //   keel.GatherGrad          zeros plus an atomic scatter-add of dY at the indices.
+//   keel.DropoutMask         training dropout's mask from a counter-based stream (the seed read on the device).
 //
 // Semantics are the reference kernels' (ops/reference/grad.cc, misc.cc); the device conformance suite checks them.
 // Dtypes f32, f16, bf16 (one dtype per call, as the schemas say); anything else is rejected at create, so the core
 // runs the node on the CPU. Every kernel launches on the kernel context's stream and does not synchronise, except
 // SoftmaxCrossEntropyLoss, which reads back one flag to report an out-of-range label as the reference does.
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <string>
 
@@ -363,6 +365,34 @@ class GatherGradK : public Kernel {
   Dims data_;
 };
 
+// ---------------------------------------------------------------------------------------------------------------
+// DropoutMask
+// ---------------------------------------------------------------------------------------------------------------
+
+class DropoutMaskK : public Kernel {
+ public:
+  void setup(Ctx& c) override {
+    if (!is_float(c.dtype(0))) throw Reject{"X dtype " + std::to_string(c.dtype(0)) + " (only f32, f16, bf16)"};
+    if (!is_index(c.dtype(1))) throw Reject{"seed is not int32/int64"};
+    const float ratio = c.attr_f("ratio", 0.5f);
+    if (!(ratio >= 0.f && ratio < 1.f))
+      throw invalid("DropoutMask: ratio must be in [0, 1), got " + std::to_string(ratio));
+    cut_ = static_cast<uint32_t>(std::llround(static_cast<double>(ratio) * 4294967296.0));
+    kept_ = static_cast<float>(1.0 / (1.0 - static_cast<double>(ratio)));
+  }
+  void run(Ctx& c) override {
+    if (numel(c.dims(1)) != 1) throw invalid("DropoutMask: seed must hold one value, got " + dims_str(c.dims(1)));
+    const Dims d = c.dims(0);
+    keel_tensor_t* m = c.output(0, d);
+    check_cuda(launch_dropout_mask(c.dtype(0), m->data, numel(d), c.dtype(1), c.data(1), cut_, kept_, c.stream()),
+               ("DropoutMask, " + dims_str(d)).c_str());
+  }
+
+ private:
+  uint32_t cut_ = 0;
+  float kept_ = 2.f;
+};
+
 #if KEEL_CUDA_HAVE_CUDNN
 
 void zero(keel_tensor_t* t, const Dims& d, int32_t dtype, cudaStream_t s) {
@@ -552,6 +582,7 @@ std::vector<KernelInfo> train_kernels() {
       {"BatchNormGrad", 1, 0, "cuda_batch_norm_grad", [] { return new_kernel<BatchNormGradK>(); }, "keel"},
       {"LayerNormGrad", 1, 0, "cuda_layer_norm_grad", [] { return new_kernel<LayerNormGradK>(); }, "keel"},
       {"GatherGrad", 1, 0, "cuda_gather_grad", [] { return new_kernel<GatherGradK>(); }, "keel"},
+      {"DropoutMask", 1, 0, "cuda_dropout_mask", [] { return new_kernel<DropoutMaskK>(); }, "keel"},
   };
 #if KEEL_CUDA_HAVE_CUDNN
   v.push_back({"ConvGrad", 1, 0, "cuda_cudnn_conv_grad", [] { return new_kernel<ConvGradK>(); }, "keel"});

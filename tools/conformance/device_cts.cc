@@ -1374,6 +1374,38 @@ void add_training_device_cases(std::vector<OpCase>& v) {
         v.push_back(o);
       }
     }
+    // DropoutMask (eager dropout's mask): odd and even element counts, ratios from 0 to 0.9, seeds with the high bit
+    // set and a small one; the seed as an initializer (int64) and as an int32 run-time input. Values are exactly 0 or
+    // 1 / (1 - ratio) in the dtype: compared exactly.
+    struct Dm {
+      Shape x;
+      float ratio;
+      uint64_t seed;
+      bool i32;
+    };
+    for (const Dm& d : {Dm{{1}, 0.5f, 0x9e3779b97f4a7c15ull, false}, Dm{{7}, 0.25f, 12345, false},
+                        Dm{{64, 64, 12, 12}, 0.25f, 0xfedcba9876543210ull, false}, Dm{{3, 1001}, 0.9f, 42, false},
+                        Dm{{64, 128}, 0.5f, 7, true}, Dm{{5, 5}, 0.f, 99, false}}) {
+      OpCase o;
+      o.op = "DropoutMask";
+      o.domain = "keel";
+      o.dtype = dt;
+      o.label = dn + " X=" + shape_label(d.x) + " ratio=" + std::to_string(d.ratio) +
+                " seed=" + std::to_string(d.seed) + (d.i32 ? " (int32 input)" : "");
+      if (d.i32) {
+        InputSpec seed = in("seed", {}, false);
+        seed.dtype = DType::kI32;
+        seed.values = {static_cast<float>(d.seed)};
+        o.inputs = {in("X", d.x), seed};
+      } else {
+        o.inputs = {in("X", d.x), in("seed", {}, true)};
+        o.int64_constants = {
+            {1, Tensor::from_vector(DType::kI64, {}, std::vector<int64_t>{static_cast<int64_t>(d.seed)})}};
+      }
+      o.attrs = {{"ratio", F(d.ratio)}};
+      o.atol = 0, o.rtol = 0;
+      v.push_back(o);
+    }
     // AveragePoolGrad: LeNet's 2x2 / 2 and overlapping padded windows with and without the pads counted.
     struct Ap {
       Shape x;
