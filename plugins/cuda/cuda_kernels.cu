@@ -295,6 +295,36 @@ __global__ void reduce_block_kernel(Reduce op, const T* x, T* y, int64_t n_out, 
   }
 }
 
+// A few long reductions split across blocks (reduce_parts): block b reduces slice b % parts of output b / parts into
+// part[b] (combined, not finalised); reduce_parts_kernel then combines each output's parts and finalises it. One block
+// per output would leave all but a few multiprocessors idle: a sum of 1.2 M elements (the scaler's check of a
+// LeNet-like gradient) took 2.3 ms on one block of an H200.
+template <class T>
+__global__ void reduce_partial_kernel(Reduce op, const T* x, float* part, Strided out, int64_t n_red, Strided red,
+                                      int64_t parts) {
+  __shared__ float smem[32];
+  const Comb c = comb_of(op);
+  const int64_t o = blockIdx.x / parts, p = blockIdx.x % parts;
+  const int64_t chunk = (n_red + parts - 1) / parts;
+  const int64_t begin = p * chunk, end = begin + chunk < n_red ? begin + chunk : n_red;
+  const T* base = x + offset_of(out, o, 0);
+  float acc = comb_identity(c);
+  for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x)
+    acc = comb(c, acc, red_map(op, ld(base, offset_of(red, j, 0)), 0.f));
+  acc = block_comb(c, acc, smem);
+  if (threadIdx.x == 0) part[blockIdx.x] = acc;
+}
+template <class T>
+__global__ void reduce_parts_kernel(Reduce op, const float* part, T* y, int64_t n_red, int64_t parts) {
+  __shared__ float smem[32];
+  const Comb c = comb_of(op);
+  const int64_t o = blockIdx.x;
+  float acc = comb_identity(c);
+  for (int64_t p = threadIdx.x; p < parts; p += blockDim.x) acc = comb(c, acc, part[o * parts + p]);
+  acc = block_comb(c, acc, smem);
+  if (threadIdx.x == 0) st(y, o, red_final(op, acc, n_red, 0.f));
+}
+
 // One thread per output (small reductions, or reductions over outer axes where neighbouring outputs are
 // neighbours in memory).
 template <class T>
@@ -654,13 +684,30 @@ unsigned item_blocks(int64_t items) {
   const int64_t cap = 132 * 64;
   return static_cast<unsigned>(items < 1 ? 1 : (items > cap ? cap : items));
 }
+// Blocks each of n_out reductions of n_red elements is split across (1: not split; see reduce_partial_kernel).
+int64_t reduce_parts(Reduce op, int64_t n_out, int64_t n_red) {
+  // Fewer outputs than multiprocessors, each long: about two blocks per multiprocessor (132 on an H100 / H200), at
+  // least 2,048 elements a block. Log-sum-exp needs each reduction's maximum first: never split.
+  if (op == Reduce::kLogSumExp || n_out <= 0 || n_out >= 132 || n_red < 8192) return 1;
+  const int64_t want = (264 + n_out - 1) / n_out, most = n_red / 2048;
+  return want < most ? want : most;
+}
 
 template <class T>
 struct ReduceL {
   static cudaError_t run(Reduce op, const void* x, void* y, int64_t n_out, const Strided& out, int64_t n_red,
-                         const Strided& red, cudaStream_t s) {
-    // Per-thread when each reduction is short, or when the reduced axes are not the innermost (then neighbouring
-    // threads read neighbouring elements); per-block otherwise.
+                         const Strided& red, float* scratch, cudaStream_t s) {
+    // Split across blocks when there are few long reductions (and scratch for their parts); per-thread when each
+    // reduction is short, or when the reduced axes are not the innermost (then neighbouring threads read
+    // neighbouring elements); per-block otherwise.
+    const int64_t parts = reduce_parts(op, n_out, n_red);
+    if (parts > 1 && scratch != nullptr) {
+      reduce_partial_kernel<T><<<static_cast<unsigned>(n_out * parts), 256, 0, s>>>(op, static_cast<const T*>(x),
+                                                                                    scratch, out, n_red, red, parts);
+      reduce_parts_kernel<T><<<static_cast<unsigned>(n_out), coop_threads(parts, 256), 0, s>>>(
+          op, scratch, static_cast<T*>(y), n_red, parts);
+      return cudaGetLastError();
+    }
     const bool inner_contiguous = red.ndim > 0 && red.strides[red.ndim - 1][0] == 1;
     if (n_red <= 16 || (!inner_contiguous && n_out >= 2048))
       reduce_thread_kernel<T><<<blocks_for(n_out), kThreads, 0, s>>>(op, static_cast<const T*>(x), static_cast<T*>(y),
@@ -721,10 +768,15 @@ cudaError_t pad_as(const void* in, void* out, int64_t n, const PadDesc& p, int32
 }
 }  // namespace
 
+size_t reduce_scratch_bytes(Reduce op, int64_t n_out, int64_t n_red) {
+  const int64_t parts = reduce_parts(op, n_out, n_red);
+  return parts > 1 ? static_cast<size_t>(n_out * parts) * sizeof(float) : 0;
+}
+
 cudaError_t launch_reduce(Reduce op, int32_t dtype, const void* x, void* y, int64_t n_out, const Strided& out,
-                          int64_t n_red, const Strided& red, cudaStream_t s) {
+                          int64_t n_red, const Strided& red, float* scratch, cudaStream_t s) {
   if (n_out == 0) return cudaSuccess;
-  return by_float_dtype<ReduceL>(dtype, op, x, y, n_out, out, n_red, red, s);
+  return by_float_dtype<ReduceL>(dtype, op, x, y, n_out, out, n_red, red, scratch, s);
 }
 
 cudaError_t launch_arg_reduce(bool is_max, bool select_last, int32_t dtype, const void* x, int64_t* y, int64_t n_out,

@@ -71,8 +71,11 @@ cudaError_t launch_cast(int32_t src_dtype, const void* x, int32_t dst_dtype, voi
 // elements of the `red` view (row-major over red.dims; operand 0 strides) starting at x + offset_of(out, o).
 // Accumulates in float; dtype F32, F16 or BF16; n_red may be 0 (the identity, as ONNX says).
 enum class Reduce : int32_t { kSum, kMean, kMax, kMin, kProd, kSumSquare, kL1, kL2, kLogSum, kLogSumExp };
+// scratch: reduce_scratch_bytes(op, n_out, n_red) bytes of device memory (null when that is 0): a few long reductions
+// are split across blocks and their parts combined by a second kernel.
+size_t reduce_scratch_bytes(Reduce op, int64_t n_out, int64_t n_red);
 cudaError_t launch_reduce(Reduce op, int32_t dtype, const void* x, void* y, int64_t n_out, const Strided& out,
-                          int64_t n_red, const Strided& red, cudaStream_t s);
+                          int64_t n_red, const Strided& red, float* scratch, cudaStream_t s);
 // ArgMax / ArgMin over one axis: y (int64) element o compares x[offset_of(out, o) + k * red_stride], k < n_red
 // (n_red >= 1). Ties: the first index, or the last with `select_last`.
 cudaError_t launch_arg_reduce(bool is_max, bool select_last, int32_t dtype, const void* x, int64_t* y, int64_t n_out,

@@ -463,7 +463,10 @@ class ReduceK : public Kernel {
       }
     }
     keel_tensor_t* y = c.output(0, out_dims);
-    check_cuda(launch_reduce(op_, c.dtype(0), c.data(0), y->data, n_out, out, n_red, rv, c.stream()), "reduce kernel");
+    const size_t scratch = reduce_scratch_bytes(op_, n_out, n_red);
+    float* parts = scratch ? static_cast<float*>(c.workspace(scratch)) : nullptr;
+    check_cuda(launch_reduce(op_, c.dtype(0), c.data(0), y->data, n_out, out, n_red, rv, parts, c.stream()),
+               "reduce kernel");
   }
 
  private:

@@ -551,6 +551,24 @@ void add_tensor_op_cases(std::vector<OpCase>& v) {
       }
     }
   }
+  // Few long reductions (a device may split each across many workers, as the CUDA plugin does below 132 outputs of
+  // 8,192 elements or more): everything into one value, four channel statistics, three columns of a tall matrix.
+  for (const Op& o : ops) {
+    for (const R& r : {R{{128, 96, 12}, {}, 0}, R{{4, 64, 24, 24}, {1, 2, 3}, 1}, R{{20000, 3}, {0}, 0}}) {
+      if (std::string(o.op) == "ReduceProd" && r.x[0] != 20000)
+        continue;  // a product of 10^5 terms under- or overflows
+      OpCase c;
+      c.op = o.op;
+      c.opset = 18;
+      c.label = "long X=" + shape_label(r.x) + " axes=" + shape_label(Shape(r.axes.begin(), r.axes.end())) +
+                " keepdims=" + std::to_string(r.keep);
+      const bool prod = std::string(o.op) == "ReduceProd";  // factors near 1: the product stays near 1
+      c.inputs = {in("X", r.x, false, prod ? 0.9999f : o.lo, prod ? 1.0001f : o.hi)};
+      c.attrs = {{"keepdims", I(r.keep)}};
+      if (!r.axes.empty()) c.inputs.push_back(ints("axes", r.axes));
+      v.push_back(c);
+    }
+  }
   {
     OpCase c;
     c.op = "ReduceSum";
@@ -1553,6 +1571,43 @@ void add_training_device_cases(std::vector<OpCase>& v) {
       if (weighted) g.inputs.push_back(in("weights", {5}, true, 0.2f, 2.f));
       g.attrs = {{"reduction", S(red)}, {"ignore_index", I(-100)}};
       v.push_back(g);
+    }
+  }
+  // SGD with momentum (ai.onnx.preview.training Momentum, which SGD::step runs on a device): one tensor and three in
+  // one call (a multi-tensor update), standard and nesterov, with and without weight decay, the first update (T = 0:
+  // beta is 1) and a later one; the parameters and the momenta are compared.
+  struct Mo {
+    std::vector<Shape> xs;
+    const char* mode;
+    float norm;
+    int64_t t;
+  };
+  for (const Mo& m :
+       {Mo{{{10, 5408}}, "standard", 0.f, 1}, Mo{{{64, 32, 3, 3}, {64}, {1000, 13}}, "nesterov", 1e-4f, 1},
+        Mo{{{128, 9}, {7}}, "standard", 5e-4f, 0}}) {
+    const int64_t n = static_cast<int64_t>(m.xs.size());
+    for (int64_t out : std::set<int64_t>{0, n - 1, n}) {  // the first and last parameters, the first momentum
+      OpCase o;
+      o.op = "Momentum";
+      o.domain = "ai.onnx.preview.training";
+      o.opset = 1;
+      std::string shapes;
+      for (const Shape& x : m.xs) shapes += shape_label(x);
+      o.label = std::string(m.mode) + " " + shapes + " norm=" + std::to_string(m.norm) + " T=" + std::to_string(m.t) +
+                " output=" + std::to_string(out);
+      InputSpec r = in("R", {}, true);
+      r.values = {0.05f};
+      o.inputs = {r, in("T", {}, true)};
+      o.int64_constants = {{1, Tensor::from_vector(DType::kI64, {}, std::vector<int64_t>{m.t})}};
+      for (int64_t i = 0; i < n; ++i) o.inputs.push_back(in("X" + std::to_string(i), m.xs[static_cast<size_t>(i)]));
+      for (int64_t i = 0; i < n; ++i) o.inputs.push_back(in("G" + std::to_string(i), m.xs[static_cast<size_t>(i)]));
+      for (int64_t i = 0; i < n; ++i)
+        o.inputs.push_back(in("V" + std::to_string(i), m.xs[static_cast<size_t>(i)], false, -0.1f, 0.1f));
+      o.attrs = {{"alpha", F(0.9f)}, {"beta", F(0.7f)}, {"norm_coefficient", F(m.norm)}, {"mode", S(m.mode)}};
+      o.num_outputs = static_cast<size_t>(2 * n);
+      o.output = static_cast<size_t>(out);
+      o.rtol = 1e-5, o.atol = 1e-6;  // f32 against the reference's f64: a few ulps
+      v.push_back(o);
     }
   }
 }
