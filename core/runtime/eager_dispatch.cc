@@ -147,6 +147,7 @@ std::unique_ptr<CachedKernel> make_kernel(const std::string& domain, const std::
   Graph g;
   g.name = "eager";
   g.opsets = {{"", kOpset}, {"keel", 1}};
+  if (!domain.empty()) g.opsets[domain] = 1;  // e.g. ai.onnx.preview.training (the optimizers)
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!inputs[i].defined()) {
       n.inputs.push_back("");

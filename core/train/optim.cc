@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <map>
 
 #include "core/base/target_clones.h"
 
@@ -247,11 +248,62 @@ SGD::SGD(std::vector<ParamGroup> groups, SGDOptions o)
     fail("SGD: Nesterov momentum requires a momentum and zero dampening");
 }
 
+namespace {
+
+// SGD's update of a group's f32 parameters in a device's own memory whose momentum buffers exist (every step after the
+// first), all of them in one ai.onnx.preview.training Momentum call (the CUDA plugin updates up to 16 tensors a
+// launch) instead of five ops each: alpha = momentum, beta = 1 - dampening, norm_coefficient = weight decay. The new
+// momenta replace the buffers and the new values are copied into the parameters. The same operations in the same
+// order as the eager path (and sgd_update_on_host), each rounded to f32. Returns the state indices it updated; none
+// when the device has no Momentum kernel or the group does not qualify.
+struct DeviceUpdate {
+  size_t idx;
+  Tensor p, g, buf;
+};
+bool sgd_update_on_device(std::vector<DeviceUpdate>& u, float lr, float wd, const SGDOptions& o) {
+  if (u.empty()) return false;
+  const std::string device = u[0].p.device();
+  // Only where the device has the kernel: a device without one would run it on the CPU, copying every tensor over.
+  if (eager::environment()
+          .registry()
+          .kernels_for("ai.onnx.preview.training", "Momentum", 1, device.substr(0, device.find(':')))
+          .empty())
+    return false;
+  std::vector<Tensor> in;
+  in.reserve(2 + 3 * u.size());
+  in.push_back(eager::full({}, lr, DType::kF32, device));
+  in.push_back(eager::from_vector(std::vector<int64_t>{1}, {}).to(device));  // T > 0: beta applies
+  for (auto& x : u) in.push_back(x.p.detach());
+  for (auto& x : u) in.push_back(x.g);
+  for (auto& x : u) in.push_back(x.buf);
+  std::vector<Tensor> out;
+  try {
+    out = eager::call_op("ai.onnx.preview.training", "Momentum", in,
+                         {{"alpha", Attribute::of_float(static_cast<float>(o.momentum))},
+                          {"beta", Attribute::of_float(static_cast<float>(1 - o.dampening))},
+                          {"norm_coefficient", Attribute::of_float(wd)},
+                          {"mode", Attribute::of_string(o.nesterov ? "nesterov" : "standard")}},
+                         2 * u.size());
+  } catch (const eager::Error& e) {
+    if (e.status().code() != StatusCode::kUnimplemented) throw;
+    return false;  // no Momentum kernel on this device for these tensors: the eager ops
+  }
+  for (size_t k = 0; k < u.size(); ++k) {
+    u[k].p.copy_(out[k]);
+    u[k].buf = out[u.size() + k];
+  }
+  return true;
+}
+
+}  // namespace
+
 void SGD::step() {
   eager::NoGradGuard ng;
   size_t i = 0;
   for (auto& group : param_groups()) {
     const auto lr = static_cast<float>(group.lr), wd = static_cast<float>(group.weight_decay);
+    // Parameters in a device's own memory with a momentum buffer: one fused update per device (below).
+    std::map<std::string, std::vector<DeviceUpdate>> on_device;
     for (auto& p : group.params) {
       const size_t idx = i++;
       Tensor g = p.grad();
@@ -261,22 +313,44 @@ void SGD::step() {
         ++steps_[idx];
         continue;
       }
-      if (wd != 0) g = g + p * wd;
-      if (o_.momentum != 0) {
-        Tensor buf;
-        if (it == state_[idx].end()) {
-          buf = g * 1.f;  // a copy: the buffer must not alias the gradient
-        } else {
-          buf = it->second * static_cast<float>(o_.momentum);
-          buf = o_.dampening == 0 ? buf + g : buf + g * static_cast<float>(1 - o_.dampening);
-        }
-        state_[idx]["momentum_buffer"] = buf;
-        g = o_.nesterov ? g + buf * static_cast<float>(o_.momentum) : buf;
+      if (it != state_[idx].end() && p.device() != "cpu" && p.dtype() == DType::kF32 && g.dtype() == DType::kF32 &&
+          it->second.dtype() == DType::kF32 && g.device() == p.device() && it->second.device() == p.device() &&
+          g.shape() == p.shape() && it->second.shape() == p.shape()) {
+        on_device[p.device()].push_back(DeviceUpdate{idx, p, g, it->second});
+        continue;
       }
-      p.copy_(p - g * lr);
-      ++steps_[idx];
+      sgd_eager_update(p, g, idx, lr, wd);
+    }
+    for (auto& [device, u] : on_device) {
+      if (sgd_update_on_device(u, lr, wd, o_)) {
+        for (auto& x : u) {
+          state_[x.idx]["momentum_buffer"] = x.buf;
+          ++steps_[x.idx];
+        }
+      } else {
+        for (auto& x : u) sgd_eager_update(x.p, x.g, x.idx, lr, wd);
+      }
     }
   }
+}
+
+// One parameter's update by eager ops (any device and dtype; the first step, which makes the momentum buffer).
+void SGD::sgd_eager_update(Tensor& p, Tensor g, size_t idx, float lr, float wd) {
+  auto it = o_.momentum != 0 ? state_[idx].find("momentum_buffer") : state_[idx].end();
+  if (wd != 0) g = g + p * wd;
+  if (o_.momentum != 0) {
+    Tensor buf;
+    if (it == state_[idx].end()) {
+      buf = g * 1.f;  // a copy: the buffer must not alias the gradient
+    } else {
+      buf = it->second * static_cast<float>(o_.momentum);
+      buf = o_.dampening == 0 ? buf + g : buf + g * static_cast<float>(1 - o_.dampening);
+    }
+    state_[idx]["momentum_buffer"] = buf;
+    g = o_.nesterov ? g + buf * static_cast<float>(o_.momentum) : buf;
+  }
+  p.copy_(p - g * lr);
+  ++steps_[idx];
 }
 
 // --- Adam / AdamW ---

@@ -84,6 +84,8 @@ class SGD : public Optimizer {
   const SGDOptions& options() const { return o_; }
 
  private:
+  // One parameter by eager ops (the first step, which makes the momentum buffer, and what no fused path takes).
+  void sgd_eager_update(Tensor& p, Tensor g, size_t idx, float lr, float wd);
   SGDOptions o_;
 };
 

@@ -79,6 +79,44 @@ TEST(SGD, OnePassUpdateEqualsTheEagerOps) {
   }
 }
 
+// On a device with a Momentum kernel (the CUDA plugin), SGD::step updates a group's parameters with one
+// ai.onnx.preview.training Momentum call: alpha = momentum, beta = 1 - dampening, norm_coefficient = weight decay,
+// T = 1. That mapping gives the eager ops' values: checked here on the reference kernel (f64 math, so within an ulp
+// or two of the f32 ops), two tensors in one call, every option combination.
+TEST(SGD, TheDeviceUpdatesMomentumCallEqualsTheEagerOps) {
+  const std::vector<SGDOptions> cases = {
+      {0.05, 0.9, 0, 0, false}, {0.05, 0.9, 0, 1e-3, false}, {0.05, 0.9, 0.3, 1e-3, false}, {0.05, 0.8, 0, 1e-2, true}};
+  for (const auto& o : cases) {
+    eager::manual_seed(5);
+    eager::NoGradGuard ng;
+    std::vector<Tensor> x = {eager::randn({300}), eager::randn({7, 3})};
+    std::vector<Tensor> g = {eager::randn({300}), eager::randn({7, 3})};
+    std::vector<Tensor> v = {eager::randn({300}), eager::randn({7, 3})};
+    std::vector<Tensor> in = {eager::full({}, static_cast<float>(o.lr)),
+                              eager::from_vector(std::vector<int64_t>{1}, {})};
+    for (auto* group : {&x, &g, &v}) in.insert(in.end(), group->begin(), group->end());
+    auto out = eager::call_op("ai.onnx.preview.training", "Momentum", in,
+                              {{"alpha", Attribute::of_float(static_cast<float>(o.momentum))},
+                               {"beta", Attribute::of_float(static_cast<float>(1 - o.dampening))},
+                               {"norm_coefficient", Attribute::of_float(static_cast<float>(o.weight_decay))},
+                               {"mode", Attribute::of_string(o.nesterov ? "nesterov" : "standard")}},
+                              4);
+    for (size_t i = 0; i < 2; ++i) {
+      Tensor gg = o.weight_decay != 0 ? g[i] + x[i] * static_cast<float>(o.weight_decay) : g[i];
+      Tensor buf = v[i] * static_cast<float>(o.momentum);
+      buf = o.dampening == 0 ? buf + gg : buf + gg * static_cast<float>(1 - o.dampening);
+      gg = o.nesterov ? gg + buf * static_cast<float>(o.momentum) : buf;
+      const Tensor ref = x[i] - gg * static_cast<float>(o.lr);
+      const auto a = out[i].to_vector<float>(), b = ref.to_vector<float>();
+      const auto va = out[2 + i].to_vector<float>(), vb = buf.to_vector<float>();
+      for (size_t k = 0; k < a.size(); ++k) {
+        ASSERT_NEAR(a[k], b[k], 1e-6f * (1 + std::fabs(b[k]))) << "tensor " << i << " element " << k;
+        ASSERT_NEAR(va[k], vb[k], 1e-6f * (1 + std::fabs(vb[k]))) << "momentum of tensor " << i << " element " << k;
+      }
+    }
+  }
+}
+
 // A gradient that shares the parameter's memory (a detached view of it) is updated by the eager ops, not the one-pass
 // loop (which assumes separate memory): the result is the eager ops' as if the gradient were a copy.
 TEST(SGD, GradientSharingTheParametersMemoryStillStepsRight) {

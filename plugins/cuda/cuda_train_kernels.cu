@@ -581,6 +581,50 @@ cudaError_t launch_channel_sum(int32_t dtype, const void* dy, void* db, int64_t 
   });
 }
 
+// ------------------------------------------------------------------------------------------ Momentum (SGD)
+
+constexpr int64_t kMomentumChunk = 4096;  // elements a block updates
+struct MomentumLaunch {
+  MomentumTensors ts;
+  int64_t first_block[kMomentumTensors + 1];  // tensor i's blocks: [first_block[i], first_block[i + 1])
+};
+
+__global__ void momentum_kernel(const __grid_constant__ MomentumLaunch l, const float* r, const int64_t* t, float alpha,
+                                float beta, float norm, bool nesterov) {
+  int i = 0;
+  while (i + 1 < l.ts.count && static_cast<int64_t>(blockIdx.x) >= l.first_block[i + 1]) ++i;
+  const int64_t begin = (static_cast<int64_t>(blockIdx.x) - l.first_block[i]) * kMomentumChunk;
+  const int64_t end = begin + kMomentumChunk < l.ts.n[i] ? begin + kMomentumChunk : l.ts.n[i];
+  const float lr = *r, b1 = *t > 0 ? beta : 1.f;
+  const float *x = l.ts.x[i], *g = l.ts.g[i], *v = l.ts.v[i];
+  float *xo = l.ts.x_out[i], *vo = l.ts.v_out[i];
+  for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) {
+    // Every operation rounded on its own (no fused multiply-add): the CPU loop's values.
+    const float xj = x[j];
+    float gr = g[j];
+    if (norm != 0.f) gr = __fadd_rn(gr, __fmul_rn(xj, norm));
+    const float b = __fadd_rn(__fmul_rn(v[j], alpha), __fmul_rn(gr, b1));
+    vo[j] = b;
+    const float step = nesterov ? __fadd_rn(gr, __fmul_rn(b, alpha)) : b;
+    xo[j] = __fsub_rn(xj, __fmul_rn(step, lr));
+  }
+}
+
+cudaError_t launch_momentum(const MomentumTensors& ts, const float* r, const int64_t* t, float alpha, float beta,
+                            float norm, bool nesterov, cudaStream_t s) {
+  if (ts.count < 0 || ts.count > kMomentumTensors) return cudaErrorInvalidValue;
+  MomentumLaunch l;
+  l.ts = ts;
+  l.first_block[0] = 0;
+  for (int i = 0; i < ts.count; ++i)
+    l.first_block[i + 1] = l.first_block[i] + (ts.n[i] + kMomentumChunk - 1) / kMomentumChunk;
+  const int64_t blocks = l.first_block[ts.count];
+  if (blocks == 0) return cudaSuccess;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  momentum_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(l, r, t, alpha, beta, norm, nesterov);
+  return cudaGetLastError();
+}
+
 // ------------------------------------------------------------------------------------------ dropout mask
 
 __device__ __forceinline__ uint64_t splitmix64_at(uint64_t seed, uint64_t k) {

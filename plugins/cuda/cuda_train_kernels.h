@@ -85,6 +85,23 @@ cudaError_t launch_channel_sum(int32_t dtype, const void* dy, void* db, int64_t 
 // keel.DropoutMask: mask[i] = kept where element i's uniform is at least `cut`, else 0, over n elements of `dtype`.
 // The uniforms: value i / 2 of the SplitMix64 stream *seed (device memory; I64, or I32 sign-extended), its low 32
 // bits for even i and high for odd, as the reference kernel (ops/reference/grad.cc) computes them.
+// ai.onnx.preview.training Momentum over up to kMomentumTensors f32 tensors in one launch (a multi-tensor update):
+// for tensor i, with gr = g + norm * x (norm != 0), b = v * alpha + gr * beta (beta = 1 when *t is 0), x_out =
+// x - (nesterov ? gr + b * alpha : b) * *r, v_out = b, each operation rounded to f32 as the CPU's SGD loop rounds
+// them. r: f32 scalar and t: i64 scalar, both in device memory (read on the device: no host sync).
+constexpr int kMomentumTensors = 16;
+struct MomentumTensors {
+  const float* x[kMomentumTensors];
+  const float* g[kMomentumTensors];
+  const float* v[kMomentumTensors];
+  float* x_out[kMomentumTensors];
+  float* v_out[kMomentumTensors];
+  int64_t n[kMomentumTensors];
+  int32_t count = 0;
+};
+cudaError_t launch_momentum(const MomentumTensors& ts, const float* r, const int64_t* t, float alpha, float beta,
+                            float norm, bool nesterov, cudaStream_t s);
+
 cudaError_t launch_dropout_mask(int32_t dtype, void* mask, int64_t n, int32_t seed_dtype, const void* seed,
                                 uint32_t cut, float kept, cudaStream_t s);
 

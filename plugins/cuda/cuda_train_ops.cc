@@ -15,6 +15,7 @@
 //   keel.LayerNormGrad       dX per row, dScale / dB as column sums; statistics in the data's dtype or f32.
 //   keel.GatherGrad          zeros plus an atomic scatter-add of dY at the indices.
 //   keel.DropoutMask         training dropout's mask from a counter-based stream (the seed read on the device).
+//   Momentum                 (ai.onnx.preview.training) SGD with momentum over many f32 tensors in one launch.
 //
 // Semantics are the reference kernels' (ops/reference/grad.cc, misc.cc); the device conformance suite checks them.
 // Dtypes f32, f16, bf16 (one dtype per call, as the schemas say); anything else is rejected at create, so the core
@@ -393,6 +394,60 @@ class DropoutMaskK : public Kernel {
   float kept_ = 2.f;
 };
 
+// ---------------------------------------------------------------------------------------------------------------
+// Momentum (ai.onnx.preview.training): R, T, X1..Xn, G1..Gn, V1..Vn -> X1_new..Xn_new, V1_new..Vn_new
+// ---------------------------------------------------------------------------------------------------------------
+
+class MomentumK : public Kernel {
+ public:
+  void setup(Ctx& c) override {
+    const int rest = c.input_count() - 2;
+    if (rest <= 0 || rest % 3 != 0) throw Reject{"inputs are not R, T and three groups of tensors"};
+    n_ = rest / 3;
+    if (c.output_count() != 2 * n_) throw Reject{"outputs are not X_new... and V_new..."};
+    if (c.dtype(0) != KEEL_DTYPE_F32) throw Reject{"R is not f32"};
+    if (c.dtype(1) != KEEL_DTYPE_I64) throw Reject{"T is not int64"};
+    for (int i = 2; i < c.input_count(); ++i)
+      if (c.dtype(i) != KEEL_DTYPE_F32) throw Reject{"a tensor that is not f32 (only f32 here)"};
+    if (!c.has_attr("alpha") || !c.has_attr("beta") || !c.has_attr("norm_coefficient") || !c.has_attr("mode"))
+      throw invalid("Momentum: attributes alpha, beta, mode and norm_coefficient are required");
+    alpha_ = c.attr_f("alpha", 0.f);
+    beta_ = c.attr_f("beta", 0.f);
+    norm_ = c.attr_f("norm_coefficient", 0.f);
+    const std::string mode = c.attr_s("mode", "standard");
+    if (mode != "standard" && mode != "nesterov")
+      throw invalid("Momentum: mode must be standard or nesterov, got '" + mode + "'");
+    nesterov_ = mode == "nesterov";
+  }
+  void run(Ctx& c) override {
+    if (numel(c.dims(0)) != 1 || numel(c.dims(1)) != 1) throw invalid("Momentum: R and T must be scalars");
+    MomentumTensors ts;
+    for (int i = 0; i < n_; ++i) {
+      const Dims d = c.dims(2 + i);
+      if (c.dims(2 + n_ + i) != d || c.dims(2 + 2 * n_ + i) != d)
+        throw invalid("Momentum: X" + std::to_string(i + 1) + " " + dims_str(d) + ", its gradient and its momentum " +
+                      "differ in shape");
+      ts.x[ts.count] = static_cast<const float*>(c.data(2 + i));
+      ts.g[ts.count] = static_cast<const float*>(c.data(2 + n_ + i));
+      ts.v[ts.count] = static_cast<const float*>(c.data(2 + 2 * n_ + i));
+      ts.x_out[ts.count] = static_cast<float*>(c.output(i, d)->data);
+      ts.v_out[ts.count] = static_cast<float*>(c.output(n_ + i, d)->data);
+      ts.n[ts.count] = numel(d);
+      if (++ts.count == kMomentumTensors || i + 1 == n_) {
+        check_cuda(launch_momentum(ts, static_cast<const float*>(c.data(0)), static_cast<const int64_t*>(c.data(1)),
+                                   alpha_, beta_, norm_, nesterov_, c.stream()),
+                   ("Momentum over " + std::to_string(n_) + " tensor(s)").c_str());
+        ts.count = 0;
+      }
+    }
+  }
+
+ private:
+  int n_ = 0;
+  float alpha_ = 0.f, beta_ = 0.f, norm_ = 0.f;
+  bool nesterov_ = false;
+};
+
 #if KEEL_CUDA_HAVE_CUDNN
 
 void zero(keel_tensor_t* t, const Dims& d, int32_t dtype, cudaStream_t s) {
@@ -583,6 +638,7 @@ std::vector<KernelInfo> train_kernels() {
       {"LayerNormGrad", 1, 0, "cuda_layer_norm_grad", [] { return new_kernel<LayerNormGradK>(); }, "keel"},
       {"GatherGrad", 1, 0, "cuda_gather_grad", [] { return new_kernel<GatherGradK>(); }, "keel"},
       {"DropoutMask", 1, 0, "cuda_dropout_mask", [] { return new_kernel<DropoutMaskK>(); }, "keel"},
+      {"Momentum", 1, 0, "cuda_momentum", [] { return new_kernel<MomentumK>(); }, "ai.onnx.preview.training"},
   };
 #if KEEL_CUDA_HAVE_CUDNN
   v.push_back({"ConvGrad", 1, 0, "cuda_cudnn_conv_grad", [] { return new_kernel<ConvGradK>(); }, "keel"});
