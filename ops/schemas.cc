@@ -222,6 +222,32 @@ void register_keel_schemas() {
                      {1, 2, 2});
     register_grad_op("GatherGrad", "dData of Gather(data, indices, axis): dY scattered (added) into data_shape",
                      {{"dY"}, {"indices", false, true}}, {{"dData"}}, {-1});
+    // Adam / AdamW's step over n f32 parameters (Adam::step on a device): PyTorch's formulas, in its order of
+    // operations.
+    {
+      OpSchema s;
+      s.SetName("AdamStep").SetDomain("keel").SinceVersion(1).AllowUncheckedAttributes();
+      s.SetDoc(
+          "Adam / AdamW over n tensors: inputs scalars (f32[9]: decay_scale, weight_decay, beta1, 1 - beta1, beta2, "
+          "1 - beta2, sqrt(1 - beta2^t), eps, lr / (1 - beta1^t)), then P1..Pn, G1..Gn, M1..Mn, V1..Vn; outputs "
+          "P1_new..Pn_new, M1_new..Mn_new, V1_new..Vn_new. Per element, each operation rounded to f32: p = p * "
+          "decay_scale (when not 1); g = g + p * weight_decay (when not 0); m = m * beta1 + g * (1 - beta1); v = v * "
+          "beta2 + (g * g) * (1 - beta2); p = p - (m / (sqrt(v) / sqrt(1 - beta2^t) + eps)) * (lr / (1 - beta1^t))");
+      s.Input(0, "scalars", "", "tensor(float)");
+      s.Input(1, "tensors", "P..., G..., M..., V...", "tensor(float)", OpSchema::Variadic);
+      s.Output(0, "outputs", "P_new..., M_new..., V_new...", "tensor(float)", OpSchema::Variadic);
+      s.TypeAndShapeInferenceFunction([](onnx::InferenceContext& ctx) {
+        const size_t n = ctx.getNumInputs() > 1 ? (ctx.getNumInputs() - 1) / 4 : 0;
+        for (size_t o = 0; o < ctx.getNumOutputs() && n > 0; ++o) {
+          const size_t group = o / n, i = o % n;  // P, M, V: inputs 1 + i, 1 + 2n + i, 1 + 3n + i
+          const size_t from = 1 + (group == 0 ? 0 : group + 1) * n + i;
+          if (from >= ctx.getNumInputs()) continue;
+          onnx::propagateElemTypeFromInputToOutput(ctx, from, o);
+          if (onnx::hasInputShape(ctx, from)) onnx::propagateShapeFromInputToOutput(ctx, from, o);
+        }
+      });
+      register_one(s);
+    }
     // Training-mode dropout's mask (eager dropout emits it; the gradient flows through the Mul by the mask).
     register_grad_op("DropoutMask",
                      "X's shape and dtype: 1 / (1 - ratio) where element i's uniform is at least ratio * 2^32, else "

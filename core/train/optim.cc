@@ -364,11 +364,54 @@ Adam::Adam(std::vector<ParamGroup> groups, AdamOptions o, bool decoupled)
   if (!(o.eps >= 0)) fail("Adam: eps must be >= 0");
 }
 
+namespace {
+
+// Adam's step of parameters in a device's own memory, f32, one device and the same step count (so the same
+// scalars): one keel.AdamStep call (the CUDA plugin updates up to 16 tensors a launch) instead of about a dozen ops
+// each; the new moments replace the state and the new values are copied into the parameters. Same operations in the
+// same order as adam_loop. False when the device has no AdamStep kernel.
+struct DeviceAdam {
+  size_t idx;
+  Tensor p, g, m, v;
+};
+bool adam_update_on_device(std::vector<DeviceAdam>& u, const AdamScalars& s) {
+  if (u.empty()) return false;
+  const std::string device = u[0].p.device();
+  if (eager::environment().registry().kernels_for("keel", "AdamStep", 1, device.substr(0, device.find(':'))).empty())
+    return false;
+  const std::vector<float> sc = {s.decay_scale,  s.wd,       s.b1,  s.one_minus_b1, s.b2,
+                                 s.one_minus_b2, s.sqrt_bc2, s.eps, s.step_size};
+  std::vector<Tensor> in = {eager::from_vector(sc, {9}).to(device)};
+  for (auto& x : u) in.push_back(x.p.detach());
+  for (auto& x : u) in.push_back(x.g);
+  for (auto& x : u) in.push_back(x.m);
+  for (auto& x : u) in.push_back(x.v);
+  std::vector<Tensor> out;
+  try {
+    out = eager::call_op("keel", "AdamStep", in, {}, 3 * u.size());
+  } catch (const eager::Error& e) {
+    if (e.status().code() != StatusCode::kUnimplemented) throw;
+    return false;
+  }
+  const size_t n = u.size();
+  for (size_t k = 0; k < n; ++k) {
+    u[k].p.copy_(out[k]);
+    u[k].m = out[n + k];
+    u[k].v = out[2 * n + k];
+  }
+  return true;
+}
+
+}  // namespace
+
 void Adam::step() {
   eager::NoGradGuard ng;
   size_t i = 0;
   const auto b1 = static_cast<float>(o_.beta1), b2 = static_cast<float>(o_.beta2);
   for (auto& group : param_groups()) {
+    // Parameters in a device's own memory, by device and step count (one fused update each, below).
+    std::map<std::pair<std::string, int64_t>, std::vector<DeviceAdam>> on_device;
+    std::map<std::pair<std::string, int64_t>, AdamScalars> scalars_of;
     for (auto& p : group.params) {
       const size_t idx = i++;
       Tensor g = p.grad();
@@ -378,41 +421,71 @@ void Adam::step() {
       const double bc2 = 1 - std::pow(o_.beta2, static_cast<double>(t));
       const double step_size = group.lr / bc1;
       auto& st = state_[idx];
-      if (p.device() == "cpu" && p.dtype() == DType::kF32) {
+      AdamScalars s{};
+      s.decay_scale = group.weight_decay != 0 && decoupled_ ? static_cast<float>(1 - group.lr * group.weight_decay) : 1;
+      s.wd = group.weight_decay != 0 && !decoupled_ ? static_cast<float>(group.weight_decay) : 0;
+      s.b1 = b1;
+      s.one_minus_b1 = 1 - b1;
+      s.b2 = b2;
+      s.one_minus_b2 = 1 - b2;
+      s.sqrt_bc2 = static_cast<float>(std::sqrt(bc2));
+      s.eps = static_cast<float>(o_.eps);
+      s.step_size = static_cast<float>(step_size);
+      const bool f32 =
+          p.dtype() == DType::kF32 && g.dtype() == DType::kF32 && g.device() == p.device() && g.shape() == p.shape();
+      if (f32) {
         // The moments start as zeros on the first step, as the eager path's do.
         Tensor& m = st["exp_avg"];
         Tensor& v = st["exp_avg_sq"];
         if (!m.defined()) m = eager::zeros(p.shape(), p.dtype(), p.device());
         if (!v.defined()) v = eager::zeros(p.shape(), p.dtype(), p.device());
-        AdamScalars s{};
-        s.decay_scale =
-            group.weight_decay != 0 && decoupled_ ? static_cast<float>(1 - group.lr * group.weight_decay) : 1;
-        s.wd = group.weight_decay != 0 && !decoupled_ ? static_cast<float>(group.weight_decay) : 0;
-        s.b1 = b1;
-        s.one_minus_b1 = 1 - b1;
-        s.b2 = b2;
-        s.one_minus_b2 = 1 - b2;
-        s.sqrt_bc2 = static_cast<float>(std::sqrt(bc2));
-        s.eps = static_cast<float>(o_.eps);
-        s.step_size = static_cast<float>(step_size);
-        if (adam_update_on_host(p, g, m, v, s)) continue;
+        if (p.device() == "cpu" && adam_update_on_host(p, g, m, v, s)) continue;
+        if (p.device() != "cpu" && m.dtype() == DType::kF32 && v.dtype() == DType::kF32 && m.device() == p.device() &&
+            v.device() == p.device()) {
+          const auto key = std::make_pair(p.device(), t);
+          on_device[key].push_back(DeviceAdam{idx, p, g, m, v});
+          scalars_of[key] = s;
+          continue;
+        }
       }
-      if (group.weight_decay != 0) {
-        if (decoupled_) p.copy_(p * static_cast<float>(1 - group.lr * group.weight_decay));
-        else g = g + p * static_cast<float>(group.weight_decay);
+      adam_eager_update(p, g, idx, group.lr, group.weight_decay, bc2, step_size);
+    }
+    for (auto& [key, u] : on_device) {
+      if (adam_update_on_device(u, scalars_of[key])) {
+        for (auto& x : u) {
+          state_[x.idx]["exp_avg"] = x.m;
+          state_[x.idx]["exp_avg_sq"] = x.v;
+        }
+      } else {
+        for (auto& x : u) {
+          const double t = static_cast<double>(key.second);
+          const double bc2 = 1 - std::pow(o_.beta2, t);
+          adam_eager_update(x.p, x.g, x.idx, group.lr, group.weight_decay, bc2, group.lr / (1 - std::pow(o_.beta1, t)));
+        }
       }
-      Tensor m = st.count("exp_avg") && st["exp_avg"].defined() ? st["exp_avg"]
-                                                                : eager::zeros(p.shape(), p.dtype(), p.device());
-      Tensor v = st.count("exp_avg_sq") && st["exp_avg_sq"].defined() ? st["exp_avg_sq"]
-                                                                      : eager::zeros(p.shape(), p.dtype(), p.device());
-      m = m * b1 + g * (1 - b1);
-      v = v * b2 + (g * g) * (1 - b2);
-      st["exp_avg"] = m;
-      st["exp_avg_sq"] = v;
-      Tensor denom = eager::sqrt(v) / static_cast<float>(std::sqrt(bc2)) + static_cast<float>(o_.eps);
-      p.copy_(p - (m / denom) * static_cast<float>(step_size));
     }
   }
+}
+
+// One parameter's update by eager ops (any device and dtype).
+void Adam::adam_eager_update(Tensor& p, Tensor g, size_t idx, double lr, double weight_decay, double bc2,
+                             double step_size) {
+  const auto b1 = static_cast<float>(o_.beta1), b2 = static_cast<float>(o_.beta2);
+  auto& st = state_[idx];
+  if (weight_decay != 0) {
+    if (decoupled_) p.copy_(p * static_cast<float>(1 - lr * weight_decay));
+    else g = g + p * static_cast<float>(weight_decay);
+  }
+  Tensor m =
+      st.count("exp_avg") && st["exp_avg"].defined() ? st["exp_avg"] : eager::zeros(p.shape(), p.dtype(), p.device());
+  Tensor v = st.count("exp_avg_sq") && st["exp_avg_sq"].defined() ? st["exp_avg_sq"]
+                                                                  : eager::zeros(p.shape(), p.dtype(), p.device());
+  m = m * b1 + g * (1 - b1);
+  v = v * b2 + (g * g) * (1 - b2);
+  st["exp_avg"] = m;
+  st["exp_avg_sq"] = v;
+  Tensor denom = eager::sqrt(v) / static_cast<float>(std::sqrt(bc2)) + static_cast<float>(o_.eps);
+  p.copy_(p - (m / denom) * static_cast<float>(step_size));
 }
 
 // --- clipping ---

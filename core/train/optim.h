@@ -100,6 +100,8 @@ class Adam : public Optimizer {
   std::string name() const override { return decoupled_ ? "AdamW" : "Adam"; }
 
  private:
+  // One parameter by eager ops (what no fused path takes: other dtypes, devices without an AdamStep kernel).
+  void adam_eager_update(Tensor& p, Tensor g, size_t idx, double lr, double weight_decay, double bc2, double step_size);
   AdamOptions o_;
   bool decoupled_;
 };

@@ -117,6 +117,57 @@ TEST(SGD, TheDeviceUpdatesMomentumCallEqualsTheEagerOps) {
   }
 }
 
+// On a device with an AdamStep kernel (the CUDA plugin), Adam::step updates parameters of one step count with one
+// keel.AdamStep call taking the step's nine scalars. Its reference kernel gives the eager ops' bits (the same f32
+// operations in the same order): Adam and AdamW, with and without weight decay, the first and a later step, two
+// tensors in one call.
+TEST(Adam, TheDeviceUpdatesAdamStepCallEqualsTheEagerOps) {
+  struct C {
+    double wd;
+    bool decoupled;
+    int64_t t;
+  };
+  for (const C& c : {C{0, false, 1}, C{1e-2, false, 3}, C{1e-2, true, 1}, C{5e-3, true, 7}}) {
+    eager::manual_seed(9);
+    eager::NoGradGuard ng;
+    const double lr = 1e-3, b1 = 0.9, b2 = 0.999, eps = 1e-8;
+    std::vector<Tensor> p = {eager::randn({257}), eager::randn({4, 6})};
+    std::vector<Tensor> g = {eager::randn({257}), eager::randn({4, 6})};
+    std::vector<Tensor> m = {eager::randn({257}) * 0.1f, eager::randn({4, 6}) * 0.1f};
+    // Second moments are non-negative: squares.
+    Tensor r0 = eager::randn({257}), r1 = eager::randn({4, 6});
+    std::vector<Tensor> v = {r0 * r0 * 0.01f, r1 * r1 * 0.01f};
+    const double bc1 = 1 - std::pow(b1, static_cast<double>(c.t)), bc2 = 1 - std::pow(b2, static_cast<double>(c.t));
+    const std::vector<float> sc = {c.decoupled && c.wd != 0 ? static_cast<float>(1 - lr * c.wd) : 1.f,
+                                   !c.decoupled ? static_cast<float>(c.wd) : 0.f,
+                                   static_cast<float>(b1),
+                                   1 - static_cast<float>(b1),
+                                   static_cast<float>(b2),
+                                   1 - static_cast<float>(b2),
+                                   static_cast<float>(std::sqrt(bc2)),
+                                   static_cast<float>(eps),
+                                   static_cast<float>(lr / bc1)};
+    std::vector<Tensor> in = {eager::from_vector(sc, {9})};
+    for (auto* group : {&p, &g, &m, &v}) in.insert(in.end(), group->begin(), group->end());
+    auto out = eager::call_op("keel", "AdamStep", in, {}, 6);
+    for (size_t i = 0; i < 2; ++i) {
+      // Adam::step's eager ops, one by one.
+      Tensor pp = p[i] * 1.f, gg = g[i];
+      if (c.wd != 0) {
+        if (c.decoupled) pp = pp * static_cast<float>(1 - lr * c.wd);
+        else gg = gg + pp * static_cast<float>(c.wd);
+      }
+      Tensor mm = m[i] * static_cast<float>(b1) + gg * (1 - static_cast<float>(b1));
+      Tensor vv = v[i] * static_cast<float>(b2) + (gg * gg) * (1 - static_cast<float>(b2));
+      Tensor denom = eager::sqrt(vv) / static_cast<float>(std::sqrt(bc2)) + static_cast<float>(eps);
+      pp = pp - (mm / denom) * static_cast<float>(lr / bc1);
+      EXPECT_EQ(out[i].to_vector<float>(), pp.to_vector<float>()) << "parameter " << i << ", case t=" << c.t;
+      EXPECT_EQ(out[2 + i].to_vector<float>(), mm.to_vector<float>()) << "first moment " << i;
+      EXPECT_EQ(out[4 + i].to_vector<float>(), vv.to_vector<float>()) << "second moment " << i;
+    }
+  }
+}
+
 // A gradient that shares the parameter's memory (a detached view of it) is updated by the eager ops, not the one-pass
 // loop (which assumes separate memory): the result is the eager ops' as if the gradient were a copy.
 TEST(SGD, GradientSharingTheParametersMemoryStillStepsRight) {

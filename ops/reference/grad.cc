@@ -1,7 +1,7 @@
 // Reference kernels of the keel-domain backward (training) ops that ops/gradients.cc emits: ConvGrad, MaxPoolGrad,
 // AveragePoolGrad, ReluGrad, SigmoidGrad, TanhGrad, GeluGrad, LeakyReluGrad, SoftmaxCrossEntropyLossGrad,
-// BatchNormTraining, BatchNormGrad, LayerNormGrad, GatherGrad, and DropoutMask, which eager dropout emits (schemas in
-// ops/schemas.cc). They are the oracle the
+// BatchNormTraining, BatchNormGrad, LayerNormGrad, GatherGrad, DropoutMask, which eager dropout emits, and AdamStep,
+// which Adam::step runs on a device (schemas in ops/schemas.cc). They are the oracle the
 // device conformance suite checks other devices' versions against: plain loops, f64 math for f64 tensors and f32
 // math for f32/f16/bf16.
 #include "ops/reference/grad_kernels.h"
@@ -569,6 +569,40 @@ void op_dropout_mask(Kctx& k) {
       "X");
 }
 
+// --- Adam / AdamW step (keel.AdamStep, ops/schemas.cc): PyTorch's formulas, each operation rounded to f32 ---
+void op_adam_step(Kctx& k) {
+  TView sc = k.in(0);
+  if (sc.dtype != KEEL_DTYPE_F32 || sc.numel != 9) k.invalid(cat("scalars must be f32[9], got ", shape_str(sc.shape)));
+  const float* s = sc.p<float>();
+  const float decay_scale = s[0], wd = s[1], b1 = s[2], k1 = s[3], b2 = s[4], k2 = s[5], sqrt_bc2 = s[6], eps = s[7],
+              step_size = s[8];
+  const int rest = k.n_inputs() - 1;
+  if (rest <= 0 || rest % 4 != 0)
+    k.invalid(cat("expected scalars and 4 groups of tensors, got ", k.n_inputs(), " inputs"));
+  const int n = rest / 4;
+  if (k.n_outputs() != 3 * n) k.invalid(cat("expected ", 3 * n, " outputs for ", n, " tensor(s), got ", k.n_outputs()));
+  for (int i = 0; i < n; ++i) {
+    TView p = k.in(1 + i), g = k.in(1 + n + i), m = k.in(1 + 2 * n + i), v = k.in(1 + 3 * n + i);
+    for (const TView* t : {&p, &g, &m, &v}) {
+      if (t->dtype != KEEL_DTYPE_F32) k.invalid("every tensor must be f32");
+      if (t->shape != p.shape) k.invalid(cat("tensor ", i + 1, ": its gradient and moments differ in shape"));
+    }
+    TView po = k.out(i, p.shape), mo = k.out(n + i, p.shape), vo = k.out(2 * n + i, p.shape);
+    for (int64_t e = 0; e < p.numel; ++e) {
+      float pe = p.p<float>()[e];
+      if (decay_scale != 1.f) pe = pe * decay_scale;
+      float ge = g.p<float>()[e];
+      if (wd != 0.f) ge = ge + pe * wd;
+      const float me = m.p<float>()[e] * b1 + ge * k1;
+      const float ve = v.p<float>()[e] * b2 + (ge * ge) * k2;
+      mo.p<float>()[e] = me;
+      vo.p<float>()[e] = ve;
+      const float denom = std::sqrt(ve) / sqrt_bc2 + eps;
+      po.p<float>()[e] = pe - (me / denom) * step_size;
+    }
+  }
+}
+
 const KeelKernel kGrad[] = {
     {"ConvGrad", op_conv_grad},
     {"MaxPoolGrad", op_max_pool_grad},
@@ -584,6 +618,7 @@ const KeelKernel kGrad[] = {
     {"LayerNormGrad", op_layer_norm_grad},
     {"GatherGrad", op_gather_grad},
     {"DropoutMask", op_dropout_mask},
+    {"AdamStep", op_adam_step},
 };
 
 }  // namespace

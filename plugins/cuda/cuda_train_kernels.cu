@@ -625,6 +625,48 @@ cudaError_t launch_momentum(const MomentumTensors& ts, const float* r, const int
   return cudaGetLastError();
 }
 
+// ------------------------------------------------------------------------------------------ Adam / AdamW
+
+struct AdamLaunch {
+  AdamTensors ts;
+  int64_t first_block[kMomentumTensors + 1];
+};
+
+__global__ void adam_step_kernel(const __grid_constant__ AdamLaunch l, const float* sc) {
+  int i = 0;
+  while (i + 1 < l.ts.count && static_cast<int64_t>(blockIdx.x) >= l.first_block[i + 1]) ++i;
+  const int64_t begin = (static_cast<int64_t>(blockIdx.x) - l.first_block[i]) * kMomentumChunk;
+  const int64_t end = begin + kMomentumChunk < l.ts.n[i] ? begin + kMomentumChunk : l.ts.n[i];
+  const float decay_scale = sc[0], wd = sc[1], b1 = sc[2], k1 = sc[3], b2 = sc[4], k2 = sc[5], sqrt_bc2 = sc[6],
+              eps = sc[7], step_size = sc[8];
+  for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) {
+    float p = l.ts.p[i][j];
+    if (decay_scale != 1.f) p = __fmul_rn(p, decay_scale);
+    float g = l.ts.g[i][j];
+    if (wd != 0.f) g = __fadd_rn(g, __fmul_rn(p, wd));
+    const float m = __fadd_rn(__fmul_rn(l.ts.m[i][j], b1), __fmul_rn(g, k1));
+    const float v = __fadd_rn(__fmul_rn(l.ts.v[i][j], b2), __fmul_rn(__fmul_rn(g, g), k2));
+    l.ts.m_out[i][j] = m;
+    l.ts.v_out[i][j] = v;
+    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), sqrt_bc2), eps);
+    l.ts.p_out[i][j] = __fsub_rn(p, __fmul_rn(__fdiv_rn(m, denom), step_size));
+  }
+}
+
+cudaError_t launch_adam_step(const AdamTensors& ts, const float* scalars, cudaStream_t s) {
+  if (ts.count < 0 || ts.count > kMomentumTensors) return cudaErrorInvalidValue;
+  AdamLaunch l;
+  l.ts = ts;
+  l.first_block[0] = 0;
+  for (int i = 0; i < ts.count; ++i)
+    l.first_block[i + 1] = l.first_block[i] + (ts.n[i] + kMomentumChunk - 1) / kMomentumChunk;
+  const int64_t blocks = l.first_block[ts.count];
+  if (blocks == 0) return cudaSuccess;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  adam_step_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(l, scalars);
+  return cudaGetLastError();
+}
+
 // ------------------------------------------------------------------------------------------ dropout mask
 
 __device__ __forceinline__ uint64_t splitmix64_at(uint64_t seed, uint64_t k) {

@@ -102,6 +102,22 @@ struct MomentumTensors {
 cudaError_t launch_momentum(const MomentumTensors& ts, const float* r, const int64_t* t, float alpha, float beta,
                             float norm, bool nesterov, cudaStream_t s);
 
+// keel.AdamStep over up to kMomentumTensors f32 tensors in one launch: PyTorch's Adam / AdamW, each operation rounded
+// to f32 as the CPU loop rounds them (see ops/schemas.cc). scalars: f32[9] in device memory (decay_scale, weight
+// decay, beta1, 1 - beta1, beta2, 1 - beta2, sqrt(1 - beta2^t), eps, lr / (1 - beta1^t)).
+struct AdamTensors {
+  const float* p[kMomentumTensors];
+  const float* g[kMomentumTensors];
+  const float* m[kMomentumTensors];
+  const float* v[kMomentumTensors];
+  float* p_out[kMomentumTensors];
+  float* m_out[kMomentumTensors];
+  float* v_out[kMomentumTensors];
+  int64_t n[kMomentumTensors];
+  int32_t count = 0;
+};
+cudaError_t launch_adam_step(const AdamTensors& ts, const float* scalars, cudaStream_t s);
+
 cudaError_t launch_dropout_mask(int32_t dtype, void* mask, int64_t n, int32_t seed_dtype, const void* seed,
                                 uint32_t cut, float kept, cudaStream_t s);
 

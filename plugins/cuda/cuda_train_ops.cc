@@ -16,6 +16,7 @@
 //   keel.GatherGrad          zeros plus an atomic scatter-add of dY at the indices.
 //   keel.DropoutMask         training dropout's mask from a counter-based stream (the seed read on the device).
 //   Momentum                 (ai.onnx.preview.training) SGD with momentum over many f32 tensors in one launch.
+//   keel.AdamStep            Adam / AdamW (PyTorch's formulas) over many f32 tensors in one launch.
 //
 // Semantics are the reference kernels' (ops/reference/grad.cc, misc.cc); the device conformance suite checks them.
 // Dtypes f32, f16, bf16 (one dtype per call, as the schemas say); anything else is rejected at create, so the core
@@ -448,6 +449,49 @@ class MomentumK : public Kernel {
   bool nesterov_ = false;
 };
 
+// ---------------------------------------------------------------------------------------------------------------
+// keel.AdamStep: scalars, P1..Pn, G1..Gn, M1..Mn, V1..Vn -> P_new..., M_new..., V_new...
+// ---------------------------------------------------------------------------------------------------------------
+
+class AdamStepK : public Kernel {
+ public:
+  void setup(Ctx& c) override {
+    const int rest = c.input_count() - 1;
+    if (rest <= 0 || rest % 4 != 0) throw Reject{"inputs are not scalars and four groups of tensors"};
+    n_ = rest / 4;
+    if (c.output_count() != 3 * n_) throw Reject{"outputs are not P_new..., M_new..., V_new..."};
+    for (int i = 0; i < c.input_count(); ++i)
+      if (c.dtype(i) != KEEL_DTYPE_F32) throw Reject{"a tensor that is not f32 (only f32 here)"};
+  }
+  void run(Ctx& c) override {
+    if (numel(c.dims(0)) != 9) throw invalid("AdamStep: scalars must hold 9 values, got " + dims_str(c.dims(0)));
+    AdamTensors ts;
+    for (int i = 0; i < n_; ++i) {
+      const Dims d = c.dims(1 + i);
+      for (int g = 1; g < 4; ++g)
+        if (c.dims(1 + g * n_ + i) != d)
+          throw invalid("AdamStep: P" + std::to_string(i + 1) + " " + dims_str(d) + ", its gradient and its moments " +
+                        "differ in shape");
+      ts.p[ts.count] = static_cast<const float*>(c.data(1 + i));
+      ts.g[ts.count] = static_cast<const float*>(c.data(1 + n_ + i));
+      ts.m[ts.count] = static_cast<const float*>(c.data(1 + 2 * n_ + i));
+      ts.v[ts.count] = static_cast<const float*>(c.data(1 + 3 * n_ + i));
+      ts.p_out[ts.count] = static_cast<float*>(c.output(i, d)->data);
+      ts.m_out[ts.count] = static_cast<float*>(c.output(n_ + i, d)->data);
+      ts.v_out[ts.count] = static_cast<float*>(c.output(2 * n_ + i, d)->data);
+      ts.n[ts.count] = numel(d);
+      if (++ts.count == kMomentumTensors || i + 1 == n_) {
+        check_cuda(launch_adam_step(ts, static_cast<const float*>(c.data(0)), c.stream()),
+                   ("AdamStep over " + std::to_string(n_) + " tensor(s)").c_str());
+        ts.count = 0;
+      }
+    }
+  }
+
+ private:
+  int n_ = 0;
+};
+
 #if KEEL_CUDA_HAVE_CUDNN
 
 void zero(keel_tensor_t* t, const Dims& d, int32_t dtype, cudaStream_t s) {
@@ -639,6 +683,7 @@ std::vector<KernelInfo> train_kernels() {
       {"GatherGrad", 1, 0, "cuda_gather_grad", [] { return new_kernel<GatherGradK>(); }, "keel"},
       {"DropoutMask", 1, 0, "cuda_dropout_mask", [] { return new_kernel<DropoutMaskK>(); }, "keel"},
       {"Momentum", 1, 0, "cuda_momentum", [] { return new_kernel<MomentumK>(); }, "ai.onnx.preview.training"},
+      {"AdamStep", 1, 0, "cuda_adam_step", [] { return new_kernel<AdamStepK>(); }, "keel"},
   };
 #if KEEL_CUDA_HAVE_CUDNN
   v.push_back({"ConvGrad", 1, 0, "cuda_cudnn_conv_grad", [] { return new_kernel<ConvGradK>(); }, "keel"});

@@ -1610,6 +1610,49 @@ void add_training_device_cases(std::vector<OpCase>& v) {
       v.push_back(o);
     }
   }
+  // Adam / AdamW (keel.AdamStep, which Adam::step runs on a device): one tensor and three in one call, with and without
+  // (decoupled) weight decay, the first step and a later one; the parameters and both moments are compared. The
+  // reference rounds every operation to f32 as the device must: compared to a few ulps (sqrt and division may differ
+  // in the last bit on another device).
+  struct Ad {
+    std::vector<Shape> ps;
+    float decay_scale, wd;
+    int64_t t;
+  };
+  for (const Ad& a : {Ad{{{10, 5408}}, 1.f, 0.f, 1}, Ad{{{64, 32, 3, 3}, {64}, {1000, 13}}, 1.f, 1e-2f, 4},
+                      Ad{{{128, 9}, {7}}, 1.f - 1e-5f, 0.f, 2}}) {
+    const int64_t n = static_cast<int64_t>(a.ps.size());
+    const double b1 = 0.9, b2 = 0.999, lr = 1e-3;
+    const double bc1 = 1 - std::pow(b1, static_cast<double>(a.t)), bc2 = 1 - std::pow(b2, static_cast<double>(a.t));
+    for (int64_t out : std::set<int64_t>{0, n - 1, n, 2 * n}) {  // parameters, first and second moments
+      OpCase o;
+      o.op = "AdamStep";
+      o.domain = "keel";
+      std::string shapes;
+      for (const Shape& x : a.ps) shapes += shape_label(x);
+      o.label = shapes + " decay_scale=" + std::to_string(a.decay_scale) + " wd=" + std::to_string(a.wd) +
+                " t=" + std::to_string(a.t) + " output=" + std::to_string(out);
+      InputSpec sc = in("scalars", {9}, true);
+      sc.values = {a.decay_scale,
+                   a.wd,
+                   static_cast<float>(b1),
+                   1 - static_cast<float>(b1),
+                   static_cast<float>(b2),
+                   1 - static_cast<float>(b2),
+                   static_cast<float>(std::sqrt(bc2)),
+                   1e-8f,
+                   static_cast<float>(lr / bc1)};
+      o.inputs = {sc};
+      for (const char* g : {"P", "G", "M", "V"})
+        for (int64_t i = 0; i < n; ++i)
+          o.inputs.push_back(in(g + std::to_string(i), a.ps[static_cast<size_t>(i)], false,
+                                std::string(g) == "V" ? 0.f : -1.f, std::string(g) == "V" ? 0.01f : 1.f));
+      o.num_outputs = static_cast<size_t>(3 * n);
+      o.output = static_cast<size_t>(out);
+      o.rtol = 1e-5, o.atol = 1e-6;
+      v.push_back(o);
+    }
+  }
 }
 
 // Chains of ops a device may claim as one subgraph (oneDNN: layouts kept between ops, post-ops): ResNet, MobileNet
