@@ -24,7 +24,8 @@
 #       (batch 64 fp16: Keel >= 1.1x PyTorch's throughput; batch 1: Keel's latency no worse). The training step
 #       trains SimpleCNN and the LeNet-like model in fp32 and fp16 on the card and prints their accuracy against
 #       Keel's CPU run (±0.5 point), their epoch time against PyTorch eager's (gpu_torch_bench.py --train; Keel
-#       <= 0.8x) and the fp16 / fp32 ratio of their peak memory (<= 0.65). The profile step prints where the time
+#       <= 0.8x) and the fp16 / fp32 ratio of their peak memory (<= 0.65), and trains SimpleCNN with AdamW on the
+#       card and on the CPU (test accuracy within a point). The profile step prints where the time
 #       goes (KEEL_EAGER_PROFILE's second epoch of training, keel bench --profile of ResNet-18). --steps runs a
 #       subset of models, plugins, cts, tests, infer, dp, train, bench, profile (default: all); --train-device cpu
 #       runs the training step on the host (checks the script where there is no GPU). Every step has a
@@ -37,7 +38,7 @@ repo="$(cd "$here/.." && pwd)"
 mode="${1:-}"
 [[ $# -gt 0 ]] && shift
 die() { echo "gpu_check: $*" >&2; exit 2; }
-usage() { sed -n '2,32p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,33p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 case "$mode" in
   bundle)
@@ -379,6 +380,23 @@ PY
           if [[ $rc -ne 0 ]]; then echo "  training step FAILED (rc $rc)"; fails=$((fails+1)); fi
         done
       done
+      # AdamW (keel.AdamStep on the card; adam_loop on the host): one epoch of SimpleCNN on each, test accuracy within
+      # a point (the same f32 operations; only the convolutions' summation order differs).
+      step "train: keel train --model simple --optimizer adamw, $train_device against the CPU"
+      for dev in cpu "$train_device"; do
+        run_timed 60 "$keel" train --model simple --optimizer adamw --lr 0.001 --device "$dev" --epochs 1 \
+          "${train_args[@]}" --run-record "$tw/keel_adamw_$dev.json" 2>&1 | tail -2
+      done
+      "$py" - "$tw/keel_adamw_cpu.json" "$tw/keel_adamw_$train_device.json" <<'PY' || fails=$((fails+1))
+import json, sys
+try:
+    a, b = (json.load(open(p))["epochs"][0]["test_accuracy"] for p in sys.argv[1:3])
+except (OSError, ValueError, KeyError, IndexError) as e:
+    print(f"  AdamW comparison: no record ({e})"); sys.exit(1)
+ok = abs(a - b) <= 0.01
+print(f"  AdamW test accuracy: cpu {a:.4f}, device {b:.4f}: {'OK' if ok else 'MISMATCH (more than a point apart)'}")
+sys.exit(0 if ok else 1)
+PY
       step "train: PyTorch eager, the same loop (gpu_torch_bench.py --train)"
       run_timed 150 "$py" "$torch_bench" --train --data "$tw/data" --device "$train_device" --models simple,lenet \
         --precisions "$precs" --epochs 2 --json > "$tw/torch.jsonl" || fails=$((fails+1))
