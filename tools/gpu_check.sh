@@ -172,6 +172,7 @@ plan (steps $steps; each step: min(its own timeout, what is left of $budget s)):
    90 s  keel launch --nproc-per-node 1 -- keel train --device cuda (synthetic data): the data-parallel path on NCCL
   120 s  per model simple|lenet: keel train --device cpu, 1 epoch of a synthetic set (6,400 / 2,000 images)
    60 s  per (model, amp none|fp16): keel train --device $train_device --amp AMP, 2 epochs of the same set
+   60 s  per device cpu|$train_device: keel train --model simple --optimizer adamw, 1 epoch (accuracy within a point)
   150 s  $torch_bench --train (the same loop in PyTorch eager: both models, fp32 and fp16, 2 epochs)
          then the table: accuracy vs the CPU run, epoch-2 time vs PyTorch, fp16 / fp32 peak memory
    25 s  per model: keel run --device cuda [--precision fp16] vs test_data_set_0/output_0.pb (rtol 1e-3 / 1e-2)
@@ -179,6 +180,8 @@ plan (steps $steps; each step: min(its own timeout, what is left of $budget s)):
    30 s  per (model, batch, precision): keel bench MODEL --device cuda [--precision fp16] --json (batch 64: the
          models/b64/ export of the same weights)
          then the table: Keel vs PyTorch eager latency, throughput, ratio, targets
+   60 s  per run: KEEL_EAGER_PROFILE=1|sync keel train (lenet fp32 and fp16, simple fp16): the second epoch's ops
+   30 s  keel bench resnet18 --device cuda --profile
 PLAN
       exit 0
     fi
