@@ -142,6 +142,41 @@ __global__ void max_pool_grad_kernel(const T* dy, const T* x, float* acc, PoolGe
   }
 }
 
+// Windows that do not overlap (stride >= the window's extent in every dim, LeNet's 2x2 / 2): each input position gets
+// at most one window's gradient, written straight into dx in its dtype (zeroed first): no f32 accumulator, no atomics,
+// no conversion pass.
+template <class T>
+__global__ void max_pool_grad_direct_kernel(const T* dy, const T* x, T* dx, PoolGeom g, int64_t O, int64_t I) {
+  KEEL_GRID_STRIDE(e, g.nc * O) {
+    const int64_t nc = e / O, o = e % O;
+    const T* xc = x + nc * I;
+    int64_t best = -1;
+    float bv = 0.f;
+    for_window(g, o, [&](int64_t p) {
+      const float v = ld(xc, p);
+      if (best < 0 || v > bv) {
+        best = p;
+        bv = v;
+      }
+    });
+    if (best >= 0) dx[nc * I + best] = dy[e];
+  }
+}
+template <class T>
+__global__ void average_pool_grad_direct_kernel(const T* dy, T* dx, PoolGeom g, int64_t O, int64_t I,
+                                                bool include_pad) {
+  KEEL_GRID_STRIDE(e, g.nc * O) {
+    const int64_t nc = e / O, o = e % O;
+    int64_t inside = 0;
+    const int64_t padded = for_window(g, o, [&](int64_t) { ++inside; });
+    const int64_t cnt = include_pad ? padded : inside;
+    if (cnt == 0) continue;
+    const float v = ld(dy, e) / static_cast<float>(cnt);
+    T* dc = dx + nc * I;
+    for_window(g, o, [&](int64_t p) { st(dc, p, v); });
+  }
+}
+
 template <class T>
 __global__ void average_pool_grad_kernel(const T* dy, float* acc, PoolGeom g, int64_t O, int64_t I, bool include_pad) {
   KEEL_GRID_STRIDE(e, g.nc * O) {
@@ -425,9 +460,23 @@ cudaError_t launch_act_grad(ActGrad op, int32_t dtype, const void* dy, const voi
   });
 }
 
+bool pool_windows_disjoint(const PoolGeom& g) {
+  for (int d = 0; d < g.r; ++d)
+    if (g.strides[d] < (g.kernel[d] - 1) * g.dilations[d] + 1) return false;
+  return true;
+}
+
 cudaError_t launch_max_pool_grad(int32_t dtype, const void* dy, const void* x, void* dx, float* acc, const PoolGeom& g,
                                  cudaStream_t s) {
   const int64_t O = pool_size(g.out, g.r), I = pool_size(g.in, g.r);
+  if (pool_windows_disjoint(g)) {
+    return by_dtype(dtype, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      if (cudaMemsetAsync(dx, 0, static_cast<size_t>(g.nc * I) * sizeof(T), s) != cudaSuccess || g.nc * O == 0) return;
+      max_pool_grad_direct_kernel<T><<<blocks_for(g.nc * O), kThreads, 0, s>>>(
+          static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<T*>(dx), g, O, I);
+    });
+  }
   return scatter_into(dtype, dx, acc, g.nc * I, s, [&](float* a) {
     if (g.nc * O == 0) return cudaSuccess;
     return by_dtype(dtype, [&](auto* tag) {
@@ -441,6 +490,14 @@ cudaError_t launch_max_pool_grad(int32_t dtype, const void* dy, const void* x, v
 cudaError_t launch_average_pool_grad(int32_t dtype, const void* dy, void* dx, float* acc, const PoolGeom& g,
                                      bool count_include_pad, cudaStream_t s) {
   const int64_t O = pool_size(g.out, g.r), I = pool_size(g.in, g.r);
+  if (pool_windows_disjoint(g)) {
+    return by_dtype(dtype, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      if (cudaMemsetAsync(dx, 0, static_cast<size_t>(g.nc * I) * sizeof(T), s) != cudaSuccess || g.nc * O == 0) return;
+      average_pool_grad_direct_kernel<T><<<blocks_for(g.nc * O), kThreads, 0, s>>>(
+          static_cast<const T*>(dy), static_cast<T*>(dx), g, O, I, count_include_pad);
+    });
+  }
   return scatter_into(dtype, dx, acc, g.nc * I, s, [&](float* a) {
     if (g.nc * O == 0) return cudaSuccess;
     return by_dtype(dtype, [&](auto* tag) {

@@ -30,8 +30,12 @@ struct PoolGeom {
   int64_t strides[kPoolMaxDims] = {}, dilations[kPoolMaxDims] = {};
   int64_t pad_begin[kPoolMaxDims] = {}, pad_end[kPoolMaxDims] = {};
 };
+// Whether no two windows of a pool share an input position (stride >= the window's extent in every dim): then the
+// backward kernels write dx directly and need no accumulator (acc may be null).
+bool pool_windows_disjoint(const PoolGeom& g);
 // MaxPool backward: dY of each window goes to the window's first maximum of X (scan order; positions in the pads
-// skipped). acc: f32 scratch of numel(x) elements (accumulation across overlapping windows); dx gets the result.
+// skipped). acc: f32 scratch of numel(x) elements (accumulation across overlapping windows; unused, may be null, for
+// F32 and for disjoint windows); dx gets the result.
 cudaError_t launch_max_pool_grad(int32_t dtype, const void* dy, const void* x, void* dx, float* acc, const PoolGeom& g,
                                  cudaStream_t s);
 // AveragePool backward: dY / count to each in-bounds position of its window; count = the window's positions inside

@@ -6,8 +6,9 @@
 //                            algorithms are chosen once per shape (cuDNN's heuristics, workspace bounded as the
 //                            forward's) and cached in the kernel with the descriptors. Asymmetric pads and a dY whose
 //                            spatial size is not the convolution's output are rejected (the CPU runs them).
-//   keel.MaxPoolGrad, keel.AveragePoolGrad     own scatter kernels (f32 atomics), 1-3 spatial dims, the pooling
-//                            attributes as the forward (auto_pad, ceil_mode, dilations, count_include_pad).
+//   keel.MaxPoolGrad, keel.AveragePoolGrad     own scatter kernels (f32 atomics; direct writes in the data's dtype
+//                            when windows do not overlap), 1-3 spatial dims, the pooling attributes as the forward
+//                            (auto_pad, ceil_mode, dilations, count_include_pad).
 //   keel.ReluGrad, SigmoidGrad, TanhGrad, GeluGrad, LeakyReluGrad             element-wise.
 //   SoftmaxCrossEntropyLoss  (ai.onnx 12+) loss and log_prob, weights, ignore_index, reduction none / sum / mean;
 //                            keel.SoftmaxCrossEntropyLossGrad.
@@ -118,7 +119,9 @@ class PoolGradK : public Kernel {
     }
     const int32_t dt = c.dtype(0);
     keel_tensor_t* dx = c.output(0, x);
-    float* acc = dt == KEEL_DTYPE_F32
+    // An f32 accumulator for overlapping windows in f16 / bf16 (none for disjoint ones: LeNet's 2x2 / 2 in fp16 took
+    // an f32 copy of X's size, the largest block of a SimpleCNN step's device memory).
+    float* acc = dt == KEEL_DTYPE_F32 || pool_windows_disjoint(pg)
                      ? nullptr
                      : static_cast<float*>(c.workspace(static_cast<uint64_t>(numel(x)) * sizeof(float)));
     const std::string what = std::string(op) + ", dY " + dims_str(dy) + ", X " + dims_str(x);
