@@ -124,20 +124,33 @@ __device__ int64_t for_window(const PoolGeom& g, int64_t o, F&& f) {
   return padded;
 }
 
+// The input position of window o's first maximum in xc (one channel), -1 when the window holds no input position.
+template <class T>
+__device__ int64_t window_argmax(const PoolGeom& g, const T* xc, int64_t o) {
+  int64_t best = -1;
+  float bv = 0.f;
+  for_window(g, o, [&](int64_t p) {
+    const float v = ld(xc, p);
+    if (best < 0 || v > bv) {
+      best = p;
+      bv = v;
+    }
+  });
+  return best;
+}
+
+// The divisor of window o's average: positions inside the padded input (count_include_pad) or inside X.
+__device__ int64_t window_count(const PoolGeom& g, int64_t o, bool include_pad) {
+  int64_t inside = 0;
+  const int64_t padded = for_window(g, o, [&](int64_t) { ++inside; });
+  return include_pad ? padded : inside;
+}
+
 template <class T>
 __global__ void max_pool_grad_kernel(const T* dy, const T* x, float* acc, PoolGeom g, int64_t O, int64_t I) {
   KEEL_GRID_STRIDE(e, g.nc * O) {
-    const int64_t nc = e / O, o = e % O;
-    const T* xc = x + nc * I;
-    int64_t best = -1;
-    float bv = 0.f;
-    for_window(g, o, [&](int64_t p) {
-      const float v = ld(xc, p);
-      if (best < 0 || v > bv) {
-        best = p;
-        bv = v;
-      }
-    });
+    const int64_t nc = e / O;
+    const int64_t best = window_argmax(g, x + nc * I, e % O);
     if (best >= 0) atomicAdd(acc + nc * I + best, ld(dy, e));
   }
 }
@@ -148,17 +161,8 @@ __global__ void max_pool_grad_kernel(const T* dy, const T* x, float* acc, PoolGe
 template <class T>
 __global__ void max_pool_grad_direct_kernel(const T* dy, const T* x, T* dx, PoolGeom g, int64_t O, int64_t I) {
   KEEL_GRID_STRIDE(e, g.nc * O) {
-    const int64_t nc = e / O, o = e % O;
-    const T* xc = x + nc * I;
-    int64_t best = -1;
-    float bv = 0.f;
-    for_window(g, o, [&](int64_t p) {
-      const float v = ld(xc, p);
-      if (best < 0 || v > bv) {
-        best = p;
-        bv = v;
-      }
-    });
+    const int64_t nc = e / O;
+    const int64_t best = window_argmax(g, x + nc * I, e % O);
     if (best >= 0) dx[nc * I + best] = dy[e];
   }
 }
@@ -167,9 +171,7 @@ __global__ void average_pool_grad_direct_kernel(const T* dy, T* dx, PoolGeom g, 
                                                 bool include_pad) {
   KEEL_GRID_STRIDE(e, g.nc * O) {
     const int64_t nc = e / O, o = e % O;
-    int64_t inside = 0;
-    const int64_t padded = for_window(g, o, [&](int64_t) { ++inside; });
-    const int64_t cnt = include_pad ? padded : inside;
+    const int64_t cnt = window_count(g, o, include_pad);
     if (cnt == 0) continue;
     const float v = ld(dy, e) / static_cast<float>(cnt);
     T* dc = dx + nc * I;
@@ -181,9 +183,7 @@ template <class T>
 __global__ void average_pool_grad_kernel(const T* dy, float* acc, PoolGeom g, int64_t O, int64_t I, bool include_pad) {
   KEEL_GRID_STRIDE(e, g.nc * O) {
     const int64_t nc = e / O, o = e % O;
-    int64_t inside = 0;
-    const int64_t padded = for_window(g, o, [&](int64_t) { ++inside; });
-    const int64_t cnt = include_pad ? padded : inside;
+    const int64_t cnt = window_count(g, o, include_pad);
     if (cnt == 0) continue;
     const float v = ld(dy, e) / static_cast<float>(cnt);
     float* ac = acc + nc * I;

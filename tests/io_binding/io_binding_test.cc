@@ -39,37 +39,22 @@ std::string take(keel_status_t s) {
 #define EXPECT_KEEL_OK(expr) EXPECT_EQ(take(expr), "")
 
 // y = Relu(x) + x on f32[dims] (a dim of -1: symbolic "N").
-std::string model_bytes(const std::vector<int64_t>& dims) {
-  keel::GraphBuilder g("relu_add", 17);
+// y = Relu(x) + x, or with `weight` y = Relu(x) + w, w = {0.5, 1.5, ...} an initializer of the model (a weight).
+std::string model_bytes(const std::vector<int64_t>& dims, bool weight = false) {
+  keel::GraphBuilder g(weight ? "relu_add_weight" : "relu_add", 17);
   keel::Shape shape(dims.begin(), dims.end());
   auto x = g.input("x", keel::DType::kF32, shape);
+  std::string second = x;
+  if (weight) {
+    keel::Tensor w = keel::Tensor::host(keel::DType::kF32, shape).value();
+    for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] = 0.5f + static_cast<float>(i);
+    second = g.constant("w", w);
+  }
   auto r = g.op1("Relu", {x});
   keel::Node add;
   add.name = "add";
   add.op_type = "Add";
-  add.inputs = {r, x};
-  add.outputs = {"y"};
-  g.graph().add_node(std::move(add));
-  g.graph().value_info["y"] = keel::ValueInfo{keel::DType::kF32, shape};
-  g.output("y");
-  auto s = keel::serialize_onnx(g.take());
-  EXPECT_TRUE(s.is_ok()) << s.status().to_string();
-  return s.is_ok() ? s.value() : std::string();
-}
-
-// y = Relu(x) + w, with w = {0.5, 1.5, ...} an initializer of the model (a weight).
-std::string model_with_weight_bytes(const std::vector<int64_t>& dims) {
-  keel::GraphBuilder g("relu_add_weight", 17);
-  keel::Shape shape(dims.begin(), dims.end());
-  auto x = g.input("x", keel::DType::kF32, shape);
-  keel::Tensor w = keel::Tensor::host(keel::DType::kF32, shape).value();
-  for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] = 0.5f + static_cast<float>(i);
-  auto wv = g.constant("w", w);
-  auto r = g.op1("Relu", {x});
-  keel::Node add;
-  add.name = "add";
-  add.op_type = "Add";
-  add.inputs = {r, wv};
+  add.inputs = {r, second};
   add.outputs = {"y"};
   g.graph().add_node(std::move(add));
   g.graph().value_info["y"] = keel::ValueInfo{keel::DType::kF32, shape};
@@ -549,7 +534,7 @@ TEST_F(Streams, KernelsAndCopiesRunOnTheRunsStreamAndTheHostWaitsOnlyForOutputs)
 // nothing.
 TEST_F(Streams, WeightsAreUploadedOnceWhenTheSessionIsCreated) {
   const auto start = now();
-  keel_session_t s = make_session(env_->env, model_with_weight_bytes({2, 3}), "streamdev");
+  keel_session_t s = make_session(env_->env, model_bytes({2, 3}, true), "streamdev");
   ASSERT_NE(s, nullptr);
   const auto created = now();
   EXPECT_EQ((created - start).copies[KEEL_COPY_HOST_TO_DEVICE], 1) << "the weight, once";
