@@ -638,24 +638,42 @@ cudaError_t launch_channel_sum(int32_t dtype, const void* dy, void* db, int64_t 
   });
 }
 
-// ------------------------------------------------------------------------------------------ Momentum (SGD)
+// ------------------------------------------------------------------------------------------ Momentum, AdamStep
 
-constexpr int64_t kMomentumChunk = 4096;  // elements a block updates
+namespace {
+
+// Multi-tensor launches: block b updates a chunk of kChunk elements of one tensor; tensor i has blocks
+// [first[i], first[i + 1]).
+constexpr int64_t kChunk = 4096;
+int64_t chunk_blocks(const int64_t* n, int32_t count, int64_t* first) {
+  first[0] = 0;
+  for (int32_t i = 0; i < count; ++i) first[i + 1] = first[i] + (n[i] + kChunk - 1) / kChunk;
+  return first[count];
+}
+struct Chunk {
+  int i;               // the tensor
+  int64_t begin, end;  // the elements
+};
+__device__ Chunk chunk_of(const int64_t* first, const int64_t* n, int32_t count) {
+  Chunk c{0, 0, 0};
+  while (c.i + 1 < count && static_cast<int64_t>(blockIdx.x) >= first[c.i + 1]) ++c.i;
+  c.begin = (static_cast<int64_t>(blockIdx.x) - first[c.i]) * kChunk;
+  c.end = c.begin + kChunk < n[c.i] ? c.begin + kChunk : n[c.i];
+  return c;
+}
+
 struct MomentumLaunch {
   MomentumTensors ts;
-  int64_t first_block[kMomentumTensors + 1];  // tensor i's blocks: [first_block[i], first_block[i + 1])
+  int64_t first_block[kMomentumTensors + 1];
 };
 
 __global__ void momentum_kernel(const __grid_constant__ MomentumLaunch l, const float* r, const int64_t* t, float alpha,
                                 float beta, float norm, bool nesterov) {
-  int i = 0;
-  while (i + 1 < l.ts.count && static_cast<int64_t>(blockIdx.x) >= l.first_block[i + 1]) ++i;
-  const int64_t begin = (static_cast<int64_t>(blockIdx.x) - l.first_block[i]) * kMomentumChunk;
-  const int64_t end = begin + kMomentumChunk < l.ts.n[i] ? begin + kMomentumChunk : l.ts.n[i];
+  const Chunk c = chunk_of(l.first_block, l.ts.n, l.ts.count);
   const float lr = *r, b1 = *t > 0 ? beta : 1.f;
-  const float *x = l.ts.x[i], *g = l.ts.g[i], *v = l.ts.v[i];
-  float *xo = l.ts.x_out[i], *vo = l.ts.v_out[i];
-  for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) {
+  const float *x = l.ts.x[c.i], *g = l.ts.g[c.i], *v = l.ts.v[c.i];
+  float *xo = l.ts.x_out[c.i], *vo = l.ts.v_out[c.i];
+  for (int64_t j = c.begin + threadIdx.x; j < c.end; j += blockDim.x) {
     // Every operation rounded on its own (no fused multiply-add): the CPU loop's values.
     const float xj = x[j];
     float gr = g[j];
@@ -667,22 +685,21 @@ __global__ void momentum_kernel(const __grid_constant__ MomentumLaunch l, const 
   }
 }
 
+}  // namespace
+
 cudaError_t launch_momentum(const MomentumTensors& ts, const float* r, const int64_t* t, float alpha, float beta,
                             float norm, bool nesterov, cudaStream_t s) {
   if (ts.count < 0 || ts.count > kMomentumTensors) return cudaErrorInvalidValue;
   MomentumLaunch l;
   l.ts = ts;
-  l.first_block[0] = 0;
-  for (int i = 0; i < ts.count; ++i)
-    l.first_block[i + 1] = l.first_block[i] + (ts.n[i] + kMomentumChunk - 1) / kMomentumChunk;
-  const int64_t blocks = l.first_block[ts.count];
+  const int64_t blocks = chunk_blocks(ts.n, ts.count, l.first_block);
   if (blocks == 0) return cudaSuccess;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
   momentum_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(l, r, t, alpha, beta, norm, nesterov);
   return cudaGetLastError();
 }
 
-// ------------------------------------------------------------------------------------------ Adam / AdamW
+namespace {
 
 struct AdamLaunch {
   AdamTensors ts;
@@ -690,13 +707,11 @@ struct AdamLaunch {
 };
 
 __global__ void adam_step_kernel(const __grid_constant__ AdamLaunch l, const float* sc) {
-  int i = 0;
-  while (i + 1 < l.ts.count && static_cast<int64_t>(blockIdx.x) >= l.first_block[i + 1]) ++i;
-  const int64_t begin = (static_cast<int64_t>(blockIdx.x) - l.first_block[i]) * kMomentumChunk;
-  const int64_t end = begin + kMomentumChunk < l.ts.n[i] ? begin + kMomentumChunk : l.ts.n[i];
+  const Chunk c = chunk_of(l.first_block, l.ts.n, l.ts.count);
   const float decay_scale = sc[0], wd = sc[1], b1 = sc[2], k1 = sc[3], b2 = sc[4], k2 = sc[5], sqrt_bc2 = sc[6],
               eps = sc[7], step_size = sc[8];
-  for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) {
+  const int i = c.i;
+  for (int64_t j = c.begin + threadIdx.x; j < c.end; j += blockDim.x) {
     float p = l.ts.p[i][j];
     if (decay_scale != 1.f) p = __fmul_rn(p, decay_scale);
     float g = l.ts.g[i][j];
@@ -710,14 +725,13 @@ __global__ void adam_step_kernel(const __grid_constant__ AdamLaunch l, const flo
   }
 }
 
+}  // namespace
+
 cudaError_t launch_adam_step(const AdamTensors& ts, const float* scalars, cudaStream_t s) {
   if (ts.count < 0 || ts.count > kMomentumTensors) return cudaErrorInvalidValue;
   AdamLaunch l;
   l.ts = ts;
-  l.first_block[0] = 0;
-  for (int i = 0; i < ts.count; ++i)
-    l.first_block[i + 1] = l.first_block[i] + (ts.n[i] + kMomentumChunk - 1) / kMomentumChunk;
-  const int64_t blocks = l.first_block[ts.count];
+  const int64_t blocks = chunk_blocks(ts.n, ts.count, l.first_block);
   if (blocks == 0) return cudaSuccess;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
   adam_step_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(l, scalars);
@@ -725,6 +739,8 @@ cudaError_t launch_adam_step(const AdamTensors& ts, const float* scalars, cudaSt
 }
 
 // ------------------------------------------------------------------------------------------ dropout mask
+
+namespace {
 
 __device__ __forceinline__ uint64_t splitmix64_at(uint64_t seed, uint64_t k) {
   uint64_t z = seed + (k + 1) * 0x9e3779b97f4a7c15ull;
@@ -744,6 +760,8 @@ __global__ void dropout_mask_kernel(T* mask, int64_t n, bool seed_i32, const voi
     if (2 * j + 1 < n) st(mask, 2 * j + 1, static_cast<uint32_t>(r >> 32) >= cut ? kept : 0.f);
   }
 }
+
+}  // namespace
 
 cudaError_t launch_dropout_mask(int32_t dtype, void* mask, int64_t n, int32_t seed_dtype, const void* seed,
                                 uint32_t cut, float kept, cudaStream_t s) {
