@@ -75,7 +75,8 @@ struct RunOptions {
 struct SessionMemoryInfo {
   uint64_t build_id = 0;          // equal for sessions that share one build
   uint64_t sessions_sharing = 0;  // sessions holding the build (1 = this one alone)
-  uint64_t constant_bytes = 0;    // the initializers the build holds (each storage once)
+  uint64_t constant_bytes = 0;    // the initializers the build holds (each storage once; a weight uploaded to a
+                                  // device counts there too)
   uint64_t arena_sets = 0;        // activation arena sets made (at most the runs ever in progress at once)
   uint64_t arena_bytes = 0;       // their bytes, all sets
 };
