@@ -254,8 +254,8 @@ namespace {
 // first), all of them in one ai.onnx.preview.training Momentum call (the CUDA plugin updates up to 16 tensors a
 // launch) instead of five ops each: alpha = momentum, beta = 1 - dampening, norm_coefficient = weight decay. The new
 // momenta replace the buffers and the new values are copied into the parameters. The same operations in the same
-// order as the eager path (and sgd_update_on_host), each rounded to f32. Returns the state indices it updated; none
-// when the device has no Momentum kernel or the group does not qualify.
+// order as the eager path (and sgd_update_on_host), each rounded to f32. False when the device has no Momentum kernel
+// for these tensors (the caller then runs the eager ops).
 struct DeviceUpdate {
   size_t idx;
   Tensor p, g, buf;
