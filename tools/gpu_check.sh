@@ -181,7 +181,7 @@ plan (steps $steps; each step: min(its own timeout, what is left of $budget s)):
          models/b64/ export of the same weights)
          then the table: Keel vs PyTorch eager latency, throughput, ratio, targets
    60 s  per run: KEEL_EAGER_PROFILE=1|sync keel train (lenet fp32 and fp16, simple fp16): the second epoch's ops
-   30 s  keel bench resnet18 --device cuda --profile
+   30 s  keel bench resnet18 --device cuda --profile; at batch 64 in fp16 (slowest nodes) and fp32 with TF32 off / on
 PLAN
       exit 0
     fi
@@ -552,6 +552,18 @@ PY
         step "profile: keel bench resnet18 --device cuda --profile"
         run_timed 30 "$keel" bench "$work/models/resnet18/model.onnx" --device cuda --warmup 5 --iters 30 \
           --profile --profile-nodes 12 2>&1 | tail -45
+      fi
+      if [[ -f "$work/models/b64/resnet18/model.onnx" ]]; then
+        # Batch 64, where Keel trails PyTorch most: its slowest nodes in fp16, and fp32 with TF32 allowed (PyTorch's
+        # cuDNN default) against true f32.
+        step "profile: keel bench resnet18 batch 64 --precision fp16 --profile"
+        run_timed 30 "$keel" bench "$work/models/b64/resnet18/model.onnx" --device cuda --precision fp16 --warmup 3 \
+          --iters 20 --profile --profile-nodes 8 2>&1 | grep -E '^(latency|compute|  [A-Z]| +[0-9.]+ ms)' | head -30
+        for tf32 in 0 1; do
+          step "profile: keel bench resnet18 batch 64 fp32, KEEL_CUDA_TF32=$tf32"
+          run_timed 30 env KEEL_CUDA_TF32=$tf32 "$keel" bench "$work/models/b64/resnet18/model.onnx" --device cuda \
+            --warmup 3 --iters 20 2>&1 | grep -E '^(latency|compute)'
+        done
       fi
     fi
     echo; echo "gpu_check: done in $(elapsed) s, $fails failure(s)"
