@@ -256,6 +256,12 @@ namespace {
 // momenta replace the buffers and the new values are copied into the parameters. The same operations in the same
 // order as the eager path (and sgd_update_on_host), each rounded to f32. False when the device has no Momentum kernel
 // for these tensors (the caller then runs the eager ops).
+// Whether `device` ("cuda", "cuda:1") registers a kernel for the op: the fused optimizer updates are taken only there
+// (a device without one would run the op on the CPU, copying every tensor over and back).
+bool device_has_kernel(const std::string& domain, const std::string& op, const std::string& device) {
+  return !eager::environment().registry().kernels_for(domain, op, 1, device.substr(0, device.find(':'))).empty();
+}
+
 struct DeviceUpdate {
   size_t idx;
   Tensor p, g, buf;
@@ -263,12 +269,7 @@ struct DeviceUpdate {
 bool sgd_update_on_device(std::vector<DeviceUpdate>& u, float lr, float wd, const SGDOptions& o) {
   if (u.empty()) return false;
   const std::string device = u[0].p.device();
-  // Only where the device has the kernel: a device without one would run it on the CPU, copying every tensor over.
-  if (eager::environment()
-          .registry()
-          .kernels_for("ai.onnx.preview.training", "Momentum", 1, device.substr(0, device.find(':')))
-          .empty())
-    return false;
+  if (!device_has_kernel("ai.onnx.preview.training", "Momentum", device)) return false;
   std::vector<Tensor> in;
   in.reserve(2 + 3 * u.size());
   in.push_back(eager::full({}, lr, DType::kF32, device));
@@ -377,8 +378,7 @@ struct DeviceAdam {
 bool adam_update_on_device(std::vector<DeviceAdam>& u, const AdamScalars& s) {
   if (u.empty()) return false;
   const std::string device = u[0].p.device();
-  if (eager::environment().registry().kernels_for("keel", "AdamStep", 1, device.substr(0, device.find(':'))).empty())
-    return false;
+  if (!device_has_kernel("keel", "AdamStep", device)) return false;
   const std::vector<float> sc = {s.decay_scale,  s.wd,       s.b1,  s.one_minus_b1, s.b2,
                                  s.one_minus_b2, s.sqrt_bc2, s.eps, s.step_size};
   std::vector<Tensor> in = {eager::from_vector(sc, {9}).to(device)};
@@ -410,8 +410,12 @@ void Adam::step() {
   const auto b1 = static_cast<float>(o_.beta1), b2 = static_cast<float>(o_.beta2);
   for (auto& group : param_groups()) {
     // Parameters in a device's own memory, by device and step count (one fused update each, below).
-    std::map<std::pair<std::string, int64_t>, std::vector<DeviceAdam>> on_device;
-    std::map<std::pair<std::string, int64_t>, AdamScalars> scalars_of;
+    struct Batch {
+      AdamScalars s;
+      double bc2, step_size;  // for the eager ops, where the device has no AdamStep kernel
+      std::vector<DeviceAdam> u;
+    };
+    std::map<std::pair<std::string, int64_t>, Batch> on_device;
     for (auto& p : group.params) {
       const size_t idx = i++;
       Tensor g = p.grad();
@@ -442,26 +446,22 @@ void Adam::step() {
         if (p.device() == "cpu" && adam_update_on_host(p, g, m, v, s)) continue;
         if (p.device() != "cpu" && m.dtype() == DType::kF32 && v.dtype() == DType::kF32 && m.device() == p.device() &&
             v.device() == p.device()) {
-          const auto key = std::make_pair(p.device(), t);
-          on_device[key].push_back(DeviceAdam{idx, p, g, m, v});
-          scalars_of[key] = s;
+          Batch& b = on_device[std::make_pair(p.device(), t)];
+          b.s = s, b.bc2 = bc2, b.step_size = step_size;
+          b.u.push_back(DeviceAdam{idx, p, g, m, v});
           continue;
         }
       }
       adam_eager_update(p, g, idx, group.lr, group.weight_decay, bc2, step_size);
     }
-    for (auto& [key, u] : on_device) {
-      if (adam_update_on_device(u, scalars_of[key])) {
-        for (auto& x : u) {
+    for (auto& [key, b] : on_device) {
+      if (adam_update_on_device(b.u, b.s)) {
+        for (auto& x : b.u) {
           state_[x.idx]["exp_avg"] = x.m;
           state_[x.idx]["exp_avg_sq"] = x.v;
         }
       } else {
-        for (auto& x : u) {
-          const double t = static_cast<double>(key.second);
-          const double bc2 = 1 - std::pow(o_.beta2, t);
-          adam_eager_update(x.p, x.g, x.idx, group.lr, group.weight_decay, bc2, group.lr / (1 - std::pow(o_.beta1, t)));
-        }
+        for (auto& x : b.u) adam_eager_update(x.p, x.g, x.idx, group.lr, group.weight_decay, b.bc2, b.step_size);
       }
     }
   }
