@@ -248,6 +248,31 @@ void register_keel_schemas() {
       });
       register_one(s);
     }
+    // GradScaler's unscale and inf/NaN check over every gradient in one call (Paddle's check_finite_and_unscale,
+    // PyTorch's _amp_foreach_non_finite_check_and_unscale_).
+    {
+      OpSchema s;
+      s.SetName("CheckFiniteAndUnscale").SetDomain("keel").SinceVersion(1).AllowUncheckedAttributes();
+      s.SetDoc(
+          "Unscales n gradients and checks them: inputs inv_scale (f32, one value), then G1..Gn (one dtype: f32, f16 "
+          "or bf16; any shapes); outputs found_inf (f32 scalar: 1 when an element of any U is inf or NaN, else 0), "
+          "then "
+          "U1..Un, Ui = Gi * inv_scale computed in f32 and rounded to Gi's dtype");
+      s.TypeConstraint("T", {"tensor(float)", "tensor(float16)", "tensor(bfloat16)"}, "gradients");
+      s.Input(0, "inv_scale", "", "tensor(float)");
+      s.Input(1, "G", "gradients", "T", OpSchema::Variadic);
+      s.Output(0, "found_inf", "", "tensor(float)");
+      s.Output(1, "U", "unscaled gradients", "T", OpSchema::Variadic);
+      s.TypeAndShapeInferenceFunction([](onnx::InferenceContext& ctx) {
+        onnx::updateOutputElemType(ctx, 0, onnx::TensorProto::FLOAT);
+        ctx.getOutputType(0)->mutable_tensor_type()->mutable_shape();  // a scalar
+        for (size_t o = 1; o < ctx.getNumOutputs() && o < ctx.getNumInputs(); ++o) {
+          onnx::propagateElemTypeFromInputToOutput(ctx, o, o);
+          if (onnx::hasInputShape(ctx, o)) onnx::propagateShapeFromInputToOutput(ctx, o, o);
+        }
+      });
+      register_one(s);
+    }
     // Training-mode dropout's mask (eager dropout emits it; the gradient flows through the Mul by the mask).
     register_grad_op("DropoutMask",
                      "X's shape and dtype: 1 / (1 - ratio) where element i's uniform is at least ratio * 2^32, else "

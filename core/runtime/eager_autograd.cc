@@ -196,13 +196,19 @@ std::vector<Tensor> adjust_inputs(const std::string& domain, const std::string& 
   return inputs;
 }
 
+// Ops whose float inputs differ in dtype by design, passed through as given: Cast, and keel.CheckFiniteAndUnscale
+// (an f32 inv_scale with f16 / bf16 gradients, which must not be widened).
+bool keeps_input_dtypes(const std::string& domain, const std::string& op_type) {
+  return op_type == "Cast" || (domain == "keel" && op_type == "CheckFiniteAndUnscale");
+}
+
 }  // namespace
 
 // The core of every op: autocast, dispatch, autograd recording, tracing.
 std::vector<Tensor> apply(const std::string& domain, const std::string& op_type, std::vector<Tensor> inputs,
                           const std::map<std::string, Attribute>& attrs, size_t num_outputs, std::vector<bool> wanted,
                           bool differentiable) {
-  if (op_type != "Cast") inputs = adjust_inputs(domain, op_type, std::move(inputs));
+  if (!keeps_input_dtypes(domain, op_type)) inputs = adjust_inputs(domain, op_type, std::move(inputs));
   std::vector<keel::Tensor> datas;
   datas.reserve(inputs.size());
   for (const auto& t : inputs) datas.push_back(t.defined() ? t.data() : keel::Tensor());

@@ -607,24 +607,49 @@ void GradScaler::unscale_(Optimizer& opt) {
   if (unscaled_) fail("GradScaler: unscale_() was already called since the last update()");
   eager::NoGradGuard ng;
   const auto inv = static_cast<float>(1.0 / scale_);
-  // The inf/NaN check stays on the gradients' device: g·0 is 0 where g is finite and NaN where it is not, so the sum
-  // of g·0 over all gradients is 0 or NaN (never a false alarm from a large finite sum overflowing, in any dtype).
-  // One such flag per device, read back once at the end: one host sync per step instead of one per gradient.
-  std::map<std::string, Tensor> flags;
+  // The gradients by device and dtype, in parameter order.
+  std::map<std::pair<std::string, DType>, std::vector<Tensor*>> by_device;
   for (auto& group : opt.param_groups())
-    for (auto& p : group.params) {
-      Tensor g = p.grad();
-      if (!g.defined()) continue;
+    for (auto& p : group.params)
+      if (p.grad().defined()) by_device[{p.grad().device(), p.grad().dtype()}].push_back(&p);
+  // One flag per device and dtype: 0 when every unscaled gradient is finite (1 or NaN otherwise), read back once all
+  // are queued.
+  std::vector<Tensor> flags;
+  for (auto& [key, params] : by_device) {
+    const std::string& device = key.first;
+    // One keel.CheckFiniteAndUnscale call per device and dtype where the device has the kernel (the unscaled
+    // gradients replace the .grad tensors).
+    if (device_has_kernel("keel", "CheckFiniteAndUnscale", device)) {
+      std::vector<Tensor> in = {eager::full({}, inv, DType::kF32, device)};
+      for (Tensor* p : params) in.push_back(p->grad());
+      std::vector<Tensor> out;
+      try {
+        out = eager::call_op("keel", "CheckFiniteAndUnscale", in, {}, params.size() + 1);
+      } catch (const eager::Error& e) {
+        if (e.status().code() != StatusCode::kUnimplemented) throw;
+      }
+      if (!out.empty()) {
+        for (size_t k = 0; k < params.size(); ++k) params[k]->set_grad(out[k + 1]);
+        flags.push_back(out[0]);
+        continue;
+      }
+    }
+    // Eager ops on the device: g·0 is 0 where g is finite and NaN where it is not, so the sum of g·0 over all
+    // gradients is 0 or NaN (never a false alarm from a large finite sum overflowing, in any dtype).
+    Tensor flag;
+    for (Tensor* p : params) {
+      Tensor g = p->grad();
       Tensor u = g * inv;
       g.copy_(u);
       Tensor f = eager::sum(u * 0.f);
       if (f.dtype() != DType::kF32) f = f.to(DType::kF32);
-      auto [it, first] = flags.try_emplace(g.device(), f);
-      if (!first) it->second = it->second + f;
+      flag = flag.defined() ? flag + f : f;
     }
+    flags.push_back(flag);
+  }
   found_inf_ = false;
-  for (const auto& [device, f] : flags)
-    if (!std::isfinite(f.item())) found_inf_ = true;
+  for (const Tensor& f : flags)
+    if (f.item() != 0) found_inf_ = true;  // 1 or NaN
   unscaled_ = true;
 }
 

@@ -457,5 +457,41 @@ TEST(GradScaler, ChecksEveryGradientOfEveryGroupInOnePass) {
   EXPECT_EQ(d.item(), 5.f);  // no gradient: untouched
 }
 
+// keel.CheckFiniteAndUnscale (what unscale_ calls on a device that has it): every gradient times inv_scale, rounded to
+// its dtype as the eager Mul rounds it, in f32, f16 and bf16; found_inf is 1 exactly when an unscaled element is inf
+// or NaN (a finite gradient that overflows once unscaled by an inv_scale above 1 included).
+TEST(GradScaler, TheCheckFiniteAndUnscaleCallEqualsTheEagerOps) {
+  eager::manual_seed(3);
+  eager::NoGradGuard ng;
+  const float inf = std::numeric_limits<float>::infinity();
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16})
+    for (float inv : {1.f / 65536, 0.3f, 4.f}) {
+      std::vector<Tensor> g = {(eager::randn({257}) * (dt == DType::kF32 ? 1000.f : 10.f)).to(dt),
+                               eager::randn({3, 5}).to(dt), eager::randn({64}).to(dt)};
+      std::vector<Tensor> in = {eager::full({}, inv)};
+      in.insert(in.end(), g.begin(), g.end());
+      auto out = eager::call_op("keel", "CheckFiniteAndUnscale", in, {}, 4);
+      EXPECT_EQ(out[0].item(), 0.f) << inv;
+      for (size_t i = 0; i < g.size(); ++i) {
+        EXPECT_EQ(out[i + 1].dtype(), dt);
+        EXPECT_EQ(out[i + 1].shape(), g[i].shape());
+        EXPECT_EQ(out[i + 1].to(DType::kF32).to_vector<float>(),
+                  (g[i].to(DType::kF32) * inv).to(dt).to(DType::kF32).to_vector<float>())
+            << "gradient " << i << ", inv_scale " << inv << ", dtype " << dtype_name(dt);
+      }
+    }
+  // Non-finite in any gradient, or made by unscaling: found.
+  for (int where = 0; where < 4; ++where) {
+    std::vector<float> a = {1.f, 2.f, 3.f}, b = {1.f, 1.f};
+    float inv = 0.5f;
+    if (where == 0) a[1] = std::nanf("");
+    if (where == 1) b[1] = -inf;
+    if (where == 3) a[2] = 3.e38f, inv = 2.f;
+    auto out = eager::call_op("keel", "CheckFiniteAndUnscale",
+                              {eager::full({}, inv), eager::from_vector(a, {3}), eager::from_vector(b, {2})}, {}, 3);
+    EXPECT_EQ(out[0].item(), where == 2 ? 0.f : 1.f) << "case " << where;
+  }
+}
+
 }  // namespace
 }  // namespace keel::train

@@ -1,9 +1,9 @@
 // Reference kernels of the keel-domain backward (training) ops that ops/gradients.cc emits: ConvGrad, MaxPoolGrad,
 // AveragePoolGrad, ReluGrad, SigmoidGrad, TanhGrad, GeluGrad, LeakyReluGrad, SoftmaxCrossEntropyLossGrad,
-// BatchNormTraining, BatchNormGrad, LayerNormGrad, GatherGrad, DropoutMask, which eager dropout emits, and AdamStep,
-// which Adam::step runs on a device (schemas in ops/schemas.cc). They are the oracle the
-// device conformance suite checks other devices' versions against: plain loops, f64 math for f64 tensors and f32
-// math for f32/f16/bf16.
+// BatchNormTraining, BatchNormGrad, LayerNormGrad, GatherGrad, DropoutMask, which eager dropout emits, AdamStep,
+// which Adam::step runs on a device, and CheckFiniteAndUnscale, GradScaler's (schemas in ops/schemas.cc). They are the
+// oracle the device conformance suite checks other devices' versions against: plain loops, f64 math for f64 tensors and
+// f32 math for f32/f16/bf16.
 #include "ops/reference/grad_kernels.h"
 
 #include <algorithm>
@@ -603,6 +603,40 @@ void op_adam_step(Kctx& k) {
   }
 }
 
+// --- GradScaler's unscale and inf/NaN check (keel.CheckFiniteAndUnscale, ops/schemas.cc) ---
+void op_check_finite_and_unscale(Kctx& k) {
+  TView is = k.in(0);
+  if (is.dtype != KEEL_DTYPE_F32 || is.numel != 1)
+    k.invalid(cat("inv_scale must be one f32 value, got ", dtype_str(is.dtype), shape_str(is.shape)));
+  const float inv = *is.p<float>();
+  const int n = k.n_inputs() - 1;
+  if (n < 1 || k.n_outputs() != n + 1)
+    k.invalid(cat("expected found_inf and one output per gradient: ", n, " gradient(s), ", k.n_outputs(), " outputs"));
+  bool found = false;
+  for (int i = 0; i < n; ++i) {
+    TView g = k.in(1 + i);
+    if (g.dtype != k.in(1).dtype) k.invalid("the gradients of one call must have one dtype");
+    TView u = k.out(1 + i, g.shape);
+    dispatch(
+        TL<float, Half, BFloat16>{}, g.dtype, k,
+        [&](auto tag) {
+          using T = typename decltype(tag)::type;
+          const T* src = g.p<T>();
+          T* dst = u.p<T>();
+          bool bad = false;
+          for (int64_t e = 0; e < g.numel; ++e) {
+            const T v = st<T>(static_cast<float>(ld(src[e])) * inv);
+            dst[e] = v;
+            bad |= !std::isfinite(static_cast<float>(ld(v)));
+          }
+          found |= bad;
+        },
+        "G");
+  }
+  TView f = k.out(0, {});
+  *f.p<float>() = found ? 1.f : 0.f;
+}
+
 const KeelKernel kGrad[] = {
     {"ConvGrad", op_conv_grad},
     {"MaxPoolGrad", op_max_pool_grad},
@@ -619,6 +653,7 @@ const KeelKernel kGrad[] = {
     {"GatherGrad", op_gather_grad},
     {"DropoutMask", op_dropout_mask},
     {"AdamStep", op_adam_step},
+    {"CheckFiniteAndUnscale", op_check_finite_and_unscale},
 };
 
 }  // namespace

@@ -738,6 +738,47 @@ cudaError_t launch_adam_step(const AdamTensors& ts, const float* scalars, cudaSt
   return cudaGetLastError();
 }
 
+// ------------------------------------------------------------------------------------------ GradScaler's unscale
+
+namespace {
+
+struct UnscaleLaunch {
+  UnscaleTensors ts;
+  int64_t first_block[kMomentumTensors + 1];
+};
+
+// u = g * inv in f32, rounded to T; a block that stores an inf or NaN sets *found (every such block writes the same
+// 1, so the unordered writes agree; *found was zeroed before the first launch).
+template <class T>
+__global__ void unscale_kernel(const __grid_constant__ UnscaleLaunch l, const float* inv_p, float* found) {
+  const Chunk c = chunk_of(l.first_block, l.ts.n, l.ts.count);
+  const float inv = *inv_p;
+  const T* g = static_cast<const T*>(l.ts.g[c.i]);
+  T* u = static_cast<T*>(l.ts.u[c.i]);
+  int bad = 0;
+  for (int64_t j = c.begin + threadIdx.x; j < c.end; j += blockDim.x) {
+    st(u, j, __fmul_rn(ld(g, j), inv));
+    bad |= !isfinite(ld(u, j));
+  }
+  if (__syncthreads_or(bad) && threadIdx.x == 0) *found = 1.f;
+}
+
+}  // namespace
+
+cudaError_t launch_check_finite_and_unscale(const UnscaleTensors& ts, int32_t dtype, const float* inv_scale,
+                                            float* found, cudaStream_t s) {
+  if (ts.count < 0 || ts.count > kMomentumTensors) return cudaErrorInvalidValue;
+  UnscaleLaunch l;
+  l.ts = ts;
+  const int64_t blocks = chunk_blocks(ts.n, ts.count, l.first_block);
+  if (blocks == 0) return cudaSuccess;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  return by_dtype(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    unscale_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(l, inv_scale, found);
+  });
+}
+
 // ------------------------------------------------------------------------------------------ dropout mask
 
 namespace {

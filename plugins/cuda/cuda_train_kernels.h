@@ -122,6 +122,18 @@ struct AdamTensors {
 };
 cudaError_t launch_adam_step(const AdamTensors& ts, const float* scalars, cudaStream_t s);
 
+// keel.CheckFiniteAndUnscale over up to kMomentumTensors gradients of one dtype (f32, f16, bf16) in one launch: u = g *
+// *inv_scale computed in f32 and rounded to the dtype; *found (f32, device memory) is set to 1 when a u holds an inf
+// or NaN and left as it is otherwise (the caller zeroes it once before the first launch of a call).
+struct UnscaleTensors {
+  const void* g[kMomentumTensors];
+  void* u[kMomentumTensors];
+  int64_t n[kMomentumTensors];
+  int32_t count = 0;
+};
+cudaError_t launch_check_finite_and_unscale(const UnscaleTensors& ts, int32_t dtype, const float* inv_scale,
+                                            float* found, cudaStream_t s);
+
 cudaError_t launch_dropout_mask(int32_t dtype, void* mask, int64_t n, int32_t seed_dtype, const void* seed,
                                 uint32_t cut, float kept, cudaStream_t s);
 

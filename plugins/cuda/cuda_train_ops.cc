@@ -18,6 +18,7 @@
 //   keel.DropoutMask         training dropout's mask from a counter-based stream (the seed read on the device).
 //   Momentum                 (ai.onnx.preview.training) SGD with momentum over many f32 tensors in one launch.
 //   keel.AdamStep            Adam / AdamW (PyTorch's formulas) over many f32 tensors in one launch.
+//   keel.CheckFiniteAndUnscale  GradScaler's unscale and inf/NaN flag over many gradients in one launch.
 //
 // Semantics are the reference kernels' (ops/reference/grad.cc, misc.cc); the device conformance suite checks them.
 // Dtypes f32, f16, bf16 (one dtype per call, as the schemas say); anything else is rejected at create, so the core
@@ -495,6 +496,44 @@ class AdamStepK : public Kernel {
   int n_ = 0;
 };
 
+// ---------------------------------------------------------------------------------------------------------------
+// keel.CheckFiniteAndUnscale: inv_scale, G1..Gn -> found_inf, U1..Un
+// ---------------------------------------------------------------------------------------------------------------
+
+class CheckFiniteAndUnscaleK : public Kernel {
+ public:
+  void setup(Ctx& c) override {
+    if (c.input_count() < 2 || c.output_count() != c.input_count())
+      throw Reject{"inputs are not inv_scale and gradients, or outputs not found_inf and one per gradient"};
+    if (c.dtype(0) != KEEL_DTYPE_F32) throw Reject{"inv_scale is not f32"};
+    dt_ = c.dtype(1);
+    if (!is_float(dt_)) throw Reject{"gradient dtype " + std::to_string(dt_) + " (only f32, f16, bf16)"};
+    for (int i = 2; i < c.input_count(); ++i)
+      if (c.dtype(i) != dt_) throw Reject{"gradients of different dtypes"};
+  }
+  void run(Ctx& c) override {
+    if (numel(c.dims(0)) != 1) throw invalid("CheckFiniteAndUnscale: inv_scale must hold one value");
+    const int n = c.input_count() - 1;
+    auto* found = static_cast<float*>(c.output(0, {})->data);
+    check_cuda(cudaMemsetAsync(found, 0, sizeof(float), c.stream()), "CheckFiniteAndUnscale flag");
+    UnscaleTensors ts;
+    for (int i = 0; i < n; ++i) {
+      const Dims d = c.dims(1 + i);
+      ts.g[ts.count] = c.data(1 + i);
+      ts.u[ts.count] = c.output(1 + i, d)->data;
+      ts.n[ts.count] = numel(d);
+      if (++ts.count == kMomentumTensors || i + 1 == n) {
+        check_cuda(launch_check_finite_and_unscale(ts, dt_, static_cast<const float*>(c.data(0)), found, c.stream()),
+                   "CheckFiniteAndUnscale");
+        ts.count = 0;
+      }
+    }
+  }
+
+ private:
+  int32_t dt_ = KEEL_DTYPE_F32;
+};
+
 #if KEEL_CUDA_HAVE_CUDNN
 
 void zero(keel_tensor_t* t, const Dims& d, int32_t dtype, cudaStream_t s) {
@@ -687,6 +726,8 @@ std::vector<KernelInfo> train_kernels() {
       {"DropoutMask", 1, 0, "cuda_dropout_mask", [] { return new_kernel<DropoutMaskK>(); }, "keel"},
       {"Momentum", 1, 0, "cuda_momentum", [] { return new_kernel<MomentumK>(); }, "ai.onnx.preview.training"},
       {"AdamStep", 1, 0, "cuda_adam_step", [] { return new_kernel<AdamStepK>(); }, "keel"},
+      {"CheckFiniteAndUnscale", 1, 0, "cuda_check_finite_and_unscale",
+       [] { return new_kernel<CheckFiniteAndUnscaleK>(); }, "keel"},
   };
 #if KEEL_CUDA_HAVE_CUDNN
   v.push_back({"ConvGrad", 1, 0, "cuda_cudnn_conv_grad", [] { return new_kernel<ConvGradK>(); }, "keel"});

@@ -93,7 +93,8 @@ INSTANTIATE_TEST_SUITE_P(Training, CudaOps,
                          ::testing::Values("ConvGrad", "MaxPoolGrad", "AveragePoolGrad", "ReluGrad", "SigmoidGrad",
                                            "TanhGrad", "GeluGrad", "LeakyReluGrad", "SoftmaxCrossEntropyLoss",
                                            "SoftmaxCrossEntropyLossGrad", "BatchNormTraining", "BatchNormGrad",
-                                           "LayerNormGrad", "GatherGrad", "DropoutMask", "Momentum", "AdamStep"));
+                                           "LayerNormGrad", "GatherGrad", "DropoutMask", "Momentum", "AdamStep",
+                                           "CheckFiniteAndUnscale"));
 
 // Run-time errors of the plugin's kernels are statuses, not crashes: Gather indices out of range, as a constant
 // (checked on the host) and as an input (checked on the device, read back after the kernel).

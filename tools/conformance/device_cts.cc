@@ -1653,6 +1653,52 @@ void add_training_device_cases(std::vector<OpCase>& v) {
       v.push_back(o);
     }
   }
+  // GradScaler's unscale and inf/NaN check (keel.CheckFiniteAndUnscale): one gradient, three, and 17 (two launches of
+  // the CUDA plugin's 16-tensor batches), chunks of 4096 elements crossed; finite gradients, a NaN, an inf, and an
+  // inv_scale above 1 that overflows a finite value; the flag and unscaled gradients are compared.
+  struct Un {
+    std::vector<Shape> gs;
+    float inv;
+    int poison;  // 0: none, 1: a NaN in the last gradient, 2: -inf in the first, 3: 3e38 with inv_scale 4
+  };
+  std::vector<Shape> many;
+  for (int64_t i = 0; i < 17; ++i) many.push_back({i % 3 == 0 ? 4097 : 5 + i});
+  for (const Un& u :
+       {Un{{{10, 5408}}, 1.f / 65536, 0}, Un{{{64, 32, 3, 3}, {64}, {9000}}, 0.25f, 1},
+        Un{{{128, 9}, {7}}, 1.f / 1024, 2}, Un{{{33}, {4096}}, 4.f, 3}, Un{many, 1.f / 8, 0}, Un{many, 1.f / 8, 1}}) {
+    const int64_t n = static_cast<int64_t>(u.gs.size());
+    for (int64_t out : std::set<int64_t>{0, 1, n}) {  // found_inf, the first and the last unscaled gradient
+      OpCase o;
+      o.op = "CheckFiniteAndUnscale";
+      o.domain = "keel";
+      std::string shapes;
+      for (const Shape& x : u.gs) shapes += shape_label(x);
+      o.label = (n > 3 ? std::to_string(n) + " tensors" : shapes) + " inv=" + std::to_string(u.inv) +
+                " poison=" + std::to_string(u.poison) + " output=" + std::to_string(out);
+      InputSpec is = in("inv_scale", {}, false);
+      is.values = {u.inv};
+      o.inputs = {is};
+      for (int64_t i = 0; i < n; ++i) {
+        InputSpec g = in("G" + std::to_string(i), u.gs[static_cast<size_t>(i)], false, -1000.f, 1000.f);
+        int64_t count = 1;
+        for (int64_t d : u.gs[static_cast<size_t>(i)]) count *= d;
+        const bool last = i == n - 1, first = i == 0;
+        if ((u.poison == 1 && last) || (u.poison == 2 && first) || (u.poison == 3 && last)) {
+          g.values.resize(static_cast<size_t>(count));
+          for (int64_t e = 0; e < count; ++e) g.values[static_cast<size_t>(e)] = static_cast<float>(e % 97) - 48.f;
+          const float bad = u.poison == 1   ? std::nanf("")
+                            : u.poison == 2 ? -std::numeric_limits<float>::infinity()
+                                            : 3.e38f;
+          g.values[static_cast<size_t>(count / 2)] = bad;
+        }
+        o.inputs.push_back(g);
+      }
+      o.num_outputs = static_cast<size_t>(n + 1);
+      o.output = static_cast<size_t>(out);
+      o.rtol = 0, o.atol = 0;  // one rounded multiplication: exact
+      v.push_back(o);
+    }
+  }
 }
 
 // Chains of ops a device may claim as one subgraph (oneDNN: layouts kept between ops, post-ops): ResNet, MobileNet
