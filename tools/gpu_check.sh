@@ -26,8 +26,11 @@
 #       Keel's CPU run (±0.5 point), their epoch time against PyTorch eager's (gpu_torch_bench.py --train; Keel
 #       <= 0.8x) and the fp16 / fp32 ratio of their peak memory (<= 0.65), and trains SimpleCNN with AdamW on the
 #       card and on the CPU (test accuracy within a point). The profile step prints where the time
-#       goes (KEEL_EAGER_PROFILE's second epoch of training, keel bench --profile of ResNet-18). --steps runs a
-#       subset of models, plugins, cts, tests, infer, dp, train, bench, profile (default: all); --train-device cpu
+#       goes (KEEL_EAGER_PROFILE's second epoch of training, keel bench --profile of ResNet-18). The graph step runs
+#       the convolutions through cuDNN's graph API with cached plans (KEEL_CUDNN_GRAPH=1, opt-in until measured):
+#       their conformance cases, the four training runs and ResNet-18 at batch 1 against the legacy calls.
+#       --steps runs a
+#       subset of models, plugins, cts, tests, infer, dp, train, graph, bench, profile (default: all); --train-device cpu
 #       runs the training step on the host (checks the script where there is no GPU). Every step has a
 #       timeout inside an overall budget (default 470 s, under 8 minutes) and prints the elapsed time. Exit status:
 #       0 when every check passed (targets missed are reported, not failures). --dry-run prints the plan only.
@@ -111,7 +114,7 @@ case "$mode" in
   run)
     bundle="$here"; models="simple_cnn,simple_cnn_b32,resnet18,mobilenet_v2,squeezenet1_1,transformer_enc"
     work="${TMPDIR:-/tmp}/keel-gpu-check"; dry=0; budget=470
-    steps="models,plugins,cts,tests,infer,dp,train,bench,profile"; train_device=cuda
+    steps="models,plugins,cts,tests,infer,dp,train,graph,bench,profile"; train_device=cuda
     while [[ $# -gt 0 ]]; do
       case "$1" in
         --bundle) bundle="${2:?--bundle DIR}"; shift 2 ;;
@@ -126,7 +129,7 @@ case "$mode" in
       esac
     done
     for s in ${steps//,/ }; do
-      [[ $s =~ ^(models|plugins|cts|tests|infer|dp|train|bench|profile)$ ]] || die "run: --steps: unknown step '$s'"
+      [[ $s =~ ^(models|plugins|cts|tests|infer|dp|train|graph|bench|profile)$ ]] || die "run: --steps: unknown step '$s'"
     done
     want() { [[ ",$steps," == *",$1,"* ]]; }
     [[ -x "$bundle/bin/keel" || ! -x "$repo/gpu-bundle/bin/keel" ]] || bundle="$repo/gpu-bundle"  # run from a checkout
@@ -176,6 +179,9 @@ plan (steps $steps; each step: min(its own timeout, what is left of $budget s)):
   150 s  $torch_bench --train (the same loop in PyTorch eager: both models, fp32 and fp16, 2 epochs)
          then the table: accuracy vs the CPU run, epoch-2 time vs PyTorch, fp16 / fp32 peak memory
    25 s  per model: keel run --device cuda [--precision fp16] vs test_data_set_0/output_0.pb (rtol 1e-3 / 1e-2)
+   90 s  KEEL_CUDNN_GRAPH=1: keel-cts --op Conv|FusedConv|ConvGrad; the four training runs again (epoch-2 time against
+         the legacy calls' and PyTorch's); keel bench resnet18 batch 1 fp32|fp16 with and without; the host profile
+         of lenet fp32
   100 s  $torch_bench --models ${bench_models// /,} --batches 1,64 --precisions fp32,fp16 --json
    30 s  per (model, batch, precision): keel bench MODEL --device cuda [--precision fp16] --json (batch 64: the
          models/b64/ export of the same weights)
@@ -472,6 +478,68 @@ if broken:
     print(f"{broken} run(s) more than 5 points off the CPU run: training on the device is wrong")
 sys.exit(1 if broken else 0)
 PY
+    fi
+    if want graph; then
+      # cuDNN's graph API with execution plans cached per shape (cuda_dnn_graph.h), against the legacy calls: the
+      # same conformance cases, training runs and ResNet-18 latency. A kernel that cannot use it logs why and keeps
+      # the legacy call; those lines are counted.
+      step "cuDNN graph API (KEEL_CUDNN_GRAPH=1): conformance of the convolutions"
+      if [[ -x "$bundle/bin/keel-cts" ]]; then
+        for op in Conv FusedConv ConvGrad; do
+          out=$(KEEL_CUDNN_GRAPH=1 run_timed 60 "$bundle/bin/keel-cts" --device cuda --op "$op" --kernel-prefix cuda_ 2>&1)
+          [[ $? -eq 0 ]] || fails=$((fails+1))
+          echo "$out" | grep -E '^(FAIL|ERROR|device )' | head -12
+          echo "  $op: $(grep -c 'graph API is not used' <<<"$out") kernel(s) fell back to the legacy call"
+          grep -m3 'graph API is not used' <<<"$out" | sed 's/^/    /'
+        done
+      fi
+      gw="$work/train"
+      if [[ -f "$gw/data/train-images-idx3-ubyte" ]]; then
+        for run in "lenet none" "lenet fp16" "simple none" "simple fp16"; do
+          set -- $run
+          step "cuDNN graph API: keel train --model $1 --amp $2 --device $train_device --epochs 2"
+          out=$(KEEL_CUDNN_GRAPH=1 run_timed 60 "$keel" train --model "$1" --device "$train_device" --amp "$2" --epochs 2 \
+                  --data "$gw/data" -o '' --no-quantize -q --histogram-bins 0 --log-every 0 \
+                  --run-record "$gw/keel_${1}_${2}_graph.json" 2>&1)
+          [[ $? -eq 0 ]] || { echo "  training FAILED"; fails=$((fails+1)); }
+          echo "$out" | grep -E '^epoch 2|graph API is not used' | head -5
+        done
+        "$py" - "$gw" <<'PY' || true
+import json, os, sys
+tw = sys.argv[1]
+def epoch(name, i, key):
+    try:
+        return json.load(open(os.path.join(tw, name)))["epochs"][i][key]
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return None
+torch = {}
+try:
+    for line in filter(str.strip, open(os.path.join(tw, "torch.jsonl"))):
+        r = json.loads(line); torch[(r["model"], r["precision"])] = r["epoch_seconds"]
+except (OSError, ValueError):
+    pass
+f = lambda v, spec: format(v, spec) if v is not None else format("-", ">" + spec.split(".")[0])
+print(f"{'model':7s} {'prec':4s} {'legacy s':>8s} {'graph s':>8s} {'torch s':>8s} {'graph/torch':>11s} {'acc legacy':>10s} {'acc graph':>9s}")
+for model in ("lenet", "simple"):
+    for amp, prec in (("none", "fp32"), ("fp16", "fp16")):
+        a, b, t = epoch(f"keel_{model}_{amp}.json", -1, "seconds"), epoch(f"keel_{model}_{amp}_graph.json", -1, "seconds"), torch.get((model, prec))
+        print(f"{model:7s} {prec:4s} {f(a, '8.3f')} {f(b, '8.3f')} {f(t, '8.3f')} {f(b / t if b and t else None, '11.2f')} "
+              f"{f(epoch(f'keel_{model}_{amp}.json', 0, 'test_accuracy'), '10.4f')} {f(epoch(f'keel_{model}_{amp}_graph.json', 0, 'test_accuracy'), '9.4f')}")
+PY
+        step "cuDNN graph API: KEEL_EAGER_PROFILE=1 keel train --model lenet --amp none (host time per op)"
+        KEEL_CUDNN_GRAPH=1 run_timed 60 env KEEL_EAGER_PROFILE=1 "$keel" train --model lenet --device "$train_device" \
+          --amp none --epochs 2 --data "$gw/data" -o '' --no-quantize -q --histogram-bins 0 --log-every 0 2>&1 |
+          awk '/^eager profile of epoch 2/ {on = 1} on && n < 14 {print; n++}'
+      fi
+      if [[ -f "$work/models/resnet18/model.onnx" ]]; then
+        for prec in fp32 fp16; do
+          for g in 0 1; do
+            step "cuDNN graph API: keel bench resnet18 batch 1 $prec, KEEL_CUDNN_GRAPH=$g"
+            KEEL_CUDNN_GRAPH=$g run_timed 30 "$keel" bench "$work/models/resnet18/model.onnx" --device cuda \
+              --precision "$prec" --warmup 10 --iters 100 2>&1 | grep -E '^(latency|cpu)|graph API is not used' | head -4
+          done
+        done
+      fi
     fi
     if want bench; then
       step "benchmark: PyTorch eager on the GPU"

@@ -34,6 +34,8 @@ using sdk::numel;
 using sdk::Reject;
 
 keel_status_t make_status(int32_t code, const std::string& msg);
+// A line in the host's log (level: KEEL_LOG_*) through the handle of the plugin's last init; dropped after shutdown.
+void log_line(int32_t level, const std::string& msg);
 // Throws Failure (INTERNAL, or OUT_OF_MEMORY for allocation errors) naming `what` when e is not cudaSuccess.
 void check_cuda(cudaError_t e, const char* what);
 // Bytes of one element (sdk::dtype_size as int32_t); 0 for dtypes without a fixed size (STRING, UNDEFINED).

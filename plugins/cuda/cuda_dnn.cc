@@ -6,9 +6,10 @@
 //                        Asymmetric pads: the input is padded explicitly by the difference (cuda_dnn_kernels.cu) and
 //                        cuDNN pads the symmetric rest.
 //   keel.FusedConv       act(conv(X, W) + B + Z): cudnnConvolutionBiasActivationForward for Relu with a bias (Z as its
-//                        z operand); every other activation (or no bias) runs the convolution and then one epilogue
-//                        kernel (bias + Z + activation). Should cuDNN refuse the fused call (BAD_PARAM / NOT_SUPPORTED
-//                        for a configuration), the kernel switches to the unfused path for good.
+//                        z operand); every other activation (or no bias), and every one under KEEL_CUDNN_GRAPH=1,
+//                        runs the convolution and then one epilogue kernel (bias + Z + activation). Should cuDNN refuse
+//                        the fused call (BAD_PARAM / NOT_SUPPORTED for a configuration), the kernel switches to the
+//                        unfused path for good.
 //   ConvTranspose        cudnnConvolutionBackwardData + bias; output_padding (< stride), output_shape, auto_pad.
 //                        Asymmetric pads: cuDNN computes with the smaller pad of each dimension, Y is cropped out.
 //   MaxPool, AveragePool (count_include_pad), GlobalAveragePool, GlobalMaxPool: cudnnPoolingForward. Asymmetric pads
@@ -21,7 +22,9 @@
 // Dtypes: f32, f16, bf16 (inputs and outputs of one dtype; BN's parameters may differ). f32 computes in true f32
 // (CUDNN_FMA_MATH) unless KEEL_CUDA_TF32=1; f16 / bf16 use tensor-op math with f32 accumulation.
 // Algorithms are chosen once per input shape, when a kernel first runs it (cudnnGetConvolution*Algorithm_v7, the
-// workspace bounded by kMaxWorkspace), and cached in the kernel with the descriptors. cuDNN handles are pooled per
+// workspace bounded by kMaxWorkspace), and cached in the kernel with the descriptors. KEEL_CUDNN_GRAPH=1 runs Conv
+// and keel.FusedConv's convolution through cuDNN's graph API with a cached execution plan instead (cuda_dnn_graph.h;
+// the legacy call stays the fallback). cuDNN handles are pooled per
 // device (a handle is bound to the computing stream for each call), created lazily, destroyed at plugin shutdown.
 // Every cuDNN status is checked: NOT_SUPPORTED becomes UNIMPLEMENTED, allocation failures OUT_OF_MEMORY, the rest
 // INTERNAL; messages name the call and the shapes. What cuDNN cannot express is rejected at kernel creation when the
@@ -38,6 +41,7 @@
 #include <utility>
 
 #include "cuda_common.h"
+#include "cuda_dnn_graph.h"
 #include "cuda_dnn_kernels.h"
 #include "cuda_dnn_util.h"
 
@@ -149,10 +153,13 @@ class ConvK : public Kernel {
                  ("Conv input padding, " + shapes).c_str());
       xin = padded;
     }
-    void* ws = c.workspace(p.ws);
     const float one = 1.f, zero = 0.f;
-    const bool try_fused = fused_ && fused_ok_ && static_cast<FusedAct>(act_.kind) == FusedAct::kRelu && has_b;
+    // With a graph-API plan the convolution goes through it and the epilogue kernel adds bias, Z and Relu: the
+    // legacy fused call costs as much host time as the legacy convolution.
+    const bool try_fused =
+        fused_ && fused_ok_ && !p.graph && static_cast<FusedAct>(act_.kind) == FusedAct::kRelu && has_b;
     if (try_fused) {
+      void* ws = c.workspace(p.ws);
       const float alpha2 = has_z ? 1.f : 0.f;
       cudnnStatus_t s = cudnnConvolutionBiasActivationForward(
           h.get(), &one, p.xd.get(), xin, p.wd.get(), c.data(1), p.cd.get(), p.algo, ws, p.ws, &alpha2, p.yd.get(),
@@ -162,9 +169,12 @@ class ConvK : public Kernel {
       // cuDNN refuses this configuration of the fused call (nothing ran): convolution + epilogue from now on.
       fused_ok_ = false;
     }
-    check_dnn(cudnnConvolutionForward(h.get(), &one, p.xd.get(), xin, p.wd.get(), c.data(1), p.cd.get(), p.algo, ws,
-                                      p.ws, &zero, p.yd.get(), y->data),
-              "cudnnConvolutionForward", shapes);
+    if (!run_graph_conv(p.graph, c, h.get(), xin, c.data(1), y->data, "Conv")) {
+      void* ws = c.workspace(p.ws);
+      check_dnn(cudnnConvolutionForward(h.get(), &one, p.xd.get(), xin, p.wd.get(), c.data(1), p.cd.get(), p.algo, ws,
+                                        p.ws, &zero, p.yd.get(), y->data),
+                "cudnnConvolutionForward", shapes);
+    }
     const FusedAct act = fused_ ? static_cast<FusedAct>(act_.kind) : FusedAct::kNone;
     if (has_b || has_z || act != FusedAct::kNone) {
       int64_t inner = 1;
@@ -187,6 +197,7 @@ class ConvK : public Kernel {
     ActDesc ad;
     cudnnConvolutionFwdAlgo_t algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
     size_t ws = 0;
+    std::unique_ptr<GraphConv> graph;  // KEEL_CUDNN_GRAPH=1: the graph API's plan (cuda_dnn_graph.h), else unset
   };
 
   void build(Ctx& c, const Dims& x, const Dims& w) {
@@ -257,6 +268,9 @@ class ConvK : public Kernel {
     check_dnn(cudnnGetConvolutionForwardWorkspaceSize(h.get(), p->xd.get(), p->wd.get(), p->cd.get(), p->yd.get(),
                                                       p->algo, &p->ws),
               "cudnnGetConvolutionForwardWorkspaceSize", shapes);
+    if (graph_api_enabled())
+      p->graph = std::make_unique<GraphConv>(
+          ConvProblem{ConvDirection::kForward, dt_, p->x_padded, w4, y4, sym4, strides4, dil4, shapes});
     plan_ = std::move(p);
   }
 

@@ -27,6 +27,15 @@
 namespace keel::cuda {
 
 std::atomic<const keel_core_api_t*> g_host{nullptr};
+namespace {
+std::atomic<keel_plugin_handle_t*> g_plugin{nullptr};  // the handle of the last init, for log_line
+}  // namespace
+
+void log_line(int32_t level, const std::string& msg) {
+  const keel_core_api_t* host = host_api();
+  keel_plugin_handle_t* plugin = g_plugin.load(std::memory_order_acquire);
+  if (host && plugin) host->log(plugin, level, msg.c_str());
+}
 
 keel_status_t make_status(int32_t code, const std::string& msg) { return host_api()->status_create(code, msg.c_str()); }
 
@@ -284,6 +293,7 @@ keel_status_t cuda_init(const keel_core_api_t* host, keel_plugin_handle_t* plugi
       !KEEL_HAS_MEMBER(host->kernel, keel_kernel_api_t, stream))
     return nullptr;  // a core too old to serve us: register nothing (recorded as "no device present")
   g_host.store(host, std::memory_order_release);
+  g_plugin.store(plugin, std::memory_order_release);
   try {
     // Ask the runtime before registering anything: no driver / no GPU is a skip with the runtime's reason.
     int32_t count = 0;
@@ -355,6 +365,7 @@ keel_status_t cuda_init(const keel_core_api_t* host, keel_plugin_handle_t* plugi
 void cuda_shutdown() {
   blas_shutdown();
   dnn_shutdown();
+  g_plugin.store(nullptr, std::memory_order_release);
   g_host.store(nullptr, std::memory_order_release);
 }
 

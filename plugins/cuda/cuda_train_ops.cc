@@ -4,8 +4,9 @@
 //   keel.ConvGrad            dX by cudnnConvolutionBackwardData, dW by cudnnConvolutionBackwardFilter, dB by a
 //                            per-channel sum; 1-D / 2-D / 3-D, groups, strides, dilations, symmetric pads. The two
 //                            algorithms are chosen once per shape (cuDNN's heuristics, workspace bounded as the
-//                            forward's) and cached in the kernel with the descriptors. Asymmetric pads and a dY whose
-//                            spatial size is not the convolution's output are rejected (the CPU runs them).
+//                            forward's) and cached in the kernel with the descriptors (KEEL_CUDNN_GRAPH=1: both
+//                            through cuDNN's graph API with cached plans, cuda_dnn_graph.h). Asymmetric pads and a dY
+//                            whose spatial size is not the convolution's output are rejected (the CPU runs them).
 //   keel.MaxPoolGrad, keel.AveragePoolGrad     own scatter kernels (f32 atomics; direct writes in the data's dtype
 //                            when windows do not overlap), 1-3 spatial dims, the pooling attributes as the forward
 //                            (auto_pad, ceil_mode, dilations, count_include_pad).
@@ -30,6 +31,7 @@
 #include <string>
 
 #include "cuda_common.h"
+#include "cuda_dnn_graph.h"
 #include "cuda_dnn_util.h"
 #include "cuda_train_kernels.h"
 
@@ -597,23 +599,27 @@ class ConvGradK : public Kernel {
     if (!plan_ || plan_->dy != dy || plan_->x != x || plan_->w != w) build(c, dy, x, w);
     Plan& p = *plan_;
     DnnHandle h(c.device(), c.stream());
-    void* ws = c.workspace(std::max(want_dx ? p.ws_data : 0, want_dw ? p.ws_filter : 0));
     const float one = 1.f, zero_f = 0.f;
-    if (want_dx)
+    if (want_dx && !run_graph_conv(p.graph_data, c, h.get(), dx->data, c.data(2), c.data(0), "ConvGrad dX")) {
+      void* ws = c.workspace(p.ws_data);
       check_dnn(
           cudnnConvolutionBackwardData(h.get(), &one, p.wd.get(), c.data(2), p.dyd.get(), c.data(0), p.cd_data.get(),
                                        p.algo_data, ws, p.ws_data, &zero_f, p.xd.get(), dx->data),
           "cudnnConvolutionBackwardData", p.shapes);
-    if (want_dw)
+    }
+    if (want_dw && !run_graph_conv(p.graph_filter, c, h.get(), c.data(1), dw->data, c.data(0), "ConvGrad dW")) {
+      void* ws = c.workspace(p.ws_filter);
       check_dnn(cudnnConvolutionBackwardFilter(h.get(), &one, p.xd.get(), c.data(1), p.dyd.get(), c.data(0),
                                                p.cd_filter.get(), p.algo_filter, ws, p.ws_filter, &zero_f, p.wd.get(),
                                                dw->data),
                 "cudnnConvolutionBackwardFilter", p.shapes);
+    }
   }
 
  private:
   struct Plan {
     Dims dy, x, w;
+    Dims x4, dy4, w4, pads4, strides4, dil4;  // as cuDNN sees them (1-D lifted to 2-D; symmetric pads)
     std::string shapes;
     TensorDesc xd, dyd;
     FilterDesc wd;
@@ -621,6 +627,8 @@ class ConvGradK : public Kernel {
     cudnnConvolutionBwdDataAlgo_t algo_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
     cudnnConvolutionBwdFilterAlgo_t algo_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
     size_t ws_data = 0, ws_filter = 0;
+    // KEEL_CUDNN_GRAPH=1: the graph API's plans (cuda_dnn_graph.h), else unset.
+    std::unique_ptr<GraphConv> graph_data, graph_filter;
   };
 
   // Descriptors of the problem (no handle needed); throws Failure UNIMPLEMENTED for what cuDNN cannot express here:
@@ -640,13 +648,14 @@ class ConvGradK : public Kernel {
       if (g.pads[i] != g.pads[i + r]) throw unimplemented("ConvGrad with asymmetric pads (" + p.shapes + ")");
       sym[i] = g.pads[i];
     }
-    const Dims x4 = lift(x, 1), dy4 = lift(dy, 1), w4 = lift(w, 1);
-    p.xd.set(dt_, x4, "X");
-    p.dyd.set(dt_, dy4, "dY");
-    p.wd.set(dt_, w4);
-    const Dims sym4 = lift_spatial(sym, 0), strides4 = lift_spatial(g.strides, 1), dil4 = lift_spatial(g.dilations, 1);
-    p.cd_data.set(sym4, strides4, dil4, group_, p.shapes);
-    p.cd_filter.set(sym4, strides4, dil4, group_, p.shapes);
+    p.x4 = lift(x, 1), p.dy4 = lift(dy, 1), p.w4 = lift(w, 1);
+    p.xd.set(dt_, p.x4, "X");
+    p.dyd.set(dt_, p.dy4, "dY");
+    p.wd.set(dt_, p.w4);
+    p.pads4 = lift_spatial(sym, 0), p.strides4 = lift_spatial(g.strides, 1), p.dil4 = lift_spatial(g.dilations, 1);
+    p.cd_data.set(p.pads4, p.strides4, p.dil4, group_, p.shapes);
+    p.cd_filter.set(p.pads4, p.strides4, p.dil4, group_, p.shapes);
+    const Dims& dy4 = p.dy4;
     std::vector<int> od(dy4.size());
     check_dnn(cudnnGetConvolutionNdForwardOutputDim(p.cd_data.get(), p.xd.get(), p.wd.get(),
                                                     static_cast<int>(od.size()), od.data()),
@@ -689,6 +698,14 @@ class ConvGradK : public Kernel {
     check_dnn(cudnnGetConvolutionBackwardFilterWorkspaceSize(h.get(), p->xd.get(), p->dyd.get(), p->cd_filter.get(),
                                                              p->wd.get(), p->algo_filter, &p->ws_filter),
               "cudnnGetConvolutionBackwardFilterWorkspaceSize", shapes);
+    if (graph_api_enabled()) {
+      const ConvProblem data{
+          ConvDirection::kBackwardData, dt_, p->x4, p->w4, p->dy4, p->pads4, p->strides4, p->dil4, shapes};
+      ConvProblem filter = data;
+      filter.dir = ConvDirection::kBackwardFilter;
+      p->graph_data = std::make_unique<GraphConv>(data);
+      p->graph_filter = std::make_unique<GraphConv>(filter);
+    }
     plan_ = std::move(p);
   }
 
