@@ -169,7 +169,8 @@ class ConvK : public Kernel {
       // cuDNN refuses this configuration of the fused call (nothing ran): convolution + epilogue from now on.
       fused_ok_ = false;
     }
-    if (!run_graph_conv(p.graph, c, h.get(), xin, c.data(1), y->data, "Conv")) {
+    if (!use_graph_conv(p.graph, h.get(), "Conv") ||
+        !graph_conv(p.graph, h.get(), xin, c.data(1), y->data, c.workspace(p.graph->workspace(h.get())), "Conv")) {
       void* ws = c.workspace(p.ws);
       check_dnn(cudnnConvolutionForward(h.get(), &one, p.xd.get(), xin, p.wd.get(), c.data(1), p.cd.get(), p.algo, ws,
                                         p.ws, &zero, p.yd.get(), y->data),

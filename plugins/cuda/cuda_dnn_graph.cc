@@ -266,17 +266,28 @@ bool GraphConv::run(cudnnHandle_t h, const void* x, const void* w, const void* y
   return true;
 }
 
-bool run_graph_conv(std::unique_ptr<GraphConv>& g, Ctx& c, cudnnHandle_t h, const void* x, const void* w, const void* y,
-                    const char* kernel) {
-  if (!g) return false;
-  std::string why;
-  if (g->prepare(h, &why)) {
-    void* ws = c.workspace(g->workspace(h));
-    if (g->run(h, x, w, y, ws, &why)) return true;
-  }
+namespace {
+void give_up(std::unique_ptr<GraphConv>& g, const char* kernel, const std::string& why) {
   log_line(KEEL_LOG_WARN,
            std::string("cuda: ") + kernel + ": the cuDNN graph API is not used, legacy call instead: " + why);
   g.reset();
+}
+}  // namespace
+
+bool use_graph_conv(std::unique_ptr<GraphConv>& g, cudnnHandle_t h, const char* kernel) {
+  if (!g) return false;
+  std::string why;
+  if (g->prepare(h, &why)) return true;
+  give_up(g, kernel, why);
+  return false;
+}
+
+bool graph_conv(std::unique_ptr<GraphConv>& g, cudnnHandle_t h, const void* x, const void* w, const void* y,
+                void* workspace, const char* kernel) {
+  if (!g) return false;
+  std::string why;
+  if (g->run(h, x, w, y, workspace, &why)) return true;
+  give_up(g, kernel, why);
   return false;
 }
 

@@ -67,11 +67,13 @@ class GraphConv {
   std::vector<std::pair<cudnnHandle_t, std::unique_ptr<Plan>>> plans_;
 };
 
-// What a kernel calls in place of a legacy cuDNN call: runs `g` (when set) on `h` with a workspace from `c`. False
-// when the legacy call must run instead: g unset, or g failed to prepare or run (g is then reset and one log line,
-// naming `kernel` and the reason, goes to the host's log).
-bool run_graph_conv(std::unique_ptr<GraphConv>& g, Ctx& c, cudnnHandle_t h, const void* x, const void* w, const void* y,
-                    const char* kernel);
+// What a kernel calls in place of a legacy cuDNN call, in two steps so that it can size one workspace for all its
+// calls: use_graph_conv prepares `g` (when set) for `h`; graph_conv runs it with `workspace` (at least
+// g->workspace(h) bytes). Each returns false when the legacy call must run instead: g unset, or g failed to prepare
+// or run (g is then reset, and one line naming `kernel` and the reason goes to the host's log).
+bool use_graph_conv(std::unique_ptr<GraphConv>& g, cudnnHandle_t h, const char* kernel);
+bool graph_conv(std::unique_ptr<GraphConv>& g, cudnnHandle_t h, const void* x, const void* w, const void* y,
+                void* workspace, const char* kernel);
 
 }  // namespace keel::cuda::dnn
 

@@ -600,17 +600,24 @@ class ConvGradK : public Kernel {
     Plan& p = *plan_;
     DnnHandle h(c.device(), c.stream());
     const float one = 1.f, zero_f = 0.f;
-    if (want_dx && !run_graph_conv(p.graph_data, c, h.get(), dx->data, c.data(2), c.data(0), "ConvGrad dX")) {
-      void* ws = c.workspace(p.ws_data);
+    // One workspace for both calls, sized for whichever path each takes (the graph API's plans, or the legacy
+    // algorithms'); a graph run that fails falls back to its legacy call with a workspace of its own.
+    const bool g_dx = want_dx && use_graph_conv(p.graph_data, h.get(), "ConvGrad dX");
+    const bool g_dw = want_dw && use_graph_conv(p.graph_filter, h.get(), "ConvGrad dW");
+    const size_t need_dx = !want_dx ? 0 : g_dx ? p.graph_data->workspace(h.get()) : p.ws_data;
+    const size_t need_dw = !want_dw ? 0 : g_dw ? p.graph_filter->workspace(h.get()) : p.ws_filter;
+    void* ws = c.workspace(std::max(need_dx, need_dw));
+    if (want_dx && !(g_dx && graph_conv(p.graph_data, h.get(), dx->data, c.data(2), c.data(0), ws, "ConvGrad dX"))) {
+      void* wsd = g_dx ? c.workspace(p.ws_data) : ws;
       check_dnn(
           cudnnConvolutionBackwardData(h.get(), &one, p.wd.get(), c.data(2), p.dyd.get(), c.data(0), p.cd_data.get(),
-                                       p.algo_data, ws, p.ws_data, &zero_f, p.xd.get(), dx->data),
+                                       p.algo_data, wsd, p.ws_data, &zero_f, p.xd.get(), dx->data),
           "cudnnConvolutionBackwardData", p.shapes);
     }
-    if (want_dw && !run_graph_conv(p.graph_filter, c, h.get(), c.data(1), dw->data, c.data(0), "ConvGrad dW")) {
-      void* ws = c.workspace(p.ws_filter);
+    if (want_dw && !(g_dw && graph_conv(p.graph_filter, h.get(), c.data(1), dw->data, c.data(0), ws, "ConvGrad dW"))) {
+      void* wsf = g_dw ? c.workspace(p.ws_filter) : ws;
       check_dnn(cudnnConvolutionBackwardFilter(h.get(), &one, p.xd.get(), c.data(1), p.dyd.get(), c.data(0),
-                                               p.cd_filter.get(), p.algo_filter, ws, p.ws_filter, &zero_f, p.wd.get(),
+                                               p.cd_filter.get(), p.algo_filter, wsf, p.ws_filter, &zero_f, p.wd.get(),
                                                dw->data),
                 "cudnnConvolutionBackwardFilter", p.shapes);
     }
