@@ -662,6 +662,16 @@ __device__ Chunk chunk_of(const int64_t* first, const int64_t* n, int32_t count)
   return c;
 }
 
+// A multi-tensor launch's prologue: l.ts = ts and its chunk table. Returns the grid size: 0 when there is nothing to
+// do, -1 when ts holds more than kMomentumTensors tensors or the grid would exceed CUDA's limit.
+template <class Launch, class Tensors>
+int64_t prepare_launch(Launch& l, const Tensors& ts) {
+  if (ts.count < 0 || ts.count > kMomentumTensors) return -1;
+  l.ts = ts;
+  const int64_t blocks = chunk_blocks(ts.n, ts.count, l.first_block);
+  return blocks > 0x7fffffff ? -1 : blocks;
+}
+
 struct MomentumLaunch {
   MomentumTensors ts;
   int64_t first_block[kMomentumTensors + 1];
@@ -689,12 +699,9 @@ __global__ void momentum_kernel(const __grid_constant__ MomentumLaunch l, const 
 
 cudaError_t launch_momentum(const MomentumTensors& ts, const float* r, const int64_t* t, float alpha, float beta,
                             float norm, bool nesterov, cudaStream_t s) {
-  if (ts.count < 0 || ts.count > kMomentumTensors) return cudaErrorInvalidValue;
   MomentumLaunch l;
-  l.ts = ts;
-  const int64_t blocks = chunk_blocks(ts.n, ts.count, l.first_block);
-  if (blocks == 0) return cudaSuccess;
-  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  const int64_t blocks = prepare_launch(l, ts);
+  if (blocks <= 0) return blocks == 0 ? cudaSuccess : cudaErrorInvalidValue;
   momentum_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(l, r, t, alpha, beta, norm, nesterov);
   return cudaGetLastError();
 }
@@ -728,12 +735,9 @@ __global__ void adam_step_kernel(const __grid_constant__ AdamLaunch l, const flo
 }  // namespace
 
 cudaError_t launch_adam_step(const AdamTensors& ts, const float* scalars, cudaStream_t s) {
-  if (ts.count < 0 || ts.count > kMomentumTensors) return cudaErrorInvalidValue;
   AdamLaunch l;
-  l.ts = ts;
-  const int64_t blocks = chunk_blocks(ts.n, ts.count, l.first_block);
-  if (blocks == 0) return cudaSuccess;
-  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  const int64_t blocks = prepare_launch(l, ts);
+  if (blocks <= 0) return blocks == 0 ? cudaSuccess : cudaErrorInvalidValue;
   adam_step_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(l, scalars);
   return cudaGetLastError();
 }
@@ -767,12 +771,9 @@ __global__ void unscale_kernel(const __grid_constant__ UnscaleLaunch l, const fl
 
 cudaError_t launch_check_finite_and_unscale(const UnscaleTensors& ts, int32_t dtype, const float* inv_scale,
                                             float* found, cudaStream_t s) {
-  if (ts.count < 0 || ts.count > kMomentumTensors) return cudaErrorInvalidValue;
   UnscaleLaunch l;
-  l.ts = ts;
-  const int64_t blocks = chunk_blocks(ts.n, ts.count, l.first_block);
-  if (blocks == 0) return cudaSuccess;
-  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  const int64_t blocks = prepare_launch(l, ts);
+  if (blocks <= 0) return blocks == 0 ? cudaSuccess : cudaErrorInvalidValue;
   return by_dtype(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     unscale_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(l, inv_scale, found);
