@@ -119,6 +119,17 @@ void Tensor::copy_(const Tensor& src) {
   }
 }
 
+void Tensor::set_data_(const Tensor& src) {
+  need(impl_);
+  if (impl_->grad_fn && impl_->requires_grad)
+    fail(failed_precondition("set_data_ on a non-leaf tensor that requires grad"));
+  const keel::Tensor& s = src.data();
+  const keel::Tensor& d = impl_->data;
+  if (s.shape() != d.shape() || s.dtype() != d.dtype() || s.location() != d.location())
+    fail(invalid_argument("set_data_: " + s.describe() + " does not match " + d.describe()));
+  impl_->data = s;
+}
+
 // ------------------------------------------------------------------------------------------------ scopes
 
 NoGradGuard::NoGradGuard() : prev_(t_grad_enabled) { t_grad_enabled = false; }

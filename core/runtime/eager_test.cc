@@ -585,5 +585,26 @@ TEST_F(EagerTest, CallOpAndDeviceCopies) {
             std::vector<int64_t>({1, 0}));
 }
 
+// set_data_ (the fused device optimizers' update): every handle of the tensor sees the new storage, without a copy;
+// a tensor detached before keeps the old values; a mismatch in shape, dtype or device, and a non-leaf that requires
+// grad, are errors that change nothing.
+TEST(Eager, SetDataSwapsTheStorageForEveryHandle) {
+  Tensor p = from_vector(std::vector<float>{1.f, 2.f, 3.f}, {3});
+  p.requires_grad_();
+  Tensor same = p;  // another handle (a module's and an optimizer's)
+  Tensor old = p.detach();
+  Tensor fresh = from_vector(std::vector<float>{7.f, 8.f, 9.f}, {3});
+  p.set_data_(fresh);
+  EXPECT_EQ(same.to_vector<float>(), (std::vector<float>{7.f, 8.f, 9.f}));
+  EXPECT_EQ(same.data().raw_data(), fresh.data().raw_data());  // no copy
+  EXPECT_EQ(old.to_vector<float>(), (std::vector<float>{1.f, 2.f, 3.f}));
+  EXPECT_TRUE(same.requires_grad());
+  EXPECT_THROW(p.set_data_(from_vector(std::vector<float>{1.f, 2.f}, {2})), Error);
+  EXPECT_THROW(p.set_data_(from_vector(std::vector<float>{1.f, 2.f, 3.f}, {3}).to(DType::kF16)), Error);
+  EXPECT_EQ(p.to_vector<float>(), (std::vector<float>{7.f, 8.f, 9.f}));
+  Tensor y = p * 2.f;  // a non-leaf that requires grad
+  EXPECT_THROW(y.set_data_(fresh), Error);
+}
+
 }  // namespace
 }  // namespace keel::eager
