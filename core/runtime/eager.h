@@ -174,6 +174,10 @@ Tensor randn(const Shape& shape, float stddev = 1.f, DType dtype = DType::kF32);
 Tensor rand_uniform(const Shape& shape, float lo, float hi, DType dtype = DType::kF32);
 Tensor from_vector(const std::vector<float>& v, const Shape& shape);    // f32; v.size() must equal the numel
 Tensor from_vector(const std::vector<int64_t>& v, const Shape& shape);  // i64
+// A read-only copy of a small tensor (at most 256 bytes, e.g. a step's scalars) on `device`, shared with every other
+// use of the same value there (cached by content): after its first use a value costs no upload, which on a device
+// means no wait for the device. Larger tensors are plain copies. Never write into the result (copy_, set_data_).
+Tensor cached_constant(const Tensor& t, const std::string& device);
 
 // --- autograd and autocast scopes (thread-local, nestable) --------------------------------------------------------
 

@@ -122,6 +122,27 @@ TEST_F(EagerFallback, MissingOpsRunOnTheCpuWithOneWarningPerOpTypeAndResultsStay
   for (size_t i = 0; i < xs.size(); ++i) EXPECT_FLOAT_EQ(got[i], std::exp(xs[i] > 0 ? xs[i] : 0.f) + xs[i]) << i;
 }
 
+// cached_constant (the fused optimizers' per-step scalars): a value is uploaded to the device once, then shared; a new
+// value is one more upload; what comes back is the value, on the device; a tensor above 256 bytes is a plain copy.
+TEST_F(EagerFallback, CachedConstantsAreUploadedOncePerValue) {
+  const int before = g_acc.copies_of("H2D");
+  eager::Tensor a = eager::cached_constant(eager::full({}, 0.125f, DType::kF32, "cpu"), "acc");
+  eager::Tensor b = eager::cached_constant(eager::full({}, 0.125f, DType::kF32, "cpu"), "acc");
+  EXPECT_EQ(g_acc.copies_of("H2D") - before, 1) << "the same value again: no upload";
+  EXPECT_EQ(a.device(), "acc");
+  EXPECT_EQ(a.data().raw_data(), b.data().raw_data());
+  eager::Tensor c = eager::cached_constant(eager::full({}, 0.25f, DType::kF32, "cpu"), "acc");
+  EXPECT_EQ(g_acc.copies_of("H2D") - before, 2) << "a new value: one upload";
+  EXPECT_EQ(c.item(), 0.25f);
+  EXPECT_EQ(b.item(), 0.125f);
+  eager::Tensor i = eager::cached_constant(eager::full({}, 1.f, DType::kI64, "cpu"), "acc");
+  EXPECT_EQ(i.dtype(), DType::kI64);
+  EXPECT_EQ(i.to_vector<int64_t>(), std::vector<int64_t>{1});
+  const int big_before = g_acc.copies_of("H2D");
+  for (int k = 0; k < 2; ++k) (void)eager::cached_constant(eager::full({100}, 1.f, DType::kF32, "cpu"), "acc");
+  EXPECT_EQ(g_acc.copies_of("H2D") - big_before, 2) << "400 bytes: copied each time, not cached";
+}
+
 TEST_F(EagerFallback, GradientsThroughFallenBackOpsEqualTheCpusAndLandOnTheDevice) {
   const std::vector<float> xs = {-2.f, -0.5f, 0.25f, 1.f, 3.f, 0.75f};
   eager::Tensor x = eager::from_vector(xs, {3, 2}).to("acc").detach();

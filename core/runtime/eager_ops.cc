@@ -101,6 +101,11 @@ Tensor from_vector(const std::vector<int64_t>& v, const Shape& shape) {
   return wrap_const(keel::Tensor::from_vector(DType::kI64, shape, v), default_device());
 }
 
+Tensor cached_constant(const Tensor& t, const std::string& device) {
+  const std::string mem = memory_type_of(dev_or_default(device));
+  return Tensor(device_constant(to_host(t.data()), mem), false);
+}
+
 // ------------------------------------------------------------------------------------------------ ops
 
 std::vector<Tensor> call_op(const std::string& domain, const std::string& op_type, const std::vector<Tensor>& inputs,

@@ -273,8 +273,9 @@ bool sgd_update_on_device(std::vector<DeviceUpdate>& u, float lr, float wd, cons
   if (!device_has_kernel("ai.onnx.preview.training", "Momentum", device)) return false;
   std::vector<Tensor> in;
   in.reserve(2 + 3 * u.size());
-  in.push_back(eager::full({}, lr, DType::kF32, device));
-  in.push_back(eager::from_vector(std::vector<int64_t>{1}, {}).to(device));  // T > 0: beta applies
+  // Read-only scalars, cached on the device by value: no upload (a wait for the device) per step.
+  in.push_back(eager::cached_constant(eager::full({}, lr, DType::kF32, "cpu"), device));
+  in.push_back(eager::cached_constant(eager::full({}, 1.f, DType::kI64, "cpu"), device));  // T > 0: beta applies
   for (auto& x : u) in.push_back(x.p.detach());
   for (auto& x : u) in.push_back(x.g);
   for (auto& x : u) in.push_back(x.buf);
@@ -621,7 +622,7 @@ void GradScaler::unscale_(Optimizer& opt) {
     // One keel.CheckFiniteAndUnscale call per device and dtype where the device has the kernel (the unscaled
     // gradients replace the .grad tensors).
     if (device_has_kernel("keel", "CheckFiniteAndUnscale", device)) {
-      std::vector<Tensor> in = {eager::full({}, inv, DType::kF32, device)};
+      std::vector<Tensor> in = {eager::cached_constant(eager::full({}, inv, DType::kF32, "cpu"), device)};
       for (Tensor* p : params) in.push_back(p->grad());
       std::vector<Tensor> out;
       try {
