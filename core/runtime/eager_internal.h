@@ -32,6 +32,7 @@
 #include "core/base/thread_pool.h"
 #include "core/runtime/eager.h"
 #include "core/runtime/kernel_context.h"
+#include "hal/device.h"
 #include "ops/gradients.h"
 
 namespace keel::eager::detail {
@@ -77,6 +78,14 @@ struct CachedKernel {
   }
 };
 
+// Host-to-device uploads that leave the host free (upload_async, eager_runtime.cc): a device's stream for them and the
+// two events that order it after, and then before, the work eager queues on the device's default stream.
+struct Uploader {
+  bool usable = false;  // false: the device has no streams or events (uploads complete on return instead)
+  hal::Stream stream;
+  hal::Event before, after;
+};
+
 struct Runtime {
   std::mutex mu;
   std::shared_ptr<Environment> env;
@@ -91,6 +100,9 @@ struct Runtime {
   // Device copies of small constant operands by content (device_constant); cleared with the kernel cache.
   std::mutex const_mu;
   std::unordered_map<std::string, keel::Tensor> consts;
+  // One Uploader per device ("cuda:0"), made at its first upload; released before the environment changes.
+  std::mutex upload_mu;
+  std::map<std::string, std::unique_ptr<Uploader>> uploaders;
   std::atomic<bool> profiling{std::getenv("KEEL_EAGER_PROFILE") != nullptr};
   // KEEL_EAGER_PROFILE=sync: each op's wall time with its device waited for before and after it (what the op costs
   // on an asynchronous device such as a GPU, launch and kernel together) instead of the process's CPU time.

@@ -61,6 +61,10 @@ void init(std::shared_ptr<Environment> env, int threads) {
     std::lock_guard<std::mutex> c(r.const_mu);
     r.consts.clear();
   }
+  {
+    std::lock_guard<std::mutex> u(r.upload_mu);  // their streams and events belong to the old environment's plugins
+    r.uploaders.clear();
+  }
   r.env = std::move(env);
   r.own_pool.reset();
   if (!r.env) return;
@@ -173,7 +177,52 @@ keel::Tensor alloc_tensor(DType dtype, const Shape& shape, const std::string& me
   return keel::Tensor(dtype, shape, storage);
 }
 
-// A copy of `t` in memory of `mem_type` (host <-> device through the device table).
+namespace {
+
+// Uploads host `src` into device tensor `dst` without the host waiting for the device: on the device's upload stream,
+// after the work eager has queued on the device's default stream (dst may be memory that work still uses: the caching
+// allocator hands freed blocks out at once) and before anything eager queues there next (an event each way, waited
+// for on the device). The device table's copy has read `src` when it returns (the stream contract), so the caller
+// may reuse it at once. False, with nothing done, where the device has no streams or events that can wait: the
+// caller then copies on the default stream, which completes before it returns (a wait for the device).
+bool upload_async(const keel::Tensor& dst, const keel::Tensor& src) {
+  const Location& at = dst.location();
+  const DeviceEntry* entry = environment().registry().device(at.device_type);
+  if (entry == nullptr) return false;
+  const hal::Device dev(entry, at.device_index);
+  if (!dev.can_wait_on_events()) return false;
+  Runtime& r = rt();
+  std::lock_guard<std::mutex> lock(r.upload_mu);
+  std::unique_ptr<Uploader>& up = r.uploaders[device_name(at)];
+  if (!up) {
+    up = std::make_unique<Uploader>();
+    auto stream = dev.create_stream();
+    auto before = dev.create_event();
+    auto after = dev.create_event();
+    if (stream.is_ok() && before.is_ok() && after.is_ok()) {
+      up->stream = std::move(stream).value();
+      up->before = std::move(before).value();
+      up->after = std::move(after).value();
+      up->usable = true;
+    }
+  }
+  if (!up->usable) return false;
+  auto ok = [&](const Status& st) {
+    if (!st.is_ok()) fail(st.with_context("upload " + src.describe() + " to " + device_name(at)));
+  };
+  ok(dev.record_event(up->before, nullptr));
+  ok(dev.wait_event(up->stream.get(), up->before));
+  ok(dev.copy(KEEL_COPY_HOST_TO_DEVICE, dst.raw_data(), at.device_index, src.raw_data(), 0, src.byte_size(),
+              up->stream.get()));
+  ok(dev.record_event(up->after, up->stream.get()));
+  ok(dev.wait_event(nullptr, up->after));
+  return true;
+}
+
+}  // namespace
+
+// A copy of `t` in memory of `mem_type` (host <-> device through the device table). Uploads leave the host free
+// (upload_async) where the device can order them; downloads complete before this returns.
 keel::Tensor copy_to(const keel::Tensor& t, const std::string& mem_type) {
   keel::Tensor out = alloc_tensor(t.dtype(), t.shape(), mem_type);
   if (t.byte_size() == 0) return out;
@@ -182,6 +231,7 @@ keel::Tensor copy_to(const keel::Tensor& t, const std::string& mem_type) {
     std::memcpy(out.raw_data(), t.raw_data(), t.byte_size());
     return out;
   }
+  if (src_host && upload_async(out, t)) return out;
   // Host <-> device through the device's table; two devices of one type by peer copy where the table has one,
   // otherwise through the host (Environment::copy).
   Status s = environment().copy(out.raw_data(), out.location(), t.raw_data(), t.location(), t.byte_size());

@@ -25,6 +25,8 @@
 #include <vector>
 
 #include "core/base/graph.h"
+#include "core/runtime/eager.h"
+#include "core/runtime/environment.h"
 #include "core/runtime/onnx_io.h"
 
 namespace {
@@ -631,6 +633,37 @@ TEST_F(Streams, ConcurrentRunsOnOneSessionUseTheirOwnStreams) {
   for (int t = 0; t < kThreads; ++t) EXPECT_EQ(errors[t], "") << "thread " << t;
   EXPECT_EQ(bad.load(), 0) << "a run read another run's bytes, or bytes not yet written";
   keel_session_release(s);
+}
+
+// Eager uploads (x.to(device): a training batch, a factory's values) leave the host free on a device with streams:
+// the copy goes on an upload stream ordered after the default stream's queued work and before what is queued next,
+// with events waited for on the device; no stream or device synchronisation, and the values are there for the next
+// op. Downloads still complete before they return.
+TEST_F(Streams, EagerUploadsDoNotWaitForTheDevice) {
+  keel::EnvironmentOptions o;
+  o.discover_plugins = false;
+  o.manifests = {KEEL_IO_BINDING_DIR "/streamdev.keel-plugin.toml"};
+  o.threads = 1;
+  auto env = keel::Environment::create(o);
+  ASSERT_TRUE(env.is_ok()) << env.status().to_string();
+  keel::eager::init(std::shared_ptr<keel::Environment>(std::move(env).value()));
+  const auto before = now();
+  for (int step = 0; step < 3; ++step) {
+    std::vector<float> v = {-1.f, 2.f, -3.f, static_cast<float>(step)};
+    keel::eager::Tensor x = keel::eager::from_vector(v, {4}).to("streamdev");
+    ASSERT_EQ(x.device(), "streamdev");
+    keel::eager::Tensor y = keel::eager::relu(x);  // streamdev's Relu, on the default stream
+    EXPECT_EQ(y.to_vector<float>(), (std::vector<float>{0.f, 2.f, 0.f, static_cast<float>(step)})) << "step " << step;
+  }
+  const auto d = now() - before;
+  EXPECT_EQ(d.copies[KEEL_COPY_HOST_TO_DEVICE], 3);
+  EXPECT_EQ(d.copies[KEEL_COPY_DEVICE_TO_HOST], 3);
+  EXPECT_EQ(d.null_stream_copies, 3) << "the downloads only: uploads go on the upload stream";
+  EXPECT_EQ(d.stream_syncs, 0);
+  EXPECT_EQ(d.device_syncs, 0);
+  EXPECT_EQ(d.stream_waits, 6) << "per upload: the upload stream waits for the default one, then the reverse";
+  EXPECT_LE(d.streams_created, 1) << "one upload stream for the device, kept";
+  keel::eager::init(nullptr);
 }
 
 TEST(IoBindingCuda, AChainOfTwoSessionsKeepsTheTensorOnTheGpu) {
