@@ -6,12 +6,12 @@
 // ConvGrad 0.08–0.30 ms per call against 0.01–0.04 ms for the plugin's other ops), which bounds small training steps
 // and batch-1 inference. A cached plan's execution costs a variant pack and one cudnnBackendExecute.
 //
-// Opt-in while it has not run on a card: KEEL_CUDNN_GRAPH=1 (read once) makes Conv, keel.FusedConv's unfused path
-// and keel.ConvGrad try it; anything it cannot do (no engine for the problem under the math policy, a pointer that
-// breaks the declared 16-byte alignment, a failed execution) falls back to the legacy call for that kernel, with
-// one log line saying why. The math policy is the legacy path's: f32 runs in true f32 (engines with the tensor-core
-// numerical note are skipped) unless KEEL_CUDA_TF32=1; engines that down-convert inputs are always skipped; the
-// workspace stays within kMaxWorkspace.
+// Opt-in while it has not run on a card: KEEL_CUDNN_GRAPH=1 (read once) makes Conv, keel.FusedConv (its convolution;
+// the epilogue kernel then adds bias, Z and the activation) and keel.ConvGrad try it; anything it cannot do (no engine
+// for the problem under the math policy, a pointer that breaks the declared 16-byte alignment, a failed execution)
+// falls back to the legacy call for that kernel, with one log line saying why. The math policy is the legacy path's:
+// f32 runs in true f32 (engines with the tensor-core numerical note are skipped) unless KEEL_CUDA_TF32=1; engines that
+// down-convert inputs are always skipped; the workspace stays within kMaxWorkspace.
 //
 // Thread-safety: a GraphConv is used by one caller at a time (the kernel that owns it); plans are cached per cuDNN
 // handle (a handle of the per-device pool, bound to the caller's stream for the call).
