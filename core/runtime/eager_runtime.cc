@@ -186,6 +186,13 @@ namespace {
 // may reuse it at once. False, with nothing done, where the device has no streams or events that can wait: the
 // caller then copies on the default stream, which completes before it returns (a wait for the device).
 bool upload_async(const keel::Tensor& dst, const keel::Tensor& src) {
+  // KEEL_EAGER_UPLOAD=sync: every upload completes before it returns, as before this path (to compare, or to rule
+  // it out).
+  static const bool sync_uploads = [] {
+    const char* e = std::getenv("KEEL_EAGER_UPLOAD");
+    return e != nullptr && std::string(e) == "sync";
+  }();
+  if (sync_uploads) return false;
   const Location& at = dst.location();
   const DeviceEntry* entry = environment().registry().device(at.device_type);
   if (entry == nullptr) return false;
