@@ -146,48 +146,33 @@ __device__ int64_t window_count(const PoolGeom& g, int64_t o, bool include_pad) 
   return include_pad ? padded : inside;
 }
 
-template <class T>
-__global__ void max_pool_grad_kernel(const T* dy, const T* x, float* acc, PoolGeom g, int64_t O, int64_t I) {
+// Where the pooling gradients go: an f32 accumulator, with atomics, where windows overlap; dx itself in its dtype where
+// they do not (stride >= the window's extent in every dim, LeNet's 2x2 / 2): each input position then gets at most one
+// window's gradient, written straight into dx (zeroed first): no f32 accumulator, no atomics, no conversion pass.
+template <bool kAtomic, class Out>
+__device__ __forceinline__ void put_grad(Out* out, int64_t p, float v) {
+  if constexpr (kAtomic) atomicAdd(out + p, v);
+  else st(out, p, v);
+}
+
+template <bool kAtomic, class T, class Out>
+__global__ void max_pool_grad_kernel(const T* dy, const T* x, Out* out, PoolGeom g, int64_t O, int64_t I) {
   KEEL_GRID_STRIDE(e, g.nc * O) {
     const int64_t nc = e / O;
     const int64_t best = window_argmax(g, x + nc * I, e % O);
-    if (best >= 0) atomicAdd(acc + nc * I + best, ld(dy, e));
+    if (best >= 0) put_grad<kAtomic>(out + nc * I, best, ld(dy, e));
   }
 }
 
-// Windows that do not overlap (stride >= the window's extent in every dim, LeNet's 2x2 / 2): each input position gets
-// at most one window's gradient, written straight into dx in its dtype (zeroed first): no f32 accumulator, no atomics,
-// no conversion pass.
-template <class T>
-__global__ void max_pool_grad_direct_kernel(const T* dy, const T* x, T* dx, PoolGeom g, int64_t O, int64_t I) {
-  KEEL_GRID_STRIDE(e, g.nc * O) {
-    const int64_t nc = e / O;
-    const int64_t best = window_argmax(g, x + nc * I, e % O);
-    if (best >= 0) dx[nc * I + best] = dy[e];
-  }
-}
-template <class T>
-__global__ void average_pool_grad_direct_kernel(const T* dy, T* dx, PoolGeom g, int64_t O, int64_t I,
-                                                bool include_pad) {
+template <bool kAtomic, class T, class Out>
+__global__ void average_pool_grad_kernel(const T* dy, Out* out, PoolGeom g, int64_t O, int64_t I, bool include_pad) {
   KEEL_GRID_STRIDE(e, g.nc * O) {
     const int64_t nc = e / O, o = e % O;
     const int64_t cnt = window_count(g, o, include_pad);
     if (cnt == 0) continue;
     const float v = ld(dy, e) / static_cast<float>(cnt);
-    T* dc = dx + nc * I;
-    for_window(g, o, [&](int64_t p) { st(dc, p, v); });
-  }
-}
-
-template <class T>
-__global__ void average_pool_grad_kernel(const T* dy, float* acc, PoolGeom g, int64_t O, int64_t I, bool include_pad) {
-  KEEL_GRID_STRIDE(e, g.nc * O) {
-    const int64_t nc = e / O, o = e % O;
-    const int64_t cnt = window_count(g, o, include_pad);
-    if (cnt == 0) continue;
-    const float v = ld(dy, e) / static_cast<float>(cnt);
-    float* ac = acc + nc * I;
-    for_window(g, o, [&](int64_t p) { atomicAdd(ac + p, v); });
+    Out* oc = out + nc * I;
+    for_window(g, o, [&](int64_t p) { put_grad<kAtomic>(oc, p, v); });
   }
 }
 
@@ -473,7 +458,7 @@ cudaError_t launch_max_pool_grad(int32_t dtype, const void* dy, const void* x, v
     return by_dtype(dtype, [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
       if (cudaMemsetAsync(dx, 0, static_cast<size_t>(g.nc * I) * sizeof(T), s) != cudaSuccess || g.nc * O == 0) return;
-      max_pool_grad_direct_kernel<T><<<blocks_for(g.nc * O), kThreads, 0, s>>>(
+      max_pool_grad_kernel<false, T><<<blocks_for(g.nc * O), kThreads, 0, s>>>(
           static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<T*>(dx), g, O, I);
     });
   }
@@ -481,7 +466,7 @@ cudaError_t launch_max_pool_grad(int32_t dtype, const void* dy, const void* x, v
     if (g.nc * O == 0) return cudaSuccess;
     return by_dtype(dtype, [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
-      max_pool_grad_kernel<T>
+      max_pool_grad_kernel<true, T>
           <<<blocks_for(g.nc * O), kThreads, 0, s>>>(static_cast<const T*>(dy), static_cast<const T*>(x), a, g, O, I);
     });
   });
@@ -494,7 +479,7 @@ cudaError_t launch_average_pool_grad(int32_t dtype, const void* dy, void* dx, fl
     return by_dtype(dtype, [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
       if (cudaMemsetAsync(dx, 0, static_cast<size_t>(g.nc * I) * sizeof(T), s) != cudaSuccess || g.nc * O == 0) return;
-      average_pool_grad_direct_kernel<T><<<blocks_for(g.nc * O), kThreads, 0, s>>>(
+      average_pool_grad_kernel<false, T><<<blocks_for(g.nc * O), kThreads, 0, s>>>(
           static_cast<const T*>(dy), static_cast<T*>(dx), g, O, I, count_include_pad);
     });
   }
@@ -502,7 +487,7 @@ cudaError_t launch_average_pool_grad(int32_t dtype, const void* dy, void* dx, fl
     if (g.nc * O == 0) return cudaSuccess;
     return by_dtype(dtype, [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
-      average_pool_grad_kernel<T>
+      average_pool_grad_kernel<true, T>
           <<<blocks_for(g.nc * O), kThreads, 0, s>>>(static_cast<const T*>(dy), a, g, O, I, count_include_pad);
     });
   });
