@@ -180,7 +180,7 @@ plan (steps $steps; each step: min(its own timeout, what is left of $budget s)):
          then the table: accuracy vs the CPU run, epoch-2 time vs PyTorch, fp16 / fp32 peak memory
    25 s  per model: keel run --device cuda [--precision fp16] vs test_data_set_0/output_0.pb (rtol 1e-3 / 1e-2)
    90 s  KEEL_CUDNN_GRAPH=1: keel-cts --op Conv|FusedConv|ConvGrad; the four training runs again (epoch-2 time against
-         the legacy calls' and PyTorch's); lenet fp32 with KEEL_EAGER_UPLOAD=sync (uploads that wait, as before);
+         the legacy calls' and PyTorch's); lenet fp32 with KEEL_EAGER_COPY=sync (eager copies that wait, as before);
          keel bench resnet18 batch 1 fp32|fp16 with and without; the host profile of lenet fp32
   100 s  $torch_bench --models ${bench_models// /,} --batches 1,64 --precisions fp32,fp16 --json
    30 s  per (model, batch, precision): keel bench MODEL --device cuda [--precision fp16] --json (batch 64: the
@@ -527,12 +527,12 @@ for model in ("lenet", "simple"):
         print(f"{model:7s} {prec:4s} {f(a, '8.3f')} {f(b, '8.3f')} {f(t, '8.3f')} {f(b / t if b and t else None, '11.2f')} "
               f"{f(epoch(f'keel_{model}_{amp}.json', 0, 'test_accuracy'), '10.4f')} {f(epoch(f'keel_{model}_{amp}_graph.json', 0, 'test_accuracy'), '9.4f')}")
 PY
-        # The eager uploads that leave the host free (eager_runtime.cc upload_async) against uploads that complete
-        # before they return, as before: LeNet fp32's second epoch either way (the legacy convolutions).
-        step "uploads: keel train --model lenet --amp none, KEEL_EAGER_UPLOAD=sync (each batch upload waits for the card)"
-        KEEL_EAGER_UPLOAD=sync run_timed 60 "$keel" train --model lenet --device "$train_device" --amp none --epochs 2 \
+        # The eager copies that leave the host free (eager_runtime.cc copy_async: uploads, copy_ within the card)
+        # against copies that complete before they return, as before: LeNet fp32's second epoch either way.
+        step "copies: keel train --model lenet --amp none, KEEL_EAGER_COPY=sync (each batch upload waits for the card)"
+        KEEL_EAGER_COPY=sync run_timed 60 "$keel" train --model lenet --device "$train_device" --amp none --epochs 2 \
           --data "$gw/data" -o '' --no-quantize -q --histogram-bins 0 --log-every 0 2>&1 | grep -E '^epoch 2'
-        "$py" -c 'import json,sys; print("  default (asynchronous uploads): epoch 2", json.load(open(sys.argv[1]))["epochs"][-1]["seconds"], "s")' \
+        "$py" -c 'import json,sys; print("  default (asynchronous copies): epoch 2", json.load(open(sys.argv[1]))["epochs"][-1]["seconds"], "s")' \
           "$gw/keel_lenet_none.json" 2>/dev/null || true
         step "cuDNN graph API: KEEL_EAGER_PROFILE=1 keel train --model lenet --amp none (host time per op)"
         KEEL_CUDNN_GRAPH=1 run_timed 60 env KEEL_EAGER_PROFILE=1 "$keel" train --model lenet --device "$train_device" \

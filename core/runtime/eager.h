@@ -132,12 +132,14 @@ class Tensor {
   template <class T>
   std::vector<T> to_vector() const;  // host copy; T must match dtype's size (float for f32, int64_t for i64, ...)
   // Copies src's values into this tensor's storage (same shape; dtype converted between floating types, device
-  // copied). No autograd: for optimizers and load_state_dict. Error on a non-leaf that requires grad.
+  // copied). Into a device from the host or from the same device the copy is queued on the device and the host goes
+  // on (what eager queues next reads the copied values); into the host it is complete on return. No autograd: for
+  // optimizers and load_state_dict. Error on a non-leaf that requires grad.
   void copy_(const Tensor& src);
   // Makes this tensor hold src's storage instead of its own (no copy; PyTorch's `p.data = src`): src must have this
   // tensor's shape, dtype and device (else Error). Every handle of this tensor sees the new values; a tensor that
   // shares the old storage (detach() taken before) keeps the old ones. For optimizers that compute new values out of
-  // place on a device (a copy_ there would wait for the device). Error on a non-leaf that requires grad.
+  // place (saves copy_'s copy). Error on a non-leaf that requires grad.
   void set_data_(const Tensor& src);
 
   // Internal: the shared implementation (autograd state, data). Equal impls mean the same tensor.

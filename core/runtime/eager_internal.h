@@ -78,10 +78,11 @@ struct CachedKernel {
   }
 };
 
-// Host-to-device uploads that leave the host free (upload_async, eager_runtime.cc): a device's stream for them and the
-// two events that order it after, and then before, the work eager queues on the device's default stream.
-struct Uploader {
-  bool usable = false;  // false: the device has no streams or events (uploads complete on return instead)
+// Eager's copies into a device that leave the host free (copy_async, eager_runtime.cc: uploads, and copies within the
+// device): a device's stream for them and the two events that order it after, and then before, the work eager queues
+// on the device's default stream.
+struct CopyStream {
+  bool usable = false;  // false: the device has no streams or events (copies complete on return instead)
   hal::Stream stream;
   hal::Event before, after;
 };
@@ -100,9 +101,9 @@ struct Runtime {
   // Device copies of small constant operands by content (device_constant); cleared with the kernel cache.
   std::mutex const_mu;
   std::unordered_map<std::string, keel::Tensor> consts;
-  // One Uploader per device ("cuda:0"), made at its first upload; released before the environment changes.
-  std::mutex upload_mu;
-  std::map<std::string, std::unique_ptr<Uploader>> uploaders;
+  // One CopyStream per device ("cuda:0"), made at its first copy; released before the environment changes.
+  std::mutex copy_mu;
+  std::map<std::string, std::unique_ptr<CopyStream>> copy_streams;
   std::atomic<bool> profiling{std::getenv("KEEL_EAGER_PROFILE") != nullptr};
   // KEEL_EAGER_PROFILE=sync: each op's wall time with its device waited for before and after it (what the op costs
   // on an asynchronous device such as a GPU, launch and kernel together) instead of the process's CPU time.
@@ -154,6 +155,12 @@ std::string memory_type_of(const std::string& device);
 keel::Tensor alloc_tensor(DType dtype, const Shape& shape, const std::string& mem_type);
 // A copy of `t` in memory of `mem_type` (host <-> device through the device table).
 keel::Tensor copy_to(const keel::Tensor& t, const std::string& mem_type);
+// Copies src's bytes into dst (same byte size), dst in a device's memory and src on the host or in the same device,
+// without the host waiting for the device: on the device's copy stream, ordered after the work eager has queued there
+// and before what it queues next. False, with nothing done, where the device cannot order such a copy (no streams or
+// events), for other pairs of locations, or under KEEL_EAGER_COPY=sync: the caller then copies on the default stream,
+// which completes before it returns.
+bool copy_async(const keel::Tensor& dst, const keel::Tensor& src);
 keel::Tensor to_host(const keel::Tensor& t);
 // Waits for the work queued on `device` (a device name as above; nothing to wait for on host-memory devices).
 void synchronize_device(const std::string& device);

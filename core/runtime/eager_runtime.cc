@@ -62,8 +62,8 @@ void init(std::shared_ptr<Environment> env, int threads) {
     r.consts.clear();
   }
   {
-    std::lock_guard<std::mutex> u(r.upload_mu);  // their streams and events belong to the old environment's plugins
-    r.uploaders.clear();
+    std::lock_guard<std::mutex> u(r.copy_mu);  // their streams and events belong to the old environment's plugins
+    r.copy_streams.clear();
   }
   r.env = std::move(env);
   r.own_pool.reset();
@@ -177,59 +177,61 @@ keel::Tensor alloc_tensor(DType dtype, const Shape& shape, const std::string& me
   return keel::Tensor(dtype, shape, storage);
 }
 
-namespace {
-
-// Uploads host `src` into device tensor `dst` without the host waiting for the device: on the device's upload stream,
-// after the work eager has queued on the device's default stream (dst may be memory that work still uses: the caching
-// allocator hands freed blocks out at once) and before anything eager queues there next (an event each way, waited
-// for on the device). The device table's copy has read `src` when it returns (the stream contract), so the caller
-// may reuse it at once. False, with nothing done, where the device has no streams or events that can wait: the
-// caller then copies on the default stream, which completes before it returns (a wait for the device).
-bool upload_async(const keel::Tensor& dst, const keel::Tensor& src) {
-  // KEEL_EAGER_UPLOAD=sync: every upload completes before it returns, as before this path (to compare, or to rule
+// Eager queues its kernels on each device's default stream. Uploads (the batch, a factory's values) and copies within a
+// device (copy_: an optimizer's state, BatchNorm's running statistics, a data-parallel bucket) go on a stream of their
+// own instead of the default stream, whose copies complete on return (a wait for the device each): the copy stream
+// waits for an event recorded after the work eager has queued (dst may be memory that work still uses, since the
+// caching allocator hands freed blocks out at once, and a device source may still be being written), and the default
+// stream waits for an event recorded after the copy, so everything eager queues next (and whatever a communication
+// thread queues on the default stream after this returns) sees the copied bytes. The device table's copy has read a
+// host `src` when it returns (the stream contract), so the caller may reuse it at once; a device `src` freed after
+// this returns goes back to the default stream's pool, which runs after the copy.
+bool copy_async(const keel::Tensor& dst, const keel::Tensor& src) {
+  // KEEL_EAGER_COPY=sync: every eager copy completes before it returns, as before this path (to compare, or to rule
   // it out).
-  static const bool sync_uploads = [] {
-    const char* e = std::getenv("KEEL_EAGER_UPLOAD");
+  static const bool sync_copies = [] {
+    const char* e = std::getenv("KEEL_EAGER_COPY");
     return e != nullptr && std::string(e) == "sync";
   }();
-  if (sync_uploads) return false;
+  if (sync_copies || src.byte_size() != dst.byte_size()) return false;
   const Location& at = dst.location();
+  if (at.is_host()) return false;
+  const bool upload = src.location().is_host();
+  if (!upload && src.location() != at) return false;
   const DeviceEntry* entry = environment().registry().device(at.device_type);
   if (entry == nullptr) return false;
   const hal::Device dev(entry, at.device_index);
   if (!dev.can_wait_on_events()) return false;
   Runtime& r = rt();
-  std::lock_guard<std::mutex> lock(r.upload_mu);
-  std::unique_ptr<Uploader>& up = r.uploaders[device_name(at)];
-  if (!up) {
-    up = std::make_unique<Uploader>();
+  std::lock_guard<std::mutex> lock(r.copy_mu);
+  std::unique_ptr<CopyStream>& cs = r.copy_streams[device_name(at)];
+  if (!cs) {
+    cs = std::make_unique<CopyStream>();
     auto stream = dev.create_stream();
     auto before = dev.create_event();
     auto after = dev.create_event();
     if (stream.is_ok() && before.is_ok() && after.is_ok()) {
-      up->stream = std::move(stream).value();
-      up->before = std::move(before).value();
-      up->after = std::move(after).value();
-      up->usable = true;
+      cs->stream = std::move(stream).value();
+      cs->before = std::move(before).value();
+      cs->after = std::move(after).value();
+      cs->usable = true;
     }
   }
-  if (!up->usable) return false;
+  if (!cs->usable) return false;
   auto ok = [&](const Status& st) {
-    if (!st.is_ok()) fail(st.with_context("upload " + src.describe() + " to " + device_name(at)));
+    if (!st.is_ok()) fail(st.with_context("copy " + src.describe() + " to " + device_name(at)));
   };
-  ok(dev.record_event(up->before, nullptr));
-  ok(dev.wait_event(up->stream.get(), up->before));
-  ok(dev.copy(KEEL_COPY_HOST_TO_DEVICE, dst.raw_data(), at.device_index, src.raw_data(), 0, src.byte_size(),
-              up->stream.get()));
-  ok(dev.record_event(up->after, up->stream.get()));
-  ok(dev.wait_event(nullptr, up->after));
+  ok(dev.record_event(cs->before, nullptr));
+  ok(dev.wait_event(cs->stream.get(), cs->before));
+  ok(dev.copy(upload ? KEEL_COPY_HOST_TO_DEVICE : KEEL_COPY_DEVICE_TO_DEVICE, dst.raw_data(), at.device_index,
+              src.raw_data(), upload ? 0 : at.device_index, src.byte_size(), cs->stream.get()));
+  ok(dev.record_event(cs->after, cs->stream.get()));
+  ok(dev.wait_event(nullptr, cs->after));
   return true;
 }
 
-}  // namespace
-
 // A copy of `t` in memory of `mem_type` (host <-> device through the device table). Uploads leave the host free
-// (upload_async) where the device can order them; downloads complete before this returns.
+// (copy_async) where the device can order them; downloads complete before this returns.
 keel::Tensor copy_to(const keel::Tensor& t, const std::string& mem_type) {
   keel::Tensor out = alloc_tensor(t.dtype(), t.shape(), mem_type);
   if (t.byte_size() == 0) return out;
@@ -238,7 +240,7 @@ keel::Tensor copy_to(const keel::Tensor& t, const std::string& mem_type) {
     std::memcpy(out.raw_data(), t.raw_data(), t.byte_size());
     return out;
   }
-  if (src_host && upload_async(out, t)) return out;
+  if (src_host && copy_async(out, t)) return out;
   // Host <-> device through the device's table; two devices of one type by peer copy where the table has one,
   // otherwise through the host (Environment::copy).
   Status s = environment().copy(out.raw_data(), out.location(), t.raw_data(), t.location(), t.byte_size());

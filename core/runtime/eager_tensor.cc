@@ -108,15 +108,19 @@ void Tensor::copy_(const Tensor& src) {
     NoGradGuard ng;
     s = src.to(dtype()).data();
   }
-  const std::string mem = device_name(data().location());
-  if (s.location() != data().location()) s = copy_to(s, mem);
+  const Location& at = data().location();
   if (s.raw_data() == data().raw_data() || s.byte_size() == 0) return;
-  if (mem == "cpu") {
+  if (at.is_host()) {
+    if (!s.location().is_host()) s = to_host(s);
     std::memcpy(data().raw_data(), s.raw_data(), s.byte_size());
-  } else {
-    Status st = environment().copy(data().raw_data(), data().location(), s.raw_data(), s.location(), s.byte_size());
-    if (!st.is_ok()) fail(st.with_context("copy_"));
+    return;
   }
+  // From the host or within the device: queued without a wait for the device (copy_async). From another device:
+  // through copy_to (a peer copy, or the host).
+  if (copy_async(data(), s)) return;
+  if (!s.location().is_host() && s.location() != at) s = copy_to(s, device_name(at));
+  Status st = environment().copy(data().raw_data(), at, s.raw_data(), s.location(), s.byte_size());
+  if (!st.is_ok()) fail(st.with_context("copy_"));
 }
 
 void Tensor::set_data_(const Tensor& src) {

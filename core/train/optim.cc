@@ -253,8 +253,8 @@ namespace {
 // SGD's update of a group's f32 parameters in a device's own memory whose momentum buffers exist (every step after the
 // first), all of them in one ai.onnx.preview.training Momentum call (the CUDA plugin updates up to 16 tensors a
 // launch) instead of five ops each: alpha = momentum, beta = 1 - dampening, norm_coefficient = weight decay. The new
-// momenta replace the buffers and the new values the parameters' storage (Tensor::set_data_: a copy_ between two
-// device buffers would wait for the device, once per parameter and step). The same operations in the same
+// momenta replace the buffers and the new values the parameters' storage (Tensor::set_data_: no copy back per
+// parameter and step). The same operations in the same
 // order as the eager path (and sgd_update_on_host), each rounded to f32. False when the device has no Momentum kernel
 // for these tensors (the caller then runs the eager ops).
 // Whether `device` ("cuda", "cuda:1") registers a kernel for the op: the fused optimizer updates are taken only there
@@ -292,7 +292,7 @@ bool sgd_update_on_device(std::vector<DeviceUpdate>& u, float lr, float wd, cons
     return false;  // no Momentum kernel on this device for these tensors: the eager ops
   }
   for (size_t k = 0; k < u.size(); ++k) {
-    u[k].p.set_data_(out[k]);  // no copy_: on a device it would wait for the device
+    u[k].p.set_data_(out[k]);  // the op's output becomes the parameter: no copy
     u[k].buf = out[u.size() + k];
   }
   return true;

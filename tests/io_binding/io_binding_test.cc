@@ -666,6 +666,45 @@ TEST_F(Streams, EagerUploadsDoNotWaitForTheDevice) {
   keel::eager::init(nullptr);
 }
 
+// copy_ into device memory (an optimizer's state, BatchNorm's running statistics, a data-parallel bucket): from the
+// same device or from the host, queued on the copy stream, never a wait for the device; what eager runs next, and a
+// read on the host, see the copied values (streamdev runs a queued copy only when a stream waits for it, so a missing
+// order reads stale bytes).
+TEST_F(Streams, EagerCopiesIntoADeviceDoNotWaitForIt) {
+  keel::EnvironmentOptions o;
+  o.discover_plugins = false;
+  o.manifests = {KEEL_IO_BINDING_DIR "/streamdev.keel-plugin.toml"};
+  o.threads = 1;
+  auto env = keel::Environment::create(o);
+  ASSERT_TRUE(env.is_ok()) << env.status().to_string();
+  keel::eager::init(std::shared_ptr<keel::Environment>(std::move(env).value()));
+  {  // the tensors go before the environment does
+    keel::eager::Tensor acc = keel::eager::from_vector(std::vector<float>{0.f, 0.f, 0.f, 0.f}, {4}).to("streamdev");
+    keel::eager::Tensor whole = keel::eager::from_vector(std::vector<float>(8, 0.f), {8}).to("streamdev");
+    const auto before = now();
+    for (int step = 0; step < 3; ++step) {
+      std::vector<float> v = {-1.f, 2.f, -3.f, static_cast<float>(step)};
+      keel::eager::Tensor x = keel::eager::from_vector(v, {4}).to("streamdev");
+      acc.copy_(keel::eager::relu(x));                 // within the device
+      keel::eager::Tensor y = keel::eager::relu(acc);  // reads the copy on the default stream
+      EXPECT_EQ(y.to_vector<float>(), (std::vector<float>{0.f, 2.f, 0.f, static_cast<float>(step)})) << "step " << step;
+    }
+    // Into a slice of a larger buffer (a data-parallel bucket), then from the host.
+    const keel::Tensor& w = whole.data();
+    keel::eager::Tensor(keel::Tensor(w.dtype(), {4}, w.storage(), w.byte_offset() + 4 * sizeof(float))).copy_(acc);
+    acc.copy_(keel::eager::from_vector(std::vector<float>{5.f, 6.f, 7.f, 8.f}, {4}));
+    EXPECT_EQ(whole.to_vector<float>(), (std::vector<float>{0.f, 0.f, 0.f, 0.f, 0.f, 2.f, 0.f, 2.f}));
+    EXPECT_EQ(acc.to_vector<float>(), (std::vector<float>{5.f, 6.f, 7.f, 8.f}));
+    const auto d = now() - before;
+    EXPECT_EQ(d.copies[KEEL_COPY_DEVICE_TO_DEVICE], 4);
+    EXPECT_EQ(d.copies[KEEL_COPY_HOST_TO_DEVICE], 4);
+    EXPECT_EQ(d.null_stream_copies, d.copies[KEEL_COPY_DEVICE_TO_HOST]) << "only the reads on the host wait";
+    EXPECT_EQ(d.stream_syncs, 0);
+    EXPECT_EQ(d.device_syncs, 0);
+  }
+  keel::eager::init(nullptr);
+}
+
 TEST(IoBindingCuda, AChainOfTwoSessionsKeepsTheTensorOnTheGpu) {
   CEnv e(nullptr, true);
   size_t n = 0;
