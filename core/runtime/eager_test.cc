@@ -264,9 +264,19 @@ TEST_F(EagerTest, DropoutKeepsOneMinusPScaled) {
     const auto b = dropout(x32, 0.3f, true).to_vector<float>();
     manual_seed(11);
     const auto c = dropout(x64, 0.3f, true).to_vector<double>();
+    // The 16-bit floats select their bit patterns (their own vectorised path): the same mask again.
+    manual_seed(11);
+    const auto h = dropout(ones({1000, 101}, DType::kF16), 0.3f, true).to(DType::kF32).to_vector<float>();
+    manual_seed(11);
+    const auto g = dropout(ones({1000, 101}, DType::kBF16), 0.3f, true).to(DType::kF32).to_vector<float>();
     size_t both = 0, same = 0;
     for (size_t i = 0; i < a.size(); ++i) {
       EXPECT_EQ(a[i] != 0, c[i] != 0) << "element " << i;
+      EXPECT_EQ(a[i] != 0, h[i] != 0) << "f16 element " << i;
+      EXPECT_EQ(a[i] != 0, g[i] != 0) << "bf16 element " << i;
+      if (h[i] != 0) {
+        EXPECT_EQ(h[i], 1.4287109375f) << "f16 element " << i;  // 1 / 0.7 in f16
+      }
       same += (a[i] != 0) == (b[i] != 0);
       if (i % 2 == 0 && i + 1 < a.size()) both += a[i] != 0 && a[i + 1] != 0;
     }

@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <new>
+#include <type_traits>
 
 #include "core/base/status.h"
 #include "core/base/target_clones.h"
@@ -520,14 +522,27 @@ KEEL_DROPOUT_CLONES void dropout_uniforms(uint32_t* u, int64_t n, uint64_t seed,
   if (n % 2) u[n - 1] = static_cast<uint32_t>(splitmix64_at(seed, first_pair + static_cast<uint64_t>(pairs)));
 }
 
-// out[i] = kept where u[i] >= cut, else zero (f32, the training case, cloned: a masked move per 16 elements).
-template <class T>
-void keep_where_at_least(T* out, const uint32_t* u, int64_t n, uint32_t cut, T kept, T zero) {
-  for (int64_t i = 0; i < n; ++i) out[i] = u[i] >= cut ? kept : zero;
-}
+// out[i] = kept where u[i] >= cut, else zero (cloned: a masked move per 16 elements). f32, and the 16-bit floats as
+// their bit patterns (a select of two constants needs no arithmetic; as bf16 / f16 structs the loop stayed scalar,
+// 3.7x slower than f32's for the same mask).
 KEEL_DROPOUT_CLONES void keep_where_at_least(float* out, const uint32_t* u, int64_t n, uint32_t cut, float kept,
                                              float zero) {
   for (int64_t i = 0; i < n; ++i) out[i] = u[i] >= cut ? kept : zero;
+}
+KEEL_DROPOUT_CLONES void keep_where_at_least(uint16_t* out, const uint32_t* u, int64_t n, uint32_t cut, uint16_t kept,
+                                             uint16_t zero) {
+  for (int64_t i = 0; i < n; ++i) out[i] = u[i] >= cut ? kept : zero;
+}
+template <class T>
+void keep_where_at_least(T* out, const uint32_t* u, int64_t n, uint32_t cut, T kept, T zero) {
+  if constexpr (sizeof(T) == 2 && std::is_trivially_copyable_v<T>) {
+    uint16_t k16, z16;
+    std::memcpy(&k16, &kept, 2);
+    std::memcpy(&z16, &zero, 2);
+    keep_where_at_least(reinterpret_cast<uint16_t*>(out), u, n, cut, k16, z16);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = u[i] >= cut ? kept : zero;
+  }
 }
 
 void op_dropout_mask(Kctx& k) {
