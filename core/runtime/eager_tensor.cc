@@ -115,10 +115,10 @@ void Tensor::copy_(const Tensor& src) {
     std::memcpy(data().raw_data(), s.raw_data(), s.byte_size());
     return;
   }
-  // From the host or within the device: queued without a wait for the device (copy_async). From another device:
-  // through copy_to (a peer copy, or the host).
-  if (copy_async(data(), s)) return;
+  // From another device: first to this one (copy_to: a peer copy, or through the host). From the host or within the
+  // device: queued without a wait for the device (copy_async) where the device can order it.
   if (!s.location().is_host() && s.location() != at) s = copy_to(s, device_name(at));
+  if (copy_async(data(), s)) return;
   Status st = environment().copy(data().raw_data(), at, s.raw_data(), s.location(), s.byte_size());
   if (!st.is_ok()) fail(st.with_context("copy_"));
 }
