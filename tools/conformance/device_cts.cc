@@ -1264,7 +1264,13 @@ void add_training_cases(std::vector<OpCase>& v) {
                    {1, 8, 10, 9, 5, 5, 1, 2, 1},
                    // 3x3 stride 1 with 16+ channels: oneDNN's Winograd backward kernels in f32 (the LeNet-like conv2)
                    {2, 32, 14, 14, 64, 3, 1, 0, 1},
-                   {3, 16, 9, 7, 32, 3, 1, 1, 1}};
+                   {3, 16, 9, 7, 32, 3, 1, 1, 1},
+                   // Few input channels, stride 1: the oneDNN plugin's own weight gradient (padded, odd widths, rows
+                   // longer than 16 columns, kernels 1-7 wide)
+                   {2, 3, 9, 21, 8, 3, 1, 1, 1},
+                   {3, 1, 13, 17, 5, 5, 1, 2, 1},
+                   {2, 2, 10, 40, 16, 7, 1, 3, 1},
+                   {2, 4, 6, 5, 3, 1, 1, 0, 1}};
   for (DType dt : {DType::kF32, DType::kBF16}) {
     for (const Cv& c : cs) {
       const int64_t oh = (c.H + 2 * c.p - c.k) / c.s + 1, ow = (c.W + 2 * c.p - c.k) / c.s + 1;

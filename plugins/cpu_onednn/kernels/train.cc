@@ -135,6 +135,71 @@ __attribute__((target("avx512f,avx512bw,bmi2"))) int64_t pool2x2_grad_row_bf16(c
   return OW;
 }
 
+// Weight (and bias) gradient of a stride-1, undilated f32 convolution with few input rows per output channel (the
+// first layer of an image model: C <= 4 input channels), for output channel m: dW[m][c][i][j] = sum over n, oh, ow of
+// dY[n][m][oh][ow] * Xp[n][c][oh + i][ow + j], Xp the zero-padded input (HP x WP planes). One pass over dY[., m] per
+// (c, i), the KW taps of that row in registers, 16 output columns a step (the last < 16 masked: lanes past the row
+// are neither read nor used). db (nullable) gets the sum of dY[., m].
+__attribute__((target("avx512f"))) inline __mmask16 first_lanes(int64_t n) {
+  return n >= 16 ? static_cast<__mmask16>(0xffff) : n <= 0 ? 0 : static_cast<__mmask16>((1u << n) - 1);
+}
+
+// For MB output channels [m0, m0 + MB): each loaded tap of X serves MB channels, each loaded row of dY KW taps, in
+// 2 * KW * MB accumulators (registers: the loops over taps and channels unroll).
+template <int KW, int MB>
+__attribute__((target("avx512f"))) void conv_dw_channels_f32(const float* dy, const float* xp, float* dw, float* db,
+                                                             int64_t m0, int64_t N, int64_t M, int64_t C, int64_t KH,
+                                                             int64_t OH, int64_t OW, int64_t HP, int64_t WP) {
+  const int64_t S = OH * OW;
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t i = 0; i < KH; ++i) {
+      // Columns [ow, ow + 16) in a0, [ow + 16, ow + 32) in a1.
+      __m512 a0[MB][KW], a1[MB][KW];
+#pragma GCC unroll 8
+      for (int b = 0; b < MB; ++b)
+#pragma GCC unroll 8
+        for (int j = 0; j < KW; ++j) a0[b][j] = a1[b][j] = _mm512_setzero_ps();
+      for (int64_t n = 0; n < N; ++n) {
+        const float* g = dy + (n * M + m0) * S;
+        const float* x = xp + ((n * C + c) * HP + i) * WP;
+        for (int64_t oh = 0; oh < OH; ++oh, g += OW, x += WP)
+          for (int64_t ow = 0; ow < OW; ow += 32) {
+            const __mmask16 k0 = first_lanes(OW - ow), k1 = first_lanes(OW - ow - 16);
+            __m512 t0[KW], t1[KW];
+#pragma GCC unroll 8
+            for (int j = 0; j < KW; ++j) {
+              t0[j] = _mm512_maskz_loadu_ps(k0, x + ow + j);
+              t1[j] = _mm512_maskz_loadu_ps(k1, x + ow + 16 + j);
+            }
+#pragma GCC unroll 8
+            for (int b = 0; b < MB; ++b) {
+              const __m512 g0 = _mm512_maskz_loadu_ps(k0, g + b * S + ow);
+              const __m512 g1 = _mm512_maskz_loadu_ps(k1, g + b * S + ow + 16);
+#pragma GCC unroll 8
+              for (int j = 0; j < KW; ++j) {
+                a0[b][j] = _mm512_fmadd_ps(g0, t0[j], a0[b][j]);
+                a1[b][j] = _mm512_fmadd_ps(g1, t1[j], a1[b][j]);
+              }
+            }
+          }
+      }
+#pragma GCC unroll 8
+      for (int b = 0; b < MB; ++b)
+#pragma GCC unroll 8
+        for (int j = 0; j < KW; ++j)
+          dw[(((m0 + b) * C + c) * KH + i) * KW + j] = _mm512_reduce_add_ps(_mm512_add_ps(a0[b][j], a1[b][j]));
+    }
+  if (db)
+    for (int64_t b = 0; b < MB; ++b) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t n = 0; n < N; ++n) {
+        const float* g = dy + (n * M + m0 + b) * S;
+        for (int64_t o = 0; o < S; o += 16) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(first_lanes(S - o), g + o));
+      }
+      db[m0 + b] = _mm512_reduce_add_ps(acc);
+    }
+}
+
 #pragma GCC diagnostic pop
 
 const bool kHaveAvx512 =
@@ -177,6 +242,9 @@ class ConvGradKernel : public Kernel {
     // Both primitives read dY in the same blocked layout: backward data takes the one reorder backward weights made
     // (the LeNet-like model's conv2: 9.4 MB, 1.7 ms a step at 1 thread on a 9.8 GB/s host).
     bool share_ddst = false;
+    // dW (and dB) by conv_dw_channel_f32 instead of bwd_w (direct_dw_applies); the padding it puts around X.
+    bool direct_dw = false;
+    int64_t pad_top = 0, pad_left = 0, HP = 0, WP = 0;
     Dims x, w, dy;
   };
 
@@ -187,6 +255,7 @@ class ConvGradKernel : public Kernel {
     keel_tensor_t* out_dx = want_dx_ ? c.output(0, x) : nullptr;
     keel_tensor_t* out_dw = want_dw_ ? c.output(1, w) : nullptr;
     keel_tensor_t* out_db = want_db_ ? c.output(2, {w[0]}) : nullptr;
+    if (p.direct_dw) direct_weights_grad(p, c.input(0), c.input(1), out_dw, out_db, dy, x, w);
     if (p.bwd_w) {
       p.w_src.in(c.input(1)->data);
       p.w_ddst.in(c.input(0)->data);
@@ -211,10 +280,53 @@ class ConvGradKernel : public Kernel {
       p.d_dsrc.finish();
     }
     s.wait();
-    if (want_db_ && !p.bias_in_prim) bias_sum(c.input(0), out_db, dy);
+    if (want_db_ && !p.bias_in_prim && !p.direct_dw) bias_sum(c.input(0), out_db, dy);
   }
 
  private:
+  // The first layer of an image model (the SimpleCNN's Conv(1->32, 3x3) over 28x28: 0.83 ms a step at 1 thread for
+  // oneDNN's backward weights, about half of it reordering the 5.5 MB dY into its blocked layout): f32, stride 1, no
+  // dilation, one group, at most 4 input channels and a kernel at most 7 wide. Larger inputs keep oneDNN (its
+  // blocked and Winograd kernels win where channels fill the vector lanes).
+  bool direct_dw_applies(const Dims& x, const Dims& w) const {
+    return kHaveAvx512 && dtype_ == KEEL_DTYPE_F32 && group_ == 1 && strides_ == Dims{1, 1} && dil_ == Dims{1, 1} &&
+           x[1] <= 4 && w[3] >= 1 && w[3] <= 7;
+  }
+  void direct_weights_grad(const Plan& p, const keel_tensor_t* dyt, const keel_tensor_t* xt, keel_tensor_t* dwt,
+                           keel_tensor_t* dbt, const Dims& dy, const Dims& x, const Dims& w) const {
+    const int64_t N = x[0], C = x[1], H = x[2], W = x[3], M = w[0], KH = w[2], KW = w[3], OH = dy[2], OW = dy[3];
+    const float* xp = static_cast<const float*>(xt->data);
+    std::vector<float> padded;
+    if (p.HP != H || p.WP != W) {  // zeros around X, so that every tap reads inside its row
+      padded.assign(static_cast<size_t>(N * C * p.HP * p.WP), 0.f);
+      for (int64_t nc = 0; nc < N * C; ++nc)
+        for (int64_t h = 0; h < H; ++h)
+          std::memcpy(&padded[static_cast<size_t>((nc * p.HP + h + p.pad_top) * p.WP + p.pad_left)],
+                      xp + (nc * H + h) * W, static_cast<size_t>(W) * sizeof(float));
+      xp = padded.data();
+    }
+    const float* g = static_cast<const float*>(dyt->data);
+    float* dw = static_cast<float*>(dwt->data);
+    float* db = dbt ? static_cast<float*>(dbt->data) : nullptr;
+    using Fn = void (*)(const float*, const float*, float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t,
+                        int64_t, int64_t, int64_t, int64_t);
+    // Blocks of 4 output channels for kernels up to 3 wide (24 accumulators), of 2 up to 7 (28); single channels for
+    // the rest of M.
+    static constexpr Fn kBlocked[] = {
+        conv_dw_channels_f32<1, 4>, conv_dw_channels_f32<2, 4>, conv_dw_channels_f32<3, 4>, conv_dw_channels_f32<4, 2>,
+        conv_dw_channels_f32<5, 2>, conv_dw_channels_f32<6, 2>, conv_dw_channels_f32<7, 2>};
+    static constexpr Fn kSingle[] = {conv_dw_channels_f32<1, 1>, conv_dw_channels_f32<2, 1>, conv_dw_channels_f32<3, 1>,
+                                     conv_dw_channels_f32<4, 1>, conv_dw_channels_f32<5, 1>, conv_dw_channels_f32<6, 1>,
+                                     conv_dw_channels_f32<7, 1>};
+    const int64_t MB = KW <= 3 ? 4 : 2, blocks = M / MB;
+    const Fn blocked = kBlocked[KW - 1], single = kSingle[KW - 1];
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < blocks + M % MB; ++t) {
+      if (t < blocks) blocked(g, xp, dw, db, t * MB, N, M, C, KH, OH, OW, p.HP, p.WP);
+      else single(g, xp, dw, db, blocks * MB + (t - blocks), N, M, C, KH, OH, OW, p.HP, p.WP);
+    }
+  }
+
   void bias_sum(const keel_tensor_t* dy, keel_tensor_t* db, const Dims& d) const {
     const int64_t N = d[0], M = d[1], S = d[2] * d[3];
     std::vector<float> acc(static_cast<size_t>(M), 0.f);
@@ -281,7 +393,11 @@ class ConvGradKernel : public Kernel {
     std::vector<std::pair<dnnl::algorithm, const dnnl::convolution_forward::primitive_desc*>> algs;
     if (wino_fpd) algs.emplace_back(dnnl::algorithm::convolution_winograd, wino_fpd.get());
     algs.emplace_back(dnnl::algorithm::convolution_direct, fpd.get());
-    if (want_dw_ || want_db_) {
+    if (want_dw_ && direct_dw_applies(x, w)) {
+      p->direct_dw = true;
+      p->pad_top = pads_[0], p->pad_left = pads_[1];
+      p->HP = dy[2] + w[2] - 1, p->WP = dy[3] + w[3] - 1;  // x plus both pads (the end ones from dY's size, as pr)
+    } else if (want_dw_ || want_db_) {
       if (!want_dw_) throw Reject{"dB without dW"};
       // The primitive's layout for dY first (measured on the SimpleCNN's first layer: the blocked implementation plus
       // the reorder of dY costs 25% less CPU time than gemm:jit on the plain layout, and bf16 has no fast plain
