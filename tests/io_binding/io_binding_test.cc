@@ -635,11 +635,8 @@ TEST_F(Streams, ConcurrentRunsOnOneSessionUseTheirOwnStreams) {
   keel_session_release(s);
 }
 
-// Eager uploads (x.to(device): a training batch, a factory's values) leave the host free on a device with streams:
-// the copy goes on an upload stream ordered after the default stream's queued work and before what is queued next,
-// with events waited for on the device; no stream or device synchronisation, and the values are there for the next
-// op. Downloads still complete before they return.
-TEST_F(Streams, EagerUploadsDoNotWaitForTheDevice) {
+// Eager over an environment with streamdev alone (keel::eager::init(nullptr) at the test's end).
+void init_eager_on_streamdev() {
   keel::EnvironmentOptions o;
   o.discover_plugins = false;
   o.manifests = {KEEL_IO_BINDING_DIR "/streamdev.keel-plugin.toml"};
@@ -647,6 +644,14 @@ TEST_F(Streams, EagerUploadsDoNotWaitForTheDevice) {
   auto env = keel::Environment::create(o);
   ASSERT_TRUE(env.is_ok()) << env.status().to_string();
   keel::eager::init(std::shared_ptr<keel::Environment>(std::move(env).value()));
+}
+
+// Eager uploads (x.to(device): a training batch, a factory's values) leave the host free on a device with streams:
+// the copy goes on an upload stream ordered after the default stream's queued work and before what is queued next,
+// with events waited for on the device; no stream or device synchronisation, and the values are there for the next
+// op. Downloads still complete before they return.
+TEST_F(Streams, EagerUploadsDoNotWaitForTheDevice) {
+  ASSERT_NO_FATAL_FAILURE(init_eager_on_streamdev());
   const auto before = now();
   for (int step = 0; step < 3; ++step) {
     std::vector<float> v = {-1.f, 2.f, -3.f, static_cast<float>(step)};
@@ -671,13 +676,7 @@ TEST_F(Streams, EagerUploadsDoNotWaitForTheDevice) {
 // read on the host, see the copied values (streamdev runs a queued copy only when a stream waits for it, so a missing
 // order reads stale bytes).
 TEST_F(Streams, EagerCopiesIntoADeviceDoNotWaitForIt) {
-  keel::EnvironmentOptions o;
-  o.discover_plugins = false;
-  o.manifests = {KEEL_IO_BINDING_DIR "/streamdev.keel-plugin.toml"};
-  o.threads = 1;
-  auto env = keel::Environment::create(o);
-  ASSERT_TRUE(env.is_ok()) << env.status().to_string();
-  keel::eager::init(std::shared_ptr<keel::Environment>(std::move(env).value()));
+  ASSERT_NO_FATAL_FAILURE(init_eager_on_streamdev());
   {  // the tensors go before the environment does
     keel::eager::Tensor acc = keel::eager::from_vector(std::vector<float>{0.f, 0.f, 0.f, 0.f}, {4}).to("streamdev");
     keel::eager::Tensor whole = keel::eager::from_vector(std::vector<float>(8, 0.f), {8}).to("streamdev");
