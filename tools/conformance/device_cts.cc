@@ -1270,7 +1270,8 @@ void add_training_cases(std::vector<OpCase>& v) {
                    {2, 3, 9, 21, 8, 3, 1, 1, 1},
                    {3, 1, 13, 17, 5, 5, 1, 2, 1},
                    {2, 2, 10, 40, 16, 7, 1, 3, 1},
-                   {2, 4, 6, 5, 3, 1, 1, 0, 1}};
+                   {2, 4, 6, 5, 3, 1, 1, 0, 1},
+                   {3, 1, 130, 130, 4, 3, 1, 0, 1}};  // planes large enough that the images go in two chunks
   for (DType dt : {DType::kF32, DType::kBF16}) {
     for (const Cv& c : cs) {
       const int64_t oh = (c.H + 2 * c.p - c.k) / c.s + 1, ow = (c.W + 2 * c.p - c.k) / c.s + 1;

@@ -151,44 +151,50 @@ __attribute__((target("avx512f"))) void conv_dw_channels_f32(const float* dy, co
                                                              int64_t m0, int64_t N, int64_t M, int64_t C, int64_t KH,
                                                              int64_t OH, int64_t OW, int64_t HP, int64_t WP) {
   const int64_t S = OH * OW;
-  for (int64_t c = 0; c < C; ++c)
-    for (int64_t i = 0; i < KH; ++i) {
-      // Columns [ow, ow + 16) in a0, [ow + 16, ow + 32) in a1.
-      __m512 a0[MB][KW], a1[MB][KW];
+  // Images in chunks whose dY rows of the block stay in L2 (512 KiB) across the C * KH passes over them.
+  const int64_t chunk = std::max<int64_t>(1, (int64_t{512} << 10) / (MB * S * static_cast<int64_t>(sizeof(float))));
+  for (int64_t n0 = 0; n0 < N; n0 += chunk)
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t i = 0; i < KH; ++i) {
+        // Columns [ow, ow + 16) in a0, [ow + 16, ow + 32) in a1.
+        __m512 a0[MB][KW], a1[MB][KW];
 #pragma GCC unroll 8
-      for (int b = 0; b < MB; ++b)
+        for (int b = 0; b < MB; ++b)
 #pragma GCC unroll 8
-        for (int j = 0; j < KW; ++j) a0[b][j] = a1[b][j] = _mm512_setzero_ps();
-      for (int64_t n = 0; n < N; ++n) {
-        const float* g = dy + (n * M + m0) * S;
-        const float* x = xp + ((n * C + c) * HP + i) * WP;
-        for (int64_t oh = 0; oh < OH; ++oh, g += OW, x += WP)
-          for (int64_t ow = 0; ow < OW; ow += 32) {
-            const __mmask16 k0 = first_lanes(OW - ow), k1 = first_lanes(OW - ow - 16);
-            __m512 t0[KW], t1[KW];
-#pragma GCC unroll 8
-            for (int j = 0; j < KW; ++j) {
-              t0[j] = _mm512_maskz_loadu_ps(k0, x + ow + j);
-              t1[j] = _mm512_maskz_loadu_ps(k1, x + ow + 16 + j);
-            }
-#pragma GCC unroll 8
-            for (int b = 0; b < MB; ++b) {
-              const __m512 g0 = _mm512_maskz_loadu_ps(k0, g + b * S + ow);
-              const __m512 g1 = _mm512_maskz_loadu_ps(k1, g + b * S + ow + 16);
+          for (int j = 0; j < KW; ++j) a0[b][j] = a1[b][j] = _mm512_setzero_ps();
+        for (int64_t n = n0; n < std::min(N, n0 + chunk); ++n) {
+          const float* g = dy + (n * M + m0) * S;
+          const float* x = xp + ((n * C + c) * HP + i) * WP;
+          for (int64_t oh = 0; oh < OH; ++oh, g += OW, x += WP)
+            for (int64_t ow = 0; ow < OW; ow += 32) {
+              const __mmask16 k0 = first_lanes(OW - ow), k1 = first_lanes(OW - ow - 16);
+              __m512 t0[KW], t1[KW];
 #pragma GCC unroll 8
               for (int j = 0; j < KW; ++j) {
-                a0[b][j] = _mm512_fmadd_ps(g0, t0[j], a0[b][j]);
-                a1[b][j] = _mm512_fmadd_ps(g1, t1[j], a1[b][j]);
+                t0[j] = _mm512_maskz_loadu_ps(k0, x + ow + j);
+                t1[j] = _mm512_maskz_loadu_ps(k1, x + ow + 16 + j);
+              }
+#pragma GCC unroll 8
+              for (int b = 0; b < MB; ++b) {
+                const __m512 g0 = _mm512_maskz_loadu_ps(k0, g + b * S + ow);
+                const __m512 g1 = _mm512_maskz_loadu_ps(k1, g + b * S + ow + 16);
+#pragma GCC unroll 8
+                for (int j = 0; j < KW; ++j) {
+                  a0[b][j] = _mm512_fmadd_ps(g0, t0[j], a0[b][j]);
+                  a1[b][j] = _mm512_fmadd_ps(g1, t1[j], a1[b][j]);
+                }
               }
             }
+        }
+#pragma GCC unroll 8
+        for (int b = 0; b < MB; ++b)
+#pragma GCC unroll 8
+          for (int j = 0; j < KW; ++j) {
+            float& out = dw[(((m0 + b) * C + c) * KH + i) * KW + j];
+            const float sum = _mm512_reduce_add_ps(_mm512_add_ps(a0[b][j], a1[b][j]));
+            out = n0 == 0 ? sum : out + sum;
           }
       }
-#pragma GCC unroll 8
-      for (int b = 0; b < MB; ++b)
-#pragma GCC unroll 8
-        for (int j = 0; j < KW; ++j)
-          dw[(((m0 + b) * C + c) * KH + i) * KW + j] = _mm512_reduce_add_ps(_mm512_add_ps(a0[b][j], a1[b][j]));
-    }
   if (db)
     for (int64_t b = 0; b < MB; ++b) {
       __m512 acc = _mm512_setzero_ps();
