@@ -135,17 +135,17 @@ __attribute__((target("avx512f,avx512bw,bmi2"))) int64_t pool2x2_grad_row_bf16(c
   return OW;
 }
 
-// Weight (and bias) gradient of a stride-1, undilated f32 convolution with few input rows per output channel (the
-// first layer of an image model: C <= 4 input channels), for output channel m: dW[m][c][i][j] = sum over n, oh, ow of
-// dY[n][m][oh][ow] * Xp[n][c][oh + i][ow + j], Xp the zero-padded input (HP x WP planes). One pass over dY[., m] per
-// (c, i), the KW taps of that row in registers, 16 output columns a step (the last < 16 masked: lanes past the row
-// are neither read nor used). db (nullable) gets the sum of dY[., m].
+// The first n of 16 lanes (none for n <= 0).
 __attribute__((target("avx512f"))) inline __mmask16 first_lanes(int64_t n) {
   return n >= 16 ? static_cast<__mmask16>(0xffff) : n <= 0 ? 0 : static_cast<__mmask16>((1u << n) - 1);
 }
 
-// For MB output channels [m0, m0 + MB): each loaded tap of X serves MB channels, each loaded row of dY KW taps, in
-// 2 * KW * MB accumulators (registers: the loops over taps and channels unroll).
+// Weight (and bias) gradient of a stride-1, undilated f32 convolution with few input channels (an image model's first
+// layer), for the MB output channels [m0, m0 + MB): dW[m][c][i][j] = sum over n, oh, ow of dY[n][m][oh][ow] *
+// Xp[n][c][oh + i][ow + j], Xp the zero-padded input (HP x WP planes). One pass over the block's dY rows per (c, i):
+// each loaded tap of X serves MB channels, each loaded row of dY the KW taps, in 2 * KW * MB accumulators (registers:
+// the loops over taps and channels unroll), 32 output columns a step (masked past the row: those lanes are neither
+// read nor used). db (nullable) gets the sums of dY[., m].
 template <int KW, int MB>
 __attribute__((target("avx512f"))) void conv_dw_channels_f32(const float* dy, const float* xp, float* dw, float* db,
                                                              int64_t m0, int64_t N, int64_t M, int64_t C, int64_t KH,
@@ -248,7 +248,7 @@ class ConvGradKernel : public Kernel {
     // Both primitives read dY in the same blocked layout: backward data takes the one reorder backward weights made
     // (the LeNet-like model's conv2: 9.4 MB, 1.7 ms a step at 1 thread on a 9.8 GB/s host).
     bool share_ddst = false;
-    // dW (and dB) by conv_dw_channel_f32 instead of bwd_w (direct_dw_applies); the padding it puts around X.
+    // dW (and dB) by conv_dw_channels_f32 instead of bwd_w (direct_dw_applies); the padding it puts around X.
     bool direct_dw = false;
     int64_t pad_top = 0, pad_left = 0, HP = 0, WP = 0;
     Dims x, w, dy;
