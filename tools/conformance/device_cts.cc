@@ -114,6 +114,12 @@ void add_conv_cases(std::vector<OpCase>& v) {
       {{"pads", Is({1, 1, 1, 1})}});
   add("N=3 C=1 H=12 W=19 K=10 k=3x2 W-input B-input", {in("X", {3, 1, 12, 19}), in("W", {10, 1, 3, 2}), in("B", {10})},
       {});
+  // Few input channels (an image model's first layer) with asymmetric pads, auto_pad, a row wider than 32 columns, an
+  // output channel count that fills no vector.
+  add("N=2 C=3 H=9 W=37 K=11 k=5x3 pads=2,0,1,2 W-input",
+      {in("X", {2, 3, 9, 37}), in("W", {11, 3, 5, 3}), in("B", {11}, true)}, {{"pads", Is({2, 0, 1, 2})}});
+  add("N=1 C=2 H=8 W=9 K=8 k=4 auto_pad=SAME_LOWER", {in("X", {1, 2, 8, 9}), in("W", {8, 2, 4, 4}, true)},
+      {{"auto_pad", S("SAME_LOWER")}});
   add("1d N=2 C=16 L=50 K=32 k=5 s=2 p=2", {in("X", {2, 16, 50}), in("W", {32, 16, 5}, true), in("B", {32}, true)},
       {{"strides", Is({2})}, {"pads", Is({2, 2})}});
   add("1d N=1 C=3 L=17 K=5 k=3 d=2 g=1", {in("X", {1, 3, 17}), in("W", {5, 3, 3}, true)}, {{"dilations", Is({2})}});
