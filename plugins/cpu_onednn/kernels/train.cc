@@ -102,11 +102,24 @@ __attribute__((target("avx512f,avx512bw,bmi2"))) inline __m512 bf16x16_to_f32(__
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
 }
 
+// The 2x2 / stride-2 windows [ow, ow + 16) of two bf16 rows as f32 vectors (a, b the top-left and top-right elements,
+// c, d the bottom ones; only a, b, c, d are set); kin masks the row data [2ow, 2ow + 32) that exists.
+__attribute__((target("avx512f,avx512bw,bmi2"), always_inline)) inline Windows2x2 load_windows_2x2_bf16(
+    const uint16_t* r0, const uint16_t* r1, int64_t ow, __mmask32 kin) {
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  const __m512i xr = _mm512_maskz_loadu_epi16(kin, r0 + 2 * ow), yr = _mm512_maskz_loadu_epi16(kin, r1 + 2 * ow);
+  const __m512 x0 = bf16x16_to_f32(_mm512_castsi512_si256(xr)), x1 = bf16x16_to_f32(_mm512_extracti64x4_epi64(xr, 1));
+  const __m512 y0 = bf16x16_to_f32(_mm512_castsi512_si256(yr)), y1 = bf16x16_to_f32(_mm512_extracti64x4_epi64(yr, 1));
+  Windows2x2 w{};
+  w.a = _mm512_permutex2var_ps(x0, even, x1), w.b = _mm512_permutex2var_ps(x0, odd, x1);
+  w.c = _mm512_permutex2var_ps(y0, even, y1), w.d = _mm512_permutex2var_ps(y0, odd, y1);
+  return w;
+}
+
 __attribute__((target("avx512f,avx512bw,bmi2"))) int64_t pool2x2_grad_row_bf16(const uint16_t* r0, const uint16_t* r1,
                                                                                const uint16_t* g, uint16_t* d0,
                                                                                uint16_t* d1, int64_t OW) {
-  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-  const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
   // Each of 16 dY values twice: lanes 2j and 2j+1 take g[j].
   const __m512i dup = _mm512_set_epi16(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8, 7, 7, 6, 6, 5, 5, 4,
                                        4, 3, 3, 2, 2, 1, 1, 0, 0);
@@ -114,11 +127,8 @@ __attribute__((target("avx512f,avx512bw,bmi2"))) int64_t pool2x2_grad_row_bf16(c
     const int64_t n = std::min<int64_t>(16, OW - ow);
     const __mmask32 kg = static_cast<__mmask32>((1u << n) - 1);
     const __mmask32 kin = static_cast<__mmask32>(n == 16 ? 0xffffffffu : (1u << (2 * n)) - 1);
-    const __m512i xr = _mm512_maskz_loadu_epi16(kin, r0 + 2 * ow), yr = _mm512_maskz_loadu_epi16(kin, r1 + 2 * ow);
-    const __m512 x0 = bf16x16_to_f32(_mm512_castsi512_si256(xr)), x1 = bf16x16_to_f32(_mm512_extracti64x4_epi64(xr, 1));
-    const __m512 y0 = bf16x16_to_f32(_mm512_castsi512_si256(yr)), y1 = bf16x16_to_f32(_mm512_extracti64x4_epi64(yr, 1));
-    const __m512 a = _mm512_permutex2var_ps(x0, even, x1), b = _mm512_permutex2var_ps(x0, odd, x1);
-    const __m512 c = _mm512_permutex2var_ps(y0, even, y1), d = _mm512_permutex2var_ps(y0, odd, y1);
+    const Windows2x2 w = load_windows_2x2_bf16(r0, r1, ow, kin);
+    const __m512 a = w.a, b = w.b, c = w.c, d = w.d;
     const __mmask16 sb = _mm512_cmp_ps_mask(b, a, _CMP_GT_OQ);
     const __m512 m1 = _mm512_mask_mov_ps(a, sb, b);
     const __mmask16 sc = _mm512_cmp_ps_mask(c, m1, _CMP_GT_OQ);
@@ -141,16 +151,11 @@ __attribute__((target("avx512f,avx512bw,bmi2"))) int64_t pool2x2_grad_row_bf16(c
 // f32 and taking the high halves back is exact.
 __attribute__((target("avx512f,avx512bw,bmi2"))) void max_pool2x2_row_bf16(const uint16_t* r0, const uint16_t* r1,
                                                                            uint16_t* y, int64_t OW) {
-  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-  const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
   for (int64_t ow = 0; ow < OW; ow += 16) {
     const int64_t n = std::min<int64_t>(16, OW - ow);
     const __mmask32 kin = static_cast<__mmask32>(n == 16 ? 0xffffffffu : (1u << (2 * n)) - 1);
-    const __m512i xr = _mm512_maskz_loadu_epi16(kin, r0 + 2 * ow), yr = _mm512_maskz_loadu_epi16(kin, r1 + 2 * ow);
-    const __m512 x0 = bf16x16_to_f32(_mm512_castsi512_si256(xr)), x1 = bf16x16_to_f32(_mm512_extracti64x4_epi64(xr, 1));
-    const __m512 y0 = bf16x16_to_f32(_mm512_castsi512_si256(yr)), y1 = bf16x16_to_f32(_mm512_extracti64x4_epi64(yr, 1));
-    const __m512 a = _mm512_permutex2var_ps(x0, even, x1), b = _mm512_permutex2var_ps(x0, odd, x1);
-    const __m512 c = _mm512_permutex2var_ps(y0, even, y1), d = _mm512_permutex2var_ps(y0, odd, y1);
+    const Windows2x2 w = load_windows_2x2_bf16(r0, r1, ow, kin);
+    const __m512 a = w.a, b = w.b, c = w.c, d = w.d;
     __m512 m = _mm512_mask_mov_ps(a, _mm512_cmp_ps_mask(b, a, _CMP_GT_OQ), b);
     m = _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(c, m, _CMP_GT_OQ), c);
     m = _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(d, m, _CMP_GT_OQ), d);
