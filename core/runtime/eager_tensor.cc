@@ -110,14 +110,14 @@ void Tensor::copy_(const Tensor& src) {
   }
   const Location& at = data().location();
   if (s.raw_data() == data().raw_data() || s.byte_size() == 0) return;
-  if (at.is_host()) {
-    if (!s.location().is_host()) s = to_host(s);
+  if (at.is_host() && s.location().is_host()) {
     std::memcpy(data().raw_data(), s.raw_data(), s.byte_size());
     return;
   }
-  // From another device: first to this one (copy_to: a peer copy, or through the host). From the host or within the
-  // device: queued without a wait for the device (copy_async) where the device can order it.
-  if (!s.location().is_host() && s.location() != at) s = copy_to(s, device_name(at));
+  // From another device of the type: first to this one (copy_to: a peer copy, or through the host). From the host or
+  // within the device: queued without a wait for the device (copy_async) where the device can order it. Otherwise
+  // (into the host, or a device that cannot order it) through the device table, complete on return.
+  if (!at.is_host() && !s.location().is_host() && s.location() != at) s = copy_to(s, device_name(at));
   if (copy_async(data(), s)) return;
   Status st = environment().copy(data().raw_data(), at, s.raw_data(), s.location(), s.byte_size());
   if (!st.is_ok()) fail(st.with_context("copy_"));

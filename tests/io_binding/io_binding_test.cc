@@ -694,6 +694,9 @@ TEST_F(Streams, EagerCopiesIntoADeviceDoNotWaitForIt) {
     acc.copy_(keel::eager::from_vector(std::vector<float>{5.f, 6.f, 7.f, 8.f}, {4}));
     EXPECT_EQ(whole.to_vector<float>(), (std::vector<float>{0.f, 0.f, 0.f, 0.f, 0.f, 2.f, 0.f, 2.f}));
     EXPECT_EQ(acc.to_vector<float>(), (std::vector<float>{5.f, 6.f, 7.f, 8.f}));
+    keel::eager::Tensor host = keel::eager::from_vector(std::vector<float>(4, 0.f), {4});
+    host.copy_(acc);  // into the host: straight from the device, complete on return
+    EXPECT_EQ(host.to_vector<float>(), (std::vector<float>{5.f, 6.f, 7.f, 8.f}));
     const auto d = now() - before;
     EXPECT_EQ(d.copies[KEEL_COPY_DEVICE_TO_DEVICE], 4);
     EXPECT_EQ(d.copies[KEEL_COPY_HOST_TO_DEVICE], 4);

@@ -277,9 +277,7 @@ class ConvGradKernel : public Kernel {
     // Both primitives read dY in the same blocked layout: backward data takes the one reorder backward weights made
     // (the LeNet-like model's conv2: 9.4 MB, 1.7 ms a step at 1 thread on a 9.8 GB/s host).
     bool share_ddst = false;
-    // dW (and dB) by conv_dw_channels_f32 instead of bwd_w (direct_dw_applies); the padding it puts around X.
-    bool direct_dw = false;
-    int64_t pad_top = 0, pad_left = 0, HP = 0, WP = 0;
+    bool direct_dw = false;  // dW (and dB) by conv_dw_channels_f32 instead of bwd_w (direct_dw_applies)
     Dims x, w, dy;
   };
 
@@ -290,7 +288,7 @@ class ConvGradKernel : public Kernel {
     keel_tensor_t* out_dx = want_dx_ ? c.output(0, x) : nullptr;
     keel_tensor_t* out_dw = want_dw_ ? c.output(1, w) : nullptr;
     keel_tensor_t* out_db = want_db_ ? c.output(2, {w[0]}) : nullptr;
-    if (p.direct_dw) direct_weights_grad(p, c.input(0), c.input(1), out_dw, out_db, dy, x, w);
+    if (p.direct_dw) direct_weights_grad(c.input(0), c.input(1), out_dw, out_db, dy, x, w);
     if (p.bwd_w) {
       p.w_src.in(c.input(1)->data);
       p.w_ddst.in(c.input(0)->data);
@@ -327,17 +325,18 @@ class ConvGradKernel : public Kernel {
     return kHaveAvx512 && dtype_ == KEEL_DTYPE_F32 && group_ == 1 && strides_ == Dims{1, 1} && dil_ == Dims{1, 1} &&
            x[1] <= 4 && w[3] >= 1 && w[3] <= 7;
   }
-  void direct_weights_grad(const Plan& p, const keel_tensor_t* dyt, const keel_tensor_t* xt, keel_tensor_t* dwt,
-                           keel_tensor_t* dbt, const Dims& dy, const Dims& x, const Dims& w) const {
+  void direct_weights_grad(const keel_tensor_t* dyt, const keel_tensor_t* xt, keel_tensor_t* dwt, keel_tensor_t* dbt,
+                           const Dims& dy, const Dims& x, const Dims& w) const {
     const int64_t N = x[0], C = x[1], H = x[2], W = x[3], M = w[0], KH = w[2], KW = w[3], OH = dy[2], OW = dy[3];
+    const int64_t HP = OH + KH - 1, WP = OW + KW - 1;  // x and both pads (the end ones from dY's size, as build's pr)
     const float* xp = static_cast<const float*>(xt->data);
     std::vector<float> padded;
-    if (p.HP != H || p.WP != W) {  // zeros around X, so that every tap reads inside its row
-      padded.assign(static_cast<size_t>(N * C * p.HP * p.WP), 0.f);
+    if (HP != H || WP != W) {  // zeros around X, so that every tap reads inside its row
+      padded.assign(static_cast<size_t>(N * C * HP * WP), 0.f);
       for (int64_t nc = 0; nc < N * C; ++nc)
         for (int64_t h = 0; h < H; ++h)
-          std::memcpy(&padded[static_cast<size_t>((nc * p.HP + h + p.pad_top) * p.WP + p.pad_left)],
-                      xp + (nc * H + h) * W, static_cast<size_t>(W) * sizeof(float));
+          std::memcpy(&padded[static_cast<size_t>((nc * HP + h + pads_[0]) * WP + pads_[1])], xp + (nc * H + h) * W,
+                      static_cast<size_t>(W) * sizeof(float));
       xp = padded.data();
     }
     const float* g = static_cast<const float*>(dyt->data);
@@ -357,8 +356,8 @@ class ConvGradKernel : public Kernel {
     const Fn blocked = kBlocked[KW - 1], single = kSingle[KW - 1];
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < blocks + M % MB; ++t) {
-      if (t < blocks) blocked(g, xp, dw, db, t * MB, N, M, C, KH, OH, OW, p.HP, p.WP);
-      else single(g, xp, dw, db, blocks * MB + (t - blocks), N, M, C, KH, OH, OW, p.HP, p.WP);
+      if (t < blocks) blocked(g, xp, dw, db, t * MB, N, M, C, KH, OH, OW, HP, WP);
+      else single(g, xp, dw, db, blocks * MB + (t - blocks), N, M, C, KH, OH, OW, HP, WP);
     }
   }
 
@@ -430,8 +429,6 @@ class ConvGradKernel : public Kernel {
     algs.emplace_back(dnnl::algorithm::convolution_direct, fpd.get());
     if (want_dw_ && direct_dw_applies(x, w)) {
       p->direct_dw = true;
-      p->pad_top = pads_[0], p->pad_left = pads_[1];
-      p->HP = dy[2] + w[2] - 1, p->WP = dy[3] + w[3] - 1;  // x plus both pads (the end ones from dY's size, as pr)
     } else if (want_dw_ || want_db_) {
       if (!want_dw_) throw Reject{"dB without dW"};
       // The primitive's layout for dY first (measured on the SimpleCNN's first layer: the blocked implementation plus
