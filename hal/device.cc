@@ -117,6 +117,7 @@ StatusOr<Communicator> Communicator::create(const CollectiveEntry* entry, keel_k
   }
   Communicator c;
   c.entry_ = entry;
+  c.device_ = device;
   KEEL_RETURN_IF_ERROR(
       wrap(entry->table.communicator_create(entry->table.user_data, store, rank, size, device, timeout_ms, &c.comm_),
            entry->backend),
@@ -126,6 +127,7 @@ StatusOr<Communicator> Communicator::create(const CollectiveEntry* entry, keel_k
 Communicator& Communicator::operator=(Communicator&& o) noexcept {
   std::swap(entry_, o.entry_);
   std::swap(comm_, o.comm_);
+  std::swap(device_, o.device_);
   return *this;
 }
 Communicator::~Communicator() {
@@ -137,6 +139,10 @@ Communicator::~Communicator() {
   if (!entry_ || !entry_->table.member) return unimplemented(std::string("collective ") + #member); \
   return wrap(entry_->table.member(entry_->table.user_data, comm_, __VA_ARGS__), entry_->backend + " " #member)
 
+const std::string& Communicator::device_type() const {
+  static const std::string kNone;
+  return entry_ ? entry_->device_type : kNone;
+}
 int32_t Communicator::rank() const {
   return entry_ && entry_->table.rank ? entry_->table.rank(entry_->table.user_data, comm_) : 0;
 }

@@ -118,6 +118,11 @@ class Communicator {
 
   int32_t rank() const;
   int32_t size() const;
+  // The device whose memory every buffer of this communicator's collectives must be in: its type ("cpu" for Gloo,
+  // "cuda" for NCCL; "" for a moved-from communicator) and index (the `device` given to create()). Host arrays (a
+  // program's metrics) reach a device-memory communicator through a copy to that device.
+  const std::string& device_type() const;
+  int32_t device_index() const { return device_; }
   Status all_reduce(const void* send, void* recv, uint64_t count, DType dtype, keel_reduce_op_t op,
                     keel_stream_t stream = nullptr) const;
   Status broadcast(const void* send, void* recv, uint64_t count, DType dtype, int32_t root,
@@ -133,6 +138,7 @@ class Communicator {
  private:
   const CollectiveEntry* entry_ = nullptr;
   keel_communicator_t comm_ = nullptr;
+  int32_t device_ = 0;
 };
 
 }  // namespace keel::hal

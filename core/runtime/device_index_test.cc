@@ -243,6 +243,22 @@ TEST(DeviceIndexEager, ToMovesBetweenIndicesAndOpsRunThere) {
   } catch (const eager::Error& e) {
     EXPECT_NE(std::string(e.what()).find("duo:1"), std::string::npos) << e.what();
   }
+  // Factories take the names Tensor::device() gives (DataParallel makes its buckets with zeros(..., p.device())).
+  for (const std::string dev : {"duo:1", "duo:0", "duo", "cpu:0"}) {
+    eager::Tensor f = eager::zeros({3}, DType::kF32, dev);
+    EXPECT_EQ(f.device(), eager::Tensor(Tensor::f32({1}, {0})).to(dev).device()) << dev;
+    EXPECT_EQ(eager::empty({2}, DType::kF32, dev).device(), f.device()) << dev;
+    EXPECT_EQ(f.to("cpu").to_vector<float>(), (std::vector<float>{0, 0, 0})) << dev;
+  }
+  EXPECT_EQ(eager::zeros({1}, DType::kF32, "duo:1").data().location().device_index, 1);
+  for (const std::string dev : {"duo:7", "nope", "duo:x"}) {
+    try {
+      (void)eager::zeros({3}, DType::kF32, dev);
+      ADD_FAILURE() << dev << " accepted";
+    } catch (const eager::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(dev), std::string::npos) << e.what();
+    }
+  }
   eager::init(nullptr);
 }
 

@@ -18,9 +18,11 @@ using namespace detail;
 // ------------------------------------------------------------------------------------------------ factories
 
 namespace {
+// A factory's device: "cuda", "cuda:1" (the names Tensor::device() gives), or "" for the default device; an absent
+// or malformed one is an Error naming it.
 std::string dev_or_default(const std::string& d) {
   if (d.empty()) return default_device();
-  if (!environment().registry().device(d)) fail(not_found("no device '" + d + "'"));
+  spec_of(d);
   return d;
 }
 keel::Tensor host_filled(const Shape& shape, DType dt, const std::function<double()>& value) {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <functional>
 
 namespace keel::train {
 namespace {
@@ -35,6 +37,37 @@ Tensor flat_view(const Tensor& t, int64_t offset, const keel::Shape& shape) {
                              d.byte_offset() + static_cast<uint64_t>(offset) * dtype_size(d.dtype())));
 }
 
+// The eager device ("cuda:1") whose memory a communicator's buffers must be in, or "" when that is host memory (Gloo
+// on the CPU, a device of KEEL_DEVICE_CAP_UNIFIED_HOST_MEMORY).
+std::string comm_device(const hal::Communicator& comm) {
+  const std::string& type = comm.device_type();
+  if (type.empty() || type == "cpu") return "";
+  const DeviceEntry* entry = eager::environment().registry().device(type);
+  if (entry != nullptr && hal::Device(entry, comm.device_index()).host_memory()) return "";
+  return type + ":" + std::to_string(comm.device_index());
+}
+
+// `op(send, recv)`, a collective over small host arrays (the parameters' descriptions, the bucket order, metrics), on
+// buffers the communicator can use: the arrays themselves for a host-memory one, copies on its device otherwise (NCCL
+// reads and writes device memory only: a host pointer is an error, or worse). `recv` may be `send` (in place).
+template <typename T>
+Status host_collective(const hal::Communicator& comm, DType dtype, const std::vector<T>& send, std::vector<T>& recv,
+                       const std::function<Status(const void*, void*)>& op) {
+  const std::string dev = comm_device(comm);
+  if (dev.empty() || (send.empty() && recv.empty())) return op(send.data(), recv.data());
+  try {
+    eager::NoGradGuard ng;
+    const Tensor s = Tensor(keel::Tensor::from_vector(dtype, {static_cast<int64_t>(send.size())}, send)).to(dev);
+    const Tensor r = &send == &recv ? s : eager::empty({static_cast<int64_t>(recv.size())}, dtype, dev);
+    if (Status st = op(s.data().raw_data(), r.data().raw_data()); !st.is_ok()) return st;
+    const Tensor back = r.to("cpu");  // complete on return
+    if (!recv.empty()) std::memcpy(recv.data(), back.data().raw_data(), recv.size() * sizeof(T));
+  } catch (const eager::Error& e) {
+    return e.status().with_context("host values through " + dev);
+  }
+  return Status::ok();
+}
+
 Status tensor_broadcast(const hal::Communicator& comm, const Tensor& t, int32_t root) {
   if (!t.defined() || t.numel() == 0) return Status::ok();
   void* p = t.data().raw_data();
@@ -61,7 +94,10 @@ WaitSummary summarize_waits(std::vector<float> ms) {
 
 StatusOr<std::vector<double>> all_reduce_sum(const hal::Communicator& comm, std::vector<double> values) {
   if (comm.size() <= 1 || values.empty()) return values;
-  KEEL_RETURN_IF_ERROR(comm.all_reduce(values.data(), values.data(), values.size(), DType::kF64, KEEL_REDUCE_SUM),
+  KEEL_RETURN_IF_ERROR(host_collective(comm, DType::kF64, values, values,
+                                       [&](const void* s, void* r) {
+                                         return comm.all_reduce(s, r, values.size(), DType::kF64, KEEL_REDUCE_SUM);
+                                       }),
                        "all-reduce of metrics");
   return values;
 }
@@ -126,9 +162,13 @@ Status check_same_across_ranks(const hal::Communicator& comm, const std::vector<
                                const std::string& what) {
   const int32_t world = comm.size(), me = comm.rank();
   if (world <= 1) return Status::ok();
-  int64_t n = static_cast<int64_t>(named.size());
+  const int64_t n = static_cast<int64_t>(named.size());
   std::vector<int64_t> counts(static_cast<size_t>(world));
-  KEEL_RETURN_IF_ERROR(comm.all_gather(&n, counts.data(), 1, DType::kI64), what + " count");
+  auto all_gather = [&](const std::vector<int64_t>& mine, std::vector<int64_t>& all) {
+    return host_collective(comm, DType::kI64, mine, all,
+                           [&](const void* s, void* r) { return comm.all_gather(s, r, mine.size(), DType::kI64); });
+  };
+  KEEL_RETURN_IF_ERROR(all_gather({n}, counts), what + " count");
   for (int32_t r = 1; r < world; ++r) {
     if (counts[static_cast<size_t>(r)] != counts[0])
       return invalid_argument("DataParallel: rank 0 has " + std::to_string(counts[0]) + " " + what + "s, rank " +
@@ -151,7 +191,7 @@ Status check_same_across_ranks(const hal::Communicator& comm, const std::vector<
     d[kSlots - 1] = rest;
   }
   std::vector<int64_t> all(mine.size() * static_cast<size_t>(world));
-  KEEL_RETURN_IF_ERROR(comm.all_gather(mine.data(), all.data(), mine.size(), DType::kI64), what + " shapes");
+  KEEL_RETURN_IF_ERROR(all_gather(mine, all), what + " shapes");
   for (size_t i = 0; i < named.size(); ++i) {
     const int64_t* d0 = &all[i * kSlots];
     for (int32_t r = 1; r < world; ++r) {
@@ -466,8 +506,10 @@ Status DataParallel::rebuild() {
   }
   for (size_t k = 0; k < ready_order_.size(); ++k)
     code[k] = static_cast<int64_t>(ready_order_[k]) | (split[k] ? (int64_t{1} << 32) : 0);
-  KEEL_RETURN_IF_ERROR(comm_.broadcast(code.data(), code.data(), code.size(), DType::kI64, 0),
-                       "DataParallel: bucket order from rank 0");
+  KEEL_RETURN_IF_ERROR(
+      host_collective(comm_, DType::kI64, code, code,
+                      [&](const void* s, void* r) { return comm_.broadcast(s, r, code.size(), DType::kI64, 0); }),
+      "DataParallel: bucket order from rank 0");
   std::vector<size_t> order;
   std::vector<bool> split_after;
   std::vector<bool> seen(params_.size(), false);

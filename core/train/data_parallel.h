@@ -216,6 +216,9 @@ class DataParallel {
 };
 
 // --- helpers for data-parallel loops (collective: every rank calls them in the same order) ---------------------------
+// Host values (metrics, descriptions, DataParallel's bucket order) reach a communicator whose buffers must be device
+// memory (NCCL: Communicator::device_type "cuda") through a copy on its device and back; a host-memory one (Gloo)
+// reads them where they are.
 
 // Sums a small vector over the ranks (metrics: loss sums, correct and example counts). Every rank passes the same
 // length (else the communicator's error).

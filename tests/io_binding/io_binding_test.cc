@@ -9,7 +9,8 @@
 //    synchronises only where a result leaves the device (one stream sync per run with host outputs, none for a run
 //    that leaves its output on the device, no device sync ever), and a chain of two sessions keeps the tensor on the
 //    device (no device-to-host copy) with the consumer waiting for the producer's event. A core breaking the contract
-//    reads stale bytes there, so the values checked fail.
+//    reads stale bytes there, so the values checked fail. Eager on streamdev: copies into the device never wait for
+//    it; data-parallel training over streamdev's collective backend, which (as NCCL) takes device memory only.
 //  - with CUDA: the same chain on cuda:0 when a GPU is present; skipped with a message otherwise.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
@@ -25,9 +26,11 @@
 #include <vector>
 
 #include "core/base/graph.h"
+#include "core/runtime/dist/process_group.h"
 #include "core/runtime/eager.h"
 #include "core/runtime/environment.h"
 #include "core/runtime/onnx_io.h"
+#include "core/train/data_parallel.h"
 
 namespace {
 
@@ -703,6 +706,76 @@ TEST_F(Streams, EagerCopiesIntoADeviceDoNotWaitForIt) {
     EXPECT_EQ(d.null_stream_copies, d.copies[KEEL_COPY_DEVICE_TO_HOST]) << "only the reads on the host wait";
     EXPECT_EQ(d.stream_syncs, 0);
     EXPECT_EQ(d.device_syncs, 0);
+  }
+  keel::eager::init(nullptr);
+}
+
+// Data-parallel training over a communicator whose buffers must be device memory (NCCL's rule, which streamdev's
+// collective backend enforces; its results land on the stream given, so a consumer that does not wait reads stale
+// bytes): DataParallel's own exchanges of host values (the parameters' descriptions, the bucket order) and the
+// metrics helper go through the device, and each rank ends with the gradients averaged over both. Two ranks are two
+// threads. With host pointers handed to the communicator, create() fails ("not streamdev memory").
+TEST_F(Streams, DataParallelOverADeviceMemoryCommunicator) {
+  ASSERT_NO_FATAL_FAILURE(init_eager_on_streamdev());
+  constexpr int kWorld = 2;
+  auto store = std::make_shared<keel::dist::InProcessStore>();
+  // Rank r's batch: x[n][i] = (r + 1) * (n + 1) + i, 2 rows of 3 features.
+  auto batch = [](int r) {
+    std::vector<float> x;
+    for (int n = 0; n < 2; ++n)
+      for (int i = 0; i < 3; ++i) x.push_back(static_cast<float>((r + 1) * (n + 1) + i));
+    return x;
+  };
+  // loss = sum(x W^T + b): dW[o][i] = sum_n x[n][i] and dB[o] = 2, averaged over the ranks.
+  std::vector<float> want_dw;
+  for (int o = 0; o < 2; ++o)
+    for (int i = 0; i < 3; ++i) {
+      float sum = 0;
+      for (int r = 0; r < kWorld; ++r)
+        for (int n = 0; n < 2; ++n) sum += batch(r)[static_cast<size_t>(n * 3 + i)];
+      want_dw.push_back(sum / kWorld);
+    }
+  std::vector<std::string> failures(kWorld);
+  std::vector<std::vector<float>> weights(kWorld), dw(kWorld), db(kWorld);
+  std::vector<double> metric(kWorld);
+  std::mutex generator_mu;
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kWorld; ++r)
+    ranks.emplace_back([&, r] {
+      auto fail = [&](const std::string& m) { failures[static_cast<size_t>(r)] = m; };
+      auto pg = keel::dist::ProcessGroup::create_with_store(keel::eager::environment(), store, r, kWorld, "streamdev",
+                                                            0, 20000);
+      if (!pg.is_ok()) return fail(pg.status().to_string());
+      std::unique_lock<std::mutex> init(generator_mu);  // the eager generator is not synchronised
+      keel::train::nn::Linear model(3, 2);  // each rank its own random weights: create() broadcasts rank 0's
+      init.unlock();
+      model.to("streamdev");
+      auto created = keel::train::DataParallel::create(model, (*pg)->comm());
+      if (!created.is_ok()) return fail(created.status().to_string());
+      std::unique_ptr<keel::train::DataParallel> dp = std::move(created).value();
+      try {
+        keel::eager::Tensor x = keel::eager::from_vector(batch(r), {2, 3}).to("streamdev");
+        keel::eager::sum((*dp)(x)).backward();
+        if (keel::Status st = dp->finish(); !st.is_ok()) return fail(st.to_string());
+        weights[static_cast<size_t>(r)] = model.weight().to_vector<float>();
+        dw[static_cast<size_t>(r)] = model.weight().grad().to_vector<float>();
+        db[static_cast<size_t>(r)] = model.bias().grad().to_vector<float>();
+      } catch (const keel::eager::Error& e) {
+        return fail(e.what());
+      }
+      auto m = keel::train::all_reduce_sum((*pg)->comm(), {static_cast<double>(r + 1)});
+      if (!m.is_ok()) return fail(m.status().to_string());
+      metric[static_cast<size_t>(r)] = (*m)[0];
+      dp.reset();  // before the group: its communication thread uses the communicator
+    });
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < kWorld; ++r) {
+    const auto k = static_cast<size_t>(r);
+    ASSERT_EQ(failures[k], "") << "rank " << r;
+    EXPECT_EQ(weights[k], weights[0]) << "rank " << r << ": the parameters come from rank 0";
+    EXPECT_EQ(dw[k], want_dw) << "rank " << r;
+    EXPECT_EQ(db[k], (std::vector<float>{2.f, 2.f})) << "rank " << r;
+    EXPECT_EQ(metric[k], 3.0) << "rank " << r;
   }
   keel::eager::init(nullptr);
 }

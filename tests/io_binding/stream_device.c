@@ -10,12 +10,22 @@
  *
  * The test reads what the core did through one exported function, streamdev_stats (counters: copies by kind, copies
  * and computes given a NULL stream, stream syncs, device syncs, event records, stream waits).
+ *
+ * It also registers a collective backend "streamdev" for ranks that are threads of one process (their communicators
+ * meet through the rendezvous store): like NCCL, every buffer must be streamdev memory (a host pointer is an
+ * INVALID_ARGUMENT error naming the entry), and the result is stream-ordered: the inputs are read when the entry is
+ * called (the stream's queued work first), and the output is written by an op queued on the given stream, so a
+ * consumer that does not wait for that stream reads stale bytes. all_reduce (sum, avg, min, max on f32 / f64 / i64),
+ * broadcast, all_gather and barrier; the others are UNIMPLEMENTED.
  */
 #include <keel/plugin.h>
 
+#include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct streamdev_stats_s {
   int64_t copies[4];          /* by keel_copy_kind_t */
@@ -129,15 +139,62 @@ static keel_status_t sd_props(void* ud, int32_t device, keel_device_properties_t
   return NULL;
 }
 
+/* Every live allocation, so that the collectives can tell device memory from host memory (as NCCL does). */
+typedef struct block_s {
+  char* at;
+  uint64_t bytes;
+} block_t;
+static pthread_mutex_t g_blocks_mu = PTHREAD_MUTEX_INITIALIZER;
+static block_t* g_blocks = NULL;
+static size_t g_block_count = 0, g_block_capacity = 0;
+
 static keel_status_t sd_alloc(void* ud, int32_t device, uint64_t bytes, uint64_t alignment, void** out) {
+  uint64_t size;
   (void)ud, (void)device;
   if (alignment < 64) alignment = 64;
-  *out = aligned_alloc(alignment, (bytes + alignment - 1) / alignment * alignment + alignment);
-  return *out ? NULL : g_host->status_create(KEEL_STATUS_OUT_OF_MEMORY, "streamdev: allocate");
+  size = (bytes + alignment - 1) / alignment * alignment + alignment;
+  *out = aligned_alloc(alignment, size);
+  if (*out == NULL) return g_host->status_create(KEEL_STATUS_OUT_OF_MEMORY, "streamdev: allocate");
+  pthread_mutex_lock(&g_blocks_mu);
+  if (g_block_count == g_block_capacity) {
+    size_t cap = g_block_capacity ? g_block_capacity * 2 : 64;
+    block_t* grown = (block_t*)realloc(g_blocks, cap * sizeof(block_t));
+    if (grown == NULL) {
+      pthread_mutex_unlock(&g_blocks_mu);
+      free(*out);
+      *out = NULL;
+      return g_host->status_create(KEEL_STATUS_OUT_OF_MEMORY, "streamdev: allocate");
+    }
+    g_blocks = grown;
+    g_block_capacity = cap;
+  }
+  g_blocks[g_block_count].at = (char*)*out;
+  g_blocks[g_block_count].bytes = size;
+  ++g_block_count;
+  pthread_mutex_unlock(&g_blocks_mu);
+  return NULL;
 }
 static void sd_free(void* ud, int32_t device, void* p) {
+  size_t i;
   (void)ud, (void)device;
+  pthread_mutex_lock(&g_blocks_mu);
+  for (i = 0; i < g_block_count; ++i)
+    if (g_blocks[i].at == (char*)p) {
+      g_blocks[i] = g_blocks[--g_block_count];
+      break;
+    }
+  pthread_mutex_unlock(&g_blocks_mu);
   free(p);
+}
+/* 1 when [p, p + bytes) lies inside one live allocation. */
+static int is_device_memory(const void* p, uint64_t bytes) {
+  size_t i;
+  int found = 0;
+  pthread_mutex_lock(&g_blocks_mu);
+  for (i = 0; i < g_block_count && !found; ++i)
+    found = (const char*)p >= g_blocks[i].at && (const char*)p + bytes <= g_blocks[i].at + g_blocks[i].bytes;
+  pthread_mutex_unlock(&g_blocks_mu);
+  return found;
 }
 
 static keel_status_t sd_copy(void* ud, int32_t kind, int32_t dst_device, void* dst, int32_t src_device, const void* src,
@@ -251,11 +308,240 @@ static keel_status_t elementwise(void* state, keel_kernel_context_t* ctx, int ki
 static keel_status_t relu_compute(void* state, keel_kernel_context_t* ctx) { return elementwise(state, ctx, OP_RELU); }
 static keel_status_t add_compute(void* state, keel_kernel_context_t* ctx) { return elementwise(state, ctx, OP_ADD); }
 
+/* ------------------------------------------------------------------------------------------------------------ */
+/* The "streamdev" collective backend: ranks are threads of this process.                                        */
+
+/* What the ranks of one communicator share: rank 0 makes it and publishes its address in the store. */
+typedef struct group_s {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int32_t size, arrived, released;
+  uint64_t generation;
+  const void** inputs; /* each rank's input of the collective in progress */
+} group_t;
+
+typedef struct comm_s {
+  group_t* group;
+  int32_t rank, size;
+  int64_t timeout_ms;
+} comm_t;
+
+static keel_status_t error(int32_t code, const char* entry, const char* what) {
+  char m[256];
+  snprintf(m, sizeof m, "streamdev %s: %s", entry, what);
+  return g_host->status_create(code, m);
+}
+
+/* Every rank of the group reaches this before any leaves it, within the timeout. */
+static keel_status_t group_barrier(comm_t* c, const char* entry) {
+  group_t* g = c->group;
+  struct timespec until;
+  uint64_t gen;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += c->timeout_ms / 1000;
+  until.tv_nsec += (c->timeout_ms % 1000) * 1000000;
+  if (until.tv_nsec >= 1000000000) {
+    until.tv_sec += 1;
+    until.tv_nsec -= 1000000000;
+  }
+  pthread_mutex_lock(&g->mu);
+  gen = g->generation;
+  if (++g->arrived == g->size) {
+    g->arrived = 0;
+    ++g->generation;
+    pthread_cond_broadcast(&g->cv);
+  }
+  while (g->generation == gen) {
+    if (pthread_cond_timedwait(&g->cv, &g->mu, &until) == ETIMEDOUT && g->generation == gen) {
+      --g->arrived;
+      pthread_mutex_unlock(&g->mu);
+      return error(KEEL_STATUS_DEADLINE_EXCEEDED, entry, "a peer did not arrive within the timeout");
+    }
+  }
+  pthread_mutex_unlock(&g->mu);
+  return NULL;
+}
+
+static keel_status_t sc_create(void* ud, keel_kv_store_t* store, int32_t rank, int32_t size, int32_t device,
+                               int64_t timeout_ms, keel_communicator_t* out) {
+  comm_t* c;
+  group_t* g = NULL;
+  keel_status_t st;
+  (void)ud, (void)device;
+  *out = NULL;
+  if (rank == 0) {
+    g = (group_t*)calloc(1, sizeof(group_t));
+    if (g == NULL || (g->inputs = (const void**)calloc((size_t)size, sizeof(void*))) == NULL) {
+      free(g);
+      return error(KEEL_STATUS_OUT_OF_MEMORY, "communicator_create", "group");
+    }
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    g->size = size;
+    if ((st = store->set(store, "streamdev_group", &g, sizeof g)) != NULL) return st;
+  } else {
+    const void* value = NULL;
+    size_t bytes = 0;
+    if ((st = store->get(store, "streamdev_group", timeout_ms, &value, &bytes)) != NULL) return st;
+    if (bytes != sizeof g) return error(KEEL_STATUS_INTERNAL, "communicator_create", "bad group record");
+    memcpy(&g, value, sizeof g);
+  }
+  c = (comm_t*)calloc(1, sizeof(comm_t));
+  if (c == NULL) return error(KEEL_STATUS_OUT_OF_MEMORY, "communicator_create", "communicator");
+  c->group = g;
+  c->rank = rank;
+  c->size = size;
+  c->timeout_ms = timeout_ms > 0 ? timeout_ms : 60000;
+  if ((st = group_barrier(c, "communicator_create")) != NULL) {
+    free(c);
+    return st;
+  }
+  *out = (keel_communicator_t)c;
+  return NULL;
+}
+static void sc_release(void* ud, keel_communicator_t comm) {
+  comm_t* c = (comm_t*)comm;
+  int last;
+  (void)ud;
+  if (c == NULL) return;
+  pthread_mutex_lock(&c->group->mu);
+  last = ++c->group->released == c->group->size;
+  pthread_mutex_unlock(&c->group->mu);
+  if (last) {
+    pthread_mutex_destroy(&c->group->mu);
+    pthread_cond_destroy(&c->group->cv);
+    free(c->group->inputs);
+    free(c->group);
+  }
+  free(c);
+}
+static int32_t sc_rank(void* ud, keel_communicator_t comm) {
+  (void)ud;
+  return ((comm_t*)comm)->rank;
+}
+static int32_t sc_size(void* ud, keel_communicator_t comm) {
+  (void)ud;
+  return ((comm_t*)comm)->size;
+}
+
+static size_t esize_of(int32_t dtype) {
+  switch (dtype) {
+    case KEEL_DTYPE_F32: return 4;
+    case KEEL_DTYPE_F64:
+    case KEEL_DTYPE_I64: return 8;
+  }
+  return 0;
+}
+
+/* The body of every data entry: checks the buffers, runs what the stream has queued (the inputs' producers), shares
+ * this rank's input, lets `combine` write the result into a staging buffer once every input is there, and queues the
+ * staging buffer's copy into `out` on the stream. */
+typedef void (*combine_fn)(comm_t* c, char* staged, const void* const* inputs, uint64_t count, int32_t dtype,
+                           int32_t arg);
+static keel_status_t run_collective(comm_t* c, const char* entry, const void* in, uint64_t in_bytes, void* out,
+                                    uint64_t out_bytes, uint64_t count, int32_t dtype, int32_t arg, combine_fn combine,
+                                    keel_stream_t stream) {
+  char* staged;
+  keel_status_t st;
+  op_t op;
+  if (c == NULL) return error(KEEL_STATUS_INVALID_ARGUMENT, entry, "NULL communicator");
+  if (esize_of(dtype) == 0) return error(KEEL_STATUS_UNIMPLEMENTED, entry, "f32, f64 and i64 only");
+  if ((in_bytes && !is_device_memory(in, in_bytes)) || (out_bytes && !is_device_memory(out, out_bytes)))
+    return error(KEEL_STATUS_INVALID_ARGUMENT, entry, "a buffer is not streamdev memory (a host pointer?)");
+  if (stream) drain((stream_t*)stream);
+  staged = (char*)malloc(out_bytes ? out_bytes : 1);
+  if (staged == NULL) return error(KEEL_STATUS_OUT_OF_MEMORY, entry, "staging");
+  c->group->inputs[c->rank] = in;
+  if ((st = group_barrier(c, entry)) != NULL) {
+    free(staged);
+    return st;
+  }
+  combine(c, staged, c->group->inputs, count, dtype, arg);
+  if ((st = group_barrier(c, entry)) != NULL) { /* every rank has read every input */
+    free(staged);
+    return st;
+  }
+  memset(&op, 0, sizeof op);
+  op.kind = OP_COPY;
+  op.dst = out;
+  op.a = staged;
+  op.n = out_bytes;
+  op.to_free = staged;
+  return submit((stream_t*)stream, op);
+}
+
+#define REDUCE_LOOP(T)                                             \
+  do {                                                             \
+    T* o = (T*)staged;                                             \
+    for (i = 0; i < count; ++i) {                                  \
+      T acc = ((const T*)inputs[0])[i];                            \
+      for (r = 1; r < c->size; ++r) {                              \
+        T v = ((const T*)inputs[r])[i];                            \
+        if (arg == KEEL_REDUCE_MIN) acc = v < acc ? v : acc;       \
+        else if (arg == KEEL_REDUCE_MAX) acc = v > acc ? v : acc;  \
+        else acc += v;                                             \
+      }                                                            \
+      o[i] = arg == KEEL_REDUCE_AVG ? (T)(acc / (T)c->size) : acc; \
+    }                                                              \
+  } while (0)
+static void combine_reduce(comm_t* c, char* staged, const void* const* inputs, uint64_t count, int32_t dtype,
+                           int32_t arg) {
+  uint64_t i;
+  int32_t r;
+  if (dtype == KEEL_DTYPE_F32) REDUCE_LOOP(float);
+  else if (dtype == KEEL_DTYPE_F64) REDUCE_LOOP(double);
+  else REDUCE_LOOP(int64_t);
+}
+static void combine_broadcast(comm_t* c, char* staged, const void* const* inputs, uint64_t count, int32_t dtype,
+                              int32_t root) {
+  (void)c;
+  memcpy(staged, inputs[root], count * esize_of(dtype));
+}
+static void combine_gather(comm_t* c, char* staged, const void* const* inputs, uint64_t count, int32_t dtype,
+                           int32_t arg) {
+  const size_t bytes = count * esize_of(dtype);
+  int32_t r;
+  (void)arg;
+  for (r = 0; r < c->size; ++r) memcpy(staged + (size_t)r * bytes, inputs[r], bytes);
+}
+
+static keel_status_t sc_all_reduce(void* ud, keel_communicator_t comm, const void* send, void* recv, uint64_t count,
+                                   int32_t dtype, int32_t op, keel_stream_t stream) {
+  const uint64_t bytes = count * esize_of(dtype);
+  (void)ud;
+  if (op != KEEL_REDUCE_SUM && op != KEEL_REDUCE_AVG && op != KEEL_REDUCE_MIN && op != KEEL_REDUCE_MAX)
+    return error(KEEL_STATUS_UNIMPLEMENTED, "all_reduce", "sum, avg, min and max only");
+  return run_collective((comm_t*)comm, "all_reduce", send, bytes, recv, bytes, count, dtype, op, combine_reduce,
+                        stream);
+}
+static keel_status_t sc_broadcast(void* ud, keel_communicator_t comm, const void* send, void* recv, uint64_t count,
+                                  int32_t dtype, int32_t root, keel_stream_t stream) {
+  const uint64_t bytes = count * esize_of(dtype);
+  comm_t* c = (comm_t*)comm;
+  (void)ud;
+  if (c && (root < 0 || root >= c->size)) return error(KEEL_STATUS_INVALID_ARGUMENT, "broadcast", "root out of range");
+  return run_collective(c, "broadcast", send, bytes, recv, bytes, count, dtype, root, combine_broadcast, stream);
+}
+static keel_status_t sc_all_gather(void* ud, keel_communicator_t comm, const void* send, void* recv,
+                                   uint64_t send_count, int32_t dtype, keel_stream_t stream) {
+  const uint64_t bytes = send_count * esize_of(dtype);
+  comm_t* c = (comm_t*)comm;
+  (void)ud;
+  return run_collective(c, "all_gather", send, bytes, recv, c ? bytes * (uint64_t)c->size : 0, send_count, dtype, 0,
+                        combine_gather, stream);
+}
+static keel_status_t sc_barrier(void* ud, keel_communicator_t comm, keel_stream_t stream) {
+  (void)ud;
+  if (stream) drain((stream_t*)stream);
+  return group_barrier((comm_t*)comm, "barrier");
+}
+
 static keel_status_t sd_init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
   static const int32_t f32[] = {KEEL_DTYPE_F32};
   keel_type_constraint_t t = {KEEL_TYPE_CONSTRAINT_HEADER, "T", f32, 1};
   keel_device_table_t table;
   keel_kernel_def_t def;
+  keel_collective_table_t coll;
   keel_status_t st;
   g_host = host;
   memset(&table, 0, sizeof table);
@@ -296,7 +582,23 @@ static keel_status_t sd_init(const keel_core_api_t* host, keel_plugin_handle_t* 
   def.name = "streamdev_add";
   def.op_type = "Add";
   def.compute = add_compute;
-  return host->register_kernel(plugin, &def);
+  if ((st = host->register_kernel(plugin, &def)) != NULL) return st;
+
+  memset(&coll, 0, sizeof coll);
+  coll.struct_size = sizeof coll;
+  coll.abi_major = KEEL_PLUGIN_ABI_MAJOR;
+  coll.abi_minor = KEEL_PLUGIN_ABI_MINOR;
+  coll.backend = "streamdev";
+  coll.device_type = "streamdev";
+  coll.communicator_create = sc_create;
+  coll.communicator_release = sc_release;
+  coll.rank = sc_rank;
+  coll.size = sc_size;
+  coll.all_reduce = sc_all_reduce;
+  coll.broadcast = sc_broadcast;
+  coll.all_gather = sc_all_gather;
+  coll.barrier = sc_barrier;
+  return host->register_collective(plugin, &coll);
 }
 
 static const keel_plugin_t kPlugin = {.struct_size = sizeof(keel_plugin_t),
