@@ -233,6 +233,23 @@ StatusOr<std::unique_ptr<DataParallel>> DataParallel::create(nn::Module& module,
     KEEL_RETURN_IF_ERROR(broadcast_tensors(comm, buffers, 0), "DataParallel: buffers from rank 0");
   }
 
+  // The communication stream, on the device of the first trained parameter when it has streams and events and the
+  // communicator works on that device type.
+  for (const Tensor& p : dp->params_) {
+    if (!p.requires_grad()) continue;
+    const Location& at = p.data().location();
+    const DeviceEntry* entry = at.is_host() || at.device_type != comm.device_type()
+                                   ? nullptr
+                                   : eager::environment().registry().device(at.device_type);
+    if (entry == nullptr) break;
+    const hal::Device dev(entry, at.device_index);
+    if (dev.host_memory() || !dev.can_wait_on_events()) break;
+    auto stream = dev.create_stream();
+    if (!stream.is_ok()) return stream.status().with_context("DataParallel: communication stream on " + dev.name());
+    dp->comm_device_ = dev;
+    dp->comm_stream_ = std::move(stream).value();
+    break;
+  }
   // Initial buckets: reverse parameter order (backward reaches the last layers first).
   std::vector<size_t> order;
   for (size_t i = dp->params_.size(); i-- > 0;)
@@ -305,6 +322,16 @@ Status DataParallel::build_buckets(const std::vector<size_t>& order, const std::
         n += (params_[i].numel() + align - 1) / align * align;
       }
       bk.flat = eager::zeros({n}, first.dtype(), first.device());
+      const Location& at = first.data().location();
+      bk.on_comm_stream =
+          comm_device_ && at.device_type == comm_device_->type() && at.device_index == comm_device_->index();
+      if (bk.on_comm_stream) {
+        for (hal::Event* e : {&bk.filled, &bk.reduced}) {
+          auto made = comm_device_->create_event();
+          if (!made.is_ok()) throw eager::Error(made.status().with_context("event on " + comm_device_->name()));
+          *e = std::move(made).value();
+        }
+      }
     }
   } catch (const eager::Error& e) {
     buckets_.clear();  // no bucket to fill: the hooks ignore every gradient, and finish() has nothing to wait for
@@ -349,6 +376,10 @@ void DataParallel::launch(Bucket& b) {
     slice.copy_(g.defined() ? g : eager::zeros(p.shape(), p.dtype(), p.device()));
   }
   b.out = eager::empty(b.flat.shape(), b.flat.dtype(), b.flat.device());  // the all-reduce writes every element
+  if (b.on_comm_stream) {
+    Status st = comm_device_->record_event(b.filled, nullptr);
+    if (!st.is_ok()) throw eager::Error(st.with_context("DataParallel: bucket event"));
+  }
   b.launched = true;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -365,8 +396,13 @@ void DataParallel::launch(Bucket& b) {
 // Runs one queued bucket's all-reduce (the caller popped it and set busy_ under mu_).
 void DataParallel::run_bucket(Bucket* b) {
   auto t0 = Clock::now();
-  Status st = comm_.all_reduce(b->flat.data().raw_data(), b->out.data().raw_data(),
-                               static_cast<uint64_t>(b->flat.numel()), b->flat.dtype(), KEEL_REDUCE_AVG);
+  // On the communication stream: after the bucket was filled, and marking when the result is there.
+  const keel_stream_t stream = b->on_comm_stream ? comm_stream_.get() : nullptr;
+  Status st = b->on_comm_stream ? comm_device_->wait_event(stream, b->filled) : Status::ok();
+  if (st.is_ok())
+    st = comm_.all_reduce(b->flat.data().raw_data(), b->out.data().raw_data(), static_cast<uint64_t>(b->flat.numel()),
+                          b->flat.dtype(), KEEL_REDUCE_AVG, stream);
+  if (st.is_ok() && b->on_comm_stream) st = comm_device_->record_event(b->reduced, stream);
   const double dt = seconds_since(t0);
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -445,6 +481,10 @@ Status DataParallel::finish() {
       for (const auto& b : buckets_)
         if (!b.status.is_ok() && first_error.is_ok()) first_error = b.status;
     }
+    // What eager queues next on the device (the optimizer step) waits there for the all-reduces.
+    for (const auto& b : buckets_)
+      if (first_error.is_ok() && b.launched && b.on_comm_stream)
+        first_error = comm_device_->wait_event(nullptr, b.reduced);
     const double waited = seconds_since(t0);
     stats_.wait_seconds += waited;
     stats_.step_wait_ms.push_back(static_cast<float>(waited * 1e3));

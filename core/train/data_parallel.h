@@ -16,6 +16,9 @@
 //                                       background communication thread all-reduces it while backward goes on.
 //   dp.finish()                         waits for every bucket and sets each parameter's .grad to the averaged
 //                                       gradient (sum / world size). Call it before the optimizer step.
+//                                       On a GPU the all-reduces are queued on a communication stream (torch
+//                                       DDP's NCCL stream) and finish() returns once they are queued: eager's
+//                                       default stream waits for them on the device, not the host.
 //
 // Buckets: gradients are grouped, in reverse parameter order (backward's usual order), into flat buffers of at most
 // bucket_cap_mb (25 MiB; a larger parameter gets a bucket of its own; a bucket holds one dtype and device). Each
@@ -62,6 +65,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -88,7 +92,7 @@ struct DataParallelStats {
   int64_t steps = 0;              // synchronised finish() calls
   int64_t all_reduces = 0;        // bucket all-reduces
   uint64_t bytes = 0;             // gradient bytes all-reduced (per rank)
-  double all_reduce_seconds = 0;  // time the communication thread spent inside all-reduce
+  double all_reduce_seconds = 0;  // time spent inside all-reduce calls (on a GPU: queuing them on the stream)
   double wait_seconds = 0;        // time finish() blocked on all-reduces still in flight (the part not overlapped)
   double broadcast_seconds = 0;   // buffer broadcasts in forward()
   // This rank's own work between two synchronised steps (from one finish()'s return to the next finish() call: data,
@@ -174,6 +178,11 @@ class DataParallel {
     // Set by the communication thread under mu_.
     bool done = false;
     Status status;
+    // On the communication stream (below): recorded on the device's default stream once the bucket is filled and
+    // `out` allocated (the all-reduce waits for it), and on the communication stream after the all-reduce (the
+    // default stream waits for it in finish()).
+    bool on_comm_stream = false;
+    hal::Event filled, reduced;
   };
 
   DataParallel(nn::Module& module, const hal::Communicator& comm, DataParallelOptions options);
@@ -190,6 +199,12 @@ class DataParallel {
   nn::Module& module_;
   const hal::Communicator& comm_;
   DataParallelOptions opts_;
+  // A device with streams and events (a GPU): the buckets on it are all-reduced on a stream of their own, so NCCL's
+  // transfers overlap the backward kernels that eager queues on the device's default stream (one stream would run
+  // them one after the other); ordered by each bucket's two events. Absent on the CPU (Gloo) and on a device without
+  // events: collectives take the default stream.
+  std::optional<hal::Device> comm_device_;
+  hal::Stream comm_stream_;
   int32_t rank_ = 0, world_ = 1;
   std::vector<Tensor> params_;
   std::vector<int64_t> hooks_;

@@ -21,6 +21,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 
 #include "cuda_common.h"
 
@@ -211,24 +212,57 @@ void d_stream_release(void*, keel_stream_t stream) {
 keel_status_t d_stream_synchronize(void*, keel_stream_t stream) {
   return cuda_error(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
 }
+// The device of every live event. A NULL stream is the legacy default stream of the calling thread's *current*
+// device, so an event recorded on, or waited for by, the NULL stream (eager's default stream) sets the event's device
+// first: a thread that has not touched the card yet (DataParallel's communication thread, on a rank whose LOCAL_RANK
+// is 1) starts on device 0.
+std::mutex g_event_mu;
+std::unordered_map<cudaEvent_t, int32_t> g_event_device;
+
+keel_status_t set_event_device(cudaEvent_t ev) {
+  int32_t device = -1;
+  {
+    std::lock_guard<std::mutex> lock(g_event_mu);
+    auto it = g_event_device.find(ev);
+    if (it != g_event_device.end()) device = it->second;
+  }
+  return device < 0 ? nullptr : cuda_error(cudaSetDevice(device), "cudaSetDevice");
+}
+
 keel_status_t d_event_create(void*, int32_t device, keel_event_t* out) {
   *out = nullptr;
   if (keel_status_t st = cuda_error(cudaSetDevice(device), "cudaSetDevice")) return st;
   cudaEvent_t ev = nullptr;
   if (keel_status_t st = cuda_error(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate"))
     return st;
+  try {
+    std::lock_guard<std::mutex> lock(g_event_mu);
+    g_event_device[ev] = device;
+  } catch (const std::bad_alloc&) {
+    cudaEventDestroy(ev);
+    return make_status(KEEL_STATUS_OUT_OF_MEMORY, "cuda: event bookkeeping");
+  }
   *out = reinterpret_cast<keel_event_t>(ev);
   return nullptr;
 }
 void d_event_release(void*, keel_event_t ev) {
-  if (ev) cudaEventDestroy(reinterpret_cast<cudaEvent_t>(ev));
+  if (!ev) return;
+  {
+    std::lock_guard<std::mutex> lock(g_event_mu);
+    g_event_device.erase(reinterpret_cast<cudaEvent_t>(ev));
+  }
+  cudaEventDestroy(reinterpret_cast<cudaEvent_t>(ev));
   (void)cudaGetLastError();
 }
 keel_status_t d_event_record(void*, keel_event_t ev, keel_stream_t stream) {
+  if (stream == nullptr)
+    if (keel_status_t st = set_event_device(reinterpret_cast<cudaEvent_t>(ev))) return st;
   return cuda_error(cudaEventRecord(reinterpret_cast<cudaEvent_t>(ev), reinterpret_cast<cudaStream_t>(stream)),
                     "cudaEventRecord");
 }
 keel_status_t d_stream_wait_event(void*, keel_stream_t stream, keel_event_t ev) {
+  if (stream == nullptr)
+    if (keel_status_t st = set_event_device(reinterpret_cast<cudaEvent_t>(ev))) return st;
   return cuda_error(cudaStreamWaitEvent(reinterpret_cast<cudaStream_t>(stream), reinterpret_cast<cudaEvent_t>(ev), 0),
                     "cudaStreamWaitEvent");
 }

@@ -453,7 +453,7 @@ TEST(IoBinding, CxxWrapper) {
 struct StreamdevStats {
   int64_t copies[4];
   int64_t null_stream_copies, computes, null_stream_computes, streams_created, stream_syncs, device_syncs,
-      event_records, stream_waits;
+      event_records, stream_waits, collectives, null_stream_collectives;
 };
 using StatsFn = void (*)(StreamdevStats*);
 
@@ -474,6 +474,8 @@ StreamdevStats operator-(const StreamdevStats& a, const StreamdevStats& b) {
   d.device_syncs = a.device_syncs - b.device_syncs;
   d.event_records = a.event_records - b.event_records;
   d.stream_waits = a.stream_waits - b.stream_waits;
+  d.collectives = a.collectives - b.collectives;
+  d.null_stream_collectives = a.null_stream_collectives - b.null_stream_collectives;
   return d;
 }
 
@@ -713,8 +715,10 @@ TEST_F(Streams, EagerCopiesIntoADeviceDoNotWaitForIt) {
 // Data-parallel training over a communicator whose buffers must be device memory (NCCL's rule, which streamdev's
 // collective backend enforces; its results land on the stream given, so a consumer that does not wait reads stale
 // bytes): DataParallel's own exchanges of host values (the parameters' descriptions, the bucket order) and the
-// metrics helper go through the device, and each rank ends with the gradients averaged over both. Two ranks are two
-// threads. With host pointers handed to the communicator, create() fails ("not streamdev memory").
+// metrics helper go through the device, the gradient buckets are all-reduced on a communication stream, and each
+// rank ends with the gradients averaged over both without the host waiting for the device. Two ranks are two
+// threads. With host pointers handed to the communicator, create() fails ("not streamdev memory"); without the
+// default stream's wait for the communication stream in finish(), the gradients are stale.
 TEST_F(Streams, DataParallelOverADeviceMemoryCommunicator) {
   ASSERT_NO_FATAL_FAILURE(init_eager_on_streamdev());
   constexpr int kWorld = 2;
@@ -739,6 +743,7 @@ TEST_F(Streams, DataParallelOverADeviceMemoryCommunicator) {
   std::vector<std::vector<float>> weights(kWorld), dw(kWorld), db(kWorld);
   std::vector<double> metric(kWorld);
   std::mutex generator_mu;
+  const auto before = now();
   std::vector<std::thread> ranks;
   for (int r = 0; r < kWorld; ++r)
     ranks.emplace_back([&, r] {
@@ -769,6 +774,13 @@ TEST_F(Streams, DataParallelOverADeviceMemoryCommunicator) {
       dp.reset();  // before the group: its communication thread uses the communicator
     });
   for (auto& t : ranks) t.join();
+  const auto d = now() - before;
+  // One bucket a rank (weight and bias), all-reduced on that rank's communication stream; the host values' exchanges
+  // on the default stream; the host never waits for the device.
+  EXPECT_EQ(d.collectives - d.null_stream_collectives, kWorld);
+  EXPECT_GE(d.streams_created, kWorld);
+  EXPECT_EQ(d.stream_syncs, 0);
+  EXPECT_EQ(d.device_syncs, 0);
   for (int r = 0; r < kWorld; ++r) {
     const auto k = static_cast<size_t>(r);
     ASSERT_EQ(failures[k], "") << "rank " << r;

@@ -9,7 +9,8 @@
  * source when called (the contract), into a staging buffer that the queued write consumes.
  *
  * The test reads what the core did through one exported function, streamdev_stats (counters: copies by kind, copies
- * and computes given a NULL stream, stream syncs, device syncs, event records, stream waits).
+ * and computes given a NULL stream, stream syncs, device syncs, event records, stream waits, collectives and those
+ * given a NULL stream).
  *
  * It also registers a collective backend "streamdev" for ranks that are threads of one process (their communicators
  * meet through the rendezvous store): like NCCL, every buffer must be streamdev memory (a host pointer is an
@@ -37,6 +38,8 @@ typedef struct streamdev_stats_s {
   int64_t device_syncs;
   int64_t event_records;
   int64_t stream_waits;
+  int64_t collectives; /* data entries of the collective backend */
+  int64_t null_stream_collectives;
 } streamdev_stats_t;
 
 enum { OP_COPY = 0, OP_RELU = 1, OP_ADD = 2 };
@@ -448,6 +451,10 @@ static keel_status_t run_collective(comm_t* c, const char* entry, const void* in
   if (esize_of(dtype) == 0) return error(KEEL_STATUS_UNIMPLEMENTED, entry, "f32, f64 and i64 only");
   if ((in_bytes && !is_device_memory(in, in_bytes)) || (out_bytes && !is_device_memory(out, out_bytes)))
     return error(KEEL_STATUS_INVALID_ARGUMENT, entry, "a buffer is not streamdev memory (a host pointer?)");
+  pthread_mutex_lock(&g_stats_mu);
+  ++g_stats.collectives;
+  if (stream == NULL) ++g_stats.null_stream_collectives;
+  pthread_mutex_unlock(&g_stats_mu);
   if (stream) drain((stream_t*)stream);
   staged = (char*)malloc(out_bytes ? out_bytes : 1);
   if (staged == NULL) return error(KEEL_STATUS_OUT_OF_MEMORY, entry, "staging");
