@@ -284,6 +284,7 @@ DataParallel::~DataParallel() {
     cv_work_.notify_all();
     thread_.join();  // an all-reduce in flight ends (or times out) in the communicator
   }
+  settle_comm_stream();  // the buckets' memory goes back to the device's pool with the members
 }
 
 Status DataParallel::build_buckets(const std::vector<size_t>& order, const std::vector<bool>& split_after) {
@@ -379,6 +380,7 @@ void DataParallel::launch(Bucket& b) {
   if (b.on_comm_stream) {
     Status st = comm_device_->record_event(b.filled, nullptr);
     if (!st.is_ok()) throw eager::Error(st.with_context("DataParallel: bucket event"));
+    comm_unwaited_ = true;
   }
   b.launched = true;
   {
@@ -428,6 +430,14 @@ void DataParallel::comm_loop() {
     }
     run_bucket(b);
   }
+}
+
+// Where a step ends without the default stream's wait for the communication stream (an error), the host waits for
+// it instead: the buckets' buffers go back to the device's pool, whose next user must not meet an all-reduce still
+// writing them.
+void DataParallel::settle_comm_stream() {
+  if (comm_device_ && comm_unwaited_) (void)comm_stream_.synchronize();
+  comm_unwaited_ = false;
 }
 
 void DataParallel::reset_step() {
@@ -485,10 +495,12 @@ Status DataParallel::finish() {
     for (const auto& b : buckets_)
       if (first_error.is_ok() && b.launched && b.on_comm_stream)
         first_error = comm_device_->wait_event(nullptr, b.reduced);
+    if (first_error.is_ok()) comm_unwaited_ = false;
     const double waited = seconds_since(t0);
     stats_.wait_seconds += waited;
     stats_.step_wait_ms.push_back(static_cast<float>(waited * 1e3));
     if (!first_error.is_ok()) {
+      settle_comm_stream();
       reset_step();
       return first_error.with_context("DataParallel: gradient all-reduce");
     }
@@ -502,6 +514,7 @@ Status DataParallel::finish() {
       }
     }
   } catch (const eager::Error& e) {
+    settle_comm_stream();
     reset_step();
     return e.status().with_context("DataParallel: finish");
   }

@@ -195,6 +195,7 @@ class DataParallel {
   void comm_loop();
   void run_bucket(Bucket* b);
   void reset_step();
+  void settle_comm_stream();
 
   nn::Module& module_;
   const hal::Communicator& comm_;
@@ -205,6 +206,7 @@ class DataParallel {
   // events: collectives take the default stream.
   std::optional<hal::Device> comm_device_;
   hal::Stream comm_stream_;
+  bool comm_unwaited_ = false;  // all-reduces queued on it that the default stream has not been made to wait for
   int32_t rank_ = 0, world_ = 1;
   std::vector<Tensor> params_;
   std::vector<int64_t> hooks_;

@@ -792,6 +792,53 @@ TEST_F(Streams, DataParallelOverADeviceMemoryCommunicator) {
   keel::eager::init(nullptr);
 }
 
+// A bucket all-reduce that fails (streamdev_fail_all_reduce): finish() names it on every rank, the host waits for
+// the communication stream before the buckets' memory goes back to the pool, and the ranks end.
+TEST_F(Streams, DataParallelReportsAFailedAllReduce) {
+  ASSERT_NO_FATAL_FAILURE(init_eager_on_streamdev());
+  constexpr int kWorld = 2;
+  auto store = std::make_shared<keel::dist::InProcessStore>();
+  std::vector<std::string> errors(kWorld);
+  std::mutex generator_mu;
+  using FailFn = void (*)(int);
+  void* lib = dlopen(KEEL_IO_BINDING_DIR "/libkeel_streamdev.so", RTLD_NOW | RTLD_LOCAL);
+  auto fail_all_reduce = lib ? reinterpret_cast<FailFn>(dlsym(lib, "streamdev_fail_all_reduce")) : nullptr;
+  ASSERT_NE(fail_all_reduce, nullptr) << dlerror();
+  fail_all_reduce(1);  // DataParallel::create needs broadcasts and all-gathers only
+  const auto before = now();
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kWorld; ++r)
+    ranks.emplace_back([&, r] {
+      std::string& error = errors[static_cast<size_t>(r)];
+      auto pg = keel::dist::ProcessGroup::create_with_store(keel::eager::environment(), store, r, kWorld, "streamdev",
+                                                            0, 20000);
+      if (!pg.is_ok()) return void(error = "group: " + pg.status().to_string());
+      std::unique_lock<std::mutex> init(generator_mu);
+      keel::train::nn::Linear model(3, 2);
+      init.unlock();
+      model.to("streamdev");
+      auto created = keel::train::DataParallel::create(model, (*pg)->comm());
+      if (!created.is_ok()) return void(error = "create: " + created.status().to_string());
+      std::unique_ptr<keel::train::DataParallel> dp = std::move(created).value();
+      try {
+        keel::eager::Tensor x = keel::eager::from_vector(std::vector<float>(6, 1.f), {2, 3}).to("streamdev");
+        keel::eager::sum((*dp)(x)).backward();
+      } catch (const keel::eager::Error& e) {
+        error = std::string("backward: ") + e.what();
+      }
+      keel::Status st = dp->finish();
+      if (error.empty()) error = st.is_ok() ? "finish() succeeded" : st.to_string();
+      dp.reset();
+    });
+  for (auto& t : ranks) t.join();
+  fail_all_reduce(0);
+  for (int r = 0; r < kWorld; ++r)
+    EXPECT_NE(errors[static_cast<size_t>(r)].find("all_reduce: failed on purpose"), std::string::npos)
+        << errors[static_cast<size_t>(r)];
+  EXPECT_GE((now() - before).stream_syncs, kWorld) << "each rank waits for its communication stream";
+  keel::eager::init(nullptr);
+}
+
 TEST(IoBindingCuda, AChainOfTwoSessionsKeepsTheTensorOnTheGpu) {
   CEnv e(nullptr, true);
   size_t n = 0;

@@ -17,7 +17,8 @@
  * INVALID_ARGUMENT error naming the entry), and the result is stream-ordered: the inputs are read when the entry is
  * called (the stream's queued work first), and the output is written by an op queued on the given stream, so a
  * consumer that does not wait for that stream reads stale bytes. all_reduce (sum, avg, min, max on f32 / f64 / i64),
- * broadcast, all_gather and barrier; the others are UNIMPLEMENTED.
+ * broadcast, all_gather and barrier; the others are UNIMPLEMENTED. streamdev_fail_all_reduce(1) makes every
+ * all_reduce fail until streamdev_fail_all_reduce(0) (a test of the error path).
  */
 #include <keel/plugin.h>
 
@@ -72,6 +73,14 @@ static streamdev_stats_t g_stats;
     ++g_stats.member;                  \
     pthread_mutex_unlock(&g_stats_mu); \
   } while (0)
+
+/* Set by a test (streamdev_fail_all_reduce): every all_reduce fails (INTERNAL) until cleared. */
+static int g_fail_all_reduce = 0;
+KEEL_PLUGIN_EXPORT void streamdev_fail_all_reduce(int on) {
+  pthread_mutex_lock(&g_stats_mu);
+  g_fail_all_reduce = on;
+  pthread_mutex_unlock(&g_stats_mu);
+}
 
 KEEL_PLUGIN_EXPORT void streamdev_stats(streamdev_stats_t* out) {
   pthread_mutex_lock(&g_stats_mu);
@@ -515,7 +524,12 @@ static void combine_gather(comm_t* c, char* staged, const void* const* inputs, u
 static keel_status_t sc_all_reduce(void* ud, keel_communicator_t comm, const void* send, void* recv, uint64_t count,
                                    int32_t dtype, int32_t op, keel_stream_t stream) {
   const uint64_t bytes = count * esize_of(dtype);
+  int fail;
   (void)ud;
+  pthread_mutex_lock(&g_stats_mu);
+  fail = g_fail_all_reduce;
+  pthread_mutex_unlock(&g_stats_mu);
+  if (fail) return error(KEEL_STATUS_INTERNAL, "all_reduce", "failed on purpose (streamdev_fail_all_reduce)");
   if (op != KEEL_REDUCE_SUM && op != KEEL_REDUCE_AVG && op != KEEL_REDUCE_MIN && op != KEEL_REDUCE_MAX)
     return error(KEEL_STATUS_UNIMPLEMENTED, "all_reduce", "sum, avg, min and max only");
   return run_collective((comm_t*)comm, "all_reduce", send, bytes, recv, bytes, count, dtype, op, combine_reduce,
