@@ -1,5 +1,6 @@
 // plugins/cpu_onednn/kernels/matmul.cc — MatMul (batched, numpy broadcasting of batch dims, 1-D operands) and Gemm
-// (transA/transB, alpha, beta, C broadcast) on oneDNN's matmul primitive.
+// (transA/transB, alpha, beta, C broadcast) on oneDNN's matmul primitive, or on dnnl_sgemm for the 2-D products it
+// runs faster (sgemm_wins: a wide output over a shallow inner dimension, no C).
 //
 // A constant right-hand operand (the weights of a linear layer) is reordered once per plan into the layout the
 // primitive prefers (format_tag::any); everything else stays in the graph's row-major layout.
