@@ -9,6 +9,12 @@
 // Every entry that NCCL answers with ncclInProgress (the communicator is non-blocking) is polled against the
 // communicator's timeout: past it the communicator is aborted and the entry returns DEADLINE_EXCEEDED; later
 // entries on it return FAILED_PRECONDITION. timeout_ms <= 0 means the default, 5 minutes.
+// A queued collective whose peer died never completes on the device, and NCCL reports the failure only
+// asynchronously: every host wait behind it would hang. So each communicator has a watchdog thread (as torch's
+// ProcessGroupNCCL): every 100 ms it asks ncclCommGetAsyncError and whether the last queued collective has completed
+// (an event recorded after it); an error, or a collective still running timeout_ms after it was queued, aborts the
+// communicator (its kernels end, so the streams behind them go on) and logs why; the next entry returns that reason
+// (FAILED_PRECONDITION), so a data-parallel step fails naming it instead of hanging.
 // send/recv are separate NCCL calls (the ABI has no group): a pair of ranks must order them (one sends first,
 // the other receives first), as with blocking point-to-point messages; small messages complete eagerly anyway.
 // Without a driver or a GPU, init returns UNAVAILABLE: `keel plugins` shows the plugin as skipped with the reason.
@@ -18,8 +24,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <system_error>
 #include <thread>
 
 namespace {
@@ -38,9 +47,28 @@ struct Comm {
   ncclComm_t comm = nullptr;
   int32_t rank = 0, size = 0, device = 0;
   int64_t timeout_ms = kDefaultTimeoutMs;
-  bool aborted = false;      // a timed-out entry aborted the communicator
-  float* scratch = nullptr;  // one float for the barrier
+  float* scratch = nullptr;                // one float for the barrier
+  keel_plugin_handle_t* plugin = nullptr;  // the environment's handle (the table's user_data), for the log
+  // Guarded by mu (the entries hold it while they call NCCL; the watchdog while it checks and aborts):
+  std::mutex mu;
+  bool aborted = false;  // by a timed-out entry or the watchdog; `reason` says why
+  std::string reason;
+  cudaEvent_t last = nullptr;  // recorded after every queued collective
+  bool pending = false;        // `last` not yet seen complete
+  std::chrono::steady_clock::time_point queued_at;
+  bool stop = false;
+  std::condition_variable wake;
+  std::thread watchdog;
 };
+
+// Aborts `c` (under c->mu) for `why`: its queued kernels end; later entries return FAILED_PRECONDITION with it.
+void abort_comm(Comm* c, const std::string& why) {
+  if (c->comm) ncclCommAbort(c->comm);
+  c->comm = nullptr;
+  c->aborted = true;
+  c->pending = false;
+  c->reason = why;
+}
 
 keel_status_t nccl_error(ncclResult_t r, ncclComm_t comm, const char* what) {
   if (r == ncclSuccess) return nullptr;
@@ -72,19 +100,56 @@ ncclResult_t settle(ncclComm_t comm, ncclResult_t r, int64_t timeout_ms, bool* t
 }
 
 // The result of an entry on `c`: settled within the communicator's timeout; a timeout aborts the communicator.
-keel_status_t finish(struct Comm* c, ncclResult_t r, const char* what) {
+keel_status_t finish(struct Comm* c, ncclResult_t r, const char* what, cudaStream_t stream) {
   bool timed_out = false;
   r = settle(c->comm, r, c->timeout_ms, &timed_out);
   if (timed_out) {
-    ncclCommAbort(c->comm);
-    c->comm = nullptr;
-    c->aborted = true;
-    return make_status(KEEL_STATUS_DEADLINE_EXCEEDED, std::string("nccl: ") + what + " of rank " +
-                                                          std::to_string(c->rank) + " did not complete within " +
-                                                          std::to_string(c->timeout_ms) +
-                                                          " ms (a peer is gone?): the communicator was aborted");
+    const std::string m = std::string("nccl: ") + what + " of rank " + std::to_string(c->rank) +
+                          " did not complete within " + std::to_string(c->timeout_ms) +
+                          " ms (a peer is gone?): the communicator was aborted";
+    abort_comm(c, m);
+    return make_status(KEEL_STATUS_DEADLINE_EXCEEDED, m);
+  }
+  if (r == ncclSuccess && c->last) {  // queued: the watchdog follows it
+    if (cudaEventRecord(c->last, stream) == cudaSuccess) {
+      c->pending = true;
+      c->queued_at = std::chrono::steady_clock::now();
+    } else {
+      (void)cudaGetLastError();
+    }
   }
   return nccl_error(r, c->comm, what);
+}
+
+// The watchdog (above): runs until c->stop.
+void watch(Comm* c) {
+  cudaSetDevice(c->device);
+  std::unique_lock<std::mutex> lock(c->mu);
+  while (!c->stop) {
+    c->wake.wait_for(lock, std::chrono::milliseconds(100));
+    if (c->stop || c->aborted || c->comm == nullptr) continue;
+    ncclResult_t r = ncclSuccess;
+    if (ncclCommGetAsyncError(c->comm, &r) == ncclSuccess && r != ncclSuccess && r != ncclInProgress) {
+      std::string m = std::string("nccl: rank ") + std::to_string(c->rank) + " of " + std::to_string(c->size) +
+                      ": the communicator failed: " + ncclGetErrorString(r);
+      if (const char* last = ncclGetLastError(c->comm); last && *last) m += std::string(" (") + last + ")";
+      abort_comm(c, m + "; it was aborted");
+    } else if (c->pending) {
+      const cudaError_t q = cudaEventQuery(c->last);
+      if (q == cudaSuccess) {
+        c->pending = false;
+      } else if (q != cudaErrorNotReady) {
+        (void)cudaGetLastError();
+        c->pending = false;  // the stream's own error reaches its next synchronisation
+      } else if (std::chrono::steady_clock::now() - c->queued_at > std::chrono::milliseconds(c->timeout_ms)) {
+        abort_comm(c, "nccl: rank " + std::to_string(c->rank) + " of " + std::to_string(c->size) +
+                          ": a collective queued " + std::to_string(c->timeout_ms) +
+                          " ms ago has not completed (a peer is gone or stuck?); the communicator was aborted");
+      }
+    }
+    if (c->aborted && c->plugin)
+      g_host.load(std::memory_order_acquire)->log(c->plugin, KEEL_LOG_ERROR, c->reason.c_str());
+  }
 }
 
 bool to_nccl_type(int32_t dtype, ncclDataType_t* out) {
@@ -128,8 +193,8 @@ std::string no_device_reason() {
 
 std::atomic<int64_t> g_generation{0};  // communicators are created in the same order on every rank
 
-keel_status_t c_create(void*, keel_kv_store_t* store, int32_t rank, int32_t size, int32_t device, int64_t timeout_ms,
-                       keel_communicator_t* out) {
+keel_status_t c_create(void* user_data, keel_kv_store_t* store, int32_t rank, int32_t size, int32_t device,
+                       int64_t timeout_ms, keel_communicator_t* out) {
   *out = nullptr;
   if (size < 1 || rank < 0 || rank >= size)
     return make_status(KEEL_STATUS_INVALID_ARGUMENT,
@@ -196,6 +261,7 @@ keel_status_t c_create(void*, keel_kv_store_t* store, int32_t rank, int32_t size
   c->size = size;
   c->device = device;
   c->timeout_ms = timeout_ms;
+  c->plugin = static_cast<keel_plugin_handle_t*>(user_data);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   ncclResult_t r = ncclCommInitRankConfig(&c->comm, size, id, rank, &config);
@@ -231,6 +297,18 @@ keel_status_t c_create(void*, keel_kv_store_t* store, int32_t rank, int32_t size
     delete c;
     return make_status(KEEL_STATUS_INTERNAL, std::string("nccl: cudaMemset: ") + cudaGetErrorString(e));
   }
+  // The watchdog's event and thread (a communicator without them still works: its waits can hang on a lost peer).
+  if (cudaEventCreateWithFlags(&c->last, cudaEventDisableTiming) != cudaSuccess) {
+    (void)cudaGetLastError();
+    c->last = nullptr;
+  } else {
+    try {
+      c->watchdog = std::thread(watch, c);
+    } catch (const std::system_error&) {
+      cudaEventDestroy(c->last);
+      c->last = nullptr;
+    }
+  }
   *out = reinterpret_cast<keel_communicator_t>(c);
   return nullptr;
 }
@@ -238,6 +316,15 @@ keel_status_t c_create(void*, keel_kv_store_t* store, int32_t rank, int32_t size
 void c_release(void*, keel_communicator_t comm) {
   auto* c = reinterpret_cast<Comm*>(comm);
   if (!c) return;
+  if (c->watchdog.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(c->mu);
+      c->stop = true;
+    }
+    c->wake.notify_all();
+    c->watchdog.join();
+  }
+  if (c->last) cudaEventDestroy(c->last);
   cudaSetDevice(c->device);
   if (c->comm) {
     bool timed_out = false;
@@ -255,8 +342,8 @@ int32_t c_size(void*, keel_communicator_t comm) { return reinterpret_cast<Comm*>
 #define KEEL_NCCL_PROLOGUE(dtype_var)                                                                           \
   auto* c = reinterpret_cast<Comm*>(comm);                                                                      \
   if (!c) return make_status(KEEL_STATUS_INVALID_ARGUMENT, "nccl: NULL communicator");                          \
-  if (c->aborted)                                                                                               \
-    return make_status(KEEL_STATUS_FAILED_PRECONDITION, "nccl: the communicator was aborted after a timeout");  \
+  std::lock_guard<std::mutex> entry_lock(c->mu);                                                                \
+  if (c->aborted) return make_status(KEEL_STATUS_FAILED_PRECONDITION, c->reason);                               \
   ncclDataType_t t;                                                                                             \
   if (!to_nccl_type(dtype_var, &t))                                                                             \
     return make_status(KEEL_STATUS_UNIMPLEMENTED, "nccl: dtype " + std::to_string(dtype_var) + " unsupported"); \
@@ -271,38 +358,38 @@ keel_status_t c_all_reduce(void*, keel_communicator_t comm, const void* send, vo
   KEEL_NCCL_PROLOGUE(dtype);
   ncclRedOp_t o;
   if (!to_nccl_op(op, &o)) return make_status(KEEL_STATUS_INVALID_ARGUMENT, "nccl: unknown reduce op");
-  return finish(c, ncclAllReduce(send, recv, count, t, o, c->comm, s), "ncclAllReduce");
+  return finish(c, ncclAllReduce(send, recv, count, t, o, c->comm, s), "ncclAllReduce", s);
 }
 keel_status_t c_broadcast(void*, keel_communicator_t comm, const void* send, void* recv, uint64_t count, int32_t dtype,
                           int32_t root, keel_stream_t stream) {
   KEEL_NCCL_PROLOGUE(dtype);
-  return finish(c, ncclBroadcast(send, recv, count, t, root, c->comm, s), "ncclBroadcast");
+  return finish(c, ncclBroadcast(send, recv, count, t, root, c->comm, s), "ncclBroadcast", s);
 }
 keel_status_t c_all_gather(void*, keel_communicator_t comm, const void* send, void* recv, uint64_t send_count,
                            int32_t dtype, keel_stream_t stream) {
   KEEL_NCCL_PROLOGUE(dtype);
-  return finish(c, ncclAllGather(send, recv, send_count, t, c->comm, s), "ncclAllGather");
+  return finish(c, ncclAllGather(send, recv, send_count, t, c->comm, s), "ncclAllGather", s);
 }
 keel_status_t c_reduce_scatter(void*, keel_communicator_t comm, const void* send, void* recv, uint64_t recv_count,
                                int32_t dtype, int32_t op, keel_stream_t stream) {
   KEEL_NCCL_PROLOGUE(dtype);
   ncclRedOp_t o;
   if (!to_nccl_op(op, &o)) return make_status(KEEL_STATUS_INVALID_ARGUMENT, "nccl: unknown reduce op");
-  return finish(c, ncclReduceScatter(send, recv, recv_count, t, o, c->comm, s), "ncclReduceScatter");
+  return finish(c, ncclReduceScatter(send, recv, recv_count, t, o, c->comm, s), "ncclReduceScatter", s);
 }
 keel_status_t c_send(void*, keel_communicator_t comm, const void* buf, uint64_t count, int32_t dtype, int32_t peer,
                      keel_stream_t stream) {
   KEEL_NCCL_PROLOGUE(dtype);
-  return finish(c, ncclSend(buf, count, t, peer, c->comm, s), "ncclSend");
+  return finish(c, ncclSend(buf, count, t, peer, c->comm, s), "ncclSend", s);
 }
 keel_status_t c_recv(void*, keel_communicator_t comm, void* buf, uint64_t count, int32_t dtype, int32_t peer,
                      keel_stream_t stream) {
   KEEL_NCCL_PROLOGUE(dtype);
-  return finish(c, ncclRecv(buf, count, t, peer, c->comm, s), "ncclRecv");
+  return finish(c, ncclRecv(buf, count, t, peer, c->comm, s), "ncclRecv", s);
 }
 keel_status_t c_barrier(void*, keel_communicator_t comm, keel_stream_t stream) {
   KEEL_NCCL_PROLOGUE(KEEL_DTYPE_F32);
-  return finish(c, ncclAllReduce(c->scratch, c->scratch, 1, t, ncclSum, c->comm, s), "barrier (ncclAllReduce)");
+  return finish(c, ncclAllReduce(c->scratch, c->scratch, 1, t, ncclSum, c->comm, s), "barrier (ncclAllReduce)", s);
 }
 
 keel_status_t nccl_init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
@@ -321,6 +408,7 @@ keel_status_t nccl_init(const keel_core_api_t* host, keel_plugin_handle_t* plugi
   t.abi_minor = KEEL_PLUGIN_ABI_MINOR;
   t.backend = "nccl";
   t.device_type = "cuda";
+  t.user_data = plugin;
   t.communicator_create = c_create;
   t.communicator_release = c_release;
   t.rank = c_rank;
