@@ -220,6 +220,18 @@ void add_matmul_cases(std::vector<OpCase>& v) {
     c.attrs = {{"transA", I(g.ta)}, {"transB", I(g.tb)}, {"alpha", F(g.alpha)}, {"beta", F(g.beta)}};
     v.push_back(c);
   }
+  // A wide output over a shallow inner dimension with B an input, no C (eager training's Linear backward over
+  // 9216 features; the oneDNN device runs these on sgemm): every transpose, alpha != 1.
+  for (int t = 0; t < 4; ++t) {
+    const int64_t M = 3, K = 5, N = 8200;
+    const int ta = t & 1, tb = t >> 1;
+    OpCase c;
+    c.op = "Gemm";
+    c.label = "wide M=3 K=5 N=8200 transA=" + std::to_string(ta) + " transB=" + std::to_string(tb) + " B-input";
+    c.inputs = {in("A", ta ? Shape{K, M} : Shape{M, K}), in("B", tb ? Shape{N, K} : Shape{K, N})};
+    c.attrs = {{"transA", I(ta)}, {"transB", I(tb)}, {"alpha", F(t == 3 ? 0.5f : 1.f)}};
+    v.push_back(c);
+  }
 }
 
 void add_pool_cases(std::vector<OpCase>& v) {
