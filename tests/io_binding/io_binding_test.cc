@@ -716,7 +716,8 @@ TEST_F(Streams, EagerCopiesIntoADeviceDoNotWaitForIt) {
 // collective backend enforces; its results land on the stream given, so a consumer that does not wait reads stale
 // bytes): DataParallel's own exchanges of host values (the parameters' descriptions, the bucket order) and the
 // metrics helper go through the device, the gradient buckets are all-reduced on a communication stream, and each
-// rank ends with the gradients averaged over both without the host waiting for the device. Two ranks are two
+// rank ends every step (three: the buckets are rebuilt after the second) with the gradients averaged over both
+// without the host waiting for the device. Two ranks are two
 // threads. With host pointers handed to the communicator, create() fails ("not streamdev memory"); without the
 // default stream's wait for the communication stream in finish(), the gradients are stale.
 TEST_F(Streams, DataParallelOverADeviceMemoryCommunicator) {
@@ -759,12 +760,19 @@ TEST_F(Streams, DataParallelOverADeviceMemoryCommunicator) {
       if (!created.is_ok()) return fail(created.status().to_string());
       std::unique_ptr<keel::train::DataParallel> dp = std::move(created).value();
       try {
-        keel::eager::Tensor x = keel::eager::from_vector(batch(r), {2, 3}).to("streamdev");
-        keel::eager::sum((*dp)(x)).backward();
-        if (keel::Status st = dp->finish(); !st.is_ok()) return fail(st.to_string());
-        weights[static_cast<size_t>(r)] = model.weight().to_vector<float>();
-        dw[static_cast<size_t>(r)] = model.weight().grad().to_vector<float>();
-        db[static_cast<size_t>(r)] = model.bias().grad().to_vector<float>();
+        // Three steps: after the second the buckets are rebuilt from the observed order (new events).
+        for (int step = 0; step < 3; ++step) {
+          keel::eager::Tensor x = keel::eager::from_vector(batch(r), {2, 3}).to("streamdev");
+          keel::eager::sum((*dp)(x)).backward();
+          if (keel::Status st = dp->finish(); !st.is_ok()) return fail(st.to_string());
+          const auto got = model.weight().grad().to_vector<float>();
+          if (step < 2 && got != want_dw) return fail("step " + std::to_string(step) + ": wrong weight gradient");
+          weights[static_cast<size_t>(r)] = model.weight().to_vector<float>();
+          dw[static_cast<size_t>(r)] = got;
+          db[static_cast<size_t>(r)] = model.bias().grad().to_vector<float>();
+          model.zero_grad();
+        }
+        if (!dp->buckets_rebuilt()) return fail("the buckets were not rebuilt");
       } catch (const keel::eager::Error& e) {
         return fail(e.what());
       }
@@ -775,9 +783,9 @@ TEST_F(Streams, DataParallelOverADeviceMemoryCommunicator) {
     });
   for (auto& t : ranks) t.join();
   const auto d = now() - before;
-  // One bucket a rank (weight and bias), all-reduced on that rank's communication stream; the host values' exchanges
-  // on the default stream; the host never waits for the device.
-  EXPECT_EQ(d.collectives - d.null_stream_collectives, kWorld);
+  // One bucket a rank (weight and bias) a step, all-reduced on that rank's communication stream; the host values'
+  // exchanges on the default stream; the host never waits for the device.
+  EXPECT_EQ(d.collectives - d.null_stream_collectives, 3 * kWorld);
   EXPECT_GE(d.streams_created, kWorld);
   EXPECT_EQ(d.stream_syncs, 0);
   EXPECT_EQ(d.device_syncs, 0);
