@@ -344,6 +344,9 @@ PY
       echo "$dp_out" | tail -8
       if [[ $rc -ne 0 ]] || ! grep -q "world size 1 (nccl)" <<<"$dp_out"; then
         echo "  data-parallel step FAILED (rc $rc; want 'world size 1 (nccl)' and exit 0)"; fails=$((fails+1))
+      elif ! grep -q "all-reduces on a communication stream" <<<"$dp_out"; then
+        echo "  data-parallel step FAILED: the all-reduces did not get a communication stream on the card"
+        fails=$((fails+1))
       fi
     fi
     if want train; then

@@ -164,6 +164,8 @@ class DataParallel {
   // the buckets were rebuilt; the order (parameter indices) in which gradients became ready in the last
   // synchronised backward before the rebuild.
   std::vector<std::vector<size_t>> bucket_layout() const;
+  // Whether the all-reduces run on a communication stream of the device (a GPU) rather than its default stream.
+  bool uses_comm_stream() const { return comm_device_.has_value(); }
   bool buckets_rebuilt() const { return rebuilt_; }
   const std::vector<size_t>& observed_ready_order() const { return ready_order_; }
 

@@ -797,7 +797,8 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
   if (ranks.pg) {
     out << "  data-parallel: world size " << ranks.world << " (" << ranks.pg->backend() << "), batch " << a.batch
         << " per rank = " << a.batch * ranks.world << " per step, " << loader->batches_per_epoch()
-        << " batches per rank per epoch\n";
+        << " batches per rank per epoch"
+        << (dp && dp->uses_comm_stream() ? ", all-reduces on a communication stream" : "") << "\n";
   }
   out << std::flush;
 
