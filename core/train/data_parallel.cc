@@ -219,6 +219,10 @@ StatusOr<std::unique_ptr<DataParallel>> DataParallel::create(nn::Module& module,
                                                              DataParallelOptions options) {
   if (!(options.bucket_cap_mb > 0))
     return invalid_argument("DataParallel: bucket_cap_mb must be > 0, got " + std::to_string(options.bucket_cap_mb));
+  if (options.grad_compress != DType::kUndefined && options.grad_compress != DType::kBF16 &&
+      options.grad_compress != DType::kF16)
+    return invalid_argument(std::string("DataParallel: grad_compress must be bf16 or f16, got ") +
+                            dtype_name(options.grad_compress));
   std::unique_ptr<DataParallel> dp(new DataParallel(module, comm, options));
   dp->rank_ = comm.rank();
   dp->world_ = comm.size();
@@ -316,13 +320,14 @@ Status DataParallel::build_buckets(const std::vector<size_t>& order, const std::
     for (auto& bk : buckets_) {
       bk.pending = bk.params.size();
       const Tensor& first = params_[bk.params.front()];
-      const auto align = static_cast<int64_t>(std::max<size_t>(1, 64 / dtype_size(first.dtype())));
+      const DType wire = wire_dtype(first.dtype());
+      const auto align = static_cast<int64_t>(std::max<size_t>(1, 64 / dtype_size(wire)));
       int64_t n = 0;
       for (size_t i : bk.params) {
         bk.offsets.push_back(n);
         n += (params_[i].numel() + align - 1) / align * align;
       }
-      bk.flat = eager::zeros({n}, first.dtype(), first.device());
+      bk.flat = eager::zeros({n}, wire, first.device());
       const Location& at = first.data().location();
       bk.on_comm_stream =
           comm_device_ && at.device_type == comm_device_->type() && at.device_index == comm_device_->index();
@@ -440,6 +445,11 @@ void DataParallel::settle_comm_stream() {
   comm_unwaited_ = false;
 }
 
+DType DataParallel::wire_dtype(DType d) const {
+  const bool wide_float = d == DType::kF32 || d == DType::kF64;
+  return opts_.grad_compress != DType::kUndefined && wide_float ? opts_.grad_compress : d;
+}
+
 void DataParallel::reset_step() {
   for (auto& b : buckets_) {
     b.pending = b.params.size();
@@ -504,13 +514,16 @@ Status DataParallel::finish() {
       reset_step();
       return first_error.with_context("DataParallel: gradient all-reduce");
     }
-    // Each parameter's .grad becomes a view of its slice of the averaged buffer.
+    // Each parameter's .grad becomes a view of its slice of the averaged buffer (back in the parameters' dtype when
+    // it travelled compressed).
     for (auto& b : buckets_) {
       stats_.bytes += b.out.data().byte_size();
       ++stats_.all_reduces;
+      const DType own = params_[b.params.front()].dtype();
+      const Tensor averaged = b.out.dtype() == own ? b.out : b.out.to(own);
       for (size_t k = 0; k < b.params.size(); ++k) {
         Tensor& p = params_[b.params[k]];
-        p.set_grad(flat_view(b.out, b.offsets[k], p.shape()));
+        p.set_grad(flat_view(averaged, b.offsets[k], p.shape()));
       }
     }
   } catch (const eager::Error& e) {

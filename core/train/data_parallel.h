@@ -26,6 +26,8 @@
 // at a 64-byte boundary, the padding stays zero), so a step costs one copy per gradient into it; the all-reduce
 // averages (KEEL_REDUCE_AVG) from it into a fresh buffer, and after finish() the parameters' .grad are views into
 // that (so a .grad kept by the caller is never overwritten by a later step).
+// With grad_compress (bf16 / f16) the buffers hold that dtype: each gradient is rounded into its slice, and finish()
+// casts the averaged buffer back to the parameters' dtype (one more pass) before handing out the views.
 // After the second synchronised step (the first one creates kernels, so its timing is not typical) the buckets are
 // rebuilt once from the order in which that step's gradients became ready, so the first bucket fills first, and a
 // bucket also ends where backward spent long between two gradients (a gap of at least gap_split of the backward's span:
@@ -85,13 +87,17 @@ struct DataParallelOptions {
   int max_gap_splits = 3;       // rebuild: at most this many such splits (the longest gaps)
   double gap_split_min_mb = 1;  // rebuild: only where the bucket before the split holds at least this many MiB
                                 // (smaller ones cost a call's latency more than their transfer saves)
+  // All-reduce f32 / f64 gradients in this 16-bit dtype (DType::kBF16 or kF16): half the bytes to send for a rounding
+  // of each gradient to it, and of their average (torch DDP's bf16_compress_hook / fp16_compress_hook, Paddle fleet's
+  // fp16_allreduce). The averaged gradients come back in the parameters' dtype. kUndefined: their own dtype.
+  DType grad_compress = DType::kUndefined;
 };
 
 // Communication accounting since creation or the last reset_stats() (e.g. per epoch).
 struct DataParallelStats {
   int64_t steps = 0;              // synchronised finish() calls
   int64_t all_reduces = 0;        // bucket all-reduces
-  uint64_t bytes = 0;             // gradient bytes all-reduced (per rank)
+  uint64_t bytes = 0;             // gradient bytes all-reduced (per rank; compressed, with grad_compress)
   double all_reduce_seconds = 0;  // time spent inside all-reduce calls (on a GPU: queuing them on the stream)
   double wait_seconds = 0;        // time finish() blocked on all-reduces still in flight (the part not overlapped)
   double broadcast_seconds = 0;   // buffer broadcasts in forward()
@@ -198,6 +204,8 @@ class DataParallel {
   void run_bucket(Bucket* b);
   void reset_step();
   void settle_comm_stream();
+  // The dtype a bucket of parameters of dtype `d` is all-reduced in (grad_compress applied).
+  DType wire_dtype(DType d) const;
 
   nn::Module& module_;
   const hal::Communicator& comm_;

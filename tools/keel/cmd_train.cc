@@ -117,7 +117,8 @@ struct TrainArgs {
   int64_t batch = 64;
   std::string amp = "none";
   double lr = 0.01, momentum = 0.9, weight_decay = 0;
-  std::string lr_scaling = "auto";  // data-parallel: how --lr grows with the world size (lr_scale_for)
+  std::string lr_scaling = "auto";     // data-parallel: how --lr grows with the world size (lr_scale_for)
+  std::string grad_compress = "none";  // data-parallel: the dtype gradients are all-reduced in (none: their own)
   std::string optimizer = "sgd";
   std::string scheduler = "none";
   int64_t warmup = 0;
@@ -217,6 +218,7 @@ nlohmann::json hyperparameters(const TrainArgs& a, int threads) {
           {"optimizer", a.optimizer},
           {"lr", a.lr},
           {"lr_scaling", a.lr_scaling},
+          {"grad_compress", a.grad_compress},
           {"momentum", a.momentum},
           {"weight_decay", a.weight_decay},
           {"scheduler", a.scheduler},
@@ -743,7 +745,9 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
   // Resumed or not, every replica starts from rank 0's weights; gradients are averaged from here on.
   std::unique_ptr<DataParallel> dp;
   if (ranks.pg) {
-    auto d = DataParallel::create(model, ranks.pg->comm());
+    DataParallelOptions dpo;
+    if (a.grad_compress != "none") dpo.grad_compress = a.grad_compress == "bf16" ? DType::kBF16 : DType::kF16;
+    auto d = DataParallel::create(model, ranks.pg->comm(), dpo);
     if (!d.is_ok()) {
       std::cerr << "keel train: rank " << ranks.rank << ": " << d.status().to_string() << "\n";
       return 1;
@@ -798,6 +802,7 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
     out << "  data-parallel: world size " << ranks.world << " (" << ranks.pg->backend() << "), batch " << a.batch
         << " per rank = " << a.batch * ranks.world << " per step, " << loader->batches_per_epoch()
         << " batches per rank per epoch"
+        << (a.grad_compress != "none" ? ", gradients all-reduced as " + a.grad_compress : std::string())
         << (dp && dp->uses_comm_stream() ? ", all-reduces on a communication stream" : "") << "\n";
   }
   out << std::flush;
@@ -1203,6 +1208,10 @@ void add_train_command(CLI::App& app, Globals& g) {
                   "Data-parallel: the rate for world x --batch images a step: linear (--lr x world size), sqrt, none; "
                   "auto = linear for SGD, sqrt for Adam/AdamW")
       ->check(CLI::IsMember({"auto", "linear", "sqrt", "none"}));
+  cmd->add_option("--grad-compress", a->grad_compress,
+                  "Data-parallel: all-reduce the gradients as bf16 or fp16 (half the bytes, each rounded to it; "
+                  "torch DDP's compress hooks), or none")
+      ->check(CLI::IsMember({"none", "bf16", "fp16"}));
   cmd->add_option("--momentum", a->momentum, "SGD momentum")->check(kNonNegative);
   cmd->add_option("--weight-decay", a->weight_decay, "Weight decay (AdamW: decoupled)")->check(kNonNegative);
   cmd->add_option("--optimizer", a->optimizer, "sgd, adam, adamw")->check(CLI::IsMember({"sgd", "adam", "adamw"}));
