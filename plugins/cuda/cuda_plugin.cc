@@ -215,7 +215,8 @@ keel_status_t d_stream_synchronize(void*, keel_stream_t stream) {
 // The device of every live event. A NULL stream is the legacy default stream of the calling thread's *current*
 // device, so an event recorded on, or waited for by, the NULL stream (eager's default stream) sets the event's device
 // first: a thread that has not touched the card yet (DataParallel's communication thread, on a rank whose LOCAL_RANK
-// is 1) starts on device 0.
+// is 1) starts on device 0. So the NULL stream that waits is the one of the event's device (Keel makes no NULL
+// stream wait for another card's event: sessions chained across cards wait on their own run streams).
 std::mutex g_event_mu;
 std::unordered_map<cudaEvent_t, int32_t> g_event_device;
 
