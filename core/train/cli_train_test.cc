@@ -456,6 +456,22 @@ TEST_F(KeelTrain, DataParallelOverTwoProcessesResumesInOne) {
   EXPECT_NE(resumed.second.find("epoch 3/3: "), std::string::npos) << resumed.second;
 }
 
+// --grad-compress bf16: the gradients travel as bf16 (the header says so) and the model still learns; a dtype it does
+// not know is a usage error.
+TEST_F(KeelTrain, DataParallelCompressesGradientsOnRequest) {
+  auto [rc, out] =
+      sh("timeout 300 " + keel_binary() + " --log-level error --threads 1 train --nproc 2 --data " + dir_.string() +
+         " --batch 16 -q --epochs 2 --lr 0.05 --no-quantize -o '' --grad-compress bf16" + " --dist-timeout 60");
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("6 batches per rank per epoch, gradients all-reduced as bf16"), std::string::npos) << out;
+  auto pos = out.find("test accuracy: ");
+  ASSERT_NE(pos, std::string::npos) << out;
+  EXPECT_GE(std::stod(out.substr(pos + 15, 6)), 0.8) << out;
+  auto bad = sh(keel_binary() + " train --grad-compress int8");
+  EXPECT_NE(bad.first, 0);
+  EXPECT_NE(bad.second.find("int8 not in"), std::string::npos) << bad.second;
+}
+
 TEST_F(KeelTrain, BadInputGivesClearErrors) {
   auto missing = sh(keel_binary() + " train --data " + (dir_ / "nowhere").string() + " -o ''");
   EXPECT_EQ(missing.first, 1);
