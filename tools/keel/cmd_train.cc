@@ -1001,10 +1001,12 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
       const WaitSummary waits = dp ? summarize_waits(dp->stats().step_wait_ms) : WaitSummary{};
       if (dp) {
         const auto& cs = dp->stats();
-        out << ", world size " << ranks.world << ", all-reduce " << std::setprecision(2) << cs.all_reduce_seconds
-            << " s (" << cs.all_reduces << " bucket all-reduces, " << std::setprecision(1)
-            << static_cast<double>(cs.bytes) / 1048576.0 << " MiB, " << dp->bucket_layout().size()
-            << " bucket(s) per step; waited " << std::setprecision(2) << cs.wait_seconds << " s after backward";
+        // On a card the all-reduces are queued on the communication stream: the time is the queuing's.
+        out << ", world size " << ranks.world << (dp->uses_comm_stream() ? ", all-reduce queued in " : ", all-reduce ")
+            << std::setprecision(2) << cs.all_reduce_seconds << " s (" << cs.all_reduces << " bucket all-reduces, "
+            << std::setprecision(1) << static_cast<double>(cs.bytes) / 1048576.0 << " MiB, "
+            << dp->bucket_layout().size() << " bucket(s) per step; waited " << std::setprecision(2) << cs.wait_seconds
+            << " s after backward";
         // This rank's wait step by step: the median is what synchronising costs a step, the tail a rank that fell
         // behind (DataParallelStats::step_wait_ms).
         if (!cs.step_wait_ms.empty()) {
