@@ -280,6 +280,13 @@ Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targ
 std::vector<Tensor> call_op(const std::string& domain, const std::string& op_type, const std::vector<Tensor>& inputs,
                             const std::map<std::string, Attribute>& attrs = {}, size_t num_outputs = 1);
 
+// A differentiable function the caller defines, for what no op expresses (a collective across processes, a call into
+// another library): y = forward(x) runs outside autograd and returns y's storage; when x requires grad, backward
+// maps dL/dy to dL/dx (same shape and dtype as x) during Tensor::backward(). torch.autograd.Function for one input and
+// one output. `name` names the node in errors. Both may throw Error.
+using CustomFn = std::function<keel::Tensor(const keel::Tensor&)>;
+Tensor custom_function(const Tensor& x, const CustomFn& forward, CustomFn backward, const std::string& name);
+
 // Dispatch statistics (process-wide): kernel-cache hits and misses (a miss creates a kernel instance).
 struct DispatchStats {
   uint64_t ops = 0, cache_hits = 0, cache_misses = 0;

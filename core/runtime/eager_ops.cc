@@ -318,6 +318,29 @@ Tensor reshape(const Tensor& x, const std::vector<int64_t>& shape) {
   return reshaped_view(x, s, "Reshape", 0);
 }
 
+Tensor custom_function(const Tensor& x, const CustomFn& forward, CustomFn backward, const std::string& name) {
+  need_defined(x, name.c_str(), "input");
+  Tensor out(forward(x.data()), false);
+  if (t_grad_enabled && x.requires_grad()) {
+    const DType dt = x.dtype();
+    const Shape shape = x.shape();
+    auto n = std::make_shared<FnBackward>();
+    n->nm = name;
+    n->fn = [backward = std::move(backward), dt, shape, name](std::vector<keel::Tensor>& g) {
+      keel::Tensor dx = backward(g[0]);
+      if (dx.dtype() != dt || dx.shape() != shape)
+        fail(invalid_argument(name + ": backward returned " + dx.describe() + " for an input of " +
+                              std::string(dtype_name(dt)) + shape_to_string(shape)));
+      return std::vector<keel::Tensor>{std::move(dx)};
+    };
+    n->out_types = {ops::TypeShape{out.dtype(), out.shape()}};
+    n->next.push_back(edge_of(x));
+    out.impl()->requires_grad = true;
+    out.impl()->grad_fn = n;
+  }
+  return out;
+}
+
 namespace {
 Tensor reshaped_view(const Tensor& x, const Shape& s, const char* traced, int64_t flatten_axis) {
   Tensor out(check(x.data().reshaped(s), "reshape"), false);

@@ -238,6 +238,32 @@ TEST_F(EagerTest, ReluUnderMaxPoolFoldsItsBackward) {
 }
 
 // Dropout keeps 1 - p of the elements, scaled by 1 / (1 - p), zeroes the rest; the same seed draws the same mask.
+// custom_function: the caller's forward (x * 2) and backward (g * 3) are what autograd uses; without grad no node
+// is recorded; a backward of the wrong shape is an Error naming the function.
+TEST_F(EagerTest, CustomFunctionUsesTheCallersForwardAndBackward) {
+  auto times = [](double k) {
+    return [k](const keel::Tensor& t) { return (Tensor(t) * static_cast<float>(k)).data(); };
+  };
+  Tensor x = from_vector(std::vector<float>{1.f, -2.f, 3.f}, {3});
+  x.requires_grad_();
+  Tensor y = custom_function(x, times(2), times(3), "TimesTwo");
+  EXPECT_EQ(y.to_vector<float>(), (std::vector<float>{2.f, -4.f, 6.f}));
+  sum(y * y).backward();  // d/dx = 3 * (2y) with the custom backward
+  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{12.f, -24.f, 36.f}));
+  Tensor plain = from_vector(std::vector<float>{1.f}, {1});
+  EXPECT_FALSE(custom_function(plain, times(2), times(3), "TimesTwo").requires_grad());
+  Tensor z = from_vector(std::vector<float>{1.f, 2.f}, {2});
+  z.requires_grad_();
+  Tensor bad = custom_function(
+      z, times(1), [](const keel::Tensor&) { return from_vector(std::vector<float>{0.f}, {1}).data(); }, "Bad");
+  try {
+    sum(bad).backward();
+    ADD_FAILURE() << "a wrong-shaped gradient was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Bad: backward returned"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(EagerTest, DropoutKeepsOneMinusPScaled) {
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF64}) {
     const Tensor x = ones({1000, 101}, dt);  // an odd count: the last element takes half a draw

@@ -158,6 +158,32 @@ Status broadcast_tensors(const hal::Communicator& comm, const std::vector<Tensor
   return Status::ok();
 }
 
+Tensor all_reduce_sum(const Tensor& x, const hal::Communicator& comm) {
+  // x's bytes summed over the ranks into a new tensor on x's device (the communicator reads and writes in place).
+  auto summed = [&comm](const keel::Tensor& t) {
+    eager::NoGradGuard ng;
+    Tensor out = eager::empty(t.shape(), t.dtype(), Tensor(t).device());
+    out.copy_(Tensor(t));
+    if (comm.size() > 1 && t.numel() > 0) {
+      void* p = out.data().raw_data();
+      Status st = comm.all_reduce(p, p, static_cast<uint64_t>(t.numel()), t.dtype(), KEEL_REDUCE_SUM);
+      if (!st.is_ok()) throw eager::Error(st.with_context("all_reduce_sum"));
+    }
+    return out.data();
+  };
+  return eager::custom_function(x, summed, summed, "AllReduceSumBackward");
+}
+
+int sync_batch_norm(nn::Module& module, const hal::Communicator& comm) {
+  int n = 0;
+  if (auto* bn = dynamic_cast<nn::BatchNorm2D*>(&module)) {
+    bn->set_stats_reducer([&comm](const Tensor& t) { return all_reduce_sum(t, comm); });
+    ++n;
+  }
+  for (const auto& [name, child] : module.named_children()) n += sync_batch_norm(*child, comm);
+  return n;
+}
+
 Status check_same_across_ranks(const hal::Communicator& comm, const std::vector<std::pair<std::string, Tensor>>& named,
                                const std::string& what) {
   const int32_t world = comm.size(), me = comm.rank();

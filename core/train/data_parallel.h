@@ -254,6 +254,17 @@ StatusOr<std::vector<double>> all_reduce_sum(const hal::Communicator& comm, std:
 // Tensors of one dtype and device travel together in one flat buffer of up to 64 MiB (torch DDP's
 // _broadcast_coalesced): 2 ranks over Gloo, 60 tensors of 1 KB took 5.6-7.5 ms one by one, 0.10-0.13 ms as one.
 Status broadcast_tensors(const hal::Communicator& comm, const std::vector<Tensor>& tensors, int32_t root = 0);
+// A differentiable sum over the ranks: every rank gets the sum of every rank's `x` (same shape and dtype everywhere),
+// and in backward x's gradient is the sum of every rank's gradient of the result (torch.distributed.nn's all_reduce).
+// The communicator's collectives run on the calling thread.
+Tensor all_reduce_sum(const Tensor& x, const hal::Communicator& comm);
+// SyncBatchNorm (torch.nn.SyncBatchNorm.convert_sync_batchnorm, paddle.nn.SyncBatchNorm): every BatchNorm2D in
+// `module` takes its training statistics over all ranks' batches (BatchNorm2D::set_stats_reducer with
+// all_reduce_sum over `comm`), so that small per-rank batches normalise as one large batch. Give it a communicator
+// of its own, not the DataParallel's: those all-reduces run on DataParallel's thread during backward while these run
+// on the training thread, and collectives of one communicator must come in the same order on every rank.
+// `comm` must outlive the module's use. Returns how many layers it set.
+int sync_batch_norm(nn::Module& module, const hal::Communicator& comm);
 // Checks that every rank holds the same list of named tensors (count, names, dtypes, shapes); the error names the
 // first tensor that differs and the two ranks, with both shapes. `what` names the list ("parameter", "buffer").
 Status check_same_across_ranks(const hal::Communicator& comm, const std::vector<std::pair<std::string, Tensor>>& named,

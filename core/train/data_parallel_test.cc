@@ -780,6 +780,76 @@ TEST(DataParallel, CompressedGradientsAreTheAverageToBf16Precision) {
   });
 }
 
+// SyncBatchNorm: two ranks of 4 images each normalise as one BatchNorm2D over the 8 together: the outputs, the input
+// gradients, the weight and bias gradients (summed over the ranks: each rank's loss covers its own images) and the
+// running statistics. Without the reductions across ranks every one of them differs.
+TEST(DataParallel, SyncBatchNormEqualsOneBatchNormOverEveryRanksBatch) {
+  constexpr int64_t N = 4, C = 3, H = 5, W = 6, kImage = C * H * W;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.5f, 2.f);
+  std::vector<float> xs(static_cast<size_t>(2 * N * kImage)), rs(xs.size());
+  for (auto& v : xs) v = dist(rng);
+  for (auto& v : rs) v = dist(rng);
+  const std::vector<float> gamma = {0.5f, 1.5f, -1.f}, beta = {0.1f, -0.2f, 0.3f};
+  struct Result {
+    std::vector<float> y, dx, dw, db, mean, var;
+  };
+  auto run = [&](nn::BatchNorm2D& bn, int64_t first, int64_t images) {
+    {
+      eager::NoGradGuard ng;
+      bn.weight().copy_(eager::from_vector(gamma, {C}));
+      bn.bias().copy_(eager::from_vector(beta, {C}));
+    }
+    const auto from = xs.begin() + first * kImage, to = from + images * kImage;
+    const auto r_from = rs.begin() + first * kImage, r_to = r_from + images * kImage;
+    Tensor x(keel::Tensor::from_vector(DType::kF32, {images, C, H, W}, std::vector<float>(from, to)), true);
+    Tensor y = bn(x);
+    eager::sum(y * eager::from_vector(std::vector<float>(r_from, r_to), {images, C, H, W})).backward();
+    return Result{y.to_vector<float>(),
+                  x.grad().to_vector<float>(),
+                  bn.weight().grad().to_vector<float>(),
+                  bn.bias().grad().to_vector<float>(),
+                  bn.running_mean().to_vector<float>(),
+                  bn.running_var().to_vector<float>()};
+  };
+  nn::BatchNorm2D whole(C);
+  const Result ref = run(whole, 0, 2 * N);
+  for (bool synced : {true, false}) {
+    std::vector<Result> ranks(2);
+    run_ranks(2, [&](int rank, const hal::Communicator& comm) {
+      nn::BatchNorm2D bn(C);
+      if (synced) {
+        EXPECT_EQ(sync_batch_norm(bn, comm), 1);
+      }
+      ranks[static_cast<size_t>(rank)] = run(bn, rank * N, N);
+    });
+    auto near = [](const std::vector<float>& a, const std::vector<float>& b) {
+      if (a.size() != b.size()) return false;
+      for (size_t i = 0; i < a.size(); ++i)
+        if (std::fabs(a[i] - b[i]) > 2e-5f * (1.f + std::fabs(b[i]))) return false;
+      return true;
+    };
+    auto joined = [&](std::vector<float> Result::*f) {
+      std::vector<float> v = ranks[0].*f;
+      v.insert(v.end(), (ranks[1].*f).begin(), (ranks[1].*f).end());
+      return v;
+    };
+    auto summed = [&](std::vector<float> Result::*f) {
+      std::vector<float> v = ranks[0].*f;
+      for (size_t i = 0; i < v.size(); ++i) v[i] += (ranks[1].*f)[i];
+      return v;
+    };
+    EXPECT_EQ(near(joined(&Result::y), ref.y), synced) << "outputs";
+    EXPECT_EQ(near(joined(&Result::dx), ref.dx), synced) << "input gradients";
+    EXPECT_EQ(near(summed(&Result::dw), ref.dw), synced) << "weight gradients";
+    EXPECT_TRUE(near(summed(&Result::db), ref.db)) << "bias gradients (a sum of the upstream gradient either way)";
+    for (const Result& r : ranks) {
+      EXPECT_EQ(near(r.mean, ref.mean), synced) << "running mean";
+      EXPECT_EQ(near(r.var, ref.var), synced) << "running variance";
+    }
+  }
+}
+
 TEST(DataParallel, MetricsSumOverRanks) {
   run_ranks(3, [&](int rank, const hal::Communicator& comm) {
     auto v = all_reduce_sum(comm, {1.0, static_cast<double>(rank)});

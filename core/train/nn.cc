@@ -331,10 +331,34 @@ Tensor BatchNorm2D::forward(const Tensor& x) {
     eager::NoGradGuard ng;
     tracked_->copy_(eager::from_vector(std::vector<int64_t>{num_batches_tracked() + 1}, {}));
   }
+  if (batch_stats && reduce_) return synchronized_forward(x, w, b);
   if (track_) return eager::batch_norm(x, w, b, *mean_, *var_, batch_stats, momentum_, eps_);
   // No running statistics: batch statistics always, into throw-away buffers.
   Tensor m = eager::zeros({n_}), v = eager::ones({n_});
   return eager::batch_norm(x, w, b, m, v, true, momentum_, eps_);
+}
+
+// The batch statistics over every replica (set_stats_reducer), from eager ops, so autograd carries the gradient
+// through the reductions (each a sum across replicas whose backward sums the replicas' gradients): the result and the
+// gradients equal one BatchNorm over the replicas' batches together. 16-bit inputs (autocast) are normalised in f32.
+Tensor BatchNorm2D::synchronized_forward(const Tensor& x, const Tensor& w, const Tensor& b) {
+  const bool image = x.rank() == 4;
+  const std::vector<int64_t> axes = image ? std::vector<int64_t>{0, 2, 3} : std::vector<int64_t>{0};
+  const std::vector<int64_t> per_channel = image ? std::vector<int64_t>{1, n_, 1, 1} : std::vector<int64_t>{1, n_};
+  const Tensor xs = x.dtype() == DType::kF32 || x.dtype() == DType::kF64 ? x : x.to(DType::kF32);
+  const Tensor count = reduce_(eager::full({1}, static_cast<float>(x.numel() / n_), xs.dtype(), x.device()));
+  const Tensor mean = reduce_(eager::sum(xs, axes)) / count;
+  const Tensor centered = xs - eager::reshape(mean, per_channel);
+  const Tensor var = reduce_(eager::sum(centered * centered, axes)) / count;  // biased, as the normalisation uses
+  Tensor y = centered / eager::sqrt(eager::reshape(var, per_channel) + eps_);
+  if (affine_) y = y * eager::reshape(w, per_channel) + eager::reshape(b, per_channel);
+  if (track_) {  // new = (1 - momentum) * old + momentum * batch, the unbiased variance for the running estimate
+    eager::NoGradGuard ng;
+    const Tensor n = count.detach();
+    mean_->copy_(*mean_ * (1.f - momentum_) + mean.detach() * momentum_);
+    var_->copy_(*var_ * (1.f - momentum_) + var.detach() * n / (n - 1.f) * momentum_);
+  }
+  return y.dtype() == x.dtype() ? y : y.to(x.dtype());
 }
 
 std::string BatchNorm2D::extra_repr() const {

@@ -19,6 +19,7 @@
 #include <array>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -207,10 +208,20 @@ class BatchNorm2D : public Module {
   Tensor& running_var() { return *var_; }
   int64_t num_batches_tracked() const;
 
+  // SyncBatchNorm (sync_batch_norm in data_parallel.h sets it): in training, the batch statistics are taken over every
+  // replica's batch: the element count and each per-channel sum go through `reduce`, a differentiable sum across the
+  // replicas, before use (two passes: the mean, then the squared deviations from it). Empty (the default): this
+  // process's batch alone.
+  using StatsReducer = std::function<Tensor(const Tensor&)>;
+  void set_stats_reducer(StatsReducer reduce) { reduce_ = std::move(reduce); }
+  bool synchronized() const { return static_cast<bool>(reduce_); }
+
  protected:
   std::string extra_repr() const override;
 
  private:
+  Tensor synchronized_forward(const Tensor& x, const Tensor& w, const Tensor& b);
+  StatsReducer reduce_;
   int64_t n_;
   float eps_, momentum_;
   bool affine_, track_;
