@@ -822,6 +822,12 @@ TEST(DataParallel, SyncBatchNormEqualsOneBatchNormOverEveryRanksBatch) {
         EXPECT_EQ(sync_batch_norm(bn, comm), 1);
       }
       ranks[static_cast<size_t>(rank)] = run(bn, rank * N, N);
+      // Evaluation uses the running statistics, without collectives: rank 0 alone evaluates (a collective here would
+      // wait for rank 1 until the in-process timeout).
+      if (rank == 0) {
+        bn.eval();
+        EXPECT_EQ(bn(eager::zeros({1, C, H, W})).shape(), (Shape{1, C, H, W}));
+      }
     });
     auto near = [](const std::vector<float>& a, const std::vector<float>& b) {
       if (a.size() != b.size()) return false;

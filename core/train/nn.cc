@@ -331,7 +331,7 @@ Tensor BatchNorm2D::forward(const Tensor& x) {
     eager::NoGradGuard ng;
     tracked_->copy_(eager::from_vector(std::vector<int64_t>{num_batches_tracked() + 1}, {}));
   }
-  if (batch_stats && reduce_) return synchronized_forward(x, w, b);
+  if (is_training() && reduce_) return synchronized_forward(x, w, b);  // as torch's SyncBatchNorm: training only
   if (track_) return eager::batch_norm(x, w, b, *mean_, *var_, batch_stats, momentum_, eps_);
   // No running statistics: batch statistics always, into throw-away buffers.
   Tensor m = eager::zeros({n_}), v = eager::ones({n_});
