@@ -4,7 +4,8 @@
 //   pkg-config --cflags --libs keel-train          (C++20)
 //
 // What it gives (the same classes `keel train` is written with):
-//   keel::eager         Tensor (eager tensors, autograd), the ops, NoGradGuard, AutocastGuard (bf16/fp16), Tracer
+//   keel::eager         Tensor (eager tensors, autograd), the ops, custom_function (a differentiable function of
+//                       the program's own), NoGradGuard, AutocastGuard (bf16/fp16), Tracer
 //   keel::train::nn     Module, Linear, Conv2D, ConvTranspose2D, BatchNorm2D, LayerNorm, Dropout, Embedding,
 //                       MaxPool2D, AvgPool2D, ReLU/GELU/Sigmoid/Tanh, Flatten, Sequential, the losses
 //                       (CrossEntropyLoss, MSELoss, BCEWithLogitsLoss; knowledge distillation's distillation_kl and
@@ -14,7 +15,8 @@
 //                       capture/restore_checkpoint; trace_module/export_onnx; OnnxModule (an ONNX model as a
 //                       trainable module: freeze, replace_head); init_runtime; ScalarLogger (the log
 //                       `keel plot` draws), RunRecord (run.json), histograms, render_runs_html; DataParallel
-//                       over a dist::ProcessGroup (core/runtime/dist)
+//                       over a dist::ProcessGroup (core/runtime/dist; gradient compression), sync_batch_norm
+//                       (SyncBatchNorm) and all_reduce_sum (a differentiable sum across ranks)
 //   keel                Status/StatusOr, Tensor (host/device storage), Shape, DType, Environment, Graph, Session,
 //                       load_onnx/save_onnx
 //
