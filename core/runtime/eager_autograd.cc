@@ -111,6 +111,18 @@ Edge edge_of(const Tensor& t) {
   return Edge{accumulator_of(impl), 0};
 }
 
+void record_unary_grad(Tensor& out, const Tensor& x, const std::string& name,
+                       std::function<keel::Tensor(const keel::Tensor&)> fn) {
+  if (!t_grad_enabled || !x.requires_grad()) return;
+  auto n = std::make_shared<FnBackward>();
+  n->nm = name;
+  n->fn = [fn = std::move(fn)](std::vector<keel::Tensor>& g) { return std::vector<keel::Tensor>{fn(g[0])}; };
+  n->out_types = {ops::TypeShape{out.dtype(), out.shape()}};
+  n->next.push_back(edge_of(x));
+  out.impl()->requires_grad = true;
+  out.impl()->grad_fn = n;
+}
+
 // ------------------------------------------------------------------------------------------------ op application
 
 namespace {

@@ -220,6 +220,10 @@ struct FnBackward : GradNode {
 
 // The edge a gradient of `t` flows along: its grad_fn, or its leaf accumulator; empty when it needs no gradient.
 Edge edge_of(const Tensor& t);
+// For an op made outside apply() from one input (a device copy, a view, a custom function): records on `out` a grad_fn
+// named `name` that maps out's gradient to x's with `fn`; nothing when grad mode is off or x needs no gradient.
+void record_unary_grad(Tensor& out, const Tensor& x, const std::string& name,
+                       std::function<keel::Tensor(const keel::Tensor&)> fn);
 
 // The core of every op: autocast, dispatch, autograd recording, tracing.
 std::vector<Tensor> apply(const std::string& domain, const std::string& op_type, std::vector<Tensor> inputs,

@@ -321,23 +321,15 @@ Tensor reshape(const Tensor& x, const std::vector<int64_t>& shape) {
 Tensor custom_function(const Tensor& x, const CustomFn& forward, CustomFn backward, const std::string& name) {
   need_defined(x, name.c_str(), "input");
   Tensor out(forward(x.data()), false);
-  if (t_grad_enabled && x.requires_grad()) {
-    const DType dt = x.dtype();
-    const Shape shape = x.shape();
-    auto n = std::make_shared<FnBackward>();
-    n->nm = name;
-    n->fn = [backward = std::move(backward), dt, shape, name](std::vector<keel::Tensor>& g) {
-      keel::Tensor dx = backward(g[0]);
-      if (dx.dtype() != dt || dx.shape() != shape)
-        fail(invalid_argument(name + ": backward returned " + dx.describe() + " for an input of " +
-                              std::string(dtype_name(dt)) + shape_to_string(shape)));
-      return std::vector<keel::Tensor>{std::move(dx)};
-    };
-    n->out_types = {ops::TypeShape{out.dtype(), out.shape()}};
-    n->next.push_back(edge_of(x));
-    out.impl()->requires_grad = true;
-    out.impl()->grad_fn = n;
-  }
+  const DType dt = x.dtype();
+  const Shape shape = x.shape();
+  record_unary_grad(out, x, name, [backward = std::move(backward), dt, shape, name](const keel::Tensor& g) {
+    keel::Tensor dx = backward(g);
+    if (dx.dtype() != dt || dx.shape() != shape)
+      fail(invalid_argument(name + ": backward returned " + dx.describe() + " for an input of " +
+                            std::string(dtype_name(dt)) + shape_to_string(shape)));
+    return dx;
+  });
   return out;
 }
 
@@ -347,18 +339,9 @@ Tensor reshaped_view(const Tensor& x, const Shape& s, const char* traced, int64_
   if (std::string(traced) == "Flatten")
     trace_record("", "Flatten", {{"axis", Attribute::of_int(flatten_axis)}}, {x}, {out});
   else trace_record("", "Reshape", {}, {x, ints_const(s)}, {out});
-  if (t_grad_enabled && x.requires_grad()) {
-    Shape from = x.shape();
-    auto n = std::make_shared<FnBackward>();
-    n->nm = "ReshapeBackward";
-    n->fn = [from](std::vector<keel::Tensor>& g) {
-      return std::vector<keel::Tensor>{check(g[0].reshaped(from), "reshape backward")};
-    };
-    n->out_types = {ops::TypeShape{x.dtype(), s}};
-    n->next.push_back(edge_of(x));
-    out.impl()->requires_grad = true;
-    out.impl()->grad_fn = n;
-  }
+  const Shape from = x.shape();
+  record_unary_grad(out, x, "ReshapeBackward",
+                    [from](const keel::Tensor& g) { return check(g.reshaped(from), "reshape backward"); });
   return out;
 }
 }  // namespace

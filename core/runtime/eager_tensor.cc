@@ -162,15 +162,7 @@ Tensor Tensor::to(const std::string& device_type) const {
   if (mem == here) return *this;
   Tensor out(copy_to(data(), mem), false);
   trace_record("", "Identity", {}, {*this}, {out});
-  if (t_grad_enabled && requires_grad()) {
-    auto n = std::make_shared<FnBackward>();
-    n->nm = "ToDeviceBackward";
-    n->fn = [here](std::vector<keel::Tensor>& g) { return std::vector<keel::Tensor>{copy_to(g[0], here)}; };
-    n->out_types = {ops::TypeShape{dtype(), shape()}};
-    n->next.push_back(edge_of(*this));
-    out.impl()->requires_grad = true;
-    out.impl()->grad_fn = n;
-  }
+  record_unary_grad(out, *this, "ToDeviceBackward", [here](const keel::Tensor& g) { return copy_to(g, here); });
   return out;
 }
 

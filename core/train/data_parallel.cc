@@ -47,6 +47,18 @@ std::string comm_device(const hal::Communicator& comm) {
   return type + ":" + std::to_string(comm.device_index());
 }
 
+// The device of `p` when the communicator works on its type and it has streams and events (a GPU): there the
+// all-reduces get a stream of their own.
+std::optional<hal::Device> stream_device(const Tensor& p, const hal::Communicator& comm) {
+  const Location& at = p.data().location();
+  if (at.is_host() || at.device_type != comm.device_type()) return std::nullopt;
+  const DeviceEntry* entry = eager::environment().registry().device(at.device_type);
+  if (entry == nullptr) return std::nullopt;
+  const hal::Device dev(entry, at.device_index);
+  if (dev.host_memory() || !dev.can_wait_on_events()) return std::nullopt;
+  return dev;
+}
+
 // `op(send, recv)`, a collective over small host arrays (the parameters' descriptions, the bucket order, metrics), on
 // buffers the communicator can use: the arrays themselves for a host-memory one, copies on its device otherwise (NCCL
 // reads and writes device memory only: a host pointer is an error, or worse). `recv` may be `send` (in place).
@@ -159,17 +171,15 @@ Status broadcast_tensors(const hal::Communicator& comm, const std::vector<Tensor
 }
 
 Tensor all_reduce_sum(const Tensor& x, const hal::Communicator& comm) {
-  // x's bytes summed over the ranks into a new tensor on x's device (the communicator reads and writes in place).
+  // t summed over the ranks into a new tensor on t's device.
   auto summed = [&comm](const keel::Tensor& t) {
-    eager::NoGradGuard ng;
-    Tensor out = eager::empty(t.shape(), t.dtype(), Tensor(t).device());
-    out.copy_(Tensor(t));
-    if (comm.size() > 1 && t.numel() > 0) {
-      void* p = out.data().raw_data();
-      Status st = comm.all_reduce(p, p, static_cast<uint64_t>(t.numel()), t.dtype(), KEEL_REDUCE_SUM);
+    keel::Tensor out = eager::empty(t.shape(), t.dtype(), Tensor(t).device()).data();
+    if (t.numel() > 0) {
+      Status st =
+          comm.all_reduce(t.raw_data(), out.raw_data(), static_cast<uint64_t>(t.numel()), t.dtype(), KEEL_REDUCE_SUM);
       if (!st.is_ok()) throw eager::Error(st.with_context("all_reduce_sum"));
     }
-    return out.data();
+    return out;
   };
   return eager::custom_function(x, summed, summed, "AllReduceSumBackward");
 }
@@ -263,22 +273,14 @@ StatusOr<std::unique_ptr<DataParallel>> DataParallel::create(nn::Module& module,
     KEEL_RETURN_IF_ERROR(broadcast_tensors(comm, buffers, 0), "DataParallel: buffers from rank 0");
   }
 
-  // The communication stream, on the device of the first trained parameter when it has streams and events and the
-  // communicator works on that device type.
-  for (const Tensor& p : dp->params_) {
-    if (!p.requires_grad()) continue;
-    const Location& at = p.data().location();
-    const DeviceEntry* entry = at.is_host() || at.device_type != comm.device_type()
-                                   ? nullptr
-                                   : eager::environment().registry().device(at.device_type);
-    if (entry == nullptr) break;
-    const hal::Device dev(entry, at.device_index);
-    if (dev.host_memory() || !dev.can_wait_on_events()) break;
-    auto stream = dev.create_stream();
-    if (!stream.is_ok()) return stream.status().with_context("DataParallel: communication stream on " + dev.name());
+  // The communication stream, on the device of the first trained parameter (stream_device).
+  const auto trained =
+      std::find_if(dp->params_.begin(), dp->params_.end(), [](const Tensor& p) { return p.requires_grad(); });
+  if (const auto dev = trained == dp->params_.end() ? std::nullopt : stream_device(*trained, comm)) {
+    auto stream = dev->create_stream();
+    if (!stream.is_ok()) return stream.status().with_context("DataParallel: communication stream on " + dev->name());
     dp->comm_device_ = dev;
     dp->comm_stream_ = std::move(stream).value();
-    break;
   }
   // Initial buckets: reverse parameter order (backward reaches the last layers first).
   std::vector<size_t> order;

@@ -20,6 +20,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -457,11 +458,14 @@ struct StreamdevStats {
 };
 using StatsFn = void (*)(StreamdevStats*);
 
-StatsFn streamdev_stats() {
-  // The environment loaded the library; this finds the same copy (and keeps it loaded until the process ends).
+// A function the streamdev library exports. The environment loaded the library; this finds the same copy (and keeps
+// it loaded until the process ends).
+template <class Fn>
+Fn streamdev_function(const char* name) {
   void* h = dlopen(KEEL_IO_BINDING_DIR "/libkeel_streamdev.so", RTLD_NOW | RTLD_LOCAL);
-  return h ? reinterpret_cast<StatsFn>(dlsym(h, "streamdev_stats")) : nullptr;
+  return h ? reinterpret_cast<Fn>(dlsym(h, name)) : nullptr;
 }
+StatsFn streamdev_stats() { return streamdev_function<StatsFn>("streamdev_stats"); }
 
 StreamdevStats operator-(const StreamdevStats& a, const StreamdevStats& b) {
   StreamdevStats d;
@@ -712,6 +716,39 @@ TEST_F(Streams, EagerCopiesIntoADeviceDoNotWaitForIt) {
   keel::eager::init(nullptr);
 }
 
+// Runs `body` on `world` threads, each a rank of a streamdev process group (streamdev's collective backend) training a
+// Linear(3, 2) on streamdev wrapped in a DataParallel (each rank starts from its own random weights: create()
+// broadcasts rank 0's). Returns each rank's error ("" when none): a failed set-up, what body returns, or an
+// eager::Error it throws. The DataParallel goes before its group (its communication thread uses the communicator).
+std::vector<std::string> run_streamdev_dp_ranks(
+    int world, const std::function<std::string(int, keel::dist::ProcessGroup&, keel::train::nn::Linear&,
+                                               keel::train::DataParallel&)>& body) {
+  auto store = std::make_shared<keel::dist::InProcessStore>();
+  std::vector<std::string> errors(static_cast<size_t>(world));
+  std::mutex generator_mu;  // the eager generator is not synchronised
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < world; ++r)
+    ranks.emplace_back([&, r] {
+      std::string& error = errors[static_cast<size_t>(r)];
+      auto pg = keel::dist::ProcessGroup::create_with_store(keel::eager::environment(), store, r, world, "streamdev", 0,
+                                                            20000);
+      if (!pg.is_ok()) return void(error = "group: " + pg.status().to_string());
+      std::unique_lock<std::mutex> init(generator_mu);
+      keel::train::nn::Linear model(3, 2);
+      init.unlock();
+      model.to("streamdev");
+      auto dp = keel::train::DataParallel::create(model, (*pg)->comm());
+      if (!dp.is_ok()) return void(error = "create: " + dp.status().to_string());
+      try {
+        error = body(r, **pg, model, **dp);
+      } catch (const keel::eager::Error& e) {
+        error = e.what();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  return errors;
+}
+
 // Data-parallel training over a communicator whose buffers must be device memory (NCCL's rule, which streamdev's
 // collective backend enforces; its results land on the stream given, so a consumer that does not wait reads stale
 // bytes): DataParallel's own exchanges of host values (the parameters' descriptions, the bucket order) and the
@@ -723,7 +760,6 @@ TEST_F(Streams, EagerCopiesIntoADeviceDoNotWaitForIt) {
 TEST_F(Streams, DataParallelOverADeviceMemoryCommunicator) {
   ASSERT_NO_FATAL_FAILURE(init_eager_on_streamdev());
   constexpr int kWorld = 2;
-  auto store = std::make_shared<keel::dist::InProcessStore>();
   // Rank r's batch: x[n][i] = (r + 1) * (n + 1) + i, 2 rows of 3 features.
   auto batch = [](int r) {
     std::vector<float> x;
@@ -740,48 +776,29 @@ TEST_F(Streams, DataParallelOverADeviceMemoryCommunicator) {
         for (int n = 0; n < 2; ++n) sum += batch(r)[static_cast<size_t>(n * 3 + i)];
       want_dw.push_back(sum / kWorld);
     }
-  std::vector<std::string> failures(kWorld);
   std::vector<std::vector<float>> weights(kWorld), dw(kWorld), db(kWorld);
   std::vector<double> metric(kWorld);
-  std::mutex generator_mu;
   const auto before = now();
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < kWorld; ++r)
-    ranks.emplace_back([&, r] {
-      auto fail = [&](const std::string& m) { failures[static_cast<size_t>(r)] = m; };
-      auto pg = keel::dist::ProcessGroup::create_with_store(keel::eager::environment(), store, r, kWorld, "streamdev",
-                                                            0, 20000);
-      if (!pg.is_ok()) return fail(pg.status().to_string());
-      std::unique_lock<std::mutex> init(generator_mu);  // the eager generator is not synchronised
-      keel::train::nn::Linear model(3, 2);  // each rank its own random weights: create() broadcasts rank 0's
-      init.unlock();
-      model.to("streamdev");
-      auto created = keel::train::DataParallel::create(model, (*pg)->comm());
-      if (!created.is_ok()) return fail(created.status().to_string());
-      std::unique_ptr<keel::train::DataParallel> dp = std::move(created).value();
-      try {
+  const auto failures = run_streamdev_dp_ranks(
+      kWorld, [&](int r, keel::dist::ProcessGroup& pg, keel::train::nn::Linear& model, keel::train::DataParallel& dp) {
         // Three steps: after the second the buckets are rebuilt from the observed order (new events).
         for (int step = 0; step < 3; ++step) {
           keel::eager::Tensor x = keel::eager::from_vector(batch(r), {2, 3}).to("streamdev");
-          keel::eager::sum((*dp)(x)).backward();
-          if (keel::Status st = dp->finish(); !st.is_ok()) return fail(st.to_string());
+          keel::eager::sum(dp(x)).backward();
+          if (keel::Status st = dp.finish(); !st.is_ok()) return st.to_string();
           const auto got = model.weight().grad().to_vector<float>();
-          if (step < 2 && got != want_dw) return fail("step " + std::to_string(step) + ": wrong weight gradient");
+          if (step < 2 && got != want_dw) return "step " + std::to_string(step) + ": wrong weight gradient";
           weights[static_cast<size_t>(r)] = model.weight().to_vector<float>();
           dw[static_cast<size_t>(r)] = got;
           db[static_cast<size_t>(r)] = model.bias().grad().to_vector<float>();
           model.zero_grad();
         }
-        if (!dp->buckets_rebuilt()) return fail("the buckets were not rebuilt");
-      } catch (const keel::eager::Error& e) {
-        return fail(e.what());
-      }
-      auto m = keel::train::all_reduce_sum((*pg)->comm(), {static_cast<double>(r + 1)});
-      if (!m.is_ok()) return fail(m.status().to_string());
-      metric[static_cast<size_t>(r)] = (*m)[0];
-      dp.reset();  // before the group: its communication thread uses the communicator
-    });
-  for (auto& t : ranks) t.join();
+        if (!dp.buckets_rebuilt()) return std::string("the buckets were not rebuilt");
+        auto m = keel::train::all_reduce_sum(pg.comm(), {static_cast<double>(r + 1)});
+        if (!m.is_ok()) return m.status().to_string();
+        metric[static_cast<size_t>(r)] = (*m)[0];
+        return std::string();
+      });
   const auto d = now() - before;
   // One bucket a rank (weight and bias) a step, all-reduced on that rank's communication stream; the host values'
   // exchanges on the default stream; the host never waits for the device.
@@ -805,40 +822,17 @@ TEST_F(Streams, DataParallelOverADeviceMemoryCommunicator) {
 TEST_F(Streams, DataParallelReportsAFailedAllReduce) {
   ASSERT_NO_FATAL_FAILURE(init_eager_on_streamdev());
   constexpr int kWorld = 2;
-  auto store = std::make_shared<keel::dist::InProcessStore>();
-  std::vector<std::string> errors(kWorld);
-  std::mutex generator_mu;
-  using FailFn = void (*)(int);
-  void* lib = dlopen(KEEL_IO_BINDING_DIR "/libkeel_streamdev.so", RTLD_NOW | RTLD_LOCAL);
-  auto fail_all_reduce = lib ? reinterpret_cast<FailFn>(dlsym(lib, "streamdev_fail_all_reduce")) : nullptr;
+  auto fail_all_reduce = streamdev_function<void (*)(int)>("streamdev_fail_all_reduce");
   ASSERT_NE(fail_all_reduce, nullptr) << dlerror();
   fail_all_reduce(1);  // DataParallel::create needs broadcasts and all-gathers only
   const auto before = now();
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < kWorld; ++r)
-    ranks.emplace_back([&, r] {
-      std::string& error = errors[static_cast<size_t>(r)];
-      auto pg = keel::dist::ProcessGroup::create_with_store(keel::eager::environment(), store, r, kWorld, "streamdev",
-                                                            0, 20000);
-      if (!pg.is_ok()) return void(error = "group: " + pg.status().to_string());
-      std::unique_lock<std::mutex> init(generator_mu);
-      keel::train::nn::Linear model(3, 2);
-      init.unlock();
-      model.to("streamdev");
-      auto created = keel::train::DataParallel::create(model, (*pg)->comm());
-      if (!created.is_ok()) return void(error = "create: " + created.status().to_string());
-      std::unique_ptr<keel::train::DataParallel> dp = std::move(created).value();
-      try {
+  const auto errors = run_streamdev_dp_ranks(
+      kWorld, [](int, keel::dist::ProcessGroup&, keel::train::nn::Linear&, keel::train::DataParallel& dp) {
         keel::eager::Tensor x = keel::eager::from_vector(std::vector<float>(6, 1.f), {2, 3}).to("streamdev");
-        keel::eager::sum((*dp)(x)).backward();
-      } catch (const keel::eager::Error& e) {
-        error = std::string("backward: ") + e.what();
-      }
-      keel::Status st = dp->finish();
-      if (error.empty()) error = st.is_ok() ? "finish() succeeded" : st.to_string();
-      dp.reset();
-    });
-  for (auto& t : ranks) t.join();
+        keel::eager::sum(dp(x)).backward();
+        keel::Status st = dp.finish();
+        return st.is_ok() ? std::string("finish() succeeded") : st.to_string();
+      });
   fail_all_reduce(0);
   for (int r = 0; r < kWorld; ++r)
     EXPECT_NE(errors[static_cast<size_t>(r)].find("all_reduce: failed on purpose"), std::string::npos)
