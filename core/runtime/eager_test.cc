@@ -575,8 +575,9 @@ TEST_F(EagerTest, TrainingStepOnPluginsMatchesReference) {
 }
 
 // A 3x3 stride-1 convolution with 16+ channels runs on oneDNN's Winograd kernel (when the plugin is built), whose
-// kernel keeps the last weights' transform: it must follow the weights, whether they come as another tensor or change
-// in place (an optimizer step), and come back to the first ones.
+// kernel keeps the last weights' transform until the weights change, then switches to a primitive that transforms them
+// itself: it must follow the weights, whether they come as another tensor or change in place (an optimizer step), and
+// come back to the first ones.
 TEST_F(EagerTest, WinogradConvOnPluginsFollowsItsWeights) {
   setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
   auto plugins = Environment::create();
