@@ -74,7 +74,9 @@ Status Registry::add_kernel(PluginId plugin, int32_t priority, const keel_kernel
   auto e = std::make_unique<KernelEntry>();
   e->plugin = plugin;
   e->priority = priority;
-  e->def = copy_sized(def);
+  e->def = copy_sized(def);  // fields past the plugin's struct_size are zero (flags of a plugin older than 1.4)
+  // KEEL_KERNEL_FLAG_SECONDARY: one below the plugin's other kernels.
+  if ((e->def.flags & KEEL_KERNEL_FLAG_SECONDARY) != 0 && priority > INT32_MIN) e->priority = priority - 1;
   e->name = str(def->name);
   e->domain = normalize_domain(str(def->domain));
   e->op_type = str(def->op_type);

@@ -26,6 +26,7 @@
 
 #include "core/base/graph.h"
 #include "core/base/registry.h"
+#include "core/runtime/kernel_dispatch.h"
 #include "core/runtime/onnx_io.h"
 
 namespace {
@@ -820,6 +821,30 @@ TEST(Embedding, TypeConstraintHeaderOldAndNewLayouts) {
   EXPECT_NE(st.message().find("KEEL_TYPE_CONSTRAINT_HEADER"), std::string::npos) << st.to_string();
   keel_kernel_def_t null_constraints = relu_def(5, nullptr, 1);
   EXPECT_FALSE(reg.add_kernel(0, 0, &null_constraints).is_ok());
+}
+
+// KEEL_KERNEL_FLAG_SECONDARY: a kernel ranks one below its plugin's priority, so the plugin's other kernel for the op
+// comes first, a lower plugin's kernel still after it; without the flag both rank as their plugins.
+TEST(Embedding, SecondaryKernelRanksBelowItsPluginsOthers) {
+  keel::Registry reg;
+  keel_kernel_def_t main_k = relu_def(5, nullptr, 0), secondary = relu_def(5, nullptr, 0),
+                    lower = relu_def(5, nullptr, 0);
+  secondary.name = "test_relu_secondary";
+  secondary.flags = KEEL_KERNEL_FLAG_SECONDARY;
+  lower.name = "test_relu_lower_plugin";
+  ASSERT_TRUE(reg.add_kernel(1, 50, &secondary).is_ok());  // registered first: order alone would rank it first
+  ASSERT_TRUE(reg.add_kernel(1, 50, &main_k).is_ok());
+  ASSERT_TRUE(reg.add_kernel(2, 10, &lower).is_ok());
+  keel::Node node;
+  node.op_type = "Relu";
+  std::vector<std::string> names;
+  std::vector<int32_t> priorities;
+  for (const keel::KernelEntry* k : keel::dispatch::ranked_kernels(reg, node, 17, "cpu")) {
+    names.push_back(k->name);
+    priorities.push_back(k->priority);
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"test_relu", "test_relu_secondary", "test_relu_lower_plugin"}));
+  EXPECT_EQ(priorities, (std::vector<int32_t>{50, 49, 10}));
 }
 
 }  // namespace

@@ -319,6 +319,13 @@ typedef struct keel_kernel_def_s {
 /* (ABI 1.4) keel_kernel_def_t.flags / keel_subgraph_def_t.flags: `compute` may run on one state from several
  * threads at once (concurrent runs of one session); see "Concurrency" above. */
 #define KEEL_KERNEL_FLAG_REENTRANT 0x1u
+/* keel_kernel_def_t.flags: the kernel ranks one below its plugin's priority, under the plugin's other kernels for the
+ * same op. It serves what they, and the plugin's claimed chains, leave over, and calls from outside sessions (eager
+ * ops); a fusion pass, which compares kernel_priority, then does not rewrite a graph toward it and away from the
+ * plugin's chains. E.g. the oneDNN plugin's f32 keel.FusedConv: eager's conv2d_relu runs on it, while sessions keep
+ * Conv + Relu for the chains that fuse them themselves. A later addition to ABI 1.5 (no layout change): a core that
+ * does not know the bit ignores it, and the kernel then ranks as its plugin. */
+#define KEEL_KERNEL_FLAG_SECONDARY 0x2u
 
 /*
  * A subgraph claimed by a device (see keel_device_table_t.claim_subgraphs). The node ids are those of the graph
