@@ -326,6 +326,23 @@ Status g_conv(B& b) {
     if (!outs[i].empty()) b.grad(i, outs[i]);
   return Status::ok();
 }
+// keel.FusedConv = act(conv(X, W) + B + Z) with no activation or Relu (eager's conv2d_relu): the pre-activation
+// gradient first (ReluGrad over the output; eager's MaxPool fold may hand it in directly and skip that first step),
+// then ConvGrad; Z's gradient is the pre-activation gradient itself.
+Status g_fused_conv(B& b) {
+  const Attribute* a = b.node().attr("activation");
+  const std::string act = a ? a->s : std::string();
+  if (!act.empty() && act != "Relu")
+    return unimplemented("FusedConv: no gradient for activation '" + act + "' (only none and Relu)");
+  const std::string pre = act.empty() ? B::dy(0) : b.op("ReluGrad", {B::dy(0), B::y(0)}, {}, "keel");
+  const bool bias = b.has_input(2);
+  auto outs = b.op_n("ConvGrad", {pre, B::x(0), B::x(1)}, 3, conv_attrs(b.node()),
+                     {b.needs(0), b.needs(1), bias && b.needs(2)}, "keel");
+  for (size_t i = 0; i < 3; ++i)
+    if (!outs[i].empty()) b.grad(i, outs[i]);
+  if (b.has_input(3) && b.needs(3)) b.grad(3, pre);
+  return Status::ok();
+}
 Status g_conv_transpose(B& b) {
   const Node& n = b.node();
   if (n.attr("output_shape") || (n.attr("auto_pad") && n.attr("auto_pad")->s != "NOTSET"))
@@ -517,6 +534,7 @@ const RuleEntry kRules[] = {
     {"", "Gather", g_gather},
     {"", "SoftmaxCrossEntropyLoss", g_softmax_cross_entropy},
     {"keel", "Gelu", g_gelu},
+    {"keel", "FusedConv", g_fused_conv},
     {"keel", "BatchNormTraining", g_batch_norm_training},
 };
 

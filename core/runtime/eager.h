@@ -196,11 +196,11 @@ class NoGradGuard {
 };
 bool grad_enabled();
 
-// While alive, ops follow the autocast policy: Conv, ConvTranspose, MatMul and Gemm (conv2d, conv_transpose2d, matmul,
-// linear) run in `low` (their floating inputs are cast, differentiably); reductions, softmax/log_softmax, norms and
-// losses run in fp32 (low-precision inputs are cast up); other ops run in the dtype of their inputs (mixed inputs
-// promote to the widest). When the device has no kernel for `low`, the op runs in fp32 (logged once).
-// `low` must be kBF16 or kF16 (Error otherwise). A nested guard replaces the policy until it goes.
+// While alive, ops follow the autocast policy: Conv, ConvTranspose, MatMul and Gemm (conv2d, conv2d_relu,
+// conv_transpose2d, matmul, linear) run in `low` (their floating inputs are cast, differentiably); reductions,
+// softmax/log_softmax, norms and losses run in fp32 (low-precision inputs are cast up); other ops run in the dtype of
+// their inputs (mixed inputs promote to the widest). When the device has no kernel for `low`, the op runs in fp32
+// (logged once). `low` must be kBF16 or kF16 (Error otherwise). A nested guard replaces the policy until it goes.
 class AutocastGuard {
  public:
   explicit AutocastGuard(DType low);
@@ -222,6 +222,12 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b);
 // NCHW; w [out, in/groups, kh, kw]; b [out] or undefined.
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, std::array<int64_t, 2> stride = {1, 1},
               std::array<int64_t, 2> padding = {0, 0}, std::array<int64_t, 2> dilation = {1, 1}, int64_t groups = 1);
+// relu(conv2d(...)) as one kernel where the device has one (keel.FusedConv with its Relu fused: the convolution's
+// output is written once, already rectified), else as the two ops; same values and gradients either way, and a
+// max_pool2d over it still takes the Relu's backward over the pooled tensor. A Tracer records Conv and Relu.
+Tensor conv2d_relu(const Tensor& x, const Tensor& w, const Tensor& b, std::array<int64_t, 2> stride = {1, 1},
+                   std::array<int64_t, 2> padding = {0, 0}, std::array<int64_t, 2> dilation = {1, 1},
+                   int64_t groups = 1);
 // NCHW; w [in, out/groups, kh, kw]; b [out] or undefined.
 Tensor conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& b, std::array<int64_t, 2> stride = {1, 1},
                         std::array<int64_t, 2> padding = {0, 0}, std::array<int64_t, 2> output_padding = {0, 0},

@@ -27,6 +27,10 @@ struct OpBackward : GradNode {
   std::string mem;  // where the forward ran ("cpu" or a device memory type)
   // A MaxPool over a Relu's output keeps its own output, for folding the Relu's backward into its own (run_backward).
   keel::Tensor pooled;
+  // A keel.FusedConv with a Relu whose MaxPool folded the Relu's backward (run_backward): the gradient it receives is
+  // already its pre-activation's, the value of its program's first step (ReluGrad(dY, Y), g_fused_conv), which is
+  // then not run.
+  bool grad_is_preact = false;
 
   std::string name() const override { return op + "Backward"; }
 
@@ -52,7 +56,12 @@ struct OpBackward : GradNode {
       }
       fail(internal_error(name() + ": gradient program reads unknown value '" + v + "'"));
     };
-    for (const auto& s : prog->steps) {
+    for (size_t k = 0; k < prog->steps.size(); ++k) {
+      const ops::GradStep& s = prog->steps[k];
+      if (k == 0 && grad_is_preact) {
+        vals[s.outputs[0]] = grads.at(0);
+        continue;
+      }
       std::vector<keel::Tensor> ins;
       for (const auto& v : s.inputs) ins.push_back(lookup(v));
       if (s.domain.empty() && s.op_type == "Reshape" && ins.size() == 2 && is_small_int(ins[1])) {
@@ -78,6 +87,15 @@ struct OpBackward : GradNode {
 bool is_op(const GradNode* n, const char* op) {
   const auto* ob = dynamic_cast<const OpBackward*>(n);
   return ob != nullptr && ob->domain.empty() && ob->op == op;
+}
+
+// Whether `n` is the backward of a keel.FusedConv with a fused Relu (eager's conv2d_relu): its program starts with
+// ReluGrad(dY, Y) (g_fused_conv).
+bool is_fused_relu(const GradNode* n) {
+  const auto* ob = dynamic_cast<const OpBackward*>(n);
+  if (ob == nullptr || ob->domain != "keel" || ob->op != "FusedConv" || ob->prog->steps.empty()) return false;
+  const ops::GradStep& s = ob->prog->steps[0];
+  return s.op_type == "ReluGrad" && s.inputs == std::vector<std::string>{"dy:0", "y:0"};
 }
 
 // A node whose backward is an error (no gradient rule, or the rule rejected the case): reported at backward time.
@@ -174,7 +192,8 @@ std::vector<Tensor> adjust_inputs(const std::string& domain, const std::string& 
   DType target = DType::kUndefined;
   const DType low = t_autocast;
   const bool onnx = domain.empty();
-  if (low != DType::kUndefined && onnx && autocast_low_ops().count(op_type)) {
+  if (low != DType::kUndefined &&
+      ((onnx && autocast_low_ops().count(op_type)) || (domain == "keel" && op_type == "FusedConv"))) {
     std::string dev = inputs[fl[0]].data().location().device_type;
     if (device_takes_dtype(domain, op_type, inputs, dev, low)) {
       target = low;
@@ -286,7 +305,8 @@ std::vector<Tensor> apply(const std::string& domain, const std::string& op_type,
     for (size_t j = 0; j < result.size(); ++j)
       if (prog->reads_y[j] && result[j].defined()) ob->saved_y[j] = result[j].data();
     if (is_op(ob.get(), "MaxPool") && result.size() == 1 && result[0].defined() && inputs.size() == 1 &&
-        inputs[0].defined() && is_op(inputs[0].impl()->grad_fn.get(), "Relu"))
+        inputs[0].defined() &&
+        (is_op(inputs[0].impl()->grad_fn.get(), "Relu") || is_fused_relu(inputs[0].impl()->grad_fn.get())))
       ob->pooled = result[0].data();
     node = ob;
   } else {
@@ -409,12 +429,17 @@ void run_backward(const Tensor& root, keel::Tensor root_grad) {
     // MaxPoolGrad(ReluGrad(dY, P), Y) with P = MaxPool(Y) (a window's gradient goes to its maximum, which is P: > 0
     // where the Relu passes it; an all-zero window's first zero gets nothing either way), so the Relu's backward runs
     // over the pooled tensor and the MaxPool's gradient goes straight to the Relu's input: a 2x2 pool's Relu
-    // backward reads and writes a quarter of the memory (SimpleCNN's step: about 16 of 60 MB less).
+    // backward reads and writes a quarter of the memory (SimpleCNN's step: about 16 of 60 MB less). The same over a
+    // keel.FusedConv with a Relu (conv2d_relu): the MaxPool's gradient is then its pre-activation gradient.
     auto* pool = dynamic_cast<OpBackward*>(n);
     GradNode* relu = n->next.size() == 1 ? n->next[0].fn.get() : nullptr;
-    const bool fold = any && pool && pool->pooled.defined() && grads.size() == 1 && grads[0].defined() &&
-                      is_op(relu, "Relu") && !relu->released && deps[relu] == 1 && buffers.find(relu) == buffers.end();
-    if (fold) grads[0] = run_kernel("keel", "ReluGrad", {}, {grads[0], pool->pooled}, 1, {true})[0];
+    const bool fold_candidate = any && pool && pool->pooled.defined() && grads.size() == 1 && grads[0].defined() &&
+                                relu != nullptr && !relu->released && deps[relu] == 1 &&
+                                buffers.find(relu) == buffers.end();
+    const bool fold = fold_candidate && is_op(relu, "Relu");
+    const bool fold_fused = fold_candidate && !fold && is_fused_relu(relu);
+    if (fold || fold_fused) grads[0] = run_kernel("keel", "ReluGrad", {}, {grads[0], pool->pooled}, 1, {true})[0];
+    if (fold_fused) static_cast<OpBackward*>(relu)->grad_is_preact = true;
     std::vector<keel::Tensor> in_grads;
     if (any) in_grads = n->apply(grads);
     n->released = true;

@@ -7,8 +7,11 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <mutex>
+#include <set>
 #include <type_traits>
 
+#include "core/base/log.h"
 #include "core/base/target_clones.h"
 
 namespace keel::eager {
@@ -158,6 +161,44 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, std::array<int6
                  {"dilations", ais({dilation[0], dilation[1]})},
                  {"group", ai(groups)},
                  {"kernel_shape", ais({w.dim(2), w.dim(3)})}});
+}
+
+Tensor conv2d_relu(const Tensor& x, const Tensor& w, const Tensor& b, std::array<int64_t, 2> stride,
+                   std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation, int64_t groups) {
+  auto unfused = [&] { return relu(conv2d(x, w, b, stride, padding, dilation, groups)); };
+  // A trace records the standard ops (an exported model stays plain ONNX).
+  if (t_tracer != nullptr) return unfused();
+  need_rank(x, 4, "conv2d_relu", "input");
+  need_rank(w, 4, "conv2d_relu", "weight");
+  if (groups <= 0) fail(invalid_argument("conv2d_relu: groups must be positive"));
+  // Where no kernel takes the fused op (a device without one, or one that takes it only with constant weights, as
+  // the oneDNN plugin's bf16 kernel), the two ops run; remembered per device and dtype, so it is tried once.
+  static std::mutex mu;
+  static std::set<std::string> lacking;
+  const DType at = autocast_dtype() != DType::kUndefined ? autocast_dtype() : x.dtype();
+  if (at != DType::kF32 && at != DType::kF16 && at != DType::kBF16) return unfused();  // the fused ops' dtypes
+  const std::string key = x.device() + "|" + dtype_name(at);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (lacking.count(key)) return unfused();
+  }
+  try {
+    return apply1("FusedConv", {x, w, b},
+                  {{"strides", ais({stride[0], stride[1]})},
+                   {"pads", ais({padding[0], padding[1], padding[0], padding[1]})},
+                   {"dilations", ais({dilation[0], dilation[1]})},
+                   {"group", ai(groups)},
+                   {"kernel_shape", ais({w.dim(2), w.dim(3)})},
+                   {"activation", Attribute::of_string("Relu")}},
+                  "keel");
+  } catch (const Error& e) {
+    if (e.status().code() != StatusCode::kUnimplemented) throw;
+    log::debug("conv2d_relu: no fused kernel on {} for {} ({}); Conv and Relu run apart", x.device(), dtype_name(at),
+               e.status().message());
+    std::lock_guard<std::mutex> lock(mu);
+    lacking.insert(key);
+  }
+  return unfused();
 }
 
 Tensor conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& b, std::array<int64_t, 2> stride,

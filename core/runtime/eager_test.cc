@@ -237,6 +237,95 @@ TEST_F(EagerTest, ReluUnderMaxPoolFoldsItsBackward) {
   }
 }
 
+// conv2d_relu is relu(conv2d(...)) in one keel.FusedConv kernel: same outputs and gradients (x, w, b) as the two
+// ops, on the reference kernels and on the plugins (oneDNN's FusedConv, its Relu a post-op), alone and under a
+// MaxPool, whose fold then runs the Relu's backward over the pooled tensor and the FusedConv's backward skips its
+// own; the forward runs no Relu. A Tracer records Conv and Relu; an f64 input runs the two ops.
+TEST_F(EagerTest, Conv2dReluIsReluOfConv2dInOneKernel) {
+  setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
+  auto plugins = Environment::create();
+  ASSERT_TRUE(plugins.is_ok()) << plugins.status().to_string();
+  std::shared_ptr<Environment> penv(std::move(plugins).value());
+  for (bool on_plugins : {false, true}) {
+    if (on_plugins) init(penv, 1);
+    for (bool pool : {false, true}) {
+      const std::string what = std::string(on_plugins ? "plugins" : "reference") + (pool ? ", max pool" : "");
+      manual_seed(21);
+      Tensor x = randn({2, 16, 10, 10}).requires_grad_(), w = randn({32, 16, 3, 3}, 0.2f).requires_grad_(),
+             b = randn({32}, 0.1f).requires_grad_();
+      Tensor weights = rand_uniform(pool ? Shape{2, 32, 4, 4} : Shape{2, 32, 8, 8}, 0.5f, 1.5f);
+      struct Run {
+        std::vector<float> y, dx, dw, db;
+        std::string report;
+      };
+      auto run = [&](bool fused) {
+        for (Tensor* t : {&x, &w, &b}) t->zero_grad();
+        set_profiling(true);
+        (void)profile_report();  // clears the counters
+        Tensor y = fused ? conv2d_relu(x, w, b) : relu(conv2d(x, w, b));
+        if (pool) y = max_pool2d(y, {2, 2});
+        sum(y * weights).backward();
+        Run r{y.to_vector<float>(), x.grad().to_vector<float>(), w.grad().to_vector<float>(),
+              b.grad().to_vector<float>(), profile_report()};
+        set_profiling(false);
+        return r;
+      };
+      const Run fused = run(true), apart = run(false);
+      auto near = [&](const std::vector<float>& got, const std::vector<float>& want, const char* name) {
+        ASSERT_EQ(got.size(), want.size()) << what << " " << name;
+        for (size_t i = 0; i < want.size(); ++i)
+          ASSERT_NEAR(got[i], want[i], 1e-4 * (1 + std::abs(want[i]))) << what << " " << name << " element " << i;
+      };
+      near(fused.y, apart.y, "y");
+      near(fused.dx, apart.dx, "dx");
+      near(fused.dw, apart.dw, "dw");
+      near(fused.db, apart.db, "db");
+      EXPECT_NE(fused.report.find("keel.FusedConv"), std::string::npos) << what << "\n" << fused.report;
+      bool relu_ran = false, relu_grad_full = false;
+      std::istringstream lines(fused.report);
+      for (std::string line; std::getline(lines, line);) {
+        relu_ran = relu_ran || line.rfind("Relu ", 0) == 0;
+        if (line.find("ReluGrad") != std::string::npos)
+          relu_grad_full = relu_grad_full || line.find("[2, 32, 8, 8]") != std::string::npos;
+      }
+      EXPECT_FALSE(relu_ran) << what << "\n" << fused.report;
+      EXPECT_EQ(relu_grad_full, !pool) << what << ": the fold runs ReluGrad over the pooled tensor\n" << fused.report;
+    }
+  }
+  {
+    // Under bf16 autocast on the plugins (oneDNN's bf16 FusedConv takes constant weights only): runs, as the two ops.
+    manual_seed(4);
+    Tensor x = randn({2, 16, 10, 10}), w = randn({32, 16, 3, 3}, 0.2f).requires_grad_(), b = randn({32}, 0.1f);
+    AutocastGuard bf16(DType::kBF16);
+    Tensor y = conv2d_relu(x, w, b), want = relu(conv2d(x, w, b));
+    ASSERT_EQ(y.dtype(), want.dtype());
+    const auto got = y.to(DType::kF32).to_vector<float>(), ref = want.to(DType::kF32).to_vector<float>();
+    for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(got[i], ref[i], 2e-2 * (1 + std::abs(ref[i]))) << i;
+    sum(y.to(DType::kF32)).backward();
+    EXPECT_TRUE(w.grad().defined());
+  }
+  init(reference_env());
+  {
+    manual_seed(2);
+    Tensor x = randn({1, 2, 5, 5}), w = randn({3, 2, 3, 3}), b = randn({3});
+    Tracer tr("conv_relu");
+    tr.input(x, "x");
+    tr.output(conv2d_relu(x, w, b), "y");
+    auto g = tr.graph();
+    ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+    std::vector<std::string> ops;
+    for (NodeId id : g->node_ids()) ops.push_back(g->node(id)->op_type);
+    ASSERT_GE(ops.size(), 2u);  // the output's naming may add an Identity
+    EXPECT_EQ(std::vector<std::string>(ops.begin(), ops.begin() + 2), (std::vector<std::string>{"Conv", "Relu"}));
+    EXPECT_EQ(std::count(ops.begin(), ops.end(), "FusedConv"), 0);
+  }
+  gradcheck("conv2d_relu f64",
+            [](const V& v) {
+              return conv2d_relu(v[0], v[1], v[2], {1, 1}, {1, 1});
+            },
+            {rnd({1, 2, 4, 4}), rnd({3, 2, 3, 3}), rnd({3})});
+}
+
 // Dropout keeps 1 - p of the elements, scaled by 1 / (1 - p), zeroes the rest; the same seed draws the same mask.
 // custom_function: the caller's forward (x * 2) and backward (g * 3) are what autograd uses; without grad no node
 // is recorded; a backward of the wrong shape is an Error naming the function.

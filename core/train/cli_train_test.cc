@@ -228,8 +228,9 @@ TEST_F(KeelTrain, EagerProfilePerEpochUnderTheEnvironmentVariable) {
   EXPECT_LT(out.find("epoch 1/2: "), p2) << out;
   const std::string first = out.substr(p1, p2 - p1);
   EXPECT_NE(first.find("keel.ConvGrad"), std::string::npos) << first;
-  // 192 images at batch 32: six training steps, so the convolution ran 6 times (evaluation's 50 images not counted).
-  const size_t conv = first.find("\nConv ");
+  // 192 images at batch 32: six training steps, so the convolution (with its ReLU fused: keel.FusedConv) ran 6 times
+  // (evaluation's 50 images not counted).
+  const size_t conv = first.find("\nkeel.FusedConv ");
   ASSERT_NE(conv, std::string::npos) << first;
   const std::string line = first.substr(conv + 1, first.find('\n', conv + 1) - conv - 1);
   EXPECT_NE(line.find(" 6 calls "), std::string::npos) << line;

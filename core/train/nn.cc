@@ -267,6 +267,7 @@ std::string conv_repr(const Conv2DOptions& o, bool transpose) {
     s += ", output_padding=" + pair_str(o.output_padding);
   if (o.groups != 1) s += ", groups=" + std::to_string(o.groups);
   if (!o.bias) s += ", bias=false";
+  if (o.relu && !transpose) s += ", relu";
   return s;
 }
 }  // namespace
@@ -281,6 +282,7 @@ Conv2D::Conv2D(Conv2DOptions o) : Module("Conv2D"), o_(o) {
 }
 
 Tensor Conv2D::forward(const Tensor& x) {
+  if (o_.relu) return eager::conv2d_relu(x, *weight_, *bias_, o_.stride, o_.padding, o_.dilation, o_.groups);
   return eager::conv2d(x, *weight_, *bias_, o_.stride, o_.padding, o_.dilation, o_.groups);
 }
 std::string Conv2D::extra_repr() const { return conv_repr(o_, false); }
@@ -288,6 +290,7 @@ std::string Conv2D::extra_repr() const { return conv_repr(o_, false); }
 ConvTranspose2D::ConvTranspose2D(Conv2DOptions o) : Module("ConvTranspose2D"), o_(o) {
   check_conv(o_, "ConvTranspose2D");
   if (o_.dilation != std::array<int64_t, 2>{1, 1}) fail("ConvTranspose2D: dilation other than 1 is not supported");
+  if (o_.relu) fail("ConvTranspose2D: relu is a Conv2D option (apply eager::relu to the output)");
   // PyTorch computes fan_in from weight.size(1) (= out/groups) for transposed convolutions too.
   const int64_t fan_in = o_.out_channels / o_.groups * o_.kernel[0] * o_.kernel[1];
   const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));

@@ -132,6 +132,13 @@ struct Conv2DOptions {
   std::array<int64_t, 2> stride{1, 1}, padding{0, 0}, dilation{1, 1}, output_padding{0, 0} /*transpose only*/;
   int64_t groups = 1;
   bool bias = true;
+  // Conv2D only: forward returns relu(conv(x)) through eager::conv2d_relu (one fused kernel where the device has one;
+  // Keras' activation="relu", Paddle fluid's act="relu").
+  bool relu = false;
+  Conv2DOptions& with_relu(bool on = true) {
+    relu = on;
+    return *this;
+  }
   Conv2DOptions& with_stride(int64_t s) {
     stride = {s, s};
     return *this;

@@ -107,7 +107,7 @@ const std::vector<TypedKernelInfo>& f32_kernels() {
     std::vector<TypedKernelInfo> r;
     for (auto* list : {&conv_kernels, &matmul_kernels, &misc_kernels})
       for (const auto& k : list())
-        r.push_back({k.domain, k.op_type, k.since_version, k.name, {KEEL_DTYPE_F32}, k.make, k.end_version});
+        r.push_back({k.domain, k.op_type, k.since_version, k.name, {KEEL_DTYPE_F32}, k.make, k.end_version, k.flags});
     return r;
   }();
   return v;

@@ -59,12 +59,12 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 class SimpleCNN : public nn::Module {
  public:
   SimpleCNN() : nn::Module("SimpleCNN") {
-    conv = register_module("conv", std::make_shared<nn::Conv2D>(1, 32, 3));
+    conv = register_module("conv", std::make_shared<nn::Conv2D>(nn::Conv2DOptions(1, 32, {3, 3}).with_relu()));
     pool = register_module("pool", std::make_shared<nn::MaxPool2D>(2));
     fc = register_module("fc", std::make_shared<nn::Linear>(32 * 13 * 13, 10));
   }
   eager::Tensor forward(const eager::Tensor& x) override {
-    return fc->forward(eager::flatten(pool->forward(eager::relu(conv->forward(x))), 1));
+    return fc->forward(eager::flatten(pool->forward(conv->forward(x)), 1));  // conv: relu fused
   }
   std::shared_ptr<nn::Conv2D> conv;
   std::shared_ptr<nn::MaxPool2D> pool;
@@ -76,16 +76,16 @@ class SimpleCNN : public nn::Module {
 class LeNet : public nn::Module {
  public:
   LeNet() : nn::Module("LeNet") {
-    conv1 = register_module("conv1", std::make_shared<nn::Conv2D>(1, 32, 3));
-    conv2 = register_module("conv2", std::make_shared<nn::Conv2D>(32, 64, 3));
+    conv1 = register_module("conv1", std::make_shared<nn::Conv2D>(nn::Conv2DOptions(1, 32, {3, 3}).with_relu()));
+    conv2 = register_module("conv2", std::make_shared<nn::Conv2D>(nn::Conv2DOptions(32, 64, {3, 3}).with_relu()));
     drop1 = register_module("drop1", std::make_shared<nn::Dropout>(0.25f));
     fc1 = register_module("fc1", std::make_shared<nn::Linear>(64 * 12 * 12, 128));
     drop2 = register_module("drop2", std::make_shared<nn::Dropout>(0.5f));
     fc2 = register_module("fc2", std::make_shared<nn::Linear>(128, 10));
   }
   eager::Tensor forward(const eager::Tensor& x) override {
-    auto h = eager::relu(conv1->forward(x));
-    h = eager::max_pool2d(eager::relu(conv2->forward(h)), {2, 2});
+    auto h = conv1->forward(x);  // the convolutions' ReLUs fused (Conv2DOptions::relu)
+    h = eager::max_pool2d(conv2->forward(h), {2, 2});
     h = eager::flatten(drop1->forward(h), 1);
     h = drop2->forward(eager::relu(fc1->forward(h)));
     return fc2->forward(h);

@@ -148,6 +148,37 @@ inline bool eltwise_algorithm(const std::string& op, const std::string& approxim
   return true;
 }
 
+// The activation of a fused op (keel.FusedConv's `activation` / `activation_params`, ops/reference/fused.cc) as one
+// eltwise post-op: "" (none), Relu, Sigmoid, Tanh, HardSwish, Gelu (erf), LeakyRelu {alpha}, Clip {min, max}.
+// Throws Reject for any other.
+struct FusedActivation {
+  bool set = false;
+  dnnl::algorithm alg = dnnl::algorithm::eltwise_relu;
+  float alpha = 0.f, beta = 0.f;
+  void append_to(dnnl::post_ops& po) const {
+    if (set) po.append_eltwise(1.f, alg, alpha, beta);
+  }
+};
+inline FusedActivation read_fused_activation(const Ctx& c) {
+  FusedActivation act;
+  const std::string a = c.attr_s("activation", "");
+  if (a.empty()) return act;
+  const keel_kernel_api_t* api = g_kernel_api.load(std::memory_order_relaxed);
+  const float* pv = nullptr;
+  size_t pn = 0;
+  std::vector<float> params;
+  if (api->attr_floats(c.raw(), "activation_params", &pv, &pn)) params.assign(pv, pv + pn);
+  if (a != "Relu" && a != "Sigmoid" && a != "Tanh" && a != "HardSwish" && a != "Gelu" && a != "LeakyRelu" &&
+      a != "Clip")
+    throw Reject{"activation " + a};
+  if (a == "Clip" && params.size() != 2) throw Reject{"Clip activation without {min, max}"};
+  act.set = true;
+  eltwise_algorithm(a, "none", &act.alg, &act.alpha, &act.beta);
+  if (a == "LeakyRelu") act.alpha = params.empty() ? 0.01f : params[0];
+  if (a == "Clip") act.alpha = params[0], act.beta = params[1];
+  return act;
+}
+
 // A memory object bound to a (possibly changing) user pointer.
 inline void bind(dnnl::memory& m, const void* p) { m.set_data_handle(const_cast<void*>(p)); }
 
@@ -159,6 +190,7 @@ struct KernelInfo {
   const char* name;  // "onednn_f32_conv"
   Kernel* (*make)();
   const char* domain = "";  // "" (ai.onnx) or "keel" (the fused ops of ops/schemas.cc)
+  uint32_t flags = 0;       // keel_kernel_def_t.flags (KEEL_KERNEL_FLAG_SECONDARY)
 };
 // One kernel registration of one environment: the user_data of its keel_kernel_def_t (held by the Instance).
 struct KernelEntry {
@@ -247,6 +279,7 @@ struct TypedKernelInfo {
   std::vector<int32_t> dtypes;
   Kernel* (*make)();
   int32_t end_version = 0;  // 0: every later opset version too
+  uint32_t flags = 0;       // keel_kernel_def_t.flags (KEEL_KERNEL_FLAG_SECONDARY)
 };
 keel_status_t register_kernel_table(Instance& instance, const std::vector<TypedKernelInfo>& table,
                                     bool dnnl_error_falls_back);

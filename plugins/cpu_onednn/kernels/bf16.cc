@@ -34,7 +34,7 @@ class ConvKernel : public Kernel {
  public:
   explicit ConvKernel(bool fused = false) : fused_(fused) {}
   void setup(Ctx& c) override {
-    if (fused_) read_activation(c);
+    if (fused_) act_ = read_fused_activation(c);
     has_z_ = fused_ && c.input_count() > 3 && c.has_input(3);
     for (int i = 0; i < c.input_count(); ++i)
       if (c.has_input(i) && c.dtype(i) != KEEL_DTYPE_BF16) throw Reject{"bf16 only"};
@@ -81,7 +81,7 @@ class ConvKernel : public Kernel {
                                         {dil_[0] - 1, dil_[1] - 1}, {pads_[0], pads_[1]}, {pads_[2], pads_[3]});
       dnnl::post_ops po;
       if (has_z_) po.append_sum(1.f);
-      if (act_set_) po.append_eltwise(1.f, act_, act_alpha_, act_beta_);
+      act_.append_to(po);
       dnnl::primitive_attr attr = user_scratchpad();
       attr.set_post_ops(po);
       dnnl::convolution_forward::primitive_desc pd(d, attr, eng);
@@ -125,32 +125,12 @@ class ConvKernel : public Kernel {
     s.wait();
   }
 
-  void read_activation(const Ctx& c) {
-    const std::string a = c.attr_s("activation", "");
-    const keel_kernel_api_t* api = g_kernel_api.load(std::memory_order_relaxed);
-    const float* pv = nullptr;
-    size_t pn = 0;
-    std::vector<float> params;
-    if (api->attr_floats(c.raw(), "activation_params", &pv, &pn)) params.assign(pv, pv + pn);
-    act_set_ = !a.empty();
-    if (a.empty()) return;
-    // The fused ops' activations (ops/reference/fused.cc); Gelu is the erf one.
-    if (a != "Relu" && a != "Sigmoid" && a != "Tanh" && a != "HardSwish" && a != "Gelu" && a != "LeakyRelu" &&
-        a != "Clip")
-      throw Reject{"activation " + a};
-    if (a == "Clip" && params.size() != 2) throw Reject{"Clip activation without {min, max}"};
-    eltwise_algorithm(a, "none", &act_, &act_alpha_, &act_beta_);
-    if (a == "LeakyRelu") act_alpha_ = params.empty() ? 0.01f : params[0];
-    if (a == "Clip") act_alpha_ = params[0], act_beta_ = params[1];
-  }
-
  private:
   bool fused_;
   int64_t group_ = 1;
   Dims strides_, dil_, pads_;
-  bool has_bias_ = false, has_z_ = false, act_set_ = false;
-  alg act_ = alg::eltwise_relu;
-  float act_alpha_ = 0.f, act_beta_ = 0.f;
+  bool has_bias_ = false, has_z_ = false;
+  FusedActivation act_;
   PlanCache<Plan> plans_;
 };
 

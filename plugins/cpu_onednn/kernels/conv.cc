@@ -1,5 +1,6 @@
 // plugins/cpu_onednn/kernels/conv.cc — Conv and ConvTranspose (f32, 1-D/2-D/3-D, groups, depthwise, dilations,
-// pads, auto_pad, bias) on oneDNN convolution/deconvolution primitives.
+// pads, auto_pad, bias) on oneDNN convolution/deconvolution primitives, and keel.FusedConv without a residual (the
+// activation as an eltwise post-op: eager's conv2d_relu runs on it).
 //
 // The primitive chooses its own layouts (format_tag::any): activations usually go to nChw16c / nChw8c and weights
 // to a blocked layout. Constant weights are reordered into that layout once per plan (per input shape); the
@@ -94,11 +95,17 @@ struct ConvPlan {
 // Conv (is_transpose = false) and ConvTranspose (true).
 class ConvKernel : public Kernel {
  public:
-  explicit ConvKernel(bool transpose) : transpose_(transpose) {}
+  // fused: keel.FusedConv (act(conv(X, W) + B)), the activation as an eltwise post-op; a residual Z is left to the
+  // chains and the reference kernel.
+  explicit ConvKernel(bool transpose, bool fused = false) : transpose_(transpose), fused_(fused) {}
 
   void setup(Ctx& c) override {
     if (c.dtype(0) != KEEL_DTYPE_F32 || c.dtype(1) != KEEL_DTYPE_F32) throw Reject{"f32 only"};
     if (c.has_input(2) && c.dtype(2) != KEEL_DTYPE_F32) throw Reject{"f32 bias only"};
+    if (fused_) {
+      if (c.input_count() > 3 && c.has_input(3)) throw Reject{"residual Z"};
+      act_ = read_fused_activation(c);
+    }
     if (!c.rank_known(0)) throw Reject{"input rank unknown"};
     if (!c.dims_known(1)) throw Reject{"weight shape unknown"};
     rank_ = static_cast<int>(c.dims(0).size());
@@ -182,10 +189,10 @@ class ConvKernel : public Kernel {
 
  private:
   // Switches `p` to its forward_training primitive (ConvPlan::varying); stays on the cached transform if refused.
-  static void start_varying(ConvPlan& p) {
+  void start_varying(ConvPlan& p) const {
     if (!p.varying_desc) return;
     try {
-      dnnl::convolution_forward::primitive_desc pd(*p.varying_desc, user_scratchpad(), engine());
+      dnnl::convolution_forward::primitive_desc pd(*p.varying_desc, primitive_attr(), engine());
       if (pd.src_desc() != p.src_prim.get_desc() || pd.dst_desc() != p.dst_prim.get_desc()) throw Reject{"layouts"};
       p.varying_prim = dnnl::convolution_forward(pd);
       p.varying_wei = dnnl::memory(pd.weights_desc(), engine(), nullptr);
@@ -196,6 +203,17 @@ class ConvKernel : public Kernel {
     } catch (const dnnl::error&) {
     } catch (const Reject&) {}
     p.varying_desc.reset();
+  }
+
+  // The primitives' attributes: a user scratchpad (scratchpad.h) and the fused activation.
+  dnnl::primitive_attr primitive_attr() const {
+    dnnl::primitive_attr attr = user_scratchpad();
+    if (act_.set) {
+      dnnl::post_ops po;
+      act_.append_to(po);
+      attr.set_post_ops(po);
+    }
+    return attr;
   }
 
   std::unique_ptr<ConvPlan> build(const Ctx& c, const Dims& x) {
@@ -254,7 +272,7 @@ class ConvKernel : public Kernel {
           dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_winograd,
                                             src_any, wei_any, has_bias_ ? bias_md : none, dst_any, to_dnnl(g.strides),
                                             minus_one(g.dilations), to_dnnl(g.pads_l), to_dnnl(g.pads_r));
-          pd = std::make_unique<dnnl::convolution_forward::primitive_desc>(d, user_scratchpad(), eng);
+          pd = std::make_unique<dnnl::convolution_forward::primitive_desc>(d, primitive_attr(), eng);
         } catch (const dnnl::error&) {
           pd.reset();
         }
@@ -263,7 +281,7 @@ class ConvKernel : public Kernel {
         dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, sm,
                                           wei_any, has_bias_ ? bias_md : none, dm, to_dnnl(g.strides),
                                           minus_one(g.dilations), to_dnnl(g.pads_l), to_dnnl(g.pads_r));
-        return std::make_unique<dnnl::convolution_forward::primitive_desc>(d, user_scratchpad(), eng);
+        return std::make_unique<dnnl::convolution_forward::primitive_desc>(d, primitive_attr(), eng);
       };
       // The activations arrive and leave in the plain layout, so the primitive's own layouts cost reorders around it.
       // Left to choose (`any`), oneDNN 2.6 takes brgconv over nhwc, whose reorders from and to nchw are plain
@@ -358,7 +376,8 @@ class ConvKernel : public Kernel {
     return p;
   }
 
-  bool transpose_;
+  bool transpose_, fused_;
+  FusedActivation act_;
   int rank_ = 0;
   int64_t group_ = 1;
   Dims w_dims_;
@@ -373,6 +392,10 @@ std::vector<KernelInfo> conv_kernels() {
   return {
       {"Conv", 1, 0, "onednn_f32_conv", [] { return static_cast<Kernel*>(new ConvKernel(false)); }},
       {"ConvTranspose", 1, 0, "onednn_f32_convtranspose", [] { return static_cast<Kernel*>(new ConvKernel(true)); }},
+      // Secondary (KEEL_KERNEL_FLAG_SECONDARY): ranked below Conv, so that fuse_conv_activation leaves sessions' Conv +
+      // activation to the chains, which fuse them in their own layouts; eager's conv2d_relu runs on it.
+      {"FusedConv", 1, 0, "onednn_f32_keel_fusedconv", [] { return static_cast<Kernel*>(new ConvKernel(false, true)); },
+       "keel", KEEL_KERNEL_FLAG_SECONDARY},
   };
 }
 

@@ -488,11 +488,18 @@ class ConvGradKernel : public Kernel {
 
 // ---------------------------------------------------------------------------------------------- bf16 Conv forward
 
+// Also keel.FusedConv without a residual (fused = true; the activation as an eltwise post-op): eager's conv2d_relu
+// under bf16 autocast.
 class ConvBf16Kernel : public Kernel {
  public:
+  explicit ConvBf16Kernel(bool fused = false) : fused_(fused) {}
   void setup(Ctx& c) override {
     for (int i = 0; i < c.input_count(); ++i)
       if (c.has_input(i) && c.dtype(i) != KEEL_DTYPE_BF16) throw Reject{"bf16 only"};
+    if (fused_) {
+      if (c.input_count() > 3 && c.has_input(3)) throw Reject{"residual Z"};
+      act_ = read_fused_activation(c);
+    }
     if (!c.rank_known(0) || c.dims(0).size() != 4 || !c.dims_known(1) || c.dims(1).size() != 4)
       throw Reject{"2-D only"};
     if (c.attr_s("auto_pad", "NOTSET") != "NOTSET") throw Reject{"auto_pad"};
@@ -528,7 +535,13 @@ class ConvBf16Kernel : public Kernel {
       dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, src_any,
                                         wei_any, has_bias_ ? bias_md : none, dst_any, to_dnnl(strides_),
                                         {dil_[0] - 1, dil_[1] - 1}, {pads_[0], pads_[1]}, {pads_[2], pads_[3]});
-      dnnl::convolution_forward::primitive_desc pd(d, user_scratchpad(), eng);
+      dnnl::primitive_attr attr = user_scratchpad();
+      if (act_.set) {
+        dnnl::post_ops po;
+        act_.append_to(po);
+        attr.set_post_ops(po);
+      }
+      dnnl::convolution_forward::primitive_desc pd(d, attr, eng);
       pl->src.make(dnnl::memory::desc(to_dnnl(x), dt::bf16, tag::nchw), pd.src_desc(), true);
       pl->wei.make(dnnl::memory::desc(to_dnnl(wei), dt::bf16, group_ > 1 ? tag::goihw : tag::oihw), pd.weights_desc(),
                    true);
@@ -553,6 +566,8 @@ class ConvBf16Kernel : public Kernel {
   }
 
  private:
+  bool fused_;
+  FusedActivation act_;
   int64_t group_ = 1;
   Dims strides_, dil_, pads_;
   bool has_bias_ = false;
@@ -1079,6 +1094,15 @@ const std::vector<TypedKernelInfo>& train_kernels() {
        {KEEL_DTYPE_F32},
        [] { return static_cast<Kernel*>(new SoftmaxCrossEntropyKernel); }},
       {"", "Conv", 1, "onednn_bf16_conv", {KEEL_DTYPE_BF16}, [] { return static_cast<Kernel*>(new ConvBf16Kernel); }},
+      // Secondary: sessions keep their bf16 Conv + activation for the chains (KEEL_KERNEL_FLAG_SECONDARY).
+      {"keel",
+       "FusedConv",
+       1,
+       "onednn_bf16_keel_fusedconv_train",
+       {KEEL_DTYPE_BF16},
+       [] { return static_cast<Kernel*>(new ConvBf16Kernel(true)); },
+       0,
+       KEEL_KERNEL_FLAG_SECONDARY},
       {"",
        "Gemm",
        7,
@@ -1137,6 +1161,7 @@ keel_status_t register_kernel_table(Instance& instance, const std::vector<TypedK
     def.create = create_kernel;
     def.compute = dnnl_error_falls_back ? compute_kernel_falling_back : compute_kernel_failing;
     def.release = release_kernel;
+    def.flags = info.flags;
     if (keel_status_t st = instance.host->register_kernel(instance.handle, &def)) return st;
   }
   return nullptr;
