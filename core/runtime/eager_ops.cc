@@ -171,13 +171,14 @@ Tensor conv2d_relu(const Tensor& x, const Tensor& w, const Tensor& b, std::array
   need_rank(x, 4, "conv2d_relu", "input");
   need_rank(w, 4, "conv2d_relu", "weight");
   if (groups <= 0) fail(invalid_argument("conv2d_relu: groups must be positive"));
-  // Where no kernel takes the fused op (a device without one, or one that takes it only with constant weights, as
-  // the oneDNN plugin's bf16 kernel), the two ops run; remembered per device and dtype, so it is tried once.
+  // Where no kernel takes the fused op (a device without one), the two ops run; remembered per environment, device and
+  // dtype, so it is tried once.
   static std::mutex mu;
   static std::set<std::string> lacking;
   const DType at = autocast_dtype() != DType::kUndefined ? autocast_dtype() : x.dtype();
   if (at != DType::kF32 && at != DType::kF16 && at != DType::kBF16) return unfused();  // the fused ops' dtypes
-  const std::string key = x.device() + "|" + dtype_name(at);
+  const std::string key =
+      std::to_string(reinterpret_cast<uintptr_t>(&environment())) + "|" + x.device() + "|" + dtype_name(at);
   {
     std::lock_guard<std::mutex> lock(mu);
     if (lacking.count(key)) return unfused();
