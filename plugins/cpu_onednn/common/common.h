@@ -158,6 +158,16 @@ struct FusedActivation {
   void append_to(dnnl::post_ops& po) const {
     if (set) po.append_eltwise(1.f, alg, alpha, beta);
   }
+  // A primitive's attributes with a user scratchpad (scratchpad.h) and this activation as its only post-op.
+  dnnl::primitive_attr attr() const {
+    dnnl::primitive_attr a = user_scratchpad();
+    if (set) {
+      dnnl::post_ops po;
+      append_to(po);
+      a.set_post_ops(po);
+    }
+    return a;
+  }
 };
 inline FusedActivation read_fused_activation(const Ctx& c) {
   FusedActivation act;

@@ -192,7 +192,7 @@ class ConvKernel : public Kernel {
   void start_varying(ConvPlan& p) const {
     if (!p.varying_desc) return;
     try {
-      dnnl::convolution_forward::primitive_desc pd(*p.varying_desc, primitive_attr(), engine());
+      dnnl::convolution_forward::primitive_desc pd(*p.varying_desc, act_.attr(), engine());
       if (pd.src_desc() != p.src_prim.get_desc() || pd.dst_desc() != p.dst_prim.get_desc()) throw Reject{"layouts"};
       p.varying_prim = dnnl::convolution_forward(pd);
       p.varying_wei = dnnl::memory(pd.weights_desc(), engine(), nullptr);
@@ -203,17 +203,6 @@ class ConvKernel : public Kernel {
     } catch (const dnnl::error&) {
     } catch (const Reject&) {}
     p.varying_desc.reset();
-  }
-
-  // The primitives' attributes: a user scratchpad (scratchpad.h) and the fused activation.
-  dnnl::primitive_attr primitive_attr() const {
-    dnnl::primitive_attr attr = user_scratchpad();
-    if (act_.set) {
-      dnnl::post_ops po;
-      act_.append_to(po);
-      attr.set_post_ops(po);
-    }
-    return attr;
   }
 
   std::unique_ptr<ConvPlan> build(const Ctx& c, const Dims& x) {
@@ -272,7 +261,7 @@ class ConvKernel : public Kernel {
           dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_winograd,
                                             src_any, wei_any, has_bias_ ? bias_md : none, dst_any, to_dnnl(g.strides),
                                             minus_one(g.dilations), to_dnnl(g.pads_l), to_dnnl(g.pads_r));
-          pd = std::make_unique<dnnl::convolution_forward::primitive_desc>(d, primitive_attr(), eng);
+          pd = std::make_unique<dnnl::convolution_forward::primitive_desc>(d, act_.attr(), eng);
         } catch (const dnnl::error&) {
           pd.reset();
         }
@@ -281,7 +270,7 @@ class ConvKernel : public Kernel {
         dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, sm,
                                           wei_any, has_bias_ ? bias_md : none, dm, to_dnnl(g.strides),
                                           minus_one(g.dilations), to_dnnl(g.pads_l), to_dnnl(g.pads_r));
-        return std::make_unique<dnnl::convolution_forward::primitive_desc>(d, primitive_attr(), eng);
+        return std::make_unique<dnnl::convolution_forward::primitive_desc>(d, act_.attr(), eng);
       };
       // The activations arrive and leave in the plain layout, so the primitive's own layouts cost reorders around it.
       // Left to choose (`any`), oneDNN 2.6 takes brgconv over nhwc, whose reorders from and to nchw are plain

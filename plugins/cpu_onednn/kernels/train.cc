@@ -535,13 +535,7 @@ class ConvBf16Kernel : public Kernel {
       dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, src_any,
                                         wei_any, has_bias_ ? bias_md : none, dst_any, to_dnnl(strides_),
                                         {dil_[0] - 1, dil_[1] - 1}, {pads_[0], pads_[1]}, {pads_[2], pads_[3]});
-      dnnl::primitive_attr attr = user_scratchpad();
-      if (act_.set) {
-        dnnl::post_ops po;
-        act_.append_to(po);
-        attr.set_post_ops(po);
-      }
-      dnnl::convolution_forward::primitive_desc pd(d, attr, eng);
+      dnnl::convolution_forward::primitive_desc pd(d, act_.attr(), eng);
       pl->src.make(dnnl::memory::desc(to_dnnl(x), dt::bf16, tag::nchw), pd.src_desc(), true);
       pl->wei.make(dnnl::memory::desc(to_dnnl(wei), dt::bf16, group_ > 1 ? tag::goihw : tag::oihw), pd.weights_desc(),
                    true);
