@@ -240,57 +240,68 @@ TEST_F(EagerTest, ReluUnderMaxPoolFoldsItsBackward) {
 // conv2d_relu is relu(conv2d(...)) in one keel.FusedConv kernel: same outputs and gradients (x, w, b) as the two
 // ops, on the reference kernels and on the plugins (oneDNN's FusedConv, its Relu a post-op), alone and under a
 // MaxPool, whose fold then runs the Relu's backward over the pooled tensor and the FusedConv's backward skips its
-// own; the forward runs no Relu. A Tracer records Conv and Relu; an f64 input runs the two ops.
+// own; the forward runs no Relu. Two shapes: 16 input channels (oneDNN's primitive) and one, padded, with 20 output
+// channels (the oneDNN plugin's stem kernel: blocks of 8 channels and single ones, the padded copy). A Tracer
+// records Conv and Relu; an f64 input runs the two ops.
 TEST_F(EagerTest, Conv2dReluIsReluOfConv2dInOneKernel) {
   setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
   auto plugins = Environment::create();
   ASSERT_TRUE(plugins.is_ok()) << plugins.status().to_string();
   std::shared_ptr<Environment> penv(std::move(plugins).value());
+  struct Layer {
+    int64_t in, out, pad;
+  };
   for (bool on_plugins : {false, true}) {
     if (on_plugins) init(penv, 1);
-    for (bool pool : {false, true}) {
-      const std::string what = std::string(on_plugins ? "plugins" : "reference") + (pool ? ", max pool" : "");
-      manual_seed(21);
-      Tensor x = randn({2, 16, 10, 10}).requires_grad_(), w = randn({32, 16, 3, 3}, 0.2f).requires_grad_(),
-             b = randn({32}, 0.1f).requires_grad_();
-      Tensor weights = rand_uniform(pool ? Shape{2, 32, 4, 4} : Shape{2, 32, 8, 8}, 0.5f, 1.5f);
-      struct Run {
-        std::vector<float> y, dx, dw, db;
-        std::string report;
-      };
-      auto run = [&](bool fused) {
-        for (Tensor* t : {&x, &w, &b}) t->zero_grad();
-        set_profiling(true);
-        (void)profile_report();  // clears the counters
-        Tensor y = fused ? conv2d_relu(x, w, b) : relu(conv2d(x, w, b));
-        if (pool) y = max_pool2d(y, {2, 2});
-        sum(y * weights).backward();
-        Run r{y.to_vector<float>(), x.grad().to_vector<float>(), w.grad().to_vector<float>(),
-              b.grad().to_vector<float>(), profile_report()};
-        set_profiling(false);
-        return r;
-      };
-      const Run fused = run(true), apart = run(false);
-      auto near = [&](const std::vector<float>& got, const std::vector<float>& want, const char* name) {
-        ASSERT_EQ(got.size(), want.size()) << what << " " << name;
-        for (size_t i = 0; i < want.size(); ++i)
-          ASSERT_NEAR(got[i], want[i], 1e-4 * (1 + std::abs(want[i]))) << what << " " << name << " element " << i;
-      };
-      near(fused.y, apart.y, "y");
-      near(fused.dx, apart.dx, "dx");
-      near(fused.dw, apart.dw, "dw");
-      near(fused.db, apart.db, "db");
-      EXPECT_NE(fused.report.find("keel.FusedConv"), std::string::npos) << what << "\n" << fused.report;
-      bool relu_ran = false, relu_grad_full = false;
-      std::istringstream lines(fused.report);
-      for (std::string line; std::getline(lines, line);) {
-        relu_ran = relu_ran || line.rfind("Relu ", 0) == 0;
-        if (line.find("ReluGrad") != std::string::npos)
-          relu_grad_full = relu_grad_full || line.find("[2, 32, 8, 8]") != std::string::npos;
+    for (const Layer& l : {Layer{16, 32, 0}, Layer{1, 20, 1}})
+      for (bool pool : {false, true}) {
+        const std::string what = std::string(on_plugins ? "plugins" : "reference") + ", " + std::to_string(l.in) +
+                                 " -> " + std::to_string(l.out) + (pool ? ", max pool" : "");
+        manual_seed(21);
+        Tensor x = randn({2, l.in, 10, 10}).requires_grad_(), w = randn({l.out, l.in, 3, 3}, 0.2f).requires_grad_(),
+               b = randn({l.out}, 0.1f).requires_grad_();
+        const int64_t side = 8 + 2 * l.pad;  // the convolution's output
+        const std::string full =
+            "[2, " + std::to_string(l.out) + ", " + std::to_string(side) + ", " + std::to_string(side) + "]";
+        Tensor weights = rand_uniform({2, l.out, pool ? side / 2 : side, pool ? side / 2 : side}, 0.5f, 1.5f);
+        struct Run {
+          std::vector<float> y, dx, dw, db;
+          std::string report;
+        };
+        auto run = [&](bool fused) {
+          for (Tensor* t : {&x, &w, &b}) t->zero_grad();
+          set_profiling(true);
+          (void)profile_report();  // clears the counters
+          const std::array<int64_t, 2> pad{l.pad, l.pad};
+          Tensor y = fused ? conv2d_relu(x, w, b, {1, 1}, pad) : relu(conv2d(x, w, b, {1, 1}, pad));
+          if (pool) y = max_pool2d(y, {2, 2});
+          sum(y * weights).backward();
+          Run r{y.to_vector<float>(), x.grad().to_vector<float>(), w.grad().to_vector<float>(),
+                b.grad().to_vector<float>(), profile_report()};
+          set_profiling(false);
+          return r;
+        };
+        const Run fused = run(true), apart = run(false);
+        auto near = [&](const std::vector<float>& got, const std::vector<float>& want, const char* name) {
+          ASSERT_EQ(got.size(), want.size()) << what << " " << name;
+          for (size_t i = 0; i < want.size(); ++i)
+            ASSERT_NEAR(got[i], want[i], 1e-4 * (1 + std::abs(want[i]))) << what << " " << name << " element " << i;
+        };
+        near(fused.y, apart.y, "y");
+        near(fused.dx, apart.dx, "dx");
+        near(fused.dw, apart.dw, "dw");
+        near(fused.db, apart.db, "db");
+        EXPECT_NE(fused.report.find("keel.FusedConv"), std::string::npos) << what << "\n" << fused.report;
+        bool relu_ran = false, relu_grad_full = false;
+        std::istringstream lines(fused.report);
+        for (std::string line; std::getline(lines, line);) {
+          relu_ran = relu_ran || line.rfind("Relu ", 0) == 0;
+          if (line.find("ReluGrad") != std::string::npos)
+            relu_grad_full = relu_grad_full || line.find(full) != std::string::npos;
+        }
+        EXPECT_FALSE(relu_ran) << what << "\n" << fused.report;
+        EXPECT_EQ(relu_grad_full, !pool) << what << ": the fold runs ReluGrad over the pooled tensor\n" << fused.report;
       }
-      EXPECT_FALSE(relu_ran) << what << "\n" << fused.report;
-      EXPECT_EQ(relu_grad_full, !pool) << what << ": the fold runs ReluGrad over the pooled tensor\n" << fused.report;
-    }
   }
   {
     // Under bf16 autocast on the plugins (oneDNN's bf16 FusedConv takes constant weights only): runs, as the two ops.
