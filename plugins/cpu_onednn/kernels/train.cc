@@ -1088,7 +1088,9 @@ const std::vector<TypedKernelInfo>& train_kernels() {
        {KEEL_DTYPE_F32},
        [] { return static_cast<Kernel*>(new SoftmaxCrossEntropyKernel); }},
       {"", "Conv", 1, "onednn_bf16_conv", {KEEL_DTYPE_BF16}, [] { return static_cast<Kernel*>(new ConvBf16Kernel); }},
-      // Secondary: sessions keep their bf16 Conv + activation for the chains (KEEL_KERNEL_FLAG_SECONDARY).
+      // Runtime weights (eager's conv2d_relu under bf16 autocast); secondary as the f32 one
+      // (KEEL_KERNEL_FLAG_SECONDARY), so a session's bf16 keel.FusedConv goes to kernels/bf16.cc's constant-weight
+      // kernel first whatever the order.
       {"keel",
        "FusedConv",
        1,
