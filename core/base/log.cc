@@ -26,9 +26,15 @@ Scope::~Scope() { t_current = previous_; }
 
 const Target* current() { return t_current; }
 
+spdlog::logger* default_logger() {
+  static const bool built = (spdlog::default_logger_raw() != nullptr);
+  (void)built;
+  return spdlog::default_logger_raw();
+}
+
 bool enabled(spdlog::level::level_enum level) {
   if (const Target* t = t_current; t != nullptr && t->has_callback()) return keel_level(level) >= t->min_level();
-  return spdlog::default_logger_raw()->should_log(level);
+  return default_logger()->should_log(level);
 }
 
 void write(spdlog::level::level_enum level, std::string_view message, const Target* target) {
@@ -37,7 +43,7 @@ void write(spdlog::level::level_enum level, std::string_view message, const Targ
     target->write(keel_level(level), std::string(message));
     return;
   }
-  spdlog::default_logger_raw()->log(level, "{}", message);
+  default_logger()->log(level, "{}", message);
 }
 
 }  // namespace keel::log

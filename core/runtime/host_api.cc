@@ -507,7 +507,7 @@ void h_log(keel_plugin_handle_t* p, int32_t level, const char* message) {
   if (target != nullptr && target->has_callback()) {
     log::write(lvl, fmt::format("[{}] {}", name, message ? message : ""), target);
   } else {
-    spdlog::default_logger_raw()->log(lvl, "[{}] {}", name, message ? message : "");
+    log::default_logger()->log(lvl, "[{}] {}", name, message ? message : "");
   }
 }
 
