@@ -52,12 +52,12 @@ class Scope {
 
 // The calling thread's target (nullptr when none).
 const Target* current();
-// Whether a message of `level` would go anywhere (cheap; check before formatting).
 // spdlog's default logger (spdlog::default_logger_raw()), its registry first built under a guard of Keel's own code:
 // libspdlog holds the registry in a function-local static whose guard check is inlined there, uninstrumented, so under
 // ThreadSanitizer a thread that found the registry built by another read the logger with no happens-before TSan could
 // see (a false data race on the logger's level, two ranks' first warnings at once, 2026-12-05).
 spdlog::logger* default_logger();
+// Whether a message of `level` would go anywhere (cheap; check before formatting).
 bool enabled(spdlog::level::level_enum level);
 // Routes one formatted message: to `target` (or current()) when it has a callback, else to spdlog's default logger.
 void write(spdlog::level::level_enum level, std::string_view message, const Target* target = nullptr);
