@@ -318,12 +318,16 @@ std::map<std::string, Attribute> conv_attrs(const Node& n) {
     if (const Attribute* v = n.attr(k)) a[k] = *v;
   return a;
 }
-Status g_conv(B& b) {
-  bool bias = b.has_input(2);
-  auto outs = b.op_n("ConvGrad", {B::dy(0), B::x(0), B::x(1)}, 3, conv_attrs(b.node()),
+// X, W and B's gradients of a convolution from its output's gradient `dy` (one keel.ConvGrad).
+void conv_input_grads(B& b, const std::string& dy) {
+  const bool bias = b.has_input(2);
+  auto outs = b.op_n("ConvGrad", {dy, B::x(0), B::x(1)}, 3, conv_attrs(b.node()),
                      {b.needs(0), b.needs(1), bias && b.needs(2)}, "keel");
   for (size_t i = 0; i < 3; ++i)
     if (!outs[i].empty()) b.grad(i, outs[i]);
+}
+Status g_conv(B& b) {
+  conv_input_grads(b, B::dy(0));
   return Status::ok();
 }
 // keel.FusedConv = act(conv(X, W) + B + Z) with no activation or Relu (eager's conv2d_relu): the pre-activation
@@ -335,11 +339,7 @@ Status g_fused_conv(B& b) {
   if (!act.empty() && act != "Relu")
     return unimplemented("FusedConv: no gradient for activation '" + act + "' (only none and Relu)");
   const std::string pre = act.empty() ? B::dy(0) : b.op("ReluGrad", {B::dy(0), B::y(0)}, {}, "keel");
-  const bool bias = b.has_input(2);
-  auto outs = b.op_n("ConvGrad", {pre, B::x(0), B::x(1)}, 3, conv_attrs(b.node()),
-                     {b.needs(0), b.needs(1), bias && b.needs(2)}, "keel");
-  for (size_t i = 0; i < 3; ++i)
-    if (!outs[i].empty()) b.grad(i, outs[i]);
+  conv_input_grads(b, pre);
   if (b.has_input(3) && b.needs(3)) b.grad(3, pre);
   return Status::ok();
 }

@@ -150,17 +150,25 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   return b.defined() ? y + b : y;
 }
 
+namespace {
+// Conv's attributes for conv2d and conv2d_relu (symmetric padding, PyTorch's).
+std::map<std::string, Attribute> conv2d_attrs(const Tensor& w, std::array<int64_t, 2> stride,
+                                              std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation,
+                                              int64_t groups) {
+  return {{"strides", ais({stride[0], stride[1]})},
+          {"pads", ais({padding[0], padding[1], padding[0], padding[1]})},
+          {"dilations", ais({dilation[0], dilation[1]})},
+          {"group", ai(groups)},
+          {"kernel_shape", ais({w.dim(2), w.dim(3)})}};
+}
+}  // namespace
+
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, std::array<int64_t, 2> stride,
               std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation, int64_t groups) {
   need_rank(x, 4, "conv2d", "input");
   need_rank(w, 4, "conv2d", "weight");
   if (groups <= 0) fail(invalid_argument("conv2d: groups must be positive"));
-  return apply1("Conv", {x, w, b},
-                {{"strides", ais({stride[0], stride[1]})},
-                 {"pads", ais({padding[0], padding[1], padding[0], padding[1]})},
-                 {"dilations", ais({dilation[0], dilation[1]})},
-                 {"group", ai(groups)},
-                 {"kernel_shape", ais({w.dim(2), w.dim(3)})}});
+  return apply1("Conv", {x, w, b}, conv2d_attrs(w, stride, padding, dilation, groups));
 }
 
 Tensor conv2d_relu(const Tensor& x, const Tensor& w, const Tensor& b, std::array<int64_t, 2> stride,
@@ -184,14 +192,9 @@ Tensor conv2d_relu(const Tensor& x, const Tensor& w, const Tensor& b, std::array
     if (lacking.count(key)) return unfused();
   }
   try {
-    return apply1("FusedConv", {x, w, b},
-                  {{"strides", ais({stride[0], stride[1]})},
-                   {"pads", ais({padding[0], padding[1], padding[0], padding[1]})},
-                   {"dilations", ais({dilation[0], dilation[1]})},
-                   {"group", ai(groups)},
-                   {"kernel_shape", ais({w.dim(2), w.dim(3)})},
-                   {"activation", Attribute::of_string("Relu")}},
-                  "keel");
+    auto attrs = conv2d_attrs(w, stride, padding, dilation, groups);
+    attrs["activation"] = Attribute::of_string("Relu");
+    return apply1("FusedConv", {x, w, b}, attrs, "keel");
   } catch (const Error& e) {
     if (e.status().code() != StatusCode::kUnimplemented) throw;
     log::debug("conv2d_relu: no fused kernel on {} for {} ({}); Conv and Relu run apart", x.device(), dtype_name(at),
