@@ -343,6 +343,25 @@ Status g_fused_conv(B& b) {
   if (b.has_input(3) && b.needs(3)) b.grad(3, pre);
   return Status::ok();
 }
+// keel.FusedConvMaxPool (eager's conv2d_relu_max_pool2d): one keel.FusedConvMaxPoolGrad from dP, X, W, the pooled
+// output P and the window positions Arg (output 1, which the forward makes when a gradient is wanted).
+Status g_fused_conv_max_pool(B& b) {
+  const Attribute* a = b.node().attr("activation");
+  const std::string act = a ? a->s : std::string();
+  if (!act.empty() && act != "Relu")
+    return unimplemented("FusedConvMaxPool: no gradient for activation '" + act + "' (only none and Relu)");
+  if (b.num_outputs() < 2 || b.out(1).dtype != DType::kU8)
+    return unimplemented("FusedConvMaxPool: its gradient needs the window positions (output Arg)");
+  auto attrs = conv_attrs(b.node());
+  for (const char* k : {"activation", "pool_kernel_shape", "pool_strides"})
+    if (const Attribute* v = b.node().attr(k)) attrs[k] = *v;
+  const bool bias = b.has_input(2);
+  auto outs = b.op_n("FusedConvMaxPoolGrad", {B::dy(0), B::x(0), B::x(1), B::y(0), B::y(1)}, 3, attrs,
+                     {b.needs(0), b.needs(1), bias && b.needs(2)}, "keel");
+  for (size_t i = 0; i < 3; ++i)
+    if (!outs[i].empty()) b.grad(i, outs[i]);
+  return Status::ok();
+}
 Status g_conv_transpose(B& b) {
   const Node& n = b.node();
   if (n.attr("output_shape") || (n.attr("auto_pad") && n.attr("auto_pad")->s != "NOTSET"))
@@ -535,6 +554,7 @@ const RuleEntry kRules[] = {
     {"", "SoftmaxCrossEntropyLoss", g_softmax_cross_entropy},
     {"keel", "Gelu", g_gelu},
     {"keel", "FusedConv", g_fused_conv},
+    {"keel", "FusedConvMaxPool", g_fused_conv_max_pool},
     {"keel", "BatchNormTraining", g_batch_norm_training},
 };
 

@@ -3,6 +3,7 @@
 #include <onnx/defs/schema.h>
 #include <onnx/defs/shape_inference.h>
 
+#include <algorithm>
 #include <mutex>
 
 namespace keel::ops {
@@ -42,6 +43,7 @@ struct GradIO {
   const char* name;
   bool optional = false;
   bool integer = false;
+  bool byte = false;  // uint8 (type Tb)
 };
 void register_grad_op(const char* name, const char* doc, std::vector<GradIO> ins, std::vector<GradIO> outs,
                       std::vector<int> shape_from) {
@@ -49,8 +51,13 @@ void register_grad_op(const char* name, const char* doc, std::vector<GradIO> ins
   s.SetName(name).SetDomain("keel").SinceVersion(1).SetDoc(doc).AllowUncheckedAttributes();
   s.TypeConstraint("T", float_types(), "float tensors");
   s.TypeConstraint("Tind", {"tensor(int32)", "tensor(int64)"}, "indices / labels");
+  if (std::any_of(ins.begin(), ins.end(), [](const GradIO& io) { return io.byte; }))
+    s.TypeConstraint("Tb", {"tensor(uint8)"}, "window positions");
   for (size_t i = 0; i < ins.size(); ++i)
-    s.Input(static_cast<int>(i), ins[i].name, "", ins[i].integer ? "Tind" : "T",
+    s.Input(static_cast<int>(i), ins[i].name, "",
+            ins[i].integer ? "Tind"
+            : ins[i].byte  ? "Tb"
+                           : "T",
             ins[i].optional ? OpSchema::Optional : OpSchema::Single);
   for (size_t i = 0; i < outs.size(); ++i)
     s.Output(static_cast<int>(i), outs[i].name, "", "T", outs[i].optional ? OpSchema::Optional : OpSchema::Single);
@@ -87,6 +94,37 @@ void register_keel_schemas() {
         .Input(3, "Z", "residual", "T", OpSchema::Optional)
         .TypeAndShapeInferenceFunction(borrowed_inference("Conv", 11));
     register_one(conv);
+
+    // eager's conv2d_relu_max_pool2d: the convolution's output is pooled inside the kernel and never stored whole.
+    OpSchema cmp = fused("FusedConvMaxPool",
+                         "MaxPool(act(conv(X, W) + B)): Conv's attributes plus activation (none or Relu), 2-D "
+                         "pool_kernel_shape and pool_strides (default: the window; no padding, floor); output Arg "
+                         "(uint8, optional): each window's first maximum as kh * window width + kw");
+    cmp.Input(0, "X", "input", "T")
+        .Input(1, "W", "weights", "T")
+        .Input(2, "B", "bias", "T", OpSchema::Optional)
+        .Output(1, "Arg", "window positions of the maxima", "Tb", OpSchema::Optional)
+        .TypeConstraint("Tb", {"tensor(uint8)"}, "window positions")
+        .TypeAndShapeInferenceFunction([conv = borrowed_inference("Conv", 11)](onnx::InferenceContext& ctx) {
+          conv(ctx);
+          auto* y = ctx.getOutputType(0)->mutable_tensor_type();
+          const auto* ks = ctx.getAttribute("pool_kernel_shape");
+          const auto* st = ctx.getAttribute("pool_strides");
+          if (y->has_shape() && y->shape().dim_size() == 4 && ks != nullptr && ks->ints_size() == 2)
+            for (int i = 0; i < 2; ++i) {
+              auto* d = y->mutable_shape()->mutable_dim(2 + i);
+              const int64_t k = ks->ints(i), s = st != nullptr && st->ints_size() == 2 ? st->ints(i) : k;
+              if (d->has_dim_value() && k > 0 && s > 0 && d->dim_value() >= k)
+                d->set_dim_value((d->dim_value() - k) / s + 1);
+              else d->Clear();
+            }
+          if (ctx.getNumOutputs() > 1) {
+            auto* arg = ctx.getOutputType(1)->mutable_tensor_type();
+            arg->set_elem_type(onnx::TensorProto::UINT8);
+            if (y->has_shape()) *arg->mutable_shape() = y->shape();
+          }
+        });
+    register_one(cmp);
 
     OpSchema mm = fused("FusedMatMul", "act(matmul(A, B) + bias + Z)");
     mm.Input(0, "A", "", "T")
@@ -195,6 +233,12 @@ void register_keel_schemas() {
                      "gradients of Conv(X, W, B) from dY, Conv's attributes; the output spatial size is "
                      "dY's. Outputs: dX, dW, dB (each optional)",
                      {{"dY"}, {"X"}, {"W"}}, {{"dX", true}, {"dW", true}, {"dB", true}}, {1, 2, kDim0Of2});
+    register_grad_op("FusedConvMaxPoolGrad",
+                     "dX, dW, dB of keel.FusedConvMaxPool (its attributes) from dP, with its input X, weights W, "
+                     "pooled output P and window positions Arg: each window's dP goes to the position Arg names "
+                     "(times P > 0 under a Relu), then as ConvGrad",
+                     {{"dP"}, {"X"}, {"W"}, {"P"}, {"Arg", false, false, true}},
+                     {{"dX", true}, {"dW", true}, {"dB", true}}, {1, 2, kDim0Of2});
     register_grad_op("MaxPoolGrad",
                      "dX of MaxPool(X) (MaxPool's attributes): dY goes to the first maximum of each window",
                      {{"dY"}, {"X"}}, {{"dX"}}, {1});

@@ -894,6 +894,9 @@ const std::unordered_map<std::string, std::vector<Rule>>& rules() {
     r["QLinearConv"] = {conv_like(ConvKind::kConv, 0, 3)};
     r["ConvTranspose"] = {conv_like(ConvKind::kConvTranspose, 0, 1)};
     r["keel.FusedConv"] = {conv_like(ConvKind::kConv, 0, 1)};
+    r["keel.FusedConvMaxPool"] = {conv_like(ConvKind::kConv, 0, 1),
+                                  ints_in("pool_kernel_shape", 1, 256, "every pool window dim must be in [1, 256]"),
+                                  ints_in("pool_strides", 1, kMaxExtent, "every pool stride must be >= 1")};
     for (const char* p : {"MaxPool", "AveragePool", "LpPool"}) r[p] = {conv_like(ConvKind::kPool, 0, std::nullopt)};
     r["LpPool"].push_back(int_in("p", 1, 64));
     r["GlobalLpPool"] = {int_in("p", 1, 64)};

@@ -228,6 +228,14 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, std::array<int6
 Tensor conv2d_relu(const Tensor& x, const Tensor& w, const Tensor& b, std::array<int64_t, 2> stride = {1, 1},
                    std::array<int64_t, 2> padding = {0, 0}, std::array<int64_t, 2> dilation = {1, 1},
                    int64_t groups = 1);
+// max_pool2d(conv2d_relu(...), pool) (windows `pool` at stride `pool`, no padding) as one kernel on a CPU device
+// (keel.FusedConvMaxPool: the convolution's output is pooled where it is made and never stored whole; the backward
+// routes the pooled gradient straight into the convolution's, in the layout its kernels want), else as the separate
+// ops; same values and gradients either way. The separate ops also run under a Tracer (an export stays plain ONNX),
+// under autocast and for f64.
+Tensor conv2d_relu_max_pool2d(const Tensor& x, const Tensor& w, const Tensor& b, std::array<int64_t, 2> pool,
+                              std::array<int64_t, 2> stride = {1, 1}, std::array<int64_t, 2> padding = {0, 0},
+                              std::array<int64_t, 2> dilation = {1, 1}, int64_t groups = 1);
 // NCHW; w [in, out/groups, kh, kw]; b [out] or undefined.
 Tensor conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& b, std::array<int64_t, 2> stride = {1, 1},
                         std::array<int64_t, 2> padding = {0, 0}, std::array<int64_t, 2> output_padding = {0, 0},

@@ -39,10 +39,11 @@ double cpu_ms() {
 struct Model {
   std::vector<Tensor> p;
   Tensor forward(const Tensor& x) const {
-    // As keel train's models: the convolutions' ReLUs fused (conv2d_relu).
-    if (p.size() == 4) return linear(flatten(max_pool2d(conv2d_relu(x, p[0], p[1]), {2, 2})), p[2], p[3]);
+    // As keel train's models: the convolutions' ReLUs fused (conv2d_relu), and a max pooling after one
+    // (conv2d_relu_max_pool2d).
+    if (p.size() == 4) return linear(flatten(conv2d_relu_max_pool2d(x, p[0], p[1], {2, 2})), p[2], p[3]);
     Tensor h = conv2d_relu(x, p[0], p[1]);
-    h = dropout(max_pool2d(conv2d_relu(h, p[2], p[3]), {2, 2}), 0.25f, true);
+    h = dropout(conv2d_relu_max_pool2d(h, p[2], p[3], {2, 2}), 0.25f, true);
     h = dropout(relu(linear(flatten(h), p[4], p[5])), 0.5f, true);
     return linear(h, p[6], p[7]);
   }

@@ -205,6 +205,28 @@ Tensor conv2d_relu(const Tensor& x, const Tensor& w, const Tensor& b, std::array
   return unfused();
 }
 
+Tensor conv2d_relu_max_pool2d(const Tensor& x, const Tensor& w, const Tensor& b, std::array<int64_t, 2> pool,
+                              std::array<int64_t, 2> stride, std::array<int64_t, 2> padding,
+                              std::array<int64_t, 2> dilation, int64_t groups) {
+  auto unfused = [&] { return max_pool2d(conv2d_relu(x, w, b, stride, padding, dilation, groups), pool); };
+  need_rank(x, 4, "conv2d_relu_max_pool2d", "input");
+  need_rank(w, 4, "conv2d_relu_max_pool2d", "weight");
+  if (groups <= 0) fail(invalid_argument("conv2d_relu_max_pool2d: groups must be positive"));
+  if (pool[0] <= 0 || pool[1] <= 0 || pool[0] * pool[1] > 256)
+    fail(invalid_argument("conv2d_relu_max_pool2d: the pool window must be positive and at most 256 positions"));
+  // The fused op is f32 on the host (the reference kernel and the CPU plugin's); a device without it would run it
+  // through the CPU fallback, slower than its own two kernels.
+  if (t_tracer != nullptr || autocast_dtype() != DType::kUndefined || x.dtype() != DType::kF32 ||
+      x.device().rfind("cpu", 0) != 0)
+    return unfused();
+  auto attrs = conv2d_attrs(w, stride, padding, dilation, groups);
+  attrs["activation"] = Attribute::of_string("Relu");
+  attrs["pool_kernel_shape"] = ais({pool[0], pool[1]});
+  attrs["pool_strides"] = ais({pool[0], pool[1]});
+  const bool grad = grad_enabled() && (x.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad()));
+  return apply("keel", "FusedConvMaxPool", {x, w, b}, attrs, 2, {true, grad})[0];
+}
+
 Tensor conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& b, std::array<int64_t, 2> stride,
                         std::array<int64_t, 2> padding, std::array<int64_t, 2> output_padding, int64_t groups) {
   need_rank(x, 4, "conv_transpose2d", "input");

@@ -337,6 +337,101 @@ TEST_F(EagerTest, Conv2dReluIsReluOfConv2dInOneKernel) {
             {rnd({1, 2, 4, 4}), rnd({3, 2, 3, 3}), rnd({3})});
 }
 
+// conv2d_relu_max_pool2d is max_pool2d(conv2d_relu(...)) in one keel.FusedConvMaxPool kernel, its backward one
+// keel.FusedConvMaxPoolGrad: same outputs and gradients (x, w, b) as the separate ops, on the reference kernels and on
+// the plugins. Shapes: 16 -> 32 channels (oneDNN's Winograd primitive, 16-channel blocks); 1 -> 20 padded (the
+// plugin's stem kernel, plain output); 32 -> 24 over 11x11 (a block half filled, a row and a column no window
+// covers); a 3x2 window. Without a gradient the op makes no window positions; a Tracer records Conv, Relu, MaxPool.
+TEST_F(EagerTest, Conv2dReluMaxPoolIsMaxPoolOfConv2dReluInOneKernel) {
+  setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
+  auto plugins = Environment::create();
+  ASSERT_TRUE(plugins.is_ok()) << plugins.status().to_string();
+  std::shared_ptr<Environment> penv(std::move(plugins).value());
+  struct Case {
+    int64_t in, out, side, pad;
+    std::array<int64_t, 2> pool;
+  };
+  for (bool on_plugins : {false, true}) {
+    if (on_plugins) init(penv, 1);
+    for (const Case& l : {Case{16, 32, 10, 0, {2, 2}}, Case{1, 20, 10, 1, {2, 2}}, Case{32, 24, 11, 0, {2, 2}},
+                          Case{16, 16, 10, 1, {3, 2}}}) {
+      const std::string what = std::string(on_plugins ? "plugins" : "reference") + ", " + std::to_string(l.in) +
+                               " -> " + std::to_string(l.out) + " at " + std::to_string(l.side) + ", pool " +
+                               std::to_string(l.pool[0]) + "x" + std::to_string(l.pool[1]);
+      manual_seed(23);
+      Tensor x = randn({2, l.in, l.side, l.side}).requires_grad_(),
+             w = randn({l.out, l.in, 3, 3}, 0.2f).requires_grad_(), b = randn({l.out}, 0.1f).requires_grad_();
+      const int64_t conv = l.side - 2 + 2 * l.pad;
+      Tensor weights = rand_uniform({2, l.out, conv / l.pool[0], conv / l.pool[1]}, 0.5f, 1.5f);
+      struct Run {
+        std::vector<float> y, dx, dw, db, eval;
+        std::string report;
+      };
+      auto run = [&](bool fused) {
+        for (Tensor* t : {&x, &w, &b}) t->zero_grad();
+        set_profiling(true);
+        (void)profile_report();  // clears the counters
+        const std::array<int64_t, 2> pad{l.pad, l.pad};
+        auto forward = [&] {
+          return fused ? conv2d_relu_max_pool2d(x, w, b, l.pool, {1, 1}, pad)
+                       : max_pool2d(relu(conv2d(x, w, b, {1, 1}, pad)), l.pool);
+        };
+        Tensor y = forward();
+        sum(y * weights).backward();
+        Run r{y.to_vector<float>(),
+              x.grad().to_vector<float>(),
+              w.grad().to_vector<float>(),
+              b.grad().to_vector<float>(),
+              {},
+              profile_report()};
+        set_profiling(false);
+        NoGradGuard ng;
+        r.eval = forward().to_vector<float>();
+        return r;
+      };
+      const Run fused = run(true), apart = run(false);
+      auto near = [&](const std::vector<float>& got, const std::vector<float>& want, const char* name) {
+        ASSERT_EQ(got.size(), want.size()) << what << " " << name;
+        for (size_t i = 0; i < want.size(); ++i)
+          ASSERT_NEAR(got[i], want[i], 1e-4 * (1 + std::abs(want[i]))) << what << " " << name << " element " << i;
+      };
+      near(fused.y, apart.y, "y");
+      near(fused.eval, apart.y, "y without grad");
+      near(fused.dx, apart.dx, "dx");
+      near(fused.dw, apart.dw, "dw");
+      near(fused.db, apart.db, "db");
+      EXPECT_NE(fused.report.find("keel.FusedConvMaxPoolGrad"), std::string::npos) << what << "\n" << fused.report;
+      if (on_plugins)
+        for (const char* k : {"onednn_f32_keel_fusedconvmaxpool ", "onednn_keel_fusedconvmaxpoolgrad "})
+          EXPECT_NE(fused.report.find(k), std::string::npos) << what << ": " << k << "\n" << fused.report;
+      std::istringstream lines(fused.report);
+      for (std::string line; std::getline(lines, line);)
+        for (const char* op : {"MaxPool ", "keel.MaxPoolGrad ", "keel.ConvGrad ", "keel.ReluGrad ", "Relu "})
+          EXPECT_NE(line.rfind(op, 0), 0u) << what << ": " << op << "ran\n" << fused.report;
+    }
+  }
+  init(reference_env());
+  {
+    manual_seed(2);
+    Tensor x = randn({1, 2, 6, 6}), w = randn({3, 2, 3, 3}), b = randn({3});
+    Tracer tr("conv_relu_pool");
+    tr.input(x, "x");
+    tr.output(conv2d_relu_max_pool2d(x, w, b, {2, 2}), "y");
+    auto g = tr.graph();
+    ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+    std::vector<std::string> ops;
+    for (NodeId id : g->node_ids()) ops.push_back(g->node(id)->op_type);
+    ASSERT_GE(ops.size(), 3u);
+    EXPECT_EQ(std::vector<std::string>(ops.begin(), ops.begin() + 3),
+              (std::vector<std::string>{"Conv", "Relu", "MaxPool"}));
+  }
+  gradcheck("conv2d_relu_max_pool2d f64",
+            [](const V& v) {
+              return conv2d_relu_max_pool2d(v[0], v[1], v[2], {2, 2}, {1, 1}, {1, 1});
+            },
+            {rnd({1, 2, 4, 4}), rnd({3, 2, 3, 3}), rnd({3})});
+}
+
 // Dropout keeps 1 - p of the elements, scaled by 1 / (1 - p), zeroes the rest; the same seed draws the same mask.
 // custom_function: the caller's forward (x * 2) and backward (g * 3) are what autograd uses; without grad no node
 // is recorded; a backward of the wrong shape is an Error naming the function.

@@ -227,16 +227,16 @@ TEST_F(KeelTrain, EagerProfilePerEpochUnderTheEnvironmentVariable) {
   EXPECT_LT(p1, out.find("epoch 1/2: ")) << out;
   EXPECT_LT(out.find("epoch 1/2: "), p2) << out;
   const std::string first = out.substr(p1, p2 - p1);
-  EXPECT_NE(first.find("keel.ConvGrad"), std::string::npos) << first;
-  // 192 images at batch 32: six training steps, so the convolution (with its ReLU fused: keel.FusedConv) ran 6 times
-  // (evaluation's 50 images not counted).
-  const size_t conv = first.find("\nkeel.FusedConv ");
+  EXPECT_NE(first.find("keel.FusedConvMaxPoolGrad"), std::string::npos) << first;
+  // 192 images at batch 32: six training steps, so the convolution (with its ReLU and max pooling fused:
+  // keel.FusedConvMaxPool) ran 6 times (evaluation's 50 images not counted).
+  const size_t conv = first.find("\nkeel.FusedConvMaxPool ");
   ASSERT_NE(conv, std::string::npos) << first;
   const std::string line = first.substr(conv + 1, first.find('\n', conv + 1) - conv - 1);
   EXPECT_NE(line.find(" 6 calls "), std::string::npos) << line;
   // Epoch 2's profile does not hold epoch 1's evaluation (the 50 test images in one batch).
   const std::string second = out.substr(p2, out.find("epoch 2/2: ") - p2);
-  EXPECT_NE(second.find("keel.ConvGrad"), std::string::npos) << second;
+  EXPECT_NE(second.find("keel.FusedConvMaxPoolGrad"), std::string::npos) << second;
   EXPECT_EQ(second.find("[50, "), std::string::npos) << second;
   // Without the variable: no profile.
   auto [rc2, out2] = sh(train("--epochs 1 --no-quantize -o '' --histogram-bins 0"));

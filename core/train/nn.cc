@@ -256,6 +256,8 @@ void check_conv(const Conv2DOptions& o, const char* what) {
   if (o.stride[0] < 1 || o.stride[1] < 1 || o.dilation[0] < 1 || o.dilation[1] < 1 || o.padding[0] < 0 ||
       o.padding[1] < 0)
     fail(std::string(what) + ": stride and dilation must be >= 1, padding >= 0");
+  if (o.max_pool != std::array<int64_t, 2>{0, 0} && (o.max_pool[0] < 1 || o.max_pool[1] < 1))
+    fail(std::string(what) + ": max_pool must be >= 1");
 }
 
 std::string conv_repr(const Conv2DOptions& o, bool transpose) {
@@ -268,6 +270,7 @@ std::string conv_repr(const Conv2DOptions& o, bool transpose) {
   if (o.groups != 1) s += ", groups=" + std::to_string(o.groups);
   if (!o.bias) s += ", bias=false";
   if (o.relu && !transpose) s += ", relu";
+  if (o.max_pool != std::array<int64_t, 2>{0, 0} && !transpose) s += ", max_pool=" + pair_str(o.max_pool);
   return s;
 }
 }  // namespace
@@ -282,6 +285,13 @@ Conv2D::Conv2D(Conv2DOptions o) : Module("Conv2D"), o_(o) {
 }
 
 Tensor Conv2D::forward(const Tensor& x) {
+  if (o_.max_pool != std::array<int64_t, 2>{0, 0}) {
+    if (o_.relu)
+      return eager::conv2d_relu_max_pool2d(x, *weight_, *bias_, o_.max_pool, o_.stride, o_.padding, o_.dilation,
+                                           o_.groups);
+    return eager::max_pool2d(eager::conv2d(x, *weight_, *bias_, o_.stride, o_.padding, o_.dilation, o_.groups),
+                             o_.max_pool);
+  }
   if (o_.relu) return eager::conv2d_relu(x, *weight_, *bias_, o_.stride, o_.padding, o_.dilation, o_.groups);
   return eager::conv2d(x, *weight_, *bias_, o_.stride, o_.padding, o_.dilation, o_.groups);
 }
@@ -291,6 +301,8 @@ ConvTranspose2D::ConvTranspose2D(Conv2DOptions o) : Module("ConvTranspose2D"), o
   check_conv(o_, "ConvTranspose2D");
   if (o_.dilation != std::array<int64_t, 2>{1, 1}) fail("ConvTranspose2D: dilation other than 1 is not supported");
   if (o_.relu) fail("ConvTranspose2D: relu is a Conv2D option (apply eager::relu to the output)");
+  if (o_.max_pool != std::array<int64_t, 2>{0, 0})
+    fail("ConvTranspose2D: max_pool is a Conv2D option (apply eager::max_pool2d to the output)");
   // PyTorch computes fan_in from weight.size(1) (= out/groups) for transposed convolutions too.
   const int64_t fan_in = o_.out_channels / o_.groups * o_.kernel[0] * o_.kernel[1];
   const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));

@@ -139,6 +139,14 @@ struct Conv2DOptions {
     relu = on;
     return *this;
   }
+  // Conv2D only: forward then max-pools over windows of max_pool (at that stride, no padding) — with relu through
+  // eager::conv2d_relu_max_pool2d (one kernel on a CPU device, the convolution's output never stored whole); {0, 0}:
+  // no pooling.
+  std::array<int64_t, 2> max_pool{0, 0};
+  Conv2DOptions& with_max_pool(int64_t k) {
+    max_pool = {k, k};
+    return *this;
+  }
   Conv2DOptions& with_stride(int64_t s) {
     stride = {s, s};
     return *this;

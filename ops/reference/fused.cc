@@ -126,7 +126,10 @@ void im2col(const T* x, const SpatialGeom& g, T* col, int64_t r0, int64_t r1) {
   }
 }
 
-void op_fused_conv(Kctx& k) {
+// act(conv(X, W) + B + Z) of keel.FusedConv's inputs and attributes into the buffer that `out(shape)` returns
+// (nullptr: an empty output, nothing to compute).
+template <class Out>
+void fused_conv_into(Kctx& k, Out out) {
   TView x = k.in(0), w = k.in(1);
   auto b = k.opt_in(2), z = k.opt_in(3);
   require_f32(k, x, "X");
@@ -148,8 +151,8 @@ void op_fused_conv(Kctx& k) {
   os.insert(os.end(), g.out.begin(), g.out.end());
   const float* pz = residual(k, z, os);
   const Act act = Act::from(k);
-  TView y = k.out(0, os);
-  if (y.numel == 0) return;
+  float* Y = out(os);
+  if (Y == nullptr) return;
   const int64_t Ks = g.kernel_size(), Cg = Cin / group, Mg = M / group, K = Cg * Ks, O = g.out_size(), I = g.in_size();
   bool direct = Ks == 1;
   for (int i = 0; i < g.r; ++i)
@@ -157,7 +160,6 @@ void op_fused_conv(Kctx& k) {
   const float* X = x.p<float>();
   const float* W = w.p<float>();
   const float* B = b ? b->p<float>() : nullptr;
-  float* Y = y.p<float>();
   auto epilogue = [&](int64_t n, int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) {
       float bias = B ? B[m] : 0.f;
@@ -184,6 +186,47 @@ void op_fused_conv(Kctx& k) {
     k.parallel(M, std::max<int64_t>(1, 16384 / std::max<int64_t>(O, 1)),
                [&](int64_t m0, int64_t m1) { epilogue(n, m0, m1); });
   }
+}
+
+void op_fused_conv(Kctx& k) {
+  fused_conv_into(k, [&](const Shape& s) -> float* {
+    TView y = k.out(0, s);
+    return y.numel == 0 ? nullptr : y.p<float>();
+  });
+}
+
+// keel.FusedConvMaxPool: MaxPool(act(conv(X, W) + B)) over 2-D windows pool_kernel_shape at pool_strides (default:
+// the window; no padding, the windows that fit), and, as the optional uint8 output Arg, where each window's first
+// maximum is (kh * window width + kw): what its gradient (keel.FusedConvMaxPoolGrad) routes dY by.
+void op_fused_conv_max_pool(Kctx& k) {
+  if (k.in(0).ndim() != 4) k.invalid(cat("X must be 4-D (N, C, H, W), got ", shape_str(k.in(0).shape)));
+  const PoolWindow pw = PoolWindow::from(k);
+  std::vector<float> y;
+  Shape ys;
+  fused_conv_into(k, [&](const Shape& s) -> float* {
+    ys = s;
+    y.assign(static_cast<size_t>(numel_of(s)), 0.f);
+    return y.empty() ? nullptr : y.data();
+  });
+  const Shape ps = pw.pooled(k, ys);
+  const int64_t NC = ys[0] * ys[1], H = ys[2], W = ys[3], OH = ps[2], OW = ps[3];
+  TView p = k.out(0, ps);
+  uint8_t* arg = k.has_output(1) ? k.out(1, ps).p<uint8_t>() : nullptr;
+  if (p.numel == 0) return;
+  float* P = p.p<float>();
+  for (int64_t nc = 0; nc < NC; ++nc)
+    for (int64_t oh = 0; oh < OH; ++oh)
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        const float* base = y.data() + (nc * H + oh * pw.sh) * W + ow * pw.sw;
+        float best = base[0];
+        int64_t at = 0;
+        for (int64_t i = 0; i < pw.kh; ++i)
+          for (int64_t j = 0; j < pw.kw; ++j)
+            if (base[i * W + j] > best) best = base[i * W + j], at = i * pw.kw + j;
+        const int64_t o = (nc * OH + oh) * OW + ow;
+        P[o] = best;
+        if (arg) arg[o] = static_cast<uint8_t>(at);
+      }
 }
 
 // ------------------------------------------------------------------------------------------------ batched matmul
@@ -579,6 +622,7 @@ void op_qgemm(Kctx& k) {
 
 const KeelKernel kFused[] = {
     {"FusedConv", op_fused_conv},
+    {"FusedConvMaxPool", op_fused_conv_max_pool},
     {"FusedMatMul", op_fused_matmul},
     {"FusedGemm", op_fused_gemm},
     {"Attention", op_attention},

@@ -107,8 +107,7 @@ void op_leaky_relu_grad(Kctx& k) {
 // --- convolution ---
 // ConvGrad(dY, X, W) -> dX, dW, dB. The output spatial size is dY's (so ConvTranspose can reuse it with roles
 // swapped); positions that fall outside X are skipped.
-void op_conv_grad(Kctx& k) {
-  TView dy = k.in(0), x = k.in(1), w = k.in(2);
+void conv_grad(Kctx& k, const TView& dy, const TView& x, const TView& w) {
   if (x.ndim() < 3 || w.ndim() != x.ndim() || dy.ndim() != x.ndim())
     k.invalid(cat("expected dY, X, W of equal rank >= 3, got ", shape_str(dy.shape), ", ", shape_str(x.shape), ", ",
                   shape_str(w.shape)));
@@ -202,6 +201,49 @@ void op_conv_grad(Kctx& k) {
       store(k.out(2, {M}), db, k);
     }
   });
+}
+
+void op_conv_grad(Kctx& k) { conv_grad(k, k.in(0), k.in(1), k.in(2)); }
+
+// keel.FusedConvMaxPoolGrad(dP, X, W, P, Arg) -> dX, dW, dB of keel.FusedConvMaxPool (its attributes): each window's
+// dP goes to the position Arg names (dP * (P > 0) under a Relu), then ConvGrad.
+void op_fused_conv_max_pool_grad(Kctx& k) {
+  TView dp = k.in(0), x = k.in(1), w = k.in(2), p = k.in(3), arg = k.in(4);
+  for (const auto& [t, what] : {std::pair{&dp, "dP"}, {&x, "X"}, {&w, "W"}, {&p, "P"}})
+    if (t->dtype != KEEL_DTYPE_F32) k.bad_dtype(t->dtype, what);
+  if (arg.dtype != KEEL_DTYPE_U8) k.invalid("Arg must be uint8");
+  if (x.ndim() != 4 || w.ndim() != 4)
+    k.invalid(cat("X and W must be 4-D, got ", shape_str(x.shape), ", ", shape_str(w.shape)));
+  const std::string act = k.attr_s("activation", "");
+  if (!act.empty() && act != "Relu") k.unimpl("activation " + act + " (only none and Relu)");
+  const PoolWindow pw = PoolWindow::from(k);
+  SpatialGeom g = spatial_geom(k, Shape(x.shape.begin() + 2, x.shape.end()), Shape(w.shape.begin() + 2, w.shape.end()),
+                               true, false);
+  const Shape ys = {x.shape[0], w.shape[0], g.out[0], g.out[1]};
+  const Shape ps = pw.pooled(k, ys);
+  if (dp.shape != ps || p.shape != ps || arg.shape != ps)
+    k.invalid(cat("dP ", shape_str(dp.shape), ", P ", shape_str(p.shape), " and Arg ", shape_str(arg.shape),
+                  " must have the pooled shape ", shape_str(ps)));
+  std::vector<float> dy(static_cast<size_t>(numel_of(ys)), 0.f);
+  const int64_t NC = ys[0] * ys[1], H = ys[2], W = ys[3], OH = ps[2], OW = ps[3];
+  const float* gp = dp.p<float>();
+  const float* pv = p.p<float>();
+  const uint8_t* at = arg.p<uint8_t>();
+  for (int64_t nc = 0; nc < NC; ++nc)
+    for (int64_t oh = 0; oh < OH; ++oh)
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        const int64_t o = (nc * OH + oh) * OW + ow;
+        if (at[o] >= pw.kh * pw.kw)
+          k.invalid(cat("Arg ", int{at[o]}, " is outside the ", pw.kh, "x", pw.kw, " window"));
+        if (!act.empty() && !(pv[o] > 0.f)) continue;
+        dy[static_cast<size_t>((nc * H + oh * pw.sh + at[o] / pw.kw) * W + ow * pw.sw + at[o] % pw.kw)] += gp[o];
+      }
+  TView dyv;
+  dyv.dtype = KEEL_DTYPE_F32;
+  dyv.shape = ys;
+  dyv.data = dy.data();
+  dyv.numel = numel_of(ys);
+  conv_grad(k, dyv, x, w);
 }
 
 // --- pooling ---
@@ -654,6 +696,7 @@ void op_check_finite_and_unscale(Kctx& k) {
 
 const KeelKernel kGrad[] = {
     {"ConvGrad", op_conv_grad},
+    {"FusedConvMaxPoolGrad", op_fused_conv_max_pool_grad},
     {"MaxPoolGrad", op_max_pool_grad},
     {"AveragePoolGrad", op_average_pool_grad},
     {"ReluGrad", op_relu_grad},

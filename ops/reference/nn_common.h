@@ -111,4 +111,28 @@ std::vector<C> to_calc(const TView& t, const Kctx& k, const char* what) {
   return r;
 }
 
+// The pooling window of keel.FusedConvMaxPool and its gradient: attributes pool_kernel_shape (2 entries, at most 256
+// positions, so that a window position fits the uint8 Arg) and pool_strides (default: the window); no padding, the
+// windows that fit (floor).
+struct PoolWindow {
+  int64_t kh = 1, kw = 1, sh = 1, sw = 1;
+  static PoolWindow from(const Kctx& k) {
+    auto ks = k.attr_ints("pool_kernel_shape");
+    if (!ks || ks->size() != 2) k.invalid("attribute pool_kernel_shape must have 2 entries");
+    const Shape st = k.attr_ints_or("pool_strides", *ks);
+    if (st.size() != 2) k.invalid("attribute pool_strides must have 2 entries");
+    PoolWindow w{(*ks)[0], (*ks)[1], st[0], st[1]};
+    if (w.kh <= 0 || w.kw <= 0 || w.sh <= 0 || w.sw <= 0 || w.kh * w.kw > 256)
+      k.invalid(cat("pool window ", shape_str(*ks), " at strides ", shape_str(st),
+                    ": entries must be positive and the window at most 256 positions"));
+    return w;
+  }
+  // The pooled shape of a convolution output `y` (N, M, H, W); an error where the window does not fit in it.
+  Shape pooled(const Kctx& k, const Shape& y) const {
+    if (y.size() != 4 || y[2] < kh || y[3] < kw)
+      k.invalid(cat("the convolution's output ", shape_str(y), " is smaller than the pool window ", kh, "x", kw));
+    return {y[0], y[1], (y[2] - kh) / sh + 1, (y[3] - kw) / sw + 1};
+  }
+};
+
 }  // namespace keel::ops::ref

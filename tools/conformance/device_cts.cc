@@ -1344,6 +1344,57 @@ void add_training_cases(std::vector<OpCase>& v) {
       v.push_back(o);
     }
   }
+  {  // keel.FusedConvMaxPool (the pooled output; its window positions feed the gradient cases below) and its gradient
+    struct Cp {
+      int64_t N, C, H, W, M, k, p, pk, ps;
+      bool relu;
+    };
+    const Cp cs[] = {// Winograd, 16-channel blocks, windows tiling the plane
+                     {2, 32, 14, 14, 64, 3, 0, 2, 2, true},
+                     // a half-filled channel block, a row and a column no window covers
+                     {2, 16, 11, 11, 24, 3, 0, 2, 2, true},
+                     // the oneDNN plugin's stem kernel (plain layout), odd width, padded
+                     {3, 1, 12, 13, 8, 3, 1, 2, 2, true},
+                     {2, 3, 9, 11, 5, 3, 1, 2, 2, true},
+                     // overlapping 3x3 windows at stride 2, no activation
+                     {1, 16, 10, 10, 16, 3, 1, 3, 2, false},
+                     // 8 channels
+                     {1, 8, 9, 9, 8, 3, 0, 2, 2, true}};
+    for (const Cp& c : cs) {
+      const int64_t oh = c.H + 2 * c.p - c.k + 1, ow = c.W + 2 * c.p - c.k + 1;
+      const int64_t ph = (oh - c.pk) / c.ps + 1, pw = (ow - c.pk) / c.ps + 1;
+      std::ostringstream l;
+      l << "N=" << c.N << " C=" << c.C << " H=" << c.H << " W=" << c.W << " M=" << c.M << " k=" << c.k << " p=" << c.p
+        << " pool=" << c.pk << "/" << c.ps << (c.relu ? " relu" : "");
+      std::map<std::string, Attribute> attrs = {{"kernel_shape", Is({c.k, c.k})},
+                                                {"pads", Is({c.p, c.p, c.p, c.p})},
+                                                {"pool_kernel_shape", Is({c.pk, c.pk})},
+                                                {"pool_strides", Is({c.ps, c.ps})}};
+      if (c.relu) attrs["activation"] = Attribute::of_string("Relu");
+      OpCase f;
+      f.op = "FusedConvMaxPool";
+      f.domain = "keel";
+      f.label = l.str();
+      f.inputs = {in("X", {c.N, c.C, c.H, c.W}), in("W", {c.M, c.C, c.k, c.k}, false, -0.5f, 0.5f), in("B", {c.M})};
+      f.attrs = attrs;
+      v.push_back(f);
+      for (size_t out = 0; out < 3; ++out) {
+        OpCase o;
+        o.op = "FusedConvMaxPoolGrad";
+        o.domain = "keel";
+        o.output = out;
+        o.num_outputs = 3;
+        o.label = l.str() + " output=" + std::to_string(out);
+        InputSpec arg = in("Arg", {c.N, c.M, ph, pw}, false, 0.f, static_cast<float>(c.pk * c.pk - 1));
+        arg.dtype = DType::kU8;
+        o.inputs = {in("dP", {c.N, c.M, ph, pw}), in("X", {c.N, c.C, c.H, c.W}), in("W", {c.M, c.C, c.k, c.k}),
+                    in("P", {c.N, c.M, ph, pw}), arg};
+        o.attrs = attrs;
+        o.rtol = 1e-3, o.atol = 1e-4;
+        v.push_back(o);
+      }
+    }
+  }
   for (DType from : {DType::kF32, DType::kBF16}) {  // autocast's casts
     for (Shape s : {Shape{10, 5408}, Shape{3, 5}}) {
       OpCase o;

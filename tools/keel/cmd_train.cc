@@ -59,15 +59,13 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 class SimpleCNN : public nn::Module {
  public:
   SimpleCNN() : nn::Module("SimpleCNN") {
-    conv = register_module("conv", std::make_shared<nn::Conv2D>(nn::Conv2DOptions(1, 32, {3, 3}).with_relu()));
-    pool = register_module("pool", std::make_shared<nn::MaxPool2D>(2));
+    // Conv2D(1, 32, 3) -> ReLU -> MaxPool2D(2) as one module (one kernel on the CPU: Conv2DOptions::max_pool).
+    conv = register_module("conv",
+                           std::make_shared<nn::Conv2D>(nn::Conv2DOptions(1, 32, {3, 3}).with_relu().with_max_pool(2)));
     fc = register_module("fc", std::make_shared<nn::Linear>(32 * 13 * 13, 10));
   }
-  eager::Tensor forward(const eager::Tensor& x) override {
-    return fc->forward(eager::flatten(pool->forward(conv->forward(x)), 1));  // conv: relu fused
-  }
+  eager::Tensor forward(const eager::Tensor& x) override { return fc->forward(eager::flatten(conv->forward(x), 1)); }
   std::shared_ptr<nn::Conv2D> conv;
-  std::shared_ptr<nn::MaxPool2D> pool;
   std::shared_ptr<nn::Linear> fc;
 };
 
@@ -77,15 +75,16 @@ class LeNet : public nn::Module {
  public:
   LeNet() : nn::Module("LeNet") {
     conv1 = register_module("conv1", std::make_shared<nn::Conv2D>(nn::Conv2DOptions(1, 32, {3, 3}).with_relu()));
-    conv2 = register_module("conv2", std::make_shared<nn::Conv2D>(nn::Conv2DOptions(32, 64, {3, 3}).with_relu()));
+    conv2 = register_module(
+        "conv2", std::make_shared<nn::Conv2D>(nn::Conv2DOptions(32, 64, {3, 3}).with_relu().with_max_pool(2)));
     drop1 = register_module("drop1", std::make_shared<nn::Dropout>(0.25f));
     fc1 = register_module("fc1", std::make_shared<nn::Linear>(64 * 12 * 12, 128));
     drop2 = register_module("drop2", std::make_shared<nn::Dropout>(0.5f));
     fc2 = register_module("fc2", std::make_shared<nn::Linear>(128, 10));
   }
   eager::Tensor forward(const eager::Tensor& x) override {
-    auto h = conv1->forward(x);  // the convolutions' ReLUs fused (Conv2DOptions::relu)
-    h = eager::max_pool2d(conv2->forward(h), {2, 2});
+    // The convolutions' ReLUs fused (Conv2DOptions::relu), and conv2's max pooling (Conv2DOptions::max_pool).
+    auto h = conv2->forward(conv1->forward(x));
     h = eager::flatten(drop1->forward(h), 1);
     h = drop2->forward(eager::relu(fc1->forward(h)));
     return fc2->forward(h);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/common.h"
+#include "steps/pool_arg.h"
 
 namespace keel::onednn {
 namespace {
@@ -155,6 +156,12 @@ dnnl::memory::dims minus_one(const Dims& d) {
   return r;
 }
 
+// keel.FusedConvMaxPool's reorders of its pooled output and window positions from a channel-blocked layout to plain.
+struct PooledReorders {
+  dnnl::memory p_blk, p_plain, a_blk, a_plain;
+  dnnl::reorder p_to_plain, a_to_plain;
+};
+
 // One primitive with its reorders, for one input shape.
 struct ConvPlan {
   Dims out_dims;
@@ -183,6 +190,7 @@ struct ConvPlan {
   dnnl::primitive varying_prim;
   dnnl::memory varying_wei;
   dnnl::reorder varying_wei_reorder;
+  std::unique_ptr<PooledReorders> pooled;  // keel.FusedConvMaxPool over a blocked layout (made at its first run)
 };
 
 // Conv (is_transpose = false) and ConvTranspose (true).
@@ -190,7 +198,9 @@ class ConvKernel : public Kernel {
  public:
   // fused: keel.FusedConv (act(conv(X, W) + B)), the activation as an eltwise post-op; a residual Z is left to the
   // chains and the reference kernel.
-  explicit ConvKernel(bool transpose, bool fused = false) : transpose_(transpose), fused_(fused) {}
+  // pooled: keel.FusedConvMaxPool (fused, then max pooling with window positions: steps/pool_arg.h), 2-D only.
+  explicit ConvKernel(bool transpose, bool fused = false, bool pooled = false)
+      : transpose_(transpose), fused_(fused), pooled_(pooled) {}
 
   void setup(Ctx& c) override {
     if (c.dtype(0) != KEEL_DTYPE_F32 || c.dtype(1) != KEEL_DTYPE_F32) throw Reject{"f32 only"};
@@ -227,7 +237,16 @@ class ConvKernel : public Kernel {
         b_const_.assign(b, b + numel(c.dims(2)));
       }
     }
-    if (c.output_count() > 1) throw Reject{"extra outputs"};
+    if (pooled_) {
+      if (rank_ != 4) throw Reject{"2-D only"};
+      const Dims ks = c.attr_ints("pool_kernel_shape", Dims{});
+      const Dims st = c.attr_ints("pool_strides", ks);
+      if (ks.size() != 2 || st.size() != 2 || ks[0] <= 0 || ks[1] <= 0 || st[0] <= 0 || st[1] <= 0 ||
+          ks[0] * ks[1] > 256)
+        throw Reject{"pool window"};
+      pool_ = {ks[0], ks[1], st[0], st[1]};
+    }
+    if (c.output_count() > (pooled_ ? 2 : 1)) throw Reject{"extra outputs"};
     if (c.dims_known(0)) {
       Dims x = c.dims(0);
       if (numel(x) == 0) throw Reject{"empty input"};
@@ -238,20 +257,27 @@ class ConvKernel : public Kernel {
   void run(Ctx& c) override {
     const Dims x = c.dims(0);
     ConvPlan& p = plans_.get(shape_key(c), [&] { return build(c, x); });
-    keel_tensor_t* y = c.output(0, p.out_dims);
     limit_threads_for(static_cast<double>(numel(p.out_dims)) * numel(w_dims_) / std::max<int64_t>(w_dims_[0], 1));
+    if (pooled_) return run_pooled(c, p);
+    convolve(c, p, c.output(0, p.out_dims)->data, true);
+  }
+
+ private:
+  // The convolution of the run's inputs. Its output goes to `y` (plain) when reorder_out or when the plan's layout is
+  // plain; otherwise it stays in p.dst_prim (bound to the run's workspace), in the primitive's layout.
+  void convolve(Ctx& c, ConvPlan& p, void* y, bool reorder_out) {
     if (p.stem) {
       const float* w = w_const_.empty() ? static_cast<const float*>(c.input(1)->data) : w_const_.data();
       const float* b = !has_bias_         ? nullptr
                        : b_const_.empty() ? static_cast<const float*>(c.input(2)->data)
                                           : b_const_.data();
-      stem_conv(static_cast<const float*>(c.input(0)->data), w, b, static_cast<float*>(y->data), x, w_dims_,
+      stem_conv(static_cast<const float*>(c.input(0)->data), w, b, static_cast<float*>(y), c.dims(0), w_dims_,
                 p.stem_pads, p.out_dims, act_.set);
       return;
     }
     auto& s = stream();
     bind(p.src_user, c.input(0)->data);
-    bind(p.dst_user, y->data);
+    bind(p.dst_user, y);
     if (p.reorder_src) {
       bind(p.src_prim, c.workspace(p.src_prim.get_desc().get_size()));
       p.src_reorder.execute(s, p.src_user, p.src_prim);
@@ -285,11 +311,72 @@ class ConvKernel : public Kernel {
                                                {DNNL_ARG_DST, p.dst_prim}};
     if (has_bias_) args[DNNL_ARG_BIAS] = p.bias;
     execute(p.varying ? p.varying_prim : p.prim, s, args);
-    if (p.reorder_dst) p.dst_reorder.execute(s, p.dst_prim, p.dst_user);
+    if (p.reorder_dst && reorder_out) p.dst_reorder.execute(s, p.dst_prim, p.dst_user);
     s.wait();
   }
 
- private:
+  // keel.FusedConvMaxPool: the convolution's output stays in the workspace in the layout it was made in (nChw16c /
+  // nChw8c, or plain for the stem kernel and plain primitives); the pooling reads it there and writes the pooled
+  // output and window positions in that layout; only those quarter-size results are reordered to plain. No reorder
+  // of the whole output, no output tensor for it.
+  void run_pooled(Ctx& c, ConvPlan& p) {
+    const Dims& y = p.out_dims;
+    if (y[2] < pool_.kh || y[3] < pool_.kw) throw Reject{"the pool window does not fit the convolution output"};
+    const Dims pd{y[0], y[1], (y[2] - pool_.kh) / pool_.sh + 1, (y[3] - pool_.kw) / pool_.sw + 1};
+    keel_tensor_t* out = c.output(0, pd);
+    keel_tensor_t* arg = c.output_count() > 1 && c.output_dtype(1) == KEEL_DTYPE_U8 ? c.output(1, pd) : nullptr;
+    // The layout the convolution leaves its output in.
+    int64_t block = 1;
+    if (!p.stem && p.reorder_dst) {
+      const auto& md = p.dst_prim.get_desc();
+      block = md == dnnl::memory::desc(to_dnnl(y), dt::f32, tag::nChw16c)  ? 16
+              : md == dnnl::memory::desc(to_dnnl(y), dt::f32, tag::nChw8c) ? 8
+                                                                           : 0;
+    }
+    void* plain = block == 1 || block == 0 ? c.workspace(static_cast<uint64_t>(numel(y)) * sizeof(float)) : nullptr;
+    convolve(c, p, plain, block == 0);  // another layout: reordered to plain
+    if (block == 0) block = 1;
+    PoolArgShape ps;
+    ps.n = y[0], ps.c = y[1], ps.h = y[2], ps.w = y[3], ps.kh = pool_.kh, ps.kw = pool_.kw, ps.sh = pool_.sh;
+    ps.sw = pool_.sw, ps.oh = pd[2], ps.ow = pd[3], ps.block = block;
+    const float* src = static_cast<const float*>(block == 1 ? plain : p.dst_prim.get_data_handle());
+    if (block == 1) {
+      pool_arg_forward(ps, src, static_cast<float*>(out->data), arg ? static_cast<uint8_t*>(arg->data) : nullptr);
+      return;
+    }
+    // Blocked: pooled into the workspace, then reordered to the plain outputs.
+    PooledReorders& r = pooled_reorders(p, pd, block);
+    const uint64_t elems = static_cast<uint64_t>(ps.n * ps.blocks() * block * ps.oh * ps.ow);
+    bind(r.p_blk, c.workspace(elems * sizeof(float)));
+    if (arg) bind(r.a_blk, c.workspace(elems));
+    pool_arg_forward(ps, src, static_cast<float*>(r.p_blk.get_data_handle()),
+                     arg ? static_cast<uint8_t*>(r.a_blk.get_data_handle()) : nullptr);
+    auto& s = stream();
+    bind(r.p_plain, out->data);
+    r.p_to_plain.execute(s, r.p_blk, r.p_plain);
+    if (arg) {
+      bind(r.a_plain, arg->data);
+      r.a_to_plain.execute(s, r.a_blk, r.a_plain);
+    }
+    s.wait();
+  }
+
+  PooledReorders& pooled_reorders(ConvPlan& p, const Dims& pd, int64_t block) {
+    if (!p.pooled) {
+      auto r = std::make_unique<PooledReorders>();
+      const tag bt = block == 16 ? tag::nChw16c : tag::nChw8c;
+      auto& eng = engine();
+      r->p_blk = dnnl::memory({to_dnnl(pd), dt::f32, bt}, eng, nullptr);
+      r->p_plain = dnnl::memory({to_dnnl(pd), dt::f32, tag::nchw}, eng, nullptr);
+      r->a_blk = dnnl::memory({to_dnnl(pd), dt::u8, bt}, eng, nullptr);
+      r->a_plain = dnnl::memory({to_dnnl(pd), dt::u8, tag::nchw}, eng, nullptr);
+      r->p_to_plain = dnnl::reorder(r->p_blk, r->p_plain);
+      r->a_to_plain = dnnl::reorder(r->a_blk, r->a_plain);
+      p.pooled = std::move(r);
+    }
+    return *p.pooled;
+  }
+
   // Switches `p` to its forward_training primitive (ConvPlan::varying); stays on the cached transform if refused.
   void start_varying(ConvPlan& p) const {
     if (!p.varying_desc) return;
@@ -476,7 +563,10 @@ class ConvKernel : public Kernel {
     return p;
   }
 
-  bool transpose_, fused_;
+  bool transpose_, fused_, pooled_;
+  struct {
+    int64_t kh = 1, kw = 1, sh = 1, sw = 1;
+  } pool_;
   FusedActivation act_;
   int rank_ = 0;
   int64_t group_ = 1;
@@ -496,6 +586,9 @@ std::vector<KernelInfo> conv_kernels() {
       // activation to the chains, which fuse them in their own layouts; eager's conv2d_relu runs on it.
       {"FusedConv", 1, 0, "onednn_f32_keel_fusedconv", [] { return static_cast<Kernel*>(new ConvKernel(false, true)); },
        "keel", KEEL_KERNEL_FLAG_SECONDARY},
+      // eager's conv2d_relu_max_pool2d.
+      {"FusedConvMaxPool", 1, 0, "onednn_f32_keel_fusedconvmaxpool",
+       [] { return static_cast<Kernel*>(new ConvKernel(false, true, true)); }, "keel"},
   };
 }
 

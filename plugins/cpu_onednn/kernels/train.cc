@@ -17,6 +17,7 @@
 
 #include "common/common.h"
 #include "common/pool2x2.h"
+#include "steps/pool_arg.h"
 
 namespace keel::onednn {
 namespace {
@@ -246,16 +247,35 @@ struct ConvGeom {
   Dims strides, dil, pl, pr;
 };
 
+// keel.ConvGrad, and (pooled) keel.FusedConvMaxPoolGrad(dP, X, W, P, Arg): the convolution output's gradient made
+// from the pooled one by the window positions (steps/pool_arg.h) straight into the layout the backward primitives
+// read it in, instead of MaxPoolGrad writing it plain and a reorder blocking it (the LeNet-like model's conv2: 9.4 MB
+// written, read and written again each step).
 class ConvGradKernel : public Kernel {
  public:
+  explicit ConvGradKernel(bool pooled = false) : pooled_(pooled) {}
+
   void setup(Ctx& c) override {
-    if (c.input_count() != 3) throw Reject{"ConvGrad needs dY, X, W"};
+    const int inputs = pooled_ ? 5 : 3;
+    if (c.input_count() != inputs) throw Reject{pooled_ ? "needs dP, X, W, P, Arg" : "ConvGrad needs dY, X, W"};
     dtype_ = c.dtype(0);
     (void)dnnl_dtype(dtype_);
-    for (int i = 1; i < 3; ++i)
+    for (int i = 1; i < (pooled_ ? 4 : 3); ++i)
       if (c.dtype(i) != dtype_) throw Reject{"mixed dtypes"};
-    for (int i = 0; i < 3; ++i)
+    for (int i = 0; i < inputs; ++i)
       if (!c.rank_known(i) || c.dims(i).size() != 4) throw Reject{"2-D convolutions only"};
+    if (pooled_) {
+      if (dtype_ != KEEL_DTYPE_F32 || c.dtype(4) != KEEL_DTYPE_U8) throw Reject{"f32 with uint8 window positions only"};
+      const std::string act = c.attr_s("activation", "");
+      if (!act.empty() && act != "Relu") throw Reject{"activation " + act};
+      relu_ = act == "Relu";
+      const Dims ks = c.attr_ints("pool_kernel_shape", Dims{});
+      const Dims st = c.attr_ints("pool_strides", ks);
+      if (ks.size() != 2 || st.size() != 2 || ks[0] <= 0 || ks[1] <= 0 || st[0] <= 0 || st[1] <= 0 ||
+          ks[0] * ks[1] > 256)
+        throw Reject{"pool window"};
+      pool_ = {ks[0], ks[1], st[0], st[1]};
+    }
     if (c.attr_s("auto_pad", "NOTSET") != "NOTSET") throw Reject{"auto_pad"};
     group_ = c.attr_i("group", 1);
     if (group_ <= 0) throw Reject{"group <= 0"};
@@ -268,7 +288,15 @@ class ConvGradKernel : public Kernel {
     if (strides_.size() != 2 || dil_.size() != 2 || pads_.size() != 4) throw Reject{"attribute ranks"};
   }
 
+  // FusedConvMaxPoolGrad's reorders of dP, P and Arg from plain to the channel-blocked layout of dY.
+  struct PooledInputs {
+    int64_t block = 0;  // 16 or 8
+    dnnl::memory g_plain, g_blk, p_plain, p_blk, a_plain, a_blk;
+    dnnl::reorder g_to_blk, p_to_blk, a_to_blk;
+  };
+
   struct Plan {
+    std::unique_ptr<PooledInputs> pooled;
     std::unique_ptr<dnnl::convolution_backward_weights> bwd_w;
     std::unique_ptr<dnnl::convolution_backward_data> bwd_d;
     Bound w_src, w_ddst, w_dwei, d_ddst, d_wei, d_dsrc;
@@ -282,16 +310,24 @@ class ConvGradKernel : public Kernel {
   };
 
   void run(Ctx& c) override {
+    if (pooled_) return run_pooled(c);
     Dims dy = c.dims(0), x = c.dims(1), w = c.dims(2);
     Plan& p = plans_.get(shape_key(c), [&] { return build(dy, x, w); });
+    compute(c, p, dy, x, w, c.input(0)->data);
+  }
+
+ private:
+  // The gradients from dY: plain at `dy_plain`, or (dy_plain null) already in the primitives' own memory for it
+  // (ddst_target).
+  void compute(Ctx& c, Plan& p, const Dims& dy, const Dims& x, const Dims& w, const void* dy_plain) {
     auto& s = stream();
     keel_tensor_t* out_dx = want_dx_ ? c.output(0, x) : nullptr;
     keel_tensor_t* out_dw = want_dw_ ? c.output(1, w) : nullptr;
     keel_tensor_t* out_db = want_db_ ? c.output(2, {w[0]}) : nullptr;
-    if (p.direct_dw) direct_weights_grad(c.input(0), c.input(1), out_dw, out_db, dy, x, w);
+    if (p.direct_dw) direct_weights_grad(dy_plain, c.input(1), out_dw, out_db, dy, x, w);
     if (p.bwd_w) {
       p.w_src.in(c.input(1)->data);
-      p.w_ddst.in(c.input(0)->data);
+      if (dy_plain) p.w_ddst.in(dy_plain);
       p.w_dwei.out(out_dw->data);
       std::unordered_map<int, dnnl::memory> args = {
           {DNNL_ARG_SRC, p.w_src.prim}, {DNNL_ARG_DIFF_DST, p.w_ddst.prim}, {DNNL_ARG_DIFF_WEIGHTS, p.w_dwei.prim}};
@@ -303,7 +339,7 @@ class ConvGradKernel : public Kernel {
       p.w_dwei.finish();
     }
     if (p.bwd_d) {
-      if (!p.share_ddst) p.d_ddst.in(c.input(0)->data);
+      if (!p.share_ddst && dy_plain) p.d_ddst.in(dy_plain);
       p.d_wei.in(c.input(2)->data);
       p.d_dsrc.out(out_dx->data);
       execute(*p.bwd_d, s,
@@ -313,10 +349,93 @@ class ConvGradKernel : public Kernel {
       p.d_dsrc.finish();
     }
     s.wait();
-    if (want_db_ && !p.bias_in_prim && !p.direct_dw) bias_sum(c.input(0), out_db, dy);
+    if (want_db_ && !p.bias_in_prim && !p.direct_dw) bias_sum(dy_plain, out_db, dy);
   }
 
- private:
+  // Where dY can be made in place: the blocked memory both primitives read it from (nChw16c / nChw8c), or null
+  // (then it is made plain and goes the ConvGrad way).
+  static dnnl::memory* ddst_target(Plan& p, const Dims& dy, bool want_db) {
+    if (p.direct_dw || (want_db && !p.bias_in_prim)) return nullptr;
+    dnnl::memory* m = nullptr;
+    if (p.bwd_w) {
+      if (!p.w_ddst.reorder || (p.bwd_d && !p.share_ddst)) return nullptr;
+      m = &p.w_ddst.prim;
+    } else if (p.bwd_d) {
+      if (!p.d_ddst.reorder) return nullptr;
+      m = &p.d_ddst.prim;
+    } else {
+      return nullptr;
+    }
+    const auto& md = m->get_desc();
+    const bool blocked = md == dnnl::memory::desc(to_dnnl(dy), dt::f32, tag::nChw16c) ||
+                         md == dnnl::memory::desc(to_dnnl(dy), dt::f32, tag::nChw8c);
+    return blocked ? m : nullptr;
+  }
+
+  void run_pooled(Ctx& c) {
+    const Dims pd = c.dims(0), x = c.dims(1), w = c.dims(2);
+    if (c.dims(3) != pd || c.dims(4) != pd)
+      throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "dP, P and Arg differ in shape"};
+    // The convolution's output size (ONNX: floor).
+    Dims dy{x[0], w[0], 0, 0};
+    for (int i = 0; i < 2; ++i) {
+      const int64_t eff = (w[2 + i] - 1) * dil_[i] + 1, span = x[2 + i] + pads_[i] + pads_[i + 2] - eff;
+      if (span < 0) throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "the kernel is larger than the padded input"};
+      dy[2 + i] = span / strides_[i] + 1;
+    }
+    const int64_t pk[2] = {pool_.kh, pool_.kw}, ps[2] = {pool_.sh, pool_.sw};
+    for (int i = 0; i < 2; ++i)
+      if (dy[2 + i] < pk[i] || (dy[2 + i] - pk[i]) / ps[i] + 1 != pd[2 + i] || pd[0] != dy[0] || pd[1] != dy[1])
+        throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "dP does not have the pooled convolution output's shape"};
+    Plan& p = plans_.get(shape_key(c), [&] { return build(dy, x, w); });
+    PoolArgShape sh;
+    sh.n = dy[0], sh.c = dy[1], sh.h = dy[2], sh.w = dy[3], sh.kh = pool_.kh, sh.kw = pool_.kw, sh.sh = pool_.sh;
+    sh.sw = pool_.sw, sh.oh = pd[2], sh.ow = pd[3];
+    const auto* g = static_cast<const float*>(c.input(0)->data);
+    const auto* pv = static_cast<const float*>(c.input(3)->data);
+    const auto* at = static_cast<const uint8_t*>(c.input(4)->data);
+    dnnl::memory* target = ddst_target(p, dy, want_db_);
+    if (target == nullptr) {  // dY plain, then as ConvGrad
+      auto* plain = static_cast<float*>(c.workspace(static_cast<uint64_t>(numel(dy)) * sizeof(float)));
+      sh.block = 1;
+      pool_arg_backward(sh, g, pv, at, relu_, plain);
+      compute(c, p, dy, x, w, plain);
+      return;
+    }
+    if (!p.pooled) {
+      auto r = std::make_unique<PooledInputs>();
+      r->block = target->get_desc() == dnnl::memory::desc(to_dnnl(dy), dt::f32, tag::nChw16c) ? 16 : 8;
+      const tag bt = r->block == 16 ? tag::nChw16c : tag::nChw8c;
+      auto& eng = engine();
+      r->g_plain = dnnl::memory({to_dnnl(pd), dt::f32, tag::nchw}, eng, nullptr);
+      r->g_blk = dnnl::memory({to_dnnl(pd), dt::f32, bt}, eng, nullptr);
+      r->p_plain = dnnl::memory({to_dnnl(pd), dt::f32, tag::nchw}, eng, nullptr);
+      r->p_blk = dnnl::memory({to_dnnl(pd), dt::f32, bt}, eng, nullptr);
+      r->a_plain = dnnl::memory({to_dnnl(pd), dt::u8, tag::nchw}, eng, nullptr);
+      r->a_blk = dnnl::memory({to_dnnl(pd), dt::u8, bt}, eng, nullptr);
+      r->g_to_blk = dnnl::reorder(r->g_plain, r->g_blk);
+      r->p_to_blk = dnnl::reorder(r->p_plain, r->p_blk);
+      r->a_to_blk = dnnl::reorder(r->a_plain, r->a_blk);
+      p.pooled = std::move(r);
+    }
+    PooledInputs& r = *p.pooled;
+    sh.block = r.block;
+    auto& s = stream();
+    auto blocked = [&](dnnl::memory& plain, dnnl::memory& blk, dnnl::reorder& re, const void* data) {
+      bind(plain, data);
+      bind(blk, c.workspace(blk.get_desc().get_size()));
+      re.execute(s, plain, blk);
+    };
+    blocked(r.g_plain, r.g_blk, r.g_to_blk, g);
+    if (relu_) blocked(r.p_plain, r.p_blk, r.p_to_blk, pv);
+    blocked(r.a_plain, r.a_blk, r.a_to_blk, at);
+    s.wait();
+    pool_arg_backward(sh, static_cast<const float*>(r.g_blk.get_data_handle()),
+                      relu_ ? static_cast<const float*>(r.p_blk.get_data_handle()) : nullptr,
+                      static_cast<const uint8_t*>(r.a_blk.get_data_handle()), relu_,
+                      static_cast<float*>(target->get_data_handle()));
+    compute(c, p, dy, x, w, nullptr);
+  }
   // The first layer of an image model (the SimpleCNN's Conv(1->32, 3x3) over 28x28: 0.83 ms a step at 1 thread for
   // oneDNN's backward weights, about half of it reordering the 5.5 MB dY into its blocked layout): f32, stride 1, no
   // dilation, one group, at most 4 input channels and a kernel at most 7 wide. Larger inputs keep oneDNN (its
@@ -325,7 +444,7 @@ class ConvGradKernel : public Kernel {
     return kHaveAvx512 && dtype_ == KEEL_DTYPE_F32 && group_ == 1 && strides_ == Dims{1, 1} && dil_ == Dims{1, 1} &&
            x[1] <= 4 && w[3] >= 1 && w[3] <= 7;
   }
-  void direct_weights_grad(const keel_tensor_t* dyt, const keel_tensor_t* xt, keel_tensor_t* dwt, keel_tensor_t* dbt,
+  void direct_weights_grad(const void* dyp, const keel_tensor_t* xt, keel_tensor_t* dwt, keel_tensor_t* dbt,
                            const Dims& dy, const Dims& x, const Dims& w) const {
     const int64_t N = x[0], C = x[1], H = x[2], W = x[3], M = w[0], KH = w[2], KW = w[3], OH = dy[2], OW = dy[3];
     const int64_t HP = OH + KH - 1, WP = OW + KW - 1;  // x and both pads (the end ones from dY's size, as build's pr)
@@ -339,7 +458,7 @@ class ConvGradKernel : public Kernel {
                       static_cast<size_t>(W) * sizeof(float));
       xp = padded.data();
     }
-    const float* g = static_cast<const float*>(dyt->data);
+    const float* g = static_cast<const float*>(dyp);
     float* dw = static_cast<float*>(dwt->data);
     float* db = dbt ? static_cast<float*>(dbt->data) : nullptr;
     using Fn = void (*)(const float*, const float*, float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t,
@@ -361,17 +480,17 @@ class ConvGradKernel : public Kernel {
     }
   }
 
-  void bias_sum(const keel_tensor_t* dy, keel_tensor_t* db, const Dims& d) const {
+  void bias_sum(const void* dy, keel_tensor_t* db, const Dims& d) const {
     const int64_t N = d[0], M = d[1], S = d[2] * d[3];
     std::vector<float> acc(static_cast<size_t>(M), 0.f);
     for (int64_t n = 0; n < N; ++n)
       for (int64_t m = 0; m < M; ++m) {
         float sacc = 0;
         if (dtype_ == KEEL_DTYPE_F32) {
-          const float* p = static_cast<const float*>(dy->data) + (n * M + m) * S;
+          const float* p = static_cast<const float*>(dy) + (n * M + m) * S;
           for (int64_t i = 0; i < S; ++i) sacc += p[i];
         } else {
-          const uint16_t* p = static_cast<const uint16_t*>(dy->data) + (n * M + m) * S;
+          const uint16_t* p = static_cast<const uint16_t*>(dy) + (n * M + m) * S;
           for (int64_t i = 0; i < S; ++i) sacc += bf16_to_f32(p[i]);
         }
         acc[m] += sacc;
@@ -479,6 +598,11 @@ class ConvGradKernel : public Kernel {
     return p;
   }
 
+  bool pooled_;
+  bool relu_ = false;
+  struct {
+    int64_t kh = 1, kw = 1, sh = 1, sw = 1;
+  } pool_;
   int32_t dtype_ = KEEL_DTYPE_F32;
   int64_t group_ = 1;
   bool want_dx_ = false, want_dw_ = false, want_db_ = false;
@@ -1063,6 +1187,12 @@ const std::vector<TypedKernelInfo>& train_kernels() {
        "onednn_keel_convgrad",
        {KEEL_DTYPE_F32, KEEL_DTYPE_BF16},
        [] { return static_cast<Kernel*>(new ConvGradKernel); }},
+      {"keel",
+       "FusedConvMaxPoolGrad",
+       1,
+       "onednn_keel_fusedconvmaxpoolgrad",
+       {KEEL_DTYPE_F32},
+       [] { return static_cast<Kernel*>(new ConvGradKernel(true)); }},
       {"keel",
        "ReluGrad",
        1,

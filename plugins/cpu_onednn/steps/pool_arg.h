@@ -1,0 +1,32 @@
+// plugins/cpu_onednn/steps/pool_arg.h — (internal) max pooling that records where each window's maximum is, and the
+// gradient's scatter by those positions: keel.FusedConvMaxPool's pooling of the convolution output it just made
+// (kernels/conv.cc) and keel.FusedConvMaxPoolGrad's making of the convolution's output gradient (kernels/train.cc),
+// both in the layout the convolution primitives use, so that neither goes through the plain layout.
+//
+// Layouts by channel block b: b = 1 is plain NCHW; b = 8 / 16 are oneDNN's nChw8c / nChw16c ([n][ceil(c / b)][h][w][b],
+// the channels past c padding). Windows: kh x kw at strides sh x sw, no padding, the oh x ow that fit.
+#pragma once
+
+#include <cstdint>
+
+namespace keel::onednn {
+
+struct PoolArgShape {
+  int64_t n = 1, c = 1, h = 1, w = 1;            // the pooled tensor (the convolution output)
+  int64_t kh = 1, kw = 1, sh = 1, sw = 1;        // window and strides; kh * kw <= 256
+  int64_t oh = 1, ow = 1;                        // pooled size
+  int64_t block = 1;                             // 1, 8 or 16
+  int64_t blocks() const { return (c + block - 1) / block; }
+};
+
+// dst = max over each window of src, arg = the window position (i * kw + j) of its first maximum; src, dst and arg in
+// s.block's layout (padding channels pooled like the others). `arg` may be null. Runs on the calling OpenMP team.
+void pool_arg_forward(const PoolArgShape& s, const float* src, float* dst, uint8_t* arg);
+
+// dx = the gradient of that pooling: each window's g (times p > 0 when relu; p is the pooled output) added at arg's
+// position, zeros elsewhere; g, p and arg in the pooled layout, dx in the source's (both by s.block). p is read only
+// when relu. Runs on the calling OpenMP team.
+void pool_arg_backward(const PoolArgShape& s, const float* g, const float* p, const uint8_t* arg, bool relu,
+                       float* dx);
+
+}  // namespace keel::onednn
