@@ -22,7 +22,7 @@ namespace {
 
 // One (image, channel block) of nChw16c.
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void forward16(const PoolArgShape& s, const float* src, float* dst,
-                                                           uint8_t* arg) {
+                                                                    uint8_t* arg) {
   for (int64_t oh = 0; oh < s.oh; ++oh)
     for (int64_t ow = 0; ow < s.ow; ++ow) {
       const float* base = src + ((oh * s.sh) * s.w + ow * s.sw) * 16;
@@ -52,7 +52,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void backward16_tiled(const
     for (int64_t ow = 0; ow < s.ow; ++ow) {
       const int64_t o = (oh * s.ow + ow) * 16;
       __m512 gv = _mm512_loadu_ps(g + o);
-      if (relu) gv = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_loadu_ps(p + o), _mm512_setzero_ps(), _CMP_GT_OQ), gv);
+      if (relu)
+        gv = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_loadu_ps(p + o), _mm512_setzero_ps(), _CMP_GT_OQ), gv);
       const __m512i at = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(arg + o)));
       float* base = dx + ((oh * s.kh) * s.w + ow * s.kw) * 16;
       for (int64_t i = 0; i < s.kh; ++i)
@@ -74,14 +75,16 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void backward16_tiled(const
 }
 
 // Any strides (windows may overlap or leave gaps): zeros, then each window's gradient added at its maximum.
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void backward16(const PoolArgShape& s, const float* g, const float* p,
-                                                            const uint8_t* arg, bool relu, float* dx) {
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void backward16(const PoolArgShape& s, const float* g,
+                                                                     const float* p, const uint8_t* arg, bool relu,
+                                                                     float* dx) {
   std::memset(dx, 0, static_cast<size_t>(s.h * s.w * 16) * sizeof(float));
   for (int64_t oh = 0; oh < s.oh; ++oh)
     for (int64_t ow = 0; ow < s.ow; ++ow) {
       const int64_t o = (oh * s.ow + ow) * 16;
       __m512 gv = _mm512_loadu_ps(g + o);
-      if (relu) gv = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_loadu_ps(p + o), _mm512_setzero_ps(), _CMP_GT_OQ), gv);
+      if (relu)
+        gv = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_loadu_ps(p + o), _mm512_setzero_ps(), _CMP_GT_OQ), gv);
       const __m512i at = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(arg + o)));
       float* base = dx + ((oh * s.sh) * s.w + ow * s.sw) * 16;
       for (int64_t i = 0; i < s.kh; ++i)
@@ -95,8 +98,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void backward16(const PoolA
 }
 
 // One (image, channel) plane of the plain layout, 2x2 / stride-2 windows, 16 along the row at a time.
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void forward_plain2x2(const PoolArgShape& s, const float* src, float* dst,
-                                                                  uint8_t* arg) {
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void forward_plain2x2(const PoolArgShape& s, const float* src,
+                                                                           float* dst, uint8_t* arg) {
   for (int64_t oh = 0; oh < s.oh; ++oh) {
     const float* r0 = src + 2 * oh * s.w;
     for (int64_t ow = 0; ow < s.ow; ow += 16) {
@@ -118,8 +121,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void forward_plain2x2(const
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void backward_plain2x2(const PoolArgShape& s, const float* g,
-                                                                   const float* p, const uint8_t* arg, bool relu,
-                                                                   float* dx) {
+                                                                            const float* p, const uint8_t* arg,
+                                                                            bool relu, float* dx) {
   const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
   for (int64_t oh = 0; oh < s.oh; ++oh) {
@@ -213,7 +216,8 @@ void pool_arg_backward(const PoolArgShape& s, const float* g, const float* p, co
   for (int64_t t = 0; t < planes; ++t) {
     const float* pt = relu ? p + t * out : nullptr;
     if (!avx) backward_any(s, g + t * out, pt, arg + t * out, relu, dx + t * in);
-    else if (s.block == 16 && s.sh == s.kh && s.sw == s.kw) backward16_tiled(s, g + t * out, pt, arg + t * out, relu, dx + t * in);
+    else if (s.block == 16 && s.sh == s.kh && s.sw == s.kw)
+      backward16_tiled(s, g + t * out, pt, arg + t * out, relu, dx + t * in);
     else if (s.block == 16) backward16(s, g + t * out, pt, arg + t * out, relu, dx + t * in);
     else backward_plain2x2(s, g + t * out, pt, arg + t * out, relu, dx + t * in);
   }

@@ -12,10 +12,10 @@
 namespace keel::onednn {
 
 struct PoolArgShape {
-  int64_t n = 1, c = 1, h = 1, w = 1;            // the pooled tensor (the convolution output)
-  int64_t kh = 1, kw = 1, sh = 1, sw = 1;        // window and strides; kh * kw <= 256
-  int64_t oh = 1, ow = 1;                        // pooled size
-  int64_t block = 1;                             // 1, 8 or 16
+  int64_t n = 1, c = 1, h = 1, w = 1;      // the pooled tensor (the convolution output)
+  int64_t kh = 1, kw = 1, sh = 1, sw = 1;  // window and strides; kh * kw <= 256
+  int64_t oh = 1, ow = 1;                  // pooled size
+  int64_t block = 1;                       // 1, 8 or 16
   int64_t blocks() const { return (c + block - 1) / block; }
 };
 
@@ -26,7 +26,6 @@ void pool_arg_forward(const PoolArgShape& s, const float* src, float* dst, uint8
 // dx = the gradient of that pooling: each window's g (times p > 0 when relu; p is the pooled output) added at arg's
 // position, zeros elsewhere; g, p and arg in the pooled layout, dx in the source's (both by s.block). p is read only
 // when relu. Runs on the calling OpenMP team.
-void pool_arg_backward(const PoolArgShape& s, const float* g, const float* p, const uint8_t* arg, bool relu,
-                       float* dx);
+void pool_arg_backward(const PoolArgShape& s, const float* g, const float* p, const uint8_t* arg, bool relu, float* dx);
 
 }  // namespace keel::onednn

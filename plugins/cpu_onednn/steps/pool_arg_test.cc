@@ -33,8 +33,8 @@ TEST(OnednnPoolArg, MatchesScalarLoopsInEveryLayout) {
     int64_t c, h, w, kh, kw, sh, sw, block;
   };
   const Case cases[] = {{32, 24, 24, 2, 2, 2, 2, 16}, {24, 9, 11, 2, 2, 2, 2, 16}, {16, 10, 10, 3, 2, 3, 2, 16},
-                        {16, 9, 9, 3, 3, 2, 2, 16},   {8, 9, 9, 2, 2, 2, 2, 8},     {12, 7, 10, 3, 3, 2, 2, 8},
-                        {5, 26, 26, 2, 2, 2, 2, 1},   {3, 13, 35, 2, 2, 2, 2, 1},   {4, 10, 9, 3, 3, 2, 2, 1}};
+                        {16, 9, 9, 3, 3, 2, 2, 16},   {8, 9, 9, 2, 2, 2, 2, 8},    {12, 7, 10, 3, 3, 2, 2, 8},
+                        {5, 26, 26, 2, 2, 2, 2, 1},   {3, 13, 35, 2, 2, 2, 2, 1},  {4, 10, 9, 3, 3, 2, 2, 1}};
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> u(-1.f, 1.f);
   for (const Case& k : cases)
@@ -44,8 +44,8 @@ TEST(OnednnPoolArg, MatchesScalarLoopsInEveryLayout) {
       s.oh = (k.h - k.kh) / k.sh + 1, s.ow = (k.w - k.kw) / k.sw + 1;
       const std::string what = "c=" + std::to_string(k.c) + " " + std::to_string(k.h) + "x" + std::to_string(k.w) +
                                " window " + std::to_string(k.kh) + "x" + std::to_string(k.kw) + " stride " +
-                               std::to_string(k.sh) + "x" + std::to_string(k.sw) + " block " +
-                               std::to_string(k.block) + (relu ? " relu" : "");
+                               std::to_string(k.sh) + "x" + std::to_string(k.sw) + " block " + std::to_string(k.block) +
+                               (relu ? " relu" : "");
       const size_t in = static_cast<size_t>(s.n * s.blocks() * s.block * s.h * s.w),
                    out = static_cast<size_t>(s.n * s.blocks() * s.block * s.oh * s.ow);
       float* src = buffer(in, 0.f);
@@ -80,8 +80,8 @@ TEST(OnednnPoolArg, MatchesScalarLoopsInEveryLayout) {
           for (int64_t y = 0; y < s.h; ++y)
             for (int64_t x = 0; x < s.w; ++x) {
               const int64_t i = at(s, n, c, y, x, s.h, s.w);
-              ASSERT_FLOAT_EQ(dx[i], want_dx[static_cast<size_t>(i)]) << what << " at " << n << "," << c << "," << y
-                                                                      << "," << x;
+              ASSERT_FLOAT_EQ(dx[i], want_dx[static_cast<size_t>(i)])
+                  << what << " at " << n << "," << c << "," << y << "," << x;
             }
       for (void* p : {static_cast<void*>(src), static_cast<void*>(dst), static_cast<void*>(arg), static_cast<void*>(g),
                       static_cast<void*>(dx)})
