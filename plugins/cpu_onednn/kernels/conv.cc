@@ -47,10 +47,11 @@ __attribute__((target("avx512f"))) inline __mmask16 stem_lanes(int64_t n) {
 
 // Y[n][m0 .. m0 + MB) = act(conv(Xp[n], W) + B) over the zero-padded input Xp (HP x WP planes), 16 output columns a
 // step (masked past the row: those lanes are neither read nor written); each loaded tap of X serves the MB channels.
+// `y` points at plane (n, m0): the MB planes follow it, OH x OW each.
 template <int KW, int MB>
 __attribute__((target("avx512f"))) void stem_conv_f32(const float* xp, const float* w, const float* bias, float* y,
-                                                      int64_t n, int64_t m0, int64_t M, int64_t C, int64_t KH,
-                                                      int64_t OH, int64_t OW, int64_t HP, int64_t WP, bool relu) {
+                                                      int64_t n, int64_t m0, int64_t C, int64_t KH, int64_t OH,
+                                                      int64_t OW, int64_t HP, int64_t WP, bool relu) {
   const int64_t per_m = C * KH * KW;  // one output channel's weights
   for (int64_t oh = 0; oh < OH; ++oh)
     for (int64_t ow = 0; ow < OW; ow += 16) {
@@ -72,16 +73,20 @@ __attribute__((target("avx512f"))) void stem_conv_f32(const float* xp, const flo
 #pragma GCC unroll 8
       for (int b = 0; b < MB; ++b) {
         const __m512 v = relu ? _mm512_max_ps(acc[b], _mm512_setzero_ps()) : acc[b];
-        _mm512_mask_storeu_ps(y + ((n * M + m0 + b) * OH + oh) * OW + ow, k, v);
+        _mm512_mask_storeu_ps(y + (b * OH + oh) * OW + ow, k, v);
       }
     }
 }
 
 #pragma GCC diagnostic pop
 
-// The whole convolution (x [N, C, H, W], w [M, C, KH, KW], pads {top, left, bottom, right}) into y [N, M, OH, OW].
+// The whole convolution (x [N, C, H, W], w [M, C, KH, KW], pads {top, left, bottom, right}) into y [N, M, OH, OW];
+// or, with `pool` (keel.FusedConvMaxPool: its n, c, h, w unused), each task's planes into a buffer of the thread's
+// (L1/L2-sized) and pooled from there into pooled [N, M, PH, PW] and arg (may be null), so that the convolution's
+// output never goes to memory (SimpleCNN: 5.5 MB a step).
 void stem_conv(const float* x, const float* w, const float* bias, float* y, const Dims& xd, const Dims& wd,
-               const Dims& pads, const Dims& yd, bool relu) {
+               const Dims& pads, const Dims& yd, bool relu, const PoolArgShape* pool = nullptr, float* pooled = nullptr,
+               uint8_t* arg = nullptr) {
   const int64_t N = xd[0], C = xd[1], H = xd[2], W = xd[3], M = wd[0], KH = wd[2], KW = wd[3], OH = yd[2], OW = yd[3];
   const int64_t HP = OH + KH - 1, WP = OW + KW - 1;
   std::vector<float> padded;
@@ -95,17 +100,28 @@ void stem_conv(const float* x, const float* w, const float* bias, float* y, cons
     xp = padded.data();
   }
   using Fn = void (*)(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t,
-                      int64_t, int64_t, int64_t, int64_t, bool);
+                      int64_t, int64_t, int64_t, bool);
   static constexpr Fn kBlocked[] = {stem_conv_f32<1, 8>, stem_conv_f32<2, 8>, stem_conv_f32<3, 8>, stem_conv_f32<4, 8>,
                                     stem_conv_f32<5, 8>, stem_conv_f32<6, 8>, stem_conv_f32<7, 8>};
   static constexpr Fn kSingle[] = {stem_conv_f32<1, 1>, stem_conv_f32<2, 1>, stem_conv_f32<3, 1>, stem_conv_f32<4, 1>,
                                    stem_conv_f32<5, 1>, stem_conv_f32<6, 1>, stem_conv_f32<7, 1>};
   const int64_t blocks = M / 8, per_n = blocks + M % 8;
+  const int64_t plane = OH * OW;
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < N * per_n; ++t) {
-    const int64_t n = t / per_n, r = t % per_n;
-    if (r < blocks) kBlocked[KW - 1](xp, w, bias, y, n, r * 8, M, C, KH, OH, OW, HP, WP, relu);
-    else kSingle[KW - 1](xp, w, bias, y, n, blocks * 8 + (r - blocks), M, C, KH, OH, OW, HP, WP, relu);
+    const int64_t n = t / per_n, r = t % per_n, m0 = r < blocks ? r * 8 : blocks * 8 + (r - blocks);
+    const int64_t planes = r < blocks ? 8 : 1;
+    thread_local std::vector<float> own;
+    if (pool) own.resize(static_cast<size_t>(8 * plane));
+    float* dst = pool ? own.data() : y + (n * M + m0) * plane;
+    if (r < blocks) kBlocked[KW - 1](xp, w, bias, dst, n, m0, C, KH, OH, OW, HP, WP, relu);
+    else kSingle[KW - 1](xp, w, bias, dst, n, m0, C, KH, OH, OW, HP, WP, relu);
+    if (pool) {
+      PoolArgShape ps = *pool;
+      ps.n = 1, ps.c = planes, ps.h = OH, ps.w = OW, ps.block = 1;
+      const int64_t out = (n * M + m0) * ps.oh * ps.ow;
+      pool_arg_forward_here(ps, dst, pooled + out, arg ? arg + out : nullptr);
+    }
   }
 }
 
@@ -267,12 +283,8 @@ class ConvKernel : public Kernel {
   // plain; otherwise it stays in p.dst_prim (bound to the run's workspace), in the primitive's layout.
   void convolve(Ctx& c, ConvPlan& p, void* y, bool reorder_out) {
     if (p.stem) {
-      const float* w = w_const_.empty() ? static_cast<const float*>(c.input(1)->data) : w_const_.data();
-      const float* b = !has_bias_         ? nullptr
-                       : b_const_.empty() ? static_cast<const float*>(c.input(2)->data)
-                                          : b_const_.data();
-      stem_conv(static_cast<const float*>(c.input(0)->data), w, b, static_cast<float*>(y), c.dims(0), w_dims_,
-                p.stem_pads, p.out_dims, act_.set);
+      stem_conv(static_cast<const float*>(c.input(0)->data), stem_weights(c), stem_bias(c), static_cast<float*>(y),
+                c.dims(0), w_dims_, p.stem_pads, p.out_dims, act_.set);
       return;
     }
     auto& s = stream();
@@ -315,10 +327,17 @@ class ConvKernel : public Kernel {
     s.wait();
   }
 
-  // keel.FusedConvMaxPool: the convolution's output stays in the workspace in the layout it was made in (nChw16c /
-  // nChw8c, or plain for the stem kernel and plain primitives); the pooling reads it there and writes the pooled
-  // output and window positions in that layout; only those quarter-size results are reordered to plain. No reorder
-  // of the whole output, no output tensor for it.
+  const float* stem_weights(Ctx& c) const {
+    return w_const_.empty() ? static_cast<const float*>(c.input(1)->data) : w_const_.data();
+  }
+  const float* stem_bias(Ctx& c) const {
+    return !has_bias_ ? nullptr : b_const_.empty() ? static_cast<const float*>(c.input(2)->data) : b_const_.data();
+  }
+
+  // keel.FusedConvMaxPool: the stem kernel pools each task's planes while they are in its cache (stem_conv). A
+  // primitive's output stays in the workspace in the layout it was made in (nChw16c / nChw8c, or plain); the pooling
+  // reads it there and writes the pooled output and window positions in that layout; only those quarter-size
+  // results are reordered to plain. No reorder of the whole output, no output tensor for it.
   void run_pooled(Ctx& c, ConvPlan& p) {
     const Dims& y = p.out_dims;
     if (y[2] < pool_.kh || y[3] < pool_.kw) throw Reject{"the pool window does not fit the convolution output"};
@@ -333,12 +352,19 @@ class ConvKernel : public Kernel {
               : md == dnnl::memory::desc(to_dnnl(y), dt::f32, tag::nChw8c) ? 8
                                                                            : 0;
     }
-    void* plain = block == 1 || block == 0 ? c.workspace(static_cast<uint64_t>(numel(y)) * sizeof(float)) : nullptr;
-    convolve(c, p, plain, block == 0);  // another layout: reordered to plain
-    if (block == 0) block = 1;
     PoolArgShape ps;
     ps.n = y[0], ps.c = y[1], ps.h = y[2], ps.w = y[3], ps.kh = pool_.kh, ps.kw = pool_.kw, ps.sh = pool_.sh;
     ps.sw = pool_.sw, ps.oh = pd[2], ps.ow = pd[3], ps.block = block;
+    if (p.stem) {  // pooled inside the stem kernel, per task
+      stem_conv(static_cast<const float*>(c.input(0)->data), stem_weights(c), stem_bias(c), nullptr, c.dims(0), w_dims_,
+                p.stem_pads, y, act_.set, &ps, static_cast<float*>(out->data),
+                arg ? static_cast<uint8_t*>(arg->data) : nullptr);
+      return;
+    }
+    void* plain = block == 1 || block == 0 ? c.workspace(static_cast<uint64_t>(numel(y)) * sizeof(float)) : nullptr;
+    convolve(c, p, plain, block == 0);  // another layout: reordered to plain
+    if (block == 0) block = 1;
+    ps.block = block;
     const float* src = static_cast<const float*>(block == 1 ? plain : p.dst_prim.get_data_handle());
     if (block == 1) {
       pool_arg_forward(ps, src, static_cast<float*>(out->data), arg ? static_cast<uint8_t*>(arg->data) : nullptr);

@@ -196,16 +196,27 @@ bool plain2x2(const PoolArgShape& s) { return s.block == 1 && s.kh == 2 && s.kw 
 
 }  // namespace
 
-void pool_arg_forward(const PoolArgShape& s, const float* src, float* dst, uint8_t* arg) {
+namespace {
+void forward_planes(const PoolArgShape& s, const float* src, float* dst, uint8_t* arg, int64_t t0, int64_t t1) {
   const bool avx = have_avx512() && (s.block == 16 || plain2x2(s));
-  const int64_t planes = s.n * s.blocks(), in = s.h * s.w * s.block, out = s.oh * s.ow * s.block;
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < planes; ++t) {
+  const int64_t in = s.h * s.w * s.block, out = s.oh * s.ow * s.block;
+  for (int64_t t = t0; t < t1; ++t) {
     uint8_t* a = arg ? arg + t * out : nullptr;
     if (!avx) forward_any(s, src + t * in, dst + t * out, a);
     else if (s.block == 16) forward16(s, src + t * in, dst + t * out, a);
     else forward_plain2x2(s, src + t * in, dst + t * out, a);
   }
+}
+}  // namespace
+
+void pool_arg_forward(const PoolArgShape& s, const float* src, float* dst, uint8_t* arg) {
+  const int64_t planes = s.n * s.blocks();
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < planes; ++t) forward_planes(s, src, dst, arg, t, t + 1);
+}
+
+void pool_arg_forward_here(const PoolArgShape& s, const float* src, float* dst, uint8_t* arg) {
+  forward_planes(s, src, dst, arg, 0, s.n * s.blocks());
 }
 
 void pool_arg_backward(const PoolArgShape& s, const float* g, const float* p, const uint8_t* arg, bool relu,

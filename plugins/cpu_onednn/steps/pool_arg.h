@@ -22,6 +22,8 @@ struct PoolArgShape {
 // dst = max over each window of src, arg = the window position (i * kw + j) of its first maximum; src, dst and arg in
 // s.block's layout (padding channels pooled like the others). `arg` may be null. Runs on the calling OpenMP team.
 void pool_arg_forward(const PoolArgShape& s, const float* src, float* dst, uint8_t* arg);
+// The same on the calling thread alone (a caller that is one task of its own parallel loop).
+void pool_arg_forward_here(const PoolArgShape& s, const float* src, float* dst, uint8_t* arg);
 
 // dx = the gradient of that pooling: each window's g (times p > 0 when relu; p is the pooled output) added at arg's
 // position, zeros elsewhere; g, p and arg in the pooled layout, dx in the source's (both by s.block). p is read only
