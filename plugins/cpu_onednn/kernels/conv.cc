@@ -256,11 +256,7 @@ class ConvKernel : public Kernel {
     if (pooled_) {
       if (rank_ != 4) throw Reject{"2-D only"};
       const Dims ks = c.attr_ints("pool_kernel_shape", Dims{});
-      const Dims st = c.attr_ints("pool_strides", ks);
-      if (ks.size() != 2 || st.size() != 2 || ks[0] <= 0 || ks[1] <= 0 || st[0] <= 0 || st[1] <= 0 ||
-          ks[0] * ks[1] > 256)
-        throw Reject{"pool window"};
-      pool_ = {ks[0], ks[1], st[0], st[1]};
+      if (!read_pool_window(ks, c.attr_ints("pool_strides", ks), &pool_)) throw Reject{"pool window"};
     }
     if (c.output_count() > (pooled_ ? 2 : 1)) throw Reject{"extra outputs"};
     if (c.dims_known(0)) {
@@ -590,9 +586,7 @@ class ConvKernel : public Kernel {
   }
 
   bool transpose_, fused_, pooled_;
-  struct {
-    int64_t kh = 1, kw = 1, sh = 1, sw = 1;
-  } pool_;
+  PoolArgShape pool_;  // kh, kw, sh, sw: the pool window (pooled_)
   FusedActivation act_;
   int rank_ = 0;
   int64_t group_ = 1;

@@ -270,11 +270,7 @@ class ConvGradKernel : public Kernel {
       if (!act.empty() && act != "Relu") throw Reject{"activation " + act};
       relu_ = act == "Relu";
       const Dims ks = c.attr_ints("pool_kernel_shape", Dims{});
-      const Dims st = c.attr_ints("pool_strides", ks);
-      if (ks.size() != 2 || st.size() != 2 || ks[0] <= 0 || ks[1] <= 0 || st[0] <= 0 || st[1] <= 0 ||
-          ks[0] * ks[1] > 256)
-        throw Reject{"pool window"};
-      pool_ = {ks[0], ks[1], st[0], st[1]};
+      if (!read_pool_window(ks, c.attr_ints("pool_strides", ks), &pool_)) throw Reject{"pool window"};
     }
     if (c.attr_s("auto_pad", "NOTSET") != "NOTSET") throw Reject{"auto_pad"};
     group_ = c.attr_i("group", 1);
@@ -600,9 +596,7 @@ class ConvGradKernel : public Kernel {
 
   bool pooled_;
   bool relu_ = false;
-  struct {
-    int64_t kh = 1, kw = 1, sh = 1, sw = 1;
-  } pool_;
+  PoolArgShape pool_;  // kh, kw, sh, sw: the pool window (pooled_)
   int32_t dtype_ = KEEL_DTYPE_F32;
   int64_t group_ = 1;
   bool want_dx_ = false, want_dw_ = false, want_db_ = false;

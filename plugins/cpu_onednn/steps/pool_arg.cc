@@ -41,6 +41,22 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void forward16(const PoolAr
     }
 }
 
+// One pooled position of 16 channels: its gradient (zero where the Relu mask is off) and window positions.
+struct Window16 {
+  __m512 g;
+  __m512i at;
+};
+__attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline Window16 window16(const float* g,
+                                                                                             const float* p,
+                                                                                             const uint8_t* arg,
+                                                                                             int64_t o, bool relu) {
+  Window16 v;
+  v.g = _mm512_loadu_ps(g + o);
+  if (relu) v.g = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_loadu_ps(p + o), _mm512_setzero_ps(), _CMP_GT_OQ), v.g);
+  v.at = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(arg + o)));
+  return v;
+}
+
 // Windows that tile the plane (strides equal to the window): each position written once, by its window.
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void backward16_tiled(const PoolArgShape& s, const float* g,
                                                                            const float* p, const uint8_t* arg,
@@ -50,11 +66,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void backward16_tiled(const
   const bool stream = reinterpret_cast<uintptr_t>(dx) % 64 == 0 && (s.w * 16 * sizeof(float)) % 64 == 0;
   for (int64_t oh = 0; oh < s.oh; ++oh) {
     for (int64_t ow = 0; ow < s.ow; ++ow) {
-      const int64_t o = (oh * s.ow + ow) * 16;
-      __m512 gv = _mm512_loadu_ps(g + o);
-      if (relu)
-        gv = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_loadu_ps(p + o), _mm512_setzero_ps(), _CMP_GT_OQ), gv);
-      const __m512i at = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(arg + o)));
+      const Window16 v = window16(g, p, arg, (oh * s.ow + ow) * 16, relu);
+      const __m512 gv = v.g;
+      const __m512i at = v.at;
       float* base = dx + ((oh * s.kh) * s.w + ow * s.kw) * 16;
       for (int64_t i = 0; i < s.kh; ++i)
         for (int64_t j = 0; j < s.kw; ++j) {
@@ -81,11 +95,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void backward16(const PoolA
   std::memset(dx, 0, static_cast<size_t>(s.h * s.w * 16) * sizeof(float));
   for (int64_t oh = 0; oh < s.oh; ++oh)
     for (int64_t ow = 0; ow < s.ow; ++ow) {
-      const int64_t o = (oh * s.ow + ow) * 16;
-      __m512 gv = _mm512_loadu_ps(g + o);
-      if (relu)
-        gv = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_loadu_ps(p + o), _mm512_setzero_ps(), _CMP_GT_OQ), gv);
-      const __m512i at = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(arg + o)));
+      const Window16 v = window16(g, p, arg, (oh * s.ow + ow) * 16, relu);
+      const __m512 gv = v.g;
+      const __m512i at = v.at;
       float* base = dx + ((oh * s.sh) * s.w + ow * s.sw) * 16;
       for (int64_t i = 0; i < s.kh; ++i)
         for (int64_t j = 0; j < s.kw; ++j) {
@@ -208,6 +220,14 @@ void forward_planes(const PoolArgShape& s, const float* src, float* dst, uint8_t
   }
 }
 }  // namespace
+
+bool read_pool_window(const std::vector<int64_t>& kernel, const std::vector<int64_t>& strides, PoolArgShape* s) {
+  if (kernel.size() != 2 || strides.size() != 2 || kernel[0] <= 0 || kernel[1] <= 0 || strides[0] <= 0 ||
+      strides[1] <= 0 || kernel[0] * kernel[1] > 256)
+    return false;
+  s->kh = kernel[0], s->kw = kernel[1], s->sh = strides[0], s->sw = strides[1];
+  return true;
+}
 
 void pool_arg_forward(const PoolArgShape& s, const float* src, float* dst, uint8_t* arg) {
   const int64_t planes = s.n * s.blocks();

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace keel::onednn {
 
@@ -18,6 +19,11 @@ struct PoolArgShape {
   int64_t block = 1;                       // 1, 8 or 16
   int64_t blocks() const { return (c + block - 1) / block; }
 };
+
+// The window and strides of keel.FusedConvMaxPool's attributes pool_kernel_shape and pool_strides (default: the
+// window) into s.kh, s.kw, s.sh, s.sw; false where they are not two positive entries each or the window has more than
+// 256 positions (a uint8 window position).
+bool read_pool_window(const std::vector<int64_t>& kernel, const std::vector<int64_t>& strides, PoolArgShape* s);
 
 // dst = max over each window of src, arg = the window position (i * kw + j) of its first maximum; src, dst and arg in
 // s.block's layout (padding channels pooled like the others). `arg` may be null. Runs on the calling OpenMP team.
