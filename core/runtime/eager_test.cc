@@ -410,7 +410,17 @@ TEST_F(EagerTest, Conv2dReluMaxPoolIsMaxPoolOfConv2dReluInOneKernel) {
           EXPECT_NE(line.rfind(op, 0), 0u) << what << ": " << op << "ran\n" << fused.report;
     }
   }
-  init(reference_env());
+  // A window larger than the convolution's output: an Error naming both, on either kernel set.
+  for (bool on_plugins : {true, false}) {
+    if (!on_plugins) init(reference_env());
+    Tensor x = randn({1, 2, 5, 5}), w = randn({3, 2, 3, 3}), b = randn({3});
+    try {
+      (void)conv2d_relu_max_pool2d(x, w, b, {4, 4});
+      ADD_FAILURE() << "a 4x4 window over a 3x3 output was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("smaller than the pool window 4x4"), std::string::npos) << e.what();
+    }
+  }
   {
     manual_seed(2);
     Tensor x = randn({1, 2, 6, 6}), w = randn({3, 2, 3, 3}), b = randn({3});
