@@ -333,11 +333,17 @@ Status g_conv(B& b) {
 // keel.FusedConv = act(conv(X, W) + B + Z) with no activation or Relu (eager's conv2d_relu): the pre-activation
 // gradient first (ReluGrad over the output; eager's MaxPool fold may hand it in directly and skip that first step),
 // then ConvGrad; Z's gradient is the pre-activation gradient itself.
-Status g_fused_conv(B& b) {
+// The activation of a fused convolution into *act ("" or "Relu", the ones its gradient rule takes), else an error.
+Status conv_activation(const B& b, const char* op, std::string* act) {
   const Attribute* a = b.node().attr("activation");
-  const std::string act = a ? a->s : std::string();
-  if (!act.empty() && act != "Relu")
-    return unimplemented("FusedConv: no gradient for activation '" + act + "' (only none and Relu)");
+  *act = a ? a->s : std::string();
+  if (!act->empty() && *act != "Relu")
+    return unimplemented(std::string(op) + ": no gradient for activation '" + *act + "' (only none and Relu)");
+  return Status::ok();
+}
+Status g_fused_conv(B& b) {
+  std::string act;
+  if (Status st = conv_activation(b, "FusedConv", &act); !st.is_ok()) return st;
   const std::string pre = act.empty() ? B::dy(0) : b.op("ReluGrad", {B::dy(0), B::y(0)}, {}, "keel");
   conv_input_grads(b, pre);
   if (b.has_input(3) && b.needs(3)) b.grad(3, pre);
@@ -346,10 +352,8 @@ Status g_fused_conv(B& b) {
 // keel.FusedConvMaxPool (eager's conv2d_relu_max_pool2d): one keel.FusedConvMaxPoolGrad from dP, X, W, the pooled
 // output P and the window positions Arg (output 1, which the forward makes when a gradient is wanted).
 Status g_fused_conv_max_pool(B& b) {
-  const Attribute* a = b.node().attr("activation");
-  const std::string act = a ? a->s : std::string();
-  if (!act.empty() && act != "Relu")
-    return unimplemented("FusedConvMaxPool: no gradient for activation '" + act + "' (only none and Relu)");
+  std::string act;
+  if (Status st = conv_activation(b, "FusedConvMaxPool", &act); !st.is_ok()) return st;
   if (b.num_outputs() < 2 || b.out(1).dtype != DType::kU8)
     return unimplemented("FusedConvMaxPool: its gradient needs the window positions (output Arg)");
   auto attrs = conv_attrs(b.node());

@@ -77,6 +77,18 @@ inline dnnl::memory::format_tag plain_tag(size_t rank) {
   return rank == 5 ? t::ncdhw : rank == 3 ? t::ncw : t::nchw;
 }
 
+// The channel block (16 or 8) of an f32 4-D memory in nChw16c / nChw8c over `dims`; 0 for any other layout. And the tag
+// of a block.
+inline int64_t channel_block(const dnnl::memory::desc& md, const std::vector<int64_t>& dims) {
+  using t = dnnl::memory::format_tag;
+  const dnnl::memory::dims d(dims.begin(), dims.end());
+  const auto f32 = dnnl::memory::data_type::f32;
+  return md == dnnl::memory::desc(d, f32, t::nChw16c) ? 16 : md == dnnl::memory::desc(d, f32, t::nChw8c) ? 8 : 0;
+}
+inline dnnl::memory::format_tag channel_block_tag(int64_t block) {
+  return block == 16 ? dnnl::memory::format_tag::nChw16c : dnnl::memory::format_tag::nChw8c;
+}
+
 // A plain row-major memory descriptor of these dims (f32 unless given).
 dnnl::memory::desc plain_md(const Dims& d, dnnl::memory::data_type dt = dnnl::memory::data_type::f32);
 dnnl::memory::dims to_dnnl(const Dims& d);

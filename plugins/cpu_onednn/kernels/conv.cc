@@ -342,12 +342,7 @@ class ConvKernel : public Kernel {
     keel_tensor_t* arg = c.output_count() > 1 && c.output_dtype(1) == KEEL_DTYPE_U8 ? c.output(1, pd) : nullptr;
     // The layout the convolution leaves its output in.
     int64_t block = 1;
-    if (!p.stem && p.reorder_dst) {
-      const auto& md = p.dst_prim.get_desc();
-      block = md == dnnl::memory::desc(to_dnnl(y), dt::f32, tag::nChw16c)  ? 16
-              : md == dnnl::memory::desc(to_dnnl(y), dt::f32, tag::nChw8c) ? 8
-                                                                           : 0;
-    }
+    if (!p.stem && p.reorder_dst) block = channel_block(p.dst_prim.get_desc(), y);
     PoolArgShape ps;
     ps.n = y[0], ps.c = y[1], ps.h = y[2], ps.w = y[3], ps.kh = pool_.kh, ps.kw = pool_.kw, ps.sh = pool_.sh;
     ps.sw = pool_.sw, ps.oh = pd[2], ps.ow = pd[3], ps.block = block;
@@ -386,7 +381,7 @@ class ConvKernel : public Kernel {
   PooledReorders& pooled_reorders(ConvPlan& p, const Dims& pd, int64_t block) {
     if (!p.pooled) {
       auto r = std::make_unique<PooledReorders>();
-      const tag bt = block == 16 ? tag::nChw16c : tag::nChw8c;
+      const tag bt = channel_block_tag(block);
       auto& eng = engine();
       r->p_blk = dnnl::memory({to_dnnl(pd), dt::f32, bt}, eng, nullptr);
       r->p_plain = dnnl::memory({to_dnnl(pd), dt::f32, tag::nchw}, eng, nullptr);

@@ -266,9 +266,9 @@ class ConvGradKernel : public Kernel {
       if (!c.rank_known(i) || c.dims(i).size() != 4) throw Reject{"2-D convolutions only"};
     if (pooled_) {
       if (dtype_ != KEEL_DTYPE_F32 || c.dtype(4) != KEEL_DTYPE_U8) throw Reject{"f32 with uint8 window positions only"};
-      const std::string act = c.attr_s("activation", "");
-      if (!act.empty() && act != "Relu") throw Reject{"activation " + act};
-      relu_ = act == "Relu";
+      const FusedActivation act = read_fused_activation(c);
+      if (act.set && (act.alg != dnnl::algorithm::eltwise_relu || act.alpha != 0.f)) throw Reject{"activation"};
+      relu_ = act.set;
       const Dims ks = c.attr_ints("pool_kernel_shape", Dims{});
       if (!read_pool_window(ks, c.attr_ints("pool_strides", ks), &pool_)) throw Reject{"pool window"};
     }
@@ -362,10 +362,7 @@ class ConvGradKernel : public Kernel {
     } else {
       return nullptr;
     }
-    const auto& md = m->get_desc();
-    const bool blocked = md == dnnl::memory::desc(to_dnnl(dy), dt::f32, tag::nChw16c) ||
-                         md == dnnl::memory::desc(to_dnnl(dy), dt::f32, tag::nChw8c);
-    return blocked ? m : nullptr;
+    return channel_block(m->get_desc(), dy) != 0 ? m : nullptr;
   }
 
   void run_pooled(Ctx& c) {
@@ -400,8 +397,8 @@ class ConvGradKernel : public Kernel {
     }
     if (!p.pooled) {
       auto r = std::make_unique<PooledInputs>();
-      r->block = target->get_desc() == dnnl::memory::desc(to_dnnl(dy), dt::f32, tag::nChw16c) ? 16 : 8;
-      const tag bt = r->block == 16 ? tag::nChw16c : tag::nChw8c;
+      r->block = channel_block(target->get_desc(), dy);
+      const tag bt = channel_block_tag(r->block);
       auto& eng = engine();
       r->g_plain = dnnl::memory({to_dnnl(pd), dt::f32, tag::nchw}, eng, nullptr);
       r->g_blk = dnnl::memory({to_dnnl(pd), dt::f32, bt}, eng, nullptr);
