@@ -401,9 +401,10 @@ TEST_F(EagerTest, Conv2dReluMaxPoolIsMaxPoolOfConv2dReluInOneKernel) {
       near(fused.dw, apart.dw, "dw");
       near(fused.db, apart.db, "db");
       EXPECT_NE(fused.report.find("keel.FusedConvMaxPoolGrad"), std::string::npos) << what << "\n" << fused.report;
-      if (on_plugins)
+      if (on_plugins) {
         for (const char* k : {"onednn_f32_keel_fusedconvmaxpool ", "onednn_keel_fusedconvmaxpoolgrad "})
           EXPECT_NE(fused.report.find(k), std::string::npos) << what << ": " << k << "\n" << fused.report;
+      }
       std::istringstream lines(fused.report);
       for (std::string line; std::getline(lines, line);)
         for (const char* op : {"MaxPool ", "keel.MaxPoolGrad ", "keel.ConvGrad ", "keel.ReluGrad ", "Relu "})
