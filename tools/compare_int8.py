@@ -12,6 +12,7 @@ peers/make_models.py), it:
 
 usage: tools/compare_int8.py --keel build/bin/keel [--models resnet18,mobilenet_v2] [--threads 1[,2]] [--rounds 3]
                              [--method mse] [--tolerance 0.12 [--fallback prefix]] [--exclude NODE,...]
+                             [--int8-winograd true|timed]
 
 On a shared, loaded machine the medians swing by 2-3x between runs; the per-engine minimum over all rounds (also
 printed) is the steadier comparison there, and so are the paired ratios (within each round, median over rounds).
@@ -31,9 +32,10 @@ import numpy as np
 from onnx import numpy_helper
 
 
-def run(cmd, ok=(0,), cpus=None, **kw):
+def run(cmd, ok=(0,), cpus=None, env=None, **kw):
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
-    r = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=pin, **kw)
+    r = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=pin,
+                       env=dict(os.environ, **env) if env else None, **kw)
     if r.returncode not in ok:
         raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
     return r.stdout
@@ -86,6 +88,9 @@ def main():
     ap.add_argument("--exclude", default="", help="keel quantize --exclude (node names kept fp32, comma-separated)")
     ap.add_argument("--quantize-arg", action="append", default=[],
                     help="a further argument for keel quantize (repeatable; e.g. --quantize-arg=--no-bias-correction)")
+    ap.add_argument("--int8-winograd", default="", metavar="MODE",
+                    help="also run Keel int8 with the oneDNN plugin's int8_winograd option (true | timed): its "
+                         "held-out cosine and a fifth engine, keel_int8_wino, in the same rounds")
     ap.add_argument("--work", default=None)
     ap.add_argument("--no-pin", action="store_true",
                     help="let the scheduler place each engine (default: a round's engines share its CPUs)")
@@ -118,7 +123,8 @@ def main():
               "\n".join(tail[-3:]), flush=True)
         # Accuracy on held-out inputs.
         rng = np.random.default_rng(2)
-        cos_int8, cos_qdq = [], []
+        cos_int8, cos_qdq, cos_wino = [], [], []
+        wino_env = {"KEEL_ONEDNN_INT8_WINOGRAD": a.int8_winograd} if a.int8_winograd else None
         for i in range(a.heldout):
             x = rng.standard_normal(shape).astype(np.float32)
             xin = os.path.join(d, f"held_{i}.pb")
@@ -132,8 +138,15 @@ def main():
                 outs[tag] = read_pb(os.path.join(od, "output_0.pb"))
             cos_int8.append(cosine(outs["fp32"], outs["int8"]))
             cos_qdq.append(cosine(outs["fp32"], outs["qdq"]))
+            if wino_env:
+                od = os.path.join(d, f"out_wino_{i}")
+                run([keel, "--threads", t0, "run", qmodel, "--input", f"{in_name}={xin}", "--output-dir", od],
+                    env=wino_env)
+                cos_wino.append(cosine(outs["fp32"], read_pb(os.path.join(od, "output_0.pb"))))
         print(f"   held-out cosine vs fp32 (min of {a.heldout}): keel int8 {min(cos_int8):.5f}, "
-              f"QDQ reference {min(cos_qdq):.5f}", flush=True)
+              f"QDQ reference {min(cos_qdq):.5f}" +
+              (f", keel int8 with int8_winograd={a.int8_winograd} {min(cos_wino):.5f}" if wino_env else ""),
+              flush=True)
         # Latency, interleaved.
         engines = {
             "keel_fp32": lambda t: [keel, "--threads", t, "bench", os.path.join(src, "model.onnx"), "--passes", "none"],
@@ -141,6 +154,8 @@ def main():
             "ort_fp32": lambda t: ["node", os.path.join(a.peers_dir, "ort_bench.js"), src, "--threads", t],
             "ort_int8": lambda t: ["node", os.path.join(a.peers_dir, "ort_bench.js"), qdir, "--threads", t],
         }
+        if wino_env:
+            engines["keel_int8_wino"] = lambda t: [keel, "--threads", t, "bench", qmodel]
         if a.rounds <= 0:  # accuracy only
             summary.append({"model": model, "cos_int8": min(cos_int8), "cos_qdq": min(cos_qdq)})
             continue
@@ -148,10 +163,10 @@ def main():
         for t in a.threads.split(","):
             med = {e: [] for e in engines}
             mins = {e: [] for e in engines}
-            paired = {"int8/fp32": [], "ort_int8/int8": []}
+            paired = {"int8/fp32": [], "ort_int8/int8": [], "wino/fp32": []}
             ort_q = None
             for r in range(a.rounds):
-                order = list(engines)[r % 4:] + list(engines)[:r % 4]
+                order = list(engines)[r % len(engines):] + list(engines)[:r % len(engines)]
                 cpus = None
                 if not a.no_pin and int(t) < len(allowed):
                     cpus = {allowed[(r * int(t) + k) % len(allowed)] for k in range(int(t))}
@@ -159,13 +174,16 @@ def main():
                     cmd = engines[e](t) + ["--iters", str(a.iters), "--warmup", "3", "--max-seconds", "20", "--json"]
                     # ort_bench.js exits 2 when the output is off PyTorch's fp32 output by more than its fp32
                     # tolerance, which an int8 model is by design: its JSON (max_abs_diff) is still reported.
-                    j = last_json(run(cmd, ok=(0, 2) if e == "ort_int8" else (0,), cpus=cpus))
+                    j = last_json(run(cmd, ok=(0, 2) if e == "ort_int8" else (0,), cpus=cpus,
+                                      env=wino_env if e == "keel_int8_wino" else None))
                     med[e].append(float(j["median_ms"]))
                     mins[e].append(float(j.get("min_ms", j["median_ms"])))
                     if e == "ort_int8":
                         ort_q = j
                 paired["int8/fp32"].append(med["keel_fp32"][-1] / med["keel_int8"][-1])
                 paired["ort_int8/int8"].append(med["ort_int8"][-1] / med["keel_int8"][-1])
+                if wino_env:
+                    paired["wino/fp32"].append(med["keel_fp32"][-1] / med["keel_int8_wino"][-1])
             m = {e: statistics.median(v) for e, v in med.items()}
             print(f"   threads {t}: median ms  " + "  ".join(f"{e} {m[e]:.2f}" for e in engines), flush=True)
             print(f"   keel int8 speed-up vs keel fp32: {m['keel_fp32'] / m['keel_int8']:.2f}x; "
@@ -178,13 +196,15 @@ def main():
             print(f"   threads {t}: paired (within a round, median of {a.rounds}): keel int8 vs keel fp32 "
                   f"{statistics.median(paired['int8/fp32']):.2f}x, vs ORT on the QDQ file "
                   f"{statistics.median(paired['ort_int8/int8']):.2f}x"
+                  + (f", with int8_winograd={a.int8_winograd} {statistics.median(paired['wino/fp32']):.2f}x Keel fp32"
+                     if wino_env else "")
                   + (" (pinned)" if int(t) < len(allowed) and not a.no_pin else ""),
                   flush=True)
             if ort_q:
                 print(f"   ORT ran the QDQ file: max_abs_diff vs PyTorch fp32 {ort_q.get('max_abs_diff')}, "
                       f"rel {ort_q.get('rel_diff')}", flush=True)
             summary.append({"model": model, "threads": t, "median_ms": m, "min_ms": mn, "cos_int8": min(cos_int8),
-                            "cos_qdq": min(cos_qdq)})
+                            "cos_qdq": min(cos_qdq)} | ({"cos_int8_wino": min(cos_wino)} if wino_env else {}))
     print(json.dumps(summary))
 
 

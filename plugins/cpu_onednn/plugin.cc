@@ -210,8 +210,25 @@ keel_status_t onednn_init_instance(const keel_core_api_t* host, keel_plugin_hand
     read_flag("gelu_pass", "KEEL_ONEDNN_GELU_PASS", o.gelu_pass);
     read_flag("se_step", "KEEL_ONEDNN_SE_STEP", o.se_step);
     read_flag("view_post_ops", "KEEL_ONEDNN_VIEW_POST_OPS", o.view_post_ops);
+    // int8_winograd: a flag, or "timed".
+    auto int8_wino = [&](const std::string& v) {
+      if (v == "timed") o.int8_winograd = Options::Int8Winograd::kTimed;
+      else if (v == "0" || v == "false" || v == "off") o.int8_winograd = Options::Int8Winograd::kOff;
+      else if (v == "1" || v == "true" || v == "on") o.int8_winograd = Options::Int8Winograd::kOn;
+      else throw std::invalid_argument("int8_winograd must be true, false or \"timed\", not \"" + v + "\"");
+    };
+    const char* text = nullptr;
+    int flag = 0;
+    if (host->options && host->plugin_options && host->options->get_bool(host->plugin_options, "int8_winograd", &flag))
+      int8_wino(flag ? "1" : "0");
+    else if (host->options && host->plugin_options &&
+             host->options->get_string(host->plugin_options, "int8_winograd", &text) && text)
+      int8_wino(text);
+    if (const char* e = std::getenv("KEEL_ONEDNN_INT8_WINOGRAD")) int8_wino(e);
     if (const char* e = std::getenv("KEEL_ONEDNN_PROFILE")) o.profile = std::strcmp(e, "0") != 0;
     (void)engine();  // fails early when oneDNN cannot make a CPU engine
+  } catch (const std::invalid_argument& e) {
+    return make_status(KEEL_STATUS_INVALID_ARGUMENT, std::string("cpu_onednn options: ") + e.what());
   } catch (const std::exception& e) {
     return make_status(KEEL_STATUS_UNAVAILABLE, std::string("oneDNN CPU engine unavailable: ") + e.what());
   }

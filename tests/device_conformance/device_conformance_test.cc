@@ -258,6 +258,92 @@ TEST(DeviceConformance, Int8ChainsMatchTheStandaloneKernels) {
   EXPECT_GT(cases, 0);
 }
 
+// The cpu_onednn option int8_winograd (plugins/cpu_onednn/README.md): in an environment that sets it, the QConv cases
+// oneDNN's int8 Winograd takes (3x3, stride 1, no groups, channels multiples of 16, u8 X and output without zero
+// points, Relu or none) run on it, as standalone kernels and in chains. Winograd requantizes in the transformed domain
+// (the input's bytes / 4, the weights * 4/9), so the outputs stay within a few quantization steps of the direct
+// kernel's but are not bit-equal to them: a case whose outputs are equal means the option did nothing. A value that is
+// not a flag or "timed" keeps the plugin from loading in that environment alone, with a reason naming the option.
+TEST(DeviceConformance, Int8WinogradOptionRunsTheQConvsItTakes) {
+  Envs& e = envs();
+  ASSERT_TRUE(e.dut);
+  if (!plugin_loaded(*e.dut, "cpu_onednn")) GTEST_SKIP() << "cpu_onednn is not loaded";
+  if (!__builtin_cpu_supports("avx512f")) GTEST_SKIP() << "oneDNN's int8 Winograd needs AVX-512";
+  EnvironmentOptions bad;
+  bad.plugin_options["cpu_onednn"]["int8_winograd"] = "sometimes";
+  auto refused = Environment::create(bad);
+  ASSERT_TRUE(refused.is_ok()) << refused.status().to_string();
+  for (const auto& p : (*refused)->plugins())
+    if (p.name == "cpu_onednn") {
+      EXPECT_NE(p.state, PluginState::kLoaded);
+      EXPECT_NE(p.reason.find("int8_winograd must be true, false or \"timed\", not \"sometimes\""), std::string::npos)
+          << p.reason;
+    }
+  EnvironmentOptions o;
+  o.plugin_options["cpu_onednn"]["int8_winograd"] = "true";
+  auto wino = Environment::create(o);
+  ASSERT_TRUE(wino.is_ok()) << wino.status().to_string();
+  ASSERT_TRUE(plugin_loaded(**wino, "cpu_onednn"));
+  auto attr_ints = [](const OpCase& c, const char* k) {
+    auto a = c.attrs.find(k);
+    return a == c.attrs.end() ? std::vector<int64_t>{} : a->second.ints;
+  };
+  auto takes = [&](const OpCase& c) {
+    if (c.op != "QConv" || c.inputs.size() != 8 || c.attrs.count("activation_params")) return false;
+    const Shape& x = c.inputs[0].shape;
+    const Shape& w = c.inputs[1].shape;
+    return attr_ints(c, "kernel_shape") == std::vector<int64_t>{3, 3} &&
+           attr_ints(c, "strides") == std::vector<int64_t>{1, 1} && c.attrs.count("group") &&
+           c.attrs.at("group").i == 1 && x[1] % 16 == 0 && w[0] % 16 == 0 && c.inputs[0].dtype == DType::kU8 &&
+           c.inputs[4].values == std::vector<float>{0.f} && c.inputs[7].values == std::vector<float>{0.f} &&
+           c.inputs[7].dtype == DType::kU8;
+  };
+  int cases = 0, differ = 0;
+  for (const OpCase& c : all_cases()) {
+    if (!takes(c)) continue;
+    ++cases;
+    for (int claims = 0; claims < 2; ++claims) {
+      std::vector<Tensor> outs[2];
+      for (int k = 0; k < 2; ++k) {
+        Built b = build(c);
+        SessionOptions so;
+        so.devices = {"cpu"};
+        so.claims = claims != 0;
+        auto s = Session::create(k ? **wino : *e.dut, std::move(b.graph), so);
+        ASSERT_TRUE(s.is_ok()) << c.label << ": " << s.status().to_string();
+        auto r = (*s)->run(b.feeds);
+        ASSERT_TRUE(r.is_ok()) << c.label << ": " << r.status().to_string();
+        outs[k] = std::move(r).value();
+      }
+      const Tensor &a = outs[0].at(0), &b = outs[1].at(0);
+      ASSERT_EQ(a.dtype(), DType::kU8) << c.label;
+      ASSERT_EQ(a.shape(), b.shape()) << c.label;
+      const uint8_t* x = static_cast<const uint8_t*>(a.raw_data());
+      const uint8_t* y = static_cast<const uint8_t*>(b.raw_data());
+      int worst = 0;
+      double sum = 0, sq = 0, ref = 0;
+      for (int64_t i = 0; i < a.numel(); ++i) {
+        const int d = std::abs(int{x[i]} - int{y[i]});
+        worst = std::max(worst, d);
+        sum += d;
+        sq += d * d;
+        ref += static_cast<double>(x[i]) * x[i];
+      }
+      const double mean = sum / static_cast<double>(a.numel()), rel = std::sqrt(sq / std::max(ref, 1.0));
+      std::cout << c.label << (claims ? " (chain)" : " (kernel)") << ": Winograd vs direct, worst " << worst
+                << " steps, mean " << mean << ", relative L2 " << rel << "\n";
+      // (Measured: relative L2 0.014-0.018, mean 0.3-0.7 steps, worst 4-11 of 255 over these full-range random
+      // bytes and weights.)
+      EXPECT_LE(rel, 0.03) << c.label;
+      EXPECT_LE(mean, 1.0) << c.label;
+      EXPECT_LE(worst, 16) << c.label;
+      if (worst > 0) ++differ;
+    }
+  }
+  EXPECT_GT(cases, 0) << "no QConv case that the int8 Winograd takes: fix the case table";
+  EXPECT_EQ(differ, 2 * cases) << "a case ran on the direct kernel with int8_winograd = true";
+}
+
 TEST(DeviceConformance, OtherDevices) {
   Envs& e = envs();
   ASSERT_TRUE(e.dut && e.oracle);

@@ -257,7 +257,12 @@ struct Options {
                         // oneDNN steps instead of the chain's own one (steps/se.h)
   bool view_post_ops = true;  // KEEL_ONEDNN_VIEW_POST_OPS=0 or [options] view_post_ops = false: a matmul's post-ops
                               // (the residual sum) stop at a Reshape/Transpose of size-1 dims (fuse_after)
-  bool profile = false;       // KEEL_ONEDNN_PROFILE=1: claimed subgraphs time their primitives (logged at info)
+  // [options] int8_winograd = true / "timed" (KEEL_ONEDNN_INT8_WINOGRAD=1 / timed): a QConv that oneDNN's int8
+  // Winograd F(2x2,3x3) takes (qconv_winograd_desc, kernels/int8.h) runs on it always (the same outputs every run), or
+  // where it times faster than the direct kernel. Off by default: it requantizes in the transformed domain (the
+  // input's bytes / 4, the weights * 4/9), so its outputs are not the QDQ model's to within one rounding.
+  enum class Int8Winograd { kOff, kOn, kTimed } int8_winograd = Int8Winograd::kOff;
+  bool profile = false;  // KEEL_ONEDNN_PROFILE=1: claimed subgraphs time their primitives (logged at info)
 };
 
 // One environment's state of this plugin (ABI 1.5 instances): that environment's host table and handle (its log),

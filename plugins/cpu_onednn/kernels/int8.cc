@@ -37,6 +37,8 @@
 
 #include "kernels/int8.h"
 
+#include "common/conv_pick.h"
+
 namespace keel::onednn {
 
 // ------------------------------------------------------------------------------------ shared (kernels/int8.h)
@@ -128,7 +130,8 @@ dnnl::primitive_attr QuantSetup::attr(int channel_dim, const dnnl::memory::desc&
   if (y_zero != 0) a.set_zero_points(DNNL_ARG_DST, 0, {DNNL_RUNTIME_S32_VAL});
   dnnl::post_ops po;
   // Post-ops see the scaled value: y (f32 output, or any output with Z) or y / y_scale (quantized output).
-  if (residual) po.append_binary(dnnl::algorithm::binary_add, residual_md);
+  if (residual && residual_sum) po.append_sum(1.f);
+  else if (residual) po.append_binary(dnnl::algorithm::binary_add, residual_md);
   if (act == "Relu") po.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
   if (act == "Clip") po.append_eltwise(1.f, dnnl::algorithm::eltwise_clip, act_lo / out_div, act_hi / out_div);
   if (residual && quantized) po.append_eltwise(1.f, dnnl::algorithm::eltwise_linear, 1.f / y_scale, 0.f);
@@ -211,6 +214,35 @@ dnnl::convolution_forward::primitive_desc qconv_primitive_desc(const QuantSetup&
   return dnnl::convolution_forward::primitive_desc(d, q.attr(1, z_md), engine());
 }
 
+std::optional<dnnl::convolution_forward::primitive_desc> qconv_winograd_desc(
+    const QuantSetup& q, const QConvGeom& g, const Dims& x, const Dims& y,
+    const dnnl::convolution_forward::primitive_desc& direct) {
+  using dt = dnnl::memory::data_type;
+  using tag = dnnl::memory::format_tag;
+  const Dims& w = g.w_dims;
+  const Dims& p = g.pads;
+  if (options().int8_winograd == Options::Int8Winograd::kOff || g.rank != 4 || g.group != 1 || w[2] != 3 || w[3] != 3 ||
+      x[1] % 16 != 0 || w[0] % 16 != 0 || g.strides != Dims{1, 1} || g.dilations != Dims{1, 1} || p[0] != p[2] ||
+      p[1] != p[3] || p[0] < 0 || p[0] > 1 || p[1] < 0 || p[1] > 1 || q.x_type != KEEL_DTYPE_U8 || q.x_zero != 0 ||
+      q.y_zero != 0 || (q.residual && !q.residual_sum) || (!q.act.empty() && q.act != "Relu"))
+    return std::nullopt;
+  const dnnl::memory::desc src(to_dnnl(x), dt::u8, tag::nhwc);
+  if (direct.src_desc() != src ||
+      direct.dst_desc() != dnnl::memory::desc(to_dnnl(y), int8_dnnl_type(q.y_type), tag::nhwc))
+    return std::nullopt;
+  const dnnl::memory::desc wei_any(to_dnnl(w), dt::s8, tag::any), bias_md({w[0]}, dt::f32, tag::a), none;
+  try {
+    dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_winograd, src,
+                                      wei_any, q.bias.empty() ? none : bias_md, direct.dst_desc(), {1, 1}, {0, 0},
+                                      {p[0], p[1]}, {p[2], p[3]});
+    dnnl::convolution_forward::primitive_desc pd(d, q.attr(1), engine());
+    if (std::string(pd.impl_info_str()).rfind("jit_int8_wino", 0) != 0) return std::nullopt;
+    return pd;
+  } catch (const dnnl::error&) {
+    return std::nullopt;
+  }
+}
+
 dnnl::matmul::primitive_desc qgemm_primitive_desc(const QuantSetup& q, int64_t M, int64_t K, int64_t N) {
   using dt = dnnl::memory::data_type;
   using tag = dnnl::memory::format_tag;
@@ -263,9 +295,19 @@ std::vector<float> own_int8_scales(const QuantSetup& q, int64_t channels) {
 dnnl::memory int8_prepack(const dnnl::memory::desc& plain, const dnnl::memory::desc& want, const int8_t* w,
                           void* where) {
   auto& eng = engine();
-  dnnl::memory user(plain, eng, const_cast<int8_t*>(w));
   dnnl::memory packed = where ? dnnl::memory(want, eng, where) : dnnl::memory(want, eng);
-  dnnl::reorder(user, packed).execute(stream(), user, packed);
+  if (want.data.format_kind == dnnl_format_kind_wino) {
+    // oneDNN transforms Winograd weights from f32 only: the s8 values as floats (exact), scale 1. (Only 2-D
+    // ungrouped convolutions have such weights: plain is oihw.)
+    std::vector<float> wf(plain.get_size());
+    for (size_t i = 0; i < wf.size(); ++i) wf[i] = static_cast<float>(w[i]);
+    dnnl::memory user(dnnl::memory::desc(plain.dims(), dnnl::memory::data_type::f32, dnnl::memory::format_tag::oihw),
+                      eng, wf.data());
+    dnnl::reorder(user, packed).execute(stream(), user, packed);
+  } else {
+    dnnl::memory user(plain, eng, const_cast<int8_t*>(w));
+    dnnl::reorder(user, packed).execute(stream(), user, packed);
+  }
   stream().wait();
   return packed;
 }
@@ -531,6 +573,11 @@ class QConvKernel : public Kernel {
     // With a residual the primitive computes channels-last, Z read in that layout.
     const dnnl::memory::desc none, z_md = q_.residual ? dnnl::memory::desc(to_dnnl(y), dt::f32, last[r - 1]) : none;
     auto pd = qconv_primitive_desc(q_, g_, x, y, q_.residual ? last[r - 1] : tag::any);
+    if (auto wino = qconv_winograd_desc(q_, g_, x, y, pd)) {  // the option int8_winograd: always, or if faster
+      std::vector<dnnl::convolution_forward::primitive_desc> cands{pd, *wino};
+      const bool timed = options().int8_winograd == Options::Int8Winograd::kTimed;
+      pd = cands[timed ? fastest_conv_remembered(cands, engine(), stream(), {0, 0.05}) : 1];
+    }
     p->prim = dnnl::convolution_forward(pd);
     prof_.what = "QConv " + dims_str(x) + " -> " + dims_str(y) + " k" + std::to_string(g_.w_dims.back()) + " s" +
                  std::to_string(g_.strides[0]) + " g" + std::to_string(g_.group) + " " + pd.impl_info_str();

@@ -10,6 +10,7 @@
 
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -63,11 +64,14 @@ struct QuantSetup {
   std::string act;
   float act_lo = 0, act_hi = 0;
   bool residual = false;  // QConv input 8 (Z, f32, the output's shape; its layout: residual_layout)
+  // Z added as a sum post-op (the caller puts Z in the destination first; an f32 output only) instead of a binary add:
+  // oneDNN's brgemm int8 convolution and its int8 Winograd take a sum, not a binary add.
+  bool residual_sum = false;
 
   // Reads inputs 0..7 and the activation; `channels`: output channels. Throws Reject for what the kernels do not do.
   void read(const QNodeView& c, int64_t channels);
   // Output scales (per channel when w_scale is), zero points (runtime), the residual (`residual_md`, when
-  // `residual`) as a binary add, the activation as a post-op.
+  // `residual`) as a binary add or a sum (residual_sum), the activation as a post-op.
   dnnl::primitive_attr attr(int channel_dim, const dnnl::memory::desc& residual_md = {}) const;
   // The own quantization of an f32 X (1 / x_scale, x_zero, x_type).
   QuantizeSpec quantize_spec() const { return QuantizeSpec{1.f / x_scale, x_zero, x_type == KEEL_DTYPE_I8}; }
@@ -105,6 +109,17 @@ struct QConvGeom {
 dnnl::convolution_forward::primitive_desc qconv_primitive_desc(const QuantSetup& q, const QConvGeom& g, const Dims& x,
                                                                const Dims& y, dnnl::memory::format_tag dst_tag);
 
+// oneDNN's int8 Winograd F(2x2,3x3) convolution (`jit_int8_wino`) of what `direct` (qconv_primitive_desc's)
+// computes, over the same source and destination layouts: a candidate for the caller to time against `direct`
+// (conv_pick.h). Nullopt where the option int8_winograd is off (common.h: its numerics are not the direct kernel's)
+// or it does not apply: 2-D 3x3, stride and dilation 1, pads 0 or 1 alike on both sides, no groups, input and output
+// channels multiples of 16, a u8 X with zero point 0, an output zero point 0, a residual only as a sum (residual_sum),
+// no activation or Relu.
+// Its weights (format_kind wino) are prepacked by int8_prepack as any others.
+std::optional<dnnl::convolution_forward::primitive_desc> qconv_winograd_desc(
+    const QuantSetup& q, const QConvGeom& g, const Dims& x, const Dims& y,
+    const dnnl::convolution_forward::primitive_desc& direct);
+
 // The int8 matmul of a QGemm: [M, K] u8/s8 (plain) x [K, N] s8 (oneDNN's layout) -> [M, N] (plain).
 dnnl::matmul::primitive_desc qgemm_primitive_desc(const QuantSetup& q, int64_t M, int64_t K, int64_t N);
 
@@ -120,7 +135,8 @@ std::vector<float> own_int8_scales(const QuantSetup& q, int64_t channels);
 std::unique_ptr<Int8Depthwise3x3> int8_own_depthwise(const QuantSetup& q, const QConvGeom& g, const int8_t* w,
                                                      const Dims& x, const Dims& y, bool nhwc_in, bool nhwc_out);
 
-// Constant weights from `plain` into `want`, into memory at `where` (null: memory the returned object owns).
+// Constant weights from `plain` into `want` (Winograd's format too: transformed from the s8 values in f32, then
+// requantized by oneDNN's reorder), into memory at `where` (null: memory the returned object owns).
 dnnl::memory int8_prepack(const dnnl::memory::desc& plain, const dnnl::memory::desc& want, const int8_t* w,
                           void* where = nullptr);
 // An f32 vector as memory of descriptor md (owned by the returned object).

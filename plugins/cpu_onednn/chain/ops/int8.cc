@@ -219,6 +219,10 @@ void Builder::qconv(size_t i) {
   q.residual = !n.in_at(8).empty();
   if (q.residual && (r_.dtypes.count(n.in[8]) == 0 || r_.dtypes.at(n.in[8]) != KEEL_DTYPE_F32))
     throw Reject{"Z must be f32"};
+  // Z under an f32 output (a residual stream: ResNet's blocks) sits in the destination first and is added as a sum
+  // post-op, which oneDNN's brgemm int8 kernel takes where its older jit kernel runs a binary add: ResNet-18 at 2
+  // threads, its blocks' second 3x3 convolutions 0.11-0.15 against 0.11-0.12 ms for the first ones.
+  q.residual_sum = q.residual && q.y_type == KEEL_DTYPE_F32;
   const Dims x = dims_of(n.in[0]);
   const Dims y = g.out_dims(x);
   const int8_t* w = reinterpret_cast<const int8_t*>(W->bytes.data());
@@ -247,6 +251,23 @@ void Builder::qconv(size_t i) {
     return;
   }
   auto pd = qconv_primitive_desc(q, g, x, y, q.residual ? last : tag::any);
+  // The option int8_winograd: oneDNN's int8 Winograd always, or where it runs faster (timed as the f32 convolutions
+  // are: conv.cc; at batch 1, 1 thread, it took ResNet-18's 3x3 layers from 0.23/0.22/0.21/0.20 ms to
+  // 0.18/0.14/0.13/0.18 ms at 56/28/14/7 pixels).
+  if (auto wino = qconv_winograd_desc(q, g, x, y, pd)) {
+    std::vector<dnnl::convolution_forward::primitive_desc> cands{pd, *wino};
+    const std::vector<double> margins{0, 0.05};
+    size_t pick = 1;
+    if (options().int8_winograd == Options::Int8Winograd::kTimed) {
+      if (time_convs_) {
+        pick = fastest_conv_remembered(cands, engine(), stream(), margins);
+      } else {
+        p_->deferred.push_back({cands, margins});
+        pick = 0;
+      }
+    }
+    pd = cands[pick];
+  }
   const Val sv = q.x_f32 ? quantized(n.in[0], q, pd.src_desc()) : as_md(n.in[0], pd.src_desc());
   std::unordered_map<int, dnnl::memory> args;
   const md_t wplain(to_dnnl(g.dnnl_weight_dims(x[1])), dt::s8, g.plain_weight_tag());
@@ -256,13 +277,27 @@ void Builder::qconv(size_t i) {
     p_->owned.push_back(int8_bias_memory(q.bias, md_t({M}, dt::f32, tag::a)));
     args[DNNL_ARG_BIAS] = p_->owned.back();
   }
-  if (q.residual) {
+  int dbuf = -2;
+  if (q.residual && !q.residual_sum) {
     const Val zv = residual_last(n.in[8], y);
     args[DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1] = mem_of(zv);
+  } else if (q.residual) {
+    // Z's own buffer when nobody reads it afterwards (as the f32 convolutions' residuals: conv_variants.cc), else a
+    // copy.
+    const Val zv = residual_last(n.in[8], y);
+    const Val* own = vals_.count(n.in[8]) ? &vals_[n.in[8]] : nullptr;
+    if (own && own->md == pd.dst_desc() && own->buf == zv.buf && own->off == zv.off && dead_after(n.in[8], i)) {
+      dbuf = zv.buf;
+      p_->bufs[dbuf].values--;  // Z dies here; the output takes its place
+    } else {
+      dbuf = new_buf(pd.dst_desc().get_size());
+      dnnl::memory a = mem_of(zv), b = mem_at(pd.dst_desc(), dbuf, 0);
+      exec(dnnl::reorder(a, b), {{DNNL_ARG_FROM, a}, {DNNL_ARG_TO, b}});
+    }
   }
   if (q.x_zero != 0) args[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC] = zero_point_mem(q.x_zero);
   if (q.y_zero != 0) args[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST] = zero_point_mem(q.y_zero);
-  Val& out = define(n.out[0], pd.dst_desc());
+  Val& out = define(n.out[0], pd.dst_desc(), dbuf);
   args[DNNL_ARG_SRC] = mem_of(sv);
   args[DNNL_ARG_DST] = mem_of(out);
   exec(dnnl::convolution_forward(pd), std::move(args));
