@@ -12,7 +12,7 @@ peers/make_models.py), it:
 
 usage: tools/compare_int8.py --keel build/bin/keel [--models resnet18,mobilenet_v2] [--threads 1[,2]] [--rounds 3]
                              [--method mse] [--tolerance 0.12 [--fallback prefix]] [--exclude NODE,...]
-                             [--int8-winograd true|timed]
+                             [--int8-winograd true|timed] [--int8-precision bf16]
 
 On a shared, loaded machine the medians swing by 2-3x between runs; the per-engine minimum over all rounds (also
 printed) is the steadier comparison there, and so are the paired ratios (within each round, median over rounds).
@@ -91,6 +91,9 @@ def main():
     ap.add_argument("--int8-winograd", default="", metavar="MODE",
                     help="also run Keel int8 with the oneDNN plugin's int8_winograd option (true | timed): its "
                          "held-out cosine and a fifth engine, keel_int8_wino, in the same rounds")
+    ap.add_argument("--int8-precision", default="fp32", choices=("fp32", "bf16"),
+                    help="keel --precision for the int8 model (its accuracy check and its engine): bf16 runs the layers "
+                         "kept in fp32 (a --fallback) in bf16")
     ap.add_argument("--work", default=None)
     ap.add_argument("--no-pin", action="store_true",
                     help="let the scheduler place each engine (default: a round's engines share its CPUs)")
@@ -133,8 +136,9 @@ def main():
             for tag, m, passes in (("fp32", os.path.join(src, "model.onnx"), "none"), ("int8", qmodel, "auto"),
                                    ("qdq", qmodel, "none")):
                 od = os.path.join(d, f"out_{tag}_{i}")
+                prec = ["--precision", a.int8_precision] if tag == "int8" else []
                 run([keel, "--threads", t0, "run", m, "--input", f"{in_name}={xin}", "--passes", passes,
-                     "--output-dir", od])
+                     "--output-dir", od] + prec)
                 outs[tag] = read_pb(os.path.join(od, "output_0.pb"))
             cos_int8.append(cosine(outs["fp32"], outs["int8"]))
             cos_qdq.append(cosine(outs["fp32"], outs["qdq"]))
@@ -143,14 +147,15 @@ def main():
                 run([keel, "--threads", t0, "run", qmodel, "--input", f"{in_name}={xin}", "--output-dir", od],
                     env=wino_env)
                 cos_wino.append(cosine(outs["fp32"], read_pb(os.path.join(od, "output_0.pb"))))
-        print(f"   held-out cosine vs fp32 (min of {a.heldout}): keel int8 {min(cos_int8):.5f}, "
+        print(f"   held-out cosine vs fp32 (min of {a.heldout}): keel int8"
+              f"{' (--precision ' + a.int8_precision + ')' if a.int8_precision != 'fp32' else ''} {min(cos_int8):.5f}, "
               f"QDQ reference {min(cos_qdq):.5f}" +
               (f", keel int8 with int8_winograd={a.int8_winograd} {min(cos_wino):.5f}" if wino_env else ""),
               flush=True)
         # Latency, interleaved.
         engines = {
             "keel_fp32": lambda t: [keel, "--threads", t, "bench", os.path.join(src, "model.onnx"), "--passes", "none"],
-            "keel_int8": lambda t: [keel, "--threads", t, "bench", qmodel],
+            "keel_int8": lambda t: [keel, "--threads", t, "bench", qmodel, "--precision", a.int8_precision],
             "ort_fp32": lambda t: ["node", os.path.join(a.peers_dir, "ort_bench.js"), src, "--threads", t],
             "ort_int8": lambda t: ["node", os.path.join(a.peers_dir, "ort_bench.js"), qdir, "--threads", t],
         }

@@ -819,7 +819,7 @@ TEST(QuantizeInt8, QdqModelIsCloseToFp32) {
 
 // x -> Conv -> Relu -> Conv -> GlobalAveragePool -> Flatten -> Gemm(transB) -> y, quantized to QDQ with the given
 // activation ranges (inputs of the three layers).
-Graph qdq_net(Graph* fp32_out) {
+Graph qdq_net(Graph* fp32_out, bool first_fp32 = false) {
   GraphBuilder b("qnet", 13);
   auto x = b.input("x", DType::kF32, {2, 3, 8, 8});
   std::map<std::string, Attribute> pads = {{"pads", Attribute::of_ints({1, 1, 1, 1})}};
@@ -841,6 +841,7 @@ Graph qdq_net(Graph* fp32_out) {
   o.values["range." + x] = std::string("-4,4");
   o.values["range." + h1] = std::string("0,3");
   o.values["range." + f] = std::string("-1,1");
+  if (first_fp32) o.values["exclude"] = std::vector<std::string>{g.node(g.node_ids().front())->name};
   run_pass(g, "quantize_int8", o);
   return g;
 }
@@ -867,6 +868,48 @@ TEST(FuseQdq, Int8OpsReplaceTheQdqPatternsAndMatchTheQdqGraph) {
     ASSERT_EQ(b.size(), 1u);
     EXPECT_GE(cosine(a[0], b[0]), 0.999);  // the same arithmetic up to rounding
     EXPECT_GE(cosine(c[0], b[0]), 0.95);   // hand-picked ranges: near fp32, not calibrated
+  }
+}
+
+// A model whose first layer stays fp32 (as `keel quantize --fallback prefix` leaves MobileNetV2's first ones) under
+// `--precision bf16`: after fuse_qdq, convert_precision (what the CLI appends) runs that layer in bf16 and leaves the
+// int8 ops as they are, and the outputs stay the fp32-prefix model's up to bf16's rounding. (tools/compare_int8.py
+// --int8-precision bf16 measures it on MobileNetV2.)
+TEST(FuseQdq, AMixedModelRunsItsFp32LayersInBf16) {
+  Graph fp32;
+  Graph mixed = qdq_net(&fp32, true);
+  auto r = run_pass(mixed, "fuse_qdq", {});
+  ASSERT_EQ(r.size(), 1u);
+  ASSERT_EQ(count_op(mixed, "Conv"), 1u);
+  ASSERT_EQ(count_op(mixed, "QConv"), 1u);
+  ASSERT_EQ(count_op(mixed, "QGemm"), 1u);
+  Graph bf16 = mixed;
+  Options o;
+  o.values["dtype"] = std::string("bf16");
+  auto c = run_pass(bf16, "convert_precision", o);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_GT(c[0].counters["nodes_converted"], 0);
+  ASSERT_TRUE(infer_shapes(bf16).is_ok());
+  EXPECT_EQ(count_op(bf16, "QConv"), 1u);
+  EXPECT_EQ(count_op(bf16, "QGemm"), 1u);
+  for (NodeId id : bf16.node_ids()) {
+    const Node* n = bf16.node(id);
+    const ValueInfo* in = bf16.info(n->inputs[0]);
+    ASSERT_TRUE(in) << n->name;
+    if (n->op_type == "Conv") {
+      EXPECT_EQ(in->dtype, DType::kBF16) << n->name;
+    } else if (n->op_type == "QConv" || n->op_type == "QGemm") {
+      EXPECT_NE(in->dtype, DType::kBF16) << n->name;
+    }
+  }
+  for (uint32_t k = 0; k < 3; ++k) {
+    Feeds f = {{"x", Tensor::f32({2, 3, 8, 8}, randv(384, 900 + k))}};
+    auto a = run(mixed, f), b = run(bf16, f), ref = run(fp32, f);
+    ASSERT_EQ(a.size(), 1u);
+    ASSERT_EQ(b.size(), 1u);
+    EXPECT_EQ(b[0].dtype(), DType::kF32);
+    EXPECT_GE(cosine(a[0], b[0]), 0.999);
+    EXPECT_GE(cosine(ref[0], b[0]), 0.95);
   }
 }
 
