@@ -298,11 +298,16 @@ TEST(DeviceConformance, Int8WinogradOptionRunsTheQConvsItTakes) {
            c.inputs[4].values == std::vector<float>{0.f} && c.inputs[7].values == std::vector<float>{0.f} &&
            c.inputs[7].dtype == DType::kU8;
   };
-  int cases = 0, differ = 0;
+  // ResNet's basic block in a chain (device_cts.cc): its 3x3s with the residual stream as Z, as a sum under an f32
+  // output, computed in f32 and requantized by a step of its own under a u8 one (chains only: the standalone kernel
+  // keeps its binary add).
+  auto block = [](const OpCase& c) { return c.label.rfind("int8 ResNet basic block", 0) == 0; };
+  int runs = 0, differ = 0;
   for (const OpCase& c : all_cases()) {
-    if (!takes(c)) continue;
-    ++cases;
-    for (int claims = 0; claims < 2; ++claims) {
+    const bool chain_only = block(c);
+    if (!takes(c) && !chain_only) continue;
+    for (int claims = chain_only ? 1 : 0; claims < 2; ++claims) {
+      ++runs;
       std::vector<Tensor> outs[2];
       for (int k = 0; k < 2; ++k) {
         Built b = build(c);
@@ -316,32 +321,38 @@ TEST(DeviceConformance, Int8WinogradOptionRunsTheQConvsItTakes) {
         outs[k] = std::move(r).value();
       }
       const Tensor &a = outs[0].at(0), &b = outs[1].at(0);
-      ASSERT_EQ(a.dtype(), DType::kU8) << c.label;
+      ASSERT_EQ(a.dtype(), b.dtype()) << c.label;
       ASSERT_EQ(a.shape(), b.shape()) << c.label;
-      const uint8_t* x = static_cast<const uint8_t*>(a.raw_data());
-      const uint8_t* y = static_cast<const uint8_t*>(b.raw_data());
-      int worst = 0;
-      double sum = 0, sq = 0, ref = 0;
+      // In output units: quantization steps for u8, values for f32.
+      auto at = [](const Tensor& t, int64_t i) {
+        return t.dtype() == DType::kU8 ? static_cast<double>(static_cast<const uint8_t*>(t.raw_data())[i])
+                                       : static_cast<double>(t.data<float>()[i]);
+      };
+      ASSERT_TRUE(a.dtype() == DType::kU8 || a.dtype() == DType::kF32) << c.label;
+      double worst = 0, sum = 0, sq = 0, ref = 0;
       for (int64_t i = 0; i < a.numel(); ++i) {
-        const int d = std::abs(int{x[i]} - int{y[i]});
+        const double d = std::fabs(at(a, i) - at(b, i));
         worst = std::max(worst, d);
         sum += d;
         sq += d * d;
-        ref += static_cast<double>(x[i]) * x[i];
+        ref += at(a, i) * at(a, i);
       }
-      const double mean = sum / static_cast<double>(a.numel()), rel = std::sqrt(sq / std::max(ref, 1.0));
+      const double mean = sum / static_cast<double>(a.numel()), rel = std::sqrt(sq / std::max(ref, 1e-30));
       std::cout << c.label << (claims ? " (chain)" : " (kernel)") << ": Winograd vs direct, worst " << worst
-                << " steps, mean " << mean << ", relative L2 " << rel << "\n";
-      // (Measured: relative L2 0.014-0.018, mean 0.3-0.7 steps, worst 4-11 of 255 over these full-range random
-      // bytes and weights.)
-      EXPECT_LE(rel, 0.03) << c.label;
-      EXPECT_LE(mean, 1.0) << c.label;
-      EXPECT_LE(worst, 16) << c.label;
+                << ", mean " << mean << (a.dtype() == DType::kU8 ? " steps" : "") << ", relative L2 " << rel << "\n";
+      // Measured: one layer (the QConv cases, full-range random bytes and weights) relative L2 0.014-0.018, mean
+      // 0.3-0.7 steps, worst 4-11 of 255; the block's two stacked 3x3s 0.035 (f32) and 0.040 (u8: mean 1.6, worst 16).
+      const int layers = chain_only ? 2 : 1;
+      EXPECT_LE(rel, 0.03 * layers) << c.label;
+      if (a.dtype() == DType::kU8) {
+        EXPECT_LE(mean, 1.25 * layers) << c.label;
+        EXPECT_LE(worst, 16 * layers) << c.label;
+      }
       if (worst > 0) ++differ;
     }
   }
-  EXPECT_GT(cases, 0) << "no QConv case that the int8 Winograd takes: fix the case table";
-  EXPECT_EQ(differ, 2 * cases) << "a case ran on the direct kernel with int8_winograd = true";
+  EXPECT_GE(runs, 6) << "fewer cases that the int8 Winograd takes than expected: fix the case table";
+  EXPECT_EQ(differ, runs) << "a case ran on the direct kernel with int8_winograd = true";
 }
 
 TEST(DeviceConformance, OtherDevices) {

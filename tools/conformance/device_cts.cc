@@ -3714,6 +3714,32 @@ void add_int8_chain_cases(std::vector<OpCase>& v) {
     c.inputs.push_back(qconst("Z" + k, {}, t, {zp}));
   };
   const std::map<std::string, Attribute> nhwc_io = {{"input_layout", S("NHWC")}, {"output_layout", S("NHWC")}};
+  // ResNet's basic block as fuse_qdq leaves it: a 1x1 QConv writes the f32 residual stream channels-last, a 3x3 QConv
+  // +Relu quantizes it, a 3x3 QConv adds it back as Z (+Relu), the stream's last reader, writing f32 (a block inside
+  // a stage) or requantizing to u8 (a stage's last block, read by QConvs only). 16 channels: shapes the cpu_onednn
+  // option int8_winograd takes (DeviceConformance.Int8WinogradOptionRunsTheQConvsItTakes).
+  for (const bool quantized_out : {false, true}) {
+    OpCase c;
+    c.op = "Chain";
+    c.label =
+        std::string("int8 ResNet basic block: QConv 1x1 -> f32 stream -> QConv 3x3 +Relu -> QConv 3x3 +Z +Relu -> ") +
+        (quantized_out ? "u8" : "f32");
+    c.inputs = {in("X", {1, 8, 10, 10}, false, -2.f, 2.f)};
+    act_q(c, "x", 0.02f, 128);
+    layer(c, "s", 16, 8, 1, 0.004f);
+    act_q(c, "r", 0.02f, 0);  // the stream's quantization (its readers' X)
+    layer(c, "a", 16, 16, 3, 0.004f);
+    act_q(c, "a", 0.03f, 0);
+    layer(c, "b", 16, 16, 3, 0.004f);
+    act_q(c, "b", 0.05f, 0);
+    std::vector<std::string> b_in = {"$1", "Wb", "Bb", "Sa", "Za", "WSb", "", "", "$0"};
+    if (quantized_out) b_in[6] = "Sb", b_in[7] = "Zb";
+    c.chain = {qc({"X", "Ws", "Bs", "Sx", "Zx", "WSs"}, 1, 1, 1, "", {{"output_layout", S("NHWC")}}),
+               qc({"$0", "Wa", "Ba", "Sr", "Zr", "WSa", "Sa", "Za"}, 3, 1, 1, "Relu", nhwc_io),
+               qc(b_in, 3, 1, 1, "Relu", {{"input_layout", S("NHWC")}, {"residual_layout", S("NHWC")}})};
+    c.claim_whole = true;
+    v.push_back(c);
+  }
   {
     // MobileNetV2's inverted residual from an f32 input: X quantized by the expand 1x1 (u8, Clip), the depthwise
     // 3x3 over channels-last bytes, the project 1x1 with X as Z (f32 out, channels-last), the next expand quantizing

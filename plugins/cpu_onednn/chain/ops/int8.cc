@@ -2,6 +2,8 @@
 // (the standalone kernels' set-up, kernels/int8.h).
 #include "chain/builder.h"
 
+#include <optional>
+
 namespace keel::onednn::chain {
 
 QNodeView Builder::qnode_view(const NodeDesc& n) const {
@@ -250,6 +252,19 @@ void Builder::qconv(size_t i) {
     exec_own(std::move(e), "own_int8_dw:avx512_vnni", false, n.name + " " + dims_str(x) + " -> " + dims_str(y));
     return;
   }
+  // With the option int8_winograd, a residual under a quantized output (ResNet's last block of each stage, whose
+  // output only QConvs read) is computed in f32 with Z as a sum and quantized by a step of its own (`requantize`),
+  // where the Winograd takes it that way: it has no binary post-op.
+  std::optional<QuantSetup> requantize;
+  if (q.residual && q.y_type != KEEL_DTYPE_F32 && options().int8_winograd != Options::Int8Winograd::kOff) {
+    QuantSetup f = q;
+    f.y_type = KEEL_DTYPE_F32, f.y_scale = 1, f.y_zero = 0, f.residual_sum = true;
+    if (qconv_winograd_desc(f, g, x, y, qconv_primitive_desc(f, g, x, y, last))) {
+      requantize = QuantSetup{};
+      requantize->x_type = q.y_type, requantize->x_scale = q.y_scale, requantize->x_zero = q.y_zero;
+      q = f;
+    }
+  }
   auto pd = qconv_primitive_desc(q, g, x, y, q.residual ? last : tag::any);
   // The option int8_winograd: oneDNN's int8 Winograd always, or where it runs faster (timed as the f32 convolutions
   // are: conv.cc; at batch 1, 1 thread, it took ResNet-18's 3x3 layers from 0.23/0.22/0.21/0.20 ms to
@@ -297,10 +312,16 @@ void Builder::qconv(size_t i) {
   }
   if (q.x_zero != 0) args[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC] = zero_point_mem(q.x_zero);
   if (q.y_zero != 0) args[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST] = zero_point_mem(q.y_zero);
-  Val& out = define(n.out[0], pd.dst_desc(), dbuf);
+  const std::string out_name = requantize ? n.out[0] + "#f32" : n.out[0];
+  Val& out = define(out_name, pd.dst_desc(), dbuf);
   args[DNNL_ARG_SRC] = mem_of(sv);
   args[DNNL_ARG_DST] = mem_of(out);
   exec(dnnl::convolution_forward(pd), std::move(args));
+  if (requantize) {
+    Val v = quantized(out_name, *requantize, md_t(to_dnnl(y), int8_dnnl_type(requantize->x_type), last));
+    p_->bufs[v.buf].values++;  // the node's output is that value
+    vals_[n.out[0]] = v;
+  }
 }
 
 // keel.QGemm: A [..., K] (plain; quantized first when f32) x constant B -> [..., N] (plain), the standalone kernel's
