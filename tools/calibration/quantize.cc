@@ -487,9 +487,11 @@ struct ErrorAcc {
   double rel_error() const { return ff == 0 ? (dd == 0 ? 0.0 : 1.0) : std::sqrt(dd / ff); }
 };
 
-StatusOr<std::unique_ptr<Session>> make_session(Environment& env, Graph g, const std::string& device) {
+StatusOr<std::unique_ptr<Session>> make_session(Environment& env, Graph g, const std::string& device,
+                                                std::vector<std::string> passes = {}) {
   SessionOptions o;
   o.devices = {device};
+  o.passes = std::move(passes);
   return Session::create(env, std::move(g), o);
 }
 
@@ -612,12 +614,23 @@ StatusOr<QuantizeResult> quantize_graph(Environment& env, const Graph& fp32, con
   if (!(options.tolerance >= 0)) return invalid_argument("tolerance must be >= 0");
   if (options.fallback != "sensitivity" && options.fallback != "prefix")
     return invalid_argument("unknown fallback '" + options.fallback + "' (sensitivity, prefix)");
+  if (options.fallback_precision != "fp32" && options.fallback_precision != "bf16")
+    return invalid_argument("unknown fallback precision '" + options.fallback_precision + "' (fp32, bf16)");
   if (options.weight_rounding != "nearest" && options.weight_rounding != "gptq")
     return invalid_argument("unknown weight rounding '" + options.weight_rounding + "' (nearest, gptq)");
   if (calibration.empty()) return invalid_argument("no calibration batches");
   const Registry& reg = env.registry();
   if (!reg.pass("quantize_int8"))
     return failed_precondition("the quantize_int8 pass plugin is not installed (see `keel plugins`)");
+  // How the quantized model is evaluated (the output error): as is, or as `--precision bf16` runs it.
+  std::vector<std::string> eval_passes;
+  if (options.fallback_precision == "bf16") {
+    for (const char* pass : {"fuse_qdq", "convert_bf16"})
+      if (!reg.pass(pass))
+        return failed_precondition(std::string("fallback precision bf16 needs the ") + pass +
+                                   " pass, which is not installed (see `keel plugins`)");
+    eval_passes = {"fuse_qdq", "convert_bf16"};
+  }
 
   QuantizeResult result;
   // 1. Prepare.
@@ -956,7 +969,7 @@ StatusOr<QuantizeResult> quantize_graph(Environment& env, const Graph& fp32, con
     r.rel_error = acc.rel_error();
   }
   auto output_error = [&](const Graph& g, double* cosine, double* rel) -> Status {
-    KEEL_ASSIGN_OR_RETURN(auto s, make_session(env, g, options.device), "quantized evaluation session");
+    KEEL_ASSIGN_OR_RETURN(auto s, make_session(env, g, options.device, eval_passes), "quantized evaluation session");
     std::vector<ErrorAcc> acc(g.outputs.size());
     for (size_t b = 0; b < eval.size(); ++b) {
       KEEL_ASSIGN_OR_RETURN(auto out, s->run(*eval[b]), "quantized evaluation");

@@ -56,6 +56,10 @@ struct QuantizeOptions {
   //                activation that crosses into int8 there is smaller: one fp32 -> int8 boundary, placed where its
   //                QuantizeLinear is cheapest. For networks whose early layers amplify noise the most (MobileNetV2).
   std::string fallback = "sensitivity";
+  // The precision the layers kept in fp32 will run in: fp32, or bf16 (the model then runs with `--precision bf16`:
+  // fuse_qdq, then convert_bf16 converts what stayed fp32). The output error (report and tolerance search) is measured
+  // so: the evaluation sessions run those two passes, on the int8 kernels, where fp32 evaluates the QDQ graph as is.
+  std::string fallback_precision = "fp32";
   // Subtract each quantized layer's weight-rounding shift dW . E[x] (input means from the calibration batches) from
   // its f32 bias (see quantize.cc, correct_biases).
   bool bias_correction = true;

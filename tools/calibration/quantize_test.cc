@@ -462,6 +462,38 @@ TEST(QuantizeGraph, PrefixFallbackKeepsTheFewestLeadingLayersInFp32) {
   EXPECT_FALSE(cli::quantize_graph(env(), small_net(), cal, o).is_ok());
 }
 
+// The layers kept in fp32 measured as `--precision bf16` runs them (fuse_qdq, then convert_bf16): with every layer
+// kept, the output error is 0 evaluated as is and bf16's rounding so; a prefix search under bf16 meets its tolerance
+// as measured in bf16; another precision is an error naming it.
+TEST(QuantizeGraph, Bf16FallbackPrecisionMeasuresTheFp32LayersInBf16) {
+  auto cal = batches(3);
+  auto o = quiet();
+  auto full = cli::quantize_graph(env(), small_net(), cal, o);
+  ASSERT_TRUE(full.is_ok()) << full.status().to_string();
+  for (const auto& l : full->layers) o.exclude.push_back(l.node);
+  auto fp32 = cli::quantize_graph(env(), small_net(), cal, o);
+  ASSERT_TRUE(fp32.is_ok()) << fp32.status().to_string();
+  EXPECT_EQ(fp32->output_rel_error, 0);
+  o.fallback_precision = "bf16";
+  auto bf16 = cli::quantize_graph(env(), small_net(), cal, o);
+  ASSERT_TRUE(bf16.is_ok()) << bf16.status().to_string();
+  EXPECT_GT(bf16->output_rel_error, 1e-4) << "the fp32 layers did not run in bf16";
+  EXPECT_LT(bf16->output_rel_error, 0.05);
+  EXPECT_GT(bf16->output_cosine, 0.999);
+  o.exclude.clear();
+  auto int8_bf16 = cli::quantize_graph(env(), small_net(), cal, o);
+  ASSERT_TRUE(int8_bf16.is_ok()) << int8_bf16.status().to_string();
+  o.fallback = "prefix";
+  o.tolerance = std::max(int8_bf16->output_rel_error / 2, 2 * bf16->output_rel_error);
+  auto r = cli::quantize_graph(env(), small_net(), cal, o);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_LE(r->output_rel_error, o.tolerance);
+  o.fallback_precision = "fp16";
+  auto bad = cli::quantize_graph(env(), small_net(), cal, o);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().to_string().find("unknown fallback precision 'fp16'"), std::string::npos);
+}
+
 // ------------------------------------------------------------------------------------------------ data + CLI
 
 // ---- GPTQ (gptq.h) ----
@@ -688,6 +720,16 @@ TEST(QuantizeCli, WritesAQdqModelThatRuns) {
   size_t ql = 0;
   for (NodeId id : q->node_ids()) ql += q->node(id)->op_type == "QuantizeLinear";
   EXPECT_EQ(ql, 2u);  // conv1's and fc's inputs
+  // --fallback-precision bf16: the report measures conv2 in bf16 and says how to run the model.
+  cmd = std::string(KEEL_CLI_BINARY) + " --plugin-path " + KEEL_PASSES_PLUGIN_DIR_DEFAULT + " quantize " +
+        (d / "model.onnx").string() + " --calib " + (d / "calib").string() + " -o " + (d / "q3.onnx").string() +
+        " --exclude conv2 --fallback-precision bf16 -q > " + (d / "log3.txt").string() + " 2>&1";
+  rc = std::system(cmd.c_str());
+  std::ifstream log3f(d / "log3.txt");
+  std::string log3((std::istreambuf_iterator<char>(log3f)), std::istreambuf_iterator<char>());
+  ASSERT_EQ(rc, 0) << log3;
+  EXPECT_NE(log3.find("outputs vs fp32 (held-out, fp32 layers in bf16)"), std::string::npos) << log3;
+  EXPECT_NE(log3.find("run it with --precision bf16"), std::string::npos) << log3;
   // A missing calibration folder is a clear error (exit 1), not a crash.
   cmd = std::string(KEEL_CLI_BINARY) + " --plugin-path " + KEEL_PASSES_PLUGIN_DIR_DEFAULT + " quantize " +
         (d / "model.onnx").string() + " --calib " + (d / "nope").string() + " -o " + (d / "q2.onnx").string() +

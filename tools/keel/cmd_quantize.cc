@@ -1,5 +1,6 @@
 // `keel quantize MODEL.onnx --calib DIR -o OUT.onnx [--method mse|minmax|percentile|entropy] [--exclude NODES]
-// [--tolerance T [--fallback sensitivity|prefix]]` — INT8 post-training quantization (tools/calibration/quantize.h):
+// [--tolerance T [--fallback sensitivity|prefix]] [--fallback-precision fp32|bf16]` — INT8 post-training quantization
+// (tools/calibration/quantize.h):
 // calibrates on the batches in DIR (layout in quantize.h and the README), writes standard QDQ ONNX, and prints each
 // quantized layer's error (cosine and relative L2 error of its output vs fp32 on held-out batches, its input's
 // calibrated range) and the error of the model's outputs.
@@ -81,8 +82,9 @@ int quantize(QuantizeArgs& a, Globals& g) {
     if (a.opts.tolerance > 0 && a.opts.fallback == "sensitivity") std::cout << std::setw(13) << l.sensitivity;
     std::cout << "  " << (l.kept_fp32 ? "fp32" : "int8") << "\n";
   }
-  std::cout << "outputs vs fp32 (held-out): cosine " << std::setprecision(5) << res.output_cosine << ", relative error "
-            << res.output_rel_error << "\n";
+  std::cout << "outputs vs fp32 (held-out" << (a.opts.fallback_precision == "bf16" ? ", fp32 layers in bf16" : "")
+            << "): cosine " << std::setprecision(5) << res.output_cosine << ", relative error " << res.output_rel_error
+            << "\n";
   std::cout << quantized << " of " << res.layers.size() << " layers quantized\n";
   for (const auto& n : res.notes) std::cout << "note: " << n << "\n";
   Status st = save_onnx(res.graph, a.output);
@@ -91,6 +93,8 @@ int quantize(QuantizeArgs& a, Globals& g) {
     return 1;
   }
   std::cout << "wrote " << a.output << " (" << std::filesystem::file_size(a.output) << " bytes)\n";
+  if (a.opts.fallback_precision == "bf16" && quantized < res.layers.size())
+    std::cout << "run it with --precision bf16 (its fp32 layers in bf16, as measured above)\n";
   return 0;
 }
 
@@ -131,6 +135,10 @@ void add_quantize_command(CLI::App& app, Globals& g) {
                   "How --tolerance picks the fp32 layers: sensitivity (the most sensitive first) or prefix (the fewest "
                   "leading layers, one cheap fp32 -> int8 boundary)")
       ->check(CLI::IsMember({"sensitivity", "prefix"}));
+  cmd->add_option("--fallback-precision", a->opts.fallback_precision,
+                  "What the layers kept in fp32 will run in: fp32 (default) or bf16 (run the model with --precision "
+                  "bf16: the error report and --tolerance then measure it so, on the int8 kernels)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   cmd->add_option("--activations", a->opts.activation_type, "Activation type: u8 (asymmetric) or s8 (symmetric)")
       ->check(CLI::IsMember({"u8", "s8"}));
   cmd->add_flag("--per-tensor", a->per_tensor, "Weights per tensor instead of per output channel");
