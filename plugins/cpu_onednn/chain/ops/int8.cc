@@ -221,9 +221,10 @@ void Builder::qconv(size_t i) {
   q.residual = !n.in_at(8).empty();
   if (q.residual && (r_.dtypes.count(n.in[8]) == 0 || r_.dtypes.at(n.in[8]) != KEEL_DTYPE_F32))
     throw Reject{"Z must be f32"};
-  // Z under an f32 output (a residual stream: ResNet's blocks) sits in the destination first and is added as a sum
-  // post-op, which oneDNN's brgemm int8 kernel takes where its older jit kernel runs a binary add: ResNet-18 at 2
-  // threads, its blocks' second 3x3 convolutions 0.11-0.15 against 0.11-0.12 ms for the first ones.
+  // Z under an f32 output (a residual stream: ResNet's blocks) sits in the destination first (its own buffer where it
+  // dies here) and is added as a sum post-op, which the int8 Winograd takes and a binary add it does not. Alone it
+  // changes nothing measurable (ResNet-18's int8 step minima summed, 1 and 2 threads: within noise); oneDNN then
+  // picks its brgemm kernel where the binary add kept the older jit one.
   q.residual_sum = q.residual && q.y_type == KEEL_DTYPE_F32;
   const Dims x = dims_of(n.in[0]);
   const Dims y = g.out_dims(x);
