@@ -658,11 +658,11 @@ void PluginManager::load_manifest(const fs::path& manifest_arg) {
   if (std::string err = merge_overrides(rec.name, &m.options); !err.empty()) return finish(failed(err));
   l->handle = handle_for(rec, manifest.parent_path().string(), std::move(m.options));
   std::tie(o.state, o.reason) = init_plugin(rec, std::move(l));
-  if (o.state == PluginState::kLoaded) {
-    // Pin a plugin that ran: its code (and libraries it pulled in, such as an OpenMP runtime whose worker threads
-    // outlive the plugin) must stay mapped until the process ends, even after the manager unloads it.
-    if (void* pin = dlopen(rec.library.c_str(), RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE)) dlclose(pin);
-  }
+  // Pin a plugin whose init ran, loaded or not: its code (and libraries it pulled in, such as an OpenMP runtime whose
+  // worker threads outlive the plugin) must stay mapped until the process ends, even after the manager unloads it.
+  // A skipped one too: the CUDA runtime registers an exit handler even when it finds no device, and where atexit is
+  // not tied to the library (ThreadSanitizer's interceptor) that handler ran into unmapped code at exit.
+  if (void* pin = dlopen(rec.library.c_str(), RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE)) dlclose(pin);
   finish(o);
 }
 
@@ -750,9 +750,7 @@ void PluginManager::load_library(const fs::path& library_arg) {
   l->library = std::move(lib);
   l->handle = handle_for(rec, library.parent_path().string(), std::move(options));
   std::tie(o.state, o.reason) = init_plugin(rec, std::move(l));
-  if (o.state == PluginState::kLoaded) {
-    if (void* pin = dlopen(library.c_str(), RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE)) dlclose(pin);
-  }
+  if (void* pin = dlopen(library.c_str(), RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE)) dlclose(pin);  // as above
   finish(o);
 }
 
