@@ -144,8 +144,8 @@ def main():
             cos_qdq.append(cosine(outs["fp32"], outs["qdq"]))
             if wino_env:
                 od = os.path.join(d, f"out_wino_{i}")
-                run([keel, "--threads", t0, "run", qmodel, "--input", f"{in_name}={xin}", "--output-dir", od],
-                    env=wino_env)
+                run([keel, "--threads", t0, "run", qmodel, "--input", f"{in_name}={xin}", "--output-dir", od,
+                     "--precision", a.int8_precision], env=wino_env)
                 cos_wino.append(cosine(outs["fp32"], read_pb(os.path.join(od, "output_0.pb"))))
         print(f"   held-out cosine vs fp32 (min of {a.heldout}): keel int8"
               f"{' (--precision ' + a.int8_precision + ')' if a.int8_precision != 'fp32' else ''} {min(cos_int8):.5f}, "
@@ -160,7 +160,8 @@ def main():
             "ort_int8": lambda t: ["node", os.path.join(a.peers_dir, "ort_bench.js"), qdir, "--threads", t],
         }
         if wino_env:
-            engines["keel_int8_wino"] = lambda t: [keel, "--threads", t, "bench", qmodel]
+            engines["keel_int8_wino"] = lambda t: [keel, "--threads", t, "bench", qmodel, "--precision",
+                                                   a.int8_precision]
         if a.rounds <= 0:  # accuracy only
             summary.append({"model": model, "cos_int8": min(cos_int8), "cos_qdq": min(cos_qdq)})
             continue
