@@ -203,6 +203,24 @@ TEST(DeviceConformance, ChainsClaimedWhole) {
   EXPECT_GT(cases, 0);
 }
 
+// Runs case `c` once on the cpu of `env`, claimed subgraphs on or off; `chained` (when given) says whether a claimed
+// subgraph ran.
+void run_case(Environment& env, const OpCase& c, bool claims, std::vector<Tensor>& outs, bool* chained = nullptr) {
+  Built b = build(c);
+  SessionOptions so;
+  so.devices = {"cpu"};
+  so.claims = claims;
+  auto s = Session::create(env, std::move(b.graph), so);
+  ASSERT_TRUE(s.is_ok()) << c.label << ": " << s.status().to_string();
+  if (chained) {
+    *chained = false;
+    for (const auto& [node, op, dev, kernel] : (*s)->placement()) *chained = *chained || op == "Subgraph";
+  }
+  auto r = (*s)->run(b.feeds);
+  ASSERT_TRUE(r.is_ok()) << c.label << ": " << r.status().to_string();
+  outs = std::move(r).value();
+}
+
 // INT8 chain cases (keel.QConv / keel.QGemm nodes) claimed as one oneDNN subgraph compute what the standalone int8
 // kernels compute node by node (SessionOptions::claims = false): the same primitives and loops, so integer outputs
 // are equal and f32 ones equal up to the f32 steps' summation order (pooling over another layout; the fp32 prefix's
@@ -223,18 +241,9 @@ TEST(DeviceConformance, Int8ChainsMatchTheStandaloneKernels) {
     ++cases;
     std::vector<Tensor> outs[2];
     for (int claims = 0; claims < 2; ++claims) {
-      Built b = build(c);
-      SessionOptions so;
-      so.devices = {"cpu"};
-      so.claims = claims != 0;
-      auto s = Session::create(*e.dut, std::move(b.graph), so);
-      ASSERT_TRUE(s.is_ok()) << c.label << ": " << s.status().to_string();
       bool chain = false;
-      for (const auto& [node, op, dev, kernel] : (*s)->placement()) chain = chain || op == "Subgraph";
+      ASSERT_NO_FATAL_FAILURE(run_case(*e.dut, c, claims != 0, outs[claims], &chain));
       EXPECT_EQ(chain, claims != 0) << c.label;
-      auto r = (*s)->run(b.feeds);
-      ASSERT_TRUE(r.is_ok()) << c.label << ": " << r.status().to_string();
-      outs[claims] = std::move(r).value();
     }
     ASSERT_EQ(outs[0].size(), outs[1].size());
     for (size_t k = 0; k < outs[0].size(); ++k) {
@@ -309,17 +318,7 @@ TEST(DeviceConformance, Int8WinogradOptionRunsTheQConvsItTakes) {
     for (int claims = chain_only ? 1 : 0; claims < 2; ++claims) {
       ++runs;
       std::vector<Tensor> outs[2];
-      for (int k = 0; k < 2; ++k) {
-        Built b = build(c);
-        SessionOptions so;
-        so.devices = {"cpu"};
-        so.claims = claims != 0;
-        auto s = Session::create(k ? **wino : *e.dut, std::move(b.graph), so);
-        ASSERT_TRUE(s.is_ok()) << c.label << ": " << s.status().to_string();
-        auto r = (*s)->run(b.feeds);
-        ASSERT_TRUE(r.is_ok()) << c.label << ": " << r.status().to_string();
-        outs[k] = std::move(r).value();
-      }
+      for (int k = 0; k < 2; ++k) ASSERT_NO_FATAL_FAILURE(run_case(k ? **wino : *e.dut, c, claims != 0, outs[k]));
       const Tensor &a = outs[0].at(0), &b = outs[1].at(0);
       ASSERT_EQ(a.dtype(), b.dtype()) << c.label;
       ASSERT_EQ(a.shape(), b.shape()) << c.label;

@@ -435,6 +435,9 @@ class Builder {
   QNodeView qnode_view(const NodeDesc& n) const;
   bool qconv_x_only(const std::string& v, size_t rank);
   Val residual_last(const std::string& name, const Dims& y);
+  // The buffer of a destination (descriptor dmd) that a sum post-op adds to, holding `v` (`name`'s value, in dmd's
+  // layout) first: `name`'s own buffer when `v` is it and nobody reads it after node `at`, else a copy of `v`.
+  int sum_destination(const std::string& name, const Val& v, const md_t& dmd, size_t at);
   Val quantized(const std::string& name, const QuantSetup& q, const md_t& want);
   dnnl::memory zero_point_mem(int32_t v);
   md_t boundary_md(const std::string& name, const Dims& d, dt t) const;

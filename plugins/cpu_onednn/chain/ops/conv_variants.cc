@@ -276,6 +276,19 @@ bool Builder::conv_dw_fused(size_t i, const Fusion& f, const md_t& src, const md
   return true;
 }
 
+int Builder::sum_destination(const std::string& name, const Val& v, const md_t& dmd, size_t at) {
+  const auto own = vals_.find(name);
+  if (own != vals_.end() && own->second.buf == v.buf && own->second.off == v.off && v.md == dmd &&
+      dead_after(name, at)) {
+    p_->bufs[v.buf].values--;  // the value dies here; the destination takes its place
+    return v.buf;
+  }
+  const int buf = new_buf(dmd.get_size());
+  dnnl::memory a = mem_of(v), b = mem_at(dmd, buf, 0);
+  exec(dnnl::reorder(a, b), {{DNNL_ARG_FROM, a}, {DNNL_ARG_TO, b}});
+  return buf;
+}
+
 // The rest of a convolution or deconvolution once its primitive is chosen: the weights reordered once (from `w` in
 // layout `wplain`), the bias, the residual placed in the destination for a sum post-op, the step.
 void Builder::conv_like_tail(size_t i, const Fusion& f, dnnl::primitive prim, const md_t& src_md, const md_t& wei_md,
@@ -303,15 +316,7 @@ void Builder::conv_like_tail(size_t i, const Fusion& f, dnnl::primitive prim, co
     for (size_t k : f.nodes)
       if (r_.nodes[k].op == "Add") add_node = k;
     const Val rv = vals_[f.sum_with];
-    if (rv.md == dmd && dead_after(f.sum_with, add_node)) {
-      dbuf = rv.buf;
-      p_->bufs[dbuf].values--;  // the residual dies here; the output takes its place
-    } else {
-      Val tmp = as_md(f.sum_with, dmd);
-      dbuf = new_buf(dmd.get_size());
-      dnnl::memory a = mem_of(tmp), b = mem_at(dmd, dbuf, 0);
-      exec(dnnl::reorder(a, b), {{DNNL_ARG_FROM, a}, {DNNL_ARG_TO, b}});
-    }
+    dbuf = sum_destination(f.sum_with, rv.md == dmd ? rv : as_md(f.sum_with, dmd), dmd, add_node);
   }
   if (!chan_scale.empty()) exec_scale_weights(wmem, wplain, chan_scale);
   Val& out = define(f.out, dmd, dbuf);

@@ -253,24 +253,28 @@ void Builder::qconv(size_t i) {
     exec_own(std::move(e), "own_int8_dw:avx512_vnni", false, n.name + " " + dims_str(x) + " -> " + dims_str(y));
     return;
   }
+  auto pd = qconv_primitive_desc(q, g, x, y, q.residual ? last : tag::any);
+  auto wino = qconv_winograd_desc(q, g, x, y, pd);
   // With the option int8_winograd, a residual under a quantized output (ResNet's last block of each stage, whose
   // output only QConvs read) is computed in f32 with Z as a sum and quantized by a step of its own (`requantize`),
   // where the Winograd takes it that way: it has no binary post-op.
   std::optional<QuantSetup> requantize;
-  if (q.residual && q.y_type != KEEL_DTYPE_F32 && options().int8_winograd != Options::Int8Winograd::kOff) {
+  if (!wino && q.residual && q.y_type != KEEL_DTYPE_F32 && options().int8_winograd != Options::Int8Winograd::kOff) {
     QuantSetup f = q;
     f.y_type = KEEL_DTYPE_F32, f.y_scale = 1, f.y_zero = 0, f.residual_sum = true;
-    if (qconv_winograd_desc(f, g, x, y, qconv_primitive_desc(f, g, x, y, last))) {
+    auto fpd = qconv_primitive_desc(f, g, x, y, last);
+    if (auto fwino = qconv_winograd_desc(f, g, x, y, fpd)) {
       requantize = QuantSetup{};
       requantize->x_type = q.y_type, requantize->x_scale = q.y_scale, requantize->x_zero = q.y_zero;
       q = f;
+      pd = fpd;
+      wino = fwino;
     }
   }
-  auto pd = qconv_primitive_desc(q, g, x, y, q.residual ? last : tag::any);
   // The option int8_winograd: oneDNN's int8 Winograd always, or where it runs faster (timed as the f32 convolutions
   // are: conv.cc; at batch 1, 1 thread, it took ResNet-18's 3x3 layers from 0.23/0.22/0.21/0.20 ms to
   // 0.18/0.14/0.13/0.18 ms at 56/28/14/7 pixels).
-  if (auto wino = qconv_winograd_desc(q, g, x, y, pd)) {
+  if (wino) {
     std::vector<dnnl::convolution_forward::primitive_desc> cands{pd, *wino};
     const std::vector<double> margins{0, 0.05};
     size_t pick = 1;
@@ -298,18 +302,7 @@ void Builder::qconv(size_t i) {
     const Val zv = residual_last(n.in[8], y);
     args[DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1] = mem_of(zv);
   } else if (q.residual) {
-    // Z's own buffer when nobody reads it afterwards (as the f32 convolutions' residuals: conv_variants.cc), else a
-    // copy.
-    const Val zv = residual_last(n.in[8], y);
-    const Val* own = vals_.count(n.in[8]) ? &vals_[n.in[8]] : nullptr;
-    if (own && own->md == pd.dst_desc() && own->buf == zv.buf && own->off == zv.off && dead_after(n.in[8], i)) {
-      dbuf = zv.buf;
-      p_->bufs[dbuf].values--;  // Z dies here; the output takes its place
-    } else {
-      dbuf = new_buf(pd.dst_desc().get_size());
-      dnnl::memory a = mem_of(zv), b = mem_at(pd.dst_desc(), dbuf, 0);
-      exec(dnnl::reorder(a, b), {{DNNL_ARG_FROM, a}, {DNNL_ARG_TO, b}});
-    }
+    dbuf = sum_destination(n.in[8], residual_last(n.in[8], y), pd.dst_desc(), i);
   }
   if (q.x_zero != 0) args[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC] = zero_point_mem(q.x_zero);
   if (q.y_zero != 0) args[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST] = zero_point_mem(q.y_zero);
