@@ -54,7 +54,11 @@ __attribute__((target("avx512f"))) void stem_conv_f32(const float* xp, const flo
                                                       int64_t OW, int64_t HP, int64_t WP, bool relu) {
   const int64_t per_m = C * KH * KW;  // one output channel's weights
   for (int64_t oh = 0; oh < OH; ++oh)
-    for (int64_t ow = 0; ow < OW; ow += 16) {
+    for (int64_t ow0 = 0; ow0 < OW; ow0 += 16) {
+      // A row's last partial step moves back to end at the row's end (recomputing a few columns), so that every
+      // step of a row at least 16 wide loads and stores whole vectors: masked stores cost several times as much on
+      // some CPUs (AMD Zen).
+      const int64_t ow = OW >= 16 && OW - ow0 < 16 ? OW - 16 : ow0;
       const __mmask16 k = stem_lanes(OW - ow);
       __m512 acc[MB];
 #pragma GCC unroll 8
@@ -73,7 +77,8 @@ __attribute__((target("avx512f"))) void stem_conv_f32(const float* xp, const flo
 #pragma GCC unroll 8
       for (int b = 0; b < MB; ++b) {
         const __m512 v = relu ? _mm512_max_ps(acc[b], _mm512_setzero_ps()) : acc[b];
-        _mm512_mask_storeu_ps(y + (b * OH + oh) * OW + ow, k, v);
+        if (k == 0xffff) _mm512_storeu_ps(y + (b * OH + oh) * OW + ow, v);
+        else _mm512_mask_storeu_ps(y + (b * OH + oh) * OW + ow, k, v);
       }
     }
 }
