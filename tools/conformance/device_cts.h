@@ -59,6 +59,7 @@ struct OpCase {
   double int_tol = 1;         // integer outputs: |out - ref| <= int_tol (1: requantisation may round apart)
   DType dtype = DType::kF32;  // of the float inputs (f32, f16 or bf16; int64 inputs come from int64_constants)
   size_t output = 0;          // which output is compared (the others are computed but not compared)
+  std::vector<size_t> unnamed_outputs;  // outputs the node leaves "" (as the autograd leaves gradients nobody needs)
   // A chain case (op "Chain"): these nodes in order instead of one node of `op`; the last one's output is
   // compared. The kernel recorded is the claimed subgraph's ("Subgraph" in the placement), "" when none ran.
   std::vector<ChainNode> chain;

@@ -236,6 +236,95 @@ __attribute__((target("avx512f"))) void conv_dw_channels_f32(const float* dy, co
     }
 }
 
+// keel.FusedConvMaxPoolGrad's weight (and bias) gradient where the pooling is 2x2 / stride 2 and the convolution an
+// image model's first layer (conv_dw_channels_f32's cases, kernels at most 3x3), straight from the pooled gradient: a
+// window's gradient reaches one convolution output, the one at its window position, so dW[m][c][i][j] = sum over
+// pooled positions (n, ph, pw) and window positions a = 2 dy + dx of dP[n][m][ph][pw] (where Arg is a, and P > 0 with
+// the Relu) * Xp[n][c][2 ph + dy + i][2 pw + dx + j]. The convolution's output gradient (four times dP's size, three
+// quarters zeros) is never made: the SimpleCNN's 5.5 MB of it were written, then read back once per kernel row.
+// `e` holds Xp's rows at stride 2 (stride2_rows), so that 16 pooled columns' sources are one vector load. Channels in
+// blocks of MB, 16 pooled columns a step (masked past the row), MB * KH * KW accumulators; db (nullable) gets the sums
+// of the masked dP (each window's gradient lands once in dY).
+template <int KH, int KW, int MB>
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void pooled_dw_2x2_f32(const float* dp, const float* pv,
+                                                                            const uint8_t* arg, const float* e,
+                                                                            float* dw, float* db, int64_t m0, int64_t N,
+                                                                            int64_t M, int64_t C, int64_t PH,
+                                                                            int64_t PW, int64_t HP, bool relu) {
+  const int64_t T = (PW + 15) / 16;
+  for (int64_t c = 0; c < C; ++c) {
+    __m512 acc[MB][KH][KW], bsum[MB];
+#pragma GCC unroll 4
+    for (int b = 0; b < MB; ++b) {
+      bsum[b] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+      for (int i = 0; i < KH; ++i)
+#pragma GCC unroll 4
+        for (int j = 0; j < KW; ++j) acc[b][i][j] = _mm512_setzero_ps();
+    }
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t ph = 0; ph < PH; ++ph)
+        for (int64_t t = 0; t < T; ++t) {
+          const __mmask16 k = first_lanes(PW - 16 * t);
+          __m512 g[MB];
+          __m512i at[MB];
+#pragma GCC unroll 4
+          for (int b = 0; b < MB; ++b) {
+            const int64_t o = ((n * M + m0 + b) * PH + ph) * PW + 16 * t;
+            g[b] = _mm512_maskz_loadu_ps(k, dp + o);
+            if (relu)
+              g[b] = _mm512_maskz_mov_ps(
+                  _mm512_cmp_ps_mask(_mm512_maskz_loadu_ps(k, pv + o), _mm512_setzero_ps(), _CMP_GT_OQ), g[b]);
+            at[b] = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(k, arg + o));
+            bsum[b] = _mm512_add_ps(bsum[b], g[b]);
+          }
+          // Rows 2 ph .. 2 ph + KH of (n, c) in e: [row][offset 0..KW][tile][16].
+          const float* rows = e + (((n * C + c) * HP + 2 * ph) * (KW + 1) * T + t) * 16;
+#pragma GCC unroll 4
+          for (int a = 0; a < 4; ++a) {
+            const int dy = a >> 1, dx = a & 1;
+            __m512 ga[MB];
+#pragma GCC unroll 4
+            for (int b = 0; b < MB; ++b)
+              ga[b] = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(at[b], _mm512_set1_epi32(a)), g[b]);
+#pragma GCC unroll 4
+            for (int i = 0; i < KH; ++i)
+#pragma GCC unroll 4
+              for (int j = 0; j < KW; ++j) {
+                const __m512 x = _mm512_loadu_ps(rows + ((dy + i) * (KW + 1) + dx + j) * T * 16);
+#pragma GCC unroll 4
+                for (int b = 0; b < MB; ++b) acc[b][i][j] = _mm512_fmadd_ps(ga[b], x, acc[b][i][j]);
+              }
+          }
+        }
+#pragma GCC unroll 4
+    for (int b = 0; b < MB; ++b) {
+#pragma GCC unroll 4
+      for (int i = 0; i < KH; ++i)
+#pragma GCC unroll 4
+        for (int j = 0; j < KW; ++j) dw[(((m0 + b) * C + c) * KH + i) * KW + j] = _mm512_reduce_add_ps(acc[b][i][j]);
+      if (db && c == 0) db[m0 + b] = _mm512_reduce_add_ps(bsum[b]);
+    }
+  }
+}
+
+// e[row][o][t][l] = xp_row[o + 2 (16 t + l)] for each of the `rows` rows of xp (WP wide), offsets o in [0, O), tiles
+// t of 16 (T of them): lanes whose source is past the row are 0.
+__attribute__((target("avx512f"))) void stride2_rows(const float* xp, float* e, int64_t rows, int64_t WP, int64_t O,
+                                                     int64_t T) {
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t o = 0; o < O; ++o)
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t base = o + 32 * t, left = WP - base;
+        const float* src = xp + r * WP + base;
+        const __m512 lo = _mm512_maskz_loadu_ps(first_lanes(left), src);
+        const __m512 hi = _mm512_maskz_loadu_ps(first_lanes(left - 16), src + 16);
+        _mm512_storeu_ps(e + ((r * O + o) * T + t) * 16, _mm512_permutex2var_ps(lo, even, hi));
+      }
+}
+
 #pragma GCC diagnostic pop
 
 const bool kHaveAvx512 =
@@ -381,6 +470,7 @@ class ConvGradKernel : public Kernel {
       if (dy[2 + i] < pk[i] || (dy[2 + i] - pk[i]) / ps[i] + 1 != pd[2 + i] || pd[0] != dy[0] || pd[1] != dy[1])
         throw Failure{KEEL_STATUS_INVALID_ARGUMENT, "dP does not have the pooled convolution output's shape"};
     Plan& p = plans_.get(shape_key(c), [&] { return build(dy, x, w); });
+    if (pooled_dw_applies(p, w)) return pooled_weights_grad(c, pd, dy, x, w);
     PoolArgShape sh;
     sh.n = dy[0], sh.c = dy[1], sh.h = dy[2], sh.w = dy[3], sh.kh = pool_.kh, sh.kw = pool_.kw, sh.sh = pool_.sh;
     sh.sw = pool_.sw, sh.oh = pd[2], sh.ow = pd[3];
@@ -437,20 +527,65 @@ class ConvGradKernel : public Kernel {
     return kHaveAvx512 && dtype_ == KEEL_DTYPE_F32 && group_ == 1 && strides_ == Dims{1, 1} && dil_ == Dims{1, 1} &&
            x[1] <= 4 && w[3] >= 1 && w[3] <= 7;
   }
+  // X with zeros around it, HP x WP planes (x and both pads: the end ones from dY's size, as build's pr), so that
+  // every tap reads inside its row: X itself where it has no padding, else a copy in `buf`.
+  const float* padded_input(const float* x, const Dims& xd, int64_t HP, int64_t WP, std::vector<float>* buf) const {
+    const int64_t NC = xd[0] * xd[1], H = xd[2], W = xd[3];
+    if (HP == H && WP == W) return x;
+    buf->assign(static_cast<size_t>(NC * HP * WP), 0.f);
+    for (int64_t nc = 0; nc < NC; ++nc)
+      for (int64_t h = 0; h < H; ++h)
+        std::memcpy(buf->data() + (nc * HP + h + pads_[0]) * WP + pads_[1], x + (nc * H + h) * W,
+                    static_cast<size_t>(W) * sizeof(float));
+    return buf->data();
+  }
+
+  // Whether pooled_weights_grad computes this FusedConvMaxPoolGrad: dW (and dB) only, the direct weight gradient's
+  // cases with a kernel at most 3x3, a 2x2 / stride-2 pooling.
+  bool pooled_dw_applies(const Plan& p, const Dims& w) const {
+    static const bool vl = __builtin_cpu_supports("avx512vl");
+    return vl && p.direct_dw && !want_dx_ && w[2] <= 3 && w[3] <= 3 && pool_.kh == 2 && pool_.kw == 2 &&
+           pool_.sh == 2 && pool_.sw == 2;
+  }
+  void pooled_weights_grad(Ctx& c, const Dims& pd, const Dims& dy, const Dims& x, const Dims& w) {
+    const int64_t N = x[0], C = x[1], M = w[0], KH = w[2], KW = w[3], PH = pd[2], PW = pd[3];
+    const int64_t HP = dy[2] + KH - 1, WP = dy[3] + KW - 1, T = (PW + 15) / 16;
+    std::vector<float> padded;
+    const float* xp = padded_input(static_cast<const float*>(c.input(1)->data), x, HP, WP, &padded);
+    auto* e = static_cast<float*>(c.workspace(static_cast<uint64_t>(N * C * HP * (KW + 1) * T * 16) * sizeof(float)));
+    stride2_rows(xp, e, N * C * HP, WP, KW + 1, T);
+    const auto* g = static_cast<const float*>(c.input(0)->data);
+    const auto* pv = static_cast<const float*>(c.input(3)->data);
+    const auto* at = static_cast<const uint8_t*>(c.input(4)->data);
+    auto* dw = static_cast<float*>(c.output(1, w)->data);
+    float* db = want_db_ ? static_cast<float*>(c.output(2, {M})->data) : nullptr;
+    using Fn = void (*)(const float*, const float*, const uint8_t*, const float*, float*, float*, int64_t, int64_t,
+                        int64_t, int64_t, int64_t, int64_t, int64_t, bool);
+    // [KH - 1][KW - 1]: pairs of channels, and single ones for an odd M.
+    static constexpr Fn kPair[3][3] = {
+        {pooled_dw_2x2_f32<1, 1, 2>, pooled_dw_2x2_f32<1, 2, 2>, pooled_dw_2x2_f32<1, 3, 2>},
+        {pooled_dw_2x2_f32<2, 1, 2>, pooled_dw_2x2_f32<2, 2, 2>, pooled_dw_2x2_f32<2, 3, 2>},
+        {pooled_dw_2x2_f32<3, 1, 2>, pooled_dw_2x2_f32<3, 2, 2>, pooled_dw_2x2_f32<3, 3, 2>}};
+    static constexpr Fn kOne[3][3] = {
+        {pooled_dw_2x2_f32<1, 1, 1>, pooled_dw_2x2_f32<1, 2, 1>, pooled_dw_2x2_f32<1, 3, 1>},
+        {pooled_dw_2x2_f32<2, 1, 1>, pooled_dw_2x2_f32<2, 2, 1>, pooled_dw_2x2_f32<2, 3, 1>},
+        {pooled_dw_2x2_f32<3, 1, 1>, pooled_dw_2x2_f32<3, 2, 1>, pooled_dw_2x2_f32<3, 3, 1>}};
+    const Fn pair = kPair[KH - 1][KW - 1], one = kOne[KH - 1][KW - 1];
+    const int64_t pairs = M / 2;
+    const bool relu = relu_;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < pairs + M % 2; ++t) {
+      if (t < pairs) pair(g, pv, at, e, dw, db, 2 * t, N, M, C, PH, PW, HP, relu);
+      else one(g, pv, at, e, dw, db, M - 1, N, M, C, PH, PW, HP, relu);
+    }
+  }
+
   void direct_weights_grad(const void* dyp, const keel_tensor_t* xt, keel_tensor_t* dwt, keel_tensor_t* dbt,
                            const Dims& dy, const Dims& x, const Dims& w) const {
-    const int64_t N = x[0], C = x[1], H = x[2], W = x[3], M = w[0], KH = w[2], KW = w[3], OH = dy[2], OW = dy[3];
-    const int64_t HP = OH + KH - 1, WP = OW + KW - 1;  // x and both pads (the end ones from dY's size, as build's pr)
-    const float* xp = static_cast<const float*>(xt->data);
+    const int64_t N = x[0], C = x[1], M = w[0], KH = w[2], KW = w[3], OH = dy[2], OW = dy[3];
+    const int64_t HP = OH + KH - 1, WP = OW + KW - 1;
     std::vector<float> padded;
-    if (HP != H || WP != W) {  // zeros around X, so that every tap reads inside its row
-      padded.assign(static_cast<size_t>(N * C * HP * WP), 0.f);
-      for (int64_t nc = 0; nc < N * C; ++nc)
-        for (int64_t h = 0; h < H; ++h)
-          std::memcpy(&padded[static_cast<size_t>((nc * HP + h + pads_[0]) * WP + pads_[1])], xp + (nc * H + h) * W,
-                      static_cast<size_t>(W) * sizeof(float));
-      xp = padded.data();
-    }
+    const float* xp = padded_input(static_cast<const float*>(xt->data), x, HP, WP, &padded);
     const float* g = static_cast<const float*>(dyp);
     float* dw = static_cast<float*>(dwt->data);
     float* db = dbt ? static_cast<float*>(dbt->data) : nullptr;
