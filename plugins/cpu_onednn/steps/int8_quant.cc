@@ -23,7 +23,7 @@ namespace {
 // thread reading lines that sit modified in the other core's cache costs more than it saves: [1,24,56,56] plain ->
 // channels-last quantization (MobileNetV2's fp32 -> int8 boundary) 14 us on one thread, 55 us on two, standalone
 // with the input hot in the first core's cache; in the model at 2 threads 0.022 -> 0.018-0.022 ms.
-constexpr int64_t kParallelMin = int64_t{1} << 20;
+constexpr int64_t kParallelMin = int64_t{1} << 16;
 // The same for the transpose, lower: ResNet-18's first convolution, [1,64,112,112] f32, transposed on one thread took
 // 0.23-0.37 ms against 0.24-0.27 for oneDNN's reorder on two.
 constexpr int64_t kTransposeParallelMin = int64_t{1} << 18;
