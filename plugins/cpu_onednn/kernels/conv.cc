@@ -47,12 +47,13 @@ __attribute__((target("avx512f"))) inline __mmask16 stem_lanes(int64_t n) {
 
 // Y[n][m0 .. m0 + MB) = act(conv(Xp[n], W) + B) over the zero-padded input Xp (HP x WP planes), 16 output columns a
 // step (masked past the row: those lanes are neither read nor written); each loaded tap of X serves the MB channels.
-// `y` points at plane (n, m0): the MB planes follow it, OH x OW each.
+// `w` is the block's weights packed tap by tap, [C][KH][KW][MB] (stem_pack_weights), so that the MB broadcasts of a tap
+// come off one base register (with W's own layout the compiler ran out of registers for the MB channel offsets and
+// spilled them). `y` points at plane (n, m0): the MB planes follow it, OH x OW each.
 template <int KW, int MB>
 __attribute__((target("avx512f"))) void stem_conv_f32(const float* xp, const float* w, const float* bias, float* y,
                                                       int64_t n, int64_t m0, int64_t C, int64_t KH, int64_t OH,
                                                       int64_t OW, int64_t HP, int64_t WP, bool relu) {
-  const int64_t per_m = C * KH * KW;  // one output channel's weights
   for (int64_t oh = 0; oh < OH; ++oh)
     for (int64_t ow0 = 0; ow0 < OW; ow0 += 16) {
       // A row's last partial step moves back to end at the row's end (recomputing a few columns), so that every
@@ -66,12 +67,12 @@ __attribute__((target("avx512f"))) void stem_conv_f32(const float* xp, const flo
       for (int64_t c = 0; c < C; ++c)
         for (int64_t i = 0; i < KH; ++i) {
           const float* x = xp + ((n * C + c) * HP + oh + i) * WP + ow;
-          const float* wr = w + (m0 * C + c) * KH * KW + i * KW;
+          const float* wr = w + (c * KH + i) * KW * MB;
 #pragma GCC unroll 8
           for (int j = 0; j < KW; ++j) {
             const __m512 xv = _mm512_maskz_loadu_ps(k, x + j);
 #pragma GCC unroll 8
-            for (int b = 0; b < MB; ++b) acc[b] = _mm512_fmadd_ps(_mm512_set1_ps(wr[b * per_m + j]), xv, acc[b]);
+            for (int b = 0; b < MB; ++b) acc[b] = _mm512_fmadd_ps(_mm512_set1_ps(wr[j * MB + b]), xv, acc[b]);
           }
         }
 #pragma GCC unroll 8
@@ -110,7 +111,14 @@ void stem_conv(const float* x, const float* w, const float* bias, float* y, cons
                                     stem_conv_f32<5, 8>, stem_conv_f32<6, 8>, stem_conv_f32<7, 8>};
   static constexpr Fn kSingle[] = {stem_conv_f32<1, 1>, stem_conv_f32<2, 1>, stem_conv_f32<3, 1>, stem_conv_f32<4, 1>,
                                    stem_conv_f32<5, 1>, stem_conv_f32<6, 1>, stem_conv_f32<7, 1>};
-  const int64_t blocks = M / 8, per_n = blocks + M % 8;
+  const int64_t blocks = M / 8, per_n = blocks + M % 8, per_m = C * KH * KW;
+  // Each block of 8 channels' weights tap by tap ([C][KH][KW][8], at m0 * per_m); the single channels after the blocks
+  // keep W's layout (which is that with one channel).
+  std::vector<float> packed(w, w + M * per_m);
+  for (int64_t t = 0; t < blocks; ++t)
+    for (int64_t b = 0; b < 8; ++b)
+      for (int64_t tap = 0; tap < per_m; ++tap)
+        packed[static_cast<size_t>(t * 8 * per_m + tap * 8 + b)] = w[(t * 8 + b) * per_m + tap];
   const int64_t plane = OH * OW;
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < N * per_n; ++t) {
@@ -119,8 +127,9 @@ void stem_conv(const float* x, const float* w, const float* bias, float* y, cons
     thread_local std::vector<float> own;
     if (pool) own.resize(static_cast<size_t>(8 * plane));
     float* dst = pool ? own.data() : y + (n * M + m0) * plane;
-    if (r < blocks) kBlocked[KW - 1](xp, w, bias, dst, n, m0, C, KH, OH, OW, HP, WP, relu);
-    else kSingle[KW - 1](xp, w, bias, dst, n, m0, C, KH, OH, OW, HP, WP, relu);
+    const float* wb = packed.data() + m0 * per_m;
+    if (r < blocks) kBlocked[KW - 1](xp, wb, bias, dst, n, m0, C, KH, OH, OW, HP, WP, relu);
+    else kSingle[KW - 1](xp, wb, bias, dst, n, m0, C, KH, OH, OW, HP, WP, relu);
     if (pool) {
       PoolArgShape ps = *pool;
       ps.n = 1, ps.c = planes, ps.h = OH, ps.w = OW, ps.block = 1;
