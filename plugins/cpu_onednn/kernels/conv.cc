@@ -46,10 +46,10 @@ __attribute__((target("avx512f"))) inline __mmask16 stem_lanes(int64_t n) {
 }
 
 // Y[n][m0 .. m0 + MB) = act(conv(Xp[n], W) + B) over the zero-padded input Xp (HP x WP planes), 16 output columns a
-// step (masked past the row: those lanes are neither read nor written); each loaded tap of X serves the MB channels.
-// `w` is the block's weights packed tap by tap, [C][KH][KW][MB] (stem_pack_weights), so that the MB broadcasts of a tap
-// come off one base register (with W's own layout the compiler ran out of registers for the MB channel offsets and
-// spilled them). `y` points at plane (n, m0): the MB planes follow it, OH x OW each.
+// step (rows under 16 wide masked: those lanes are neither read nor written); each loaded tap of X serves the MB
+// channels. `w` is the block's weights packed tap by tap, [C][KH][KW][MB] (stem_conv packs them), so that the MB
+// broadcasts of a tap come off one base register (with W's own layout the compiler ran out of registers for the MB
+// channel offsets and spilled them). `y` points at plane (n, m0): the MB planes follow it, OH x OW each.
 template <int KW, int MB>
 __attribute__((target("avx512f"))) void stem_conv_f32(const float* xp, const float* w, const float* bias, float* y,
                                                       int64_t n, int64_t m0, int64_t C, int64_t KH, int64_t OH,

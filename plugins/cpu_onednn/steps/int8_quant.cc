@@ -23,7 +23,11 @@ namespace {
 // thread reading lines that sit modified in the other core's cache costs more than it saves: [1,24,56,56] plain ->
 // channels-last quantization (MobileNetV2's fp32 -> int8 boundary) 14 us on one thread, 55 us on two, standalone
 // with the input hot in the first core's cache; in the model at 2 threads 0.022 -> 0.018-0.022 ms.
-constexpr int64_t kParallelMin = int64_t{1} << 16;
+constexpr int64_t kParallelMin = int64_t{1} << 20;
+// The same-layout quantization (quantize_f32) lower: in an int8 chain its input is mostly a convolution's output that
+// the whole team wrote, so one thread alone reads half of it from the other core: ResNet-18's block inputs
+// [1,64,56,56] at 2 threads 0.025-0.029 ms on one thread, 0.012-0.017 split.
+constexpr int64_t kSameLayoutParallelMin = int64_t{1} << 16;
 // The same for the transpose, lower: ResNet-18's first convolution, [1,64,112,112] f32, transposed on one thread took
 // 0.23-0.37 ms against 0.24-0.27 for oneDNN's reorder on two.
 constexpr int64_t kTransposeParallelMin = int64_t{1} << 18;
@@ -199,7 +203,7 @@ bool int8_own_kernels() {
 }
 
 void quantize_f32(const float* x, void* y, int64_t n, const QuantizeSpec& q, int threads) {
-  const int team = n >= kParallelMin ? std::max(1, threads) : 1;
+  const int team = n >= kSameLayoutParallelMin ? std::max(1, threads) : 1;
   // Ranges in whole vectors, so that only the last range has a partial one.
   const int64_t vecs = (n + 15) / 16;
   split_over_team(vecs, team, [&](int64_t, int64_t v0, int64_t v1) {
