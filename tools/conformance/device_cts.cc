@@ -1312,6 +1312,11 @@ void add_training_cases(std::vector<OpCase>& v) {
         if (dt == DType::kBF16) o.rtol = 2e-2, o.atol = 2e-2;
         else o.rtol = 1e-3, o.atol = 1e-4;
         v.push_back(o);
+        // The other two output sets the autograd asks for: no dX (a first layer: X is the input) and dX alone (a
+        // frozen layer: --freeze, fine-tuning).
+        o.unnamed_outputs = out == 0 ? std::vector<size_t>{1, 2} : std::vector<size_t>{0};
+        o.label += out == 0 ? " alone" : " without dX";
+        v.push_back(o);
       }
     }
     struct Pl {
