@@ -308,6 +308,18 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void pooled_dw_2x2_f32(cons
   }
 }
 
+using PooledDwFn = void (*)(const float*, const float*, const uint8_t*, const float*, float*, float*, int64_t, int64_t,
+                            int64_t, int64_t, int64_t, int64_t, int64_t, bool);
+// pooled_dw_2x2_f32 for a KH x KW kernel (1..3 each) and MB channels a task.
+template <int MB>
+PooledDwFn pooled_dw_fn(int64_t KH, int64_t KW) {
+  static constexpr PooledDwFn kTable[3][3] = {
+      {pooled_dw_2x2_f32<1, 1, MB>, pooled_dw_2x2_f32<1, 2, MB>, pooled_dw_2x2_f32<1, 3, MB>},
+      {pooled_dw_2x2_f32<2, 1, MB>, pooled_dw_2x2_f32<2, 2, MB>, pooled_dw_2x2_f32<2, 3, MB>},
+      {pooled_dw_2x2_f32<3, 1, MB>, pooled_dw_2x2_f32<3, 2, MB>, pooled_dw_2x2_f32<3, 3, MB>}};
+  return kTable[KH - 1][KW - 1];
+}
+
 // e[row][o][t][l] = xp_row[o + 2 (16 t + l)] for each of the `rows` rows of xp (WP wide), offsets o in [0, O), tiles
 // t of 16 (T of them): lanes whose source is past the row are 0.
 __attribute__((target("avx512f"))) void stride2_rows(const float* xp, float* e, int64_t rows, int64_t WP, int64_t O,
@@ -329,6 +341,7 @@ __attribute__((target("avx512f"))) void stride2_rows(const float* xp, float* e, 
 
 const bool kHaveAvx512 =
     __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("bmi2");
+const bool kHaveAvx512Vl = kHaveAvx512 && __builtin_cpu_supports("avx512vl");  // pooled_dw_2x2_f32's byte loads
 
 // ---------------------------------------------------------------------------------------------- ConvGrad
 
@@ -543,8 +556,7 @@ class ConvGradKernel : public Kernel {
   // Whether pooled_weights_grad computes this FusedConvMaxPoolGrad: dW (and dB) only, the direct weight gradient's
   // cases with a kernel at most 3x3, a 2x2 / stride-2 pooling.
   bool pooled_dw_applies(const Plan& p, const Dims& w) const {
-    static const bool vl = __builtin_cpu_supports("avx512vl");
-    return vl && p.direct_dw && !want_dx_ && w[2] <= 3 && w[3] <= 3 && pool_.kh == 2 && pool_.kw == 2 &&
+    return kHaveAvx512Vl && p.direct_dw && !want_dx_ && w[2] <= 3 && w[3] <= 3 && pool_.kh == 2 && pool_.kw == 2 &&
            pool_.sh == 2 && pool_.sw == 2;
   }
   void pooled_weights_grad(Ctx& c, const Dims& pd, const Dims& dy, const Dims& x, const Dims& w) {
@@ -559,18 +571,8 @@ class ConvGradKernel : public Kernel {
     const auto* at = static_cast<const uint8_t*>(c.input(4)->data);
     auto* dw = static_cast<float*>(c.output(1, w)->data);
     float* db = want_db_ ? static_cast<float*>(c.output(2, {M})->data) : nullptr;
-    using Fn = void (*)(const float*, const float*, const uint8_t*, const float*, float*, float*, int64_t, int64_t,
-                        int64_t, int64_t, int64_t, int64_t, int64_t, bool);
-    // [KH - 1][KW - 1]: pairs of channels, and single ones for an odd M.
-    static constexpr Fn kPair[3][3] = {
-        {pooled_dw_2x2_f32<1, 1, 2>, pooled_dw_2x2_f32<1, 2, 2>, pooled_dw_2x2_f32<1, 3, 2>},
-        {pooled_dw_2x2_f32<2, 1, 2>, pooled_dw_2x2_f32<2, 2, 2>, pooled_dw_2x2_f32<2, 3, 2>},
-        {pooled_dw_2x2_f32<3, 1, 2>, pooled_dw_2x2_f32<3, 2, 2>, pooled_dw_2x2_f32<3, 3, 2>}};
-    static constexpr Fn kOne[3][3] = {
-        {pooled_dw_2x2_f32<1, 1, 1>, pooled_dw_2x2_f32<1, 2, 1>, pooled_dw_2x2_f32<1, 3, 1>},
-        {pooled_dw_2x2_f32<2, 1, 1>, pooled_dw_2x2_f32<2, 2, 1>, pooled_dw_2x2_f32<2, 3, 1>},
-        {pooled_dw_2x2_f32<3, 1, 1>, pooled_dw_2x2_f32<3, 2, 1>, pooled_dw_2x2_f32<3, 3, 1>}};
-    const Fn pair = kPair[KH - 1][KW - 1], one = kOne[KH - 1][KW - 1];
+    // Pairs of channels, and a single one for an odd M.
+    const PooledDwFn pair = pooled_dw_fn<2>(KH, KW), one = pooled_dw_fn<1>(KH, KW);
     const int64_t pairs = M / 2;
     const bool relu = relu_;
 #pragma omp parallel for schedule(static)
