@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/common.h"
+#include "common/lanes.h"
 #include "steps/pool_arg.h"
 
 namespace keel::onednn {
@@ -41,10 +42,6 @@ bool stem_conv_enabled() {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12 on _mm512_setzero_ps inside _mm512_max_ps
 
-__attribute__((target("avx512f"))) inline __mmask16 stem_lanes(int64_t n) {
-  return n >= 16 ? static_cast<__mmask16>(0xffff) : n <= 0 ? 0 : static_cast<__mmask16>((1u << n) - 1);
-}
-
 // Y[n][m0 .. m0 + MB) = act(conv(Xp[n], W) + B) over the zero-padded input Xp (HP x WP planes), 16 output columns a
 // step (rows under 16 wide masked: those lanes are neither read nor written); each loaded tap of X serves the MB
 // channels. `w` is the block's weights packed tap by tap, [C][KH][KW][MB] (stem_conv packs them), so that the MB
@@ -60,7 +57,7 @@ __attribute__((target("avx512f"))) void stem_conv_f32(const float* xp, const flo
       // step of a row at least 16 wide loads and stores whole vectors: masked stores cost several times as much on
       // some CPUs (AMD Zen).
       const int64_t ow = OW >= 16 && OW - ow0 < 16 ? OW - 16 : ow0;
-      const __mmask16 k = stem_lanes(OW - ow);
+      const __mmask16 k = first_lanes(OW - ow);
       __m512 acc[MB];
 #pragma GCC unroll 8
       for (int b = 0; b < MB; ++b) acc[b] = _mm512_set1_ps(bias ? bias[m0 + b] : 0.f);

@@ -16,6 +16,7 @@
 #include <memory>
 
 #include "common/common.h"
+#include "common/lanes.h"
 #include "common/pool2x2.h"
 #include "steps/pool_arg.h"
 
@@ -166,10 +167,6 @@ __attribute__((target("avx512f,avx512bw,bmi2"))) void max_pool2x2_row_bf16(const
 }
 
 // The first n of 16 lanes (none for n <= 0).
-__attribute__((target("avx512f"))) inline __mmask16 first_lanes(int64_t n) {
-  return n >= 16 ? static_cast<__mmask16>(0xffff) : n <= 0 ? 0 : static_cast<__mmask16>((1u << n) - 1);
-}
-
 // Weight (and bias) gradient of a stride-1, undilated f32 convolution with few input channels (an image model's first
 // layer), for the MB output channels [m0, m0 + MB): dW[m][c][i][j] = sum over n, oh, ow of dY[n][m][oh][ow] *
 // Xp[n][c][oh + i][ow + j], Xp the zero-padded input (HP x WP planes). One pass over the block's dY rows per (c, i):

@@ -22,6 +22,7 @@
 #include <cmath>
 #include <limits>
 
+#include "common/lanes.h"
 #include "common/team.h"
 #include "steps/silu.h"
 
@@ -160,10 +161,6 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 exp16(__m512 x) 
   const __m512 pow2n =
       _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_castps_si512(z), _mm512_set1_epi32(127)), 23));
   return _mm512_maskz_mul_ps(_mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ), p, pow2n);
-}
-
-__mmask16 tail_mask(int64_t n) {
-  return n >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << n) - 1);
 }
 
 // Scores of MR rows x NV vectors of 16 columns: x[r][16 j + l] = scale * sum_d q[r * q_row + d * q_col] *
@@ -339,7 +336,7 @@ __attribute__((target("avx512f"))) float softmax_row_avx512(float* s, int64_t T,
     sum1 = _mm512_add_ps(sum1, b);
   }
   for (; t < T; t += 16) {
-    const __mmask16 k = tail_mask(T - t);
+    const __mmask16 k = first_lanes(T - t);
     const __m512 e = _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + t), tv)));
     _mm512_mask_storeu_ps(s + t, k, e);
     sum0 = _mm512_add_ps(sum0, e);
@@ -390,7 +387,7 @@ __attribute__((target("avx512f"))) void pack_kt_rows_avx512(const float* kt, int
     const int64_t nt = std::min<int64_t>(16, T - t0);
     for (int64_t d0 = 0; d0 < D; d0 += 16) {
       const int64_t nd = std::min<int64_t>(16, D - d0);
-      const __mmask16 dm = tail_mask(nd);
+      const __mmask16 dm = first_lanes(nd);
       __m512 r[16];
 #pragma GCC unroll 16
       for (int i = 0; i < 16; ++i)
@@ -485,7 +482,7 @@ void tasks_avx512(const AttentionShape& s, const float* q, const float* kt, cons
     const float* qb = q + s.q_off[bi] + i0 * s.q_row;
     for (int64_t t0 = 0; t0 < s.T; t0 += 64) {
       const int nv = static_cast<int>(std::min<int64_t>(4, (s.T - t0 + 15) / 16));
-      const __mmask16 last = tail_mask(s.T - t0 - 16 * (nv - 1));
+      const __mmask16 last = first_lanes(s.T - t0 - 16 * (nv - 1));
       const int mr = tile_rows(nv);
       for (int64_t r0 = 0, m; r0 < R; r0 += m) {
         m = tile_height(R - r0, mr);
@@ -500,7 +497,7 @@ void tasks_avx512(const AttentionShape& s, const float* q, const float* kt, cons
     float* yb = y + s.o_off[bi] + i0 * s.o_row;
     for (int64_t e0 = 0; e0 < s.Dv; e0 += 64) {
       const int nv = static_cast<int>(std::min<int64_t>(4, (s.Dv - e0 + 15) / 16));
-      const __mmask16 last = tail_mask(s.Dv - e0 - 16 * (nv - 1));
+      const __mmask16 last = first_lanes(s.Dv - e0 - 16 * (nv - 1));
       const int mr = tile_rows(nv);
       for (int64_t r0 = 0, m; r0 < R; r0 += m) {
         m = tile_height(R - r0, mr);

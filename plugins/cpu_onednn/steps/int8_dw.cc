@@ -3,6 +3,7 @@
 // available() says the CPU has it.
 #include "steps/int8_dw.h"
 
+#include "common/lanes.h"
 #include "common/team.h"
 #include "steps/int8_quant.h"
 
@@ -22,11 +23,6 @@ namespace {
 constexpr int64_t kBlock = 16;               // channels per item
 constexpr int64_t kBufferBytes = 16 * 1024;  // a band's copied input rows
 constexpr int kOutPix = 8;                   // output pixels per inner step (independent accumulators)
-
-// Lanes of a 16-channel block that exist (the last block may be partial).
-inline uint16_t lane_mask(int64_t valid) {
-  return valid >= kBlock ? static_cast<uint16_t>(0xFFFF) : static_cast<uint16_t>((1u << valid) - 1u);
-}
 
 struct Epilogue {
   __m512i comp;  // x_zero' * sum of the channel's 9 weights (subtracted from the u8 x s8 sums)
@@ -130,7 +126,7 @@ KEEL_AVX512 void work_avx512(const DwShape& s, const DwQuant& q, int64_t cb_coun
   for (int64_t item = begin; item < end; ++item) {
     const int64_t cb = item % cb_count, rest = item / cb_count, bi = rest % bands, n = rest / bands;
     const int64_t c0 = cb * kBlock;
-    const __mmask16 m = lane_mask(C - c0);
+    const __mmask16 m = first_lanes(C - c0);
     const int64_t oh0 = bi * band, oh1 = std::min(s.OH, oh0 + band);
     const int64_t in_rows = (oh1 - oh0 - 1) * sh + 3, ih0 = oh0 * sh - s.pad_t;
     // Copy the band's input rows of this block (16 bytes per column), padding as the zero point.
