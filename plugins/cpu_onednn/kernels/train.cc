@@ -166,7 +166,6 @@ __attribute__((target("avx512f,avx512bw,bmi2"))) void max_pool2x2_row_bf16(const
   }
 }
 
-// The first n of 16 lanes (none for n <= 0).
 // Weight (and bias) gradient of a stride-1, undilated f32 convolution with few input channels (an image model's first
 // layer), for the MB output channels [m0, m0 + MB): dW[m][c][i][j] = sum over n, oh, ow of dY[n][m][oh][ow] *
 // Xp[n][c][oh + i][ow + j], Xp the zero-padded input (HP x WP planes). One pass over the block's dY rows per (c, i):
