@@ -195,6 +195,20 @@ int run_model(const RunArgs& a, Globals& g, Environment* shared_env = nullptr) {
     }
     bound[name] = std::move(value);
   }
+  // The environment and the device first: a device that is not there is the error, before any input is made.
+  std::unique_ptr<Environment> own_env;
+  Environment* env = shared_env;
+  if (!env) {
+    own_env = make_environment(g);
+    if (!own_env) return 1;
+    env = own_env.get();
+  }
+  SessionOptions so;
+  auto device = device_option(*env, a.device);
+  if (!device.is_ok()) {
+    std::cerr << "keel run: --device: " << device.status().to_string() << "\n";
+    return 1;
+  }
   // Random data for the rest.
   std::mt19937 rng(a.seed);
   std::vector<std::pair<std::string, RunValue>> inputs;
@@ -234,19 +248,6 @@ int run_model(const RunArgs& a, Globals& g, Environment* shared_env = nullptr) {
     inputs.emplace_back(name, std::move(t).value());
   }
 
-  std::unique_ptr<Environment> own_env;
-  Environment* env = shared_env;
-  if (!env) {
-    own_env = make_environment(g);
-    if (!own_env) return 1;
-    env = own_env.get();
-  }
-  SessionOptions so;
-  auto device = device_option(*env, a.device);
-  if (!device.is_ok()) {
-    std::cerr << "keel run: --device: " << device.status().to_string() << "\n";
-    return 1;
-  }
   if (!device->empty()) so.devices = {*device};
   so.shape_variants = a.shape_variants;
   so.passes = session_passes(a.passes, graph, *env);
