@@ -307,6 +307,7 @@ TEST(DeviceIndexCli, RunAndBenchTakeAnIndex) {
   auto [rc1, out1] = shell(keel + "run " + model.string() + " --device cpu:1");
   EXPECT_EQ(rc1, 1) << out1;
   EXPECT_NE(out1.find("'cpu:1' does not exist: there is 1 cpu device"), std::string::npos) << out1;
+  EXPECT_EQ(out1.find("input "), std::string::npos) << "the device is checked before any input is made:\n" << out1;
   auto [rc2, out2] = shell(keel + "run " + model.string() + " --device cpu:x");
   EXPECT_EQ(rc2, 1) << out2;
   EXPECT_NE(out2.find("not a number"), std::string::npos) << out2;
