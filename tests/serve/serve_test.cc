@@ -260,6 +260,9 @@ TEST_F(Serve, BadRequestsGetTheir4xxAndServingGoesOn) {
     auto r = post(p, std::string(2u << 20, ' '));  // past --max-body-mib 1
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 413);
+    // The length comes from the header field (Beast's content_length() asserts before the header counts as done: a
+    // build with assertions, the ASan one, aborted the server here).
+    EXPECT_NE(r->body.find("Content-Length 2097152"), std::string::npos) << r->body;
   }
   {
     // A long header line within the 64 KiB of all headers is served; one line or many headers past it: 431.

@@ -468,9 +468,12 @@ bool Server::serve_request(Connection& c) {
     return answer_early();
   }
   if (ec == bh::error::body_limit) {
+    // Beast reports the limit while finishing the header, before the header counts as done: its content_length()
+    // asserts there (an abort in builds with assertions), so the length comes from the header field itself.
+    const std::string* length = req.header("Content-Length");
     fail(res, 413,
-         "request body too large (at most " + std::to_string(options_.max_body_bytes) + " bytes; Content-Length " +
-             std::to_string(parser.content_length().value_or(0)) + ")");
+         "request body too large (at most " + std::to_string(options_.max_body_bytes) + " bytes" +
+             (length ? "; Content-Length " + *length : std::string()) + ")");
     return answer_early();
   }
 
