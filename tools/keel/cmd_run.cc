@@ -203,7 +203,6 @@ int run_model(const RunArgs& a, Globals& g, Environment* shared_env = nullptr) {
     if (!own_env) return 1;
     env = own_env.get();
   }
-  SessionOptions so;
   auto device = device_option(*env, a.device);
   if (!device.is_ok()) {
     std::cerr << "keel run: --device: " << device.status().to_string() << "\n";
@@ -248,6 +247,7 @@ int run_model(const RunArgs& a, Globals& g, Environment* shared_env = nullptr) {
     inputs.emplace_back(name, std::move(t).value());
   }
 
+  SessionOptions so;
   if (!device->empty()) so.devices = {*device};
   so.shape_variants = a.shape_variants;
   so.passes = session_passes(a.passes, graph, *env);

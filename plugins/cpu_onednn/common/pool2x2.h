@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "common/lanes.h"
+
 namespace keel::onednn {
 
 // Windows [ow, ow + n) of rows r0 / r1 (n <= 16; lanes past n are neither read nor set): a, b the top-left and
@@ -25,9 +27,9 @@ __attribute__((target("avx512f"), always_inline)) inline Windows2x2 load_windows
   const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
   const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
   Windows2x2 w;
-  w.kw = static_cast<__mmask16>((1u << n) - 1);
-  w.k0 = static_cast<__mmask16>(n >= 8 ? 0xffffu : (1u << (2 * n)) - 1);
-  w.k1 = static_cast<__mmask16>(n <= 8 ? 0u : (1u << (2 * n - 16)) - 1);
+  w.kw = first_lanes(n);
+  w.k0 = first_lanes(2 * n);
+  w.k1 = first_lanes(2 * n - 16);
   const __m512 x0 = _mm512_maskz_loadu_ps(w.k0, r0 + 2 * ow), x1 = _mm512_maskz_loadu_ps(w.k1, r0 + 2 * ow + 16);
   const __m512 y0 = _mm512_maskz_loadu_ps(w.k0, r1 + 2 * ow), y1 = _mm512_maskz_loadu_ps(w.k1, r1 + 2 * ow + 16);
   w.a = _mm512_permutex2var_ps(x0, even, x1), w.b = _mm512_permutex2var_ps(x0, odd, x1);

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/lanes.h"
 #include "common/pool2x2.h"
 #include "steps/silu.h"
 
@@ -142,9 +143,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void backward_plain2x2(cons
     float* d1 = d0 + s.w;
     for (int64_t ow = 0; ow < s.ow; ow += 16) {
       const int64_t n = s.ow - ow < 16 ? s.ow - ow : 16;
-      const __mmask16 kw = static_cast<__mmask16>((1u << n) - 1);
-      const __mmask16 k0 = static_cast<__mmask16>(n >= 8 ? 0xffffu : (1u << (2 * n)) - 1);
-      const __mmask16 k1 = static_cast<__mmask16>(n <= 8 ? 0u : (1u << (2 * n - 16)) - 1);
+      const __mmask16 kw = first_lanes(n), k0 = first_lanes(2 * n), k1 = first_lanes(2 * n - 16);
       const int64_t o = oh * s.ow + ow;
       __m512 gv = _mm512_maskz_loadu_ps(kw, g + o);
       if (relu)
