@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <queue>
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
@@ -326,7 +327,7 @@ struct Claim {
 struct Claims {
   std::vector<Claim> list;
   std::unordered_map<NodeId, size_t> of_node;   // node -> claim index, accepted claims only
-  std::unordered_map<size_t, size_t> last_pos;  // claim -> position of its last node in the topological order
+  std::unordered_map<size_t, size_t> last_pos;  // claim -> position of its last node in the step order
   Claims() = default;
   Claims(const Claims&) = delete;
   Claims& operator=(const Claims&) = delete;
@@ -481,7 +482,7 @@ struct Built {
   // Build phases (each reads what the ones before it produced):
   void number_values();
   void collect_claims(const std::vector<std::string>& device_order, Claims& claims);
-  void keep_convex_claims(const std::vector<NodeId>& order, Claims& claims);
+  std::vector<NodeId> order_steps(const std::vector<NodeId>& order, Claims& claims);
   Status make_steps(const std::vector<NodeId>& order, const std::vector<std::string>& device_order, Claims& claims);
   Status make_claim_step(const std::vector<NodeId>& order, Claim& claim);
   Status make_node_step(const Node& node, const std::vector<std::string>& device_order);
@@ -671,8 +672,8 @@ Status Built::build(const std::vector<std::string>& device_order) {
   Claims claims;
   if (options.claims && (options.fallback == Fallback::kCpu || !device_order.empty()))
     collect_claims(device_order, claims);
-  keep_convex_claims(order, claims);
-  KEEL_RETURN_IF_ERROR(make_steps(order, device_order, claims), "");
+  const std::vector<NodeId> step_order = order_steps(order, claims);
+  KEEL_RETURN_IF_ERROR(make_steps(step_order, device_order, claims), "");
   KEEL_RETURN_IF_ERROR(mark_outputs(), "");
   KEEL_RETURN_IF_ERROR(make_copy_steps(), "session");
   KEEL_RETURN_IF_ERROR(bind_memory(), "");
@@ -782,44 +783,111 @@ void Built::collect_claims(const std::vector<std::string>& device_order, Claims&
   }
 }
 
-// Phase 3, claim order: reads claims.of_node and the topological order; a claim runs where its last node would, so
-// it must be convex: drops (until none is left to drop) every claim that an outside node between its first and last
-// node reads from, or that reads a claim running after it. Produces claims.last_pos.
-void Built::keep_convex_claims(const std::vector<NodeId>& order, Claims& claims) {
-  auto& claimed = claims.of_node;
-  auto& claim_last = claims.last_pos;
-  for (bool changed = true; changed;) {
-    changed = false;
-    claim_last.clear();
-    for (size_t pos = 0; pos < order.size(); ++pos)
-      if (auto it = claimed.find(order[pos]); it != claimed.end()) claim_last[it->second] = pos;
-    std::set<size_t> convex_fail;
-    for (size_t pos = 0; pos < order.size(); ++pos) {
-      auto it = claimed.find(order[pos]);
-      const Node* n = graph.node(order[pos]);
-      for (const auto& in : n->inputs) {
-        auto p = graph.producer(in);
-        if (!p) continue;
-        auto c = claimed.find(*p);
-        if (c == claimed.end()) continue;
-        if (it == claimed.end()) {
-          // An unclaimed node between a claim's first and last node that reads a claim's value breaks the order.
-          if (claim_last[c->second] > pos) convex_fail.insert(c->second);
-        } else if (c->second != it->second && claim_last[c->second] > claim_last[it->second]) {
-          // A claim that reads another claim's value must run after it.
-          convex_fail.insert(it->second);
+// Phase 3, step order: reads the topological order and the claims. A claim runs as one step, so the steps follow
+// the graph with every claim contracted to one unit: Kahn's algorithm over units (an unclaimed node, or a claim),
+// taking among the ready units the one whose last node comes first in `order`. Where no outside node reads a claim's
+// value before the claim's last node, that is `order` itself; a node that does (a side output of a chain: a
+// decomposed LayerNormalization's Mean read by an unclaimed op) moves after the claim instead of costing the claim.
+// A claim on a cycle of units (a path leaves it and comes back, directly or through another claim) cannot run as one
+// step: the latest such claim is dropped, with a warning (a claimer's bug), until there is none. Returns the step
+// order (each claim's nodes together, in their order in `order`); produces claims.last_pos (a claim's step is at its
+// last node's position there).
+std::vector<NodeId> Built::order_steps(const std::vector<NodeId>& order, Claims& claims) {
+  const size_t n = order.size();
+  std::unordered_map<NodeId, size_t> pos_of;
+  for (size_t p = 0; p < n; ++p) pos_of[order[p]] = p;
+  for (;;) {
+    // Units 0..n-1: the unclaimed node at that position (unused when claimed); n + c: claim c.
+    const size_t units = n + claims.list.size();
+    auto unit_of = [&](NodeId id) {
+      auto c = claims.of_node.find(id);
+      return c == claims.of_node.end() ? pos_of.at(id) : n + c->second;
+    };
+    std::vector<size_t> key(units, 0);  // position of the unit's last node
+    std::vector<char> present(units, 0);
+    std::vector<std::vector<size_t>> succ(units);
+    std::vector<size_t> pending(units, 0);
+    for (size_t p = 0; p < n; ++p) {
+      const size_t u = unit_of(order[p]);
+      present[u] = 1;
+      key[u] = p;
+    }
+    for (size_t p = 0; p < n; ++p) {
+      const Node* node = graph.node(order[p]);
+      const size_t u = unit_of(node->id);
+      auto depend = [&](const std::string& in) {
+        if (in.empty()) return;
+        auto prod = graph.producer(in);
+        if (!prod || !pos_of.count(*prod)) return;
+        const size_t v = unit_of(*prod);
+        if (v == u || std::find(succ[v].begin(), succ[v].end(), u) != succ[v].end()) return;
+        succ[v].push_back(u);
+        ++pending[u];
+      };
+      for (const auto& in : node->inputs) depend(in);
+      for (const auto& in : implicit_inputs(*node)) depend(in);
+    }
+    using Ready = std::pair<size_t, size_t>;  // (key, unit)
+    std::priority_queue<Ready, std::vector<Ready>, std::greater<>> ready;
+    for (size_t u = 0; u < units; ++u)
+      if (present[u] && pending[u] == 0) ready.push({key[u], u});
+    std::vector<size_t> emitted;
+    while (!ready.empty()) {
+      const size_t u = ready.top().second;
+      ready.pop();
+      emitted.push_back(u);
+      for (size_t w : succ[u])
+        if (--pending[w] == 0) ready.push({key[w], w});
+    }
+    size_t present_units = 0;
+    for (char c : present) present_units += c != 0;
+    if (emitted.size() == present_units) {
+      std::vector<NodeId> steps_order;
+      steps_order.reserve(n);
+      std::vector<std::vector<NodeId>> members(claims.list.size());
+      for (size_t p = 0; p < n; ++p)
+        if (auto c = claims.of_node.find(order[p]); c != claims.of_node.end()) members[c->second].push_back(order[p]);
+      claims.last_pos.clear();
+      for (size_t u : emitted) {
+        if (u < n) {
+          steps_order.push_back(order[u]);
+          continue;
         }
+        for (NodeId id : members[u - n]) steps_order.push_back(id);
+        claims.last_pos[u - n] = steps_order.size() - 1;
       }
+      return steps_order;
     }
-    for (size_t ci : convex_fail) {
-      log::warn("claim '{}' rejected: not convex (an outside node sits between its nodes)", claims.list[ci].name);
-      for (NodeId id : claims.list[ci].nodes) claimed.erase(id);
-      changed = true;
+    // A cycle: every unit left waits on another one left. Drop the latest claim that reaches itself.
+    std::vector<char> left(units, 0);
+    for (size_t u = 0; u < units; ++u) left[u] = present[u] && pending[u] > 0;
+    auto on_cycle = [&](size_t c) {
+      std::vector<char> seen(units, 0);
+      std::vector<size_t> stack(succ[c].begin(), succ[c].end());
+      while (!stack.empty()) {
+        const size_t x = stack.back();
+        stack.pop_back();
+        if (x == c) return true;
+        if (!left[x] || seen[x]) continue;
+        seen[x] = 1;
+        stack.insert(stack.end(), succ[x].begin(), succ[x].end());
+      }
+      return false;
+    };
+    size_t drop = units;
+    for (size_t u = n; u < units; ++u)
+      if (left[u] && on_cycle(u) && (drop == units || key[u] > key[drop])) drop = u;
+    if (drop == units) {  // not expected (unclaimed nodes alone follow `order`): every node on its own then
+      log::error("session: no step order for the claimed subgraphs; running every node on its own");
+      claims.of_node.clear();
+      continue;
     }
+    log::warn("claim '{}' rejected: not convex (a path leaves it and comes back)", claims.list[drop - n].name);
+    for (NodeId id : claims.list[drop - n].nodes) claims.of_node.erase(id);
   }
 }
 
-// Phase 4, steps and placement: reads the order and the claims; makes the steps in topological order, one per
+// Phase 4, steps and placement: reads the step order and the claims; makes the steps in that order, one per
 // claim (at its last node's position) and one per other node: placed on the first device in `device_order` with a
 // kernel that accepts it (place_node), or run by the executor (control flow). Numbers the values the steps read and
 // write, and records each node's device in the graph.

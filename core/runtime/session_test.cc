@@ -198,7 +198,8 @@ TEST(Session, DeviceClaimsAConnectedSubgraph) {
 
 // ---- A kernel-only plugin with a claim hook for "cpu" (keel_claimer_def_t, ABI 1.1): it claims the nodes named
 // "claim_*" as one subgraph that computes tanh(tanh(x)), twice (the second claim overlaps and must be rejected),
-// and, when a node "loop_a" exists, the non-convex pair {loop_a, loop_c} around an outside node.
+// and, when a node "loop_a" exists, the non-convex pair {loop_a, loop_c} around an outside node; the nodes named
+// "pair_*" (two Tanh, one after the other) as one subgraph with both Tanh outputs (tanh_pair).
 int g_user_data_released = 0;
 int g_tanh_chain_runs = 0;
 void release_counter(void* p) {
@@ -263,14 +264,30 @@ keel_status_t tanh_chain(void*, keel_kernel_context_t* ctx) {
   }
   return nullptr;
 }
+// The claim of two Tanh nodes whose outputs both leave it: a = tanh(x) (output 0), tanh(a) (output 1).
+int g_tanh_pair_runs = 0;
+keel_status_t tanh_pair(void*, keel_kernel_context_t* ctx) {
+  const keel_kernel_api_t* k = g_host->kernel;
+  const keel_tensor_t* x = k->input(ctx, 0);
+  keel_tensor_t *a = nullptr, *y = nullptr;
+  if (keel_status_t st = k->output(ctx, 0, x->ndim, x->dims, &a)) return st;
+  if (keel_status_t st = k->output(ctx, 1, x->ndim, x->dims, &y)) return st;
+  for (uint64_t i = 0; i < x->byte_size / 4; ++i) {
+    static_cast<float*>(a->data)[i] = std::tanh(static_cast<const float*>(x->data)[i]);
+    static_cast<float*>(y->data)[i] = std::tanh(static_cast<float*>(a->data)[i]);
+  }
+  ++g_tanh_pair_runs;
+  return nullptr;
+}
 keel_status_t claim_by_names(void*, const keel_graph_t* g, const keel_graph_api_t* api, keel_subgraph_sink_t* sink) {
   keel_node_id_t ids[64];
   size_t n = api->nodes(g, ids, 64);
-  std::vector<keel_node_id_t> chain, loop;
+  std::vector<keel_node_id_t> chain, loop, pair;
   for (size_t i = 0; i < n; ++i) {
     std::string name = api->node_name(g, ids[i]);
     if (name.rfind("claim_", 0) == 0) chain.push_back(ids[i]);
     if (name == "loop_a" || name == "loop_c") loop.push_back(ids[i]);
+    if (name.rfind("pair_", 0) == 0) pair.push_back(ids[i]);
   }
   keel_subgraph_def_t def{};
   def.struct_size = sizeof def;
@@ -283,6 +300,14 @@ keel_status_t claim_by_names(void*, const keel_graph_t* g, const keel_graph_api_
     if (ids_v->empty()) continue;
     def.node_ids = ids_v->data();
     def.node_count = ids_v->size();
+    def.user_data = new int(1);
+    if (keel_status_t st = sink->claim(sink, &def)) return st;
+  }
+  if (!pair.empty()) {
+    def.name = "tanh_pair";
+    def.compute = tanh_pair;
+    def.node_ids = pair.data();
+    def.node_count = pair.size();
     def.user_data = new int(1);
     if (keel_status_t st = sink->claim(sink, &def)) return st;
   }
@@ -472,6 +497,46 @@ TEST(Session, ANonConvexClaimIsRejectedAndItsNodesRunOnKernels) {
   ASSERT_TRUE(out.is_ok()) << out.status().to_string();
   EXPECT_EQ(g_tanh_chain_runs, 0);
   EXPECT_NEAR(out.value()[0].data<float>()[0], 0.f, 1e-6);
+}
+
+// a = Tanh(x); n = Neg(a); y = Tanh(a), in that order: the claim {a, y} is convex, but the outside Neg reads its
+// value a and comes before its last node in the graph's order. The claim still runs as one step, and Neg after it
+// (before, the claim was dropped as "not convex": the side outputs of a decomposed LayerNormalization lost its chain).
+TEST(Session, AnOutsideReaderOfAClaimsValueRunsAfterTheClaim) {
+  auto env = make_claimer_env();
+  g_tanh_pair_runs = 0;
+  Graph graph;
+  {
+    GraphBuilder b("side_output");
+    auto x = b.input("x", DType::kF32, {2});
+    auto a = b.op1("Tanh", {x});
+    auto n = b.op1("Neg", {a});
+    auto y = b.op1("Tanh", {a});
+    b.output(y);
+    b.output(n);
+    graph = b.take();
+  }
+  const std::vector<NodeId> order = graph.topological_order().value();
+  ASSERT_EQ(graph.node(order[1])->op_type, "Neg");  // between the two claimed nodes
+  for (NodeId id : order) {
+    Node* node = graph.node(id);
+    if (node->op_type == "Tanh") node->name = id == order[0] ? "pair_a" : "pair_y";
+  }
+  SessionOptions opts;
+  opts.devices = {"cpu"};
+  auto s = Session::create(*env, std::move(graph), opts);
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  std::vector<std::string> ops;
+  for (auto& [name, op, dev, kernel] : s.value()->placement()) ops.push_back(op);
+  EXPECT_EQ(ops, (std::vector<std::string>{"Subgraph", "Neg"}));
+  for (int run = 0; run < 2; ++run) {
+    auto out = s.value()->run({{"x", Tensor::f32({2}, {0.5f, -1})}});
+    ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+    ASSERT_EQ(out.value().size(), 2u);
+    EXPECT_NEAR(out.value()[0].data<float>()[0], std::tanh(std::tanh(0.5f)), 1e-6);
+    EXPECT_NEAR(out.value()[1].data<float>()[1], -std::tanh(-1.f), 1e-6);
+  }
+  EXPECT_EQ(g_tanh_pair_runs, 2);
 }
 
 TEST(Session, BadInputsAreRefusedWithNames) {

@@ -233,6 +233,7 @@ typedef struct keel_device_table_s {
 
   /* (optional) Capability: inspect a graph (read-only through `api`) and claim connected subgraphs to run as one,
    * by calling sink->claim for each. The core checks every claim (connected, no cycle through unclaimed nodes),
+   * runs it as one step where all it reads is ready (an outside node that reads one of its values runs after it),
    * inserts copies at its boundaries and calls the claimed subgraph's compute with the boundary values. */
   keel_status_t (*claim_subgraphs)(void* user_data, const struct keel_graph_s* graph,
                                    const struct keel_graph_api_s* api, struct keel_subgraph_sink_s* sink);
