@@ -231,8 +231,9 @@ Tensor conv2d_relu(const Tensor& x, const Tensor& w, const Tensor& b, std::array
 // max_pool2d(conv2d_relu(...), pool) (windows `pool` at stride `pool`, no padding) as one kernel on a CPU device
 // (keel.FusedConvMaxPool: the convolution's output is pooled where it is made and never stored whole; the backward
 // routes the pooled gradient straight into the convolution's, in the layout its kernels want), else as the separate
-// ops; same values and gradients either way. The separate ops also run under a Tracer (an export stays plain ONNX),
-// under autocast and for f64.
+// ops; same values and gradients either way. The separate ops also run under a Tracer (an export stays plain ONNX)
+// and for f64; under autocast, over more than 4 input channels (over fewer the fused op runs in f32: a first layer's
+// few MFLOP gain nothing in 16 bits, and its output, what bounds it, is pooled before it is stored).
 Tensor conv2d_relu_max_pool2d(const Tensor& x, const Tensor& w, const Tensor& b, std::array<int64_t, 2> pool,
                               std::array<int64_t, 2> stride = {1, 1}, std::array<int64_t, 2> padding = {0, 0},
                               std::array<int64_t, 2> dilation = {1, 1}, int64_t groups = 1);

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include "core/runtime/eager_internal.h"
@@ -441,6 +442,59 @@ TEST_F(EagerTest, Conv2dReluMaxPoolIsMaxPoolOfConv2dReluInOneKernel) {
               return conv2d_relu_max_pool2d(v[0], v[1], v[2], {2, 2}, {1, 1}, {1, 1});
             },
             {rnd({1, 2, 4, 4}), rnd({3, 2, 3, 3}), rnd({3})});
+}
+
+// Under autocast, conv2d_relu_max_pool2d over at most 4 input channels (a first layer) still runs the fused op, in
+// f32 (the same values and gradients as without autocast, to the bit); over more it runs the separate ops in bf16.
+TEST_F(EagerTest, Conv2dReluMaxPoolUnderAutocastStaysFusedInF32ForAFirstLayer) {
+  setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
+  auto plugins = Environment::create();
+  ASSERT_TRUE(plugins.is_ok()) << plugins.status().to_string();
+  init(std::shared_ptr<Environment>(std::move(plugins).value()), 1);
+  for (int64_t in : {1, 16}) {
+    const std::string what = std::to_string(in) + " input channel(s)";
+    manual_seed(5);
+    Tensor x = randn({2, in, 10, 10}), w = randn({16, in, 3, 3}, 0.2f).requires_grad_(),
+           b = randn({16}, 0.1f).requires_grad_();
+    struct Run {
+      DType dtype;
+      std::vector<float> y, dw, db;
+      std::string report;
+    };
+    auto run = [&](bool amp) {
+      w.zero_grad();
+      b.zero_grad();
+      set_profiling(true);
+      (void)profile_report();
+      Tensor y;
+      {
+        std::optional<AutocastGuard> guard;
+        if (amp) guard.emplace(DType::kBF16);
+        y = conv2d_relu_max_pool2d(x, w, b, {2, 2});
+      }
+      const DType dt = y.dtype();
+      Tensor yf = dt == DType::kF32 ? y : y.to(DType::kF32);
+      sum(yf).backward();
+      Run r{dt, yf.to_vector<float>(), w.grad().to_vector<float>(), b.grad().to_vector<float>(), profile_report()};
+      set_profiling(false);
+      return r;
+    };
+    const Run plain = run(false), amp = run(true);
+    if (in == 1) {
+      EXPECT_EQ(amp.dtype, DType::kF32) << what;
+      EXPECT_EQ(amp.y, plain.y) << what;
+      EXPECT_EQ(amp.dw, plain.dw) << what;
+      EXPECT_EQ(amp.db, plain.db) << what;
+      EXPECT_NE(amp.report.find("keel.FusedConvMaxPool "), std::string::npos) << what << "\n" << amp.report;
+    } else {
+      EXPECT_EQ(amp.dtype, DType::kBF16) << what;
+      EXPECT_EQ(amp.report.find("keel.FusedConvMaxPool "), std::string::npos) << what << "\n" << amp.report;
+      ASSERT_EQ(amp.y.size(), plain.y.size());
+      for (size_t i = 0; i < plain.y.size(); ++i)
+        ASSERT_NEAR(amp.y[i], plain.y[i], 0.05 * (1 + std::abs(plain.y[i]))) << what << " element " << i;
+    }
+  }
+  init(reference_env());
 }
 
 // Dropout keeps 1 - p of the elements, scaled by 1 / (1 - p), zeroes the rest; the same seed draws the same mask.

@@ -863,7 +863,7 @@ std::vector<NodeId> Built::order_steps(const std::vector<NodeId>& order, Claims&
     for (size_t u = 0; u < units; ++u) left[u] = present[u] && pending[u] > 0;
     auto on_cycle = [&](size_t c) {
       std::vector<char> seen(units, 0);
-      std::vector<size_t> stack(succ[c].begin(), succ[c].end());
+      std::vector<size_t> stack = succ[c];
       while (!stack.empty()) {
         const size_t x = stack.back();
         stack.pop_back();
