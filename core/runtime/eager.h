@@ -199,8 +199,9 @@ bool grad_enabled();
 // While alive, ops follow the autocast policy: Conv, ConvTranspose, MatMul and Gemm (conv2d, conv2d_relu,
 // conv_transpose2d, matmul, linear) run in `low` (their floating inputs are cast, differentiably); reductions,
 // softmax/log_softmax, norms and losses run in fp32 (low-precision inputs are cast up); other ops run in the dtype of
-// their inputs (mixed inputs promote to the widest). When the device has no kernel for `low`, the op runs in fp32
-// (logged once). `low` must be kBF16 or kF16 (Error otherwise). A nested guard replaces the policy until it goes.
+// their inputs (mixed inputs promote to the widest). When the device has no kernel for `low`, or only one that ranks
+// below its f32 kernel (the reference f16 Gemm beside the CPU plugin's f32 one), the op runs in fp32 (logged once).
+// `low` must be kBF16 or kF16 (Error otherwise). A nested guard replaces the policy until it goes.
 class AutocastGuard {
  public:
   explicit AutocastGuard(DType low);

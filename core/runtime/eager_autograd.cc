@@ -167,10 +167,10 @@ const std::set<std::string>& autocast_f32_ops() {
   return s;
 }
 
-// Whether some kernel of `device` takes the call with its float inputs in `dt`: the dispatch module's acceptance
-// (kernel_dispatch.h), the same test the call itself will pass or fail.
-bool device_takes_dtype(const std::string& domain, const std::string& op_type, const std::vector<Tensor>& inputs,
-                        const std::string& device, DType dt) {
+// The kernel of `device` that would take the call with its float inputs in `dt` (the first of the ranked kernels
+// the dispatch module accepts, kernel_dispatch.h: the same test the call itself will pass or fail), or nullptr.
+const KernelEntry* kernel_for_dtype(const std::string& domain, const std::string& op_type,
+                                    const std::vector<Tensor>& inputs, const std::string& device, DType dt) {
   Node node;
   node.domain = domain;
   node.op_type = op_type;
@@ -179,8 +179,8 @@ bool device_takes_dtype(const std::string& domain, const std::string& op_type, c
     types.inputs.push_back(!t.defined() ? DType::kUndefined : dtype_is_float(t.dtype()) ? dt : t.dtype());
   const int32_t opset = domain.empty() ? kOpset : 1;
   for (const KernelEntry* k : dispatch::ranked_kernels(environment().registry(), node, opset, device))
-    if (dispatch::kernel_accepts(*k, node, opset, types, nullptr)) return true;
-  return false;
+    if (dispatch::kernel_accepts(*k, node, opset, types, nullptr)) return k;
+  return nullptr;
 }
 
 // Autocast and type promotion: the dtypes the float inputs of this op run in.
@@ -194,14 +194,22 @@ std::vector<Tensor> adjust_inputs(const std::string& domain, const std::string& 
   const bool onnx = domain.empty();
   if (low != DType::kUndefined &&
       ((onnx && autocast_low_ops().count(op_type)) || (domain == "keel" && op_type == "FusedConv"))) {
+    // Low precision only where a kernel as good as the f32 one takes it: on a CPU without fp16 instructions the
+    // only f16 Gemm is the reference kernel, which made SimpleCNN's `--amp fp16` step 12x slower than f32's.
     std::string dev = inputs[fl[0]].data().location().device_type;
-    if (device_takes_dtype(domain, op_type, inputs, dev, low)) {
+    const KernelEntry* low_k = kernel_for_dtype(domain, op_type, inputs, dev, low);
+    const KernelEntry* f32_k = low_k ? kernel_for_dtype(domain, op_type, inputs, dev, DType::kF32) : nullptr;
+    if (low_k && (!f32_k || low_k->priority >= f32_k->priority)) {
       target = low;
     } else {
       std::string key = op_type + "@" + dev;
       std::lock_guard<std::mutex> lock(rt().mu);
-      if (rt().warned.insert(key).second)
-        log::info("autocast: no {} kernel for {} on {}; it runs in f32", dtype_name(low), op_type, dev);
+      if (rt().warned.insert(key).second) {
+        if (!low_k) log::info("autocast: no {} kernel for {} on {}; it runs in f32", dtype_name(low), op_type, dev);
+        else
+          log::warn("autocast: {} runs in f32 on {}: its {} kernel there is {}, which ranks below {} (f32)", op_type,
+                    dev, dtype_name(low), low_k->name, f32_k->name);
+      }
       target = DType::kF32;
     }
   } else if (low != DType::kUndefined &&
