@@ -101,13 +101,25 @@ std::unique_ptr<Plan> Builder::build() {
   return std::move(p_);
 }
 
-// Channel concatenations of batch 1 whose inputs are 16-aligned, computed here and read by the Concat only:
-// reserve the output buffer; each input written as nChw16c lands in its slice of it (see define).
+// The activation type a channel concatenation can be planned in (its output's and every input's: f32 or bf16), or
+// dt::undef.
+dt Builder::concat_type(const NodeDesc& n) const {
+  auto t = r_.dtypes.find(n.out[0]);
+  if (t == r_.dtypes.end() || (t->second != KEEL_DTYPE_F32 && t->second != KEEL_DTYPE_BF16)) return dt::undef;
+  for (const auto& in : n.in)
+    if (auto ti = r_.dtypes.find(in); ti == r_.dtypes.end() || ti->second != t->second) return dt::undef;
+  return t->second == KEEL_DTYPE_BF16 ? dt::bf16 : dt::f32;
+}
+
+// Channel concatenations of batch 1 whose inputs are 16-aligned, computed here and read by the Concat only (f32, or
+// bf16 in a bf16 chain): reserve the output buffer; each input written as nChw16c lands in its slice of it (see
+// define).
 void Builder::plan_concats() {
   plan_concat_prefixes();
   for (const NodeDesc& n : r_.nodes) {
     if (n.op != "Concat" || n.out.size() != 1 || concat_bufs_.count(n.out[0])) continue;
-    if (auto t = r_.dtypes.find(n.out[0]); t == r_.dtypes.end() || t->second != KEEL_DTYPE_F32) continue;
+    const dt type = concat_type(n);
+    if (type == dt::undef) continue;
     auto yd = r_.dims.find(n.out[0]);
     if (yd == r_.dims.end() || yd->second.size() != 4 || yd->second[0] != 1) continue;
     int64_t axis = n.ai("axis", 0);
@@ -124,12 +136,13 @@ void Builder::plan_concats() {
       ok = ok && reads == 1;
     }
     if (!ok) continue;
-    md_t full(to_dnnl(yd->second), dt::f32, tag::nChw16c);
+    md_t full(to_dnnl(yd->second), type, tag::nChw16c);
     int b = new_buf(full.get_size());
+    concat_buf_types_[b] = type;
     uint64_t off = 0;
     for (const auto& in : n.in) {
       concat_parts_[in] = {b, off};
-      off += static_cast<uint64_t>(numel(r_.dims.at(in))) * sizeof(float);
+      off += static_cast<uint64_t>(numel(r_.dims.at(in))) * dnnl::memory::data_type_size(type);
     }
     concat_bufs_[n.out[0]] = b;
   }
@@ -143,8 +156,7 @@ void Builder::plan_concats() {
 // buffer holds many values, so nothing writes into it in place.
 void Builder::plan_concat_prefixes() {
   auto eligible = [&](const NodeDesc& n) {
-    if (n.op != "Concat" || n.out.size() != 1 || n.in.empty()) return false;
-    if (auto t = r_.dtypes.find(n.out[0]); t == r_.dtypes.end() || t->second != KEEL_DTYPE_F32) return false;
+    if (n.op != "Concat" || n.out.size() != 1 || n.in.empty() || concat_type(n) == dt::undef) return false;
     auto yd = r_.dims.find(n.out[0]);
     if (yd == r_.dims.end() || yd->second.size() != 4 || yd->second[0] != 1) return false;
     int64_t axis = n.ai("axis", 0);
@@ -175,13 +187,16 @@ void Builder::plan_concat_prefixes() {
       ok = ok && std::equal(in.begin(), in.end(), all.begin());
     }
     for (const auto& in : all) ok = ok && !concat_parts_.count(in);
+    const dt type = concat_type(r_.nodes[last]);
+    for (size_t m : members) ok = ok && concat_type(r_.nodes[m]) == type;
     if (!ok) continue;
-    md_t full(to_dnnl(r_.dims.at(r_.nodes[last].out[0])), dt::f32, tag::nChw16c);
+    md_t full(to_dnnl(r_.dims.at(r_.nodes[last].out[0])), type, tag::nChw16c);
     int b = new_buf(full.get_size());
+    concat_buf_types_[b] = type;
     uint64_t off = 0;
     for (const auto& in : all) {
       concat_parts_[in] = {b, off};
-      off += static_cast<uint64_t>(numel(r_.dims.at(in))) * sizeof(float);
+      off += static_cast<uint64_t>(numel(r_.dims.at(in))) * dnnl::memory::data_type_size(type);
     }
     for (size_t m : members) concat_bufs_[r_.nodes[m].out[0]] = b;
   }

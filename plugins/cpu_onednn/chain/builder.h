@@ -146,7 +146,7 @@ class Builder {
     // concatenation's buffer, so the Concat costs nothing.
     auto part = concat_parts_.find(name);
     if (buf == -2 && part != concat_parts_.end() && md.data.ndims == 4 &&
-        md == md_t(md.dims(), dt::f32, tag::nChw16c)) {
+        md == md_t(md.dims(), concat_buf_types_.at(part->second.first), tag::nChw16c)) {
       p_->bufs.pop_back();
       v.buf = part->second.first;
       v.off = part->second.second;
@@ -447,6 +447,7 @@ class Builder {
 
   void plan_concats();
   void plan_concat_prefixes();
+  dt concat_type(const NodeDesc& n) const;
 
   // The data type the node being built computes in (its output's: f32 or bf16). Unqualified plain_md() in the
   // Builder makes memory of that type; constants (f32 here) are converted to it when read as data.
@@ -459,6 +460,7 @@ class Builder {
   bool time_convs_ = true;
   std::unique_ptr<Plan> p_;
   std::map<std::string, std::pair<int, uint64_t>> concat_parts_;  // concat input -> (buffer, byte offset)
+  std::map<int, dt> concat_buf_types_;                            // concat buffer -> its element type
   std::map<std::string, int> concat_bufs_;                        // concat output -> its buffer
   std::set<std::string> placed_parts_;
   std::map<std::string, Val> vals_;

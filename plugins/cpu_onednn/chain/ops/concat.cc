@@ -12,7 +12,7 @@ void Builder::concat(size_t i) {
     if (all) {
       // Every input already sits in its slice: the output is that buffer.
       Val v;
-      v.md = md_t(to_dnnl(y), dt::f32, tag::nChw16c);
+      v.md = md_t(to_dnnl(y), concat_buf_types_.at(cb->second), tag::nChw16c);
       v.buf = cb->second;
       p_->bufs[v.buf].values++;
       vals_[n.out[0]] = v;
