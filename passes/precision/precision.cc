@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <set>
@@ -213,6 +214,9 @@ class Converter {
     std::vector<keel_node_id_t> order = gv_.nodes();
     classify(order);
     int64_t init_bytes_before = initializer_bytes();
+    std::map<std::string, int64_t> slower;  // converted nodes whose low-precision kernel ranks below f32's, by op
+    for (keel_node_id_t n : order)
+      if (low_.count(n) && ranks_below_f32(n)) ++slower[full_op(gv_, n)];
     for (keel_node_id_t n : order)
       if (low_.count(n)) rewrite(n);
     // Dtype-blind readers of values that became low read the low value (no Cast up just for Shape).
@@ -248,6 +252,16 @@ class Converter {
                    " non-zero below 2^-24)");
     if (subgraph_nodes_)
       report_.note(std::to_string(subgraph_nodes_) + " node(s) with subgraphs left fp32, bodies not converted");
+    if (!slower.empty()) {
+      // Said, not undone: the caller asked for this dtype (to compare numerics with another device, say).
+      std::string s;
+      for (const auto& [op, k] : slower) s += (s.empty() ? "" : ", ") + op + " x" + std::to_string(k);
+      const std::string msg =
+          std::string(cfg_.dtype == KEEL_DTYPE_F16 ? "fp16" : "bf16") + " on " + device_ + " runs " + s +
+          " on kernels ranked below their f32 ones (the reference kernels): " + "expect this model slower than in fp32";
+      report_.note(msg);
+      if (g_host->log) g_host->log(g_plugin, KEEL_LOG_WARN, ("convert_precision: " + msg).c_str());
+    }
   }
 
  private:
@@ -274,6 +288,23 @@ class Converter {
     if (opset <= 0 && !dom.empty()) opset = 1;
     const int32_t dts[1] = {cfg_.dtype};
     return g_host->kernel_exists(g_plugin, dom.c_str(), gv_.op(n).c_str(), opset, device_.c_str(), dts, 1) != 0;
+  }
+
+  // Whether node n's op has a kernel in the target dtype on the device that ranks below its f32 one (the reference
+  // fp16 Conv beside oneDNN's f32 one on a CPU): converting it makes it slower, not faster. Without the core's
+  // kernel_priority (ABI 1.2), false.
+  bool ranks_below_f32(keel_node_id_t n) {
+    if (!KEEL_HAS_MEMBER(g_host, keel_core_api_t, kernel_priority) || g_host->kernel_priority == nullptr) return false;
+    const std::string dom = gv_.domain(n), key = full_op(gv_, n);
+    if (auto it = ranks_below_.find(key); it != ranks_below_.end()) return it->second;
+    int32_t opset = gv_.opset(dom.c_str());
+    if (opset <= 0 && !dom.empty()) opset = 1;
+    const int32_t low[1] = {cfg_.dtype}, f32[1] = {KEEL_DTYPE_F32};
+    const int32_t pl =
+        g_host->kernel_priority(g_plugin, dom.c_str(), gv_.op(n).c_str(), opset, device_.c_str(), low, 1);
+    const int32_t pf =
+        g_host->kernel_priority(g_plugin, dom.c_str(), gv_.op(n).c_str(), opset, device_.c_str(), f32, 1);
+    return ranks_below_[key] = pl != INT32_MIN && pf != INT32_MIN && pl < pf;
   }
 
   void classify(const std::vector<keel_node_id_t>& order) {
@@ -511,6 +542,7 @@ class Converter {
   std::set<std::string>
       converted_consts_;  // Constant-node outputs given a low initializer  // outputs of the Casts this pass added
   std::map<std::string, std::map<std::string, int64_t>> kept_why_;
+  std::map<std::string, bool> ranks_below_;  // ranks_below_f32's answers by op
   int64_t converted_ = 0, kept_ = 0, casts_inserted_ = 0, casts_collapsed_ = 0, subgraph_nodes_ = 0;
   int64_t clamped_ = 0, clamped_over_ = 0, clamped_under_ = 0;
 };
