@@ -331,8 +331,13 @@ void Builder::conv(size_t i) {
   // beats its nChw16c jit one here, the reorders in and out included. Measured in ResNet-50 at 1 thread (fastest
   // run of each step over 4 interleaved rounds, KEEL_ONEDNN_PROFILE): the 3x3 stride-2 convolutions at 56/28/14 px
   // went from 1.27/1.41/1.77 ms to 1.15/1.19/1.60 ms with their reorders; on its own at 2 threads brgemm is level or
-  // ahead. Only when oneDNN picks brgemm for it (nhwc with a jit kernel is no better than nChw16c).
-  if (!pd && g == 1 && prod(ks) > 1 && C >= 32 && M >= 32 && C % 16 == 0 && M % 16 == 0) {
+  // ahead. Only when oneDNN picks brgemm for it (nhwc with a jit kernel is no better than nChw16c). Not for a bf16
+  // convolution written into its slice of a Concat (nChw16c, chain/builder.cc plan_concats): in SqueezeNet's fire
+  // modules at 27x27 and 13x13 the nhwc 3x3 expand cost a reorder of its source, the Concat one per input into a
+  // plain output and the next squeeze one more, about 0.5 of a 1.64 ms bf16 run at 2 threads, where oneDNN's nChw16c
+  // bf16 kernel takes the 3x3 itself at the same speed (16->64 at 55x55 and 32->128 at 27x27 both 0.067 ms).
+  const bool into_concat = act_ == dt::bf16 && concat_parts_.count(f.out) != 0;
+  if (!pd && !into_concat && g == 1 && prod(ks) > 1 && C >= 32 && M >= 32 && C % 16 == 0 && M % 16 == 0) {
     make(alg::convolution_direct, md_t(to_dnnl(x), act_, channels_last_tag(x.size())),
          md_t(to_dnnl(y), act_, channels_last_tag(y.size())));
     if (pd && std::string(pd->impl_info_str()).rfind("brg", 0) != 0) pd.reset();
