@@ -795,7 +795,12 @@ void Built::collect_claims(const std::vector<std::string>& device_order, Claims&
 std::vector<NodeId> Built::order_steps(const std::vector<NodeId>& order, Claims& claims) {
   const size_t n = order.size();
   std::unordered_map<NodeId, size_t> pos_of;
-  for (size_t p = 0; p < n; ++p) pos_of[order[p]] = p;
+  std::unordered_map<std::string, size_t> producer_pos;  // value -> its producer's position (Graph::producer scans)
+  for (size_t p = 0; p < n; ++p) {
+    pos_of[order[p]] = p;
+    for (const auto& o : graph.node(order[p])->outputs)
+      if (!o.empty()) producer_pos[o] = p;
+  }
   for (;;) {
     // Units 0..n-1: the unclaimed node at that position (unused when claimed); n + c: claim c.
     const size_t units = n + claims.list.size();
@@ -816,10 +821,9 @@ std::vector<NodeId> Built::order_steps(const std::vector<NodeId>& order, Claims&
       const Node* node = graph.node(order[p]);
       const size_t u = unit_of(node->id);
       auto depend = [&](const std::string& in) {
-        if (in.empty()) return;
-        auto prod = graph.producer(in);
-        if (!prod || !pos_of.count(*prod)) return;
-        const size_t v = unit_of(*prod);
+        auto prod = in.empty() ? producer_pos.end() : producer_pos.find(in);
+        if (prod == producer_pos.end()) return;
+        const size_t v = unit_of(order[prod->second]);
         if (v == u || std::find(succ[v].begin(), succ[v].end(), u) != succ[v].end()) return;
         succ[v].push_back(u);
         ++pending[u];
