@@ -256,9 +256,9 @@ class Converter {
       // Said, not undone: the caller asked for this dtype (to compare numerics with another device, say).
       std::string s;
       for (const auto& [op, k] : slower) s += (s.empty() ? "" : ", ") + op + " x" + std::to_string(k);
-      const std::string msg =
-          std::string(cfg_.dtype == KEEL_DTYPE_F16 ? "fp16" : "bf16") + " on " + device_ + " runs " + s +
-          " on kernels ranked below their f32 ones (the reference kernels): " + "expect this model slower than in fp32";
+      const std::string msg = std::string(cfg_.dtype == KEEL_DTYPE_F16 ? "fp16" : "bf16") + " on " + device_ +
+                              " runs " + s +
+                              " on kernels ranked below their f32 ones: expect this model slower than in fp32";
       report_.note(msg);
       if (g_host->log) g_host->log(g_plugin, KEEL_LOG_WARN, ("convert_precision: " + msg).c_str());
     }
