@@ -491,6 +491,50 @@ TEST(ConvertPrecision, Bf16ConcatenationsAreWrittenInPlace) {
   if (!chain) GTEST_SKIP() << "no oneDNN chain reported its steps (the oneDNN plugin is not built)";
 }
 
+// A bf16 product cast back to f32 for a residual Add (what the pass leaves around a transformer's keep-listed norms):
+// the matmul writes f32 and the Add is its sum post-op, with the graph's input as the residual (copied into the
+// destination in f32: copied in the node's bf16, the sum read garbage). No step of its own for the Cast or the Add.
+TEST(ConvertPrecision, Bf16ProductCastForAResidualAddIsOneMatmul) {
+  GraphBuilder b("residual", 17);
+  auto x = b.input("x", DType::kF32, {1, 8, 32});
+  auto h = b.op1("Relu", {b.op1("MatMul", {x, b.constant("w1", randn({32, 32}, 21, 0.2f))})});
+  auto o = b.op1("MatMul", {h, b.constant("w2", randn({32, 32}, 22, 0.2f))});
+  auto y = b.op1("Add", {o, x});
+  b.output(b.op1("LayerNormalization",
+                 {y, b.constant("g", Tensor::f32({32}, std::vector<float>(32, 1.f))),
+                  b.constant("bt", Tensor::f32({32}, std::vector<float>(32, 0.f)))},
+                 {{"axis", Attribute::of_int(-1)}}));
+  Graph g = b.take();
+  const Feeds feeds{{"x", randn({1, 8, 32}, 23)}};
+  auto ref = run(g, feeds);
+  ASSERT_EQ(ref.size(), 1u);
+  convert(g, "bf16");
+  std::set<std::string> apart;  // the residual Add
+  for (const Node* n : nodes_of(g, "Add")) apart.insert(n->name);
+  ASSERT_EQ(apart.size(), 1u);
+  SessionOptions so;
+  so.devices = {"cpu"};
+  so.profile = true;
+  auto s = Session::create(env(), g, so);
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  auto got = s.value()->run(feeds);
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  expect_close(got.value()[0], ref[0], 0.999, 3e-2);
+  bool chain = false, in_matmul = false;
+  for (const auto& p : s.value()->profile()) {
+    if (p.op_type != "Subgraph" || p.steps.empty()) continue;
+    chain = true;
+    for (const auto& st : p.steps)
+      for (const auto& n : st.nodes) {
+        if (!apart.count(n)) continue;
+        EXPECT_NE(st.kind, "binary") << n << " in a step of its own";
+        in_matmul = in_matmul || st.kind == "matmul";
+      }
+  }
+  if (!chain) GTEST_SKIP() << "no oneDNN chain reported its steps (the oneDNN plugin is not built)";
+  EXPECT_TRUE(in_matmul) << "the Add is not the product's sum post-op";
+}
+
 // ------------------------------------------------------------------------------------------------ the CLI
 
 std::string slurp(const std::filesystem::path& p) {

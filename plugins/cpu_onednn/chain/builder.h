@@ -354,6 +354,7 @@ class Builder {
     // An activation left to a pass after the primitive: a path whose kernel applies the post-ops itself refuses.
     bool pass_after() const { return silu_pass || gelu_pass; }
     bool viewed = false;        // matmul: `out` is a view of the product with other dims (same_order_view)
+    bool dst_f32 = false;       // matmul: a bf16 product written in f32 (a Cast to float fused)
     std::vector<size_t> nodes;  // fused nodes
     int count = 0;
   };

@@ -131,6 +131,10 @@ Builder::Fusion Builder::fuse_after(const std::string& out, size_t at, bool conv
     if (n.op == "Clip" && n.in[0] != f.out) break;
     if (eltwise_po(n, &f.po)) {
       has_eltwise = true;
+    } else if (!conv && n.op == "Cast" && act_ == dt::bf16 && !f.dst_f32 && n.ai("to", 0) == KEEL_DTYPE_F32) {
+      // A bf16 product cast to f32 (mixed precision runs residual Adds and norms in f32): written in f32 directly,
+      // so that a residual Add after it becomes a sum post-op instead of a reorder and a binary step.
+      f.dst_f32 = true;
     } else if (conv && n.op == "BatchNormalization" && f.count == 0 && n.in.size() == 5 && n.in[0] == f.out &&
                n.ai("training_mode", 0) == 0) {
       bool extra = false;

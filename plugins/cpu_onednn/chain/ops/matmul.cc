@@ -98,12 +98,13 @@ void Builder::matmul(size_t i) {
   dnnl::primitive_attr attr = user_scratchpad();
   if (scale != 1.f) attr.set_output_scales(0, {scale});
   attr.set_post_ops(f.po);
-  md_t ymd = plain_md(y);
+  const dt out_t = f.dst_f32 ? dt::f32 : act_;
+  md_t ymd = plain_md(y, out_t);
   // A product read only by a Transpose (attention's heads, [B,H,S,Dh] -> [B,S,H,Dh], before the Reshape that joins
   // them): written straight into the transposed layout (oneDNN's brgemm matmul takes a strided destination), so the
   // Transpose is a plain value and costs nothing.
   Dims yt, ys;
-  size_t tr = collapse || !f.sum_with.empty() || f.viewed ? npos : sole_transpose(f.out, y, &yt, &ys);
+  size_t tr = collapse || !f.sum_with.empty() || f.viewed || f.dst_f32 ? npos : sole_transpose(f.out, y, &yt, &ys);
   if (tr != npos) ymd = strided_md(y, ys, act_);
   // Weights: a constant is prepacked in the primitive's layout; a value is read where it is.
   const ConstT* bc = cst(bn);
@@ -143,7 +144,7 @@ void Builder::matmul(size_t i) {
   if (!pd) pd = try_pd(plain_md(a), bc ? bmd : plain_md(b));
   if (!pd && tr != npos) {  // no jit matmul writes that transposed layout: a plain product, the Transpose after it
     tr = npos;
-    ymd = plain_md(y);
+    ymd = plain_md(y, out_t);
     a_direct = b_direct = false;
     if (!amd_view.is_zero()) {
       pd = try_pd(amd_view, bc ? bmd : (!bmd_view.is_zero() ? bmd_view : plain_md(b)));
@@ -198,18 +199,19 @@ void Builder::matmul(size_t i) {
     for (size_t k : f.nodes)
       if (r_.nodes[k].op == "Add") add_node = k;
     const Val rv = vals_[f.sum_with];
-    if (is_plain_dense(rv.md) && rv.off == 0 && dead_after(f.sum_with, add_node)) {
+    // The residual in the destination's type (f32 where a Cast was fused: not the node's bf16).
+    if (is_plain_dense(rv.md) && rv.md.data_type() == out_t && rv.off == 0 && dead_after(f.sum_with, add_node)) {
       dbuf = rv.buf;
       p_->bufs[dbuf].values--;
     } else {
-      Val tmp = as_plain(f.sum_with);
+      Val tmp = as_md(f.sum_with, plain_md(dims_of(f.sum_with), out_t));
       dbuf = new_buf(ymd.get_size());
       dnnl::memory s1 = mem_of(tmp), d1 = mem_at(tmp.md, dbuf, 0);
       exec(dnnl::reorder(s1, d1), {{DNNL_ARG_FROM, s1}, {DNNL_ARG_TO, d1}});
     }
   }
   Val& out = tr != npos ? define(r_.nodes[tr].out[0], plain_md(yt), dbuf)
-                        : define(f.out, plain_md(f.viewed ? dims_of(f.out) : y_final), dbuf);
+                        : define(f.out, plain_md(f.viewed ? dims_of(f.out) : y_final, out_t), dbuf);
   // (Written as [rows, N] when collapsed: the same plain memory; through the Transpose's strides when it follows.)
   args[DNNL_ARG_DST] = mem_at(ymd, out.buf, out.off);
   if (tr != npos) done_[tr] = true;
