@@ -8,11 +8,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -436,6 +439,36 @@ TEST(ConvertPrecision, FusedConvGraphInBf16MatchesFp32) {
   expect_close(got.value()[0], ref[0], 0.999, 3e-2);
 }
 
+// Runs `g` on the CPU with profiling, checks its output against `ref` within bf16's error, and returns the kinds of
+// the oneDNN chain steps that compute each of `names` (a name without a step of its own maps to none); nullopt when
+// no chain reported steps (the oneDNN plugin is not built) or the run failed (reported).
+std::optional<std::map<std::string, std::vector<std::string>>> chain_steps_of(const Graph& g, const Feeds& feeds,
+                                                                              const Tensor& ref,
+                                                                              const std::set<std::string>& names) {
+  SessionOptions o;
+  o.devices = {"cpu"};
+  o.profile = true;
+  auto s = Session::create(env(), g, o);
+  EXPECT_TRUE(s.is_ok()) << s.status().to_string();
+  if (!s.is_ok()) return std::nullopt;
+  auto got = s.value()->run(feeds);
+  EXPECT_TRUE(got.is_ok()) << got.status().to_string();
+  if (!got.is_ok()) return std::nullopt;
+  expect_close(got.value()[0], ref, 0.999, 3e-2);
+  std::map<std::string, std::vector<std::string>> kinds;
+  for (const auto& n : names) kinds[n];
+  bool chain = false;
+  for (const auto& p : s.value()->profile()) {
+    if (p.op_type != "Subgraph" || p.steps.empty()) continue;
+    chain = true;
+    for (const auto& st : p.steps)
+      for (const auto& n : st.nodes)
+        if (names.count(n)) kinds[n].push_back(st.kind);
+  }
+  if (!chain) return std::nullopt;
+  return kinds;
+}
+
 // SqueezeNet's fire module and a DenseNet-like pair of concatenations (batch 1, 16-aligned channels) in bf16: the
 // convolutions write their outputs into their slices of the concatenation (as in f32), so no Concat has a step of its
 // own. (In bf16 they were oneDNN's generic concat: SqueezeNet 1.1's two at 55x55 took 0.49-0.56 ms each, the model
@@ -472,23 +505,10 @@ TEST(ConvertPrecision, Bf16ConcatenationsAreWrittenInPlace) {
     concats.insert(c->name);
   }
   ASSERT_EQ(concats.size(), 3u);
-  SessionOptions o;
-  o.devices = {"cpu"};
-  o.profile = true;
-  auto s = Session::create(env(), g, o);
-  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
-  auto got = s.value()->run(feeds);
-  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
-  expect_close(got.value()[0], ref[0], 0.999, 3e-2);
-  bool chain = false;
-  for (const auto& p : s.value()->profile()) {
-    if (p.op_type != "Subgraph" || p.steps.empty()) continue;
-    chain = true;
-    for (const auto& st : p.steps)
-      for (const auto& n : st.nodes)
-        EXPECT_EQ(concats.count(n), 0u) << "a step of its own (" << st.kind << ") for " << n;
-  }
-  if (!chain) GTEST_SKIP() << "no oneDNN chain reported its steps (the oneDNN plugin is not built)";
+  const auto kinds = chain_steps_of(g, feeds, ref[0], concats);
+  if (!kinds) GTEST_SKIP() << "no oneDNN chain reported its steps (the oneDNN plugin is not built)";
+  for (const auto& [name, ks] : *kinds)
+    EXPECT_TRUE(ks.empty()) << "a step of its own (" << ks.front() << ") for " << name;
 }
 
 // A bf16 product cast back to f32 for a residual Add (what the pass leaves around a transformer's keep-listed norms):
@@ -512,27 +532,11 @@ TEST(ConvertPrecision, Bf16ProductCastForAResidualAddIsOneMatmul) {
   std::set<std::string> apart;  // the residual Add
   for (const Node* n : nodes_of(g, "Add")) apart.insert(n->name);
   ASSERT_EQ(apart.size(), 1u);
-  SessionOptions so;
-  so.devices = {"cpu"};
-  so.profile = true;
-  auto s = Session::create(env(), g, so);
-  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
-  auto got = s.value()->run(feeds);
-  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
-  expect_close(got.value()[0], ref[0], 0.999, 3e-2);
-  bool chain = false, in_matmul = false;
-  for (const auto& p : s.value()->profile()) {
-    if (p.op_type != "Subgraph" || p.steps.empty()) continue;
-    chain = true;
-    for (const auto& st : p.steps)
-      for (const auto& n : st.nodes) {
-        if (!apart.count(n)) continue;
-        EXPECT_NE(st.kind, "binary") << n << " in a step of its own";
-        in_matmul = in_matmul || st.kind == "matmul";
-      }
-  }
-  if (!chain) GTEST_SKIP() << "no oneDNN chain reported its steps (the oneDNN plugin is not built)";
-  EXPECT_TRUE(in_matmul) << "the Add is not the product's sum post-op";
+  const auto kinds = chain_steps_of(g, feeds, ref[0], apart);
+  if (!kinds) GTEST_SKIP() << "no oneDNN chain reported its steps (the oneDNN plugin is not built)";
+  const std::vector<std::string>& ks = kinds->begin()->second;
+  EXPECT_EQ(std::count(ks.begin(), ks.end(), "binary"), 0) << "the Add in a step of its own";
+  EXPECT_NE(std::find(ks.begin(), ks.end(), "matmul"), ks.end()) << "the Add is not the product's sum post-op";
 }
 
 // ------------------------------------------------------------------------------------------------ the CLI
