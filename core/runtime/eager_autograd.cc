@@ -167,20 +167,33 @@ const std::set<std::string>& autocast_f32_ops() {
   return s;
 }
 
-// The kernel of `device` that would take the call with its float inputs in `dt` (the first of the ranked kernels
-// the dispatch module accepts, kernel_dispatch.h: the same test the call itself will pass or fail), or nullptr.
-const KernelEntry* kernel_for_dtype(const std::string& domain, const std::string& op_type,
-                                    const std::vector<Tensor>& inputs, const std::string& device, DType dt) {
+// The kernels of `device` that would take the call with its float inputs in `low` and in f32 (each the first of the
+// ranked kernels the dispatch module accepts, kernel_dispatch.h: the same test the call itself will pass or fail;
+// nullptr where none does), from one walk over the ranked kernels.
+struct LowAndF32Kernels {
+  const KernelEntry* low = nullptr;
+  const KernelEntry* f32 = nullptr;
+};
+LowAndF32Kernels kernels_for(const std::string& domain, const std::string& op_type, const std::vector<Tensor>& inputs,
+                             const std::string& device, DType low) {
   Node node;
   node.domain = domain;
   node.op_type = op_type;
-  dispatch::CallTypes types;
-  for (const Tensor& t : inputs)
-    types.inputs.push_back(!t.defined() ? DType::kUndefined : dtype_is_float(t.dtype()) ? dt : t.dtype());
+  auto types_in = [&](DType dt) {
+    dispatch::CallTypes types;
+    for (const Tensor& t : inputs)
+      types.inputs.push_back(!t.defined() ? DType::kUndefined : dtype_is_float(t.dtype()) ? dt : t.dtype());
+    return types;
+  };
+  const dispatch::CallTypes low_types = types_in(low), f32_types = types_in(DType::kF32);
   const int32_t opset = domain.empty() ? kOpset : 1;
-  for (const KernelEntry* k : dispatch::ranked_kernels(environment().registry(), node, opset, device))
-    if (dispatch::kernel_accepts(*k, node, opset, types, nullptr)) return k;
-  return nullptr;
+  LowAndF32Kernels r;
+  for (const KernelEntry* k : dispatch::ranked_kernels(environment().registry(), node, opset, device)) {
+    if (!r.low && dispatch::kernel_accepts(*k, node, opset, low_types, nullptr)) r.low = k;
+    if (!r.f32 && dispatch::kernel_accepts(*k, node, opset, f32_types, nullptr)) r.f32 = k;
+    if (r.low && r.f32) break;
+  }
+  return r;
 }
 
 // Autocast and type promotion: the dtypes the float inputs of this op run in.
@@ -197,8 +210,7 @@ std::vector<Tensor> adjust_inputs(const std::string& domain, const std::string& 
     // Low precision only where a kernel as good as the f32 one takes it: on a CPU without fp16 instructions the
     // only f16 Gemm is the reference kernel, which made SimpleCNN's `--amp fp16` step 12x slower than f32's.
     std::string dev = inputs[fl[0]].data().location().device_type;
-    const KernelEntry* low_k = kernel_for_dtype(domain, op_type, inputs, dev, low);
-    const KernelEntry* f32_k = low_k ? kernel_for_dtype(domain, op_type, inputs, dev, DType::kF32) : nullptr;
+    const auto [low_k, f32_k] = kernels_for(domain, op_type, inputs, dev, low);
     if (low_k && (!f32_k || low_k->priority >= f32_k->priority)) {
       target = low;
     } else {

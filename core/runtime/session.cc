@@ -810,10 +810,12 @@ std::vector<NodeId> Built::order_steps(const std::vector<NodeId>& order, Claims&
     };
     std::vector<size_t> key(units, 0);  // position of the unit's last node
     std::vector<char> present(units, 0);
+    size_t present_units = 0;
     std::vector<std::vector<size_t>> succ(units);
     std::vector<size_t> pending(units, 0);
     for (size_t p = 0; p < n; ++p) {
       const size_t u = unit_of(order[p]);
+      present_units += present[u] == 0;
       present[u] = 1;
       key[u] = p;
     }
@@ -843,8 +845,6 @@ std::vector<NodeId> Built::order_steps(const std::vector<NodeId>& order, Claims&
       for (size_t w : succ[u])
         if (--pending[w] == 0) ready.push({key[w], w});
     }
-    size_t present_units = 0;
-    for (char c : present) present_units += c != 0;
     if (emitted.size() == present_units) {
       std::vector<NodeId> steps_order;
       steps_order.reserve(n);
