@@ -5,8 +5,11 @@
 // [m/16][ow][16]; a pooled row is the maximum over its window's rows (clipped), then over each window's columns.
 // Rows shared by consecutive pooled rows (stride < kernel) stay in the ring. The convolution's inner tile holds NB
 // 16-channel blocks by R pixels in registers (NB * R accumulators): per kernel tap it loads NB weight vectors and
-// broadcasts R source values, so it does NB * R FMAs per NB + R loads. Border pixels (whose taps leave the image
-// horizontally) take a per-pixel path that skips those taps; rows take only their valid kernel rows.
+// broadcasts R source values, so it does NB * R FMAs per NB + R loads. Rows whose taps leave the image horizontally
+// are computed over a copy of their source band with its padding; rows take only their valid kernel rows.
+// The common 2x2 stride-2 pooling (LeNet's, VGG's, the peers' simple_cnn) skips the ring's second row and the pooling
+// pass: the tile of the window's lower row takes the maximum with the upper row's, then of each pair of pixels, in
+// registers, and stores the pooled pixels.
 #include "steps/convpool.h"
 
 #include <immintrin.h>
@@ -38,10 +41,14 @@ void kernel_rows(const ConvPoolShape& s, int64_t oh, int64_t* lo, int64_t* hi) {
 
 // SW: the horizontal stride when 1 or 2 (constant offsets between the R pixels' sources), 0: s.sw. KW: the kernel
 // width when 3 (the taps' loop unrolled), 0: s.kw.
+// `pooled` null: the tile's pixels go to `row` ([NB][ow][16] from block 0 of the group). Else (2x2 stride-2
+// pooling) `row` holds the window's upper convolution row, already computed: each pixel takes the maximum with it,
+// each pair of pixels (ow0 is even) is pooled into `pooled` (nChw16c: block b at b * pooled_stride, pixel
+// (ow0 + r) / 2); an odd last pixel belongs to no window (floor pooling) and is dropped.
 template <int NB, int R, int SW, int KW>
 __attribute__((target("avx512f"))) void tile_avx512(const ConvPoolShape& s, const float* img, const float* wob,
                                                     const float* bias, int64_t oh, int64_t ow0, int64_t klo,
-                                                    int64_t khi, float* row) {
+                                                    int64_t khi, float* row, float* pooled, int64_t pooled_stride) {
   // Geometry in locals: the barrier below makes the compiler reload whatever lives in memory (s's fields).
   const int64_t nc = s.c, nkh = s.kh, nkw = KW ? KW : s.kw, ih = s.h, iw = s.w, sw = SW ? SW : s.sw;
   __m512 acc[NB][R];
@@ -72,6 +79,20 @@ __attribute__((target("avx512f"))) void tile_avx512(const ConvPoolShape& s, cons
     }
   }
   const __m512 zero = _mm512_setzero_ps();
+  if (pooled) {
+#pragma GCC unroll 4
+    for (int b = 0; b < NB; ++b) {
+      const float* up = row + (b * s.ow + ow0) * 16;
+      float* out = pooled + b * pooled_stride + ow0 / 2 * 16;
+#pragma GCC unroll 6
+      for (int r = 0; r + 1 < R; r += 2) {
+        __m512 v = _mm512_max_ps(acc[b][r], acc[b][r + 1]);
+        v = _mm512_max_ps(v, _mm512_max_ps(_mm512_loadu_ps(up + r * 16), _mm512_loadu_ps(up + (r + 1) * 16)));
+        _mm512_storeu_ps(out + r / 2 * 16, s.relu ? _mm512_max_ps(v, zero) : v);
+      }
+    }
+    return;
+  }
 #pragma GCC unroll 4
   for (int b = 0; b < NB; ++b)
 #pragma GCC unroll 12
@@ -87,32 +108,37 @@ constexpr int kTile = NB == 4   ? 6
 
 template <int NB, int R, int SW, int KW>
 void tile_tail(const ConvPoolShape& s, const float* img, const float* wob, const float* bias, int64_t oh, int64_t ow0,
-               int64_t klo, int64_t khi, float* row, int64_t left) {
+               int64_t klo, int64_t khi, float* row, float* pooled, int64_t pooled_stride, int64_t left) {
   if constexpr (R > 0) {
-    if (left == R) tile_avx512<NB, R, SW, KW>(s, img, wob, bias, oh, ow0, klo, khi, row);
-    else tile_tail<NB, R - 1, SW, KW>(s, img, wob, bias, oh, ow0, klo, khi, row, left);
+    if (left == R) tile_avx512<NB, R, SW, KW>(s, img, wob, bias, oh, ow0, klo, khi, row, pooled, pooled_stride);
+    else tile_tail<NB, R - 1, SW, KW>(s, img, wob, bias, oh, ow0, klo, khi, row, pooled, pooled_stride, left);
   }
 }
 
+// One convolution row's pixels [0, ow) for the group's NB blocks, in tiles of kTile<NB> (even: pooled pairs never
+// straddle two tiles).
 template <int NB, int SW, int KW>
 void blocks_avx512(const ConvPoolShape& s, const float* img, const float* wob, const float* bias, int64_t oh,
-                   int64_t klo, int64_t khi, float* row) {
+                   int64_t klo, int64_t khi, float* row, float* pooled, int64_t pooled_stride, int64_t ow) {
   constexpr int R = kTile<NB>;
+  static_assert(R % 2 == 0);
   int64_t x = 0;
-  for (; x + R <= s.ow; x += R) tile_avx512<NB, R, SW, KW>(s, img, wob, bias, oh, x, klo, khi, row);
-  if (x < s.ow) tile_tail<NB, R - 1, SW, KW>(s, img, wob, bias, oh, x, klo, khi, row, s.ow - x);
+  for (; x + R <= ow; x += R)
+    tile_avx512<NB, R, SW, KW>(s, img, wob, bias, oh, x, klo, khi, row, pooled, pooled_stride);
+  if (x < ow) tile_tail<NB, R - 1, SW, KW>(s, img, wob, bias, oh, x, klo, khi, row, pooled, pooled_stride, ow - x);
 }
 
 template <int NB>
 void blocks_avx512(const ConvPoolShape& s, const float* img, const float* wob, const float* bias, int64_t oh,
-                   int64_t klo, int64_t khi, float* row) {
+                   int64_t klo, int64_t khi, float* row, float* pooled, int64_t pooled_stride, int64_t ow) {
   const bool k3 = s.kw == 3;
-  if (s.sw == 1 && k3) blocks_avx512<NB, 1, 3>(s, img, wob, bias, oh, klo, khi, row);
-  else if (s.sw == 1) blocks_avx512<NB, 1, 0>(s, img, wob, bias, oh, klo, khi, row);
-  else if (s.sw == 2 && k3) blocks_avx512<NB, 2, 3>(s, img, wob, bias, oh, klo, khi, row);
-  else if (s.sw == 2 && s.kw == 7) blocks_avx512<NB, 2, 7>(s, img, wob, bias, oh, klo, khi, row);
-  else if (s.sw == 2) blocks_avx512<NB, 2, 0>(s, img, wob, bias, oh, klo, khi, row);
-  else blocks_avx512<NB, 0, 0>(s, img, wob, bias, oh, klo, khi, row);
+  if (s.sw == 1 && k3) blocks_avx512<NB, 1, 3>(s, img, wob, bias, oh, klo, khi, row, pooled, pooled_stride, ow);
+  else if (s.sw == 1) blocks_avx512<NB, 1, 0>(s, img, wob, bias, oh, klo, khi, row, pooled, pooled_stride, ow);
+  else if (s.sw == 2 && k3) blocks_avx512<NB, 2, 3>(s, img, wob, bias, oh, klo, khi, row, pooled, pooled_stride, ow);
+  else if (s.sw == 2 && s.kw == 7)
+    blocks_avx512<NB, 2, 7>(s, img, wob, bias, oh, klo, khi, row, pooled, pooled_stride, ow);
+  else if (s.sw == 2) blocks_avx512<NB, 2, 0>(s, img, wob, bias, oh, klo, khi, row, pooled, pooled_stride, ow);
+  else blocks_avx512<NB, 0, 0>(s, img, wob, bias, oh, klo, khi, row, pooled, pooled_stride, ow);
 }
 
 __attribute__((target("avx512f"))) void pool_row_avx512(const ConvPoolShape& s, const float* const* rows, int nrows,
@@ -166,10 +192,15 @@ void conv_row_scalar(const ConvPoolShape& s, const float* img, const float* pack
 // The padded source row band of one convolution row: per channel, kh rows of (ow - 1) * sw + kw columns.
 int64_t padded_band_floats(const ConvPoolShape& s) { return s.c * s.kh * ((s.ow - 1) * s.sw + s.kw); }
 
-// `band`: padded_band_floats(s) floats of scratch, used when taps leave the image horizontally.
+bool avx512_path() { return has_avx512f() && !g_scalar.load(std::memory_order_relaxed); }
+
+// Convolution row oh into `row` ([m/16][ow][16]). `band`: padded_band_floats(s) floats of scratch, used when taps leave
+// the image horizontally. With `pooled` (AVX-512 only; 2x2 stride-2 pooling, see tile_avx512), `row` holds the upper
+// row of the windows and the row's first 2 * pw pixels are pooled with it into `pooled` (its pooled row in block 0;
+// block b at b * pooled_stride).
 void conv_row(const ConvPoolShape& s, const float* img, const float* packed, const float* bias, int64_t oh, float* row,
-              float* band) {
-  if (!has_avx512f() || g_scalar.load(std::memory_order_relaxed)) {
+              float* band, float* pooled = nullptr, int64_t pooled_stride = 0) {
+  if (!avx512_path()) {
     conv_row_scalar(s, img, packed, bias, oh, row);
     return;
   }
@@ -198,15 +229,17 @@ void conv_row(const ConvPoolShape& s, const float* img, const float* packed, con
     v = &band_view, img = band;
   }
   const int64_t mb = s.m / 16, per = s.c * s.kh * s.kw;
+  const int64_t ow = conv_pool_2x2(s) ? 2 * s.pw : s.ow;  // a last odd pixel belongs to no window
   for (int64_t b = 0; b < mb; b += 4) {
     const float* wob = packed + b * per * 16;
     const float* bb = bias + b * 16;
     float* rb = row + b * s.ow * 16;
+    float* pb = pooled ? pooled + b * pooled_stride : nullptr;
     switch (std::min<int64_t>(4, mb - b)) {
-      case 4: blocks_avx512<4>(*v, img, wob, bb, oh, klo, khi, rb); break;
-      case 3: blocks_avx512<3>(*v, img, wob, bb, oh, klo, khi, rb); break;
-      case 2: blocks_avx512<2>(*v, img, wob, bb, oh, klo, khi, rb); break;
-      default: blocks_avx512<1>(*v, img, wob, bb, oh, klo, khi, rb); break;
+      case 4: blocks_avx512<4>(*v, img, wob, bb, oh, klo, khi, rb, pb, pooled_stride, ow); break;
+      case 3: blocks_avx512<3>(*v, img, wob, bb, oh, klo, khi, rb, pb, pooled_stride, ow); break;
+      case 2: blocks_avx512<2>(*v, img, wob, bb, oh, klo, khi, rb, pb, pooled_stride, ow); break;
+      default: blocks_avx512<1>(*v, img, wob, bb, oh, klo, khi, rb, pb, pooled_stride, ow); break;
     }
   }
 }
@@ -255,6 +288,12 @@ constexpr int64_t kMaxPoolRows = 16;  // the ring's slots are tracked in a fixed
 
 void conv_pool_force_scalar(bool on) { g_scalar.store(on, std::memory_order_relaxed); }
 
+// Each convolution row and pixel is in at most one window (floor: an odd last row or column is in none).
+bool conv_pool_2x2(const ConvPoolShape& s) {
+  return s.pkh == 2 && s.pkw == 2 && s.psh == 2 && s.psw == 2 && s.ppt == 0 && s.ppl == 0 && s.ph == s.oh / 2 &&
+         s.pw == s.ow / 2;
+}
+
 std::string conv_pool_check(const ConvPoolShape& s) {
   if (s.n < 1 || s.c < 1 || s.h < 1 || s.w < 1) return "empty source";
   if (s.m < 16 || s.m % 16 != 0) return "output channels not a multiple of 16";
@@ -289,6 +328,21 @@ void conv_pool_rows(const ConvPoolShape& s, const float* src, const float* packe
   int64_t held[kMaxPoolRows];  // the (image, convolution row) each ring slot holds, -1: none
   std::fill(held, held + kMaxPoolRows, int64_t{-1});
   const float* rows[kMaxPoolRows];
+  const int64_t mb = s.m / 16;
+  if (conv_pool_2x2(s) && avx512_path()) {
+    // Each pooled row from its two convolution rows: the upper one into the ring's first slot, the lower one
+    // pooled with it in registers (conv_row with `pooled`).
+    for (int64_t q = begin; q < end; ++q) {
+      const int64_t img = q / s.ph, p = q % s.ph;
+      const float* in = src + img * s.c * s.h * s.w;
+      float* out = dst + (img * mb * s.ph + p) * s.pw * 16;
+      prefetch_next_rows(s, in, 2 * p);
+      conv_row(s, in, packed, bias, 2 * p, scratch, tmp + 16 * s.ow);
+      prefetch_next_rows(s, in, 2 * p + 1);
+      conv_row(s, in, packed, bias, 2 * p + 1, scratch, tmp + 16 * s.ow, out, s.ph * s.pw * 16);
+    }
+    return;
+  }
   for (int64_t q = begin; q < end; ++q) {
     const int64_t img = q / s.ph, p = q % s.ph;
     const float* in = src + img * s.c * s.h * s.w;
@@ -304,7 +358,6 @@ void conv_pool_rows(const ConvPoolShape& s, const float* src, const float* packe
       }
       rows[nrows++] = ring;
     }
-    const int64_t mb = s.m / 16;
     pool_row(s, rows, nrows, tmp, dst + (img * mb * s.ph + p) * s.pw * 16, s.ph * s.pw * 16);
   }
 }

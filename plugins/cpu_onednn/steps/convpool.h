@@ -31,6 +31,11 @@ struct ConvPoolShape {
 // convolution output: pads smaller than the kernel, no window entirely in the padding; at most 16 kernel rows).
 std::string conv_pool_check(const ConvPoolShape& s);
 
+// True when the pooling is 2x2 with stride 2 and no padding, windows tiling the convolution output (floor mode): the
+// step then pools each pair of convolution rows in registers as the lower row is computed (no ring, no pooling
+// pass), and is faster than oneDNN's convolution and pooling apart at every batch and thread count measured.
+bool conv_pool_2x2(const ConvPoolShape& s);
+
 // Floats of scratch one thread needs (its ring of convolution rows and one row of partial maxima).
 size_t conv_pool_scratch_floats(const ConvPoolShape& s);
 

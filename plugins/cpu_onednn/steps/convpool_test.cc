@@ -67,6 +67,11 @@ TEST(OnednnConvPool, MatchesTheReference) {
       {1, 2, 8, 8, 16, 11, 4, 5, 3, 3, 0, true, false},    // a kernel wider than the interior
       {1, 3, 37, 34, 80, 7, 2, 3, 3, 2, 1, false, true},   // ResNet's stem, smaller: a group of 4 blocks + 1
       {1, 3, 23, 26, 128, 7, 2, 2, 3, 2, 1, true, true},   // asymmetric right padding, 2 groups of 4
+      // 2x2 stride-2 pooling, taken in registers: padded (the band path) over an odd width, whose last column is
+      // in no window; 4 blocks without Relu; 5 blocks (a group of 4 + 1) over odd rows and columns.
+      {2, 1, 28, 27, 32, 3, 1, 1, 2, 2, 0, false, true},
+      {1, 3, 32, 32, 64, 3, 1, 0, 2, 2, 0, false, false},
+      {2, 2, 15, 21, 80, 3, 1, 0, 2, 2, 0, false, true},
   };
   for (const Geo& g : geos)
     for (int team : {1, 2, 3}) check(g, team);
@@ -76,7 +81,7 @@ TEST(OnednnConvPool, ScalarPathMatchesTheReference) {
   conv_pool_force_scalar(true);
   for (const Geo& g :
        {Geo{1, 3, 37, 34, 80, 7, 2, 3, 3, 2, 1, false, true}, Geo{2, 3, 29, 30, 48, 7, 2, 3, 3, 2, 1, false, true},
-        Geo{1, 3, 35, 33, 64, 3, 2, 0, 3, 2, 0, true, true}})
+        Geo{1, 3, 35, 33, 64, 3, 2, 0, 3, 2, 0, true, true}, Geo{2, 1, 28, 27, 32, 3, 1, 1, 2, 2, 0, false, true}})
     check(g, 2);
   conv_pool_force_scalar(false);
 }
