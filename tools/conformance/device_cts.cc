@@ -2297,6 +2297,17 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // A Linear head exported as MatMul + Add over a 3-D value (its rows collapsed into one product), 12 columns and
+    // a K of 300 (18 vectors and a tail of 12): oneDNN's chains run such few-column products as their own step
+    // (steps/narrow_gemm.h), as the small cnn heads' Gemms above and below.
+    OpCase c;
+    c.op = "Chain";
+    c.label = "relu, matmul [2,3,300] x [300,12], add bias (a narrow product)";
+    c.inputs = {in("X", {2, 3, 300}), in("W", {300, 12}, true, -0.1f, 0.1f), in("B", {12}, true)};
+    c.chain = {{"Relu", {"X"}, {}}, {"MatMul", {"$0", "W"}, {}}, {"Add", {"$1", "B"}, {}}};
+    v.push_back(c);
+  }
+  {
     OpCase c;
     c.op = "Chain";
     c.label = "strided conv 32->32 3x3 s2, flatten, gemm, batch 2";

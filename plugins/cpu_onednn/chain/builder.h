@@ -403,6 +403,8 @@ class Builder {
   std::set<std::string> deferred_silu_;
   bool se_excite_fused(size_t i);
   void matmul(size_t i);
+  bool narrow_gemm(size_t i, const Fusion& f, const std::string& an, const Dims& a, const Dims& y, const ConstT* bc,
+                   bool trans_b, float weight_scale);
   void pool(size_t i);
   void eltwise(size_t i);
   void binary(size_t i);

@@ -110,6 +110,15 @@ void run_conv_pool(const Exec& e) {
                 static_cast<float*>(scratch.get_data_handle()), team);
 }
 
+// Exec::own of a product with few columns (Builder::narrow_gemm, steps/narrow_gemm.h): SRC plain [m,k], WEIGHTS
+// packed, BIAS [n], DST plain [m,n]; blocks of rows split over the OpenMP team.
+void run_narrow_gemm(const Exec& e) {
+  const auto& s = *static_cast<const NarrowGemmShape*>(e.params.get());
+  auto ptr = [&](int arg) { return static_cast<float*>(e.args.at(arg).get_data_handle()); };
+  narrow_gemm_run(s, ptr(DNNL_ARG_SRC), ptr(DNNL_ARG_WEIGHTS), ptr(DNNL_ARG_BIAS), ptr(DNNL_ARG_DST),
+                  e.single ? 1 : omp_get_max_threads());
+}
+
 // Exec::own of a depthwise convolution + SiLU (Builder::conv_dw_silu, steps/dwsilu.h): SRC and DST nChw16c,
 // WEIGHTS packed, BIAS, kArgPooled (when present) the output's channel means, DNNL_ARG_SCRATCHPAD room for the team;
 // split over the OpenMP team by 16-channel blocks.

@@ -70,6 +70,7 @@ void run_int8_depthwise(const Exec& e);
 void run_int8_quantize(const Exec& e);
 void run_merged_source(const Exec& e);
 void run_bilinear(const Exec& e);
+void run_narrow_gemm(const Exec& e);
 // Runs one step: its primitive on `s`, or its own function.
 void run_step(Exec& e, dnnl::stream& s);
 

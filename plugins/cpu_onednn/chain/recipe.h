@@ -33,6 +33,7 @@
 #include "steps/grouped.h"
 #include "steps/int8_pool.h"
 #include "steps/int8_stem.h"
+#include "steps/narrow_gemm.h"
 #include "steps/resize.h"
 #include "steps/se.h"
 #include "steps/silu.h"
