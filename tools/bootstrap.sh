@@ -3,6 +3,9 @@
 #   tools/bootstrap.sh [extra cmake -D options...]
 # Environment: KEEL_BUILD_DIR (default: build), KEEL_JOBS (default: nproc).
 set -euo pipefail
+case ${1:-} in
+  -h | --help) sed -n '2,4p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+esac
 cd "$(dirname "$0")/.."
 
 # ocl-icd-opencl-dev: Debian's oneDNN CMake config (dnnl-config.cmake) requires OpenCL, which libdnnl-dev only

@@ -18,8 +18,12 @@
 #   LIMIT (train on the first N images only: a quick check of the recipe, not a measurement; default 0 = all),
 #   TEACHER_DIR (the OUT_DIR of an earlier run: its teacher.onnx and teacher/ are reused, step 1 is skipped).
 set -euo pipefail
+case ${1:-} in
+  -h | --help) sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -*) echo "compress_recipe: unknown option '$1' (see --help)" >&2; exit 2 ;;
+esac
+out=$(realpath -m "${1:-build/compress}")  # before the cd below: relative to where the script was called from
 cd "$(dirname "$0")/.."
-out=${1:-build/compress}
 keel=${KEEL:-build/bin/keel}
 data=${DATA:-/usr/share/datasets/fashion-mnist}
 teacher_epochs=${TEACHER_EPOCHS:-3}

@@ -15,9 +15,15 @@
 #   --soak S          after the sweep, S seconds at the last concurrency: RSS at 10 s and at the end, errors
 # The model's first input is fed random data (dynamic dims = 1). Everything runs on 127.0.0.1, bounded in time.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-model=${1:?usage: tools/serve_load.sh MODEL.onnx [options]}
+usage() { sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+case ${1:-} in
+  -h | --help) usage; exit 0 ;;
+  "" | -*) usage >&2; exit 2 ;;
+esac
+[ -f "$1" ] || { echo "serve_load: no model file '$1'" >&2; exit 2; }
+model=$(realpath "$1")  # before the cd below: a path relative to where the script was called from
 shift
+cd "$(dirname "$0")/.."
 max_batch=0 delay=0 binary=0 threads=2 duration=5 conc="1 2 4 8 16 32" dynamic=0 instances=1 soak=0 rows=1 bench=0
 passes=""
 while (($#)); do
@@ -33,7 +39,8 @@ while (($#)); do
     --rows) rows=$2; shift 2 ;;
     --bench) bench=1; shift ;;
     --passes) passes=$2; shift 2 ;;
-    *) echo "serve_load: unknown option $1" >&2; exit 2 ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "serve_load: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 keel=${KEEL:-build/bin/keel}
