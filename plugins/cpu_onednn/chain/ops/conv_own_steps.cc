@@ -264,9 +264,11 @@ bool Builder::conv_pool_fused(size_t i) {
   // A 2x2 stride-2 pooling is taken in registers (conv_pool_2x2) and pays at every size: 2026-12-05 (AMD EPYC, 1 /
   // 2 threads, median of 400 runs, two rounds), the peers' simple_cnn at batch 32 0.30-0.31 against 0.38 ms and
   // 0.16 against 0.21-0.25 ms, at batch 1 0.020-0.021 against 0.023-0.027; Fashion-MNIST's SimpleCNN at batch 32 on
-  // two threads 0.092-0.095 against 0.150-0.159 ms, level at batch 1 and 8.
+  // two threads 0.092-0.095 against 0.150-0.159 ms, level at batch 1 and 8; 3->64 at 64x64, batch 8, 0.78 against
+  // 0.85-0.92 (1) and 0.47-0.60 against 0.60-0.70 (2). Not over 16 output channels: one block's tile loads about as
+  // much as it multiplies (3->16 at 32x32, batch 32: level at 1 thread, 0.24-0.27 against 0.21-0.24 ms at 2).
   const int64_t out_bytes = s.m * s.oh * s.ow * static_cast<int64_t>(sizeof(float));
-  if (!conv_pool_2x2(s) && out_bytes < (int64_t{1} << 20) && s.n * out_bytes < (int64_t{8} << 20) &&
+  if (!(conv_pool_2x2(s) && s.m >= 32) && out_bytes < (int64_t{1} << 20) && s.n * out_bytes < (int64_t{8} << 20) &&
       (s.c > 1 || p_->threads > 1))
     return false;
   const Dims y{s.n, s.m, s.ph, s.pw};
