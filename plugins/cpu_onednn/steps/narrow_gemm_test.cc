@@ -20,8 +20,7 @@ void check(const NarrowGemmShape& s, bool with_bias, bool vector, int team) {
   for (float& v : w) v = u(rng) / std::sqrt(static_cast<float>(s.k));
   for (float& v : b) v = u(rng);
   const float* bias = with_bias ? b.data() : nullptr;
-  std::vector<float> want(static_cast<size_t>(s.m * s.n)), got(want.size(), NAN),
-      packed(narrow_gemm_packed_floats(s));
+  std::vector<float> want(static_cast<size_t>(s.m * s.n)), got(want.size(), NAN), packed(narrow_gemm_packed_floats(s));
   narrow_gemm_reference(s, x.data(), w.data(), bias, want.data());
   narrow_gemm_pack(s, w.data(), packed.data());
   if (vector) {
