@@ -1367,6 +1367,9 @@ void add_training_cases(std::vector<OpCase>& v) {
                      {1, 8, 9, 9, 8, 3, 0, 2, 2, true},
                      // the SimpleCNN's first layer (1 -> 32, 28x28), smaller batch
                      {4, 1, 28, 28, 32, 3, 0, 2, 2, true},
+                     // the oneDNN plugin's stem pooled in registers (steps/convpool.h): 48 channels (a group of 3
+                     // blocks), padded, an odd width whose last column no window covers, no activation
+                     {2, 3, 12, 13, 48, 3, 1, 2, 2, false},
                      // pooled rows past 16 columns (three steps, the last partial), an odd channel count, no activation
                      {2, 2, 10, 70, 3, 3, 1, 2, 2, false}};
     for (const Cp& c : cs) {
@@ -1386,6 +1389,11 @@ void add_training_cases(std::vector<OpCase>& v) {
       f.label = l.str();
       f.inputs = {in("X", {c.N, c.C, c.H, c.W}), in("W", {c.M, c.C, c.k, c.k}, false, -0.5f, 0.5f), in("B", {c.M})};
       f.attrs = attrs;
+      v.push_back(f);
+      // Its window positions (what the gradient reads), exactly as the reference's (first maximum in scan order).
+      f.output = 1;
+      f.num_outputs = 2;
+      f.label += " output=1";
       v.push_back(f);
       for (size_t out = 0; out < 3; ++out) {
         OpCase o;

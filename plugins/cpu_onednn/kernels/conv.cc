@@ -9,6 +9,7 @@
 // weights given at run time keep their last Winograd transform while they stay the same (ConvPlan::cache_wei), and
 // weights that change (training) switch to a primitive that transforms them itself (ConvPlan::varying).
 #include <immintrin.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -19,6 +20,7 @@
 
 #include "common/common.h"
 #include "common/lanes.h"
+#include "steps/convpool.h"
 #include "steps/pool_arg.h"
 
 namespace keel::onednn {
@@ -82,6 +84,46 @@ __attribute__((target("avx512f"))) void stem_conv_f32(const float* xp, const flo
 }
 
 #pragma GCC diagnostic pop
+
+// Bytes in nChw16c [n][m / 16][hw][16] to plain [n][m][hw] (m a multiple of 16), each (image, block) pair a task of
+// the OpenMP team, 16 pixels at a time as a 16 x 16 byte transpose in registers: the window positions of
+// keel.FusedConvMaxPool (oneDNN's u8 reorder of this layout took 0.10 ms for SimpleCNN's 346 K positions at batch 64,
+// three times its f32 reorder of the pooled values).
+void blocked16_to_plain(const uint8_t* src, uint8_t* dst, int64_t n, int64_t m, int64_t hw) {
+  const int64_t blocks = m / 16;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < n * blocks; ++t) {
+    const uint8_t* s = src + t * hw * 16;
+    uint8_t* d = dst + t * 16 * hw;
+    int64_t q = 0;
+    for (; q + 16 <= hw; q += 16) {
+      __m128i r[16], a[16];
+      for (int i = 0; i < 16; ++i) r[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + (q + i) * 16));
+      for (int i = 0; i < 8; ++i) {  // pairs of pixels, byte by byte
+        a[2 * i] = _mm_unpacklo_epi8(r[2 * i], r[2 * i + 1]);
+        a[2 * i + 1] = _mm_unpackhi_epi8(r[2 * i], r[2 * i + 1]);
+      }
+      for (int g = 0; g < 4; ++g) {  // fours of pixels, two bytes at a time: channels 0-3, 4-7, 8-11, 12-15
+        const __m128i lo = a[4 * g], hi = a[4 * g + 1], lo2 = a[4 * g + 2], hi2 = a[4 * g + 3];
+        r[4 * g] = _mm_unpacklo_epi16(lo, lo2);
+        r[4 * g + 1] = _mm_unpackhi_epi16(lo, lo2);
+        r[4 * g + 2] = _mm_unpacklo_epi16(hi, hi2);
+        r[4 * g + 3] = _mm_unpackhi_epi16(hi, hi2);
+      }
+      for (int h = 0; h < 2; ++h)  // eights of pixels: two channels each
+        for (int k = 0; k < 4; ++k) {
+          a[8 * h + 2 * k] = _mm_unpacklo_epi32(r[8 * h + k], r[8 * h + 4 + k]);
+          a[8 * h + 2 * k + 1] = _mm_unpackhi_epi32(r[8 * h + k], r[8 * h + 4 + k]);
+        }
+      for (int k = 0; k < 8; ++k) {  // all 16 pixels: one channel each
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + (2 * k) * hw + q), _mm_unpacklo_epi64(a[k], a[8 + k]));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + (2 * k + 1) * hw + q), _mm_unpackhi_epi64(a[k], a[8 + k]));
+      }
+    }
+    for (int64_t j = 0; j < 16; ++j)
+      for (int64_t p = q; p < hw; ++p) d[j * hw + p] = s[p * 16 + j];
+  }
+}
 
 // The whole convolution (x [N, C, H, W], w [M, C, KH, KW], pads {top, left, bottom, right}) into y [N, M, OH, OW];
 // or, with `pool` (keel.FusedConvMaxPool: its n, c, h, w unused), each task's planes into a buffer of the thread's
@@ -357,6 +399,7 @@ class ConvKernel : public Kernel {
     PoolArgShape ps;
     ps.n = y[0], ps.c = y[1], ps.h = y[2], ps.w = y[3], ps.kh = pool_.kh, ps.kw = pool_.kw, ps.sh = pool_.sh;
     ps.sw = pool_.sw, ps.oh = pd[2], ps.ow = pd[3], ps.block = block;
+    if (p.stem && stem_pool_in_registers(c, p, ps, pd, out, arg)) return;
     if (p.stem) {  // pooled inside the stem kernel, per task
       stem_conv(static_cast<const float*>(c.input(0)->data), stem_weights(c), stem_bias(c), nullptr, c.dims(0), w_dims_,
                 p.stem_pads, y, act_.set, &ps, static_cast<float*>(out->data),
@@ -387,6 +430,50 @@ class ConvKernel : public Kernel {
       r.a_to_plain.execute(s, r.a_blk, r.a_plain);
     }
     s.wait();
+  }
+
+  // A stem convolution with a 2x2 stride-2 pooling over 32 or more channels (a multiple of 16), as the chains' own
+  // step computes it (steps/convpool.h): 16 channels to a vector and several pixels in registers, each window pooled
+  // as its lower row is computed, with the window positions; into the workspace in nChw16c, then the pooled output and
+  // positions reordered to plain. SimpleCNN's forward at batch 64 (1 -> 32, 3x3 over 28x28): the stem kernel (8
+  // channels to a register, one broadcast load per FMA, 6 of 26 columns computed twice) and its pooling took 0.45-0.60
+  // ms a call (`KEEL_EAGER_PROFILE=1`, 3 alternating rounds), this 0.36-0.47; the step itself ~0.20, the reorders of
+  // the pooled values 0.034 and of the positions 0.042 (blocked16_to_plain; oneDNN's u8 reorder took 0.10). The
+  // values are those of the stem kernel bit for bit (the same FMAs in the same order: trained weights identical);
+  // false, doing nothing, where the step does not apply.
+  bool stem_pool_in_registers(Ctx& c, ConvPlan& p, const PoolArgShape& ps, const Dims& pd, keel_tensor_t* out,
+                              keel_tensor_t* arg) {
+    const Dims& x = c.dims(0);
+    const Dims& y = p.out_dims;
+    ConvPoolShape s;
+    s.n = x[0], s.c = x[1], s.h = x[2], s.w = x[3], s.m = y[1], s.kh = w_dims_[2], s.kw = w_dims_[3];
+    s.pt = p.stem_pads[0], s.pl = p.stem_pads[1], s.oh = y[2], s.ow = y[3], s.relu = act_.set;
+    s.pkh = ps.kh, s.pkw = ps.kw, s.psh = ps.sh, s.psw = ps.sw, s.ph = ps.oh, s.pw = ps.ow;
+    if (!__builtin_cpu_supports("avx512f") || s.m < 32 || !conv_pool_check(s).empty() || !conv_pool_2x2(s))
+      return false;
+    const int team = std::max(1, omp_get_max_threads());
+    auto* packed = static_cast<float*>(c.workspace(conv_pool_packed_floats(s) * sizeof(float)));
+    conv_pool_pack_weights(s, stem_weights(c), packed);
+    auto* bias = static_cast<float*>(c.workspace(static_cast<uint64_t>(s.m) * sizeof(float)));
+    const float* b = stem_bias(c);
+    for (int64_t k = 0; k < s.m; ++k) bias[k] = b ? b[k] : 0.f;
+    auto* scratch = static_cast<float*>(c.workspace(conv_pool_scratch_floats(s) * team * sizeof(float)));
+    PooledReorders& r = pooled_reorders(p, pd, 16);
+    const uint64_t elems = static_cast<uint64_t>(s.n * s.m * s.ph * s.pw);
+    bind(r.p_blk, c.workspace(elems * sizeof(float)));
+    if (arg) bind(r.a_blk, c.workspace(elems));
+    conv_pool_run(s, static_cast<const float*>(c.input(0)->data), packed, bias,
+                  static_cast<float*>(r.p_blk.get_data_handle()), scratch, team,
+                  arg ? static_cast<uint8_t*>(r.a_blk.get_data_handle()) : nullptr);
+    auto& st = stream();
+    bind(r.p_plain, out->data);
+    r.p_to_plain.execute(st, r.p_blk, r.p_plain);
+    st.wait();
+    if (arg) {
+      blocked16_to_plain(static_cast<const uint8_t*>(r.a_blk.get_data_handle()), static_cast<uint8_t*>(arg->data), s.n,
+                         s.m, s.ph * s.pw);
+    }
+    return true;
   }
 
   PooledReorders& pooled_reorders(ConvPlan& p, const Dims& pd, int64_t block) {

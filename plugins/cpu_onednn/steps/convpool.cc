@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <type_traits>
 
 #include "common/team.h"
 #include "steps/silu.h"
@@ -44,11 +45,14 @@ void kernel_rows(const ConvPoolShape& s, int64_t oh, int64_t* lo, int64_t* hi) {
 // `pooled` null: the tile's pixels go to `row` ([NB][ow][16] from block 0 of the group). Else (2x2 stride-2
 // pooling) `row` holds the window's upper convolution row, already computed: each pixel takes the maximum with it,
 // each pair of pixels (ow0 is even) is pooled into `pooled` (nChw16c: block b at b * pooled_stride, pixel
-// (ow0 + r) / 2); an odd last pixel belongs to no window (floor pooling) and is dropped.
+// (ow0 + r) / 2); an odd last pixel belongs to no window (floor pooling) and is dropped. With `arg` (laid out as
+// `pooled`, one byte a value) each window's position of its first maximum in scan order (0 1 / 2 3) goes there too,
+// and the maximum is chosen by comparisons that skip NaN as steps/pool_arg.h's pooling does.
 template <int NB, int R, int SW, int KW>
 __attribute__((target("avx512f"))) void tile_avx512(const ConvPoolShape& s, const float* img, const float* wob,
                                                     const float* bias, int64_t oh, int64_t ow0, int64_t klo,
-                                                    int64_t khi, float* row, float* pooled, int64_t pooled_stride) {
+                                                    int64_t khi, float* row, float* pooled, int64_t pooled_stride,
+                                                    uint8_t* arg) {
   // Geometry in locals: the barrier below makes the compiler reload whatever lives in memory (s's fields).
   const int64_t nc = s.c, nkh = s.kh, nkw = KW ? KW : s.kw, ih = s.h, iw = s.w, sw = SW ? SW : s.sw;
   __m512 acc[NB][R];
@@ -84,6 +88,26 @@ __attribute__((target("avx512f"))) void tile_avx512(const ConvPoolShape& s, cons
     for (int b = 0; b < NB; ++b) {
       const float* up = row + (b * s.ow + ow0) * 16;
       float* out = pooled + b * pooled_stride + ow0 / 2 * 16;
+      if (arg) {
+        uint8_t* at = arg + b * pooled_stride + ow0 / 2 * 16;
+        const __m512i one = _mm512_set1_epi32(1), two = _mm512_set1_epi32(2), three = _mm512_set1_epi32(3);
+#pragma GCC unroll 6
+        for (int r = 0; r + 1 < R; r += 2) {
+          const __m512 u0 = _mm512_loadu_ps(up + r * 16), u1 = _mm512_loadu_ps(up + (r + 1) * 16);
+          const __m512 l0 = s.relu ? _mm512_max_ps(acc[b][r], zero) : acc[b][r];
+          const __m512 l1 = s.relu ? _mm512_max_ps(acc[b][r + 1], zero) : acc[b][r + 1];
+          // As a scan in order 0, 1, 2, 3 taking a value only when greater (never NaN, never after a NaN first).
+          const __mmask16 mu = _mm512_cmp_ps_mask(u1, u0, _CMP_GT_OQ);
+          const __mmask16 ml = _mm512_cmp_ps_mask(l1, l0, _CMP_GT_OQ) | _mm512_cmp_ps_mask(l0, l0, _CMP_UNORD_Q);
+          const __m512 vu = _mm512_mask_mov_ps(u0, mu, u1), vl = _mm512_mask_mov_ps(l0, ml, l1);
+          const __mmask16 m = _mm512_cmp_ps_mask(vl, vu, _CMP_GT_OQ);
+          _mm512_storeu_ps(out + r / 2 * 16, _mm512_mask_mov_ps(vu, m, vl));
+          const __m512i iu = _mm512_maskz_mov_epi32(mu, one), il = _mm512_mask_mov_epi32(two, ml, three);
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(at + r / 2 * 16),
+                           _mm512_cvtepi32_epi8(_mm512_mask_mov_epi32(iu, m, il)));
+        }
+        continue;
+      }
 #pragma GCC unroll 6
       for (int r = 0; r + 1 < R; r += 2) {
         __m512 v = _mm512_max_ps(acc[b][r], acc[b][r + 1]);
@@ -108,10 +132,10 @@ constexpr int kTile = NB == 4   ? 6
 
 template <int NB, int R, int SW, int KW>
 void tile_tail(const ConvPoolShape& s, const float* img, const float* wob, const float* bias, int64_t oh, int64_t ow0,
-               int64_t klo, int64_t khi, float* row, float* pooled, int64_t pooled_stride, int64_t left) {
+               int64_t klo, int64_t khi, float* row, float* pooled, int64_t pooled_stride, uint8_t* arg, int64_t left) {
   if constexpr (R > 0) {
-    if (left == R) tile_avx512<NB, R, SW, KW>(s, img, wob, bias, oh, ow0, klo, khi, row, pooled, pooled_stride);
-    else tile_tail<NB, R - 1, SW, KW>(s, img, wob, bias, oh, ow0, klo, khi, row, pooled, pooled_stride, left);
+    if (left == R) tile_avx512<NB, R, SW, KW>(s, img, wob, bias, oh, ow0, klo, khi, row, pooled, pooled_stride, arg);
+    else tile_tail<NB, R - 1, SW, KW>(s, img, wob, bias, oh, ow0, klo, khi, row, pooled, pooled_stride, arg, left);
   }
 }
 
@@ -119,26 +143,34 @@ void tile_tail(const ConvPoolShape& s, const float* img, const float* wob, const
 // straddle two tiles).
 template <int NB, int SW, int KW>
 void blocks_avx512(const ConvPoolShape& s, const float* img, const float* wob, const float* bias, int64_t oh,
-                   int64_t klo, int64_t khi, float* row, float* pooled, int64_t pooled_stride, int64_t ow) {
+                   int64_t klo, int64_t khi, float* row, float* pooled, int64_t pooled_stride, uint8_t* arg,
+                   int64_t ow) {
   constexpr int R = kTile<NB>;
   static_assert(R % 2 == 0);
   int64_t x = 0;
   for (; x + R <= ow; x += R)
-    tile_avx512<NB, R, SW, KW>(s, img, wob, bias, oh, x, klo, khi, row, pooled, pooled_stride);
-  if (x < ow) tile_tail<NB, R - 1, SW, KW>(s, img, wob, bias, oh, x, klo, khi, row, pooled, pooled_stride, ow - x);
+    tile_avx512<NB, R, SW, KW>(s, img, wob, bias, oh, x, klo, khi, row, pooled, pooled_stride, arg);
+  if (x < ow) tile_tail<NB, R - 1, SW, KW>(s, img, wob, bias, oh, x, klo, khi, row, pooled, pooled_stride, arg, ow - x);
 }
 
 template <int NB>
 void blocks_avx512(const ConvPoolShape& s, const float* img, const float* wob, const float* bias, int64_t oh,
-                   int64_t klo, int64_t khi, float* row, float* pooled, int64_t pooled_stride, int64_t ow) {
+                   int64_t klo, int64_t khi, float* row, float* pooled, int64_t pooled_stride, uint8_t* arg,
+                   int64_t ow) {
   const bool k3 = s.kw == 3;
-  if (s.sw == 1 && k3) blocks_avx512<NB, 1, 3>(s, img, wob, bias, oh, klo, khi, row, pooled, pooled_stride, ow);
-  else if (s.sw == 1) blocks_avx512<NB, 1, 0>(s, img, wob, bias, oh, klo, khi, row, pooled, pooled_stride, ow);
-  else if (s.sw == 2 && k3) blocks_avx512<NB, 2, 3>(s, img, wob, bias, oh, klo, khi, row, pooled, pooled_stride, ow);
-  else if (s.sw == 2 && s.kw == 7)
-    blocks_avx512<NB, 2, 7>(s, img, wob, bias, oh, klo, khi, row, pooled, pooled_stride, ow);
-  else if (s.sw == 2) blocks_avx512<NB, 2, 0>(s, img, wob, bias, oh, klo, khi, row, pooled, pooled_stride, ow);
-  else blocks_avx512<NB, 0, 0>(s, img, wob, bias, oh, klo, khi, row, pooled, pooled_stride, ow);
+  auto run = [&](auto sw, auto kw) {
+    blocks_avx512<NB, decltype(sw)::value, decltype(kw)::value>(s, img, wob, bias, oh, klo, khi, row, pooled,
+                                                                pooled_stride, arg, ow);
+  };
+  using C0 = std::integral_constant<int, 0>;
+  using C1 = std::integral_constant<int, 1>;
+  using C2 = std::integral_constant<int, 2>;
+  if (s.sw == 1 && k3) run(C1{}, std::integral_constant<int, 3>{});
+  else if (s.sw == 1) run(C1{}, C0{});
+  else if (s.sw == 2 && k3) run(C2{}, std::integral_constant<int, 3>{});
+  else if (s.sw == 2 && s.kw == 7) run(C2{}, std::integral_constant<int, 7>{});
+  else if (s.sw == 2) run(C2{}, C0{});
+  else run(C0{}, C0{});
 }
 
 __attribute__((target("avx512f"))) void pool_row_avx512(const ConvPoolShape& s, const float* const* rows, int nrows,
@@ -199,7 +231,7 @@ bool avx512_path() { return has_avx512f() && !g_scalar.load(std::memory_order_re
 // row of the windows and the row's first 2 * pw pixels are pooled with it into `pooled` (its pooled row in block 0;
 // block b at b * pooled_stride).
 void conv_row(const ConvPoolShape& s, const float* img, const float* packed, const float* bias, int64_t oh, float* row,
-              float* band, float* pooled = nullptr, int64_t pooled_stride = 0) {
+              float* band, float* pooled = nullptr, int64_t pooled_stride = 0, uint8_t* arg = nullptr) {
   if (!avx512_path()) {
     conv_row_scalar(s, img, packed, bias, oh, row);
     return;
@@ -235,11 +267,12 @@ void conv_row(const ConvPoolShape& s, const float* img, const float* packed, con
     const float* bb = bias + b * 16;
     float* rb = row + b * s.ow * 16;
     float* pb = pooled ? pooled + b * pooled_stride : nullptr;
+    uint8_t* ab = arg ? arg + b * pooled_stride : nullptr;
     switch (std::min<int64_t>(4, mb - b)) {
-      case 4: blocks_avx512<4>(*v, img, wob, bb, oh, klo, khi, rb, pb, pooled_stride, ow); break;
-      case 3: blocks_avx512<3>(*v, img, wob, bb, oh, klo, khi, rb, pb, pooled_stride, ow); break;
-      case 2: blocks_avx512<2>(*v, img, wob, bb, oh, klo, khi, rb, pb, pooled_stride, ow); break;
-      default: blocks_avx512<1>(*v, img, wob, bb, oh, klo, khi, rb, pb, pooled_stride, ow); break;
+      case 4: blocks_avx512<4>(*v, img, wob, bb, oh, klo, khi, rb, pb, pooled_stride, ab, ow); break;
+      case 3: blocks_avx512<3>(*v, img, wob, bb, oh, klo, khi, rb, pb, pooled_stride, ab, ow); break;
+      case 2: blocks_avx512<2>(*v, img, wob, bb, oh, klo, khi, rb, pb, pooled_stride, ab, ow); break;
+      default: blocks_avx512<1>(*v, img, wob, bb, oh, klo, khi, rb, pb, pooled_stride, ab, ow); break;
     }
   }
 }
@@ -321,8 +354,28 @@ void conv_pool_pack_weights(const ConvPoolShape& s, const float* w, float* packe
   }
 }
 
+// The window positions of pooled row (img, p) from its convolution rows (rows[k]: window row k, clipped at the top
+// when p's window starts above row 0), by the scan pool_arg.h's pooling does (first maximum, NaN never taken).
+void pool_row_arg(const ConvPoolShape& s, const float* const* rows, int64_t p, uint8_t* arg, int64_t block_stride) {
+  const int64_t mb = s.m / 16, r0 = p * s.psh - s.ppt;
+  for (int64_t b = 0; b < mb; ++b)
+    for (int64_t q = 0; q < s.pw; ++q)
+      for (int j = 0; j < 16; ++j) {
+        float best = 0.f;
+        int at = -1;
+        for (int64_t i = 0; i < s.pkh; ++i)
+          for (int64_t k = 0; k < s.pkw; ++k) {
+            const int64_t y = r0 + i, x = q * s.psw - s.ppl + k;
+            if (y < 0 || y >= s.oh || x < 0 || x >= s.ow) continue;
+            const float v = rows[y - std::max<int64_t>(0, r0)][(b * s.ow + x) * 16 + j];
+            if (at < 0 || v > best) best = v, at = static_cast<int>(i * s.pkw + k);
+          }
+        arg[b * block_stride + q * 16 + j] = static_cast<uint8_t>(at);
+      }
+}
+
 void conv_pool_rows(const ConvPoolShape& s, const float* src, const float* packed, const float* bias, float* dst,
-                    int64_t begin, int64_t end, float* scratch) {
+                    int64_t begin, int64_t end, float* scratch, uint8_t* arg) {
   const int64_t row_floats = s.m * s.ow;
   float* tmp = scratch + s.pkh * row_floats;
   int64_t held[kMaxPoolRows];  // the (image, convolution row) each ring slot holds, -1: none
@@ -335,11 +388,12 @@ void conv_pool_rows(const ConvPoolShape& s, const float* src, const float* packe
     for (int64_t q = begin; q < end; ++q) {
       const int64_t img = q / s.ph, p = q % s.ph;
       const float* in = src + img * s.c * s.h * s.w;
-      float* out = dst + (img * mb * s.ph + p) * s.pw * 16;
+      const int64_t at = (img * mb * s.ph + p) * s.pw * 16;
       prefetch_next_rows(s, in, 2 * p);
       conv_row(s, in, packed, bias, 2 * p, scratch, tmp + 16 * s.ow);
       prefetch_next_rows(s, in, 2 * p + 1);
-      conv_row(s, in, packed, bias, 2 * p + 1, scratch, tmp + 16 * s.ow, out, s.ph * s.pw * 16);
+      conv_row(s, in, packed, bias, 2 * p + 1, scratch, tmp + 16 * s.ow, dst + at, s.ph * s.pw * 16,
+               arg ? arg + at : nullptr);
     }
     return;
   }
@@ -359,18 +413,20 @@ void conv_pool_rows(const ConvPoolShape& s, const float* src, const float* packe
       rows[nrows++] = ring;
     }
     pool_row(s, rows, nrows, tmp, dst + (img * mb * s.ph + p) * s.pw * 16, s.ph * s.pw * 16);
+    if (arg) pool_row_arg(s, rows, p, arg + (img * mb * s.ph + p) * s.pw * 16, s.ph * s.pw * 16);
   }
 }
 
 void conv_pool_run(const ConvPoolShape& s, const float* src, const float* packed, const float* bias, float* dst,
-                   float* scratch, int team) {
+                   float* scratch, int team, uint8_t* arg) {
   const size_t per = conv_pool_scratch_floats(s);
   split_over_team(s.n * s.ph, team, [&](int64_t t, int64_t begin, int64_t end) {
-    conv_pool_rows(s, src, packed, bias, dst, begin, end, scratch + static_cast<size_t>(t) * per);
+    conv_pool_rows(s, src, packed, bias, dst, begin, end, scratch + static_cast<size_t>(t) * per, arg);
   });
 }
 
-void conv_pool_reference(const ConvPoolShape& s, const float* src, const float* w, const float* bias, float* dst) {
+void conv_pool_reference(const ConvPoolShape& s, const float* src, const float* w, const float* bias, float* dst,
+                         uint8_t* arg) {
   const int64_t mb = s.m / 16;
   for (int64_t img = 0; img < s.n; ++img)
     for (int64_t o = 0; o < s.m; ++o)
@@ -378,6 +434,7 @@ void conv_pool_reference(const ConvPoolShape& s, const float* src, const float* 
         for (int64_t q = 0; q < s.pw; ++q) {
           float best = 0.f;
           bool any = false;
+          int at = 0;
           for (int64_t i = 0; i < s.pkh; ++i)
             for (int64_t j = 0; j < s.pkw; ++j) {
               const int64_t y = p * s.psh - s.ppt + i, x = q * s.psw - s.ppl + j;
@@ -393,10 +450,12 @@ void conv_pool_reference(const ConvPoolShape& s, const float* src, const float* 
                   }
               float v = static_cast<float>(acc);
               if (s.relu) v = std::max(v, 0.f);
-              best = any ? std::max(best, v) : v;
+              if (!any || v > best) best = v, at = static_cast<int>(i * s.pkw + j);
               any = true;
             }
-          dst[(((img * mb + o / 16) * s.ph + p) * s.pw + q) * 16 + o % 16] = best;
+          const int64_t k = (((img * mb + o / 16) * s.ph + p) * s.pw + q) * 16 + o % 16;
+          dst[k] = best;
+          if (arg) arg[k] = static_cast<uint8_t>(at);
         }
 }
 

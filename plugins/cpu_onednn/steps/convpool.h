@@ -47,15 +47,17 @@ void conv_pool_pack_weights(const ConvPoolShape& s, const float* w, float* packe
 
 // Computes the pooled rows [begin, end) of the n * ph (image, pooled row) pairs, all channels, into dst (nChw16c
 // [n, m, ph, pw]). Reads src (plain [n, c, h, w]), packed weights and bias [m]; uses scratch
-// (conv_pool_scratch_floats(s) floats, no alignment needed). Thread-safe for disjoint ranges with their own
-// scratch; AVX-512 when the CPU has it (steps/silu.h's has_avx512f), else scalar code.
+// (conv_pool_scratch_floats(s) floats, no alignment needed). With `arg` (u8, laid out as dst), each pooled value's
+// window position (i * pkw + j of its window's first maximum, NaN never taken: steps/pool_arg.h's convention, for
+// keel.FusedConvMaxPool's gradient) goes there too. Thread-safe for disjoint ranges with their own scratch; AVX-512
+// when the CPU has it (steps/silu.h's has_avx512f), else scalar code.
 void conv_pool_rows(const ConvPoolShape& s, const float* src, const float* packed, const float* bias, float* dst,
-                    int64_t begin, int64_t end, float* scratch);
+                    int64_t begin, int64_t end, float* scratch, uint8_t* arg = nullptr);
 
 // The whole of it over `team` OpenMP threads (contiguous ranges of pooled rows); scratch holds `team` times
 // conv_pool_scratch_floats(s) floats.
 void conv_pool_run(const ConvPoolShape& s, const float* src, const float* packed, const float* bias, float* dst,
-                   float* scratch, int team);
+                   float* scratch, int team, uint8_t* arg = nullptr);
 
 // Test hook: true makes conv_pool_rows take its scalar code (the path of CPUs without AVX-512) from now on;
 // false (the default) restores the dispatch by CPU. Thread-safe; meant for tests, not for concurrent runs.
@@ -63,6 +65,7 @@ void conv_pool_force_scalar(bool on);
 
 // The same by straightforward loops over unpacked weights [m][c][kh][kw] (the reference the step is tested
 // against).
-void conv_pool_reference(const ConvPoolShape& s, const float* src, const float* w, const float* bias, float* dst);
+void conv_pool_reference(const ConvPoolShape& s, const float* src, const float* w, const float* bias, float* dst,
+                         uint8_t* arg = nullptr);
 
 }  // namespace keel::onednn

@@ -35,6 +35,55 @@ ConvPoolShape shape_of(const Geo& g) {
   return s;
 }
 
+// The window positions `got` (conv_pool_run's arg) against the reference's pre-pooling values: the position taken
+// holds its window's maximum (up to the kernel's rounding), and no earlier position is a certain maximum: with Relu,
+// a later zero is never taken where an earlier position was clearly negative before the Relu; without, no earlier
+// position is clearly larger. (Positions within rounding of each other may go either way.)
+void check_arg(const ConvPoolShape& s, const std::vector<float>& x, const std::vector<float>& w,
+               const std::vector<float>& b, const std::vector<uint8_t>& got) {
+  const int64_t mb = s.m / 16;
+  auto conv = [&](int64_t img, int64_t o, int64_t y, int64_t xx) {
+    double acc = b[static_cast<size_t>(o)];
+    for (int64_t c = 0; c < s.c; ++c)
+      for (int64_t i = 0; i < s.kh; ++i)
+        for (int64_t j = 0; j < s.kw; ++j) {
+          const int64_t iy = y * s.sh - s.pt + i, ix = xx * s.sw - s.pl + j;
+          if (iy < 0 || iy >= s.h || ix < 0 || ix >= s.w) continue;
+          acc += static_cast<double>(x[static_cast<size_t>(((img * s.c + c) * s.h + iy) * s.w + ix)]) *
+                 w[static_cast<size_t>(((o * s.c + c) * s.kh + i) * s.kw + j)];
+        }
+    return acc;
+  };
+  const double tol = 1e-4;
+  for (int64_t img = 0; img < s.n; ++img)
+    for (int64_t o = 0; o < s.m; ++o)
+      for (int64_t p = 0; p < s.ph; ++p)
+        for (int64_t q = 0; q < s.pw; ++q) {
+          const int at = got[static_cast<size_t>((((img * mb + o / 16) * s.ph + p) * s.pw + q) * 16 + o % 16)];
+          ASSERT_LT(at, s.pkh * s.pkw);
+          std::vector<double> pre(static_cast<size_t>(s.pkh * s.pkw), -INFINITY);
+          double best = -INFINITY;
+          for (int64_t i = 0; i < s.pkh; ++i)
+            for (int64_t j = 0; j < s.pkw; ++j) {
+              const int64_t y = p * s.psh - s.ppt + i, xx = q * s.psw - s.ppl + j;
+              if (y < 0 || y >= s.oh || xx < 0 || xx >= s.ow) continue;
+              const double v = conv(img, o, y, xx);
+              pre[static_cast<size_t>(i * s.pkw + j)] = v;
+              best = std::max(best, s.relu ? std::max(v, 0.0) : v);
+            }
+          const double taken = pre[static_cast<size_t>(at)], taken_v = s.relu ? std::max(taken, 0.0) : taken;
+          ASSERT_GE(taken_v, best - tol) << "position " << at << " is not its window's maximum";
+          for (int k = 0; k < at; ++k) {
+            if (std::isinf(pre[k])) continue;  // in the padding: no position
+            if (s.relu && taken_v == 0.0 && best == 0.0)
+              ASSERT_FALSE(pre[k] < -tol) << "a later zero taken at " << at << " over position " << k;
+            else
+              ASSERT_FALSE((s.relu ? std::max(pre[k], 0.0) : pre[k]) > taken_v + tol)
+                  << "position " << k << " is larger than the taken " << at;
+          }
+        }
+}
+
 void check(const Geo& g, int team) {
   const ConvPoolShape s = shape_of(g);
   ASSERT_EQ(conv_pool_check(s), "");
@@ -50,7 +99,15 @@ void check(const Geo& g, int team) {
       scratch(conv_pool_scratch_floats(s) * static_cast<size_t>(team));
   conv_pool_reference(s, x.data(), w.data(), b.data(), want.data());
   conv_pool_pack_weights(s, w.data(), packed.data());
-  conv_pool_run(s, x.data(), packed.data(), b.data(), got.data(), scratch.data(), team);
+  std::vector<uint8_t> arg(out, 0xff);
+  conv_pool_run(s, x.data(), packed.data(), b.data(), got.data(), scratch.data(), team, arg.data());
+  {
+    SCOPED_TRACE("n=" + std::to_string(g.n) + " c=" + std::to_string(g.c) + " " + std::to_string(g.h) + "x" +
+                 std::to_string(g.w) + " m=" + std::to_string(g.m) + " k=" + std::to_string(g.k) + " pool " +
+                 std::to_string(g.pk) + "/" + std::to_string(g.ps) + "/" + std::to_string(g.pp) + " team " +
+                 std::to_string(team));
+    check_arg(s, x, w, b, arg);
+  }
   for (size_t i = 0; i < out; ++i)
     ASSERT_NEAR(got[i], want[i], 1e-4f * (1.f + std::fabs(want[i])))
         << "at " << i << " of n=" << g.n << " c=" << g.c << " " << g.h << "x" << g.w << " m=" << g.m << " k=" << g.k
