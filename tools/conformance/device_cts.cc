@@ -220,6 +220,18 @@ void add_matmul_cases(std::vector<OpCase>& v) {
     c.attrs = {{"transA", I(g.ta)}, {"transB", I(g.tb)}, {"alpha", F(g.alpha)}, {"beta", F(g.beta)}};
     v.push_back(c);
   }
+  // A linear layer's forward with few outputs and its weights an input (eager training; the oneDNN device runs these
+  // on its few-column product, steps/narrow_gemm.h): C an input as a bias, and C constant at [1, N] with beta.
+  for (int t = 0; t < 2; ++t) {
+    const int64_t M = t ? 9 : 7, K = t ? 512 : 320, N = t ? 16 : 12;
+    OpCase c;
+    c.op = "Gemm";
+    c.label = "narrow M=" + std::to_string(M) + " K=" + std::to_string(K) + " N=" + std::to_string(N) +
+              " transB=1 B-input" + (t ? " C=[1," + std::to_string(N) + "] beta=0.5" : " C-input");
+    c.inputs = {in("A", Shape{M, K}), in("B", Shape{N, K}), in("C", t ? Shape{1, N} : Shape{N}, t == 1)};
+    c.attrs = {{"transB", I(1)}, {"beta", F(t ? 0.5f : 1.f)}};
+    v.push_back(c);
+  }
   // A wide output over a shallow inner dimension with B an input, no C (eager training's Linear backward over
   // 9216 features; the oneDNN device runs these on sgemm): every transpose, alpha != 1.
   for (int t = 0; t < 4; ++t) {

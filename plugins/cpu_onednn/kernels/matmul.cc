@@ -10,7 +10,10 @@
 #include <cmath>
 #include <cstdlib>
 
+#include <omp.h>
+
 #include "common/common.h"
+#include "steps/narrow_gemm.h"
 
 namespace keel::onednn {
 namespace {
@@ -23,6 +26,8 @@ struct MatMulPlan {
   int64_t k = 1;  // inner dimension (for the work estimate)
   // A 2-D product with a shallow inner dimension and a wide output (sgemm_wins): dnnl_sgemm instead of the primitive.
   bool sgemm = false;
+  // A Gemm with few columns, B given as [N, K] (transB): steps/narrow_gemm.h's loop over B where it lies.
+  bool narrow = false;
   int64_t m = 0, n = 0;
   dnnl::matmul prim;
   dnnl::memory a, b_user, b_prim, bias, dst;
@@ -107,6 +112,15 @@ class MatMulKernel : public Kernel {
     MatMulPlan& p = plans_.get(shape_key(c), [&] { return build(c); });
     keel_tensor_t* y = c.output(0, p.out_dims);
     limit_threads_for(static_cast<double>(numel(p.out_dims)) * p.k);
+    if (p.narrow) {
+      const float* b = b_const_.empty() ? static_cast<const float*>(c.input(1)->data) : b_const_.data();
+      const float* bias = !has_c_            ? nullptr
+                          : c_const_.empty() ? static_cast<const float*>(c.input(2)->data)
+                                             : c_const_.data();
+      narrow_gemm_run({p.m, p.k, p.n}, static_cast<const float*>(c.input(0)->data), b, bias,
+                      static_cast<float*>(y->data), omp_get_max_threads());
+      return;
+    }
     if (p.sgemm) {  // row-major: A [M,K] (stored [K,M] when transposed), B [K,N] (stored [N,K]), Y [M,N]
       const dnnl_status_t st = dnnl_sgemm(trans_a_ ? 'T' : 'N', trans_b_ ? 'T' : 'N', p.m, p.n, p.k, alpha_,
                                           static_cast<const float*>(c.input(0)->data), trans_a_ ? p.m : p.k,
@@ -187,6 +201,19 @@ class MatMulKernel : public Kernel {
       }
     }
     p->k = a.back();
+    // A linear layer's forward with few outputs (SimpleCNN's 5408 -> 10 in eager training: B is the [N, K] weight
+    // itself, transB): the chains' few-column product (steps/narrow_gemm.h), which reads B as its packed layout when
+    // K is a multiple of 16; C only as a bias ([N] or [1, N]). oneDNN's matmul took 0.072 ms a call at batch 64.
+    if (gemm_ && !ta && tb && alpha_ == 1.f && out[1] <= kNarrowGemmMaxColumns && p->k >= 256 && p->k % 16 == 0 &&
+        __builtin_cpu_supports("avx512f")) {
+      const Dims cd = !has_c_ ? Dims{} : c_const_.empty() ? c.dims(2) : c_dims_;
+      if (!has_c_ || (numel(cd) == out[1] && (cd.size() == 1 || cd[0] == 1))) {
+        p->narrow = true;
+        p->m = out[0];
+        p->n = out[1];
+        return p;
+      }
+    }
     if (a.size() == 2 && !has_c_ && b_const_.empty() && sgemm_wins(out[0], p->k, out[1])) {
       p->sgemm = true;
       p->m = out[0];
