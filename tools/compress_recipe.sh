@@ -22,8 +22,13 @@ case ${1:-} in
   -h | --help) sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
   -*) echo "compress_recipe: unknown option '$1' (see --help)" >&2; exit 2 ;;
 esac
-out=$(realpath -m "${1:-build/compress}")  # before the cd below: relative to where the script was called from
+# Before the cd below: paths the caller gives (OUT_DIR, KEEL, DATA, TEACHER_DIR) are relative to where it was called from.
+out=${1:+$(realpath -m "$1")}
+for v in KEEL DATA TEACHER_DIR; do
+  if [ -n "${!v:-}" ]; then printf -v "$v" '%s' "$(realpath -m "${!v}")"; fi
+done
 cd "$(dirname "$0")/.."
+out=${out:-$PWD/build/compress}
 keel=${KEEL:-build/bin/keel}
 data=${DATA:-/usr/share/datasets/fashion-mnist}
 teacher_epochs=${TEACHER_EPOCHS:-3}
