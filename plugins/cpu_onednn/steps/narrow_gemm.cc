@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "common/lanes.h"
 #include "common/team.h"
 #include "steps/silu.h"
 
@@ -47,7 +48,7 @@ __attribute__((target("avx512f"))) void tile_avx512(const float* x, int64_t k, c
     }
   }
   if (j < k) {
-    const __mmask16 tail = static_cast<__mmask16>((1u << (k - j)) - 1);
+    const __mmask16 tail = first_lanes(k - j);
     __m512 xv[R];
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) xv[r] = _mm512_maskz_loadu_ps(tail, x + r * k + j);

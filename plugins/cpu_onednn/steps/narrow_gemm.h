@@ -25,7 +25,9 @@ constexpr int64_t kNarrowGemmMaxColumns = 16;
 // Floats of the packed weights: n * (k rounded up to 16).
 size_t narrow_gemm_packed_floats(const NarrowGemmShape& s);
 
-// Packs W [k][n] (row-major, as ONNX's Gemm B without transB) into packed (narrow_gemm_packed_floats(s) floats).
+// Packs W [k][n] (row-major, as ONNX's Gemm B without transB) into packed (narrow_gemm_packed_floats(s) floats):
+// column c's k values at c * kp, zeros up to kp (k rounded up to 16). So W given as [n][k] (Gemm's transB) with k a
+// multiple of 16 is packed already (the eager Gemm kernel reads it so, kernels/matmul.cc).
 void narrow_gemm_pack(const NarrowGemmShape& s, const float* w, float* packed);
 
 // Rows [begin, end) of Y = X W + bias (bias [n], null: none). AVX-512 when the CPU has it (steps/silu.h's
