@@ -449,8 +449,7 @@ class ConvKernel : public Kernel {
     s.n = x[0], s.c = x[1], s.h = x[2], s.w = x[3], s.m = y[1], s.kh = w_dims_[2], s.kw = w_dims_[3];
     s.pt = p.stem_pads[0], s.pl = p.stem_pads[1], s.oh = y[2], s.ow = y[3], s.relu = act_.set;
     s.pkh = ps.kh, s.pkw = ps.kw, s.psh = ps.sh, s.psw = ps.sw, s.ph = ps.oh, s.pw = ps.ow;
-    if (!__builtin_cpu_supports("avx512f") || s.m < 32 || !conv_pool_check(s).empty() || !conv_pool_2x2(s))
-      return false;
+    if (s.m < 32 || !conv_pool_check(s).empty() || !conv_pool_2x2(s)) return false;  // (p.stem: AVX-512 present)
     const int team = std::max(1, omp_get_max_threads());
     auto* packed = static_cast<float*>(c.workspace(conv_pool_packed_floats(s) * sizeof(float)));
     conv_pool_pack_weights(s, stem_weights(c), packed);

@@ -14,6 +14,7 @@
 
 #include "common/common.h"
 #include "steps/narrow_gemm.h"
+#include "steps/silu.h"
 
 namespace keel::onednn {
 namespace {
@@ -206,7 +207,7 @@ class MatMulKernel : public Kernel {
     // K is a multiple of 16; C only as a bias ([N] or [1, N]). At batch 64, 0.068-0.070 ms a call on oneDNN's matmul,
     // 0.052-0.054 here (KEEL_EAGER_PROFILE=1, 3 alternating rounds).
     if (gemm_ && !ta && tb && alpha_ == 1.f && out[1] <= kNarrowGemmMaxColumns && p->k >= 256 && p->k % 16 == 0 &&
-        __builtin_cpu_supports("avx512f")) {
+        has_avx512f()) {
       const Dims cd = !has_c_ ? Dims{} : c_const_.empty() ? c.dims(2) : c_dims_;
       if (!has_c_ || (numel(cd) == out[1] && (cd.size() == 1 || cd[0] == 1))) {
         p->narrow = true;
