@@ -1,7 +1,8 @@
 // plugins/cpu_onednn/steps/int8_stem_test.cc — the own int8 stem convolution + max pooling (steps/int8_stem.h) against
 // a scalar convolution (exact s32 sums, the same epilogue) followed by pooling of its outputs: SimpleCNN's 1-channel
 // 3x3 with 2x2 pooling, an RGB 7x7 stride-2 stem with ResNet's overlapping padded 3x3 pooling, a 2-channel 5x5 without
-// pooling; u8 / s8 inputs and outputs, f32 outputs, teams of 1-3 threads.
+// pooling, 2x2 stride-2 poolings (done in registers) over every channel-block count; u8 / s8 inputs and outputs, f32
+// outputs, teams of 1-3 threads.
 #include "steps/int8_stem.h"
 
 #include <gtest/gtest.h>
@@ -25,11 +26,12 @@ StemShape stem(int64_t n, int64_t c, int64_t h, int64_t w, int64_t m, int64_t k,
   return s;
 }
 
-StemShape pooled(StemShape s, int64_t k, int64_t st, int64_t pad) {
+StemShape pooled(StemShape s, int64_t k, int64_t st, int64_t pad, bool ceil = false) {
   s.pool = true;
   s.PKH = s.PKW = k, s.PSH = s.PSW = st, s.PPT = s.PPL = pad;
-  s.PH = (s.OH + 2 * pad - k) / st + 1;
-  s.PW = (s.OW + 2 * pad - k) / st + 1;
+  const int64_t up = ceil ? st - 1 : 0;  // ceil_mode: a last window that starts inside the output (here: no padding)
+  s.PH = (s.OH + 2 * pad - k + up) / st + 1;
+  s.PW = (s.OW + 2 * pad - k + up) / st + 1;
   return s;
 }
 
@@ -128,6 +130,13 @@ TEST(OnednnInt8Stem, MatchesConvolutionThenPooling) {
       check(pooled(stem(40, 1, 28, 28, 32, 3, 1, 0), 2, 2, 0), q, team);  // past the one-thread size
       check(pooled(stem(2, 1, 12, 12, 20, 5, 1, 0), 2, 2, 0), q, team);   // 20 channels (a pruned layer): masked
       check(stem(1, 1, 9, 8, 6, 3, 1, 1), q, team);                       // LeNet-5's 6
+      // 2x2 / 2 pooling in registers, every block count and pixel-group tail: 16, 48, 64 channels, 2 channels
+      // padded, a strided conv, ceil_mode's last windows of one row or column (odd conv outputs 11 x 9 and 5 x 5).
+      check(pooled(stem(2, 1, 13, 11, 16, 3, 1, 0), 2, 2, 0), q, team);
+      check(pooled(stem(2, 1, 13, 11, 16, 3, 1, 0), 2, 2, 0, true), q, team);
+      check(pooled(stem(2, 2, 12, 19, 48, 3, 1, 1), 2, 2, 0), q, team);
+      check(pooled(stem(1, 3, 11, 11, 64, 3, 2, 1), 2, 2, 0, true), q, team);
+      check(pooled(stem(3, 1, 13, 11, 30, 5, 1, 2), 2, 2, 0, true), q, team);
     }
   }
 }
