@@ -24,6 +24,11 @@ namespace keel::train {
 // `origin` names the source in error messages. At most `max_bytes` of element data are accepted.
 StatusOr<keel::Tensor> parse_idx(std::string_view bytes, const std::string& origin, uint64_t max_bytes = (1ull << 32));
 
+// Decodes a gzip (or zlib) compressed IDX file into a host tensor, as parse_idx(gunzip(compressed)) does (the same
+// errors, with those of gunzip), but inflating the elements straight into the tensor, without the inflated copy.
+StatusOr<keel::Tensor> parse_idx_gzip(std::string_view compressed, const std::string& origin,
+                                      uint64_t max_bytes = (1ull << 32));
+
 // Inflates a gzip (or zlib) stream. INVALID_ARGUMENT for corrupt or truncated streams; at most `max_bytes` out.
 StatusOr<std::string> gunzip(std::string_view compressed, const std::string& origin, uint64_t max_bytes = (1ull << 32));
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -53,6 +54,31 @@ TEST(Idx, ConvertsBigEndianInt32AndFloat) {
   EXPECT_EQ(f->data<float>()[0], 1.0f);
 }
 
+TEST(Idx, InflatesStraightIntoTheTensor) {
+  // Multi-byte elements swapped to little-endian, as parse_idx does.
+  auto t = parse_idx_gzip(gzip(idx_bytes(0x0C, {2}, std::string("\x00\x00\x01\x02\xff\xff\xff\xfe", 8))), "gz");
+  ASSERT_TRUE(t.is_ok()) << t.status().to_string();
+  EXPECT_EQ(t->data<int32_t>()[0], 258);
+  EXPECT_EQ(t->data<int32_t>()[1], -2);
+  auto expect_error = [](const std::string& raw, const std::string& needle) {
+    auto r = parse_idx_gzip(gzip(raw), "f.idx.gz");
+    ASSERT_FALSE(r.is_ok()) << needle;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find("f.idx.gz"), std::string::npos);
+  };
+  expect_error(idx_bytes(0x08, {3, 2}, "12345"), "truncated IDX data");
+  expect_error(idx_bytes(0x08, {2}, "123"), "1 unexpected bytes");
+  expect_error(idx_bytes(0x08, {2, 3, 4}, "").substr(0, 9), "truncated IDX header");
+  expect_error(idx_bytes(0x07, {1}, "x"), "unknown IDX element type 0x7");
+  expect_error("ab", "not an IDX file");
+  // A header that claims far more than the compressed bytes can hold: an error, before anything is allocated.
+  expect_error(idx_bytes(0x08, {100000, 1000}, "x"), "truncated IDX data");
+  auto not_gz = parse_idx_gzip("plain bytes, not compressed", "p.gz");
+  ASSERT_FALSE(not_gz.is_ok());
+  EXPECT_NE(not_gz.status().message().find("corrupt gzip stream"), std::string::npos) << not_gz.status().message();
+}
+
 TEST(Idx, RejectsMalformedHeadersWithClearErrors) {
   auto expect_error = [](const std::string& bytes, const std::string& needle) {
     auto t = parse_idx(bytes, "f.idx");
@@ -84,7 +110,12 @@ TEST(Idx, SurvivesTruncationAndRandomCorruption) {
     if (r.is_ok()) {
       EXPECT_FALSE(parse_idx(*r, "t").is_ok()) << n;  // a prefix never inflates to the full file
     }
+    EXPECT_FALSE(parse_idx_gzip(gz.substr(0, n), "t").is_ok()) << n;
   }
+  auto whole = parse_idx_gzip(gz, "t");
+  ASSERT_TRUE(whole.is_ok()) << whole.status().to_string();
+  ASSERT_EQ(whole->shape(), (Shape{5, 7, 3}));
+  EXPECT_EQ(std::string(static_cast<const char*>(whole->raw_data()), data.size()), data);
   std::mt19937 rng(1);
   int ok = 0;
   for (int iter = 0; iter < 3000; ++iter) {
@@ -97,6 +128,16 @@ TEST(Idx, SurvivesTruncationAndRandomCorruption) {
     } else {
       auto raw = gunzip(b, "fuzz");
       if (raw.is_ok()) t = parse_idx(*raw, "fuzz");
+      // Inflating straight into the tensor accepts exactly what inflating then parsing does, with the same elements.
+      auto direct = parse_idx_gzip(b, "fuzz");
+      EXPECT_EQ(direct.is_ok(), t.is_ok()) << iter << ": " << direct.status().to_string();
+      if (direct.is_ok() && t.is_ok()) {
+        EXPECT_EQ(direct->shape(), t->shape());
+        EXPECT_EQ(direct->dtype(), t->dtype());
+        EXPECT_EQ(std::memcmp(direct->raw_data(), t->raw_data(), t->byte_size()), 0);
+      } else if (!direct.is_ok()) {
+        EXPECT_NE(direct.status().message().find("fuzz"), std::string::npos);
+      }
     }
     if (t.is_ok()) {
       ++ok;
