@@ -79,6 +79,10 @@ case "$mode" in
       [[ "$name" =~ $host_only ]] && continue
       [[ -f "$build/lib/keel/plugins/$lib" ]] || { echo "gpu_check: warning: $m: no $lib, skipped" >&2; continue; }
       plugins+=("$m" "$build/lib/keel/plugins/$lib")
+      # A plugin's companion libraries beside it (libkeel_cuda.so loads libkeel_cuda_kernels.so once it finds a GPU).
+      for comp in "$build/lib/keel/plugins/${lib%.so}"_*.so; do
+        [[ -f "$comp" ]] && plugins+=("$comp")
+      done
     done
     if [[ $dry -eq 1 ]]; then echo "would pack: ${bins[*]} $build/lib/libkeel_*.so* ${plugins[*]} $gen $torch_bench -> $out"; exit 0; fi
     rm -rf "$out"

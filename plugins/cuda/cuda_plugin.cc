@@ -1,6 +1,7 @@
-// plugins/cuda/cuda_plugin.cc — the CUDA device plugin: the "cuda" device table over the CUDA runtime, and the
-// registration of the plugin's kernels (cuda_ops.cc: own CUDA kernels; cuda_blas.cc: MatMul/Gemm via cuBLASLt;
-// cuda_dnn.cc: convolution, pooling, BatchNormalization via cuDNN).
+// plugins/cuda/cuda_plugin.cc — the CUDA device plugin proper (libkeel_cuda_kernels.so, loaded by cuda_loader.cc once
+// a device is found): the "cuda" device table over the CUDA runtime, and the registration of the plugin's kernels
+// (cuda_ops.cc: own CUDA kernels; cuda_blas.cc: MatMul/Gemm via cuBLASLt; cuda_dnn.cc: convolution, pooling,
+// BatchNormalization via cuDNN).
 //
 // Built against <keel/plugin.h> only (never core/ headers, never libkeel_core) plus the CUDA runtime, cuBLASLt, cuDNN,
 // linked dynamically. keel_stream_t / keel_event_t are cudaStream_t / cudaEvent_t; a NULL stream is the legacy
@@ -418,4 +419,6 @@ const keel_plugin_t kCudaPlugin = {.struct_size = sizeof(keel_plugin_t),
 }  // namespace
 }  // namespace keel::cuda
 
-extern "C" KEEL_PLUGIN_EXPORT const keel_plugin_t* keel_plugin_entry(void) { return &keel::cuda::kCudaPlugin; }
+// The plugin proper's descriptor, for the loader (cuda_loader.cc, libkeel_cuda.so) once it has found a device: this
+// library is not a plugin of its own (no manifest names it, no keel_plugin_entry).
+extern "C" KEEL_PLUGIN_EXPORT const keel_plugin_t* keel_cuda_kernels_entry(void) { return &keel::cuda::kCudaPlugin; }

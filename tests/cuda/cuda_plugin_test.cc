@@ -1,8 +1,12 @@
 // cuda_plugin_test — the CUDA device plugin (plugins/cuda) against the reference CPU kernels, through the device
 // conformance suite's cases for the ops the plugin implements. Without a "cuda" device (no GPU, no driver, plugin
-// not built) the tests skip with the plugin manager's recorded reason, e.g. "unavailable: no CUDA device: ...".
+// not built) the tests skip with the plugin manager's recorded reason, e.g. "unavailable: no CUDA device: ...", but
+// for the plugin's two libraries, which are checked either way.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
+#include <keel/plugin.h>
 
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -63,6 +67,45 @@ TEST(CudaPlugin, SkipsWithAReasonOrLoads) {
     }
   }
   SKIP_WITHOUT_CUDA();
+}
+
+// The plugin is two libraries (plugins/cuda/cuda_loader.cc): the manifest's libkeel_cuda.so links the CUDA runtime
+// alone and loads libkeel_cuda_kernels.so (cuBLASLt, cuDNN) only once a device is found. Without a device, discovering
+// the plugin must not have loaded cuBLASLt (0.3 s of static initialisers per process); with one, it must have.
+TEST(CudaPlugin, LoadsCublasLtOnlyWithADevice) {
+  ASSERT_TRUE(envs().dut);
+  bool listed = false;
+  for (const auto& p : envs().dut->plugins()) listed = listed || p.name == "cuda";
+  if (!listed) GTEST_SKIP() << envs().why_no_cuda;
+  void* cublaslt = dlopen("libcublasLt.so.13", RTLD_LAZY | RTLD_NOLOAD);
+  if (cublaslt) dlclose(cublaslt);  // (RTLD_NOLOAD took a reference)
+  if (envs().why_no_cuda.empty()) {
+    EXPECT_NE(cublaslt, nullptr) << "a cuda device is registered but cuBLASLt is not loaded";
+  } else {
+    EXPECT_EQ(cublaslt, nullptr) << "cuBLASLt was loaded although the plugin was skipped: " << envs().why_no_cuda;
+  }
+}
+
+// The plugin proper exports its descriptor under its own name (not keel_plugin_entry: no manifest names it), as the
+// "cuda" device plugin; it loads wherever its libraries are present, GPU or not.
+TEST(CudaPlugin, KernelsLibraryHoldsThePluginProper) {
+  ASSERT_TRUE(envs().dut);
+  std::string dir;
+  for (const auto& p : envs().dut->plugins())
+    if (p.name == "cuda") dir = std::filesystem::path(p.library).parent_path().string();
+  if (dir.empty()) GTEST_SKIP() << envs().why_no_cuda;
+  const std::string path = dir + "/libkeel_cuda_kernels.so";
+  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(lib, nullptr) << dlerror();
+  EXPECT_EQ(dlsym(lib, "keel_plugin_entry"), nullptr);
+  auto entry = reinterpret_cast<keel_plugin_entry_fn>(dlsym(lib, "keel_cuda_kernels_entry"));
+  ASSERT_NE(entry, nullptr);
+  const keel_plugin_t* d = entry();
+  ASSERT_NE(d, nullptr);
+  EXPECT_STREQ(d->name, "cuda");
+  EXPECT_EQ(d->kind, KEEL_PLUGIN_KIND_DEVICE);
+  EXPECT_NE(d->init, nullptr);
+  EXPECT_EQ(d->abi_major, KEEL_PLUGIN_ABI_MAJOR);
 }
 
 // The ops the plugin implements natively, each against the reference kernels on the CPU.
