@@ -60,8 +60,8 @@ keel_status_t loader_init(const keel_core_api_t* host, keel_plugin_handle_t* plu
   void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) {
     const char* err = dlerror();
-    return unavailable(host, "cuda: a CUDA device is present but " + path +
-                                 " does not load: " + (err ? err : "unknown dlopen error"));
+    return unavailable(
+        host, "cuda: a CUDA device is present but " + path + " does not load: " + (err ? err : "unknown dlopen error"));
   }
   auto entry = reinterpret_cast<keel_plugin_entry_fn>(dlsym(lib, kKernelsEntry));
   const keel_plugin_t* kernels = entry ? entry() : nullptr;

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <iomanip>
 #include <iostream>
 #include <numeric>
@@ -602,6 +603,10 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
   std::ostream null_out(nullptr);  // ranks other than 0 print nothing but errors
   std::ostream& out = ranks.lead() ? std::cout : null_out;
 
+  // The data files' digests for the run record (rank 0), hashed on a thread of their own while the data decodes.
+  std::future<StatusOr<nlohmann::json>> data_files;
+  if (!a.run_record.empty() && ranks.lead() && a.evaluate.empty())
+    data_files = std::async(std::launch::async, [dir = a.data] { return describe_data_files(dir); });
   // Data: decoded once into memory (u8); batches are gathered and normalised by the loader's worker threads.
   auto t_load = Clock::now();
   auto train_ds = FashionMnist::load(a.data, FashionMnist::Split::kTrain);
@@ -833,7 +838,7 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
     j["host"]["world_size"] = ranks.world;
     j["hyperparameters"] = hyperparameters(a, threads);
     j["seed"] = a.seed;
-    auto files = describe_data_files(a.data);
+    auto files = data_files.valid() ? data_files.get() : describe_data_files(a.data);
     j["data"] = {{"path", std::filesystem::absolute(a.data).lexically_normal().string()},
                  {"files", files.is_ok() ? *files : nlohmann::json::array()},
                  {"samples", {{"train", train->size()}, {"test", test->size()}, {"train_full", (*train_ds)->size()}}}};
