@@ -59,7 +59,9 @@ class Error : public std::runtime_error {
 // directory, the install directory / the build tree's plugin folder next to the running binary); the default
 // environment sets OMP_WAIT_POLICY=PASSIVE (unless set) before loading plugins: OpenMP threads that spin between
 // eager ops' short parallel regions cost more than they save (hosts that create their own environment for eager
-// training should do the same before Environment::create).
+// training should do the same before Environment::create). An op whose inputs hold less than 4 MiB runs its kernel
+// on one thread (KEEL_EAGER_SERIAL_BYTES sets that size; 0: every op on the pool), as PyTorch's parallel_for keeps
+// work under its grain on one thread: a parallel region costs a wake-up and moves the op's data between cores.
 void init(std::shared_ptr<Environment> env, int threads = 0);
 // The bound environment (creating the default one on first use; throws Error when that fails).
 Environment& environment();

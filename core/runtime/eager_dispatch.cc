@@ -92,6 +92,21 @@ dispatch::CallTypes call_types_of(const std::vector<keel::Tensor>& inputs, const
   return types;
 }
 
+// The threads an op's kernels run with: the runtime's pool, or one thread for an op whose inputs hold fewer than
+// Runtime::serial_bytes (4 MiB unless KEEL_EAGER_SERIAL_BYTES says otherwise), as PyTorch's parallel_for leaves
+// work under its grain to one thread. Each parallel region of an op costs a wake-up of the other threads and moves
+// the op's data between cores' caches; eager training runs a region or more per op, so a small model's ops ran
+// slower on two threads than on one: SimpleCNN (batch 64, 2-vCPU host) 1.03 against 0.76 ms a step, every op ~2x
+// slower, while the LeNet-like model's large convolutions and Linear still halve.
+ThreadPool* pool_for(const std::vector<keel::Tensor>& inputs) {
+  Runtime& r = rt();
+  if (r.pool == nullptr || r.pool->thread_count() <= 1) return r.pool;
+  uint64_t bytes = 0;
+  for (const auto& t : inputs)
+    if (t.defined()) bytes += t.byte_size();
+  return bytes < r.serial_bytes ? &r.serial_pool : r.pool;
+}
+
 // Fills the create-phase context of a call to `ck`: its inputs' dtypes and shapes, and the values of shape-like
 // inputs (constants, as a graph would have them).
 void fill_call_context(keel_kernel_context_t& ctx, const CachedKernel& ck, const std::vector<keel::Tensor>& inputs) {
@@ -99,7 +114,7 @@ void fill_call_context(keel_kernel_context_t& ctx, const CachedKernel& ck, const
   ctx.node = &ck.node;
   ctx.opset = ck.opset;
   ctx.device_index = ck.device_index;
-  ctx.pool = rt().pool;
+  ctx.pool = pool_for(inputs);
   ctx.input_shapes.resize(inputs.size());
   ctx.input_views.resize(inputs.size());
   ctx.inputs.assign(inputs.size(), nullptr);
@@ -360,7 +375,7 @@ std::vector<keel::Tensor> run_kernel(const std::string& domain, const std::strin
   ctx.node = &ck->node;
   ctx.opset = ck->opset;
   ctx.device_index = ck->device_index;
-  ctx.pool = r.pool;
+  ctx.pool = pool_for(inputs);
   ctx.bind_inputs(inputs);
   ctx.output_dtypes = ck->out_dtypes;
   ctx.outputs.assign(num_outputs, keel::Tensor());

@@ -92,6 +92,13 @@ struct Runtime {
   std::shared_ptr<Environment> env;
   std::unique_ptr<ThreadPool> own_pool;
   ThreadPool* pool = nullptr;
+  // Ops whose inputs hold fewer bytes than this run on one thread (serial_pool): see pool_for() in
+  // eager_dispatch.cc. KEEL_EAGER_SERIAL_BYTES overrides it (0: every op on `pool`).
+  ThreadPool serial_pool{1};
+  const uint64_t serial_bytes = [] {
+    const char* v = std::getenv("KEEL_EAGER_SERIAL_BYTES");
+    return v ? std::strtoull(v, nullptr, 10) : uint64_t{4} << 20;
+  }();
   std::string default_device = "cpu";
   std::mt19937_64 gen{0x6b65656cull};
   std::mutex cache_mu;
