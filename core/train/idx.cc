@@ -16,13 +16,63 @@ uint32_t be32(const unsigned char* p) {
   return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | uint32_t{p[3]};
 }
 
+// A zlib inflate stream over `compressed`, inflated piece by piece into the caller's memory.
+class Inflater {
+ public:
+  Inflater(std::string_view compressed, std::string origin) : origin_(std::move(origin)) {
+    ok_ = inflateInit2(&zs_, 32 + MAX_WBITS) == Z_OK;  // 32 + MAX_WBITS: a gzip or a zlib header
+    zs_.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(compressed.data()));
+    zs_.avail_in = static_cast<uInt>(compressed.size());
+  }
+  ~Inflater() {
+    if (ok_) inflateEnd(&zs_);
+  }
+  Inflater(const Inflater&) = delete;
+  Inflater& operator=(const Inflater&) = delete;
+
+  bool initialised() const { return ok_; }
+  bool ended() const { return ended_; }
+  uint64_t produced() const { return produced_; }
+
+  // Inflates up to n bytes into dst; fewer only where the stream ends. `filled` gets how many.
+  Status fill(unsigned char* dst, uint64_t n, uint64_t* filled) {
+    *filled = 0;
+    while (n > 0 && !ended_) {
+      const uInt chunk = static_cast<uInt>(std::min<uint64_t>(n, uint64_t{1} << 30));
+      zs_.next_out = dst;
+      zs_.avail_out = chunk;
+      const int rc = inflate(&zs_, Z_NO_FLUSH);
+      const uint64_t got = chunk - zs_.avail_out;
+      dst += got, n -= got, *filled += got, produced_ += got;
+      if (rc == Z_STREAM_END) {
+        ended_ = true;
+      } else if (rc != Z_OK) {
+        return invalid_argument(origin_ + ": corrupt gzip stream (" +
+                                (zs_.msg             ? std::string(zs_.msg)
+                                 : rc == Z_BUF_ERROR ? std::string("unexpected end of compressed data")
+                                                     : "error " + std::to_string(rc)) +
+                                ")");
+      } else if (zs_.avail_in == 0 && zs_.avail_out != 0) {
+        return invalid_argument(origin_ + ": truncated gzip stream (ends after " + std::to_string(produced_) +
+                                " inflated bytes)");
+      }
+    }
+    return Status::ok();
+  }
+
+ private:
+  z_stream zs_{};
+  std::string origin_;
+  bool ok_ = false, ended_ = false;
+  uint64_t produced_ = 0;
+};
+
 }  // namespace
 
 StatusOr<std::string> gunzip(std::string_view compressed, const std::string& origin, uint64_t max_bytes) {
-  z_stream zs;
-  std::memset(&zs, 0, sizeof(zs));
-  // 32 + MAX_WBITS: accept a gzip or a zlib header.
-  if (inflateInit2(&zs, 32 + MAX_WBITS) != Z_OK) return internal_error(origin + ": zlib inflateInit2 failed");
+  if (compressed.size() > UINT32_MAX) return invalid_argument(origin + ": compressed file too large");
+  Inflater z(compressed, origin);
+  if (!z.initialised()) return internal_error(origin + ": zlib inflateInit2 failed");
   std::string out;
   // The gzip trailer holds the inflated size (mod 2^32): reserve it once instead of growing the buffer, unless it
   // claims more than deflate can give (about 1032 bytes out per byte in), as a damaged trailer may.
@@ -31,36 +81,14 @@ StatusOr<std::string> gunzip(std::string_view compressed, const std::string& ori
     const uint64_t isize = uint64_t{t[0]} | (uint64_t{t[1]} << 8) | (uint64_t{t[2]} << 16) | (uint64_t{t[3]} << 24);
     if (isize <= max_bytes && isize <= uint64_t{1032} * compressed.size()) out.reserve(isize);
   }
-  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(compressed.data()));
-  zs.avail_in = static_cast<uInt>(compressed.size());
-  if (compressed.size() > UINT32_MAX) {
-    inflateEnd(&zs);
-    return invalid_argument(origin + ": compressed file too large");
-  }
-  char buf[1 << 16];
-  int rc = Z_OK;
-  while (rc != Z_STREAM_END) {
-    zs.next_out = reinterpret_cast<Bytef*>(buf);
-    zs.avail_out = sizeof(buf);
-    rc = inflate(&zs, Z_NO_FLUSH);
-    if (rc != Z_OK && rc != Z_STREAM_END) {
-      std::string why =
-          zs.msg ? zs.msg : (rc == Z_BUF_ERROR ? "unexpected end of compressed data" : "error " + std::to_string(rc));
-      inflateEnd(&zs);
-      return invalid_argument(origin + ": corrupt gzip stream (" + why + ")");
-    }
-    out.append(buf, sizeof(buf) - zs.avail_out);
-    if (out.size() > max_bytes) {
-      inflateEnd(&zs);
+  unsigned char buf[1 << 16];
+  while (!z.ended()) {
+    uint64_t got = 0;
+    KEEL_RETURN_IF_ERROR(z.fill(buf, sizeof(buf), &got), "");
+    out.append(reinterpret_cast<const char*>(buf), got);
+    if (out.size() > max_bytes)
       return invalid_argument(origin + ": inflated data exceeds " + std::to_string(max_bytes) + " bytes");
-    }
-    if (rc != Z_STREAM_END && zs.avail_in == 0 && zs.avail_out != 0) {
-      inflateEnd(&zs);
-      return invalid_argument(origin + ": truncated gzip stream (ends after " + std::to_string(out.size()) +
-                              " inflated bytes)");
-    }
   }
-  inflateEnd(&zs);
   return out;
 }
 
@@ -130,57 +158,6 @@ void swap_to_little_endian(unsigned char* d, uint64_t count, size_t esize) {
   if (esize == 1) return;
   for (uint64_t i = 0; i < count; ++i) std::reverse(d + i * esize, d + (i + 1) * esize);
 }
-
-// A zlib inflate stream over `compressed`, inflated piece by piece into the caller's memory.
-class Inflater {
- public:
-  Inflater(std::string_view compressed, std::string origin) : origin_(std::move(origin)) {
-    ok_ = inflateInit2(&zs_, 32 + MAX_WBITS) == Z_OK;  // 32 + MAX_WBITS: a gzip or a zlib header
-    zs_.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(compressed.data()));
-    zs_.avail_in = static_cast<uInt>(compressed.size());
-  }
-  ~Inflater() {
-    if (ok_) inflateEnd(&zs_);
-  }
-  Inflater(const Inflater&) = delete;
-  Inflater& operator=(const Inflater&) = delete;
-
-  bool initialised() const { return ok_; }
-  bool ended() const { return ended_; }
-  uint64_t produced() const { return produced_; }
-
-  // Inflates up to n bytes into dst; fewer only where the stream ends. `filled` gets how many.
-  Status fill(unsigned char* dst, uint64_t n, uint64_t* filled) {
-    *filled = 0;
-    while (n > 0 && !ended_) {
-      const uInt chunk = static_cast<uInt>(std::min<uint64_t>(n, uint64_t{1} << 30));
-      zs_.next_out = dst;
-      zs_.avail_out = chunk;
-      const int rc = inflate(&zs_, Z_NO_FLUSH);
-      const uint64_t got = chunk - zs_.avail_out;
-      dst += got, n -= got, *filled += got, produced_ += got;
-      if (rc == Z_STREAM_END) {
-        ended_ = true;
-      } else if (rc != Z_OK) {
-        return invalid_argument(origin_ + ": corrupt gzip stream (" +
-                                (zs_.msg             ? std::string(zs_.msg)
-                                 : rc == Z_BUF_ERROR ? std::string("unexpected end of compressed data")
-                                                     : "error " + std::to_string(rc)) +
-                                ")");
-      } else if (zs_.avail_in == 0 && zs_.avail_out != 0) {
-        return invalid_argument(origin_ + ": truncated gzip stream (ends after " + std::to_string(produced_) +
-                                " inflated bytes)");
-      }
-    }
-    return Status::ok();
-  }
-
- private:
-  z_stream zs_{};
-  std::string origin_;
-  bool ok_ = false, ended_ = false;
-  uint64_t produced_ = 0;
-};
 
 }  // namespace
 
