@@ -71,8 +71,8 @@ KEEL_AVX512_VNNI void conv_row(const StemShape& s, int64_t groups, const int64_t
   for (; ox < s.OW; ++ox) conv_step<MB, 1>(s, groups, off, w, buf, acc, ox);
 }
 
-// The epilogue of one block of 16 channels' sums from b (masked by k past M) into y (f32, or u8 / s8 bytes), b included
-// in neither pointer's offset for the constants but in y's.
+// The epilogue of the sums `a` of channels b..b+15 (lanes past M masked off by k) into the pixel's values at y (f32, or
+// u8 / s8 bytes; channel b's value is y's b-th).
 KEEL_AVX512_VNNI inline void epilogue_block(const Packed& pk, int64_t b, __mmask16 k, DwQuant::Out out, int32_t y_zero,
                                             __m512i a, void* y) {
   a = _mm512_sub_epi32(a, _mm512_loadu_si512(pk.comp + b));
