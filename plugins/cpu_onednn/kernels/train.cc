@@ -276,20 +276,20 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void pooled_dw_2x2_f32(cons
           }
           // Rows 2 ph .. 2 ph + KH of (n, c) in e: [row][offset 0..KW][tile][16].
           const float* rows = e + (((n * C + c) * HP + 2 * ph) * (KW + 1) * T + t) * 16;
+          // Each window position's lanes add their products (masked FMAs: the lanes of other positions keep the sum).
 #pragma GCC unroll 4
           for (int a = 0; a < 4; ++a) {
             const int dy = a >> 1, dx = a & 1;
-            __m512 ga[MB];
+            __mmask16 ka[MB];
 #pragma GCC unroll 4
-            for (int b = 0; b < MB; ++b)
-              ga[b] = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(at[b], _mm512_set1_epi32(a)), g[b]);
+            for (int b = 0; b < MB; ++b) ka[b] = _mm512_cmpeq_epi32_mask(at[b], _mm512_set1_epi32(a));
 #pragma GCC unroll 4
             for (int i = 0; i < KH; ++i)
 #pragma GCC unroll 4
               for (int j = 0; j < KW; ++j) {
                 const __m512 x = _mm512_loadu_ps(rows + ((dy + i) * (KW + 1) + dx + j) * T * 16);
 #pragma GCC unroll 4
-                for (int b = 0; b < MB; ++b) acc[b][i][j] = _mm512_fmadd_ps(ga[b], x, acc[b][i][j]);
+                for (int b = 0; b < MB; ++b) acc[b][i][j] = _mm512_mask3_fmadd_ps(g[b], x, acc[b][i][j], ka[b]);
               }
           }
         }
