@@ -1,6 +1,7 @@
 // plugins/cpu_onednn/kernels/matmul.cc — MatMul (batched, numpy broadcasting of batch dims, 1-D operands) and Gemm
-// (transA/transB, alpha, beta, C broadcast) on oneDNN's matmul primitive, or on dnnl_sgemm for the 2-D products it
-// runs faster (sgemm_wins: a wide output over a shallow inner dimension, no C).
+// (transA/transB, alpha, beta, C broadcast) on oneDNN's matmul primitive, or, for the 2-D products with a wide output
+// over a shallow inner dimension and no C (sgemm_wins), on the plugin's own wide product (steps/wide_gemm.h; B as
+// given) or dnnl_sgemm (B transposed).
 //
 // A constant right-hand operand (the weights of a linear layer) is reordered once per plan into the layout the
 // primitive prefers (format_tag::any); everything else stays in the graph's row-major layout.
@@ -15,6 +16,7 @@
 #include "common/common.h"
 #include "steps/narrow_gemm.h"
 #include "steps/silu.h"
+#include "steps/wide_gemm.h"
 
 namespace keel::onednn {
 namespace {
@@ -56,8 +58,10 @@ dnnl::memory::desc md_of(const Dims& d, bool transposed_last2) {
 // sgemm took 0.70-0.80 of the time in most runs of a micro-benchmark (noisy: 0.93-1.03 in some); elsewhere the two
 // were within a few percent, or the primitive ahead (a deep K: [64,9216] x [9216,128]' 1.46 against 2.07 ms). In the
 // LeNet-like model's training step (eager profile, 1 thread) fc1's dW [128,64]' x [64,9216] went 2.04 -> 1.68 ms and
-// its dX [64,128] x [128,9216] 1.78 -> 1.74. KEEL_ONEDNN_SGEMM=0 / 1 turns the choice off / on everywhere (to compare;
-// the conformance suite's Gemm and MatMul cases pass with either).
+// its dX [64,128] x [128,9216] 1.78 -> 1.74; on the own wide product (B not transposed, steps/wide_gemm.h) dX 1.96-2.01
+// -> 0.97-0.99 ms and dW 0.94-0.99 -> 0.80-0.84 (3 alternating rounds, KEEL_EAGER_PROFILE=1, 1 thread).
+// KEEL_ONEDNN_SGEMM=0 / 1 turns the choice off / on everywhere (to compare; the conformance suite's Gemm and MatMul
+// cases pass with either, and with 1 its Gemm cases run the wide product: they fail when it mixes up its columns).
 bool sgemm_wins(int64_t m, int64_t k, int64_t n) {
   static const int forced = [] {
     const char* e = std::getenv("KEEL_ONEDNN_SGEMM");
@@ -120,6 +124,11 @@ class MatMulKernel : public Kernel {
                                              : c_const_.data();
       narrow_gemm_run({p.m, p.k, p.n}, static_cast<const float*>(c.input(0)->data), b, bias,
                       static_cast<float*>(y->data), omp_get_max_threads());
+      return;
+    }
+    if (p.sgemm && !trans_b_ && has_avx512f()) {  // B as given: the own wide product
+      wide_gemm_f32(static_cast<const float*>(c.input(0)->data), trans_a_, static_cast<const float*>(c.input(1)->data),
+                    static_cast<float*>(y->data), p.m, p.k, p.n, alpha_, omp_get_max_threads());
       return;
     }
     if (p.sgemm) {  // row-major: A [M,K] (stored [K,M] when transposed), B [K,N] (stored [N,K]), Y [M,N]
