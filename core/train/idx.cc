@@ -32,7 +32,6 @@ class Inflater {
 
   bool initialised() const { return ok_; }
   bool ended() const { return ended_; }
-  uint64_t produced() const { return produced_; }
 
   // Inflates up to n bytes into dst; fewer only where the stream ends. `filled` gets how many.
   Status fill(unsigned char* dst, uint64_t n, uint64_t* filled) {

@@ -13,12 +13,13 @@
 // keep process-wide state): a later environment's init loads it again, which finds the loaded copy.
 // Thread-safety: the core calls init / shutdown of one plugin for one environment at a time; the pointers they share
 // are atomic, since kernels of other environments may run meanwhile.
-#include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <keel/plugin.h>
 
 #include <atomic>
 #include <string>
+
+#include "cuda_device_probe.h"
 
 namespace {
 
@@ -31,19 +32,6 @@ keel_status_t unavailable(const keel_core_api_t* host, const std::string& why) {
   return host->status_create(KEEL_STATUS_UNAVAILABLE, why.c_str());
 }
 
-// Why there is no usable device (the plugin proper's words for it), or "" when there is one.
-std::string no_device_reason() {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) {
-    (void)cudaGetLastError();
-    return std::string("no CUDA device: cudaGetDeviceCount returned ") + cudaGetErrorName(e) + " (" +
-           cudaGetErrorString(e) + ")";
-  }
-  if (n <= 0) return "no CUDA device: cudaGetDeviceCount found 0 devices";
-  return "";
-}
-
 // This library's directory, with a trailing '/' ("" when the loader cannot tell: then the search path decides).
 std::string own_directory() {
   Dl_info info{};
@@ -54,7 +42,7 @@ std::string own_directory() {
 }
 
 keel_status_t loader_init(const keel_core_api_t* host, keel_plugin_handle_t* plugin) {
-  const std::string why = no_device_reason();
+  const std::string why = keel::cuda::no_device_reason();
   if (!why.empty()) return unavailable(host, why);
   const std::string path = own_directory() + kKernelsLibrary;
   void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);

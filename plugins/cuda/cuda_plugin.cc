@@ -25,6 +25,7 @@
 #include <unordered_map>
 
 #include "cuda_common.h"
+#include "cuda_device_probe.h"
 
 namespace keel::cuda {
 
@@ -71,20 +72,6 @@ keel_status_t cuda_error(cudaError_t e, const std::string& what) {
   (void)cudaGetLastError();
   const int32_t code = e == cudaErrorMemoryAllocation ? KEEL_STATUS_OUT_OF_MEMORY : KEEL_STATUS_INTERNAL;
   return make_status(code, "cuda: " + what + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
-}
-
-// Why there is no usable device, or "" when there is one.
-std::string no_device_reason(int32_t* out_count) {
-  int n = 0;
-  cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) {
-    (void)cudaGetLastError();
-    return std::string("no CUDA device: cudaGetDeviceCount returned ") + cudaGetErrorName(e) + " (" +
-           cudaGetErrorString(e) + ")";
-  }
-  if (n <= 0) return "no CUDA device: cudaGetDeviceCount found 0 devices";
-  if (out_count) *out_count = n;
-  return "";
 }
 
 keel_status_t d_device_count(void*, int32_t* out_count) {

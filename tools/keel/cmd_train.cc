@@ -843,7 +843,7 @@ int run_train(Globals& g, TrainArgs a) {  // a copy: --device may gain the LOCAL
     j["host"]["world_size"] = ranks.world;
     j["hyperparameters"] = hyperparameters(a, threads);
     j["seed"] = a.seed;
-    auto files = data_files.valid() ? data_files.get() : describe_data_files(a.data);
+    auto files = data_files.get();  // started before the data loaded (same condition)
     j["data"] = {{"path", std::filesystem::absolute(a.data).lexically_normal().string()},
                  {"files", files.is_ok() ? *files : nlohmann::json::array()},
                  {"samples", {{"train", train->size()}, {"test", test->size()}, {"train_full", (*train_ds)->size()}}}};

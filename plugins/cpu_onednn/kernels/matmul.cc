@@ -27,8 +27,9 @@ using tag = dnnl::memory::format_tag;
 struct MatMulPlan {
   Dims out_dims;
   int64_t k = 1;  // inner dimension (for the work estimate)
-  // A 2-D product with a shallow inner dimension and a wide output (sgemm_wins): dnnl_sgemm instead of the primitive.
-  bool sgemm = false;
+  // A 2-D product with a shallow inner dimension and a wide output (sgemm_wins), instead of the primitive: with B as
+  // given, the own wide product (steps/wide_gemm.h), else dnnl_sgemm.
+  bool wide = false, sgemm = false;
   // A Gemm with few columns, B given as [N, K] (transB): steps/narrow_gemm.h's loop over B where it lies.
   bool narrow = false;
   int64_t m = 0, n = 0;
@@ -126,7 +127,7 @@ class MatMulKernel : public Kernel {
                       static_cast<float*>(y->data), omp_get_max_threads());
       return;
     }
-    if (p.sgemm && !trans_b_ && has_avx512f()) {  // B as given: the own wide product
+    if (p.wide) {
       wide_gemm_f32(static_cast<const float*>(c.input(0)->data), trans_a_, static_cast<const float*>(c.input(1)->data),
                     static_cast<float*>(y->data), p.m, p.k, p.n, alpha_, omp_get_max_threads());
       return;
@@ -226,7 +227,8 @@ class MatMulKernel : public Kernel {
       }
     }
     if (a.size() == 2 && !has_c_ && b_const_.empty() && sgemm_wins(out[0], p->k, out[1])) {
-      p->sgemm = true;
+      p->wide = !tb && has_avx512f();
+      p->sgemm = !p->wide;
       p->m = out[0];
       p->n = out[1];
       return p;
