@@ -12,14 +12,14 @@ cd "$(dirname "$0")/.."
 # recommends; without it a fresh machine fails at configure ("Could NOT find OpenCL"). libgloo-dev: the CPU collective
 # plugin (plugins/gloo); openmpi-bin: `mpirun` for the tests that start ranks the way Open MPI does.
 # libcpp-httplib-dev: the HTTP client of the `keel serve` tests (the server parses with Boost.Beast, in libboost-dev);
-# wrk: tools/serve_load.sh. clang-format: tools/check_format.sh.
+# wrk: tools/serve_load.sh. clang-format: tools/check_format.sh. libssl-dev: SHA-256 of training run records (libcrypto).
 packages=(
   build-essential cmake ninja-build ccache pkg-config clang-format
   libdnnl-dev ocl-icd-opencl-dev libtomlplusplus-dev libboost-dev libboost-filesystem-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libonnx-dev libprotobuf-dev protobuf-compiler libonnx-testdata python3-onnx python3-numpy
   libcli11-dev libspdlog-dev nlohmann-json3-dev
-  zlib1g-dev dataset-fashion-mnist
+  zlib1g-dev libssl-dev dataset-fashion-mnist
   libgloo-dev openmpi-bin
   libcpp-httplib-dev wrk
 )

@@ -3,6 +3,7 @@
 
 #include <keel/keel.h>
 #include <keel/plugin.h>
+#include <openssl/evp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <cstdio>
 #include <ctime>
 #include <fstream>
+#include <memory>
 #include <sstream>
 
 #include "core/base/thread_pool.h"
@@ -20,66 +22,34 @@
 namespace keel::train {
 namespace {
 
-// FIPS 180-4 SHA-256.
+// SHA-256 by OpenSSL's libcrypto (its SHA extensions / AVX2 code where the CPU has them: the data files of a `keel
+// train` run, 30 MB, took 0.15-0.2 s of a core in the portable code this replaced).
 class Sha256 {
  public:
-  void update(const uint8_t* p, size_t n) {
-    bits_ += static_cast<uint64_t>(n) * 8;
-    while (n > 0) {
-      const size_t take = std::min(n, size_t{64} - fill_);
-      std::copy(p, p + take, buf_.begin() + static_cast<std::ptrdiff_t>(fill_));
-      fill_ += take, p += take, n -= take;
-      if (fill_ == 64) block(buf_.data()), fill_ = 0;
-    }
+  Sha256() : ctx_(EVP_MD_CTX_new()) {
+    if (!ctx_ || EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr) != 1) ctx_.reset();
   }
+  // False where OpenSSL could not set up the digest (out of memory); update() and hex() then do nothing.
+  bool ok() const { return ctx_ != nullptr; }
+  void update(const void* p, size_t n) {
+    if (ctx_ && EVP_DigestUpdate(ctx_.get(), p, n) != 1) ctx_.reset();
+  }
+  // The digest in lowercase hex, or "" after a failure.
   std::string hex() {
-    const uint64_t bits = bits_;
-    const uint8_t one = 0x80, zero = 0;
-    update(&one, 1);
-    while (fill_ != 56) update(&zero, 1);
-    uint8_t len[8];
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(bits >> (56 - 8 * i));
-    update(len, 8);
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int len = 0;
+    if (!ctx_ || EVP_DigestFinal_ex(ctx_.get(), md, &len) != 1) return "";
     static const char* digits = "0123456789abcdef";
     std::string out;
-    for (uint32_t w : h_)
-      for (int s = 28; s >= 0; s -= 4) out += digits[(w >> s) & 0xf];
+    for (unsigned int i = 0; i < len; ++i) out += digits[md[i] >> 4], out += digits[md[i] & 0xf];
     return out;
   }
 
  private:
-  static uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
-  void block(const uint8_t* p) {
-    static constexpr uint32_t k[64] = {
-        0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
-        0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
-        0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
-        0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
-        0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
-        0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
-        0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-        0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
-    uint32_t w[64];
-    for (int i = 0; i < 16; ++i)
-      w[i] = uint32_t{p[4 * i]} << 24 | uint32_t{p[4 * i + 1]} << 16 | uint32_t{p[4 * i + 2]} << 8 | p[4 * i + 3];
-    for (int i = 16; i < 64; ++i) {
-      const uint32_t s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >> 3);
-      const uint32_t s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
-      w[i] = w[i - 16] + s0 + w[i - 7] + s1;
-    }
-    uint32_t a = h_[0], b = h_[1], c = h_[2], d = h_[3], e = h_[4], f = h_[5], g = h_[6], h = h_[7];
-    for (int i = 0; i < 64; ++i) {
-      const uint32_t t1 = h + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + k[i] + w[i];
-      const uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
-      h = g, g = f, f = e, e = d + t1, d = c, c = b, b = a, a = t1 + t2;
-    }
-    h_[0] += a, h_[1] += b, h_[2] += c, h_[3] += d, h_[4] += e, h_[5] += f, h_[6] += g, h_[7] += h;
-  }
-  std::array<uint32_t, 8> h_{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-                             0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
-  std::array<uint8_t, 64> buf_{};
-  size_t fill_ = 0;
-  uint64_t bits_ = 0;
+  struct Free {
+    void operator()(EVP_MD_CTX* c) const { EVP_MD_CTX_free(c); }
+  };
+  std::unique_ptr<EVP_MD_CTX, Free> ctx_;
 };
 
 const char* state_name(PluginState s) {
@@ -94,7 +64,7 @@ const char* state_name(PluginState s) {
 
 std::string sha256_hex(const void* data, size_t size) {
   Sha256 h;
-  h.update(static_cast<const uint8_t*>(data), size);
+  h.update(data, size);
   return h.hex();
 }
 
@@ -102,13 +72,16 @@ StatusOr<std::string> sha256_file(const std::filesystem::path& file) {
   std::ifstream f(file, std::ios::binary);
   if (!f) return Status(StatusCode::kNotFound, "cannot open " + file.string() + " to compute its SHA-256");
   Sha256 h;
+  if (!h.ok()) return Status(StatusCode::kOutOfMemory, "SHA-256 of " + file.string() + ": no memory for the digest");
   std::vector<char> buf(1 << 20);
   while (f) {
     f.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    h.update(reinterpret_cast<const uint8_t*>(buf.data()), static_cast<size_t>(f.gcount()));
+    h.update(buf.data(), static_cast<size_t>(f.gcount()));
   }
   if (f.bad()) return Status(StatusCode::kInternal, "reading " + file.string() + " failed");
-  return h.hex();
+  std::string digest = h.hex();
+  if (digest.empty()) return Status(StatusCode::kInternal, "SHA-256 of " + file.string() + " failed in OpenSSL");
+  return digest;
 }
 
 StatusOr<nlohmann::json> describe_data_files(const std::filesystem::path& path) {

@@ -35,7 +35,8 @@
 
 namespace keel::train {
 
-// SHA-256 of a file (lower-case hex) and of bytes in memory.
+// SHA-256 of a file (lower-case hex) and of bytes in memory (OpenSSL's libcrypto; sha256_hex gives "" where OpenSSL
+// fails, which only running out of memory makes it do).
 StatusOr<std::string> sha256_file(const std::filesystem::path& file);
 std::string sha256_hex(const void* data, size_t size);
 
