@@ -79,13 +79,16 @@ __attribute__((target("avx512f"))) void excite_avx512(const SeShape& s, const fl
     for (int v = 0; v < nv; ++v)
       _mm512_storeu_ps(h + j + 16 * v, s.silu ? silu16(acc[v]) : _mm512_max_ps(acc[v], _mm512_setzero_ps()));
   }
-  // out = Sigmoid(W2 h + b2): the rows of W2 (as [cs][c2p]) weighted by h.
+  // out = gate(W2 h + b2): the rows of W2 (as [cs][c2p]) weighted by h.
+  const __m512 ga = _mm512_set1_ps(s.gate_alpha), gb = _mm512_set1_ps(s.gate_beta);
   for (int64_t m = 0; m < c2p; m += 128) {
     const int nv = static_cast<int>(std::min<int64_t>(8, (c2p - m) / 16));
     axpy_rows_n(nv, w2 + m, c2p, h, s.cs, b2 + m, acc);
     for (int v = 0; v < nv; ++v) {
       const int64_t at = m + 16 * v;
-      const __m512 y = sigmoid16(acc[v]);
+      const __m512 y = s.hard_gate ? _mm512_min_ps(_mm512_max_ps(_mm512_fmadd_ps(acc[v], ga, gb), _mm512_setzero_ps()),
+                                                   _mm512_set1_ps(1.f))
+                                   : sigmoid16(acc[v]);
       if (at + 16 <= s.c2) _mm512_storeu_ps(out + at, y);
       else _mm512_mask_storeu_ps(out + at, static_cast<__mmask16>((1u << (s.c2 - at)) - 1), y);
     }
@@ -137,7 +140,9 @@ void se_excite(const SeShape& s, const float* packed, const float* p, float* out
   for (int64_t m = 0; m < s.c2; ++m) {
     float a = b2[m];
     for (int64_t j = 0; j < s.cs; ++j) a += w2[j * c2p + m] * h[j];
-    out[m] = a < -87.f ? 0.f : 1.f / (1.f + std::exp(-a));
+    out[m] = s.hard_gate ? std::min(std::max(s.gate_alpha * a + s.gate_beta, 0.f), 1.f)
+             : a < -87.f ? 0.f
+                         : 1.f / (1.f + std::exp(-a));
   }
 }
 
@@ -152,7 +157,8 @@ void se_excite_reference(const SeShape& s, const float* w1, const float* b1, con
   for (int64_t m = 0; m < s.c2; ++m) {
     double a = b2 ? b2[m] : 0.0;
     for (int64_t j = 0; j < s.cs; ++j) a += static_cast<double>(w2[m * s.cs + j]) * h[j];
-    out[m] = static_cast<float>(1.0 / (1.0 + std::exp(-a)));
+    out[m] = static_cast<float>(s.hard_gate ? std::min(std::max(s.gate_alpha * a + s.gate_beta, 0.0), 1.0)
+                                            : 1.0 / (1.0 + std::exp(-a)));
   }
 }
 

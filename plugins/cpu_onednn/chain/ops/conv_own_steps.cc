@@ -111,12 +111,12 @@ bool Builder::conv_dw_silu(size_t i) {
   return true;
 }
 
-// Squeeze-excite's excitation from node i on, s = Sigmoid(Conv1x1_2(act(Conv1x1_1(p)))) over a pooled [1,C,1,1]
-// value p (act SiLU or Relu, each convolution with constant f32 weights and an optional bias, group 1, no strides,
-// pads or dilations; nothing else fused), as one single-thread step of the chain's own (steps/se.h) writing s as
-// plain [1,C2,1,1]. EfficientNet-B0's 16 excitations were 64 steps (fc1, SiLU pass, fc2 + logistic):
-// docs/ONEDNN_PERFORMANCE.md,
-// "(sq2)". With AVX-512, f32, the se_step option on; true when built, false (changing nothing) otherwise.
+// Squeeze-excite's excitation from node i on, s = gate(Conv1x1_2(act(Conv1x1_1(p)))) over a pooled [1,C,1,1]
+// value p (gate Sigmoid or HardSigmoid, act SiLU or Relu, each convolution with constant f32 weights and an optional
+// bias, group 1, no strides, pads or dilations; nothing else fused), as one single-thread step of the chain's own
+// (steps/se.h) writing s as plain [1,C2,1,1]. EfficientNet-B0's 16 excitations were 64 steps (fc1, SiLU pass, fc2 +
+// logistic): docs/ONEDNN_PERFORMANCE.md, "(sq2)"; MobileNet-V3's two 1x1 convolutions on the team (steps/se.h). With
+// AVX-512, f32, the se_step option on; true when built, false (changing nothing) otherwise.
 bool Builder::se_excite_fused(size_t i) {
   if (!options().se_step || !has_avx512f() || act_ != dt::f32) return false;
   auto unit_conv = [&](const NodeDesc& c, const ConstT** W, const ConstT** B) {
@@ -159,7 +159,20 @@ bool Builder::se_excite_fused(size_t i) {
   s.c2 = W2->dims[0];
   if (W2->dims[1] != s.cs || (B2 && B2->count() != s.c2)) return false;
   const Fusion f2 = fuse_after(r_.nodes[u].out[0], u, true, s.c2);
-  if (!sole_eltwise(f2, &a, &alpha) || a != alg::eltwise_logistic) return false;
+  // The gate: a Sigmoid (logistic), or a HardSigmoid (eltwise_po's linear, then clip to [0, 1]).
+  if (f2.po.len() == 2 && f2.sum_with.empty() && f2.bn_scale.empty() && f2.conv_bias_add.empty() &&
+      f2.po.kind(0) == dnnl::primitive::kind::eltwise && f2.po.kind(1) == dnnl::primitive::kind::eltwise) {
+    float scale0, scale1, lo, hi;
+    alg a1;
+    f2.po.get_params_eltwise(0, scale0, a, s.gate_alpha, s.gate_beta);
+    f2.po.get_params_eltwise(1, scale1, a1, lo, hi);
+    if (scale0 != 1.f || scale1 != 1.f || a != alg::eltwise_linear || a1 != alg::eltwise_clip_v2 || lo != 0.f ||
+        hi != 1.f)
+      return false;
+    s.hard_gate = true;
+  } else if (!sole_eltwise(f2, &a, &alpha) || a != alg::eltwise_logistic) {
+    return false;
+  }
   // The source as C consecutive floats: plain, or nChw16c (one pixel: channel c at c, the padding after).
   auto xv = vals_.find(n.in[0]);
   if (xv == vals_.end() || xv->second.scale != 1.f || xv->second.md.data_type() != dt::f32 ||
