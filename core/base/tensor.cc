@@ -1,5 +1,7 @@
 #include "core/base/tensor.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -53,7 +55,14 @@ Storage::~Storage() {
 
 StatusOr<std::shared_ptr<Storage>> Storage::allocate_host(uint64_t bytes, bool zero) {
   uint64_t rounded = (std::max<uint64_t>(bytes, 1) + 63) & ~uint64_t{63};
-  void* p = std::aligned_alloc(64, rounded);
+  void* p = nullptr;
+  if (rounded >= kHugePagesFrom) {
+    constexpr size_t kHuge = size_t{2} << 20;
+    if (posix_memalign(&p, kHuge, rounded) != 0) p = nullptr;
+    if (p != nullptr) madvise(p, rounded, MADV_HUGEPAGE);  // advice only: its failure changes nothing
+  } else {
+    p = std::aligned_alloc(64, rounded);
+  }
   if (p == nullptr) return out_of_memory("host allocation of " + std::to_string(bytes) + " bytes failed");
   if (zero) std::memset(p, 0, rounded);
   return std::make_shared<Storage>(p, bytes, Location{}, [](void* q) { std::free(q); });

@@ -213,15 +213,17 @@ StatusOr<keel::Tensor> read_idx(const std::filesystem::path& file) {
   const std::string origin = file.string();
   std::ifstream in(file, std::ios::binary | std::ios::ate);
   if (!in) return not_found(origin + ": cannot open IDX file");
-  // The whole file in one read, into memory that is not zero-filled first.
+  // The whole file in one read, into memory that is not zero-filled first (host storage: huge pages for a large file,
+  // whose 4 KiB pages' first touches cost more than the read itself, core/base/tensor.h).
   const std::streamoff size = in.tellg();
   if (size < 0) return invalid_argument(origin + ": cannot tell the file's size");
-  std::unique_ptr<char[]> raw(new (std::nothrow) char[static_cast<size_t>(size) + 1]);
-  if (!raw) return out_of_memory(origin + ": " + std::to_string(size) + " bytes to read");
+  auto raw = Storage::allocate_host(static_cast<uint64_t>(size), /*zero=*/false);
+  if (!raw.is_ok()) return out_of_memory(origin + ": " + std::to_string(size) + " bytes to read");
+  char* buf = static_cast<char*>((*raw)->data());
   in.seekg(0);
-  in.read(raw.get(), size);
+  in.read(buf, size);
   if (in.gcount() != size) return invalid_argument(origin + ": read error");
-  const std::string_view bytes(raw.get(), static_cast<size_t>(size));
+  const std::string_view bytes(buf, static_cast<size_t>(size));
   if (bytes.size() >= 2 && static_cast<unsigned char>(bytes[0]) == 0x1f && static_cast<unsigned char>(bytes[1]) == 0x8b)
     return parse_idx_gzip(bytes, origin);
   if (file.extension() == ".gz") return invalid_argument(origin + ": named .gz but is not gzip-compressed");
