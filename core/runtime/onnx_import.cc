@@ -24,6 +24,7 @@ namespace keel {
 namespace fs = std::filesystem;
 using onnx_detail::check_static_sizes;
 using onnx_detail::emit_warning;
+using onnx_detail::FileBytes;
 using onnx_detail::infer_onnx_shapes;
 using onnx_detail::merge_value_info;
 using onnx_detail::one_line;
@@ -602,7 +603,7 @@ StatusOr<Graph> load_onnx(const fs::path& file, const OnnxLoadOptions& options) 
                               " bytes; ONNX files over 2 GiB must keep their weights in external data files");
     }
   }
-  KEEL_ASSIGN_OR_RETURN(std::string bytes, read_file_bytes(file, static_cast<uint64_t>(INT_MAX), "model file"),
+  KEEL_ASSIGN_OR_RETURN(FileBytes bytes, read_file_bytes(file, static_cast<uint64_t>(INT_MAX), "model file"),
                         "load_onnx");
   fs::path dir = file.parent_path();
   if (dir.empty()) dir = ".";

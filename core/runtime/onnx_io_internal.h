@@ -8,10 +8,12 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <string>
 
 #include "core/base/graph.h"
 #include "core/base/status.h"
+#include "core/base/tensor.h"
 #include "core/base/value.h"
 #include "core/runtime/onnx_io.h"
 
@@ -29,8 +31,17 @@ inline constexpr int64_t kExportIrVersion = 8;
 // Passes `message` to options.warn, or logs it when the caller gave no callback.
 void emit_warning(const OnnxLoadOptions& options, const std::string& message);
 
+// A file's bytes in host storage: not zero-filled before the read, and on huge pages when large (a model's 100 MB
+// read into a std::string was zeroed first and faulted in 4 KiB at a time: core/base/tensor.h).
+struct FileBytes {
+  std::shared_ptr<Storage> storage;
+  uint64_t bytes = 0;
+  const char* data() const { return storage ? static_cast<const char*>(storage->data()) : ""; }
+  uint64_t size() const { return bytes; }
+};
+
 // Reads a whole file, refusing more than `limit` bytes; `what` names the file's role in errors ("model", ...).
-StatusOr<std::string> read_file_bytes(const std::filesystem::path& file, uint64_t limit, const char* what);
+StatusOr<FileBytes> read_file_bytes(const std::filesystem::path& file, uint64_t limit, const char* what);
 
 // The ValueInfo an ONNX type describes (dtype, shape with -1 for unknown dims, sequence/optional containers);
 // an empty ValueInfo for what Keel cannot represent (maps, ...).

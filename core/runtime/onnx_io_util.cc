@@ -19,7 +19,7 @@ void emit_warning(const OnnxLoadOptions& options, const std::string& message) {
 }
 
 // Reads a whole file, refusing more than `limit` bytes.
-StatusOr<std::string> read_file_bytes(const fs::path& file, uint64_t limit, const char* what) {
+StatusOr<FileBytes> read_file_bytes(const fs::path& file, uint64_t limit, const char* what) {
   std::error_code ec;
   auto st = fs::status(file, ec);
   if (ec || !fs::exists(st)) return not_found(std::string(what) + " '" + file.string() + "' does not exist");
@@ -33,9 +33,10 @@ StatusOr<std::string> read_file_bytes(const fs::path& file, uint64_t limit, cons
   }
   std::ifstream in(file, std::ios::binary);
   if (!in) return not_found("cannot open '" + file.string() + "'");
-  std::string bytes;
-  bytes.resize(size);
-  if (size > 0 && !in.read(bytes.data(), static_cast<std::streamsize>(size))) {
+  FileBytes bytes;
+  KEEL_ASSIGN_OR_RETURN(bytes.storage, Storage::allocate_host(size, /*zero=*/false), file.string());
+  bytes.bytes = size;
+  if (size > 0 && !in.read(static_cast<char*>(bytes.storage->data()), static_cast<std::streamsize>(size))) {
     return invalid_argument("cannot read '" + file.string() + "'");
   }
   return bytes;

@@ -17,6 +17,7 @@
 
 namespace keel {
 namespace fs = std::filesystem;
+using onnx_detail::FileBytes;
 using onnx_detail::read_file_bytes;
 
 StatusOr<Tensor> read_tensor_pb(const void* data, size_t size, std::string* name) {
@@ -136,7 +137,7 @@ StatusOr<Tensor> read_npy(const void* data, size_t size) {
 
 StatusOr<Tensor> read_tensor_file(const fs::path& file, std::string* name) {
   if (name) name->clear();
-  KEEL_ASSIGN_OR_RETURN(std::string bytes, read_file_bytes(file, uint64_t{1} << 36, "tensor file"), "read_tensor_file");
+  KEEL_ASSIGN_OR_RETURN(FileBytes bytes, read_file_bytes(file, uint64_t{1} << 36, "tensor file"), "read_tensor_file");
   StatusOr<Tensor> t =
       (file.extension() == ".npy" || (bytes.size() >= 6 && std::memcmp(bytes.data(), "\x93NUMPY", 6) == 0))
           ? read_npy(bytes.data(), bytes.size())
@@ -220,7 +221,7 @@ StatusOr<RunValue> read_value_file(const fs::path& file, const ValueInfo* declar
     KEEL_ASSIGN_OR_RETURN(Tensor t, read_tensor_file(file, name), "");
     return RunValue(std::move(t));
   }
-  KEEL_ASSIGN_OR_RETURN(std::string bytes, read_file_bytes(file, kMaxTensorFileBytes, "value file"), "read_value_file");
+  KEEL_ASSIGN_OR_RETURN(FileBytes bytes, read_file_bytes(file, kMaxTensorFileBytes, "value file"), "read_value_file");
   auto v = read_value_pb(bytes.data(), bytes.size(), declared, name);
   if (!v.is_ok()) return v.status().with_context(file.string());
   return v;

@@ -83,7 +83,7 @@ StatusOr<Tensor> tensor_from_external(const onnx::TensorProto& p, DType dtype, S
                             " bytes; offset " + std::to_string(offset) + " + " + std::to_string(bytes) +
                             " bytes is past its end");
   }
-  KEEL_ASSIGN_OR_RETURN(Tensor t, Tensor::host(dtype, std::move(shape)), tensor_label(p));
+  KEEL_ASSIGN_OR_RETURN(Tensor t, Tensor::host_uninitialized(dtype, std::move(shape)), tensor_label(p));
   if (bytes > 0) {
     std::ifstream in(file, std::ios::binary);
     in.seekg(static_cast<std::streamoff>(offset));
@@ -126,7 +126,7 @@ StatusOr<Tensor> tensor_from_proto(const onnx::TensorProto& p, const fs::path& b
                               " bytes but its type and shape " + shape_to_string(shape) + " need " +
                               std::to_string(bytes));
     }
-    KEEL_ASSIGN_OR_RETURN(Tensor t, Tensor::host(dtype, std::move(shape)), tensor_label(p));
+    KEEL_ASSIGN_OR_RETURN(Tensor t, Tensor::host_uninitialized(dtype, std::move(shape)), tensor_label(p));
     if (bytes) std::memcpy(t.raw_data(), p.raw_data().data(), bytes);
     return t;
   }
@@ -145,7 +145,7 @@ StatusOr<Tensor> tensor_from_proto(const onnx::TensorProto& p, const fs::path& b
     return invalid_argument(tensor_label(p) + " has " + std::to_string(count) + " values but its shape " +
                             shape_to_string(shape) + " needs " + std::to_string(numel));
   }
-  KEEL_ASSIGN_OR_RETURN(Tensor t, Tensor::host(dtype, std::move(shape)), tensor_label(p));
+  KEEL_ASSIGN_OR_RETURN(Tensor t, Tensor::host_uninitialized(dtype, std::move(shape)), tensor_label(p));
   void* d = t.raw_data();
   if (numel == 0) return t;
   switch (dtype) {
