@@ -6,7 +6,6 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
-#include <new>
 #include <sstream>
 
 namespace keel::train {
