@@ -78,7 +78,7 @@ size_t fastest_conv(const std::vector<dnnl::convolution_forward::primitive_desc>
     for (const auto& pd : cands) bytes = std::max(bytes, desc_of(pd, arg).get_size());
     if (bytes == 0) continue;
     // From 4 MiB on in huge pages (madvise; advice only): a fresh 4 KiB page costs 10-20 us to fault in on the
-    // virtual machines measured, and ResNet-50's session faulted in 250 MB here, 63k of its 147k page faults.
+    // virtual machines measured, and ResNet-50's first run faulted in 250 MB here, 63k of its 147k page faults.
     constexpr size_t kHuge = size_t{2} << 20;
     const bool huge = bytes >= 2 * kHuge;
     const size_t rounded = huge ? (bytes + kHuge - 1) / kHuge * kHuge : (bytes + 4095) / 4096 * 4096;
