@@ -17,11 +17,13 @@
 #include <functional>
 #include <iomanip>
 #include <map>
+#include <memory>
 #include <new>
 #include <set>
 #include <sstream>
 #include <tuple>
 
+#include "chain/const_alloc.h"
 #include "common/common.h"
 #include "common/conv_pick.h"
 #include "kernels/int8.h"
@@ -88,7 +90,7 @@ struct NodeDesc {
 struct ConstT {
   int32_t dtype = KEEL_DTYPE_UNDEFINED;
   Dims dims;
-  std::vector<char> bytes;
+  std::vector<char, ConstAlloc<char>> bytes;
   int64_t count() const { return numel(dims); }
   // Element i as float / int64 (f32, f64, i32, i64 are read; others throw Reject).
   double at(int64_t i) const {
