@@ -53,20 +53,16 @@ Storage::~Storage() {
   if (deleter_ && data_ != nullptr) deleter_(data_);
 }
 
-void* allocate_host_memory(uint64_t bytes, uint64_t alignment, uint64_t huge_from) {
-  constexpr uint64_t kHuge = uint64_t{2} << 20;
-  alignment = std::max<uint64_t>(alignment, 64);
-  const bool huge = bytes >= huge_from && alignment <= kHuge;
-  if (huge) alignment = kHuge;
-  const uint64_t rounded = (std::max<uint64_t>(bytes, 1) + alignment - 1) / alignment * alignment;
-  void* p = std::aligned_alloc(alignment, rounded);
-  if (p != nullptr && huge) madvise(p, rounded, MADV_HUGEPAGE);  // advice only: its failure changes nothing
-  return p;
-}
-
 StatusOr<std::shared_ptr<Storage>> Storage::allocate_host(uint64_t bytes, bool zero) {
   uint64_t rounded = (std::max<uint64_t>(bytes, 1) + 63) & ~uint64_t{63};
-  void* p = allocate_host_memory(rounded, 64, kHugePagesFrom);
+  void* p = nullptr;
+  if (rounded >= kHugePagesFrom) {
+    constexpr size_t kHuge = size_t{2} << 20;
+    if (posix_memalign(&p, kHuge, rounded) != 0) p = nullptr;
+    if (p != nullptr) madvise(p, rounded, MADV_HUGEPAGE);  // advice only: its failure changes nothing
+  } else {
+    p = std::aligned_alloc(64, rounded);
+  }
   if (p == nullptr) return out_of_memory("host allocation of " + std::to_string(bytes) + " bytes failed");
   if (zero) std::memset(p, 0, rounded);
   return std::make_shared<Storage>(p, bytes, Location{}, [](void* q) { std::free(q); });

@@ -38,13 +38,6 @@ struct Location {
   std::string to_string() const { return device_type + ":" + std::to_string(device_index); }
 };
 
-// Host memory, `alignment`-aligned (64 at least); from `huge_from` bytes on it starts on a 2 MiB boundary and is
-// advised to the kernel as transparent huge pages (madvise; advice only, ignored where THP is off): on the virtual
-// machines Keel is measured on a 4 KiB page's first touch costs 10-20 µs. Not zero-filled. Free it with std::free.
-// Null when it cannot be had. Storage::allocate_host and the CPU device's allocations (the memory pools' segments)
-// take their memory here.
-void* allocate_host_memory(uint64_t bytes, uint64_t alignment, uint64_t huge_from);
-
 class Storage {
  public:
   using Deleter = std::function<void(void*)>;
@@ -55,9 +48,11 @@ class Storage {
   Storage& operator=(const Storage&) = delete;
 
   // 64-byte aligned host memory, zero-filled unless `zero` is false (then its contents are indeterminate);
-  // OUT_OF_MEMORY when it cannot be had. From kHugePagesFrom bytes on in huge pages (allocate_host_memory): writing a
-  // fresh 47 MB buffer (Fashion-MNIST's training images) took 124-149 ms in 4 KiB pages and 8.5-9 ms in huge pages.
-  // The last partial 2 MiB of such an allocation may cost up to 2 MiB of extra resident memory.
+  // OUT_OF_MEMORY when it cannot be had. From kHugePagesFrom bytes on it starts on a 2 MiB boundary and is advised to
+  // the kernel as transparent huge pages (madvise; advice only, ignored where THP is off): on the virtual machines
+  // Keel is measured on a 4 KiB page's first touch costs 10-20 µs, so writing a fresh 47 MB buffer (Fashion-MNIST's
+  // training images) took 124-149 ms in 4 KiB pages and 8.5-9 ms in huge pages. The last partial 2 MiB of such an
+  // allocation may cost up to 2 MiB of extra resident memory.
   static constexpr uint64_t kHugePagesFrom = 4u << 20;
   static StatusOr<std::shared_ptr<Storage>> allocate_host(uint64_t bytes, bool zero = true);
   // Borrows caller memory; the caller keeps it alive for the storage's lifetime.

@@ -89,7 +89,9 @@ class WeightArena {
     bytes = (bytes + 63) / 64 * 64;
     if (chunks_.empty() || used_ + bytes > chunks_.back().second) {
       uint64_t n = std::max<uint64_t>(kChunk, (bytes + kHuge - 1) / kHuge * kHuge);
-      void* p = alloc_host(n);  // common/host_memory.h: 2 MiB-aligned, advised as huge pages
+      void* p = std::aligned_alloc(kHuge, n);
+      if (!p) throw std::bad_alloc();
+      madvise(p, n, MADV_HUGEPAGE);  // advice only: a kernel without transparent huge pages ignores it
       chunks_.emplace_back(p, n);
       used_ = 0;
     }
