@@ -390,6 +390,8 @@ class Builder {
   bool conv_pool_fused(size_t i);
   bool conv_grouped4(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y, int64_t stride,
                      const std::vector<float>& w, const std::vector<float>& bias, double flops);
+  bool conv_wino4(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y,
+                  const std::vector<float>& w, const std::vector<float>& bias, double flops);
   bool conv_dilated_phases(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y, int64_t dil,
                            const md_t& wany, const md_t& bmd, const dnnl::primitive_attr& attr, const md_t& wplain,
                            std::vector<float>& w, bool has_bias, const std::vector<float>& bias, double flops);

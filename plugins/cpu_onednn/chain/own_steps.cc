@@ -151,6 +151,15 @@ void run_grouped4(const Exec& e) {
                e.single ? 1 : omp_get_max_threads());
 }
 
+// Exec::own of a 3x3 convolution as Winograd F(4,3) (Builder::conv_wino4, steps/wino4.h): SRC and DST nChw16c,
+// WEIGHTS the transformed weights, BIAS, SCRATCHPAD a team's scratch.
+void run_wino4(const Exec& e) {
+  const auto& s = *static_cast<const Wino4Shape*>(e.params.get());
+  auto ptr = [&](int arg) { return static_cast<float*>(e.args.at(arg).get_data_handle()); };
+  wino4_run(s, ptr(DNNL_ARG_SRC), ptr(DNNL_ARG_WEIGHTS), ptr(DNNL_ARG_BIAS), ptr(DNNL_ARG_DST),
+            ptr(DNNL_ARG_SCRATCHPAD), e.single ? 1 : omp_get_max_threads());
+}
+
 // Exec::own of the phase steps of a dilated convolution (Builder::conv_dilated_phases): DNNL_ARG_SRC nChw16c
 // [N,C,H,W] into DNNL_ARG_DST nChw16c [N*d*d,C,H/d,W/d] (run_to_phases), or back (run_from_phases); d is read off
 // the two shapes. Split over the OpenMP team unless the step is a single-thread one.

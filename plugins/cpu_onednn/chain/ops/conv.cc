@@ -309,6 +309,20 @@ void Builder::conv(size_t i) {
       conv_dilated_phases(i, f, src_name, x, y, d[0], wany, bmd, attr,
                           md_t(to_dnnl(wd), dt::f32, weights_tag(sp, false, false)), w, has_bias, bias, conv_flops))
     return;
+  // The chain's own Winograd F(4,3) (steps/wino4.h) where it takes the convolution and either has 32 tiles or more
+  // (its transformed weights, 4x the plain ones, then serve enough tiles) or its transformed weights are small enough
+  // to stay in cache between runs (3 MiB). Measured in the chain (fastest of 60-300 runs, KEEL_ONEDNN_PROFILE; against
+  // oneDNN's F(2,3) or F(4,3), whichever the timing above picks): ResNet-50's 56x56 and 28x28 3x3s 0.55-0.64 ->
+  // 0.39-0.48 ms at 1 thread, 0.32-0.36 -> 0.27-0.33 and 0.37-0.40 -> 0.31-0.34 at 2; SqueezeNet's eight expands
+  // (13x13 included) together 1.69 -> 1.26 ms at 1 thread. Its 14x14 (16 tiles, 9.4 MB of transformed weights, read
+  // from memory every run) lost: 0.67-0.83 -> 0.73-0.91 ms. See docs/ONEDNN_PERFORMANCE.md, "(w4)".
+  constexpr int64_t kWino4MinTiles = 32;
+  constexpr int64_t kWino4CachedBytes = int64_t{3} << 20;
+  if (wino && options().wino4 && pl == Dims{1, 1} && pr == Dims{1, 1} && C % 16 == 0 && M % 16 == 0 && keep_src &&
+      (N * ((y[2] + 3) / 4) * ((y[3] + 3) / 4) >= kWino4MinTiles ||
+       36 * C * M * static_cast<int64_t>(sizeof(float)) <= kWino4CachedBytes) &&
+      chan_scale.empty() && !f.pass_after() && act_ == dt::f32 && conv_wino4(i, f, src_name, x, y, w, bias, conv_flops))
+    return;
   if (wino) make(alg::convolution_winograd, src, dst);
   // oneDNN's Winograd kernels (F(2,3), F(4,3): another must win by a third) and, at 2+ threads over at most 14x14
   // pixels, its direct one over the same layouts (by 5%), timed here: the fastest runs (common/conv_pick.h).

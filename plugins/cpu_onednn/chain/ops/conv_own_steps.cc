@@ -356,4 +356,66 @@ bool Builder::conv_grouped4(size_t i, const Fusion& f, const std::string& src, c
   return true;
 }
 
+// A 3x3 stride-1 convolution with padding 1 over an nChw16c source, channels in multiples of 16, then at most a
+// residual sum and a Relu, as the chain's own Winograd F(4,3) step (steps/wino4.h). `w` [M][C][3][3] and `bias`
+// with folds applied. False, changing nothing, for anything else.
+bool Builder::conv_wino4(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y,
+                         const std::vector<float>& w, const std::vector<float>& bias, double flops) {
+  bool relu = false, sum = false;
+  for (int k = 0; k < f.po.len(); ++k) {
+    if (k == 0 && f.po.kind(0) == dnnl::primitive::kind::sum) {
+      float scale = 0.f;
+      f.po.get_params_sum(0, scale);
+      if (scale != 1.f || f.sum_with.empty()) return false;
+      sum = true;
+      continue;
+    }
+    float scale = 0.f, alpha = 0.f, beta = 0.f;
+    alg a = alg::undef;
+    if (relu || f.po.kind(k) != dnnl::primitive::kind::eltwise) return false;
+    f.po.get_params_eltwise(k, scale, a, alpha, beta);
+    if (a != alg::eltwise_relu || alpha != 0.f || scale != 1.f) return false;
+    relu = true;
+  }
+  if (sum != !f.sum_with.empty()) return false;
+  if (x.size() != 4 || y.size() != 4) return false;
+  const Val& xv = val(src);
+  if (xv.scale != 1.f || xv.md != md_t(to_dnnl(x), dt::f32, tag::nChw16c)) return false;
+  Wino4Shape s;
+  s.n = x[0], s.c = x[1], s.m = y[1], s.h = x[2], s.w = x[3], s.sum = sum, s.relu = relu;
+  if (!wino4_check(s).empty() || y != Dims{s.n, s.m, s.h, s.w}) return false;
+  if (w.size() != static_cast<size_t>(s.m * s.c * 9) || bias.size() != static_cast<size_t>(s.m)) return false;
+  Exec e;
+  const size_t packed = wino4_packed_floats(s);
+  p_->owned.emplace_back(md_t({static_cast<int64_t>(packed)}, dt::f32, tag::a), engine(),
+                         p_->weights.alloc(packed * sizeof(float)));
+  wino4_pack_weights(s, w.data(), static_cast<float*>(p_->owned.back().get_data_handle()));
+  e.args[DNNL_ARG_WEIGHTS] = p_->owned.back();
+  p_->owned.emplace_back(md_t({s.m}, dt::f32, tag::a), engine());
+  std::memcpy(p_->owned.back().get_data_handle(), bias.data(), bias.size() * sizeof(float));
+  e.args[DNNL_ARG_BIAS] = p_->owned.back();
+  const int64_t scratch = static_cast<int64_t>(wino4_scratch_floats(s)) * std::max(1, p_->threads);
+  e.args[DNNL_ARG_SCRATCHPAD] = mem_at(md_t({scratch}, dt::f32, tag::a), new_buf(scratch * sizeof(float)), 0);
+  e.args[DNNL_ARG_SRC] = mem_of(xv);
+  const md_t dmd(to_dnnl(y), dt::f32, tag::nChw16c);
+  int dbuf = -2;
+  if (sum) {  // the residual placed in the destination first, as for oneDNN's sum post-op (conv_like_tail)
+    size_t add_node = f.nodes.empty() ? i : f.nodes.back();
+    for (size_t k : f.nodes)
+      if (r_.nodes[k].op == "Add") add_node = k;
+    const Val rv = vals_[f.sum_with];
+    dbuf = sum_destination(f.sum_with, rv.md == dmd ? rv : as_md(f.sum_with, dmd), dmd, add_node);
+  }
+  Val& o = define(f.out, dmd, dbuf);
+  e.args[DNNL_ARG_DST] = mem_of(o);
+  e.own = run_wino4;
+  e.own_kind = "convolution";
+  e.params = std::make_shared<const Wino4Shape>(s);
+  p_->flops += flops;
+  exec_own(std::move(e), "keel:wino4_avx512", false,
+           r_.nodes[i].name + (sum ? " + Add" : "") + (relu ? " + Relu " : " ") + dims_str(x) + " -> " + dims_str(y));
+  for (size_t k : f.nodes) done_[k] = true;
+  return true;
+}
+
 }  // namespace keel::onednn::chain

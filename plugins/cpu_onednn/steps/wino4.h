@@ -1,0 +1,51 @@
+// plugins/cpu_onednn/steps/wino4.h — (internal) a 3x3 stride-1 convolution as Winograd F(4x4, 3x3) over nChw16c
+// memory: the chains' own step.
+//
+// oneDNN 2.6 offers two fp32 Winograd kernels here: F(2x2,3x3) (16 products per 4 outputs) and F(4x4,3x3)
+// (`jit_wino_4x3`, 36 per 16), but the latter writes its output past the cache with streaming stores, so the layer
+// after it waits for memory and the chain gives it up where it would pay (docs/ONEDNN_PERFORMANCE.md, "(sqz2)").
+// This step computes F(4,3) with ordinary stores: per block of tiles, the input transform B^T d B into a buffer
+// [36 positions][tiles][channels] that stays in the core's L2, 36 matrix products per 32 output channels against
+// the weights transformed once at plan time (G g G^T, [position][input channel][32 outputs]), and the output
+// transform A^T m A with the bias and an optional Relu, written into the destination as the next layer reads it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace keel::onednn {
+
+// The geometry: source nChw16c [n, c, h, w], weights [m, c, 3, 3], destination nChw16c [n, m, h, w] (stride 1,
+// padding 1 on every side, no dilation), c and m multiples of 16; bias [m], then (when `sum`) the value dst held
+// before (a residual placed there), then Relu when `relu`.
+struct Wino4Shape {
+  int64_t n = 1, c = 16, m = 16, h = 0, w = 0;
+  bool sum = false, relu = false;
+  int64_t tiles_h() const { return (h + 3) / 4; }
+  int64_t tiles_w() const { return (w + 3) / 4; }
+  int64_t tiles() const { return n * tiles_h() * tiles_w(); }
+};
+
+// "" when the step computes this shape on this CPU (AVX-512), else what it does not take.
+std::string wino4_check(const Wino4Shape& s);
+
+// Transforms ONNX weights [m][c][3][3] (OIHW) into the step's layout: wino4_packed_floats(s) floats at `packed`
+// (36 * c * m: 4x the weights). Computed in double precision.
+size_t wino4_packed_floats(const Wino4Shape& s);
+void wino4_pack_weights(const Wino4Shape& s, const float* w, float* packed);
+
+// Floats of scratch one thread of the team needs (wino4_run takes `team` times this).
+size_t wino4_scratch_floats(const Wino4Shape& s);
+
+// The whole convolution over `team` OpenMP threads (team <= 1: on the calling thread), each on its own contiguous
+// range of tiles. Reads src, packed weights and bias [m]; writes every element of dst. scratch: team *
+// wino4_scratch_floats(s) floats. Thread-safe for distinct scratch and dst.
+void wino4_run(const Wino4Shape& s, const float* src, const float* packed, const float* bias, float* dst,
+               float* scratch, int team);
+
+// The same by direct summation in double precision over ONNX weights [m][c][3][3] (the reference the step is tested
+// against), into nChw16c dst (read first when s.sum).
+void wino4_reference(const Wino4Shape& s, const float* src, const float* w, const float* bias, float* dst);
+
+}  // namespace keel::onednn
