@@ -3,6 +3,8 @@
 // table in chain/ops/table.cc). A Builder is used once, by one thread.
 #pragma once
 
+#include <cstring>
+
 #include "chain/ops/table.h"
 #include "chain/plan.h"
 
@@ -186,6 +188,25 @@ class Builder {
     exec_layout_.push_back(layout);
     p_->what.push_back(std::move(what));
     p_->execs.push_back(std::move(e));
+  }
+  // An own step's constants: `floats` floats of weights in the plan's weight arena, filled by pack(pointer), as its
+  // WEIGHTS argument, and (unless null) a copy of `bias` as its BIAS argument.
+  template <class Pack>
+  void own_weights(Exec& e, size_t floats, Pack&& pack, const std::vector<float>* bias) {
+    p_->owned.emplace_back(md_t({static_cast<int64_t>(floats)}, dt::f32, tag::a), engine(),
+                           p_->weights.alloc(floats * sizeof(float)));
+    pack(static_cast<float*>(p_->owned.back().get_data_handle()));
+    e.args[DNNL_ARG_WEIGHTS] = p_->owned.back();
+    if (!bias) return;
+    p_->owned.emplace_back(md_t({static_cast<int64_t>(bias->size())}, dt::f32, tag::a), engine());
+    std::memcpy(p_->owned.back().get_data_handle(), bias->data(), bias->size() * sizeof(float));
+    e.args[DNNL_ARG_BIAS] = p_->owned.back();
+  }
+  // An own step's scratch (its SCRATCHPAD argument): `per_thread` floats for each of the plan's threads, in a buffer
+  // of the plan's that lives for this step only.
+  dnnl::memory team_scratch(size_t per_thread) {
+    const int64_t floats = static_cast<int64_t>(per_thread) * std::max(1, p_->threads);
+    return mem_at(md_t({floats}, dt::f32, tag::a), new_buf(static_cast<uint64_t>(floats) * sizeof(float)), 0);
   }
   // The value as it is now (a constant gets an owned plain memory the first time it is read as data).
   const Val& val(const std::string& name) {
@@ -390,6 +411,7 @@ class Builder {
   bool conv_pool_fused(size_t i);
   bool conv_grouped4(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y, int64_t stride,
                      const std::vector<float>& w, const std::vector<float>& bias, double flops);
+  static bool sum_relu_of(const Fusion& f, bool* sum, bool* relu);
   bool conv_wino4(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y,
                   const std::vector<float>& w, const std::vector<float>& bias, double flops);
   bool conv_dilated_phases(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y, int64_t dil,
@@ -443,6 +465,8 @@ class Builder {
   // The buffer of a destination (descriptor dmd) that a sum post-op adds to, holding `v` (`name`'s value, in dmd's
   // layout) first: `name`'s own buffer when `v` is it and nobody reads it after node `at`, else a copy of `v`.
   int sum_destination(const std::string& name, const Val& v, const md_t& dmd, size_t at);
+  // Node i's destination buffer under fusion f: sum_destination's for f's residual (f.sum_with), else -2 (new).
+  int residual_destination(size_t i, const Fusion& f, const md_t& dmd);
   Val quantized(const std::string& name, const QuantSetup& q, const md_t& want);
   dnnl::memory zero_point_mem(int32_t v);
   md_t boundary_md(const std::string& name, const Dims& d, dt t) const;

@@ -80,14 +80,9 @@ bool Builder::conv_dw_silu(size_t i) {
     if (!f.conv_bias_add.empty()) bias[c] += f.conv_bias_add[c];
   }
   Exec e;
-  p_->owned.emplace_back(md_t({s.c * kk}, dt::f32, tag::a), engine(), p_->weights.alloc(w.size() * sizeof(float)));
-  dw_silu_pack_weights(s, w.data(), static_cast<float*>(p_->owned.back().get_data_handle()));
-  e.args[DNNL_ARG_WEIGHTS] = p_->owned.back();
-  p_->owned.emplace_back(md_t({s.c}, dt::f32, tag::a), engine());
-  std::memcpy(p_->owned.back().get_data_handle(), bias.data(), bias.size() * sizeof(float));
-  e.args[DNNL_ARG_BIAS] = p_->owned.back();
-  const int64_t scratch = static_cast<int64_t>(dw_silu_scratch_floats(s)) * std::max(1, p_->threads);
-  e.args[DNNL_ARG_SCRATCHPAD] = mem_at(md_t({scratch}, dt::f32, tag::a), new_buf(scratch * sizeof(float)), 0);
+  own_weights(
+      e, w.size(), [&](float* to) { dw_silu_pack_weights(s, w.data(), to); }, &bias);
+  e.args[DNNL_ARG_SCRATCHPAD] = team_scratch(dw_silu_scratch_floats(s));
   e.args[DNNL_ARG_SRC] = mem_of(xv->second);
   Val& o = define(f.out, md_t(to_dnnl(y), dt::f32, tag::nChw16c));
   e.args[DNNL_ARG_DST] = mem_of(o);
@@ -188,11 +183,10 @@ bool Builder::se_excite_fused(size_t i) {
   };
   const std::vector<float> b1 = floats(B1), b2 = floats(B2);
   Exec e;
-  p_->owned.emplace_back(md_t({static_cast<int64_t>(se_packed_floats(s))}, dt::f32, tag::a), engine(),
-                         p_->weights.alloc(se_packed_floats(s) * sizeof(float)));
-  se_pack(s, W1->f32(), B1 ? b1.data() : nullptr, W2->f32(), B2 ? b2.data() : nullptr,
-          static_cast<float*>(p_->owned.back().get_data_handle()));
-  e.args[DNNL_ARG_WEIGHTS] = p_->owned.back();
+  own_weights(
+      e, se_packed_floats(s),
+      [&](float* to) { se_pack(s, W1->f32(), B1 ? b1.data() : nullptr, W2->f32(), B2 ? b2.data() : nullptr, to); },
+      nullptr);
   e.args[DNNL_ARG_SRC] = mem_of(xv->second);
   e.args[DNNL_ARG_DST] = mem_of(define(f2.out, md_t(to_dnnl(y), dt::f32, tag::nchw)));
   e.single = true;
@@ -289,16 +283,11 @@ bool Builder::conv_pool_fused(size_t i) {
   fused.push_back(u);
 
   Exec e;
-  p_->owned.emplace_back(md_t({static_cast<int64_t>(conv_pool_packed_floats(s))}, dt::f32, tag::a), engine(),
-                         p_->weights.alloc(conv_pool_packed_floats(s) * sizeof(float)));
-  conv_pool_pack_weights(s, W->f32(), static_cast<float*>(p_->owned.back().get_data_handle()));
-  e.args[DNNL_ARG_WEIGHTS] = p_->owned.back();
-  p_->owned.emplace_back(md_t({s.m}, dt::f32, tag::a), engine());
-  float* bias = static_cast<float*>(p_->owned.back().get_data_handle());
-  for (int64_t k = 0; k < s.m; ++k) bias[k] = B ? static_cast<float>(B->at(k)) : 0.f;
-  e.args[DNNL_ARG_BIAS] = p_->owned.back();
-  const int64_t scratch = static_cast<int64_t>(conv_pool_scratch_floats(s)) * std::max(1, p_->threads);
-  e.args[DNNL_ARG_SCRATCHPAD] = mem_at(md_t({scratch}, dt::f32, tag::a), new_buf(scratch * sizeof(float)), 0);
+  std::vector<float> bias(static_cast<size_t>(s.m), 0.f);
+  for (int64_t k = 0; B && k < s.m; ++k) bias[k] = static_cast<float>(B->at(k));
+  own_weights(
+      e, conv_pool_packed_floats(s), [&](float* to) { conv_pool_pack_weights(s, W->f32(), to); }, &bias);
+  e.args[DNNL_ARG_SCRATCHPAD] = team_scratch(conv_pool_scratch_floats(s));
   e.args[DNNL_ARG_SRC] = mem_of(xv->second);
   Val& o = define(pn.out[0], md_t(to_dnnl(y), dt::f32, tag::nChw16c));
   e.args[DNNL_ARG_DST] = mem_of(o);
@@ -312,21 +301,36 @@ bool Builder::conv_pool_fused(size_t i) {
   return true;
 }
 
+// What an own convolution step applies after its bias, read off f's post-ops: at most a residual sum (f.sum_with,
+// scale 1) first, when `sum` is non-null, then at most a Relu. False when they hold anything else.
+bool Builder::sum_relu_of(const Fusion& f, bool* sum, bool* relu) {
+  if (sum) *sum = false;
+  *relu = false;
+  for (int k = 0; k < f.po.len(); ++k) {
+    if (k == 0 && sum && f.po.kind(0) == dnnl::primitive::kind::sum) {
+      float scale = 0.f;
+      f.po.get_params_sum(0, scale);
+      if (scale != 1.f || f.sum_with.empty()) return false;
+      *sum = true;
+      continue;
+    }
+    float scale = 0.f, alpha = 0.f, beta = 0.f;
+    alg a = alg::undef;
+    if (*relu || f.po.kind(k) != dnnl::primitive::kind::eltwise) return false;
+    f.po.get_params_eltwise(k, scale, a, alpha, beta);
+    if (a != alg::eltwise_relu || alpha != 0.f || scale != 1.f) return false;
+    *relu = true;
+  }
+  return (sum && *sum) == !f.sum_with.empty();
+}
+
 // A 3x3 convolution in groups of 4 channels (ResNeXt-50 32x4d's layer1) over an nChw16c source, with at most a Relu
 // after it, as the chain's own step (steps/grouped.h): a quarter of the multiply-adds of the merged 16-channel
 // groups below. `w` [M][4][3][3] and `bias` with folds applied. False, changing nothing, for anything else.
 bool Builder::conv_grouped4(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y,
                             int64_t stride, const std::vector<float>& w, const std::vector<float>& bias, double flops) {
   bool relu = false;
-  if (f.po.len() > 1) return false;
-  if (f.po.len() == 1) {
-    float scale = 0.f, alpha = 0.f, beta = 0.f;
-    alg a = alg::undef;
-    if (f.po.kind(0) != dnnl::primitive::kind::eltwise) return false;
-    f.po.get_params_eltwise(0, scale, a, alpha, beta);
-    if (a != alg::eltwise_relu || alpha != 0.f || scale != 1.f) return false;
-    relu = true;
-  }
+  if (!sum_relu_of(f, nullptr, &relu)) return false;
   if (x.size() != 4 || x[1] % 16 != 0) return false;
   const Val& xv = val(src);
   if (xv.scale != 1.f || xv.md != md_t(to_dnnl(x), dt::f32, tag::nChw16c)) return false;
@@ -335,14 +339,8 @@ bool Builder::conv_grouped4(size_t i, const Fusion& f, const std::string& src, c
   if (!grouped4_check(s).empty() || y != Dims{s.n, x[1], s.oh(), s.ow()}) return false;
   if (w.size() != static_cast<size_t>(x[1] * 36) || bias.size() != static_cast<size_t>(x[1])) return false;
   Exec e;
-  const size_t packed = grouped4_packed_floats(s);
-  p_->owned.emplace_back(md_t({static_cast<int64_t>(packed)}, dt::f32, tag::a), engine(),
-                         p_->weights.alloc(packed * sizeof(float)));
-  grouped4_pack_weights(s, w.data(), static_cast<float*>(p_->owned.back().get_data_handle()));
-  e.args[DNNL_ARG_WEIGHTS] = p_->owned.back();
-  p_->owned.emplace_back(md_t({x[1]}, dt::f32, tag::a), engine());
-  std::memcpy(p_->owned.back().get_data_handle(), bias.data(), bias.size() * sizeof(float));
-  e.args[DNNL_ARG_BIAS] = p_->owned.back();
+  own_weights(
+      e, grouped4_packed_floats(s), [&](float* to) { grouped4_pack_weights(s, w.data(), to); }, &bias);
   e.args[DNNL_ARG_SRC] = mem_of(xv);
   Val& o = define(f.out, md_t(to_dnnl(y), dt::f32, tag::nChw16c));
   e.args[DNNL_ARG_DST] = mem_of(o);
@@ -361,23 +359,8 @@ bool Builder::conv_grouped4(size_t i, const Fusion& f, const std::string& src, c
 // with folds applied. False, changing nothing, for anything else.
 bool Builder::conv_wino4(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y,
                          const std::vector<float>& w, const std::vector<float>& bias, double flops) {
-  bool relu = false, sum = false;
-  for (int k = 0; k < f.po.len(); ++k) {
-    if (k == 0 && f.po.kind(0) == dnnl::primitive::kind::sum) {
-      float scale = 0.f;
-      f.po.get_params_sum(0, scale);
-      if (scale != 1.f || f.sum_with.empty()) return false;
-      sum = true;
-      continue;
-    }
-    float scale = 0.f, alpha = 0.f, beta = 0.f;
-    alg a = alg::undef;
-    if (relu || f.po.kind(k) != dnnl::primitive::kind::eltwise) return false;
-    f.po.get_params_eltwise(k, scale, a, alpha, beta);
-    if (a != alg::eltwise_relu || alpha != 0.f || scale != 1.f) return false;
-    relu = true;
-  }
-  if (sum != !f.sum_with.empty()) return false;
+  bool sum = false, relu = false;
+  if (!sum_relu_of(f, &sum, &relu)) return false;
   if (x.size() != 4 || y.size() != 4) return false;
   const Val& xv = val(src);
   if (xv.scale != 1.f || xv.md != md_t(to_dnnl(x), dt::f32, tag::nChw16c)) return false;
@@ -386,27 +369,12 @@ bool Builder::conv_wino4(size_t i, const Fusion& f, const std::string& src, cons
   if (!wino4_check(s).empty() || y != Dims{s.n, s.m, s.h, s.w}) return false;
   if (w.size() != static_cast<size_t>(s.m * s.c * 9) || bias.size() != static_cast<size_t>(s.m)) return false;
   Exec e;
-  const size_t packed = wino4_packed_floats(s);
-  p_->owned.emplace_back(md_t({static_cast<int64_t>(packed)}, dt::f32, tag::a), engine(),
-                         p_->weights.alloc(packed * sizeof(float)));
-  wino4_pack_weights(s, w.data(), static_cast<float*>(p_->owned.back().get_data_handle()));
-  e.args[DNNL_ARG_WEIGHTS] = p_->owned.back();
-  p_->owned.emplace_back(md_t({s.m}, dt::f32, tag::a), engine());
-  std::memcpy(p_->owned.back().get_data_handle(), bias.data(), bias.size() * sizeof(float));
-  e.args[DNNL_ARG_BIAS] = p_->owned.back();
-  const int64_t scratch = static_cast<int64_t>(wino4_scratch_floats(s)) * std::max(1, p_->threads);
-  e.args[DNNL_ARG_SCRATCHPAD] = mem_at(md_t({scratch}, dt::f32, tag::a), new_buf(scratch * sizeof(float)), 0);
+  own_weights(
+      e, wino4_packed_floats(s), [&](float* to) { wino4_pack_weights(s, w.data(), to); }, &bias);
+  e.args[DNNL_ARG_SCRATCHPAD] = team_scratch(wino4_scratch_floats(s));
   e.args[DNNL_ARG_SRC] = mem_of(xv);
   const md_t dmd(to_dnnl(y), dt::f32, tag::nChw16c);
-  int dbuf = -2;
-  if (sum) {  // the residual placed in the destination first, as for oneDNN's sum post-op (conv_like_tail)
-    size_t add_node = f.nodes.empty() ? i : f.nodes.back();
-    for (size_t k : f.nodes)
-      if (r_.nodes[k].op == "Add") add_node = k;
-    const Val rv = vals_[f.sum_with];
-    dbuf = sum_destination(f.sum_with, rv.md == dmd ? rv : as_md(f.sum_with, dmd), dmd, add_node);
-  }
-  Val& o = define(f.out, dmd, dbuf);
+  Val& o = define(f.out, dmd, residual_destination(i, f, dmd));  // the residual first, as for oneDNN's sum
   e.args[DNNL_ARG_DST] = mem_of(o);
   e.own = run_wino4;
   e.own_kind = "convolution";

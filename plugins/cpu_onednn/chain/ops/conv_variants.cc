@@ -289,6 +289,17 @@ int Builder::sum_destination(const std::string& name, const Val& v, const md_t& 
   return buf;
 }
 
+// The buffer for node i's destination (memory dmd) under fusion f: with a residual sum (f.sum_with), one holding the
+// residual already (its own when nobody reads it after the Add, else a copy); -2 (a new buffer) otherwise.
+int Builder::residual_destination(size_t i, const Fusion& f, const md_t& dmd) {
+  if (f.sum_with.empty()) return -2;
+  size_t add_node = f.nodes.empty() ? i : f.nodes.back();
+  for (size_t k : f.nodes)
+    if (r_.nodes[k].op == "Add") add_node = k;
+  const Val rv = vals_[f.sum_with];
+  return sum_destination(f.sum_with, rv.md == dmd ? rv : as_md(f.sum_with, dmd), dmd, add_node);
+}
+
 // The rest of a convolution or deconvolution once its primitive is chosen: the weights reordered once (from `w` in
 // layout `wplain`), the bias, the residual placed in the destination for a sum post-op, the step.
 void Builder::conv_like_tail(size_t i, const Fusion& f, dnnl::primitive prim, const md_t& src_md, const md_t& wei_md,
@@ -309,15 +320,7 @@ void Builder::conv_like_tail(size_t i, const Fusion& f, dnnl::primitive prim, co
     std::memcpy(p_->owned.back().get_data_handle(), bias.data(), bias.size() * sizeof(float));
     args[DNNL_ARG_BIAS] = p_->owned.back();
   }
-  int dbuf = -2;
-  if (!f.sum_with.empty()) {
-    // The residual must sit in the destination first: take its buffer when nobody reads it afterwards.
-    size_t add_node = f.nodes.empty() ? i : f.nodes.back();
-    for (size_t k : f.nodes)
-      if (r_.nodes[k].op == "Add") add_node = k;
-    const Val rv = vals_[f.sum_with];
-    dbuf = sum_destination(f.sum_with, rv.md == dmd ? rv : as_md(f.sum_with, dmd), dmd, add_node);
-  }
+  const int dbuf = residual_destination(i, f, dmd);
   if (!chan_scale.empty()) exec_scale_weights(wmem, wplain, chan_scale);
   Val& out = define(f.out, dmd, dbuf);
   args[DNNL_ARG_SRC] = mem_of(sv);
