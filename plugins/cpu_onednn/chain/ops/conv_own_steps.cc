@@ -354,20 +354,21 @@ bool Builder::conv_grouped4(size_t i, const Fusion& f, const std::string& src, c
   return true;
 }
 
-// A 3x3 stride-1 convolution with padding 1 over an nChw16c source, channels in multiples of 16, then at most a
-// residual sum and a Relu, as the chain's own Winograd F(4,3) step (steps/wino4.h). `w` [M][C][3][3] and `bias`
-// with folds applied. False, changing nothing, for anything else.
+// A 3x3 stride-1 convolution with padding 1 (its f32 source reordered to nChw16c when in another layout, as
+// oneDNN's Winograd kernels would have it), channels in multiples of 16, then at most a residual sum and a Relu, as the
+// chain's own Winograd F(4,3) step (steps/wino4.h). `w` [M][C][3][3] and `bias` with folds applied. False, changing
+// nothing, for anything else.
 bool Builder::conv_wino4(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y,
                          const std::vector<float>& w, const std::vector<float>& bias, double flops) {
   bool sum = false, relu = false;
   if (!sum_relu_of(f, &sum, &relu)) return false;
   if (x.size() != 4 || y.size() != 4) return false;
-  const Val& xv = val(src);
-  if (xv.scale != 1.f || xv.md != md_t(to_dnnl(x), dt::f32, tag::nChw16c)) return false;
+  if (val(src).scale != 1.f || val(src).md.data_type() != dt::f32) return false;
   Wino4Shape s;
   s.n = x[0], s.c = x[1], s.m = y[1], s.h = x[2], s.w = x[3], s.sum = sum, s.relu = relu;
   if (!wino4_check(s).empty() || y != Dims{s.n, s.m, s.h, s.w}) return false;
   if (w.size() != static_cast<size_t>(s.m * s.c * 9) || bias.size() != static_cast<size_t>(s.m)) return false;
+  const Val xv = as_md(src, md_t(to_dnnl(x), dt::f32, tag::nChw16c));  // a reorder first unless nChw16c already
   Exec e;
   own_weights(
       e, wino4_packed_floats(s), [&](float* to) { wino4_pack_weights(s, w.data(), to); }, &bias);
