@@ -245,14 +245,22 @@ void Builder::outputs() {
 
 // The primitives' scratchpads (user mode, common/scratchpad.h) in the run's workspace: one region as large as the
 // largest step's, live for the whole run (the steps run one after another; a step's OpenMP team shares it), bound
-// like any workspace buffer. A run then needs no memory of the calling thread's: the thread-local scratchpad that a
-// standalone kernel uses grows on every thread that ever runs it, and a host's pool of threads faulted in one each
-// (ResNet-18: ~630 page faults and 2.5 MiB on each HTTP thread's first run in `keel serve`).
+// like any workspace buffer; own steps that asked for it (Exec::run_scratch) get their scratch there too, as
+// DNNL_ARG_SCRATCHPAD. Being no value's memory, each thread's part of it was last written by that thread, not by
+// another core (the own Winograd step's scratch in a buffer that values share cost SqueezeNet's expands 10-25% at
+// 2 threads: docs/ONEDNN_PERFORMANCE.md, "(w4)"). A run then needs no memory of the calling thread's: the thread-local
+// scratchpad that a standalone kernel uses grows on every thread that ever runs it, and a host's pool of threads
+// faulted in one each (ResNet-18: ~630 page faults and 2.5 MiB on each HTTP thread's first run in `keel serve`).
 void Builder::bind_scratchpads() {
   uint64_t most = 0;
   std::vector<std::pair<size_t, md_t>> need;
   for (size_t k = 0; k < p_->execs.size(); ++k) {
     const Exec& e = p_->execs[k];
+    if (e.own && e.run_scratch > 0) {
+      need.emplace_back(k, md_t({static_cast<int64_t>((e.run_scratch + 3) / 4)}, dt::f32, tag::a));
+      most = std::max(most, e.run_scratch);
+      continue;
+    }
     if (e.own || !e.prim) continue;
     const dnnl_memory_desc_t* md =
         dnnl_primitive_desc_query_md(e.prim.get_primitive_desc(), dnnl_query_scratchpad_md, 0);

@@ -152,12 +152,12 @@ void run_grouped4(const Exec& e) {
 }
 
 // Exec::own of a 3x3 convolution as Winograd F(4,3) (Builder::conv_wino4, steps/wino4.h): SRC and DST nChw16c,
-// WEIGHTS the transformed weights, BIAS.
+// WEIGHTS the transformed weights, BIAS, SCRATCHPAD a team's scratch.
 void run_wino4(const Exec& e) {
   const auto& s = *static_cast<const Wino4Shape*>(e.params.get());
   auto ptr = [&](int arg) { return static_cast<float*>(e.args.at(arg).get_data_handle()); };
   wino4_run(s, ptr(DNNL_ARG_SRC), ptr(DNNL_ARG_WEIGHTS), ptr(DNNL_ARG_BIAS), ptr(DNNL_ARG_DST),
-            e.single ? 1 : omp_get_max_threads());
+            ptr(DNNL_ARG_SCRATCHPAD), e.single ? 1 : omp_get_max_threads());
 }
 
 // Exec::own of the phase steps of a dilated convolution (Builder::conv_dilated_phases): DNNL_ARG_SRC nChw16c

@@ -19,7 +19,6 @@
 #include <cstdint>
 #include <cstring>
 #include <utility>
-#include <vector>
 
 #include "common/team.h"
 #include "steps/silu.h"
@@ -222,16 +221,6 @@ void run_tiles(const Wino4Shape& s, const float* src, const float* packed, const
   }
 }
 
-// The calling thread's scratch for shape s (steps/wino4.h, wino4_run): the block's transformed input and one
-// register tile's products, 64-byte aligned.
-float* thread_scratch(const Wino4Shape& s) {
-  thread_local std::vector<float> buf;
-  const size_t floats = static_cast<size_t>(36 * block_tiles(s) * s.c + 36 * kRegTiles * 32) + 16;
-  if (buf.size() < floats) buf.resize(floats);
-  float* p = buf.data();
-  return p + (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64 / sizeof(float);
-}
-
 }  // namespace
 
 std::string wino4_check(const Wino4Shape& s) {
@@ -266,19 +255,29 @@ void wino4_pack_weights(const Wino4Shape& s, const float* w, float* packed) {
   }
 }
 
-void wino4_run(const Wino4Shape& s, const float* src, const float* packed, const float* bias, float* dst, int team) {
+size_t wino4_scratch_floats(const Wino4Shape& s) {
+  return static_cast<size_t>(36 * block_tiles(s) * s.c + 36 * kRegTiles * 32) + 16;
+}
+
+void wino4_run(const Wino4Shape& s, const float* src, const float* packed, const float* bias, float* dst,
+               float* scratch, int team) {
+  const size_t per = wino4_scratch_floats(s);
+  auto own_scratch = [&](int64_t t) {
+    float* own = scratch + static_cast<size_t>(t) * per;
+    return own + (64 - reinterpret_cast<uintptr_t>(own) % 64) % 64 / sizeof(float);  // 64-byte aligned
+  };
   const int64_t tiles = s.tiles(), ng = groups(s);
   // Each thread its own range of output channel groups over every tile (its share of the transformed weights read
   // once; the input transform repeated on every thread) where the weights are too large to be read whole by each
   // thread, else its own range of tiles over every group.
   const bool by_groups = team > 1 && ng >= 2 * team && wino4_packed_floats(s) * sizeof(float) > kSharedWeightBytes;
   if (by_groups) {
-    split_over_team(ng, team, [&](int64_t, int64_t g0, int64_t g1) {
-      if (g1 > g0) run_tiles(s, src, packed, bias, dst, thread_scratch(s), 0, tiles, g0, g1);
+    split_over_team(ng, team, [&](int64_t t, int64_t g0, int64_t g1) {
+      if (g1 > g0) run_tiles(s, src, packed, bias, dst, own_scratch(t), 0, tiles, g0, g1);
     });
   } else {
-    split_over_team(tiles, team, [&](int64_t, int64_t begin, int64_t end) {
-      if (end > begin) run_tiles(s, src, packed, bias, dst, thread_scratch(s), begin, end, 0, ng);
+    split_over_team(tiles, team, [&](int64_t t, int64_t begin, int64_t end) {
+      if (end > begin) run_tiles(s, src, packed, bias, dst, own_scratch(t), begin, end, 0, ng);
     });
   }
 }

@@ -35,13 +35,14 @@ std::string wino4_check(const Wino4Shape& s);
 size_t wino4_packed_floats(const Wino4Shape& s);
 void wino4_pack_weights(const Wino4Shape& s, const float* w, float* packed);
 
-// The whole convolution over `team` OpenMP threads (team <= 1: on the calling thread), each on its own range of
-// tiles or of output channels. Reads src, packed weights and bias [m]; writes every element of dst (reads it first
-// when s.sum). Each thread works in scratch of its own, kept per thread between calls (thread_local, at most about
-// 1.1 MB a thread: 36 x 14 tiles x 512 channels and the products' 64 KB) so that it stays in that core's cache and
-// was last written by it: in a plan's buffer, which other steps' values share, SqueezeNet's eight expands took
-// 10-25% longer at 2 threads. Thread-safe for distinct dst.
-void wino4_run(const Wino4Shape& s, const float* src, const float* packed, const float* bias, float* dst, int team);
+// Floats of scratch one thread of the team needs (wino4_run takes `team` times this).
+size_t wino4_scratch_floats(const Wino4Shape& s);
+
+// The whole convolution over `team` OpenMP threads (team <= 1: on the calling thread), each on its own contiguous
+// range of tiles. Reads src, packed weights and bias [m]; writes every element of dst. scratch: team *
+// wino4_scratch_floats(s) floats. Thread-safe for distinct scratch and dst.
+void wino4_run(const Wino4Shape& s, const float* src, const float* packed, const float* bias, float* dst,
+               float* scratch, int team);
 
 // The same by direct summation in double precision over ONNX weights [m][c][3][3] (the reference the step is tested
 // against), into nChw16c dst (read first when s.sum).

@@ -32,9 +32,10 @@ void check(int64_t n, int64_t c, int64_t m, int64_t h, int64_t w, bool relu, int
     for (float& v : want) v = u(rng);
     got = want;
   }
+  std::vector<float> scratch(wino4_scratch_floats(s) * static_cast<size_t>(team));
   wino4_reference(s, x.data(), wt.data(), b.data(), want.data());
   wino4_pack_weights(s, wt.data(), packed.data());
-  wino4_run(s, x.data(), packed.data(), b.data(), got.data(), team);
+  wino4_run(s, x.data(), packed.data(), b.data(), got.data(), scratch.data(), team);
   // F(4,3) in f32 loses a few bits to its transforms (entries up to 8 and 1/24): outputs here are O(1).
   double worst = 0;
   for (size_t i = 0; i < out; ++i) {

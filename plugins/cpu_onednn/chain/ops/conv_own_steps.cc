@@ -372,6 +372,7 @@ bool Builder::conv_wino4(size_t i, const Fusion& f, const std::string& src, cons
   Exec e;
   own_weights(
       e, wino4_packed_floats(s), [&](float* to) { wino4_pack_weights(s, w.data(), to); }, &bias);
+  e.run_scratch = wino4_scratch_floats(s) * sizeof(float) * static_cast<uint64_t>(std::max(1, p_->threads));
   e.args[DNNL_ARG_SRC] = mem_of(xv);
   const md_t dmd(to_dnnl(y), dt::f32, tag::nChw16c);
   Val& o = define(f.out, dmd, residual_destination(i, f, dmd));  // the residual first, as for oneDNN's sum
