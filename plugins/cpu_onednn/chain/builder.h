@@ -202,11 +202,10 @@ class Builder {
     std::memcpy(p_->owned.back().get_data_handle(), bias->data(), bias->size() * sizeof(float));
     e.args[DNNL_ARG_BIAS] = p_->owned.back();
   }
-  // An own step's scratch (its SCRATCHPAD argument): `per_thread` floats for each of the plan's threads, in a buffer
-  // of the plan's that lives for this step only.
-  dnnl::memory team_scratch(size_t per_thread) {
-    const int64_t floats = static_cast<int64_t>(per_thread) * std::max(1, p_->threads);
-    return mem_at(md_t({floats}, dt::f32, tag::a), new_buf(static_cast<uint64_t>(floats) * sizeof(float)), 0);
+  // An own step's scratch (its SCRATCHPAD argument, bound by bind_scratchpads): `per_thread` floats for each of the
+  // plan's threads, in the run's scratchpad region.
+  void team_scratch(Exec& e, size_t per_thread) {
+    e.run_scratch = std::max<size_t>(per_thread, 16) * sizeof(float) * static_cast<uint64_t>(std::max(1, p_->threads));
   }
   // The value as it is now (a constant gets an owned plain memory the first time it is read as data).
   const Val& val(const std::string& name) {

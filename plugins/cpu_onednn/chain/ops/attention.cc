@@ -44,7 +44,7 @@ void Builder::attention(size_t i) {
   Exec e;
   const int args[4] = {DNNL_ARG_SRC_0, DNNL_ARG_SRC_1, DNNL_ARG_SRC_2, DNNL_ARG_SRC_3};
   for (int k = 0; k < (has_mask ? 4 : 3); ++k) e.args[args[k]] = mem_of(v[k]);
-  e.args[DNNL_ARG_SCRATCHPAD] = team_scratch(attention_scratch_floats(s));
+  team_scratch(e, attention_scratch_floats(s));
   // f32 output memory: the value itself, or (bf16) a buffer of the step's own, rounded into the value after it.
   const int f32_buf = out_dt == dt::f32 ? -1 : new_buf(static_cast<uint64_t>(numel(y)) * sizeof(float));
   Val* o = out_dt == dt::f32 ? &define(out_name, plain_md(y)) : nullptr;

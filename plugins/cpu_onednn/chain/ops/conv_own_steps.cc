@@ -82,7 +82,7 @@ bool Builder::conv_dw_silu(size_t i) {
   Exec e;
   own_weights(
       e, w.size(), [&](float* to) { dw_silu_pack_weights(s, w.data(), to); }, &bias);
-  e.args[DNNL_ARG_SCRATCHPAD] = team_scratch(dw_silu_scratch_floats(s));
+  team_scratch(e, dw_silu_scratch_floats(s));
   e.args[DNNL_ARG_SRC] = mem_of(xv->second);
   Val& o = define(f.out, md_t(to_dnnl(y), dt::f32, tag::nChw16c));
   e.args[DNNL_ARG_DST] = mem_of(o);
@@ -287,7 +287,7 @@ bool Builder::conv_pool_fused(size_t i) {
   for (int64_t k = 0; B && k < s.m; ++k) bias[k] = static_cast<float>(B->at(k));
   own_weights(
       e, conv_pool_packed_floats(s), [&](float* to) { conv_pool_pack_weights(s, W->f32(), to); }, &bias);
-  e.args[DNNL_ARG_SCRATCHPAD] = team_scratch(conv_pool_scratch_floats(s));
+  team_scratch(e, conv_pool_scratch_floats(s));
   e.args[DNNL_ARG_SRC] = mem_of(xv->second);
   Val& o = define(pn.out[0], md_t(to_dnnl(y), dt::f32, tag::nChw16c));
   e.args[DNNL_ARG_DST] = mem_of(o);
@@ -372,7 +372,7 @@ bool Builder::conv_wino4(size_t i, const Fusion& f, const std::string& src, cons
   Exec e;
   own_weights(
       e, wino4_packed_floats(s), [&](float* to) { wino4_pack_weights(s, w.data(), to); }, &bias);
-  e.run_scratch = wino4_scratch_floats(s) * sizeof(float) * static_cast<uint64_t>(std::max(1, p_->threads));
+  team_scratch(e, wino4_scratch_floats(s));
   e.args[DNNL_ARG_SRC] = mem_of(xv);
   const md_t dmd(to_dnnl(y), dt::f32, tag::nChw16c);
   Val& o = define(f.out, dmd, residual_destination(i, f, dmd));  // the residual first, as for oneDNN's sum
