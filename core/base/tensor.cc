@@ -1,12 +1,12 @@
 #include "core/base/tensor.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <new>
+
+#include "core/base/host_memory.h"
 
 namespace keel {
 
@@ -54,15 +54,8 @@ Storage::~Storage() {
 }
 
 StatusOr<std::shared_ptr<Storage>> Storage::allocate_host(uint64_t bytes, bool zero) {
-  uint64_t rounded = (std::max<uint64_t>(bytes, 1) + 63) & ~uint64_t{63};
-  void* p = nullptr;
-  if (rounded >= kHugePagesFrom) {
-    constexpr size_t kHuge = size_t{2} << 20;
-    if (posix_memalign(&p, kHuge, rounded) != 0) p = nullptr;
-    if (p != nullptr) madvise(p, rounded, MADV_HUGEPAGE);  // advice only: its failure changes nothing
-  } else {
-    p = std::aligned_alloc(64, rounded);
-  }
+  const uint64_t rounded = (std::max<uint64_t>(bytes, 1) + 63) & ~uint64_t{63};
+  void* p = allocate_host_memory(rounded, 64, kHugePagesFrom, false);
   if (p == nullptr) return out_of_memory("host allocation of " + std::to_string(bytes) + " bytes failed");
   if (zero) std::memset(p, 0, rounded);
   return std::make_shared<Storage>(p, bytes, Location{}, [](void* q) { std::free(q); });

@@ -1,11 +1,10 @@
 #include "core/runtime/reference_device.h"
 
-#include <sys/mman.h>
-
 #include <cstdlib>
 #include <cstring>
 #include <thread>
 
+#include "core/base/host_memory.h"
 #include "core/base/status.h"
 #include "core/base/thread_pool.h"
 #include "ops/reference/fused_kernels.h"
@@ -29,17 +28,10 @@ keel_status_t cpu_props(void*, int32_t device, keel_device_properties_t* p) {
   p->multiprocessors = static_cast<int32_t>(available_cpus());
   return nullptr;
 }
-// Host memory for the CPU device (the memory pools' segments: 2 MiB and multiples). From 2 MiB on it starts on a 2 MiB
-// boundary and is advised as transparent huge pages (madvise; advice only): a fresh 4 KiB page costs 10-20 us to
-// fault in on the virtual machines measured (core/base/tensor.h, Storage::allocate_host).
+// Host memory for the CPU device (the memory pools' segments: 2 MiB and multiples): from 2 MiB on in whole huge pages
+// (core/base/host_memory.h).
 keel_status_t cpu_alloc(void*, int32_t device, uint64_t bytes, uint64_t alignment, void** out) {
-  if (alignment < 64) alignment = 64;
-  constexpr uint64_t kHuge = uint64_t{2} << 20;
-  const bool huge = bytes >= kHuge && alignment <= kHuge;
-  if (huge) alignment = kHuge;
-  uint64_t rounded = (bytes + alignment - 1) / alignment * alignment;
-  *out = std::aligned_alloc(alignment, rounded == 0 ? alignment : rounded);
-  if (*out != nullptr && huge) madvise(*out, rounded, MADV_HUGEPAGE);
+  *out = allocate_host_memory(bytes, alignment, uint64_t{2} << 20, true);
   if (*out == nullptr) {
     return make_c_status(KEEL_STATUS_OUT_OF_MEMORY, ("cannot allocate " + std::to_string(bytes) + " bytes").c_str());
   }

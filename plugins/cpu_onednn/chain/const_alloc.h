@@ -2,18 +2,16 @@
 // chain/recipe.h). Stateless; thread-safe.
 #pragma once
 
-#include <sys/mman.h>
-
 #include <cstddef>
 #include <cstdlib>
-#include <memory>
 #include <new>
+
+#include "common/host_memory.h"
 
 namespace keel::onednn::chain {
 
-// The allocator of constants' host copies: from 4 MiB on 2 MiB-aligned and advised as transparent huge pages (madvise;
-// advice only). A claim copies every initializer it reads (ResNet-50: 100 MB), and a fresh 4 KiB page costs 10-20 us
-// to fault in on the virtual machines measured (core/base/tensor.h, Storage::allocate_host).
+// The allocator of constants' host copies: from 4 MiB on in huge pages (common/host_memory.h). A claim copies every
+// initializer it reads (ResNet-50: 100 MB).
 template <class T>
 struct ConstAlloc {
   using value_type = T;
@@ -21,18 +19,11 @@ struct ConstAlloc {
   template <class U>
   ConstAlloc(const ConstAlloc<U>&) {}
   T* allocate(size_t n) {
-    constexpr size_t kHuge = size_t{2} << 20;
-    const size_t bytes = n * sizeof(T);
-    if (bytes < 2 * kHuge) return std::allocator<T>().allocate(n);
-    void* p = std::aligned_alloc(kHuge, (bytes + kHuge - 1) / kHuge * kHuge);
+    void* p = alloc_host(n * sizeof(T), 2 * kHugePage);
     if (!p) throw std::bad_alloc();
-    madvise(p, bytes, MADV_HUGEPAGE);
     return static_cast<T*>(p);
   }
-  void deallocate(T* p, size_t n) {
-    if (n * sizeof(T) < 2 * (size_t{2} << 20)) return std::allocator<T>().deallocate(p, n);
-    std::free(p);
-  }
+  void deallocate(T* p, size_t) { std::free(p); }
   template <class U>
   bool operator==(const ConstAlloc<U>&) const {
     return true;

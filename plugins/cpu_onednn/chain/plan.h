@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "chain/recipe.h"
+#include "common/host_memory.h"
 
 namespace keel::onednn::chain {
 
@@ -90,10 +91,9 @@ class WeightArena {
   void* alloc(uint64_t bytes) {
     bytes = (bytes + 63) / 64 * 64;
     if (chunks_.empty() || used_ + bytes > chunks_.back().second) {
-      uint64_t n = std::max<uint64_t>(kChunk, (bytes + kHuge - 1) / kHuge * kHuge);
-      void* p = std::aligned_alloc(kHuge, n);
+      const uint64_t n = std::max<uint64_t>(kChunk, (bytes + kHugePage - 1) / kHugePage * kHugePage);
+      void* p = alloc_host(n, 0);  // in huge pages (common/host_memory.h)
       if (!p) throw std::bad_alloc();
-      madvise(p, n, MADV_HUGEPAGE);  // advice only: a kernel without transparent huge pages ignores it
       chunks_.emplace_back(p, n);
       used_ = 0;
     }
@@ -103,7 +103,7 @@ class WeightArena {
   }
 
  private:
-  static constexpr uint64_t kHuge = 2u << 20, kChunk = 16u << 20;
+  static constexpr uint64_t kChunk = 16u << 20;
   std::vector<std::pair<void*, uint64_t>> chunks_;
   uint64_t used_ = 0;
 };

@@ -6,7 +6,6 @@
 // channels-last between int8 steps, f32 ones are quantized straight from their producer's layout.
 #include <immintrin.h>
 #include <omp.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <cfloat>

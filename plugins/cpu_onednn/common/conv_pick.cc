@@ -1,8 +1,6 @@
 // plugins/cpu_onednn/common/conv_pick.cc — see common/conv_pick.h.
 #include "common/conv_pick.h"
 
-#include <sys/mman.h>
-
 #include <omp.h>
 #include <unistd.h>
 
@@ -18,6 +16,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "common/host_memory.h"
 #include "common/team.h"
 
 namespace keel::onednn {
@@ -77,15 +76,11 @@ size_t fastest_conv(const std::vector<dnnl::convolution_forward::primitive_desc>
     size_t bytes = 0;
     for (const auto& pd : cands) bytes = std::max(bytes, desc_of(pd, arg).get_size());
     if (bytes == 0) continue;
-    // From 4 MiB on in huge pages (madvise; advice only): a fresh 4 KiB page costs 10-20 us to fault in on the
-    // virtual machines measured, and ResNet-50's first run faulted in 250 MB here, 63k of its 147k page faults.
-    constexpr size_t kHuge = size_t{2} << 20;
-    const bool huge = bytes >= 2 * kHuge;
-    const size_t rounded = huge ? (bytes + kHuge - 1) / kHuge * kHuge : (bytes + 4095) / 4096 * 4096;
-    void* p = std::aligned_alloc(huge ? kHuge : 4096, rounded);
+    // From 4 MiB on in huge pages (common/host_memory.h): ResNet-50's first run faulted in 250 MB here, 63k of its
+    // 147k page faults.
+    void* p = alloc_host(bytes, 2 * kHugePage);
     if (!p) throw std::bad_alloc();
-    if (huge) madvise(p, rounded, MADV_HUGEPAGE);
-    std::memset(p, 0, rounded);
+    std::memset(p, 0, bytes);
     shared.emplace_back(p);
     base[arg] = p;
   }
