@@ -1,12 +1,13 @@
 // plugins/cpu_onednn/steps/wino4.cc — Winograd F(4x4,3x3) over nChw16c (steps/wino4.h).
 //
 // Tiles: output rows 4i..4i+3 and columns 4j..4j+3 of one image, read from input rows 4i-1..4i+4 and columns
-// 4j-1..4j+4 (zeros outside the image). Each thread takes a contiguous range of tiles and works through it in blocks
-// of up to kBlockTiles (fewer for many channels, so the block's transformed input stays in L2):
+// 4j-1..4j+4 (zeros outside the image). Each thread takes a contiguous range of tiles (or, for large weights, of
+// output channel groups over every tile) and works through its tiles in blocks of up to kBlockTiles (fewer for many
+// channels, so the block's transformed input stays in L2):
 //  1. input transform of the block: V[p][t][c] for the 36 positions p = 6 * row frequency + column frequency;
 //  2. per group of 32 output channels (16 for a last odd block) and per register tile of up to kRegTiles tiles,
 //     36 products M[p] = V[p] (tiles x c) * U[p] (c x 32), accumulated in registers (tiles x 2 vectors) and stored to
-//     a small buffer, then the output transform of those tiles, bias and Relu, written to dst.
+//     a small buffer, then the output transform of those tiles, bias, residual sum and Relu, written to dst.
 // Transforms (Lavin & Gray, interpolation points 0, +-1, +-2, infinity), correlation as ONNX's Conv:
 //   B^T = [4 0 -5 0 1 0; 0 -4 -4 1 1 0; 0 4 -4 -1 1 0; 0 -2 -1 2 1 0; 0 2 -1 -2 1 0; 0 4 0 -5 0 1]
 //   G   = [1/4 0 0; -1/6 -1/6 -1/6; -1/6 1/6 -1/6; 1/24 1/12 1/6; 1/24 -1/12 1/6; 0 0 1]
@@ -17,7 +18,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <utility>
 
 #include "common/team.h"

@@ -7,7 +7,8 @@
 // This step computes F(4,3) with ordinary stores: per block of tiles, the input transform B^T d B into a buffer
 // [36 positions][tiles][channels] that stays in the core's L2, 36 matrix products per 32 output channels against
 // the weights transformed once at plan time (G g G^T, [position][input channel][32 outputs]), and the output
-// transform A^T m A with the bias and an optional Relu, written into the destination as the next layer reads it.
+// transform A^T m A with the bias, an optional residual sum and Relu, written into the destination as the next layer
+// reads it. Where it pays and where it does not: chain/ops/conv.cc and docs/ONEDNN_PERFORMANCE.md, "(w4)".
 #pragma once
 
 #include <cstddef>
@@ -39,8 +40,10 @@ void wino4_pack_weights(const Wino4Shape& s, const float* w, float* packed);
 size_t wino4_scratch_floats(const Wino4Shape& s);
 
 // The whole convolution over `team` OpenMP threads (team <= 1: on the calling thread), each on its own contiguous
-// range of tiles. Reads src, packed weights and bias [m]; writes every element of dst. scratch: team *
-// wino4_scratch_floats(s) floats. Thread-safe for distinct scratch and dst.
+// range of tiles, or, where the transformed weights pass 1 MiB, of output channels. Reads src, packed weights and
+// bias [m]; writes every element of dst (reading it first when s.sum). scratch: team * wino4_scratch_floats(s)
+// floats, thread t using the t-th part; best memory that no value shares, so that each part was last written by its
+// own thread (the chain passes the run's scratchpad region). Thread-safe for distinct scratch and dst.
 void wino4_run(const Wino4Shape& s, const float* src, const float* packed, const float* bias, float* dst,
                float* scratch, int team);
 
