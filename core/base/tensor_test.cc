@@ -4,11 +4,11 @@
 
 #include <gtest/gtest.h>
 
-#include <cctype>
 #include <cstdint>
 #include <cstring>
-#include <fstream>
 #include <string>
+
+#include "tests/common/huge_pages.h"
 
 namespace keel {
 namespace {
@@ -43,25 +43,9 @@ TEST(HostStorage, LargeAllocationsStartOnA2MiBBoundaryAndAreAdvisedAsHugePages) 
   std::memset((*u)->data(), 0x5a, n);
   EXPECT_EQ(static_cast<unsigned char*>((*u)->data())[n - 1], 0x5a);
   // Where the kernel has transparent huge pages, the range carries the advice (smaps' "hg" flag on its mapping).
-  std::ifstream smaps("/proc/self/smaps");
-  std::string line;
-  bool in_range = false, advised = false;
-  while (std::getline(smaps, line)) {
-    if (line.find('-') != std::string::npos && line.find(' ') != std::string::npos &&
-        std::isxdigit(static_cast<unsigned char>(line[0]))) {
-      const uintptr_t lo = std::stoull(line.substr(0, line.find('-')), nullptr, 16);
-      const uintptr_t hi =
-          std::stoull(line.substr(line.find('-') + 1, line.find(' ') - line.find('-') - 1), nullptr, 16);
-      in_range = lo <= at && at < hi;
-    } else if (in_range && line.rfind("VmFlags:", 0) == 0) {
-      advised = line.find(" hg") != std::string::npos;
-      break;
-    }
-  }
-  std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
-  std::string mode;
-  std::getline(thp, mode);
-  if (mode.find("[never]") != std::string::npos || mode.empty())
+  const bool advised = testing_util::huge_page_advised(at);
+  const std::string mode = testing_util::thp_mode();
+  if (testing_util::thp_off(mode))
     GTEST_SKIP() << "transparent huge pages are off here (" << mode << "): the advice is not visible";
   EXPECT_TRUE(advised) << "the 2 MiB-aligned storage's mapping lacks MADV_HUGEPAGE's flag";
 }

@@ -318,7 +318,7 @@ void Builder::conv(size_t i) {
   // from memory every run) lost: 0.67-0.83 -> 0.73-0.91 ms. See docs/ONEDNN_PERFORMANCE.md, "(w4)".
   constexpr int64_t kWino4MinTiles = 32;
   constexpr int64_t kWino4CachedBytes = int64_t{3} << 20;
-  if (wino && options().wino4 && pl == Dims{1, 1} && pr == Dims{1, 1} && C % 16 == 0 && M % 16 == 0 &&
+  if (wino && options().wino4 && pl == Dims{1, 1} && pr == Dims{1, 1} &&
       (N * ((y[2] + 3) / 4) * ((y[3] + 3) / 4) >= kWino4MinTiles ||
        36 * C * M * static_cast<int64_t>(sizeof(float)) <= kWino4CachedBytes) &&
       chan_scale.empty() && !f.pass_after() && act_ == dt::f32 && conv_wino4(i, f, src_name, x, y, w, bias, conv_flops))
