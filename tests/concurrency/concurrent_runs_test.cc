@@ -447,16 +447,33 @@ TEST_F(SessionRunOptions, DeadlineStopsTheRunAndALaterOneSucceeds) {
   keel_run_options_t ro = nullptr;
   ASSERT_KEEL_OK(keel_run_options_create(&ro));
   EXPECT_EQ(take(keel_run_options_set_timeout_us(ro, -1)).rfind("INVALID_ARGUMENT", 0), 0u);
-  const int64_t timeout_us = std::max<int64_t>(1, static_cast<int64_t>(run_ms * 1000 / 5));
-  ASSERT_KEEL_OK(keel_run_options_set_timeout_us(ro, timeout_us));
-  std::string err;
-  const auto t0 = Clock::now();
-  run_once(session, input, spec.input_dims, &err, ro);
-  const double took_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-  EXPECT_EQ(err.rfind("DEADLINE_EXCEEDED: ", 0), 0u) << err;
-  EXPECT_LT(took_ms, run_ms * 0.75) << "the run went on well past its deadline";
+  // What must hold every time: the run stops with DEADLINE_EXCEEDED before one of its steps, not after the last. How
+  // soon after the deadline it stops is a time on a shared machine, where one stall of the thread can take longer than
+  // the whole run: that bound must hold in one of three tries, each against a fresh uncancelled run's time.
+  const std::string of_steps = " of " + std::to_string(2 * kNodes) + ")";
+  double fastest_ratio = 1e9;
+  for (int attempt = 0; attempt < 3 && fastest_ratio >= 0.75; ++attempt) {
+    std::string err;
+    const auto r0 = Clock::now();
+    run_once(session, input, spec.input_dims, &err);
+    const double full_ms = std::chrono::duration<double, std::milli>(Clock::now() - r0).count();
+    ASSERT_EQ(err, "");
+    const int64_t timeout_us = std::max<int64_t>(1, static_cast<int64_t>(full_ms * 1000 / 5));
+    ASSERT_KEEL_OK(keel_run_options_set_timeout_us(ro, timeout_us));
+    const auto t0 = Clock::now();
+    run_once(session, input, spec.input_dims, &err, ro);
+    const double took_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    ASSERT_EQ(err.rfind("DEADLINE_EXCEEDED: ", 0), 0u) << err;
+    EXPECT_NE(err.find("deadline passed before node '"), std::string::npos) << err;
+    EXPECT_NE(err.find(of_steps), std::string::npos) << err;
+    std::printf("try %d: full run %.2f ms, deadline %.2f ms, stopped after %.2f ms (%s)\n", attempt + 1, full_ms,
+                timeout_us / 1000.0, took_ms, err.c_str());
+    fastest_ratio = std::min(fastest_ratio, took_ms / full_ms);
+  }
+  EXPECT_LT(fastest_ratio, 0.75) << "in three tries the run went on well past its deadline each time";
   // A generous timeout: the run completes.
   ASSERT_KEEL_OK(keel_run_options_set_timeout_us(ro, 60'000'000));
+  std::string err;
   EXPECT_EQ(run_once(session, input, spec.input_dims, &err, ro), expected);
   EXPECT_EQ(err, "");
   keel_run_options_release(ro);
