@@ -3179,6 +3179,58 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // A 1x1 expansion and the depthwise 3x3 reading it, as the oneDNN device's own fused step (steps/expand_dw.h):
+    // MobileNetV2's 24 -> 144 (a partial last input block of nChw16c), Clip(0,6) on both, at batch 2 (the step's ring
+    // starts over with each image), the projection and the residual after it.
+    OpCase c;
+    c.op = "Chain";
+    c.opset = 13;
+    c.label = "1x1 + depthwise 3x3 as one step: 24 -> 144 (a partial input block), Clip(0,6), batch 2, residual";
+    c.inputs = {in("X", {2, 24, 14, 14}), in("WE", {144, 24, 1, 1}, true, -0.4f, 0.4f),
+                in("BE", {144}, true),    in("WD", {144, 1, 3, 3}, true, -0.5f, 0.5f),
+                in("BD", {144}, true),    in("WP", {24, 144, 1, 1}, true, -0.2f, 0.2f),
+                in("BP", {24}, true),     scalar("LO", 0.f),
+                scalar("HI", 6.f)};
+    c.chain = {conv({"X", "WE", "BE"}, 1, 1, 0),       {"Clip", {"$0", "LO", "HI"}, {}},
+               conv({"$1", "WD", "BD"}, 3, 1, 1, 144), {"Clip", {"$2", "LO", "HI"}, {}},
+               conv({"$3", "WP", "BP"}, 1, 1, 0),      {"Add", {"X", "$4"}, {}}};
+    c.claim_whole = true;
+    v.push_back(c);
+  }
+  {
+    // The same step with hard-swish written as torch exports it (x * HardSigmoid(x)) after the 1x1 and after a
+    // stride-2 depthwise at an odd size with BatchNormalization (folded), 40 -> 240 channels; then a second one at 7x7
+    // (few rows: the team splits channel groups) with Relu after the 1x1 and nothing after a depthwise without bias.
+    OpCase c;
+    c.op = "Chain";
+    c.label =
+        "1x1 + depthwise 3x3 as one step: hard-swish, stride 2 at 13x13 with BatchNormalization, then Relu / none at "
+        "7x7";
+    c.inputs = {in("X", {1, 40, 13, 13}),
+                in("WE", {240, 40, 1, 1}, true, -0.4f, 0.4f),
+                in("BE", {240}, true),
+                in("WD", {240, 1, 3, 3}, true, -0.5f, 0.5f),
+                in("BD", {240}, true),
+                in("S", {240}, true, 0.5f, 1.5f),
+                in("SH", {240}, true),
+                in("MU", {240}, true),
+                in("VAR", {240}, true, 0.5f, 2.f),
+                in("W2", {96, 240, 1, 1}, true, -0.2f, 0.2f),
+                in("WD2", {96, 1, 3, 3}, true, -0.5f, 0.5f)};
+    c.chain = {conv({"X", "WE", "BE"}, 1, 1, 0),                                     // $0
+               {"HardSigmoid", {"$0"}, {{"alpha", F(1.f / 6)}, {"beta", F(0.5f)}}},  // $1
+               {"Mul", {"$0", "$1"}, {}},                                            // $2
+               conv({"$2", "WD", "BD"}, 3, 2, 1, 240),                               // $3
+               {"BatchNormalization", {"$3", "S", "SH", "MU", "VAR"}, {}},           // $4
+               {"HardSigmoid", {"$4"}, {{"alpha", F(1.f / 6)}, {"beta", F(0.5f)}}},  // $5
+               {"Mul", {"$4", "$5"}, {}},                                            // $6
+               conv({"$6", "W2"}, 1, 1, 0),                                          // $7
+               {"Relu", {"$7"}, {}},                                                 // $8
+               conv({"$8", "WD2"}, 3, 1, 1, 96)};                                    // $9
+    c.claim_whole = true;
+    v.push_back(c);
+  }
+  {
     // HardSigmoid and HardSwish with nothing to fuse into (after a Mul of two values): their own steps, HardSigmoid
     // as two (linear, then clip in place), with ONNX's default alpha 0.2.
     OpCase c;

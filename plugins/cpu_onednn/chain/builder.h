@@ -416,8 +416,19 @@ class Builder {
   bool conv_dilated_phases(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y, int64_t dil,
                            const md_t& wany, const md_t& bmd, const dnnl::primitive_attr& attr, const md_t& wplain,
                            std::vector<float>& w, bool has_bias, const std::vector<float>& bias, double flops);
+  // The 3x3 depthwise convolution (padding 1, stride 1 or 2, constant f32 weights [M,1,3,3]) that is the sole reader
+  // of a 1x1 convolution's output, with its own fusion and its weights and bias with that fusion's folds applied.
+  struct DwReader {
+    size_t node = 0;
+    int64_t stride = 1;
+    Fusion fusion;
+    std::vector<float> w, bias;  // [M][9], [M]
+  };
+  bool dw_reader_of(const Fusion& f, int64_t M, DwReader* d);
   bool conv_dw_fused(size_t i, const Fusion& f, const md_t& src, const md_t& wany, const md_t& bmd,
                      const std::vector<float>& w, const std::vector<float>& bias, double flops);
+  bool conv_expand_dw(size_t i, const Fusion& f, const std::string& src, const Dims& x, const std::vector<float>& w,
+                      const std::vector<float>& bias, double flops);
   // A depthwise convolution whose output goes through SiLU as one step of the chain's own (steps/dwsilu.h), the
   // SiLU of its source too when its producer left that to it (defer_silu: deferred_silu_ holds those values).
   bool dw_silu_plan(size_t u, DwSiluShape* s, Fusion* f);

@@ -160,6 +160,15 @@ void run_wino4(const Exec& e) {
             ptr(DNNL_ARG_SCRATCHPAD), e.single ? 1 : omp_get_max_threads());
 }
 
+// Exec::own of a 1x1 convolution with its depthwise 3x3 reader (Builder::conv_expand_dw, steps/expand_dw.h): SRC
+// and DST nChw16c, WEIGHTS the packed constants of both, SCRATCHPAD a team's rings.
+void run_expand_dw(const Exec& e) {
+  const auto& s = *static_cast<const ExpandDwShape*>(e.params.get());
+  auto ptr = [&](int arg) { return static_cast<float*>(e.args.at(arg).get_data_handle()); };
+  expand_dw_run(s, ptr(DNNL_ARG_SRC), ptr(DNNL_ARG_WEIGHTS), ptr(DNNL_ARG_DST), ptr(DNNL_ARG_SCRATCHPAD),
+                e.single ? 1 : omp_get_max_threads());
+}
+
 // Exec::own of the phase steps of a dilated convolution (Builder::conv_dilated_phases): DNNL_ARG_SRC nChw16c
 // [N,C,H,W] into DNNL_ARG_DST nChw16c [N*d*d,C,H/d,W/d] (run_to_phases), or back (run_from_phases); d is read off
 // the two shapes. Split over the OpenMP team unless the step is a single-thread one.

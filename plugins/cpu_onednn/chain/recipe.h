@@ -30,6 +30,7 @@
 #include "steps/convpool.h"
 #include "steps/dilated.h"
 #include "steps/dwsilu.h"
+#include "steps/expand_dw.h"
 #include "steps/gelu.h"
 #include "steps/grouped.h"
 #include "steps/int8_pool.h"

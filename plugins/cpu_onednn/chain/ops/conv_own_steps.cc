@@ -387,4 +387,67 @@ bool Builder::conv_wino4(size_t i, const Fusion& f, const std::string& src, cons
   return true;
 }
 
+// A fusion's post-ops as the activation the chain's own kernels apply in registers (steps/expand_dw.h): none, or
+// one eltwise post-op of scale 1 that is Relu (alpha 0), Clip (v1 or v2), hard-swish or SiLU (swish, alpha 1). False
+// for anything else.
+static bool expand_dw_act_of(const dnnl::post_ops& po, ExpandDwAct* a) {
+  *a = ExpandDwAct{};
+  if (po.len() == 0) return true;
+  if (po.len() != 1 || po.kind(0) != dnnl::primitive::kind::eltwise) return false;
+  float scale = 0.f, alpha = 0.f, beta = 0.f;
+  alg k = alg::undef;
+  po.get_params_eltwise(0, scale, k, alpha, beta);
+  if (scale != 1.f) return false;
+  if (k == alg::eltwise_relu && alpha == 0.f) a->kind = ExpandDwAct::kRelu;
+  else if (k == alg::eltwise_clip || k == alg::eltwise_clip_v2)
+    a->kind = ExpandDwAct::kClip, a->lo = alpha, a->hi = beta;
+  else if (k == alg::eltwise_hardswish) a->kind = ExpandDwAct::kHardSwish;
+  else if (k == alg::eltwise_swish && alpha == 1.f) a->kind = ExpandDwAct::kSilu;
+  else return false;
+  return true;
+}
+
+// A 1x1 convolution (stride 1, no padding; `w` [M][C] and `bias` with folds applied, its activation in f.po) whose
+// sole reader is a 3x3 depthwise convolution with padding 1 and stride 1 or 2 (dw_reader_of), each followed by at
+// most one activation expand_dw_act_of takes, as one step of the chain's own (steps/expand_dw.h): MobileNet's
+// expansion never leaves the cache. The source is read as nChw16c (reordered first when in another layout). Measured:
+// docs/ONEDNN_PERFORMANCE.md, "(xdw)". With AVX-512, f32, the expand_dw option on; false, changing nothing,
+// otherwise.
+bool Builder::conv_expand_dw(size_t i, const Fusion& f, const std::string& src, const Dims& x,
+                             const std::vector<float>& w, const std::vector<float>& bias, double flops) {
+  if (!options().expand_dw || f.pass_after() || f.viewed || !f.sum_with.empty() || x.size() != 4) return false;
+  const Dims y1 = dims_of(f.out);
+  if (y1.size() != 4 || y1[0] != x[0] || y1[2] != x[2] || y1[3] != x[3]) return false;
+  ExpandDwShape s;
+  s.n = x[0], s.c = x[1], s.m = y1[1], s.h = x[2], s.w = x[3];
+  if (!expand_dw_act_of(f.po, &s.act1)) return false;
+  DwReader d;
+  if (!dw_reader_of(f, s.m, &d)) return false;
+  const Fusion& g = d.fusion;
+  s.stride = d.stride;
+  if (g.pass_after() || g.viewed || !expand_dw_act_of(g.po, &s.act2) || !expand_dw_check(s).empty()) return false;
+  const Dims y{s.n, s.m, s.oh(), s.ow()};
+  if (dims_of(g.out) != y) return false;
+  if (w.size() != static_cast<size_t>(s.m * s.c) || bias.size() != static_cast<size_t>(s.m)) return false;
+  if (val(src).scale != 1.f || val(src).md.data_type() != dt::f32) return false;
+  const Val xv = as_md(src, md_t(to_dnnl(x), dt::f32, tag::nChw16c));  // a reorder first unless nChw16c already
+  Exec e;
+  own_weights(
+      e, expand_dw_packed_floats(s),
+      [&](float* to) { expand_dw_pack(s, w.data(), bias.data(), d.w.data(), d.bias.data(), to); }, nullptr);
+  team_scratch(e, expand_dw_scratch_floats(s));
+  e.args[DNNL_ARG_SRC] = mem_of(xv);
+  e.args[DNNL_ARG_DST] = mem_of(define(g.out, md_t(to_dnnl(y), dt::f32, tag::nChw16c)));
+  e.own = run_expand_dw;
+  e.own_kind = "convolution";
+  e.params = std::make_shared<const ExpandDwShape>(s);
+  p_->flops += flops + 2.0 * static_cast<double>(numel(y) * 9);
+  exec_own(std::move(e), "keel:expand_dw_avx512", false,
+           r_.nodes[i].name + " + " + r_.nodes[d.node].name + " " + dims_str(x) + " -> " + dims_str(y));
+  for (size_t k : f.nodes) done_[k] = true;
+  done_[d.node] = true;
+  for (size_t k : g.nodes) done_[k] = true;
+  return true;
+}
+
 }  // namespace keel::onednn::chain

@@ -181,6 +181,44 @@ bool Builder::conv_dilated_phases(size_t i, const Fusion& f, const std::string& 
   return true;
 }
 
+// The 3x3 depthwise convolution that is the sole reader of f.out (M channels): a Conv with group M, constant f32
+// weights [M,1,3,3] (and bias [M]), padding 1, stride 1 or 2, no dilation, reading f.out as its data; its own fusion
+// (fuse_after) without a residual sum; weights and bias with that fusion's BatchNormalization / bias folds applied.
+// False, changing nothing, when there is none.
+bool Builder::dw_reader_of(const Fusion& f, int64_t M, DwReader* d) {
+  const size_t u = sole_user(f.out);
+  if (u == npos) return false;
+  const NodeDesc& dn = r_.nodes[u];
+  if (dn.op != "Conv" || done_[u] || dn.in[0] != f.out || dn.out.size() != 1) return false;
+  const ConstT* W = cst(dn.in_at(1));
+  const ConstT* B = dn.in_at(2).empty() ? nullptr : cst(dn.in_at(2));
+  if (!W || W->dtype != KEEL_DTYPE_F32 || (!dn.in_at(2).empty() && (!B || B->count() != M))) return false;
+  if (dn.ai("group", 1) != M || W->dims != Dims{M, 1, 3, 3}) return false;
+  if (dn.ais("kernel_shape", {3, 3}) != Dims{3, 3} || dn.ais("dilations", {1, 1}) != Dims{1, 1} ||
+      dn.ais("pads", {0, 0, 0, 0}) != Dims{1, 1, 1, 1})
+    return false;
+  const std::string ap = dn.as("auto_pad", "NOTSET");
+  if (ap != "NOTSET" && !ap.empty()) return false;
+  const Dims ds = dn.ais("strides", {1, 1});
+  if (ds != Dims{1, 1} && ds != Dims{2, 2}) return false;
+  Fusion g = fuse_after(dn.out[0], u, true, M);
+  if (!g.sum_with.empty()) return false;
+  d->node = u;
+  d->stride = ds[0];
+  d->w.assign(W->f32(), W->f32() + W->count());
+  d->bias.assign(static_cast<size_t>(M), 0.f);
+  if (B)
+    for (int64_t k = 0; k < M; ++k) d->bias[k] = static_cast<float>(B->at(k));
+  if (!g.bn_scale.empty())
+    for (int64_t m = 0; m < M; ++m) {
+      for (int k = 0; k < 9; ++k) d->w[m * 9 + k] *= g.bn_scale[m];
+      d->bias[m] = d->bias[m] * g.bn_scale[m] + g.bn_shift[m];
+    }
+  for (size_t k = 0; k < g.conv_bias_add.size(); ++k) d->bias[k] += g.conv_bias_add[k];
+  d->fusion = std::move(g);
+  return true;
+}
+
 // A 1x1 convolution (stride 1, its post-ops in `f`) whose sole consumer is a 3x3 depthwise convolution (stride 1
 // or 2, pad 1): one oneDNN primitive with the depthwise one as a post-op, so the expanded tensor (MobileNet's and
 // EfficientNet's widest) never goes out to memory. False, changing nothing, when the pattern or oneDNN says no;
@@ -193,28 +231,15 @@ bool Builder::conv_dw_fused(size_t i, const Fusion& f, const md_t& src, const md
   // unfused is faster then anyway (EfficientNet-B0's 24->144 block at 56x56: 541 us fused with oneDNN's swish, 405 us
   // as two convolutions each followed by the SiLU pass).
   if (!options().dw_fusion || f.pass_after()) return false;
-  const size_t u = sole_user(f.out);
-  if (u == npos) return false;
-  const NodeDesc& dn = r_.nodes[u];
-  if (dn.op != "Conv" || dn.in[0] != f.out || dn.out.size() != 1) return false;
-  Dims y1 = dims_of(f.out);
+  const Dims y1 = dims_of(f.out);
   if (y1.size() != 4) return false;
   const int64_t M = y1[1];
-  const ConstT* W = cst(dn.in_at(1));
-  const ConstT* B = dn.in_at(2).empty() ? nullptr : cst(dn.in_at(2));
-  if (!W || W->dtype != KEEL_DTYPE_F32 || (!dn.in_at(2).empty() && (!B || B->count() != M))) return false;
-  if (dn.ai("group", 1) != M || W->dims != Dims{M, 1, 3, 3}) return false;
-  if (dn.ais("kernel_shape", {3, 3}) != Dims{3, 3} || dn.ais("dilations", {1, 1}) != Dims{1, 1} ||
-      dn.ais("pads", {0, 0, 0, 0}) != Dims{1, 1, 1, 1})
-    return false;
-  std::string ap = dn.as("auto_pad", "NOTSET");
-  if (ap != "NOTSET" && !ap.empty()) return false;
-  Dims ds = dn.ais("strides", {1, 1});
-  if (ds != Dims{1, 1} && ds != Dims{2, 2}) return false;
-  Fusion g = fuse_after(dn.out[0], u, true, M);
-  if (!g.sum_with.empty()) return false;
+  DwReader d;
+  if (!dw_reader_of(f, M, &d)) return false;
+  const size_t u = d.node;
+  const Fusion& g = d.fusion;
   dnnl::post_ops po = f.po;
-  if (ds[0] == 1) po.append_dw_k3s1p1(dt::f32, dt::f32, dt::f32, 0, {});
+  if (d.stride == 1) po.append_dw_k3s1p1(dt::f32, dt::f32, dt::f32, 0, {});
   else po.append_dw_k3s2p1(dt::f32, dt::f32, dt::f32, 0, {});
   for (int k = 0; k < g.po.len(); ++k) {
     if (g.po.kind(k) != dnnl::primitive::kind::eltwise) return false;
@@ -223,16 +248,8 @@ bool Builder::conv_dw_fused(size_t i, const Fusion& f, const md_t& src, const md
     g.po.get_params_eltwise(k, sc, a, al, be);
     po.append_eltwise(sc, a, al, be);
   }
-  // Depthwise weights and bias with the folds of its own fusion applied.
-  std::vector<float> dw(W->f32(), W->f32() + W->count()), db(M, 0.f);
-  if (B)
-    for (int64_t k = 0; k < M; ++k) db[k] = static_cast<float>(B->at(k));
-  if (!g.bn_scale.empty())
-    for (int64_t m = 0; m < M; ++m) {
-      for (int k = 0; k < 9; ++k) dw[m * 9 + k] *= g.bn_scale[m];
-      db[m] = db[m] * g.bn_scale[m] + g.bn_shift[m];
-    }
-  for (size_t k = 0; k < g.conv_bias_add.size(); ++k) db[k] += g.conv_bias_add[k];
+  std::vector<float>& dw = d.w;
+  const std::vector<float>& db = d.bias;
   dnnl::primitive_attr attr = user_scratchpad();
   attr.set_post_ops(po);
   Dims x = dims_of(r_.nodes[i].in[0]);

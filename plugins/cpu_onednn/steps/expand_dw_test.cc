@@ -1,0 +1,120 @@
+// plugins/cpu_onednn/steps/expand_dw_test.cc — the fused 1x1 + depthwise 3x3 step (steps/expand_dw.h) against its
+// double-precision reference, over the geometries its code splits on: register-tile tails (widths not multiples of
+// 14 or 8), input channels not a multiple of 16 (a zero-padded last block), an odd number of 16-channel expanded
+// blocks (a 16-wide last group), strides 1 and 2 with odd and even sizes, one-pixel images, batches, every
+// activation, teams of 1-3 threads splitting rows or channel groups.
+#include "steps/expand_dw.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace keel::onednn {
+namespace {
+
+ExpandDwAct clip6() {
+  ExpandDwAct a;
+  a.kind = ExpandDwAct::kClip, a.lo = 0.f, a.hi = 6.f;
+  return a;
+}
+ExpandDwAct of(ExpandDwAct::Kind k) {
+  ExpandDwAct a;
+  a.kind = k;
+  return a;
+}
+
+void check(int64_t n, int64_t c, int64_t m, int64_t h, int64_t w, int64_t stride, int team, ExpandDwAct act1 = clip6(),
+           ExpandDwAct act2 = clip6()) {
+  ExpandDwShape s;
+  s.n = n, s.c = c, s.m = m, s.h = h, s.w = w, s.stride = stride, s.act1 = act1, s.act2 = act2;
+  if (!expand_dw_check(s).empty()) GTEST_SKIP() << expand_dw_check(s);
+  const int64_t cb = (c + 15) / 16;
+  std::mt19937 rng(static_cast<uint32_t>(h * 131 + w * 7 + c + m * 3 + n + stride * 1000));
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  // nChw16c source with the last block's padding lanes zero, as oneDNN keeps them.
+  std::vector<float> x(static_cast<size_t>(n * cb * 16 * h * w), 0.f);
+  for (int64_t img = 0; img < n; ++img)
+    for (int64_t k = 0; k < c; ++k)
+      for (int64_t p = 0; p < h * w; ++p) x[((img * cb + k / 16) * h * w + p) * 16 + k % 16] = 2.f * u(rng);
+  std::vector<float> w1(static_cast<size_t>(m * c)), b1(static_cast<size_t>(m)), w2(static_cast<size_t>(m * 9)),
+      b2(static_cast<size_t>(m));
+  for (float& v : w1) v = u(rng) * 2.f / std::sqrt(static_cast<float>(c));
+  for (float& v : b1) v = 0.5f * u(rng);
+  for (float& v : w2) v = u(rng) / 3.f;
+  for (float& v : b2) v = 0.2f * u(rng);
+  const size_t out = static_cast<size_t>(n * m * s.oh() * s.ow());
+  std::vector<float> want(out), got(out, NAN), packed(expand_dw_packed_floats(s));
+  std::vector<float> scratch(expand_dw_scratch_floats(s) * static_cast<size_t>(team));
+  expand_dw_reference(s, x.data(), w1.data(), b1.data(), w2.data(), b2.data(), want.data());
+  expand_dw_pack(s, w1.data(), b1.data(), w2.data(), b2.data(), packed.data());
+  expand_dw_run(s, x.data(), packed.data(), got.data(), scratch.data(), team);
+  const std::string where = "n=" + std::to_string(n) + " c=" + std::to_string(c) + " m=" + std::to_string(m) + " " +
+                            std::to_string(h) + "x" + std::to_string(w) + " stride " + std::to_string(stride) +
+                            " team " + std::to_string(team) +
+                            (expand_dw_splits_rows(s, team) ? " (rows)" : " (groups)");
+  for (size_t i = 0; i < out; ++i) {
+    ASSERT_FALSE(std::isnan(got[i])) << "output " << i << " not written, " << where;
+    ASSERT_NEAR(got[i], want[i], 2e-5f * (1.f + std::fabs(want[i]))) << "at " << i << ", " << where;
+  }
+}
+
+TEST(OnednnExpandDw, MatchesTheReference) {
+  for (int team : {1, 2, 3}) {
+    check(1, 24, 144, 56, 56, 1, team);  // MobileNetV2 features.3: 24 inputs (a padded block), 4 tiles of 14
+    check(1, 16, 96, 28, 28, 2, team);   // features.2 (smaller): stride 2, a 16-wide last group
+    check(1, 32, 192, 14, 14, 1, team);  // 14x14: rows or groups by team
+    check(1, 160, 960, 7, 7, 1, team);   // 7x7, many inputs: channel groups at 2+ threads
+    check(1, 24, 48, 13, 11, 2, team);   // odd sizes at stride 2; tails of the 14- and 8-pixel tiles
+    check(1, 8, 16, 1, 1, 1, team);      // one pixel: every tap but the centre outside the image
+    check(1, 8, 16, 2, 3, 2, team);      // smaller than one tile
+    check(2, 16, 32, 6, 5, 1, team);     // batch 2: the ring starts over with the second image
+    check(3, 40, 80, 5, 9, 2, team);     // batch 3 at stride 2, few rows: groups over the team
+  }
+}
+
+TEST(OnednnExpandDw, EveryActivation) {
+  using K = ExpandDwAct::Kind;
+  for (K a : {K::kNone, K::kRelu, K::kHardSwish, K::kSilu})
+    for (int team : {1, 2}) {
+      check(1, 16, 48, 10, 15, 1, team, of(a), clip6());
+      check(1, 16, 48, 10, 15, 2, team, clip6(), of(a));
+    }
+  ExpandDwAct odd;
+  odd.kind = ExpandDwAct::kClip, odd.lo = -0.5f, odd.hi = 0.25f;
+  check(1, 16, 32, 9, 9, 1, 2, odd, odd);
+}
+
+TEST(OnednnExpandDw, PacksGroupsOf32AndTheDepthwiseBlocks) {
+  ExpandDwShape s;
+  s.c = 3, s.m = 48, s.h = 4, s.w = 4;
+  std::vector<float> w1(48 * 3), b1(48), w2(48 * 9), b2(48), packed(expand_dw_packed_floats(s));
+  for (size_t i = 0; i < w1.size(); ++i) w1[i] = static_cast<float>(i);
+  for (size_t i = 0; i < w2.size(); ++i) w2[i] = 1000.f + static_cast<float>(i);
+  for (int i = 0; i < 48; ++i) b1[i] = -1.f - i, b2[i] = -100.f - i;
+  expand_dw_pack(s, w1.data(), b1.data(), w2.data(), b2.data(), packed.data());
+  ASSERT_EQ(packed.size(), 3u * 48 + 11u * 48);
+  EXPECT_EQ(packed[1 * 32 + 5], w1[5 * 3 + 1]);            // group 0: [k][32]
+  EXPECT_EQ(packed[32 * 3 + 2 * 16 + 7], w1[39 * 3 + 2]);  // group 1 (16 wide): [k][16]
+  EXPECT_EQ(packed[144 + (1 * 9 + 4) * 16 + 3], w2[19 * 9 + 4]);
+  EXPECT_EQ(packed[144 + 9 * 48 + 47], b1[47]);
+  EXPECT_EQ(packed[144 + 10 * 48], b2[0]);
+}
+
+TEST(OnednnExpandDw, RejectsWhatItDoesNotCompute) {
+  ExpandDwShape s;
+  s.c = 16, s.m = 24, s.h = 8, s.w = 8;
+  EXPECT_NE(expand_dw_check(s), "");  // 24 expanded channels
+  s.m = 32, s.stride = 3;
+  EXPECT_NE(expand_dw_check(s), "");
+  s.stride = 1, s.h = 0;
+  EXPECT_NE(expand_dw_check(s), "");
+  s.h = 8;
+  s.act1.kind = ExpandDwAct::kClip, s.act1.lo = 1.f, s.act1.hi = 0.f;
+  EXPECT_NE(expand_dw_check(s), "");
+}
+
+}  // namespace
+}  // namespace keel::onednn
