@@ -3231,6 +3231,24 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // The same step with a 5x5 depthwise convolution (MobileNet-V3's later blocks): 40 -> 120 channels (7.5 blocks of
+    // nChw16c: the padding lanes must come out zero for the projection after it), HardSwish on both, stride 2.
+    OpCase c;
+    c.op = "Chain";
+    c.label = "1x1 + depthwise 5x5 as one step: 40 -> 120 (a partial block), HardSwish, stride 2, projection";
+    c.inputs = {in("X", {1, 40, 14, 14}), in("WE", {120, 40, 1, 1}, true, -0.4f, 0.4f),
+                in("BE", {120}, true),    in("WD", {120, 1, 5, 5}, true, -0.3f, 0.3f),
+                in("BD", {120}, true),    in("WP", {48, 120, 1, 1}, true, -0.2f, 0.2f),
+                in("BP", {48}, true)};
+    c.chain = {conv({"X", "WE", "BE"}, 1, 1, 0),
+               {"HardSwish", {"$0"}, {}},
+               conv({"$1", "WD", "BD"}, 5, 2, 2, 120),
+               {"HardSwish", {"$2"}, {}},
+               conv({"$3", "WP", "BP"}, 1, 1, 0)};
+    c.claim_whole = true;
+    v.push_back(c);
+  }
+  {
     // HardSigmoid and HardSwish with nothing to fuse into (after a Mul of two values): their own steps, HardSigmoid
     // as two (linear, then clip in place), with ONNX's default alpha 0.2.
     OpCase c;

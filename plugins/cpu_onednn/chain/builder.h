@@ -416,13 +416,14 @@ class Builder {
   bool conv_dilated_phases(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y, int64_t dil,
                            const md_t& wany, const md_t& bmd, const dnnl::primitive_attr& attr, const md_t& wplain,
                            std::vector<float>& w, bool has_bias, const std::vector<float>& bias, double flops);
-  // The 3x3 depthwise convolution (padding 1, stride 1 or 2, constant f32 weights [M,1,3,3]) that is the sole reader
-  // of a 1x1 convolution's output, with its own fusion and its weights and bias with that fusion's folds applied.
+  // The 3x3 or 5x5 depthwise convolution (padding k / 2, stride 1 or 2, constant f32 weights [M,1,k,k]) that is the
+  // sole reader of a 1x1 convolution's output, with its own fusion and its weights and bias with that fusion's folds
+  // applied.
   struct DwReader {
     size_t node = 0;
-    int64_t stride = 1;
+    int64_t k = 3, stride = 1;
     Fusion fusion;
-    std::vector<float> w, bias;  // [M][9], [M]
+    std::vector<float> w, bias;  // [M][k*k], [M]
   };
   bool dw_reader_of(const Fusion& f, int64_t M, DwReader* d);
   bool conv_dw_fused(size_t i, const Fusion& f, const md_t& src, const md_t& wany, const md_t& bmd,

@@ -1,13 +1,14 @@
-// plugins/cpu_onednn/steps/expand_dw.cc — a 1x1 convolution and its 3x3 depthwise reader in one pass over nChw16c
+// plugins/cpu_onednn/steps/expand_dw.cc — a 1x1 convolution and its k x k depthwise reader in one pass over nChw16c
 // (steps/expand_dw.h).
 //
-// Per thread: output rows in order; for each, the (up to three) expanded rows it reads are computed into a ring of
-// three slots unless already there (slot = input row mod 3, so consecutive rows never evict each other), then the
+// Per thread: output rows in order; for each, the (up to k) expanded rows it reads are computed into a ring of k
+// slots unless already there (slot = input row mod k, so the rows of one output row never evict each other), then the
 // depthwise output row from the slots, one 32-channel group at a time (the group's part of the slots stays in L1
 // from its expansion to its depthwise convolution). Rows outside the image are skipped taps, columns outside it the
 // slots' zero columns. Registers: the expansion 14 pixels x 2 vectors of accumulators (the products at the FMA rate:
 // 24 -> 144 at 56x56 200 GFLOP/s on one core of the AMD EPYC host), the depthwise 8 (stride 1) or 6 (stride 2)
-// output pixels with their 9 weight vectors and the input columns of each row loaded once.
+// output pixels with the input columns of each row loaded once (and, for 3x3, the 9 weight vectors). Expanded
+// channels past m (to the next multiple of 16) get zero weights and biases, so they hold act(0) = 0 throughout.
 #include "steps/expand_dw.h"
 
 #include <immintrin.h>
@@ -28,10 +29,13 @@ namespace {
 constexpr int kTile = 14;                 // pixels per register tile of the expansion (14 x 2 accumulators)
 constexpr int64_t kMinRowsPerThread = 7;  // fewer: the team splits channel groups instead of rows
 
-int64_t groups(const ExpandDwShape& s) { return (s.m + 31) / 32; }
-int64_t group_width(const ExpandDwShape& s, int64_t g) { return std::min<int64_t>(32, s.m - 32 * g); }
-int64_t ring_row_floats(const ExpandDwShape& s) { return s.m * (s.w + 2); }
 int64_t blocks_of(int64_t c) { return (c + 15) / 16; }
+int64_t padded_m(const ExpandDwShape& s) { return 16 * blocks_of(s.m); }
+int64_t groups(const ExpandDwShape& s) { return (padded_m(s) + 31) / 32; }
+int64_t group_width(const ExpandDwShape& s, int64_t g) { return std::min<int64_t>(32, padded_m(s) - 32 * g); }
+int64_t pad_of(const ExpandDwShape& s) { return s.k / 2; }
+int64_t ring_width(const ExpandDwShape& s) { return s.w + 2 * pad_of(s); }  // zero columns on both sides
+int64_t ring_row_floats(const ExpandDwShape& s) { return padded_m(s) * ring_width(s); }
 
 float act_scalar(const ExpandDwAct& a, float x) {
   switch (a.kind) {
@@ -110,57 +114,67 @@ ExpandFn expand_fn(int tiles, int nv) {
   return nv == 2 ? expand_of<2>(tiles, Seq{}) : expand_of<1>(tiles, Seq{});
 }
 
-// NX output pixels of one 16-channel block from the ring rows (null: outside the image, skipped), the input columns
+// NX output pixels of one 16-channel block from the K ring rows (null: outside the image, skipped), the input columns
 // of each row loaded once: out[j * 16 + lane] = act(bias + sum over dy, dx of rows[dy][col + (j * S + dx) * 16 +
-// lane] * wv[dy * 3 + dx]).
-template <int NX, int S>
+// lane] * w[dy * K + dx]), the weights from registers (wv, 3x3) or memory (wd, 5x5: 25 would not fit beside them).
+template <int NX, int S, int K>
 __attribute__((target("avx512f"), always_inline)) inline void dw_tile(const float* const* rows, int64_t col,
-                                                                      const __m512* wv, __m512 bias,
+                                                                      const __m512* wv, const float* wd, __m512 bias,
                                                                       const ExpandDwAct& act, float* out) {
-  constexpr int kCols = (NX - 1) * S + 3;
+  constexpr int kCols = (NX - 1) * S + K;
   __m512 acc[NX];
 #pragma GCC unroll 8
   for (int j = 0; j < NX; ++j) acc[j] = bias;
-#pragma GCC unroll 3
-  for (int dy = 0; dy < 3; ++dy) {
+#pragma GCC unroll 5
+  for (int dy = 0; dy < K; ++dy) {
     if (rows[dy] == nullptr) continue;
     const float* r = rows[dy] + col;
     __m512 in[kCols];
 #pragma GCC unroll 16
     for (int i = 0; i < kCols; ++i) in[i] = _mm512_loadu_ps(r + i * 16);
-#pragma GCC unroll 3
-    for (int dx = 0; dx < 3; ++dx)
+#pragma GCC unroll 5
+    for (int dx = 0; dx < K; ++dx) {
+      const __m512 w = K == 3 ? wv[dy * 3 + dx] : _mm512_loadu_ps(wd + (dy * K + dx) * 16);
 #pragma GCC unroll 8
-      for (int j = 0; j < NX; ++j) acc[j] = _mm512_fmadd_ps(in[j * S + dx], wv[dy * 3 + dx], acc[j]);
+      for (int j = 0; j < NX; ++j) acc[j] = _mm512_fmadd_ps(in[j * S + dx], w, acc[j]);
+    }
   }
 #pragma GCC unroll 8
   for (int j = 0; j < NX; ++j) _mm512_storeu_ps(out + j * 16, act16(act, acc[j]));
 }
 
 // The last `rem` (< N) pixels of a row.
-template <int N, int S>
+template <int N, int S, int K>
 __attribute__((target("avx512f"), always_inline)) inline void dw_tail(int rem, const float* const* rows, int64_t col,
-                                                                      const __m512* wv, __m512 bias,
+                                                                      const __m512* wv, const float* wd, __m512 bias,
                                                                       const ExpandDwAct& act, float* out) {
   if constexpr (N > 0) {
-    if (rem == N) return dw_tile<N, S>(rows, col, wv, bias, act, out);
-    dw_tail<N - 1, S>(rem, rows, col, wv, bias, act, out);
+    if (rem == N) return dw_tile<N, S, K>(rows, col, wv, wd, bias, act, out);
+    dw_tail<N - 1, S, K>(rem, rows, col, wv, wd, bias, act, out);
   }
 }
 
-// One output row of one 16-channel block: rows[dy] point at the block's ring column 0 (the zero column left of the
-// image), wd its 9 weight vectors, b its bias; ow pixels into out.
-template <int S>
+// One output row of one 16-channel block: rows[dy] point at the block's ring column 0 (the first zero column left of
+// the image), wd its K * K weight vectors, b its bias; ow pixels into out.
+template <int S, int K>
 __attribute__((target("avx512f"))) void dw_row(const float* const* rows, const float* wd, const float* b,
                                                const ExpandDwAct& act, float* out, int64_t ow) {
-  constexpr int NX = S == 1 ? 8 : 6;  // registers: NX accumulators, (NX - 1) S + 3 columns, 9 weights
+  constexpr int NX = S == 1 ? 8 : 6;  // registers: NX accumulators, (NX - 1) S + K columns, 9 weights for 3x3
   __m512 wv[9];
+  if constexpr (K == 3) {
 #pragma GCC unroll 9
-  for (int t = 0; t < 9; ++t) wv[t] = _mm512_loadu_ps(wd + t * 16);
+    for (int t = 0; t < 9; ++t) wv[t] = _mm512_loadu_ps(wd + t * 16);
+  }
   const __m512 bias = _mm512_loadu_ps(b);
   int64_t ox = 0;
-  for (; ox + NX <= ow; ox += NX) dw_tile<NX, S>(rows, ox * S * 16, wv, bias, act, out + ox * 16);
-  if (ox < ow) dw_tail<NX - 1, S>(static_cast<int>(ow - ox), rows, ox * S * 16, wv, bias, act, out + ox * 16);
+  for (; ox + NX <= ow; ox += NX) dw_tile<NX, S, K>(rows, ox * S * 16, wv, wd, bias, act, out + ox * 16);
+  if (ox < ow) dw_tail<NX - 1, S, K>(static_cast<int>(ow - ox), rows, ox * S * 16, wv, wd, bias, act, out + ox * 16);
+}
+
+using DwRowFn = void (*)(const float* const*, const float*, const float*, const ExpandDwAct&, float*, int64_t);
+DwRowFn dw_row_fn(int64_t stride, int64_t k) {
+  if (k == 5) return stride == 2 ? dw_row<2, 5> : dw_row<1, 5>;
+  return stride == 2 ? dw_row<2, 3> : dw_row<1, 3>;
 }
 
 #pragma GCC diagnostic pop
@@ -169,45 +183,52 @@ struct Packed {
   const float *u, *wd, *b1, *b2;
 };
 Packed parts(const ExpandDwShape& s, const float* packed) {
-  const float* wd = packed + s.c * s.m;
-  return {packed, wd, wd + 9 * s.m, wd + 10 * s.m};
+  const int64_t mp = padded_m(s);
+  const float* wd = packed + s.c * mp;
+  return {packed, wd, wd + s.k * s.k * mp, wd + (s.k * s.k + 1) * mp};
 }
 
-// Expanded row iy of image img, channel group g, into ring slot `row` ([m/16][w+2][16], columns 1..w).
+// Expanded row iy of image img, channel group g, into ring slot `row` ([m/16][w+2p][16], columns p..p+w-1).
 void expand_row(const ExpandDwShape& s, const float* src, const Packed& p, int64_t img, int64_t iy, int64_t g,
                 float* row) {
-  const int64_t cb = blocks_of(s.c), wp = s.w + 2;
+  const int64_t cb = blocks_of(s.c), wp = ring_width(s);
   const float* in = src + (img * cb * s.h + iy) * s.w * 16;
   const int nv = static_cast<int>(group_width(s, g) / 16);
   const float* U = p.u + 32 * s.c * g;  // groups before g are all 32 wide
-  float* out = row + 2 * g * wp * 16 + 16;
+  float* out = row + (2 * g * wp + pad_of(s)) * 16;
   for (int64_t x0 = 0; x0 < s.w; x0 += kTile) {
     const int t = static_cast<int>(std::min<int64_t>(kTile, s.w - x0));
     expand_fn(t, nv)(in + x0 * 16, s.h * s.w * 16, s.c, U, p.b1 + 32 * g, s.act1, out + x0 * 16, wp * 16);
   }
 }
 
-// Output rows [r0, r1) of the n * oh (image-major), channel groups [g0, g1), on the calling thread; ring: three
-// slots of ring_row_floats(s). Per output row and group, the group's missing expanded rows, then its two depthwise
-// output rows: the group's part of the three slots (3 x (w+2) x 32 floats) stays in L1 between the two.
+// Output rows [r0, r1) of the n * oh (image-major), channel groups [g0, g1), on the calling thread; ring: k slots
+// of ring_row_floats(s). Per output row and group, the group's missing expanded rows, then its two depthwise output
+// rows: the group's part of the k slots (k x (w+2p) x 32 floats) stays in L1 between the two.
 void run_part(const ExpandDwShape& s, const float* src, const Packed& p, float* dst, float* ring, int64_t r0,
               int64_t r1, int64_t g0, int64_t g1) {
-  const int64_t rowf = ring_row_floats(s), wp = s.w + 2, oh = s.oh(), ow = s.ow(), mb = s.m / 16;
-  for (int slot = 0; slot < 3; ++slot)
+  constexpr int kMaxK = 5;
+  const int64_t rowf = ring_row_floats(s), wp = ring_width(s), pad = pad_of(s), oh = s.oh(), ow = s.ow();
+  const int64_t mb = blocks_of(s.m), k = s.k;
+  for (int64_t slot = 0; slot < k; ++slot)
     for (int64_t ob = 2 * g0; ob < std::min(2 * g1, mb); ++ob) {
       float* r = ring + slot * rowf + ob * wp * 16;
-      std::fill(r, r + 16, 0.f);
-      std::fill(r + (s.w + 1) * 16, r + (s.w + 2) * 16, 0.f);
+      std::fill(r, r + pad * 16, 0.f);
+      std::fill(r + (pad + s.w) * 16, r + wp * 16, 0.f);
     }
-  int64_t have_img[3] = {-1, -1, -1}, have_row[3] = {-1, -1, -1};
+  int64_t have_img[kMaxK], have_row[kMaxK];
+  std::fill(have_img, have_img + kMaxK, -1);
+  std::fill(have_row, have_row + kMaxK, -1);
+  const DwRowFn dw = dw_row_fn(s.stride, k);
   for (int64_t flat = r0; flat < r1; ++flat) {
     const int64_t img = flat / oh, oy = flat % oh;
-    float* slot_of[3] = {nullptr, nullptr, nullptr};
-    int64_t compute_row[3] = {-1, -1, -1};  // per dy: the input row to expand into its slot first, or -1
-    for (int dy = 0; dy < 3; ++dy) {
-      const int64_t iy = oy * s.stride - 1 + dy;
+    float* slot_of[kMaxK] = {};
+    int64_t compute_row[kMaxK];  // per dy: the input row to expand into its slot first, or -1
+    for (int64_t dy = 0; dy < k; ++dy) {
+      compute_row[dy] = -1;
+      const int64_t iy = oy * s.stride - pad + dy;
       if (iy < 0 || iy >= s.h) continue;
-      const int slot = static_cast<int>(iy % 3);
+      const int64_t slot = iy % k;
       slot_of[dy] = ring + slot * rowf;
       if (have_img[slot] != img || have_row[slot] != iy) {
         compute_row[dy] = iy;
@@ -215,14 +236,12 @@ void run_part(const ExpandDwShape& s, const float* src, const Packed& p, float* 
       }
     }
     for (int64_t g = g0; g < g1; ++g) {
-      for (int dy = 0; dy < 3; ++dy)
+      for (int64_t dy = 0; dy < k; ++dy)
         if (compute_row[dy] >= 0) expand_row(s, src, p, img, compute_row[dy], g, slot_of[dy]);
       for (int64_t ob = 2 * g; ob < std::min(2 * g + 2, mb); ++ob) {
-        const float* rows[3];
-        for (int dy = 0; dy < 3; ++dy) rows[dy] = slot_of[dy] ? slot_of[dy] + ob * wp * 16 : nullptr;
-        float* out = dst + ((img * mb + ob) * oh + oy) * ow * 16;
-        if (s.stride == 2) dw_row<2>(rows, p.wd + ob * 9 * 16, p.b2 + ob * 16, s.act2, out, ow);
-        else dw_row<1>(rows, p.wd + ob * 9 * 16, p.b2 + ob * 16, s.act2, out, ow);
+        const float* rows[kMaxK];
+        for (int64_t dy = 0; dy < k; ++dy) rows[dy] = slot_of[dy] ? slot_of[dy] + ob * wp * 16 : nullptr;
+        dw(rows, p.wd + ob * k * k * 16, p.b2 + ob * 16, s.act2, dst + ((img * mb + ob) * oh + oy) * ow * 16, ow);
       }
     }
   }
@@ -232,31 +251,39 @@ void run_part(const ExpandDwShape& s, const float* src, const Packed& p, float* 
 
 std::string expand_dw_check(const ExpandDwShape& s) {
   if (!has_avx512f()) return "no AVX-512";
-  if (s.n < 1 || s.h < 1 || s.w < 1 || s.c < 1) return "empty source";
-  if (s.m < 16 || s.m % 16 != 0) return "expanded channels not a multiple of 16";
+  if (s.n < 1 || s.h < 1 || s.w < 1 || s.c < 1 || s.m < 1) return "empty source or no expanded channels";
+  if (s.k != 3 && s.k != 5) return "depthwise kernel not 3x3 or 5x5";
   if (s.stride != 1 && s.stride != 2) return "depthwise stride not 1 or 2";
-  for (const ExpandDwAct* a : {&s.act1, &s.act2})
+  for (const ExpandDwAct* a : {&s.act1, &s.act2}) {
     if (a->kind == ExpandDwAct::kClip && !(a->lo <= a->hi)) return "clip bounds out of order";
+    // The channels past m up to the next multiple of 16 must stay zero (nChw16c's padding).
+    if (s.m % 16 != 0 && a->kind == ExpandDwAct::kClip && !(a->lo <= 0.f && 0.f <= a->hi))
+      return "a clip without 0 in its range over a partial channel block";
+  }
   return "";
 }
 
-size_t expand_dw_packed_floats(const ExpandDwShape& s) { return static_cast<size_t>(s.c * s.m + 11 * s.m); }
+size_t expand_dw_packed_floats(const ExpandDwShape& s) {
+  return static_cast<size_t>((s.c + s.k * s.k + 2) * padded_m(s));
+}
 
 void expand_dw_pack(const ExpandDwShape& s, const float* w1, const float* b1, const float* w2, const float* b2,
                     float* packed) {
+  const int64_t mp = padded_m(s), kk = s.k * s.k;
+  std::fill(packed, packed + expand_dw_packed_floats(s), 0.f);
   for (int64_t o = 0; o < s.m; ++o) {
     const int64_t g = o / 32, wg = group_width(s, g), lane = o % 32;
     float* U = packed + 32 * s.c * g;
     for (int64_t k = 0; k < s.c; ++k) U[k * wg + lane] = w1[o * s.c + k];
   }
-  float* wd = packed + s.c * s.m;
+  float* wd = packed + s.c * mp;
   for (int64_t o = 0; o < s.m; ++o)
-    for (int t = 0; t < 9; ++t) wd[((o / 16) * 9 + t) * 16 + o % 16] = w2[o * 9 + t];
-  std::copy(b1, b1 + s.m, wd + 9 * s.m);
-  std::copy(b2, b2 + s.m, wd + 10 * s.m);
+    for (int64_t t = 0; t < kk; ++t) wd[((o / 16) * kk + t) * 16 + o % 16] = w2[o * kk + t];
+  std::copy(b1, b1 + s.m, wd + kk * mp);
+  std::copy(b2, b2 + s.m, wd + (kk + 1) * mp);
 }
 
-size_t expand_dw_scratch_floats(const ExpandDwShape& s) { return static_cast<size_t>(3 * ring_row_floats(s) + 16); }
+size_t expand_dw_scratch_floats(const ExpandDwShape& s) { return static_cast<size_t>(s.k * ring_row_floats(s) + 16); }
 
 bool expand_dw_splits_rows(const ExpandDwShape& s, int team) {
   return team <= 1 || s.n * s.oh() >= kMinRowsPerThread * team || groups(s) < team;
@@ -284,7 +311,8 @@ void expand_dw_run(const ExpandDwShape& s, const float* src, const float* packed
 
 void expand_dw_reference(const ExpandDwShape& s, const float* src, const float* w1, const float* b1, const float* w2,
                          const float* b2, float* dst) {
-  const int64_t cb = blocks_of(s.c), mb = s.m / 16, oh = s.oh(), ow = s.ow();
+  const int64_t cb = blocks_of(s.c), mb = blocks_of(s.m), oh = s.oh(), ow = s.ow(), kk = s.k * s.k, pad = pad_of(s);
+  std::fill(dst, dst + s.n * mb * 16 * oh * ow, 0.f);                // nChw16c's padding channels
   std::vector<float> e(static_cast<size_t>(s.n * s.m * s.h * s.w));  // [n][m][h][w]
   for (int64_t img = 0; img < s.n; ++img)
     for (int64_t o = 0; o < s.m; ++o)
@@ -301,11 +329,11 @@ void expand_dw_reference(const ExpandDwShape& s, const float* src, const float* 
       for (int64_t y = 0; y < oh; ++y)
         for (int64_t x = 0; x < ow; ++x) {
           double acc = b2[o];
-          for (int64_t a = 0; a < 3; ++a)
-            for (int64_t b = 0; b < 3; ++b) {
-              const int64_t iy = y * s.stride - 1 + a, ix = x * s.stride - 1 + b;
+          for (int64_t a = 0; a < s.k; ++a)
+            for (int64_t b = 0; b < s.k; ++b) {
+              const int64_t iy = y * s.stride - pad + a, ix = x * s.stride - pad + b;
               if (iy < 0 || iy >= s.h || ix < 0 || ix >= s.w) continue;
-              acc += static_cast<double>(e[((img * s.m + o) * s.h + iy) * s.w + ix]) * w2[o * 9 + a * 3 + b];
+              acc += static_cast<double>(e[((img * s.m + o) * s.h + iy) * s.w + ix]) * w2[o * kk + a * s.k + b];
             }
           dst[(((img * mb + o / 16) * oh + y) * ow + x) * 16 + o % 16] = act_scalar(s.act2, static_cast<float>(acc));
         }

@@ -1,13 +1,13 @@
-// plugins/cpu_onednn/steps/expand_dw.h — (internal) a 1x1 convolution and the 3x3 depthwise convolution that reads
-// its output, as one step of the chains' own: the middle of MobileNet's inverted residual block (expand, activation,
-// depthwise, activation) without the expanded tensor ever leaving the core's cache.
+// plugins/cpu_onednn/steps/expand_dw.h — (internal) a 1x1 convolution and the 3x3 or 5x5 depthwise convolution that
+// reads its output, as one step of the chains' own: the middle of MobileNet's inverted residual block (expand,
+// activation, depthwise, activation) without the expanded tensor ever leaving the core's cache.
 //
 // In MobileNetV2 the expansion is the block's widest tensor (144 x 56 x 56 floats: 1.8 MB). Written by one step and
 // read by the next, it goes out to L3 and, at 2 threads, half of it to the other core (a step reading lines the other
 // vCPU wrote pays about 3x: docs/ONEDNN_PERFORMANCE.md, "Data written by the other core"). oneDNN 2.6 fuses the two
 // (append_dw) only where the 1x1 kernel's blocking suits it, at 1 thread for two of MobileNetV2's 17 blocks.
 // Here each thread takes a contiguous range of output rows (or, for images of few rows, of 32-channel groups): it
-// computes the expansion row by row into a ring of 3 rows ([m/16][w+2][16] with zero columns at both ends, in L1/L2),
+// computes the expansion row by row into a ring of k rows ([m/16][w+2p][16] with zero columns at both ends, L1/L2),
 // each row as register tiles of up to 14 pixels x 32 channels over the input channels with the bias and the first
 // activation applied in registers, and the depthwise output row from the ring with its bias and activation, written
 // once in nChw16c. Where it pays: chain/ops/conv_own_steps.cc (Builder::conv_expand_dw) and
@@ -26,28 +26,30 @@ struct ExpandDwAct {
   float lo = 0.f, hi = 0.f;  // kClip's bounds
 };
 
-// The geometry: source nChw16c [n, c, h, w] (c any, its last block zero-padded as oneDNN keeps it), a 1x1
-// convolution to m channels (a multiple of 16) with bias and act1, then a depthwise 3x3 convolution, padding 1,
-// stride 1 or 2, with bias and act2, into nChw16c [n, m, oh, ow].
+// The geometry: source nChw16c [n, c, h, w] (c any: the lanes of a partial last block are never read), a 1x1
+// convolution to m channels (any) with bias and act1, then a depthwise k x k convolution (k 3 or 5), padding k / 2,
+// stride 1 or 2, with bias and act2, into nChw16c [n, m, oh, ow] (a partial last block's other lanes written 0).
 struct ExpandDwShape {
   int64_t n = 1, c = 0, m = 0, h = 0, w = 0;
-  int64_t stride = 1;
+  int64_t k = 3, stride = 1;
   ExpandDwAct act1, act2;
   int64_t oh() const { return (h - 1) / stride + 1; }
   int64_t ow() const { return (w - 1) / stride + 1; }
 };
 
-// "" when the step computes this shape on this CPU (AVX-512), else what it does not take.
+// "" when the step computes this shape on this CPU (AVX-512), else what it does not take (besides the geometry: with
+// m not a multiple of 16, a Clip whose range leaves out 0, which would turn the padding lanes non-zero).
 std::string expand_dw_check(const ExpandDwShape& s);
 
-// The packed constants: the 1x1 weights per group of 32 output channels ([group][c][32], the last group 16 wide when
-// m is an odd number of 16-channel blocks), the depthwise weights [m/16][9][16], then the two biases [m] each.
+// The packed constants, m rounded up to mp, a multiple of 16 (zeros past m): the 1x1 weights per group of 32 output
+// channels ([group][c][32], the last group 16 wide when mp is an odd number of 16-channel blocks), the depthwise
+// weights [mp/16][k*k][16], then the two biases [mp] each.
 size_t expand_dw_packed_floats(const ExpandDwShape& s);
-// From ONNX's 1x1 weights w1 [m][c][1][1], b1 [m], depthwise weights w2 [m][1][3][3] and b2 [m].
+// From ONNX's 1x1 weights w1 [m][c][1][1], b1 [m], depthwise weights w2 [m][1][k][k] and b2 [m].
 void expand_dw_pack(const ExpandDwShape& s, const float* w1, const float* b1, const float* w2, const float* b2,
                     float* packed);
 
-// Floats of scratch one thread of the team needs (its ring of three expanded rows).
+// Floats of scratch one thread of the team needs (its ring of k expanded rows).
 size_t expand_dw_scratch_floats(const ExpandDwShape& s);
 
 // Whether a team of `team` threads splits the output rows (true) or the 32-channel groups (false: images of fewer

@@ -1,8 +1,9 @@
-// plugins/cpu_onednn/steps/expand_dw_test.cc — the fused 1x1 + depthwise 3x3 step (steps/expand_dw.h) against its
-// double-precision reference, over the geometries its code splits on: register-tile tails (widths not multiples of
-// 14 or 8), input channels not a multiple of 16 (a zero-padded last block), an odd number of 16-channel expanded
-// blocks (a 16-wide last group), strides 1 and 2 with odd and even sizes, one-pixel images, batches, every
-// activation, teams of 1-3 threads splitting rows or channel groups.
+// plugins/cpu_onednn/steps/expand_dw_test.cc — the fused 1x1 + depthwise 3x3 / 5x5 step (steps/expand_dw.h) against
+// its double-precision reference, over the geometries its code splits on: register-tile tails (widths not multiples
+// of 14, 8 or 6), input channels not a multiple of 16 (a zero-padded last block), expanded channels not a multiple of
+// 16 (the padding lanes written 0) and an odd number of 16-channel blocks (a 16-wide last group), 3x3 and 5x5 at
+// strides 1 and 2 with odd and even sizes, windows larger than the image, batches, every activation, teams of 1-3
+// threads splitting rows or channel groups.
 #include "steps/expand_dw.h"
 
 #include <gtest/gtest.h>
@@ -27,9 +28,9 @@ ExpandDwAct of(ExpandDwAct::Kind k) {
 }
 
 void check(int64_t n, int64_t c, int64_t m, int64_t h, int64_t w, int64_t stride, int team, ExpandDwAct act1 = clip6(),
-           ExpandDwAct act2 = clip6()) {
+           ExpandDwAct act2 = clip6(), int64_t k = 3) {
   ExpandDwShape s;
-  s.n = n, s.c = c, s.m = m, s.h = h, s.w = w, s.stride = stride, s.act1 = act1, s.act2 = act2;
+  s.n = n, s.c = c, s.m = m, s.h = h, s.w = w, s.k = k, s.stride = stride, s.act1 = act1, s.act2 = act2;
   if (!expand_dw_check(s).empty()) GTEST_SKIP() << expand_dw_check(s);
   const int64_t cb = (c + 15) / 16;
   std::mt19937 rng(static_cast<uint32_t>(h * 131 + w * 7 + c + m * 3 + n + stride * 1000));
@@ -39,21 +40,21 @@ void check(int64_t n, int64_t c, int64_t m, int64_t h, int64_t w, int64_t stride
   for (int64_t img = 0; img < n; ++img)
     for (int64_t k = 0; k < c; ++k)
       for (int64_t p = 0; p < h * w; ++p) x[((img * cb + k / 16) * h * w + p) * 16 + k % 16] = 2.f * u(rng);
-  std::vector<float> w1(static_cast<size_t>(m * c)), b1(static_cast<size_t>(m)), w2(static_cast<size_t>(m * 9)),
+  std::vector<float> w1(static_cast<size_t>(m * c)), b1(static_cast<size_t>(m)), w2(static_cast<size_t>(m * k * k)),
       b2(static_cast<size_t>(m));
   for (float& v : w1) v = u(rng) * 2.f / std::sqrt(static_cast<float>(c));
   for (float& v : b1) v = 0.5f * u(rng);
-  for (float& v : w2) v = u(rng) / 3.f;
+  for (float& v : w2) v = u(rng) / static_cast<float>(k);
   for (float& v : b2) v = 0.2f * u(rng);
-  const size_t out = static_cast<size_t>(n * m * s.oh() * s.ow());
+  const size_t out = static_cast<size_t>(n * ((m + 15) / 16 * 16) * s.oh() * s.ow());  // a partial block's lanes too
   std::vector<float> want(out), got(out, NAN), packed(expand_dw_packed_floats(s));
   std::vector<float> scratch(expand_dw_scratch_floats(s) * static_cast<size_t>(team));
   expand_dw_reference(s, x.data(), w1.data(), b1.data(), w2.data(), b2.data(), want.data());
   expand_dw_pack(s, w1.data(), b1.data(), w2.data(), b2.data(), packed.data());
   expand_dw_run(s, x.data(), packed.data(), got.data(), scratch.data(), team);
   const std::string where = "n=" + std::to_string(n) + " c=" + std::to_string(c) + " m=" + std::to_string(m) + " " +
-                            std::to_string(h) + "x" + std::to_string(w) + " stride " + std::to_string(stride) +
-                            " team " + std::to_string(team) +
+                            std::to_string(h) + "x" + std::to_string(w) + " k " + std::to_string(k) + " stride " +
+                            std::to_string(stride) + " team " + std::to_string(team) +
                             (expand_dw_splits_rows(s, team) ? " (rows)" : " (groups)");
   for (size_t i = 0; i < out; ++i) {
     ASSERT_FALSE(std::isnan(got[i])) << "output " << i << " not written, " << where;
@@ -75,6 +76,19 @@ TEST(OnednnExpandDw, MatchesTheReference) {
   }
 }
 
+TEST(OnednnExpandDw, FiveByFiveAndPartialBlocks) {
+  using K = ExpandDwAct::Kind;
+  for (int team : {1, 2, 3}) {
+    check(1, 24, 72, 28, 28, 2, team, of(K::kRelu), of(K::kRelu));  // MobileNetV3's 16 -> 72 -> s2: 4.5 blocks
+    check(1, 24, 88, 14, 14, 1, team, of(K::kRelu), of(K::kRelu));  // 5.5 blocks, stride 1
+    check(1, 24, 96, 28, 28, 2, team, of(K::kHardSwish), of(K::kHardSwish), 5);   // 5x5 stride 2
+    check(1, 40, 120, 14, 14, 1, team, of(K::kHardSwish), of(K::kHardSwish), 5);  // 5x5, 7.5 blocks
+    check(1, 96, 576, 7, 7, 1, team, of(K::kHardSwish), of(K::kHardSwish), 5);    // 5x5 at 7x7: groups at 2+
+    check(2, 8, 40, 4, 3, 1, team, of(K::kNone), of(K::kSilu), 5);                // the window larger than the image
+    check(1, 16, 16, 9, 10, 2, team, clip6(), clip6(), 5);
+  }
+}
+
 TEST(OnednnExpandDw, EveryActivation) {
   using K = ExpandDwAct::Kind;
   for (K a : {K::kNone, K::kRelu, K::kHardSwish, K::kSilu})
@@ -90,7 +104,7 @@ TEST(OnednnExpandDw, EveryActivation) {
 TEST(OnednnExpandDw, PacksGroupsOf32AndTheDepthwiseBlocks) {
   ExpandDwShape s;
   s.c = 3, s.m = 48, s.h = 4, s.w = 4;
-  std::vector<float> w1(48 * 3), b1(48), w2(48 * 9), b2(48), packed(expand_dw_packed_floats(s));
+  std::vector<float> w1(48 * 3), b1(48), w2(48 * 9), b2(48), packed(expand_dw_packed_floats(s), NAN);
   for (size_t i = 0; i < w1.size(); ++i) w1[i] = static_cast<float>(i);
   for (size_t i = 0; i < w2.size(); ++i) w2[i] = 1000.f + static_cast<float>(i);
   for (int i = 0; i < 48; ++i) b1[i] = -1.f - i, b2[i] = -100.f - i;
@@ -106,8 +120,15 @@ TEST(OnednnExpandDw, PacksGroupsOf32AndTheDepthwiseBlocks) {
 TEST(OnednnExpandDw, RejectsWhatItDoesNotCompute) {
   ExpandDwShape s;
   s.c = 16, s.m = 24, s.h = 8, s.w = 8;
-  EXPECT_NE(expand_dw_check(s), "");  // 24 expanded channels
-  s.m = 32, s.stride = 3;
+  EXPECT_EQ(expand_dw_check(s), "");
+  s.act2.kind = ExpandDwAct::kClip, s.act2.lo = 1.f, s.act2.hi = 6.f;
+  EXPECT_NE(expand_dw_check(s), "");  // a partial block's padding would become 1
+  s.m = 32;
+  EXPECT_EQ(expand_dw_check(s), "");
+  s.act2 = ExpandDwAct{};
+  s.k = 7;
+  EXPECT_NE(expand_dw_check(s), "");
+  s.k = 3, s.stride = 3;
   EXPECT_NE(expand_dw_check(s), "");
   s.stride = 1, s.h = 0;
   EXPECT_NE(expand_dw_check(s), "");

@@ -299,7 +299,7 @@ void Builder::conv(size_t i) {
       f.sum_with.empty() && chan_scale.empty() && act_ == dt::f32 && conv_as_gemv(i, f, w, has_bias, bias))
     return;
   if (sp == 2 && g == 1 && ks[0] == 1 && ks[1] == 1 && s[0] == 1 && s[1] == 1 && pl == Dims{0, 0} && pr == Dims{0, 0} &&
-      M % 16 == 0 && f.sum_with.empty() && act_ == dt::f32 && chan_scale.empty() &&
+      f.sum_with.empty() && act_ == dt::f32 && chan_scale.empty() &&
       (conv_expand_dw(i, f, src_name, x, w, bias, conv_flops) ||
        conv_dw_fused(i, f, src, wany, bmd, w, bias, conv_flops)))
     return;

@@ -408,8 +408,8 @@ static bool expand_dw_act_of(const dnnl::post_ops& po, ExpandDwAct* a) {
 }
 
 // A 1x1 convolution (stride 1, no padding; `w` [M][C] and `bias` with folds applied, its activation in f.po) whose
-// sole reader is a 3x3 depthwise convolution with padding 1 and stride 1 or 2 (dw_reader_of), each followed by at
-// most one activation expand_dw_act_of takes, as one step of the chain's own (steps/expand_dw.h): MobileNet's
+// sole reader is a 3x3 or 5x5 depthwise convolution with padding k / 2 and stride 1 or 2 (dw_reader_of), each followed
+// by at most one activation expand_dw_act_of takes, as one step of the chain's own (steps/expand_dw.h): MobileNet's
 // expansion never leaves the cache. The source is read as nChw16c (reordered first when in another layout). Measured:
 // docs/ONEDNN_PERFORMANCE.md, "(xdw)". With AVX-512, f32, the expand_dw option on; false, changing nothing,
 // otherwise.
@@ -424,7 +424,7 @@ bool Builder::conv_expand_dw(size_t i, const Fusion& f, const std::string& src, 
   DwReader d;
   if (!dw_reader_of(f, s.m, &d)) return false;
   const Fusion& g = d.fusion;
-  s.stride = d.stride;
+  s.k = d.k, s.stride = d.stride;
   if (g.pass_after() || g.viewed || !expand_dw_act_of(g.po, &s.act2) || !expand_dw_check(s).empty()) return false;
   const Dims y{s.n, s.m, s.oh(), s.ow()};
   if (dims_of(g.out) != y) return false;
@@ -441,7 +441,7 @@ bool Builder::conv_expand_dw(size_t i, const Fusion& f, const std::string& src, 
   e.own = run_expand_dw;
   e.own_kind = "convolution";
   e.params = std::make_shared<const ExpandDwShape>(s);
-  p_->flops += flops + 2.0 * static_cast<double>(numel(y) * 9);
+  p_->flops += flops + 2.0 * static_cast<double>(numel(y) * s.k * s.k);
   exec_own(std::move(e), "keel:expand_dw_avx512", false,
            r_.nodes[i].name + " + " + r_.nodes[d.node].name + " " + dims_str(x) + " -> " + dims_str(y));
   for (size_t k : f.nodes) done_[k] = true;

@@ -181,10 +181,10 @@ bool Builder::conv_dilated_phases(size_t i, const Fusion& f, const std::string& 
   return true;
 }
 
-// The 3x3 depthwise convolution that is the sole reader of f.out (M channels): a Conv with group M, constant f32
-// weights [M,1,3,3] (and bias [M]), padding 1, stride 1 or 2, no dilation, reading f.out as its data; its own fusion
-// (fuse_after) without a residual sum; weights and bias with that fusion's BatchNormalization / bias folds applied.
-// False, changing nothing, when there is none.
+// The depthwise convolution that is the sole reader of f.out (M channels): a Conv with group M, constant f32 weights
+// [M,1,k,k] with k 3 or 5 (and bias [M]), padding k / 2 on every side, stride 1 or 2, no dilation, reading f.out as its
+// data; its own fusion (fuse_after) without a residual sum; weights and bias with that fusion's BatchNormalization /
+// bias folds applied. False, changing nothing, when there is none.
 bool Builder::dw_reader_of(const Fusion& f, int64_t M, DwReader* d) {
   const size_t u = sole_user(f.out);
   if (u == npos) return false;
@@ -193,9 +193,11 @@ bool Builder::dw_reader_of(const Fusion& f, int64_t M, DwReader* d) {
   const ConstT* W = cst(dn.in_at(1));
   const ConstT* B = dn.in_at(2).empty() ? nullptr : cst(dn.in_at(2));
   if (!W || W->dtype != KEEL_DTYPE_F32 || (!dn.in_at(2).empty() && (!B || B->count() != M))) return false;
-  if (dn.ai("group", 1) != M || W->dims != Dims{M, 1, 3, 3}) return false;
-  if (dn.ais("kernel_shape", {3, 3}) != Dims{3, 3} || dn.ais("dilations", {1, 1}) != Dims{1, 1} ||
-      dn.ais("pads", {0, 0, 0, 0}) != Dims{1, 1, 1, 1})
+  if (dn.ai("group", 1) != M || W->dims.size() != 4) return false;
+  const int64_t k = W->dims[2], p = k / 2;
+  if ((k != 3 && k != 5) || W->dims != Dims{M, 1, k, k}) return false;
+  if (dn.ais("kernel_shape", {k, k}) != Dims{k, k} || dn.ais("dilations", {1, 1}) != Dims{1, 1} ||
+      dn.ais("pads", {0, 0, 0, 0}) != Dims{p, p, p, p})
     return false;
   const std::string ap = dn.as("auto_pad", "NOTSET");
   if (ap != "NOTSET" && !ap.empty()) return false;
@@ -204,6 +206,7 @@ bool Builder::dw_reader_of(const Fusion& f, int64_t M, DwReader* d) {
   Fusion g = fuse_after(dn.out[0], u, true, M);
   if (!g.sum_with.empty()) return false;
   d->node = u;
+  d->k = k;
   d->stride = ds[0];
   d->w.assign(W->f32(), W->f32() + W->count());
   d->bias.assign(static_cast<size_t>(M), 0.f);
@@ -211,7 +214,7 @@ bool Builder::dw_reader_of(const Fusion& f, int64_t M, DwReader* d) {
     for (int64_t k = 0; k < M; ++k) d->bias[k] = static_cast<float>(B->at(k));
   if (!g.bn_scale.empty())
     for (int64_t m = 0; m < M; ++m) {
-      for (int k = 0; k < 9; ++k) d->w[m * 9 + k] *= g.bn_scale[m];
+      for (int64_t t = 0; t < k * k; ++t) d->w[m * k * k + t] *= g.bn_scale[m];
       d->bias[m] = d->bias[m] * g.bn_scale[m] + g.bn_shift[m];
     }
   for (size_t k = 0; k < g.conv_bias_add.size(); ++k) d->bias[k] += g.conv_bias_add[k];
@@ -232,10 +235,10 @@ bool Builder::conv_dw_fused(size_t i, const Fusion& f, const md_t& src, const md
   // as two convolutions each followed by the SiLU pass).
   if (!options().dw_fusion || f.pass_after()) return false;
   const Dims y1 = dims_of(f.out);
-  if (y1.size() != 4) return false;
+  if (y1.size() != 4 || y1[1] % 16 != 0) return false;
   const int64_t M = y1[1];
   DwReader d;
-  if (!dw_reader_of(f, M, &d)) return false;
+  if (!dw_reader_of(f, M, &d) || d.k != 3) return false;
   const size_t u = d.node;
   const Fusion& g = d.fusion;
   dnnl::post_ops po = f.po;
