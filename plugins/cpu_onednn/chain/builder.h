@@ -430,6 +430,17 @@ class Builder {
                      const std::vector<float>& w, const std::vector<float>& bias, double flops);
   bool conv_expand_dw(size_t i, const Fusion& f, const std::string& src, const Dims& x, const std::vector<float>& w,
                       const std::vector<float>& bias, double flops);
+  // A 1x1 convolution projecting a value, with at most a residual sum and an activation (conv_expand_dw).
+  struct Projection {
+    size_t node = 0;
+    int64_t out_channels = 0;
+    bool residual = false;
+    dnnl::post_ops act_po;  // the fusion's post-ops after the residual sum
+    Fusion fusion;
+    std::vector<float> w, bias;  // [P][M], [P]
+  };
+  bool projection_of(const std::string& v, int64_t M, const std::string& residual_src, const Dims& rdims,
+                     int64_t stride, Projection* p);
   // A depthwise convolution whose output goes through SiLU as one step of the chain's own (steps/dwsilu.h), the
   // SiLU of its source too when its producer left that to it (defer_silu: deferred_silu_ holds those values).
   bool dw_silu_plan(size_t u, DwSiluShape* s, Fusion* f);

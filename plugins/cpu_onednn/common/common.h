@@ -253,6 +253,8 @@ struct Options {
                           // runs as oneDNN's gelu_erf post-op instead of the chain's own pass (steps/gelu.h)
   bool dw_silu = true;  // KEEL_ONEDNN_DW_SILU=0 or [options] dw_silu = false: a depthwise convolution followed by SiLU
                         // stays oneDNN's primitive and SiLU passes instead of the chain's own step (steps/dwsilu.h)
+  bool expand_dw_project = true;  // KEEL_ONEDNN_EXPAND_DW_PROJECT=0: the expand_dw step leaves the 1x1 projection
+                                  // after it to oneDNN (for A/B runs)
   bool expand_dw = true;  // KEEL_ONEDNN_EXPAND_DW=0 or [options] expand_dw = false: a 1x1 convolution and its 3x3
                           // depthwise reader run as oneDNN's primitives (fused by append_dw where it can), not as the
                           // chain's own step (steps/expand_dw.h)

@@ -33,6 +33,9 @@ int64_t blocks_of(int64_t c) { return (c + 15) / 16; }
 int64_t padded_m(const ExpandDwShape& s) { return 16 * blocks_of(s.m); }
 int64_t groups(const ExpandDwShape& s) { return (padded_m(s) + 31) / 32; }
 int64_t group_width(const ExpandDwShape& s, int64_t g) { return std::min<int64_t>(32, padded_m(s) - 32 * g); }
+int64_t padded_proj(const ExpandDwShape& s) { return 16 * blocks_of(s.proj); }
+int64_t proj_groups(const ExpandDwShape& s) { return (padded_proj(s) + 31) / 32; }
+int64_t proj_group_width(const ExpandDwShape& s, int64_t g) { return std::min<int64_t>(32, padded_proj(s) - 32 * g); }
 int64_t pad_of(const ExpandDwShape& s) { return s.k / 2; }
 int64_t ring_width(const ExpandDwShape& s) { return s.w + 2 * pad_of(s); }  // zero columns on both sides
 int64_t ring_row_floats(const ExpandDwShape& s) { return padded_m(s) * ring_width(s); }
@@ -66,12 +69,13 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 act16(const Expa
   return x;
 }
 
-// T pixels x NV * 16 expanded channels of one row: out[v * out_stride + t * 16 + lane] = act(bias + sum over k < c
-// of src[(k / 16) * block_stride + t * 16 + k % 16] * U[k * NV * 16 + v * 16 + lane]).
+// T pixels x NV * 16 output channels of a 1x1 convolution over one row (the expansion, or the projection):
+// out[v * out_stride + t * 16 + lane] = act(bias + sum over k < c of src[(k / 16) * block_stride + t * 16 + k % 16] *
+// U[k * NV * 16 + v * 16 + lane] (+ res[v * out_stride + t * 16 + lane] when res is not null)).
 template <int T, int NV>
 __attribute__((target("avx512f"))) void expand_tile(const float* src, int64_t block_stride, int64_t c, const float* U,
                                                     const float* bias, const ExpandDwAct& act, float* out,
-                                                    int64_t out_stride) {
+                                                    int64_t out_stride, const float* res) {
   __m512 acc[T][NV];
 #pragma GCC unroll 2
   for (int v = 0; v < NV; ++v) {
@@ -96,6 +100,12 @@ __attribute__((target("avx512f"))) void expand_tile(const float* src, int64_t bl
       }
     }
   }
+  if (res != nullptr) {
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v)
+#pragma GCC unroll 14
+      for (int t = 0; t < T; ++t) acc[t][v] = _mm512_add_ps(acc[t][v], _mm512_loadu_ps(res + v * out_stride + t * 16));
+  }
 #pragma GCC unroll 2
   for (int v = 0; v < NV; ++v)
 #pragma GCC unroll 14
@@ -103,7 +113,7 @@ __attribute__((target("avx512f"))) void expand_tile(const float* src, int64_t bl
 }
 
 using ExpandFn = void (*)(const float*, int64_t, int64_t, const float*, const float*, const ExpandDwAct&, float*,
-                          int64_t);
+                          int64_t, const float*);
 template <int NV, int... T>
 constexpr ExpandFn expand_of(int t, std::integer_sequence<int, T...>) {
   constexpr ExpandFn fns[] = {expand_tile<T + 1, NV>...};
@@ -180,12 +190,36 @@ DwRowFn dw_row_fn(int64_t stride, int64_t k) {
 #pragma GCC diagnostic pop
 
 struct Packed {
-  const float *u, *wd, *b1, *b2;
+  const float *u, *wd, *b1, *b2, *up, *b3;
 };
 Packed parts(const ExpandDwShape& s, const float* packed) {
   const int64_t mp = padded_m(s);
   const float* wd = packed + s.c * mp;
-  return {packed, wd, wd + s.k * s.k * mp, wd + (s.k * s.k + 1) * mp};
+  const float* up = wd + (s.k * s.k + 2) * mp;
+  return {packed, wd, wd + s.k * s.k * mp, wd + (s.k * s.k + 1) * mp, up, up + s.m * padded_proj(s)};
+}
+
+// The projection of one depthwise output row (row: [mp/16][ow][16]) into output row oy of image img of dst, the
+// source row added when s.residual; a partial last block's padding lanes written 0.
+__attribute__((target("avx512f"))) void project_row(const ExpandDwShape& s, const float* src, const Packed& p,
+                                                    const float* row, int64_t img, int64_t oy, float* dst) {
+  const int64_t oh = s.oh(), ow = s.ow(), pb = blocks_of(s.proj);
+  for (int64_t g = 0; g < proj_groups(s); ++g) {
+    const int nv = static_cast<int>(proj_group_width(s, g) / 16);
+    const float* U = p.up + 32 * s.m * g;  // groups before g are all 32 wide
+    float* out = dst + ((img * pb + 2 * g) * oh + oy) * ow * 16;
+    const float* res = s.residual ? src + ((img * pb + 2 * g) * s.h + oy) * s.w * 16 : nullptr;
+    for (int64_t x0 = 0; x0 < ow; x0 += kTile) {
+      const int t = static_cast<int>(std::min<int64_t>(kTile, ow - x0));
+      expand_fn(t, nv)(row + x0 * 16, ow * 16, s.m, U, p.b3 + 32 * g, s.act3, out + x0 * 16, oh * ow * 16,
+                       res ? res + x0 * 16 : nullptr);
+    }
+  }
+  if (s.proj % 16 != 0) {  // nChw16c's padding: the residual's lanes there are not ours to trust
+    const __mmask16 pad = static_cast<__mmask16>(0xFFFFu << (s.proj % 16));
+    float* out = dst + ((img * pb + pb - 1) * oh + oy) * ow * 16;
+    for (int64_t x = 0; x < ow; ++x) _mm512_mask_storeu_ps(out + x * 16, pad, _mm512_setzero_ps());
+  }
 }
 
 // Expanded row iy of image img, channel group g, into ring slot `row` ([m/16][w+2p][16], columns p..p+w-1).
@@ -198,7 +232,7 @@ void expand_row(const ExpandDwShape& s, const float* src, const Packed& p, int64
   float* out = row + (2 * g * wp + pad_of(s)) * 16;
   for (int64_t x0 = 0; x0 < s.w; x0 += kTile) {
     const int t = static_cast<int>(std::min<int64_t>(kTile, s.w - x0));
-    expand_fn(t, nv)(in + x0 * 16, s.h * s.w * 16, s.c, U, p.b1 + 32 * g, s.act1, out + x0 * 16, wp * 16);
+    expand_fn(t, nv)(in + x0 * 16, s.h * s.w * 16, s.c, U, p.b1 + 32 * g, s.act1, out + x0 * 16, wp * 16, nullptr);
   }
 }
 
@@ -210,6 +244,7 @@ void run_part(const ExpandDwShape& s, const float* src, const Packed& p, float* 
   constexpr int kMaxK = 5;
   const int64_t rowf = ring_row_floats(s), wp = ring_width(s), pad = pad_of(s), oh = s.oh(), ow = s.ow();
   const int64_t mb = blocks_of(s.m), k = s.k;
+  float* proj_row = s.proj > 0 ? ring + k * rowf : nullptr;  // [mp/16][ow][16]: the depthwise row to project
   for (int64_t slot = 0; slot < k; ++slot)
     for (int64_t ob = 2 * g0; ob < std::min(2 * g1, mb); ++ob) {
       float* r = ring + slot * rowf + ob * wp * 16;
@@ -241,9 +276,11 @@ void run_part(const ExpandDwShape& s, const float* src, const Packed& p, float* 
       for (int64_t ob = 2 * g; ob < std::min(2 * g + 2, mb); ++ob) {
         const float* rows[kMaxK];
         for (int64_t dy = 0; dy < k; ++dy) rows[dy] = slot_of[dy] ? slot_of[dy] + ob * wp * 16 : nullptr;
-        dw(rows, p.wd + ob * k * k * 16, p.b2 + ob * 16, s.act2, dst + ((img * mb + ob) * oh + oy) * ow * 16, ow);
+        float* out = proj_row ? proj_row + ob * ow * 16 : dst + ((img * mb + ob) * oh + oy) * ow * 16;
+        dw(rows, p.wd + ob * k * k * 16, p.b2 + ob * 16, s.act2, out, ow);
       }
     }
+    if (proj_row) project_row(s, src, p, proj_row, img, oy, dst);
   }
 }
 
@@ -254,21 +291,22 @@ std::string expand_dw_check(const ExpandDwShape& s) {
   if (s.n < 1 || s.h < 1 || s.w < 1 || s.c < 1 || s.m < 1) return "empty source or no expanded channels";
   if (s.k != 3 && s.k != 5) return "depthwise kernel not 3x3 or 5x5";
   if (s.stride != 1 && s.stride != 2) return "depthwise stride not 1 or 2";
-  for (const ExpandDwAct* a : {&s.act1, &s.act2}) {
+  if (s.proj < 0 || (s.residual && (s.proj != s.c || s.stride != 1))) return "a residual of another shape";
+  for (const ExpandDwAct* a : {&s.act1, &s.act2, &s.act3}) {
     if (a->kind == ExpandDwAct::kClip && !(a->lo <= a->hi)) return "clip bounds out of order";
     // The channels past m up to the next multiple of 16 must stay zero (nChw16c's padding).
-    if (s.m % 16 != 0 && a->kind == ExpandDwAct::kClip && !(a->lo <= 0.f && 0.f <= a->hi))
+    if (a != &s.act3 && s.m % 16 != 0 && a->kind == ExpandDwAct::kClip && !(a->lo <= 0.f && 0.f <= a->hi))
       return "a clip without 0 in its range over a partial channel block";
   }
   return "";
 }
 
 size_t expand_dw_packed_floats(const ExpandDwShape& s) {
-  return static_cast<size_t>((s.c + s.k * s.k + 2) * padded_m(s));
+  return static_cast<size_t>((s.c + s.k * s.k + 2) * padded_m(s) + (s.m + 1) * padded_proj(s));
 }
 
 void expand_dw_pack(const ExpandDwShape& s, const float* w1, const float* b1, const float* w2, const float* b2,
-                    float* packed) {
+                    const float* w3, const float* b3, float* packed) {
   const int64_t mp = padded_m(s), kk = s.k * s.k;
   std::fill(packed, packed + expand_dw_packed_floats(s), 0.f);
   for (int64_t o = 0; o < s.m; ++o) {
@@ -281,12 +319,21 @@ void expand_dw_pack(const ExpandDwShape& s, const float* w1, const float* b1, co
     for (int64_t t = 0; t < kk; ++t) wd[((o / 16) * kk + t) * 16 + o % 16] = w2[o * kk + t];
   std::copy(b1, b1 + s.m, wd + kk * mp);
   std::copy(b2, b2 + s.m, wd + (kk + 1) * mp);
+  float* up = wd + (kk + 2) * mp;
+  for (int64_t o = 0; o < s.proj; ++o) {
+    const int64_t g = o / 32, wg = proj_group_width(s, g), lane = o % 32;
+    float* U = up + 32 * s.m * g;
+    for (int64_t k = 0; k < s.m; ++k) U[k * wg + lane] = w3[o * s.m + k];
+  }
+  if (s.proj > 0) std::copy(b3, b3 + s.proj, up + s.m * padded_proj(s));
 }
 
-size_t expand_dw_scratch_floats(const ExpandDwShape& s) { return static_cast<size_t>(s.k * ring_row_floats(s) + 16); }
+size_t expand_dw_scratch_floats(const ExpandDwShape& s) {
+  return static_cast<size_t>(s.k * ring_row_floats(s) + (s.proj > 0 ? padded_m(s) * s.ow() : 0) + 16);
+}
 
 bool expand_dw_splits_rows(const ExpandDwShape& s, int team) {
-  return team <= 1 || s.n * s.oh() >= kMinRowsPerThread * team || groups(s) < team;
+  return team <= 1 || s.proj > 0 || s.n * s.oh() >= kMinRowsPerThread * team || groups(s) < team;
 }
 
 void expand_dw_run(const ExpandDwShape& s, const float* src, const float* packed, float* dst, float* scratch,
@@ -310,9 +357,12 @@ void expand_dw_run(const ExpandDwShape& s, const float* src, const float* packed
 }
 
 void expand_dw_reference(const ExpandDwShape& s, const float* src, const float* w1, const float* b1, const float* w2,
-                         const float* b2, float* dst) {
+                         const float* b2, const float* w3, const float* b3, float* dst) {
   const int64_t cb = blocks_of(s.c), mb = blocks_of(s.m), oh = s.oh(), ow = s.ow(), kk = s.k * s.k, pad = pad_of(s);
-  std::fill(dst, dst + s.n * mb * 16 * oh * ow, 0.f);                // nChw16c's padding channels
+  std::vector<float> dw_out;  // the depthwise output, nChw16c, when a projection follows
+  if (s.proj > 0) dw_out.resize(static_cast<size_t>(s.n * mb * 16 * oh * ow));
+  float* dwd = s.proj > 0 ? dw_out.data() : dst;
+  std::fill(dwd, dwd + s.n * mb * 16 * oh * ow, 0.f);                // nChw16c's padding channels
   std::vector<float> e(static_cast<size_t>(s.n * s.m * s.h * s.w));  // [n][m][h][w]
   for (int64_t img = 0; img < s.n; ++img)
     for (int64_t o = 0; o < s.m; ++o)
@@ -335,7 +385,21 @@ void expand_dw_reference(const ExpandDwShape& s, const float* src, const float* 
               if (iy < 0 || iy >= s.h || ix < 0 || ix >= s.w) continue;
               acc += static_cast<double>(e[((img * s.m + o) * s.h + iy) * s.w + ix]) * w2[o * kk + a * s.k + b];
             }
-          dst[(((img * mb + o / 16) * oh + y) * ow + x) * 16 + o % 16] = act_scalar(s.act2, static_cast<float>(acc));
+          dwd[(((img * mb + o / 16) * oh + y) * ow + x) * 16 + o % 16] = act_scalar(s.act2, static_cast<float>(acc));
+        }
+  if (s.proj == 0) return;
+  const int64_t pb = blocks_of(s.proj);
+  std::fill(dst, dst + s.n * pb * 16 * oh * ow, 0.f);
+  for (int64_t img = 0; img < s.n; ++img)
+    for (int64_t o = 0; o < s.proj; ++o)
+      for (int64_t y = 0; y < oh; ++y)
+        for (int64_t x = 0; x < ow; ++x) {
+          double acc = b3[o];
+          for (int64_t k = 0; k < s.m; ++k)
+            acc += static_cast<double>(dwd[(((img * mb + k / 16) * oh + y) * ow + x) * 16 + k % 16]) * w3[o * s.m + k];
+          const int64_t at = (((img * pb + o / 16) * oh + y) * ow + x) * 16 + o % 16;
+          if (s.residual) acc += src[at];  // the same nChw16c geometry (stride 1, proj == c)
+          dst[at] = act_scalar(s.act3, static_cast<float>(acc));
         }
 }
 

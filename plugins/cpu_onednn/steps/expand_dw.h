@@ -29,10 +29,18 @@ struct ExpandDwAct {
 // The geometry: source nChw16c [n, c, h, w] (c any: the lanes of a partial last block are never read), a 1x1
 // convolution to m channels (any) with bias and act1, then a depthwise k x k convolution (k 3 or 5), padding k / 2,
 // stride 1 or 2, with bias and act2, into nChw16c [n, m, oh, ow] (a partial last block's other lanes written 0).
+//
+// Optionally the projection after it too (MobileNetV2's third convolution): a 1x1 convolution from the m depthwise
+// channels to proj channels with its bias, plus the source when `residual` (proj == c, stride 1), then act3, into
+// nChw16c [n, proj, oh, ow] instead (a partial last block's other lanes written 0). Each depthwise output row is then
+// projected as soon as it is computed, from L1, and the team always splits rows.
 struct ExpandDwShape {
   int64_t n = 1, c = 0, m = 0, h = 0, w = 0;
   int64_t k = 3, stride = 1;
   ExpandDwAct act1, act2;
+  int64_t proj = 0;  // 0: no projection (dst is the depthwise output)
+  bool residual = false;
+  ExpandDwAct act3;
   int64_t oh() const { return (h - 1) / stride + 1; }
   int64_t ow() const { return (w - 1) / stride + 1; }
 };
@@ -43,17 +51,20 @@ std::string expand_dw_check(const ExpandDwShape& s);
 
 // The packed constants, m rounded up to mp, a multiple of 16 (zeros past m): the 1x1 weights per group of 32 output
 // channels ([group][c][32], the last group 16 wide when mp is an odd number of 16-channel blocks), the depthwise
-// weights [mp/16][k*k][16], then the two biases [mp] each.
+// weights [mp/16][k*k][16], the two biases [mp] each, then the projection's weights the same way over proj rounded
+// up to 16 ([group][m][32]) and its bias.
 size_t expand_dw_packed_floats(const ExpandDwShape& s);
-// From ONNX's 1x1 weights w1 [m][c][1][1], b1 [m], depthwise weights w2 [m][1][k][k] and b2 [m].
+// From ONNX's 1x1 weights w1 [m][c][1][1], b1 [m], depthwise weights w2 [m][1][k][k] and b2 [m], and the projection's
+// w3 [proj][m][1][1] and b3 [proj] (null without one).
 void expand_dw_pack(const ExpandDwShape& s, const float* w1, const float* b1, const float* w2, const float* b2,
-                    float* packed);
+                    const float* w3, const float* b3, float* packed);
 
-// Floats of scratch one thread of the team needs (its ring of k expanded rows).
+// Floats of scratch one thread of the team needs (its ring of k expanded rows, and a depthwise row to project).
 size_t expand_dw_scratch_floats(const ExpandDwShape& s);
 
 // Whether a team of `team` threads splits the output rows (true) or the 32-channel groups (false: images of fewer
-// than 7 output rows per thread, where recomputing the expansion's boundary rows would cost more than a quarter).
+// than 7 output rows per thread, where recomputing the expansion's boundary rows would cost more than a quarter, and
+// no projection, which needs every channel of a row).
 bool expand_dw_splits_rows(const ExpandDwShape& s, int team);
 
 // The whole step over `team` OpenMP threads (team <= 1: on the calling thread). Reads src and packed; writes every
@@ -64,6 +75,6 @@ void expand_dw_run(const ExpandDwShape& s, const float* src, const float* packed
 // The same by direct summation in double precision (each convolution's output rounded to float, as two steps
 // would), the reference the step is tested against; ONNX weights as expand_dw_pack takes them.
 void expand_dw_reference(const ExpandDwShape& s, const float* src, const float* w1, const float* b1, const float* w2,
-                         const float* b2, float* dst);
+                         const float* b2, const float* w3, const float* b3, float* dst);
 
 }  // namespace keel::onednn

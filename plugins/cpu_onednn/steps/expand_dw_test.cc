@@ -28,9 +28,11 @@ ExpandDwAct of(ExpandDwAct::Kind k) {
 }
 
 void check(int64_t n, int64_t c, int64_t m, int64_t h, int64_t w, int64_t stride, int team, ExpandDwAct act1 = clip6(),
-           ExpandDwAct act2 = clip6(), int64_t k = 3) {
+           ExpandDwAct act2 = clip6(), int64_t k = 3, int64_t proj = 0, bool residual = false,
+           ExpandDwAct act3 = ExpandDwAct{}) {
   ExpandDwShape s;
   s.n = n, s.c = c, s.m = m, s.h = h, s.w = w, s.k = k, s.stride = stride, s.act1 = act1, s.act2 = act2;
+  s.proj = proj, s.residual = residual, s.act3 = act3;
   if (!expand_dw_check(s).empty()) GTEST_SKIP() << expand_dw_check(s);
   const int64_t cb = (c + 15) / 16;
   std::mt19937 rng(static_cast<uint32_t>(h * 131 + w * 7 + c + m * 3 + n + stride * 1000));
@@ -40,21 +42,29 @@ void check(int64_t n, int64_t c, int64_t m, int64_t h, int64_t w, int64_t stride
   for (int64_t img = 0; img < n; ++img)
     for (int64_t k = 0; k < c; ++k)
       for (int64_t p = 0; p < h * w; ++p) x[((img * cb + k / 16) * h * w + p) * 16 + k % 16] = 2.f * u(rng);
+  if (residual && c % 16 != 0)  // padding lanes the step must not pass on into its output's padding
+    for (int64_t img = 0; img < n; ++img)
+      for (int64_t p = 0; p < h * w; ++p) x[((img * cb + cb - 1) * h * w + p) * 16 + 15] = 1e30f;
   std::vector<float> w1(static_cast<size_t>(m * c)), b1(static_cast<size_t>(m)), w2(static_cast<size_t>(m * k * k)),
       b2(static_cast<size_t>(m));
   for (float& v : w1) v = u(rng) * 2.f / std::sqrt(static_cast<float>(c));
   for (float& v : b1) v = 0.5f * u(rng);
   for (float& v : w2) v = u(rng) / static_cast<float>(k);
   for (float& v : b2) v = 0.2f * u(rng);
-  const size_t out = static_cast<size_t>(n * ((m + 15) / 16 * 16) * s.oh() * s.ow());  // a partial block's lanes too
+  std::vector<float> w3(static_cast<size_t>(proj * m)), b3(static_cast<size_t>(proj));
+  for (float& v : w3) v = u(rng) / std::sqrt(static_cast<float>(m));
+  for (float& v : b3) v = 0.3f * u(rng);
+  const int64_t outc = proj > 0 ? proj : m;
+  const size_t out = static_cast<size_t>(n * ((outc + 15) / 16 * 16) * s.oh() * s.ow());  // a partial block's lanes too
   std::vector<float> want(out), got(out, NAN), packed(expand_dw_packed_floats(s));
   std::vector<float> scratch(expand_dw_scratch_floats(s) * static_cast<size_t>(team));
-  expand_dw_reference(s, x.data(), w1.data(), b1.data(), w2.data(), b2.data(), want.data());
-  expand_dw_pack(s, w1.data(), b1.data(), w2.data(), b2.data(), packed.data());
+  expand_dw_reference(s, x.data(), w1.data(), b1.data(), w2.data(), b2.data(), w3.data(), b3.data(), want.data());
+  expand_dw_pack(s, w1.data(), b1.data(), w2.data(), b2.data(), w3.data(), b3.data(), packed.data());
   expand_dw_run(s, x.data(), packed.data(), got.data(), scratch.data(), team);
   const std::string where = "n=" + std::to_string(n) + " c=" + std::to_string(c) + " m=" + std::to_string(m) + " " +
                             std::to_string(h) + "x" + std::to_string(w) + " k " + std::to_string(k) + " stride " +
-                            std::to_string(stride) + " team " + std::to_string(team) +
+                            std::to_string(stride) + " proj " + std::to_string(proj) + (residual ? " + residual" : "") +
+                            " team " + std::to_string(team) +
                             (expand_dw_splits_rows(s, team) ? " (rows)" : " (groups)");
   for (size_t i = 0; i < out; ++i) {
     ASSERT_FALSE(std::isnan(got[i])) << "output " << i << " not written, " << where;
@@ -89,6 +99,18 @@ TEST(OnednnExpandDw, FiveByFiveAndPartialBlocks) {
   }
 }
 
+TEST(OnednnExpandDw, WithTheProjectionAndResidual) {
+  using K = ExpandDwAct::Kind;
+  for (int team : {1, 2, 3}) {
+    check(1, 24, 144, 28, 28, 1, team, clip6(), clip6(), 3, 24, true);  // MobileNetV2's features.3, smaller
+    check(1, 16, 96, 28, 28, 2, team, clip6(), clip6(), 3, 24);         // features.2: stride 2, no residual
+    check(1, 160, 960, 7, 7, 1, team, clip6(), clip6(), 3, 160, true);  // 7x7: rows over the team
+    check(1, 160, 960, 7, 7, 1, team, clip6(), clip6(), 3, 320);        // features.17: 10 projected groups
+    check(2, 40, 120, 9, 11, 1, team, of(K::kHardSwish), of(K::kRelu), 5, 40, true);  // partial blocks, batch 2
+    check(1, 32, 64, 12, 12, 1, team, of(K::kRelu), of(K::kNone), 3, 48, false, of(K::kHardSwish));  // act after it
+  }
+}
+
 TEST(OnednnExpandDw, EveryActivation) {
   using K = ExpandDwAct::Kind;
   for (K a : {K::kNone, K::kRelu, K::kHardSwish, K::kSilu})
@@ -105,10 +127,11 @@ TEST(OnednnExpandDw, PacksGroupsOf32AndTheDepthwiseBlocks) {
   ExpandDwShape s;
   s.c = 3, s.m = 48, s.h = 4, s.w = 4;
   std::vector<float> w1(48 * 3), b1(48), w2(48 * 9), b2(48), packed(expand_dw_packed_floats(s), NAN);
+  s.proj = 0;
   for (size_t i = 0; i < w1.size(); ++i) w1[i] = static_cast<float>(i);
   for (size_t i = 0; i < w2.size(); ++i) w2[i] = 1000.f + static_cast<float>(i);
   for (int i = 0; i < 48; ++i) b1[i] = -1.f - i, b2[i] = -100.f - i;
-  expand_dw_pack(s, w1.data(), b1.data(), w2.data(), b2.data(), packed.data());
+  expand_dw_pack(s, w1.data(), b1.data(), w2.data(), b2.data(), nullptr, nullptr, packed.data());
   ASSERT_EQ(packed.size(), 3u * 48 + 11u * 48);
   EXPECT_EQ(packed[1 * 32 + 5], w1[5 * 3 + 1]);            // group 0: [k][32]
   EXPECT_EQ(packed[32 * 3 + 2 * 16 + 7], w1[39 * 3 + 2]);  // group 1 (16 wide): [k][16]
@@ -130,6 +153,10 @@ TEST(OnednnExpandDw, RejectsWhatItDoesNotCompute) {
   EXPECT_NE(expand_dw_check(s), "");
   s.k = 3, s.stride = 3;
   EXPECT_NE(expand_dw_check(s), "");
+  s.stride = 2, s.proj = 16, s.residual = true;
+  EXPECT_NE(expand_dw_check(s), "");  // a residual after a stride-2 depthwise
+  s.stride = 1, s.proj = 24;
+  EXPECT_NE(expand_dw_check(s), "");  // a residual of 24 channels onto a 16-channel source
   s.stride = 1, s.h = 0;
   EXPECT_NE(expand_dw_check(s), "");
   s.h = 8;

@@ -430,23 +430,101 @@ bool Builder::conv_expand_dw(size_t i, const Fusion& f, const std::string& src, 
   if (dims_of(g.out) != y) return false;
   if (w.size() != static_cast<size_t>(s.m * s.c) || bias.size() != static_cast<size_t>(s.m)) return false;
   if (val(src).scale != 1.f || val(src).md.data_type() != dt::f32) return false;
+  // The projection after the depthwise convolution, taken into the step where its team splits rows anyway (below 7
+  // rows a thread it splits channel groups, and a projection needs every channel of a row).
+  Projection pr;
+  const bool project = options().expand_dw_project && expand_dw_splits_rows(s, p_->threads) &&
+                       projection_of(g.out, s.m, src, Dims{s.n, s.c, s.h, s.w}, s.stride, &pr) &&
+                       expand_dw_act_of(pr.act_po, &s.act3);
+  if (project) s.proj = pr.out_channels, s.residual = pr.residual;
+  if (!expand_dw_check(s).empty()) return false;
+  const Dims yo = project ? Dims{s.n, s.proj, s.oh(), s.ow()} : y;
   const Val xv = as_md(src, md_t(to_dnnl(x), dt::f32, tag::nChw16c));  // a reorder first unless nChw16c already
   Exec e;
   own_weights(
       e, expand_dw_packed_floats(s),
-      [&](float* to) { expand_dw_pack(s, w.data(), bias.data(), d.w.data(), d.bias.data(), to); }, nullptr);
+      [&](float* to) {
+        expand_dw_pack(s, w.data(), bias.data(), d.w.data(), d.bias.data(), project ? pr.w.data() : nullptr,
+                       project ? pr.bias.data() : nullptr, to);
+      },
+      nullptr);
   team_scratch(e, expand_dw_scratch_floats(s));
   e.args[DNNL_ARG_SRC] = mem_of(xv);
-  e.args[DNNL_ARG_DST] = mem_of(define(g.out, md_t(to_dnnl(y), dt::f32, tag::nChw16c)));
+  const std::string& out = project ? pr.fusion.out : g.out;
+  e.args[DNNL_ARG_DST] = mem_of(define(out, md_t(to_dnnl(yo), dt::f32, tag::nChw16c)));
   e.own = run_expand_dw;
   e.own_kind = "convolution";
   e.params = std::make_shared<const ExpandDwShape>(s);
-  p_->flops += flops + 2.0 * static_cast<double>(numel(y) * s.k * s.k);
+  p_->flops += flops + 2.0 * static_cast<double>(numel(y) * s.k * s.k) +
+               (project ? 2.0 * static_cast<double>(numel(yo) * s.m) : 0.0);
   exec_own(std::move(e), "keel:expand_dw_avx512", false,
-           r_.nodes[i].name + " + " + r_.nodes[d.node].name + " " + dims_str(x) + " -> " + dims_str(y));
+           r_.nodes[i].name + " + " + r_.nodes[d.node].name + (project ? " + " + r_.nodes[pr.node].name : "") +
+               (s.residual ? " + Add " : " ") + dims_str(x) + " -> " + dims_str(yo));
   for (size_t k : f.nodes) done_[k] = true;
   done_[d.node] = true;
   for (size_t k : g.nodes) done_[k] = true;
+  if (project) {
+    done_[pr.node] = true;
+    for (size_t k : pr.fusion.nodes) done_[k] = true;
+  }
+  return true;
+}
+
+// The 1x1 convolution that is the sole reader of `v` (M channels): constant f32 weights [P,M,1,1] (and bias [P]),
+// group 1, no strides, padding or dilation; its fusion with at most a residual sum of `residual_src` (whose dims
+// `rdims` must equal the output's, the step having stride 1) and one eltwise post-op; its weights and bias with the
+// fusion's folds applied. False, changing nothing, otherwise.
+bool Builder::projection_of(const std::string& v, int64_t M, const std::string& residual_src, const Dims& rdims,
+                            int64_t stride, Projection* p) {
+  const size_t u = sole_user(v);
+  if (u == npos || pad_folds_.count(v) || se_folds_.count(v)) return false;
+  const NodeDesc& n = r_.nodes[u];
+  if (n.op != "Conv" || n.in[0] != v || n.out.size() != 1 || n.ai("group", 1) != 1) return false;
+  const ConstT* W = cst(n.in_at(1));
+  const ConstT* B = n.in_at(2).empty() ? nullptr : cst(n.in_at(2));
+  if (!W || W->dtype != KEEL_DTYPE_F32 || W->dims.size() != 4 || W->dims[1] != M || W->dims[2] != 1 || W->dims[3] != 1)
+    return false;
+  const int64_t P = W->dims[0];
+  if ((!n.in_at(2).empty() && (!B || B->count() != P))) return false;
+  if (n.ais("kernel_shape", {1, 1}) != Dims{1, 1} || n.ais("strides", {1, 1}) != Dims{1, 1} ||
+      n.ais("dilations", {1, 1}) != Dims{1, 1} || n.ais("pads", {0, 0, 0, 0}) != Dims{0, 0, 0, 0})
+    return false;
+  const std::string ap = n.as("auto_pad", "NOTSET");
+  if (ap != "NOTSET" && !ap.empty()) return false;
+  Fusion h = fuse_after(n.out[0], u, true, P);
+  if (h.pass_after() || h.viewed) return false;
+  p->residual = !h.sum_with.empty();
+  int first = 0;
+  if (p->residual) {
+    float scale = 0.f;
+    if (h.sum_with != residual_src || stride != 1 || rdims[1] != P || h.po.len() < 1 ||
+        h.po.kind(0) != dnnl::primitive::kind::sum)
+      return false;
+    h.po.get_params_sum(0, scale);
+    if (scale != 1.f) return false;
+    first = 1;
+  }
+  p->act_po = dnnl::post_ops();
+  for (int k = first; k < h.po.len(); ++k) {
+    if (h.po.kind(k) != dnnl::primitive::kind::eltwise) return false;
+    float sc, al, be;
+    alg a;
+    h.po.get_params_eltwise(k, sc, a, al, be);
+    p->act_po.append_eltwise(sc, a, al, be);
+  }
+  p->node = u;
+  p->out_channels = P;
+  p->w.assign(W->f32(), W->f32() + W->count());
+  p->bias.assign(static_cast<size_t>(P), 0.f);
+  if (B)
+    for (int64_t k = 0; k < P; ++k) p->bias[k] = static_cast<float>(B->at(k));
+  if (!h.bn_scale.empty())
+    for (int64_t o = 0; o < P; ++o) {
+      for (int64_t k = 0; k < M; ++k) p->w[o * M + k] *= h.bn_scale[o];
+      p->bias[o] = p->bias[o] * h.bn_scale[o] + h.bn_shift[o];
+    }
+  for (size_t k = 0; k < h.conv_bias_add.size(); ++k) p->bias[k] += h.conv_bias_add[k];
+  p->fusion = std::move(h);
   return true;
 }
 
