@@ -3249,6 +3249,26 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // MobileNetV2's first two layers as one step: the 3x3 stride-2 stem over 3 plain channels (at an odd size), its
+    // depthwise reader and the projection to 16, Clip(0,6) after the first two, at batch 2.
+    OpCase c;
+    c.op = "Chain";
+    c.opset = 13;
+    c.label = "stem 3x3 s2 3 -> 32 + depthwise 3x3 + 1x1 -> 16 as one step, Clip(0,6), 33x31, batch 2";
+    c.inputs = {in("X", {2, 3, 33, 31}), in("W0", {32, 3, 3, 3}, true, -0.4f, 0.4f),
+                in("B0", {32}, true),    in("WD", {32, 1, 3, 3}, true, -0.5f, 0.5f),
+                in("BD", {32}, true),    in("WP", {16, 32, 1, 1}, true, -0.3f, 0.3f),
+                in("BP", {16}, true),    scalar("LO", 0.f),
+                scalar("HI", 6.f)};
+    c.chain = {conv({"X", "W0", "B0"}, 3, 2, 1),
+               {"Clip", {"$0", "LO", "HI"}, {}},
+               conv({"$1", "WD", "BD"}, 3, 1, 1, 32),
+               {"Clip", {"$2", "LO", "HI"}, {}},
+               conv({"$3", "WP", "BP"}, 1, 1, 0)};
+    c.claim_whole = true;
+    v.push_back(c);
+  }
+  {
     // HardSigmoid and HardSwish with nothing to fuse into (after a Mul of two values): their own steps, HardSigmoid
     // as two (linear, then clip in place), with ONNX's default alpha 0.2.
     OpCase c;

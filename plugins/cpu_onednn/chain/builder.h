@@ -429,7 +429,7 @@ class Builder {
   bool conv_dw_fused(size_t i, const Fusion& f, const md_t& src, const md_t& wany, const md_t& bmd,
                      const std::vector<float>& w, const std::vector<float>& bias, double flops);
   bool conv_expand_dw(size_t i, const Fusion& f, const std::string& src, const Dims& x, const std::vector<float>& w,
-                      const std::vector<float>& bias, double flops);
+                      const std::vector<float>& bias, double flops, bool stem = false);
   // A 1x1 convolution projecting a value, with at most a residual sum and an activation (conv_expand_dw).
   struct Projection {
     size_t node = 0;

@@ -255,6 +255,8 @@ struct Options {
                         // stays oneDNN's primitive and SiLU passes instead of the chain's own step (steps/dwsilu.h)
   bool expand_dw_project = true;  // KEEL_ONEDNN_EXPAND_DW_PROJECT=0: the expand_dw step leaves the 1x1 projection
                                   // after it to oneDNN (for A/B runs)
+  bool expand_dw_stem = true;     // KEEL_ONEDNN_EXPAND_DW_STEM=0: a network's 3x3 stride-2 first convolution is not the
+                                  // expand_dw step's first stage (for A/B runs)
   bool expand_dw = true;  // KEEL_ONEDNN_EXPAND_DW=0 or [options] expand_dw = false: a 1x1 convolution and its 3x3
                           // depthwise reader run as oneDNN's primitives (fused by append_dw where it can), not as the
                           // chain's own step (steps/expand_dw.h)

@@ -37,7 +37,9 @@ int64_t padded_proj(const ExpandDwShape& s) { return 16 * blocks_of(s.proj); }
 int64_t proj_groups(const ExpandDwShape& s) { return (padded_proj(s) + 31) / 32; }
 int64_t proj_group_width(const ExpandDwShape& s, int64_t g) { return std::min<int64_t>(32, padded_proj(s) - 32 * g); }
 int64_t pad_of(const ExpandDwShape& s) { return s.k / 2; }
-int64_t ring_width(const ExpandDwShape& s) { return s.w + 2 * pad_of(s); }  // zero columns on both sides
+int64_t ring_width(const ExpandDwShape& s) { return s.ew() + 2 * pad_of(s); }    // zero columns on both sides
+int64_t first_inputs(const ExpandDwShape& s) { return s.stem ? 9 * s.c : s.c; }  // the first weights' inputs
+int64_t stem_row_floats(const ExpandDwShape& s) { return s.stem ? 3 * s.c * (s.w + 2) : 0; }
 int64_t ring_row_floats(const ExpandDwShape& s) { return padded_m(s) * ring_width(s); }
 
 float act_scalar(const ExpandDwAct& a, float x) {
@@ -110,6 +112,54 @@ __attribute__((target("avx512f"))) void expand_tile(const float* src, int64_t bl
   for (int v = 0; v < NV; ++v)
 #pragma GCC unroll 14
     for (int t = 0; t < T; ++t) _mm512_storeu_ps(out + v * out_stride + t * 16, act16(act, acc[t][v]));
+}
+
+// T pixels x NV * 16 channels of a stem row (3x3, stride 2, over the zero-padded input rows buf [c][3][w+2], buf
+// pointing at the first pixel's leftmost column): out[v * out_stride + t * 16 + lane] = act(bias + sum over ci, dy,
+// dx of buf[(ci * 3 + dy) * bstride + 2 t + dx] * U[((ci * 3 + dy) * 3 + dx) * NV * 16 + v * 16 + lane]).
+template <int T, int NV>
+__attribute__((target("avx512f"))) void stem_tile(const float* buf, int64_t bstride, int64_t c, const float* U,
+                                                  const float* bias, const ExpandDwAct& act, float* out,
+                                                  int64_t out_stride) {
+  __m512 acc[T][NV];
+#pragma GCC unroll 2
+  for (int v = 0; v < NV; ++v) {
+    const __m512 b = _mm512_loadu_ps(bias + v * 16);
+#pragma GCC unroll 14
+    for (int t = 0; t < T; ++t) acc[t][v] = b;
+  }
+  for (int64_t r = 0; r < 3 * c; ++r) {  // (input channel, dy)
+    const float* a = buf + r * bstride;
+    const float* u = U + r * 3 * NV * 16;
+#pragma GCC unroll 3
+    for (int dx = 0; dx < 3; ++dx) {
+      __m512 b[NV];
+#pragma GCC unroll 2
+      for (int v = 0; v < NV; ++v) b[v] = _mm512_loadu_ps(u + (dx * NV + v) * 16);
+#pragma GCC unroll 14
+      for (int t = 0; t < T; ++t) {
+        const __m512 x = _mm512_set1_ps(a[2 * t + dx]);
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; ++v) acc[t][v] = _mm512_fmadd_ps(x, b[v], acc[t][v]);
+      }
+    }
+  }
+#pragma GCC unroll 2
+  for (int v = 0; v < NV; ++v)
+#pragma GCC unroll 14
+    for (int t = 0; t < T; ++t) _mm512_storeu_ps(out + v * out_stride + t * 16, act16(act, acc[t][v]));
+}
+
+using StemFn = void (*)(const float*, int64_t, int64_t, const float*, const float*, const ExpandDwAct&, float*,
+                        int64_t);
+template <int NV, int... T>
+constexpr StemFn stem_of(int t, std::integer_sequence<int, T...>) {
+  constexpr StemFn fns[] = {stem_tile<T + 1, NV>...};
+  return fns[t - 1];
+}
+StemFn stem_fn(int tiles, int nv) {
+  using Seq = std::make_integer_sequence<int, kTile>;
+  return nv == 2 ? stem_of<2>(tiles, Seq{}) : stem_of<1>(tiles, Seq{});
 }
 
 using ExpandFn = void (*)(const float*, int64_t, int64_t, const float*, const float*, const ExpandDwAct&, float*,
@@ -194,7 +244,7 @@ struct Packed {
 };
 Packed parts(const ExpandDwShape& s, const float* packed) {
   const int64_t mp = padded_m(s);
-  const float* wd = packed + s.c * mp;
+  const float* wd = packed + first_inputs(s) * mp;
   const float* up = wd + (s.k * s.k + 2) * mp;
   return {packed, wd, wd + s.k * s.k * mp, wd + (s.k * s.k + 1) * mp, up, up + s.m * padded_proj(s)};
 }
@@ -222,9 +272,35 @@ __attribute__((target("avx512f"))) void project_row(const ExpandDwShape& s, cons
   }
 }
 
+// Stem row iy of image img, channel group g, into ring slot `row`: the three input rows it reads, zero-padded, into
+// buf first ([c][3][w+2]).
+void stem_row(const ExpandDwShape& s, const float* src, const Packed& p, int64_t img, int64_t iy, int64_t g, float* row,
+              float* buf) {
+  const int64_t wb = s.w + 2, wp = ring_width(s), ew = s.ew();
+  for (int64_t ci = 0; ci < s.c; ++ci)
+    for (int64_t dy = 0; dy < 3; ++dy) {
+      float* b = buf + (ci * 3 + dy) * wb;
+      const int64_t y = 2 * iy - 1 + dy;
+      if (y < 0 || y >= s.h) {
+        std::fill(b, b + wb, 0.f);
+        continue;
+      }
+      b[0] = 0.f, b[wb - 1] = 0.f;
+      std::copy_n(src + ((img * s.c + ci) * s.h + y) * s.w, s.w, b + 1);
+    }
+  const int nv = static_cast<int>(group_width(s, g) / 16);
+  const float* U = p.u + 32 * first_inputs(s) * g;
+  float* out = row + (2 * g * wp + pad_of(s)) * 16;
+  for (int64_t x0 = 0; x0 < ew; x0 += kTile) {
+    const int t = static_cast<int>(std::min<int64_t>(kTile, ew - x0));
+    stem_fn(t, nv)(buf + 2 * x0, wb, s.c, U, p.b1 + 32 * g, s.act1, out + x0 * 16, wp * 16);
+  }
+}
+
 // Expanded row iy of image img, channel group g, into ring slot `row` ([m/16][w+2p][16], columns p..p+w-1).
 void expand_row(const ExpandDwShape& s, const float* src, const Packed& p, int64_t img, int64_t iy, int64_t g,
-                float* row) {
+                float* row, float* buf) {
+  if (s.stem) return stem_row(s, src, p, img, iy, g, row, buf);
   const int64_t cb = blocks_of(s.c), wp = ring_width(s);
   const float* in = src + (img * cb * s.h + iy) * s.w * 16;
   const int nv = static_cast<int>(group_width(s, g) / 16);
@@ -245,11 +321,12 @@ void run_part(const ExpandDwShape& s, const float* src, const Packed& p, float* 
   const int64_t rowf = ring_row_floats(s), wp = ring_width(s), pad = pad_of(s), oh = s.oh(), ow = s.ow();
   const int64_t mb = blocks_of(s.m), k = s.k;
   float* proj_row = s.proj > 0 ? ring + k * rowf : nullptr;  // [mp/16][ow][16]: the depthwise row to project
+  float* stem_buf = ring + k * rowf + (s.proj > 0 ? padded_m(s) * ow : 0);  // [c][3][w+2]: a stem's input rows
   for (int64_t slot = 0; slot < k; ++slot)
     for (int64_t ob = 2 * g0; ob < std::min(2 * g1, mb); ++ob) {
       float* r = ring + slot * rowf + ob * wp * 16;
       std::fill(r, r + pad * 16, 0.f);
-      std::fill(r + (pad + s.w) * 16, r + wp * 16, 0.f);
+      std::fill(r + (pad + s.ew()) * 16, r + wp * 16, 0.f);
     }
   int64_t have_img[kMaxK], have_row[kMaxK];
   std::fill(have_img, have_img + kMaxK, -1);
@@ -262,7 +339,7 @@ void run_part(const ExpandDwShape& s, const float* src, const Packed& p, float* 
     for (int64_t dy = 0; dy < k; ++dy) {
       compute_row[dy] = -1;
       const int64_t iy = oy * s.stride - pad + dy;
-      if (iy < 0 || iy >= s.h) continue;
+      if (iy < 0 || iy >= s.eh()) continue;
       const int64_t slot = iy % k;
       slot_of[dy] = ring + slot * rowf;
       if (have_img[slot] != img || have_row[slot] != iy) {
@@ -272,7 +349,7 @@ void run_part(const ExpandDwShape& s, const float* src, const Packed& p, float* 
     }
     for (int64_t g = g0; g < g1; ++g) {
       for (int64_t dy = 0; dy < k; ++dy)
-        if (compute_row[dy] >= 0) expand_row(s, src, p, img, compute_row[dy], g, slot_of[dy]);
+        if (compute_row[dy] >= 0) expand_row(s, src, p, img, compute_row[dy], g, slot_of[dy], stem_buf);
       for (int64_t ob = 2 * g; ob < std::min(2 * g + 2, mb); ++ob) {
         const float* rows[kMaxK];
         for (int64_t dy = 0; dy < k; ++dy) rows[dy] = slot_of[dy] ? slot_of[dy] + ob * wp * 16 : nullptr;
@@ -291,7 +368,8 @@ std::string expand_dw_check(const ExpandDwShape& s) {
   if (s.n < 1 || s.h < 1 || s.w < 1 || s.c < 1 || s.m < 1) return "empty source or no expanded channels";
   if (s.k != 3 && s.k != 5) return "depthwise kernel not 3x3 or 5x5";
   if (s.stride != 1 && s.stride != 2) return "depthwise stride not 1 or 2";
-  if (s.proj < 0 || (s.residual && (s.proj != s.c || s.stride != 1))) return "a residual of another shape";
+  if (s.proj < 0 || (s.residual && (s.proj != s.c || s.stride != 1 || s.stem))) return "a residual of another shape";
+  if (s.stem && s.c > 8) return "a stem over more than 8 channels";
   for (const ExpandDwAct* a : {&s.act1, &s.act2, &s.act3}) {
     if (a->kind == ExpandDwAct::kClip && !(a->lo <= a->hi)) return "clip bounds out of order";
     // The channels past m up to the next multiple of 16 must stay zero (nChw16c's padding).
@@ -302,19 +380,19 @@ std::string expand_dw_check(const ExpandDwShape& s) {
 }
 
 size_t expand_dw_packed_floats(const ExpandDwShape& s) {
-  return static_cast<size_t>((s.c + s.k * s.k + 2) * padded_m(s) + (s.m + 1) * padded_proj(s));
+  return static_cast<size_t>((first_inputs(s) + s.k * s.k + 2) * padded_m(s) + (s.m + 1) * padded_proj(s));
 }
 
 void expand_dw_pack(const ExpandDwShape& s, const float* w1, const float* b1, const float* w2, const float* b2,
                     const float* w3, const float* b3, float* packed) {
-  const int64_t mp = padded_m(s), kk = s.k * s.k;
+  const int64_t mp = padded_m(s), kk = s.k * s.k, c1 = first_inputs(s);
   std::fill(packed, packed + expand_dw_packed_floats(s), 0.f);
   for (int64_t o = 0; o < s.m; ++o) {
     const int64_t g = o / 32, wg = group_width(s, g), lane = o % 32;
-    float* U = packed + 32 * s.c * g;
-    for (int64_t k = 0; k < s.c; ++k) U[k * wg + lane] = w1[o * s.c + k];
+    float* U = packed + 32 * c1 * g;
+    for (int64_t k = 0; k < c1; ++k) U[k * wg + lane] = w1[o * c1 + k];
   }
-  float* wd = packed + s.c * mp;
+  float* wd = packed + c1 * mp;
   for (int64_t o = 0; o < s.m; ++o)
     for (int64_t t = 0; t < kk; ++t) wd[((o / 16) * kk + t) * 16 + o % 16] = w2[o * kk + t];
   std::copy(b1, b1 + s.m, wd + kk * mp);
@@ -329,7 +407,8 @@ void expand_dw_pack(const ExpandDwShape& s, const float* w1, const float* b1, co
 }
 
 size_t expand_dw_scratch_floats(const ExpandDwShape& s) {
-  return static_cast<size_t>(s.k * ring_row_floats(s) + (s.proj > 0 ? padded_m(s) * s.ow() : 0) + 16);
+  return static_cast<size_t>(s.k * ring_row_floats(s) + (s.proj > 0 ? padded_m(s) * s.ow() : 0) + stem_row_floats(s) +
+                             16);
 }
 
 bool expand_dw_splits_rows(const ExpandDwShape& s, int team) {
@@ -362,17 +441,29 @@ void expand_dw_reference(const ExpandDwShape& s, const float* src, const float* 
   std::vector<float> dw_out;  // the depthwise output, nChw16c, when a projection follows
   if (s.proj > 0) dw_out.resize(static_cast<size_t>(s.n * mb * 16 * oh * ow));
   float* dwd = s.proj > 0 ? dw_out.data() : dst;
-  std::fill(dwd, dwd + s.n * mb * 16 * oh * ow, 0.f);                // nChw16c's padding channels
-  std::vector<float> e(static_cast<size_t>(s.n * s.m * s.h * s.w));  // [n][m][h][w]
+  std::fill(dwd, dwd + s.n * mb * 16 * oh * ow, 0.f);  // nChw16c's padding channels
+  const int64_t eh = s.eh(), ew = s.ew();
+  std::vector<float> e(static_cast<size_t>(s.n * s.m * eh * ew));  // [n][m][eh][ew]
   for (int64_t img = 0; img < s.n; ++img)
     for (int64_t o = 0; o < s.m; ++o)
-      for (int64_t y = 0; y < s.h; ++y)
-        for (int64_t x = 0; x < s.w; ++x) {
+      for (int64_t y = 0; y < eh; ++y)
+        for (int64_t x = 0; x < ew; ++x) {
           double acc = b1[o];
-          for (int64_t k = 0; k < s.c; ++k)
-            acc +=
-                static_cast<double>(src[(((img * cb + k / 16) * s.h + y) * s.w + x) * 16 + k % 16]) * w1[o * s.c + k];
-          e[((img * s.m + o) * s.h + y) * s.w + x] = act_scalar(s.act1, static_cast<float>(acc));
+          if (s.stem) {  // 3x3, stride 2, padding 1 over plain [n][c][h][w]
+            for (int64_t ci = 0; ci < s.c; ++ci)
+              for (int64_t a = 0; a < 3; ++a)
+                for (int64_t b = 0; b < 3; ++b) {
+                  const int64_t iy = 2 * y - 1 + a, ix = 2 * x - 1 + b;
+                  if (iy < 0 || iy >= s.h || ix < 0 || ix >= s.w) continue;
+                  acc += static_cast<double>(src[((img * s.c + ci) * s.h + iy) * s.w + ix]) *
+                         w1[((o * s.c + ci) * 3 + a) * 3 + b];
+                }
+          } else {
+            for (int64_t k = 0; k < s.c; ++k)
+              acc +=
+                  static_cast<double>(src[(((img * cb + k / 16) * s.h + y) * s.w + x) * 16 + k % 16]) * w1[o * s.c + k];
+          }
+          e[((img * s.m + o) * eh + y) * ew + x] = act_scalar(s.act1, static_cast<float>(acc));
         }
   for (int64_t img = 0; img < s.n; ++img)
     for (int64_t o = 0; o < s.m; ++o)
@@ -382,8 +473,8 @@ void expand_dw_reference(const ExpandDwShape& s, const float* src, const float* 
           for (int64_t a = 0; a < s.k; ++a)
             for (int64_t b = 0; b < s.k; ++b) {
               const int64_t iy = y * s.stride - pad + a, ix = x * s.stride - pad + b;
-              if (iy < 0 || iy >= s.h || ix < 0 || ix >= s.w) continue;
-              acc += static_cast<double>(e[((img * s.m + o) * s.h + iy) * s.w + ix]) * w2[o * kk + a * s.k + b];
+              if (iy < 0 || iy >= eh || ix < 0 || ix >= ew) continue;
+              acc += static_cast<double>(e[((img * s.m + o) * eh + iy) * ew + ix]) * w2[o * kk + a * s.k + b];
             }
           dwd[(((img * mb + o / 16) * oh + y) * ow + x) * 16 + o % 16] = act_scalar(s.act2, static_cast<float>(acc));
         }

@@ -34,6 +34,10 @@ struct ExpandDwAct {
 // channels to proj channels with its bias, plus the source when `residual` (proj == c, stride 1), then act3, into
 // nChw16c [n, proj, oh, ow] instead (a partial last block's other lanes written 0). Each depthwise output row is then
 // projected as soon as it is computed, from L1, and the team always splits rows.
+//
+// Or the first convolution is a network's stem instead (`stem`): a 3x3 stride-2 convolution with padding 1 over a
+// plain [n, c, h, w] source of at most 8 channels (MobileNetV2's 3 -> 32 at 224x224), its output of eh x ew pixels
+// the ring's rows.
 struct ExpandDwShape {
   int64_t n = 1, c = 0, m = 0, h = 0, w = 0;
   int64_t k = 3, stride = 1;
@@ -41,8 +45,11 @@ struct ExpandDwShape {
   int64_t proj = 0;  // 0: no projection (dst is the depthwise output)
   bool residual = false;
   ExpandDwAct act3;
-  int64_t oh() const { return (h - 1) / stride + 1; }
-  int64_t ow() const { return (w - 1) / stride + 1; }
+  bool stem = false;
+  int64_t eh() const { return stem ? (h - 1) / 2 + 1 : h; }  // the first convolution's output (the ring's rows)
+  int64_t ew() const { return stem ? (w - 1) / 2 + 1 : w; }
+  int64_t oh() const { return (eh() - 1) / stride + 1; }
+  int64_t ow() const { return (ew() - 1) / stride + 1; }
 };
 
 // "" when the step computes this shape on this CPU (AVX-512), else what it does not take (besides the geometry: with
@@ -54,8 +61,8 @@ std::string expand_dw_check(const ExpandDwShape& s);
 // weights [mp/16][k*k][16], the two biases [mp] each, then the projection's weights the same way over proj rounded
 // up to 16 ([group][m][32]) and its bias.
 size_t expand_dw_packed_floats(const ExpandDwShape& s);
-// From ONNX's 1x1 weights w1 [m][c][1][1], b1 [m], depthwise weights w2 [m][1][k][k] and b2 [m], and the projection's
-// w3 [proj][m][1][1] and b3 [proj] (null without one).
+// From ONNX's first weights w1 [m][c][1][1] (a stem's [m][c][3][3], packed as c * 9 input channels), b1 [m], depthwise
+// weights w2 [m][1][k][k] and b2 [m], and the projection's w3 [proj][m][1][1] and b3 [proj] (null without one).
 void expand_dw_pack(const ExpandDwShape& s, const float* w1, const float* b1, const float* w2, const float* b2,
                     const float* w3, const float* b3, float* packed);
 

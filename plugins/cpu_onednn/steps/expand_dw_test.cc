@@ -29,25 +29,28 @@ ExpandDwAct of(ExpandDwAct::Kind k) {
 
 void check(int64_t n, int64_t c, int64_t m, int64_t h, int64_t w, int64_t stride, int team, ExpandDwAct act1 = clip6(),
            ExpandDwAct act2 = clip6(), int64_t k = 3, int64_t proj = 0, bool residual = false,
-           ExpandDwAct act3 = ExpandDwAct{}) {
+           ExpandDwAct act3 = ExpandDwAct{}, bool stem = false) {
   ExpandDwShape s;
   s.n = n, s.c = c, s.m = m, s.h = h, s.w = w, s.k = k, s.stride = stride, s.act1 = act1, s.act2 = act2;
-  s.proj = proj, s.residual = residual, s.act3 = act3;
+  s.proj = proj, s.residual = residual, s.act3 = act3, s.stem = stem;
   if (!expand_dw_check(s).empty()) GTEST_SKIP() << expand_dw_check(s);
   const int64_t cb = (c + 15) / 16;
   std::mt19937 rng(static_cast<uint32_t>(h * 131 + w * 7 + c + m * 3 + n + stride * 1000));
   std::uniform_real_distribution<float> u(-1.f, 1.f);
   // nChw16c source with the last block's padding lanes zero, as oneDNN keeps them.
-  std::vector<float> x(static_cast<size_t>(n * cb * 16 * h * w), 0.f);
+  std::vector<float> x(static_cast<size_t>(n * cb * 16 * h * w), 0.f);  // (a stem's plain source: its first part)
   for (int64_t img = 0; img < n; ++img)
     for (int64_t k = 0; k < c; ++k)
       for (int64_t p = 0; p < h * w; ++p) x[((img * cb + k / 16) * h * w + p) * 16 + k % 16] = 2.f * u(rng);
   if (residual && c % 16 != 0)  // padding lanes the step must not pass on into its output's padding
     for (int64_t img = 0; img < n; ++img)
       for (int64_t p = 0; p < h * w; ++p) x[((img * cb + cb - 1) * h * w + p) * 16 + 15] = 1e30f;
-  std::vector<float> w1(static_cast<size_t>(m * c)), b1(static_cast<size_t>(m)), w2(static_cast<size_t>(m * k * k)),
+  const int64_t c1 = stem ? c * 9 : c;
+  if (stem)
+    for (float& v : x) v = 2.f * u(rng);
+  std::vector<float> w1(static_cast<size_t>(m * c1)), b1(static_cast<size_t>(m)), w2(static_cast<size_t>(m * k * k)),
       b2(static_cast<size_t>(m));
-  for (float& v : w1) v = u(rng) * 2.f / std::sqrt(static_cast<float>(c));
+  for (float& v : w1) v = u(rng) * 2.f / std::sqrt(static_cast<float>(c1));
   for (float& v : b1) v = 0.5f * u(rng);
   for (float& v : w2) v = u(rng) / static_cast<float>(k);
   for (float& v : b2) v = 0.2f * u(rng);
@@ -111,6 +114,15 @@ TEST(OnednnExpandDw, WithTheProjectionAndResidual) {
   }
 }
 
+TEST(OnednnExpandDw, AStemFirst) {
+  for (int team : {1, 2, 3}) {
+    check(1, 3, 32, 224, 224, 1, team, clip6(), clip6(), 3, 16, false, ExpandDwAct{}, true);  // MobileNetV2's first two
+    check(1, 3, 32, 37, 29, 1, team, clip6(), clip6(), 3, 0, false, ExpandDwAct{}, true);  // odd sizes, no projection
+    check(2, 4, 24, 10, 9, 2, team, of(ExpandDwAct::kRelu), clip6(), 5, 8, false, ExpandDwAct{}, true);
+    check(1, 1, 16, 1, 2, 1, team, clip6(), clip6(), 3, 0, false, ExpandDwAct{}, true);  // one input row
+  }
+}
+
 TEST(OnednnExpandDw, EveryActivation) {
   using K = ExpandDwAct::Kind;
   for (K a : {K::kNone, K::kRelu, K::kHardSwish, K::kSilu})
@@ -157,6 +169,8 @@ TEST(OnednnExpandDw, RejectsWhatItDoesNotCompute) {
   EXPECT_NE(expand_dw_check(s), "");  // a residual after a stride-2 depthwise
   s.stride = 1, s.proj = 24;
   EXPECT_NE(expand_dw_check(s), "");  // a residual of 24 channels onto a 16-channel source
+  s.proj = 16, s.stem = true;
+  EXPECT_NE(expand_dw_check(s), "");  // a residual after a stem
   s.stride = 1, s.h = 0;
   EXPECT_NE(expand_dw_check(s), "");
   s.h = 8;

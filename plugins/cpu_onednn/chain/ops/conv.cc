@@ -298,6 +298,12 @@ void Builder::conv(size_t i) {
   if (sp == 2 && g == 1 && N == 1 && ks == Dims{1, 1} && x[2] == 1 && x[3] == 1 && y[2] == 1 && y[3] == 1 &&
       f.sum_with.empty() && chan_scale.empty() && act_ == dt::f32 && conv_as_gemv(i, f, w, has_bias, bias))
     return;
+  // A network's first convolution (3x3 stride 2 over a few plain channels) read by a depthwise one: the stem as the
+  // first stage of the chain's own expand_dw step (MobileNetV2's 3 -> 32 -> depthwise -> 16).
+  if (sp == 2 && g == 1 && ks == Dims{3, 3} && s == Dims{2, 2} && d == Dims{1, 1} && pl == Dims{1, 1} &&
+      pr == Dims{1, 1} && C <= 8 && f.sum_with.empty() && act_ == dt::f32 && chan_scale.empty() &&
+      conv_expand_dw(i, f, src_name, x, w, bias, conv_flops, true))
+    return;
   if (sp == 2 && g == 1 && ks[0] == 1 && ks[1] == 1 && s[0] == 1 && s[1] == 1 && pl == Dims{0, 0} && pr == Dims{0, 0} &&
       f.sum_with.empty() && act_ == dt::f32 && chan_scale.empty() &&
       (conv_expand_dw(i, f, src_name, x, w, bias, conv_flops) ||

@@ -407,19 +407,23 @@ static bool expand_dw_act_of(const dnnl::post_ops& po, ExpandDwAct* a) {
   return true;
 }
 
-// A 1x1 convolution (stride 1, no padding; `w` [M][C] and `bias` with folds applied, its activation in f.po) whose
+// A 1x1 convolution (stride 1, no padding; `w` [M][C] and `bias` with folds applied, its activation in f.po), or with
+// `stem` a 3x3 stride-2 one with padding 1 over at most 8 plain channels (`w` [M][C][3][3]: a network's first), whose
 // sole reader is a 3x3 or 5x5 depthwise convolution with padding k / 2 and stride 1 or 2 (dw_reader_of), each followed
 // by at most one activation expand_dw_act_of takes, as one step of the chain's own (steps/expand_dw.h): MobileNet's
 // expansion never leaves the cache. The source is read as nChw16c (reordered first when in another layout). Measured:
 // docs/ONEDNN_PERFORMANCE.md, "(xdw)". With AVX-512, f32, the expand_dw option on; false, changing nothing,
 // otherwise.
 bool Builder::conv_expand_dw(size_t i, const Fusion& f, const std::string& src, const Dims& x,
-                             const std::vector<float>& w, const std::vector<float>& bias, double flops) {
-  if (!options().expand_dw || f.pass_after() || f.viewed || !f.sum_with.empty() || x.size() != 4) return false;
-  const Dims y1 = dims_of(f.out);
-  if (y1.size() != 4 || y1[0] != x[0] || y1[2] != x[2] || y1[3] != x[3]) return false;
+                             const std::vector<float>& w, const std::vector<float>& bias, double flops, bool stem) {
+  if (!options().expand_dw || (stem && !options().expand_dw_stem) || f.pass_after() || f.viewed ||
+      !f.sum_with.empty() || x.size() != 4)
+    return false;
   ExpandDwShape s;
-  s.n = x[0], s.c = x[1], s.m = y1[1], s.h = x[2], s.w = x[3];
+  s.n = x[0], s.c = x[1], s.h = x[2], s.w = x[3], s.stem = stem;
+  const Dims y1 = dims_of(f.out);
+  if (y1.size() != 4 || y1[0] != s.n || y1[2] != s.eh() || y1[3] != s.ew()) return false;
+  s.m = y1[1];
   if (!expand_dw_act_of(f.po, &s.act1)) return false;
   DwReader d;
   if (!dw_reader_of(f, s.m, &d)) return false;
@@ -428,18 +432,20 @@ bool Builder::conv_expand_dw(size_t i, const Fusion& f, const std::string& src, 
   if (g.pass_after() || g.viewed || !expand_dw_act_of(g.po, &s.act2) || !expand_dw_check(s).empty()) return false;
   const Dims y{s.n, s.m, s.oh(), s.ow()};
   if (dims_of(g.out) != y) return false;
-  if (w.size() != static_cast<size_t>(s.m * s.c) || bias.size() != static_cast<size_t>(s.m)) return false;
+  if (w.size() != static_cast<size_t>(s.m * s.c * (stem ? 9 : 1)) || bias.size() != static_cast<size_t>(s.m))
+    return false;
   if (val(src).scale != 1.f || val(src).md.data_type() != dt::f32) return false;
   // The projection after the depthwise convolution, taken into the step where its team splits rows anyway (below 7
   // rows a thread it splits channel groups, and a projection needs every channel of a row).
   Projection pr;
   const bool project = options().expand_dw_project && expand_dw_splits_rows(s, p_->threads) &&
-                       projection_of(g.out, s.m, src, Dims{s.n, s.c, s.h, s.w}, s.stride, &pr) &&
+                       projection_of(g.out, s.m, stem ? std::string() : src, Dims{s.n, s.c, s.h, s.w}, s.stride, &pr) &&
                        expand_dw_act_of(pr.act_po, &s.act3);
   if (project) s.proj = pr.out_channels, s.residual = pr.residual;
   if (!expand_dw_check(s).empty()) return false;
   const Dims yo = project ? Dims{s.n, s.proj, s.oh(), s.ow()} : y;
-  const Val xv = as_md(src, md_t(to_dnnl(x), dt::f32, tag::nChw16c));  // a reorder first unless nChw16c already
+  // A reorder first unless nChw16c already (a stem: unless plain).
+  const Val xv = as_md(src, stem ? plain_md(x, dt::f32) : md_t(to_dnnl(x), dt::f32, tag::nChw16c));
   Exec e;
   own_weights(
       e, expand_dw_packed_floats(s),
