@@ -3269,6 +3269,41 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // What the expand_dw step must not take whole: the depthwise output read twice (by the projection and by a pooled
+    // branch, as squeeze-excite does), so it is written out and the projection stays a step of its own; and a
+    // projection whose Add is of another tensor than the block's input (no residual of the step's source).
+    for (bool other_residual : {false, true}) {
+      OpCase c;
+      c.op = "Chain";
+      c.opset = 13;
+      c.label = other_residual ? "1x1 + depthwise + projection whose Add is of another input (not the step's residual)"
+                               : "1x1 + depthwise whose output is read twice (projection and a pooled branch)";
+      c.inputs = {in("X", {1, 24, 14, 14}),
+                  in("Y", {1, 24, 14, 14}),
+                  in("WE", {144, 24, 1, 1}, true, -0.4f, 0.4f),
+                  in("BE", {144}, true),
+                  in("WD", {144, 1, 3, 3}, true, -0.5f, 0.5f),
+                  in("BD", {144}, true),
+                  in("WP", {24, 144, 1, 1}, true, -0.2f, 0.2f),
+                  in("W2", {24, 144, 1, 1}, true, -0.2f, 0.2f),
+                  scalar("LO", 0.f),
+                  scalar("HI", 6.f)};
+      c.chain = {conv({"X", "WE", "BE"}, 1, 1, 0),
+                 {"Clip", {"$0", "LO", "HI"}, {}},  // $1
+                 conv({"$1", "WD", "BD"}, 3, 1, 1, 144),
+                 {"Clip", {"$2", "LO", "HI"}, {}},  // $3
+                 conv({"$3", "WP"}, 1, 1, 0)};      // $4
+      if (other_residual) {
+        c.chain.push_back({"Add", {"$4", "Y"}, {}});  // $5
+      } else {
+        c.chain.push_back({"GlobalAveragePool", {"$3"}, {}});  // $5
+        c.chain.push_back(conv({"$5", "W2"}, 1, 1, 0));        // $6
+        c.chain.push_back({"Add", {"$4", "$6"}, {}});          // $7
+      }
+      v.push_back(c);
+    }
+  }
+  {
     // HardSigmoid and HardSwish with nothing to fuse into (after a Mul of two values): their own steps, HardSigmoid
     // as two (linear, then clip in place), with ONNX's default alpha 0.2.
     OpCase c;
