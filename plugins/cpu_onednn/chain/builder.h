@@ -426,6 +426,10 @@ class Builder {
     std::vector<float> w, bias;  // [M][k*k], [M]
   };
   bool dw_reader_of(const Fusion& f, int64_t M, DwReader* d);
+  // A convolution's constant weights W ([M][...]) and bias B (null: zeros) with fusion f's BatchNormalization and
+  // bias-add folds applied, into *w and *bias [M].
+  static void folded_weights(const Fusion& f, const ConstT& W, const ConstT* B, int64_t M, std::vector<float>* w,
+                             std::vector<float>* bias);
   bool conv_dw_fused(size_t i, const Fusion& f, const md_t& src, const md_t& wany, const md_t& bmd,
                      const std::vector<float>& w, const std::vector<float>& bias, double flops);
   bool conv_expand_dw(size_t i, const Fusion& f, const std::string& src, const Dims& x, const std::vector<float>& w,

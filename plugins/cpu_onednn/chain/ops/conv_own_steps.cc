@@ -70,15 +70,8 @@ bool Builder::conv_dw_silu(size_t i) {
   const ConstT* W = cst(n.in_at(1));
   const ConstT* B = n.in_at(2).empty() ? nullptr : cst(n.in_at(2));
   const int64_t kk = s.k * s.k;
-  std::vector<float> w(W->f32(), W->f32() + W->count()), bias(static_cast<size_t>(s.c), 0.f);
-  for (int64_t c = 0; c < s.c; ++c) {
-    if (B) bias[c] = static_cast<float>(B->at(c));
-    if (!f.bn_scale.empty()) {
-      for (int64_t t = 0; t < kk; ++t) w[c * kk + t] *= f.bn_scale[c];
-      bias[c] = bias[c] * f.bn_scale[c] + f.bn_shift[c];
-    }
-    if (!f.conv_bias_add.empty()) bias[c] += f.conv_bias_add[c];
-  }
+  std::vector<float> w, bias;
+  folded_weights(f, *W, B, s.c, &w, &bias);
   Exec e;
   own_weights(
       e, w.size(), [&](float* to) { dw_silu_pack_weights(s, w.data(), to); }, &bias);
@@ -520,16 +513,7 @@ bool Builder::projection_of(const std::string& v, int64_t M, const std::string& 
   }
   p->node = u;
   p->out_channels = P;
-  p->w.assign(W->f32(), W->f32() + W->count());
-  p->bias.assign(static_cast<size_t>(P), 0.f);
-  if (B)
-    for (int64_t k = 0; k < P; ++k) p->bias[k] = static_cast<float>(B->at(k));
-  if (!h.bn_scale.empty())
-    for (int64_t o = 0; o < P; ++o) {
-      for (int64_t k = 0; k < M; ++k) p->w[o * M + k] *= h.bn_scale[o];
-      p->bias[o] = p->bias[o] * h.bn_scale[o] + h.bn_shift[o];
-    }
-  for (size_t k = 0; k < h.conv_bias_add.size(); ++k) p->bias[k] += h.conv_bias_add[k];
+  folded_weights(h, *W, B, P, &p->w, &p->bias);
   p->fusion = std::move(h);
   return true;
 }

@@ -208,18 +208,24 @@ bool Builder::dw_reader_of(const Fusion& f, int64_t M, DwReader* d) {
   d->node = u;
   d->k = k;
   d->stride = ds[0];
-  d->w.assign(W->f32(), W->f32() + W->count());
-  d->bias.assign(static_cast<size_t>(M), 0.f);
-  if (B)
-    for (int64_t k = 0; k < M; ++k) d->bias[k] = static_cast<float>(B->at(k));
-  if (!g.bn_scale.empty())
-    for (int64_t m = 0; m < M; ++m) {
-      for (int64_t t = 0; t < k * k; ++t) d->w[m * k * k + t] *= g.bn_scale[m];
-      d->bias[m] = d->bias[m] * g.bn_scale[m] + g.bn_shift[m];
-    }
-  for (size_t k = 0; k < g.conv_bias_add.size(); ++k) d->bias[k] += g.conv_bias_add[k];
+  folded_weights(g, *W, B, M, &d->w, &d->bias);
   d->fusion = std::move(g);
   return true;
+}
+
+void Builder::folded_weights(const Fusion& f, const ConstT& W, const ConstT* B, int64_t M, std::vector<float>* w,
+                             std::vector<float>* bias) {
+  w->assign(W.f32(), W.f32() + W.count());
+  bias->assign(static_cast<size_t>(M), 0.f);
+  if (B)
+    for (int64_t k = 0; k < M; ++k) (*bias)[k] = static_cast<float>(B->at(k));
+  const int64_t per = W.count() / M;
+  if (!f.bn_scale.empty())
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t k = 0; k < per; ++k) (*w)[m * per + k] *= f.bn_scale[m];
+      (*bias)[m] = (*bias)[m] * f.bn_scale[m] + f.bn_shift[m];
+    }
+  for (size_t k = 0; k < f.conv_bias_add.size(); ++k) (*bias)[k] += f.conv_bias_add[k];
 }
 
 // A 1x1 convolution (stride 1, its post-ops in `f`) whose sole consumer is a 3x3 depthwise convolution (stride 1
