@@ -1,6 +1,7 @@
 // plugins/cpu_onednn/steps/expand_dw.h — (internal) a 1x1 convolution and the 3x3 or 5x5 depthwise convolution that
-// reads its output, as one step of the chains' own: the middle of MobileNet's inverted residual block (expand,
-// activation, depthwise, activation) without the expanded tensor ever leaving the core's cache.
+// reads its output, as one step of the chains' own: MobileNet's inverted residual block (expand, activation,
+// depthwise, activation; optionally the projection and the residual after them, or a network's stem instead of the
+// expansion) without the expanded tensor ever leaving the core's cache.
 //
 // In MobileNetV2 the expansion is the block's widest tensor (144 x 56 x 56 floats: 1.8 MB). Written by one step and
 // read by the next, it goes out to L3 and, at 2 threads, half of it to the other core (a step reading lines the other
