@@ -160,8 +160,9 @@ void run_wino4(const Exec& e) {
             ptr(DNNL_ARG_SCRATCHPAD), e.single ? 1 : omp_get_max_threads());
 }
 
-// Exec::own of a 1x1 convolution with its depthwise 3x3 reader (Builder::conv_expand_dw, steps/expand_dw.h): SRC
-// and DST nChw16c, WEIGHTS the packed constants of both, SCRATCHPAD a team's rings.
+// Exec::own of a 1x1 convolution (or a stem) with its 3x3 / 5x5 depthwise reader and maybe the projection after it
+// (Builder::conv_expand_dw, steps/expand_dw.h): SRC nChw16c (a stem's plain), DST nChw16c, WEIGHTS the packed
+// constants, SCRATCHPAD a team's rings.
 void run_expand_dw(const Exec& e) {
   const auto& s = *static_cast<const ExpandDwShape*>(e.params.get());
   auto ptr = [&](int arg) { return static_cast<float*>(e.args.at(arg).get_data_handle()); };

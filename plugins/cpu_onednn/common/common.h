@@ -257,9 +257,9 @@ struct Options {
                                   // after it to oneDNN (for A/B runs)
   bool expand_dw_stem = true;     // KEEL_ONEDNN_EXPAND_DW_STEM=0: a network's 3x3 stride-2 first convolution is not the
                                   // expand_dw step's first stage (for A/B runs)
-  bool expand_dw = true;  // KEEL_ONEDNN_EXPAND_DW=0 or [options] expand_dw = false: a 1x1 convolution and its 3x3
-                          // depthwise reader run as oneDNN's primitives (fused by append_dw where it can), not as the
-                          // chain's own step (steps/expand_dw.h)
+  bool expand_dw = true;  // KEEL_ONEDNN_EXPAND_DW=0 or [options] expand_dw = false: a 1x1 convolution and its 3x3 /
+                          // 5x5 depthwise reader run as oneDNN's primitives (fused by append_dw where it can), not as
+                          // the chain's own step (steps/expand_dw.h)
   bool wino4 = true;      // KEEL_ONEDNN_WINO4=0 or [options] wino4 = false: no 3x3 convolution runs as the chain's own
                           // Winograd F(4,3) step (steps/wino4.h), only oneDNN's kernels
   bool se_step = true;    // KEEL_ONEDNN_SE_STEP=0 or [options] se_step = false: squeeze-excite's excitation runs as
