@@ -31,11 +31,21 @@ constexpr int64_t kMinRowsPerThread = 7;  // fewer: the team splits channel grou
 
 int64_t blocks_of(int64_t c) { return (c + 15) / 16; }
 int64_t padded_m(const ExpandDwShape& s) { return 16 * blocks_of(s.m); }
-int64_t groups(const ExpandDwShape& s) { return (padded_m(s) + 31) / 32; }
-int64_t group_width(const ExpandDwShape& s, int64_t g) { return std::min<int64_t>(32, padded_m(s) - 32 * g); }
 int64_t padded_proj(const ExpandDwShape& s) { return 16 * blocks_of(s.proj); }
-int64_t proj_groups(const ExpandDwShape& s) { return (padded_proj(s) + 31) / 32; }
-int64_t proj_group_width(const ExpandDwShape& s, int64_t g) { return std::min<int64_t>(32, padded_proj(s) - 32 * g); }
+// Output channels (a multiple of 16) in groups of 32, the last one 16 wide for an odd number of 16-channel blocks.
+int64_t groups_of(int64_t padded) { return (padded + 31) / 32; }
+int64_t group_width(int64_t padded, int64_t g) { return std::min<int64_t>(32, padded - 32 * g); }
+
+// A 1x1's (or a stem's) weights w [outs][ins] into the tile kernels' layout over outs rounded up to 16: per group of
+// 32 outputs [ins][group width], zeros past outs (the caller zero-fills).
+void pack_groups(const float* w, int64_t outs, int64_t ins, float* to) {
+  const int64_t padded = 16 * blocks_of(outs);
+  for (int64_t o = 0; o < outs; ++o) {
+    const int64_t g = o / 32, wg = group_width(padded, g), lane = o % 32;
+    float* U = to + 32 * ins * g;  // groups before g are all 32 wide
+    for (int64_t k = 0; k < ins; ++k) U[k * wg + lane] = w[o * ins + k];
+  }
+}
 int64_t pad_of(const ExpandDwShape& s) { return s.k / 2; }
 int64_t ring_width(const ExpandDwShape& s) { return s.ew() + 2 * pad_of(s); }    // zero columns on both sides
 int64_t first_inputs(const ExpandDwShape& s) { return s.stem ? 9 * s.c : s.c; }  // the first weights' inputs
@@ -150,29 +160,27 @@ __attribute__((target("avx512f"))) void stem_tile(const float* buf, int64_t bstr
     for (int t = 0; t < T; ++t) _mm512_storeu_ps(out + v * out_stride + t * 16, act16(act, acc[t][v]));
 }
 
-using StemFn = void (*)(const float*, int64_t, int64_t, const float*, const float*, const ExpandDwAct&, float*,
-                        int64_t);
-template <int NV, int... T>
-constexpr StemFn stem_of(int t, std::integer_sequence<int, T...>) {
-  constexpr StemFn fns[] = {stem_tile<T + 1, NV>...};
+// The tile kernels by pixel count (1..kTile) and 16-channel vectors (1 or 2): Kernel::fn<T, NV> is the instance.
+template <class Kernel, int NV, int... T>
+constexpr auto tile_of(int t, std::integer_sequence<int, T...>) {
+  constexpr decltype(Kernel::template fn<1, NV>) fns[] = {Kernel::template fn<T + 1, NV>...};
   return fns[t - 1];
 }
-StemFn stem_fn(int tiles, int nv) {
+template <class Kernel>
+auto tile_fn(int tiles, int nv) {
   using Seq = std::make_integer_sequence<int, kTile>;
-  return nv == 2 ? stem_of<2>(tiles, Seq{}) : stem_of<1>(tiles, Seq{});
+  return nv == 2 ? tile_of<Kernel, 2>(tiles, Seq{}) : tile_of<Kernel, 1>(tiles, Seq{});
 }
-
-using ExpandFn = void (*)(const float*, int64_t, int64_t, const float*, const float*, const ExpandDwAct&, float*,
-                          int64_t, const float*);
-template <int NV, int... T>
-constexpr ExpandFn expand_of(int t, std::integer_sequence<int, T...>) {
-  constexpr ExpandFn fns[] = {expand_tile<T + 1, NV>...};
-  return fns[t - 1];
-}
-ExpandFn expand_fn(int tiles, int nv) {
-  using Seq = std::make_integer_sequence<int, kTile>;
-  return nv == 2 ? expand_of<2>(tiles, Seq{}) : expand_of<1>(tiles, Seq{});
-}
+struct StemTiles {
+  template <int T, int NV>
+  static constexpr auto fn = stem_tile<T, NV>;
+};
+struct ExpandTiles {
+  template <int T, int NV>
+  static constexpr auto fn = expand_tile<T, NV>;
+};
+auto stem_fn(int tiles, int nv) { return tile_fn<StemTiles>(tiles, nv); }
+auto expand_fn(int tiles, int nv) { return tile_fn<ExpandTiles>(tiles, nv); }
 
 // NX output pixels of one 16-channel block from the K ring rows (null: outside the image, skipped), the input columns
 // of each row loaded once: out[j * 16 + lane] = act(bias + sum over dy, dx of rows[dy][col + (j * S + dx) * 16 +
@@ -254,8 +262,8 @@ Packed parts(const ExpandDwShape& s, const float* packed) {
 __attribute__((target("avx512f"))) void project_row(const ExpandDwShape& s, const float* src, const Packed& p,
                                                     const float* row, int64_t img, int64_t oy, float* dst) {
   const int64_t oh = s.oh(), ow = s.ow(), pb = blocks_of(s.proj);
-  for (int64_t g = 0; g < proj_groups(s); ++g) {
-    const int nv = static_cast<int>(proj_group_width(s, g) / 16);
+  for (int64_t g = 0; g < groups_of(padded_proj(s)); ++g) {
+    const int nv = static_cast<int>(group_width(padded_proj(s), g) / 16);
     const float* U = p.up + 32 * s.m * g;  // groups before g are all 32 wide
     float* out = dst + ((img * pb + 2 * g) * oh + oy) * ow * 16;
     const float* res = s.residual ? src + ((img * pb + 2 * g) * s.h + oy) * s.w * 16 : nullptr;
@@ -288,7 +296,7 @@ void stem_row(const ExpandDwShape& s, const float* src, const Packed& p, int64_t
       b[0] = 0.f, b[wb - 1] = 0.f;
       std::copy_n(src + ((img * s.c + ci) * s.h + y) * s.w, s.w, b + 1);
     }
-  const int nv = static_cast<int>(group_width(s, g) / 16);
+  const int nv = static_cast<int>(group_width(padded_m(s), g) / 16);
   const float* U = p.u + 32 * first_inputs(s) * g;
   float* out = row + (2 * g * wp + pad_of(s)) * 16;
   for (int64_t x0 = 0; x0 < ew; x0 += kTile) {
@@ -303,7 +311,7 @@ void expand_row(const ExpandDwShape& s, const float* src, const Packed& p, int64
   if (s.stem) return stem_row(s, src, p, img, iy, g, row, buf);
   const int64_t cb = blocks_of(s.c), wp = ring_width(s);
   const float* in = src + (img * cb * s.h + iy) * s.w * 16;
-  const int nv = static_cast<int>(group_width(s, g) / 16);
+  const int nv = static_cast<int>(group_width(padded_m(s), g) / 16);
   const float* U = p.u + 32 * s.c * g;  // groups before g are all 32 wide
   float* out = row + (2 * g * wp + pad_of(s)) * 16;
   for (int64_t x0 = 0; x0 < s.w; x0 += kTile) {
@@ -387,23 +395,16 @@ void expand_dw_pack(const ExpandDwShape& s, const float* w1, const float* b1, co
                     const float* w3, const float* b3, float* packed) {
   const int64_t mp = padded_m(s), kk = s.k * s.k, c1 = first_inputs(s);
   std::fill(packed, packed + expand_dw_packed_floats(s), 0.f);
-  for (int64_t o = 0; o < s.m; ++o) {
-    const int64_t g = o / 32, wg = group_width(s, g), lane = o % 32;
-    float* U = packed + 32 * c1 * g;
-    for (int64_t k = 0; k < c1; ++k) U[k * wg + lane] = w1[o * c1 + k];
-  }
+  pack_groups(w1, s.m, c1, packed);
   float* wd = packed + c1 * mp;
   for (int64_t o = 0; o < s.m; ++o)
     for (int64_t t = 0; t < kk; ++t) wd[((o / 16) * kk + t) * 16 + o % 16] = w2[o * kk + t];
   std::copy(b1, b1 + s.m, wd + kk * mp);
   std::copy(b2, b2 + s.m, wd + (kk + 1) * mp);
   float* up = wd + (kk + 2) * mp;
-  for (int64_t o = 0; o < s.proj; ++o) {
-    const int64_t g = o / 32, wg = proj_group_width(s, g), lane = o % 32;
-    float* U = up + 32 * s.m * g;
-    for (int64_t k = 0; k < s.m; ++k) U[k * wg + lane] = w3[o * s.m + k];
-  }
-  if (s.proj > 0) std::copy(b3, b3 + s.proj, up + s.m * padded_proj(s));
+  if (s.proj == 0) return;
+  pack_groups(w3, s.proj, s.m, up);
+  std::copy(b3, b3 + s.proj, up + s.m * padded_proj(s));
 }
 
 size_t expand_dw_scratch_floats(const ExpandDwShape& s) {
@@ -412,7 +413,7 @@ size_t expand_dw_scratch_floats(const ExpandDwShape& s) {
 }
 
 bool expand_dw_splits_rows(const ExpandDwShape& s, int team) {
-  return team <= 1 || s.proj > 0 || s.n * s.oh() >= kMinRowsPerThread * team || groups(s) < team;
+  return team <= 1 || s.proj > 0 || s.n * s.oh() >= kMinRowsPerThread * team || groups_of(padded_m(s)) < team;
 }
 
 void expand_dw_run(const ExpandDwShape& s, const float* src, const float* packed, float* dst, float* scratch,
@@ -423,7 +424,7 @@ void expand_dw_run(const ExpandDwShape& s, const float* src, const float* packed
     return own + (64 - reinterpret_cast<uintptr_t>(own) % 64) % 64 / sizeof(float);  // 64-byte aligned
   };
   const Packed p = parts(s, packed);
-  const int64_t rows = s.n * s.oh(), ng = groups(s);
+  const int64_t rows = s.n * s.oh(), ng = groups_of(padded_m(s));
   if (expand_dw_splits_rows(s, team)) {
     split_over_team(rows, team, [&](int64_t t, int64_t r0, int64_t r1) {
       if (r1 > r0) run_part(s, src, p, dst, own_scratch(t), r0, r1, 0, ng);
