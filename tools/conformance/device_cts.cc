@@ -3936,6 +3936,35 @@ void add_int8_chain_cases(std::vector<OpCase>& v) {
     c.claim_whole = true;
     v.push_back(c);
   }
+  // The same block at stride 2 over a batch of 2 odd-sized images, 40 expanded channels (a partial 16-channel block),
+  // zero points off 0 and the projection requantized to u8 (a block no residual Add reads: MobileNetV2's stage ends);
+  // and a block whose depthwise output two 1x1 QConvs read (the cpu_onednn plugin's own step then stops at the
+  // depthwise convolution: chain/ops/int8.cc, Builder::qconv_expand_dw).
+  for (const bool two_readers : {false, true}) {
+    OpCase c;
+    c.op = "Chain";
+    c.label = two_readers ? "int8 expand 16->40 -> depthwise 3x3 read by two QConvs 1x1 -> their f32 outputs"
+                          : "int8 block at stride 2, batch 2, 15x13: expand 16->40 -> depthwise s2 -> project -> u8";
+    c.inputs = {in("X", {2, 16, 15, 13}, false, -3.f, 3.f)};
+    act_q(c, "x", 0.03f, 120);
+    layer(c, "e", 40, 16, 1, 0.005f);
+    act_q(c, "e", 0.03f, 3);
+    layer(c, "d", 40, 1, 3, 0.004f);
+    act_q(c, "d", 0.03f, 5);
+    layer(c, "p", 24, 40, 1, 0.003f);
+    act_q(c, "p", 0.04f, 131);
+    c.chain = {qc({"X", "We", "Be", "Sx", "Zx", "WSe", "Se", "Ze"}, 1, 1, 1, "Clip", {{"output_layout", S("NHWC")}}),
+               qc({"$0", "Wd", "Bd", "Se", "Ze", "WSd", "Sd", "Zd"}, 3, two_readers ? 1 : 2, 40, "Clip", nhwc_io)};
+    if (two_readers) {
+      layer(c, "q", 8, 40, 1, 0.003f);
+      c.chain.push_back(qc({"$1", "Wp", "Bp", "Sd", "Zd", "WSp"}, 1, 1, 1, "", {{"input_layout", S("NHWC")}}));
+      c.chain.push_back(qc({"$1", "Wq", "Bq", "Sd", "Zd", "WSq"}, 1, 1, 1, "Relu", {{"input_layout", S("NHWC")}}));
+    } else {
+      c.chain.push_back(qc({"$1", "Wp", "Bp", "Sd", "Zd", "WSp", "Sp", "Zp"}, 1, 1, 1, "", nhwc_io));
+    }
+    c.claim_whole = true;
+    v.push_back(c);
+  }
   // An image's stem: f32 X with fewer channels than a group of 4 (3, an RGB image) or a partial group after whole
   // ones (6), quantized by the chain into the first QConv's channels-last bytes (the plugin's own loop, any channel
   // count), a 7x7 / 3x3 stride-2 QConv with Relu, then a 1x1 to f32; batch 2 and a spatial size that is not a multiple

@@ -406,6 +406,8 @@ class Builder {
   std::map<std::string, std::pair<Dims, bool>> flat_folds_;
   bool flatten_into_gemm(size_t i, const Dims& x, const Dims& y);
   bool qconv_stem(size_t i, const QuantSetup& q, const QConvGeom& g, const Dims& x, const Dims& y, const int8_t* w);
+  bool qconv_expand_dw(size_t i, const QuantSetup& q, const QConvGeom& g, const Dims& x, const Dims& y,
+                       const int8_t* w);
   bool conv_residual_merged(size_t i);
   bool conv_pool_fused(size_t i);
   bool conv_grouped4(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y, int64_t stride,

@@ -211,6 +211,17 @@ void run_int8_depthwise(const Exec& e) {
         e.single ? 1 : omp_get_max_threads());
 }
 
+// Exec::own of the int8 expansion + depthwise (+ projection) step (steps/int8_expand_dw.h): SRC u8 channels-last,
+// SRC_1 the projection's residual Z (f32 channels-last) when it has one, DST, the team's SCRATCHPAD.
+void run_int8_expand_dw(const Exec& e) {
+  const auto& k = *static_cast<const Int8ExpandDw*>(e.params.get());
+  const auto z = e.args.find(DNNL_ARG_SRC_1);
+  k.run(static_cast<const uint8_t*>(e.args.at(DNNL_ARG_SRC).get_data_handle()),
+        z == e.args.end() ? nullptr : static_cast<const float*>(z->second.get_data_handle()),
+        e.args.at(DNNL_ARG_DST).get_data_handle(),
+        static_cast<uint8_t*>(e.args.at(DNNL_ARG_SCRATCHPAD).get_data_handle()), e.single ? 1 : omp_get_max_threads());
+}
+
 // Exec::own of the quantization of an f32 value into an int8 step's source (steps/int8_quant.h): SRC f32 plain
 // ([N, C, S]: kToNhwc), nChw16c (kBlocked) or already in the destination's layout (kSame, n elements); DST bytes.
 // kBlockedF32: no quantization, nChw16c f32 into channels-last f32 (an int8 step's residual Z).

@@ -71,6 +71,7 @@ void run_to_phases(const Exec& e);
 void run_from_phases(const Exec& e);
 void run_attention(const Exec& e);
 void run_int8_depthwise(const Exec& e);
+void run_int8_expand_dw(const Exec& e);
 void run_int8_quantize(const Exec& e);
 void run_merged_source(const Exec& e);
 void run_bilinear(const Exec& e);

@@ -33,6 +33,7 @@
 #include "steps/expand_dw.h"
 #include "steps/gelu.h"
 #include "steps/grouped.h"
+#include "steps/int8_expand_dw.h"
 #include "steps/int8_pool.h"
 #include "steps/int8_stem.h"
 #include "steps/narrow_gemm.h"

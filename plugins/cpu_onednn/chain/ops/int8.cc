@@ -200,6 +200,113 @@ bool Builder::qconv_stem(size_t i, const QuantSetup& q, const QConvGeom& g, cons
   return true;
 }
 
+// An int8 inverted-residual block as one own step (steps/int8_expand_dw.h): this 1x1 QConv (the expansion, u8 ->
+// u8), the 3x3 depthwise QConv (padding 1, stride 1 or 2) that alone reads its output and, where one alone reads
+// that (option expand_dw_project), the 1x1 projection QConv with its residual Z. MobileNetV2's int8 blocks otherwise
+// hand the expanded tensor from oneDNN's 1x1 to the own depthwise step through L3 (and at 2 threads half of it to the
+// other core). False, changing nothing, where any part does not fit. The caller counted the expansion's flops.
+bool Builder::qconv_expand_dw(size_t i, const QuantSetup& q, const QConvGeom& g, const Dims& x, const Dims& y,
+                              const int8_t* w) {
+  const NodeDesc& n = r_.nodes[i];
+  if (!options().int8_expand_dw || !int8_own_kernels() || g.rank != 4 || g.group != 1 || q.residual) return false;
+  const Dims one{1, 1}, no_pads{0, 0, 0, 0};
+  if (g.w_dims[2] != 1 || g.w_dims[3] != 1 || g.strides != one || g.dilations != one || g.pads != no_pads) return false;
+  if (q.x_type != KEEL_DTYPE_U8 || q.y_type != KEEL_DTYPE_U8) return false;
+  // A reader that is a QConv over this value as its X alone, with constant s8 weights, and its parameters; none on
+  // anything a reader does not fit (QuantSetup::read and QConvGeom::read reject with exceptions).
+  struct Reader {
+    size_t node = npos;
+    const ConstT* W = nullptr;
+    QConvGeom g;
+    QuantSetup q;
+  };
+  auto reader_of = [&](const std::string& v) -> std::optional<Reader> {
+    Reader r;
+    r.node = sole_user(v);
+    if (r.node == npos) return std::nullopt;
+    const NodeDesc& c = r_.nodes[r.node];
+    if (c.op != "QConv" || c.out.size() != 1 || c.in.size() < 6 || c.in[0] != v) return std::nullopt;
+    r.W = cst(c.in_at(1));
+    if (!r.W || r.W->dtype != KEEL_DTYPE_I8 || r.W->dims.size() != 4) return std::nullopt;
+    try {
+      r.g.read(r.W->dims, c.ai("group", 1), c.as("auto_pad", "NOTSET"), c.ais("strides", Dims(2, 1)),
+               c.ais("dilations", Dims(2, 1)), c.ais("pads", Dims(4, 0)));
+      r.q.read(qnode_view(c), r.W->dims[0]);
+    } catch (const Reject&) {
+      return std::nullopt;
+    }
+    r.q.residual = !c.in_at(8).empty();  // (read() leaves Z to the caller, as qconv() does)
+    return r;
+  };
+  const int64_t m = y[1];
+  auto dw = reader_of(n.out[0]);
+  if (!dw) return false;
+  const Dims& wd = dw->W->dims;
+  const int64_t st = dw->g.strides[0];
+  if (dw->g.group != m || wd != Dims{m, 1, 3, 3} || dw->g.dilations != one || (st != 1 && st != 2) ||
+      dw->g.strides[1] != st || dw->g.pads != Dims{1, 1, 1, 1} || dw->q.residual || dw->q.x_f32 ||
+      dw->q.x_type != KEEL_DTYPE_U8 || dw->q.x_scale != q.y_scale || dw->q.x_zero != q.y_zero)
+    return false;
+  Int8ExpandDwShape s;
+  s.n = x[0], s.c = x[1], s.m = m, s.h = x[2], s.w = x[3], s.stride = st;
+  const Dims y2{s.n, m, s.oh(), s.ow()};
+  if (dw->g.out_dims(y) != y2) return false;
+  // The projection, and its residual Z where that is a value already computed (the block's input).
+  std::optional<Reader> pr;
+  if (options().expand_dw_project && dw->q.y_type == KEEL_DTYPE_U8) {
+    pr = reader_of(r_.nodes[dw->node].out[0]);
+    if (pr) {
+      const NodeDesc& c = r_.nodes[pr->node];
+      const bool fits = pr->g.group == 1 && pr->W->dims[1] == m && pr->W->dims[2] == 1 && pr->W->dims[3] == 1 &&
+                        pr->g.strides == one && pr->g.dilations == one && pr->g.pads == no_pads && !pr->q.x_f32 &&
+                        pr->q.x_type == KEEL_DTYPE_U8 && pr->q.x_scale == dw->q.y_scale &&
+                        pr->q.x_zero == dw->q.y_zero &&
+                        (!pr->q.residual || (vals_.count(c.in_at(8)) > 0 && r_.dtypes.count(c.in_at(8)) > 0 &&
+                                             r_.dtypes.at(c.in_at(8)) == KEEL_DTYPE_F32));
+      if (!fits) pr.reset();
+    }
+  }
+  if (pr) s.proj = pr->W->dims[0], s.residual = pr->q.residual;
+  const DwQuant q1 = own_int8_quant(q), q2 = own_int8_quant(dw->q);
+  const std::optional<DwQuant> q3 = pr ? std::optional<DwQuant>(own_int8_quant(pr->q)) : std::nullopt;
+  if (!Int8ExpandDw::check(s, q1, q2, q3 ? &*q3 : nullptr).empty()) {
+    if (!pr) return false;
+    pr.reset();  // perhaps without the projection (a residual of another shape)
+    s.proj = 0, s.residual = false;
+    if (!Int8ExpandDw::check(s, q1, q2, nullptr).empty()) return false;
+  }
+  const Dims yo = pr ? Dims{s.n, s.proj, s.oh(), s.ow()} : y2;
+  if (pr && pr->g.out_dims(y2) != yo) return false;
+  const std::vector<float> sc1 = own_int8_scales(q, m), sc2 = own_int8_scales(dw->q, m);
+  const std::vector<float> sc3 = pr ? own_int8_scales(pr->q, s.proj) : std::vector<float>{};
+  auto bias_of = [](const QuantSetup& k) { return k.bias_f32.empty() ? nullptr : k.bias_f32.data(); };
+  const Int8Stage st1{w, sc1.data(), bias_of(q), q1};
+  const Int8Stage st2{reinterpret_cast<const int8_t*>(dw->W->bytes.data()), sc2.data(), bias_of(dw->q), q2};
+  Int8Stage st3;
+  if (pr) st3 = {reinterpret_cast<const int8_t*>(pr->W->bytes.data()), sc3.data(), bias_of(pr->q), *q3};
+  auto step = std::make_shared<const Int8ExpandDw>(s, st1, st2, pr ? &st3 : nullptr);
+  const md_t x_last(to_dnnl(x), dt::u8, tag::nhwc);
+  const Val sv = q.x_f32 ? quantized(n.in[0], q, x_last) : as_md(n.in[0], x_last);
+  Exec e;
+  if (s.residual) e.args[DNNL_ARG_SRC_1] = mem_of(residual_last(r_.nodes[pr->node].in_at(8), yo));
+  const QuantSetup& last = pr ? pr->q : dw->q;
+  const dt yt = last.y_type == KEEL_DTYPE_F32 ? dt::f32 : int8_dnnl_type(last.y_type);
+  const std::string& out = r_.nodes[pr ? pr->node : dw->node].out[0];
+  e.args[DNNL_ARG_SRC] = mem_of(sv);
+  e.args[DNNL_ARG_DST] = mem_of(define(out, md_t(to_dnnl(yo), yt, tag::nhwc)));
+  team_scratch(e, (step->scratch_bytes() + sizeof(float) - 1) / sizeof(float));
+  e.own = run_int8_expand_dw;
+  e.own_kind = "convolution";
+  e.params = step;
+  p_->flops += 2.0 * static_cast<double>(numel(y2) * 9) + (pr ? 2.0 * static_cast<double>(numel(yo) * m) : 0.0);
+  exec_own(std::move(e), "own_int8_expand_dw:avx512_vnni", false,
+           n.name + " + " + r_.nodes[dw->node].name + (pr ? " + " + r_.nodes[pr->node].name : "") +
+               (s.residual ? " + Z " : " ") + dims_str(x) + " -> " + dims_str(yo));
+  done_[dw->node] = true;
+  if (pr) done_[pr->node] = true;
+  return true;
+}
+
 // keel.QConv (1-D, 2-D or 3-D; lift_1d leaves QConvs alone, a 1-D one runs as a 1-D primitive): the own depthwise
 // kernel where it applies (as the standalone kernel decides), else oneDNN's int8 convolution with the standalone
 // kernel's primitive descriptor, over channels-last nwc / nhwc / ndhwc bytes.
@@ -235,7 +342,8 @@ void Builder::qconv(size_t i) {
   double taps = 1;
   for (size_t k = 2; k < W->dims.size(); ++k) taps *= static_cast<double>(W->dims[k]);
   p_->flops += 2.0 * static_cast<double>(numel(y)) * static_cast<double>(x[1] / g.group) * taps;
-  if (qconv_stem(i, q, g, x, y, w)) return;  // a first layer over few channels (+ its pooling): the own step
+  if (qconv_stem(i, q, g, x, y, w)) return;       // a first layer over few channels (+ its pooling): the own step
+  if (qconv_expand_dw(i, q, g, x, y, w)) return;  // an inverted-residual block: the own step
   // An f32 X (the fp32 -> int8 boundary in front of a depthwise layer) is quantized into channels-last bytes by a
   // step of its own first (quantized()), so that the own kernel serves it too (the standalone kernel leaves it to
   // oneDNN's brdgmm_dw, 1.5-2x slower at 56x56).
