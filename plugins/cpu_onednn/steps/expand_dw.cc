@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -182,6 +183,83 @@ struct ExpandTiles {
 auto stem_fn(int tiles, int nv) { return tile_fn<StemTiles>(tiles, nv); }
 auto expand_fn(int tiles, int nv) { return tile_fn<ExpandTiles>(tiles, nv); }
 
+#define KEEL_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+// acc += the products of a's and b's bf16 pairs (vdpbf16ps). Written in asm: GCC 12 compiles the intrinsic over an
+// array of accumulators with a register copy in and out of each (as it does vpdpbusd: steps/int8_expand_dw.cc).
+KEEL_BF16 inline void dpbf16(__m512& acc, __m512i a, __m512i b) {
+  asm("vdpbf16ps %[b], %[a], %[acc]" : [acc] "+v"(acc) : [a] "v"(a), [b] "v"(b));
+}
+KEEL_BF16 inline __m512 bf16_to_f32(const uint16_t* p) {
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+KEEL_BF16 inline void store_bf16(uint16_t* p, __m512 v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
+}
+// Round to nearest even (the packing of the weights; no NaNs there).
+uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+// expand_tile over bf16: src and res bf16, U the group's weights as bf16 pairs [c/2][NV * 16][2] (c even), out f32
+// (a ring row) or, with OutBf16, bf16.
+template <int T, int NV, bool OutBf16>
+KEEL_BF16 void expand_tile_bf16(const uint16_t* src, int64_t block_stride, int64_t c, const uint16_t* U,
+                                const float* bias, const ExpandDwAct& act, void* out, int64_t out_stride,
+                                const uint16_t* res) {
+  __m512 acc[T][NV];
+#pragma GCC unroll 2
+  for (int v = 0; v < NV; ++v) {
+    const __m512 b = _mm512_loadu_ps(bias + v * 16);
+#pragma GCC unroll 14
+    for (int t = 0; t < T; ++t) acc[t][v] = b;
+  }
+  for (int64_t k0 = 0; k0 < c; k0 += 16) {
+    const uint16_t* a = src + (k0 / 16) * block_stride;
+    const uint16_t* u = U + k0 * NV * 16;
+    const int pairs = static_cast<int>(std::min<int64_t>(16, c - k0) / 2);
+    for (int k = 0; k < pairs; ++k) {
+      __m512i b[NV];
+#pragma GCC unroll 2
+      for (int v = 0; v < NV; ++v) b[v] = _mm512_loadu_si512(u + (k * NV + v) * 32);
+#pragma GCC unroll 14
+      for (int t = 0; t < T; ++t) {
+        int32_t two;
+        std::memcpy(&two, a + t * 16 + 2 * k, 4);
+        const __m512i x = _mm512_set1_epi32(two);
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; ++v) dpbf16(acc[t][v], x, b[v]);
+      }
+    }
+  }
+#pragma GCC unroll 2
+  for (int v = 0; v < NV; ++v)
+#pragma GCC unroll 14
+    for (int t = 0; t < T; ++t) {
+      __m512 r = acc[t][v];
+      if (res != nullptr) r = _mm512_add_ps(r, bf16_to_f32(res + v * out_stride + t * 16));
+      r = act16(act, r);
+      if constexpr (OutBf16) store_bf16(static_cast<uint16_t*>(out) + v * out_stride + t * 16, r);
+      else _mm512_storeu_ps(static_cast<float*>(out) + v * out_stride + t * 16, r);
+    }
+}
+template <bool OutBf16>
+struct ExpandTilesBf16 {
+  template <int T, int NV>
+  static constexpr auto fn = expand_tile_bf16<T, NV, OutBf16>;
+};
+auto expand_bf16_fn(int tiles, int nv) { return tile_fn<ExpandTilesBf16<false>>(tiles, nv); }
+auto project_bf16_fn(int tiles, int nv) { return tile_fn<ExpandTilesBf16<true>>(tiles, nv); }
+
+bool cpu_has_bf16() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl");
+}
+
 // NX output pixels of one 16-channel block from the K ring rows (null: outside the image, skipped), the input columns
 // of each row loaded once: out[j * 16 + lane] = act(bias + sum over dy, dx of rows[dy][col + (j * S + dx) * 16 +
 // lane] * w[dy * K + dx]), the weights from registers (wv, 3x3) or memory (wd, 5x5: 25 would not fit beside them).
@@ -249,12 +327,24 @@ DwRowFn dw_row_fn(int64_t stride, int64_t k) {
 
 struct Packed {
   const float *u, *wd, *b1, *b2, *up, *b3;
+  const uint16_t *u16, *up16;  // bf16: the 1x1s' weights as bf16 pairs
 };
+size_t f32_packed_floats(const ExpandDwShape& s) {
+  return static_cast<size_t>((first_inputs(s) + s.k * s.k + 2) * padded_m(s) + (s.m + 1) * padded_proj(s));
+}
 Packed parts(const ExpandDwShape& s, const float* packed) {
   const int64_t mp = padded_m(s);
   const float* wd = packed + first_inputs(s) * mp;
   const float* up = wd + (s.k * s.k + 2) * mp;
-  return {packed, wd, wd + s.k * s.k * mp, wd + (s.k * s.k + 1) * mp, up, up + s.m * padded_proj(s)};
+  const uint16_t* u16 = reinterpret_cast<const uint16_t*>(packed + f32_packed_floats(s));
+  return {packed,        wd, wd + s.k * s.k * mp, wd + (s.k * s.k + 1) * mp, up, up + s.m * padded_proj(s), u16,
+          u16 + s.c * mp};
+}
+
+KEEL_BF16 void zero_bf16_lanes(uint16_t* p, __mmask16 m) { _mm256_mask_storeu_epi16(p, m, _mm256_setzero_si256()); }
+// f32 -> bf16, n values (a multiple of 16).
+KEEL_BF16 void to_bf16_row(const float* from, uint16_t* to, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) store_bf16(to + i, _mm512_loadu_ps(from + i));
 }
 
 // The projection of one depthwise output row (row: [mp/16][ow][16]) into output row oy of image img of dst, the
@@ -262,6 +352,29 @@ Packed parts(const ExpandDwShape& s, const float* packed) {
 __attribute__((target("avx512f"))) void project_row(const ExpandDwShape& s, const float* src, const Packed& p,
                                                     const float* row, int64_t img, int64_t oy, float* dst) {
   const int64_t oh = s.oh(), ow = s.ow(), pb = blocks_of(s.proj);
+  if (s.bf16) {  // row: the depthwise row as bf16 [mp/16][ow][16]; src, dst bf16
+    const uint16_t* src16 = reinterpret_cast<const uint16_t*>(src);
+    uint16_t* dst16 = reinterpret_cast<uint16_t*>(dst);
+    const uint16_t* row16 = reinterpret_cast<const uint16_t*>(row);
+    const int64_t mp = padded_m(s);
+    for (int64_t g = 0; g < groups_of(padded_proj(s)); ++g) {
+      const int nv = static_cast<int>(group_width(padded_proj(s), g) / 16);
+      const uint16_t* U = p.up16 + 32 * mp * g;  // groups before g are all 32 wide
+      uint16_t* out = dst16 + ((img * pb + 2 * g) * oh + oy) * ow * 16;
+      const uint16_t* res = s.residual ? src16 + ((img * pb + 2 * g) * s.h + oy) * s.w * 16 : nullptr;
+      for (int64_t x0 = 0; x0 < ow; x0 += kTile) {
+        const int t = static_cast<int>(std::min<int64_t>(kTile, ow - x0));
+        project_bf16_fn(t, nv)(row16 + x0 * 16, ow * 16, mp, U, p.b3 + 32 * g, s.act3, out + x0 * 16, oh * ow * 16,
+                               res ? res + x0 * 16 : nullptr);
+      }
+    }
+    if (s.proj % 16 != 0) {
+      const __mmask16 pad = static_cast<__mmask16>(0xFFFFu << (s.proj % 16));
+      uint16_t* out = dst16 + ((img * pb + pb - 1) * oh + oy) * ow * 16;
+      for (int64_t x = 0; x < ow; ++x) zero_bf16_lanes(out + x * 16, pad);
+    }
+    return;
+  }
   for (int64_t g = 0; g < groups_of(padded_proj(s)); ++g) {
     const int nv = static_cast<int>(group_width(padded_proj(s), g) / 16);
     const float* U = p.up + 32 * s.m * g;  // groups before g are all 32 wide
@@ -310,6 +423,18 @@ void expand_row(const ExpandDwShape& s, const float* src, const Packed& p, int64
                 float* row, float* buf) {
   if (s.stem) return stem_row(s, src, p, img, iy, g, row, buf);
   const int64_t cb = blocks_of(s.c), wp = ring_width(s);
+  if (s.bf16) {
+    const uint16_t* in = reinterpret_cast<const uint16_t*>(src) + (img * cb * s.h + iy) * s.w * 16;
+    const int nv = static_cast<int>(group_width(padded_m(s), g) / 16);
+    const uint16_t* U = p.u16 + 32 * s.c * g;
+    float* out = row + (2 * g * wp + pad_of(s)) * 16;
+    for (int64_t x0 = 0; x0 < s.w; x0 += kTile) {
+      const int t = static_cast<int>(std::min<int64_t>(kTile, s.w - x0));
+      expand_bf16_fn(t, nv)(in + x0 * 16, s.h * s.w * 16, s.c, U, p.b1 + 32 * g, s.act1, out + x0 * 16, wp * 16,
+                            nullptr);
+    }
+    return;
+  }
   const float* in = src + (img * cb * s.h + iy) * s.w * 16;
   const int nv = static_cast<int>(group_width(padded_m(s), g) / 16);
   const float* U = p.u + 32 * s.c * g;  // groups before g are all 32 wide
@@ -328,8 +453,11 @@ void run_part(const ExpandDwShape& s, const float* src, const Packed& p, float* 
   constexpr int kMaxK = 5;
   const int64_t rowf = ring_row_floats(s), wp = ring_width(s), pad = pad_of(s), oh = s.oh(), ow = s.ow();
   const int64_t mb = blocks_of(s.m), k = s.k;
-  float* proj_row = s.proj > 0 ? ring + k * rowf : nullptr;  // [mp/16][ow][16]: the depthwise row to project
-  float* stem_buf = ring + k * rowf + (s.proj > 0 ? padded_m(s) * ow : 0);  // [c][3][w+2]: a stem's input rows
+  // [mp/16][ow][16]: the depthwise row to project (bf16: every depthwise row, rounded from here into dst or, as bf16
+  // again, into row16 for the projection).
+  float* proj_row = s.proj > 0 || s.bf16 ? ring + k * rowf : nullptr;
+  uint16_t* row16 = reinterpret_cast<uint16_t*>(ring + k * rowf + padded_m(s) * ow);
+  float* stem_buf = ring + k * rowf + (proj_row ? padded_m(s) * ow : 0);  // [c][3][w+2]: a stem's input rows
   for (int64_t slot = 0; slot < k; ++slot)
     for (int64_t ob = 2 * g0; ob < std::min(2 * g1, mb); ++ob) {
       float* r = ring + slot * rowf + ob * wp * 16;
@@ -363,9 +491,16 @@ void run_part(const ExpandDwShape& s, const float* src, const Packed& p, float* 
         for (int64_t dy = 0; dy < k; ++dy) rows[dy] = slot_of[dy] ? slot_of[dy] + ob * wp * 16 : nullptr;
         float* out = proj_row ? proj_row + ob * ow * 16 : dst + ((img * mb + ob) * oh + oy) * ow * 16;
         dw(rows, p.wd + ob * k * k * 16, p.b2 + ob * 16, s.act2, out, ow);
+        if (s.bf16 && s.proj == 0)
+          to_bf16_row(out, reinterpret_cast<uint16_t*>(dst) + ((img * mb + ob) * oh + oy) * ow * 16, ow * 16);
       }
     }
-    if (proj_row) project_row(s, src, p, proj_row, img, oy, dst);
+    if (s.proj > 0 && s.bf16) {
+      to_bf16_row(proj_row, row16, padded_m(s) * ow);
+      project_row(s, src, p, reinterpret_cast<const float*>(row16), img, oy, dst);
+    } else if (s.proj > 0) {
+      project_row(s, src, p, proj_row, img, oy, dst);
+    }
   }
 }
 
@@ -378,6 +513,8 @@ std::string expand_dw_check(const ExpandDwShape& s) {
   if (s.stride != 1 && s.stride != 2) return "depthwise stride not 1 or 2";
   if (s.proj < 0 || (s.residual && (s.proj != s.c || s.stride != 1 || s.stem))) return "a residual of another shape";
   if (s.stem && s.c > 8) return "a stem over more than 8 channels";
+  if (s.bf16 && !cpu_has_bf16()) return "no AVX-512 BF16";
+  if (s.bf16 && (s.stem || s.c % 2 != 0)) return "bf16 with a stem or an odd number of input channels";
   for (const ExpandDwAct* a : {&s.act1, &s.act2, &s.act3}) {
     if (a->kind == ExpandDwAct::kClip && !(a->lo <= a->hi)) return "clip bounds out of order";
     // The channels past m up to the next multiple of 16 must stay zero (nChw16c's padding).
@@ -388,7 +525,9 @@ std::string expand_dw_check(const ExpandDwShape& s) {
 }
 
 size_t expand_dw_packed_floats(const ExpandDwShape& s) {
-  return static_cast<size_t>((first_inputs(s) + s.k * s.k + 2) * padded_m(s) + (s.m + 1) * padded_proj(s));
+  // bf16: c * mp and mp * pp bf16 values (halves of floats; both products are even).
+  return f32_packed_floats(s) +
+         (s.bf16 ? static_cast<size_t>(s.c * padded_m(s) + padded_m(s) * padded_proj(s)) / 2 : 0);
 }
 
 void expand_dw_pack(const ExpandDwShape& s, const float* w1, const float* b1, const float* w2, const float* b2,
@@ -402,14 +541,30 @@ void expand_dw_pack(const ExpandDwShape& s, const float* w1, const float* b1, co
   std::copy(b1, b1 + s.m, wd + kk * mp);
   std::copy(b2, b2 + s.m, wd + (kk + 1) * mp);
   float* up = wd + (kk + 2) * mp;
-  if (s.proj == 0) return;
-  pack_groups(w3, s.proj, s.m, up);
-  std::copy(b3, b3 + s.proj, up + s.m * padded_proj(s));
+  if (s.proj > 0) {
+    pack_groups(w3, s.proj, s.m, up);
+    std::copy(b3, b3 + s.proj, up + s.m * padded_proj(s));
+  }
+  if (!s.bf16) return;
+  // The same weights as bf16 pairs: per group of 32 outputs [ins / 2][group width][2]; the projection's over the
+  // depthwise row's mp channels (zeros past m).
+  auto pairs = [](const float* w, int64_t outs, int64_t ins, int64_t ins_padded, uint16_t* to) {
+    const int64_t padded = 16 * blocks_of(outs);
+    for (int64_t o = 0; o < outs; ++o) {
+      const int64_t g = o / 32, wg = group_width(padded, g), lane = o % 32;
+      uint16_t* U = to + 32 * ins_padded * g;
+      for (int64_t k = 0; k < ins; ++k) U[((k / 2) * wg + lane) * 2 + k % 2] = to_bf16(w[o * ins + k]);
+    }
+  };
+  uint16_t* u16 = reinterpret_cast<uint16_t*>(packed + f32_packed_floats(s));
+  pairs(w1, s.m, s.c, s.c, u16);
+  if (s.proj > 0) pairs(w3, s.proj, s.m, mp, u16 + s.c * mp);
 }
 
 size_t expand_dw_scratch_floats(const ExpandDwShape& s) {
-  return static_cast<size_t>(s.k * ring_row_floats(s) + (s.proj > 0 ? padded_m(s) * s.ow() : 0) + stem_row_floats(s) +
-                             16);
+  const int64_t row = padded_m(s) * s.ow();  // the depthwise row (f32), and for bf16 its bf16 copy
+  return static_cast<size_t>(s.k * ring_row_floats(s) + (s.proj > 0 || s.bf16 ? row : 0) + (s.bf16 ? row / 2 : 0) +
+                             stem_row_floats(s) + 16);
 }
 
 bool expand_dw_splits_rows(const ExpandDwShape& s, int team) {

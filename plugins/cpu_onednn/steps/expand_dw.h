@@ -47,6 +47,10 @@ struct ExpandDwShape {
   bool residual = false;
   ExpandDwAct act3;
   bool stem = false;
+  // src and dst bf16 (nChw16c; a chain at --precision bf16): the 1x1 stages multiply bf16 pairs of channels with f32
+  // sums (vdpbf16ps, weights rounded to bf16 as oneDNN's bf16 convolutions do); the ring and the depthwise stage stay
+  // f32, each output rounded to bf16 once. Needs AVX-512 BF16, an even c and no stem.
+  bool bf16 = false;
   int64_t eh() const { return stem ? (h - 1) / 2 + 1 : h; }  // the first convolution's output (the ring's rows)
   int64_t ew() const { return stem ? (w - 1) / 2 + 1 : w; }
   int64_t oh() const { return (eh() - 1) / stride + 1; }
@@ -60,7 +64,8 @@ std::string expand_dw_check(const ExpandDwShape& s);
 // The packed constants, m rounded up to mp, a multiple of 16 (zeros past m): the 1x1 weights per group of 32 output
 // channels ([group][c][32], the last group 16 wide when mp is an odd number of 16-channel blocks), the depthwise
 // weights [mp/16][k*k][16], the two biases [mp] each, then the projection's weights the same way over proj rounded
-// up to 16 ([group][m][32]) and its bias.
+// up to 16 ([group][m][32]) and its bias; for bf16, then both 1x1s' weights again as bf16 pairs ([group][c/2][32][2],
+// [group][m16/2][32][2]).
 size_t expand_dw_packed_floats(const ExpandDwShape& s);
 // From ONNX's first weights w1 [m][c][1][1] (a stem's [m][c][3][3], packed as c * 9 input channels), b1 [m], depthwise
 // weights w2 [m][1][k][k] and b2 [m], and the projection's w3 [proj][m][1][1] and b3 [proj] (null without one).
@@ -78,6 +83,7 @@ bool expand_dw_splits_rows(const ExpandDwShape& s, int team);
 // The whole step over `team` OpenMP threads (team <= 1: on the calling thread). Reads src and packed; writes every
 // element of dst. scratch: team * expand_dw_scratch_floats(s) floats, thread t using the t-th part (best memory no
 // value shares: the chain passes the run's scratchpad region). Thread-safe for distinct scratch and dst.
+// For bf16, src and dst hold bf16 values (uint16_t) and are cast.
 void expand_dw_run(const ExpandDwShape& s, const float* src, const float* packed, float* dst, float* scratch, int team);
 
 // The same by direct summation in double precision (each convolution's output rounded to float, as two steps

@@ -9,12 +9,25 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 namespace keel::onednn {
 namespace {
+
+uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+float from_bf16(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
 
 ExpandDwAct clip6() {
   ExpandDwAct a;
@@ -29,10 +42,10 @@ ExpandDwAct of(ExpandDwAct::Kind k) {
 
 void check(int64_t n, int64_t c, int64_t m, int64_t h, int64_t w, int64_t stride, int team, ExpandDwAct act1 = clip6(),
            ExpandDwAct act2 = clip6(), int64_t k = 3, int64_t proj = 0, bool residual = false,
-           ExpandDwAct act3 = ExpandDwAct{}, bool stem = false) {
+           ExpandDwAct act3 = ExpandDwAct{}, bool stem = false, bool bf16 = false) {
   ExpandDwShape s;
   s.n = n, s.c = c, s.m = m, s.h = h, s.w = w, s.k = k, s.stride = stride, s.act1 = act1, s.act2 = act2;
-  s.proj = proj, s.residual = residual, s.act3 = act3, s.stem = stem;
+  s.proj = proj, s.residual = residual, s.act3 = act3, s.stem = stem, s.bf16 = bf16;
   if (!expand_dw_check(s).empty()) GTEST_SKIP() << expand_dw_check(s);
   const int64_t cb = (c + 15) / 16;
   std::mt19937 rng(static_cast<uint32_t>(h * 131 + w * 7 + c + m * 3 + n + stride * 1000));
@@ -61,17 +74,36 @@ void check(int64_t n, int64_t c, int64_t m, int64_t h, int64_t w, int64_t stride
   const size_t out = static_cast<size_t>(n * ((outc + 15) / 16 * 16) * s.oh() * s.ow());  // a partial block's lanes too
   std::vector<float> want(out), got(out, NAN), packed(expand_dw_packed_floats(s));
   std::vector<float> scratch(expand_dw_scratch_floats(s) * static_cast<size_t>(team));
-  expand_dw_reference(s, x.data(), w1.data(), b1.data(), w2.data(), b2.data(), w3.data(), b3.data(), want.data());
   expand_dw_pack(s, w1.data(), b1.data(), w2.data(), b2.data(), w3.data(), b3.data(), packed.data());
-  expand_dw_run(s, x.data(), packed.data(), got.data(), scratch.data(), team);
+  float tolerance = 2e-5f;
+  if (bf16) {
+    // The reference over what the step multiplies: the source and both 1x1s' weights rounded to bf16; the step also
+    // rounds its depthwise output (before the projection) and its own output to bf16 (8 bits): a tolerance of 2^-6
+    // relative to the output's typical size.
+    for (auto* v : {&x, &w1, &w3})
+      for (float& f : *v) f = from_bf16(to_bf16(f));
+    std::vector<uint16_t> x16(x.size()), got16(out, 0x7FC0);  // NaN until written
+    for (size_t i = 0; i < x.size(); ++i) x16[i] = to_bf16(x[i]);
+    expand_dw_run(s, reinterpret_cast<const float*>(x16.data()), packed.data(), reinterpret_cast<float*>(got16.data()),
+                  scratch.data(), team);
+    for (size_t i = 0; i < out; ++i) got[i] = from_bf16(got16[i]);
+    tolerance = 1.f / 64;
+  } else {
+    expand_dw_run(s, x.data(), packed.data(), got.data(), scratch.data(), team);
+  }
+  expand_dw_reference(s, x.data(), w1.data(), b1.data(), w2.data(), b2.data(), w3.data(), b3.data(), want.data());
+  double typical = 0;
+  for (float v : want) typical += std::fabs(v) / static_cast<double>(out);
   const std::string where = "n=" + std::to_string(n) + " c=" + std::to_string(c) + " m=" + std::to_string(m) + " " +
                             std::to_string(h) + "x" + std::to_string(w) + " k " + std::to_string(k) + " stride " +
                             std::to_string(stride) + " proj " + std::to_string(proj) + (residual ? " + residual" : "") +
-                            " team " + std::to_string(team) +
+                            " team " + std::to_string(team) + (bf16 ? " bf16" : "") +
                             (expand_dw_splits_rows(s, team) ? " (rows)" : " (groups)");
   for (size_t i = 0; i < out; ++i) {
     ASSERT_FALSE(std::isnan(got[i])) << "output " << i << " not written, " << where;
-    ASSERT_NEAR(got[i], want[i], 2e-5f * (1.f + std::fabs(want[i]))) << "at " << i << ", " << where;
+    ASSERT_NEAR(got[i], want[i],
+                tolerance * (bf16 ? std::fabs(want[i]) + static_cast<float>(typical) : 1.f + std::fabs(want[i])))
+        << "at " << i << ", " << where;
   }
 }
 
@@ -133,6 +165,19 @@ TEST(OnednnExpandDw, EveryActivation) {
   ExpandDwAct odd;
   odd.kind = ExpandDwAct::kClip, odd.lo = -0.5f, odd.hi = 0.25f;
   check(1, 16, 32, 9, 9, 1, 2, odd, odd);
+}
+
+TEST(OnednnExpandDw, Bf16SourceAndDestination) {
+  using K = ExpandDwAct::Kind;
+  for (int team : {1, 2, 3}) {
+    const ExpandDwAct none{};
+    check(1, 24, 144, 28, 28, 1, team, clip6(), clip6(), 3, 24, true, none, false, true);  // features.3, smaller
+    check(1, 16, 96, 29, 27, 2, team, clip6(), clip6(), 3, 24, false, none, false, true);  // features.2, odd sizes
+    check(1, 24, 144, 14, 14, 2, team, clip6(), clip6(), 3, 0, false, none, false, true);  // no projection
+    check(1, 160, 960, 7, 7, 1, team, clip6(), clip6(), 3, 0, false, none, false, true);   // groups at 2+ threads
+    check(2, 40, 120, 9, 11, 1, team, of(K::kHardSwish), of(K::kRelu), 5, 40, true, none, false, true);  // partial
+    check(1, 8, 40, 5, 6, 1, team, of(K::kRelu), of(K::kSilu), 3, 20, false, of(K::kRelu), false, true);
+  }
 }
 
 TEST(OnednnExpandDw, PacksGroupsOf32AndTheDepthwiseBlocks) {

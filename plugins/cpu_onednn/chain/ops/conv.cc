@@ -305,9 +305,9 @@ void Builder::conv(size_t i) {
       conv_expand_dw(i, f, src_name, x, w, bias, conv_flops, true))
     return;
   if (sp == 2 && g == 1 && ks[0] == 1 && ks[1] == 1 && s[0] == 1 && s[1] == 1 && pl == Dims{0, 0} && pr == Dims{0, 0} &&
-      f.sum_with.empty() && act_ == dt::f32 && chan_scale.empty() &&
+      f.sum_with.empty() && (act_ == dt::f32 || act_ == dt::bf16) && chan_scale.empty() &&
       (conv_expand_dw(i, f, src_name, x, w, bias, conv_flops) ||
-       conv_dw_fused(i, f, src, wany, bmd, w, bias, conv_flops)))
+       (act_ == dt::f32 && conv_dw_fused(i, f, src, wany, bmd, w, bias, conv_flops))))
     return;
   if (options().winograd && sp == 2 && g == 1 && ks == Dims{3, 3} && s == Dims{1, 1} && d[0] == d[1] && d[0] > 1 &&
       pl == Dims{d[0], d[0]} && pr == pl && x[2] % d[0] == 0 && x[3] % d[0] == 0 && x[2] / d[0] >= 4 &&

@@ -405,15 +405,16 @@ static bool expand_dw_act_of(const dnnl::post_ops& po, ExpandDwAct* a) {
 // sole reader is a 3x3 or 5x5 depthwise convolution with padding k / 2 and stride 1 or 2 (dw_reader_of), each followed
 // by at most one activation expand_dw_act_of takes, as one step of the chain's own (steps/expand_dw.h): MobileNet's
 // expansion never leaves the cache. The source is read as nChw16c (reordered first when in another layout). Measured:
-// docs/ONEDNN_PERFORMANCE.md, "(xdw)". With AVX-512, f32, the expand_dw option on; false, changing nothing,
-// otherwise.
+// docs/ONEDNN_PERFORMANCE.md, "(xdw)". With AVX-512, f32 or bf16 (a chain at --precision bf16: AVX-512 BF16, no
+// stem), the expand_dw option on; false, changing nothing, otherwise.
 bool Builder::conv_expand_dw(size_t i, const Fusion& f, const std::string& src, const Dims& x,
                              const std::vector<float>& w, const std::vector<float>& bias, double flops, bool stem) {
   if (!options().expand_dw || (stem && !options().expand_dw_stem) || f.pass_after() || f.viewed ||
       !f.sum_with.empty() || x.size() != 4)
     return false;
+  if (act_ != dt::f32 && act_ != dt::bf16) return false;
   ExpandDwShape s;
-  s.n = x[0], s.c = x[1], s.h = x[2], s.w = x[3], s.stem = stem;
+  s.n = x[0], s.c = x[1], s.h = x[2], s.w = x[3], s.stem = stem, s.bf16 = act_ == dt::bf16;
   const Dims y1 = dims_of(f.out);
   if (y1.size() != 4 || y1[0] != s.n || y1[2] != s.eh() || y1[3] != s.ew()) return false;
   s.m = y1[1];
@@ -427,7 +428,7 @@ bool Builder::conv_expand_dw(size_t i, const Fusion& f, const std::string& src, 
   if (dims_of(g.out) != y) return false;
   if (w.size() != static_cast<size_t>(s.m * s.c * (stem ? 9 : 1)) || bias.size() != static_cast<size_t>(s.m))
     return false;
-  if (val(src).scale != 1.f || val(src).md.data_type() != dt::f32) return false;
+  if (val(src).scale != 1.f || val(src).md.data_type() != act_) return false;
   // The projection after the depthwise convolution, taken into the step where its team splits rows anyway (below 7
   // rows a thread it splits channel groups, and a projection needs every channel of a row).
   Projection pr;
@@ -438,7 +439,7 @@ bool Builder::conv_expand_dw(size_t i, const Fusion& f, const std::string& src, 
   if (!expand_dw_check(s).empty()) return false;
   const Dims yo = project ? Dims{s.n, s.proj, s.oh(), s.ow()} : y;
   // A reorder first unless nChw16c already (a stem: unless plain).
-  const Val xv = as_md(src, stem ? plain_md(x, dt::f32) : md_t(to_dnnl(x), dt::f32, tag::nChw16c));
+  const Val xv = as_md(src, stem ? plain_md(x, dt::f32) : md_t(to_dnnl(x), act_, tag::nChw16c));
   Exec e;
   own_weights(
       e, expand_dw_packed_floats(s),
@@ -450,7 +451,7 @@ bool Builder::conv_expand_dw(size_t i, const Fusion& f, const std::string& src, 
   team_scratch(e, expand_dw_scratch_floats(s));
   e.args[DNNL_ARG_SRC] = mem_of(xv);
   const std::string& out = project ? pr.fusion.out : g.out;
-  e.args[DNNL_ARG_DST] = mem_of(define(out, md_t(to_dnnl(yo), dt::f32, tag::nChw16c)));
+  e.args[DNNL_ARG_DST] = mem_of(define(out, md_t(to_dnnl(yo), act_, tag::nChw16c)));
   e.own = run_expand_dw;
   e.own_kind = "convolution";
   e.params = std::make_shared<const ExpandDwShape>(s);
