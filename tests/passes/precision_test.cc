@@ -172,6 +172,36 @@ Graph attention_net() {
   return b.take();
 }
 
+// MobileNetV2's inverted residual blocks: 1x1 expansion + Clip(0, 6), 3x3 depthwise + Clip, 1x1 projection (+ the
+// block's input at stride 1), then a stride-2 block; at bf16 the oneDNN plugin runs each block as its own expand_dw
+// step (the 1x1s on bf16 pairs) where the CPU has AVX-512 BF16.
+Graph inverted_residual_net() {
+  GraphBuilder b("inverted_residual", 13);
+  auto x = b.input("x", DType::kF32, {2, 16, 14, 15});
+  const std::string lo = b.constant("lo", Tensor::f32({}, {0.f})), hi = b.constant("hi", Tensor::f32({}, {6.f}));
+  auto clip = [&](const std::string& v) { return b.op1("Clip", {v, lo, hi}); };
+  auto conv = [&](const std::string& v, const std::string& w, Shape ws, uint32_t seed, int64_t group, int64_t stride) {
+    const int64_t k = ws[2];
+    std::map<std::string, Attribute> a{{"kernel_shape", Attribute::of_ints({k, k})},
+                                       {"pads", Attribute::of_ints({k / 2, k / 2, k / 2, k / 2})},
+                                       {"strides", Attribute::of_ints({stride, stride})},
+                                       {"group", Attribute::of_int(group)}};
+    const float scale = 1.f / std::sqrt(static_cast<float>(ws[1] * k * k));
+    return b.op1("Conv",
+                 {v, b.constant(w, randn(ws, seed, scale)), b.constant(w + "_b", randn({ws[0]}, seed + 1, 0.1f))}, a);
+  };
+  auto e1 = clip(conv(x, "e1", {96, 16, 1, 1}, 21, 1, 1));
+  auto d1 = clip(conv(e1, "d1", {96, 1, 3, 3}, 23, 96, 1));
+  auto p1 = conv(d1, "p1", {16, 96, 1, 1}, 25, 1, 1);
+  auto r1 = b.op1("Add", {p1, x});
+  auto e2 = clip(conv(r1, "e2", {64, 16, 1, 1}, 27, 1, 1));
+  auto d2 = clip(conv(e2, "d2", {64, 1, 3, 3}, 29, 64, 2));
+  auto p2 = conv(d2, "p2", {24, 64, 1, 1}, 31, 1, 1);
+  b.output(p2);
+  return b.take();
+}
+Feeds inverted_residual_feeds() { return {{"x", randn({2, 16, 14, 15}, 97)}}; }
+
 Feeds conv_feeds() { return {{"x", randn({2, 8, 12, 12}, 99)}}; }
 Feeds attention_feeds() { return {{"x", randn({2, 8, 16}, 98)}}; }
 
@@ -187,6 +217,16 @@ TEST(ConvertPrecision, ConvNetBf16KeepsFp32BoundariesAndMatches) {
   for (const Node* c : nodes_of(g, "Conv")) EXPECT_EQ(dtype_of(g, c->inputs[1]), DType::kBF16);
   EXPECT_EQ(g.initializers.count("w1"), 0u) << "the f32 weights nothing reads any more are dropped";
   auto got = run(g, conv_feeds());
+  ASSERT_EQ(got.size(), 1u);
+  expect_close(got[0], ref[0], 0.999, 3e-2);
+}
+
+TEST(ConvertPrecision, InvertedResidualBlocksBf16Match) {
+  Graph g = inverted_residual_net();
+  auto ref = run(g, inverted_residual_feeds());
+  convert(g, "bf16");
+  expect_clean_boundaries(g);
+  auto got = run(g, inverted_residual_feeds());
   ASSERT_EQ(got.size(), 1u);
   expect_close(got[0], ref[0], 0.999, 3e-2);
 }

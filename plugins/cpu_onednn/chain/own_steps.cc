@@ -211,12 +211,13 @@ void run_int8_depthwise(const Exec& e) {
         e.single ? 1 : omp_get_max_threads());
 }
 
-// Exec::own of the int8 expansion + depthwise (+ projection) step (steps/int8_expand_dw.h): SRC u8 channels-last,
+// Exec::own of the int8 expansion + depthwise (+ projection) step (steps/int8_expand_dw.h): SRC u8 channels-last (or
+// f32, quantized by the step),
 // SRC_1 the projection's residual Z (f32 channels-last) when it has one, DST, the team's SCRATCHPAD.
 void run_int8_expand_dw(const Exec& e) {
   const auto& k = *static_cast<const Int8ExpandDw*>(e.params.get());
   const auto z = e.args.find(DNNL_ARG_SRC_1);
-  k.run(static_cast<const uint8_t*>(e.args.at(DNNL_ARG_SRC).get_data_handle()),
+  k.run(e.args.at(DNNL_ARG_SRC).get_data_handle(),
         z == e.args.end() ? nullptr : static_cast<const float*>(z->second.get_data_handle()),
         e.args.at(DNNL_ARG_DST).get_data_handle(),
         static_cast<uint8_t*>(e.args.at(DNNL_ARG_SCRATCHPAD).get_data_handle()), e.single ? 1 : omp_get_max_threads());

@@ -209,8 +209,9 @@ std::string Int8ExpandDw::check(const Int8ExpandDwShape& s, const DwQuant& expan
 }
 
 Int8ExpandDw::Int8ExpandDw(const Int8ExpandDwShape& s, const Int8Stage& expand, const Int8Stage& dw,
-                           const Int8Stage* project)
+                           const Int8Stage* project, const QuantizeSpec* x_f32)
     : s_(s) {
+  if (x_f32 != nullptr) x_f32_ = true, xq_ = *x_f32;
   mp_ = up16(s.m), pp_ = up16(s.proj), cols_ = s.w + 3;
   x2_zero_ = static_cast<uint8_t>(expand.q.y_zero);
   auto epilogue = [](const Int8Stage& st, int64_t outs, int64_t ins, int64_t padded, const int8_t* w, Epi* e) {
@@ -249,16 +250,22 @@ Int8ExpandDw::Int8ExpandDw(const Int8ExpandDwShape& s, const Int8Stage& expand, 
 }
 
 size_t Int8ExpandDw::scratch_bytes() const {
-  const int64_t slot = mp_ * cols_;  // one ring row: [m16/16][w+3][16]
-  return static_cast<size_t>(4 * slot + (s_.proj > 0 ? s_.ow() * mp_ : 0) + 64);
+  const int64_t slot = mp_ * cols_;                                // one ring row: [m16/16][w+3][16]
+  const int64_t xrow = x_f32_ ? (s_.w * s_.c + 63) / 64 * 64 : 0;  // a quantized input row
+  return static_cast<size_t>(4 * slot + (s_.proj > 0 ? (s_.ow() * mp_ + 63) / 64 * 64 : 0) + xrow + 64);
 }
 
 // Expanded row iy of image img into a ring slot (columns 1..w of each block; the padding columns are the caller's).
-void Int8ExpandDw::expand_row(const uint8_t* x, int64_t img, int64_t iy, uint8_t* slot) const {
+void Int8ExpandDw::expand_row(const void* x, int64_t img, int64_t iy, uint8_t* slot, uint8_t* xrow) const {
   const EpiRef e{
       e1_.comp.data(), e1_.scale.data(), e1_.bias.data(), e1_.lo.data(), e1_.hi.data(), 1.f, e1_.zero, false};
   const int64_t k4 = s_.c / 4;
-  const uint8_t* in = x + (img * s_.h + iy) * s_.w * s_.c;
+  const int64_t at = (img * s_.h + iy) * s_.w * s_.c;
+  const uint8_t* in = static_cast<const uint8_t*>(x) + at;
+  if (x_f32_) {
+    quantize_f32(static_cast<const float*>(x) + at, xrow, s_.w * s_.c, xq_, 1);
+    in = xrow;
+  }
   for (int64_t g = 0; g < groups_of(mp_); ++g) {
     const int nv = static_cast<int>(group_width(mp_, g) / 16);
     const int8_t* U = w1_.data() + g * 32 * k4 * 4;
@@ -271,12 +278,12 @@ void Int8ExpandDw::expand_row(const uint8_t* x, int64_t img, int64_t iy, uint8_t
 }
 
 // Output rows [r0, r1) of the n * oh (image-major) on the calling thread.
-void Int8ExpandDw::rows(const uint8_t* x, const float* z, uint8_t* dst, uint8_t* scratch, int64_t r0,
-                        int64_t r1) const {
+void Int8ExpandDw::rows(const void* x, const float* z, uint8_t* dst, uint8_t* scratch, int64_t r0, int64_t r1) const {
   const int64_t mb = mp_ / 16, slot_bytes = mp_ * cols_, oh = s_.oh(), ow = s_.ow();
   uint8_t* ring = scratch;
   uint8_t* pad = ring + 3 * slot_bytes;  // a row outside the image: the zero point everywhere
   uint8_t* dwrow = pad + slot_bytes;     // [ow][m16]: the depthwise row the projection reads
+  uint8_t* xrow = dwrow + (s_.proj > 0 ? (ow * mp_ + 63) / 64 * 64 : 0);  // [w][c]: a quantized input row (x_f32)
   std::memset(pad, x2_zero_, static_cast<size_t>(slot_bytes));
   for (int64_t slot = 0; slot < 3; ++slot)
     for (int64_t b = 0; b < mb; ++b) {
@@ -304,7 +311,7 @@ void Int8ExpandDw::rows(const uint8_t* x, const float* z, uint8_t* dst, uint8_t*
       const int64_t slot = iy % 3;
       uint8_t* sl = ring + slot * slot_bytes;
       if (have_img[slot] != img || have_row[slot] != iy) {
-        expand_row(x, img, iy, sl);
+        expand_row(x, img, iy, sl, xrow);
         have_img[slot] = img, have_row[slot] = iy;
       }
       rp[dy] = sl;
@@ -334,7 +341,7 @@ void Int8ExpandDw::rows(const uint8_t* x, const float* z, uint8_t* dst, uint8_t*
   }
 }
 
-void Int8ExpandDw::run(const uint8_t* x, const float* z, void* dst, uint8_t* scratch, int team) const {
+void Int8ExpandDw::run(const void* x, const float* z, void* dst, uint8_t* scratch, int team) const {
   const size_t per = scratch_bytes();
   split_over_team(s_.n * s_.oh(), team, [&](int64_t t, int64_t r0, int64_t r1) {
     if (r1 <= r0) return;

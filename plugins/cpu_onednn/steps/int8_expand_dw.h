@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "steps/int8_dw.h"
+#include "steps/int8_quant.h"
 
 namespace keel::onednn {
 
@@ -55,16 +56,19 @@ class Int8ExpandDw {
   static std::string check(const Int8ExpandDwShape& s, const DwQuant& expand, const DwQuant& dw,
                            const DwQuant* project);
 
-  // project: null without a projection (s.proj == 0).
-  Int8ExpandDw(const Int8ExpandDwShape& s, const Int8Stage& expand, const Int8Stage& dw, const Int8Stage* project);
+  // project: null without a projection (s.proj == 0). x_f32: X arrives as f32 channels-last and each row is quantized
+  // so (quantize_f32's arithmetic, into u8) just before its expansion: MobileNetV2's residual stream, which otherwise
+  // takes a step of its own (null: X is u8).
+  Int8ExpandDw(const Int8ExpandDwShape& s, const Int8Stage& expand, const Int8Stage& dw, const Int8Stage* project,
+               const QuantizeSpec* x_f32 = nullptr);
 
   const Int8ExpandDwShape& shape() const { return s_; }
   // Bytes of scratch one thread of the team needs (run() aligns each thread's part to 64 bytes itself).
   size_t scratch_bytes() const;
 
-  // x: [n, h, w, c] u8; z: Z (s.residual) or null; dst: [n, oh, ow, proj or m] of the last stage's output type.
-  // scratch: team * scratch_bytes(). team <= 1: on the calling thread, else an OpenMP team of `team`.
-  void run(const uint8_t* x, const float* z, void* dst, uint8_t* scratch, int team) const;
+  // x: [n, h, w, c] u8 (f32 with x_f32); z: Z (s.residual) or null; dst: [n, oh, ow, proj or m] of the last stage's
+  // output type. scratch: team * scratch_bytes(). team <= 1: on the calling thread, else an OpenMP team of `team`.
+  void run(const void* x, const float* z, void* dst, uint8_t* scratch, int team) const;
 
  private:
   struct Epi {                  // a stage's per-channel epilogue, lanes rounded up to 16 (zeros past the real channels)
@@ -74,13 +78,15 @@ class Int8ExpandDw {
     int32_t zero = 0;
     DwQuant::Out out = DwQuant::Out::kU8;
   };
-  void rows(const uint8_t* x, const float* z, uint8_t* dst, uint8_t* scratch, int64_t r0, int64_t r1) const;
-  void expand_row(const uint8_t* x, int64_t img, int64_t iy, uint8_t* slot) const;
+  void rows(const void* x, const float* z, uint8_t* dst, uint8_t* scratch, int64_t r0, int64_t r1) const;
+  void expand_row(const void* x, int64_t img, int64_t iy, uint8_t* slot, uint8_t* xrow) const;
 
   Int8ExpandDwShape s_;
   int64_t mp_ = 0, pp_ = 0, cols_ = 0;  // m and proj rounded up to 16; ring columns (w + 3)
   uint8_t x2_zero_ = 0;                 // the expansion's output zero point (the ring's padding)
-  std::vector<int8_t> w1_, w2_, w3_;    // packed: 1x1s [group][ins/4][group width][4], depthwise [m16/16][3][64]
+  bool x_f32_ = false;
+  QuantizeSpec xq_;                   // X's quantization (x_f32_)
+  std::vector<int8_t> w1_, w2_, w3_;  // packed: 1x1s [group][ins/4][group width][4], depthwise [m16/16][3][64]
   Epi e1_, e2_, e3_;
 };
 

@@ -46,6 +46,7 @@ struct Case {
   bool residual = false;
   DwQuant::Out dw_out = DwQuant::Out::kU8, proj_out = DwQuant::Out::kF32;
   int32_t x_zero = 3, e_zero = 0, d_zero = 0, p_zero = 128;
+  bool x_f32 = false;  // X given as f32 (x_scale 0.05), quantized by the step
 };
 
 void check(const Case& k, int team) {
@@ -56,6 +57,21 @@ void check(const Case& k, int team) {
   std::uniform_real_distribution<float> u(-1.f, 1.f);
   std::vector<uint8_t> x(static_cast<size_t>(k.n * k.h * k.w * k.c));
   for (auto& v : x) v = static_cast<uint8_t>(byte(rng));
+  // An f32 X: values whose quantization (1 / 0.05, the zero point, saturated) gives x, with some out of the range
+  // (saturating) and a few exact ties (x.5 steps, rounded to even).
+  std::vector<float> xf;
+  const QuantizeSpec xq{20.f, k.x_zero, false};
+  if (k.x_f32) {
+    xf.resize(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      float v = (static_cast<float>(x[i]) - static_cast<float>(k.x_zero)) * 0.05f;
+      if (i % 7 == 0) v += 0.025f;                        // a tie: rounds to even
+      if (i % 11 == 0) v = (i % 2 ? 1.f : -1.f) * 100.f;  // saturates
+      xf[i] = v;
+      const float r = std::nearbyint(v * 20.f) + static_cast<float>(k.x_zero);
+      x[i] = static_cast<uint8_t>(std::min(255.f, std::max(0.f, r)));
+    }
+  }
   auto weights = [&](int64_t count) {
     std::vector<int8_t> w(static_cast<size_t>(count));
     for (auto& v : w) v = static_cast<int8_t>(wt(rng));
@@ -128,12 +144,13 @@ void check(const Case& k, int team) {
       }
   }
 
-  const Int8ExpandDw step(s, st1, st2, k.proj > 0 ? &st3 : nullptr);
+  const Int8ExpandDw step(s, st1, st2, k.proj > 0 ? &st3 : nullptr, k.x_f32 ? &xq : nullptr);
   // The destination with a canary past its end; scratch not zeroed (garbage the step must not read).
   const size_t bytes = static_cast<size_t>(k.n * oh * ow * outc) * ob;
   std::vector<uint8_t> got(bytes + 64, 0xA5), scratch(step.scratch_bytes() * static_cast<size_t>(std::max(1, team)));
   for (auto& v : scratch) v = static_cast<uint8_t>(byte(rng));
-  step.run(x.data(), k.residual ? z.data() : nullptr, got.data(), scratch.data(), team);
+  step.run(k.x_f32 ? static_cast<const void*>(xf.data()) : x.data(), k.residual ? z.data() : nullptr, got.data(),
+           scratch.data(), team);
   ASSERT_EQ(bytes, want.size());
   for (size_t i = bytes; i < got.size(); ++i) ASSERT_EQ(got[i], 0xA5) << "written past the end at " << i;
   int64_t bad = 0;
@@ -189,6 +206,17 @@ TEST(Int8ExpandDw, ProjectionOutputTypesAndZeroPoints) {
   check(k, 1);
   k.residual = false, k.proj_out = DwQuant::Out::kU8, k.p_zero = 255;
   check(k, 3);
+}
+
+TEST(Int8ExpandDw, AnF32SourceQuantizedRowByRow) {
+  for (int team : {1, 2}) {
+    Case k{.n = 2, .c = 24, .m = 144, .h = 9, .w = 15, .stride = 1, .proj = 24, .residual = true};
+    k.x_f32 = true, k.x_zero = 128;
+    check(k, team);
+    k = Case{.n = 1, .c = 32, .m = 64, .h = 8, .w = 7, .stride = 2};
+    k.x_f32 = true, k.x_zero = 0;
+    check(k, team);
+  }
 }
 
 TEST(Int8ExpandDw, Declines) {

@@ -284,9 +284,14 @@ bool Builder::qconv_expand_dw(size_t i, const QuantSetup& q, const QConvGeom& g,
   const Int8Stage st2{reinterpret_cast<const int8_t*>(dw->W->bytes.data()), sc2.data(), bias_of(dw->q), q2};
   Int8Stage st3;
   if (pr) st3 = {reinterpret_cast<const int8_t*>(pr->W->bytes.data()), sc3.data(), bias_of(pr->q), *q3};
-  auto step = std::make_shared<const Int8ExpandDw>(s, st1, st2, pr ? &st3 : nullptr);
+  // An f32 X already channels-last (the residual stream between two blocks) is quantized by the step row by row;
+  // in another layout, by a step of its own first (quantized()).
   const md_t x_last(to_dnnl(x), dt::u8, tag::nhwc);
-  const Val sv = q.x_f32 ? quantized(n.in[0], q, x_last) : as_md(n.in[0], x_last);
+  const bool quantize_rows = q.x_f32 && val(n.in[0]).scale == 1.f &&
+                             val(n.in[0]).md == md_t(to_dnnl(x), dt::f32, tag::nhwc) && q.x_type == KEEL_DTYPE_U8;
+  const QuantizeSpec xq = q.quantize_spec();
+  auto step = std::make_shared<const Int8ExpandDw>(s, st1, st2, pr ? &st3 : nullptr, quantize_rows ? &xq : nullptr);
+  const Val sv = quantize_rows ? val(n.in[0]) : q.x_f32 ? quantized(n.in[0], q, x_last) : as_md(n.in[0], x_last);
   Exec e;
   if (s.residual) e.args[DNNL_ARG_SRC_1] = mem_of(residual_last(r_.nodes[pr->node].in_at(8), yo));
   const QuantSetup& last = pr ? pr->q : dw->q;
