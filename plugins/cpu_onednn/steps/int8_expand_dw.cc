@@ -58,31 +58,51 @@ struct EpiRef {
   bool f32;
 };
 
+// One stage's epilogue constants for 16 outputs, in registers.
 struct EpiV {
-  __m512i comp;
-  __m512 scale, bias, lo, hi;
+  __m512i comp, zero;
+  __m512 scale, bias, lo, hi, z_mul;
 };
 
 KEEL_VNNI inline EpiV load_epi(const EpiRef& e, int64_t o) {
-  return {_mm512_loadu_si512(e.comp + o), _mm512_loadu_ps(e.scale + o), _mm512_loadu_ps(e.bias + o),
-          _mm512_loadu_ps(e.lo + o), _mm512_loadu_ps(e.hi + o)};
+  return {_mm512_loadu_si512(e.comp + o), _mm512_set1_epi32(e.zero), _mm512_loadu_ps(e.scale + o),
+          _mm512_loadu_ps(e.bias + o),    _mm512_loadu_ps(e.lo + o), _mm512_loadu_ps(e.hi + o),
+          _mm512_set1_ps(e.z_mul)};
 }
 
 // 16 outputs (lanes m) from their s32 sums: clamp((acc - comp) * scale + bias (+ z * z_mul), lo, hi), stored as f32
-// or, rounded half to even (the default MXCSR mode, as std::nearbyint) plus the zero point, as bytes.
-KEEL_VNNI inline void finish(const EpiV& v, const EpiRef& e, __m512i acc, const float* z, __mmask16 m, uint8_t* dst) {
+// (F32) or, rounded half to even (the default MXCSR mode, as std::nearbyint) plus the zero point, as bytes.
+template <bool F32>
+KEEL_VNNI __attribute__((always_inline)) inline void finish(const EpiV& v, __m512i acc, const float* z, __mmask16 m,
+                                                            uint8_t* dst) {
   __m512 f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc, v.comp)), v.scale, v.bias);
-  if (z != nullptr) f = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, z), _mm512_set1_ps(e.z_mul), f);
+  if (z != nullptr) f = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, z), v.z_mul, f);
   f = _mm512_min_ps(_mm512_max_ps(f, v.lo), v.hi);
-  if (e.f32) {
+  if constexpr (F32) {
     if (m == 0xFFFF) _mm512_storeu_ps(dst, f);
     else _mm512_mask_storeu_ps(dst, m, f);
-    return;
+  } else {
+    // f is already within the output type's range less the zero point (channel_epilogue): narrow in a register.
+    const __m128i b = _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(f), v.zero));
+    if (m == 0xFFFF) _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), b);
+    else _mm_mask_storeu_epi8(dst, m, b);
   }
-  // f is already within the output type's range less the zero point (channel_epilogue): narrow in a register.
-  const __m128i b = _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(f), _mm512_set1_epi32(e.zero)));
-  if (m == 0xFFFF) _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), b);
-  else _mm_mask_storeu_epi8(dst, m, b);
+}
+
+// The epilogue of a 1x1 stage's register tile (tile_1x1).
+template <int T, int NV, bool F32>
+KEEL_VNNI __attribute__((always_inline)) inline void tile_epilogue(const __m512i (&acc)[T][NV], const EpiRef& e,
+                                                                   int64_t o0, int64_t valid, const float* z,
+                                                                   int64_t z_pix, uint8_t* out, int64_t out_pix,
+                                                                   int64_t out_vec) {
+#pragma GCC unroll 2
+  for (int v = 0; v < NV; ++v) {
+    const EpiV ev = load_epi(e, o0 + 16 * v);
+    const __mmask16 m = first_lanes(valid - 16 * v);
+#pragma GCC unroll 14
+    for (int t = 0; t < T; ++t)
+      finish<F32>(ev, acc[t][v], z ? z + t * z_pix + 16 * v : nullptr, m, out + t * out_pix + v * out_vec);
+  }
 }
 
 // T pixels x NV * 16 outputs (first output o0, `valid` of them real) of a 1x1 stage: pixel t's input bytes at
@@ -109,14 +129,8 @@ KEEL_VNNI void tile_1x1(const uint8_t* x, int64_t x_pix, int64_t k4n, const int8
       for (int v = 0; v < NV; ++v) dpbusd(acc[t][v], xb, b[v]);
     }
   }
-#pragma GCC unroll 2
-  for (int v = 0; v < NV; ++v) {
-    const EpiV ev = load_epi(e, o0 + 16 * v);
-    const __mmask16 m = first_lanes(valid - 16 * v);
-#pragma GCC unroll 14
-    for (int t = 0; t < T; ++t)
-      finish(ev, e, acc[t][v], z ? z + t * z_pix + 16 * v : nullptr, m, out + t * out_pix + v * out_vec);
-  }
+  if (e.f32) tile_epilogue<T, NV, true>(acc, e, o0, valid, z, z_pix, out, out_pix, out_vec);
+  else tile_epilogue<T, NV, false>(acc, e, o0, valid, z, z_pix, out, out_pix, out_vec);
 }
 
 using TileFn = void (*)(const uint8_t*, int64_t, int64_t, const int8_t*, const EpiRef&, int64_t, int64_t, const float*,
@@ -135,7 +149,8 @@ TileFn tile_fn(int tiles, int nv) {
 // three ring rows (16 bytes a column); per kernel row, the 64 bytes of the pixel's columns ox*S .. ox*S+3 permuted
 // into [x0, x1, x2, x3] per channel and one vpdpbusd with that row's [w0, w1, w2, 0].
 template <int J, int S>
-KEEL_VNNI inline void dw_step(const uint8_t* const* rows, int64_t ox, const __m512i* w, __m512i perm, __m512i* acc) {
+KEEL_VNNI __attribute__((always_inline)) inline void dw_step(const uint8_t* const* rows, int64_t ox, const __m512i* w,
+                                                             __m512i perm, __m512i* acc) {
 #pragma GCC unroll 8
   for (int j = 0; j < J; ++j) acc[j] = _mm512_setzero_si512();
 #pragma GCC unroll 3
@@ -149,27 +164,35 @@ KEEL_VNNI inline void dw_step(const uint8_t* const* rows, int64_t ox, const __m5
   }
 }
 
-template <int J, int S>
-KEEL_VNNI inline void dw_tail(int rem, const uint8_t* const* rows, int64_t ox, const __m512i* w, __m512i perm,
-                              const EpiV& ev, const EpiRef& e, __mmask16 m, uint8_t* out, int64_t out_pix) {
+template <int J, int S, bool F32>
+KEEL_VNNI __attribute__((always_inline)) inline void dw_tail(int rem, const uint8_t* const* rows, int64_t ox,
+                                                             const __m512i* w, __m512i perm, const EpiV& ev,
+                                                             __mmask16 m, uint8_t* out, int64_t out_pix) {
   if constexpr (J > 0) {
-    if (rem != J) return dw_tail<J - 1, S>(rem, rows, ox, w, perm, ev, e, m, out, out_pix);
+    if (rem != J) return dw_tail<J - 1, S, F32>(rem, rows, ox, w, perm, ev, m, out, out_pix);
     __m512i acc[J];
     dw_step<J, S>(rows, ox, w, perm, acc);
-    for (int j = 0; j < J; ++j) finish(ev, e, acc[j], nullptr, m, out + (ox + j) * out_pix);
+#pragma GCC unroll 8
+    for (int j = 0; j < J; ++j) finish<F32>(ev, acc[j], nullptr, m, out + (ox + j) * out_pix);
   }
 }
 
+// Byte 4i + t of the permuted vector: channel i of column t (t = 3: any byte, its weight is 0).
+struct PermIndex {
+  alignas(64) uint8_t b[64];
+  constexpr PermIndex() : b() {
+    for (int i = 0; i < 16; ++i)
+      for (int t = 0; t < 4; ++t) b[4 * i + t] = static_cast<uint8_t>(16 * t + i);
+  }
+};
+constexpr PermIndex kPerm;
+
 // One output row of one 16-channel block (first channel o0, lanes m real): wb its packed weights [3][64]; pixel ox
 // to out + ox * out_pix bytes.
-template <int S>
+template <int S, bool F32>
 KEEL_VNNI void dw_row(const uint8_t* const* rows, const int8_t* wb, const EpiRef& e, int64_t o0, __mmask16 m,
                       int64_t ow, uint8_t* out, int64_t out_pix) {
-  // Byte 4i + t of the permuted vector: channel i of column t (t = 3: any byte, its weight is 0).
-  alignas(64) uint8_t idx[64];
-  for (int i = 0; i < 16; ++i)
-    for (int t = 0; t < 4; ++t) idx[4 * i + t] = static_cast<uint8_t>(16 * t + i);
-  const __m512i perm = _mm512_load_si512(idx);
+  const __m512i perm = _mm512_load_si512(kPerm.b);
   __m512i w[3];
   for (int t = 0; t < 3; ++t) w[t] = _mm512_loadu_si512(wb + t * 64);
   const EpiV ev = load_epi(e, o0);
@@ -177,9 +200,16 @@ KEEL_VNNI void dw_row(const uint8_t* const* rows, const int8_t* wb, const EpiRef
   for (; ox + kDwPix <= ow; ox += kDwPix) {
     __m512i acc[kDwPix];
     dw_step<kDwPix, S>(rows, ox, w, perm, acc);
-    for (int j = 0; j < kDwPix; ++j) finish(ev, e, acc[j], nullptr, m, out + (ox + j) * out_pix);
+#pragma GCC unroll 8
+    for (int j = 0; j < kDwPix; ++j) finish<F32>(ev, acc[j], nullptr, m, out + (ox + j) * out_pix);
   }
-  if (ox < ow) dw_tail<kDwPix - 1, S>(static_cast<int>(ow - ox), rows, ox, w, perm, ev, e, m, out, out_pix);
+  if (ox < ow) dw_tail<kDwPix - 1, S, F32>(static_cast<int>(ow - ox), rows, ox, w, perm, ev, m, out, out_pix);
+}
+using DwRowFn = void (*)(const uint8_t* const*, const int8_t*, const EpiRef&, int64_t, __mmask16, int64_t, uint8_t*,
+                         int64_t);
+DwRowFn dw_row_fn(int64_t stride, bool f32) {
+  if (f32) return stride == 1 ? dw_row<1, true> : dw_row<2, true>;
+  return stride == 1 ? dw_row<1, false> : dw_row<2, false>;
 }
 
 bool cpu_ok() {
@@ -298,6 +328,7 @@ void Int8ExpandDw::rows(const void* x, const float* z, uint8_t* dst, uint8_t* sc
   const EpiRef e3{e3_.comp.data(), e3_.scale.data(), e3_.bias.data(), e3_.lo.data(),
                   e3_.hi.data(),   e3_.z_mul,        e3_.zero,        e3_.out == DwQuant::Out::kF32};
   const int64_t ob2 = out_bytes(e2_.out), ob3 = out_bytes(e3_.out);
+  const DwRowFn dw = dw_row_fn(s_.stride, e2.f32);
   int64_t have_img[3] = {-1, -1, -1}, have_row[3] = {-1, -1, -1};
   for (int64_t flat = r0; flat < r1; ++flat) {
     const int64_t img = flat / oh, oy = flat % oh;
@@ -323,8 +354,7 @@ void Int8ExpandDw::rows(const void* x, const float* z, uint8_t* dst, uint8_t* sc
       uint8_t* out = s_.proj > 0 ? dwrow + b * 16 : dst + (pix0 * s_.m + b * 16) * ob2;
       const int64_t out_pix = s_.proj > 0 ? mp_ : s_.m * ob2;
       const __mmask16 m = s_.proj > 0 ? static_cast<__mmask16>(0xFFFF) : first_lanes(s_.m - b * 16);
-      if (s_.stride == 1) dw_row<1>(br, wb, e2, b * 16, m, ow, out, out_pix);
-      else dw_row<2>(br, wb, e2, b * 16, m, ow, out, out_pix);
+      dw(br, wb, e2, b * 16, m, ow, out, out_pix);
     }
     if (s_.proj == 0) continue;
     const int64_t k4 = mp_ / 4;
