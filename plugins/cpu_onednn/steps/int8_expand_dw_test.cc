@@ -13,6 +13,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace keel::onednn {
@@ -49,7 +50,8 @@ struct Case {
   bool x_f32 = false;  // X given as f32 (x_scale 0.05), quantized by the step
 };
 
-void check(const Case& k, int team) {
+// callers: threads running the one step object at once, each with its own scratch and destination.
+void check(const Case& k, int team, int callers = 1) {
   Int8ExpandDwShape s;
   s.n = k.n, s.c = k.c, s.m = k.m, s.h = k.h, s.w = k.w, s.stride = k.stride, s.proj = k.proj, s.residual = k.residual;
   std::mt19937 rng(static_cast<uint32_t>(k.h * 131 + k.w * 7 + k.c + k.m * 3 + k.n + k.stride * 1000 + k.proj));
@@ -147,24 +149,39 @@ void check(const Case& k, int team) {
   const Int8ExpandDw step(s, st1, st2, k.proj > 0 ? &st3 : nullptr, k.x_f32 ? &xq : nullptr);
   // The destination with a canary past its end; scratch not zeroed (garbage the step must not read).
   const size_t bytes = static_cast<size_t>(k.n * oh * ow * outc) * ob;
-  std::vector<uint8_t> got(bytes + 64, 0xA5), scratch(step.scratch_bytes() * static_cast<size_t>(std::max(1, team)));
-  for (auto& v : scratch) v = static_cast<uint8_t>(byte(rng));
-  step.run(k.x_f32 ? static_cast<const void*>(xf.data()) : x.data(), k.residual ? z.data() : nullptr, got.data(),
-           scratch.data(), team);
-  ASSERT_EQ(bytes, want.size());
-  for (size_t i = bytes; i < got.size(); ++i) ASSERT_EQ(got[i], 0xA5) << "written past the end at " << i;
-  int64_t bad = 0;
-  for (size_t i = 0; i < bytes; i += (ob == 4 ? 4 : 1)) {
-    if (ob == 4) {
-      float a, b;
-      std::memcpy(&a, &got[i], 4);
-      std::memcpy(&b, &want[i], 4);
-      if (a != b && bad++ < 5) ADD_FAILURE() << "f32 element " << i / 4 << ": " << a << " vs " << b;
-    } else if (got[i] != want[i] && bad++ < 5) {
-      ADD_FAILURE() << "byte " << i << ": " << int(got[i]) << " vs " << int(want[i]);
-    }
+  std::vector<std::vector<uint8_t>> outs(static_cast<size_t>(callers), std::vector<uint8_t>(bytes + 64, 0xA5));
+  std::vector<std::vector<uint8_t>> scratches(static_cast<size_t>(callers));
+  for (auto& sc : scratches) {
+    sc.resize(step.scratch_bytes() * static_cast<size_t>(std::max(1, team)));
+    for (auto& v : sc) v = static_cast<uint8_t>(byte(rng));
   }
-  EXPECT_EQ(bad, 0);
+  auto run_one = [&](size_t i) {
+    step.run(k.x_f32 ? static_cast<const void*>(xf.data()) : x.data(), k.residual ? z.data() : nullptr, outs[i].data(),
+             scratches[i].data(), team);
+  };
+  if (callers == 1) {
+    run_one(0);
+  } else {
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < outs.size(); ++i) threads.emplace_back(run_one, i);
+    for (auto& t : threads) t.join();
+  }
+  ASSERT_EQ(bytes, want.size());
+  for (const auto& got : outs) {
+    for (size_t i = bytes; i < got.size(); ++i) ASSERT_EQ(got[i], 0xA5) << "written past the end at " << i;
+    int64_t bad = 0;
+    for (size_t i = 0; i < bytes; i += (ob == 4 ? 4 : 1)) {
+      if (ob == 4) {
+        float a, b;
+        std::memcpy(&a, &got[i], 4);
+        std::memcpy(&b, &want[i], 4);
+        if (a != b && bad++ < 5) ADD_FAILURE() << "f32 element " << i / 4 << ": " << a << " vs " << b;
+      } else if (got[i] != want[i] && bad++ < 5) {
+        ADD_FAILURE() << "byte " << i << ": " << int(got[i]) << " vs " << int(want[i]);
+      }
+    }
+    EXPECT_EQ(bad, 0);
+  }
   // The outputs use the byte range (the test's scales are not degenerate).
   if (ob == 1 && k.proj == 0 && want.size() >= 512) {
     const auto [lo, hi] = std::minmax_element(want.begin(), want.end());
@@ -217,6 +234,13 @@ TEST(Int8ExpandDw, AnF32SourceQuantizedRowByRow) {
     k.x_f32 = true, k.x_zero = 0;
     check(k, team);
   }
+}
+
+TEST(Int8ExpandDw, OneStepFromSeveralThreadsAtOnce) {
+  Case k{.n = 1, .c = 24, .m = 144, .h = 14, .w = 14, .stride = 1, .proj = 24, .residual = true};
+  k.x_f32 = true;
+  check(k, 1, 4);
+  check(k, 2, 2);
 }
 
 TEST(Int8ExpandDw, Declines) {
