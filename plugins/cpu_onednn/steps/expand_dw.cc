@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/team.h"
+#include "steps/pack_groups.h"
 #include "steps/silu.h"
 #include "steps/silu16.h"
 
@@ -33,19 +34,9 @@ constexpr int64_t kMinRowsPerThread = 7;  // fewer: the team splits channel grou
 int64_t blocks_of(int64_t c) { return (c + 15) / 16; }
 int64_t padded_m(const ExpandDwShape& s) { return 16 * blocks_of(s.m); }
 int64_t padded_proj(const ExpandDwShape& s) { return 16 * blocks_of(s.proj); }
-// Output channels (a multiple of 16) in groups of 32, the last one 16 wide for an odd number of 16-channel blocks.
-int64_t groups_of(int64_t padded) { return (padded + 31) / 32; }
-int64_t group_width(int64_t padded, int64_t g) { return std::min<int64_t>(32, padded - 32 * g); }
-
-// A 1x1's (or a stem's) weights w [outs][ins] into the tile kernels' layout over outs rounded up to 16: per group of
-// 32 outputs [ins][group width], zeros past outs (the caller zero-fills).
-void pack_groups(const float* w, int64_t outs, int64_t ins, float* to) {
-  const int64_t padded = 16 * blocks_of(outs);
-  for (int64_t o = 0; o < outs; ++o) {
-    const int64_t g = o / 32, wg = group_width(padded, g), lane = o % 32;
-    float* U = to + 32 * ins * g;  // groups before g are all 32 wide
-    for (int64_t k = 0; k < ins; ++k) U[k * wg + lane] = w[o * ins + k];
-  }
+// A 1x1's (or a stem's) weights w [outs][ins] into the f32 tile kernels' layout (steps/pack_groups.h, K = 1).
+void pack_groups_f32(const float* w, int64_t outs, int64_t ins, float* to) {
+  pack_groups<1>(w, outs, ins, ins, to, [](float v) { return v; });
 }
 int64_t pad_of(const ExpandDwShape& s) { return s.k / 2; }
 int64_t ring_width(const ExpandDwShape& s) { return s.ew() + 2 * pad_of(s); }    // zero columns on both sides
@@ -534,7 +525,7 @@ void expand_dw_pack(const ExpandDwShape& s, const float* w1, const float* b1, co
                     const float* w3, const float* b3, float* packed) {
   const int64_t mp = padded_m(s), kk = s.k * s.k, c1 = first_inputs(s);
   std::fill(packed, packed + expand_dw_packed_floats(s), 0.f);
-  pack_groups(w1, s.m, c1, packed);
+  pack_groups_f32(w1, s.m, c1, packed);
   float* wd = packed + c1 * mp;
   for (int64_t o = 0; o < s.m; ++o)
     for (int64_t t = 0; t < kk; ++t) wd[((o / 16) * kk + t) * 16 + o % 16] = w2[o * kk + t];
@@ -542,23 +533,14 @@ void expand_dw_pack(const ExpandDwShape& s, const float* w1, const float* b1, co
   std::copy(b2, b2 + s.m, wd + (kk + 1) * mp);
   float* up = wd + (kk + 2) * mp;
   if (s.proj > 0) {
-    pack_groups(w3, s.proj, s.m, up);
+    pack_groups_f32(w3, s.proj, s.m, up);
     std::copy(b3, b3 + s.proj, up + s.m * padded_proj(s));
   }
   if (!s.bf16) return;
-  // The same weights as bf16 pairs: per group of 32 outputs [ins / 2][group width][2]; the projection's over the
-  // depthwise row's mp channels (zeros past m).
-  auto pairs = [](const float* w, int64_t outs, int64_t ins, int64_t ins_padded, uint16_t* to) {
-    const int64_t padded = 16 * blocks_of(outs);
-    for (int64_t o = 0; o < outs; ++o) {
-      const int64_t g = o / 32, wg = group_width(padded, g), lane = o % 32;
-      uint16_t* U = to + 32 * ins_padded * g;
-      for (int64_t k = 0; k < ins; ++k) U[((k / 2) * wg + lane) * 2 + k % 2] = to_bf16(w[o * ins + k]);
-    }
-  };
+  // The same weights as bf16 pairs (K = 2); the projection's over the depthwise row's mp channels (zeros past m).
   uint16_t* u16 = reinterpret_cast<uint16_t*>(packed + f32_packed_floats(s));
-  pairs(w1, s.m, s.c, s.c, u16);
-  if (s.proj > 0) pairs(w3, s.proj, s.m, mp, u16 + s.c * mp);
+  pack_groups<2>(w1, s.m, s.c, s.c, u16, to_bf16);
+  if (s.proj > 0) pack_groups<2>(w3, s.proj, s.m, mp, u16 + s.c * mp, to_bf16);
 }
 
 size_t expand_dw_scratch_floats(const ExpandDwShape& s) {

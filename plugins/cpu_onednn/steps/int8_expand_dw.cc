@@ -5,6 +5,7 @@
 
 #include "common/lanes.h"
 #include "common/team.h"
+#include "steps/pack_groups.h"
 
 // GCC 12 reports its own AVX-512 intrinsics (their _mm512_undefined_* self-initialisation) as "may be used
 // uninitialized" (and _mm512_cvtepi32_epi8's as "used uninitialized") once inlined here: a known false positive.
@@ -25,21 +26,14 @@ constexpr int kTile = 14;  // pixels per register tile of a 1x1 stage (14 x 2 ac
 constexpr int kDwPix = 8;  // output pixels per step of the depthwise stage
 
 int64_t up16(int64_t v) { return (v + 15) / 16 * 16; }
-// Output channels (a multiple of 16) in groups of 32, the last one 16 wide for an odd number of 16-channel blocks.
-int64_t groups_of(int64_t padded) { return (padded + 31) / 32; }
-int64_t group_width(int64_t padded, int64_t g) { return std::min<int64_t>(32, padded - 32 * g); }
 int64_t out_bytes(DwQuant::Out o) { return o == DwQuant::Out::kF32 ? 4 : 1; }
 
-// A 1x1's weights w [outs][ins] into the tile kernel's layout, outs rounded up to 16 and ins to 4 (zeros there): per
-// group of 32 outputs [ins / 4][group width][4], so that one 64-byte load is 4 input channels of 16 outputs.
+// A 1x1's weights w [outs][ins] in the tile kernel's layout (steps/pack_groups.h, K = 4: one 64-byte load is 4 input
+// channels of 16 outputs), outs rounded up to 16 and ins to 4 with zeros.
 std::vector<int8_t> pack_1x1(const int8_t* w, int64_t outs, int64_t ins) {
-  const int64_t padded = up16(outs), i4 = (ins + 3) / 4;
-  std::vector<int8_t> to(static_cast<size_t>(padded * i4 * 4), 0);
-  for (int64_t o = 0; o < outs; ++o) {
-    const int64_t g = o / 32, gw = group_width(padded, g), lane = o % 32;
-    int8_t* U = to.data() + g * 32 * i4 * 4;  // groups before g are all 32 wide
-    for (int64_t k = 0; k < ins; ++k) U[((k / 4) * gw + lane) * 4 + k % 4] = w[o * ins + k];
-  }
+  const int64_t i4 = (ins + 3) / 4 * 4;
+  std::vector<int8_t> to(static_cast<size_t>(up16(outs) * i4), 0);
+  pack_groups<4>(w, outs, ins, i4, to.data(), [](int8_t v) { return v; });
   return to;
 }
 
