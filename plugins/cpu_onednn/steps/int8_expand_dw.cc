@@ -25,6 +25,11 @@ namespace {
 constexpr int kTile = 14;  // pixels per register tile of a 1x1 stage (14 x 2 accumulators)
 constexpr int kDwPix = 8;  // output pixels per step of the depthwise stage
 
+// Output rows whose depthwise outputs the projection takes at once: as many as fill a 14-pixel tile (2 at 7x7, whose
+// rows alone would make 7-pixel tiles, each loading the projection's weights for half the pixels); the rows are
+// consecutive in the channels-last output, so they are one run of pixels.
+int64_t rows_per_projection(int64_t ow) { return std::max<int64_t>(1, kTile / ow); }
+
 int64_t up16(int64_t v) { return (v + 15) / 16 * 16; }
 int64_t out_bytes(DwQuant::Out o) { return o == DwQuant::Out::kF32 ? 4 : 1; }
 
@@ -276,7 +281,8 @@ Int8ExpandDw::Int8ExpandDw(const Int8ExpandDwShape& s, const Int8Stage& expand, 
 size_t Int8ExpandDw::scratch_bytes() const {
   const int64_t slot = mp_ * cols_;                                // one ring row: [m16/16][w+3][16]
   const int64_t xrow = x_f32_ ? (s_.w * s_.c + 63) / 64 * 64 : 0;  // a quantized input row
-  return static_cast<size_t>(4 * slot + (s_.proj > 0 ? (s_.ow() * mp_ + 63) / 64 * 64 : 0) + xrow + 64);
+  const int64_t dw_rows = s_.proj > 0 ? (rows_per_projection(s_.ow()) * s_.ow() * mp_ + 63) / 64 * 64 : 0;
+  return static_cast<size_t>(4 * slot + dw_rows + xrow + 64);
 }
 
 // Expanded row iy of image img into a ring slot (columns 1..w of each block; the padding columns are the caller's).
@@ -306,8 +312,9 @@ void Int8ExpandDw::rows(const void* x, const float* z, uint8_t* dst, uint8_t* sc
   const int64_t mb = mp_ / 16, slot_bytes = mp_ * cols_, oh = s_.oh(), ow = s_.ow();
   uint8_t* ring = scratch;
   uint8_t* pad = ring + 3 * slot_bytes;  // a row outside the image: the zero point everywhere
-  uint8_t* dwrow = pad + slot_bytes;     // [ow][m16]: the depthwise row the projection reads
-  uint8_t* xrow = dwrow + (s_.proj > 0 ? (ow * mp_ + 63) / 64 * 64 : 0);  // [w][c]: a quantized input row (x_f32)
+  const int64_t batch = rows_per_projection(ow);
+  uint8_t* dwrows = pad + slot_bytes;  // [batch * ow][m16]: the depthwise rows the projection reads
+  uint8_t* xrow = dwrows + (s_.proj > 0 ? (batch * ow * mp_ + 63) / 64 * 64 : 0);  // [w][c]: a quantized input row
   std::memset(pad, x2_zero_, static_cast<size_t>(slot_bytes));
   for (int64_t slot = 0; slot < 3; ++slot)
     for (int64_t b = 0; b < mb; ++b) {
@@ -341,7 +348,9 @@ void Int8ExpandDw::rows(const void* x, const float* z, uint8_t* dst, uint8_t* sc
       }
       rp[dy] = sl;
     }
-    const int64_t pix0 = (img * oh + oy) * ow;  // the row's first output pixel
+    const int64_t pix0 = (img * oh + oy) * ow;     // the row's first output pixel
+    const int64_t in_batch = (flat - r0) % batch;  // this row's place among the rows projected together
+    uint8_t* dwrow = dwrows + in_batch * ow * mp_;
     for (int64_t b = 0; b < mb; ++b) {
       const uint8_t* br[3] = {rp[0] + b * cols_ * 16, rp[1] + b * cols_ * 16, rp[2] + b * cols_ * 16};
       const int8_t* wb = w2_.data() + b * 3 * 64;
@@ -350,16 +359,17 @@ void Int8ExpandDw::rows(const void* x, const float* z, uint8_t* dst, uint8_t* sc
       const __mmask16 m = s_.proj > 0 ? static_cast<__mmask16>(0xFFFF) : first_lanes(s_.m - b * 16);
       dw(br, wb, e2, b * 16, m, ow, out, out_pix);
     }
-    if (s_.proj == 0) continue;
-    const int64_t k4 = mp_ / 4;
+    if (s_.proj == 0 || (in_batch + 1 < batch && flat + 1 < r1)) continue;
+    // Project the batch's rows: pixels p0 .. p0 + n - 1 of the output.
+    const int64_t p0 = pix0 - in_batch * ow, n = (in_batch + 1) * ow, k4 = mp_ / 4;
     for (int64_t g = 0; g < groups_of(pp_); ++g) {
       const int nv = static_cast<int>(group_width(pp_, g) / 16);
       const int8_t* U = w3_.data() + g * 32 * k4 * 4;
-      for (int64_t x0 = 0; x0 < ow; x0 += kTile) {
-        const int t = static_cast<int>(std::min<int64_t>(kTile, ow - x0));
-        const float* zp = s_.residual ? z + (pix0 + x0) * s_.proj + 32 * g : nullptr;
-        tile_fn(t, nv)(dwrow + x0 * mp_, mp_, k4, U, e3, 32 * g, s_.proj - 32 * g, zp, s_.proj,
-                       dst + ((pix0 + x0) * s_.proj + 32 * g) * ob3, s_.proj * ob3, 16 * ob3);
+      for (int64_t x0 = 0; x0 < n; x0 += kTile) {
+        const int t = static_cast<int>(std::min<int64_t>(kTile, n - x0));
+        const float* zp = s_.residual ? z + (p0 + x0) * s_.proj + 32 * g : nullptr;
+        tile_fn(t, nv)(dwrows + x0 * mp_, mp_, k4, U, e3, 32 * g, s_.proj - 32 * g, zp, s_.proj,
+                       dst + ((p0 + x0) * s_.proj + 32 * g) * ob3, s_.proj * ob3, 16 * ob3);
       }
     }
   }

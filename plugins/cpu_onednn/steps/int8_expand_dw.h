@@ -13,7 +13,8 @@
 //
 // Per thread (the team splits output rows, image-major): for each output row, the expanded rows it reads are computed
 // into a ring of 3 slots ([m/16][w+3][16] bytes, the zero point in the padding columns) unless already there, then
-// the depthwise row (into dst, or into a row buffer [ow][m16] that the projection reads at once).
+// the depthwise row (into dst, or into a row buffer [ow][m16] that the projection reads at once; under 14 pixels a
+// row, the projection takes as many consecutive rows as fill a 14-pixel tile).
 //
 // Needs AVX-512 F, BW, VL, DQ, VNNI and VBMI (Int8Depthwise3x3::available()); check() says what else it declines.
 // Thread-safety: an object is immutable after construction; run() may be called from several threads at once with
