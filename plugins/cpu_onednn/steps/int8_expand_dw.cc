@@ -34,11 +34,10 @@ int64_t up16(int64_t v) { return (v + 15) / 16 * 16; }
 int64_t out_bytes(DwQuant::Out o) { return o == DwQuant::Out::kF32 ? 4 : 1; }
 
 // A 1x1's weights w [outs][ins] in the tile kernel's layout (steps/pack_groups.h, K = 4: one 64-byte load is 4 input
-// channels of 16 outputs), outs rounded up to 16 and ins to 4 with zeros.
-std::vector<int8_t> pack_1x1(const int8_t* w, int64_t outs, int64_t ins) {
-  const int64_t i4 = (ins + 3) / 4 * 4;
-  std::vector<int8_t> to(static_cast<size_t>(up16(outs) * i4), 0);
-  pack_groups<4>(w, outs, ins, i4, to.data(), [](int8_t v) { return v; });
+// channels of 16 outputs), outs rounded up to 16 and ins to ins_padded (a multiple of 4) with zeros.
+std::vector<int8_t> pack_1x1(const int8_t* w, int64_t outs, int64_t ins, int64_t ins_padded) {
+  std::vector<int8_t> to(static_cast<size_t>(up16(outs) * ins_padded), 0);
+  pack_groups<4>(w, outs, ins, ins_padded, to.data(), [](int8_t v) { return v; });
   return to;
 }
 
@@ -261,7 +260,7 @@ Int8ExpandDw::Int8ExpandDw(const Int8ExpandDwShape& s, const Int8Stage& expand, 
     e->zero = st.q.out == DwQuant::Out::kF32 ? 0 : st.q.y_zero;
     e->z_mul = st.q.out == DwQuant::Out::kF32 ? 1.f : st.q.y_inv_scale;
   };
-  w1_ = pack_1x1(expand.w, s.m, s.c);
+  w1_ = pack_1x1(expand.w, s.m, s.c, s.c);  // c is a multiple of 4 (check())
   epilogue(expand, s.m, s.c, mp_, expand.w, &e1_);
   w2_.assign(static_cast<size_t>(mp_ / 16 * 3 * 64), 0);
   for (int64_t c = 0; c < s.m; ++c)
@@ -271,9 +270,7 @@ Int8ExpandDw::Int8ExpandDw(const Int8ExpandDwShape& s, const Int8Stage& expand, 
   epilogue(dw, s.m, 9, mp_, dw.w, &e2_);
   if (project != nullptr) {
     // The projection reads the depthwise row's mp bytes a pixel: its weights over m rounded up to 16 (zeros past m).
-    std::vector<int8_t> wide(static_cast<size_t>(s.proj * mp_), 0);
-    for (int64_t o = 0; o < s.proj; ++o) std::copy_n(project->w + o * s.m, s.m, wide.data() + o * mp_);
-    w3_ = pack_1x1(wide.data(), s.proj, mp_);
+    w3_ = pack_1x1(project->w, s.proj, s.m, mp_);
     epilogue(*project, s.proj, s.m, pp_, project->w, &e3_);
   }
 }

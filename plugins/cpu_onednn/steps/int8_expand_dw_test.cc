@@ -211,6 +211,8 @@ TEST(Int8ExpandDw, ProjectionWithAndWithoutResidual) {
     check({.n = 1, .c = 24, .m = 144, .h = 14, .w = 14, .stride = 1, .proj = 24, .residual = true}, team);
     check({.n = 1, .c = 16, .m = 96, .h = 15, .w = 16, .stride = 2, .proj = 24}, team);
     check({.n = 2, .c = 32, .m = 80, .h = 7, .w = 7, .stride = 1, .proj = 40}, team);  // a 16-wide last group
+    // 40 expanded channels (the projection over a partial block) into 12 (a masked store).
+    check({.n = 1, .c = 8, .m = 40, .h = 6, .w = 9, .stride = 1, .proj = 12}, team);
     // 4-pixel rows: the projection takes 3 at a time, across the images of the batch and the thread's last rows.
     check({.n = 3, .c = 16, .m = 32, .h = 5, .w = 4, .stride = 1, .proj = 16, .residual = true}, team);
   }
