@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/bf16.h"
 #include "common/scratchpad.h"
 
 namespace keel::onednn {
@@ -231,14 +232,6 @@ void release_kernel(void* state);
 std::vector<KernelInfo> conv_kernels();
 std::vector<KernelInfo> matmul_kernels();
 std::vector<KernelInfo> misc_kernels();
-
-// A bf16 value's bits widened to f32 (exact).
-inline float bf16_to_f32(uint16_t b) {
-  uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
 
 // Plugin options of one environment (its plugin options: the manifest's [options] with the host's merged over them;
 // then the KEEL_ONEDNN_* variables), read once by its init_instance.

@@ -12,14 +12,6 @@
 namespace keel::onednn {
 namespace {
 
-uint16_t f32_to_bf16(float f) {  // round to nearest even; NaN stays NaN
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
 // keel.Attention(Q, Kt, V, [mask]), attribute scale: a plan per input shapes and thread count, the scores in the
 // core's workspace (per thread).
 class AttentionKernel : public Kernel {

@@ -32,14 +32,6 @@ dt dnnl_dtype(int32_t d) {
   throw Reject{"f32 or bf16 only"};
 }
 
-inline uint16_t f2bf(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
 // A user (plain) memory and the primitive's memory, with the reorder between them when they differ.
 struct Bound {
   dnnl::memory user, prim;
@@ -623,7 +615,7 @@ class ConvGradKernel : public Kernel {
       }
     for (int64_t m = 0; m < M; ++m) {
       if (dtype_ == KEEL_DTYPE_F32) static_cast<float*>(db->data)[m] = acc[m];
-      else static_cast<uint16_t*>(db->data)[m] = f2bf(acc[m]);
+      else static_cast<uint16_t*>(db->data)[m] = f32_to_bf16(acc[m]);
     }
   }
 
@@ -1079,7 +1071,7 @@ class MaxPoolGradKernel : public Kernel {
           } else if constexpr (std::is_same_v<T, float>) {
             dp[best] += gp[oh * OW + ow];
           } else {
-            dp[best] = f2bf(bf16_to_f32(dp[best]) + bf16_to_f32(gp[oh * OW + ow]));
+            dp[best] = f32_to_bf16(bf16_to_f32(dp[best]) + bf16_to_f32(gp[oh * OW + ow]));
           }
         }
       }

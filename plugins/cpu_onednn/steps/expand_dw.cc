@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/bf16.h"
 #include "common/team.h"
 #include "steps/pack_groups.h"
 #include "steps/silu.h"
@@ -181,18 +182,12 @@ auto expand_fn(int tiles, int nv) { return tile_fn<ExpandTiles>(tiles, nv); }
 KEEL_BF16 inline void dpbf16(__m512& acc, __m512i a, __m512i b) {
   asm("vdpbf16ps %[b], %[a], %[acc]" : [acc] "+v"(acc) : [a] "v"(a), [b] "v"(b));
 }
-KEEL_BF16 inline __m512 bf16_to_f32(const uint16_t* p) {
+KEEL_BF16 inline __m512 load_bf16(const uint16_t* p) {
   return _mm512_castsi512_ps(
       _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
 }
 KEEL_BF16 inline void store_bf16(uint16_t* p, __m512 v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
-}
-// Round to nearest even (the packing of the weights; no NaNs there).
-uint16_t to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
 // expand_tile over bf16: src and res bf16, U the group's weights as bf16 pairs [c/2][NV * 16][2] (c even), out f32
@@ -231,7 +226,7 @@ KEEL_BF16 void expand_tile_bf16(const uint16_t* src, int64_t block_stride, int64
 #pragma GCC unroll 14
     for (int t = 0; t < T; ++t) {
       __m512 r = acc[t][v];
-      if (res != nullptr) r = _mm512_add_ps(r, bf16_to_f32(res + v * out_stride + t * 16));
+      if (res != nullptr) r = _mm512_add_ps(r, load_bf16(res + v * out_stride + t * 16));
       r = act16(act, r);
       if constexpr (OutBf16) store_bf16(static_cast<uint16_t*>(out) + v * out_stride + t * 16, r);
       else _mm512_storeu_ps(static_cast<float*>(out) + v * out_stride + t * 16, r);
@@ -539,8 +534,8 @@ void expand_dw_pack(const ExpandDwShape& s, const float* w1, const float* b1, co
   if (!s.bf16) return;
   // The same weights as bf16 pairs (K = 2); the projection's over the depthwise row's mp channels (zeros past m).
   uint16_t* u16 = reinterpret_cast<uint16_t*>(packed + f32_packed_floats(s));
-  pack_groups<2>(w1, s.m, s.c, s.c, u16, to_bf16);
-  if (s.proj > 0) pack_groups<2>(w3, s.proj, s.m, mp, u16 + s.c * mp, to_bf16);
+  pack_groups<2>(w1, s.m, s.c, s.c, u16, f32_to_bf16);
+  if (s.proj > 0) pack_groups<2>(w3, s.proj, s.m, mp, u16 + s.c * mp, f32_to_bf16);
 }
 
 size_t expand_dw_scratch_floats(const ExpandDwShape& s) {

@@ -210,18 +210,19 @@ DwRowFn dw_row_fn(int64_t stride, bool f32) {
   return stride == 1 ? dw_row<1, false> : dw_row<2, false>;
 }
 
-bool cpu_ok() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-         __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
+// The kernels' view of a stage's epilogue (Int8ExpandDw::Epi: its vectors and constants).
+template <class Epi>
+EpiRef ref_of(const Epi& e) {
+  return {e.comp.data(), e.scale.data(), e.bias.data(), e.lo.data(),
+          e.hi.data(),   e.z_mul,        e.zero,        e.out == DwQuant::Out::kF32};
 }
 
 }  // namespace
 
 std::string Int8ExpandDw::check(const Int8ExpandDwShape& s, const DwQuant& expand, const DwQuant& dw,
                                 const DwQuant* project) {
-  if (!Int8Depthwise3x3::available() || !cpu_ok()) return "no AVX-512 VNNI/VBMI (or KEEL_ONEDNN_INT8_OWN=0)";
+  // (available(): AVX-512 F, BW, VL, DQ, VNNI and VBMI, and the own int8 kernels not turned off.)
+  if (!Int8Depthwise3x3::available()) return "no AVX-512 VNNI/VBMI (or KEEL_ONEDNN_INT8_OWN=0)";
   if (s.n < 1 || s.h < 1 || s.w < 1 || s.c < 1 || s.m < 1) return "empty source or no expanded channels";
   if (s.c % 4 != 0) return "input channels not a multiple of 4";
   if (s.stride != 1 && s.stride != 2) return "depthwise stride not 1 or 2";
@@ -284,8 +285,7 @@ size_t Int8ExpandDw::scratch_bytes() const {
 
 // Expanded row iy of image img into a ring slot (columns 1..w of each block; the padding columns are the caller's).
 void Int8ExpandDw::expand_row(const void* x, int64_t img, int64_t iy, uint8_t* slot, uint8_t* xrow) const {
-  const EpiRef e{
-      e1_.comp.data(), e1_.scale.data(), e1_.bias.data(), e1_.lo.data(), e1_.hi.data(), 1.f, e1_.zero, false};
+  const EpiRef e = ref_of(e1_);
   const int64_t k4 = s_.c / 4;
   const int64_t at = (img * s_.h + iy) * s_.w * s_.c;
   const uint8_t* in = static_cast<const uint8_t*>(x) + at;
@@ -319,12 +319,7 @@ void Int8ExpandDw::rows(const void* x, const float* z, uint8_t* dst, uint8_t* sc
       std::memset(r, x2_zero_, 16);
       std::memset(r + (s_.w + 1) * 16, x2_zero_, 32);
     }
-  const EpiRef e2{e2_.comp.data(), e2_.scale.data(),
-                  e2_.bias.data(), e2_.lo.data(),
-                  e2_.hi.data(),   1.f,
-                  e2_.zero,        e2_.out == DwQuant::Out::kF32};
-  const EpiRef e3{e3_.comp.data(), e3_.scale.data(), e3_.bias.data(), e3_.lo.data(),
-                  e3_.hi.data(),   e3_.z_mul,        e3_.zero,        e3_.out == DwQuant::Out::kF32};
+  const EpiRef e2 = ref_of(e2_), e3 = ref_of(e3_);
   const int64_t ob2 = out_bytes(e2_.out), ob3 = out_bytes(e3_.out);
   const DwRowFn dw = dw_row_fn(s_.stride, e2.f32);
   int64_t have_img[3] = {-1, -1, -1}, have_row[3] = {-1, -1, -1};

@@ -208,7 +208,7 @@ bool Builder::qconv_stem(size_t i, const QuantSetup& q, const QConvGeom& g, cons
 bool Builder::qconv_expand_dw(size_t i, const QuantSetup& q, const QConvGeom& g, const Dims& x, const Dims& y,
                               const int8_t* w) {
   const NodeDesc& n = r_.nodes[i];
-  if (!options().int8_expand_dw || !int8_own_kernels() || g.rank != 4 || g.group != 1 || q.residual) return false;
+  if (!options().int8_expand_dw || g.rank != 4 || g.group != 1 || q.residual) return false;
   const Dims one{1, 1}, no_pads{0, 0, 0, 0};
   if (g.w_dims[2] != 1 || g.w_dims[3] != 1 || g.strides != one || g.dilations != one || g.pads != no_pads) return false;
   if (q.x_type != KEEL_DTYPE_U8 || q.y_type != KEEL_DTYPE_U8) return false;
@@ -287,8 +287,8 @@ bool Builder::qconv_expand_dw(size_t i, const QuantSetup& q, const QConvGeom& g,
   // An f32 X already channels-last (the residual stream between two blocks) is quantized by the step row by row;
   // in another layout, by a step of its own first (quantized()).
   const md_t x_last(to_dnnl(x), dt::u8, tag::nhwc);
-  const bool quantize_rows = q.x_f32 && val(n.in[0]).scale == 1.f &&
-                             val(n.in[0]).md == md_t(to_dnnl(x), dt::f32, tag::nhwc) && q.x_type == KEEL_DTYPE_U8;
+  const bool quantize_rows =
+      q.x_f32 && val(n.in[0]).scale == 1.f && val(n.in[0]).md == md_t(to_dnnl(x), dt::f32, tag::nhwc);
   const QuantizeSpec xq = q.quantize_spec();
   auto step = std::make_shared<const Int8ExpandDw>(s, st1, st2, pr ? &st3 : nullptr, quantize_rows ? &xq : nullptr);
   const Val sv = quantize_rows ? val(n.in[0]) : q.x_f32 ? quantized(n.in[0], q, x_last) : as_md(n.in[0], x_last);
