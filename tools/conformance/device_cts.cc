@@ -1846,6 +1846,21 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // 16 tiles of 4x4 and 3.7 MB of Winograd-transformed weights: oneDNN's plugin runs both 3x3s as its own F(4,3)
+    // with the weights transformed at every run (steps/wino4.h, Wino4Shape::streamed).
+    OpCase c;
+    c.op = "Chain";
+    c.label = "resnet basic block C=160 14x14";
+    c.inputs = {in("X", {1, 160, 14, 14}), in("W1", {160, 160, 3, 3}, true, -0.05f, 0.05f), in("B1", {160}, true),
+                in("W2", {160, 160, 3, 3}, true, -0.05f, 0.05f), in("B2", {160}, true)};
+    c.chain = {conv({"X", "W1", "B1"}, 3, 1, 1),
+               {"Relu", {"$0"}, {}},
+               conv({"$1", "W2", "B2"}, 3, 1, 1),
+               {"Add", {"$2", "X"}, {}},
+               {"Relu", {"$3"}, {}}};
+    v.push_back(c);
+  }
+  {
     OpCase c;
     c.op = "Chain";
     c.label = "resnet downsample block with BatchNormalization C=16->32 stride 2, batch 2";

@@ -256,10 +256,13 @@ struct Options {
   bool int8_expand_dw = true;  // KEEL_ONEDNN_INT8_EXPAND_DW=0 or [options] int8_expand_dw = false: an int8 expansion
                                // QConv, its depthwise reader (and projection) stay separate steps, not the chain's own
                                // int8 step (steps/int8_expand_dw.h); the projection obeys expand_dw_project
-  bool wino4 = true;    // KEEL_ONEDNN_WINO4=0 or [options] wino4 = false: no 3x3 convolution runs as the chain's own
-                        // Winograd F(4,3) step (steps/wino4.h), only oneDNN's kernels
-  bool se_step = true;  // KEEL_ONEDNN_SE_STEP=0 or [options] se_step = false: squeeze-excite's excitation runs as
-                        // oneDNN steps instead of the chain's own one (steps/se.h)
+  bool wino4 = true;  // KEEL_ONEDNN_WINO4=0 or [options] wino4 = false: no 3x3 convolution runs as the chain's own
+                      // Winograd F(4,3) step (steps/wino4.h), only oneDNN's kernels
+  bool wino4_streamed = true;  // KEEL_ONEDNN_WINO4_STREAMED=0 or [options] wino4_streamed = false: a 3x3 of few tiles
+                               // and large weights stays on oneDNN's Winograd instead of the own F(4,3) step with its
+                               // weights transformed at run time (Wino4Shape::streamed)
+  bool se_step = true;        // KEEL_ONEDNN_SE_STEP=0 or [options] se_step = false: squeeze-excite's excitation runs as
+                              // oneDNN steps instead of the chain's own one (steps/se.h)
   bool view_post_ops = true;  // KEEL_ONEDNN_VIEW_POST_OPS=0 or [options] view_post_ops = false: a matmul's post-ops
                               // (the residual sum) stop at a Reshape/Transpose of size-1 dims (fuse_after)
   // [options] int8_winograd = true / "timed" (KEEL_ONEDNN_INT8_WINOGRAD=1 / timed): a QConv that oneDNN's int8

@@ -31,14 +31,33 @@ constexpr int64_t kBlockTiles = 56;             // most tiles per block
 constexpr int64_t kBlockBytes = 640 << 10;      // the block's transformed input at most (unless a single register tile)
 constexpr size_t kSharedWeightBytes = 1 << 20;  // transformed weights every thread may read whole
 
+constexpr int64_t kStreamedBlockBytes = 1 << 20;    // streamed weights: the block's transformed input at most
+constexpr int64_t kStreamedChunkBytes = 288 << 10;  // streamed weights: one chunk of input channels, transformed
+
 int64_t block_tiles(const Wino4Shape& s) {
-  const int64_t fit = kBlockBytes / (36 * s.c * static_cast<int64_t>(sizeof(float)));
+  const int64_t fit =
+      (s.streamed ? kStreamedBlockBytes : kBlockBytes) / (36 * s.c * static_cast<int64_t>(sizeof(float)));
+  // Streamed weights are transformed once per block: every tile in one block where the transformed input fits.
+  if (s.streamed) return std::clamp<int64_t>(fit, std::min<int64_t>(kRegTiles, s.tiles()), s.tiles());
   return std::clamp<int64_t>(fit / kRegTiles * kRegTiles, kRegTiles, kBlockTiles);
 }
 
 // Output channel groups: 32 wide, the last 16 wide when m is an odd number of 16-channel blocks.
 int64_t groups(const Wino4Shape& s) { return (s.m + 31) / 32; }
 int64_t group_width(const Wino4Shape& s, int64_t g) { return std::min<int64_t>(32, s.m - 32 * g); }
+// The buffers hold 36 positions one after the other; each position's part takes one cache line more than its
+// values, so that the 36 stores or loads of one tile or channel (one per position) do not fall into one set of L1
+// (parts of 4 KiB multiples: ResNet's 16 tiles x 256 channels).
+inline int64_t padded(int64_t floats) { return floats + 16; }
+// Floats of one thread's products buffer: a register tile's, or (streamed weights) the whole block's.
+int64_t products_floats(const Wino4Shape& s) { return 36 * padded((s.streamed ? block_tiles(s) : kRegTiles) * 32); }
+
+// Streamed weights: input channels per chunk transformed at once ([36][chunk][32] floats within
+// kStreamedChunkBytes), a multiple of 16.
+int64_t chunk_channels(const Wino4Shape& s) {
+  const int64_t fit = kStreamedChunkBytes / (36 * 32 * static_cast<int64_t>(sizeof(float)));
+  return std::clamp<int64_t>(fit / 16 * 16, 16, s.c);
+}
 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -109,19 +128,21 @@ __attribute__((target("avx512f"))) void input_tile(const Wino4Shape& s, const fl
       for (int r = 0; r < 6; ++r) d[r] = _mm512_load_ps(tmp[r][k]);
       bt6(d, t6);
 #pragma GCC unroll 6
-      for (int i = 0; i < 6; ++i) _mm512_storeu_ps(V + ((i * 6 + k) * bt + t) * s.c + cb * 16, t6[i]);
+      for (int i = 0; i < 6; ++i) _mm512_storeu_ps(V + (i * 6 + k) * padded(bt * s.c) + t * s.c + cb * 16, t6[i]);
     }
   }
 }
 
-// out[t][0..NV*16) = sum over k < K of A[t * lda + k] * B[k * NV * 16 + ..] for T tiles.
+// out[t][0..NV*16) = sum over k < K of A[t * lda + k] * B[k * NV * 16 + ..] for T tiles, added to what out holds
+// when `add` (a streamed chunk after the first).
 template <int T, int NV>
-__attribute__((target("avx512f"))) void product(const float* A, int64_t lda, const float* B, int64_t K, float* out) {
+__attribute__((target("avx512f"))) void product(const float* A, int64_t lda, const float* B, int64_t K, float* out,
+                                                bool add) {
   __m512 acc[T][NV];
 #pragma GCC unroll 14
   for (int t = 0; t < T; ++t)
 #pragma GCC unroll 2
-    for (int v = 0; v < NV; ++v) acc[t][v] = _mm512_setzero_ps();
+    for (int v = 0; v < NV; ++v) acc[t][v] = add ? _mm512_load_ps(out + (t * NV + v) * 16) : _mm512_setzero_ps();
 #pragma GCC unroll 2
   for (int64_t k = 0; k < K; ++k) {
     __m512 b[NV];
@@ -140,7 +161,7 @@ __attribute__((target("avx512f"))) void product(const float* A, int64_t lda, con
     for (int v = 0; v < NV; ++v) _mm512_store_ps(out + (t * NV + v) * 16, acc[t][v]);
 }
 
-using ProductFn = void (*)(const float*, int64_t, const float*, int64_t, float*);
+using ProductFn = void (*)(const float*, int64_t, const float*, int64_t, float*, bool);
 
 template <int NV, int... T>
 constexpr ProductFn product_of(int t, std::integer_sequence<int, T...>) {
@@ -152,12 +173,46 @@ ProductFn product_fn(int tiles, int nv) {
   return nv == 2 ? product_of<2>(tiles, Seq{}) : product_of<1>(tiles, Seq{});
 }
 
-// Output transform of `nt` tiles from M[p][t][nv * 16] (output channels 32 g ..), bias, Relu, into dst.
+// G k of three vectors (one column or row of 3x3 taps) into six: the 1-D weight transform.
+__attribute__((target("avx512f"))) inline void g3(__m512 k0, __m512 k1, __m512 k2, __m512 r[6]) {
+  const __m512 a = _mm512_add_ps(k0, k2);
+  const __m512 b = _mm512_fmadd_ps(k0, _mm512_set1_ps(1.f / 24), _mm512_mul_ps(k2, _mm512_set1_ps(1.f / 6)));
+  const __m512 c = _mm512_mul_ps(k1, _mm512_set1_ps(1.f / 12));
+  r[0] = _mm512_mul_ps(k0, _mm512_set1_ps(1.f / 4));
+  r[1] = _mm512_mul_ps(_mm512_add_ps(a, k1), _mm512_set1_ps(-1.f / 6));
+  r[2] = _mm512_mul_ps(_mm512_sub_ps(a, k1), _mm512_set1_ps(-1.f / 6));
+  r[3] = _mm512_add_ps(b, c);
+  r[4] = _mm512_sub_ps(b, c);
+  r[5] = k2;
+}
+
+// Streamed weights: G g G^T of input channels [c0, c0 + kc) of group g (plain taps [c][9][wg] at `P`) into
+// U[p][kc][wg], the layout the products read.
+__attribute__((target("avx512f"))) void transform_weights(const float* P, int64_t wg, int64_t c0, int64_t kc,
+                                                          float* U) {
+  for (int64_t c = 0; c < kc; ++c)
+    for (int64_t v = 0; v < wg / 16; ++v) {
+      const float* k = P + (c0 + c) * 9 * wg + v * 16;
+      __m512 col[3][6];  // G g: col[b][i] = row i of G times column b of the taps
+#pragma GCC unroll 3
+      for (int b = 0; b < 3; ++b)
+        g3(_mm512_loadu_ps(k + b * wg), _mm512_loadu_ps(k + (3 + b) * wg), _mm512_loadu_ps(k + (6 + b) * wg), col[b]);
+#pragma GCC unroll 6
+      for (int i = 0; i < 6; ++i) {
+        __m512 r[6];
+        g3(col[0][i], col[1][i], col[2][i], r);
+#pragma GCC unroll 6
+        for (int j = 0; j < 6; ++j) _mm512_store_ps(U + (i * 6 + j) * padded(kc * wg) + c * wg + v * 16, r[j]);
+      }
+    }
+}
+
+// Output transform of `nt` tiles from M[p][t][nv * 16] (output channels 16 ob0 ..), bias, Relu, into dst.
 __attribute__((target("avx512f"))) void output_tiles(const Wino4Shape& s, const float* M, int nt, int nv, int64_t q0,
-                                                     int64_t g, const float* bias, float* dst) {
+                                                     int64_t ob0, const float* bias, float* dst) {
   const int64_t tw = s.tiles_w(), tpi = s.tiles_h() * tw, mb_n = s.m / 16;
   const __m512 zero = _mm512_setzero_ps();
-  const int64_t stride_p = static_cast<int64_t>(nt) * nv * 16;
+  const int64_t stride_p = padded(static_cast<int64_t>(nt) * nv * 16);
   for (int t = 0; t < nt; ++t) {
     const int64_t q = q0 + t, img = q / tpi, ti = (q % tpi) / tw, tj = q % tw;
     const int64_t y0 = 4 * ti, x0 = 4 * tj;
@@ -173,7 +228,7 @@ __attribute__((target("avx512f"))) void output_tiles(const Wino4Shape& s, const 
         for (int k = 0; k < 6; ++k) m[k] = _mm512_load_ps(m0 + (i * 6 + k) * stride_p);
         at6(m, tmp[i]);
       }
-      const int64_t ob = 2 * g + v;
+      const int64_t ob = ob0 + v;
       const __m512 b = _mm512_loadu_ps(bias + ob * 16);
       float* out = dst + (((img * mb_n + ob) * s.h + y0) * s.w + x0) * 16;
 #pragma GCC unroll 4
@@ -200,8 +255,10 @@ __attribute__((target("avx512f"))) void output_tiles(const Wino4Shape& s, const 
 void run_tiles(const Wino4Shape& s, const float* src, const float* packed, const float* bias, float* dst,
                float* scratch, int64_t begin, int64_t end, int64_t g0, int64_t g1) {
   const int64_t bt_max = block_tiles(s), tw = s.tiles_w(), tpi = s.tiles_h() * tw;
-  float* V = scratch;                      // [36][bt][c]
-  float* M = scratch + 36 * bt_max * s.c;  // [36][kRegTiles][32]
+  const int64_t kc_max = s.streamed ? chunk_channels(s) : s.c;
+  float* V = scratch;                        // [36][bt][c]
+  float* M = V + 36 * padded(bt_max * s.c);  // [36][kRegTiles][32]; streamed: [36][bt][32]
+  float* U = M + products_floats(s);         // streamed: [36][chunk][32]
   for (int64_t b0 = begin; b0 < end; b0 += bt_max) {
     const int64_t bt = std::min(bt_max, end - b0);
     for (int64_t t = 0; t < bt; ++t) {
@@ -209,14 +266,47 @@ void run_tiles(const Wino4Shape& s, const float* src, const float* packed, const
       input_tile(s, src, q / tpi, (q % tpi) / tw, q % tw, V, bt, t);
     }
     for (int64_t g = g0; g < g1; ++g) {
-      const int nv = static_cast<int>(group_width(s, g) / 16);
-      const float* U = packed + 36 * s.c * 32 * g;  // groups before g are all 32 wide
-      for (int64_t r0 = 0; r0 < bt; r0 += kRegTiles) {
-        const int nt = static_cast<int>(std::min<int64_t>(kRegTiles, bt - r0));
-        const ProductFn f = product_fn(nt, nv);
-        for (int p = 0; p < 36; ++p) f(V + (p * bt + r0) * s.c, s.c, U + p * s.c * nv * 16, s.c, M + p * nt * nv * 16);
-        output_tiles(s, M, nt, nv, b0 + r0, g, bias, dst);
+      const int64_t wg = group_width(s, g);
+      const int nv = static_cast<int>(wg / 16);
+      if (!s.streamed) {
+        const float* W = packed + 36 * s.c * 32 * g;  // groups before g are all 32 wide
+        for (int64_t r0 = 0; r0 < bt; r0 += kRegTiles) {
+          const int nt = static_cast<int>(std::min<int64_t>(kRegTiles, bt - r0));
+          const ProductFn f = product_fn(nt, nv);
+          for (int p = 0; p < 36; ++p)
+            f(V + p * padded(bt * s.c) + r0 * s.c, s.c, W + p * s.c * wg, s.c, M + p * padded(nt * wg), false);
+          output_tiles(s, M, nt, nv, b0 + r0, 2 * g, bias, dst);
+        }
+        continue;
       }
+      // Streamed: per chunk of input channels, its weights transformed into U, then the block's products over the
+      // chunk added into M ([36][bt][wg]) in register tiles of near-equal size.
+      // The next chunk's taps (this group's or the next one's first) are prefetched into L2 during the products, so
+      // that its transform does not wait for memory.
+      const int64_t n_rt = (bt + kRegTiles - 1) / kRegTiles, rt = (bt + n_rt - 1) / n_rt;
+      for (int64_t c0 = 0; c0 < s.c; c0 += kc_max) {
+        const int64_t kc = std::min(kc_max, s.c - c0);
+        transform_weights(packed + 9 * s.c * 32 * g, wg, c0, kc, U);
+        const char* next = nullptr;
+        int64_t next_lines = 0;
+        if (c0 + kc < s.c) {
+          next = reinterpret_cast<const char*>(packed + 9 * s.c * 32 * g + (c0 + kc) * 9 * wg);
+          next_lines = std::min(kc_max, s.c - c0 - kc) * 9 * wg * 4 / 64;
+        } else if (g + 1 < g1) {
+          next = reinterpret_cast<const char*>(packed + 9 * s.c * 32 * (g + 1));
+          next_lines = std::min(kc_max, s.c) * 9 * group_width(s, g + 1) * 4 / 64;
+        }
+        for (int p = 0; p < 36; ++p) {
+          for (int64_t l = p * next_lines / 36; l < (p + 1) * next_lines / 36; ++l)
+            _mm_prefetch(next + l * 64, _MM_HINT_T1);
+          for (int64_t r0 = 0; r0 < bt; r0 += rt) {
+            const int nt = static_cast<int>(std::min(rt, bt - r0));
+            product_fn(nt, nv)(V + p * padded(bt * s.c) + r0 * s.c + c0, s.c, U + p * padded(kc * wg), kc,
+                               M + p * padded(bt * wg) + r0 * wg, c0 > 0);
+          }
+        }
+      }
+      output_tiles(s, M, static_cast<int>(bt), nv, b0, 2 * g, bias, dst);
     }
   }
 }
@@ -230,7 +320,7 @@ std::string wino4_check(const Wino4Shape& s) {
   return "";
 }
 
-size_t wino4_packed_floats(const Wino4Shape& s) { return static_cast<size_t>(36 * s.c * s.m); }
+size_t wino4_packed_floats(const Wino4Shape& s) { return static_cast<size_t>((s.streamed ? 9 : 36) * s.c * s.m); }
 
 void wino4_pack_weights(const Wino4Shape& s, const float* w, float* packed) {
   static const double G[6][3] = {{1.0 / 4, 0, 0},
@@ -239,6 +329,14 @@ void wino4_pack_weights(const Wino4Shape& s, const float* w, float* packed) {
                                  {1.0 / 24, 1.0 / 12, 1.0 / 6},
                                  {1.0 / 24, -1.0 / 12, 1.0 / 6},
                                  {0, 0, 1}};
+  if (s.streamed) {  // the plain taps, [group][c][9][group width]
+    for (int64_t o = 0; o < s.m; ++o) {
+      const int64_t g = o / 32, wg = group_width(s, g);
+      for (int64_t c = 0; c < s.c; ++c)
+        for (int k = 0; k < 9; ++k) packed[9 * s.c * 32 * g + (c * 9 + k) * wg + o % 32] = w[(o * s.c + c) * 9 + k];
+    }
+    return;
+  }
   for (int64_t o = 0; o < s.m; ++o) {
     const int64_t g = o / 32, wg = group_width(s, g), lane = o % 32;
     float* U = packed + 36 * s.c * 32 * g;
@@ -256,7 +354,9 @@ void wino4_pack_weights(const Wino4Shape& s, const float* w, float* packed) {
 }
 
 size_t wino4_scratch_floats(const Wino4Shape& s) {
-  return static_cast<size_t>(36 * block_tiles(s) * s.c + 36 * kRegTiles * 32) + 16;
+  return static_cast<size_t>(36 * padded(block_tiles(s) * s.c) + products_floats(s) +
+                             (s.streamed ? 36 * padded(chunk_channels(s) * 32) : 0)) +
+         16;
 }
 
 void wino4_run(const Wino4Shape& s, const float* src, const float* packed, const float* bias, float* dst,
@@ -268,9 +368,11 @@ void wino4_run(const Wino4Shape& s, const float* src, const float* packed, const
   };
   const int64_t tiles = s.tiles(), ng = groups(s);
   // Each thread its own range of output channel groups over every tile (its share of the transformed weights read
-  // once; the input transform repeated on every thread) where the weights are too large to be read whole by each
-  // thread, else its own range of tiles over every group.
-  const bool by_groups = team > 1 && ng >= 2 * team && wino4_packed_floats(s) * sizeof(float) > kSharedWeightBytes;
+  // once, or with streamed weights transformed once; the input transform repeated on every thread) where the weights
+  // are too large to be read whole by each thread, else its own range of tiles over every group.
+  const bool by_groups =
+      team > 1 &&
+      (s.streamed ? ng >= team : ng >= 2 * team && wino4_packed_floats(s) * sizeof(float) > kSharedWeightBytes);
   if (by_groups) {
     split_over_team(ng, team, [&](int64_t t, int64_t g0, int64_t g1) {
       if (g1 > g0) run_tiles(s, src, packed, bias, dst, own_scratch(t), 0, tiles, g0, g1);

@@ -20,9 +20,15 @@ namespace keel::onednn {
 // The geometry: source nChw16c [n, c, h, w], weights [m, c, 3, 3], destination nChw16c [n, m, h, w] (stride 1,
 // padding 1 on every side, no dilation), c and m multiples of 16; bias [m], then (when `sum`) the value dst held
 // before (a residual placed there), then Relu when `relu`.
+//
+// `streamed`: the weights are packed plain (9 floats per input / output channel pair instead of 36) and transformed
+// at every run, a chunk of input channels at a time into a buffer that stays in L2, just before the products read
+// them. For images of few tiles (ResNet's 14x14 and 7x7) whose transformed weights do not stay in cache between runs:
+// reading 4x the plain weights from memory would cost more than transforming them (docs/ONEDNN_PERFORMANCE.md,
+// "(w4s)").
 struct Wino4Shape {
   int64_t n = 1, c = 16, m = 16, h = 0, w = 0;
-  bool sum = false, relu = false;
+  bool sum = false, relu = false, streamed = false;
   int64_t tiles_h() const { return (h + 3) / 4; }
   int64_t tiles_w() const { return (w + 3) / 4; }
   int64_t tiles() const { return n * tiles_h() * tiles_w(); }
@@ -32,7 +38,8 @@ struct Wino4Shape {
 std::string wino4_check(const Wino4Shape& s);
 
 // Transforms ONNX weights [m][c][3][3] (OIHW) into the step's layout: wino4_packed_floats(s) floats at `packed`
-// (36 * c * m: 4x the weights). Computed in double precision.
+// (36 * c * m: 4x the weights, computed in double precision; streamed: 9 * c * m, the taps regrouped, transformed
+// in f32 at run time).
 size_t wino4_packed_floats(const Wino4Shape& s);
 void wino4_pack_weights(const Wino4Shape& s, const float* w, float* packed);
 

@@ -15,9 +15,10 @@
 namespace keel::onednn {
 namespace {
 
-void check(int64_t n, int64_t c, int64_t m, int64_t h, int64_t w, bool relu, int team, bool sum = false) {
+void check(int64_t n, int64_t c, int64_t m, int64_t h, int64_t w, bool relu, int team, bool sum = false,
+           bool streamed = false) {
   Wino4Shape s;
-  s.n = n, s.c = c, s.m = m, s.h = h, s.w = w, s.sum = sum, s.relu = relu;
+  s.n = n, s.c = c, s.m = m, s.h = h, s.w = w, s.sum = sum, s.relu = relu, s.streamed = streamed;
   if (!wino4_check(s).empty()) GTEST_SKIP() << wino4_check(s);
   std::mt19937 rng(static_cast<uint32_t>(h * 131 + w * 7 + c + m * 3 + n));
   std::uniform_real_distribution<float> u(-1.f, 1.f);
@@ -42,7 +43,8 @@ void check(int64_t n, int64_t c, int64_t m, int64_t h, int64_t w, bool relu, int
     ASSERT_FALSE(std::isnan(got[i])) << "output " << i << " not written";
     worst = std::max(worst, static_cast<double>(std::fabs(got[i] - want[i])));
     ASSERT_NEAR(got[i], want[i], 2e-5f * (1.f + std::fabs(want[i])))
-        << "at " << i << " of n=" << n << " c=" << c << " m=" << m << " " << h << "x" << w << " team " << team;
+        << "at " << i << " of n=" << n << " c=" << c << " m=" << m << " " << h << "x" << w << " team " << team
+        << (streamed ? " streamed" : "");
   }
   if (relu) {
     for (float v : got) ASSERT_GE(v, 0.f);
@@ -63,6 +65,18 @@ TEST(OnednnWino4, MatchesTheReference) {
     check(1, 48, 192, 13, 13, true, team);       // SqueezeNet's fire8 expand
     check(1, 64, 64, 21, 18, true, team, true);  // a residual block's second convolution: sum, then Relu
     check(2, 32, 16, 9, 5, false, team, true);   // sum without Relu: negative outputs stay
+  }
+}
+
+TEST(OnednnWino4, StreamedWeightsMatchTheReference) {
+  for (int team : {1, 2, 3}) {
+    check(1, 256, 256, 14, 14, true, team, true, true);  // ResNet-50 layer3: 16 tiles, 32-wide groups, 4 chunks
+    check(1, 512, 512, 7, 7, true, team, false, true);   // layer4: 4 tiles, 8 chunks of 64 channels
+    check(1, 96, 80, 7, 7, false, team, false, true);    // a 16-wide last group, chunks of 64 and 32 channels
+    check(1, 48, 112, 11, 9, true, team, false, true);   // 9 tiles, one chunk of 48 channels, a 16-wide last group
+    check(2, 32, 48, 14, 13, false, team, true, true);   // batch 2: 32 tiles in register tiles of 11, 11 and 10
+    check(1, 16, 16, 1, 1, true, team, false, true);     // one pixel, one tile
+    check(3, 64, 32, 30, 30, true, team, false, true);   // 192 tiles: several blocks, the weights transformed per block
   }
 }
 

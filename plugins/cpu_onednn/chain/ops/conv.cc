@@ -321,14 +321,19 @@ void Builder::conv(size_t i) {
   // to stay in cache between runs (3 MiB). Measured in the chain (fastest of 60-300 runs, KEEL_ONEDNN_PROFILE; against
   // oneDNN's F(2,3) or F(4,3), whichever the timing above picks): ResNet-50's 56x56 and 28x28 3x3s 0.55-0.64 ->
   // 0.39-0.48 ms at 1 thread, 0.32-0.36 -> 0.27-0.33 and 0.37-0.40 -> 0.31-0.34 at 2; SqueezeNet's eight expands
-  // (13x13 included) together 1.69 -> 1.26 ms at 1 thread. Its 14x14 (16 tiles, 9.4 MB of transformed weights, read
-  // from memory every run) lost: 0.67-0.83 -> 0.73-0.91 ms. See docs/ONEDNN_PERFORMANCE.md, "(w4)".
-  constexpr int64_t kWino4MinTiles = 32;
+  // (13x13 included) together 1.69 -> 1.26 ms at 1 thread. With 16 to 31 tiles (ResNet's 14x14) and larger weights,
+  // the step with its weights streamed (read plain, transformed at every run: Wino4Shape::streamed): ResNet-50's
+  // 14x14 256->256 0.69-0.73 -> 0.57-0.62 ms at 1 thread. Fewer tiles stay on oneDNN's: the 7x7 512->512 (4 tiles)
+  // lost, 1.09-1.11 -> 1.33-1.38 ms. See docs/ONEDNN_PERFORMANCE.md, "(w4)" and "(w4s)".
+  constexpr int64_t kWino4MinTiles = 32, kWino4StreamedMinTiles = 16;
   constexpr int64_t kWino4CachedBytes = int64_t{3} << 20;
-  if (wino && options().wino4 && pl == Dims{1, 1} && pr == Dims{1, 1} &&
-      (N * ((y[2] + 3) / 4) * ((y[3] + 3) / 4) >= kWino4MinTiles ||
-       36 * C * M * static_cast<int64_t>(sizeof(float)) <= kWino4CachedBytes) &&
-      chan_scale.empty() && !f.pass_after() && act_ == dt::f32 && conv_wino4(i, f, src_name, x, y, w, bias, conv_flops))
+  const int64_t wino4_tiles = N * ((y[2] + 3) / 4) * ((y[3] + 3) / 4);
+  const bool wino4_cached =
+      wino4_tiles >= kWino4MinTiles || 36 * C * M * static_cast<int64_t>(sizeof(float)) <= kWino4CachedBytes;
+  if (wino && options().wino4 &&
+      (wino4_cached || (options().wino4_streamed && wino4_tiles >= kWino4StreamedMinTiles)) && pl == Dims{1, 1} &&
+      pr == Dims{1, 1} && chan_scale.empty() && !f.pass_after() && act_ == dt::f32 &&
+      conv_wino4(i, f, src_name, x, y, w, bias, conv_flops, !wino4_cached))
     return;
   if (wino) make(alg::convolution_winograd, src, dst);
   // oneDNN's Winograd kernels (F(2,3), F(4,3): another must win by a third) and, at 2+ threads over at most 14x14

@@ -352,13 +352,13 @@ bool Builder::conv_grouped4(size_t i, const Fusion& f, const std::string& src, c
 // chain's own Winograd F(4,3) step (steps/wino4.h). `w` [M][C][3][3] and `bias` with folds applied. False, changing
 // nothing, for anything else.
 bool Builder::conv_wino4(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y,
-                         const std::vector<float>& w, const std::vector<float>& bias, double flops) {
+                         const std::vector<float>& w, const std::vector<float>& bias, double flops, bool streamed) {
   bool sum = false, relu = false;
   if (!sum_relu_of(f, &sum, &relu)) return false;
   if (x.size() != 4 || y.size() != 4) return false;
   if (val(src).scale != 1.f || val(src).md.data_type() != dt::f32) return false;
   Wino4Shape s;
-  s.n = x[0], s.c = x[1], s.m = y[1], s.h = x[2], s.w = x[3], s.sum = sum, s.relu = relu;
+  s.n = x[0], s.c = x[1], s.m = y[1], s.h = x[2], s.w = x[3], s.sum = sum, s.relu = relu, s.streamed = streamed;
   if (!wino4_check(s).empty() || y != Dims{s.n, s.m, s.h, s.w}) return false;
   if (w.size() != static_cast<size_t>(s.m * s.c * 9) || bias.size() != static_cast<size_t>(s.m)) return false;
   const Val xv = as_md(src, md_t(to_dnnl(x), dt::f32, tag::nChw16c));  // a reorder first unless nChw16c already
@@ -374,7 +374,7 @@ bool Builder::conv_wino4(size_t i, const Fusion& f, const std::string& src, cons
   e.own_kind = "convolution";
   e.params = std::make_shared<const Wino4Shape>(s);
   p_->flops += flops;
-  exec_own(std::move(e), "keel:wino4_avx512", false,
+  exec_own(std::move(e), streamed ? "keel:wino4_streamed_avx512" : "keel:wino4_avx512", false,
            r_.nodes[i].name + (sum ? " + Add" : "") + (relu ? " + Relu " : " ") + dims_str(x) + " -> " + dims_str(y));
   for (size_t k : f.nodes) done_[k] = true;
   return true;
