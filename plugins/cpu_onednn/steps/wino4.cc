@@ -265,13 +265,15 @@ void run_tiles(const Wino4Shape& s, const float* src, const float* packed, const
       const int64_t q = b0 + t;
       input_tile(s, src, q / tpi, (q % tpi) / tw, q % tw, V, bt, t);
     }
+    // Register tiles of near-equal size (16 tiles as 8 + 8, not 14 + 2: a tile of 2 leaves the FMA units waiting).
+    const int64_t n_rt = (bt + kRegTiles - 1) / kRegTiles, rt = (bt + n_rt - 1) / n_rt;
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t wg = group_width(s, g);
       const int nv = static_cast<int>(wg / 16);
       if (!s.streamed) {
         const float* W = packed + 36 * s.c * 32 * g;  // groups before g are all 32 wide
-        for (int64_t r0 = 0; r0 < bt; r0 += kRegTiles) {
-          const int nt = static_cast<int>(std::min<int64_t>(kRegTiles, bt - r0));
+        for (int64_t r0 = 0; r0 < bt; r0 += rt) {
+          const int nt = static_cast<int>(std::min(rt, bt - r0));
           const ProductFn f = product_fn(nt, nv);
           for (int p = 0; p < 36; ++p)
             f(V + p * padded(bt * s.c) + r0 * s.c, s.c, W + p * s.c * wg, s.c, M + p * padded(nt * wg), false);
@@ -280,10 +282,8 @@ void run_tiles(const Wino4Shape& s, const float* src, const float* packed, const
         continue;
       }
       // Streamed: per chunk of input channels, its weights transformed into U, then the block's products over the
-      // chunk added into M ([36][bt][wg]) in register tiles of near-equal size.
-      // The next chunk's taps (this group's or the next one's first) are prefetched into L2 during the products, so
-      // that its transform does not wait for memory.
-      const int64_t n_rt = (bt + kRegTiles - 1) / kRegTiles, rt = (bt + n_rt - 1) / n_rt;
+      // chunk added into M ([36][bt][wg]). The next chunk's taps (this group's or the next one's first) are
+      // prefetched into L2 during the products, so that its transform does not wait for memory.
       for (int64_t c0 = 0; c0 < s.c; c0 += kc_max) {
         const int64_t kc = std::min(kc_max, s.c - c0);
         transform_weights(packed + 9 * s.c * 32 * g, wg, c0, kc, U);
