@@ -1846,6 +1846,21 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // ConvNeXt's stem LayerNorm (channels-last through a Transpose pair), then a block head: depthwise 7x7,
+    // Transpose to channels-last, LayerNorm (oneDNN's plugin: one own step, steps/dw_ln.h), strips of 8 and 3 pixels.
+    OpCase c;
+    c.op = "Chain";
+    c.label = "convnext block head: depthwise 7x7 + LayerNorm, channels-last";
+    c.inputs = {
+        in("X", {2, 32, 9, 11}), in("G0", {32}, true, 0.5f, 1.5f), in("B0", {32}, true), in("W", {32, 1, 7, 7}, true),
+        in("BW", {32}, true),    in("G1", {32}, true, 0.5f, 1.5f), in("B1", {32}, true)};
+    const std::map<std::string, Attribute> ln = {{"axis", I(-1)}, {"epsilon", F(1e-6f)}};
+    c.chain = {{"Transpose", {"X"}, {{"perm", Is({0, 2, 3, 1})}}},  {"LayerNormalization", {"$0", "G0", "B0"}, ln},
+               {"Transpose", {"$1"}, {{"perm", Is({0, 3, 1, 2})}}}, conv({"$2", "W", "BW"}, 7, 1, 3, 32),
+               {"Transpose", {"$3"}, {{"perm", Is({0, 2, 3, 1})}}}, {"LayerNormalization", {"$4", "G1", "B1"}, ln}};
+    v.push_back(c);
+  }
+  {
     // 16 tiles of 4x4 and 3.7 MB of Winograd-transformed weights: oneDNN's plugin runs both 3x3s as its own F(4,3)
     // with the weights transformed at every run (steps/wino4.h, Wino4Shape::streamed).
     OpCase c;

@@ -452,6 +452,7 @@ class Builder {
   bool dw_silu_plan(size_t u, DwSiluShape* s, Fusion* f);
   bool defer_silu(const std::string& v, const md_t& md);
   bool conv_dw_silu(size_t i);
+  bool conv_dw_ln(size_t i);
   std::set<std::string> deferred_silu_;
   bool se_excite_fused(size_t i);
   void matmul(size_t i);

@@ -133,6 +133,15 @@ void run_dw_silu(const Exec& e) {
               team);
 }
 
+// Exec::own of a depthwise convolution with its LayerNormalization (Builder::conv_dw_ln, steps/dw_ln.h): SRC and
+// DST channels-last, WEIGHTS the packed constants, SCRATCHPAD a team's rings.
+void run_dw_ln(const Exec& e) {
+  const auto& s = *static_cast<const DwLnShape*>(e.params.get());
+  auto ptr = [&](int arg) { return static_cast<float*>(e.args.at(arg).get_data_handle()); };
+  dw_ln_run(s, ptr(DNNL_ARG_SRC), ptr(DNNL_ARG_WEIGHTS), ptr(DNNL_ARG_DST), ptr(DNNL_ARG_SCRATCHPAD),
+            e.single ? 1 : omp_get_max_threads());
+}
+
 // Exec::own of squeeze-excite's excitation (Builder::se_excite_fused, steps/se.h): SRC the pooled channels, WEIGHTS
 // packed, DST the scale; on the calling thread (a single-thread step).
 void run_se(const Exec& e) {

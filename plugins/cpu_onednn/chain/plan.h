@@ -61,6 +61,7 @@ void run_scale_weights(const Exec& e);
 void run_scale_weights16(const Exec& e);
 void run_conv_pool(const Exec& e);
 void run_dw_silu(const Exec& e);
+void run_dw_ln(const Exec& e);
 void run_se(const Exec& e);
 void run_grouped4(const Exec& e);
 void run_wino4(const Exec& e);

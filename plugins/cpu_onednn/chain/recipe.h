@@ -29,6 +29,7 @@
 #include "steps/attention.h"
 #include "steps/convpool.h"
 #include "steps/dilated.h"
+#include "steps/dw_ln.h"
 #include "steps/dwsilu.h"
 #include "steps/expand_dw.h"
 #include "steps/gelu.h"

@@ -258,6 +258,9 @@ struct Options {
                                // int8 step (steps/int8_expand_dw.h); the projection obeys expand_dw_project
   bool wino4 = true;  // KEEL_ONEDNN_WINO4=0 or [options] wino4 = false: no 3x3 convolution runs as the chain's own
                       // Winograd F(4,3) step (steps/wino4.h), only oneDNN's kernels
+  bool dw_ln = true;  // KEEL_ONEDNN_DW_LN=0 or [options] dw_ln = false: a depthwise convolution and the
+                      // LayerNormalization after its permute to channels-last (ConvNeXt) run as oneDNN's two steps, not
+                      // as the chain's own one (steps/dw_ln.h)
   bool wino4_streamed = true;  // KEEL_ONEDNN_WINO4_STREAMED=0 or [options] wino4_streamed = false: a 3x3 of few tiles
                                // and large weights stays on oneDNN's Winograd instead of the own F(4,3) step with its
                                // weights transformed at run time (Wino4Shape::streamed)

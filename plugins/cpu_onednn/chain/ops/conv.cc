@@ -174,6 +174,7 @@ void Builder::conv(size_t i) {
   if (conv_residual_merged(i)) return;
   if (conv_pool_fused(i)) return;
   if (conv_dw_silu(i)) return;
+  if (conv_dw_ln(i)) return;
   if (se_excite_fused(i)) return;
   if (deferred_silu_.erase(n.in[0])) exec_silu(val(n.in[0]), n.in[0]);  // (not reached: defer_silu checked the plan)
   Dims x = dims_of(n.in[0]);

@@ -99,6 +99,77 @@ bool Builder::conv_dw_silu(size_t i) {
   return true;
 }
 
+// ConvNeXt's block head as the chain's own step (steps/dw_ln.h): node i a depthwise k x k convolution (k 3, 5 or 7,
+// stride 1, padding k / 2, constant f32 weights and bias) over channels-last f32 memory, read only by a Transpose to
+// channels-last (perm 0,2,3,1), read only by a LayerNormalization over its last axis with constant scale (and bias)
+// and one output. The three nodes become one step writing the LayerNormalization's output; the convolution's output
+// is never stored. Measured in ConvNeXt-Tiny: docs/ONEDNN_PERFORMANCE.md, "(dwln)". True when built; false, changing
+// nothing, otherwise.
+bool Builder::conv_dw_ln(size_t i) {
+  if (!options().dw_ln || act_ != dt::f32) return false;
+  const NodeDesc& n = r_.nodes[i];
+  if (n.out.size() != 1 || n.in.size() < 2 || pad_folds_.count(n.in[0]) || se_folds_.count(n.in[0])) return false;
+  const ConstT* W = cst(n.in_at(1));
+  const ConstT* B = n.in_at(2).empty() ? nullptr : cst(n.in_at(2));
+  if (!W || W->dtype != KEEL_DTYPE_F32 || W->dims.size() != 4 || (!n.in_at(2).empty() && !B)) return false;
+  const Dims x = dims_of(n.in[0]);
+  if (x.size() != 4) return false;
+  DwLnShape s;
+  s.n = x[0], s.c = x[1], s.h = x[2], s.w = x[3], s.k = W->dims[2];
+  const int64_t p = s.k / 2;
+  if (W->dims != Dims{s.c, 1, s.k, s.k} || n.ai("group", 1) != s.c || (B && B->count() != s.c)) return false;
+  const std::string ap = n.as("auto_pad", "NOTSET");
+  if ((ap != "NOTSET" && !ap.empty()) || n.ais("kernel_shape", {s.k, s.k}) != Dims{s.k, s.k} ||
+      n.ais("dilations", {1, 1}) != Dims{1, 1} || n.ais("strides", {1, 1}) != Dims{1, 1} ||
+      n.ais("pads", {0, 0, 0, 0}) != Dims{p, p, p, p})
+    return false;
+  const size_t tu = sole_user(n.out[0]);
+  if (tu == npos) return false;
+  const NodeDesc& t = r_.nodes[tu];
+  if (t.op != "Transpose" || t.out.size() != 1 || t.ais("perm", {}) != Dims{0, 2, 3, 1}) return false;
+  const size_t lu = sole_user(t.out[0]);
+  if (lu == npos) return false;
+  const NodeDesc& l = r_.nodes[lu];
+  if (l.op != "LayerNormalization" || l.out.size() != 1 || l.in.size() < 2 || l.in[0] != t.out[0]) return false;
+  const int64_t axis = l.ai("axis", -1);
+  const ConstT* scale = cst(l.in_at(1));
+  const ConstT* shift = l.in_at(2).empty() ? nullptr : cst(l.in_at(2));
+  if ((axis != -1 && axis != 3) || !scale || scale->count() != s.c || (!l.in_at(2).empty() && !shift) ||
+      (shift && shift->count() != s.c))
+    return false;
+  s.eps = l.af("epsilon", 1e-5f);
+  if (!dw_ln_check(s).empty()) return false;
+  // Only over a source already channels-last (ConvNeXt's residual stream): a reorder in front would cost what the
+  // step saves.
+  const md_t nhwc(to_dnnl(x), dt::f32, tag::nhwc);
+  auto xv = vals_.find(n.in[0]);
+  if (xv == vals_.end() || xv->second.scale != 1.f || xv->second.md != nhwc) return false;
+  auto floats = [&](const ConstT* c) {
+    std::vector<float> v;
+    if (c)
+      for (int64_t k = 0; k < c->count(); ++k) v.push_back(static_cast<float>(c->at(k)));
+    return v;
+  };
+  const std::vector<float> w = floats(W), b = floats(B), g = floats(scale), sh = floats(shift);
+  Exec e;
+  own_weights(
+      e, dw_ln_packed_floats(s),
+      [&](float* to) { dw_ln_pack(s, w.data(), B ? b.data() : nullptr, g.data(), shift ? sh.data() : nullptr, to); },
+      nullptr);
+  team_scratch(e, dw_ln_scratch_floats(s));
+  e.args[DNNL_ARG_SRC] = mem_of(xv->second);
+  Val& o = define(l.out[0], plain_md(Dims{s.n, s.h, s.w, s.c}));
+  e.args[DNNL_ARG_DST] = mem_of(o);
+  e.own = run_dw_ln;
+  e.own_kind = "convolution";
+  e.params = std::make_shared<const DwLnShape>(s);
+  p_->flops += 2.0 * static_cast<double>(s.n * s.c * s.h * s.w * s.k * s.k);
+  exec_own(std::move(e), "keel:dw_ln_avx512", false,
+           n.name + " + " + l.name + " " + dims_str(x) + " -> " + dims_str(Dims{s.n, s.h, s.w, s.c}));
+  done_[i] = done_[tu] = done_[lu] = true;
+  return true;
+}
+
 // Squeeze-excite's excitation from node i on, s = gate(Conv1x1_2(act(Conv1x1_1(p)))) over a pooled [1,C,1,1]
 // value p (gate Sigmoid or HardSigmoid, act SiLU or Relu, each convolution with constant f32 weights and an optional
 // bias, group 1, no strides, pads or dilations; nothing else fused), as one single-thread step of the chain's own

@@ -1,0 +1,188 @@
+// plugins/cpu_onednn/steps/dw_ln.cc — a depthwise convolution and the LayerNormalization after it (steps/dw_ln.h).
+#include "steps/dw_ln.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "common/team.h"
+#include "steps/silu.h"
+
+namespace keel::onednn {
+namespace {
+
+constexpr int kStrip = 8;  // output pixels of a register tile
+
+int64_t pad_of(const DwLnShape& s) { return s.k / 2; }
+int64_t ring_row_floats(const DwLnShape& s) { return (s.w + 2 * pad_of(s)) * s.c; }
+
+// GCC 12 warns about its own _mm512_undefined_ps() inside _mm512_reduce_add_ps (a false positive, as in
+// steps/narrow_gemm.cc).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+// Sums of P output pixels of one 16-channel block: rows[r] is the ring row of kernel row r (its pixel 0 the strip's
+// first window column; null: outside the image, skipped), taps [k*k][c] at this block, bias at this block.
+template <int K, int P>
+__attribute__((target("avx512f"))) void strip(const float* const* rows, int64_t c, const float* taps, const float* bias,
+                                              float* out) {
+  __m512 acc[P];
+  const __m512 b = _mm512_loadu_ps(bias);
+#pragma GCC unroll 8
+  for (int i = 0; i < P; ++i) acc[i] = b;
+  for (int r = 0; r < K; ++r) {
+    if (!rows[r]) continue;
+    __m512 x[P + K - 1];
+#pragma GCC unroll 14
+    for (int j = 0; j < P + K - 1; ++j) x[j] = _mm512_loadu_ps(rows[r] + j * c);
+#pragma GCC unroll 7
+    for (int q = 0; q < K; ++q) {
+      const __m512 wv = _mm512_loadu_ps(taps + (r * K + q) * c);
+#pragma GCC unroll 8
+      for (int i = 0; i < P; ++i) acc[i] = _mm512_fmadd_ps(x[i + q], wv, acc[i]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < P; ++i) _mm512_storeu_ps(out + i * c, acc[i]);
+}
+
+// LayerNorm of one pixel's c values in place: mean, then the mean of squared deviations, as ONNX defines it.
+__attribute__((target("avx512f"))) void normalize(float* x, int64_t c, const float* scale, const float* shift,
+                                                  float eps) {
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < c; j += 16) sum = _mm512_add_ps(sum, _mm512_loadu_ps(x + j));
+  const __m512 mean = _mm512_set1_ps(_mm512_reduce_add_ps(sum) / static_cast<float>(c));
+  __m512 sq = _mm512_setzero_ps();
+  for (int64_t j = 0; j < c; j += 16) {
+    const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(x + j), mean);
+    sq = _mm512_fmadd_ps(d, d, sq);
+  }
+  const __m512 rstd = _mm512_set1_ps(1.f / std::sqrt(_mm512_reduce_add_ps(sq) / static_cast<float>(c) + eps));
+  for (int64_t j = 0; j < c; j += 16) {
+    const __m512 d = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + j), mean), rstd);
+    _mm512_storeu_ps(x + j, _mm512_fmadd_ps(d, _mm512_loadu_ps(scale + j), _mm512_loadu_ps(shift + j)));
+  }
+}
+
+#pragma GCC diagnostic pop
+
+using StripFn = void (*)(const float* const*, int64_t, const float*, const float*, float*);
+
+template <int K>
+StripFn strip_fn(int p) {
+  static constexpr StripFn fns[kStrip] = {strip<K, 1>, strip<K, 2>, strip<K, 3>, strip<K, 4>,
+                                          strip<K, 5>, strip<K, 6>, strip<K, 7>, strip<K, 8>};
+  return fns[p - 1];
+}
+StripFn strip_of(int64_t k, int p) { return k == 3 ? strip_fn<3>(p) : k == 5 ? strip_fn<5>(p) : strip_fn<7>(p); }
+
+// Output rows [begin, end) of the n * h, on the calling thread, with its ring at `ring`.
+void run_rows(const DwLnShape& s, const float* src, const float* packed, float* dst, float* ring, int64_t begin,
+              int64_t end) {
+  const int64_t p = pad_of(s), rf = ring_row_floats(s), kk = s.k * s.k;
+  const float* taps = packed;
+  const float *bias = packed + kk * s.c, *scale = bias + s.c, *shift = scale + s.c;
+  // The padding columns of every ring row stay zero; the middle is the source row.
+  for (int64_t r = 0; r < s.k; ++r) {
+    std::fill(ring + r * rf, ring + r * rf + p * s.c, 0.f);
+    std::fill(ring + r * rf + (p + s.w) * s.c, ring + (r + 1) * rf, 0.f);
+  }
+  std::vector<int64_t> held(static_cast<size_t>(s.k), -1);  // the source row (img * h + y) each ring row holds
+  std::vector<const float*> rows(static_cast<size_t>(s.k));
+  for (int64_t q = begin; q < end; ++q) {
+    const int64_t img = q / s.h, y = q % s.h;
+    for (int64_t r = 0; r < s.k; ++r) {
+      const int64_t sy = y + r - p;
+      if (sy < 0 || sy >= s.h) {
+        rows[r] = nullptr;
+        continue;
+      }
+      const int64_t key = img * s.h + sy, slot = key % s.k;
+      float* at = ring + slot * rf;
+      if (held[slot] != key) {
+        std::copy(src + key * s.w * s.c, src + (key + 1) * s.w * s.c, at + p * s.c);
+        held[slot] = key;
+      }
+      rows[r] = at;
+    }
+    float* out = dst + q * s.w * s.c;
+    for (int64_t x0 = 0; x0 < s.w; x0 += kStrip) {
+      const int np = static_cast<int>(std::min<int64_t>(kStrip, s.w - x0));
+      const StripFn f = strip_of(s.k, np);
+      const float* at[7];
+      for (int64_t cb = 0; cb < s.c; cb += 16) {
+        for (int64_t r = 0; r < s.k; ++r) at[r] = rows[r] ? rows[r] + x0 * s.c + cb : nullptr;
+        f(at, s.c, taps + cb, bias + cb, out + x0 * s.c + cb);
+      }
+      for (int i = 0; i < np; ++i) normalize(out + (x0 + i) * s.c, s.c, scale, shift, s.eps);
+    }
+  }
+}
+
+}  // namespace
+
+std::string dw_ln_check(const DwLnShape& s) {
+  if (!has_avx512f()) return "no AVX-512";
+  if (s.k != 3 && s.k != 5 && s.k != 7) return "kernel other than 3x3, 5x5 or 7x7";
+  if (s.c < 16 || s.c % 16 != 0) return "channels not a multiple of 16";
+  if (s.n < 1 || s.h < 1 || s.w < 1) return "empty image";
+  if (!(s.eps >= 0.f)) return "negative epsilon";
+  return "";
+}
+
+size_t dw_ln_packed_floats(const DwLnShape& s) { return static_cast<size_t>((s.k * s.k + 3) * s.c); }
+
+void dw_ln_pack(const DwLnShape& s, const float* w, const float* bias, const float* scale, const float* shift,
+                float* packed) {
+  const int64_t kk = s.k * s.k;
+  for (int64_t ch = 0; ch < s.c; ++ch) {
+    for (int64_t t = 0; t < kk; ++t) packed[t * s.c + ch] = w[ch * kk + t];
+    packed[kk * s.c + ch] = bias ? bias[ch] : 0.f;
+    packed[(kk + 1) * s.c + ch] = scale[ch];
+    packed[(kk + 2) * s.c + ch] = shift ? shift[ch] : 0.f;
+  }
+}
+
+size_t dw_ln_scratch_floats(const DwLnShape& s) { return static_cast<size_t>(s.k * ring_row_floats(s)) + 16; }
+
+void dw_ln_run(const DwLnShape& s, const float* src, const float* packed, float* dst, float* scratch, int team) {
+  const size_t per = dw_ln_scratch_floats(s);
+  split_over_team(s.n * s.h, team, [&](int64_t t, int64_t begin, int64_t end) {
+    if (end > begin) run_rows(s, src, packed, dst, scratch + static_cast<size_t>(t) * per, begin, end);
+  });
+}
+
+void dw_ln_reference(const DwLnShape& s, const float* src, const float* w, const float* bias, const float* scale,
+                     const float* shift, float* dst) {
+  const int64_t p = pad_of(s);
+  std::vector<double> v(static_cast<size_t>(s.c));
+  for (int64_t img = 0; img < s.n; ++img)
+    for (int64_t y = 0; y < s.h; ++y)
+      for (int64_t x = 0; x < s.w; ++x) {
+        double mean = 0;
+        for (int64_t ch = 0; ch < s.c; ++ch) {
+          double acc = bias ? bias[ch] : 0.0;
+          for (int64_t a = 0; a < s.k; ++a)
+            for (int64_t b = 0; b < s.k; ++b) {
+              const int64_t iy = y + a - p, ix = x + b - p;
+              if (iy < 0 || iy >= s.h || ix < 0 || ix >= s.w) continue;
+              acc += static_cast<double>(src[((img * s.h + iy) * s.w + ix) * s.c + ch]) * w[(ch * s.k + a) * s.k + b];
+            }
+          v[ch] = acc;
+          mean += acc;
+        }
+        mean /= static_cast<double>(s.c);
+        double var = 0;
+        for (double e : v) var += (e - mean) * (e - mean);
+        var /= static_cast<double>(s.c);
+        const double rstd = 1.0 / std::sqrt(var + s.eps);
+        for (int64_t ch = 0; ch < s.c; ++ch)
+          dst[((img * s.h + y) * s.w + x) * s.c + ch] =
+              static_cast<float>((v[ch] - mean) * rstd * scale[ch] + (shift ? shift[ch] : 0.0));
+      }
+}
+
+}  // namespace keel::onednn
