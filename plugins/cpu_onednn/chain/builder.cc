@@ -245,20 +245,25 @@ void Builder::outputs() {
 
 // The primitives' scratchpads (user mode, common/scratchpad.h) in the run's workspace: one region as large as the
 // largest step's, live for the whole run (the steps run one after another; a step's OpenMP team shares it), bound
-// like any workspace buffer; own steps that asked for it (Exec::run_scratch) get their scratch there too, as
-// DNNL_ARG_SCRATCHPAD. Being no value's memory, each thread's part of it was last written by that thread, not by
-// another core (the own Winograd step's scratch in a buffer that values share cost SqueezeNet's expands 10-25% at
-// 2 threads: docs/ONEDNN_PERFORMANCE.md, "(w4)"). A run then needs no memory of the calling thread's: the thread-local
-// scratchpad that a standalone kernel uses grows on every thread that ever runs it, and a host's pool of threads
-// faulted in one each (ResNet-18: ~630 page faults and 2.5 MiB on each HTTP thread's first run in `keel serve`).
+// like any workspace buffer. Own steps that asked for scratch (Exec::run_scratch, per thread) get a region of their
+// own, as DNNL_ARG_SCRATCHPAD: one part per thread at the same stride for every own step (the largest part, rounded
+// to 4 KiB, plus a gap: Exec::scratch_stride), so that thread t's part of every own step lies in the same memory,
+// last written by that thread and no other (with each step's parts at its own stride, thread 1's part of one step
+// overlapped thread 0's of the next, and the primitives' scratchpads overlapped both).
+// Being no value's memory, it is not shared with values either (the own Winograd step's scratch in a buffer that
+// values share cost SqueezeNet's expands 10-25% at 2 threads: "(w4)"). A run then needs no memory of the calling
+// thread's: the thread-local scratchpad that a standalone kernel uses grows on every thread that ever runs it, and a
+// host's pool of threads faulted in one each (ResNet-18: ~630 page faults and 2.5 MiB on each HTTP thread's first run
+// in `keel serve`).
 void Builder::bind_scratchpads() {
-  uint64_t most = 0;
+  uint64_t most = 0, stride = 0;
   std::vector<std::pair<size_t, md_t>> need;
+  std::vector<size_t> own;
   for (size_t k = 0; k < p_->execs.size(); ++k) {
     const Exec& e = p_->execs[k];
     if (e.own && e.run_scratch > 0) {
-      need.emplace_back(k, md_t({static_cast<int64_t>((e.run_scratch + 3) / 4)}, dt::f32, tag::a));
-      most = std::max(most, e.run_scratch);
+      own.push_back(k);
+      stride = std::max(stride, e.run_scratch);
       continue;
     }
     if (e.own || !e.prim) continue;
@@ -269,16 +274,37 @@ void Builder::bind_scratchpads() {
     need.emplace_back(k, md_t(*md));
     most = std::max(most, bytes);
   }
-  if (need.empty()) return;
-  const int buf = new_buf(most);
-  p_->bufs[buf].first = 0;
-  p_->bufs[buf].last = static_cast<int>(p_->execs.size()) - 1;
-  p_->bufs[buf].values = 1;
-  for (const auto& [k, md] : need) {
+  auto region = [&](uint64_t bytes) {
+    const int buf = new_buf(bytes);
+    p_->bufs[buf].first = 0;
+    p_->bufs[buf].last = static_cast<int>(p_->execs.size()) - 1;
+    p_->bufs[buf].values = 1;
+    return buf;
+  };
+  if (!need.empty()) {
+    const int buf = region(most);
+    for (const auto& [k, md] : need) {
+      dnnl::memory m(md, engine(), DNNL_MEMORY_NONE);
+      p_->binds.push_back({m, buf, 0});
+      p_->execs[k].args[DNNL_ARG_SCRATCHPAD] = m;
+      p_->execs[k].scratchpad_bound = true;
+    }
+  }
+  if (own.empty()) return;
+  // 256 KiB between one thread's part and the next: measured, not understood. ConvNeXt's depthwise + LayerNorm steps
+  // (steps/dw_ln.h) at 2 threads took 2.2-2.6 ms with the parts adjacent and 1.7-2.0 with this gap (1 MiB: no
+  // better); no other own step moved. "(dwln)" in docs/ONEDNN_PERFORMANCE.md.
+  constexpr uint64_t kGap = uint64_t{256} << 10;
+  stride = (stride + 4095) / 4096 * 4096 + kGap;
+  const uint64_t bytes = stride * static_cast<uint64_t>(std::max(1, p_->threads));
+  const int buf = region(bytes);
+  const md_t md({static_cast<int64_t>(bytes / sizeof(float))}, dt::f32, tag::a);
+  for (size_t k : own) {
     dnnl::memory m(md, engine(), DNNL_MEMORY_NONE);
     p_->binds.push_back({m, buf, 0});
     p_->execs[k].args[DNNL_ARG_SCRATCHPAD] = m;
     p_->execs[k].scratchpad_bound = true;
+    p_->execs[k].scratch_stride = stride;
   }
 }
 

@@ -203,10 +203,8 @@ class Builder {
     e.args[DNNL_ARG_BIAS] = p_->owned.back();
   }
   // An own step's scratch (its SCRATCHPAD argument, bound by bind_scratchpads): `per_thread` floats for each of the
-  // plan's threads, in the run's scratchpad region.
-  void team_scratch(Exec& e, size_t per_thread) {
-    e.run_scratch = std::max<size_t>(per_thread, 16) * sizeof(float) * static_cast<uint64_t>(std::max(1, p_->threads));
-  }
+  // plan's threads, in the run's region for own steps.
+  void team_scratch(Exec& e, size_t per_thread) { e.run_scratch = std::max<size_t>(per_thread, 16) * sizeof(float); }
   // The value as it is now (a constant gets an owned plain memory the first time it is read as data).
   const Val& val(const std::string& name) {
     auto it = vals_.find(name);

@@ -26,6 +26,20 @@ void run_inplace(const Exec& e, void (*fn)(float*, size_t)) {
   }
 }
 
+// Floats from one thread's part of an own step's scratch to the next: the plan's stride, the same for every own step
+// (Builder::bind_scratchpads); 0, the step's own need, where none was set.
+size_t stride_floats(const Exec& e) { return e.scratch_stride / sizeof(float); }
+
+// The team an own step runs with: the OpenMP team (1 for a single-thread step), but no more threads than its scratch
+// has parts for (`own`: the floats one thread needs, where no stride was set).
+int team_in(const Exec& e, size_t own) {
+  const int want = e.single ? 1 : omp_get_max_threads();
+  const auto it = e.args.find(DNNL_ARG_SCRATCHPAD);
+  if (it == e.args.end()) return want;
+  const size_t per = std::max<size_t>(e.scratch_stride ? e.scratch_stride : own * sizeof(float), 1);
+  return std::max(1, std::min(want, static_cast<int>(it->second.get_desc().get_size() / per)));
+}
+
 }  // namespace
 
 // Exec::own of a SiLU step: x * sigmoid(x) in place (steps/silu.h).
@@ -104,10 +118,9 @@ void run_conv_pool(const Exec& e) {
   const auto& s = *static_cast<const ConvPoolShape*>(e.params.get());
   auto ptr = [&](int arg) { return static_cast<float*>(e.args.at(arg).get_data_handle()); };
   const dnnl::memory& scratch = e.args.at(DNNL_ARG_SCRATCHPAD);
-  const int room = static_cast<int>(scratch.get_desc().get_size() / sizeof(float) / conv_pool_scratch_floats(s));
-  const int team = std::max(1, std::min(e.single ? 1 : omp_get_max_threads(), room));
+  const int team = team_in(e, conv_pool_scratch_floats(s));
   conv_pool_run(s, ptr(DNNL_ARG_SRC), ptr(DNNL_ARG_WEIGHTS), ptr(DNNL_ARG_BIAS), ptr(DNNL_ARG_DST),
-                static_cast<float*>(scratch.get_data_handle()), team);
+                static_cast<float*>(scratch.get_data_handle()), team, nullptr, stride_floats(e));
 }
 
 // Exec::own of a product with few columns (Builder::narrow_gemm, steps/narrow_gemm.h): SRC plain [m,k], WEIGHTS
@@ -126,11 +139,10 @@ void run_dw_silu(const Exec& e) {
   const auto& s = *static_cast<const DwSiluShape*>(e.params.get());
   auto ptr = [&](int arg) { return static_cast<float*>(e.args.at(arg).get_data_handle()); };
   const dnnl::memory& scratch = e.args.at(DNNL_ARG_SCRATCHPAD);
-  const int room = static_cast<int>(scratch.get_desc().get_size() / sizeof(float) / dw_silu_scratch_floats(s));
-  const int team = std::max(1, std::min(e.single ? 1 : omp_get_max_threads(), room));
+  const int team = team_in(e, dw_silu_scratch_floats(s));
   dw_silu_run(s, ptr(DNNL_ARG_SRC), ptr(DNNL_ARG_WEIGHTS), ptr(DNNL_ARG_BIAS), ptr(DNNL_ARG_DST),
               e.args.count(kArgPooled) ? ptr(kArgPooled) : nullptr, static_cast<float*>(scratch.get_data_handle()),
-              team);
+              team, true, stride_floats(e));
 }
 
 // Exec::own of a depthwise convolution with its LayerNormalization (Builder::conv_dw_ln, steps/dw_ln.h): SRC and
@@ -139,7 +151,7 @@ void run_dw_ln(const Exec& e) {
   const auto& s = *static_cast<const DwLnShape*>(e.params.get());
   auto ptr = [&](int arg) { return static_cast<float*>(e.args.at(arg).get_data_handle()); };
   dw_ln_run(s, ptr(DNNL_ARG_SRC), ptr(DNNL_ARG_WEIGHTS), ptr(DNNL_ARG_DST), ptr(DNNL_ARG_SCRATCHPAD),
-            e.single ? 1 : omp_get_max_threads());
+            team_in(e, dw_ln_scratch_floats(s)), stride_floats(e));
 }
 
 // Exec::own of squeeze-excite's excitation (Builder::se_excite_fused, steps/se.h): SRC the pooled channels, WEIGHTS
@@ -166,7 +178,7 @@ void run_wino4(const Exec& e) {
   const auto& s = *static_cast<const Wino4Shape*>(e.params.get());
   auto ptr = [&](int arg) { return static_cast<float*>(e.args.at(arg).get_data_handle()); };
   wino4_run(s, ptr(DNNL_ARG_SRC), ptr(DNNL_ARG_WEIGHTS), ptr(DNNL_ARG_BIAS), ptr(DNNL_ARG_DST),
-            ptr(DNNL_ARG_SCRATCHPAD), e.single ? 1 : omp_get_max_threads());
+            ptr(DNNL_ARG_SCRATCHPAD), team_in(e, wino4_scratch_floats(s)), stride_floats(e));
 }
 
 // Exec::own of a 1x1 convolution (or a stem) with its 3x3 / 5x5 depthwise reader and maybe the projection after it
@@ -204,11 +216,10 @@ void run_attention(const Exec& e) {
   const auto& s = *static_cast<const AttentionShape*>(e.params.get());
   auto ptr = [&](int arg) { return static_cast<float*>(e.args.at(arg).get_data_handle()); };
   const dnnl::memory& scratch = e.args.at(DNNL_ARG_SCRATCHPAD);
-  const int room = static_cast<int>(scratch.get_desc().get_size() / sizeof(float) / attention_scratch_floats(s));
-  const int team = std::max(1, std::min(e.single ? 1 : omp_get_max_threads(), room));
   attention_run(s, ptr(DNNL_ARG_SRC_0), ptr(DNNL_ARG_SRC_1), ptr(DNNL_ARG_SRC_2),
                 s.has_mask ? ptr(DNNL_ARG_SRC_3) : nullptr, ptr(DNNL_ARG_DST),
-                static_cast<float*>(scratch.get_data_handle()), team);
+                static_cast<float*>(scratch.get_data_handle()), team_in(e, attention_scratch_floats(s)),
+                stride_floats(e));
 }
 
 // ----------------------------------------------------------------------- int8 steps' own parts (Builder::qconv)
@@ -229,7 +240,8 @@ void run_int8_expand_dw(const Exec& e) {
   k.run(e.args.at(DNNL_ARG_SRC).get_data_handle(),
         z == e.args.end() ? nullptr : static_cast<const float*>(z->second.get_data_handle()),
         e.args.at(DNNL_ARG_DST).get_data_handle(),
-        static_cast<uint8_t*>(e.args.at(DNNL_ARG_SCRATCHPAD).get_data_handle()), e.single ? 1 : omp_get_max_threads());
+        static_cast<uint8_t*>(e.args.at(DNNL_ARG_SCRATCHPAD).get_data_handle()),
+        team_in(e, (k.scratch_bytes() + sizeof(float) - 1) / sizeof(float)), e.scratch_stride);
 }
 
 // Exec::own of the quantization of an f32 value into an int8 step's source (steps/int8_quant.h): SRC f32 plain

@@ -40,7 +40,8 @@ struct Exec {
   std::shared_ptr<const void> params;  // an own step's parameters (run_conv_pool: its ConvPoolShape)
   const char* own_kind = nullptr;      // an own step's kind in profiles ("eltwise" when null)
   bool scratchpad_bound = false;       // args holds DNNL_ARG_SCRATCHPAD in the run's workspace (bind_scratchpads)
-  uint64_t run_scratch = 0;  // an own step's scratch bytes, in the primitives' scratchpad region (bind_scratchpads)
+  uint64_t run_scratch = 0;     // an own step's scratch bytes per thread, in the own steps' region (bind_scratchpads)
+  uint64_t scratch_stride = 0;  // bytes from one thread's part of that region to the next, the same for every own step
 };
 
 // The pooled output of a SiLU step that also computes squeeze-excite's GlobalAveragePool (run_silu_mean).

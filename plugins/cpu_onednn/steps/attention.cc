@@ -653,8 +653,8 @@ void attention_tasks_scalar(const AttentionShape& s, const float* q, const float
 }
 
 void attention_run(const AttentionShape& s, const float* q, const float* kt, const float* v, const float* mask,
-                   float* y, float* scratch, int team) {
-  const size_t per = attention_scratch_floats(s);
+                   float* y, float* scratch, int team, size_t stride) {
+  const size_t per = stride ? stride : attention_scratch_floats(s);
   const int64_t tasks = s.tasks();
   team = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(team, tasks)));
   if (team <= 1 || !has_avx512f()) {

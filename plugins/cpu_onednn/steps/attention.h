@@ -78,7 +78,7 @@ void attention_tasks(const AttentionShape& s, const float* q, const float* kt, c
 // All tasks over `team` OpenMP threads (contiguous task ranges: a thread packs each batch entry's Kt once);
 // scratch holds `team` times attention_scratch_floats(s) floats.
 void attention_run(const AttentionShape& s, const float* q, const float* kt, const float* v, const float* mask,
-                   float* y, float* scratch, int team);
+                   float* y, float* scratch, int team, size_t stride = 0);
 
 // attention_tasks' scalar path (what runs without AVX-512), callable on any CPU for its test.
 void attention_tasks_scalar(const AttentionShape& s, const float* q, const float* kt, const float* v, const float* mask,

@@ -418,8 +418,8 @@ void conv_pool_rows(const ConvPoolShape& s, const float* src, const float* packe
 }
 
 void conv_pool_run(const ConvPoolShape& s, const float* src, const float* packed, const float* bias, float* dst,
-                   float* scratch, int team, uint8_t* arg) {
-  const size_t per = conv_pool_scratch_floats(s);
+                   float* scratch, int team, uint8_t* arg, size_t stride) {
+  const size_t per = stride ? stride : conv_pool_scratch_floats(s);
   split_over_team(s.n * s.ph, team, [&](int64_t t, int64_t begin, int64_t end) {
     conv_pool_rows(s, src, packed, bias, dst, begin, end, scratch + static_cast<size_t>(t) * per, arg);
   });

@@ -57,7 +57,7 @@ void conv_pool_rows(const ConvPoolShape& s, const float* src, const float* packe
 // The whole of it over `team` OpenMP threads (contiguous ranges of pooled rows); scratch holds `team` times
 // conv_pool_scratch_floats(s) floats.
 void conv_pool_run(const ConvPoolShape& s, const float* src, const float* packed, const float* bias, float* dst,
-                   float* scratch, int team, uint8_t* arg = nullptr);
+                   float* scratch, int team, uint8_t* arg = nullptr, size_t stride = 0);
 
 // Test hook: true makes conv_pool_rows take its scalar code (the path of CPUs without AVX-512) from now on;
 // false (the default) restores the dispatch by CPU. Thread-safe; meant for tests, not for concurrent runs.

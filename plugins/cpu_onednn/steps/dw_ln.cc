@@ -67,6 +67,13 @@ __attribute__((target("avx512f"))) void normalize(float* x, int64_t c, const flo
   }
 }
 
+// n floats (a multiple of 16) from `from` to `to` in vector loads and stores. Not memcpy: glibc's copy of a row this
+// size is `rep movsb`, which on this AMD host ran several times slower at some distances between source and
+// destination (the two threads' rings at 2 threads: docs/ONEDNN_PERFORMANCE.md, "(dwln)").
+__attribute__((target("avx512f"))) void copy_row(const float* from, int64_t n, float* to) {
+  for (int64_t i = 0; i < n; i += 16) _mm512_storeu_ps(to + i, _mm512_loadu_ps(from + i));
+}
+
 #pragma GCC diagnostic pop
 
 using StripFn = void (*)(const float* const*, int64_t, const float*, const float*, float*);
@@ -103,7 +110,7 @@ void run_rows(const DwLnShape& s, const float* src, const float* packed, float* 
       const int64_t key = img * s.h + sy, slot = key % s.k;
       float* at = ring + slot * rf;
       if (held[slot] != key) {
-        std::copy(src + key * s.w * s.c, src + (key + 1) * s.w * s.c, at + p * s.c);
+        copy_row(src + key * s.w * s.c, s.w * s.c, at + p * s.c);
         held[slot] = key;
       }
       rows[r] = at;
@@ -148,8 +155,9 @@ void dw_ln_pack(const DwLnShape& s, const float* w, const float* bias, const flo
 
 size_t dw_ln_scratch_floats(const DwLnShape& s) { return static_cast<size_t>(s.k * ring_row_floats(s)) + 16; }
 
-void dw_ln_run(const DwLnShape& s, const float* src, const float* packed, float* dst, float* scratch, int team) {
-  const size_t per = dw_ln_scratch_floats(s);
+void dw_ln_run(const DwLnShape& s, const float* src, const float* packed, float* dst, float* scratch, int team,
+               size_t stride) {
+  const size_t per = stride ? stride : dw_ln_scratch_floats(s);
   split_over_team(s.n * s.h, team, [&](int64_t t, int64_t begin, int64_t end) {
     if (end > begin) run_rows(s, src, packed, dst, scratch + static_cast<size_t>(t) * per, begin, end);
   });

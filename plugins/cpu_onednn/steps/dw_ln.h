@@ -40,8 +40,10 @@ void dw_ln_pack(const DwLnShape& s, const float* w, const float* bias, const flo
 size_t dw_ln_scratch_floats(const DwLnShape& s);
 
 // dst = LayerNorm(depthwise(src) + bias) over `team` OpenMP threads (team <= 1: the calling thread), each on its own
-// range of output rows with its part of scratch (team * dw_ln_scratch_floats(s) floats).
-void dw_ln_run(const DwLnShape& s, const float* src, const float* packed, float* dst, float* scratch, int team);
+// range of output rows with its part of scratch (team * dw_ln_scratch_floats(s) floats; with a stride, floats from
+// one thread's part to the next, team * stride: see Exec::scratch_stride).
+void dw_ln_run(const DwLnShape& s, const float* src, const float* packed, float* dst, float* scratch, int team,
+               size_t stride = 0);
 
 // The same in double precision over ONNX's layouts (the reference the step is tested against): src and dst
 // channels-last, w [c][1][k][k].

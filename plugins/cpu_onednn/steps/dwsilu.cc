@@ -174,8 +174,8 @@ void dw_silu_blocks(const DwSiluShape& s, const float* src, const float* packed,
 }
 
 void dw_silu_run(const DwSiluShape& s, const float* src, const float* packed, const float* bias, float* dst,
-                 float* mean, float* scratch, int team, bool vector) {
-  const size_t per = dw_silu_scratch_floats(s);
+                 float* mean, float* scratch, int team, bool vector, size_t stride) {
+  const size_t per = stride ? stride : dw_silu_scratch_floats(s);
   split_over_team(s.n * (s.c / 16), team, [&](int64_t t, int64_t begin, int64_t end) {
     dw_silu_blocks(s, src, packed, bias, dst, mean, begin, end, scratch + static_cast<size_t>(t) * per, vector);
   });

@@ -47,7 +47,7 @@ void dw_silu_blocks(const DwSiluShape& s, const float* src, const float* packed,
 // The whole of it over `team` OpenMP threads (contiguous ranges of blocks); scratch holds `team` times
 // dw_silu_scratch_floats(s) floats.
 void dw_silu_run(const DwSiluShape& s, const float* src, const float* packed, const float* bias, float* dst,
-                 float* mean, float* scratch, int team, bool vector = true);
+                 float* mean, float* scratch, int team, bool vector = true, size_t stride = 0);
 
 // The same by straightforward loops over unpacked weights [c][1][k][k] in double precision (the reference the step
 // is tested against).

@@ -548,9 +548,9 @@ bool expand_dw_splits_rows(const ExpandDwShape& s, int team) {
   return team <= 1 || s.proj > 0 || s.n * s.oh() >= kMinRowsPerThread * team || groups_of(padded_m(s)) < team;
 }
 
-void expand_dw_run(const ExpandDwShape& s, const float* src, const float* packed, float* dst, float* scratch,
-                   int team) {
-  const size_t per = expand_dw_scratch_floats(s);
+void expand_dw_run(const ExpandDwShape& s, const float* src, const float* packed, float* dst, float* scratch, int team,
+                   size_t stride) {
+  const size_t per = stride ? stride : expand_dw_scratch_floats(s);
   auto own_scratch = [&](int64_t t) {
     float* own = scratch + static_cast<size_t>(t) * per;
     return own + (64 - reinterpret_cast<uintptr_t>(own) % 64) % 64 / sizeof(float);  // 64-byte aligned

@@ -84,7 +84,8 @@ bool expand_dw_splits_rows(const ExpandDwShape& s, int team);
 // element of dst. scratch: team * expand_dw_scratch_floats(s) floats, thread t using the t-th part (best memory no
 // value shares: the chain passes the run's scratchpad region). Thread-safe for distinct scratch and dst.
 // For bf16, src and dst hold bf16 values (uint16_t) and are cast.
-void expand_dw_run(const ExpandDwShape& s, const float* src, const float* packed, float* dst, float* scratch, int team);
+void expand_dw_run(const ExpandDwShape& s, const float* src, const float* packed, float* dst, float* scratch, int team,
+                   size_t stride = 0);
 
 // The same by direct summation in double precision (each convolution's output rounded to float, as two steps
 // would), the reference the step is tested against; ONNX weights as expand_dw_pack takes them.

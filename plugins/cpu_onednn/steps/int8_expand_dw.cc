@@ -367,8 +367,8 @@ void Int8ExpandDw::rows(const void* x, const float* z, uint8_t* dst, uint8_t* sc
   }
 }
 
-void Int8ExpandDw::run(const void* x, const float* z, void* dst, uint8_t* scratch, int team) const {
-  const size_t per = scratch_bytes();
+void Int8ExpandDw::run(const void* x, const float* z, void* dst, uint8_t* scratch, int team, size_t stride) const {
+  const size_t per = stride ? stride : scratch_bytes();
   split_over_team(s_.n * s_.oh(), team, [&](int64_t t, int64_t r0, int64_t r1) {
     if (r1 <= r0) return;
     uint8_t* own = scratch + static_cast<size_t>(t) * per;

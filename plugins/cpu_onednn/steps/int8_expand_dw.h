@@ -68,8 +68,9 @@ class Int8ExpandDw {
   size_t scratch_bytes() const;
 
   // x: [n, h, w, c] u8 (f32 with x_f32); z: Z (s.residual) or null; dst: [n, oh, ow, proj or m] of the last stage's
-  // output type. scratch: team * scratch_bytes(). team <= 1: on the calling thread, else an OpenMP team of `team`.
-  void run(const void* x, const float* z, void* dst, uint8_t* scratch, int team) const;
+  // output type. scratch: team * scratch_bytes() (with a stride: bytes from one thread's part to the next, team *
+  // stride; Exec::scratch_stride). team <= 1: on the calling thread, else an OpenMP team of `team`.
+  void run(const void* x, const float* z, void* dst, uint8_t* scratch, int team, size_t stride = 0) const;
 
  private:
   struct Epi {                  // a stage's per-channel epilogue, lanes rounded up to 16 (zeros past the real channels)

@@ -360,8 +360,8 @@ size_t wino4_scratch_floats(const Wino4Shape& s) {
 }
 
 void wino4_run(const Wino4Shape& s, const float* src, const float* packed, const float* bias, float* dst,
-               float* scratch, int team) {
-  const size_t per = wino4_scratch_floats(s);
+               float* scratch, int team, size_t stride) {
+  const size_t per = stride ? stride : wino4_scratch_floats(s);
   auto own_scratch = [&](int64_t t) {
     float* own = scratch + static_cast<size_t>(t) * per;
     return own + (64 - reinterpret_cast<uintptr_t>(own) % 64) % 64 / sizeof(float);  // 64-byte aligned

@@ -50,9 +50,10 @@ size_t wino4_scratch_floats(const Wino4Shape& s);
 // range of tiles, or, where the transformed weights pass 1 MiB, of output channels. Reads src, packed weights and
 // bias [m]; writes every element of dst (reading it first when s.sum). scratch: team * wino4_scratch_floats(s)
 // floats, thread t using the t-th part; best memory that no value shares, so that each part was last written by its
-// own thread (the chain passes the run's scratchpad region). Thread-safe for distinct scratch and dst.
+// own thread (the chain passes the run's scratchpad region). stride: floats from one thread's part to the next (0:
+// wino4_scratch_floats(s); see Exec::scratch_stride). Thread-safe for distinct scratch and dst.
 void wino4_run(const Wino4Shape& s, const float* src, const float* packed, const float* bias, float* dst,
-               float* scratch, int team);
+               float* scratch, int team, size_t stride = 0);
 
 // The same by direct summation in double precision over ONNX weights [m][c][3][3] (the reference the step is tested
 // against), into nChw16c dst (read first when s.sum).
