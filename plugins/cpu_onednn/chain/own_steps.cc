@@ -188,7 +188,7 @@ void run_expand_dw(const Exec& e) {
   const auto& s = *static_cast<const ExpandDwShape*>(e.params.get());
   auto ptr = [&](int arg) { return static_cast<float*>(e.args.at(arg).get_data_handle()); };
   expand_dw_run(s, ptr(DNNL_ARG_SRC), ptr(DNNL_ARG_WEIGHTS), ptr(DNNL_ARG_DST), ptr(DNNL_ARG_SCRATCHPAD),
-                e.single ? 1 : omp_get_max_threads());
+                team_in(e, expand_dw_scratch_floats(s)), stride_floats(e));
 }
 
 // Exec::own of the phase steps of a dilated convolution (Builder::conv_dilated_phases): DNNL_ARG_SRC nChw16c

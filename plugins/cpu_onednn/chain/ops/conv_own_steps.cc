@@ -111,7 +111,9 @@ bool Builder::conv_dw_ln(size_t i) {
   if (n.out.size() != 1 || n.in.size() < 2 || pad_folds_.count(n.in[0]) || se_folds_.count(n.in[0])) return false;
   const ConstT* W = cst(n.in_at(1));
   const ConstT* B = n.in_at(2).empty() ? nullptr : cst(n.in_at(2));
-  if (!W || W->dtype != KEEL_DTYPE_F32 || W->dims.size() != 4 || (!n.in_at(2).empty() && !B)) return false;
+  if (!W || W->dtype != KEEL_DTYPE_F32 || W->dims.size() != 4 || (!n.in_at(2).empty() && !B) ||
+      (B && B->dtype != KEEL_DTYPE_F32))
+    return false;
   const Dims x = dims_of(n.in[0]);
   if (x.size() != 4) return false;
   DwLnShape s;
@@ -134,8 +136,8 @@ bool Builder::conv_dw_ln(size_t i) {
   const int64_t axis = l.ai("axis", -1);
   const ConstT* scale = cst(l.in_at(1));
   const ConstT* shift = l.in_at(2).empty() ? nullptr : cst(l.in_at(2));
-  if ((axis != -1 && axis != 3) || !scale || scale->count() != s.c || (!l.in_at(2).empty() && !shift) ||
-      (shift && shift->count() != s.c))
+  if ((axis != -1 && axis != 3) || !scale || scale->dtype != KEEL_DTYPE_F32 || scale->count() != s.c ||
+      (!l.in_at(2).empty() && !shift) || (shift && (shift->dtype != KEEL_DTYPE_F32 || shift->count() != s.c)))
     return false;
   s.eps = l.af("epsilon", 1e-5f);
   if (!dw_ln_check(s).empty()) return false;
@@ -144,17 +146,12 @@ bool Builder::conv_dw_ln(size_t i) {
   const md_t nhwc(to_dnnl(x), dt::f32, tag::nhwc);
   auto xv = vals_.find(n.in[0]);
   if (xv == vals_.end() || xv->second.scale != 1.f || xv->second.md != nhwc) return false;
-  auto floats = [&](const ConstT* c) {
-    std::vector<float> v;
-    if (c)
-      for (int64_t k = 0; k < c->count(); ++k) v.push_back(static_cast<float>(c->at(k)));
-    return v;
-  };
-  const std::vector<float> w = floats(W), b = floats(B), g = floats(scale), sh = floats(shift);
   Exec e;
   own_weights(
       e, dw_ln_packed_floats(s),
-      [&](float* to) { dw_ln_pack(s, w.data(), B ? b.data() : nullptr, g.data(), shift ? sh.data() : nullptr, to); },
+      [&](float* to) {
+        dw_ln_pack(s, W->f32(), B ? B->f32() : nullptr, scale->f32(), shift ? shift->f32() : nullptr, to);
+      },
       nullptr);
   team_scratch(e, dw_ln_scratch_floats(s));
   e.args[DNNL_ARG_SRC] = mem_of(xv->second);
