@@ -97,8 +97,10 @@ void run_rows(const DwLnShape& s, const float* src, const float* packed, float* 
     std::fill(ring + r * rf, ring + r * rf + p * s.c, 0.f);
     std::fill(ring + r * rf + (p + s.w) * s.c, ring + (r + 1) * rf, 0.f);
   }
-  std::vector<int64_t> held(static_cast<size_t>(s.k), -1);  // the source row (img * h + y) each ring row holds
-  std::vector<const float*> rows(static_cast<size_t>(s.k));
+  constexpr int kMaxK = 7;
+  int64_t held[kMaxK];  // the source row (img * h + y) each ring row holds
+  std::fill(held, held + kMaxK, -1);
+  const float* rows[kMaxK] = {};
   for (int64_t q = begin; q < end; ++q) {
     const int64_t img = q / s.h, y = q % s.h;
     for (int64_t r = 0; r < s.k; ++r) {
@@ -119,7 +121,7 @@ void run_rows(const DwLnShape& s, const float* src, const float* packed, float* 
     for (int64_t x0 = 0; x0 < s.w; x0 += kStrip) {
       const int np = static_cast<int>(std::min<int64_t>(kStrip, s.w - x0));
       const StripFn f = strip_of(s.k, np);
-      const float* at[7];
+      const float* at[kMaxK];
       for (int64_t cb = 0; cb < s.c; cb += 16) {
         for (int64_t r = 0; r < s.k; ++r) at[r] = rows[r] ? rows[r] + x0 * s.c + cb : nullptr;
         f(at, s.c, taps + cb, bias + cb, out + x0 * s.c + cb);

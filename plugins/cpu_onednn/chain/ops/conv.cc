@@ -324,8 +324,8 @@ void Builder::conv(size_t i) {
   // 0.39-0.48 ms at 1 thread, 0.32-0.36 -> 0.27-0.33 and 0.37-0.40 -> 0.31-0.34 at 2; SqueezeNet's eight expands
   // (13x13 included) together 1.69 -> 1.26 ms at 1 thread. With 16 to 31 tiles (ResNet's 14x14) and larger weights,
   // the step with its weights streamed (read plain, transformed at every run: Wino4Shape::streamed): ResNet-50's
-  // 14x14 256->256 0.69-0.73 -> 0.57-0.62 ms at 1 thread. Fewer tiles stay on oneDNN's: the 7x7 512->512 (4 tiles)
-  // lost, 1.09-1.11 -> 1.33-1.38 ms. See docs/ONEDNN_PERFORMANCE.md, "(w4)" and "(w4s)".
+  // 14x14 256->256 0.69-0.73 -> 0.51-0.52 ms at 1 thread, 0.40-0.41 -> 0.32-0.38 at 2. Fewer tiles stay on oneDNN's:
+  // the 7x7 512->512 (4 tiles) lost, 1.09-1.11 -> 1.33-1.38 ms. See docs/ONEDNN_PERFORMANCE.md, "(w4)" and "(w4s)".
   constexpr int64_t kWino4MinTiles = 32, kWino4StreamedMinTiles = 16;
   constexpr int64_t kWino4CachedBytes = int64_t{3} << 20;
   const int64_t wino4_tiles = N * ((y[2] + 3) / 4) * ((y[3] + 3) / 4);
