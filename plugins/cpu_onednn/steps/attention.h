@@ -76,7 +76,8 @@ void attention_tasks(const AttentionShape& s, const float* q, const float* kt, c
                      float* y, int64_t begin, int64_t end, float* scratch);
 
 // All tasks over `team` OpenMP threads (contiguous task ranges: a thread packs each batch entry's Kt once);
-// scratch holds `team` times attention_scratch_floats(s) floats.
+// scratch holds `team` times attention_scratch_floats(s) floats (with a stride, floats from one thread's part to the
+// next: team * stride).
 void attention_run(const AttentionShape& s, const float* q, const float* kt, const float* v, const float* mask,
                    float* y, float* scratch, int team, size_t stride = 0);
 

@@ -55,7 +55,7 @@ void conv_pool_rows(const ConvPoolShape& s, const float* src, const float* packe
                     int64_t begin, int64_t end, float* scratch, uint8_t* arg = nullptr);
 
 // The whole of it over `team` OpenMP threads (contiguous ranges of pooled rows); scratch holds `team` times
-// conv_pool_scratch_floats(s) floats.
+// conv_pool_scratch_floats(s) floats (with a stride, floats from one thread's part to the next: team * stride).
 void conv_pool_run(const ConvPoolShape& s, const float* src, const float* packed, const float* bias, float* dst,
                    float* scratch, int team, uint8_t* arg = nullptr, size_t stride = 0);
 

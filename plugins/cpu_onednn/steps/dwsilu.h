@@ -45,7 +45,7 @@ void dw_silu_blocks(const DwSiluShape& s, const float* src, const float* packed,
                     float* mean, int64_t begin, int64_t end, float* scratch, bool vector = true);
 
 // The whole of it over `team` OpenMP threads (contiguous ranges of blocks); scratch holds `team` times
-// dw_silu_scratch_floats(s) floats.
+// dw_silu_scratch_floats(s) floats (with a stride, floats from one thread's part to the next: team * stride).
 void dw_silu_run(const DwSiluShape& s, const float* src, const float* packed, const float* bias, float* dst,
                  float* mean, float* scratch, int team, bool vector = true, size_t stride = 0);
 

@@ -82,8 +82,9 @@ bool expand_dw_splits_rows(const ExpandDwShape& s, int team);
 
 // The whole step over `team` OpenMP threads (team <= 1: on the calling thread). Reads src and packed; writes every
 // element of dst. scratch: team * expand_dw_scratch_floats(s) floats, thread t using the t-th part (best memory no
-// value shares: the chain passes the run's scratchpad region). Thread-safe for distinct scratch and dst.
-// For bf16, src and dst hold bf16 values (uint16_t) and are cast.
+// value shares: the chain passes the run's scratchpad region; with a stride, floats from one thread's part to the
+// next, team * stride: Exec::scratch_stride). Thread-safe for distinct scratch and dst. For bf16, src and dst hold bf16
+// values (uint16_t) and are cast.
 void expand_dw_run(const ExpandDwShape& s, const float* src, const float* packed, float* dst, float* scratch, int team,
                    size_t stride = 0);
 
