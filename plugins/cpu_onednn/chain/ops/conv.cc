@@ -329,12 +329,12 @@ void Builder::conv(size_t i) {
   constexpr int64_t kWino4MinTiles = 32, kWino4StreamedMinTiles = 16;
   constexpr int64_t kWino4CachedBytes = int64_t{3} << 20;
   const int64_t wino4_tiles = N * ((y[2] + 3) / 4) * ((y[3] + 3) / 4);
-  const bool wino4_cached =
+  const bool wino4_pretransformed =
       wino4_tiles >= kWino4MinTiles || 36 * C * M * static_cast<int64_t>(sizeof(float)) <= kWino4CachedBytes;
   if (wino && options().wino4 &&
-      (wino4_cached || (options().wino4_streamed && wino4_tiles >= kWino4StreamedMinTiles)) && pl == Dims{1, 1} &&
-      pr == Dims{1, 1} && chan_scale.empty() && !f.pass_after() && act_ == dt::f32 &&
-      conv_wino4(i, f, src_name, x, y, w, bias, conv_flops, !wino4_cached))
+      (wino4_pretransformed || (options().wino4_streamed && wino4_tiles >= kWino4StreamedMinTiles)) &&
+      pl == Dims{1, 1} && pr == Dims{1, 1} && chan_scale.empty() && !f.pass_after() && act_ == dt::f32 &&
+      conv_wino4(i, f, src_name, x, y, w, bias, conv_flops, !wino4_pretransformed))
     return;
   if (wino) make(alg::convolution_winograd, src, dst);
   // oneDNN's Winograd kernels (F(2,3), F(4,3): another must win by a third) and, at 2+ threads over at most 14x14
