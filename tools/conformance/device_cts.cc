@@ -3061,6 +3061,60 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // Per-column factors after a product fold into its constant weights (chain/fusion.cc, fuse_after): a Gemm with
+    // transposed B, its bias and a [N] scale written constant-first, then Relu; a MatMul with a [1,N] scale and a
+    // residual Add.
+    OpCase c;
+    c.op = "Chain";
+    c.opset = 13;
+    c.label = "matmul per-column scales folded into the weights: Gemm transB + bias + scale, MatMul + scale + residual";
+    c.inputs = {in("X", {6, 20}),
+                in("WT", {12, 20}, true, -0.3f, 0.3f),
+                in("C", {12}, true),
+                in("S1", {12}, true, -1.5f, 1.5f),
+                in("W2", {12, 8}, true, -0.3f, 0.3f),
+                in("S2", {1, 8}, true, 0.5f, 2.f),
+                in("W3", {20, 8}, true, -0.3f, 0.3f)};
+    c.chain = {{"Gemm", {"X", "WT", "C"}, {{"transB", I(1)}}},  // $0
+               {"Mul", {"S1", "$0"}, {}},                       // $1
+               {"Relu", {"$1"}, {}},                            // $2
+               {"MatMul", {"X", "W3"}, {}},                     // $3
+               {"MatMul", {"$2", "W2"}, {}},                    // $4
+               {"Mul", {"$4", "S2"}, {}},                       // $5
+               {"Add", {"$5", "$3"}, {}}};                      // $6
+    c.claim_whole = true;
+    v.push_back(c);
+  }
+  {
+    // A product permuted from [N,H,W,C] to [N,C,H,W] takes a [C,1,1] bias, a [1,C,1,1] scale (folded into its
+    // weights) and a residual in plain NCHW (copied into the product's layout) as post-ops; a second one reads the
+    // first's output through its strides and takes it as its residual in place.
+    OpCase c;
+    c.op = "Chain";
+    c.opset = 13;
+    c.label = "matmul permuted to NCHW: bias, scale and residual after the Transpose, twice";
+    c.inputs = {in("Y", {1, 3, 5, 16}),
+                in("W4", {16, 16}, true, -0.3f, 0.3f),
+                in("B4", {16, 1, 1}, true),
+                in("S4", {1, 16, 1, 1}, true, 0.1f, 0.5f),
+                in("R", {1, 16, 3, 5}),
+                in("W5", {16, 16}, true, -0.3f, 0.3f),
+                in("S5", {16, 1, 1}, true, 0.1f, 0.5f)};
+    const Attribute to_last = Is({0, 2, 3, 1}), to_first = Is({0, 3, 1, 2});
+    c.chain = {{"MatMul", {"Y", "W4"}, {}},                  // $0
+               {"Transpose", {"$0"}, {{"perm", to_first}}},  // $1
+               {"Add", {"$1", "B4"}, {}},                    // $2
+               {"Mul", {"$2", "S4"}, {}},                    // $3
+               {"Add", {"R", "$3"}, {}},                     // $4
+               {"Transpose", {"$4"}, {{"perm", to_last}}},   // $5
+               {"MatMul", {"$5", "W5"}, {}},                 // $6
+               {"Transpose", {"$6"}, {{"perm", to_first}}},  // $7
+               {"Mul", {"S5", "$7"}, {}},                    // $8
+               {"Add", {"$8", "$4"}, {}}};                   // $9
+    c.claim_whole = true;
+    v.push_back(c);
+  }
+  {
     // A DenseNet block: each layer (BatchNormalization, Relu, 1x1, BatchNormalization, Relu, 3x3 to 16 channels)
     // reads the Concat of the block input and every feature before it (a 1-input Concat first); the Concats are
     // views of one buffer each feature is written into once. A transition (1x1, average pool) after the block's last

@@ -371,15 +371,20 @@ class Builder {
     bool gelu_tanh = false;                 // ... and it is the tanh approximation
     // An activation left to a pass after the primitive: a path whose kernel applies the post-ops itself refuses.
     bool pass_after() const { return silu_pass || gelu_pass; }
-    bool viewed = false;        // matmul: `out` is a view of the product with other dims (same_order_view)
-    bool dst_f32 = false;       // matmul: a bf16 product written in f32 (a Cast to float fused)
-    std::vector<size_t> nodes;  // fused nodes
+    bool viewed = false;  // matmul: `out` is a view of the product with other dims (same_order_view)
+    // matmul: `out` is the product [N,H,W,C] permuted to [N,C,H,W] (channels_first_view): defined as that strided
+    // view of the product's memory, the residual summed in that layout.
+    bool permuted = false;
+    std::vector<float> col_scale;  // matmul: per-column factor of the product, folded into its constant weights
+    bool dst_f32 = false;          // matmul: a bf16 product written in f32 (a Cast to float fused)
+    std::vector<size_t> nodes;     // fused nodes
     int count = 0;
   };
   bool eltwise_of(const NodeDesc& n, alg* a, float* alpha, float* beta);
   bool eltwise_po(const NodeDesc& n, dnnl::post_ops* po);
   Fusion fuse_after(const std::string& out, size_t at, bool conv, int64_t channels);
   bool same_order_view(const NodeDesc& n, const std::string& in);
+  bool channels_first_view(const NodeDesc& n, const std::string& in);
   bool take_silu(Fusion& f);
   void exec_silu(const Val& v, const std::string& name);
   bool take_gelu(Fusion& f);

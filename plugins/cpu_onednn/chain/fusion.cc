@@ -91,17 +91,42 @@ bool Builder::same_order_view(const NodeDesc& n, const std::string& in) {
   return true;
 }
 
+// Whether node `n` is a Transpose of a 4-D `in` with perm (0, 3, 1, 2): channels-last [N,H,W,C] read as [N,C,H,W]
+// (ConvNeXt's permute back after its MLP). A product's post-ops may come after it, its last axis then being axis 1
+// (fuse_after: Fusion::permuted).
+bool Builder::channels_first_view(const NodeDesc& n, const std::string& in) {
+  if (n.op != "Transpose" || n.out.size() != 1 || n.in.empty() || n.in[0] != in) return false;
+  return dims_of(in).size() == 4 && n.ais("perm", {}) == Dims{0, 3, 1, 2};
+}
+
 // Looks at what reads `out` and folds what it can into the op that writes it. A matmul's (!conv) product may be
-// followed through same_order_view nodes when an op fused after them (f.viewed; f.out then has the view's dims).
+// followed through same_order_view nodes when an op fused after them (f.viewed; f.out then has the view's dims), and
+// through one channels_first_view (f.permuted as well): a per-channel constant Mul after it (a layer scale) folds into
+// the constant weights and the bias (f.col_scale), a per-channel constant Add is the bias, a residual Add the sum.
 Builder::Fusion Builder::fuse_after(const std::string& out, size_t at, bool conv, int64_t channels) {
   Fusion f;
   f.out = out;
   bool has_eltwise = false;
   std::string before_views;  // f.out before the views followed since the last fused op (dropped without one)
   size_t views = 0;
+  bool permuting = false;        // one of those views is a channels_first_view
   auto fused_past_views = [&] {  // an op was fused after the views followed so far: they stay
     f.viewed = f.viewed || views > 0;
+    f.permuted = f.permuted || permuting;
+    permuting = false;
     views = 0;
+  };
+  // Only constant weights can take a per-column factor (MatMul's and Gemm's B).
+  const bool const_weights = !conv && at < r_.nodes.size() && cst(r_.nodes[at].in_at(1)) != nullptr;
+  // A constant holding one value per output channel of the product: along the last axis, or along axis 1 once
+  // permuted (dims [C,1,1] or [1,C,1,1]); that count, else 0.
+  auto channel_vector = [&](const ConstT* c, const Dims& od) -> int64_t {
+    if (conv || od.empty()) return 0;
+    if (!(f.permuted || permuting))
+      return c->count() == od.back() && !c->dims.empty() && c->dims.back() == od.back() ? od.back() : 0;
+    Dims cd = c->dims;
+    while (cd.size() > 3 && cd.front() == 1) cd.erase(cd.begin());
+    return od.size() == 4 && cd.size() == 3 && cd[0] == od[1] && cd[1] == 1 && cd[2] == 1 ? od[1] : 0;
   };
   for (;;) {
     // SiLU written as x * Sigmoid(x) (how torch exports it): one swish post-op; hard-swish written as
@@ -123,6 +148,13 @@ Builder::Fusion Builder::fuse_after(const std::string& out, size_t at, bool conv
     const NodeDesc& n = r_.nodes[u];
     if (!conv && options().view_post_ops && same_order_view(n, f.out)) {
       if (views++ == 0) before_views = f.out;
+      f.nodes.push_back(u);
+      f.out = n.out[0];
+      continue;
+    }
+    if (!conv && options().permuted_post_ops && !f.permuted && !permuting && channels_first_view(n, f.out)) {
+      if (views++ == 0) before_views = f.out;
+      permuting = true;
       f.nodes.push_back(u);
       f.out = n.out[0];
       continue;
@@ -156,7 +188,17 @@ Builder::Fusion Builder::fuse_after(const std::string& out, size_t at, bool conv
       std::string other = n.in[0] == f.out ? n.in[1] : n.in[0];
       const ConstT* c = cst(other);
       Dims od = dims_of(f.out);
-      if (c && (n.op == "Mul" || n.op == "Div")) {
+      if (const int64_t cols = c && n.op == "Mul" && c->count() > 1 ? channel_vector(c, od) : 0; cols > 0) {
+        // A factor per output channel (a layer scale): into the weights' columns and the bias, before anything
+        // but a bias and a scalar factor.
+        if (!const_weights || has_eltwise || !f.sum_with.empty() || f.po.len() > 0) break;
+        if (f.col_scale.empty()) f.col_scale.assign(cols, 1.f);
+        for (int64_t k = 0; k < cols; ++k) {
+          const float v = static_cast<float>(c->at(k));
+          f.col_scale[k] *= v;
+          if (!f.mm_bias.empty()) f.mm_bias[k] *= v;
+        }
+      } else if (c && (n.op == "Mul" || n.op == "Div")) {
         if (c->count() != 1 || n.in[0] != f.out || has_eltwise) break;
         float k = static_cast<float>(c->at(0));
         if (n.op == "Div") k = 1.f / k;
@@ -174,9 +216,8 @@ Builder::Fusion Builder::fuse_after(const std::string& out, size_t at, bool conv
           if (f.conv_bias_add.empty()) f.conv_bias_add.assign(channels, 0.f);
           for (int64_t k = 0; k < channels; ++k) f.conv_bias_add[k] += static_cast<float>(c->at(per_channel ? k : 0));
         } else {
-          const int64_t N = od.back();
-          bool last_axis = c->count() == N && !c->dims.empty() && c->dims.back() == N;
-          if (!last_axis || f.out_scale != 1.f || !f.mm_bias.empty() || f.po.len() > 0) break;
+          const int64_t N = channel_vector(c, od);
+          if (N == 0 || f.out_scale != 1.f || !f.mm_bias.empty() || f.po.len() > 0) break;
           f.mm_bias.resize(N);
           for (int64_t k = 0; k < N; ++k) f.mm_bias[k] = static_cast<float>(c->at(k));
         }

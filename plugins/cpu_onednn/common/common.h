@@ -268,6 +268,9 @@ struct Options {
                               // oneDNN steps instead of the chain's own one (steps/se.h)
   bool view_post_ops = true;  // KEEL_ONEDNN_VIEW_POST_OPS=0 or [options] view_post_ops = false: a matmul's post-ops
                               // (the residual sum) stop at a Reshape/Transpose of size-1 dims (fuse_after)
+  bool permuted_post_ops = true;  // KEEL_ONEDNN_PERMUTED_POST_OPS=0 or [options] permuted_post_ops = false: a
+                                  // matmul's post-ops stop at a Transpose from [N,H,W,C] to [N,C,H,W] (ConvNeXt's
+                                  // block tail: the layer scale and the residual Add then run as binary steps)
   // [options] int8_winograd = true / "timed" (KEEL_ONEDNN_INT8_WINOGRAD=1 / timed): a QConv that oneDNN's int8
   // Winograd F(2x2,3x3) takes (qconv_winograd_desc, kernels/int8.h) runs on it always (the same outputs every run), or
   // where it times faster than the direct kernel. Off by default: it requantizes in the transformed domain (the

@@ -74,6 +74,7 @@ void Builder::matmul(size_t i) {
   f.gelu_pass = take_gelu(f);
   scale *= f.out_scale;
   if (!gemm_bias.empty()) {
+    for (size_t k = 0; k < f.col_scale.size() && k < gemm_bias.size(); ++k) gemm_bias[k] *= f.col_scale[k];
     if (!f.mm_bias.empty())
       for (size_t k = 0; k < gemm_bias.size(); ++k) gemm_bias[k] += f.mm_bias[k];
     f.mm_bias = gemm_bias;
@@ -168,9 +169,13 @@ void Builder::matmul(size_t i) {
     else user = plain_md(kn, dt::f32);
     std::vector<float> scaled;
     const void* wsrc = bc->bytes.data();
-    if (weight_scale != 1.f) {
+    if (weight_scale != 1.f || !f.col_scale.empty()) {
       scaled.assign(bc->f32(), bc->f32() + bc->count());
       for (float& v : scaled) v *= weight_scale;
+      // Output column n of element e: B is [..., K, N], or Gemm's transposed B [N, K].
+      const auto n_cols = static_cast<size_t>(y.back()), k_rows = static_cast<size_t>(a.back());
+      if (!f.col_scale.empty())
+        for (size_t e = 0; e < scaled.size(); ++e) scaled[e] *= f.col_scale[gemm && transB ? e / k_rows : e % n_cols];
       wsrc = scaled.data();
     }
     // A read as its producer's nChw16c or nhwc memory (flatten_into_gemm): B's rows (its K index) in that order.
@@ -194,16 +199,27 @@ void Builder::matmul(size_t i) {
     std::memcpy(p_->owned.back().get_data_handle(), f.mm_bias.data(), f.mm_bias.size() * sizeof(float));
     args[DNNL_ARG_BIAS] = p_->owned.back();
   }
+  // Permuted (Fusion::permuted): the output [N,C,H,W] is the product's [N,H,W,C] memory read through strides.
+  md_t permuted_md;
+  if (f.permuted) {
+    const Dims pd4 = dims_of(f.out);  // [N,C,H,W]
+    permuted_md = strided_md(pd4, {pd4[1] * pd4[2] * pd4[3], 1, pd4[3] * pd4[1], pd4[1]}, out_t);
+  }
   int dbuf = -2;
   if (!f.sum_with.empty()) {
     size_t add_node = i;
     for (size_t k : f.nodes)
       if (r_.nodes[k].op == "Add") add_node = k;
     const Val rv = vals_[f.sum_with];
-    // The residual in the destination's type (f32 where a Cast was fused: not the node's bf16).
-    if (is_plain_dense(rv.md) && rv.md.data_type() == out_t && rv.off == 0 && dead_after(f.sum_with, add_node)) {
+    // The residual in the destination's type (f32 where a Cast was fused: not the node's bf16) and layout.
+    const bool in_layout = f.permuted ? rv.md == permuted_md : is_plain_dense(rv.md) && rv.md.data_type() == out_t;
+    if (in_layout && rv.off == 0 && dead_after(f.sum_with, add_node)) {
       dbuf = rv.buf;
       p_->bufs[dbuf].values--;
+    } else if (f.permuted) {  // copied into the destination's layout
+      dbuf = new_buf(permuted_md.get_size());
+      dnnl::memory s1 = mem_of(rv), d1 = mem_at(permuted_md, dbuf, 0);
+      exec(dnnl::reorder(s1, d1), {{DNNL_ARG_FROM, s1}, {DNNL_ARG_TO, d1}});
     } else {
       Val tmp = as_md(f.sum_with, plain_md(dims_of(f.sum_with), out_t));
       dbuf = new_buf(ymd.get_size());
@@ -211,8 +227,9 @@ void Builder::matmul(size_t i) {
       exec(dnnl::reorder(s1, d1), {{DNNL_ARG_FROM, s1}, {DNNL_ARG_TO, d1}});
     }
   }
-  Val& out = tr != npos ? define(r_.nodes[tr].out[0], plain_md(yt), dbuf)
-                        : define(f.out, plain_md(f.viewed ? dims_of(f.out) : y_final, out_t), dbuf);
+  Val& out = tr != npos   ? define(r_.nodes[tr].out[0], plain_md(yt), dbuf)
+             : f.permuted ? define(f.out, permuted_md, dbuf)
+                          : define(f.out, plain_md(f.viewed ? dims_of(f.out) : y_final, out_t), dbuf);
   // (Written as [rows, N] when collapsed: the same plain memory; through the Transpose's strides when it follows.)
   args[DNNL_ARG_DST] = mem_at(ymd, out.buf, out.off);
   if (tr != npos) done_[tr] = true;
@@ -232,7 +249,8 @@ bool Builder::narrow_gemm(size_t i, const Fusion& f, const std::string& an, cons
     return false;
   const NarrowGemmShape s{y[0], a[1], y[1]};
   if (s.n < 1 || s.n > kNarrowGemmMaxColumns || s.k < 256 || bc->count() != s.k * s.n) return false;
-  if (f.po.len() != 0 || !f.sum_with.empty() || f.pass_after() || f.viewed || f.dst_f32) return false;
+  if (f.po.len() != 0 || !f.sum_with.empty() || f.pass_after() || f.viewed || f.dst_f32 || !f.col_scale.empty())
+    return false;
   const Dims yd = dims_of(f.out);  // [m, n], or a MatMul's [..., rows, n] collapsed to it
   if (numel(yd) != s.m * s.n) return false;
   // W as [K][N], scaled, its rows in the order A lies in memory when A is a flattened blocked value.
