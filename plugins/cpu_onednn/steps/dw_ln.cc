@@ -13,7 +13,7 @@
 namespace keel::onednn {
 namespace {
 
-constexpr int kStrip = 8;  // output pixels of a register tile
+constexpr int kStrip = 12;  // output pixels of a register tile at most
 
 int64_t pad_of(const DwLnShape& s) { return s.k / 2; }
 int64_t ring_row_floats(const DwLnShape& s) { return (s.w + 2 * pad_of(s)) * s.c; }
@@ -24,29 +24,30 @@ int64_t ring_row_floats(const DwLnShape& s) { return (s.w + 2 * pad_of(s)) * s.c
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-// Sums of P output pixels of one 16-channel block: rows[r] is the ring row of kernel row r (its pixel 0 the strip's
-// first window column; null: outside the image, skipped), taps [k*k][c] at this block, bias at this block.
+// Sums of P output pixels of one 16-channel block: rows[r] is the block's part of the ring row of kernel row r (its
+// pixel 0 the strip's first window column, pixels 16 floats apart; null: outside the image, skipped), taps the
+// block's [k*k][16], bias at this block; written to out with `out_stride` floats from pixel to pixel.
 template <int K, int P>
-__attribute__((target("avx512f"))) void strip(const float* const* rows, int64_t c, const float* taps, const float* bias,
-                                              float* out) {
+__attribute__((target("avx512f"))) void strip(const float* const* rows, int64_t out_stride, const float* taps,
+                                              const float* bias, float* out) {
   __m512 acc[P];
   const __m512 b = _mm512_loadu_ps(bias);
-#pragma GCC unroll 8
+#pragma GCC unroll 12
   for (int i = 0; i < P; ++i) acc[i] = b;
   for (int r = 0; r < K; ++r) {
     if (!rows[r]) continue;
     __m512 x[P + K - 1];
-#pragma GCC unroll 14
-    for (int j = 0; j < P + K - 1; ++j) x[j] = _mm512_loadu_ps(rows[r] + j * c);
+#pragma GCC unroll 18
+    for (int j = 0; j < P + K - 1; ++j) x[j] = _mm512_loadu_ps(rows[r] + j * 16);
 #pragma GCC unroll 7
     for (int q = 0; q < K; ++q) {
-      const __m512 wv = _mm512_loadu_ps(taps + (r * K + q) * c);
-#pragma GCC unroll 8
+      const __m512 wv = _mm512_loadu_ps(taps + (r * K + q) * 16);
+#pragma GCC unroll 12
       for (int i = 0; i < P; ++i) acc[i] = _mm512_fmadd_ps(x[i + q], wv, acc[i]);
     }
   }
-#pragma GCC unroll 8
-  for (int i = 0; i < P; ++i) _mm512_storeu_ps(out + i * c, acc[i]);
+#pragma GCC unroll 12
+  for (int i = 0; i < P; ++i) _mm512_storeu_ps(out + i * out_stride, acc[i]);
 }
 
 // LayerNorm of one pixel's c values in place: mean, then the mean of squared deviations, as ONNX defines it.
@@ -67,11 +68,13 @@ __attribute__((target("avx512f"))) void normalize(float* x, int64_t c, const flo
   }
 }
 
-// n floats (a multiple of 16) from `from` to `to` in vector loads and stores. Not memcpy: glibc copies a row this
-// size with `rep movsb`, which was slower here (ConvNeXt's 18 steps 2.63 -> 2.51 ms at 1 thread, 2.5 -> 2.2 at 2:
-// docs/ONEDNN_PERFORMANCE.md, "(dwln)").
-__attribute__((target("avx512f"))) void copy_row(const float* from, int64_t n, float* to) {
-  for (int64_t i = 0; i < n; i += 16) _mm512_storeu_ps(to + i, _mm512_loadu_ps(from + i));
+// A channels-last source row of w pixels and c channels into a ring row by 16-channel blocks: block b's pixel x at
+// to + b * seg + 16 x. Vector loads and stores (not memcpy's `rep movsb`, which was slower for the plain row copy
+// this used to be: docs/ONEDNN_PERFORMANCE.md, "(dwln)").
+__attribute__((target("avx512f"))) void copy_row(const float* from, int64_t w, int64_t c, int64_t seg, float* to) {
+  for (int64_t x = 0; x < w; ++x)
+    for (int64_t cb = 0; cb < c; cb += 16)
+      _mm512_storeu_ps(to + cb / 16 * seg + x * 16, _mm512_loadu_ps(from + x * c + cb));
 }
 
 #pragma GCC diagnostic pop
@@ -80,8 +83,9 @@ using StripFn = void (*)(const float* const*, int64_t, const float*, const float
 
 template <int K>
 StripFn strip_fn(int p) {
-  static constexpr StripFn fns[kStrip] = {strip<K, 1>, strip<K, 2>, strip<K, 3>, strip<K, 4>,
-                                          strip<K, 5>, strip<K, 6>, strip<K, 7>, strip<K, 8>};
+  static constexpr StripFn fns[kStrip] = {strip<K, 1>, strip<K, 2>,  strip<K, 3>,  strip<K, 4>,
+                                          strip<K, 5>, strip<K, 6>,  strip<K, 7>,  strip<K, 8>,
+                                          strip<K, 9>, strip<K, 10>, strip<K, 11>, strip<K, 12>};
   return fns[p - 1];
 }
 StripFn strip_of(int64_t k, int p) { return k == 3 ? strip_fn<3>(p) : k == 5 ? strip_fn<5>(p) : strip_fn<7>(p); }
@@ -89,14 +93,16 @@ StripFn strip_of(int64_t k, int p) { return k == 3 ? strip_fn<3>(p) : k == 5 ? s
 // Output rows [begin, end) of the n * h, on the calling thread, with its ring at `ring`.
 void run_rows(const DwLnShape& s, const float* src, const float* packed, float* dst, float* ring, int64_t begin,
               int64_t end) {
-  const int64_t p = pad_of(s), rf = ring_row_floats(s), kk = s.k * s.k;
+  const int64_t p = pad_of(s), rf = ring_row_floats(s), kk = s.k * s.k, seg = (s.w + 2 * p) * 16;
   const float* taps = packed;
   const float *bias = packed + kk * s.c, *scale = bias + s.c, *shift = scale + s.c;
-  // The padding columns of every ring row stay zero; the middle is the source row.
-  for (int64_t r = 0; r < s.k; ++r) {
-    std::fill(ring + r * rf, ring + r * rf + p * s.c, 0.f);
-    std::fill(ring + r * rf + (p + s.w) * s.c, ring + (r + 1) * rf, 0.f);
-  }
+  // The padding columns of every ring row's channel blocks stay zero; the middle is the source row.
+  for (int64_t r = 0; r < s.k; ++r)
+    for (int64_t cb = 0; cb < s.c / 16; ++cb) {
+      float* at = ring + r * rf + cb * seg;
+      std::fill(at, at + p * 16, 0.f);
+      std::fill(at + (p + s.w) * 16, at + seg, 0.f);
+    }
   constexpr int kMaxK = 7;
   int64_t held[kMaxK];  // the source row (img * h + y) each ring row holds
   std::fill(held, held + kMaxK, -1);
@@ -112,22 +118,24 @@ void run_rows(const DwLnShape& s, const float* src, const float* packed, float* 
       const int64_t key = img * s.h + sy, slot = key % s.k;
       float* at = ring + slot * rf;
       if (held[slot] != key) {
-        copy_row(src + key * s.w * s.c, s.w * s.c, at + p * s.c);
+        copy_row(src + key * s.w * s.c, s.w, s.c, seg, at + p * 16);
         held[slot] = key;
       }
       rows[r] = at;
     }
     float* out = dst + q * s.w * s.c;
-    for (int64_t x0 = 0; x0 < s.w; x0 += kStrip) {
-      const int np = static_cast<int>(std::min<int64_t>(kStrip, s.w - x0));
-      const StripFn f = strip_of(s.k, np);
-      const float* at[kMaxK];
-      for (int64_t cb = 0; cb < s.c; cb += 16) {
-        for (int64_t r = 0; r < s.k; ++r) at[r] = rows[r] ? rows[r] + x0 * s.c + cb : nullptr;
-        f(at, s.c, taps + cb, bias + cb, out + x0 * s.c + cb);
+    const float* at[kMaxK];
+    for (int64_t cb = 0; cb < s.c; cb += 16) {
+      for (int64_t x0 = 0; x0 < s.w;) {
+        // Strips of near-equal width (14 pixels: 7 + 7, not 12 + 2).
+        const int64_t left = s.w - x0, strips = (left + kStrip - 1) / kStrip;
+        const int np = static_cast<int>((left + strips - 1) / strips);
+        for (int64_t r = 0; r < s.k; ++r) at[r] = rows[r] ? rows[r] + cb / 16 * seg + x0 * 16 : nullptr;
+        strip_of(s.k, np)(at, s.c, taps + cb * kk, bias + cb, out + x0 * s.c + cb);
+        x0 += np;
       }
-      for (int i = 0; i < np; ++i) normalize(out + (x0 + i) * s.c, s.c, scale, shift, s.eps);
     }
+    for (int64_t x = 0; x < s.w; ++x) normalize(out + x * s.c, s.c, scale, shift, s.eps);
   }
 }
 
@@ -148,7 +156,7 @@ void dw_ln_pack(const DwLnShape& s, const float* w, const float* bias, const flo
                 float* packed) {
   const int64_t kk = s.k * s.k;
   for (int64_t ch = 0; ch < s.c; ++ch) {
-    for (int64_t t = 0; t < kk; ++t) packed[t * s.c + ch] = w[ch * kk + t];
+    for (int64_t t = 0; t < kk; ++t) packed[(ch / 16 * kk + t) * 16 + ch % 16] = w[ch * kk + t];
     packed[kk * s.c + ch] = bias ? bias[ch] : 0.f;
     packed[(kk + 1) * s.c + ch] = scale[ch];
     packed[(kk + 2) * s.c + ch] = shift ? shift[ch] : 0.f;

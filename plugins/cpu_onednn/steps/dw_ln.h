@@ -5,10 +5,12 @@
 // oneDNN ran them as two steps: its brdgmm depthwise kernel at about 46% of the FMA peak (ConvNeXt-Tiny's
 // 96-channel 56x56 7x7: 0.30 ms at 1 thread) writing the block's 1.2 MB tensor, and simple_layer_normalization
 // reading it back and writing the normalized copy (0.09 ms). Here each thread takes a range of output rows and keeps
-// a ring of k source rows, each copied once between zero columns of padding, in its L1/L2 cache; a strip of up to 8
-// output pixels per 16-channel block keeps its sums in registers over the k x k taps (k + 7 source vectors per
-// kernel row loaded once for all k columns), and when every block of the strip is done its pixels are normalized
-// while still in L1. The tensor is written once, normalized. See docs/ONEDNN_PERFORMANCE.md, "(dwln)".
+// a ring of k source rows in its L1/L2 cache, each copied once between zero columns of padding and stored by
+// 16-channel blocks (a block's pixels of one row contiguous: what one block's taps read is a few KiB, not every
+// channel of the window); the taps are packed by block too. For each block in turn, strips of up to 12 output
+// pixels (the row split into near-equal strips) keep their sums in registers over the k x k taps (P + k - 1 source
+// vectors per kernel row loaded once for all k columns); then the row's pixels are normalized while it is still in
+// cache. The tensor is written once, normalized. See docs/ONEDNN_PERFORMANCE.md, "(dwln)".
 //
 // Needs AVX-512 F (dw_ln_check says so). Thread-safety: stateless; concurrent calls with distinct dst and scratch
 // are safe.
@@ -30,7 +32,8 @@ struct DwLnShape {
 // "" when the step computes this shape on this CPU, else what it does not take.
 std::string dw_ln_check(const DwLnShape& s);
 
-// Floats of the packed constants: the taps [k*k][c], then the convolution's bias, the scale and the shift [c] each.
+// Floats of the packed constants: the taps [c/16][k*k][16], then the convolution's bias, the scale and the shift [c]
+// each.
 size_t dw_ln_packed_floats(const DwLnShape& s);
 // Packs ONNX's depthwise weights [c][1][k][k], bias [c] (null: zeros), scale [c] and shift [c] (null: zeros).
 void dw_ln_pack(const DwLnShape& s, const float* w, const float* bias, const float* scale, const float* shift,
