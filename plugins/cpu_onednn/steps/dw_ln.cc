@@ -50,19 +50,33 @@ __attribute__((target("avx512f"))) void strip(const float* const* rows, int64_t 
   for (int i = 0; i < P; ++i) _mm512_storeu_ps(out + i * out_stride, acc[i]);
 }
 
-// LayerNorm of one pixel's c values in place: mean, then the mean of squared deviations, as ONNX defines it.
+// LayerNorm of one pixel's c values in place: mean, then the mean of squared deviations, as ONNX defines it. The sums
+// run in two chains (c is a multiple of 16: an odd number of vectors leaves the second one short), so that a pixel of
+// 384 channels does not wait 24 additions' latency twice.
 __attribute__((target("avx512f"))) void normalize(float* x, int64_t c, const float* scale, const float* shift,
                                                   float eps) {
-  __m512 sum = _mm512_setzero_ps();
-  for (int64_t j = 0; j < c; j += 16) sum = _mm512_add_ps(sum, _mm512_loadu_ps(x + j));
-  const __m512 mean = _mm512_set1_ps(_mm512_reduce_add_ps(sum) / static_cast<float>(c));
-  __m512 sq = _mm512_setzero_ps();
-  for (int64_t j = 0; j < c; j += 16) {
-    const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(x + j), mean);
-    sq = _mm512_fmadd_ps(d, d, sq);
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  int64_t j = 0;
+  for (; j + 32 <= c; j += 32) {
+    s0 = _mm512_add_ps(s0, _mm512_loadu_ps(x + j));
+    s1 = _mm512_add_ps(s1, _mm512_loadu_ps(x + j + 16));
   }
-  const __m512 rstd = _mm512_set1_ps(1.f / std::sqrt(_mm512_reduce_add_ps(sq) / static_cast<float>(c) + eps));
-  for (int64_t j = 0; j < c; j += 16) {
+  if (j < c) s0 = _mm512_add_ps(s0, _mm512_loadu_ps(x + j));
+  const __m512 mean = _mm512_set1_ps(_mm512_reduce_add_ps(_mm512_add_ps(s0, s1)) / static_cast<float>(c));
+  __m512 q0 = _mm512_setzero_ps(), q1 = _mm512_setzero_ps();
+  for (j = 0; j + 32 <= c; j += 32) {
+    const __m512 d0 = _mm512_sub_ps(_mm512_loadu_ps(x + j), mean);
+    const __m512 d1 = _mm512_sub_ps(_mm512_loadu_ps(x + j + 16), mean);
+    q0 = _mm512_fmadd_ps(d0, d0, q0);
+    q1 = _mm512_fmadd_ps(d1, d1, q1);
+  }
+  if (j < c) {
+    const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(x + j), mean);
+    q0 = _mm512_fmadd_ps(d, d, q0);
+  }
+  const __m512 rstd =
+      _mm512_set1_ps(1.f / std::sqrt(_mm512_reduce_add_ps(_mm512_add_ps(q0, q1)) / static_cast<float>(c) + eps));
+  for (j = 0; j < c; j += 16) {
     const __m512 d = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + j), mean), rstd);
     _mm512_storeu_ps(x + j, _mm512_fmadd_ps(d, _mm512_loadu_ps(scale + j), _mm512_loadu_ps(shift + j)));
   }
