@@ -3062,26 +3062,29 @@ void add_chain_cases(std::vector<OpCase>& v) {
   }
   {
     // Per-column factors after a product fold into its constant weights (chain/fusion.cc, fuse_after): a Gemm with
-    // transposed B, its bias and a [N] scale written constant-first, then Relu; a MatMul with a [1,N] scale and a
-    // residual Add.
+    // transposed B and its bias C, a scalar Mul (which scales C too), a [N] scale written constant-first, then Relu;
+    // a MatMul with a [1,N] scale and a residual Add.
     OpCase c;
     c.op = "Chain";
     c.opset = 13;
-    c.label = "matmul per-column scales folded into the weights: Gemm transB + bias + scale, MatMul + scale + residual";
+    c.label =
+        "matmul scales folded into the weights: Gemm transB + C + scalar + column scale, MatMul + scale + residual";
     c.inputs = {in("X", {6, 20}),
                 in("WT", {12, 20}, true, -0.3f, 0.3f),
                 in("C", {12}, true),
+                in("K", {1}, true, 1.5f, 2.5f),
                 in("S1", {12}, true, -1.5f, 1.5f),
                 in("W2", {12, 8}, true, -0.3f, 0.3f),
                 in("S2", {1, 8}, true, 0.5f, 2.f),
                 in("W3", {20, 8}, true, -0.3f, 0.3f)};
     c.chain = {{"Gemm", {"X", "WT", "C"}, {{"transB", I(1)}}},  // $0
-               {"Mul", {"S1", "$0"}, {}},                       // $1
-               {"Relu", {"$1"}, {}},                            // $2
-               {"MatMul", {"X", "W3"}, {}},                     // $3
-               {"MatMul", {"$2", "W2"}, {}},                    // $4
-               {"Mul", {"$4", "S2"}, {}},                       // $5
-               {"Add", {"$5", "$3"}, {}}};                      // $6
+               {"Mul", {"$0", "K"}, {}},                        // $1
+               {"Mul", {"S1", "$1"}, {}},                       // $2
+               {"Relu", {"$2"}, {}},                            // $3
+               {"MatMul", {"X", "W3"}, {}},                     // $4
+               {"MatMul", {"$3", "W2"}, {}},                    // $5
+               {"Mul", {"$5", "S2"}, {}},                       // $6
+               {"Add", {"$6", "$4"}, {}}};                      // $7
     c.claim_whole = true;
     v.push_back(c);
   }

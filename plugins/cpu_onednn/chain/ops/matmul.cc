@@ -74,6 +74,9 @@ void Builder::matmul(size_t i) {
   f.gelu_pass = take_gelu(f);
   scale *= f.out_scale;
   if (!gemm_bias.empty()) {
+    // Gemm's C is part of the product the fused factors scale: a scalar Mul before any bias (f.out_scale) and the
+    // per-column ones.
+    for (float& v : gemm_bias) v *= f.out_scale;
     for (size_t k = 0; k < f.col_scale.size() && k < gemm_bias.size(); ++k) gemm_bias[k] *= f.col_scale[k];
     if (!f.mm_bias.empty())
       for (size_t k = 0; k < gemm_bias.size(); ++k) gemm_bias[k] += f.mm_bias[k];
