@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstring>
+#include <functional>
 
 #include "chain/ops/table.h"
 #include "chain/plan.h"
@@ -461,6 +462,8 @@ class Builder {
   void matmul(size_t i);
   bool narrow_gemm(size_t i, const Fusion& f, const std::string& an, const Dims& a, const Dims& y, const ConstT* bc,
                    bool trans_b, float weight_scale);
+  bool skinny_gemm(size_t i, const Fusion& f, const std::string& an, const Dims& a, const Dims& y, const float* w,
+                   bool w_transposed, const std::function<Val&()>& place_output);
   void pool(size_t i);
   void eltwise(size_t i);
   void binary(size_t i);

@@ -132,6 +132,17 @@ void run_narrow_gemm(const Exec& e) {
                   e.single ? 1 : omp_get_max_threads());
 }
 
+// Exec::own of a product of few rows and large weights (Builder::skinny_gemm, steps/skinny_gemm.h): SRC plain
+// [m,k], WEIGHTS packed by 64-column blocks, BIAS (when present), DST plain [m,n] (holding the residual when the
+// shape sums); split over the team by column blocks.
+void run_skinny_gemm(const Exec& e) {
+  const auto& s = *static_cast<const SkinnyGemmShape*>(e.params.get());
+  auto ptr = [&](int arg) { return static_cast<float*>(e.args.at(arg).get_data_handle()); };
+  skinny_gemm_run(s, ptr(DNNL_ARG_SRC), ptr(DNNL_ARG_WEIGHTS),
+                  e.args.count(DNNL_ARG_BIAS) ? ptr(DNNL_ARG_BIAS) : nullptr, ptr(DNNL_ARG_DST),
+                  e.single ? 1 : omp_get_max_threads());
+}
+
 // Exec::own of a depthwise convolution + SiLU (Builder::conv_dw_silu, steps/dwsilu.h): SRC and DST nChw16c,
 // WEIGHTS packed, BIAS, kArgPooled (when present) the output's channel means, DNNL_ARG_SCRATCHPAD room for the team;
 // split over the OpenMP team by 16-channel blocks.

@@ -78,6 +78,7 @@ void run_int8_quantize(const Exec& e);
 void run_merged_source(const Exec& e);
 void run_bilinear(const Exec& e);
 void run_narrow_gemm(const Exec& e);
+void run_skinny_gemm(const Exec& e);
 // Runs one step: its primitive on `s`, or its own function.
 void run_step(Exec& e, dnnl::stream& s);
 

@@ -41,6 +41,7 @@
 #include "steps/resize.h"
 #include "steps/se.h"
 #include "steps/silu.h"
+#include "steps/skinny_gemm.h"
 #include "steps/wino4.h"
 
 namespace keel::onednn::chain {

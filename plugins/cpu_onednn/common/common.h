@@ -268,6 +268,9 @@ struct Options {
                               // oneDNN steps instead of the chain's own one (steps/se.h)
   bool view_post_ops = true;  // KEEL_ONEDNN_VIEW_POST_OPS=0 or [options] view_post_ops = false: a matmul's post-ops
                               // (the residual sum) stop at a Reshape/Transpose of size-1 dims (fuse_after)
+  bool skinny_gemm = true;    // KEEL_ONEDNN_SKINNY_GEMM=0 or [options] skinny_gemm = false: a product of <= 64 rows
+                              // and >= 1 MiB of constant weights stays on oneDNN's matmul, not the own step
+                              // (steps/skinny_gemm.h)
   bool permuted_post_ops = true;  // KEEL_ONEDNN_PERMUTED_POST_OPS=0 or [options] permuted_post_ops = false: a
                                   // matmul's post-ops stop at a Transpose from [N,H,W,C] to [N,C,H,W] (ConvNeXt's
                                   // block tail: the layer scale and the residual Add then run as binary steps)

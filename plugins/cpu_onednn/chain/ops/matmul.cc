@@ -111,12 +111,68 @@ void Builder::matmul(size_t i) {
   Dims yt, ys;
   size_t tr = collapse || !f.sum_with.empty() || f.viewed || f.dst_f32 ? npos : sole_transpose(f.out, y, &yt, &ys);
   if (tr != npos) ymd = strided_md(y, ys, act_);
-  // Weights: a constant is prepacked in the primitive's layout; a value is read where it is.
+  // Constant weights with the factors fused after the product folded in (weight_scale, f.col_scale), their rows in the
+  // order A lies in memory when A is a flattened blocked value (flatten_into_gemm); B's own layout ([..., K, N], or
+  // Gemm's transposed [N, K]). Null for a B that is a value.
   const ConstT* bc = cst(bn);
+  if (bc && bc->dtype != KEEL_DTYPE_F32) throw Reject{"f32 only"};
+  std::vector<float> scaled;
+  const float* wsrc = bc ? bc->f32() : nullptr;
+  if (bc && (weight_scale != 1.f || !f.col_scale.empty())) {
+    scaled.assign(bc->f32(), bc->f32() + bc->count());
+    for (float& v : scaled) v *= weight_scale;
+    // Output column n of element e: B is [..., K, N], or Gemm's transposed B [N, K].
+    const auto n_cols = static_cast<size_t>(y.back()), k_rows = static_cast<size_t>(a.back());
+    if (!f.col_scale.empty())
+      for (size_t e = 0; e < scaled.size(); ++e) scaled[e] *= f.col_scale[gemm && transB ? e / k_rows : e % n_cols];
+    wsrc = scaled.data();
+  }
+  if (auto ff = flat_folds_.find(an); bc && gemm && ff != flat_folds_.end()) {
+    scaled = flat_fold_rows(wsrc, ff->second.first, ff->second.second, y[1], transB);
+    wsrc = scaled.data();
+  }
+  // Where the product goes: a new buffer, or the residual's (a sum post-op in place; else the residual copied into
+  // a new one first), defined as the fused nodes' output (through the Transpose's strides when it follows).
+  auto place_output = [&]() -> Val& {
+    // Permuted (Fusion::permuted): the output [N,C,H,W] is the product's [N,H,W,C] memory read through strides.
+    md_t permuted_md;
+    if (f.permuted) {
+      const Dims pd4 = dims_of(f.out);  // [N,C,H,W]
+      permuted_md = strided_md(pd4, {pd4[1] * pd4[2] * pd4[3], 1, pd4[3] * pd4[1], pd4[1]}, out_t);
+    }
+    int dbuf = -2;
+    if (!f.sum_with.empty()) {
+      size_t add_node = i;
+      for (size_t k : f.nodes)
+        if (r_.nodes[k].op == "Add") add_node = k;
+      const Val rv = vals_[f.sum_with];
+      // The residual in the destination's type (f32 where a Cast was fused: not the node's bf16) and layout.
+      const bool in_layout = f.permuted ? rv.md == permuted_md : is_plain_dense(rv.md) && rv.md.data_type() == out_t;
+      if (in_layout && rv.off == 0 && dead_after(f.sum_with, add_node)) {
+        dbuf = rv.buf;
+        p_->bufs[dbuf].values--;
+      } else if (f.permuted) {  // copied into the destination's layout
+        dbuf = new_buf(permuted_md.get_size());
+        dnnl::memory s1 = mem_of(rv), d1 = mem_at(permuted_md, dbuf, 0);
+        exec(dnnl::reorder(s1, d1), {{DNNL_ARG_FROM, s1}, {DNNL_ARG_TO, d1}});
+      } else {
+        Val tmp = as_md(f.sum_with, plain_md(dims_of(f.sum_with), out_t));
+        dbuf = new_buf(ymd.get_size());
+        dnnl::memory s1 = mem_of(tmp), d1 = mem_at(tmp.md, dbuf, 0);
+        exec(dnnl::reorder(s1, d1), {{DNNL_ARG_FROM, s1}, {DNNL_ARG_TO, d1}});
+      }
+    }
+    Val& out = tr != npos   ? define(r_.nodes[tr].out[0], plain_md(yt), dbuf)
+               : f.permuted ? define(f.out, permuted_md, dbuf)
+                            : define(f.out, plain_md(f.viewed ? dims_of(f.out) : y_final, out_t), dbuf);
+    if (tr != npos) done_[tr] = true;
+    return out;
+  };
+  if (scale == 1.f && tr == npos && skinny_gemm(i, f, an, a, y, wsrc, gemm && transB, place_output)) return;
+  // Weights: a constant is prepacked in the primitive's layout; a value is read where it is.
   md_t bmd;
   Dims bdims = b;
   if (bc) {
-    if (bc->dtype != KEEL_DTYPE_F32) throw Reject{"f32 only"};
     bmd = md_t(to_dnnl(bdims), act_, tag::any);
     if (gemm) bdims = {a[1], y[1]}, bmd = md_t(to_dnnl(bdims), act_, tag::any);
   }
@@ -170,23 +226,7 @@ void Builder::matmul(size_t i) {
     md_t user;
     if (gemm && transB) user = md_t(to_dnnl(kn), dt::f32, tag::ba);
     else user = plain_md(kn, dt::f32);
-    std::vector<float> scaled;
-    const void* wsrc = bc->bytes.data();
-    if (weight_scale != 1.f || !f.col_scale.empty()) {
-      scaled.assign(bc->f32(), bc->f32() + bc->count());
-      for (float& v : scaled) v *= weight_scale;
-      // Output column n of element e: B is [..., K, N], or Gemm's transposed B [N, K].
-      const auto n_cols = static_cast<size_t>(y.back()), k_rows = static_cast<size_t>(a.back());
-      if (!f.col_scale.empty())
-        for (size_t e = 0; e < scaled.size(); ++e) scaled[e] *= f.col_scale[gemm && transB ? e / k_rows : e % n_cols];
-      wsrc = scaled.data();
-    }
-    // A read as its producer's nChw16c or nhwc memory (flatten_into_gemm): B's rows (its K index) in that order.
-    if (auto ff = flat_folds_.find(an); gemm && ff != flat_folds_.end()) {
-      scaled = flat_fold_rows(static_cast<const float*>(wsrc), ff->second.first, ff->second.second, y[1], transB);
-      wsrc = scaled.data();
-    }
-    dnnl::memory um(user, engine(), const_cast<void*>(wsrc));
+    dnnl::memory um(user, engine(), const_cast<float*>(wsrc));
     p_->owned.emplace_back(pd->weights_desc(), engine(), p_->weights.alloc(pd->weights_desc().get_size()));
     dnnl::reorder(um, p_->owned.back()).execute(stream(), um, p_->owned.back());
     stream().wait();
@@ -202,40 +242,9 @@ void Builder::matmul(size_t i) {
     std::memcpy(p_->owned.back().get_data_handle(), f.mm_bias.data(), f.mm_bias.size() * sizeof(float));
     args[DNNL_ARG_BIAS] = p_->owned.back();
   }
-  // Permuted (Fusion::permuted): the output [N,C,H,W] is the product's [N,H,W,C] memory read through strides.
-  md_t permuted_md;
-  if (f.permuted) {
-    const Dims pd4 = dims_of(f.out);  // [N,C,H,W]
-    permuted_md = strided_md(pd4, {pd4[1] * pd4[2] * pd4[3], 1, pd4[3] * pd4[1], pd4[1]}, out_t);
-  }
-  int dbuf = -2;
-  if (!f.sum_with.empty()) {
-    size_t add_node = i;
-    for (size_t k : f.nodes)
-      if (r_.nodes[k].op == "Add") add_node = k;
-    const Val rv = vals_[f.sum_with];
-    // The residual in the destination's type (f32 where a Cast was fused: not the node's bf16) and layout.
-    const bool in_layout = f.permuted ? rv.md == permuted_md : is_plain_dense(rv.md) && rv.md.data_type() == out_t;
-    if (in_layout && rv.off == 0 && dead_after(f.sum_with, add_node)) {
-      dbuf = rv.buf;
-      p_->bufs[dbuf].values--;
-    } else if (f.permuted) {  // copied into the destination's layout
-      dbuf = new_buf(permuted_md.get_size());
-      dnnl::memory s1 = mem_of(rv), d1 = mem_at(permuted_md, dbuf, 0);
-      exec(dnnl::reorder(s1, d1), {{DNNL_ARG_FROM, s1}, {DNNL_ARG_TO, d1}});
-    } else {
-      Val tmp = as_md(f.sum_with, plain_md(dims_of(f.sum_with), out_t));
-      dbuf = new_buf(ymd.get_size());
-      dnnl::memory s1 = mem_of(tmp), d1 = mem_at(tmp.md, dbuf, 0);
-      exec(dnnl::reorder(s1, d1), {{DNNL_ARG_FROM, s1}, {DNNL_ARG_TO, d1}});
-    }
-  }
-  Val& out = tr != npos   ? define(r_.nodes[tr].out[0], plain_md(yt), dbuf)
-             : f.permuted ? define(f.out, permuted_md, dbuf)
-                          : define(f.out, plain_md(f.viewed ? dims_of(f.out) : y_final, out_t), dbuf);
+  Val& out = place_output();
   // (Written as [rows, N] when collapsed: the same plain memory; through the Transpose's strides when it follows.)
   args[DNNL_ARG_DST] = mem_at(ymd, out.buf, out.off);
-  if (tr != npos) done_[tr] = true;
   p_->flops += 2.0 * numel(y) * a.back();
   exec(dnnl::matmul(*pd), std::move(args));
   if (f.gelu_pass) exec_gelu(out, f.gelu_tanh);
@@ -281,6 +290,40 @@ bool Builder::narrow_gemm(size_t i, const Fusion& f, const std::string& an, cons
   e.params = std::make_shared<const NarrowGemmShape>(s);
   p_->flops += 2.0 * static_cast<double>(s.m * s.n * s.k);
   exec_own(std::move(e), "keel:narrow_gemm_avx512", false, r_.nodes[i].name + " " + dims_str(a) + " -> " + dims_str(y));
+  for (size_t k : f.nodes) done_[k] = true;
+  return true;
+}
+
+// A product of at most 64 rows with large constant weights (at least 1 MiB: the weights are the traffic) and at most
+// a bias, a residual sum and a GELU pass after it (ConvNeXt's last-stage MLP over 7x7 pixels), as the chain's own
+// step (steps/skinny_gemm.h): oneDNN's brgemm matmul ran those at 77% of the FMA peak, the step at about 86%. f32 on
+// AVX-512; false, changing nothing, otherwise. `a`, `y`: the product's 2-D dims; `w`: the weights with the fused
+// factors folded in, as [k][n] or (w_transposed) [n][k]; place_output: matmul()'s placement of the output (the
+// residual's buffer for a sum).
+bool Builder::skinny_gemm(size_t i, const Fusion& f, const std::string& an, const Dims& a, const Dims& y,
+                          const float* w, bool w_transposed, const std::function<Val&()>& place_output) {
+  if (!options().skinny_gemm || act_ != dt::f32 || !w || f.dst_f32 || a.size() != 2 || y.size() != 2) return false;
+  SkinnyGemmShape s;
+  s.m = y[0], s.k = a[1], s.n = y[1], s.sum = !f.sum_with.empty();
+  if (!skinny_gemm_check(s).empty() || s.k * s.n * static_cast<int64_t>(sizeof(float)) < (int64_t{1} << 20))
+    return false;
+  // Post-ops: none, or the residual's sum alone (a GELU runs as its pass after the step).
+  if (f.po.len() > 1 || (f.po.len() == 1 && (f.po.kind(0) != dnnl::primitive::kind::sum || !s.sum))) return false;
+  Exec e;
+  own_weights(
+      e, skinny_gemm_packed_floats(s), [&](float* p) { skinny_gemm_pack(s, w, w_transposed, p); },
+      f.mm_bias.empty() ? nullptr : &f.mm_bias);
+  const Val pa = as_plain(an);
+  e.args[DNNL_ARG_SRC] = mem_at(plain_md(a), pa.buf, pa.off);
+  Val& out = place_output();
+  e.args[DNNL_ARG_DST] = mem_at(plain_md(y), out.buf, out.off);
+  e.own = run_skinny_gemm;
+  e.own_kind = "matmul";
+  e.single = s.n / 64 < 2;
+  e.params = std::make_shared<const SkinnyGemmShape>(s);
+  p_->flops += 2.0 * static_cast<double>(s.m * s.n * s.k);
+  exec_own(std::move(e), "keel:skinny_gemm_avx512", false, r_.nodes[i].name + " " + dims_str(a) + " -> " + dims_str(y));
+  if (f.gelu_pass) exec_gelu(out, f.gelu_tanh);
   for (size_t k : f.nodes) done_[k] = true;
   return true;
 }

@@ -1,0 +1,127 @@
+// plugins/cpu_onednn/steps/skinny_gemm.cc — Y = X W + bias for few rows and large weights (steps/skinny_gemm.h).
+#include "steps/skinny_gemm.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "common/team.h"
+#include "steps/silu.h"
+
+namespace keel::onednn {
+namespace {
+
+constexpr int kMaxTileRows = 7;      // rows of a register tile: 7 x 4 sums, 4 weight vectors, a broadcast
+constexpr int64_t kChunk = 768;      // k per chunk: the block's part read per row tile (192 KB) stays in L2
+constexpr int64_t kLineFloats = 16;  // a cache line
+
+// Rows [0, R) of the tile at x (rows `ldx` apart) times the block's k range [k0, k1) (b: the block, 64 floats per k),
+// into y (rows `ldy` apart): started from y when `from_y`, else from the bias (b64: the block's 64, or null for 0);
+// `then_bias` adds the block's bias at the end too (the first chunk of a sum into y). While it runs it prefetches
+// `lines` cache lines from `pf` on, one every `every` k.
+template <int R>
+__attribute__((target("avx512f"))) void tile(const float* x, int64_t ldx, const float* b, int64_t k0, int64_t k1,
+                                             float* y, int64_t ldy, bool from_y, const float* b64, bool then_bias,
+                                             const char* pf, int64_t lines, int64_t every) {
+  __m512 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 4; ++j)
+      acc[r][j] = from_y ? _mm512_loadu_ps(y + r * ldy + 16 * j)
+                  : b64  ? _mm512_loadu_ps(b64 + 16 * j)
+                         : _mm512_setzero_ps();
+  const float* bp = b + k0 * 64;
+  int64_t until = lines > 0 ? every : INT64_MAX;
+  for (int64_t k = k0; k < k1; ++k, bp += 64) {
+    if (--until == 0) {
+      _mm_prefetch(pf, _MM_HINT_T1);
+      pf += 64;
+      until = --lines > 0 ? every : INT64_MAX;
+    }
+    const __m512 w0 = _mm512_loadu_ps(bp), w1 = _mm512_loadu_ps(bp + 16), w2 = _mm512_loadu_ps(bp + 32),
+                 w3 = _mm512_loadu_ps(bp + 48);
+#pragma GCC unroll 7
+    for (int r = 0; r < R; ++r) {
+      const __m512 xv = _mm512_set1_ps(x[r * ldx + k]);
+      acc[r][0] = _mm512_fmadd_ps(xv, w0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(xv, w1, acc[r][1]);
+      acc[r][2] = _mm512_fmadd_ps(xv, w2, acc[r][2]);
+      acc[r][3] = _mm512_fmadd_ps(xv, w3, acc[r][3]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 4; ++j) {
+      __m512 v = acc[r][j];
+      if (then_bias) v = _mm512_add_ps(v, _mm512_loadu_ps(b64 + 16 * j));
+      _mm512_storeu_ps(y + r * ldy + 16 * j, v);
+    }
+}
+
+using TileFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t, bool, const float*,
+                        bool, const char*, int64_t, int64_t);
+constexpr TileFn kTiles[kMaxTileRows] = {tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>, tile<7>};
+
+// Column blocks [b0, b1) on the calling thread.
+void run_blocks(const SkinnyGemmShape& s, const float* x, const float* packed, const float* bias, float* y, int64_t b0,
+                int64_t b1) {
+  // Row tiles of near-equal size (49 rows: 7 x 7; 10: 5 + 5).
+  const int64_t n_tiles = (s.m + kMaxTileRows - 1) / kMaxTileRows, rows = (s.m + n_tiles - 1) / n_tiles;
+  for (int64_t blk = b0; blk < b1; ++blk) {
+    const float* b = packed + blk * s.k * 64;
+    const float* b64 = bias ? bias + blk * 64 : nullptr;
+    const char* next = blk + 1 < b1 ? reinterpret_cast<const char*>(packed + (blk + 1) * s.k * 64) : nullptr;
+    float* yb = y + blk * 64;
+    for (int64_t k0 = 0; k0 < s.k; k0 += kChunk) {
+      const int64_t k1 = std::min(s.k, k0 + kChunk);
+      // The next block's lines of this chunk, shared out over the row tiles.
+      const int64_t lines = next ? (k1 - k0) * 64 / kLineFloats : 0;
+      for (int64_t t = 0, m0 = 0; m0 < s.m; ++t, m0 += rows) {
+        const int r = static_cast<int>(std::min(rows, s.m - m0));
+        const int64_t l0 = lines * t / n_tiles, l1 = lines * (t + 1) / n_tiles;
+        const int64_t every = l1 > l0 ? std::max<int64_t>(1, (k1 - k0) / (l1 - l0)) : 1;
+        const bool from_y = k0 > 0 || s.sum;
+        kTiles[r - 1](x + m0 * s.k, s.k, b, k0, k1, yb + m0 * s.n, s.n, from_y, b64, k0 == 0 && s.sum && b64,
+                      next ? next + (k0 * 64 + l0 * kLineFloats) * sizeof(float) : nullptr, l1 - l0, every);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+std::string skinny_gemm_check(const SkinnyGemmShape& s) {
+  if (!has_avx512f()) return "no AVX-512";
+  if (s.m < 1 || s.m > kSkinnyGemmMaxRows) return "rows outside 1.." + std::to_string(kSkinnyGemmMaxRows);
+  if (s.n < 64 || s.n % 64 != 0) return "columns not a multiple of 64";
+  if (s.k < 1) return "empty inner dimension";
+  return "";
+}
+
+size_t skinny_gemm_packed_floats(const SkinnyGemmShape& s) { return static_cast<size_t>(s.k * s.n); }
+
+void skinny_gemm_pack(const SkinnyGemmShape& s, const float* w, bool transposed, float* packed) {
+  for (int64_t blk = 0; blk < s.n / 64; ++blk)
+    for (int64_t k = 0; k < s.k; ++k)
+      for (int64_t j = 0; j < 64; ++j) {
+        const int64_t col = blk * 64 + j;
+        packed[(blk * s.k + k) * 64 + j] = transposed ? w[col * s.k + k] : w[k * s.n + col];
+      }
+}
+
+void skinny_gemm_run(const SkinnyGemmShape& s, const float* x, const float* packed, const float* bias, float* y,
+                     int team) {
+  split_over_team(s.n / 64, team, [&](int64_t, int64_t b0, int64_t b1) {
+    if (b1 > b0) run_blocks(s, x, packed, bias, y, b0, b1);
+  });
+}
+
+void skinny_gemm_reference(const SkinnyGemmShape& s, const float* x, const float* w, const float* bias, float* y) {
+  for (int64_t i = 0; i < s.m; ++i)
+    for (int64_t j = 0; j < s.n; ++j) {
+      double acc = bias ? bias[j] : 0.0;
+      for (int64_t k = 0; k < s.k; ++k) acc += static_cast<double>(x[i * s.k + k]) * w[k * s.n + j];
+      y[i * s.n + j] = static_cast<float>(acc + (s.sum ? y[i * s.n + j] : 0.0));
+    }
+}
+
+}  // namespace keel::onednn
