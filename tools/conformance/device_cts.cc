@@ -3118,6 +3118,20 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // A permuted product squeezed to 3-D before its residual Add: the fusion must not follow the Squeeze as a view of
+    // plain memory after the permute (the Add stays a step of its own, reading the permuted view).
+    OpCase c;
+    c.op = "Chain";
+    c.opset = 13;
+    c.label = "matmul permuted to NCHW then squeezed: the residual Add after the Squeeze";
+    c.inputs = {in("Y", {1, 3, 5, 16}), in("W", {16, 16}, true, -0.3f, 0.3f), in("R", {16, 3, 5})};
+    c.chain = {{"MatMul", {"Y", "W"}, {}},                           // $0
+               {"Transpose", {"$0"}, {{"perm", Is({0, 3, 1, 2})}}},  // $1
+               {"Squeeze", {"$1"}, {}},                              // $2
+               {"Add", {"$2", "R"}, {}}};                            // $3
+    v.push_back(c);
+  }
+  {
     // A DenseNet block: each layer (BatchNormalization, Relu, 1x1, BatchNormalization, Relu, 3x3 to 16 channels)
     // reads the Concat of the block input and every feature before it (a 1-input Concat first); the Concats are
     // views of one buffer each feature is written into once. A transition (1x1, average pool) after the block's last

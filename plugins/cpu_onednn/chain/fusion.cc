@@ -146,7 +146,8 @@ Builder::Fusion Builder::fuse_after(const std::string& out, size_t at, bool conv
     size_t u = sole_user(f.out);
     if (u == npos) break;
     const NodeDesc& n = r_.nodes[u];
-    if (!conv && options().view_post_ops && same_order_view(n, f.out)) {
+    // (Not after a permute: same_order_view reads f.out as plain memory, and the permuted output stays 4-D.)
+    if (!conv && options().view_post_ops && !f.permuted && !permuting && same_order_view(n, f.out)) {
       if (views++ == 0) before_views = f.out;
       f.nodes.push_back(u);
       f.out = n.out[0];
