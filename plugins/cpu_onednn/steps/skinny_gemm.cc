@@ -12,7 +12,8 @@
 namespace keel::onednn {
 namespace {
 
-constexpr int kMaxTileRows = 7;      // rows of a register tile: 7 x 4 sums, 4 weight vectors, a broadcast
+constexpr int kMaxTileRows =
+    6;  // rows of a register tile: 6 x 4 sums, 4 weight vectors, a broadcast (7 rows spill one)
 constexpr int64_t kChunk = 768;      // k per chunk: the block's part read per row tile (192 KB) stays in L2
 constexpr int64_t kLineFloats = 16;  // a cache line
 
@@ -40,7 +41,7 @@ __attribute__((target("avx512f"))) void tile(const float* x, int64_t ldx, const 
     }
     const __m512 w0 = _mm512_loadu_ps(bp), w1 = _mm512_loadu_ps(bp + 16), w2 = _mm512_loadu_ps(bp + 32),
                  w3 = _mm512_loadu_ps(bp + 48);
-#pragma GCC unroll 7
+#pragma GCC unroll 6
     for (int r = 0; r < R; ++r) {
       const __m512 xv = _mm512_set1_ps(x[r * ldx + k]);
       acc[r][0] = _mm512_fmadd_ps(xv, w0, acc[r][0]);
@@ -59,13 +60,13 @@ __attribute__((target("avx512f"))) void tile(const float* x, int64_t ldx, const 
 
 using TileFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t, bool, const float*,
                         bool, const char*, int64_t, int64_t);
-constexpr TileFn kTiles[kMaxTileRows] = {tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>, tile<7>};
+constexpr TileFn kTiles[kMaxTileRows] = {tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>};
 
 // Column blocks [b0, b1) on the calling thread.
 void run_blocks(const SkinnyGemmShape& s, const float* x, const float* packed, const float* bias, float* y, int64_t b0,
                 int64_t b1) {
-  // Row tiles of near-equal size (49 rows: 7 x 7; 10: 5 + 5).
-  const int64_t n_tiles = (s.m + kMaxTileRows - 1) / kMaxTileRows, rows = (s.m + n_tiles - 1) / n_tiles;
+  // Row tiles of near-equal size (49 rows: 4 x 6 + 5 x 5; 10: 5 + 5).
+  const int64_t n_tiles = (s.m + kMaxTileRows - 1) / kMaxTileRows;
   for (int64_t blk = b0; blk < b1; ++blk) {
     const float* b = packed + blk * s.k * 64;
     const float* b64 = bias ? bias + blk * 64 : nullptr;
@@ -75,8 +76,9 @@ void run_blocks(const SkinnyGemmShape& s, const float* x, const float* packed, c
       const int64_t k1 = std::min(s.k, k0 + kChunk);
       // The next block's lines of this chunk, shared out over the row tiles.
       const int64_t lines = next ? (k1 - k0) * 64 / kLineFloats : 0;
-      for (int64_t t = 0, m0 = 0; m0 < s.m; ++t, m0 += rows) {
-        const int r = static_cast<int>(std::min(rows, s.m - m0));
+      for (int64_t t = 0; t < n_tiles; ++t) {
+        const int64_t m0 = s.m * t / n_tiles;
+        const int r = static_cast<int>(s.m * (t + 1) / n_tiles - m0);
         const int64_t l0 = lines * t / n_tiles, l1 = lines * (t + 1) / n_tiles;
         const int64_t every = l1 > l0 ? std::max<int64_t>(1, (k1 - k0) / (l1 - l0)) : 1;
         const bool from_y = k0 > 0 || s.sum;

@@ -5,14 +5,14 @@
 // With so few rows the weights are the traffic: each of their floats serves m FMAs, read once from memory per run.
 // oneDNN's brgemm matmul ran these at 164 GFLOP/s on one core of the 2-vCPU AMD EPYC host (77% of its FMA peak;
 // 1.41-1.43 ms, against 1.13-1.19 ms for the same arithmetic with 196-3136 rows). Here the weights are packed in
-// blocks of 64 columns ([n/64][k][64], each block contiguous) and a tile keeps up to 7 rows by 64 columns of sums in
-// 28 registers over a chunk of k: per k it loads the block's 4 vectors and broadcasts 7 values of X for 28 FMAs,
-// the block staying in L2 for every row tile; while a block is multiplied, each row tile prefetches its share of the
-// next block's chunk (one line every few k), so the next block arrives from memory spread over the current one's
-// work instead of in a burst. Measured standalone with the weights evicted before every run: 1.25 / 1.30 ms at 1
-// thread, 0.64-0.66 / 0.67-0.70 ms at 2 (oneDNN in the chain: 0.735 / 0.755). Slower than oneDNN from about 200 rows
-// on (its larger tiles win once the weights are reused enough), hence the row limit. See docs/ONEDNN_PERFORMANCE.md,
-// "(skinny)".
+// blocks of 64 columns ([n/64][k][64], each block contiguous) and a tile keeps up to 6 rows by 64 columns of sums in
+// 24 registers over a chunk of k (7 rows need 33 registers: one sum spilled to the stack cost 10%): per k it loads the
+// block's 4 vectors and broadcasts 6 values of X for 24 FMAs, the block's chunk staying in L2 for every row tile;
+// while a block is multiplied, each row tile prefetches its share of the next block's chunk (one line every few k),
+// so the next block arrives from memory spread over the current one's work instead of in a burst. Standalone with the
+// weights evicted before every run: 1.16-1.19 / 1.25-1.27 ms at 1 thread for ConvNeXt's two shapes. It is not a
+// general win: with weights that stay in cache, or 16 rows, oneDNN's kernels were faster (the chain's rule,
+// Builder::skinny_gemm, takes 32-64 rows and 8 MiB of weights or more). See docs/ONEDNN_PERFORMANCE.md, "(skinny)".
 //
 // Needs AVX-512 F (skinny_gemm_check says so). Thread-safety: stateless; concurrent calls with distinct outputs are
 // safe.

@@ -294,18 +294,23 @@ bool Builder::narrow_gemm(size_t i, const Fusion& f, const std::string& an, cons
   return true;
 }
 
-// A product of at most 64 rows with large constant weights (at least 1 MiB: the weights are the traffic) and at most
-// a bias, a residual sum and a GELU pass after it (ConvNeXt's last-stage MLP over 7x7 pixels), as the chain's own
-// step (steps/skinny_gemm.h): oneDNN's brgemm matmul ran those at 77% of the FMA peak, the step at about 86%. f32 on
+// A product of 32 to 64 rows with large constant weights (at least 8 MiB: they come from memory at every run) and at
+// most a bias, a residual sum and a GELU pass after it (ConvNeXt's last-stage MLP over 7x7 pixels), as the chain's
+// own step (steps/skinny_gemm.h): oneDNN's brgemm matmul ran those at 77% of the FMA peak, 9-10% slower than the step.
+// Where it was measured to lose, it is not taken: 16 rows (6 layers of 2048 x 2048: -5%), weights that stay in cache
+// (24 MB of them: -3 to -15%); 49 rows over 2048 x 2048 were level (docs/ONEDNN_PERFORMANCE.md, "(skinny)"). f32 on
 // AVX-512; false, changing nothing, otherwise. `a`, `y`: the product's 2-D dims; `w`: the weights with the fused
 // factors folded in, as [k][n] or (w_transposed) [n][k]; place_output: matmul()'s placement of the output (the
 // residual's buffer for a sum).
+constexpr int64_t kSkinnyMinRows = 32, kSkinnyMinWeightBytes = int64_t{8} << 20;
+
 bool Builder::skinny_gemm(size_t i, const Fusion& f, const std::string& an, const Dims& a, const Dims& y,
                           const float* w, bool w_transposed, const std::function<Val&()>& place_output) {
   if (!options().skinny_gemm || act_ != dt::f32 || !w || f.dst_f32 || a.size() != 2 || y.size() != 2) return false;
   SkinnyGemmShape s;
   s.m = y[0], s.k = a[1], s.n = y[1], s.sum = !f.sum_with.empty();
-  if (!skinny_gemm_check(s).empty() || s.k * s.n * static_cast<int64_t>(sizeof(float)) < (int64_t{1} << 20))
+  if (!skinny_gemm_check(s).empty() || s.m < kSkinnyMinRows ||
+      s.k * s.n * static_cast<int64_t>(sizeof(float)) < kSkinnyMinWeightBytes)
     return false;
   // Post-ops: none, or the residual's sum alone (a GELU runs as its pass after the step).
   if (f.po.len() > 1 || (f.po.len() == 1 && (f.po.kind(0) != dnnl::primitive::kind::sum || !s.sum))) return false;
