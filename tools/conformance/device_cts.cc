@@ -3095,12 +3095,12 @@ void add_chain_cases(std::vector<OpCase>& v) {
     OpCase c;
     c.op = "Chain";
     c.opset = 13;
-    c.label = "matmul permuted to NCHW: bias, scale and residual after the Transpose, twice";
-    c.inputs = {in("Y", {1, 3, 5, 16}),
+    c.label = "matmul permuted to NCHW: bias, scale and residual after the Transpose, twice, batch 2";
+    c.inputs = {in("Y", {2, 3, 5, 16}),
                 in("W4", {16, 16}, true, -0.3f, 0.3f),
                 in("B4", {16, 1, 1}, true),
                 in("S4", {1, 16, 1, 1}, true, 0.1f, 0.5f),
-                in("R", {1, 16, 3, 5}),
+                in("R", {2, 16, 3, 5}),
                 in("W5", {16, 16}, true, -0.3f, 0.3f),
                 in("S5", {16, 1, 1}, true, 0.1f, 0.5f)};
     const Attribute to_last = Is({0, 2, 3, 1}), to_first = Is({0, 3, 1, 2});
