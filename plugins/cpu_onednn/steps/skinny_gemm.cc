@@ -12,8 +12,8 @@
 namespace keel::onednn {
 namespace {
 
-constexpr int kMaxTileRows =
-    6;  // rows of a register tile: 6 x 4 sums, 4 weight vectors, a broadcast (7 rows spill one)
+// Rows of a register tile: 6 x 4 sums, 4 weight vectors and a broadcast (7 rows would spill one sum).
+constexpr int kMaxTileRows = 6;
 constexpr int64_t kChunk = 768;      // k per chunk: the block's part read per row tile (192 KB) stays in L2
 constexpr int64_t kLineFloats = 16;  // a cache line
 
