@@ -13,7 +13,7 @@
 namespace keel::onednn {
 namespace {
 
-constexpr int kStrip = 12;  // output pixels of a register tile at most
+constexpr int kStrip = 16;  // output pixels of a register tile at most (16 sums, 7 taps and a source vector)
 
 int64_t pad_of(const DwLnShape& s) { return s.k / 2; }
 int64_t ring_row_floats(const DwLnShape& s) { return (s.w + 2 * pad_of(s)) * s.c; }
@@ -32,21 +32,25 @@ __attribute__((target("avx512f"))) void strip(const float* const* rows, int64_t 
                                               const float* bias, float* out) {
   __m512 acc[P];
   const __m512 b = _mm512_loadu_ps(bias);
-#pragma GCC unroll 12
+#pragma GCC unroll 16
   for (int i = 0; i < P; ++i) acc[i] = b;
   for (int r = 0; r < K; ++r) {
     if (!rows[r]) continue;
-    __m512 x[P + K - 1];
-#pragma GCC unroll 18
-    for (int j = 0; j < P + K - 1; ++j) x[j] = _mm512_loadu_ps(rows[r] + j * 16);
+    // The kernel row's K taps in registers; each source vector loaded once and added into every output it reaches.
+    __m512 w[K];
 #pragma GCC unroll 7
-    for (int q = 0; q < K; ++q) {
-      const __m512 wv = _mm512_loadu_ps(taps + (r * K + q) * 16);
-#pragma GCC unroll 12
-      for (int i = 0; i < P; ++i) acc[i] = _mm512_fmadd_ps(x[i + q], wv, acc[i]);
+    for (int q = 0; q < K; ++q) w[q] = _mm512_loadu_ps(taps + (r * K + q) * 16);
+#pragma GCC unroll 22
+    for (int j = 0; j < P + K - 1; ++j) {
+      const __m512 x = _mm512_loadu_ps(rows[r] + j * 16);
+#pragma GCC unroll 7
+      for (int q = 0; q < K; ++q) {
+        const int i = j - q;
+        if (i >= 0 && i < P) acc[i] = _mm512_fmadd_ps(x, w[q], acc[i]);
+      }
     }
   }
-#pragma GCC unroll 12
+#pragma GCC unroll 16
   for (int i = 0; i < P; ++i) _mm512_storeu_ps(out + i * out_stride, acc[i]);
 }
 
@@ -97,9 +101,9 @@ using StripFn = void (*)(const float* const*, int64_t, const float*, const float
 
 template <int K>
 StripFn strip_fn(int p) {
-  static constexpr StripFn fns[kStrip] = {strip<K, 1>, strip<K, 2>,  strip<K, 3>,  strip<K, 4>,
-                                          strip<K, 5>, strip<K, 6>,  strip<K, 7>,  strip<K, 8>,
-                                          strip<K, 9>, strip<K, 10>, strip<K, 11>, strip<K, 12>};
+  static constexpr StripFn fns[kStrip] = {
+      strip<K, 1>, strip<K, 2>,  strip<K, 3>,  strip<K, 4>,  strip<K, 5>,  strip<K, 6>,  strip<K, 7>,  strip<K, 8>,
+      strip<K, 9>, strip<K, 10>, strip<K, 11>, strip<K, 12>, strip<K, 13>, strip<K, 14>, strip<K, 15>, strip<K, 16>};
   return fns[p - 1];
 }
 StripFn strip_of(int64_t k, int p) { return k == 3 ? strip_fn<3>(p) : k == 5 ? strip_fn<5>(p) : strip_fn<7>(p); }
@@ -141,7 +145,7 @@ void run_rows(const DwLnShape& s, const float* src, const float* packed, float* 
     const float* at[kMaxK];
     for (int64_t cb = 0; cb < s.c; cb += 16) {
       for (int64_t x0 = 0; x0 < s.w;) {
-        // Strips of near-equal width (14 pixels: 7 + 7, not 12 + 2).
+        // Strips of near-equal width (56 pixels: 4 x 14, not 3 x 16 + 8).
         const int64_t left = s.w - x0, strips = (left + kStrip - 1) / kStrip;
         const int np = static_cast<int>((left + strips - 1) / strips);
         for (int64_t r = 0; r < s.k; ++r) at[r] = rows[r] ? rows[r] + cb / 16 * seg + x0 * 16 : nullptr;

@@ -7,10 +7,11 @@
 // reading it back and writing the normalized copy (0.09 ms). Here each thread takes a range of output rows and keeps
 // a ring of k source rows in its L1/L2 cache, each copied once between zero columns of padding and stored by
 // 16-channel blocks (a block's pixels of one row contiguous: what one block's taps read is a few KiB, not every
-// channel of the window); the taps are packed by block too. For each block in turn, strips of up to 12 output
-// pixels (the row split into near-equal strips) keep their sums in registers over the k x k taps (P + k - 1 source
-// vectors per kernel row loaded once for all k columns); then the row's pixels are normalized while it is still in
-// cache. The tensor is written once, normalized. See docs/ONEDNN_PERFORMANCE.md, "(dwln)".
+// channel of the window); the taps are packed by block too. For each block in turn, strips of up to 16 output
+// pixels (the row split into near-equal strips) keep their sums in registers over the k x k taps: per kernel row its
+// k taps sit in registers and each of the P + k - 1 source vectors is loaded once and added into every output it
+// reaches; then the row's pixels are normalized while it is still in cache. The tensor is written once, normalized. See
+// docs/ONEDNN_PERFORMANCE.md, "(dwln)".
 //
 // Needs AVX-512 F (dw_ln_check says so). Thread-safety: stateless; concurrent calls with distinct dst and scratch
 // are safe.

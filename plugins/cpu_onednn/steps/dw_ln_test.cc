@@ -72,9 +72,9 @@ Case shape(int64_t n, int64_t c, int64_t h, int64_t w, int64_t kk, float eps = 1
 
 TEST(DwLn, MatchesTheReference) {
   for (int team : {1, 2, 3}) {
-    check(shape(1, 96, 56, 56, 7), team);       // ConvNeXt-Tiny's first stage: strips of 12 and 11 a row
-    check(shape(1, 48, 14, 13, 7), team);       // strips of 7 and 6; 3 channel blocks
-    check(shape(1, 32, 4, 37, 5), team);        // strips of 10, 9, 9 and 9
+    check(shape(1, 96, 56, 56, 7), team);       // ConvNeXt-Tiny's first stage: 4 strips of 14 a row
+    check(shape(1, 48, 14, 13, 7), team);       // one strip of 13; 3 channel blocks
+    check(shape(1, 32, 4, 37, 5), team);        // strips of 13, 12 and 12
     check(shape(2, 32, 7, 7, 7), team);         // ConvNeXt's last stage size: every window leaves the image
     check(shape(1, 16, 3, 2, 7), team);         // smaller than the kernel
     check(shape(3, 16, 5, 9, 5, 1e-5f), team);  // 5x5, batch 3: rows of one thread cross images
