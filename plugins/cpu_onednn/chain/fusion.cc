@@ -146,19 +146,17 @@ Builder::Fusion Builder::fuse_after(const std::string& out, size_t at, bool conv
     size_t u = sole_user(f.out);
     if (u == npos) break;
     const NodeDesc& n = r_.nodes[u];
-    // (Not after a permute: same_order_view reads f.out as plain memory, and the permuted output stays 4-D.)
-    if (!conv && options().view_post_ops && !f.permuted && !permuting && same_order_view(n, f.out)) {
-      if (views++ == 0) before_views = f.out;
-      f.nodes.push_back(u);
-      f.out = n.out[0];
-      continue;
-    }
-    if (!conv && options().permuted_post_ops && !f.permuted && !permuting && channels_first_view(n, f.out)) {
-      if (views++ == 0) before_views = f.out;
-      permuting = true;
-      f.nodes.push_back(u);
-      f.out = n.out[0];
-      continue;
+    // Views to follow: none after a permute (same_order_view reads f.out as plain memory, and the permuted output
+    // stays 4-D), at most one permute.
+    if (!conv && !f.permuted && !permuting) {
+      const bool permute = options().permuted_post_ops && channels_first_view(n, f.out);
+      if (permute || (options().view_post_ops && same_order_view(n, f.out))) {
+        if (views++ == 0) before_views = f.out;
+        permuting = permute;
+        f.nodes.push_back(u);
+        f.out = n.out[0];
+        continue;
+      }
     }
     if (n.out.size() != 1 && !(n.op == "BatchNormalization")) break;
     if (n.op == "Clip" && n.in[0] != f.out) break;
