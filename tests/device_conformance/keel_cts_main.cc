@@ -1,11 +1,15 @@
 // keel-cts — run the device conformance suite (device_cts.h) from the command line; every failure prints a
 // one-line repro of this tool.
 //   keel-cts --device cpu [--op Conv] [--case 'N=1 C=3 ...'] [--verbose] [--list]
+//   keel-cts --device cpu --random-chains 200 [--seed 1]   (random chains: device_cts.h, random_chain_case)
+//   keel-cts --random-chains 1 --seed 4838 --save DIR       (the case as DIR/model.onnx + DIR/test_data_set_0)
 #include <CLI/CLI.hpp>
 
+#include <filesystem>
 #include <iostream>
 
 #include "core/runtime/environment.h"
+#include "core/runtime/onnx_io.h"
 #include "tools/conformance/device_cts.h"
 
 int main(int argc, char** argv) {
@@ -13,6 +17,9 @@ int main(int argc, char** argv) {
   cts::Options o;
   std::vector<std::string> plugin_paths;
   bool list = false;
+  int64_t random_chains = 0;
+  uint64_t first_seed = 1;
+  std::string save_dir;
   CLI::App app{"keel-cts: every kernel of a device against the reference kernels", "keel-cts"};
   app.add_option("--device,-d", o.device, "Device type under test (cpu, cuda, ...)");
   app.add_option("--op", o.op, "Only this op type");
@@ -21,9 +28,41 @@ int main(int argc, char** argv) {
   app.add_option("--plugin-path", plugin_paths, "Extra directory to search for plugin manifests (repeatable)");
   app.add_flag("--verbose,-v", o.verbose, "Print every case, not only failures");
   app.add_flag("--list", list, "List the cases and exit");
+  app.add_option("--random-chains", random_chains,
+                 "Instead of the table, this many random chains (a differential fuzzer of the device's fusion)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  app.add_option("--save", save_dir,
+                 "Write the one case selected (--op/--case, or --random-chains 1) as DIR/model.onnx and its inputs as "
+                 "DIR/test_data_set_0/input_K.pb, for `keel run` or another runtime, and exit");
+  app.add_option("--seed", first_seed, "The first random chain's seed (with --random-chains; the others follow it)");
   CLI11_PARSE(app, argc, argv);
+  std::vector<cts::OpCase> generated;
+  for (int64_t i = 0; i < random_chains; ++i) generated.push_back(cts::random_chain_case(first_seed + i));
+  if (random_chains > 0) o.cases = &generated;
+  if (!save_dir.empty()) {
+    std::vector<const cts::OpCase*> picked;
+    for (const auto& c : o.cases ? *o.cases : cts::all_cases())
+      if ((o.op.empty() || c.op == o.op) && (o.label.empty() || c.label == o.label)) picked.push_back(&c);
+    if (picked.size() != 1) {
+      std::cerr << "keel-cts: --save takes exactly one case; " << picked.size() << " selected\n";
+      return 2;
+    }
+    cts::Built b = cts::build(*picked[0]);
+    std::filesystem::create_directories(std::filesystem::path(save_dir) / "test_data_set_0");
+    Status st = save_onnx(b.graph, std::filesystem::path(save_dir) / "model.onnx");
+    for (size_t k = 0; st.is_ok() && k < b.feeds.size(); ++k)
+      st = write_tensor_pb(b.feeds[k].second,
+                           std::filesystem::path(save_dir) / "test_data_set_0" / ("input_" + std::to_string(k) + ".pb"),
+                           b.feeds[k].first);
+    if (!st.is_ok()) {
+      std::cerr << "keel-cts: --save " << save_dir << ": " << st.to_string() << "\n";
+      return 1;
+    }
+    std::cout << "wrote " << save_dir << "/model.onnx (" << picked[0]->op << " '" << picked[0]->label << "')\n";
+    return 0;
+  }
   if (list) {
-    for (const auto& c : cts::all_cases())
+    for (const auto& c : o.cases ? *o.cases : cts::all_cases())
       if (o.op.empty() || c.op == o.op) std::cout << c.op << "  " << c.label << "\n";
     return 0;
   }

@@ -10,24 +10,11 @@
 #include <sstream>
 
 #include "core/runtime/session.h"
+#include "tools/conformance/case_builders.h"
 
 namespace keel::cts {
 namespace {
 
-Attribute I(int64_t v) { return Attribute::of_int(v); }
-Attribute F(float v) { return Attribute::of_float(v); }
-Attribute S(const std::string& v) { return Attribute::of_string(v); }
-Attribute Is(std::vector<int64_t> v) { return Attribute::of_ints(std::move(v)); }
-
-InputSpec in(const std::string& name, Shape shape, bool constant = false, float lo = -1.f, float hi = 1.f) {
-  InputSpec s;
-  s.name = name;
-  s.shape = std::move(shape);
-  s.constant = constant;
-  s.lo = lo;
-  s.hi = hi;
-  return s;
-}
 InputSpec absent() { return InputSpec{}; }
 
 std::string fmt_float(float f) {
@@ -3529,6 +3516,52 @@ void add_chain_cases(std::vector<OpCase>& v) {
     c.claim_whole = true;
     v.push_back(c);
   }
+  // Two eltwise post-ops of one algorithm with different parameters: oneDNN 2.6's jit kernels ran the second with
+  // the first's parameters (LeakyRelu then Relu as two LeakyRelus: negative outputs). Found by the random chains
+  // (keel-cts --random-chains, seeds 416, 629, 1616, 2220, 2687, 4153).
+  {
+    OpCase c;
+    c.op = "Chain";
+    c.label = "two post-ops of one algorithm: conv + LeakyRelu + Relu, conv + Clip(0,6) + HardSigmoid";
+    c.inputs = {in("X", {1, 16, 6, 7}), in("W1", {32, 16, 3, 3}, true, -0.3f, 0.3f),
+                in("B1", {32}, true),   in("W2", {32, 32, 1, 1}, true, -0.5f, 0.5f),
+                scalar("lo", 0.f),      scalar("hi", 6.f)};
+    c.chain = {conv({"X", "W1", "B1"}, 3, 1, 1),
+               {"LeakyRelu", {"$0"}, {{"alpha", F(0.1f)}}},
+               {"Relu", {"$1"}, {}},
+               conv({"$2", "W2"}, 1, 1, 0),
+               {"Clip", {"$3", "lo", "hi"}, {}},
+               {"HardSigmoid", {"$4"}, {{"alpha", F(0.4f)}, {"beta", F(0.2f)}}}};
+    v.push_back(c);
+  }
+  {
+    OpCase c;
+    c.op = "Chain";
+    c.label = "two post-ops of one algorithm: MatMul + bias + scalar Mul + HardSigmoid (two linears)";
+    c.inputs = {in("X", {2, 5, 32}), in("W", {32, 48}, true, -0.3f, 0.3f), in("B", {48}, true), scalar("k", 3.f)};
+    c.chain = {{"MatMul", {"X", "W"}, {}},
+               {"Add", {"$0", "B"}, {}},
+               {"Mul", {"$1", "k"}, {}},
+               {"HardSigmoid", {"$2"}, {{"alpha", F(0.25f)}, {"beta", F(0.5f)}}}};
+    v.push_back(c);
+  }
+  // A bilinear Resize of a 1x1 map (a global pool's, nChw16c) of channels that are no whole 16-channel block: read
+  // plain, and a plain [N,C,1,1] also compares equal to channels-last (oneDNN ignores the strides of dims of 1), so
+  // the resized copy was written channels-last into a plain destination (random chain seed 4838).
+  {
+    OpCase c;
+    c.op = "Chain";
+    c.label = "bilinear Resize of a global pool's 1x1 map, 8 channels, align_corners";
+    c.inputs = {in("X", {1, 3, 7, 5}), in("W0", {8, 3, 3, 3}, true, -0.5f, 0.5f),
+                in("W", {8, 1, 3, 3}, true, -0.5f, 0.5f), in("S", {4}, true)};
+    c.inputs[3].values = {1.f, 1.f, 2.f, 2.f};
+    c.chain = {
+        conv({"X", "W0"}, 3, 1, 1),  // nChw16c out, so the depthwise one and the pool stay so
+        conv({"$0", "W"}, 3, 1, 1, 8),
+        {"GlobalAveragePool", {"$1"}, {}},
+        {"Resize", {"$2", "", "S"}, {{"mode", S("linear")}, {"coordinate_transformation_mode", S("align_corners")}}}};
+    v.push_back(c);
+  }
 }
 
 // The chain cases in bf16 (every float input and weight bf16, as convert_precision leaves a model): a device may
@@ -4504,12 +4537,15 @@ const char* outcome_name(Outcome o) {
 }
 
 std::string repro(const std::string& device, const OpCase& c) {
+  if (c.op == "RandomChain")  // label "seed=N: ..."
+    return "keel-cts --device " + device + " --random-chains 1 --seed " +
+           c.label.substr(5, c.label.find(':') == std::string::npos ? std::string::npos : c.label.find(':') - 5);
   return "keel-cts --device " + device + " --op " + c.op + " --case '" + c.label + "'";
 }
 
 Report run(Environment& dut, Environment& oracle, const Options& o) {
   Report rep;
-  for (const OpCase& c : all_cases()) {
+  for (const OpCase& c : o.cases ? *o.cases : all_cases()) {
     if (!o.op.empty() && c.op != o.op) continue;
     if (!o.label.empty() && c.label != o.label) continue;
     CaseResult r;

@@ -93,11 +93,12 @@ struct CaseResult {
 
 struct Options {
   std::string device = "cpu";
-  std::string op;               // only this op ("" = every op)
-  std::string label;            // only this case label ("" = every case)
-  std::string kernel_prefix;    // when set, cases served by a kernel without this prefix are "not native"
-  bool verbose = false;         // print every case, not only failures
-  std::ostream* out = nullptr;  // where to print (nullptr = silent)
+  std::string op;             // only this op ("" = every op)
+  std::string label;          // only this case label ("" = every case)
+  std::string kernel_prefix;  // when set, cases served by a kernel without this prefix are "not native"
+  bool verbose = false;       // print every case, not only failures
+  const std::vector<OpCase>* cases = nullptr;  // the cases to run (nullptr: all_cases())
+  std::ostream* out = nullptr;                 // where to print (nullptr = silent)
 };
 
 struct Report {
@@ -115,5 +116,12 @@ Report run(Environment& dut, Environment& oracle, const Options& options);
 
 // The repro command of a case.
 std::string repro(const std::string& device, const OpCase& c);
+
+// Random chains, a differential fuzzer of what chain-claiming devices fuse (random_chains.cc): case `seed` strings
+// 2 to 6 random blocks of the kinds CNNs and ConvNeXt-like models are made of (convolutions of every kind with
+// BatchNormalization and activations, residuals, scales, pooling, a channels-last MLP between Transposes, Concat,
+// Resize, a squeeze-and-excitation gate, a classifier head). The same seed always gives the same case: op
+// "RandomChain", label "seed=N: <its blocks>", repro `keel-cts --device D --random-chains 1 --seed N`.
+OpCase random_chain_case(uint64_t seed);
 
 }  // namespace keel::cts

@@ -43,18 +43,37 @@ bool Builder::eltwise_of(const NodeDesc& n, alg* a, float* alpha, float* beta) {
   return true;
 }
 
+// Whether `po` can take the eltwise post-op (a, alpha, beta) and compute it: false when it holds one of the same
+// algorithm with other parameters. oneDNN 2.6's jit kernels run every eltwise post-op of one algorithm with the
+// parameters of the first of them: a LeakyRelu(0.1) then a Relu ran as two LeakyRelus, a Clip(0,6) then
+// HardSigmoid's clip to [0,1] as two Clip(0,6)s, two linears as the first twice (found by `keel-cts --random-chains`,
+// then shown on oneDNN's convolutions alone). Such an op ends the fusion and runs as a step of its own.
+bool Builder::eltwise_fits(const dnnl::post_ops& po, alg a, float alpha, float beta) {
+  for (int k = 0; k < po.len(); ++k) {
+    if (po.kind(k) != dnnl::primitive::kind::eltwise) continue;
+    float scale = 0.f, al = 0.f, be = 0.f;
+    alg b = alg::undef;
+    po.get_params_eltwise(k, scale, b, al, be);
+    if (b == a && (al != alpha || be != beta || scale != 1.f)) return false;
+  }
+  return true;
+}
+
 // The element-wise op node `n` computes, appended to `po` as eltwise post-ops: one for the ops of eltwise_of, two for
 // HardSigmoid (oneDNN 2.6 has none: max(0, min(1, alpha * x + beta)) is linear, then clip to [0, 1]). False, `po`
-// unchanged, when `n` is none of them.
+// unchanged, when `n` is none of them or `po` cannot take them (eltwise_fits).
 bool Builder::eltwise_po(const NodeDesc& n, dnnl::post_ops* po) {
   if (n.op == "HardSigmoid") {
-    po->append_eltwise(1.f, alg::eltwise_linear, n.af("alpha", 0.2f), n.af("beta", 0.5f));
+    const float alpha = n.af("alpha", 0.2f), beta = n.af("beta", 0.5f);
+    if (!eltwise_fits(*po, alg::eltwise_linear, alpha, beta) || !eltwise_fits(*po, alg::eltwise_clip_v2, 0.f, 1.f))
+      return false;
+    po->append_eltwise(1.f, alg::eltwise_linear, alpha, beta);
     po->append_eltwise(1.f, alg::eltwise_clip_v2, 0.f, 1.f);
     return true;
   }
   alg a;
   float alpha, beta;
-  if (!eltwise_of(n, &a, &alpha, &beta)) return false;
+  if (!eltwise_of(n, &a, &alpha, &beta) || !eltwise_fits(*po, a, alpha, beta)) return false;
   po->append_eltwise(1.f, a, alpha, beta);
   return true;
 }
@@ -132,7 +151,8 @@ Builder::Fusion Builder::fuse_after(const std::string& out, size_t at, bool conv
     // SiLU written as x * Sigmoid(x) (how torch exports it): one swish post-op; hard-swish written as
     // x * HardSigmoid(x) (alpha 1/6, beta 0.5): one hardswish post-op.
     bool hard = false;
-    if (size_t m = silu_after(f.out, &hard); m != npos) {
+    if (size_t m = silu_after(f.out, &hard);
+        m != npos && eltwise_fits(f.po, hard ? alg::eltwise_hardswish : alg::eltwise_swish, hard ? 0.f : 1.f, 0.f)) {
       if (hard) f.po.append_eltwise(1.f, alg::eltwise_hardswish, 0.f, 0.f);
       else f.po.append_eltwise(1.f, alg::eltwise_swish, 1.f, 0.f);
       has_eltwise = true;
@@ -203,7 +223,8 @@ Builder::Fusion Builder::fuse_after(const std::string& out, size_t at, bool conv
         if (n.op == "Div") k = 1.f / k;
         // Before any bias: scale the product; after: a linear post-op.
         if (f.count == 0) f.out_scale *= k;
-        else f.po.append_eltwise(1.f, alg::eltwise_linear, k, 0.f);
+        else if (eltwise_fits(f.po, alg::eltwise_linear, k, 0.f)) f.po.append_eltwise(1.f, alg::eltwise_linear, k, 0.f);
+        else break;
       } else if (c && n.op == "Add") {
         if (has_eltwise || !f.sum_with.empty()) break;
         if (conv) {

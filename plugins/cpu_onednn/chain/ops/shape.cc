@@ -273,18 +273,18 @@ void Builder::resize(size_t i) {
   if (v.scale != 1.f) throw Reject{"scaled input"};
   // The producer's layout when it is plain or channel-blocked with whole blocks; else plain (a blocked value with a
   // partial last block, e.g. a 21-class segmentation map, is read plain: the resized copy is the big one).
+  // A plain value stays plain: over 1x1 pixels it also compares equal to channels-last (oneDNN ignores the strides
+  // of dims of 1), and its resized copy, written channels-last, was then taken for plain.
   md_t src = plain_md(x), dst = plain_md(y);
-  if (v.md == md_t(to_dnnl(x), act_, blocked16_tag(rank)) && x[1] % 16 == 0) {
+  const bool plain = v.md == plain_md(x);
+  const bool blocked = !plain && v.md == md_t(to_dnnl(x), act_, blocked16_tag(rank)) && x[1] % 16 == 0;
+  const bool nhwc = !plain && !blocked && v.md == md_t(to_dnnl(x), act_, channels_last_tag(rank));
+  if (blocked || nhwc) {
     src = v.md;
-    dst = md_t(to_dnnl(y), act_, blocked16_tag(rank));
-  } else if (v.md == md_t(to_dnnl(x), act_, channels_last_tag(rank))) {
-    src = v.md;
-    dst = md_t(to_dnnl(y), act_, channels_last_tag(rank));
+    dst = md_t(to_dnnl(y), act_, blocked ? blocked16_tag(rank) : channels_last_tag(rank));
   }
   if (own) {
     auto shape = std::make_shared<BilinearShape>();
-    const bool blocked = src == md_t(to_dnnl(x), act_, blocked16_tag(rank));
-    const bool nhwc = !blocked && src == md_t(to_dnnl(x), act_, channels_last_tag(rank));
     shape->planes = blocked ? x[0] * ((x[1] + 15) / 16) : nhwc ? x[0] : x[0] * x[1];
     shape->vec = blocked ? 16 : nhwc ? x[1] : 1;
     shape->h = x[2], shape->w = x[3], shape->oh = y[2], shape->ow = y[3];

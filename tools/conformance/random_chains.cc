@@ -1,0 +1,321 @@
+// Random chains (device_cts.h, random_chain_case): a differential fuzzer of what chain-claiming devices fuse.
+//
+// A case strings 2 to 6 blocks of the kinds CNNs and ConvNeXt-like models are made of, each reading the block before
+// it (so that the last node, the one compared, depends on every node): convolutions (1x1, 3x3, dilated, grouped,
+// depthwise 3x3 / 5x5 / 7x7, stride 1 or 2, with or without bias) with BatchNormalization and activations after them,
+// activations on their own (Relu, Clip, LeakyRelu, Sigmoid, Tanh, HardSigmoid, HardSwish, x * HardSigmoid(x),
+// x * Sigmoid(x), Elu, GELU as its Erf formula), residual Adds with an earlier value, per-channel and scalar scales
+// and offsets, pooling, a channels-last MLP between Transposes (LayerNorm, MatMul + bias, layer scale, the residual
+// around it), Concat with an earlier value, bilinear Resize (three coordinate modes), a squeeze-and-excitation gate,
+// and sometimes a classifier head (GlobalAveragePool or not, Flatten, Gemm). Channel counts mix multiples of 16 with
+// odd ones; images are small (5 to 20 pixels a side, batch 1 or 2) so that the reference stays quick. Weights are
+// uniform with the variance of their fan-in, so that values neither vanish nor grow along the chain.
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tools/conformance/case_builders.h"
+#include "tools/conformance/device_cts.h"
+
+namespace keel::cts {
+namespace {
+
+class Gen {
+ public:
+  explicit Gen(uint64_t seed) : rng_(seed * 0x9E3779B97F4A7C15ull + 0x5851F42D4C957F2Dull) {}
+
+  OpCase make(uint64_t seed) {
+    c_.op = "RandomChain";
+    c_.rtol = 1e-3, c_.atol = 1e-4;
+    const int64_t n = pick({1, 1, 2}), ch = pick({3, 4, 8, 16, 16, 24, 32, 40}), h = 5 + uniform(16),
+                  w = chance(60) ? h : 5 + uniform(16);
+    c_.inputs.push_back(in("X", {n, ch, h, w}));
+    cur_ = {"X", {n, ch, h, w}};
+    history_.push_back(cur_);
+    const int blocks = 2 + static_cast<int>(uniform(5));
+    for (int b = 0; b < blocks; ++b) block();
+    if (c_.chain.empty()) activation();  // every block declined (a pool over too small a map, ...)
+    if (chance(30)) head();
+    c_.label = "seed=" + std::to_string(seed) + ":" + what_;
+    return c_;
+  }
+
+ private:
+  struct Val {
+    std::string ref;  // "X" or "$k"
+    Shape shape;      // NCHW, [N,H,W,C] while channels-last inside the MLP block, or [N,K] after a head
+  };
+
+  int64_t uniform(int64_t n) { return static_cast<int64_t>(rng_() % static_cast<uint64_t>(n)); }
+  bool chance(int pct) { return uniform(100) < pct; }
+  int64_t pick(std::initializer_list<int64_t> v) { return *(v.begin() + uniform(static_cast<int64_t>(v.size()))); }
+  void note(const std::string& s) { what_ += " " + s; }
+
+  // A node reading `ins`; its output becomes the current value, of shape `shape`.
+  Val node(const std::string& op, std::vector<std::string> ins, std::map<std::string, Attribute> attrs, Shape shape) {
+    c_.chain.push_back({op, std::move(ins), std::move(attrs)});
+    cur_ = {"$" + std::to_string(c_.chain.size() - 1), std::move(shape)};
+    return cur_;
+  }
+  // A constant input, uniform in [lo, hi].
+  std::string constant(const std::string& stem, Shape shape, float lo, float hi) {
+    const std::string name = stem + std::to_string(c_.inputs.size());
+    c_.inputs.push_back(in(name, std::move(shape), true, lo, hi));
+    return name;
+  }
+  // Weights keeping the variance of what they sum over.
+  std::string weights(const std::string& stem, Shape shape, int64_t fan_in) {
+    const float a = std::sqrt(3.f / static_cast<float>(std::max<int64_t>(fan_in, 1)));
+    return constant(stem, std::move(shape), -a, a);
+  }
+  std::string scalar(float v) {
+    const std::string name = "s" + std::to_string(c_.inputs.size());
+    InputSpec s = in(name, {}, true);
+    s.values = {v};
+    c_.inputs.push_back(s);
+    return name;
+  }
+  bool nchw() const { return cur_.shape.size() == 4; }
+  int64_t C() const { return cur_.shape[1]; }
+
+  void block() {
+    switch (uniform(10)) {
+      case 0:
+      case 1:
+      case 2: conv_block(); break;
+      case 3: activation(); break;
+      case 4: residual_or_affine(); break;
+      case 5: pool(); break;
+      case 6: mlp(); break;
+      case 7: concat_or_resize(); break;
+      case 8: squeeze_excite(); break;
+      default: conv_block(); break;
+    }
+    history_.push_back(cur_);
+  }
+
+  void conv_block() {
+    const Shape x = cur_.shape;
+    const int64_t c = x[1], h = x[2], w = x[3];
+    int64_t k = 1, group = 1, dil = 1, m = pick({8, 12, 16, 24, 32, 48, 64, 96});
+    const int64_t kind = uniform(7);
+    if (kind == 1 || kind == 2) k = 3;
+    if (kind == 3) k = 3, dil = 2;
+    if (kind == 4) k = 3, group = pick({2, 4});
+    if (c % group != 0 || m % group != 0) group = 1;
+    if (kind >= 5) k = pick({3, 3, 5, 7}), group = c, m = chance(80) ? c : 2 * c;  // depthwise (multiplier 1 or 2)
+    const int64_t pad = dil * (k - 1) / 2;
+    const int64_t stride = dil == 1 && h >= 6 && w >= 6 && chance(30) ? 2 : 1;
+    const int64_t oh = (h + 2 * pad - dil * (k - 1) - 1) / stride + 1,
+                  ow = (w + 2 * pad - dil * (k - 1) - 1) / stride + 1;
+    if (oh < 1 || ow < 1) return;
+    std::vector<std::string> ins = {cur_.ref, weights("W", {m, c / group, k, k}, c / group * k * k)};
+    if (chance(80)) ins.push_back(constant("B", {m}, -0.5f, 0.5f));
+    node("Conv", ins,
+         {{"kernel_shape", Is({k, k})},
+          {"strides", Is({stride, stride})},
+          {"pads", Is({pad, pad, pad, pad})},
+          {"dilations", Is({dil, dil})},
+          {"group", I(group)}},
+         {x[0], m, oh, ow});
+    note("conv" + std::to_string(k) + "x" + std::to_string(k) + (stride > 1 ? "/2" : "") + (dil > 1 ? "d2" : "") +
+         (group > 1 ? (group == c ? "dw" : "g" + std::to_string(group)) : "") + "(" + std::to_string(c) + "->" +
+         std::to_string(m) + ")");
+    if (chance(30)) {
+      node("BatchNormalization",
+           {cur_.ref, constant("S", {m}, 0.5f, 1.5f), constant("T", {m}, -0.5f, 0.5f), constant("M", {m}, -0.5f, 0.5f),
+            constant("V", {m}, 0.5f, 2.f)},
+           {}, cur_.shape);
+      note("bn");
+    }
+    if (chance(70)) activation();
+  }
+
+  void activation() {
+    const Shape s = cur_.shape;
+    const std::string x = cur_.ref;
+    switch (uniform(11)) {
+      case 0: node("Relu", {x}, {}, s), note("relu"); break;
+      case 1: node("Clip", {x, scalar(0.f), scalar(6.f)}, {}, s), note("clip"); break;
+      case 2: node("LeakyRelu", {x}, {{"alpha", F(0.1f)}}, s), note("leakyrelu"); break;
+      case 3: node("Sigmoid", {x}, {}, s), note("sigmoid"); break;
+      case 4: node("Tanh", {x}, {}, s), note("tanh"); break;
+      case 5: node("HardSigmoid", {x}, {{"alpha", F(1.f / 6)}, {"beta", F(0.5f)}}, s), note("hardsigmoid"); break;
+      case 6: node("HardSwish", {x}, {}, s), note("hardswish"); break;
+      case 7: {  // MobileNetV3's hard-swish as exported: x * HardSigmoid(x)
+        const Val hs = node("HardSigmoid", {x}, {{"alpha", F(1.f / 6)}, {"beta", F(0.5f)}}, s);
+        node("Mul", {x, hs.ref}, {}, s), note("x*hardsigmoid");
+        break;
+      }
+      case 8: {  // SiLU as exported: x * Sigmoid(x)
+        const Val sg = node("Sigmoid", {x}, {}, s);
+        node("Mul", {sg.ref, x}, {}, s), note("silu");
+        break;
+      }
+      case 9: node("Elu", {x}, {{"alpha", F(1.f)}}, s), note("elu"); break;
+      default: {  // GELU as its Erf formula: x * 0.5 * (1 + erf(x / sqrt(2)))
+        const Val d = node("Div", {x, scalar(std::sqrt(2.f))}, {}, s);
+        const Val e = node("Erf", {d.ref}, {}, s);
+        const Val a = node("Add", {e.ref, scalar(1.f)}, {}, s);
+        const Val m = node("Mul", {x, a.ref}, {}, s);
+        node("Mul", {m.ref, scalar(0.5f)}, {}, s), note("gelu");
+        break;
+      }
+    }
+  }
+
+  // An earlier value of the current shape (not the current one), or null.
+  const Val* same_shape_earlier() {
+    std::vector<const Val*> found;
+    for (const Val& v : history_)
+      if (v.shape == cur_.shape && v.ref != cur_.ref) found.push_back(&v);
+    return found.empty() ? nullptr : found[static_cast<size_t>(uniform(static_cast<int64_t>(found.size())))];
+  }
+
+  void residual_or_affine() {
+    const Shape s = cur_.shape;
+    if (const Val* e = same_shape_earlier(); e && chance(60)) {
+      const bool first = chance(50);
+      node("Add", {first ? cur_.ref : e->ref, first ? e->ref : cur_.ref}, {}, s);
+      note("+residual");
+      if (chance(50)) node("Relu", {cur_.ref}, {}, s), note("relu");
+      return;
+    }
+    if (!nchw()) return;
+    const int64_t c = C();
+    switch (uniform(3)) {
+      case 0: node("Mul", {cur_.ref, constant("K", {c, 1, 1}, 0.5f, 1.5f)}, {}, s), note("*channel"); break;
+      case 1: node("Add", {constant("A", {c, 1, 1}, -0.5f, 0.5f), cur_.ref}, {}, s), note("+channel"); break;
+      default: node("Mul", {cur_.ref, scalar(0.75f)}, {}, s), note("*scalar"); break;
+    }
+  }
+
+  void pool() {
+    const Shape x = cur_.shape;
+    const int64_t h = x[2], w = x[3];
+    const int64_t kind = uniform(4);
+    if (kind == 0 && h >= 3 && w >= 3) {
+      node("MaxPool", {cur_.ref}, {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"pads", Is({1, 1, 1, 1})}},
+           {x[0], x[1], (h - 1) / 2 + 1, (w - 1) / 2 + 1});
+      note("maxpool3/2");
+    } else if (kind == 1 && h >= 2 && w >= 2) {
+      node("MaxPool", {cur_.ref}, {{"kernel_shape", Is({2, 2})}, {"strides", Is({2, 2})}}, {x[0], x[1], h / 2, w / 2});
+      note("maxpool2/2");
+    } else if (kind == 2) {
+      const int64_t inc = uniform(2);
+      node("AveragePool", {cur_.ref},
+           {{"kernel_shape", Is({3, 3})}, {"pads", Is({1, 1, 1, 1})}, {"count_include_pad", I(inc)}}, x);
+      note(inc ? "avgpool3(pad counted)" : "avgpool3");
+    } else if (history_.size() > 2) {  // late in a chain only: nothing spatial follows a global pool
+      node("GlobalAveragePool", {cur_.ref}, {}, {x[0], x[1], 1, 1});
+      note("gap");
+    }
+  }
+
+  // ConvNeXt's inverted bottleneck in channels-last: Transpose, LayerNorm, MatMul + bias, GELU, MatMul + bias,
+  // layer scale, Transpose back, the residual around it.
+  void mlp() {
+    const Shape x = cur_.shape;
+    const Val in_val = cur_;
+    const int64_t n = x[0], c = x[1], h = x[2], w = x[3], hidden = pick({16, 32, 48, 64, 96});
+    node("Transpose", {cur_.ref}, {{"perm", Is({0, 2, 3, 1})}}, {n, h, w, c});
+    std::string what = "mlp(";
+    if (chance(70)) {
+      node("LayerNormalization", {cur_.ref, constant("G", {c}, 0.5f, 1.5f), constant("L", {c}, -0.5f, 0.5f)},
+           {{"axis", I(-1)}, {"epsilon", F(1e-6f)}}, cur_.shape);
+      what += "ln ";
+    }
+    node("MatMul", {cur_.ref, weights("P", {c, hidden}, c)}, {}, {n, h, w, hidden});
+    if (chance(80)) node("Add", {cur_.ref, constant("PB", {hidden}, -0.5f, 0.5f)}, {}, cur_.shape);
+    what += std::to_string(c) + "->" + std::to_string(hidden);
+    if (chance(80)) {
+      note(what);
+      what = "";
+      activation();
+    }
+    const int64_t out = chance(70) ? c : pick({16, 24, 32});
+    node("MatMul", {cur_.ref, weights("Q", {hidden, out}, hidden)}, {}, {n, h, w, out});
+    if (chance(80)) node("Add", {cur_.ref, constant("QB", {out}, -0.5f, 0.5f)}, {}, cur_.shape);
+    what += "->" + std::to_string(out);
+    if (chance(50)) node("Mul", {cur_.ref, constant("LS", {out}, 0.1f, 1.f)}, {}, cur_.shape), what += " scaled";
+    node("Transpose", {cur_.ref}, {{"perm", Is({0, 3, 1, 2})}}, {n, out, h, w});
+    if (out == c && chance(70)) {
+      node("Add", {in_val.ref, cur_.ref}, {}, cur_.shape);
+      what += " +residual";
+    }
+    note(what + ")");
+  }
+
+  void concat_or_resize() {
+    const Shape x = cur_.shape;
+    if (chance(50)) {
+      std::vector<const Val*> found;
+      for (const Val& v : history_)
+        if (v.ref != cur_.ref && v.shape.size() == 4 && v.shape[0] == x[0] && v.shape[2] == x[2] && v.shape[3] == x[3])
+          found.push_back(&v);
+      if (!found.empty()) {
+        const Val* e = found[static_cast<size_t>(uniform(static_cast<int64_t>(found.size())))];
+        const bool first = chance(50);
+        node("Concat", {first ? cur_.ref : e->ref, first ? e->ref : cur_.ref}, {{"axis", I(1)}},
+             {x[0], x[1] + e->shape[1], x[2], x[3]});
+        note("concat(" + std::to_string(x[1]) + "+" + std::to_string(e->shape[1]) + ")");
+        return;
+      }
+    }
+    if (x[2] * x[3] > 144) return;
+    static const char* const kModes[] = {"half_pixel", "align_corners", "pytorch_half_pixel"};
+    const char* mode = kModes[uniform(3)];
+    InputSpec sc = in("R" + std::to_string(c_.inputs.size()), {4}, true);
+    sc.values = {1.f, 1.f, 2.f, 2.f};
+    c_.inputs.push_back(sc);
+    node("Resize", {cur_.ref, "", sc.name}, {{"mode", S("linear")}, {"coordinate_transformation_mode", S(mode)}},
+         {x[0], x[1], 2 * x[2], 2 * x[3]});
+    note(std::string("resize2x(") + mode + ")");
+  }
+
+  // MobileNetV3's squeeze-and-excitation: a gate from the channel means scales the channels.
+  void squeeze_excite() {
+    const Shape x = cur_.shape;
+    const Val in_val = cur_;
+    const int64_t c = x[1], r = std::max<int64_t>(4, c / 4);
+    node("GlobalAveragePool", {cur_.ref}, {}, {x[0], c, 1, 1});
+    node("Conv", {cur_.ref, weights("E", {r, c, 1, 1}, c), constant("EB", {r}, -0.5f, 0.5f)},
+         {{"kernel_shape", Is({1, 1})}}, {x[0], r, 1, 1});
+    node("Relu", {cur_.ref}, {}, cur_.shape);
+    node("Conv", {cur_.ref, weights("F", {c, r, 1, 1}, r), constant("FB", {c}, -0.5f, 0.5f)},
+         {{"kernel_shape", Is({1, 1})}}, {x[0], c, 1, 1});
+    const bool hard = chance(50);
+    if (hard) node("HardSigmoid", {cur_.ref}, {{"alpha", F(1.f / 6)}, {"beta", F(0.5f)}}, cur_.shape);
+    else node("Sigmoid", {cur_.ref}, {}, cur_.shape);
+    node("Mul", {in_val.ref, cur_.ref}, {}, x);
+    note(std::string("se(") + (hard ? "hardsigmoid" : "sigmoid") + ")");
+  }
+
+  // A classifier: GlobalAveragePool (or the whole map when small), Flatten, Gemm with weights [K, features].
+  void head() {
+    const Shape x = cur_.shape;
+    if (x[2] * x[3] > 1 && (chance(60) || x[1] * x[2] * x[3] > 4096)) {
+      node("GlobalAveragePool", {cur_.ref}, {}, {x[0], x[1], 1, 1});
+      note("gap");
+    }
+    const int64_t f = cur_.shape[1] * cur_.shape[2] * cur_.shape[3], k = pick({10, 16, 37});
+    node("Flatten", {cur_.ref}, {{"axis", I(1)}}, {x[0], f});
+    node("Gemm", {cur_.ref, weights("H", {k, f}, f), constant("HB", {k}, -0.5f, 0.5f)}, {{"transB", I(1)}}, {x[0], k});
+    note("gemm(" + std::to_string(f) + "->" + std::to_string(k) + ")");
+    if (chance(50)) activation();
+  }
+
+  std::mt19937_64 rng_;
+  OpCase c_;
+  Val cur_;
+  std::vector<Val> history_;
+  std::string what_;
+};
+
+}  // namespace
+
+OpCase random_chain_case(uint64_t seed) { return Gen(seed).make(seed); }
+
+}  // namespace keel::cts
