@@ -4537,9 +4537,12 @@ const char* outcome_name(Outcome o) {
 }
 
 std::string repro(const std::string& device, const OpCase& c) {
-  if (c.op == "RandomChain")  // label "seed=N: ..."
+  if (c.op == "RandomChain") {  // label "seed=N: ..." or "seed=N bf16: ..."
+    const size_t end = c.label.find_first_of(" :");
     return "keel-cts --device " + device + " --random-chains 1 --seed " +
-           c.label.substr(5, c.label.find(':') == std::string::npos ? std::string::npos : c.label.find(':') - 5);
+           c.label.substr(5, end == std::string::npos ? std::string::npos : end - 5) +
+           (c.dtype == DType::kBF16 ? " --bf16" : "");
+  }
   return "keel-cts --device " + device + " --op " + c.op + " --case '" + c.label + "'";
 }
 

@@ -7,8 +7,12 @@
 // x * Sigmoid(x), Elu, GELU as its Erf formula), residual Adds with an earlier value, per-channel and scalar scales
 // and offsets, pooling, a channels-last MLP between Transposes (LayerNorm, MatMul + bias, layer scale, the residual
 // around it), Concat with an earlier value, bilinear Resize (three coordinate modes), a squeeze-and-excitation gate,
-// and sometimes a classifier head (GlobalAveragePool or not, Flatten, Gemm). Channel counts mix multiples of 16 with
-// odd ones; images are small (5 to 20 pixels a side, batch 1 or 2) so that the reference stays quick. Weights are
+// and sometimes a classifier head (GlobalAveragePool or not, Flatten, Gemm). A third of the cases are sequences
+// instead ([B,S,E], transformer-like): MatMul + bias (either operand order) with scalar factors and activations, Gemm
+// over the flattened rows (transB, alpha, beta, C or none) between Reshapes, LayerNormalization or its decomposed
+// form, residual Adds, self-attention (MatMul with the transposed value, scale, Softmax, MatMul), vector and scalar
+// affine ops, and sometimes a mean over the sequence and a classifier. Channel counts mix multiples of 16 with odd
+// ones; images are small (5 to 20 pixels a side, batch 1 or 2) so that the reference stays quick. Weights are
 // uniform with the variance of their fan-in, so that values neither vanish nor grow along the chain.
 #include <algorithm>
 #include <cmath>
@@ -26,9 +30,17 @@ class Gen {
  public:
   explicit Gen(uint64_t seed) : rng_(seed * 0x9E3779B97F4A7C15ull + 0x5851F42D4C957F2Dull) {}
 
-  OpCase make(uint64_t seed) {
+  OpCase make(uint64_t seed, DType dtype) {
     c_.op = "RandomChain";
     c_.rtol = 1e-3, c_.atol = 1e-4;
+    c_.dtype = dtype;
+    const std::string tag = "seed=" + std::to_string(seed) + (dtype == DType::kBF16 ? " bf16" : "") + ":";
+    if (dtype == DType::kBF16) c_.rtol = 4e-2, c_.atol = 4e-2;  // 8 significant bits, rounded after every op
+    if (chance(33)) {
+      sequence();
+      c_.label = tag + " seq" + what_;
+      return c_;
+    }
     const int64_t n = pick({1, 1, 2}), ch = pick({3, 4, 8, 16, 16, 24, 32, 40}), h = 5 + uniform(16),
                   w = chance(60) ? h : 5 + uniform(16);
     c_.inputs.push_back(in("X", {n, ch, h, w}));
@@ -38,7 +50,7 @@ class Gen {
     for (int b = 0; b < blocks; ++b) block();
     if (c_.chain.empty()) activation();  // every block declined (a pool over too small a map, ...)
     if (chance(30)) head();
-    c_.label = "seed=" + std::to_string(seed) + ":" + what_;
+    c_.label = tag + what_;
     return c_;
   }
 
@@ -77,7 +89,31 @@ class Gen {
     c_.inputs.push_back(s);
     return name;
   }
+  // An int64 constant (a Reshape's shape).
+  std::string ints(const std::vector<int64_t>& v) {
+    const std::string name = "i" + std::to_string(c_.inputs.size());
+    InputSpec s = in(name, {static_cast<int64_t>(v.size())}, true);
+    s.dtype = DType::kI64;
+    s.values.assign(v.begin(), v.end());
+    c_.inputs.push_back(s);
+    return name;
+  }
   bool nchw() const { return cur_.shape.size() == 4; }
+  // Whether a LayerNorm of the current value over `axis_len` values tests the device rather than bf16's rounding:
+  // always in f32; in bf16 over 8 values or more of a linear op's output (a product, a convolution, a sum, past
+  // Transposes and Reshapes), not of a squashing one (Softmax, Sigmoid, HardSigmoid, attention's averages), whose
+  // nearly equal values the normalization magnifies with their rounding.
+  bool norm_is_fair(int64_t axis_len) const {
+    if (c_.dtype == DType::kF32) return true;
+    if (axis_len < 8) return false;
+    for (size_t k = c_.chain.size(); k-- > 0;) {
+      const std::string& op = c_.chain[k].op;
+      if (op == "Transpose" || op == "Reshape") continue;
+      return op == "MatMul" || op == "Gemm" || op == "Conv" || op == "Add" || op == "BatchNormalization" ||
+             op == "LayerNormalization";
+    }
+    return true;  // the input itself
+  }
   int64_t C() const { return cur_.shape[1]; }
 
   void block() {
@@ -94,6 +130,140 @@ class Gen {
       default: conv_block(); break;
     }
     history_.push_back(cur_);
+  }
+
+  // Sequences [B,S,E]: transformer-like blocks, each reading the one before.
+  void sequence() {
+    const int64_t b = pick({1, 1, 2}), sl = pick({1, 4, 7, 16, 33}), e = pick({8, 16, 24, 32, 48, 64});
+    c_.inputs.push_back(in("X", {b, sl, e}));
+    cur_ = {"X", {b, sl, e}};
+    history_.push_back(cur_);
+    const int blocks = 2 + static_cast<int>(uniform(5));
+    // Not a LayerNorm or a Softmax right after a Softmax: rows of nearly equal values, whose normalization magnifies
+    // rounding (in bf16 beyond any tolerance) rather than testing the device.
+    bool after_softmax = false;
+    for (int k = 0; k < blocks; ++k) {
+      int64_t kind = uniform(8);
+      if (after_softmax && (kind == 3 || kind == 7)) kind = 0;
+      after_softmax = kind == 7;
+      switch (kind) {
+        case 0:
+        case 1: linear(); break;
+        case 2: gemm_rows(); break;
+        case 3: layer_norm(); break;
+        case 4: residual_or_affine_seq(); break;
+        case 5: attention(); break;
+        case 6: activation(); break;
+        default: node("Softmax", {cur_.ref}, {{"axis", I(-1)}}, cur_.shape), note("softmax"); break;
+      }
+      history_.push_back(cur_);
+    }
+    if (chance(30)) {  // mean over the sequence, a classifier
+      const Shape x = cur_.shape;
+      node("ReduceMean", {cur_.ref}, {{"axes", Is({1})}, {"keepdims", I(0)}}, {x[0], x[2]});
+      const int64_t k = pick({10, 16});
+      node("Gemm", {cur_.ref, weights("H", {k, x[2]}, x[2]), constant("HB", {k}, -0.5f, 0.5f)}, {{"transB", I(1)}},
+           {x[0], k});
+      note("mean gemm(" + std::to_string(x[2]) + "->" + std::to_string(k) + ")");
+    }
+  }
+
+  // MatMul with constant weights [E, E2], a bias (either operand order), a scalar factor, an activation.
+  void linear() {
+    const Shape x = cur_.shape;
+    const int64_t e = x.back(), e2 = pick({16, 24, 32, 48, 64, 96});
+    Shape y = x;
+    y.back() = e2;
+    node("MatMul", {cur_.ref, weights("P", {e, e2}, e)}, {}, y);
+    std::string what = "linear(" + std::to_string(e) + "->" + std::to_string(e2);
+    if (chance(80)) {
+      const std::string bias = constant("PB", {e2}, -0.5f, 0.5f);
+      const bool first = chance(50);
+      node("Add", {first ? bias : cur_.ref, first ? cur_.ref : bias}, {}, y);
+      what += " +bias";
+    }
+    if (chance(25)) {
+      const bool div = chance(50);
+      node(div ? "Div" : "Mul", {cur_.ref, scalar(div ? 2.f : 0.5f)}, {}, y);
+      what += div ? " /2" : " *0.5";
+    }
+    note(what + ")");
+    if (chance(50)) activation();
+  }
+
+  // Gemm over the rows [B*S, E] between Reshapes: transB, alpha, beta, C (a row vector) or none.
+  void gemm_rows() {
+    const Shape x = cur_.shape;
+    const int64_t rows = x[0] * x[1], e = x[2], e2 = pick({16, 32, 40, 64});
+    node("Reshape", {cur_.ref, ints({rows, e})}, {}, {rows, e});
+    const bool tb = chance(50), with_c = chance(70);
+    const float alpha = chance(30) ? 0.5f : 1.f, beta = with_c && chance(30) ? 2.f : 1.f;
+    std::vector<std::string> ins = {cur_.ref, weights("G", tb ? Shape{e2, e} : Shape{e, e2}, e)};
+    if (with_c) ins.push_back(constant("GC", {e2}, -0.5f, 0.5f));
+    node("Gemm", ins, {{"transB", I(tb ? 1 : 0)}, {"alpha", F(alpha)}, {"beta", F(beta)}}, {rows, e2});
+    if (chance(40)) activation();
+    node("Reshape", {cur_.ref, ints({x[0], x[1], e2})}, {}, {x[0], x[1], e2});
+    note(std::string("gemm(") + (tb ? "transB " : "") + (alpha != 1.f ? "alpha " : "") +
+         (with_c ? (beta != 1.f ? "C*2 " : "C ") : "") + std::to_string(e) + "->" + std::to_string(e2) + ")");
+  }
+
+  // LayerNormalization over the last axis, or the decomposition torch exported before opset 17.
+  void layer_norm() {
+    const Shape x = cur_.shape;
+    const int64_t e = x.back();
+    if (!norm_is_fair(e)) return linear();
+    const std::string g = constant("G", {e}, 0.5f, 1.5f), bt = constant("L", {e}, -0.5f, 0.5f);
+    if (chance(50)) {
+      node("LayerNormalization", {cur_.ref, g, bt}, {{"axis", I(-1)}, {"epsilon", F(1e-5f)}}, x);
+      note("layernorm");
+      return;
+    }
+    Shape r = x;
+    r.back() = 1;
+    const std::string in_ref = cur_.ref;
+    const Val m = node("ReduceMean", {in_ref}, {{"axes", Is({-1})}}, r);
+    const Val d = node("Sub", {in_ref, m.ref}, {}, x);
+    const Val p = node("Pow", {d.ref, scalar(2.f)}, {}, x);
+    const Val v = node("ReduceMean", {p.ref}, {{"axes", Is({-1})}}, r);
+    const Val ve = node("Add", {v.ref, scalar(1e-5f)}, {}, r);
+    const Val sd = node("Sqrt", {ve.ref}, {}, r);
+    const Val nv = node("Div", {d.ref, sd.ref}, {}, x);
+    const Val sc = node("Mul", {nv.ref, g}, {}, x);
+    node("Add", {sc.ref, bt}, {}, x);
+    note("layernorm(decomposed)");
+  }
+
+  void residual_or_affine_seq() {
+    const Shape x = cur_.shape;
+    if (const Val* e = same_shape_earlier(); e && chance(60)) {
+      const bool first = chance(50);
+      node("Add", {first ? cur_.ref : e->ref, first ? e->ref : cur_.ref}, {}, x);
+      note("+residual");
+      if (chance(40)) layer_norm();
+      return;
+    }
+    switch (uniform(4)) {
+      case 0: node("Mul", {cur_.ref, constant("K", {x.back()}, 0.5f, 1.5f)}, {}, x), note("*vector"); break;
+      case 1: node("Add", {constant("A", {x.back()}, -0.5f, 0.5f), cur_.ref}, {}, x), note("+vector"); break;
+      case 2: node("Sub", {cur_.ref, scalar(0.25f)}, {}, x), note("-scalar"); break;
+      default: node("Div", {cur_.ref, scalar(1.5f)}, {}, x), note("/scalar"); break;
+    }
+  }
+
+  // Self-attention of one head on the value itself (or on a linear projection of it): softmax(x x^T * k) x.
+  void attention() {
+    const Shape x = cur_.shape;
+    const int64_t b = x[0], sl = x[1], e = x[2];
+    const std::string v = cur_.ref;
+    const Val kt = node("Transpose", {v}, {{"perm", Is({0, 2, 1})}}, {b, e, sl});
+    const Val sc = node("MatMul", {v, kt.ref}, {}, {b, sl, sl});
+    const bool div = chance(50);
+    node(div ? "Div" : "Mul",
+         {sc.ref, scalar(div ? std::sqrt(static_cast<float>(e)) : 1.f / std::sqrt(static_cast<float>(e)))}, {},
+         {b, sl, sl});
+    const Val p = node("Softmax", {cur_.ref}, {{"axis", I(-1)}}, {b, sl, sl});
+    node("MatMul", {p.ref, v}, {}, x);
+    note("attention");
   }
 
   void conv_block() {
@@ -222,7 +392,7 @@ class Gen {
     const int64_t n = x[0], c = x[1], h = x[2], w = x[3], hidden = pick({16, 32, 48, 64, 96});
     node("Transpose", {cur_.ref}, {{"perm", Is({0, 2, 3, 1})}}, {n, h, w, c});
     std::string what = "mlp(";
-    if (chance(70)) {
+    if (chance(70) && norm_is_fair(c)) {
       node("LayerNormalization", {cur_.ref, constant("G", {c}, 0.5f, 1.5f), constant("L", {c}, -0.5f, 0.5f)},
            {{"axis", I(-1)}, {"epsilon", F(1e-6f)}}, cur_.shape);
       what += "ln ";
@@ -264,7 +434,7 @@ class Gen {
         return;
       }
     }
-    if (x[2] * x[3] > 144) return;
+    if (x[2] * x[3] > 144 || c_.dtype != DType::kF32) return;  // (a Resize's scales stay f32 in a bf16 graph)
     static const char* const kModes[] = {"half_pixel", "align_corners", "pytorch_half_pixel"};
     const char* mode = kModes[uniform(3)];
     InputSpec sc = in("R" + std::to_string(c_.inputs.size()), {4}, true);
@@ -316,6 +486,6 @@ class Gen {
 
 }  // namespace
 
-OpCase random_chain_case(uint64_t seed) { return Gen(seed).make(seed); }
+OpCase random_chain_case(uint64_t seed, DType dtype) { return Gen(seed).make(seed, dtype); }
 
 }  // namespace keel::cts
