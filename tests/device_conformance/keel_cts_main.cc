@@ -1,8 +1,9 @@
 // keel-cts — run the device conformance suite (device_cts.h) from the command line; every failure prints a
 // one-line repro of this tool.
 //   keel-cts --device cpu [--op Conv] [--case 'N=1 C=3 ...'] [--verbose] [--list]
-//   keel-cts --device cpu --random-chains 200 [--seed 1] [--bf16]   (random chains: device_cts.h, random_chain_case)
-//   keel-cts --random-chains 1 --seed 4838 --save DIR       (the case as DIR/model.onnx + DIR/test_data_set_0)
+//   keel-cts --device cpu --random-chains 200 [--seed 1] [--bf16 | --int8]   (random chains: device_cts.h,
+//   random_chain_case) keel-cts --random-chains 1 --seed 4838 --save DIR       (the case as DIR/model.onnx +
+//   DIR/test_data_set_0)
 #include <CLI/CLI.hpp>
 
 #include <filesystem>
@@ -20,7 +21,7 @@ int main(int argc, char** argv) {
   int64_t random_chains = 0;
   uint64_t first_seed = 1;
   std::string save_dir;
-  bool bf16 = false;
+  bool bf16 = false, int8 = false;
   CLI::App app{"keel-cts: every kernel of a device against the reference kernels", "keel-cts"};
   app.add_option("--device,-d", o.device, "Device type under test (cpu, cuda, ...)");
   app.add_option("--op", o.op, "Only this op type");
@@ -36,11 +37,12 @@ int main(int argc, char** argv) {
                  "Write the one case selected (--op/--case, or --random-chains 1) as DIR/model.onnx and its inputs as "
                  "DIR/test_data_set_0/input_K.pb, for `keel run` or another runtime, and exit");
   app.add_flag("--bf16", bf16, "With --random-chains: every float input bf16 (the chains in bf16)");
+  app.add_flag("--int8", int8, "With --random-chains: int8 QDQ chains of convolutions instead");
   app.add_option("--seed", first_seed, "The first random chain's seed (with --random-chains; the others follow it)");
   CLI11_PARSE(app, argc, argv);
   std::vector<cts::OpCase> generated;
   for (int64_t i = 0; i < random_chains; ++i)
-    generated.push_back(cts::random_chain_case(first_seed + i, bf16 ? DType::kBF16 : DType::kF32));
+    generated.push_back(cts::random_chain_case(first_seed + i, int8 ? DType::kI8 : bf16 ? DType::kBF16 : DType::kF32));
   if (random_chains > 0) o.cases = &generated;
   if (!save_dir.empty()) {
     std::vector<const cts::OpCase*> picked;

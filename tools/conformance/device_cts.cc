@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/runtime/pipelines.h"
 #include "core/runtime/session.h"
 #include "tools/conformance/case_builders.h"
 
@@ -4490,12 +4491,13 @@ struct RunOut {
   std::string kernel;
 };
 
-RunOut run_one(Environment& env, const OpCase& c, const std::string& device) {
+RunOut run_one(Environment& env, const OpCase& c, const std::string& device, bool oracle) {
   RunOut r;
   Built b = build(c);
   SessionOptions so;
   so.devices = {device};
   so.fallback = Fallback::kError;
+  if (c.auto_passes && !oracle) so.passes = auto_pass_pipeline(b.graph, env.registry());
   auto s = Session::create(env, std::move(b.graph), so);
   if (!s.is_ok()) {
     r.status = s.status();
@@ -4541,7 +4543,7 @@ std::string repro(const std::string& device, const OpCase& c) {
     const size_t end = c.label.find_first_of(" :");
     return "keel-cts --device " + device + " --random-chains 1 --seed " +
            c.label.substr(5, end == std::string::npos ? std::string::npos : end - 5) +
-           (c.dtype == DType::kBF16 ? " --bf16" : "");
+           (c.dtype == DType::kBF16 ? " --bf16" : "") + (c.label.find(" int8:") != std::string::npos ? " --int8" : "");
   }
   return "keel-cts --device " + device + " --op " + c.op + " --case '" + c.label + "'";
 }
@@ -4554,13 +4556,13 @@ Report run(Environment& dut, Environment& oracle, const Options& o) {
     CaseResult r;
     r.c = &c;
     r.repro = repro(o.device, c);
-    RunOut ref = run_one(oracle, c, "cpu");
+    RunOut ref = run_one(oracle, c, "cpu", true);
     if (!ref.status.is_ok()) {
       // The reference cannot run it: the case itself is wrong (a bug in the table), not the device.
       r.outcome = Outcome::kInvalid;
       r.message = "reference: " + ref.status.to_string();
     } else {
-      RunOut got = run_one(dut, c, o.device);
+      RunOut got = run_one(dut, c, o.device, false);
       r.kernel = got.kernel;
       if (!got.status.is_ok()) {
         r.outcome = got.status.code() == StatusCode::kUnimplemented ? Outcome::kUnsupported : Outcome::kError;

@@ -66,6 +66,10 @@ struct OpCase {
   // A chain case that a device claiming chains should take whole, as one subgraph (the oneDNN plugin's test checks
   // that no node of it runs on a kernel of its own).
   bool claim_whole = false;
+  // The device under test's session runs the graph passes `keel run` would (auto_pass_pipeline: the fusion passes,
+  // or fuse_qdq for a QDQ graph) before placement; the reference runs the graph as written, so the passes are
+  // checked too. Off: both run the graph as written.
+  bool auto_passes = false;
 };
 
 // A case as a graph, and the values of its non-constant inputs (what the suite runs).
@@ -123,7 +127,8 @@ std::string repro(const std::string& device, const OpCase& c);
 // Resize, a squeeze-and-excitation gate, a classifier head) or of transformer-like ones over sequences. The same seed
 // always gives the same case: op "RandomChain", label "seed=N: <its blocks>", repro `keel-cts --device D
 // --random-chains 1 --seed N`. With dtype bf16 every float input is bf16 (the graph as convert_precision leaves it;
-// label "seed=N bf16: ...", repro with --bf16), compared within bf16's rounding.
+// label "seed=N bf16: ...", repro with --bf16), compared within bf16's rounding; with dtype i8 the case is an int8
+// QDQ model of convolutions instead (quantized inputs, per-channel int8 weights: "seed=N int8: ...", --int8).
 OpCase random_chain_case(uint64_t seed, DType dtype = DType::kF32);
 
 }  // namespace keel::cts

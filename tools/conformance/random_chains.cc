@@ -33,9 +33,16 @@ class Gen {
   OpCase make(uint64_t seed, DType dtype) {
     c_.op = "RandomChain";
     c_.rtol = 1e-3, c_.atol = 1e-4;
+    c_.auto_passes = true;  // what `keel run` does: the passes' rewrites are checked too
     c_.dtype = dtype;
     const std::string tag = "seed=" + std::to_string(seed) + (dtype == DType::kBF16 ? " bf16" : "") + ":";
     if (dtype == DType::kBF16) c_.rtol = 4e-2, c_.atol = 4e-2;  // 8 significant bits, rounded after every op
+    if (dtype == DType::kI8) {
+      c_.dtype = DType::kF32;
+      qdq_chain();
+      c_.label = "seed=" + std::to_string(seed) + " int8:" + what_;
+      return c_;
+    }
     if (chance(33)) {
       sequence();
       c_.label = tag + " seq" + what_;
@@ -130,6 +137,119 @@ class Gen {
       default: conv_block(); break;
     }
     history_.push_back(cur_);
+  }
+
+  // int8 as a QDQ model (what `keel quantize` and ONNX Runtime's quantizer write): every convolution's input
+  // quantized and dequantized (u8, one scale), its weights int8 per output channel behind a DequantizeLinear, an f32
+  // bias; Relu or Clip after; residual Adds in f32; max pooling; a global pool and a quantized Gemm head. The device
+  // fuses it (fuse_qdq: int8 kernels), the reference runs the QDQ graph as written. A rounding that falls the other
+  // way moves a value by one step of its scale, so outputs are compared within a few steps of the last scale.
+  void qdq_chain() {
+    const int64_t n = pick({1, 1, 2}), ch = pick({3, 8, 16, 24, 32}), h = 5 + uniform(14),
+                  w = chance(60) ? h : 5 + uniform(14);
+    c_.inputs.push_back(in("X", {n, ch, h, w}, false, -2.f, 2.f));
+    cur_ = {"X", {n, ch, h, w}};
+    history_.push_back(cur_);
+    c_.rtol = 2e-2, c_.atol = 0.1;  // two or three steps of 0.04 (a flip changes a sum by one step times a weight)
+    const int blocks = 2 + static_cast<int>(uniform(4));
+    for (int b = 0; b < blocks; ++b) {
+      switch (uniform(6)) {
+        case 0:
+        case 1:
+        case 2: qconv(); break;
+        case 3: {
+          const Shape x = cur_.shape;
+          if (const Val* e = same_shape_earlier(); e && chance(70)) {
+            node("Add", {cur_.ref, e->ref}, {}, x), note("+residual");
+            if (chance(50)) node("Relu", {cur_.ref}, {}, x), note("relu");
+          } else {
+            qconv();
+          }
+          break;
+        }
+        case 4:
+          if (cur_.shape[2] >= 3 && cur_.shape[3] >= 3) {
+            const Shape x = cur_.shape;
+            quantize_current();
+            node("MaxPool", {cur_.ref},
+                 {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"pads", Is({1, 1, 1, 1})}},
+                 {x[0], x[1], (x[2] - 1) / 2 + 1, (x[3] - 1) / 2 + 1});
+            note("maxpool3/2");
+          }
+          break;
+        default: qconv(); break;
+      }
+      history_.push_back(cur_);
+    }
+    if (chance(40)) {  // global pool, Flatten, a quantized Gemm
+      const Shape x = cur_.shape;
+      node("GlobalAveragePool", {cur_.ref}, {}, {x[0], x[1], 1, 1});
+      node("Flatten", {cur_.ref}, {{"axis", I(1)}}, {x[0], x[1]});
+      quantize_current();
+      const int64_t k = pick({10, 16});
+      node("Gemm", {cur_.ref, qweights({k, x[1]}, x[1], 0), constant("HB", {k}, -0.5f, 0.5f)}, {{"transB", I(1)}},
+           {x[0], k});
+      note("gap qgemm(" + std::to_string(x[1]) + "->" + std::to_string(k) + ")");
+    }
+  }
+
+  // QuantizeLinear + DequantizeLinear of the current value: u8, zero point 128, a scale for about +-5.
+  void quantize_current() {
+    const Shape x = cur_.shape;
+    InputSpec sc = in("qs" + std::to_string(c_.inputs.size()), {}, true);
+    sc.values = {0.04f};
+    c_.inputs.push_back(sc);
+    InputSpec zp = in("qz" + std::to_string(c_.inputs.size()), {}, true);
+    zp.dtype = DType::kU8;
+    zp.values = {128.f};
+    c_.inputs.push_back(zp);
+    node("QuantizeLinear", {cur_.ref, sc.name, zp.name}, {}, x);
+    node("DequantizeLinear", {cur_.ref, sc.name, zp.name}, {}, x);
+  }
+  // int8 weights behind a DequantizeLinear with one scale per output channel (`axis`), keeping the variance of
+  // their fan-in.
+  std::string qweights(Shape shape, int64_t fan_in, int64_t axis) {
+    const int64_t m = shape[static_cast<size_t>(axis)];
+    const float a = std::sqrt(3.f / static_cast<float>(std::max<int64_t>(fan_in, 1)));
+    InputSpec wq = in("qw" + std::to_string(c_.inputs.size()), shape, true, -127.f, 127.f);
+    wq.dtype = DType::kI8;
+    c_.inputs.push_back(wq);
+    InputSpec ws = in("qws" + std::to_string(c_.inputs.size()), {m}, true);
+    for (int64_t k = 0; k < m; ++k) ws.values.push_back(a / 127.f * (0.75f + 0.5f * static_cast<float>(k % 5) / 4));
+    c_.inputs.push_back(ws);
+    InputSpec wz = in("qwz" + std::to_string(c_.inputs.size()), {m}, true);
+    wz.dtype = DType::kI8;
+    wz.values = {0.f};
+    c_.inputs.push_back(wz);
+    const Val d = node("DequantizeLinear", {wq.name, ws.name, wz.name}, {{"axis", I(axis)}}, shape);
+    return d.ref;
+  }
+
+  void qconv() {
+    const Shape x = cur_.shape;
+    const int64_t c = x[1], h = x[2], w = x[3];
+    int64_t k = pick({1, 3, 3}), group = 1, m = pick({8, 16, 24, 32, 40, 64});
+    if (c > 3 && chance(25)) k = 3, group = c, m = c;  // depthwise
+    if (c <= 4 && h >= 7 && w >= 7 && chance(50)) k = 7;
+    const int64_t pad = k / 2, stride = h >= 6 && w >= 6 && chance(30) ? 2 : 1;
+    const int64_t oh = (h + 2 * pad - k) / stride + 1, ow = (w + 2 * pad - k) / stride + 1;
+    const std::string x_ref = cur_.ref;
+    quantize_current();
+    const std::string xq = cur_.ref;
+    const std::string wd = qweights({m, c / group, k, k}, c / group * k * k, 0);
+    node("Conv", {xq, wd, constant("B", {m}, -0.5f, 0.5f)},
+         {{"kernel_shape", Is({k, k})},
+          {"strides", Is({stride, stride})},
+          {"pads", Is({pad, pad, pad, pad})},
+          {"group", I(group)}},
+         {x[0], m, oh, ow});
+    std::string what = "qconv" + std::to_string(k) + "x" + std::to_string(k) + (stride > 1 ? "/2" : "") +
+                       (group > 1 ? "dw" : "") + "(" + std::to_string(c) + "->" + std::to_string(m) + ")";
+    const int64_t act = uniform(3);
+    if (act == 0) node("Relu", {cur_.ref}, {}, cur_.shape), what += " relu";
+    if (act == 1) node("Clip", {cur_.ref, scalar(0.f), scalar(6.f)}, {}, cur_.shape), what += " clip";
+    note(what);
+    (void)x_ref;
   }
 
   // Sequences [B,S,E]: transformer-like blocks, each reading the one before.
