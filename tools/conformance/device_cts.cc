@@ -4498,6 +4498,7 @@ RunOut run_one(Environment& env, const OpCase& c, const std::string& device, boo
   so.devices = {device};
   so.fallback = Fallback::kError;
   if (c.auto_passes && !oracle) so.passes = auto_pass_pipeline(b.graph, env.registry());
+  if (!oracle) so.threads = c.threads;
   auto s = Session::create(env, std::move(b.graph), so);
   if (!s.is_ok()) {
     r.status = s.status();

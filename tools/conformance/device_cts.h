@@ -70,6 +70,7 @@ struct OpCase {
   // or fuse_qdq for a QDQ graph) before placement; the reference runs the graph as written, so the passes are
   // checked too. Off: both run the graph as written.
   bool auto_passes = false;
+  int32_t threads = 0;  // the device under test's session's kernel threads (0: the environment's pool)
 };
 
 // A case as a graph, and the values of its non-constant inputs (what the suite runs).
