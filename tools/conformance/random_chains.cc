@@ -127,7 +127,7 @@ class Gen {
   int64_t C() const { return cur_.shape[1]; }
 
   void block() {
-    switch (uniform(10)) {
+    switch (uniform(11)) {
       case 0:
       case 1:
       case 2: conv_block(); break;
@@ -137,9 +137,88 @@ class Gen {
       case 6: mlp(); break;
       case 7: concat_or_resize(); break;
       case 8: squeeze_excite(); break;
+      case 9: misc(); break;
       default: conv_block(); break;
     }
     history_.push_back(cur_);
+  }
+
+  // Less common shapes: a zero Pad (folded into the next convolution's padding) then a convolution without its own,
+  // a convolution with asymmetric pads, a channel Slice, a Concat of three values, a nearest Resize (torch's),
+  // AveragePool 2x2 stride 2, MaxPool with ceil_mode, Sub and Div by per-channel constants.
+  void misc() {
+    const Shape x = cur_.shape;
+    const int64_t n = x[0], c = x[1], h = x[2], w = x[3];
+    switch (uniform(8)) {
+      case 0: {
+        const int64_t p = pick({1, 2});
+        node("Pad", {cur_.ref, ints({0, 0, p, p, 0, 0, p, p})}, {{"mode", S("constant")}},
+             {n, c, h + 2 * p, w + 2 * p});
+        const int64_t k = 2 * p + 1, m = pick({8, 16, 32});
+        node("Conv", {cur_.ref, weights("W", {m, c, k, k}, c * k * k), constant("B", {m}, -0.5f, 0.5f)},
+             {{"kernel_shape", Is({k, k})}}, {n, m, h, w});
+        note("pad" + std::to_string(p) + "+conv" + std::to_string(k) + "x" + std::to_string(k) + "(" +
+             std::to_string(c) + "->" + std::to_string(m) + ")");
+        break;
+      }
+      case 1: {  // pads top 0, left 1, bottom 1, right 0 (TF's SAME at stride 2 made explicit)
+        if (h < 2 || w < 2) return;
+        const int64_t m = pick({8, 16, 24});
+        node("Conv", {cur_.ref, weights("W", {m, c, 3, 3}, c * 9)},
+             {{"kernel_shape", Is({3, 3})}, {"pads", Is({0, 1, 1, 0})}, {"strides", Is({2, 2})}},
+             {n, m, (h + 1 - 3) / 2 + 1, (w + 1 - 3) / 2 + 1});
+        note("conv3x3/2 pads(0,1,1,0)(" + std::to_string(c) + "->" + std::to_string(m) + ")");
+        break;
+      }
+      case 2: {
+        if (c < 2) return;
+        const int64_t b = uniform(c / 2), e = b + 1 + uniform(c - b - 1);
+        node("Slice", {cur_.ref, ints({b}), ints({e}), ints({1})}, {}, {n, e - b, h, w});
+        note("slice(c " + std::to_string(b) + ".." + std::to_string(e) + ")");
+        break;
+      }
+      case 3: {
+        std::vector<const Val*> found;
+        for (const Val& v : history_)
+          if (v.ref != cur_.ref && v.shape.size() == 4 && v.shape[0] == n && v.shape[2] == h && v.shape[3] == w)
+            found.push_back(&v);
+        if (found.size() < 2) return;
+        const Val* a = found[static_cast<size_t>(uniform(static_cast<int64_t>(found.size())))];
+        const Val* b = found[static_cast<size_t>(uniform(static_cast<int64_t>(found.size())))];
+        node("Concat", {a->ref, cur_.ref, b->ref}, {{"axis", I(1)}}, {n, a->shape[1] + c + b->shape[1], h, w});
+        note("concat3");
+        break;
+      }
+      case 4: {
+        if (h * w > 144 || c_.dtype != DType::kF32) return;
+        InputSpec sc = in("R" + std::to_string(c_.inputs.size()), {4}, true);
+        sc.values = {1.f, 1.f, 2.f, 2.f};
+        c_.inputs.push_back(sc);
+        node(
+            "Resize", {cur_.ref, "", sc.name},
+            {{"mode", S("nearest")}, {"coordinate_transformation_mode", S("asymmetric")}, {"nearest_mode", S("floor")}},
+            {n, c, 2 * h, 2 * w});
+        note("resize2x(nearest)");
+        break;
+      }
+      case 5:
+        if (h < 2 || w < 2) return;
+        node("AveragePool", {cur_.ref}, {{"kernel_shape", Is({2, 2})}, {"strides", Is({2, 2})}}, {n, c, h / 2, w / 2});
+        note("avgpool2/2");
+        break;
+      case 6:
+        if (h < 3 || w < 3) return;
+        node("MaxPool", {cur_.ref}, {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"ceil_mode", I(1)}},
+             {n, c, (h - 3 + 1) / 2 + 1, (w - 3 + 1) / 2 + 1});
+        note("maxpool3/2(ceil)");
+        break;
+      default: {
+        const bool sub = chance(50);
+        node(sub ? "Sub" : "Div", {cur_.ref, constant("D", {c, 1, 1}, sub ? -0.5f : 0.5f, sub ? 0.5f : 2.f)}, {}, x);
+        note(sub ? "-channel" : "/channel");
+        break;
+      }
+    }
   }
 
   // int8 as a QDQ model (what `keel quantize` and ONNX Runtime's quantizer write): every convolution's input
