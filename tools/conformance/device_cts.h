@@ -125,9 +125,10 @@ std::string repro(const std::string& device, const OpCase& c);
 // Random chains, a differential fuzzer of what chain-claiming devices fuse (random_chains.cc): case `seed` strings
 // 2 to 6 random blocks of the kinds CNNs and ConvNeXt-like models are made of (convolutions of every kind with
 // BatchNormalization and activations, residuals, scales, pooling, a channels-last MLP between Transposes, Concat,
-// Resize, a squeeze-and-excitation gate, a classifier head) or of transformer-like ones over sequences. The same seed
-// always gives the same case: op "RandomChain", label "seed=N: <its blocks>", repro `keel-cts --device D
-// --random-chains 1 --seed N`. With dtype bf16 every float input is bf16 (the graph as convert_precision leaves it;
+// Resize, a squeeze-and-excitation gate, a classifier head) or of transformer-like ones over sequences, run on the
+// device after `keel run`'s passes (auto_passes) on a team of 1 to 3 threads. The same seed always gives the same
+// case: op "RandomChain", label "seed=N: <threads> <its blocks>", repro `keel-cts --device D --random-chains 1
+// --seed N`. With dtype bf16 every float input is bf16 (the graph as convert_precision leaves it;
 // label "seed=N bf16: ...", repro with --bf16), compared within bf16's rounding; with dtype i8 the case is an int8
 // QDQ model of convolutions instead (quantized inputs, per-channel int8 weights: "seed=N int8: ...", --int8).
 OpCase random_chain_case(uint64_t seed, DType dtype = DType::kF32);

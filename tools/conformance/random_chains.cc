@@ -315,7 +315,6 @@ class Gen {
     if (c <= 4 && h >= 7 && w >= 7 && chance(50)) k = 7;
     const int64_t pad = k / 2, stride = h >= 6 && w >= 6 && chance(30) ? 2 : 1;
     const int64_t oh = (h + 2 * pad - k) / stride + 1, ow = (w + 2 * pad - k) / stride + 1;
-    const std::string x_ref = cur_.ref;
     quantize_current();
     const std::string xq = cur_.ref;
     const std::string wd = qweights({m, c / group, k, k}, c / group * k * k, 0);
@@ -331,7 +330,6 @@ class Gen {
     if (act == 0) node("Relu", {cur_.ref}, {}, cur_.shape), what += " relu";
     if (act == 1) node("Clip", {cur_.ref, scalar(0.f), scalar(6.f)}, {}, cur_.shape), what += " clip";
     note(what);
-    (void)x_ref;
   }
 
   // Sequences [B,S,E]: transformer-like blocks, each reading the one before.
