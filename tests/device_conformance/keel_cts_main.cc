@@ -2,7 +2,7 @@
 // one-line repro of this tool.
 //   keel-cts --device cpu [--op Conv] [--case 'N=1 C=3 ...'] [--verbose] [--list]
 //   keel-cts --device cpu --random-chains 200 [--seed 1] [--bf16 | --int8]
-//   keel-cts --random-chains 1 --seed 4838 --save DIR   (that case as DIR/model.onnx + DIR/test_data_set_0)
+//   keel-cts --random-chains 1 --seed 17 --save DIR   (that case as DIR/model.onnx + DIR/test_data_set_0)
 // Random chains: device_cts.h, random_chain_case.
 #include <CLI/CLI.hpp>
 

@@ -3519,7 +3519,7 @@ void add_chain_cases(std::vector<OpCase>& v) {
   }
   // Two eltwise post-ops of one algorithm with different parameters: oneDNN 2.6's jit kernels ran the second with
   // the first's parameters (LeakyRelu then Relu as two LeakyRelus: negative outputs). Found by the random chains
-  // (keel-cts --random-chains, seeds 416, 629, 1616, 2220, 2687, 4153).
+  // (keel-cts --random-chains as of 4171da9, seeds 416, 629, 1616, 2220, 2687, 4153).
   {
     OpCase c;
     c.op = "Chain";
@@ -3548,7 +3548,7 @@ void add_chain_cases(std::vector<OpCase>& v) {
   }
   // A bilinear Resize of a 1x1 map (a global pool's, nChw16c) of channels that are no whole 16-channel block: read
   // plain, and a plain [N,C,1,1] also compares equal to channels-last (oneDNN ignores the strides of dims of 1), so
-  // the resized copy was written channels-last into a plain destination (random chain seed 4838).
+  // the resized copy was written channels-last into a plain destination (random chain seed 4838 as of 4171da9).
   {
     OpCase c;
     c.op = "Chain";
