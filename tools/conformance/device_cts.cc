@@ -3546,6 +3546,24 @@ void add_chain_cases(std::vector<OpCase>& v) {
                {"HardSigmoid", {"$2"}, {{"alpha", F(0.25f)}, {"beta", F(0.5f)}}}};
     v.push_back(c);
   }
+  // A view (Unsqueeze, Squeeze) of a value's plain copy, scaled in place, while the value is read again later through
+  // the same copy: the scaling overwrote the copy (random chain seed 8899 as of 61c47fd).
+  {
+    OpCase c;
+    c.op = "Chain";
+    c.label = "conv -> Unsqueeze -> Squeeze -> Mul(scalar) -> Add(with the conv)";
+    c.inputs = {in("X", {1, 16, 6, 6}), in("W", {16, 16, 3, 3}, true, -0.3f, 0.3f), in("A", {1}, true),
+                in("A2", {1}, true), scalar("k", 0.75f)};
+    c.inputs[2].dtype = DType::kI64;
+    c.inputs[3].dtype = DType::kI64;
+    c.int64_constants = {{2, i64({2})}, {3, i64({2})}};
+    c.chain = {conv({"X", "W"}, 3, 1, 1),
+               {"Unsqueeze", {"$0", "A"}, {}},
+               {"Squeeze", {"$1", "A2"}, {}},
+               {"Mul", {"$2", "k"}, {}},
+               {"Add", {"$3", "$0"}, {}}};
+    v.push_back(c);
+  }
   // A bilinear Resize of a 1x1 map (a global pool's, nChw16c) of channels that are no whole 16-channel block: read
   // plain, and a plain [N,C,1,1] also compares equal to channels-last (oneDNN ignores the strides of dims of 1), so
   // the resized copy was written channels-last into a plain destination (random chain seed 4838 as of 4171da9).

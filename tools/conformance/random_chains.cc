@@ -149,7 +149,33 @@ class Gen {
   void misc() {
     const Shape x = cur_.shape;
     const int64_t n = x[0], c = x[1], h = x[2], w = x[3];
-    switch (uniform(8)) {
+    switch (uniform(10)) {
+      case 8: {  // ConvTranspose: kernel 2-4, stride 1-2, pads, an output padding at stride 2 (torch's upsampling)
+        const int64_t k = pick({2, 3, 4}), st = pick({1, 2}), p = k >= 3 && chance(60) ? 1 : 0,
+                      op = st == 2 && chance(40) ? 1 : 0, m = pick({8, 16, 24});
+        const int64_t oh = (h - 1) * st - 2 * p + k + op, ow = (w - 1) * st - 2 * p + k + op;
+        if (oh < 1 || ow < 1 || oh * ow > 1600) return;
+        std::vector<std::string> ins = {cur_.ref, weights("T", {c, m, k, k}, c * k * k / (st * st))};
+        if (chance(70)) ins.push_back(constant("TB", {m}, -0.5f, 0.5f));
+        node("ConvTranspose", ins,
+             {{"kernel_shape", Is({k, k})},
+              {"strides", Is({st, st})},
+              {"pads", Is({p, p, p, p})},
+              {"output_padding", Is({op, op})}},
+             {n, m, oh, ow});
+        note("convT" + std::to_string(k) + "x" + std::to_string(k) + "/" + std::to_string(st) + "(" +
+             std::to_string(c) + "->" + std::to_string(m) + ")");
+        if (chance(50)) activation();
+        break;
+      }
+      case 9: {  // views: Unsqueeze + Squeeze, Identity, Dropout (inference: identity)
+        node("Unsqueeze", {cur_.ref, ints({2})}, {}, {n, c, 1, h, w});
+        node("Squeeze", {cur_.ref, ints({2})}, {}, x);
+        if (chance(50)) node("Identity", {cur_.ref}, {}, x);
+        else node("Dropout", {cur_.ref}, {}, x);
+        note("views");
+        break;
+      }
       case 0: {
         const int64_t p = pick({1, 2});
         node("Pad", {cur_.ref, ints({0, 0, p, p, 0, 0, p, p})}, {{"mode", S("constant")}},
@@ -352,7 +378,10 @@ class Gen {
         case 2: gemm_rows(); break;
         case 3: layer_norm(); break;
         case 4: residual_or_affine_seq(); break;
-        case 5: attention(); break;
+        case 5:
+          if (chance(50)) attention();
+          else multi_head_attention();
+          break;
         case 6: activation(); break;
         default: node("Softmax", {cur_.ref}, {{"axis", I(-1)}}, cur_.shape), note("softmax"); break;
       }
@@ -448,6 +477,36 @@ class Gen {
       case 2: node("Sub", {cur_.ref, scalar(0.25f)}, {}, x), note("-scalar"); break;
       default: node("Div", {cur_.ref, scalar(1.5f)}, {}, x), note("/scalar"); break;
     }
+  }
+
+  // Multi-head self-attention as torch's nn.MultiheadAttention exports it: Q, K, V projections, heads split by Reshape
+  // and Transpose, scores scaled, Softmax, the heads merged back, the output projection (the fuse_attention pass's
+  // pattern; the device may run it as one step).
+  void multi_head_attention() {
+    const Shape x = cur_.shape;
+    const int64_t b = x[0], sl = x[1], e = x[2];
+    int64_t heads = pick({1, 2, 4});
+    while (e % heads != 0) heads /= 2;
+    const int64_t d = e / heads;
+    const std::string in_ref = cur_.ref;
+    auto proj = [&](const std::string& stem) {
+      const Val m = node("MatMul", {in_ref, weights(stem, {e, e}, e)}, {}, x);
+      const Val a = node("Add", {m.ref, constant(stem + "B", {e}, -0.5f, 0.5f)}, {}, x);
+      return node("Reshape", {a.ref, ints({b, sl, heads, d})}, {}, {b, sl, heads, d});
+    };
+    const Val q = proj("Q"), k = proj("K"), v = proj("V");
+    const Val qt = node("Transpose", {q.ref}, {{"perm", Is({0, 2, 1, 3})}}, {b, heads, sl, d});
+    const Val kt = node("Transpose", {k.ref}, {{"perm", Is({0, 2, 3, 1})}}, {b, heads, d, sl});
+    const Val vt = node("Transpose", {v.ref}, {{"perm", Is({0, 2, 1, 3})}}, {b, heads, sl, d});
+    const Val s = node("MatMul", {qt.ref, kt.ref}, {}, {b, heads, sl, sl});
+    const Val ss = node("Div", {s.ref, scalar(std::sqrt(static_cast<float>(d)))}, {}, {b, heads, sl, sl});
+    const Val p = node("Softmax", {ss.ref}, {{"axis", I(-1)}}, {b, heads, sl, sl});
+    const Val o = node("MatMul", {p.ref, vt.ref}, {}, {b, heads, sl, d});
+    const Val ot = node("Transpose", {o.ref}, {{"perm", Is({0, 2, 1, 3})}}, {b, sl, heads, d});
+    const Val om = node("Reshape", {ot.ref, ints({b, sl, e})}, {}, x);
+    const Val out = node("MatMul", {om.ref, weights("O", {e, e}, e)}, {}, x);
+    node("Add", {out.ref, constant("OB", {e}, -0.5f, 0.5f)}, {}, x);
+    note("mha(" + std::to_string(heads) + " heads)");
   }
 
   // Self-attention of one head on the value itself (or on a linear projection of it): softmax(x x^T * k) x.
@@ -579,8 +638,9 @@ class Gen {
            {{"kernel_shape", Is({3, 3})}, {"pads", Is({1, 1, 1, 1})}, {"count_include_pad", I(inc)}}, x);
       note(inc ? "avgpool3(pad counted)" : "avgpool3");
     } else if (history_.size() > 2) {  // late in a chain only: nothing spatial follows a global pool
-      node("GlobalAveragePool", {cur_.ref}, {}, {x[0], x[1], 1, 1});
-      note("gap");
+      const bool avg = chance(70);
+      node(avg ? "GlobalAveragePool" : "GlobalMaxPool", {cur_.ref}, {}, {x[0], x[1], 1, 1});
+      note(avg ? "gap" : "gmp");
     }
   }
 

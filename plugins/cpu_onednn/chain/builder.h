@@ -244,6 +244,7 @@ class Builder {
     if (it != vals_.end()) return it->second;
     Val src = v;
     Val& dst = define(key, want);
+    copy_of_[key] = name;
     dnnl::memory s = mem_of(src), d = mem_of(dst);
     layout_reorder_ = true;
     exec(dnnl::reorder(s, d), {{DNNL_ARG_FROM, s}, {DNNL_ARG_TO, d}});
@@ -286,8 +287,14 @@ class Builder {
     };
     if (p_->bufs[x.buf].values == 1) return !read_later(v);
     if (!options().view_post_ops) return false;
-    for (const auto& [name, w] : vals_)
-      if (w.buf == x.buf && read_later(name)) return false;
+    // Every value in the buffer, and for a layout copy (as_md) the value it copies: a view of a reordered copy
+    // (Unsqueeze, Squeeze) overwritten in place while the original was read again later, through the same copy, gave
+    // wrong results (random chain `conv -> Unsqueeze -> Squeeze -> Mul(scalar) -> Add(with the conv)`).
+    for (const auto& [name, w] : vals_) {
+      if (w.buf != x.buf) continue;
+      auto src = copy_of_.find(name);
+      if (read_later(name) || (src != copy_of_.end() && read_later(src->second))) return false;
+    }
     return true;
   }
   // The single consumer of `v` that may be fused into its producer, or npos.
@@ -529,6 +536,9 @@ class Builder {
   std::map<std::string, int> concat_bufs_;                        // concat output -> its buffer
   std::set<std::string> placed_parts_;
   std::map<std::string, Val> vals_;
+  // as_md's copies of values in another layout (their keys in vals_) -> the value each copies: a copy serves every
+  // later reader of that value, so its buffer is live as long as the value is read (dead_after).
+  std::map<std::string, std::string> copy_of_;
   std::map<std::string, std::vector<size_t>> users_;
   std::set<std::string> outputs_;
   std::vector<bool> done_;
