@@ -371,6 +371,9 @@ class Gen {
     for (int k = 0; k < blocks; ++k) {
       int64_t kind = uniform(8);
       if (after_softmax && (kind == 3 || kind == 7)) kind = 0;
+      // Attention in bf16: scores of unnormalized projections make it so sensitive that rounding the inputs to bf16
+      // alone moved outputs by 1.2 (seeds 4898, 8035 as of 55e8c89, the device and the reference alike).
+      if (kind == 5 && c_.dtype == DType::kBF16) kind = 0;
       after_softmax = kind == 7;
       switch (kind) {
         case 0:
