@@ -204,13 +204,10 @@ class Gen {
         break;
       }
       case 3: {
-        std::vector<const Val*> found;
-        for (const Val& v : history_)
-          if (v.ref != cur_.ref && v.shape.size() == 4 && v.shape[0] == n && v.shape[2] == h && v.shape[3] == w)
-            found.push_back(&v);
+        const std::vector<const Val*> found = earlier_same_pixels();
         if (found.size() < 2) return;
-        const Val* a = found[static_cast<size_t>(uniform(static_cast<int64_t>(found.size())))];
-        const Val* b = found[static_cast<size_t>(uniform(static_cast<int64_t>(found.size())))];
+        const Val* a = any_of(found);
+        const Val* b = any_of(found);
         node("Concat", {a->ref, cur_.ref, b->ref}, {{"axis", I(1)}}, {n, a->shape[1] + c + b->shape[1], h, w});
         note("concat3");
         break;
@@ -468,9 +465,7 @@ class Gen {
   void residual_or_affine_seq() {
     const Shape x = cur_.shape;
     if (const Val* e = same_shape_earlier(); e && chance(60)) {
-      const bool first = chance(50);
-      node("Add", {first ? cur_.ref : e->ref, first ? e->ref : cur_.ref}, {}, x);
-      note("+residual");
+      add_residual(*e);
       if (chance(40)) layer_norm();
       return;
     }
@@ -598,20 +593,37 @@ class Gen {
     }
   }
 
+  // One of `vals` drawn at random, or null when there is none.
+  const Val* any_of(const std::vector<const Val*>& vals) {
+    return vals.empty() ? nullptr : vals[static_cast<size_t>(uniform(static_cast<int64_t>(vals.size())))];
+  }
   // An earlier value of the current shape (not the current one), or null.
   const Val* same_shape_earlier() {
     std::vector<const Val*> found;
     for (const Val& v : history_)
       if (v.shape == cur_.shape && v.ref != cur_.ref) found.push_back(&v);
-    return found.empty() ? nullptr : found[static_cast<size_t>(uniform(static_cast<int64_t>(found.size())))];
+    return any_of(found);
+  }
+  // The earlier 4-D values (not the current one) of the current batch and pixels: what a Concat can join.
+  std::vector<const Val*> earlier_same_pixels() const {
+    const Shape& x = cur_.shape;
+    std::vector<const Val*> found;
+    for (const Val& v : history_)
+      if (v.ref != cur_.ref && v.shape.size() == 4 && v.shape[0] == x[0] && v.shape[2] == x[2] && v.shape[3] == x[3])
+        found.push_back(&v);
+    return found;
+  }
+  // The current value plus the earlier value `e` (operands in a random order).
+  void add_residual(const Val& e) {
+    const bool first = chance(50);
+    node("Add", {first ? cur_.ref : e.ref, first ? e.ref : cur_.ref}, {}, cur_.shape);
+    note("+residual");
   }
 
   void residual_or_affine() {
     const Shape s = cur_.shape;
     if (const Val* e = same_shape_earlier(); e && chance(60)) {
-      const bool first = chance(50);
-      node("Add", {first ? cur_.ref : e->ref, first ? e->ref : cur_.ref}, {}, s);
-      note("+residual");
+      add_residual(*e);
       if (chance(50)) node("Relu", {cur_.ref}, {}, s), note("relu");
       return;
     }
@@ -684,12 +696,7 @@ class Gen {
   void concat_or_resize() {
     const Shape x = cur_.shape;
     if (chance(50)) {
-      std::vector<const Val*> found;
-      for (const Val& v : history_)
-        if (v.ref != cur_.ref && v.shape.size() == 4 && v.shape[0] == x[0] && v.shape[2] == x[2] && v.shape[3] == x[3])
-          found.push_back(&v);
-      if (!found.empty()) {
-        const Val* e = found[static_cast<size_t>(uniform(static_cast<int64_t>(found.size())))];
+      if (const Val* e = any_of(earlier_same_pixels())) {
         const bool first = chance(50);
         node("Concat", {first ? cur_.ref : e->ref, first ? e->ref : cur_.ref}, {{"axis", I(1)}},
              {x[0], x[1] + e->shape[1], x[2], x[3]});

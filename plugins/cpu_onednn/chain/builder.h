@@ -391,6 +391,7 @@ class Builder {
   bool eltwise_of(const NodeDesc& n, alg* a, float* alpha, float* beta);
   bool eltwise_po(const NodeDesc& n, dnnl::post_ops* po);
   static bool eltwise_fits(const dnnl::post_ops& po, alg a, float alpha, float beta);
+  static bool add_eltwise(dnnl::post_ops* po, alg a, float alpha, float beta);
   Fusion fuse_after(const std::string& out, size_t at, bool conv, int64_t channels);
   bool same_order_view(const NodeDesc& n, const std::string& in);
   bool channels_first_view(const NodeDesc& n, const std::string& in);

@@ -59,9 +59,17 @@ bool Builder::eltwise_fits(const dnnl::post_ops& po, alg a, float alpha, float b
   return true;
 }
 
+// Appends the eltwise post-op (a, alpha, beta) to `po` where it fits (eltwise_fits); false, `po` unchanged, otherwise.
+bool Builder::add_eltwise(dnnl::post_ops* po, alg a, float alpha, float beta) {
+  if (!eltwise_fits(*po, a, alpha, beta)) return false;
+  po->append_eltwise(1.f, a, alpha, beta);
+  return true;
+}
+
 // The element-wise op node `n` computes, appended to `po` as eltwise post-ops: one for the ops of eltwise_of, two for
 // HardSigmoid (oneDNN 2.6 has none: max(0, min(1, alpha * x + beta)) is linear, then clip to [0, 1]). False, `po`
-// unchanged, when `n` is none of them or `po` cannot take them (eltwise_fits).
+// unchanged, when `n` is none of them or `po` cannot take them (eltwise_fits). (A dnnl::post_ops copy shares its
+// list: both are checked before either is appended.)
 bool Builder::eltwise_po(const NodeDesc& n, dnnl::post_ops* po) {
   if (n.op == "HardSigmoid") {
     const float alpha = n.af("alpha", 0.2f), beta = n.af("beta", 0.5f);
@@ -73,9 +81,7 @@ bool Builder::eltwise_po(const NodeDesc& n, dnnl::post_ops* po) {
   }
   alg a;
   float alpha, beta;
-  if (!eltwise_of(n, &a, &alpha, &beta) || !eltwise_fits(*po, a, alpha, beta)) return false;
-  po->append_eltwise(1.f, a, alpha, beta);
-  return true;
+  return eltwise_of(n, &a, &alpha, &beta) && add_eltwise(po, a, alpha, beta);
 }
 
 // Whether node `n` (a Reshape, Transpose, Squeeze or Unsqueeze of plain dense `in`) only relabels or moves dims of
@@ -152,9 +158,7 @@ Builder::Fusion Builder::fuse_after(const std::string& out, size_t at, bool conv
     // x * HardSigmoid(x) (alpha 1/6, beta 0.5): one hardswish post-op.
     bool hard = false;
     if (size_t m = silu_after(f.out, &hard);
-        m != npos && eltwise_fits(f.po, hard ? alg::eltwise_hardswish : alg::eltwise_swish, hard ? 0.f : 1.f, 0.f)) {
-      if (hard) f.po.append_eltwise(1.f, alg::eltwise_hardswish, 0.f, 0.f);
-      else f.po.append_eltwise(1.f, alg::eltwise_swish, 1.f, 0.f);
+        m != npos && add_eltwise(&f.po, hard ? alg::eltwise_hardswish : alg::eltwise_swish, hard ? 0.f : 1.f, 0.f)) {
       has_eltwise = true;
       f.nodes.push_back(users(f.out)[0] == m ? users(f.out)[1] : users(f.out)[0]);
       f.nodes.push_back(m);
@@ -223,8 +227,7 @@ Builder::Fusion Builder::fuse_after(const std::string& out, size_t at, bool conv
         if (n.op == "Div") k = 1.f / k;
         // Before any bias: scale the product; after: a linear post-op.
         if (f.count == 0) f.out_scale *= k;
-        else if (eltwise_fits(f.po, alg::eltwise_linear, k, 0.f)) f.po.append_eltwise(1.f, alg::eltwise_linear, k, 0.f);
-        else break;
+        else if (!add_eltwise(&f.po, alg::eltwise_linear, k, 0.f)) break;
       } else if (c && n.op == "Add") {
         if (has_eltwise || !f.sum_with.empty()) break;
         if (conv) {

@@ -70,9 +70,7 @@ void Builder::pool(size_t i) {
   for (; !bytes;) {
     bool hard = false;
     if (size_t m = silu_after(f.out, &hard);
-        m != npos && eltwise_fits(f.po, hard ? alg::eltwise_hardswish : alg::eltwise_swish, hard ? 0.f : 1.f, 0.f)) {
-      if (hard) f.po.append_eltwise(1.f, alg::eltwise_hardswish, 0.f, 0.f);
-      else f.po.append_eltwise(1.f, alg::eltwise_swish, 1.f, 0.f);
+        m != npos && add_eltwise(&f.po, hard ? alg::eltwise_hardswish : alg::eltwise_swish, hard ? 0.f : 1.f, 0.f)) {
       f.nodes.push_back(users(f.out)[0] == m ? users(f.out)[1] : users(f.out)[0]);
       f.nodes.push_back(m);
       f.out = r_.nodes[m].out[0];
