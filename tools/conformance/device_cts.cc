@@ -4,10 +4,12 @@
 #include <algorithm>
 #include <cmath>
 #include <iomanip>
+#include <latch>
 #include <limits>
 #include <random>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "core/runtime/pipelines.h"
 #include "core/runtime/session.h"
@@ -4441,17 +4443,18 @@ uint32_t seed_of(const OpCase& c, size_t input) {
 
 }  // namespace
 
-Built build(const OpCase& c) {
+Built build(const OpCase& c, int64_t batch, uint32_t salt) {
   Built b;
   GraphBuilder gb("cts_" + c.op, c.opset);
   std::vector<std::string> names;
   for (size_t i = 0; i < c.inputs.size(); ++i) {
-    const InputSpec& s = c.inputs[i];
+    InputSpec s = c.inputs[i];
     if (s.name.empty()) {
       names.push_back("");
       continue;
     }
-    Tensor t = make_input(s, seed_of(c, i));
+    if (batch > 0 && !s.constant && !s.shape.empty()) s.shape[0] = batch;
+    Tensor t = make_input(s, seed_of(c, i) + (s.constant ? 0 : salt * 104729u));
     for (const auto& [index, value] : c.int64_constants)
       if (index == i) t = value;
     if (t.dtype() == DType::kF32 && (c.dtype == DType::kBF16 || c.dtype == DType::kF16)) {
@@ -4468,7 +4471,9 @@ Built build(const OpCase& c) {
     if (s.constant) {
       names.push_back(gb.constant(s.name, t));
     } else {
-      names.push_back(gb.input(s.name, t.dtype(), s.shape));
+      Shape declared = s.shape;
+      if (c.first_batch > 0 && !declared.empty()) declared[0] = -1;
+      names.push_back(gb.input(s.name, t.dtype(), declared));
       b.feeds.emplace_back(s.name, t);
     }
   }
@@ -4490,6 +4495,7 @@ Built build(const OpCase& c) {
       produced.push_back(gb.op(n.op.substr(dot == std::string::npos ? 0 : dot + 1), ins, n.attrs, 1, domain)[0]);
     }
     gb.output(produced.back());
+    for (const std::string& r : c.also_outputs) gb.output(produced.at(std::stoul(r.substr(1))));
     b.graph = gb.take();
     return b;
   }
@@ -4505,13 +4511,36 @@ namespace {
 
 struct RunOut {
   Status status = Status::ok();
-  Tensor output;
+  // The compared outputs: the case's output and its also_outputs, of the run at first_batch (when set) then of the
+  // run at the case's batch.
+  std::vector<Tensor> outputs;
+  std::vector<std::string> names;  // what each is ("$3 at batch 2", ...), for the report
   std::string kernel;
+};
+
+// One run's inputs and what its outputs are called in the report ("", " at batch 2", " (concurrent run 3)").
+struct FeedSet {
+  std::string at;
+  std::vector<std::pair<std::string, Tensor>> feeds;
 };
 
 RunOut run_one(Environment& env, const OpCase& c, const std::string& device, bool oracle) {
   RunOut r;
   Built b = build(c);
+  // In order: the run at first_batch, the case's run; then, with concurrent_runs, that many runs of other inputs
+  // (every second one at first_batch when it is set) and the case's again, from as many threads at once on the
+  // device under test (one after the other on the reference).
+  std::vector<FeedSet> sequential, together;
+  if (c.first_batch > 0)
+    sequential.push_back({" at batch " + std::to_string(c.first_batch), build(c, c.first_batch).feeds});
+  sequential.push_back({"", b.feeds});
+  for (int32_t k = 1; k < c.concurrent_runs; ++k) {
+    const int64_t batch = k % 2 == 1 ? c.first_batch : 0;
+    together.push_back(
+        {" (concurrent run " + std::to_string(k) + (batch > 0 ? " at batch " + std::to_string(batch) : "") + ")",
+         build(c, batch, static_cast<uint32_t>(k)).feeds});
+  }
+  if (c.concurrent_runs > 1) together.push_back({" (concurrent run 0)", b.feeds});
   SessionOptions so;
   so.devices = {device};
   so.fallback = Fallback::kError;
@@ -4522,14 +4551,38 @@ RunOut run_one(Environment& env, const OpCase& c, const std::string& device, boo
     r.status = s.status();
     return r;
   }
+  auto take = [&](const FeedSet& set, StatusOr<std::vector<Tensor>>& out) {
+    if (!out.is_ok()) {
+      if (r.status.is_ok()) r.status = Status(out.status().code(), "run" + set.at + ": " + out.status().message());
+      return;
+    }
+    for (size_t k = 0; k < out->size(); ++k) {
+      r.outputs.push_back((*out)[k]);
+      r.names.push_back((k == 0 ? std::string("output") : c.also_outputs.at(k - 1)) + set.at);
+    }
+  };
+  for (const FeedSet& set : sequential) {
+    auto out = (*s)->run(set.feeds);
+    take(set, out);
+    if (!r.status.is_ok()) return r;
+  }
+  // The build the case's run used (with a dynamic batch, its shape variant: what a device claiming chains claims).
   for (const auto& [node, op, dev, kernel] : (*s)->placement())
     if (op == (c.chain.empty() ? c.op : std::string("Subgraph")) && r.kernel.empty()) r.kernel = kernel;
-  auto out = (*s)->run(b.feeds);
-  if (!out.is_ok()) {
-    r.status = out.status();
-    return r;
+  std::vector<StatusOr<std::vector<Tensor>>> outs(together.size(), Status(StatusCode::kInternal, "not run"));
+  if (oracle) {
+    for (size_t k = 0; k < together.size(); ++k) outs[k] = (*s)->run(together[k].feeds);
+  } else {
+    std::latch start(static_cast<std::ptrdiff_t>(together.size()));
+    std::vector<std::thread> threads;
+    for (size_t k = 0; k < together.size(); ++k)
+      threads.emplace_back([&, k] {
+        start.arrive_and_wait();
+        outs[k] = (*s)->run(together[k].feeds);
+      });
+    for (std::thread& t : threads) t.join();
   }
-  r.output = (*out)[0];
+  for (size_t k = 0; k < together.size(); ++k) take(together[k], outs[k]);
   return r;
 }
 
@@ -4537,6 +4590,60 @@ std::string fmt(double v) {
   std::ostringstream os;
   os << std::setprecision(3) << v;
   return os.str();
+}
+
+// Compares one output of the device under test with the reference's (as doubles: f32/f16/bf16, or integer outputs
+// of int8 kernels within c.int_tol); the first failure of a case sets r's outcome and message (prefixed with
+// `what`); the largest errors are over all its outputs.
+void compare(const Tensor& got, const Tensor& ref, const OpCase& c, const std::string& what, CaseResult& r) {
+  if (got.shape() != ref.shape() || got.dtype() != ref.dtype()) {
+    if (r.outcome != Outcome::kPass) return;
+    r.outcome = Outcome::kFail;
+    r.message = what + "output " + std::string(dtype_name(got.dtype())) + " " + shape_label(got.shape()) +
+                ", reference " + dtype_name(ref.dtype()) + " " + shape_label(ref.shape());
+    return;
+  }
+  auto as_double = [](const Tensor& t) {
+    std::vector<double> d(static_cast<size_t>(t.numel()));
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      switch (t.dtype()) {
+        case DType::kU8: d[static_cast<size_t>(i)] = t.data<uint8_t>()[i]; break;
+        case DType::kI8: d[static_cast<size_t>(i)] = t.data<int8_t>()[i]; break;
+        case DType::kI32: d[static_cast<size_t>(i)] = t.data<int32_t>()[i]; break;
+        case DType::kI64: d[static_cast<size_t>(i)] = static_cast<double>(t.data<int64_t>()[i]); break;
+        case DType::kBF16: d[static_cast<size_t>(i)] = bf16_to_f32(t.data<uint16_t>()[i]); break;
+        case DType::kF16: d[static_cast<size_t>(i)] = f16_to_f32(t.data<uint16_t>()[i]); break;
+        default: d[static_cast<size_t>(i)] = t.data<float>()[i]; break;
+      }
+    }
+    return d;
+  };
+  const bool integer = ref.dtype() != DType::kF32 && ref.dtype() != DType::kBF16 && ref.dtype() != DType::kF16;
+  const std::vector<double> a = as_double(got), e = as_double(ref);
+  const size_t n = e.size();
+  double max_ref = 0;
+  for (size_t i = 0; i < n; ++i) max_ref = std::max(max_ref, std::fabs(e[i]));
+  const double atol = integer ? c.int_tol : c.atol * std::max(1.0, max_ref);
+  size_t worst = 0, bad = 0;
+  double worst_excess = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double d = std::fabs(a[i] - e[i]);
+    const bool nan_mismatch = std::isnan(a[i]) != std::isnan(e[i]);
+    r.max_abs_err = std::max(r.max_abs_err, d);
+    if (e[i] != 0) r.max_rel_err = std::max(r.max_rel_err, d / std::fabs(e[i]));
+    const double lim = atol + (integer ? 0.0 : c.rtol * std::fabs(e[i]));
+    if (nan_mismatch || d > lim) {
+      ++bad;
+      const double excess = nan_mismatch ? 1e30 : d / lim;
+      if (excess > worst_excess) worst_excess = excess, worst = i;
+    }
+  }
+  if (bad && r.outcome == Outcome::kPass) {
+    r.outcome = Outcome::kFail;
+    r.message = what + std::to_string(bad) + "/" + std::to_string(n) + " elements off; worst at " +
+                std::to_string(worst) + ": " + fmt(a[worst]) + " vs " + fmt(e[worst]) + " (max abs err " +
+                fmt(r.max_abs_err) + ")";
+  }
 }
 
 }  // namespace
@@ -4586,56 +4693,12 @@ Report run(Environment& dut, Environment& oracle, const Options& o) {
       if (!got.status.is_ok()) {
         r.outcome = got.status.code() == StatusCode::kUnimplemented ? Outcome::kUnsupported : Outcome::kError;
         r.message = got.status.to_string();
-      } else if (got.output.shape() != ref.output.shape() || got.output.dtype() != ref.output.dtype()) {
+      } else if (got.outputs.size() != ref.outputs.size()) {
         r.outcome = Outcome::kFail;
-        r.message = "output " + std::string(dtype_name(got.output.dtype())) + " " + shape_label(got.output.shape()) +
-                    ", reference " + dtype_name(ref.output.dtype()) + " " + shape_label(ref.output.shape());
+        r.message = std::to_string(got.outputs.size()) + " outputs, reference " + std::to_string(ref.outputs.size());
       } else {
-        // Compared as doubles: f32/f16/bf16 outputs, or integer outputs (int8 kernels) within c.int_tol.
-        auto as_double = [](const Tensor& t) {
-          std::vector<double> d(static_cast<size_t>(t.numel()));
-          for (int64_t i = 0; i < t.numel(); ++i) {
-            switch (t.dtype()) {
-              case DType::kU8: d[static_cast<size_t>(i)] = t.data<uint8_t>()[i]; break;
-              case DType::kI8: d[static_cast<size_t>(i)] = t.data<int8_t>()[i]; break;
-              case DType::kI32: d[static_cast<size_t>(i)] = t.data<int32_t>()[i]; break;
-              case DType::kI64: d[static_cast<size_t>(i)] = static_cast<double>(t.data<int64_t>()[i]); break;
-              case DType::kBF16: d[static_cast<size_t>(i)] = bf16_to_f32(t.data<uint16_t>()[i]); break;
-              case DType::kF16: d[static_cast<size_t>(i)] = f16_to_f32(t.data<uint16_t>()[i]); break;
-              default: d[static_cast<size_t>(i)] = t.data<float>()[i]; break;
-            }
-          }
-          return d;
-        };
-        const bool integer = ref.output.dtype() != DType::kF32 && ref.output.dtype() != DType::kBF16 &&
-                             ref.output.dtype() != DType::kF16;
-        const std::vector<double> av = as_double(got.output), ev = as_double(ref.output);
-        const double* a = av.data();
-        const double* e = ev.data();
-        const int64_t n = ref.output.numel();
-        double max_ref = 0;
-        for (int64_t i = 0; i < n; ++i) max_ref = std::max(max_ref, std::fabs(static_cast<double>(e[i])));
-        const double atol = integer ? c.int_tol : c.atol * std::max(1.0, max_ref);
-        int64_t worst = -1, bad = 0;
-        double worst_excess = 0;
-        for (int64_t i = 0; i < n; ++i) {
-          double d = std::fabs(static_cast<double>(a[i]) - e[i]);
-          bool nan_mismatch = std::isnan(a[i]) != std::isnan(e[i]);
-          r.max_abs_err = std::max(r.max_abs_err, d);
-          if (e[i] != 0) r.max_rel_err = std::max(r.max_rel_err, d / std::fabs(static_cast<double>(e[i])));
-          double lim = atol + (integer ? 0.0 : c.rtol * std::fabs(static_cast<double>(e[i])));
-          if (nan_mismatch || d > lim) {
-            ++bad;
-            double excess = nan_mismatch ? 1e30 : d / lim;
-            if (excess > worst_excess) worst_excess = excess, worst = i;
-          }
-        }
-        if (bad) {
-          r.outcome = Outcome::kFail;
-          r.message = std::to_string(bad) + "/" + std::to_string(n) + " elements off; worst at " +
-                      std::to_string(worst) + ": " + fmt(a[worst]) + " vs " + fmt(e[worst]) + " (max abs err " +
-                      fmt(r.max_abs_err) + ")";
-        }
+        for (size_t k = 0; k < ref.outputs.size(); ++k)
+          compare(got.outputs[k], ref.outputs[k], c, ref.outputs.size() > 1 ? ref.names[k] + ": " : "", r);
       }
     }
     bool native = o.kernel_prefix.empty() || r.kernel.rfind(o.kernel_prefix, 0) == 0;

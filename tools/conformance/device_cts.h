@@ -71,14 +71,27 @@ struct OpCase {
   // checked too. Off: both run the graph as written.
   bool auto_passes = false;
   int32_t threads = 0;  // the device under test's session's kernel threads (0: the environment's pool)
+  // A chain case's values ("$k") that are graph outputs too, after the last node's: compared as well (a fused
+  // value that leaves the chain must be materialised, in the layout and with the values the graph says).
+  std::vector<std::string> also_outputs;
+  // A dynamic batch: when > 0, the graph declares dim 0 of every non-constant input unknown (-1, as torch exports
+  // with dynamic_axes), and both sessions first run the inputs at this batch, then at the case's own: the two shape
+  // variants the session builds are compared (the first's inputs are the case's at this batch).
+  int64_t first_batch = 0;
+  // Concurrent runs: when > 1, after its own run the device under test's session runs this many at once, from as
+  // many threads: the case's inputs again and others drawn the same way with other seeds (every second one at
+  // first_batch when that is set); each is compared with the reference's run of the same inputs. Runs that share
+  // state they should not would swap or mix their results.
+  int32_t concurrent_runs = 0;
 };
 
-// A case as a graph, and the values of its non-constant inputs (what the suite runs).
+// A case as a graph, and the values of its non-constant inputs (what the suite runs). With `batch` > 0 the
+// non-constant inputs' dim 0 is that instead of the case's; with `salt` their values are drawn with other seeds.
 struct Built {
   Graph graph;
   std::vector<std::pair<std::string, Tensor>> feeds;
 };
-Built build(const OpCase& c);
+Built build(const OpCase& c, int64_t batch = 0, uint32_t salt = 0);
 
 // The table of cases, in a fixed order (ops alphabetically grouped as listed in device_cts.cc).
 const std::vector<OpCase>& all_cases();

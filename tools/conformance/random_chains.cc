@@ -28,7 +28,8 @@ namespace {
 
 class Gen {
  public:
-  explicit Gen(uint64_t seed) : rng_(seed * 0x9E3779B97F4A7C15ull + 0x5851F42D4C957F2Dull) {}
+  explicit Gen(uint64_t seed)
+      : rng_(seed * 0x9E3779B97F4A7C15ull + 0x5851F42D4C957F2Dull), extra_rng_(seed * 0xD1B54A32D192ED03ull + 17) {}
 
   OpCase make(uint64_t seed, DType dtype) {
     c_.op = "RandomChain";
@@ -40,16 +41,25 @@ class Gen {
                             std::to_string(c_.threads) + "t";
     // 8 significant bits, rounded after every op of up to a dozen (in the reference at other places than the device)
     if (dtype == DType::kBF16) c_.rtol = 5e-2, c_.atol = 8e-2;
+    // What later generator versions added draws from a stream of its own, so that a seed's blocks stay the ones it
+    // drew before: a dynamic batch, earlier values as outputs too, and 1-D signals.
+    dynamic_ = extra_chance(25);
     if (dtype == DType::kI8) {
       c_.dtype = DType::kF32;
-      qdq_chain();
+      if (extra_chance(35)) qdq_sequence();
+      else qdq_chain();
       c_.label = "seed=" + std::to_string(seed) + " int8: " + std::to_string(c_.threads) + "t" + what_;
-      return c_;
+      return finish();
+    }
+    if (extra_chance(15)) {
+      signal();
+      c_.label = tag + " 1d" + what_;
+      return finish();
     }
     if (chance(33)) {
       sequence();
       c_.label = tag + " seq" + what_;
-      return c_;
+      return finish();
     }
     const int64_t n = pick({1, 1, 2}), ch = pick({3, 4, 8, 16, 16, 24, 32, 40}), h = 5 + uniform(16),
                   w = chance(60) ? h : 5 + uniform(16);
@@ -61,7 +71,7 @@ class Gen {
     if (c_.chain.empty()) activation();  // every block declined (a pool over too small a map, ...)
     if (chance(30)) head();
     c_.label = tag + what_;
-    return c_;
+    return finish();
   }
 
  private:
@@ -70,6 +80,49 @@ class Gen {
     Shape shape;      // NCHW, [N,H,W,C] while channels-last inside the MLP block, or [N,K] after a head
   };
 
+  // The case as drawn, with what the extra stream adds: the dynamic batch (the inputs' dim 0 unknown to the graph,
+  // a first run at another batch) and one or two earlier values as outputs too (a value the device fuses past must
+  // still leave the chain as the graph says). Not as outputs: constants' dequantizations (int8 weights) and
+  // QuantizeLinear's u8 codes, whose rounding flips the comparison would count against the device.
+  OpCase finish() {
+    if (dynamic_) {
+      const int64_t n = c_.inputs[0].shape[0];
+      c_.first_batch = n == 1 ? (extra_chance(50) ? 2 : 3) : 1;
+      c_.label += " dyn(first b=" + std::to_string(c_.first_batch) + ")";
+    }
+    if (extra_chance(20)) {
+      c_.concurrent_runs = static_cast<int32_t>(2 + extra_uniform(3));
+      c_.label += " x" + std::to_string(c_.concurrent_runs) + " concurrent";
+    }
+    if (extra_chance(30) && c_.chain.size() > 1) {
+      std::vector<size_t> candidates;
+      for (size_t k = 0; k + 1 < c_.chain.size(); ++k) {
+        const ChainNode& nd = c_.chain[k];
+        const bool reads_value = std::any_of(nd.inputs.begin(), nd.inputs.end(),
+                                             [](const std::string& r) { return r == "X" || r.rfind("$", 0) == 0; });
+        if (reads_value && nd.op != "QuantizeLinear") candidates.push_back(k);
+      }
+      const int64_t count = std::min<int64_t>(static_cast<int64_t>(candidates.size()), 1 + extra_uniform(2));
+      std::string names;
+      for (int64_t i = 0; i < count; ++i) {
+        const size_t at = static_cast<size_t>(extra_uniform(static_cast<int64_t>(candidates.size())));
+        const std::string ref = "$" + std::to_string(candidates[at]);
+        candidates.erase(candidates.begin() + static_cast<std::ptrdiff_t>(at));
+        c_.also_outputs.push_back(ref);
+        names += (names.empty() ? "" : ",") + ref;
+      }
+      if (!names.empty()) c_.label += " +out(" + names + ")";
+    }
+    return c_;
+  }
+  int64_t extra_uniform(int64_t n) { return static_cast<int64_t>(extra_rng_() % static_cast<uint64_t>(n)); }
+  bool extra_chance(int pct) { return extra_uniform(100) < pct; }
+  // A Reshape's target: as given, or with the batch (dim 0, `batch_kept`: the input's dim 0 too) as 0 or -1 when
+  // the batch is dynamic (what torch's exports with dynamic_axes compute at run time).
+  std::string reshape_to(Shape dims, bool batch_kept) {
+    if (dynamic_) dims[0] = batch_kept ? 0 : -1;
+    return ints(dims);
+  }
   int64_t uniform(int64_t n) { return static_cast<int64_t>(rng_() % static_cast<uint64_t>(n)); }
   bool chance(int pct) { return uniform(100) < pct; }
   int64_t pick(std::initializer_list<int64_t> v) { return *(v.begin() + uniform(static_cast<int64_t>(v.size()))); }
@@ -298,6 +351,66 @@ class Gen {
     }
   }
 
+  // int8 sequences [B,S,E] as quantized transformers' feed-forward parts are: MatMul of the quantized value with
+  // per-channel int8 weights [E,E2] (axis 1) and an f32 bias, Relu or GELU after (fuse_qdq: QGemm over the rows),
+  // Gemm over the rows between Reshapes, LayerNormalization and residual Adds in f32, and sometimes a mean over the
+  // sequence and a quantized classifier.
+  void qdq_sequence() {
+    const int64_t b = pick({1, 1, 2}), sl = pick({1, 4, 7, 16, 33}), e = pick({8, 16, 24, 32, 48, 64});
+    c_.inputs.push_back(in("X", {b, sl, e}, false, -2.f, 2.f));
+    cur_ = {"X", {b, sl, e}};
+    history_.push_back(cur_);
+    c_.rtol = 2e-2, c_.atol = 0.1;
+    note("seq");
+    const int blocks = 2 + static_cast<int>(uniform(4));
+    for (int k = 0; k < blocks; ++k) {
+      const Shape x = cur_.shape;
+      switch (uniform(5)) {
+        case 0:
+        case 1: {
+          const int64_t e2 = pick({16, 24, 32, 48, 64});
+          Shape y = x;
+          y.back() = e2;
+          quantize_current();
+          node("MatMul", {cur_.ref, qweights({x.back(), e2}, x.back(), 1)}, {}, y);
+          const bool first = chance(50);
+          const std::string bias = constant("PB", {e2}, -0.5f, 0.5f);
+          node("Add", {first ? bias : cur_.ref, first ? cur_.ref : bias}, {}, y);
+          std::string what = "qlinear(" + std::to_string(x.back()) + "->" + std::to_string(e2) + ")";
+          if (chance(50)) node("Relu", {cur_.ref}, {}, y), what += " relu";
+          note(what);
+          break;
+        }
+        case 2: {  // Gemm over the rows [B*S, E]
+          const int64_t rows = x[0] * x[1], e2 = pick({16, 32, 40});
+          node("Reshape", {cur_.ref, reshape_to({rows, x[2]}, false)}, {}, {rows, x[2]});
+          quantize_current();
+          node("Gemm", {cur_.ref, qweights({e2, x[2]}, x[2], 0), constant("GC", {e2}, -0.5f, 0.5f)}, {{"transB", I(1)}},
+               {rows, e2});
+          if (chance(50)) node("Relu", {cur_.ref}, {}, {rows, e2});
+          node("Reshape", {cur_.ref, reshape_to({x[0], x[1], e2}, false)}, {}, {x[0], x[1], e2});
+          note("qgemm rows(" + std::to_string(x[2]) + "->" + std::to_string(e2) + ")");
+          break;
+        }
+        case 3:
+          if (const Val* v = same_shape_earlier(); v && chance(70)) add_residual(*v);
+          else activation();
+          break;
+        default: layer_norm(); break;
+      }
+      history_.push_back(cur_);
+    }
+    if (chance(30)) {
+      const Shape x = cur_.shape;
+      node("ReduceMean", {cur_.ref}, {{"axes", Is({1})}, {"keepdims", I(0)}}, {x[0], x[2]});
+      quantize_current();
+      const int64_t k = pick({10, 16});
+      node("Gemm", {cur_.ref, qweights({k, x[2]}, x[2], 0), constant("HB", {k}, -0.5f, 0.5f)}, {{"transB", I(1)}},
+           {x[0], k});
+      note("mean qgemm(" + std::to_string(x[2]) + "->" + std::to_string(k) + ")");
+    }
+  }
+
   // QuantizeLinear + DequantizeLinear of the current value: u8, zero point 128, a scale for about +-5.
   void quantize_current() {
     const Shape x = cur_.shape;
@@ -353,6 +466,166 @@ class Gen {
     if (act == 0) node("Relu", {cur_.ref}, {}, cur_.shape), what += " relu";
     if (act == 1) node("Clip", {cur_.ref, scalar(0.f), scalar(6.f)}, {}, cur_.shape), what += " clip";
     note(what);
+  }
+
+  // 1-D signals [N,C,L] (audio, time series: wav2vec's feature encoder, TCNs, Conformer's convolution module):
+  // Conv1d of every kind (kernel 1 to 9, stride 2, dilation 2 or 4, grouped, depthwise), BatchNormalization,
+  // activations, residuals, per-channel scales, pooling, a channels-last feed-forward between Transposes, Concat,
+  // ConvTranspose upsampling, and sometimes a classifier head. The device lifts them to 2-D images of one row.
+  void signal() {
+    const int64_t n = pick({1, 1, 2}), ch = pick({1, 3, 8, 16, 24, 40, 64}), len = 8 + uniform(57);
+    c_.inputs.push_back(in("X", {n, ch, len}));
+    cur_ = {"X", {n, ch, len}};
+    history_.push_back(cur_);
+    const int blocks = 2 + static_cast<int>(uniform(5));
+    for (int b = 0; b < blocks; ++b) {
+      switch (uniform(9)) {
+        case 0:
+        case 1:
+        case 2: conv1d(); break;
+        case 3: activation(); break;
+        case 4: {
+          const Shape x = cur_.shape;
+          if (const Val* e = same_shape_earlier(); e && chance(60)) {
+            add_residual(*e);
+          } else if (chance(50)) {
+            node("Mul", {cur_.ref, constant("K", {x[1], 1}, 0.5f, 1.5f)}, {}, x), note("*channel");
+          } else {
+            node("Add", {constant("A", {x[1], 1}, -0.5f, 0.5f), cur_.ref}, {}, x), note("+channel");
+          }
+          break;
+        }
+        case 5: pool1d(); break;
+        case 6: feed_forward1d(); break;
+        case 7: {
+          const Shape x = cur_.shape;
+          std::vector<const Val*> found;
+          for (const Val& v : history_)
+            if (v.ref != cur_.ref && v.shape.size() == 3 && v.shape[0] == x[0] && v.shape[2] == x[2])
+              found.push_back(&v);
+          if (const Val* e = any_of(found)) {
+            const bool first = chance(50);
+            node("Concat", {first ? cur_.ref : e->ref, first ? e->ref : cur_.ref}, {{"axis", I(1)}},
+                 {x[0], x[1] + e->shape[1], x[2]});
+            note("concat(" + std::to_string(x[1]) + "+" + std::to_string(e->shape[1]) + ")");
+          } else {
+            conv1d();
+          }
+          break;
+        }
+        default: {  // ConvTranspose1d: kernel 2 or 4, stride 2 (an upsampling decoder's)
+          const Shape x = cur_.shape;
+          const int64_t k = pick({2, 4}), p = k == 4 ? 1 : 0, m = pick({8, 16, 24});
+          const int64_t ol = (x[2] - 1) * 2 - 2 * p + k;
+          if (ol > 256) return conv1d();
+          std::vector<std::string> ins = {cur_.ref, weights("T", {x[1], m, k}, x[1] * k / 2)};
+          if (chance(70)) ins.push_back(constant("TB", {m}, -0.5f, 0.5f));
+          node("ConvTranspose", ins, {{"kernel_shape", Is({k})}, {"strides", Is({2})}, {"pads", Is({p, p})}},
+               {x[0], m, ol});
+          note("convT" + std::to_string(k) + "/2(" + std::to_string(x[1]) + "->" + std::to_string(m) + ")");
+          if (chance(50)) activation();
+          break;
+        }
+      }
+      history_.push_back(cur_);
+    }
+    if (chance(30)) {  // global pool, Flatten, Gemm
+      const Shape x = cur_.shape;
+      node("GlobalAveragePool", {cur_.ref}, {}, {x[0], x[1], 1});
+      node("Flatten", {cur_.ref}, {{"axis", I(1)}}, {x[0], x[1]});
+      const int64_t k = pick({10, 16});
+      node("Gemm", {cur_.ref, weights("H", {k, x[1]}, x[1]), constant("HB", {k}, -0.5f, 0.5f)}, {{"transB", I(1)}},
+           {x[0], k});
+      note("gap gemm(" + std::to_string(x[1]) + "->" + std::to_string(k) + ")");
+    }
+  }
+
+  void conv1d() {
+    const Shape x = cur_.shape;
+    const int64_t c = x[1], len = x[2];
+    int64_t k = pick({1, 3, 3, 5, 7, 9}), group = 1, dil = 1, m = pick({8, 16, 24, 32, 48, 64});
+    const int64_t kind = uniform(6);
+    if (kind == 1 && k > 1) dil = pick({2, 4});
+    if (kind == 2) group = pick({2, 4});
+    if (c % group != 0 || m % group != 0) group = 1;
+    if (kind == 3 && c > 1) group = c, m = chance(80) ? c : 2 * c;  // depthwise (Conformer's, multiplier 1 or 2)
+    const bool same = chance(75);
+    const int64_t pad = same ? dil * (k - 1) / 2 : 0;
+    const int64_t stride = dil == 1 && len >= 8 && chance(30) ? 2 : 1;
+    const int64_t ol = (len + 2 * pad - dil * (k - 1) - 1) / stride + 1;
+    if (ol < 1) return activation();
+    std::vector<std::string> ins = {cur_.ref, weights("W", {m, c / group, k}, c / group * k)};
+    if (chance(80)) ins.push_back(constant("B", {m}, -0.5f, 0.5f));
+    node("Conv", ins,
+         {{"kernel_shape", Is({k})},
+          {"strides", Is({stride})},
+          {"pads", Is({pad, pad})},
+          {"dilations", Is({dil})},
+          {"group", I(group)}},
+         {x[0], m, ol});
+    note("conv1d k" + std::to_string(k) + (stride > 1 ? "/2" : "") + (dil > 1 ? "d" + std::to_string(dil) : "") +
+         (group > 1 ? (group == c ? "dw" : "g" + std::to_string(group)) : "") + "(" + std::to_string(c) + "->" +
+         std::to_string(m) + ")");
+    if (chance(30)) {
+      node("BatchNormalization",
+           {cur_.ref, constant("S", {m}, 0.5f, 1.5f), constant("T", {m}, -0.5f, 0.5f), constant("M", {m}, -0.5f, 0.5f),
+            constant("V", {m}, 0.5f, 2.f)},
+           {}, cur_.shape);
+      note("bn");
+    }
+    if (chance(70)) activation();
+  }
+
+  void pool1d() {
+    const Shape x = cur_.shape;
+    const int64_t len = x[2];
+    switch (uniform(4)) {
+      case 0:
+        if (len < 3) return;
+        node("MaxPool", {cur_.ref}, {{"kernel_shape", Is({3})}, {"strides", Is({2})}, {"pads", Is({1, 1})}},
+             {x[0], x[1], (len - 1) / 2 + 1});
+        note("maxpool3/2");
+        break;
+      case 1:
+        if (len < 2) return;
+        node("MaxPool", {cur_.ref}, {{"kernel_shape", Is({2})}, {"strides", Is({2})}}, {x[0], x[1], len / 2});
+        note("maxpool2/2");
+        break;
+      case 2:
+        node("AveragePool", {cur_.ref}, {{"kernel_shape", Is({3})}, {"pads", Is({1, 1})}}, x);
+        note("avgpool3");
+        break;
+      default:
+        if (history_.size() <= 2) return;  // late in a chain only
+        node("GlobalAveragePool", {cur_.ref}, {}, {x[0], x[1], 1});
+        note("gap");
+        break;
+    }
+  }
+
+  // Conformer's feed-forward module over [N,L,C]: Transpose, LayerNorm, MatMul + bias, activation, MatMul + bias,
+  // Transpose back, the residual around it.
+  void feed_forward1d() {
+    const Shape x = cur_.shape;
+    const Val in_val = cur_;
+    const int64_t n = x[0], c = x[1], len = x[2], hidden = pick({16, 32, 64});
+    node("Transpose", {cur_.ref}, {{"perm", Is({0, 2, 1})}}, {n, len, c});
+    std::string what = "ff(";
+    if (chance(70) && norm_is_fair(c) && c > 1) {
+      node("LayerNormalization", {cur_.ref, constant("G", {c}, 0.5f, 1.5f), constant("L", {c}, -0.5f, 0.5f)},
+           {{"axis", I(-1)}, {"epsilon", F(1e-5f)}}, cur_.shape);
+      what += "ln ";
+    }
+    node("MatMul", {cur_.ref, weights("P", {c, hidden}, c)}, {}, {n, len, hidden});
+    if (chance(80)) node("Add", {cur_.ref, constant("PB", {hidden}, -0.5f, 0.5f)}, {}, cur_.shape);
+    note(what + std::to_string(c) + "->" + std::to_string(hidden));
+    what = "";
+    activation();
+    node("MatMul", {cur_.ref, weights("Q", {hidden, c}, hidden)}, {}, {n, len, c});
+    if (chance(80)) node("Add", {cur_.ref, constant("QB", {c}, -0.5f, 0.5f)}, {}, cur_.shape);
+    node("Transpose", {cur_.ref}, {{"perm", Is({0, 2, 1})}}, x);
+    if (chance(70)) node("Add", {in_val.ref, cur_.ref}, {}, x), what = " +residual";
+    note("->" + std::to_string(c) + what + ")");
   }
 
   // Sequences [B,S,E]: transformer-like blocks, each reading the one before.
@@ -424,14 +697,14 @@ class Gen {
   void gemm_rows() {
     const Shape x = cur_.shape;
     const int64_t rows = x[0] * x[1], e = x[2], e2 = pick({16, 32, 40, 64});
-    node("Reshape", {cur_.ref, ints({rows, e})}, {}, {rows, e});
+    node("Reshape", {cur_.ref, reshape_to({rows, e}, false)}, {}, {rows, e});
     const bool tb = chance(50), with_c = chance(70);
     const float alpha = chance(30) ? 0.5f : 1.f, beta = with_c && chance(30) ? 2.f : 1.f;
     std::vector<std::string> ins = {cur_.ref, weights("G", tb ? Shape{e2, e} : Shape{e, e2}, e)};
     if (with_c) ins.push_back(constant("GC", {e2}, -0.5f, 0.5f));
     node("Gemm", ins, {{"transB", I(tb ? 1 : 0)}, {"alpha", F(alpha)}, {"beta", F(beta)}}, {rows, e2});
     if (chance(40)) activation();
-    node("Reshape", {cur_.ref, ints({x[0], x[1], e2})}, {}, {x[0], x[1], e2});
+    node("Reshape", {cur_.ref, reshape_to({x[0], x[1], e2}, false)}, {}, {x[0], x[1], e2});
     note(std::string("gemm(") + (tb ? "transB " : "") + (alpha != 1.f ? "alpha " : "") +
          (with_c ? (beta != 1.f ? "C*2 " : "C ") : "") + std::to_string(e) + "->" + std::to_string(e2) + ")");
   }
@@ -490,7 +763,7 @@ class Gen {
     auto proj = [&](const std::string& stem) {
       const Val m = node("MatMul", {in_ref, weights(stem, {e, e}, e)}, {}, x);
       const Val a = node("Add", {m.ref, constant(stem + "B", {e}, -0.5f, 0.5f)}, {}, x);
-      return node("Reshape", {a.ref, ints({b, sl, heads, d})}, {}, {b, sl, heads, d});
+      return node("Reshape", {a.ref, reshape_to({b, sl, heads, d}, true)}, {}, {b, sl, heads, d});
     };
     const Val q = proj("Q"), k = proj("K"), v = proj("V");
     const Val qt = node("Transpose", {q.ref}, {{"perm", Is({0, 2, 1, 3})}}, {b, heads, sl, d});
@@ -501,7 +774,7 @@ class Gen {
     const Val p = node("Softmax", {ss.ref}, {{"axis", I(-1)}}, {b, heads, sl, sl});
     const Val o = node("MatMul", {p.ref, vt.ref}, {}, {b, heads, sl, d});
     const Val ot = node("Transpose", {o.ref}, {{"perm", Is({0, 2, 1, 3})}}, {b, sl, heads, d});
-    const Val om = node("Reshape", {ot.ref, ints({b, sl, e})}, {}, x);
+    const Val om = node("Reshape", {ot.ref, reshape_to({b, sl, e}, true)}, {}, x);
     const Val out = node("MatMul", {om.ref, weights("O", {e, e}, e)}, {}, x);
     node("Add", {out.ref, constant("OB", {e}, -0.5f, 0.5f)}, {}, x);
     note("mha(" + std::to_string(heads) + " heads)");
@@ -747,7 +1020,8 @@ class Gen {
     if (chance(50)) activation();
   }
 
-  std::mt19937_64 rng_;
+  std::mt19937_64 rng_, extra_rng_;
+  bool dynamic_ = false;
   OpCase c_;
   Val cur_;
   std::vector<Val> history_;
