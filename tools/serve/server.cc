@@ -541,7 +541,6 @@ void Server::handle_infer(const http::Request& req, http::Response& res) {
       return fail(Failure::kQueueFull, 429,
                   "the requests in flight hold the server's input memory cap (" +
                       std::to_string(options_.max_inflight_bytes >> 20) + " MiB); retry later");
-    const uint64_t numel = static_cast<uint64_t>(shape_numel(shape));
     if (in.contains("parameters") && !in["parameters"].is_object())
       return bad("input '" + name + "': `parameters` must be an object");
     const json* params = in.contains("parameters") ? &in["parameters"] : nullptr;
@@ -569,27 +568,12 @@ void Server::handle_infer(const http::Request& req, http::Response& res) {
       continue;
     }
     if (!in.contains("data")) return bad("input '" + name + "' has neither `data` nor binary_data_size");
-    if (const int64_t li = lifted_index(in["data"]); li >= 0) {
-      if (static_cast<uint64_t>(li) >= lifted.arrays.size()) return bad("input '" + name + "': malformed `data`");
-      const auto& tokens = lifted.arrays[static_cast<size_t>(li)];
-      if (tokens.size() != numel)
-        return bad("input '" + name + "': shape " + shape_to_string(shape) + " has " + std::to_string(numel) +
-                   " elements but `data` has " + std::to_string(tokens.size()));
-      auto t = Tensor::host_uninitialized(*dtype, shape);  // every element is parsed into it, or it is dropped
-      if (!t.is_ok()) return fail(Failure::kRunFailed, 500, t.status().message());
-      if (!fill_tensor_from_tokens(tokens, t.value()))
-        return bad("input '" + name + "': `data` has a value that is not a " + dt);
-      inputs[k] = std::move(t).value();
-      continue;
+    auto t = decode_data(in["data"], lifted, *dtype, shape);
+    if (!t.is_ok()) {
+      if (t.status().code() == StatusCode::kInvalidArgument)
+        return bad("input '" + name + "': " + t.status().message());
+      return fail(Failure::kRunFailed, 500, t.status().message());
     }
-    uint64_t leaves = 0;
-    if (!count_leaves(in["data"], leaves)) return bad("input '" + name + "': `data` must hold numbers or booleans");
-    if (leaves != numel)
-      return bad("input '" + name + "': shape " + shape_to_string(shape) + " has " + std::to_string(numel) +
-                 " elements but `data` has " + std::to_string(leaves));
-    auto t = Tensor::host_uninitialized(*dtype, shape);  // leaves == numel: every element is written, or it is dropped
-    if (!t.is_ok()) return fail(Failure::kRunFailed, 500, t.status().message());
-    if (!fill_tensor(in["data"], t.value())) return bad("input '" + name + "': `data` has a value that is not a " + dt);
     inputs[k] = std::move(t).value();
   }
   if (binary_used != binary.size()) return bad("the body has binary data no input claims");

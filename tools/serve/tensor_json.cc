@@ -1,9 +1,13 @@
 // keel/tools/serve/tensor_json.cc — KServe v2 JSON tensors (see tensor_json.h).
 #include "tools/serve/tensor_json.h"
 
+#include <algorithm>
 #include <array>
 #include <charconv>
+#include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <random>
 #include <type_traits>
 
 namespace keel::serve {
@@ -179,9 +183,48 @@ constexpr std::array<uint8_t, 256> kByteClass = make_byte_classes();
 uint8_t byte_class(char c) { return kByteClass[static_cast<uint8_t>(c)]; }
 bool space(char c) { return byte_class(c) == kSpace; }
 
+// Whether `tok` is a JSON value the scanner may lift: true, false, or a number in JSON's grammar
+// (-?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?). Anything else ("01", "1.", ".5", "+1", "tru") leaves its array
+// in the text, where the general parser refuses the request as it would have without the lifting.
+bool json_value_token(std::string_view tok) {
+  const char* p = tok.data();
+  const char* const e = p + tok.size();
+  if (p == e) return false;
+  if (*p == 't') return tok == "true";
+  if (*p == 'f') return tok == "false";
+  auto digit = [&] { return p < e && static_cast<unsigned>(*p - '0') < 10u; };
+  if (*p == '-') ++p;
+  if (!digit()) return false;
+  const char* const int_start = p;
+  if (*p == '0') ++p;
+  else
+    while (digit()) ++p;
+  const ptrdiff_t int_digits = p - int_start;
+  if (p < e && *p == '.') {
+    ++p;
+    if (!digit()) return false;
+    while (digit()) ++p;
+  }
+  int64_t exponent = 0;
+  if (p < e && (*p == 'e' || *p == 'E')) {
+    ++p;
+    if (p < e && (*p == '+' || *p == '-')) ++p;
+    if (!digit()) return false;
+    while (digit()) exponent = std::min<int64_t>(exponent * 10 + (*p++ - '0'), 100000);
+  }
+  if (p != e) return false;
+  // nlohmann-json refuses a number beyond double's range (strtod's infinity) as a parse error of the whole text: so
+  // must the lifter, for the rare tokens that may be one (a large exponent or a long integer part).
+  if (exponent + int_digits > 300) {
+    const std::string copy(tok);
+    return !std::isinf(std::strtod(copy.c_str(), nullptr));
+  }
+  return true;
+}
+
 // Parses the array starting at body[i] == '['; on success returns the index after its ']' and appends its tokens.
-// Only numbers-or-booleans-shaped tokens, commas, brackets and whitespace, in JSON's array grammar, nested at most
-// max_depth deep (the array itself counts 1).
+// Only JSON numbers, true and false (json_value_token), commas, brackets and whitespace, in JSON's array grammar,
+// nested at most max_depth deep (the array itself counts 1).
 size_t scan_array(std::string_view body, size_t i, int max_depth, std::vector<std::string_view>& tokens) {
   int depth = 0;
   bool need_value = true, may_close = true;  // after '[': a value or ']'; after ',': a value; after a value: ',' or ']'
@@ -216,6 +259,7 @@ size_t scan_array(std::string_view body, size_t i, int max_depth, std::vector<st
         const size_t start = i;
         while (i < size && byte_class(data[i]) == kToken) ++i;
         tokens.emplace_back(data + start, i - start);
+        if (!json_value_token(tokens.back())) return 0;
         need_value = false;
         may_close = true;
         break;
@@ -226,11 +270,13 @@ size_t scan_array(std::string_view body, size_t i, int max_depth, std::vector<st
   return 0;
 }
 
+// A lifted token (json_value_token) as a T, with the general path's conversions (convert_leaf): what nlohmann-json
+// reads the token as, then converted the same way.
 template <typename T>
 bool parse_token(std::string_view tok, T& out) {
   if constexpr (std::is_same_v<T, bool>) {
     if (tok == "true" || tok == "1") out = true;
-    else if (tok == "false" || tok == "0") out = false;
+    else if (tok == "false" || tok == "0" || tok == "-0") out = false;  // "-0" is the integer 0 to the general path
     else return false;
     return true;
   } else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat>) {
@@ -244,10 +290,25 @@ bool parse_token(std::string_view tok, T& out) {
     if constexpr (std::is_floating_point_v<T>) {
       double d = 0;  // via double, as the general path reads numbers
       auto [p, ec] = std::from_chars(tok.data(), tok.data() + tok.size(), d);
-      if (ec != std::errc() || p != tok.data() + tok.size()) return false;
+      if (ec == std::errc::result_out_of_range) {
+        // Beyond double's range either way: the general path (strtod) refuses an overflow and reads an underflow as
+        // the nearest double (0, or a subnormal from_chars also calls out of range).
+        const std::string copy(tok);
+        char* end = nullptr;
+        d = std::strtod(copy.c_str(), &end);
+        if (end != copy.c_str() + copy.size() || std::isinf(d)) return false;
+      } else if (ec != std::errc() || p != tok.data() + tok.size()) {
+        return false;
+      }
       out = static_cast<T>(d);
       return true;
     } else {
+      if constexpr (std::is_unsigned_v<T>) {
+        if (tok == "-0") {  // the integer 0 to the general path
+          out = 0;
+          return true;
+        }
+      }
       auto [p, ec] = std::from_chars(tok.data(), tok.data() + tok.size(), out);
       return ec == std::errc() && p == tok.data() + tok.size();  // out of range, a fraction or an exponent: false
     }
@@ -258,6 +319,13 @@ bool parse_token(std::string_view tok, T& out) {
 
 LiftedData lift_data_arrays(std::string_view body, int max_depth) {
   LiftedData out;
+  // The placeholder's key is new for every request (64 random bits), so that a request cannot write one itself and
+  // name another input's array: such an object stays an object, refused as the general path refuses it.
+  static constexpr char kHex[] = "0123456789abcdef";
+  uint64_t nonce = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+  out.key = "__keel_data_";
+  for (int k = 0; k < 16; ++k, nonce >>= 4) out.key += kHex[nonce & 15];
+  out.key += "__";
   static constexpr std::string_view kKey = "\"data\"";
   size_t copied = 0;
   bool in_string = false, escaped = false;
@@ -292,7 +360,7 @@ LiftedData lift_data_arrays(std::string_view body, int max_depth) {
       continue;
     }
     out.text.append(body.substr(copied, j - copied));
-    out.text += "{\"__keel_data__\": " + std::to_string(out.arrays.size()) + "}";
+    out.text += "{\"" + out.key + "\": " + std::to_string(out.arrays.size()) + "}";
     out.arrays.push_back(std::move(tokens));
     copied = end;
     i = end - 1;
@@ -301,9 +369,9 @@ LiftedData lift_data_arrays(std::string_view body, int max_depth) {
   return out;
 }
 
-int64_t lifted_index(const json& data) {
-  if (!data.is_object() || data.size() != 1 || !data.contains("__keel_data__")) return -1;
-  const json& k = data["__keel_data__"];
+int64_t lifted_index(const json& data, const LiftedData& lifted) {
+  if (lifted.key.empty() || !data.is_object() || data.size() != 1 || !data.contains(lifted.key)) return -1;
+  const json& k = data[lifted.key];
   return k.is_number_unsigned() ? static_cast<int64_t>(k.get<uint64_t>()) : -1;
 }
 
@@ -315,6 +383,29 @@ bool fill_tensor_from_tokens(const std::vector<std::string_view>& tokens, Tensor
     for (size_t i = 0; ok && i < tokens.size(); ++i) ok = parse_token(tokens[i], p[i]);
   });
   return known && ok;
+}
+
+StatusOr<Tensor> decode_data(const json& data, const LiftedData& lifted, DType dtype, const Shape& shape) {
+  const uint64_t numel = static_cast<uint64_t>(shape_numel(shape));
+  const std::string dt = kserve_name(dtype);
+  auto count_error = [&](uint64_t n) {
+    return invalid_argument("shape " + shape_to_string(shape) + " has " + std::to_string(numel) +
+                            " elements but `data` has " + std::to_string(n));
+  };
+  if (const int64_t li = lifted_index(data, lifted); li >= 0) {
+    if (static_cast<uint64_t>(li) >= lifted.arrays.size()) return invalid_argument("malformed `data`");
+    const auto& tokens = lifted.arrays[static_cast<size_t>(li)];
+    if (tokens.size() != numel) return count_error(tokens.size());
+    KEEL_ASSIGN_OR_RETURN(Tensor t, Tensor::host_uninitialized(dtype, shape), "`data`");  // all written, or dropped
+    if (!fill_tensor_from_tokens(tokens, t)) return invalid_argument("`data` has a value that is not a " + dt);
+    return t;
+  }
+  uint64_t leaves = 0;
+  if (!count_leaves(data, leaves)) return invalid_argument("`data` must hold numbers or booleans");
+  if (leaves != numel) return count_error(leaves);
+  KEEL_ASSIGN_OR_RETURN(Tensor t, Tensor::host_uninitialized(dtype, shape), "`data`");
+  if (!fill_tensor(data, t)) return invalid_argument("`data` has a value that is not a " + dt);
+  return t;
 }
 
 }  // namespace keel::serve
