@@ -4481,21 +4481,27 @@ Built build(const OpCase& c, int64_t batch, uint32_t salt) {
     std::map<std::string, std::string> by_name;
     for (size_t i = 0; i < c.inputs.size(); ++i)
       if (!c.inputs[i].name.empty()) by_name[c.inputs[i].name] = names[i];
-    std::vector<std::string> produced;
+    std::vector<std::vector<std::string>> produced;  // each node's outputs
+    auto value = [&](const std::string& r) {         // "$k" or "$k:i"
+      const size_t colon = r.find(':');
+      return produced.at(std::stoul(r.substr(1, colon == std::string::npos ? std::string::npos : colon - 1)))
+          .at(colon == std::string::npos ? 0 : std::stoul(r.substr(colon + 1)));
+    };
     for (const ChainNode& n : c.chain) {
       std::vector<std::string> ins;
       for (const auto& r : n.inputs) {
         if (r.empty()) ins.push_back("");
-        else if (r[0] == '$') ins.push_back(produced.at(std::stoul(r.substr(1))));
+        else if (r[0] == '$') ins.push_back(value(r));
         else ins.push_back(by_name.at(r));
       }
       const size_t dot = n.op.find('.');
       const std::string domain = dot == std::string::npos ? "" : n.op.substr(0, dot);
       if (!domain.empty()) gb.graph().opsets[domain] = 1;
-      produced.push_back(gb.op(n.op.substr(dot == std::string::npos ? 0 : dot + 1), ins, n.attrs, 1, domain)[0]);
+      produced.push_back(
+          gb.op(n.op.substr(dot == std::string::npos ? 0 : dot + 1), ins, n.attrs, n.num_outputs, domain));
     }
-    gb.output(produced.back());
-    for (const std::string& r : c.also_outputs) gb.output(produced.at(std::stoul(r.substr(1))));
+    gb.output(produced.back()[0]);
+    for (const std::string& r : c.also_outputs) gb.output(value(r));
     b.graph = gb.take();
     return b;
   }

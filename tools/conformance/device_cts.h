@@ -38,12 +38,13 @@ struct InputSpec {
   DType dtype = DType::kF32;  // f32, or an integer type (random integers in [lo, hi], or the values)
 };
 
-// One node of a chain case: `inputs` name case inputs (InputSpec.name) or earlier nodes' outputs ("$0", "$1", ...;
-// "" = an absent optional input).
+// One node of a chain case: `inputs` name case inputs (InputSpec.name) or earlier nodes' outputs ("$0", "$1", ...:
+// node k's first output; "$k:i" its output i; "" = an absent optional input).
 struct ChainNode {
   std::string op;  // an ai.onnx op type, or "domain.Op" (e.g. "keel.Gelu", the fusion passes' ops)
   std::vector<std::string> inputs;
   std::map<std::string, Attribute> attrs;
+  size_t num_outputs = 1;  // Split's parts
 };
 
 struct OpCase {

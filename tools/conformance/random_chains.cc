@@ -98,8 +98,9 @@ class Gen {
       std::vector<size_t> candidates;
       for (size_t k = 0; k + 1 < c_.chain.size(); ++k) {
         const ChainNode& nd = c_.chain[k];
-        const bool reads_value = std::any_of(nd.inputs.begin(), nd.inputs.end(),
-                                             [](const std::string& r) { return r == "X" || r.rfind("$", 0) == 0; });
+        const bool reads_value = std::any_of(nd.inputs.begin(), nd.inputs.end(), [](const std::string& r) {
+          return r == "X" || r == "ids" || r.rfind("$", 0) == 0;
+        });
         if (reads_value && nd.op != "QuantizeLinear") candidates.push_back(k);
       }
       const int64_t count = std::min<int64_t>(static_cast<int64_t>(candidates.size()), 1 + extra_uniform(2));
@@ -180,6 +181,11 @@ class Gen {
   int64_t C() const { return cur_.shape[1]; }
 
   void block() {
+    if (extra_chance(8)) {  // (a later generator's blocks: drawn from the extra stream, see make())
+      split_block();
+      history_.push_back(cur_);
+      return;
+    }
     switch (uniform(11)) {
       case 0:
       case 1:
@@ -468,6 +474,52 @@ class Gen {
     note(what);
   }
 
+  // Split into two parts along the channels (ops a chain-claiming device may not take, so chains end and start around
+  // them): a gated linear unit (one half times the sigmoid of the other), ShuffleNetV2's unit (half through a
+  // convolution, concatenated with the other half, channels shuffled), or the parts concatenated the other way round;
+  // or a channel shuffle alone (Reshape into groups, Transpose, Reshape back).
+  void split_block() {
+    const Shape x = cur_.shape;
+    const int64_t c = x[1];
+    if (c < 2) return activation();
+    Shape half = x, rest = x;
+    const int64_t first = extra_chance(70) && c % 2 == 0 ? c / 2 : 1 + extra_uniform(c - 1);
+    half[1] = first, rest[1] = c - first;
+    const int64_t kind = extra_uniform(4);
+    if (kind == 3) {
+      if (c % 2 != 0 || x.size() != 4) return activation();
+      shuffle_channels();
+      return;
+    }
+    c_.chain.push_back({"Split", {cur_.ref, ints({first, c - first})}, {{"axis", I(1)}}, 2});
+    const std::string k = "$" + std::to_string(c_.chain.size() - 1);
+    const Val a{k, half}, b{k + ":1", rest};
+    cur_ = a;
+    if (kind == 0 && first == c - first) {
+      const Val g = node("Sigmoid", {b.ref}, {}, rest);
+      node("Mul", {a.ref, g.ref}, {}, half);
+      note("split glu(" + std::to_string(c) + "->" + std::to_string(first) + ")");
+    } else if (kind == 1 && x.size() == 4 && c % 2 == 0 && first == c / 2) {
+      const Val r = node("Conv", {b.ref, weights("W", {first, first, 3, 3}, first * 9)},
+                         {{"kernel_shape", Is({3, 3})}, {"pads", Is({1, 1, 1, 1})}}, rest);
+      node("Relu", {r.ref}, {}, rest);
+      node("Concat", {a.ref, cur_.ref}, {{"axis", I(1)}}, x);
+      note("shufflenet unit(" + std::to_string(c) + ")");
+      shuffle_channels();
+    } else {
+      node("Concat", {b.ref, a.ref}, {{"axis", I(1)}}, x);
+      note("split swap(" + std::to_string(first) + "+" + std::to_string(c - first) + ")");
+    }
+  }
+  void shuffle_channels() {
+    const Shape x = cur_.shape;
+    const int64_t n = x[0], c = x[1], h = x[2], w = x[3];
+    node("Reshape", {cur_.ref, reshape_to({n, 2, c / 2, h, w}, true)}, {}, {n, 2, c / 2, h, w});
+    node("Transpose", {cur_.ref}, {{"perm", Is({0, 2, 1, 3, 4})}}, {n, c / 2, 2, h, w});
+    node("Reshape", {cur_.ref, reshape_to({n, c, h, w}, true)}, {}, x);
+    note("shuffle");
+  }
+
   // 1-D signals [N,C,L] (audio, time series: wav2vec's feature encoder, TCNs, Conformer's convolution module):
   // Conv1d of every kind (kernel 1 to 9, stride 2, dilation 2 or 4, grouped, depthwise), BatchNormalization,
   // activations, residuals, per-channel scales, pooling, a channels-last feed-forward between Transposes, Concat,
@@ -479,6 +531,11 @@ class Gen {
     history_.push_back(cur_);
     const int blocks = 2 + static_cast<int>(uniform(5));
     for (int b = 0; b < blocks; ++b) {
+      if (extra_chance(12)) {  // Conformer's convolution module gates by a GLU (and others split or swap)
+        split_block();
+        history_.push_back(cur_);
+        continue;
+      }
       switch (uniform(9)) {
         case 0:
         case 1:
@@ -631,8 +688,20 @@ class Gen {
   // Sequences [B,S,E]: transformer-like blocks, each reading the one before.
   void sequence() {
     const int64_t b = pick({1, 1, 2}), sl = pick({1, 4, 7, 16, 33}), e = pick({8, 16, 24, 32, 48, 64});
-    c_.inputs.push_back(in("X", {b, sl, e}));
-    cur_ = {"X", {b, sl, e}};
+    if (extra_chance(25)) {  // token ids through an embedding table (and learned positions), as language models start
+      const int64_t vocab = 50 + extra_uniform(200);
+      InputSpec ids = in("ids", {b, sl}, false, 0.f, static_cast<float>(vocab - 1));
+      ids.dtype = DType::kI64;
+      c_.inputs.push_back(ids);
+      node("Gather", {constant("E", {vocab, e}, -1.f, 1.f), "ids"}, {{"axis", I(0)}}, {b, sl, e});
+      std::string what = "embedding(" + std::to_string(vocab) + ")";
+      if (extra_chance(50))
+        node("Add", {cur_.ref, constant("PE", {sl, e}, -0.5f, 0.5f)}, {}, cur_.shape), what += "+pos";
+      note(what);
+    } else {
+      c_.inputs.push_back(in("X", {b, sl, e}));
+      cur_ = {"X", {b, sl, e}};
+    }
     history_.push_back(cur_);
     const int blocks = 2 + static_cast<int>(uniform(5));
     // Not a LayerNorm or a Softmax right after a Softmax: rows of nearly equal values, whose normalization magnifies
