@@ -1,17 +1,21 @@
 // keel-cts — run the device conformance suite (device_cts.h) from the command line; every failure prints a
 // one-line repro of this tool.
 //   keel-cts --device cpu [--op Conv] [--case 'N=1 C=3 ...'] [--verbose] [--list]
+//   (a progress bar on stderr unless -q; logs at warn unless --log-level or KEEL_LOG_LEVEL says otherwise)
 //   keel-cts --device cpu --random-chains 200 [--seed 1] [--bf16 | --int8]
 //   keel-cts --random-chains 1 --seed 17 --save DIR   (that case as DIR/model.onnx + DIR/test_data_set_0)
 // Random chains: device_cts.h, random_chain_case.
+#include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 
 #include "core/runtime/environment.h"
 #include "core/runtime/onnx_io.h"
 #include "tools/conformance/device_cts.h"
+#include "tools/keel/progress.h"
 
 int main(int argc, char** argv) {
   using namespace keel;
@@ -29,6 +33,12 @@ int main(int argc, char** argv) {
   app.add_option("--kernel-prefix", o.kernel_prefix, "Count the cases served by kernels named with this prefix");
   app.add_option("--plugin-path", plugin_paths, "Extra directory to search for plugin manifests (repeatable)");
   app.add_flag("--verbose,-v", o.verbose, "Print every case, not only failures");
+  std::string log_level = "warn";
+  if (const char* lvl = std::getenv("KEEL_LOG_LEVEL")) log_level = lvl;
+  app.add_option("--log-level", log_level, "Log level: trace, debug, info, warn, error, off (env KEEL_LOG_LEVEL)")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
+  bool quiet = false;
+  app.add_flag("--quiet,-q", quiet, "No progress bar (it goes to stderr: a line per 10% when that is not a terminal)");
   app.add_flag("--list", list, "List the cases and exit");
   app.add_option("--random-chains", random_chains,
                  "Instead of the table, this many random chains (a differential fuzzer of the device's fusion)")
@@ -40,6 +50,7 @@ int main(int argc, char** argv) {
   app.add_flag("--int8", int8, "With --random-chains: int8 QDQ chains of convolutions instead");
   app.add_option("--seed", first_seed, "The first random chain's seed (with --random-chains; the others follow it)");
   CLI11_PARSE(app, argc, argv);
+  spdlog::set_level(spdlog::level::from_str(log_level));
   std::vector<cts::OpCase> generated;
   for (int64_t i = 0; i < random_chains; ++i)
     generated.push_back(cts::random_chain_case(first_seed + i, int8 ? DType::kI8 : bf16 ? DType::kBF16 : DType::kF32));
@@ -87,7 +98,17 @@ int main(int argc, char** argv) {
       if (p.name == "cpu_onednn" && p.state == PluginState::kLoaded) o.kernel_prefix = "onednn_";
   }
   o.out = &std::cout;
+  int64_t selected = 0;
+  for (const auto& c : o.cases ? *o.cases : cts::all_cases())
+    selected += (o.op.empty() || c.op == o.op) && (o.label.empty() || c.label == o.label);
+  cli::ProgressBar bar("cases", selected, "case", !quiet && selected > 1);
+  int64_t bad = 0;
+  o.on_case = [&](const cts::CaseResult& c) {
+    bad += c.outcome == cts::Outcome::kFail || c.outcome == cts::Outcome::kError;
+    bar.tick(1, bad ? std::to_string(bad) + " failing" : "");
+  };
   cts::Report r = cts::run(**dut, **oracle, o);
+  bar.finish(bad ? std::to_string(bad) + " failing" : "all pass");
   if (!o.kernel_prefix.empty()) {
     std::cout << "served by " << o.kernel_prefix << "* kernels, per op:";
     for (const auto& [op, n] : r.native_by_op) std::cout << " " << op << " " << n.first << "/" << n.second;

@@ -4728,6 +4728,7 @@ Report run(Environment& dut, Environment& oracle, const Options& o) {
       if (r.outcome != Outcome::kPass) *o.out << "\n    repro: " << r.repro;
       *o.out << "\n";
     }
+    if (o.on_case) o.on_case(r);
     rep.results.push_back(std::move(r));
   }
   if (o.out) {

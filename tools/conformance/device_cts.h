@@ -116,8 +116,9 @@ struct Options {
   std::string label;          // only this case label ("" = every case)
   std::string kernel_prefix;  // when set, cases served by a kernel without this prefix are "not native"
   bool verbose = false;       // print every case, not only failures
-  const std::vector<OpCase>* cases = nullptr;  // the cases to run (nullptr: all_cases())
-  std::ostream* out = nullptr;                 // where to print (nullptr = silent)
+  const std::vector<OpCase>* cases = nullptr;      // the cases to run (nullptr: all_cases())
+  std::ostream* out = nullptr;                     // where to print (nullptr = silent)
+  std::function<void(const CaseResult&)> on_case;  // called after every case run (a progress bar), or empty
 };
 
 struct Report {
