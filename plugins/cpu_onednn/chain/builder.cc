@@ -239,7 +239,7 @@ void Builder::outputs() {
     }
     if (v.scale != 1.f) throw NodeReject{r_.nodes.size(), "a scaled view leaves the claim"};
     dnnl::memory s = mem_of(v), d2 = mem_at(want, ob, 0);
-    exec(dnnl::reorder(s, d2), {{DNNL_ARG_FROM, s}, {DNNL_ARG_TO, d2}});
+    exec(reorder_prim(s, d2), {{DNNL_ARG_FROM, s}, {DNNL_ARG_TO, d2}});
   }
 }
 
@@ -268,10 +268,27 @@ void Builder::bind_scratchpads() {
       continue;
     }
     if (e.own || !e.prim) continue;
-    const dnnl_memory_desc_t* md =
-        dnnl_primitive_desc_query_md(e.prim.get_primitive_desc(), dnnl_query_scratchpad_md, 0);
+    const_dnnl_primitive_desc_t pd = e.prim.get_primitive_desc();
+    // A primitive in the library's scratchpad mode would keep its scratchpad to itself (oneDNN 2.6 is built without
+    // DNNL_ENABLE_CONCURRENT_EXEC), and concurrent runs of one session execute each step's primitive at once: a
+    // bf16 BatchNormalization so created mixed the outputs of two runs (random chains, seed 484 --bf16 as of
+    // 15b6722). Every chain primitive is made with user_scratchpad(); one that is not, and needs a scratchpad, is
+    // refused here rather than shared.
+    const_dnnl_primitive_attr_t attr = nullptr;
+    dnnl_scratchpad_mode_t mode = dnnl_scratchpad_mode_user;
+    if (dnnl_primitive_desc_get_attr(pd, &attr) == dnnl_success) dnnl_primitive_attr_get_scratchpad_mode(attr, &mode);
+    if (mode == dnnl_scratchpad_mode_library) {
+      int64_t library_bytes = 0;
+      dnnl_primitive_desc_query(pd, dnnl_query_memory_consumption_s64, 0, &library_bytes);
+      if (library_bytes > 0)
+        throw Reject{"a step's primitive (" + p_->impls[k] +
+                     ") has a scratchpad of its own, which concurrent runs "
+                     "would share"};
+      continue;
+    }
+    const dnnl_memory_desc_t* md = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
     const uint64_t bytes = md ? dnnl_memory_desc_get_size(md) : 0;
-    if (bytes == 0) continue;  // none, or a library-managed one (a reorder's)
+    if (bytes == 0) continue;
     need.emplace_back(k, md_t(*md));
     most = std::max(most, bytes);
   }

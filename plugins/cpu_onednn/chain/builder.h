@@ -159,6 +159,12 @@ class Builder {
     vals_[name] = v;
     return vals_[name];
   }
+  // A reorder step's primitive. Like every primitive of a chain, its scratchpad (when it needs one) is user-managed:
+  // bound in each run's workspace (bind_scratchpads), never a library-managed one that the primitive owns and that
+  // two concurrent runs of the session would share.
+  static dnnl::reorder reorder_prim(const dnnl::memory& from, const dnnl::memory& to) {
+    return dnnl::reorder(dnnl::reorder::primitive_desc(from, to, user_scratchpad()));
+  }
   // Memory-bound steps (reorders, element-wise, normalisation, softmax, pooling, ...) touching under 1 MiB run on
   // one thread: the work takes microseconds, a team's barrier can take a scheduler slice on a busy machine.
   // (They pick their split at run time; convolutions and matmuls keep the team they were created for.)
@@ -247,7 +253,7 @@ class Builder {
     copy_of_[key] = name;
     dnnl::memory s = mem_of(src), d = mem_of(dst);
     layout_reorder_ = true;
-    exec(dnnl::reorder(s, d), {{DNNL_ARG_FROM, s}, {DNNL_ARG_TO, d}});
+    exec(reorder_prim(s, d), {{DNNL_ARG_FROM, s}, {DNNL_ARG_TO, d}});
     layout_reorder_ = false;
     return dst;
   }
@@ -411,7 +417,7 @@ class Builder {
   bool fold_channel_scale(size_t i);
   bool conv_as_gemv(size_t i, const Fusion& f, const std::vector<float>& w, bool has_bias,
                     const std::vector<float>& bias);
-  void exec_scale_weights(const dnnl::memory& wmem, const md_t& wplain, const std::string& chan_scale);
+  dnnl::memory exec_scale_weights(const dnnl::memory& wmem, const md_t& wplain, const std::string& chan_scale);
   // Mul outputs folded into their 1x1 convolution (fold_channel_scale): output -> (the data, the [1,C,1,1] scale).
   std::map<std::string, std::pair<std::string, std::string>> se_folds_;
   // Flattens read as they lie (flatten_into_gemm): output -> the [N,C,H,W] input's dims and whether it is nhwc

@@ -62,7 +62,7 @@ void Builder::attention(size_t i) {
     dnnl::memory from = mem_at(plain_md(y, dt::f32), f32_buf, 0);
     Val& ob = define(out_name, plain_md(y, out_dt));
     dnnl::memory to = mem_of(ob);
-    exec(dnnl::reorder(from, to), {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}});
+    exec(reorder_prim(from, to), {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}});
   }
   if (tr != npos) done_[tr] = true;
 }

@@ -51,7 +51,7 @@ void Builder::concat(size_t i) {
       Val sv = val(in);
       if (sv.md.data_type() != act_) throw Reject{"Concat of mixed dtypes"};
       dnnl::memory sm = mem_of(sv), dm = mem_at(strided_md(dims_of(in), strides, act_), obuf, byte_off);
-      exec(dnnl::reorder(sm, dm), {{DNNL_ARG_FROM, sm}, {DNNL_ARG_TO, dm}});
+      exec(reorder_prim(sm, dm), {{DNNL_ARG_FROM, sm}, {DNNL_ARG_TO, dm}});
     };
     const int64_t g = static_cast<int64_t>(n.in.size());
     const size_t r1 = sole(n.out[0], "Reshape"), tr = r1 == npos ? npos : sole(r_.nodes[r1].out[0], "Transpose"),
@@ -96,7 +96,7 @@ void Builder::concat(size_t i) {
     srcs.push_back(as_md(in, want));
     mds.push_back(want);
   }
-  dnnl::concat::primitive_desc pd(static_cast<int>(axis), mds, engine());
+  dnnl::concat::primitive_desc pd(static_cast<int>(axis), mds, engine(), user_scratchpad());
   Val& o = define(n.out[0], pd.dst_desc());
   std::unordered_map<int, dnnl::memory> args;
   for (size_t k = 0; k < srcs.size(); ++k) args[DNNL_ARG_MULTIPLE_SRC + static_cast<int>(k)] = mem_of(srcs[k]);

@@ -41,14 +41,16 @@ bool Builder::fold_channel_scale(size_t i) {
 }
 
 // The per-run step of a folded squeeze-excite scale: the convolution's weights `wmem` (in its layout, reordered
-// once from `wplain` [M,C,1,1]) are kept unscaled in a copy, and each run writes copy * scale[c] into `wmem`, c
-// being each element's input channel, found once by reordering a plain image of channel numbers into the layout.
-void Builder::exec_scale_weights(const dnnl::memory& wmem, const md_t& wplain, const std::string& chan_scale) {
+// once from `wplain` [M,C,1,1]) stay unscaled, and each run writes wmem * scale[c] into weights of its own, c being
+// each element's input channel, found once by reordering a plain image of channel numbers into the layout. Returns
+// the memory the convolution reads its weights from: a buffer of the run's workspace, live from this step to the
+// convolution. (The scaled weights once went back into `wmem`, which every run of the session shares: two
+// concurrent runs then scaled each other's weights, and one run's gate leaked into the other's output: random
+// chains' concurrent runs, DeviceConformance.ConcurrentRunsOfChainsMatchSequentialOnes.)
+dnnl::memory Builder::exec_scale_weights(const dnnl::memory& wmem, const md_t& wplain, const std::string& chan_scale) {
   const md_t wmd = wmem.get_desc();
   const Dims wd = md_dims(wplain);
   const int64_t M = wd[0], C = wd[1];
-  dnnl::memory orig(wmd, engine(), p_->weights.alloc(wmd.get_size()));
-  std::memcpy(orig.get_data_handle(), wmem.get_data_handle(), wmd.get_size());
   std::vector<float> image(static_cast<size_t>(M * C));
   for (int64_t m = 0; m < M; ++m)
     for (int64_t c = 0; c < C; ++c) image[m * C + c] = static_cast<float>(c + 1);  // exact: C < 2^24
@@ -75,17 +77,19 @@ void Builder::exec_scale_weights(const dnnl::memory& wmem, const md_t& wplain, c
   dnnl::memory map(md_t({static_cast<int64_t>(len)}, dt::s32, tag::a), engine());
   int32_t* mp = static_cast<int32_t*>(map.get_data_handle());
   for (size_t j = 0; j < len; ++j) mp[j] = rows ? row_chan[j] : std::max(chan[j], 0);  // padding: 0 * s[0]
-  p_->owned.push_back(orig);
   p_->owned.push_back(map);
   const Val& sv = val(chan_scale);
+  const int scaled = new_buf(wmd.get_size());
+  p_->bufs[scaled].values = 1;  // no value's: never written in place
   std::unordered_map<int, dnnl::memory> args{
-      {DNNL_ARG_DST, wmem}, {DNNL_ARG_SRC, orig}, {kArgMap, map}, {kArgScale, mem_of(sv)}};
+      {DNNL_ARG_DST, mem_at(wmd, scaled, 0)}, {DNNL_ARG_SRC, wmem}, {kArgMap, map}, {kArgScale, mem_of(sv)}};
   Exec e;
   e.single = true;
   e.own = rows ? run_scale_weights16 : run_scale_weights;
   e.args = std::move(args);
   exec_own(std::move(e), rows ? "keel:scale_weights16" : "keel:scale_weights", false,
            r_.nodes[cur_node_].name + " weights x " + chan_scale + " " + dims_str(wd));
+  return mem_at(wmd, scaled, 0);  // touched again at the convolution's step, which comes next
 }
 
 // A 1x1 convolution over a [1,C,1,1] value expanding to M >= 512 >= 4*C channels (squeeze-excite's excitation in

@@ -111,14 +111,14 @@ bool Builder::conv_residual_merged(size_t i) {
   } else {
     dnnl::memory s1 = mem_of(hv), d1 = mem_at(hmd, cbuf, coff);
     layout_reorder_ = true;
-    exec(dnnl::reorder(s1, d1), {{DNNL_ARG_FROM, s1}, {DNNL_ARG_TO, d1}});
+    exec(reorder_prim(s1, d1), {{DNNL_ARG_FROM, s1}, {DNNL_ARG_TO, d1}});
     dnnl_memory_desc_t vd = xblocked.data;  // every sj-th row and column: the strides times sj
     vd.dims[2] = vd.padded_dims[2] = h[2];
     vd.dims[3] = vd.padded_dims[3] = h[3];
     vd.format_desc.blocking.strides[2] *= sj;
     vd.format_desc.blocking.strides[3] *= sj;
     dnnl::memory s2 = mem_at(md_t(vd), xv.buf, xv.off), d2 = mem_at(xsmd, cbuf, xoff);
-    exec(dnnl::reorder(s2, d2), {{DNNL_ARG_FROM, s2}, {DNNL_ARG_TO, d2}});
+    exec(reorder_prim(s2, d2), {{DNNL_ARG_FROM, s2}, {DNNL_ARG_TO, d2}});
     layout_reorder_ = false;
   }
   f.nodes.insert(f.nodes.begin(), {j, a});  // before the fused nodes: an Add among those is a sum post-op's
@@ -311,7 +311,7 @@ int Builder::sum_destination(const std::string& name, const Val& v, const md_t& 
   }
   const int buf = new_buf(dmd.get_size());
   dnnl::memory a = mem_of(v), b = mem_at(dmd, buf, 0);
-  exec(dnnl::reorder(a, b), {{DNNL_ARG_FROM, a}, {DNNL_ARG_TO, b}});
+  exec(reorder_prim(a, b), {{DNNL_ARG_FROM, a}, {DNNL_ARG_TO, b}});
   return buf;
 }
 
@@ -347,7 +347,7 @@ void Builder::conv_like_tail(size_t i, const Fusion& f, dnnl::primitive prim, co
     args[DNNL_ARG_BIAS] = p_->owned.back();
   }
   const int dbuf = residual_destination(i, f, dmd);
-  if (!chan_scale.empty()) exec_scale_weights(wmem, wplain, chan_scale);
+  if (!chan_scale.empty()) args[DNNL_ARG_WEIGHTS] = exec_scale_weights(wmem, wplain, chan_scale);
   Val& out = define(f.out, dmd, dbuf);
   args[DNNL_ARG_SRC] = mem_of(sv);
   args[DNNL_ARG_DST] = mem_of(out);

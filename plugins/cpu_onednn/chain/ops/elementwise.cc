@@ -26,7 +26,7 @@ void Builder::eltwise(size_t i) {
     alg a;
     ops.get_params_eltwise(k, scale, a, alpha, beta);
     dnnl::eltwise_forward::desc d(dnnl::prop_kind::forward_inference, a, md, alpha, beta);
-    dnnl::eltwise_forward::primitive_desc pd(d, engine());
+    dnnl::eltwise_forward::primitive_desc pd(d, user_scratchpad(), engine());
     exec(dnnl::eltwise_forward(pd), {{DNNL_ARG_SRC, k == 0 ? sm : dm}, {DNNL_ARG_DST, dm}});
   }
 }
@@ -112,7 +112,7 @@ void Builder::binary(size_t i) {
   }
   if (s1.md.data_type() != m1.data_type() || m0.data_type() != act_) throw Reject{"operands of different dtypes"};
   dnnl::binary::desc d(a, m0, m1, m0);
-  dnnl::binary::primitive_desc pd(d, engine());
+  dnnl::binary::primitive_desc pd(d, user_scratchpad(), engine());
   int buf = dead_after(x0, i) && s0.buf == vals_[x0].buf && s0.off == 0 ? s0.buf : -2;
   if (buf >= 0) p_->bufs[buf].values--;
   dnnl::memory a0 = mem_of(s0), a1 = mem_at(m1, s1.buf, s1.off);

@@ -154,12 +154,12 @@ void Builder::matmul(size_t i) {
       } else if (f.permuted) {  // copied into the destination's layout
         dbuf = new_buf(permuted_md.get_size());
         dnnl::memory s1 = mem_of(rv), d1 = mem_at(permuted_md, dbuf, 0);
-        exec(dnnl::reorder(s1, d1), {{DNNL_ARG_FROM, s1}, {DNNL_ARG_TO, d1}});
+        exec(reorder_prim(s1, d1), {{DNNL_ARG_FROM, s1}, {DNNL_ARG_TO, d1}});
       } else {
         Val tmp = as_md(f.sum_with, plain_md(dims_of(f.sum_with), out_t));
         dbuf = new_buf(ymd.get_size());
         dnnl::memory s1 = mem_of(tmp), d1 = mem_at(tmp.md, dbuf, 0);
-        exec(dnnl::reorder(s1, d1), {{DNNL_ARG_FROM, s1}, {DNNL_ARG_TO, d1}});
+        exec(reorder_prim(s1, d1), {{DNNL_ARG_FROM, s1}, {DNNL_ARG_TO, d1}});
       }
     }
     Val& out = tr != npos   ? define(r_.nodes[tr].out[0], plain_md(yt), dbuf)

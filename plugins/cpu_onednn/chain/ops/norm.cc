@@ -32,7 +32,7 @@ void Builder::batchnorm(size_t i) {
     done_[relu] = true;
   }
   dnnl::batch_normalization_forward::desc d(dnnl::prop_kind::forward_inference, md, n.af("epsilon", 1e-5f), flags);
-  dnnl::batch_normalization_forward::primitive_desc pd(d, engine());
+  dnnl::batch_normalization_forward::primitive_desc pd(d, user_scratchpad(), engine());
   std::unordered_map<int, dnnl::memory> args;
   const int arg[4] = {DNNL_ARG_SCALE, DNNL_ARG_SHIFT, DNNL_ARG_MEAN, DNNL_ARG_VARIANCE};
   for (int k = 0; k < 4; ++k) {
@@ -56,7 +56,7 @@ void Builder::softmax(size_t i) {
   Val sv = as_plain(n.in[0]);
   md_t md = plain_md(x);
   dnnl::softmax_forward::desc d(dnnl::prop_kind::forward_inference, md, static_cast<int>(axis));
-  dnnl::softmax_forward::primitive_desc pd(d, engine());
+  dnnl::softmax_forward::primitive_desc pd(d, user_scratchpad(), engine());
   int buf = dead_after(n.in[0], i) && vals_[n.in[0]].buf == sv.buf ? sv.buf : -2;
   if (buf >= 0) p_->bufs[buf].values--;
   dnnl::memory sm = mem_of(sv);
@@ -93,7 +93,7 @@ void Builder::reduce_mean(size_t i) {
   Val sv = as_plain(n.in[0]);
   const md_t src = plain_md(xd), dst = plain_md(kept);
   dnnl::reduction::desc d(alg::reduction_mean, src, dst, 0.f, 0.f);
-  dnnl::reduction::primitive_desc pd(d, engine());
+  dnnl::reduction::primitive_desc pd(d, user_scratchpad(), engine());
   Val& o = define(n.out[0], plain_md(dims_of(n.out[0])));
   dnnl::memory dm = mem_at(dst, o.buf, o.off);
   exec(dnnl::reduction(pd), {{DNNL_ARG_SRC, mem_of(sv)}, {DNNL_ARG_DST, dm}});
@@ -110,7 +110,7 @@ void Builder::layernorm(size_t i, const std::string& x, const std::string& out, 
   auto flags = dnnl::normalization_flags::use_scale;
   if (shift) flags |= dnnl::normalization_flags::use_shift;
   dnnl::layer_normalization_forward::desc d(dnnl::prop_kind::forward_inference, md, eps, flags);
-  dnnl::layer_normalization_forward::primitive_desc pd(d, engine());
+  dnnl::layer_normalization_forward::primitive_desc pd(d, user_scratchpad(), engine());
   std::unordered_map<int, dnnl::memory> args;
   auto vec = [&](const ConstT* c) {
     p_->owned.emplace_back(md_t({D}, dt::f32, tag::a), engine());

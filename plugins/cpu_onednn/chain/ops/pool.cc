@@ -92,7 +92,7 @@ void Builder::pool(size_t i) {
   } catch (const dnnl::error&) {  // no pooling with these post-ops: the activations run as their own steps
     f.nodes.clear();
     f.out = n.out[0];
-    pd = dnnl::pooling_v2_forward::primitive_desc(d, engine());
+    pd = dnnl::pooling_v2_forward::primitive_desc(d, user_scratchpad(), engine());
   }
   Val sv = bytes ? xv : as_md(src_name, pd.src_desc());
   Val& o = define(f.out, pd.dst_desc());

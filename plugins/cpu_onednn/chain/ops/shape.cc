@@ -305,7 +305,7 @@ void Builder::resize(size_t i) {
     return;
   }
   dnnl::resampling_forward::desc d(dnnl::prop_kind::forward_inference, a, factors, src, dst);
-  dnnl::resampling_forward::primitive_desc pd(d, engine());
+  dnnl::resampling_forward::primitive_desc pd(d, user_scratchpad(), engine());
   Val sv = as_md(n.in[0], src);
   dnnl::memory sm = mem_of(sv);
   Val& o = define(n.out[0], dst);
@@ -365,7 +365,7 @@ void Builder::cast(size_t i) {
   md_t out = is_strided(v.md) ? plain_md(md_dims(v.md)) : with_dtype(v.md, act_);
   Val& o = define(n.out[0], out);
   dnnl::memory a = mem_of(v), b = mem_of(o);
-  exec(dnnl::reorder(a, b), {{DNNL_ARG_FROM, a}, {DNNL_ARG_TO, b}});
+  exec(reorder_prim(a, b), {{DNNL_ARG_FROM, a}, {DNNL_ARG_TO, b}});
 }
 
 // Slice with constant starts/ends/axes and step 1: a strided view.
