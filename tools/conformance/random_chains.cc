@@ -56,6 +56,11 @@ class Gen {
       c_.label = tag + " 1d" + what_;
       return finish();
     }
+    if (extra_chance(6)) {
+      volume();
+      c_.label = tag + " 3d" + what_;
+      return finish();
+    }
     if (chance(33)) {
       sequence();
       c_.label = tag + " seq" + what_;
@@ -183,6 +188,11 @@ class Gen {
   void block() {
     if (extra_chance(8)) {  // (a later generator's blocks: drawn from the extra stream, see make())
       split_block();
+      history_.push_back(cur_);
+      return;
+    }
+    if (extra_chance(8)) {
+      rarer_ops();
       history_.push_back(cur_);
       return;
     }
@@ -518,6 +528,107 @@ class Gen {
     node("Transpose", {cur_.ref}, {{"perm", Is({0, 2, 1, 3, 4})}}, {n, c / 2, 2, h, w});
     node("Reshape", {cur_.ref, reshape_to({n, c, h, w}, true)}, {}, x);
     note("shuffle");
+  }
+
+  // Ops models have less often: Softmax over the channels (a segmentation head's), a gate from the spatial mean
+  // (ReduceMean over H and W, kept, times the value), Clip with a lower bound only (ReLU6's half), a spatial crop
+  // (Slice of H and W), Pow by 3 and Sqrt of a positive value, a round trip through f16 (Cast). (Not Round after
+  // computed values: a last-bit difference before it moves a value by a whole step.)
+  void rarer_ops() {
+    const Shape x = cur_.shape;
+    const int64_t n = x[0], c = x[1], h = x[2], w = x[3];
+    switch (extra_uniform(6)) {
+      case 0: node("Softmax", {cur_.ref}, {{"axis", I(1)}}, x), note("softmax(channels)"); break;
+      case 1: {
+        const std::string in_ref = cur_.ref;
+        const Val m = node("ReduceMean", {in_ref}, {{"axes", Is({2, 3})}, {"keepdims", I(1)}}, {n, c, 1, 1});
+        const Val g = node("Sigmoid", {m.ref}, {}, m.shape);
+        node("Mul", {in_ref, g.ref}, {}, x), note("mean gate");
+        break;
+      }
+      case 2: node("Clip", {cur_.ref, scalar(0.f)}, {}, x), note("clip(min)"); break;
+      case 3: {
+        if (h < 3 || w < 3) return activation();
+        const int64_t top = 1, left = extra_uniform(2);
+        node("Slice", {cur_.ref, ints({top, left}), ints({h - 1, w}), ints({2, 3})}, {}, {n, c, h - 2, w - left});
+        note("crop");
+        break;
+      }
+      case 4: {
+        const Val p = node("Pow", {cur_.ref, scalar(3.f)}, {}, x);
+        const Val q = node("Mul", {p.ref, p.ref}, {}, x);
+        const Val a = node("Add", {q.ref, scalar(1.f)}, {}, x);
+        node("Sqrt", {a.ref}, {}, x), note("sqrt(x^6+1)");
+        break;
+      }
+      default: {
+        if (c_.dtype != DType::kF32) return activation();
+        const Val h16 = node("Cast", {cur_.ref}, {{"to", I(10)}}, x);  // FLOAT16
+        node("Cast", {h16.ref}, {{"to", I(1)}}, x), note("f16 round trip");
+        break;
+      }
+    }
+  }
+
+  // 3-D volumes [N,C,D,H,W] (video, medical images: C3D, 3-D U-Nets): Conv3d (1x1x1, 3x3x3, stride 2), BatchNorm,
+  // activations, residuals, MaxPool3d, AveragePool3d, and sometimes a head.
+  void volume() {
+    const int64_t n = pick({1, 1, 2}), ch = pick({1, 3, 8, 16}), d = 2 + uniform(6), h = 3 + uniform(8),
+                  w = chance(60) ? h : 3 + uniform(8);
+    c_.inputs.push_back(in("X", {n, ch, d, h, w}));
+    cur_ = {"X", {n, ch, d, h, w}};
+    history_.push_back(cur_);
+    const int blocks = 2 + static_cast<int>(uniform(4));
+    for (int b = 0; b < blocks; ++b) {
+      const Shape x = cur_.shape;
+      switch (uniform(5)) {
+        case 0:
+        case 1: {
+          const int64_t k = pick({1, 3, 3}), m = pick({8, 16, 24}), p = k / 2;
+          const int64_t st = k == 3 && x[2] >= 4 && x[3] >= 4 && x[4] >= 4 && chance(25) ? 2 : 1;
+          const Shape y{x[0], m, (x[2] + 2 * p - k) / st + 1, (x[3] + 2 * p - k) / st + 1, (x[4] + 2 * p - k) / st + 1};
+          std::vector<std::string> ins = {cur_.ref, weights("W", {m, x[1], k, k, k}, x[1] * k * k * k)};
+          if (chance(70)) ins.push_back(constant("B", {m}, -0.5f, 0.5f));
+          node("Conv", ins,
+               {{"kernel_shape", Is({k, k, k})}, {"strides", Is({st, st, st})}, {"pads", Is({p, p, p, p, p, p})}}, y);
+          note("conv3d k" + std::to_string(k) + (st > 1 ? "/2" : "") + "(" + std::to_string(x[1]) + "->" +
+               std::to_string(m) + ")");
+          if (chance(30)) {
+            node("BatchNormalization",
+                 {cur_.ref, constant("S", {m}, 0.5f, 1.5f), constant("T", {m}, -0.5f, 0.5f),
+                  constant("M", {m}, -0.5f, 0.5f), constant("V", {m}, 0.5f, 2.f)},
+                 {}, y);
+            note("bn");
+          }
+          if (chance(70)) activation();
+          break;
+        }
+        case 2: activation(); break;
+        case 3:
+          if (const Val* e = same_shape_earlier(); e && chance(70)) add_residual(*e);
+          else activation();
+          break;
+        default:
+          if (x[2] >= 2 && x[3] >= 2 && x[4] >= 2) {
+            const bool mx = chance(60);
+            node(mx ? "MaxPool" : "AveragePool", {cur_.ref},
+                 {{"kernel_shape", Is({2, 2, 2})}, {"strides", Is({2, 2, 2})}},
+                 {x[0], x[1], x[2] / 2, x[3] / 2, x[4] / 2});
+            note(mx ? "maxpool3d" : "avgpool3d");
+          }
+          break;
+      }
+      history_.push_back(cur_);
+    }
+    if (chance(30)) {
+      const Shape x = cur_.shape;
+      node("GlobalAveragePool", {cur_.ref}, {}, {x[0], x[1], 1, 1, 1});
+      node("Flatten", {cur_.ref}, {{"axis", I(1)}}, {x[0], x[1]});
+      const int64_t k = pick({10, 16});
+      node("Gemm", {cur_.ref, weights("H", {k, x[1]}, x[1]), constant("HB", {k}, -0.5f, 0.5f)}, {{"transB", I(1)}},
+           {x[0], k});
+      note("gap gemm(" + std::to_string(x[1]) + "->" + std::to_string(k) + ")");
+    }
   }
 
   // 1-D signals [N,C,L] (audio, time series: wav2vec's feature encoder, TCNs, Conformer's convolution module):
