@@ -209,7 +209,8 @@ TEST(DeviceConformance, ChainsClaimedWhole) {
 // compute, for every chain case of the table in f32 and in bf16, and for the case the random chains found (a bf16
 // BatchNormalization after a convolution whose output is a graph output too: the BatchNormalization's primitive, made
 // in oneDNN's library scratchpad mode, kept one scratchpad that concurrent runs shared, and its outputs mixed). Each
-// of 3 threads runs its own inputs 12 times at once with the others; compared with that input's sequential run.
+// of 3 threads runs its own inputs 12 times at once with the others (one of them on a second session that shares
+// the first's build with a team of another size); compared with that input's sequential run on the same session.
 TEST(DeviceConformance, ConcurrentRunsOfChainsMatchSequentialOnes) {
   Envs& e = envs();
   ASSERT_TRUE(e.dut);
@@ -245,11 +246,18 @@ TEST(DeviceConformance, ConcurrentRunsOfChainsMatchSequentialOnes) {
     so.threads = 2;
     auto s = Session::create(*e.dut, std::move(b.graph), so);
     if (!s.is_ok()) continue;  // (a bf16 variant no kernel takes)
+    // Thread 1 runs on a second session sharing the build (keel serve's instances), with a team of 1.
+    SessionOptions so2 = so;
+    so2.threads = 1;
+    so2.share_weights_with = s->get();
+    auto s2 = Session::create(*e.dut, build(c).graph, so2);
+    ASSERT_TRUE(s2.is_ok()) << c.label << ": " << s2.status().to_string();
+    auto session = [&](int t) -> Session& { return t == 1 ? **s2 : **s; };
     std::vector<std::vector<std::pair<std::string, Tensor>>> feeds;
     std::vector<std::vector<Tensor>> want;
     for (int t = 0; t < kThreads; ++t) {
       feeds.push_back(build(c, 0, static_cast<uint32_t>(t)).feeds);
-      auto r = (*s)->run(feeds.back());
+      auto r = session(t).run(feeds.back());
       if (!r.is_ok()) break;  // (a bf16 variant that is no valid model: a Resize's scales in bf16)
       want.push_back(std::move(r).value());
     }
@@ -262,7 +270,7 @@ TEST(DeviceConformance, ConcurrentRunsOfChainsMatchSequentialOnes) {
     for (int t = 0; t < kThreads; ++t) {
       threads.emplace_back([&, t] {
         for (int round = 0; round < kRounds && failures[t].empty(); ++round) {
-          auto r = (*s)->run(feeds[t]);
+          auto r = session(t).run(feeds[t]);
           if (!r.is_ok()) {
             failures[t] = r.status().to_string();
             break;

@@ -4535,7 +4535,7 @@ RunOut run_one(Environment& env, const OpCase& c, const std::string& device, boo
   Built b = build(c);
   // In order: the run at first_batch, the case's run; then, with concurrent_runs, that many runs of other inputs
   // (every second one at first_batch when it is set) and the case's again, from as many threads at once on the
-  // device under test (one after the other on the reference).
+  // device under test (one after the other on the reference), every second one on a session sharing the build.
   std::vector<FeedSet> sequential, together;
   if (c.first_batch > 0)
     sequential.push_back({" at batch " + std::to_string(c.first_batch), build(c, c.first_batch).feeds});
@@ -4578,13 +4578,24 @@ RunOut run_one(Environment& env, const OpCase& c, const std::string& device, boo
   std::vector<StatusOr<std::vector<Tensor>>> outs(together.size(), Status(StatusCode::kInternal, "not run"));
   if (oracle) {
     for (size_t k = 0; k < together.size(); ++k) outs[k] = (*s)->run(together[k].feeds);
-  } else {
+  } else if (!together.empty()) {
+    // Every second concurrent run goes to a second session sharing the first's build (what `keel serve`'s instances
+    // are) with a team of another size: one claim computed at once for two sessions with two plans.
+    SessionOptions so2 = so;
+    so2.threads = c.threads % 3 + 1;
+    so2.share_weights_with = s->get();
+    Built b2 = build(c);
+    auto s2 = Session::create(env, std::move(b2.graph), so2);
+    if (!s2.is_ok()) {
+      r.status = Status(s2.status().code(), "a session sharing the build: " + s2.status().message());
+      return r;
+    }
     std::latch start(static_cast<std::ptrdiff_t>(together.size()));
     std::vector<std::thread> threads;
     for (size_t k = 0; k < together.size(); ++k)
       threads.emplace_back([&, k] {
         start.arrive_and_wait();
-        outs[k] = (*s)->run(together[k].feeds);
+        outs[k] = (k % 2 == 1 ? *s2 : *s)->run(together[k].feeds);
       });
     for (std::thread& t : threads) t.join();
   }
