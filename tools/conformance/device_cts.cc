@@ -4534,14 +4534,18 @@ RunOut run_one(Environment& env, const OpCase& c, const std::string& device, boo
   RunOut r;
   Built b = build(c);
   // In order: the run at first_batch, the case's run; then, with concurrent_runs, that many runs of other inputs
-  // (every second one at first_batch when it is set) and the case's again, from as many threads at once on the
-  // device under test (one after the other on the reference), every second one on a session sharing the build.
+  // (with a dynamic batch some at other batches, one of them new) and the case's again, from as many threads at once on
+  // the device under test (one after the other on the reference), every second one on a session sharing the build.
   std::vector<FeedSet> sequential, together;
   if (c.first_batch > 0)
     sequential.push_back({" at batch " + std::to_string(c.first_batch), build(c, c.first_batch).feeds});
   sequential.push_back({"", b.feeds});
   for (int32_t k = 1; k < c.concurrent_runs; ++k) {
-    const int64_t batch = k % 2 == 1 ? c.first_batch : 0;
+    // With a dynamic batch: odd runs at first_batch (a variant built before), run 2 at a batch no run has used (a
+    // variant built while the others run).
+    int64_t batch = k % 2 == 1 ? c.first_batch : 0;
+    if (k == 2 && c.first_batch > 0 && !c.inputs.empty() && !c.inputs[0].shape.empty())
+      batch = std::max(c.first_batch, c.inputs[0].shape[0]) + 1;
     together.push_back(
         {" (concurrent run " + std::to_string(k) + (batch > 0 ? " at batch " + std::to_string(batch) : "") + ")",
          build(c, batch, static_cast<uint32_t>(k)).feeds});

@@ -80,8 +80,9 @@ struct OpCase {
   // variants the session builds are compared (the first's inputs are the case's at this batch).
   int64_t first_batch = 0;
   // Concurrent runs: when > 1, after its own run the device under test's session runs this many at once, from as
-  // many threads: the case's inputs again and others drawn the same way with other seeds (every second one at
-  // first_batch when that is set), every second one on a second session that shares the first's build
+  // many threads: the case's inputs again and others drawn the same way with other seeds (with a dynamic batch, every
+  // second one at first_batch and the third at a batch no run used before, whose shape variant is then built while
+  // the others run), every second one on a second session that shares the first's build
   // (SessionOptions::share_weights_with) with a team of another size; each is compared with the reference's run of
   // the same inputs. Runs that share state they should not would swap or mix their results.
   int32_t concurrent_runs = 0;
