@@ -593,14 +593,7 @@ class Gen {
                {{"kernel_shape", Is({k, k, k})}, {"strides", Is({st, st, st})}, {"pads", Is({p, p, p, p, p, p})}}, y);
           note("conv3d k" + std::to_string(k) + (st > 1 ? "/2" : "") + "(" + std::to_string(x[1]) + "->" +
                std::to_string(m) + ")");
-          if (chance(30)) {
-            node("BatchNormalization",
-                 {cur_.ref, constant("S", {m}, 0.5f, 1.5f), constant("T", {m}, -0.5f, 0.5f),
-                  constant("M", {m}, -0.5f, 0.5f), constant("V", {m}, 0.5f, 2.f)},
-                 {}, y);
-            note("bn");
-          }
-          if (chance(70)) activation();
+          bn_and_activation();
           break;
         }
         case 2: activation(); break;
@@ -620,15 +613,7 @@ class Gen {
       }
       history_.push_back(cur_);
     }
-    if (chance(30)) {
-      const Shape x = cur_.shape;
-      node("GlobalAveragePool", {cur_.ref}, {}, {x[0], x[1], 1, 1, 1});
-      node("Flatten", {cur_.ref}, {{"axis", I(1)}}, {x[0], x[1]});
-      const int64_t k = pick({10, 16});
-      node("Gemm", {cur_.ref, weights("H", {k, x[1]}, x[1]), constant("HB", {k}, -0.5f, 0.5f)}, {{"transB", I(1)}},
-           {x[0], k});
-      note("gap gemm(" + std::to_string(x[1]) + "->" + std::to_string(k) + ")");
-    }
+    if (chance(30)) pooled_head();
   }
 
   // 1-D signals [N,C,L] (audio, time series: wav2vec's feature encoder, TCNs, Conformer's convolution module):
@@ -697,15 +682,7 @@ class Gen {
       }
       history_.push_back(cur_);
     }
-    if (chance(30)) {  // global pool, Flatten, Gemm
-      const Shape x = cur_.shape;
-      node("GlobalAveragePool", {cur_.ref}, {}, {x[0], x[1], 1});
-      node("Flatten", {cur_.ref}, {{"axis", I(1)}}, {x[0], x[1]});
-      const int64_t k = pick({10, 16});
-      node("Gemm", {cur_.ref, weights("H", {k, x[1]}, x[1]), constant("HB", {k}, -0.5f, 0.5f)}, {{"transB", I(1)}},
-           {x[0], k});
-      note("gap gemm(" + std::to_string(x[1]) + "->" + std::to_string(k) + ")");
-    }
+    if (chance(30)) pooled_head();
   }
 
   void conv1d() {
@@ -734,7 +711,13 @@ class Gen {
     note("conv1d k" + std::to_string(k) + (stride > 1 ? "/2" : "") + (dil > 1 ? "d" + std::to_string(dil) : "") +
          (group > 1 ? (group == c ? "dw" : "g" + std::to_string(group)) : "") + "(" + std::to_string(c) + "->" +
          std::to_string(m) + ")");
+    bn_and_activation();
+  }
+
+  // BatchNormalization of the current value's channels (sometimes), then an activation (mostly).
+  void bn_and_activation() {
     if (chance(30)) {
+      const int64_t m = C();
       node("BatchNormalization",
            {cur_.ref, constant("S", {m}, 0.5f, 1.5f), constant("T", {m}, -0.5f, 0.5f), constant("M", {m}, -0.5f, 0.5f),
             constant("V", {m}, 0.5f, 2.f)},
@@ -742,6 +725,18 @@ class Gen {
       note("bn");
     }
     if (chance(70)) activation();
+  }
+  // A classifier over an [N,C,...] value of any rank: GlobalAveragePool, Flatten, Gemm.
+  void pooled_head() {
+    const Shape x = cur_.shape;
+    Shape pooled(x.size(), 1);
+    pooled[0] = x[0], pooled[1] = x[1];
+    node("GlobalAveragePool", {cur_.ref}, {}, pooled);
+    node("Flatten", {cur_.ref}, {{"axis", I(1)}}, {x[0], x[1]});
+    const int64_t k = pick({10, 16});
+    node("Gemm", {cur_.ref, weights("H", {k, x[1]}, x[1]), constant("HB", {k}, -0.5f, 0.5f)}, {{"transB", I(1)}},
+         {x[0], k});
+    note("gap gemm(" + std::to_string(x[1]) + "->" + std::to_string(k) + ")");
   }
 
   void pool1d() {
@@ -1003,14 +998,7 @@ class Gen {
     note("conv" + std::to_string(k) + "x" + std::to_string(k) + (stride > 1 ? "/2" : "") + (dil > 1 ? "d2" : "") +
          (group > 1 ? (group == c ? "dw" : "g" + std::to_string(group)) : "") + "(" + std::to_string(c) + "->" +
          std::to_string(m) + ")");
-    if (chance(30)) {
-      node("BatchNormalization",
-           {cur_.ref, constant("S", {m}, 0.5f, 1.5f), constant("T", {m}, -0.5f, 0.5f), constant("M", {m}, -0.5f, 0.5f),
-            constant("V", {m}, 0.5f, 2.f)},
-           {}, cur_.shape);
-      note("bn");
-    }
-    if (chance(70)) activation();
+    bn_and_activation();
   }
 
   void activation() {
