@@ -282,8 +282,7 @@ void Builder::bind_scratchpads() {
       dnnl_primitive_desc_query(pd, dnnl_query_memory_consumption_s64, 0, &library_bytes);
       if (library_bytes > 0)
         throw Reject{"a step's primitive (" + p_->impls[k] +
-                     ") has a scratchpad of its own, which concurrent runs "
-                     "would share"};
+                     ") has a scratchpad of its own, shared by concurrent runs"};
       continue;
     }
     const dnnl_memory_desc_t* md = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
