@@ -4686,11 +4686,9 @@ const char* outcome_name(Outcome o) {
 }
 
 std::string repro(const std::string& device, const OpCase& c) {
-  if (c.op == "RandomChain") {  // label "seed=N: ..." or "seed=N bf16: ..."
-    const size_t end = c.label.find_first_of(" :");
-    return "keel-cts --device " + device + " --random-chains 1 --seed " +
-           c.label.substr(5, end == std::string::npos ? std::string::npos : end - 5) +
-           (c.dtype == DType::kBF16 ? " --bf16" : "") + (c.label.find(" int8:") != std::string::npos ? " --int8" : "");
+  if (c.generated) {
+    return "keel-cts --device " + device + " --random-chains 1 --seed " + std::to_string(c.generated->seed) +
+           (c.generated->mode == DType::kBF16 ? " --bf16" : "") + (c.generated->mode == DType::kI8 ? " --int8" : "");
   }
   return "keel-cts --device " + device + " --op " + c.op + " --case '" + c.label + "'";
 }

@@ -19,6 +19,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -86,6 +87,12 @@ struct OpCase {
   // (SessionOptions::share_weights_with) with a team of another size; each is compared with the reference's run of
   // the same inputs. Runs that share state they should not would swap or mix their results.
   int32_t concurrent_runs = 0;
+  // A random chain's generator call (random_chain_case(seed, dtype)), for its repro; unset for the table's cases.
+  struct Generated {
+    uint64_t seed = 0;
+    DType mode = DType::kF32;  // f32, bf16, or i8 (the int8 QDQ chains)
+  };
+  std::optional<Generated> generated;
 };
 
 // A case as a graph, and the values of its non-constant inputs (what the suite runs). With `batch` > 0 the

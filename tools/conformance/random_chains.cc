@@ -1198,6 +1198,10 @@ class Gen {
 
 }  // namespace
 
-OpCase random_chain_case(uint64_t seed, DType dtype) { return Gen(seed).make(seed, dtype); }
+OpCase random_chain_case(uint64_t seed, DType dtype) {
+  OpCase c = Gen(seed).make(seed, dtype);
+  c.generated = OpCase::Generated{seed, dtype};
+  return c;
+}
 
 }  // namespace keel::cts
