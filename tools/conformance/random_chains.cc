@@ -532,7 +532,7 @@ class Gen {
 
   // Ops models have less often: Softmax over the channels (a segmentation head's), a gate from the spatial mean
   // (ReduceMean over H and W, kept, times the value), Clip with a lower bound only (ReLU6's half), a spatial crop
-  // (Slice of H and W), Pow by 3 and Sqrt of a positive value, a round trip through f16 (Cast). (Not Round after
+  // (Slice of H and W), Pow by 2 and Sqrt of a positive value, a round trip through f16 (Cast). (Not Round after
   // computed values: a last-bit difference before it moves a value by a whole step.)
   void rarer_ops() {
     const Shape x = cur_.shape;
@@ -554,11 +554,10 @@ class Gen {
         note("crop");
         break;
       }
-      case 4: {
-        const Val p = node("Pow", {cur_.ref, scalar(3.f)}, {}, x);
-        const Val q = node("Mul", {p.ref, p.ref}, {}, x);
-        const Val a = node("Add", {q.ref, scalar(1.f)}, {}, x);
-        node("Sqrt", {a.ref}, {}, x), note("sqrt(x^6+1)");
+      case 4: {  // (not a higher power: x^6 under the root, twice in a chain, raised errors to the 9th power)
+        const Val p = node("Pow", {cur_.ref, scalar(2.f)}, {}, x);
+        const Val a = node("Add", {p.ref, scalar(1.f)}, {}, x);
+        node("Sqrt", {a.ref}, {}, x), note("sqrt(x^2+1)");
         break;
       }
       default: {
