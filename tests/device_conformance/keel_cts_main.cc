@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
   if (!save_dir.empty()) {
     std::vector<const cts::OpCase*> picked;
     for (const auto& c : o.cases ? *o.cases : cts::all_cases())
-      if ((o.op.empty() || c.op == o.op) && (o.label.empty() || c.label == o.label)) picked.push_back(&c);
+      if (cts::selected(o, c)) picked.push_back(&c);
     if (picked.size() != 1) {
       std::cerr << "keel-cts: --save takes exactly one case; " << picked.size() << " selected\n";
       return 2;
@@ -99,8 +99,7 @@ int main(int argc, char** argv) {
   }
   o.out = &std::cout;
   int64_t selected = 0;
-  for (const auto& c : o.cases ? *o.cases : cts::all_cases())
-    selected += (o.op.empty() || c.op == o.op) && (o.label.empty() || c.label == o.label);
+  for (const auto& c : o.cases ? *o.cases : cts::all_cases()) selected += cts::selected(o, c);
   cli::ProgressBar bar("cases", selected, "case", !quiet && selected > 1);
   int64_t bad = 0;
   o.on_case = [&](const cts::CaseResult& c) {

@@ -4693,11 +4693,14 @@ std::string repro(const std::string& device, const OpCase& c) {
   return "keel-cts --device " + device + " --op " + c.op + " --case '" + c.label + "'";
 }
 
+bool selected(const Options& o, const OpCase& c) {
+  return (o.op.empty() || c.op == o.op) && (o.label.empty() || c.label == o.label);
+}
+
 Report run(Environment& dut, Environment& oracle, const Options& o) {
   Report rep;
   for (const OpCase& c : o.cases ? *o.cases : all_cases()) {
-    if (!o.op.empty() && c.op != o.op) continue;
-    if (!o.label.empty() && c.label != o.label) continue;
+    if (!selected(o, c)) continue;
     CaseResult r;
     r.c = &c;
     r.repro = repro(o.device, c);

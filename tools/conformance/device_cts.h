@@ -143,6 +143,9 @@ struct Report {
 // device (EnvironmentOptions.discover_plugins = false).
 Report run(Environment& dut, Environment& oracle, const Options& options);
 
+// Whether `options` selects case `c` (its op and label filters; every case when they are empty).
+bool selected(const Options& options, const OpCase& c);
+
 // The repro command of a case.
 std::string repro(const std::string& device, const OpCase& c);
 
