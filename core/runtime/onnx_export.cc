@@ -445,6 +445,42 @@ int add_open_ranks(onnx::ModelProto& m, const std::unordered_map<std::string, Va
 
 }  // namespace
 
+namespace {
+
+// Inference runs in ONNX's lenient mode (error_mode 0), which leaves a node it cannot type without a word: the session
+// then failed at its first run ("output 0 of 'Resize_3' has no known dtype") for a graph whose fault ONNX knew when it
+// was built (a Resize with bf16 scales). Where an ONNX-domain node's output that something reads (a node, the graph's
+// outputs) is still untyped, inference runs once more in the strict mode and its diagnostic becomes the error; a graph
+// the strict mode accepts is left as it was. (A model loaded with lax shape inference loads, and is refused here.)
+Status explain_untyped_outputs(const Graph& graph, const onnx::ModelProto& exported) {
+  std::string untyped;
+  for (NodeId id : graph.node_ids()) {
+    const Node* n = graph.node(id);
+    if (!n->domain.empty() && n->domain != "ai.onnx") continue;
+    for (const auto& out : n->outputs) {
+      const ValueInfo* vi = graph.info(out);
+      const bool needed = !out.empty() && (graph.is_graph_output(out) || !graph.consumers(out).empty());
+      if (needed && (!vi || (vi->is_tensor() && vi->dtype == DType::kUndefined))) {
+        untyped = "'" + out + "' (output of " + n->op_type + " node '" + n->name + "')";
+        break;
+      }
+    }
+    if (!untyped.empty()) break;
+  }
+  if (untyped.empty()) return Status::ok();
+  onnx::ModelProto strict = exported;
+  try {
+    onnx::ShapeInferenceOptions opts(/*check_type=*/false, /*error_mode=*/1, /*data_prop=*/true);
+    infer_onnx_shapes(strict, opts);
+  } catch (const std::exception& e) {
+    return invalid_argument("the type of " + untyped +
+                            " is unknown: ONNX shape inference reports: " + one_line(e.what()));
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
 Status infer_shapes(Graph& graph) {
   try {
     onnx::ModelProto exported;
@@ -498,6 +534,7 @@ Status infer_shapes(Graph& graph) {
       log::debug("infer_shapes: {} shape value(s) known after {} round(s) of inference ({:.1f} ms)", known.size(),
                  rounds + 1, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     copy_back_types(m.graph(), graph);
+    KEEL_RETURN_IF_ERROR(explain_untyped_outputs(graph, exported), "infer_shapes");
     // The learnt values are initializers of the last inferred copy: their types are not in its value_info.
     for (const auto& [name, t] : known)
       if (!graph.is_initializer(name)) merge_value_info(graph.value_info[name], ValueInfo(t.dtype(), t.shape()));

@@ -389,6 +389,31 @@ TEST(OnnxIo, InferShapesReplacesStaleTypes) {
   EXPECT_EQ(*g.info(t)->shape, (Shape{3, 2}));
 }
 
+// ONNX's lenient inference leaves a node it cannot type untyped: the fault is named when the graph is built, not at
+// the session's first run ("output 0 of ... has no known dtype"). Repro: a Resize with bf16 scales.
+TEST(OnnxIo, InferShapesNamesTheNodeItCannotType) {
+  GraphBuilder b("bf16_scales", 17);
+  auto x = b.input("x", DType::kF32, {1, 2, 4, 4});
+  auto bad =
+      b.constant("scales", Tensor::from_vector<uint16_t>(
+                               DType::kBF16, {4}, {f32_to_bf16(1), f32_to_bf16(1), f32_to_bf16(2), f32_to_bf16(2)}));
+  b.output(b.op1("Resize", {x, "", bad}, {{"mode", Attribute::of_string("nearest")}}));
+  Graph g = b.take();
+  const Status st = infer_shapes(g);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("Resize"), std::string::npos) << st.to_string();
+  EXPECT_NE(st.message().find("'scales' must have float element type"), std::string::npos) << st.to_string();
+
+  GraphBuilder ok("f32_scales", 17);  // the same graph with float scales is typed and accepted
+  x = ok.input("x", DType::kF32, {1, 2, 4, 4});
+  auto good = ok.constant("scales", Tensor::f32({4}, {1, 1, 2, 2}));
+  auto y = ok.op1("Resize", {x, "", good}, {{"mode", Attribute::of_string("nearest")}});
+  ok.output(y);
+  Graph g2 = ok.take();
+  ASSERT_TRUE(infer_shapes(g2).is_ok());
+  EXPECT_EQ(*g2.info(y)->shape, (Shape{1, 2, 8, 8}));
+}
+
 // A dynamic batch: the target of a Reshape and the ends of a Slice computed from Shape(x) at run time. ONNX 1.12
 // leaves both outputs without a rank (and everything after them untyped); infer_shapes gives them their rank, so
 // that Transpose after them has a shape too (the passes that need ranks, e.g. fuse_layer_norm, then apply).
@@ -675,7 +700,10 @@ TEST(OnnxIo, ShapeComputationFuzzerFindingsLoadOrFailCleanly) {
     lax.strict_shape_inference = false;
     auto loose = load_onnx_from_memory(bytes.data(), bytes.size(), {}, lax);
     ASSERT_TRUE(loose.is_ok()) << loose.status().to_string();
-    EXPECT_TRUE(infer_shapes(*loose).is_ok());
+    // Loaded for inspection; a session (infer_shapes) refuses it, naming the Add that has no type.
+    const Status st = infer_shapes(*loose);
+    ASSERT_FALSE(st.is_ok());
+    EXPECT_NE(st.message().find("Add node 'bad_sum'"), std::string::npos) << st.to_string();
   }
   {
     // A Reshape to constant dims of 10^12: its product overflowed int64 in the devices' shape arithmetic. Refused
