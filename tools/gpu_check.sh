@@ -174,6 +174,7 @@ plan (steps $steps; each step: min(its own timeout, what is left of $budget s)):
          and ${bench_models} again at batch 64 into $work/models/b64/
    20 s  keel plugins
   100 s  keel-cts --device cuda --kernel-prefix cuda_
+   30 s  keel-cts --device cuda --random-grads 1000 (random backward ops against the reference)
    60 s  nccl_plugin_test (one rank: init, all-reduce, ..., teardown, a peer that never joins)
    90 s  cuda_plugin_test
    90 s  keel launch --nproc-per-node 1 -- keel train --device cuda (synthetic data): the data-parallel path on NCCL
@@ -273,6 +274,9 @@ PY
       if [[ -x "$bundle/bin/keel-cts" ]]; then
         step "device conformance suite on cuda"
         run_timed 100 "$bundle/bin/keel-cts" --device cuda --kernel-prefix cuda_ | tail -60 || fails=$((fails+1))
+        step "random gradients on cuda (1,000 backward ops at random geometries, f32)"
+        run_timed 30 "$bundle/bin/keel-cts" -q --device cuda --kernel-prefix cuda_ --random-grads 1000 --seed 1 |
+          tail -25 || fails=$((fails+1))
       fi
     fi
     if want tests; then

@@ -3,8 +3,9 @@
 //   keel-cts --device cpu [--op Conv] [--case 'N=1 C=3 ...'] [--verbose] [--list]
 //   (a progress bar on stderr unless -q; logs at warn unless --log-level or KEEL_LOG_LEVEL says otherwise)
 //   keel-cts --device cpu --random-chains 200 [--seed 1] [--bf16 | --int8]
+//   keel-cts --device cpu --random-grads 400 [--seed 1] [--bf16]
 //   keel-cts --random-chains 1 --seed 17 --save DIR   (that case as DIR/model.onnx + DIR/test_data_set_0)
-// Random chains: device_cts.h, random_chain_case.
+// Random chains and random gradients: device_cts.h, random_chain_case and random_grad_case.
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 
@@ -22,7 +23,7 @@ int main(int argc, char** argv) {
   cts::Options o;
   std::vector<std::string> plugin_paths;
   bool list = false;
-  int64_t random_chains = 0;
+  int64_t random_chains = 0, random_grads = 0;
   uint64_t first_seed = 1;
   std::string save_dir;
   bool bf16 = false, int8 = false;
@@ -43,18 +44,29 @@ int main(int argc, char** argv) {
   app.add_option("--random-chains", random_chains,
                  "Instead of the table, this many random chains (a differential fuzzer of the device's fusion)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  app.add_option("--random-grads", random_grads,
+                 "Instead of the table, this many random backward ops (a differential fuzzer of training's kernels)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+      ->excludes("--random-chains");
   app.add_option("--save", save_dir,
                  "Write the one case selected (--op/--case, or --random-chains 1) as DIR/model.onnx and its inputs as "
                  "DIR/test_data_set_0/input_K.pb, for `keel run` or another runtime, and exit");
-  app.add_flag("--bf16", bf16, "With --random-chains: every float input bf16 (the chains in bf16)");
+  app.add_flag("--bf16", bf16, "With --random-chains or --random-grads: every float input bf16");
   app.add_flag("--int8", int8, "With --random-chains: int8 QDQ chains of convolutions instead");
-  app.add_option("--seed", first_seed, "The first random chain's seed (with --random-chains; the others follow it)");
+  app.add_option("--seed", first_seed,
+                 "The first random case's seed (with --random-chains or --random-grads; the others follow it)");
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::from_str(log_level));
   std::vector<cts::OpCase> generated;
   for (int64_t i = 0; i < random_chains; ++i)
     generated.push_back(cts::random_chain_case(first_seed + i, int8 ? DType::kI8 : bf16 ? DType::kBF16 : DType::kF32));
-  if (random_chains > 0) o.cases = &generated;
+  if (random_grads > 0 && int8) {
+    std::cerr << "keel-cts: --int8 goes with --random-chains, not --random-grads\n";
+    return 2;
+  }
+  for (int64_t i = 0; i < random_grads; ++i)
+    generated.push_back(cts::random_grad_case(first_seed + i, bf16 ? DType::kBF16 : DType::kF32));
+  if (random_chains > 0 || random_grads > 0) o.cases = &generated;
   if (!save_dir.empty()) {
     std::vector<const cts::OpCase*> picked;
     for (const auto& c : o.cases ? *o.cases : cts::all_cases())

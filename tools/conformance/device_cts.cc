@@ -1321,6 +1321,26 @@ void add_training_cases(std::vector<OpCase>& v) {
         v.push_back(o);
       }
     }
+    // Asymmetric pads (what TensorFlow's SAME padding exports), 3x3 stride 1 with 16+ channels: random gradients
+    // (keel-cts --random-grads 1 --seed 9854) found oneDNN 2.6's Winograd backward data ignoring the end pads.
+    for (const std::vector<int64_t>& pads : {std::vector<int64_t>{0, 0, 1, 0}, std::vector<int64_t>{1, 0, 2, 1}}) {
+      for (size_t out = 0; out < 3; ++out) {
+        OpCase o;
+        o.op = "ConvGrad";
+        o.domain = "keel";
+        o.dtype = dt;
+        o.output = out;
+        o.num_outputs = 3;
+        const int64_t oh = 17 + pads[0] + pads[2] - 2, ow = 15 + pads[1] + pads[3] - 2;
+        o.label = std::string(dtype_name(dt)) + " N=1 C=32 H=17 W=15 M=32 k=3 s=1 pads=" + std::to_string(pads[0]) +
+                  "," + std::to_string(pads[1]) + "," + std::to_string(pads[2]) + "," + std::to_string(pads[3]) +
+                  " output=" + std::to_string(out);
+        o.inputs = {in("dY", {1, 32, oh, ow}), in("X", {1, 32, 17, 15}), in("W", {32, 32, 3, 3})};
+        o.attrs = {{"kernel_shape", Is({3, 3})}, {"pads", Is(pads)}};
+        if (dt == DType::kBF16) o.rtol = 2e-2, o.atol = 2e-2;
+        v.push_back(o);
+      }
+    }
     struct Pl {
       Shape x;
       int64_t k, s, p;
@@ -4687,8 +4707,9 @@ const char* outcome_name(Outcome o) {
 
 std::string repro(const std::string& device, const OpCase& c) {
   if (c.generated) {
-    return "keel-cts --device " + device + " --random-chains 1 --seed " + std::to_string(c.generated->seed) +
-           (c.generated->mode == DType::kBF16 ? " --bf16" : "") + (c.generated->mode == DType::kI8 ? " --int8" : "");
+    return "keel-cts --device " + device + (c.generated->grads ? " --random-grads" : " --random-chains") +
+           " 1 --seed " + std::to_string(c.generated->seed) + (c.generated->mode == DType::kBF16 ? " --bf16" : "") +
+           (c.generated->mode == DType::kI8 ? " --int8" : "");
   }
   return "keel-cts --device " + device + " --op " + c.op + " --case '" + c.label + "'";
 }

@@ -87,10 +87,12 @@ struct OpCase {
   // (SessionOptions::share_weights_with) with a team of another size; each is compared with the reference's run of
   // the same inputs. Runs that share state they should not would swap or mix their results.
   int32_t concurrent_runs = 0;
-  // A random chain's generator call (random_chain_case(seed, dtype)), for its repro; unset for the table's cases.
+  // A random case's generator call (random_chain_case(seed, dtype), or random_grad_case when `grads`), for its
+  // repro; unset for the table's cases.
   struct Generated {
     uint64_t seed = 0;
     DType mode = DType::kF32;  // f32, bf16, or i8 (the int8 QDQ chains)
+    bool grads = false;
   };
   std::optional<Generated> generated;
 };
@@ -159,5 +161,15 @@ std::string repro(const std::string& device, const OpCase& c);
 // label "seed=N bf16: ...", repro with --bf16), compared within bf16's rounding; with dtype i8 the case is an int8
 // QDQ model of convolutions instead (quantized inputs, per-channel int8 weights: "seed=N int8: ...", --int8).
 OpCase random_chain_case(uint64_t seed, DType dtype = DType::kF32);
+
+// Random gradients, a differential fuzzer of the backward ops training runs (random_grads.cc): case `seed` is one
+// backward op (keel.ConvGrad of every geometry: rectangular kernels, per-axis strides, asymmetric pads, dilations,
+// groups, depthwise, 1-D to 3-D; keel.FusedConvMaxPool and its gradient; max / average pooling's; BatchNorm's and
+// LayerNorm's; the activations'; SoftmaxCrossEntropyLoss and its gradient; keel.GatherGrad) at random parameters,
+// with a random subset of its outputs asked for, on a team of 1 to 3 threads, sometimes at another batch first or
+// several runs at once. Label "seed=N: <threads> <its parameters>", op the backward op's, repro `keel-cts --device D
+// --random-grads 1 --seed N`; with dtype bf16 ("seed=N bf16: ...", --bf16) the float inputs are bf16 (the f32-only
+// ops are not drawn).
+OpCase random_grad_case(uint64_t seed, DType dtype = DType::kF32);
 
 }  // namespace keel::cts
