@@ -160,8 +160,8 @@ class GradGen {
     Shape wshape = {m, cg};
     wshape.insert(wshape.end(), w.k.begin(), w.k.end());
     c_.inputs = {in("dY", nc(n, m, w.out)), in("X", nc(n, cin, w.in)), in("W", wshape, false, -0.5f, 0.5f)};
-    note("N=" + std::to_string(n) + " C=" + std::to_string(cin) + " M=" + std::to_string(m) +
-         " in=" + join(w.in) + " g=" + std::to_string(g));
+    note("N=" + std::to_string(n) + " C=" + std::to_string(cin) + " M=" + std::to_string(m) + " in=" + join(w.in) +
+         " g=" + std::to_string(g));
     c_.attrs["group"] = I(g);
     window_attrs(w, true);
     outputs(3);
@@ -273,8 +273,8 @@ class GradGen {
     const int64_t axis = range(1, rank - 1);
     Shape scale(x.begin() + axis, x.end()), stats(x.begin(), x.begin() + axis);
     stats.resize(x.size(), 1);
-    c_.inputs = {in("dY", x), in("X", x, false, -2.f, 2.f), in("scale", scale),
-                 in("mean", stats, false, -0.5f, 0.5f), in("invstd", stats, false, 0.5f, 2.f)};
+    c_.inputs = {in("dY", x), in("X", x, false, -2.f, 2.f), in("scale", scale), in("mean", stats, false, -0.5f, 0.5f),
+                 in("invstd", stats, false, 0.5f, 2.f)};
     const bool negative = chance(50);
     c_.attrs["axis"] = I(negative ? axis - rank : axis);
     note("X=" + join(x) + " axis=" + std::to_string(negative ? axis - rank : axis));
