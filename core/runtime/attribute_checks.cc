@@ -1147,9 +1147,25 @@ Status check_ir_graph(const Graph& g, std::vector<const Graph*>& outer, int dept
       if (auto jt = (*it)->initializers.find(v); jt != (*it)->initializers.end()) return &jt->second;
     return nullptr;
   };
+  ops::register_keel_schemas();
   const auto ids = g.node_ids();
   for (size_t ni = 0; ni < ids.size(); ++ni) {
     const Node* n = g.node(ids[ni]);
+    // A required output left "" (ONNX allows that of optional ones only): a kernel writes every output its op
+    // requires, and one without a value has no type to be made with (random gradients: LayerNormalization asked for
+    // its Mean alone failed at run time with "output 0 of 'LayerNormalization_0' has no known dtype").
+    if (std::any_of(n->outputs.begin(), n->outputs.end(), [](const std::string& o) { return o.empty(); })) {
+      auto version = g.opsets.find(n->domain);
+      const int32_t opset = version != g.opsets.end() ? version->second : (n->domain.empty() ? 17 : 1);
+      if (const onnx::OpSchema* schema = onnx::OpSchemaRegistry::Schema(n->op_type, opset, n->domain)) {
+        const auto& formal = schema->outputs();
+        for (size_t i = 0; i < n->outputs.size() && i < formal.size(); ++i) {
+          if (n->outputs[i].empty() && formal[i].GetOption() == onnx::OpSchema::Single)
+            return invalid_argument(node_label(n->name, n->op_type, ni) + ": output " + std::to_string(i) + " (" +
+                                    formal[i].GetName() + ") is required and has no name");
+        }
+      }
+    }
     if (rules().count(table_key(n->domain, n->op_type))) {
       AttrCheckNode view;
       view.op_type = n->op_type;

@@ -414,6 +414,31 @@ TEST(OnnxIo, InferShapesNamesTheNodeItCannotType) {
   EXPECT_EQ(*g2.info(y)->shape, (Shape{1, 2, 8, 8}));
 }
 
+// A required output left without a name is refused by name when the graph is checked, not at the first run
+// ("output 0 of 'ln' has no known dtype"); an optional one may stay unnamed.
+TEST(OnnxIo, RequiredOutputsMustHaveNames) {
+  for (bool name_y : {false, true}) {
+    GraphBuilder b("ln", 17);
+    auto x = b.input("x", DType::kF32, {2, 8});
+    auto scale = b.constant("scale", Tensor::f32({8}, std::vector<float>(8, 1.f)));
+    Node n;
+    n.name = "ln";
+    n.op_type = "LayerNormalization";
+    n.inputs = {x, scale};
+    n.outputs = {name_y ? "y" : "", "mean", ""};  // InvStdDev (optional) unnamed either way
+    b.graph().add_node(n);
+    b.output("mean");
+    Graph g = b.take();
+    const Status st = infer_shapes(g);
+    if (name_y) {
+      EXPECT_TRUE(st.is_ok()) << st.to_string();
+    } else {
+      ASSERT_FALSE(st.is_ok());
+      EXPECT_NE(st.message().find("output 0 (Y) is required and has no name"), std::string::npos) << st.to_string();
+    }
+  }
+}
+
 // A dynamic batch: the target of a Reshape and the ends of a Slice computed from Shape(x) at run time. ONNX 1.12
 // leaves both outputs without a rank (and everything after them untyped); infer_shapes gives them their rank, so
 // that Transpose after them has a shape too (the passes that need ranks, e.g. fuse_layer_norm, then apply).

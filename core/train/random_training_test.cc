@@ -59,7 +59,7 @@ class RandomNet {
     amp_ = chance(30);
     threads_ = static_cast<int>(1 + uniform(2));
     optimizer_ = static_cast<int>(uniform(3));  // SGD, with momentum and weight decay, Nesterov
-    loss_ = static_cast<int>(uniform(10));       // 0-6 cross-entropy, 7-8 MSE, 9 BCE with logits
+    loss_ = static_cast<int>(uniform(10));      // 0-6 cross-entropy, 7-8 MSE, 9 BCE with logits
     sequence_ = chance(35);
     what_ << "seed=" << seed << ": " << threads_ << "t" << (amp_ ? " bf16" : "");
   }
@@ -177,8 +177,8 @@ class RandomNet {
 
   // Convolutions of random geometry, BatchNorm, activations, pooling and residuals over [N, C, H, W], then a
   // classifier.
-  std::function<Tensor(const Tensor&)> conv_net(std::mt19937_64& r, std::mt19937_64& vals, int64_t n,
-                                                int64_t classes, Tensor& x, std::ostringstream& arch) {
+  std::function<Tensor(const Tensor&)> conv_net(std::mt19937_64& r, std::mt19937_64& vals, int64_t n, int64_t classes,
+                                                Tensor& x, std::ostringstream& arch) {
     int64_t c = pick(r, {1, 3, 4, 8}), h = 6 + draw(r, 14), w = draw(r, 2) ? h : 6 + draw(r, 14);
     x = data(vals, {n, c, h, w}, 1.f);
     arch << "conv net x=[" << n << "," << c << "," << h << "," << w << "]";
@@ -206,8 +206,9 @@ class RandomNet {
       const int64_t in_h = h, in_w = w;
       if (pooled) {
         // conv2d_relu_max_pool2d: keel.FusedConvMaxPool on a CPU device
-        layers.push_back(
-            [=](const Tensor& t) { return eager::conv2d_relu_max_pool2d(t, wt, bt, {2, 2}, st, pd, dl, g); });
+        layers.push_back([=](const Tensor& t) {
+          return eager::conv2d_relu_max_pool2d(t, wt, bt, {2, 2}, st, pd, dl, g);
+        });
         arch << "+relu+maxpool2";
         h = oh / 2, w = ow / 2;
       } else if (kind < 40) {
@@ -221,16 +222,15 @@ class RandomNet {
           Tensor gamma = param(vals, "bn.gamma", {m}, 0.2f, 1.f), beta = param(vals, "bn.beta", {m}, 0.2f);
           auto stats = std::make_shared<std::pair<Tensor, Tensor>>(eager::zeros({m}), eager::ones({m}));
           stats_.push_back(stats);
-          layers.push_back([=](const Tensor& t) {
-            return eager::batch_norm(t, gamma, beta, stats->first, stats->second, true);
-          });
+          layers.push_back(
+              [=](const Tensor& t) { return eager::batch_norm(t, gamma, beta, stats->first, stats->second, true); });
           arch << "+bn";
         }
         layers.push_back(activation(r, arch));
       }
       if (m == c && h == in_h && w == in_w && draw(r, 3) == 0) {  // a residual around this block's layers
-        std::vector<std::function<Tensor(const Tensor&)>> inner(layers.begin() + static_cast<std::ptrdiff_t>(block_start),
-                                                               layers.end());
+        std::vector<std::function<Tensor(const Tensor&)>> inner(
+            layers.begin() + static_cast<std::ptrdiff_t>(block_start), layers.end());
         layers.resize(block_start);
         layers.push_back([inner](const Tensor& t) {
           Tensor y = t;

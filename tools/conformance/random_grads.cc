@@ -30,13 +30,21 @@ std::string join(const std::vector<int64_t>& v) {
 
 class GradGen {
  public:
-  explicit GradGen(uint64_t seed) : rng_(seed * 0xA0761D6478BD642Full + 0xE7037ED1A0B428DBull) {}
+  explicit GradGen(uint64_t seed)
+      : rng_(seed * 0xA0761D6478BD642Full + 0xE7037ED1A0B428DBull), extra_rng_(seed * 0x8BB84B93962EACC9ull + 29) {}
 
   OpCase make(uint64_t seed, DType dtype) {
     c_.domain = "keel";
     c_.dtype = dtype;
     c_.rtol = 1e-3, c_.atol = 1e-4;
     c_.threads = static_cast<int32_t>(1 + uniform(3));
+    // What later generator versions added draws from a stream of its own, so that a seed's earlier case stays the
+    // one it drew (the repros in the docs): the forward ops that stash what the backward reads.
+    if (extra_uniform(100) < 12) {
+      if (extra_uniform(2) == 0) batch_norm_training();
+      else layer_norm_forward();
+      return finish(seed, dtype);
+    }
     int64_t kind = uniform(100);
     // FusedConvMaxPool, its gradient and the cross-entropy ops are f32 only: a bf16 case draws a convolution's
     // gradient or an activation's instead.
@@ -50,6 +58,11 @@ class GradGen {
     else if (kind < 86) layer_norm_grad();
     else if (kind < 95) cross_entropy();
     else gather_grad();
+    return finish(seed, dtype);
+  }
+
+ private:
+  OpCase finish(uint64_t seed, DType dtype) {
     if (dtype != DType::kF32) {
       c_.rtol = std::max(c_.rtol, 2e-2);
       c_.atol = std::max(c_.atol, sums_ ? 5e-2 : 2e-2);  // a gradient summed over a batch of rounded terms
@@ -67,7 +80,7 @@ class GradGen {
     return c_;
   }
 
- private:
+  int64_t extra_uniform(int64_t n) { return static_cast<int64_t>(extra_rng_() % static_cast<uint64_t>(n)); }
   int64_t uniform(int64_t n) { return static_cast<int64_t>(rng_() % static_cast<uint64_t>(n)); }
   int64_t range(int64_t lo, int64_t hi) { return lo + uniform(hi - lo + 1); }
   bool chance(int pct) { return uniform(100) < pct; }
@@ -76,13 +89,14 @@ class GradGen {
 
   // Which of `n` outputs the case compares, and which others the node leaves unnamed: every output, or a random
   // subset holding the compared one.
-  void outputs(size_t n) {
+  // (`required`: outputs before it are required by the schema and always asked for.)
+  void outputs(size_t n, size_t required = 0) {
     c_.num_outputs = n;
     c_.output = static_cast<size_t>(uniform(static_cast<int64_t>(n)));
     std::string asked;
     const bool subset = chance(50);
     for (size_t i = 0; i < n; ++i) {
-      if (subset && i != c_.output && chance(50)) {
+      if (subset && i >= required && i != c_.output && chance(50)) {
         c_.unnamed_outputs.push_back(i);
         continue;
       }
@@ -245,6 +259,10 @@ class GradGen {
     const bool on_x = which >= 3;
     c_.inputs = {in("dY", s), on_x ? in("X", s, false, -3.f, 3.f) : in("Y", s, false, -1.f, 1.f)};
     if (which == 4) c_.attrs["alpha"] = F(pick({1, 10, 20}) / 100.f);
+    if (which == 3 && extra_uniform(3) == 0) {  // GELU's tanh form (torch's approximate='tanh')
+      c_.attrs["approximate"] = S("tanh");
+      note("tanh");
+    }
     if (which == 0) c_.rtol = 0, c_.atol = 0;
     note(join(s));
     batch_ = true;
@@ -340,7 +358,42 @@ class GradGen {
     note("data=" + join(data) + " indices=" + (idx.empty() ? "scalar" : join(idx)) + " axis=" + std::to_string(axis));
   }
 
-  std::mt19937_64 rng_;
+  // keel.BatchNormTraining(X, scale, B) -> Y, mean, invstd, var: batch statistics over every axis but 1.
+  void batch_norm_training() {
+    c_.op = "BatchNormTraining";
+    sums_ = true;
+    const int64_t rank = 2 + extra_uniform(4), ch = std::vector<int64_t>{1, 3, 8, 16, 17, 32}[extra_uniform(6)];
+    Shape x = {1 + extra_uniform(7), ch};
+    for (int64_t i = 2; i < rank; ++i) x.push_back(1 + extra_uniform(rank == 5 ? 5 : 12));
+    c_.inputs = {in("X", x, false, -2.f, 3.f), in("scale", {ch}), in("B", {ch})};
+    c_.attrs["epsilon"] = F(extra_uniform(2) ? 1e-5f : 1e-3f);
+    note("X=" + join(x));
+    batch_ = false;  // the statistics' inputs are per channel
+    outputs(4, 1);
+  }
+
+  // LayerNormalization(X, scale, B) -> Y, Mean, InvStdDev over the axes from `axis` on (what the autograd stashes
+  // for keel.LayerNormGrad), with or without B.
+  void layer_norm_forward() {
+    c_.op = "LayerNormalization";
+    c_.domain.clear();
+    sums_ = true;
+    const int64_t rank = 2 + extra_uniform(3);
+    Shape x;
+    for (int64_t i = 0; i < rank; ++i)
+      x.push_back(std::vector<int64_t>{1, 2, 3, 5, 8, 16, 24, 33, 64}[extra_uniform(9)]);
+    const int64_t axis = 1 + extra_uniform(rank - 1);
+    const bool negative = extra_uniform(2) == 0;
+    Shape scale(x.begin() + axis, x.end());
+    c_.inputs = {in("X", x, false, -2.f, 3.f), in("scale", scale)};
+    if (extra_uniform(3) != 0) c_.inputs.push_back(in("B", scale));
+    c_.attrs["axis"] = I(negative ? axis - rank : axis);
+    note("X=" + join(x) + " axis=" + std::to_string(negative ? axis - rank : axis) +
+         (c_.inputs.size() == 3 ? "" : " no B"));
+    outputs(3, 1);
+  }
+
+  std::mt19937_64 rng_, extra_rng_;
   OpCase c_;
   std::string what_;
   bool batch_ = false;  // every input's dim 0 is the batch (a first run at another batch is possible)
