@@ -2,7 +2,9 @@
 // a small in-process collective table (below, wrapped as a CollectiveEntry like a plugin's); every wait in it is
 // bounded. Checks: hook order and accumulation; bucket layout and the rebuild from the observed order; 2 ranks × 32
 // for 20 steps equal 1 process × 64; no_sync accumulation equals a bigger batch; shards are disjoint and cover the
-// data; a parameter shape mismatch is an error naming it; unused parameters do not hang; world size 1 passes through.
+// data; a parameter shape mismatch is an error naming it; unused parameters do not hang; world size 1 passes through;
+// random models, worlds, bucket caps, rebuild settings, micro-batches and frozen parameters equal one process (3,000
+// seeds in 27 s: KEEL_RANDOM_DP_COUNT=3000; a bucket left out of the all-reduce fails the second seed).
 #include "core/train/data_parallel.h"
 
 #include <gtest/gtest.h>
@@ -12,11 +14,13 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <mutex>
 #include <random>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "core/train/data.h"
@@ -423,21 +427,43 @@ TEST(DistributedSampler, DataLoaderShardsMatchTheSampler) {
 // Trains `steps` steps of SGD with momentum: data-parallel over `world` thread ranks (per-rank batch `batch`,
 // `micro` micro-batches per step, all but the last under no_sync) and returns rank 0's model; every rank's final
 // weights are checked equal to rank 0's.
+// The model: small_cnn, or another from `make` (seed -> model: the same seed the same weights); `frozen` names
+// parameters (by index) that do not require grad; `dpo` the DataParallel options (bucket_cap_mb = cap_mb).
+struct TrainSetup {
+  std::function<std::shared_ptr<Sequential>(uint64_t)> make = small_cnn;
+  std::vector<size_t> frozen;
+  DataParallelOptions dpo;
+};
+void freeze(Module& m, const std::vector<size_t>& frozen) {
+  auto params = m.parameters();
+  for (size_t i : frozen) params[i].requires_grad_(false);
+}
+// What the optimizer trains: the parameters that require grad (as keel train --freeze passes them).
+std::vector<Tensor> trainable(const Module& m) {
+  std::vector<Tensor> out;
+  for (const Tensor& p : m.parameters())
+    if (p.requires_grad()) out.push_back(p);
+  return out;
+}
+
 std::shared_ptr<Sequential> train_dp(int world, int64_t batch, int micro, int steps, double cap_mb,
-                                     std::vector<std::vector<std::vector<size_t>>>* layouts = nullptr) {
+                                     std::vector<std::vector<std::vector<size_t>>>* layouts = nullptr,
+                                     const TrainSetup& setup = {}) {
   auto ds = quadrants(64 * steps, 3);
   std::vector<std::shared_ptr<Sequential>> models;
-  for (int r = 0; r < world; ++r)
-    models.push_back(small_cnn(100 + r));  // different inits: create() broadcasts rank 0's
+  for (int r = 0; r < world; ++r) {
+    models.push_back(setup.make(100 + r));  // different inits: create() broadcasts rank 0's
+    freeze(*models.back(), setup.frozen);
+  }
   if (layouts) layouts->assign(static_cast<size_t>(world), {});
   run_ranks(world, [&](int rank, const hal::Communicator& comm) {
     auto& model = *models[static_cast<size_t>(rank)];
-    DataParallelOptions dpo;
+    DataParallelOptions dpo = setup.dpo;
     dpo.bucket_cap_mb = cap_mb;
     auto dp_or = DataParallel::create(model, comm, dpo);
     ASSERT_TRUE(dp_or.is_ok()) << dp_or.status().to_string();
     auto& dp = **dp_or;
-    SGD opt(model.parameters(), SGDOptions{0.05, 0.9});
+    SGD opt(trainable(model), SGDOptions{0.05, 0.9});
     DataLoaderOptions o;
     o.batch_size = batch / micro;
     o.seed = 11;
@@ -476,10 +502,11 @@ std::shared_ptr<Sequential> train_dp(int world, int64_t batch, int micro, int st
   return models[0];
 }
 
-std::shared_ptr<Sequential> train_single(int64_t batch, int steps) {
+std::shared_ptr<Sequential> train_single(int64_t batch, int steps, const TrainSetup& setup = {}) {
   auto ds = quadrants(64 * steps, 3);
-  auto model = small_cnn(100);
-  SGD opt(model->parameters(), SGDOptions{0.05, 0.9});
+  auto model = setup.make(100);
+  freeze(*model, setup.frozen);
+  SGD opt(trainable(*model), SGDOptions{0.05, 0.9});
   DataLoaderOptions o;
   o.batch_size = batch;
   o.seed = 11;
@@ -503,6 +530,73 @@ TEST(DataParallel, TwoRanksOfBatch32EqualOneProcessOfBatch64) {
   for (double cap : {0.002, 25.0}) {
     auto dp = train_dp(2, 32, 1, 20, cap);
     expect_same_weights(*dp, *ref, 1e-5, "cap " + std::to_string(cap));
+  }
+}
+
+// Random models, worlds, bucket caps and rebuild settings, micro-batches and frozen parameters: data-parallel over
+// thread ranks equals one process of the whole batch (the buckets' layout, their order on every rank, the rebuild
+// from the observed order and the zero-filled buckets of frozen or unreached parameters all stay out of the result).
+// KEEL_RANDOM_DP_SEED / KEEL_RANDOM_DP_COUNT choose the seeds (default 1 and 24).
+std::shared_ptr<Sequential> random_model(uint64_t arch_seed, uint64_t weight_seed) {
+  std::mt19937_64 r(arch_seed * 0x9E3779B97F4A7C15ull + 3);
+  auto pick = [&](std::initializer_list<int64_t> v) { return *(v.begin() + static_cast<int64_t>(r() % v.size())); };
+  std::lock_guard<std::mutex> lk(generator_mu);
+  eager::manual_seed(weight_seed);
+  auto net = std::make_shared<Sequential>();
+  int64_t c = 1, side = 8;
+  const int convs = static_cast<int>(r() % 3);
+  for (int i = 0; i < convs; ++i) {
+    const int64_t m = pick({2, 4, 8, 16}), k = pick({1, 3}), pad = k == 3 ? pick({0, 1}) : 0;
+    Conv2DOptions o(c, m, {k, k});
+    o.padding = {pad, pad};
+    o.bias = r() % 3 != 0;
+    o.relu = r() % 2 == 0;
+    net->push_back(std::make_shared<Conv2D>(o));
+    if (!o.relu) net->push_back(std::make_shared<Tanh>());
+    c = m, side = side + 2 * pad - k + 1;
+    if (side >= 4 && r() % 2 == 0) net->push_back(std::make_shared<MaxPool2D>(2)), side /= 2;
+  }
+  net->push_back(std::make_shared<Flatten>());
+  int64_t features = c * side * side;
+  const int hidden = static_cast<int>(r() % 3);
+  for (int i = 0; i < hidden; ++i) {
+    const int64_t h = pick({3, 16, 33, 200});
+    net->push_back(std::make_shared<Linear>(features, h, r() % 4 != 0));
+    net->push_back(std::make_shared<ReLU>());
+    features = h;
+  }
+  net->push_back(std::make_shared<Linear>(features, 4));
+  return net;
+}
+
+TEST(DataParallel, RandomModelsBucketsAndWorldsEqualOneProcess) {
+  const char* first_env = std::getenv("KEEL_RANDOM_DP_SEED");
+  const char* count_env = std::getenv("KEEL_RANDOM_DP_COUNT");
+  const uint64_t first = first_env ? std::strtoull(first_env, nullptr, 10) : 1;
+  const uint64_t count = count_env ? std::strtoull(count_env, nullptr, 10) : 24;
+  for (uint64_t seed = first; seed < first + count; ++seed) {
+    std::mt19937_64 r(seed);
+    const int world = static_cast<int>(2 + r() % 2), micro = static_cast<int>(1 + r() % 2);
+    const int64_t batch = world == 2 ? 32 : 16;  // per rank (a multiple of micro); one process runs world x batch
+    TrainSetup setup;
+    setup.make = [seed](uint64_t weights) { return random_model(seed, weights); };
+    const double caps[] = {0.0002, 0.002, 0.02, 25.0};
+    const double cap = caps[r() % 4];
+    setup.dpo.rebuild_buckets = r() % 3 != 0;
+    setup.dpo.gap_split = r() % 2 ? 0.15 : 0.0;
+    setup.dpo.gap_split_min_mb = r() % 2 ? 0.0 : 1.0;
+    const size_t params = random_model(seed, 1)->parameters().size();
+    for (size_t i = 0; i + 1 < params; ++i)  // the classifier's bias always trains
+      if (r() % 5 == 0) setup.frozen.push_back(i);
+    std::ostringstream what;
+    what << "seed " << seed << ": world " << world << " x batch " << batch << " (" << micro << " micro), cap " << cap
+         << " MiB, rebuild " << setup.dpo.rebuild_buckets << ", gap split " << setup.dpo.gap_split << " (min "
+         << setup.dpo.gap_split_min_mb << " MiB), " << setup.frozen.size() << " frozen of " << params << ": "
+         << random_model(seed, 1)->to_string();
+    auto ref = train_single(world * batch, 4, setup);
+    auto dp = train_dp(world, batch, micro, 4, cap, nullptr, setup);
+    expect_same_weights(*dp, *ref, 1e-5, what.str());
+    if (HasFailure()) break;
   }
 }
 
