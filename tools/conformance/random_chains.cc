@@ -119,6 +119,15 @@ class Gen {
       }
       if (!names.empty()) c_.label += " +out(" + names + ")";
     }
+    // (Drawn last, so that the draws above stay those of earlier generator versions.) A first run at a batch of 5 to
+    // 8: the blocked kernels' and the chains' loops over more images than teams of threads.
+    if (dynamic_ && extra_chance(30)) {
+      const std::string old_tag = " dyn(first b=" + std::to_string(c_.first_batch) + ")";
+      c_.first_batch = 5 + extra_uniform(4);
+      const size_t at = c_.label.find(old_tag);
+      if (at != std::string::npos)
+        c_.label.replace(at, old_tag.size(), " dyn(first b=" + std::to_string(c_.first_batch) + ")");
+    }
     return c_;
   }
   int64_t extra_uniform(int64_t n) { return static_cast<int64_t>(extra_rng_() % static_cast<uint64_t>(n)); }
@@ -564,6 +573,9 @@ class Gen {
         if (c_.dtype != DType::kF32) return activation();
         const Val h16 = node("Cast", {cur_.ref}, {{"to", I(10)}}, x);  // FLOAT16
         node("Cast", {h16.ref}, {{"to", I(1)}}, x), note("f16 round trip");
+        // A value the device and the reference compute a rounding apart can round to neighbouring halves, an f16
+        // step (5e-4 relative) that later ops may grow (seed 4079: a LayerNorm MLP after it, 1 of 600 outputs 1% off).
+        c_.rtol = std::max(c_.rtol, 1e-2), c_.atol = std::max(c_.atol, 1e-3);
         break;
       }
     }
