@@ -6,12 +6,15 @@
 // that overlap or skip, normalisation over any axis, losses over spatial dims with ignored labels and class weights,
 // embeddings with repeated and negative indices. A case is one backward op (keel.ConvGrad, keel.MaxPoolGrad,
 // keel.AveragePoolGrad, keel.FusedConvMaxPool and its gradient, keel.BatchNormGrad, keel.LayerNormGrad, the
-// activations' gradients, SoftmaxCrossEntropyLoss and its gradient, keel.GatherGrad) at random parameters, with a
-// random subset of its outputs asked for (the autograd leaves "" for gradients nobody needs: a network's first layer
-// has no dX, a frozen one only dX), on a team of 1 to 3 threads; some run at another batch first and some run
-// several at once from threads (OpCase::first_batch, concurrent_runs). Sizes stay small so that the reference is
-// quick.
+// activations' gradients, SoftmaxCrossEntropyLoss and its gradient, keel.GatherGrad; from a second random stream,
+// BatchNormTraining, LayerNormalization's stashed statistics and the optimizers' multi-tensor steps) at random
+// parameters, with a random subset of its outputs asked for (the autograd leaves "" for gradients nobody needs: a
+// network's first layer has no dX, a frozen one only dX), on a team of 1 to 3 threads; some run at another batch
+// first and some run several at once from threads (OpCase::first_batch, concurrent_runs). Sizes stay small so that
+// the reference is quick.
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -40,9 +43,17 @@ class GradGen {
     c_.threads = static_cast<int32_t>(1 + uniform(3));
     // What later generator versions added draws from a stream of its own, so that a seed's earlier case stays the
     // one it drew (the repros in the docs): the forward ops that stash what the backward reads.
-    if (extra_uniform(100) < 12) {
+    const int64_t extra = extra_uniform(100);
+    if (extra < 12) {
       if (extra_uniform(2) == 0) batch_norm_training();
       else layer_norm_forward();
+      return finish(seed, dtype);
+    }
+    if (extra < 18 && dtype == DType::kF32) {  // the optimizers' multi-tensor steps and GradScaler's check
+      const int64_t which = extra_uniform(3);
+      if (which == 0) momentum();
+      else if (which == 1) adam_step();
+      else check_finite_and_unscale();
       return finish(seed, dtype);
     }
     int64_t kind = uniform(100);
@@ -391,6 +402,131 @@ class GradGen {
     note("X=" + join(x) + " axis=" + std::to_string(negative ? axis - rank : axis) +
          (c_.inputs.size() == 3 ? "" : " no B"));
     outputs(3, 1);
+  }
+
+  // 1 to 40 tensors of random shapes (ranks 1-4, up to about 70,000 elements; 300,000 in all): the multi-tensor
+  // kernels' batches and chunks.
+  std::vector<Shape> tensor_list() {
+    const int64_t n = extra_uniform(4) == 0 ? 17 + extra_uniform(24) : 1 + extra_uniform(6);
+    std::vector<Shape> out;
+    int64_t total = 0;
+    for (int64_t i = 0; i < n && total < 300000; ++i) {
+      Shape s;
+      const int64_t rank = 1 + extra_uniform(4);
+      int64_t count = 1;
+      for (int64_t d = 0; d < rank; ++d) {
+        const int64_t dim = std::vector<int64_t>{1, 3, 7, 16, 33, 64, 127, 4097}[extra_uniform(8)];
+        if (count * dim > 70000) break;
+        s.push_back(dim), count *= dim;
+      }
+      if (s.empty()) s = {1 + extra_uniform(5000)};
+      out.push_back(s);
+      total += count;
+    }
+    return out;
+  }
+  std::string list_label(const std::vector<Shape>& xs) {
+    int64_t total = 0;
+    for (const Shape& x : xs) {
+      int64_t c = 1;
+      for (int64_t d : x) c *= d;
+      total += c;
+    }
+    return std::to_string(xs.size()) + " tensors, " + std::to_string(total) + " elements";
+  }
+  // Which of `n` outputs to compare: drawn from the extra stream (the main one's outputs() would move later cases).
+  void pick_output(size_t n) {
+    c_.num_outputs = n;
+    c_.output = static_cast<size_t>(extra_uniform(static_cast<int64_t>(n)));
+    note("output " + std::to_string(c_.output) + " of " + std::to_string(n));
+  }
+
+  // SGD's step on a device (ai.onnx.preview.training Momentum over n tensors: X, G, V in, X and V out).
+  void momentum() {
+    c_.op = "Momentum";
+    c_.domain = "ai.onnx.preview.training";
+    c_.opset = 1;
+    const auto xs = tensor_list();
+    const int64_t n = static_cast<int64_t>(xs.size());
+    InputSpec r = in("R", {}, true);
+    r.values = {0.05f};
+    const int64_t t = extra_uniform(3);
+    c_.inputs = {r, in("T", {}, true)};
+    c_.int64_constants = {{1, Tensor::from_vector(DType::kI64, {}, std::vector<int64_t>{t})}};
+    for (const char* g : {"X", "G", "V"})
+      for (int64_t i = 0; i < n; ++i)
+        c_.inputs.push_back(in(g + std::to_string(i), xs[static_cast<size_t>(i)], false, g[0] == 'V' ? -0.1f : -1.f,
+                               g[0] == 'V' ? 0.1f : 1.f));
+    const bool nesterov = extra_uniform(2) == 0;
+    const float norm = extra_uniform(2) == 0 ? 0.f : 1e-4f;
+    c_.attrs = {{"alpha", F(0.9f)},
+                {"beta", F(0.7f)},
+                {"norm_coefficient", F(norm)},
+                {"mode", S(nesterov ? "nesterov" : "standard")}};
+    note(list_label(xs) + (nesterov ? " nesterov" : " standard") + " T=" + std::to_string(t) +
+         (norm > 0 ? " decay" : ""));
+    c_.rtol = 1e-5, c_.atol = 1e-6;
+    pick_output(static_cast<size_t>(2 * n));
+  }
+
+  // Adam / AdamW's step (keel.AdamStep: scalars, then P, G, M, V of n tensors; P, M, V out).
+  void adam_step() {
+    c_.op = "AdamStep";
+    const auto ps = tensor_list();
+    const int64_t n = static_cast<int64_t>(ps.size()), t = 1 + extra_uniform(10);
+    const double b1 = 0.9, b2 = 0.999, lr = 1e-3;
+    const double bc1 = 1 - std::pow(b1, static_cast<double>(t)), bc2 = 1 - std::pow(b2, static_cast<double>(t));
+    const float decay = extra_uniform(2) == 0 ? 1.f : 1.f - 1e-5f, wd = extra_uniform(2) == 0 ? 0.f : 1e-2f;
+    InputSpec sc = in("scalars", {9}, true);
+    sc.values = {decay,
+                 wd,
+                 0.9f,
+                 0.1f,
+                 0.999f,
+                 1 - 0.999f,
+                 static_cast<float>(std::sqrt(bc2)),
+                 1e-8f,
+                 static_cast<float>(lr / bc1)};
+    c_.inputs = {sc};
+    for (const char* g : {"P", "G", "M", "V"})
+      for (int64_t i = 0; i < n; ++i)
+        c_.inputs.push_back(in(g + std::to_string(i), ps[static_cast<size_t>(i)], false, g[0] == 'V' ? 0.f : -1.f,
+                               g[0] == 'V' ? 0.01f : 1.f));
+    note(list_label(ps) + " t=" + std::to_string(t) + (decay != 1.f ? " decoupled decay" : "") + (wd > 0 ? " wd" : ""));
+    c_.rtol = 1e-5, c_.atol = 1e-6;
+    pick_output(static_cast<size_t>(3 * n));
+  }
+
+  // GradScaler's unscale and inf/NaN check (keel.CheckFiniteAndUnscale: inv_scale, then n gradients; the flag and
+  // the unscaled gradients out), sometimes with a NaN or an infinity somewhere.
+  void check_finite_and_unscale() {
+    c_.op = "CheckFiniteAndUnscale";
+    const auto gs = tensor_list();
+    const int64_t n = static_cast<int64_t>(gs.size());
+    InputSpec is = in("inv_scale", {}, false);
+    is.values = {std::vector<float>{1.f / 65536, 1.f / 8, 0.5f, 4.f}[extra_uniform(4)]};
+    c_.inputs = {is};
+    const int64_t poison = extra_uniform(3);  // 0: none, 1: a NaN, 2: an infinity
+    const int64_t bad_tensor = extra_uniform(n);
+    for (int64_t i = 0; i < n; ++i) {
+      InputSpec g = in("G" + std::to_string(i), gs[static_cast<size_t>(i)], false, -1000.f, 1000.f);
+      if (poison != 0 && i == bad_tensor) {
+        int64_t count = 1;
+        for (int64_t d : gs[static_cast<size_t>(i)]) count *= d;
+        g.values.resize(static_cast<size_t>(count));
+        for (int64_t e = 0; e < count; ++e) g.values[static_cast<size_t>(e)] = static_cast<float>(e % 97) - 48.f;
+        g.values[static_cast<size_t>(extra_uniform(count))] =
+            poison == 1 ? std::nanf("") : (extra_uniform(2) ? 1.f : -1.f) * std::numeric_limits<float>::infinity();
+      }
+      c_.inputs.push_back(g);
+    }
+    note(list_label(gs) + " inv=" + std::to_string(is.values[0]) +
+         (poison == 0   ? ""
+          : poison == 1 ? " NaN in "
+                        : " inf in ") +
+         (poison == 0 ? "" : std::to_string(bad_tensor)));
+    c_.rtol = 0, c_.atol = 0;  // one rounded multiplication: exact
+    pick_output(static_cast<size_t>(n + 1));
   }
 
   std::mt19937_64 rng_, extra_rng_;
