@@ -1292,16 +1292,23 @@ void add_training_cases(std::vector<OpCase>& v) {
                    {2, 2, 10, 40, 16, 7, 1, 3, 1},
                    {2, 4, 6, 5, 3, 1, 1, 0, 1},
                    {3, 1, 130, 130, 4, 3, 1, 0, 1}};  // planes large enough that the images go in two chunks
+  // A keel.ConvGrad case comparing output `out` (dX, dW, dB), its tolerance by dtype.
+  auto conv_grad_case = [](DType dt, size_t out) {
+    OpCase o;
+    o.op = "ConvGrad";
+    o.domain = "keel";
+    o.dtype = dt;
+    o.output = out;
+    o.num_outputs = 3;
+    if (dt == DType::kBF16) o.rtol = 2e-2, o.atol = 2e-2;
+    else o.rtol = 1e-3, o.atol = 1e-4;
+    return o;
+  };
   for (DType dt : {DType::kF32, DType::kBF16}) {
     for (const Cv& c : cs) {
       const int64_t oh = (c.H + 2 * c.p - c.k) / c.s + 1, ow = (c.W + 2 * c.p - c.k) / c.s + 1;
       for (size_t out = 0; out < 3; ++out) {
-        OpCase o;
-        o.op = "ConvGrad";
-        o.domain = "keel";
-        o.dtype = dt;
-        o.output = out;
-        o.num_outputs = 3;
+        OpCase o = conv_grad_case(dt, out);
         std::ostringstream l;
         l << dtype_name(dt) << " N=" << c.N << " C=" << c.C << " H=" << c.H << " W=" << c.W << " M=" << c.M
           << " k=" << c.k << " s=" << c.s << " p=" << c.p << " g=" << c.g << " output=" << out;
@@ -1311,8 +1318,6 @@ void add_training_cases(std::vector<OpCase>& v) {
                    {"strides", Is({c.s, c.s})},
                    {"pads", Is({c.p, c.p, c.p, c.p})},
                    {"group", I(c.g)}};
-        if (dt == DType::kBF16) o.rtol = 2e-2, o.atol = 2e-2;
-        else o.rtol = 1e-3, o.atol = 1e-4;
         v.push_back(o);
         // The other two output sets the autograd asks for: no dX (a first layer: X is the input) and dX alone (a
         // frozen layer: --freeze, fine-tuning).
@@ -1325,19 +1330,13 @@ void add_training_cases(std::vector<OpCase>& v) {
     // (keel-cts --random-grads 1 --seed 9854) found oneDNN 2.6's Winograd backward data ignoring the end pads.
     for (const std::vector<int64_t>& pads : {std::vector<int64_t>{0, 0, 1, 0}, std::vector<int64_t>{1, 0, 2, 1}}) {
       for (size_t out = 0; out < 3; ++out) {
-        OpCase o;
-        o.op = "ConvGrad";
-        o.domain = "keel";
-        o.dtype = dt;
-        o.output = out;
-        o.num_outputs = 3;
+        OpCase o = conv_grad_case(dt, out);
         const int64_t oh = 17 + pads[0] + pads[2] - 2, ow = 15 + pads[1] + pads[3] - 2;
         o.label = std::string(dtype_name(dt)) + " N=1 C=32 H=17 W=15 M=32 k=3 s=1 pads=" + std::to_string(pads[0]) +
                   "," + std::to_string(pads[1]) + "," + std::to_string(pads[2]) + "," + std::to_string(pads[3]) +
                   " output=" + std::to_string(out);
         o.inputs = {in("dY", {1, 32, oh, ow}), in("X", {1, 32, 17, 15}), in("W", {32, 32, 3, 3})};
         o.attrs = {{"kernel_shape", Is({3, 3})}, {"pads", Is(pads)}};
-        if (dt == DType::kBF16) o.rtol = 2e-2, o.atol = 2e-2;
         v.push_back(o);
       }
     }
