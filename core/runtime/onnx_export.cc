@@ -443,10 +443,6 @@ int add_open_ranks(onnx::ModelProto& m, const std::unordered_map<std::string, Va
   return added;
 }
 
-}  // namespace
-
-namespace {
-
 // Inference runs in ONNX's lenient mode (error_mode 0), which leaves a node it cannot type without a word: the session
 // then failed at its first run ("output 0 of 'Resize_3' has no known dtype") for a graph whose fault ONNX knew when it
 // was built (a Resize with bf16 scales). Where an ONNX-domain node's output that something reads (a node, the graph's

@@ -1,5 +1,5 @@
 // Random training: a differential fuzzer of eager training as a whole — the autograd's rules and their composition,
-// the fused eager paths (conv2d_relu, conv2d_relu_max_pool2d), autocast, batch statistics and the optimizers — on the
+// the fused eager paths (conv2d_relu, conv2d_relu_max_pool2d), autocast, batch statistics and SGD's steps — on the
 // plugins' kernels against the reference kernels.
 //
 // Seed S draws a small network (a CNN of convolutions of random geometry with BatchNorm, activations, pooling and
@@ -51,8 +51,8 @@ struct Outcome {
   std::vector<std::string> names;
 };
 
-// A network drawn from a seed: `build` makes its parameters (from the host generator, the same values in every
-// environment) and returns the forward; everything it needs is decided up front, so that both runs are the same.
+// A network drawn from a seed: train() builds it in the bound environment (its architecture replayed from the seed,
+// its parameters and batch from a host generator: the same values in every environment) and trains it.
 class RandomNet {
  public:
   explicit RandomNet(uint64_t seed) : rng_(seed * 0x9E3779B97F4A7C15ull + 1), seed_(seed) {
@@ -61,7 +61,11 @@ class RandomNet {
     optimizer_ = static_cast<int>(uniform(3));  // SGD, with momentum and weight decay, Nesterov
     loss_ = static_cast<int>(uniform(10));      // 0-6 cross-entropy, 7-8 MSE, 9 BCE with logits
     sequence_ = chance(35);
-    what_ << "seed=" << seed << ": " << threads_ << "t" << (amp_ ? " bf16" : "");
+    const char* optimizers[] = {"sgd", "sgd momentum+wd", "sgd nesterov"};
+    what_ << "seed=" << seed << ": " << threads_ << "t" << (amp_ ? " bf16" : "") << " " << optimizers[optimizer_]
+          << (loss_ <= 6   ? " cross-entropy"
+              : loss_ <= 8 ? " mse"
+                           : " bce");
   }
 
   std::string what() const { return what_.str(); }

@@ -9,7 +9,8 @@ wrote on held-out inputs with `keel run`, next to the float model. A case passes
 or refuses the input with an error (exit status 1 and a message), and the QDQ model then runs and gives outputs of the
 float model's shapes whose relative L2 error stays under --max-error (1.0 by default: quantization error is not
 judged here unless asked, but NaNs, infinities, garbage and sign flips are); it fails on a signal, a hang, an error
-from `keel run` on the model quantize wrote, a shape change or an error over the bound. Failing cases are kept with
+from `keel run` on the model quantize wrote, a sanitizer's report (ASan, UBSan, TSan builds: --build build-asan), a
+shape change or an error over the bound. Failing cases are kept with
 their repro (the keel-cts, quantize and run commands).
 
     /usr/bin/python3 tests/fuzz/fuzz_quantize.py --build build --cases 200 --seed 1 --keep /tmp/fuzz-quantize
@@ -30,10 +31,15 @@ import onnx
 from onnx import numpy_helper
 
 
+SANITIZER_REPORTS = ("AddressSanitizer", "LeakSanitizer", "ThreadSanitizer", "runtime error:")
+
+
 def run(cmd, timeout, env=None):
+    """(exit status, output); a sanitizer's report counts as a signal (-1) whatever the status it exits with."""
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-        return p.returncode, p.stdout + p.stderr
+        out = p.stdout + p.stderr
+        return (-1 if any(r in out for r in SANITIZER_REPORTS) else p.returncode), out
     except subprocess.TimeoutExpired:
         return "timeout", ""
 
@@ -114,7 +120,8 @@ def one_case(args, seed, work):
     repro = [" ".join(cts), " ".join(quant)]
     rc, out = run(quant, args.timeout)
     if rc == "timeout" or (isinstance(rc, int) and rc < 0):
-        return "fail", f"keel quantize: {'hang' if rc == 'timeout' else 'signal ' + str(-rc)}\n{out[-2000:]}", repro
+        what = "hang" if rc == "timeout" else "a sanitizer report" if rc == -1 else f"signal {-rc}"
+        return "fail", f"keel quantize: {what}\n{out[-2000:]}", repro
     if rc != 0:
         if rc == 1 and out.strip():
             return "refused", out.strip().splitlines()[-1][:300], repro

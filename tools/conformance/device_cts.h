@@ -167,9 +167,9 @@ OpCase random_chain_case(uint64_t seed, DType dtype = DType::kF32);
 // groups, depthwise, 1-D to 3-D; keel.FusedConvMaxPool and its gradient; max / average pooling's; BatchNorm's and
 // LayerNorm's; the activations'; SoftmaxCrossEntropyLoss and its gradient; keel.GatherGrad; BatchNormTraining and
 // LayerNormalization with their statistics; Momentum, keel.AdamStep and keel.CheckFiniteAndUnscale over 1-40 tensors)
-// at random parameters,
-// with a random subset of its outputs asked for, on a team of 1 to 3 threads, sometimes at another batch first or
-// several runs at once. Label "seed=N: <threads> <its parameters>", op the backward op's, repro `keel-cts --device D
+// at random parameters, with a random subset of its outputs asked for, on a team of 1 to 3 threads, sometimes at
+// another batch first or several runs at once. Label "seed=N: <threads> <its parameters>", op the backward op's, repro
+// `keel-cts --device D
 // --random-grads 1 --seed N`; with dtype bf16 ("seed=N bf16: ...", --bf16) the float inputs are bf16 (the f32-only
 // ops are not drawn).
 OpCase random_grad_case(uint64_t seed, DType dtype = DType::kF32);
