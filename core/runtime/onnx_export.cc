@@ -454,9 +454,11 @@ Status explain_untyped_outputs(const Graph& graph, const onnx::ModelProto& expor
     const Node* n = graph.node(id);
     if (!n->domain.empty() && n->domain != "ai.onnx") continue;
     for (const auto& out : n->outputs) {
+      if (out.empty()) continue;
       const ValueInfo* vi = graph.info(out);
-      const bool needed = !out.empty() && (graph.is_graph_output(out) || !graph.consumers(out).empty());
-      if (needed && (!vi || (vi->is_tensor() && vi->dtype == DType::kUndefined))) {
+      const bool untyped_value = !vi || (vi->is_tensor() && vi->dtype == DType::kUndefined);
+      // (consumers() walks the graph: asked only of the rare untyped value)
+      if (untyped_value && (graph.is_graph_output(out) || !graph.consumers(out).empty())) {
         untyped = "'" + out + "' (output of " + n->op_type + " node '" + n->name + "')";
         break;
       }
