@@ -216,7 +216,25 @@ class GradGen {
       c_.inputs = {x, wt, in("B", {m})};
       c_.num_outputs = 2;
       c_.output = static_cast<size_t>(uniform(2));
+      // (A 3x3 convolution over 16+ channels runs as Winograd on the oneDNN plugin, whose transforms round even
+      // integer sums: there the pooled values are compared, within tolerance, and not the positions.)
+      if (k == 3 && cin >= 16 && m >= 16) c_.output = 0;
       note(c_.output == 0 ? "forward" : "forward positions");
+      if (c_.output == 1) {
+        // The window positions are compared exactly, so the maxima must not be a rounding apart (seed 96699: two
+        // outputs of a window 1 ulp apart, 6.8113192, the device and the reference picked different ones): small
+        // integers and quarters, whose products and sums f32 holds exactly whatever the order, make every tie exact
+        // (and frequent), so that the rule "the first maximum in scan order" is what the case checks.
+        for (InputSpec* spec : {&c_.inputs[0], &c_.inputs[1], &c_.inputs[2]}) {
+          int64_t count = 1;
+          for (int64_t d : spec->shape) count *= d;
+          const bool weights = spec->name != "X";
+          spec->values.resize(static_cast<size_t>(count));
+          for (float& v : spec->values)
+            v = static_cast<float>(extra_uniform(weights ? 9 : 7) - (weights ? 4 : 3)) / (weights ? 4.f : 1.f);
+        }
+        note("exact");
+      }
       return;
     }
     c_.op = "FusedConvMaxPoolGrad";
