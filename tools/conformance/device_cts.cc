@@ -1271,6 +1271,19 @@ void add_qdq_cases(std::vector<OpCase>& v) {
   }
 }
 
+// A keel.ConvGrad case comparing output `out` (dX, dW, dB), its tolerance by dtype (f16 and bf16: 2e-2).
+OpCase conv_grad_case(DType dt, size_t out) {
+  OpCase o;
+  o.op = "ConvGrad";
+  o.domain = "keel";
+  o.dtype = dt;
+  o.output = out;
+  o.num_outputs = 3;
+  if (dt != DType::kF32) o.rtol = 2e-2, o.atol = 2e-2;
+  else o.rtol = 1e-3, o.atol = 1e-4;
+  return o;
+}
+
 // The keel-domain backward ops of training (ops/gradients.cc emits them) and the fused cross-entropy, in f32 and
 // bf16 (autocast): every output of each is compared, one case per output.
 void add_training_cases(std::vector<OpCase>& v) {
@@ -1292,18 +1305,6 @@ void add_training_cases(std::vector<OpCase>& v) {
                    {2, 2, 10, 40, 16, 7, 1, 3, 1},
                    {2, 4, 6, 5, 3, 1, 1, 0, 1},
                    {3, 1, 130, 130, 4, 3, 1, 0, 1}};  // planes large enough that the images go in two chunks
-  // A keel.ConvGrad case comparing output `out` (dX, dW, dB), its tolerance by dtype.
-  auto conv_grad_case = [](DType dt, size_t out) {
-    OpCase o;
-    o.op = "ConvGrad";
-    o.domain = "keel";
-    o.dtype = dt;
-    o.output = out;
-    o.num_outputs = 3;
-    if (dt == DType::kBF16) o.rtol = 2e-2, o.atol = 2e-2;
-    else o.rtol = 1e-3, o.atol = 1e-4;
-    return o;
-  };
   for (DType dt : {DType::kF32, DType::kBF16}) {
     for (const Cv& c : cs) {
       const int64_t oh = (c.H + 2 * c.p - c.k) / c.s + 1, ow = (c.W + 2 * c.p - c.k) / c.s + 1;
@@ -1579,16 +1580,10 @@ void add_training_device_cases(std::vector<OpCase>& v) {
       o.atol = 0, o.rtol = 0;
       v.push_back(o);
       for (size_t out = 0; out < 3; ++out) {
-        OpCase c;
-        c.op = "ConvGrad";
-        c.domain = "keel";
-        c.dtype = dt;
-        c.output = out;
-        c.num_outputs = 3;
+        OpCase c = conv_grad_case(dt, out);
         c.label = dn + " N=2 C=3 H=9 W=11 M=8 k=3 s=2 p=1 g=1 output=" + std::to_string(out);
         c.inputs = {in("dY", {2, 8, 5, 6}), in("X", {2, 3, 9, 11}), in("W", {8, 3, 3, 3})};
         c.attrs = {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"pads", Is({1, 1, 1, 1})}, {"group", I(1)}};
-        half_tolerance(c);
         v.push_back(c);
       }
     }
