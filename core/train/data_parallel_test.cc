@@ -585,14 +585,15 @@ TEST(DataParallel, RandomModelsBucketsAndWorldsEqualOneProcess) {
     setup.dpo.rebuild_buckets = r() % 3 != 0;
     setup.dpo.gap_split = r() % 2 ? 0.15 : 0.0;
     setup.dpo.gap_split_min_mb = r() % 2 ? 0.0 : 1.0;
-    const size_t params = random_model(seed, 1)->parameters().size();
+    const auto probe = random_model(seed, 1);  // the architecture, for the frozen set and the description
+    const size_t params = probe->parameters().size();
     for (size_t i = 0; i + 1 < params; ++i)  // the classifier's bias always trains
       if (r() % 5 == 0) setup.frozen.push_back(i);
     std::ostringstream what;
     what << "seed " << seed << ": world " << world << " x batch " << batch << " (" << micro << " micro), cap " << cap
          << " MiB, rebuild " << setup.dpo.rebuild_buckets << ", gap split " << setup.dpo.gap_split << " (min "
          << setup.dpo.gap_split_min_mb << " MiB), " << setup.frozen.size() << " frozen of " << params << ": "
-         << random_model(seed, 1)->to_string();
+         << probe->to_string();
     auto ref = train_single(world * batch, 4, setup);
     auto dp = train_dp(world, batch, micro, 4, cap, nullptr, setup);
     expect_same_weights(*dp, *ref, 1e-5, what.str());

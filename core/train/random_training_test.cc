@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "core/base/tensor.h"
 #include "core/runtime/environment.h"
 #include "core/train/optim.h"
 
@@ -148,8 +149,7 @@ class RandomNet {
   // A parameter uniform in offset +- bound (PyTorch's default initialisation: bound 1 / sqrt(fan_in)), requiring
   // grad.
   Tensor param(std::mt19937_64& vals, const std::string& name, Shape shape, float bound, float offset = 0.f) {
-    int64_t count = 1;
-    for (int64_t d : shape) count *= d;
+    const int64_t count = shape_numel(shape);
     std::uniform_real_distribution<float> u(offset - bound, offset + bound);
     std::vector<float> v(static_cast<size_t>(count));
     for (auto& e : v) e = u(vals);
@@ -160,8 +160,7 @@ class RandomNet {
     return t;
   }
   static Tensor data(std::mt19937_64& vals, Shape shape, float stddev) {
-    int64_t count = 1;
-    for (int64_t d : shape) count *= d;
+    const int64_t count = shape_numel(shape);
     std::normal_distribution<float> g(0.f, stddev);
     std::vector<float> v(static_cast<size_t>(count));
     for (auto& e : v) e = g(vals);

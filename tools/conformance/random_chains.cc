@@ -93,7 +93,6 @@ class Gen {
     if (dynamic_) {
       const int64_t n = c_.inputs[0].shape[0];
       c_.first_batch = n == 1 ? (extra_chance(50) ? 2 : 3) : 1;
-      c_.label += " dyn(first b=" + std::to_string(c_.first_batch) + ")";
     }
     if (extra_chance(20)) {
       c_.concurrent_runs = static_cast<int32_t>(2 + extra_uniform(3));
@@ -121,13 +120,8 @@ class Gen {
     }
     // (Drawn last, so that the draws above stay those of earlier generator versions.) A first run at a batch of 5 to
     // 8: the blocked kernels' and the chains' loops over more images than teams of threads.
-    if (dynamic_ && extra_chance(30)) {
-      const std::string old_tag = " dyn(first b=" + std::to_string(c_.first_batch) + ")";
-      c_.first_batch = 5 + extra_uniform(4);
-      const size_t at = c_.label.find(old_tag);
-      if (at != std::string::npos)
-        c_.label.replace(at, old_tag.size(), " dyn(first b=" + std::to_string(c_.first_batch) + ")");
-    }
+    if (dynamic_ && extra_chance(30)) c_.first_batch = 5 + extra_uniform(4);
+    if (dynamic_) c_.label += " dyn(first b=" + std::to_string(c_.first_batch) + ")";
     return c_;
   }
   int64_t extra_uniform(int64_t n) { return static_cast<int64_t>(extra_rng_() % static_cast<uint64_t>(n)); }

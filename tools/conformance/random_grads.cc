@@ -226,10 +226,8 @@ class GradGen {
         // integers and quarters, whose products and sums f32 holds exactly whatever the order, make every tie exact
         // (and frequent), so that the rule "the first maximum in scan order" is what the case checks.
         for (InputSpec* spec : {&c_.inputs[0], &c_.inputs[1], &c_.inputs[2]}) {
-          int64_t count = 1;
-          for (int64_t d : spec->shape) count *= d;
           const bool weights = spec->name != "X";
-          spec->values.resize(static_cast<size_t>(count));
+          spec->values.resize(static_cast<size_t>(shape_numel(spec->shape)));
           for (float& v : spec->values)
             v = static_cast<float>(extra_uniform(weights ? 9 : 7) - (weights ? 4 : 3)) / (weights ? 4.f : 1.f);
         }
@@ -437,19 +435,14 @@ class GradGen {
         if (count * dim > 70000) break;
         s.push_back(dim), count *= dim;
       }
-      if (s.empty()) s = {1 + extra_uniform(5000)};
-      out.push_back(s);
+      out.push_back(s);  // (never empty: every dim drawn is at most 4,097)
       total += count;
     }
     return out;
   }
   std::string list_label(const std::vector<Shape>& xs) {
     int64_t total = 0;
-    for (const Shape& x : xs) {
-      int64_t c = 1;
-      for (int64_t d : x) c *= d;
-      total += c;
-    }
+    for (const Shape& x : xs) total += shape_numel(x);
     return std::to_string(xs.size()) + " tensors, " + std::to_string(total) + " elements";
   }
   // Which of `n` outputs to compare: drawn from the extra stream (the main one's outputs() would move later cases).
@@ -529,8 +522,7 @@ class GradGen {
     for (int64_t i = 0; i < n; ++i) {
       InputSpec g = in("G" + std::to_string(i), gs[static_cast<size_t>(i)], false, -1000.f, 1000.f);
       if (poison != 0 && i == bad_tensor) {
-        int64_t count = 1;
-        for (int64_t d : gs[static_cast<size_t>(i)]) count *= d;
+        const int64_t count = shape_numel(gs[static_cast<size_t>(i)]);
         g.values.resize(static_cast<size_t>(count));
         for (int64_t e = 0; e < count; ++e) g.values[static_cast<size_t>(e)] = static_cast<float>(e % 97) - 48.f;
         g.values[static_cast<size_t>(extra_uniform(count))] =
