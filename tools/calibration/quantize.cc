@@ -71,19 +71,31 @@ std::pair<double, double> percentile_range(const Histogram& h, double percentile
   return {lo, hi};
 }
 
-double entropy_threshold(const Histogram& h, int levels) {
+double entropy_threshold(const Histogram& h, int levels, double zeros) {
+  constexpr double kMaxClipped = 0.01;
   const size_t n = h.bins.size();
   const double width = (h.hi - h.lo) / static_cast<double>(n);
   const size_t q = static_cast<size_t>(std::max(levels, 2));
   if (n <= q) return h.hi;
   double best_kl = std::numeric_limits<double>::infinity();
   size_t best = n;
+  // Exact zeros are on the grid at any threshold: in P they would be a spike that outweighs everything the threshold
+  // decides (a ReLU's or a HardSigmoid's saturated part), so they are left out (pytorch-quantization flattens its
+  // first bin for the same reason).
+  std::vector<double> bins = h.bins;
+  bins[0] = std::max(0.0, bins[0] - zeros);
+  double total = 0;
+  for (double c : bins) total += c;
   std::vector<double> p, qv;
   for (size_t i = q; i <= n; ++i) {
     // P: the first i bins, with the outliers folded into the last one.
-    p.assign(h.bins.begin(), h.bins.begin() + static_cast<std::ptrdiff_t>(i));
+    p.assign(bins.begin(), bins.begin() + static_cast<std::ptrdiff_t>(i));
     double outliers = 0;
-    for (size_t j = i; j < n; ++j) outliers += h.bins[j];
+    for (size_t j = i; j < n; ++j) outliers += bins[j];
+    // KL(P || Q) does not see what clipping destroys: a threshold below the bulk of values that stay away from zero
+    // (an average-pooled feature, a sigmoid's output) folds them all into one bin that Q matches exactly, KL ~ 0.
+    // Thresholds that clip more than kMaxClipped of the values are therefore not candidates.
+    if (outliers > kMaxClipped * total) continue;
     p[i - 1] += outliers;
     double psum = 0;
     for (double v : p) psum += v;
@@ -96,12 +108,12 @@ double entropy_threshold(const Histogram& h, int levels) {
       double mass = 0;
       size_t nonzero = 0;
       for (size_t j = b0; j < b1; ++j) {
-        mass += h.bins[j];
-        nonzero += h.bins[j] != 0;
+        mass += bins[j];
+        nonzero += bins[j] != 0;
       }
       if (nonzero == 0) continue;
       for (size_t j = b0; j < b1; ++j)
-        if (h.bins[j] != 0) qv[j] = mass / static_cast<double>(nonzero);
+        if (bins[j] != 0) qv[j] = mass / static_cast<double>(nonzero);
     }
     double qsum = 0;
     for (double v : qv) qsum += v;
@@ -757,7 +769,7 @@ StatusOr<QuantizeResult> quantize_graph(Environment& env, const Graph& fp32, con
         if (entropy) {
           const bool nonneg = mn[a] >= 0;
           const int levels = options.activation_type == "u8" && nonneg ? 255 : 128;
-          double t = entropy_threshold(h[a], levels);
+          double t = entropy_threshold(h[a], levels, zeros[a]);
           lo[a] = nonneg ? 0.0 : std::max(mn[a], -t);
           hi[a] = std::min(mx[a], t);
         } else if (options.method == "mse") {

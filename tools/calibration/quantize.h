@@ -113,8 +113,10 @@ struct Histogram {
 std::pair<double, double> percentile_range(const Histogram& h, double percentile);
 // TensorRT's entropy calibration: the threshold t in (0, hi] minimising KL(P || Q) where P is the histogram of |x|
 // over [0, t] (outliers folded into the last bin) and Q is P quantized to `levels` levels. `h` is a histogram of |x|
-// over [0, max|x|].
-double entropy_threshold(const Histogram& h, int levels);
+// over [0, max|x|], `zeros` of its first bin's values are exact zeros (left out of P). Two departures from TensorRT,
+// each of which made the method clip whole activations (ResNet-18's fc input to 26% of its range: output cosine
+// 0.971 instead of 0.9996): the exact zeros are left out, and no threshold clips more than 1% of the other values.
+double entropy_threshold(const Histogram& h, int levels, double zeros = 0);
 // The MSE-optimal range (TensorRT's "mse" / ORT's "distribution" idea): of the min-max bounds each shrunk towards 0
 // independently (512 steps each), the range minimising the expected squared error of quantizing the histogram's
 // values — step^2 / 12 for a value inside (none for the `zeros` exact zeros, which are on the grid), (x - bound)^2
