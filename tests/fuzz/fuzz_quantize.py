@@ -7,8 +7,9 @@ the inputs' shapes), quantizes it with a random set of options (calibration meth
 or per-channel weights, bias correction, GPTQ rounding, a tolerance with either fallback) and runs the QDQ model it
 wrote on held-out inputs with `keel run`, next to the float model. A case passes when quantize either writes a model
 or refuses the input with an error (exit status 1 and a message), and the QDQ model then runs and gives outputs of the
-float model's shapes whose relative L2 error stays under --max-error (1.0 by default: quantization error is not
-judged here unless asked, but NaNs, infinities, garbage and sign flips are); it fails on a signal, a hang, an error
+float model's shapes whose relative L2 error stays under --max-error (0.5 by default: about 3x the worst of every
+method on seeds 1-340, 0.17, so a calibration that loses most of a signal fails, as the entropy method's clipping of
+activations away from zero did at 0.6-0.68, as well as NaNs, infinities, garbage and sign flips); it fails on a signal, a hang, an error
 from `keel run` on the model quantize wrote, a sanitizer's report (ASan, UBSan, TSan builds: --build build-asan), a
 shape change or an error over the bound. Failing cases are kept with
 their repro (the keel-cts, quantize and run commands).
@@ -164,7 +165,7 @@ def main():
     ap.add_argument("--cases", type=int, default=50)
     ap.add_argument("--seed", type=int, default=1, help="The first random chain's seed")
     ap.add_argument("--timeout", type=float, default=120, help="Seconds per quantize / run process")
-    ap.add_argument("--max-error", type=float, default=1.0, help="Largest relative L2 error of the int8 outputs")
+    ap.add_argument("--max-error", type=float, default=0.5, help="Largest relative L2 error of the int8 outputs")
     ap.add_argument("--keep", default="", help="Directory for failing cases (model, calibration, repro)")
     ap.add_argument("--verbose", "-v", action="store_true", help="Print every case's error and quantize options")
     args = ap.parse_args()
