@@ -190,6 +190,58 @@ TEST(ServeControl, LoadUnloadIndexAndANewVersionInterruptsNothing) {
   fs::remove_all(dir);
 }
 
+// With max_batch_size > 0 the batcher concatenates requests along dim 0 and splits every output along it: a model
+// that cannot run a batch of 2 rows (a fixed batch reshaped inside, which `dynamic_batch = true` cannot undo), or
+// whose output has no batch dim, is refused at load naming the node or the output, instead of failing (or splitting
+// wrongly) only the requests that happen to be batched together under load. Without batching both load.
+TEST(ServeControl, AModelWithoutAFreeBatchDimIsRefusedAtLoadWhenBatching) {
+  std::signal(SIGPIPE, SIG_IGN);
+  const fs::path dir = fresh_dir("batchdim");
+  const fs::path repo = dir / "repo";
+  write(repo / "other" / "1" / "model.onnx", mlp_model());
+  ServerProcess server;
+  ASSERT_TRUE(server.start(repo, {"--model-control"})) << server.log;
+  auto c = server.client();
+  auto model = [](bool reduce) {
+    GraphBuilder g("m", 17);
+    auto x = g.input("x", DType::kF32, {reduce ? -1 : 1, 4});
+    if (reduce) {
+      g.output(g.op1("ReduceSum", {x, g.constant("axes", Tensor::from_vector<int64_t>(DType::kI64, {1}, {0}))},
+                     {{"keepdims", keel::Attribute::of_int(0)}}));
+    } else {
+      auto y = g.op1("Relu", {x});
+      g.output(g.op1("Reshape", {y, g.constant("shape", Tensor::from_vector<int64_t>(DType::kI64, {2}, {1, 4}))}));
+    }
+    auto bytes = keel::serialize_onnx(g.take());
+    EXPECT_TRUE(bytes.is_ok()) << bytes.status().to_string();
+    return bytes.is_ok() ? bytes.value() : "";
+  };
+  const std::vector<float> x = {1, -2, 3, 0.5f};
+  for (bool reduce : {false, true}) {
+    const std::string name = reduce ? "summed" : "reshaped";
+    write(repo / name / "1" / "model.onnx", model(reduce));
+    write(repo / name / "config.toml", reduce ? "max_batch_size = 4\n" : "max_batch_size = 4\ndynamic_batch = true\n");
+    auto r = c->Post(("/v2/repository/models/" + name + "/load").c_str(), "", "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << r->body;
+    EXPECT_NE(r->body.find(reduce ? "has shape [4]: its first dim is not the batch" : "a batch of 2 rows does not run"),
+              std::string::npos)
+        << r->body;
+    if (!reduce) EXPECT_NE(r->body.find("Reshape"), std::string::npos) << r->body;
+    EXPECT_EQ(c->Get(("/v2/models/" + name).c_str())->status, 404);
+    // Without batching the same model loads, and runs at its own batch.
+    write(repo / name / "config.toml", "max_batch_size = 0\n");
+    auto ok = c->Post(("/v2/repository/models/" + name + "/load").c_str(), "", "application/json");
+    ASSERT_TRUE(ok);
+    EXPECT_EQ(ok->status, 200) << ok->body;
+    auto run = c->Post(("/v2/models/" + name + "/infer").c_str(), infer_body(x, 1).dump(), "application/json");
+    ASSERT_TRUE(run);
+    EXPECT_EQ(run->status, 200) << run->body;
+  }
+  EXPECT_EQ(server.terminate(), 0);
+  fs::remove_all(dir);
+}
+
 // A raw connection to the server.
 int connect_to(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);

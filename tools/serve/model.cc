@@ -296,6 +296,7 @@ StatusOr<std::unique_ptr<ServedModel>> ServedModel::create(Environment& env, std
       if (k + 1 == sizes.size() && i == 0) p->note_run_time(took);
       spdlog::info("{}: warm-up at batch {}: {:.1f} ms", instance, rows, took / 1000.0);
     }
+    if (i == 0 && !sizes.empty()) return p->check_batch_dim(*p->sessions_[0], who);
     return Status::ok();
   };
   // Runs on instance i's thread while create() waits for it (so the references stay valid).
@@ -355,6 +356,36 @@ StatusOr<std::unique_ptr<ServedModel>> ServedModel::create(Environment& env, std
 }
 
 ServedModel::~ServedModel() { shutdown(); }
+
+Status ServedModel::check_batch_dim(Session& session, const std::string& who) const {
+  if (config_.max_batch_size < 2) return Status::ok();
+  const std::string why = config_.dynamic_batch ? " (dynamic_batch = true made its first dim dynamic, but the graph "
+                                                  "fixes the batch inside: export it with a dynamic batch, or set "
+                                                  "max_batch_size = 0)"
+                                                : " (export it with a batch dim free throughout, or set "
+                                                  "max_batch_size = 0)";
+  std::vector<std::pair<std::string, Tensor>> feeds;
+  for (const auto& spec : inputs_) {
+    Shape shape = spec.shape;
+    for (size_t d = 0; d < shape.size(); ++d)
+      if (shape[d] < 0) shape[d] = d == 0 ? 2 : 1;
+    KEEL_ASSIGN_OR_RETURN(Tensor t, Tensor::host(spec.dtype, shape), who + ": batch check input " + spec.name);
+    feeds.emplace_back(spec.name, std::move(t));
+  }
+  auto out = session.run(feeds);
+  if (!out.is_ok())
+    return invalid_argument(who + ": max_batch_size " + std::to_string(config_.max_batch_size) +
+                            ", but a batch of 2 rows does not run: " + out.status().message() + why);
+  for (size_t k = 0; k < out->size() && k < outputs_.size(); ++k) {
+    const Tensor& o = (*out)[k];
+    if (o.rank() == 0 || o.shape()[0] != 2)
+      return invalid_argument(who + ": max_batch_size " + std::to_string(config_.max_batch_size) + ", but output " +
+                              outputs_[k].name + " of a batch of 2 rows has shape " + shape_to_string(o.shape()) +
+                              ": its first dim is not the batch" + why);
+  }
+  spdlog::info("{}: batch dim checked (a batch of 2 rows runs and gives 2 rows of every output)", who);
+  return Status::ok();
+}
 
 ServedModel::Memory ServedModel::memory() const {
   Memory out;
@@ -595,16 +626,19 @@ void ServedModel::execute(Session& session, Batch& batch) {
     return fail(out.status().with_context("model " + name_ + " version " + std::to_string(version_)));
   }
   metrics_.inference_count += static_cast<uint64_t>(total_rows);
+  // With batching on, every output's first dim is the batch, for a request alone as for a batch (check_batch_dim
+  // checked it at load, at 2 rows: this catches a model whose batch dim only some sizes keep).
+  const std::vector<Tensor>& outs = out.value();
+  if (config_.max_batch_size > 0)
+    for (size_t k = 0; k < outs.size(); ++k)
+      if (outs[k].rank() == 0 || outs[k].shape()[0] != total_rows)
+        return fail(internal_error("model " + name_ + ": output " + outputs_[k].name + " of a batch of " +
+                                   std::to_string(total_rows) + " has shape " + shape_to_string(outs[k].shape()) +
+                                   ": its first dim is not the batch"));
   if (batch.size() == 1) {
     metrics_.compute_output_us += us(t_infer, clock::now());
     return finish(0, std::move(out).value());
   }
-  const std::vector<Tensor>& outs = out.value();
-  for (size_t k = 0; k < outs.size(); ++k)
-    if (outs[k].rank() == 0 || outs[k].shape()[0] != total_rows)
-      return fail(internal_error("model " + name_ + ": output " + outputs_[k].name + " of a batch of " +
-                                 std::to_string(total_rows) + " has shape " + shape_to_string(outs[k].shape()) +
-                                 ": its first dim is not the batch"));
   std::vector<std::vector<Tensor>> split(batch.size());
   int64_t row = 0;
   for (size_t i = 0; i < batch.size(); ++i) {

@@ -159,6 +159,12 @@ class ServedModel {
   // one to run; empty when stopping with nothing left.
   Batch next_batch(std::unique_lock<std::mutex>& lk, size_t instance);
   void execute(Session& session, Batch& batch);
+  // At load, after instance 0's warm-up, when max_batch_size >= 2: a batch of 2 rows (zeros, other dynamic dims 1)
+  // must run and give 2 rows of every output. The batcher concatenates requests along dim 0 and splits every output
+  // along it, so a graph that fixes its batch inside (a Reshape to a constant shape, which `dynamic_batch = true`
+  // cannot undo) is refused here, naming the node, instead of failing only the requests that happen to be batched
+  // with another, under load.
+  Status check_batch_dim(Session& session, const std::string& who) const;
   bool compatible(const Request& a, const Request& b) const;
 
   std::string name_;
