@@ -4,16 +4,19 @@
 Each case is a random chain (`keel-cts --random-chains 1 --seed S --save DIR`: 2-6 blocks of CNN or transformer-like
 ops) whose inputs have a dynamic batch dim, or batch 1 (then served with `dynamic_batch = true`). One `keel serve`
 process on 127.0.0.1 (a free port, `--model-control`) loads each case twice, in turn: as `bN` with a random batcher
-(max_batch_size 4-16, max_queue_delay_us, preferred batch sizes, 1-2 instances) and as `rN`, the reference, with no
-queue delay and only ever one request at a time. A model that fixes its batch inside is refused at load (400, its
-check of a batch of 2 rows) and counted "unbatchable"; so is one whose rows change each other, which a probe finds
-(a request of 2 rows to the reference, and each row alone), so that every difference after it is the server's. Then 16-32 requests of 1-3 rows go to `bN` at once from several threads, in
-JSON (flat or nested data) or with the binary tensor extension, each asking for all outputs or some of them, binary
-or not, with an `id`; about one in six is bad on purpose (a wrong datatype, a wrong fixed dim, more rows than
-max_batch_size, data of the wrong length) and must get 400 without disturbing the requests batched with it. Every
-good request is then sent alone to `rN`; the two answers must agree (outputs and their shapes, the id, values within
-a relative L2 error of --tolerance). Fails on a server that dies, a request that hangs, a 5xx for a good request, a
-bad one not refused, or a difference; the case's repository and requests are kept with `--keep DIR`.
+(max_batch_size 4-16, max_queue_delay_us, preferred batch sizes, 1-2 instances of 1-2 threads; a fifth of the cases in
+bf16, the reference too) and as `rN`, the reference, with no queue delay and only ever one request at a time. A model
+that fixes its batch inside is refused at load (400, its check of a batch of 2 rows) and counted "unbatchable"; so is
+one whose rows change each other, which a probe finds (a request of 2 rows to the reference, and each row alone), so
+that every difference after it is the server's. Then 16-32 requests of 1-3 rows go to `bN` at once from several
+threads, in JSON (flat or nested data) or with the binary tensor extension, each asking for all outputs or some of
+them, binary or not, with an `id`; about one in six is bad on purpose (a wrong datatype, a wrong fixed dim, more rows
+than max_batch_size, data of the wrong length) and must get 400 without disturbing the requests batched with it; one
+in twenty is abandoned (half its body sent, then the connection closed) and one in twenty has a queue deadline of 1 us
+(served, or 504). Every good request is then sent alone to `rN`; the two answers must agree (outputs and their shapes,
+the id, values within a relative L2 error of --tolerance, 3e-2 in bf16). Fails on a server that dies, a request that
+hangs, a 5xx for a good request, a bad one not refused, or a difference; the case's repository and requests are kept
+with `--keep DIR`.
 
     /usr/bin/python3 tests/fuzz/fuzz_serve.py --build build --cases 40 --seed 1
 
@@ -96,6 +99,17 @@ def make_body(r, inputs, arrays, outputs, binary_in, binary_out, rid):
     return js, {}
 
 
+def rewrite_header(body, headers, edit):
+    """The request with edit(its JSON header) applied, binary part kept."""
+    hl = int(headers["Inference-Header-Content-Length"]) if headers else len(body)
+    js = json.loads(body[:hl])
+    edit(js)
+    head = json.dumps(js).encode()
+    if headers:
+        return head + body[hl:], {"Inference-Header-Content-Length": str(len(head))}
+    return head, {}
+
+
 def parse_answer(status, headers, body):
     """(status, id or None, {output name: array}) of an infer answer; raises ValueError on a malformed one."""
     hl = headers.get("Inference-Header-Content-Length")
@@ -126,6 +140,21 @@ def post(port, path, body, headers, timeout):
         c.request("POST", path, body=body, headers=h)
         resp = c.getresponse()
         return resp.status, dict(resp.getheaders()), resp.read()
+    finally:
+        c.close()
+
+
+def abandon(port, path, body, headers):
+    """Sends the request's headers and half its body, then closes the connection."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        c.putrequest("POST", path)
+        h = {"Content-Type": "application/json", "Content-Length": str(len(body))}
+        h.update(headers)
+        for k, v in h.items():
+            c.putheader(k, v)
+        c.endheaders()
+        c.send(body[:len(body) // 2])
     finally:
         c.close()
 
@@ -218,10 +247,14 @@ def prepare(args, seed, stage, rng):
     max_batch = rng.choice([4, 8, 16])
     batched = [f"max_batch_size = {max_batch}",
                f"max_queue_delay_us = {rng.choice([500, 2000, 10000, 30000])}",
-               f"instances = {rng.choice([1, 1, 2])}", "threads = 1"]
+               f"instances = {rng.choice([1, 1, 2])}", f"threads = {rng.choice([1, 1, 1, 2])}"]
     if rng.random() < 0.4:
         batched.append(f"preferred_batch_sizes = {sorted(rng.sample([2, 3, 4], rng.randint(1, 2)))}")
     reference = ["max_batch_size = 16", "max_queue_delay_us = 0", "threads = 1"]
+    bf16 = rng.random() < 0.2  # both in bf16: batched and alone then round at other places (a wider tolerance)
+    if bf16:
+        batched.append('precision = "bf16"')
+        reference.append('precision = "bf16"')
     if not dynamic:
         batched.append("dynamic_batch = true")
         reference.append("dynamic_batch = true")
@@ -230,7 +263,8 @@ def prepare(args, seed, stage, rng):
         shutil.copy(model, os.path.join(stage, name, "1", "model.onnx"))
         with open(os.path.join(stage, name, "config.toml"), "w") as f:
             f.write("\n".join(cfg) + "\n")
-    return {"seed": seed, "inputs": ins, "outputs": outs, "max_batch": max_batch, "config": batched}, None
+    tol = max(args.tolerance, 3e-2) if bf16 else args.tolerance
+    return {"seed": seed, "inputs": ins, "outputs": outs, "max_batch": max_batch, "config": batched, "tol": tol}, None
 
 
 def draw_request(r, rng, plan, rid, bad_kind=None):
@@ -272,6 +306,8 @@ def draw_request(r, rng, plan, rid, bad_kind=None):
         else:
             js["inputs"][k]["data"] = cut[k].tolist()
             body, headers = json.dumps(js).encode(), {}
+    elif bad_kind == "deadline":  # a good request with a queue deadline of 1 us: served, or 504 and never run
+        body, headers = rewrite_header(body, headers, lambda js: js.setdefault("parameters", {}).update(timeout=1))
     desc = (f"rows {rows}, {'binary' if binary_in else 'JSON'} in, {'binary' if binary_out else 'JSON'} out, "
             f"outputs {outputs if outputs is not None else 'all'}" + (f", bad: {bad_kind}" if bad_kind else ""))
     return body, headers, bad_kind, desc
@@ -318,18 +354,23 @@ def fuzz_loaded(args, server, plan, r, rng):
             return "fail", f"the reference refused one row of a 2-row request it ran: {st} {b[:300]!r}", []
         _, _, one = parse_answer(st, h, b)
         for k in one:
-            if both[k].ndim == 0 or both[k].shape[0] != 2 or rel_err(both[k][row:row + 1], one[k]) > args.tolerance:
+            if both[k].ndim == 0 or both[k].shape[0] != 2 or rel_err(both[k][row:row + 1], one[k]) > plan["tol"]:
                 return "unbatchable", f"output {k}: row {row} of 2 differs from the row alone", []
     # The concurrent burst to the batched model.
     n = r.randint(16, 32)
     reqs = []
     for i in range(n):
-        bad = r.choice(["dtype", "dim", "rows", "length"]) if r.random() < 1 / 6 else None
+        x = r.random()
+        bad = r.choice(["dtype", "dim", "rows", "length"]) if x < 1 / 6 else "abandon" if x < 0.22 else \
+            "deadline" if x < 0.27 else None
         reqs.append((f"req-{seed}-{i}",) + draw_request(r, rng, plan, f"req-{seed}-{i}", bad))
 
     def send(q):
-        rid, body, hdr, _, _ = q
+        rid, body, hdr, bad, _ = q
         try:
+            if bad == "abandon":  # half the body, then the connection closed
+                abandon(server.port, bpath, body, hdr)
+                return ("abandoned", {}, b"")
             return post(server.port, bpath, body, hdr, t)
         except Exception as e:  # a timeout, a reset connection
             return ("error", str(e), b"")
@@ -341,7 +382,9 @@ def fuzz_loaded(args, server, plan, r, rng):
         log.append({"id": rid, "desc": desc, "status": st, "headers": hdr, "body": body.decode("latin-1")})
         if st == "error":
             return "fail", f"{rid} ({desc}): {h}" + ("; the server died" if not server.alive() else ""), log
-        if bad:
+        if bad == "abandon" or (bad == "deadline" and st == 504):
+            continue
+        if bad and bad != "deadline":
             if st != 400:
                 return "fail", f"{rid} ({desc}): status {st} instead of 400: {b[:300]!r}", log
             continue
@@ -350,11 +393,13 @@ def fuzz_loaded(args, server, plan, r, rng):
         _, got_id, got = parse_answer(st, h, b)
         if got_id != rid:
             return "fail", f"{rid} ({desc}): id {got_id!r} echoed", log
+        if bad == "deadline":
+            body, hdr = rewrite_header(body, hdr, lambda js: js["parameters"].pop("timeout"))
         rst, rh, rb = post(server.port, rpath, body, hdr, t)
         if rst != 200:
             return "fail", f"{rid} ({desc}): the reference answered {rst}: {rb[:300]!r}", log
         _, _, want = parse_answer(rst, rh, rb)
-        diff = compare(got, want, args.tolerance)
+        diff = compare(got, want, plan["tol"])
         if diff:
             return "fail", f"{rid} ({desc}): batched and alone differ: {diff}", log
     rows, execs = batch_stats(server.port, f"b{seed}")
@@ -442,7 +487,9 @@ def main():
             counts["fail"] += 1
     summary = ", ".join(f"{v} {k}" for k, v in counts.items())
     rows, execs = args.rows, args.execs
-    avg = f"; batched models ran {rows} rows in {execs} executions" + (f" ({rows / execs:.2f} a batch)" if execs else "")
+    avg = f"; batched models ran {rows} rows in {execs} executions"
+    if execs:
+        avg += f" ({rows / execs:.2f} a batch)"
     print(f"fuzz_serve: {args.cases} cases from seed {args.seed}: {summary}{avg}")
     return 1 if counts["fail"] else 0
 
