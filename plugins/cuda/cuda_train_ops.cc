@@ -2,11 +2,12 @@
 // that the gradient rules (ops/gradients.cc) emit and the ONNX loss that eager training runs forward.
 //
 //   keel.ConvGrad            dX by cudnnConvolutionBackwardData, dW by cudnnConvolutionBackwardFilter, dB by a
-//                            per-channel sum; 1-D / 2-D / 3-D, groups, strides, dilations, symmetric pads. The two
+//                            per-channel sum; 1-D / 2-D / 3-D, groups, strides, dilations, pads (asymmetric ones:
+//                            X padded explicitly by the difference, dX cropped out, as the forward Conv). The two
 //                            algorithms are chosen once per shape (cuDNN's heuristics, workspace bounded as the
 //                            forward's) and cached in the kernel with the descriptors (KEEL_CUDNN_GRAPH=1: both
-//                            through cuDNN's graph API with cached plans, cuda_dnn_graph.h). Asymmetric pads and a dY
-//                            whose spatial size is not the convolution's output are rejected (the CPU runs them).
+//                            through cuDNN's graph API with cached plans, cuda_dnn_graph.h). A dY whose spatial size
+//                            is not the convolution's output is rejected (the CPU runs it).
 //   keel.MaxPoolGrad, keel.AveragePoolGrad     own scatter kernels (f32 atomics; direct writes in the data's dtype
 //                            when windows do not overlap), 1-3 spatial dims, the pooling attributes as the forward
 //                            (auto_pad, ceil_mode, dilations, count_include_pad).
@@ -32,6 +33,7 @@
 
 #include "cuda_common.h"
 #include "cuda_dnn_graph.h"
+#include "cuda_dnn_kernels.h"
 #include "cuda_dnn_util.h"
 #include "cuda_train_kernels.h"
 
@@ -607,16 +609,35 @@ class ConvGradK : public Kernel {
     const size_t need_dx = !want_dx ? 0 : g_dx ? p.graph_data->workspace(h.get()) : p.ws_data;
     const size_t need_dw = !want_dw ? 0 : g_dw ? p.graph_filter->workspace(h.get()) : p.ws_filter;
     void* ws = c.workspace(std::max(need_dx, need_dw));
-    if (want_dx && !(g_dx && graph_conv(p.graph_data, h.get(), dx->data, c.data(2), c.data(0), ws, "ConvGrad dX"))) {
+    // Asymmetric pads: X padded explicitly for dW, dX computed over the padded shape and cropped out (Plan).
+    const void* x_in = c.data(1);
+    void* dx_out = want_dx ? dx->data : nullptr;
+    const int prank = static_cast<int>(p.x_padded.size());
+    if (p.explicit_pad) {
+      const auto bytes = static_cast<uint64_t>(numel(p.x_padded) * dtype_size(dt_));
+      if (want_dw) {
+        void* padded = c.workspace(bytes);
+        check_cuda(launch_pad(dt_, c.data(1), p.x4.data(), padded, p.x_padded.data(), p.pad_before.data(), prank, 0.f,
+                              c.stream()),
+                   ("ConvGrad X padding, " + p.shapes).c_str());
+        x_in = padded;
+      }
+      if (want_dx) dx_out = c.workspace(bytes);
+    }
+    if (want_dx && !(g_dx && graph_conv(p.graph_data, h.get(), dx_out, c.data(2), c.data(0), ws, "ConvGrad dX"))) {
       void* wsd = g_dx ? c.workspace(p.ws_data) : ws;
       check_dnn(
           cudnnConvolutionBackwardData(h.get(), &one, p.wd.get(), c.data(2), p.dyd.get(), c.data(0), p.cd_data.get(),
-                                       p.algo_data, wsd, p.ws_data, &zero_f, p.xd.get(), dx->data),
+                                       p.algo_data, wsd, p.ws_data, &zero_f, p.xd.get(), dx_out),
           "cudnnConvolutionBackwardData", p.shapes);
     }
-    if (want_dw && !(g_dw && graph_conv(p.graph_filter, h.get(), c.data(1), dw->data, c.data(0), ws, "ConvGrad dW"))) {
+    if (want_dx && p.explicit_pad)
+      check_cuda(launch_pad(dt_, dx_out, p.x_padded.data(), dx->data, p.x4.data(), p.crop_before.data(), prank, 0.f,
+                            c.stream()),
+                 ("ConvGrad dX crop, " + p.shapes).c_str());
+    if (want_dw && !(g_dw && graph_conv(p.graph_filter, h.get(), x_in, dw->data, c.data(0), ws, "ConvGrad dW"))) {
       void* wsf = g_dw ? c.workspace(p.ws_filter) : ws;
-      check_dnn(cudnnConvolutionBackwardFilter(h.get(), &one, p.xd.get(), c.data(1), p.dyd.get(), c.data(0),
+      check_dnn(cudnnConvolutionBackwardFilter(h.get(), &one, p.xd.get(), x_in, p.dyd.get(), c.data(0),
                                                p.cd_filter.get(), p.algo_filter, wsf, p.ws_filter, &zero_f, p.wd.get(),
                                                dw->data),
                 "cudnnConvolutionBackwardFilter", p.shapes);
@@ -627,6 +648,12 @@ class ConvGradK : public Kernel {
   struct Plan {
     Dims dy, x, w;
     Dims x4, dy4, w4, pads4, strides4, dil4;  // as cuDNN sees them (1-D lifted to 2-D; symmetric pads)
+    // Asymmetric pads: cuDNN takes one pad per axis, the smaller; X is padded explicitly by the difference (x_padded,
+    // X placed at pad_before) for dW, and dX is computed over x_padded and cropped out of it (crop_before, launch_pad's
+    // convention: minus X's offset in x_padded). The padded positions hold zeros, so dW is the convolution's; their
+    // gradients are dropped.
+    bool explicit_pad = false;
+    Dims x_padded, pad_before, crop_before;
     std::string shapes;
     TensorDesc xd, dyd;
     FilterDesc wd;
@@ -639,7 +666,7 @@ class ConvGradK : public Kernel {
   };
 
   // Descriptors of the problem (no handle needed); throws Failure UNIMPLEMENTED for what cuDNN cannot express here:
-  // asymmetric pads, or a dY whose spatial size is not the one the forward convolution of X gives.
+  // a dY whose spatial size is not the one the forward convolution of X gives.
   void describe(Plan& p, const Dims& dy, const Dims& x, const Dims& w) const {
     const Dims in(x.begin() + 2, x.end()), kernel(w.begin() + 2, w.end());
     if (!attrs_.kernel_shape.empty() && attrs_.kernel_shape != kernel)
@@ -650,13 +677,24 @@ class ConvGradK : public Kernel {
     p.x = x;
     p.w = w;
     p.shapes = "dY " + dims_str(dy) + ", X " + dims_str(x) + ", W " + dims_str(w) + ", pads " + dims_str(g.pads);
-    Dims sym(r);
+    Dims sym(r), before(r), after(r);
     for (size_t i = 0; i < r; ++i) {
-      if (g.pads[i] != g.pads[i + r]) throw unimplemented("ConvGrad with asymmetric pads (" + p.shapes + ")");
-      sym[i] = g.pads[i];
+      sym[i] = std::min(g.pads[i], g.pads[i + r]);
+      before[i] = g.pads[i] - sym[i];
+      after[i] = g.pads[i + r] - sym[i];
+      if (before[i] != 0 || after[i] != 0) p.explicit_pad = true;
     }
     p.x4 = lift(x, 1), p.dy4 = lift(dy, 1), p.w4 = lift(w, 1);
-    p.xd.set(dt_, p.x4, "X");
+    const Dims before4 = lift_spatial(before, 0), after4 = lift_spatial(after, 0);
+    p.x_padded = p.x4;
+    p.pad_before.assign(p.x4.size(), 0);
+    p.crop_before.assign(p.x4.size(), 0);
+    for (size_t i = 0; i < before4.size(); ++i) {
+      p.x_padded[i + 2] += before4[i] + after4[i];
+      p.pad_before[i + 2] = before4[i];
+      p.crop_before[i + 2] = -before4[i];
+    }
+    p.xd.set(dt_, p.x_padded, "X");
     p.dyd.set(dt_, p.dy4, "dY");
     p.wd.set(dt_, p.w4);
     p.pads4 = lift_spatial(sym, 0), p.strides4 = lift_spatial(g.strides, 1), p.dil4 = lift_spatial(g.dilations, 1);
@@ -707,7 +745,7 @@ class ConvGradK : public Kernel {
               "cudnnGetConvolutionBackwardFilterWorkspaceSize", shapes);
     if (graph_api_enabled()) {
       const ConvProblem data{
-          ConvDirection::kBackwardData, dt_, p->x4, p->w4, p->dy4, p->pads4, p->strides4, p->dil4, shapes};
+          ConvDirection::kBackwardData, dt_, p->x_padded, p->w4, p->dy4, p->pads4, p->strides4, p->dil4, shapes};
       ConvProblem filter = data;
       filter.dir = ConvDirection::kBackwardFilter;
       p->graph_data = std::make_unique<GraphConv>(data);
