@@ -626,10 +626,9 @@ class ConvGradK : public Kernel {
     }
     if (want_dx && !(g_dx && graph_conv(p.graph_data, h.get(), dx_out, c.data(2), c.data(0), ws, "ConvGrad dX"))) {
       void* wsd = g_dx ? c.workspace(p.ws_data) : ws;
-      check_dnn(
-          cudnnConvolutionBackwardData(h.get(), &one, p.wd.get(), c.data(2), p.dyd.get(), c.data(0), p.cd_data.get(),
-                                       p.algo_data, wsd, p.ws_data, &zero_f, p.xd.get(), dx_out),
-          "cudnnConvolutionBackwardData", p.shapes);
+      check_dnn(cudnnConvolutionBackwardData(h.get(), &one, p.wd.get(), c.data(2), p.dyd.get(), c.data(0),
+                                             p.cd_data.get(), p.algo_data, wsd, p.ws_data, &zero_f, p.xd.get(), dx_out),
+                "cudnnConvolutionBackwardData", p.shapes);
     }
     if (want_dx && p.explicit_pad)
       check_cuda(launch_pad(dt_, dx_out, p.x_padded.data(), dx->data, p.x4.data(), p.crop_before.data(), prank, 0.f,
@@ -637,10 +636,10 @@ class ConvGradK : public Kernel {
                  ("ConvGrad dX crop, " + p.shapes).c_str());
     if (want_dw && !(g_dw && graph_conv(p.graph_filter, h.get(), x_in, dw->data, c.data(0), ws, "ConvGrad dW"))) {
       void* wsf = g_dw ? c.workspace(p.ws_filter) : ws;
-      check_dnn(cudnnConvolutionBackwardFilter(h.get(), &one, p.xd.get(), x_in, p.dyd.get(), c.data(0),
-                                               p.cd_filter.get(), p.algo_filter, wsf, p.ws_filter, &zero_f, p.wd.get(),
-                                               dw->data),
-                "cudnnConvolutionBackwardFilter", p.shapes);
+      check_dnn(
+          cudnnConvolutionBackwardFilter(h.get(), &one, p.xd.get(), x_in, p.dyd.get(), c.data(0), p.cd_filter.get(),
+                                         p.algo_filter, wsf, p.ws_filter, &zero_f, p.wd.get(), dw->data),
+          "cudnnConvolutionBackwardFilter", p.shapes);
     }
   }
 

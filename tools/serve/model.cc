@@ -273,14 +273,7 @@ StatusOr<std::unique_ptr<ServedModel>> ServedModel::create(Environment& env, std
     if (i == 0 && !sizes.empty()) sizes.push_back(sizes.front());
     for (size_t k = 0; k < sizes.size(); ++k) {
       const int64_t rows = sizes[k];
-      std::vector<std::pair<std::string, Tensor>> feeds;
-      for (const auto& spec : p->inputs_) {
-        Shape shape = spec.shape;
-        for (size_t d = 0; d < shape.size(); ++d)
-          if (shape[d] < 0) shape[d] = d == 0 ? rows : 1;
-        KEEL_ASSIGN_OR_RETURN(Tensor t, Tensor::host(spec.dtype, shape), instance + ": warm-up input " + spec.name);
-        feeds.emplace_back(spec.name, std::move(t));
-      }
+      KEEL_ASSIGN_OR_RETURN(auto feeds, p->zero_feeds(rows), instance + ": warm-up");
       const auto t0 = clock::now();
       auto out = p->sessions_[i]->run(feeds);
       if (!out.is_ok()) {
@@ -357,6 +350,18 @@ StatusOr<std::unique_ptr<ServedModel>> ServedModel::create(Environment& env, std
 
 ServedModel::~ServedModel() { shutdown(); }
 
+StatusOr<std::vector<std::pair<std::string, Tensor>>> ServedModel::zero_feeds(int64_t rows) const {
+  std::vector<std::pair<std::string, Tensor>> feeds;
+  for (const auto& spec : inputs_) {
+    Shape shape = spec.shape;
+    for (size_t d = 0; d < shape.size(); ++d)
+      if (shape[d] < 0) shape[d] = d == 0 ? rows : 1;
+    KEEL_ASSIGN_OR_RETURN(Tensor t, Tensor::host(spec.dtype, shape), "input " + spec.name);
+    feeds.emplace_back(spec.name, std::move(t));
+  }
+  return feeds;
+}
+
 Status ServedModel::check_batch_dim(Session& session, const std::string& who) const {
   if (config_.max_batch_size < 2) return Status::ok();
   const std::string why = config_.dynamic_batch ? " (dynamic_batch = true made its first dim dynamic, but the graph "
@@ -364,14 +369,7 @@ Status ServedModel::check_batch_dim(Session& session, const std::string& who) co
                                                   "max_batch_size = 0)"
                                                 : " (export it with a batch dim free throughout, or set "
                                                   "max_batch_size = 0)";
-  std::vector<std::pair<std::string, Tensor>> feeds;
-  for (const auto& spec : inputs_) {
-    Shape shape = spec.shape;
-    for (size_t d = 0; d < shape.size(); ++d)
-      if (shape[d] < 0) shape[d] = d == 0 ? 2 : 1;
-    KEEL_ASSIGN_OR_RETURN(Tensor t, Tensor::host(spec.dtype, shape), who + ": batch check input " + spec.name);
-    feeds.emplace_back(spec.name, std::move(t));
-  }
+  KEEL_ASSIGN_OR_RETURN(auto feeds, zero_feeds(2), who + ": batch check");
   auto out = session.run(feeds);
   if (!out.is_ok())
     return invalid_argument(who + ": max_batch_size " + std::to_string(config_.max_batch_size) +

@@ -165,6 +165,8 @@ class ServedModel {
   // cannot undo) is refused here, naming the node, instead of failing only the requests that happen to be batched
   // with another, under load.
   Status check_batch_dim(Session& session, const std::string& who) const;
+  // Zeros of every input at `rows` rows (other dynamic dims 1): the warm-up's and the batch check's feeds.
+  StatusOr<std::vector<std::pair<std::string, Tensor>>> zero_feeds(int64_t rows) const;
   bool compatible(const Request& a, const Request& b) const;
 
   std::string name_;
