@@ -38,6 +38,7 @@
 
 #include "core/base/dtype.h"
 #include "core/runtime/dist/process_group.h"
+#include "tests/collectives/collective_script.h"
 #include "tests/collectives/collective_test_util.h"
 
 extern char** environ;
@@ -873,6 +874,107 @@ TEST(GlooCollectives, APeerProcessKilledDuringLargeAllReducesIsNamed) {
   EXPECT_LT(seconds_since(killed_at), 4.0) << s.to_string();
   EXPECT_EQ(comm->barrier().code(), StatusCode::kFailedPrecondition);
   fs::remove_all(dir);
+}
+
+// A fuzzer of the plugin across processes: each seed draws a world of 2-4 ranks, each its own process
+// (gloo_rank_helper `script`), running the same random script of collectives (collective_script.h: every kind, dtype
+// and algorithm, results checked exactly), and in three seeds of four one rank that dies at a random operation: it
+// exits or is SIGKILLed before it, is SIGKILLed 0-2 ms after starting it, or stalls (alive, silent) before it. Every
+// process but a stalled one must end within the timeout's reach (no hang), no operation may return a wrong element, a
+// world without a death must finish, and a rank that fails must say which peer: its error names the stalled rank or
+// one of the ranks that ended (the dead one, or one that failed before it), as "connection to rank R closed" or
+// "waiting on rank R". KEEL_GLOO_SCRIPT_SEED / _COUNT pick the seeds
+// (the test prints each seed's plan: a failure reruns alone with its seed and a count of 1).
+TEST(GlooCollectives, RandomScriptsAcrossProcessesWithAPeerDyingAnywhere) {
+  SKIP_WITHOUT_GLOO();
+  const std::string helper = KEEL_GLOO_RANK_HELPER;
+  namespace fs = std::filesystem;
+  const char* env_seed = std::getenv("KEEL_GLOO_SCRIPT_SEED");
+  const char* env_count = std::getenv("KEEL_GLOO_SCRIPT_COUNT");
+  const uint64_t first = env_seed ? std::strtoull(env_seed, nullptr, 10) : 1;
+  const uint64_t count = env_count ? std::strtoull(env_count, nullptr, 10) : 12;
+  constexpr int64_t kTimeoutMs = 2500;
+  for (uint64_t seed = first; seed < first + count; ++seed) {
+    const int32_t w = 2 + static_cast<int32_t>(seed % 3);
+    const auto script = keel::testing::make_script(seed, w);
+    std::mt19937_64 rng(seed);
+    const bool dies = rng() % 4 != 0;
+    const int32_t victim = dies ? static_cast<int32_t>(rng() % static_cast<uint64_t>(w)) : -1;
+    const size_t die_op = rng() % script.size();
+    const char* hows[] = {"exit", "kill", "mid", "stall"};
+    const std::string how = hows[rng() % 4];
+    const std::string die = std::to_string(die_op) + ":" + how + ":" + std::to_string(rng() % 2000);
+    std::string plan =
+        "seed " + std::to_string(seed) + ": " + std::to_string(w) + " ranks, " + std::to_string(script.size()) + " ops";
+    if (dies)
+      plan += ", rank " + std::to_string(victim) + " dies at op " + std::to_string(die_op) + " (" + die + ": " +
+              describe(script[die_op]) + ")";
+    std::printf("%s\n", plan.c_str());
+    SCOPED_TRACE(plan + "; rerun: KEEL_GLOO_SCRIPT_SEED=" + std::to_string(seed) +
+                 " KEEL_GLOO_SCRIPT_COUNT=1 gloo_collectives_test --gtest_filter='*RandomScripts*'");
+    const fs::path dir =
+        fs::temp_directory_path() / ("keel_gloo_script_" + std::to_string(::getpid()) + "_" + std::to_string(seed));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    std::vector<pid_t> pids(static_cast<size_t>(w), -1);
+    for (int32_t r = 0; r < w; ++r) {
+      std::vector<std::string> env = {"KEEL_SCRIPT_SEED=" + std::to_string(seed)};
+      if (r == victim) env.push_back("KEEL_SCRIPT_DIE=" + die);
+      pids[static_cast<size_t>(r)] = spawn_helper(
+          {helper, dir.string(), std::to_string(r), std::to_string(w), std::to_string(kTimeoutMs), "script"}, env,
+          (dir / (std::to_string(r) + ".err")).string());
+      ASSERT_GT(pids[static_cast<size_t>(r)], 0) << helper;
+    }
+    // Each rank fails at most once and then ends, which its peers see at once (a closed connection) or within the
+    // timeout: every process ends within a timeout per rank plus the start-up.
+    std::vector<int> code(static_cast<size_t>(w), -1);
+    const auto deadline = Clock::now() + std::chrono::milliseconds(kTimeoutMs * (w + 1) + 10000);
+    size_t left = pids.size() - (how == "stall" && dies ? 1 : 0);  // a stalled rank is ended below
+    while (left > 0 && Clock::now() < deadline) {
+      for (size_t r = 0; r < pids.size(); ++r) {
+        int status = 0;
+        if (static_cast<int32_t>(r) == victim && how == "stall") continue;
+        if (code[r] != -1 || ::waitpid(pids[r], &status, WNOHANG) != pids[r]) continue;
+        code[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        --left;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    std::vector<std::string> err(static_cast<size_t>(w));
+    for (size_t r = 0; r < pids.size(); ++r) {
+      if (code[r] == -1) {  // a hang (or the stalled rank): end it
+        ::kill(pids[r], SIGKILL);
+        ::waitpid(pids[r], nullptr, 0);
+        if (static_cast<int32_t>(r) == victim && how == "stall") code[r] = 128 + SIGKILL;
+      }
+      err[r] = read_file((dir / (std::to_string(r) + ".err")).string());
+    }
+    for (int32_t r = 0; r < w; ++r) {
+      const auto i = static_cast<size_t>(r);
+      EXPECT_NE(code[i], -1) << "rank " << r << " still running at the deadline: " << err[i];
+      EXPECT_NE(code[i], 5) << "rank " << r << " got a wrong result: " << err[i];
+      if (r == victim) {
+        EXPECT_TRUE(code[i] == 9 || code[i] == 128 + SIGKILL || (how == "mid" && code[i] == 0))
+            << "the dying rank " << r << " ended with " << code[i] << ": " << err[i];
+        continue;
+      }
+      if (!dies) {
+        EXPECT_EQ(code[i], 0) << "rank " << r << " (no rank dies): " << err[i];
+        continue;
+      }
+      EXPECT_TRUE(code[i] == 0 || code[i] == 6) << "rank " << r << " ended with " << code[i] << ": " << err[i];
+      if (code[i] != 6) continue;
+      bool names_an_ended_rank = false;
+      for (int32_t q = 0; q < w; ++q)
+        if (q != r && code[static_cast<size_t>(q)] != 0 &&
+            (err[i].find("connection to rank " + std::to_string(q) + " ") != std::string::npos ||
+             err[i].find("waiting on rank " + std::to_string(q) + ")") != std::string::npos))
+          names_an_ended_rank = true;
+      EXPECT_TRUE(names_an_ended_rank) << "rank " << r << "'s error names no rank that ended: " << err[i];
+    }
+    fs::remove_all(dir);
+    if (::testing::Test::HasFailure()) break;
+  }
 }
 
 // Whether this environment lets a process read another's memory (process_vm_readv on a child that opened itself as

@@ -6,20 +6,63 @@
 // again, checking each result, until one fails (for a test to kill it mid-collective); with `big` it all-reduces
 // 1,000,003 floats out of place (sum) and 700,001 doubles in place (average), rank-dependent values, and checks every
 // element. Exit codes: 0 fine (or the wait ran out), 2 bad arguments, 3 the plugin is
-// missing, 4 the communicator could not be created, 5 the all-reduce failed or was wrong.
+// missing, 4 the communicator could not be created, 5 the all-reduce failed or was wrong. With `script` it runs the
+// random script of collectives of $KEEL_SCRIPT_SEED (collective_script.h) and, where $KEEL_SCRIPT_DIE is
+// "OP:HOW:DELAY_US", dies at operation OP: HOW "exit" (exit code 9 before it), "kill" (SIGKILL before it), "mid"
+// (SIGKILL DELAY_US after starting it) or "stall" (sleeps 60 s before it, then exits 9); exit codes then: 0 every
+// operation ran right, 5 one gave a wrong element, 6 one returned an error (printed on stderr, with the operation's
+// index).
+#include <signal.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "tests/collectives/collective_script.h"
 #include "tests/collectives/collective_test_util.h"
+
+namespace {
+
+int run_script(const keel::hal::Communicator& comm) {
+  const char* seed = std::getenv("KEEL_SCRIPT_SEED");
+  const char* die = std::getenv("KEEL_SCRIPT_DIE");
+  const auto script = keel::testing::make_script(std::strtoull(seed ? seed : "1", nullptr, 10), comm.size());
+  long die_op = -1, delay_us = 0;
+  char how[8] = "";
+  if (die && *die && std::sscanf(die, "%ld:%7[a-z]:%ld", &die_op, how, &delay_us) != 3) return 2;
+  for (size_t k = 0; k < script.size(); ++k) {
+    if (static_cast<long>(k) == die_op) {
+      if (std::strcmp(how, "exit") == 0) std::_Exit(9);
+      if (std::strcmp(how, "kill") == 0) ::raise(SIGKILL);
+      if (std::strcmp(how, "stall") == 0) {  // alive but silent: its peers must time out naming it
+        std::this_thread::sleep_for(std::chrono::seconds(60));
+        std::_Exit(9);
+      }
+      std::thread([delay_us] {
+        std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+        ::raise(SIGKILL);
+      }).detach();
+    }
+    const std::string got = keel::testing::run_script_op(comm, script[k]);
+    if (!got.empty()) {
+      std::fprintf(stderr, "gloo_rank_helper: rank %d: op %zu: %s\n", comm.rank(), k, got.c_str());
+      return got.rfind("wrong", 0) == 0 ? 5 : 6;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   const std::string mode = argc == 6 ? argv[5] : "";
-  if (argc != 5 && !(argc == 6 && (mode == "allreduce" || mode == "loop" || mode == "big"))) {
-    std::fprintf(stderr, "usage: %s STORE_DIR RANK SIZE TIMEOUT_MS [allreduce|loop|big]\n", argv[0]);
+  if (argc != 5 && !(argc == 6 && (mode == "allreduce" || mode == "loop" || mode == "big" || mode == "script"))) {
+    std::fprintf(stderr, "usage: %s STORE_DIR RANK SIZE TIMEOUT_MS [allreduce|loop|big|script]\n", argv[0]);
     return 2;
   }
   const int32_t rank = std::atoi(argv[2]), size = std::atoi(argv[3]);
@@ -36,6 +79,7 @@ int main(int argc, char** argv) {
     return 4;
   }
   const char one = 1;
+  if (mode == "script") return run_script(*comm);
   if (mode == "loop") {
     keel_status_release(store.c.set(&store.c, ("test/ready/" + std::to_string(rank)).c_str(), &one, 1));
     std::vector<float> x(size_t{4} << 20);
