@@ -13,10 +13,11 @@ threads, in JSON (flat or nested data) or with the binary tensor extension, each
 them, binary or not, with an `id`; about one in six is bad on purpose (a wrong datatype, a wrong fixed dim, more rows
 than max_batch_size, data of the wrong length) and must get 400 without disturbing the requests batched with it; one
 in twenty is abandoned (half its body sent, then the connection closed) and one in twenty has a queue deadline of 1 us
-(served, or 504). Every good request is then sent alone to `rN`; the two answers must agree (outputs and their shapes,
-the id, values within a relative L2 error of --tolerance, 3e-2 in bf16). Fails on a server that dies, a request that
-hangs, a 5xx for a good request, a bad one not refused, or a difference; the case's repository and requests are kept
-with `--keep DIR`.
+(served, or 504); in one case of four a version 2 of `bN` (the same file) is loaded in the middle of the burst, which
+must lose none of the requests version 1 accepted. Every good request is then sent alone to `rN`; the two answers must
+agree (outputs and their shapes, the id, values within a relative L2 error of --tolerance, 3e-2 in bf16). Fails on a
+server that dies, a request that hangs, a 5xx for a good request, a bad one not refused, or a difference; the case's
+repository and requests are kept with `--keep DIR`.
 
     /usr/bin/python3 tests/fuzz/fuzz_serve.py --build build --cases 40 --seed 1
 
@@ -375,8 +376,25 @@ def fuzz_loaded(args, server, plan, r, rng):
         except Exception as e:  # a timeout, a reset connection
             return ("error", str(e), b"")
 
+    # One case in four loads a version 2 of the batched model (the same file) in the middle of the burst: requests
+    # without a version move to it, and none of those accepted by version 1 may be lost.
+    reload = r.random() < 0.25
+
+    def reload_now():
+        d = os.path.join(args.repo, f"b{seed}", "2")
+        os.makedirs(d, exist_ok=True)
+        shutil.copy(os.path.join(args.repo, f"b{seed}", "1", "model.onnx"), os.path.join(d, "model.onnx"))
+        return post(server.port, f"/v2/repository/models/b{seed}/load", b"", {}, t * 4)
+
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.concurrency) as pool:
-        answers = list(pool.map(send, reqs))
+        futures = [pool.submit(send, q) for q in reqs[:n // 2]]
+        reloaded = pool.submit(reload_now) if reload else None
+        futures += [pool.submit(send, q) for q in reqs[n // 2:]]
+        answers = [f.result() for f in futures]
+        if reloaded is not None:
+            st, _, b = reloaded.result()
+            if st != 200:
+                return "fail", f"loading version 2 of b{seed} during the burst: {st} {b[:300]!r}", []
     log = []
     for (rid, body, hdr, bad, desc), (st, h, b) in zip(reqs, answers):
         log.append({"id": rid, "desc": desc, "status": st, "headers": hdr, "body": body.decode("latin-1")})
@@ -413,9 +431,9 @@ def batch_stats(port, model):
     st, text = get(port, "/metrics")
     found = {}
     for line in text.decode().splitlines():
-        m = re.match(r'keel_inference_(count|exec_count)\{model="([^"]+)",version="1"\} (\d+)', line)
+        m = re.match(r'keel_inference_(count|exec_count)\{model="([^"]+)",version="\d+"\} (\d+)', line)
         if m and m.group(2) == model:
-            found[m.group(1)] = int(m.group(3))
+            found[m.group(1)] = found.get(m.group(1), 0) + int(m.group(3))
     return found.get("count", 0), found.get("exec_count", 0)
 
 
@@ -446,6 +464,7 @@ def main():
                 plans.append(plan)
         server = Server(keel, repo, os.path.join(work, "server.log"))
         args.rows = args.execs = 0
+        args.repo = repo
         try:
             for plan in plans:
                 seed = plan["seed"]
