@@ -14,7 +14,9 @@
 # 8. The C++ training API: sdk/examples/train_cnn builds against keel::train alone (no libkeel.so in its NEEDED
 #    libraries), trains on a small synthetic Fashion-MNIST-shaped IDX set with workers and bf16 autocast, saves a
 #    checkpoint and an ONNX file that the installed `keel run` runs; keel::keel + keel::train in one target is a
-#    CMake error; a program built with `pkg-config keel-train` runs; libkeel_train's RUNPATH is $ORIGIN.
+#    CMake error; a program built with `pkg-config keel-train` runs; libkeel_train's RUNPATH is $ORIGIN. The same
+#    program trains data-parallel as 2 ranks under the installed `keel launch` (Gloo): rank 0 alone reports, saves
+#    and exports, and its model is as accurate.
 set -euo pipefail
 BUILD=$1 SRC=$2 MAKE_MODEL=$3 CMAKE=$4 GENERATOR=${5:-Ninja}
 T=$(mktemp -d "${TMPDIR:-/tmp}/keel-install-test.XXXXXX")
@@ -140,6 +142,23 @@ python3 -c "import sys; sys.exit(0 if float('$acc') >= 0.9 else 1)" || die "the 
 [ -s "$T/cnn.safetensors" ] || die "no checkpoint"
 "$P/bin/keel" --log-level error run "$T/cnn.onnx" --output-dir "$T/run-out" > "$T/keel-run-cnn.txt" 2>&1 \
   || { cat "$T/keel-run-cnn.txt"; die "keel run on train_cnn's ONNX"; }
+
+step "the same program data-parallel: 2 ranks under the installed keel launch (Gloo)"
+if [ -e "$P/lib/keel/plugins/gloo.keel-plugin.toml" ]; then
+  (cd "$T" && env -u KEEL_PLUGIN_PATH timeout 300 "$P/bin/keel" launch --nproc-per-node 2 -- "$TRAIN_CNN" \
+     --data "$T/fmnist" --epochs 2 --workers 1 --threads 1 --amp none --checkpoint "$T/cnn_dp.safetensors" \
+     --onnx "$T/cnn_dp.onnx") > "$T/train_cnn_dp.txt" 2>&1 || { cat "$T/train_cnn_dp.txt"; die "train_cnn under keel launch"; }
+  cat "$T/train_cnn_dp.txt"
+  grep -q "^\[rank 0\] train_cnn: .*world size 2 (gloo)" "$T/train_cnn_dp.txt" || die "train_cnn did not run as 2 ranks"
+  grep -q "^\[rank 0\] epoch 2/2: " "$T/train_cnn_dp.txt" || die "rank 0 did not train two epochs"
+  grep -q "^\[rank 1\] epoch" "$T/train_cnn_dp.txt" && die "rank 1 printed epochs (rank 0 alone reports)"
+  acc=$(sed -n 's/^\[rank 0\] exported.*Session test accuracy \([0-9.]*\).*/\1/p' "$T/train_cnn_dp.txt")
+  [ -n "$acc" ] || die "rank 0 did not export and run the data-parallel model"
+  python3 -c "import sys; sys.exit(0 if float('$acc') >= 0.9 else 1)" || die "the data-parallel model's accuracy $acc < 0.9"
+  [ -s "$T/cnn_dp.safetensors" ] || die "no checkpoint from rank 0"
+else
+  echo "(skipped: the gloo plugin is not installed)"
+fi
 
 step "keel::keel and keel::train in one target is refused (one core per process)"
 mkdir -p "$T/src/both"

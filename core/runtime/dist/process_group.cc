@@ -148,6 +148,9 @@ StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::create_with_store(Environm
   if (!store) return invalid_argument("process group: no store");
   if (timeout_ms <= 0) timeout_ms = kDefaultTimeoutMs;
   KEEL_ASSIGN_OR_RETURN(const CollectiveEntry* entry, find_collective(env, backend), "process group");
+  // A host collective (Gloo) works on host memory, whatever rank this is: the index, which a program passes as its
+  // LOCAL_RANK for GPUs (the header's example), names no device there.
+  if (entry->device_type == "cpu") device_index = 0;
   const DeviceEntry* dev = env.registry().device(entry->device_type);
   if (dev && (device_index < 0 || device_index >= dev->device_count))
     return Status(StatusCode::kOutOfRange, "process group: device " + entry->device_type + ":" +

@@ -3,8 +3,14 @@
 // threads, autocast (bf16 by default) and a GradScaler, evaluates on the test set after every epoch, saves a
 // checkpoint (safetensors, resumable) and exports ONNX, then runs the exported model through a Session.
 //
+// Started as one of several ranks (`keel launch --nproc-per-node 2 -- train_cnn ...`, or torchrun, mpirun, srun: the
+// identity comes from the environment) it trains data-parallel, as `paddle.DataParallel(model)` does: a process group
+// over the launcher's store, the model wrapped in DataParallel (rank 0's weights broadcast, gradients averaged during
+// backward), each rank on its shard of every epoch, the epoch's metrics summed over the ranks, and rank 0 alone
+// printing, saving the checkpoint and exporting.
+//
 //   train_cnn [--data DIR] [--epochs N] [--limit N] [--batch N] [--lr X] [--workers N] [--threads N]
-//             [--amp none|bf16|fp16] [--seed N] [--checkpoint FILE] [--onnx FILE]
+//             [--amp none|bf16|fp16] [--seed N] [--checkpoint FILE] [--onnx FILE] [--fused 0|1]
 //
 // The defaults are `keel train`'s (SGD lr 0.01 momentum 0.9, batch 64, seed 0, one loader worker), so with the same
 // --amp, --threads and seed both train the same network from the same initial weights in the same data order.
@@ -23,17 +29,25 @@
 namespace nn = keel::train::nn;
 using keel::eager::Tensor;
 
-// The model: PaddlePaddle's `class SimpleCNN(nn.Layer)` (Conv2D → ReLU → MaxPool2D → flatten → Linear).
+// The model: PaddlePaddle's `class SimpleCNN(nn.Layer)` (Conv2D → ReLU → MaxPool2D → flatten → Linear). `fused`:
+// the convolution, its ReLU and the pooling as one module, Conv2DOptions(...).with_relu().with_max_pool(2), which runs
+// them as one kernel on the CPU (the convolution's output never stored whole; `keel train`'s SimpleCNN): the same
+// parameters in the same order, so the same initial weights.
 class SimpleCNN : public nn::Module {
  public:
-  SimpleCNN() : nn::Module("SimpleCNN") {
-    conv = register_module("conv", std::make_shared<nn::Conv2D>(1, 32, 3));
-    relu = register_module("relu", std::make_shared<nn::ReLU>());
-    pool = register_module("pool", std::make_shared<nn::MaxPool2D>(2));
+  explicit SimpleCNN(bool fused = false) : nn::Module("SimpleCNN") {
+    if (fused) {
+      conv = register_module(
+          "conv", std::make_shared<nn::Conv2D>(nn::Conv2DOptions(1, 32, {3, 3}).with_relu().with_max_pool(2)));
+    } else {
+      conv = register_module("conv", std::make_shared<nn::Conv2D>(1, 32, 3));
+      relu = register_module("relu", std::make_shared<nn::ReLU>());
+      pool = register_module("pool", std::make_shared<nn::MaxPool2D>(2));
+    }
     fc = register_module("fc", std::make_shared<nn::Linear>(32 * 13 * 13, 10));
   }
   Tensor forward(const Tensor& x) override {
-    Tensor h = pool->forward(relu->forward(conv->forward(x)));
+    Tensor h = pool ? pool->forward(relu->forward(conv->forward(x))) : conv->forward(x);
     return fc->forward(keel::eager::flatten(h, 1));
   }
   std::shared_ptr<nn::Conv2D> conv;
@@ -48,6 +62,7 @@ struct Args {
   std::string data = keel::train::FashionMnist::kDefaultDir, checkpoint = "simple_cnn.safetensors",
               onnx = "simple_cnn.onnx", amp = "bf16";
   int epochs = 1, workers = 1, threads = 0;
+  bool fused = false;
   int64_t limit = 0, batch = 64;
   double lr = 0.01;
   uint64_t seed = 0;
@@ -81,6 +96,7 @@ Args parse(int argc, char** argv) {
       else if (k == "--seed") a.seed = std::stoull(v);
       else if (k == "--checkpoint") a.checkpoint = v;
       else if (k == "--onnx") a.onnx = v;
+      else if (k == "--fused") a.fused = std::stoi(v) != 0;
       else fail("unknown option " + k);
     } catch (const std::logic_error&) {
       fail("bad value '" + v + "' for " + k);
@@ -142,19 +158,33 @@ int main(int argc, char** argv) {
   auto env = check(init_runtime(a.threads), "runtime");
   auto train = first_n(check(FashionMnist::load(a.data, FashionMnist::Split::kTrain), "train data"), a.limit);
   auto test = check(FashionMnist::load(a.data, FashionMnist::Split::kTest), "test data");
+  // One of several ranks: a process group (Gloo on the CPU) over the launcher's store.
+  const keel::dist::Identity id = check(keel::dist::identity_from_env(), "rank identity");
+  std::unique_ptr<keel::dist::ProcessGroup> group;
+  if (id.world_size > 1)
+    group = check(keel::dist::ProcessGroup::create(*env, id, "", id.local_rank, 60000), "process group");
+  const bool lead = id.rank == 0;  // prints, saves and exports
 
   keel::eager::manual_seed(a.seed);
-  SimpleCNN model;
+  SimpleCNN model(a.fused);
+  std::unique_ptr<DataParallel> dp;
+  if (group) dp = check(DataParallel::create(model, group->comm()), "DataParallel");
   SGD opt(model.parameters(), SGDOptions{.lr = a.lr, .momentum = 0.9});
   GradScaler scaler(GradScalerOptions{.enabled = a.amp == "fp16"});  // bf16 keeps fp32's range: no scaling needed
   nn::CrossEntropyLoss loss_fn;
-  auto loader =
-      check(DataLoader::create(train, {.batch_size = a.batch, .workers = a.workers, .prefetch = 4, .seed = a.seed}),
-            "loader");
-  std::cout << "train_cnn: " << model.num_parameters() << " parameters, " << train->size() << " train / "
-            << test->size() << " test images, batch " << a.batch << ", amp " << a.amp << ", "
-            << (a.threads ? std::to_string(a.threads) : std::string("all")) << " kernel thread(s), " << a.workers
-            << " loader worker(s)\n";
+  auto loader = check(DataLoader::create(train, {.batch_size = a.batch,
+                                                 .workers = a.workers,
+                                                 .prefetch = 4,
+                                                 .seed = a.seed,
+                                                 .num_replicas = id.world_size,
+                                                 .rank = id.rank}),
+                      "loader");
+  if (lead)
+    std::cout << "train_cnn: " << model.num_parameters() << " parameters, " << train->size() << " train / "
+              << test->size() << " test images, batch " << a.batch << (group ? " per rank" : "") << ", amp " << a.amp
+              << ", " << (a.threads ? std::to_string(a.threads) : std::string("all")) << " kernel thread(s), "
+              << a.workers << " loader worker(s)"
+              << (group ? ", world size " + std::to_string(id.world_size) + " (" + group->backend() + ")" : "") << "\n";
 
   Progress progress;
   progress.data_seed = a.seed;
@@ -168,10 +198,12 @@ int main(int argc, char** argv) {
         Tensor x(batch->data), y(batch->target), logits, loss;
         {
           Amp autocast(a.amp);
-          logits = model(x);
+          logits = dp ? dp->forward(x) : model(x);
           loss = loss_fn(logits, y);
         }
         scaler.scale(loss).backward();
+        if (dp)  // waits for the gradients' all-reduce that backward started
+          if (auto st = dp->finish(); !st.is_ok()) fail(st.to_string());
         scaler.step(opt);
         scaler.update();
         opt.zero_grad();
@@ -186,11 +218,21 @@ int main(int argc, char** argv) {
     }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     progress.epoch = epoch + 1;
+    if (group) {  // the epoch over every rank's shard
+      auto sums = check(all_reduce_sum(group->comm(), {loss_sum, static_cast<double>(seen),
+                                                       static_cast<double>(correct), static_cast<double>(batches)}),
+                        "metrics");
+      loss_sum = sums[0], seen = static_cast<int64_t>(sums[1]), correct = static_cast<int64_t>(sums[2]),
+      batches = static_cast<int64_t>(sums[3]);
+    }
+    const double accuracy = test_accuracy(model, *test, a.amp);  // every rank holds the same weights
+    if (!lead) continue;
     std::printf("epoch %d/%d: %.2f s, %.0f img/s, train loss %.4f, train accuracy %.4f, test accuracy %.4f\n",
                 epoch + 1, a.epochs, s, static_cast<double>(seen) / s, loss_sum / static_cast<double>(batches),
-                static_cast<double>(correct) / static_cast<double>(seen), test_accuracy(model, *test, a.amp));
+                static_cast<double>(correct) / static_cast<double>(seen), accuracy);
   }
 
+  if (!lead) return 0;
   if (!a.checkpoint.empty()) {
     if (auto st = capture_checkpoint(model, opt, nullptr, &scaler, progress).save(a.checkpoint); !st.is_ok())
       fail(st.to_string());
