@@ -4,6 +4,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <typeinfo>
 
 namespace keel::train::nn {
 namespace {
@@ -466,9 +467,38 @@ Sequential& Sequential::push_back(std::shared_ptr<Module> m) {
   return *this;
 }
 
+namespace {
+// Child i of `children` when it is exactly a T (not a subclass, which may override forward), else null.
+template <class T>
+T* child_exactly(const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children, size_t i) {
+  if (i >= children.size()) return nullptr;
+  Module* m = children[i].second.get();
+  return typeid(*m) == typeid(T) ? static_cast<T*>(m) : nullptr;
+}
+}  // namespace
+
 Tensor Sequential::forward(const Tensor& x) {
+  const auto& children = named_children();
   Tensor y = x;
-  for (const auto& [n, m] : named_children()) y = m->forward(y);
+  for (size_t i = 0; i < children.size(); ++i) {
+    // Conv2D -> ReLU [-> MaxPool2D(k, stride k, no padding)] as one fused op (the class comment).
+    Conv2D* conv = child_exactly<Conv2D>(children, i);
+    if (conv && !conv->options().relu && conv->options().max_pool == std::array<int64_t, 2>{0, 0} &&
+        child_exactly<ReLU>(children, i + 1)) {
+      const Conv2DOptions& o = conv->options();
+      MaxPool2D* pool = child_exactly<MaxPool2D>(children, i + 2);
+      if (pool && pool->stride() == pool->kernel() && pool->padding() == 0) {
+        y = eager::conv2d_relu_max_pool2d(y, conv->weight(), conv->bias(), {pool->kernel(), pool->kernel()}, o.stride,
+                                          o.padding, o.dilation, o.groups);
+        i += 2;
+      } else {
+        y = eager::conv2d_relu(y, conv->weight(), conv->bias(), o.stride, o.padding, o.dilation, o.groups);
+        i += 1;
+      }
+      continue;
+    }
+    y = children[i].second->forward(y);
+  }
   return y;
 }
 

@@ -151,6 +151,46 @@ TEST(Layers, ShapesOfConvPoolNormEmbedding) {
   EXPECT_THROW(Dropout(1.5f), eager::Error);
 }
 
+// Sequential runs Conv2D -> ReLU [-> MaxPool2D(k, stride k)] as one fused op: the same outputs and gradients as the
+// children one by one; a subclass (which may override forward) and a pooling of another stride run as written.
+TEST(Layers, SequentialFusesConvReluPoolWithTheLayersResults) {
+  struct DoubledReLU : ReLU {
+    Tensor forward(const Tensor& x) override { return eager::relu(x) * 2.f; }
+  };
+  for (int variant = 0; variant < 3; ++variant) {
+    eager::manual_seed(3);
+    auto conv1 = std::make_shared<Conv2D>(Conv2DOptions(3, 8, {3, 3}).with_padding(1));
+    std::shared_ptr<Module> relu1 = variant == 1 ? std::make_shared<DoubledReLU>() : std::make_shared<ReLU>();
+    auto pool = std::make_shared<MaxPool2D>(2, variant == 2 ? 1 : 0);
+    auto conv2 = std::make_shared<Conv2D>(Conv2DOptions(8, 4, {3, 3}));
+    auto relu2 = std::make_shared<ReLU>();
+    auto flat = std::make_shared<Flatten>();
+    Sequential seq{conv1, relu1, pool, conv2, relu2, flat};
+    auto x = eager::randn({2, 3, 12, 12});
+    Tensor fused = seq(x);
+    Tensor apart = x;
+    for (const auto& [name, m] : seq.named_children()) apart = m->forward(apart);
+    ASSERT_EQ(fused.shape(), apart.shape()) << "variant " << variant;
+    auto a = fused.to_vector<float>(), b = apart.to_vector<float>();
+    for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-4f) << "variant " << variant << " element " << i;
+    // Gradients of both paths, with respect to every parameter.
+    std::vector<std::vector<float>> grads[2];
+    for (int path = 0; path < 2; ++path) {
+      for (auto& p : seq.parameters()) p.zero_grad();
+      Tensor y = x;
+      if (path == 0) y = seq(x);
+      else
+        for (const auto& [name, m] : seq.named_children()) y = m->forward(y);
+      eager::sum(y * y).backward();
+      for (auto& p : seq.parameters()) grads[path].push_back(p.grad().to_vector<float>());
+    }
+    for (size_t k = 0; k < grads[0].size(); ++k)
+      for (size_t i = 0; i < grads[0][k].size(); ++i)
+        ASSERT_NEAR(grads[0][k][i], grads[1][k][i], 1e-3f * (1 + std::fabs(grads[1][k][i])))
+            << "variant " << variant << " parameter " << k << " element " << i;
+  }
+}
+
 TEST(Losses, MatchHandComputedValues) {
   auto logits = t2({1, 2, 3, 1, 1, 1}, {2, 3});
   auto target = eager::from_vector(std::vector<int64_t>{2, 0}, {2});
