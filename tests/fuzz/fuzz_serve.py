@@ -2,8 +2,9 @@
 """Fuzzes `keel serve`'s dynamic batcher: concurrent requests on random models must get what they get alone.
 
 Each case is a random chain (`keel-cts --random-chains 1 --seed S --save DIR`: 2-6 blocks of CNN or transformer-like
-ops) whose inputs have a dynamic batch dim, or batch 1 (then served with `dynamic_batch = true`). One `keel serve`
-process on 127.0.0.1 (a free port, `--model-control`) loads each case twice, in turn: as `bN` with a random batcher
+ops) whose inputs have a dynamic batch dim, or batch 1 (then served with `dynamic_batch = true`), or a fixed batch
+above 1 (then served without batching, every request of that many rows, no probe). One `keel serve` process on
+127.0.0.1 (a free port, `--model-control`) loads each case twice, in turn: as `bN` with a random batcher
 (max_batch_size 4-16, max_queue_delay_us, preferred batch sizes, 1-2 instances of 1-2 threads; a fifth of the cases in
 bf16, the reference too) and as `rN`, the reference, with no queue delay and only ever one request at a time. A model
 that fixes its batch inside is refused at load (400, its check of a batch of 2 rows) and counted "unbatchable"; so is
@@ -41,7 +42,6 @@ import time
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 # numpy dtype <-> KServe v2 datatype
 KSERVE = {np.dtype(np.float32): "FP32", np.dtype(np.float64): "FP64", np.dtype(np.float16): "FP16",
@@ -243,8 +243,12 @@ def prepare(args, seed, stage, rng):
     if not ins or any(len(d) == 0 for _, _, d in ins):
         return None, "an input without a batch dim"
     dynamic = all(d[0] is None for _, _, d in ins)
+    fixed = None  # a batch > 1 that the model fixes: served without batching, every request of that many rows
     if not dynamic and not all(d[0] == 1 for _, _, d in ins):
-        return None, "a batch dim neither dynamic nor 1"
+        firsts = {d[0] for _, _, d in ins}
+        if len(firsts) != 1 or None in firsts:
+            return None, "inputs of different first dims"
+        fixed = firsts.pop()
     max_batch = rng.choice([4, 8, 16])
     batched = [f"max_batch_size = {max_batch}",
                f"max_queue_delay_us = {rng.choice([500, 2000, 10000, 30000])}",
@@ -256,7 +260,11 @@ def prepare(args, seed, stage, rng):
     if bf16:
         batched.append('precision = "bf16"')
         reference.append('precision = "bf16"')
-    if not dynamic:
+    if fixed:
+        batched = ["max_batch_size = 0"] + [c for c in batched if c.startswith(("instances", "threads", "precision"))]
+        reference = ["max_batch_size = 0"] + [c for c in reference if c.startswith(("threads", "precision"))]
+        max_batch = fixed
+    elif not dynamic:
         batched.append("dynamic_batch = true")
         reference.append("dynamic_batch = true")
     for name, cfg in ((f"b{seed}", batched), (f"r{seed}", reference)):
@@ -265,13 +273,14 @@ def prepare(args, seed, stage, rng):
         with open(os.path.join(stage, name, "config.toml"), "w") as f:
             f.write("\n".join(cfg) + "\n")
     tol = max(args.tolerance, 3e-2) if bf16 else args.tolerance
-    return {"seed": seed, "inputs": ins, "outputs": outs, "max_batch": max_batch, "config": batched, "tol": tol}, None
+    return {"seed": seed, "inputs": ins, "outputs": outs, "max_batch": max_batch, "config": batched, "tol": tol,
+            "fixed": fixed}, None
 
 
 def draw_request(r, rng, plan, rid, bad_kind=None):
     """(body, headers, bad kind or None, description) of one random request."""
     ins = plan["inputs"]
-    rows = r.randint(1, 3)
+    rows = plan["fixed"] or r.randint(1, 3)
     shapes = [[rows] + [d if d is not None else 1 for d in dims[1:]] for _, _, dims in ins]
     dtypes = [dt for _, dt, _ in ins]
     if bad_kind == "rows":
@@ -337,11 +346,12 @@ def run_case(args, server, stage, repo, plan, r, rng):
 
 
 def fuzz_loaded(args, server, plan, r, rng):
-    seed = plan["seed"]
-    bpath, rpath = f"/v2/models/b{seed}/infer", f"/v2/models/r{seed}/infer"
+    rpath = f"/v2/models/r{plan['seed']}/infer"
     t = args.timeout
-    # The probe: a request of 2 rows to the reference, and each of its rows alone.
+    # The probe: a request of 2 rows to the reference, and each of its rows alone (not for a fixed batch).
     ins = plan["inputs"]
+    if plan["fixed"]:
+        return fuzz_burst(args, server, plan, r, rng)
     arrays = [draw(rng, dt, [2] + [d if d is not None else 1 for d in dims[1:]]) for _, dt, dims in ins]
     body, hdr = make_body(r, ins, arrays, None, True, True, "probe")
     st, h, b = post(server.port, rpath, body, hdr, t)
@@ -357,7 +367,14 @@ def fuzz_loaded(args, server, plan, r, rng):
         for k in one:
             if both[k].ndim == 0 or both[k].shape[0] != 2 or rel_err(both[k][row:row + 1], one[k]) > plan["tol"]:
                 return "unbatchable", f"output {k}: row {row} of 2 differs from the row alone", []
-    # The concurrent burst to the batched model.
+    return fuzz_burst(args, server, plan, r, rng)
+
+
+def fuzz_burst(args, server, plan, r, rng):
+    """The concurrent burst to the batched model, each good answer then compared with the reference's."""
+    seed = plan["seed"]
+    bpath, rpath = f"/v2/models/b{seed}/infer", f"/v2/models/r{seed}/infer"
+    t = args.timeout
     n = r.randint(16, 32)
     reqs = []
     for i in range(n):
