@@ -336,7 +336,10 @@ def run_case(args, server, stage, repo, plan, r, rng):
             if st != 200:
                 return "fail", f"loading {name}: {st} {b[:300]!r}", []
             loaded.append(name)
-        return fuzz_loaded(args, server, plan, r, rng)
+        try:
+            return fuzz_loaded(args, server, plan, r, rng)
+        except (ValueError, KeyError, TypeError) as e:  # an answer that does not parse as the protocol says
+            return "fail", f"a malformed answer: {type(e).__name__}: {e}", []
     finally:
         for name in loaded:
             if server.alive():
