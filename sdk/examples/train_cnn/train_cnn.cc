@@ -225,8 +225,8 @@ int main(int argc, char** argv) {
       loss_sum = sums[0], seen = static_cast<int64_t>(sums[1]), correct = static_cast<int64_t>(sums[2]),
       batches = static_cast<int64_t>(sums[3]);
     }
-    const double accuracy = test_accuracy(model, *test, a.amp);  // every rank holds the same weights
-    if (!lead) continue;
+    if (!lead) continue;  // every rank holds the same weights: rank 0 evaluates them
+    const double accuracy = test_accuracy(model, *test, a.amp);
     std::printf("epoch %d/%d: %.2f s, %.0f img/s, train loss %.4f, train accuracy %.4f, test accuracy %.4f\n",
                 epoch + 1, a.epochs, s, static_cast<double>(seen) / s, loss_sum / static_cast<double>(batches),
                 static_cast<double>(correct) / static_cast<double>(seen), accuracy);
