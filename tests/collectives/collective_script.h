@@ -155,7 +155,7 @@ inline std::string run_script_op(const hal::Communicator& comm, const ScriptOp& 
       Status s = comm.all_gather(in.data(), out.data(), n, o.dtype);
       if (!s.is_ok()) return error(s);
       return check(out,
-                   [&](uint64_t i) { return script_value(static_cast<int32_t>(i / (n ? n : 1)), i % (n ? n : 1)); });
+                   [&](uint64_t i) { return script_value(static_cast<int32_t>(i / n), i % n); });  // n > 0 for any i
     }
     case ScriptOp::kReduceScatter: {
       ScriptBuffer in(o.dtype, n * static_cast<uint64_t>(w)), out(o.dtype, n);

@@ -362,6 +362,14 @@ StatusOr<std::vector<std::pair<std::string, Tensor>>> ServedModel::zero_feeds(in
   return feeds;
 }
 
+std::string ServedModel::unbatched_output(const std::vector<Tensor>& outs, int64_t rows) const {
+  for (size_t k = 0; k < outs.size() && k < outputs_.size(); ++k)
+    if (outs[k].rank() == 0 || outs[k].shape()[0] != rows)
+      return "output " + outputs_[k].name + " of a batch of " + std::to_string(rows) + " rows has shape " +
+             shape_to_string(outs[k].shape()) + ": its first dim is not the batch";
+  return "";
+}
+
 Status ServedModel::check_batch_dim(Session& session, const std::string& who) const {
   if (config_.max_batch_size < 2) return Status::ok();
   const std::string why = config_.dynamic_batch ? " (dynamic_batch = true made its first dim dynamic, but the graph "
@@ -374,13 +382,8 @@ Status ServedModel::check_batch_dim(Session& session, const std::string& who) co
   if (!out.is_ok())
     return invalid_argument(who + ": max_batch_size " + std::to_string(config_.max_batch_size) +
                             ", but a batch of 2 rows does not run: " + out.status().message() + why);
-  for (size_t k = 0; k < out->size() && k < outputs_.size(); ++k) {
-    const Tensor& o = (*out)[k];
-    if (o.rank() == 0 || o.shape()[0] != 2)
-      return invalid_argument(who + ": max_batch_size " + std::to_string(config_.max_batch_size) + ", but output " +
-                              outputs_[k].name + " of a batch of 2 rows has shape " + shape_to_string(o.shape()) +
-                              ": its first dim is not the batch" + why);
-  }
+  if (const std::string bad = unbatched_output(*out, 2); !bad.empty())
+    return invalid_argument(who + ": max_batch_size " + std::to_string(config_.max_batch_size) + ", but " + bad + why);
   spdlog::info("{}: batch dim checked (a batch of 2 rows runs and gives 2 rows of every output)", who);
   return Status::ok();
 }
@@ -628,11 +631,8 @@ void ServedModel::execute(Session& session, Batch& batch) {
   // checked it at load, at 2 rows: this catches a model whose batch dim only some sizes keep).
   const std::vector<Tensor>& outs = out.value();
   if (config_.max_batch_size > 0)
-    for (size_t k = 0; k < outs.size(); ++k)
-      if (outs[k].rank() == 0 || outs[k].shape()[0] != total_rows)
-        return fail(internal_error("model " + name_ + ": output " + outputs_[k].name + " of a batch of " +
-                                   std::to_string(total_rows) + " has shape " + shape_to_string(outs[k].shape()) +
-                                   ": its first dim is not the batch"));
+    if (const std::string bad = unbatched_output(outs, total_rows); !bad.empty())
+      return fail(internal_error("model " + name_ + ": " + bad));
   if (batch.size() == 1) {
     metrics_.compute_output_us += us(t_infer, clock::now());
     return finish(0, std::move(out).value());

@@ -165,6 +165,9 @@ class ServedModel {
   // cannot undo) is refused here, naming the node, instead of failing only the requests that happen to be batched
   // with another, under load.
   Status check_batch_dim(Session& session, const std::string& who) const;
+  // The first output of a run of `rows` rows whose first dim is not `rows`, described ("output y of a batch of 3 rows
+  // has shape [1, 4]: ..."), or "" when every output has the batch dim first.
+  std::string unbatched_output(const std::vector<Tensor>& outs, int64_t rows) const;
   // Zeros of every input at `rows` rows (other dynamic dims 1): the warm-up's and the batch check's feeds.
   StatusOr<std::vector<std::pair<std::string, Tensor>>> zero_feeds(int64_t rows) const;
   bool compatible(const Request& a, const Request& b) const;
