@@ -7,9 +7,10 @@ above 1 (then served without batching, every request of that many rows, no probe
 127.0.0.1 (a free port, `--model-control`) loads each case twice, in turn: as `bN` with a random batcher
 (max_batch_size 4-16, max_queue_delay_us, preferred batch sizes, 1-2 instances of 1-2 threads; a fifth of the cases in
 bf16, the reference too) and as `rN`, the reference, with no queue delay and only ever one request at a time. A model
-that fixes its batch inside is refused at load (400, its check of a batch of 2 rows) and counted "unbatchable"; so is
-one whose rows change each other, which a probe finds (a request of 2 rows to the reference, and each row alone), so
-that every difference after it is the server's. Then 16-32 requests of 1-3 rows go to `bN` at once from several
+that fixes its batch inside, or whose rows change each other, is refused at load (400, the server's check of a batch
+of 2 rows: zeros, then random rows against each row alone) and counted "unbatchable". A probe checks that check: a
+request of 2 rows to the reference and each row alone must agree, else the server batches a model whose answers
+depend on their neighbours (a failure); so every difference after it is the batcher's. Then 16-32 requests of 1-3 rows go to `bN` at once from several
 threads, in JSON (flat or nested data) or with the binary tensor extension, each asking for all outputs or some of
 them, binary or not, with an `id`; about one in six is bad on purpose (a wrong datatype, a wrong fixed dim, more rows
 than max_batch_size, data of the wrong length) and must get 400 without disturbing the requests batched with it; one
@@ -68,6 +69,31 @@ def model_io(path):
         dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
         ins.append((i.name, np.dtype(ONNX_TO_NUMPY.get(t.elem_type, np.float32)), dims))
     return ins, [o.name for o in m.graph.output]
+
+
+def mix_rows(path, out_path):
+    """Writes a copy of the model whose first float output becomes itself minus its mean over dim 0 (rows that change
+    each other, as a BatchNormalization exported in training mode makes them); that output's name, or None when no
+    output is a float tensor made by a node."""
+    m = onnx.load(path)
+    floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE)
+    made = {x for n in m.graph.node for x in n.output}
+    name = next((o.name for o in m.graph.output if o.type.tensor_type.elem_type in floats and o.name in made), None)
+    if name is None:
+        return None
+    raw = name + "__unmixed"
+    for n in m.graph.node:
+        n.output[:] = [raw if x == name else x for x in n.output]
+        n.input[:] = [raw if x == name else x for x in n.input]
+    opset = next((o.version for o in m.opset_import if o.domain in ("", "ai.onnx")), 17)
+    if opset >= 18:  # ReduceMean's axes became an input
+        m.graph.initializer.append(onnx.helper.make_tensor(raw + "_axes", onnx.TensorProto.INT64, [1], [0]))
+        mean = onnx.helper.make_node("ReduceMean", [raw, raw + "_axes"], [raw + "_mean"])
+    else:
+        mean = onnx.helper.make_node("ReduceMean", [raw], [raw + "_mean"], axes=[0])
+    m.graph.node.extend([mean, onnx.helper.make_node("Sub", [raw, raw + "_mean"], [name])])
+    onnx.save(m, out_path)
+    return name
 
 
 def draw(rng, dtype, shape):
@@ -249,6 +275,12 @@ def prepare(args, seed, stage, rng):
         if len(firsts) != 1 or None in firsts:
             return None, "inputs of different first dims"
         fixed = firsts.pop()
+    # One case in eight (with a batch to share) gets rows that change each other: the server must refuse to batch it.
+    mixed = None
+    if fixed is None and rng.random() < 0.125:
+        mixed = mix_rows(model, os.path.join(case, "mixed.onnx"))
+        if mixed is not None:
+            model = os.path.join(case, "mixed.onnx")
     max_batch = rng.choice([4, 8, 16])
     batched = [f"max_batch_size = {max_batch}",
                f"max_queue_delay_us = {rng.choice([500, 2000, 10000, 30000])}",
@@ -274,7 +306,7 @@ def prepare(args, seed, stage, rng):
             f.write("\n".join(cfg) + "\n")
     tol = max(args.tolerance, 3e-2) if bf16 else args.tolerance
     return {"seed": seed, "inputs": ins, "outputs": outs, "max_batch": max_batch, "config": batched, "tol": tol,
-            "fixed": fixed}, None
+            "fixed": fixed, "mixed": mixed}, None
 
 
 def draw_request(r, rng, plan, rid, bad_kind=None):
@@ -331,7 +363,9 @@ def run_case(args, server, stage, repo, plan, r, rng):
         for name in (f"r{seed}", f"b{seed}"):
             shutil.copytree(os.path.join(stage, name), os.path.join(repo, name))
             st, _, b = post(server.port, f"/v2/repository/models/{name}/load", b"", {}, args.timeout * 4)
-            if st == 400 and b"a batch of 2 rows" in b:
+            if st == 400 and (b"a batch of 2 rows" in b or b"mixes the rows of a batch" in b):
+                if plan["mixed"] and b"mixes the rows of a batch" in b:
+                    args.mixed_refused += 1
                 return "unbatchable", f"refused at load: {json.loads(b)['error'][:300]}", []
             if st != 200:
                 return "fail", f"loading {name}: {st} {b[:300]!r}", []
@@ -369,7 +403,8 @@ def fuzz_loaded(args, server, plan, r, rng):
         _, _, one = parse_answer(st, h, b)
         for k in one:
             if both[k].ndim == 0 or both[k].shape[0] != 2 or rel_err(both[k][row:row + 1], one[k]) > plan["tol"]:
-                return "unbatchable", f"output {k}: row {row} of 2 differs from the row alone", []
+                return "fail", (f"b{plan['seed']} loaded with batching, but output {k}'s row {row} of 2 differs "
+                                f"from the row alone: the server's load check of mixed rows missed it"), []
     return fuzz_burst(args, server, plan, r, rng)
 
 
@@ -483,7 +518,7 @@ def main():
             else:
                 plans.append(plan)
         server = Server(keel, repo, os.path.join(work, "server.log"))
-        args.rows = args.execs = 0
+        args.rows = args.execs = args.mixed_refused = 0
         args.repo = repo
         try:
             for plan in plans:
@@ -494,7 +529,8 @@ def main():
                 status, msg, log = run_case(args, server, stage, repo, plan, r, rng)
                 counts[status] += 1
                 if status == "fail" or args.verbose:
-                    print(f"{status} seed {seed}: {msg} [{', '.join(plan['config'])}]", flush=True)
+                    mixed = f" (output {plan['mixed']}'s rows mixed on purpose)" if plan["mixed"] else ""
+                    print(f"{status} seed {seed}{mixed}: {msg} [{', '.join(plan['config'])}]", flush=True)
                 if status == "fail" and args.keep:
                     dst = os.path.join(args.keep, f"seed{seed}")
                     shutil.rmtree(dst, ignore_errors=True)
@@ -529,6 +565,8 @@ def main():
     avg = f"; batched models ran {rows} rows in {execs} executions"
     if execs:
         avg += f" ({rows / execs:.2f} a batch)"
+    mixed = sum(1 for p in plans if p["mixed"])
+    avg += f"; {mixed} with rows mixed on purpose, {args.mixed_refused} of them refused at load"
     print(f"fuzz_serve: {args.cases} cases from seed {args.seed}: {summary}{avg}")
     return 1 if counts["fail"] else 0
 

@@ -191,9 +191,10 @@ TEST(ServeControl, LoadUnloadIndexAndANewVersionInterruptsNothing) {
 }
 
 // With max_batch_size > 0 the batcher concatenates requests along dim 0 and splits every output along it: a model
-// that cannot run a batch of 2 rows (a fixed batch reshaped inside, which `dynamic_batch = true` cannot undo), or
-// whose output has no batch dim, is refused at load naming the node or the output, instead of failing (or splitting
-// wrongly) only the requests that happen to be batched together under load. Without batching both load.
+// that cannot run a batch of 2 rows (a fixed batch reshaped inside, which `dynamic_batch = true` cannot undo), whose
+// output has no batch dim, or whose rows mix (here each row minus the batch's mean: an answer that would depend on
+// the requests batched with it), is refused at load naming the node or the output, instead of failing (or answering
+// wrongly) only the requests that happen to be batched together under load. Without batching all three load.
 TEST(ServeControl, AModelWithoutAFreeBatchDimIsRefusedAtLoadWhenBatching) {
   std::signal(SIGPIPE, SIG_IGN);
   const fs::path dir = fresh_dir("batchdim");
@@ -202,12 +203,16 @@ TEST(ServeControl, AModelWithoutAFreeBatchDimIsRefusedAtLoadWhenBatching) {
   ServerProcess server;
   ASSERT_TRUE(server.start(repo, {"--model-control"})) << server.log;
   auto c = server.client();
-  auto model = [](bool reduce) {
+  enum Kind { kReshaped, kSummed, kCentred };
+  auto model = [](Kind kind) {
     GraphBuilder g("m", 17);
-    auto x = g.input("x", DType::kF32, {reduce ? -1 : 1, 4});
-    if (reduce) {
-      g.output(g.op1("ReduceSum", {x, g.constant("axes", Tensor::from_vector<int64_t>(DType::kI64, {1}, {0}))},
-                     {{"keepdims", keel::Attribute::of_int(0)}}));
+    auto x = g.input("x", DType::kF32, {kind == kReshaped ? 1 : -1, 4});
+    auto axis0 = [&] { return g.constant("axes", Tensor::from_vector<int64_t>(DType::kI64, {1}, {0})); };
+    if (kind == kSummed) {
+      g.output(g.op1("ReduceSum", {x, axis0()}, {{"keepdims", keel::Attribute::of_int(0)}}));
+    } else if (kind == kCentred) {
+      // opset 17's ReduceMean takes its axes as an attribute
+      g.output(g.op1("Sub", {x, g.op1("ReduceMean", {x}, {{"axes", keel::Attribute::of_ints({0})}})}));
     } else {
       auto y = g.op1("Relu", {x});
       g.output(g.op1("Reshape", {y, g.constant("shape", Tensor::from_vector<int64_t>(DType::kI64, {2}, {1, 4}))}));
@@ -217,17 +222,21 @@ TEST(ServeControl, AModelWithoutAFreeBatchDimIsRefusedAtLoadWhenBatching) {
     return bytes.is_ok() ? bytes.value() : "";
   };
   const std::vector<float> x = {1, -2, 3, 0.5f};
-  for (bool reduce : {false, true}) {
-    const std::string name = reduce ? "summed" : "reshaped";
-    write(repo / name / "1" / "model.onnx", model(reduce));
-    write(repo / name / "config.toml", reduce ? "max_batch_size = 4\n" : "max_batch_size = 4\ndynamic_batch = true\n");
+  for (Kind kind : {kReshaped, kSummed, kCentred}) {
+    const std::string name = kind == kReshaped ? "reshaped" : kind == kSummed ? "summed" : "centred";
+    write(repo / name / "1" / "model.onnx", model(kind));
+    write(repo / name / "config.toml",
+          kind == kReshaped ? "max_batch_size = 4\ndynamic_batch = true\n" : "max_batch_size = 4\n");
     auto r = c->Post(("/v2/repository/models/" + name + "/load").c_str(), "", "application/json");
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 400) << r->body;
-    EXPECT_NE(r->body.find(reduce ? "has shape [4]: its first dim is not the batch" : "a batch of 2 rows does not run"),
-              std::string::npos)
-        << r->body;
-    if (!reduce) EXPECT_NE(r->body.find("Reshape"), std::string::npos) << r->body;
+    const char* expected = kind == kReshaped ? "a batch of 2 rows does not run"
+                           : kind == kSummed ? "has shape [4]: its first dim is not the batch"
+                                             : "mixes the rows of a batch: output ";
+    EXPECT_NE(r->body.find(expected), std::string::npos) << r->body;
+    if (kind == kReshaped) {
+      EXPECT_NE(r->body.find("Reshape"), std::string::npos) << r->body;
+    }
     EXPECT_EQ(c->Get(("/v2/models/" + name).c_str())->status, 404);
     // Without batching the same model loads, and runs at its own batch.
     write(repo / name / "config.toml", "max_batch_size = 0\n");
@@ -238,6 +247,11 @@ TEST(ServeControl, AModelWithoutAFreeBatchDimIsRefusedAtLoadWhenBatching) {
     ASSERT_TRUE(run);
     EXPECT_EQ(run->status, 200) << run->body;
   }
+  // A model whose rows stay apart loads with batching (the check passes: MLP rows are independent).
+  write(repo / "other" / "config.toml", "max_batch_size = 4\n");
+  auto mlp = c->Post("/v2/repository/models/other/load", "", "application/json");
+  ASSERT_TRUE(mlp);
+  EXPECT_EQ(mlp->status, 200) << mlp->body;
   EXPECT_EQ(server.terminate(), 0);
   fs::remove_all(dir);
 }

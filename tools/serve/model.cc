@@ -5,9 +5,12 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <exception>
 #include <fstream>
+#include <iomanip>
+#include <random>
 #include <sstream>
 
 #include "core/base/pass_manager.h"
@@ -362,6 +365,115 @@ StatusOr<std::vector<std::pair<std::string, Tensor>>> ServedModel::zero_feeds(in
   return feeds;
 }
 
+StatusOr<std::vector<std::pair<std::string, Tensor>>> ServedModel::random_feeds(int64_t rows) const {
+  KEEL_ASSIGN_OR_RETURN(auto feeds, zero_feeds(rows), "random feeds");
+  std::mt19937 rng(20261206);
+  std::uniform_real_distribution<float> uniform(-1.f, 1.f);
+  for (auto& feed : feeds) {
+    Tensor& t = feed.second;
+    const int64_t n = t.numel();
+    if (t.dtype() == DType::kF32)
+      for (int64_t i = 0; i < n; ++i) static_cast<float*>(t.raw_data())[i] = uniform(rng);
+    else if (t.dtype() == DType::kF64)
+      for (int64_t i = 0; i < n; ++i) static_cast<double*>(t.raw_data())[i] = uniform(rng);
+    else if (t.dtype() == DType::kF16)
+      for (int64_t i = 0; i < n; ++i) static_cast<uint16_t*>(t.raw_data())[i] = f32_to_f16(uniform(rng));
+    else if (t.dtype() == DType::kBF16)
+      for (int64_t i = 0; i < n; ++i) static_cast<uint16_t*>(t.raw_data())[i] = f32_to_bf16(uniform(rng));
+    else if (dtype_is_integer(t.dtype()) || t.dtype() == DType::kBool)  // 0 or 1: an id, index or mask that exists
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t v = rng() & 1;
+        std::memcpy(static_cast<char*>(t.raw_data()) + i * dtype_size(t.dtype()), &v, dtype_size(t.dtype()));
+      }
+  }
+  return feeds;
+}
+
+namespace {
+
+// Element i of a host float tensor as a double.
+double float_at(const Tensor& t, int64_t i) {
+  switch (t.dtype()) {
+    case DType::kF32: return static_cast<const float*>(t.raw_data())[i];
+    case DType::kF64: return static_cast<const double*>(t.raw_data())[i];
+    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(t.raw_data())[i]);
+    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(t.raw_data())[i]);
+    default: return 0;
+  }
+}
+
+// The relative L2 error of rows [a_row * n, (a_row + 1) * n) of `a` against rows [b_row * n, ...) of `b` (n elements
+// each), relative to the larger of the two norms (a row that is all zeros on one side gives 1, not infinity); -1 when
+// either is not a host float tensor of enough elements or holds a non-finite value (not compared).
+double row_error(const Tensor& a, int64_t a_row, const Tensor& b, int64_t b_row, int64_t n) {
+  for (const Tensor* t : {&a, &b})
+    if (!dtype_is_float(t->dtype()) || !t->location().is_host() || t->raw_data() == nullptr) return -1;
+  if (a.numel() < (a_row + 1) * n || b.numel() < (b_row + 1) * n) return -1;
+  double diff = 0, norm_a = 0, norm_b = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double x = float_at(a, a_row * n + i), y = float_at(b, b_row * n + i);
+    if (!std::isfinite(x) || !std::isfinite(y)) return -1;
+    diff += (x - y) * (x - y);
+    norm_a += x * x;
+    norm_b += y * y;
+  }
+  if (diff == 0) return 0;
+  return std::sqrt(diff) / std::sqrt(std::max(norm_a, norm_b));  // > 0: diff > 0 needs a non-zero element
+}
+
+}  // namespace
+
+std::optional<std::string> ServedModel::mixed_rows(Session& session, const std::string& who) const {
+  const double tol = config_.precision == "fp32" ? 1e-3 : 3e-2;
+  auto feeds = random_feeds(2);
+  if (!feeds.is_ok()) return std::nullopt;
+  auto both = session.run(*feeds);
+  if (!both.is_ok()) {
+    spdlog::info("{}: rows not checked for mixing: a batch of 2 rows of random values does not run: {}", who,
+                 both.status().message());
+    return std::nullopt;
+  }
+  auto again = session.run(*feeds);
+  if (!again.is_ok() || again->size() != both->size()) return std::nullopt;
+  for (size_t k = 0; k < both->size(); ++k)
+    if (row_error((*again)[k], 0, (*both)[k], 0, (*both)[k].numel()) > tol) {
+      spdlog::info("{}: rows not checked for mixing: two runs of the same batch differ (output {})", who,
+                   k < outputs_.size() ? outputs_[k].name : std::to_string(k));
+      return std::nullopt;
+    }
+  bool compared = false;
+  for (int64_t row = 0; row < 2; ++row) {
+    std::vector<std::pair<std::string, Tensor>> alone;
+    for (const auto& [name, t] : *feeds) {
+      Shape shape = t.shape();
+      shape[0] = 1;
+      auto one = Tensor::host_uninitialized(t.dtype(), shape);
+      if (!one.is_ok()) return std::nullopt;
+      const uint64_t bytes = one->byte_size();
+      if (bytes > 0) std::memcpy(one->raw_data(), static_cast<const char*>(t.raw_data()) + row * bytes, bytes);
+      alone.emplace_back(name, std::move(*one));
+    }
+    auto out = session.run(alone);
+    if (!out.is_ok() || out->size() != both->size()) return std::nullopt;
+    for (size_t k = 0; k < both->size(); ++k) {
+      const double e = row_error((*both)[k], row, (*out)[k], 0, (*out)[k].numel());
+      compared = compared || e >= 0;
+      if (e > tol) {
+        std::ostringstream what;
+        what << "output " << (k < outputs_.size() ? outputs_[k].name : std::to_string(k)) << "'s row " << row
+             << " of a batch of 2 differs from that row run alone (relative error " << std::setprecision(3) << e
+             << " > " << tol << ")";
+        return what.str();
+      }
+    }
+  }
+  if (!compared) {
+    spdlog::info("{}: rows not checked for mixing (no float output without NaN or infinity to compare)", who);
+    return std::nullopt;
+  }
+  return "";
+}
+
 std::string ServedModel::unbatched_output(const std::vector<Tensor>& outs, int64_t rows) const {
   for (size_t k = 0; k < outs.size() && k < outputs_.size(); ++k)
     if (outs[k].rank() == 0 || outs[k].shape()[0] != rows)
@@ -384,7 +496,15 @@ Status ServedModel::check_batch_dim(Session& session, const std::string& who) co
                             ", but a batch of 2 rows does not run: " + out.status().message() + why);
   if (const std::string bad = unbatched_output(*out, 2); !bad.empty())
     return invalid_argument(who + ": max_batch_size " + std::to_string(config_.max_batch_size) + ", but " + bad + why);
-  spdlog::info("{}: batch dim checked (a batch of 2 rows runs and gives 2 rows of every output)", who);
+  const std::optional<std::string> mixed = mixed_rows(session, who);
+  if (mixed && !mixed->empty())
+    return invalid_argument(who + ": max_batch_size " + std::to_string(config_.max_batch_size) +
+                            ", but the model mixes the rows of a batch: " + *mixed +
+                            ", so a batched answer would depend on the requests batched with it (a "
+                            "BatchNormalization exported in training mode, a reduction or normalisation over dim 0?): "
+                            "set max_batch_size = 0 to serve it unbatched");
+  spdlog::info("{}: batch dim checked (a batch of 2 rows runs and gives 2 rows of every output{})", who,
+               mixed ? "; its rows do not mix" : "");
   return Status::ok();
 }
 
