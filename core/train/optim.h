@@ -204,11 +204,12 @@ class GradScaler {
  public:
   explicit GradScaler(GradScalerOptions options = {});
   Tensor scale(const Tensor& loss) const;
-  // Divides the gradients by the scale and records whether any element of any is non-finite. Once per step. On a
-  // device with a keel.CheckFiniteAndUnscale kernel (the CPU's reference kernel, the CUDA plugin's) one call per
-  // device does both for all its gradients, and the unscaled tensors replace the parameters' .grad (a gradient tensor
-  // taken before keeps the scaled values); elsewhere eager ops divide each .grad in place. Either way one flag per
-  // device is read back: one host sync per device and step, not one per gradient.
+  // Divides the gradients by the scale and records whether any element of any is non-finite. Once per step. f32
+  // gradients in host memory are unscaled in place, one pass each (as PyTorch's unscale_). On another device with a
+  // keel.CheckFiniteAndUnscale kernel (the CUDA plugin's) one call per device does both for all its gradients, and the
+  // unscaled tensors replace the parameters' .grad (a gradient tensor taken before keeps the scaled values); elsewhere
+  // eager ops divide each .grad in place. Either way one flag per device is read back: one host sync per device and
+  // step, not one per gradient.
   void unscale_(Optimizer& opt);
   // Returns true when the optimizer step ran, false when it was skipped.
   bool step(Optimizer& opt);

@@ -457,6 +457,38 @@ TEST(GradScaler, ChecksEveryGradientOfEveryGroupInOnePass) {
   EXPECT_EQ(d.item(), 5.f);  // no gradient: untouched
 }
 
+// f32 gradients in host memory are unscaled in place (a gradient tensor taken before sees the unscaled values, as with
+// PyTorch's unscale_), in one pass each: no second copy of every gradient. Gradients that share memory (one tensor set
+// as two parameters' .grad) are unscaled once, not twice.
+TEST(GradScaler, UnscalesHostGradientsInPlaceAndSharedOnesOnce) {
+  Tensor a = param({1.f, 2.f, 3.f}), b = param({1.f, 1.f}), c = param({4.f, 4.f});
+  SGD opt({a, b, c}, SGDOptions{0.5});
+  GradScalerOptions o;
+  o.init_scale = 4;
+  GradScaler scaler(o);
+  set_grad(a, {4.f, 8.f, -12.f});
+  const Tensor taken = a.grad();
+  Tensor shared = eager::from_vector(std::vector<float>{8.f, 16.f}, {2});
+  b.set_grad(shared);
+  c.set_grad(shared);
+  scaler.unscale_(opt);
+  EXPECT_FALSE(scaler.found_inf());
+  EXPECT_EQ(a.grad().data().raw_data(), taken.data().raw_data()) << "unscaled in place";
+  EXPECT_EQ(taken.to_vector<float>(), (std::vector<float>{1.f, 2.f, -3.f}));
+  EXPECT_EQ(b.grad().to_vector<float>(), (std::vector<float>{2.f, 4.f}));
+  EXPECT_EQ(c.grad().to_vector<float>(), (std::vector<float>{2.f, 4.f}));
+  scaler.update();
+  // A non-finite result (a finite gradient that overflows once unscaled) is found in place too.
+  GradScalerOptions small;
+  small.init_scale = 0.5;
+  GradScaler up(small);
+  set_grad(a, {1.f, 3.e38f, 1.f});
+  b.zero_grad();
+  c.zero_grad();
+  up.unscale_(opt);
+  EXPECT_TRUE(up.found_inf());
+}
+
 // keel.CheckFiniteAndUnscale (what unscale_ calls on a device that has it): every gradient times inv_scale, rounded to
 // its dtype as the eager Mul rounds it, in f32, f16 and bf16; found_inf is 1 exactly when an unscaled element is inf
 // or NaN (a finite gradient that overflows once unscaled by an inv_scale above 1 included).
