@@ -195,6 +195,8 @@ LowAndF32Kernels kernels_for(const std::string& domain, const std::string& op_ty
   }
   return r;
 }
+// adjust_inputs' choice: the low dtype where a kernel as good as the f32 one takes it.
+bool low_ranks_first(const LowAndF32Kernels& k) { return k.low && (!k.f32 || k.low->priority >= k.f32->priority); }
 
 // Autocast and type promotion: the dtypes the float inputs of this op run in.
 std::vector<Tensor> adjust_inputs(const std::string& domain, const std::string& op_type, std::vector<Tensor> inputs) {
@@ -210,8 +212,9 @@ std::vector<Tensor> adjust_inputs(const std::string& domain, const std::string& 
     // Low precision only where a kernel as good as the f32 one takes it: on a CPU without fp16 instructions the
     // only f16 Gemm is the reference kernel, which made SimpleCNN's `--amp fp16` step 12x slower than f32's.
     std::string dev = inputs[fl[0]].data().location().device_type;
-    const auto [low_k, f32_k] = kernels_for(domain, op_type, inputs, dev, low);
-    if (low_k && (!f32_k || low_k->priority >= f32_k->priority)) {
+    const LowAndF32Kernels ks = kernels_for(domain, op_type, inputs, dev, low);
+    const auto [low_k, f32_k] = ks;
+    if (low_ranks_first(ks)) {
       target = low;
     } else {
       std::string key = op_type + "@" + dev;
@@ -254,6 +257,14 @@ bool keeps_input_dtypes(const std::string& domain, const std::string& op_type) {
 }
 
 }  // namespace
+
+bool autocast_runs_low(const std::string& domain, const std::string& op_type, const std::vector<Tensor>& inputs) {
+  if (t_autocast == DType::kUndefined) return false;
+  for (const Tensor& t : inputs)
+    if (t.defined() && dtype_is_float(t.dtype()))
+      return low_ranks_first(kernels_for(domain, op_type, inputs, t.data().location().device_type, t_autocast));
+  return false;
+}
 
 // The core of every op: autocast, dispatch, autograd recording, tracing.
 std::vector<Tensor> apply(const std::string& domain, const std::string& op_type, std::vector<Tensor> inputs,

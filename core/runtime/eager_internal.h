@@ -239,6 +239,10 @@ std::vector<Tensor> apply(const std::string& domain, const std::string& op_type,
 Tensor apply1(const std::string& op_type, std::vector<Tensor> inputs,
               const std::map<std::string, Attribute>& attrs = {}, const std::string& domain = "");
 Tensor cast_to(const Tensor& t, DType dt);
+// Under autocast (t_autocast set): whether apply() would run `op_type` of `domain` in the autocast dtype for these
+// inputs on their device, i.e. a kernel takes it there ranked at least as high as the f32 one (else the op runs in
+// f32, as on a CPU whose only f16 convolution is the reference kernel). False without autocast.
+bool autocast_runs_low(const std::string& domain, const std::string& op_type, const std::vector<Tensor>& inputs);
 // Runs backward from `root` with the gradient `root_grad` of it.
 void run_backward(const Tensor& root, keel::Tensor root_grad);
 
