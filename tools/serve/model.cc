@@ -365,9 +365,9 @@ StatusOr<std::vector<std::pair<std::string, Tensor>>> ServedModel::zero_feeds(in
   return feeds;
 }
 
-StatusOr<std::vector<std::pair<std::string, Tensor>>> ServedModel::random_feeds(int64_t rows) const {
+StatusOr<std::vector<std::pair<std::string, Tensor>>> ServedModel::random_feeds(int64_t rows, uint32_t seed) const {
   KEEL_ASSIGN_OR_RETURN(auto feeds, zero_feeds(rows), "random feeds");
-  std::mt19937 rng(20261206);
+  std::mt19937 rng(seed);
   std::uniform_real_distribution<float> uniform(-1.f, 1.f);
   for (auto& feed : feeds) {
     Tensor& t = feed.second;
@@ -424,27 +424,48 @@ double row_error(const Tensor& a, int64_t a_row, const Tensor& b, int64_t b_row,
 }  // namespace
 
 std::optional<std::string> ServedModel::mixed_rows(Session& session, const std::string& who) const {
-  const double tol = config_.precision == "fp32" ? 1e-3 : 3e-2;
-  auto feeds = random_feeds(2);
-  if (!feeds.is_ok()) return std::nullopt;
-  auto both = session.run(*feeds);
-  if (!both.is_ok()) {
+  const bool fp32 = config_.precision == "fp32";
+  auto name_of = [&](size_t k) { return k < outputs_.size() ? outputs_[k].name : std::to_string(k); };
+  // Two batches that share row 0 (b's row 1 drawn from another seed).
+  auto a = random_feeds(2, 1), b = random_feeds(2, 2);
+  if (!a.is_ok() || !b.is_ok()) return std::nullopt;
+  for (size_t i = 0; i < a->size(); ++i) {
+    const Tensor& from = (*a)[i].second;
+    if (from.byte_size() > 0) std::memcpy((*b)[i].second.raw_data(), from.raw_data(), from.byte_size() / 2);
+  }
+  auto ra = session.run(*a);
+  if (!ra.is_ok()) {
     spdlog::info("{}: rows not checked for mixing: a batch of 2 rows of random values does not run: {}", who,
-                 both.status().message());
+                 ra.status().message());
     return std::nullopt;
   }
-  auto again = session.run(*feeds);
-  if (!again.is_ok() || again->size() != both->size()) return std::nullopt;
-  for (size_t k = 0; k < both->size(); ++k)
-    if (row_error((*again)[k], 0, (*both)[k], 0, (*both)[k].numel()) > tol) {
-      spdlog::info("{}: rows not checked for mixing: two runs of the same batch differ (output {})", who,
-                   k < outputs_.size() ? outputs_[k].name : std::to_string(k));
+  auto again = session.run(*a), rb = session.run(*b);
+  if (!again.is_ok() || again->size() != ra->size() || !rb.is_ok() || rb->size() != ra->size()) return std::nullopt;
+  for (size_t k = 0; k < ra->size(); ++k)
+    if (row_error((*again)[k], 0, (*ra)[k], 0, (*ra)[k].numel()) > (fp32 ? 1e-3 : 3e-2)) {
+      spdlog::info("{}: rows not checked for mixing: two runs of the same batch differ (output {})", who, name_of(k));
       return std::nullopt;
     }
+  // Row 0 must not change when only row 1 does: the same kernels at the same batch size, so without mixing the row
+  // is the same to the bit at any precision (fuzz_serve's bounds leave room for kernels that are not).
   bool compared = false;
+  std::ostringstream what;
+  what << std::setprecision(3);
+  for (size_t k = 0; k < ra->size(); ++k) {
+    const double tol = fp32 ? 1e-3 : 3e-2, e = row_error((*ra)[k], 0, (*rb)[k], 0, (*ra)[k].numel() / 2);
+    compared = compared || e >= 0;
+    if (e > tol) {
+      what << "output " << name_of(k) << "'s row 0 of a batch of 2 changes when only row 1 does (relative error " << e
+           << " > " << tol << ")";
+      return what.str();
+    }
+  }
+  // And each row alone must give its row of the batch (an output scaled by the batch size mixes nothing but the
+  // batch's size). Other kernels at batch 1 round differently: in bf16 / fp16 a row of a random chain came out 5.7%
+  // off with nothing mixed, so there only a gross difference counts.
   for (int64_t row = 0; row < 2; ++row) {
     std::vector<std::pair<std::string, Tensor>> alone;
-    for (const auto& [name, t] : *feeds) {
+    for (const auto& [name, t] : *a) {
       Shape shape = t.shape();
       shape[0] = 1;
       auto one = Tensor::host_uninitialized(t.dtype(), shape);
@@ -454,15 +475,13 @@ std::optional<std::string> ServedModel::mixed_rows(Session& session, const std::
       alone.emplace_back(name, std::move(*one));
     }
     auto out = session.run(alone);
-    if (!out.is_ok() || out->size() != both->size()) return std::nullopt;
-    for (size_t k = 0; k < both->size(); ++k) {
-      const double e = row_error((*both)[k], row, (*out)[k], 0, (*out)[k].numel());
+    if (!out.is_ok() || out->size() != ra->size()) return std::nullopt;
+    for (size_t k = 0; k < ra->size(); ++k) {
+      const double tol = fp32 ? 1e-3 : 0.5, e = row_error((*ra)[k], row, (*out)[k], 0, (*out)[k].numel());
       compared = compared || e >= 0;
       if (e > tol) {
-        std::ostringstream what;
-        what << "output " << (k < outputs_.size() ? outputs_[k].name : std::to_string(k)) << "'s row " << row
-             << " of a batch of 2 differs from that row run alone (relative error " << std::setprecision(3) << e
-             << " > " << tol << ")";
+        what << "output " << name_of(k) << "'s row " << row << " of a batch of 2 differs from that row run alone "
+             << "(relative error " << e << " > " << tol << ")";
         return what.str();
       }
     }

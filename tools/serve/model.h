@@ -164,13 +164,14 @@ class ServedModel {
   // along it, so a graph that fixes its batch inside (a Reshape to a constant shape, which `dynamic_batch = true`
   // cannot undo) is refused here, naming the node, instead of failing only the requests that happen to be batched
   // with another, under load.
-  // Then the rows must not mix: random values in every input (random_feeds(): each row its own), the batch of 2
-  // run twice (a model whose runs differ from each other, e.g. one that draws random numbers, is not checked further)
-  // and each row alone; a float output row of the batch that differs from the same row run alone by more than the
-  // batched and unbatched answers may (relative L2 error 1e-3, 3e-2 at reduced precision: tests/fuzz/fuzz_serve.py's
-  // bounds) refuses the model: its answers would depend on the other requests batched with it (a BatchNormalization
-  // exported in training mode, a reduction or normalisation over dim 0). Random values that do not run (zeros did)
-  // leave the rows unchecked, with a note in the log.
+  // Then the rows must not mix: two batches of 2 random rows (random_feeds()) that share row 0 run, the first twice (a
+  // model whose runs differ from each other, e.g. one that draws random numbers, is not checked further), and each of
+  // its rows alone. Row 0 of a float output that changes with row 1, or a row that differs from the same row run
+  // alone, refuses the model: its answers would depend on the other requests batched with it (a BatchNormalization
+  // exported in training mode, a reduction or normalisation over dim 0). Bounds: relative L2 error 1e-3 (3e-2 at
+  // reduced precision for row 0, where kernels round alike; 0.5 for a row alone, where other kernels at batch 1 round
+  // otherwise), tests/fuzz/fuzz_serve.py's. Random values that do not run (zeros did) leave the rows unchecked, with
+  // a note in the log.
   Status check_batch_dim(Session& session, const std::string& who) const;
   // The row check above: "" when the rows do not mix, what differs when they do, nullopt when they cannot be checked
   // (random rows do not run, two runs differ, or no output is a float tensor of finite values; the log says which).
@@ -180,9 +181,9 @@ class ServedModel {
   std::string unbatched_output(const std::vector<Tensor>& outs, int64_t rows) const;
   // Zeros of every input at `rows` rows (other dynamic dims 1): the warm-up's and the batch check's feeds.
   StatusOr<std::vector<std::pair<std::string, Tensor>>> zero_feeds(int64_t rows) const;
-  // zero_feeds() with random values from a fixed seed (so each row differs): in [-1, 1) in float inputs, 0 or 1 in
+  // zero_feeds() with random values drawn from `seed` (so each row differs): in [-1, 1) in float inputs, 0 or 1 in
   // integer and bool ones (an id, index or mask that exists). The row check's.
-  StatusOr<std::vector<std::pair<std::string, Tensor>>> random_feeds(int64_t rows) const;
+  StatusOr<std::vector<std::pair<std::string, Tensor>>> random_feeds(int64_t rows, uint32_t seed) const;
   bool compatible(const Request& a, const Request& b) const;
 
   std::string name_;
