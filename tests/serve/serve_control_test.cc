@@ -192,9 +192,10 @@ TEST(ServeControl, LoadUnloadIndexAndANewVersionInterruptsNothing) {
 
 // With max_batch_size > 0 the batcher concatenates requests along dim 0 and splits every output along it: a model
 // that cannot run a batch of 2 rows (a fixed batch reshaped inside, which `dynamic_batch = true` cannot undo), whose
-// output has no batch dim, or whose rows mix (here each row minus the batch's mean: an answer that would depend on
-// the requests batched with it), is refused at load naming the node or the output, instead of failing (or answering
-// wrongly) only the requests that happen to be batched together under load. Without batching all three load.
+// output has no batch dim, or whose rows mix (each row minus the batch's mean, a BatchNormalization exported in
+// training mode: answers that would depend on the requests batched with them), is refused at load naming the node or
+// the output, instead of failing (or answering wrongly) only the requests that happen to be batched together under
+// load. Without batching all of them load.
 TEST(ServeControl, AModelWithoutAFreeBatchDimIsRefusedAtLoadWhenBatching) {
   std::signal(SIGPIPE, SIG_IGN);
   const fs::path dir = fresh_dir("batchdim");
@@ -203,13 +204,17 @@ TEST(ServeControl, AModelWithoutAFreeBatchDimIsRefusedAtLoadWhenBatching) {
   ServerProcess server;
   ASSERT_TRUE(server.start(repo, {"--model-control"})) << server.log;
   auto c = server.client();
-  enum Kind { kReshaped, kSummed, kCentred };
+  enum Kind { kReshaped, kSummed, kCentred, kTrainingBatchNorm };
   auto model = [](Kind kind) {
     GraphBuilder g("m", 17);
     auto x = g.input("x", DType::kF32, {kind == kReshaped ? 1 : -1, 4});
     auto axis0 = [&] { return g.constant("axes", Tensor::from_vector<int64_t>(DType::kI64, {1}, {0})); };
     if (kind == kSummed) {
       g.output(g.op1("ReduceSum", {x, axis0()}, {{"keepdims", keel::Attribute::of_int(0)}}));
+    } else if (kind == kTrainingBatchNorm) {  // exported in training mode: normalised by the batch's statistics
+      auto c = [&](const char* n, float v) { return g.constant(n, Tensor::f32({4}, std::vector<float>(4, v))); };
+      g.output(g.op("BatchNormalization", {x, c("scale", 1), c("bias", 0), c("mean", 0), c("var", 1)},
+                    {{"training_mode", keel::Attribute::of_int(1)}}, 3)[0]);
     } else if (kind == kCentred) {
       // opset 17's ReduceMean takes its axes as an attribute
       g.output(g.op1("Sub", {x, g.op1("ReduceMean", {x}, {{"axes", keel::Attribute::of_ints({0})}})}));
@@ -222,8 +227,11 @@ TEST(ServeControl, AModelWithoutAFreeBatchDimIsRefusedAtLoadWhenBatching) {
     return bytes.is_ok() ? bytes.value() : "";
   };
   const std::vector<float> x = {1, -2, 3, 0.5f};
-  for (Kind kind : {kReshaped, kSummed, kCentred}) {
-    const std::string name = kind == kReshaped ? "reshaped" : kind == kSummed ? "summed" : "centred";
+  for (Kind kind : {kReshaped, kSummed, kCentred, kTrainingBatchNorm}) {
+    const std::string name = kind == kReshaped  ? "reshaped"
+                             : kind == kSummed  ? "summed"
+                             : kind == kCentred ? "centred"
+                                                : "batchnorm";
     write(repo / name / "1" / "model.onnx", model(kind));
     write(repo / name / "config.toml",
           kind == kReshaped ? "max_batch_size = 4\ndynamic_batch = true\n" : "max_batch_size = 4\n");
