@@ -168,10 +168,10 @@ class ServedModel {
   // model whose runs differ from each other, e.g. one that draws random numbers, is not checked further), and each of
   // its rows alone. Row 0 of a float output that changes with row 1, or a row that differs from the same row run
   // alone, refuses the model: its answers would depend on the other requests batched with it (a BatchNormalization
-  // exported in training mode, a reduction or normalisation over dim 0). Bounds: relative L2 error 1e-3 (3e-2 at
-  // reduced precision for row 0, where kernels round alike; 0.5 for a row alone, where other kernels at batch 1 round
-  // otherwise), tests/fuzz/fuzz_serve.py's. Random values that do not run (zeros did) leave the rows unchecked, with
-  // a note in the log.
+  // exported in training mode, a reduction or normalisation over dim 0). Bounds, in relative L2 error: 1e-3 in fp32;
+  // at reduced precision 3e-2 for row 0 (the same kernels at the same batch round alike; both are
+  // tests/fuzz/fuzz_serve.py's bounds) and 0.5 for a row alone (kernels at batch 1 round otherwise). Random values
+  // that do not run (zeros did) leave the rows unchecked, with a note in the log.
   Status check_batch_dim(Session& session, const std::string& who) const;
   // The row check above: "" when the rows do not mix, what differs when they do, nullopt when they cannot be checked
   // (random rows do not run, two runs differ, or no output is a float tensor of finite values; the log says which).
