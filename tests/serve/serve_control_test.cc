@@ -190,6 +190,31 @@ TEST(ServeControl, LoadUnloadIndexAndANewVersionInterruptsNothing) {
   fs::remove_all(dir);
 }
 
+// Models that a batcher must not take (the batch check refuses each): a fixed batch reshaped inside, an output without
+// a batch dim, rows that mix (each minus the batch's mean; a BatchNormalization exported in training mode).
+enum Kind { kReshaped, kSummed, kCentred, kTrainingBatchNorm };
+std::string unbatchable_model(Kind kind) {
+  GraphBuilder g("m", 17);
+  auto x = g.input("x", DType::kF32, {kind == kReshaped ? 1 : -1, 4});
+  auto axis0 = [&] { return g.constant("axes", Tensor::from_vector<int64_t>(DType::kI64, {1}, {0})); };
+  if (kind == kSummed) {
+    g.output(g.op1("ReduceSum", {x, axis0()}, {{"keepdims", keel::Attribute::of_int(0)}}));
+  } else if (kind == kTrainingBatchNorm) {  // exported in training mode: normalised by the batch's statistics
+    auto c = [&](const char* n, float v) { return g.constant(n, Tensor::f32({4}, std::vector<float>(4, v))); };
+    g.output(g.op("BatchNormalization", {x, c("scale", 1), c("bias", 0), c("mean", 0), c("var", 1)},
+                  {{"training_mode", keel::Attribute::of_int(1)}}, 3)[0]);
+  } else if (kind == kCentred) {
+    // opset 17's ReduceMean takes its axes as an attribute
+    g.output(g.op1("Sub", {x, g.op1("ReduceMean", {x}, {{"axes", keel::Attribute::of_ints({0})}})}));
+  } else {
+    auto y = g.op1("Relu", {x});
+    g.output(g.op1("Reshape", {y, g.constant("shape", Tensor::from_vector<int64_t>(DType::kI64, {2}, {1, 4}))}));
+  }
+  auto bytes = keel::serialize_onnx(g.take());
+  EXPECT_TRUE(bytes.is_ok()) << bytes.status().to_string();
+  return bytes.is_ok() ? bytes.value() : "";
+}
+
 // With max_batch_size > 0 the batcher concatenates requests along dim 0 and splits every output along it: a model
 // that cannot run a batch of 2 rows (a fixed batch reshaped inside, which `dynamic_batch = true` cannot undo), whose
 // output has no batch dim, or whose rows mix (each row minus the batch's mean, a BatchNormalization exported in
@@ -204,35 +229,13 @@ TEST(ServeControl, AModelWithoutAFreeBatchDimIsRefusedAtLoadWhenBatching) {
   ServerProcess server;
   ASSERT_TRUE(server.start(repo, {"--model-control"})) << server.log;
   auto c = server.client();
-  enum Kind { kReshaped, kSummed, kCentred, kTrainingBatchNorm };
-  auto model = [](Kind kind) {
-    GraphBuilder g("m", 17);
-    auto x = g.input("x", DType::kF32, {kind == kReshaped ? 1 : -1, 4});
-    auto axis0 = [&] { return g.constant("axes", Tensor::from_vector<int64_t>(DType::kI64, {1}, {0})); };
-    if (kind == kSummed) {
-      g.output(g.op1("ReduceSum", {x, axis0()}, {{"keepdims", keel::Attribute::of_int(0)}}));
-    } else if (kind == kTrainingBatchNorm) {  // exported in training mode: normalised by the batch's statistics
-      auto c = [&](const char* n, float v) { return g.constant(n, Tensor::f32({4}, std::vector<float>(4, v))); };
-      g.output(g.op("BatchNormalization", {x, c("scale", 1), c("bias", 0), c("mean", 0), c("var", 1)},
-                    {{"training_mode", keel::Attribute::of_int(1)}}, 3)[0]);
-    } else if (kind == kCentred) {
-      // opset 17's ReduceMean takes its axes as an attribute
-      g.output(g.op1("Sub", {x, g.op1("ReduceMean", {x}, {{"axes", keel::Attribute::of_ints({0})}})}));
-    } else {
-      auto y = g.op1("Relu", {x});
-      g.output(g.op1("Reshape", {y, g.constant("shape", Tensor::from_vector<int64_t>(DType::kI64, {2}, {1, 4}))}));
-    }
-    auto bytes = keel::serialize_onnx(g.take());
-    EXPECT_TRUE(bytes.is_ok()) << bytes.status().to_string();
-    return bytes.is_ok() ? bytes.value() : "";
-  };
   const std::vector<float> x = {1, -2, 3, 0.5f};
   for (Kind kind : {kReshaped, kSummed, kCentred, kTrainingBatchNorm}) {
     const std::string name = kind == kReshaped  ? "reshaped"
                              : kind == kSummed  ? "summed"
                              : kind == kCentred ? "centred"
                                                 : "batchnorm";
-    write(repo / name / "1" / "model.onnx", model(kind));
+    write(repo / name / "1" / "model.onnx", unbatchable_model(kind));
     write(repo / name / "config.toml",
           kind == kReshaped ? "max_batch_size = 4\ndynamic_batch = true\n" : "max_batch_size = 4\n");
     auto r = c->Post(("/v2/repository/models/" + name + "/load").c_str(), "", "application/json");
@@ -260,6 +263,54 @@ TEST(ServeControl, AModelWithoutAFreeBatchDimIsRefusedAtLoadWhenBatching) {
   auto mlp = c->Post("/v2/repository/models/other/load", "", "application/json");
   ASSERT_TRUE(mlp);
   EXPECT_EQ(mlp->status, 200) << mlp->body;
+  EXPECT_EQ(server.terminate(), 0);
+  fs::remove_all(dir);
+}
+
+// --exit-on-error false (Triton's flag): a model that fails to load at start is left out, the others serve, and its
+// error is the reason its requests' 404 and the repository index give; by default the server does not start.
+TEST(ServeControl, ExitOnErrorFalseServesTheOthersAndNamesTheReason) {
+  std::signal(SIGPIPE, SIG_IGN);
+  const fs::path dir = fresh_dir("exitonerror");
+  const fs::path repo = dir / "repo";
+  write(repo / "good" / "1" / "model.onnx", mlp_model());
+  write(repo / "mixed" / "1" / "model.onnx", unbatchable_model(kCentred));
+  write(repo / "mixed" / "config.toml", "max_batch_size = 4\n");
+  {
+    ServerProcess strict;
+    EXPECT_FALSE(strict.start(repo)) << strict.log;
+    strict.terminate();
+  }
+  ServerProcess server;
+  ASSERT_TRUE(server.start(repo, {"--exit-on-error", "false", "--model-control"})) << server.log;
+  auto c = server.client();
+  const std::vector<float> x = {1, -2, 3, 0.5f};
+  auto good = c->Post("/v2/models/good/infer", infer_body(x, 1).dump(), "application/json");
+  ASSERT_TRUE(good);
+  EXPECT_EQ(good->status, 200) << good->body;
+  auto meta = c->Get("/v2/models/mixed");
+  ASSERT_TRUE(meta);
+  EXPECT_EQ(meta->status, 404);
+  EXPECT_NE(meta->body.find("failed to load"), std::string::npos) << meta->body;
+  EXPECT_NE(meta->body.find("mixes the rows of a batch"), std::string::npos) << meta->body;
+  auto index = c->Post("/v2/repository/index", "", "application/json");
+  ASSERT_TRUE(index);
+  ASSERT_EQ(index->status, 200) << index->body;
+  const auto entries = json::parse(index->body);
+  bool found = false;
+  for (const auto& e : entries)
+    if (e["name"] == "mixed") {
+      found = true;
+      EXPECT_EQ(e["state"], "UNAVAILABLE");
+      EXPECT_NE(e["reason"].get<std::string>().find("mixes the rows"), std::string::npos) << e.dump();
+    }
+  EXPECT_TRUE(found) << index->body;
+  // Fixed in place and loaded again: it serves, and the reason is gone.
+  write(repo / "mixed" / "config.toml", "max_batch_size = 0\n");
+  auto load = c->Post("/v2/repository/models/mixed/load", "", "application/json");
+  ASSERT_TRUE(load);
+  EXPECT_EQ(load->status, 200) << load->body;
+  EXPECT_EQ(c->Get("/v2/models/mixed")->status, 200);
   EXPECT_EQ(server.terminate(), 0);
   fs::remove_all(dir);
 }

@@ -33,6 +33,7 @@ struct ServeArgs {
   int64_t request_timeout_ms = 60'000;
   std::string auth_token_file;
   bool model_control = false;
+  bool exit_on_error = true;
 };
 
 // The token of --auth-token-file: the file's text without surrounding whitespace; empty or unreadable is an error.
@@ -89,6 +90,7 @@ int run_serve(const ServeArgs& a, Globals& g) {
   o.io_timeout_s = a.io_timeout_s;
   o.request_timeout_ms = a.request_timeout_ms;
   o.model_control = a.model_control;
+  o.exit_on_error = a.exit_on_error;
   if (!a.auth_token_file.empty()) {
     auto token = read_token(a.auth_token_file);
     if (!token.is_ok()) {
@@ -168,6 +170,10 @@ void add_serve_command(CLI::App& app, Globals& g) {
       ->check(CLI::ExistingFile);
   cmd->add_flag("--model-control", a->model_control,
                 "Enable POST /v2/repository/index and /v2/repository/models/{m}/load|unload");
+  cmd->add_option("--exit-on-error", a->exit_on_error,
+                  "true (default): a model that fails to load at start stops the server; false: it is left out, the "
+                  "others serve, and its error is the reason its requests' 404 and the repository index give")
+      ->default_str("true");
   cmd->callback([a, &g] {
     const int rc = run_serve(*a, g);
     if (rc != 0) throw CLI::RuntimeError(rc);

@@ -171,7 +171,11 @@ StatusOr<std::unique_ptr<Server>> Server::create(Environment& env, ServerOptions
       spdlog::warn("keel serve: skipping {}: no <version>/model.onnx inside", entry.path().string());
       continue;
     }
-    KEEL_RETURN_IF_ERROR(s->load_model(name), "keel serve");
+    const Status st = s->load_model(name);
+    if (!st.is_ok()) {
+      if (s->options_.exit_on_error) return st.with_context("keel serve");
+      spdlog::error("keel serve: model {} left out (--exit-on-error false): {}", name, st.to_string());
+    }
   }
   if (ec) return invalid_argument("keel serve: model repository " + repo.string() + ": " + ec.message());
   http::Options o;
@@ -200,6 +204,14 @@ Server::~Server() {
 Status Server::load_model(const std::string& name) {
   std::lock_guard<std::mutex> control(control_mu_);
   if (!valid_model_name(name)) return invalid_argument("invalid model name '" + name + "'");
+  const Status st = load_versions(name);
+  std::unique_lock lk(models_mu_);
+  if (st.is_ok()) load_errors_.erase(name);
+  else load_errors_[name] = st.message();
+  return st;
+}
+
+Status Server::load_versions(const std::string& name) {
   const fs::path dir = options_.model_repository / name;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return not_found("model '" + name + "' is not in the repository");
@@ -256,6 +268,7 @@ Status Server::unload_model(const std::string& name) {
   Versions gone;
   {
     std::unique_lock lk(models_mu_);
+    load_errors_.erase(name);
     auto it = models_.find(name);
     if (it == models_.end()) return not_found("model '" + name + "' is not loaded");
     gone.swap(it->second);
@@ -276,7 +289,10 @@ std::shared_ptr<ServedModel> Server::find(const std::string& name, const std::st
   auto it = models_.find(name);
   if (it == models_.end() || it->second.empty()) {
     code = 404;
-    message = "unknown model '" + name + "'";
+    const auto failed = load_errors_.find(name);
+    message = failed == load_errors_.end()
+                  ? "unknown model '" + name + "'"
+                  : "model '" + name + "' is not available: it failed to load: " + failed->second;
     return nullptr;
   }
   if (version == nullptr) return it->second.rbegin()->second;
@@ -407,9 +423,11 @@ void Server::install_routes() {
                  json index = json::array();
                  std::error_code ec;
                  std::map<std::string, Versions> loaded;
+                 std::map<std::string, std::string> failed;
                  {
                    std::shared_lock lk(models_mu_);
                    loaded = models_;
+                   failed = load_errors_;
                  }
                  std::vector<std::string> names;
                  for (const auto& e : fs::directory_iterator(options_.model_repository, ec))
@@ -422,7 +440,12 @@ void Server::install_routes() {
                      const bool ready = it != loaded.end() && it->second.count(v);
                      if (ready_only && !ready) continue;
                      json e{{"name", n}, {"version", std::to_string(v)}, {"state", ready ? "READY" : "UNAVAILABLE"}};
-                     if (!ready) e["reason"] = it == loaded.end() ? "unloaded" : "not selected by the version policy";
+                     if (!ready) {
+                       const auto f = failed.find(n);
+                       e["reason"] = f != failed.end()    ? "failed to load: " + f->second
+                                     : it == loaded.end() ? "unloaded"
+                                                          : "not selected by the version policy";
+                     }
                      index.push_back(std::move(e));
                    }
                  }

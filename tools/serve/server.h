@@ -67,13 +67,16 @@ struct ServerOptions {
   int idle_timeout_s = 5;                    // an idle keep-alive connection is closed after this
   std::string auth_token;                    // "" = no token; else `Authorization: Bearer <token>` is required
   bool model_control = false;                // the /v2/repository endpoints
-  PassResolver pass_resolver;                // empty: see PassResolver
+  // As Triton's --exit-on-error: true, a model that fails to load at start stops the server from starting; false, it
+  // is left out (the others serve; its error is the reason the repository index and its 404s give).
+  bool exit_on_error = true;
+  PassResolver pass_resolver;  // empty: see PassResolver
 };
 
 class Server {
  public:
   // Loads every model of the repository (a model that fails to load is an error naming it: the server does not start
-  // half-configured). The environment must outlive the server.
+  // half-configured, unless options.exit_on_error is false). The environment must outlive the server.
   static StatusOr<std::unique_ptr<Server>> create(Environment& env, ServerOptions options);
   ~Server();
   // Binds host:port; returns the port (the chosen one for port 0). UNAVAILABLE when the address cannot be bound.
@@ -84,7 +87,8 @@ class Server {
   void stop();
 
   // (Re)loads one model from the repository per its config and version policy; on failure the versions that were
-  // serving keep serving. NOT_FOUND when the folder has no <version>/model.onnx. Thread-safe (one load at a time).
+  // serving keep serving, and the error is kept as the model's reason until it loads or is unloaded. NOT_FOUND when
+  // the folder has no <version>/model.onnx. Thread-safe (one load at a time).
   Status load_model(const std::string& name);
   // Stops routing requests to the model; its versions finish what they accepted. NOT_FOUND when not loaded.
   Status unload_model(const std::string& name);
@@ -95,6 +99,7 @@ class Server {
   void install_routes();
   void handle_infer(const http::Request& req, http::Response& res);
   std::string metrics_text();
+  Status load_versions(const std::string& name);  // load_model's work, under control_mu_
   // The loaded version a request names (the highest when `version` is empty), or an HTTP error.
   std::shared_ptr<ServedModel> find(const std::string& name, const std::string* version, int& code,
                                     std::string& message) const;
@@ -103,7 +108,8 @@ class Server {
   ServerOptions options_;
   mutable std::shared_mutex models_mu_;  // guards models_ (requests read, load/unload swap)
   std::map<std::string, Versions> models_;
-  std::mutex control_mu_;  // one load or unload at a time
+  std::map<std::string, std::string> load_errors_;  // the last failed load of each model (guarded by models_mu_)
+  std::mutex control_mu_;                           // one load or unload at a time
   std::unique_ptr<http::Server> http_;
   std::atomic<bool> stop_requested_{false};
   std::atomic<uint64_t> inflight_bytes_{0};
