@@ -258,6 +258,20 @@ TEST(ServeControl, AModelWithoutAFreeBatchDimIsRefusedAtLoadWhenBatching) {
     ASSERT_TRUE(run);
     EXPECT_EQ(run->status, 200) << run->body;
   }
+  // Random rows that cannot run leave the rows unchecked, never refused: ids of a one-row table (zeros run, the row
+  // check's 0 or 1 ids do not) load with batching.
+  {
+    GraphBuilder g("lookup", 17);
+    auto ids = g.input("ids", DType::kI64, {-1, 2});
+    g.output(g.op1("Gather", {g.constant("table", Tensor::f32({1, 3}, {0.5f, -1.f, 2.f})), ids}));
+    auto bytes = keel::serialize_onnx(g.take());
+    ASSERT_TRUE(bytes.is_ok()) << bytes.status().to_string();
+    write(repo / "lookup" / "1" / "model.onnx", bytes.value());
+    write(repo / "lookup" / "config.toml", "max_batch_size = 4\n");
+    auto r = c->Post("/v2/repository/models/lookup/load", "", "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << r->body;
+  }
   // A model whose rows stay apart loads with batching (the check passes: MLP rows are independent).
   write(repo / "other" / "config.toml", "max_batch_size = 4\n");
   auto mlp = c->Post("/v2/repository/models/other/load", "", "application/json");
