@@ -319,12 +319,17 @@ TEST(ServeControl, ExitOnErrorFalseServesTheOthersAndNamesTheReason) {
       EXPECT_NE(e["reason"].get<std::string>().find("mixes the rows"), std::string::npos) << e.dump();
     }
   EXPECT_TRUE(found) << index->body;
+  auto metrics = c->Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_NE(metrics->body.find("keel_model_load_failed{model=\"mixed\"} 1"), std::string::npos) << metrics->body;
+  EXPECT_EQ(metrics->body.find("keel_model_load_failed{model=\"good\"}"), std::string::npos);
   // Fixed in place and loaded again: it serves, and the reason is gone.
   write(repo / "mixed" / "config.toml", "max_batch_size = 0\n");
   auto load = c->Post("/v2/repository/models/mixed/load", "", "application/json");
   ASSERT_TRUE(load);
   EXPECT_EQ(load->status, 200) << load->body;
   EXPECT_EQ(c->Get("/v2/models/mixed")->status, 200);
+  EXPECT_EQ(c->Get("/metrics")->body.find("keel_model_load_failed{model=\"mixed\"}"), std::string::npos);
   EXPECT_EQ(server.terminate(), 0);
   fs::remove_all(dir);
 }

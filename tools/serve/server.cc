@@ -675,9 +675,11 @@ void Server::handle_infer(const http::Request& req, http::Response& res) {
 
 std::string Server::metrics_text() {
   std::map<std::string, Versions> models;
+  std::vector<std::string> failed;
   {
     std::shared_lock lk(models_mu_);
     models = models_;
+    for (const auto& [n, why] : load_errors_) failed.push_back(n);
   }
   std::ostringstream os;
   auto header = [&](const char* name, const char* type, const char* help) {
@@ -723,6 +725,10 @@ std::string Server::metrics_text() {
          [](ServedModel& m) { return m.memory().constant_bytes; });
   family("keel_model_arena_bytes", "gauge", "Activation arenas of the model version's builds",
          [](ServedModel& m) { return m.memory().arena_bytes; });
+  header("keel_model_load_failed", "gauge",
+         "1 for a model whose last load failed (left out at start with --exit-on-error false, or a failed reload that "
+         "kept its serving versions); the reason is in the repository index and the log");
+  for (const auto& n : failed) os << "keel_model_load_failed{model=\"" << n << "\"} 1\n";
   header("keel_memory_pool_bytes", "gauge", "Device memory pools: bytes in use and reserved (held from the device)");
   for (const auto& [dev, st] : env_->memory_stats()) {
     os << "keel_memory_pool_bytes{device=\"" << dev << "\",kind=\"in_use\"} " << st.in_use_bytes << "\n";
