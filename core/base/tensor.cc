@@ -121,4 +121,23 @@ std::string Tensor::describe() const {
   return std::string(dtype_name(dtype_)) + shape_to_string(shape_) + " on " + location().to_string();
 }
 
+double element_as_double(const Tensor& t, int64_t i) {
+  switch (t.dtype()) {
+    case DType::kF32: return t.data<float>()[i];
+    case DType::kF64: return t.data<double>()[i];
+    case DType::kF16: return f16_to_f32(t.data<uint16_t>()[i]);
+    case DType::kBF16: return bf16_to_f32(t.data<uint16_t>()[i]);
+    case DType::kI8: return t.data<int8_t>()[i];
+    case DType::kU8: return t.data<uint8_t>()[i];
+    case DType::kI16: return t.data<int16_t>()[i];
+    case DType::kU16: return t.data<uint16_t>()[i];
+    case DType::kI32: return t.data<int32_t>()[i];
+    case DType::kU32: return t.data<uint32_t>()[i];
+    case DType::kI64: return static_cast<double>(t.data<int64_t>()[i]);
+    case DType::kU64: return static_cast<double>(t.data<uint64_t>()[i]);
+    case DType::kBool: return t.data<uint8_t>()[i] ? 1 : 0;
+    default: return 0;
+  }
+}
+
 }  // namespace keel

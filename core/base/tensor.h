@@ -121,6 +121,9 @@ class Tensor {
   uint64_t byte_offset_ = 0;
 };
 
+// Element i (in row-major order) of a host tensor of any numeric dtype or bool, as a double (0 for another dtype).
+double element_as_double(const Tensor& t, int64_t i);
+
 template <typename T>
 Tensor Tensor::from_vector(DType dtype, Shape shape, const std::vector<T>& values) {
   auto t = host(dtype, std::move(shape));

@@ -93,16 +93,6 @@ std::string one_line(std::string s, size_t max = 400) {
 // ----------------------------------------------------------------------------------------------------------------
 // Comparison
 
-double value_at(const Tensor& t, int64_t i) {
-  switch (t.dtype()) {
-    case DType::kF32: return t.data<float>()[i];
-    case DType::kF64: return t.data<double>()[i];
-    case DType::kF16: return f16_to_f32(t.data<uint16_t>()[i]);
-    case DType::kBF16: return bf16_to_f32(t.data<uint16_t>()[i]);
-    default: return 0;
-  }
-}
-
 bool same_integer(const Tensor& a, const Tensor& e, int64_t i) {
   const size_t es = dtype_size(a.dtype());
   const auto* pa = static_cast<const unsigned char*>(a.raw_data()) + i * es;
@@ -143,7 +133,7 @@ std::string compare(const Tensor& got, const Tensor& want) {
   for (int64_t i = 0; i < n; ++i) {
     bool ok;
     if (is_float) {
-      const double g = value_at(got, i), w = value_at(want, i);
+      const double g = element_as_double(got, i), w = element_as_double(want, i);
       if (std::isnan(w) || std::isnan(g)) {
         ok = std::isnan(w) && std::isnan(g);
       } else if (std::isinf(w) || std::isinf(g)) {
@@ -165,7 +155,7 @@ std::string compare(const Tensor& got, const Tensor& want) {
   std::ostringstream os;
   os << bad << " of " << n << " elements differ; first at " << first << ": got ";
   if (is_float) {
-    os << std::setprecision(7) << value_at(got, first) << ", expected " << value_at(want, first);
+    os << std::setprecision(7) << element_as_double(got, first) << ", expected " << element_as_double(want, first);
     if (worst > 0) os << "; max abs error " << worst;
   } else {
     os << integer_text(got, first) << ", expected " << integer_text(want, first);

@@ -391,17 +391,6 @@ StatusOr<std::vector<std::pair<std::string, Tensor>>> ServedModel::random_feeds(
 
 namespace {
 
-// Element i of a host float tensor as a double.
-double float_at(const Tensor& t, int64_t i) {
-  switch (t.dtype()) {
-    case DType::kF32: return static_cast<const float*>(t.raw_data())[i];
-    case DType::kF64: return static_cast<const double*>(t.raw_data())[i];
-    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(t.raw_data())[i]);
-    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(t.raw_data())[i]);
-    default: return 0;
-  }
-}
-
 // The relative L2 error of rows [a_row * n, (a_row + 1) * n) of `a` against rows [b_row * n, ...) of `b` (n elements
 // each), relative to the larger of the two norms (a row that is all zeros on one side gives 1, not infinity); -1 when
 // either is not a host float tensor of enough elements or holds a non-finite value (not compared).
@@ -411,7 +400,7 @@ double row_error(const Tensor& a, int64_t a_row, const Tensor& b, int64_t b_row,
   if (a.numel() < (a_row + 1) * n || b.numel() < (b_row + 1) * n) return -1;
   double diff = 0, norm_a = 0, norm_b = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const double x = float_at(a, a_row * n + i), y = float_at(b, b_row * n + i);
+    const double x = element_as_double(a, a_row * n + i), y = element_as_double(b, b_row * n + i);
     if (!std::isfinite(x) || !std::isfinite(y)) return -1;
     diff += (x - y) * (x - y);
     norm_a += x * x;
