@@ -185,6 +185,10 @@ Tensor cached_constant(const Tensor& t, const std::string& device);
 
 // --- autograd and autocast scopes (thread-local, nestable) --------------------------------------------------------
 
+// Computes every value conv2d calls deferred (see conv2d; of any thread) that is still alive: before writing
+// into tensors' storage other than through copy_ / set_data_ (which do it for what reads their tensor).
+void compute_deferred();
+
 // While alive, ops record no autograd history.
 class NoGradGuard {
  public:
@@ -223,6 +227,15 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 // x [..., in] · w[out, in]ᵀ + b[out]; b may be undefined.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b);
 // NCHW; w [out, in/groups, kh, kw]; b [out] or undefined.
+// Deferred fusion: on a CPU device (f32 operands, or under autocast its dtype), outside a Tracer, conv2d returns a
+// tensor whose value is computed at its first use, so that relu(conv2d(...)) and max_pool2d(relu(conv2d(...)), k)
+// (windows at their own stride, no padding) written as separate calls, as PaddlePaddle's and PyTorch's users write a
+// layer's forward, run as conv2d_relu and conv2d_relu_max_pool2d: the same values and gradients, one kernel (under
+// autocast, the pooled form's f32 first layer is cast to the dtype the separate calls give). Shape, dtype, device and
+// requires_grad are known at once; anything else (data, item, another op, backward) computes it first, from the
+// inputs' values at that moment and under the guards the call was made with. Writes into an input through copy_ or
+// set_data_, and optimizer steps, compute the deferred values that read it first; code that writes into a tensor's
+// storage itself (through data()) calls compute_deferred() before. KEEL_EAGER_DEFER=0 turns it off.
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, std::array<int64_t, 2> stride = {1, 1},
               std::array<int64_t, 2> padding = {0, 0}, std::array<int64_t, 2> dilation = {1, 1}, int64_t groups = 1);
 // relu(conv2d(...)) as one kernel where the device has one (keel.FusedConv with its Relu fused: the convolution's

@@ -125,6 +125,7 @@ std::shared_ptr<GradNode> accumulator_of(const std::shared_ptr<TensorImpl>& leaf
 Edge edge_of(const Tensor& t) {
   if (!t.defined() || !t.requires_grad()) return Edge{};
   const auto& impl = t.impl();
+  need(impl);  // a deferred tensor's grad_fn exists once it is computed
   if (impl->grad_fn) return Edge{impl->grad_fn, impl->output_nr};
   return Edge{accumulator_of(impl), 0};
 }

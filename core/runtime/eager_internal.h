@@ -9,11 +9,13 @@
 //   eager_tensor.cc    Tensor's methods, the thread-local guards, conversions and arithmetic operators
 //   eager_ops.cc       factories, the functional ops, losses
 //   eager_tracer.cc    the tracer (eager ops to graph IR)
+//   eager_deferred.cc  deferred convolutions (conv2d waits for the relu / max_pool2d that reads it, to fuse them)
 //
 // Thread-safety as eager.h states it: the runtime and the kernel cache are guarded by their mutexes (Runtime below);
 // a CachedKernel computes under its run_mu; the thread-locals are the calling thread's guards and tracer.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -131,8 +133,14 @@ extern thread_local Tracer::Impl* t_tracer;
 // ------------------------------------------------------------------------------------------------ tensor impl
 
 struct GradNode;
+struct DeferredConv;
 
 struct TensorImpl {
+  // Set from creation while the value is a deferred conv2d (eager_deferred.cc) not computed yet: `data` and
+  // `grad_fn` are empty until need() computes it (under deferred->mu; `pending` cleared last, with release order).
+  // `deferred` itself never changes after creation, so shape queries may read it while pending.
+  std::shared_ptr<DeferredConv> deferred;
+  std::atomic<bool> pending{false};
   keel::Tensor data;
   bool requires_grad = false;
   std::shared_ptr<GradNode> grad_fn;  // null for leaves
@@ -143,7 +151,7 @@ struct TensorImpl {
   int64_t next_hook = 1;
 };
 
-// The impl of a defined tensor (Error for an undefined one).
+// The impl of a defined tensor (Error for an undefined one), computed first if it was deferred.
 const TensorImpl& need(const std::shared_ptr<TensorImpl>& p);
 // Errors naming the op and the argument: `t` undefined, or not of rank r.
 void need_defined(const Tensor& t, const char* op, const char* what);
@@ -256,6 +264,53 @@ Tensor wrap_const(keel::Tensor host, const std::string& device);
 Tensor scalar_like(const Tensor& t, double v);
 // A host int64 1-D constant.
 Tensor ints_const(const std::vector<int64_t>& v);
+
+// ------------------------------------------------------------------------------------------------ deferred convs
+
+// A conv2d() whose computation waits until the op that reads its output is known, so that `relu(conv2d(...))` and
+// `max_pool2d(relu(conv2d(...)), k)` written one call at a time (PaddlePaddle's and PyTorch's layer-by-layer
+// forward) run as conv2d_relu / conv2d_relu_max_pool2d: one kernel, the convolution's output never stored whole for
+// the pooled form. Only on a host device, for f32 operands (or under autocast, operands in its dtype), outside a
+// tracer. The result is the same as the separate calls' (the fused ops are documented to give the same values and
+// gradients; under autocast the pooled form may compute a first layer in f32, its result then cast to the dtype the
+// separate calls give). Any other use of a deferred tensor (its data, its grad_fn, another op) computes it first, under
+// the guards it was called with, from its inputs' values at that time; writers into tensors' storage (copy_, set_data_,
+// optimizer steps) compute those that read that storage before writing (compute_pending_reading below,
+// eager::compute_deferred). Deferred tensors are thread-safe as other tensors: need() computes one once, under its
+// mutex.
+struct DeferredConv {
+  Tensor x, w, b;
+  std::array<int64_t, 2> stride{1, 1}, padding{0, 0}, dilation{1, 1};
+  int64_t groups = 1;
+  bool relu = false;                   // a relu() over the convolution folded in
+  bool grad_enabled = true;            // t_grad_enabled at the call
+  DType autocast = DType::kUndefined;  // t_autocast at the call
+  Shape shape;                         // the output's
+  DType dtype = DType::kF32;           // the output's (the autocast dtype where the convolution runs in it)
+  std::mutex mu;                       // held while it is computed
+};
+
+// conv2d's deferred form: a pending tensor, or an undefined one where the call is not deferred (then run it now).
+Tensor defer_conv2d(const Tensor& x, const Tensor& w, const Tensor& b, std::array<int64_t, 2> stride,
+                    std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation, int64_t groups);
+// relu(x) of a pending convolution without one: the same convolution with its relu, pending. Else undefined.
+Tensor defer_relu(const Tensor& x);
+// max_pool2d(x) of a pending convolution with its relu, where the pooling is conv2d_relu_max_pool2d's: that op's
+// result (computed now). Else undefined.
+Tensor fuse_max_pool2d(const Tensor& x, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
+                       std::array<int64_t, 2> padding);
+// Computes a pending tensor (need() calls it); nothing when it is not pending.
+void compute_pending(TensorImpl& t);
+// Computes the pending tensors (of any thread) that read memory overlapping `storage`, before it is written in place.
+void compute_pending_reading(const keel::Tensor& storage);
+// While alive, this thread defers nothing (inside the fused ops and while a deferred tensor is computed).
+class NoDeferGuard {
+ public:
+  NoDeferGuard();
+  ~NoDeferGuard();
+  NoDeferGuard(const NoDeferGuard&) = delete;
+  NoDeferGuard& operator=(const NoDeferGuard&) = delete;
+};
 
 // ------------------------------------------------------------------------------------------------ tracer
 

@@ -151,6 +151,17 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
 }
 
 namespace {
+// The checks every conv2d form makes before it runs or defers: ranks, groups and the bias's length (a kernel would
+// read a bias of another length past its end).
+void check_conv2d(const Tensor& x, const Tensor& w, const Tensor& b, int64_t groups, const char* op) {
+  need_rank(x, 4, op, "input");
+  need_rank(w, 4, op, "weight");
+  if (groups <= 0) fail(invalid_argument(std::string(op) + ": groups must be positive"));
+  if (b.defined() && (b.rank() != 1 || b.dim(0) != w.dim(0)))
+    fail(invalid_argument(std::string(op) + ": bias " + shape_to_string(b.shape()) + " does not match " +
+                          std::to_string(w.dim(0)) + " output channels"));
+}
+
 // Conv's attributes for conv2d and conv2d_relu (symmetric padding, PyTorch's).
 std::map<std::string, Attribute> conv2d_attrs(const Tensor& w, std::array<int64_t, 2> stride,
                                               std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation,
@@ -165,20 +176,18 @@ std::map<std::string, Attribute> conv2d_attrs(const Tensor& w, std::array<int64_
 
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, std::array<int64_t, 2> stride,
               std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation, int64_t groups) {
-  need_rank(x, 4, "conv2d", "input");
-  need_rank(w, 4, "conv2d", "weight");
-  if (groups <= 0) fail(invalid_argument("conv2d: groups must be positive"));
+  check_conv2d(x, w, b, groups, "conv2d");
+  if (Tensor d = defer_conv2d(x, w, b, stride, padding, dilation, groups); d.defined()) return d;
   return apply1("Conv", {x, w, b}, conv2d_attrs(w, stride, padding, dilation, groups));
 }
 
 Tensor conv2d_relu(const Tensor& x, const Tensor& w, const Tensor& b, std::array<int64_t, 2> stride,
                    std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation, int64_t groups) {
+  NoDeferGuard no_defer;  // its parts, where they run apart, are computed now
   auto unfused = [&] { return relu(conv2d(x, w, b, stride, padding, dilation, groups)); };
   // A trace records the standard ops (an exported model stays plain ONNX).
   if (t_tracer != nullptr) return unfused();
-  need_rank(x, 4, "conv2d_relu", "input");
-  need_rank(w, 4, "conv2d_relu", "weight");
-  if (groups <= 0) fail(invalid_argument("conv2d_relu: groups must be positive"));
+  check_conv2d(x, w, b, groups, "conv2d_relu");
   // Where no kernel takes the fused op (a device without one), the two ops run; remembered per environment, device and
   // dtype, so it is tried once.
   static std::mutex mu;
@@ -187,10 +196,12 @@ Tensor conv2d_relu(const Tensor& x, const Tensor& w, const Tensor& b, std::array
   if (at != DType::kF32 && at != DType::kF16 && at != DType::kBF16) return unfused();  // the fused ops' dtypes
   const std::string key =
       std::to_string(reinterpret_cast<uintptr_t>(&environment())) + "|" + x.device() + "|" + dtype_name(at);
+  bool lacks = false;
   {
     std::lock_guard<std::mutex> lock(mu);
-    if (lacking.count(key)) return unfused();
+    lacks = lacking.count(key) > 0;
   }
+  if (lacks) return unfused();  // not under mu: computing a deferred input may come back here
   try {
     auto attrs = conv2d_attrs(w, stride, padding, dilation, groups);
     attrs["activation"] = Attribute::of_string("Relu");
@@ -208,10 +219,9 @@ Tensor conv2d_relu(const Tensor& x, const Tensor& w, const Tensor& b, std::array
 Tensor conv2d_relu_max_pool2d(const Tensor& x, const Tensor& w, const Tensor& b, std::array<int64_t, 2> pool,
                               std::array<int64_t, 2> stride, std::array<int64_t, 2> padding,
                               std::array<int64_t, 2> dilation, int64_t groups) {
+  NoDeferGuard no_defer;
   auto unfused = [&] { return max_pool2d(conv2d_relu(x, w, b, stride, padding, dilation, groups), pool); };
-  need_rank(x, 4, "conv2d_relu_max_pool2d", "input");
-  need_rank(w, 4, "conv2d_relu_max_pool2d", "weight");
-  if (groups <= 0) fail(invalid_argument("conv2d_relu_max_pool2d: groups must be positive"));
+  check_conv2d(x, w, b, groups, "conv2d_relu_max_pool2d");
   if (pool[0] <= 0 || pool[1] <= 0 || pool[0] * pool[1] > 256)
     fail(invalid_argument("conv2d_relu_max_pool2d: the pool window must be positive and at most 256 positions"));
   // The fused op is f32 on the host (the reference kernel and the CPU plugin's); a device without it would run it
@@ -259,6 +269,7 @@ std::map<std::string, Attribute> pool_attrs(std::array<int64_t, 2> k, std::array
 Tensor max_pool2d(const Tensor& x, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
                   std::array<int64_t, 2> padding) {
   need_rank(x, 4, "max_pool2d", "input");
+  if (Tensor f = fuse_max_pool2d(x, kernel, stride, padding); f.defined()) return f;
   return apply1("MaxPool", {x}, pool_attrs(kernel, stride, padding));
 }
 Tensor avg_pool2d(const Tensor& x, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
@@ -273,7 +284,10 @@ Tensor global_avg_pool2d(const Tensor& x) {
   return apply1("GlobalAveragePool", {x});
 }
 
-Tensor relu(const Tensor& x) { return apply1("Relu", {x}); }
+Tensor relu(const Tensor& x) {
+  if (Tensor d = defer_relu(x); d.defined()) return d;
+  return apply1("Relu", {x});
+}
 Tensor sigmoid(const Tensor& x) { return apply1("Sigmoid", {x}); }
 Tensor tanh(const Tensor& x) { return apply1("Tanh", {x}); }
 Tensor gelu(const Tensor& x) { return apply1("Gelu", {x}, {}, "keel"); }

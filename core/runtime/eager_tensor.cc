@@ -11,6 +11,7 @@ namespace detail {
 
 const detail::TensorImpl& need(const std::shared_ptr<detail::TensorImpl>& p) {
   if (!p) fail(failed_precondition("use of an undefined tensor"));
+  if (p->pending.load(std::memory_order_acquire)) compute_pending(*p);
   return *p;
 }
 
@@ -27,7 +28,11 @@ Tensor::Tensor(keel::Tensor data, bool requires_grad) : impl_(std::make_shared<d
 
 bool Tensor::defined() const { return impl_ != nullptr; }
 const keel::Tensor& Tensor::data() const { return need(impl_).data; }
-const Shape& Tensor::shape() const { return need(impl_).data.shape(); }
+// Shape, dtype and device of a deferred tensor come from its call (always on the host): asking does not compute it.
+const Shape& Tensor::shape() const {
+  if (impl_ && impl_->pending.load(std::memory_order_acquire)) return impl_->deferred->shape;
+  return need(impl_).data.shape();
+}
 int64_t Tensor::rank() const { return static_cast<int64_t>(shape().size()); }
 int64_t Tensor::dim(int i) const {
   int64_t r = rank();
@@ -36,8 +41,14 @@ int64_t Tensor::dim(int i) const {
   return shape()[static_cast<size_t>(i < 0 ? i + r : i)];
 }
 int64_t Tensor::numel() const { return shape_numel(shape()); }
-DType Tensor::dtype() const { return need(impl_).data.dtype(); }
-std::string Tensor::device() const { return device_name(need(impl_).data.location()); }
+DType Tensor::dtype() const {
+  if (impl_ && impl_->pending.load(std::memory_order_acquire)) return impl_->deferred->dtype;
+  return need(impl_).data.dtype();
+}
+std::string Tensor::device() const {
+  if (impl_ && impl_->pending.load(std::memory_order_acquire)) return "cpu";
+  return device_name(need(impl_).data.location());
+}
 bool Tensor::requires_grad() const { return impl_ && impl_->requires_grad; }
 bool Tensor::is_leaf() const { return need(impl_).grad_fn == nullptr; }
 Tensor Tensor::grad() const { return need(impl_).grad; }
@@ -103,6 +114,7 @@ void Tensor::copy_(const Tensor& src) {
     fail(failed_precondition("copy_ into a non-leaf tensor that requires grad"));
   if (src.shape() != shape())
     fail(invalid_argument("copy_: source " + src.data().describe() + " does not match " + data().describe()));
+  compute_pending_reading(data());  // deferred convolutions that read this memory see the values before the copy
   keel::Tensor s = src.data();
   if (s.dtype() != dtype()) {
     NoGradGuard ng;
@@ -131,6 +143,7 @@ void Tensor::set_data_(const Tensor& src) {
   const keel::Tensor& d = impl_->data;
   if (s.shape() != d.shape() || s.dtype() != d.dtype() || s.location() != d.location())
     fail(invalid_argument("set_data_: " + s.describe() + " does not match " + d.describe()));
+  compute_pending_reading(d);  // deferred convolutions that read this tensor see its values before the swap
   impl_->data = s;
 }
 

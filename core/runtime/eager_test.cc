@@ -41,6 +41,13 @@ Tensor rnd(const Shape& s, double lo = -1, double hi = 1, bool grad = true) {
 
 double to_double(const Tensor& t) { return t.to(DType::kF64).to_vector<double>()[0]; }
 
+// t computed now (its data read): the ops after it run apart instead of joining a deferred convolution
+// (eager_deferred.cc), for the comparisons of the fused ops with the separate ones.
+Tensor now(Tensor t) {
+  (void)t.data();
+  return t;
+}
+
 // Checks d(sum(f(inputs) * W))/d(inputs) against central differences (W fixed random weights, so every output
 // element matters). Inputs are f64 leaves; `h` the step.
 void gradcheck(const std::string& what, const std::function<Tensor(const std::vector<Tensor>&)>& f,
@@ -274,7 +281,7 @@ TEST_F(EagerTest, Conv2dReluIsReluOfConv2dInOneKernel) {
           set_profiling(true);
           (void)profile_report();  // clears the counters
           const std::array<int64_t, 2> pad{l.pad, l.pad};
-          Tensor y = fused ? conv2d_relu(x, w, b, {1, 1}, pad) : relu(conv2d(x, w, b, {1, 1}, pad));
+          Tensor y = fused ? conv2d_relu(x, w, b, {1, 1}, pad) : relu(now(conv2d(x, w, b, {1, 1}, pad)));
           if (pool) y = max_pool2d(y, {2, 2});
           sum(y * weights).backward();
           Run r{y.to_vector<float>(), x.grad().to_vector<float>(), w.grad().to_vector<float>(),
@@ -309,7 +316,7 @@ TEST_F(EagerTest, Conv2dReluIsReluOfConv2dInOneKernel) {
     manual_seed(4);
     Tensor x = randn({2, 16, 10, 10}), w = randn({32, 16, 3, 3}, 0.2f).requires_grad_(), b = randn({32}, 0.1f);
     AutocastGuard bf16(DType::kBF16);
-    Tensor y = conv2d_relu(x, w, b), want = relu(conv2d(x, w, b));
+    Tensor y = conv2d_relu(x, w, b), want = relu(now(conv2d(x, w, b)));
     ASSERT_EQ(y.dtype(), want.dtype());
     const auto got = y.to(DType::kF32).to_vector<float>(), ref = want.to(DType::kF32).to_vector<float>();
     for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(got[i], ref[i], 2e-2 * (1 + std::abs(ref[i]))) << i;
@@ -375,7 +382,7 @@ TEST_F(EagerTest, Conv2dReluMaxPoolIsMaxPoolOfConv2dReluInOneKernel) {
         const std::array<int64_t, 2> pad{l.pad, l.pad};
         auto forward = [&] {
           return fused ? conv2d_relu_max_pool2d(x, w, b, l.pool, {1, 1}, pad)
-                       : max_pool2d(relu(conv2d(x, w, b, {1, 1}, pad)), l.pool);
+                       : max_pool2d(now(relu(now(conv2d(x, w, b, {1, 1}, pad)))), l.pool);
         };
         Tensor y = forward();
         sum(y * weights).backward();

@@ -317,6 +317,7 @@ bool sgd_update_on_device(std::vector<DeviceUpdate>& u, float lr, float wd, cons
 }  // namespace
 
 void SGD::step() {
+  eager::compute_deferred();  // deferred convolutions read the values from before this step
   eager::NoGradGuard ng;
   size_t i = 0;
   for (auto& group : param_groups()) {
@@ -423,6 +424,7 @@ bool adam_update_on_device(std::vector<DeviceAdam>& u, const AdamScalars& s) {
 }  // namespace
 
 void Adam::step() {
+  eager::compute_deferred();  // deferred convolutions read the values from before this step
   eager::NoGradGuard ng;
   size_t i = 0;
   const auto b1 = static_cast<float>(o_.beta1), b2 = static_cast<float>(o_.beta2);
@@ -645,6 +647,7 @@ Tensor GradScaler::scale(const Tensor& loss) const {
 }
 
 void GradScaler::unscale_(Optimizer& opt) {
+  eager::compute_deferred();  // deferred convolutions read the values from before this step
   if (!o_.enabled) return;
   if (unscaled_) fail("GradScaler: unscale_() was already called since the last update()");
   eager::NoGradGuard ng;

@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <vector>
 
 namespace keel::train {
 namespace {
@@ -24,6 +26,31 @@ TEST(SGD, MomentumWeightDecayMatchesHandComputedSteps) {
   set_grad(p, {0.5f});
   opt.step();
   EXPECT_NEAR(p.item(), 0.852151f, 1e-6);  // g = 0.50949; b = 0.9·0.51 + 0.50949 = 0.96849
+}
+
+// A convolution deferred before a step (eager::conv2d waits for the op that reads it) is computed with the weights
+// of before the step, as if it had run at its call: SGD's one-pass update and Adam's write the weights in place.
+TEST(Optimizer, AStepComesAfterADeferredConvolutionOfItsWeights) {
+  for (bool adam : {false, true}) {
+    eager::manual_seed(3);
+    Tensor x = eager::randn({2, 3, 8, 8});
+    Tensor w = eager::randn({4, 3, 3, 3}).requires_grad_(), b = eager::randn({4}).requires_grad_();
+    const auto want = [&] {
+      Tensor c = eager::conv2d(x, w, b);
+      (void)c.data();
+      return c.to_vector<float>();
+    }();
+    Tensor c = eager::conv2d(x, w, b);
+    w.set_grad(eager::ones(w.shape()));
+    b.set_grad(eager::ones(b.shape()));
+    std::unique_ptr<Optimizer> opt;
+    if (adam) opt = std::make_unique<Adam>(std::vector<Tensor>{w, b}, AdamOptions{});
+    else opt = std::make_unique<SGD>(std::vector<Tensor>{w, b}, SGDOptions{0.5});
+    opt->step();
+    const auto got = c.to_vector<float>();
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) ASSERT_FLOAT_EQ(got[i], want[i]) << (adam ? "Adam" : "SGD") << " " << i;
+  }
 }
 
 TEST(SGD, NesterovAndDampening) {
