@@ -32,7 +32,8 @@ using keel::eager::Tensor;
 // The model: PaddlePaddle's `class SimpleCNN(nn.Layer)` (Conv2D → ReLU → MaxPool2D → flatten → Linear). `fused`:
 // the convolution, its ReLU and the pooling as one module, Conv2DOptions(...).with_relu().with_max_pool(2), which runs
 // them as one kernel on the CPU (the convolution's output never stored whole; `keel train`'s SimpleCNN): the same
-// parameters in the same order, so the same initial weights.
+// parameters in the same order, so the same initial weights. Called apart as below they run as that kernel too on the
+// CPU (eager::conv2d defers its computation until a ReLU and a pooling over it join it); --fused also fuses elsewhere.
 class SimpleCNN : public nn::Module {
  public:
   explicit SimpleCNN(bool fused = false) : nn::Module("SimpleCNN") {
