@@ -3,9 +3,11 @@
 // of `keel train --model lenet`'s LeNet-like network (Conv2D(1,32,3) -> ReLU -> Conv2D(32,64,3) -> ReLU ->
 // MaxPool2D(2) -> Dropout(0.25) -> Linear(9216,128) -> ReLU -> Dropout(0.5) -> Linear(128,10)), in fp32 and under
 // bf16 autocast, and the per-op dispatch overhead of eager ops. Environment as `keel` builds it (plugins discovered).
-// KEEL_EAGER_PROFILE=1 adds the time of every op by kernel and shapes.
+// KEEL_EAGER_PROFILE=1 adds the time of every op by kernel and shapes. `--form apart` writes the forward as
+// PaddlePaddle's users write it, conv2d, relu and max_pool2d called one by one (fused on the CPU all the same: conv2d
+// defers its computation, eager_deferred.cc; KEEL_EAGER_DEFER=0 runs them apart).
 //
-//   eager_bench [--model simple|lenet] [--threads N] [--iters N] [--batch N]
+//   eager_bench [--model simple|lenet] [--form fused|apart] [--threads N] [--iters N] [--batch N]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -38,7 +40,15 @@ double cpu_ms() {
 // Parameters (weights, biases) in order; with 4 the SimpleCNN, with 8 the LeNet-like network.
 struct Model {
   std::vector<Tensor> p;
+  bool apart = false;  // --form apart
   Tensor forward(const Tensor& x) const {
+    if (apart) {
+      if (p.size() == 4) return linear(flatten(max_pool2d(relu(conv2d(x, p[0], p[1])), {2, 2})), p[2], p[3]);
+      Tensor h = relu(conv2d(x, p[0], p[1]));
+      h = dropout(max_pool2d(relu(conv2d(h, p[2], p[3])), {2, 2}), 0.25f, true);
+      h = dropout(relu(linear(flatten(h), p[4], p[5])), 0.5f, true);
+      return linear(h, p[6], p[7]);
+    }
     // As keel train's models: the convolutions' ReLUs fused (conv2d_relu), and a max pooling after one
     // (conv2d_relu_max_pool2d).
     if (p.size() == 4) return linear(flatten(conv2d_relu_max_pool2d(x, p[0], p[1], {2, 2})), p[2], p[3]);
@@ -89,15 +99,20 @@ double step_ms(const Model& m, const Tensor& x, const Tensor& y, DType amp, int 
 
 int main(int argc, char** argv) {
   int threads = 2, iters = 50, batch = 64;
-  std::string model = "simple";
+  std::string model = "simple", form = "fused";
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--model")) model = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--form")) form = argv[i + 1];
     else if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--iters")) iters = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--batch")) batch = std::atoi(argv[i + 1]);
   }
   if (model != "simple" && model != "lenet") {
     std::fprintf(stderr, "eager_bench: --model is simple or lenet, not '%s'\n", model.c_str());
+    return 2;
+  }
+  if (form != "fused" && form != "apart") {
+    std::fprintf(stderr, "eager_bench: --form is fused or apart, not '%s'\n", form.c_str());
     return 2;
   }
   try {
@@ -112,6 +127,7 @@ int main(int argc, char** argv) {
     init(std::shared_ptr<Environment>(std::move(env).value()), threads);
     manual_seed(0);
     Model m;
+    m.apart = form == "apart";
     if (model == "simple") m.p = {param({32, 1, 3, 3}, 9), param({32}, 9), param({10, 5408}, 5408), param({10}, 5408)};
     else
       m.p = {param({32, 1, 3, 3}, 9),  param({32}, 9),     param({64, 32, 3, 3}, 288), param({64}, 288),
@@ -120,8 +136,9 @@ int main(int argc, char** argv) {
     std::vector<int64_t> labels(static_cast<size_t>(batch));
     for (int i = 0; i < batch; ++i) labels[i] = i % 10;
     Tensor y = from_vector(labels, {batch});
-    std::printf("%s forward+backward, batch %d, %d threads, median of %d steps:\n",
-                model == "simple" ? "SimpleCNN" : "LeNet-like", batch, threads, iters);
+    std::printf("%s forward+backward (%s), batch %d, %d threads, median of %d steps:\n",
+                model == "simple" ? "SimpleCNN" : "LeNet-like",
+                m.apart ? "conv2d, relu, max_pool2d called apart" : "fused ops", batch, threads, iters);
     double f32 = step_ms(m, x, y, DType::kUndefined, iters, true);
     std::printf("  fp32           %.3f ms/batch\n", f32);
     double bf16 = step_ms(m, x, y, DType::kBF16, iters, true);
