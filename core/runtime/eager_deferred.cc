@@ -7,7 +7,10 @@
 // Life of a pending tensor: made by defer_conv2d (or defer_relu from one), registered in the process's list; computed
 // by need() at its first use other than a shape query, by compute_pending_reading() before a write into memory it
 // reads, or by eager::compute_deferred(); or never, when it dies unread (the usual fate of the intermediate values of
-// `pool(relu(conv(x)))`). KEEL_EAGER_DEFER=0 turns deferral off (A/B comparisons, bisecting).
+// `pool(relu(conv(x)))`). A relu whose convolution was computed first (read on its own) reads it; the other way
+// round (the relu's value computed fused, then the convolution's read) the convolution runs twice, the price of not
+// knowing, when the relu is needed, whether its input will be. KEEL_EAGER_DEFER=0 turns deferral off (A/B comparisons,
+// bisecting).
 #include <cstdlib>
 #include <cstring>
 
@@ -65,6 +68,13 @@ std::vector<std::shared_ptr<TensorImpl>> pending_where(Keep keep) {
     if (auto p = wp.lock(); p && p->pending.load(std::memory_order_acquire) && keep(*p)) out.push_back(std::move(p));
   prune();
   return out;
+}
+
+// A relu's convolution computed already (its own tensor read): the relu and what follows read it, rather than
+// computing the convolution a second time in a fused op.
+bool conv_computed(const DeferredConv& d) {
+  auto c = d.conv.lock();
+  return c && !c->pending.load(std::memory_order_acquire);
 }
 
 Tensor make_pending(std::shared_ptr<DeferredConv> d, bool requires_grad) {
@@ -161,6 +171,7 @@ Tensor defer_relu(const Tensor& x) {
     e->dtype = d.dtype;
   }
   e->relu = true;
+  e->conv = x.impl();
   return make_pending(std::move(e), x.requires_grad());
 }
 
@@ -181,7 +192,7 @@ Tensor fuse_max_pool2d(const Tensor& x, std::array<int64_t, 2> kernel, std::arra
   {
     std::lock_guard<std::mutex> lock(d.mu);
     if (!x.impl()->pending.load(std::memory_order_acquire) || !d.relu || !same_state(d) || d.shape[2] < kernel[0] ||
-        d.shape[3] < kernel[1])
+        d.shape[3] < kernel[1] || conv_computed(d))
       return {};
     cx = d.x, cw = d.w, cb = d.b, cs = d.stride, cp = d.padding, cd = d.dilation, groups = d.groups, dtype = d.dtype;
   }
@@ -200,8 +211,9 @@ void compute_pending(TensorImpl& t) {
   {
     NoDeferGuard no_defer;
     CallState state(d);
-    r = d.relu ? conv2d_relu(d.x, d.w, d.b, d.stride, d.padding, d.dilation, d.groups)
-               : conv2d(d.x, d.w, d.b, d.stride, d.padding, d.dilation, d.groups);
+    if (auto c = d.conv.lock(); d.relu && c && !c->pending.load(std::memory_order_acquire)) r = relu(Tensor(c));
+    else if (d.relu) r = conv2d_relu(d.x, d.w, d.b, d.stride, d.padding, d.dilation, d.groups);
+    else r = conv2d(d.x, d.w, d.b, d.stride, d.padding, d.dilation, d.groups);
   }
   const TensorImpl& ri = *r.impl();
   t.data = ri.data;

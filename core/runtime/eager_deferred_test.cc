@@ -144,6 +144,18 @@ TEST_F(DeferredConvTest, AnIntermediateReadLaterHoldsItsOwnValueAndGradient) {
   sum(c).backward();
   expect_near(l.w.grad().to_vector<float>(), want_dw, "dw through the kept convolution");
   EXPECT_EQ(p.shape(), (Shape{4, 8, 5, 5}));
+  // Its convolution read first, a relu over it (and a pooling over that) reads it: no second convolution.
+  set_profiling(true);
+  (void)profile_report();
+  Tensor c2 = conv2d(l.x, l.w, l.b);
+  Tensor r2 = relu(c2);
+  expect_near(c2.to_vector<float>(), want_c.to_vector<float>(), "conv read first");
+  Tensor p2 = max_pool2d(r2, {2, 2});
+  expect_near(r2.to_vector<float>(), want_r, "relu of it");
+  const std::string report = profile_report();
+  set_profiling(false);
+  EXPECT_TRUE(ran(report, "Conv") && ran(report, "Relu") && ran(report, "MaxPool")) << report;
+  EXPECT_FALSE(ran(report, "keel.FusedConv") || ran(report, "keel.FusedConvMaxPool")) << report;
 }
 
 TEST_F(DeferredConvTest, WritesIntoItsInputsComeAfterIt) {

@@ -283,6 +283,7 @@ struct DeferredConv {
   std::array<int64_t, 2> stride{1, 1}, padding{0, 0}, dilation{1, 1};
   int64_t groups = 1;
   bool relu = false;                   // a relu() over the convolution folded in
+  std::weak_ptr<TensorImpl> conv;      // relu: the convolution's own tensor (once computed, relu reads it)
   bool grad_enabled = true;            // t_grad_enabled at the call
   DType autocast = DType::kUndefined;  // t_autocast at the call
   Shape shape;                         // the output's
