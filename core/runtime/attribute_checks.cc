@@ -308,8 +308,9 @@ Rule axes_list(std::string name, std::optional<size_t> in_idx, size_t in, bool g
 enum class ConvKind { kConv, kConvTranspose, kPool, kUnpool };
 
 // Conv, ConvTranspose, ConvInteger, QLinearConv, the pools, MaxUnpool, keel.FusedConv and the conv backward ops:
-// x = the data input, w = the weight input (or none).
-Rule conv_like(ConvKind kind, size_t x, std::optional<size_t> w) {
+// x = the data input, w = the weight input (or none), bias = the bias input (or none: one value per output channel;
+// kernels read as many as there are output channels).
+Rule conv_like(ConvKind kind, size_t x, std::optional<size_t> w, std::optional<size_t> bias = std::nullopt) {
   return [=](const Ctx& c) -> Status {
     const std::vector<int64_t>*ks = nullptr, *strides = nullptr, *dil = nullptr, *pads = nullptr, *outpad = nullptr,
           *outshape = nullptr;
@@ -408,6 +409,14 @@ Rule conv_like(ConvKind kind, size_t x, std::optional<size_t> w) {
         if (cin >= 0 && w0 >= 0 && w0 != cin)
           return c.bad_node("the weight's dim 0 (" + std::to_string(w0) + ") must equal the input channels (" +
                             std::to_string(cin) + ")");
+      }
+      const int br = bias ? c.rank(*bias) : -1;
+      if (br >= 0) {
+        const int64_t m = kind == ConvKind::kConv ? w0 : w1 >= 0 ? w1 * g : -1, bl = c.dim(*bias, 0);
+        if (br != 1 || (m >= 0 && bl >= 0 && bl != m))
+          return c.bad_node("the bias (input " + std::to_string(*bias) + ") must hold one value per output channel (" +
+                            (m >= 0 ? std::to_string(m) : std::string("[M]")) + "), got rank " + std::to_string(br) +
+                            (br == 1 ? " with " + std::to_string(bl) + " values" : std::string()));
       }
     }
     if (spatial < 0) return Status::ok();
@@ -889,12 +898,12 @@ const std::unordered_map<std::string, std::vector<Rule>>& rules() {
   static const auto* table = [] {
     auto* t = new std::unordered_map<std::string, std::vector<Rule>>();
     auto& r = *t;
-    r["Conv"] = {conv_like(ConvKind::kConv, 0, 1)};
+    r["Conv"] = {conv_like(ConvKind::kConv, 0, 1, 2)};
     r["ConvInteger"] = {conv_like(ConvKind::kConv, 0, 1)};
-    r["QLinearConv"] = {conv_like(ConvKind::kConv, 0, 3)};
-    r["ConvTranspose"] = {conv_like(ConvKind::kConvTranspose, 0, 1)};
-    r["keel.FusedConv"] = {conv_like(ConvKind::kConv, 0, 1)};
-    r["keel.FusedConvMaxPool"] = {conv_like(ConvKind::kConv, 0, 1),
+    r["QLinearConv"] = {conv_like(ConvKind::kConv, 0, 3, 8)};
+    r["ConvTranspose"] = {conv_like(ConvKind::kConvTranspose, 0, 1, 2)};
+    r["keel.FusedConv"] = {conv_like(ConvKind::kConv, 0, 1, 2)};
+    r["keel.FusedConvMaxPool"] = {conv_like(ConvKind::kConv, 0, 1, 2),
                                   ints_in("pool_kernel_shape", 1, 256, "every pool window dim must be in [1, 256]"),
                                   ints_in("pool_strides", 1, kMaxExtent, "every pool stride must be >= 1")};
     for (const char* p : {"MaxPool", "AveragePool", "LpPool"}) r[p] = {conv_like(ConvKind::kPool, 0, std::nullopt)};

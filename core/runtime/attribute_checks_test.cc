@@ -180,6 +180,15 @@ TEST(AttributeChecks, Rules) {
   expect_error(View("Conv", {x4, w4}).set("strides", Attribute::of_int(1)), "attribute strides is an int");
   expect_error(View("ConvTranspose", {x4, Shape{4, 2, 3, 3}}).set("output_padding", Attribute::of_ints({2, 0})),
                "smaller than its stride");
+  // A bias of another length than the output channels (kernels would read past its end).
+  expect_error(View("Conv", {x4, w4, Shape{7}}), "the bias (input 2) must hold one value per output channel (8)");
+  expect_error(View("Conv", {x4, w4, Shape{1, 8}}), "got rank 2");
+  expect_error(View("ConvTranspose", {x4, Shape{4, 2, 3, 3}, Shape{2}}).set("group", Attribute::of_int(2)),
+               "one value per output channel (4), got rank 1 with 2 values");
+  expect_error(View("ConvTranspose", {x4, Shape{4, 2, 3, 3}, Shape{3}}), "output channel (2)");
+  EXPECT_TRUE(View("Conv", {x4, w4, Shape{8}}).check().is_ok());
+  EXPECT_TRUE(
+      View("ConvTranspose", {x4, Shape{4, 2, 3, 3}, Shape{4}}).set("group", Attribute::of_int(2)).check().is_ok());
   expect_error(View("MaxPool", {x4}), "kernel_shape is required");
   expect_error(View("MaxPool", {x4})
                    .set("kernel_shape", Attribute::of_ints({2, 2}))
