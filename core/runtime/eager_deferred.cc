@@ -26,8 +26,15 @@ namespace {
 thread_local int t_no_defer = 0;
 // Every thread's pending tensors (and some already computed or dead, pruned as the list grows): a deferred value
 // handed to another thread must still be computed before a write there into what it reads.
-std::mutex g_pending_mu;
-std::vector<std::weak_ptr<TensorImpl>> g_pending;  // under g_pending_mu
+// Never destroyed (as the runtime: tensors may outlive static destruction).
+struct PendingList {
+  std::mutex mu;
+  std::vector<std::weak_ptr<TensorImpl>> list;  // under mu
+};
+PendingList& pending_list() {
+  static auto* p = new PendingList();
+  return *p;
+}
 
 bool defer_enabled() {
   static const bool on = [] {
@@ -51,9 +58,9 @@ bool takes(const Tensor& t) {
          (t.dtype() == DType::kF32 || (t_autocast != DType::kUndefined && t.dtype() == t_autocast));
 }
 
-// Under g_pending_mu.
+// Under pending_list().mu.
 void prune() {
-  std::erase_if(g_pending, [](const std::weak_ptr<TensorImpl>& w) {
+  std::erase_if(pending_list().list, [](const std::weak_ptr<TensorImpl>& w) {
     auto p = w.lock();
     return !p || !p->pending.load(std::memory_order_acquire);
   });
@@ -63,8 +70,8 @@ void prune() {
 template <class Keep>
 std::vector<std::shared_ptr<TensorImpl>> pending_where(Keep keep) {
   std::vector<std::shared_ptr<TensorImpl>> out;
-  std::lock_guard<std::mutex> lock(g_pending_mu);
-  for (const auto& wp : g_pending)
+  std::lock_guard<std::mutex> lock(pending_list().mu);
+  for (const auto& wp : pending_list().list)
     if (auto p = wp.lock(); p && p->pending.load(std::memory_order_acquire) && keep(*p)) out.push_back(std::move(p));
   prune();
   return out;
@@ -82,9 +89,9 @@ Tensor make_pending(std::shared_ptr<DeferredConv> d, bool requires_grad) {
   impl->deferred = std::move(d);
   impl->requires_grad = requires_grad;
   impl->pending.store(true, std::memory_order_release);
-  std::lock_guard<std::mutex> lock(g_pending_mu);
-  if (g_pending.size() >= 32) prune();
-  g_pending.push_back(impl);
+  std::lock_guard<std::mutex> lock(pending_list().mu);
+  if (pending_list().list.size() >= 32) prune();
+  pending_list().list.push_back(impl);
   return Tensor(impl);
 }
 
