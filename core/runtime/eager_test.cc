@@ -430,19 +430,22 @@ TEST_F(EagerTest, Conv2dReluMaxPoolIsMaxPoolOfConv2dReluInOneKernel) {
       EXPECT_NE(std::string(e.what()).find("smaller than the pool window 4x4"), std::string::npos) << e.what();
     }
   }
-  {
+  // A Tracer records the standard ops for the fused call and for the calls one by one (which deferral would
+  // otherwise fuse, eager_deferred.cc).
+  for (bool fused : {true, false}) {
     manual_seed(2);
     Tensor x = randn({1, 2, 6, 6}), w = randn({3, 2, 3, 3}), b = randn({3});
     Tracer tr("conv_relu_pool");
     tr.input(x, "x");
-    tr.output(conv2d_relu_max_pool2d(x, w, b, {2, 2}), "y");
+    tr.output(fused ? conv2d_relu_max_pool2d(x, w, b, {2, 2}) : max_pool2d(relu(conv2d(x, w, b)), {2, 2}), "y");
     auto g = tr.graph();
     ASSERT_TRUE(g.is_ok()) << g.status().to_string();
     std::vector<std::string> ops;
     for (NodeId id : g->node_ids()) ops.push_back(g->node(id)->op_type);
     ASSERT_GE(ops.size(), 3u);
     EXPECT_EQ(std::vector<std::string>(ops.begin(), ops.begin() + 3),
-              (std::vector<std::string>{"Conv", "Relu", "MaxPool"}));
+              (std::vector<std::string>{"Conv", "Relu", "MaxPool"}))
+        << (fused ? "fused" : "apart");
   }
   gradcheck("conv2d_relu_max_pool2d f64",
             [](const V& v) {
