@@ -185,8 +185,10 @@ Tensor cached_constant(const Tensor& t, const std::string& device);
 
 // --- autograd and autocast scopes (thread-local, nestable) --------------------------------------------------------
 
-// Computes every value conv2d calls deferred (see conv2d; of any thread) that is still alive: before writing
-// into tensors' storage other than through copy_ / set_data_ (which do it for what reads their tensor).
+// Computes the values conv2d calls deferred (see conv2d; of any thread) that read `written`'s storage, or (no
+// argument) every one still alive: before writing into a tensor's storage other than through copy_ / set_data_
+// (which do it themselves).
+void compute_deferred(const Tensor& written);
 void compute_deferred();
 
 // While alive, ops record no autograd history.
@@ -235,7 +237,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b);
 // requires_grad are known at once; anything else (data, item, another op, backward) computes it first, from the
 // inputs' values at that moment and under the guards the call was made with. Writes into an input through copy_ or
 // set_data_, and optimizer steps, compute the deferred values that read it first; code that writes into a tensor's
-// storage itself (through data()) calls compute_deferred() before. KEEL_EAGER_DEFER=0 turns it off.
+// storage itself (through data()) calls compute_deferred(t) before. KEEL_EAGER_DEFER=0 turns it off.
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, std::array<int64_t, 2> stride = {1, 1},
               std::array<int64_t, 2> padding = {0, 0}, std::array<int64_t, 2> dilation = {1, 1}, int64_t groups = 1);
 // relu(conv2d(...)) as one kernel where the device has one (keel.FusedConv with its Relu fused: the convolution's

@@ -251,6 +251,10 @@ void compute_pending_reading(const keel::Tensor& storage) {
 
 }  // namespace detail
 
+void compute_deferred(const Tensor& written) {
+  if (written.defined()) compute_pending_reading(written.data());
+}
+
 void compute_deferred() {
   for (const auto& p : pending_where([](TensorImpl&) { return true; })) compute_pending(*p);
 }

@@ -186,14 +186,22 @@ TEST_F(DeferredConvTest, WritesIntoItsInputsComeAfterIt) {
     expect_near(c.to_vector<float>(), want2, "after copy_ into a tensor sharing w's storage");
   }
   {
-    // compute_deferred() before a write through data().
+    // compute_deferred(w) before a write through data(); a deferred value that does not read w stays deferred, and
+    // compute_deferred() computes every one.
     Tensor x = randn({2, 3, 8, 8});
-    Tensor w = randn({4, 3, 3, 3});
+    Tensor w = randn({4, 3, 3, 3}), other = randn({4, 3, 3, 3});
     const auto want3 = now(conv2d(x, w, Tensor())).to_vector<float>();
-    Tensor c = conv2d(x, w, Tensor());
-    compute_deferred();
+    const auto want_other = now(conv2d(x, other, Tensor())).to_vector<float>();
+    Tensor c = conv2d(x, w, Tensor()), d = conv2d(x, other, Tensor());
+    compute_deferred(w);
+    EXPECT_FALSE(c.impl()->pending.load());
+    EXPECT_TRUE(d.impl()->pending.load());
     std::fill_n(w.data().data<float>(), w.numel(), 0.f);
-    expect_near(c.to_vector<float>(), want3, "after compute_deferred and a raw write");
+    expect_near(c.to_vector<float>(), want3, "after compute_deferred(w) and a raw write");
+    compute_deferred();
+    EXPECT_FALSE(d.impl()->pending.load());
+    std::fill_n(other.data().data<float>(), other.numel(), 0.f);
+    expect_near(d.to_vector<float>(), want_other, "after compute_deferred() and a raw write");
   }
 }
 

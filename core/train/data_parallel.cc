@@ -121,6 +121,8 @@ Status broadcast_tensors(const hal::Communicator& comm, const std::vector<Tensor
   constexpr uint64_t kCoalesceBytes = uint64_t{64} << 20;
   std::vector<bool> sent(tensors.size(), false);
   try {
+    // The broadcast writes into them: deferred convolutions that read them see their values from before.
+    for (const Tensor& t : tensors) eager::compute_deferred(t);
     eager::NoGradGuard ng;
     for (size_t i = 0; i < tensors.size(); ++i) {
       if (sent[i]) continue;
@@ -255,7 +257,6 @@ StatusOr<std::unique_ptr<DataParallel>> DataParallel::create(nn::Module& module,
                                                              DataParallelOptions options) {
   if (!(options.bucket_cap_mb > 0))
     return invalid_argument("DataParallel: bucket_cap_mb must be > 0, got " + std::to_string(options.bucket_cap_mb));
-  eager::compute_deferred();  // rank 0's values are broadcast into the parameters and buffers
   if (options.grad_compress != DType::kUndefined && options.grad_compress != DType::kBF16 &&
       options.grad_compress != DType::kF16)
     return invalid_argument(std::string("DataParallel: grad_compress must be bf16 or f16, got ") +
@@ -627,7 +628,6 @@ Status DataParallel::rebuild() {
 
 Status DataParallel::broadcast_buffers() {
   if (world_ <= 1) return Status::ok();
-  eager::compute_deferred();  // the broadcast writes into the buffers: what reads them sees their values before
   std::vector<Tensor> buffers;
   for (auto& [n, b] : module_.named_buffers()) buffers.push_back(b);
   if (buffers.empty()) return Status::ok();

@@ -316,8 +316,15 @@ bool sgd_update_on_device(std::vector<DeviceUpdate>& u, float lr, float wd, cons
 
 }  // namespace
 
+// Deferred convolutions (eager::conv2d) that read a parameter see its values from before the step, which may write
+// it in place.
+void Optimizer::compute_deferred_reading_params() {
+  for (const auto& g : groups_)
+    for (const Tensor& p : g.params) eager::compute_deferred(p);
+}
+
 void SGD::step() {
-  eager::compute_deferred();  // deferred convolutions read the values from before this step
+  compute_deferred_reading_params();
   eager::NoGradGuard ng;
   size_t i = 0;
   for (auto& group : param_groups()) {
@@ -424,7 +431,7 @@ bool adam_update_on_device(std::vector<DeviceAdam>& u, const AdamScalars& s) {
 }  // namespace
 
 void Adam::step() {
-  eager::compute_deferred();  // deferred convolutions read the values from before this step
+  compute_deferred_reading_params();
   eager::NoGradGuard ng;
   size_t i = 0;
   const auto b1 = static_cast<float>(o_.beta1), b2 = static_cast<float>(o_.beta2);
@@ -647,7 +654,10 @@ Tensor GradScaler::scale(const Tensor& loss) const {
 }
 
 void GradScaler::unscale_(Optimizer& opt) {
-  eager::compute_deferred();  // deferred convolutions read the values from before this step
+  // Deferred convolutions (eager::conv2d) that read a gradient unscaled in place see its values from before.
+  for (const auto& g : opt.param_groups())
+    for (const Tensor& p : g.params)
+      if (p.defined() && p.grad().defined()) eager::compute_deferred(p.grad());
   if (!o_.enabled) return;
   if (unscaled_) fail("GradScaler: unscale_() was already called since the last update()");
   eager::NoGradGuard ng;

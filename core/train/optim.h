@@ -66,6 +66,8 @@ class Optimizer {
   std::vector<std::map<std::string, Tensor>> state_;
   std::vector<int64_t> steps_;  // per parameter
   std::vector<Tensor*> flat_params();
+  // Before a step writes the parameters: computes the deferred values that read them (eager::compute_deferred).
+  void compute_deferred_reading_params();
 
  private:
   std::vector<ParamGroup> groups_;
