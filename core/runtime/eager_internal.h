@@ -288,7 +288,7 @@ struct DeferredConv {
   DType autocast = DType::kUndefined;  // t_autocast at the call
   Shape shape;                         // the output's
   DType dtype = DType::kF32;           // the output's (the autocast dtype where the convolution runs in it)
-  std::mutex mu;                       // held while it is computed
+  std::mutex mu;                       // guards x, w, b (released once computed) and the computation
 };
 
 // conv2d's deferred form: a pending tensor, or an undefined one where the call is not deferred (then run it now).
