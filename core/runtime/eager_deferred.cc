@@ -11,6 +11,7 @@
 // round (the relu's value computed fused, then the convolution's read) the convolution runs twice, the price of not
 // knowing, when the relu is needed, whether its input will be. KEEL_EAGER_DEFER=0 turns deferral off (A/B comparisons,
 // bisecting).
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -30,6 +31,9 @@ thread_local int t_no_defer = 0;
 struct PendingList {
   std::mutex mu;
   std::vector<std::weak_ptr<TensorImpl>> list;  // under mu
+  // list.size(), readable without mu: copy_ and every optimizer step ask, and the list is empty most of the time
+  // (pruned at each walk; a training step's intermediates are dead by then).
+  std::atomic<size_t> size{0};
 };
 PendingList& pending_list() {
   static auto* p = new PendingList();
@@ -60,16 +64,19 @@ bool takes(const Tensor& t) {
 
 // Under pending_list().mu.
 void prune() {
-  std::erase_if(pending_list().list, [](const std::weak_ptr<TensorImpl>& w) {
+  PendingList& l = pending_list();
+  std::erase_if(l.list, [](const std::weak_ptr<TensorImpl>& w) {
     auto p = w.lock();
     return !p || !p->pending.load(std::memory_order_acquire);
   });
+  l.size.store(l.list.size(), std::memory_order_relaxed);
 }
 
 // The pending tensors of the list (pruned), for `keep` to choose from; computed by the caller, outside the lock.
 template <class Keep>
 std::vector<std::shared_ptr<TensorImpl>> pending_where(Keep keep) {
   std::vector<std::shared_ptr<TensorImpl>> out;
+  if (pending_list().size.load(std::memory_order_relaxed) == 0) return out;
   std::lock_guard<std::mutex> lock(pending_list().mu);
   for (const auto& wp : pending_list().list)
     if (auto p = wp.lock(); p && p->pending.load(std::memory_order_acquire) && keep(*p)) out.push_back(std::move(p));
@@ -92,6 +99,7 @@ Tensor make_pending(std::shared_ptr<DeferredConv> d, bool requires_grad) {
   std::lock_guard<std::mutex> lock(pending_list().mu);
   if (pending_list().list.size() >= 32) prune();
   pending_list().list.push_back(impl);
+  pending_list().size.store(pending_list().list.size(), std::memory_order_relaxed);
   return Tensor(impl);
 }
 
@@ -165,17 +173,7 @@ Tensor defer_relu(const Tensor& x) {
   {
     std::lock_guard<std::mutex> lock(d.mu);
     if (!x.impl()->pending.load(std::memory_order_acquire) || d.relu || !same_state(d)) return {};
-    e->x = d.x;
-    e->w = d.w;
-    e->b = d.b;
-    e->stride = d.stride;
-    e->padding = d.padding;
-    e->dilation = d.dilation;
-    e->groups = d.groups;
-    e->grad_enabled = d.grad_enabled;
-    e->autocast = d.autocast;
-    e->shape = d.shape;
-    e->dtype = d.dtype;
+    static_cast<ConvCall&>(*e) = d;
   }
   e->relu = true;
   e->conv = x.impl();
@@ -192,21 +190,18 @@ Tensor fuse_max_pool2d(const Tensor& x, std::array<int64_t, 2> kernel, std::arra
       padding != std::array<int64_t, 2>{0, 0})
     return {};
   DeferredConv& d = *x.impl()->deferred;
-  Tensor cx, cw, cb;
-  std::array<int64_t, 2> cs, cp, cd;
-  int64_t groups = 1;
-  DType dtype = DType::kF32;
+  ConvCall c;
   {
     std::lock_guard<std::mutex> lock(d.mu);
     if (!x.impl()->pending.load(std::memory_order_acquire) || !d.relu || !same_state(d) || d.shape[2] < kernel[0] ||
         d.shape[3] < kernel[1] || conv_computed(d))
       return {};
-    cx = d.x, cw = d.w, cb = d.b, cs = d.stride, cp = d.padding, cd = d.dilation, groups = d.groups, dtype = d.dtype;
+    c = d;
   }
-  Tensor y = conv2d_relu_max_pool2d(cx, cw, cb, kernel, cs, cp, cd, groups);
+  Tensor y = conv2d_relu_max_pool2d(c.x, c.w, c.b, kernel, c.stride, c.padding, c.dilation, c.groups);
   // Under autocast the fused op may run a first layer in f32 where the separate calls' result is 16-bit: the same
   // dtype as theirs for what follows (a cast of the pooled tensor, differentiable).
-  return y.dtype() == dtype ? y : y.to(dtype);
+  return y.dtype() == c.dtype ? y : y.to(c.dtype);
 }
 
 void compute_pending(TensorImpl& t) {

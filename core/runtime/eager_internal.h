@@ -278,17 +278,20 @@ Tensor ints_const(const std::vector<int64_t>& v);
 // optimizer steps) compute those that read that storage before writing (compute_pending_reading below,
 // eager::compute_deferred). Deferred tensors are thread-safe as other tensors: need() computes one once, under its
 // mutex.
-struct DeferredConv {
+// The conv2d call itself: what a relu over it copies and a fused pooling calls again.
+struct ConvCall {
   Tensor x, w, b;
   std::array<int64_t, 2> stride{1, 1}, padding{0, 0}, dilation{1, 1};
   int64_t groups = 1;
-  bool relu = false;                   // a relu() over the convolution folded in
-  std::weak_ptr<TensorImpl> conv;      // relu: the convolution's own tensor (once computed, relu reads it)
   bool grad_enabled = true;            // t_grad_enabled at the call
   DType autocast = DType::kUndefined;  // t_autocast at the call
   Shape shape;                         // the output's
   DType dtype = DType::kF32;           // the output's (the autocast dtype where the convolution runs in it)
-  std::mutex mu;                       // guards x, w, b (released once computed) and the computation
+};
+struct DeferredConv : ConvCall {
+  bool relu = false;               // a relu() over the convolution folded in
+  std::weak_ptr<TensorImpl> conv;  // relu: the convolution's own tensor (once computed, relu reads it)
+  std::mutex mu;                   // guards x, w, b (released once computed) and the computation
 };
 
 // conv2d's deferred form: a pending tensor, or an undefined one where the call is not deferred (then run it now).
