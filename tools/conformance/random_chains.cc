@@ -833,6 +833,7 @@ class Gen {
         case 4: residual_or_affine_seq(); break;
         case 5:
           if (chance(50)) attention();
+          else if (extra_chance(40)) packed_multi_head_attention();
           else multi_head_attention();
           break;
         case 6: activation(); break;
@@ -958,6 +959,41 @@ class Gen {
     const Val out = node("MatMul", {om.ref, weights("O", {e, e}, e)}, {}, x);
     node("Add", {out.ref, constant("OB", {e}, -0.5f, 0.5f)}, {}, x);
     note("mha(" + std::to_string(heads) + " heads)");
+  }
+
+  // nn.MultiheadAttention as torch exports it with its packed in-projection: the batch-first input transposed to
+  // [S, B, E], one product with [E, 3E], the q/k/v Slices, the heads split by Reshape [S, B*H, Dh] (at a batch above 1
+  // no one view of a slice: the cpu_onednn chain reads the atoms [S, B, H, Dh]) and Transposes, the query scaled,
+  // Softmax, the heads joined back, the out-projection as a Gemm over [S*B, E], the batch-first layout again.
+  void packed_multi_head_attention() {
+    const Shape x = cur_.shape;
+    const int64_t b = x[0], sl = x[1], e = x[2];
+    int64_t heads = pick({1, 2, 4});
+    while (e % heads != 0) heads /= 2;
+    const int64_t d = e / heads, bh = b * heads;
+    auto perm = [](std::vector<int64_t> p) { return std::map<std::string, Attribute>{{"perm", Is(std::move(p))}}; };
+    const Val xt = node("Transpose", {cur_.ref}, perm({1, 0, 2}), {sl, b, e});
+    const Val m = node("MatMul", {xt.ref, weights("QKV", {e, 3 * e}, e)}, {}, {sl, b, 3 * e});
+    const Val a = node("Add", {constant("QKVB", {3 * e}, -0.5f, 0.5f), m.ref}, {}, {sl, b, 3 * e});
+    auto head_split = [&](int64_t k) {
+      const Val part = node("Slice", {a.ref, ints({k * e}), ints({(k + 1) * e}), ints({-1})}, {}, {sl, b, e});
+      return node("Reshape", {part.ref, ints({sl, -1, d})}, {}, {sl, bh, d});
+    };
+    const Val q = head_split(0), k = head_split(1), v = head_split(2);
+    const Val qt = node("Transpose", {q.ref}, perm({1, 0, 2}), {bh, sl, d});
+    const Val qs = node("Div", {qt.ref, scalar(std::sqrt(static_cast<float>(d)))}, {}, {bh, sl, d});
+    const Val kt = node("Transpose", {k.ref}, perm({1, 2, 0}), {bh, d, sl});
+    const Val vt = node("Transpose", {v.ref}, perm({1, 0, 2}), {bh, sl, d});
+    const Val sc = node("MatMul", {qs.ref, kt.ref}, {}, {bh, sl, sl});
+    const Val p = node("Softmax", {sc.ref}, {{"axis", I(-1)}}, {bh, sl, sl});
+    const Val o = node("MatMul", {p.ref, vt.ref}, {}, {bh, sl, d});
+    const Val ot = node("Transpose", {o.ref}, perm({1, 0, 2}), {sl, bh, d});
+    const Val om = node("Reshape", {ot.ref, ints({-1, e})}, {}, {sl * b, e});
+    const Val g = node("Gemm", {om.ref, weights("O", {e, e}, e), constant("OB", {e}, -0.5f, 0.5f)}, {{"transB", I(1)}},
+                       {sl * b, e});
+    const Val gr = node("Reshape", {g.ref, ints({sl, -1, e})}, {}, {sl, b, e});
+    node("Transpose", {gr.ref}, perm({1, 0, 2}), x);
+    note("packed mha(" + std::to_string(heads) + " heads)");
   }
 
   // Self-attention of one head on the value itself (or on a linear projection of it): softmax(x x^T * k) x.

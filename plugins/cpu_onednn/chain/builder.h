@@ -3,6 +3,7 @@
 // table in chain/ops/table.cc). A Builder is used once, by one thread.
 #pragma once
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 
@@ -36,6 +37,24 @@ inline bool is_strided(const md_t& md) {
 inline Dims md_dims(const md_t& md) { return Dims(md.data.dims, md.data.dims + md.data.ndims); }
 inline Dims md_strides(const md_t& md) {
   return Dims(md.data.format_desc.blocking.strides, md.data.format_desc.blocking.strides + md.data.ndims);
+}
+// Whether a strided md lays its dims out densely in some order (a permuted plain layout: no gaps, no offset): that
+// order, outermost first, in *order (dims of 1 wherever their strides sort them).
+inline bool dense_order(const md_t& md, Dims* order) {
+  if (!is_strided(md) || md.data.offset0 != 0) return false;
+  const Dims d = md_dims(md), st = md_strides(md);
+  Dims idx(d.size());
+  for (size_t k = 0; k < idx.size(); ++k) idx[k] = static_cast<int64_t>(k);
+  std::stable_sort(idx.begin(), idx.end(), [&](int64_t x, int64_t y) { return st[x] > st[y]; });
+  int64_t expect = 1;
+  for (size_t k = idx.size(); k-- > 0;) {
+    const auto j = static_cast<size_t>(idx[k]);
+    if (d[j] == 1) continue;
+    if (st[j] != expect) return false;
+    expect *= d[j];
+  }
+  *order = std::move(idx);
+  return true;
 }
 inline md_t strided_md(const Dims& d, const Dims& strides, dt t = dt::f32) {
   if (d.empty()) return md_t({1}, t, tag::a);
@@ -348,6 +367,29 @@ class Builder {
     }
     return true;
   }
+  // Whether every keel.Attention that reads `v` (of dims `merged.size()`, through Transposes) reads the dims flagged
+  // in `merged` as batch dims (not as its rows or columns). With read_by_attention_only.
+  bool merged_dims_batch_at_attention(const std::string& v, const std::vector<bool>& merged) {
+    for (size_t u : users(v)) {
+      const NodeDesc& n = r_.nodes[u];
+      if (n.op == "Attention") {
+        for (size_t d = merged.size() >= 2 ? merged.size() - 2 : 0; d < merged.size(); ++d)
+          if (merged[d]) return false;
+        continue;
+      }
+      Dims perm = n.ais("perm", {});
+      if (perm.empty())
+        for (size_t k = merged.size(); k-- > 0;) perm.push_back(static_cast<int64_t>(k));
+      if (n.op != "Transpose" || perm.size() != merged.size()) return false;
+      std::vector<bool> out(merged.size());
+      for (size_t k = 0; k < perm.size(); ++k) {
+        if (perm[k] < 0 || perm[k] >= static_cast<int64_t>(merged.size())) return false;
+        out[k] = merged[static_cast<size_t>(perm[k])];
+      }
+      if (!merged_dims_batch_at_attention(n.out[0], out)) return false;
+    }
+    return true;
+  }
   // When `v` is read only by Sigmoid(v) and by Mul(v, that sigmoid) (the sigmoid read by nothing else): the Mul.
   // With `hard`, also hard-swish as torch exports it below opset 14 (and tf2onnx always): Mul(v, HardSigmoid(v))
   // with alpha 1/6 and beta 0.5, oneDNN's eltwise_hardswish; *hard then says which of the two was found.
@@ -543,6 +585,14 @@ class Builder {
   std::map<std::string, int> concat_bufs_;                        // concat output -> its buffer
   std::set<std::string> placed_parts_;
   std::map<std::string, Val> vals_;
+  // Values that no one memory descriptor describes, read only by keel.Attention through Transposes (a batched q/k/v
+  // slice of a packed in-projection split into heads: steps/attention.h reshape_atoms): the Val's md is the strided
+  // view of the atoms; here the dims the graph gives the value and, per dim, the atoms (md dims) it merges.
+  struct AtomView {
+    Dims dims;
+    std::vector<Dims> groups;
+  };
+  std::map<std::string, AtomView> atom_views_;
   // as_md's copies of values in another layout (their keys in vals_) -> the value each copies: a copy serves every
   // later reader of that value, so its buffer is live as long as the value is read (dead_after).
   std::map<std::string, std::string> copy_of_;

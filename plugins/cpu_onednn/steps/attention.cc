@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "common/lanes.h"
@@ -74,6 +75,37 @@ bool reshape_strides(const Dims& dims, const Dims& strides, const Dims& to, Dims
   for (size_t k = to.size(); k-- > 0;)
     if (to[k] == 1) (*to_strides)[k] = k + 1 < to.size() ? (*to_strides)[k + 1] * to[k + 1] : 1;
   return true;
+}
+
+bool reshape_atoms(const Dims& dims, const Dims& strides, const Dims& to, Dims* atoms, Dims* atom_strides,
+                   std::vector<Dims>* groups) {
+  int64_t n = 1, m = 1;
+  for (int64_t d : dims) n *= d;
+  for (int64_t d : to) m *= d;
+  if (n != m || dims.empty() || to.empty() || dims.size() != strides.size()) return false;
+  for (int64_t d : dims)
+    if (d <= 1) return false;
+  for (int64_t d : to)
+    if (d <= 1) return false;
+  atoms->clear(), atom_strides->clear();
+  groups->assign(to.size(), Dims{});
+  // Both shapes walked outermost first: each atom is what is left of the current dim of `dims` or of `to`, whichever
+  // is smaller and divides the other; its stride is the source dim's times the part of that dim still inside it.
+  size_t i = 0, j = 0;
+  int64_t ri = dims[0], rj = to[0];
+  while (i < dims.size() && j < to.size()) {
+    int64_t a;
+    if (ri % rj == 0) a = rj;
+    else if (rj % ri == 0) a = ri;
+    else return false;
+    ri /= a, rj /= a;
+    (*groups)[j].push_back(static_cast<int64_t>(atoms->size()));
+    atoms->push_back(a);
+    atom_strides->push_back(strides[i] * ri);
+    if (ri == 1 && ++i < dims.size()) ri = dims[i];
+    if (rj == 1 && ++j < to.size()) rj = to[j];
+  }
+  return i == dims.size() && j == to.size();
 }
 
 namespace {
@@ -412,16 +444,29 @@ void pack_kt(const AttentionShape& s, const float* kt, float* kp, int64_t Tp) {
 }
 
 void pack_v(const AttentionShape& s, const float* v, float* vp) {
+  if (s.v_col == 1) {
+    for (int64_t t = 0; t < s.T; ++t)
+      std::memcpy(vp + t * s.Dv, v + t * s.v_row, static_cast<size_t>(s.Dv) * sizeof(float));
+    return;
+  }
   for (int64_t t = 0; t < s.T; ++t)
     for (int64_t e = 0; e < s.Dv; ++e) vp[t * s.Dv + e] = v[t * s.v_row + e * s.v_col];
 }
+
+// V is packed per batch entry (into [T][Dv], rows contiguous) when its columns are not contiguous, or when its rows
+// lie pages apart: the product with V walks all T rows for every block of query rows, and rows 24 KiB apart (torch's
+// packed in-projection at batch 8 read in place: [S, B, 3 * E]) cost a TLB miss each (the transformer encoder at
+// batch 8, 1 thread: its four attention steps 3.4 -> 5.2 ms read in place, before this).
+bool packs_v(const AttentionShape& s) { return s.v_col != 1 || s.v_row > 1024; }
+// Q's block of rows likewise, per task, when its rows lie that far apart (and its columns are contiguous).
+bool packs_q(const AttentionShape& s) { return s.q_col == 1 && s.q_row > 1024; }
 
 // A mask of contiguous columns (m_col 1) or of one value per row (m_col 0) is read where it is; another one is
 // copied per block into rows of contiguous columns.
 bool mask_copied(const AttentionShape& s) { return s.has_mask && s.m_col != 0 && s.m_col != 1; }
 
 struct Scratch {
-  float *kp, *vp, *mb, *sb, *rmax, *inv;
+  float *kp, *vp, *qp, *mb, *sb, *rmax, *inv;
 };
 Scratch carve(const AttentionShape& s, float* base) {
   const int64_t Tp = round16(s.T);
@@ -429,7 +474,9 @@ Scratch carve(const AttentionShape& s, float* base) {
   c.kp = base;
   base += s.k_col == 1 ? 0 : round16(s.D * Tp);
   c.vp = base;
-  base += s.v_col == 1 ? 0 : round16(s.T * s.Dv);
+  base += packs_v(s) ? round16(s.T * s.Dv) : 0;
+  c.qp = base;
+  base += packs_q(s) ? round16(s.rows * s.D) : 0;
   c.mb = base;
   base += mask_copied(s) ? round16(s.rows * Tp) : 0;
   c.sb = base;
@@ -450,7 +497,7 @@ void tasks_avx512(const AttentionShape& s, const float* q, const float* kt, cons
                   int64_t begin, int64_t end, float* scratch, Packed& packed) {
   const int64_t Tp = round16(s.T), nblk = (s.S + s.rows - 1) / s.rows;
   const Scratch sc = carve(s, scratch);
-  const bool packk = s.k_col != 1, packv = s.v_col != 1, copym = mask_copied(s);
+  const bool packk = s.k_col != 1, packv = packs_v(s), copym = mask_copied(s);
   int64_t& k_packed = packed.k;
   int64_t& v_packed = packed.v;
   for (int64_t task = begin; task < end; ++task) {
@@ -480,13 +527,19 @@ void tasks_avx512(const AttentionShape& s, const float* q, const float* kt, cons
     // 1. Scaled, masked scores and their row maxima, 64 columns at a time (the Kt panel stays in L1 over the row
     // tiles).
     const float* qb = q + s.q_off[bi] + i0 * s.q_row;
+    int64_t ldq = s.q_row;
+    if (packs_q(s)) {
+      for (int64_t r = 0; r < R; ++r)
+        std::memcpy(sc.qp + r * s.D, qb + r * s.q_row, static_cast<size_t>(s.D) * sizeof(float));
+      qb = sc.qp, ldq = s.D;
+    }
     for (int64_t t0 = 0; t0 < s.T; t0 += 64) {
       const int nv = static_cast<int>(std::min<int64_t>(4, (s.T - t0 + 15) / 16));
       const __mmask16 last = first_lanes(s.T - t0 - 16 * (nv - 1));
       const int mr = tile_rows(nv);
       for (int64_t r0 = 0, m; r0 < R; r0 += m) {
         m = tile_height(R - r0, mr);
-        qk_fn(static_cast<int>(m), nv)(qb + r0 * s.q_row, s.q_row, s.q_col, kb + t0, ldk, s.D, last, s.scale,
+        qk_fn(static_cast<int>(m), nv)(qb + r0 * ldq, ldq, s.q_col, kb + t0, ldk, s.D, last, s.scale,
                                        mb ? mb + r0 * m_row + (m_vec ? t0 : 0) : nullptr, m_row, m_vec,
                                        sc.sb + r0 * Tp + t0, Tp, sc.rmax + 16 * r0);
       }
@@ -635,7 +688,8 @@ size_t attention_scratch_floats(const AttentionShape& s) {
   const int64_t Tp = round16(s.T);
   int64_t n = round16(s.rows * Tp) + 16 * s.rows + round16(s.rows) + 16;
   if (s.k_col != 1) n += round16(s.D * Tp);
-  if (s.v_col != 1) n += round16(s.T * s.Dv);
+  if (packs_v(s)) n += round16(s.T * s.Dv);
+  if (packs_q(s)) n += round16(s.rows * s.D);
   if (mask_copied(s)) n += round16(s.rows * Tp);
   return static_cast<size_t>(n);
 }

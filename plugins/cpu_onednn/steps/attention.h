@@ -38,6 +38,15 @@ Dims dense_strides(const Dims& dims);
 // exist (or an element count is 0). The chains' Reshape of a strided view (the heads' split of a q/k/v slice).
 bool reshape_strides(const Dims& dims, const Dims& strides, const Dims& to, Dims* to_strides);
 
+// The reshape of a strided view that reshape_strides cannot express as one view (a batched [S, B, E] q/k/v slice of a
+// packed in-projection split into heads, [S, B, H, Dh] merged into [S, B*H, Dh]: B and H are not contiguous with
+// each other): the finest dims that both `dims` and `to` are made of, `atoms` (each within one dim of `dims`, so with
+// one stride: `atom_strides`), and for each dim of `to` the atoms it merges, outermost first (`groups`, indices into
+// atoms). False where no such refinement exists (a dim of `to` cuts a dim of `dims` unevenly), counts differ, or a
+// dim is 0 or 1 (reshape_strides takes those cases). Thread-safe.
+bool reshape_atoms(const Dims& dims, const Dims& strides, const Dims& to, Dims* atoms, Dims* atom_strides,
+                   std::vector<Dims>* groups);
+
 // What one run computes, in elements. Operand p of batch entry b, row r, column c is at
 // p + p_off[b] + r * p_row + c * p_col.
 struct AttentionShape {

@@ -109,6 +109,30 @@ TEST(OnednnAttention, StridedViewsOfOneProjection) {
       }
 }
 
+// As a claimed chain reads a batched packed in-projection [S, B, 3*H*Dh] split into heads (shape.cc's atom views):
+// batch entries (b, h) with their own offsets, Q's and V's rows B*3*H*Dh apart (pages apart for B > 1: Q's row
+// blocks and V are packed per task), Y written transposed into [S, B, H, Dh] memory.
+TEST(OnednnAttention, BatchedHeadsOfOneProjection) {
+  for (int64_t B : {1, 2, 3, 8})
+    for (int64_t H : {1, 4})
+      for (int64_t S : {7, 64, 130}) {
+        const int64_t Dh = 32, E = H * Dh, row = B * 3 * E;
+        const auto qkv = random_floats(static_cast<size_t>(S * row), static_cast<uint32_t>(B * 1000 + H * 10 + S));
+        const StridedView q{{B, H, S, Dh}, {3 * E, Dh, row, 1}};
+        const StridedView kt{{B, H, Dh, S}, {3 * E, Dh, 1, row}};
+        const StridedView v{{B, H, S, Dh}, {3 * E, Dh, row, 1}};
+        const StridedView y{{B, H, S, Dh}, {E, Dh, B * E, 1}};
+        std::vector<float> y0(static_cast<size_t>(S * B * E + 29), 7.f);
+        const std::string what = "B=" + std::to_string(B) + " H=" + std::to_string(H) + " S=" + std::to_string(S);
+        for (int team : {1, 2}) {
+          const AttentionShape s = attention_plan(q, kt, v, nullptr, y, 0.17f, team);
+          check(s, qkv.data(), qkv.data() + E, qkv.data() + 2 * E, nullptr, y0, team, false, what);
+        }
+        const AttentionShape s = attention_plan(q, kt, v, nullptr, y, 0.17f, 1);
+        check(s, qkv.data(), qkv.data() + E, qkv.data() + 2 * E, nullptr, y0, 1, true, what);
+      }
+}
+
 // Additive masks of every broadcast form, with -inf entries and one row masked entirely (which gives 0), and batch
 // dimensions that broadcast (Q [2,1,S,D] against Kt [1,3,D,T], V [3,T,Dv]).
 TEST(OnednnAttention, MasksAndBroadcastBatches) {
@@ -171,6 +195,57 @@ TEST(OnednnAttention, TeamsGiveIdenticalResults) {
     attention_run(s, q.data(), k.data(), v.data(), nullptr, y.data(), scratch.data(), team);
     if (first.empty()) first = y;
     else ASSERT_EQ(y, first) << "team " << team;
+  }
+}
+
+// A reshape that no single view expresses, as the atoms both shapes are made of: every element of `to` found where
+// the source has it.
+TEST(OnednnAttention, ReshapeAtomsOfStridedViews) {
+  Dims atoms, st;
+  std::vector<Dims> groups;
+  // torch's packed in-projection at batch 8: the q slice [S, B, 256] of [S, B, 768], heads of 32 merged with the batch.
+  ASSERT_TRUE(reshape_atoms({128, 8, 256}, {6144, 768, 1}, {128, 64, 32}, &atoms, &st, &groups));
+  EXPECT_EQ(atoms, (Dims{128, 8, 8, 32}));
+  EXPECT_EQ(st, (Dims{6144, 768, 32, 1}));
+  EXPECT_EQ(groups, (std::vector<Dims>{{0}, {1, 2}, {3}}));
+  EXPECT_FALSE(reshape_atoms({6, 4}, {4, 1}, {4, 6}, &atoms, &st, &groups));  // 4 cuts the 6 unevenly
+  EXPECT_FALSE(reshape_atoms({2, 3}, {3, 1}, {7}, &atoms, &st, &groups));
+  EXPECT_FALSE(reshape_atoms({2, 1, 3}, {3, 3, 1}, {6}, &atoms, &st, &groups));  // dims of 1: reshape_strides'
+  // Random shapes: split a random view's dims into random factors and merge neighbours of them again.
+  std::mt19937 rng(7);
+  for (int c = 0; c < 300; ++c) {
+    Dims parts;
+    for (int k = 0, n = 2 + static_cast<int>(rng() % 4); k < n; ++k)
+      parts.push_back(2 + static_cast<int64_t>(rng() % 3));
+    auto merge = [&](Dims* out) {
+      out->clear();
+      for (size_t k = 0; k < parts.size(); ++k)
+        if (out->empty() || rng() % 2) out->push_back(parts[k]);
+        else out->back() *= parts[k];
+    };
+    Dims from, to;
+    merge(&from), merge(&to);
+    Dims fs(from.size());  // a strided source: each dim padded to a larger extent
+    int64_t extent = 1;
+    for (size_t k = from.size(); k-- > 0;) fs[k] = extent, extent *= from[k] + static_cast<int64_t>(rng() % 3);
+    ASSERT_TRUE(reshape_atoms(from, fs, to, &atoms, &st, &groups));
+    int64_t total = 1;
+    for (int64_t d : to) total *= d;
+    for (int64_t e = 0; e < total; ++e) {
+      // Element e of `to` (row-major) is element e of `from` (row-major): both offsets must agree.
+      int64_t rest = e, want = 0, got = 0;
+      for (size_t k = from.size(); k-- > 0;) want += (rest % from[k]) * fs[k], rest /= from[k];
+      rest = e;
+      for (size_t k = to.size(); k-- > 0;) {
+        int64_t idx = rest % to[k];
+        rest /= to[k];
+        for (size_t g = groups[k].size(); g-- > 0;) {
+          const auto a = static_cast<size_t>(groups[k][g]);
+          got += (idx % atoms[a]) * st[a], idx /= atoms[a];
+        }
+      }
+      ASSERT_EQ(got, want) << "case " << c << " element " << e;
+    }
   }
 }
 

@@ -133,6 +133,7 @@ void Builder::matmul(size_t i) {
   }
   // Where the product goes: a new buffer, or the residual's (a sum post-op in place; else the residual copied into
   // a new one first), defined as the fused nodes' output (through the Transpose's strides when it follows).
+  md_t rows_view_md;  // the product as a permuted view (set below)
   auto place_output = [&]() -> Val& {
     // Permuted (Fusion::permuted): the output [N,C,H,W] is the product's [N,H,W,C] memory read through strides.
     md_t permuted_md;
@@ -162,9 +163,10 @@ void Builder::matmul(size_t i) {
         exec(reorder_prim(s1, d1), {{DNNL_ARG_FROM, s1}, {DNNL_ARG_TO, d1}});
       }
     }
-    Val& out = tr != npos   ? define(r_.nodes[tr].out[0], plain_md(yt), dbuf)
-               : f.permuted ? define(f.out, permuted_md, dbuf)
-                            : define(f.out, plain_md(f.viewed ? dims_of(f.out) : y_final, out_t), dbuf);
+    Val& out = tr != npos                ? define(r_.nodes[tr].out[0], plain_md(yt), dbuf)
+               : f.permuted              ? define(f.out, permuted_md, dbuf)
+               : !rows_view_md.is_zero() ? define(f.out, rows_view_md, dbuf)
+                                         : define(f.out, plain_md(f.viewed ? dims_of(f.out) : y_final, out_t), dbuf);
     if (tr != npos) done_[tr] = true;
     return out;
   };
@@ -188,7 +190,25 @@ void Builder::matmul(size_t i) {
     }
   };
   std::unique_ptr<dnnl::matmul::primitive_desc> pd;
-  Val av = collapse ? as_plain(an) : val(an);
+  // A collapsed product over a permuted view whose rows lie whole in memory (torch's in-projection over a batch-first
+  // input transposed to [S, B, E]): its rows taken in memory order, the product written in the same order and defined
+  // as the view with the same permutation, instead of a reorder of A to plain (the transformer encoder at batch 8, 2
+  // threads: 0.09 ms a layer).
+  if (collapse && f.sum_with.empty() && !f.permuted && !f.viewed && !f.pass_after() && tr == npos) {
+    const Val& v = val(an);
+    Dims order;
+    if (is_strided(v.md) && v.md.data_type() == act_ && dense_order(v.md, &order) &&
+        static_cast<size_t>(order.back()) + 1 == md_dims(v.md).size()) {
+      Dims od = md_dims(v.md);  // the product's dims, last replaced by N: strides of that layout in `order`
+      od.back() = y.back();
+      Dims st(od.size());
+      int64_t stride = 1;
+      for (size_t k = order.size(); k-- > 0;)
+        st[static_cast<size_t>(order[k])] = stride, stride *= od[static_cast<size_t>(order[k])];
+      rows_view_md = strided_md(y_final, st, out_t);
+    }
+  }
+  Val av = collapse && rows_view_md.is_zero() ? as_plain(an) : val(an);
   if (collapse) av.md = plain_md(a);
   md_t amd_view = is_strided(av.md) ? rank_to(av.md, r) : md_t();
   md_t bmd_view;

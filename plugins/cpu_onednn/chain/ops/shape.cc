@@ -49,14 +49,32 @@ void Builder::reshape_like(size_t i) {
   // reshaped as a view where its strides allow: the heads' split moves nothing. (Not for MatMul readers: oneDNN's
   // batched matmul over such views ran slower at 1 thread than the reorder plus the plain product.)
   Dims ys;
-  if (is_strided(v.md) && !is_plain_dense(v.md) && read_by_attention_only(n.out[0]) &&
-      reshape_strides(x, md_strides(v.md), y, &ys)) {
+  const bool attention_view = is_strided(v.md) && !is_plain_dense(v.md) && read_by_attention_only(n.out[0]);
+  if (attention_view && reshape_strides(x, md_strides(v.md), y, &ys)) {
     Val o = v;
     o.md = strided_md(y, ys, v.md.data_type());
     if (is_plain_dense(o.md)) o.md = plain_md(y, v.md.data_type());
     p_->bufs[o.buf].values++;
     vals_[n.out[0]] = o;
     return;
+  }
+  // Where no one view expresses it (torch's packed in-projection at a batch above 1: [S, B, H*Dh] as [S, B*H, Dh]),
+  // the atoms' view, which keel.Attention reads with the merged dims as its batch (each batch entry its own offset):
+  // the heads' split still moves nothing. f32 only (a bf16 operand is converted to plain f32 by attention()).
+  Dims atoms, atom_strides;
+  std::vector<Dims> groups;
+  if (attention_view && v.md.data_type() == dt::f32 &&
+      reshape_atoms(x, md_strides(v.md), y, &atoms, &atom_strides, &groups)) {
+    std::vector<bool> merged(groups.size());
+    for (size_t k = 0; k < groups.size(); ++k) merged[k] = groups[k].size() > 1;
+    if (merged_dims_batch_at_attention(n.out[0], merged)) {
+      Val o = v;
+      o.md = strided_md(atoms, atom_strides, dt::f32);
+      p_->bufs[o.buf].values++;
+      vals_[n.out[0]] = o;
+      atom_views_[n.out[0]] = {y, std::move(groups)};
+      return;
+    }
   }
   Val pv = as_plain(n.in[0]);
   Val o = pv;
@@ -317,6 +335,24 @@ void Builder::resize(size_t i) {
 // reorder into the plain layout.
 void Builder::transpose(size_t i) {
   const NodeDesc& n = r_.nodes[i];
+  if (auto av = atom_views_.find(n.in[0]); av != atom_views_.end()) {  // the dims and their atoms permuted
+    const AtomView a = av->second;
+    Dims perm = n.ais("perm", {});
+    if (perm.empty())
+      for (size_t k = a.dims.size(); k-- > 0;) perm.push_back(static_cast<int64_t>(k));
+    if (perm.size() != a.dims.size()) throw Reject{"perm rank"};
+    AtomView o;
+    for (int64_t p : perm) {
+      if (p < 0 || p >= static_cast<int64_t>(a.dims.size())) throw Reject{"perm out of range"};
+      o.dims.push_back(a.dims[static_cast<size_t>(p)]);
+      o.groups.push_back(a.groups[static_cast<size_t>(p)]);
+    }
+    const Val v = val(n.in[0]);
+    p_->bufs[v.buf].values++;
+    vals_[n.out[0]] = v;
+    atom_views_[n.out[0]] = std::move(o);
+    return;
+  }
   Dims x = dims_of(n.in[0]);
   Dims perm = n.ais("perm", {});
   if (perm.empty())
