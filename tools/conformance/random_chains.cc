@@ -702,8 +702,11 @@ class Gen {
     const bool same = chance(75);
     const int64_t pad = same ? dil * (k - 1) / 2 : 0;
     const int64_t stride = dil == 1 && len >= 8 && chance(30) ? 2 : 1;
-    const int64_t ol = (len + 2 * pad - dil * (k - 1) - 1) / stride + 1;
-    if (ol < 1) return activation();
+    // (A kernel longer than the padded input: no output, and the span's negative quotient rounds toward 0, so
+    // check the span itself: seed 38845 drew a kernel of 9 over 8 unpadded.)
+    const int64_t span = len + 2 * pad - dil * (k - 1) - 1;
+    if (span < 0) return activation();
+    const int64_t ol = span / stride + 1;
     std::vector<std::string> ins = {cur_.ref, weights("W", {m, c / group, k}, c / group * k)};
     if (chance(80)) ins.push_back(constant("B", {m}, -0.5f, 0.5f));
     node("Conv", ins,
