@@ -197,8 +197,9 @@ void Builder::matmul(size_t i) {
   if (collapse && f.sum_with.empty() && !f.permuted && !f.viewed && !f.pass_after() && tr == npos) {
     const Val& v = val(an);
     Dims order;
-    if (is_strided(v.md) && v.md.data_type() == act_ && md_dims(v.md).size() == y_final.size() &&
-        dense_order(v.md, &order) && static_cast<size_t>(order.back()) + 1 == y_final.size()) {
+    if (is_strided(v.md) && !is_plain_dense(v.md) && v.md.data_type() == act_ &&
+        md_dims(v.md).size() == y_final.size() && dense_order(v.md, &order) &&
+        static_cast<size_t>(order.back()) + 1 == y_final.size()) {
       Dims od = md_dims(v.md);  // the product's dims, last replaced by N: strides of that layout in `order`
       od.back() = y.back();
       Dims st(od.size());
