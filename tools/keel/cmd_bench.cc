@@ -69,14 +69,16 @@ struct HostLimits {
   int cpus = 0;
 
   bool known() const { return fp32_per_core > 0; }
-  // The peak at `threads` threads: per core x threads, but never above what every core together reached.
+  // The peak at `threads` threads: per core x threads, but never above what every core together reached; past the
+  // CPUs the file was measured on (keel-host-limits under a narrower affinity mask), per core x threads.
   double fp32_at(int threads) const { return at(fp32_per_core, fp32_all, threads); }
   double int8_at(int threads) const { return at(int8_per_core, int8_all, threads); }
+  bool extrapolated(int threads) const { return cpus > 0 && threads > cpus; }
 
  private:
   double at(double one, double all, int threads) const {
-    if (threads >= cpus) return all > 0 ? all : one * threads;
-    return all > 0 ? std::min(one * threads, all) : one * threads;
+    if (extrapolated(threads) || all <= 0) return one * threads;
+    return threads >= cpus ? all : std::min(one * threads, all);
   }
 };
 
@@ -535,7 +537,11 @@ int bench(const BenchArgs& a, Globals& g) {
                 << (work.int8_flops > 0
                         ? ", " + std::to_string(static_cast<int>(limits->int8_at(threads))) + " GOP/s int8"
                         : std::string())
-                << "; " << limits->file << ")";
+                << "; " << limits->file
+                << (limits->extrapolated(threads)
+                        ? "; measured on " + std::to_string(limits->cpus) + " CPU(s), per core x threads here"
+                        : std::string())
+                << ")";
     else if (!limits->known() && all_on_cpu)
       std::cout << " (run keel-host-limits for the fraction of this host's peak)";
     std::cout << "\n";

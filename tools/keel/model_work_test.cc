@@ -123,6 +123,17 @@ TEST(HostLimits, BenchReportsGflopsAndTheFractionOfTheMeasuredPeak) {
   EXPECT_GT(j["fraction_of_peak"].get<double>(), 0.0);
   EXPECT_EQ(j["host_limits"].value("file", ""), limits.string());
 
+  // A file measured on fewer CPUs than the run's threads (keel-host-limits under taskset): the peak is per core x
+  // threads, not that file's "all cores" (which was one CPU's).
+  const fs::path narrow = dir / "narrow.json";
+  std::ofstream(narrow) << R"({"cpus": 1, "fp32_gflops_per_core": 100.0, "fp32_gflops_all_cores": 100.0})";
+  const std::string wide = run(std::string(KEEL_CLI_BINARY) + " bench " + model.string() +
+                               " --threads 3 --iters 2 --warmup 1 --json --host-limits " + narrow.string());
+  const auto wstart = wide.find('{');
+  ASSERT_NE(wstart, std::string::npos) << wide;
+  const nlohmann::json jw = nlohmann::json::parse(wide.substr(wstart));
+  EXPECT_DOUBLE_EQ(jw["host_limits"].value("fp32_peak_gflops", 0.0), 300.0) << jw.dump();
+
   // A dynamic batch is counted at the batch the runs use (1 without --batch), not left unknown.
   const fs::path dynamic = dir / "dynamic.onnx";
   ASSERT_TRUE(save_onnx(every_counted_op(-1), dynamic).is_ok());
