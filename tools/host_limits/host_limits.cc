@@ -13,8 +13,8 @@
 //   keel-host-limits                    # measure, print a table, save to ~/.cache/keel/host_limits.json
 //   keel-host-limits --json out.json    # and write the JSON there instead
 //   keel-host-limits --quick            # short runs and small arrays (tests; bandwidth may then hit the caches)
-// Under an affinity mask narrower than the host (taskset) it measures those CPUs and does not overwrite the default
-// file (--json saves it anyway).
+// Under an affinity mask (taskset) it measures those CPUs, and does not overwrite a default file measured on more
+// (--json saves it anyway).
 #include <immintrin.h>
 #include <pthread.h>
 #include <sched.h>
@@ -328,13 +328,21 @@ int main(int argc, char** argv) {
             << num("int8_gops_all_cores") << "   (" << j["int8_kernel"].get<std::string>() << ")\n";
   std::cout << "memory    GB/s       " << std::setw(12) << num("memory_gbs_one_core") << std::setw(12)
             << num("memory_gbs_all_cores") << "   (triad, 3 x " << mib << " MiB)\n";
-  // Under an affinity mask narrower than the host (taskset, a cgroup's cpuset) the "all cores" figures are those CPUs'
-  // only: not written over the default file that `keel bench` reads for every thread count, unless asked (--json).
-  const long online = sysconf(_SC_NPROCESSORS_ONLN);
-  if (!no_save && output.empty() && online > 0 && static_cast<long>(all.size()) < online) {
-    std::cout << "not saved: measured on " << all.size() << " of this host's " << online
-              << " CPUs (the process' affinity); --json FILE saves it anyway\n";
-    return 0;
+  // A run on fewer CPUs than the default file was measured on (under taskset: the process' affinity) does not write
+  // over it: `keel bench` reads that file for every thread count (--json FILE saves it anyway).
+  if (!no_save && output.empty()) {
+    std::ifstream saved(default_output());
+    int saved_cpus = 0;
+    if (saved) {
+      const nlohmann::json old = nlohmann::json::parse(saved, nullptr, false);
+      if (old.is_object() && old.contains("cpus") && old["cpus"].is_number_integer())
+        saved_cpus = old["cpus"].get<int>();
+    }
+    if (saved_cpus > static_cast<int>(all.size())) {
+      std::cout << "not saved: " << default_output().string() << " was measured on " << saved_cpus
+                << " CPUs, this run on " << all.size() << " (the process' affinity); --json FILE saves it\n";
+      return 0;
+    }
   }
   if (!no_save) {
     const std::filesystem::path out = output.empty() ? default_output() : std::filesystem::path(output);

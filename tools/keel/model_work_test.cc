@@ -153,6 +153,26 @@ TEST(HostLimits, BenchReportsGflopsAndTheFractionOfTheMeasuredPeak) {
   EXPECT_NE(bad.find("bad.json"), std::string::npos) << bad;
   fs::remove_all(dir);
 }
+
+// A run of keel-host-limits under a narrower affinity mask (taskset) leaves a default file measured on more CPUs,
+// which `keel bench` reads for every thread count, alone.
+TEST(HostLimits, ANarrowerAffinityMaskDoesNotOverwriteAWiderMeasurement) {
+  if (sysconf(_SC_NPROCESSORS_ONLN) < 2 || std::system("taskset -V > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "needs 2 CPUs and taskset";
+  const fs::path home = fs::temp_directory_path() / ("keel_host_limits_home_" + std::to_string(getpid()));
+  fs::create_directories(home);
+  const fs::path file = home / ".cache/keel/host_limits.json";
+  const std::string env = "HOME=" + home.string() + " XDG_CACHE_HOME= ";
+  const std::string wide = run(env + std::string(KEEL_HOST_LIMITS_BINARY) + " --quick --array-mib 4 --reps 1");
+  ASSERT_TRUE(fs::exists(file)) << wide;
+  const int cpus = nlohmann::json::parse(std::ifstream(file)).value("cpus", 0);
+  if (cpus < 2) GTEST_SKIP() << "this process may use one CPU only";
+  const std::string narrow =
+      run(env + "taskset -c 0 " + std::string(KEEL_HOST_LIMITS_BINARY) + " --quick --array-mib 4 --reps 1");
+  EXPECT_NE(narrow.find("not saved"), std::string::npos) << narrow;
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(file)).value("cpus", 0), cpus);
+  fs::remove_all(home);
+}
 #endif
 
 }  // namespace
