@@ -334,6 +334,20 @@ class Builder {
     return reads == 1 ? u[0] : npos;
   }
   static constexpr size_t npos = static_cast<size_t>(-1);
+  // A Transpose's permutation of a rank-`rank` input (the default reverses the dims); empty where it does not fit the
+  // rank or repeats or leaves a dim.
+  static Dims perm_of(const NodeDesc& t, size_t rank) {
+    Dims perm = t.ais("perm", {});
+    if (perm.empty())
+      for (size_t k = rank; k-- > 0;) perm.push_back(static_cast<int64_t>(k));
+    std::vector<bool> seen(rank, false);
+    if (perm.size() != rank) return {};
+    for (int64_t k : perm) {
+      if (k < 0 || k >= static_cast<int64_t>(rank) || seen[static_cast<size_t>(k)]) return {};
+      seen[static_cast<size_t>(k)] = true;
+    }
+    return perm;
+  }
   // A value of dims `y` read only by a Transpose (a valid perm, default reversed): its producer may write the
   // transposed layout directly, so that the Transpose costs nothing (matmul(), attention()). Returns the Transpose
   // (npos if none) with the transposed dims in *yt and, in *ys, the strides of `y` whose transposed view is dense.
@@ -341,15 +355,8 @@ class Builder {
     const size_t tr = sole_user(v);
     if (tr == npos) return npos;
     const NodeDesc& t = r_.nodes[tr];
-    Dims perm = t.ais("perm", {});
-    if (perm.empty())
-      for (size_t k = y.size(); k-- > 0;) perm.push_back(static_cast<int64_t>(k));
-    if (t.op != "Transpose" || t.out.size() != 1 || t.in[0] != v || perm.size() != y.size()) return npos;
-    std::vector<bool> seen(y.size(), false);
-    for (int64_t k : perm) {
-      if (k < 0 || k >= static_cast<int64_t>(y.size()) || seen[k]) return npos;
-      seen[k] = true;
-    }
+    const Dims perm = perm_of(t, y.size());
+    if (t.op != "Transpose" || t.out.size() != 1 || t.in[0] != v || perm.empty()) return npos;
     yt->resize(y.size());
     for (size_t k = 0; k < y.size(); ++k) (*yt)[k] = y[perm[k]];
     const Dims st = dense_strides(*yt);
@@ -357,36 +364,27 @@ class Builder {
     for (size_t k = 0; k < y.size(); ++k) (*ys)[perm[k]] = st[k];
     return tr;
   }
-  // Whether every reader of `v` is a keel.Attention, directly or through Transposes (and `v` stays in the claim).
-  bool read_by_attention_only(const std::string& v) {
+  // Whether every reader of `v` is a keel.Attention, directly or through Transposes (and `v` stays in the claim); with
+  // `merged` (one flag per dim of `v`), also whether each attention reads the flagged dims as batch dims, not as its
+  // rows or columns (an atom view's merged dims: shape.cc reshape_like).
+  bool read_by_attention_only(const std::string& v, const std::vector<bool>* merged = nullptr) {
     if (escapes(v) || users(v).empty()) return false;
     for (size_t u : users(v)) {
       const NodeDesc& n = r_.nodes[u];
-      if (n.op == "Attention") continue;
-      if (n.op != "Transpose" || n.out.size() != 1 || !read_by_attention_only(n.out[0])) return false;
-    }
-    return true;
-  }
-  // Whether every keel.Attention that reads `v` (of dims `merged.size()`, through Transposes) reads the dims flagged
-  // in `merged` as batch dims (not as its rows or columns). With read_by_attention_only.
-  bool merged_dims_batch_at_attention(const std::string& v, const std::vector<bool>& merged) {
-    for (size_t u : users(v)) {
-      const NodeDesc& n = r_.nodes[u];
       if (n.op == "Attention") {
-        for (size_t d = merged.size() >= 2 ? merged.size() - 2 : 0; d < merged.size(); ++d)
-          if (merged[d]) return false;
+        if (merged)
+          for (size_t d = merged->size() >= 2 ? merged->size() - 2 : 0; d < merged->size(); ++d)
+            if ((*merged)[d]) return false;
         continue;
       }
-      Dims perm = n.ais("perm", {});
-      if (perm.empty())
-        for (size_t k = merged.size(); k-- > 0;) perm.push_back(static_cast<int64_t>(k));
-      if (n.op != "Transpose" || perm.size() != merged.size()) return false;
-      std::vector<bool> out(merged.size());
-      for (size_t k = 0; k < perm.size(); ++k) {
-        if (perm[k] < 0 || perm[k] >= static_cast<int64_t>(merged.size())) return false;
-        out[k] = merged[static_cast<size_t>(perm[k])];
+      if (n.op != "Transpose" || n.out.size() != 1) return false;
+      std::vector<bool> permuted;
+      if (merged) {
+        const Dims perm = perm_of(n, merged->size());
+        if (perm.empty()) return false;
+        for (int64_t p : perm) permuted.push_back((*merged)[static_cast<size_t>(p)]);
       }
-      if (!merged_dims_batch_at_attention(n.out[0], out)) return false;
+      if (!read_by_attention_only(n.out[0], merged ? &permuted : nullptr)) return false;
     }
     return true;
   }

@@ -497,7 +497,7 @@ void tasks_avx512(const AttentionShape& s, const float* q, const float* kt, cons
                   int64_t begin, int64_t end, float* scratch, Packed& packed) {
   const int64_t Tp = round16(s.T), nblk = (s.S + s.rows - 1) / s.rows;
   const Scratch sc = carve(s, scratch);
-  const bool packk = s.k_col != 1, packv = packs_v(s), copym = mask_copied(s);
+  const bool packk = s.k_col != 1, packv = packs_v(s), packq = packs_q(s), copym = mask_copied(s);
   int64_t& k_packed = packed.k;
   int64_t& v_packed = packed.v;
   for (int64_t task = begin; task < end; ++task) {
@@ -528,7 +528,7 @@ void tasks_avx512(const AttentionShape& s, const float* q, const float* kt, cons
     // tiles).
     const float* qb = q + s.q_off[bi] + i0 * s.q_row;
     int64_t ldq = s.q_row;
-    if (packs_q(s)) {
+    if (packq) {
       for (int64_t r = 0; r < R; ++r)
         std::memcpy(sc.qp + r * s.D, qb + r * s.q_row, static_cast<size_t>(s.D) * sizeof(float));
       qb = sc.qp, ldq = s.D;

@@ -67,7 +67,7 @@ void Builder::reshape_like(size_t i) {
       reshape_atoms(x, md_strides(v.md), y, &atoms, &atom_strides, &groups)) {
     std::vector<bool> merged(groups.size());
     for (size_t k = 0; k < groups.size(); ++k) merged[k] = groups[k].size() > 1;
-    if (merged_dims_batch_at_attention(n.out[0], merged)) {
+    if (read_by_attention_only(n.out[0], &merged)) {
       Val o = v;
       o.md = strided_md(atoms, atom_strides, dt::f32);
       p_->bufs[o.buf].values++;
@@ -337,13 +337,10 @@ void Builder::transpose(size_t i) {
   const NodeDesc& n = r_.nodes[i];
   if (auto av = atom_views_.find(n.in[0]); av != atom_views_.end()) {  // the dims and their atoms permuted
     const AtomView a = av->second;
-    Dims perm = n.ais("perm", {});
-    if (perm.empty())
-      for (size_t k = a.dims.size(); k-- > 0;) perm.push_back(static_cast<int64_t>(k));
-    if (perm.size() != a.dims.size()) throw Reject{"perm rank"};
+    const Dims perm = perm_of(n, a.dims.size());
+    if (perm.empty()) throw Reject{"perm"};
     AtomView o;
     for (int64_t p : perm) {
-      if (p < 0 || p >= static_cast<int64_t>(a.dims.size())) throw Reject{"perm out of range"};
       o.dims.push_back(a.dims[static_cast<size_t>(p)]);
       o.groups.push_back(a.groups[static_cast<size_t>(p)]);
     }
