@@ -1949,6 +1949,39 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // ResNet-50's layer4.0 at batch 1 and the next block's 1x1s: few output pixels (7x7) and weights of 8-9.4 MB, the
+    // oneDNN device's windows-times-weights steps (steps/im2row.h, steps/skinny_gemm.h): the stride-2 3x3 + Relu, the
+    // bottleneck end merged with its strided projection + Relu, a 1x1 without post-ops, a 1x1 + residual + Relu.
+    OpCase c;
+    c.op = "Chain";
+    c.claim_whole = true;
+    c.label = "resnet-50 layer4.0 at batch 1: 7x7 convolutions with 8-9.4 MB of weights";
+    c.inputs = {in("X", {1, 256, 14, 14}),
+                in("W0", {512, 256, 1, 1}, true, -0.1f, 0.1f),
+                in("B0", {512}, true),
+                in("W1", {512, 512, 3, 3}, true, -0.03f, 0.03f),
+                in("B1", {512}, true),
+                in("W2", {2048, 512, 1, 1}, true, -0.06f, 0.06f),
+                in("B2", {2048}, true),
+                in("WD", {2048, 512, 1, 1}, true, -0.06f, 0.06f),
+                in("BD", {2048}, true),
+                in("WY", {1024, 2048, 1, 1}, true, -0.03f, 0.03f),
+                in("WX", {2048, 1024, 1, 1}, true, -0.04f, 0.04f)};
+    c.chain = {conv({"X", "W0", "B0"}, 1, 1, 0),
+               {"Relu", {"$0"}, {}},
+               conv({"$1", "W1", "B1"}, 3, 2, 1),  // [1,512,7,7]
+               {"Relu", {"$2"}, {}},
+               conv({"$3", "W2", "B2"}, 1, 1, 0),
+               conv({"$1", "WD", "BD"}, 1, 2, 0),  // [1,2048,7,7]
+               {"Add", {"$4", "$5"}, {}},
+               {"Relu", {"$6"}, {}},
+               conv({"$7", "WY"}, 1, 1, 0),  // [1,1024,7,7]
+               conv({"$8", "WX"}, 1, 1, 0),
+               {"Add", {"$9", "$7"}, {}},
+               {"Relu", {"$10"}, {}}};
+    v.push_back(c);
+  }
+  {
     // The same merged bottleneck end with the 3x3 over 16 channels (oneDNN's jit kernel, nChw16c, not brgemm's
     // nhwc): the merged source's own step copies h from nChw16c; even spatial size, no bias on the shortcut.
     OpCase c;

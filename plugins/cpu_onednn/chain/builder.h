@@ -472,6 +472,8 @@ class Builder {
   bool conv_grouped4(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y, int64_t stride,
                      const std::vector<float>& w, const std::vector<float>& bias, double flops);
   static bool sum_relu_of(const Fusion& f, bool* sum, bool* relu);
+  bool conv_skinny(size_t i, const Fusion& f, Im2RowShape rows, const std::vector<std::string>& srcs, int64_t M,
+                   const std::vector<float>& w, const std::vector<float>& bias, double flops);
   bool conv_wino4(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y,
                   const std::vector<float>& w, const std::vector<float>& bias, double flops, bool streamed);
   bool conv_dilated_phases(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y, int64_t dil,

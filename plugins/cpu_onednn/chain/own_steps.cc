@@ -143,6 +143,16 @@ void run_skinny_gemm(const Exec& e) {
                   e.single ? 1 : omp_get_max_threads());
 }
 
+// Exec::own of a convolution's windows gathered as rows (Builder::conv_skinny, steps/im2row.h): DNNL_ARG_SRC part
+// 0's source, DNNL_ARG_SRC_1 part 1's (two parts), DST plain rows; params the Im2RowShape; rows split over the team.
+void run_im2row(const Exec& e) {
+  const auto& s = *static_cast<const Im2RowShape*>(e.params.get());
+  const float* src[2] = {static_cast<const float*>(e.args.at(DNNL_ARG_SRC).get_data_handle()), nullptr};
+  if (s.parts > 1) src[1] = static_cast<const float*>(e.args.at(DNNL_ARG_SRC_1).get_data_handle());
+  im2row_run(s, src, static_cast<float*>(e.args.at(DNNL_ARG_DST).get_data_handle()),
+             e.single ? 1 : omp_get_max_threads());
+}
+
 // Exec::own of a depthwise convolution + SiLU (Builder::conv_dw_silu, steps/dwsilu.h): SRC and DST nChw16c,
 // WEIGHTS packed, BIAS, kArgPooled (when present) the output's channel means, DNNL_ARG_SCRATCHPAD room for the team;
 // split over the OpenMP team by 16-channel blocks.

@@ -79,6 +79,7 @@ void run_merged_source(const Exec& e);
 void run_bilinear(const Exec& e);
 void run_narrow_gemm(const Exec& e);
 void run_skinny_gemm(const Exec& e);
+void run_im2row(const Exec& e);
 // Runs one step: its primitive on `s`, or its own function.
 void run_step(Exec& e, dnnl::stream& s);
 

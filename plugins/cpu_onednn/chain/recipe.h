@@ -34,6 +34,7 @@
 #include "steps/expand_dw.h"
 #include "steps/gelu.h"
 #include "steps/grouped.h"
+#include "steps/im2row.h"
 #include "steps/int8_expand_dw.h"
 #include "steps/int8_pool.h"
 #include "steps/int8_stem.h"

@@ -271,6 +271,9 @@ struct Options {
   bool skinny_gemm = true;    // KEEL_ONEDNN_SKINNY_GEMM=0 or [options] skinny_gemm = false: a product of <= 64 rows
                               // and >= 1 MiB of constant weights stays on oneDNN's matmul, not the own step
                               // (steps/skinny_gemm.h)
+  bool skinny_conv = true;    // KEEL_ONEDNN_SKINNY_CONV=0 or [options] skinny_conv = false: a convolution over 32-64
+                              // output pixels with >= 8 MiB of weights stays on oneDNN's kernels, not the own
+                              // windows-times-weights steps (steps/im2row.h, steps/skinny_gemm.h)
   bool permuted_post_ops = true;  // KEEL_ONEDNN_PERMUTED_POST_OPS=0 or [options] permuted_post_ops = false: a
                                   // matmul's post-ops stop at a Transpose from [N,H,W,C] to [N,C,H,W] (ConvNeXt's
                                   // block tail: the layer scale and the residual Add then run as binary steps)

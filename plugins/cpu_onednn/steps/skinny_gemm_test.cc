@@ -76,6 +76,18 @@ TEST(SkinnyGemm, MatchesTheReference) {
   }
 }
 
+TEST(SkinnyGemm, ReluAndAnNChw16cOutput) {
+  for (int team : {1, 2}) {
+    SkinnyGemmShape s = shape(49, 1700, 192, true);  // a residual summed, k over three chunks: Relu after the last
+    s.relu = true;
+    check(s, true, false, team);
+    s.y_blocked16 = true;  // a convolution's 7x7 output: planes of 49 pixels per 16 channels
+    check(s, true, true, team);
+    s.sum = false, s.m = 36;
+    check(s, false, false, team);
+  }
+}
+
 TEST(SkinnyGemm, OneStepFromSeveralThreadsAtOnce) {
   const SkinnyGemmShape s = shape(20, 400, 256, true);
   if (!skinny_gemm_check(s).empty()) GTEST_SKIP() << skinny_gemm_check(s);

@@ -340,6 +340,23 @@ void Builder::conv(size_t i) {
       pl == Dims{1, 1} && pr == Dims{1, 1} && chan_scale.empty() && !f.pass_after() && act_ == dt::f32 &&
       conv_wino4(i, f, src_name, x, y, w, bias, conv_flops, !wino4_pretransformed))
     return;
+  // Few output pixels and large weights (ResNet-50's stride-2 3x3 in layer4.0 at batch 1): the windows times the
+  // weights as the chain's own few-row product (conv_skinny). Not the 3x3s Winograd takes (fewer multiply-adds).
+  if (!wino && sp == 2 && g == 1 && N == 1 && s[0] == s[1] && d[0] == d[1] && chan_scale.empty() &&
+      y[2] * y[3] <= kSkinnyGemmMaxRows &&
+      C * M * prod(ks) * static_cast<int64_t>(sizeof(float)) >= (int64_t{8} << 20)) {
+    Im2RowShape rows;
+    rows.oh = y[2], rows.ow = y[3];
+    Im2RowPart& p = rows.part[0];
+    p.c = C, p.h = x[2], p.w = x[3], p.kh = ks[0], p.kw = ks[1], p.stride = s[0], p.dilation = d[0];
+    p.pad_top = pl[0], p.pad_left = pl[1];
+    std::vector<float> wr(w.size());  // [M][C][kh][kw] -> [M][kh][kw][C], the rows' order
+    const int64_t taps = prod(ks);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t c = 0; c < C; ++c)
+        for (int64_t t = 0; t < taps; ++t) wr[(m * taps + t) * C + c] = w[(m * C + c) * taps + t];
+    if (conv_skinny(i, f, rows, {src_name}, M, wr, bias, conv_flops)) return;
+  }
   if (wino) make(alg::convolution_winograd, src, dst);
   // oneDNN's Winograd kernels (F(2,3), F(4,3): another must win by a third) and, at 2+ threads over at most 14x14
   // pixels, its direct one over the same layouts (by 5%), timed here: the fastest runs (common/conv_pick.h).

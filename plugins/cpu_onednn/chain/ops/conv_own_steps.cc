@@ -415,6 +415,71 @@ bool Builder::conv_grouped4(size_t i, const Fusion& f, const std::string& src, c
   return true;
 }
 
+// A convolution over 32 to 64 output pixels with at least 8 MiB of constant weights (ResNet-50's layer4.0 at batch 1:
+// the stride-2 3x3, 9.4 MB, and the bottleneck end merged with its projection, 12.6 MB) and at most a residual sum
+// and a Relu after it, as the product of its windows and its weights: the windows gathered into rows (steps/im2row.h,
+// each part's source read where it is when nhwc or nChw16c, else reordered to nChw16c first), then the chain's
+// few-row product (steps/skinny_gemm.h) writing the nChw16c output. oneDNN ran these at 67% / 76% of the FMA peak at
+// 1 thread (brgconv / jit_1x1), its kernels reading weights that come from memory at every run in several passes;
+// see docs/ONEDNN_PERFORMANCE.md, "(skc)". `rows`: the windows' geometry (the parts' layouts are set here), `srcs`
+// the parts' sources; `w` [M][rows.row_floats()] in the rows' order and `bias` [M], folds applied. f32 on AVX-512;
+// false, changing nothing, otherwise.
+bool Builder::conv_skinny(size_t i, const Fusion& f, Im2RowShape rows, const std::vector<std::string>& srcs, int64_t M,
+                          const std::vector<float>& w, const std::vector<float>& bias, double flops) {
+  constexpr int64_t kMinRows = 32, kMinWeightBytes = int64_t{8} << 20;
+  bool sum = false, relu = false;
+  if (!options().skinny_conv || act_ != dt::f32 || !sum_relu_of(f, &sum, &relu)) return false;
+  SkinnyGemmShape s;
+  s.m = rows.oh * rows.ow, s.k = rows.row_floats(), s.n = M, s.sum = sum, s.relu = relu, s.y_blocked16 = true;
+  if (!skinny_gemm_check(s).empty() || s.m < kMinRows ||
+      s.k * s.n * static_cast<int64_t>(sizeof(float)) < kMinWeightBytes)
+    return false;
+  if (static_cast<int>(srcs.size()) != rows.parts || w.size() != static_cast<size_t>(s.k * s.n) ||
+      bias.size() != static_cast<size_t>(M))
+    return false;
+  for (int p = 0; p < rows.parts; ++p) {
+    Im2RowPart& part = rows.part[p];
+    const Val& v = val(srcs[p]);
+    const Dims x{1, part.c, part.h, part.w};
+    if (v.scale != 1.f || v.md.data_type() != dt::f32 || md_dims(v.md) != x) return false;
+    part.blocked16 = v.md != md_t(to_dnnl(x), dt::f32, tag::nhwc);
+    if (part.blocked16 && part.c % 16 != 0) return false;
+  }
+  if (!im2row_check(rows).empty()) return false;
+  Exec g;
+  for (int p = 0; p < rows.parts; ++p) {
+    const Dims x{1, rows.part[p].c, rows.part[p].h, rows.part[p].w};
+    const Val v = rows.part[p].blocked16 ? as_md(srcs[p], md_t(to_dnnl(x), dt::f32, tag::nChw16c)) : val(srcs[p]);
+    g.args[p == 0 ? DNNL_ARG_SRC : DNNL_ARG_SRC_1] = mem_of(v);
+  }
+  const NodeDesc& n = r_.nodes[i];
+  Val& rv = define(n.out[0] + "#rows", md_t({s.m, s.k}, dt::f32, tag::ab));
+  g.args[DNNL_ARG_DST] = mem_of(rv);
+  g.own = run_im2row;
+  g.own_kind = "convolution";
+  g.single = false;
+  g.params = std::make_shared<const Im2RowShape>(rows);
+  exec_own(std::move(g), "keel:im2row", false, n.name + " windows -> " + dims_str(Dims{s.m, s.k}));
+  const Val rows_val = rv;
+  Exec e;
+  own_weights(
+      e, skinny_gemm_packed_floats(s), [&](float* p) { skinny_gemm_pack(s, w.data(), true, p); }, &bias);
+  e.args[DNNL_ARG_SRC] = mem_of(rows_val);
+  const md_t dmd(to_dnnl(Dims{1, M, rows.oh, rows.ow}), dt::f32, tag::nChw16c);
+  Val& o = define(f.out, dmd, residual_destination(i, f, dmd));  // the residual first, as for oneDNN's sum
+  e.args[DNNL_ARG_DST] = mem_of(o);
+  e.own = run_skinny_gemm;
+  e.own_kind = "convolution";
+  e.single = s.n / 64 < 2;
+  e.params = std::make_shared<const SkinnyGemmShape>(s);
+  p_->flops += flops;
+  exec_own(std::move(e), "keel:skinny_conv_avx512", false,
+           n.name + (sum ? " + Add" : "") + (relu ? " + Relu " : " ") + dims_str(Dims{s.m, s.k}) + " x " +
+               dims_str(Dims{s.k, s.n}));
+  for (size_t k : f.nodes) done_[k] = true;
+  return true;
+}
+
 // A 3x3 stride-1 convolution with padding 1 (its f32 source reordered to nChw16c when in another layout, as
 // oneDNN's Winograd kernels would have it), channels in multiples of 16, then at most a residual sum and a Relu, as the
 // chain's own Winograd F(4,3) step (steps/wino4.h). `w` [M][C][3][3] and `bias` with folds applied. False, changing
