@@ -1836,13 +1836,15 @@ void add_chain_cases(std::vector<OpCase>& v) {
         std::move(ins),
         {{"kernel_shape", Is({k, k})}, {"strides", Is({s, s})}, {"pads", Is({p, p, p, p})}, {"group", I(g)}}};
   };
-  // ResNet's basic block at 14x14. At C=160 (16 tiles of 4x4, 3.7 MB of Winograd-transformed weights) oneDNN's plugin
-  // runs both 3x3s as its own F(4,3) with the weights transformed at every run (steps/wino4.h, Wino4Shape::streamed).
-  for (const auto& [ch, range] : {std::pair<int64_t, float>{16, 0.3f}, {160, 0.05f}}) {
+  // ResNet's basic block at 14x14 and 7x7. At C=160 (3.7 MB of F(4,3)-transformed weights) oneDNN's plugin runs both
+  // 3x3s as its own Winograd step position by position (steps/wino4.h, Wino4Shape::position_major): at 14x14 in
+  // F(4,3) (16 tiles), at 7x7 in F(2,3) (4 tiles of F(4,3), 16 of F(2,3)).
+  for (const auto& [ch, hw, range] :
+       {std::tuple<int64_t, int64_t, float>{16, 14, 0.3f}, {160, 14, 0.05f}, {160, 7, 0.05f}}) {
     OpCase c;
     c.op = "Chain";
-    c.label = "resnet basic block C=" + std::to_string(ch) + " 14x14";
-    c.inputs = {in("X", {1, ch, 14, 14}), in("W1", {ch, ch, 3, 3}, true, -range, range), in("B1", {ch}, true),
+    c.label = "resnet basic block C=" + std::to_string(ch) + " " + std::to_string(hw) + "x" + std::to_string(hw);
+    c.inputs = {in("X", {1, ch, hw, hw}), in("W1", {ch, ch, 3, 3}, true, -range, range), in("B1", {ch}, true),
                 in("W2", {ch, ch, 3, 3}, true, -range, range), in("B2", {ch}, true)};
     c.chain = {conv({"X", "W1", "B1"}, 3, 1, 1),
                {"Relu", {"$0"}, {}},

@@ -261,9 +261,12 @@ struct Options {
   bool dw_ln = true;  // KEEL_ONEDNN_DW_LN=0 or [options] dw_ln = false: a depthwise convolution and the
                       // LayerNormalization after its permute to channels-last (ConvNeXt) run as oneDNN's two steps, not
                       // as the chain's own one (steps/dw_ln.h)
-  bool wino4_streamed = true;  // KEEL_ONEDNN_WINO4_STREAMED=0 or [options] wino4_streamed = false: a 3x3 of few tiles
-                               // and large weights stays on oneDNN's Winograd instead of the own F(4,3) step with its
-                               // weights transformed at run time (Wino4Shape::streamed)
+  bool wino_few_tiles = true;  // KEEL_ONEDNN_WINO_FEW_TILES=0 or [options] wino_few_tiles = false: a 3x3 of few
+                               // tiles and large weights (ResNet's 14x14 and 7x7) is not the own step position by
+                               // position (Wino4Shape::position_major, F(2,3) for the 7x7) but as before:
+  bool wino4_streamed = true;  // KEEL_ONEDNN_WINO4_STREAMED=0 or [options] wino4_streamed = false: then a 3x3 of 16-31
+                               // tiles and large weights stays on oneDNN's Winograd instead of the own F(4,3) step with
+                               // its weights transformed at run time (Wino4Shape::streamed)
   bool se_step = true;        // KEEL_ONEDNN_SE_STEP=0 or [options] se_step = false: squeeze-excite's excitation runs as
                               // oneDNN steps instead of the chain's own one (steps/se.h)
   bool view_post_ops = true;  // KEEL_ONEDNN_VIEW_POST_OPS=0 or [options] view_post_ops = false: a matmul's post-ops

@@ -1,4 +1,6 @@
-// plugins/cpu_onednn/steps/wino4.cc — Winograd F(4x4,3x3) over nChw16c (steps/wino4.h).
+// plugins/cpu_onednn/steps/wino4.cc — Winograd F(4x4,3x3), and F(2x2,3x3) for few tiles, over nChw16c
+// (steps/wino4.h). The code is written for an A x A input tile (A = 6: F(4,3); A = 4: F(2,3)) of A * A positions and
+// an O x O output tile, O = A - 2; the comments speak of F(4,3).
 //
 // Tiles: output rows 4i..4i+3 and columns 4j..4j+3 of one image, read from input rows 4i-1..4i+4 and columns
 // 4j-1..4j+4 (zeros outside the image). Each thread takes a contiguous range of tiles (or, for large weights, of
@@ -12,11 +14,15 @@
 //   B^T = [4 0 -5 0 1 0; 0 -4 -4 1 1 0; 0 4 -4 -1 1 0; 0 -2 -1 2 1 0; 0 2 -1 -2 1 0; 0 4 0 -5 0 1]
 //   G   = [1/4 0 0; -1/6 -1/6 -1/6; -1/6 1/6 -1/6; 1/24 1/12 1/6; 1/24 -1/12 1/6; 0 0 1]
 //   A^T = [1 1 1 1 1 0; 0 1 -1 2 -2 0; 0 1 1 4 4 0; 0 1 -1 8 -8 1]
+// and for F(2,3) (interpolation points 0, +-1, infinity):
+//   B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1],  G = [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1],
+//   A^T = [1 1 1 0; 0 1 -1 -1]
 #include "steps/wino4.h"
 
 #include <immintrin.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <utility>
 
@@ -34,11 +40,18 @@ constexpr size_t kSharedWeightBytes = 1 << 20;  // transformed weights every thr
 constexpr int64_t kStreamedBlockBytes = 1 << 20;    // streamed weights: the block's transformed input at most
 constexpr int64_t kStreamedChunkBytes = 288 << 10;  // streamed weights: one chunk of input channels, transformed
 
+// Winograd positions: A * A.
+int64_t positions(const Wino4Shape& s) { return s.f2 ? 16 : 36; }
+
+// Whether the tiles go through in blocks whose products accumulate in a [positions][tiles][32] buffer, position by
+// position, each group's weights read (or transformed) once per block: streamed weights, and position_major.
+bool by_blocks(const Wino4Shape& s) { return s.streamed || s.position_major; }
+
 int64_t block_tiles(const Wino4Shape& s) {
   const int64_t fit =
-      (s.streamed ? kStreamedBlockBytes : kBlockBytes) / (36 * s.c * static_cast<int64_t>(sizeof(float)));
-  // Streamed weights are transformed once per block: every tile in one block where the transformed input fits.
-  if (s.streamed) return std::clamp<int64_t>(fit, std::min<int64_t>(kRegTiles, s.tiles()), s.tiles());
+      (by_blocks(s) ? kStreamedBlockBytes : kBlockBytes) / (positions(s) * s.c * static_cast<int64_t>(sizeof(float)));
+  // Every tile in one block where the transformed input fits.
+  if (by_blocks(s)) return std::clamp<int64_t>(fit, std::min<int64_t>(kRegTiles, s.tiles()), s.tiles());
   return std::clamp<int64_t>(fit / kRegTiles * kRegTiles, kRegTiles, kBlockTiles);
 }
 
@@ -50,12 +63,14 @@ int64_t group_width(const Wino4Shape& s, int64_t g) { return std::min<int64_t>(3
 // (parts of 4 KiB multiples: ResNet's 16 tiles x 256 channels).
 inline int64_t padded(int64_t floats) { return floats + 16; }
 // Floats of one thread's products buffer: a register tile's, or (streamed weights) the whole block's.
-int64_t products_floats(const Wino4Shape& s) { return 36 * padded((s.streamed ? block_tiles(s) : kRegTiles) * 32); }
+int64_t products_floats(const Wino4Shape& s) {
+  return positions(s) * padded((by_blocks(s) ? block_tiles(s) : kRegTiles) * 32);
+}
 
 // Streamed weights: input channels per chunk transformed at once ([36][chunk][32] floats within
 // kStreamedChunkBytes), a multiple of 16.
 int64_t chunk_channels(const Wino4Shape& s) {
-  const int64_t fit = kStreamedChunkBytes / (36 * 32 * static_cast<int64_t>(sizeof(float)));
+  const int64_t fit = kStreamedChunkBytes / (positions(s) * 32 * static_cast<int64_t>(sizeof(float)));
   return std::clamp<int64_t>(fit / 16 * 16, 16, s.c);
 }
 
@@ -89,62 +104,97 @@ __attribute__((target("avx512f"))) inline void at6(const __m512 m[6], __m512 o[4
   o[3] = _mm512_add_ps(_mm512_fmadd_ps(eight, d34, d12), m[5]);
 }
 
+// F(2,3)'s 1-D input transform of four vectors.
+__attribute__((target("avx512f"))) inline void bt4(const __m512 d[4], __m512 t[4]) {
+  t[0] = _mm512_sub_ps(d[0], d[2]);
+  t[1] = _mm512_add_ps(d[1], d[2]);
+  t[2] = _mm512_sub_ps(d[2], d[1]);
+  t[3] = _mm512_sub_ps(d[1], d[3]);
+}
+
+// F(2,3)'s 1-D output transform of four vectors into two.
+__attribute__((target("avx512f"))) inline void at4(const __m512 m[4], __m512 o[2]) {
+  o[0] = _mm512_add_ps(_mm512_add_ps(m[0], m[1]), m[2]);
+  o[1] = _mm512_sub_ps(_mm512_sub_ps(m[1], m[2]), m[3]);
+}
+
+// The 1-D transforms of an A-point tile.
+template <int A>
+__attribute__((target("avx512f"))) inline void bt(const __m512 d[A], __m512 t[A]) {
+  if constexpr (A == 6) bt6(d, t);
+  else bt4(d, t);
+}
+template <int A>
+__attribute__((target("avx512f"))) inline void at(const __m512 m[A], __m512 o[A - 2]) {
+  if constexpr (A == 6) at6(m, o);
+  else at4(m, o);
+}
+
 // Input transform of tile q (image img, tile row ti, column tj) for every channel block into V[p][t][c] (block of
 // `bt` tiles, this tile the t-th).
+template <int A>
 __attribute__((target("avx512f"))) void input_tile(const Wino4Shape& s, const float* src, int64_t img, int64_t ti,
-                                                   int64_t tj, float* V, int64_t bt, int64_t t) {
-  const int64_t cb_n = s.c / 16, y0 = 4 * ti - 1, x0 = 4 * tj - 1;
-  const bool inside = y0 >= 0 && x0 >= 0 && y0 + 6 <= s.h && x0 + 6 <= s.w;
-  int rlo = 0, rhi = 6, clo = 0, chi = 6;  // the rows / columns of the 6x6 window inside the image
+                                                   int64_t tj, float* V, int64_t bt_n, int64_t t) {
+  constexpr int O = A - 2;
+  const int64_t cb_n = s.c / 16, y0 = O * ti - 1, x0 = O * tj - 1;
+  const bool inside = y0 >= 0 && x0 >= 0 && y0 + A <= s.h && x0 + A <= s.w;
+  int rlo = 0, rhi = A, clo = 0, chi = A;  // the rows / columns of the A x A window inside the image
   if (!inside) {
-    rlo = static_cast<int>(std::max<int64_t>(0, -y0)), rhi = static_cast<int>(std::min<int64_t>(6, s.h - y0));
-    clo = static_cast<int>(std::max<int64_t>(0, -x0)), chi = static_cast<int>(std::min<int64_t>(6, s.w - x0));
+    rlo = static_cast<int>(std::max<int64_t>(0, -y0)), rhi = static_cast<int>(std::min<int64_t>(A, s.h - y0));
+    clo = static_cast<int>(std::max<int64_t>(0, -x0)), chi = static_cast<int>(std::min<int64_t>(A, s.w - x0));
   }
   const __m512 zero = _mm512_setzero_ps();
-  alignas(64) float tmp[6][6][16];
+  alignas(64) float tmp[A][A][16];
   for (int64_t cb = 0; cb < cb_n; ++cb) {
     const float* base = src + ((img * cb_n + cb) * s.h * s.w) * 16;
-    for (int r = 0; r < 6; ++r) {
-      __m512 d[6], t6[6];
+    for (int r = 0; r < A; ++r) {
+      __m512 d[A], tr[A];
       if (r < rlo || r >= rhi) {
-        for (int k = 0; k < 6; ++k) _mm512_store_ps(tmp[r][k], zero);
+        for (int k = 0; k < A; ++k) _mm512_store_ps(tmp[r][k], zero);
         continue;
       }
       const float* row = base + ((y0 + r) * s.w + x0) * 16;
       if (inside) {
 #pragma GCC unroll 6
-        for (int k = 0; k < 6; ++k) d[k] = _mm512_loadu_ps(row + k * 16);
+        for (int k = 0; k < A; ++k) d[k] = _mm512_loadu_ps(row + k * 16);
       } else {
-        for (int k = 0; k < 6; ++k) d[k] = (k >= clo && k < chi) ? _mm512_loadu_ps(row + k * 16) : zero;
+        for (int k = 0; k < A; ++k) d[k] = (k >= clo && k < chi) ? _mm512_loadu_ps(row + k * 16) : zero;
       }
-      bt6(d, t6);
+      bt<A>(d, tr);
 #pragma GCC unroll 6
-      for (int k = 0; k < 6; ++k) _mm512_store_ps(tmp[r][k], t6[k]);
+      for (int k = 0; k < A; ++k) _mm512_store_ps(tmp[r][k], tr[k]);
     }
 #pragma GCC unroll 6
-    for (int k = 0; k < 6; ++k) {
-      __m512 d[6], t6[6];
+    for (int k = 0; k < A; ++k) {
+      __m512 d[A], tr[A];
 #pragma GCC unroll 6
-      for (int r = 0; r < 6; ++r) d[r] = _mm512_load_ps(tmp[r][k]);
-      bt6(d, t6);
+      for (int r = 0; r < A; ++r) d[r] = _mm512_load_ps(tmp[r][k]);
+      bt<A>(d, tr);
 #pragma GCC unroll 6
-      for (int i = 0; i < 6; ++i) _mm512_storeu_ps(V + (i * 6 + k) * padded(bt * s.c) + t * s.c + cb * 16, t6[i]);
+      for (int i = 0; i < A; ++i) _mm512_storeu_ps(V + (i * A + k) * padded(bt_n * s.c) + t * s.c + cb * 16, tr[i]);
     }
   }
 }
 
 // out[t][0..NV*16) = sum over k < K of A[t * lda + k] * B[k * NV * 16 + ..] for T tiles, added to what out holds
-// when `add` (a streamed chunk after the first).
+// when `add` (a streamed chunk after the first). Prefetches `lines` cache lines from `pf` on into L2 meanwhile, one
+// every `every` k.
 template <int T, int NV>
 __attribute__((target("avx512f"))) void product(const float* A, int64_t lda, const float* B, int64_t K, float* out,
-                                                bool add) {
+                                                bool add, const char* pf, int64_t lines, int64_t every) {
   __m512 acc[T][NV];
 #pragma GCC unroll 14
   for (int t = 0; t < T; ++t)
 #pragma GCC unroll 2
     for (int v = 0; v < NV; ++v) acc[t][v] = add ? _mm512_load_ps(out + (t * NV + v) * 16) : _mm512_setzero_ps();
+  int64_t until = lines > 0 ? every : INT64_MAX;
 #pragma GCC unroll 2
   for (int64_t k = 0; k < K; ++k) {
+    if (--until == 0) {
+      _mm_prefetch(pf, _MM_HINT_T1);
+      pf += 64;
+      until = --lines > 0 ? every : INT64_MAX;
+    }
     __m512 b[NV];
 #pragma GCC unroll 2
     for (int v = 0; v < NV; ++v) b[v] = _mm512_loadu_ps(B + (k * NV + v) * 16);
@@ -161,7 +211,7 @@ __attribute__((target("avx512f"))) void product(const float* A, int64_t lda, con
     for (int v = 0; v < NV; ++v) _mm512_store_ps(out + (t * NV + v) * 16, acc[t][v]);
 }
 
-using ProductFn = void (*)(const float*, int64_t, const float*, int64_t, float*, bool);
+using ProductFn = void (*)(const float*, int64_t, const float*, int64_t, float*, bool, const char*, int64_t, int64_t);
 
 template <int NV, int... T>
 constexpr ProductFn product_of(int t, std::integer_sequence<int, T...>) {
@@ -186,57 +236,77 @@ __attribute__((target("avx512f"))) inline void g3(__m512 k0, __m512 k1, __m512 k
   r[5] = k2;
 }
 
+// F(2,3)'s G k of three vectors into four.
+__attribute__((target("avx512f"))) inline void g3f2(__m512 k0, __m512 k1, __m512 k2, __m512 r[4]) {
+  const __m512 half = _mm512_set1_ps(0.5f), a = _mm512_mul_ps(_mm512_add_ps(k0, k2), half);
+  const __m512 b = _mm512_mul_ps(k1, half);
+  r[0] = k0;
+  r[1] = _mm512_add_ps(a, b);
+  r[2] = _mm512_sub_ps(a, b);
+  r[3] = k2;
+}
+
+template <int A>
+__attribute__((target("avx512f"))) inline void gk(__m512 k0, __m512 k1, __m512 k2, __m512 r[A]) {
+  if constexpr (A == 6) g3(k0, k1, k2, r);
+  else g3f2(k0, k1, k2, r);
+}
+
 // Streamed weights: G g G^T of input channels [c0, c0 + kc) of group g (plain taps [c][9][wg] at `P`) into
 // U[p][kc][wg], the layout the products read.
+template <int A>
 __attribute__((target("avx512f"))) void transform_weights(const float* P, int64_t wg, int64_t c0, int64_t kc,
                                                           float* U) {
   for (int64_t c = 0; c < kc; ++c)
     for (int64_t v = 0; v < wg / 16; ++v) {
       const float* k = P + (c0 + c) * 9 * wg + v * 16;
-      __m512 col[3][6];  // G g: col[b][i] = row i of G times column b of the taps
+      __m512 col[3][A];  // G g: col[b][i] = row i of G times column b of the taps
 #pragma GCC unroll 3
       for (int b = 0; b < 3; ++b)
-        g3(_mm512_loadu_ps(k + b * wg), _mm512_loadu_ps(k + (3 + b) * wg), _mm512_loadu_ps(k + (6 + b) * wg), col[b]);
+        gk<A>(_mm512_loadu_ps(k + b * wg), _mm512_loadu_ps(k + (3 + b) * wg), _mm512_loadu_ps(k + (6 + b) * wg),
+              col[b]);
 #pragma GCC unroll 6
-      for (int i = 0; i < 6; ++i) {
-        __m512 r[6];
-        g3(col[0][i], col[1][i], col[2][i], r);
+      for (int i = 0; i < A; ++i) {
+        __m512 r[A];
+        gk<A>(col[0][i], col[1][i], col[2][i], r);
 #pragma GCC unroll 6
-        for (int j = 0; j < 6; ++j) _mm512_store_ps(U + (i * 6 + j) * padded(kc * wg) + c * wg + v * 16, r[j]);
+        for (int j = 0; j < A; ++j) _mm512_store_ps(U + (i * A + j) * padded(kc * wg) + c * wg + v * 16, r[j]);
       }
     }
 }
 
 // Output transform of `nt` tiles from M[p][t][nv * 16] (output channels 16 ob0 ..), bias, Relu, into dst.
+template <int A>
 __attribute__((target("avx512f"))) void output_tiles(const Wino4Shape& s, const float* M, int nt, int nv, int64_t q0,
                                                      int64_t ob0, const float* bias, float* dst) {
+  constexpr int O = A - 2;
   const int64_t tw = s.tiles_w(), tpi = s.tiles_h() * tw, mb_n = s.m / 16;
   const __m512 zero = _mm512_setzero_ps();
   const int64_t stride_p = padded(static_cast<int64_t>(nt) * nv * 16);
   for (int t = 0; t < nt; ++t) {
     const int64_t q = q0 + t, img = q / tpi, ti = (q % tpi) / tw, tj = q % tw;
-    const int64_t y0 = 4 * ti, x0 = 4 * tj;
-    const int rows = static_cast<int>(std::min<int64_t>(4, s.h - y0)),
-              cols = static_cast<int>(std::min<int64_t>(4, s.w - x0));
+    const int64_t y0 = O * ti, x0 = O * tj;
+    const int rows = static_cast<int>(std::min<int64_t>(O, s.h - y0)),
+              cols = static_cast<int>(std::min<int64_t>(O, s.w - x0));
     for (int v = 0; v < nv; ++v) {
       const float* m0 = M + (t * nv + v) * 16;
-      __m512 tmp[6][4];
+      __m512 tmp[A][O];
 #pragma GCC unroll 6
-      for (int i = 0; i < 6; ++i) {
-        __m512 m[6];
+      for (int i = 0; i < A; ++i) {
+        __m512 m[A];
 #pragma GCC unroll 6
-        for (int k = 0; k < 6; ++k) m[k] = _mm512_load_ps(m0 + (i * 6 + k) * stride_p);
-        at6(m, tmp[i]);
+        for (int k = 0; k < A; ++k) m[k] = _mm512_load_ps(m0 + (i * A + k) * stride_p);
+        at<A>(m, tmp[i]);
       }
       const int64_t ob = ob0 + v;
       const __m512 b = _mm512_loadu_ps(bias + ob * 16);
       float* out = dst + (((img * mb_n + ob) * s.h + y0) * s.w + x0) * 16;
 #pragma GCC unroll 4
-      for (int k = 0; k < 4; ++k) {
-        __m512 col[6], o[4];
+      for (int k = 0; k < O; ++k) {
+        __m512 col[A], o[O];
 #pragma GCC unroll 6
-        for (int i = 0; i < 6; ++i) col[i] = tmp[i][k];
-        at6(col, o);
+        for (int i = 0; i < A; ++i) col[i] = tmp[i][k];
+        at<A>(col, o);
         if (k >= cols) continue;
         for (int r = 0; r < rows; ++r) {
           __m512 y = _mm512_add_ps(o[r], b);
@@ -252,61 +322,83 @@ __attribute__((target("avx512f"))) void output_tiles(const Wino4Shape& s, const 
 #pragma GCC diagnostic pop
 
 // Tiles [begin, end), output channel groups [g0, g1), on the calling thread.
+template <int A>
 void run_tiles(const Wino4Shape& s, const float* src, const float* packed, const float* bias, float* dst,
                float* scratch, int64_t begin, int64_t end, int64_t g0, int64_t g1) {
   const int64_t bt_max = block_tiles(s), tw = s.tiles_w(), tpi = s.tiles_h() * tw;
   const int64_t kc_max = s.streamed ? chunk_channels(s) : s.c;
-  float* V = scratch;                        // [36][bt][c]
-  float* M = V + 36 * padded(bt_max * s.c);  // [36][kRegTiles][32]; streamed: [36][bt][32]
-  float* U = M + products_floats(s);         // streamed: [36][chunk][32]
+  constexpr int P = A * A;
+  float* V = scratch;                       // [P][bt][c]
+  float* M = V + P * padded(bt_max * s.c);  // [P][kRegTiles][32]; streamed: [P][bt][32]
+  float* U = M + products_floats(s);        // streamed: [P][chunk][32]
   for (int64_t b0 = begin; b0 < end; b0 += bt_max) {
     const int64_t bt = std::min(bt_max, end - b0);
     for (int64_t t = 0; t < bt; ++t) {
       const int64_t q = b0 + t;
-      input_tile(s, src, q / tpi, (q % tpi) / tw, q % tw, V, bt, t);
+      input_tile<A>(s, src, q / tpi, (q % tpi) / tw, q % tw, V, bt, t);
     }
     // Register tiles of near-equal size (16 tiles as 8 + 8, not 14 + 2: a tile of 2 leaves the FMA units waiting).
     const int64_t n_rt = (bt + kRegTiles - 1) / kRegTiles, rt = (bt + n_rt - 1) / n_rt;
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t wg = group_width(s, g);
       const int nv = static_cast<int>(wg / 16);
-      if (!s.streamed) {
-        const float* W = packed + 36 * s.c * 32 * g;  // groups before g are all 32 wide
+      if (!by_blocks(s)) {
+        const float* W = packed + P * s.c * 32 * g;  // groups before g are all 32 wide
         for (int64_t r0 = 0; r0 < bt; r0 += rt) {
           const int nt = static_cast<int>(std::min(rt, bt - r0));
           const ProductFn f = product_fn(nt, nv);
-          for (int p = 0; p < 36; ++p)
-            f(V + p * padded(bt * s.c) + r0 * s.c, s.c, W + p * s.c * wg, s.c, M + p * padded(nt * wg), false);
-          output_tiles(s, M, nt, nv, b0 + r0, 2 * g, bias, dst);
+          for (int p = 0; p < P; ++p)
+            f(V + p * padded(bt * s.c) + r0 * s.c, s.c, W + p * s.c * wg, s.c, M + p * padded(nt * wg), false, nullptr,
+              0, 1);
+          output_tiles<A>(s, M, nt, nv, b0 + r0, 2 * g, bias, dst);
         }
         continue;
       }
-      // Streamed: per chunk of input channels, its weights transformed into U, then the block's products over the
-      // chunk added into M ([36][bt][wg]). The next chunk's taps (this group's or the next one's first) are
-      // prefetched into L2 during the products, so that its transform does not wait for memory.
+      // By blocks: the block's products accumulate in M ([P][bt][wg]), position by position over every tile, so each
+      // position's weights are read once per block. Streamed: per chunk of input channels, its weights transformed
+      // into U first, and the next chunk's taps (this group's or the next one's first) prefetched into L2 during the
+      // products, so that its transform does not wait for memory. Else (F(2,3) transformed at plan time,
+      // [group][P][c][wg]) the weights are read in order, one chunk of all c.
       for (int64_t c0 = 0; c0 < s.c; c0 += kc_max) {
         const int64_t kc = std::min(kc_max, s.c - c0);
-        transform_weights(packed + 9 * s.c * 32 * g, wg, c0, kc, U);
+        const float* Ug = packed + P * s.c * 32 * g;
+        int64_t ustride = s.c * wg;
+        if (s.streamed) {
+          transform_weights<A>(packed + 9 * s.c * 32 * g, wg, c0, kc, U);
+          Ug = U, ustride = padded(kc * wg);
+        }
         const char* next = nullptr;
         int64_t next_lines = 0;
-        if (c0 + kc < s.c) {
+        if (!s.streamed) {
+        } else if (c0 + kc < s.c) {
           next = reinterpret_cast<const char*>(packed + 9 * s.c * 32 * g + (c0 + kc) * 9 * wg);
           next_lines = std::min(kc_max, s.c - c0 - kc) * 9 * wg * 4 / 64;
         } else if (g + 1 < g1) {
           next = reinterpret_cast<const char*>(packed + 9 * s.c * 32 * (g + 1));
           next_lines = std::min(kc_max, s.c) * 9 * group_width(s, g + 1) * 4 / 64;
         }
-        for (int p = 0; p < 36; ++p) {
-          for (int64_t l = p * next_lines / 36; l < (p + 1) * next_lines / 36; ++l)
+        for (int p = 0; p < P; ++p) {
+          // Weights transformed at plan time: the next position's (or the next group's first), spread over this
+          // position's products, one line every few k.
+          const char* pf = nullptr;
+          int64_t pf_lines = 0;
+          if (!s.streamed && (p + 1 < P || g + 1 < g1)) {
+            pf = reinterpret_cast<const char*>(Ug + (p + 1) * ustride);  // the next group's follows the last position
+            pf_lines = (p + 1 < P ? wg : group_width(s, g + 1)) * s.c * 4 / 64;
+          }
+          for (int64_t l = p * next_lines / P; l < (p + 1) * next_lines / P; ++l)
             _mm_prefetch(next + l * 64, _MM_HINT_T1);
-          for (int64_t r0 = 0; r0 < bt; r0 += rt) {
+          const int64_t n_rt_here = (bt + rt - 1) / rt;
+          for (int64_t r0 = 0, j = 0; r0 < bt; r0 += rt, ++j) {
             const int nt = static_cast<int>(std::min(rt, bt - r0));
-            product_fn(nt, nv)(V + p * padded(bt * s.c) + r0 * s.c + c0, s.c, U + p * padded(kc * wg), kc,
-                               M + p * padded(bt * wg) + r0 * wg, c0 > 0);
+            const int64_t l0 = pf_lines * j / n_rt_here, l1 = pf_lines * (j + 1) / n_rt_here;
+            product_fn(nt, nv)(V + p * padded(bt * s.c) + r0 * s.c + c0, s.c, Ug + p * ustride, kc,
+                               M + p * padded(bt * wg) + r0 * wg, c0 > 0, pf ? pf + l0 * 64 : nullptr, l1 - l0,
+                               l1 > l0 ? std::max<int64_t>(1, kc / (l1 - l0)) : 1);
           }
         }
       }
-      output_tiles(s, M, static_cast<int>(bt), nv, b0, 2 * g, bias, dst);
+      output_tiles<A>(s, M, static_cast<int>(bt), nv, b0, 2 * g, bias, dst);
     }
   }
 }
@@ -320,7 +412,9 @@ std::string wino4_check(const Wino4Shape& s) {
   return "";
 }
 
-size_t wino4_packed_floats(const Wino4Shape& s) { return static_cast<size_t>((s.streamed ? 9 : 36) * s.c * s.m); }
+size_t wino4_packed_floats(const Wino4Shape& s) {
+  return static_cast<size_t>((s.streamed ? 9 : positions(s)) * s.c * s.m);
+}
 
 void wino4_pack_weights(const Wino4Shape& s, const float* w, float* packed) {
   static const double G[6][3] = {{1.0 / 4, 0, 0},
@@ -337,25 +431,28 @@ void wino4_pack_weights(const Wino4Shape& s, const float* w, float* packed) {
     }
     return;
   }
+  static const double G2[4][3] = {{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0, 0, 1}};
+  const int A = s.f2 ? 4 : 6;
+  auto g_at = [&](int i, int b) { return s.f2 ? G2[i][b] : G[i][b]; };
   for (int64_t o = 0; o < s.m; ++o) {
     const int64_t g = o / 32, wg = group_width(s, g), lane = o % 32;
-    float* U = packed + 36 * s.c * 32 * g;
+    float* U = packed + positions(s) * s.c * 32 * g;
     for (int64_t c = 0; c < s.c; ++c) {
       const float* k = w + (o * s.c + c) * 9;
       double gk[6][3];  // G g
-      for (int i = 0; i < 6; ++i)
-        for (int b = 0; b < 3; ++b) gk[i][b] = G[i][0] * k[b] + G[i][1] * k[3 + b] + G[i][2] * k[6 + b];
-      for (int i = 0; i < 6; ++i)
-        for (int j = 0; j < 6; ++j)
-          U[((i * 6 + j) * s.c + c) * wg + lane] =
-              static_cast<float>(gk[i][0] * G[j][0] + gk[i][1] * G[j][1] + gk[i][2] * G[j][2]);
+      for (int i = 0; i < A; ++i)
+        for (int b = 0; b < 3; ++b) gk[i][b] = g_at(i, 0) * k[b] + g_at(i, 1) * k[3 + b] + g_at(i, 2) * k[6 + b];
+      for (int i = 0; i < A; ++i)
+        for (int j = 0; j < A; ++j)
+          U[((i * A + j) * s.c + c) * wg + lane] =
+              static_cast<float>(gk[i][0] * g_at(j, 0) + gk[i][1] * g_at(j, 1) + gk[i][2] * g_at(j, 2));
     }
   }
 }
 
 size_t wino4_scratch_floats(const Wino4Shape& s) {
-  return static_cast<size_t>(36 * padded(block_tiles(s) * s.c) + products_floats(s) +
-                             (s.streamed ? 36 * padded(chunk_channels(s) * 32) : 0)) +
+  return static_cast<size_t>(positions(s) * padded(block_tiles(s) * s.c) + products_floats(s) +
+                             (s.streamed ? positions(s) * padded(chunk_channels(s) * 32) : 0)) +
          16;
 }
 
@@ -370,16 +467,17 @@ void wino4_run(const Wino4Shape& s, const float* src, const float* packed, const
   // Each thread its own range of output channel groups over every tile (its share of the transformed weights read
   // once, or with streamed weights transformed once; the input transform repeated on every thread) where the weights
   // are too large to be read whole by each thread, else its own range of tiles over every group.
+  const auto tiles_fn = s.f2 ? run_tiles<4> : run_tiles<6>;
   const bool by_groups =
       team > 1 &&
-      (s.streamed ? ng >= team : ng >= 2 * team && wino4_packed_floats(s) * sizeof(float) > kSharedWeightBytes);
+      (by_blocks(s) ? ng >= team : ng >= 2 * team && wino4_packed_floats(s) * sizeof(float) > kSharedWeightBytes);
   if (by_groups) {
     split_over_team(ng, team, [&](int64_t t, int64_t g0, int64_t g1) {
-      if (g1 > g0) run_tiles(s, src, packed, bias, dst, own_scratch(t), 0, tiles, g0, g1);
+      if (g1 > g0) tiles_fn(s, src, packed, bias, dst, own_scratch(t), 0, tiles, g0, g1);
     });
   } else {
     split_over_team(tiles, team, [&](int64_t t, int64_t begin, int64_t end) {
-      if (end > begin) run_tiles(s, src, packed, bias, dst, own_scratch(t), begin, end, 0, ng);
+      if (end > begin) tiles_fn(s, src, packed, bias, dst, own_scratch(t), begin, end, 0, ng);
     });
   }
 }

@@ -1,5 +1,5 @@
-// plugins/cpu_onednn/steps/wino4.h — (internal) a 3x3 stride-1 convolution as Winograd F(4x4, 3x3) over nChw16c
-// memory: the chains' own step.
+// plugins/cpu_onednn/steps/wino4.h — (internal) a 3x3 stride-1 convolution as Winograd F(4x4, 3x3) (or, for few
+// tiles, F(2x2, 3x3): Wino4Shape::f2) over nChw16c memory: the chains' own step.
 //
 // oneDNN 2.6 offers two fp32 Winograd kernels here: F(2x2,3x3) (16 products per 4 outputs) and F(4x4,3x3)
 // (`jit_wino_4x3`, 36 per 16), but the latter writes its output past the cache with streaming stores, so the layer
@@ -23,14 +23,27 @@ namespace keel::onednn {
 //
 // `streamed`: the weights are packed plain (9 floats per input / output channel pair instead of 36) and transformed
 // at every run, a chunk of input channels at a time into a buffer that stays in L2, just before the products read
-// them. For images of few tiles (ResNet's 14x14 and 7x7) whose transformed weights do not stay in cache between runs:
-// reading 4x the plain weights from memory would cost more than transforming them (docs/ONEDNN_PERFORMANCE.md,
-// "(w4s)").
+// them. For images of few tiles (ResNet's 14x14) whose transformed weights do not stay in cache between runs: reading
+// 4x the plain weights from memory cost more than transforming them (docs/ONEDNN_PERFORMANCE.md, "(w4s)") until
+// position_major (below) read them at the products' pace; the chain takes this only with its option
+// wino_few_tiles off.
+//
+// `position_major`: the weights transformed at plan time, but the tiles taken as with streamed weights, all in one
+// block where the transformed input fits, the products position by position over every tile of the block (each
+// position's weights read once per block, the next position's prefetched into L2 a line every few k during them),
+// instead of register tile by register tile over all 36 positions. For few tiles and transformed weights too large
+// to stay in cache, which then come from memory once per run at the rate the products take them: ResNet's 14x14 3x3s
+// (docs/ONEDNN_PERFORMANCE.md, "(w2)").
+//
+// `f2`: F(2x2, 3x3) instead, 16 products per 2x2 output tile (4 per output against F(4,3)'s 2.25): for images of
+// fewer than 16 F(4,3) tiles (ResNet's 7x7: 4 of F(4,3), 16 of F(2,3)), whose F(4,3) weights would serve too few
+// tiles for the bytes they take (4x the plain ones; F(2,3)'s 16/9).
 struct Wino4Shape {
   int64_t n = 1, c = 16, m = 16, h = 0, w = 0;
-  bool sum = false, relu = false, streamed = false;
-  int64_t tiles_h() const { return (h + 3) / 4; }
-  int64_t tiles_w() const { return (w + 3) / 4; }
+  bool sum = false, relu = false, streamed = false, position_major = false, f2 = false;
+  int64_t tile() const { return f2 ? 2 : 4; }  // output rows and columns per tile
+  int64_t tiles_h() const { return (h + tile() - 1) / tile(); }
+  int64_t tiles_w() const { return (w + tile() - 1) / tile(); }
   int64_t tiles() const { return n * tiles_h() * tiles_w(); }
 };
 
@@ -38,8 +51,8 @@ struct Wino4Shape {
 std::string wino4_check(const Wino4Shape& s);
 
 // Transforms ONNX weights [m][c][3][3] (OIHW) into the step's layout: wino4_packed_floats(s) floats at `packed`
-// (36 * c * m: 4x the weights, computed in double precision; streamed: 9 * c * m, the taps regrouped, transformed
-// in f32 at run time).
+// (36 * c * m: 4x the weights, computed in double precision; f2: 16 * c * m; streamed: 9 * c * m, the taps regrouped,
+// transformed in f32 at run time).
 size_t wino4_packed_floats(const Wino4Shape& s);
 void wino4_pack_weights(const Wino4Shape& s, const float* w, float* packed);
 

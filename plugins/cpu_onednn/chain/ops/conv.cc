@@ -326,19 +326,29 @@ void Builder::conv(size_t i) {
   // to stay in cache between runs (3 MiB). Measured in the chain (fastest of 60-300 runs, KEEL_ONEDNN_PROFILE; against
   // oneDNN's F(2,3) or F(4,3), whichever the timing above picks): ResNet-50's 56x56 and 28x28 3x3s 0.55-0.64 ->
   // 0.39-0.48 ms at 1 thread, 0.32-0.36 -> 0.27-0.33 and 0.37-0.40 -> 0.31-0.34 at 2; SqueezeNet's eight expands
-  // (13x13 included) together 1.69 -> 1.26 ms at 1 thread. With 16 to 31 tiles (ResNet's 14x14) and larger weights,
-  // the step with its weights streamed (read plain, transformed at every run: Wino4Shape::streamed): ResNet-50's
-  // 14x14 256->256 0.69-0.73 -> 0.51-0.52 ms at 1 thread, 0.40-0.41 -> 0.32-0.38 at 2. Fewer tiles stay on oneDNN's:
-  // the 7x7 512->512 (4 tiles) lost, 1.09-1.11 -> 1.33-1.38 ms. See docs/ONEDNN_PERFORMANCE.md, "(w4)" and "(w4s)".
-  constexpr int64_t kWino4MinTiles = 32, kWino4StreamedMinTiles = 16;
+  // (13x13 included) together 1.69 -> 1.26 ms at 1 thread. With fewer tiles and larger weights (which then come
+  // from memory at every run: ResNet's 14x14 and 7x7 at batch 1), the step position by position
+  // (Wino4Shape::position_major: each position's weights read once per run, the next position's prefetched during
+  // the products), in F(4,3) from 16 tiles, else in F(2,3) from 16 of its 2x2 tiles (the 7x7: 4 and 16). Against
+  // the earlier choices in ResNet-50 at 1 / 2 threads (3 alternating rounds): the five 14x14s 3.16-4.20 -> 2.26-3.30 /
+  // 2.33-2.51 -> 1.80-2.08 ms (with the weights transformed at every run before, Wino4Shape::streamed, itself 25%
+  // faster than oneDNN's kernels), the two 7x7s 2.29-2.60 -> 1.43-1.96 / 1.34-1.37 -> 0.92-1.08 ms (oneDNN's F(2,3)
+  // before). See docs/ONEDNN_PERFORMANCE.md, "(w4)", "(w4s)" and "(w2)".
+  constexpr int64_t kWino4MinTiles = 32, kWino4FewMinTiles = 16;
   constexpr int64_t kWino4CachedBytes = int64_t{3} << 20;
   const int64_t wino4_tiles = N * ((y[2] + 3) / 4) * ((y[3] + 3) / 4);
-  const bool wino4_pretransformed =
-      wino4_tiles >= kWino4MinTiles || 36 * C * M * static_cast<int64_t>(sizeof(float)) <= kWino4CachedBytes;
-  if (wino && options().wino4 &&
-      (wino4_pretransformed || (options().wino4_streamed && wino4_tiles >= kWino4StreamedMinTiles)) &&
-      pl == Dims{1, 1} && pr == Dims{1, 1} && chan_scale.empty() && !f.pass_after() && act_ == dt::f32 &&
-      conv_wino4(i, f, src_name, x, y, w, bias, conv_flops, !wino4_pretransformed))
+  const int64_t wino2_tiles = N * ((y[2] + 1) / 2) * ((y[3] + 1) / 2);
+  Wino4Shape mode;
+  bool take = wino4_tiles >= kWino4MinTiles || 36 * C * M * static_cast<int64_t>(sizeof(float)) <= kWino4CachedBytes;
+  if (!take && options().wino_few_tiles) {
+    mode.position_major = true;
+    mode.f2 = wino4_tiles < kWino4FewMinTiles;
+    take = wino4_tiles >= kWino4FewMinTiles || wino2_tiles >= kWino4FewMinTiles;
+  } else if (!take && options().wino4_streamed) {
+    mode.streamed = take = wino4_tiles >= kWino4FewMinTiles;
+  }
+  if (wino && options().wino4 && take && pl == Dims{1, 1} && pr == Dims{1, 1} && chan_scale.empty() &&
+      !f.pass_after() && act_ == dt::f32 && conv_wino4(i, f, src_name, x, y, w, bias, conv_flops, mode))
     return;
   // Few output pixels and large weights (ResNet-50's stride-2 3x3 in layer4.0 at batch 1): the windows times the
   // weights as the chain's own few-row product (conv_skinny). Not the 3x3s Winograd takes (fewer multiply-adds).

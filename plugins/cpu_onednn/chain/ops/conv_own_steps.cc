@@ -482,16 +482,17 @@ bool Builder::conv_skinny(size_t i, const Fusion& f, Im2RowShape rows, const std
 
 // A 3x3 stride-1 convolution with padding 1 (its f32 source reordered to nChw16c when in another layout, as
 // oneDNN's Winograd kernels would have it), channels in multiples of 16, then at most a residual sum and a Relu, as the
-// chain's own Winograd F(4,3) step (steps/wino4.h). `w` [M][C][3][3] and `bias` with folds applied. False, changing
-// nothing, for anything else.
+// chain's own Winograd F(4,3) step (steps/wino4.h). `w` [M][C][3][3] and `bias` with folds applied; `mode` the
+// step's flags (streamed, position_major, f2). False, changing nothing, for anything else.
 bool Builder::conv_wino4(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y,
-                         const std::vector<float>& w, const std::vector<float>& bias, double flops, bool streamed) {
+                         const std::vector<float>& w, const std::vector<float>& bias, double flops,
+                         const Wino4Shape& mode) {
   bool sum = false, relu = false;
   if (!sum_relu_of(f, &sum, &relu)) return false;
   if (x.size() != 4 || y.size() != 4) return false;
   if (val(src).scale != 1.f || val(src).md.data_type() != dt::f32) return false;
-  Wino4Shape s;
-  s.n = x[0], s.c = x[1], s.m = y[1], s.h = x[2], s.w = x[3], s.sum = sum, s.relu = relu, s.streamed = streamed;
+  Wino4Shape s = mode;
+  s.n = x[0], s.c = x[1], s.m = y[1], s.h = x[2], s.w = x[3], s.sum = sum, s.relu = relu;
   if (!wino4_check(s).empty() || y != Dims{s.n, s.m, s.h, s.w}) return false;
   if (w.size() != static_cast<size_t>(s.m * s.c * 9) || bias.size() != static_cast<size_t>(s.m)) return false;
   const Val xv = as_md(src, md_t(to_dnnl(x), dt::f32, tag::nChw16c));  // a reorder first unless nChw16c already
@@ -507,7 +508,12 @@ bool Builder::conv_wino4(size_t i, const Fusion& f, const std::string& src, cons
   e.own_kind = "convolution";
   e.params = std::make_shared<const Wino4Shape>(s);
   p_->flops += flops;
-  exec_own(std::move(e), streamed ? "keel:wino4_streamed_avx512" : "keel:wino4_avx512", false,
+  exec_own(std::move(e),
+           s.f2               ? "keel:wino2_avx512"
+           : s.streamed       ? "keel:wino4_streamed_avx512"
+           : s.position_major ? "keel:wino4_by_position_avx512"
+                              : "keel:wino4_avx512",
+           false,
            r_.nodes[i].name + (sum ? " + Add" : "") + (relu ? " + Relu " : " ") + dims_str(x) + " -> " + dims_str(y));
   for (size_t k : f.nodes) done_[k] = true;
   return true;
