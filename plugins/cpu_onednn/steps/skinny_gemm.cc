@@ -12,6 +12,9 @@
 namespace keel::onednn {
 namespace {
 
+// Column blocks of 64, the last one zero-padded (and masked where Y is written).
+int64_t blocks(const SkinnyGemmShape& s) { return (s.n + 63) / 64; }
+
 // Rows of a register tile: 6 x 4 sums, 4 weight vectors and a broadcast (7 rows would spill one sum).
 constexpr int kMaxTileRows = 6;
 constexpr int64_t kChunk = 768;      // k per chunk: the block's part read per row tile (192 KB) stays in L2
@@ -29,12 +32,19 @@ constexpr int64_t kLineFloats = 16;  // a cache line
 template <int R>
 __attribute__((target("avx512f"))) void tile(const float* x, int64_t ldx, const float* b, int64_t k0, int64_t k1,
                                              float* y, int64_t ldy, int64_t ldv, bool from_y, const float* b64,
-                                             bool then_bias, bool relu, const char* pf, int64_t lines, int64_t every) {
+                                             bool then_bias, bool relu, const char* pf, int64_t lines, int64_t every,
+                                             int valid) {
+  // The block's columns [0, valid) exist (64 but in a last, narrower block): masks per 16-column vector.
+  __mmask16 mask[4];
+  for (int j = 0; j < 4; ++j) {
+    const int v = std::clamp(valid - 16 * j, 0, 16);
+    mask[j] = static_cast<__mmask16>((1u << v) - 1);
+  }
   __m512 acc[R][4];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < 4; ++j)
-      acc[r][j] = from_y ? _mm512_loadu_ps(y + r * ldy + ldv * j)
-                  : b64  ? _mm512_loadu_ps(b64 + 16 * j)
+      acc[r][j] = from_y ? _mm512_maskz_loadu_ps(mask[j], y + r * ldy + ldv * j)
+                  : b64  ? _mm512_maskz_loadu_ps(mask[j], b64 + 16 * j)
                          : _mm512_setzero_ps();
   const float* bp = b + k0 * 64;
   int64_t until = lines > 0 ? every : INT64_MAX;
@@ -58,16 +68,16 @@ __attribute__((target("avx512f"))) void tile(const float* x, int64_t ldx, const 
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < 4; ++j) {
       __m512 v = acc[r][j];
-      if (then_bias) v = _mm512_add_ps(v, _mm512_loadu_ps(b64 + 16 * j));
+      if (then_bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask[j], b64 + 16 * j));
       if (relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
-      _mm512_storeu_ps(y + r * ldy + ldv * j, v);
+      _mm512_mask_storeu_ps(y + r * ldy + ldv * j, mask[j], v);
     }
 }
 
 #pragma GCC diagnostic pop
 
 using TileFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t, int64_t, bool,
-                        const float*, bool, bool, const char*, int64_t, int64_t);
+                        const float*, bool, bool, const char*, int64_t, int64_t, int);
 constexpr TileFn kTiles[kMaxTileRows] = {tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>};
 
 // Column blocks [b0, b1) on the calling thread, chunk by chunk of k: each chunk's rows of X (49 x 768 floats: 150 KB)
@@ -103,7 +113,8 @@ void run_blocks(const SkinnyGemmShape& s, const float* x, const float* packed, c
         const int64_t every = l1 > l0 ? std::max<int64_t>(1, (k1 - k0) / (l1 - l0)) : 1;
         const bool from_y = k0 > 0 || s.sum;
         kTiles[r - 1](x + m0 * s.k, s.k, b, k0, k1, yb + m0 * ldy, ldy, ldv, from_y, b64, k0 == 0 && s.sum && b64,
-                      s.relu && k1 == s.k, next ? next + l0 * kLineFloats * sizeof(float) : nullptr, l1 - l0, every);
+                      s.relu && k1 == s.k, next ? next + l0 * kLineFloats * sizeof(float) : nullptr, l1 - l0, every,
+                      static_cast<int>(std::min<int64_t>(64, s.n - blk * 64)));
       }
     }
   }
@@ -114,25 +125,26 @@ void run_blocks(const SkinnyGemmShape& s, const float* x, const float* packed, c
 std::string skinny_gemm_check(const SkinnyGemmShape& s) {
   if (!has_avx512f()) return "no AVX-512";
   if (s.m < 1 || s.m > kSkinnyGemmMaxRows) return "rows outside 1.." + std::to_string(kSkinnyGemmMaxRows);
-  if (s.n < 64 || s.n % 64 != 0) return "columns not a multiple of 64";
+  if (s.n < 1) return "no columns";
+  if (s.y_blocked16 && s.n % 16 != 0) return "nChw16c output with columns not a multiple of 16";
   if (s.k < 1) return "empty inner dimension";
   return "";
 }
 
-size_t skinny_gemm_packed_floats(const SkinnyGemmShape& s) { return static_cast<size_t>(s.k * s.n); }
+size_t skinny_gemm_packed_floats(const SkinnyGemmShape& s) { return static_cast<size_t>(s.k * 64 * blocks(s)); }
 
 void skinny_gemm_pack(const SkinnyGemmShape& s, const float* w, bool transposed, float* packed) {
-  for (int64_t blk = 0; blk < s.n / 64; ++blk)
+  for (int64_t blk = 0; blk < blocks(s); ++blk)
     for (int64_t k = 0; k < s.k; ++k)
       for (int64_t j = 0; j < 64; ++j) {
         const int64_t col = blk * 64 + j;
-        packed[(blk * s.k + k) * 64 + j] = transposed ? w[col * s.k + k] : w[k * s.n + col];
+        packed[(blk * s.k + k) * 64 + j] = col >= s.n ? 0.f : transposed ? w[col * s.k + k] : w[k * s.n + col];
       }
 }
 
 void skinny_gemm_run(const SkinnyGemmShape& s, const float* x, const float* packed, const float* bias, float* y,
                      int team) {
-  split_over_team(s.n / 64, team, [&](int64_t, int64_t b0, int64_t b1) {
+  split_over_team(blocks(s), team, [&](int64_t, int64_t b0, int64_t b1) {
     if (b1 > b0) run_blocks(s, x, packed, bias, y, b0, b1);
   });
 }

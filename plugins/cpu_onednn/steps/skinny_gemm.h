@@ -33,15 +33,15 @@ struct SkinnyGemmShape {
 
 constexpr int64_t kSkinnyGemmMaxRows = 64;
 
-// "" when the step computes this shape on this CPU (AVX-512, 1 <= m <= kSkinnyGemmMaxRows, n a multiple of 64,
-// k >= 1), else what it does not take.
+// "" when the step computes this shape on this CPU (AVX-512, 1 <= m <= kSkinnyGemmMaxRows, n >= 1 (a multiple of 16
+// for y_blocked16), k >= 1), else what it does not take.
 std::string skinny_gemm_check(const SkinnyGemmShape& s);
 
-// Floats of the packed weights: k * n.
+// Floats of the packed weights: k * n, n rounded up to 64.
 size_t skinny_gemm_packed_floats(const SkinnyGemmShape& s);
 
-// Packs W into blocks of 64 columns ([n/64][k][64]): W as [k][n] row-major, or (`transposed`, ONNX Gemm's transB)
-// as [n][k].
+// Packs W into blocks of 64 columns ([n/64][k][64], the last zero-padded): W as [k][n] row-major, or (`transposed`,
+// ONNX Gemm's transB) as [n][k].
 void skinny_gemm_pack(const SkinnyGemmShape& s, const float* w, bool transposed, float* packed);
 
 // Y = X W + bias (+ Y, when s.sum; then Relu when s.relu) over `team` OpenMP threads (team <= 1: the calling thread),

@@ -470,7 +470,7 @@ bool Builder::conv_skinny(size_t i, const Fusion& f, Im2RowShape rows, const std
   e.args[DNNL_ARG_DST] = mem_of(o);
   e.own = run_skinny_gemm;
   e.own_kind = "convolution";
-  e.single = s.n / 64 < 2;
+  e.single = s.n <= 64;
   e.params = std::make_shared<const SkinnyGemmShape>(s);
   p_->flops += flops;
   exec_own(std::move(e), "keel:skinny_conv_avx512", false,

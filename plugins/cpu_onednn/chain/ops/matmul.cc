@@ -354,7 +354,7 @@ bool Builder::skinny_gemm(size_t i, const Fusion& f, const std::string& an, cons
   e.args[DNNL_ARG_DST] = mem_at(plain_md(y), out.buf, out.off);
   e.own = run_skinny_gemm;
   e.own_kind = "matmul";
-  e.single = s.n / 64 < 2;
+  e.single = s.n <= 64;
   e.params = std::make_shared<const SkinnyGemmShape>(s);
   p_->flops += 2.0 * static_cast<double>(s.m * s.n * s.k);
   exec_own(std::move(e), "keel:skinny_gemm_avx512", false, r_.nodes[i].name + " " + dims_str(a) + " -> " + dims_str(y));
