@@ -353,8 +353,8 @@ void Builder::conv(size_t i) {
   // Few output pixels and large weights (ResNet-50's stride-2 3x3 in layer4.0 at batch 1): the windows times the
   // weights as the chain's own few-row product (conv_skinny). Not the 3x3s Winograd takes (fewer multiply-adds).
   if (!wino && sp == 2 && g == 1 && N == 1 && s[0] == s[1] && d[0] == d[1] && chan_scale.empty() &&
-      y[2] * y[3] <= kSkinnyGemmMaxRows &&
-      C * M * prod(ks) * static_cast<int64_t>(sizeof(float)) >= (int64_t{8} << 20)) {
+      y[2] * y[3] >= kSkinnyMinRows && y[2] * y[3] <= kSkinnyGemmMaxRows &&
+      C * M * prod(ks) * static_cast<int64_t>(sizeof(float)) >= kSkinnyMinWeightBytes) {
     Im2RowShape rows;
     rows.oh = y[2], rows.ow = y[3];
     Im2RowPart& p = rows.part[0];

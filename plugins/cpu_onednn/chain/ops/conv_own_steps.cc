@@ -426,13 +426,12 @@ bool Builder::conv_grouped4(size_t i, const Fusion& f, const std::string& src, c
 // false, changing nothing, otherwise.
 bool Builder::conv_skinny(size_t i, const Fusion& f, Im2RowShape rows, const std::vector<std::string>& srcs, int64_t M,
                           const std::vector<float>& w, const std::vector<float>& bias, double flops) {
-  constexpr int64_t kMinRows = 32, kMinWeightBytes = int64_t{8} << 20;
   bool sum = false, relu = false;
   if (!options().skinny_conv || act_ != dt::f32 || !sum_relu_of(f, &sum, &relu)) return false;
   SkinnyGemmShape s;
   s.m = rows.oh * rows.ow, s.k = rows.row_floats(), s.n = M, s.sum = sum, s.relu = relu, s.y_blocked16 = true;
-  if (!skinny_gemm_check(s).empty() || s.m < kMinRows ||
-      s.k * s.n * static_cast<int64_t>(sizeof(float)) < kMinWeightBytes)
+  if (!skinny_gemm_check(s).empty() || s.m < kSkinnyMinRows ||
+      s.k * s.n * static_cast<int64_t>(sizeof(float)) < kSkinnyMinWeightBytes)
     return false;
   if (static_cast<int>(srcs.size()) != rows.parts || w.size() != static_cast<size_t>(s.k * s.n) ||
       bias.size() != static_cast<size_t>(M))

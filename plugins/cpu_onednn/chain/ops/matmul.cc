@@ -332,8 +332,6 @@ bool Builder::narrow_gemm(size_t i, const Fusion& f, const std::string& an, cons
 // AVX-512; false, changing nothing, otherwise. `a`, `y`: the product's 2-D dims; `w`: the weights with the fused
 // factors folded in, as [k][n] or (w_transposed) [n][k]; place_output: matmul()'s placement of the output (the
 // residual's buffer for a sum).
-constexpr int64_t kSkinnyMinRows = 32, kSkinnyMinWeightBytes = int64_t{8} << 20;
-
 bool Builder::skinny_gemm(size_t i, const Fusion& f, const std::string& an, const Dims& a, const Dims& y,
                           const float* w, bool w_transposed, const std::function<Val&()>& place_output) {
   if (!options().skinny_gemm || act_ != dt::f32 || !w || f.dst_f32 || a.size() != 2 || y.size() != 2) return false;
