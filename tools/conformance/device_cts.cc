@@ -1984,6 +1984,18 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // The same few pixels and large weights with an activation the chain applies as a pass after the convolution
+    // (SiLU as exported, x * Sigmoid(x)): the windows-times-weights path declines it (random chains, seed 2641, where
+    // the product once ran without its SiLU).
+    OpCase c;
+    c.op = "Chain";
+    c.claim_whole = true;
+    c.label = "7x7 stride-2 3x3 with 9.4 MB of weights, then SiLU";
+    c.inputs = {in("X", {1, 512, 13, 13}), in("W", {512, 512, 3, 3}, true, -0.03f, 0.03f), in("B", {512}, true)};
+    c.chain = {conv({"X", "W", "B"}, 3, 2, 1), {"Sigmoid", {"$0"}, {}}, {"Mul", {"$0", "$1"}, {}}};
+    v.push_back(c);
+  }
+  {
     // The same merged bottleneck end with the 3x3 over 16 channels (oneDNN's jit kernel, nChw16c, not brgemm's
     // nhwc): the merged source's own step copies h from nChw16c; even spatial size, no bias on the shortcut.
     OpCase c;

@@ -540,7 +540,7 @@ class Gen {
   void rarer_ops() {
     const Shape x = cur_.shape;
     const int64_t n = x[0], c = x[1], h = x[2], w = x[3];
-    switch (extra_uniform(6)) {
+    switch (extra_uniform(7)) {
       case 0: node("Softmax", {cur_.ref}, {{"axis", I(1)}}, x), note("softmax(channels)"); break;
       case 1: {
         const std::string in_ref = cur_.ref;
@@ -563,13 +563,30 @@ class Gen {
         node("Sqrt", {a.ref}, {}, x), note("sqrt(x^2+1)");
         break;
       }
-      default: {
+      case 5: {
         if (c_.dtype != DType::kF32) return activation();
         const Val h16 = node("Cast", {cur_.ref}, {{"to", I(10)}}, x);  // FLOAT16
         node("Cast", {h16.ref}, {{"to", I(1)}}, x), note("f16 round trip");
         // A value the device and the reference compute a rounding apart can round to neighbouring halves, an f16
         // step (5e-4 relative) that later ops may grow (seed 4079: a LayerNorm MLP after it, 1 of 600 outputs 1% off).
         c_.rtol = std::max(c_.rtol, 1e-2), c_.atol = std::max(c_.atol, 1e-3);
+        break;
+      }
+      default: {
+        // Wide: 512 channels over a small map, then a 3x3 over them (9.4 MB of weights at few pixels: ResNet's
+        // layer4), its post-ops as a conv block's. Up to 10x10 at stride 1 (the oneDNN device's Winograd F(2,3) step
+        // from 7x7), 11x11 to 16x16 at stride 2 (36-64 output pixels: its windows times weights).
+        if (h > 16 || w > 16) return activation();
+        const int64_t wide = 512, stride = h > 10 || w > 10 ? 2 : 1, oh = (h - 1) / stride + 1,
+                      ow = (w - 1) / stride + 1;
+        const Val e = node("Conv", {cur_.ref, weights("W", {wide, c, 1, 1}, c), constant("B", {wide}, -0.5f, 0.5f)},
+                           {{"kernel_shape", Is({1, 1})}}, {n, wide, h, w});
+        node("Relu", {e.ref}, {}, e.shape);
+        node("Conv", {cur_.ref, weights("W", {wide, wide, 3, 3}, wide * 9), constant("B", {wide}, -0.5f, 0.5f)},
+             {{"kernel_shape", Is({3, 3})}, {"strides", Is({stride, stride})}, {"pads", Is({1, 1, 1, 1})}},
+             {n, wide, oh, ow});
+        note("wide(" + std::to_string(c) + "->512, 3x3" + (stride > 1 ? "/2" : "") + ")");
+        bn_and_activation();
         break;
       }
     }

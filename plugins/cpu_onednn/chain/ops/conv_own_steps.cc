@@ -427,7 +427,8 @@ bool Builder::conv_grouped4(size_t i, const Fusion& f, const std::string& src, c
 bool Builder::conv_skinny(size_t i, const Fusion& f, Im2RowShape rows, const std::vector<std::string>& srcs, int64_t M,
                           const std::vector<float>& w, const std::vector<float>& bias, double flops) {
   bool sum = false, relu = false;
-  if (!options().skinny_conv || act_ != dt::f32 || !sum_relu_of(f, &sum, &relu)) return false;
+  // (An activation left to a pass after the step, SiLU or GELU, is not the step's: random chains, seed 2641.)
+  if (!options().skinny_conv || act_ != dt::f32 || f.pass_after() || !sum_relu_of(f, &sum, &relu)) return false;
   SkinnyGemmShape s;
   s.m = rows.oh * rows.ow, s.k = rows.row_floats(), s.n = M, s.sum = sum, s.relu = relu, s.y_blocked16 = true;
   if (!skinny_gemm_check(s).empty() || s.m < kSkinnyMinRows ||
