@@ -357,8 +357,8 @@ void run_tiles(const Wino4Shape& s, const float* src, const float* packed, const
       // By blocks: the block's products accumulate in M ([P][bt][wg]), position by position over every tile, so each
       // position's weights are read once per block. Streamed: per chunk of input channels, its weights transformed
       // into U first, and the next chunk's taps (this group's or the next one's first) prefetched into L2 during the
-      // products, so that its transform does not wait for memory. Else (F(2,3) transformed at plan time,
-      // [group][P][c][wg]) the weights are read in order, one chunk of all c.
+      // products, so that its transform does not wait for memory. Else (position_major: transformed at plan time,
+      // [group][P][c][wg]) the weights are read in order, one chunk of all c, the next position's prefetched.
       for (int64_t c0 = 0; c0 < s.c; c0 += kc_max) {
         const int64_t kc = std::min(kc_max, s.c - c0);
         const float* Ug = packed + P * s.c * 32 * g;
@@ -369,11 +369,10 @@ void run_tiles(const Wino4Shape& s, const float* src, const float* packed, const
         }
         const char* next = nullptr;
         int64_t next_lines = 0;
-        if (!s.streamed) {
-        } else if (c0 + kc < s.c) {
+        if (s.streamed && c0 + kc < s.c) {
           next = reinterpret_cast<const char*>(packed + 9 * s.c * 32 * g + (c0 + kc) * 9 * wg);
           next_lines = std::min(kc_max, s.c - c0 - kc) * 9 * wg * 4 / 64;
-        } else if (g + 1 < g1) {
+        } else if (s.streamed && g + 1 < g1) {
           next = reinterpret_cast<const char*>(packed + 9 * s.c * 32 * (g + 1));
           next_lines = std::min(kc_max, s.c) * 9 * group_width(s, g + 1) * 4 / 64;
         }
