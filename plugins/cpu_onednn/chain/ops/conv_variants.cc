@@ -72,6 +72,7 @@ bool Builder::conv_residual_merged(size_t i) {
       bias[m] = bias[m] * f.bn_scale[m] + f.bn_shift[m];
     }
   for (size_t k = 0; k < f.conv_bias_add.size(); ++k) bias[k] += f.conv_bias_add[k];
+  f.nodes.insert(f.nodes.begin(), {j, a});  // before the fused nodes: an Add among those is a sum post-op's
   // Few output pixels and large weights (ResNet-50's layer4.0 end at batch 1: 49 x 1536 x 2048): the two sources'
   // pixels side by side as rows times the weights, the chain's own few-row product (conv_skinny).
   {
@@ -79,9 +80,7 @@ bool Builder::conv_residual_merged(size_t i) {
     rows.oh = h[2], rows.ow = h[3], rows.parts = 2;
     rows.part[0].c = Ch, rows.part[0].h = h[2], rows.part[0].w = h[3];
     rows.part[1].c = Cx, rows.part[1].h = x[2], rows.part[1].w = x[3], rows.part[1].stride = sj;
-    Fusion fm = f;
-    fm.nodes.insert(fm.nodes.begin(), {j, a});
-    if (conv_skinny(i, fm, rows, {n.in[0], jn.in[0]}, M, w, bias, 2.0 * M * K * h[2] * h[3])) return true;
+    if (conv_skinny(i, f, rows, {n.in[0], jn.in[0]}, M, w, bias, 2.0 * M * K * h[2] * h[3])) return true;
   }
   const Dims cat{1, K, h[2], h[3]};
   const md_t cmd(to_dnnl(cat), dt::f32, tag::nChw16c), hmd(to_dnnl(h), dt::f32, tag::nChw16c),
@@ -132,7 +131,6 @@ bool Builder::conv_residual_merged(size_t i) {
     exec(reorder_prim(s2, d2), {{DNNL_ARG_FROM, s2}, {DNNL_ARG_TO, d2}});
     layout_reorder_ = false;
   }
-  f.nodes.insert(f.nodes.begin(), {j, a});  // before the fused nodes: an Add among those is a sum post-op's
   md_t wplain(to_dnnl(Dims{M, K, 1, 1}), dt::f32, tag::oihw);
   conv_like_tail(i, f, dnnl::convolution_forward(*pd), cmd, pd->weights_desc(), pd->dst_desc(), wplain, w, true, bias,
                  2.0 * M * K * h[2] * h[3], {}, key, "");
