@@ -513,7 +513,8 @@ class Launcher {
       if (stopping && !killed && Clock::now() >= kill_at) {
         bool any = false;
         for (auto& r : ranks_) any |= r.running;
-        if (any) say("ranks still running after the " + std::to_string(o_.grace_period_s) + " s grace period: SIGKILL");
+        if (any)
+          say("ranks still running after the " + fmt::format("{:g}", o_.grace_period_s) + " s grace period: SIGKILL");
         signal_all(SIGKILL);
         killed = true;
       }
