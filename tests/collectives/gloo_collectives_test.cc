@@ -16,6 +16,7 @@
 #include <spawn.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -507,6 +508,13 @@ TEST_P(GlooWorld, MismatchesAreErrorsOnEveryRankNotCorruption) {
       Values in(DType::kF32, n + 1, 1), out(DType::kF32, n + 1, -5);
       std::string e = expect_mismatch(
           comm.all_reduce(in.data(), out.data(), r == odd ? n + 1 : n, DType::kF32, KEEL_REDUCE_SUM), out, -5, "count");
+      if (!e.empty()) return e;
+    }
+    {  // count across paths: 100 floats (shared memory or direct) against 200,000 (cross memory or the mesh ring)
+      Values in(DType::kF32, 200000, 1), out(DType::kF32, 200000, -5);
+      std::string e =
+          expect_mismatch(comm.all_reduce(in.data(), out.data(), r == odd ? 200000 : n, DType::kF32, KEEL_REDUCE_SUM),
+                          out, -5, "count across paths");
       if (!e.empty()) return e;
     }
     {  // dtype (same byte size: f32 against i32)
@@ -1014,20 +1022,45 @@ std::string cross_memory_forbidden() {
 // "xmem_ok" verdict in the store is yes, where this environment allows it) and large all-reduces (out of place, in
 // place, sum, average, an element count that does not divide by 3) give every element right; with
 // KEEL_GLOO_CROSS_MEMORY=off the same through the mesh ring, and no rank opens its memory (no verdicts).
+// Whether this kernel lets a process take a duplicate of another's file descriptor (pidfd_getfd(2), Linux 5.6; the
+// same permission as reading its memory, which cross_memory_forbidden checks): empty when it does, else why not.
+std::string shared_memory_forbidden() {
+  int fds[2];
+  if (::pipe(fds) != 0) return "pipe failed";
+  std::string why;
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, ::getpid(), 0));
+  if (pidfd < 0) {
+    why = std::string("pidfd_open: ") + std::strerror(errno);
+  } else {
+    const int dup = static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd, fds[0], 0));
+    if (dup < 0) why = std::string("pidfd_getfd: ") + std::strerror(errno);
+    if (dup >= 0) ::close(dup);
+    ::close(pidfd);
+  }
+  ::close(fds[0]);
+  ::close(fds[1]);
+  return why;
+}
+
 TEST(GlooCollectives, CrossMemoryBetweenProcessesOfOneHost) {
   SKIP_WITHOUT_GLOO();
   namespace fs = std::filesystem;
   const std::string forbidden = cross_memory_forbidden();
   if (!forbidden.empty())
     std::printf("cross memory is forbidden here (%s): checking the mesh ring only\n", forbidden.c_str());
-  for (const bool off : {false, true}) {
+  const std::string no_shm = forbidden.empty() ? shared_memory_forbidden() : forbidden;
+  if (!no_shm.empty()) std::printf("shared memory cannot be set up here (%s)\n", no_shm.c_str());
+  // Cross memory and shared memory on, cross memory off (shared memory needs it), shared memory off alone.
+  for (const int variant : {0, 1, 2}) {
+    const bool off = variant == 1, shm_off = variant != 0;
     const fs::path dir =
-        fs::temp_directory_path() / ("keel_gloo_xmem_" + std::to_string(::getpid()) + (off ? "_off" : ""));
+        fs::temp_directory_path() / ("keel_gloo_xmem_" + std::to_string(::getpid()) + "_" + std::to_string(variant));
     fs::create_directories(dir);
     std::vector<pid_t> pids;
     for (int r = 0; r < 3; ++r) {
       pids.push_back(spawn_helper({KEEL_GLOO_RANK_HELPER, dir.string(), std::to_string(r), "3", "20000", "big"},
-                                  {off ? "KEEL_GLOO_CROSS_MEMORY=off" : "KEEL_GLOO_CROSS_MEMORY=auto"},
+                                  {off ? "KEEL_GLOO_CROSS_MEMORY=off" : "KEEL_GLOO_CROSS_MEMORY=auto",
+                                   variant == 2 ? "KEEL_GLOO_SHARED_MEMORY=off" : "KEEL_GLOO_SHARED_MEMORY=auto"},
                                   (dir / ("rank" + std::to_string(r) + ".err")).string()));
       ASSERT_GT(pids.back(), 0);
     }
@@ -1035,12 +1068,20 @@ TEST(GlooCollectives, CrossMemoryBetweenProcessesOfOneHost) {
       EXPECT_EQ(wait_exit_code(pids[r]), 0) << read_file((dir / ("rank" + std::to_string(r) + ".err")).string());
     for (int r = 0; r < 3; ++r) {
       const fs::path verdict = dir / ("keel%gloo%0%xmem_ok%" + std::to_string(r));
+      const fs::path shm = dir / ("keel%gloo%0%shm_ok%" + std::to_string(r));
       if (off) {
         EXPECT_FALSE(fs::exists(verdict)) << verdict;
       } else if (!forbidden.empty()) {
         EXPECT_EQ(read_file(verdict.string()), "0") << "rank " << r << " claims to read the others' memory";
       } else {
         EXPECT_EQ(read_file(verdict.string()), "1") << "rank " << r << " cannot read the others' memory";
+      }
+      if (shm_off || !forbidden.empty()) {
+        EXPECT_FALSE(fs::exists(shm)) << shm;
+      } else if (!no_shm.empty()) {
+        EXPECT_EQ(read_file(shm.string()), "0") << "rank " << r << " claims to have mapped the shared memory";
+      } else {
+        EXPECT_EQ(read_file(shm.string()), "1") << "rank " << r << " did not map rank 0's shared memory";
       }
     }
     fs::remove_all(dir);

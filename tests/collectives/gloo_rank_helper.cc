@@ -4,10 +4,10 @@
 // `allreduce` it instead all-reduces (sum) 1000 floats of value rank+1 and checks the result; with `loop` it announces
 // itself, then all-reduces 16 MiB of rank+1 (cross memory between processes of one host, else the mesh ring) again and
 // again, checking each result, until one fails (for a test to kill it mid-collective); with `big` it all-reduces
-// 1,000,003 floats out of place (sum) and 700,001 doubles in place (average), rank-dependent values, and checks every
-// element. Exit codes: 0 fine (or the wait ran out), 2 bad arguments, 3 the plugin is
-// missing, 4 the communicator could not be created, 5 the all-reduce failed or was wrong. With `script` it runs the
-// random script of collectives of $KEEL_SCRIPT_SEED (collective_script.h) and, where $KEEL_SCRIPT_DIE is
+// 1,000,003 floats out of place (sum) and 700,001 doubles in place (average), then 300 small ones (1-50,000 floats),
+// rank-dependent values, and checks every element. Exit codes: 0 fine (or the wait ran out), 2 bad arguments, 3 the
+// plugin is missing, 4 the communicator could not be created, 5 the all-reduce failed or was wrong. With `script` it
+// runs the random script of collectives of $KEEL_SCRIPT_SEED (collective_script.h) and, where $KEEL_SCRIPT_DIE is
 // "OP:HOW:DELAY_US", dies at operation OP: HOW "exit" (exit code 9 before it), "kill" (SIGKILL before it), "mid"
 // (SIGKILL DELAY_US after starting it) or "stall" (sleeps 60 s before it, then exits 9); exit codes then: 0 every
 // operation ran right, 5 one gave a wrong element, 6 one returned an error (printed on stderr, with the operation's
@@ -109,6 +109,27 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "gloo_rank_helper: rank %d: average element %zu is %g\n", rank, i, d[i]);
         return 5;
       }
+    // Then many small all-reduces one after another (between the processes of one host: the shared-memory path,
+    // its two buffers taking turns), of 1 to 50,000 floats, in place and not, sums and averages.
+    const size_t sizes[] = {1, 1000, 50000, 7, 33333};
+    for (int k = 0; s.is_ok() && k < 300; ++k) {
+      const size_t n = sizes[k % 5];
+      const bool in_place = k % 2 == 0, avg = k % 3 == 0;
+      std::vector<float> a(n), b(n, -1.f);
+      for (size_t i = 0; i < n; ++i) a[i] = static_cast<float>(rank * 4 + k % 7 + static_cast<int>(i % 3));
+      float* dst = in_place ? a.data() : b.data();
+      s = comm->all_reduce(a.data(), dst, n, keel::DType::kF32, avg ? KEEL_REDUCE_AVG : KEEL_REDUCE_SUM);
+      for (size_t i = 0; s.is_ok() && i < n; ++i) {
+        // sum over ranks of rank * 4 + k % 7 + i % 3 (small integers: exact in f32)
+        const float sum = static_cast<float>(2 * size * (size - 1) + size * (k % 7 + static_cast<int>(i % 3)));
+        const float want = avg ? sum / static_cast<float>(size) : sum;
+        if (dst[i] != want) {
+          std::fprintf(stderr, "gloo_rank_helper: rank %d: small all-reduce %d element %zu is %g, want %g\n", rank, k,
+                       i, dst[i], want);
+          return 5;
+        }
+      }
+    }
     if (!s.is_ok()) {
       std::fprintf(stderr, "gloo_rank_helper: rank %d: all_reduce: %s\n", rank, s.to_string().c_str());
       return 5;
