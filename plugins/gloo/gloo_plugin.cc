@@ -1925,6 +1925,17 @@ std::string option_string(const keel_core_api_t* host, const char* key, const ch
   return "";
 }
 
+// An option that is "auto" (or unset: *on = true) or "off"; anything else is an error naming it.
+keel_status_t auto_or_off(const keel_core_api_t* host, const char* key, const char* env, bool* on) {
+  const std::string v = option_string(host, key, env);
+  if (!v.empty() && v != "auto" && v != "off")
+    return make_status(
+        KEEL_STATUS_INVALID_ARGUMENT,
+        std::string("gloo: ") + key + " '" + v + "' is not auto or off (manifest option '" + key + "' or " + env + ")");
+  *on = v != "off";
+  return nullptr;
+}
+
 // Reads an environment's settings; an error names the option and where it can be set.
 keel_status_t read_settings(const keel_core_api_t* host, Settings* out) {
   Settings st;
@@ -1940,18 +1951,8 @@ keel_status_t read_settings(const keel_core_api_t* host, Settings* out) {
                            "'algorithm' or KEEL_GLOO_ALGORITHM)");
   }
   st.algorithm = algorithm;
-  const std::string cross = option_string(host, "cross_memory", "KEEL_GLOO_CROSS_MEMORY");
-  if (!cross.empty() && cross != "auto" && cross != "off")
-    return make_status(KEEL_STATUS_INVALID_ARGUMENT, "gloo: cross_memory '" + cross +
-                                                         "' is not auto or off (manifest option 'cross_memory' or "
-                                                         "KEEL_GLOO_CROSS_MEMORY)");
-  st.cross_memory = cross != "off";
-  const std::string shared = option_string(host, "shared_memory", "KEEL_GLOO_SHARED_MEMORY");
-  if (!shared.empty() && shared != "auto" && shared != "off")
-    return make_status(KEEL_STATUS_INVALID_ARGUMENT, "gloo: shared_memory '" + shared +
-                                                         "' is not auto or off (manifest option 'shared_memory' or "
-                                                         "KEEL_GLOO_SHARED_MEMORY)");
-  st.shared_memory = shared != "off";
+  if (keel_status_t s = auto_or_off(host, "cross_memory", "KEEL_GLOO_CROSS_MEMORY", &st.cross_memory)) return s;
+  if (keel_status_t s = auto_or_off(host, "shared_memory", "KEEL_GLOO_SHARED_MEMORY", &st.shared_memory)) return s;
   if (const char* v = std::getenv("KEEL_GLOO_CHECK"); v && std::string(v) == "0") st.check = false;
   if (const char* v = std::getenv("KEEL_GLOO_SOCKET_BUFFER"); v && std::string(v) == "0")
     st.size_socket_buffers = false;
