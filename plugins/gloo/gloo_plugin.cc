@@ -1630,10 +1630,11 @@ keel_status_t shm_wait(Comm* c, const char* what, int32_t p, uint32_t k, Clock::
 }
 
 // Steps 1-3 of the shared-memory all-reduce for this rank's call `h`: every rank's input through the segment, reduced
-// in rank order into recv (which may be send). When a peer took another path for the call, this rank takes its seq
-// back and joins the header exchange, which reports how the calls differ.
+// in rank order into recv (which may be send), divided by the world size when `avg_dtype` is not UNDEFINED. When a peer
+// took another path for the call, this rank takes its seq back and joins the header exchange, which reports how the
+// calls differ.
 keel_status_t shm_all_reduce(Comm* c, const Header& h, const void* send, void* recv, size_t bytes, size_t count,
-                             ReduceFn fn) {
+                             ReduceFn fn, int32_t avg_dtype) {
   const char* what = "all_reduce";
   const uint32_t k = ++c->shm_calls;
   ShmCtl* me = shm_ctl(c, c->rank);
@@ -1662,8 +1663,16 @@ keel_status_t shm_all_reduce(Comm* c, const Header& h, const void* send, void* r
   for (int32_t p = 0; p < c->size; ++p)
     if (p != c->rank)
       if (keel_status_t s = disagreement(c, h, p, shm_ctl(c, p)->header[k % 2])) return s;
-  fn(recv, shm_slot(c, k, 0), shm_slot(c, k, 1), count);
-  for (int32_t r = 2; r < c->size; ++r) fn(recv, recv, shm_slot(c, k, r), count);
+  // In pieces that stay in L1, each divided by the world size right after its sum for an average (each element once,
+  // after its whole sum: the bits of dividing afterwards, without a second pass).
+  const size_t esize = bytes / count, piece = std::max<size_t>(1, (size_t{16} << 10) / esize);
+  char* out = static_cast<char*>(recv);
+  for (size_t off = 0; off < count; off += piece) {
+    const size_t m = std::min(piece, count - off), at = off * esize;
+    fn(out + at, shm_slot(c, k, 0) + at, shm_slot(c, k, 1) + at, m);
+    for (int32_t r = 2; r < c->size; ++r) fn(out + at, out + at, shm_slot(c, k, r) + at, m);
+    if (avg_dtype != KEEL_DTYPE_UNDEFINED) divide_by(out + at, m, avg_dtype, c->size);
+  }
   return nullptr;
 }
 
@@ -1680,9 +1689,8 @@ keel_status_t c_all_reduce(void*, keel_communicator_t comm, const void* send, vo
   const uint32_t tag = c->tag++;
   return guarded(c, "all_reduce", [&](int32_t*) -> keel_status_t {
     if (c->size > 1 && count > 0 && bad.empty() && algo == kAlgoSharedMemory) {
-      if (keel_status_t st = shm_all_reduce(c, h, send, recv, bytes, static_cast<size_t>(count), fn)) return st;
-      if (op == KEEL_REDUCE_AVG) divide_by(recv, static_cast<size_t>(count), dtype, c->size);
-      return nullptr;
+      return shm_all_reduce(c, h, send, recv, bytes, static_cast<size_t>(count), fn,
+                            op == KEEL_REDUCE_AVG ? dtype : static_cast<int32_t>(KEEL_DTYPE_UNDEFINED));
     }
     const bool direct = c->size > 1 && count > 0 && bad.empty() && algo == kAlgoDirect;
     const bool cross = c->size > 1 && count > 0 && bad.empty() && algo == kAlgoCrossMemory;
