@@ -1322,13 +1322,6 @@ keel_status_t connect_mesh(Comm* c, keel_kv_store_t* store, const std::string& p
   return nullptr;
 }
 
-// Every rank sends its header to every peer and reads theirs: INVALID_ARGUMENT (on every rank) when one rank's
-// arguments were invalid or the calls differ. `local_error` is this rank's own complaint (empty when none).
-// `payload` (payload_bytes <= the inline capacity) travels in the same message, after the header: when the calls
-// agree, each peer's payload is at inbox_of(c, peer) + sizeof(Header) until this rank's next collective. Every
-// message fits the receiver's capacity whatever the sender passed, so disagreeing ranks cost nothing but the error.
-// `always`: exchange even with the check off (KEEL_GLOO_CHECK=0), as a collective whose data travel in the messages
-// of some ranks only (a direct broadcast) needs.
 // INVALID_ARGUMENT when peer p's header `theirs` says it passed invalid arguments or called otherwise than `mine`.
 keel_status_t disagreement(const Comm* c, const Header& mine, int32_t p, const Header& theirs) {
   const char* what = kind_name(mine.kind);
@@ -1344,6 +1337,13 @@ keel_status_t disagreement(const Comm* c, const Header& mine, int32_t p, const H
   return nullptr;
 }
 
+// Every rank sends its header to every peer and reads theirs: INVALID_ARGUMENT (on every rank) when one rank's
+// arguments were invalid or the calls differ. `local_error` is this rank's own complaint (empty when none).
+// `payload` (payload_bytes <= the inline capacity) travels in the same message, after the header: when the calls
+// agree, each peer's payload is at inbox_of(c, peer) + sizeof(Header) until this rank's next collective. Every
+// message fits the receiver's capacity whatever the sender passed, so disagreeing ranks cost nothing but the error.
+// `always`: exchange even with the check off (KEEL_GLOO_CHECK=0), as a collective whose data travel in the messages
+// of some ranks only (a direct broadcast) needs.
 keel_status_t exchange_headers(Comm* c, const Header& mine, const std::string& local_error,
                                const void* payload = nullptr, size_t payload_bytes = 0, bool always = false) {
   const char* what = kind_name(mine.kind);
