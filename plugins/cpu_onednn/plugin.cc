@@ -221,6 +221,7 @@ keel_status_t onednn_init_instance(const keel_core_api_t* host, keel_plugin_hand
     read_flag("permuted_post_ops", "KEEL_ONEDNN_PERMUTED_POST_OPS", o.permuted_post_ops);
     read_flag("skinny_gemm", "KEEL_ONEDNN_SKINNY_GEMM", o.skinny_gemm);
     read_flag("skinny_conv", "KEEL_ONEDNN_SKINNY_CONV", o.skinny_conv);
+    read_flag("maxpool_rows", "KEEL_ONEDNN_MAXPOOL_ROWS", o.maxpool_rows);
     // int8_winograd: a flag, or "timed".
     auto int8_wino = [&](const std::string& v) {
       if (v == "timed") o.int8_winograd = Options::Int8Winograd::kTimed;

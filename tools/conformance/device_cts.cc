@@ -1984,6 +1984,31 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // SqueezeNet's fire module then its 3x3 / stride-2 max pooling (ceil mode adds no window here): at 2+ threads the
+    // oneDNN device's own pooling split by output rows (steps/pool_arg.h's pool_max16_rows), over the concatenated
+    // expands in nChw16c, at batch 2; then a 2x2 / stride-2 pooling of a 1x1's output, and one at stride 1.
+    OpCase c;
+    c.op = "Chain";
+    c.claim_whole = true;
+    c.label = "fire module, 3x3 stride-2 max pooling (ceil), 2x2 stride-2 and 2x2 stride-1 poolings, batch 2";
+    c.inputs = {in("X", {2, 32, 27, 27}), in("WS", {16, 32, 1, 1}, true, -0.3f, 0.3f),
+                in("BS", {16}, true),     in("WE", {32, 16, 1, 1}, true, -0.3f, 0.3f),
+                in("BE", {32}, true),     in("WT", {32, 16, 3, 3}, true, -0.1f, 0.1f),
+                in("BT", {32}, true),     in("W2", {48, 64, 1, 1}, true, -0.2f, 0.2f)};
+    c.chain = {conv({"X", "WS", "BS"}, 1, 1, 0),
+               {"Relu", {"$0"}, {}},
+               conv({"$1", "WE", "BE"}, 1, 1, 0),
+               {"Relu", {"$2"}, {}},
+               conv({"$1", "WT", "BT"}, 3, 1, 1),
+               {"Relu", {"$4"}, {}},
+               {"Concat", {"$3", "$5"}, {{"axis", I(1)}}},  // [2,64,27,27]
+               {"MaxPool", {"$6"}, {{"kernel_shape", Is({3, 3})}, {"strides", Is({2, 2})}, {"ceil_mode", I(1)}}},
+               conv({"$7", "W2"}, 1, 1, 0),  // [2,48,13,13]
+               {"MaxPool", {"$8"}, {{"kernel_shape", Is({2, 2})}, {"strides", Is({2, 2})}}},
+               {"MaxPool", {"$9"}, {{"kernel_shape", Is({2, 2})}, {"strides", Is({1, 1})}}}};
+    v.push_back(c);
+  }
+  {
     // The same few pixels and large weights with an activation the chain applies as a pass after the convolution
     // (SiLU as exported, x * Sigmoid(x)): the windows-times-weights path declines it (random chains, seed 2641, where
     // the product once ran without its SiLU).

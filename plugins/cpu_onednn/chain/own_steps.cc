@@ -291,6 +291,15 @@ void run_int8_pool(const Exec& e) {
                       e.args.at(DNNL_ARG_DST).get_data_handle(), e.single ? 1 : omp_get_max_threads());
 }
 
+// Exec::own of a max pooling of nChw16c f32 by output rows (Builder::pool, steps/pool_arg.h's pool_max16_rows):
+// DNNL_ARG_SRC into DNNL_ARG_DST, params its PoolArgShape; split over the OpenMP team unless the step is a
+// single-thread one.
+void run_max_pool16(const Exec& e) {
+  pool_max16_rows(*static_cast<const PoolArgShape*>(e.params.get()),
+                  static_cast<const float*>(e.args.at(DNNL_ARG_SRC).get_data_handle()),
+                  static_cast<float*>(e.args.at(DNNL_ARG_DST).get_data_handle()), e.single ? 1 : omp_get_max_threads());
+}
+
 // Exec::own of an int8 stem convolution (+ max pooling) (Builder::qconv_stem, steps/int8_stem.h): DNNL_ARG_SRC into
 // DNNL_ARG_DST, params the Int8StemConv; split over the OpenMP team unless the step is a single-thread one.
 void run_int8_stem(const Exec& e) {

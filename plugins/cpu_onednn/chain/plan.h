@@ -68,6 +68,7 @@ void run_grouped4(const Exec& e);
 void run_wino4(const Exec& e);
 void run_expand_dw(const Exec& e);
 void run_int8_pool(const Exec& e);
+void run_max_pool16(const Exec& e);
 void run_int8_stem(const Exec& e);
 void run_to_phases(const Exec& e);
 void run_from_phases(const Exec& e);

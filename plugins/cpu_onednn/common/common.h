@@ -277,6 +277,9 @@ struct Options {
   bool skinny_conv = true;    // KEEL_ONEDNN_SKINNY_CONV=0 or [options] skinny_conv = false: a convolution over 32-64
                               // output pixels with >= 8 MiB of weights stays on oneDNN's kernels, not the own
                               // windows-times-weights steps (steps/im2row.h, steps/skinny_gemm.h)
+  bool maxpool_rows = true;   // KEEL_ONEDNN_MAXPOOL_ROWS=0 or [options] maxpool_rows = false: an f32 nChw16c max
+                              // pooling without padding stays on oneDNN's kernel, not the own step split by output
+                              // rows (steps/pool_arg.h's pool_max16_rows)
   bool permuted_post_ops = true;  // KEEL_ONEDNN_PERMUTED_POST_OPS=0 or [options] permuted_post_ops = false: a
                                   // matmul's post-ops stop at a Transpose from [N,H,W,C] to [N,C,H,W] (ConvNeXt's
                                   // block tail: the layer scale and the residual Add then run as binary steps)

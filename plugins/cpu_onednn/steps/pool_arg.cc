@@ -12,6 +12,7 @@
 
 #include "common/lanes.h"
 #include "common/pool2x2.h"
+#include "common/team.h"
 #include "steps/silu.h"
 
 namespace keel::onednn {
@@ -219,6 +220,36 @@ void forward_planes(const PoolArgShape& s, const float* src, float* dst, uint8_t
   }
 }
 }  // namespace
+
+namespace {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC bug 105593, as above
+// Rows [r0, r1) of the n * oh (image, output row) pairs, every channel block of nChw16c.
+__attribute__((target("avx512f"))) void max16_rows(const PoolArgShape& s, const float* src, float* dst, int64_t r0,
+                                                   int64_t r1) {
+  const int64_t nb = s.blocks(), in = s.h * s.w * 16, out = s.oh * s.ow * 16;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t img = r / s.oh, oh = r % s.oh;
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* rows = src + (img * nb + b) * in + oh * s.sh * s.w * 16;
+      float* o = dst + (img * nb + b) * out + oh * s.ow * 16;
+      for (int64_t ow = 0; ow < s.ow; ++ow) {
+        const float* base = rows + ow * s.sw * 16;
+        __m512 best = _mm512_loadu_ps(base);
+        for (int64_t i = 0; i < s.kh; ++i)
+          for (int64_t j = i == 0 ? 1 : 0; j < s.kw; ++j)
+            best = _mm512_max_ps(best, _mm512_loadu_ps(base + (i * s.w + j) * 16));
+        _mm512_storeu_ps(o + ow * 16, best);
+      }
+    }
+  }
+}
+#pragma GCC diagnostic pop
+}  // namespace
+
+void pool_max16_rows(const PoolArgShape& s, const float* src, float* dst, int team) {
+  split_over_team(s.n * s.oh, team, [&](int64_t, int64_t r0, int64_t r1) { max16_rows(s, src, dst, r0, r1); });
+}
 
 bool read_pool_window(const std::vector<int64_t>& kernel, const std::vector<int64_t>& strides, PoolArgShape* s) {
   if (kernel.size() != 2 || strides.size() != 2 || kernel[0] <= 0 || kernel[1] <= 0 || strides[0] <= 0 ||

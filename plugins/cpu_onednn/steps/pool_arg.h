@@ -31,6 +31,14 @@ void pool_arg_forward(const PoolArgShape& s, const float* src, float* dst, uint8
 // The same on the calling thread alone (a caller that is one task of its own parallel loop).
 void pool_arg_forward_here(const PoolArgShape& s, const float* src, float* dst, uint8_t* arg);
 
+// dst = max over each window of src, nChw16c (s.block 16; AVX-512 F: the caller checks steps/silu.h's has_avx512f),
+// no positions, over `team` OpenMP threads split by output rows (each thread every channel block of its rows), where
+// pool_arg_forward splits by channel blocks: a chain's pooling after convolutions that split their work by rows
+// reads, on each core, mostly what that core wrote (SqueezeNet's 55x55 pooling at 2 threads:
+// docs/ONEDNN_PERFORMANCE.md,
+// "(mpr)"). NaN as oneDNN's max pooling (vmaxps: a NaN in the window may or may not win). Thread-safe for distinct dst.
+void pool_max16_rows(const PoolArgShape& s, const float* src, float* dst, int team);
+
 // dx = the gradient of that pooling: each window's g (times p > 0 when relu; p is the pooled output) added at arg's
 // position, zeros elsewhere; g, p and arg in the pooled layout, dx in the source's (both by s.block). p is read only
 // when relu. Runs on the calling OpenMP team.

@@ -4,8 +4,12 @@
 // stride 2, with and without the Relu mask; the gradient's buffer starts dirty (every position must be written).
 #include "steps/pool_arg.h"
 
+#include "steps/silu.h"
+
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <random>
 #include <string>
@@ -86,6 +90,46 @@ TEST(OnednnPoolArg, MatchesScalarLoopsInEveryLayout) {
       for (void* p : {static_cast<void*>(src), static_cast<void*>(dst), static_cast<void*>(arg), static_cast<void*>(g),
                       static_cast<void*>(dx)})
         std::free(p);
+    }
+}
+
+// pool_max16_rows (nChw16c, split by output rows) against the same scalar maxima: windows tiling the plane or
+// overlapping, strides 1-3, batches crossing a thread's rows, channels not filling their last block, teams of 1-3
+// (more threads than rows included).
+TEST(OnednnPoolArg, MaxByRowsMatchesScalarLoops) {
+  if (!has_avx512f()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  struct Case {
+    int64_t n, c, h, w, kh, kw, sh, sw;
+  };
+  const Case cases[] = {{1, 128, 55, 55, 3, 3, 2, 2}, {2, 24, 9, 11, 2, 2, 2, 2}, {3, 16, 10, 10, 3, 2, 3, 2},
+                        {1, 64, 5, 7, 3, 3, 1, 1},    {2, 32, 4, 4, 4, 4, 1, 1},  {1, 16, 3, 9, 3, 3, 2, 3}};
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  for (const Case& k : cases)
+    for (int team = 1; team <= 3; ++team) {
+      PoolArgShape s;
+      s.n = k.n, s.c = k.c, s.h = k.h, s.w = k.w, s.kh = k.kh, s.kw = k.kw, s.sh = k.sh, s.sw = k.sw, s.block = 16;
+      s.oh = (k.h - k.kh) / k.sh + 1, s.ow = (k.w - k.kw) / k.sw + 1;
+      const std::string what = "n=" + std::to_string(k.n) + " c=" + std::to_string(k.c) + " " + std::to_string(k.h) +
+                               "x" + std::to_string(k.w) + " window " + std::to_string(k.kh) + "x" +
+                               std::to_string(k.kw) + " stride " + std::to_string(k.sh) + "x" + std::to_string(k.sw) +
+                               " team " + std::to_string(team);
+      const size_t in = static_cast<size_t>(s.n * s.blocks() * 16 * s.h * s.w),
+                   out = static_cast<size_t>(s.n * s.blocks() * 16 * s.oh * s.ow);
+      std::vector<float> src(in), dst(out, NAN);
+      for (float& v : src) v = u(rng);
+      pool_max16_rows(s, src.data(), dst.data(), team);
+      for (int64_t n = 0; n < s.n; ++n)
+        for (int64_t c = 0; c < s.blocks() * 16; ++c)  // the padding lanes are pooled like the others
+          for (int64_t oy = 0; oy < s.oh; ++oy)
+            for (int64_t ox = 0; ox < s.ow; ++ox) {
+              float best = -INFINITY;
+              for (int64_t i = 0; i < s.kh; ++i)
+                for (int64_t j = 0; j < s.kw; ++j)
+                  best = std::max(best, src[at(s, n, c, oy * s.sh + i, ox * s.sw + j, s.h, s.w)]);
+              ASSERT_EQ(dst[at(s, n, c, oy, ox, s.oh, s.ow)], best)
+                  << what << " at " << n << "," << c << "," << oy << "," << ox;
+            }
     }
 }
 
