@@ -1612,14 +1612,21 @@ keel_status_t shm_wait(Comm* c, const char* what, int32_t p, uint32_t k, Clock::
     }
     char byte;
     const ssize_t n = ::recv(c->links[p].fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    const int recv_errno = errno;
+    const bool ended = ::kill(static_cast<pid_t>(c->pids[static_cast<size_t>(p)]), 0) != 0 && errno == ESRCH;
+    // A peer publishes k before anything it does after this call (its next collective's message on the mesh, its
+    // end), so whatever those checks saw, a peer whose seq reached k meanwhile is done with this call: fine. (Without
+    // this second look, a peer that published k, finished and sent its next header between the loop's test and the
+    // peek looked like one that took another path: random scripts, seed 5065.)
+    if (!shm_before(seq.load(std::memory_order_acquire), k)) break;
     if (n > 0) {
       *diverged = true;
       return nullptr;
     }
     if (n == 0) return mesh_closed(c, what, p, "end of stream");
-    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return mesh_closed(c, what, p, errno_text(errno));
-    if (::kill(static_cast<pid_t>(c->pids[static_cast<size_t>(p)]), 0) != 0 && errno == ESRCH)
-      return mesh_closed(c, what, p, "its process is gone");
+    if (recv_errno != EAGAIN && recv_errno != EWOULDBLOCK && recv_errno != EINTR)
+      return mesh_closed(c, what, p, errno_text(recv_errno));
+    if (ended) return mesh_closed(c, what, p, "its process is gone");
     if (Clock::now() >= deadline) return mesh_timed_out(c, what, p);
     waiting.store(1);  // sequentially consistent: the peer's publish sees the flag, or the load below sees its seq
     const uint32_t v = seq.load();
