@@ -47,7 +47,7 @@ def img_per_s(out, what):
     return float(m[-1].group(4))
 
 
-def run(cmd, cpus=None, timeout=1800):
+def run(cmd, cpus=None):
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus is not None else None
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=pin)
 

@@ -1108,10 +1108,14 @@ struct alignas(64) ShmCtl {
   Header header[2];
 };
 
+// The largest all-reduce the segment carries (bytes), and its control lines' bytes (4 KiB-rounded), for W ranks.
+size_t shm_capacity(int32_t w) { return std::min(inline_capacity(w), kShmMaxBytes); }
+size_t shm_control_bytes(int32_t w) { return (static_cast<size_t>(w) * sizeof(ShmCtl) + 4095) / 4096 * 4096; }
+
 ShmCtl* shm_ctl(Comm* c, int32_t r) { return reinterpret_cast<ShmCtl*>(c->shm) + r; }
 char* shm_slot(Comm* c, uint32_t call, int32_t r) {
-  const size_t ctl_bytes = (static_cast<size_t>(c->size) * sizeof(ShmCtl) + 4095) / 4096 * 4096;
-  return c->shm + ctl_bytes + ((call % 2) * static_cast<size_t>(c->size) + static_cast<size_t>(r)) * c->shm_slot;
+  return c->shm + shm_control_bytes(c->size) +
+         ((call % 2) * static_cast<size_t>(c->size) + static_cast<size_t>(r)) * c->shm_slot;
 }
 // Whether call number a comes before b (counts wrap around after 2^32 all-reduces).
 bool shm_before(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) < 0; }
@@ -1121,9 +1125,8 @@ keel_status_t setup_shared_memory(Comm* c, keel_kv_store_t* store, const std::st
   if (!c->cross_memory || !c->settings.shared_memory || c->size < 2) return nullptr;
   const SetupStore ss{store, prefix, "gloo: rank " + std::to_string(c->rank) + " of " + std::to_string(c->size),
                       "shared-memory set-up", deadline};
-  const size_t slot = (std::min(inline_capacity(c->size), kShmMaxBytes) + 4095) / 4096 * 4096;
-  const size_t ctl_bytes = (static_cast<size_t>(c->size) * sizeof(ShmCtl) + 4095) / 4096 * 4096;
-  const size_t bytes = ctl_bytes + 2 * static_cast<size_t>(c->size) * slot;
+  const size_t slot = (shm_capacity(c->size) + 4095) / 4096 * 4096;
+  const size_t bytes = shm_control_bytes(c->size) + 2 * static_cast<size_t>(c->size) * slot;
   int fd = -1;
   if (c->rank == 0) {
     fd = static_cast<int>(::syscall(SYS_memfd_create, "keel-gloo-all-reduce", MFD_CLOEXEC));
@@ -1565,7 +1568,7 @@ Algorithm allreduce_algorithm(const Comm* c, size_t bytes) {
   if (a == "mesh-ring") return kAlgoMeshRing;
   if (a == "cross-memory") return c->cross_memory ? kAlgoCrossMemory : kAlgoMeshRing;
   // "direct" or auto
-  if (c->shm && bytes > 0 && bytes <= std::min(inline_capacity(c->size), kShmMaxBytes)) return kAlgoSharedMemory;
+  if (c->shm && bytes > 0 && bytes <= shm_capacity(c->size)) return kAlgoSharedMemory;
   if (bytes <= inline_capacity(c->size) && !(c->cross_memory && bytes > kCrossMemoryMin)) return kAlgoDirect;
   return c->cross_memory ? kAlgoCrossMemory : kAlgoMeshRing;
 }
