@@ -73,9 +73,12 @@
 #include <fstream>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -341,6 +344,13 @@ ReduceFn reduce_fn(int32_t dtype, int32_t op) {
 template <typename T>
 void divide_plain(void* p, size_t n, int32_t d) {
   T* x = static_cast<T*>(p);
+  if constexpr (std::is_floating_point_v<T>) {
+    if ((d & (d - 1)) == 0) {  // a power of two: multiplying by its inverse gives the quotient's bits, ~8x faster
+      const T inv = T(1) / static_cast<T>(d);
+      for (size_t i = 0; i < n; ++i) x[i] *= inv;
+      return;
+    }
+  }
   for (size_t i = 0; i < n; ++i) x[i] = static_cast<T>(x[i] / static_cast<T>(d));
 }
 // AVG: buf[i] /= d.
@@ -603,10 +613,13 @@ keel_status_t transport_failure(Comm* c, const char* what, const std::exception&
   return make_status(code, msg + "; the communicator is broken");
 }
 
-// Runs `body` (which talks to peers) with SIGPIPE blocked, mapping Gloo's exceptions.
+// Runs `body` (which talks to peers) mapping Gloo's exceptions, with SIGPIPE blocked where it may write through Gloo's
+// transport (`through_gloo`). This plugin's own paths (the message mesh sends with MSG_NOSIGNAL, shared and cross
+// memory write no socket) skip the guard's four system calls, which a small all-reduce felt on every step.
 template <typename F>
-keel_status_t guarded(Comm* c, const char* what, F&& body) {
-  SigpipeGuard guard;
+keel_status_t guarded(Comm* c, const char* what, bool through_gloo, F&& body) {
+  std::optional<SigpipeGuard> guard;
+  if (through_gloo) guard.emplace();
   int32_t waited_on = -1;
   try {
     return body(&waited_on);
@@ -616,6 +629,10 @@ keel_status_t guarded(Comm* c, const char* what, F&& body) {
     c->broken = std::string("gloo: ") + what + ": unknown exception";
     return make_status(KEEL_STATUS_INTERNAL, c->broken);
   }
+}
+template <typename F>
+keel_status_t guarded(Comm* c, const char* what, F&& body) {
+  return guarded(c, what, true, std::forward<F>(body));
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1697,7 +1714,7 @@ keel_status_t c_all_reduce(void*, keel_communicator_t comm, const void* send, vo
   const Algorithm algo = allreduce_algorithm(c, bytes);
   const Header h{kAllReduce, static_cast<int64_t>(count), dtype, op, algo, bad.empty() ? 0 : 1};
   const uint32_t tag = c->tag++;
-  return guarded(c, "all_reduce", [&](int32_t*) -> keel_status_t {
+  return guarded(c, "all_reduce", algo == kAlgoBcube || algo == kAlgoRing, [&](int32_t*) -> keel_status_t {
     if (c->size > 1 && count > 0 && bad.empty() && algo == kAlgoSharedMemory) {
       return shm_all_reduce(c, h, send, recv, bytes, static_cast<size_t>(count), fn,
                             op == KEEL_REDUCE_AVG ? dtype : static_cast<int32_t>(KEEL_DTYPE_UNDEFINED));
@@ -1930,7 +1947,7 @@ keel_status_t c_barrier(void*, keel_communicator_t comm, keel_stream_t) {
   KEEL_GLOO_PROLOGUE("barrier");
   const Header h{kBarrier, 0, 0, 0, 0, 0};
   ++c->tag;
-  return guarded(c, "barrier", [&](int32_t*) { return exchange_headers(c, h, ""); });
+  return guarded(c, "barrier", /*through_gloo=*/false, [&](int32_t*) { return exchange_headers(c, h, ""); });
 }
 
 // ---------------------------------------------------------------------------------------------------------------
