@@ -20,6 +20,7 @@
 
 #include "common/common.h"
 #include "common/lanes.h"
+#include "common/team.h"
 #include "steps/convpool.h"
 #include "steps/pool_arg.h"
 
@@ -91,8 +92,7 @@ __attribute__((target("avx512f"))) void stem_conv_f32(const float* xp, const flo
 // three times its f32 reorder of the pooled values).
 void blocked16_to_plain(const uint8_t* src, uint8_t* dst, int64_t n, int64_t m, int64_t hw) {
   const int64_t blocks = m / 16;
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < n * blocks; ++t) {
+  parallel_for(n * blocks, [&](int64_t t) {
     const uint8_t* s = src + t * hw * 16;
     uint8_t* d = dst + t * 16 * hw;
     int64_t q = 0;
@@ -122,7 +122,7 @@ void blocked16_to_plain(const uint8_t* src, uint8_t* dst, int64_t n, int64_t m, 
     }
     for (int64_t j = 0; j < 16; ++j)
       for (int64_t p = q; p < hw; ++p) d[j * hw + p] = s[p * 16 + j];
-  }
+  });
 }
 
 // The whole convolution (x [N, C, H, W], w [M, C, KH, KW], pads {top, left, bottom, right}) into y [N, M, OH, OW];
@@ -159,8 +159,7 @@ void stem_conv(const float* x, const float* w, const float* bias, float* y, cons
       for (int64_t tap = 0; tap < per_m; ++tap)
         packed[static_cast<size_t>(t * 8 * per_m + tap * 8 + b)] = w[(t * 8 + b) * per_m + tap];
   const int64_t plane = OH * OW;
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < N * per_n; ++t) {
+  parallel_for(N * per_n, [&](int64_t t) {
     const int64_t n = t / per_n, r = t % per_n, m0 = r < blocks ? r * 8 : blocks * 8 + (r - blocks);
     const int64_t planes = r < blocks ? 8 : 1;
     thread_local std::vector<float> own;
@@ -175,7 +174,7 @@ void stem_conv(const float* x, const float* w, const float* bias, float* y, cons
       const int64_t out = (n * M + m0) * ps.oh * ps.ow;
       pool_arg_forward_here(ps, dst, pooled + out, arg ? arg + out : nullptr);
     }
-  }
+  });
 }
 
 using dt = dnnl::memory::data_type;

@@ -9,6 +9,7 @@
 
 #include "common/plain.h"
 #include "common/pool2x2.h"
+#include "common/team.h"
 #include "steps/silu.h"  // has_avx512f
 
 namespace keel::onednn {
@@ -179,12 +180,11 @@ class PoolKernel : public PlainKernel {
     const float* xp = static_cast<const float*>(c.input(0)->data);
     float* yp = static_cast<float*>(out->data);
     const int64_t rows = N * C * OH;
-#pragma omp parallel for schedule(static)
-    for (int64_t row = 0; row < rows; ++row) {
+    parallel_for(rows, [&](int64_t row) {
       const int64_t nc = row / OH, oh = row % OH;
       const float* r0 = xp + (nc * H + 2 * oh) * W;
       max_pool2x2_row_f32(r0, r0 + W, yp + row * OW, OW);
-    }
+    });
   }
 
  protected:

@@ -18,6 +18,7 @@
 #include "common/common.h"
 #include "common/lanes.h"
 #include "common/pool2x2.h"
+#include "common/team.h"
 #include "steps/pool_arg.h"
 
 namespace keel::onednn {
@@ -310,11 +311,10 @@ PooledDwFn pooled_dw_fn(int64_t KH, int64_t KW) {
 
 // e[row][o][t][l] = xp_row[o + 2 (16 t + l)] for each of the `rows` rows of xp (WP wide), offsets o in [0, O), tiles
 // t of 16 (T of them): lanes whose source is past the row are 0.
-__attribute__((target("avx512f"))) void stride2_rows(const float* xp, float* e, int64_t rows, int64_t WP, int64_t O,
-                                                     int64_t T) {
+__attribute__((target("avx512f"))) void stride2_row_range(const float* xp, float* e, int64_t r0, int64_t r1, int64_t WP,
+                                                          int64_t O, int64_t T) {
   const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r)
+  for (int64_t r = r0; r < r1; ++r)
     for (int64_t o = 0; o < O; ++o)
       for (int64_t t = 0; t < T; ++t) {
         const int64_t base = o + 32 * t, left = WP - base;
@@ -323,6 +323,10 @@ __attribute__((target("avx512f"))) void stride2_rows(const float* xp, float* e, 
         const __m512 hi = _mm512_maskz_loadu_ps(first_lanes(left - 16), src + 16);
         _mm512_storeu_ps(e + ((r * O + o) * T + t) * 16, _mm512_permutex2var_ps(lo, even, hi));
       }
+}
+void stride2_rows(const float* xp, float* e, int64_t rows, int64_t WP, int64_t O, int64_t T) {
+  split_over_team(rows, omp_get_max_threads(),
+                  [&](int64_t, int64_t r0, int64_t r1) { stride2_row_range(xp, e, r0, r1, WP, O, T); });
 }
 
 #pragma GCC diagnostic pop
@@ -563,11 +567,10 @@ class ConvGradKernel : public Kernel {
     const PooledDwFn pair = pooled_dw_fn<2>(KH, KW), one = pooled_dw_fn<1>(KH, KW);
     const int64_t pairs = M / 2;
     const bool relu = relu_;
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < pairs + M % 2; ++t) {
+    parallel_for(pairs + M % 2, [&](int64_t t) {
       if (t < pairs) pair(g, pv, at, e, dw, db, 2 * t, N, M, C, PH, PW, HP, relu);
       else one(g, pv, at, e, dw, db, M - 1, N, M, C, PH, PW, HP, relu);
-    }
+    });
   }
 
   void direct_weights_grad(const void* dyp, const keel_tensor_t* xt, keel_tensor_t* dwt, keel_tensor_t* dbt,
@@ -591,11 +594,10 @@ class ConvGradKernel : public Kernel {
                                      conv_dw_channels_f32<7, 1>};
     const int64_t MB = KW <= 3 ? 4 : 2, blocks = M / MB;
     const Fn blocked = kBlocked[KW - 1], single = kSingle[KW - 1];
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < blocks + M % MB; ++t) {
+    parallel_for(blocks + M % MB, [&](int64_t t) {
       if (t < blocks) blocked(g, xp, dw, db, t * MB, N, M, C, KH, OH, OW, HP, WP);
       else single(g, xp, dw, db, blocks * MB + (t - blocks), N, M, C, KH, OH, OW, HP, WP);
-    }
+    });
   }
 
   void bias_sum(const void* dy, keel_tensor_t* db, const Dims& d) const {
@@ -931,16 +933,20 @@ class ReluGradKernel : public Kernel {
       const uint32_t* dy = c.data<uint32_t>(0);
       const int32_t* y = c.data<int32_t>(1);
       uint32_t* dx = out_ptr<uint32_t>(o);
-#pragma omp parallel for simd schedule(static) if (n > 65536)
-      for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] & (0u - static_cast<uint32_t>((y[i] > 0) & (y[i] <= 0x7f800000)));
+      split_over_team(n, n > 65536 ? omp_get_max_threads() : 1, [&](int64_t, int64_t b, int64_t e) {
+#pragma omp simd
+        for (int64_t i = b; i < e; ++i) dx[i] = dy[i] & (0u - static_cast<uint32_t>((y[i] > 0) & (y[i] <= 0x7f800000)));
+      });
     } else {
       const uint16_t* dy = c.data<uint16_t>(0);
       const uint16_t* y = c.data<uint16_t>(1);
       uint16_t* dx = out_ptr<uint16_t>(o);
       // bf16 y > 0: sign bit clear and not +0.
-#pragma omp parallel for simd schedule(static) if (n > 65536)
-      for (int64_t i = 0; i < n; ++i)
-        dx[i] = static_cast<uint16_t>(dy[i] & -static_cast<uint16_t>(static_cast<int16_t>(y[i]) > 0));
+      split_over_team(n, n > 65536 ? omp_get_max_threads() : 1, [&](int64_t, int64_t b, int64_t e) {
+#pragma omp simd
+        for (int64_t i = b; i < e; ++i)
+          dx[i] = static_cast<uint16_t>(dy[i] & -static_cast<uint16_t>(static_cast<int16_t>(y[i]) > 0));
+      });
     }
   }
 
@@ -997,8 +1003,7 @@ class MaxPoolGradKernel : public Kernel {
   template <class T>
   void go2x2(const T* dy, const T* x, T* dx, const Dims& xd, const Dims& yd) const {
     const int64_t NC = xd[0] * xd[1], H = xd[2], W = xd[3], OH = yd[2], OW = yd[3];
-#pragma omp parallel for schedule(static)
-    for (int64_t nc = 0; nc < NC; ++nc) {
+    parallel_for(NC, [&](int64_t nc) {
       const T* xp = x + nc * H * W;
       const T* gp = dy + nc * OH * OW;
       T* dp = dx + nc * H * W;
@@ -1040,7 +1045,7 @@ class MaxPoolGradKernel : public Kernel {
         }
       }
       if (H > 2 * OH) std::memset(dp + (H - 1) * W, 0, sizeof(T) * W);
-    }
+    });
   }
 
   template <class T>
@@ -1049,8 +1054,7 @@ class MaxPoolGradKernel : public Kernel {
       return go2x2(dy, x, dx, xd, yd);
     const int64_t NC = xd[0] * xd[1], H = xd[2], W = xd[3], OH = yd[2], OW = yd[3];
     const bool tiled = g_.kh == g_.sh && g_.kw == g_.sw;  // windows do not overlap: every dX cell written once
-#pragma omp parallel for schedule(static)
-    for (int64_t nc = 0; nc < NC; ++nc) {
+    parallel_for(NC, [&](int64_t nc) {
       const T* xp = x + nc * H * W;
       const T* gp = dy + nc * OH * OW;
       T* dp = dx + nc * H * W;
@@ -1081,7 +1085,7 @@ class MaxPoolGradKernel : public Kernel {
           }
         }
       }
-    }
+    });
   }
   int32_t dtype_ = KEEL_DTYPE_F32;
   Pool2d g_{};
@@ -1149,12 +1153,11 @@ class EltPoolBf16Kernel : public Kernel {
     if (rows * OW == 0) return;
     const auto* xp = static_cast<const uint16_t*>(c.input(0)->data);
     auto* yp = static_cast<uint16_t*>(out->data);
-#pragma omp parallel for schedule(static)
-    for (int64_t row = 0; row < rows; ++row) {
+    parallel_for(rows, [&](int64_t row) {
       const int64_t nc = row / OH, oh = row % OH;
       const uint16_t* r0 = xp + (nc * H + 2 * oh) * W;
       max_pool2x2_row_bf16(r0, r0 + W, yp + row * OW, OW);
-    }
+    });
   }
 
   bool pool_;

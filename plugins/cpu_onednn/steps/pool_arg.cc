@@ -261,8 +261,7 @@ bool read_pool_window(const std::vector<int64_t>& kernel, const std::vector<int6
 
 void pool_arg_forward(const PoolArgShape& s, const float* src, float* dst, uint8_t* arg) {
   const int64_t planes = s.n * s.blocks();
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < planes; ++t) forward_planes(s, src, dst, arg, t, t + 1);
+  parallel_for(planes, [&](int64_t t) { forward_planes(s, src, dst, arg, t, t + 1); });
 }
 
 void pool_arg_forward_here(const PoolArgShape& s, const float* src, float* dst, uint8_t* arg) {
@@ -273,15 +272,14 @@ void pool_arg_backward(const PoolArgShape& s, const float* g, const float* p, co
                        float* dx) {
   const bool avx = have_avx512() && (s.block == 16 || plain2x2(s));
   const int64_t planes = s.n * s.blocks(), in = s.h * s.w * s.block, out = s.oh * s.ow * s.block;
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < planes; ++t) {
+  parallel_for(planes, [&](int64_t t) {
     const float* pt = relu ? p + t * out : nullptr;
     if (!avx) backward_any(s, g + t * out, pt, arg + t * out, relu, dx + t * in);
     else if (s.block == 16 && s.sh == s.kh && s.sw == s.kw)
       backward16_tiled(s, g + t * out, pt, arg + t * out, relu, dx + t * in);
     else if (s.block == 16) backward16(s, g + t * out, pt, arg + t * out, relu, dx + t * in);
     else backward_plain2x2(s, g + t * out, pt, arg + t * out, relu, dx + t * in);
-  }
+  });
   _mm_sfence();  // the streaming stores are visible before whoever reads dx next
 }
 
