@@ -1984,6 +1984,29 @@ void add_chain_cases(std::vector<OpCase>& v) {
     v.push_back(c);
   }
   {
+    // The same steps from 4 MiB of weights: ResNet-18's layer4.0 stride-2 3x3 (256 -> 512, 4.5 MiB) + Relu, then
+    // ResNet-50's later layer4 1x1s (2048 x 512, 4 MiB each: 2048 -> 512 + Relu, 512 -> 2048 + residual + Relu).
+    OpCase c;
+    c.op = "Chain";
+    c.claim_whole = true;
+    c.label =
+        "resnet-18 layer4.0 3x3 and resnet-50 layer4.1 1x1s at batch 1: 7x7 convolutions with 4-4.5 MiB of weights";
+    c.inputs = {in("X", {1, 256, 14, 14}), in("W0", {512, 256, 3, 3}, true, -0.03f, 0.03f),
+                in("B0", {512}, true),     in("W1", {2048, 512, 1, 1}, true, -0.06f, 0.06f),
+                in("B1", {2048}, true),    in("W2", {512, 2048, 1, 1}, true, -0.03f, 0.03f),
+                in("B2", {512}, true),     in("W3", {2048, 512, 1, 1}, true, -0.06f, 0.06f)};
+    c.chain = {conv({"X", "W0", "B0"}, 3, 2, 1),  // [1,512,7,7]
+               {"Relu", {"$0"}, {}},
+               conv({"$1", "W1", "B1"}, 1, 1, 0),  // [1,2048,7,7]
+               {"Relu", {"$2"}, {}},
+               conv({"$3", "W2", "B2"}, 1, 1, 0),  // [1,512,7,7]
+               {"Relu", {"$4"}, {}},
+               conv({"$5", "W3"}, 1, 1, 0),
+               {"Add", {"$6", "$3"}, {}},
+               {"Relu", {"$7"}, {}}};
+    v.push_back(c);
+  }
+  {
     // SqueezeNet's fire module then its 3x3 / stride-2 max pooling (ceil mode adds no window here): at 2+ threads the
     // oneDNN device's own pooling split by output rows (steps/pool_arg.h's pool_max16_rows), over the concatenated
     // expands in nChw16c, at batch 2; then a 2x2 / stride-2 pooling of a 1x1's output, and one at stride 1.

@@ -354,7 +354,7 @@ void Builder::conv(size_t i) {
   // weights as the chain's own few-row product (conv_skinny). Not the 3x3s Winograd takes (fewer multiply-adds).
   if (!wino && sp == 2 && g == 1 && N == 1 && s[0] == s[1] && d[0] == d[1] && chan_scale.empty() &&
       y[2] * y[3] >= kSkinnyMinRows && y[2] * y[3] <= kSkinnyGemmMaxRows &&
-      C * M * prod(ks) * static_cast<int64_t>(sizeof(float)) >= kSkinnyMinWeightBytes) {
+      C * M * prod(ks) * static_cast<int64_t>(sizeof(float)) >= kSkinnyConvMinWeightBytes) {
     Im2RowShape rows;
     rows.oh = y[2], rows.ow = y[3];
     Im2RowPart& p = rows.part[0];

@@ -415,8 +415,9 @@ bool Builder::conv_grouped4(size_t i, const Fusion& f, const std::string& src, c
   return true;
 }
 
-// A convolution over 32 to 64 output pixels with at least 8 MiB of constant weights (ResNet-50's layer4.0 at batch 1:
-// the stride-2 3x3, 9.4 MB, and the bottleneck end merged with its projection, 12.6 MB) and at most a residual sum
+// A convolution over 32 to 64 output pixels with at least 4 MiB of constant weights (ResNet-50's layer4 at batch 1: the
+// stride-2 3x3, 9.4 MB, the bottleneck end merged with its projection, 12.6 MB, the later 1x1s, 4.2 MB; ResNet-18's
+// stride-2 3x3 in layer4.0, 4.7 MB) and at most a residual sum
 // and a Relu after it, as the product of its windows and its weights: the windows gathered into rows (steps/im2row.h,
 // each part's source read where it is when nhwc or nChw16c, else reordered to nChw16c first), then the chain's
 // few-row product (steps/skinny_gemm.h) writing the nChw16c output. oneDNN ran these at 67% / 76% of the FMA peak at
@@ -432,7 +433,7 @@ bool Builder::conv_skinny(size_t i, const Fusion& f, Im2RowShape rows, const std
   SkinnyGemmShape s;
   s.m = rows.oh * rows.ow, s.k = rows.row_floats(), s.n = M, s.sum = sum, s.relu = relu, s.y_blocked16 = true;
   if (!skinny_gemm_check(s).empty() || s.m < kSkinnyMinRows ||
-      s.k * s.n * static_cast<int64_t>(sizeof(float)) < kSkinnyMinWeightBytes)
+      s.k * s.n * static_cast<int64_t>(sizeof(float)) < kSkinnyConvMinWeightBytes)
     return false;
   if (static_cast<int>(srcs.size()) != rows.parts || w.size() != static_cast<size_t>(s.k * s.n) ||
       bias.size() != static_cast<size_t>(M))
