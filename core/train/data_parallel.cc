@@ -357,8 +357,11 @@ Status DataParallel::build_buckets(const std::vector<size_t>& order, const std::
         bk.offsets.push_back(n);
         n += (params_[i].numel() + align - 1) / align * align;
       }
-      bk.flat = eager::zeros({n}, wire, first.device());
+      bk.numel = n;
+      bk.wire = wire;
+      bk.device = first.device();
       const Location& at = first.data().location();
+      bk.host = at.is_host();
       bk.on_comm_stream =
           comm_device_ && at.device_type == comm_device_->type() && at.device_index == comm_device_->index();
       if (bk.on_comm_stream) {
@@ -404,14 +407,25 @@ void DataParallel::launch_ready_buckets() {
 }
 
 void DataParallel::launch(Bucket& b) {
-  // Copy the bucket's gradients into its buffer (zeros for a parameter without a gradient in this step).
+  // This step's buffer, fresh (the last step's lives on in the .grad views handed out): the padding between the
+  // slices zeroed (in host memory directly; a device buffer is zeroed whole, one memset there), then the bucket's
+  // gradients copied in (zeros for a parameter without a gradient in this step).
+  b.flat = b.host ? eager::empty({b.numel}, b.wire, b.device) : eager::zeros({b.numel}, b.wire, b.device);
+  if (b.host) {
+    char* base = static_cast<char*>(b.flat.data().raw_data());
+    const size_t esize = dtype_size(b.wire);
+    for (size_t k = 0; k < b.params.size(); ++k) {
+      const int64_t end = b.offsets[k] + params_[b.params[k]].numel();
+      const int64_t next = k + 1 < b.params.size() ? b.offsets[k + 1] : b.numel;
+      if (next > end) std::memset(base + end * esize, 0, static_cast<size_t>(next - end) * esize);
+    }
+  }
   for (size_t k = 0; k < b.params.size(); ++k) {
     const Tensor& p = params_[b.params[k]];
     Tensor slice = flat_view(b.flat, b.offsets[k], p.shape());
     const Tensor g = p.grad();
     slice.copy_(g.defined() ? g : eager::zeros(p.shape(), p.dtype(), p.device()));
   }
-  b.out = eager::empty(b.flat.shape(), b.flat.dtype(), b.flat.device());  // the all-reduce writes every element
   if (b.on_comm_stream) {
     Status st = comm_device_->record_event(b.filled, nullptr);
     if (!st.is_ok()) throw eager::Error(st.with_context("DataParallel: bucket event"));
@@ -437,8 +451,8 @@ void DataParallel::run_bucket(Bucket* b) {
   const keel_stream_t stream = b->on_comm_stream ? comm_stream_.get() : nullptr;
   Status st = b->on_comm_stream ? comm_device_->wait_event(stream, b->filled) : Status::ok();
   if (st.is_ok())
-    st = comm_.all_reduce(b->flat.data().raw_data(), b->out.data().raw_data(), static_cast<uint64_t>(b->flat.numel()),
-                          b->flat.dtype(), KEEL_REDUCE_AVG, stream);
+    st = comm_.all_reduce(b->flat.data().raw_data(), b->flat.data().raw_data(),  // in place
+                          static_cast<uint64_t>(b->flat.numel()), b->flat.dtype(), KEEL_REDUCE_AVG, stream);
   if (st.is_ok() && b->on_comm_stream) st = comm_device_->record_event(b->reduced, stream);
   const double dt = seconds_since(t0);
   bool more = false;
@@ -490,7 +504,7 @@ void DataParallel::reset_step() {
     b.pending = b.params.size();
     b.launched = false;
     b.done = false;
-    b.out = Tensor();  // the .grad views keep it alive as long as they are used
+    b.flat = Tensor();  // the .grad views keep it alive as long as they are used
   }
   std::fill(ready_.begin(), ready_.end(), false);
   next_launch_ = 0;
@@ -552,10 +566,10 @@ Status DataParallel::finish() {
     // Each parameter's .grad becomes a view of its slice of the averaged buffer (back in the parameters' dtype when
     // it travelled compressed).
     for (auto& b : buckets_) {
-      stats_.bytes += b.out.data().byte_size();
+      stats_.bytes += b.flat.data().byte_size();
       ++stats_.all_reduces;
       const DType own = params_[b.params.front()].dtype();
-      const Tensor averaged = b.out.dtype() == own ? b.out : b.out.to(own);
+      const Tensor averaged = b.flat.dtype() == own ? b.flat : b.flat.to(own);
       for (size_t k = 0; k < b.params.size(); ++k) {
         Tensor& p = params_[b.params[k]];
         p.set_grad(flat_view(averaged, b.offsets[k], p.shape()));

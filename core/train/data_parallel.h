@@ -21,11 +21,12 @@
 //                                       default stream waits for them on the device, not the host.
 //
 // Buckets: gradients are grouped, in reverse parameter order (backward's usual order), into flat buffers of at most
-// bucket_cap_mb (25 MiB; a larger parameter gets a bucket of its own; a bucket holds one dtype and device). Each
-// bucket owns one flat buffer for its whole life (allocated when the buckets are built; every parameter's slice starts
-// at a 64-byte boundary, the padding stays zero), so a step costs one copy per gradient into it; the all-reduce
-// averages (KEEL_REDUCE_AVG) from it into a fresh buffer, and after finish() the parameters' .grad are views into
-// that (so a .grad kept by the caller is never overwritten by a later step).
+// bucket_cap_mb (25 MiB; a larger parameter gets a bucket of its own; a bucket holds one dtype and device). Each step a
+// bucket takes a fresh flat buffer from its device's pool (every parameter's slice starting at a 64-byte boundary, the
+// padding zeroed), so a step costs one copy per gradient into it; the all-reduce averages (KEEL_REDUCE_AVG) it in
+// place, and after finish() the parameters' .grad are views into it (so a .grad kept by the caller is never
+// overwritten by a later step). The gradients thus take twice their size at most, the autograd ones and the buffers
+// (torch DDP's default; three times before the buffers were averaged in place).
 // With grad_compress (bf16 / f16) the buffers hold that dtype: each gradient is rounded into its slice, and finish()
 // casts the averaged buffer back to the parameters' dtype (one more pass) before handing out the views.
 // After the second synchronised step (the first one creates kernels, so its timing is not typical) the buckets are
@@ -178,17 +179,22 @@ class DataParallel {
  private:
   struct Bucket {
     std::vector<size_t> params;
-    std::vector<int64_t> offsets;  // element offset of each parameter's slice in flat (64-byte aligned)
-    size_t pending = 0;            // gradients not yet ready in this step
+    std::vector<int64_t> offsets;    // element offset of each parameter's slice in flat (64-byte aligned)
+    int64_t numel = 0;               // flat's elements, padding included
+    DType wire = DType::kUndefined;  // flat's dtype (grad_compress applied)
+    std::string device;              // flat's device
+    bool host = true;                // flat is in host memory
+    size_t pending = 0;              // gradients not yet ready in this step
     bool launched = false;
-    Tensor flat;  // the bucket's gradient buffer (owned for the bucket's life), the all-reduce's input
-    Tensor out;   // this step's averaged gradients (a fresh buffer per step; the .grad views point into it)
+    // This step's buffer (a fresh one each step, from the device's pool): the gradients copied in, then averaged in
+    // place by the all-reduce; the .grad views finish() hands out point into it.
+    Tensor flat;
     // Set by the communication thread under mu_.
     bool done = false;
     Status status;
-    // On the communication stream (below): recorded on the device's default stream once the bucket is filled and
-    // `out` allocated (the all-reduce waits for it), and on the communication stream after the all-reduce (the
-    // default stream waits for it in finish()).
+    // On the communication stream (below): recorded on the device's default stream once the bucket is filled (the
+    // all-reduce waits for it), and on the communication stream after the all-reduce (the default stream waits for
+    // it in finish()).
     bool on_comm_stream = false;
     hal::Event filled, reduced;
   };
