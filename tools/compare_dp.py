@@ -15,7 +15,9 @@ and prints per round the last epoch's images per second of each; ranks / alone (
 of the CPUs alone); together / alone (the host's ceiling for independent processes); lockstep / alone, N times the
 slowest CPU's throughput in `together` (synchronous data parallelism waits for the slowest rank at every step, so this
 bounds it on a host whose CPUs differ); ranks / together (what data parallelism keeps of the ceiling: communication
-and waiting); and the ranks' work per step. Then the medians over rounds.
+and waiting); and the ranks' work per step. Then the medians over rounds, and over the even ones (the CPUs alone and
+together within --even-within of each other, and each CPU together within it of its alone: on a virtual machine whose
+CPUs change speed, the rounds that measure the code rather than the host).
 
   tools/compare_dp.py --model simple --rounds 4
   tools/compare_dp.py --model lenet --rounds 2 --epochs 1 --peer-ddp
@@ -97,6 +99,10 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--nproc", type=int, default=0, help="ranks (default: this process' CPUs)")
     ap.add_argument("--peer-ddp", action="store_true", help="also PyTorch DDP on Gloo in every round")
+    ap.add_argument("--even-within", type=float, default=0.10,
+                    help="a round is even when its CPUs' throughputs alone, and together, are within this fraction of "
+                         "each other and each CPU's together within it of its alone (default 0.10); the summary adds "
+                         "the median over even rounds")
     ap.add_argument("--json", help="write every round's numbers here")
     a = ap.parse_args()
     cpus = sorted(os.sched_getaffinity(0))
@@ -124,6 +130,9 @@ def main():
         row["together_over_alone"] = sum(row["together"]) / mean_alone
         row["ranks_over_together"] = row["ranks"] / sum(row["together"])
         row["lockstep_over_alone"] = n * min(row["together"]) / mean_alone
+        spread = lambda v: max(v) / min(v) - 1
+        row["even"] = (spread(row["alone"]) <= a.even_within and spread(row["together"]) <= a.even_within and
+                       all(t >= (1 - a.even_within) * s for t, s in zip(row["together"], row["alone"])))
         rows.append(row)
         work = f", work per step {row['work_ms'][0]:.2f}-{row['work_ms'][1]:.2f} ms" if row.get("work_ms") else ""
         peer = (f"; PyTorch DDP {row['ddp']:.0f} img/s (epoch {row['ddp_epoch_s']:.2f} s, Keel's ranks "
@@ -132,12 +141,24 @@ def main():
               f"together {' + '.join(f'{v:.0f}' for v in row['together'])}, {n} ranks {row['ranks']:.0f}; "
               f"ranks/alone {row['ranks_over_alone']:.2f}x, together/alone {row['together_over_alone']:.2f}x, "
               f"lockstep/alone {row['lockstep_over_alone']:.2f}x, "
-              f"ranks/together {row['ranks_over_together']:.2f}{work}{peer}", flush=True)
-    med = lambda k: statistics.median(r[k] for r in rows)
-    print(f"median over {len(rows)} round(s): {n} ranks / 1 process {med('ranks_over_alone'):.2f}x; "
-          f"{n} independent processes / 1 process {med('together_over_alone'):.2f}x (the host's ceiling; "
-          f"{med('lockstep_over_alone'):.2f}x at the slowest CPU's pace); "
-          f"ranks keep {med('ranks_over_together'):.2f} of it")
+              f"ranks/together {row['ranks_over_together']:.2f}{work}{peer}"
+              f"{'' if row['even'] else f' (uneven: CPUs, or a CPU alone and together, differ by over {a.even_within:.0%})'}",
+              flush=True)
+
+    def summary(label, rs):
+        med = lambda k: statistics.median(r[k] for r in rs)
+        print(f"median over {label}: {n} ranks / 1 process {med('ranks_over_alone'):.2f}x; "
+              f"{n} independent processes / 1 process {med('together_over_alone'):.2f}x (the host's ceiling; "
+              f"{med('lockstep_over_alone'):.2f}x at the slowest CPU's pace); "
+              f"ranks keep {med('ranks_over_together'):.2f} of it")
+
+    summary(f"{len(rows)} round(s)", rows)
+    even = [r for r in rows if r["even"]]
+    if even and len(even) < len(rows):
+        summary(f"the {len(even)} even round(s)", even)
+    elif not even:
+        print(f"no even round (every one had CPUs, or a CPU alone and together, {a.even_within:.0%} or more apart): "
+              "the host's speed moved during the measurement; try again later")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
