@@ -135,15 +135,14 @@ def main():
                        all(t >= (1 - a.even_within) * s for t, s in zip(row["together"], row["alone"])))
         rows.append(row)
         work = f", work per step {row['work_ms'][0]:.2f}-{row['work_ms'][1]:.2f} ms" if row.get("work_ms") else ""
+        uneven = "" if row["even"] else f" (uneven: CPUs, or a CPU alone and together, differ by over {a.even_within:.0%})"
         peer = (f"; PyTorch DDP {row['ddp']:.0f} img/s (epoch {row['ddp_epoch_s']:.2f} s, Keel's ranks "
                 f"{row['ranks'] / row['ddp']:.2f}x its throughput)" if row.get("ddp") else "")
         print(f"round {r}: alone {' / '.join(f'{v:.0f}' for v in row['alone'])} (CPU {' / '.join(map(str, cpus))}), "
               f"together {' + '.join(f'{v:.0f}' for v in row['together'])}, {n} ranks {row['ranks']:.0f}; "
               f"ranks/alone {row['ranks_over_alone']:.2f}x, together/alone {row['together_over_alone']:.2f}x, "
               f"lockstep/alone {row['lockstep_over_alone']:.2f}x, "
-              f"ranks/together {row['ranks_over_together']:.2f}{work}{peer}"
-              f"{'' if row['even'] else f' (uneven: CPUs, or a CPU alone and together, differ by over {a.even_within:.0%})'}",
-              flush=True)
+              f"ranks/together {row['ranks_over_together']:.2f}{work}{peer}{uneven}", flush=True)
 
     def summary(label, rs):
         med = lambda k: statistics.median(r[k] for r in rs)

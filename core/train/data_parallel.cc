@@ -358,10 +358,7 @@ Status DataParallel::build_buckets(const std::vector<size_t>& order, const std::
         n += (params_[i].numel() + align - 1) / align * align;
       }
       bk.numel = n;
-      bk.wire = wire;
-      bk.device = first.device();
       const Location& at = first.data().location();
-      bk.host = at.is_host();
       bk.on_comm_stream =
           comm_device_ && at.device_type == comm_device_->type() && at.device_index == comm_device_->index();
       if (bk.on_comm_stream) {
@@ -410,10 +407,13 @@ void DataParallel::launch(Bucket& b) {
   // This step's buffer, fresh (the last step's lives on in the .grad views handed out): the padding between the
   // slices zeroed (in host memory directly; a device buffer is zeroed whole, one memset there), then the bucket's
   // gradients copied in (zeros for a parameter without a gradient in this step).
-  b.flat = b.host ? eager::empty({b.numel}, b.wire, b.device) : eager::zeros({b.numel}, b.wire, b.device);
-  if (b.host) {
+  const Tensor& first = params_[b.params.front()];
+  const DType wire = wire_dtype(first.dtype());
+  const bool host = first.data().location().is_host();
+  b.flat = host ? eager::empty({b.numel}, wire, first.device()) : eager::zeros({b.numel}, wire, first.device());
+  if (host) {
     char* base = static_cast<char*>(b.flat.data().raw_data());
-    const size_t esize = dtype_size(b.wire);
+    const size_t esize = dtype_size(wire);
     for (size_t k = 0; k < b.params.size(); ++k) {
       const int64_t end = b.offsets[k] + params_[b.params[k]].numel();
       const int64_t next = k + 1 < b.params.size() ? b.offsets[k + 1] : b.numel;

@@ -179,12 +179,9 @@ class DataParallel {
  private:
   struct Bucket {
     std::vector<size_t> params;
-    std::vector<int64_t> offsets;    // element offset of each parameter's slice in flat (64-byte aligned)
-    int64_t numel = 0;               // flat's elements, padding included
-    DType wire = DType::kUndefined;  // flat's dtype (grad_compress applied)
-    std::string device;              // flat's device
-    bool host = true;                // flat is in host memory
-    size_t pending = 0;              // gradients not yet ready in this step
+    std::vector<int64_t> offsets;  // element offset of each parameter's slice in flat (64-byte aligned)
+    int64_t numel = 0;             // flat's elements, padding included
+    size_t pending = 0;            // gradients not yet ready in this step
     bool launched = false;
     // This step's buffer (a fresh one each step, from the device's pool): the gradients copied in, then averaged in
     // place by the all-reduce; the .grad views finish() hands out point into it.
