@@ -29,8 +29,10 @@
 namespace keel::onednn {
 namespace {
 
-constexpr int kTile = 14;                 // pixels per register tile of the expansion (14 x 2 accumulators)
-constexpr int64_t kMinRowsPerThread = 7;  // fewer: the team splits channel groups instead of rows
+constexpr int kTile = 14;                             // pixels per register tile of the expansion (14 x 2 accumulators)
+constexpr int64_t kMinRowsPerThread = 7;              // fewer: the team splits channel groups instead of rows
+constexpr int64_t kAtOnceMinWeightBytes = 640 << 10;  // rows at once: the two 1x1s' weights more than this,
+constexpr int64_t kAtOnceMaxOutBytes = 512 << 10;     // the image's depthwise output at most this
 
 int64_t blocks_of(int64_t c) { return (c + 15) / 16; }
 int64_t padded_m(const ExpandDwShape& s) { return 16 * blocks_of(s.m); }
@@ -404,16 +406,17 @@ void stem_row(const ExpandDwShape& s, const float* src, const Packed& p, int64_t
   }
 }
 
-// Expanded row iy of image img, channel group g, into ring slot `row` ([m/16][w+2p][16], columns p..p+w-1).
+// Expanded row iy of image img, channel group g, into ring slot `row` ([m/16][w+2p][16], columns p..p+w-1), the
+// group's channels where group `at` (>= 0; else g) lies in it.
 void expand_row(const ExpandDwShape& s, const float* src, const Packed& p, int64_t img, int64_t iy, int64_t g,
-                float* row, float* buf) {
-  if (s.stem) return stem_row(s, src, p, img, iy, g, row, buf);
+                float* row, float* buf, int64_t at = -1) {
+  if (s.stem) return stem_row(s, src, p, img, iy, g, row, buf);  // (never with `at`)
   const int64_t cb = blocks_of(s.c), wp = ring_width(s);
   if (s.bf16) {
     const uint16_t* in = reinterpret_cast<const uint16_t*>(src) + (img * cb * s.h + iy) * s.w * 16;
     const int nv = static_cast<int>(group_width(padded_m(s), g) / 16);
     const uint16_t* U = p.u16 + 32 * s.c * g;
-    float* out = row + (2 * g * wp + pad_of(s)) * 16;
+    float* out = row + (2 * (at < 0 ? g : at) * wp + pad_of(s)) * 16;
     for (int64_t x0 = 0; x0 < s.w; x0 += kTile) {
       const int t = static_cast<int>(std::min<int64_t>(kTile, s.w - x0));
       expand_bf16_fn(t, nv)(in + x0 * 16, s.h * s.w * 16, s.c, U, p.b1 + 32 * g, s.act1, out + x0 * 16, wp * 16,
@@ -424,7 +427,7 @@ void expand_row(const ExpandDwShape& s, const float* src, const Packed& p, int64
   const float* in = src + (img * cb * s.h + iy) * s.w * 16;
   const int nv = static_cast<int>(group_width(padded_m(s), g) / 16);
   const float* U = p.u + 32 * s.c * g;  // groups before g are all 32 wide
-  float* out = row + (2 * g * wp + pad_of(s)) * 16;
+  float* out = row + (2 * (at < 0 ? g : at) * wp + pad_of(s)) * 16;
   for (int64_t x0 = 0; x0 < s.w; x0 += kTile) {
     const int t = static_cast<int>(std::min<int64_t>(kTile, s.w - x0));
     expand_fn(t, nv)(in + x0 * 16, s.h * s.w * 16, s.c, U, p.b1 + 32 * g, s.act1, out + x0 * 16, wp * 16, nullptr);
@@ -490,6 +493,61 @@ void run_part(const ExpandDwShape& s, const float* src, const Packed& p, float* 
   }
 }
 
+// Floats of one expanded row of one group (two 16-channel blocks) in run_rows_at_once.
+int64_t group_row_floats(const ExpandDwShape& s) { return 32 * ring_width(s); }
+
+// Output rows [oy0, oy1) of image img at once (expand_dw_rows_at_once), on the calling thread: per 32-channel group,
+// every expanded row they read (the group's weights from memory once, then from L1) into a ring of the group's rows
+// alone, and the group's depthwise output rows; then the projection over their pixels as register tiles of up to 14
+// (each output group's weights read once per tile, from L2). scratch: eh rows of group_row_floats, then the depthwise
+// output [mp/16][(oy1 - oy0) * ow][16].
+__attribute__((target("avx512f"))) void run_rows_at_once(const ExpandDwShape& s, const float* src, const Packed& p,
+                                                         float* dst, float* scratch, int64_t img, int64_t oy0,
+                                                         int64_t oy1) {
+  constexpr int kMaxK = 5;
+  const int64_t rowf = group_row_floats(s), wp = ring_width(s), pad = pad_of(s), oh = s.oh(), ow = s.ow();
+  const int64_t mb = blocks_of(s.m), k = s.k, pix = oh * ow, p0 = oy0 * ow, np = (oy1 - oy0) * ow;
+  const int64_t iy0 = std::max<int64_t>(0, oy0 * s.stride - pad),
+                iy1 = std::min<int64_t>(s.eh(), (oy1 - 1) * s.stride - pad + k);  // expanded rows [iy0, iy1)
+  float* dwo = scratch + s.eh() * rowf;
+  for (int64_t r = 0; r < iy1 - iy0; ++r)
+    for (int64_t ob = 0; ob < 2; ++ob) {
+      float* z = scratch + r * rowf + ob * wp * 16;
+      std::fill(z, z + pad * 16, 0.f);
+      std::fill(z + (pad + s.ew()) * 16, z + wp * 16, 0.f);
+    }
+  const DwRowFn dw = dw_row_fn(s.stride, k);
+  for (int64_t g = 0; g < groups_of(padded_m(s)); ++g) {
+    for (int64_t iy = iy0; iy < iy1; ++iy) expand_row(s, src, p, img, iy, g, scratch + (iy - iy0) * rowf, nullptr, 0);
+    for (int64_t ob = 2 * g; ob < std::min(2 * g + 2, mb); ++ob)
+      for (int64_t oy = oy0; oy < oy1; ++oy) {
+        const float* rows[kMaxK];
+        for (int64_t dy = 0; dy < k; ++dy) {
+          const int64_t iy = oy * s.stride - pad + dy;
+          rows[dy] = iy < iy0 || iy >= iy1 ? nullptr : scratch + (iy - iy0) * rowf + (ob - 2 * g) * wp * 16;
+        }
+        dw(rows, p.wd + ob * k * k * 16, p.b2 + ob * 16, s.act2, dwo + (ob * np + (oy - oy0) * ow) * 16, ow);
+      }
+  }
+  const int64_t pb = blocks_of(s.proj);
+  for (int64_t g = 0; g < groups_of(padded_proj(s)); ++g) {
+    const int nv = static_cast<int>(group_width(padded_proj(s), g) / 16);
+    const float* U = p.up + 32 * s.m * g;  // groups before g are all 32 wide
+    float* out = dst + ((img * pb + 2 * g) * pix + p0) * 16;
+    const float* res = s.residual ? src + ((img * pb + 2 * g) * pix + p0) * 16 : nullptr;  // the same geometry
+    for (int64_t x0 = 0; x0 < np; x0 += kTile) {
+      const int t = static_cast<int>(std::min<int64_t>(kTile, np - x0));
+      expand_fn(t, nv)(dwo + x0 * 16, np * 16, s.m, U, p.b3 + 32 * g, s.act3, out + x0 * 16, pix * 16,
+                       res ? res + x0 * 16 : nullptr);
+    }
+  }
+  if (s.proj % 16 != 0) {  // nChw16c's padding: the residual's lanes there are not ours to trust
+    const __mmask16 lanes = static_cast<__mmask16>(0xFFFFu << (s.proj % 16));
+    float* out = dst + ((img * pb + pb - 1) * pix + p0) * 16;
+    for (int64_t x = 0; x < np; ++x) _mm512_mask_storeu_ps(out + x * 16, lanes, _mm512_setzero_ps());
+  }
+}
+
 }  // namespace
 
 std::string expand_dw_check(const ExpandDwShape& s) {
@@ -540,8 +598,22 @@ void expand_dw_pack(const ExpandDwShape& s, const float* w1, const float* b1, co
 
 size_t expand_dw_scratch_floats(const ExpandDwShape& s) {
   const int64_t row = padded_m(s) * s.ow();  // the depthwise row (f32), and for bf16 its bf16 copy
+  if (expand_dw_rows_at_once(s))             // a group's expanded rows of an image, and the image's depthwise output
+    return static_cast<size_t>(s.eh() * group_row_floats(s) + row * s.oh() + 16);
   return static_cast<size_t>(s.k * ring_row_floats(s) + (s.proj > 0 || s.bf16 ? row : 0) + (s.bf16 ? row / 2 : 0) +
                              stem_row_floats(s) + 16);
+}
+
+// The rule: the two 1x1s' weights more than fit in L2 beside the rows (kAtOnceMinWeightBytes: one by one, every row
+// read them from L3 or memory again) and the image's depthwise output small enough to stay in L2 for the projection
+// (kAtOnceMaxOutBytes). MobileNetV2's 7x7 blocks (1.2-1.8 MB of weights, 188 KB of depthwise output) 16-18% faster
+// alone with the weights in L3, 7-24% with them in memory; its 14x14 blocks (442 KB of weights) as fast or 6% slower
+// and its stride-2 block into 7x7 (590 KB) within 3% either way, so those stay row by row
+// (docs/ONEDNN_PERFORMANCE.md, "(xdw7)").
+bool expand_dw_rows_at_once(const ExpandDwShape& s) {
+  if (s.bf16 || s.stem || s.proj == 0 || s.at_once == 0) return false;
+  const int64_t weights = (s.c * padded_m(s) + s.m * padded_proj(s)) * 4, out = padded_m(s) * s.oh() * s.ow() * 4;
+  return s.at_once == 1 || (weights > kAtOnceMinWeightBytes && out <= kAtOnceMaxOutBytes);
 }
 
 bool expand_dw_splits_rows(const ExpandDwShape& s, int team) {
@@ -557,7 +629,14 @@ void expand_dw_run(const ExpandDwShape& s, const float* src, const float* packed
   };
   const Packed p = parts(s, packed);
   const int64_t rows = s.n * s.oh(), ng = groups_of(padded_m(s));
-  if (expand_dw_splits_rows(s, team)) {
+  if (expand_dw_rows_at_once(s)) {  // (the rows split: a projection)
+    const int64_t oh = s.oh();
+    split_over_team(rows, team, [&](int64_t t, int64_t r0, int64_t r1) {
+      for (int64_t img = r0 / oh; r1 > r0 && img * oh < r1; ++img)
+        run_rows_at_once(s, src, p, dst, own_scratch(t), img, std::max(r0 - img * oh, int64_t{0}),
+                         std::min(r1 - img * oh, oh));
+    });
+  } else if (expand_dw_splits_rows(s, team)) {
     split_over_team(rows, team, [&](int64_t t, int64_t r0, int64_t r1) {
       if (r1 > r0) run_part(s, src, p, dst, own_scratch(t), r0, r1, 0, ng);
     });

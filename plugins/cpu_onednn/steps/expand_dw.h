@@ -51,6 +51,9 @@ struct ExpandDwShape {
   // sums (vdpbf16ps, weights rounded to bf16 as oneDNN's bf16 convolutions do); the ring and the depthwise stage stay
   // f32, each output rounded to bf16 once. Needs AVX-512 BF16, an even c and no stem.
   bool bf16 = false;
+  // How a thread takes its output rows with the projection (f32, no stem): -1 as expand_dw_rows_at_once says; 0 one
+  // by one; 1 at once (tests force both).
+  int at_once = -1;
   int64_t eh() const { return stem ? (h - 1) / 2 + 1 : h; }  // the first convolution's output (the ring's rows)
   int64_t ew() const { return stem ? (w - 1) / 2 + 1 : w; }
   int64_t oh() const { return (eh() - 1) / stride + 1; }
@@ -74,6 +77,12 @@ void expand_dw_pack(const ExpandDwShape& s, const float* w1, const float* b1, co
 
 // Floats of scratch one thread of the team needs (its ring of k expanded rows, and a depthwise row to project).
 size_t expand_dw_scratch_floats(const ExpandDwShape& s);
+
+// Whether each thread takes its output rows at once instead of one by one: per 32-channel group, every expanded row
+// they read (the group's 1x1 weights read once) and their depthwise output, kept whole; then the projection over all
+// their pixels (its weights read once per 14 pixels). Where the two 1x1s' weights would not stay in L2 between rows
+// (MobileNetV2's 7x7 blocks) and the depthwise output would: with the projection, f32, no stem.
+bool expand_dw_rows_at_once(const ExpandDwShape& s);
 
 // Whether a team of `team` threads splits the output rows (true) or the 32-channel groups (false: images of fewer
 // than 7 output rows per thread, where recomputing the expansion's boundary rows would cost more than a quarter, and

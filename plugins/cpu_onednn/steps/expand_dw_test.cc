@@ -3,7 +3,7 @@
 // of 14, 8 or 6), input channels not a multiple of 16 (a zero-padded last block), expanded channels not a multiple of
 // 16 (the padding lanes written 0) and an odd number of 16-channel blocks (a 16-wide last group), 3x3 and 5x5 at
 // strides 1 and 2 with odd and even sizes, windows larger than the image, batches, every activation, teams of 1-3
-// threads splitting rows or channel groups.
+// threads splitting rows or channel groups, each thread's rows one by one or at once.
 #include "steps/expand_dw.h"
 
 #include <gtest/gtest.h>
@@ -42,10 +42,10 @@ ExpandDwAct of(ExpandDwAct::Kind k) {
 
 void check(int64_t n, int64_t c, int64_t m, int64_t h, int64_t w, int64_t stride, int team, ExpandDwAct act1 = clip6(),
            ExpandDwAct act2 = clip6(), int64_t k = 3, int64_t proj = 0, bool residual = false,
-           ExpandDwAct act3 = ExpandDwAct{}, bool stem = false, bool bf16 = false) {
+           ExpandDwAct act3 = ExpandDwAct{}, bool stem = false, bool bf16 = false, int at_once = -1) {
   ExpandDwShape s;
   s.n = n, s.c = c, s.m = m, s.h = h, s.w = w, s.k = k, s.stride = stride, s.act1 = act1, s.act2 = act2;
-  s.proj = proj, s.residual = residual, s.act3 = act3, s.stem = stem, s.bf16 = bf16;
+  s.proj = proj, s.residual = residual, s.act3 = act3, s.stem = stem, s.bf16 = bf16, s.at_once = at_once;
   if (!expand_dw_check(s).empty()) GTEST_SKIP() << expand_dw_check(s);
   const int64_t cb = (c + 15) / 16;
   std::mt19937 rng(static_cast<uint32_t>(h * 131 + w * 7 + c + m * 3 + n + stride * 1000));
@@ -94,11 +94,11 @@ void check(int64_t n, int64_t c, int64_t m, int64_t h, int64_t w, int64_t stride
   expand_dw_reference(s, x.data(), w1.data(), b1.data(), w2.data(), b2.data(), w3.data(), b3.data(), want.data());
   double typical = 0;
   for (float v : want) typical += std::fabs(v) / static_cast<double>(out);
-  const std::string where = "n=" + std::to_string(n) + " c=" + std::to_string(c) + " m=" + std::to_string(m) + " " +
-                            std::to_string(h) + "x" + std::to_string(w) + " k " + std::to_string(k) + " stride " +
-                            std::to_string(stride) + " proj " + std::to_string(proj) + (residual ? " + residual" : "") +
-                            " team " + std::to_string(team) + (bf16 ? " bf16" : "") +
-                            (expand_dw_splits_rows(s, team) ? " (rows)" : " (groups)");
+  const std::string where =
+      "n=" + std::to_string(n) + " c=" + std::to_string(c) + " m=" + std::to_string(m) + " " + std::to_string(h) + "x" +
+      std::to_string(w) + " k " + std::to_string(k) + " stride " + std::to_string(stride) + " proj " +
+      std::to_string(proj) + (residual ? " + residual" : "") + " team " + std::to_string(team) + (bf16 ? " bf16" : "") +
+      (expand_dw_splits_rows(s, team) ? " (rows)" : " (groups)") + (expand_dw_rows_at_once(s) ? " at once" : "");
   for (size_t i = 0; i < out; ++i) {
     ASSERT_FALSE(std::isnan(got[i])) << "output " << i << " not written, " << where;
     ASSERT_NEAR(got[i], want[i],
@@ -143,6 +143,33 @@ TEST(OnednnExpandDw, WithTheProjectionAndResidual) {
     check(1, 160, 960, 7, 7, 1, team, clip6(), clip6(), 3, 320);        // features.17: 10 projected groups
     check(2, 40, 120, 9, 11, 1, team, of(K::kHardSwish), of(K::kRelu), 5, 40, true);  // partial blocks, batch 2
     check(1, 32, 64, 12, 12, 1, team, of(K::kRelu), of(K::kNone), 3, 48, false, of(K::kHardSwish));  // act after it
+  }
+}
+
+// Each thread's rows at once (per group every expanded row, then the projection over all the rows' pixels): forced
+// on and off over the geometries the row ranges split on, and by the rule for MobileNetV2's 7x7 blocks.
+TEST(OnednnExpandDw, RowsAtOnce) {
+  using K = ExpandDwAct::Kind;
+  ExpandDwShape seven;
+  seven.c = 160, seven.m = 960, seven.h = seven.w = 7, seven.proj = 160, seven.residual = true;
+  EXPECT_TRUE(expand_dw_rows_at_once(seven));  // 1.2 MB of 1x1 weights
+  ExpandDwShape fourteen = seven;
+  fourteen.c = fourteen.proj = 96, fourteen.m = 576, fourteen.h = fourteen.w = 14;
+  EXPECT_FALSE(expand_dw_rows_at_once(fourteen));  // 442 KB: they stay in L2 row after row
+  seven.proj = 0, seven.residual = false;
+  EXPECT_FALSE(expand_dw_rows_at_once(seven));  // nothing to project
+  for (int team : {1, 2, 3}) {
+    const ExpandDwAct none{};
+    check(1, 160, 960, 7, 7, 1, team, clip6(), clip6(), 3, 160, true);  // MobileNetV2's features.15, by the rule
+    check(1, 160, 960, 7, 7, 1, team, clip6(), clip6(), 3, 320);        // features.17
+    for (int at_once : {1, 0}) {
+      check(1, 96, 576, 14, 14, 2, team, clip6(), clip6(), 3, 160, false, none, false, false, at_once);  // into 7x7
+      check(2, 40, 120, 9, 11, 1, team, of(K::kHardSwish), of(K::kRelu), 5, 40, true, none, false, false,
+            at_once);  // batch 2 (a thread's rows in two images), partial blocks, 5x5
+      check(3, 24, 72, 6, 5, 2, team, of(K::kRelu), clip6(), 3, 20, false, of(K::kRelu), false, false,
+            at_once);  // batch 3 at stride 2, a partial projected block, an activation after it
+      check(1, 16, 48, 1, 3, 1, team, clip6(), clip6(), 5, 16, true, none, false, false, at_once);  // one row
+    }
   }
 }
 
