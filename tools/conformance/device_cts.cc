@@ -2603,6 +2603,26 @@ void add_chain_cases(std::vector<OpCase>& v) {
                {"Sigmoid", {"$1"}, {}}};
     v.push_back(c);
   }
+  // MobileNet-V2's 7x7 inverted residual (160 -> 960 -> depthwise -> 160, + the block's input): 1.2 MB of 1x1 weights,
+  // which the cpu_onednn expand_dw step takes with the projection and each thread's rows at once (steps/expand_dw.h)
+  // at 1 thread, and at 2 threads without the projection, its channel groups split.
+  for (int threads : {1, 2}) {
+    OpCase c;
+    c.op = "Chain";
+    c.opset = 13;
+    c.threads = threads;
+    c.label = "mobilenet-v2 inverted residual 160->960->160 at 7x7 with its residual, " + std::to_string(threads) +
+              (threads == 1 ? " thread" : " threads");
+    c.inputs = {in("X", {1, 160, 7, 7}), in("WE", {960, 160, 1, 1}, true, -0.1f, 0.1f),
+                in("BE", {960}, true),   in("WD", {960, 1, 3, 3}, true, -0.5f, 0.5f),
+                in("BD", {960}, true),   in("WP", {160, 960, 1, 1}, true, -0.05f, 0.05f),
+                in("BP", {160}, true),   scalar("LO", 0.f),
+                scalar("HI", 6.f)};
+    c.chain = {conv({"X", "WE", "BE"}, 1, 1, 0),       {"Clip", {"$0", "LO", "HI"}, {}},
+               conv({"$1", "WD", "BD"}, 3, 1, 1, 960), {"Clip", {"$2", "LO", "HI"}, {}},
+               conv({"$3", "WP", "BP"}, 1, 1, 0),      {"Add", {"$4", "X"}, {}}};
+    v.push_back(c);
+  }
   // A stride-2 inverted-residual head at MobileNet-V2's/EfficientNet's first expansion size (16 -> 96 at 112x112):
   // oneDNN may run the 3x3 depthwise convolution as a post-op of the 1x1 (the expanded tensor stays in cache). Clip
   // on both (MobileNet), then SiLU on both (EfficientNet), with BatchNormalization after the depthwise one.
