@@ -2623,6 +2623,18 @@ void add_chain_cases(std::vector<OpCase>& v) {
                conv({"$3", "WP", "BP"}, 1, 1, 0),      {"Add", {"$4", "X"}, {}}};
     v.push_back(c);
   }
+  // MobileNet-V2's last 1x1 (320 -> 1280 at 7x7, ReLU6, 1.6 MB of weights): cpu_onednn's few-row product
+  // (steps/skinny_gemm.h) with the Clip as its cap; the weights large enough that sums pass 6.
+  {
+    OpCase c;
+    c.op = "Chain";
+    c.opset = 13;
+    c.label = "mobilenet-v2 last 1x1 320->1280 at 7x7 with ReLU6 (few-row product)";
+    c.inputs = {in("X", {1, 320, 7, 7}, false, -1.f, 3.f), in("W", {1280, 320, 1, 1}, true, -0.3f, 0.3f),
+                in("B", {1280}, true), scalar("LO", 0.f), scalar("HI", 6.f)};
+    c.chain = {conv({"X", "W", "B"}, 1, 1, 0), {"Clip", {"$0", "LO", "HI"}, {}}};
+    v.push_back(c);
+  }
   // A stride-2 inverted-residual head at MobileNet-V2's/EfficientNet's first expansion size (16 -> 96 at 112x112):
   // oneDNN may run the 3x3 depthwise convolution as a post-op of the 1x1 (the expanded tensor stays in cache). Clip
   // on both (MobileNet), then SiLU on both (EfficientNet), with BatchNormalization after the depthwise one.

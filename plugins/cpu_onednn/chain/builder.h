@@ -116,10 +116,11 @@ inline int64_t prod(const Dims& d) {
 
 // Where the chain takes the few-row product (steps/skinny_gemm.h) for a MatMul/Gemm (Builder::skinny_gemm): 32 to 64
 // rows and constant weights of 8 MiB or more, which come from memory at every run (docs/ONEDNN_PERFORMANCE.md,
-// "(skinny)"); for a convolution (Builder::conv_skinny) from 4 MiB of weights: ResNet-50's layer4 1x1s (2048 x 512)
-// ran at 78% of the FMA peak on oneDNN's jit_1x1, 88% on the step ("(skc)").
+// "(skinny)"); for a convolution (Builder::conv_skinny) from 1.5 MiB of weights: ResNet-50's layer4 1x1s (2048 x 512,
+// 4 MiB) ran at 78% of the FMA peak on oneDNN's jit_1x1, 88% on the step ("(skc)"); MobileNetV2's last 1x1 (320 x
+// 1280 with ReLU6, 1.6 MB) 10-15% faster on the step at 1 thread, level at 2 ("(xdw7)").
 constexpr int64_t kSkinnyMinRows = 32, kSkinnyMinWeightBytes = int64_t{8} << 20,
-                  kSkinnyConvMinWeightBytes = int64_t{4} << 20;
+                  kSkinnyConvMinWeightBytes = int64_t{3} << 19;
 
 // Thrown when a node of the claim cannot be built: the claim is retried without it.
 struct NodeReject {
@@ -478,7 +479,7 @@ class Builder {
   bool conv_pool_fused(size_t i);
   bool conv_grouped4(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y, int64_t stride,
                      const std::vector<float>& w, const std::vector<float>& bias, double flops);
-  static bool sum_relu_of(const Fusion& f, bool* sum, bool* relu);
+  static bool sum_relu_of(const Fusion& f, bool* sum, bool* relu, float* relu_max = nullptr);
   bool conv_skinny(size_t i, const Fusion& f, Im2RowShape rows, const std::vector<std::string>& srcs, int64_t M,
                    const std::vector<float>& w, const std::vector<float>& bias, double flops);
   bool conv_wino4(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y,

@@ -27,13 +27,13 @@ constexpr int64_t kLineFloats = 16;  // a cache line
 // Rows [0, R) of the tile at x (rows `ldx` apart) times the block's k range [k0, k1) (b: the block, 64 floats per k),
 // into y (rows `ldy` apart, the block's four 16-column vectors `ldv` apart): started from y when `from_y`, else from
 // the bias (b64: the block's 64, or null for 0); `then_bias` adds the block's bias at the end too (the first chunk of
-// a sum into y), `relu` then clamps at 0 (the last chunk). While it runs it prefetches `lines` cache lines from `pf`
-// on, one every `every` k.
+// a sum into y), `relu` then clamps at 0 and at `relu_max` (the last chunk). While it runs it prefetches `lines` cache
+// lines from `pf` on, one every `every` k.
 template <int R>
 __attribute__((target("avx512f"))) void tile(const float* x, int64_t ldx, const float* b, int64_t k0, int64_t k1,
                                              float* y, int64_t ldy, int64_t ldv, bool from_y, const float* b64,
-                                             bool then_bias, bool relu, const char* pf, int64_t lines, int64_t every,
-                                             int valid) {
+                                             bool then_bias, bool relu, float relu_max, const char* pf, int64_t lines,
+                                             int64_t every, int valid) {
   // The block's columns [0, valid) exist (64 but in a last, narrower block): masks per 16-column vector.
   __mmask16 mask[4];
   for (int j = 0; j < 4; ++j) {
@@ -69,7 +69,7 @@ __attribute__((target("avx512f"))) void tile(const float* x, int64_t ldx, const 
     for (int j = 0; j < 4; ++j) {
       __m512 v = acc[r][j];
       if (then_bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask[j], b64 + 16 * j));
-      if (relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
+      if (relu) v = _mm512_min_ps(_mm512_max_ps(v, _mm512_setzero_ps()), _mm512_set1_ps(relu_max));
       _mm512_mask_storeu_ps(y + r * ldy + ldv * j, mask[j], v);
     }
 }
@@ -77,7 +77,7 @@ __attribute__((target("avx512f"))) void tile(const float* x, int64_t ldx, const 
 #pragma GCC diagnostic pop
 
 using TileFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t, int64_t, bool,
-                        const float*, bool, bool, const char*, int64_t, int64_t, int);
+                        const float*, bool, bool, float, const char*, int64_t, int64_t, int);
 constexpr TileFn kTiles[kMaxTileRows] = {tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>};
 
 // Column blocks [b0, b1) on the calling thread, chunk by chunk of k: each chunk's rows of X (49 x 768 floats: 150 KB)
@@ -113,8 +113,8 @@ void run_blocks(const SkinnyGemmShape& s, const float* x, const float* packed, c
         const int64_t every = l1 > l0 ? std::max<int64_t>(1, (k1 - k0) / (l1 - l0)) : 1;
         const bool from_y = k0 > 0 || s.sum;
         kTiles[r - 1](x + m0 * s.k, s.k, b, k0, k1, yb + m0 * ldy, ldy, ldv, from_y, b64, k0 == 0 && s.sum && b64,
-                      s.relu && k1 == s.k, next ? next + l0 * kLineFloats * sizeof(float) : nullptr, l1 - l0, every,
-                      static_cast<int>(std::min<int64_t>(64, s.n - blk * 64)));
+                      s.relu && k1 == s.k, s.relu_max, next ? next + l0 * kLineFloats * sizeof(float) : nullptr,
+                      l1 - l0, every, static_cast<int>(std::min<int64_t>(64, s.n - blk * 64)));
       }
     }
   }
@@ -156,7 +156,7 @@ void skinny_gemm_reference(const SkinnyGemmShape& s, const float* x, const float
       for (int64_t k = 0; k < s.k; ++k) acc += static_cast<double>(x[i * s.k + k]) * w[k * s.n + j];
       float& out = s.y_blocked16 ? y[(j / 16) * s.m * 16 + i * 16 + j % 16] : y[i * s.n + j];
       const double v = acc + (s.sum ? out : 0.0);
-      out = static_cast<float>(s.relu && v < 0 ? 0.0 : v);
+      out = static_cast<float>(s.relu ? std::min(std::max(v, 0.0), static_cast<double>(s.relu_max)) : v);
     }
 }
 

@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 namespace keel::onednn {
@@ -28,8 +29,9 @@ struct SkinnyGemmShape {
   int64_t m = 0, k = 0, n = 0;  // X [m,k] plain (rows of k floats), W [k,n], Y [m,n] plain
   bool sum = false;             // Y holds a residual before the run: the product and bias are added to it
   bool relu = false;            // then max(0, .)
-  bool y_blocked16 = false;     // Y as nChw16c [1, n, m pixels] (a convolution's output, steps/im2row.h), n's 16
-};                              // channels of a pixel together, planes of m pixels; else plain [m][n]
+  float relu_max = std::numeric_limits<float>::infinity();  // with relu, then min(., relu_max) (ReLU6: 6)
+  bool y_blocked16 = false;  // Y as nChw16c [1, n, m pixels] (a convolution's output, steps/im2row.h), n's 16
+};                           // channels of a pixel together, planes of m pixels; else plain [m][n]
 
 constexpr int64_t kSkinnyGemmMaxRows = 64;
 
@@ -44,8 +46,8 @@ size_t skinny_gemm_packed_floats(const SkinnyGemmShape& s);
 // ONNX Gemm's transB) as [n][k].
 void skinny_gemm_pack(const SkinnyGemmShape& s, const float* w, bool transposed, float* packed);
 
-// Y = X W + bias (+ Y, when s.sum; then Relu when s.relu) over `team` OpenMP threads (team <= 1: the calling thread),
-// each on its own range of column blocks. bias [n] or null.
+// Y = X W + bias (+ Y, when s.sum; then Relu, capped at s.relu_max, when s.relu) over `team` OpenMP threads (team <= 1:
+// the calling thread), each on its own range of column blocks. bias [n] or null.
 void skinny_gemm_run(const SkinnyGemmShape& s, const float* x, const float* packed, const float* bias, float* y,
                      int team);
 

@@ -1,6 +1,6 @@
 // plugins/cpu_onednn/steps/skinny_gemm_test.cc — the few-row product step (steps/skinny_gemm.h) against its
 // double-precision reference: row tiles of every size, k across chunks, a residual summed in place, the bias absent,
-// weights given transposed, teams of 1 to 3 and several threads at once.
+// Relu and ReLU6, weights given transposed, teams of 1 to 3 and several threads at once.
 #include "steps/skinny_gemm.h"
 
 #include <gtest/gtest.h>
@@ -96,6 +96,10 @@ TEST(SkinnyGemm, ReluAndAnNChw16cOutput) {
     check(s, true, true, team);
     s.sum = false, s.m = 36;
     check(s, false, false, team);
+    s.relu_max = 6.f, s.m = 49, s.k = 320, s.n = 1280;  // ReLU6: MobileNetV2's last 1x1 at 7x7 (values past 6 here)
+    check(s, true, false, team);
+    s.relu_max = 0.5f, s.sum = true, s.y_blocked16 = false;  // capped below most sums, after a residual
+    check(s, true, true, team);
   }
 }
 

@@ -2,6 +2,8 @@
 // squeeze-excite's excitation, Conv + Relu + MaxPool over few channels, 3x3 convolutions in groups of 4.
 #include "chain/builder.h"
 
+#include <limits>
+
 namespace keel::onednn::chain {
 
 // Node u as the chain's own depthwise convolution + SiLU step (steps/dwsilu.h): a Conv with constant f32 weights
@@ -363,10 +365,12 @@ bool Builder::conv_pool_fused(size_t i) {
 }
 
 // What an own convolution step applies after its bias, read off f's post-ops: at most a residual sum (f.sum_with,
-// scale 1) first, when `sum` is non-null, then at most a Relu. False when they hold anything else.
-bool Builder::sum_relu_of(const Fusion& f, bool* sum, bool* relu) {
+// scale 1) first, when `sum` is non-null, then at most a Relu or, when `relu_max` is non-null, a Clip(0, hi) (*relu
+// and *relu_max = hi). False when they hold anything else.
+bool Builder::sum_relu_of(const Fusion& f, bool* sum, bool* relu, float* relu_max) {
   if (sum) *sum = false;
   *relu = false;
+  if (relu_max) *relu_max = std::numeric_limits<float>::infinity();
   for (int k = 0; k < f.po.len(); ++k) {
     if (k == 0 && sum && f.po.kind(0) == dnnl::primitive::kind::sum) {
       float scale = 0.f;
@@ -379,7 +383,10 @@ bool Builder::sum_relu_of(const Fusion& f, bool* sum, bool* relu) {
     alg a = alg::undef;
     if (*relu || f.po.kind(k) != dnnl::primitive::kind::eltwise) return false;
     f.po.get_params_eltwise(k, scale, a, alpha, beta);
-    if (a != alg::eltwise_relu || alpha != 0.f || scale != 1.f) return false;
+    if (scale != 1.f || alpha != 0.f) return false;
+    const bool relu6 = relu_max && (a == alg::eltwise_clip || a == alg::eltwise_clip_v2) && beta >= 0.f;
+    if (a != alg::eltwise_relu && !relu6) return false;
+    if (relu6) *relu_max = beta;
     *relu = true;
   }
   return (sum && *sum) == !f.sum_with.empty();
@@ -428,10 +435,13 @@ bool Builder::conv_grouped4(size_t i, const Fusion& f, const std::string& src, c
 bool Builder::conv_skinny(size_t i, const Fusion& f, Im2RowShape rows, const std::vector<std::string>& srcs, int64_t M,
                           const std::vector<float>& w, const std::vector<float>& bias, double flops) {
   bool sum = false, relu = false;
+  float relu_max = 0.f;
   // (An activation left to a pass after the step, SiLU or GELU, is not the step's: random chains, seed 2641.)
-  if (!options().skinny_conv || act_ != dt::f32 || f.pass_after() || !sum_relu_of(f, &sum, &relu)) return false;
+  if (!options().skinny_conv || act_ != dt::f32 || f.pass_after() || !sum_relu_of(f, &sum, &relu, &relu_max))
+    return false;
   SkinnyGemmShape s;
-  s.m = rows.oh * rows.ow, s.k = rows.row_floats(), s.n = M, s.sum = sum, s.relu = relu, s.y_blocked16 = true;
+  s.m = rows.oh * rows.ow, s.k = rows.row_floats(), s.n = M, s.sum = sum, s.relu = relu, s.relu_max = relu_max;
+  s.y_blocked16 = true;
   if (!skinny_gemm_check(s).empty() || s.m < kSkinnyMinRows ||
       s.k * s.n * static_cast<int64_t>(sizeof(float)) < kSkinnyConvMinWeightBytes)
     return false;
@@ -475,8 +485,11 @@ bool Builder::conv_skinny(size_t i, const Fusion& f, Im2RowShape rows, const std
   e.params = std::make_shared<const SkinnyGemmShape>(s);
   p_->flops += flops;
   exec_own(std::move(e), "keel:skinny_conv_avx512", false,
-           n.name + (sum ? " + Add" : "") + (relu ? " + Relu " : " ") + dims_str(Dims{s.m, s.k}) + " x " +
-               dims_str(Dims{s.k, s.n}));
+           n.name + (sum ? " + Add" : "") +
+               (!relu                                               ? " "
+                : relu_max < std::numeric_limits<float>::infinity() ? " + Clip "
+                                                                    : " + Relu ") +
+               dims_str(Dims{s.m, s.k}) + " x " + dims_str(Dims{s.k, s.n}));
   for (size_t k : f.nodes) done_[k] = true;
   return true;
 }
