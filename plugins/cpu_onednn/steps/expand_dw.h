@@ -11,8 +11,9 @@
 // computes the expansion row by row into a ring of k rows ([m/16][w+2p][16] with zero columns at both ends, L1/L2),
 // each row as register tiles of up to 14 pixels x 32 channels over the input channels with the bias and the first
 // activation applied in registers, and the depthwise output row from the ring with its bias and activation, written
-// once in nChw16c. Where it pays: chain/ops/conv_own_steps.cc (Builder::conv_expand_dw) and
-// docs/ONEDNN_PERFORMANCE.md, "(xdw)".
+// once in nChw16c. Where the two 1x1s' weights would not stay in L2 from one row to the next (MobileNetV2's 7x7
+// blocks: 1.2-1.8 MB), a thread takes its rows at once instead, group by group (expand_dw_rows_at_once). Where it
+// pays: chain/ops/conv_own_steps.cc (Builder::conv_expand_dw) and docs/ONEDNN_PERFORMANCE.md, "(xdw)", "(xdw7)".
 #pragma once
 
 #include <cstddef>
@@ -75,7 +76,8 @@ size_t expand_dw_packed_floats(const ExpandDwShape& s);
 void expand_dw_pack(const ExpandDwShape& s, const float* w1, const float* b1, const float* w2, const float* b2,
                     const float* w3, const float* b3, float* packed);
 
-// Floats of scratch one thread of the team needs (its ring of k expanded rows, and a depthwise row to project).
+// Floats of scratch one thread of the team needs (its ring of k expanded rows, and a depthwise row to project; rows
+// at once: every expanded row of one group, and the image's depthwise output).
 size_t expand_dw_scratch_floats(const ExpandDwShape& s);
 
 // Whether each thread takes its output rows at once instead of one by one: per 32-channel group, every expanded row
