@@ -2611,6 +2611,7 @@ void add_chain_cases(std::vector<OpCase>& v) {
     c.op = "Chain";
     c.opset = 13;
     c.threads = threads;
+    c.concurrent_runs = 3;  // and three runs at once, from as many threads
     c.label = "mobilenet-v2 inverted residual 160->960->160 at 7x7 with its residual, " + std::to_string(threads) +
               (threads == 1 ? " thread" : " threads");
     c.inputs = {in("X", {1, 160, 7, 7}), in("WE", {960, 160, 1, 1}, true, -0.1f, 0.1f),
