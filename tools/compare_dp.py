@@ -156,7 +156,7 @@ def main():
     if even and len(even) < len(rows):
         summary(f"the {len(even)} even round(s)", even)
     elif not even:
-        print(f"no even round (every one had CPUs, or a CPU alone and together, {a.even_within:.0%} or more apart): "
+        print(f"no even round (every one had CPUs, or a CPU alone and together, over {a.even_within:.0%} apart): "
               "the host's speed moved during the measurement; try again later")
     if a.json:
         with open(a.json, "w") as f:

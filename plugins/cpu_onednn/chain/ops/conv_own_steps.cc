@@ -2,6 +2,7 @@
 // squeeze-excite's excitation, Conv + Relu + MaxPool over few channels, 3x3 convolutions in groups of 4.
 #include "chain/builder.h"
 
+#include <cmath>
 #include <limits>
 
 namespace keel::onednn::chain {
@@ -484,12 +485,9 @@ bool Builder::conv_skinny(size_t i, const Fusion& f, Im2RowShape rows, const std
   e.single = s.n <= 64;
   e.params = std::make_shared<const SkinnyGemmShape>(s);
   p_->flops += flops;
+  const char* act = !relu ? " " : std::isinf(relu_max) ? " + Relu " : " + Clip ";
   exec_own(std::move(e), "keel:skinny_conv_avx512", false,
-           n.name + (sum ? " + Add" : "") +
-               (!relu                                               ? " "
-                : relu_max < std::numeric_limits<float>::infinity() ? " + Clip "
-                                                                    : " + Relu ") +
-               dims_str(Dims{s.m, s.k}) + " x " + dims_str(Dims{s.k, s.n}));
+           n.name + (sum ? " + Add" : "") + act + dims_str(Dims{s.m, s.k}) + " x " + dims_str(Dims{s.k, s.n}));
   for (size_t k : f.nodes) done_[k] = true;
   return true;
 }
