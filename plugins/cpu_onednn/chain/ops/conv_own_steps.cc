@@ -476,9 +476,9 @@ bool Builder::conv_skinny(size_t i, const Fusion& f, Im2RowShape rows, const std
   Exec e;
   own_weights(
       e, skinny_gemm_packed_floats(s), [&](float* p) { skinny_gemm_pack(s, w.data(), true, p); }, &bias);
-  e.args[DNNL_ARG_SRC] = mem_of(rows_val);
   const md_t dmd(to_dnnl(Dims{1, M, rows.oh, rows.ow}), dt::f32, tag::nChw16c);
   Val& o = define(f.out, dmd, residual_destination(i, f, dmd));  // the residual first, as for oneDNN's sum
+  e.args[DNNL_ARG_SRC] = mem_of(rows_val);                       // bound after the residual's copy: live at this step
   e.args[DNNL_ARG_DST] = mem_of(o);
   e.own = run_skinny_gemm;
   e.own_kind = "convolution";
@@ -512,9 +512,9 @@ bool Builder::conv_wino4(size_t i, const Fusion& f, const std::string& src, cons
   own_weights(
       e, wino4_packed_floats(s), [&](float* to) { wino4_pack_weights(s, w.data(), to); }, &bias);
   team_scratch(e, wino4_scratch_floats(s));
-  e.args[DNNL_ARG_SRC] = mem_of(xv);
   const md_t dmd(to_dnnl(y), dt::f32, tag::nChw16c);
   Val& o = define(f.out, dmd, residual_destination(i, f, dmd));  // the residual first, as for oneDNN's sum
+  e.args[DNNL_ARG_SRC] = mem_of(xv);                             // bound after the residual's copy: live at this step
   e.args[DNNL_ARG_DST] = mem_of(o);
   e.own = run_wino4;
   e.own_kind = "convolution";
