@@ -210,6 +210,7 @@ keel_status_t onednn_init_instance(const keel_core_api_t* host, keel_plugin_hand
     read_flag("gelu_pass", "KEEL_ONEDNN_GELU_PASS", o.gelu_pass);
     read_flag("se_step", "KEEL_ONEDNN_SE_STEP", o.se_step);
     read_flag("wino4", "KEEL_ONEDNN_WINO4", o.wino4);
+    read_flag("pointwise", "KEEL_ONEDNN_POINTWISE", o.pointwise);
     read_flag("wino4_streamed", "KEEL_ONEDNN_WINO4_STREAMED", o.wino4_streamed);
     read_flag("wino_few_tiles", "KEEL_ONEDNN_WINO_FEW_TILES", o.wino_few_tiles);
     read_flag("dw_ln", "KEEL_ONEDNN_DW_LN", o.dw_ln);

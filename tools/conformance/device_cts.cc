@@ -2683,6 +2683,43 @@ void add_chain_cases(std::vector<OpCase>& v) {
     c.chain.push_back({"Add", {"$" + std::to_string(static_cast<int>(c.chain.size()) - 1), res}, {}});
     v.push_back(c);
   }
+  // 1x1 stride-1 convolutions at 1 thread, which cpu_onednn runs as its own step (steps/pointwise.h): a ResNet
+  // bottleneck's end with its residual and Relu (three runs at once), a SqueezeNet squeeze over two 13x13 images
+  // (tiles of 13 + 13 + ... pixels, one image after the other), and an odd number of 16-channel output blocks with
+  // ReLU6 whose sums pass the cap.
+  {
+    OpCase c;
+    c.op = "Chain";
+    c.opset = 13;
+    c.threads = 1;
+    c.concurrent_runs = 3;
+    c.label = "resnet bottleneck end 1x1 64->256 at 28x28 + residual + relu, 1 thread (own 1x1 step)";
+    c.inputs = {in("X", {1, 64, 28, 28}), in("W", {256, 64, 1, 1}, true, -0.2f, 0.2f), in("B", {256}, true),
+                in("R", {1, 256, 28, 28})};
+    c.chain = {conv({"X", "W", "B"}, 1, 1, 0), {"Add", {"$0", "R"}, {}}, {"Relu", {"$1"}, {}}};
+    v.push_back(c);
+  }
+  {
+    OpCase c;
+    c.op = "Chain";
+    c.opset = 13;
+    c.threads = 1;
+    c.label = "squeezenet squeeze 1x1 512->64 over two 13x13 images + relu, 1 thread (own 1x1 step)";
+    c.inputs = {in("X", {2, 512, 13, 13}), in("W", {64, 512, 1, 1}, true, -0.1f, 0.1f), in("B", {64}, true)};
+    c.chain = {conv({"X", "W", "B"}, 1, 1, 0), {"Relu", {"$0"}, {}}};
+    v.push_back(c);
+  }
+  {
+    OpCase c;
+    c.op = "Chain";
+    c.opset = 13;
+    c.threads = 1;
+    c.label = "1x1 96->48 at 9x9 with ReLU6, 1 thread (own 1x1 step, a 16-wide last group)";
+    c.inputs = {in("X", {1, 96, 9, 9}, false, -1.f, 3.f), in("W", {48, 96, 1, 1}, true, -0.5f, 0.5f),
+                in("B", {48}, true), scalar("LO", 0.f), scalar("HI", 6.f)};
+    c.chain = {conv({"X", "W", "B"}, 1, 1, 0), {"Clip", {"$0", "LO", "HI"}, {}}};
+    v.push_back(c);
+  }
   // A stride-2 inverted-residual head at MobileNet-V2's/EfficientNet's first expansion size (16 -> 96 at 112x112):
   // oneDNN may run the 3x3 depthwise convolution as a post-op of the 1x1 (the expanded tensor stays in cache). Clip
   // on both (MobileNet), then SiLU on both (EfficientNet), with BatchNormalization after the depthwise one.

@@ -484,6 +484,8 @@ class Builder {
                    const std::vector<float>& w, const std::vector<float>& bias, double flops);
   bool conv_wino4(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y,
                   const std::vector<float>& w, const std::vector<float>& bias, double flops, const Wino4Shape& mode);
+  bool conv_pointwise(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y,
+                      const std::vector<float>& w, const std::vector<float>& bias, double flops);
   bool conv_dilated_phases(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y, int64_t dil,
                            const md_t& wany, const md_t& bmd, const dnnl::primitive_attr& attr, const md_t& wplain,
                            std::vector<float>& w, bool has_bias, const std::vector<float>& bias, double flops);

@@ -202,6 +202,15 @@ void run_wino4(const Exec& e) {
             ptr(DNNL_ARG_SCRATCHPAD), team_in(e, wino4_scratch_floats(s)), stride_floats(e));
 }
 
+// Exec::own of a 1x1 convolution (Builder::conv_pointwise, steps/pointwise.h): SRC and DST nChw16c, WEIGHTS packed,
+// BIAS; split over the OpenMP team unless the step is a single-thread one.
+void run_pointwise(const Exec& e) {
+  const auto& s = *static_cast<const PointwiseShape*>(e.params.get());
+  auto ptr = [&](int arg) { return static_cast<float*>(e.args.at(arg).get_data_handle()); };
+  pointwise_run(s, ptr(DNNL_ARG_SRC), ptr(DNNL_ARG_WEIGHTS), ptr(DNNL_ARG_BIAS), ptr(DNNL_ARG_DST),
+                e.single ? 1 : omp_get_max_threads());
+}
+
 // Exec::own of a 1x1 convolution (or a stem) with its 3x3 / 5x5 depthwise reader and maybe the projection after it
 // (Builder::conv_expand_dw, steps/expand_dw.h): SRC nChw16c (a stem's plain), DST nChw16c, WEIGHTS the packed
 // constants, SCRATCHPAD a team's rings.

@@ -66,6 +66,7 @@ void run_dw_ln(const Exec& e);
 void run_se(const Exec& e);
 void run_grouped4(const Exec& e);
 void run_wino4(const Exec& e);
+void run_pointwise(const Exec& e);
 void run_expand_dw(const Exec& e);
 void run_int8_pool(const Exec& e);
 void run_max_pool16(const Exec& e);

@@ -39,6 +39,7 @@
 #include "steps/int8_pool.h"
 #include "steps/int8_stem.h"
 #include "steps/narrow_gemm.h"
+#include "steps/pointwise.h"
 #include "steps/pool_arg.h"
 #include "steps/resize.h"
 #include "steps/se.h"

@@ -531,6 +531,40 @@ bool Builder::conv_wino4(size_t i, const Fusion& f, const std::string& src, cons
   return true;
 }
 
+// A 1x1 stride-1 convolution without padding (its f32 source reordered to nChw16c when in another layout), channels
+// in multiples of 16, then at most a residual sum and a Relu (or Clip(0, hi)), as the chain's own step
+// (steps/pointwise.h). `w` [M][C] and `bias` with folds applied. False, changing nothing, for anything else.
+bool Builder::conv_pointwise(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y,
+                             const std::vector<float>& w, const std::vector<float>& bias, double flops) {
+  bool sum = false, relu = false;
+  float relu_max = 0;
+  if (!sum_relu_of(f, &sum, &relu, &relu_max)) return false;
+  if (x.size() != 4 || y.size() != 4) return false;
+  if (val(src).scale != 1.f || val(src).md.data_type() != dt::f32) return false;
+  PointwiseShape s;
+  s.n = x[0], s.c = x[1], s.m = y[1], s.h = x[2], s.w = x[3], s.sum = sum, s.relu = relu, s.relu_max = relu_max;
+  if (!pointwise_check(s).empty() || y != Dims{s.n, s.m, s.h, s.w}) return false;
+  if (w.size() != static_cast<size_t>(s.m * s.c) || bias.size() != static_cast<size_t>(s.m)) return false;
+  const Val xv = as_md(src, md_t(to_dnnl(x), dt::f32, tag::nChw16c));  // a reorder first unless nChw16c already
+  Exec e;
+  own_weights(
+      e, pointwise_packed_floats(s), [&](float* to) { pointwise_pack_weights(s, w.data(), to); }, &bias);
+  const md_t dmd(to_dnnl(y), dt::f32, tag::nChw16c);
+  Val& o = define(f.out, dmd, residual_destination(i, f, dmd));  // the residual first, as for oneDNN's sum
+  e.args[DNNL_ARG_SRC] = mem_of(xv);                             // bound after the residual's copy: live at this step
+  e.args[DNNL_ARG_DST] = mem_of(o);
+  e.own = run_pointwise;
+  e.own_kind = "convolution";
+  e.single = s.n * s.h * s.w < 28;  // fewer than two tiles: one thread
+  e.params = std::make_shared<const PointwiseShape>(s);
+  p_->flops += flops;
+  const char* act = !relu ? " " : std::isinf(relu_max) ? " + Relu " : " + Clip ";
+  exec_own(std::move(e), "keel:pointwise_avx512", false,
+           r_.nodes[i].name + (sum ? " + Add" : "") + act + dims_str(x) + " -> " + dims_str(y));
+  for (size_t k : f.nodes) done_[k] = true;
+  return true;
+}
+
 // A fusion's post-ops as the activation the chain's own kernels apply in registers (steps/expand_dw.h): none, or
 // one eltwise post-op of scale 1 that is Relu (alpha 0), Clip (v1 or v2), hard-swish or SiLU (swish, alpha 1). False
 // for anything else.
