@@ -154,6 +154,18 @@ class Builder {
     b.first = std::min(b.first, step);
     b.last = std::max(b.last, step);
   }
+  // The buffers of a step's arguments touched at the step itself (the one about to be added), wherever their memory
+  // objects were made: mem_at touches a buffer at the step current when it is called, and a builder that binds a
+  // source and then emits a reorder or copy (a residual placed in the destination) would otherwise end the source's
+  // life before the step that reads it, and the buffer plan could give its memory to the destination.
+  void touch_args(const std::unordered_map<int, dnnl::memory>& args) {
+    for (const auto& [arg, m] : args)
+      for (auto b = p_->binds.rbegin(); b != p_->binds.rend(); ++b)
+        if (b->mem.get() == m.get()) {
+          touch(b->buf);
+          break;
+        }
+  }
   // A memory object over a value's data (bound at run time), touching its buffer at the current step.
   dnnl::memory mem_of(const Val& v) { return mem_at(v.md, v.buf, v.off); }
   dnnl::memory mem_at(const md_t& md, int buf, uint64_t off) {
@@ -196,6 +208,7 @@ class Builder {
   // one thread: the work takes microseconds, a team's barrier can take a scheduler slice on a busy machine.
   // (They pick their split at run time; convolutions and matmuls keep the team they were created for.)
   void exec(dnnl::primitive prim, std::unordered_map<int, dnnl::memory> args) {
+    touch_args(args);
     p_->impls.push_back(impl_of(prim));
     exec_layout_.push_back(layout_reorder_);
     {
@@ -218,6 +231,7 @@ class Builder {
   // A step of the plugin's own (Exec::own set, with its args), named `impl` in profiles and logs, `what` its line
   // there; `layout`: whether it only moves data between layouts (as exec()'s layout reorders).
   void exec_own(Exec e, const char* impl, bool layout, std::string what) {
+    touch_args(e.args);
     p_->impls.push_back(impl);
     exec_layout_.push_back(layout);
     p_->what.push_back(std::move(what));

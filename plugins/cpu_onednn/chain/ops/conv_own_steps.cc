@@ -478,7 +478,7 @@ bool Builder::conv_skinny(size_t i, const Fusion& f, Im2RowShape rows, const std
       e, skinny_gemm_packed_floats(s), [&](float* p) { skinny_gemm_pack(s, w.data(), true, p); }, &bias);
   const md_t dmd(to_dnnl(Dims{1, M, rows.oh, rows.ow}), dt::f32, tag::nChw16c);
   Val& o = define(f.out, dmd, residual_destination(i, f, dmd));  // the residual first, as for oneDNN's sum
-  e.args[DNNL_ARG_SRC] = mem_of(rows_val);                       // bound after the residual's copy: live at this step
+  e.args[DNNL_ARG_SRC] = mem_of(rows_val);
   e.args[DNNL_ARG_DST] = mem_of(o);
   e.own = run_skinny_gemm;
   e.own_kind = "convolution";
@@ -514,7 +514,7 @@ bool Builder::conv_wino4(size_t i, const Fusion& f, const std::string& src, cons
   team_scratch(e, wino4_scratch_floats(s));
   const md_t dmd(to_dnnl(y), dt::f32, tag::nChw16c);
   Val& o = define(f.out, dmd, residual_destination(i, f, dmd));  // the residual first, as for oneDNN's sum
-  e.args[DNNL_ARG_SRC] = mem_of(xv);                             // bound after the residual's copy: live at this step
+  e.args[DNNL_ARG_SRC] = mem_of(xv);
   e.args[DNNL_ARG_DST] = mem_of(o);
   e.own = run_wino4;
   e.own_kind = "convolution";
@@ -551,7 +551,7 @@ bool Builder::conv_pointwise(size_t i, const Fusion& f, const std::string& src, 
       e, pointwise_packed_floats(s), [&](float* to) { pointwise_pack_weights(s, w.data(), to); }, &bias);
   const md_t dmd(to_dnnl(y), dt::f32, tag::nChw16c);
   Val& o = define(f.out, dmd, residual_destination(i, f, dmd));  // the residual first, as for oneDNN's sum
-  e.args[DNNL_ARG_SRC] = mem_of(xv);                             // bound after the residual's copy: live at this step
+  e.args[DNNL_ARG_SRC] = mem_of(xv);
   e.args[DNNL_ARG_DST] = mem_of(o);
   e.own = run_pointwise;
   e.own_kind = "convolution";

@@ -245,8 +245,8 @@ void Builder::matmul(size_t i) {
   }
   if (!pd) throw Reject{"oneDNN has no matmul for this case"};
   std::unordered_map<int, dnnl::memory> args;
-  // The value operands are bound after the destination is placed (place_output may copy a residual there first), so
-  // that their buffers count as live at this step and the buffer plan cannot give the destination their memory.
+  // The value operands are bound after the destination is placed (place_output may copy a residual there first), in
+  // the order of the steps (exec's touch_args keeps them live at this step either way).
   struct Operand {
     int arg;
     md_t md;
@@ -358,7 +358,7 @@ bool Builder::skinny_gemm(size_t i, const Fusion& f, const std::string& an, cons
       f.mm_bias.empty() ? nullptr : &f.mm_bias);
   const Val pa = as_plain(an);
   Val& out = place_output();
-  e.args[DNNL_ARG_SRC] = mem_at(plain_md(a), pa.buf, pa.off);  // bound after the residual's copy: live at this step
+  e.args[DNNL_ARG_SRC] = mem_at(plain_md(a), pa.buf, pa.off);
   e.args[DNNL_ARG_DST] = mem_at(plain_md(y), out.buf, out.off);
   e.own = run_skinny_gemm;
   e.own_kind = "matmul";
