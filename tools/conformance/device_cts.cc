@@ -2683,17 +2683,18 @@ void add_chain_cases(std::vector<OpCase>& v) {
     c.chain.push_back({"Add", {"$" + std::to_string(static_cast<int>(c.chain.size()) - 1), res}, {}});
     v.push_back(c);
   }
-  // 1x1 stride-1 convolutions at 1 thread, which cpu_onednn runs as its own step (steps/pointwise.h): a ResNet
-  // bottleneck's end with its residual and Relu (three runs at once), a SqueezeNet squeeze over two 13x13 images
-  // (tiles of 13 + 13 + ... pixels, one image after the other), and an odd number of 16-channel output blocks with
-  // ReLU6 whose sums pass the cap.
-  {
+  // 1x1 stride-1 convolutions, which cpu_onednn runs as its own step (steps/pointwise.h): a ResNet bottleneck's end
+  // with its residual and Relu at 1 and 2 threads (three runs at once), a SqueezeNet squeeze over two 13x13 images at
+  // 2 threads (tiles of 13 + 13 + ... pixels, one image after the other, split between the threads), and an odd number
+  // of 16-channel output blocks with ReLU6 whose sums pass the cap.
+  for (int threads : {1, 2}) {
     OpCase c;
     c.op = "Chain";
     c.opset = 13;
-    c.threads = 1;
+    c.threads = threads;
     c.concurrent_runs = 3;
-    c.label = "resnet bottleneck end 1x1 64->256 at 28x28 + residual + relu, 1 thread (own 1x1 step)";
+    c.label = "resnet bottleneck end 1x1 64->256 at 28x28 + residual + relu, " + std::to_string(threads) +
+              (threads == 1 ? " thread" : " threads") + " (own 1x1 step)";
     c.inputs = {in("X", {1, 64, 28, 28}), in("W", {256, 64, 1, 1}, true, -0.2f, 0.2f), in("B", {256}, true),
                 in("R", {1, 256, 28, 28})};
     c.chain = {conv({"X", "W", "B"}, 1, 1, 0), {"Add", {"$0", "R"}, {}}, {"Relu", {"$1"}, {}}};
@@ -2703,8 +2704,8 @@ void add_chain_cases(std::vector<OpCase>& v) {
     OpCase c;
     c.op = "Chain";
     c.opset = 13;
-    c.threads = 1;
-    c.label = "squeezenet squeeze 1x1 512->64 over two 13x13 images + relu, 1 thread (own 1x1 step)";
+    c.threads = 2;
+    c.label = "squeezenet squeeze 1x1 512->64 over two 13x13 images + relu, 2 threads (own 1x1 step)";
     c.inputs = {in("X", {2, 512, 13, 13}), in("W", {64, 512, 1, 1}, true, -0.1f, 0.1f), in("B", {64}, true)};
     c.chain = {conv({"X", "W", "B"}, 1, 1, 0), {"Relu", {"$0"}, {}}};
     v.push_back(c);

@@ -263,8 +263,7 @@ struct Options {
                       // as the chain's own one (steps/dw_ln.h)
 
   bool pointwise = true;  // KEEL_ONEDNN_POINTWISE=0 or [options] pointwise = false: an f32 1x1 stride-1 convolution
-                          // at 1 thread runs on oneDNN's jit_1x1 kernel, not as the chain's own step
-                          // (steps/pointwise.h)
+                          // runs on oneDNN's jit_1x1 kernel, not as the chain's own step (steps/pointwise.h)
 
   bool wino_few_tiles = true;  // KEEL_ONEDNN_WINO_FEW_TILES=0 or [options] wino_few_tiles = false: a 3x3 of few
                                // tiles and large weights (ResNet's 14x14 and 7x7) is not the own step position by

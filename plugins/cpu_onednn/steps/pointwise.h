@@ -5,9 +5,9 @@
 // A register tile of 14 pixels by 32 output channels keeps 28 sums in registers over every input channel (per channel
 // 2 weight vectors loaded, 14 pixel values broadcast, 28 FMAs); a thread goes group by group over its range of
 // tiles, so each group's weights ([c][32]) stay in L2 across them. Standalone at 1 thread it runs ResNet-50's 1x1s
-// at 181-207 GFLOP/s (75-85% of the host's FMA peak), as jit_1x1 does; in the chain at 1 thread SqueezeNet 1.1's
-// seventeen 1x1s took 1.40-1.42 ms instead of 1.49-1.54 (fastest runs), DeepLabV3's 5.06 instead of 5.10-5.32,
-// ResNet-50's level. At 2 threads the chain keeps jit_1x1, whose split of the work was 2% faster over the models
+// at 181-207 GFLOP/s (75-85% of the host's FMA peak), as jit_1x1 does. In the chain (per-step sums of the fastest
+// runs) SqueezeNet 1.1's 1x1s took 1.40-1.42 ms instead of 1.49-1.54 at 1 thread and 0.91-0.92 instead of 1.02-1.15 at
+// 2 (its small squeezes and expands, where jit_1x1's per-call cost shows), DeepLabV3's 3-4% less, ResNet-50's level
 // (docs/ONEDNN_PERFORMANCE.md, "(pw)").
 //
 // Needs AVX-512 F (pointwise_check says so). Thread-safety: stateless; concurrent calls with distinct outputs are

@@ -367,12 +367,12 @@ void Builder::conv(size_t i) {
         for (int64_t t = 0; t < taps; ++t) wr[(m * taps + t) * C + c] = w[(m * C + c) * taps + t];
     if (conv_skinny(i, f, rows, {src_name}, M, wr, bias, conv_flops)) return;
   }
-  // A 1x1 stride-1 convolution at 1 thread: the chain's own step (steps/pointwise.h), 1.5-2% faster in DeepLabV3 and
-  // SqueezeNet than oneDNN's jit_1x1; at 2 threads the latter's split of the work was 2% faster
-  // (docs/ONEDNN_PERFORMANCE.md, "(pw)").
-  if (options().pointwise && p_->threads == 1 && sp == 2 && g == 1 && ks == Dims{1, 1} && s == Dims{1, 1} &&
-      pl == Dims{0, 0} && pr == Dims{0, 0} && C % 16 == 0 && M % 16 == 0 && chan_scale.empty() && !f.pass_after() &&
-      act_ == dt::f32 && conv_pointwise(i, f, src_name, x, y, w, bias, conv_flops))
+  // A 1x1 stride-1 convolution: the chain's own step (steps/pointwise.h), level with oneDNN's jit_1x1 on ResNet-50's
+  // 1x1s and faster on small ones (SqueezeNet 0.985x / 0.966x the model's latency at 1 / 2 threads, DeepLabV3 0.982x /
+  // level): docs/ONEDNN_PERFORMANCE.md, "(pw)".
+  if (options().pointwise && sp == 2 && g == 1 && ks == Dims{1, 1} && s == Dims{1, 1} && pl == Dims{0, 0} &&
+      pr == Dims{0, 0} && C % 16 == 0 && M % 16 == 0 && chan_scale.empty() && !f.pass_after() && act_ == dt::f32 &&
+      conv_pointwise(i, f, src_name, x, y, w, bias, conv_flops))
     return;
   if (wino) make(alg::convolution_winograd, src, dst);
   // oneDNN's Winograd kernels (F(2,3), F(4,3): another must win by a third) and, at 2+ threads over at most 14x14
