@@ -25,6 +25,7 @@
 #include "steps/pack_groups.h"
 #include "steps/silu.h"
 #include "steps/silu16.h"
+#include "steps/tile1x1.h"
 
 namespace keel::onednn {
 namespace {
@@ -60,64 +61,6 @@ float act_scalar(const ExpandDwAct& a, float x) {
 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-
-__attribute__((target("avx512f"), always_inline)) inline __m512 act16(const ExpandDwAct& a, __m512 x) {
-  switch (a.kind) {
-    case ExpandDwAct::kNone: return x;
-    case ExpandDwAct::kRelu: return _mm512_max_ps(x, _mm512_setzero_ps());
-    case ExpandDwAct::kClip: return _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(a.lo)), _mm512_set1_ps(a.hi));
-    case ExpandDwAct::kHardSwish: {
-      const __m512 r =
-          _mm512_min_ps(_mm512_max_ps(_mm512_add_ps(x, _mm512_set1_ps(3.f)), _mm512_setzero_ps()), _mm512_set1_ps(6.f));
-      return _mm512_mul_ps(_mm512_mul_ps(x, r), _mm512_set1_ps(1.f / 6.f));
-    }
-    case ExpandDwAct::kSilu: return silu16(x);
-  }
-  return x;
-}
-
-// T pixels x NV * 16 output channels of a 1x1 convolution over one row (the expansion, or the projection):
-// out[v * out_stride + t * 16 + lane] = act(bias + sum over k < c of src[(k / 16) * block_stride + t * 16 + k % 16] *
-// U[k * NV * 16 + v * 16 + lane] (+ res[v * out_stride + t * 16 + lane] when res is not null)).
-template <int T, int NV>
-__attribute__((target("avx512f"))) void expand_tile(const float* src, int64_t block_stride, int64_t c, const float* U,
-                                                    const float* bias, const ExpandDwAct& act, float* out,
-                                                    int64_t out_stride, const float* res) {
-  __m512 acc[T][NV];
-#pragma GCC unroll 2
-  for (int v = 0; v < NV; ++v) {
-    const __m512 b = _mm512_loadu_ps(bias + v * 16);
-#pragma GCC unroll 14
-    for (int t = 0; t < T; ++t) acc[t][v] = b;
-  }
-  for (int64_t k0 = 0; k0 < c; k0 += 16) {
-    const float* a = src + (k0 / 16) * block_stride;
-    const float* u = U + k0 * NV * 16;
-    const int kn = static_cast<int>(std::min<int64_t>(16, c - k0));
-#pragma GCC unroll 2
-    for (int k = 0; k < kn; ++k) {
-      __m512 b[NV];
-#pragma GCC unroll 2
-      for (int v = 0; v < NV; ++v) b[v] = _mm512_loadu_ps(u + (k * NV + v) * 16);
-#pragma GCC unroll 14
-      for (int t = 0; t < T; ++t) {
-        const __m512 x = _mm512_set1_ps(a[t * 16 + k]);
-#pragma GCC unroll 2
-        for (int v = 0; v < NV; ++v) acc[t][v] = _mm512_fmadd_ps(x, b[v], acc[t][v]);
-      }
-    }
-  }
-  if (res != nullptr) {
-#pragma GCC unroll 2
-    for (int v = 0; v < NV; ++v)
-#pragma GCC unroll 14
-      for (int t = 0; t < T; ++t) acc[t][v] = _mm512_add_ps(acc[t][v], _mm512_loadu_ps(res + v * out_stride + t * 16));
-  }
-#pragma GCC unroll 2
-  for (int v = 0; v < NV; ++v)
-#pragma GCC unroll 14
-    for (int t = 0; t < T; ++t) _mm512_storeu_ps(out + v * out_stride + t * 16, act16(act, acc[t][v]));
-}
 
 // T pixels x NV * 16 channels of a stem row (3x3, stride 2, over the zero-padded input rows buf [c][3][w+2], buf
 // pointing at the first pixel's leftmost column): out[v * out_stride + t * 16 + lane] = act(bias + sum over ci, dy,
@@ -170,12 +113,8 @@ struct StemTiles {
   template <int T, int NV>
   static constexpr auto fn = stem_tile<T, NV>;
 };
-struct ExpandTiles {
-  template <int T, int NV>
-  static constexpr auto fn = expand_tile<T, NV>;
-};
 auto stem_fn(int tiles, int nv) { return tile_fn<StemTiles>(tiles, nv); }
-auto expand_fn(int tiles, int nv) { return tile_fn<ExpandTiles>(tiles, nv); }
+auto expand_fn(int tiles, int nv) { return expand_tile_fn(tiles, nv); }
 
 #define KEEL_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 

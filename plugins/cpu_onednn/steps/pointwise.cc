@@ -3,8 +3,8 @@
 // Tiles: each image's pixels in near-equal runs of at most kTile (a 7x7 image as 13 + 12 + 12 + 12, not 14 + 14 + 14
 // + 7: a run of 7 leaves the FMA units waiting on too few sums). A thread takes a range of tiles (or of output groups);
 // per output group and per tile of its range, the sums of the tile's pixels and the group's channels over every input
-// channel stay in registers, then get the bias, the residual, Relu and its cap, and go to dst; a group's weights
-// ([c][32]) stay in L2 over the range's tiles.
+// channel stay in registers (steps/tile1x1.h's expand_tile, the expand_dw step's kernel), then get the bias, the
+// residual, Relu and its cap, and go to dst; a group's weights ([c][32]) stay in L2 over the range's tiles.
 #include "steps/pointwise.h"
 
 #include <immintrin.h>
@@ -15,6 +15,7 @@
 
 #include "common/team.h"
 #include "steps/silu.h"
+#include "steps/tile1x1.h"
 
 namespace keel::onednn {
 namespace {
@@ -26,84 +27,23 @@ int64_t group_width(const PointwiseShape& s, int64_t g) { return std::min<int64_
 int64_t hw(const PointwiseShape& s) { return s.h * s.w; }
 int64_t tiles_per_image(const PointwiseShape& s) { return (hw(s) + kTile - 1) / kTile; }
 
-struct Epilogue {
-  bool sum, relu;
-  float relu_max;
-};
-
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // the arrays of vectors, set in full by the unrolled loops
-
-// T pixels of one image by NV output blocks: dst[ob][p] = sum over c of src[c][p] * W[c][ob] + bias[ob] (+ dst), then
-// the activation. `a`: the source at the tile's first pixel of channel block 0 (planes `plane` floats apart); `W`: the
-// group's packed weights [c][NV * 16]; `o`: the destination at the tile's first pixel of the group's first block.
-template <int T, int NV>
-__attribute__((target("avx512f"))) void tile(const float* a, int64_t plane, int64_t cb_n, const float* W,
-                                             const float* bias, float* o, const Epilogue& ep) {
-  __m512 acc[T][NV];
-#pragma GCC unroll 14
-  for (int t = 0; t < T; ++t)
-#pragma GCC unroll 2
-    for (int v = 0; v < NV; ++v) acc[t][v] = _mm512_setzero_ps();
-  for (int64_t cb = 0; cb < cb_n; ++cb, a += plane, W += 16 * NV * 16) {
-#pragma GCC unroll 4
-    for (int k = 0; k < 16; ++k) {
-      __m512 b[NV];
-#pragma GCC unroll 2
-      for (int v = 0; v < NV; ++v) b[v] = _mm512_loadu_ps(W + (k * NV + v) * 16);
-#pragma GCC unroll 14
-      for (int t = 0; t < T; ++t) {
-        const __m512 x = _mm512_set1_ps(a[t * 16 + k]);
-#pragma GCC unroll 2
-        for (int v = 0; v < NV; ++v) acc[t][v] = _mm512_fmadd_ps(x, b[v], acc[t][v]);
-      }
-    }
-  }
-  const __m512 zero = _mm512_setzero_ps(), cap = _mm512_set1_ps(ep.relu_max);
-  const bool capped = ep.relu && !std::isinf(ep.relu_max);
-#pragma GCC unroll 2
-  for (int v = 0; v < NV; ++v) {
-    const __m512 bv = bias ? _mm512_loadu_ps(bias + v * 16) : zero;
-    float* ov = o + v * plane;
-#pragma GCC unroll 14
-    for (int t = 0; t < T; ++t) {
-      __m512 y = _mm512_add_ps(acc[t][v], bv);
-      if (ep.sum) y = _mm512_add_ps(y, _mm512_loadu_ps(ov + t * 16));
-      if (ep.relu) y = _mm512_max_ps(y, zero);
-      if (capped) y = _mm512_min_ps(y, cap);
-      _mm512_storeu_ps(ov + t * 16, y);
-    }
-  }
-}
-
-#pragma GCC diagnostic pop
-
-using TileFn = void (*)(const float*, int64_t, int64_t, const float*, const float*, float*, const Epilogue&);
-
-template <int NV, int... T>
-constexpr TileFn tile_of(int t, std::integer_sequence<int, T...>) {
-  constexpr TileFn fns[] = {tile<T + 1, NV>...};
-  return fns[t - 1];
-}
-TileFn tile_fn(int pixels, int nv) {
-  using Seq = std::make_integer_sequence<int, kTile>;
-  return nv == 2 ? tile_of<2>(pixels, Seq{}) : tile_of<1>(pixels, Seq{});
-}
-
 // Tiles [begin, end) of the whole batch (tiles_per_image(s) per image) by output groups [g0, g1), on the calling
 // thread, group by group.
 void run_tiles(const PointwiseShape& s, const float* src, const float* packed, const float* bias, float* dst,
                int64_t begin, int64_t end, int64_t g0, int64_t g1) {
-  const Epilogue ep{s.sum, s.relu, s.relu_max};
+  ExpandDwAct act;  // Relu, or Clip(0, hi) for a capped one
+  if (s.relu) act.kind = std::isinf(s.relu_max) ? ExpandDwAct::kRelu : ExpandDwAct::kClip, act.hi = s.relu_max;
+  static constexpr float kNoBias[32] = {};
   const int64_t n_hw = hw(s), tpi = tiles_per_image(s), plane = n_hw * 16, cb_n = s.c / 16, mb_n = s.m / 16;
   for (int64_t g = g0; g < g1; ++g) {
     const int64_t wg = group_width(s, g);
     const float* W = packed + s.c * 32 * g;  // groups before g are all 32 wide
     for (int64_t q = begin; q < end; ++q) {
       const int64_t img = q / tpi, j = q % tpi, p0 = n_hw * j / tpi, p1 = n_hw * (j + 1) / tpi;
-      tile_fn(static_cast<int>(p1 - p0), static_cast<int>(wg / 16))(src + img * cb_n * plane + p0 * 16, plane, cb_n, W,
-                                                                    bias ? bias + 32 * g : nullptr,
-                                                                    dst + (img * mb_n + 2 * g) * plane + p0 * 16, ep);
+      float* o = dst + (img * mb_n + 2 * g) * plane + p0 * 16;
+      expand_tile_fn(static_cast<int>(p1 - p0), static_cast<int>(wg / 16))(src + img * cb_n * plane + p0 * 16, plane,
+                                                                           s.c, W, bias ? bias + 32 * g : kNoBias, act,
+                                                                           o, plane, s.sum ? o : nullptr);
     }
   }
 }

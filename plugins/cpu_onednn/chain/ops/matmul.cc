@@ -245,20 +245,11 @@ void Builder::matmul(size_t i) {
   }
   if (!pd) throw Reject{"oneDNN has no matmul for this case"};
   std::unordered_map<int, dnnl::memory> args;
-  // The value operands are bound after the destination is placed (place_output may copy a residual there first), in
-  // the order of the steps (exec's touch_args keeps them live at this step either way).
-  struct Operand {
-    int arg;
-    md_t md;
-    int buf;
-    uint64_t off;
-  };
-  std::vector<Operand> operands;
   if (a_direct) {
-    operands.push_back({DNNL_ARG_SRC, pd->src_desc(), av.buf, av.off});
+    args[DNNL_ARG_SRC] = mem_at(pd->src_desc(), av.buf, av.off);
   } else {
     Val pa = as_plain(an);
-    operands.push_back({DNNL_ARG_SRC, pd->src_desc(), pa.buf, pa.off});
+    args[DNNL_ARG_SRC] = mem_at(pd->src_desc(), pa.buf, pa.off);
   }
   if (bc) {
     Dims kn = bdims;
@@ -271,10 +262,10 @@ void Builder::matmul(size_t i) {
     stream().wait();
     args[DNNL_ARG_WEIGHTS] = p_->owned.back();
   } else if (b_direct) {
-    operands.push_back({DNNL_ARG_WEIGHTS, pd->weights_desc(), bv.buf, bv.off});
+    args[DNNL_ARG_WEIGHTS] = mem_at(pd->weights_desc(), bv.buf, bv.off);
   } else {
     Val pb = as_plain(bn);
-    operands.push_back({DNNL_ARG_WEIGHTS, pd->weights_desc(), pb.buf, pb.off});
+    args[DNNL_ARG_WEIGHTS] = mem_at(pd->weights_desc(), pb.buf, pb.off);
   }
   if (!f.mm_bias.empty()) {
     p_->owned.emplace_back(bias_md, engine());
@@ -282,7 +273,6 @@ void Builder::matmul(size_t i) {
     args[DNNL_ARG_BIAS] = p_->owned.back();
   }
   Val& out = place_output();
-  for (const Operand& o : operands) args[o.arg] = mem_at(o.md, o.buf, o.off);
   // (Written as [rows, N] when collapsed: the same plain memory; through the Transpose's strides when it follows.)
   args[DNNL_ARG_DST] = mem_at(ymd, out.buf, out.off);
   p_->flops += 2.0 * numel(y) * a.back();
@@ -357,8 +347,8 @@ bool Builder::skinny_gemm(size_t i, const Fusion& f, const std::string& an, cons
       e, skinny_gemm_packed_floats(s), [&](float* p) { skinny_gemm_pack(s, w, w_transposed, p); },
       f.mm_bias.empty() ? nullptr : &f.mm_bias);
   const Val pa = as_plain(an);
-  Val& out = place_output();
   e.args[DNNL_ARG_SRC] = mem_at(plain_md(a), pa.buf, pa.off);
+  Val& out = place_output();
   e.args[DNNL_ARG_DST] = mem_at(plain_md(y), out.buf, out.off);
   e.own = run_skinny_gemm;
   e.own_kind = "matmul";
