@@ -90,6 +90,11 @@ class Gen {
   // still leave the chain as the graph says). Not as outputs: constants' dequantizations (int8 weights) and
   // QuantizeLinear's u8 codes, whose rounding flips the comparison would count against the device.
   OpCase finish() {
+    if (c_.chain.empty()) {  // every block declined (a 1-D chain's global pools, each too early in it, say)
+      const size_t said = what_.size();
+      activation();
+      c_.label += what_.substr(said);
+    }
     if (dynamic_) {
       const int64_t n = c_.inputs[0].shape[0];
       c_.first_batch = n == 1 ? (extra_chance(50) ? 2 : 3) : 1;
