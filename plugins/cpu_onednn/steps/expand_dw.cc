@@ -346,9 +346,9 @@ void stem_row(const ExpandDwShape& s, const float* src, const Packed& p, int64_t
 }
 
 // Expanded row iy of image img, channel group g, into ring slot `row` ([m/16][w+2p][16], columns p..p+w-1), the
-// group's channels where group `at` (>= 0; else g) lies in it.
+// group's channels where group `at` (>= 0; else g) lies in it; prefetching `pf` meanwhile (f32 only).
 void expand_row(const ExpandDwShape& s, const float* src, const Packed& p, int64_t img, int64_t iy, int64_t g,
-                float* row, float* buf, int64_t at = -1) {
+                float* row, float* buf, int64_t at = -1, const Prefetch& pf = {}) {
   if (s.stem) return stem_row(s, src, p, img, iy, g, row, buf);  // (never with `at`)
   const int64_t cb = blocks_of(s.c), wp = ring_width(s);
   if (s.bf16) {
@@ -367,9 +367,16 @@ void expand_row(const ExpandDwShape& s, const float* src, const Packed& p, int64
   const int nv = static_cast<int>(group_width(padded_m(s), g) / 16);
   const float* U = p.u + 32 * s.c * g;  // groups before g are all 32 wide
   float* out = row + (2 * (at < 0 ? g : at) * wp + pad_of(s)) * 16;
-  for (int64_t x0 = 0; x0 < s.w; x0 += kTile) {
+  const int64_t tiles = (s.w + kTile - 1) / kTile;
+  for (int64_t x0 = 0, i = 0; x0 < s.w; x0 += kTile, ++i) {
     const int t = static_cast<int>(std::min<int64_t>(kTile, s.w - x0));
-    expand_fn(t, nv)(in + x0 * 16, s.h * s.w * 16, s.c, U, p.b1 + 32 * g, s.act1, out + x0 * 16, wp * 16, nullptr);
+    if (pf.lines > 0) {
+      const Prefetch part = pf.part(i, tiles);
+      expand_tile_pf_fn(t, nv)(in + x0 * 16, s.h * s.w * 16, s.c, U, p.b1 + 32 * g, s.act1, out + x0 * 16, wp * 16,
+                               nullptr, part.at, part.lines);
+    } else {
+      expand_fn(t, nv)(in + x0 * 16, s.h * s.w * 16, s.c, U, p.b1 + 32 * g, s.act1, out + x0 * 16, wp * 16, nullptr);
+    }
   }
 }
 
@@ -456,8 +463,17 @@ __attribute__((target("avx512f"))) void run_rows_at_once(const ExpandDwShape& s,
       std::fill(z + (pad + s.ew()) * 16, z + wp * 16, 0.f);
     }
   const DwRowFn dw = dw_row_fn(s.stride, k);
-  for (int64_t g = 0; g < groups_of(padded_m(s)); ++g) {
-    for (int64_t iy = iy0; iy < iy1; ++iy) expand_row(s, src, p, img, iy, g, scratch + (iy - iy0) * rowf, nullptr, 0);
+  // The weights come from memory at every run (they do not stay in L2: expand_dw_rows_at_once), a group at a time:
+  // while a group's rows are expanded, the next group's expansion weights are prefetched, and before its depthwise rows
+  // a share of the projection's first group; while an output group is projected, the next one's weights.
+  const int64_t ng = groups_of(padded_m(s)), npg = groups_of(padded_proj(s));
+  const Prefetch proj0 = Prefetch::bytes(p.up, s.m * group_width(padded_proj(s), 0) * 4);
+  for (int64_t g = 0; g < ng; ++g) {
+    const Prefetch next_u =
+        g + 1 < ng ? Prefetch::bytes(p.u + 32 * s.c * (g + 1), s.c * group_width(padded_m(s), g + 1) * 4) : Prefetch{};
+    for (int64_t iy = iy0; iy < iy1; ++iy)
+      expand_row(s, src, p, img, iy, g, scratch + (iy - iy0) * rowf, nullptr, 0, next_u.part(iy - iy0, iy1 - iy0));
+    proj0.part(g, ng).now();
     for (int64_t ob = 2 * g; ob < std::min(2 * g + 2, mb); ++ob)
       for (int64_t oy = oy0; oy < oy1; ++oy) {
         const float* rows[kMaxK];
@@ -468,16 +484,19 @@ __attribute__((target("avx512f"))) void run_rows_at_once(const ExpandDwShape& s,
         dw(rows, p.wd + ob * k * k * 16, p.b2 + ob * 16, s.act2, dwo + (ob * np + (oy - oy0) * ow) * 16, ow);
       }
   }
-  const int64_t pb = blocks_of(s.proj);
-  for (int64_t g = 0; g < groups_of(padded_proj(s)); ++g) {
+  const int64_t pb = blocks_of(s.proj), tiles = (np + kTile - 1) / kTile;
+  for (int64_t g = 0; g < npg; ++g) {
     const int nv = static_cast<int>(group_width(padded_proj(s), g) / 16);
     const float* U = p.up + 32 * s.m * g;  // groups before g are all 32 wide
     float* out = dst + ((img * pb + 2 * g) * pix + p0) * 16;
     const float* res = s.residual ? src + ((img * pb + 2 * g) * pix + p0) * 16 : nullptr;  // the same geometry
-    for (int64_t x0 = 0; x0 < np; x0 += kTile) {
+    const Prefetch next =
+        g + 1 < npg ? Prefetch::bytes(U + 32 * s.m, s.m * group_width(padded_proj(s), g + 1) * 4) : Prefetch{};
+    for (int64_t x0 = 0, i = 0; x0 < np; x0 += kTile, ++i) {
       const int t = static_cast<int>(std::min<int64_t>(kTile, np - x0));
-      expand_fn(t, nv)(dwo + x0 * 16, np * 16, s.m, U, p.b3 + 32 * g, s.act3, out + x0 * 16, pix * 16,
-                       res ? res + x0 * 16 : nullptr);
+      const Prefetch part = next.part(i, tiles);
+      expand_tile_pf_fn(t, nv)(dwo + x0 * 16, np * 16, s.m, U, p.b3 + 32 * g, s.act3, out + x0 * 16, pix * 16,
+                               res ? res + x0 * 16 : nullptr, part.at, part.lines);
     }
   }
   if (s.proj % 16 != 0) {  // nChw16c's padding: the residual's lanes there are not ours to trust

@@ -12,8 +12,9 @@
 // each row as register tiles of up to 14 pixels x 32 channels over the input channels with the bias and the first
 // activation applied in registers, and the depthwise output row from the ring with its bias and activation, written
 // once in nChw16c. Where the two 1x1s' weights would not stay in L2 from one row to the next (MobileNetV2's 7x7
-// blocks: 1.2-1.8 MB), a thread takes its rows at once instead, group by group (expand_dw_rows_at_once). Where it
-// pays: chain/ops/conv_own_steps.cc (Builder::conv_expand_dw) and docs/ONEDNN_PERFORMANCE.md, "(xdw)", "(xdw7)".
+// blocks: 1.2-1.8 MB), a thread takes its rows at once instead, group by group (expand_dw_rows_at_once), the next
+// group's weights prefetched while a group's run. Where it pays: chain/ops/conv_own_steps.cc (Builder::conv_expand_dw)
+// and docs/ONEDNN_PERFORMANCE.md, "(xdw)", "(xdw7)", "(pf)".
 #pragma once
 
 #include <cstddef>
