@@ -213,6 +213,7 @@ keel_status_t onednn_init_instance(const keel_core_api_t* host, keel_plugin_hand
     read_flag("pointwise", "KEEL_ONEDNN_POINTWISE", o.pointwise);
     read_flag("wino4_streamed", "KEEL_ONEDNN_WINO4_STREAMED", o.wino4_streamed);
     read_flag("wino_few_tiles", "KEEL_ONEDNN_WINO_FEW_TILES", o.wino_few_tiles);
+    read_flag("wino4_position_major", "KEEL_ONEDNN_WINO4_POSITION_MAJOR", o.wino4_position_major);
     read_flag("dw_ln", "KEEL_ONEDNN_DW_LN", o.dw_ln);
     read_flag("expand_dw", "KEEL_ONEDNN_EXPAND_DW", o.expand_dw);
     read_flag("expand_dw_project", "KEEL_ONEDNN_EXPAND_DW_PROJECT", o.expand_dw_project);

@@ -1838,9 +1838,13 @@ void add_chain_cases(std::vector<OpCase>& v) {
   };
   // ResNet's basic block at 14x14 and 7x7. At C=160 (3.7 MB of F(4,3)-transformed weights) oneDNN's plugin runs both
   // 3x3s as its own Winograd step position by position (steps/wino4.h, Wino4Shape::position_major): at 14x14 in
-  // F(4,3) (16 tiles), at 7x7 in F(2,3) (4 tiles of F(4,3), 16 of F(2,3)).
-  for (const auto& [ch, hw, range] :
-       {std::tuple<int64_t, int64_t, float>{16, 14, 0.3f}, {160, 14, 0.05f}, {160, 7, 0.05f}}) {
+  // F(4,3) (16 tiles), at 7x7 in F(2,3) (4 tiles of F(4,3), 16 of F(2,3)); at 28x28 with C=128 and C=96 (2.4 and 1.3
+  // MB) in F(4,3) over 49 tiles (three output groups at C=96).
+  for (const auto& [ch, hw, range] : {std::tuple<int64_t, int64_t, float>{16, 14, 0.3f},
+                                      {160, 14, 0.05f},
+                                      {160, 7, 0.05f},
+                                      {128, 28, 0.06f},
+                                      {96, 28, 0.07f}}) {
     OpCase c;
     c.op = "Chain";
     c.label = "resnet basic block C=" + std::to_string(ch) + " " + std::to_string(hw) + "x" + std::to_string(hw);

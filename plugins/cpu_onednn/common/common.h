@@ -271,6 +271,10 @@ struct Options {
   bool wino4_streamed = true;  // KEEL_ONEDNN_WINO4_STREAMED=0 or [options] wino4_streamed = false: then a 3x3 of 16-31
                                // tiles and large weights stays on oneDNN's Winograd instead of the own F(4,3) step with
                                // its weights transformed at run time (Wino4Shape::streamed)
+  bool wino4_position_major = true;  // KEEL_ONEDNN_WINO4_POSITION_MAJOR=0 or [options] wino4_position_major = false:
+                                     // a 3x3 the own Winograd step takes with over 1 MiB of transformed weights
+                                     // (ResNet's 28x28 128->128) goes register tile by register tile over all 36
+                                     // positions, each reading the group's weights again, not position by position
   bool se_step = true;        // KEEL_ONEDNN_SE_STEP=0 or [options] se_step = false: squeeze-excite's excitation runs as
                               // oneDNN steps instead of the chain's own one (steps/se.h)
   bool view_post_ops = true;  // KEEL_ONEDNN_VIEW_POST_OPS=0 or [options] view_post_ops = false: a matmul's post-ops

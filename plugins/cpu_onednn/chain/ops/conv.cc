@@ -340,6 +340,17 @@ void Builder::conv(size_t i) {
   const int64_t wino2_tiles = N * ((y[2] + 1) / 2) * ((y[3] + 1) / 2);
   Wino4Shape mode;
   bool take = wino4_tiles >= kWino4MinTiles || 36 * C * M * static_cast<int64_t>(sizeof(float)) <= kWino4CachedBytes;
+  // Taken with over 1 MiB of transformed weights (ResNet's 28x28 128->128, SqueezeNet's 13x13 expands): the tiles
+  // position by position too (each position's weights read once per block of tiles, where register tile by register
+  // tile read the group's weights again for each, past L2 beside the block's transformed input). ResNet-50's three
+  // 28x28s 1.15-1.17 -> 1.02-1.03 ms at 1 thread and 0.85-0.95 -> 0.78-0.86 at 2, ResNet-18's two 1.16 -> 1.00-1.02 /
+  // 0.87 -> 0.79-0.80 (docs/ONEDNN_PERFORMANCE.md, "(w4p)"). Not with smaller weights: at 2 threads the step splits
+  // its output groups position by position (the input transform on each thread), and ResNet's 56x56 64->64 lost a
+  // fifth that way.
+  constexpr int64_t kWino4PositionMajorBytes = int64_t{1} << 20;
+  if (take && options().wino4_position_major &&
+      36 * C * M * static_cast<int64_t>(sizeof(float)) > kWino4PositionMajorBytes)
+    mode.position_major = true;
   if (!take && options().wino_few_tiles) {
     mode.position_major = true;
     mode.f2 = wino4_tiles < kWino4FewMinTiles;
