@@ -77,7 +77,8 @@ TEST(OnednnPointwise, CapBelowTheSums) { check(1, 64, 32, 6, 6, 2, true, true, 0
 // however many lines it is given (none, fewer than the blocks, more); and Prefetch's parts cover its lines once, in
 // order.
 TEST(OnednnPointwise, PrefetchingTileWritesWhatThePlainOneWrites) {
-  const Prefetch whole = Prefetch::bytes(reinterpret_cast<const void*>(0x1000), 1000);  // 16 lines (never read)
+  const std::vector<char> range(1000);
+  const Prefetch whole = Prefetch::bytes(range.data(), 1000);  // 16 lines
   EXPECT_EQ(whole.lines, 16);
   for (int parts : {1, 3, 16, 40}) {
     int64_t next = 0;

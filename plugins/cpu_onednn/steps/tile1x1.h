@@ -103,7 +103,7 @@ __attribute__((target("avx512f"))) void expand_tile_pf(const float* src, int64_t
 struct Prefetch {
   const char* at = nullptr;
   int64_t lines = 0;
-  // The lines that hold `n` bytes from p on (none for a null p).
+  // (n + 63) / 64 lines from p on, the n bytes where p is 64-byte aligned as packed weights are (none for a null p).
   static Prefetch bytes(const void* p, int64_t n) { return {static_cast<const char*>(p), p ? (n + 63) / 64 : 0}; }
   // Part i of `parts` in order (part i starts where part i - 1 ended), for the i-th of `parts` calls to share them.
   Prefetch part(int64_t i, int64_t parts) const {
