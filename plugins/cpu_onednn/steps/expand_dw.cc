@@ -32,8 +32,9 @@ namespace {
 
 constexpr int kTile = 14;                             // pixels per register tile of the expansion (14 x 2 accumulators)
 constexpr int64_t kMinRowsPerThread = 7;              // fewer: the team splits channel groups instead of rows
-constexpr int64_t kAtOnceMinWeightBytes = 640 << 10;  // rows at once: the two 1x1s' weights more than this,
-constexpr int64_t kAtOnceMaxOutBytes = 512 << 10;     // the image's depthwise output at most this
+constexpr int64_t kAtOnceMinWeightBytes = 640 << 10;  // rows at once: the two 1x1s' weights more than this
+constexpr int64_t kAtOnceMinWeightBytes1 = 384 << 10;  // (this at 1 thread),
+constexpr int64_t kAtOnceMaxOutBytes = 512 << 10;      // the image's depthwise output at most this
 
 int64_t blocks_of(int64_t c) { return (c + 15) / 16; }
 int64_t padded_m(const ExpandDwShape& s) { return 16 * blocks_of(s.m); }
@@ -565,13 +566,16 @@ size_t expand_dw_scratch_floats(const ExpandDwShape& s) {
 // The rule: the two 1x1s' weights more than fit in L2 beside the rows (kAtOnceMinWeightBytes: one by one, every row
 // read them from L3 or memory again) and the image's depthwise output small enough to stay in L2 for the projection
 // (kAtOnceMaxOutBytes). MobileNetV2's 7x7 blocks (1.2-1.8 MB of weights, 188 KB of depthwise output) 16-18% faster
-// alone with the weights in L3, 7-24% with them in memory; its 14x14 blocks (442 KB of weights) as fast or 6% slower
-// and its stride-2 block into 7x7 (590 KB) within 3% either way, so those stay row by row
-// (docs/ONEDNN_PERFORMANCE.md, "(xdw7)").
-bool expand_dw_rows_at_once(const ExpandDwShape& s) {
+// alone with the weights in L3, 7-24% with them in memory ("(xdw7)"). Since the next group's weights are prefetched
+// ("(pf)"), at 1 thread also its 14x14 blocks of 96 -> 576 channels (442 KB of weights; in the model 2-3% faster at 1
+// thread, 2-3% slower at 2) and its stride-2 block into 7x7 (590 KB; 5-8% faster alone, level at 2 threads in the
+// model); its blocks of 64 -> 384 (210-260 KB) level either way, so they stay row by row (docs/ONEDNN_PERFORMANCE.md,
+// "(pf)").
+bool expand_dw_rows_at_once(const ExpandDwShape& s, int team) {
   if (s.bf16 || s.stem || s.proj == 0 || s.at_once == 0) return false;
   const int64_t weights = (s.c * padded_m(s) + s.m * padded_proj(s)) * 4, out = padded_m(s) * s.oh() * s.ow() * 4;
-  return s.at_once == 1 || (weights > kAtOnceMinWeightBytes && out <= kAtOnceMaxOutBytes);
+  const int64_t floor = team <= 1 ? kAtOnceMinWeightBytes1 : kAtOnceMinWeightBytes;
+  return s.at_once == 1 || (weights > floor && out <= kAtOnceMaxOutBytes);
 }
 
 bool expand_dw_splits_rows(const ExpandDwShape& s, int team) {

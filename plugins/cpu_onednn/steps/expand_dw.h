@@ -53,8 +53,9 @@ struct ExpandDwShape {
   // sums (vdpbf16ps, weights rounded to bf16 as oneDNN's bf16 convolutions do); the ring and the depthwise stage stay
   // f32, each output rounded to bf16 once. Needs AVX-512 BF16, an even c and no stem.
   bool bf16 = false;
-  // How a thread takes its output rows with the projection (f32, no stem): -1 as expand_dw_rows_at_once says; 0 one
-  // by one; 1 at once (tests force both).
+  // How a thread takes its output rows with the projection (f32, no stem): -1 as expand_dw_rows_at_once says for a
+  // team of 2 or more; 0 one by one; 1 at once (the chain sets it from the rule for its thread count; tests force
+  // both).
   int at_once = -1;
   int64_t eh() const { return stem ? (h - 1) / 2 + 1 : h; }  // the first convolution's output (the ring's rows)
   int64_t ew() const { return stem ? (w - 1) / 2 + 1 : w; }
@@ -84,8 +85,9 @@ size_t expand_dw_scratch_floats(const ExpandDwShape& s);
 // Whether each thread takes its output rows at once instead of one by one: per 32-channel group, every expanded row
 // they read (the group's 1x1 weights read once) and their depthwise output, kept whole; then the projection over all
 // their pixels (its weights read once per 14 pixels). Where the two 1x1s' weights would not stay in L2 between rows
-// (MobileNetV2's 7x7 blocks) and the depthwise output would: with the projection, f32, no stem.
-bool expand_dw_rows_at_once(const ExpandDwShape& s);
+// (MobileNetV2's 7x7 blocks; for a team of one thread, `team`, its 14x14 ones too) and the depthwise output would:
+// with the projection, f32, no stem.
+bool expand_dw_rows_at_once(const ExpandDwShape& s, int team = 2);
 
 // Whether a team of `team` threads splits the output rows (true) or the 32-channel groups (false: images of fewer
 // than 7 output rows per thread, where recomputing the expansion's boundary rows would cost more than a quarter, and

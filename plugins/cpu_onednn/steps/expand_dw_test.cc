@@ -147,7 +147,7 @@ TEST(OnednnExpandDw, WithTheProjectionAndResidual) {
 }
 
 // Each thread's rows at once (per group every expanded row, then the projection over all the rows' pixels): forced
-// on and off over the geometries the row ranges split on, and by the rule for MobileNetV2's 7x7 blocks.
+// on and off over the geometries the row ranges split on, and by the rule for MobileNetV2's 7x7 and 14x14 blocks.
 TEST(OnednnExpandDw, RowsAtOnce) {
   using K = ExpandDwAct::Kind;
   ExpandDwShape seven;
@@ -155,13 +155,18 @@ TEST(OnednnExpandDw, RowsAtOnce) {
   EXPECT_TRUE(expand_dw_rows_at_once(seven));  // 1.2 MB of 1x1 weights
   ExpandDwShape fourteen = seven;
   fourteen.c = fourteen.proj = 96, fourteen.m = 576, fourteen.h = fourteen.w = 14;
-  EXPECT_FALSE(expand_dw_rows_at_once(fourteen));  // 442 KB: they stay in L2 row after row
+  EXPECT_TRUE(expand_dw_rows_at_once(fourteen, 1));   // 442 KB at 1 thread: from memory, the next group's prefetched
+  EXPECT_FALSE(expand_dw_rows_at_once(fourteen, 2));  // at 2 threads row after row
+  ExpandDwShape small = fourteen;
+  small.c = small.proj = 64, small.m = 384;
+  EXPECT_FALSE(expand_dw_rows_at_once(small, 1));  // 210 KB: row after row, from L2
   seven.proj = 0, seven.residual = false;
   EXPECT_FALSE(expand_dw_rows_at_once(seven));  // nothing to project
   for (int team : {1, 2, 3}) {
     const ExpandDwAct none{};
     check(1, 160, 960, 7, 7, 1, team, clip6(), clip6(), 3, 160, true);  // MobileNetV2's features.15, by the rule
     check(1, 160, 960, 7, 7, 1, team, clip6(), clip6(), 3, 320);        // features.17
+    check(1, 96, 576, 14, 14, 1, team, clip6(), clip6(), 3, 96, true);  // features.12, row by row by the rule
     for (int at_once : {1, 0}) {
       check(1, 96, 576, 14, 14, 2, team, clip6(), clip6(), 3, 160, false, none, false, false, at_once);  // into 7x7
       check(2, 40, 120, 9, 11, 1, team, of(K::kHardSwish), of(K::kRelu), 5, 40, true, none, false, false,

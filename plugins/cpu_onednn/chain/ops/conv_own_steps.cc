@@ -621,6 +621,7 @@ bool Builder::conv_expand_dw(size_t i, const Fusion& f, const std::string& src, 
                        projection_of(g.out, s.m, stem ? std::string() : src, Dims{s.n, s.c, s.h, s.w}, s.stride, &pr) &&
                        expand_dw_act_of(pr.act_po, &s.act3);
   if (project) s.proj = pr.out_channels, s.residual = pr.residual;
+  s.at_once = expand_dw_rows_at_once(s, p_->threads) ? 1 : 0;  // fixed for the plan's team (its scratch follows)
   if (!expand_dw_check(s).empty()) return false;
   const Dims yo = project ? Dims{s.n, s.proj, s.oh(), s.ow()} : y;
   // A reorder first unless nChw16c already (a stem: unless plain).
