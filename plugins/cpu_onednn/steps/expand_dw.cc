@@ -33,8 +33,8 @@ namespace {
 constexpr int kTile = 14;                             // pixels per register tile of the expansion (14 x 2 accumulators)
 constexpr int64_t kMinRowsPerThread = 7;              // fewer: the team splits channel groups instead of rows
 constexpr int64_t kAtOnceMinWeightBytes = 640 << 10;  // rows at once: the two 1x1s' weights more than this
-constexpr int64_t kAtOnceMinWeightBytes1 = 384 << 10;  // (this at 1 thread),
-constexpr int64_t kAtOnceMaxOutBytes = 512 << 10;      // the image's depthwise output at most this
+constexpr int64_t kAtOnceMinWeightBytesOneThread = 384 << 10;  // (this for a team of one),
+constexpr int64_t kAtOnceMaxOutBytes = 512 << 10;              // the image's depthwise output at most this
 
 int64_t blocks_of(int64_t c) { return (c + 15) / 16; }
 int64_t padded_m(const ExpandDwShape& s) { return 16 * blocks_of(s.m); }
@@ -115,7 +115,6 @@ struct StemTiles {
   static constexpr auto fn = stem_tile<T, NV>;
 };
 auto stem_fn(int tiles, int nv) { return tile_fn<StemTiles>(tiles, nv); }
-auto expand_fn(int tiles, int nv) { return expand_tile_fn(tiles, nv); }
 
 #define KEEL_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
@@ -310,8 +309,8 @@ __attribute__((target("avx512f"))) void project_row(const ExpandDwShape& s, cons
     const float* res = s.residual ? src + ((img * pb + 2 * g) * s.h + oy) * s.w * 16 : nullptr;
     for (int64_t x0 = 0; x0 < ow; x0 += kTile) {
       const int t = static_cast<int>(std::min<int64_t>(kTile, ow - x0));
-      expand_fn(t, nv)(row + x0 * 16, ow * 16, s.m, U, p.b3 + 32 * g, s.act3, out + x0 * 16, oh * ow * 16,
-                       res ? res + x0 * 16 : nullptr);
+      expand_tile_fn(t, nv)(row + x0 * 16, ow * 16, s.m, U, p.b3 + 32 * g, s.act3, out + x0 * 16, oh * ow * 16,
+                            res ? res + x0 * 16 : nullptr);
     }
   }
   if (s.proj % 16 != 0) {  // nChw16c's padding: the residual's lanes there are not ours to trust
@@ -371,13 +370,8 @@ void expand_row(const ExpandDwShape& s, const float* src, const Packed& p, int64
   const int64_t tiles = (s.w + kTile - 1) / kTile;
   for (int64_t x0 = 0, i = 0; x0 < s.w; x0 += kTile, ++i) {
     const int t = static_cast<int>(std::min<int64_t>(kTile, s.w - x0));
-    if (pf.lines > 0) {
-      const Prefetch part = pf.part(i, tiles);
-      expand_tile_pf_fn(t, nv)(in + x0 * 16, s.h * s.w * 16, s.c, U, p.b1 + 32 * g, s.act1, out + x0 * 16, wp * 16,
-                               nullptr, part.at, part.lines);
-    } else {
-      expand_fn(t, nv)(in + x0 * 16, s.h * s.w * 16, s.c, U, p.b1 + 32 * g, s.act1, out + x0 * 16, wp * 16, nullptr);
-    }
+    expand_tile_run(t, nv, in + x0 * 16, s.h * s.w * 16, s.c, U, p.b1 + 32 * g, s.act1, out + x0 * 16, wp * 16, nullptr,
+                    pf.part(i, tiles));
   }
 }
 
@@ -495,9 +489,8 @@ __attribute__((target("avx512f"))) void run_rows_at_once(const ExpandDwShape& s,
         g + 1 < npg ? Prefetch::bytes(U + 32 * s.m, s.m * group_width(padded_proj(s), g + 1) * 4) : Prefetch{};
     for (int64_t x0 = 0, i = 0; x0 < np; x0 += kTile, ++i) {
       const int t = static_cast<int>(std::min<int64_t>(kTile, np - x0));
-      const Prefetch part = next.part(i, tiles);
-      expand_tile_pf_fn(t, nv)(dwo + x0 * 16, np * 16, s.m, U, p.b3 + 32 * g, s.act3, out + x0 * 16, pix * 16,
-                               res ? res + x0 * 16 : nullptr, part.at, part.lines);
+      expand_tile_run(t, nv, dwo + x0 * 16, np * 16, s.m, U, p.b3 + 32 * g, s.act3, out + x0 * 16, pix * 16,
+                      res ? res + x0 * 16 : nullptr, next.part(i, tiles));
     }
   }
   if (s.proj % 16 != 0) {  // nChw16c's padding: the residual's lanes there are not ours to trust
@@ -574,7 +567,7 @@ size_t expand_dw_scratch_floats(const ExpandDwShape& s) {
 bool expand_dw_rows_at_once(const ExpandDwShape& s, int team) {
   if (s.bf16 || s.stem || s.proj == 0 || s.at_once == 0) return false;
   const int64_t weights = (s.c * padded_m(s) + s.m * padded_proj(s)) * 4, out = padded_m(s) * s.oh() * s.ow() * 4;
-  const int64_t floor = team <= 1 ? kAtOnceMinWeightBytes1 : kAtOnceMinWeightBytes;
+  const int64_t floor = team <= 1 ? kAtOnceMinWeightBytesOneThread : kAtOnceMinWeightBytes;
   return s.at_once == 1 || (weights > floor && out <= kAtOnceMaxOutBytes);
 }
 

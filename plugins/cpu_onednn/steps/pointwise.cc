@@ -52,12 +52,8 @@ void run_tiles(const PointwiseShape& s, const float* src, const float* packed, c
       const float* x = src + img * cb_n * plane + p0 * 16;
       const int t = static_cast<int>(p1 - p0), nv = static_cast<int>(wg / 16);
       const float* b = bias ? bias + 32 * g : kNoBias;
-      if (next.lines > 0) {
-        const Prefetch part = next.part(q - begin, end - begin);
-        expand_tile_pf_fn(t, nv)(x, plane, s.c, W, b, act, o, plane, s.sum ? o : nullptr, part.at, part.lines);
-      } else {
-        expand_tile_fn(t, nv)(x, plane, s.c, W, b, act, o, plane, s.sum ? o : nullptr);
-      }
+      expand_tile_run(t, nv, x, plane, s.c, W, b, act, o, plane, s.sum ? o : nullptr,
+                      next.part(q - begin, end - begin));
     }
   }
 }

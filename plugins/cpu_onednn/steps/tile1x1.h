@@ -139,4 +139,14 @@ inline ExpandTilePfFn expand_tile_pf_fn(int tiles, int nv) {
   return nv == 2 ? expand_tile_pf_of<2>(tiles, Seq{}) : expand_tile_pf_of<1>(tiles, Seq{});
 }
 
+// One tile of `tiles` pixels by `nv` vectors: expand_tile_pf's instance where `pf` has lines to prefetch, else
+// expand_tile's.
+inline void expand_tile_run(int tiles, int nv, const float* src, int64_t block_stride, int64_t c, const float* U,
+                            const float* bias, const ExpandDwAct& act, float* out, int64_t out_stride, const float* res,
+                            const Prefetch& pf) {
+  if (pf.lines > 0)
+    expand_tile_pf_fn(tiles, nv)(src, block_stride, c, U, bias, act, out, out_stride, res, pf.at, pf.lines);
+  else expand_tile_fn(tiles, nv)(src, block_stride, c, U, bias, act, out, out_stride, res);
+}
+
 }  // namespace keel::onednn

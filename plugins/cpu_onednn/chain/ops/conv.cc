@@ -339,7 +339,8 @@ void Builder::conv(size_t i) {
   const int64_t wino4_tiles = N * ((y[2] + 3) / 4) * ((y[3] + 3) / 4);
   const int64_t wino2_tiles = N * ((y[2] + 1) / 2) * ((y[3] + 1) / 2);
   Wino4Shape mode;
-  bool take = wino4_tiles >= kWino4MinTiles || 36 * C * M * static_cast<int64_t>(sizeof(float)) <= kWino4CachedBytes;
+  const int64_t wino4_weight_bytes = 36 * C * M * static_cast<int64_t>(sizeof(float));  // transformed, F(4,3)
+  bool take = wino4_tiles >= kWino4MinTiles || wino4_weight_bytes <= kWino4CachedBytes;
   // Taken with over 1 MiB of transformed weights (ResNet's 28x28 128->128, SqueezeNet's 13x13 expands): the tiles
   // position by position too (each position's weights read once per block of tiles, where register tile by register
   // tile read the group's weights again for each, past L2 beside the block's transformed input). ResNet-50's three
@@ -348,8 +349,7 @@ void Builder::conv(size_t i) {
   // its output groups position by position (the input transform on each thread), and ResNet's 56x56 64->64 lost a
   // fifth that way.
   constexpr int64_t kWino4PositionMajorBytes = int64_t{1} << 20;
-  if (take && options().wino4_position_major &&
-      36 * C * M * static_cast<int64_t>(sizeof(float)) > kWino4PositionMajorBytes)
+  if (take && options().wino4_position_major && wino4_weight_bytes > kWino4PositionMajorBytes)
     mode.position_major = true;
   if (!take && options().wino_few_tiles) {
     mode.position_major = true;
