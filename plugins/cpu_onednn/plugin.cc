@@ -224,21 +224,25 @@ keel_status_t onednn_init_instance(const keel_core_api_t* host, keel_plugin_hand
     read_flag("skinny_gemm", "KEEL_ONEDNN_SKINNY_GEMM", o.skinny_gemm);
     read_flag("skinny_conv", "KEEL_ONEDNN_SKINNY_CONV", o.skinny_conv);
     read_flag("maxpool_rows", "KEEL_ONEDNN_MAXPOOL_ROWS", o.maxpool_rows);
-    // int8_winograd: a flag, or "timed".
-    auto int8_wino = [&](const std::string& v) {
-      if (v == "timed") o.int8_winograd = Options::Int8Winograd::kTimed;
-      else if (v == "0" || v == "false" || v == "off") o.int8_winograd = Options::Int8Winograd::kOff;
-      else if (v == "1" || v == "true" || v == "on") o.int8_winograd = Options::Int8Winograd::kOn;
-      else throw std::invalid_argument("int8_winograd must be true, false or \"timed\", not \"" + v + "\"");
+    // Options that are a flag or "timed" (Options::Choice), from the manifest, then the environment.
+    auto read_choice = [&](const char* name, const char* env, Options::Choice& to) {
+      auto parse = [&](const std::string& v) {
+        if (v == "timed") to = Options::Choice::kTimed;
+        else if (v == "0" || v == "false" || v == "off") to = Options::Choice::kOff;
+        else if (v == "1" || v == "true" || v == "on") to = Options::Choice::kOn;
+        else throw std::invalid_argument(std::string(name) + " must be true, false or \"timed\", not \"" + v + "\"");
+      };
+      const char* text = nullptr;
+      int flag = 0;
+      if (host->options && host->plugin_options && host->options->get_bool(host->plugin_options, name, &flag))
+        parse(flag ? "1" : "0");
+      else if (host->options && host->plugin_options && host->options->get_string(host->plugin_options, name, &text) &&
+               text)
+        parse(text);
+      if (const char* e = std::getenv(env)) parse(e);
     };
-    const char* text = nullptr;
-    int flag = 0;
-    if (host->options && host->plugin_options && host->options->get_bool(host->plugin_options, "int8_winograd", &flag))
-      int8_wino(flag ? "1" : "0");
-    else if (host->options && host->plugin_options &&
-             host->options->get_string(host->plugin_options, "int8_winograd", &text) && text)
-      int8_wino(text);
-    if (const char* e = std::getenv("KEEL_ONEDNN_INT8_WINOGRAD")) int8_wino(e);
+    read_choice("int8_winograd", "KEEL_ONEDNN_INT8_WINOGRAD", o.int8_winograd);
+    read_choice("wino_few_tiles_f2", "KEEL_ONEDNN_WINO_FEW_TILES_F2", o.wino_few_tiles_f2);
     if (const char* e = std::getenv("KEEL_ONEDNN_PROFILE")) o.profile = std::strcmp(e, "0") != 0;
     (void)engine();  // fails early when oneDNN cannot make a CPU engine
   } catch (const std::invalid_argument& e) {

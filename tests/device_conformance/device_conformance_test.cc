@@ -443,6 +443,62 @@ TEST(DeviceConformance, Int8WinogradOptionRunsTheQConvsItTakes) {
   EXPECT_EQ(differ, runs) << "a case ran on the direct kernel with int8_winograd = true";
 }
 
+// The cpu_onednn option wino_few_tiles_f2 (plugins/cpu_onednn/README.md): ResNet's basic block at 14x14 (16 tiles
+// of F(4,3), transformed weights past 3 MiB: the own Winograd step position by position) runs in F(2,3) with `true`,
+// in F(4,3) with `false`, and in whichever timed faster with "timed" (the default; a claim's plan times it at its
+// first run, chain/runtime.cc). Each within Winograd's rounding of the reference kernels; the two forms round
+// differently, so equal outputs under `true` and `false` mean the option did nothing. A value that is not a flag or
+// "timed" keeps the plugin from loading in that environment, with a reason naming the option.
+TEST(DeviceConformance, WinoFewTilesF2OptionPicksTheForm) {
+  Envs& e = envs();
+  ASSERT_TRUE(e.dut && e.oracle);
+  if (!plugin_loaded(*e.dut, "cpu_onednn")) GTEST_SKIP() << "cpu_onednn is not loaded";
+  if (!__builtin_cpu_supports("avx512f")) GTEST_SKIP() << "the own Winograd step needs AVX-512";
+  EnvironmentOptions bad;
+  bad.plugin_options["cpu_onednn"]["wino_few_tiles_f2"] = "often";
+  auto refused = Environment::create(bad);
+  ASSERT_TRUE(refused.is_ok()) << refused.status().to_string();
+  for (const auto& p : (*refused)->plugins())
+    if (p.name == "cpu_onednn") {
+      EXPECT_NE(p.state, PluginState::kLoaded);
+      EXPECT_NE(p.reason.find("wino_few_tiles_f2 must be true, false or \"timed\", not \"often\""), std::string::npos)
+          << p.reason;
+    }
+  const OpCase* block = nullptr;
+  const auto cases = all_cases();
+  for (const OpCase& c : cases)
+    if (c.label == "resnet basic block C=160 14x14") block = &c;
+  ASSERT_NE(block, nullptr) << "the case table lost ResNet's basic block at 14x14";
+  std::vector<Tensor> want;
+  ASSERT_NO_FATAL_FAILURE(run_case(*e.oracle, *block, false, want));
+  // The outputs live in their environment's memory: the environments are declared first, to be destroyed last.
+  std::vector<std::unique_ptr<Environment>> envs_of;
+  std::map<std::string, std::vector<Tensor>> got;
+  for (const char* v : {"true", "false", "timed"}) {
+    EnvironmentOptions o;
+    o.plugin_options["cpu_onednn"]["wino_few_tiles_f2"] = v;
+    auto env = Environment::create(o);
+    ASSERT_TRUE(env.is_ok()) << env.status().to_string();
+    envs_of.push_back(std::move(env).value());
+    ASSERT_TRUE(plugin_loaded(*envs_of.back(), "cpu_onednn")) << v;
+    bool chained = false;
+    ASSERT_NO_FATAL_FAILURE(run_case(*envs_of.back(), *block, true, got[v], &chained));
+    EXPECT_TRUE(chained) << v;
+    const Tensor &a = want.at(0), &b = got[v].at(0);
+    ASSERT_EQ(a.shape(), b.shape()) << v;
+    double sq = 0, ref = 0;
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      const double d = static_cast<double>(a.data<float>()[i]) - b.data<float>()[i];
+      sq += d * d;
+      ref += static_cast<double>(a.data<float>()[i]) * a.data<float>()[i];
+    }
+    EXPECT_LE(std::sqrt(sq / std::max(ref, 1e-30)), 1e-5) << "wino_few_tiles_f2 = " << v;
+  }
+  const Tensor &f2 = got["true"].at(0), &f4 = got["false"].at(0);
+  EXPECT_NE(std::memcmp(f2.raw_data(), f4.raw_data(), static_cast<size_t>(f2.numel()) * sizeof(float)), 0)
+      << "F(2,3) and F(4,3) gave bit-equal outputs: the option changed nothing";
+}
+
 TEST(DeviceConformance, OtherDevices) {
   Envs& e = envs();
   ASSERT_TRUE(e.dut && e.oracle);

@@ -497,7 +497,9 @@ class Builder {
   bool conv_skinny(size_t i, const Fusion& f, Im2RowShape rows, const std::vector<std::string>& srcs, int64_t M,
                    const std::vector<float>& w, const std::vector<float>& bias, double flops);
   bool conv_wino4(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y,
-                  const std::vector<float>& w, const std::vector<float>& bias, double flops, const Wino4Shape& mode);
+                  const std::vector<float>& w, const std::vector<float>& bias, double flops, const Wino4Shape& mode,
+                  bool pick_f2 = false);
+  size_t wino_few_tiles_pick(const Wino4Shape& s, const std::vector<float>& w);
   bool conv_pointwise(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y,
                       const std::vector<float>& w, const std::vector<float>& bias, double flops);
   bool conv_dilated_phases(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y, int64_t dil,

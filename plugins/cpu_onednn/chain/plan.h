@@ -5,6 +5,7 @@
 // the plan's pool (chain/runtime.cc).
 #pragma once
 
+#include <functional>
 #include <mutex>
 
 #include "chain/recipe.h"
@@ -117,10 +118,12 @@ class WeightArena {
 };
 
 // A convolution whose implementation a claim-time plan took untimed (Builder's time_convs off): the candidates and
-// margins fastest_conv_remembered would have timed; the plan took the first.
+// margins fastest_conv_remembered would have timed, or, for a choice among the chain's own steps, `own`, the timed
+// and remembered pick itself (Builder::wino_few_tiles_pick); the plan took the first (index 0).
 struct DeferredPick {
   std::vector<dnnl::convolution_forward::primitive_desc> cands;
   std::vector<double> margins;
+  std::function<size_t()> own;
 };
 
 // One run's memory objects: a copy of the plan's binds (new dnnl::memory objects over the same descriptors) and of its

@@ -83,7 +83,7 @@ void run_chain(Chain& ch, Ctx& c) {
     if (it != ch.plans.end() && !it->second->deferred.empty()) {
       bool same = true;
       for (const DeferredPick& d : it->second->deferred)
-        same = fastest_conv_remembered(d.cands, engine(), stream(), d.margins) == 0 && same;
+        same = (d.own ? d.own() : fastest_conv_remembered(d.cands, engine(), stream(), d.margins)) == 0 && same;
       if (same) {
         it->second->deferred.clear();
       } else {

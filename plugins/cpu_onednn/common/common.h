@@ -295,7 +295,12 @@ struct Options {
   // Winograd F(2x2,3x3) takes (qconv_winograd_desc, kernels/int8.h) runs on it always (the same outputs every run), or
   // where it times faster than the direct kernel. Off by default: it requantizes in the transformed domain (the
   // input's bytes / 4, the weights * 4/9), so its outputs are not the QDQ model's to within one rounding.
-  enum class Int8Winograd { kOff, kOn, kTimed } int8_winograd = Int8Winograd::kOff;
+  enum class Choice { kOff, kOn, kTimed };  // an option that is a flag or "timed"
+  Choice int8_winograd = Choice::kOff;
+  // [options] wino_few_tiles_f2 = "timed" / true / false (KEEL_ONEDNN_WINO_FEW_TILES_F2=timed / 1 / 0): a 3x3 of 16-31
+  // F(4,3) tiles that wino_few_tiles takes (ResNet's 14x14 at batch 1) runs in F(2,3) where it times faster when the
+  // plan is built (Builder::wino_few_tiles_pick), always, or never (F(4,3))
+  Choice wino_few_tiles_f2 = Choice::kTimed;
   bool profile = false;  // KEEL_ONEDNN_PROFILE=1: claimed subgraphs time their primitives (logged at info)
 };
 

@@ -192,13 +192,35 @@ size_t fastest_conv_remembered(const std::vector<dnnl::convolution_forward::prim
     describe(k, pd.dst_desc());
   }
   for (double m : margins) k << m << ',';
-  const std::string key = k.str();
+  return remembered_pick(k.str(), [&] { return fastest_conv(cands, eng, strm, 7, margins); });
+}
+
+size_t remembered_pick(const std::string& key, const std::function<size_t()>& pick) {
   Remembered& r = remembered();
   std::lock_guard<std::mutex> lock(r.mu);
   if (auto it = r.picks.find(key); it != r.picks.end()) return it->second;
-  const size_t best = fastest_conv(cands, eng, strm, 7, margins);
+  const size_t best = pick();
   r.picks.emplace(key, best);
   return best;
+}
+
+size_t fastest_run(const std::vector<std::function<void()>>& runs, const std::function<void()>& cool, int reps,
+                   const std::vector<double>& margins, std::vector<double>* seconds) {
+  std::vector<double> best(runs.size(), 1e30);
+  auto time = [&](size_t k) {
+    if (cool) cool();
+    const auto t0 = std::chrono::steady_clock::now();
+    runs[k]();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  for (size_t k = 0; k < runs.size(); ++k) time(k);
+  for (int rep = 0; rep < reps; ++rep)
+    for (size_t k = 0; k < runs.size(); ++k) best[k] = std::min(best[k], time(k));
+  size_t pick = 0;
+  for (size_t k = 1; k < runs.size(); ++k)
+    if (best[k] < (1.0 - (k < margins.size() ? margins[k] : 0.05)) * best[0] && best[k] < best[pick]) pick = k;
+  if (seconds) *seconds = best;
+  return pick;
 }
 
 size_t remembered_conv_picks() {

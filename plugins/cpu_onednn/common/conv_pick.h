@@ -16,6 +16,8 @@
 
 #include <dnnl.hpp>
 
+#include <functional>
+#include <string>
 #include <vector>
 
 namespace keel::onednn {
@@ -42,7 +44,19 @@ size_t fastest_conv(const std::vector<dnnl::convolution_forward::primitive_desc>
 size_t fastest_conv_remembered(const std::vector<dnnl::convolution_forward::primitive_desc>& cands,
                                const dnnl::engine& eng, dnnl::stream& strm, const std::vector<double>& margins);
 
-// How many answers fastest_conv_remembered holds (for tests).
+// How many answers fastest_conv_remembered and remembered_pick hold together (for tests).
 size_t remembered_conv_picks();
+
+// The answer `pick` gives to the question `key`, remembered for the rest of the process: `pick` runs once per key,
+// under the mutex fastest_conv_remembered times under (two plans never time at once). For choices among the chain's
+// own steps (Builder::wino_few_tiles_pick): the key names everything the answer depends on, the team included.
+size_t remembered_pick(const std::string& key, const std::function<size_t()>& pick);
+
+// The index of the fastest of `runs` (each a whole computation, on the team it chooses): one warm run each, then the
+// fastest of `reps` runs, interleaved across them, each after `cool` ran untimed (what passes through the caches
+// between two runs of it in a network: the rest of its weights; may be empty); run 0 is kept unless run k is faster
+// than it by margins[k] (a fraction; a run without an entry: 0.05). `seconds`, when given, receives each run's fastest.
+size_t fastest_run(const std::vector<std::function<void()>>& runs, const std::function<void()>& cool, int reps,
+                   const std::vector<double>& margins = {}, std::vector<double>* seconds = nullptr);
 
 }  // namespace keel::onednn

@@ -154,5 +154,46 @@ TEST_F(OnednnConvPickTiming, RemembersEachAnswerPerCandidatesAndTeam) {
   omp_set_num_threads(1);
 }
 
+// fastest_run over computations of known cost (a busy loop of so many steps): the cheaper one wins when it comes
+// second, the first stays when it is the cheaper one or when the margin asks more than the other can give; `cool`
+// runs before every timed run (one warm run each, then reps of each).
+TEST(OnednnOwnPick, FastestRunPicksTheCheaperComputation) {
+  auto busy = [](int64_t steps) {
+    return [steps] {
+      volatile double x = 1.0;
+      for (int64_t i = 0; i < steps; ++i) x = x * 1.0000001 + 1e-9;
+    };
+  };
+  const auto slow = busy(4'000'000), quick = busy(400'000);  // about 10x apart
+  int cools = 0;
+  const std::function<void()> cool = [&] { ++cools; };
+  std::vector<double> took;
+  EXPECT_EQ(fastest_run({slow, quick}, cool, 3, {}, &took), 1u);
+  EXPECT_EQ(cools, 2 * (1 + 3));
+  ASSERT_EQ(took.size(), 2u);
+  EXPECT_GT(took[0], 2 * took[1]);
+  EXPECT_EQ(fastest_run({quick, slow}, nullptr, 3), 0u);
+  EXPECT_EQ(fastest_run({slow, quick}, nullptr, 3, {0.0, 0.999}), 0u);  // a margin it cannot beat
+  EXPECT_EQ(fastest_run({quick}, nullptr, 3), 0u);
+}
+
+// remembered_pick asks its question once per key, and answers it again without asking.
+TEST(OnednnOwnPick, RememberedPickAsksOncePerKey) {
+  const size_t before = remembered_conv_picks();
+  int asked = 0;
+  auto ask = [&](size_t answer) {
+    return [&asked, answer] {
+      ++asked;
+      return answer;
+    };
+  };
+  EXPECT_EQ(remembered_pick("own pick test|a", ask(1)), 1u);
+  EXPECT_EQ(remembered_pick("own pick test|a", ask(0)), 1u);  // remembered: not asked again
+  EXPECT_EQ(asked, 1);
+  EXPECT_EQ(remembered_pick("own pick test|b", ask(0)), 0u);
+  EXPECT_EQ(asked, 2);
+  EXPECT_EQ(remembered_conv_picks(), before + 2);
+}
+
 }  // namespace
 }  // namespace keel::onednn

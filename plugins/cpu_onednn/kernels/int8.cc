@@ -221,7 +221,7 @@ std::optional<dnnl::convolution_forward::primitive_desc> qconv_winograd_desc(
   using tag = dnnl::memory::format_tag;
   const Dims& w = g.w_dims;
   const Dims& p = g.pads;
-  if (options().int8_winograd == Options::Int8Winograd::kOff || g.rank != 4 || g.group != 1 || w[2] != 3 || w[3] != 3 ||
+  if (options().int8_winograd == Options::Choice::kOff || g.rank != 4 || g.group != 1 || w[2] != 3 || w[3] != 3 ||
       x[1] % 16 != 0 || w[0] % 16 != 0 || g.strides != Dims{1, 1} || g.dilations != Dims{1, 1} || p[0] != p[2] ||
       p[1] != p[3] || p[0] < 0 || p[0] > 1 || p[1] < 0 || p[1] > 1 || q.x_type != KEEL_DTYPE_U8 || q.x_zero != 0 ||
       q.y_zero != 0 || (q.residual && !q.residual_sum) || (!q.act.empty() && q.act != "Relu"))
@@ -575,7 +575,7 @@ class QConvKernel : public Kernel {
     auto pd = qconv_primitive_desc(q_, g_, x, y, q_.residual ? last[r - 1] : tag::any);
     if (auto wino = qconv_winograd_desc(q_, g_, x, y, pd)) {  // the option int8_winograd: always, or if faster
       std::vector<dnnl::convolution_forward::primitive_desc> cands{pd, *wino};
-      const bool timed = options().int8_winograd == Options::Int8Winograd::kTimed;
+      const bool timed = options().int8_winograd == Options::Choice::kTimed;
       pd = cands[timed ? fastest_conv_remembered(cands, engine(), stream(), {0, 0.05}) : 1];
     }
     p->prim = dnnl::convolution_forward(pd);

@@ -329,7 +329,8 @@ void Builder::conv(size_t i) {
   // (13x13 included) together 1.69 -> 1.26 ms at 1 thread. With fewer tiles and larger weights (which then come
   // from memory at every run: ResNet's 14x14 and 7x7 at batch 1), the step position by position
   // (Wino4Shape::position_major: each position's weights read once per run, the next position's prefetched during
-  // the products), in F(4,3) from 16 tiles, else in F(2,3) from 16 of its 2x2 tiles (the 7x7: 4 and 16). Against
+  // the products), in F(4,3) from 16 tiles (or F(2,3) where that times faster, the weights coming from memory:
+  // wino_few_tiles_pick, "(wft)"), else in F(2,3) from 16 of its 2x2 tiles (the 7x7: 4 and 16). Against
   // the earlier choices in ResNet-50 at 1 / 2 threads (3 alternating rounds): the five 14x14s 3.16-4.20 -> 2.26-3.30 /
   // 2.33-2.51 -> 1.80-2.08 ms (with the weights transformed at every run before, Wino4Shape::streamed, itself 25%
   // faster than oneDNN's kernels), the two 7x7s 2.29-2.60 -> 1.43-1.96 / 1.34-1.37 -> 0.92-1.08 ms (oneDNN's F(2,3)
@@ -351,15 +352,17 @@ void Builder::conv(size_t i) {
   constexpr int64_t kWino4PositionMajorBytes = int64_t{1} << 20;
   if (take && options().wino4_position_major && wino4_weight_bytes > kWino4PositionMajorBytes)
     mode.position_major = true;
+  bool pick_f2 = false;  // F(4,3) of few tiles, or F(2,3): timed (wino_few_tiles_pick)
   if (!take && options().wino_few_tiles) {
     mode.position_major = true;
+    pick_f2 = wino4_tiles >= kWino4FewMinTiles;
     mode.f2 = wino4_tiles < kWino4FewMinTiles;
     take = wino4_tiles >= kWino4FewMinTiles || wino2_tiles >= kWino4FewMinTiles;
   } else if (!take && options().wino4_streamed) {
     mode.streamed = take = wino4_tiles >= kWino4FewMinTiles;
   }
   if (wino && options().wino4 && take && pl == Dims{1, 1} && pr == Dims{1, 1} && chan_scale.empty() &&
-      !f.pass_after() && act_ == dt::f32 && conv_wino4(i, f, src_name, x, y, w, bias, conv_flops, mode))
+      !f.pass_after() && act_ == dt::f32 && conv_wino4(i, f, src_name, x, y, w, bias, conv_flops, mode, pick_f2))
     return;
   // Few output pixels and large weights (ResNet-50's stride-2 3x3 in layer4.0 at batch 1): the windows times the
   // weights as the chain's own few-row product (conv_skinny). Not the 3x3s Winograd takes (fewer multiply-adds).
@@ -400,7 +403,7 @@ void Builder::conv(size_t i) {
     }
     size_t pick = 0;
     if (time_convs_) pick = fastest_conv_remembered(cands, engine(), stream(), margins);
-    else if (cands.size() > 1) p_->deferred.push_back({cands, margins});
+    else if (cands.size() > 1) p_->deferred.push_back({cands, margins, {}});
     pd = std::make_unique<dnnl::convolution_forward::primitive_desc>(cands[pick]);
   }
   // Other spatial convolutions (strided 3x3s, dilated ones, 3x3s Winograd leaves): oneDNN's brgemm kernel over nhwc

@@ -3,7 +3,14 @@
 #include "chain/builder.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <memory>
+#include <new>
+#include <sstream>
+#include <utility>
+
+#include "common/team.h"
 
 namespace keel::onednn::chain {
 
@@ -495,10 +502,11 @@ bool Builder::conv_skinny(size_t i, const Fusion& f, Im2RowShape rows, const std
 // A 3x3 stride-1 convolution with padding 1 (its f32 source reordered to nChw16c when in another layout, as
 // oneDNN's Winograd kernels would have it), channels in multiples of 16, then at most a residual sum and a Relu, as the
 // chain's own Winograd F(4,3) step (steps/wino4.h). `w` [M][C][3][3] and `bias` with folds applied; `mode` the
-// step's flags (streamed, position_major, f2). False, changing nothing, for anything else.
+// step's flags (streamed, position_major, f2); with `pick_f2`, F(2,3) where wino_few_tiles_pick times it faster.
+// False, changing nothing, for anything else.
 bool Builder::conv_wino4(size_t i, const Fusion& f, const std::string& src, const Dims& x, const Dims& y,
                          const std::vector<float>& w, const std::vector<float>& bias, double flops,
-                         const Wino4Shape& mode) {
+                         const Wino4Shape& mode, bool pick_f2) {
   bool sum = false, relu = false;
   if (!sum_relu_of(f, &sum, &relu)) return false;
   if (x.size() != 4 || y.size() != 4) return false;
@@ -507,6 +515,7 @@ bool Builder::conv_wino4(size_t i, const Fusion& f, const std::string& src, cons
   s.n = x[0], s.c = x[1], s.m = y[1], s.h = x[2], s.w = x[3], s.sum = sum, s.relu = relu;
   if (!wino4_check(s).empty() || y != Dims{s.n, s.m, s.h, s.w}) return false;
   if (w.size() != static_cast<size_t>(s.m * s.c * 9) || bias.size() != static_cast<size_t>(s.m)) return false;
+  if (pick_f2 && !s.f2 && wino_few_tiles_pick(s, w) == 1) s.f2 = true;
   const Val xv = as_md(src, md_t(to_dnnl(x), dt::f32, tag::nChw16c));  // a reorder first unless nChw16c already
   Exec e;
   own_weights(
@@ -529,6 +538,86 @@ bool Builder::conv_wino4(size_t i, const Fusion& f, const std::string& src, cons
            r_.nodes[i].name + (sum ? " + Add" : "") + (relu ? " + Relu " : " ") + dims_str(x) + " -> " + dims_str(y));
   for (size_t k : f.nodes) done_[k] = true;
   return true;
+}
+
+// F(4,3) (0) or F(2,3) (1) for a 3x3 of few tiles whose transformed weights do not stay in cache between runs (`s`,
+// position by position; ResNet's 14x14 at batch 1: 16 tiles of F(4,3), 49 of F(2,3)), whichever runs faster on this
+// host at the plan's team. F(4,3) computes 2.25 products per output against F(2,3)'s 4 but reads 36/16 the weights
+// (ResNet's 256->256: 9.4 MB against 4.2 MB per run); which wins depends on the memory bandwidth a core gets.
+// Measured in ResNet-50 (docs/ONEDNN_PERFORMANCE.md, "(wft)"): on an Intel Xeon host whose core streams 10 GB/s from
+// memory F(2,3) won at 1 and 2 threads; on the AMD EPYC hosts of earlier sessions F(4,3) had won at 2. So both are
+// timed, each run after the network's other constants were read through the caches (in a network its other layers'
+// weights evict these between runs; timed hot, F(4,3) won on the Intel host too), and the answer is remembered per
+// shape, team and size of those constants (common/conv_pick.h remembered_pick). A claim-time plan (time_convs_ off)
+// takes F(4,3) and leaves the timing to its first run (Plan::deferred, chain/runtime.cc run_chain).
+size_t Builder::wino_few_tiles_pick(const Wino4Shape& s, const std::vector<float>& w) {
+  if (options().wino_few_tiles_f2 != Options::Choice::kTimed)
+    return options().wino_few_tiles_f2 == Options::Choice::kOn ? 1 : 0;
+  const int team = std::max(1, p_->threads);
+  std::vector<std::pair<const char*, size_t>> rest;  // the network's constants, as read between runs
+  size_t rest_bytes = 0;
+  for (const auto& [name, c] : r_.consts)
+    if (c.bytes.size() >= 4096) rest.emplace_back(c.bytes.data(), c.bytes.size()), rest_bytes += c.bytes.size();
+  std::ostringstream k;
+  k << "wino_few_tiles|" << team << '|' << s.n << ',' << s.c << ',' << s.m << ',' << s.h << ',' << s.w << ',' << s.sum
+    << s.relu << '|' << (rest_bytes >> 20);
+  // What the closure holds outlives this builder: the constants are the chain's recipe's (kept with the chain, whose
+  // runs evaluate a deferred pick), the weights a copy.
+  auto pick = [key = k.str(), s, w, team, rest = std::move(rest), rest_bytes] {
+    return remembered_pick(key, [&]() -> size_t {
+      Wino4Shape f2 = s;
+      f2.f2 = true;
+      struct Free {
+        void operator()(void* p) const { std::free(p); }
+      };
+      auto buffer = [](size_t floats) {
+        std::unique_ptr<void, Free> p(alloc_host(floats * sizeof(float), 2 * kHugePage));
+        if (!p) throw std::bad_alloc();
+        std::memset(p.get(), 0, floats * sizeof(float));
+        return p;
+      };
+      auto f = [](const std::unique_ptr<void, Free>& p) { return static_cast<float*>(p.get()); };
+      const size_t per_thread = std::max(wino4_scratch_floats(s), wino4_scratch_floats(f2));
+      const auto p4 = buffer(wino4_packed_floats(s)), p2 = buffer(wino4_packed_floats(f2));
+      wino4_pack_weights(s, w.data(), f(p4));
+      wino4_pack_weights(f2, w.data(), f(p2));
+      const auto src = buffer(static_cast<size_t>(s.n * s.c * s.h * s.w)),
+                 dst = buffer(static_cast<size_t>(s.n * s.m * s.h * s.w)), bias = buffer(static_cast<size_t>(s.m)),
+                 scratch = buffer(static_cast<size_t>(team) * per_thread);
+      std::vector<float> sink(static_cast<size_t>(team) * 16);
+      // Before each run: the network's other constants read through the caches, then the source, as its producer
+      // just wrote it (both split over the team, a float per cache line).
+      auto read = [&](const char* at, int64_t lines) {
+        split_over_team(lines, team, [&](int64_t t, int64_t b, int64_t e) {
+          float acc = 0.f;
+          for (int64_t l = b; l < e; ++l) acc += static_cast<float>(at[l * 64]);
+          sink[static_cast<size_t>(t) * 16] += acc;
+        });
+      };
+      auto cool = [&] {
+#if !defined(__SANITIZE_THREAD__)  // (the reads mean nothing to a timing there, and cost minutes: conv_pick.cc)
+        for (const auto& [p, bytes] : rest) read(p, static_cast<int64_t>(bytes / 64));
+#endif
+        read(static_cast<const char*>(src.get()), s.n * s.c * s.h * s.w / 16);
+      };
+      auto run = [&](const Wino4Shape& v, const float* packed) {
+        return [&, v, packed] { wino4_run(v, f(src), packed, f(bias), f(dst), f(scratch), team, per_thread); };
+      };
+      std::vector<double> took;
+      const size_t best = fastest_run({run(s, f(p4)), run(f2, f(p2))}, cool, 4, {}, &took);
+      std::ostringstream m;
+      m << "wino_few_tiles: " << s.c << "->" << s.m << " at " << s.h << "x" << s.w << " on " << team
+        << " thread(s): F(4,3) " << took[0] * 1e3 << " ms, F(2,3) " << took[1] * 1e3 << " ms (after reading "
+        << (rest_bytes >> 20) << " MiB of other weights): " << (best ? "F(2,3)" : "F(4,3)");
+      debug_log(m.str());
+      return best;
+    });
+  };
+  if (!time_convs_) {
+    p_->deferred.push_back({{}, {}, pick});
+    return 0;
+  }
+  return pick();
 }
 
 // A 1x1 stride-1 convolution without padding (its f32 source reordered to nChw16c when in another layout), channels

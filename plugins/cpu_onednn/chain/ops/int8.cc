@@ -372,7 +372,7 @@ void Builder::qconv(size_t i) {
   // output only QConvs read) is computed in f32 with Z as a sum and quantized by a step of its own (`requantize`),
   // where the Winograd takes it that way: it has no binary post-op.
   std::optional<QuantSetup> requantize;
-  if (!wino && q.residual && q.y_type != KEEL_DTYPE_F32 && options().int8_winograd != Options::Int8Winograd::kOff) {
+  if (!wino && q.residual && q.y_type != KEEL_DTYPE_F32 && options().int8_winograd != Options::Choice::kOff) {
     QuantSetup f = q;
     f.y_type = KEEL_DTYPE_F32, f.y_scale = 1, f.y_zero = 0, f.residual_sum = true;
     auto fpd = qconv_primitive_desc(f, g, x, y, last);
@@ -391,11 +391,11 @@ void Builder::qconv(size_t i) {
     std::vector<dnnl::convolution_forward::primitive_desc> cands{pd, *wino};
     const std::vector<double> margins{0, 0.05};
     size_t pick = 1;
-    if (options().int8_winograd == Options::Int8Winograd::kTimed) {
+    if (options().int8_winograd == Options::Choice::kTimed) {
       if (time_convs_) {
         pick = fastest_conv_remembered(cands, engine(), stream(), margins);
       } else {
-        p_->deferred.push_back({cands, margins});
+        p_->deferred.push_back({cands, margins, {}});
         pick = 0;
       }
     }
