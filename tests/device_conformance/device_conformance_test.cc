@@ -356,6 +356,24 @@ TEST(DeviceConformance, Int8ChainsMatchTheStandaloneKernels) {
   EXPECT_GT(cases, 0);
 }
 
+// A cpu_onednn option that is a flag or "timed" (int8_winograd, wino_few_tiles_f2) set to `value`, anything else:
+// the plugin does not load in that environment, and its reason names the option and the value.
+void expect_choice_refused(const std::string& option, const std::string& value) {
+  EnvironmentOptions bad;
+  bad.plugin_options["cpu_onednn"][option] = value;
+  auto refused = Environment::create(bad);
+  ASSERT_TRUE(refused.is_ok()) << refused.status().to_string();
+  bool seen = false;
+  for (const auto& p : (*refused)->plugins())
+    if (p.name == "cpu_onednn") {
+      seen = true;
+      EXPECT_NE(p.state, PluginState::kLoaded) << option << " = " << value;
+      EXPECT_NE(p.reason.find(option + " must be true, false or \"timed\", not \"" + value + "\""), std::string::npos)
+          << p.reason;
+    }
+  EXPECT_TRUE(seen) << "cpu_onednn not listed with " << option << " = " << value;
+}
+
 // The cpu_onednn option int8_winograd (plugins/cpu_onednn/README.md): in an environment that sets it, the QConv cases
 // oneDNN's int8 Winograd takes (3x3, stride 1, no groups, channels multiples of 16, u8 X and output without zero
 // points, Relu or none) run on it, as standalone kernels and in chains. Winograd requantizes in the transformed domain
@@ -367,16 +385,7 @@ TEST(DeviceConformance, Int8WinogradOptionRunsTheQConvsItTakes) {
   ASSERT_TRUE(e.dut);
   if (!plugin_loaded(*e.dut, "cpu_onednn")) GTEST_SKIP() << "cpu_onednn is not loaded";
   if (!__builtin_cpu_supports("avx512f")) GTEST_SKIP() << "oneDNN's int8 Winograd needs AVX-512";
-  EnvironmentOptions bad;
-  bad.plugin_options["cpu_onednn"]["int8_winograd"] = "sometimes";
-  auto refused = Environment::create(bad);
-  ASSERT_TRUE(refused.is_ok()) << refused.status().to_string();
-  for (const auto& p : (*refused)->plugins())
-    if (p.name == "cpu_onednn") {
-      EXPECT_NE(p.state, PluginState::kLoaded);
-      EXPECT_NE(p.reason.find("int8_winograd must be true, false or \"timed\", not \"sometimes\""), std::string::npos)
-          << p.reason;
-    }
+  ASSERT_NO_FATAL_FAILURE(expect_choice_refused("int8_winograd", "sometimes"));
   EnvironmentOptions o;
   o.plugin_options["cpu_onednn"]["int8_winograd"] = "true";
   auto wino = Environment::create(o);
@@ -454,16 +463,7 @@ TEST(DeviceConformance, WinoFewTilesF2OptionPicksTheForm) {
   ASSERT_TRUE(e.dut && e.oracle);
   if (!plugin_loaded(*e.dut, "cpu_onednn")) GTEST_SKIP() << "cpu_onednn is not loaded";
   if (!__builtin_cpu_supports("avx512f")) GTEST_SKIP() << "the own Winograd step needs AVX-512";
-  EnvironmentOptions bad;
-  bad.plugin_options["cpu_onednn"]["wino_few_tiles_f2"] = "often";
-  auto refused = Environment::create(bad);
-  ASSERT_TRUE(refused.is_ok()) << refused.status().to_string();
-  for (const auto& p : (*refused)->plugins())
-    if (p.name == "cpu_onednn") {
-      EXPECT_NE(p.state, PluginState::kLoaded);
-      EXPECT_NE(p.reason.find("wino_few_tiles_f2 must be true, false or \"timed\", not \"often\""), std::string::npos)
-          << p.reason;
-    }
+  ASSERT_NO_FATAL_FAILURE(expect_choice_refused("wino_few_tiles_f2", "often"));
   const OpCase* block = nullptr;
   const auto cases = all_cases();
   for (const OpCase& c : cases)
