@@ -67,10 +67,7 @@ size_t fastest_conv(const std::vector<dnnl::convolution_forward::primitive_desc>
       default: return pd.scratchpad_desc();
     }
   };
-  struct Free {
-    void operator()(void* p) const { std::free(p); }
-  };
-  std::vector<std::unique_ptr<void, Free>> shared;
+  std::vector<HostBuffer> shared;
   std::unordered_map<int, void*> base;
   for (int arg : kArgs) {
     size_t bytes = 0;
@@ -78,11 +75,8 @@ size_t fastest_conv(const std::vector<dnnl::convolution_forward::primitive_desc>
     if (bytes == 0) continue;
     // From 4 MiB on in huge pages (common/host_memory.h): ResNet-50's first run faulted in 250 MB here, 63k of its
     // 147k page faults.
-    void* p = alloc_host(bytes, 2 * kHugePage);
-    if (!p) throw std::bad_alloc();
-    std::memset(p, 0, bytes);
-    shared.emplace_back(p);
-    base[arg] = p;
+    shared.push_back(zeroed_host(bytes));
+    base[arg] = shared.back().get();
   }
   std::vector<Run> runs;
   for (const auto& pd : cands) {
@@ -105,19 +99,13 @@ size_t fastest_conv(const std::vector<dnnl::convolution_forward::primitive_desc>
   thread_local std::vector<char> evict;
   if (evict.size() < static_cast<size_t>(per * team)) evict.resize(static_cast<size_t>(per * team));
   char* const evict_at = evict.data();  // the team's threads must not name `evict`: each would see its own, empty
-  // After each run the team reads the destination back (a float per cache line), as the next step of a chain does, and
-  // that read is timed with the run: F(4,3) writes its output with streaming stores, past the cache, and the layer
-  // after it waited for memory (SqueezeNet at 1 thread: the squeeze 1x1 and the MaxPool reading 55x55 expands went
-  // from 66 and 32 us to 85 and 67 us).
-  std::vector<float> sink(static_cast<size_t>(team) * 16);
+  // After each run the team reads the destination back (a byte per cache line, read_lines), as the next step of a chain
+  // does, and that read is timed with the run: F(4,3) writes its output with streaming stores, past the cache, and the
+  // layer after it waited for memory (SqueezeNet at 1 thread: the squeeze 1x1 and the MaxPool reading 55x55 expands
+  // went from 66 and 32 us to 85 and 67 us).
+  uint64_t sink = 0;
   auto read_back = [&](const dnnl::memory& m) {
-    const float* p = static_cast<const float*>(m.get_data_handle());
-    const int64_t lines = static_cast<int64_t>(m.get_desc().get_size() / 64);
-    split_over_team(lines, team, [&](int64_t t, int64_t b, int64_t e) {
-      float acc = 0.f;
-      for (int64_t k = b; k < e; ++k) acc += p[k * 16];
-      sink[static_cast<size_t>(t) * 16] = acc;
-    });
+    sink += read_lines(m.get_data_handle(), m.get_desc().get_size(), team);
   };
   int fill = 0;  // a different byte each time, so the writes are never skipped as redundant
 #if defined(__SANITIZE_THREAD__)
@@ -193,6 +181,19 @@ size_t fastest_conv_remembered(const std::vector<dnnl::convolution_forward::prim
   }
   for (double m : margins) k << m << ',';
   return remembered_pick(k.str(), [&] { return fastest_conv(cands, eng, strm, 7, margins); });
+}
+
+uint64_t read_lines(const void* at, size_t bytes, int team) {
+  const auto* p = static_cast<const unsigned char*>(at);
+  std::vector<uint64_t> sums(static_cast<size_t>(std::max(team, 1)) * 8);  // a cache line per thread
+  split_over_team(static_cast<int64_t>(bytes / 64), team, [&](int64_t t, int64_t b, int64_t e) {
+    uint64_t acc = 0;
+    for (int64_t l = b; l < e; ++l) acc += p[l * 64];
+    sums[static_cast<size_t>(t) * 8] = acc;
+  });
+  uint64_t total = 0;
+  for (uint64_t v : sums) total += v;
+  return total;
 }
 
 size_t remembered_pick(const std::string& key, const std::function<size_t()>& pick) {

@@ -16,6 +16,7 @@
 
 #include <dnnl.hpp>
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -46,6 +47,10 @@ size_t fastest_conv_remembered(const std::vector<dnnl::convolution_forward::prim
 
 // How many answers fastest_conv_remembered and remembered_pick hold together (for tests).
 size_t remembered_conv_picks();
+
+// Reads a byte of every 64-byte line of `bytes` bytes from `at`, split over `team` threads, as a reader brings them
+// into its caches (a timing's stand-in for what a step's neighbours read); returns their sum, so that the reads stay.
+uint64_t read_lines(const void* at, size_t bytes, int team);
 
 // The answer `pick` gives to the question `key`, remembered for the rest of the process: `pick` runs once per key,
 // under the mutex fastest_conv_remembered times under (two plans never time at once). For choices among the chain's

@@ -12,6 +12,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
 
 namespace keel::onednn {
 
@@ -27,6 +30,21 @@ inline void* alloc_host(size_t bytes, size_t huge_from) {
   void* p = nullptr;
   if (posix_memalign(&p, align, size) != 0) return nullptr;
   if (huge) madvise(p, size, MADV_HUGEPAGE);
+  return p;
+}
+
+// Frees what alloc_host returned (a unique_ptr's deleter).
+struct HostFree {
+  void operator()(void* p) const { std::free(p); }
+};
+using HostBuffer = std::unique_ptr<void, HostFree>;
+
+// `bytes` zero-filled bytes of alloc_host memory, from 4 MiB on in huge pages (the buffers a plan times steps over).
+// Throws std::bad_alloc when they cannot be had.
+inline HostBuffer zeroed_host(size_t bytes) {
+  HostBuffer p(alloc_host(bytes, 2 * kHugePage));
+  if (!p) throw std::bad_alloc();
+  std::memset(p.get(), 0, bytes);
   return p;
 }
 

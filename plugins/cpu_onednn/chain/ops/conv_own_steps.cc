@@ -3,14 +3,10 @@
 #include "chain/builder.h"
 
 #include <cmath>
-#include <cstring>
 #include <limits>
-#include <memory>
 #include <new>
 #include <sstream>
 #include <utility>
-
-#include "common/team.h"
 
 namespace keel::onednn::chain {
 
@@ -550,38 +546,23 @@ size_t timed_pick(const std::string& key, const Wino4Shape& s, const std::vector
   return remembered_pick(key, [&]() -> size_t {
     Wino4Shape f2 = s;
     f2.f2 = true;
-    struct Free {
-      void operator()(void* p) const { std::free(p); }
-    };
-    auto buffer = [](size_t floats) {
-      std::unique_ptr<void, Free> p(alloc_host(floats * sizeof(float), 2 * kHugePage));
-      if (!p) throw std::bad_alloc();
-      std::memset(p.get(), 0, floats * sizeof(float));
-      return p;
-    };
-    auto f = [](const std::unique_ptr<void, Free>& p) { return static_cast<float*>(p.get()); };
+    auto floats = [](size_t n) { return zeroed_host(n * sizeof(float)); };
+    auto f = [](const HostBuffer& p) { return static_cast<float*>(p.get()); };
     const size_t per_thread = std::max(wino4_scratch_floats(s), wino4_scratch_floats(f2));
-    const auto p4 = buffer(wino4_packed_floats(s)), p2 = buffer(wino4_packed_floats(f2));
+    const size_t src_floats = static_cast<size_t>(s.n * s.c * s.h * s.w);
+    const HostBuffer p4 = floats(wino4_packed_floats(s)), p2 = floats(wino4_packed_floats(f2));
     wino4_pack_weights(s, w.data(), f(p4));
     wino4_pack_weights(f2, w.data(), f(p2));
-    const auto src = buffer(static_cast<size_t>(s.n * s.c * s.h * s.w)),
-               dst = buffer(static_cast<size_t>(s.n * s.m * s.h * s.w)), bias = buffer(static_cast<size_t>(s.m)),
-               scratch = buffer(static_cast<size_t>(team) * per_thread);
-    std::vector<float> sink(static_cast<size_t>(team) * 16);
+    const HostBuffer src = floats(src_floats), dst = floats(static_cast<size_t>(s.n * s.m * s.h * s.w)),
+                     bias = floats(static_cast<size_t>(s.m)), scratch = floats(static_cast<size_t>(team) * per_thread);
     // Before each run: the network's other constants read through the caches, then the source, as its producer
-    // just wrote it (both split over the team, a float per cache line).
-    auto read = [&](const char* at, int64_t lines) {
-      split_over_team(lines, team, [&](int64_t t, int64_t b, int64_t e) {
-        float acc = 0.f;
-        for (int64_t l = b; l < e; ++l) acc += static_cast<float>(at[l * 64]);
-        sink[static_cast<size_t>(t) * 16] += acc;
-      });
-    };
+    // just wrote it (read_lines: split over the team, a byte per cache line).
+    uint64_t sink = 0;
     auto cool = [&] {
 #if !defined(__SANITIZE_THREAD__)  // (the reads mean nothing to a timing there, and cost minutes: conv_pick.cc)
-      for (const auto& [p, bytes] : rest) read(p, static_cast<int64_t>(bytes / 64));
+      for (const auto& [p, bytes] : rest) sink += read_lines(p, bytes, team);
 #endif
-      read(static_cast<const char*>(src.get()), s.n * s.c * s.h * s.w / 16);
+      sink += read_lines(src.get(), src_floats * sizeof(float), team);
     };
     auto run = [&](const Wino4Shape& v, const float* packed) {
       return [&, v, packed] { wino4_run(v, f(src), packed, f(bias), f(dst), f(scratch), team, per_thread); };
