@@ -18,6 +18,7 @@
 #include <cstring>
 #include <exception>
 
+#include "common/bf16_speed.h"
 #include "common/common.h"
 #include "steps/attention.h"
 
@@ -148,6 +149,11 @@ keel_status_t create_kernel(void* user_data, keel_kernel_context_t* ctx, void** 
         k->instance = entry->instance;
         Ctx c(ctx);
         k->setup(c);
+        for (int i = 0; i < c.input_count(); ++i)  // a bf16 kernel: once per process, where bf16 is slow here
+          if (c.has_input(i) && c.dtype(i) == KEEL_DTYPE_BF16) {
+            warn_if_bf16_slow();
+            break;
+          }
         *out_state = k.release();
       },
       std::string(), DnnlErrors{true});

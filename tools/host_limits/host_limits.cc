@@ -6,6 +6,9 @@
 //     enough chains to hide the FMA latency; 2 FLOPs per lane per FMA;
 //   - int8 peak: u8 x s8 dot products into i32 (AVX-512 VNNI vpdpbusd, or AVX2 vpmaddubsw + vpmaddwd + vpaddd where
 //     VNNI is missing; what oneDNN's int8 convolutions use); 2 ops per multiply-add;
+//   - bf16 peak: bf16 dot products into fp32 (AVX-512 BF16 vdpbf16ps, where the CPU has it; what oneDNN's bf16
+//     convolutions use without AMX); 2 FLOPs per product. Whether the CPU has AMX (not measured) is saved beside it:
+//     on an Intel core without AMX vdpbf16ps reaches half the fp32 FMAs' FLOPs, and bf16 models run slower;
 //   - memory bandwidth: STREAM's triad a = b + s * c over arrays much larger than the caches, counting the three
 //     arrays' bytes as STREAM does (the write-allocate read is not counted).
 // Each figure is the best of several timed repetitions, since interference only ever slows a run down.
@@ -116,6 +119,28 @@ __attribute__((target("avx512f,avx512vnni"))) float int8_vnni(int64_t iters) {
   return static_cast<float>(r);
 }
 
+__attribute__((target("avx512f,avx512bf16"))) float bf16_dot(int64_t iters) {
+#define INIT(k) __m512 a##k = _mm512_set1_ps(0.001f * k);
+#define STEP(k) a##k = _mm512_dpbf16_ps(a##k, u, v);
+#define FOLD(k) s = _mm512_add_ps(s, a##k);
+  CHAINS(INIT)
+  const __m512bh u = reinterpret_cast<__m512bh>(_mm512_set1_epi16(0x3f80));  // 1.0
+  const __m512bh v = reinterpret_cast<__m512bh>(_mm512_set1_epi16(0x3a83));  // about 1e-3
+  for (int64_t i = 0; i < iters; ++i) {
+    CHAINS(STEP)
+  }
+  __m512 s = _mm512_setzero_ps();
+  CHAINS(FOLD)
+#undef INIT
+#undef STEP
+#undef FOLD
+  alignas(64) float out[16];
+  _mm512_store_ps(out, s);
+  float r = 0;
+  for (float v : out) r += v;
+  return r;
+}
+
 __attribute__((target("avx2"))) float int8_avx2(int64_t iters) {
   // Each chain's u8 operand is its own accumulator, so that no product is shared between chains or iterations.
 #define INIT(k) __m256i a##k = _mm256_set1_epi32(k);
@@ -157,6 +182,15 @@ Kernel int8_kernel() {
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni"))
     return {"avx512 vnni (vpdpbusd)", int8_vnni, 2.0 * 64 * kChains};
   if (__builtin_cpu_supports("avx2")) return {"avx2 (vpmaddubsw+vpmaddwd)", int8_avx2, 2.0 * 32 * kChains};
+  return {};
+}
+
+// bf16 dot products into fp32 (two products per lane: what oneDNN's bf16 convolutions use without AMX). AMX tiles,
+// where the CPU has them, are far faster and not measured here (the JSON says whether it has them).
+Kernel bf16_kernel() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16"))
+    return {"avx512 bf16 (vdpbf16ps)", bf16_dot, 2.0 * 32 * kChains};
   return {};
 }
 
@@ -270,7 +304,8 @@ std::filesystem::path default_output() {
 
 int main(int argc, char** argv) {
   CLI::App app{
-      "keel-host-limits: this host's fp32 FMA peak, int8 peak and memory bandwidth, per core and on every core, "
+      "keel-host-limits: this host's fp32 FMA peak, int8 and bf16 peaks and memory bandwidth, per core and on every "
+      "core, "
       "measured; saved as JSON for `keel bench` (its fraction_of_peak)"};
   std::string output;
   bool quick = false, no_save = false;
@@ -293,13 +328,15 @@ int main(int argc, char** argv) {
 
   const std::vector<int> all = allowed_cpus();
   const std::vector<int> one = {all[0]};
-  const Kernel fp32 = fp32_kernel(), int8 = int8_kernel();
+  const Kernel fp32 = fp32_kernel(), int8 = int8_kernel(), bf16 = bf16_kernel();
   nlohmann::json j;
   j["cpu"] = cpu_model();
   j["cpus"] = all.size();
   j["quick"] = quick;
   j["fp32_kernel"] = fp32.name.empty() ? "none" : fp32.name;
   j["int8_kernel"] = int8.name.empty() ? "none" : int8.name;
+  j["bf16_kernel"] = bf16.name.empty() ? "none" : bf16.name;
+  j["amx_bf16"] = static_cast<bool>(__builtin_cpu_supports("amx-bf16"));
   try {
     if (fp32.loop) {
       j["fp32_gflops_per_core"] = compute_peak(fp32, one, seconds, reps) / 1e9;
@@ -308,6 +345,10 @@ int main(int argc, char** argv) {
     if (int8.loop) {
       j["int8_gops_per_core"] = compute_peak(int8, one, seconds, reps) / 1e9;
       j["int8_gops_all_cores"] = compute_peak(int8, all, seconds, reps) / 1e9;
+    }
+    if (bf16.loop) {
+      j["bf16_gflops_per_core"] = compute_peak(bf16, one, seconds, reps) / 1e9;
+      j["bf16_gflops_all_cores"] = compute_peak(bf16, all, seconds, reps) / 1e9;
     }
     const size_t floats = static_cast<size_t>(mib) * 1024 * 1024 / sizeof(float);
     j["triad_array_mib"] = mib;
@@ -326,6 +367,9 @@ int main(int argc, char** argv) {
             << num("fp32_gflops_all_cores") << "   (" << j["fp32_kernel"].get<std::string>() << ")\n";
   std::cout << "int8      GOP/s      " << std::setw(12) << num("int8_gops_per_core") << std::setw(12)
             << num("int8_gops_all_cores") << "   (" << j["int8_kernel"].get<std::string>() << ")\n";
+  std::cout << "bf16 dot  GFLOP/s    " << std::setw(12) << num("bf16_gflops_per_core") << std::setw(12)
+            << num("bf16_gflops_all_cores") << "   (" << j["bf16_kernel"].get<std::string>()
+            << (j["amx_bf16"].get<bool>() ? "; AMX bf16 present, not measured" : "; no AMX") << ")\n";
   std::cout << "memory    GB/s       " << std::setw(12) << num("memory_gbs_one_core") << std::setw(12)
             << num("memory_gbs_all_cores") << "   (triad, 3 x " << mib << " MiB)\n";
   // A run on fewer CPUs than the default file was measured on (under taskset: the process' affinity) does not write

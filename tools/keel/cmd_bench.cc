@@ -4,7 +4,8 @@
 // claimed subgraph reported (plugin ABI 1.3, e.g. the oneDNN chains' primitives) count under the ONNX op types they
 // compute (profile_by_op_type); --profile-nodes N adds the N slowest nodes / reported steps. The work of a run
 // (model_work.h: GFLOP of Conv/Gemm/MatMul) gives GFLOP/s, and with keel-host-limits' JSON the fraction of the host's
-// peak at the threads used (fraction_of_peak).
+// peak at the threads used (fraction_of_peak; a --precision bf16 run against the bf16 dot products' peak where the
+// host has no AMX).
 //
 // Inputs are random (normal floats, small non-negative integers), made once before the timed runs. `--batch N`
 // sets the first dimension of every input whose first dimension is dynamic or 1, and re-infers the shapes;
@@ -66,6 +67,8 @@ struct BenchArgs {
 struct HostLimits {
   std::string file;
   double fp32_per_core = 0, fp32_all = 0, int8_per_core = 0, int8_all = 0;
+  double bf16_per_core = 0, bf16_all = 0;  // vdpbf16ps (0 where the CPU has no AVX-512 BF16 or the file predates it)
+  bool amx_bf16 = false;                   // AMX present: bf16's peak is its (not measured)
   int cpus = 0;
 
   bool known() const { return fp32_per_core > 0; }
@@ -73,6 +76,11 @@ struct HostLimits {
   // CPUs the file was measured on (keel-host-limits under a narrower affinity mask), per core x threads.
   double fp32_at(int threads) const { return at(fp32_per_core, fp32_all, threads); }
   double int8_at(int threads) const { return at(int8_per_core, int8_all, threads); }
+  // The peak a --precision bf16 run's float work is held to: the bf16 dot products' where they were measured and
+  // the CPU has no AMX, else fp32's (AMX's is not measured; without AVX-512 BF16 oneDNN converts to fp32).
+  double bf16_at(int threads) const {
+    return bf16_per_core > 0 && !amx_bf16 ? at(bf16_per_core, bf16_all, threads) : fp32_at(threads);
+  }
   bool extrapolated(int threads) const { return cpus > 0 && threads > cpus; }
 
  private:
@@ -105,6 +113,9 @@ StatusOr<HostLimits> read_host_limits(const std::string& asked) {
     h.fp32_all = j.value("fp32_gflops_all_cores", 0.0);
     h.int8_per_core = j.value("int8_gops_per_core", 0.0);
     h.int8_all = j.value("int8_gops_all_cores", 0.0);
+    h.bf16_per_core = j.value("bf16_gflops_per_core", 0.0);
+    h.bf16_all = j.value("bf16_gflops_all_cores", 0.0);
+    h.amx_bf16 = j.value("amx_bf16", false);
     if (!h.known()) return invalid_argument("host limits file '" + file + "' has no fp32_gflops_per_core");
     return h;
   } catch (const nlohmann::json::exception& e) {
@@ -351,12 +362,14 @@ int bench(const BenchArgs& a, Globals& g) {
     kernels[op][dev + ":" + kernel]++;
     all_on_cpu = all_on_cpu && (dev == "cpu" || dev.rfind("cpu:", 0) == 0);
   }
-  // Achieved GFLOP/s, and the share of the host's peak: the time the counted work would take at the fp32 and int8
-  // peaks of this many threads over the median.
+  // Achieved GFLOP/s, and the share of the host's peak: the time the counted work would take at the float (fp32, or
+  // bf16's for a --precision bf16 run) and int8 peaks of this many threads over the median.
   const double gflop = work.flops / 1e9, gflops = median > 0 ? gflop / (median / 1000.0) : 0;
+  const bool bf16_run = a.precision == "bf16";
+  const double float_peak = !limits->known() ? 0 : bf16_run ? limits->bf16_at(threads) : limits->fp32_at(threads);
   double fraction = -1;
   if (limits->known() && all_on_cpu && median > 0 && work.flops > 0) {
-    const double fp32_s = (work.flops - work.int8_flops) / (limits->fp32_at(threads) * 1e9);
+    const double fp32_s = (work.flops - work.int8_flops) / (float_peak * 1e9);
     const double int8_peak = limits->int8_at(threads);
     const double int8_s = work.int8_flops == 0 ? 0
                           : int8_peak > 0      ? work.int8_flops / (int8_peak * 1e9)
@@ -450,6 +463,7 @@ int bench(const BenchArgs& a, Globals& g) {
     if (fraction >= 0) {
       j["host_limits"] = {{"file", limits->file},
                           {"fp32_peak_gflops", limits->fp32_at(threads)},
+                          {"float_peak_gflops", float_peak},  // the fraction's: bf16's for a bf16 run
                           {"int8_peak_gops", limits->int8_at(threads)}};
       j["fraction_of_peak"] = fraction;
     }
@@ -532,8 +546,8 @@ int bench(const BenchArgs& a, Globals& g) {
               << (work.unknown > 0 ? "; " + std::to_string(work.unknown) + " node(s) of unknown shape not counted" : "")
               << "): " << std::setprecision(1) << gflops << " GFLOP/s";
     if (fraction >= 0)
-      std::cout << ", " << 100 * fraction << "% of this host's peak at " << threads << " thread(s) ("
-                << limits->fp32_at(threads) << " GFLOP/s fp32"
+      std::cout << ", " << 100 * fraction << "% of this host's peak at " << threads << " thread(s) (" << float_peak
+                << " GFLOP/s " << (bf16_run && float_peak != limits->fp32_at(threads) ? "bf16 dot products" : "fp32")
                 << (work.int8_flops > 0
                         ? ", " + std::to_string(static_cast<int>(limits->int8_at(threads))) + " GOP/s int8"
                         : std::string())

@@ -108,6 +108,13 @@ TEST(HostLimits, BenchReportsGflopsAndTheFractionOfTheMeasuredPeak) {
   EXPECT_GT(h.value("fp32_gflops_per_core", 0.0), 0.1) << h.dump();
   EXPECT_GE(h.value("fp32_gflops_all_cores", 0.0), 0.1) << h.dump();
   EXPECT_GT(h.value("memory_gbs_all_cores", 0.0), 0.01) << h.dump();
+  // The bf16 dot products' peak where the CPU has AVX-512 BF16 (what oneDNN's bf16 layers use without AMX), and
+  // whether it has AMX.
+  __builtin_cpu_init();
+  const bool bf16_dot = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+  EXPECT_EQ(h.value("bf16_gflops_per_core", 0.0) > 0.1, bf16_dot) << h.dump();
+  EXPECT_EQ(h.value("amx_bf16", true), static_cast<bool>(__builtin_cpu_supports("amx-bf16"))) << h.dump();
+  EXPECT_NE(printed.find("bf16 dot"), std::string::npos) << printed;
 
   Graph g = every_counted_op();
   const ModelWork want = model_work(g);
@@ -133,6 +140,26 @@ TEST(HostLimits, BenchReportsGflopsAndTheFractionOfTheMeasuredPeak) {
   ASSERT_NE(wstart, std::string::npos) << wide;
   const nlohmann::json jw = nlohmann::json::parse(wide.substr(wstart));
   EXPECT_DOUBLE_EQ(jw["host_limits"].value("fp32_peak_gflops", 0.0), 300.0) << jw.dump();
+
+  // A --precision bf16 run is held to the bf16 dot products' peak, unless the host has AMX (whose peak is not
+  // measured: fp32's then) or the file has no bf16 peak.
+  auto float_peak = [&](const std::string& file_text) {
+    const fs::path f = dir / "bf16.json";
+    std::ofstream(f) << file_text;
+    const std::string out =
+        run(std::string(KEEL_CLI_BINARY) + " bench " + model.string() +
+            " --precision bf16 --threads 1 --iters 2 --warmup 1 --json --host-limits " + f.string());
+    const auto at = out.find('{');
+    if (at == std::string::npos) return -1.0;
+    return nlohmann::json::parse(out.substr(at))["host_limits"].value("float_peak_gflops", -2.0);
+  };
+  EXPECT_DOUBLE_EQ(
+      float_peak(R"({"cpus": 1, "fp32_gflops_per_core": 100.0, "bf16_gflops_per_core": 50.0, "amx_bf16": false})"),
+      50.0);
+  EXPECT_DOUBLE_EQ(
+      float_peak(R"({"cpus": 1, "fp32_gflops_per_core": 100.0, "bf16_gflops_per_core": 50.0, "amx_bf16": true})"),
+      100.0);
+  EXPECT_DOUBLE_EQ(float_peak(R"({"cpus": 1, "fp32_gflops_per_core": 100.0})"), 100.0);
 
   // A dynamic batch is counted at the batch the runs use (1 without --batch), not left unknown.
   const fs::path dynamic = dir / "dynamic.onnx";

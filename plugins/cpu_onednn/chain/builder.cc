@@ -2,6 +2,8 @@
 // the op table; concatenation planning, the boundary outputs and the workspace plan.
 #include "chain/builder.h"
 
+#include "common/bf16_speed.h"
+
 namespace keel::onednn::chain {
 
 // Labels the execs node `node` added (from `first_exec`) for the session profile: its op type and name, with the
@@ -73,6 +75,7 @@ std::unique_ptr<Plan> Builder::build() {
              : !int8_step && ot == KEEL_DTYPE_U8 ? dt::u8
              : !int8_step && ot == KEEL_DTYPE_I8 ? dt::s8
                                                  : dt::f32;
+      if (act_ == dt::bf16) warn_if_bf16_slow();  // once per process (common/bf16_speed.h)
     }
     const size_t first_exec = p_->execs.size();
     const std::vector<bool> done_before = done_;
