@@ -107,7 +107,8 @@ std::string bf16_speed_warning(const Bf16Speed& s) {
   }
   if (s.bf16_gflops >= 1.2 * s.fp32_gflops) return "";
   m << "bf16 layers will likely run " << (s.bf16_gflops < s.fp32_gflops ? "slower than" : "no faster than")
-    << " fp32 ones on this CPU: its bf16 dot products (AVX-512 BF16, no AMX) reach " << s.bf16_gflops << " GFLOP/s on a core against " << s.fp32_gflops
+    << " fp32 ones on this CPU: its bf16 dot products (AVX-512 BF16, no AMX) reach " << s.bf16_gflops
+    << " GFLOP/s on a core against " << s.fp32_gflops
     << " for fp32 FMAs; bf16 (--precision bf16) saves activation memory here, not time";
   return m.str();
 }

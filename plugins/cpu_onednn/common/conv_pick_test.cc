@@ -138,19 +138,23 @@ TEST_F(OnednnConvPickTiming, FastestPicksTheJitKernelOverASlowOne) {
   EXPECT_EQ(fastest_conv({slow, jit}, eng, strm, 3, {0.0, 0.999}), 0u);
 }
 
+// Answers outlive the test: under --gtest_repeat its later repetitions ask the same questions again, and each is
+// answered without a new entry.
 TEST_F(OnednnConvPickTiming, RemembersEachAnswerPerCandidatesAndTeam) {
+  static int repetition = 0;
+  const size_t fresh = repetition++ == 0 ? 1 : 0;  // entries a new question adds in this repetition
   const size_t before = remembered_conv_picks();
   EXPECT_EQ(fastest_conv_remembered({slow, jit}, eng, strm, {0.0, 0.05}), 1u);
-  EXPECT_EQ(remembered_conv_picks(), before + 1);
+  EXPECT_EQ(remembered_conv_picks(), before + fresh);
   EXPECT_EQ(fastest_conv_remembered({slow, jit}, eng, strm, {0.0, 0.05}), 1u);  // the same question: answered
-  EXPECT_EQ(remembered_conv_picks(), before + 1);
+  EXPECT_EQ(remembered_conv_picks(), before + fresh);
   EXPECT_EQ(fastest_conv_remembered({jit, slow}, eng, strm, {0.0, 0.05}), 0u);  // another order: another question
-  EXPECT_EQ(remembered_conv_picks(), before + 2);
+  EXPECT_EQ(remembered_conv_picks(), before + 2 * fresh);
   EXPECT_EQ(fastest_conv_remembered({slow, jit}, eng, strm, {0.0, 0.999}), 0u);  // another margin too
-  EXPECT_EQ(remembered_conv_picks(), before + 3);
+  EXPECT_EQ(remembered_conv_picks(), before + 3 * fresh);
   omp_set_num_threads(2);  // another team
   fastest_conv_remembered({slow, jit}, eng, strm, {0.0, 0.05});
-  EXPECT_EQ(remembered_conv_picks(), before + 4);
+  EXPECT_EQ(remembered_conv_picks(), before + 4 * fresh);
   omp_set_num_threads(1);
 }
 
