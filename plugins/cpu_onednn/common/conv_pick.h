@@ -52,6 +52,12 @@ size_t remembered_conv_picks();
 // into its caches (a timing's stand-in for what a step's neighbours read); returns their sum, so that the reads stay.
 uint64_t read_lines(const void* at, size_t bytes, int team);
 
+// Writes back and evicts every 64-byte line of `bytes` bytes from `at` from every cache level (clflush), split over
+// `team` threads, and waits for it: before a timed run, weights that a network reads from memory at every run (their
+// layer's neighbours evict them between runs) come from memory in the timing too, whatever the last-level cache's
+// size and replacement policy would have kept of them.
+void flush_lines(const void* at, size_t bytes, int team);
+
 // The answer `pick` gives to the question `key`, remembered for the rest of the process: `pick` runs once per key,
 // under the mutex fastest_conv_remembered times under (two plans never time at once). For choices among the chain's
 // own steps (Builder::wino_few_tiles_pick): the key names everything the answer depends on, the team included.

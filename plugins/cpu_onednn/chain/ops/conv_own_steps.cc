@@ -538,11 +538,10 @@ bool Builder::conv_wino4(size_t i, const Fusion& f, const std::string& src, cons
 
 namespace {
 
-// wino_few_tiles_pick's timing: F(4,3) against F(2,3) for `s` with weights `w` on `team` threads, each run after
-// `rest` (the network's other constants) was read, remembered under `key`. Throws std::bad_alloc without the
-// buffers.
-size_t timed_pick(const std::string& key, const Wino4Shape& s, const std::vector<float>& w, int team,
-                  const std::vector<std::pair<const char*, size_t>>& rest, size_t rest_bytes) {
+// wino_few_tiles_pick's timing: F(4,3) against F(2,3) for `s` with weights `w` on `team` threads, each run with both
+// forms' transformed weights flushed from the caches and the source read through them, remembered under `key`.
+// Throws std::bad_alloc without the buffers.
+size_t timed_pick(const std::string& key, const Wino4Shape& s, const std::vector<float>& w, int team) {
   return remembered_pick(key, [&]() -> size_t {
     Wino4Shape f2 = s;
     f2.f2 = true;
@@ -555,13 +554,13 @@ size_t timed_pick(const std::string& key, const Wino4Shape& s, const std::vector
     wino4_pack_weights(f2, w.data(), f(p2));
     const HostBuffer src = floats(src_floats), dst = floats(static_cast<size_t>(s.n * s.m * s.h * s.w)),
                      bias = floats(static_cast<size_t>(s.m)), scratch = floats(static_cast<size_t>(team) * per_thread);
-    // Before each run: the network's other constants read through the caches, then the source, as its producer
-    // just wrote it (read_lines: split over the team, a byte per cache line).
+    // Before each run: both forms' weights out of every cache (in a network the other layers' weights evict them
+    // between runs: the path is taken for weights too large to stay), then the source read through the caches, as
+    // its producer just wrote it (read_lines: split over the team, a byte per cache line).
     uint64_t sink = 0;
     auto cool = [&] {
-#if !defined(__SANITIZE_THREAD__)  // (the reads mean nothing to a timing there, and cost minutes: conv_pick.cc)
-      for (const auto& [p, bytes] : rest) sink += read_lines(p, bytes, team);
-#endif
+      flush_lines(p4.get(), wino4_packed_floats(s) * sizeof(float), team);
+      flush_lines(p2.get(), wino4_packed_floats(f2) * sizeof(float), team);
       sink += read_lines(src.get(), src_floats * sizeof(float), team);
     };
     auto run = [&](const Wino4Shape& v, const float* packed) {
@@ -571,8 +570,8 @@ size_t timed_pick(const std::string& key, const Wino4Shape& s, const std::vector
     const size_t best = fastest_run({run(s, f(p4)), run(f2, f(p2))}, cool, 4, {}, &took);
     std::ostringstream m;
     m << "wino_few_tiles: " << s.c << "->" << s.m << " at " << s.h << "x" << s.w << " on " << team
-      << " thread(s): F(4,3) " << took[0] * 1e3 << " ms, F(2,3) " << took[1] * 1e3 << " ms (after reading "
-      << (rest_bytes >> 20) << " MiB of other weights): " << (best ? "F(2,3)" : "F(4,3)");
+      << " thread(s): F(4,3) " << took[0] * 1e3 << " ms, F(2,3) " << took[1] * 1e3
+      << " ms (weights from memory): " << (best ? "F(2,3)" : "F(4,3)");
     debug_log(m.str());
     return best;
   });
@@ -586,28 +585,26 @@ size_t timed_pick(const std::string& key, const Wino4Shape& s, const std::vector
 // (ResNet's 256->256: 9.4 MB against 4.2 MB per run); which wins depends on the memory bandwidth a core gets.
 // Measured in ResNet-50 (docs/ONEDNN_PERFORMANCE.md, "(wft)"): on an Intel Xeon host whose core streams 10 GB/s from
 // memory F(2,3) won at 1 and 2 threads; on the AMD EPYC hosts of earlier sessions F(4,3) had won at 2. So both are
-// timed, each run after the network's other constants were read through the caches (in a network its other layers'
-// weights evict these between runs; timed hot, F(4,3) won on the Intel host too), and the answer is remembered per
-// shape, team and size of those constants (common/conv_pick.h remembered_pick). A claim-time plan (time_convs_ off)
-// takes F(4,3) and leaves the timing to its first run (Plan::deferred, chain/runtime.cc run_chain).
+// timed, each run with both forms' weights flushed from the caches (in a network its other layers' weights evict
+// them between runs; timed hot, F(4,3) won on the Intel host too), and the answer is remembered per shape and team
+// (common/conv_pick.h remembered_pick). Flushed rather than evicted by reading the network's other constants through
+// the caches, as before "(wftf)": on the Intel host's 260 MiB last-level cache, shared with other VMs, part of the
+// timed weights survived those 97 MiB of reads and the 2-thread timing kept F(4,3) where the model ran F(2,3) 15%
+// faster. A claim-time plan (time_convs_ off) takes F(4,3) and leaves the timing to its first run (Plan::deferred,
+// chain/runtime.cc run_chain).
 size_t Builder::wino_few_tiles_pick(const Wino4Shape& s, const std::vector<float>& w) {
   if (options().wino_few_tiles_f2 != Options::Choice::kTimed)
     return options().wino_few_tiles_f2 == Options::Choice::kOn ? 1 : 0;
   const int team = std::max(1, p_->threads);
-  std::vector<std::pair<const char*, size_t>> rest;  // the network's constants, as read between runs
-  size_t rest_bytes = 0;
-  for (const auto& [name, c] : r_.consts)
-    if (c.bytes.size() >= 4096) rest.emplace_back(c.bytes.data(), c.bytes.size()), rest_bytes += c.bytes.size();
   std::ostringstream k;
   k << "wino_few_tiles|" << team << '|' << s.n << ',' << s.c << ',' << s.m << ',' << s.h << ',' << s.w << ',' << s.sum
-    << s.relu << '|' << (rest_bytes >> 20);
-  // What the closure holds outlives this builder: the constants are the chain's recipe's (kept with the chain, whose
-  // runs evaluate a deferred pick), the weights a copy.
-  // Where the timing's buffers (the two forms' weights: 13.6 MB for ResNet's 256->256) cannot be had, F(4,3), as
-  // without the timing: the plan itself allocates its weights later and reports a failure there.
-  auto pick = [key = k.str(), s, w, team, rest = std::move(rest), rest_bytes]() -> size_t {
+    << s.relu;
+  // What the closure holds outlives this builder (a claim-time plan's runs evaluate a deferred pick): the weights a
+  // copy. Where the timing's buffers (the two forms' weights: 13.6 MB for ResNet's 256->256) cannot be had, F(4,3),
+  // as without the timing: the plan itself allocates its weights later and reports a failure there.
+  auto pick = [key = k.str(), s, w, team]() -> size_t {
     try {
-      return timed_pick(key, s, w, team, rest, rest_bytes);
+      return timed_pick(key, s, w, team);
     } catch (const std::bad_alloc&) {
       debug_log("wino_few_tiles: no memory to time F(2,3) against F(4,3); F(4,3)");
       return 0;
