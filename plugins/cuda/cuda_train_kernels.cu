@@ -185,10 +185,11 @@ int64_t pool_size(const int64_t* d, int r) {
 // Zeroes the f32 accumulator (dx itself for F32), runs `scatter(acc)`, converts into dx for F16 / BF16.
 template <class Scatter>
 cudaError_t scatter_into(int32_t dtype, void* dx, float* acc, int64_t n, cudaStream_t s, Scatter&& scatter) {
+  if (n == 0) return cudaSuccess;  // an empty dx (whose buffers may be null: a workspace of 0 bytes is)
   float* a = dtype == F32 ? static_cast<float*>(dx) : acc;
   if (a == nullptr) return cudaErrorInvalidValue;
   cudaError_t e = cudaMemsetAsync(a, 0, static_cast<size_t>(n) * sizeof(float), s);
-  if (e != cudaSuccess || n == 0) return e;
+  if (e != cudaSuccess) return e;
   e = scatter(a);
   if (e != cudaSuccess || dtype == F32) return e;
   return by_dtype(dtype, [&](auto* tag) {
@@ -500,7 +501,7 @@ cudaError_t launch_softmax_xent(int32_t dtype, const void* scores, int32_t label
   const int64_t rows = N * D;
   return by_dtype(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    if (rows > 0 && C > 0) {
+    if (rows > 0) {  // C == 0 too: every label not ignored is then out of range (bad), as the reference reports
       constexpr int kWarps = kThreads / 32;
       const int64_t b = (rows + kWarps - 1) / kWarps;
       softmax_xent_kernel<T><<<static_cast<int>(b > 132 * 64 ? 132 * 64 : b), kThreads, 0, s>>>(
@@ -511,7 +512,7 @@ cudaError_t launch_softmax_xent(int32_t dtype, const void* scores, int32_t label
     }
     if (reduction != 0)
       xent_reduce_kernel<T>
-          <<<1, kThreads, 0, s>>>(scratch, rows > 0 && C > 0 ? rows : 0, reduction, static_cast<T*>(loss));
+          <<<1, kThreads, 0, s>>>(scratch, rows, reduction, static_cast<T*>(loss));
   });
 }
 
@@ -672,7 +673,7 @@ __global__ void momentum_kernel(const __grid_constant__ MomentumLaunch l, const 
     // Every operation rounded on its own (no fused multiply-add): the CPU loop's values.
     const float xj = x[j];
     float gr = g[j];
-    if (norm != 0.f) gr = __fadd_rn(gr, __fmul_rn(xj, norm));
+    gr = __fadd_rn(gr, __fmul_rn(xj, norm));  // with norm 0 too: an inf or NaN parameter gives NaN, as on the CPU
     const float b = __fadd_rn(__fmul_rn(v[j], alpha), __fmul_rn(gr, b1));
     vo[j] = b;
     const float step = nesterov ? __fadd_rn(gr, __fmul_rn(b, alpha)) : b;

@@ -369,12 +369,12 @@ int bench(const BenchArgs& a, Globals& g) {
   const double float_peak = !limits->known() ? 0 : bf16_run ? limits->bf16_at(threads) : limits->fp32_at(threads);
   double fraction = -1;
   if (limits->known() && all_on_cpu && median > 0 && work.flops > 0) {
-    const double fp32_s = (work.flops - work.int8_flops) / (float_peak * 1e9);
+    const double float_s = (work.flops - work.int8_flops) / (float_peak * 1e9);
     const double int8_peak = limits->int8_at(threads);
     const double int8_s = work.int8_flops == 0 ? 0
                           : int8_peak > 0      ? work.int8_flops / (int8_peak * 1e9)
                                                : work.int8_flops / (limits->fp32_at(threads) * 1e9);
-    fraction = (fp32_s + int8_s) / (median / 1000.0);
+    fraction = (float_s + int8_s) / (median / 1000.0);
   }
 
   const bool profiling = so.profile;
