@@ -275,6 +275,15 @@ StatusOr<std::unique_ptr<DataParallel>> DataParallel::create(nn::Module& module,
     KEEL_RETURN_IF_ERROR(broadcast_tensors(comm, buffers, 0), "DataParallel: buffers from rank 0");
   }
 
+  // Parameters in a device's memory must be in the communicator's device's (NCCL reads and writes the memory of the
+  // device it was made for; cuda:1's buffers handed to a communicator of cuda:0 fail there, or worse).
+  for (const auto& [name, p] : module.named_parameters()) {
+    const Location& at = p.data().location();
+    if (!at.is_host() && at.device_type == comm.device_type() && at.device_index != comm.device_index())
+      return invalid_argument("DataParallel: parameter '" + name + "' is on " + at.device_type + ":" +
+                              std::to_string(at.device_index) + " but the communicator works on " + comm.device_type() +
+                              ":" + std::to_string(comm.device_index()));
+  }
   // The communication stream, on the device of the first trained parameter (stream_device).
   const auto trained =
       std::find_if(dp->params_.begin(), dp->params_.end(), [](const Tensor& p) { return p.requires_grad(); });
@@ -399,8 +408,13 @@ void DataParallel::on_grad_ready(size_t i) {
 
 // Buckets start in index order on every rank (collectives pair up by order): a bucket that fills early waits for the
 // buckets before it.
+// A launch that throws (no memory for the buffer, a failed copy) leaves its bucket next in line: finish() tries it
+// again or abandons the step.
 void DataParallel::launch_ready_buckets() {
-  while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) launch(buckets_[next_launch_++]);
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
+    launch(buckets_[next_launch_]);
+    ++next_launch_;
+  }
 }
 
 void DataParallel::launch(Bucket& b) {
@@ -499,6 +513,21 @@ DType DataParallel::wire_dtype(DType d) const {
   return opts_.grad_compress != DType::kUndefined && wide_float ? opts_.grad_compress : d;
 }
 
+// A step that ends in an error: the communication thread finishes the bucket it runs (its collective ends, or times
+// out in the communicator) and runs none of those still queued, the communication stream settles, and the next step
+// starts clean. Before, an error thrown while finish() launched a bucket reset the buckets at once: their buffers
+// could go while the communication thread still all-reduced one, and buckets left in the queue ran again at the next
+// step, out of step with the other ranks' collectives.
+void DataParallel::abandon_step() {
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    queue_.clear();
+    cv_done_.wait(lk, [&] { return !busy_; });
+  }
+  settle_comm_stream();
+  reset_step();
+}
+
 void DataParallel::reset_step() {
   for (auto& b : buckets_) {
     b.pending = b.params.size();
@@ -559,8 +588,7 @@ Status DataParallel::finish() {
     stats_.wait_seconds += waited;
     stats_.step_wait_ms.push_back(static_cast<float>(waited * 1e3));
     if (!first_error.is_ok()) {
-      settle_comm_stream();
-      reset_step();
+      abandon_step();
       return first_error.with_context("DataParallel: gradient all-reduce");
     }
     // Each parameter's .grad becomes a view of its slice of the averaged buffer (back in the parameters' dtype when
@@ -576,8 +604,7 @@ Status DataParallel::finish() {
       }
     }
   } catch (const eager::Error& e) {
-    settle_comm_stream();
-    reset_step();
+    abandon_step();
     return e.status().with_context("DataParallel: finish");
   }
   ++stats_.steps;

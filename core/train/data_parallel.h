@@ -206,6 +206,7 @@ class DataParallel {
   void comm_loop();
   void run_bucket(Bucket* b);
   void reset_step();
+  void abandon_step();  // an error ended the step: the communication thread idle, its queue dropped, then reset_step
   void settle_comm_stream();
   // The dtype a bucket of parameters of dtype `d` is all-reduced in (grad_compress applied).
   DType wire_dtype(DType d) const;

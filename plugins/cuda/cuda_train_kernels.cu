@@ -510,9 +510,7 @@ cudaError_t launch_softmax_xent(int32_t dtype, const void* scores, int32_t label
     } else if (reduction == 0) {
       return;  // an empty loss
     }
-    if (reduction != 0)
-      xent_reduce_kernel<T>
-          <<<1, kThreads, 0, s>>>(scratch, rows, reduction, static_cast<T*>(loss));
+    if (reduction != 0) xent_reduce_kernel<T><<<1, kThreads, 0, s>>>(scratch, rows, reduction, static_cast<T*>(loss));
   });
 }
 

@@ -191,8 +191,6 @@ std::string no_device_reason() {
   return "";
 }
 
-std::atomic<int64_t> g_generation{0};  // communicators are created in the same order on every rank
-
 keel_status_t c_create(void* user_data, keel_kv_store_t* store, int32_t rank, int32_t size, int32_t device,
                        int64_t timeout_ms, keel_communicator_t* out) {
   *out = nullptr;
@@ -212,10 +210,26 @@ keel_status_t c_create(void* user_data, keel_kv_store_t* store, int32_t rank, in
     auto d = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     return d.count() > 0 ? static_cast<int64_t>(d.count()) : int64_t{0};
   };
-  const std::string prefix = "keel/nccl/" + std::to_string(g_generation.fetch_add(1));
   ncclUniqueId id;
   std::memset(&id, 0, sizeof id);
   if (size > 1) {
+    // This rank's generation on this store: the first g under which it has not announced itself yet (as the gloo
+    // plugin does). Not a counter of this process: ranks that are threads of one process (an in-process store) would
+    // each take another number, and a process that made a communicator its peers did not would be out of step.
+    std::string prefix;
+    for (int64_t g = 0;; ++g) {
+      prefix = "keel/nccl/" + std::to_string(g);
+      const std::string key = prefix + "/arrived/" + std::to_string(rank);
+      const void* v = nullptr;
+      size_t n = 0;
+      keel_status_t s = store->get(store, key.c_str(), 0, &v, &n);
+      if (!s) continue;
+      const int32_t code = s->code;
+      std::string m = s->message ? s->message : "";
+      keel_status_release(s);
+      if (code == KEEL_STATUS_DEADLINE_EXCEEDED || code == KEEL_STATUS_NOT_FOUND) break;
+      return make_status(code, "nccl: rendezvous: store get '" + key + "': " + m);
+    }
     const char one = 1;
     if (keel_status_t s = store->set(store, (prefix + "/arrived/" + std::to_string(rank)).c_str(), &one, 1)) return s;
     for (int32_t peer = 0; peer < size; ++peer) {

@@ -841,6 +841,66 @@ TEST_F(Streams, DataParallelReportsAFailedAllReduce) {
   keel::eager::init(nullptr);
 }
 
+// A bucket whose launch fails during backward (its event record fails: streamdev_fail_event_record_after on each
+// rank's thread): backward reports it, and finish() launches the bucket again and averages it, so every rank ends the
+// step with the averaged gradients. Before, the failed bucket counted as launched-and-done in finish(), which handed
+// out the rank's own, unaveraged gradients with an OK status.
+TEST_F(Streams, DataParallelLaunchesAgainABucketWhoseLaunchFailed) {
+  ASSERT_NO_FATAL_FAILURE(init_eager_on_streamdev());
+  constexpr int kWorld = 2;
+  auto fail_record_after = streamdev_function<void (*)(int64_t)>("streamdev_fail_event_record_after");
+  auto thread_records = streamdev_function<int64_t (*)()>("streamdev_thread_event_records");
+  ASSERT_NE(fail_record_after, nullptr) << dlerror();
+  ASSERT_NE(thread_records, nullptr) << dlerror();
+  auto batch = [](int r) {  // rank r's rows differ, so its own gradient is not the average
+    std::vector<float> x;
+    for (int n = 0; n < 2; ++n)
+      for (int i = 0; i < 3; ++i) x.push_back(static_cast<float>((r + 1) * (n + 1) + i));
+    return x;
+  };
+  std::vector<float> want_dw;  // loss = sum(x W^T + b): dW[o][i] = sum_n x[n][i], averaged over the ranks
+  for (int o = 0; o < 2; ++o)
+    for (int i = 0; i < 3; ++i) {
+      float sum = 0;
+      for (int r = 0; r < kWorld; ++r)
+        for (int n = 0; n < 2; ++n) sum += batch(r)[static_cast<size_t>(n * 3 + i)];
+      want_dw.push_back(sum / kWorld);
+    }
+  const auto failures = run_streamdev_dp_ranks(
+      kWorld, [&](int r, keel::dist::ProcessGroup&, keel::train::nn::Linear& model, keel::train::DataParallel& dp) {
+        // A step as usual: how many event records this thread makes in backward (the bucket's launch, the last).
+        keel::eager::Tensor x = keel::eager::from_vector(batch(r), {2, 3}).to("streamdev");
+        keel::eager::Tensor loss = keel::eager::sum(dp(x));
+        const int64_t before = thread_records();
+        loss.backward();
+        const int64_t in_backward = thread_records() - before;
+        if (in_backward < 1) return std::string("no event recorded in backward");
+        if (keel::Status st = dp.finish(); !st.is_ok()) return "step 0: " + st.to_string();
+        if (model.weight().grad().to_vector<float>() != want_dw) return std::string("step 0: wrong weight gradient");
+        model.zero_grad();
+        // The same step with the bucket's event record failing.
+        loss = keel::eager::sum(dp(x));
+        fail_record_after(in_backward - 1);
+        try {
+          loss.backward();
+          fail_record_after(-1);
+          return std::string("backward did not report the failed launch");
+        } catch (const keel::eager::Error& e) {
+          fail_record_after(-1);
+          if (std::string(e.what()).find("failed on purpose") == std::string::npos)
+            return std::string("backward: ") + e.what();
+        }
+        if (keel::Status st = dp.finish(); !st.is_ok()) return "step 1: " + st.to_string();
+        if (model.weight().grad().to_vector<float>() != want_dw)
+          return std::string("step 1: the weight gradient is not the average");
+        if (model.bias().grad().to_vector<float>() != std::vector<float>{2.f, 2.f})
+          return std::string("step 1: wrong bias gradient");
+        return std::string();
+      });
+  for (int r = 0; r < kWorld; ++r) EXPECT_EQ(failures[static_cast<size_t>(r)], "") << "rank " << r;
+  keel::eager::init(nullptr);
+}
+
 TEST(IoBindingCuda, AChainOfTwoSessionsKeepsTheTensorOnTheGpu) {
   CEnv e(nullptr, true);
   size_t n = 0;

@@ -18,7 +18,8 @@
  * called (the stream's queued work first), and the output is written by an op queued on the given stream, so a
  * consumer that does not wait for that stream reads stale bytes. all_reduce (sum, avg, min, max on f32 / f64 / i64),
  * broadcast, all_gather and barrier; the others are UNIMPLEMENTED. streamdev_fail_all_reduce(1) makes every
- * all_reduce fail until streamdev_fail_all_reduce(0) (a test of the error path).
+ * all_reduce fail until streamdev_fail_all_reduce(0) (a test of the error path); streamdev_fail_event_record_after(k)
+ * makes the calling thread's event record after k more fail, once.
  */
 #include <keel/plugin.h>
 
@@ -266,9 +267,24 @@ static void sd_event_release(void* ud, keel_event_t ev) {
   (void)ud;
   free(ev);
 }
+/* Set by a test on a rank's thread (streamdev_fail_event_record_after(k)): that thread's event record after k more
+ * fails (INTERNAL), once; -1, the default, never. streamdev_thread_event_records counts the calling thread's records.
+ * Thread-local, so that each rank (a thread) fails its own. */
+static __thread int64_t t_records_left = -1;
+static __thread int64_t t_records = 0;
+KEEL_PLUGIN_EXPORT void streamdev_fail_event_record_after(int64_t k) { t_records_left = k; }
+KEEL_PLUGIN_EXPORT int64_t streamdev_thread_event_records(void) { return t_records; }
+
 static keel_status_t sd_event_record(void* ud, keel_event_t ev, keel_stream_t stream) {
   (void)ud;
   COUNT(event_records);
+  ++t_records;
+  if (t_records_left == 0) {
+    t_records_left = -1;
+    return g_host->status_create(KEEL_STATUS_INTERNAL,
+                                 "streamdev event_record: failed on purpose (streamdev_fail_event_record_after)");
+  }
+  if (t_records_left > 0) --t_records_left;
   ((event_t*)ev)->stream = (stream_t*)stream;
   return NULL;
 }
