@@ -25,8 +25,16 @@ StatusOr<keel_device_properties_t> Device::properties() const {
 
 bool Device::host_memory() const {
   if (type() == "cpu") return true;
+  std::atomic<int8_t>* known = entry_->host_memory_known && index_ >= 0 && index_ < entry_->device_count
+                                   ? &entry_->host_memory_known[static_cast<size_t>(index_)]
+                                   : nullptr;
+  if (known) {
+    if (const int8_t k = known->load(std::memory_order_relaxed); k != 0) return k == 2;
+  }
   auto p = properties();
-  return p.is_ok() && (p.value().capabilities & KEEL_DEVICE_CAP_UNIFIED_HOST_MEMORY);
+  const bool host = p.is_ok() && (p.value().capabilities & KEEL_DEVICE_CAP_UNIFIED_HOST_MEMORY);
+  if (known && p.is_ok()) known->store(host ? 2 : 1, std::memory_order_relaxed);  // a failed query is asked again
+  return host;
 }
 
 StatusOr<void*> Device::allocate(uint64_t bytes, uint64_t alignment) const {

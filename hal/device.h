@@ -32,7 +32,8 @@ class Device {
 
   StatusOr<keel_device_properties_t> properties() const;
   // True when the device's memory is ordinary host memory (the CPU, or KEEL_DEVICE_CAP_UNIFIED_HOST_MEMORY):
-  // values move between it and the host without copies.
+  // values move between it and the host without copies. Asked of the table once per device, then remembered
+  // (DeviceEntry::host_memory_known): eager asks on nearly every op.
   bool host_memory() const;
 
   StatusOr<void*> allocate(uint64_t bytes, uint64_t alignment) const;

@@ -65,6 +65,7 @@ Status Registry::add_device(PluginId plugin, int32_t priority, const keel_device
   if (!st.is_ok()) return st.with_context("device_count(" + e->device_type + ")");
   if (count <= 0) return unavailable("no " + e->device_type + " device present (device_count returned 0)");
   e->device_count = count;
+  e->host_memory_known = std::make_unique<std::atomic<int8_t>[]>(static_cast<size_t>(count));  // zeroed: not asked
   devices_.push_back(std::move(e));  // the entry's address (and so its device_type string) is stable from here
   return Status::ok();
 }

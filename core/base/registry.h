@@ -6,11 +6,13 @@
 // (remove_plugin) and kernels can be ranked.
 //
 // Thread-safety: registration and removal happen during environment start-up, single-threaded. After start-up the
-// registry is only read, and concurrent reads are safe.
+// registry is only read, and concurrent reads are safe (a device entry's host_memory_known cache is atomics).
 #pragma once
 
 #include <keel/plugin.h>
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +30,10 @@ struct DeviceEntry {
   std::string device_type;
   keel_device_table_t table{};  // copy; table.device_type points into device_type
   int32_t device_count = 0;
+  // What hal::Device::host_memory() found per device index, filled on first use from any thread (0 not asked yet,
+  // 1 no, 2 yes; device_count entries): a device's capabilities do not change, and eager asks on nearly every op
+  // (a scalar's memory type), where the table's get_properties is a driver query (CUDA: cudaGetDeviceProperties).
+  std::unique_ptr<std::atomic<int8_t>[]> host_memory_known;
 };
 
 struct KernelEntry {

@@ -18,10 +18,13 @@
 //
 // Without a driver or a GPU, init returns UNAVAILABLE ("no CUDA device: cudaGetDeviceCount returned ..."): the
 // plugin manager records the plugin as skipped with that reason and the process goes on with the CPU.
+#include <dlfcn.h>
+
 #include <cstring>
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 #include <unordered_map>
 
 #include "cuda_common.h"
@@ -81,23 +84,85 @@ keel_status_t d_device_count(void*, int32_t* out_count) {
   return nullptr;
 }
 
+// A device's properties, asked of the runtime once per device (cudaGetDeviceProperties is a query of every attribute;
+// they never change) and kept for the process. Thread-safe.
+cudaError_t cached_properties(int32_t device, cudaDeviceProp* out) {
+  static std::mutex mu;
+  static std::unordered_map<int32_t, cudaDeviceProp> known;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = known.find(device);
+  if (it == known.end()) {
+    cudaDeviceProp prop;
+    if (cudaError_t e = cudaGetDeviceProperties(&prop, device); e != cudaSuccess) return e;
+    it = known.emplace(device, prop).first;
+  }
+  *out = it->second;
+  return cudaSuccess;
+}
+
+// The free memory of `device`, without making a context there: only where its primary context is already active (this
+// process works on it), read through the driver with that context pushed for the call, so the thread's current device
+// stays as it was; 0 ("unknown", as plugin.h allows) otherwise. Before, cudaSetDevice(device) (which since CUDA 12
+// starts the device's context) and back made a context, about half a GiB, on every GPU whose properties were asked:
+// every device at environment creation, and device 0 in a rank working on device 1 (and each query cost a device
+// switch). The driver's entries come from the libcuda the runtime already loaded (RTLD_NOLOAD): no link to it, so
+// the plugin still loads where there is no driver.
+uint64_t free_memory_if_active(int32_t device) {
+  struct Driver {
+    using Res = int;  // CUresult
+    Res (*device_get)(int*, int) = nullptr;
+    Res (*ctx_state)(int, unsigned*, int*) = nullptr;
+    Res (*ctx_retain)(void**, int) = nullptr;
+    Res (*ctx_release)(int) = nullptr;
+    Res (*ctx_push)(void*) = nullptr;
+    Res (*ctx_pop)(void**) = nullptr;
+    Res (*mem_info)(size_t*, size_t*) = nullptr;
+    bool ok = false;
+  };
+  static const Driver d = [] {
+    Driver r;
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (lib == nullptr) return r;
+    auto sym = [&](auto& f, const char* name) {
+      f = reinterpret_cast<std::remove_reference_t<decltype(f)>>(dlsym(lib, name));
+    };
+    sym(r.device_get, "cuDeviceGet");
+    sym(r.ctx_state, "cuDevicePrimaryCtxGetState");
+    sym(r.ctx_retain, "cuDevicePrimaryCtxRetain");
+    sym(r.ctx_release, "cuDevicePrimaryCtxRelease_v2");
+    sym(r.ctx_push, "cuCtxPushCurrent_v2");
+    sym(r.ctx_pop, "cuCtxPopCurrent_v2");
+    sym(r.mem_info, "cuMemGetInfo_v2");
+    r.ok = r.device_get && r.ctx_state && r.ctx_retain && r.ctx_release && r.ctx_push && r.ctx_pop && r.mem_info;
+    return r;  // (the handle stays open: the runtime holds the library anyway)
+  }();
+  if (!d.ok) return 0;
+  int dev = 0;
+  unsigned flags = 0;
+  int active = 0;
+  if (d.device_get(&dev, device) != 0 || d.ctx_state(dev, &flags, &active) != 0 || !active) return 0;
+  void* ctx = nullptr;
+  if (d.ctx_retain(&ctx, dev) != 0) return 0;  // active already: a reference more, no new context
+  size_t free_b = 0, total_b = 0;
+  uint64_t got = 0;
+  if (d.ctx_push(ctx) == 0) {
+    if (d.mem_info(&free_b, &total_b) == 0) got = free_b;
+    void* popped = nullptr;
+    d.ctx_pop(&popped);
+  }
+  d.ctx_release(dev);
+  return got;
+}
+
 keel_status_t d_get_properties(void*, int32_t device, keel_device_properties_t* p) {
   cudaDeviceProp prop;
-  if (keel_status_t s = cuda_error(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties")) return s;
+  if (keel_status_t s = cuda_error(cached_properties(device, &prop), "cudaGetDeviceProperties")) return s;
   if (KEEL_HAS_MEMBER(p, keel_device_properties_t, name)) {
     std::strncpy(p->name, prop.name, sizeof(p->name) - 1);
     p->name[sizeof(p->name) - 1] = '\0';
   }
   if (KEEL_HAS_MEMBER(p, keel_device_properties_t, total_memory)) p->total_memory = prop.totalGlobalMem;
-  if (KEEL_HAS_MEMBER(p, keel_device_properties_t, free_memory)) {
-    size_t free_b = 0, total_b = 0;
-    int prev = 0;
-    cudaGetDevice(&prev);
-    if (cudaSetDevice(device) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
-      p->free_memory = free_b;
-    (void)cudaGetLastError();
-    cudaSetDevice(prev);
-  }
+  if (KEEL_HAS_MEMBER(p, keel_device_properties_t, free_memory)) p->free_memory = free_memory_if_active(device);
   if (KEEL_HAS_MEMBER(p, keel_device_properties_t, capabilities)) {
     uint64_t caps = KEEL_DEVICE_CAP_F16 | KEEL_DEVICE_CAP_INT8 | KEEL_DEVICE_CAP_F64 | KEEL_DEVICE_CAP_ASYNC_COPY |
                     KEEL_DEVICE_CAP_PEER_COPY | KEEL_DEVICE_CAP_STREAMS;

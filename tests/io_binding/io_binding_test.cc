@@ -680,6 +680,24 @@ TEST_F(Streams, EagerUploadsDoNotWaitForTheDevice) {
   keel::eager::init(nullptr);
 }
 
+// Whether a device's memory is host memory is asked of its table once, not on every eager op: a scalar operand (x *
+// 0.5f) needs the memory type of its device, and on CUDA each query was cudaGetDeviceProperties plus a device switch
+// (one that also made a context on device 0 in a process working on device 1).
+TEST_F(Streams, EagerAsksADevicesPropertiesOncePerDeviceNotPerOp) {
+  ASSERT_NO_FATAL_FAILURE(init_eager_on_streamdev());
+  auto queries = streamdev_function<int64_t (*)()>("streamdev_property_queries");
+  ASSERT_NE(queries, nullptr) << dlerror();
+  {
+    keel::eager::Tensor x = keel::eager::from_vector(std::vector<float>{1.f, 2.f, 3.f, 4.f}, {4}).to("streamdev");
+    keel::eager::Tensor y = x * 0.5f;  // the first scalar op may ask
+    const int64_t before = queries();
+    for (int k = 0; k < 50; ++k) y = keel::eager::relu(y * 2.f) * 0.5f;
+    EXPECT_EQ(queries() - before, 0) << "get_properties asked again for 100 scalar ops";
+    EXPECT_EQ(y.to_vector<float>(), (std::vector<float>{0.5f, 1.f, 1.5f, 2.f}));
+  }
+  keel::eager::init(nullptr);
+}
+
 // copy_ into device memory (an optimizer's state, BatchNorm's running statistics, a data-parallel bucket): from the
 // same device or from the host, queued on the copy stream, never a wait for the device; what eager runs next, and a
 // read on the host, see the copied values (streamdev runs a queued copy only when a stream waits for it, so a missing

@@ -144,8 +144,21 @@ static keel_status_t sd_count(void* ud, int32_t* out) {
   return NULL;
 }
 
+/* get_properties calls, for a test that the core does not ask on every eager op (streamdev_property_queries). */
+static int64_t g_property_queries = 0;
+KEEL_PLUGIN_EXPORT int64_t streamdev_property_queries(void) {
+  int64_t n;
+  pthread_mutex_lock(&g_stats_mu);
+  n = g_property_queries;
+  pthread_mutex_unlock(&g_stats_mu);
+  return n;
+}
+
 static keel_status_t sd_props(void* ud, int32_t device, keel_device_properties_t* p) {
   (void)ud, (void)device;
+  pthread_mutex_lock(&g_stats_mu);
+  ++g_property_queries;
+  pthread_mutex_unlock(&g_stats_mu);
   if (KEEL_HAS_MEMBER(p, keel_device_properties_t, name)) strcpy(p->name, "streamdev (queues, host memory)");
   if (KEEL_HAS_MEMBER(p, keel_device_properties_t, capabilities))
     p->capabilities = KEEL_DEVICE_CAP_ASYNC_COPY | KEEL_DEVICE_CAP_STREAMS;
