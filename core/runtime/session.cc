@@ -1305,14 +1305,27 @@ Status Built::copy_into(const Tensor& src, const Tensor& dst, RunStreams& rs, Co
     if (peer) {
       count(&CopyCounters::d2d);
       keel_stream_t s = rs.get(src_dev, from.device_index);
+      keel_stream_t ds = from.device_index == to.device_index ? nullptr : rs.get(dst_dev, to.device_index, false);
+      const hal::Device dd(dst_dev, to.device_index);
+      // The destination block comes from the pool of the destination's stream, whose queued work may still read what
+      // the block held before: the copy, queued on the source's stream, waits for that stream first (an event; the
+      // host waits where there is none). Without it a kernel queued on the other card could read bytes the copy had
+      // already overwritten.
+      if (ds != nullptr) {
+        auto before = dd.create_event();
+        if (before.is_ok() && sd.can_wait_on_events()) {
+          KEEL_RETURN_IF_ERROR(dd.record_event(before.value(), ds), what);
+          KEEL_RETURN_IF_ERROR(sd.wait_event(s, before.value()), what);
+        } else {
+          KEEL_RETURN_IF_ERROR(rs.synchronize(dst_dev, to.device_index), what);
+        }
+      }
       KEEL_RETURN_IF_ERROR(sd.copy(KEEL_COPY_DEVICE_TO_DEVICE, dst.raw_data(), to.device_index, src.raw_data(),
                                    from.device_index, bytes, s),
                            what);
       if (from.device_index == to.device_index) return Status::ok();
       // Another device's stream reads it next: order it after the copy (an event; the host waits where there is none).
       auto ev = sd.create_event();
-      keel_stream_t ds = rs.get(dst_dev, to.device_index, false);
-      const hal::Device dd(dst_dev, to.device_index);
       if (ev.is_ok() && ds != nullptr && dd.can_wait_on_events()) {
         KEEL_RETURN_IF_ERROR(sd.record_event(ev.value(), s), what);
         return dd.wait_event(ds, ev.value()).with_context(what);

@@ -232,8 +232,13 @@ keel_status_t d_copy(void*, int32_t kind, int32_t dst_device, void* dst, int32_t
   if (work_device >= 0)
     if (keel_status_t st = cuda_error(cudaSetDevice(work_device), "cudaSetDevice")) return st;
   cudaError_t e;
+  // Between two cards on the NULL stream (eager's .to("cuda:1")): cudaMemcpyPeer, which CUDA orders after the work
+  // queued on both devices (the destination block may still be read by the other card's queued kernels; a copy on
+  // the source's default stream alone is not ordered against the other device). A given stream: the caller orders it
+  // (session.cc copy_into makes it wait for the destination's stream first).
   if (kind == KEEL_COPY_DEVICE_TO_DEVICE && dst_device != src_device)
-    e = cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, s);
+    e = s == nullptr ? cudaMemcpyPeer(dst, dst_device, src, src_device, bytes)
+                     : cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, s);
   else e = cudaMemcpyAsync(dst, src, bytes, k, s);
   if (e == cudaSuccess && s == nullptr) {
     e = cudaStreamSynchronize(nullptr);  // the NULL stream: complete on return
