@@ -767,6 +767,28 @@ std::vector<std::string> run_streamdev_dp_ranks(
   return errors;
 }
 
+// Rank r's batch for the Linear(3, 2) of run_streamdev_dp_ranks: x[n][i] = (r + 1) * (n + 1) + i, 2 rows of 3
+// features (each rank's own gradient is not the average).
+std::vector<float> dp_batch(int r) {
+  std::vector<float> x;
+  for (int n = 0; n < 2; ++n)
+    for (int i = 0; i < 3; ++i) x.push_back(static_cast<float>((r + 1) * (n + 1) + i));
+  return x;
+}
+
+// loss = sum(x W^T + b): dW[o][i] = sum_n x[n][i] (and dB[o] = 2), averaged over `world` ranks' dp_batch.
+std::vector<float> dp_averaged_dw(int world) {
+  std::vector<float> want;
+  for (int o = 0; o < 2; ++o)
+    for (int i = 0; i < 3; ++i) {
+      float sum = 0;
+      for (int r = 0; r < world; ++r)
+        for (int n = 0; n < 2; ++n) sum += dp_batch(r)[static_cast<size_t>(n * 3 + i)];
+      want.push_back(sum / static_cast<float>(world));
+    }
+  return want;
+}
+
 // Data-parallel training over a communicator whose buffers must be device memory (NCCL's rule, which streamdev's
 // collective backend enforces; its results land on the stream given, so a consumer that does not wait reads stale
 // bytes): DataParallel's own exchanges of host values (the parameters' descriptions, the bucket order) and the
@@ -778,22 +800,8 @@ std::vector<std::string> run_streamdev_dp_ranks(
 TEST_F(Streams, DataParallelOverADeviceMemoryCommunicator) {
   ASSERT_NO_FATAL_FAILURE(init_eager_on_streamdev());
   constexpr int kWorld = 2;
-  // Rank r's batch: x[n][i] = (r + 1) * (n + 1) + i, 2 rows of 3 features.
-  auto batch = [](int r) {
-    std::vector<float> x;
-    for (int n = 0; n < 2; ++n)
-      for (int i = 0; i < 3; ++i) x.push_back(static_cast<float>((r + 1) * (n + 1) + i));
-    return x;
-  };
-  // loss = sum(x W^T + b): dW[o][i] = sum_n x[n][i] and dB[o] = 2, averaged over the ranks.
-  std::vector<float> want_dw;
-  for (int o = 0; o < 2; ++o)
-    for (int i = 0; i < 3; ++i) {
-      float sum = 0;
-      for (int r = 0; r < kWorld; ++r)
-        for (int n = 0; n < 2; ++n) sum += batch(r)[static_cast<size_t>(n * 3 + i)];
-      want_dw.push_back(sum / kWorld);
-    }
+  const auto batch = dp_batch;
+  const std::vector<float> want_dw = dp_averaged_dw(kWorld);
   std::vector<std::vector<float>> weights(kWorld), dw(kWorld), db(kWorld);
   std::vector<double> metric(kWorld);
   const auto before = now();
@@ -870,20 +878,8 @@ TEST_F(Streams, DataParallelLaunchesAgainABucketWhoseLaunchFailed) {
   auto thread_records = streamdev_function<int64_t (*)()>("streamdev_thread_event_records");
   ASSERT_NE(fail_record_after, nullptr) << dlerror();
   ASSERT_NE(thread_records, nullptr) << dlerror();
-  auto batch = [](int r) {  // rank r's rows differ, so its own gradient is not the average
-    std::vector<float> x;
-    for (int n = 0; n < 2; ++n)
-      for (int i = 0; i < 3; ++i) x.push_back(static_cast<float>((r + 1) * (n + 1) + i));
-    return x;
-  };
-  std::vector<float> want_dw;  // loss = sum(x W^T + b): dW[o][i] = sum_n x[n][i], averaged over the ranks
-  for (int o = 0; o < 2; ++o)
-    for (int i = 0; i < 3; ++i) {
-      float sum = 0;
-      for (int r = 0; r < kWorld; ++r)
-        for (int n = 0; n < 2; ++n) sum += batch(r)[static_cast<size_t>(n * 3 + i)];
-      want_dw.push_back(sum / kWorld);
-    }
+  const auto batch = dp_batch;
+  const std::vector<float> want_dw = dp_averaged_dw(kWorld);
   const auto failures = run_streamdev_dp_ranks(
       kWorld, [&](int r, keel::dist::ProcessGroup&, keel::train::nn::Linear& model, keel::train::DataParallel& dp) {
         // A step as usual: how many event records this thread makes in backward (the bucket's launch, the last).
