@@ -261,6 +261,16 @@ StatusOr<std::unique_ptr<DataParallel>> DataParallel::create(nn::Module& module,
       options.grad_compress != DType::kF16)
     return invalid_argument(std::string("DataParallel: grad_compress must be bf16 or f16, got ") +
                             dtype_name(options.grad_compress));
+  // Parameters in a device's memory must be in the communicator's device's (NCCL reads and writes the memory of the
+  // device it was made for; cuda:1's buffers handed to a communicator of cuda:0 fail there, or worse): checked before
+  // the first collective (the other ranks' first collective then fails or times out).
+  for (const auto& [name, p] : module.named_parameters()) {
+    const Location& at = p.data().location();
+    if (!at.is_host() && at.device_type == comm.device_type() && at.device_index != comm.device_index())
+      return invalid_argument("DataParallel: parameter '" + name + "' is on " + at.device_type + ":" +
+                              std::to_string(at.device_index) + " but the communicator works on " + comm.device_type() +
+                              ":" + std::to_string(comm.device_index()));
+  }
   std::unique_ptr<DataParallel> dp(new DataParallel(module, comm, options));
   dp->rank_ = comm.rank();
   dp->world_ = comm.size();
@@ -275,15 +285,6 @@ StatusOr<std::unique_ptr<DataParallel>> DataParallel::create(nn::Module& module,
     KEEL_RETURN_IF_ERROR(broadcast_tensors(comm, buffers, 0), "DataParallel: buffers from rank 0");
   }
 
-  // Parameters in a device's memory must be in the communicator's device's (NCCL reads and writes the memory of the
-  // device it was made for; cuda:1's buffers handed to a communicator of cuda:0 fail there, or worse).
-  for (const auto& [name, p] : module.named_parameters()) {
-    const Location& at = p.data().location();
-    if (!at.is_host() && at.device_type == comm.device_type() && at.device_index != comm.device_index())
-      return invalid_argument("DataParallel: parameter '" + name + "' is on " + at.device_type + ":" +
-                              std::to_string(at.device_index) + " but the communicator works on " + comm.device_type() +
-                              ":" + std::to_string(comm.device_index()));
-  }
   // The communication stream, on the device of the first trained parameter (stream_device).
   const auto trained =
       std::find_if(dp->params_.begin(), dp->params_.end(), [](const Tensor& p) { return p.requires_grad(); });
