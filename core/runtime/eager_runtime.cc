@@ -225,8 +225,15 @@ bool copy_async(const keel::Tensor& dst, const keel::Tensor& src) {
   ok(dev.wait_event(cs->stream.get(), cs->before));
   ok(dev.copy(upload ? KEEL_COPY_HOST_TO_DEVICE : KEEL_COPY_DEVICE_TO_DEVICE, dst.raw_data(), at.device_index,
               src.raw_data(), upload ? 0 : at.device_index, src.byte_size(), cs->stream.get()));
-  ok(dev.record_event(cs->after, cs->stream.get()));
-  ok(dev.wait_event(nullptr, cs->after));
+  // The copy is queued: where ordering the default stream after it fails, the host waits for it before the error
+  // (the caller's destination then goes back to the default stream's pool, whose next user must not meet the copy
+  // still writing it).
+  Status st = dev.record_event(cs->after, cs->stream.get());
+  if (st.is_ok()) st = dev.wait_event(nullptr, cs->after);
+  if (!st.is_ok()) {
+    (void)cs->stream.synchronize();
+    ok(st);
+  }
   return true;
 }
 

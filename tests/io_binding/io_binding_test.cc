@@ -698,6 +698,32 @@ TEST_F(Streams, EagerAsksADevicesPropertiesOncePerDeviceNotPerOp) {
   keel::eager::init(nullptr);
 }
 
+// An eager upload whose ordering fails after the copy was queued (streamdev_fail_event_record_after: the copy stream's
+// event record fails): the error names it, and the host waited for the copy first (one stream sync), so the
+// destination goes back to the pool with nothing still writing it; the next upload works.
+TEST_F(Streams, AnEagerUploadThatFailsAfterItsCopyWaitsForTheCopyFirst) {
+  ASSERT_NO_FATAL_FAILURE(init_eager_on_streamdev());
+  auto fail_record_after = streamdev_function<void (*)(int64_t)>("streamdev_fail_event_record_after");
+  ASSERT_NE(fail_record_after, nullptr) << dlerror();
+  {
+    const std::vector<float> v = {1.f, -2.f, 3.f, -4.f};
+    (void)keel::eager::from_vector(v, {4}).to("streamdev");  // the copy stream exists from here
+    const auto before = now();
+    fail_record_after(1);  // the upload's records: the default stream's, then the copy stream's (this one fails)
+    try {
+      (void)keel::eager::from_vector(v, {4}).to("streamdev");
+      ADD_FAILURE() << "the upload did not report the failed event record";
+    } catch (const keel::eager::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("failed on purpose"), std::string::npos) << e.what();
+    }
+    fail_record_after(-1);
+    EXPECT_EQ((now() - before).stream_syncs, 1) << "the host waits for the queued copy before the error";
+    keel::eager::Tensor ok = keel::eager::from_vector(v, {4}).to("streamdev");
+    EXPECT_EQ(ok.to_vector<float>(), v);
+  }
+  keel::eager::init(nullptr);
+}
+
 // copy_ into device memory (an optimizer's state, BatchNorm's running statistics, a data-parallel bucket): from the
 // same device or from the host, queued on the copy stream, never a wait for the device; what eager runs next, and a
 // read on the host, see the copied values (streamdev runs a queued copy only when a stream waits for it, so a missing
