@@ -173,10 +173,12 @@ def train(a):
                 dt = time.perf_counter() - t0
                 model.eval()
                 correct = 0
+                # Evaluated at the training batch, as `keel train` does: the peak memory below then compares
+                # training with training (at 1,000 a batch the evaluation set PyTorch's peak).
                 with torch.no_grad(), autocast():
-                    for i in range(0, xte.shape[0], 1000):
-                        out = model(to_input(xte[i:i + 1000]))
-                        correct += (out.argmax(1).cpu() == yte[i:i + 1000]).sum().item()
+                    for i in range(0, xte.shape[0], a.batch):
+                        out = model(to_input(xte[i:i + a.batch]))
+                        correct += (out.argmax(1).cpu() == yte[i:i + a.batch]).sum().item()
                 epochs.append({"epoch": ep + 1, "seconds": dt, "img_per_s": n / dt,
                                "train_loss": loss_sum / max(1, batches), "test_accuracy": correct / xte.shape[0]})
             r = {"mode": "train", "model": model_name, "precision": prec, "batch": a.batch, "train_images": n,
