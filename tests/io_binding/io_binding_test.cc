@@ -698,6 +698,30 @@ TEST_F(Streams, EagerAsksADevicesPropertiesOncePerDeviceNotPerOp) {
   keel::eager::init(nullptr);
 }
 
+// A data-parallel model whose parameters are on another card than the communicator's (streamdev with two devices:
+// parameters on streamdev:0, the group's communicator on streamdev:1) is refused at create, naming both, before any
+// collective runs on the wrong card's buffers.
+TEST_F(Streams, DataParallelRefusesParametersOnAnotherCardThanTheCommunicators) {
+  ASSERT_EQ(setenv("STREAMDEV_DEVICES", "2", 1), 0);
+  ASSERT_NO_FATAL_FAILURE(init_eager_on_streamdev());
+  {
+    auto store = std::make_shared<keel::dist::InProcessStore>();
+    auto pg =
+        keel::dist::ProcessGroup::create_with_store(keel::eager::environment(), store, 0, 1, "streamdev", 1, 5000);
+    ASSERT_TRUE(pg.is_ok()) << pg.status().to_string();
+    keel::train::nn::Linear model(3, 2);
+    model.to("streamdev:0");
+    auto dp = keel::train::DataParallel::create(model, (*pg)->comm());
+    ASSERT_FALSE(dp.is_ok());
+    const std::string msg = dp.status().to_string();
+    EXPECT_NE(msg.find("is on streamdev:0 but the communicator works on streamdev:1"), std::string::npos) << msg;
+    model.to("streamdev:1");  // on the communicator's card: accepted
+    EXPECT_TRUE(keel::train::DataParallel::create(model, (*pg)->comm()).is_ok());
+  }
+  keel::eager::init(nullptr);
+  unsetenv("STREAMDEV_DEVICES");
+}
+
 // An eager upload whose ordering fails after the copy was queued (streamdev_fail_event_record_after: the copy stream's
 // event record fails): the error names it, and the host waited for the copy first (one stream sync), so the
 // destination goes back to the pool with nothing still writing it; the next upload works.
