@@ -217,13 +217,12 @@ PLAN
       exit 0
     fi
     start=$(date +%s)
-    fails=0
-    failed_steps=()
+    failed_steps=()  # one entry per failure: the step it happened in
     current_step=""
     mkdir -p "$work"
     elapsed() { echo $(( $(date +%s) - start )); }
     step() { current_step="$1"; echo; echo "=== $1 ($(elapsed) s elapsed)"; }
-    fail() { fails=$((fails + 1)); failed_steps+=("${current_step:-set-up}"); }
+    fail() { failed_steps+=("${current_step:-set-up}"); }
     # run_timed SECONDS CMD...: runs CMD under min(SECONDS, what is left of the budget); 124 when skipped/killed.
     run_timed() {
       local want="$1"; shift
@@ -703,8 +702,8 @@ PY
     fi
     failed_list=""
     for f in "${failed_steps[@]}"; do failed_list="${failed_list:+$failed_list; }$f"; done
-    echo; echo "gpu_check: done in $(elapsed) s, $fails failure(s)${failed_list:+ in: $failed_list}"
-    [[ $fails -eq 0 ]]
+    echo; echo "gpu_check: done in $(elapsed) s, ${#failed_steps[@]} failure(s)${failed_list:+ in: $failed_list}"
+    [[ ${#failed_steps[@]} -eq 0 ]]
     ;;
   -h|--help|help) usage ;;
   *) usage >&2; exit 2 ;;

@@ -408,9 +408,8 @@ void DataParallel::on_grad_ready(size_t i) {
 }
 
 // Buckets start in index order on every rank (collectives pair up by order): a bucket that fills early waits for the
-// buckets before it.
-// A launch that throws (no memory for the buffer, a failed copy) leaves its bucket next in line: finish() tries it
-// again or abandons the step.
+// buckets before it. A launch that throws (no memory for the buffer, a failed copy) leaves its bucket next in line:
+// finish() tries it again or abandons the step.
 void DataParallel::launch_ready_buckets() {
   while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
     launch(buckets_[next_launch_]);

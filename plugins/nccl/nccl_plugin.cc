@@ -169,17 +169,19 @@ bool to_nccl_type(int32_t dtype, ncclDataType_t* out) {
   return false;
 }
 // Bools travel as uint8 (ncclUint8): MIN and MAX are their logical and / or; a sum, product or average would give
-// values other than 0 and 1, so those are refused for bools.
-bool to_nccl_op(int32_t op, int32_t dtype, ncclRedOp_t* out) {
-  if (dtype == KEEL_DTYPE_BOOL && op != KEEL_REDUCE_MIN && op != KEEL_REDUCE_MAX) return false;
+// values other than 0 and 1, so those are refused for bools. An error names the op.
+keel_status_t to_nccl_op(int32_t op, int32_t dtype, ncclRedOp_t* out) {
+  if (dtype == KEEL_DTYPE_BOOL && op != KEEL_REDUCE_MIN && op != KEEL_REDUCE_MAX)
+    return make_status(KEEL_STATUS_INVALID_ARGUMENT,
+                       "nccl: reduce op " + std::to_string(op) + " on bools (min or max only)");
   switch (op) {
-    case KEEL_REDUCE_SUM: *out = ncclSum; return true;
-    case KEEL_REDUCE_PROD: *out = ncclProd; return true;
-    case KEEL_REDUCE_MIN: *out = ncclMin; return true;
-    case KEEL_REDUCE_MAX: *out = ncclMax; return true;
-    case KEEL_REDUCE_AVG: *out = ncclAvg; return true;
+    case KEEL_REDUCE_SUM: *out = ncclSum; return nullptr;
+    case KEEL_REDUCE_PROD: *out = ncclProd; return nullptr;
+    case KEEL_REDUCE_MIN: *out = ncclMin; return nullptr;
+    case KEEL_REDUCE_MAX: *out = ncclMax; return nullptr;
+    case KEEL_REDUCE_AVG: *out = ncclAvg; return nullptr;
   }
-  return false;
+  return make_status(KEEL_STATUS_INVALID_ARGUMENT, "nccl: unknown reduce op " + std::to_string(op));
 }
 
 std::string no_device_reason() {
@@ -374,10 +376,7 @@ keel_status_t c_all_reduce(void*, keel_communicator_t comm, const void* send, vo
                            int32_t op, keel_stream_t stream) {
   KEEL_NCCL_PROLOGUE(dtype);
   ncclRedOp_t o;
-  if (!to_nccl_op(op, dtype, &o))
-    return make_status(KEEL_STATUS_INVALID_ARGUMENT,
-                       "nccl: reduce op " + std::to_string(op) +
-                           (dtype == KEEL_DTYPE_BOOL ? " on bools (min or max only)" : " unknown"));
+  if (keel_status_t st = to_nccl_op(op, dtype, &o)) return st;
   return finish(c, ncclAllReduce(send, recv, count, t, o, c->comm, s), "ncclAllReduce", s);
 }
 keel_status_t c_broadcast(void*, keel_communicator_t comm, const void* send, void* recv, uint64_t count, int32_t dtype,
@@ -394,10 +393,7 @@ keel_status_t c_reduce_scatter(void*, keel_communicator_t comm, const void* send
                                int32_t dtype, int32_t op, keel_stream_t stream) {
   KEEL_NCCL_PROLOGUE(dtype);
   ncclRedOp_t o;
-  if (!to_nccl_op(op, dtype, &o))
-    return make_status(KEEL_STATUS_INVALID_ARGUMENT,
-                       "nccl: reduce op " + std::to_string(op) +
-                           (dtype == KEEL_DTYPE_BOOL ? " on bools (min or max only)" : " unknown"));
+  if (keel_status_t st = to_nccl_op(op, dtype, &o)) return st;
   return finish(c, ncclReduceScatter(send, recv, recv_count, t, o, c->comm, s), "ncclReduceScatter", s);
 }
 keel_status_t c_send(void*, keel_communicator_t comm, const void* buf, uint64_t count, int32_t dtype, int32_t peer,

@@ -20,6 +20,15 @@ namespace {
 #define KEEL_BF16_CHAINS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
 constexpr int kChains = 12;
 
+// The sum of a vector's 16 lanes (each loop's result, so that it depends on every accumulator).
+__attribute__((target("avx512f"), always_inline)) inline float lanes_sum(__m512 s) {
+  alignas(64) float out[16];
+  _mm512_store_ps(out, s);
+  float r = 0;
+  for (float x : out) r += x;
+  return r;
+}
+
 __attribute__((target("avx512f,avx512bf16"), noinline)) float bf16_loop(int64_t iters) {
 #define KEEL_INIT(k) __m512 a##k = _mm512_set1_ps(0.001f * k);
 #define KEEL_STEP(k) a##k = _mm512_dpbf16_ps(a##k, u, v);
@@ -33,11 +42,7 @@ __attribute__((target("avx512f,avx512bf16"), noinline)) float bf16_loop(int64_t 
   __m512 s = _mm512_setzero_ps();
   KEEL_BF16_CHAINS(KEEL_FOLD)
 #undef KEEL_STEP
-  alignas(64) float out[16];
-  _mm512_store_ps(out, s);
-  float r = 0;
-  for (float x : out) r += x;
-  return r;
+  return lanes_sum(s);
 }
 
 __attribute__((target("avx512f"), noinline)) float fp32_loop(int64_t iters) {
@@ -52,11 +57,7 @@ __attribute__((target("avx512f"), noinline)) float fp32_loop(int64_t iters) {
 #undef KEEL_STEP
 #undef KEEL_INIT
 #undef KEEL_FOLD
-  alignas(64) float out[16];
-  _mm512_store_ps(out, s);
-  float r = 0;
-  for (float x : out) r += x;
-  return r;
+  return lanes_sum(s);
 }
 #undef KEEL_BF16_CHAINS
 

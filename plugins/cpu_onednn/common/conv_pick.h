@@ -64,10 +64,10 @@ void flush_lines(const void* at, size_t bytes, int team);
 size_t remembered_pick(const std::string& key, const std::function<size_t()>& pick);
 
 // The index of the fastest of `runs` (each a whole computation, on the team it chooses): one warm run each, then the
-// fastest of `reps` runs, interleaved across them, each after `cool` ran untimed (what passes through the caches
-// between two runs of it in a network: the rest of its weights; may be empty); run 0 is kept unless run k is faster
-// than it by margins[k] (a fraction; a run without an entry: 0.05). `seconds`, when given, receives each run's fastest
-// (one run alone is not timed: 1e30).
+// fastest of `reps` runs, interleaved across them, each after `cool` ran untimed (what happens to the caches between
+// two runs of it in a network: its source read, its weights flushed; may be empty); run 0 is kept unless run k is
+// faster than it by margins[k] (a fraction; a run without an entry: 0.05). `seconds`, when given, receives each run's
+// fastest (one run alone is not timed: 1e30).
 size_t fastest_run(const std::vector<std::function<void()>>& runs, const std::function<void()>& cool, int reps,
                    const std::vector<double>& margins = {}, std::vector<double>* seconds = nullptr);
 
